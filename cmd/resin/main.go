@@ -1,0 +1,29 @@
+// Command resin is the runtime CLI: serve, generate, bench, kernels and doctor.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "resin",
+		Short:         "Resin: building blocks for LLM inference runtimes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(
+	// resin:commands (each subcommand file adds its constructor here)
+	)
+	return root
+}
+
+func main() {
+	if err := newRootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "resin:", err)
+		os.Exit(1)
+	}
+}
