@@ -1,0 +1,159 @@
+package ref
+
+import (
+	"fmt"
+	"math"
+)
+
+// SiLU returns x·sigmoid(x).
+func SiLU(x float32) float32 {
+	return x / (1 + float32(math.Exp(float64(-x))))
+}
+
+// SiLUMul applies the gated activation of a fused gate/up projection.
+//
+//	gateUp: [rows, 2*dim] (gate in columns [0, dim), up in [dim, 2*dim))   out: [rows, dim]
+//	out[r, i] = SiLU(gateUp[r, i]) * gateUp[r, dim+i]
+func SiLUMul(out, gateUp []float32, rows, dim int) error {
+	if err := checkDims("SiLUMul", rows, dim); err != nil {
+		return err
+	}
+	if err := checkLen("SiLUMul", "gateUp", len(gateUp), rows*2*dim); err != nil {
+		return err
+	}
+	if err := checkLen("SiLUMul", "out", len(out), rows*dim); err != nil {
+		return err
+	}
+	for r := 0; r < rows; r++ {
+		gu := gateUp[r*2*dim : (r+1)*2*dim]
+		for i := range dim {
+			out[r*dim+i] = SiLU(gu[i]) * gu[dim+i]
+		}
+	}
+	return nil
+}
+
+// SiLUMulSplit is SiLUMul with the gate and up projections in separate tensors.
+//
+//	gate, up: [rows, dim]   out: [rows, dim]
+//	out[r, i] = SiLU(gate[r, i]) * up[r, i]
+//
+// out may alias gate or up.
+func SiLUMulSplit(out, gate, up []float32, rows, dim int) error {
+	if err := checkDims("SiLUMulSplit", rows, dim); err != nil {
+		return err
+	}
+	n := rows * dim
+	for _, s := range []struct {
+		name string
+		len  int
+	}{{"gate", len(gate)}, {"up", len(up)}, {"out", len(out)}} {
+		if err := checkLen("SiLUMulSplit", s.name, s.len, n); err != nil {
+			return err
+		}
+	}
+	for i := range n {
+		out[i] = SiLU(gate[i]) * up[i]
+	}
+	return nil
+}
+
+// Softmax replaces each row of x by its softmax, computed stably (the row's maximum is
+// subtracted first, sums in float64).
+//
+//	x: [rows, n]
+func Softmax(x []float32, rows, n int) error {
+	if err := checkDims("Softmax", rows, n); err != nil {
+		return err
+	}
+	if err := checkLen("Softmax", "x", len(x), rows*n); err != nil {
+		return err
+	}
+	for r := 0; r < rows; r++ {
+		softmaxRow(x[r*n : (r+1)*n])
+	}
+	return nil
+}
+
+func softmaxRow(row []float32) {
+	if len(row) == 0 {
+		return
+	}
+	mx := row[0]
+	for _, v := range row[1:] {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for i, v := range row {
+		e := math.Exp(float64(v - mx))
+		row[i] = float32(e)
+		sum += e
+	}
+	inv := float32(1 / sum)
+	for i := range row {
+		row[i] *= inv
+	}
+}
+
+// Embedding gathers one row of table per id.
+//
+//	table: [vocab, dim]   ids: [tokens]   out: [tokens, dim]
+//
+// vocab is len(table)/dim; an id outside [0, vocab) is an error.
+func Embedding(out, table []float32, ids []int32, dim int) error {
+	if dim <= 0 {
+		return fmt.Errorf("ref.Embedding: dim must be positive, got %d", dim)
+	}
+	if len(table)%dim != 0 {
+		return fmt.Errorf("ref.Embedding: table length %d is not a multiple of dim %d", len(table), dim)
+	}
+	if err := checkLen("Embedding", "out", len(out), len(ids)*dim); err != nil {
+		return err
+	}
+	vocab := len(table) / dim
+	for t, id := range ids {
+		if id < 0 || int(id) >= vocab {
+			return fmt.Errorf("ref.Embedding: token %d has id %d outside the vocabulary [0, %d)", t, id, vocab)
+		}
+		copy(out[t*dim:(t+1)*dim], table[int(id)*dim:(int(id)+1)*dim])
+	}
+	return nil
+}
+
+// Argmax returns the index of the largest element of x (the first one on a tie), or -1
+// when x is empty. NaNs are never chosen.
+func Argmax(x []float32) int {
+	best := -1
+	for i, v := range x {
+		if v != v {
+			continue
+		}
+		if best < 0 || v > x[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// ArgmaxRows writes the Argmax of each row of x into out.
+//
+//	x: [rows, n]   out: [rows]
+func ArgmaxRows(out []int32, x []float32, rows, n int) error {
+	if err := checkDims("ArgmaxRows", rows, n); err != nil {
+		return err
+	}
+	if err := checkLen("ArgmaxRows", "x", len(x), rows*n); err != nil {
+		return err
+	}
+	if err := checkLen("ArgmaxRows", "out", len(out), rows); err != nil {
+		return err
+	}
+	for r := 0; r < rows; r++ {
+		out[r] = int32(Argmax(x[r*n : (r+1)*n]))
+	}
+	return nil
+}
+
+func errShape(op, format string, args ...any) error {
+	return fmt.Errorf("ref."+op+": "+format, args...)
+}

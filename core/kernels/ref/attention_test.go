@@ -1,0 +1,149 @@
+package ref
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// denseAttention is causal GQA attention over contiguous k, v: [ctx, kvHeads, d].
+func denseAttention(q, k, v []float32, ctx, nq, heads, kvHeads, d int, scale float32, window int) []float32 {
+	out := make([]float32, nq*heads*d)
+	for i := 0; i < nq; i++ {
+		p := ctx - nq + i
+		for h := 0; h < heads; h++ {
+			kh := h / (heads / kvHeads)
+			var sc []float64
+			lo := 0
+			if window > 0 {
+				lo = max(0, p-window+1)
+			}
+			for t := lo; t <= p; t++ {
+				sc = append(sc, dot(q[(i*heads+h)*d:(i*heads+h+1)*d], k[(t*kvHeads+kh)*d:(t*kvHeads+kh+1)*d])*float64(scale))
+			}
+			mx := math.Inf(-1)
+			for _, s := range sc {
+				mx = max(mx, s)
+			}
+			var sum float64
+			for j := range sc {
+				sc[j] = math.Exp(sc[j] - mx)
+				sum += sc[j]
+			}
+			for j := 0; j < d; j++ {
+				var a float64
+				for n, t := 0, lo; t <= p; n, t = n+1, t+1 {
+					a += sc[n] * float64(v[(t*kvHeads+kh)*d+j])
+				}
+				out[(i*heads+h)*d+j] = float32(a / sum)
+			}
+		}
+	}
+	return out
+}
+
+func TestPagedAttentionMatchesDense(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const (
+		pageTokens, kvHeads, heads, d = 4, 2, 6, 8
+		ctx, nq, numPages             = 11, 3, 9
+	)
+	scale := float32(1 / math.Sqrt(d))
+	k, v := randSlice(r, ctx*kvHeads*d), randSlice(r, ctx*kvHeads*d)
+	q := randSlice(r, nq*heads*d)
+	for _, window := range []int{0, 5} {
+		want := denseAttention(q, k, v, ctx, nq, heads, kvHeads, d, scale, window)
+		// Two different page layouts: results must not depend on where pages live.
+		for _, pages := range [][]int32{{0, 1, 2}, {7, 2, 5}} {
+			c := &PagedKV{K: make([]float32, numPages*pageTokens*kvHeads*d), V: make([]float32, numPages*pageTokens*kvHeads*d),
+				PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
+			slots := make([]int64, ctx)
+			for tk := range slots {
+				slots[tk] = int64(pages[tk/pageTokens])*pageTokens + int64(tk%pageTokens)
+			}
+			if err := c.StoreKV(k, v, slots); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]float32, nq*heads*d)
+			if err := PagedAttention(got, q, c, pages, ctx, nq, Attention{Heads: heads, Scale: scale, Window: window}); err != nil {
+				t.Fatal(err)
+			}
+			near(t, "PagedAttention", got, want, 1e-5)
+		}
+	}
+}
+
+func TestPagedAttentionPrefillEqualsDecode(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const pageTokens, kvHeads, heads, d, ctx = 2, 1, 4, 4, 5
+	c := &PagedKV{K: make([]float32, 8*pageTokens*kvHeads*d), V: make([]float32, 8*pageTokens*kvHeads*d),
+		PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d,
+		PageOffset: func(p int32) int { return int(7-p) * pageTokens * kvHeads * d }} // pages stored in reverse
+	pages := []int32{4, 1, 6}
+	k, v := randSlice(r, ctx*kvHeads*d), randSlice(r, ctx*kvHeads*d)
+	q := randSlice(r, ctx*heads*d)
+	slots := []int64{8, 9, 2, 3, 12}
+	if err := c.StoreKV(k, v, slots); err != nil {
+		t.Fatal(err)
+	}
+	a := Attention{Heads: heads, Scale: 0.5}
+	prefill := make([]float32, ctx*heads*d)
+	if err := PagedAttention(prefill, q, c, pages, ctx, ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < ctx; i++ {
+		one := make([]float32, heads*d)
+		if err := PagedAttention(one, q[i*heads*d:(i+1)*heads*d], c, pages, i+1, 1, a); err != nil {
+			t.Fatal(err)
+		}
+		near(t, "decode step", one, prefill[i*heads*d:(i+1)*heads*d], 1e-6)
+	}
+	// The first token sees only itself: its output is its own value row.
+	near(t, "first token", prefill[:d], v[:d], 1e-6)
+}
+
+func TestPagedAttentionErrors(t *testing.T) {
+	c := &PagedKV{K: make([]float32, 16), V: make([]float32, 16), PageTokens: 2, KVHeads: 2, HeadDim: 2}
+	out, q := make([]float32, 12), make([]float32, 12)
+	for name, err := range map[string]error{
+		"heads not a multiple": PagedAttention(out, q, c, []int32{0}, 1, 1, Attention{Heads: 3, Scale: 1}),
+		"short page table":     PagedAttention(out, q, c, []int32{0}, 3, 1, Attention{Heads: 2, Scale: 1}),
+		"page outside cache":   PagedAttention(out, q, c, []int32{5}, 1, 1, Attention{Heads: 2, Scale: 1}),
+		"more queries":         PagedAttention(out, q, c, []int32{0}, 1, 2, Attention{Heads: 2, Scale: 1}),
+		"store outside":        c.StoreKV(make([]float32, 4), make([]float32, 4), []int64{9}),
+	} {
+		if err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func BenchmarkPagedAttentionDecode(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	const pageTokens, kvHeads, heads, d, ctx = 16, 8, 32, 128, 1024
+	c := &PagedKV{K: randSlice(r, ctx*kvHeads*d), V: randSlice(r, ctx*kvHeads*d), PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
+	pages := make([]int32, ctx/pageTokens)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	q, out := randSlice(r, heads*d), make([]float32, heads*d)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := PagedAttention(out, q, c, pages, ctx, 1, Attention{Heads: heads, Scale: 0.088}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkMatMulT(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	const m, k, n = 16, 1024, 1024
+	x, w, out := randSlice(r, m*k), randSlice(r, n*k), make([]float32, m*n)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := MatMulT(out, x, w, m, k, n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(2*m*k*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}

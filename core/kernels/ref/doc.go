@@ -1,0 +1,33 @@
+// Package ref holds the CPU reference operators that Resin's models are built from: GEMM
+// (through gonum), RMSNorm, rotary embeddings, SiLU-and-mul, softmax, embedding gather,
+// attention over a paged KV cache, MoE top-k routing and argmax.
+//
+// They are the specification the CUDA kernels in core/kernels/cuda are checked against, and
+// the CPU backend of every model. Each one is written as plain loops over indices with the
+// shapes in a comment; only the GEMMs go through an optimised library.
+//
+// Conventions: every tensor is a row-major []float32; a shape [a, b, c] means element
+// (i, j, l) lives at index (i*b+j)*c+l. Operators write into out slices the caller owns and
+// allocate nothing. A shape that does not match the slices, or an index out of range, is
+// reported as an error naming the argument; no operator panics on bad input.
+package ref
+
+import "fmt"
+
+// checkLen reports an error when slice name holds fewer than want elements.
+func checkLen(op, name string, got, want int) error {
+	if got < want {
+		return fmt.Errorf("ref.%s: %s has %d elements, the shape needs %d", op, name, got, want)
+	}
+	return nil
+}
+
+// checkDims reports an error when any dimension is negative.
+func checkDims(op string, dims ...int) error {
+	for _, d := range dims {
+		if d < 0 {
+			return fmt.Errorf("ref.%s: negative dimension %d", op, d)
+		}
+	}
+	return nil
+}
