@@ -1,0 +1,160 @@
+package weights
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func mustTensor(t *testing.T, name string, dt DType, shape []int, v []float32) Tensor {
+	t.Helper()
+	x, err := NewTensor(name, dt, shape, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func TestRoundTrip(t *testing.T) {
+	vals := []float32{1, -2.5, 3.140625, 0.1, 1e-3, -65504}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "model.safetensors")
+	ts := []Tensor{
+		mustTensor(t, "model.layers.0.self_attn.q_proj.weight", BF16, []int{2, 3}, vals),
+		mustTensor(t, "model.norm.weight", F32, []int{6}, vals),
+		mustTensor(t, "lm_head.weight", F16, []int{3, 2}, vals),
+	}
+	if err := WriteFile(path, ts, map[string]string{"format": "pt"}); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	for _, c := range []struct {
+		name  string
+		dt    DType
+		shape []int
+	}{{"model.layers.0.self_attn.q_proj.weight", BF16, []int{2, 3}}, {"model.norm.weight", F32, []int{6}}, {"lm_head.weight", F16, []int{3, 2}}} {
+		got, err := ck.Float32(c.name, c.shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range vals {
+			if want := Round(v, c.dt); got[i] != want {
+				t.Errorf("%s[%d] = %g, want %g", c.name, i, got[i], want)
+			}
+		}
+		if info, _ := ck.Info(c.name); info.DType != c.dt {
+			t.Errorf("%s dtype %s, want %s", c.name, info.DType, c.dt)
+		}
+	}
+	if _, err := ck.Float32("model.norm.weight", 3, 2); !errors.Is(err, ErrShape) {
+		t.Errorf("wrong shape: err = %v, want ErrShape", err)
+	}
+	if _, err := ck.Float32("model.embed_tokens.weight", 6); !errors.Is(err, ErrNotFound) {
+		t.Errorf("missing tensor: err = %v, want ErrNotFound", err)
+	}
+	f, err := OpenFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if f.Metadata["format"] != "pt" {
+		t.Errorf("metadata = %v", f.Metadata)
+	}
+	// The data section starts 8-byte aligned, as the reference writer does.
+	raw, _ := os.ReadFile(path)
+	if n := binary.LittleEndian.Uint64(raw); (8+n)%8 != 0 {
+		t.Errorf("header length %d leaves the data unaligned", n)
+	}
+}
+
+func TestSharded(t *testing.T) {
+	dir := t.TempDir()
+	a := []Tensor{mustTensor(t, "a", F32, []int{2}, []float32{1, 2})}
+	b := []Tensor{mustTensor(t, "b", F32, []int{1}, []float32{3})}
+	if err := WriteFile(filepath.Join(dir, "model-00001-of-00002.safetensors"), a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(filepath.Join(dir, "model-00002-of-00002.safetensors"), b, nil); err != nil {
+		t.Fatal(err)
+	}
+	idx := `{"metadata":{"total_size":12},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}`
+	if err := os.WriteFile(filepath.Join(dir, IndexFile), []byte(idx), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	if got, err := ck.Float32("b", 1); err != nil || got[0] != 3 {
+		t.Fatalf("b = %v, %v", got, err)
+	}
+	if n := ck.Names(); len(n) != 2 {
+		t.Errorf("names = %v", n)
+	}
+	bad := `{"weight_map":{"a":"model-00002-of-00002.safetensors"}}`
+	os.WriteFile(filepath.Join(dir, IndexFile), []byte(bad), 0o644)
+	if _, err := Open(dir); !errors.Is(err, ErrNotFound) {
+		t.Errorf("index naming the wrong shard: err = %v", err)
+	}
+}
+
+func header(js string) []byte {
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, uint64(len(js)))
+	b.WriteString(js)
+	return b.Bytes()
+}
+
+func TestMalformed(t *testing.T) {
+	cases := map[string][]byte{
+		"short":          {1, 2, 3},
+		"huge header":    header("")[:8],
+		"not json":       header("{nope"),
+		"bad dtype":      append(header(`{"x":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}`), 0),
+		"past the end":   append(header(`{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`), 0, 0),
+		"size mismatch":  append(header(`{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}`), 0, 0, 0, 0),
+		"overlap":        append(header(`{"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"y":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}`), 0, 0, 0),
+		"negative shape": append(header(`{"x":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}}`), 0),
+		"bad metadata":   header(`{"__metadata__":{"a":1}}`),
+	}
+	binary.LittleEndian.PutUint64(cases["huge header"], 1<<40)
+	for name, img := range cases {
+		if _, err := Parse(bytes.NewReader(img), int64(len(img))); !errors.Is(err, ErrFormat) {
+			t.Errorf("%s: err = %v, want ErrFormat", name, err)
+		}
+	}
+	if _, err := Encode([]Tensor{{Name: "x", DType: F32, Shape: []int{2}, Data: make([]byte, 4)}}, nil); !errors.Is(err, ErrShape) {
+		t.Errorf("Encode with short data: err = %v", err)
+	}
+	if _, err := NewTensor("x", I8, []int{1}, []float32{1}); !errors.Is(err, ErrDType) {
+		t.Errorf("NewTensor I8: err = %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	img, _ := Encode([]Tensor{{Name: "w", DType: F32, Shape: []int{1}, Data: make([]byte, 4)}}, nil)
+	f.Add(img)
+	f.Add(header(`{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sf, err := Parse(bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			return
+		}
+		for _, n := range sf.Names() {
+			info, _ := sf.Info(n)
+			if info.DType.Float() {
+				if _, _, err := sf.Float32(n); err != nil {
+					t.Fatalf("validated tensor %q unreadable: %v", n, err)
+				}
+			}
+		}
+	})
+}
