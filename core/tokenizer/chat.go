@@ -1,0 +1,148 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// ChatTemplate renders a conversation into a prompt with the Jinja chat template of a
+// tokenizer_config.json, as transformers' apply_chat_template does.
+type ChatTemplate struct {
+	source string
+	tmpl   *jinja.Template
+	tokens map[string]any // bos_token, eos_token, ... as the template sees them
+}
+
+// ChatOptions are the variables besides messages that chat templates read.
+type ChatOptions struct {
+	// AddGenerationPrompt appends the header that opens the assistant's turn.
+	AddGenerationPrompt bool
+	// Tools are function descriptions in the OpenAI JSON shape, or nil.
+	Tools []any
+	// Extra holds further template variables (for example enable_thinking).
+	Extra map[string]any
+}
+
+// LoadChatTemplate reads the default chat template from a tokenizer_config.json file.
+func LoadChatTemplate(path string) (*ChatTemplate, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load chat template: %w", err)
+	}
+	c, err := ParseChatTemplate(data, "")
+	if err != nil {
+		return nil, fmt.Errorf("load chat template %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// ParseChatTemplate reads the chat template called name ("" for the default) from the
+// contents of a tokenizer_config.json.
+func ParseChatTemplate(config []byte, name string) (*ChatTemplate, error) {
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(config, &cfg); err != nil {
+		return nil, fmt.Errorf("parse tokenizer_config.json: %v: %w", err, ErrInvalid)
+	}
+	src, err := pickTemplate(cfg["chat_template"], name)
+	if err != nil {
+		return nil, err
+	}
+	c, err := NewChatTemplate(src)
+	if err != nil {
+		return nil, err
+	}
+	for _, key := range []string{"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"} {
+		if tok, ok := tokenContent(cfg[key]); ok {
+			c.tokens[key] = tok
+		}
+	}
+	return c, nil
+}
+
+// NewChatTemplate compiles a Jinja chat template.
+func NewChatTemplate(source string) (*ChatTemplate, error) {
+	tmpl, err := jinja.Compile(source)
+	if err != nil {
+		return nil, fmt.Errorf("compile chat template: %w", err)
+	}
+	return &ChatTemplate{source: source, tmpl: tmpl, tokens: map[string]any{}}, nil
+}
+
+// Source returns the template text.
+func (c *ChatTemplate) Source() string { return c.source }
+
+// Render formats messages (each a map with "role" and "content", and whatever else the
+// template reads, such as "tool_calls") into a prompt string.
+func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (string, error) {
+	msgs := make([]any, len(messages))
+	for i, m := range messages {
+		msgs[i] = m
+	}
+	data := make(map[string]any, len(c.tokens)+len(opts.Extra)+3)
+	for k, v := range c.tokens {
+		data[k] = v
+	}
+	for k, v := range opts.Extra {
+		data[k] = v
+	}
+	data["messages"] = msgs
+	data["add_generation_prompt"] = opts.AddGenerationPrompt
+	if opts.Tools != nil {
+		data["tools"] = opts.Tools
+	}
+	out, err := c.tmpl.Render(data)
+	if err != nil {
+		return "", fmt.Errorf("render chat template: %w", err)
+	}
+	return out, nil
+}
+
+func pickTemplate(raw json.RawMessage, name string) (string, error) {
+	if isNull(raw) {
+		return "", ErrNoChatTemplate
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		if name != "" && name != "default" {
+			return "", fmt.Errorf("chat template %q: only a default template exists: %w", name, ErrNoChatTemplate)
+		}
+		return s, nil
+	}
+	var list []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return "", fmt.Errorf("chat_template is neither a string nor a list of named templates: %w", ErrInvalid)
+	}
+	if name == "" {
+		name = "default"
+	}
+	for _, t := range list {
+		if t.Name == name {
+			return t.Template, nil
+		}
+	}
+	return "", fmt.Errorf("chat template %q: %w", name, ErrNoChatTemplate)
+}
+
+// tokenContent reads a special token written as "..." or as {"content": "..."}.
+func tokenContent(raw json.RawMessage) (string, bool) {
+	if isNull(raw) {
+		return "", false
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, true
+	}
+	var obj struct {
+		Content string `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &obj); err == nil && obj.Content != "" {
+		return obj.Content, true
+	}
+	return "", false
+}

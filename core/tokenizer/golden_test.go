@@ -1,0 +1,142 @@
+package tokenizer
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+type goldenCase struct {
+	Text               string  `json:"text"`
+	IDs                []int32 `json:"ids"`
+	IDsAddSpecial      []int32 `json:"ids_add_special"`
+	Decoded            string  `json:"decoded"`
+	DecodedSkipSpecial string  `json:"decoded_skip_special"`
+}
+
+type goldenChat struct {
+	Messages            []map[string]any `json:"messages"`
+	AddGenerationPrompt bool             `json:"add_generation_prompt"`
+	Prompt              string           `json:"prompt"`
+	IDs                 []int32          `json:"ids"`
+}
+
+type goldenFile struct {
+	Name   string       `json:"name"`
+	SHA256 string       `json:"tokenizer_sha256"`
+	Cases  []goldenCase `json:"cases"`
+	Chats  []goldenChat `json:"chats"`
+}
+
+// tokenizerDir finds the files of a golden: testdata/tiny is committed, the real ones are
+// fetched by .ci/setup.d/30-tokenizers.sh into $RESIN_TOKENIZERS_DIR.
+func tokenizerDir(t *testing.T, name string) string {
+	if name == "tiny" {
+		return filepath.Join("testdata", "tiny")
+	}
+	root := os.Getenv("RESIN_TOKENIZERS_DIR")
+	if root == "" {
+		root = filepath.Join("..", "..", ".cache", "tokenizers")
+	}
+	dir := filepath.Join(root, name)
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Skipf("%s/tokenizer.json is missing: run .ci/setup.d/30-tokenizers.sh (scripts/test.sh does) to fetch it", dir)
+	}
+	return dir
+}
+
+func loadGolden(t *testing.T, path string) (goldenFile, *Tokenizer, string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g goldenFile
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	dir := tokenizerDir(t, g.Name)
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(raw)
+	if got := hex.EncodeToString(sum[:]); got != g.SHA256 {
+		t.Fatalf("%s/tokenizer.json has sha256 %s, the golden was made from %s: rerun scripts/tokenizer-goldens.sh", dir, got, g.SHA256)
+	}
+	tok, err := Parse(raw)
+	if err != nil {
+		t.Fatalf("parse %s: %v", g.Name, err)
+	}
+	return g, tok, dir
+}
+
+func TestGoldens(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "*.golden.json"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no goldens in testdata: %v", err)
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			g, tok, dir := loadGolden(t, path)
+			for i, c := range g.Cases {
+				ids, err := tok.Encode(c.Text, false)
+				if err != nil {
+					t.Fatalf("case %d: %v", i, err)
+				}
+				if !slices.Equal(ids, c.IDs) {
+					t.Errorf("case %d %q:\n got  %v\n want %v", i, c.Text, ids, c.IDs)
+				}
+				withSpecial, err := tok.Encode(c.Text, true)
+				if err != nil {
+					t.Fatalf("case %d: %v", i, err)
+				}
+				if !slices.Equal(withSpecial, c.IDsAddSpecial) {
+					t.Errorf("case %d %q with special tokens:\n got  %v\n want %v", i, c.Text, withSpecial, c.IDsAddSpecial)
+				}
+				if got := tok.Decode(c.IDs, false); got != c.Decoded {
+					t.Errorf("case %d: decode\n got  %q\n want %q", i, got, c.Decoded)
+				}
+				if got := tok.Decode(c.IDs, true); got != c.DecodedSkipSpecial {
+					t.Errorf("case %d: decode skipping special tokens\n got  %q\n want %q", i, got, c.DecodedSkipSpecial)
+				}
+				d := tok.NewDetokenizer(false)
+				streamed := ""
+				for _, id := range c.IDs {
+					streamed += d.Add(id)
+				}
+				if streamed+d.Flush() != c.Decoded {
+					t.Errorf("case %d: streamed decode %q, want %q", i, streamed, c.Decoded)
+				}
+			}
+			if len(g.Chats) == 0 {
+				return
+			}
+			ct, err := LoadChatTemplate(filepath.Join(dir, "tokenizer_config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range g.Chats {
+				prompt, err := ct.Render(c.Messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt})
+				if err != nil {
+					t.Errorf("chat %d: %v", i, err)
+					continue
+				}
+				if prompt != c.Prompt {
+					t.Errorf("chat %d: rendered\n%q\nwant\n%q", i, prompt, c.Prompt)
+				}
+				ids, err := tok.Encode(c.Prompt, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(ids, c.IDs) {
+					t.Errorf("chat %d ids:\n got  %v\n want %v", i, ids, c.IDs)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,170 @@
+"""Writes core/tokenizer goldens from the reference tokenizers and transformers.
+
+Run through scripts/tokenizer-goldens.sh, which installs the pinned packages.
+"""
+import argparse
+import hashlib
+import json
+import os
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+CORPUS = [
+    "",
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces and trailing spaces   ",
+    "tabs\tand\t\ttabs, newlines\n\n\nand mixed \r\n line ends\r\n",
+    "    \n    \t\t   \n",
+    "I'm sure they'll say it's DON'T, WE'VE, You'D, she's.",
+    "1234567890 3.14159 -42 1e10 0x1F 12,345,678.90 ２０２６年",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "func main() {\n\tfmt.Println(\"héllo\")\n\tfor i := 0; i < 10; i++ {}\n}\n",
+    "<html><body class=\"x\">&amp; &lt;tag&gt;</body></html>",
+    "中文分词测试：我们今天去北京。日本語のテキスト、カタカナとひらがな。",
+    "한국어 텍스트와 Ελληνικά και русский текст, عربي, हिन्दी.",
+    "Emoji: 😀🚀👩‍👩‍👧‍👦 🇫🇷 ❤️ and combining: e\u0301 a\u0308 n\u0303 Å vs A\u030a",
+    "Ｆｕｌｌｗｉｄｔｈ　ｔｅｘｔ and ﬁ ligature ① ½",
+    "URLs: https://example.com/path?q=1&r=two#frag and emails a.b+c@d.org",
+    "!!!??? ... --- *** ~~~ ``` $$$ %%% ^^^ ||| \\\\ // <<>>",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "snake_case_identifier camelCaseIdentifier PascalCase SCREAMING_CASE kebab-case",
+    "Mixed\u00a0non-breaking\u2009thin\u3000ideographic spaces\u200bzero-width",
+    "JSON: {\"a\": [1, 2, {\"b\": null}], \"c\": \"\\u00e9\"}",
+]
+
+
+def specials_corpus(tok):
+    """Texts that embed the tokenizer's own added tokens."""
+    added = [t for t in tok.get_added_tokens_decoder().values()][:6]
+    if not added:
+        return []
+    out = []
+    a = added[0].content
+    out.append(f"{a}start")
+    out.append("text before " + " ".join(t.content for t in added) + " text after")
+    out.append("<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n")
+    out.append(f"no space{added[-1].content}no space {a} {a}  spaced")
+    return out
+
+
+CHATS = [
+    {"messages": [{"role": "user", "content": "Hello!"}], "add_generation_prompt": True},
+    {"messages": [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And in words, 中文 please? 😀"},
+    ], "add_generation_prompt": True},
+    {"messages": [
+        {"role": "user", "content": "  Spaces  around  \n"},
+        {"role": "assistant", "content": "Trimmed?\n\nTwo paragraphs."},
+    ], "add_generation_prompt": False},
+]
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def golden(name, tok_path, cfg_path, out_dir):
+    tok = Tokenizer.from_file(tok_path)
+    cases = []
+    for text in CORPUS + specials_corpus(tok):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        ids_special = tok.encode(text, add_special_tokens=True).ids
+        cases.append({
+            "text": text,
+            "ids": ids,
+            "ids_add_special": ids_special,
+            "decoded": tok.decode(ids, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+        })
+    chats = []
+    cfg = json.load(open(cfg_path))
+    if cfg.get("chat_template"):
+        hf = AutoTokenizer.from_pretrained(os.path.dirname(cfg_path))
+        for chat in CHATS:
+            prompt = hf.apply_chat_template(chat["messages"], tokenize=False,
+                                            add_generation_prompt=chat["add_generation_prompt"])
+            chats.append({**chat, "prompt": prompt,
+                          "ids": tok.encode(prompt, add_special_tokens=False).ids})
+    doc = {
+        "name": name,
+        "tokenizer_sha256": sha256(tok_path),
+        "reference": "tokenizers %s, transformers %s" % (
+            __import__("tokenizers").__version__, __import__("transformers").__version__),
+        "cases": cases,
+        "chats": chats,
+    }
+    with open(os.path.join(out_dir, name + ".golden.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"{name}: {len(cases)} cases, {len(chats)} chats")
+
+
+TINY_TEMPLATE = (
+    "{%- if messages[0].role != 'system' %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def train_tiny(out_dir):
+    """Trains the small byte-level BPE that ships in testdata (our own, from our corpus)."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Split(pattern=__import__("tokenizers").Regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
+    trainer = trainers.BpeTrainer(vocab_size=1024, min_frequency=1, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    text = [open(os.path.abspath(__file__), encoding="utf-8").read()] * 5
+    text += CORPUS * 20
+    tok.train_from_iterator(text, trainer=trainer)
+    tok.add_tokens([__import__("tokenizers").AddedToken("<tool>", lstrip=True, rstrip=True, normalized=False)])
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)])
+    path = os.path.join(out_dir, "tiny")
+    os.makedirs(path, exist_ok=True)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
+           "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": TINY_TEMPLATE,
+           "model_max_length": 4096}
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokenizers", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--retrain", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    tiny = os.path.join(a.out, "tiny")
+    if a.retrain or not os.path.exists(os.path.join(tiny, "tokenizer.json")):
+        train_tiny(a.out)
+    golden("tiny", os.path.join(tiny, "tokenizer.json"), os.path.join(tiny, "tokenizer_config.json"), a.out)
+    for name in sorted(os.listdir(a.tokenizers)):
+        d = os.path.join(a.tokenizers, name)
+        golden(name, os.path.join(d, "tokenizer.json"), os.path.join(d, "tokenizer_config.json"), a.out)
+
+
+if __name__ == "__main__":
+    main()
