@@ -16,6 +16,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(
+		newBenchCmd(),
 	// resin:commands (each subcommand file adds its constructor here)
 	)
 	return root

@@ -1,0 +1,117 @@
+package loadgen
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+)
+
+// Stat summarizes one latency in milliseconds.
+type Stat struct {
+	Mean float64 `json:"mean_ms"`
+	P50  float64 `json:"p50_ms"`
+	P90  float64 `json:"p90_ms"`
+	P99  float64 `json:"p99_ms"`
+}
+
+// Report is the outcome of a run.
+type Report struct {
+	Endpoint         string   `json:"endpoint"`
+	Concurrency      int      `json:"concurrency"`
+	RequestRate      float64  `json:"request_rate"`
+	Requests         int      `json:"requests"`
+	Completed        int      `json:"completed"`
+	Failed           int      `json:"failed"`
+	Errors           []string `json:"errors,omitempty"`
+	DurationS        float64  `json:"duration_s"`
+	PromptTokens     int      `json:"prompt_tokens"`
+	OutputTokens     int      `json:"output_tokens"`
+	RequestsPerS     float64  `json:"requests_per_s"`
+	OutputTokensPerS float64  `json:"output_tokens_per_s"`
+	TotalTokensPerS  float64  `json:"total_tokens_per_s"`
+	TTFT             Stat     `json:"ttft"`
+	TPOT             Stat     `json:"tpot"`
+	ITL              Stat     `json:"itl"`
+	E2E              Stat     `json:"e2e_latency"`
+}
+
+func summarize(cfg *Config, samples []sample, elapsed time.Duration) Report {
+	r := Report{
+		Endpoint:    "/v1/completions",
+		Concurrency: cfg.Concurrency,
+		RequestRate: cfg.RequestRate,
+		Requests:    cfg.Requests,
+		DurationS:   elapsed.Seconds(),
+	}
+	if cfg.Chat {
+		r.Endpoint = "/v1/chat/completions"
+	}
+	var ttft, tpot, itl, e2e []float64
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, s := range samples {
+		if s.err != nil {
+			r.Failed++
+			if len(r.Errors) < 5 {
+				r.Errors = append(r.Errors, s.err.Error())
+			}
+			continue
+		}
+		r.Completed++
+		r.PromptTokens += s.promptTokens
+		r.OutputTokens += s.outputTokens
+		ttft = append(ttft, ms(s.ttft))
+		e2e = append(e2e, ms(s.e2e))
+		if s.outputTokens > 1 {
+			tpot = append(tpot, ms(s.e2e-s.ttft)/float64(s.outputTokens-1))
+		}
+		for _, d := range s.itl {
+			itl = append(itl, ms(d))
+		}
+	}
+	if secs := elapsed.Seconds(); secs > 0 {
+		r.RequestsPerS = float64(r.Completed) / secs
+		r.OutputTokensPerS = float64(r.OutputTokens) / secs
+		r.TotalTokensPerS = float64(r.PromptTokens+r.OutputTokens) / secs
+	}
+	r.TTFT, r.TPOT, r.ITL, r.E2E = stat(ttft), stat(tpot), stat(itl), stat(e2e)
+	return r
+}
+
+func stat(xs []float64) Stat {
+	if len(xs) == 0 {
+		return Stat{}
+	}
+	slices.Sort(xs)
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return Stat{Mean: sum / float64(len(xs)), P50: percentile(xs, 0.5), P90: percentile(xs, 0.9), P99: percentile(xs, 0.99)}
+}
+
+// WriteTable prints the report for people.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	mode := fmt.Sprintf("concurrency %d", r.Concurrency)
+	if r.RequestRate > 0 {
+		mode = fmt.Sprintf("Poisson %.2f req/s, concurrency cap %d", r.RequestRate, r.Concurrency)
+	}
+	fmt.Fprintf(tw, "endpoint\t%s (%s)\n", r.Endpoint, mode)
+	fmt.Fprintf(tw, "requests\t%d completed, %d failed of %d\n", r.Completed, r.Failed, r.Requests)
+	fmt.Fprintf(tw, "duration\t%.2f s\n", r.DurationS)
+	fmt.Fprintf(tw, "tokens\t%d prompt, %d output\n", r.PromptTokens, r.OutputTokens)
+	fmt.Fprintf(tw, "throughput\t%.2f req/s, %.1f output tok/s, %.1f total tok/s\n", r.RequestsPerS, r.OutputTokensPerS, r.TotalTokensPerS)
+	fmt.Fprintf(tw, "\nlatency (ms)\tmean\tp50\tp90\tp99\n")
+	for _, row := range []struct {
+		name string
+		s    Stat
+	}{{"TTFT", r.TTFT}, {"TPOT", r.TPOT}, {"ITL", r.ITL}, {"E2E", r.E2E}} {
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\n", row.name, row.s.Mean, row.s.P50, row.s.P90, row.s.P99)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(tw, "error\t%s\n", e)
+	}
+	return tw.Flush()
+}
