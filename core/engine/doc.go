@@ -1,0 +1,19 @@
+// Package engine owns requests and decides, every step, what the model runs.
+//
+// A client submits a Request to an Engine and reads its Stream: new tokens (with logprobs
+// when asked), then exactly one terminal event with a FinishReason. The Engine's loop
+// (Run) asks the Scheduler for a frozen BatchPlan, hands it to the Runner (the one
+// interface a model implements), and feeds the StepResult back to the Scheduler, which
+// appends tokens, checks stop conditions, commits full blocks to the prefix cache of
+// core/kvslab, rolls back rejected speculative tokens and frees finished sequences.
+//
+// The scheduler follows one rule: every running request is offered wanted − computed
+// tokens (a prompt chunk, one decode token, or 1+k with k drafts), capped by the step's
+// token budget; running requests go first, then waiting ones (FCFS or priority). Prefix
+// cache hits are taken at admission; when pages run out the newest (or lowest-priority)
+// running request is preempted by recompute.
+//
+// The engine never touches model math and the runner never decides what to run: the
+// BatchPlan is the whole contract between them, and it has a versioned binary encoding so
+// it can cross a process boundary.
+package engine

@@ -1,0 +1,336 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// Policy orders the waiting queue.
+type Policy uint8
+
+// Scheduling policies.
+const (
+	// PolicyFCFS serves waiting requests by arrival.
+	PolicyFCFS Policy = iota
+	// PolicyPriority serves lower Request.Priority values first, then by arrival, and
+	// preempts the lowest-priority running request first.
+	PolicyPriority
+)
+
+// Config sets the engine's limits. Zero values take the defaults noted.
+type Config struct {
+	// MaxBatchTokens is the per-step token budget (default 8192).
+	MaxBatchTokens int
+	// MaxSeqs caps the sequences in one step (default 256).
+	MaxSeqs int
+	// MaxQueue caps the waiting requests; Submit beyond it returns ErrQueueFull
+	// (default 0 = no cap).
+	MaxQueue int
+	// Policy orders the waiting queue (default PolicyFCFS).
+	Policy Policy
+	// Pool is the cache pool, built with the runner's cache groups. Nil: New builds one in
+	// host memory of CacheBytes bytes (default 256 MiB).
+	Pool       *kvslab.Pool
+	CacheBytes int64
+	// Registry receives the engine's metrics (names start with resin_). Nil: New makes a
+	// fresh registry, returned by Engine.Registry.
+	Registry *prometheus.Registry
+}
+
+// Option changes how New builds an Engine.
+type Option func(*options)
+
+type options struct {
+	now func() time.Time
+}
+
+// WithClock replaces time.Now for the engine's latency metrics (tests).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// Engine runs a Scheduler and a Runner: Submit and Abort may be called from any
+// goroutine; Run is the loop that executes steps.
+type Engine struct {
+	runner Runner
+	info   RunnerInfo
+	reg    *prometheus.Registry
+	now    func() time.Time
+
+	mu       sync.Mutex
+	s        *Scheduler
+	draining bool
+	closed   bool
+	drained  chan struct{} // closed once draining and empty
+	nextID   uint64
+	seeds    uint64
+
+	wake    chan struct{}
+	closeCh chan struct{}
+	running atomic.Bool
+}
+
+// New builds an engine for runner. The runner's description is validated, and the pool
+// (given or built) must hold the runner's cache groups.
+func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
+	if runner == nil {
+		return nil, errors.New("engine: nil runner")
+	}
+	o := options{now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	info := runner.Info()
+	if err := info.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Pool == nil {
+		pool, err := NewHostPool(info.CacheGroups, cfg.CacheBytes)
+		if err != nil {
+			return nil, fmt.Errorf("engine: build cache pool for %q: %w", info.Name, err)
+		}
+		cfg.Pool = pool
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	e := &Engine{
+		runner:  runner,
+		info:    info,
+		reg:     reg,
+		now:     o.now,
+		drained: make(chan struct{}),
+		seeds:   uint64(o.now().UnixNano()),
+		wake:    make(chan struct{}, 1),
+		closeCh: make(chan struct{}),
+	}
+	s, err := NewScheduler(info, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.now = o.now
+	e.s = s
+	if err := reg.Register(newCollector(s.metrics, &e.mu, s)); err != nil {
+		return nil, fmt.Errorf("engine: register metrics: %w", err)
+	}
+	return e, nil
+}
+
+// NewHostPool builds a kvslab pool for groups in a host arena of bytes bytes (0 = 256 MiB).
+func NewHostPool(groups []kvslab.GroupSpec, bytes int64) (*kvslab.Pool, error) {
+	if len(groups) == 0 {
+		return nil, errors.New("engine: the runner declares no cache groups and no pool was given")
+	}
+	if bytes == 0 {
+		bytes = 256 << 20
+	}
+	arena, err := kvslab.NewHostArena(bytes)
+	if err != nil {
+		return nil, err
+	}
+	return kvslab.New(kvslab.Config{Groups: groups}, arena)
+}
+
+// Pool returns the engine's cache pool. It is not safe for concurrent use: touch it only
+// while Run is stopped, or from the runner during Execute for reads.
+func (e *Engine) Pool() *kvslab.Pool { return e.s.pool }
+
+// Info returns the runner's description.
+func (e *Engine) Info() RunnerInfo { return e.info }
+
+// Registry returns the registry holding the engine's metrics.
+func (e *Engine) Registry() *prometheus.Registry { return e.reg }
+
+// Stats is a snapshot of the engine's queues.
+type Stats struct {
+	Running, Waiting int
+}
+
+// Stats returns the number of running and waiting requests.
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return Stats{Running: len(e.s.running), Waiting: e.s.waiting.len()}
+}
+
+// Submit queues req and returns its stream. Cancelling ctx aborts the request. Errors:
+// ErrInvalidRequest, ErrContextTooLong, ErrQueueFull, ErrDraining, ErrClosed,
+// ErrDuplicateID (all wrapped with detail).
+func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		e.mu.Unlock()
+		return nil, ErrClosed
+	case e.draining:
+		e.mu.Unlock()
+		return nil, ErrDraining
+	}
+	if req.ID == "" {
+		e.nextID++
+		req.ID = "req-" + strconv.FormatUint(e.nextID, 10)
+	}
+	if !req.Sampling.HasSeed {
+		e.seeds++
+		req.Sampling.Seed, req.Sampling.HasSeed = mix64(e.seeds), true
+	}
+	if req.Arrival.IsZero() {
+		req.Arrival = e.now()
+	}
+	st := newStream(req.ID)
+	if err := e.s.Add(req, (*streamOutput)(st)); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	e.mu.Unlock()
+	e.signal()
+	if ctx.Done() != nil {
+		id := req.ID
+		stop := context.AfterFunc(ctx, func() {
+			e.mu.Lock()
+			e.s.abortOutput(id, (*streamOutput)(st), fmt.Errorf("%w: %w", ErrAborted, context.Cause(ctx)))
+			e.afterChange()
+			e.mu.Unlock()
+		})
+		st.mu.Lock()
+		if st.finish != FinishNone {
+			st.mu.Unlock()
+			stop()
+		} else {
+			st.stopWatch = stop
+			st.mu.Unlock()
+		}
+	}
+	return st, nil
+}
+
+// Abort ends request id with finish reason abort and frees its cache pages at once. It
+// reports whether the request was in flight.
+func (e *Engine) Abort(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ok := e.s.Abort(id)
+	e.afterChange()
+	return ok
+}
+
+// Run executes steps until ctx is done (returning ctx's error) or Close is called
+// (returning nil). Only one Run may be active at a time.
+func (e *Engine) Run(ctx context.Context) error {
+	if !e.running.CompareAndSwap(false, true) {
+		return errors.New("engine: Run is already running")
+	}
+	defer e.running.Store(false)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.closeCh:
+			return nil
+		default:
+		}
+		t0 := time.Now()
+		e.mu.Lock()
+		plan := e.s.Schedule()
+		e.mu.Unlock()
+		if plan == nil {
+			select {
+			case <-e.wake:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-e.closeCh:
+				return nil
+			}
+			continue
+		}
+		t1 := time.Now()
+		res, err := e.execute(ctx, plan)
+		t2 := time.Now()
+		e.mu.Lock()
+		if err != nil && ctx.Err() != nil {
+			// Shutting down: the step did not happen; the requests stay queued.
+			e.s.Rollback(plan)
+		} else {
+			e.s.Update(plan, res, err)
+		}
+		e.afterChange()
+		t3 := time.Now()
+		e.s.metrics.observeStep(t1.Sub(t0)+t3.Sub(t2), t2.Sub(t1))
+		e.mu.Unlock()
+	}
+}
+
+func (e *Engine) execute(ctx context.Context, plan *BatchPlan) (res StepResult, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %s panicked: %v\n%s", ErrRunner, e.info.Name, p, debug.Stack())
+		}
+	}()
+	return e.runner.Execute(ctx, plan)
+}
+
+// Drain stops accepting requests (Submit returns ErrDraining) and waits until every
+// request in flight has finished, or ctx is done. Run must be running for requests to
+// finish.
+func (e *Engine) Drain(ctx context.Context) error {
+	e.mu.Lock()
+	e.draining = true
+	e.afterChange()
+	ch := e.drained
+	e.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close aborts every request in flight (finish reason abort, ErrClosed), refuses new
+// ones and makes Run return. It is safe to call more than once.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed, e.draining = true, true
+	e.s.AbortAll(fmt.Errorf("%w: %w", ErrAborted, ErrClosed))
+	close(e.closeCh)
+	e.afterChange()
+	return nil
+}
+
+// afterChange runs with e.mu held after the queues changed.
+func (e *Engine) afterChange() {
+	if e.draining && e.s.Len() == 0 {
+		select {
+		case <-e.drained:
+		default:
+			close(e.drained)
+		}
+	}
+}
+
+func (e *Engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// mix64 is SplitMix64's finaliser: a cheap bijective hash of x.
+func mix64(x uint64) uint64 {
+	x += 0x9E3779B97F4A7C15
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+	return x ^ (x >> 31)
+}

@@ -1,0 +1,160 @@
+package engine
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the engine's counters and histograms. They are plain numbers changed only
+// by the scheduler's owner (under the engine's lock), so recording costs no atomics; the
+// collector reads them under the same lock at scrape time.
+type metrics struct {
+	promptTokens, generationTokens uint64
+	prefixQueries, prefixHits      uint64 // tokens offered to / served by the prefix cache
+	preemptions                    uint64
+	draftsProposed, draftsAccepted uint64
+	runnerErrors                   uint64
+	finished                       [FinishError + 1]uint64
+
+	ttft, itl, e2e    hist
+	schedule, execute hist
+}
+
+var (
+	latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	stepBuckets    = []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+)
+
+func newMetrics() *metrics {
+	return &metrics{
+		ttft: newHist(latencyBuckets), itl: newHist(latencyBuckets), e2e: newHist(latencyBuckets),
+		schedule: newHist(stepBuckets), execute: newHist(stepBuckets),
+	}
+}
+
+func (m *metrics) observeStep(schedule, execute time.Duration) {
+	m.schedule.observe(schedule.Seconds())
+	m.execute.observe(execute.Seconds())
+}
+
+// hist is a cumulative-on-read histogram with fixed upper bounds.
+type hist struct {
+	bounds []float64
+	counts []uint64 // per bucket (not cumulative), plus +Inf at the end
+	sum    float64
+	n      uint64
+	last   float64 // memo: consecutive equal observations skip the search
+	lastB  int
+}
+
+func newHist(bounds []float64) hist {
+	return hist{bounds: bounds, counts: make([]uint64, len(bounds)+1), last: -1}
+}
+
+func (h *hist) observe(v float64) {
+	b := h.lastB
+	if v != h.last {
+		b = sort.SearchFloat64s(h.bounds, v)
+		h.last, h.lastB = v, b
+	}
+	h.counts[b]++
+	h.sum += v
+	h.n++
+}
+
+func (h *hist) metric(d *prometheus.Desc) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(h.bounds))
+	var acc uint64
+	for i, ub := range h.bounds {
+		acc += h.counts[i]
+		buckets[ub] = acc
+	}
+	return prometheus.MustNewConstHistogram(d, h.n, h.sum, buckets)
+}
+
+// gaugeSource is what the collector reads besides metrics: queue lengths and cache use.
+type gaugeSource interface {
+	queueLens() (running, waiting int)
+	cacheUsage(fn func(group string, ratio float64))
+}
+
+// collector exposes metrics to Prometheus, reading them under the engine's lock.
+type collector struct {
+	m   *metrics
+	mu  sync.Locker
+	src gaugeSource
+
+	running, waiting, cache                    *prometheus.Desc
+	prompt, generation, queries, hits, preempt *prometheus.Desc
+	drafts, accepted, runnerErrors, finished   *prometheus.Desc
+	ttft, itl, e2e, schedule, execute          *prometheus.Desc
+}
+
+func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("resin_"+name, help, labels, nil)
+	}
+	return &collector{
+		m: m, mu: mu, src: src,
+		running:      d("requests_running", "Requests scheduled in the running set."),
+		waiting:      d("requests_waiting", "Requests waiting for admission."),
+		cache:        d("kv_cache_usage_ratio", "Fraction of the cache pool's pages a group uses.", "group"),
+		prompt:       d("prompt_tokens_total", "Prompt tokens of admitted requests."),
+		generation:   d("generation_tokens_total", "Generated tokens."),
+		queries:      d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
+		hits:         d("prefix_cache_hits_total", "Prompt tokens served by the prefix cache."),
+		preempt:      d("preemptions_total", "Requests preempted by recompute."),
+		drafts:       d("spec_decode_draft_tokens_total", "Draft tokens scheduled for verification."),
+		accepted:     d("spec_decode_accepted_tokens_total", "Draft tokens the runner accepted."),
+		runnerErrors: d("runner_errors_total", "Steps the runner failed."),
+		finished:     d("requests_finished_total", "Finished requests by finish reason.", "reason"),
+		ttft:         d("time_to_first_token_seconds", "Time from arrival to the first token."),
+		itl:          d("inter_token_latency_seconds", "Time between consecutive tokens of a request."),
+		e2e:          d("e2e_request_latency_seconds", "Time from arrival to the terminal event."),
+		schedule:     d("step_schedule_seconds", "Engine time per step: scheduling, plan building and applying the result."),
+		execute:      d("step_execute_seconds", "Runner time per step."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.cache, c.prompt, c.generation, c.queries, c.hits,
+		c.preempt, c.drafts, c.accepted, c.runnerErrors, c.finished, c.ttft, c.itl, c.e2e, c.schedule, c.execute} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.m
+	run, wait := c.src.queueLens()
+	ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(run))
+	ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(wait))
+	c.src.cacheUsage(func(group string, ratio float64) {
+		ch <- prometheus.MustNewConstMetric(c.cache, prometheus.GaugeValue, ratio, group)
+	})
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	counter(c.prompt, m.promptTokens)
+	counter(c.generation, m.generationTokens)
+	counter(c.queries, m.prefixQueries)
+	counter(c.hits, m.prefixHits)
+	counter(c.preempt, m.preemptions)
+	counter(c.drafts, m.draftsProposed)
+	counter(c.accepted, m.draftsAccepted)
+	counter(c.runnerErrors, m.runnerErrors)
+	for r := FinishStop; r <= FinishError; r++ {
+		counter(c.finished, m.finished[r], r.String())
+	}
+	ch <- m.ttft.metric(c.ttft)
+	ch <- m.itl.metric(c.itl)
+	ch <- m.e2e.metric(c.e2e)
+	ch <- m.schedule.metric(c.schedule)
+	ch <- m.execute.metric(c.execute)
+}

@@ -1,0 +1,227 @@
+package engine
+
+import "fmt"
+
+// NoSlot marks a token that has no cache slot in a group (a recurrent group, or a padding
+// row).
+const NoSlot int64 = -1
+
+// BatchPlan is everything a runner needs for one step, in flat arrays. The scheduler
+// builds it once per step and never changes it after handing it over; the engine keeps two
+// plans and alternates, so the next one can be built while the runner still holds the
+// current one.
+//
+// With B sequences and T tokens (T = QueryStart[B]):
+//
+//	per sequence (B):   ReqIDs, Computed, Scheduled, PromptLen, NumDrafts, sampling rows
+//	                    (Temperature, TopP, TopK, MinP, Seed, Logprobs)
+//	offsets (B+1):      QueryStart (into the per-token arrays), LogitsStart (into LogitsIndices)
+//	per token (T):      Tokens, Positions; per cache group a SlotMapping
+//	per cache group:    PageTableStart (B+1) and PageTable (flat page ids, kvslab.PageID
+//	                    values, one per block of the sequence after the step), StatePage (B)
+//
+// Sequence i feeds tokens QueryStart[i]..QueryStart[i+1]-1 at positions Computed[i]...;
+// the last NumDrafts[i] of them are draft tokens to verify. LogitsIndices lists the token
+// rows whose logits are sampled: none for a mid-prompt chunk, the last row when a prompt
+// completes or a sequence decodes, and 1+NumDrafts[i] rows when it verifies drafts.
+type BatchPlan struct {
+	// Step counts plans from 1.
+	Step uint64
+	// GraphBatch is the CUDA-graph batch size to run (the smallest declared bucket >= B)
+	// when every sequence decodes the same number of tokens; 0 = eager. Rows B..GraphBatch-1
+	// are padding the runner adds: their slots are NoSlot and their outputs ignored.
+	GraphBatch int32
+
+	ReqIDs      []uint64
+	Computed    []int32
+	Scheduled   []int32
+	PromptLen   []int32
+	NumDrafts   []int32
+	Temperature []float32
+	TopP        []float32
+	TopK        []int32
+	MinP        []float32
+	Seed        []uint64
+	// Logprobs is -1 when the sequence wants no logprobs, else how many top alternatives.
+	Logprobs []int32
+
+	QueryStart  []int32
+	LogitsStart []int32
+
+	Tokens        []int32
+	Positions     []int32
+	LogitsIndices []int32
+
+	Groups []GroupPlan
+
+	anyLogprobs bool
+}
+
+// GroupPlan is a BatchPlan's view of one cache group.
+type GroupPlan struct {
+	// SlotMapping gives, per token, the cache slot its entry is written to:
+	// page*BlockTokens + position%BlockTokens, or NoSlot.
+	SlotMapping []int64
+	// PageTableStart (B+1) indexes PageTable per sequence.
+	PageTableStart []int32
+	// PageTable holds kvslab page ids per block; kvslab.NoPage where the group keeps none.
+	PageTable []uint32
+	// StatePage is the live state page per sequence for recurrent groups (kvslab.NoPage
+	// for other groups).
+	StatePage []uint32
+}
+
+// NumSeqs returns the number of sequences B.
+func (p *BatchPlan) NumSeqs() int { return len(p.ReqIDs) }
+
+// NumTokens returns the number of tokens T.
+func (p *BatchPlan) NumTokens() int { return len(p.Tokens) }
+
+// Seq returns sequence i's tokens and positions.
+func (p *BatchPlan) Seq(i int) (tokens, positions []int32) {
+	a, b := p.QueryStart[i], p.QueryStart[i+1]
+	return p.Tokens[a:b], p.Positions[a:b]
+}
+
+// PageTableOf returns sequence i's page table in group g.
+func (p *BatchPlan) PageTableOf(g, i int) []uint32 {
+	gp := &p.Groups[g]
+	return gp.PageTable[gp.PageTableStart[i]:gp.PageTableStart[i+1]]
+}
+
+// SamplingOf returns sequence i's sampling row.
+func (p *BatchPlan) SamplingOf(i int) SamplingRow {
+	return SamplingRow{
+		Temperature: p.Temperature[i], TopP: p.TopP[i], TopK: int(p.TopK[i]), MinP: p.MinP[i],
+		Seed: p.Seed[i], Logprobs: int(p.Logprobs[i]),
+	}
+}
+
+// IsDecode reports whether every sequence of the plan decodes (no prompt tokens).
+func (p *BatchPlan) IsDecode() bool {
+	for i := range p.ReqIDs {
+		if p.Computed[i] < p.PromptLen[i] {
+			return false
+		}
+	}
+	return len(p.ReqIDs) > 0
+}
+
+// reset empties p for reuse, keeping its buffers.
+func (p *BatchPlan) reset(groups int) {
+	p.Step, p.GraphBatch = 0, 0
+	p.ReqIDs = p.ReqIDs[:0]
+	p.Computed = p.Computed[:0]
+	p.Scheduled = p.Scheduled[:0]
+	p.PromptLen = p.PromptLen[:0]
+	p.NumDrafts = p.NumDrafts[:0]
+	p.Temperature = p.Temperature[:0]
+	p.TopP = p.TopP[:0]
+	p.TopK = p.TopK[:0]
+	p.MinP = p.MinP[:0]
+	p.Seed = p.Seed[:0]
+	p.Logprobs = p.Logprobs[:0]
+	p.QueryStart = append(p.QueryStart[:0], 0)
+	p.LogitsStart = append(p.LogitsStart[:0], 0)
+	p.Tokens = p.Tokens[:0]
+	p.Positions = p.Positions[:0]
+	p.LogitsIndices = p.LogitsIndices[:0]
+	if cap(p.Groups) < groups {
+		p.Groups = make([]GroupPlan, groups)
+	}
+	p.Groups = p.Groups[:groups]
+	for g := range p.Groups {
+		gp := &p.Groups[g]
+		gp.SlotMapping = gp.SlotMapping[:0]
+		gp.PageTableStart = append(gp.PageTableStart[:0], 0)
+		gp.PageTable = gp.PageTable[:0]
+		gp.StatePage = gp.StatePage[:0]
+	}
+	p.anyLogprobs = false
+}
+
+// Validate checks that the plan's arrays are consistent with each other; a runner or a
+// decoder can rely on every index being in range afterwards.
+func (p *BatchPlan) Validate() error {
+	b := len(p.ReqIDs)
+	for name, n := range map[string]int{
+		"Computed": len(p.Computed), "Scheduled": len(p.Scheduled), "PromptLen": len(p.PromptLen),
+		"NumDrafts": len(p.NumDrafts), "Temperature": len(p.Temperature), "TopP": len(p.TopP),
+		"TopK": len(p.TopK), "MinP": len(p.MinP), "Seed": len(p.Seed), "Logprobs": len(p.Logprobs),
+	} {
+		if n != b {
+			return fmt.Errorf("engine: plan: %s has %d entries for %d sequences", name, n, b)
+		}
+	}
+	if len(p.QueryStart) != b+1 || len(p.LogitsStart) != b+1 {
+		return fmt.Errorf("engine: plan: QueryStart/LogitsStart have %d/%d entries, want %d", len(p.QueryStart), len(p.LogitsStart), b+1)
+	}
+	t := len(p.Tokens)
+	if len(p.Positions) != t {
+		return fmt.Errorf("engine: plan: %d positions for %d tokens", len(p.Positions), t)
+	}
+	if err := checkOffsets("QueryStart", p.QueryStart, t); err != nil {
+		return err
+	}
+	if err := checkOffsets("LogitsStart", p.LogitsStart, len(p.LogitsIndices)); err != nil {
+		return err
+	}
+	if p.GraphBatch < 0 || (p.GraphBatch > 0 && int(p.GraphBatch) < b) {
+		return fmt.Errorf("engine: plan: graph batch %d for %d sequences", p.GraphBatch, b)
+	}
+	for i := 0; i < b; i++ {
+		q0, q1 := p.QueryStart[i], p.QueryStart[i+1]
+		if p.Scheduled[i] != q1-q0 || p.Scheduled[i] <= 0 {
+			return fmt.Errorf("engine: plan: sequence %d schedules %d tokens, offsets say %d", i, p.Scheduled[i], q1-q0)
+		}
+		if p.Computed[i] < 0 || p.PromptLen[i] <= 0 || p.NumDrafts[i] < 0 || p.NumDrafts[i] >= p.Scheduled[i] {
+			return fmt.Errorf("engine: plan: sequence %d has computed %d, prompt %d, drafts %d of %d", i, p.Computed[i], p.PromptLen[i], p.NumDrafts[i], p.Scheduled[i])
+		}
+		if p.Logprobs[i] < -1 || p.Logprobs[i] > MaxTopLogprobs || p.TopK[i] < 0 {
+			return fmt.Errorf("engine: plan: sequence %d has logprobs %d, top-k %d", i, p.Logprobs[i], p.TopK[i])
+		}
+		for j := q0; j < q1; j++ {
+			if p.Positions[j] != p.Computed[i]+(j-q0) {
+				return fmt.Errorf("engine: plan: token %d of sequence %d at position %d, want %d", j, i, p.Positions[j], p.Computed[i]+(j-q0))
+			}
+		}
+		for j := p.LogitsStart[i]; j < p.LogitsStart[i+1]; j++ {
+			if r := p.LogitsIndices[j]; r < q0 || r >= q1 {
+				return fmt.Errorf("engine: plan: logits row %d outside sequence %d's tokens [%d, %d)", r, i, q0, q1)
+			}
+		}
+	}
+	for g := range p.Groups {
+		gp := &p.Groups[g]
+		if len(gp.SlotMapping) != t {
+			return fmt.Errorf("engine: plan: group %d has %d slots for %d tokens", g, len(gp.SlotMapping), t)
+		}
+		if len(gp.PageTableStart) != b+1 {
+			return fmt.Errorf("engine: plan: group %d has %d page-table offsets, want %d", g, len(gp.PageTableStart), b+1)
+		}
+		if err := checkOffsets("PageTableStart", gp.PageTableStart, len(gp.PageTable)); err != nil {
+			return fmt.Errorf("group %d: %w", g, err)
+		}
+		if len(gp.StatePage) != 0 && len(gp.StatePage) != b {
+			return fmt.Errorf("engine: plan: group %d has %d state pages for %d sequences", g, len(gp.StatePage), b)
+		}
+		for _, s := range gp.SlotMapping {
+			if s < NoSlot {
+				return fmt.Errorf("engine: plan: group %d has slot %d", g, s)
+			}
+		}
+	}
+	return nil
+}
+
+func checkOffsets(name string, off []int32, total int) error {
+	if off[0] != 0 || int(off[len(off)-1]) != total {
+		return fmt.Errorf("engine: plan: %s runs from %d to %d, want 0 to %d", name, off[0], off[len(off)-1], total)
+	}
+	for i := 1; i < len(off); i++ {
+		if off[i] < off[i-1] {
+			return fmt.Errorf("engine: plan: %s decreases at %d", name, i)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// Runner is the one interface a model implements. Execute runs one frozen BatchPlan and
+// returns, per scheduled sequence, the accepted tokens and the next drafts. Info is called
+// once, by New.
+//
+// The plan must not be modified, and it stays valid only until Execute returns. The
+// returned StepResult may alias the runner's buffers: the engine reads it before the next
+// Execute.
+type Runner interface {
+	Info() RunnerInfo
+	Execute(ctx context.Context, plan *BatchPlan) (StepResult, error)
+}
+
+// RunnerInfo is what a runner declares about itself.
+type RunnerInfo struct {
+	// Name names the model/runner in logs and metrics.
+	Name string
+	// VocabSize is the number of token ids (ids are 0..VocabSize-1).
+	VocabSize int
+	// MaxContext is the longest sequence (prompt + output) the model handles.
+	MaxContext int
+	// EOS lists the end-of-sequence token ids (finish reason stop unless IgnoreEOS).
+	EOS []int32
+	// CacheGroups describes the per-sequence caches the model keeps, in the order of
+	// BatchPlan.Groups. The engine's kvslab pool must have exactly these groups.
+	CacheGroups []kvslab.GroupSpec
+	// GraphBuckets lists, ascending, the batch sizes (sequences) for which the runner has
+	// captured CUDA graphs; empty means eager only. See BatchPlan.GraphBatch.
+	GraphBuckets []int
+	// MaxDrafts is how many draft tokens per sequence the runner proposes (0 = no
+	// speculative decoding).
+	MaxDrafts int
+}
+
+func (ri *RunnerInfo) validate() error {
+	if ri.VocabSize <= 0 {
+		return fmt.Errorf("engine: runner %q declares vocabulary size %d", ri.Name, ri.VocabSize)
+	}
+	if ri.MaxContext <= 1 {
+		return fmt.Errorf("engine: runner %q declares maximum context %d", ri.Name, ri.MaxContext)
+	}
+	for _, t := range ri.EOS {
+		if t < 0 || int(t) >= ri.VocabSize {
+			return fmt.Errorf("engine: runner %q declares EOS id %d outside the vocabulary", ri.Name, t)
+		}
+	}
+	if ri.MaxDrafts < 0 {
+		return fmt.Errorf("engine: runner %q declares %d drafts", ri.Name, ri.MaxDrafts)
+	}
+	for i, b := range ri.GraphBuckets {
+		if b <= 0 || (i > 0 && b <= ri.GraphBuckets[i-1]) {
+			return fmt.Errorf("engine: runner %q graph buckets %v must be positive and ascending", ri.Name, ri.GraphBuckets)
+		}
+	}
+	return nil
+}
+
+// StepResult is a runner's answer to one BatchPlan, in flat arrays indexed like the plan's
+// sequences. For sequence i:
+//
+//   - Accepted[i] tokens are taken from Tokens, in order: 0 for a mid-prompt chunk (no
+//     logits rows), otherwise 1..NumDrafts[i]+1: the drafts the runner verified as correct,
+//     then one token it sampled after them.
+//   - NumNextDrafts[i] draft tokens for the next step are taken from Drafts (0..MaxDrafts).
+//   - When any sequence asks for logprobs (plan.Logprobs[i] >= 0 for some i), Logprobs runs
+//     parallel to Tokens (values of sequences that did not ask are ignored), and a sequence
+//     with plan.Logprobs[i] = n > 0 takes n alternatives per accepted token, in order, from
+//     TopTokens / TopLogprobs.
+type StepResult struct {
+	Accepted      []int32
+	Tokens        []int32
+	NumNextDrafts []int32
+	Drafts        []int32
+	Logprobs      []float32
+	TopTokens     []int32
+	TopLogprobs   []float32
+}
+
+// Reset empties r for a plan of n sequences, keeping its buffers.
+func (r *StepResult) Reset(n int) {
+	r.Accepted = resize(r.Accepted, n)
+	r.NumNextDrafts = resize(r.NumNextDrafts, n)
+	r.Tokens = r.Tokens[:0]
+	r.Drafts = r.Drafts[:0]
+	r.Logprobs = r.Logprobs[:0]
+	r.TopTokens = r.TopTokens[:0]
+	r.TopLogprobs = r.TopLogprobs[:0]
+}
+
+func resize(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}
+
+// check verifies r against the plan it answers.
+func (r *StepResult) check(p *BatchPlan, maxDrafts int, vocab int) error {
+	b := p.NumSeqs()
+	if len(r.Accepted) != b || len(r.NumNextDrafts) != b {
+		return fmt.Errorf("%w: %d accepted counts and %d draft counts for %d sequences", ErrBadResult, len(r.Accepted), len(r.NumNextDrafts), b)
+	}
+	nt, nd, ntop := 0, 0, 0
+	for i := 0; i < b; i++ {
+		a := int(r.Accepted[i])
+		rows := int(p.LogitsStart[i+1] - p.LogitsStart[i])
+		if rows == 0 && a != 0 || rows > 0 && (a < 1 || a > rows) {
+			return fmt.Errorf("%w: sequence %d accepted %d tokens with %d logits rows", ErrBadResult, i, a, rows)
+		}
+		nt += a
+		d := int(r.NumNextDrafts[i])
+		if d < 0 || d > maxDrafts {
+			return fmt.Errorf("%w: sequence %d proposes %d drafts (max %d)", ErrBadResult, i, d, maxDrafts)
+		}
+		nd += d
+		if p.Logprobs[i] > 0 {
+			ntop += a * int(p.Logprobs[i])
+		}
+	}
+	if len(r.Tokens) != nt || len(r.Drafts) != nd {
+		return fmt.Errorf("%w: %d tokens and %d drafts, counts say %d and %d", ErrBadResult, len(r.Tokens), len(r.Drafts), nt, nd)
+	}
+	for _, t := range r.Tokens {
+		if t < 0 || int(t) >= vocab {
+			return fmt.Errorf("%w: token %d outside the vocabulary", ErrBadResult, t)
+		}
+	}
+	for _, t := range r.Drafts {
+		if t < 0 || int(t) >= vocab {
+			return fmt.Errorf("%w: draft %d outside the vocabulary", ErrBadResult, t)
+		}
+	}
+	if p.anyLogprobs {
+		if len(r.Logprobs) != nt {
+			return fmt.Errorf("%w: %d logprobs for %d tokens", ErrBadResult, len(r.Logprobs), nt)
+		}
+		if len(r.TopTokens) != ntop || len(r.TopLogprobs) != ntop {
+			return fmt.Errorf("%w: %d/%d top logprobs, counts say %d", ErrBadResult, len(r.TopTokens), len(r.TopLogprobs), ntop)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,170 @@
+package engine
+
+import (
+	"math"
+	"slices"
+)
+
+// SamplingRow is one sequence's sampling parameters as a runner sees them in a BatchPlan.
+type SamplingRow struct {
+	Temperature float32
+	TopP        float32
+	TopK        int
+	MinP        float32
+	Seed        uint64
+	// Logprobs is -1 for none, else the number of top alternatives wanted.
+	Logprobs int
+}
+
+// Sampler chooses tokens from logits for CPU runners: greedy, temperature, top-k, top-p,
+// min-p, seeded per request. Its random draw depends only on (seed, position), so a seed
+// reproduces the same tokens whatever the batch, chunking or preemption. A Sampler keeps
+// scratch buffers and is not safe for concurrent use; one per runner goroutine.
+type Sampler struct {
+	idx   []int32
+	probs []float32
+}
+
+// Sample picks the token for logits (one row, length = vocabulary) of a sequence whose
+// sampled token lands at position pos. It returns the token and its log probability under
+// the model's distribution (log-softmax of the raw logits). When row.Logprobs > 0 the
+// most likely alternatives are appended to top, which is returned.
+func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLogprob) (int32, float32, []TopLogprob) {
+	lse := logSumExp(logits)
+	tok := s.choose(logits, row, pos)
+	if row.Logprobs > 0 {
+		top = s.topLogprobs(logits, lse, row.Logprobs, top)
+	}
+	return tok, logits[tok] - lse, top
+}
+
+func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {
+	if row.Temperature == 0 || row.TopK == 1 {
+		return argmax(logits)
+	}
+	n := len(logits)
+	s.idx = s.idx[:0]
+	for i := 0; i < n; i++ {
+		s.idx = append(s.idx, int32(i))
+	}
+	if row.TopK > 0 || (row.TopP > 0 && row.TopP < 1) {
+		slices.SortFunc(s.idx, func(a, b int32) int {
+			switch {
+			case logits[a] > logits[b]:
+				return -1
+			case logits[a] < logits[b]:
+				return 1
+			}
+			return int(a - b)
+		})
+		if row.TopK > 0 && row.TopK < n {
+			s.idx = s.idx[:row.TopK]
+		}
+	}
+	// Softmax with temperature over the candidates.
+	inv := 1 / float64(row.Temperature)
+	maxL := float64(logits[s.idx[0]])
+	for _, i := range s.idx {
+		maxL = math.Max(maxL, float64(logits[i]))
+	}
+	s.probs = s.probs[:0]
+	var sum float64
+	for _, i := range s.idx {
+		p := math.Exp((float64(logits[i]) - maxL) * inv)
+		s.probs = append(s.probs, float32(p))
+		sum += p
+	}
+	// Min-p: drop candidates below MinP times the best one's probability.
+	if row.MinP > 0 {
+		var best float32
+		for _, p := range s.probs {
+			best = max(best, p)
+		}
+		cut := row.MinP * best
+		sum = 0
+		for k, p := range s.probs {
+			if p < cut {
+				s.probs[k] = 0
+			}
+			sum += float64(s.probs[k])
+		}
+	}
+	// Top-p over the (sorted) candidates.
+	if row.TopP > 0 && row.TopP < 1 {
+		var acc float64
+		keep := len(s.probs)
+		for k, p := range s.probs {
+			acc += float64(p)
+			if acc >= float64(row.TopP)*sum {
+				keep = k + 1
+				break
+			}
+		}
+		s.idx, s.probs = s.idx[:keep], s.probs[:keep]
+		sum = 0
+		for _, p := range s.probs {
+			sum += float64(p)
+		}
+	}
+	u := uniform(row.Seed, pos) * sum
+	var acc float64
+	last := int32(-1)
+	for k, p := range s.probs {
+		if p == 0 {
+			continue
+		}
+		acc += float64(p)
+		last = s.idx[k]
+		if u < acc {
+			return last
+		}
+	}
+	return last
+}
+
+// uniform returns a number in [0, 1) that depends only on (seed, pos).
+func uniform(seed uint64, pos int) float64 {
+	x := mix64(seed ^ mix64(uint64(pos)))
+	return float64(x>>11) / (1 << 53)
+}
+
+func (s *Sampler) topLogprobs(logits []float32, lse float32, n int, top []TopLogprob) []TopLogprob {
+	n = min(n, len(logits))
+	start := len(top)
+	for i, l := range logits {
+		c := TopLogprob{Token: int32(i), Logprob: l - lse}
+		k := len(top)
+		if k-start < n {
+			top = append(top, c)
+		} else if c.Logprob <= top[k-1].Logprob {
+			continue
+		} else {
+			k--
+			top[k] = c
+		}
+		// Insertion into the descending run top[start:].
+		for ; k > start && top[k].Logprob > top[k-1].Logprob; k-- {
+			top[k], top[k-1] = top[k-1], top[k]
+		}
+	}
+	return top
+}
+
+func argmax(x []float32) int32 {
+	best := 0
+	for i := 1; i < len(x); i++ {
+		if x[i] > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func logSumExp(x []float32) float32 {
+	m := x[argmax(x)]
+	var sum float64
+	for _, v := range x {
+		sum += math.Exp(float64(v - m))
+	}
+	return m + float32(math.Log(sum))
+}

@@ -1,0 +1,253 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// Schedule builds the next step's BatchPlan, or returns nil when there is nothing to run
+// (or the previous plan has not been given to Update yet). The plan is frozen: it stays
+// unchanged until the Schedule call after next.
+//
+// The rule: every running request is offered wanted − computed tokens (its unfed tokens
+// plus drafts), capped by the remaining token budget; then waiting requests are admitted
+// in queue order, each with its prefix-cache hit, while budget and sequence slots remain.
+// When the pool runs out of pages a running request is preempted by recompute, and no
+// request is admitted in that step.
+func (s *Scheduler) Schedule() *BatchPlan {
+	if s.pending != nil {
+		return nil
+	}
+	p := &s.plans[s.flip]
+	reqs := s.planReqs[s.flip][:0]
+	p.reset(len(s.groups))
+	budget := s.cfg.MaxBatchTokens
+	preempted := false
+
+	for i := 0; i < len(s.running) && budget > 0 && len(reqs) < s.cfg.MaxSeqs; i++ {
+		r := s.running[i]
+		n := min(len(r.tokens)+len(r.drafts)-r.computed, budget, s.info.MaxContext-r.computed)
+		if n <= 0 {
+			continue
+		}
+		for {
+			err := s.pool.Reserve(r.seq, n)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, kvslab.ErrNoSpace) || len(s.running) == 1 {
+				// Nothing left to preempt: the request cannot fit in this pool at all.
+				s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
+				r = nil
+				break
+			}
+			v := s.victim(i)
+			s.preempt(v)
+			preempted = true
+			if v == r {
+				r = nil
+				break
+			}
+		}
+		if r == nil {
+			i-- // running[i] is now the next request
+			continue
+		}
+		reqs = append(reqs, r)
+		s.addToPlan(p, r, n)
+		budget -= n
+	}
+
+admission:
+	for !preempted && budget > 0 && s.waiting.len() > 0 && len(s.running) < s.cfg.MaxSeqs && len(reqs) < s.cfg.MaxSeqs {
+		r := s.waiting.front()
+		switch s.admit(r, budget) {
+		case noRoom:
+			break admission
+		case failed:
+			continue // r was finished and left the queue
+		}
+		s.waiting.popFront()
+		r.state = stateRunning
+		s.running = append(s.running, r)
+		reqs = append(reqs, r)
+		n := min(len(r.tokens)-r.computed, budget)
+		s.addToPlan(p, r, n)
+		budget -= n
+	}
+
+	s.planReqs[s.flip] = reqs
+	if len(reqs) == 0 {
+		return nil
+	}
+	s.flip ^= 1
+	s.step++
+	p.Step = s.step
+	p.GraphBatch = s.graphBatch(p)
+	s.pending = p
+	return p
+}
+
+type admission uint8
+
+const (
+	admitted admission = iota
+	noRoom             // the pool has no room now; the request stays waiting
+	failed             // the request can never fit and was finished with an error
+)
+
+// admit opens r in the pool with its prefix-cache hit and reserves its first chunk.
+func (s *Scheduler) admit(r *request, budget int) admission {
+	known := r.tokens[:len(r.tokens)-1]
+	seq, hit, err := s.pool.Open(known)
+	if err != nil {
+		if errors.Is(err, kvslab.ErrNoSpace) && len(s.running) > 0 {
+			return noRoom
+		}
+		s.finish(r, FinishError, fmt.Errorf("%w: open %q: %w", ErrCache, r.id, err))
+		return failed
+	}
+	r.seq, r.open, r.computed, r.committed = seq, true, hit, hit/s.bt
+	n := min(len(r.tokens)-r.computed, budget)
+	if err := s.pool.Reserve(seq, n); err != nil {
+		s.release(r)
+		if !errors.Is(err, kvslab.ErrNoSpace) || len(s.running) == 0 {
+			s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
+			return failed
+		}
+		return noRoom
+	}
+	s.metrics.prefixQueries += uint64(len(known))
+	s.metrics.prefixHits += uint64(hit)
+	if !r.admitted {
+		r.admitted, r.cached = true, min(hit, r.promptLen)
+		s.metrics.promptTokens += uint64(r.promptLen)
+	}
+	return admitted
+}
+
+// addToPlan appends r's next n tokens (unfed tokens, then drafts) to the plan. The pool
+// has reserved them.
+func (s *Scheduler) addToPlan(p *BatchPlan, r *request, n int) {
+	known := min(n, len(r.tokens)-r.computed)
+	nd := n - known
+	p.ReqIDs = append(p.ReqIDs, r.handle)
+	p.Computed = append(p.Computed, int32(r.computed))
+	p.Scheduled = append(p.Scheduled, int32(n))
+	p.PromptLen = append(p.PromptLen, int32(r.promptLen))
+	p.NumDrafts = append(p.NumDrafts, int32(nd))
+	sp := &r.sampling
+	p.Temperature = append(p.Temperature, sp.Temperature)
+	p.TopP = append(p.TopP, sp.TopP)
+	p.TopK = append(p.TopK, int32(sp.TopK))
+	p.MinP = append(p.MinP, sp.MinP)
+	p.Seed = append(p.Seed, sp.Seed)
+	p.Logprobs = append(p.Logprobs, r.logprobs)
+	if r.logprobs >= 0 {
+		p.anyLogprobs = true
+	}
+
+	q0 := int32(len(p.Tokens))
+	p.Tokens = append(p.Tokens, r.tokens[r.computed:r.computed+known]...)
+	p.Tokens = append(p.Tokens, r.drafts[:nd]...)
+	for j := 0; j < n; j++ {
+		p.Positions = append(p.Positions, int32(r.computed+j))
+	}
+	p.QueryStart = append(p.QueryStart, q0+int32(n))
+	if r.computed+known == len(r.tokens) {
+		// The chunk reaches the last known token: sample after it and after each draft.
+		for j := known - 1; j < n; j++ {
+			p.LogitsIndices = append(p.LogitsIndices, q0+int32(j))
+		}
+	}
+	p.LogitsStart = append(p.LogitsStart, int32(len(p.LogitsIndices)))
+
+	bt := s.bt
+	for g := range p.Groups {
+		gp := &p.Groups[g]
+		spec := &s.groups[g]
+		table := s.pool.PageTable(r.seq, g)
+		for _, id := range table {
+			gp.PageTable = append(gp.PageTable, uint32(id))
+		}
+		gp.PageTableStart = append(gp.PageTableStart, int32(len(gp.PageTable)))
+		switch spec.Kind {
+		case kvslab.Full, kvslab.SlidingWindow:
+			for pos := r.computed; pos < r.computed+n; pos++ {
+				gp.SlotMapping = append(gp.SlotMapping, int64(table[pos/bt])*int64(bt)+int64(pos%bt))
+			}
+		case kvslab.Compressed:
+			per := int64(bt / spec.Ratio)
+			for pos := r.computed; pos < r.computed+n; pos++ {
+				gp.SlotMapping = append(gp.SlotMapping, int64(table[pos/bt])*per+int64(pos%bt/spec.Ratio))
+			}
+		default:
+			for j := 0; j < n; j++ {
+				gp.SlotMapping = append(gp.SlotMapping, NoSlot)
+			}
+		}
+		if spec.Kind == kvslab.Recurrent {
+			gp.StatePage = append(gp.StatePage, uint32(s.pool.StatePage(r.seq, g)))
+		}
+	}
+}
+
+// graphBatch returns the smallest declared graph bucket that holds the plan when every
+// sequence decodes the same number of tokens, else 0 (eager).
+func (s *Scheduler) graphBatch(p *BatchPlan) int32 {
+	if len(s.info.GraphBuckets) == 0 {
+		return 0
+	}
+	b := len(p.ReqIDs)
+	per := p.Scheduled[0]
+	for i := 0; i < b; i++ {
+		if p.Scheduled[i] != per || p.LogitsStart[i+1]-p.LogitsStart[i] != per {
+			return 0
+		}
+	}
+	for _, g := range s.info.GraphBuckets {
+		if g >= b {
+			return int32(g)
+		}
+	}
+	return 0
+}
+
+// Rollback undoes a plan whose step did not run (the runner was cancelled): the
+// reservations are returned and the requests stay where they were.
+func (s *Scheduler) Rollback(p *BatchPlan) {
+	if p != s.pending {
+		return
+	}
+	s.pending = nil
+	for _, r := range s.planReqs[s.planIndex(p)] {
+		if r.state == stateRunning && r.open {
+			if extra := s.pool.Len(r.seq) - r.computed; extra > 0 {
+				if err := s.pool.Truncate(r.seq, extra); err != nil {
+					s.finish(r, FinishError, fmt.Errorf("%w: roll back %q: %w", ErrCache, r.id, err))
+				}
+			}
+		}
+	}
+}
+
+func (s *Scheduler) planIndex(p *BatchPlan) int {
+	if p == &s.plans[0] {
+		return 0
+	}
+	return 1
+}
+
+// queueLens implements gaugeSource.
+func (s *Scheduler) queueLens() (int, int) { return len(s.running), s.waiting.len() }
+
+// cacheUsage implements gaugeSource: the share of the arena each group's pages use.
+func (s *Scheduler) cacheUsage(fn func(string, float64)) {
+	s.pool.StatsInto(&s.stats)
+	total := float64(s.stats.Slabs) * float64(s.stats.SlabBytes)
+	for _, g := range s.stats.Groups {
+		fn(g.Name, float64(g.PagesUsed)*float64(g.PageBytes)/total)
+	}
+}

@@ -1,0 +1,285 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// Output receives what the scheduler produces for one request: its tokens as they are
+// accepted, then exactly one Finish. lp is nil unless the request asked for logprobs; it
+// is only valid during the call.
+type Output interface {
+	Token(tok int32, lp *TokenLogprob)
+	Finish(reason FinishReason, err error, usage Usage)
+}
+
+type reqState uint8
+
+const (
+	stateWaiting reqState = iota
+	stateRunning
+	stateFinished
+)
+
+// request is the scheduler's record of one request.
+type request struct {
+	id        string
+	handle    uint64
+	order     uint64 // arrival order, for FCFS ties
+	out       Output
+	tokens    []int32 // prompt, then output; capacity promptLen+maxTokens
+	promptLen int
+	maxTokens int
+	sampling  SamplingParams
+	logprobs  int32 // -1: none
+	priority  int
+	arrival   time.Time
+	lastToken time.Time
+
+	state     reqState
+	seq       kvslab.SeqID
+	open      bool
+	computed  int     // tokens whose cache entries are computed
+	committed int     // full blocks registered in the prefix cache
+	drafts    []int32 // proposed by the runner for the next step
+	cached    int     // prompt tokens served by the prefix cache at first admission
+	admitted  bool
+}
+
+// Scheduler decides what runs each step. It is not safe for concurrent use; Engine wraps
+// it with a lock and a loop, and benchmarks drive it directly:
+//
+//	for plan := s.Schedule(); plan != nil; plan = s.Schedule() {
+//		res, err := runner.Execute(ctx, plan)
+//		s.Update(plan, res, err)
+//	}
+type Scheduler struct {
+	pool    *kvslab.Pool
+	info    RunnerInfo
+	cfg     Config
+	groups  []kvslab.GroupSpec
+	bt      int // block tokens
+	eos     []int32
+	metrics *metrics
+	now     func() time.Time
+
+	byID    map[string]*request
+	running []*request
+	waiting queue
+	handles uint64
+
+	plans    [2]BatchPlan
+	planReqs [2][]*request
+	flip     int
+	pending  *BatchPlan // handed out, not yet updated
+	step     uint64
+
+	topBuf []TopLogprob
+	stats  kvslab.Stats
+}
+
+// NewScheduler builds a scheduler over cfg.Pool for a runner described by info.
+func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
+	if err := info.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Pool == nil {
+		return nil, errors.New("engine: scheduler needs a cache pool")
+	}
+	if cfg.MaxBatchTokens == 0 {
+		cfg.MaxBatchTokens = 8192
+	}
+	if cfg.MaxSeqs == 0 {
+		cfg.MaxSeqs = 256
+	}
+	if cfg.MaxBatchTokens < 1 || cfg.MaxSeqs < 1 || cfg.MaxQueue < 0 {
+		return nil, fmt.Errorf("engine: invalid limits: %d batch tokens, %d sequences, queue %d", cfg.MaxBatchTokens, cfg.MaxSeqs, cfg.MaxQueue)
+	}
+	if cfg.Policy > PolicyPriority {
+		return nil, fmt.Errorf("engine: unknown policy %d", cfg.Policy)
+	}
+	groups := cfg.Pool.Groups()
+	if len(info.CacheGroups) > 0 && !slices.Equal(groups, info.CacheGroups) {
+		return nil, fmt.Errorf("engine: the pool's cache groups %v differ from runner %q's %v", groups, info.Name, info.CacheGroups)
+	}
+	s := &Scheduler{
+		pool: cfg.Pool, info: info, cfg: cfg, groups: groups, bt: cfg.Pool.BlockTokens(),
+		eos: info.EOS, metrics: newMetrics(), now: time.Now,
+		byID: make(map[string]*request),
+	}
+	for i := range s.plans {
+		s.plans[i].reset(len(groups))
+	}
+	return s, nil
+}
+
+// Pool returns the scheduler's cache pool.
+func (s *Scheduler) Pool() *kvslab.Pool { return s.pool }
+
+// Len returns the number of requests in flight (running and waiting).
+func (s *Scheduler) Len() int { return len(s.byID) }
+
+// NumRunning returns the number of running requests.
+func (s *Scheduler) NumRunning() int { return len(s.running) }
+
+// NumWaiting returns the number of waiting requests.
+func (s *Scheduler) NumWaiting() int { return s.waiting.len() }
+
+// Counters are running totals of a scheduler's work.
+type Counters struct {
+	PromptTokens, GenerationTokens uint64
+	PrefixQueryTokens, PrefixHits  uint64
+	Preemptions                    uint64
+	DraftsProposed, DraftsAccepted uint64
+	RunnerErrors                   uint64
+	Finished                       [FinishError + 1]uint64
+}
+
+// Counters returns the scheduler's running totals.
+func (s *Scheduler) Counters() Counters {
+	m := s.metrics
+	return Counters{
+		PromptTokens: m.promptTokens, GenerationTokens: m.generationTokens,
+		PrefixQueryTokens: m.prefixQueries, PrefixHits: m.prefixHits, Preemptions: m.preemptions,
+		DraftsProposed: m.draftsProposed, DraftsAccepted: m.draftsAccepted,
+		RunnerErrors: m.runnerErrors, Finished: m.finished,
+	}
+}
+
+// Add validates req and queues it; out receives its tokens and terminal event.
+func (s *Scheduler) Add(req Request, out Output) error {
+	if out == nil {
+		return fmt.Errorf("%w: nil output", ErrInvalidRequest)
+	}
+	maxTokens, err := req.validate(&s.info)
+	if err != nil {
+		return fmt.Errorf("request %q: %w", req.ID, err)
+	}
+	if _, dup := s.byID[req.ID]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateID, req.ID)
+	}
+	if s.cfg.MaxQueue > 0 && s.waiting.len() >= s.cfg.MaxQueue {
+		return fmt.Errorf("%w (%d waiting)", ErrQueueFull, s.waiting.len())
+	}
+	s.handles++
+	r := &request{
+		id: req.ID, handle: s.handles, order: s.handles, out: out,
+		tokens:    append(make([]int32, 0, len(req.Prompt)+maxTokens), req.Prompt...),
+		promptLen: len(req.Prompt), maxTokens: maxTokens,
+		sampling: req.Sampling, logprobs: -1, priority: req.Priority, arrival: req.Arrival,
+	}
+	r.sampling.StopTokenIDs = slices.Clone(req.Sampling.StopTokenIDs)
+	if req.Sampling.Logprobs {
+		r.logprobs = int32(req.Sampling.TopLogprobs)
+	}
+	if s.info.MaxDrafts > 0 {
+		r.drafts = make([]int32, 0, s.info.MaxDrafts)
+	}
+	if r.arrival.IsZero() {
+		r.arrival = s.now()
+	}
+	s.byID[req.ID] = r
+	s.enqueue(r, false)
+	return nil
+}
+
+func (s *Scheduler) enqueue(r *request, preempted bool) {
+	r.state = stateWaiting
+	switch {
+	case s.cfg.Policy == PolicyPriority:
+		s.waiting.insertSorted(r)
+	case preempted:
+		s.waiting.pushFront(r)
+	default:
+		s.waiting.pushBack(r)
+	}
+}
+
+// Abort finishes request id with reason abort and frees its pages at once. It reports
+// whether the request was in flight.
+func (s *Scheduler) Abort(id string) bool {
+	r := s.byID[id]
+	if r == nil {
+		return false
+	}
+	s.finish(r, FinishAbort, ErrAborted)
+	return true
+}
+
+// abortOutput aborts id only if it still belongs to out (ids can be reused once a request
+// has finished).
+func (s *Scheduler) abortOutput(id string, out Output, err error) {
+	if r := s.byID[id]; r != nil && r.out == out {
+		s.finish(r, FinishAbort, err)
+	}
+}
+
+// AbortAll finishes every request in flight with reason abort and err.
+func (s *Scheduler) AbortAll(err error) {
+	for _, r := range s.byID {
+		s.finish(r, FinishAbort, err)
+	}
+}
+
+// finish ends r: frees its pages, removes it from its queue and sends the terminal event.
+func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
+	switch r.state {
+	case stateFinished:
+		return
+	case stateRunning:
+		if i := slices.Index(s.running, r); i >= 0 {
+			s.running = slices.Delete(s.running, i, i+1)
+		}
+	case stateWaiting:
+		s.waiting.remove(r)
+	}
+	r.state = stateFinished
+	s.release(r)
+	delete(s.byID, r.id)
+	s.metrics.finished[reason]++
+	s.metrics.e2e.observe(s.now().Sub(r.arrival).Seconds())
+	r.out.Finish(reason, err, Usage{
+		PromptTokens: r.promptLen, CompletionTokens: len(r.tokens) - r.promptLen, CachedTokens: r.cached,
+	})
+}
+
+// release frees r's sequence in the pool, if it holds one.
+func (s *Scheduler) release(r *request) {
+	if r.open {
+		// Free fails only for a sequence the pool does not know, which the scheduler's
+		// bookkeeping rules out; Check in the tests would catch a leak.
+		_ = s.pool.Free(r.seq)
+		r.open = false
+	}
+	r.computed, r.committed = 0, 0
+	r.drafts = r.drafts[:0]
+}
+
+// preempt frees a running request's pages and puts it back at the front of the queue; it
+// will recompute its tokens (mostly from the prefix cache) when readmitted.
+func (s *Scheduler) preempt(r *request) {
+	if i := slices.Index(s.running, r); i >= 0 {
+		s.running = slices.Delete(s.running, i, i+1)
+	}
+	s.release(r)
+	s.metrics.preemptions++
+	s.enqueue(r, true)
+}
+
+// victim picks the request to preempt among running[from:]: the newest (FCFS) or the
+// lowest priority, newest first (PolicyPriority).
+func (s *Scheduler) victim(from int) *request {
+	v := s.running[len(s.running)-1]
+	if s.cfg.Policy == PolicyPriority {
+		for _, r := range s.running[from:] {
+			if r.priority > v.priority || r.priority == v.priority && r.order > v.order {
+				v = r
+			}
+		}
+	}
+	return v
+}

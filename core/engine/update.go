@@ -1,0 +1,126 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Update applies the runner's result for plan (the one the last Schedule returned): it
+// appends accepted tokens, checks stop conditions, commits full blocks to the prefix
+// cache, rolls back rejected drafts and frees finished requests. A runner error, or a
+// result that does not match the plan, fails that step's requests (finish reason error)
+// and nothing else.
+func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
+	if p == nil || p != s.pending {
+		return
+	}
+	s.pending = nil
+	reqs := s.planReqs[s.planIndex(p)]
+	if runErr == nil {
+		runErr = res.check(p, s.info.MaxDrafts, s.info.VocabSize)
+	} else {
+		runErr = fmt.Errorf("%w: step %d: %w", ErrRunner, p.Step, runErr)
+	}
+	if runErr != nil {
+		s.metrics.runnerErrors++
+		for _, r := range reqs {
+			s.finish(r, FinishError, runErr)
+		}
+		return
+	}
+	now := s.now()
+	tok, draft, lpTop := 0, 0, 0
+	for i, r := range reqs {
+		a, nd := int(res.Accepted[i]), int(res.NumNextDrafts[i])
+		toks, drafts := res.Tokens[tok:tok+a], res.Drafts[draft:draft+nd]
+		var lps []float32
+		if p.anyLogprobs {
+			lps = res.Logprobs[tok : tok+a]
+		}
+		tok += a
+		draft += nd
+		top := 0
+		if p.Logprobs[i] > 0 {
+			top = int(p.Logprobs[i])
+		}
+		topToks, topLps := res.TopTokens[lpTop:lpTop+a*top], res.TopLogprobs[lpTop:lpTop+a*top]
+		lpTop += a * top
+		if r.state != stateRunning {
+			continue // aborted while the step ran; its pages are already free
+		}
+		n, k := int(p.Scheduled[i]), int(p.NumDrafts[i])
+		if a == 0 {
+			r.computed += n
+		} else {
+			// The fed tokens and the a-1 accepted drafts are in the cache now; the
+			// rejected drafts' entries are rolled back.
+			r.computed += n - k + a - 1
+			if reject := k - (a - 1); reject > 0 {
+				if err := s.pool.Truncate(r.seq, reject); err != nil {
+					s.finish(r, FinishError, fmt.Errorf("%w: roll back %d drafts of %q: %w", ErrCache, reject, r.id, err))
+					continue
+				}
+			}
+			s.metrics.draftsProposed += uint64(k)
+			s.metrics.draftsAccepted += uint64(a - 1)
+		}
+		if blocks := r.computed / s.bt; blocks > r.committed {
+			if err := s.pool.Commit(r.seq, r.tokens[:r.computed]); err != nil {
+				s.finish(r, FinishError, fmt.Errorf("%w: commit %q: %w", ErrCache, r.id, err))
+				continue
+			}
+			r.committed = blocks
+		}
+		if a == 0 {
+			continue
+		}
+		s.emit(r, toks, lps, topToks, topLps, top, now)
+		if r.state == stateRunning {
+			room := min(r.maxTokens-(len(r.tokens)-r.promptLen)-1, s.info.MaxContext-len(r.tokens))
+			r.drafts = append(r.drafts[:0], drafts[:max(0, min(nd, room))]...)
+		}
+	}
+}
+
+// emit appends r's new tokens, sends them to its output and finishes r at a stop token,
+// at max tokens or at the end of the context.
+func (s *Scheduler) emit(r *request, toks []int32, lps []float32, topToks []int32, topLps []float32, top int, now time.Time) {
+	if len(r.tokens) == r.promptLen {
+		s.metrics.ttft.observe(now.Sub(r.arrival).Seconds())
+	} else {
+		s.metrics.itl.observe(now.Sub(r.lastToken).Seconds())
+	}
+	r.lastToken = now
+	for j, t := range toks {
+		r.tokens = append(r.tokens, t)
+		s.metrics.generationTokens++
+		if r.logprobs >= 0 && lps != nil {
+			lp := TokenLogprob{Token: t, Logprob: lps[j]}
+			if top > 0 {
+				lp.Top = make([]TopLogprob, top)
+				for k := range lp.Top {
+					lp.Top[k] = TopLogprob{Token: topToks[j*top+k], Logprob: topLps[j*top+k]}
+				}
+			}
+			r.out.Token(t, &lp)
+		} else {
+			r.out.Token(t, nil)
+		}
+		if s.isStop(r, t) {
+			s.finish(r, FinishStop, nil)
+			return
+		}
+		if len(r.tokens)-r.promptLen >= r.maxTokens || len(r.tokens) >= s.info.MaxContext {
+			s.finish(r, FinishLength, nil)
+			return
+		}
+	}
+}
+
+func (s *Scheduler) isStop(r *request, t int32) bool {
+	if !r.sampling.IgnoreEOS && slices.Contains(s.eos, t) {
+		return true
+	}
+	return slices.Contains(r.sampling.StopTokenIDs, t)
+}
