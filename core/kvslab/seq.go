@@ -159,6 +159,9 @@ func (p *Pool) Reserve(seq SeqID, n int) error {
 			// Block b ends at (b+1)*block; the n tokens reach the ends in (length, end].
 			first, last := s.length/p.block, end/p.block-1
 			first = max(first, last-spec.Checkpoints+1)
+			if first <= last {
+				s.held[g] = min(s.held[g], first)
+			}
 			for b := first; b <= last; b++ {
 				if !p.grow(s, g, b) {
 					return p.abortReserve(s, spec.Name)
@@ -271,13 +274,13 @@ func (p *Pool) Truncate(seq SeqID, n int) error {
 		}
 	}
 	for g, spec := range p.specs {
+		keep := blocks
 		if spec.Kind == Recurrent {
-			p.releaseBlocks(s, g, max(s.held[g], cut), len(s.tables[g]))
-		} else {
-			p.releaseBlocks(s, g, max(s.held[g], blocks), len(s.tables[g]))
+			keep = cut // a checkpoint is valid only at a block end the sequence still reaches
 		}
+		p.releaseBlocks(s, g, max(s.held[g], keep), len(s.tables[g]))
 		s.tables[g] = s.tables[g][:blocks]
-		s.held[g] = min(s.held[g], blocks)
+		s.held[g] = min(s.held[g], keep)
 	}
 	s.committed = min(s.committed, cut)
 	s.hashes = s.hashes[:s.committed]
