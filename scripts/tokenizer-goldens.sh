@@ -17,4 +17,4 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install -q "tokenizers==0.23.3" "transformers==5.24.0" "jinja2==3.1.6"
 bash .ci/setup.d/30-tokenizers.sh
-"$venv/bin/python" scripts/tokenizer_goldens.py --tokenizers .cache/tokenizers --out core/tokenizer/testdata "$@"
+"$venv/bin/python" scripts/tokenizer_goldens.py --tokenizers .cache/tokenizers --out core/tokenizer/testdata --tiny core/tokenizer/tiny "$@"

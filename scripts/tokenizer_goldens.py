@@ -120,7 +120,7 @@ TINY_TEMPLATE = (
 )
 
 
-def train_tiny(out_dir):
+def train_tiny(path):
     """Trains the small byte-level BPE that ships in testdata (our own, from our corpus)."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -139,7 +139,6 @@ def train_tiny(out_dir):
     tok.add_tokens([__import__("tokenizers").AddedToken("<tool>", lstrip=True, rstrip=True, normalized=False)])
     bos = tok.token_to_id("<|begin_of_text|>")
     tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)])
-    path = os.path.join(out_dir, "tiny")
     os.makedirs(path, exist_ok=True)
     tok.save(os.path.join(path, "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin_of_text|>",
@@ -154,12 +153,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizers", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--tiny", required=True)
     ap.add_argument("--retrain", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    tiny = os.path.join(a.out, "tiny")
+    tiny = a.tiny
     if a.retrain or not os.path.exists(os.path.join(tiny, "tokenizer.json")):
-        train_tiny(a.out)
+        train_tiny(tiny)
     golden("tiny", os.path.join(tiny, "tokenizer.json"), os.path.join(tiny, "tokenizer_config.json"), a.out)
     for name in sorted(os.listdir(a.tokenizers)):
         d = os.path.join(a.tokenizers, name)

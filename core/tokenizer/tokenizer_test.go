@@ -10,7 +10,7 @@ import (
 
 func tiny(t testing.TB) *Tokenizer {
 	t.Helper()
-	tok, err := Load(filepath.Join("testdata", "tiny", "tokenizer.json"))
+	tok, err := Load(filepath.Join("tiny", "tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
