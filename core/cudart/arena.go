@@ -1,0 +1,81 @@
+package cudart
+
+import (
+	"errors"
+	"fmt"
+)
+
+// DeviceArena is a kvslab.Arena in device memory: one allocation that the slab pool cuts
+// into pages, which kernels address as Ptr(offset).
+type DeviceArena struct {
+	dev *Device
+	buf Buffer
+}
+
+// NewDeviceArena allocates a zeroed arena of size bytes on d.
+func NewDeviceArena(d *Device, size int64) (*DeviceArena, error) {
+	if d == nil {
+		if _, err := loadDriver(); err != nil {
+			return nil, fmt.Errorf("device arena: %w", err)
+		}
+		return nil, errors.New("device arena: nil device")
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("device arena: size must be positive, got %d", size)
+	}
+	a := &DeviceArena{dev: d}
+	err := d.Do(func(c *Ctx) error {
+		b, err := c.Alloc(size)
+		if err != nil {
+			return err
+		}
+		if err := c.Memset(b.Ptr, 0, size); err != nil {
+			c.Free(b)
+			return err
+		}
+		a.buf = b
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device arena of %d bytes: %w", size, err)
+	}
+	return a, nil
+}
+
+// Size implements kvslab.Arena.
+func (a *DeviceArena) Size() int64 { return a.buf.Size }
+
+// Ptr returns the device address of byte off.
+func (a *DeviceArena) Ptr(off int64) DevicePtr { return a.buf.Ptr.Add(off) }
+
+// Copy implements kvslab.Arena: it copies n bytes from offset src to offset dst on the
+// device and returns when the copy is done.
+func (a *DeviceArena) Copy(dst, src, n int64) error {
+	if a.buf.Ptr == 0 {
+		return fmt.Errorf("device arena copy: %w", ErrClosed)
+	}
+	for _, off := range []int64{dst, src} {
+		if off < 0 || n < 0 || off+n > a.buf.Size {
+			return fmt.Errorf("device arena copy: range [%d, %d) outside an arena of %d bytes", off, off+n, a.buf.Size)
+		}
+	}
+	if dst < src+n && src < dst+n && n > 0 {
+		return fmt.Errorf("device arena copy: ranges [%d, %d) and [%d, %d) overlap", src, src+n, dst, dst+n)
+	}
+	if n == 0 {
+		return nil
+	}
+	return a.dev.Do(func(c *Ctx) error {
+		return c.CopyDtoD(a.Ptr(dst), a.Ptr(src), n)
+	})
+}
+
+// Close frees the arena's memory.
+func (a *DeviceArena) Close() error {
+	if a.buf.Ptr == 0 {
+		return nil
+	}
+	b := a.buf
+	a.buf = Buffer{}
+	return a.dev.Do(func(c *Ctx) error { return c.Free(b) })
+}

@@ -1,0 +1,195 @@
+package cudart
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/ebitengine/purego"
+)
+
+// codeMissing is the status a binding of a missing symbol returns; check turns it into
+// ErrMissingSymbol.
+const codeMissing = -0x7fff_0001
+
+// library is one shared library opened on first use.
+type library struct {
+	name     string   // short name used in errors: "cuda", "nvrtc", ...
+	sentinel error    // ErrNoCUDA, ErrNoNVRTC, ...
+	fileEnv  string   // optional variable naming the library file itself
+	names    []string // file names (globs allowed) tried in each directory
+	dirs     []string // well-known directories (globs allowed) after the loader's search
+
+	once   sync.Once
+	handle uintptr
+	path   string
+	err    error
+}
+
+// load opens the library once; later calls return the first outcome.
+func (l *library) load() error {
+	l.once.Do(func() {
+		l.handle, l.path, l.err = l.open()
+	})
+	return l.err
+}
+
+// candidates lists the paths to try, in order.
+func (l *library) candidates() []string {
+	var out []string
+	if l.fileEnv != "" {
+		if f := os.Getenv(l.fileEnv); f != "" {
+			return []string{f}
+		}
+	}
+	expand := func(dir string) {
+		for _, n := range l.names {
+			matches, _ := filepath.Glob(filepath.Join(dir, n))
+			sort.Sort(sort.Reverse(sort.StringSlice(matches))) // newest version first
+			out = append(out, matches...)
+		}
+	}
+	if d := os.Getenv("RESIN_CUDA_LIB_DIR"); d != "" {
+		expand(d)
+		return out
+	}
+	for _, n := range l.names {
+		if !strings.ContainsAny(n, "*?[") {
+			out = append(out, n) // bare name: the dynamic loader's own search
+		}
+	}
+	for _, pattern := range l.dirs {
+		dirs, _ := filepath.Glob(pattern)
+		for _, d := range dirs {
+			expand(d)
+		}
+	}
+	return out
+}
+
+func (l *library) open() (uintptr, string, error) {
+	cands := l.candidates()
+	var errs []string
+	for _, c := range cands {
+		h, err := dlopen(c)
+		if err == nil {
+			return h, c, nil
+		}
+		if len(errs) < 4 {
+			errs = append(errs, err.Error())
+		}
+	}
+	where := "the system library path"
+	if d := os.Getenv("RESIN_CUDA_LIB_DIR"); d != "" {
+		where = "RESIN_CUDA_LIB_DIR=" + d
+	}
+	if l.fileEnv != "" && os.Getenv(l.fileEnv) != "" {
+		where = l.fileEnv + "=" + os.Getenv(l.fileEnv)
+	}
+	detail := "no candidate file"
+	if len(errs) > 0 {
+		detail = strings.Join(errs, "; ")
+	}
+	return 0, "", fmt.Errorf("%w: %s not found in %s: %s", l.sentinel, strings.Join(l.names, " or "), where, detail)
+}
+
+// Path returns the file the library was loaded from ("" when it is not loaded).
+func (l *library) Path() string {
+	if l.load() != nil {
+		return ""
+	}
+	return l.path
+}
+
+// sym looks a function up in the loaded library.
+func (l *library) sym(name string) (uintptr, error) {
+	if err := l.load(); err != nil {
+		return 0, err
+	}
+	p, err := dlsym(l.handle, name)
+	if err != nil || p == 0 {
+		return 0, fmt.Errorf("%s: %s: %w", l.name, name, ErrMissingSymbol)
+	}
+	return p, nil
+}
+
+// binding pairs a pointer to a Go func variable with the C symbol behind it.
+type binding struct {
+	fn   any
+	name string
+}
+
+// bindAll loads the library and binds every function. A missing symbol is bound to a stub
+// that returns codeMissing (its result must be int32), so a library lacking one call
+// still serves the others. It returns the names that were missing.
+func (l *library) bindAll(bs []binding) ([]string, error) {
+	if err := l.load(); err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, b := range bs {
+		p, err := l.sym(b.name)
+		if err != nil {
+			missing = append(missing, b.name)
+			bindMissing(b.fn)
+			continue
+		}
+		purego.RegisterFunc(b.fn, p)
+	}
+	return missing, nil
+}
+
+// bindMissing sets *fptr to a function that returns codeMissing.
+func bindMissing(fptr any) {
+	v := reflect.ValueOf(fptr).Elem()
+	t := v.Type()
+	v.Set(reflect.MakeFunc(t, func([]reflect.Value) []reflect.Value {
+		out := make([]reflect.Value, t.NumOut())
+		for i := range out {
+			out[i] = reflect.Zero(t.Out(i))
+			if t.Out(i).Kind() == reflect.Int32 {
+				out[i] = reflect.ValueOf(int32(codeMissing)).Convert(t.Out(i))
+			}
+		}
+		return out
+	}))
+}
+
+// isMissing reports whether err is a missing library or symbol rather than a failed call.
+func isMissing(err error) bool {
+	for _, s := range []error{ErrNoCUDA, ErrNoNVRTC, ErrNoCUBLAS, ErrNoNCCL, ErrMissingSymbol} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// pythonLibDirs are the directories where NVIDIA's PyPI wheels put their libraries, for
+// machines whose CUDA came with PyTorch or JAX.
+func pythonLibDirs(component string) []string {
+	return []string{
+		"/usr/local/lib/python3*/dist-packages/nvidia/" + component + "/lib",
+		"/usr/local/lib/python3*/site-packages/nvidia/" + component + "/lib",
+		"/usr/lib/python3*/dist-packages/nvidia/" + component + "/lib",
+		"/opt/conda/lib/python3*/site-packages/nvidia/" + component + "/lib",
+		"/root/.local/lib/python3*/site-packages/nvidia/" + component + "/lib",
+	}
+}
+
+var cudaDirs = []string{"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/local/cuda-*/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib"}
+
+// bindString binds a C function `const char *f(int)` whose result is a static string.
+func bindString(fptr *func(int32) string, sym uintptr) {
+	purego.RegisterFunc(fptr, sym)
+}
+
+// bindUint64 binds a C function `size_t f(void)`.
+func bindUint64(fptr *func() uint64, sym uintptr) {
+	purego.RegisterFunc(fptr, sym)
+}

@@ -1,0 +1,133 @@
+package cudart
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// DevicePtr is a device address (CUdeviceptr).
+type DevicePtr uintptr
+
+// Add returns p advanced by off bytes.
+func (p DevicePtr) Add(off int64) DevicePtr { return p + DevicePtr(off) }
+
+// Buffer is a device allocation.
+type Buffer struct {
+	Ptr  DevicePtr
+	Size int64
+}
+
+// Alloc allocates n bytes of device memory.
+func (c *Ctx) Alloc(n int64) (Buffer, error) {
+	if n <= 0 {
+		return Buffer{}, fmt.Errorf("cudart: alloc of %d bytes: size must be positive", n)
+	}
+	var p uintptr
+	if err := c.api.check("cuMemAlloc_v2", c.api.cuMemAlloc(&p, uint64(n))); err != nil {
+		return Buffer{}, fmt.Errorf("alloc %d bytes on device %d: %w", n, c.dev.Info.Ordinal, err)
+	}
+	return Buffer{Ptr: DevicePtr(p), Size: n}, nil
+}
+
+// Free releases a buffer from Alloc.
+func (c *Ctx) Free(b Buffer) error {
+	if b.Ptr == 0 {
+		return nil
+	}
+	return c.api.check("cuMemFree_v2", c.api.cuMemFree(uintptr(b.Ptr)))
+}
+
+// Memset sets n bytes at p to v.
+func (c *Ctx) Memset(p DevicePtr, v byte, n int64) error {
+	return c.api.check("cuMemsetD8_v2", c.api.cuMemsetD8(uintptr(p), v, uint64(n)))
+}
+
+// HostBuffer is page-locked host memory, which copies reach at full bus speed.
+type HostBuffer struct {
+	Bytes []byte
+	ptr   unsafe.Pointer
+}
+
+// AllocHost allocates n bytes of page-locked host memory.
+func (c *Ctx) AllocHost(n int64) (*HostBuffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("cudart: host alloc of %d bytes: size must be positive", n)
+	}
+	var p unsafe.Pointer
+	if err := c.api.check("cuMemAllocHost_v2", c.api.cuMemAllocHost(&p, uint64(n))); err != nil {
+		return nil, err
+	}
+	return &HostBuffer{Bytes: unsafe.Slice((*byte)(p), n), ptr: p}, nil
+}
+
+// FreeHost releases page-locked memory.
+func (c *Ctx) FreeHost(h *HostBuffer) error {
+	if h == nil || h.ptr == nil {
+		return nil
+	}
+	err := c.api.check("cuMemFreeHost", c.api.cuMemFreeHost(h.ptr))
+	h.ptr, h.Bytes = nil, nil
+	return err
+}
+
+// CopyHtoD copies src to device address dst.
+func (c *Ctx) CopyHtoD(dst DevicePtr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return c.api.check("cuMemcpyHtoD_v2", c.api.cuMemcpyHtoD(uintptr(dst), unsafe.Pointer(&src[0]), uint64(len(src))))
+}
+
+// CopyDtoH copies len(dst) bytes from device address src.
+func (c *Ctx) CopyDtoH(dst []byte, src DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return c.api.check("cuMemcpyDtoH_v2", c.api.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), uintptr(src), uint64(len(dst))))
+}
+
+// CopyDtoD copies n bytes between device addresses.
+func (c *Ctx) CopyDtoD(dst, src DevicePtr, n int64) error {
+	return c.api.check("cuMemcpyDtoD_v2", c.api.cuMemcpyDtoD(uintptr(dst), uintptr(src), uint64(n)))
+}
+
+// CopyHtoDAsync queues a copy of src to dst on s. src must stay alive and unchanged until
+// the stream reaches the copy (use a HostBuffer for a truly asynchronous copy).
+func (c *Ctx) CopyHtoDAsync(dst DevicePtr, src []byte, s *Stream) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return c.api.check("cuMemcpyHtoDAsync_v2", c.api.cuMemcpyHtoDAsync(uintptr(dst), unsafe.Pointer(&src[0]), uint64(len(src)), s.handle()))
+}
+
+// CopyDtoHAsync queues a copy of len(dst) bytes from src on s.
+func (c *Ctx) CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return c.api.check("cuMemcpyDtoHAsync_v2", c.api.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), uintptr(src), uint64(len(dst)), s.handle()))
+}
+
+// CopyDtoDAsync queues a device-to-device copy of n bytes on s.
+func (c *Ctx) CopyDtoDAsync(dst, src DevicePtr, n int64, s *Stream) error {
+	return c.api.check("cuMemcpyDtoDAsync_v2", c.api.cuMemcpyDtoDAsync(uintptr(dst), uintptr(src), uint64(n), s.handle()))
+}
+
+// Upload copies a typed host slice to dst.
+func Upload[T any](c *Ctx, dst DevicePtr, src []T) error {
+	return c.CopyHtoD(dst, asBytes(src))
+}
+
+// Download copies len(dst) elements from src into a typed host slice.
+func Download[T any](c *Ctx, dst []T, src DevicePtr) error {
+	return c.CopyDtoH(asBytes(dst), src)
+}
+
+// asBytes views a slice of plain values as bytes.
+func asBytes[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
+}

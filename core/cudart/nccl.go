@@ -1,0 +1,184 @@
+package cudart
+
+import (
+	"fmt"
+	"sync"
+)
+
+// NCCLUniqueID identifies a communicator; rank 0 creates it and sends it to the others.
+type NCCLUniqueID struct{ Internal [128]byte }
+
+type ncclAPI struct {
+	ncclGetVersion     func(v *int32) int32
+	ncclGetUniqueId    func(id *NCCLUniqueID) int32
+	ncclCommInitRank   func(comm *uintptr, nranks int32, id NCCLUniqueID, rank int32) int32
+	ncclCommDestroy    func(comm uintptr) int32
+	ncclAllReduce      func(send, recv uintptr, count uint64, dtype, op int32, comm, stream uintptr) int32
+	ncclAllGather      func(send, recv uintptr, count uint64, dtype int32, comm, stream uintptr) int32
+	ncclReduceScatter  func(send, recv uintptr, count uint64, dtype, op int32, comm, stream uintptr) int32
+	ncclSend           func(send uintptr, count uint64, dtype, peer int32, comm, stream uintptr) int32
+	ncclRecv           func(recv uintptr, count uint64, dtype, peer int32, comm, stream uintptr) int32
+	ncclGroupStart     func() int32
+	ncclGroupEnd       func() int32
+	ncclGetErrorString func(r int32) string
+}
+
+var (
+	ncclLib = &library{name: "nccl", sentinel: ErrNoNCCL,
+		names: []string{"libnccl.so.2", "libnccl.so"},
+		dirs:  append(append([]string{}, cudaDirs...), pythonLibDirs("nccl")...)}
+	ncclOnce sync.Once
+	nccl     *ncclAPI
+	ncclErr  error
+)
+
+func loadNCCL() (*ncclAPI, error) {
+	ncclOnce.Do(func() {
+		a := &ncclAPI{}
+		_, err := ncclLib.bindAll([]binding{
+			{&a.ncclGetVersion, "ncclGetVersion"},
+			{&a.ncclGetUniqueId, "ncclGetUniqueId"},
+			{&a.ncclCommInitRank, "ncclCommInitRank"},
+			{&a.ncclCommDestroy, "ncclCommDestroy"},
+			{&a.ncclAllReduce, "ncclAllReduce"},
+			{&a.ncclAllGather, "ncclAllGather"},
+			{&a.ncclReduceScatter, "ncclReduceScatter"},
+			{&a.ncclSend, "ncclSend"},
+			{&a.ncclRecv, "ncclRecv"},
+			{&a.ncclGroupStart, "ncclGroupStart"},
+			{&a.ncclGroupEnd, "ncclGroupEnd"},
+		})
+		if err != nil {
+			ncclErr = err
+			return
+		}
+		p, err := ncclLib.sym("ncclGetErrorString")
+		if err != nil {
+			ncclErr = err
+			return
+		}
+		bindString(&a.ncclGetErrorString, p)
+		nccl = a
+	})
+	return nccl, ncclErr
+}
+
+func (a *ncclAPI) check(call string, r int32) error {
+	if r == 0 {
+		return nil
+	}
+	if r == codeMissing {
+		return fmt.Errorf("nccl: %s: %w", call, ErrMissingSymbol)
+	}
+	return &Error{Lib: "nccl", Call: call, Code: int(r), Msg: a.ncclGetErrorString(r)}
+}
+
+// NCCLVersion returns NCCL's version code, e.g. 22105 for 2.21.5.
+func NCCLVersion() (int, error) {
+	a, err := loadNCCL()
+	if err != nil {
+		return 0, err
+	}
+	var v int32
+	if err := a.check("ncclGetVersion", a.ncclGetVersion(&v)); err != nil {
+		return 0, err
+	}
+	return int(v), nil
+}
+
+// NewNCCLUniqueID creates the id rank 0 shares with the other ranks.
+func NewNCCLUniqueID() (NCCLUniqueID, error) {
+	var id NCCLUniqueID
+	a, err := loadNCCL()
+	if err != nil {
+		return id, err
+	}
+	return id, a.check("ncclGetUniqueId", a.ncclGetUniqueId(&id))
+}
+
+// ReduceOp is an NCCL reduction.
+type ReduceOp int32
+
+// NCCL reductions.
+const (
+	Sum ReduceOp = 0
+	Max ReduceOp = 2
+	Min ReduceOp = 3
+	Avg ReduceOp = 4
+)
+
+func ncclType(t DType) int32 { return [...]int32{7, 9, 6}[t] } // ncclFloat32, ncclBfloat16, ncclFloat16
+
+// Comm is one rank of an NCCL communicator, bound to a device.
+type Comm struct {
+	api   *ncclAPI
+	h     uintptr
+	Rank  int
+	Ranks int
+}
+
+// InitComm joins rank of a communicator of ranks processes or devices; it must run inside
+// Device.Do of the rank's device, and every rank must call it (it blocks until all join).
+// Several ranks in one process call it concurrently, each from its own device's Do.
+func InitComm(c *Ctx, id NCCLUniqueID, ranks, rank int) (*Comm, error) {
+	a, err := loadNCCL()
+	if err != nil {
+		return nil, err
+	}
+	if rank < 0 || rank >= ranks {
+		return nil, fmt.Errorf("nccl: rank %d outside [0, %d)", rank, ranks)
+	}
+	comm := &Comm{api: a, Rank: rank, Ranks: ranks}
+	if err := a.check("ncclCommInitRank", a.ncclCommInitRank(&comm.h, int32(ranks), id, int32(rank))); err != nil {
+		return nil, fmt.Errorf("nccl rank %d of %d: %w", rank, ranks, err)
+	}
+	return comm, nil
+}
+
+// AllReduce reduces count elements of send across ranks into recv (which may equal send).
+func (m *Comm) AllReduce(send, recv DevicePtr, count int, t DType, op ReduceOp, s *Stream) error {
+	return m.api.check("ncclAllReduce", m.api.ncclAllReduce(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(op), m.h, s.handle()))
+}
+
+// AllGather gathers count elements from each rank into recv (Ranks*count elements).
+func (m *Comm) AllGather(send, recv DevicePtr, count int, t DType, s *Stream) error {
+	return m.api.check("ncclAllGather", m.api.ncclAllGather(uintptr(send), uintptr(recv), uint64(count), ncclType(t), m.h, s.handle()))
+}
+
+// ReduceScatter reduces Ranks*count elements of send and leaves this rank's count in recv.
+func (m *Comm) ReduceScatter(send, recv DevicePtr, count int, t DType, op ReduceOp, s *Stream) error {
+	return m.api.check("ncclReduceScatter", m.api.ncclReduceScatter(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(op), m.h, s.handle()))
+}
+
+// Send queues count elements to peer; pair it with the peer's Recv inside a group.
+func (m *Comm) Send(buf DevicePtr, count int, t DType, peer int, s *Stream) error {
+	return m.api.check("ncclSend", m.api.ncclSend(uintptr(buf), uint64(count), ncclType(t), int32(peer), m.h, s.handle()))
+}
+
+// Recv queues the receipt of count elements from peer.
+func (m *Comm) Recv(buf DevicePtr, count int, t DType, peer int, s *Stream) error {
+	return m.api.check("ncclRecv", m.api.ncclRecv(uintptr(buf), uint64(count), ncclType(t), int32(peer), m.h, s.handle()))
+}
+
+// Group runs fn between ncclGroupStart and ncclGroupEnd, so the sends and receives it
+// queues proceed together.
+func (m *Comm) Group(fn func() error) error {
+	if err := m.api.check("ncclGroupStart", m.api.ncclGroupStart()); err != nil {
+		return err
+	}
+	ferr := fn()
+	if err := m.api.check("ncclGroupEnd", m.api.ncclGroupEnd()); err != nil && ferr == nil {
+		ferr = err
+	}
+	return ferr
+}
+
+// Destroy frees the communicator.
+func (m *Comm) Destroy() error {
+	if m.h == 0 {
+		return nil
+	}
+	err := m.api.check("ncclCommDestroy", m.api.ncclCommDestroy(m.h))
+	m.h = 0
+	return err
+}
