@@ -144,13 +144,16 @@ func (p *BatchPlan) reset(groups int) {
 // decoder can rely on every index being in range afterwards.
 func (p *BatchPlan) Validate() error {
 	b := len(p.ReqIDs)
-	for name, n := range map[string]int{
-		"Computed": len(p.Computed), "Scheduled": len(p.Scheduled), "PromptLen": len(p.PromptLen),
-		"NumDrafts": len(p.NumDrafts), "Temperature": len(p.Temperature), "TopP": len(p.TopP),
-		"TopK": len(p.TopK), "MinP": len(p.MinP), "Seed": len(p.Seed), "Logprobs": len(p.Logprobs),
+	for _, f := range [...]struct {
+		name string
+		n    int
+	}{
+		{"Computed", len(p.Computed)}, {"Scheduled", len(p.Scheduled)}, {"PromptLen", len(p.PromptLen)},
+		{"NumDrafts", len(p.NumDrafts)}, {"Temperature", len(p.Temperature)}, {"TopP", len(p.TopP)},
+		{"TopK", len(p.TopK)}, {"MinP", len(p.MinP)}, {"Seed", len(p.Seed)}, {"Logprobs", len(p.Logprobs)},
 	} {
-		if n != b {
-			return fmt.Errorf("engine: plan: %s has %d entries for %d sequences", name, n, b)
+		if f.n != b {
+			return fmt.Errorf("engine: plan: %s has %d entries for %d sequences", f.name, f.n, b)
 		}
 	}
 	if len(p.QueryStart) != b+1 || len(p.LogitsStart) != b+1 {

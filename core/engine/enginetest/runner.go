@@ -1,0 +1,337 @@
+// Package enginetest provides a deterministic Runner for testing code built on
+// core/engine without a model.
+//
+// The runner's "model" is a hash chain: the state after position p is
+// h(p) = mix(h(p-1), token p), and the logits for the next token are a fixed function of
+// h(p). The runner keeps h in the cache pool itself: every fed token writes (position,
+// token, h) into its slot through the plan's slot mapping, and every token reads h of the
+// previous position through the page table. A wrong page table, a bad prefix-cache hit, a
+// missed rollback or a page freed too early therefore changes the generated tokens (and
+// is reported by Err), while a correct engine reproduces Reference exactly, whatever the
+// batching, chunking, preemption or speculation.
+package enginetest
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// entryBytes is the cache entry of one token: position+1 (0 = never written), token, h.
+const entryBytes = 16
+
+// Config describes a test runner.
+type Config struct {
+	// VocabSize (default 256) and MaxContext (default 4096).
+	VocabSize  int
+	MaxContext int
+	// EOS ids the runner declares (default none).
+	EOS []int32
+	// BlockTokens is the pool's block size (default 16) and Pages the number of pages of
+	// the cache group (default 1024).
+	BlockTokens int
+	Pages       int
+	// GraphBuckets are declared as is.
+	GraphBuckets []int
+	// MaxDrafts > 0 makes the runner propose drafts: the true greedy continuation, except
+	// that draft j (1-based) proposed when the sequence's last accepted token sits at
+	// position p is wrong when WrongDraft(p, j) is true.
+	MaxDrafts  int
+	WrongDraft func(pos, j int) bool
+	// Fail, when set, is asked before each step; a true answer makes Execute fail.
+	Fail func(step uint64) bool
+	// OnPlan, when set, sees every plan before it runs (read it, do not keep it).
+	OnPlan func(*engine.BatchPlan)
+}
+
+// Runner is the deterministic test runner. Execute is meant for one goroutine (the
+// engine's loop); Err and the counters may be read at any time.
+type Runner struct {
+	cfg     Config
+	info    engine.RunnerInfo
+	pool    *kvslab.Pool
+	mem     kvslab.HostMemory
+	sampler engine.Sampler
+	logits  []float32
+	res     engine.StepResult
+	top     []engine.TopLogprob
+
+	mu    sync.Mutex
+	err   error
+	steps uint64
+	fed   uint64
+}
+
+var _ engine.Runner = (*Runner)(nil)
+
+// New builds a runner and the cache pool it writes into (give it to the engine with
+// engine.Config{Pool: r.Pool()}).
+func New(cfg Config) (*Runner, error) {
+	if cfg.VocabSize == 0 {
+		cfg.VocabSize = 256
+	}
+	if cfg.MaxContext == 0 {
+		cfg.MaxContext = 4096
+	}
+	if cfg.BlockTokens == 0 {
+		cfg.BlockTokens = 16
+	}
+	if cfg.Pages == 0 {
+		cfg.Pages = 1024
+	}
+	if cfg.MaxDrafts > 0 && cfg.WrongDraft == nil {
+		cfg.WrongDraft = func(int, int) bool { return false }
+	}
+	group := kvslab.GroupSpec{Name: "hash", Kind: kvslab.Full, Layers: 1, BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens}
+	pageBytes := group.PageBytes()
+	slabPages := int64(16)
+	slabs := (int64(cfg.Pages) + slabPages - 1) / slabPages
+	arena, err := kvslab.NewHostArena(slabs * slabPages * pageBytes)
+	if err != nil {
+		return nil, fmt.Errorf("enginetest: arena: %w", err)
+	}
+	pool, err := kvslab.New(kvslab.Config{Groups: []kvslab.GroupSpec{group}, SlabBytes: slabPages * pageBytes}, arena)
+	if err != nil {
+		return nil, fmt.Errorf("enginetest: pool: %w", err)
+	}
+	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize)}
+	r.info = engine.RunnerInfo{
+		Name: "enginetest", VocabSize: cfg.VocabSize, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
+		CacheGroups: []kvslab.GroupSpec{group}, GraphBuckets: cfg.GraphBuckets, MaxDrafts: cfg.MaxDrafts,
+	}
+	return r, nil
+}
+
+// Pool returns the runner's cache pool.
+func (r *Runner) Pool() *kvslab.Pool { return r.pool }
+
+// Info implements engine.Runner.
+func (r *Runner) Info() engine.RunnerInfo { return r.info }
+
+// Err returns the first inconsistency the runner saw (an invalid plan, a cache entry at
+// the wrong position), or nil.
+func (r *Runner) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// Steps returns the number of steps executed and tokens fed.
+func (r *Runner) Steps() (steps, fed uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.steps, r.fed
+}
+
+func (r *Runner) fail(err error) error {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+	return err
+}
+
+// ErrInjected is the error of a step that Config.Fail chose to fail.
+var ErrInjected = errors.New("enginetest: injected runner failure")
+
+// Execute implements engine.Runner.
+func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepResult, error) {
+	if err := ctx.Err(); err != nil {
+		return engine.StepResult{}, err
+	}
+	if r.cfg.OnPlan != nil {
+		r.cfg.OnPlan(p)
+	}
+	if err := p.Validate(); err != nil {
+		return engine.StepResult{}, r.fail(err)
+	}
+	if p.GraphBatch != 0 && !p.IsDecode() {
+		return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d: graph batch %d for a plan that is not decode-only", p.Step, p.GraphBatch))
+	}
+	r.mu.Lock()
+	r.steps++
+	r.fed += uint64(p.NumTokens())
+	r.mu.Unlock()
+	if r.cfg.Fail != nil && r.cfg.Fail(p.Step) {
+		return engine.StepResult{}, ErrInjected
+	}
+	res := &r.res
+	res.Reset(p.NumSeqs())
+	wantLogprobs := anyLogprobs(p)
+	bt := r.pool.BlockTokens()
+	for i := 0; i < p.NumSeqs(); i++ {
+		toks, pos := p.Seq(i)
+		table := p.PageTableOf(0, i)
+		q0 := int(p.QueryStart[i])
+		var hs [64]uint64 // h at each logits row (bounded by drafts+1)
+		rows := p.LogitsIndices[p.LogitsStart[i]:p.LogitsStart[i+1]]
+		if len(rows) > len(hs) {
+			return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: %d logits rows", len(rows)))
+		}
+		nrow := 0
+		for j, t := range toks {
+			prev := uint64(seedHash)
+			if pos[j] > 0 {
+				e, err := r.read(table, int(pos[j])-1, bt)
+				if err != nil {
+					return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d, request %d: %w", p.Step, p.ReqIDs[i], err))
+				}
+				prev = e
+			}
+			h := chain(prev, t)
+			slot := p.Groups[0].SlotMapping[q0+j]
+			r.write(kvslab.PageID(slot/int64(bt)), int(slot%int64(bt)), pos[j], t, h)
+			if nrow < len(rows) && int(rows[nrow]) == q0+j {
+				hs[nrow] = h
+				nrow++
+			}
+		}
+		if nrow == 0 {
+			continue
+		}
+		row := p.SamplingOf(i)
+		nd := int(p.NumDrafts[i])
+		drafts := toks[len(toks)-nd:]
+		firstPos := int(pos[len(toks)-nd-1]) // position of the row that samples first
+		accepted := 0
+		for k := 0; k < nrow; k++ {
+			t, lp := r.sample(hs[k], row, firstPos+k+1)
+			res.Tokens = append(res.Tokens, t)
+			if wantLogprobs {
+				res.Logprobs = append(res.Logprobs, lp)
+			}
+			if row.Logprobs > 0 {
+				for _, tl := range r.top {
+					res.TopTokens = append(res.TopTokens, tl.Token)
+					res.TopLogprobs = append(res.TopLogprobs, tl.Logprob)
+				}
+			}
+			accepted++
+			if k < nd && drafts[k] != t {
+				break // the draft after this row is wrong: stop verifying
+			}
+		}
+		res.Accepted[i] = int32(accepted)
+		if r.cfg.MaxDrafts > 0 {
+			last := res.Tokens[len(res.Tokens)-1]
+			lastPos := firstPos + accepted // position of the token just sampled
+			h := hs[accepted-1]
+			for j := 1; j <= r.cfg.MaxDrafts; j++ {
+				// Draft j continues greedily after the sampled token.
+				h = chain(h, last)
+				last = greedy(h, r.cfg.VocabSize)
+				d := last
+				if r.cfg.WrongDraft(lastPos, j) {
+					d = (d + 1) % int32(r.cfg.VocabSize)
+				}
+				res.Drafts = append(res.Drafts, d)
+			}
+			res.NumNextDrafts[i] = int32(r.cfg.MaxDrafts)
+		}
+	}
+	return *res, nil
+}
+
+func anyLogprobs(p *engine.BatchPlan) bool {
+	for _, l := range p.Logprobs {
+		if l >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Runner) sample(h uint64, row engine.SamplingRow, pos int) (int32, float32) {
+	fillLogits(r.logits, h)
+	var t int32
+	var lp float32
+	t, lp, r.top = r.sampler.Sample(r.logits, row, pos, r.top[:0])
+	return t, lp
+}
+
+func (r *Runner) entry(id kvslab.PageID, off int) []byte {
+	base := r.pool.PageOffset(0, id)
+	return r.mem.Bytes(base+int64(off)*entryBytes, entryBytes)
+}
+
+func (r *Runner) write(id kvslab.PageID, off int, pos, tok int32, h uint64) {
+	b := r.entry(id, off)
+	binary.LittleEndian.PutUint32(b[0:], uint32(pos+1))
+	binary.LittleEndian.PutUint32(b[4:], uint32(tok))
+	binary.LittleEndian.PutUint64(b[8:], h)
+}
+
+func (r *Runner) read(table []uint32, pos, bt int) (uint64, error) {
+	if pos/bt >= len(table) {
+		return 0, fmt.Errorf("position %d beyond the page table (%d blocks)", pos, len(table))
+	}
+	id := kvslab.PageID(table[pos/bt])
+	if id == kvslab.NoPage {
+		return 0, fmt.Errorf("position %d has no page", pos)
+	}
+	b := r.entry(id, pos%bt)
+	if got := int32(binary.LittleEndian.Uint32(b[0:])) - 1; got != int32(pos) {
+		return 0, fmt.Errorf("cache entry for position %d holds position %d", pos, got)
+	}
+	return binary.LittleEndian.Uint64(b[8:]), nil
+}
+
+const seedHash = 0x5EED
+
+func mix(x uint64) uint64 {
+	x += 0x9E3779B97F4A7C15
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+	return x ^ (x >> 31)
+}
+
+func chain(h uint64, tok int32) uint64 { return mix(h ^ (uint64(uint32(tok))+1)<<20) }
+
+func fillLogits(dst []float32, h uint64) {
+	for v := range dst {
+		dst[v] = float32(mix(h+uint64(v)*0x632BE59BD9B4E019)>>40) / (1 << 24) * 8
+	}
+}
+
+func greedy(h uint64, vocab int) int32 {
+	best, bestV := int32(0), float32(math.Inf(-1))
+	for v := 0; v < vocab; v++ {
+		x := float32(mix(h+uint64(v)*0x632BE59BD9B4E019)>>40) / (1 << 24) * 8
+		if x > bestV {
+			best, bestV = int32(v), x
+		}
+	}
+	return best
+}
+
+// Reference returns the n tokens the runner's model generates after prompt with the given
+// sampling row, computed directly (no cache, no batching). It stops early after a token
+// in stop.
+func Reference(vocab int, prompt []int32, n int, row engine.SamplingRow, stop ...int32) []int32 {
+	var s engine.Sampler
+	logits := make([]float32, vocab)
+	h := uint64(seedHash)
+	for _, t := range prompt {
+		h = chain(h, t)
+	}
+	out := make([]int32, 0, n)
+	for len(out) < n {
+		fillLogits(logits, h)
+		t, _, _ := s.Sample(logits, row, len(prompt)+len(out), nil)
+		out = append(out, t)
+		for _, x := range stop {
+			if t == x {
+				return out
+			}
+		}
+		h = chain(h, t)
+	}
+	return out
+}
