@@ -10,6 +10,7 @@ func newBenchCmd() *cobra.Command {
 	}
 	cmd.AddCommand(
 		newBenchServeCmd(),
+		newBenchSchedulerCmd(),
 	)
 	return cmd
 }

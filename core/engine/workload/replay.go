@@ -55,7 +55,7 @@ type counter struct {
 	finish engine.FinishReason
 }
 
-func (c *counter) Token(int32, *engine.TokenLogprob)                  { c.tokens++ }
+func (c *counter) Token(int32, *engine.TokenLogprob)                     { c.tokens++ }
 func (c *counter) Finish(r engine.FinishReason, _ error, _ engine.Usage) { c.finish = r }
 
 // standIn answers a plan as WORKLOADS.md's stand-in model: token step % 32000 for every
