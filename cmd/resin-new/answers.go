@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// AnswersFile is the name of the answers file at the root of every scaffold.
+const AnswersFile = "resin.toml"
+
+// Answers is everything a scaffold was rendered from; resin.toml records it so that
+// `resin-new update` can render the same scaffold with a newer template.
+type Answers struct {
+	TemplateVersion string `toml:"template_version"`
+	Name            string `toml:"name"`
+	Package         string `toml:"package"`
+	Module          string `toml:"module"`
+	Base            string `toml:"base"`
+	Layout          string `toml:"layout"` // "standalone" or "in-tree"
+	// Import is the import path of the model package (Module, or Module/models/Name in-tree).
+	Import string `toml:"import"`
+	// Core is the replace target of github.com/resin-llm/resin in a standalone go.mod.
+	Core       string      `toml:"core"`
+	VendorCore bool        `toml:"vendor_core"`
+	Model      ModelAnswer `toml:"model"`
+}
+
+// ModelAnswer holds the model's dimensions and options; they become the scaffold's
+// config.json and its defaults.
+type ModelAnswer struct {
+	Architecture          string  `toml:"architecture"`
+	ModelType             string  `toml:"model_type"`
+	VocabSize             int     `toml:"vocab_size"`
+	HiddenSize            int     `toml:"hidden_size"`
+	IntermediateSize      int     `toml:"intermediate_size"`
+	NumHiddenLayers       int     `toml:"num_hidden_layers"`
+	NumAttentionHeads     int     `toml:"num_attention_heads"`
+	NumKeyValueHeads      int     `toml:"num_key_value_heads"`
+	HeadDim               int     `toml:"head_dim"`
+	RMSNormEps            float64 `toml:"rms_norm_eps"`
+	RopeTheta             float64 `toml:"rope_theta"`
+	MaxPositionEmbeddings int     `toml:"max_position_embeddings"`
+	TieWordEmbeddings     bool    `toml:"tie_word_embeddings"`
+	AttentionBias         bool    `toml:"attention_bias"`
+	QKNorm                bool    `toml:"qk_norm"`
+	SlidingWindow         int     `toml:"sliding_window"`
+	BOSTokenID            int     `toml:"bos_token_id"`
+	EOSTokenID            int     `toml:"eos_token_id"`
+	DType                 string  `toml:"dtype"`
+	PageTokens            int     `toml:"page_tokens"`
+	Seed                  int64   `toml:"seed"`
+}
+
+// defaultModel is the dense base's demo model: small enough that random weights generate
+// in milliseconds on one CPU core.
+func defaultModel() ModelAnswer {
+	return ModelAnswer{
+		Architecture: "LlamaForCausalLM", ModelType: "llama",
+		VocabSize: 512, HiddenSize: 128, IntermediateSize: 352, NumHiddenLayers: 2,
+		NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 32,
+		RMSNormEps: 1e-5, RopeTheta: 10000, MaxPositionEmbeddings: 2048,
+		BOSTokenID: 1, EOSTokenID: 2, DType: "bf16", PageTokens: 16, Seed: 1,
+	}
+}
+
+// validate checks the model answers for values no model can have.
+func (m *ModelAnswer) validate() error {
+	pos := map[string]int{
+		"vocab_size": m.VocabSize, "hidden_size": m.HiddenSize, "intermediate_size": m.IntermediateSize,
+		"num_hidden_layers": m.NumHiddenLayers, "num_attention_heads": m.NumAttentionHeads,
+		"num_key_value_heads": m.NumKeyValueHeads, "head_dim": m.HeadDim,
+		"max_position_embeddings": m.MaxPositionEmbeddings, "page_tokens": m.PageTokens,
+	}
+	keys := make([]string, 0, len(pos))
+	for k := range pos {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if pos[k] <= 0 {
+			return fmt.Errorf("model.%s must be positive, got %d", k, pos[k])
+		}
+	}
+	if m.NumAttentionHeads%m.NumKeyValueHeads != 0 {
+		return fmt.Errorf("model.num_attention_heads %d must be a multiple of model.num_key_value_heads %d", m.NumAttentionHeads, m.NumKeyValueHeads)
+	}
+	if m.HeadDim%2 != 0 {
+		return fmt.Errorf("model.head_dim %d must be even (rotary embeddings rotate pairs)", m.HeadDim)
+	}
+	if m.RMSNormEps <= 0 || m.RopeTheta <= 0 {
+		return fmt.Errorf("model.rms_norm_eps and model.rope_theta must be positive")
+	}
+	if m.SlidingWindow < 0 {
+		return fmt.Errorf("model.sliding_window must not be negative")
+	}
+	if m.BOSTokenID < 0 || m.BOSTokenID >= m.VocabSize || m.EOSTokenID < 0 || m.EOSTokenID >= m.VocabSize {
+		return fmt.Errorf("model.bos_token_id %d and model.eos_token_id %d must lie in [0, vocab_size %d)", m.BOSTokenID, m.EOSTokenID, m.VocabSize)
+	}
+	switch m.DType {
+	case "bf16", "f16", "f32":
+	default:
+		return fmt.Errorf("model.dtype %q: want bf16, f16 or f32", m.DType)
+	}
+	if !nameRe.MatchString(strings.ToLower(strings.ReplaceAll(m.ModelType, "_", "-"))) {
+		return fmt.Errorf("model.model_type %q: want an identifier such as llama or qwen2", m.ModelType)
+	}
+	return nil
+}
+
+// settable lists the keys --set accepts ("hidden_size" or "model.hidden_size").
+func settable() []string {
+	var keys []string
+	t := reflect.TypeOf(ModelAnswer{})
+	for i := 0; i < t.NumField(); i++ {
+		keys = append(keys, "model."+t.Field(i).Tag.Get("toml"))
+	}
+	return keys
+}
+
+// applySet assigns one --set key=value to the model answers.
+func (m *ModelAnswer) applySet(kv string) error {
+	key, val, ok := strings.Cut(kv, "=")
+	if !ok || key == "" {
+		return fmt.Errorf("--set %q: want key=value (keys: %s)", kv, strings.Join(settable(), ", "))
+	}
+	key = strings.TrimPrefix(strings.TrimSpace(key), "model.")
+	v := reflect.ValueOf(m).Elem()
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		if t.Field(i).Tag.Get("toml") != key {
+			continue
+		}
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64:
+			n, err := strconv.ParseInt(val, 10, 64)
+			if err != nil {
+				return fmt.Errorf("--set %s: %q is not an integer", key, val)
+			}
+			f.SetInt(n)
+		case reflect.Float64:
+			x, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				return fmt.Errorf("--set %s: %q is not a number", key, val)
+			}
+			f.SetFloat(x)
+		case reflect.Bool:
+			b, err := strconv.ParseBool(val)
+			if err != nil {
+				return fmt.Errorf("--set %s: %q is not true or false", key, val)
+			}
+			f.SetBool(b)
+		case reflect.String:
+			f.SetString(val)
+		}
+		return nil
+	}
+	return fmt.Errorf("--set %s: unknown key (keys: %s)", key, strings.Join(settable(), ", "))
+}
+
+// encodeAnswers renders resin.toml.
+func encodeAnswers(a *Answers) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString("# resin.toml: the answers this runtime was scaffolded from (resin-new).\n")
+	b.WriteString("# `resin-new update` re-renders the scaffold-owned files from them with a newer template.\n")
+	if err := toml.NewEncoder(&b).Encode(a); err != nil {
+		return nil, fmt.Errorf("encode %s: %w", AnswersFile, err)
+	}
+	return b.Bytes(), nil
+}
+
+// loadAnswers reads dir/resin.toml and rejects unknown keys.
+func loadAnswers(dir string) (*Answers, error) {
+	path := filepath.Join(dir, AnswersFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read answers: %w (is %s a resin-new scaffold?)", err, dir)
+	}
+	var a Answers
+	md, err := toml.Decode(string(data), &a)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return nil, fmt.Errorf("parse %s: unknown keys %v", path, und)
+	}
+	if _, err := validateName(a.Name); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := a.Model.validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &a, nil
+}

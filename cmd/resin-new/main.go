@@ -1,0 +1,141 @@
+// Command resin-new scaffolds a Resin runtime for a new model from the embedded templates:
+// `resin-new model NAME` renders one (standalone with --out, or inside this checkout with
+// --in-tree), `update` re-renders it with a newer template and merges three ways, `list`
+// shows the bases and `check` runs the scaffold's CHECKLIST.md.
+package main
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/templates"
+)
+
+func newRootCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "resin-new",
+		Short:         "Scaffold a Resin inference runtime for a new model",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.AddCommand(newModelCmd(stdout, tfs), newUpdateCmd(stdout, tfs), newListCmd(stdout, tfs), newCheckCmd(stdout))
+	return root
+}
+
+func newModelCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
+	var o modelOptions
+	cmd := &cobra.Command{
+		Use:   "model NAME",
+		Short: "Scaffold a runtime for model NAME that builds, passes its tests and generates",
+		Example: `  resin-new model demo --out /tmp/demo --verify
+  resin-new model qwen3-small --hf-config config.json --out ./qwen3-small
+  resin-new model tiny --in-tree --set hidden_size=64`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.name = args[0]
+			return scaffoldModel(stdout, tfs, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.base, "base", "", "base to start from (see `resin-new list`; default dense)")
+	f.StringVar(&o.hfConfig, "hf-config", "", "HF config.json: fills the dimensions and picks the base from architectures")
+	f.StringVar(&o.out, "out", "", "write a standalone repository to DIR")
+	f.BoolVar(&o.inTree, "in-tree", false, "write models/NAME in this checkout and register it in models/registry.go")
+	f.StringVar(&o.module, "module", "", "module path of a standalone repository (default example.com/NAME)")
+	f.StringArrayVar(&o.sets, "set", nil, "set a model answer, key=value (repeatable; e.g. hidden_size=256)")
+	f.BoolVar(&o.dryRun, "dry-run", false, "print the files that would be written, write nothing")
+	f.BoolVar(&o.force, "force", false, "write into a non-empty target, overwriting files")
+	f.BoolVar(&o.verify, "verify", false, "build the result, run its tests and generate a few tokens with random weights")
+	f.BoolVar(&o.vendorCore, "vendor-core", false, "copy the core into third_party/resin instead of replacing to this checkout")
+	f.StringVar(&o.core, "core", "", "the Resin checkout (default: found above the working directory)")
+	f.BoolVar(&o.noTidy, "no-tidy", false, "skip `go mod tidy` in a standalone repository")
+	f.MarkHidden("no-tidy")
+	return cmd
+}
+
+func newUpdateCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "update [DIR]",
+		Short: "Re-render a scaffold with the current template, merging three ways with local edits",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := "."
+			if len(args) == 1 {
+				dir = args[0]
+			}
+			return updateScaffold(stdout, tfs, dir, dryRun)
+		},
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would change, write nothing")
+	return cmd
+}
+
+func newListCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List the bases and the HF architectures they serve",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			bases, err := loadBases(tfs)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "BASE\tVERSION\tALIASES\tARCHITECTURES\tSUMMARY")
+			for _, b := range bases {
+				archs := append([]string(nil), b.Manifest.Architectures...)
+				sort.Strings(archs)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", b.Name, b.Manifest.Version, strings.Join(b.Manifest.Aliases, ","), strings.Join(archs, ","), b.Manifest.Summary)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func newCheckCmd(stdout io.Writer) *cobra.Command {
+	var gpu, list bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "check [DIR]",
+		Short: "Run the scaffold's CHECKLIST.md commands and report each item",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := "."
+			if len(args) == 1 {
+				dir = args[0]
+			}
+			if list {
+				data, err := os.ReadFile(dir + "/CHECKLIST.md")
+				if err != nil {
+					return fmt.Errorf("check: %w", err)
+				}
+				for i, it := range parseChecklist(data) {
+					fmt.Fprintf(stdout, "%2d. %s: `%s`\n", i+1, it.Title, it.Command)
+				}
+				return nil
+			}
+			return runChecklist(stdout, dir, gpu, timeout)
+		},
+	}
+	cmd.Flags().BoolVar(&gpu, "gpu", false, "also run the items marked (gpu)")
+	cmd.Flags().BoolVar(&list, "list", false, "list the items without running them")
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "limit for each item's command")
+	return cmd
+}
+
+func main() {
+	if err := newRootCmd(os.Stdout, templates.FS).Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "resin-new:", err)
+		os.Exit(1)
+	}
+}

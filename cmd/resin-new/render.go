@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"go/format"
+	"io/fs"
+	"path"
+	"sort"
+	"strings"
+	"text/template"
+
+	"github.com/BurntSushi/toml"
+	"github.com/Masterminds/sprig/v3"
+)
+
+// Owner says what `resin-new update` may do to a file.
+type Owner string
+
+const (
+	// ScaffoldOwned files are re-rendered by update and merged three ways with local edits.
+	ScaffoldOwned Owner = "scaffold"
+	// UserOwned files are written once; update never touches them (the model math, kernels).
+	UserOwned Owner = "user"
+)
+
+// Manifest is a base's manifest.toml.
+type Manifest struct {
+	Version       string     `toml:"version"`
+	Summary       string     `toml:"summary"`
+	Architectures []string   `toml:"architectures"`
+	Aliases       []string   `toml:"aliases"`
+	Files         []FileSpec `toml:"file"`
+}
+
+// FileSpec is one output of a scaffold: the file builder of kubebuilder's machinery.
+type FileSpec struct {
+	Path     string `toml:"path"`     // output path, itself a template ({{.Name}}, {{.Package}})
+	Template string `toml:"template"` // template file in the base directory
+	Owner    Owner  `toml:"owner"`
+	Layout   string `toml:"layout"` // "" (all), "standalone" or "in-tree"
+	Exec     bool   `toml:"exec"`   // written with mode 0755
+}
+
+// Rendered is one file of a render, in memory.
+type Rendered struct {
+	Path    string
+	Content []byte
+	Owner   Owner
+	Exec    bool
+}
+
+// Base is a template directory and its manifest.
+type Base struct {
+	Name     string
+	FS       fs.FS // rooted at the base directory
+	Manifest Manifest
+}
+
+// loadBases reads every base directory of root (one manifest.toml per directory).
+func loadBases(root fs.FS) ([]*Base, error) {
+	entries, err := fs.ReadDir(root, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read templates: %w", err)
+	}
+	var bases []*Base
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		sub, err := fs.Sub(root, e.Name())
+		if err != nil {
+			return nil, err
+		}
+		data, err := fs.ReadFile(sub, "manifest.toml")
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", e.Name(), err)
+		}
+		b := &Base{Name: e.Name(), FS: sub}
+		md, err := toml.Decode(string(data), &b.Manifest)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: manifest.toml: %w", e.Name(), err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			return nil, fmt.Errorf("base %s: manifest.toml: unknown keys %v", e.Name(), und)
+		}
+		for _, f := range b.Manifest.Files {
+			if f.Owner != ScaffoldOwned && f.Owner != UserOwned {
+				return nil, fmt.Errorf("base %s: file %s: owner %q, want scaffold or user", e.Name(), f.Path, f.Owner)
+			}
+		}
+		bases = append(bases, b)
+	}
+	sort.Slice(bases, func(i, j int) bool { return bases[i].Name < bases[j].Name })
+	return bases, nil
+}
+
+// findBase returns the base called name or one of its aliases.
+func findBase(bases []*Base, name string) (*Base, error) {
+	var known []string
+	for _, b := range bases {
+		if b.Name == name {
+			return b, nil
+		}
+		for _, a := range b.Manifest.Aliases {
+			if a == name {
+				return b, nil
+			}
+		}
+		known = append(known, b.Name)
+		known = append(known, b.Manifest.Aliases...)
+	}
+	return nil, fmt.Errorf("unknown base %q (known: %s)", name, strings.Join(known, ", "))
+}
+
+// baseForArchitecture returns the base that serves an HF architecture.
+func baseForArchitecture(bases []*Base, arch string) (*Base, error) {
+	var known []string
+	for _, b := range bases {
+		for _, a := range b.Manifest.Architectures {
+			if a == arch {
+				return b, nil
+			}
+			known = append(known, a)
+		}
+	}
+	sort.Strings(known)
+	if arch == "" {
+		return nil, fmt.Errorf("config.json has no architectures entry; pass --base (supported architectures: %s)", strings.Join(known, ", "))
+	}
+	return nil, fmt.Errorf("architecture %q is not supported by any base (supported: %s); pass --base to start from the closest one", arch, strings.Join(known, ", "))
+}
+
+// funcMap is sprig's text functions without the ones that read the environment or make
+// output depend on the clock or randomness: a render depends on its answers alone.
+func funcMap() template.FuncMap {
+	fm := sprig.TxtFuncMap()
+	for name := range fm {
+		switch {
+		case name == "env", name == "expandenv", name == "getHostByName",
+			name == "now", name == "uuidv4", name == "shuffle",
+			strings.HasPrefix(name, "date"), strings.HasPrefix(name, "rand"),
+			strings.HasPrefix(name, "gen"), strings.HasPrefix(name, "derive"),
+			strings.HasPrefix(name, "build"), strings.HasPrefix(name, "encrypt"),
+			strings.HasPrefix(name, "decrypt"), name == "htmlDate", name == "htmlDateInZone",
+			name == "ago", name == "unixEpoch", name == "toDate", name == "mustToDate",
+			name == "mustDateModify", name == "duration", name == "durationRound":
+			delete(fm, name)
+		}
+	}
+	return fm
+}
+
+// render renders every file of base for answers, in memory. Go files are gofmt'ed; an
+// error in any template fails the whole render.
+func render(b *Base, a *Answers) ([]Rendered, error) {
+	var out []Rendered
+	seen := map[string]bool{}
+	for _, f := range b.Manifest.Files {
+		if f.Layout != "" && f.Layout != a.Layout {
+			continue
+		}
+		pb, err := execute("path of "+f.Template, f.Path, a)
+		if err != nil {
+			return nil, err
+		}
+		p := path.Clean(string(pb))
+		if path.IsAbs(p) || strings.HasPrefix(p, "..") {
+			return nil, fmt.Errorf("template %s: output path %q leaves the scaffold", f.Template, p)
+		}
+		if seen[p] {
+			return nil, fmt.Errorf("template %s: output %s rendered twice", f.Template, p)
+		}
+		seen[p] = true
+		src, err := fs.ReadFile(b.FS, f.Template)
+		if err != nil {
+			return nil, fmt.Errorf("base %s: %w", b.Name, err)
+		}
+		body, err := execute(f.Template, string(src), a)
+		if err != nil {
+			return nil, err
+		}
+		if strings.HasSuffix(p, ".go") {
+			formatted, err := format.Source(body)
+			if err != nil {
+				return nil, fmt.Errorf("template %s renders Go that does not parse: %w", f.Template, err)
+			}
+			body = formatted
+		}
+		out = append(out, Rendered{Path: p, Content: body, Owner: f.Owner, Exec: f.Exec})
+	}
+	answers, err := encodeAnswers(a)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, Rendered{Path: AnswersFile, Content: answers, Owner: ScaffoldOwned})
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+func execute(name, src string, a *Answers) ([]byte, error) {
+	t, err := template.New(name).Option("missingkey=error").Funcs(funcMap()).Parse(src)
+	if err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	var b bytes.Buffer
+	if err := t.Execute(&b, a); err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	return b.Bytes(), nil
+}
