@@ -21,9 +21,9 @@ const CoreModule = "github.com/resin-llm/resin"
 // modelOptions are the flags of `resin-new model`.
 type modelOptions struct {
 	name, base, hfConfig, out, module, core string
-	inTree, dryRun, force, verify            bool
-	vendorCore, noTidy                       bool
-	sets                                     []string
+	inTree, dryRun, force, verify           bool
+	vendorCore, noTidy                      bool
+	sets                                    []string
 }
 
 // write is one file operation of a scaffold, prepared in memory.
