@@ -69,6 +69,11 @@ func (d *Device) loop(ordinal int, started chan<- error) {
 		started <- err
 		return
 	}
+	if err := applyPreferredNode(); err != nil {
+		api.cuDevicePrimaryCtxRelease(d.dev)
+		started <- err
+		return
+	}
 	started <- nil
 	for fn := range d.calls {
 		fn()
