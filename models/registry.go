@@ -1,0 +1,66 @@
+// Package models lists the models this repository serves. The list is explicit: no init()
+// side effects, no global map filled at import time. `resin-new model NAME --in-tree`
+// adds a model's import and entry at the markers below; adding a model by hand is the same
+// two lines.
+package models
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+
+	"github.com/resin-llm/resin/models/llama"
+	// +resin:scaffold:imports
+)
+
+// Model is one entry of the registry.
+type Model struct {
+	// Name is the model's directory under models/ and its name on the command line.
+	Name string
+	// Architectures lists the HF config.json architectures the model loads.
+	Architectures []string
+	// Open loads the checkpoint in dir (config.json and safetensors; a model may fall back
+	// to seeded random weights when dir holds no safetensors) and returns its runner with
+	// a cache pool of cacheBytes bytes (0 = the model's default) built for its cache
+	// groups, ready for engine.New(runner, engine.Config{Pool: pool}).
+	Open func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error)
+}
+
+// All returns every registered model, in registration order.
+func All() []Model {
+	return []Model{
+		{Name: "llama", Architectures: llama.Architectures, Open: llama.Open},
+		// +resin:scaffold:models
+	}
+}
+
+// Lookup returns the model called name.
+func Lookup(name string) (Model, error) {
+	var names []string
+	for _, m := range All() {
+		if m.Name == name {
+			return m, nil
+		}
+		names = append(names, m.Name)
+	}
+	sort.Strings(names)
+	return Model{}, fmt.Errorf("models: unknown model %q (registered: %s)", name, strings.Join(names, ", "))
+}
+
+// ForArchitecture returns the first registered model that loads the HF architecture arch.
+func ForArchitecture(arch string) (Model, error) {
+	var archs []string
+	for _, m := range All() {
+		for _, a := range m.Architectures {
+			if a == arch {
+				return m, nil
+			}
+			archs = append(archs, a)
+		}
+	}
+	sort.Strings(archs)
+	return Model{}, fmt.Errorf("models: no registered model loads architecture %q (supported: %s)", arch, strings.Join(archs, ", "))
+}
