@@ -121,9 +121,7 @@ func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*seq, n
 				p.LogitsIndices = append(p.LogitsIndices, int32(len(p.Tokens)-1))
 			}
 		}
-		for _, id := range table {
-			g.PageTable = append(g.PageTable, uint32(id))
-		}
+		g.PageTable = append(g.PageTable, table...)
 		p.QueryStart = append(p.QueryStart, int32(len(p.Tokens)))
 		p.LogitsStart = append(p.LogitsStart, int32(len(p.LogitsIndices)))
 		g.PageTableStart = append(g.PageTableStart, int32(len(g.PageTable)))
