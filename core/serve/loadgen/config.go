@@ -37,7 +37,7 @@ type Config struct {
 	Seed int64
 	// Timeout bounds each request (0 = none).
 	Timeout time.Duration
-	// Progress, when set, is called after each finished request.
+	// Progress, when set, is called after each finished request, one call at a time.
 	Progress func(done, total int)
 }
 

@@ -74,11 +74,10 @@ loop:
 			<-slots
 			mu.Lock()
 			samples = append(samples, s)
-			n := len(samples)
-			mu.Unlock()
 			if cfg.Progress != nil {
-				cfg.Progress(n, cfg.Requests)
+				cfg.Progress(len(samples), cfg.Requests)
 			}
+			mu.Unlock()
 		}(prompts[sent])
 	}
 	wg.Wait()

@@ -1,0 +1,137 @@
+package serve
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/tokenizer"
+)
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
+	var req chatRequest
+	if err := decodeBody(r.Body, &req); err != nil {
+		return err
+	}
+	if err := s.checkModel(req.Model); err != nil {
+		return err
+	}
+	if s.chat == nil {
+		return invalid("messages", "The model %q has no chat template; use /v1/completions.", s.cfg.Model)
+	}
+	if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
+		return unsupported("response_format", "response_format "+req.ResponseFormat.Type)
+	}
+	if tc := string(bytes.TrimSpace(req.ToolChoice)); tc != "" && tc != "null" && tc != `"none"` && tc != `"auto"` {
+		return unsupported("tool_choice", "tool_choice other than none or auto")
+	}
+	sp, stops, err := req.sampling(0)
+	if err != nil {
+		return err
+	}
+	if req.TopLogprobs != nil {
+		if !req.Logprobs {
+			return invalid("top_logprobs", "top_logprobs requires logprobs to be true.")
+		}
+		if *req.TopLogprobs < 0 || *req.TopLogprobs > engine.MaxTopLogprobs {
+			return invalid("top_logprobs", "top_logprobs must be in [0, %d]; got %d.", engine.MaxTopLogprobs, *req.TopLogprobs)
+		}
+		sp.TopLogprobs = *req.TopLogprobs
+	}
+	sp.Logprobs = req.Logprobs
+	msgs, err := chatMessages(req.Messages)
+	if err != nil {
+		return err
+	}
+	prompt, err := s.chat.Render(msgs, tokenizer.ChatOptions{AddGenerationPrompt: true, Tools: req.Tools, Extra: req.ChatTemplateKwargs})
+	if err != nil {
+		return invalid("messages", "The chat template rejected the messages: %v.", err)
+	}
+	ids, err := s.tok.Encode(prompt, false)
+	if err != nil {
+		return invalid("messages", "Cannot tokenize the rendered prompt: %v.", err)
+	}
+	if len(ids) == 0 {
+		return invalid("messages", "The rendered prompt is empty.")
+	}
+	g := &genRequest{prompt: ids, sampling: sp, stops: stops, skipSpecial: req.SkipSpecialTokens == nil || *req.SkipSpecialTokens}
+	id, created := newID("chatcmpl-"), time.Now().Unix()
+	if req.Stream {
+		return s.streamChat(w, r, g, &req, id, created)
+	}
+	var text strings.Builder
+	var lps []engine.TokenLogprob
+	res, err := s.generate(r.Context(), g, func(d delta) error {
+		text.WriteString(d.text)
+		lps = append(lps, d.logprobs...)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	choice := chatChoice{Message: chatMessage{Role: "assistant", Content: text.String()}, FinishReason: res.finish}
+	if sp.Logprobs {
+		choice.Logprobs = s.chatLogprobs(lps)
+	}
+	writeJSON(w, http.StatusOK, chatResponse{
+		ID: id, Object: "chat.completion", Created: created, Model: s.modelName(req.Model),
+		SystemFingerprint: fingerprint, Choices: []chatChoice{choice}, Usage: usageOf(res.usage),
+	})
+	return nil
+}
+
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, g *genRequest, req *chatRequest, id string, created int64) error {
+	sse := newSSE(w)
+	model := s.modelName(req.Model)
+	chunk := func(d chatDelta, lp *chatLogprobs, finish *string) chatChunk {
+		return chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
+			SystemFingerprint: fingerprint, Choices: []chatChunkChoice{{Delta: d, Logprobs: lp, FinishReason: finish}}}
+	}
+	empty := ""
+	first := true
+	res, err := s.generate(r.Context(), g, func(d delta) error {
+		if first {
+			first = false
+			if err := sse.send(chunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+				return err
+			}
+		}
+		if d.text == "" && len(d.logprobs) == 0 {
+			return nil
+		}
+		var lp *chatLogprobs
+		if g.sampling.Logprobs {
+			lp = s.chatLogprobs(d.logprobs)
+		}
+		text := d.text
+		return sse.send(chunk(chatDelta{Content: &text}, lp, nil))
+	})
+	if err != nil {
+		if !sse.started {
+			return err
+		}
+		if r.Context().Err() == nil {
+			sse.fail(err)
+		}
+		return nil
+	}
+	if first {
+		if err := sse.send(chunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+			return nil
+		}
+	}
+	if err := sse.send(chunk(chatDelta{}, nil, &res.finish)); err != nil {
+		return nil
+	}
+	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+		u := chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
+			SystemFingerprint: fingerprint, Choices: []chatChunkChoice{}, Usage: usageOf(res.usage)}
+		if err := sse.send(u); err != nil {
+			return nil
+		}
+	}
+	_ = sse.done()
+	return nil
+}

@@ -1,0 +1,179 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// genRequest is one generation, already tokenized and validated.
+type genRequest struct {
+	prompt      []int32
+	sampling    engine.SamplingParams
+	stops       []string
+	skipSpecial bool
+}
+
+// delta is text that became final, with the tokens and logprobs generated since the last
+// delta.
+type delta struct {
+	text     string
+	tokens   []int32
+	logprobs []engine.TokenLogprob
+}
+
+// genResult is how a generation ended.
+type genResult struct {
+	finish string // "stop" or "length"
+	usage  engine.Usage
+}
+
+// generate submits r to the engine and calls emit with text as it becomes final (never
+// inside a stop string, never half a character). ctx is the HTTP request's context:
+// when the client goes away the engine aborts the request.
+func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) error) (genResult, error) {
+	st, err := s.eng.Submit(ctx, engine.Request{Prompt: r.prompt, Sampling: r.sampling})
+	if err != nil {
+		return genResult{}, fromEngine(err)
+	}
+	s.metrics.inflight.Inc()
+	defer s.metrics.inflight.Dec()
+	det := s.tok.NewDetokenizer(r.skipSpecial)
+	stop := newStopMatcher(r.stops)
+	stopIDs := s.stopIDs(r.sampling.StopTokenIDs, r.sampling.IgnoreEOS)
+	generated := 0
+	var d delta
+	for {
+		ev, err := st.Recv(ctx)
+		if err != nil {
+			s.eng.Abort(st.ID())
+			return genResult{}, fmt.Errorf("client went away: %w", err)
+		}
+		d = delta{}
+		hit := false
+		for i, tok := range ev.Tokens {
+			generated++
+			d.tokens = append(d.tokens, tok)
+			if i < len(ev.Logprobs) {
+				d.logprobs = append(d.logprobs, ev.Logprobs[i])
+			}
+			last := i == len(ev.Tokens)-1
+			if last && ev.Finish == engine.FinishStop && slices.Contains(stopIDs, tok) {
+				break // the stop token ends the text; it is not part of it
+			}
+			var text string
+			text, hit = stop.add(det.Add(tok))
+			d.text += text
+			if hit {
+				break
+			}
+		}
+		if hit {
+			s.eng.Abort(st.ID())
+			if err := emit(d); err != nil {
+				return genResult{}, err
+			}
+			return genResult{finish: "stop", usage: engine.Usage{PromptTokens: len(r.prompt), CompletionTokens: generated}}, nil
+		}
+		if ev.Finish == engine.FinishNone {
+			if len(d.tokens) > 0 {
+				if err := emit(d); err != nil {
+					s.eng.Abort(st.ID())
+					return genResult{}, err
+				}
+			}
+			continue
+		}
+		switch ev.Finish {
+		case engine.FinishStop, engine.FinishLength:
+			tail, hit := stop.add(det.Flush())
+			d.text += tail
+			if !hit {
+				d.text += stop.flush()
+			}
+			if err := emit(d); err != nil {
+				return genResult{}, err
+			}
+			finish := ev.Finish.String()
+			if hit {
+				finish = "stop"
+			}
+			return genResult{finish: finish, usage: ev.Usage}, nil
+		case engine.FinishAbort:
+			if ctx.Err() != nil {
+				return genResult{}, fmt.Errorf("client went away: %w", ctx.Err())
+			}
+			if errors.Is(ev.Err, engine.ErrClosed) {
+				return genResult{}, fromEngine(engine.ErrClosed)
+			}
+			return genResult{}, internal(fmt.Errorf("request aborted: %v", ev.Err))
+		default:
+			return genResult{}, internal(fmt.Errorf("generation failed: %v", ev.Err))
+		}
+	}
+}
+
+// stopIDs lists the token ids whose generation ends the request with reason stop.
+func (s *Server) stopIDs(extra []int32, ignoreEOS bool) []int32 {
+	if ignoreEOS {
+		return extra
+	}
+	return append(slices.Clone(s.eng.Info().EOS), extra...)
+}
+
+// stopMatcher holds back just enough text to see a stop string that spans tokens.
+type stopMatcher struct {
+	stops   []string
+	hold    int // longest stop - 1 bytes stay pending
+	pending string
+}
+
+func newStopMatcher(stops []string) *stopMatcher {
+	m := &stopMatcher{stops: stops}
+	for _, s := range stops {
+		m.hold = max(m.hold, len(s)-1)
+	}
+	return m
+}
+
+// add takes new text and returns the text that is now final. When a stop string
+// appears, it returns the text before it and true.
+func (m *stopMatcher) add(text string) (string, bool) {
+	if len(m.stops) == 0 {
+		return text, false
+	}
+	m.pending += text
+	cut := -1
+	for _, s := range m.stops {
+		if i := strings.Index(m.pending, s); i >= 0 && (cut < 0 || i < cut) {
+			cut = i
+		}
+	}
+	if cut >= 0 {
+		out := m.pending[:cut]
+		m.pending = ""
+		return out, true
+	}
+	n := len(m.pending) - m.hold
+	for n > 0 && n < len(m.pending) && !utf8.RuneStart(m.pending[n]) {
+		n--
+	}
+	if n <= 0 {
+		return "", false
+	}
+	out := m.pending[:n]
+	m.pending = m.pending[n:]
+	return out, false
+}
+
+// flush returns what is still held (the generation ended without a stop string).
+func (m *stopMatcher) flush() string {
+	out := m.pending
+	m.pending = ""
+	return out
+}

@@ -1,0 +1,298 @@
+package serve
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// commonParams are the sampling fields both endpoints share, including vLLM's extensions
+// (top_k, min_p, ignore_eos, stop_token_ids, skip_special_tokens).
+type commonParams struct {
+	Model               string          `json:"model"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	TopK                *int            `json:"top_k"`
+	MinP                *float64        `json:"min_p"`
+	N                   *int            `json:"n"`
+	Stop                json.RawMessage `json:"stop"`
+	StopTokenIDs        []int32         `json:"stop_token_ids"`
+	Seed                *int64          `json:"seed"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	IgnoreEOS         bool               `json:"ignore_eos"`
+	SkipSpecialTokens *bool              `json:"skip_special_tokens"`
+	PresencePenalty   *float64           `json:"presence_penalty"`
+	FrequencyPenalty  *float64           `json:"frequency_penalty"`
+	LogitBias         map[string]float64 `json:"logit_bias"`
+	User              string             `json:"user"`
+}
+
+// completionRequest is the body of POST /v1/completions.
+type completionRequest struct {
+	commonParams
+	Prompt   json.RawMessage `json:"prompt"`
+	Logprobs *int            `json:"logprobs"`
+	Echo     bool            `json:"echo"`
+	Suffix   *string         `json:"suffix"`
+	BestOf   *int            `json:"best_of"`
+}
+
+// chatRequest is the body of POST /v1/chat/completions.
+type chatRequest struct {
+	commonParams
+	Messages           []map[string]json.RawMessage `json:"messages"`
+	Logprobs           bool                         `json:"logprobs"`
+	TopLogprobs        *int                         `json:"top_logprobs"`
+	Tools              []any                        `json:"tools"`
+	ToolChoice         json.RawMessage              `json:"tool_choice"`
+	ResponseFormat     *struct{ Type string }       `json:"response_format"`
+	ChatTemplateKwargs map[string]any               `json:"chat_template_kwargs"`
+}
+
+// decodeBody reads one JSON object into v, naming the field on a type error.
+func decodeBody(r io.Reader, v any) error {
+	dec := json.NewDecoder(r)
+	if err := dec.Decode(v); err != nil {
+		var mb *http.MaxBytesError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &mb):
+			return tooLarge(mb.Limit)
+		case errors.As(err, &te):
+			return invalid(te.Field, "Invalid type for %q: expected %s.", te.Field, te.Type)
+		case errors.Is(err, io.EOF):
+			return invalid("", "The request body is empty; send a JSON object.")
+		}
+		return invalid("", "The request body is not valid JSON: %v.", err)
+	}
+	if dec.More() {
+		return invalid("", "The request body holds more than one JSON value.")
+	}
+	return nil
+}
+
+// sampling validates the shared fields and builds the engine's parameters.
+func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string, error) {
+	var s engine.SamplingParams
+	if p.N != nil && *p.N != 1 {
+		return s, nil, invalid("n", "Only n=1 is supported; got n=%d.", *p.N)
+	}
+	if p.PresencePenalty != nil && *p.PresencePenalty != 0 {
+		return s, nil, unsupported("presence_penalty", "presence_penalty")
+	}
+	if p.FrequencyPenalty != nil && *p.FrequencyPenalty != 0 {
+		return s, nil, unsupported("frequency_penalty", "frequency_penalty")
+	}
+	if len(p.LogitBias) > 0 {
+		return s, nil, unsupported("logit_bias", "logit_bias")
+	}
+	s.Temperature = 1
+	if p.Temperature != nil {
+		t := *p.Temperature
+		if t < 0 || t > 2 || math.IsNaN(t) {
+			return s, nil, invalid("temperature", "temperature must be in [0, 2]; got %v.", t)
+		}
+		s.Temperature = float32(t)
+	}
+	if p.TopP != nil {
+		v := *p.TopP
+		if v <= 0 || v > 1 || math.IsNaN(v) {
+			return s, nil, invalid("top_p", "top_p must be in (0, 1]; got %v.", v)
+		}
+		s.TopP = float32(v)
+	}
+	if p.TopK != nil {
+		if *p.TopK < -1 {
+			return s, nil, invalid("top_k", "top_k must be -1, 0 (off) or positive; got %d.", *p.TopK)
+		}
+		s.TopK = max(*p.TopK, 0)
+	}
+	if p.MinP != nil {
+		v := *p.MinP
+		if v < 0 || v > 1 || math.IsNaN(v) {
+			return s, nil, invalid("min_p", "min_p must be in [0, 1]; got %v.", v)
+		}
+		s.MinP = float32(v)
+	}
+	s.MaxTokens = defaultMax
+	if p.MaxCompletionTokens != nil {
+		if *p.MaxCompletionTokens < 1 {
+			return s, nil, invalid("max_completion_tokens", "max_completion_tokens must be at least 1; got %d.", *p.MaxCompletionTokens)
+		}
+		s.MaxTokens = *p.MaxCompletionTokens
+	} else if p.MaxTokens != nil {
+		if *p.MaxTokens < 1 {
+			return s, nil, invalid("max_tokens", "max_tokens must be at least 1; got %d.", *p.MaxTokens)
+		}
+		s.MaxTokens = *p.MaxTokens
+	}
+	if p.Seed != nil {
+		s.Seed, s.HasSeed = uint64(*p.Seed), true
+	}
+	s.StopTokenIDs = p.StopTokenIDs
+	s.IgnoreEOS = p.IgnoreEOS
+	stops, err := parseStop(p.Stop)
+	if err != nil {
+		return s, nil, err
+	}
+	return s, stops, nil
+}
+
+const maxStops = 16
+
+func parseStop(raw json.RawMessage) ([]string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		if one == "" {
+			return nil, invalid("stop", "stop strings must not be empty.")
+		}
+		return []string{one}, nil
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, invalid("stop", "stop must be a string or an array of strings.")
+	}
+	if len(many) > maxStops {
+		return nil, invalid("stop", "At most %d stop strings are allowed; got %d.", maxStops, len(many))
+	}
+	for _, s := range many {
+		if s == "" {
+			return nil, invalid("stop", "stop strings must not be empty.")
+		}
+	}
+	return many, nil
+}
+
+// promptInput is a completion prompt: text or token ids.
+type promptInput struct {
+	text string
+	ids  []int32
+}
+
+// parsePrompt accepts a string, an array of one string, an array of token ids, or an
+// array of one array of token ids.
+func parsePrompt(raw json.RawMessage) (promptInput, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return promptInput{}, invalid("prompt", "prompt is required.")
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return promptInput{text: text}, nil
+	}
+	var texts []string
+	if err := json.Unmarshal(raw, &texts); err == nil {
+		if len(texts) != 1 {
+			return promptInput{}, invalid("prompt", "Send one prompt per request; got %d.", len(texts))
+		}
+		return promptInput{text: texts[0]}, nil
+	}
+	var ids []int64
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		return idsPrompt(ids)
+	}
+	var batches [][]int64
+	if err := json.Unmarshal(raw, &batches); err == nil {
+		if len(batches) != 1 {
+			return promptInput{}, invalid("prompt", "Send one prompt per request; got %d.", len(batches))
+		}
+		return idsPrompt(batches[0])
+	}
+	return promptInput{}, invalid("prompt", "prompt must be a string, an array of token ids, or an array holding one of these.")
+}
+
+func idsPrompt(ids []int64) (promptInput, error) {
+	if len(ids) == 0 {
+		return promptInput{}, invalid("prompt", "The token-id prompt is empty.")
+	}
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id > math.MaxInt32 {
+			return promptInput{}, invalid("prompt", "Token id %d at position %d is out of range.", id, i)
+		}
+		out[i] = int32(id)
+	}
+	return promptInput{ids: out}, nil
+}
+
+// chatMessages converts OpenAI messages into the maps chat templates read: content
+// becomes a string (text parts joined), other fields pass through as decoded JSON.
+func chatMessages(in []map[string]json.RawMessage) ([]map[string]any, error) {
+	if len(in) == 0 {
+		return nil, invalid("messages", "messages must hold at least one message.")
+	}
+	out := make([]map[string]any, len(in))
+	for i, m := range in {
+		msg := make(map[string]any, len(m))
+		for k, v := range m {
+			if k == "content" {
+				continue
+			}
+			var x any
+			if err := json.Unmarshal(v, &x); err != nil {
+				return nil, invalid(fmt.Sprintf("messages[%d].%s", i, k), "Invalid JSON in messages[%d].%s.", i, k)
+			}
+			msg[k] = x
+		}
+		role, _ := msg["role"].(string)
+		switch role {
+		case "system", "developer", "user", "assistant", "tool":
+		case "":
+			return nil, invalid(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role.", i)
+		default:
+			return nil, invalid(fmt.Sprintf("messages[%d].role", i), "messages[%d] has unknown role %q.", i, role)
+		}
+		content, err := messageContent(m["content"], i)
+		if err != nil {
+			return nil, err
+		}
+		msg["content"] = content
+		out[i] = msg
+	}
+	return out, nil
+}
+
+func messageContent(raw json.RawMessage, i int) (any, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return nil, invalid(fmt.Sprintf("messages[%d].content", i), "messages[%d].content must be a string or an array of content parts.", i)
+	}
+	var b strings.Builder
+	for j, p := range parts {
+		if p.Type != "text" {
+			return nil, invalid(fmt.Sprintf("messages[%d].content[%d].type", i, j), "Content part type %q is not supported (text only).", p.Type)
+		}
+		if j > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,291 @@
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/tokenizer"
+)
+
+// Config describes the service.
+type Config struct {
+	// Engine runs the requests; its Run loop is the caller's to start.
+	Engine *engine.Engine
+	// Tokenizer turns text into the engine's token ids and back.
+	Tokenizer *tokenizer.Tokenizer
+	// ChatTemplate renders /v1/chat/completions messages; nil answers chat requests
+	// with 400.
+	ChatTemplate *tokenizer.ChatTemplate
+	// Model is the id served in /v1/models and expected in requests' model field.
+	Model string
+	// Aliases are further names accepted in the model field.
+	Aliases []string
+	// APIKey, when set, is required as 'Authorization: Bearer <key>' on /v1/ routes.
+	APIKey string
+	// MaxBodyBytes caps request bodies (default 8 MiB); larger ones get 413.
+	MaxBodyBytes int64
+	// DrainTimeout bounds graceful shutdown: running requests may finish within it, then
+	// they are aborted (default 30 s).
+	DrainTimeout time.Duration
+	// Logger receives one line per failed request (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Server is the OpenAI-compatible HTTP service.
+type Server struct {
+	cfg      Config
+	eng      *engine.Engine
+	tok      *tokenizer.Tokenizer
+	chat     *tokenizer.ChatTemplate
+	models   map[string]bool
+	created  int64
+	log      *slog.Logger
+	draining atomic.Bool
+	metrics  *httpMetrics
+	mux      *http.ServeMux
+}
+
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	inflight prometheus.Gauge
+}
+
+// New builds the service and registers its HTTP metrics in the engine's registry.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Engine == nil:
+		return nil, errors.New("serve: Config.Engine is nil")
+	case cfg.Tokenizer == nil:
+		return nil, errors.New("serve: Config.Tokenizer is nil")
+	case cfg.Model == "":
+		return nil, errors.New("serve: Config.Model is empty")
+	}
+	if cfg.Tokenizer.VocabSize() > cfg.Engine.Info().VocabSize {
+		return nil, fmt.Errorf("serve: tokenizer has %d tokens but the runner's vocabulary has %d", cfg.Tokenizer.VocabSize(), cfg.Engine.Info().VocabSize)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		cfg:     cfg,
+		eng:     cfg.Engine,
+		tok:     cfg.Tokenizer,
+		chat:    cfg.ChatTemplate,
+		models:  map[string]bool{cfg.Model: true},
+		created: time.Now().Unix(),
+		log:     cfg.Logger,
+		metrics: &httpMetrics{
+			requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "resin_http_requests_total", Help: "HTTP requests by route and status code.",
+			}, []string{"route", "code"}),
+			inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "resin_http_generations_in_flight", Help: "Generation requests being served.",
+			}),
+		},
+	}
+	for _, a := range cfg.Aliases {
+		s.models[a] = true
+	}
+	reg := cfg.Engine.Registry()
+	for _, c := range []prometheus.Collector{s.metrics.requests, s.metrics.inflight} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("serve: register metrics: %w", err)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/completions", s.api("/v1/completions", s.handleCompletions))
+	mux.Handle("POST /v1/chat/completions", s.api("/v1/chat/completions", s.handleChat))
+	mux.Handle("GET /v1/models", s.api("/v1/models", s.handleModels))
+	mux.Handle("GET /v1/models/{id...}", s.api("/v1/models/{id}", s.handleModel))
+	mux.Handle("GET /health", s.counted("/health", http.HandlerFunc(s.handleHealth)))
+	mux.Handle("GET /metrics", s.counted("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	mux.Handle("/", s.counted("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
+			message: fmt.Sprintf("No route %s %s.", r.Method, r.URL.Path)})
+	})))
+	s.mux = mux
+	return s, nil
+}
+
+// Handler returns the service's routes.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// statusRecorder remembers the status a handler wrote.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *statusRecorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (s *Server) counted(route string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		if rec.status == 0 {
+			rec.status = http.StatusOK
+		}
+		s.metrics.requests.WithLabelValues(route, fmt.Sprint(rec.status)).Inc()
+	})
+}
+
+// api wraps a /v1 handler: auth, draining, body limit, error reporting.
+func (s *Server) api(route string, h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return s.counted(route, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.APIKey != "" && !s.authorized(r) {
+			writeError(w, errBadKey)
+			return
+		}
+		if s.draining.Load() {
+			writeError(w, errDrainingHTTP)
+			return
+		}
+		if r.ContentLength > s.cfg.MaxBodyBytes {
+			writeError(w, tooLarge(s.cfg.MaxBodyBytes))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		if err := h(w, r); err != nil {
+			ae := asAPI(err)
+			if r.Context().Err() == nil {
+				s.log.Info("request failed", "route", route, "status", ae.status, "error", ae.message)
+			}
+			writeError(w, ae)
+		}
+	}))
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	auth := r.Header.Get("Authorization")
+	key, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(key)), []byte(s.cfg.APIKey)) == 1
+}
+
+// checkModel accepts the served model, its aliases, or an empty name.
+func (s *Server) checkModel(name string) error {
+	if name == "" || s.models[name] {
+		return nil
+	}
+	return unknownModel(name)
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+type modelCard struct {
+	ID          string `json:"id"`
+	Object      string `json:"object"`
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	MaxModelLen int    `json:"max_model_len"`
+}
+
+func (s *Server) card() modelCard {
+	return modelCard{ID: s.cfg.Model, Object: "model", Created: s.created, OwnedBy: "resin", MaxModelLen: s.eng.Info().MaxContext}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []modelCard{s.card()}})
+	return nil
+}
+
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if !s.models[id] {
+		return unknownModel(id)
+	}
+	writeJSON(w, http.StatusOK, s.card())
+	return nil
+}
+
+// Serve answers HTTP on ln until ctx is done, then shuts down gracefully: new requests
+// get 503 while the engine drains the running ones (up to Config.DrainTimeout, after
+// which they are aborted). The caller runs the engine's Run loop and closes the engine
+// after Serve returns.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 30 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	return s.shutdown(hs)
+}
+
+func (s *Server) shutdown(hs *http.Server) error {
+	s.draining.Store(true)
+	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	var drainErr, shutErr error
+	wg.Add(2)
+	go func() { defer wg.Done(); drainErr = s.eng.Drain(dctx) }()
+	go func() { defer wg.Done(); shutErr = hs.Shutdown(dctx) }()
+	wg.Wait()
+	if drainErr != nil || shutErr != nil {
+		// Out of time: abort what is left so handlers return, then drop connections.
+		s.eng.Close()
+		hs.Close()
+		return fmt.Errorf("serve: drain did not finish within %s: %w", s.cfg.DrainTimeout, errors.Join(drainErr, shutErr))
+	}
+	return nil
+}
+
+// Draining reports whether the server has begun shutting down.
+func (s *Server) Draining() bool { return s.draining.Load() }
+
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
