@@ -1,0 +1,66 @@
+// moe_topk.cu: MoE routing, as ref.MoETopK without expert groups.
+//   logits: [tokens, experts]  bias: [experts] or null  weights, ids: [tokens, k]
+//   scoring 0: softmax over experts; 1: sigmoid per expert. Experts are chosen by
+//   score + bias, the lower index first on a tie; the weight is the unbiased score,
+//   divided by the chosen scores' sum when renorm is set, then multiplied by scale.
+// Grid: tokens blocks; block: 32 threads (one warp); experts <= RESIN_MOE_MAX_EXPERTS.
+#include "prelude.cuh"
+
+#define RESIN_MOE_MAX_EXPERTS 1024
+
+RESIN_KERNEL void resin_moe_topk(float* __restrict__ weights, int* __restrict__ ids,
+                                 const float* __restrict__ logits, const float* __restrict__ bias,
+                                 int tokens, int experts, int k, int scoring, int renorm,
+                                 float scale) {
+  __shared__ float score[RESIN_MOE_MAX_EXPERTS];
+  __shared__ float choice[RESIN_MOE_MAX_EXPERTS];
+  int t = RESIN_BID_X;
+  if (t >= tokens) return;
+  unsigned lane = RESIN_TID_X;
+  const float* row = logits + (long long)t * experts;
+  if (scoring == 0) {
+    float m = -RESIN_INF;
+    for (int e = lane; e < experts; e += RESIN_WARP) m = resin_fmaxf(m, row[e]);
+    m = resin_warp_max(m);
+    float s = 0.0f;
+    for (int e = lane; e < experts; e += RESIN_WARP) {
+      float x = resin_expf(row[e] - m);
+      score[e] = x;
+      s += x;
+    }
+    s = resin_warp_sum(s);
+    for (int e = lane; e < experts; e += RESIN_WARP) score[e] /= s;
+  } else {
+    for (int e = lane; e < experts; e += RESIN_WARP) score[e] = 1.0f / (1.0f + resin_expf(-row[e]));
+  }
+  for (int e = lane; e < experts; e += RESIN_WARP) choice[e] = score[e] + (bias ? bias[e] : 0.0f);
+  resin_sync();
+  float sum = 0.0f;
+  for (int j = 0; j < k; j++) {
+    float bv = -RESIN_INF;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < experts; e += RESIN_WARP) {
+      if (resin_better(choice[e], e, bv, bi)) {
+        bv = choice[e];
+        bi = e;
+      }
+    }
+    resin_warp_argmax(&bv, &bi);
+    if (bi == 0x7fffffff) bi = 0;  // unreachable with k <= experts
+    float w = score[bi];
+    sum += w;
+    if (lane == 0) {
+      ids[(long long)t * k + j] = bi;
+      weights[(long long)t * k + j] = w;
+      choice[bi] = -RESIN_INF;
+    }
+    resin_sync();
+  }
+  if (lane == 0) {
+    for (int j = 0; j < k; j++) {
+      float w = weights[(long long)t * k + j];
+      if (renorm && sum > 0.0f) w /= sum;
+      weights[(long long)t * k + j] = w * scale;
+    }
+  }
+}

@@ -1,0 +1,53 @@
+// Package cuda holds Resin's shared CUDA kernels — RMSNorm, rotary embeddings, SiLU-and-mul,
+// softmax, embedding gather, paged GQA attention, MoE top-k routing and argmax — as .cu
+// sources embedded in the binary, with typed Go launchers. Each kernel's specification is
+// its counterpart in core/kernels/ref.
+//
+// The sources include prelude.cuh, Resin's own header that lets the same text compile
+// under NVRTC (production, through core/cudart) and under clang-16 (scripts/check-kernels.sh).
+package cuda
+
+import (
+	"embed"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+//go:embed *.cu prelude.cuh
+var files embed.FS
+
+// Prelude is the text of prelude.cuh.
+func Prelude() string {
+	b, err := files.ReadFile("prelude.cuh")
+	if err != nil {
+		panic("cuda: prelude.cuh missing from the embedded sources") // impossible: go:embed checks it
+	}
+	return string(b)
+}
+
+// Names lists the kernel sources (file names ending in .cu), sorted.
+func Names() []string {
+	ents, _ := files.ReadDir(".")
+	var names []string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".cu") {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Source returns the source of a .cu file with its #include "prelude.cuh" replaced by
+// the prelude's text, ready for NVRTC (which has no include path to it).
+func Source(name string) (string, error) {
+	b, err := files.ReadFile(name)
+	if err != nil {
+		return "", fmt.Errorf("cuda: no kernel source %q", name)
+	}
+	return strings.Replace(string(b), `#include "prelude.cuh"`, Prelude(), 1), nil
+}
+
+// Options are the NVRTC options every kernel compiles with.
+var Options = []string{"--std=c++17", "-lineinfo"}
