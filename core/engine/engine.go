@@ -116,7 +116,7 @@ func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.now = o.now
+	s.now, s.epoch = o.now, o.now()
 	e.s = s
 	if err := reg.Register(newCollector(s.metrics, &e.mu, s)); err != nil {
 		return nil, fmt.Errorf("engine: register metrics: %w", err)
@@ -159,6 +159,14 @@ func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return Stats{Running: len(e.s.running), Waiting: e.s.waiting.len()}
+}
+
+// Counters returns the scheduler's running totals (tokens, prefix hits, preemptions,
+// drafts, finishes by reason).
+func (e *Engine) Counters() Counters {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.s.Counters()
 }
 
 // Submit queues req and returns its stream. Cancelling ctx aborts the request. Errors:

@@ -1,6 +1,10 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/kvslab"
+)
 
 // NoSlot marks a token that has no cache slot in a group (a recurrent group, or a padding
 // row).
@@ -17,8 +21,8 @@ const NoSlot int64 = -1
 //	                    (Temperature, TopP, TopK, MinP, Seed, Logprobs)
 //	offsets (B+1):      QueryStart (into the per-token arrays), LogitsStart (into LogitsIndices)
 //	per token (T):      Tokens, Positions; per cache group a SlotMapping
-//	per cache group:    PageTableStart (B+1) and PageTable (flat page ids, kvslab.PageID
-//	                    values, one per block of the sequence after the step), StatePage (B)
+//	per cache group:    PageTableStart (B+1) and PageTable (flat page ids, one per block
+//	                    of the sequence after the step), StatePage (B, recurrent groups)
 //
 // Sequence i feeds tokens QueryStart[i]..QueryStart[i+1]-1 at positions Computed[i]...;
 // the last NumDrafts[i] of them are draft tokens to verify. LogitsIndices lists the token
@@ -64,11 +68,11 @@ type GroupPlan struct {
 	SlotMapping []int64
 	// PageTableStart (B+1) indexes PageTable per sequence.
 	PageTableStart []int32
-	// PageTable holds kvslab page ids per block; kvslab.NoPage where the group keeps none.
-	PageTable []uint32
-	// StatePage is the live state page per sequence for recurrent groups (kvslab.NoPage
-	// for other groups).
-	StatePage []uint32
+	// PageTable holds page ids per block; kvslab.NoPage where the group keeps none.
+	PageTable []kvslab.PageID
+	// StatePage is the live state page per sequence for recurrent groups (empty for
+	// other groups).
+	StatePage []kvslab.PageID
 }
 
 // NumSeqs returns the number of sequences B.
@@ -84,7 +88,7 @@ func (p *BatchPlan) Seq(i int) (tokens, positions []int32) {
 }
 
 // PageTableOf returns sequence i's page table in group g.
-func (p *BatchPlan) PageTableOf(g, i int) []uint32 {
+func (p *BatchPlan) PageTableOf(g, i int) []kvslab.PageID {
 	gp := &p.Groups[g]
 	return gp.PageTable[gp.PageTableStart[i]:gp.PageTableStart[i+1]]
 }
@@ -138,6 +142,66 @@ func (p *BatchPlan) reset(groups int) {
 		gp.StatePage = gp.StatePage[:0]
 	}
 	p.anyLogprobs = false
+}
+
+// begin sizes the per-sequence arrays to seqs and the per-token ones to tokens so the
+// scheduler can fill them by index; end cuts them to what was filled.
+func (p *BatchPlan) begin(seqs, tokens int) {
+	p.ReqIDs = grow(p.ReqIDs, seqs)
+	p.Computed = grow(p.Computed, seqs)
+	p.Scheduled = grow(p.Scheduled, seqs)
+	p.PromptLen = grow(p.PromptLen, seqs)
+	p.NumDrafts = grow(p.NumDrafts, seqs)
+	p.Temperature = grow(p.Temperature, seqs)
+	p.TopP = grow(p.TopP, seqs)
+	p.TopK = grow(p.TopK, seqs)
+	p.MinP = grow(p.MinP, seqs)
+	p.Seed = grow(p.Seed, seqs)
+	p.Logprobs = grow(p.Logprobs, seqs)
+	p.QueryStart = grow(p.QueryStart, seqs+1)
+	p.LogitsStart = grow(p.LogitsStart, seqs+1)
+	p.Tokens = grow(p.Tokens, tokens)
+	p.Positions = grow(p.Positions, tokens)
+	p.LogitsIndices = grow(p.LogitsIndices, tokens)
+	p.QueryStart[0], p.LogitsStart[0] = 0, 0
+	for g := range p.Groups {
+		gp := &p.Groups[g]
+		gp.SlotMapping = grow(gp.SlotMapping, tokens)
+		gp.PageTableStart = grow(gp.PageTableStart, seqs+1)
+		gp.PageTableStart[0] = 0
+	}
+}
+
+func (p *BatchPlan) end(seqs, tokens, logits int) {
+	p.ReqIDs = p.ReqIDs[:seqs]
+	p.Computed = p.Computed[:seqs]
+	p.Scheduled = p.Scheduled[:seqs]
+	p.PromptLen = p.PromptLen[:seqs]
+	p.NumDrafts = p.NumDrafts[:seqs]
+	p.Temperature = p.Temperature[:seqs]
+	p.TopP = p.TopP[:seqs]
+	p.TopK = p.TopK[:seqs]
+	p.MinP = p.MinP[:seqs]
+	p.Seed = p.Seed[:seqs]
+	p.Logprobs = p.Logprobs[:seqs]
+	p.QueryStart = p.QueryStart[:seqs+1]
+	p.LogitsStart = p.LogitsStart[:seqs+1]
+	p.Tokens = p.Tokens[:tokens]
+	p.Positions = p.Positions[:tokens]
+	p.LogitsIndices = p.LogitsIndices[:logits]
+	for g := range p.Groups {
+		gp := &p.Groups[g]
+		gp.SlotMapping = gp.SlotMapping[:tokens]
+		gp.PageTableStart = gp.PageTableStart[:seqs+1]
+	}
+}
+
+// grow returns s with length n, reusing its array when it is large enough.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }
 
 // Validate checks that the plan's arrays are consistent with each other; a runner or a

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // The BatchPlan binary encoding, version 1, little endian throughout:
@@ -90,10 +92,10 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 		}
 		dst = appendI32(dst, gp.PageTableStart)
 		for _, v := range gp.PageTable {
-			dst = le.AppendUint32(dst, v)
+			dst = le.AppendUint32(dst, uint32(v))
 		}
 		for _, v := range gp.StatePage {
-			dst = le.AppendUint32(dst, v)
+			dst = le.AppendUint32(dst, uint32(v))
 		}
 	}
 	return dst, nil
@@ -162,11 +164,11 @@ func (r *reader) i32s(dst []int32, n int) []int32 {
 	return dst
 }
 
-func (r *reader) u32s(dst []uint32, n int) []uint32 {
+func (r *reader) pages(dst []kvslab.PageID, n int) []kvslab.PageID {
 	b := r.take(4 * n)
 	dst = dst[:0]
 	for i := 0; b != nil && i < n; i++ {
-		dst = append(dst, binary.LittleEndian.Uint32(b[4*i:]))
+		dst = append(dst, kvslab.PageID(binary.LittleEndian.Uint32(b[4*i:])))
 	}
 	return dst
 }
@@ -244,8 +246,8 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 			gp.SlotMapping = append(gp.SlotMapping, int64(binary.LittleEndian.Uint64(b8[8*j:])))
 		}
 		gp.PageTableStart = r.i32s(gp.PageTableStart, b+1)
-		gp.PageTable = r.u32s(gp.PageTable, np)
-		gp.StatePage = r.u32s(gp.StatePage, ns)
+		gp.PageTable = r.pages(gp.PageTable, np)
+		gp.StatePage = r.pages(gp.StatePage, ns)
 	}
 	if r.err != nil {
 		return r.err

@@ -23,6 +23,8 @@ func (s *Scheduler) Schedule() *BatchPlan {
 	p := &s.plans[s.flip]
 	reqs := s.planReqs[s.flip][:0]
 	p.reset(len(s.groups))
+	p.begin(s.cfg.MaxSeqs, s.cfg.MaxBatchTokens)
+	var c cursor
 	budget := s.cfg.MaxBatchTokens
 	preempted := false
 
@@ -56,7 +58,7 @@ func (s *Scheduler) Schedule() *BatchPlan {
 			continue
 		}
 		reqs = append(reqs, r)
-		s.addToPlan(p, r, n)
+		s.addToPlan(p, &c, r, n)
 		budget -= n
 	}
 
@@ -74,11 +76,12 @@ admission:
 		s.running = append(s.running, r)
 		reqs = append(reqs, r)
 		n := min(len(r.tokens)-r.computed, budget)
-		s.addToPlan(p, r, n)
+		s.addToPlan(p, &c, r, n)
 		budget -= n
 	}
 
 	s.planReqs[s.flip] = reqs
+	p.end(c.b, c.t, c.l)
 	if len(reqs) == 0 {
 		return nil
 	}
@@ -128,70 +131,76 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 	return admitted
 }
 
-// addToPlan appends r's next n tokens (unfed tokens, then drafts) to the plan. The pool
-// has reserved them.
-func (s *Scheduler) addToPlan(p *BatchPlan, r *request, n int) {
+// cursor is how far Schedule has filled the plan: sequences, tokens, logits rows.
+type cursor struct{ b, t, l int }
+
+// addToPlan writes r's next n tokens (unfed tokens, then drafts) into the plan at the
+// cursor. The pool has reserved them.
+func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	known := min(n, len(r.tokens)-r.computed)
 	nd := n - known
-	p.ReqIDs = append(p.ReqIDs, r.handle)
-	p.Computed = append(p.Computed, int32(r.computed))
-	p.Scheduled = append(p.Scheduled, int32(n))
-	p.PromptLen = append(p.PromptLen, int32(r.promptLen))
-	p.NumDrafts = append(p.NumDrafts, int32(nd))
+	b, t := c.b, c.t
+	p.ReqIDs[b] = r.handle
+	p.Computed[b] = int32(r.computed)
+	p.Scheduled[b] = int32(n)
+	p.PromptLen[b] = int32(r.promptLen)
+	p.NumDrafts[b] = int32(nd)
 	sp := &r.sampling
-	p.Temperature = append(p.Temperature, sp.Temperature)
-	p.TopP = append(p.TopP, sp.TopP)
-	p.TopK = append(p.TopK, int32(sp.TopK))
-	p.MinP = append(p.MinP, sp.MinP)
-	p.Seed = append(p.Seed, sp.Seed)
-	p.Logprobs = append(p.Logprobs, r.logprobs)
+	p.Temperature[b] = sp.Temperature
+	p.TopP[b] = sp.TopP
+	p.TopK[b] = int32(sp.TopK)
+	p.MinP[b] = sp.MinP
+	p.Seed[b] = sp.Seed
+	p.Logprobs[b] = r.logprobs
 	if r.logprobs >= 0 {
 		p.anyLogprobs = true
 	}
 
-	q0 := int32(len(p.Tokens))
-	p.Tokens = append(p.Tokens, r.tokens[r.computed:r.computed+known]...)
-	p.Tokens = append(p.Tokens, r.drafts[:nd]...)
-	for j := 0; j < n; j++ {
-		p.Positions = append(p.Positions, int32(r.computed+j))
+	copy(p.Tokens[t:t+known], r.tokens[r.computed:])
+	copy(p.Tokens[t+known:t+n], r.drafts[:nd])
+	pos := p.Positions[t : t+n]
+	for j := range pos {
+		pos[j] = int32(r.computed + j)
 	}
-	p.QueryStart = append(p.QueryStart, q0+int32(n))
+	p.QueryStart[b+1] = int32(t + n)
 	if r.computed+known == len(r.tokens) {
 		// The chunk reaches the last known token: sample after it and after each draft.
 		for j := known - 1; j < n; j++ {
-			p.LogitsIndices = append(p.LogitsIndices, q0+int32(j))
+			p.LogitsIndices[c.l] = int32(t + j)
+			c.l++
 		}
 	}
-	p.LogitsStart = append(p.LogitsStart, int32(len(p.LogitsIndices)))
+	p.LogitsStart[b+1] = int32(c.l)
 
 	bt := s.bt
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		spec := &s.groups[g]
 		table := s.pool.PageTable(r.seq, g)
-		for _, id := range table {
-			gp.PageTable = append(gp.PageTable, uint32(id))
-		}
-		gp.PageTableStart = append(gp.PageTableStart, int32(len(gp.PageTable)))
+		gp.PageTable = append(gp.PageTable, table...)
+		gp.PageTableStart[b+1] = int32(len(gp.PageTable))
+		slots := gp.SlotMapping[t : t+n]
 		switch spec.Kind {
 		case kvslab.Full, kvslab.SlidingWindow:
-			for pos := r.computed; pos < r.computed+n; pos++ {
-				gp.SlotMapping = append(gp.SlotMapping, int64(table[pos/bt])*int64(bt)+int64(pos%bt))
+			for j := range slots {
+				at := r.computed + j
+				slots[j] = int64(table[at/bt])*int64(bt) + int64(at%bt)
 			}
 		case kvslab.Compressed:
 			per := int64(bt / spec.Ratio)
-			for pos := r.computed; pos < r.computed+n; pos++ {
-				gp.SlotMapping = append(gp.SlotMapping, int64(table[pos/bt])*per+int64(pos%bt/spec.Ratio))
+			for j := range slots {
+				at := r.computed + j
+				slots[j] = int64(table[at/bt])*per + int64(at%bt/spec.Ratio)
 			}
 		default:
-			for j := 0; j < n; j++ {
-				gp.SlotMapping = append(gp.SlotMapping, NoSlot)
+			for j := range slots {
+				slots[j] = NoSlot
 			}
-		}
-		if spec.Kind == kvslab.Recurrent {
-			gp.StatePage = append(gp.StatePage, uint32(s.pool.StatePage(r.seq, g)))
+			gp.StatePage = append(gp.StatePage, s.pool.StatePage(r.seq, g))
 		}
 	}
+	c.b++
+	c.t += n
 }
 
 // graphBatch returns the smallest declared graph bucket that holds the plan when every

@@ -38,7 +38,7 @@ type request struct {
 	logprobs  int32 // -1: none
 	priority  int
 	arrival   time.Time
-	lastToken time.Time
+	lastToken int64 // nanoseconds since the scheduler's epoch
 
 	state     reqState
 	seq       kvslab.SeqID
@@ -66,6 +66,7 @@ type Scheduler struct {
 	eos     []int32
 	metrics *metrics
 	now     func() time.Time
+	epoch   time.Time
 
 	byID    map[string]*request
 	running []*request
@@ -108,7 +109,7 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	}
 	s := &Scheduler{
 		pool: cfg.Pool, info: info, cfg: cfg, groups: groups, bt: cfg.Pool.BlockTokens(),
-		eos: info.EOS, metrics: newMetrics(), now: time.Now,
+		eos: info.EOS, metrics: newMetrics(), now: time.Now, epoch: time.Now(),
 		byID: make(map[string]*request),
 	}
 	for i := range s.plans {

@@ -3,7 +3,6 @@ package engine
 import (
 	"fmt"
 	"slices"
-	"time"
 )
 
 // Update applies the runner's result for plan (the one the last Schedule returned): it
@@ -30,22 +29,16 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 		return
 	}
 	now := s.now()
+	nowNs := now.Sub(s.epoch).Nanoseconds()
 	tok, draft, lpTop := 0, 0, 0
 	for i, r := range reqs {
 		a, nd := int(res.Accepted[i]), int(res.NumNextDrafts[i])
-		toks, drafts := res.Tokens[tok:tok+a], res.Drafts[draft:draft+nd]
-		var lps []float32
-		if p.anyLogprobs {
-			lps = res.Logprobs[tok : tok+a]
-		}
+		t0, d0, top0 := tok, draft, lpTop
 		tok += a
 		draft += nd
-		top := 0
 		if p.Logprobs[i] > 0 {
-			top = int(p.Logprobs[i])
+			lpTop += a * int(p.Logprobs[i])
 		}
-		topToks, topLps := res.TopTokens[lpTop:lpTop+a*top], res.TopLogprobs[lpTop:lpTop+a*top]
-		lpTop += a * top
 		if r.state != stateRunning {
 			continue // aborted while the step ran; its pages are already free
 		}
@@ -75,52 +68,68 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 		if a == 0 {
 			continue
 		}
-		s.emit(r, toks, lps, topToks, topLps, top, now)
-		if r.state == stateRunning {
+		if len(r.tokens) == r.promptLen {
+			s.metrics.ttft.observe(now.Sub(r.arrival).Seconds())
+		} else {
+			s.metrics.itl.observe(float64(nowNs-r.lastToken) * 1e-9)
+		}
+		r.lastToken = nowNs
+		if r.logprobs >= 0 {
+			s.emitLogprobs(r, res.Tokens[t0:tok], res.Logprobs[t0:tok], res.TopTokens[top0:lpTop], res.TopLogprobs[top0:lpTop])
+		} else {
+			s.emit(r, res.Tokens[t0:tok])
+		}
+		if r.state == stateRunning && nd > 0 {
 			room := min(r.maxTokens-(len(r.tokens)-r.promptLen)-1, s.info.MaxContext-len(r.tokens))
-			r.drafts = append(r.drafts[:0], drafts[:max(0, min(nd, room))]...)
+			r.drafts = append(r.drafts[:0], res.Drafts[d0:d0+max(0, min(nd, room))]...)
+		} else {
+			r.drafts = r.drafts[:0]
 		}
 	}
 }
 
 // emit appends r's new tokens, sends them to its output and finishes r at a stop token,
 // at max tokens or at the end of the context.
-func (s *Scheduler) emit(r *request, toks []int32, lps []float32, topToks []int32, topLps []float32, top int, now time.Time) {
-	if len(r.tokens) == r.promptLen {
-		s.metrics.ttft.observe(now.Sub(r.arrival).Seconds())
-	} else {
-		s.metrics.itl.observe(now.Sub(r.lastToken).Seconds())
-	}
-	r.lastToken = now
-	for j, t := range toks {
+func (s *Scheduler) emit(r *request, toks []int32) {
+	for _, t := range toks {
 		r.tokens = append(r.tokens, t)
 		s.metrics.generationTokens++
-		if r.logprobs >= 0 && lps != nil {
-			lp := TokenLogprob{Token: t, Logprob: lps[j]}
-			if top > 0 {
-				lp.Top = make([]TopLogprob, top)
-				for k := range lp.Top {
-					lp.Top[k] = TopLogprob{Token: topToks[j*top+k], Logprob: topLps[j*top+k]}
-				}
-			}
-			r.out.Token(t, &lp)
-		} else {
-			r.out.Token(t, nil)
-		}
-		if s.isStop(r, t) {
-			s.finish(r, FinishStop, nil)
-			return
-		}
-		if len(r.tokens)-r.promptLen >= r.maxTokens || len(r.tokens) >= s.info.MaxContext {
-			s.finish(r, FinishLength, nil)
+		r.out.Token(t, nil)
+		if s.stopped(r, t) {
 			return
 		}
 	}
 }
 
-func (s *Scheduler) isStop(r *request, t int32) bool {
-	if !r.sampling.IgnoreEOS && slices.Contains(s.eos, t) {
+// emitLogprobs is emit for a request that asked for logprobs.
+func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topToks []int32, topLps []float32) {
+	top := int(r.logprobs)
+	for j, t := range toks {
+		r.tokens = append(r.tokens, t)
+		s.metrics.generationTokens++
+		lp := TokenLogprob{Token: t, Logprob: lps[j]}
+		if top > 0 {
+			lp.Top = make([]TopLogprob, top)
+			for k := range lp.Top {
+				lp.Top[k] = TopLogprob{Token: topToks[j*top+k], Logprob: topLps[j*top+k]}
+			}
+		}
+		r.out.Token(t, &lp)
+		if s.stopped(r, t) {
+			return
+		}
+	}
+}
+
+// stopped finishes r when t is a stop token or r reached max tokens or the context end.
+func (s *Scheduler) stopped(r *request, t int32) bool {
+	if !r.sampling.IgnoreEOS && slices.Contains(s.eos, t) || slices.Contains(r.sampling.StopTokenIDs, t) {
+		s.finish(r, FinishStop, nil)
 		return true
 	}
-	return slices.Contains(r.sampling.StopTokenIDs, t)
+	if len(r.tokens)-r.promptLen >= r.maxTokens || len(r.tokens) >= s.info.MaxContext {
+		s.finish(r, FinishLength, nil)
+		return true
+	}
+	return false
 }

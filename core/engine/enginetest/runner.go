@@ -90,8 +90,11 @@ func New(cfg Config) (*Runner, error) {
 	}
 	group := kvslab.GroupSpec{Name: "hash", Kind: kvslab.Full, Layers: 1, BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens}
 	pageBytes := group.PageBytes()
-	slabPages := int64(16)
-	slabs := (int64(cfg.Pages) + slabPages - 1) / slabPages
+	slabPages := int64(16) // the largest power of two up to 16 that divides Pages
+	for int64(cfg.Pages)%slabPages != 0 {
+		slabPages /= 2
+	}
+	slabs := int64(cfg.Pages) / slabPages
 	arena, err := kvslab.NewHostArena(slabs * slabPages * pageBytes)
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: arena: %w", err)
@@ -268,11 +271,11 @@ func (r *Runner) write(id kvslab.PageID, off int, pos, tok int32, h uint64) {
 	binary.LittleEndian.PutUint64(b[8:], h)
 }
 
-func (r *Runner) read(table []uint32, pos, bt int) (uint64, error) {
+func (r *Runner) read(table []kvslab.PageID, pos, bt int) (uint64, error) {
 	if pos/bt >= len(table) {
 		return 0, fmt.Errorf("position %d beyond the page table (%d blocks)", pos, len(table))
 	}
-	id := kvslab.PageID(table[pos/bt])
+	id := table[pos/bt]
 	if id == kvslab.NoPage {
 		return 0, fmt.Errorf("position %d has no page", pos)
 	}
