@@ -1,0 +1,136 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/templates"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden scaffolds under testdata/golden")
+
+// goldens are the scaffolds kept under testdata/golden/NAME, with the arguments that
+// render them (besides --out).
+var goldens = []struct {
+	name string
+	args []string
+}{
+	{"demo", []string{"model", "demo"}},
+	{"qwen3-tiny", []string{"model", "qwen3-tiny", "--hf-config", "testdata/hf-configs/qwen3-tiny.json", "--module", "github.com/acme/qwen3-tiny"}},
+}
+
+// TestGolden regenerates every golden scaffold with the real CLI and diffs it file by file
+// against testdata/golden (go test -run TestGolden -update rewrites them). go.sum is a copy
+// of the core's and is left out; the replace path is written as it would be from
+// testdata/golden/NAME.
+func TestGolden(t *testing.T) {
+	core := coreDir(t)
+	for _, g := range goldens {
+		t.Run(g.name, func(t *testing.T) {
+			tmp := filepath.Join(t.TempDir(), g.name)
+			args := append([]string(nil), g.args...)
+			for i, a := range args {
+				if strings.HasPrefix(a, "testdata/") {
+					args[i] = filepath.Join(core, a)
+				}
+			}
+			args = append(args, "--out", tmp, "--no-tidy")
+			if out, err := runCLI(t, templates.FS, args...); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			got := readTree(t, tmp)
+			delete(got, "go.sum")
+			for p, s := range got {
+				got[p] = strings.ReplaceAll(s, core, "../../..")
+			}
+			dir := filepath.Join(core, "testdata", "golden", g.name)
+			if *update {
+				if err := os.RemoveAll(dir); err != nil {
+					t.Fatal(err)
+				}
+				for p, s := range got {
+					full := filepath.Join(dir, filepath.FromSlash(p))
+					os.MkdirAll(filepath.Dir(full), 0o755)
+					mode := os.FileMode(0o644)
+					if st, err := os.Stat(filepath.Join(tmp, p)); err == nil {
+						mode = st.Mode().Perm()
+					}
+					if err := os.WriteFile(full, []byte(s), mode); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return
+			}
+			want := readTree(t, dir)
+			for _, p := range keys(want) {
+				if _, ok := got[p]; !ok {
+					t.Errorf("%s: in the golden, not rendered", p)
+				}
+			}
+			for _, p := range keys(got) {
+				w, ok := want[p]
+				switch {
+				case !ok:
+					t.Errorf("%s: rendered, not in the golden (go test ./cmd/resin-new -run TestGolden -update)", p)
+				case w != got[p]:
+					t.Errorf("%s differs from the golden (go test ./cmd/resin-new -run TestGolden -update):\n%s", p, firstDiff(w, got[p]))
+				}
+			}
+		})
+	}
+}
+
+// TestInTreeReference checks that models/llama, the in-tree dense reference, is what the
+// current template renders (resin-new model llama --in-tree --force regenerates it).
+func TestInTreeReference(t *testing.T) {
+	core := coreDir(t)
+	bases, err := loadBases(templates.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := loadAnswers(filepath.Join(core, "models", "llama"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := findBase(bases, a.Base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := render(b, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		have, err := os.ReadFile(filepath.Join(core, "models", "llama", f.Path))
+		if err != nil {
+			t.Errorf("models/llama/%s: %v", f.Path, err)
+			continue
+		}
+		if string(have) != string(f.Content) {
+			t.Errorf("models/llama/%s differs from the template's render (resin-new model llama --in-tree --force):\n%s", f.Path, firstDiff(string(f.Content), string(have)))
+		}
+	}
+}
+
+// firstDiff shows the first differing line of two texts.
+func firstDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	for i := 0; i < len(w) || i < len(g); i++ {
+		var a, b string
+		if i < len(w) {
+			a = w[i]
+		}
+		if i < len(g) {
+			b = g[i]
+		}
+		if a != b {
+			return fmt.Sprintf("line %d:\n  want: %s\n  got:  %s", i+1, a, b)
+		}
+	}
+	return "(same lines, different bytes)"
+}
+

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"testing/fstest"
+
+	"github.com/resin-llm/resin/templates"
+)
+
+// runCLI runs resin-new with args against the template tree tfs.
+func runCLI(t *testing.T, tfs fs.FS, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	root := newRootCmd(&out, tfs)
+	root.SetArgs(args)
+	root.SetErr(&out)
+	err := root.Execute()
+	return out.String(), err
+}
+
+// templateCopy returns the embedded templates as a MapFS that a test may edit.
+func templateCopy(t *testing.T) fstest.MapFS {
+	t.Helper()
+	m := fstest.MapFS{}
+	err := fs.WalkDir(templates.FS, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(templates.FS, p)
+		m[p] = &fstest.MapFile{Data: b}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// readTree returns every file under dir (relative slash paths → contents).
+func readTree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		r, _ := filepath.Rel(dir, p)
+		out[filepath.ToSlash(r)] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func keys(m map[string]string) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// coreDir is the checkout the tests run in.
+func coreDir(t *testing.T) string {
+	t.Helper()
+	d, err := findCore("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}

@@ -1,0 +1,7 @@
+module example.com/demo
+
+go 1.26.0
+
+require github.com/resin-llm/resin v0.0.0
+
+replace github.com/resin-llm/resin => ../../..

@@ -1,0 +1,103 @@
+package qwen3tiny
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// Architectures lists the HF architectures this model loads.
+var Architectures = []string{"Qwen3ForCausalLM"}
+
+// Config is the model's configuration: the HF config.json fields and the options of the
+// dense variants (Llama: biases on q/k/v/o when attention_bias; Qwen2: q/k/v biases;
+// Qwen3: per-head q/k RMSNorm; Mistral: a sliding window).
+type Config struct {
+	weights.Config
+	QKVBias bool // q, k and v projections carry biases
+	OBias   bool // the output projection carries a bias
+	QKNorm  bool // RMSNorm over each head of q and k before RoPE (Qwen3)
+	Window  int  // sliding-window attention span in tokens; 0 = full attention
+}
+
+// ParseConfig parses config.json and derives the variant's options from model_type.
+func ParseConfig(data []byte) (*Config, error) {
+	wc, err := weights.ParseConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{Config: *wc}
+	switch c.ModelType {
+	case "qwen2":
+		c.QKVBias = true
+	case "qwen3":
+		c.QKNorm = true
+		c.QKVBias, c.OBias = c.AttentionBias, c.AttentionBias
+	case "mistral":
+		c.Window = c.SlidingWindow
+	default:
+		c.QKVBias, c.OBias = c.AttentionBias, c.AttentionBias
+	}
+	if v, ok := c.Raw["qk_norm"]; ok && string(v) == "true" {
+		c.QKNorm = true
+	}
+	if c.UseSlidingWindow {
+		return nil, fmt.Errorf("config: use_sliding_window (per-layer windows) is not implemented by this model")
+	}
+	if c.HiddenAct != "silu" {
+		return nil, fmt.Errorf("config: hidden_act %q is not implemented (SwiGLU uses silu)", c.HiddenAct)
+	}
+	return c, nil
+}
+
+// LoadConfig reads dir/config.json.
+func LoadConfig(dir string) (*Config, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("load config: %w", err)
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", filepath.Join(dir, "config.json"), err)
+	}
+	return c, nil
+}
+
+// RopeTable builds the rotary table for positions [0, maxPos) with the config's scaling
+// (default, linear or llama3).
+func (c *Config) RopeTable(maxPos int) (*ref.RopeTable, error) {
+	d := c.HeadDim
+	inv := make([]float64, d/2)
+	for i := range inv {
+		inv[i] = math.Pow(c.RopeTheta, -float64(2*i)/float64(d))
+	}
+	rs := c.RopeScaling
+	switch rs.Kind() {
+	case "default":
+	case "linear":
+		for i := range inv {
+			inv[i] /= rs.Factor
+		}
+	case "llama3":
+		old := float64(rs.OriginalMaxPositionEmbeddings)
+		lowWave, highWave := old/rs.LowFreqFactor, old/rs.HighFreqFactor
+		for i, f := range inv {
+			wave := 2 * math.Pi / f
+			switch {
+			case wave < highWave:
+			case wave > lowWave:
+				inv[i] = f / rs.Factor
+			default:
+				s := (old/wave - rs.LowFreqFactor) / (rs.HighFreqFactor - rs.LowFreqFactor)
+				inv[i] = (1-s)*f/rs.Factor + s*f
+			}
+		}
+	default:
+		return nil, fmt.Errorf("config: rope_scaling type %q is not implemented", rs.Kind())
+	}
+	return ref.NewRopeTableFreqs(inv, maxPos, 1)
+}

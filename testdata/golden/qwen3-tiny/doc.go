@@ -1,0 +1,14 @@
+// Package qwen3tiny is the qwen3-tiny runtime's model: a dense decoder (Qwen3ForCausalLM,
+// model_type qwen3) with grouped-query attention, rotary embeddings, SwiGLU
+// MLPs and RMSNorm, written on core/kernels/ref.
+//
+//   - config.go: config.json → Config (dimensions and the variant's options)
+//   - weights.go: HF tensor names, loading from safetensors, seeded random weights
+//   - cache.go: the cache groups the model keeps in a kvslab pool
+//   - forward.go: the reference forward over a BatchPlan (the correctness oracle and CPU backend)
+//   - runner.go: the engine.Runner that serves it
+//   - kernels/: the model's own CUDA kernels, with Go launchers and references
+//
+// Scaffolded by resin-new from the dense base (template v1); see
+// CHECKLIST.md for the road from here to a GPU-verified, profiled runtime.
+package qwen3tiny

@@ -1,0 +1,163 @@
+package kernels
+
+import (
+	"errors"
+	"io/fs"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart"
+)
+
+func TestAddRMSNormRef(t *testing.T) {
+	const rows, dim = 3, 10
+	rng := rand.New(rand.NewPCG(1, 2))
+	res, x, w := make([]float32, rows*dim), make([]float32, rows*dim), make([]float32, dim)
+	for i := range res {
+		res[i], x[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	for i := range w {
+		w[i] = float32(1 + 0.1*rng.NormFloat64())
+	}
+	want := make([]float64, rows*dim)
+	sum := make([]float64, rows*dim)
+	for r := 0; r < rows; r++ {
+		ss := 0.0
+		for i := 0; i < dim; i++ {
+			v := float64(float32(res[r*dim+i] + x[r*dim+i]))
+			sum[r*dim+i] = v
+			ss += v * v
+		}
+		for i := 0; i < dim; i++ {
+			want[r*dim+i] = sum[r*dim+i] / math.Sqrt(ss/dim+1e-6) * float64(w[i])
+		}
+	}
+	out := make([]float32, rows*dim)
+	if err := AddRMSNormRef(out, res, x, w, rows, dim, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	for i := range out {
+		if math.Abs(float64(res[i])-sum[i]) > 1e-6 || math.Abs(float64(out[i])-want[i]) > 1e-5 {
+			t.Fatalf("element %d: residual %g out %g, want %g and %g", i, res[i], out[i], sum[i], want[i])
+		}
+	}
+	if err := AddRMSNormRef(out, res, x[:5], w, rows, dim, 1e-6); err == nil {
+		t.Fatal("mismatched shapes accepted")
+	}
+}
+
+// TestCompile compiles every kernel with NVRTC to PTX for sm_90a and, when RESIN_PTXAS
+// names ptxas, assembles it and logs registers and spills. It skips, saying so, where
+// NVRTC is not installed.
+func TestCompile(t *testing.T) {
+	files, err := fs.Glob(Sources, "*.cu")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no kernels embedded: %v", err)
+	}
+	for _, f := range files {
+		c, err := Compile(f, "compute_90a")
+		if errors.Is(err, cudart.ErrNoNVRTC) {
+			t.Skipf("NVRTC not available (%v); run scripts/test.sh in Resin, or set RESIN_NVRTC_LIB", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(c.PTX), AddRMSNormName) && f == "add_rmsnorm.cu" {
+			t.Fatalf("%s: PTX lacks the entry %s", f, AddRMSNormName)
+		}
+		ptxas := os.Getenv("RESIN_PTXAS")
+		if ptxas == "" {
+			t.Logf("%s: NVRTC ok (%d bytes of PTX); RESIN_PTXAS unset, ptxas skipped", f, len(c.PTX))
+			continue
+		}
+		p := filepath.Join(t.TempDir(), f+".ptx")
+		if err := os.WriteFile(p, c.PTX, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(ptxas, "-arch=sm_90a", "-v", "-o", p+".cubin", p).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: ptxas: %v\n%s", f, err, out)
+		}
+		t.Logf("%s: ptxas -v:\n%s", f, out)
+	}
+}
+
+// TestParity runs each kernel on GPU 0 against its reference. It runs only with
+// RESIN_GPU=1 on a machine with a GPU.
+func TestParity(t *testing.T) {
+	if os.Getenv("RESIN_GPU") == "" {
+		t.Skip("set RESIN_GPU=1 on a machine with a GPU to run the kernel parity tests")
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Skipf("no GPU: %v", err)
+	}
+	defer dev.Close()
+	dir, err := cudart.DefaultKernelCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rows, dim = 7, 200
+	rng := rand.New(rand.NewPCG(3, 4))
+	res, x, w := make([]float32, rows*dim), make([]float32, rows*dim), make([]float32, dim)
+	for i := range res {
+		res[i], x[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	for i := range w {
+		w[i] = float32(1 + 0.1*rng.NormFloat64())
+	}
+	gotOut, gotRes := make([]float32, rows*dim), make([]float32, rows*dim)
+	err = dev.Do(func(c *cudart.Ctx) error {
+		k, err := LoadAddRMSNorm(c, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		var bufs [4]cudart.Buffer
+		for i, n := range []int{rows * dim, rows * dim, rows * dim, dim} {
+			if bufs[i], err = c.Alloc(int64(4 * n)); err != nil {
+				return err
+			}
+			defer c.Free(bufs[i])
+		}
+		if err := cudart.Upload(c, bufs[1].Ptr, res); err != nil {
+			return err
+		}
+		if err := cudart.Upload(c, bufs[2].Ptr, x); err != nil {
+			return err
+		}
+		if err := cudart.Upload(c, bufs[3].Ptr, w); err != nil {
+			return err
+		}
+		if err := k.Launch(c, nil, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr, rows, dim, 1e-6); err != nil {
+			return err
+		}
+		if err := c.Synchronize(); err != nil {
+			return err
+		}
+		if err := cudart.Download(c, gotOut, bufs[0].Ptr); err != nil {
+			return err
+		}
+		return cudart.Download(c, gotRes, bufs[1].Ptr)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOut := make([]float32, rows*dim)
+	if err := AddRMSNormRef(wantOut, res, x, w, rows, dim, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	for i := range wantOut {
+		if math.Abs(float64(gotRes[i]-res[i])) > 1e-6 || math.Abs(float64(gotOut[i]-wantOut[i])) > 1e-4*(1+math.Abs(float64(wantOut[i]))) {
+			t.Fatalf("element %d: GPU residual %g out %g, reference %g and %g", i, gotRes[i], gotOut[i], res[i], wantOut[i])
+		}
+	}
+}
