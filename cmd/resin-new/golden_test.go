@@ -133,4 +133,3 @@ func firstDiff(want, got string) string {
 	}
 	return "(same lines, different bytes)"
 }
-
