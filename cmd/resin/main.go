@@ -17,6 +17,8 @@ func newRootCmd() *cobra.Command {
 	}
 	root.AddCommand(
 		newBenchCmd(),
+		newServeCmd(),
+		newGenerateCmd(),
 	// resin:commands (each subcommand file adds its constructor here)
 	)
 	return root
