@@ -29,7 +29,7 @@ func (m *standIn) Execute(_ context.Context, p *engine.BatchPlan) (engine.StepRe
 
 type nopOutput struct{}
 
-func (nopOutput) Token(int32, *engine.TokenLogprob)                 {}
+func (nopOutput) Token(int32, *engine.TokenLogprob)               {}
 func (nopOutput) Finish(engine.FinishReason, error, engine.Usage) {}
 
 // BenchmarkDecodeStep measures one steady-state decode step of 256 sequences (512-token
@@ -95,4 +95,3 @@ func BenchmarkDecodeStep(b *testing.B) {
 		left--
 	}
 }
-
