@@ -1,0 +1,169 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/templates"
+)
+
+// TestBadInput checks that every kind of bad input is a clear error and writes nothing.
+func TestBadInput(t *testing.T) {
+	core := coreDir(t)
+	cfg := func(name string) string { return filepath.Join(core, "testdata", "hf-configs", name) }
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad name", []string{"model", "Bad_Name"}, "invalid model name"},
+		{"keyword name", []string{"model", "func"}, "reserved"},
+		{"bad module", []string{"model", "demo", "--module", "github.com//x"}, "invalid module path"},
+		{"module with space", []string{"model", "demo", "--module", "a b"}, "invalid module path"},
+		{"unknown base", []string{"model", "demo", "--base", "gpt2"}, `unknown base "gpt2"`},
+		{"unknown architecture", []string{"model", "demo", "--hf-config", cfg("gpt2.json")}, "GPT2LMHeadModel"},
+		{"malformed config", []string{"model", "demo", "--hf-config", cfg("malformed.json")}, "malformed"},
+		{"missing config", []string{"model", "demo", "--hf-config", cfg("nope.json")}, "no such file"},
+		{"bad set key", []string{"model", "demo", "--set", "hidden=3"}, "unknown key"},
+		{"bad set value", []string{"model", "demo", "--set", "hidden_size=big"}, "not an integer"},
+		{"bad gqa", []string{"model", "demo", "--set", "num_key_value_heads=3"}, "multiple of"},
+		{"bad dtype", []string{"model", "demo", "--set", "dtype=int4"}, "want bf16"},
+		{"no target", []string{"model", "demo"}, "--out DIR"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "out")
+			args := c.args
+			if c.name != "no target" {
+				args = append(args, "--out", dir)
+			}
+			out, err := runCLI(t, templates.FS, args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want one containing %q\n%s", err, c.want, out)
+			}
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Fatalf("files written despite the error: %v", err)
+			}
+		})
+	}
+	if _, err := runCLI(t, templates.FS, "model", "demo", "--hf-config", cfg("gpt2.json"), "--out", t.TempDir()); err == nil ||
+		!strings.Contains(err.Error(), "LlamaForCausalLM") {
+		t.Errorf("unknown architecture should list the supported ones: %v", err)
+	}
+
+	// A non-empty target needs --force, and is left as it was.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "keep.txt"), []byte("mine"), 0o644)
+	if _, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy"); err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("non-empty target: err = %v", err)
+	}
+	if tree := readTree(t, dir); len(tree) != 1 {
+		t.Fatalf("non-empty target got files: %v", keys(tree))
+	}
+	if out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy", "--force"); err != nil {
+		t.Fatalf("--force: %v\n%s", err, out)
+	}
+	if tree := readTree(t, dir); tree["keep.txt"] != "mine" || tree["runner.go"] == "" {
+		t.Fatalf("--force should add the scaffold and keep other files: %v", keys(tree))
+	}
+}
+
+func TestDryRunWritesNothing(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "demo")
+	out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"dry run", "runner.go", "kernels/add_rmsnorm.cu", "resin.toml", "go.mod"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run output lacks %s:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatal("dry run wrote the target")
+	}
+}
+
+func TestFailedRenderWritesNothing(t *testing.T) {
+	m := templateCopy(t)
+	m["dense/README.md.tmpl"].Data = []byte("{{ .NoSuchAnswer }}\n")
+	dir := filepath.Join(t.TempDir(), "demo")
+	if _, err := runCLI(t, m, "model", "demo", "--out", dir); err == nil || !strings.Contains(err.Error(), "README.md.tmpl") {
+		t.Fatalf("err = %v, want a render error naming the template", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatal("a failed render wrote files")
+	}
+	// Sprig's environment functions are not available to templates.
+	m["dense/README.md.tmpl"].Data = []byte(`{{ env "HOME" }}`)
+	if _, err := runCLI(t, m, "model", "demo", "--out", dir); err == nil || !strings.Contains(err.Error(), `"env" not defined`) {
+		t.Fatalf("env in a template: err = %v", err)
+	}
+}
+
+// TestInTree scaffolds a model inside a copy of the checkout's skeleton and checks that
+// the registry edit is made once, however often it runs.
+func TestInTree(t *testing.T) {
+	core := coreDir(t)
+	fake := t.TempDir()
+	gomod, _ := os.ReadFile(filepath.Join(core, "go.mod"))
+	reg, err := os.ReadFile(filepath.Join(core, "models", "registry.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(fake, "go.mod"), gomod, 0o644)
+	os.MkdirAll(filepath.Join(fake, "models"), 0o755)
+	os.WriteFile(filepath.Join(fake, "models", "registry.go"), reg, 0o644)
+
+	for i := 0; i < 2; i++ {
+		args := []string{"model", "tiny-one", "--in-tree", "--core", fake}
+		if i == 1 {
+			args = append(args, "--force")
+		}
+		if out, err := runCLI(t, templates.FS, args...); err != nil {
+			t.Fatalf("run %d: %v\n%s", i, err, out)
+		}
+		got, _ := os.ReadFile(filepath.Join(fake, "models", "registry.go"))
+		s := string(got)
+		if n := strings.Count(s, `"github.com/resin-llm/resin/models/tiny-one"`); n != 1 {
+			t.Fatalf("run %d: import appears %d times:\n%s", i, n, s)
+		}
+		if n := strings.Count(s, `{Name: "tiny-one", Architectures: tinyone.Architectures, Open: tinyone.Open},`); n != 1 {
+			t.Fatalf("run %d: entry appears %d times:\n%s", i, n, s)
+		}
+	}
+	tree := readTree(t, filepath.Join(fake, "models", "tiny-one"))
+	if _, ok := tree["go.mod"]; ok {
+		t.Error("an in-tree model got its own go.mod")
+	}
+	if !strings.Contains(tree["runner.go"], "package tinyone") || !strings.Contains(tree["resin.toml"], `layout = "in-tree"`) {
+		t.Error("in-tree model has the wrong package or layout")
+	}
+	if _, err := runCLI(t, templates.FS, "model", "x", "--in-tree", "--out", t.TempDir()); err == nil {
+		t.Error("--in-tree with --out accepted")
+	}
+}
+
+// TestGeneratedRuntimeBuildsAndTests scaffolds one standalone runtime into a temporary
+// directory and runs --verify: go build, go test and a generate run, offline.
+func TestGeneratedRuntimeBuildsAndTests(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and tests a whole generated runtime")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go tool on PATH")
+	}
+	dir := filepath.Join(t.TempDir(), "demo")
+	out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--verify")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"ok  \texample.com/demo\t", "tokens: [", "finish: length", "builds, passes its tests and generates"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("verify output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/templates"
+)
+
+func TestMerge3(t *testing.T) {
+	base := "a\nb\nc\nd\ne\n"
+	cases := []struct {
+		name, ours, theirs, want string
+		conflicts                int
+	}{
+		{"only ours", "a\nB\nc\nd\ne\n", base, "a\nB\nc\nd\ne\n", 0},
+		{"only theirs", base, "a\nb\nc\nD\ne\n", "a\nb\nc\nD\ne\n", 0},
+		{"both, apart", "A\nb\nc\nd\ne\n", "a\nb\nc\nd\nE\n", "A\nb\nc\nd\nE\n", 0},
+		{"same change", "a\nX\nc\nd\ne\n", "a\nX\nc\nd\ne\n", "a\nX\nc\nd\ne\n", 0},
+		{"insert and delete", "a\nb\nnew\nc\nd\ne\n", "a\nb\nc\ne\n", "a\nb\nnew\nc\ne\n", 0},
+		{"conflict", "a\nOURS\nc\nd\ne\n", "a\nTHEIRS\nc\nd\ne\n",
+			"a\n<<<<<<< o\nOURS\n||||||| b\nb\n=======\nTHEIRS\n>>>>>>> t\nc\nd\ne\n", 1},
+	}
+	for _, c := range cases {
+		got, n := merge3([]byte(base), []byte(c.ours), []byte(c.theirs), "o", "b", "t")
+		if string(got) != c.want || n != c.conflicts {
+			t.Errorf("%s: got %d conflicts\n%s\nwant %d\n%s", c.name, n, got, c.conflicts, c.want)
+		}
+	}
+	// No base (a file new in the template that the user also created).
+	got, n := merge3(nil, []byte("x\n"), []byte("y\n"), "o", "b", "t")
+	if n != 1 || !strings.Contains(string(got), "x\n") || !strings.Contains(string(got), "y\n") {
+		t.Errorf("baseless merge: %d conflicts\n%s", n, got)
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	files := []Rendered{
+		{Path: "a.go", Content: []byte("package a\n"), Owner: ScaffoldOwned},
+		{Path: "b/no-newline.txt", Content: []byte("-- tricky 3 --\nno newline"), Owner: ScaffoldOwned},
+		{Path: "user.go", Content: []byte("user"), Owner: UserOwned},
+	}
+	got, err := decodeRecord(encodeRecord(files))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || string(got["a.go"]) != "package a\n" || string(got["b/no-newline.txt"]) != "-- tricky 3 --\nno newline" {
+		t.Fatalf("record round trip: %q", got)
+	}
+	if _, err := decodeRecord([]byte("# resin-new\n-- a.go 99 --\nshort\n")); err == nil {
+		t.Fatal("truncated record accepted")
+	}
+}
+
+func TestInsertAtMarker(t *testing.T) {
+	src := []byte("x := []int{\n\t1,\n\t// +m\n}\n")
+	once, changed, err := insertAtMarker(src, "// +m", "2,")
+	if err != nil || !changed || string(once) != "x := []int{\n\t1,\n\t2,\n\t// +m\n}\n" {
+		t.Fatalf("first insert: %q %v %v", once, changed, err)
+	}
+	twice, changed, err := insertAtMarker(once, "// +m", "2,")
+	if err != nil || changed || string(twice) != string(once) {
+		t.Fatalf("second insert changed the file: %q", twice)
+	}
+	if _, _, err := insertAtMarker(src, "// +missing", "2,"); err == nil {
+		t.Fatal("missing marker accepted")
+	}
+}
+
+func TestChecklist(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "CHECKLIST.md"), []byte(`# c
+- [ ] **Passes**: `+"`true`"+`
+- [ ] **Fails**: `+"`echo boom; false`"+`
+- [ ] **Needs a GPU** (gpu): `+"`false`"+`
+- [x] **By hand** (manual): `+"`anything`"+`
+not an item `+"`false`"+`
+`), 0o644)
+	out, err := runCLI(t, templates.FS, "check", dir)
+	if err == nil || !strings.Contains(err.Error(), "1 of 4 items failed") {
+		t.Fatalf("err = %v\n%s", err, out)
+	}
+	for _, want := range []string{"PASS  1. Passes", "FAIL  2. Fails", "| boom", "SKIP  3. Needs a GPU (needs a GPU", "SKIP  4. By hand (manual step)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestSkillChecklistInSync checks that the skill's CHECKLIST.md and the one every scaffold
+// carries list the same items in the same order.
+func TestSkillChecklistInSync(t *testing.T) {
+	core := coreDir(t)
+	skill, err := os.ReadFile(filepath.Join(core, "skills", "add-resin-model", "CHECKLIST.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := os.ReadFile(filepath.Join(core, "templates", "dense", "CHECKLIST.md.tmpl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := parseChecklist(skill), parseChecklist(tmpl)
+	if len(a) != len(b) {
+		t.Fatalf("skill has %d items, template %d", len(a), len(b))
+	}
+	for i := range a {
+		if a[i].Title != b[i].Title {
+			t.Errorf("item %d: skill %q, template %q", i+1, a[i].Title, b[i].Title)
+		}
+	}
+}
+
+func TestList(t *testing.T) {
+	out, err := runCLI(t, templates.FS, "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"dense", "Qwen3ForCausalLM", "llama,qwen2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestVendorCore(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "v")
+	if out, err := runCLI(t, templates.FS, "model", "v", "--out", dir, "--vendor-core", "--no-tidy"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	tree := readTree(t, dir)
+	if !strings.Contains(tree["go.mod"], "=> ./third_party/resin") {
+		t.Errorf("go.mod does not replace to the vendored core:\n%s", tree["go.mod"])
+	}
+	if tree["third_party/resin/go.mod"] == "" || tree["third_party/resin/core/engine/engine.go"] == "" {
+		t.Error("core not vendored")
+	}
+	for p := range tree {
+		if strings.HasSuffix(p, "_test.go") && strings.HasPrefix(p, "third_party/") {
+			t.Errorf("vendored a test file: %s", p)
+		}
+	}
+}

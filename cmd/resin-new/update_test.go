@@ -1,0 +1,133 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/resin-llm/resin/templates"
+)
+
+// newerTemplate is the embedded dense template bumped to version 2, with a change near the
+// top of runner.go (scaffold-owned) and of forward.go (user-owned).
+func newerTemplate(t *testing.T) fstest.MapFS {
+	m := templateCopy(t)
+	edit := func(p, old, new string) {
+		s := string(m[p].Data)
+		if !strings.Contains(s, old) {
+			t.Fatalf("%s lacks %q", p, old)
+		}
+		m[p] = &fstest.MapFile{Data: []byte(strings.Replace(s, old, new, 1))}
+	}
+	edit("dense/manifest.toml", `version = "1"`, `version = "2"`)
+	edit("dense/runner.go.tmpl", "// Options tune a runner.", "// Options tune a runner (template v2).")
+	edit("dense/forward.go.tmpl", "// Model is a loaded model", "// Model (v2) is a loaded model")
+	return m
+}
+
+func scaffoldDemo(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "demo")
+	if out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return dir
+}
+
+func TestUpdateUnchanged(t *testing.T) {
+	dir := scaffoldDemo(t)
+	before := readTree(t, dir)
+	// Same template: nothing changes.
+	if out, err := runCLI(t, templates.FS, "update", dir); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	after := readTree(t, dir)
+	for p := range before {
+		if before[p] != after[p] {
+			t.Errorf("update with the same template changed %s", p)
+		}
+	}
+	// Newer template, no local edits: scaffold-owned files become the new render,
+	// user-owned ones stay, resin.toml records v2.
+	out, err := runCLI(t, newerTemplate(t), "update", dir)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	after = readTree(t, dir)
+	if !strings.Contains(after["runner.go"], "(template v2)") {
+		t.Errorf("runner.go not updated:\n%s", out)
+	}
+	if after["forward.go"] != before["forward.go"] {
+		t.Error("update touched user-owned forward.go")
+	}
+	if !strings.Contains(after["resin.toml"], `template_version = "2"`) {
+		t.Errorf("resin.toml not at v2:\n%s", after["resin.toml"])
+	}
+	for p, s := range after {
+		if strings.Contains(s, "<<<<<<<") {
+			t.Errorf("%s has conflict markers", p)
+		}
+	}
+}
+
+func TestUpdateKeepsUserEdit(t *testing.T) {
+	dir := scaffoldDemo(t)
+	path := filepath.Join(dir, "runner.go")
+	b, _ := os.ReadFile(path)
+	edited := string(b) + "\n// myHelper is the user's own addition.\nfunc myHelper() int { return 42 }\n"
+	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(t, newerTemplate(t), "update", dir); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	got, _ := os.ReadFile(path)
+	if !strings.Contains(string(got), "func myHelper() int { return 42 }") || !strings.Contains(string(got), "(template v2)") {
+		t.Fatalf("merged runner.go lost a side:\n%s", got)
+	}
+	if strings.Contains(string(got), "<<<<<<<") {
+		t.Fatal("non-overlapping edits conflicted")
+	}
+}
+
+func TestUpdateMarksConflict(t *testing.T) {
+	dir := scaffoldDemo(t)
+	path := filepath.Join(dir, "runner.go")
+	b, _ := os.ReadFile(path)
+	edited := strings.Replace(string(b), "// Options tune a runner.", "// Options tune a runner, says the user.", 1)
+	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, newerTemplate(t), "update", dir)
+	if !errors.Is(err, ErrConflicts) {
+		t.Fatalf("err = %v, want ErrConflicts\n%s", err, out)
+	}
+	got, _ := os.ReadFile(path)
+	s := string(got)
+	for _, want := range []string{"<<<<<<< yours", "says the user.", "||||||| template v1 (base)", "=======", "(template v2).", ">>>>>>> template v2"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("conflicted runner.go lacks %q", want)
+		}
+	}
+	if !strings.Contains(out, "CONFLICT") {
+		t.Errorf("report does not name the conflict:\n%s", out)
+	}
+	// The record now holds v2, so a second update has nothing new to merge.
+	if out, err := runCLI(t, newerTemplate(t), "update", dir); err != nil {
+		t.Fatalf("second update: %v\n%s", err, out)
+	}
+}
+
+func TestUpdateWithoutRecord(t *testing.T) {
+	dir := scaffoldDemo(t)
+	os.Remove(filepath.Join(dir, RecordFile))
+	if _, err := runCLI(t, newerTemplate(t), "update", dir); err == nil || !strings.Contains(err.Error(), RecordFile) {
+		t.Fatalf("err = %v, want one naming %s", err, RecordFile)
+	}
+	if _, err := runCLI(t, templates.FS, "update", t.TempDir()); err == nil || !strings.Contains(err.Error(), "resin.toml") {
+		t.Fatalf("update outside a scaffold: err = %v", err)
+	}
+}
