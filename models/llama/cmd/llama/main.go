@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +40,42 @@ func newRootCmd() *cobra.Command {
 		Short:         "The llama inference runtime (Resin)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	var cpuProf, memProf string
+	var cpuFile *os.File
+	root.PersistentFlags().StringVar(&cpuProf, "cpuprofile", "", "write a pprof CPU profile of the command to this file")
+	root.PersistentFlags().StringVar(&memProf, "memprofile", "", "write a pprof heap profile to this file when the command ends")
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if cpuProf == "" {
+			return nil
+		}
+		f, err := os.Create(cpuProf)
+		if err != nil {
+			return err
+		}
+		cpuFile = f
+		return pprof.StartCPUProfile(f)
+	}
+	root.PersistentPostRunE = func(cmd *cobra.Command, args []string) error {
+		if cpuFile != nil {
+			pprof.StopCPUProfile()
+			if err := cpuFile.Close(); err != nil {
+				return err
+			}
+		}
+		if memProf != "" {
+			f, err := os.Create(memProf)
+			if err != nil {
+				return err
+			}
+			runtime.GC()
+			if err := pprof.WriteHeapProfile(f); err != nil {
+				f.Close()
+				return err
+			}
+			return f.Close()
+		}
+		return nil
 	}
 	root.AddCommand(newGenerateCmd(), newServeCmd(), newBenchCmd())
 	return root
