@@ -20,11 +20,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/serve"
 	"github.com/resin-llm/resin/core/tokenizer"
 
 	model "github.com/acme/qwen3-tiny"
+	"github.com/acme/qwen3-tiny/kernels"
 )
 
 func main() {
@@ -77,7 +79,7 @@ func newRootCmd() *cobra.Command {
 		}
 		return nil
 	}
-	root.AddCommand(newGenerateCmd(), newServeCmd(), newBenchCmd())
+	root.AddCommand(newGenerateCmd(), newServeCmd(), newBenchCmd(), newKernelsCmd())
 	return root
 }
 
@@ -347,5 +349,48 @@ func newBenchCmd() *cobra.Command {
 	cmd.Flags().IntVar(&promptLen, "prompt-len", 64, "prompt tokens per request")
 	cmd.Flags().IntVar(&genLen, "gen-len", 32, "generated tokens per request")
 	cmd.Flags().IntVar(&concurrency, "concurrency", 8, "requests in flight")
+	return cmd
+}
+
+func newKernelsCmd() *cobra.Command {
+	var arch string
+	cmd := &cobra.Command{
+		Use:   "kernels",
+		Short: "Compile the model's own CUDA kernels with NVRTC through the shared kernel cache",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if arch == "" {
+				arch = "sm_90a"
+				if devs, err := cudart.Devices(); err == nil && len(devs) > 0 {
+					arch = devs[0].Arch()
+				}
+			}
+			dir, err := cudart.DefaultKernelCacheDir()
+			if err != nil {
+				return err
+			}
+			cache, err := cudart.OpenKernelCache(dir)
+			if err != nil {
+				return err
+			}
+			files, err := fs.Glob(kernels.Sources, "*.cu")
+			if err != nil {
+				return err
+			}
+			for _, f := range files {
+				src, err := kernels.Source(f)
+				if err != nil {
+					return err
+				}
+				img, err := cudart.CompileCached(cache, src, f, arch, kernels.Options...)
+				if err != nil {
+					return fmt.Errorf("%s: %w", f, err)
+				}
+				fmt.Printf("%-24s %s  %7d bytes  (cache %s)\n", f, arch, len(img), dir)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&arch, "arch", "", "target architecture (default: GPU 0's, else sm_90a)")
 	return cmd
 }
