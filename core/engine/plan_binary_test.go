@@ -1,0 +1,163 @@
+package engine_test
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// samplePlans returns encodings of real plans: chunked prefill, decode, drafts, logprobs.
+func samplePlans(t testing.TB) [][]byte {
+	var out [][]byte
+	rc := enginetest.Config{MaxDrafts: 2, GraphBuckets: []int{4, 8}, OnPlan: func(p *engine.BatchPlan) {
+		b, err := p.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b)
+	}}
+	r, err := enginetest.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: r.Pool(), MaxBatchTokens: 24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		sp := engine.SamplingParams{MaxTokens: 6, Temperature: float32(i) / 2, TopK: i, Logprobs: i >= 1, TopLogprobs: i}
+		if err := s.Add(engine.Request{ID: string(rune('a' + i)), Prompt: prompt(i, 10+9*i), Sampling: sp}, &recorder{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := &direct{t: nil, s: s, r: r}
+	for d.step() {
+	}
+	return out
+}
+
+// recurrentPlan is a hand-built plan with two groups, one of them recurrent.
+func recurrentPlan() *engine.BatchPlan {
+	return &engine.BatchPlan{
+		Step: 9, GraphBatch: 0,
+		ReqIDs: []uint64{4, 5}, Computed: []int32{0, 7}, Scheduled: []int32{3, 1}, PromptLen: []int32{3, 5},
+		NumDrafts: []int32{0, 0}, Temperature: []float32{0, 1.5}, TopP: []float32{1, 0.5}, TopK: []int32{0, 3},
+		MinP: []float32{0, 0.1}, Seed: []uint64{1, 1 << 60}, Logprobs: []int32{-1, 2},
+		QueryStart: []int32{0, 3, 4}, LogitsStart: []int32{0, 1, 2},
+		Tokens: []int32{1, 2, 3, 4}, Positions: []int32{0, 1, 2, 7}, LogitsIndices: []int32{2, 3},
+		Groups: []engine.GroupPlan{
+			{SlotMapping: []int64{16, 17, 18, 39}, PageTableStart: []int32{0, 1, 2}, PageTable: []kvslab.PageID{1, 2}},
+			{SlotMapping: []int64{-1, -1, -1, -1}, PageTableStart: []int32{0, 1, 2}, PageTable: []kvslab.PageID{kvslab.NoPage, 9}, StatePage: []kvslab.PageID{3, 4}},
+		},
+	}
+}
+
+func TestPlanRoundTrip(t *testing.T) {
+	encs := samplePlans(t)
+	if len(encs) < 5 {
+		t.Fatalf("only %d plans", len(encs))
+	}
+	rp, err := recurrentPlan().MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	encs = append(encs, rp)
+	var p engine.BatchPlan // reused across decodes, as a worker would
+	for i, b := range encs {
+		if err := p.UnmarshalBinary(b); err != nil {
+			t.Fatalf("plan %d: %v", i, err)
+		}
+		again, err := p.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("plan %d does not round-trip", i)
+		}
+	}
+	var q engine.BatchPlan
+	if err := q.UnmarshalBinary(rp); err != nil {
+		t.Fatal(err)
+	}
+	want := recurrentPlan()
+	if !reflect.DeepEqual(q.Groups, want.Groups) || !reflect.DeepEqual(q.Seed, want.Seed) || !reflect.DeepEqual(q.MinP, want.MinP) {
+		t.Fatalf("decoded %+v\nwant %+v", q, want)
+	}
+	// AppendBinary into a large enough buffer allocates nothing.
+	buf := make([]byte, 0, 1<<16)
+	if n := testing.AllocsPerRun(20, func() { buf, _ = q.AppendBinary(buf[:0]) }); n != 0 {
+		t.Fatalf("AppendBinary allocates %v times", n)
+	}
+}
+
+func TestPlanDecodeRejectsMalformedBytes(t *testing.T) {
+	good, err := recurrentPlan().MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p engine.BatchPlan
+	for n := 0; n < len(good); n++ {
+		if err := p.UnmarshalBinary(good[:n]); !errors.Is(err, engine.ErrPlanEncoding) {
+			t.Fatalf("truncated to %d bytes: %v", n, err)
+		}
+	}
+	if err := p.UnmarshalBinary(append(append([]byte{}, good...), 0)); !errors.Is(err, engine.ErrPlanEncoding) {
+		t.Fatalf("trailing byte: %v", err)
+	}
+	bad := append([]byte{}, good...)
+	bad[4] = 2 // version
+	if err := p.UnmarshalBinary(bad); !errors.Is(err, engine.ErrPlanEncoding) {
+		t.Fatalf("version 2: %v", err)
+	}
+	bad = append([]byte{}, good...)
+	bad[24] = 0xff // sequence count: far more than the data holds
+	if err := p.UnmarshalBinary(bad); !errors.Is(err, engine.ErrPlanEncoding) {
+		t.Fatalf("huge count: %v", err)
+	}
+	// Every single-byte corruption either decodes to a valid plan or fails cleanly.
+	for i := range good {
+		bad = append(bad[:0], good...)
+		bad[i] ^= 0x5a
+		if err := p.UnmarshalBinary(bad); err == nil {
+			if err := p.Validate(); err != nil {
+				t.Fatalf("byte %d: decoded an invalid plan: %v", i, err)
+			}
+		}
+	}
+	// An inconsistent plan is refused by the encoder too.
+	inconsistent := recurrentPlan()
+	inconsistent.QueryStart[1] = 2
+	if _, err := inconsistent.MarshalBinary(); err == nil {
+		t.Fatal("encoded an inconsistent plan")
+	}
+}
+
+func FuzzPlanUnmarshal(f *testing.F) {
+	for _, b := range samplePlans(f) {
+		f.Add(b)
+	}
+	rp, _ := recurrentPlan().MarshalBinary()
+	f.Add(rp)
+	f.Add([]byte("RSNP"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var p engine.BatchPlan
+		if err := p.UnmarshalBinary(data); err != nil {
+			if !errors.Is(err, engine.ErrPlanEncoding) {
+				t.Fatalf("error %v does not wrap ErrPlanEncoding", err)
+			}
+			return
+		}
+		again, err := p.MarshalBinary()
+		if err != nil {
+			t.Fatalf("decoded plan does not encode: %v", err)
+		}
+		if !bytes.Equal(again, data) {
+			t.Fatal("decode/encode is not the identity on accepted input")
+		}
+	})
+}
