@@ -19,6 +19,8 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(),
 		newServeCmd(),
 		newGenerateCmd(),
+		newKernelsCmd(),
+		newDoctorCmd(),
 	// resin:commands (each subcommand file adds its constructor here)
 	)
 	return root

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	goruntime "runtime"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/cudart"
+)
+
+// newDoctorCmd is `resin doctor`: what this machine offers Resin. It always exits 0; a
+// machine without a GPU is a normal answer, stated plainly.
+func newDoctorCmd() *cobra.Command {
+	var sysRoot string
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Report the CUDA driver, libraries, GPUs, NUMA layout and kernel cache found",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			doctor(cmd.OutOrStdout(), sysRoot)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&sysRoot, "sys-root", "/", "root of the sysfs tree to read the topology from")
+	cmd.Flags().MarkHidden("sys-root")
+	return cmd
+}
+
+func doctor(w io.Writer, sysRoot string) {
+	fmt.Fprintf(w, "resin doctor: %s/%s, %s, %d CPUs\n\n", goruntime.GOOS, goruntime.GOARCH, goruntime.Version(), goruntime.NumCPU())
+
+	fmt.Fprintln(w, "CUDA driver")
+	var gpus []cudart.DeviceInfo
+	if v, err := cudart.DriverVersion(); err != nil {
+		fmt.Fprintf(w, "  not available: %v\n", err)
+	} else {
+		fmt.Fprintf(w, "  libcuda %s, CUDA %d.%d\n", cudart.DriverPath(), v/1000, v%1000/10)
+		gpus, err = cudart.Devices()
+		if err != nil {
+			fmt.Fprintf(w, "  listing GPUs failed: %v\n", err)
+		}
+	}
+
+	top, topErr := cudart.ReadTopology(sysRoot)
+	fmt.Fprintln(w, "\nGPUs")
+	if len(gpus) == 0 {
+		fmt.Fprintln(w, "  no GPU found: Resin runs its CPU reference paths here; GPU kernels cannot run")
+	}
+	for _, g := range gpus {
+		node := -1
+		if top != nil {
+			node = top.GPUNode(g.PCIBusID)
+		}
+		fmt.Fprintf(w, "  %d: %s  %s  %d SMs  %.1f GiB  L2 %d MiB  bus %s  NUMA node %s\n", g.Ordinal, g.Name, g.Arch(), g.SMs,
+			float64(g.TotalMem)/(1<<30), g.L2Bytes>>20, g.PCIBusID, nodeName(node))
+	}
+
+	fmt.Fprintln(w, "\nLibraries")
+	if v, err := cudart.NVRTCVersion(); err != nil {
+		fmt.Fprintf(w, "  NVRTC     not available: %v\n", err)
+	} else {
+		archs, _ := cudart.NVRTCArchs()
+		fmt.Fprintf(w, "  NVRTC     %s (%s), archs %v\n", v, cudart.NVRTCPath(), archs)
+	}
+	if v, err := cudart.CublasLtVersion(); err != nil {
+		fmt.Fprintf(w, "  cuBLASLt  not available: %v\n", short(err))
+	} else {
+		fmt.Fprintf(w, "  cuBLASLt  %d\n", v)
+	}
+	if v, err := cudart.NCCLVersion(); err != nil {
+		fmt.Fprintf(w, "  NCCL      not available: %v\n", short(err))
+	} else {
+		fmt.Fprintf(w, "  NCCL      %d.%d.%d\n", v/10000, v/100%100, v%100)
+	}
+
+	fmt.Fprintln(w, "\nNUMA")
+	if topErr != nil {
+		fmt.Fprintf(w, "  topology unreadable: %v\n", topErr)
+	} else {
+		for _, n := range top.Nodes {
+			fmt.Fprintf(w, "  node %d: cpus %s, %.1f GiB\n", n.ID, cudart.FormatCPUList(n.CPUs), float64(n.MemBytes)/(1<<30))
+		}
+		for _, g := range top.GPUs {
+			fmt.Fprintf(w, "  NVIDIA PCI device %s (%s) on node %s\n", g.BusID, g.Device, nodeName(g.Node))
+		}
+	}
+	if cpus, err := cudart.ProcessAffinity(); err == nil {
+		fmt.Fprintf(w, "  this process may run on cpus %s\n", cudart.FormatCPUList(cpus))
+	}
+
+	fmt.Fprintln(w, "\nKernel cache")
+	kc, err := cudart.OpenKernelCache("")
+	if err != nil {
+		fmt.Fprintf(w, "  unavailable: %v\n", err)
+		return
+	}
+	entries, err := kc.List()
+	if err != nil {
+		fmt.Fprintf(w, "  %s: %v\n", kc.Dir, err)
+		return
+	}
+	var total int64
+	for _, e := range entries {
+		total += e.Bytes
+	}
+	fmt.Fprintf(w, "  %s: %d kernels, %d bytes (cap %d MiB)\n", kc.Dir, len(entries), total, cudart.DefaultCacheBytes>>20)
+}
+
+func nodeName(n int) string {
+	if n < 0 {
+		return "unknown"
+	}
+	return fmt.Sprint(n)
+}
+
+// short drops the loader's detail from a missing-library error.
+func short(err error) string {
+	for _, s := range []error{cudart.ErrNoCUBLAS, cudart.ErrNoNCCL} {
+		if errors.Is(err, s) {
+			return "library not found (set RESIN_CUDA_LIB_DIR to its directory)"
+		}
+	}
+	return err.Error()
+}
