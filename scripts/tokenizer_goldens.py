@@ -64,6 +64,22 @@ CHATS = [
         {"role": "user", "content": "  Spaces  around  \n"},
         {"role": "assistant", "content": "Trimmed?\n\nTwo paragraphs."},
     ], "add_generation_prompt": False},
+    {"messages": [
+        {"role": "user", "content": "Think first."},
+        {"role": "assistant", "content": "<think>\nSome reasoning.\n</think>\n\nThe answer."},
+        {"role": "user", "content": "And now?"},
+    ], "add_generation_prompt": True, "kwargs": {"enable_thinking": False}},
+    {"messages": [
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ], "add_generation_prompt": True, "tools": [{
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city, in °C.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }]},
 ]
 
 
@@ -93,8 +109,9 @@ def golden(name, tok_path, cfg_path, out_dir):
     if cfg.get("chat_template"):
         hf = AutoTokenizer.from_pretrained(os.path.dirname(cfg_path))
         for chat in CHATS:
-            prompt = hf.apply_chat_template(chat["messages"], tokenize=False,
-                                            add_generation_prompt=chat["add_generation_prompt"])
+            prompt = hf.apply_chat_template(chat["messages"], tokenize=False, tools=chat.get("tools"),
+                                            add_generation_prompt=chat["add_generation_prompt"],
+                                            **chat.get("kwargs", {}))
             chats.append({**chat, "prompt": prompt,
                           "ids": tok.encode(prompt, add_special_tokens=False).ids})
     doc = {

@@ -45,7 +45,14 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	prompt, err := s.chat.Render(msgs, tokenizer.ChatOptions{AddGenerationPrompt: true, Tools: req.Tools, Extra: req.ChatTemplateKwargs})
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: true, Extra: make(map[string]any, len(req.ChatTemplateKwargs))}
+	for _, t := range req.Tools {
+		opts.Tools = append(opts.Tools, t)
+	}
+	for k, v := range req.ChatTemplateKwargs {
+		opts.Extra[k] = v
+	}
+	prompt, err := s.chat.Render(msgs, opts)
 	if err != nil {
 		return invalid("messages", "The chat template rejected the messages: %v.", err)
 	}

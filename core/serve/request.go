@@ -55,10 +55,10 @@ type chatRequest struct {
 	Messages           []map[string]json.RawMessage `json:"messages"`
 	Logprobs           bool                         `json:"logprobs"`
 	TopLogprobs        *int                         `json:"top_logprobs"`
-	Tools              []any                        `json:"tools"`
+	Tools              []json.RawMessage            `json:"tools"`
 	ToolChoice         json.RawMessage              `json:"tool_choice"`
 	ResponseFormat     *struct{ Type string }       `json:"response_format"`
-	ChatTemplateKwargs map[string]any               `json:"chat_template_kwargs"`
+	ChatTemplateKwargs map[string]json.RawMessage   `json:"chat_template_kwargs"`
 }
 
 // decodeBody reads one JSON object into v, naming the field on a type error.
@@ -244,13 +244,18 @@ func chatMessages(in []map[string]json.RawMessage) ([]map[string]any, error) {
 			if k == "content" {
 				continue
 			}
-			var x any
-			if err := json.Unmarshal(v, &x); err != nil {
+			if !json.Valid(v) {
 				return nil, invalid(fmt.Sprintf("messages[%d].%s", i, k), "Invalid JSON in messages[%d].%s.", i, k)
 			}
-			msg[k] = x
+			msg[k] = v // raw JSON keeps its key order for the template's tojson
 		}
-		role, _ := msg["role"].(string)
+		var role string
+		if raw, ok := m["role"]; ok {
+			if err := json.Unmarshal(raw, &role); err != nil {
+				return nil, invalid(fmt.Sprintf("messages[%d].role", i), "messages[%d].role must be a string.", i)
+			}
+		}
+		msg["role"] = role
 		switch role {
 		case "system", "developer", "user", "assistant", "tool":
 		case "":

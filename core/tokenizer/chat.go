@@ -13,14 +13,15 @@ import (
 type ChatTemplate struct {
 	source string
 	tmpl   *jinja.Template
-	tokens map[string]any // bos_token, eos_token, ... as the template sees them
+	tokens map[string]string // bos_token, eos_token, ... as the template sees them
 }
 
 // ChatOptions are the variables besides messages that chat templates read.
 type ChatOptions struct {
 	// AddGenerationPrompt appends the header that opens the assistant's turn.
 	AddGenerationPrompt bool
-	// Tools are function descriptions in the OpenAI JSON shape, or nil.
+	// Tools are function descriptions in the OpenAI JSON shape, or nil. Give each as
+	// json.RawMessage to keep its key order in `tojson` output, as transformers does.
 	Tools []any
 	// Extra holds further template variables (for example enable_thinking).
 	Extra map[string]any
@@ -68,32 +69,41 @@ func NewChatTemplate(source string) (*ChatTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compile chat template: %w", err)
 	}
-	return &ChatTemplate{source: source, tmpl: tmpl, tokens: map[string]any{}}, nil
+	return &ChatTemplate{source: source, tmpl: tmpl, tokens: map[string]string{}}, nil
 }
 
 // Source returns the template text.
 func (c *ChatTemplate) Source() string { return c.source }
 
 // Render formats messages (each a map with "role" and "content", and whatever else the
-// template reads, such as "tool_calls") into a prompt string.
+// template reads, such as "tool_calls") into a prompt string. Values may be
+// json.RawMessage, which keeps JSON key order.
 func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (string, error) {
-	msgs := make([]any, len(messages))
-	for i, m := range messages {
-		msgs[i] = m
-	}
-	data := make(map[string]any, len(c.tokens)+len(opts.Extra)+3)
+	data := make(map[string]jinja.Value, len(c.tokens)+len(opts.Extra)+3)
 	for k, v := range c.tokens {
-		data[k] = v
+		data[k] = jinja.NewString(v)
 	}
 	for k, v := range opts.Extra {
-		data[k] = v
+		val, err := toValue(v)
+		if err != nil {
+			return "", fmt.Errorf("render chat template: %s: %w", k, err)
+		}
+		data[k] = val
+	}
+	msgs, err := toValue(messages)
+	if err != nil {
+		return "", fmt.Errorf("render chat template: messages: %w", err)
 	}
 	data["messages"] = msgs
-	data["add_generation_prompt"] = opts.AddGenerationPrompt
+	data["add_generation_prompt"] = jinja.NewBool(opts.AddGenerationPrompt)
 	if opts.Tools != nil {
-		data["tools"] = opts.Tools
+		tools, err := toValue(opts.Tools)
+		if err != nil {
+			return "", fmt.Errorf("render chat template: tools: %w", err)
+		}
+		data["tools"] = tools
 	}
-	out, err := c.tmpl.Render(data)
+	out, err := c.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("render chat template: %w", err)
 	}

@@ -19,10 +19,12 @@ type goldenCase struct {
 }
 
 type goldenChat struct {
-	Messages            []map[string]any `json:"messages"`
-	AddGenerationPrompt bool             `json:"add_generation_prompt"`
-	Prompt              string           `json:"prompt"`
-	IDs                 []int32          `json:"ids"`
+	Messages            []map[string]any  `json:"messages"`
+	AddGenerationPrompt bool              `json:"add_generation_prompt"`
+	Tools               []json.RawMessage `json:"tools"`
+	Kwargs              map[string]any    `json:"kwargs"`
+	Prompt              string            `json:"prompt"`
+	IDs                 []int32           `json:"ids"`
 }
 
 type goldenFile struct {
@@ -121,7 +123,7 @@ func TestGoldens(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, c := range g.Chats {
-				prompt, err := ct.Render(c.Messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt})
+				prompt, err := ct.Render(c.Messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Tools: rawTools(c.Tools), Extra: c.Kwargs})
 				if err != nil {
 					t.Errorf("chat %d: %v", i, err)
 					continue
@@ -139,4 +141,15 @@ func TestGoldens(t *testing.T) {
 			}
 		})
 	}
+}
+
+func rawTools(tools []json.RawMessage) []any {
+	if tools == nil {
+		return nil
+	}
+	out := make([]any, len(tools))
+	for i, t := range tools {
+		out[i] = t
+	}
+	return out
 }
