@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -22,8 +23,8 @@ type ChecklistItem struct {
 }
 
 // parseChecklist reads the items of a checklist: every line starting with "- [ ]" or
-// "- [x]"; the command is the last `backticked` span, the title the bold text or the text
-// before the command.
+// "- [x]"; the command is the last `backticked` span, the title the bold text. Tags in
+// parentheses mark items that need a GPU, "(gpu)", or are done by hand, "(manual)".
 func parseChecklist(data []byte) []ChecklistItem {
 	var items []ChecklistItem
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -35,13 +36,14 @@ func parseChecklist(data []byte) []ChecklistItem {
 			continue
 		}
 		body := strings.TrimSpace(l[5:])
-		it := ChecklistItem{Line: n, GPU: strings.Contains(body, "(gpu)")}
+		tags := tagsOf(body)
+		it := ChecklistItem{Line: n, GPU: tags["gpu"]}
 		if end := strings.LastIndex(body, "`"); end > 0 {
 			if start := strings.LastIndex(body[:end], "`"); start >= 0 {
 				it.Command = body[start+1 : end]
 			}
 		}
-		if strings.Contains(body, "(manual)") {
+		if tags["manual"] {
 			it.Command = ""
 		}
 		title := body
@@ -54,6 +56,20 @@ func parseChecklist(data []byte) []ChecklistItem {
 		items = append(items, it)
 	}
 	return items
+}
+
+var tagRe = regexp.MustCompile(`\(([a-z, ]+)\)`)
+
+// tagsOf collects the words of the parenthesised lower-case groups of a line: "(gpu)",
+// "(gpu, manual)".
+func tagsOf(line string) map[string]bool {
+	tags := map[string]bool{}
+	for _, m := range tagRe.FindAllStringSubmatch(line, -1) {
+		for _, w := range strings.Split(m[1], ",") {
+			tags[strings.TrimSpace(w)] = true
+		}
+	}
+	return tags
 }
 
 // runChecklist runs every item's command in dir and reports PASS, FAIL or SKIP per item.

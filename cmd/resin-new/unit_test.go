@@ -75,7 +75,7 @@ func TestChecklist(t *testing.T) {
 - [ ] **Passes**: `+"`true`"+`
 - [ ] **Fails**: `+"`echo boom; false`"+`
 - [ ] **Needs a GPU** (gpu): `+"`false`"+`
-- [x] **By hand** (manual): `+"`anything`"+`
+- [x] **By hand** (gpu, manual): `+"`anything`"+`
 not an item `+"`false`"+`
 `), 0o644)
 	out, err := runCLI(t, templates.FS, "check", dir)
