@@ -166,6 +166,30 @@ def train_tiny(path):
         f.write("\n")
 
 
+def train_gpt2style(path):
+    """Trains a GPT-2-style tokenizer: ByteLevel pre-tokenizer with its own regex and a
+    prefix space, no normalizer, merges saved as "a b" strings."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    trainer = trainers.BpeTrainer(vocab_size=800, min_frequency=1, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    text = [open(os.path.abspath(__file__), encoding="utf-8").read()] * 5 + CORPUS * 20
+    tok.train_from_iterator(text, trainer=trainer)
+    os.makedirs(path, exist_ok=True)
+    out = os.path.join(path, "tokenizer.json")
+    tok.save(out)
+    doc = json.load(open(out, encoding="utf-8"))
+    doc["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in doc["model"]["merges"]]
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>"}, f, indent=1)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizers", required=True)
@@ -178,6 +202,10 @@ def main():
     if a.retrain or not os.path.exists(os.path.join(tiny, "tokenizer.json")):
         train_tiny(tiny)
     golden("tiny", os.path.join(tiny, "tokenizer.json"), os.path.join(tiny, "tokenizer_config.json"), a.out)
+    g2 = os.path.join(a.out, "gpt2style")
+    if a.retrain or not os.path.exists(os.path.join(g2, "tokenizer.json")):
+        train_gpt2style(g2)
+    golden("gpt2style", os.path.join(g2, "tokenizer.json"), os.path.join(g2, "tokenizer_config.json"), a.out)
     for name in sorted(os.listdir(a.tokenizers)):
         d = os.path.join(a.tokenizers, name)
         golden(name, os.path.join(d, "tokenizer.json"), os.path.join(d, "tokenizer_config.json"), a.out)

@@ -34,11 +34,15 @@ type goldenFile struct {
 	Chats  []goldenChat `json:"chats"`
 }
 
-// tokenizerDir finds the files of a golden: testdata/tiny is committed, the real ones are
-// fetched by .ci/setup.d/30-tokenizers.sh into $RESIN_TOKENIZERS_DIR.
+// tokenizerDir finds the files of a golden: tiny/ and testdata/gpt2style/ are committed
+// (trained by the golden script), the real ones are fetched by
+// .ci/setup.d/30-tokenizers.sh into $RESIN_TOKENIZERS_DIR.
 func tokenizerDir(t *testing.T, name string) string {
 	if name == "tiny" {
 		return "tiny"
+	}
+	if dir := filepath.Join("testdata", name); fileExists(filepath.Join(dir, "tokenizer.json")) {
+		return dir
 	}
 	root := os.Getenv("RESIN_TOKENIZERS_DIR")
 	if root == "" {
@@ -152,4 +156,9 @@ func rawTools(tools []json.RawMessage) []any {
 		out[i] = t
 	}
 	return out
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
