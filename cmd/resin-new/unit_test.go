@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/resin-llm/resin/core/weights"
 	"github.com/resin-llm/resin/templates"
 )
 
@@ -139,6 +140,35 @@ func TestVendorCore(t *testing.T) {
 	for p := range tree {
 		if strings.HasSuffix(p, "_test.go") && strings.HasPrefix(p, "third_party/") {
 			t.Errorf("vendored a test file: %s", p)
+		}
+	}
+}
+
+func TestModelFromHF(t *testing.T) {
+	parse := func(js string) *weights.Config {
+		t.Helper()
+		c, err := weights.ParseConfig([]byte(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	dims := `"vocab_size":64,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":2`
+	m, err := modelFromHF(parse(`{"architectures":["Qwen2ForCausalLM"],"model_type":"qwen2",` + dims + `,"eos_token_id":[5,6],"torch_dtype":"float16"}`))
+	if err != nil || !m.AttentionBias || m.EOSTokenID != 5 || m.DType != "f16" || m.HeadDim != 8 {
+		t.Errorf("qwen2: %+v, %v", m, err)
+	}
+	m, err = modelFromHF(parse(`{"architectures":["MistralForCausalLM"],"model_type":"mistral",` + dims + `,"sliding_window":4096}`))
+	if err != nil || m.SlidingWindow != 4096 {
+		t.Errorf("mistral: %+v, %v", m, err)
+	}
+	for name, js := range map[string]string{
+		"gelu":          `{"model_type":"llama",` + dims + `,"hidden_act":"gelu"}`,
+		"yarn":          `{"model_type":"llama",` + dims + `,"rope_scaling":{"rope_type":"yarn","factor":4}}`,
+		"qwen2 windows": `{"model_type":"qwen2",` + dims + `,"use_sliding_window":true}`,
+	} {
+		if _, err := modelFromHF(parse(js)); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 }
