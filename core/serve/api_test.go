@@ -349,3 +349,13 @@ func TestModelsHealthMetrics(t *testing.T) {
 		}
 	}
 }
+
+func TestCompletionEcho(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	var plain, echoed completionOut
+	h.postJSON("/v1/completions", map[string]any{"prompt": "Echo this", "max_tokens": 5, "temperature": 0}, 200, &plain)
+	h.postJSON("/v1/completions", map[string]any{"prompt": "Echo this", "max_tokens": 5, "temperature": 0, "echo": true}, 200, &echoed)
+	if echoed.Choices[0].Text != "Echo this"+plain.Choices[0].Text {
+		t.Fatalf("echo gave %q, want the prompt then %q", echoed.Choices[0].Text, plain.Choices[0].Text)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -64,7 +65,8 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Engine: eng, Tokenizer: tok, ChatTemplate: chat, Model: "tiny-test"}
+	cfg := Config{Engine: eng, Tokenizer: tok, ChatTemplate: chat, Model: "tiny-test",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if o.cfg != nil {
 		o.cfg(&cfg)
 	}

@@ -252,3 +252,29 @@ func TestAPIKey(t *testing.T) {
 		t.Fatalf("/health needs no key: %d", resp.StatusCode)
 	}
 }
+
+func TestRunnerFailureIsReported(t *testing.T) {
+	failFrom := func(n uint64) enginetest.Config {
+		return enginetest.Config{Fail: func(step uint64) bool { return step >= n }}
+	}
+	h := newHarness(t, harnessOpts{runner: failFrom(1)})
+	code, raw := h.post("/v1/completions", map[string]any{"prompt": "boom", "max_tokens": 10, "ignore_eos": true})
+	var e errorResp
+	if err := json.Unmarshal(raw, &e); err != nil || code != http.StatusInternalServerError || e.Error.Type != "server_error" {
+		t.Fatalf("status %d %s, want a 500 server_error", code, raw)
+	}
+
+	// A failure after tokens were streamed arrives as an error event, then [DONE].
+	h = newHarness(t, harnessOpts{runner: failFrom(4)})
+	code, raw = h.post("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "boom"}}, "max_tokens": 10, "stream": true, "ignore_eos": true})
+	if code != 200 {
+		t.Fatalf("streaming status %d %s", code, raw)
+	}
+	events := sseEvents(t, raw)
+	if len(events) < 3 || events[len(events)-1] != "[DONE]" || !strings.Contains(events[len(events)-2], `"server_error"`) {
+		t.Fatalf("stream did not end with an error event and [DONE]: %q", events)
+	}
+	if s := h.eng.Stats(); s.Running+s.Waiting != 0 {
+		t.Fatalf("failed requests still in the engine: %+v", s)
+	}
+}
