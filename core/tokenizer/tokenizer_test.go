@@ -2,7 +2,9 @@ package tokenizer
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -181,6 +183,71 @@ func BenchmarkDetokenizer(b *testing.B) {
 		d := tok.NewDetokenizer(false)
 		for _, id := range ids {
 			_ = d.Add(id)
+		}
+	}
+}
+
+// BenchmarkEncodeReal encodes a mixed 8 KB text with each real tokenizer that
+// .ci/setup.d/30-tokenizers.sh fetched.
+func BenchmarkEncodeReal(b *testing.B) {
+	text := strings.Repeat("The quick brown fox, 1234 jumps over the lazy dog! 中文分词 😀\n\tfunc main() { return x+1 }\n", 80)
+	for _, name := range []string{"qwen3", "llama3", "deepseek_v3", "gpt4o"} {
+		b.Run(name, func(b *testing.B) {
+			dir := tokenizerDirB(b, name)
+			tok, err := Load(filepath.Join(dir, "tokenizer.json"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := tok.Encode(text, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func tokenizerDirB(b *testing.B, name string) string {
+	root := os.Getenv("RESIN_TOKENIZERS_DIR")
+	if root == "" {
+		root = filepath.Join("..", "..", ".cache", "tokenizers")
+	}
+	dir := filepath.Join(root, name)
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		b.Skipf("%s is missing: run .ci/setup.d/30-tokenizers.sh", dir)
+	}
+	return dir
+}
+
+func TestConcurrentEncode(t *testing.T) {
+	tok := tiny(t)
+	texts := []string{"Hello, world! 123", "中文 😀 tabs\t\t", "<|im_start|>user\nhi<|im_end|>", "func main() {}"}
+	want := make([][]int32, len(texts))
+	for i, s := range texts {
+		want[i], _ = tok.Encode(s, false)
+	}
+	done := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		go func() {
+			for k := 0; k < 50; k++ {
+				i := (g + k) % len(texts)
+				got, err := tok.Encode(texts[i], false)
+				if err == nil && !slices.Equal(got, want[i]) {
+					err = errors.New("concurrent encode disagrees")
+				}
+				if err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for g := 0; g < 8; g++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
 	}
 }
