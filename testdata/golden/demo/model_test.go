@@ -88,9 +88,9 @@ func openSeq(t testing.TB, pool *kvslab.Pool, tokens []int32) *seq {
 	return &seq{id: id, tokens: tokens}
 }
 
-// step builds the plan that feeds n[i] more tokens of seqs[i] (logits for every row when
-// all is set, else for each sequence's last row), runs it and returns the logits.
-func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*seq, n []int, all bool) []float32 {
+// buildPlan reserves pages for and builds the plan that feeds n[i] more tokens of seqs[i],
+// with logits for every row when all is set, else for each sequence's last row.
+func buildPlan(t testing.TB, pool *kvslab.Pool, seqs []*seq, n []int, all bool) *engine.BatchPlan {
 	t.Helper()
 	p := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, 1)}
 	g := &p.Groups[0]
@@ -130,6 +130,13 @@ func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*seq, n
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// step runs buildPlan's plan through the reference forward and returns the logits.
+func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*seq, n []int, all bool) []float32 {
+	t.Helper()
+	p := buildPlan(t, pool, seqs, n, all)
 	logits := make([]float32, len(p.LogitsIndices)*m.Config.VocabSize)
 	if err := m.Forward(p, kv, logits); err != nil {
 		t.Fatal(err)
@@ -357,4 +364,32 @@ func BenchmarkGenerate(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(8*16*b.N)/b.Elapsed().Seconds(), "decode-tokens/s")
+}
+
+// BenchmarkExecute measures the runner on one decode step of 8 sequences with 32 tokens
+// of context (the same plan replayed), with its allocations.
+func BenchmarkExecute(b *testing.B) {
+	c, _, m := tinyModel(b, weights.F32)
+	r := NewRunner(m, 4)
+	pool, err := r.NewPool(4 << 20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var seqs []*seq
+	ones, pre := make([]int, 8), make([]int, 8)
+	for j := range ones {
+		seqs = append(seqs, openSeq(b, pool, prompt(33, c.VocabSize, j)))
+		ones[j], pre[j] = 1, 32
+	}
+	if _, err := r.Execute(context.Background(), buildPlan(b, pool, seqs, pre, false)); err != nil {
+		b.Fatal(err)
+	}
+	p := buildPlan(b, pool, seqs, ones, false)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := r.Execute(context.Background(), p); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
