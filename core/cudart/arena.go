@@ -49,7 +49,8 @@ func (a *DeviceArena) Size() int64 { return a.buf.Size }
 func (a *DeviceArena) Ptr(off int64) DevicePtr { return a.buf.Ptr.Add(off) }
 
 // Copy implements kvslab.Arena: it copies n bytes from offset src to offset dst on the
-// device and returns when the copy is done.
+// device and returns when the copy is done. It runs through Device.Do, so it must not be
+// called from inside Do.
 func (a *DeviceArena) Copy(dst, src, n int64) error {
 	if a.buf.Ptr == 0 {
 		return fmt.Errorf("device arena copy: %w", ErrClosed)

@@ -1,7 +1,6 @@
 package cudart
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -160,26 +159,19 @@ func bindMissing(fptr any) {
 	}))
 }
 
-// isMissing reports whether err is a missing library or symbol rather than a failed call.
-func isMissing(err error) bool {
-	for _, s := range []error{ErrNoCUDA, ErrNoNVRTC, ErrNoCUBLAS, ErrNoNCCL, ErrMissingSymbol} {
-		if errors.Is(err, s) {
-			return true
-		}
-	}
-	return false
-}
-
 // pythonLibDirs are the directories where NVIDIA's PyPI wheels put their libraries, for
 // machines whose CUDA came with PyTorch or JAX.
 func pythonLibDirs(component string) []string {
-	return []string{
-		"/usr/local/lib/python3*/dist-packages/nvidia/" + component + "/lib",
-		"/usr/local/lib/python3*/site-packages/nvidia/" + component + "/lib",
-		"/usr/lib/python3*/dist-packages/nvidia/" + component + "/lib",
-		"/opt/conda/lib/python3*/site-packages/nvidia/" + component + "/lib",
-		"/root/.local/lib/python3*/site-packages/nvidia/" + component + "/lib",
+	var dirs []string
+	for _, site := range []string{
+		"/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
+		"/usr/lib/python3*/dist-packages", "/opt/conda/lib/python3*/site-packages",
+		"/opt/*/.venv/lib/python3*/site-packages", "/root/.local/lib/python3*/site-packages",
+	} {
+		// CUDA 12 wheels use nvidia/<component>/lib; CUDA 13 wheels share nvidia/cu13/lib.
+		dirs = append(dirs, site+"/nvidia/"+component+"/lib", site+"/nvidia/cu13/lib")
 	}
+	return dirs
 }
 
 var cudaDirs = []string{"/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/local/cuda-*/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib"}

@@ -2,6 +2,7 @@ package cudart
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -155,6 +156,7 @@ func Compile(src, name, arch string, options ...string) (Compiled, error) {
 		ptrs[i] = &cstrs[i][0]
 	}
 	r := n.nvrtcCompileProgram(prog, int32(len(ptrs)), unsafe.Pointer(&ptrs[0]))
+	runtime.KeepAlive(cstrs)
 	var out Compiled
 	var logSize uint64
 	if n.nvrtcGetProgramLogSize(prog, &logSize) == 0 && logSize > 1 {

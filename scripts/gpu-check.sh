@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: the GPU check, in one script for a machine with an NVIDIA GPU.
+#
+# It builds Resin, prints `resin doctor`, runs the gpu-tagged tests of core/... verbosely
+# (NVRTC compile + launch, CUDA graph capture and replay, cuBLASLt GEMM against the CPU,
+# every shared kernel against its core/kernels/ref reference, the device arena) and ends
+# with the parity lines and the figures: GEMM TFLOP/s, copy GB/s, launch and graph-replay
+# latency. It takes a few minutes; each test binary is limited to 5.
+#
+#   scripts/gpu-check.sh            build with the local Go toolchain, then run
+#   scripts/gpu-check.sh --build    only build the binaries into .cache/gpu-bin (for a GPU
+#                                   machine without Go: carry .cache/gpu-bin there and run
+#                                   scripts/gpu-check.sh, which then uses them)
+#
+# Libraries: libcuda from the driver; NVRTC, cuBLASLt and NCCL from the CUDA toolkit or
+# NVIDIA's Python wheels (found automatically; RESIN_CUDA_LIB_DIR or RESIN_NVRTC_LIB
+# override). Output is also written to $OUT/gpu-check.log when OUT is set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+bin="$root/.cache/gpu-bin"
+log=${OUT:-$root/.cache}/gpu-check.log
+mkdir -p "$(dirname "$log")"
+
+build() {
+	echo "== build ($(go version))"
+	rm -rf "$bin" && mkdir -p "$bin"
+	CGO_ENABLED=0 go build -ldflags='-s -w' -o "$bin/resin" ./cmd/resin || return 1
+	# Test binaries of every core package with gpu-tagged tests, plus the kernel packages.
+	local pkgs
+	pkgs=$( (grep -rl --include='*_test.go' '^//go:build gpu' core | xargs -r -n1 dirname; echo core/cudart; echo core/kernels/cuda; echo core/kernels/ref) | sort -u)
+	for dir in $pkgs; do
+		local name=${dir//\//_}
+		CGO_ENABLED=0 go test -c -tags gpu -ldflags='-s -w' -o "$bin/$name.test" "./$dir" || return 1
+		echo "$name $dir" >>"$bin/packages.txt"
+	done
+	ls -la "$bin"
+}
+
+main() {
+	echo "== machine"
+	date -u
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "nvidia-smi not available"
+	if command -v go >/dev/null; then
+		build || { echo "BUILD FAILED"; return 1; }
+	elif [ -x "$bin/resin" ]; then
+		echo "== no Go toolchain here: using the binaries in $bin"
+	else
+		echo "no Go toolchain and no prebuilt $bin (run scripts/gpu-check.sh --build where Go is)"; return 1
+	fi
+
+	# .cache/test.env (from .ci/setup.d) names NVRTC and ptxas where the setup ran.
+	if [ -f .cache/test.env ]; then set -a; . .cache/test.env; set +a; fi
+	# Otherwise look for them in a CUDA toolkit or NVIDIA's Python wheels.
+	if [ -z "${RESIN_NVRTC_LIB:-}" ] && [ -z "${RESIN_CUDA_LIB_DIR:-}" ]; then
+		for f in /usr/local/cuda/lib64/libnvrtc.so /usr/local/cuda/lib64/libnvrtc.so.* \
+			/opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.* \
+			/usr/local/lib/python3*/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*; do
+			case "$f" in *builtins*|*alt*) continue;; esac
+			[ -e "$f" ] && { export RESIN_NVRTC_LIB=$f; break; }
+		done
+	fi
+	if [ -z "${RESIN_PTXAS:-}" ]; then
+		p=$(command -v ptxas || ls /usr/local/cuda/bin/ptxas 2>/dev/null || true)
+		[ -n "$p" ] && export RESIN_PTXAS=$p
+	fi
+	export RESIN_KERNEL_CACHE=${RESIN_KERNEL_CACHE:-$root/.cache/gpu-kernel-cache}
+	echo "RESIN_NVRTC_LIB=${RESIN_NVRTC_LIB:-} RESIN_PTXAS=${RESIN_PTXAS:-}"
+
+	echo; echo "== resin doctor"
+	"$bin/resin" doctor
+
+	local failed=0
+	while read -r name dir; do
+		echo; echo "== go test -tags gpu ./$dir"
+		(cd "$dir" && timeout 300 "$bin/$name.test" -test.v -test.count=1 -test.timeout=290s) || failed=1
+	done <"$bin/packages.txt"
+
+	echo; echo "== summary"
+	echo "tests: $(grep -c -- '^--- PASS' "$log") passed, $(grep -c -- '^--- FAIL' "$log") failed, $(grep -c -- '^--- SKIP' "$log") skipped"
+	grep -- '^--- FAIL' "$log"
+	echo "-- parity"; grep -hE '_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  /'
+	echo "-- figures"; grep -hE '_test.go:[0-9]+: FIGURE' "$log" | sed 's/^.*FIGURE /  /'
+	echo "-- registers (NVRTC + ptxas)"; grep -hE '^ +[a-z_]+\.cu +resin_.* regs ' "$log" | sed 's/^ */  /'
+	[ $failed -eq 0 ] && echo "GPU CHECK PASSED" || echo "GPU CHECK FAILED"
+	return $failed
+}
+
+if [ "${1:-}" = "--build" ]; then
+	build
+	exit $?
+fi
+: >"$log"
+main 2>&1 | tee -a "$log"
+exit "${PIPESTATUS[0]}"
