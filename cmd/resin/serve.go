@@ -69,10 +69,10 @@ func (f *runtimeFlags) build() (*runtime, error) {
 			return nil, err
 		}
 	}
-	for _, name := range []string{"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<｜end▁of▁sentence｜>"} {
+	// The runner stops at whichever end-of-turn / end-of-text tokens the vocabulary has.
+	for _, name := range []string{"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<｜end▁of▁sentence｜>", "<|eom_id|>"} {
 		if id, ok := rt.tok.TokenID(name); ok {
 			rt.eos = append(rt.eos, id)
-			break
 		}
 	}
 	switch f.runner {
