@@ -112,7 +112,7 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 		s.finish(r, FinishError, fmt.Errorf("%w: open %q: %w", ErrCache, r.id, err))
 		return failed
 	}
-	r.seq, r.open, r.computed, r.committed = seq, true, hit, hit/s.bt
+	r.seq, r.open, r.computed, r.committed = seq, true, hit, hit
 	n := min(len(r.tokens)-r.computed, budget)
 	if err := s.pool.Reserve(seq, n); err != nil {
 		s.release(r)
@@ -145,34 +145,41 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	p.Scheduled[b] = int32(n)
 	p.PromptLen[b] = int32(r.promptLen)
 	p.NumDrafts[b] = int32(nd)
-	sp := &r.sampling
-	p.Temperature[b] = sp.Temperature
-	p.TopP[b] = sp.TopP
-	p.TopK[b] = int32(sp.TopK)
-	p.MinP[b] = sp.MinP
-	p.Seed[b] = sp.Seed
+	p.Temperature[b] = r.temp
+	p.TopP[b] = r.topP
+	p.TopK[b] = r.topK
+	p.MinP[b] = r.minP
+	p.Seed[b] = r.seed
 	p.Logprobs[b] = r.logprobs
 	if r.logprobs >= 0 {
 		p.anyLogprobs = true
 	}
 
-	copy(p.Tokens[t:t+known], r.tokens[r.computed:])
-	copy(p.Tokens[t+known:t+n], r.drafts[:nd])
-	pos := p.Positions[t : t+n]
-	for j := range pos {
-		pos[j] = int32(r.computed + j)
-	}
-	p.QueryStart[b+1] = int32(t + n)
-	if r.computed+known == len(r.tokens) {
-		// The chunk reaches the last known token: sample after it and after each draft.
-		for j := known - 1; j < n; j++ {
-			p.LogitsIndices[c.l] = int32(t + j)
-			c.l++
+	if n == 1 && r.computed+1 == len(r.tokens) {
+		// Decode: one token, one logits row.
+		p.Tokens[t] = r.tokens[r.computed]
+		p.Positions[t] = int32(r.computed)
+		p.QueryStart[b+1] = int32(t + 1)
+		p.LogitsIndices[c.l] = int32(t)
+		c.l++
+	} else {
+		copy(p.Tokens[t:t+known], r.tokens[r.computed:])
+		copy(p.Tokens[t+known:t+n], r.drafts[:nd])
+		pos := p.Positions[t : t+n]
+		for j := range pos {
+			pos[j] = int32(r.computed + j)
+		}
+		p.QueryStart[b+1] = int32(t + n)
+		if r.computed+known == len(r.tokens) {
+			// The chunk reaches the last known token: sample after it and after each draft.
+			for j := known - 1; j < n; j++ {
+				p.LogitsIndices[c.l] = int32(t + j)
+				c.l++
+			}
 		}
 	}
 	p.LogitsStart[b+1] = int32(c.l)
 
-	bt := s.bt
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		spec := &s.groups[g]
@@ -183,14 +190,14 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 		switch spec.Kind {
 		case kvslab.Full, kvslab.SlidingWindow:
 			for j := range slots {
-				at := r.computed + j
-				slots[j] = int64(table[at/bt])*int64(bt) + int64(at%bt)
+				blk, off := s.blockOf(r.computed + j)
+				slots[j] = int64(table[blk])*int64(s.bt) + int64(off)
 			}
 		case kvslab.Compressed:
-			per := int64(bt / spec.Ratio)
+			per := int64(s.bt / spec.Ratio)
 			for j := range slots {
-				at := r.computed + j
-				slots[j] = int64(table[at/bt])*per + int64(at%bt/spec.Ratio)
+				blk, off := s.blockOf(r.computed + j)
+				slots[j] = int64(table[blk])*per + int64(off/spec.Ratio)
 			}
 		default:
 			for j := range slots {
@@ -201,6 +208,15 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	}
 	c.b++
 	c.t += n
+}
+
+// blockOf splits a position into its block and the offset inside it, with a shift and a
+// mask when the block size is a power of two.
+func (s *Scheduler) blockOf(pos int) (int, int) {
+	if s.btShift >= 0 {
+		return pos >> s.btShift, pos & (s.bt - 1)
+	}
+	return pos / s.bt, pos % s.bt
 }
 
 // graphBatch returns the smallest declared graph bucket that holds the plan when every

@@ -58,12 +58,12 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 			s.metrics.draftsProposed += uint64(k)
 			s.metrics.draftsAccepted += uint64(a - 1)
 		}
-		if blocks := r.computed / s.bt; blocks > r.committed {
+		if r.computed >= r.committed+s.bt {
 			if err := s.pool.Commit(r.seq, r.tokens[:r.computed]); err != nil {
 				s.finish(r, FinishError, fmt.Errorf("%w: commit %q: %w", ErrCache, r.id, err))
 				continue
 			}
-			r.committed = blocks
+			r.committed = r.computed - r.computed%s.bt
 		}
 		if a == 0 {
 			continue
@@ -123,7 +123,7 @@ func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topTok
 
 // stopped finishes r when t is a stop token or r reached max tokens or the context end.
 func (s *Scheduler) stopped(r *request, t int32) bool {
-	if !r.sampling.IgnoreEOS && slices.Contains(s.eos, t) || slices.Contains(r.sampling.StopTokenIDs, t) {
+	if r.stops && (!r.ignoreEOS && slices.Contains(s.eos, t) || slices.Contains(r.stopIDs, t)) {
 		s.finish(r, FinishStop, nil)
 		return true
 	}
