@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,10 +24,10 @@ func TestGenerateMatchesRunnerReference(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eos := tiny.EOS(tok)
+	eos := endTokens(tok)
 	ids, _ := tok.Encode("Once upon a time", true)
-	toks := enginetest.Reference(tok.VocabSize(), ids, 24, engine.SamplingRow{Logprobs: -1}, eos)
-	if toks[len(toks)-1] == eos {
+	toks := enginetest.Reference(tok.VocabSize(), ids, 24, engine.SamplingRow{Logprobs: -1}, eos...)
+	if slices.Contains(eos, toks[len(toks)-1]) {
 		toks = toks[:len(toks)-1]
 	}
 	if want := tok.Decode(toks, true) + "\n"; out.String() != want {

@@ -69,12 +69,7 @@ func (f *runtimeFlags) build() (*runtime, error) {
 			return nil, err
 		}
 	}
-	// The runner stops at whichever end-of-turn / end-of-text tokens the vocabulary has.
-	for _, name := range []string{"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<｜end▁of▁sentence｜>", "<|eom_id|>"} {
-		if id, ok := rt.tok.TokenID(name); ok {
-			rt.eos = append(rt.eos, id)
-		}
-	}
+	rt.eos = endTokens(rt.tok)
 	switch f.runner {
 	case "test":
 		r, err := enginetest.New(enginetest.Config{
@@ -93,6 +88,18 @@ func (f *runtimeFlags) build() (*runtime, error) {
 		return nil, fmt.Errorf("unknown runner %q (available: test)", f.runner)
 	}
 	return rt, nil
+}
+
+// endTokens lists the end-of-turn / end-of-text tokens the vocabulary has: the runner
+// stops at any of them.
+func endTokens(tok *tokenizer.Tokenizer) []int32 {
+	var ids []int32
+	for _, name := range []string{"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<｜end▁of▁sentence｜>", "<|eom_id|>"} {
+		if id, ok := tok.TokenID(name); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 func newServeCmd() *cobra.Command {

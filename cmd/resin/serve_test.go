@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -107,12 +108,12 @@ type clientReport struct {
 }
 
 // expected computes, without the server, what the test runner generates greedily.
-func expected(t *testing.T, tok *tokenizer.Tokenizer, eos int32, prompt []int32, n int) (string, string, int) {
+func expected(t *testing.T, tok *tokenizer.Tokenizer, eos []int32, prompt []int32, n int) (string, string, int) {
 	t.Helper()
-	toks := enginetest.Reference(tok.VocabSize(), prompt, n, engine.SamplingRow{Logprobs: -1}, eos)
+	toks := enginetest.Reference(tok.VocabSize(), prompt, n, engine.SamplingRow{Logprobs: -1}, eos...)
 	finish := "length"
 	shown := toks
-	if toks[len(toks)-1] == eos {
+	if slices.Contains(eos, toks[len(toks)-1]) {
 		finish, shown = "stop", toks[:len(toks)-1]
 	}
 	return tok.Decode(shown, true), finish, len(toks)
@@ -193,7 +194,7 @@ func TestServeWithOpenAINodeClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eos := tiny.EOS(tok)
+	eos := endTokens(tok)
 	if len(rep.Models) != 1 || rep.Models[0] != "e2e" {
 		t.Errorf("models.list gave %v", rep.Models)
 	}
