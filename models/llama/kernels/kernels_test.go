@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/cuda"
 )
 
 func TestAddRMSNormRef(t *testing.T) {
@@ -84,6 +85,37 @@ func TestCompile(t *testing.T) {
 			t.Fatalf("%s: ptxas: %v\n%s", f, err, out)
 		}
 		t.Logf("%s: ptxas -v:\n%s", f, out)
+	}
+}
+
+// TestCompileClang compiles every kernel a second way, with clang-16 and no CUDA headers
+// (device code to sm_90 PTX through the prelude's NVPTX builtins), when clang-16 is
+// installed.
+func TestCompileClang(t *testing.T) {
+	cc, err := exec.LookPath("clang-16")
+	if err != nil {
+		t.Skip("clang-16 not installed (apt-get install clang-16)")
+	}
+	inc := t.TempDir()
+	if err := os.WriteFile(filepath.Join(inc, "prelude.cuh"), []byte(cuda.Prelude()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := fs.Glob(Sources, "*.cu")
+	for _, f := range files {
+		src, _ := Sources.ReadFile(f)
+		in := filepath.Join(inc, f)
+		if err := os.WriteFile(in, src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(cc, "-x", "cuda", "--cuda-gpu-arch=sm_90", "--cuda-device-only", "-nocudainc", "-nocudalib",
+			"-Xclang", "-target-feature", "-Xclang", "+ptx78", "-O3", "-S", "-Werror", "-I", inc, "-o", in+".ptx", in).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: clang-16: %v\n%s", f, err, out)
+		}
+		ptx, _ := os.ReadFile(in + ".ptx")
+		if !strings.Contains(string(ptx), ".entry") {
+			t.Fatalf("%s: clang-16 produced no kernel entry", f)
+		}
 	}
 }
 

@@ -7,8 +7,10 @@ package kernels
 import (
 	"embed"
 	"fmt"
+	"strings"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/cuda"
 )
 
 // Sources holds the kernels' CUDA sources.
@@ -19,16 +21,17 @@ var Sources embed.FS
 // Kernel names (extern "C" entry points).
 const AddRMSNormName = "demo_add_rmsnorm"
 
-// Options are the NVRTC flags every kernel of the model compiles with.
-var Options = []string{"-default-device", "-std=c++17", "--use_fast_math"}
+// Options are the NVRTC flags every kernel of the model compiles with: the core's.
+var Options = cuda.Options
 
-// Source returns the CUDA source of file (e.g. "add_rmsnorm.cu").
+// Source returns the CUDA source of file (e.g. "add_rmsnorm.cu") with its
+// #include "prelude.cuh" replaced by Resin's prelude, ready for NVRTC.
 func Source(file string) (string, error) {
 	b, err := Sources.ReadFile(file)
 	if err != nil {
 		return "", fmt.Errorf("kernels: %w", err)
 	}
-	return string(b), nil
+	return strings.Replace(string(b), `#include "prelude.cuh"`, cuda.Prelude(), 1), nil
 }
 
 // Compile compiles file for arch ("sm_90a" for a cubin, "compute_90a" for PTX) with NVRTC,
@@ -81,6 +84,6 @@ func (k *AddRMSNorm) Launch(c *cudart.Ctx, s *cudart.Stream, out, residual, x, w
 	if dim < threads {
 		threads = (dim + 31) / 32 * 32
 	}
-	k.args.Reset().Ptr(out).Ptr(residual).Ptr(x).Ptr(w).I32(int32(dim)).F32(eps)
+	k.args.Reset().Ptr(out).Ptr(residual).Ptr(x).Ptr(w).I32(int32(rows)).I32(int32(dim)).F32(eps)
 	return c.Launch(k.fn, cudart.D1(rows), cudart.D1(threads), 0, s, &k.args)
 }
