@@ -440,3 +440,48 @@ func TestGPUClosedDevice(t *testing.T) {
 		t.Fatal("Do after Close: no error")
 	}
 }
+
+func TestGPUNCCLSingleRank(t *testing.T) {
+	v, err := NCCLVersion()
+	if err != nil {
+		t.Skipf("NCCL not found: %v", err)
+	}
+	t.Logf("NCCL %d from %s", v, ncclLib.Path())
+	d := openGPU(t)
+	id, err := NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Do(func(c *Ctx) error {
+		comm, err := InitComm(c, id, 1, 0)
+		if err != nil {
+			return err
+		}
+		defer comm.Destroy()
+		in := []float32{1, 2, 3, 4}
+		a, _ := c.Alloc(16)
+		b, _ := c.Alloc(16)
+		defer c.Free(a)
+		defer c.Free(b)
+		Upload(c, a.Ptr, in)
+		if err := comm.AllReduce(a.Ptr, b.Ptr, 4, F32, Sum, nil); err != nil {
+			return err
+		}
+		if err := comm.Group(func() error { return comm.AllGather(b.Ptr, a.Ptr, 4, F32, nil) }); err != nil {
+			return err
+		}
+		c.Synchronize()
+		out := make([]float32, 4)
+		Download(c, out, a.Ptr)
+		for i := range in {
+			if out[i] != in[i] {
+				t.Errorf("one-rank all-reduce + all-gather gave %v, want %v", out, in)
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
