@@ -264,14 +264,34 @@ func TestRunnerFailureIsReported(t *testing.T) {
 		t.Fatalf("status %d %s, want a 500 server_error", code, raw)
 	}
 
-	// A failure after tokens were streamed arrives as an error event, then [DONE].
-	h = newHarness(t, harnessOpts{runner: failFrom(4)})
-	code, raw = h.post("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "boom"}}, "max_tokens": 10, "stream": true, "ignore_eos": true})
-	if code != 200 {
-		t.Fatalf("streaming status %d %s", code, raw)
+	// A failure after tokens were streamed arrives as an error event, then [DONE]. The
+	// failing step waits until the client has seen its first chunk.
+	gate := make(chan struct{})
+	h = newHarness(t, harnessOpts{runner: enginetest.Config{Fail: func(step uint64) bool {
+		if step < 4 {
+			return false
+		}
+		<-gate
+		return true
+	}}})
+	body, _ := json.Marshal(map[string]any{"messages": []any{map[string]any{"role": "user", "content": "boom"}}, "max_tokens": 10, "stream": true, "ignore_eos": true})
+	resp, err := http.Post(h.ts.URL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
 	}
-	events := sseEvents(t, raw)
-	if len(events) < 3 || events[len(events)-1] != "[DONE]" || !strings.Contains(events[len(events)-2], `"server_error"`) {
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("streaming status %d", resp.StatusCode)
+	}
+	rd := bufio.NewReader(resp.Body)
+	if _, err := rd.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	var rest bytes.Buffer
+	_, _ = rest.ReadFrom(rd)
+	events := sseEvents(t, rest.Bytes())
+	if len(events) < 2 || events[len(events)-1] != "[DONE]" || !strings.Contains(events[len(events)-2], `"server_error"`) {
 		t.Fatalf("stream did not end with an error event and [DONE]: %q", events)
 	}
 	if s := h.eng.Stats(); s.Running+s.Waiting != 0 {
