@@ -11,9 +11,10 @@ import (
 const NoSlot int64 = -1
 
 // BatchPlan is everything a runner needs for one step, in flat arrays. The scheduler
-// builds it once per step and never changes it after handing it over; the engine keeps two
-// plans and alternates, so the next one can be built while the runner still holds the
-// current one.
+// builds it once per step and never changes it after handing it over. It alternates
+// between two plans, so plan N stays intact while plan N+1 is built and executed: a
+// runner may keep reading plan N (for example while tensor-parallel workers still consume
+// its encoding) until its Execute for step N+1 returns.
 //
 // With B sequences and T tokens (T = QueryStart[B]):
 //

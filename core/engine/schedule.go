@@ -157,7 +157,7 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 
 	if n == 1 && r.computed+1 == len(r.tokens) {
 		// Decode: one token, one logits row.
-		p.Tokens[t] = r.tokens[r.computed]
+		p.Tokens[t] = r.last
 		p.Positions[t] = int32(r.computed)
 		p.QueryStart[b+1] = int32(t + 1)
 		p.LogitsIndices[c.l] = int32(t)
@@ -184,7 +184,7 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 		gp := &p.Groups[g]
 		spec := &s.groups[g]
 		table := s.pool.PageTable(r.seq, g)
-		gp.PageTable = append(gp.PageTable, table...)
+		gp.PageTable = appendPages(gp.PageTable, table)
 		gp.PageTableStart[b+1] = int32(len(gp.PageTable))
 		slots := gp.SlotMapping[t : t+n]
 		switch spec.Kind {
@@ -208,6 +208,20 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	}
 	c.b++
 	c.t += n
+}
+
+// appendPages is append(dst, src...) with a plain loop: page tables are a few entries
+// long, shorter than a memmove call is worth.
+func appendPages(dst, src []kvslab.PageID) []kvslab.PageID {
+	n := len(dst)
+	if n+len(src) > cap(dst) {
+		return append(dst, src...)
+	}
+	dst = dst[:n+len(src)]
+	for k, id := range src {
+		dst[n+k] = id
+	}
+	return dst
 }
 
 // blockOf splits a position into its block and the offset inside it, with a shift and a

@@ -32,6 +32,7 @@ type request struct {
 	handle    uint64
 	tokens    []int32 // prompt, then output; capacity promptLen+maxTokens
 	drafts    []int32 // proposed by the runner for the next step
+	last      int32   // tokens[len(tokens)-1], kept here to spare a cache line per step
 	computed  int     // tokens whose cache entries are computed
 	committed int     // tokens of the full blocks registered in the prefix cache
 	promptLen int
@@ -189,6 +190,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 		out: out, id: req.ID, order: s.handles, priority: req.Priority, arrival: req.Arrival,
 		ignoreEOS: sp.IgnoreEOS, stopIDs: slices.Clone(sp.StopTokenIDs),
 	}
+	r.last = req.Prompt[len(req.Prompt)-1]
 	r.stops = len(r.stopIDs) > 0 || !r.ignoreEOS && len(s.eos) > 0
 	if req.Sampling.Logprobs {
 		r.logprobs = int32(req.Sampling.TopLogprobs)

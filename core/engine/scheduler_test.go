@@ -253,3 +253,43 @@ func TestPriorityPreemptsLowestPriority(t *testing.T) {
 	}
 	d.checkWhole()
 }
+
+func TestPlanStaysIntactWhileTheNextIsBuilt(t *testing.T) {
+	d := newDirect(t, enginetest.Config{BlockTokens: 16, MaxDrafts: 1}, engine.Config{MaxBatchTokens: 20})
+	for i := 0; i < 4; i++ {
+		d.add(string(rune('a'+i)), prompt(i, 15+7*i), engine.SamplingParams{MaxTokens: 12}, 0)
+	}
+	var prev *engine.BatchPlan
+	var prevBytes []byte
+	steps := 0
+	for {
+		p := d.s.Schedule()
+		if prev != nil {
+			// Plan N is unchanged after N's Update and N+1's Schedule.
+			if again, _ := prev.MarshalBinary(); string(again) != string(prevBytes) {
+				t.Fatalf("step %d: plan %d changed while plan %d was built", steps, prev.Step, steps)
+			}
+			if p == prev {
+				t.Fatal("consecutive plans share a buffer")
+			}
+		}
+		if p == nil {
+			break
+		}
+		if d.s.Schedule() != nil {
+			t.Fatal("Schedule handed out a second plan before Update")
+		}
+		b, err := p.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := d.r.Execute(context.Background(), p)
+		d.s.Update(p, res, err)
+		prev, prevBytes = p, b
+		steps++
+	}
+	if steps < 5 {
+		t.Fatalf("only %d steps", steps)
+	}
+	d.checkWhole()
+}

@@ -93,6 +93,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 func (s *Scheduler) emit(r *request, toks []int32) {
 	for _, t := range toks {
 		r.tokens = append(r.tokens, t)
+		r.last = t
 		s.metrics.generationTokens++
 		r.out.Token(t, nil)
 		if s.stopped(r, t) {
@@ -106,6 +107,7 @@ func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topTok
 	top := int(r.logprobs)
 	for j, t := range toks {
 		r.tokens = append(r.tokens, t)
+		r.last = t
 		s.metrics.generationTokens++
 		lp := TokenLogprob{Token: t, Logprob: lps[j]}
 		if top > 0 {
