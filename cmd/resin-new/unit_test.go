@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -169,6 +170,53 @@ func TestModelFromHF(t *testing.T) {
 	} {
 		if _, err := modelFromHF(parse(js)); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestMerge3OneSided checks, over random edits, that a merge where only one side changed
+// the base returns that side exactly, and that identical changes merge cleanly.
+func TestMerge3OneSided(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	words := []string{"a\n", "b\n", "c\n", "func f() {}\n", "\n", "}\n"}
+	randomText := func(n int) []string {
+		var out []string
+		for i := 0; i < n; i++ {
+			out = append(out, words[rng.IntN(len(words))])
+		}
+		return out
+	}
+	edit := func(lines []string) []string {
+		out := append([]string(nil), lines...)
+		for k := rng.IntN(4); k >= 0; k-- {
+			i := rng.IntN(len(out) + 1)
+			switch rng.IntN(3) {
+			case 0:
+				out = append(out[:i], append([]string{words[rng.IntN(len(words))]}, out[i:]...)...)
+			case 1:
+				if i < len(out) {
+					out = append(out[:i], out[i+1:]...)
+				}
+			default:
+				if i < len(out) {
+					out[i] = "changed\n"
+				}
+			}
+		}
+		return out
+	}
+	join := func(ls []string) []byte { return []byte(strings.Join(ls, "")) }
+	for trial := 0; trial < 500; trial++ {
+		base := randomText(rng.IntN(12))
+		side := edit(base)
+		if got, n := merge3(join(base), join(side), join(base), "o", "b", "t"); n != 0 || string(got) != string(join(side)) {
+			t.Fatalf("ours only: base %q ours %q got %q (%d conflicts)", base, side, got, n)
+		}
+		if got, n := merge3(join(base), join(base), join(side), "o", "b", "t"); n != 0 || string(got) != string(join(side)) {
+			t.Fatalf("theirs only: base %q theirs %q got %q (%d conflicts)", base, side, got, n)
+		}
+		if got, n := merge3(join(base), join(side), join(side), "o", "b", "t"); n != 0 || string(got) != string(join(side)) {
+			t.Fatalf("same edit: base %q side %q got %q (%d conflicts)", base, side, got, n)
 		}
 	}
 }

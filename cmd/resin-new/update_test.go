@@ -131,3 +131,48 @@ func TestUpdateWithoutRecord(t *testing.T) {
 		t.Fatalf("update outside a scaffold: err = %v", err)
 	}
 }
+
+// TestUpdateAddsAndRemovesFiles: a file new in the template is created; a file the
+// template dropped is removed when untouched and kept when edited.
+func TestUpdateAddsAndRemovesFiles(t *testing.T) {
+	dir := scaffoldDemo(t)
+	m := newerTemplate(t)
+	man := string(m["dense/manifest.toml"].Data)
+	for _, block := range []string{
+		"[[file]]\npath = \".ci/run\"\ntemplate = \"ci-run.tmpl\"\nowner = \"scaffold\"\nlayout = \"standalone\"\nexec = true\n",
+		"[[file]]\npath = \"scripts/test.sh\"\ntemplate = \"scripts/test.sh.tmpl\"\nowner = \"scaffold\"\nlayout = \"standalone\"\nexec = true\n",
+	} {
+		if !strings.Contains(man, block) {
+			t.Fatalf("manifest lacks %q", block)
+		}
+		man = strings.Replace(man, block, "", 1)
+	}
+	man += "\n[[file]]\npath = \"NOTES.md\"\ntemplate = \"NOTES.md.tmpl\"\nowner = \"scaffold\"\n"
+	m["dense/manifest.toml"] = &fstest.MapFile{Data: []byte(man)}
+	m["dense/NOTES.md.tmpl"] = &fstest.MapFile{Data: []byte("# notes for {{ .Name }}\n")}
+
+	test := filepath.Join(dir, "scripts", "test.sh")
+	b, _ := os.ReadFile(test)
+	os.WriteFile(test, append(b, []byte("echo mine\n")...), 0o755)
+
+	if out, err := runCLI(t, m, "update", "--dry-run", dir); err != nil || !strings.Contains(out, "dry run") {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "NOTES.md")); err == nil {
+		t.Fatal("update --dry-run wrote NOTES.md")
+	}
+	out, err := runCLI(t, m, "update", dir)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	tree := readTree(t, dir)
+	if tree["NOTES.md"] != "# notes for demo\n" {
+		t.Errorf("NOTES.md = %q", tree["NOTES.md"])
+	}
+	if _, ok := tree[".ci/run"]; ok {
+		t.Error("untouched .ci/run, dropped by the template, was kept")
+	}
+	if !strings.HasSuffix(tree["scripts/test.sh"], "echo mine\n") {
+		t.Error("edited scripts/test.sh, dropped by the template, was not kept")
+	}
+}
