@@ -278,6 +278,7 @@ func TestGPUMoETopK(t *testing.T) {
 	for _, r := range []ref.Routing{
 		{TopK: topK, Scoring: ref.ScoreSoftmax, Renormalize: false},
 		{TopK: topK, Scoring: ref.ScoreSigmoid, Renormalize: true, Bias: bias, Scale: 2.5},
+		{TopK: topK, Scoring: ref.ScoreSigmoid, Renormalize: true, Bias: bias, Groups: 8, GroupTopK: 4, Scale: 2.5},
 	} {
 		wantW, wantID := make([]float32, tokens*topK), make([]int32, tokens*topK)
 		if err := ref.MoETopK(wantW, wantID, logits, tokens, experts, r); err != nil {
@@ -289,7 +290,9 @@ func TestGPUMoETopK(t *testing.T) {
 			if r.Bias != nil {
 				b = g.f32(r.Bias)
 			}
-			if err := k.MoETopK(g.c, nil, w, ids, g.f32(logits), b, tokens, experts, topK, r.Scoring, r.Renormalize, r.Scale); err != nil {
+			if err := k.MoETopK(g.c, nil, MoERouting{Weights: w, IDs: ids, Logits: g.f32(logits), Bias: b, Tokens: tokens,
+				Experts: experts, TopK: topK, Scoring: r.Scoring, Renormalize: r.Renormalize, Groups: r.Groups,
+				GroupTopK: r.GroupTopK, Scale: r.Scale}); err != nil {
 				t.Fatal(err)
 			}
 			gotID := g.getI32(ids, tokens*topK)
@@ -363,8 +366,11 @@ func TestGPULauncherShapeErrors(t *testing.T) {
 		if err := k.PagedAttention(g.c, nil, PagedAttention{Batch: 1, NQ: 1, Heads: 3, KVHeads: 2, HeadDim: 64, PageTokens: 16, MaxPages: 1}); err == nil {
 			t.Error("heads not a multiple of kv heads: no error")
 		}
-		if err := k.MoETopK(g.c, nil, 0, 0, 0, 0, 1, 2000, 2, ref.ScoreSoftmax, false, 1); err == nil {
+		if err := k.MoETopK(g.c, nil, MoERouting{Tokens: 1, Experts: 2000, TopK: 2}); err == nil {
 			t.Error("too many experts: no error")
+		}
+		if err := k.MoETopK(g.c, nil, MoERouting{Tokens: 1, Experts: 64, TopK: 8, Groups: 8, GroupTopK: 1}); err == nil {
+			t.Error("top-k larger than the kept groups: no error")
 		}
 	})
 }

@@ -227,29 +227,50 @@ func (k *Kernels) PagedAttention(c *cudart.Ctx, s *cudart.Stream, p PagedAttenti
 	return c.Launch(k.pagedAttention, grid, cudart.D1(attnThread), 0, s, a)
 }
 
-// MoETopK launches ref.MoETopK for routing without expert groups: logits [tokens,
-// experts], bias [experts] or 0 → weights [tokens, topK] float32, ids [tokens, topK] int32.
-func (k *Kernels) MoETopK(c *cudart.Ctx, s *cudart.Stream, weights, ids, logits, bias cudart.DevicePtr,
-	tokens, experts, topK int, scoring ref.Scoring, renormalize bool, scale float32) error {
-	if err := positive("MoETopK", tokens, experts, topK); err != nil {
+// MoERouting is one call of the routing kernel; pointers are device addresses and the
+// fields mean what ref.Routing's do.
+type MoERouting struct {
+	Weights, IDs cudart.DevicePtr // [Tokens, TopK] float32 and int32
+	Logits       cudart.DevicePtr // [Tokens, Experts] float32
+	Bias         cudart.DevicePtr // [Experts] float32, or 0
+	Tokens       int
+	Experts      int
+	TopK         int
+	Scoring      ref.Scoring
+	Renormalize  bool
+	Groups       int // > 1 for group-limited routing, at most 32
+	GroupTopK    int
+	Scale        float32 // 0 means 1
+}
+
+// MoETopK launches ref.MoETopK.
+func (k *Kernels) MoETopK(c *cudart.Ctx, s *cudart.Stream, r MoERouting) error {
+	if err := positive("MoETopK", r.Tokens, r.Experts, r.TopK); err != nil {
 		return err
 	}
-	if experts > MaxExperts || topK > experts {
-		return fmt.Errorf("cuda.MoETopK: top-%d of %d experts (at most %d experts)", topK, experts, MaxExperts)
+	if r.Experts > MaxExperts || r.TopK > r.Experts {
+		return fmt.Errorf("cuda.MoETopK: top-%d of %d experts (at most %d experts)", r.TopK, r.Experts, MaxExperts)
 	}
-	if scoring != ref.ScoreSoftmax && scoring != ref.ScoreSigmoid {
-		return fmt.Errorf("cuda.MoETopK: unknown scoring %d", scoring)
+	if r.Scoring != ref.ScoreSoftmax && r.Scoring != ref.ScoreSigmoid {
+		return fmt.Errorf("cuda.MoETopK: unknown scoring %d", r.Scoring)
 	}
+	groups := max(r.Groups, 1)
+	if groups > 1 && (groups > 32 || r.Experts%groups != 0 || r.GroupTopK <= 0 || r.GroupTopK > groups ||
+		r.TopK > r.GroupTopK*(r.Experts/groups)) {
+		return fmt.Errorf("cuda.MoETopK: %d experts, %d groups (at most 32), group top-k %d and top-k %d do not fit",
+			r.Experts, r.Groups, r.GroupTopK, r.TopK)
+	}
+	scale := r.Scale
 	if scale == 0 {
 		scale = 1
 	}
 	renorm := int32(0)
-	if renormalize {
+	if r.Renormalize {
 		renorm = 1
 	}
-	a := k.args.Reset().Ptr(weights).Ptr(ids).Ptr(logits).Ptr(bias).I32(int32(tokens)).I32(int32(experts)).
-		I32(int32(topK)).I32(int32(scoring)).I32(renorm).F32(scale)
-	return c.Launch(k.moeTopK, cudart.D1(tokens), cudart.D1(32), 0, s, a)
+	a := k.args.Reset().Ptr(r.Weights).Ptr(r.IDs).Ptr(r.Logits).Ptr(r.Bias).I32(int32(r.Tokens)).I32(int32(r.Experts)).
+		I32(int32(r.TopK)).I32(int32(r.Scoring)).I32(renorm).F32(scale).I32(int32(groups)).I32(int32(r.GroupTopK))
+	return c.Launch(k.moeTopK, cudart.D1(r.Tokens), cudart.D1(32), 0, s, a)
 }
 
 // Argmax launches ref.ArgmaxRows: x [rows, n] → out [rows] int32.

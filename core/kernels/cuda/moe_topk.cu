@@ -1,8 +1,10 @@
-// moe_topk.cu: MoE routing, as ref.MoETopK without expert groups.
+// moe_topk.cu: MoE routing, as ref.MoETopK.
 //   logits: [tokens, experts]  bias: [experts] or null  weights, ids: [tokens, k]
 //   scoring 0: softmax over experts; 1: sigmoid per expert. Experts are chosen by
 //   score + bias, the lower index first on a tie; the weight is the unbiased score,
 //   divided by the chosen scores' sum when renorm is set, then multiplied by scale.
+//   groups > 1: only the group_topk groups whose two best (biased) scores sum highest
+//   are eligible (DeepSeek-V3's group-limited routing); groups <= 32.
 // Grid: tokens blocks; block: 32 threads (one warp); experts <= RESIN_MOE_MAX_EXPERTS.
 #include "prelude.cuh"
 
@@ -11,7 +13,7 @@
 RESIN_KERNEL void resin_moe_topk(float* __restrict__ weights, int* __restrict__ ids,
                                  const float* __restrict__ logits, const float* __restrict__ bias,
                                  int tokens, int experts, int k, int scoring, int renorm,
-                                 float scale) {
+                                 float scale, int groups, int group_topk) {
   __shared__ float score[RESIN_MOE_MAX_EXPERTS];
   __shared__ float choice[RESIN_MOE_MAX_EXPERTS];
   int t = RESIN_BID_X;
@@ -35,6 +37,36 @@ RESIN_KERNEL void resin_moe_topk(float* __restrict__ weights, int* __restrict__ 
   }
   for (int e = lane; e < experts; e += RESIN_WARP) choice[e] = score[e] + (bias ? bias[e] : 0.0f);
   resin_sync();
+  if (groups > 1) {
+    // Lane g scores group g by the sum of its two best choices.
+    int size = experts / groups;
+    float gs = -RESIN_INF;
+    if ((int)lane < groups) {
+      float a = -RESIN_INF, b2 = -RESIN_INF;
+      for (int e = lane * size; e < (int)(lane + 1) * size; e++) {
+        float v = choice[e];
+        if (v > a) {
+          b2 = a;
+          a = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
+      }
+      gs = a + (size == 1 ? 0.0f : b2);
+    }
+    // Keep the group_topk best groups (lower index first on a tie).
+    bool keep = false;
+    for (int j = 0; j < group_topk; j++) {
+      float bv = (int)lane < groups && !keep ? gs : -RESIN_INF;
+      int bi = (int)lane < groups && !keep ? (int)lane : 0x7fffffff;
+      resin_warp_argmax(&bv, &bi);
+      if ((int)lane == bi) keep = true;
+    }
+    resin_sync();
+    if ((int)lane < groups && !keep)
+      for (int e = lane * size; e < (int)(lane + 1) * size; e++) choice[e] = -RESIN_INF;
+    resin_sync();
+  }
   float sum = 0.0f;
   for (int j = 0; j < k; j++) {
     float bv = -RESIN_INF;
