@@ -50,37 +50,60 @@ type span struct {
 	delim      bool
 }
 
-// applyBehavior turns the spans of s into pieces according to b.
+// applyBehavior turns the spans of s into pieces according to b, as the reference's
+// SplitDelimiterBehavior does: a delimiter merges into a neighbouring span only when that
+// neighbour is not a delimiter itself, and Contiguous joins runs of equal spans.
 func applyBehavior(dst []string, s string, spans []span, b splitBehavior) []string {
-	pending := "" // text waiting to be merged into the next piece
-	for i, sp := range spans {
-		text := s[sp.start:sp.end]
-		if !sp.delim {
-			dst = appendPiece(dst, pending+text)
-			pending = ""
-			continue
+	switch b {
+	case behaviorRemoved:
+		for _, sp := range spans {
+			if !sp.delim {
+				dst = appendPiece(dst, s[sp.start:sp.end])
+			}
 		}
-		switch b {
-		case behaviorRemoved:
-		case behaviorIsolated:
-			dst = appendPiece(dst, text)
-		case behaviorMergedWithPrevious:
-			if len(dst) > 0 && i > 0 && !spans[i-1].delim {
-				dst[len(dst)-1] += text
-			} else {
-				dst = appendPiece(dst, text)
+	case behaviorIsolated:
+		for _, sp := range spans {
+			dst = appendPiece(dst, s[sp.start:sp.end])
+		}
+	case behaviorMergedWithPrevious:
+		var out []span
+		for i, sp := range spans {
+			if sp.delim && i > 0 && !spans[i-1].delim && len(out) > 0 {
+				out[len(out)-1].end = sp.end
+				continue
 			}
-		case behaviorMergedWithNext:
-			pending += text
-		case behaviorContiguous:
-			if len(dst) > 0 && i > 0 && spans[i-1].delim {
-				dst[len(dst)-1] += text
-			} else {
-				dst = appendPiece(dst, text)
+			out = append(out, sp)
+		}
+		for _, sp := range out {
+			dst = appendPiece(dst, s[sp.start:sp.end])
+		}
+	case behaviorMergedWithNext:
+		var out []span
+		for i := len(spans) - 1; i >= 0; i-- {
+			sp := spans[i]
+			if sp.delim && i+1 < len(spans) && !spans[i+1].delim && len(out) > 0 {
+				out[len(out)-1].start = sp.start
+				continue
 			}
+			out = append(out, sp)
+		}
+		for i := len(out) - 1; i >= 0; i-- {
+			dst = appendPiece(dst, s[out[i].start:out[i].end])
+		}
+	case behaviorContiguous:
+		var out []span
+		for i, sp := range spans {
+			if i > 0 && spans[i-1].delim == sp.delim && len(out) > 0 {
+				out[len(out)-1].end = sp.end
+				continue
+			}
+			out = append(out, sp)
+		}
+		for _, sp := range out {
+			dst = appendPiece(dst, s[sp.start:sp.end])
 		}
 	}
-	return appendPiece(dst, pending)
+	return dst
 }
 
 func appendPiece(dst []string, s string) []string {

@@ -251,3 +251,42 @@ func TestConcurrentEncode(t *testing.T) {
 		}
 	}
 }
+
+// TestSplitBehaviors checks every SplitDelimiterBehavior, plain and inverted, and Digits,
+// against what the reference's pre_tokenize_str returns for the same input.
+func TestSplitBehaviors(t *testing.T) {
+	const s = "the-final--countdown"
+	for _, c := range []struct {
+		behavior      splitBehavior
+		plain, invert []string
+	}{
+		{behaviorRemoved, []string{"the", "final", "countdown"}, []string{"-", "-", "-"}},
+		{behaviorIsolated, []string{"the", "-", "final", "-", "-", "countdown"}, []string{"the", "-", "final", "-", "-", "countdown"}},
+		{behaviorMergedWithPrevious, []string{"the-", "final-", "-", "countdown"}, []string{"the", "-final", "-", "-countdown"}},
+		{behaviorMergedWithNext, []string{"the", "-final", "-", "-countdown"}, []string{"the-", "final-", "-", "countdown"}},
+		{behaviorContiguous, []string{"the", "-", "final", "--", "countdown"}, []string{"the", "-", "final", "--", "countdown"}},
+	} {
+		for _, invert := range []bool{false, true} {
+			p := &regexSplit{literal: "-", behavior: c.behavior, invert: invert}
+			got, err := p.split(nil, []string{s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := c.plain
+			if invert {
+				want = c.invert
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("behavior %d invert=%v: %q, want %q", c.behavior, invert, got, want)
+			}
+		}
+	}
+	got, _ := digitsSplit{}.split(nil, []string{"ab123c4½5"})
+	if want := []string{"ab", "123", "c", "4½5"}; !slices.Equal(got, want) {
+		t.Errorf("digits: %q, want %q", got, want)
+	}
+	got, _ = digitsSplit{individual: true}.split(nil, []string{"ab12c"})
+	if want := []string{"ab", "1", "2", "c"}; !slices.Equal(got, want) {
+		t.Errorf("individual digits: %q, want %q", got, want)
+	}
+}
