@@ -397,6 +397,9 @@ func modelFromHF(c *weights.Config) (ModelAnswer, error) {
 	case "mistral":
 		m.SlidingWindow = c.SlidingWindow
 	}
+	if c.MLPBias {
+		return m, fmt.Errorf("mlp_bias: the dense base has no biases on gate/up/down")
+	}
 	if c.HiddenAct != "silu" {
 		return m, fmt.Errorf("hidden_act %q: the dense base implements SwiGLU (silu)", c.HiddenAct)
 	}

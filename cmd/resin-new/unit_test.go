@@ -165,6 +165,7 @@ func TestModelFromHF(t *testing.T) {
 	}
 	for name, js := range map[string]string{
 		"gelu":          `{"model_type":"llama",` + dims + `,"hidden_act":"gelu"}`,
+		"mlp bias":      `{"model_type":"llama",` + dims + `,"mlp_bias":true}`,
 		"yarn":          `{"model_type":"llama",` + dims + `,"rope_scaling":{"rope_type":"yarn","factor":4}}`,
 		"qwen2 windows": `{"model_type":"qwen2",` + dims + `,"use_sliding_window":true}`,
 	} {

@@ -48,6 +48,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	if c.UseSlidingWindow {
 		return nil, fmt.Errorf("config: use_sliding_window (per-layer windows) is not implemented by this model")
 	}
+	if c.MLPBias {
+		return nil, fmt.Errorf("config: mlp_bias (biases on gate/up/down) is not implemented by this model")
+	}
 	if c.HiddenAct != "silu" {
 		return nil, fmt.Errorf("config: hidden_act %q is not implemented (SwiGLU uses silu)", c.HiddenAct)
 	}
