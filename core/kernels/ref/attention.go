@@ -16,28 +16,37 @@ type PagedKV struct {
 	PageTokens int
 	KVHeads    int
 	HeadDim    int
-	// PageOffset maps a page id to the element offset of the page's first value in K and
-	// V. Nil means pages are packed back to back: page * PageTokens*KVHeads*HeadDim.
+	// PageOffset maps a page id to the element offset of the page's first value in K (and
+	// in V when VPageOffset is nil). Nil means pages are packed back to back:
+	// page * PageTokens*KVHeads*HeadDim.
 	PageOffset func(page int32) int
+	// VPageOffset, when set, maps a page id to its offset in V; with K and V views of one
+	// arena, a page's values can then sit right after its keys.
+	VPageOffset func(page int32) int
 }
 
 // PageElems is the number of float32 values one page holds in K (and in V).
 func (c *PagedKV) PageElems() int { return c.PageTokens * c.KVHeads * c.HeadDim }
 
-// offset returns the element offset of (page, token in page, kv head), checked against K/V.
-func (c *PagedKV) offset(op string, page int32, tok, head int) (int, error) {
+// offsets returns the element offsets of (page, token in page, kv head) in K and in V,
+// checked against the slices.
+func (c *PagedKV) offsets(op string, page int32, tok, head int) (k, v int, err error) {
 	if page < 0 {
-		return 0, fmt.Errorf("ref.%s: negative page id %d", op, page)
+		return 0, 0, fmt.Errorf("ref.%s: negative page id %d", op, page)
 	}
-	base := int(page) * c.PageElems()
+	kBase := int(page) * c.PageElems()
 	if c.PageOffset != nil {
-		base = c.PageOffset(page)
+		kBase = c.PageOffset(page)
 	}
-	off := base + (tok*c.KVHeads+head)*c.HeadDim
-	if base < 0 || off+c.HeadDim > len(c.K) || off+c.HeadDim > len(c.V) {
-		return 0, fmt.Errorf("ref.%s: page %d lies outside the cache (%d values)", op, page, min(len(c.K), len(c.V)))
+	vBase := kBase
+	if c.VPageOffset != nil {
+		vBase = c.VPageOffset(page)
 	}
-	return off, nil
+	in := (tok*c.KVHeads + head) * c.HeadDim
+	if kBase < 0 || vBase < 0 || kBase+in+c.HeadDim > len(c.K) || vBase+in+c.HeadDim > len(c.V) {
+		return 0, 0, fmt.Errorf("ref.%s: page %d lies outside the cache (%d key and %d value floats)", op, page, len(c.K), len(c.V))
+	}
+	return kBase + in, vBase + in, nil
 }
 
 func (c *PagedKV) check(op string) error {
@@ -75,12 +84,16 @@ func (c *PagedKV) StoreKV(k, v []float32, slots []int64) error {
 		if page > math.MaxInt32 {
 			return fmt.Errorf("ref.StoreKV: slot %d of token %d names page %d beyond int32", s, t, page)
 		}
-		off, err := c.offset("StoreKV", int32(page), tok, 0)
+		ko, vo, err := c.offsets("StoreKV", int32(page), tok, 0)
 		if err != nil {
 			return err
 		}
-		copy(c.K[off:off+row], k[t*row:(t+1)*row])
-		copy(c.V[off:off+row], v[t*row:(t+1)*row])
+		// The last kv head was checked; the row's heads are contiguous before it.
+		if _, _, err := c.offsets("StoreKV", int32(page), tok, c.KVHeads-1); err != nil {
+			return err
+		}
+		copy(c.K[ko:ko+row], k[t*row:(t+1)*row])
+		copy(c.V[vo:vo+row], v[t*row:(t+1)*row])
 	}
 	return nil
 }
@@ -142,20 +155,20 @@ func PagedAttention(out, q []float32, c *PagedKV, pages []int32, ctxLen, nq int,
 			// pass 1: mx = max_t score(t), score(t) = Scale · q·k_t for t in [lo, p]
 			mx := math.Inf(-1)
 			for t := lo; t <= p; t++ {
-				off, err := c.offset(op, pages[t/c.PageTokens], t%c.PageTokens, kvh)
+				ko, _, err := c.offsets(op, pages[t/c.PageTokens], t%c.PageTokens, kvh)
 				if err != nil {
 					return err
 				}
-				mx = max(mx, dot(qv, c.K[off:off+d])*float64(a.Scale))
+				mx = max(mx, dot(qv, c.K[ko:ko+d])*float64(a.Scale))
 			}
 			// pass 2: o = Σ_t exp(score(t) − mx) · v_t / Σ_t exp(score(t) − mx)
 			clear(o)
 			var sum float64
 			for t := lo; t <= p; t++ {
-				off, _ := c.offset(op, pages[t/c.PageTokens], t%c.PageTokens, kvh)
-				w := math.Exp(dot(qv, c.K[off:off+d])*float64(a.Scale) - mx)
+				ko, vo, _ := c.offsets(op, pages[t/c.PageTokens], t%c.PageTokens, kvh)
+				w := math.Exp(dot(qv, c.K[ko:ko+d])*float64(a.Scale) - mx)
 				sum += w
-				for j, v := range c.V[off : off+d] {
+				for j, v := range c.V[vo : vo+d] {
 					o[j] += float32(w) * v
 				}
 			}

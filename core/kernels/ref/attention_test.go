@@ -102,6 +102,36 @@ func TestPagedAttentionPrefillEqualsDecode(t *testing.T) {
 	near(t, "first token", prefill[:d], v[:d], 1e-6)
 }
 
+func TestPagedAttentionKAndVInOneArena(t *testing.T) {
+	// One arena holds each page's keys followed by its values, as a kvslab page would.
+	r := rand.New(rand.NewPCG(9, 10))
+	const pageTokens, kvHeads, heads, d, ctx, pages = 4, 2, 4, 8, 7, 5
+	half := pageTokens * kvHeads * d
+	arena := make([]float32, pages*2*half)
+	shared := &PagedKV{K: arena, V: arena, PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d,
+		PageOffset:  func(p int32) int { return int(p) * 2 * half },
+		VPageOffset: func(p int32) int { return int(p)*2*half + half }}
+	split := &PagedKV{K: make([]float32, pages*half), V: make([]float32, pages*half), PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
+	table := []int32{3, 1}
+	k, v := randSlice(r, ctx*kvHeads*d), randSlice(r, ctx*kvHeads*d)
+	slots := make([]int64, ctx)
+	for i := range slots {
+		slots[i] = int64(table[i/pageTokens])*pageTokens + int64(i%pageTokens)
+	}
+	q := randSlice(r, 2*heads*d)
+	var outs [2][]float32
+	for i, c := range []*PagedKV{shared, split} {
+		if err := c.StoreKV(k, v, slots); err != nil {
+			t.Fatal(err)
+		}
+		outs[i] = make([]float32, len(q))
+		if err := PagedAttention(outs[i], q, c, table, ctx, 2, Attention{Heads: heads, Scale: 0.3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	near(t, "one arena vs two", outs[0], outs[1], 0)
+}
+
 func TestPagedAttentionErrors(t *testing.T) {
 	c := &PagedKV{K: make([]float32, 16), V: make([]float32, 16), PageTokens: 2, KVHeads: 2, HeadDim: 2}
 	out, q := make([]float32, 12), make([]float32, 12)
