@@ -53,6 +53,18 @@ function describe(e) {
     if (ch.finish_reason) finish = ch.finish_reason;
   }
   out.stream = { text, finish, chunks, usage, role };
+  const cs = await client.completions.create({ model: "e2e", prompt: "Hello", max_tokens: 8, temperature: 0, stream: true });
+  let ctext = "", cfinish = null;
+  for await (const chunk of cs) {
+    ctext += chunk.choices[0].text;
+    if (chunk.choices[0].finish_reason) cfinish = chunk.choices[0].finish_reason;
+  }
+  out.completionStream = { text: ctext, finish: cfinish };
+  const lp = await client.chat.completions.create({ model: "e2e", messages, max_tokens: 6, temperature: 0,
+    logprobs: true, top_logprobs: 2, stop: ["\u0000never"], seed: 42 });
+  out.logprobs = { n: lp.choices[0].logprobs.content.length, tokens: lp.usage.completion_tokens,
+    top: lp.choices[0].logprobs.content.every((c) => c.top_logprobs.length === 2 && c.logprob <= 0),
+    joined: lp.choices[0].logprobs.content.map((c) => c.token).join(""), content: lp.choices[0].message.content };
   try { await client.chat.completions.create({ model: "e2e", messages, max_tokens: -1 }); out.bad = "no error"; }
   catch (e) { out.bad = describe(e); }
   try { await client.completions.create({ model: "no-such-model", prompt: "x" }); out.unknown = "no error"; }
@@ -102,6 +114,17 @@ type clientReport struct {
 		Usage  *clientUsage `json:"usage"`
 		Role   string       `json:"role"`
 	} `json:"stream"`
+	CompletionStream struct {
+		Text   string `json:"text"`
+		Finish string `json:"finish"`
+	} `json:"completionStream"`
+	Logprobs struct {
+		N       int    `json:"n"`
+		Tokens  int    `json:"tokens"`
+		Top     bool   `json:"top"`
+		Joined  string `json:"joined"`
+		Content string `json:"content"`
+	} `json:"logprobs"`
 	Bad     clientError `json:"bad"`
 	Unknown clientError `json:"unknown"`
 	BadKey  clientError `json:"badKey"`
@@ -206,6 +229,10 @@ func TestServeWithOpenAINodeClient(t *testing.T) {
 		t.Errorf("completion: client got %+v, want text %q finish %s usage %d/%d", c, text, finish, len(ids), n)
 	}
 
+	if cs := rep.CompletionStream; cs.Text != c.Text || cs.Finish != c.Finish {
+		t.Errorf("streaming completion: client got %+v, want %q (%s)", cs, c.Text, c.Finish)
+	}
+
 	prompt, err := chat.Render([]map[string]any{{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}}, tokenizer.ChatOptions{AddGenerationPrompt: true})
 	if err != nil {
 		t.Fatal(err)
@@ -219,6 +246,10 @@ func TestServeWithOpenAINodeClient(t *testing.T) {
 	st := rep.Stream
 	if st.Text != text || st.Finish != finish || st.Role != "assistant" || st.Chunks < 3 || st.Usage == nil || st.Usage.CompletionTokens != n {
 		t.Errorf("streaming chat: client got %+v, want text %q finish %s", st, text, finish)
+	}
+
+	if lp := rep.Logprobs; lp.N == 0 || !lp.Top || (lp.N != lp.Tokens && lp.N != lp.Tokens-1) {
+		t.Errorf("chat logprobs: client got %+v", lp)
 	}
 
 	if rep.Bad.Status != 400 || !rep.Bad.BadRequest || !strings.Contains(rep.Bad.Message, "max_tokens") {
