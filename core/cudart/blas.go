@@ -103,12 +103,25 @@ const (
 	F16
 )
 
-func (t DType) String() string { return [...]string{"f32", "bf16", "f16"}[t] }
+func (t DType) String() string {
+	if !t.valid() {
+		return fmt.Sprintf("dtype(%d)", int(t))
+	}
+	return [...]string{"f32", "bf16", "f16"}[t]
+}
 
-// Size returns the bytes of one element.
-func (t DType) Size() int { return [...]int{4, 2, 2}[t] }
+func (t DType) valid() bool { return t >= F32 && t <= F16 }
 
-func (t DType) cudaType() int32 { return [...]int32{0, 14, 2}[t] } // CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F
+// Size returns the bytes of one element (0 for an unknown type).
+func (t DType) Size() int {
+	if !t.valid() {
+		return 0
+	}
+	return [...]int{4, 2, 2}[t]
+}
+
+// cudaType is the cudaDataType: CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F.
+func (t DType) cudaType() int32 { return [...]int32{0, 14, 2}[t] }
 
 const (
 	computeF32       = 68 // CUBLAS_COMPUTE_32F
@@ -171,6 +184,9 @@ func NewBlas(d *Device) (*Blas, error) {
 func (b *Blas) MatMulT(c *Ctx, s *Stream, t DType, out, x, w DevicePtr, m, k, n int) error {
 	if m <= 0 || n <= 0 || k <= 0 {
 		return fmt.Errorf("cublasLt gemm: dimensions m=%d k=%d n=%d must be positive", m, k, n)
+	}
+	if !t.valid() {
+		return fmt.Errorf("cublasLt gemm: unknown element type %v", t)
 	}
 	if c.dev != b.dev {
 		return fmt.Errorf("cublasLt gemm: context of device %d, handle of device %d", c.dev.Info.Ordinal, b.dev.Info.Ordinal)

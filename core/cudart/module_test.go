@@ -35,3 +35,17 @@ func TestArgsSlots(t *testing.T) {
 		t.Fatal("launching an unloaded function gave no error")
 	}
 }
+
+func TestDTypeUnknownDoesNotPanic(t *testing.T) {
+	bad := DType(9)
+	if bad.String() != "dtype(9)" || bad.Size() != 0 || ncclType(bad) != -1 {
+		t.Fatalf("unknown dtype: %q %d %d", bad.String(), bad.Size(), ncclType(bad))
+	}
+	if F32.Size() != 4 || BF16.String() != "bf16" || ncclType(BF16) != 9 {
+		t.Fatal("known dtypes misdescribed")
+	}
+	var b Blas
+	if err := b.MatMulT(&Ctx{}, nil, bad, 0, 0, 0, 1, 1, 1); err == nil {
+		t.Fatal("unknown dtype GEMM: no error")
+	}
+}

@@ -107,7 +107,14 @@ const (
 	Avg ReduceOp = 4
 )
 
-func ncclType(t DType) int32 { return [...]int32{7, 9, 6}[t] } // ncclFloat32, ncclBfloat16, ncclFloat16
+// ncclType is the ncclDataType_t: ncclFloat32, ncclBfloat16, ncclFloat16; -1 (which NCCL
+// rejects as an invalid argument) for an unknown type.
+func ncclType(t DType) int32 {
+	if !t.valid() {
+		return -1
+	}
+	return [...]int32{7, 9, 6}[t]
+}
 
 // Comm is one rank of an NCCL communicator, bound to a device.
 type Comm struct {
