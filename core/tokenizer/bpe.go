@@ -128,34 +128,124 @@ func (m *bpe) encode(dst []int32, piece string) []int32 {
 }
 
 // merge runs the merges over the characters of piece, always applying the lowest-ranked
-// merge among adjacent symbols first (leftmost on ties), until none applies.
+// merge among adjacent symbols first (leftmost on ties), until none applies. Symbols form
+// a linked list and candidate merges sit in a heap, so a piece of n characters costs
+// O(n log n) rather than a rescan per merge.
 func (m *bpe) merge(piece string) []int32 {
-	syms := make([]int32, 0, utf8.RuneCountInString(piece))
+	n := utf8.RuneCountInString(piece)
+	syms := make([]symbol, 0, n)
 	for i, r := range piece {
 		ch := piece[i : i+utf8.RuneLen(r)]
-		if id, ok := m.vocab[ch]; ok {
-			syms = append(syms, id)
-		} else if m.unk >= 0 {
-			if n := len(syms); n == 0 || syms[n-1] != m.unk {
-				syms = append(syms, m.unk)
+		id, ok := m.vocab[ch]
+		if !ok {
+			if m.unk < 0 {
+				continue
 			}
+			if k := len(syms); k > 0 && syms[k-1].id == m.unk {
+				continue
+			}
+			id = m.unk
+		}
+		syms = append(syms, symbol{id: id, prev: int32(len(syms)) - 1, next: int32(len(syms)) + 1})
+	}
+	if len(syms) == 0 {
+		return nil
+	}
+	syms[len(syms)-1].next = -1
+	var h mergeHeap
+	for i := 0; i+1 < len(syms); i++ {
+		m.push(&h, syms, int32(i), int32(i+1))
+	}
+	for len(h) > 0 {
+		c := h.pop()
+		l, r := &syms[c.left], &syms[c.right]
+		if l.dead || r.dead || l.next != c.right || l.id != c.leftID || r.id != c.rightID {
+			continue // stale: one side merged since
+		}
+		l.id = c.id
+		r.dead = true
+		l.next = r.next
+		if r.next >= 0 {
+			syms[r.next].prev = c.left
+		}
+		if l.prev >= 0 {
+			m.push(&h, syms, l.prev, c.left)
+		}
+		if l.next >= 0 {
+			m.push(&h, syms, c.left, l.next)
 		}
 	}
-	for len(syms) > 1 {
-		best, at := merge{rank: -1}, -1
-		for i := 0; i+1 < len(syms); i++ {
-			mg, ok := m.merges[pair{syms[i], syms[i+1]}]
-			if ok && (at < 0 || mg.rank < best.rank) {
-				best, at = mg, i
-			}
-		}
-		if at < 0 {
+	out := make([]int32, 0, len(syms))
+	for i := int32(0); i >= 0; i = syms[i].next {
+		out = append(out, syms[i].id)
+	}
+	return out
+}
+
+// symbol is one node of the list a piece is merged in.
+type symbol struct {
+	id         int32
+	prev, next int32 // neighbours, -1 at the ends
+	dead       bool  // merged into its left neighbour
+}
+
+// candidate is a possible merge of two adjacent symbols.
+type candidate struct {
+	rank, id        int32
+	left, right     int32
+	leftID, rightID int32
+}
+
+func (m *bpe) push(h *mergeHeap, syms []symbol, left, right int32) {
+	a, b := syms[left].id, syms[right].id
+	if mg, ok := m.merges[pair{a, b}]; ok {
+		h.push(candidate{rank: mg.rank, id: mg.id, left: left, right: right, leftID: a, rightID: b})
+	}
+}
+
+// mergeHeap is a binary min-heap of candidates by (rank, left position).
+type mergeHeap []candidate
+
+func (h mergeHeap) less(i, j int) bool {
+	if h[i].rank != h[j].rank {
+		return h[i].rank < h[j].rank
+	}
+	return h[i].left < h[j].left
+}
+
+func (h *mergeHeap) push(c candidate) {
+	*h = append(*h, c)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !s.less(i, p) {
 			break
 		}
-		// One merge at a time, the leftmost of the lowest rank: a merge it enables may
-		// outrank the next occurrence of the same pair.
-		syms[at] = best.id
-		syms = append(syms[:at+1], syms[at+2:]...)
+		s[i], s[p] = s[p], s[i]
+		i = p
 	}
-	return syms
+}
+
+func (h *mergeHeap) pop() candidate {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s = s[:last]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(s) && s.less(l, m) {
+			m = l
+		}
+		if r < len(s) && s.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return top
 }

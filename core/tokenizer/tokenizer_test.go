@@ -290,3 +290,24 @@ func TestSplitBehaviors(t *testing.T) {
 		t.Errorf("individual digits: %q, want %q", got, want)
 	}
 }
+
+// BenchmarkEncodeLongWord encodes one 16 KB run of letters: a single BPE piece, where a
+// rescan per merge would be quadratic.
+func BenchmarkEncodeLongWord(b *testing.B) {
+	tok := tiny(b)
+	var sb strings.Builder
+	for i := 0; sb.Len() < 16<<10; i++ {
+		sb.WriteByte("etaoinshrdlucmfw"[(i*7+i/3)%16])
+	}
+	text := sb.String()
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		tok.model.mu.Lock()
+		clear(tok.model.cache)
+		tok.model.mu.Unlock()
+		if _, err := tok.Encode(text, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
