@@ -54,15 +54,18 @@ func newHist(bounds []float64) hist {
 	return hist{bounds: bounds, counts: make([]uint64, len(bounds)+1), last: -1}
 }
 
-func (h *hist) observe(v float64) {
+func (h *hist) observe(v float64) { h.observeN(v, 1) }
+
+// observeN records n observations of v.
+func (h *hist) observeN(v float64, n uint64) {
 	b := h.lastB
 	if v != h.last {
 		b = sort.SearchFloat64s(h.bounds, v)
 		h.last, h.lastB = v, b
 	}
-	h.counts[b]++
-	h.sum += v
-	h.n++
+	h.counts[b] += n
+	h.sum += v * float64(n)
+	h.n += n
 }
 
 func (h *hist) metric(d *prometheus.Desc) prometheus.Metric {

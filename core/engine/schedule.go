@@ -189,9 +189,15 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 		slots := gp.SlotMapping[t : t+n]
 		switch spec.Kind {
 		case kvslab.Full, kvslab.SlidingWindow:
-			for j := range slots {
+			// One run of consecutive slots per block.
+			for j := 0; j < n; {
 				blk, off := s.blockOf(r.computed + j)
-				slots[j] = int64(table[blk])*int64(s.bt) + int64(off)
+				slot := int64(table[blk])*int64(s.bt) + int64(off)
+				run := slots[j:min(n, j+s.bt-off)]
+				for k := range run {
+					run[k] = slot + int64(k)
+				}
+				j += len(run)
 			}
 		case kvslab.Compressed:
 			per := int64(s.bt / spec.Ratio)

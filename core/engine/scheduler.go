@@ -128,7 +128,10 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 		s.btShift = bits.TrailingZeros(uint(s.bt))
 	}
 	for i := range s.plans {
+		// Size both plans up front so that no step allocates (or faults in) their arrays.
 		s.plans[i].reset(len(groups))
+		s.plans[i].begin(cfg.MaxSeqs, cfg.MaxBatchTokens)
+		s.planReqs[i] = make([]*request, 0, cfg.MaxSeqs)
 	}
 	return s, nil
 }

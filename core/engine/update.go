@@ -31,6 +31,10 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 	now := s.now()
 	nowNs := now.Sub(s.epoch).Nanoseconds()
 	tok, draft, lpTop := 0, 0, 0
+	// Requests that got their last token in the same step share one inter-token latency;
+	// they are counted together and recorded once.
+	var itlFrom int64
+	var itlN uint64
 	for i, r := range reqs {
 		a, nd := int(res.Accepted[i]), int(res.NumNextDrafts[i])
 		t0, d0, top0 := tok, draft, lpTop
@@ -70,8 +74,13 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 		}
 		if len(r.tokens) == r.promptLen {
 			s.metrics.ttft.observe(now.Sub(r.arrival).Seconds())
+		} else if r.lastToken == itlFrom {
+			itlN++
 		} else {
-			s.metrics.itl.observe(float64(nowNs-r.lastToken) * 1e-9)
+			if itlN > 0 {
+				s.metrics.itl.observeN(float64(nowNs-itlFrom)*1e-9, itlN)
+			}
+			itlFrom, itlN = r.lastToken, 1
 		}
 		r.lastToken = nowNs
 		if r.logprobs >= 0 {
@@ -85,6 +94,9 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 		} else {
 			r.drafts = r.drafts[:0]
 		}
+	}
+	if itlN > 0 {
+		s.metrics.itl.observeN(float64(nowNs-itlFrom)*1e-9, itlN)
 	}
 }
 

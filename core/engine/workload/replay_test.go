@@ -22,3 +22,14 @@ func TestReplayW1(t *testing.T) {
 	}
 	t.Logf("%+v", rep)
 }
+
+// BenchmarkReplayW1 replays W1 (timing pass only); one op is the whole workload.
+func BenchmarkReplayW1(b *testing.B) {
+	reqs := W1()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if rep, err := replay("W1", reqs, false); err != nil || !rep.OK {
+			b.Fatal(err, rep.Reason)
+		}
+	}
+}
