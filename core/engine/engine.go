@@ -265,9 +265,14 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.mu.Lock()
 		if err != nil && ctx.Err() != nil {
 			// Shutting down: the step did not happen; the requests stay queued.
-			e.s.Rollback(plan)
+			err = e.s.Rollback(plan)
 		} else {
-			e.s.Update(plan, res, err)
+			err = e.s.Update(plan, res, err)
+		}
+		if err != nil {
+			// Only a plan the scheduler did not hand out gets here, which this loop rules out.
+			e.mu.Unlock()
+			return err
 		}
 		e.afterChange()
 		t3 := time.Now()

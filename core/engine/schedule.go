@@ -261,10 +261,11 @@ func (s *Scheduler) graphBatch(p *BatchPlan) int32 {
 }
 
 // Rollback undoes a plan whose step did not run (the runner was cancelled): the
-// reservations are returned and the requests stay where they were.
-func (s *Scheduler) Rollback(p *BatchPlan) {
-	if p != s.pending {
-		return
+// reservations are returned and the requests stay where they were. Like Update it refuses
+// a plan that is not the one Schedule handed out.
+func (s *Scheduler) Rollback(p *BatchPlan) error {
+	if p == nil || p != s.pending {
+		return errors.New("engine: Rollback with a plan that is not the one Schedule handed out")
 	}
 	s.pending = nil
 	for _, r := range s.planReqs[s.planIndex(p)] {
@@ -276,6 +277,7 @@ func (s *Scheduler) Rollback(p *BatchPlan) {
 			}
 		}
 	}
+	return nil
 }
 
 func (s *Scheduler) planIndex(p *BatchPlan) int {

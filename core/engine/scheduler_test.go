@@ -293,3 +293,30 @@ func TestPlanStaysIntactWhileTheNextIsBuilt(t *testing.T) {
 	}
 	d.checkWhole()
 }
+
+func TestUpdateRefusesAForeignPlan(t *testing.T) {
+	d := newDirect(t, enginetest.Config{}, engine.Config{})
+	o := d.add("a", prompt(1, 5), engine.SamplingParams{MaxTokens: 3}, 0)
+	p := d.s.Schedule()
+	res, err := d.r.Execute(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.s.Update(&engine.BatchPlan{}, res, nil); err == nil {
+		t.Fatal("Update accepted a plan it did not hand out")
+	}
+	if err := d.s.Update(nil, res, nil); err == nil {
+		t.Fatal("Update accepted a nil plan")
+	}
+	if err := d.s.Update(p, res, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.s.Update(p, res, nil); err == nil {
+		t.Fatal("Update applied the same plan twice")
+	}
+	d.runAll()
+	if len(o.tokens) != 3 {
+		t.Fatalf("%d tokens", len(o.tokens))
+	}
+	d.checkWhole()
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -10,9 +11,12 @@ import (
 // cache, rolls back rejected drafts and frees finished requests. A runner error, or a
 // result that does not match the plan, fails that step's requests (finish reason error)
 // and nothing else.
-func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
+//
+// Update returns an error, and changes nothing, only when p is not the plan the last
+// Schedule handed out (or was already updated).
+func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	if p == nil || p != s.pending {
-		return
+		return errors.New("engine: Update with a plan that is not the one Schedule handed out")
 	}
 	s.pending = nil
 	reqs := s.planReqs[s.planIndex(p)]
@@ -26,7 +30,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 		for _, r := range reqs {
 			s.finish(r, FinishError, runErr)
 		}
-		return
+		return nil
 	}
 	now := s.now()
 	nowNs := now.Sub(s.epoch).Nanoseconds()
@@ -98,6 +102,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) {
 	if itlN > 0 {
 		s.metrics.itl.observeN(float64(nowNs-itlFrom)*1e-9, itlN)
 	}
+	return nil
 }
 
 // emit appends r's new tokens, sends them to its output and finishes r at a stop token,
