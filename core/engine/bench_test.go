@@ -32,10 +32,16 @@ type nopOutput struct{}
 func (nopOutput) Token(int32, *engine.TokenLogprob)               {}
 func (nopOutput) Finish(engine.FinishReason, error, engine.Usage) {}
 
-// BenchmarkDecodeStep measures one steady-state decode step of 256 sequences (512-token
-// prompts, 256-token pages): Schedule, the stand-in model and Update.
+// BenchmarkDecodeStep measures one steady-state decode step of 32 or 256 sequences
+// (512-token prompts, 256-token pages): Schedule, the stand-in model and Update.
 func BenchmarkDecodeStep(b *testing.B) {
-	const seqs, promptLen, rounds = 256, 512, 2048
+	for _, seqs := range []int{32, 256} {
+		b.Run(strconv.Itoa(seqs), func(b *testing.B) { benchDecode(b, seqs) })
+	}
+}
+
+func benchDecode(b *testing.B, seqs int) {
+	const promptLen, rounds = 512, 2048
 	group := kvslab.GroupSpec{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 2, PageTokens: 256}
 	pages := int64(seqs * ((promptLen+rounds)/256 + 2))
 	arena, err := kvslab.NewHostArena(pages * group.PageBytes())

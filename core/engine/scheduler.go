@@ -30,13 +30,13 @@ const (
 // first so that they share as few cache lines as possible.
 type request struct {
 	handle    uint64
-	tokens    []int32 // prompt, then output; capacity promptLen+maxTokens
+	tokens    []int32 // prompt, then output; capacity end
 	drafts    []int32 // proposed by the runner for the next step
 	last      int32   // tokens[len(tokens)-1], kept here to spare a cache line per step
 	computed  int     // tokens whose cache entries are computed
 	committed int     // tokens of the full blocks registered in the prefix cache
 	promptLen int
-	maxTokens int
+	end       int // prompt length + max tokens: the length at which the request is complete
 	seq       kvslab.SeqID
 	logprobs  int32 // -1: none, else top alternatives wanted
 	state     reqState
@@ -188,7 +188,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	sp := &req.Sampling
 	r := &request{
 		handle: s.handles, tokens: append(make([]int32, 0, len(req.Prompt)+maxTokens), req.Prompt...),
-		promptLen: len(req.Prompt), maxTokens: maxTokens, logprobs: -1,
+		promptLen: len(req.Prompt), end: len(req.Prompt) + maxTokens, logprobs: -1,
 		temp: sp.Temperature, topP: sp.TopP, topK: int32(sp.TopK), minP: sp.MinP, seed: sp.Seed,
 		out: out, id: req.ID, order: s.handles, priority: req.Priority, arrival: req.Arrival,
 		ignoreEOS: sp.IgnoreEOS, stopIDs: slices.Clone(sp.StopTokenIDs),

@@ -93,9 +93,10 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 			s.emit(r, res.Tokens[t0:tok])
 		}
 		if r.state == stateRunning && nd > 0 {
-			room := min(r.maxTokens-(len(r.tokens)-r.promptLen)-1, s.info.MaxContext-len(r.tokens))
+			// Keep only the drafts that can still become output.
+			room := r.end - len(r.tokens) - 1
 			r.drafts = append(r.drafts[:0], res.Drafts[d0:d0+max(0, min(nd, room))]...)
-		} else {
+		} else if len(r.drafts) > 0 {
 			r.drafts = r.drafts[:0]
 		}
 	}
@@ -113,7 +114,7 @@ func (s *Scheduler) emit(r *request, toks []int32) {
 		r.last = t
 		s.metrics.generationTokens++
 		r.out.Token(t, nil)
-		if s.stopped(r, t) {
+		if (r.stops || len(r.tokens) >= r.end) && s.stopped(r, t) {
 			return
 		}
 	}
@@ -140,13 +141,14 @@ func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topTok
 	}
 }
 
-// stopped finishes r when t is a stop token or r reached max tokens or the context end.
+// stopped finishes r when t is a stop token or r reached its last allowed token (max
+// tokens; Add made sure that this is within the context).
 func (s *Scheduler) stopped(r *request, t int32) bool {
 	if r.stops && (!r.ignoreEOS && slices.Contains(s.eos, t) || slices.Contains(r.stopIDs, t)) {
 		s.finish(r, FinishStop, nil)
 		return true
 	}
-	if len(r.tokens)-r.promptLen >= r.maxTokens || len(r.tokens) >= s.info.MaxContext {
+	if len(r.tokens) >= r.end {
 		s.finish(r, FinishLength, nil)
 		return true
 	}
