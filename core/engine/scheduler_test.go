@@ -133,7 +133,16 @@ func TestPrefixHitSkipsComputedTokens(t *testing.T) {
 func TestPreemptionUnderSmallPoolCompletesEveryRequest(t *testing.T) {
 	// 12 requests of 40+40 tokens need 5 blocks of 16 each (60 pages at once); the pool
 	// has 32.
-	d := newDirect(t, enginetest.Config{BlockTokens: 16, Pages: 32}, engine.Config{MaxBatchTokens: 128})
+	testPreemption(t, 32, 0)
+}
+
+func TestPreemptionUnderSmallPoolSlidingWindow(t *testing.T) {
+	// A 20-token window holds at most 3 blocks per sequence: 36 pages for 12 sequences.
+	testPreemption(t, 24, 20)
+}
+
+func testPreemption(t *testing.T, pages, window int) {
+	d := newDirect(t, enginetest.Config{BlockTokens: 16, Pages: pages, Window: window}, engine.Config{MaxBatchTokens: 128})
 	var outs []*recorder
 	var prompts [][]int32
 	for i := 0; i < 12; i++ {

@@ -22,11 +22,21 @@ import (
 // request that ran to its end produced exactly the reference tokens, and that the pool
 // is whole and no goroutine is left behind.
 func TestSoak(t *testing.T) {
-	const requests, submitters = 10000, 4
+	testSoak(t, 10000, 96, 0)
+}
+
+// TestSoakSlidingWindow runs a shorter soak over a sliding-window cache group, whose
+// pages are released behind the window as sequences move.
+func TestSoakSlidingWindow(t *testing.T) {
+	testSoak(t, 2000, 40, 10)
+}
+
+func testSoak(t *testing.T, requests, pages, window int) {
+	const submitters = 4
 	goroutines := runtime.NumGoroutine()
 	const eos = 7
 	rc := enginetest.Config{
-		BlockTokens: 8, Pages: 96, EOS: []int32{eos}, MaxDrafts: 2,
+		BlockTokens: 8, Pages: pages, EOS: []int32{eos}, MaxDrafts: 2, Window: window,
 		WrongDraft: func(pos, j int) bool { return (pos*7+j)%5 == 0 },
 		Fail:       func(step uint64) bool { return step%97 == 0 },
 	}

@@ -9,12 +9,17 @@ import (
 )
 
 func TestSpeculativeGreedyEqualsPlain(t *testing.T) {
+	t.Run("full", func(t *testing.T) { testSpeculative(t, 0) })
+	t.Run("sliding-window", func(t *testing.T) { testSpeculative(t, 20) })
+}
+
+func testSpeculative(t *testing.T, window int) {
 	// Drafts are right except where (pos+j)%3 == 0, so some steps accept all drafts,
 	// some a part and some none.
 	wrong := func(pos, j int) bool { return (pos+j)%3 == 0 }
 	prompts := [][]int32{prompt(1, 5), prompt(2, 33), prompt(3, 64), prompt(4, 1)}
 	run := func(drafts int) ([][]int32, engine.Counters, uint64) {
-		d := newDirect(t, enginetest.Config{BlockTokens: 16, MaxDrafts: drafts, WrongDraft: wrong}, engine.Config{MaxBatchTokens: 40})
+		d := newDirect(t, enginetest.Config{BlockTokens: 16, MaxDrafts: drafts, WrongDraft: wrong, Window: window}, engine.Config{MaxBatchTokens: 40})
 		var outs []*recorder
 		for i, p := range prompts {
 			outs = append(outs, d.add(string(rune('a'+i)), p, engine.SamplingParams{MaxTokens: 50}, 0))

@@ -37,6 +37,9 @@ type Config struct {
 	// the cache group (default 1024).
 	BlockTokens int
 	Pages       int
+	// Window > 0 makes the cache group a sliding window of that many tokens (the model
+	// only reads the previous position, so any window of 2 or more keeps it exact).
+	Window int
 	// GraphBuckets are declared as is.
 	GraphBuckets []int
 	// MaxDrafts > 0 makes the runner propose drafts: the true greedy continuation, except
@@ -89,6 +92,9 @@ func New(cfg Config) (*Runner, error) {
 		cfg.WrongDraft = func(int, int) bool { return false }
 	}
 	group := kvslab.GroupSpec{Name: "hash", Kind: kvslab.Full, Layers: 1, BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens}
+	if cfg.Window > 0 {
+		group.Kind, group.Window = kvslab.SlidingWindow, cfg.Window
+	}
 	pageBytes := group.PageBytes()
 	slabPages := int64(16) // the largest power of two up to 16 that divides Pages
 	for int64(cfg.Pages)%slabPages != 0 {
