@@ -3,12 +3,14 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // These tests need a GPU: go test -tags gpu ./core/kernels/cuda (scripts/gpu-check.sh).
@@ -60,6 +62,14 @@ func (g *dev) f32(h []float32) cudart.DevicePtr {
 }
 
 func (g *dev) i32(h []int32) cudart.DevicePtr {
+	p := g.alloc(4 * len(h))
+	if err := cudart.Upload(g.c, p, h); err != nil {
+		g.t.Fatal(err)
+	}
+	return p
+}
+
+func (g *dev) u32(h []uint32) cudart.DevicePtr {
 	p := g.alloc(4 * len(h))
 	if err := cudart.Upload(g.c, p, h); err != nil {
 		g.t.Fatal(err)
@@ -308,52 +318,95 @@ func TestGPUMoETopK(t *testing.T) {
 
 func TestGPUPagedAttention(t *testing.T) {
 	d, k := openKernels(t)
-	const heads, kvHeads, headDim, pageTokens = 8, 2, 128, 16
-	ctxLens := []int32{1, 37, 1300} // 1300 spans three score chunks
-	for _, nq := range []int{1, 3} {
-		for _, window := range []int{0, 100} {
-			batch := len(ctxLens)
-			maxPages := (1300 + pageTokens - 1) / pageTokens
-			numPages := batch * maxPages
-			// Pages handed out in a shuffled order, as a pool would after churn.
-			perm := rand.New(rand.NewPCG(12, 13)).Perm(numPages)
-			table := make([]int32, batch*maxPages)
-			for i := range table {
-				table[i] = int32(perm[i])
-			}
-			pageElems := pageTokens * kvHeads * headDim
-			cache := &ref.PagedKV{K: rnd(14, numPages*pageElems, 1), V: rnd(15, numPages*pageElems, 1),
-				PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: headDim}
-			q := rnd(16, batch*nq*heads*headDim, 1)
-			want := make([]float32, len(q))
-			scale := float32(1 / math.Sqrt(headDim))
-			for b := 0; b < batch; b++ {
-				if int(ctxLens[b]) < nq {
-					continue // the kernel writes zeros for queries before the first token
-				}
-				rows := nq * heads * headDim
-				err := ref.PagedAttention(want[b*rows:(b+1)*rows], q[b*rows:(b+1)*rows], cache,
-					table[b*maxPages:(b+1)*maxPages], int(ctxLens[b]), nq, ref.Attention{Heads: heads, Scale: scale, Window: window})
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			on(t, d, func(g *dev) {
-				out := g.alloc(4 * len(q))
-				p := PagedAttention{Out: out, Q: g.f32(q), KCache: g.f32(cache.K), VCache: g.f32(cache.V),
-					PageTable: g.i32(table), CtxLens: g.i32(ctxLens), Batch: batch, NQ: nq, Heads: heads, KVHeads: kvHeads,
-					HeadDim: headDim, PageTokens: pageTokens, MaxPages: maxPages, Scale: scale, Window: window}
-				if err := k.PagedAttention(g.c, nil, p); err != nil {
-					t.Fatal(err)
-				}
-				got := g.getF32(out, len(q))
-				if nq > 1 { // sequence 0 has 1 token and 3 queries: compare the others
-					rows := nq * heads * headDim
-					got, want = got[rows:], want[rows:]
-				}
-				parity(t, "paged-attention", got, want, 2e-5)
-			})
+	const heads, kvHeads, headDim, pageTokens, layers = 8, 2, 128, 16, 2
+	lens := []int{1, 37, 1300} // 1300 spans three score chunks
+	ctxLens := []int32{1, 37, 1300}
+	batch := len(lens)
+	maxPages := (1300 + pageTokens - 1) / pageTokens
+	scale := float32(1 / math.Sqrt(headDim))
+
+	// A kvslab pool over a host arena holds both layers' keys and values; its page tables,
+	// scattered over many slabs by churn, go to the kernel as they are.
+	s := newSlabKV(t, layers, pageTokens, kvHeads, headDim, 4, 48, lens)
+	copy(s.arena, rnd(14, len(s.arena), 1))
+	slabTable := s.table(maxPages)
+	slabs := map[uint32]bool{}
+	for _, p := range slabTable {
+		if p != uint32(kvslab.NoPage) {
+			slabs[p>>PageSlotBits] = true
 		}
+	}
+	if len(slabs) < 10 {
+		t.Fatalf("the page tables span only %d slabs", len(slabs))
+	}
+
+	// Packed pages in separate key and value buffers, handed out in a shuffled order.
+	numPages := batch * maxPages
+	pageElems := pageTokens * kvHeads * headDim
+	perm := rand.New(rand.NewPCG(12, 13)).Perm(numPages)
+	packedTable := make([]uint32, batch*maxPages)
+	for i := range packedTable {
+		packedTable[i] = uint32(perm[i])
+	}
+	packed := &ref.PagedKV{K: rnd(15, numPages*pageElems, 1), V: rnd(16, numPages*pageElems, 1),
+		PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: headDim}
+
+	type cacheCase struct {
+		name   string
+		layout KVSlabLayout
+		cache  *ref.PagedKV
+		table  []uint32
+		shared bool // keys and values through one pointer: the kvslab arena
+	}
+	cases := []cacheCase{{"packed", PackedKV(int64(pageElems)), packed, packedTable, false}}
+	for layer := range layers {
+		l := s.layout(t, layer)
+		cases = append(cases, cacheCase{fmt.Sprintf("kvslab layer %d", layer), l, s.refKV(l), slabTable, true})
+	}
+	for _, c := range cases {
+		refTable := make([]int32, len(c.table))
+		for i, p := range c.table {
+			refTable[i] = int32(p) // NoPage padding becomes -1, which ref never reads
+		}
+		on(t, d, func(g *dev) {
+			var kc, vc cudart.DevicePtr
+			if c.shared {
+				kc = g.f32(s.arena)
+				vc = kc
+			} else {
+				kc, vc = g.f32(c.cache.K), g.f32(c.cache.V)
+			}
+			table, lensDev := g.u32(c.table), g.i32(ctxLens)
+			for _, nq := range []int{1, 3} {
+				for _, window := range []int{0, 100} {
+					q := rnd(17, batch*nq*heads*headDim, 1)
+					want := make([]float32, len(q))
+					rows := nq * heads * headDim
+					for b := 0; b < batch; b++ {
+						if lens[b] < nq {
+							continue // the kernel writes zeros for queries before the first token
+						}
+						err := ref.PagedAttention(want[b*rows:(b+1)*rows], q[b*rows:(b+1)*rows], c.cache,
+							refTable[b*maxPages:(b+1)*maxPages], lens[b], nq, ref.Attention{Heads: heads, Scale: scale, Window: window})
+						if err != nil {
+							t.Fatal(err)
+						}
+					}
+					out := g.alloc(4 * len(q))
+					p := PagedAttention{Out: out, Q: g.f32(q), KCache: kc, VCache: vc, PageTable: table, CtxLens: lensDev,
+						Layout: c.layout, Batch: batch, NQ: nq, Heads: heads, KVHeads: kvHeads, HeadDim: headDim,
+						PageTokens: pageTokens, MaxPages: maxPages, Scale: scale, Window: window}
+					if err := k.PagedAttention(g.c, nil, p); err != nil {
+						t.Fatal(err)
+					}
+					got := g.getF32(out, len(q))
+					if nq > lens[0] { // sequence 0 has fewer tokens than queries: compare the others
+						got, want = got[rows:], want[rows:]
+					}
+					parity(t, fmt.Sprintf("paged-attention %s nq=%d window=%d", c.name, nq, window), got, want, 2e-5)
+				}
+			}
+		})
 	}
 }
 
@@ -363,7 +416,8 @@ func TestGPULauncherShapeErrors(t *testing.T) {
 		if err := k.RMSNorm(g.c, nil, 0, 0, 0, 0, 8, 1e-6); err == nil {
 			t.Error("rows 0: no error")
 		}
-		if err := k.PagedAttention(g.c, nil, PagedAttention{Batch: 1, NQ: 1, Heads: 3, KVHeads: 2, HeadDim: 64, PageTokens: 16, MaxPages: 1}); err == nil {
+		if err := k.PagedAttention(g.c, nil, PagedAttention{Batch: 1, NQ: 1, Heads: 3, KVHeads: 2, HeadDim: 64, PageTokens: 16, MaxPages: 1,
+			Layout: PackedKV(16 * 2 * 64)}); err == nil {
 			t.Error("heads not a multiple of kv heads: no error")
 		}
 		if err := k.MoETopK(g.c, nil, MoERouting{Tokens: 1, Experts: 2000, TopK: 2}); err == nil {

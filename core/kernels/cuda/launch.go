@@ -99,7 +99,8 @@ func (k *Kernels) Close() error {
 func positive(op string, dims ...int) error {
 	for _, d := range dims {
 		if d <= 0 || d > 1<<31-1 {
-			return fmt.Errorf("cuda.%s: dimensions %v must be positive int32s", op, dims)
+			// A copy, so that dims does not escape and a passing check allocates nothing.
+			return fmt.Errorf("cuda.%s: dimensions %v must be positive int32s", op, append([]int(nil), dims...))
 		}
 	}
 	return nil
@@ -190,13 +191,15 @@ func (k *Kernels) Embedding(c *cudart.Ctx, s *cudart.Stream, out, table, ids cud
 }
 
 // PagedAttention is one batched call of the paged attention kernel. Pointers are device
-// addresses; the cache layout and the meaning of each field follow ref.PagedKV and
-// ref.PagedAttention, with pages packed back to back (page p at p*PageTokens*KVHeads*HeadDim).
+// addresses; the meaning of each field follows ref.PagedKV and ref.PagedAttention. The page
+// table holds kvslab page ids (slab<<PageSlotBits | slot) and Layout turns them into
+// addresses, so a runner hands the kernel its kvslab page tables as they are.
 type PagedAttention struct {
 	Out, Q         cudart.DevicePtr // [Batch, NQ, Heads, HeadDim] float32
-	KCache, VCache cudart.DevicePtr // float32 pages
-	PageTable      cudart.DevicePtr // [Batch, MaxPages] int32
+	KCache, VCache cudart.DevicePtr // float32 cache; one pointer twice when K and V share pages
+	PageTable      cudart.DevicePtr // [Batch, MaxPages] uint32 page ids; entries past a sequence's length are not read
 	CtxLens        cudart.DevicePtr // [Batch] int32
+	Layout         KVSlabLayout     // where this layer's keys and values sit; PackedKV for back-to-back pages
 	Batch, NQ      int
 	Heads, KVHeads int
 	HeadDim        int
@@ -206,8 +209,8 @@ type PagedAttention struct {
 	Window         int
 }
 
-// PagedAttention launches the attention of NQ new tokens per sequence over the paged cache.
-func (k *Kernels) PagedAttention(c *cudart.Ctx, s *cudart.Stream, p PagedAttention) error {
+// check reports the first shape the kernel cannot take.
+func (p *PagedAttention) check() error {
 	if err := positive("PagedAttention", p.Batch, p.NQ, p.Heads, p.KVHeads, p.HeadDim, p.PageTokens, p.MaxPages); err != nil {
 		return err
 	}
@@ -220,9 +223,25 @@ func (k *Kernels) PagedAttention(c *cudart.Ctx, s *cudart.Stream, p PagedAttenti
 	if p.Window < 0 {
 		return fmt.Errorf("cuda.PagedAttention: negative window %d", p.Window)
 	}
+	if p.Batch > 1<<16-1 || p.NQ > 1<<16-1 {
+		return fmt.Errorf("cuda.PagedAttention: batch %d and queries %d must each be below 65536 (grid y and z)", p.Batch, p.NQ)
+	}
+	if err := p.Layout.Check(p.PageTokens, p.KVHeads, p.HeadDim); err != nil {
+		return fmt.Errorf("cuda.PagedAttention: %w", err)
+	}
+	return nil
+}
+
+// PagedAttention launches the attention of NQ new tokens per sequence over the paged cache.
+func (k *Kernels) PagedAttention(c *cudart.Ctx, s *cudart.Stream, p PagedAttention) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	l := p.Layout
 	a := k.args.Reset().Ptr(p.Out).Ptr(p.Q).Ptr(p.KCache).Ptr(p.VCache).Ptr(p.PageTable).Ptr(p.CtxLens).
 		I32(int32(p.NQ)).I32(int32(p.Heads)).I32(int32(p.KVHeads)).I32(int32(p.HeadDim)).
-		I32(int32(p.PageTokens)).I32(int32(p.MaxPages)).F32(p.Scale).I32(int32(p.Window))
+		I32(int32(p.PageTokens)).I32(int32(p.MaxPages)).F32(p.Scale).I32(int32(p.Window)).
+		I64(l.SlabElems).I64(l.PageElems).I64(l.KOffset).I64(l.VOffset)
 	grid := cudart.Dim3{X: uint32(p.Heads), Y: uint32(p.Batch), Z: uint32(p.NQ)}
 	return c.Launch(k.pagedAttention, grid, cudart.D1(attnThread), 0, s, a)
 }
