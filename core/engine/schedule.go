@@ -35,7 +35,7 @@ func (s *Scheduler) Schedule() *BatchPlan {
 			continue
 		}
 		for {
-			err := s.pool.Reserve(r.seq, n)
+			err := s.reserve(r, r.computed+n)
 			if err == nil {
 				break
 			}
@@ -112,9 +112,9 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 		s.finish(r, FinishError, fmt.Errorf("%w: open %q: %w", ErrCache, r.id, err))
 		return failed
 	}
-	r.seq, r.open, r.computed, r.committed = seq, true, hit, hit
+	r.seq, r.open, r.computed, r.committed, r.reserved = seq, true, hit, hit, hit
 	n := min(len(r.tokens)-r.computed, budget)
-	if err := s.pool.Reserve(seq, n); err != nil {
+	if err := s.reserve(r, r.computed+n); err != nil {
 		s.release(r)
 		if !errors.Is(err, kvslab.ErrNoSpace) || len(s.running) == 0 {
 			s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
@@ -270,13 +270,48 @@ func (s *Scheduler) Rollback(p *BatchPlan) error {
 	s.pending = nil
 	for _, r := range s.planReqs[s.planIndex(p)] {
 		if r.state == stateRunning && r.open {
-			if extra := s.pool.Len(r.seq) - r.computed; extra > 0 {
-				if err := s.pool.Truncate(r.seq, extra); err != nil {
-					s.finish(r, FinishError, fmt.Errorf("%w: roll back %q: %w", ErrCache, r.id, err))
-				}
+			if err := s.trim(r); err != nil {
+				s.finish(r, FinishError, fmt.Errorf("%w: roll back %q: %w", ErrCache, r.id, err))
 			}
 		}
 	}
+	return nil
+}
+
+// reserve makes the pool hold at least need tokens of r. When every cache group keeps
+// whole blocks (full attention, compressed) it reserves up to the end of the block, so a
+// decoding sequence calls the pool once per block rather than once per token; sliding
+// windows and recurrent states depend on the exact length and get exactly need.
+func (s *Scheduler) reserve(r *request, need int) error {
+	if need <= r.reserved {
+		return nil
+	}
+	target := need
+	if s.wholeBlocks {
+		target = (need + s.bt - 1) / s.bt * s.bt
+	}
+	if err := s.pool.Reserve(r.seq, target-r.reserved); err != nil {
+		return err
+	}
+	r.reserved = target
+	return nil
+}
+
+// trim returns what r holds beyond its computed tokens (rejected drafts, a step that did
+// not run) to the pool with Truncate: down to computed exactly, or, with whole-block
+// reservations, down to the end of the block computed reaches.
+func (s *Scheduler) trim(r *request) error {
+	keep := r.computed
+	if s.wholeBlocks {
+		keep = (r.computed + s.bt - 1) / s.bt * s.bt
+	}
+	if r.reserved <= keep {
+		return nil
+	}
+	if err := s.pool.Truncate(r.seq, r.reserved-keep); err != nil {
+		return err
+	}
+	r.reserved = keep
 	return nil
 }
 

@@ -35,6 +35,7 @@ type request struct {
 	last      int32   // tokens[len(tokens)-1], kept here to spare a cache line per step
 	computed  int     // tokens whose cache entries are computed
 	committed int     // tokens of the full blocks registered in the prefix cache
+	reserved  int     // tokens the pool holds for the sequence (its Len)
 	promptLen int
 	end       int // prompt length + max tokens: the length at which the request is complete
 	seq       kvslab.SeqID
@@ -74,10 +75,13 @@ type Scheduler struct {
 	groups  []kvslab.GroupSpec
 	bt      int // block tokens
 	btShift int // log2(bt) when bt is a power of two, else -1
-	eos     []int32
-	metrics *metrics
-	now     func() time.Time
-	epoch   time.Time
+	// wholeBlocks: every group is full attention or compressed, so reserving up to the end
+	// of a block changes nothing but the number of calls (see reserve).
+	wholeBlocks bool
+	eos         []int32
+	metrics     *metrics
+	now         func() time.Time
+	epoch       time.Time
 
 	byID    map[string]*request
 	running []*request
@@ -122,6 +126,12 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 		pool: cfg.Pool, info: info, cfg: cfg, groups: groups, bt: cfg.Pool.BlockTokens(),
 		eos: info.EOS, metrics: newMetrics(), now: time.Now, epoch: time.Now(),
 		byID: make(map[string]*request),
+	}
+	s.wholeBlocks = true
+	for _, g := range groups {
+		if g.Kind != kvslab.Full && g.Kind != kvslab.Compressed {
+			s.wholeBlocks = false
+		}
 	}
 	s.btShift = -1
 	if s.bt&(s.bt-1) == 0 {
@@ -277,7 +287,7 @@ func (s *Scheduler) release(r *request) {
 		_ = s.pool.Free(r.seq)
 		r.open = false
 	}
-	r.computed, r.committed = 0, 0
+	r.computed, r.committed, r.reserved = 0, 0, 0
 	r.drafts = r.drafts[:0]
 }
 

@@ -61,7 +61,12 @@ func (d *direct) step() bool {
 		return false
 	}
 	res, err := d.r.Execute(context.Background(), p)
-	d.s.Update(p, res, err)
+	if err := d.s.Update(p, res, err); err != nil {
+		d.t.Fatal(err)
+	}
+	if err := d.s.CheckBookkeeping(); err != nil {
+		d.t.Fatal(err)
+	}
 	return true
 }
 

@@ -58,7 +58,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 			// rejected drafts' entries are rolled back.
 			r.computed += n - k + a - 1
 			if reject := k - (a - 1); reject > 0 {
-				if err := s.pool.Truncate(r.seq, reject); err != nil {
+				if err := s.trim(r); err != nil {
 					s.finish(r, FinishError, fmt.Errorf("%w: roll back %d drafts of %q: %w", ErrCache, reject, r.id, err))
 					continue
 				}

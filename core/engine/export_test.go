@@ -1,0 +1,21 @@
+package engine
+
+import "fmt"
+
+// CheckBookkeeping verifies, for tests, that the scheduler's view of each running
+// request agrees with the pool: what it believes reserved is the sequence's length, at
+// least the computed tokens, and whole blocks when it reserves whole blocks.
+func (s *Scheduler) CheckBookkeeping() error {
+	for _, r := range s.running {
+		if !r.open {
+			return fmt.Errorf("running request %q holds no sequence", r.id)
+		}
+		if n := s.pool.Len(r.seq); n != r.reserved || r.reserved < r.computed {
+			return fmt.Errorf("request %q: reserved %d, pool length %d, computed %d", r.id, r.reserved, n, r.computed)
+		}
+		if s.wholeBlocks && r.reserved%s.bt != 0 && r.reserved != r.computed {
+			return fmt.Errorf("request %q: %d tokens reserved, not whole blocks", r.id, r.reserved)
+		}
+	}
+	return nil
+}
