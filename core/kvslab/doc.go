@@ -15,12 +15,16 @@
 //	offset = (PageID >> SlotBits) * SlabBytes + (PageID & SlotMask) * PageBytes(group)
 //
 // so a kernel turns a page id into an address with a shift, a mask and two multiplies.
-// Inside a page the layout is [layer][token or entry][bytes]: the bytes of token t
-// (0 <= t < PageTokens) of layer l start at
+// A page holds its group's layers one after another: layer l's block starts at
 //
-//	offset + (l*PageTokens + t) * BytesPerToken              (full, sliding window)
-//	offset + (l*(PageTokens/Ratio) + t/Ratio) * BytesPerToken  (compressed, entry t/Ratio)
-//	offset + l * BytesPerToken                                (recurrent state of layer l)
+//	offset + l * PageBytes(group)/Layers
+//
+// and is PageTokens*BytesPerToken bytes (full, sliding window), PageTokens/Ratio entries
+// of BytesPerToken (compressed) or one state of BytesPerToken (recurrent). How a layer's
+// block is laid out inside (K then V, or interleaved per token; heads; dtype) belongs to the
+// model that owns the group and to its kernels; core/kernels/cuda.KVSlabLayout describes the
+// [K | V][token][kv head][head dim] layout that the dense models and the paged-attention
+// kernel use.
 //
 // A token's flat slot (as vLLM's slot mapping) is PageID*PageTokens + position%PageTokens.
 //
