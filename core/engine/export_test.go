@@ -1,6 +1,9 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // CheckBookkeeping verifies, for tests, that the scheduler's view of each running
 // request agrees with the pool: what it believes reserved is the sequence's length, at
@@ -15,6 +18,11 @@ func (s *Scheduler) CheckBookkeeping() error {
 		}
 		if s.wholeBlocks && r.reserved%s.bt != 0 && r.reserved != r.computed {
 			return fmt.Errorf("request %q: %d tokens reserved, not whole blocks", r.id, r.reserved)
+		}
+		for g := range s.groups {
+			if r.tablesValid && !slices.Equal(r.tables[g], s.pool.PageTable(r.seq, g)) {
+				return fmt.Errorf("request %q: cached page table of group %d is stale", r.id, g)
+			}
 		}
 	}
 	return nil

@@ -113,6 +113,7 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 		return failed
 	}
 	r.seq, r.open, r.computed, r.committed, r.reserved = seq, true, hit, hit, hit
+	r.tablesValid = false
 	n := min(len(r.tokens)-r.computed, budget)
 	if err := s.reserve(r, r.computed+n); err != nil {
 		s.release(r)
@@ -183,7 +184,7 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		spec := &s.groups[g]
-		table := s.pool.PageTable(r.seq, g)
+		table := s.pageTable(r, g)
 		gp.PageTable = appendPages(gp.PageTable, table)
 		gp.PageTableStart[b+1] = int32(len(gp.PageTable))
 		slots := gp.SlotMapping[t : t+n]
@@ -278,6 +279,19 @@ func (s *Scheduler) Rollback(p *BatchPlan) error {
 	return nil
 }
 
+// pageTable returns r's page table in group g. The pool's tables stay valid until the next
+// call that changes the sequence (Open, Reserve, Truncate, Commit clear tablesValid), so
+// a decoding sequence asks the pool only when it grows a block.
+func (s *Scheduler) pageTable(r *request, g int) []kvslab.PageID {
+	if !r.tablesValid {
+		for i := range r.tables {
+			r.tables[i] = s.pool.PageTable(r.seq, i)
+		}
+		r.tablesValid = true
+	}
+	return r.tables[g]
+}
+
 // reserve makes the pool hold at least need tokens of r. When every cache group keeps
 // whole blocks (full attention, compressed) it reserves up to the end of the block, so a
 // decoding sequence calls the pool once per block rather than once per token; sliding
@@ -290,6 +304,7 @@ func (s *Scheduler) reserve(r *request, need int) error {
 	if s.wholeBlocks {
 		target = (need + s.bt - 1) / s.bt * s.bt
 	}
+	r.tablesValid = false
 	if err := s.pool.Reserve(r.seq, target-r.reserved); err != nil {
 		return err
 	}
@@ -308,6 +323,7 @@ func (s *Scheduler) trim(r *request) error {
 	if r.reserved <= keep {
 		return nil
 	}
+	r.tablesValid = false
 	if err := s.pool.Truncate(r.seq, r.reserved-keep); err != nil {
 		return err
 	}

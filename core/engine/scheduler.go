@@ -29,27 +29,29 @@ const (
 // request is the scheduler's record of one request. The fields every step touches come
 // first so that they share as few cache lines as possible.
 type request struct {
-	handle    uint64
-	tokens    []int32 // prompt, then output; capacity end
-	drafts    []int32 // proposed by the runner for the next step
-	last      int32   // tokens[len(tokens)-1], kept here to spare a cache line per step
-	computed  int     // tokens whose cache entries are computed
-	committed int     // tokens of the full blocks registered in the prefix cache
-	reserved  int     // tokens the pool holds for the sequence (its Len)
-	promptLen int
-	end       int // prompt length + max tokens: the length at which the request is complete
-	seq       kvslab.SeqID
-	logprobs  int32 // -1: none, else top alternatives wanted
-	state     reqState
-	open      bool
-	stops     bool // EOS or stop ids can end this request
-	temp      float32
-	topP      float32
-	topK      int32
-	minP      float32
-	seed      uint64
-	lastToken int64 // nanoseconds since the scheduler's epoch
-	out       Output
+	handle      uint64
+	tokens      []int32           // prompt, then output; capacity end
+	drafts      []int32           // proposed by the runner for the next step
+	last        int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
+	computed    int               // tokens whose cache entries are computed
+	committed   int               // tokens of the full blocks registered in the prefix cache
+	reserved    int               // tokens the pool holds for the sequence (its Len)
+	tables      [][]kvslab.PageID // the pool's page tables, per group, while tablesValid
+	tablesValid bool
+	promptLen   int
+	end         int // prompt length + max tokens: the length at which the request is complete
+	seq         kvslab.SeqID
+	logprobs    int32 // -1: none, else top alternatives wanted
+	state       reqState
+	open        bool
+	stops       bool // EOS or stop ids can end this request
+	temp        float32
+	topP        float32
+	topK        int32
+	minP        float32
+	seed        uint64
+	lastToken   int64 // nanoseconds since the scheduler's epoch
+	out         Output
 
 	id        string
 	order     uint64 // arrival order, for ties
@@ -211,6 +213,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	if s.info.MaxDrafts > 0 {
 		r.drafts = make([]int32, 0, s.info.MaxDrafts)
 	}
+	r.tables = make([][]kvslab.PageID, len(s.groups))
 	if r.arrival.IsZero() {
 		r.arrival = s.now()
 	}
@@ -285,7 +288,8 @@ func (s *Scheduler) release(r *request) {
 		// Free fails only for a sequence the pool does not know, which the scheduler's
 		// bookkeeping rules out; Check in the tests would catch a leak.
 		_ = s.pool.Free(r.seq)
-		r.open = false
+		r.open, r.tablesValid = false, false
+		clear(r.tables)
 	}
 	r.computed, r.committed, r.reserved = 0, 0, 0
 	r.drafts = r.drafts[:0]

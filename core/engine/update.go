@@ -67,6 +67,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 			s.metrics.draftsAccepted += uint64(a - 1)
 		}
 		if r.computed >= r.committed+s.bt {
+			r.tablesValid = false
 			if err := s.pool.Commit(r.seq, r.tokens[:r.computed]); err != nil {
 				s.finish(r, FinishError, fmt.Errorf("%w: commit %q: %w", ErrCache, r.id, err))
 				continue

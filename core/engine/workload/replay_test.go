@@ -33,3 +33,14 @@ func BenchmarkReplayW1(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkReplayW2 replays W2 (timing pass only); one op is the whole workload.
+func BenchmarkReplayW2(b *testing.B) {
+	reqs := W2()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if rep, err := replay("W2", reqs, false); err != nil || !rep.OK {
+			b.Fatal(err, rep.Reason)
+		}
+	}
+}
