@@ -88,7 +88,12 @@ func TestPlanCoversEveryCacheKind(t *testing.T) {
 			}
 		}
 		res, err := model.Execute(context.Background(), p)
-		s.Update(p, res, err)
+		if err := s.Update(p, res, err); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CheckBookkeeping(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if c := s.Counters(); c.Finished[engine.FinishLength] != 5 {
 		t.Fatalf("finishes %v after %d steps", c.Finished, steps)
