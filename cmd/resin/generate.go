@@ -20,7 +20,8 @@ func newGenerateCmd() *cobra.Command {
 		Use:   "generate [flags] PROMPT",
 		Short: "Generate text for one prompt from the command line",
 		Long: `Tokenizes PROMPT (with the chat template under --chat), runs it through the engine
-with the chosen runner, and streams the text to stdout as it is generated.`,
+with the chosen runner (--model NAME with --weights DIR or --random-weights CONFIG, else
+the engine's deterministic test runner), and streams the text to stdout as it is generated.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p.Prompt = args[0]
@@ -28,11 +29,11 @@ with the chosen runner, and streams the text to stdout as it is generated.`,
 				s := uint64(seed)
 				p.Seed = &s
 			}
-			rt, err := rf.build()
+			rt, err := rf.build(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			srv, err := serve.New(serve.Config{Engine: rt.eng, Tokenizer: rt.tok, ChatTemplate: rt.chat, Model: rf.model})
+			srv, err := serve.New(serve.Config{Engine: rt.eng, Tokenizer: rt.tok, ChatTemplate: rt.chat, Model: rt.served})
 			if err != nil {
 				return err
 			}

@@ -163,7 +163,7 @@ func TestServeWithOpenAINodeClient(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv := exec.CommandContext(ctx, bin, "serve", "--port", "0", "--model", "e2e", "--api-key", "e2e-key", "--max-context", "1024")
+	srv := exec.CommandContext(ctx, bin, "serve", "--port", "0", "--served-model-name", "e2e", "--api-key", "e2e-key", "--max-context", "1024")
 	stderr, err := srv.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

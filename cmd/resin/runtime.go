@@ -1,0 +1,257 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/tokenizer"
+	"github.com/resin-llm/resin/core/tokenizer/tiny"
+	"github.com/resin-llm/resin/core/weights"
+	"github.com/resin-llm/resin/models"
+	"github.com/spf13/cobra"
+)
+
+// runtimeFlags choose the runner (the engine's test runner, or a registered model with
+// its weights), the tokenizer and the engine limits for serve and generate.
+type runtimeFlags struct {
+	runner         string
+	model          string
+	weights        string
+	randomWeights  string
+	cacheBytes     int64
+	tokenizerDir   string
+	servedName     string
+	maxContext     int
+	maxSeqs        int
+	maxBatchTokens int
+	maxQueue       int
+	cachePages     int
+}
+
+func (f *runtimeFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.model, "model", "", "registered model to run (see models/registry.go), or 'auto' to pick it by the architectures of config.json; default: the engine's deterministic test runner")
+	fl.StringVar(&f.weights, "weights", "", "with --model: HF checkpoint directory (config.json, safetensors, tokenizer.json and tokenizer_config.json when present)")
+	fl.StringVar(&f.randomWeights, "random-weights", "", "with --model: run the model's seeded random weights of this config.json instead of a checkpoint")
+	fl.Int64Var(&f.cacheBytes, "cache-bytes", 0, "with --model: KV cache pool size in bytes (0 = the model's default)")
+	fl.StringVar(&f.runner, "runner", "test", "runner when no --model is given: 'test' is the engine's deterministic test runner")
+	fl.StringVar(&f.tokenizerDir, "tokenizer", "", "directory with tokenizer.json (and tokenizer_config.json for chat); default: the one in --weights, else the built-in tiny tokenizer")
+	fl.StringVar(&f.servedName, "served-model-name", "", "model name served in /v1/models and expected in requests (default: the --model name, else resin-test)")
+	fl.IntVar(&f.maxContext, "max-context", 4096, "maximum context (prompt + output tokens) of the test runner")
+	fl.IntVar(&f.maxSeqs, "max-seqs", 256, "sequences per engine step at most")
+	fl.IntVar(&f.maxBatchTokens, "max-batch-tokens", 8192, "tokens per engine step at most")
+	fl.IntVar(&f.maxQueue, "max-queue", 1024, "waiting requests at most before 429 (0 = no cap)")
+	fl.IntVar(&f.cachePages, "cache-pages", 8192, "cache pages of the test runner's pool (16 tokens each)")
+}
+
+// runtime is an engine with its runner and tokenizer.
+type runtime struct {
+	eng    *engine.Engine
+	tok    *tokenizer.Tokenizer
+	chat   *tokenizer.ChatTemplate
+	eos    []int32
+	runner string // what runs: "test" or the registered model's name
+	served string // the model name the API serves
+}
+
+// build loads the tokenizer and the runner and starts nothing: the caller runs the engine.
+// Notes (a fallback worth knowing about) go to warn.
+func (f *runtimeFlags) build(warn io.Writer) (*runtime, error) {
+	if err := f.check(); err != nil {
+		return nil, err
+	}
+	rt := &runtime{}
+	tokDir := f.tokenizerDir
+	if tokDir == "" && f.weights != "" {
+		if _, err := os.Stat(filepath.Join(f.weights, "tokenizer.json")); err == nil {
+			tokDir = f.weights
+		} else {
+			fmt.Fprintf(warn, "resin: no tokenizer.json in %s: using the built-in tiny tokenizer (pass --tokenizer DIR)\n", f.weights)
+		}
+	}
+	if err := rt.loadTokenizer(tokDir); err != nil {
+		return nil, err
+	}
+	rt.eos = endTokens(rt.tok)
+	ecfg := engine.Config{MaxSeqs: f.maxSeqs, MaxBatchTokens: f.maxBatchTokens, MaxQueue: f.maxQueue}
+	var r engine.Runner
+	if f.model == "" {
+		if f.runner != "test" {
+			return nil, fmt.Errorf("unknown runner %q (available: test; real models run with --model NAME)", f.runner)
+		}
+		tr, err := enginetest.New(enginetest.Config{
+			VocabSize: rt.tok.VocabSize(), MaxContext: f.maxContext, EOS: rt.eos, Pages: f.cachePages,
+		})
+		if err != nil {
+			return nil, err
+		}
+		r, ecfg.Pool, rt.runner = tr, tr.Pool(), "test"
+	} else {
+		m, pool, name, err := f.openModel()
+		if err != nil {
+			return nil, err
+		}
+		r, ecfg.Pool, rt.runner = m, pool, name
+	}
+	var err error
+	if rt.eng, err = engine.New(r, ecfg); err != nil {
+		return nil, err
+	}
+	rt.served = f.servedName
+	if rt.served == "" {
+		rt.served = "resin-test"
+		if f.model != "" {
+			rt.served = rt.runner
+		}
+	}
+	return rt, nil
+}
+
+// check rejects flag combinations that would be silently ignored.
+func (f *runtimeFlags) check() error {
+	if f.model == "" {
+		switch {
+		case f.weights != "" || f.randomWeights != "":
+			return errors.New("--weights and --random-weights need --model NAME (or --model auto)")
+		case f.cacheBytes != 0:
+			return errors.New("--cache-bytes sizes a --model runner's pool; the test runner's is --cache-pages")
+		}
+		return nil
+	}
+	switch {
+	case f.runner != "test":
+		return fmt.Errorf("--runner %s and --model %s are exclusive", f.runner, f.model)
+	case f.weights != "" && f.randomWeights != "":
+		return errors.New("--weights and --random-weights are exclusive: pick a checkpoint or random weights")
+	case f.weights == "" && f.randomWeights == "":
+		return fmt.Errorf("--model %s needs --weights DIR (a checkpoint) or --random-weights CONFIG", f.model)
+	case f.cacheBytes < 0:
+		return fmt.Errorf("--cache-bytes %d is negative", f.cacheBytes)
+	case f.weights != "":
+		return checkCheckpoint(f.weights)
+	}
+	return nil
+}
+
+func (rt *runtime) loadTokenizer(dir string) error {
+	var err error
+	if dir == "" {
+		rt.tok, rt.chat, err = tiny.Load()
+		return err
+	}
+	if rt.tok, err = tokenizer.Load(filepath.Join(dir, "tokenizer.json")); err != nil {
+		return err
+	}
+	rt.chat, err = tokenizer.LoadChatTemplate(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// openModel resolves --model and opens it on the checkpoint of --weights, or on a
+// directory holding only the --random-weights config (the registry's models then build
+// their seeded random weights).
+func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) {
+	dir := f.weights
+	if dir == "" {
+		cfg, err := os.ReadFile(f.randomWeights)
+		if err != nil {
+			return nil, nil, "", fmt.Errorf("--random-weights: %w", err)
+		}
+		if dir, err = os.MkdirTemp("", "resin-random-weights-"); err != nil {
+			return nil, nil, "", fmt.Errorf("--random-weights: %w", err)
+		}
+		// Open reads the config and builds the weights in memory; nothing in dir is used
+		// afterwards.
+		defer os.RemoveAll(dir)
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+			return nil, nil, "", fmt.Errorf("--random-weights: %w", err)
+		}
+	}
+	m, err := resolveModel(f.model, dir)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	r, pool, err := m.Open(dir, f.cacheBytes)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("open model %s: %w", m.Name, err)
+	}
+	return r, pool, m.Name, nil
+}
+
+// checkCheckpoint makes sure dir is a checkpoint with config.json and safetensors, so that
+// a model that falls back to random weights never does so for a mistyped --weights.
+func checkCheckpoint(dir string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("--weights: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("--weights %s is not a directory (for random weights of a config.json use --random-weights)", dir)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		return fmt.Errorf("--weights: %s holds no config.json: %w", dir, err)
+	}
+	ck, err := weights.Open(dir)
+	if errors.Is(err, weights.ErrNotFound) {
+		return fmt.Errorf("--weights: %s is not a complete safetensors checkpoint (for random weights of its config use --random-weights %s): %w",
+			dir, filepath.Join(dir, "config.json"), err)
+	}
+	if err != nil {
+		return fmt.Errorf("--weights: %w", err)
+	}
+	return ck.Close()
+}
+
+// resolveModel returns the registered model called name, or for "auto" the one that loads
+// an architecture listed in dir/config.json.
+func resolveModel(name, dir string) (models.Model, error) {
+	if name != "auto" {
+		return models.Lookup(name)
+	}
+	path := filepath.Join(dir, "config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return models.Model{}, fmt.Errorf("--model auto: %w", err)
+	}
+	var cfg struct {
+		Architectures []string `json:"architectures"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return models.Model{}, fmt.Errorf("--model auto: parse %s: %w", path, err)
+	}
+	if len(cfg.Architectures) == 0 {
+		return models.Model{}, fmt.Errorf("--model auto: %s lists no architectures; pass --model NAME", path)
+	}
+	var first error
+	for _, a := range cfg.Architectures {
+		m, err := models.ForArchitecture(a)
+		if err == nil {
+			return m, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return models.Model{}, fmt.Errorf("--model auto: %w", first)
+}
+
+// endTokens lists the end-of-turn / end-of-text tokens the vocabulary has: the test runner
+// stops at any of them.
+func endTokens(tok *tokenizer.Tokenizer) []int32 {
+	var ids []int32
+	for _, name := range []string{"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<｜end▁of▁sentence｜>", "<|eom_id|>"} {
+		if id, ok := tok.TokenID(name); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
