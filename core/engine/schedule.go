@@ -190,6 +190,11 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 		slots := gp.SlotMapping[t : t+n]
 		switch spec.Kind {
 		case kvslab.Full, kvslab.SlidingWindow:
+			if n == 1 {
+				blk, off := s.blockOf(r.computed)
+				slots[0] = int64(table[blk])*int64(s.bt) + int64(off)
+				continue
+			}
 			// One run of consecutive slots per block.
 			for j := 0; j < n; {
 				blk, off := s.blockOf(r.computed + j)
