@@ -28,10 +28,12 @@ the step's result.`,
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
-				return enc.Encode(rep)
+				if err := json.NewEncoder(out).Encode(rep); err != nil {
+					return err
+				}
+			} else {
+				printReport(out, rep)
 			}
-			printReport(out, rep)
 			if !rep.OK {
 				return fmt.Errorf("workload %s failed its check: %s", name, rep.Reason)
 			}
