@@ -13,6 +13,9 @@
 // cache hits are taken at admission; when pages run out the newest (or lowest-priority)
 // running request is preempted by recompute.
 //
+// With Config.Async (a runner that declares AsyncTokens) the loop builds plan N+1 while the
+// runner executes plan N, so scheduling hides behind the model's step.
+//
 // The engine never touches model math and the runner never decides what to run: the
 // BatchPlan is the whole contract between them, and it has a versioned binary encoding so
 // it can cross a process boundary.

@@ -37,6 +37,9 @@ type Config struct {
 	MaxQueue int
 	// Policy orders the waiting queue (default PolicyFCFS).
 	Policy Policy
+	// Async builds the next plan while the runner executes the current one. It needs a
+	// runner that declares AsyncTokens and proposes no drafts.
+	Async bool
 	// Pool is the cache pool, built with the runner's cache groups. Nil: New builds one in
 	// host memory of CacheBytes bytes (default 256 MiB).
 	Pool       *kvslab.Pool
@@ -237,6 +240,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		return errors.New("engine: Run is already running")
 	}
 	defer e.running.Store(false)
+	if e.s.cfg.Async {
+		return e.runAsync(ctx)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -278,6 +284,98 @@ func (e *Engine) Run(ctx context.Context) error {
 		t3 := time.Now()
 		e.s.metrics.observeStep(t1.Sub(t0)+t3.Sub(t2), t2.Sub(t1))
 		e.mu.Unlock()
+	}
+}
+
+// stepOut is what the runner goroutine of runAsync reports for one plan.
+type stepOut struct {
+	res StepResult
+	err error
+	dur time.Duration
+}
+
+// runAsync is Run with Config.Async: a goroutine executes plan N while this one builds
+// plan N+1 (whose unknown tokens are PendingToken), then applies N's result and hands
+// N+1 over.
+func (e *Engine) runAsync(ctx context.Context) error {
+	work := make(chan *BatchPlan)
+	done := make(chan stepOut)
+	go func() {
+		for p := range work {
+			t := time.Now()
+			res, err := e.execute(ctx, p)
+			done <- stepOut{res, err, time.Since(t)}
+		}
+	}()
+	defer close(work)
+	var inflight, next *BatchPlan
+	// stop waits for the plan in flight and returns every plan not applied.
+	stop := func(err error) error {
+		if inflight != nil {
+			<-done
+		}
+		e.mu.Lock()
+		e.s.rollbackAll()
+		e.afterChange()
+		e.mu.Unlock()
+		return err
+	}
+	var sched time.Duration
+	for {
+		select {
+		case <-ctx.Done():
+			return stop(ctx.Err())
+		case <-e.closeCh:
+			return stop(nil)
+		default:
+		}
+		t0 := time.Now()
+		e.mu.Lock()
+		next = e.s.Schedule()
+		e.mu.Unlock()
+		sched = time.Since(t0)
+		if inflight == nil {
+			if next == nil {
+				select {
+				case <-e.wake:
+				case <-ctx.Done():
+					return stop(ctx.Err())
+				case <-e.closeCh:
+					return stop(nil)
+				}
+				continue
+			}
+			work <- next
+			inflight, next = next, nil
+			continue
+		}
+		out := <-done
+		t2 := time.Now()
+		e.mu.Lock()
+		if out.err != nil && ctx.Err() != nil {
+			// Shutting down: neither plan ran to completion; the requests stay queued.
+			inflight = nil
+			e.s.rollbackAll()
+			e.afterChange()
+			e.mu.Unlock()
+			return ctx.Err()
+		}
+		if err := e.s.Update(inflight, out.res, out.err); err != nil {
+			e.mu.Unlock()
+			inflight = nil
+			return stop(err)
+		}
+		e.afterChange()
+		e.s.metrics.observeStep(sched+time.Since(t2), out.dur)
+		if next != nil && !e.s.Pending(next) {
+			next = nil // the step failed and voided the plan built after it
+		}
+		e.mu.Unlock()
+		inflight = nil
+		if next != nil {
+			work <- next
+			inflight, next = next, nil
+		}
 	}
 }
 

@@ -13,8 +13,11 @@ func (s *Scheduler) CheckBookkeeping() error {
 		if !r.open {
 			return fmt.Errorf("running request %q holds no sequence", r.id)
 		}
-		if n := s.pool.Len(r.seq); n != r.reserved || r.reserved < r.computed {
-			return fmt.Errorf("request %q: reserved %d, pool length %d, computed %d", r.id, r.reserved, n, r.computed)
+		if n := s.pool.Len(r.seq); n != r.reserved || r.reserved < r.computed+r.aheadN {
+			return fmt.Errorf("request %q: reserved %d, pool length %d, computed %d + %d in flight", r.id, r.reserved, n, r.computed, r.aheadN)
+		}
+		if r.aheadN < 0 || r.aheadOut < 0 || r.aheadOut > len(s.pending) {
+			return fmt.Errorf("request %q: %d tokens and %d outputs in flight with %d plans pending", r.id, r.aheadN, r.aheadOut, len(s.pending))
 		}
 		if s.wholeBlocks && r.reserved%s.bt != 0 && r.reserved != r.computed {
 			return fmt.Errorf("request %q: %d tokens reserved, not whole blocks", r.id, r.reserved)

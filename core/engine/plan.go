@@ -12,9 +12,10 @@ const NoSlot int64 = -1
 
 // BatchPlan is everything a runner needs for one step, in flat arrays. The scheduler
 // builds it once per step and never changes it after handing it over. It alternates
-// between two plans, so plan N stays intact while plan N+1 is built and executed: a
-// runner may keep reading plan N (for example while tensor-parallel workers still consume
-// its encoding) until its Execute for step N+1 returns.
+// between two plans, so plan N stays intact while plan N+1 is built: with Config.Async
+// the engine builds N+1 while the runner executes N (tokens N samples appear in N+1 as
+// PendingToken), and in either mode a runner may keep reading plan N until its Execute
+// for step N+1 returns.
 //
 // With B sequences and T tokens (T = QueryStart[B]):
 //

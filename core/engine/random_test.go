@@ -19,18 +19,26 @@ func TestRandomOperations(t *testing.T) {
 	for _, tc := range []struct {
 		window int
 		policy engine.Policy
-	}{{0, engine.PolicyFCFS}, {0, engine.PolicyPriority}, {12, engine.PolicyFCFS}, {12, engine.PolicyPriority}} {
-		t.Run(fmt.Sprintf("window%d-policy%d", tc.window, tc.policy), func(t *testing.T) {
+		async  bool
+	}{{0, engine.PolicyFCFS, false}, {0, engine.PolicyPriority, false}, {12, engine.PolicyFCFS, false}, {12, engine.PolicyPriority, false},
+		{0, engine.PolicyFCFS, true}, {0, engine.PolicyPriority, true}} {
+		t.Run(fmt.Sprintf("window%d-policy%d-async%v", tc.window, tc.policy, tc.async), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(tc.window), uint64(tc.policy)))
 			var failNext bool
 			pages := 40
 			if tc.window > 0 {
 				pages = 14 // a 12-token window holds at most 3 pages per sequence
 			}
-			rc := enginetest.Config{BlockTokens: 8, Pages: pages, Window: tc.window, MaxDrafts: 2, EOS: []int32{3},
+			drafts := 2
+			if tc.async {
+				drafts = 0
+			}
+			rc := enginetest.Config{BlockTokens: 8, Pages: pages, Window: tc.window, MaxDrafts: drafts, EOS: []int32{3}, Async: tc.async,
 				WrongDraft: func(pos, j int) bool { return (pos+j)%4 == 0 },
 				Fail:       func(uint64) bool { f := failNext; failNext = false; return f }}
-			d := newDirect(t, rc, engine.Config{MaxBatchTokens: 48, MaxSeqs: 6, Policy: tc.policy})
+			d := newDirect(t, rc, engine.Config{MaxBatchTokens: 48, MaxSeqs: 6, Policy: tc.policy, Async: tc.async})
+			var inflight *engine.BatchPlan // async: the plan "running" while the next is built
+			ahead := 0
 			type sub struct {
 				p   []int32
 				max int
@@ -53,9 +61,18 @@ func TestRandomOperations(t *testing.T) {
 					d.s.Abort(fmt.Sprint(rng.IntN(ids)))
 				}
 				failNext = rng.IntN(40) == 0
-				p := d.s.Schedule()
+				p := inflight
+				if p == nil {
+					p = d.s.Schedule()
+				}
 				if p == nil {
 					continue
+				}
+				var next *engine.BatchPlan
+				if tc.async {
+					if next = d.s.Schedule(); next != nil {
+						ahead++
+					}
 				}
 				res, err := d.r.Execute(context.Background(), p)
 				if rng.IntN(10) == 0 && ids > 0 {
@@ -64,12 +81,25 @@ func TestRandomOperations(t *testing.T) {
 				if err := d.s.Update(p, res, err); err != nil {
 					t.Fatal(err)
 				}
+				inflight = next
+				if next != nil && !d.s.Pending(next) {
+					inflight = nil // voided by a failed step
+				}
 				if err := d.s.CheckBookkeeping(); err != nil {
 					t.Fatalf("round %d: %v", round, err)
 				}
 				if err := d.r.Pool().Check(); err != nil {
 					t.Fatalf("round %d: %v", round, err)
 				}
+			}
+			if inflight != nil {
+				res, err := d.r.Execute(context.Background(), inflight)
+				if err := d.s.Update(inflight, res, err); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.async && ahead < 100 {
+				t.Fatalf("only %d plans were built ahead", ahead)
 			}
 			d.runAll()
 			counts := map[engine.FinishReason]int{}

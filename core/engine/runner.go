@@ -38,7 +38,15 @@ type RunnerInfo struct {
 	// MaxDrafts is how many draft tokens per sequence the runner proposes (0 = no
 	// speculative decoding).
 	MaxDrafts int
+	// AsyncTokens says the runner accepts PendingToken in a plan's Tokens, which lets the
+	// engine build plan N+1 while plan N runs (Config.Async).
+	AsyncTokens bool
 }
+
+// PendingToken in BatchPlan.Tokens stands for the token the runner sampled for the same
+// sequence in the previous step, which the engine did not know yet when it built the plan
+// (Config.Async). Only runners that declare AsyncTokens see it.
+const PendingToken int32 = -1
 
 func (ri *RunnerInfo) validate() error {
 	if ri.VocabSize <= 0 {

@@ -8,8 +8,10 @@ import (
 )
 
 // Schedule builds the next step's BatchPlan, or returns nil when there is nothing to run
-// (or the previous plan has not been given to Update yet). The plan is frozen: it stays
-// unchanged until the Schedule call after next.
+// or the previous plan has not been given to Update yet. With Config.Async one plan may
+// be pending: Schedule then builds the next one ahead, continuing each request where the
+// pending plan leaves it (a token that plan samples appears as PendingToken). The plan is
+// frozen: it stays unchanged until the Schedule call after next.
 //
 // The rule: every running request is offered wanted − computed tokens (its unfed tokens
 // plus drafts), capped by the remaining token budget; then waiting requests are admitted
@@ -17,11 +19,12 @@ import (
 // When the pool runs out of pages a running request is preempted by recompute, and no
 // request is admitted in that step.
 func (s *Scheduler) Schedule() *BatchPlan {
-	if s.pending != nil {
+	if limit := 1 + b2i(s.cfg.Async); len(s.pending) >= limit {
 		return nil
 	}
 	p := &s.plans[s.flip]
 	reqs := s.planReqs[s.flip][:0]
+	epochs := s.planEpochs[s.flip][:0]
 	p.reset(len(s.groups))
 	p.begin(s.cfg.MaxSeqs, s.cfg.MaxBatchTokens)
 	var c cursor
@@ -30,12 +33,18 @@ func (s *Scheduler) Schedule() *BatchPlan {
 
 	for i := 0; i < len(s.running) && budget > 0 && len(reqs) < s.cfg.MaxSeqs; i++ {
 		r := s.running[i]
-		n := min(len(r.tokens)+len(r.drafts)-r.computed, budget, s.info.MaxContext-r.computed)
+		// With a plan in flight (Config.Async) the request continues where that plan
+		// leaves it: aheadN more tokens computed and aheadOut more sampled.
+		at, have := r.computed+r.aheadN, len(r.tokens)+r.aheadOut
+		if r.aheadOut > 0 && have >= r.end {
+			continue // the token in flight completes the request
+		}
+		n := min(have+len(r.drafts)-at, budget, s.info.MaxContext-at)
 		if n <= 0 {
 			continue
 		}
 		for {
-			err := s.reserve(r, r.computed+n)
+			err := s.reserve(r, at+n)
 			if err == nil {
 				break
 			}
@@ -58,6 +67,7 @@ func (s *Scheduler) Schedule() *BatchPlan {
 			continue
 		}
 		reqs = append(reqs, r)
+		epochs = append(epochs, r.epoch)
 		s.addToPlan(p, &c, r, n)
 		budget -= n
 	}
@@ -75,12 +85,14 @@ admission:
 		r.state = stateRunning
 		s.running = append(s.running, r)
 		reqs = append(reqs, r)
+		epochs = append(epochs, r.epoch)
 		n := min(len(r.tokens)-r.computed, budget)
 		s.addToPlan(p, &c, r, n)
 		budget -= n
 	}
 
 	s.planReqs[s.flip] = reqs
+	s.planEpochs[s.flip] = epochs
 	p.end(c.b, c.t, c.l)
 	if len(reqs) == 0 {
 		return nil
@@ -89,8 +101,15 @@ admission:
 	s.step++
 	p.Step = s.step
 	p.GraphBatch = s.graphBatch(p)
-	s.pending = p
+	s.pending = append(s.pending, p)
 	return p
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 type admission uint8
@@ -138,11 +157,12 @@ type cursor struct{ b, t, l int }
 // addToPlan writes r's next n tokens (unfed tokens, then drafts) into the plan at the
 // cursor. The pool has reserved them.
 func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
-	known := min(n, len(r.tokens)-r.computed)
+	at, have := r.computed+r.aheadN, len(r.tokens)+r.aheadOut
+	known := min(n, have-at)
 	nd := n - known
 	b, t := c.b, c.t
 	p.ReqIDs[b] = r.handle
-	p.Computed[b] = int32(r.computed)
+	p.Computed[b] = int32(at)
 	p.Scheduled[b] = int32(n)
 	p.PromptLen[b] = int32(r.promptLen)
 	p.NumDrafts[b] = int32(nd)
@@ -156,22 +176,28 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 		p.anyLogprobs = true
 	}
 
-	if n == 1 && r.computed+1 == len(r.tokens) {
+	sample := at+known == have // the chunk reaches the last known token
+	if n == 1 && sample {
 		// Decode: one token, one logits row.
 		p.Tokens[t] = r.last
-		p.Positions[t] = int32(r.computed)
+		if r.aheadOut > 0 {
+			p.Tokens[t] = PendingToken
+		}
+		p.Positions[t] = int32(at)
 		p.QueryStart[b+1] = int32(t + 1)
 		p.LogitsIndices[c.l] = int32(t)
 		c.l++
 	} else {
-		copy(p.Tokens[t:t+known], r.tokens[r.computed:])
+		for k := t + copy(p.Tokens[t:t+known], r.tokens[at:]); k < t+known; k++ {
+			p.Tokens[k] = PendingToken // sampled by the plan in flight
+		}
 		copy(p.Tokens[t+known:t+n], r.drafts[:nd])
 		pos := p.Positions[t : t+n]
 		for j := range pos {
-			pos[j] = int32(r.computed + j)
+			pos[j] = int32(at + j)
 		}
 		p.QueryStart[b+1] = int32(t + n)
-		if r.computed+known == len(r.tokens) {
+		if sample {
 			// The chunk reaches the last known token: sample after it and after each draft.
 			for j := known - 1; j < n; j++ {
 				p.LogitsIndices[c.l] = int32(t + j)
@@ -191,13 +217,13 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 		switch spec.Kind {
 		case kvslab.Full, kvslab.SlidingWindow:
 			if n == 1 {
-				blk, off := s.blockOf(r.computed)
+				blk, off := s.blockOf(at)
 				slots[0] = int64(table[blk])*int64(s.bt) + int64(off)
 				continue
 			}
 			// One run of consecutive slots per block.
 			for j := 0; j < n; {
-				blk, off := s.blockOf(r.computed + j)
+				blk, off := s.blockOf(at + j)
 				slot := int64(table[blk])*int64(s.bt) + int64(off)
 				run := slots[j:min(n, j+s.bt-off)]
 				for k := range run {
@@ -208,7 +234,7 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 		case kvslab.Compressed:
 			per := int64(s.bt / spec.Ratio)
 			for j := range slots {
-				blk, off := s.blockOf(r.computed + j)
+				blk, off := s.blockOf(at + j)
 				slots[j] = int64(table[blk])*per + int64(off/spec.Ratio)
 			}
 		default:
@@ -217,6 +243,10 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 			}
 			gp.StatePage = append(gp.StatePage, s.pool.StatePage(r.seq, g))
 		}
+	}
+	r.aheadN += n
+	if sample {
+		r.aheadOut++
 	}
 	c.b++
 	c.t += n
@@ -266,22 +296,54 @@ func (s *Scheduler) graphBatch(p *BatchPlan) int32 {
 	return 0
 }
 
-// Rollback undoes a plan whose step did not run (the runner was cancelled): the
-// reservations are returned and the requests stay where they were. Like Update it refuses
-// a plan that is not the one Schedule handed out.
+// Rollback undoes a plan whose step did not run (the runner was cancelled), and any plan
+// built after it: the reservations are returned and the requests stay where they were.
+// Like Update it refuses a plan that is not the oldest one handed out.
 func (s *Scheduler) Rollback(p *BatchPlan) error {
-	if p == nil || p != s.pending {
-		return errors.New("engine: Rollback with a plan that is not the one Schedule handed out")
+	if p == nil || len(s.pending) == 0 || p != s.pending[0] {
+		return errors.New("engine: Rollback with a plan that is not the oldest one Schedule handed out")
 	}
-	s.pending = nil
-	for _, r := range s.planReqs[s.planIndex(p)] {
-		if r.state == stateRunning && r.open {
+	for k := len(s.pending) - 1; k >= 0; k-- {
+		q := s.pending[k]
+		idx := s.planIndex(q)
+		for i, r := range s.planReqs[idx] {
+			if !s.current(r, s.planEpochs[idx][i]) {
+				continue
+			}
+			r.aheadN -= int(q.Scheduled[i])
+			if q.LogitsStart[i+1] > q.LogitsStart[i] {
+				r.aheadOut--
+			}
 			if err := s.trim(r); err != nil {
 				s.finish(r, FinishError, fmt.Errorf("%w: roll back %q: %w", ErrCache, r.id, err))
 			}
 		}
 	}
+	s.pending = s.pending[:0]
 	return nil
+}
+
+// Pending reports whether p was handed out by Schedule and still waits for Update.
+func (s *Scheduler) Pending(p *BatchPlan) bool {
+	for _, q := range s.pending {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// rollbackAll rolls back every plan handed out and not yet updated.
+func (s *Scheduler) rollbackAll() {
+	if len(s.pending) > 0 {
+		_ = s.Rollback(s.pending[0])
+	}
+}
+
+// current reports whether a plan row for r built at epoch still refers to r's present
+// sequence (r was not finished, preempted or aborted since).
+func (s *Scheduler) current(r *request, epoch uint32) bool {
+	return r.state == stateRunning && r.epoch == epoch
 }
 
 // pageTable returns r's page table in group g. The pool's tables stay valid until the next
@@ -317,13 +379,13 @@ func (s *Scheduler) reserve(r *request, need int) error {
 	return nil
 }
 
-// trim returns what r holds beyond its computed tokens (rejected drafts, a step that did
-// not run) to the pool with Truncate: down to computed exactly, or, with whole-block
-// reservations, down to the end of the block computed reaches.
+// trim returns what r holds beyond its computed tokens and those of a plan in flight
+// (rejected drafts, a step that did not run) to the pool with Truncate: down to that length
+// exactly, or, with whole-block reservations, down to the end of the block it reaches.
 func (s *Scheduler) trim(r *request) error {
-	keep := r.computed
+	keep := r.computed + r.aheadN // a plan in flight still needs its tokens
 	if s.wholeBlocks {
-		keep = (r.computed + s.bt - 1) / s.bt * s.bt
+		keep = (keep + s.bt - 1) / s.bt * s.bt
 	}
 	if r.reserved <= keep {
 		return nil

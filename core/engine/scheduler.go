@@ -36,6 +36,9 @@ type request struct {
 	computed    int               // tokens whose cache entries are computed
 	committed   int               // tokens of the full blocks registered in the prefix cache
 	reserved    int               // tokens the pool holds for the sequence (its Len)
+	aheadN      int               // tokens scheduled in plans not yet updated
+	aheadOut    int               // tokens those plans will sample (at most one per plan)
+	epoch       uint32            // counts releases: rows of plans built before one are stale
 	tables      [][]kvslab.PageID // the pool's page tables, per group, while tablesValid
 	tablesValid bool
 	promptLen   int
@@ -90,11 +93,12 @@ type Scheduler struct {
 	waiting queue
 	handles uint64
 
-	plans    [2]BatchPlan
-	planReqs [2][]*request
-	flip     int
-	pending  *BatchPlan // handed out, not yet updated
-	step     uint64
+	plans      [2]BatchPlan
+	planReqs   [2][]*request
+	flip       int
+	planEpochs [2][]uint32
+	pending    []*BatchPlan // handed out, not yet updated, oldest first
+	step       uint64
 
 	topBuf []TopLogprob
 	stats  kvslab.Stats
@@ -117,6 +121,7 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	if cfg.MaxBatchTokens < 1 || cfg.MaxSeqs < 1 || cfg.MaxQueue < 0 {
 		return nil, fmt.Errorf("engine: invalid limits: %d batch tokens, %d sequences, queue %d", cfg.MaxBatchTokens, cfg.MaxSeqs, cfg.MaxQueue)
 	}
+
 	if cfg.Policy > PolicyPriority {
 		return nil, fmt.Errorf("engine: unknown policy %d", cfg.Policy)
 	}
@@ -127,13 +132,16 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	s := &Scheduler{
 		pool: cfg.Pool, info: info, cfg: cfg, groups: groups, bt: cfg.Pool.BlockTokens(),
 		eos: info.EOS, metrics: newMetrics(), now: time.Now, epoch: time.Now(),
-		byID: make(map[string]*request),
+		byID: make(map[string]*request), pending: make([]*BatchPlan, 0, 2),
 	}
 	s.wholeBlocks = true
 	for _, g := range groups {
 		if g.Kind != kvslab.Full && g.Kind != kvslab.Compressed {
 			s.wholeBlocks = false
 		}
+	}
+	if cfg.Async && (!info.AsyncTokens || info.MaxDrafts > 0 || !s.wholeBlocks) {
+		return nil, fmt.Errorf("engine: async scheduling needs a runner that accepts PendingToken and proposes no drafts, and cache groups that keep whole blocks (full attention, compressed); %q does not qualify", info.Name)
 	}
 	s.btShift = -1
 	if s.bt&(s.bt-1) == 0 {
@@ -144,6 +152,7 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 		s.plans[i].reset(len(groups))
 		s.plans[i].begin(cfg.MaxSeqs, cfg.MaxBatchTokens)
 		s.planReqs[i] = make([]*request, 0, cfg.MaxSeqs)
+		s.planEpochs[i] = make([]uint32, 0, cfg.MaxSeqs)
 	}
 	return s, nil
 }
@@ -291,7 +300,8 @@ func (s *Scheduler) release(r *request) {
 		r.open, r.tablesValid = false, false
 		clear(r.tables)
 	}
-	r.computed, r.committed, r.reserved = 0, 0, 0
+	r.computed, r.committed, r.reserved, r.aheadN, r.aheadOut = 0, 0, 0, 0, 0
+	r.epoch++
 	r.drafts = r.drafts[:0]
 }
 

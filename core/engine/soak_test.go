@@ -22,21 +22,26 @@ import (
 // request that ran to its end produced exactly the reference tokens, and that the pool
 // is whole and no goroutine is left behind.
 func TestSoak(t *testing.T) {
-	testSoak(t, 10000, 96, 0)
+	testSoak(t, 10000, 96, 0, false)
+}
+
+// TestSoakAsync is the soak with Config.Async: plan N+1 is built while N runs.
+func TestSoakAsync(t *testing.T) {
+	testSoak(t, 5000, 96, 0, true)
 }
 
 // TestSoakSlidingWindow runs a shorter soak over a sliding-window cache group, whose
 // pages are released behind the window as sequences move.
 func TestSoakSlidingWindow(t *testing.T) {
-	testSoak(t, 2000, 40, 10)
+	testSoak(t, 2000, 40, 10, false)
 }
 
-func testSoak(t *testing.T, requests, pages, window int) {
+func testSoak(t *testing.T, requests, pages, window int, async bool) {
 	const submitters = 4
 	goroutines := runtime.NumGoroutine()
 	const eos = 7
 	rc := enginetest.Config{
-		BlockTokens: 8, Pages: pages, EOS: []int32{eos}, MaxDrafts: 2, Window: window,
+		BlockTokens: 8, Pages: pages, EOS: []int32{eos}, MaxDrafts: 2 * (1 - b2i(async)), Window: window, Async: async,
 		WrongDraft: func(pos, j int) bool { return (pos*7+j)%5 == 0 },
 		Fail:       func(step uint64) bool { return step%97 == 0 },
 	}
@@ -44,7 +49,7 @@ func testSoak(t *testing.T, requests, pages, window int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(r, engine.Config{Pool: r.Pool(), MaxBatchTokens: 192, MaxSeqs: 48})
+	e, err := engine.New(r, engine.Config{Pool: r.Pool(), MaxBatchTokens: 192, MaxSeqs: 48, Async: async})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,4 +206,11 @@ func testSoak(t *testing.T, requests, pages, window int) {
 		buf := make([]byte, 1<<16)
 		t.Fatalf("%d goroutines before, %d after:\n%s", goroutines, n, buf[:runtime.Stack(buf, true)])
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

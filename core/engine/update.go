@@ -12,14 +12,26 @@ import (
 // result that does not match the plan, fails that step's requests (finish reason error)
 // and nothing else.
 //
-// Update returns an error, and changes nothing, only when p is not the plan the last
-// Schedule handed out (or was already updated).
+// Plans are updated in the order Schedule handed them out. When the step failed, a plan
+// built after p (Config.Async) is rolled back too and must not run: Pending reports it. Update returns an error, and
+// changes nothing, only when p is not the oldest plan not yet updated.
 func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
-	if p == nil || p != s.pending {
-		return errors.New("engine: Update with a plan that is not the one Schedule handed out")
+	if p == nil || len(s.pending) == 0 || p != s.pending[0] {
+		return errors.New("engine: Update with a plan that is not the oldest one Schedule handed out")
 	}
-	s.pending = nil
-	reqs := s.planReqs[s.planIndex(p)]
+	s.pending = append(s.pending[:0], s.pending[1:]...)
+	idx := s.planIndex(p)
+	reqs, epochs := s.planReqs[idx], s.planEpochs[idx]
+	for i, r := range reqs {
+		// The plan's tokens are no longer ahead of the request: they are applied below,
+		// or dropped with the rest of the step.
+		if s.current(r, epochs[i]) {
+			r.aheadN -= int(p.Scheduled[i])
+			if p.LogitsStart[i+1] > p.LogitsStart[i] {
+				r.aheadOut--
+			}
+		}
+	}
 	if runErr == nil {
 		runErr = res.check(p, s.info.MaxDrafts, s.info.VocabSize)
 	} else {
@@ -27,9 +39,13 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	}
 	if runErr != nil {
 		s.metrics.runnerErrors++
-		for _, r := range reqs {
-			s.finish(r, FinishError, runErr)
+		for i, r := range reqs {
+			if s.current(r, epochs[i]) {
+				s.finish(r, FinishError, runErr)
+			}
 		}
+		// A plan built after this one continued from its results: it is void.
+		s.rollbackAll()
 		return nil
 	}
 	now := s.now()
@@ -47,8 +63,8 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 		if p.Logprobs[i] > 0 {
 			lpTop += a * int(p.Logprobs[i])
 		}
-		if r.state != stateRunning {
-			continue // aborted while the step ran; its pages are already free
+		if !s.current(r, epochs[i]) {
+			continue // finished, aborted or preempted since the plan was built
 		}
 		n, k := int(p.Scheduled[i]), int(p.NumDrafts[i])
 		if a == 0 {

@@ -47,6 +47,9 @@ type Config struct {
 	// position p is wrong when WrongDraft(p, j) is true.
 	MaxDrafts  int
 	WrongDraft func(pos, j int) bool
+	// Async declares AsyncTokens: the runner replaces engine.PendingToken with the token
+	// it sampled for the sequence in the previous step.
+	Async bool
 	// Fail, when set, is asked before each step; a true answer makes Execute fail.
 	Fail func(step uint64) bool
 	// OnPlan, when set, sees every plan before it runs (read it, do not keep it).
@@ -64,6 +67,7 @@ type Runner struct {
 	logits  []float32
 	res     engine.StepResult
 	top     []engine.TopLogprob
+	lastOut map[uint64]int32 // last token sampled per request (Async)
 
 	mu    sync.Mutex
 	err   error
@@ -109,10 +113,11 @@ func New(cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: pool: %w", err)
 	}
-	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize)}
+	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize), lastOut: map[uint64]int32{}}
 	r.info = engine.RunnerInfo{
 		Name: "enginetest", VocabSize: cfg.VocabSize, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
 		CacheGroups: []kvslab.GroupSpec{group}, GraphBuckets: cfg.GraphBuckets, MaxDrafts: cfg.MaxDrafts,
+		AsyncTokens: cfg.Async,
 	}
 	return r, nil
 }
@@ -186,6 +191,13 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 		}
 		nrow := 0
 		for j, t := range toks {
+			if t == engine.PendingToken {
+				last, ok := r.lastOut[p.ReqIDs[i]]
+				if !r.cfg.Async || !ok {
+					return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d, request %d: pending token without a previous sample", p.Step, p.ReqIDs[i]))
+				}
+				t = last
+			}
 			prev := uint64(seedHash)
 			if pos[j] > 0 {
 				e, err := r.read(table, int(pos[j])-1, bt)
@@ -228,6 +240,9 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 			}
 		}
 		res.Accepted[i] = int32(accepted)
+		if r.cfg.Async {
+			r.lastOut[p.ReqIDs[i]] = res.Tokens[len(res.Tokens)-1]
+		}
 		if r.cfg.MaxDrafts > 0 {
 			last := res.Tokens[len(res.Tokens)-1]
 			lastPos := firstPos + accepted // position of the token just sampled
