@@ -16,7 +16,7 @@ func (s *Scheduler) CheckBookkeeping() error {
 		if n := s.pool.Len(r.seq); n != r.reserved || r.reserved < r.computed+r.aheadN {
 			return fmt.Errorf("request %q: reserved %d, pool length %d, computed %d + %d in flight", r.id, r.reserved, n, r.computed, r.aheadN)
 		}
-		if r.aheadN < 0 || r.aheadOut < 0 || r.aheadOut > len(s.pending) {
+		if r.aheadN < 0 || r.aheadOut < 0 || int(r.aheadOut) > len(s.pending) {
 			return fmt.Errorf("request %q: %d tokens and %d outputs in flight with %d plans pending", r.id, r.aheadN, r.aheadOut, len(s.pending))
 		}
 		if s.wholeBlocks && r.reserved%s.bt != 0 && r.reserved != r.computed {

@@ -35,7 +35,7 @@ func (s *Scheduler) Schedule() *BatchPlan {
 		r := s.running[i]
 		// With a plan in flight (Config.Async) the request continues where that plan
 		// leaves it: aheadN more tokens computed and aheadOut more sampled.
-		at, have := r.computed+r.aheadN, len(r.tokens)+r.aheadOut
+		at, have := r.computed+r.aheadN, len(r.tokens)+int(r.aheadOut)
 		if r.aheadOut > 0 && have >= r.end {
 			continue // the token in flight completes the request
 		}
@@ -67,7 +67,9 @@ func (s *Scheduler) Schedule() *BatchPlan {
 			continue
 		}
 		reqs = append(reqs, r)
-		epochs = append(epochs, r.epoch)
+		if s.cfg.Async {
+			epochs = append(epochs, r.epoch)
+		}
 		s.addToPlan(p, &c, r, n)
 		budget -= n
 	}
@@ -85,7 +87,9 @@ admission:
 		r.state = stateRunning
 		s.running = append(s.running, r)
 		reqs = append(reqs, r)
-		epochs = append(epochs, r.epoch)
+		if s.cfg.Async {
+			epochs = append(epochs, r.epoch)
+		}
 		n := min(len(r.tokens)-r.computed, budget)
 		s.addToPlan(p, &c, r, n)
 		budget -= n
@@ -157,7 +161,7 @@ type cursor struct{ b, t, l int }
 // addToPlan writes r's next n tokens (unfed tokens, then drafts) into the plan at the
 // cursor. The pool has reserved them.
 func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
-	at, have := r.computed+r.aheadN, len(r.tokens)+r.aheadOut
+	at, have := r.computed+r.aheadN, len(r.tokens)+int(r.aheadOut)
 	known := min(n, have-at)
 	nd := n - known
 	b, t := c.b, c.t
@@ -244,9 +248,11 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 			gp.StatePage = append(gp.StatePage, s.pool.StatePage(r.seq, g))
 		}
 	}
-	r.aheadN += n
-	if sample {
-		r.aheadOut++
+	if s.cfg.Async {
+		r.aheadN += n
+		if sample {
+			r.aheadOut++
+		}
 	}
 	c.b++
 	c.t += n
@@ -307,12 +313,14 @@ func (s *Scheduler) Rollback(p *BatchPlan) error {
 		q := s.pending[k]
 		idx := s.planIndex(q)
 		for i, r := range s.planReqs[idx] {
-			if !s.current(r, s.planEpochs[idx][i]) {
+			if !s.current(r, s.planEpochs[idx], i) {
 				continue
 			}
-			r.aheadN -= int(q.Scheduled[i])
-			if q.LogitsStart[i+1] > q.LogitsStart[i] {
-				r.aheadOut--
+			if s.cfg.Async {
+				r.aheadN -= int(q.Scheduled[i])
+				if q.LogitsStart[i+1] > q.LogitsStart[i] {
+					r.aheadOut--
+				}
 			}
 			if err := s.trim(r); err != nil {
 				s.finish(r, FinishError, fmt.Errorf("%w: roll back %q: %w", ErrCache, r.id, err))
@@ -340,10 +348,11 @@ func (s *Scheduler) rollbackAll() {
 	}
 }
 
-// current reports whether a plan row for r built at epoch still refers to r's present
-// sequence (r was not finished, preempted or aborted since).
-func (s *Scheduler) current(r *request, epoch uint32) bool {
-	return r.state == stateRunning && r.epoch == epoch
+// current reports whether plan row i, built for r at epochs[i], still refers to r's present
+// sequence (r was not finished, preempted or aborted since). Without Config.Async a plan
+// is updated before the next is built, so a running request is always the same one.
+func (s *Scheduler) current(r *request, epochs []uint32, i int) bool {
+	return r.state == stateRunning && (!s.cfg.Async || r.epoch == epochs[i])
 }
 
 // pageTable returns r's page table in group g. The pool's tables stay valid until the next

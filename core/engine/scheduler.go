@@ -30,24 +30,23 @@ const (
 // first so that they share as few cache lines as possible.
 type request struct {
 	handle      uint64
-	tokens      []int32           // prompt, then output; capacity end
-	drafts      []int32           // proposed by the runner for the next step
-	last        int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
-	computed    int               // tokens whose cache entries are computed
-	committed   int               // tokens of the full blocks registered in the prefix cache
-	reserved    int               // tokens the pool holds for the sequence (its Len)
-	aheadN      int               // tokens scheduled in plans not yet updated
-	aheadOut    int               // tokens those plans will sample (at most one per plan)
-	epoch       uint32            // counts releases: rows of plans built before one are stale
-	tables      [][]kvslab.PageID // the pool's page tables, per group, while tablesValid
-	tablesValid bool
+	tokens      []int32 // prompt, then output; capacity end
+	drafts      []int32 // proposed by the runner for the next step
+	last        int32   // tokens[len(tokens)-1], kept here to spare a cache line per step
+	aheadOut    int32   // tokens the plans in flight will sample (Config.Async)
+	computed    int     // tokens whose cache entries are computed
+	aheadN      int     // tokens scheduled in plans not yet updated (Config.Async)
+	committed   int     // tokens of the full blocks registered in the prefix cache
+	reserved    int     // tokens the pool holds for the sequence (its Len)
 	promptLen   int
 	end         int // prompt length + max tokens: the length at which the request is complete
 	seq         kvslab.SeqID
-	logprobs    int32 // -1: none, else top alternatives wanted
+	logprobs    int32  // -1: none, else top alternatives wanted
+	epoch       uint32 // counts releases: rows of plans built before one are stale
 	state       reqState
 	open        bool
 	stops       bool // EOS or stop ids can end this request
+	tablesValid bool
 	temp        float32
 	topP        float32
 	topK        int32
@@ -55,6 +54,7 @@ type request struct {
 	seed        uint64
 	lastToken   int64 // nanoseconds since the scheduler's epoch
 	out         Output
+	tables      [][]kvslab.PageID // the pool's page tables, per group, while tablesValid
 
 	id        string
 	order     uint64 // arrival order, for ties

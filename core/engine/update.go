@@ -22,16 +22,6 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	s.pending = append(s.pending[:0], s.pending[1:]...)
 	idx := s.planIndex(p)
 	reqs, epochs := s.planReqs[idx], s.planEpochs[idx]
-	for i, r := range reqs {
-		// The plan's tokens are no longer ahead of the request: they are applied below,
-		// or dropped with the rest of the step.
-		if s.current(r, epochs[i]) {
-			r.aheadN -= int(p.Scheduled[i])
-			if p.LogitsStart[i+1] > p.LogitsStart[i] {
-				r.aheadOut--
-			}
-		}
-	}
 	if runErr == nil {
 		runErr = res.check(p, s.info.MaxDrafts, s.info.VocabSize)
 	} else {
@@ -40,7 +30,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	if runErr != nil {
 		s.metrics.runnerErrors++
 		for i, r := range reqs {
-			if s.current(r, epochs[i]) {
+			if s.current(r, epochs, i) {
 				s.finish(r, FinishError, runErr)
 			}
 		}
@@ -63,10 +53,18 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 		if p.Logprobs[i] > 0 {
 			lpTop += a * int(p.Logprobs[i])
 		}
-		if !s.current(r, epochs[i]) {
+		if !s.current(r, epochs, i) {
 			continue // finished, aborted or preempted since the plan was built
 		}
 		n, k := int(p.Scheduled[i]), int(p.NumDrafts[i])
+		// The plan's tokens are no longer ahead of the request; they are applied now.
+		// (A request finished below, or above on a failed step, is reset by release.)
+		if s.cfg.Async {
+			r.aheadN -= n
+			if a > 0 {
+				r.aheadOut--
+			}
+		}
 		if a == 0 {
 			r.computed += n
 		} else {
