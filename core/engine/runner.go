@@ -139,12 +139,12 @@ func (r *StepResult) check(p *BatchPlan, maxDrafts int, vocab int) error {
 		return fmt.Errorf("%w: %d tokens and %d drafts, counts say %d and %d", ErrBadResult, len(r.Tokens), len(r.Drafts), nt, nd)
 	}
 	for _, t := range r.Tokens {
-		if t < 0 || int(t) >= vocab {
+		if uint32(t) >= uint32(vocab) {
 			return fmt.Errorf("%w: token %d outside the vocabulary", ErrBadResult, t)
 		}
 	}
 	for _, t := range r.Drafts {
-		if t < 0 || int(t) >= vocab {
+		if uint32(t) >= uint32(vocab) {
 			return fmt.Errorf("%w: draft %d outside the vocabulary", ErrBadResult, t)
 		}
 	}
