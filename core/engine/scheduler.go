@@ -30,7 +30,7 @@ const (
 // first so that they share as few cache lines as possible.
 type request struct {
 	handle      uint64
-	tokens      []int32 // prompt, then output; capacity end
+	tokens      []int32 // prompt, then output
 	drafts      []int32 // proposed by the runner for the next step
 	last        int32   // tokens[len(tokens)-1], kept here to spare a cache line per step
 	aheadOut    int32   // tokens the plans in flight will sample (Config.Async)
@@ -100,8 +100,7 @@ type Scheduler struct {
 	pending    []*BatchPlan // handed out, not yet updated, oldest first
 	step       uint64
 
-	topBuf []TopLogprob
-	stats  kvslab.Stats
+	stats kvslab.Stats
 }
 
 // NewScheduler builds a scheduler over cfg.Pool for a runner described by info.
@@ -208,7 +207,9 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	s.handles++
 	sp := &req.Sampling
 	r := &request{
-		handle: s.handles, tokens: append(make([]int32, 0, len(req.Prompt)+maxTokens), req.Prompt...),
+		// Room for the output up front (so decoding does not grow the slice), but not for a
+		// whole context when max tokens was left open.
+		handle: s.handles, tokens: append(make([]int32, 0, len(req.Prompt)+min(maxTokens, 2048)), req.Prompt...),
 		promptLen: len(req.Prompt), end: len(req.Prompt) + maxTokens, logprobs: -1,
 		temp: sp.Temperature, topP: sp.TopP, topK: int32(sp.TopK), minP: sp.MinP, seed: sp.Seed,
 		out: out, id: req.ID, order: s.handles, priority: req.Priority, arrival: req.Arrival,
