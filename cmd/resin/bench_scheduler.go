@@ -13,6 +13,7 @@ import (
 func newBenchSchedulerCmd() *cobra.Command {
 	var name string
 	var asJSON bool
+	var runs int
 	cmd := &cobra.Command{
 		Use:   "scheduler",
 		Short: "Replay scheduler workload W1 or W2 and report the engine's own time per step",
@@ -22,7 +23,10 @@ model, and reports the engine's own work: scheduling, building the BatchPlan and
 the step's result.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rep, err := workload.Replay(name)
+			if runs < 1 {
+				return fmt.Errorf("--runs must be at least 1, got %d", runs)
+			}
+			rep, err := workload.ReplayMedian(name, runs)
 			if err != nil {
 				return err
 			}
@@ -42,11 +46,12 @@ the step's result.`,
 	}
 	cmd.Flags().StringVar(&name, "workload", "W1", "workload to replay: W1 or W2")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object")
+	cmd.Flags().IntVar(&runs, "runs", 1, "replay this many times and report the median timings")
 	return cmd
 }
 
 func printReport(w io.Writer, r workload.Report) {
-	fmt.Fprintf(w, "workload %s: %d requests, %d prompt tokens\n", r.Workload, r.Requests, r.PromptTokens)
+	fmt.Fprintf(w, "workload %s: %d requests, %d prompt tokens (median of %d runs)\n", r.Workload, r.Requests, r.PromptTokens, r.Runs)
 	fmt.Fprintf(w, "steps                 %d (prefill-only %d, decode-only %d, mixed %d)\n", r.Steps, r.PrefillSteps, r.DecodeSteps, r.MixedSteps)
 	fmt.Fprintf(w, "output tokens         %d\n", r.OutputTokens)
 	fmt.Fprintf(w, "engine time total     %.3f ms\n", float64(r.EngineNsTotal)/1e6)

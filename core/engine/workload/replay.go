@@ -47,6 +47,45 @@ type Report struct {
 	// was whole at the end (invariants checked, whole after clearing the prefix cache).
 	OK     bool   `json:"ok"`
 	Reason string `json:"reason,omitempty"`
+	// Runs is the number of replays the timings are the median of.
+	Runs int `json:"runs"`
+}
+
+// ReplayMedian replays the workload runs times and reports the median of each timing
+// (engine time, time per output token, decode p50 and p99); the other figures are the
+// same in every run. The report is not OK if any run was not.
+func ReplayMedian(name string, runs int) (Report, error) {
+	var reps []Report
+	for i := 0; i < runs; i++ {
+		rep, err := Replay(name)
+		if err != nil {
+			return rep, err
+		}
+		reps = append(reps, rep)
+	}
+	out := reps[0]
+	med := func(f func(Report) float64) float64 {
+		v := make([]float64, len(reps))
+		for i, r := range reps {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	out.EngineNsTotal = int64(med(func(r Report) float64 { return float64(r.EngineNsTotal) }))
+	out.NsPerOutputToken = med(func(r Report) float64 { return r.NsPerOutputToken })
+	out.DecodeP50Ns = int64(med(func(r Report) float64 { return float64(r.DecodeP50Ns) }))
+	out.DecodeP99Ns = int64(med(func(r Report) float64 { return float64(r.DecodeP99Ns) }))
+	for _, r := range reps {
+		if !r.OK {
+			out.OK, out.Reason = false, r.Reason
+		}
+	}
+	out.Runs = runs
+	return out, nil
 }
 
 // counter is the Output of one replayed request.
@@ -98,6 +137,7 @@ func Replay(name string) (Report, error) {
 		return rep, fmt.Errorf("workload %s: the two replays differ (%d and %d steps)", name, rep.Steps, allocs.Steps)
 	}
 	rep.AllocsPerStep, rep.DecodeAllocsPerStep = allocs.AllocsPerStep, allocs.DecodeAllocsPerStep
+	rep.Runs = 1
 	return rep, nil
 }
 
