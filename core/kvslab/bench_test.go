@@ -178,3 +178,19 @@ func fillFraction(b *testing.B, budget int64, sets [][]GroupSpec, shares []int64
 	}
 	return float64(held) / float64(budget)
 }
+
+// BenchmarkBlockHash hashes one 256-token block.
+func BenchmarkBlockHash(b *testing.B) {
+	toks := make([]int32, 256)
+	for i := range toks {
+		toks[i] = int32(i * 7919)
+	}
+	b.SetBytes(256 * 4)
+	var h uint64
+	for i := 0; i < b.N; i++ {
+		h = BlockHash(h, toks)
+	}
+	if h == 0 {
+		b.Fatal("zero hash")
+	}
+}

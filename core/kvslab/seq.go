@@ -13,6 +13,10 @@ type seqState struct {
 	held      []int      // per group: first block that may hold a page (windows, checkpoints)
 }
 
+// initialBlocks is the page-table capacity a new sequence starts with, so that ordinary
+// sequences grow without allocating; sequence slots are reused with their capacity.
+const initialBlocks = 64
+
 type undoEntry struct {
 	group, block int32
 }
@@ -32,11 +36,16 @@ func (p *Pool) newSeq() SeqID {
 	} else {
 		id = SeqID(len(p.seqs))
 		ng := len(p.specs)
-		p.seqs = append(p.seqs, seqState{
+		s := seqState{
 			tables: make([][]PageID, ng),
 			state:  make([]PageID, ng),
 			held:   make([]int, ng),
-		})
+			hashes: make([]uint64, 0, initialBlocks),
+		}
+		for g := range s.tables {
+			s.tables[g] = make([]PageID, 0, initialBlocks)
+		}
+		p.seqs = append(p.seqs, s)
 	}
 	s := &p.seqs[id]
 	s.open = true
