@@ -1,0 +1,183 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/serve"
+)
+
+// defaultPromptIDs is the prompt of a generate run given neither text nor ids.
+var defaultPromptIDs = []int32{1, 2, 3, 4}
+
+// GenerateCmd is `generate`: one prompt through the engine. A text prompt (PROMPT or
+// --prompt; needs a tokenizer) streams the generated text to stdout; --prompt-ids (or no
+// prompt at all: ids 1,2,3,4) prints the prompt and generated token ids, their text when
+// there is a tokenizer, the finish reason and the throughput.
+func GenerateCmd(l Loader) *cobra.Command {
+	var ef EngineFlags
+	var p serve.GenerateParams
+	var prompt, ids string
+	var seed int64
+	var stats bool
+	cmd := &cobra.Command{
+		Use:   "generate [flags] [PROMPT]",
+		Short: "Generate tokens for one prompt and print them",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if prompt != "" {
+					return errors.New("give the prompt once: as PROMPT or as --prompt")
+				}
+				prompt = args[0]
+			}
+			if prompt != "" && ids != "" {
+				return errors.New("a text prompt and --prompt-ids are exclusive")
+			}
+			if prompt == "" && (p.Chat || p.System != "" || len(p.Stop) > 0) {
+				return errors.New("--chat, --system and --stop apply to a text prompt")
+			}
+			if p.MaxTokens < 0 {
+				return fmt.Errorf("--max-tokens %d is negative", p.MaxTokens)
+			}
+			var in []int32
+			if prompt == "" {
+				in = defaultPromptIDs
+				if ids != "" {
+					var err error
+					if in, err = ParseTokenIDs(ids); err != nil {
+						return fmt.Errorf("--prompt-ids: %w", err)
+					}
+				}
+			}
+			if cmd.Flags().Changed("seed") {
+				s := uint64(seed)
+				p.Seed = &s
+			}
+			cfg, err := ef.Config()
+			if err != nil {
+				return err
+			}
+			rt, err := l.Load(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if prompt != "" && rt.Tokenizer == nil {
+				return errors.New("a text prompt needs a tokenizer (tokenizer.json in the model directory or --tokenizer); use --prompt-ids without one")
+			}
+			e, err := Start(rt, cfg)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			out := cmd.OutOrStdout()
+			if prompt != "" {
+				p.Prompt = prompt
+				err = generateText(ctx, rt, e, p, out, stats, cmd.ErrOrStderr())
+			} else {
+				err = generateIDs(ctx, rt, e, in, p, out)
+			}
+			if serr := e.Stop(); err == nil {
+				err = serr
+			}
+			return err
+		},
+	}
+	l.Register(cmd)
+	ef.Register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&prompt, "prompt", "", "prompt text (needs a tokenizer); the same as PROMPT")
+	f.StringVar(&ids, "prompt-ids", "", "prompt as comma-separated token ids (default without a text prompt: 1,2,3,4)")
+	f.BoolVar(&p.Chat, "chat", false, "render the prompt as a user message with the chat template")
+	f.StringVar(&p.System, "system", "", "system message (with --chat)")
+	f.IntVar(&p.MaxTokens, "max-tokens", 64, "tokens to generate at most")
+	f.Float32Var(&p.Temperature, "temperature", 0, "sampling temperature (0 = greedy)")
+	f.Int64Var(&seed, "seed", 0, "sampling seed (reproducible output)")
+	f.StringSliceVar(&p.Stop, "stop", nil, "stop strings (repeatable)")
+	f.BoolVar(&p.IgnoreEOS, "ignore-eos", false, "keep generating past the end-of-sequence token (always so without a tokenizer)")
+	f.BoolVar(&stats, "stats", false, "with a text prompt: print the finish reason and token counts to stderr")
+	return cmd
+}
+
+// generateText streams the text generated for p to out.
+func generateText(ctx context.Context, rt *Runtime, e *Engine, p serve.GenerateParams, out io.Writer, stats bool, errOut io.Writer) error {
+	srv, err := serve.New(serve.Config{Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served})
+	if err != nil {
+		return err
+	}
+	res, err := srv.Generate(ctx, p, func(text string) error {
+		_, werr := fmt.Fprint(out, text)
+		return werr
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	if stats {
+		fmt.Fprintf(errOut, "finish_reason=%s prompt_tokens=%d completion_tokens=%d\n",
+			res.FinishReason, res.PromptTokens, res.CompletionTokens)
+	}
+	return nil
+}
+
+// generateIDs runs the token ids in and prints the prompt, the generated ids (and their
+// text), the finish reason and the throughput.
+func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serve.GenerateParams, out io.Writer) error {
+	sp := engine.SamplingParams{Temperature: p.Temperature, MaxTokens: p.MaxTokens, IgnoreEOS: p.IgnoreEOS || rt.Tokenizer == nil}
+	if p.Seed != nil {
+		sp.Seed, sp.HasSeed = *p.Seed, true
+	}
+	t0 := time.Now()
+	s, err := e.Submit(ctx, engine.Request{Prompt: in, Sampling: sp})
+	if err != nil {
+		return err
+	}
+	toks, ev, err := s.Collect(ctx)
+	if err != nil {
+		return err
+	}
+	if ev.Err != nil {
+		return ev.Err
+	}
+	el := time.Since(t0)
+	fmt.Fprintf(out, "prompt: %v\n", in)
+	fmt.Fprintf(out, "tokens: %v\n", toks)
+	if rt.Tokenizer != nil {
+		fmt.Fprintf(out, "text:   %q\n", rt.Tokenizer.Decode(toks, true))
+	}
+	fmt.Fprintf(out, "finish: %s, %d prompt + %d generated tokens in %v (%.1f tokens/s)\n",
+		ev.Finish, ev.Usage.PromptTokens, ev.Usage.CompletionTokens, el.Round(time.Millisecond),
+		float64(len(toks))/el.Seconds())
+	return nil
+}
+
+// ParseTokenIDs parses comma-separated token ids ("1, 2,3").
+func ParseTokenIDs(s string) ([]int32, error) {
+	var ids []int32
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.ParseInt(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a token id", f)
+		}
+		ids = append(ids, int32(n))
+	}
+	if len(ids) == 0 {
+		return nil, errors.New("no token ids")
+	}
+	return ids, nil
+}

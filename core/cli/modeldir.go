@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+)
+
+// ModelDir is the Loader of a runtime built for one model: --model DIR holds config.json
+// and the safetensors (or only config.json, for the model's seeded random weights) and,
+// when it has one, tokenizer.json with tokenizer_config.json.
+type ModelDir struct {
+	name string
+	open Opener
+
+	dir, tokPath, chatPath, served string
+	cacheBytes                     int64
+}
+
+// NewModelDir returns the Loader of the model called name, opened by open.
+func NewModelDir(name string, open Opener) *ModelDir {
+	return &ModelDir{name: name, open: open}
+}
+
+// Register adds --model, --cache-bytes, --tokenizer, --chat-template and
+// --served-model-name to cmd.
+func (m *ModelDir) Register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&m.dir, "model", ".", "model directory: config.json and safetensors (none: seeded random weights)")
+	fl.Int64Var(&m.cacheBytes, "cache-bytes", 64<<20, "KV cache pool size in bytes")
+	fl.StringVar(&m.tokPath, "tokenizer", "", "tokenizer.json, or a directory holding it (default: the one in --model, if any)")
+	fl.StringVar(&m.chatPath, "chat-template", "", "tokenizer_config.json holding the chat template (default: the one beside the tokenizer)")
+	fl.StringVar(&m.served, "served-model-name", "", "model name served in /v1/models and expected in requests (default: "+m.name+")")
+}
+
+// Load opens the model and its tokenizer, if it has one.
+func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
+	if m.open == nil {
+		return nil, fmt.Errorf("model %s: no opener", m.name)
+	}
+	if m.cacheBytes < 0 {
+		return nil, fmt.Errorf("--cache-bytes %d is negative", m.cacheBytes)
+	}
+	if st, err := os.Stat(m.dir); err != nil {
+		return nil, fmt.Errorf("--model: %w", err)
+	} else if !st.IsDir() {
+		return nil, fmt.Errorf("--model %s is not a directory (it holds config.json and the safetensors)", m.dir)
+	}
+	rt := &Runtime{Served: m.served, RunnerName: m.name}
+	if rt.Served == "" {
+		rt.Served = m.name
+	}
+	tokPath := m.tokPath
+	if tokPath == "" {
+		if _, err := os.Stat(filepath.Join(m.dir, "tokenizer.json")); err == nil {
+			tokPath = m.dir
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("--model: %w", err)
+		}
+	}
+	if tokPath != "" {
+		var err error
+		if rt.Tokenizer, rt.Chat, err = LoadTokenizer(tokPath); err != nil {
+			return nil, err
+		}
+	}
+	if m.chatPath != "" {
+		chat, err := LoadChatTemplate(m.chatPath)
+		if err != nil {
+			return nil, err
+		}
+		if chat == nil {
+			return nil, fmt.Errorf("--chat-template %s: no chat template there", m.chatPath)
+		}
+		rt.Chat = chat
+	}
+	r, pool, err := m.open(m.dir, m.cacheBytes)
+	if err != nil {
+		return nil, fmt.Errorf("open model %s in %s: %w", m.name, m.dir, err)
+	}
+	rt.Runner, rt.Pool = r, pool
+	return rt, nil
+}

@@ -1,0 +1,39 @@
+package cli
+
+import (
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/tokenizer"
+)
+
+// Opener opens the checkpoint in dir (config.json and safetensors; a model may fall back
+// to seeded random weights when dir holds no safetensors) and returns its runner with a
+// cache pool of cacheBytes bytes (0 = the model's default). It is the shape of a model
+// package's Open and of models.Model.Open.
+type Opener func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error)
+
+// Runtime is a loaded model: what the commands put behind an engine.
+type Runtime struct {
+	Runner engine.Runner
+	// Pool is the runner's cache pool (nil: the engine builds one in host memory).
+	Pool *kvslab.Pool
+	// Tokenizer is nil when the model comes without one: commands then take token ids.
+	Tokenizer *tokenizer.Tokenizer
+	// Chat is the chat template (nil: none).
+	Chat *tokenizer.ChatTemplate
+	// Served is the model name the API serves; RunnerName says what runs, for logs.
+	Served     string
+	RunnerName string
+}
+
+// Loader chooses a model from command-line flags and loads it. Register adds its flags to
+// a command; Load, called when the command runs, writes notes worth knowing about (a
+// fallback taken) to warn.
+type Loader interface {
+	Register(cmd *cobra.Command)
+	Load(warn io.Writer) (*Runtime, error)
+}

@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/serve"
+)
+
+// ServeCmd is `serve`: the engine behind core/serve's OpenAI-compatible API
+// (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics). It logs
+// "serving url=..." to stderr once listening; SIGINT/SIGTERM (or the command's context
+// ending) drain running requests, up to --drain-timeout, then stop the engine.
+func ServeCmd(l Loader) *cobra.Command {
+	var ef EngineFlags
+	var host, addr, apiKey string
+	var port int
+	var maxBody int64
+	var drain time.Duration
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the model over an OpenAI-compatible HTTP API",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if apiKey == "" {
+				apiKey = os.Getenv("RESIN_API_KEY")
+			}
+			if addr == "" {
+				addr = net.JoinHostPort(host, strconv.Itoa(port))
+			}
+			cfg, err := ef.Config()
+			if err != nil {
+				return err
+			}
+			rt, err := l.Load(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if rt.Tokenizer == nil {
+				return fmt.Errorf("serve needs a tokenizer: put tokenizer.json in the model directory or pass --tokenizer")
+			}
+			e, err := Start(rt, cfg)
+			if err != nil {
+				return err
+			}
+			defer e.Stop()
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			srv, err := serve.New(serve.Config{
+				Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served,
+				APIKey: apiKey, MaxBodyBytes: maxBody, DrainTimeout: drain, Logger: log,
+			})
+			if err != nil {
+				return err
+			}
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			log.Info("serving", "url", "http://"+ln.Addr().String(), "model", rt.Served, "runner", rt.RunnerName,
+				"vocab", rt.Tokenizer.VocabSize(), "chat_template", rt.Chat != nil, "auth", apiKey != "")
+			serr := srv.Serve(ctx, ln)
+			if err := e.Stop(); err != nil {
+				log.Error("engine loop", "error", err)
+			}
+			log.Info("stopped")
+			return serr
+		},
+	}
+	l.Register(cmd)
+	ef.Register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&host, "host", "127.0.0.1", "address to listen on")
+	f.IntVar(&port, "port", 8000, "port to listen on (0 = any free port)")
+	f.StringVar(&addr, "addr", "", "listen address HOST:PORT (overrides --host and --port)")
+	f.StringVar(&apiKey, "api-key", "", "require this Bearer key on /v1 routes (default $RESIN_API_KEY)")
+	f.Int64Var(&maxBody, "max-body-bytes", 8<<20, "largest request body accepted (413 above)")
+	f.DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for running requests")
+	return cmd
+}
