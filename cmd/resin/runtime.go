@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -18,24 +19,24 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// runtimeFlags choose the runner (the engine's test runner, or a registered model with
-// its weights), the tokenizer and the engine limits for serve and generate.
+// runtimeFlags is resin's cli.Loader: they choose the runner (the engine's test runner,
+// or a registered model with its weights) and the tokenizer for serve and generate.
 type runtimeFlags struct {
-	runner         string
-	model          string
-	weights        string
-	randomWeights  string
-	cacheBytes     int64
-	tokenizerDir   string
-	servedName     string
-	maxContext     int
-	maxSeqs        int
-	maxBatchTokens int
-	maxQueue       int
-	cachePages     int
+	runner        string
+	model         string
+	weights       string
+	randomWeights string
+	cacheBytes    int64
+	tokenizerDir  string
+	servedName    string
+	maxContext    int
+	cachePages    int
 }
 
-func (f *runtimeFlags) register(cmd *cobra.Command) {
+var _ cli.Loader = (*runtimeFlags)(nil)
+
+// Register adds the flags that choose the runner and the tokenizer to cmd.
+func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.model, "model", "", "registered model to run (see models/registry.go), or 'auto' to pick it by the architectures of config.json; default: the engine's deterministic test runner")
 	fl.StringVar(&f.weights, "weights", "", "with --model: HF checkpoint directory (config.json, safetensors, tokenizer.json and tokenizer_config.json when present)")
@@ -45,29 +46,16 @@ func (f *runtimeFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.tokenizerDir, "tokenizer", "", "directory with tokenizer.json (and tokenizer_config.json for chat); default: the one in --weights, else the built-in tiny tokenizer")
 	fl.StringVar(&f.servedName, "served-model-name", "", "model name served in /v1/models and expected in requests (default: the --model name, else resin-test)")
 	fl.IntVar(&f.maxContext, "max-context", 4096, "maximum context (prompt + output tokens) of the test runner")
-	fl.IntVar(&f.maxSeqs, "max-seqs", 256, "sequences per engine step at most")
-	fl.IntVar(&f.maxBatchTokens, "max-batch-tokens", 8192, "tokens per engine step at most")
-	fl.IntVar(&f.maxQueue, "max-queue", 1024, "waiting requests at most before 429 (0 = no cap)")
 	fl.IntVar(&f.cachePages, "cache-pages", 8192, "cache pages of the test runner's pool (16 tokens each)")
 }
 
-// runtime is an engine with its runner and tokenizer.
-type runtime struct {
-	eng    *engine.Engine
-	tok    *tokenizer.Tokenizer
-	chat   *tokenizer.ChatTemplate
-	eos    []int32
-	runner string // what runs: "test" or the registered model's name
-	served string // the model name the API serves
-}
-
-// build loads the tokenizer and the runner and starts nothing: the caller runs the engine.
-// Notes (a fallback worth knowing about) go to warn.
-func (f *runtimeFlags) build(warn io.Writer) (*runtime, error) {
+// Load loads the tokenizer and the runner. Notes (a fallback worth knowing about) go to
+// warn.
+func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	if err := f.check(); err != nil {
 		return nil, err
 	}
-	rt := &runtime{}
+	rt := &cli.Runtime{}
 	tokDir := f.tokenizerDir
 	if tokDir == "" && f.weights != "" {
 		if _, err := os.Stat(filepath.Join(f.weights, "tokenizer.json")); err == nil {
@@ -76,39 +64,34 @@ func (f *runtimeFlags) build(warn io.Writer) (*runtime, error) {
 			fmt.Fprintf(warn, "resin: no tokenizer.json in %s: using the built-in tiny tokenizer (pass --tokenizer DIR)\n", f.weights)
 		}
 	}
-	if err := rt.loadTokenizer(tokDir); err != nil {
+	var err error
+	if tokDir == "" {
+		rt.Tokenizer, rt.Chat, err = tiny.Load()
+	} else {
+		rt.Tokenizer, rt.Chat, err = cli.LoadTokenizer(tokDir)
+	}
+	if err != nil {
 		return nil, err
 	}
-	rt.eos = endTokens(rt.tok)
-	ecfg := engine.Config{MaxSeqs: f.maxSeqs, MaxBatchTokens: f.maxBatchTokens, MaxQueue: f.maxQueue}
-	var r engine.Runner
 	if f.model == "" {
 		if f.runner != "test" {
 			return nil, fmt.Errorf("unknown runner %q (available: test; real models run with --model NAME)", f.runner)
 		}
 		tr, err := enginetest.New(enginetest.Config{
-			VocabSize: rt.tok.VocabSize(), MaxContext: f.maxContext, EOS: rt.eos, Pages: f.cachePages,
+			VocabSize: rt.Tokenizer.VocabSize(), MaxContext: f.maxContext, EOS: endTokens(rt.Tokenizer), Pages: f.cachePages,
 		})
 		if err != nil {
 			return nil, err
 		}
-		r, ecfg.Pool, rt.runner = tr, tr.Pool(), "test"
-	} else {
-		m, pool, name, err := f.openModel()
-		if err != nil {
-			return nil, err
-		}
-		r, ecfg.Pool, rt.runner = m, pool, name
-	}
-	var err error
-	if rt.eng, err = engine.New(r, ecfg); err != nil {
+		rt.Runner, rt.Pool, rt.RunnerName = tr, tr.Pool(), "test"
+	} else if rt.Runner, rt.Pool, rt.RunnerName, err = f.openModel(); err != nil {
 		return nil, err
 	}
-	rt.served = f.servedName
-	if rt.served == "" {
-		rt.served = "resin-test"
+	rt.Served = f.servedName
+	if rt.Served == "" {
+		rt.Served = "resin-test"
 		if f.model != "" {
-			rt.served = rt.runner
+			rt.Served = rt.RunnerName
 		}
 	}
 	return rt, nil
@@ -136,22 +119,6 @@ func (f *runtimeFlags) check() error {
 		return fmt.Errorf("--cache-bytes %d is negative", f.cacheBytes)
 	case f.weights != "":
 		return checkCheckpoint(f.weights)
-	}
-	return nil
-}
-
-func (rt *runtime) loadTokenizer(dir string) error {
-	var err error
-	if dir == "" {
-		rt.tok, rt.chat, err = tiny.Load()
-		return err
-	}
-	if rt.tok, err = tokenizer.Load(filepath.Join(dir, "tokenizer.json")); err != nil {
-		return err
-	}
-	rt.chat, err = tokenizer.LoadChatTemplate(filepath.Join(dir, "tokenizer_config.json"))
-	if err != nil && !errors.Is(err, tokenizer.ErrNoChatTemplate) && !errors.Is(err, os.ErrNotExist) {
-		return err
 	}
 	return nil
 }
