@@ -30,3 +30,7 @@ func (s *Scheduler) CheckBookkeeping() error {
 	}
 	return nil
 }
+
+// DisableDecodeRows makes the scheduler build every plan row through addToPlan's general
+// path, so that tests can compare its plans with those of the decode rows' loop.
+func (s *Scheduler) DisableDecodeRows() { s.decodeSlots = false }

@@ -201,7 +201,10 @@ func (p *BatchPlan) end(seqs, tokens, logits int) {
 // grow returns s with length n, reusing its array when it is large enough.
 func grow[T any](s []T, n int) []T {
 	if cap(s) < n {
-		return make([]T, n)
+		s = make([]T, n)
+		// A large array fresh from the OS is zero but not yet mapped: write it once so
+		// that its pages fault in here (NewScheduler) rather than in the first steps.
+		clear(s)
 	}
 	return s[:n]
 }

@@ -32,6 +32,20 @@ func (s *Scheduler) Schedule() *BatchPlan {
 	preempted := false
 
 	for i := 0; i < len(s.running) && budget > 0 && len(reqs) < s.cfg.MaxSeqs; i++ {
+		// Most rows of a step decode one token with their pages already reserved: take
+		// the run of such requests from i on in one tight loop.
+		if k := s.addDecodes(p, &c, s.running[i:i+min(len(s.running)-i, budget, s.cfg.MaxSeqs-len(reqs))]); k > 0 {
+			rows := s.running[i : i+k]
+			reqs = append(reqs, rows...)
+			if s.cfg.Async {
+				for _, r := range rows {
+					epochs = append(epochs, r.epoch)
+				}
+			}
+			budget -= k
+			i += k - 1
+			continue
+		}
 		r := s.running[i]
 		// With a plan in flight (Config.Async) the request continues where that plan
 		// leaves it: aheadN more tokens computed and aheadOut more sampled.
@@ -162,90 +176,46 @@ type cursor struct{ b, t, l int }
 // cursor. The pool has reserved them.
 func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	at, have := r.computed+r.aheadN, len(r.tokens)+int(r.aheadOut)
-	known := min(n, have-at)
-	nd := n - known
 	b, t := c.b, c.t
-	p.ReqIDs[b] = r.handle
-	p.Computed[b] = int32(at)
-	p.Scheduled[b] = int32(n)
-	p.PromptLen[b] = int32(r.promptLen)
-	p.NumDrafts[b] = int32(nd)
-	p.Temperature[b] = r.temp
-	p.TopP[b] = r.topP
-	p.TopK[b] = r.topK
-	p.MinP[b] = r.minP
-	p.Seed[b] = r.seed
-	p.Logprobs[b] = r.logprobs
+	if p.ReqIDs[b] != r.handle {
+		s.writeSampling(p, b, r)
+	}
 	if r.logprobs >= 0 {
 		p.anyLogprobs = true
 	}
-
-	sample := at+known == have // the chunk reaches the last known token
-	if n == 1 && sample {
-		// Decode: one token, one logits row.
-		p.Tokens[t] = r.last
+	p.Computed[b] = int32(at)
+	p.Scheduled[b] = int32(n)
+	sample := true
+	if n == 1 && at+1 == have {
+		// Decode: one known token, one logits row.
+		p.NumDrafts[b] = 0
+		tok := r.last
 		if r.aheadOut > 0 {
-			p.Tokens[t] = PendingToken
+			tok = PendingToken // sampled by the plan in flight
 		}
+		p.Tokens[t] = tok
 		p.Positions[t] = int32(at)
-		p.QueryStart[b+1] = int32(t + 1)
 		p.LogitsIndices[c.l] = int32(t)
 		c.l++
 	} else {
-		for k := t + copy(p.Tokens[t:t+known], r.tokens[at:]); k < t+known; k++ {
-			p.Tokens[k] = PendingToken // sampled by the plan in flight
-		}
-		copy(p.Tokens[t+known:t+n], r.drafts[:nd])
-		pos := p.Positions[t : t+n]
-		for j := range pos {
-			pos[j] = int32(at + j)
-		}
-		p.QueryStart[b+1] = int32(t + n)
-		if sample {
-			// The chunk reaches the last known token: sample after it and after each draft.
-			for j := known - 1; j < n; j++ {
-				p.LogitsIndices[c.l] = int32(t + j)
-				c.l++
-			}
-		}
+		sample = s.addChunk(p, c, r, n, at, have)
 	}
+	p.QueryStart[b+1] = int32(t + n)
 	p.LogitsStart[b+1] = int32(c.l)
 
+	if !r.tablesValid {
+		s.loadTables(r)
+	}
 	for g := range p.Groups {
 		gp := &p.Groups[g]
-		spec := &s.groups[g]
-		table := s.pageTable(r, g)
-		gp.PageTable = appendPages(gp.PageTable, table)
+		table := r.tables[g]
+		gp.PageTable = append(gp.PageTable, table...)
 		gp.PageTableStart[b+1] = int32(len(gp.PageTable))
-		slots := gp.SlotMapping[t : t+n]
-		switch spec.Kind {
-		case kvslab.Full, kvslab.SlidingWindow:
-			if n == 1 {
-				blk, off := s.blockOf(at)
-				slots[0] = int64(table[blk])*int64(s.bt) + int64(off)
-				continue
-			}
-			// One run of consecutive slots per block.
-			for j := 0; j < n; {
-				blk, off := s.blockOf(at + j)
-				slot := int64(table[blk])*int64(s.bt) + int64(off)
-				run := slots[j:min(n, j+s.bt-off)]
-				for k := range run {
-					run[k] = slot + int64(k)
-				}
-				j += len(run)
-			}
-		case kvslab.Compressed:
-			per := int64(s.bt / spec.Ratio)
-			for j := range slots {
-				blk, off := s.blockOf(at + j)
-				slots[j] = int64(table[blk])*per + int64(off/spec.Ratio)
-			}
-		default:
-			for j := range slots {
-				slots[j] = NoSlot
-			}
-			gp.StatePage = append(gp.StatePage, s.pool.StatePage(r.seq, g))
+		if n == 1 && s.groups[g].Kind == kvslab.Full {
+			blk, off := s.blockOf(at)
+			gp.SlotMapping[t] = int64(table[blk])*int64(s.bt) + int64(off)
+		} else {
+			s.mapSlots(gp, g, r, table, t, n, at)
 		}
 	}
 	if s.cfg.Async {
@@ -258,18 +228,75 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	c.t += n
 }
 
-// appendPages is append(dst, src...) with a plain loop: page tables are a few entries
-// long, shorter than a memmove call is worth.
-func appendPages(dst, src []kvslab.PageID) []kvslab.PageID {
-	n := len(dst)
-	if n+len(src) > cap(dst) {
-		return append(dst, src...)
+// writeSampling writes the rows of sequence b that never change for a request: its id,
+// prompt length and sampling row. Callers skip it when row b already holds r's handle:
+// the plans alternate, so the row still has what was written two plans ago.
+func (s *Scheduler) writeSampling(p *BatchPlan, b int, r *request) {
+	p.ReqIDs[b] = r.handle
+	p.PromptLen[b] = int32(r.promptLen)
+	p.Temperature[b] = r.temp
+	p.TopP[b] = r.topP
+	p.TopK[b] = r.topK
+	p.MinP[b] = r.minP
+	p.Seed[b] = r.seed
+	p.Logprobs[b] = r.logprobs
+}
+
+// addChunk writes the tokens of a prompt chunk, or of a decode token followed by drafts,
+// at the cursor, and their logits rows when the chunk reaches the last known token, which
+// it reports.
+func (s *Scheduler) addChunk(p *BatchPlan, c *cursor, r *request, n, at, have int) bool {
+	known := min(n, have-at)
+	nd := n - known
+	t := c.t
+	p.NumDrafts[c.b] = int32(nd)
+	for k := t + copy(p.Tokens[t:t+known], r.tokens[at:]); k < t+known; k++ {
+		p.Tokens[k] = PendingToken // sampled by the plan in flight
 	}
-	dst = dst[:n+len(src)]
-	for k, id := range src {
-		dst[n+k] = id
+	copy(p.Tokens[t+known:t+n], r.drafts[:nd])
+	pos := p.Positions[t : t+n]
+	for j := range pos {
+		pos[j] = int32(at + j)
 	}
-	return dst
+	if at+known < have {
+		return false // mid-prompt: no logits
+	}
+	// The chunk reaches the last known token: sample after it and after each draft.
+	for j := known - 1; j < n; j++ {
+		p.LogitsIndices[c.l] = int32(t + j)
+		c.l++
+	}
+	return true
+}
+
+// mapSlots writes the slot mapping of group g for r's n tokens from position at (plan
+// rows t..t+n-1), given the group's page table.
+func (s *Scheduler) mapSlots(gp *GroupPlan, g int, r *request, table []kvslab.PageID, t, n, at int) {
+	slots := gp.SlotMapping[t : t+n]
+	switch spec := &s.groups[g]; spec.Kind {
+	case kvslab.Full, kvslab.SlidingWindow:
+		// One run of consecutive slots per block.
+		for j := 0; j < n; {
+			blk, off := s.blockOf(at + j)
+			slot := int64(table[blk])*int64(s.bt) + int64(off)
+			run := slots[j:min(n, j+s.bt-off)]
+			for k := range run {
+				run[k] = slot + int64(k)
+			}
+			j += len(run)
+		}
+	case kvslab.Compressed:
+		per := int64(s.bt / spec.Ratio)
+		for j := range slots {
+			blk, off := s.blockOf(at + j)
+			slots[j] = int64(table[blk])*per + int64(off/spec.Ratio)
+		}
+	default:
+		for j := range slots {
+			slots[j] = NoSlot
+		}
+		gp.StatePage = append(gp.StatePage, s.pool.StatePage(r.seq, g))
+	}
 }
 
 // blockOf splits a position into its block and the offset inside it, with a shift and a
@@ -355,17 +382,14 @@ func (s *Scheduler) current(r *request, epochs []uint32, i int) bool {
 	return r.state == stateRunning && (!s.cfg.Async || r.epoch == epochs[i])
 }
 
-// pageTable returns r's page table in group g. The pool's tables stay valid until the next
-// call that changes the sequence (Open, Reserve, Truncate, Commit clear tablesValid), so
-// a decoding sequence asks the pool only when it grows a block.
-func (s *Scheduler) pageTable(r *request, g int) []kvslab.PageID {
-	if !r.tablesValid {
-		for i := range r.tables {
-			r.tables[i] = s.pool.PageTable(r.seq, i)
-		}
-		r.tablesValid = true
+// loadTables fetches r's page tables from the pool. They stay valid until the next call
+// that changes the sequence (Open, Reserve, Truncate, Commit clear tablesValid), so a
+// decoding sequence asks the pool only when it grows a block.
+func (s *Scheduler) loadTables(r *request) {
+	for i := range r.tables {
+		r.tables[i] = s.pool.PageTable(r.seq, i)
 	}
-	return r.tables[g]
+	r.tablesValid = true
 }
 
 // reserve makes the pool hold at least need tokens of r. When every cache group keeps

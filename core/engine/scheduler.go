@@ -83,6 +83,9 @@ type Scheduler struct {
 	// wholeBlocks: every group is full attention or compressed, so reserving up to the end
 	// of a block changes nothing but the number of calls (see reserve).
 	wholeBlocks bool
+	// decodeSlots: every group maps a decode token to page*bt + offset (full attention or
+	// sliding window), so addDecodes can write it.
+	decodeSlots bool
 	eos         []int32
 	metrics     *metrics
 	now         func() time.Time
@@ -133,10 +136,13 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 		eos: info.EOS, metrics: newMetrics(), now: time.Now, epoch: time.Now(),
 		byID: make(map[string]*request), pending: make([]*BatchPlan, 0, 2),
 	}
-	s.wholeBlocks = true
+	s.wholeBlocks, s.decodeSlots = true, true
 	for _, g := range groups {
 		if g.Kind != kvslab.Full && g.Kind != kvslab.Compressed {
 			s.wholeBlocks = false
+		}
+		if g.Kind != kvslab.Full && g.Kind != kvslab.SlidingWindow {
+			s.decodeSlots = false
 		}
 	}
 	if cfg.Async && (!info.AsyncTokens || info.MaxDrafts > 0 || !s.wholeBlocks) {

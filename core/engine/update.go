@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Update applies the runner's result for plan (the one the last Schedule returned): it
@@ -38,87 +39,157 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 		s.rollbackAll()
 		return nil
 	}
-	now := s.now()
-	nowNs := now.Sub(s.epoch).Nanoseconds()
-	tok, draft, lpTop := 0, 0, 0
-	// Requests that got their last token in the same step share one inter-token latency;
-	// they are counted together and recorded once.
-	var itlFrom int64
-	var itlN uint64
+	u := stepUpdate{s: s, p: p, res: &res, epochs: epochs, now: s.now()}
+	u.nowNs = u.now.Sub(s.epoch).Nanoseconds()
+	accepted, nextDrafts := res.Accepted[:len(reqs)], res.NumNextDrafts[:len(reqs)]
+	scheduled := p.Scheduled[:len(reqs)]
+	async := s.cfg.Async
 	for i, r := range reqs {
-		a, nd := int(res.Accepted[i]), int(res.NumNextDrafts[i])
-		t0, d0, top0 := tok, draft, lpTop
-		tok += a
-		draft += nd
-		if p.Logprobs[i] > 0 {
-			lpTop += a * int(p.Logprobs[i])
-		}
-		if !s.current(r, epochs, i) {
-			continue // finished, aborted or preempted since the plan was built
-		}
-		n, k := int(p.Scheduled[i]), int(p.NumDrafts[i])
-		// The plan's tokens are no longer ahead of the request; they are applied now.
-		// (A request finished below, or above on a failed step, is reset by release.)
-		if s.cfg.Async {
-			r.aheadN -= n
-			if a > 0 {
-				r.aheadOut--
-			}
-		}
-		if a == 0 {
-			r.computed += n
-		} else {
-			// The fed tokens and the a-1 accepted drafts are in the cache now; the
-			// rejected drafts' entries are rolled back.
-			r.computed += n - k + a - 1
-			if reject := k - (a - 1); reject > 0 {
-				if err := s.trim(r); err != nil {
-					s.finish(r, FinishError, fmt.Errorf("%w: roll back %d drafts of %q: %w", ErrCache, reject, r.id, err))
-					continue
-				}
-			}
-			s.metrics.draftsProposed += uint64(k)
-			s.metrics.draftsAccepted += uint64(a - 1)
-		}
-		if r.computed >= r.committed+s.bt {
-			r.tablesValid = false
-			if err := s.pool.Commit(r.seq, r.tokens[:r.computed]); err != nil {
-				s.finish(r, FinishError, fmt.Errorf("%w: commit %q: %w", ErrCache, r.id, err))
-				continue
-			}
-			r.committed = r.computed - r.computed%s.bt
-		}
-		if a == 0 {
+		if accepted[i] != 1 || nextDrafts[i] != 0 || scheduled[i] != 1 || p.anyLogprobs || !s.current(r, epochs, i) {
+			u.apply(i, r)
 			continue
 		}
-		if len(r.tokens) == r.promptLen {
-			s.metrics.ttft.observe(now.Sub(r.arrival).Seconds())
-		} else if r.lastToken == itlFrom {
-			itlN++
-		} else {
-			if itlN > 0 {
-				s.metrics.itl.observeN(float64(nowNs-itlFrom)*1e-9, itlN)
-			}
-			itlFrom, itlN = r.lastToken, 1
+		// The common row, kept out of apply: one token fed, its successor sampled, no
+		// drafts either way, no logprobs.
+		t := res.Tokens[u.tok]
+		u.tok++
+		if async {
+			r.aheadN--
+			r.aheadOut--
 		}
-		r.lastToken = nowNs
-		if r.logprobs >= 0 {
-			s.emitLogprobs(r, res.Tokens[t0:tok], res.Logprobs[t0:tok], res.TopTokens[top0:lpTop], res.TopLogprobs[top0:lpTop])
-		} else {
-			s.emit(r, res.Tokens[t0:tok])
+		r.computed++
+		if r.computed >= r.committed+s.bt && !s.commit(r) {
+			continue
 		}
-		if r.state == stateRunning && nd > 0 {
-			// Keep only the drafts that can still become output.
-			room := r.end - len(r.tokens) - 1
-			r.drafts = append(r.drafts[:0], res.Drafts[d0:d0+max(0, min(nd, room))]...)
-		} else if len(r.drafts) > 0 {
+		u.observeToken(r)
+		r.tokens = append(r.tokens, t)
+		r.last = t
+		u.generated++
+		r.out.Token(t, nil)
+		if (r.stops || len(r.tokens) >= r.end) && s.stopped(r, t) {
+			continue
+		}
+		if len(r.drafts) > 0 {
 			r.drafts = r.drafts[:0]
 		}
 	}
-	if itlN > 0 {
-		s.metrics.itl.observeN(float64(nowNs-itlFrom)*1e-9, itlN)
-	}
+	u.done()
 	return nil
+}
+
+// stepUpdate is Update's walk through one plan's rows: where each row's tokens, drafts
+// and top logprobs start in the result, and the inter-token latencies being gathered.
+type stepUpdate struct {
+	s      *Scheduler
+	p      *BatchPlan
+	res    *StepResult
+	epochs []uint32
+	now    time.Time
+	nowNs  int64 // now, in nanoseconds since the scheduler's epoch
+
+	tok, draft, lpTop int
+	generated         uint64
+	// Requests that got their last token in the same step share one inter-token latency;
+	// they are counted together and recorded once.
+	itlFrom int64
+	itlN    uint64
+}
+
+// apply applies the result of row i, planned for r, in the general case: prompt chunks,
+// drafts, logprobs, rows whose request changed since the plan was built.
+func (u *stepUpdate) apply(i int, r *request) {
+	s, p, res := u.s, u.p, u.res
+	a, nd := int(res.Accepted[i]), int(res.NumNextDrafts[i])
+	t0, d0, top0 := u.tok, u.draft, u.lpTop
+	u.tok += a
+	u.draft += nd
+	if p.Logprobs[i] > 0 {
+		u.lpTop += a * int(p.Logprobs[i])
+	}
+	if !s.current(r, u.epochs, i) {
+		return // finished, aborted or preempted since the plan was built
+	}
+	n, k := int(p.Scheduled[i]), int(p.NumDrafts[i])
+	// The plan's tokens are no longer ahead of the request; they are applied now.
+	// (A request finished below, or above on a failed step, is reset by release.)
+	if s.cfg.Async {
+		r.aheadN -= n
+		if a > 0 {
+			r.aheadOut--
+		}
+	}
+	if a == 0 {
+		r.computed += n
+	} else {
+		// The fed tokens and the a-1 accepted drafts are in the cache now; the
+		// rejected drafts' entries are rolled back.
+		r.computed += n - k + a - 1
+		if reject := k - (a - 1); reject > 0 {
+			if err := s.trim(r); err != nil {
+				s.finish(r, FinishError, fmt.Errorf("%w: roll back %d drafts of %q: %w", ErrCache, reject, r.id, err))
+				return
+			}
+		}
+		if k > 0 {
+			s.metrics.draftsProposed += uint64(k)
+			s.metrics.draftsAccepted += uint64(a - 1)
+		}
+	}
+	if r.computed >= r.committed+s.bt && !s.commit(r) {
+		return
+	}
+	if a == 0 {
+		return
+	}
+	u.observeToken(r)
+	if r.logprobs >= 0 {
+		s.emitLogprobs(r, res.Tokens[t0:u.tok], res.Logprobs[t0:u.tok], res.TopTokens[top0:u.lpTop], res.TopLogprobs[top0:u.lpTop])
+	} else {
+		s.emit(r, res.Tokens[t0:u.tok])
+	}
+	if r.state == stateRunning && nd > 0 {
+		// Keep only the drafts that can still become output.
+		room := r.end - len(r.tokens) - 1
+		r.drafts = append(r.drafts[:0], res.Drafts[d0:d0+max(0, min(nd, room))]...)
+	} else if len(r.drafts) > 0 {
+		r.drafts = r.drafts[:0]
+	}
+}
+
+// observeToken records the latency of r's new tokens of this step: time to first token,
+// or the inter-token latency since r's previous step.
+func (u *stepUpdate) observeToken(r *request) {
+	if len(r.tokens) == r.promptLen {
+		u.s.metrics.ttft.observe(u.now.Sub(r.arrival).Seconds())
+	} else if r.lastToken == u.itlFrom {
+		u.itlN++
+	} else {
+		if u.itlN > 0 {
+			u.s.metrics.itl.observeN(float64(u.nowNs-u.itlFrom)*1e-9, u.itlN)
+		}
+		u.itlFrom, u.itlN = r.lastToken, 1
+	}
+	r.lastToken = u.nowNs
+}
+
+// done records what the walk gathered.
+func (u *stepUpdate) done() {
+	if u.itlN > 0 {
+		u.s.metrics.itl.observeN(float64(u.nowNs-u.itlFrom)*1e-9, u.itlN)
+	}
+	u.s.metrics.generationTokens += u.generated
+}
+
+// commit registers r's full computed blocks in the prefix cache; on failure it finishes
+// r and reports false.
+func (s *Scheduler) commit(r *request) bool {
+	r.tablesValid = false
+	if err := s.pool.Commit(r.seq, r.tokens[:r.computed]); err != nil {
+		s.finish(r, FinishError, fmt.Errorf("%w: commit %q: %w", ErrCache, r.id, err))
+		return false
+	}
+	r.committed = r.computed - r.computed%s.bt
+	return true
 }
 
 // emit appends r's new tokens, sends them to its output and finishes r at a stop token,
