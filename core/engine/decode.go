@@ -16,17 +16,14 @@ func (s *Scheduler) addDecodes(p *BatchPlan, c *cursor, rs []*request) int {
 	b0, t0, l0 := c.b, c.t, c.l
 	n := len(rs)
 	ids, computed := p.ReqIDs[b0:b0+n], p.Computed[b0:b0+n]
-	scheduled, drafts := p.Scheduled[b0:b0+n], p.NumDrafts[b0:b0+n]
-	queryStart, logitsStart := p.QueryStart[b0+1:b0+1+n], p.LogitsStart[b0+1:b0+1+n]
 	tokens, positions := p.Tokens[t0:t0+n], p.Positions[t0:t0+n]
-	logits := p.LogitsIndices[l0 : l0+n]
-	async := s.cfg.Async
+	async, drafts := s.cfg.Async, s.info.MaxDrafts > 0
 	k := 0
 	for ; k < len(rs); k++ {
 		r := rs[k]
 		at := r.computed + r.aheadN
 		have := len(r.tokens) + int(r.aheadOut)
-		if have != at+1 || len(r.drafts) > 0 || at >= r.reserved || !r.tablesValid ||
+		if have != at+1 || drafts && len(r.drafts) > 0 || at >= r.reserved || !r.tablesValid ||
 			r.aheadOut > 0 && have >= r.end || at >= s.info.MaxContext {
 			break
 		}
@@ -37,17 +34,12 @@ func (s *Scheduler) addDecodes(p *BatchPlan, c *cursor, rs []*request) int {
 			p.anyLogprobs = true
 		}
 		computed[k] = int32(at)
-		scheduled[k] = 1
-		drafts[k] = 0
 		tok := r.last
 		if r.aheadOut > 0 {
 			tok = PendingToken // sampled by the plan in flight
 		}
 		tokens[k] = tok
 		positions[k] = int32(at)
-		queryStart[k] = int32(t0 + k + 1)
-		logits[k] = int32(t0 + k)
-		logitsStart[k] = int32(l0 + k + 1)
 		blk, off := s.blockOf(at)
 		for g := range p.Groups {
 			gp := &p.Groups[g]
@@ -60,6 +52,23 @@ func (s *Scheduler) addDecodes(p *BatchPlan, c *cursor, rs []*request) int {
 			r.aheadN++
 			r.aheadOut++
 		}
+	}
+	// What does not depend on the request: one token, no drafts, one logits row each.
+	scheduled, numDrafts := p.Scheduled[b0:b0+k], p.NumDrafts[b0:b0+k]
+	for j := range scheduled {
+		scheduled[j] = 1
+	}
+	clear(numDrafts)
+	queryStart, logitsStart := p.QueryStart[b0+1:b0+1+k], p.LogitsStart[b0+1:b0+1+k]
+	for j := range queryStart {
+		queryStart[j] = int32(t0 + j + 1)
+	}
+	for j := range logitsStart {
+		logitsStart[j] = int32(l0 + j + 1)
+	}
+	logits := p.LogitsIndices[l0 : l0+k]
+	for j := range logits {
+		logits[j] = int32(t0 + j)
 	}
 	c.b, c.t, c.l = b0+k, t0+k, l0+k
 	return k

@@ -119,20 +119,25 @@ func (r *StepResult) check(p *BatchPlan, maxDrafts int, vocab int) error {
 		return fmt.Errorf("%w: %d accepted counts and %d draft counts for %d sequences", ErrBadResult, len(r.Accepted), len(r.NumNextDrafts), b)
 	}
 	nt, nd, ntop := 0, 0, 0
-	for i := 0; i < b; i++ {
-		a := int(r.Accepted[i])
-		rows := int(p.LogitsStart[i+1] - p.LogitsStart[i])
-		if rows == 0 && a != 0 || rows > 0 && (a < 1 || a > rows) {
+	accepted, drafts, logitsStart := r.Accepted[:b], r.NumNextDrafts[:b], p.LogitsStart[:b+1]
+	for i, a := range accepted {
+		// 1..rows accepted tokens when the sequence has logits rows, else none.
+		rows := logitsStart[i+1] - logitsStart[i]
+		if uint32(a) > uint32(rows) || a == 0 && rows > 0 {
 			return fmt.Errorf("%w: sequence %d accepted %d tokens with %d logits rows", ErrBadResult, i, a, rows)
 		}
-		nt += a
-		d := int(r.NumNextDrafts[i])
-		if d < 0 || d > maxDrafts {
+		nt += int(a)
+		d := drafts[i]
+		if uint32(d) > uint32(maxDrafts) {
 			return fmt.Errorf("%w: sequence %d proposes %d drafts (max %d)", ErrBadResult, i, d, maxDrafts)
 		}
-		nd += d
-		if p.Logprobs[i] > 0 {
-			ntop += a * int(p.Logprobs[i])
+		nd += int(d)
+	}
+	if p.anyLogprobs {
+		for i, n := range p.Logprobs[:b] {
+			if n > 0 {
+				ntop += int(accepted[i]) * int(n)
+			}
 		}
 	}
 	if len(r.Tokens) != nt || len(r.Drafts) != nd {

@@ -159,17 +159,23 @@ func (u *stepUpdate) apply(i int, r *request) {
 // observeToken records the latency of r's new tokens of this step: time to first token,
 // or the inter-token latency since r's previous step.
 func (u *stepUpdate) observeToken(r *request) {
-	if len(r.tokens) == r.promptLen {
-		u.s.metrics.ttft.observe(u.now.Sub(r.arrival).Seconds())
-	} else if r.lastToken == u.itlFrom {
-		u.itlN++
+	if r.lastToken == u.itlFrom && len(r.tokens) != r.promptLen {
+		u.itlN++ // the same latency as the previous request's
 	} else {
-		if u.itlN > 0 {
-			u.s.metrics.itl.observeN(float64(u.nowNs-u.itlFrom)*1e-9, u.itlN)
-		}
-		u.itlFrom, u.itlN = r.lastToken, 1
+		u.observeNew(r)
 	}
 	r.lastToken = u.nowNs
+}
+
+func (u *stepUpdate) observeNew(r *request) {
+	if len(r.tokens) == r.promptLen {
+		u.s.metrics.ttft.observe(u.now.Sub(r.arrival).Seconds())
+		return
+	}
+	if u.itlN > 0 {
+		u.s.metrics.itl.observeN(float64(u.nowNs-u.itlFrom)*1e-9, u.itlN)
+	}
+	u.itlFrom, u.itlN = r.lastToken, 1
 }
 
 // done records what the walk gathered.
