@@ -11,7 +11,7 @@ import (
 	"github.com/resin-llm/resin/templates"
 )
 
-// newerTemplate is the embedded dense template bumped to version 2, with a change near the
+// newerTemplate is the embedded dense template bumped from version 2 to 3, with a change near the
 // top of runner.go (scaffold-owned) and of forward.go (user-owned).
 func newerTemplate(t *testing.T) fstest.MapFS {
 	m := templateCopy(t)
@@ -22,7 +22,7 @@ func newerTemplate(t *testing.T) fstest.MapFS {
 		}
 		m[p] = &fstest.MapFile{Data: []byte(strings.Replace(s, old, new, 1))}
 	}
-	edit("dense/manifest.toml", `version = "1"`, `version = "2"`)
+	edit("dense/manifest.toml", `version = "2"`, `version = "3"`)
 	edit("dense/runner.go.tmpl", "// Options tune a runner.", "// Options tune a runner (template v2).")
 	edit("dense/forward.go.tmpl", "// Model is a loaded model", "// Model (v2) is a loaded model")
 	return m
@@ -51,7 +51,7 @@ func TestUpdateUnchanged(t *testing.T) {
 		}
 	}
 	// Newer template, no local edits: scaffold-owned files become the new render,
-	// user-owned ones stay, resin.toml records v2.
+	// user-owned ones stay, resin.toml records v3.
 	out, err := runCLI(t, newerTemplate(t), "update", dir)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -63,8 +63,8 @@ func TestUpdateUnchanged(t *testing.T) {
 	if after["forward.go"] != before["forward.go"] {
 		t.Error("update touched user-owned forward.go")
 	}
-	if !strings.Contains(after["resin.toml"], `template_version = "2"`) {
-		t.Errorf("resin.toml not at v2:\n%s", after["resin.toml"])
+	if !strings.Contains(after["resin.toml"], `template_version = "3"`) {
+		t.Errorf("resin.toml not at v3:\n%s", after["resin.toml"])
 	}
 	for p, s := range after {
 		if strings.Contains(s, "<<<<<<<") {
@@ -107,7 +107,7 @@ func TestUpdateMarksConflict(t *testing.T) {
 	}
 	got, _ := os.ReadFile(path)
 	s := string(got)
-	for _, want := range []string{"<<<<<<< yours", "says the user.", "||||||| template v1 (base)", "=======", "(template v2).", ">>>>>>> template v2"} {
+	for _, want := range []string{"<<<<<<< yours", "says the user.", "||||||| template v2 (base)", "=======", "(template v2).", ">>>>>>> template v3"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("conflicted runner.go lacks %q", want)
 		}
@@ -115,7 +115,7 @@ func TestUpdateMarksConflict(t *testing.T) {
 	if !strings.Contains(out, "CONFLICT") {
 		t.Errorf("report does not name the conflict:\n%s", out)
 	}
-	// The record now holds v2, so a second update has nothing new to merge.
+	// The record now holds v3, so a second update has nothing new to merge.
 	if out, err := runCLI(t, newerTemplate(t), "update", dir); err != nil {
 		t.Fatalf("second update: %v\n%s", err, out)
 	}

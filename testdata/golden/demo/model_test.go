@@ -2,13 +2,16 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/core/weights"
 )
 
@@ -72,71 +75,11 @@ func newPool(t testing.TB, c *Config) (*kvslab.Pool, *KVCache) {
 	return pool, kv
 }
 
-// seq is one sequence driven by hand through the pool, as the engine would.
-type seq struct {
-	id       kvslab.SeqID
-	tokens   []int32
-	computed int
-}
-
-func openSeq(t testing.TB, pool *kvslab.Pool, tokens []int32) *seq {
+// step feeds n[i] more tokens of seqs[i] through the reference forward and returns the
+// logits (every row when all is set, else each sequence's last row).
+func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*runnertest.Seq, n []int, all bool) []float32 {
 	t.Helper()
-	id, _, err := pool.Open(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &seq{id: id, tokens: tokens}
-}
-
-// buildPlan reserves pages for and builds the plan that feeds n[i] more tokens of seqs[i],
-// with logits for every row when all is set, else for each sequence's last row.
-func buildPlan(t testing.TB, pool *kvslab.Pool, seqs []*seq, n []int, all bool) *engine.BatchPlan {
-	t.Helper()
-	p := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, 1)}
-	g := &p.Groups[0]
-	g.PageTableStart = []int32{0}
-	bt := pool.BlockTokens()
-	for i, s := range seqs {
-		if err := pool.Reserve(s.id, n[i]); err != nil {
-			t.Fatal(err)
-		}
-		table := pool.PageTable(s.id, 0)
-		p.ReqIDs = append(p.ReqIDs, uint64(i+1))
-		p.Computed = append(p.Computed, int32(s.computed))
-		p.Scheduled = append(p.Scheduled, int32(n[i]))
-		p.PromptLen = append(p.PromptLen, int32(len(s.tokens)))
-		p.NumDrafts = append(p.NumDrafts, 0)
-		p.Temperature = append(p.Temperature, 0)
-		p.TopP = append(p.TopP, 0)
-		p.TopK = append(p.TopK, 0)
-		p.MinP = append(p.MinP, 0)
-		p.Seed = append(p.Seed, 0)
-		p.Logprobs = append(p.Logprobs, -1)
-		for j := 0; j < n[i]; j++ {
-			pos := s.computed + j
-			p.Tokens = append(p.Tokens, s.tokens[pos])
-			p.Positions = append(p.Positions, int32(pos))
-			g.SlotMapping = append(g.SlotMapping, int64(table[pos/bt])*int64(bt)+int64(pos%bt))
-			if all || j == n[i]-1 {
-				p.LogitsIndices = append(p.LogitsIndices, int32(len(p.Tokens)-1))
-			}
-		}
-		g.PageTable = append(g.PageTable, table...)
-		p.QueryStart = append(p.QueryStart, int32(len(p.Tokens)))
-		p.LogitsStart = append(p.LogitsStart, int32(len(p.LogitsIndices)))
-		g.PageTableStart = append(g.PageTableStart, int32(len(g.PageTable)))
-		s.computed += n[i]
-	}
-	if err := p.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// step runs buildPlan's plan through the reference forward and returns the logits.
-func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*seq, n []int, all bool) []float32 {
-	t.Helper()
-	p := buildPlan(t, pool, seqs, n, all)
+	p := runnertest.Plan(t, pool, seqs, n, all)
 	logits := make([]float32, len(p.LogitsIndices)*m.Config.VocabSize)
 	if err := m.Forward(p, kv, logits); err != nil {
 		t.Fatal(err)
@@ -144,61 +87,19 @@ func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*seq, n
 	return logits
 }
 
-func prompt(n, vocab, salt int) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = int32((i*37 + salt*101 + 3) % vocab)
-	}
-	return out
-}
-
-func closeTo(t *testing.T, what string, got, want []float32, tol float64) {
-	t.Helper()
-	if len(got) != len(want) {
-		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
-	}
-	worst := 0.0
-	for i := range got {
-		d := math.Abs(float64(got[i] - want[i]))
-		if math.IsNaN(d) || d > worst {
-			worst = d
+// TestRunnerConformance runs core/runnertest's model-agnostic suite on the runner through
+// the real engine: prefill equals decode, chunked prefill, batch and page-layout
+// invariance, reproducibility, prefix-cache hits and aborts.
+func TestRunnerConformance(t *testing.T) {
+	runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) {
+		_, _, m := tinyModel(t, weights.BF16)
+		r := NewRunner(m, 4)
+		pool, err := r.NewPool(4 << 20)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if math.IsNaN(d) || d > tol*(1+math.Abs(float64(want[i]))) {
-			t.Fatalf("%s: element %d = %g, want %g (tolerance %g)", what, i, got[i], want[i], tol)
-		}
-	}
-	t.Logf("%s: max |diff| %.3g", what, worst)
-}
-
-// TestPrefillEqualsDecode checks that one prefill of a prompt gives, at every position,
-// the logits that feeding it one token at a time gives, and that a chunked prefill agrees
-// too (pages of 4 tokens, chunks that straddle them).
-func TestPrefillEqualsDecode(t *testing.T) {
-	c, _, m := tinyModel(t, weights.F32)
-	toks := prompt(11, c.VocabSize, 1)
-	v := c.VocabSize
-
-	pool, kv := newPool(t, c)
-	full := step(t, m, pool, kv, []*seq{openSeq(t, pool, toks)}, []int{len(toks)}, true)
-
-	pool, kv = newPool(t, c)
-	s := openSeq(t, pool, toks)
-	var dec []float32
-	for range toks {
-		dec = append(dec, step(t, m, pool, kv, []*seq{s}, []int{1}, false)...)
-	}
-	closeTo(t, "prefill vs token-by-token", full, dec, 1e-4)
-
-	pool, kv = newPool(t, c)
-	s = openSeq(t, pool, toks)
-	var chunked []float32
-	for _, n := range []int{3, 6, 2} {
-		chunked = append(chunked, step(t, m, pool, kv, []*seq{s}, []int{n}, true)...)
-	}
-	closeTo(t, "prefill vs chunked prefill", full, chunked, 1e-4)
-	if len(full) != len(toks)*v {
-		t.Fatalf("%d logits", len(full))
-	}
+		return r, pool
+	}, runnertest.Options{})
 }
 
 // TestForwardMatchesNaive checks the paged, batched forward against a naive one written
@@ -206,15 +107,15 @@ func TestPrefillEqualsDecode(t *testing.T) {
 // (and sliding-window) mask, rotate_half RoPE, repeat_kv GQA, plain loops in float64.
 func TestForwardMatchesNaive(t *testing.T) {
 	c, w, m := tinyModel(t, weights.F32)
-	toks := prompt(10, c.VocabSize, 6)
+	toks := runnertest.Prompt(10, c.VocabSize, 6)
 	pool, kv := newPool(t, c)
-	got := step(t, m, pool, kv, []*seq{openSeq(t, pool, toks)}, []int{len(toks)}, true)
+	got := step(t, m, pool, kv, []*runnertest.Seq{runnertest.OpenSeq(t, pool, toks)}, []int{len(toks)}, true)
 	want := naiveForward(c, w, m, toks)
 	g32 := make([]float32, len(want))
 	for i, v := range want {
 		g32[i] = float32(v)
 	}
-	closeTo(t, "paged forward vs naive", got, g32, 1e-4)
+	runnertest.CloseTo(t, "paged forward vs naive", got, g32, 1e-4)
 }
 
 func naiveForward(c *Config, w *Weights, m *Model, toks []int32) []float64 {
@@ -335,21 +236,56 @@ func naiveForward(c *Config, w *Weights, m *Model, toks []int32) []float64 {
 	return linear(rms(x, w.Norm, hd), w.Head, nil, hd, c.VocabSize)
 }
 
-// TestBatchInvariance checks that a sequence's logits do not depend on what else is in the
-// batch or where its pages sit in the pool.
-func TestBatchInvariance(t *testing.T) {
-	c, _, m := tinyModel(t, weights.F32)
-	a, b := prompt(9, c.VocabSize, 2), prompt(6, c.VocabSize, 3)
-
-	pool, kv := newPool(t, c)
-	alone := step(t, m, pool, kv, []*seq{openSeq(t, pool, a)}, []int{len(a)}, true)
-
-	pool, kv = newPool(t, c)
-	sb := openSeq(t, pool, b) // b takes the first pages, so a's pages differ from above
-	sa := openSeq(t, pool, a)
-	step(t, m, pool, kv, []*seq{sb}, []int{3}, false)
-	mixed := step(t, m, pool, kv, []*seq{sb, sa}, []int{3, len(a)}, true)
-	closeTo(t, "alone vs batched with another sequence", mixed[3*c.VocabSize:], alone, 1e-4)
+// TestConfigMapping checks that config.json's model_type and flags map to the variant's
+// options, and that what the model does not implement is refused with a clear error.
+func TestConfigMapping(t *testing.T) {
+	data, err := os.ReadFile("config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	variant := func(edits map[string]any) []byte {
+		var m map[string]any
+		if err := json.Unmarshal(data, &m); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range edits {
+			m[k] = v
+		}
+		out, _ := json.Marshal(m)
+		return out
+	}
+	for _, c := range []struct {
+		edits                  map[string]any
+		qkvBias, oBias, qkNorm bool
+		window                 int
+	}{
+		{edits: map[string]any{"model_type": "llama", "attention_bias": true}, qkvBias: true, oBias: true},
+		{edits: map[string]any{"model_type": "llama", "attention_bias": false}},
+		{edits: map[string]any{"model_type": "qwen2", "attention_bias": false}, qkvBias: true},
+		{edits: map[string]any{"model_type": "qwen3", "attention_bias": false}, qkNorm: true},
+		{edits: map[string]any{"model_type": "mistral", "sliding_window": 7}, window: 7},
+	} {
+		got, err := ParseConfig(variant(c.edits))
+		if err != nil {
+			t.Fatalf("%v: %v", c.edits, err)
+		}
+		if got.QKVBias != c.qkvBias || got.OBias != c.oBias || got.QKNorm != c.qkNorm || got.Window != c.window {
+			t.Errorf("%v: qkv bias %v, o bias %v, qk norm %v, window %d; want %v, %v, %v, %d",
+				c.edits, got.QKVBias, got.OBias, got.QKNorm, got.Window, c.qkvBias, c.oBias, c.qkNorm, c.window)
+		}
+	}
+	for _, c := range []struct {
+		edits map[string]any
+		want  string
+	}{
+		{map[string]any{"mlp_bias": true}, "mlp_bias"},
+		{map[string]any{"hidden_act": "gelu"}, "gelu"},
+		{map[string]any{"use_sliding_window": true}, "use_sliding_window"},
+	} {
+		if _, err := ParseConfig(variant(c.edits)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one naming %s", c.edits, err, c.want)
+		}
+	}
 }
 
 // TestSafetensorsRoundTrip checks that random weights saved as bf16, f16 and f32 load back
@@ -431,7 +367,7 @@ func TestEngineGreedy(t *testing.T) {
 	go func() { e.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done; e.Close() }()
 
-	prompts := [][]int32{prompt(7, c.VocabSize, 4), prompt(5, c.VocabSize, 5)}
+	prompts := [][]int32{runnertest.Prompt(7, c.VocabSize, 4), runnertest.Prompt(5, c.VocabSize, 5)}
 	var streams []*engine.Stream
 	for _, p := range prompts {
 		s, err := e.Submit(ctx, engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true}})
@@ -460,8 +396,8 @@ func TestEngineGreedy(t *testing.T) {
 // greedy decodes n tokens by argmax on the reference forward alone.
 func greedy(t *testing.T, m *Model, p []int32, n int) []int32 {
 	pool, kv := newPool(t, m.Config)
-	s := openSeq(t, pool, append([]int32(nil), p...))
-	logits := step(t, m, pool, kv, []*seq{s}, []int{len(p)}, false)
+	s := runnertest.OpenSeq(t, pool, append([]int32(nil), p...))
+	logits := step(t, m, pool, kv, []*runnertest.Seq{s}, []int{len(p)}, false)
 	var out []int32
 	for len(out) < n {
 		best := int32(0)
@@ -471,8 +407,8 @@ func greedy(t *testing.T, m *Model, p []int32, n int) []int32 {
 			}
 		}
 		out = append(out, best)
-		s.tokens = append(s.tokens, best)
-		logits = step(t, m, pool, kv, []*seq{s}, []int{1}, false)
+		s.Tokens = append(s.Tokens, best)
+		logits = step(t, m, pool, kv, []*runnertest.Seq{s}, []int{1}, false)
 	}
 	return out
 }
@@ -488,9 +424,9 @@ func BenchmarkGenerate(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		pool, kv := newPool(b, c)
-		var seqs []*seq
+		var seqs []*runnertest.Seq
 		for j := 0; j < 8; j++ {
-			seqs = append(seqs, openSeq(b, pool, prompt(80, c.VocabSize, j)))
+			seqs = append(seqs, runnertest.OpenSeq(b, pool, runnertest.Prompt(80, c.VocabSize, j)))
 		}
 		step(b, m, pool, kv, seqs, pre, false)
 		for k := 0; k < 16; k++ {
@@ -509,16 +445,16 @@ func BenchmarkExecute(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var seqs []*seq
+	var seqs []*runnertest.Seq
 	ones, pre := make([]int, 8), make([]int, 8)
 	for j := range ones {
-		seqs = append(seqs, openSeq(b, pool, prompt(33, c.VocabSize, j)))
+		seqs = append(seqs, runnertest.OpenSeq(b, pool, runnertest.Prompt(33, c.VocabSize, j)))
 		ones[j], pre[j] = 1, 32
 	}
-	if _, err := r.Execute(context.Background(), buildPlan(b, pool, seqs, pre, false)); err != nil {
+	if _, err := r.Execute(context.Background(), runnertest.Plan(b, pool, seqs, pre, false)); err != nil {
 		b.Fatal(err)
 	}
-	p := buildPlan(b, pool, seqs, ones, false)
+	p := runnertest.Plan(b, pool, seqs, ones, false)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
