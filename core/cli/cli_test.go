@@ -153,6 +153,7 @@ func TestGenerateBadInput(t *testing.T) {
 		{testOpener, []string{"--model", bare, "--max-batch-tokens", "0"}, "--max-batch-tokens 0"},
 		{testOpener, []string{"--model", bare, "--tokenizer", filepath.Join(bare, "none.json")}, "none.json"},
 		{testOpener, []string{"--model", withTok, "--chat-template", filepath.Join(withTok, "tokenizer.json")}, "no chat template"},
+		{testOpener, []string{"--model", withTok, "--chat-template", filepath.Join(withTok, "missing.json")}, "--chat-template: "},
 		{failing, []string{"--model", bare}, "open model test in " + bare + ": no weights here"},
 	} {
 		_, _, err := run(t, GenerateCmd(NewModelDir("test", c.open)), c.args...)

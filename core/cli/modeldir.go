@@ -70,12 +70,15 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		}
 	}
 	if m.chatPath != "" {
+		if _, err := os.Stat(m.chatPath); err != nil {
+			return nil, fmt.Errorf("--chat-template: %w", err)
+		}
 		chat, err := LoadChatTemplate(m.chatPath)
 		if err != nil {
 			return nil, err
 		}
 		if chat == nil {
-			return nil, fmt.Errorf("--chat-template %s: no chat template there", m.chatPath)
+			return nil, fmt.Errorf("--chat-template %s: no chat template in it", m.chatPath)
 		}
 		rt.Chat = chat
 	}

@@ -286,27 +286,27 @@ func (s *Suite) Same(t testing.TB, what string, got, want Output) {
 	worst := 0.0
 	for i := range got.Logprobs {
 		g, w := got.Logprobs[i], want.Logprobs[i]
-		if d, ok := s.close(g.Logprob, w.Logprob); !ok {
+		d, ok := s.close(g.Logprob, w.Logprob)
+		if !ok {
 			t.Errorf("%s: output position %d: logprob %g, want %g", what, i, g.Logprob, w.Logprob)
 			return
-		} else {
-			worst = max(worst, d)
 		}
+		worst = max(worst, d)
 		if len(g.Top) != len(w.Top) {
 			t.Errorf("%s: output position %d: %d top logprobs, want %d", what, i, len(g.Top), len(w.Top))
 			return
 		}
 		for j := range g.Top {
-			if d, ok := s.close(g.Top[j].Logprob, w.Top[j].Logprob); !ok {
+			d, ok := s.close(g.Top[j].Logprob, w.Top[j].Logprob)
+			if !ok {
 				t.Errorf("%s: output position %d: top logprob %d is %g (token %d), want %g (token %d)",
 					what, i, j, g.Top[j].Logprob, g.Top[j].Token, w.Top[j].Logprob, w.Top[j].Token)
 				return
-			} else {
-				worst = max(worst, d)
 			}
+			worst = max(worst, d)
 		}
 	}
-	if len(got.Logprobs) == 0 && s.Opts.TopLogprobs >= 0 && len(got.Tokens) > 0 {
+	if len(got.Logprobs) == 0 && len(got.Tokens) > 0 {
 		t.Errorf("%s: the runner returned no log probabilities although the requests asked for them", what)
 	}
 	t.Logf("%s: %d tokens agree, max |logprob diff| %.3g", what, len(got.Tokens), worst)
