@@ -21,10 +21,16 @@ func (s *Scheduler) addDecodes(p *BatchPlan, c *cursor, rs []*request) int {
 	k := 0
 	for ; k < len(rs); k++ {
 		r := rs[k]
-		at := r.computed + r.aheadN
-		have := len(r.tokens) + int(r.aheadOut)
+		// (The fields for async scheduling and drafts are read only when they can be set:
+		// a synchronous decode step touches only the request's first two cache lines.)
+		at, have, pending := r.computed, len(r.tokens), false
+		if async {
+			at += r.aheadN
+			have += int(r.aheadOut)
+			pending = r.aheadOut > 0
+		}
 		if have != at+1 || drafts && len(r.drafts) > 0 || at >= r.reserved || !r.tablesValid ||
-			r.aheadOut > 0 && have >= r.end || at >= s.info.MaxContext {
+			pending && have >= r.end || at >= s.info.MaxContext {
 			break
 		}
 		if ids[k] != r.handle {
@@ -35,7 +41,7 @@ func (s *Scheduler) addDecodes(p *BatchPlan, c *cursor, rs []*request) int {
 		}
 		computed[k] = int32(at)
 		tok := r.last
-		if r.aheadOut > 0 {
+		if pending {
 			tok = PendingToken // sampled by the plan in flight
 		}
 		tokens[k] = tok

@@ -239,7 +239,7 @@ func (s *Scheduler) writeSampling(p *BatchPlan, b int, r *request) {
 	p.TopK[b] = r.topK
 	p.MinP[b] = r.minP
 	p.Seed[b] = r.seed
-	p.Logprobs[b] = r.logprobs
+	p.Logprobs[b] = int32(r.logprobs)
 }
 
 // addChunk writes the tokens of a prompt chunk, or of a decode token followed by drafts,

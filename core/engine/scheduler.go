@@ -26,36 +26,39 @@ const (
 	stateFinished
 )
 
-// request is the scheduler's record of one request. The fields every step touches come
-// first so that they share as few cache lines as possible.
+// request is the scheduler's record of one request. A decode step reads and writes only
+// the first 128 bytes (two cache lines) when the scheduler is synchronous and the runner
+// proposes no drafts; what async scheduling and drafts add comes next, and the fields
+// used at admission and finish last.
 type request struct {
 	handle      uint64
 	tokens      []int32 // prompt, then output
-	drafts      []int32 // proposed by the runner for the next step
-	last        int32   // tokens[len(tokens)-1], kept here to spare a cache line per step
-	aheadOut    int32   // tokens the plans in flight will sample (Config.Async)
 	computed    int     // tokens whose cache entries are computed
-	aheadN      int     // tokens scheduled in plans not yet updated (Config.Async)
-	committed   int     // tokens of the full blocks registered in the prefix cache
 	reserved    int     // tokens the pool holds for the sequence (its Len)
+	committed   int     // tokens of the full blocks registered in the prefix cache
+	end         int     // prompt length + max tokens: the length at which the request is complete
 	promptLen   int
-	end         int // prompt length + max tokens: the length at which the request is complete
-	seq         kvslab.SeqID
-	logprobs    int32  // -1: none, else top alternatives wanted
-	epoch       uint32 // counts releases: rows of plans built before one are stale
-	state       reqState
-	open        bool
-	stops       bool // EOS or stop ids can end this request
-	tablesValid bool
-	temp        float32
-	topP        float32
-	topK        int32
-	minP        float32
-	seed        uint64
 	lastToken   int64 // nanoseconds since the scheduler's epoch
 	out         Output
 	tables      [][]kvslab.PageID // the pool's page tables, per group, while tablesValid
+	last        int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
+	logprobs    int8              // -1: none, else top alternatives wanted
+	state       reqState
+	stops       bool // EOS or stop ids can end this request
+	tablesValid bool
 
+	aheadN   int     // tokens scheduled in plans not yet updated (Config.Async)
+	aheadOut int32   // tokens the plans in flight will sample (Config.Async)
+	epoch    uint32  // counts releases: rows of plans built before one are stale
+	drafts   []int32 // proposed by the runner for the next step
+
+	seq       kvslab.SeqID
+	open      bool
+	temp      float32
+	topP      float32
+	topK      int32
+	minP      float32
+	seed      uint64
 	id        string
 	order     uint64 // arrival order, for ties
 	priority  int
@@ -224,7 +227,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	r.last = req.Prompt[len(req.Prompt)-1]
 	r.stops = len(r.stopIDs) > 0 || !r.ignoreEOS && len(s.eos) > 0
 	if req.Sampling.Logprobs {
-		r.logprobs = int32(req.Sampling.TopLogprobs)
+		r.logprobs = int8(req.Sampling.TopLogprobs)
 	}
 	if s.info.MaxDrafts > 0 {
 		r.drafts = make([]int32, 0, s.info.MaxDrafts)

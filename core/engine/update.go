@@ -43,7 +43,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	u.nowNs = u.now.Sub(s.epoch).Nanoseconds()
 	accepted, nextDrafts := res.Accepted[:len(reqs)], res.NumNextDrafts[:len(reqs)]
 	scheduled := p.Scheduled[:len(reqs)]
-	async := s.cfg.Async
+	async, drafts := s.cfg.Async, s.info.MaxDrafts > 0
 	for i, r := range reqs {
 		if accepted[i] != 1 || nextDrafts[i] != 0 || scheduled[i] != 1 || p.anyLogprobs || !s.current(r, epochs, i) {
 			u.apply(i, r)
@@ -61,7 +61,12 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 		if r.computed >= r.committed+s.bt && !s.commit(r) {
 			continue
 		}
-		u.observeToken(r)
+		if r.lastToken == u.itlFrom && len(r.tokens) != r.promptLen {
+			u.itlN++ // observeToken's common case, inline
+			r.lastToken = u.nowNs
+		} else {
+			u.observeToken(r)
+		}
 		r.tokens = append(r.tokens, t)
 		r.last = t
 		u.generated++
@@ -69,7 +74,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 		if (r.stops || len(r.tokens) >= r.end) && s.stopped(r, t) {
 			continue
 		}
-		if len(r.drafts) > 0 {
+		if drafts && len(r.drafts) > 0 {
 			r.drafts = r.drafts[:0]
 		}
 	}
@@ -156,26 +161,22 @@ func (u *stepUpdate) apply(i int, r *request) {
 	}
 }
 
-// observeToken records the latency of r's new tokens of this step: time to first token,
-// or the inter-token latency since r's previous step.
+// observeToken records the latency of r's new tokens of this step (time to first token,
+// or the inter-token latency since r's previous step) and notes the step's time as r's
+// latest token.
 func (u *stepUpdate) observeToken(r *request) {
-	if r.lastToken == u.itlFrom && len(r.tokens) != r.promptLen {
-		u.itlN++ // the same latency as the previous request's
-	} else {
-		u.observeNew(r)
+	switch {
+	case len(r.tokens) == r.promptLen:
+		u.s.metrics.ttft.observe(u.now.Sub(r.arrival).Seconds())
+	case r.lastToken == u.itlFrom:
+		u.itlN++ // the same latency as the previous row's
+	default:
+		if u.itlN > 0 {
+			u.s.metrics.itl.observeN(float64(u.nowNs-u.itlFrom)*1e-9, u.itlN)
+		}
+		u.itlFrom, u.itlN = r.lastToken, 1
 	}
 	r.lastToken = u.nowNs
-}
-
-func (u *stepUpdate) observeNew(r *request) {
-	if len(r.tokens) == r.promptLen {
-		u.s.metrics.ttft.observe(u.now.Sub(r.arrival).Seconds())
-		return
-	}
-	if u.itlN > 0 {
-		u.s.metrics.itl.observeN(float64(u.nowNs-u.itlFrom)*1e-9, u.itlN)
-	}
-	u.itlFrom, u.itlN = r.lastToken, 1
 }
 
 // done records what the walk gathered.
