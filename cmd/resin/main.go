@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/cli"
 )
 
 func newRootCmd() *cobra.Command {
@@ -23,6 +25,7 @@ func newRootCmd() *cobra.Command {
 		newDoctorCmd(),
 	// resin:commands (each subcommand file adds its constructor here)
 	)
+	cli.AddProfiling(root)
 	return root
 }
 
