@@ -23,7 +23,7 @@ func (s *Scheduler) CheckBookkeeping() error {
 			return fmt.Errorf("request %q: %d tokens reserved, not whole blocks", r.id, r.reserved)
 		}
 		for g := range s.groups {
-			if r.tablesValid && !slices.Equal(r.tables[g], s.pool.PageTable(r.seq, g)) {
+			if r.tablesGen != 0 && !slices.Equal(r.tables[g], s.pool.PageTable(r.seq, g)) {
 				return fmt.Errorf("request %q: cached page table of group %d is stale", r.id, g)
 			}
 		}

@@ -61,6 +61,12 @@ type BatchPlan struct {
 	Groups []GroupPlan
 
 	anyLogprobs bool
+
+	// What the scheduler's last build of this buffer left, which the next build of it
+	// reuses: rows 0..decodeRows-1 were decode rows (see addDecodes), and row b held the
+	// page tables of load tableGens[b] of its request.
+	decodeRows, lastDecodeRows int
+	tableGens                  []uint8
 }
 
 // GroupPlan is a BatchPlan's view of one cache group.
@@ -144,6 +150,7 @@ func (p *BatchPlan) reset(groups int) {
 		gp.StatePage = gp.StatePage[:0]
 	}
 	p.anyLogprobs = false
+	p.lastDecodeRows, p.decodeRows = p.decodeRows, 0
 }
 
 // begin sizes the per-sequence arrays to seqs and the per-token ones to tokens so the
@@ -165,6 +172,7 @@ func (p *BatchPlan) begin(seqs, tokens int) {
 	p.Tokens = grow(p.Tokens, tokens)
 	p.Positions = grow(p.Positions, tokens)
 	p.LogitsIndices = grow(p.LogitsIndices, tokens)
+	p.tableGens = grow(p.tableGens, seqs)
 	p.QueryStart[0], p.LogitsStart[0] = 0, 0
 	for g := range p.Groups {
 		gp := &p.Groups[g]

@@ -150,7 +150,7 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 		return failed
 	}
 	r.seq, r.open, r.computed, r.committed, r.reserved = seq, true, hit, hit, hit
-	r.tablesValid = false
+	r.tablesGen = 0
 	n := min(len(r.tokens)-r.computed, budget)
 	if err := s.reserve(r, r.computed+n); err != nil {
 		s.release(r)
@@ -203,7 +203,7 @@ func (s *Scheduler) addToPlan(p *BatchPlan, c *cursor, r *request, n int) {
 	p.QueryStart[b+1] = int32(t + n)
 	p.LogitsStart[b+1] = int32(c.l)
 
-	if !r.tablesValid {
+	if r.tablesGen == 0 {
 		s.loadTables(r)
 	}
 	for g := range p.Groups {
@@ -383,13 +383,17 @@ func (s *Scheduler) current(r *request, epochs []uint32, i int) bool {
 }
 
 // loadTables fetches r's page tables from the pool. They stay valid until the next call
-// that changes the sequence (Open, Reserve, Truncate, Commit clear tablesValid), so a
+// that changes the sequence (Open, Reserve, Truncate, Commit clear tablesGen), so a
 // decoding sequence asks the pool only when it grows a block.
 func (s *Scheduler) loadTables(r *request) {
 	for i := range r.tables {
 		r.tables[i] = s.pool.PageTable(r.seq, i)
 	}
-	r.tablesValid = true
+	r.loads++
+	if r.loads == 0 {
+		r.loads = 1
+	}
+	r.tablesGen = r.loads
 }
 
 // reserve makes the pool hold at least need tokens of r. When every cache group keeps
@@ -404,7 +408,7 @@ func (s *Scheduler) reserve(r *request, need int) error {
 	if s.wholeBlocks {
 		target = (need + s.bt - 1) / s.bt * s.bt
 	}
-	r.tablesValid = false
+	r.tablesGen = 0
 	if err := s.pool.Reserve(r.seq, target-r.reserved); err != nil {
 		return err
 	}
@@ -423,7 +427,7 @@ func (s *Scheduler) trim(r *request) error {
 	if r.reserved <= keep {
 		return nil
 	}
-	r.tablesValid = false
+	r.tablesGen = 0
 	if err := s.pool.Truncate(r.seq, r.reserved-keep); err != nil {
 		return err
 	}

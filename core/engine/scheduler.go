@@ -31,21 +31,24 @@ const (
 // proposes no drafts; what async scheduling and drafts add comes next, and the fields
 // used at admission and finish last.
 type request struct {
-	handle      uint64
-	tokens      []int32 // prompt, then output
-	computed    int     // tokens whose cache entries are computed
-	reserved    int     // tokens the pool holds for the sequence (its Len)
-	committed   int     // tokens of the full blocks registered in the prefix cache
-	end         int     // prompt length + max tokens: the length at which the request is complete
-	promptLen   int
-	lastToken   int64 // nanoseconds since the scheduler's epoch
-	out         Output
-	tables      [][]kvslab.PageID // the pool's page tables, per group, while tablesValid
-	last        int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
-	logprobs    int8              // -1: none, else top alternatives wanted
-	state       reqState
-	stops       bool // EOS or stop ids can end this request
-	tablesValid bool
+	handle    uint64
+	tokens    []int32 // prompt, then output
+	computed  int     // tokens whose cache entries are computed
+	reserved  int     // tokens the pool holds for the sequence (its Len)
+	committed int     // tokens of the full blocks registered in the prefix cache
+	end       int     // prompt length + max tokens: the length at which the request is complete
+	promptLen int
+	lastToken int64 // nanoseconds since the scheduler's epoch
+	out       Output
+	tables    [][]kvslab.PageID // the pool's page tables, per group, while tablesGen != 0
+	last      int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
+	logprobs  int8              // -1: none, else top alternatives wanted
+	state     reqState
+	stops     bool // EOS or stop ids can end this request
+	// tablesGen is 0 while the cached tables are stale, else which load they came from
+	// (counting loads, wrapping, never 0): a plan row that holds r's tables of the same
+	// load still holds them as they are.
+	tablesGen uint8
 
 	aheadN   int     // tokens scheduled in plans not yet updated (Config.Async)
 	aheadOut int32   // tokens the plans in flight will sample (Config.Async)
@@ -53,6 +56,7 @@ type request struct {
 	drafts   []int32 // proposed by the runner for the next step
 
 	seq       kvslab.SeqID
+	loads     uint8 // page-table loads, for tablesGen
 	open      bool
 	temp      float32
 	topP      float32
@@ -307,7 +311,7 @@ func (s *Scheduler) release(r *request) {
 		// Free fails only for a sequence the pool does not know, which the scheduler's
 		// bookkeeping rules out; Check in the tests would catch a leak.
 		_ = s.pool.Free(r.seq)
-		r.open, r.tablesValid = false, false
+		r.open, r.tablesGen = false, 0
 		clear(r.tables)
 	}
 	r.computed, r.committed, r.reserved, r.aheadN, r.aheadOut = 0, 0, 0, 0, 0

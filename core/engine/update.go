@@ -190,7 +190,7 @@ func (u *stepUpdate) done() {
 // commit registers r's full computed blocks in the prefix cache; on failure it finishes
 // r and reports false.
 func (s *Scheduler) commit(r *request) bool {
-	r.tablesValid = false
+	r.tablesGen = 0
 	if err := s.pool.Commit(r.seq, r.tokens[:r.computed]); err != nil {
 		s.finish(r, FinishError, fmt.Errorf("%w: commit %q: %w", ErrCache, r.id, err))
 		return false
