@@ -148,7 +148,7 @@ func TestInTree(t *testing.T) {
 }
 
 // TestGeneratedRuntimeBuildsAndTests scaffolds one standalone runtime into a temporary
-// directory and runs --verify: go build, go test and a generate run, offline.
+// directory and runs --verify: go build, go test and a generate run.
 func TestGeneratedRuntimeBuildsAndTests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and tests a whole generated runtime")

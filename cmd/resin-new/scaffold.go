@@ -355,16 +355,25 @@ func vendorWrites(coreDir, dst string) ([]write, error) {
 	return ws, nil
 }
 
-// goModTidy completes the standalone go.mod offline, from the module cache and the copied
-// go.sum.
+// goModTidy completes the standalone go.mod: through the module proxy the environment
+// names, so that a fresh machine gets the core's dependencies, and, if that fails (no
+// network), offline from the module cache and the copied go.sum.
 func goModTidy(root string) error {
-	cmd := exec.Command("go", "mod", "tidy", "-e")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%w: %s", err, strings.TrimSpace(out.String()))
+	run := func(env ...string) error {
+		cmd := exec.Command("go", "mod", "tidy", "-e")
+		cmd.Dir = root
+		cmd.Env = append(append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off"), env...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%w: %s", err, strings.TrimSpace(out.String()))
+		}
+		return nil
+	}
+	if err := run(); err != nil {
+		if offline := run("GOPROXY=off"); offline != nil {
+			return err
+		}
 	}
 	return nil
 }

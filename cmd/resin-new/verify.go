@@ -20,7 +20,7 @@ func verify(w io.Writer, root string, a *Answers) error {
 		fmt.Fprintf(w, "verify: %s\n", strings.Join(s, " "))
 		cmd := exec.Command(s[0], s[1:]...)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOPROXY=off")
+		cmd.Env = append(os.Environ(), "GOWORK=off")
 		cmd.Stdout, cmd.Stderr = w, w
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("verify %s: %s: %w", root, strings.Join(s, " "), err)
