@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/resin-llm/resin/core/kvslab"
+
 // addDecodes writes plan rows for the leading requests of rs that decode exactly one
 // known token: no drafts, the token's page already reserved, the page tables cached.
 // That is almost every row of a steady decode step, and it gets one loop over flat
@@ -68,12 +70,17 @@ func (s *Scheduler) addDecodes(p *BatchPlan, c *cursor, rs []*request) int {
 		blk, off := s.blockOf(at)
 		for g := range p.Groups {
 			gp := &p.Groups[g]
-			table := r.tables[g]
-			if !samePages {
+			var page kvslab.PageID
+			if samePages {
+				// The row's copy, contiguous with its neighbours', rather than the pool's.
+				page = gp.PageTable[:cap(gp.PageTable)][int(gp.PageTableStart[k])+blk]
+			} else {
+				table := r.tables[g]
 				gp.PageTable = append(gp.PageTable, table...)
 				gp.PageTableStart[b0+k+1] = int32(len(gp.PageTable))
+				page = table[blk]
 			}
-			gp.SlotMapping[t0+k] = int64(table[blk])*int64(s.bt) + int64(off)
+			gp.SlotMapping[t0+k] = int64(page)*int64(s.bt) + int64(off)
 		}
 		if async {
 			r.aheadN++

@@ -43,9 +43,10 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	u.nowNs = u.now.Sub(s.epoch).Nanoseconds()
 	accepted, nextDrafts := res.Accepted[:len(reqs)], res.NumNextDrafts[:len(reqs)]
 	scheduled := p.Scheduled[:len(reqs)]
-	async, drafts := s.cfg.Async, s.info.MaxDrafts > 0
+	async, drafts, bt := s.cfg.Async, s.info.MaxDrafts > 0, s.bt
+	plain := !p.anyLogprobs
 	for i, r := range reqs {
-		if accepted[i] != 1 || nextDrafts[i] != 0 || scheduled[i] != 1 || p.anyLogprobs || !s.current(r, epochs, i) {
+		if accepted[i] != 1 || nextDrafts[i] != 0 || scheduled[i] != 1 || !plain || !s.current(r, epochs, i) {
 			u.apply(i, r)
 			continue
 		}
@@ -58,7 +59,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 			r.aheadOut--
 		}
 		r.computed++
-		if r.computed >= r.committed+s.bt && !s.commit(r) {
+		if r.computed >= r.committed+bt && !s.commit(r) {
 			continue
 		}
 		if r.lastToken == u.itlFrom && len(r.tokens) != r.promptLen {
