@@ -15,7 +15,9 @@ const NoSlot int64 = -1
 // between two plans, so plan N stays intact while plan N+1 is built: with Config.Async
 // the engine builds N+1 while the runner executes N (tokens N samples appear in N+1 as
 // PendingToken), and in either mode a runner may keep reading plan N until its Execute
-// for step N+1 returns.
+// for step N+1 returns. Building plan N+2 in the same arrays, the scheduler rewrites only
+// what changed for rows that hold the same request (sampling rows, page tables), so a
+// plan must never be modified outside the scheduler.
 //
 // With B sequences and T tokens (T = QueryStart[B]):
 //
