@@ -165,8 +165,23 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 		s.plans[i].begin(cfg.MaxSeqs, cfg.MaxBatchTokens)
 		s.planReqs[i] = make([]*request, 0, cfg.MaxSeqs)
 		s.planEpochs[i] = make([]uint32, 0, cfg.MaxSeqs)
+		for g := range s.plans[i].Groups {
+			gp := &s.plans[i].Groups[g]
+			gp.PageTable = grow(gp.PageTable, s.pageTableCap(g))[:0]
+			gp.StatePage = grow(gp.StatePage, cfg.MaxSeqs)[:0]
+		}
 	}
+	s.running = make([]*request, 0, cfg.MaxSeqs)
 	return s, nil
+}
+
+// pageTableCap is how many page ids a plan's PageTable of group g holds before it grows:
+// one per page of the group, as when no two sequences share a page, plus a partial block
+// per sequence; never more than every sequence at the maximum context takes.
+func (s *Scheduler) pageTableCap(g int) int {
+	pages := int64(s.pool.Slabs()) * s.pool.SlabBytes() / s.groups[g].PageBytes()
+	perSeq := (s.info.MaxContext + s.bt - 1) / s.bt
+	return int(min(int64(s.cfg.MaxSeqs)+pages, int64(s.cfg.MaxSeqs)*int64(perSeq)))
 }
 
 // Pool returns the scheduler's cache pool.
