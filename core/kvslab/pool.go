@@ -111,6 +111,9 @@ func New(cfg Config, arena Arena) (*Pool, error) {
 		p.lruPrev[i], p.lruNext[i] = -1, -1
 	}
 	p.cache.init(len(p.specs), pages)
+	if cfg.MaxSeqs > 0 {
+		p.addSeqs(cfg.MaxSeqs)
+	}
 	return p, nil
 }
 

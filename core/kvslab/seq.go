@@ -1,6 +1,9 @@
 package kvslab
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // seqState is one open sequence: its length and, per group, a page per block.
 type seqState struct {
@@ -29,24 +32,11 @@ func (p *Pool) seq(id SeqID) (*seqState, error) {
 }
 
 func (p *Pool) newSeq() SeqID {
-	var id SeqID
-	if n := len(p.freeSeqs); n > 0 {
-		id = p.freeSeqs[n-1]
-		p.freeSeqs = p.freeSeqs[:n-1]
-	} else {
-		id = SeqID(len(p.seqs))
-		ng := len(p.specs)
-		s := seqState{
-			tables: make([][]PageID, ng),
-			state:  make([]PageID, ng),
-			held:   make([]int, ng),
-			hashes: make([]uint64, 0, initialBlocks),
-		}
-		for g := range s.tables {
-			s.tables[g] = make([]PageID, 0, initialBlocks)
-		}
-		p.seqs = append(p.seqs, s)
+	if len(p.freeSeqs) == 0 {
+		p.addSeqs(max(1, len(p.seqs)))
 	}
+	id := p.freeSeqs[len(p.freeSeqs)-1]
+	p.freeSeqs = p.freeSeqs[:len(p.freeSeqs)-1]
 	s := &p.seqs[id]
 	s.open = true
 	s.length, s.committed = 0, 0
@@ -58,6 +48,36 @@ func (p *Pool) newSeq() SeqID {
 	}
 	p.open++
 	return id
+}
+
+// addSeqs prepares n more sequence slots, each with room for initialBlocks blocks per
+// group, carved from a few shared arrays. The free list keeps room for every slot, so
+// freeing never allocates.
+func (p *Pool) addSeqs(n int) {
+	ng := len(p.specs)
+	tables := make([][]PageID, n*ng)
+	pages := make([]PageID, n*ng*initialBlocks)
+	state := make([]PageID, n*ng)
+	held := make([]int, n*ng)
+	hashes := make([]uint64, n*initialBlocks)
+	first := len(p.seqs)
+	p.seqs = slices.Grow(p.seqs, n)
+	for i := range n {
+		for g := range ng {
+			k := (i*ng + g) * initialBlocks
+			tables[i*ng+g] = pages[k : k : k+initialBlocks]
+		}
+		p.seqs = append(p.seqs, seqState{
+			tables: tables[i*ng : (i+1)*ng : (i+1)*ng],
+			state:  state[i*ng : (i+1)*ng : (i+1)*ng],
+			held:   held[i*ng : (i+1)*ng : (i+1)*ng],
+			hashes: hashes[i*initialBlocks : i*initialBlocks : (i+1)*initialBlocks],
+		})
+	}
+	p.freeSeqs = slices.Grow(p.freeSeqs, len(p.seqs)-len(p.freeSeqs))
+	for id := len(p.seqs) - 1; id >= first; id-- {
+		p.freeSeqs = append(p.freeSeqs, SeqID(id))
+	}
 }
 
 // Open opens a sequence and attaches the longest prefix of prompt that the prefix cache can

@@ -58,6 +58,9 @@ type Config struct {
 	Groups []GroupSpec
 	// SlabBytes is the slab size; 0 picks DefaultSlabPages times the largest page.
 	SlabBytes int64
+	// MaxSeqs, when positive, prepares that many sequences up front (the scheduler's cap on
+	// running sequences), so that opening them allocates nothing; more may still be opened.
+	MaxSeqs int
 }
 
 const (
@@ -185,6 +188,9 @@ func (c Config) slabBytes() (int64, error) {
 	}
 	if slab < 0 {
 		return 0, fmt.Errorf("%w: slab size %d is negative", ErrInvalidSpec, slab)
+	}
+	if c.MaxSeqs < 0 {
+		return 0, fmt.Errorf("%w: max sequences %d is negative", ErrInvalidSpec, c.MaxSeqs)
 	}
 	for _, g := range c.Groups {
 		pb := g.PageBytes()

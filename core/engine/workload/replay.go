@@ -148,7 +148,7 @@ func replay(name string, reqs []Request, countAllocs bool) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	pool, err := kvslab.New(kvslab.Config{Groups: []kvslab.GroupSpec{group}, SlabBytes: slabPages * group.PageBytes()}, arena)
+	pool, err := kvslab.New(kvslab.Config{Groups: []kvslab.GroupSpec{group}, SlabBytes: slabPages * group.PageBytes(), MaxSeqs: MaxSeqs}, arena)
 	if err != nil {
 		return Report{}, err
 	}
