@@ -20,12 +20,13 @@ import (
 func TestDecodeRowsMatchGeneralPath(t *testing.T) {
 	for _, tc := range []struct {
 		window, drafts int
-		async          bool
-	}{{0, 0, false}, {0, 2, false}, {12, 0, false}, {0, 0, true}} {
-		t.Run(fmt.Sprintf("window%d-drafts%d-async%v", tc.window, tc.drafts, tc.async), func(t *testing.T) {
+		async, mirror  bool
+	}{{0, 0, false, false}, {0, 2, false, false}, {12, 0, false, false}, {0, 0, true, false},
+		{0, 0, false, true}, {0, 2, false, true}} {
+		t.Run(fmt.Sprintf("window%d-drafts%d-async%v-mirror%v", tc.window, tc.drafts, tc.async, tc.mirror), func(t *testing.T) {
 			var ds [2]*direct
 			for k := range ds {
-				rc := enginetest.Config{BlockTokens: 8, Pages: 40, Window: tc.window, MaxDrafts: tc.drafts, EOS: []int32{3}, Async: tc.async,
+				rc := enginetest.Config{BlockTokens: 8, Pages: 40, Window: tc.window, MaxDrafts: tc.drafts, EOS: []int32{3}, Async: tc.async, Mirror: tc.mirror,
 					WrongDraft: func(pos, j int) bool { return (pos+j)%3 == 0 },
 					Fail:       func(step uint64) bool { return step%53 == 0 }}
 				if tc.window > 0 {

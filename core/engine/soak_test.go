@@ -22,26 +22,33 @@ import (
 // request that ran to its end produced exactly the reference tokens, and that the pool
 // is whole and no goroutine is left behind.
 func TestSoak(t *testing.T) {
-	testSoak(t, 10000, 96, 0, false)
+	testSoak(t, 10000, 96, 0, false, false)
 }
 
 // TestSoakAsync is the soak with Config.Async: plan N+1 is built while N runs.
 func TestSoakAsync(t *testing.T) {
-	testSoak(t, 5000, 96, 0, true)
+	testSoak(t, 5000, 96, 0, true, false)
 }
 
 // TestSoakSlidingWindow runs a shorter soak over a sliding-window cache group, whose
 // pages are released behind the window as sequences move.
 func TestSoakSlidingWindow(t *testing.T) {
-	testSoak(t, 2000, 40, 10, false)
+	testSoak(t, 2000, 40, 10, false, false)
 }
 
-func testSoak(t *testing.T, requests, pages, window int, async bool) {
+// TestSoakTwoGroups runs a shorter soak over two cache groups at once, a full one and a
+// sliding window holding the same entries (enginetest.Config.Mirror): the runner checks
+// that they agree at every read.
+func TestSoakTwoGroups(t *testing.T) {
+	testSoak(t, 2000, 64, 0, false, true)
+}
+
+func testSoak(t *testing.T, requests, pages, window int, async, mirror bool) {
 	const submitters = 4
 	goroutines := runtime.NumGoroutine()
 	const eos = 7
 	rc := enginetest.Config{
-		BlockTokens: 8, Pages: pages, EOS: []int32{eos}, MaxDrafts: 2 * (1 - b2i(async)), Window: window, Async: async,
+		BlockTokens: 8, Pages: pages, EOS: []int32{eos}, MaxDrafts: 2 * (1 - b2i(async)), Window: window, Async: async, Mirror: mirror,
 		WrongDraft: func(pos, j int) bool { return (pos*7+j)%5 == 0 },
 		Fail:       func(step uint64) bool { return step%97 == 0 },
 	}

@@ -40,6 +40,11 @@ type Config struct {
 	// Window > 0 makes the cache group a sliding window of that many tokens (the model
 	// only reads the previous position, so any window of 2 or more keeps it exact).
 	Window int
+	// Mirror adds a second cache group, a sliding window of two blocks, that holds the
+	// same entries as the first: the runner writes both and checks that they agree, so
+	// the engine's handling of several groups at once (slot mappings, page tables,
+	// windows released while the first group keeps its pages) is checked too.
+	Mirror bool
 	// GraphBuckets are declared as is.
 	GraphBuckets []int
 	// MaxDrafts > 0 makes the runner propose drafts: the true greedy continuation, except
@@ -99,24 +104,29 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Window > 0 {
 		group.Kind, group.Window = kvslab.SlidingWindow, cfg.Window
 	}
+	groups := []kvslab.GroupSpec{group}
+	if cfg.Mirror {
+		groups = append(groups, kvslab.GroupSpec{Name: "mirror", Kind: kvslab.SlidingWindow, Layers: 1,
+			BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens, Window: 2 * cfg.BlockTokens})
+	}
 	pageBytes := group.PageBytes()
 	slabPages := int64(16) // the largest power of two up to 16 that divides Pages
 	for int64(cfg.Pages)%slabPages != 0 {
 		slabPages /= 2
 	}
-	slabs := int64(cfg.Pages) / slabPages
+	slabs := int64(cfg.Pages) / slabPages * int64(len(groups))
 	arena, err := kvslab.NewHostArena(slabs * slabPages * pageBytes)
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: arena: %w", err)
 	}
-	pool, err := kvslab.New(kvslab.Config{Groups: []kvslab.GroupSpec{group}, SlabBytes: slabPages * pageBytes}, arena)
+	pool, err := kvslab.New(kvslab.Config{Groups: groups, SlabBytes: slabPages * pageBytes}, arena)
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: pool: %w", err)
 	}
 	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize), lastOut: map[uint64]int32{}}
 	r.info = engine.RunnerInfo{
 		Name: "enginetest", VocabSize: cfg.VocabSize, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
-		CacheGroups: []kvslab.GroupSpec{group}, GraphBuckets: cfg.GraphBuckets, MaxDrafts: cfg.MaxDrafts,
+		CacheGroups: groups, GraphBuckets: cfg.GraphBuckets, MaxDrafts: cfg.MaxDrafts,
 		AsyncTokens: cfg.Async,
 	}
 	return r, nil
@@ -200,15 +210,23 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 			}
 			prev := uint64(seedHash)
 			if pos[j] > 0 {
-				e, err := r.read(table, int(pos[j])-1, bt)
+				e, err := r.read(0, table, int(pos[j])-1, bt)
+				if err == nil && r.cfg.Mirror {
+					var m uint64
+					if m, err = r.read(1, p.PageTableOf(1, i), int(pos[j])-1, bt); err == nil && m != e {
+						err = fmt.Errorf("the two cache groups disagree at position %d", pos[j]-1)
+					}
+				}
 				if err != nil {
 					return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d, request %d: %w", p.Step, p.ReqIDs[i], err))
 				}
 				prev = e
 			}
 			h := chain(prev, t)
-			slot := p.Groups[0].SlotMapping[q0+j]
-			r.write(kvslab.PageID(slot/int64(bt)), int(slot%int64(bt)), pos[j], t, h)
+			for g := range p.Groups {
+				slot := p.Groups[g].SlotMapping[q0+j]
+				r.write(g, kvslab.PageID(slot/int64(bt)), int(slot%int64(bt)), pos[j], t, h)
+			}
 			if nrow < len(rows) && int(rows[nrow]) == q0+j {
 				hs[nrow] = h
 				nrow++
@@ -280,19 +298,19 @@ func (r *Runner) sample(h uint64, row engine.SamplingRow, pos int) (int32, float
 	return t, lp
 }
 
-func (r *Runner) entry(id kvslab.PageID, off int) []byte {
-	base := r.pool.PageOffset(0, id)
+func (r *Runner) entry(g int, id kvslab.PageID, off int) []byte {
+	base := r.pool.PageOffset(g, id)
 	return r.mem.Bytes(base+int64(off)*entryBytes, entryBytes)
 }
 
-func (r *Runner) write(id kvslab.PageID, off int, pos, tok int32, h uint64) {
-	b := r.entry(id, off)
+func (r *Runner) write(g int, id kvslab.PageID, off int, pos, tok int32, h uint64) {
+	b := r.entry(g, id, off)
 	binary.LittleEndian.PutUint32(b[0:], uint32(pos+1))
 	binary.LittleEndian.PutUint32(b[4:], uint32(tok))
 	binary.LittleEndian.PutUint64(b[8:], h)
 }
 
-func (r *Runner) read(table []kvslab.PageID, pos, bt int) (uint64, error) {
+func (r *Runner) read(g int, table []kvslab.PageID, pos, bt int) (uint64, error) {
 	if pos/bt >= len(table) {
 		return 0, fmt.Errorf("position %d beyond the page table (%d blocks)", pos, len(table))
 	}
@@ -300,7 +318,7 @@ func (r *Runner) read(table []kvslab.PageID, pos, bt int) (uint64, error) {
 	if id == kvslab.NoPage {
 		return 0, fmt.Errorf("position %d has no page", pos)
 	}
-	b := r.entry(id, pos%bt)
+	b := r.entry(g, id, pos%bt)
 	if got := int32(binary.LittleEndian.Uint32(b[0:])) - 1; got != int32(pos) {
 		return 0, fmt.Errorf("cache entry for position %d holds position %d", pos, got)
 	}
