@@ -225,3 +225,26 @@ esac
 		t.Errorf("broken.cu: %v", rs[2].Err)
 	}
 }
+
+func TestWarnings(t *testing.T) {
+	log := `softmax.cu(63): warning #177-D: function "resin_global_tid" was declared but never referenced
+  RESIN_DEVICE long long resin_global_tid() {
+                         ^
+
+Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"
+
+softmax.cu(113): warning #177-D: function "resin_warp_argmax" was declared but never referenced
+  RESIN_DEVICE void resin_warp_argmax(float* v, int* i) {
+                    ^
+`
+	if w := warnings(log); w != "" {
+		t.Errorf("unused prelude helpers counted as warnings: %q", w)
+	}
+	other := log + `softmax.cu(20): warning #550-D: variable "x" was set but never used
+    int x = 0;
+        ^
+`
+	if w := warnings(other); !strings.HasPrefix(w, "softmax.cu(20): warning #550-D") || strings.Contains(w, "#177") || !strings.Contains(w, "int x = 0;") {
+		t.Errorf("warnings kept %q", w)
+	}
+}

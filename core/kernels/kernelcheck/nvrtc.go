@@ -71,8 +71,8 @@ func nvrtcCheck(fsys fs.FS, names []string, o Options, assemble bool) ([]Result,
 }
 
 // compileNVRTC compiles src for arch, through the cache when there is one, and says
-// whether the cache served it. With warnings not allowed, a compile that prints any fails
-// and is not stored.
+// whether the cache served it. With warnings not allowed, a compile that prints any (but
+// the ignored ones) fails and is not stored.
 func compileNVRTC(o Options, src, name, arch, compiler string) (img []byte, hit bool, log string, err error) {
 	compile := func() ([]byte, error) {
 		c, err := cudart.Compile(src, name, arch, o.Flags...)
@@ -80,8 +80,8 @@ func compileNVRTC(o Options, src, name, arch, compiler string) (img []byte, hit 
 		if err != nil {
 			return nil, err
 		}
-		if c.Log != "" && !o.AllowWarnings {
-			return nil, fmt.Errorf("compile %s for %s: %w:\n%s", name, arch, ErrWarnings, c.Log)
+		if w := warnings(c.Log); w != "" && !o.AllowWarnings {
+			return nil, fmt.Errorf("compile %s for %s: %w:\n%s", name, arch, ErrWarnings, w)
 		}
 		return c.Image(), nil
 	}
