@@ -52,13 +52,16 @@ func nvrtcCheck(fsys fs.FS, names []string, o Options, assemble bool) ([]Result,
 		} else if !bytes.HasPrefix(cubin, []byte("\x7fELF")) {
 			errs = append(errs, fmt.Errorf("%s: NVRTC's %s output is not a cubin", name, arch))
 		}
+		if len(errs) > 0 {
+			r.Log, r.Err = logC, errors.Join(errs...)
+			continue // the PTX would fail the same way
+		}
 		ptx, hitP, logP, err := compileNVRTC(o, src, name, virt, compiler)
 		r.PTX, r.Cached = ptx, hitC && hitP
 		r.Log = strings.TrimSpace(logC + "\n" + logP)
 		if err != nil {
 			errs = append(errs, err)
-		}
-		if len(errs) == 0 {
+		} else {
 			errs = append(errs, checkEntries(name, ptx, o.Entries[name]))
 			if ptxas != "" {
 				r.Kernels, err = Assemble(ptxas, ptx, arch)
