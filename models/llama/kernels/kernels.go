@@ -34,20 +34,6 @@ func Source(file string) (string, error) {
 	return strings.Replace(string(b), `#include "prelude.cuh"`, cuda.Prelude(), 1), nil
 }
 
-// Compile compiles file for arch ("sm_90a" for a cubin, "compute_90a" for PTX) with NVRTC,
-// without the kernel cache. Tests use it to check every kernel on machines without a GPU.
-func Compile(file, arch string) (cudart.Compiled, error) {
-	src, err := Source(file)
-	if err != nil {
-		return cudart.Compiled{}, err
-	}
-	c, err := cudart.Compile(src, file, arch, Options...)
-	if err != nil {
-		return c, fmt.Errorf("kernels: compile %s for %s: %w", file, arch, err)
-	}
-	return c, nil
-}
-
 // AddRMSNorm launches llama_add_rmsnorm on a device.
 type AddRMSNorm struct {
 	fn   cudart.Function

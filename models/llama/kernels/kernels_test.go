@@ -1,18 +1,15 @@
 package kernels
 
 import (
-	"errors"
 	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/core/kernels/kernelcheck"
 )
 
 func TestAddRMSNormRef(t *testing.T) {
@@ -52,71 +49,45 @@ func TestAddRMSNormRef(t *testing.T) {
 	}
 }
 
-// TestCompile compiles every kernel with NVRTC to PTX for sm_90a and, when RESIN_PTXAS
-// names ptxas, assembles it and logs registers and spills. It skips, saying so, where
-// NVRTC is not installed.
-func TestCompile(t *testing.T) {
+// checkOptions are how the kernels compile: the core's prelude and NVRTC flags, and the
+// entry point each source must define.
+func checkOptions() kernelcheck.Options {
+	return kernelcheck.Options{
+		Flags:    Options,
+		Includes: map[string]string{"prelude.cuh": cuda.Prelude()},
+		Entries:  map[string][]string{"add_rmsnorm.cu": {AddRMSNormName}},
+	}
+}
+
+// kernelFiles lists the embedded .cu sources.
+func kernelFiles(t *testing.T) []string {
 	files, err := fs.Glob(Sources, "*.cu")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no kernels embedded: %v", err)
 	}
-	for _, f := range files {
-		c, err := Compile(f, "compute_90a")
-		if errors.Is(err, cudart.ErrNoNVRTC) {
-			t.Skipf("NVRTC not available (%v); run scripts/test.sh in Resin, or set RESIN_NVRTC_LIB", err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(c.PTX), AddRMSNormName) && f == "add_rmsnorm.cu" {
-			t.Fatalf("%s: PTX lacks the entry %s", f, AddRMSNormName)
-		}
-		ptxas := os.Getenv("RESIN_PTXAS")
-		if ptxas == "" {
-			t.Logf("%s: NVRTC ok (%d bytes of PTX); RESIN_PTXAS unset, ptxas skipped", f, len(c.PTX))
-			continue
-		}
-		p := filepath.Join(t.TempDir(), f+".ptx")
-		if err := os.WriteFile(p, c.PTX, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.Command(ptxas, "-arch=sm_90a", "-v", "-o", p+".cubin", p).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: ptxas: %v\n%s", f, err, out)
-		}
-		t.Logf("%s: ptxas -v:\n%s", f, out)
-	}
+	return files
 }
 
-// TestCompileClang compiles every kernel a second way, with clang-16 and no CUDA headers
-// (device code to sm_90 PTX through the prelude's NVPTX builtins), when clang-16 is
-// installed.
-func TestCompileClang(t *testing.T) {
-	cc, err := exec.LookPath("clang-16")
-	if err != nil {
-		t.Skip("clang-16 not installed (apt-get install clang-16)")
-	}
-	inc := t.TempDir()
-	if err := os.WriteFile(filepath.Join(inc, "prelude.cuh"), []byte(cuda.Prelude()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	files, _ := fs.Glob(Sources, "*.cu")
+// TestCompile compiles every kernel with NVRTC for sm_90a (cubin and PTX, through a
+// kernel cache) and assembles it with ptxas -v (RESIN_PTXAS), failing on errors,
+// warnings and register spills and logging registers per kernel. It skips, saying so,
+// where NVRTC is not installed. The check is the core's (core/kernels/kernelcheck).
+func TestCompile(t *testing.T) {
+	files := kernelFiles(t)
 	for _, f := range files {
-		src, _ := Sources.ReadFile(f)
-		in := filepath.Join(inc, f)
-		if err := os.WriteFile(in, src, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		out, err := exec.Command(cc, "-x", "cuda", "--cuda-gpu-arch=sm_90", "--cuda-device-only", "-nocudainc", "-nocudalib",
-			"-Xclang", "-target-feature", "-Xclang", "+ptx78", "-O3", "-S", "-Werror", "-I", inc, "-o", in+".ptx", in).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: clang-16: %v\n%s", f, err, out)
-		}
-		ptx, _ := os.ReadFile(in + ".ptx")
-		if !strings.Contains(string(ptx), ".entry") {
-			t.Fatalf("%s: clang-16 produced no kernel entry", f)
+		// What is checked is what LoadAddRMSNorm and friends compile.
+		want, _ := Source(f)
+		if got, err := kernelcheck.Load(Sources, f, checkOptions().Includes); err != nil || got != want {
+			t.Fatalf("%s: the checked source differs from Source (%v)", f, err)
 		}
 	}
+	kernelcheck.TestNVRTC(t, Sources, files, checkOptions())
+}
+
+// TestCompileClang compiles every kernel a second way, with clang-16 and no CUDA headers,
+// when clang-16 is installed.
+func TestCompileClang(t *testing.T) {
+	kernelcheck.TestClang(t, Sources, kernelFiles(t), checkOptions())
 }
 
 // TestParity runs each kernel on GPU 0 against its reference. It runs only with
