@@ -4,7 +4,7 @@
 // stack and shared memory. The core's kernels, every generated runtime's kernels and
 // scripts/check-kernels.sh all check through it, so that a fix reaches each of them.
 //
-// NVRTC and Check the library functions; TestNVRTC and TestClang wrap them for go test,
+// NVRTC and Clang are the library functions; TestNVRTC and TestClang wrap them for go test,
 // skipping with a clear message where a compiler is not installed.
 package kernelcheck
 
