@@ -215,6 +215,21 @@ func (f *fuzzer) step() {
 	}
 }
 
+// runScript plays data as a script of pool operations on a fresh fuzz pool of 32 slabs of
+// 48 bytes, tight enough that the pool evicts and refuses.
+func runScript(t *testing.T, data []byte) *fuzzer {
+	arena, _ := NewHostArena(48 * 32)
+	p, err := New(Config{Groups: fuzzGroups, SlabBytes: 48}, arena)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fz := &fuzzer{t: t, p: p, data: data}
+	for len(fz.data) > 0 {
+		fz.step()
+	}
+	return fz
+}
+
 func FuzzPool(f *testing.F) {
 	f.Add([]byte{0, 1, 10, 0, 1, 1, 8, 1, 0, 2, 3, 0, 4, 0, 0, 1, 10, 0, 1, 1, 8})
 	f.Add([]byte("open reserve commit free reopen and hit the prefix again and again"))
@@ -228,15 +243,8 @@ func FuzzPool(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		arena, _ := NewHostArena(48 * 32) // 32 slabs of 48 bytes: tight enough to evict and refuse
-		p, err := New(Config{Groups: fuzzGroups, SlabBytes: 48}, arena)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fz := &fuzzer{t: t, p: p, data: data}
-		for len(fz.data) > 0 {
-			fz.step()
-		}
+		fz := runScript(t, data)
+		p := fz.p
 		for _, s := range fz.seqs {
 			if err := p.Free(s.id); err != nil {
 				t.Fatal(err)
@@ -261,16 +269,7 @@ func TestFuzzerReachesHitsAndEvictions(t *testing.T) {
 		x = x*6364136223846793005 + 1442695040888963407
 		data[i] = byte(x >> 56)
 	}
-	arena, _ := NewHostArena(48 * 32)
-	p, err := New(Config{Groups: fuzzGroups, SlabBytes: 48}, arena)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fz := &fuzzer{t: t, p: p, data: data}
-	for len(fz.data) > 0 {
-		fz.step()
-	}
-	st := p.Stats()
+	st := runScript(t, data).p.Stats()
 	if st.PrefixHitTokens == 0 || st.Evictions == 0 {
 		t.Fatalf("the script reached no prefix hit or no eviction: %+v", st)
 	}
