@@ -25,11 +25,7 @@ func BenchCmd(l Loader) *cobra.Command {
 			if requests <= 0 || promptLen <= 0 || genLen <= 0 || concurrency <= 0 {
 				return errors.New("bench: --requests, --prompt-len, --gen-len and --concurrency must be positive")
 			}
-			cfg, err := ef.Config()
-			if err != nil {
-				return err
-			}
-			rt, err := l.Load(cmd.ErrOrStderr())
+			rt, cfg, err := load(cmd, l, &ef)
 			if err != nil {
 				return err
 			}

@@ -48,6 +48,16 @@ type Engine struct {
 	err    error
 }
 
+// load reads the engine flags and loads the model the loader's flags name.
+func load(cmd *cobra.Command, l Loader, ef *EngineFlags) (*Runtime, engine.Config, error) {
+	cfg, err := ef.Config()
+	if err != nil {
+		return nil, cfg, err
+	}
+	rt, err := l.Load(cmd.ErrOrStderr())
+	return rt, cfg, err
+}
+
 // Start builds the engine of rt (cfg.Pool is rt.Pool) and starts its loop.
 func Start(rt *Runtime, cfg engine.Config) (*Engine, error) {
 	cfg.Pool = rt.Pool

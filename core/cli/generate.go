@@ -64,11 +64,7 @@ func GenerateCmd(l Loader) *cobra.Command {
 				s := uint64(seed)
 				p.Seed = &s
 			}
-			cfg, err := ef.Config()
-			if err != nil {
-				return err
-			}
-			rt, err := l.Load(cmd.ErrOrStderr())
+			rt, cfg, err := load(cmd, l, &ef)
 			if err != nil {
 				return err
 			}

@@ -36,11 +36,7 @@ func ServeCmd(l Loader) *cobra.Command {
 			if addr == "" {
 				addr = net.JoinHostPort(host, strconv.Itoa(port))
 			}
-			cfg, err := ef.Config()
-			if err != nil {
-				return err
-			}
-			rt, err := l.Load(cmd.ErrOrStderr())
+			rt, cfg, err := load(cmd, l, &ef)
 			if err != nil {
 				return err
 			}
