@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 )
 
@@ -126,13 +127,23 @@ func parse(r io.ReaderAt, size int64) (*File, error) {
 			return nil, fmt.Errorf("%w: tensor %q has data_offsets %v outside the %d-byte data section", ErrFormat, name, e.DataOffsets, dataLen)
 		}
 		t := TensorInfo{Name: name, DType: dt, Shape: e.Shape, Offset: e.DataOffsets[0], Size: e.DataOffsets[1] - e.DataOffsets[0]}
+		// The byte count is built dimension by dimension so that a huge shape cannot wrap
+		// around to the size the offsets give (and later make a negative-length slice).
+		need := int64(dt.Size())
+		if slices.Contains(e.Shape, 0) {
+			need = 0
+		}
 		for _, d := range e.Shape {
 			if d < 0 {
 				return nil, fmt.Errorf("%w: tensor %q has negative dimension in %v", ErrFormat, name, e.Shape)
 			}
+			if need > 0 && need > dataLen/int64(d) {
+				return nil, fmt.Errorf("%w: tensor %q: shape %v of %s is larger than the %d-byte data section", ErrFormat, name, e.Shape, dt, dataLen)
+			}
+			need *= int64(d)
 		}
-		if int64(t.Elements())*int64(dt.Size()) != t.Size {
-			return nil, fmt.Errorf("%w: tensor %q: shape %v of %s needs %d bytes, offsets give %d", ErrFormat, name, e.Shape, dt, int64(t.Elements())*int64(dt.Size()), t.Size)
+		if need != t.Size {
+			return nil, fmt.Errorf("%w: tensor %q: shape %v of %s needs %d bytes, offsets give %d", ErrFormat, name, e.Shape, dt, need, t.Size)
 		}
 		sf.tensors[name] = t
 		sf.names = append(sf.names, name)

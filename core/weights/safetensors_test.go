@@ -124,6 +124,10 @@ func TestMalformed(t *testing.T) {
 		"overlap":        append(header(`{"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"y":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}`), 0, 0, 0),
 		"negative shape": append(header(`{"x":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}}`), 0),
 		"bad metadata":   header(`{"__metadata__":{"a":1}}`),
+		// 2^62·2 elements wrap to -2^63, and -2^63·4 bytes wrap to 0: a naive product
+		// matches the empty data_offsets, and reading the tensor would panic in make.
+		"elements overflow": header(`{"x":{"dtype":"F32","shape":[4611686018427387904,2],"data_offsets":[0,0]}}`),
+		"elements wrap":     header(`{"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}}`),
 	}
 	binary.LittleEndian.PutUint64(cases["huge header"], 1<<40)
 	for name, img := range cases {
