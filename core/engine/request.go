@@ -184,7 +184,7 @@ func (r *Request) validate(info *RunnerInfo) (int, error) {
 	if maxTokens == 0 {
 		maxTokens = info.MaxContext - len(r.Prompt)
 	}
-	if len(r.Prompt)+maxTokens > info.MaxContext {
+	if maxTokens > info.MaxContext-len(r.Prompt) { // not len+max: a huge max would wrap
 		return 0, fmt.Errorf("%w: %d prompt tokens + %d max tokens > %d", ErrContextTooLong, len(r.Prompt), maxTokens, info.MaxContext)
 	}
 	return maxTokens, nil

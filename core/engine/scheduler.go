@@ -239,7 +239,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 		// whole context when max tokens was left open.
 		handle: s.handles, tokens: append(make([]int32, 0, len(req.Prompt)+min(maxTokens, 2048)), req.Prompt...),
 		promptLen: len(req.Prompt), end: len(req.Prompt) + maxTokens, logprobs: -1,
-		temp: sp.Temperature, topP: sp.TopP, topK: int32(sp.TopK), minP: sp.MinP, seed: sp.Seed,
+		temp: sp.Temperature, topP: sp.TopP, topK: topK(sp.TopK, s.info.VocabSize), minP: sp.MinP, seed: sp.Seed,
 		out: out, id: req.ID, order: s.handles, priority: req.Priority, arrival: req.Arrival,
 		ignoreEOS: sp.IgnoreEOS, stopIDs: slices.Clone(sp.StopTokenIDs),
 	}
@@ -258,6 +258,15 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	s.byID[req.ID] = r
 	s.enqueue(r, false)
 	return nil
+}
+
+// topK is k as the plan carries it: a k that keeps the whole vocabulary is off (0), so
+// that one beyond int32 cannot wrap negative and fail the plan, and every step with it.
+func topK(k, vocab int) int32 {
+	if k >= vocab {
+		return 0
+	}
+	return int32(k)
 }
 
 func (s *Scheduler) enqueue(r *request, preempted bool) {

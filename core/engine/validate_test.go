@@ -1,0 +1,48 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+)
+
+// A max_tokens so large that prompt + max tokens overflows int must be refused as too
+// long, not wrap around to a negative end and stop after one token.
+func TestHugeMaxTokensIsContextTooLong(t *testing.T) {
+	h := start(t, enginetest.Config{}, engine.Config{})
+	for _, n := range []int{math.MaxInt, math.MaxInt - 2} {
+		_, err := h.e.Submit(context.Background(), engine.Request{Prompt: prompt(1, 3), Sampling: engine.SamplingParams{MaxTokens: n}})
+		if !errors.Is(err, engine.ErrContextTooLong) {
+			t.Errorf("max tokens %d: Submit error %v, want ErrContextTooLong", n, err)
+		}
+	}
+}
+
+// A top-k beyond int32 (or beyond the vocabulary) keeps every token, as top-k = vocabulary
+// does; it must neither be refused by the plan check nor fail the other requests of the
+// step.
+func TestHugeTopKIsOff(t *testing.T) {
+	h := start(t, enginetest.Config{}, engine.Config{})
+	ctx := context.Background()
+	big, err := h.e.Submit(ctx, engine.Request{Prompt: prompt(1, 5), Sampling: engine.SamplingParams{MaxTokens: 4, TopK: 1<<31 + 5, Temperature: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := h.e.Submit(ctx, engine.Request{Prompt: prompt(2, 5), Sampling: engine.SamplingParams{MaxTokens: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, st := range map[string]*engine.Stream{"huge top-k": big, "neighbour": other} {
+		toks, ev, err := st.Collect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Finish != engine.FinishLength || len(toks) != 4 {
+			t.Errorf("%s: finish %v (%v) after %d tokens, want length after 4", name, ev.Finish, ev.Err, len(toks))
+		}
+	}
+}
