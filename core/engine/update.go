@@ -189,14 +189,18 @@ func (u *stepUpdate) done() {
 }
 
 // commit registers r's full computed blocks in the prefix cache; on failure it finishes
-// r and reports false.
+// r and reports false. Only tokens already in r.tokens count: accepted drafts are
+// computed before Update appends them, and a block keyed by what lies beyond the slice's
+// length would serve wrong entries to a prompt that holds those bytes (the block is
+// committed on a later step instead).
 func (s *Scheduler) commit(r *request) bool {
 	r.tablesGen = 0
-	if err := s.pool.Commit(r.seq, r.tokens[:r.computed]); err != nil {
+	n := min(r.computed, len(r.tokens))
+	if err := s.pool.Commit(r.seq, r.tokens[:n]); err != nil {
 		s.finish(r, FinishError, fmt.Errorf("%w: commit %q: %w", ErrCache, r.id, err))
 		return false
 	}
-	r.committed = r.computed - r.computed%s.bt
+	r.committed = n - n%s.bt
 	return true
 }
 
