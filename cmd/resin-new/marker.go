@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"go/format"
+	"go/parser"
+	"go/token"
+	"strconv"
 	"strings"
 )
 
@@ -49,6 +52,9 @@ func insertAtMarker(src []byte, marker, line string) ([]byte, bool, error) {
 
 // registerModel adds a model's import and registry entry to models/registry.go's source.
 func registerModel(src []byte, a *Answers) ([]byte, bool, error) {
+	if err := checkImportName(src, a.Package, a.Import); err != nil {
+		return nil, false, fmt.Errorf("models/registry.go: %w", err)
+	}
 	imp := fmt.Sprintf("%q", a.Import)
 	if a.Package != lastElem(a.Import) {
 		imp = a.Package + " " + imp
@@ -70,6 +76,30 @@ func registerModel(src []byte, a *Answers) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("models/registry.go after insertion: %w", err)
 	}
 	return formatted, true, nil
+}
+
+// checkImportName reports an import of src, other than path itself, that already takes
+// the name pkg: adding the model's import would leave a registry that does not compile
+// (a model called engine, or tinyone next to tiny-one).
+func checkImportName(src []byte, pkg, path string) error {
+	f, err := parser.ParseFile(token.NewFileSet(), "registry.go", src, parser.ImportsOnly)
+	if err != nil {
+		return err
+	}
+	for _, is := range f.Imports {
+		p, err := strconv.Unquote(is.Path.Value)
+		if err != nil || p == path {
+			continue
+		}
+		name := lastElem(p)
+		if is.Name != nil {
+			name = is.Name.Name
+		}
+		if name == pkg {
+			return fmt.Errorf("package name %q is already taken by the import of %s; choose another model name", pkg, p)
+		}
+	}
+	return nil
 }
 
 func lastElem(p string) string {

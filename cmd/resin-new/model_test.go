@@ -169,3 +169,38 @@ func TestGeneratedRuntimeBuildsAndTests(t *testing.T) {
 		}
 	}
 }
+
+// TestInTreeNameCollidingWithRegistryImport checks that a model whose package name is
+// already taken by another import of models/registry.go (core/engine, or a model whose
+// name differs only by hyphens) is refused before anything is written: inserting its
+// import would leave a registry that no longer compiles.
+func TestInTreeNameCollidingWithRegistryImport(t *testing.T) {
+	core := coreDir(t)
+	fake := t.TempDir()
+	gomod, _ := os.ReadFile(filepath.Join(core, "go.mod"))
+	reg, err := os.ReadFile(filepath.Join(core, "models", "registry.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(fake, "go.mod"), gomod, 0o644)
+	os.MkdirAll(filepath.Join(fake, "models"), 0o755)
+	regPath := filepath.Join(fake, "models", "registry.go")
+	os.WriteFile(regPath, reg, 0o644)
+
+	if out, err := runCLI(t, templates.FS, "model", "tiny-one", "--in-tree", "--core", fake); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	before, _ := os.ReadFile(regPath)
+	for _, name := range []string{"engine", "kvslab", "strings", "tinyone"} {
+		_, err := runCLI(t, templates.FS, "model", name, "--in-tree", "--core", fake)
+		if err == nil || !strings.Contains(err.Error(), "models/registry.go") {
+			t.Errorf("%s: err = %v, want a collision with an import of models/registry.go", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(fake, "models", name)); !os.IsNotExist(err) {
+			t.Errorf("%s: files written despite the error", name)
+		}
+		if after, _ := os.ReadFile(regPath); string(after) != string(before) {
+			t.Errorf("%s: registry changed despite the error:\n%s", name, after)
+		}
+	}
+}
