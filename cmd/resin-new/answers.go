@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -95,8 +96,8 @@ func (m *ModelAnswer) validate() error {
 	if m.HeadDim%2 != 0 {
 		return fmt.Errorf("model.head_dim %d must be even (rotary embeddings rotate pairs)", m.HeadDim)
 	}
-	if m.RMSNormEps <= 0 || m.RopeTheta <= 0 {
-		return fmt.Errorf("model.rms_norm_eps and model.rope_theta must be positive")
+	if !(m.RMSNormEps > 0) || !(m.RopeTheta > 0) || math.IsInf(m.RMSNormEps, 0) || math.IsInf(m.RopeTheta, 0) {
+		return fmt.Errorf("model.rms_norm_eps %g and model.rope_theta %g must be positive and finite", m.RMSNormEps, m.RopeTheta)
 	}
 	if m.SlidingWindow < 0 {
 		return fmt.Errorf("model.sliding_window must not be negative")

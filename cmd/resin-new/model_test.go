@@ -31,6 +31,9 @@ func TestBadInput(t *testing.T) {
 		{"bad set value", []string{"model", "demo", "--set", "hidden_size=big"}, "not an integer"},
 		{"bad gqa", []string{"model", "demo", "--set", "num_key_value_heads=3"}, "multiple of"},
 		{"bad dtype", []string{"model", "demo", "--set", "dtype=int4"}, "want bf16"},
+		// NaN and Inf pass a "<= 0" check, and config.json would get a token JSON lacks.
+		{"nan theta", []string{"model", "demo", "--set", "rope_theta=NaN"}, "finite"},
+		{"inf eps", []string{"model", "demo", "--set", "rms_norm_eps=+Inf"}, "finite"},
 		{"no target", []string{"model", "demo"}, "--out DIR"},
 	}
 	for _, c := range cases {
