@@ -281,6 +281,13 @@ func TestConfigMapping(t *testing.T) {
 		{map[string]any{"mlp_bias": true}, "mlp_bias"},
 		{map[string]any{"hidden_act": "gelu"}, "gelu"},
 		{map[string]any{"use_sliding_window": true}, "use_sliding_window"},
+		// transformers refuses rope_scaling without its required keys; zeros here would
+		// silently turn llama3 scaling off or make every frequency infinite.
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8}}, "low_freq_factor"},
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "llama3", "factor": 8, "low_freq_factor": 4,
+			"high_freq_factor": 1, "original_max_position_embeddings": 8192}}, "high_freq_factor"},
+		{map[string]any{"rope_scaling": map[string]any{"type": "linear"}}, "factor"},
+		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 4}}, "yarn"},
 	} {
 		if _, err := ParseConfig(variant(c.edits)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want one naming %s", c.edits, err, c.want)

@@ -54,6 +54,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	if c.HiddenAct != "silu" {
 		return nil, fmt.Errorf("config: hidden_act %q is not implemented (SwiGLU uses silu)", c.HiddenAct)
 	}
+	if _, err := c.RopeTable(1); err != nil { // refuse bad or unknown rope_scaling now, not at load
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -82,10 +85,18 @@ func (c *Config) RopeTable(maxPos int) (*ref.RopeTable, error) {
 	switch rs.Kind() {
 	case "default":
 	case "linear":
+		if !(rs.Factor > 0) {
+			return nil, fmt.Errorf("config: rope_scaling linear needs a positive factor, got %g", rs.Factor)
+		}
 		for i := range inv {
 			inv[i] /= rs.Factor
 		}
 	case "llama3":
+		// transformers requires all four keys; a missing one must not read as 0.
+		if !(rs.Factor > 0) || !(rs.LowFreqFactor > 0) || !(rs.HighFreqFactor > rs.LowFreqFactor) || rs.OriginalMaxPositionEmbeddings <= 0 {
+			return nil, fmt.Errorf("config: rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0, got %g, %g, %g, %d",
+				rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPositionEmbeddings)
+		}
 		old := float64(rs.OriginalMaxPositionEmbeddings)
 		lowWave, highWave := old/rs.LowFreqFactor, old/rs.HighFreqFactor
 		for i, f := range inv {
