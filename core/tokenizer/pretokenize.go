@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
 )
@@ -184,7 +185,8 @@ func (p digitsSplit) split(dst, pieces []string) ([]string, error) {
 	for _, s := range pieces {
 		var spans []span
 		for i, r := range s {
-			end := i + len(string(r))
+			_, size := utf8.DecodeRuneInString(s[i:]) // 1 for a bad byte, not len("\uFFFD")
+			end := i + size
 			d := unicode.IsNumber(r)
 			if n := len(spans); n > 0 && spans[n-1].delim == d && (!d || !p.individual) {
 				spans[n-1].end = end

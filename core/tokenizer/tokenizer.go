@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
+	"unicode/utf8"
 )
 
 // Tokenizer encodes text to token ids and decodes them back, as described by one
@@ -128,7 +130,12 @@ func (t *Tokenizer) AddedTokens() []AddedToken { return t.added }
 
 // Encode turns text into token ids. Added and special tokens written in the text are
 // recognized; addSpecial runs the post-processor (for example to prepend a BOS token).
+// Each run of bytes that is not valid UTF-8 is encoded as one U+FFFD.
 func (t *Tokenizer) Encode(text string, addSpecial bool) ([]int32, error) {
+	if !utf8.ValidString(text) {
+		// The regexes see runes, so their byte offsets into invalid text would be wrong.
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
 	ids := make([]int32, 0, len(text)/3+4)
 	var pieces []string
 	for _, seg := range t.matcher.split(nil, text) {
