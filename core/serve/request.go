@@ -71,7 +71,9 @@ func decodeBody(r io.Reader, v any) error {
 		case errors.As(err, &mb):
 			return tooLarge(mb.Limit)
 		case errors.As(err, &te):
-			return invalid(te.Field, "Invalid type for %q: expected %s.", te.Field, te.Type)
+			// The path runs through the embedded commonParams; clients know the JSON name.
+			field := strings.TrimPrefix(te.Field, "commonParams.")
+			return invalid(field, "Invalid type for %q: expected %s.", field, te.Type)
 		case errors.Is(err, io.EOF):
 			return invalid("", "The request body is empty; send a JSON object.")
 		}

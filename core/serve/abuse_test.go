@@ -1,0 +1,39 @@
+package serve
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// Numbers at the edges of what JSON can carry get a clear answer, not a wrapped value.
+func TestHugeNumbers(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	code, raw := h.post("/v1/completions", []byte(`{"prompt":"hi","max_tokens":9223372036854775807}`))
+	var e errorResp
+	if err := json.Unmarshal(raw, &e); err != nil || code != 400 || e.Error.Code == nil || *e.Error.Code != "context_length_exceeded" {
+		t.Errorf("max_tokens MaxInt64: status %d %s, want 400 context_length_exceeded", code, raw)
+	}
+	// top_k beyond int32 keeps the whole vocabulary (as vLLM treats any k >= vocab).
+	var out completionOut
+	h.postJSON("/v1/completions", []byte(`{"prompt":"hi","max_tokens":3,"top_k":2147483648}`), 200, &out)
+	if f := out.Choices[0].FinishReason; f == nil || *f != "length" || out.Usage.CompletionTokens != 3 {
+		t.Errorf("top_k 2^31: %+v", out)
+	}
+}
+
+// A field of the wrong type is named as the client wrote it.
+func TestTypeErrorNamesTheField(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	for body, want := range map[string]string{
+		`{"prompt":"x","max_tokens":"many"}`:                  "max_tokens",
+		`{"prompt":"x","temperature":"hot"}`:                  "temperature",
+		`{"prompt":"x","stream_options":{"include_usage":3}}`: "stream_options.include_usage",
+		`{"prompt":"x","logprobs":"yes"}`:                     "logprobs",
+	} {
+		_, raw := h.post("/v1/completions", []byte(body))
+		var e errorResp
+		if err := json.Unmarshal(raw, &e); err != nil || e.Error.Param == nil || *e.Error.Param != want {
+			t.Errorf("%s: %s, want param %q", body, raw, want)
+		}
+	}
+}
