@@ -68,3 +68,21 @@ func TestParseConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(llama3))
+	f.Add([]byte(qwen2))
+	f.Add([]byte(`{"vocab_size":8,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"rope_parameters":{"rope_type":"default","rope_theta":1e6}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := ParseConfig(b)
+		if err != nil {
+			if !errors.Is(err, ErrFormat) {
+				t.Fatalf("error %v does not match ErrFormat", err)
+			}
+			return
+		}
+		if c.NumAttentionHeads%c.NumKeyValueHeads != 0 || c.HeadDim <= 0 || c.HeadDim%2 != 0 {
+			t.Fatalf("accepted inconsistent dimensions: %+v", c)
+		}
+	})
+}
