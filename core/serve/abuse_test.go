@@ -37,3 +37,32 @@ func TestTypeErrorNamesTheField(t *testing.T) {
 		}
 	}
 }
+
+// A stop string ends the request early, but the usage still reports the prompt tokens
+// served from the prefix cache, as it does without a stop string.
+func TestStopStringUsageKeepsCachedTokens(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	ids := make([]int32, 40)
+	for i := range ids {
+		ids[i] = int32(100 + i)
+	}
+	_, full := h.reference(ids, 60)
+	runes := []rune(full)
+	stop := string(runes[len(runes)/2 : len(runes)/2+2])
+	body := map[string]any{"prompt": ids, "max_tokens": 60, "temperature": 0}
+	var plain completionOut
+	h.postJSON("/v1/completions", body, 200, &plain) // fills the prefix cache
+	h.postJSON("/v1/completions", body, 200, &plain)
+	if plain.Usage.PromptTokensDetails == nil || plain.Usage.PromptTokensDetails.CachedTokens == 0 {
+		t.Fatalf("no cached tokens reported for a repeated prompt: %+v", plain.Usage)
+	}
+	body["stop"] = stop
+	var stopped completionOut
+	h.postJSON("/v1/completions", body, 200, &stopped)
+	if f := stopped.Choices[0].FinishReason; f == nil || *f != "stop" {
+		t.Fatalf("stop %q did not stop: %+v", stop, stopped)
+	}
+	if stopped.Usage.PromptTokensDetails == nil || *stopped.Usage.PromptTokensDetails != *plain.Usage.PromptTokensDetails {
+		t.Errorf("usage with a stop string %+v, without %+v: cached tokens differ", stopped.Usage, plain.Usage)
+	}
+}
