@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/weights"
@@ -47,6 +48,11 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 	if c.UseSlidingWindow {
 		return nil, fmt.Errorf("config: use_sliding_window (per-layer windows) is not implemented by this model")
+	}
+	if v, ok := c.Raw["partial_rotary_factor"]; ok && string(v) != "null" {
+		if f, err := strconv.ParseFloat(string(v), 64); err != nil || f != 1 {
+			return nil, fmt.Errorf("config: partial_rotary_factor %s (rotating part of each head) is not implemented by this model", v)
+		}
 	}
 	if c.MLPBias {
 		return nil, fmt.Errorf("config: mlp_bias (biases on gate/up/down) is not implemented by this model")

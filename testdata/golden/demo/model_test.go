@@ -288,6 +288,7 @@ func TestConfigMapping(t *testing.T) {
 			"high_freq_factor": 1, "original_max_position_embeddings": 8192}}, "high_freq_factor"},
 		{map[string]any{"rope_scaling": map[string]any{"type": "linear"}}, "factor"},
 		{map[string]any{"rope_scaling": map[string]any{"rope_type": "yarn", "factor": 4}}, "yarn"},
+		{map[string]any{"partial_rotary_factor": 0.5}, "partial_rotary_factor"},
 	} {
 		if _, err := ParseConfig(variant(c.edits)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want one naming %s", c.edits, err, c.want)
