@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/resin-llm/resin/core/weights"
@@ -414,6 +415,17 @@ func modelFromHF(c *weights.Config) (ModelAnswer, error) {
 	}
 	if k := c.RopeScaling.Kind(); k != "default" && k != "linear" && k != "llama3" {
 		return m, fmt.Errorf("rope_scaling type %q: the dense base implements default, linear and llama3", k)
+	}
+	// What the scaffold's ParseConfig refuses is refused here too, before anything is written.
+	if rs := c.RopeScaling; rs.Kind() == "linear" && !(rs.Factor > 0) {
+		return m, fmt.Errorf("rope_scaling linear needs a positive factor, got %g", rs.Factor)
+	} else if rs.Kind() == "llama3" && (!(rs.Factor > 0) || !(rs.LowFreqFactor > 0) || !(rs.HighFreqFactor > rs.LowFreqFactor) || rs.OriginalMaxPositionEmbeddings <= 0) {
+		return m, fmt.Errorf("rope_scaling llama3 needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0")
+	}
+	if v, ok := c.Raw["partial_rotary_factor"]; ok && string(v) != "null" {
+		if f, err := strconv.ParseFloat(string(v), 64); err != nil || f != 1 {
+			return m, fmt.Errorf("partial_rotary_factor %s: the dense base rotates every head dimension", v)
+		}
 	}
 	if len(c.BOSTokenID) > 0 {
 		m.BOSTokenID = int(c.BOSTokenID[0])

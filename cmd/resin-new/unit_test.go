@@ -168,6 +168,9 @@ func TestModelFromHF(t *testing.T) {
 		"mlp bias":      `{"model_type":"llama",` + dims + `,"mlp_bias":true}`,
 		"yarn":          `{"model_type":"llama",` + dims + `,"rope_scaling":{"rope_type":"yarn","factor":4}}`,
 		"qwen2 windows": `{"model_type":"qwen2",` + dims + `,"use_sliding_window":true}`,
+		// Both load only to be refused by the scaffold's own ParseConfig.
+		"partial rotary": `{"model_type":"llama",` + dims + `,"partial_rotary_factor":0.5}`,
+		"llama3 keys":    `{"model_type":"llama",` + dims + `,"rope_scaling":{"rope_type":"llama3","factor":8}}`,
 	} {
 		if _, err := modelFromHF(parse(js)); err == nil {
 			t.Errorf("%s: accepted", name)
