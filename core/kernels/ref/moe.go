@@ -53,6 +53,9 @@ func MoETopK(weights []float32, ids []int32, logits []float32, tokens, experts i
 	if r.TopK <= 0 || r.TopK > experts {
 		return fmt.Errorf("ref.%s: top-k %d outside [1, %d experts]", op, r.TopK, experts)
 	}
+	if r.Scoring != ScoreSoftmax && r.Scoring != ScoreSigmoid {
+		return fmt.Errorf("ref.%s: unknown scoring %d", op, r.Scoring)
+	}
 	if r.Bias != nil && len(r.Bias) != experts {
 		return fmt.Errorf("ref.%s: bias has %d entries for %d experts", op, len(r.Bias), experts)
 	}

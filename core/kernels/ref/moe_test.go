@@ -54,6 +54,7 @@ func TestMoETopKSigmoidBiasGroups(t *testing.T) {
 		"topk big":   {TopK: 7},
 		"bias len":   {TopK: 1, Bias: []float32{1}},
 		"bad groups": {TopK: 1, Groups: 4, GroupTopK: 1},
+		"scoring":    {TopK: 1, Scoring: 2}, // not silently a sigmoid (the CUDA launcher refuses it too)
 	} {
 		if err := MoETopK(w, ids, logits, 1, 6, r); err == nil {
 			t.Errorf("%s: no error", name)
