@@ -207,3 +207,38 @@ func TestInTreeNameCollidingWithRegistryImport(t *testing.T) {
 		}
 	}
 }
+
+// TestGeneratedVariantsPassTheirTests scaffolds runtimes whose answers change config.json
+// (q/k norm, biases, a tied head, a sliding window, one kv head) and runs their model
+// tests offline: every answer --set accepts must give a runtime that passes its own tests.
+func TestGeneratedVariantsPassTheirTests(t *testing.T) {
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", "-mod=mod")
+	if testing.Short() {
+		t.Skip("builds and tests generated runtimes")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go tool on PATH")
+	}
+	for name, sets := range map[string][]string{
+		"llama-qknorm-bias-tied": {"qk_norm=true", "attention_bias=true", "tie_word_embeddings=true"},
+		"mistral-window-mqa":     {"model_type=mistral", "architecture=MistralForCausalLM", "sliding_window=8", "num_key_value_heads=1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "v")
+			args := []string{"model", "variant", "--out", dir}
+			for _, s := range sets {
+				args = append(args, "--set", s)
+			}
+			if out, err := runCLI(t, templates.FS, args...); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			cmd := exec.Command("go", "test", "-count=1", ".")
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "GOWORK=off")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("go test in a runtime scaffolded with %v: %v\n%s", sets, err, out)
+			}
+		})
+	}
+}

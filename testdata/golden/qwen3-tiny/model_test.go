@@ -248,6 +248,7 @@ func TestConfigMapping(t *testing.T) {
 		if err := json.Unmarshal(data, &m); err != nil {
 			t.Fatal(err)
 		}
+		delete(m, "qk_norm") // the scaffold's own answer; each case says what it expects
 		for k, v := range edits {
 			m[k] = v
 		}
@@ -264,6 +265,7 @@ func TestConfigMapping(t *testing.T) {
 		{edits: map[string]any{"model_type": "qwen2", "attention_bias": false}, qkvBias: true},
 		{edits: map[string]any{"model_type": "qwen3", "attention_bias": false}, qkNorm: true},
 		{edits: map[string]any{"model_type": "mistral", "sliding_window": 7}, window: 7},
+		{edits: map[string]any{"model_type": "llama", "attention_bias": false, "qk_norm": true}, qkNorm: true},
 	} {
 		got, err := ParseConfig(variant(c.edits))
 		if err != nil {
