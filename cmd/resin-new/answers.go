@@ -102,6 +102,9 @@ func (m *ModelAnswer) validate() error {
 	if m.SlidingWindow < 0 {
 		return fmt.Errorf("model.sliding_window must not be negative")
 	}
+	if m.SlidingWindow > 0 && m.ModelType != "mistral" {
+		return fmt.Errorf("model.sliding_window %d: the dense base applies a window to model_type mistral only (model_type is %q)", m.SlidingWindow, m.ModelType)
+	}
 	if m.BOSTokenID < 0 || m.BOSTokenID >= m.VocabSize || m.EOSTokenID < 0 || m.EOSTokenID >= m.VocabSize {
 		return fmt.Errorf("model.bos_token_id %d and model.eos_token_id %d must lie in [0, vocab_size %d)", m.BOSTokenID, m.EOSTokenID, m.VocabSize)
 	}

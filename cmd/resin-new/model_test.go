@@ -34,6 +34,8 @@ func TestBadInput(t *testing.T) {
 		// NaN and Inf pass a "<= 0" check, and config.json would get a token JSON lacks.
 		{"nan theta", []string{"model", "demo", "--set", "rope_theta=NaN"}, "finite"},
 		{"inf eps", []string{"model", "demo", "--set", "rms_norm_eps=+Inf"}, "finite"},
+		// The dense base reads sliding_window for mistral only; elsewhere it was ignored.
+		{"window on llama", []string{"model", "demo", "--set", "sliding_window=8"}, "mistral"},
 		{"no target", []string{"model", "demo"}, "--out DIR"},
 	}
 	for _, c := range cases {
