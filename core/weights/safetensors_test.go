@@ -138,6 +138,10 @@ func TestMalformed(t *testing.T) {
 	if _, err := Encode([]Tensor{{Name: "x", DType: F32, Shape: []int{2}, Data: make([]byte, 4)}}, nil); !errors.Is(err, ErrShape) {
 		t.Errorf("Encode with short data: err = %v", err)
 	}
+	// Two negative dimensions multiply to a plausible count; the file would not read back.
+	if _, err := Encode([]Tensor{{Name: "x", DType: F32, Shape: []int{-1, -1}, Data: make([]byte, 4)}}, nil); !errors.Is(err, ErrShape) {
+		t.Errorf("Encode with negative dimensions: err = %v", err)
+	}
 	if _, err := NewTensor("x", I8, []int{1}, []float32{1}); !errors.Is(err, ErrDType) {
 		t.Errorf("NewTensor I8: err = %v", err)
 	}

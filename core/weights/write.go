@@ -53,6 +53,11 @@ func Encode(tensors []Tensor, metadata map[string]string) ([]byte, error) {
 		if t.DType.Size() == 0 {
 			return nil, fmt.Errorf("%w: tensor %q has unknown dtype %q", ErrFormat, t.Name, t.DType)
 		}
+		for _, d := range t.Shape {
+			if d < 0 {
+				return nil, fmt.Errorf("tensor %q: %w: negative dimension in %v", t.Name, ErrShape, t.Shape)
+			}
+		}
 		info := TensorInfo{Shape: t.Shape}
 		if want := int64(info.Elements()) * int64(t.DType.Size()); want != int64(len(t.Data)) {
 			return nil, fmt.Errorf("tensor %q: %w: shape %v of %s needs %d bytes, got %d", t.Name, ErrShape, t.Shape, t.DType, want, len(t.Data))
