@@ -46,6 +46,9 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
+// maxIDGap is how many ids a tokenizer.json may leave unused below its largest id.
+const maxIDGap = 1 << 20
+
 // Parse builds a tokenizer from the contents of a tokenizer.json file.
 func Parse(data []byte) (*Tokenizer, error) {
 	var spec fileSpec
@@ -77,6 +80,10 @@ func Parse(data []byte) (*Tokenizer, error) {
 			return nil, fmt.Errorf("added token %q has negative id %d: %w", a.Content, a.ID, ErrInvalid)
 		}
 		size = max(size, int(a.ID)+1)
+	}
+	if defined := len(model.vocab) + len(spec.AddedTokens); size > defined+maxIDGap {
+		// The id tables are dense: a stray id of 2e9 would take 34 GB, not give an error.
+		return nil, fmt.Errorf("token id %d is far beyond the %d tokens the file defines: %w", size-1, defined, ErrInvalid)
 	}
 	t.idToToken = make([]string, size)
 	t.special = make([]bool, size)

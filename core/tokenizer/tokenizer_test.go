@@ -112,6 +112,9 @@ func TestParseErrors(t *testing.T) {
 		{"merge without space", `{"model":{"type":"BPE","vocab":{"a":0},"merges":["ab"]}}`, ErrInvalid},
 		{"bad regex", `{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(("},"behavior":"Isolated"}}`, nil},
 		{"metaspace", `{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"Metaspace"}}`, ErrUnsupported},
+		// A stray id must be an error, not a dense id table of 34 GB.
+		{"stray vocab id", `{"model":{"type":"BPE","vocab":{"a":0,"b":2000000000},"merges":[]}}`, ErrInvalid},
+		{"stray added id", `{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"added_tokens":[{"id":2147483647,"content":"<x>","special":true}]}`, ErrInvalid},
 	} {
 		_, err := Parse([]byte(c.json))
 		if err == nil {
