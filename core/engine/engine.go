@@ -28,9 +28,9 @@ const (
 
 // Config sets the engine's limits. Zero values take the defaults noted.
 type Config struct {
-	// MaxBatchTokens is the per-step token budget (default 8192).
+	// MaxBatchTokens is the per-step token budget (default 8192, at most 1<<24).
 	MaxBatchTokens int
-	// MaxSeqs caps the sequences in one step (default 256).
+	// MaxSeqs caps the sequences in one step (default 256, at most 1<<20).
 	MaxSeqs int
 	// MaxQueue caps the waiting requests; Submit beyond it returns ErrQueueFull
 	// (default 0 = no cap).

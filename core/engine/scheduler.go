@@ -113,6 +113,12 @@ type Scheduler struct {
 	stats kvslab.Stats
 }
 
+// maxStepTokens and maxStepSeqs bound Config.MaxBatchTokens and Config.MaxSeqs.
+const (
+	maxStepTokens = 1 << 24
+	maxStepSeqs   = 1 << 20
+)
+
 // NewScheduler builds a scheduler over cfg.Pool for a runner described by info.
 func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	if err := info.validate(); err != nil {
@@ -129,6 +135,11 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	}
 	if cfg.MaxBatchTokens < 1 || cfg.MaxSeqs < 1 || cfg.MaxQueue < 0 {
 		return nil, fmt.Errorf("engine: invalid limits: %d batch tokens, %d sequences, queue %d", cfg.MaxBatchTokens, cfg.MaxSeqs, cfg.MaxQueue)
+	}
+	// Both plans are sized by these up front: a typo must be an error, not a fatal
+	// out-of-memory while allocating them.
+	if cfg.MaxBatchTokens > maxStepTokens || cfg.MaxSeqs > maxStepSeqs {
+		return nil, fmt.Errorf("engine: invalid limits: %d batch tokens (at most %d), %d sequences (at most %d)", cfg.MaxBatchTokens, maxStepTokens, cfg.MaxSeqs, maxStepSeqs)
 	}
 
 	if cfg.Policy > PolicyPriority {

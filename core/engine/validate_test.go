@@ -46,3 +46,18 @@ func TestHugeTopKIsOff(t *testing.T) {
 		}
 	}
 }
+
+// Limits far beyond any step are refused with an error; the plans are sized by them, so
+// taking them would die of out-of-memory.
+func TestHugeLimitsAreRefused(t *testing.T) {
+	r, err := enginetest.New(enginetest.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range []engine.Config{{MaxBatchTokens: 100_000_000_000}, {MaxSeqs: 1_000_000_000}} {
+		cfg.Pool = r.Pool()
+		if _, err := engine.New(r, cfg); err == nil {
+			t.Errorf("%d batch tokens, %d sequences: accepted", cfg.MaxBatchTokens, cfg.MaxSeqs)
+		}
+	}
+}
