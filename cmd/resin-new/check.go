@@ -95,6 +95,8 @@ func runChecklist(w io.Writer, dir string, gpu bool, timeout time.Duration) erro
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		cmd := exec.CommandContext(ctx, "sh", "-c", it.Command)
 		cmd.Dir = dir
+		killGroupOnCancel(cmd)
+		cmd.WaitDelay = 5 * time.Second // children holding the output open must not outlast the timeout
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		start := time.Now()

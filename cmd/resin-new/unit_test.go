@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/resin-llm/resin/core/weights"
 	"github.com/resin-llm/resin/templates"
@@ -88,6 +89,22 @@ not an item `+"`false`"+`
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestChecklistTimeoutStopsTheWholeItem checks that --timeout ends every process an item
+// started, not only its shell: a command's children kept its output open, so check waited
+// for them (and they ran on) long after the limit.
+func TestChecklistTimeoutStopsTheWholeItem(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "CHECKLIST.md"), []byte("# c\n- [ ] **Hangs**: `sh -c 'sleep 2; touch late'; true`\n"), 0o644)
+	out, err := runCLI(t, templates.FS, "check", dir, "--timeout", "200ms")
+	if err == nil || !strings.Contains(out, "FAIL  1. Hangs") {
+		t.Fatalf("err = %v, want the item failed by the timeout\n%s", err, out)
+	}
+	time.Sleep(3 * time.Second) // past the child's sleep: had it survived, it has touched late
+	if _, err := os.Stat(filepath.Join(dir, "late")); err == nil {
+		t.Fatal("a process of the timed-out item ran on after the timeout")
 	}
 }
 
