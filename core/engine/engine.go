@@ -135,11 +135,22 @@ func NewHostPool(groups []kvslab.GroupSpec, bytes int64) (*kvslab.Pool, error) {
 	if bytes == 0 {
 		bytes = 256 << 20
 	}
+	// Check what kvslab.New would refuse before allocating the arena: a budget with more
+	// slabs than page ids address dies of out-of-memory before New can say so.
+	cfg := kvslab.Config{Groups: groups}
+	z, err := kvslab.Size(cfg, bytes, 1)
+	if err != nil {
+		return nil, err
+	}
+	if n := bytes / z.SlabBytes; n > kvslab.MaxSlabs {
+		return nil, fmt.Errorf("%w: a pool of %d bytes is %d slabs of %d bytes, more than the %d a page id can address",
+			kvslab.ErrInvalidSpec, bytes, n, z.SlabBytes, kvslab.MaxSlabs)
+	}
 	arena, err := kvslab.NewHostArena(bytes)
 	if err != nil {
 		return nil, err
 	}
-	return kvslab.New(kvslab.Config{Groups: groups}, arena)
+	return kvslab.New(cfg, arena)
 }
 
 // Pool returns the engine's cache pool. It is not safe for concurrent use: touch it only

@@ -8,6 +8,7 @@ import (
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // A max_tokens so large that prompt + max tokens overflows int must be refused as too
@@ -59,5 +60,17 @@ func TestHugeLimitsAreRefused(t *testing.T) {
 		if _, err := engine.New(r, cfg); err == nil {
 			t.Errorf("%d batch tokens, %d sequences: accepted", cfg.MaxBatchTokens, cfg.MaxSeqs)
 		}
+	}
+}
+
+// A pool budget beyond what page ids address is refused before its arena is allocated
+// (a petabyte would not be).
+func TestHugePoolIsRefused(t *testing.T) {
+	groups := []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 16, PageTokens: 16}}
+	if _, err := engine.NewHostPool(groups, 1<<50); !errors.Is(err, kvslab.ErrInvalidSpec) {
+		t.Errorf("NewHostPool of 1 PiB: %v, want ErrInvalidSpec", err)
+	}
+	if _, err := enginetest.New(enginetest.Config{Pages: 1 << 40}); err == nil {
+		t.Error("enginetest.New with 2^40 pages: no error")
 	}
 }

@@ -115,6 +115,10 @@ func New(cfg Config) (*Runner, error) {
 		slabPages /= 2
 	}
 	slabs := int64(cfg.Pages) / slabPages * int64(len(groups))
+	if slabs > kvslab.MaxSlabs {
+		// kvslab.New would refuse it, but only after the arena was allocated.
+		return nil, fmt.Errorf("enginetest: %d pages are %d slabs, more than the %d a page id can address", cfg.Pages, slabs, kvslab.MaxSlabs)
+	}
 	arena, err := kvslab.NewHostArena(slabs * slabPages * pageBytes)
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: arena: %w", err)
