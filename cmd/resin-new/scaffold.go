@@ -382,7 +382,10 @@ func goModTidy(root string) error {
 // modelFromHF maps an HF config onto the model answers.
 func modelFromHF(c *weights.Config) (ModelAnswer, error) {
 	m := defaultModel()
-	m.Architecture, m.ModelType = c.Architecture(), c.ModelType
+	m.ModelType = c.ModelType
+	if a := c.Architecture(); a != "" {
+		m.Architecture = a
+	}
 	if m.ModelType == "" {
 		m.ModelType = "llama"
 	}

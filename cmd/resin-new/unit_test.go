@@ -176,6 +176,11 @@ func TestModelFromHF(t *testing.T) {
 	if err != nil || !m.AttentionBias || m.EOSTokenID != 5 || m.DType != "f16" || m.HeadDim != 8 {
 		t.Errorf("qwen2: %+v, %v", m, err)
 	}
+	// No architectures entry (the base came from --base): the base's default stays, rather
+	// than an empty name in Architectures and the README.
+	if m, err := modelFromHF(parse(`{"model_type":"llama",` + dims + `}`)); err != nil || m.Architecture != "LlamaForCausalLM" {
+		t.Errorf("no architectures: architecture %q, %v", m.Architecture, err)
+	}
 	m, err = modelFromHF(parse(`{"architectures":["MistralForCausalLM"],"model_type":"mistral",` + dims + `,"sliding_window":4096}`))
 	if err != nil || m.SlidingWindow != 4096 {
 		t.Errorf("mistral: %+v, %v", m, err)
