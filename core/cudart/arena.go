@@ -67,7 +67,17 @@ func (a *DeviceArena) Copy(dst, src, n int64) error {
 		return nil
 	}
 	return a.dev.Do(func(c *Ctx) error {
-		return c.CopyDtoD(a.Ptr(dst), a.Ptr(src), n)
+		// The copy runs on the legacy default stream, which does not order against the
+		// runners' non-blocking streams, and a device-to-device cuMemcpy returns before it
+		// ends: wait for the kernels that may still write src, then for the copy, so that
+		// the next step's kernels see dst complete.
+		if err := c.Synchronize(); err != nil {
+			return err
+		}
+		if err := c.CopyDtoD(a.Ptr(dst), a.Ptr(src), n); err != nil {
+			return err
+		}
+		return c.Synchronize()
 	})
 }
 
