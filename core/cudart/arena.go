@@ -29,7 +29,13 @@ func NewDeviceArena(d *Device, size int64) (*DeviceArena, error) {
 		if err != nil {
 			return err
 		}
-		if err := c.Memset(b.Ptr, 0, size); err != nil {
+		// cuMemsetD8 may return before it ends, on the legacy stream: wait, so that no
+		// kernel on a runner's non-blocking stream reads the arena before it is zero.
+		err = c.Memset(b.Ptr, 0, size)
+		if err == nil {
+			err = c.Synchronize()
+		}
+		if err != nil {
 			c.Free(b)
 			return err
 		}

@@ -37,7 +37,8 @@ func (c *Ctx) Free(b Buffer) error {
 	return c.api.check("cuMemFree_v2", c.api.cuMemFree(uintptr(b.Ptr)))
 }
 
-// Memset sets n bytes at p to v.
+// Memset sets n bytes at p to v. It is queued on the legacy default stream and may return
+// before it ends (cuMemsetD8 does not synchronise with the host for device memory).
 func (c *Ctx) Memset(p DevicePtr, v byte, n int64) error {
 	return c.api.check("cuMemsetD8_v2", c.api.cuMemsetD8(uintptr(p), v, uint64(n)))
 }
