@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/resin-llm/resin/core/kvslab"
 )
@@ -99,7 +100,7 @@ admission:
 		}
 		s.waiting.popFront()
 		r.state = stateRunning
-		s.running = append(s.running, r)
+		s.addRunning(r)
 		reqs = append(reqs, r)
 		if s.cfg.Async {
 			epochs = append(epochs, r.epoch)
@@ -121,6 +122,21 @@ admission:
 	p.GraphBatch = s.graphBatch(p)
 	s.pending = append(s.pending, p)
 	return p
+}
+
+// addRunning appends r to the running list; under PolicyPriority it goes after every
+// request that sorts before or with it by (priority, arrival order). Schedule offers pages
+// in list order and preempts from the rest of it, so a list kept in priority order is what
+// makes the preempted request the lowest-priority one, not one admitted later than a
+// lower-priority request. (The list has room: admission stops at MaxSeqs.)
+func (s *Scheduler) addRunning(r *request) {
+	i := len(s.running)
+	if s.cfg.Policy == PolicyPriority {
+		for i > 0 && (s.running[i-1].priority > r.priority || s.running[i-1].priority == r.priority && s.running[i-1].order > r.order) {
+			i--
+		}
+	}
+	s.running = slices.Insert(s.running, i, r)
 }
 
 func b2i(b bool) int {
