@@ -28,7 +28,8 @@ type shardIndex struct {
 
 // Open opens the checkpoint in dir. With an index every shard it names is opened and each
 // tensor must be in the shard the index says; without one, model.safetensors is used, or
-// failing that every *.safetensors file in dir.
+// failing that every *.safetensors file in dir. An error matching ErrNotFound means dir
+// holds no checkpoint at all; a checkpoint that is there but broken matches ErrFormat.
 func Open(dir string) (*Checkpoint, error) {
 	c := &Checkpoint{Dir: dir, where: map[string]*File{}}
 	idx, err := os.ReadFile(filepath.Join(dir, IndexFile))
@@ -61,7 +62,9 @@ func Open(dir string) (*Checkpoint, error) {
 			}
 			if _, ok := f.Info(n); !ok {
 				c.Close()
-				return nil, fmt.Errorf("open checkpoint %s: %w: index puts %q in %s, which lacks it", dir, ErrNotFound, n, shard)
+				// ErrFormat, not ErrNotFound: the checkpoint is there but inconsistent, and
+				// callers read ErrNotFound from Open as "no safetensors in dir".
+				return nil, fmt.Errorf("open checkpoint %s: %w: index puts %q in %s, which lacks it", dir, ErrFormat, n, shard)
 			}
 			c.where[n] = f
 		}
