@@ -250,12 +250,25 @@ func TestPriorityOrdering(t *testing.T) {
 }
 
 func TestPriorityPreemptsLowestPriority(t *testing.T) {
-	d := newDirect(t, enginetest.Config{BlockTokens: 16, Pages: 12}, engine.Config{Policy: engine.PolicyPriority})
+	var highComputed []int32 // high's row in each plan; recompute after a preemption goes back
+	rc := enginetest.Config{BlockTokens: 16, Pages: 12, OnPlan: func(p *engine.BatchPlan) {
+		for i, id := range p.ReqIDs {
+			if id == 2 { // handles count from 1 in submission order
+				highComputed = append(highComputed, p.Computed[i])
+			}
+		}
+	}}
+	d := newDirect(t, rc, engine.Config{Policy: engine.PolicyPriority})
 	low := d.add("low", prompt(1, 60), engine.SamplingParams{MaxTokens: 60}, 9)
 	high := d.add("high", prompt(2, 60), engine.SamplingParams{MaxTokens: 60}, 0)
 	d.runAll()
 	if d.s.Counters().Preemptions == 0 {
 		t.Fatal("no preemption")
+	}
+	for k := 1; k < len(highComputed); k++ {
+		if highComputed[k] < highComputed[k-1] {
+			t.Fatalf("the high-priority request was preempted: computed %v", highComputed)
+		}
 	}
 	// The high-priority request was never preempted, so it finished first and its
 	// tokens are still exact; so are the low one's after recompute.
