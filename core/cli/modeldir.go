@@ -86,6 +86,11 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open model %s in %s: %w", m.name, m.dir, err)
 	}
+	if shards, _ := filepath.Glob(filepath.Join(m.dir, "*.safetensors")); len(shards) == 0 {
+		// The models fall back to seeded random weights here; a checkpoint in another
+		// format or under another name would otherwise generate noise without a word.
+		fmt.Fprintf(warn, "note: %s holds no *.safetensors: %s runs seeded random weights of its config.json\n", m.dir, m.name)
+	}
 	rt.Runner, rt.Pool = r, pool
 	return rt, nil
 }
