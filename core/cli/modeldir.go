@@ -82,14 +82,15 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		}
 		rt.Chat = chat
 	}
+	if shards, _ := filepath.Glob(filepath.Join(m.dir, "*.safetensors")); len(shards) == 0 {
+		// The models fall back to seeded random weights here; a checkpoint in another
+		// format or under another name would otherwise generate noise without a word. Said
+		// before opening: random weights of a full-size config may not even fit in memory.
+		fmt.Fprintf(warn, "note: %s holds no *.safetensors: %s runs seeded random weights of its config.json\n", m.dir, m.name)
+	}
 	r, pool, err := m.open(m.dir, m.cacheBytes)
 	if err != nil {
 		return nil, fmt.Errorf("open model %s in %s: %w", m.name, m.dir, err)
-	}
-	if shards, _ := filepath.Glob(filepath.Join(m.dir, "*.safetensors")); len(shards) == 0 {
-		// The models fall back to seeded random weights here; a checkpoint in another
-		// format or under another name would otherwise generate noise without a word.
-		fmt.Fprintf(warn, "note: %s holds no *.safetensors: %s runs seeded random weights of its config.json\n", m.dir, m.name)
 	}
 	rt.Runner, rt.Pool = r, pool
 	return rt, nil
