@@ -74,7 +74,9 @@ type BatchPlan struct {
 // GroupPlan is a BatchPlan's view of one cache group.
 type GroupPlan struct {
 	// SlotMapping gives, per token, the cache slot its entry is written to:
-	// page*BlockTokens + position%BlockTokens, or NoSlot.
+	// page*BlockTokens + position%BlockTokens for full attention and sliding windows,
+	// page*(BlockTokens/Ratio) + (position%BlockTokens)/Ratio for a compressed group (the
+	// Ratio tokens of one entry share its slot), NoSlot for a recurrent group.
 	SlotMapping []int64
 	// PageTableStart (B+1) indexes PageTable per sequence.
 	PageTableStart []int32

@@ -26,7 +26,9 @@
 // [K | V][token][kv head][head dim] layout that the dense models and the paged-attention
 // kernel use.
 //
-// A token's flat slot (as vLLM's slot mapping) is PageID*PageTokens + position%PageTokens.
+// A token's flat slot (as vLLM's slot mapping) is PageID*PageTokens + position%PageTokens;
+// in a compressed group, whose page holds PageTokens/Ratio entries, it is
+// PageID*(PageTokens/Ratio) + (position%PageTokens)/Ratio.
 //
 // # Sequences and blocks
 //
