@@ -14,8 +14,9 @@ const NoSlot int64 = -1
 // builds it once per step and never changes it after handing it over. It alternates
 // between two plans, so plan N stays intact while plan N+1 is built: with Config.Async
 // the engine builds N+1 while the runner executes N (tokens N samples appear in N+1 as
-// PendingToken), and in either mode a runner may keep reading plan N until its Execute
-// for step N+1 returns. Building plan N+2 in the same arrays, the scheduler rewrites only
+// PendingToken). Without Config.Async a runner may keep reading plan N until its Execute
+// for step N+1 returns; with it, only until Execute for step N returns, since plan N+2 is
+// built in N's arrays while N+1 runs. Building plan N+2 in the same arrays, the scheduler rewrites only
 // what changed for rows that hold the same request (sampling rows, page tables), so a
 // plan must never be modified outside the scheduler.
 //
