@@ -15,10 +15,10 @@ const NoSlot int64 = -1
 // between two plans, so plan N stays intact while plan N+1 is built: with Config.Async
 // the engine builds N+1 while the runner executes N (tokens N samples appear in N+1 as
 // PendingToken). Without Config.Async a runner may keep reading plan N until its Execute
-// for step N+1 returns; with it, only until Execute for step N returns, since plan N+2 is
-// built in N's arrays while N+1 runs. Building plan N+2 in the same arrays, the scheduler rewrites only
-// what changed for rows that hold the same request (sampling rows, page tables), so a
-// plan must never be modified outside the scheduler.
+// for step N+1 returns; with it, only until Execute for step N returns, since plan N+2
+// is built in N's arrays while N+1 runs. Building plan N+2 in the same arrays, the
+// scheduler rewrites only what changed for rows that hold the same request (sampling
+// rows, page tables), so a plan must never be modified outside the scheduler.
 //
 // With B sequences and T tokens (T = QueryStart[B]):
 //
