@@ -99,6 +99,9 @@ func (m *ModelAnswer) validate() error {
 	if !(m.RMSNormEps > 0) || !(m.RopeTheta > 0) || math.IsInf(m.RMSNormEps, 0) || math.IsInf(m.RopeTheta, 0) {
 		return fmt.Errorf("model.rms_norm_eps %g and model.rope_theta %g must be positive and finite", m.RMSNormEps, m.RopeTheta)
 	}
+	if m.Seed < 0 {
+		return fmt.Errorf("model.seed %d must not be negative (it seeds a uint64 generator)", m.Seed)
+	}
 	if m.SlidingWindow < 0 {
 		return fmt.Errorf("model.sliding_window must not be negative")
 	}

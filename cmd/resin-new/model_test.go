@@ -36,6 +36,8 @@ func TestBadInput(t *testing.T) {
 		{"inf eps", []string{"model", "demo", "--set", "rms_norm_eps=+Inf"}, "finite"},
 		// The dense base reads sliding_window for mistral only; elsewhere it was ignored.
 		{"window on llama", []string{"model", "demo", "--set", "sliding_window=8"}, "mistral"},
+		// runner.go assigns the seed to a uint64: a negative one rendered Go that does not build.
+		{"negative seed", []string{"model", "demo", "--set", "seed=-1"}, "seed"},
 		{"no target", []string{"model", "demo"}, "--out DIR"},
 	}
 	for _, c := range cases {
