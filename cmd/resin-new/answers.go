@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -59,6 +60,9 @@ type ModelAnswer struct {
 	PageTokens            int     `toml:"page_tokens"`
 	Seed                  int64   `toml:"seed"`
 }
+
+// archRe matches an HF architecture: a Python class name.
+var archRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // defaultModel is the dense base's demo model: small enough that random weights generate
 // in milliseconds on one CPU core.
@@ -115,6 +119,9 @@ func (m *ModelAnswer) validate() error {
 	case "bf16", "f16", "f32":
 	default:
 		return fmt.Errorf("model.dtype %q: want bf16, f16 or f32", m.DType)
+	}
+	if !archRe.MatchString(m.Architecture) {
+		return fmt.Errorf("model.architecture %q: want a class name such as LlamaForCausalLM", m.Architecture)
 	}
 	if !nameRe.MatchString(strings.ToLower(strings.ReplaceAll(m.ModelType, "_", "-"))) {
 		return fmt.Errorf("model.model_type %q: want an identifier such as llama or qwen2", m.ModelType)

@@ -38,6 +38,8 @@ func TestBadInput(t *testing.T) {
 		{"window on llama", []string{"model", "demo", "--set", "sliding_window=8"}, "mistral"},
 		// runner.go assigns the seed to a uint64: a negative one rendered Go that does not build.
 		{"negative seed", []string{"model", "demo", "--set", "seed=-1"}, "seed"},
+		// Quoted with Go's %q into config.json: a control character is not JSON.
+		{"bad architecture", []string{"model", "demo", "--set", "architecture=Llama"}, "architecture"},
 		{"no target", []string{"model", "demo"}, "--out DIR"},
 	}
 	for _, c := range cases {
