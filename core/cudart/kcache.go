@@ -132,7 +132,11 @@ func (c *KernelCache) Get(key KernelKey) ([]byte, bool, error) {
 
 // GetOrCompile returns the image for key, calling compile at most once across all
 // processes sharing the directory when it is missing or corrupt, and storing the result.
+// A nil cache calls compile every time.
 func (c *KernelCache) GetOrCompile(key KernelKey, compile func() ([]byte, error)) ([]byte, error) {
+	if c == nil {
+		return compile()
+	}
 	if img, ok, err := c.Get(key); err == nil && ok {
 		return img, nil
 	}
@@ -349,7 +353,8 @@ func (c *KernelCache) Prune() error {
 
 // CompileCached compiles src with NVRTC for arch through the cache: a kernel already
 // compiled by any process with the same source, options, architecture and NVRTC version
-// is read back instead. It returns the cubin (sm_XX) or PTX (compute_XX).
+// is read back instead. It returns the cubin (sm_XX) or PTX (compute_XX). A nil cache
+// compiles without storing.
 func CompileCached(c *KernelCache, src, name, arch string, options ...string) ([]byte, error) {
 	ver, err := NVRTCVersion()
 	if err != nil {

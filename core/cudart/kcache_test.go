@@ -259,3 +259,20 @@ func TestDefaultKernelCacheDir(t *testing.T) {
 		t.Fatalf("dir = %s", d)
 	}
 }
+
+// TestNilKernelCacheCompiles checks that a nil cache compiles every time instead of
+// panicking: CompileCached(nil, ...) and the launchers that take a cache reached a nil
+// dereference.
+func TestNilKernelCacheCompiles(t *testing.T) {
+	var c *KernelCache
+	calls := 0
+	for range 2 {
+		img, err := c.GetOrCompile(testKey(9), func() ([]byte, error) { calls++; return []byte("img"), nil })
+		if err != nil || string(img) != "img" {
+			t.Fatalf("nil cache: %q, %v", img, err)
+		}
+	}
+	if calls != 2 {
+		t.Fatalf("nil cache compiled %d times for 2 requests, want 2", calls)
+	}
+}
