@@ -244,6 +244,18 @@ func (e *Engine) Abort(id string) bool {
 	return ok
 }
 
+// Stop finishes request id with reason stop (its pages are freed at once, and the
+// finish is counted as a stop, not an abort): for stop conditions found outside the
+// engine, such as a stop string in the detokenized text. It reports whether id was in
+// flight.
+func (e *Engine) Stop(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ok := e.s.Stop(id)
+	e.afterChange()
+	return ok
+}
+
 // Run executes steps until ctx is done (returning ctx's error) or Close is called
 // (returning nil). Only one Run may be active at a time.
 func (e *Engine) Run(ctx context.Context) error {

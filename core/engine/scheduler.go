@@ -303,6 +303,17 @@ func (s *Scheduler) Abort(id string) bool {
 	return true
 }
 
+// Stop finishes request id with reason stop, as when a stop condition the engine cannot
+// see (a stop string in the detokenized text) is met. It reports whether id was in flight.
+func (s *Scheduler) Stop(id string) bool {
+	r := s.byID[id]
+	if r == nil {
+		return false
+	}
+	s.finish(r, FinishStop, nil)
+	return true
+}
+
 // abortOutput aborts id only if it still belongs to out (ids can be reused once a request
 // has finished).
 func (s *Scheduler) abortOutput(id string, out Output, err error) {

@@ -2,6 +2,9 @@ package serve
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -65,4 +68,41 @@ func TestStopStringUsageKeepsCachedTokens(t *testing.T) {
 	if stopped.Usage.PromptTokensDetails == nil || *stopped.Usage.PromptTokensDetails != *plain.Usage.PromptTokensDetails {
 		t.Errorf("usage with a stop string %+v, without %+v: cached tokens differ", stopped.Usage, plain.Usage)
 	}
+}
+
+// A stop string ends the request in the engine as a stop (engine.Stop), never an abort,
+// so the engine's finish-reason metrics do not count it as one. (The engine may also
+// have finished the request by length before the service saw the stop string.)
+func TestStopStringCountsAsStop(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	ids := []int32{100, 101, 102, 103, 104, 105}
+	_, full := h.reference(ids, 40)
+	runes := []rune(full)
+	body := map[string]any{"prompt": ids, "max_tokens": 40, "temperature": 0, "stop": string(runes[len(runes)/2 : len(runes)/2+2])}
+	var out completionOut
+	h.postJSON("/v1/completions", body, 200, &out)
+	if f := out.Choices[0].FinishReason; f == nil || *f != "stop" {
+		t.Fatalf("finish %v, want stop", f)
+	}
+	resp, err := http.Get(h.ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	got := grepLines(string(b), "resin_requests_finished_total{")
+	stopped := strings.Contains(got, `reason="stop"} 1`) || strings.Contains(got, `reason="length"} 1`)
+	if !strings.Contains(got, `reason="abort"} 0`) || !stopped {
+		t.Errorf("finish metrics, want one stop or length and no abort:\n%s", got)
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

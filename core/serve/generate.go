@@ -74,10 +74,10 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			}
 		}
 		if hit {
-			s.eng.Abort(st.ID())
+			s.eng.Stop(st.ID())
 			usage := engine.Usage{PromptTokens: len(r.prompt), CompletionTokens: generated, CachedTokens: ev.Usage.CachedTokens}
 			if ev.Finish == engine.FinishNone {
-				// Abort has ended the request: its terminal event says how much of the
+				// Stop has ended the request: its terminal event says how much of the
 				// prompt the prefix cache served.
 				if last, err := st.Recv(ctx); err == nil {
 					usage.CachedTokens = last.Usage.CachedTokens
