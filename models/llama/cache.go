@@ -49,7 +49,7 @@ func NewKVCache(c *Config, pool *kvslab.Pool) (*KVCache, error) {
 		off := l * 2 * e
 		kv.Layers[l] = ref.PagedKV{
 			K: all[off:], V: all[off+e:], PageTokens: pt, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim,
-			PageOffset: func(page int32) int { return int(pool.PageOffset(0, kvslab.PageID(uint32(page))) / 4) },
+			PageOffset: func(page uint32) int { return int(pool.PageOffset(0, kvslab.PageID(page)) / 4) },
 		}
 	}
 	return kv, nil

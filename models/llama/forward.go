@@ -17,7 +17,7 @@ type Model struct {
 	rope   *ref.RopeTable
 
 	x, h, q, k, v, att, o, gate, up, rows []float32
-	pages                                 []int32
+	pages                                 []uint32
 }
 
 // NewModel prepares a model for contexts up to maxContext tokens.
@@ -104,7 +104,7 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 			pt := plan.PageTableOf(0, i)
 			m.pages = m.pages[:0]
 			for _, p := range pt {
-				m.pages = append(m.pages, int32(p))
+				m.pages = append(m.pages, uint32(p))
 			}
 			ctxLen := int(plan.Computed[i]) + b - a
 			if err := ref.PagedAttention(att[a*qd:b*qd], q[a*qd:b*qd], &kv.Layers[l], m.pages, ctxLen, b-a, attn); err != nil {

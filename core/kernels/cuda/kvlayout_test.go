@@ -106,8 +106,8 @@ func (s *slabKV) layout(t testing.TB, layer int) KVSlabLayout {
 // refKV is a ref.PagedKV over the whole arena whose page offsets do the layout's arithmetic.
 func (s *slabKV) refKV(l KVSlabLayout) *ref.PagedKV {
 	return &ref.PagedKV{K: s.arena, V: s.arena, PageTokens: s.pageTokens, KVHeads: s.kvHeads, HeadDim: s.headDim,
-		PageOffset:  func(p int32) int { return int(l.KeyOffset(uint32(p))) },
-		VPageOffset: func(p int32) int { return int(l.ValueOffset(uint32(p))) }}
+		PageOffset:  func(p uint32) int { return int(l.KeyOffset(p)) },
+		VPageOffset: func(p uint32) int { return int(l.ValueOffset(p)) }}
 }
 
 func TestSlotBitsMatchKVSlab(t *testing.T) {
@@ -311,16 +311,16 @@ func TestRefOverKVSlabLayout(t *testing.T) {
 			tab := s.pool.PageTable(id, 0)
 			packed := &ref.PagedKV{K: make([]float32, len(tab)*pageElems), V: make([]float32, len(tab)*pageElems),
 				PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: headDim}
-			seqPages := make([]int32, len(tab))
+			seqPages := make([]uint32, len(tab))
 			for j, p := range tab {
-				seqPages[j] = int32(p)
+				seqPages[j] = uint32(p)
 				k, v := l.KeyOffset(uint32(p)), l.ValueOffset(uint32(p))
 				copy(packed.K[j*pageElems:], s.arena[k:k+int64(pageElems)])
 				copy(packed.V[j*pageElems:], s.arena[v:v+int64(pageElems)])
 			}
-			identity := make([]int32, len(tab))
+			identity := make([]uint32, len(tab))
 			for j := range identity {
-				identity[j] = int32(j)
+				identity[j] = uint32(j)
 			}
 			q := make([]float32, nq*heads*headDim)
 			for i := range q {

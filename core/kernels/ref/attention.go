@@ -18,11 +18,12 @@ type PagedKV struct {
 	HeadDim    int
 	// PageOffset maps a page id to the element offset of the page's first value in K (and
 	// in V when VPageOffset is nil). Nil means pages are packed back to back:
-	// page * PageTokens*KVHeads*HeadDim.
-	PageOffset func(page int32) int
+	// page * PageTokens*KVHeads*HeadDim. Page ids are uint32 like kvslab.PageID
+	// (slab<<SlotBits | slot), so every bit of an id is a valid page number.
+	PageOffset func(page uint32) int
 	// VPageOffset, when set, maps a page id to its offset in V; with K and V views of one
 	// arena, a page's values can then sit right after its keys.
-	VPageOffset func(page int32) int
+	VPageOffset func(page uint32) int
 }
 
 // PageElems is the number of float32 values one page holds in K (and in V).
@@ -30,13 +31,16 @@ func (c *PagedKV) PageElems() int { return c.PageTokens * c.KVHeads * c.HeadDim 
 
 // offsets returns the element offsets of (page, token in page, kv head) in K and in V,
 // checked against the slices.
-func (c *PagedKV) offsets(op string, page int32, tok, head int) (k, v int, err error) {
-	if page < 0 {
-		return 0, 0, fmt.Errorf("ref.%s: negative page id %d", op, page)
-	}
-	kBase := int(page) * c.PageElems()
+func (c *PagedKV) offsets(op string, page uint32, tok, head int) (k, v int, err error) {
+	var kBase int
 	if c.PageOffset != nil {
 		kBase = c.PageOffset(page)
+	} else {
+		e := c.PageElems()
+		if uint64(page) > uint64(math.MaxInt/e) {
+			return 0, 0, fmt.Errorf("ref.%s: page %#x lies outside the cache (%d key and %d value floats)", op, page, len(c.K), len(c.V))
+		}
+		kBase = int(page) * e
 	}
 	vBase := kBase
 	if c.VPageOffset != nil {
@@ -44,7 +48,7 @@ func (c *PagedKV) offsets(op string, page int32, tok, head int) (k, v int, err e
 	}
 	in := (tok*c.KVHeads + head) * c.HeadDim
 	if kBase < 0 || vBase < 0 || kBase+in+c.HeadDim > len(c.K) || vBase+in+c.HeadDim > len(c.V) {
-		return 0, 0, fmt.Errorf("ref.%s: page %d lies outside the cache (%d key and %d value floats)", op, page, len(c.K), len(c.V))
+		return 0, 0, fmt.Errorf("ref.%s: page %#x lies outside the cache (%d key and %d value floats)", op, page, len(c.K), len(c.V))
 	}
 	return kBase + in, vBase + in, nil
 }
@@ -81,15 +85,15 @@ func (c *PagedKV) StoreKV(k, v []float32, slots []int64) error {
 			continue
 		}
 		page, tok := s/int64(c.PageTokens), int(s%int64(c.PageTokens))
-		if page > math.MaxInt32 {
-			return fmt.Errorf("ref.StoreKV: slot %d of token %d names page %d beyond int32", s, t, page)
+		if page > math.MaxUint32 {
+			return fmt.Errorf("ref.StoreKV: slot %d of token %d names page %d beyond uint32", s, t, page)
 		}
-		ko, vo, err := c.offsets("StoreKV", int32(page), tok, 0)
+		ko, vo, err := c.offsets("StoreKV", uint32(page), tok, 0)
 		if err != nil {
 			return err
 		}
 		// The last kv head was checked; the row's heads are contiguous before it.
-		if _, _, err := c.offsets("StoreKV", int32(page), tok, c.KVHeads-1); err != nil {
+		if _, _, err := c.offsets("StoreKV", uint32(page), tok, c.KVHeads-1); err != nil {
 			return err
 		}
 		copy(c.K[ko:ko+row], k[t*row:(t+1)*row])
@@ -120,7 +124,7 @@ type Attention struct {
 //
 // Scores and the softmax sum are computed in float64. out must not alias q. It allocates
 // nothing.
-func PagedAttention(out, q []float32, c *PagedKV, pages []int32, ctxLen, nq int, a Attention) error {
+func PagedAttention(out, q []float32, c *PagedKV, pages []uint32, ctxLen, nq int, a Attention) error {
 	const op = "PagedAttention"
 	if err := c.check(op); err != nil {
 		return err

@@ -54,7 +54,7 @@ func TestPagedAttentionMatchesDense(t *testing.T) {
 	for _, window := range []int{0, 5} {
 		want := denseAttention(q, k, v, ctx, nq, heads, kvHeads, d, scale, window)
 		// Two different page layouts: results must not depend on where pages live.
-		for _, pages := range [][]int32{{0, 1, 2}, {7, 2, 5}} {
+		for _, pages := range [][]uint32{{0, 1, 2}, {7, 2, 5}} {
 			c := &PagedKV{K: make([]float32, numPages*pageTokens*kvHeads*d), V: make([]float32, numPages*pageTokens*kvHeads*d),
 				PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
 			slots := make([]int64, ctx)
@@ -78,8 +78,8 @@ func TestPagedAttentionPrefillEqualsDecode(t *testing.T) {
 	const pageTokens, kvHeads, heads, d, ctx = 2, 1, 4, 4, 5
 	c := &PagedKV{K: make([]float32, 8*pageTokens*kvHeads*d), V: make([]float32, 8*pageTokens*kvHeads*d),
 		PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d,
-		PageOffset: func(p int32) int { return int(7-p) * pageTokens * kvHeads * d }} // pages stored in reverse
-	pages := []int32{4, 1, 6}
+		PageOffset: func(p uint32) int { return (7 - int(p)) * pageTokens * kvHeads * d }} // pages stored in reverse
+	pages := []uint32{4, 1, 6}
 	k, v := randSlice(r, ctx*kvHeads*d), randSlice(r, ctx*kvHeads*d)
 	q := randSlice(r, ctx*heads*d)
 	slots := []int64{8, 9, 2, 3, 12}
@@ -109,10 +109,10 @@ func TestPagedAttentionKAndVInOneArena(t *testing.T) {
 	half := pageTokens * kvHeads * d
 	arena := make([]float32, pages*2*half)
 	shared := &PagedKV{K: arena, V: arena, PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d,
-		PageOffset:  func(p int32) int { return int(p) * 2 * half },
-		VPageOffset: func(p int32) int { return int(p)*2*half + half }}
+		PageOffset:  func(p uint32) int { return int(p) * 2 * half },
+		VPageOffset: func(p uint32) int { return int(p)*2*half + half }}
 	split := &PagedKV{K: make([]float32, pages*half), V: make([]float32, pages*half), PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
-	table := []int32{3, 1}
+	table := []uint32{3, 1}
 	k, v := randSlice(r, ctx*kvHeads*d), randSlice(r, ctx*kvHeads*d)
 	slots := make([]int64, ctx)
 	for i := range slots {
@@ -132,14 +132,59 @@ func TestPagedAttentionKAndVInOneArena(t *testing.T) {
 	near(t, "one arena vs two", outs[0], outs[1], 0)
 }
 
+func TestPagedAttentionHighSlabPages(t *testing.T) {
+	// kvslab page ids are uint32 slab<<16 | slot: a page in slab 32768 or above has the top
+	// bit set, which an int32 page id would read as negative. Such pages, mapped to a small
+	// arena by a PageOffset closure, must store and attend like packed pages 0 and 1.
+	r := rand.New(rand.NewPCG(11, 12))
+	const pageTokens, kvHeads, heads, d, ctx = 4, 2, 4, 8, 7
+	elems := pageTokens * kvHeads * d
+	high := []uint32{32768<<16 | 3, 65534<<16 | 0xffff}
+	at := map[uint32]int{high[0]: 1, high[1]: 0} // arena position of each page
+	slabbed := &PagedKV{K: make([]float32, 2*elems), V: make([]float32, 2*elems), PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d,
+		PageOffset: func(p uint32) int {
+			if i, ok := at[p]; ok {
+				return i * elems
+			}
+			return -1 // not a page of this cache
+		}}
+	packed := &PagedKV{K: make([]float32, 2*elems), V: make([]float32, 2*elems), PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
+	k, v := randSlice(r, ctx*kvHeads*d), randSlice(r, ctx*kvHeads*d)
+	q := randSlice(r, 3*heads*d)
+	var outs [2][]float32
+	for i, run := range []struct {
+		c     *PagedKV
+		table []uint32
+	}{{slabbed, high}, {packed, []uint32{0, 1}}} {
+		slots := make([]int64, ctx)
+		for j := range slots {
+			slots[j] = int64(run.table[j/pageTokens])*pageTokens + int64(j%pageTokens)
+		}
+		if err := run.c.StoreKV(k, v, slots); err != nil {
+			t.Fatalf("StoreKV into pages %#x: %v", run.table, err)
+		}
+		outs[i] = make([]float32, len(q))
+		if err := PagedAttention(outs[i], q, run.c, run.table, ctx, 3, Attention{Heads: heads, Scale: 0.3}); err != nil {
+			t.Fatalf("PagedAttention over pages %#x: %v", run.table, err)
+		}
+	}
+	near(t, "slab ≥ 32768 vs packed", outs[0], outs[1], 0)
+	// The high page holding tokens 0..3 sits second in the arena: its keys are there.
+	near(t, "first high page's keys", slabbed.K[elems:2*elems], k[:elems], 0)
+	if err := PagedAttention(outs[0], q, slabbed, []uint32{high[0], 1<<31 | 5}, ctx, 3, Attention{Heads: heads, Scale: 0.3}); err == nil {
+		t.Error("a page the closure does not know was read without an error")
+	}
+}
+
 func TestPagedAttentionErrors(t *testing.T) {
 	c := &PagedKV{K: make([]float32, 16), V: make([]float32, 16), PageTokens: 2, KVHeads: 2, HeadDim: 2}
 	out, q := make([]float32, 12), make([]float32, 12)
 	for name, err := range map[string]error{
-		"heads not a multiple": PagedAttention(out, q, c, []int32{0}, 1, 1, Attention{Heads: 3, Scale: 1}),
-		"short page table":     PagedAttention(out, q, c, []int32{0}, 3, 1, Attention{Heads: 2, Scale: 1}),
-		"page outside cache":   PagedAttention(out, q, c, []int32{5}, 1, 1, Attention{Heads: 2, Scale: 1}),
-		"more queries":         PagedAttention(out, q, c, []int32{0}, 1, 2, Attention{Heads: 2, Scale: 1}),
+		"heads not a multiple": PagedAttention(out, q, c, []uint32{0}, 1, 1, Attention{Heads: 3, Scale: 1}),
+		"short page table":     PagedAttention(out, q, c, []uint32{0}, 3, 1, Attention{Heads: 2, Scale: 1}),
+		"page outside cache":   PagedAttention(out, q, c, []uint32{5}, 1, 1, Attention{Heads: 2, Scale: 1}),
+		"more queries":         PagedAttention(out, q, c, []uint32{0}, 1, 2, Attention{Heads: 2, Scale: 1}),
+		"largest page id":      PagedAttention(out, q, c, []uint32{math.MaxUint32}, 1, 1, Attention{Heads: 2, Scale: 1}),
 		"store outside":        c.StoreKV(make([]float32, 4), make([]float32, 4), []int64{9}),
 	} {
 		if err == nil {
@@ -152,9 +197,9 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 1))
 	const pageTokens, kvHeads, heads, d, ctx = 16, 8, 32, 128, 1024
 	c := &PagedKV{K: randSlice(r, ctx*kvHeads*d), V: randSlice(r, ctx*kvHeads*d), PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
-	pages := make([]int32, ctx/pageTokens)
+	pages := make([]uint32, ctx/pageTokens)
 	for i := range pages {
-		pages[i] = int32(i)
+		pages[i] = uint32(i)
 	}
 	q, out := randSlice(r, heads*d), make([]float32, heads*d)
 	b.ReportAllocs()
