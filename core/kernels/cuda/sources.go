@@ -10,8 +10,11 @@ package cuda
 import (
 	"embed"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/resin-llm/resin/core/cudart"
 )
 
 //go:embed *.cu prelude.cuh
@@ -40,13 +43,29 @@ func Names() []string {
 }
 
 // Source returns the source of a .cu file with its #include "prelude.cuh" replaced by
-// the prelude's text, ready for NVRTC (which has no include path to it).
+// the prelude's text (InlinePrelude), ready for NVRTC (which has no include path to it).
 func Source(name string) (string, error) {
 	b, err := files.ReadFile(name)
 	if err != nil {
 		return "", fmt.Errorf("cuda: no kernel source %q", name)
 	}
-	return strings.Replace(string(b), `#include "prelude.cuh"`, Prelude(), 1), nil
+	return InlinePrelude(string(b), name), nil
+}
+
+// rePreludeInclude matches the line that includes the prelude, as kernelcheck.Load does.
+var rePreludeInclude = regexp.MustCompile(`(?m)^[ \t]*#[ \t]*include[ \t]+"prelude\.cuh"[ \t]*$`)
+
+// InlinePrelude returns src, the text of the kernel source file, with its first
+// #include "prelude.cuh" line replaced by the prelude between #line directives
+// (cudart.InlineHeader), so that NVRTC reports errors at the file's own line numbers. A
+// model's kernels load their sources through it as the core's do.
+func InlinePrelude(src, file string) string {
+	loc := rePreludeInclude.FindStringIndex(src)
+	if loc == nil {
+		return src
+	}
+	line := strings.Count(src[:loc[0]], "\n") + 1
+	return src[:loc[0]] + cudart.InlineHeader(Prelude(), "prelude.cuh", file, line) + src[loc[1]:]
 }
 
 // Options are the NVRTC options every kernel compiles with.

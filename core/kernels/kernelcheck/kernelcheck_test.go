@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+
+	"github.com/resin-llm/resin/core/cudart"
 )
 
 const report = `ptxas info    : 0 bytes gmem
@@ -59,12 +61,17 @@ func TestLoadInlinesEachHeaderOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "// a\n#define RESIN_KERNEL extern \"C\" __global__\n\n\n#define LOCAL 1\n\n\nRESIN_KERNEL void a() {}\n"
+	// Each header between #line directives: its own lines, then the includer's again.
+	want := "// a\n" +
+		"#line 1 \"prelude.cuh\"\n#define RESIN_KERNEL extern \"C\" __global__\n#line 3 \"k/a.cu\"\n" +
+		"#line 1 \"local.cuh\"\n\n#define LOCAL 1\n#line 4 \"k/a.cu\"\n" +
+		"\n" + // the second include of prelude.cuh: an empty line
+		"RESIN_KERNEL void a() {}\n"
 	if got != want {
 		t.Errorf("Load gave\n%q\nwant\n%q", got, want)
 	}
-	// The same replacement the runtimes make (strings.Replace of the include line).
-	plain := strings.Replace("#include \"prelude.cuh\"\nx\n", `#include "prelude.cuh"`, inc["prelude.cuh"], 1)
+	// The same replacement the runtimes make (cuda.InlinePrelude of the include line).
+	plain := strings.Replace("#include \"prelude.cuh\"\nx\n", `#include "prelude.cuh"`, cudart.InlineHeader(inc["prelude.cuh"], "prelude.cuh", "p.cu", 1), 1)
 	mfs := fstest.MapFS{"p.cu": {Data: []byte("#include \"prelude.cuh\"\nx\n")}}
 	if got, _ := Load(mfs, "p.cu", inc); got != plain {
 		t.Errorf("Load gave %q, the runtimes' Source %q", got, plain)

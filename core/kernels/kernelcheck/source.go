@@ -5,47 +5,57 @@ import (
 	"io/fs"
 	"path"
 	"regexp"
+	"strings"
+
+	"github.com/resin-llm/resin/core/cudart"
 )
 
 var reInclude = regexp.MustCompile(`(?m)^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$`)
 
 // Load returns the source name from fsys with every quoted #include replaced by the
 // header's text, each header once (as the runtimes hand sources to NVRTC, which has no
-// include path, so the text is byte for byte what they compile): a header from includes, else a file beside the source in fsys. A quoted
-// include found in neither is an error.
+// include path, so the text is byte for byte what they compile): a header from includes,
+// else a file beside the source in fsys. A quoted include found in neither is an error.
+// Each inlined header sits between #line directives (cudart.InlineHeader), so compiler
+// diagnostics give the line numbers of the file that holds the line.
 func Load(fsys fs.FS, name string, includes map[string]string) (string, error) {
 	src, err := fs.ReadFile(fsys, name)
 	if err != nil {
 		return "", fmt.Errorf("kernelcheck: read %s: %w", name, err)
 	}
 	seen := map[string]bool{}
-	var expand func(text, dir string, depth int) (string, error)
-	expand = func(text, dir string, depth int) (string, error) {
+	// expand inlines the includes of text, the contents of file (named so in #line
+	// directives) in directory dir.
+	var expand func(text, file, dir string, depth int) (string, error)
+	expand = func(text, file, dir string, depth int) (string, error) {
 		if depth > 16 {
 			return "", fmt.Errorf("kernelcheck: %s: #include nested more than 16 deep", name)
 		}
-		var firstErr error
-		out := reInclude.ReplaceAllStringFunc(text, func(line string) string {
-			inc := reInclude.FindStringSubmatch(line)[1]
-			if seen[inc] || firstErr != nil {
-				return ""
+		var out strings.Builder
+		last := 0
+		for _, m := range reInclude.FindAllStringSubmatchIndex(text, -1) {
+			out.WriteString(text[last:m[0]])
+			last = m[1]
+			inc := text[m[2]:m[3]]
+			if seen[inc] {
+				continue // the line stays, empty
 			}
 			seen[inc] = true
 			hdr, hdir, err := header(fsys, inc, dir, includes)
 			if err != nil {
-				firstErr = fmt.Errorf("kernelcheck: %s: %w", name, err)
-				return ""
+				return "", fmt.Errorf("kernelcheck: %s: %w", name, err)
 			}
-			body, err := expand(hdr, hdir, depth+1)
+			body, err := expand(hdr, inc, hdir, depth+1)
 			if err != nil {
-				firstErr = err
-				return ""
+				return "", err
 			}
-			return body
-		})
-		return out, firstErr
+			line := strings.Count(text[:m[0]], "\n") + 1
+			out.WriteString(cudart.InlineHeader(body, inc, file, line))
+		}
+		out.WriteString(text[last:])
+		return out.String(), nil
 	}
-	return expand(string(src), path.Dir(name), 0)
+	return expand(string(src), name, path.Dir(name), 0)
 }
 
 // headers returns every header name reaches through quoted includes (the files a

@@ -7,7 +7,6 @@ package kernels
 import (
 	"embed"
 	"fmt"
-	"strings"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/kernels/cuda"
@@ -25,13 +24,14 @@ const AddRMSNormName = "qwen3tiny_add_rmsnorm"
 var Options = cuda.Options
 
 // Source returns the CUDA source of file (e.g. "add_rmsnorm.cu") with its
-// #include "prelude.cuh" replaced by Resin's prelude, ready for NVRTC.
+// #include "prelude.cuh" replaced by Resin's prelude (cuda.InlinePrelude, which keeps
+// NVRTC's line numbers those of file), ready for NVRTC.
 func Source(file string) (string, error) {
 	b, err := Sources.ReadFile(file)
 	if err != nil {
 		return "", fmt.Errorf("kernels: %w", err)
 	}
-	return strings.Replace(string(b), `#include "prelude.cuh"`, cuda.Prelude(), 1), nil
+	return cuda.InlinePrelude(string(b), file), nil
 }
 
 // AddRMSNorm launches qwen3tiny_add_rmsnorm on a device.
