@@ -41,6 +41,12 @@ type Config struct {
 	// DrainTimeout bounds graceful shutdown: running requests may finish within it, then
 	// they are aborted (default 30 s).
 	DrainTimeout time.Duration
+	// WriteStallTimeout bounds each write to a client: a client that stops reading for
+	// this long (its connection still open) has its response abandoned and its
+	// generation aborted, as if it had disconnected. It bounds each write, not the
+	// response, so a stream that keeps flowing lasts as long as its generation. Zero
+	// means the default, 30 s; negative means no limit.
+	WriteStallTimeout time.Duration
 	// Logger receives one line per failed request (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -82,6 +88,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 30 * time.Second
+	}
+	if cfg.WriteStallTimeout == 0 {
+		cfg.WriteStallTimeout = defaultWriteStall
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -150,18 +159,23 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 	return r.ResponseWriter.Write(b)
 }
 
-func (r *statusRecorder) Flush() {
-	if f, ok := r.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+func (r *statusRecorder) Flush() { _ = r.FlushError() }
+
+// FlushError flushes and reports whether the data reached the connection.
+func (r *statusRecorder) FlushError() error {
+	return http.NewResponseController(r.ResponseWriter).Flush()
 }
 
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (s *Server) counted(route string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := &statusRecorder{ResponseWriter: w}
+		sw := newStallWriter(w, s.cfg.WriteStallTimeout)
+		rec := &statusRecorder{ResponseWriter: sw}
 		h.ServeHTTP(rec, r)
+		if sw.timedOut {
+			s.log.Info("client stopped reading; response abandoned", "route", route, "stall", s.cfg.WriteStallTimeout)
+		}
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 )
 
@@ -9,14 +10,16 @@ import (
 // per chunk and "data: [DONE]\n\n" at the end.
 type sseWriter struct {
 	w       http.ResponseWriter
-	flusher http.Flusher
+	rc      *http.ResponseController
 	started bool
-	buf     []byte
+	// broken records a failed write or flush: the connection is gone or stalled, and
+	// nothing more is sent.
+	broken bool
+	buf    []byte
 }
 
 func newSSE(w http.ResponseWriter) *sseWriter {
-	f, _ := w.(http.Flusher)
-	return &sseWriter{w: w, flusher: f}
+	return &sseWriter{w: w, rc: http.NewResponseController(w)}
 }
 
 func (s *sseWriter) start() {
@@ -41,28 +44,40 @@ func (s *sseWriter) send(v any) error {
 	s.buf = append(s.buf[:0], "data: "...)
 	s.buf = append(s.buf, data...)
 	s.buf = append(s.buf, "\n\n"...)
-	if _, err := s.w.Write(s.buf); err != nil {
-		return err
-	}
-	if s.flusher != nil {
-		s.flusher.Flush()
-	}
-	return nil
+	return s.write(s.buf)
 }
+
+// write sends b and flushes it to the client, reporting a write that failed or missed
+// its stall deadline.
+func (s *sseWriter) write(b []byte) error {
+	if s.broken {
+		return errSSEBroken
+	}
+	_, err := s.w.Write(b)
+	if err == nil {
+		if err = s.rc.Flush(); errors.Is(err, http.ErrNotSupported) {
+			err = nil
+		}
+	}
+	if err != nil {
+		s.broken = true
+	}
+	return err
+}
+
+// errSSEBroken is returned by writes after one has failed.
+var errSSEBroken = errors.New("serve: the event stream's connection failed")
 
 func (s *sseWriter) done() error {
 	s.start()
-	if _, err := s.w.Write([]byte("data: [DONE]\n\n")); err != nil {
-		return err
-	}
-	if s.flusher != nil {
-		s.flusher.Flush()
-	}
-	return nil
+	return s.write([]byte("data: [DONE]\n\n"))
 }
 
 // fail reports an error inside a stream that has begun (OpenAI clients raise it).
 func (s *sseWriter) fail(err error) {
+	if s.broken {
+		return
+	}
 	_ = s.send(asAPI(err).body())
 	_ = s.done()
 }
