@@ -128,12 +128,36 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("GET /v1/models/{id...}", s.api("/v1/models/{id}", s.handleModel))
 	mux.Handle("GET /health", s.counted("/health", http.HandlerFunc(s.handleHealth)))
 	mux.Handle("GET /metrics", s.counted("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
-	mux.Handle("/", s.counted("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
-			message: fmt.Sprintf("No route %s %s.", r.Method, r.URL.Path)})
-	})))
+	mux.Handle("/", s.counted("other", http.HandlerFunc(s.handleNoRoute)))
 	s.mux = mux
 	return s, nil
+}
+
+// routeMethods are the methods probed when a request matches no route, to tell a path
+// served under other methods (405) from an unknown one (404).
+var routeMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// handleNoRoute answers a request no route took: 405 with an Allow header when its path
+// is served under other methods, else 404.
+func (s *Server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	probe := *r
+	for _, m := range routeMethods {
+		probe.Method = m
+		if _, pattern := s.mux.Handler(&probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
+			message: fmt.Sprintf("No route %s %s.", r.Method, r.URL.Path)})
+		return
+	}
+	list := strings.Join(allow, ", ")
+	w.Header().Set("Allow", list)
+	writeError(w, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
+		message: fmt.Sprintf("%s %s is not allowed; use %s.", r.Method, r.URL.Path, list)})
 }
 
 // Handler returns the service's routes.
