@@ -12,6 +12,6 @@
 // A client that disconnects aborts its request in the engine (the request's context is
 // the HTTP request's), and so does one that stops reading: each write to a client has
 // its own deadline (Config.WriteStallTimeout), and a write that misses it ends the
-// request as a disconnect does. Server.Serve drains on shutdown: new requests get 503 while the
-// running ones finish, up to a deadline after which they are aborted.
+// request as a disconnect does. Server.Serve drains on shutdown: new requests get 503
+// while the running ones finish, up to a deadline after which they are aborted.
 package serve
