@@ -24,7 +24,7 @@ func ServeCmd(l Loader) *cobra.Command {
 	var host, addr, apiKey string
 	var port int
 	var maxBody int64
-	var drain time.Duration
+	var drain, stall time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the model over an OpenAI-compatible HTTP API",
@@ -49,9 +49,12 @@ func ServeCmd(l Loader) *cobra.Command {
 			}
 			defer e.Stop()
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			if stall == 0 {
+				stall = -1 // serve.Config: negative turns the stall deadline off
+			}
 			srv, err := serve.New(serve.Config{
 				Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served,
-				APIKey: apiKey, MaxBodyBytes: maxBody, DrainTimeout: drain, Logger: log,
+				APIKey: apiKey, MaxBodyBytes: maxBody, DrainTimeout: drain, WriteStallTimeout: stall, Logger: log,
 			})
 			if err != nil {
 				return err
@@ -81,5 +84,6 @@ func ServeCmd(l Loader) *cobra.Command {
 	f.StringVar(&apiKey, "api-key", "", "require this Bearer key on /v1 routes (default $RESIN_API_KEY)")
 	f.Int64Var(&maxBody, "max-body-bytes", 8<<20, "largest request body accepted (413 above)")
 	f.DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for running requests")
+	f.DurationVar(&stall, "write-stall-timeout", 30*time.Second, "abort a request whose client accepts no bytes for this long (0 = never)")
 	return cmd
 }
