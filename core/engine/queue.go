@@ -69,9 +69,3 @@ func (q *queue) remove(r *request) bool {
 	}
 	return false
 }
-
-func (q *queue) each(fn func(*request)) {
-	for _, r := range q.items[q.head:] {
-		fn(r)
-	}
-}

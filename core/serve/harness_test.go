@@ -34,12 +34,11 @@ type harness struct {
 }
 
 type harnessOpts struct {
-	cfg     func(*Config)
-	eng     engine.Config
-	runner  enginetest.Config
-	noRun   bool // do not start the engine loop
-	noHTTP  bool // do not start the httptest server
-	ctxSize int
+	cfg    func(*Config)
+	eng    engine.Config
+	runner enginetest.Config
+	noRun  bool // do not start the engine loop
+	noHTTP bool // do not start the httptest server
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
