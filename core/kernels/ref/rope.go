@@ -76,16 +76,6 @@ func (t *RopeTable) RoPEInterleaved(x []float32, pos []int32, rows, heads, headD
 	return t.rotate("RoPEInterleaved", x, pos, rows, heads, headDim, true)
 }
 
-// RoPENeoX is RopeTable.RoPENeoX as a function.
-func RoPENeoX(x []float32, pos []int32, rows, heads, headDim int, t *RopeTable) error {
-	return t.RoPENeoX(x, pos, rows, heads, headDim)
-}
-
-// RoPEInterleaved is RopeTable.RoPEInterleaved as a function.
-func RoPEInterleaved(x []float32, pos []int32, rows, heads, headDim int, t *RopeTable) error {
-	return t.RoPEInterleaved(x, pos, rows, heads, headDim)
-}
-
 func (t *RopeTable) rotate(op string, x []float32, pos []int32, rows, heads, headDim int, interleaved bool) error {
 	if t == nil {
 		return fmt.Errorf("ref.%s: nil RopeTable", op)
