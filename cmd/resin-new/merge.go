@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"slices"
 )
 
 // merge3 merges two descendants of base line by line (diff3): a change made on one side
@@ -58,7 +59,7 @@ func merge3(base, ours, theirs []byte, oursLabel, baseLabel, theirsLabel string)
 			writeLines(&out, theirsSide)
 		case j == j0:
 			writeLines(&out, oursSide)
-		case equalLines(oursSide, theirsSide):
+		case slices.Equal(oursSide, theirsSide):
 			writeLines(&out, oursSide)
 		default:
 			conflicts++
@@ -188,19 +189,7 @@ func writeLinesNL(w *bytes.Buffer, ls []string) {
 	}
 }
 
-func equalLines(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// conflictLabel names the sides of an update's merge.
+// conflictLabels names the sides of an update's merge.
 func conflictLabels(oldV, newV string) (string, string, string) {
 	return "yours", fmt.Sprintf("template v%s (base)", oldV), fmt.Sprintf("template v%s", newV)
 }

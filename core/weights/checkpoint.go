@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 )
 
@@ -144,20 +145,8 @@ func (c *Checkpoint) Float32(name string, shape ...int) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !sameShape(got, shape) {
+	if !slices.Equal(got, shape) {
 		return nil, fmt.Errorf("tensor %q: %w: checkpoint has %v, model expects %v", name, ErrShape, got, shape)
 	}
 	return v, nil
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
