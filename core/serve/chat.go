@@ -3,7 +3,6 @@ package serve
 import (
 	"bytes"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -63,22 +62,16 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if len(ids) == 0 {
 		return invalid("messages", "The rendered prompt is empty.")
 	}
-	g := &genRequest{prompt: ids, sampling: sp, stops: stops, skipSpecial: req.SkipSpecialTokens == nil || *req.SkipSpecialTokens}
+	g := &genRequest{prompt: ids, sampling: sp, stops: stops, skipSpecial: req.skipSpecial()}
 	id, created := newID("chatcmpl-"), time.Now().Unix()
 	if req.Stream {
 		return s.streamChat(w, r, g, &req, id, created)
 	}
-	var text strings.Builder
-	var lps []engine.TokenLogprob
-	res, err := s.generate(r.Context(), g, func(d delta) error {
-		text.WriteString(d.text)
-		lps = append(lps, d.logprobs...)
-		return nil
-	})
+	text, lps, res, err := s.generateAll(r.Context(), g)
 	if err != nil {
 		return err
 	}
-	choice := chatChoice{Message: chatMessage{Role: "assistant", Content: text.String()}, FinishReason: res.finish}
+	choice := chatChoice{Message: chatMessage{Role: "assistant", Content: text}, FinishReason: res.finish}
 	if sp.Logprobs {
 		choice.Logprobs = s.chatLogprobs(lps)
 	}
@@ -116,29 +109,18 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, g *genReques
 		return sse.send(chunk(chatDelta{Content: &text}, lp, nil))
 	})
 	if err != nil {
-		if !sse.started {
-			return err
-		}
-		if r.Context().Err() == nil {
-			sse.fail(err)
-		}
-		return nil
+		return sse.abort(r.Context(), err)
 	}
 	if first {
 		if err := sse.send(chunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
 			return nil
 		}
 	}
-	if err := sse.send(chunk(chatDelta{}, nil, &res.finish)); err != nil {
-		return nil
-	}
-	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-		u := chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
+	var usage any
+	if req.includeUsage() {
+		usage = chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
 			SystemFingerprint: fingerprint, Choices: []chatChunkChoice{}, Usage: usageOf(res.usage)}
-		if err := sse.send(u); err != nil {
-			return nil
-		}
 	}
-	_ = sse.done()
+	sse.end(chunk(chatDelta{}, nil, &res.finish), usage)
 	return nil
 }

@@ -2,10 +2,7 @@ package serve
 
 import (
 	"net/http"
-	"strings"
 	"time"
-
-	"github.com/resin-llm/resin/core/engine"
 )
 
 // defaultCompletionTokens is OpenAI's max_tokens default for /v1/completions.
@@ -50,7 +47,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	} else if req.Echo {
 		prompt.text = s.tok.Decode(ids, false)
 	}
-	g := &genRequest{prompt: ids, sampling: sp, stops: stops, skipSpecial: req.SkipSpecialTokens == nil || *req.SkipSpecialTokens}
+	g := &genRequest{prompt: ids, sampling: sp, stops: stops, skipSpecial: req.skipSpecial()}
 	id, created := newID("cmpl-"), time.Now().Unix()
 	echo := ""
 	if req.Echo {
@@ -59,18 +56,11 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if req.Stream {
 		return s.streamCompletion(w, r, g, &req, id, created, echo)
 	}
-	var text strings.Builder
-	text.WriteString(echo)
-	var lps []engine.TokenLogprob
-	res, err := s.generate(r.Context(), g, func(d delta) error {
-		text.WriteString(d.text)
-		lps = append(lps, d.logprobs...)
-		return nil
-	})
+	text, lps, res, err := s.generateAll(r.Context(), g)
 	if err != nil {
 		return err
 	}
-	choice := completionChoice{Text: text.String(), FinishReason: &res.finish}
+	choice := completionChoice{Text: echo + text, FinishReason: &res.finish}
 	if sp.Logprobs {
 		choice.Logprobs = s.completionLogprobs(lps, len(echo), sp.TopLogprobs > 0)
 	}
@@ -106,25 +96,14 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 		return sse.send(chunk(text, lp, nil))
 	})
 	if err != nil {
-		if !sse.started {
-			return err
-		}
-		if r.Context().Err() == nil {
-			sse.fail(err)
-		}
-		return nil
+		return sse.abort(r.Context(), err)
 	}
-	if err := sse.send(chunk("", nil, &res.finish)); err != nil {
-		return nil
-	}
-	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-		u := completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
+	var usage any
+	if req.includeUsage() {
+		usage = completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
 			SystemFingerprint: fingerprint, Choices: []completionChoice{}, Usage: usageOf(res.usage)}
-		if err := sse.send(u); err != nil {
-			return nil
-		}
 	}
-	_ = sse.done()
+	sse.end(chunk("", nil, &res.finish), usage)
 	return nil
 }
 

@@ -126,6 +126,18 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 	}
 }
 
+// generateAll runs r to its end and returns its whole text and logprobs.
+func (s *Server) generateAll(ctx context.Context, r *genRequest) (string, []engine.TokenLogprob, genResult, error) {
+	var text strings.Builder
+	var lps []engine.TokenLogprob
+	res, err := s.generate(ctx, r, func(d delta) error {
+		text.WriteString(d.text)
+		lps = append(lps, d.logprobs...)
+		return nil
+	})
+	return text.String(), lps, res, err
+}
+
 // stopIDs lists the token ids whose generation ends the request with reason stop.
 func (s *Server) stopIDs(extra []int32, ignoreEOS bool) []int32 {
 	if ignoreEOS {

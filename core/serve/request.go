@@ -39,6 +39,16 @@ type commonParams struct {
 	User              string             `json:"user"`
 }
 
+// skipSpecial reports whether special tokens are left out of the text (vLLM's default).
+func (p *commonParams) skipSpecial() bool {
+	return p.SkipSpecialTokens == nil || *p.SkipSpecialTokens
+}
+
+// includeUsage reports whether a stream ends with a usage chunk.
+func (p *commonParams) includeUsage() bool {
+	return p.StreamOptions != nil && p.StreamOptions.IncludeUsage
+}
+
 // completionRequest is the body of POST /v1/completions.
 type completionRequest struct {
 	commonParams

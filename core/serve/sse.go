@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -79,5 +80,30 @@ func (s *sseWriter) fail(err error) {
 		return
 	}
 	_ = s.send(asAPI(err).body())
+	_ = s.done()
+}
+
+// abort ends a stream whose generation failed with err. Before anything was sent, err is
+// returned to become the HTTP error answer; after, it is reported inside the stream,
+// unless ctx (the request's) says the client has gone.
+func (s *sseWriter) abort(ctx context.Context, err error) error {
+	if !s.started {
+		return err
+	}
+	if ctx.Err() == nil {
+		s.fail(err)
+	}
+	return nil
+}
+
+// end sends the chunk carrying the finish reason, then usage unless it is nil, then
+// [DONE]; it stops at the first write that fails.
+func (s *sseWriter) end(last, usage any) {
+	if s.send(last) != nil {
+		return
+	}
+	if usage != nil && s.send(usage) != nil {
+		return
+	}
 	_ = s.done()
 }
