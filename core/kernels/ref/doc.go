@@ -8,8 +8,10 @@
 //
 // Conventions: every tensor is a row-major []float32; a shape [a, b, c] means element
 // (i, j, l) lives at index (i*b+j)*c+l. Operators write into out slices the caller owns and
-// allocate nothing. A shape that does not match the slices, or an index out of range, is
-// reported as an error naming the argument; no operator panics on bad input.
+// allocate nothing, with one exception: a GEMM large enough for gonum to split across
+// goroutines allocates a few small objects per call (MatMulT 64x512x512: 18 allocs, 2 KB).
+// A shape that does not match the slices, or an index out of range, is reported as an error
+// naming the argument; no operator panics on bad input.
 package ref
 
 import "fmt"
