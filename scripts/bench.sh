@@ -7,6 +7,7 @@
 #   2. `NAME bench` through core/engine at concurrency 1, 4 and 16 (random weights unless
 #      MODEL_WEIGHTS names a checkpoint directory).
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 root=$(pwd)
 dir=${1:-models/llama}

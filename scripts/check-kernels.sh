@@ -26,7 +26,7 @@ usage() { echo "usage: $0 [auto|nvrtc|clang|both] [DIR...]" >&2; exit 2; }
 mode=auto
 case "${1:-}" in
 auto|nvrtc|clang|both) mode=$1; shift ;;
--h|--help) usage ;;
+-h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
 esac
 dirs=()
 for d in "$@"; do

@@ -5,7 +5,7 @@
 # (NVRTC compile + launch, CUDA graph capture and replay, cuBLASLt GEMM against the CPU,
 # every shared kernel against its core/kernels/ref reference, the device arena) and ends
 # with the parity lines and the figures: GEMM TFLOP/s, copy GB/s, launch and graph-replay
-# latency. It takes a few minutes; each test binary is limited to 5.
+# latency. It takes a few minutes; each test binary is limited to 5 minutes.
 #
 #   scripts/gpu-check.sh            build with the local Go toolchain, then run
 #   scripts/gpu-check.sh --build    only build the binaries into .cache/gpu-bin (for a GPU
@@ -14,8 +14,9 @@
 #
 # Libraries: libcuda from the driver; NVRTC, cuBLASLt and NCCL from the CUDA toolkit or
 # NVIDIA's Python wheels (found automatically; RESIN_CUDA_LIB_DIR or RESIN_NVRTC_LIB
-# override). Output is also written to $OUT/gpu-check.log when OUT is set.
+# override). Output is also written to $OUT/gpu-check.log (without OUT: .cache/gpu-check.log).
 set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 root=$(pwd)
 bin="$root/.cache/gpu-bin"

@@ -9,6 +9,7 @@
 # Profiles land in OUT_DIR (default .cache/profile/NAME-<utc time>). Environment:
 # TOKENS (generated tokens, default 128), MODEL_WEIGHTS (checkpoint directory).
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 root=$(pwd)
 dir=${1:-models/llama}

