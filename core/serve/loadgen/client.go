@@ -86,48 +86,24 @@ func send(ctx context.Context, hc *http.Client, cfg *Config, prompt string) samp
 		s.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
 		return s
 	}
-	last := time.Time{}
+	var last time.Time
 	rd := bufio.NewReader(resp.Body)
 	done := false
-	for !done {
+	for {
 		line, err := rd.ReadBytes('\n')
-		if len(line) > 0 {
-			line = bytes.TrimSpace(line)
-			if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-				data = bytes.TrimSpace(data)
-				if string(data) == "[DONE]" {
-					done = true
-					break
-				}
-				var c chunk
-				if jerr := json.Unmarshal(data, &c); jerr != nil {
-					s.err = fmt.Errorf("bad SSE chunk %q: %w", data, jerr)
-					return s
-				}
-				if c.Error != nil {
-					s.err = fmt.Errorf("server error in stream: %s", c.Error.Message)
-					return s
-				}
-				if c.Usage != nil {
-					s.promptTokens, s.outputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
-				}
-				if len(c.Choices) > 0 && (c.Choices[0].Text != "" || c.Choices[0].Delta.Content != "") {
-					now := time.Now()
-					if last.IsZero() {
-						s.ttft = now.Sub(s.start)
-					} else {
-						s.itl = append(s.itl, now.Sub(last))
-					}
-					last = now
-				}
-			}
-		}
-		if err != nil {
-			if err != io.EOF {
-				s.err = err
+		if data, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("data:")); ok {
+			var cerr error
+			if done, cerr = s.event(bytes.TrimSpace(data), &last); cerr != nil {
+				s.err = cerr
 				return s
 			}
+		}
+		if done || err == io.EOF {
 			break
+		}
+		if err != nil {
+			s.err = err
+			return s
 		}
 	}
 	s.e2e = time.Since(s.start)
@@ -137,4 +113,33 @@ func send(ctx context.Context, hc *http.Client, cfg *Config, prompt string) samp
 		s.err = fmt.Errorf("stream carried no tokens and no usage")
 	}
 	return s
+}
+
+// event records one SSE data payload in s, timing the chunks that carry text (last is
+// when the previous one came). It reports whether the payload is the stream's [DONE].
+func (s *sample) event(data []byte, last *time.Time) (bool, error) {
+	if string(data) == "[DONE]" {
+		return true, nil
+	}
+	var c chunk
+	if err := json.Unmarshal(data, &c); err != nil {
+		return false, fmt.Errorf("bad SSE chunk %q: %w", data, err)
+	}
+	if c.Error != nil {
+		return false, fmt.Errorf("server error in stream: %s", c.Error.Message)
+	}
+	if c.Usage != nil {
+		s.promptTokens, s.outputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+	}
+	if len(c.Choices) == 0 || (c.Choices[0].Text == "" && c.Choices[0].Delta.Content == "") {
+		return false, nil
+	}
+	now := time.Now()
+	if last.IsZero() {
+		s.ttft = now.Sub(s.start)
+	} else {
+		s.itl = append(s.itl, now.Sub(*last))
+	}
+	*last = now
+	return false, nil
 }
