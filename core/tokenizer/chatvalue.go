@@ -4,7 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -19,33 +20,12 @@ func toValue(v any) (jinja.Value, error) {
 	case json.RawMessage:
 		return jsonValue(x)
 	case []map[string]any:
-		items := make([]jinja.Value, len(x))
-		for i, m := range x {
-			val, err := toValue(m)
-			if err != nil {
-				return jinja.Value{}, err
-			}
-			items[i] = val
-		}
-		return jinja.NewList(items), nil
+		return listValue(x)
 	case []any:
-		items := make([]jinja.Value, len(x))
-		for i, e := range x {
-			val, err := toValue(e)
-			if err != nil {
-				return jinja.Value{}, err
-			}
-			items[i] = val
-		}
-		return jinja.NewList(items), nil
+		return listValue(x)
 	case map[string]any:
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
 		d := jinja.NewDict()
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(x)) {
 			val, err := toValue(x[k])
 			if err != nil {
 				return jinja.Value{}, err
@@ -55,6 +35,19 @@ func toValue(v any) (jinja.Value, error) {
 		return d, nil
 	}
 	return jinja.FromGoValue(v), nil
+}
+
+// listValue converts each of xs with toValue into a Jinja list.
+func listValue[T any](xs []T) (jinja.Value, error) {
+	items := make([]jinja.Value, len(xs))
+	for i, x := range xs {
+		val, err := toValue(x)
+		if err != nil {
+			return jinja.Value{}, err
+		}
+		items[i] = val
+	}
+	return jinja.NewList(items), nil
 }
 
 // jsonValue decodes JSON into Jinja values, keeping object key order.
