@@ -3,12 +3,13 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -84,12 +85,7 @@ func (m *ModelAnswer) validate() error {
 		"num_key_value_heads": m.NumKeyValueHeads, "head_dim": m.HeadDim,
 		"max_position_embeddings": m.MaxPositionEmbeddings, "page_tokens": m.PageTokens,
 	}
-	keys := make([]string, 0, len(pos))
-	for k := range pos {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(pos)) {
 		if pos[k] <= 0 {
 			return fmt.Errorf("model.%s must be positive, got %d", k, pos[k])
 		}

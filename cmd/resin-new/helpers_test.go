@@ -3,9 +3,10 @@ package main
 import (
 	"bytes"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"testing"
 	"testing/fstest"
 
@@ -61,12 +62,7 @@ func readTree(t *testing.T, dir string) map[string]string {
 }
 
 func keys(m map[string]string) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
+	return slices.Sorted(maps.Keys(m))
 }
 
 // coreDir is the checkout the tests run in.

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 )
 
 // Checkpoint is a model directory in HF layout: model.safetensors, or shards listed by
@@ -41,12 +41,7 @@ func Open(dir string) (*Checkpoint, error) {
 			return nil, fmt.Errorf("open checkpoint %s: %w: %s: %v", dir, ErrFormat, IndexFile, err)
 		}
 		shards := map[string]*File{}
-		names := make([]string, 0, len(si.WeightMap))
-		for n := range si.WeightMap {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
+		for _, n := range slices.Sorted(maps.Keys(si.WeightMap)) {
 			shard := si.WeightMap[n]
 			if filepath.Base(shard) != shard {
 				c.Close()
@@ -76,7 +71,7 @@ func Open(dir string) (*Checkpoint, error) {
 	paths := []string{filepath.Join(dir, "model.safetensors")}
 	if _, err := os.Stat(paths[0]); err != nil {
 		paths, _ = filepath.Glob(filepath.Join(dir, "*.safetensors"))
-		sort.Strings(paths)
+		slices.Sort(paths)
 	}
 	if len(paths) == 0 {
 		return nil, fmt.Errorf("open checkpoint %s: %w: no model.safetensors, %s or *.safetensors", dir, ErrNotFound, IndexFile)
@@ -112,12 +107,7 @@ func (c *Checkpoint) Close() error {
 
 // Names returns every tensor name, sorted.
 func (c *Checkpoint) Names() []string {
-	out := make([]string, 0, len(c.where))
-	for n := range c.where {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(c.where))
 }
 
 // Info returns the description of a tensor.
