@@ -95,6 +95,22 @@ func (h *harness) stopEngine() {
 	h.done <- nil
 }
 
+// stopAndCheck stops the engine loop and checks that what happened (named by after) left
+// no sequence open in the pool, the pool consistent and the runner without error.
+func (h *harness) stopAndCheck(after string) {
+	h.t.Helper()
+	h.stopEngine()
+	if st := h.eng.Pool().Stats(); st.Sequences != 0 {
+		h.t.Fatalf("%d sequences still open in the pool after %s", st.Sequences, after)
+	}
+	if err := h.eng.Pool().Check(); err != nil {
+		h.t.Fatalf("pool invariants: %v", err)
+	}
+	if err := h.runner.Err(); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 func (h *harness) close() {
 	if h.ts != nil {
 		h.ts.Close()

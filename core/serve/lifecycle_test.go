@@ -83,17 +83,7 @@ func TestClientDisconnectAbortsRequest(t *testing.T) {
 		t.Fatalf("the runner was fed %d tokens: the requests ran on after the clients left", fed)
 	}
 	h.ts.Close()
-	h.stopEngine()
-	st := h.eng.Pool().Stats()
-	if st.Sequences != 0 {
-		t.Fatalf("%d sequences still open in the pool after the aborts", st.Sequences)
-	}
-	if err := h.eng.Pool().Check(); err != nil {
-		t.Fatalf("pool invariants: %v", err)
-	}
-	if err := h.runner.Err(); err != nil {
-		t.Fatal(err)
-	}
+	h.stopAndCheck("the aborts")
 	h.ts = nil
 	h.eng.Close()
 	http.DefaultClient.CloseIdleConnections()

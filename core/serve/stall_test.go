@@ -111,17 +111,7 @@ func TestStalledClientAbortsRequest(t *testing.T) {
 	if !strings.Contains(logs.String(), "client stopped reading") {
 		t.Errorf("the stall was not logged; log:\n%s", logs.String())
 	}
-	h.stopEngine()
-	st := h.eng.Pool().Stats()
-	if st.Sequences != 0 {
-		t.Fatalf("%d sequences still open in the pool after the stall", st.Sequences)
-	}
-	if err := h.eng.Pool().Check(); err != nil {
-		t.Fatalf("pool invariants: %v", err)
-	}
-	if err := h.runner.Err(); err != nil {
-		t.Fatal(err)
-	}
+	h.stopAndCheck("the stall")
 	h.ts = nil
 	h.eng.Close()
 	waitFor(t, "goroutines to return to the baseline", func() bool { return runtime.NumGoroutine() <= before+1 })
