@@ -65,6 +65,26 @@ func keys(m map[string]string) []string {
 	return slices.Sorted(maps.Keys(m))
 }
 
+// fakeCore returns a temporary checkout skeleton for --in-tree: the checkout's go.mod and
+// models/registry.go.
+func fakeCore(t *testing.T) string {
+	t.Helper()
+	core, fake := coreDir(t), t.TempDir()
+	for _, f := range []string{"go.mod", filepath.Join("models", "registry.go")} {
+		data, err := os.ReadFile(filepath.Join(core, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(fake, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(fake, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fake
+}
+
 // coreDir is the checkout the tests run in.
 func coreDir(t *testing.T) string {
 	t.Helper()

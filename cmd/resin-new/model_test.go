@@ -116,16 +116,7 @@ func TestFailedRenderWritesNothing(t *testing.T) {
 // TestInTree scaffolds a model inside a copy of the checkout's skeleton and checks that
 // the registry edit is made once, however often it runs.
 func TestInTree(t *testing.T) {
-	core := coreDir(t)
-	fake := t.TempDir()
-	gomod, _ := os.ReadFile(filepath.Join(core, "go.mod"))
-	reg, err := os.ReadFile(filepath.Join(core, "models", "registry.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(fake, "go.mod"), gomod, 0o644)
-	os.MkdirAll(filepath.Join(fake, "models"), 0o755)
-	os.WriteFile(filepath.Join(fake, "models", "registry.go"), reg, 0o644)
+	fake := fakeCore(t)
 
 	for i := 0; i < 2; i++ {
 		args := []string{"model", "tiny-one", "--in-tree", "--core", fake}
@@ -184,17 +175,8 @@ func TestGeneratedRuntimeBuildsAndTests(t *testing.T) {
 // name differs only by hyphens) is refused before anything is written: inserting its
 // import would leave a registry that no longer compiles.
 func TestInTreeNameCollidingWithRegistryImport(t *testing.T) {
-	core := coreDir(t)
-	fake := t.TempDir()
-	gomod, _ := os.ReadFile(filepath.Join(core, "go.mod"))
-	reg, err := os.ReadFile(filepath.Join(core, "models", "registry.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(fake, "go.mod"), gomod, 0o644)
-	os.MkdirAll(filepath.Join(fake, "models"), 0o755)
+	fake := fakeCore(t)
 	regPath := filepath.Join(fake, "models", "registry.go")
-	os.WriteFile(regPath, reg, 0o644)
 
 	if out, err := runCLI(t, templates.FS, "model", "tiny-one", "--in-tree", "--core", fake); err != nil {
 		t.Fatalf("%v\n%s", err, out)
