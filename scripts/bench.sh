@@ -3,7 +3,8 @@
 # (default models/llama), with the machine it ran on, printed and appended to OUT_FILE
 # (default .cache/bench/NAME.txt) so figures can be compared across changes.
 #
-#   1. go test -bench of the model package (BenchmarkGenerate on the tiny config, allocs);
+#   1. go test -bench . of the model package (BenchmarkGenerate and BenchmarkExecute on the
+#      tiny config, with allocs);
 #   2. `NAME bench` through core/engine at concurrency 1, 4 and 16 (random weights unless
 #      MODEL_WEIGHTS names a checkpoint directory).
 set -euo pipefail
