@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // merge3 merges two descendants of base line by line (diff3): a change made on one side
@@ -160,17 +161,7 @@ func hunks(a, b []string) []hunk {
 
 // splitLines splits after each newline; a last line without one is kept as is.
 func splitLines(b []byte) []string {
-	var out []string
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			out = append(out, string(b))
-			break
-		}
-		out = append(out, string(b[:i+1]))
-		b = b[i+1:]
-	}
-	return out
+	return slices.Collect(strings.Lines(string(b)))
 }
 
 func writeLines(w *bytes.Buffer, ls []string) {

@@ -6,6 +6,7 @@ import (
 	"go/format"
 	"io/fs"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"text/template"
@@ -99,13 +100,8 @@ func loadBases(root fs.FS) ([]*Base, error) {
 func findBase(bases []*Base, name string) (*Base, error) {
 	var known []string
 	for _, b := range bases {
-		if b.Name == name {
+		if b.Name == name || slices.Contains(b.Manifest.Aliases, name) {
 			return b, nil
-		}
-		for _, a := range b.Manifest.Aliases {
-			if a == name {
-				return b, nil
-			}
 		}
 		known = append(known, b.Name)
 		known = append(known, b.Manifest.Aliases...)
