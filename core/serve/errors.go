@@ -88,12 +88,10 @@ func internal(err error) *apiError {
 
 // asAPI turns any error into an apiError (500 unless it already is one).
 func asAPI(err error) *apiError {
-	var ae *apiError
-	if errors.As(err, &ae) {
+	if ae, ok := errors.AsType[*apiError](err); ok {
 		return ae
 	}
-	var mb *http.MaxBytesError
-	if errors.As(err, &mb) {
+	if mb, ok := errors.AsType[*http.MaxBytesError](err); ok {
 		return tooLarge(mb.Limit)
 	}
 	return internal(err)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -183,10 +184,8 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	if len(many) > maxStops {
 		return nil, invalid("stop", "At most %d stop strings are allowed; got %d.", maxStops, len(many))
 	}
-	for _, s := range many {
-		if s == "" {
-			return nil, invalid("stop", "stop strings must not be empty.")
-		}
+	if slices.Contains(many, "") {
+		return nil, invalid("stop", "stop strings must not be empty.")
 	}
 	return many, nil
 }

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -372,10 +373,8 @@ func Reference(vocab int, prompt []int32, n int, row engine.SamplingRow, stop ..
 		fillLogits(logits, h)
 		t, _, _ := s.Sample(logits, row, len(prompt)+len(out), nil)
 		out = append(out, t)
-		for _, x := range stop {
-			if t == x {
-				return out
-			}
+		if slices.Contains(stop, t) {
+			return out
 		}
 		h = chain(h, t)
 	}
