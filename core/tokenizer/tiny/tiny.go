@@ -1,7 +1,8 @@
 // Package tiny embeds a small byte-level BPE tokenizer (1,025 tokens, ChatML chat
-// template) trained by scripts/tokenizer-goldens.sh on its own corpus. Resin serves it
-// with the engine's test runner until real models exist, so the whole path from HTTP text
-// to token ids and back runs end to end.
+// template) trained by scripts/tokenizer-goldens.sh on its own corpus. cmd/resin uses it
+// whenever no tokenizer.json is given (the engine's test runner, a model on random
+// weights), so the whole path from HTTP text to token ids and back runs end to end without
+// downloading one.
 package tiny
 
 import (
