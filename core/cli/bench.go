@@ -78,12 +78,9 @@ func runBench(ctx context.Context, e *Engine, requests, promptLen, genLen, concu
 			prompt[j] = int32((i*7919 + j*31 + 1) % vocab)
 		}
 		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			defer func() { <-sem }()
-			start := time.Now()
-			first, n, err := benchOne(ctx, e, prompt, genLen, start)
+			first, n, err := benchOne(ctx, e, prompt, genLen)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && firstErr == nil {
@@ -91,7 +88,7 @@ func runBench(ctx context.Context, e *Engine, requests, promptLen, genLen, concu
 			}
 			res.ttft += first
 			res.generated += n
-		}()
+		})
 	}
 	wg.Wait()
 	res.wall = time.Since(t0)
@@ -99,7 +96,8 @@ func runBench(ctx context.Context, e *Engine, requests, promptLen, genLen, concu
 }
 
 // benchOne runs one request and returns its time to first token and its token count.
-func benchOne(ctx context.Context, e *Engine, prompt []int32, genLen int, start time.Time) (time.Duration, int, error) {
+func benchOne(ctx context.Context, e *Engine, prompt []int32, genLen int) (time.Duration, int, error) {
+	start := time.Now()
 	s, err := e.Submit(ctx, engine.Request{Prompt: prompt, Sampling: engine.SamplingParams{MaxTokens: genLen, IgnoreEOS: true}})
 	if err != nil {
 		return 0, 0, err
