@@ -46,7 +46,7 @@ func newModelCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.base, "base", "", "base to start from (see `resin-new list`; default dense)")
+	f.StringVar(&o.base, "base", "", "base to start from (see resin-new list; default dense)")
 	f.StringVar(&o.hfConfig, "hf-config", "", "HF config.json: fills the dimensions and picks the base from architectures")
 	f.StringVar(&o.out, "out", "", "write a standalone repository to DIR")
 	f.BoolVar(&o.inTree, "in-tree", false, "write models/NAME in this checkout and register it in models/registry.go")
@@ -120,7 +120,14 @@ func newCheckCmd(stdout io.Writer) *cobra.Command {
 					return fmt.Errorf("check: %w", err)
 				}
 				for i, it := range parseChecklist(data) {
-					fmt.Fprintf(stdout, "%2d. %s: `%s`\n", i+1, it.Title, it.Command)
+					switch {
+					case it.Command == "":
+						fmt.Fprintf(stdout, "%2d. %s (manual)\n", i+1, it.Title)
+					case it.GPU:
+						fmt.Fprintf(stdout, "%2d. %s (gpu): `%s`\n", i+1, it.Title, it.Command)
+					default:
+						fmt.Fprintf(stdout, "%2d. %s: `%s`\n", i+1, it.Title, it.Command)
+					}
 				}
 				return nil
 			}

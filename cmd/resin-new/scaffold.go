@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -81,6 +82,10 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	a.Base = base.Name
 	a.TemplateVersion = base.Manifest.Version
 	for _, kv := range o.sets {
+		if key, _, _ := strings.Cut(kv, "="); hfJSON != nil && !runnerAnswer(key) {
+			return fmt.Errorf("--set %s with --hf-config: the runtime reads config.json, which is copied as is; edit %s instead (only %s apply on top of it)",
+				strings.TrimSpace(key), o.hfConfig, strings.Join(runnerAnswers, " and "))
+		}
 		if err := a.Model.applySet(kv); err != nil {
 			return err
 		}
@@ -354,6 +359,14 @@ func vendorWrites(coreDir, dst string) ([]write, error) {
 	}
 	sort.Slice(ws, func(i, j int) bool { return ws[i].path < ws[j].path })
 	return ws, nil
+}
+
+// runnerAnswers are the model answers rendered into the runtime's code rather than into
+// config.json, so they take effect on top of a copied HF config.
+var runnerAnswers = []string{"page_tokens", "seed"}
+
+func runnerAnswer(key string) bool {
+	return slices.Contains(runnerAnswers, strings.TrimPrefix(strings.TrimSpace(key), "model."))
 }
 
 // goModTidy completes the standalone go.mod: through the module proxy the environment
