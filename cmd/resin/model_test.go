@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,12 +8,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/resin-llm/resin/core/cli/clitest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/tokenizer/tiny"
 	"github.com/resin-llm/resin/core/weights"
@@ -235,34 +234,9 @@ func TestGenerateModelBadInput(t *testing.T) {
 func TestServeModelCompletion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := newServeCmd()
-	pr, pw := io.Pipe()
-	cmd.SetOut(io.Discard)
-	cmd.SetErr(pw)
-	cmd.SetArgs([]string{"--model", "llama", "--random-weights", tinyLlama, "--port", "0", "--cache-bytes", "4000000"})
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
-	urls := make(chan string, 1)
-	var logText strings.Builder
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		re := regexp.MustCompile(`url=(http://\S+)`)
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			logText.WriteString(sc.Text() + "\n")
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				urls <- m[1]
-			}
-		}
-	}()
-	var base string
-	select {
-	case base = <-urls:
-	case err := <-done:
-		<-logDone
-		t.Fatalf("serve exited: %v\n%s", err, logText.String())
-	}
+	srv := clitest.StartServe(t, ctx, newServeCmd(),
+		"--model", "llama", "--random-weights", tinyLlama, "--port", "0", "--cache-bytes", "4000000")
+	base := srv.URL
 
 	body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true})
 	resp, err := http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
@@ -297,11 +271,10 @@ func TestServeModelCompletion(t *testing.T) {
 	}
 
 	cancel()
-	if err := <-done; err != nil {
+	if err := srv.Wait(); err != nil {
 		t.Fatalf("serve: %v", err)
 	}
-	<-logDone
-	if !strings.Contains(logText.String(), "runner=llama") {
-		t.Errorf("server log does not name the runner:\n%s", logText.String())
+	if !strings.Contains(srv.Logs(), "runner=llama") {
+		t.Errorf("server log does not name the runner:\n%s", srv.Logs())
 	}
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/resin-llm/resin/core/cli/clitest"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
@@ -167,34 +166,9 @@ func TestServe(t *testing.T) {
 	dir := modelDir(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := ServeCmd(NewModelDir("test", testOpener))
-	pr, pw := io.Pipe()
-	cmd.SetOut(io.Discard)
-	cmd.SetErr(pw)
-	cmd.SetArgs([]string{"--model", dir, "--port", "0", "--served-model-name", "tiny", "--api-key", "k"})
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx); pw.Close() }()
-	urls := make(chan string, 1)
-	var logText strings.Builder
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		re := regexp.MustCompile(`url=(http://\S+)`)
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			logText.WriteString(sc.Text() + "\n")
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				urls <- m[1]
-			}
-		}
-	}()
-	var base string
-	select {
-	case base = <-urls:
-	case err := <-done:
-		<-logDone
-		t.Fatalf("serve exited: %v\n%s", err, logText.String())
-	}
+	srv := clitest.StartServe(t, ctx, ServeCmd(NewModelDir("test", testOpener)),
+		"--model", dir, "--port", "0", "--served-model-name", "tiny", "--api-key", "k")
+	base := srv.URL
 	body, _ := json.Marshal(map[string]any{"model": "tiny", "prompt": "Hello", "max_tokens": 6, "temperature": 0})
 	req, _ := http.NewRequest("POST", base+"/v1/completions", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer k")
@@ -219,13 +193,12 @@ func TestServe(t *testing.T) {
 		t.Errorf("completion text %q, want %q", got.Choices[0].Text, want)
 	}
 	cancel()
-	if err := <-done; err != nil {
+	if err := srv.Wait(); err != nil {
 		t.Fatalf("serve: %v", err)
 	}
-	<-logDone
 	for _, want := range []string{"model=tiny", "runner=test", "auth=true", "msg=stopped"} {
-		if !strings.Contains(logText.String(), want) {
-			t.Errorf("server log lacks %q:\n%s", want, logText.String())
+		if !strings.Contains(srv.Logs(), want) {
+			t.Errorf("server log lacks %q:\n%s", want, srv.Logs())
 		}
 	}
 
