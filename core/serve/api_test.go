@@ -359,3 +359,43 @@ func TestCompletionEcho(t *testing.T) {
 		t.Fatalf("echo gave %q, want the prompt then %q", echoed.Choices[0].Text, plain.Choices[0].Text)
 	}
 }
+
+// Every response and stream chunk starts with the envelope OpenAI clients read: id,
+// object, created, model and system_fingerprint.
+func TestResponseEnvelope(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	check := func(what, object string, raw []byte) {
+		t.Helper()
+		var env struct {
+			ID                string `json:"id"`
+			Object            string `json:"object"`
+			Created           int64  `json:"created"`
+			Model             string `json:"model"`
+			SystemFingerprint string `json:"system_fingerprint"`
+		}
+		if err := json.Unmarshal(raw, &env); err != nil {
+			t.Fatalf("%s: %v: %s", what, err, raw)
+		}
+		if env.ID == "" || env.Object != object || env.Created == 0 || env.Model != "tiny-test" || env.SystemFingerprint != "resin" {
+			t.Errorf("%s: envelope %+v, want object %q, model tiny-test, fingerprint resin, an id and a time", what, env, object)
+		}
+	}
+	prompt := map[string]any{"model": "tiny-test", "prompt": "Hello", "max_tokens": 3}
+	chat := map[string]any{"model": "tiny-test", "messages": []map[string]string{{"role": "user", "content": "Hello"}}, "max_tokens": 3}
+	_, raw := h.post("/v1/completions", prompt)
+	check("completion", "text_completion", raw)
+	_, raw = h.post("/v1/chat/completions", chat)
+	check("chat", "chat.completion", raw)
+	for _, c := range []struct {
+		path, object string
+		body         map[string]any
+	}{{"/v1/completions", "text_completion", prompt}, {"/v1/chat/completions", "chat.completion.chunk", chat}} {
+		c.body["stream"] = true
+		c.body["stream_options"] = map[string]any{"include_usage": true}
+		_, raw := h.post(c.path, c.body)
+		events := sseEvents(t, raw)
+		for _, ev := range events[:len(events)-1] { // the last is [DONE]
+			check(c.path+" chunk", c.object, []byte(ev))
+		}
+	}
+}

@@ -75,19 +75,16 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if sp.Logprobs {
 		choice.Logprobs = s.chatLogprobs(lps)
 	}
-	writeJSON(w, http.StatusOK, chatResponse{
-		ID: id, Object: "chat.completion", Created: created, Model: s.modelName(req.Model),
-		SystemFingerprint: fingerprint, Choices: []chatChoice{choice}, Usage: usageOf(res.usage),
-	})
+	writeJSON(w, http.StatusOK, chatResponse{envelope: newEnvelope(id, "chat.completion", created, s.modelName(req.Model)),
+		Choices: []chatChoice{choice}, Usage: usageOf(res.usage)})
 	return nil
 }
 
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, g *genRequest, req *chatRequest, id string, created int64) error {
 	sse := newSSE(w)
-	model := s.modelName(req.Model)
+	head := newEnvelope(id, "chat.completion.chunk", created, s.modelName(req.Model))
 	chunk := func(d chatDelta, lp *chatLogprobs, finish *string) chatChunk {
-		return chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-			SystemFingerprint: fingerprint, Choices: []chatChunkChoice{{Delta: d, Logprobs: lp, FinishReason: finish}}}
+		return chatChunk{envelope: head, Choices: []chatChunkChoice{{Delta: d, Logprobs: lp, FinishReason: finish}}}
 	}
 	empty := ""
 	first := true
@@ -118,8 +115,7 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, g *genReques
 	}
 	var usage any
 	if req.includeUsage() {
-		usage = chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-			SystemFingerprint: fingerprint, Choices: []chatChunkChoice{}, Usage: usageOf(res.usage)}
+		usage = chatChunk{envelope: head, Choices: []chatChunkChoice{}, Usage: usageOf(res.usage)}
 	}
 	sse.end(chunk(chatDelta{}, nil, &res.finish), usage)
 	return nil

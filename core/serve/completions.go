@@ -64,19 +64,16 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if sp.Logprobs {
 		choice.Logprobs = s.completionLogprobs(lps, len(echo), sp.TopLogprobs > 0)
 	}
-	writeJSON(w, http.StatusOK, completionResponse{
-		ID: id, Object: "text_completion", Created: created, Model: s.modelName(req.Model),
-		SystemFingerprint: fingerprint, Choices: []completionChoice{choice}, Usage: usageOf(res.usage),
-	})
+	writeJSON(w, http.StatusOK, completionResponse{envelope: newEnvelope(id, "text_completion", created, s.modelName(req.Model)),
+		Choices: []completionChoice{choice}, Usage: usageOf(res.usage)})
 	return nil
 }
 
 func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *genRequest, req *completionRequest, id string, created int64, echo string) error {
 	sse := newSSE(w)
-	model := s.modelName(req.Model)
+	head := newEnvelope(id, "text_completion", created, s.modelName(req.Model))
 	chunk := func(text string, lp *completionLogprobs, finish *string) completionResponse {
-		return completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
-			SystemFingerprint: fingerprint, Choices: []completionChoice{{Text: text, Logprobs: lp, FinishReason: finish}}}
+		return completionResponse{envelope: head, Choices: []completionChoice{{Text: text, Logprobs: lp, FinishReason: finish}}}
 	}
 	offset := len(echo)
 	first := true
@@ -100,8 +97,7 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *gen
 	}
 	var usage any
 	if req.includeUsage() {
-		usage = completionResponse{ID: id, Object: "text_completion", Created: created, Model: model,
-			SystemFingerprint: fingerprint, Choices: []completionChoice{}, Usage: usageOf(res.usage)}
+		usage = completionResponse{envelope: head, Choices: []completionChoice{}, Usage: usageOf(res.usage)}
 	}
 	sse.end(chunk("", nil, &res.finish), usage)
 	return nil

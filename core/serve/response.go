@@ -29,13 +29,9 @@ type completionChoice struct {
 }
 
 type completionResponse struct {
-	ID                string             `json:"id"`
-	Object            string             `json:"object"`
-	Created           int64              `json:"created"`
-	Model             string             `json:"model"`
-	SystemFingerprint string             `json:"system_fingerprint"`
-	Choices           []completionChoice `json:"choices"`
-	Usage             *usageJSON         `json:"usage,omitempty"`
+	envelope
+	Choices []completionChoice `json:"choices"`
+	Usage   *usageJSON         `json:"usage,omitempty"`
 }
 
 type chatMessage struct {
@@ -52,13 +48,9 @@ type chatChoice struct {
 }
 
 type chatResponse struct {
-	ID                string       `json:"id"`
-	Object            string       `json:"object"`
-	Created           int64        `json:"created"`
-	Model             string       `json:"model"`
-	SystemFingerprint string       `json:"system_fingerprint"`
-	Choices           []chatChoice `json:"choices"`
-	Usage             *usageJSON   `json:"usage"`
+	envelope
+	Choices []chatChoice `json:"choices"`
+	Usage   *usageJSON   `json:"usage"`
 }
 
 type chatDelta struct {
@@ -74,14 +66,23 @@ type chatChunkChoice struct {
 }
 
 type chatChunk struct {
-	ID                string            `json:"id"`
-	Object            string            `json:"object"`
-	Created           int64             `json:"created"`
-	Model             string            `json:"model"`
-	SystemFingerprint string            `json:"system_fingerprint"`
-	Choices           []chatChunkChoice `json:"choices"`
-	Usage             *usageJSON        `json:"usage,omitempty"`
+	envelope
+	Choices []chatChunkChoice `json:"choices"`
+	Usage   *usageJSON        `json:"usage,omitempty"`
 }
 
 // fingerprint names the serving stack in system_fingerprint.
 const fingerprint = "resin"
+
+// envelope is the head of every completion and chat response and stream chunk.
+type envelope struct {
+	ID                string `json:"id"`
+	Object            string `json:"object"`
+	Created           int64  `json:"created"`
+	Model             string `json:"model"`
+	SystemFingerprint string `json:"system_fingerprint"`
+}
+
+func newEnvelope(id, object string, created int64, model string) envelope {
+	return envelope{ID: id, Object: object, Created: created, Model: model, SystemFingerprint: fingerprint}
+}
