@@ -24,9 +24,8 @@ import (
 // tokenizer's 1,025-token vocabulary.
 const tinyLlama = "testdata/tiny-llama/config.json"
 
-// tinyLlamaModel loads the model `--random-weights tinyLlama` runs: the registry opens a
-// directory holding only the config, where models/llama builds its default-seed weights.
-func tinyLlamaModel(t *testing.T) *llama.Model {
+// tinyLlamaDir is a fresh directory holding only the tiny config.json.
+func tinyLlamaDir(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	data, err := os.ReadFile(tinyLlama)
@@ -36,7 +35,14 @@ func tinyLlamaModel(t *testing.T) *llama.Model {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r, err := llama.Load(dir, llama.Options{})
+	return dir
+}
+
+// tinyLlamaModel loads the model `--random-weights tinyLlama` runs: the registry opens a
+// directory holding only the config, where models/llama builds its default-seed weights.
+func tinyLlamaModel(t *testing.T) *llama.Model {
+	t.Helper()
+	r, err := llama.Load(tinyLlamaDir(t), llama.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,14 +155,7 @@ func TestGenerateModelMatchesReferenceGreedy(t *testing.T) {
 // with the tensor's name.
 func TestGenerateModelCheckpoint(t *testing.T) {
 	m := tinyLlamaModel(t)
-	dir := t.TempDir()
-	data, err := os.ReadFile(tinyLlama)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := tinyLlamaDir(t)
 	w := llama.RandomWeights(m.Config, 1)
 	if err := w.Save(m.Config, dir, weights.F32); err != nil {
 		t.Fatal(err)
