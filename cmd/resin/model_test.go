@@ -277,3 +277,60 @@ func TestServeModelCompletion(t *testing.T) {
 		t.Errorf("server log does not name the runner:\n%s", srv.Logs())
 	}
 }
+
+// TestModelAutoDenseVariants checks that --model auto picks llama for every dense variant
+// it implements (Qwen2, Qwen3, Mistral as well as Llama) and generates what --model llama
+// generates, and that a config llama only resembles (Granite) is refused by name.
+func TestModelAutoDenseVariants(t *testing.T) {
+	base, err := os.ReadFile(tinyLlama)
+	if err != nil {
+		t.Fatal(err)
+	}
+	variant := func(edits map[string]any) string {
+		var m map[string]any
+		if err := json.Unmarshal(base, &m); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range edits {
+			m[k] = v
+		}
+		data, _ := json.Marshal(m)
+		path := filepath.Join(t.TempDir(), "config.json")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	for _, c := range []struct {
+		arch  string
+		edits map[string]any
+	}{
+		{"LlamaForCausalLM", map[string]any{"model_type": "llama"}},
+		{"Qwen2ForCausalLM", map[string]any{"model_type": "qwen2"}},
+		{"Qwen3ForCausalLM", map[string]any{"model_type": "qwen3"}},
+		{"MistralForCausalLM", map[string]any{"model_type": "mistral", "sliding_window": 4}},
+	} {
+		c.edits["architectures"] = []string{c.arch}
+		cfg := variant(c.edits)
+		m, err := resolveModel("auto", filepath.Dir(cfg))
+		if err != nil || m.Name != "llama" {
+			t.Errorf("%s: --model auto resolved %q, %v; want llama", c.arch, m.Name, err)
+			continue
+		}
+		args := []string{"--random-weights", cfg, "--max-tokens", "8", "--ignore-eos", "Once upon a time"}
+		byName, _, err := runGenerate(t, append([]string{"--model", "llama"}, args...)...)
+		if err != nil {
+			t.Fatalf("%s: --model llama: %v", c.arch, err)
+		}
+		auto, errOut, err := runGenerate(t, append([]string{"--model", "auto"}, args...)...)
+		if err != nil || auto != byName {
+			t.Errorf("%s: --model auto printed %q (%v, %s), --model llama %q", c.arch, auto, err, errOut, byName)
+		}
+	}
+	granite := variant(map[string]any{"architectures": []string{"GraniteForCausalLM"}, "model_type": "granite"})
+	for _, model := range []string{"auto", "llama"} {
+		if _, _, err := runGenerate(t, "--model", model, "--random-weights", granite, "hi"); err == nil || !strings.Contains(err.Error(), "granite") && !strings.Contains(err.Error(), "GraniteForCausalLM") {
+			t.Errorf("--model %s on a Granite config: error %v, want one naming it", model, err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -84,11 +85,18 @@ func params(c *Config, w *Weights) []param {
 	return ps
 }
 
-// LoadWeights reads every parameter from a checkpoint by HF name, checking shapes; a
-// missing tensor is an error naming it.
+// LoadWeights reads every parameter from a checkpoint by HF name, checking shapes. A
+// checkpoint must hold exactly the tensors the config needs: missing ones and ones the
+// model would not use (a q_proj.bias with attention_bias false, another model's extra
+// tensors) are refused, listed as transformers lists them. Tolerated, as transformers
+// tolerates them: rotary_emb.inv_freq buffers and lm_head.weight when the head is tied.
 func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 	w := &Weights{}
-	for _, p := range params(c, w) {
+	ps := params(c, w)
+	if err := checkNames(c, ck, ps); err != nil {
+		return nil, fmt.Errorf("load weights: %w", err)
+	}
+	for _, p := range ps {
 		v, err := ck.Float32(p.name, p.shape...)
 		if err != nil {
 			return nil, fmt.Errorf("load weights: %w", err)
@@ -99,6 +107,48 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 		w.Head = w.Embed
 	}
 	return w, nil
+}
+
+// checkNames compares the checkpoint's tensor names with the ones the model loads and
+// reports the difference in transformers' words.
+func checkNames(c *Config, ck *weights.Checkpoint, ps []param) error {
+	want := map[string]bool{}
+	for _, p := range ps {
+		want[p.name] = true
+	}
+	var unused, missing []string
+	for _, n := range ck.Names() {
+		switch {
+		case want[n]:
+			delete(want, n)
+		case strings.HasSuffix(n, "rotary_emb.inv_freq"): // a buffer older checkpoints saved
+		case n == "lm_head.weight" && c.TieWordEmbeddings: // tied: the head is the embedding
+		default:
+			unused = append(unused, n)
+		}
+	}
+	for _, p := range ps {
+		if want[p.name] {
+			missing = append(missing, p.name)
+		}
+	}
+	arch := c.Architecture()
+	if arch == "" {
+		arch = "the model"
+	}
+	var msgs []string
+	if len(unused) > 0 {
+		msgs = append(msgs, fmt.Sprintf("some weights of the model checkpoint at %s were not used when initializing %s: [%s]",
+			ck.Dir, arch, strings.Join(unused, ", ")))
+	}
+	if len(missing) > 0 {
+		msgs = append(msgs, fmt.Sprintf("some weights of %s were not initialized from the model checkpoint at %s: [%s]",
+			arch, ck.Dir, strings.Join(missing, ", ")))
+	}
+	if len(msgs) > 0 {
+		return fmt.Errorf("%s", strings.Join(msgs, "; "))
+	}
+	return nil
 }
 
 // RandomWeights returns seeded random weights for any config: uniform in ±1/sqrt(fan-in)
