@@ -1,0 +1,31 @@
+// Package cpurunner is the engine wiring every CPU model runtime shares: given a model's
+// forward pass, Runner implements engine.Runner. Each step it sizes the logits buffer,
+// runs the forward over the BatchPlan, samples one token per sequence that has a logits
+// row (engine.Sampler: greedy, temperature, top-k/p, min-p, seeded) and fills the
+// StepResult with the tokens, their logprobs and the top alternatives asked for. It
+// proposes no drafts and reuses its buffers, so a step allocates nothing in steady state.
+//
+// A model runner keeps what is its own (loading config and weights, binding its cache to
+// the pool) and embeds a Runner built over a closure that reads its current cache:
+//
+//	type Runner struct {
+//		*cpurunner.Runner
+//		Model *Model
+//		kv    *KVCache // nil until Bind
+//	}
+//
+//	func NewRunner(m *Model, pageTokens int) *Runner {
+//		r := &Runner{Model: m}
+//		r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
+//			if r.kv == nil {
+//				return cpurunner.ErrNotBound
+//			}
+//			return r.Model.Forward(p, r.kv, logits)
+//		}))
+//		return r
+//	}
+//
+// CaptureLogits makes the runner compute the logits of every token row, not only of the
+// rows the plan samples, and hand them to a callback: `generate --logits-out` writes them
+// to a file to compare a model with a reference implementation.
+package cpurunner

@@ -1,0 +1,121 @@
+package cpurunner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// Forwarder is a model's forward pass over one plan. It reads and writes the cache it was
+// bound to and writes the logits of the rows plan.LogitsIndices names, row-major
+// [len(plan.LogitsIndices)][vocab], into logits. It must not modify the plan.
+type Forwarder interface {
+	Forward(plan *engine.BatchPlan, logits []float32) error
+}
+
+// ForwardFunc adapts a function to a Forwarder.
+type ForwardFunc func(plan *engine.BatchPlan, logits []float32) error
+
+// Forward calls f(plan, logits).
+func (f ForwardFunc) Forward(plan *engine.BatchPlan, logits []float32) error { return f(plan, logits) }
+
+// ErrNotBound is what a Forwarder returns while its model has no cache to run on (and what
+// Execute reports for a Runner built without a Forwarder).
+var ErrNotBound = errors.New("runner not bound to a cache pool (call NewPool or Bind)")
+
+// Runner implements engine.Runner over a Forwarder. Its Execute is meant for one
+// goroutine (the engine's loop).
+type Runner struct {
+	info    engine.RunnerInfo
+	fwd     Forwarder
+	sampler engine.Sampler
+	logits  []float32
+	res     engine.StepResult
+	top     []engine.TopLogprob
+
+	capture func(LogitsRow)
+	all     engine.BatchPlan // the plan with every token row asked for, while capturing
+	allIdx  []int32
+	allSt   []int32
+}
+
+var _ engine.Runner = (*Runner)(nil)
+
+// New returns the runner of a model described by info whose forward pass is f. EOS ids
+// outside the vocabulary are dropped (HF configs sometimes list them); the runner proposes
+// no drafts and takes no pending tokens, so Info reports MaxDrafts 0 and AsyncTokens false
+// whatever info says. A nil f makes every Execute fail with ErrNotBound.
+func New(info engine.RunnerInfo, f Forwarder) *Runner {
+	var eos []int32
+	for _, t := range info.EOS {
+		if t >= 0 && int(t) < info.VocabSize {
+			eos = append(eos, t)
+		}
+	}
+	info.EOS, info.MaxDrafts, info.AsyncTokens = eos, 0, false
+	return &Runner{info: info, fwd: f}
+}
+
+// Info describes the runner to the engine.
+func (r *Runner) Info() engine.RunnerInfo { return r.info }
+
+// Execute runs the forward over plan and samples the next token of every sequence with a
+// logits row. Errors of the forward come back prefixed with the runner's name.
+func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
+	if r.fwd == nil {
+		return engine.StepResult{}, fmt.Errorf("%s: %w", r.info.Name, ErrNotBound)
+	}
+	if err := ctx.Err(); err != nil {
+		return engine.StepResult{}, err
+	}
+	run := plan
+	if r.capture != nil {
+		run = r.allRows(plan)
+	}
+	vocab := r.info.VocabSize
+	n := len(run.LogitsIndices) * vocab
+	if cap(r.logits) < n {
+		r.logits = make([]float32, n)
+	}
+	r.logits = r.logits[:n]
+	if err := r.fwd.Forward(run, r.logits); err != nil {
+		return engine.StepResult{}, fmt.Errorf("%s: %w", r.info.Name, err)
+	}
+	if r.capture != nil {
+		r.emit(plan)
+	}
+	b := plan.NumSeqs()
+	res := &r.res
+	res.Reset(b)
+	anyLP := false
+	for _, lp := range plan.Logprobs {
+		anyLP = anyLP || lp >= 0
+	}
+	for i := 0; i < b; i++ {
+		lo, hi := int(plan.LogitsStart[i]), int(plan.LogitsStart[i+1])
+		if lo == hi {
+			continue
+		}
+		// Without drafts a sequence has one logits row: its last scheduled token. While
+		// capturing, every token row has logits and row k of the buffer is token row k.
+		row := hi - 1
+		if r.capture != nil {
+			row = int(plan.LogitsIndices[row])
+		}
+		pos := int(plan.Positions[plan.LogitsIndices[hi-1]]) + 1
+		tok, lp, top := r.sampler.Sample(r.logits[row*vocab:(row+1)*vocab], plan.SamplingOf(i), pos, r.top[:0])
+		r.top = top
+		res.Accepted[i] = 1
+		res.Tokens = append(res.Tokens, tok)
+		if anyLP {
+			res.Logprobs = append(res.Logprobs, lp)
+		}
+		for _, t := range top {
+			res.TopTokens = append(res.TopTokens, t.Token)
+			res.TopLogprobs = append(res.TopLogprobs, t.Logprob)
+		}
+	}
+	return *res, nil
+}
