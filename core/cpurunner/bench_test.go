@@ -63,4 +63,3 @@ func BenchmarkExecute(b *testing.B) {
 		}
 	}
 }
-
