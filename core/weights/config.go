@@ -109,9 +109,10 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, fmt.Errorf("parse config.json: %w: rope_parameters: %v", ErrFormat, err)
 		}
 		c.RopeScaling = &r
-		if c.RopeTheta == 0 {
-			c.RopeTheta = r.RopeTheta
-		}
+	}
+	// transformers takes rope_theta from the rope dict first, then from the top level.
+	if c.RopeScaling != nil && c.RopeScaling.RopeTheta > 0 {
+		c.RopeTheta = c.RopeScaling.RopeTheta
 	}
 	if c.NumKeyValueHeads == 0 {
 		c.NumKeyValueHeads = c.NumAttentionHeads

@@ -52,6 +52,11 @@ func TestParseConfig(t *testing.T) {
 	if err != nil || v5.RopeTheta != 1e6 || v5.NumKeyValueHeads != 2 || v5.HeadDim != 4 {
 		t.Errorf("rope_parameters config: %+v, %v", v5, err)
 	}
+	// As in transformers, the rope dict's rope_theta wins over a top-level one.
+	both, err := ParseConfig([]byte(`{"vocab_size":8,"hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"rope_theta":10000,"rope_parameters":{"rope_type":"default","rope_theta":1e6}}`))
+	if err != nil || both.RopeTheta != 1e6 {
+		t.Errorf("rope_theta beside rope_parameters.rope_theta: %+v, %v", both, err)
+	}
 }
 
 func TestParseConfigErrors(t *testing.T) {

@@ -1,6 +1,7 @@
 package llama
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -52,16 +53,40 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := c.checkVariant(); err != nil {
 		return nil, err
 	}
+	// Each variant as transformers' modeling and configuration files define it, defaults of
+	// absent keys included.
 	switch c.ModelType {
 	case "qwen2":
 		c.QKVBias = true
 	case "qwen3":
 		c.QKNorm = true
 		c.QKVBias, c.OBias = c.AttentionBias, c.AttentionBias
+		if _, ok := c.Raw["head_dim"]; !ok {
+			c.HeadDim = 128 // Qwen3Config's default, not hidden_size / heads
+		}
 	case "mistral":
 		c.Window = c.SlidingWindow
+		if _, ok := c.Raw["sliding_window"]; !ok {
+			c.Window = 4096 // MistralConfig's default; null means full attention
+		}
 	default:
 		c.QKVBias, c.OBias = c.AttentionBias, c.AttentionBias
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if c.ModelType == "qwen2" || c.ModelType == "qwen3" {
+		if v, ok := c.Raw["layer_types"]; ok && string(v) != "null" {
+			var types []string
+			if err := json.Unmarshal(v, &types); err != nil {
+				return nil, fmt.Errorf("config: layer_types: %w", err)
+			}
+			for _, lt := range types {
+				if lt != "full_attention" {
+					return nil, fmt.Errorf("config: layer_types entry %q (per-layer attention kinds) is not implemented by this model", lt)
+				}
+			}
+		}
 	}
 	if v, ok := c.Raw["qk_norm"]; ok && string(v) == "true" {
 		c.QKNorm = true

@@ -126,8 +126,8 @@ func loadFrom(t *testing.T, c *Config, dir string) error {
 
 // TestLoadWeightsRefusesUnexpectedTensors checks that a checkpoint must hold exactly the
 // tensors the config uses: extra ones (a bias with attention_bias false) and missing ones
-// are refused and listed as transformers lists them, while what transformers ignores
-// (rotary_emb.inv_freq, lm_head.weight beside tied embeddings) loads.
+// are refused and listed as transformers' load report lists them, while what transformers
+// ignores (rotary_emb.inv_freq, lm_head.weight equal to tied embeddings) loads.
 func TestLoadWeightsRefusesUnexpectedTensors(t *testing.T) {
 	c, err := ParseConfig(strictConfig(t, nil))
 	if err != nil {
@@ -146,8 +146,10 @@ func TestLoadWeightsRefusesUnexpectedTensors(t *testing.T) {
 		}
 	}
 	bias := "model.layers.1.self_attn.q_proj.bias"
-	err = loadFrom(t, c, writeCheckpoint(t, c, extra(bias, "model.layers.0.self_attn.k_proj.bias")))
-	if err == nil || !strings.Contains(err.Error(), "were not used when initializing LlamaForCausalLM: [model.layers.0.self_attn.k_proj.bias, "+bias+"]") {
+	dir := writeCheckpoint(t, c, extra(bias, "model.layers.0.self_attn.k_proj.bias"))
+	err = loadFrom(t, c, dir)
+	if err == nil || !strings.Contains(err.Error(), "LlamaForCausalLM load report from "+dir) ||
+		!strings.Contains(err.Error(), "UNEXPECTED (in the checkpoint, not used by the model) [model.layers.0.self_attn.k_proj.bias, "+bias+"]") {
 		t.Errorf("bias tensors with attention_bias false: error %v", err)
 	}
 
@@ -155,7 +157,7 @@ func TestLoadWeightsRefusesUnexpectedTensors(t *testing.T) {
 	err = loadFrom(t, c, writeCheckpoint(t, c, func(ts []weights.Tensor) []weights.Tensor {
 		return slices.DeleteFunc(ts, func(x weights.Tensor) bool { return x.Name == dropped })
 	}))
-	if err == nil || !strings.Contains(err.Error(), "were not initialized from the model checkpoint at") || !strings.Contains(err.Error(), "["+dropped+"]") {
+	if err == nil || !strings.Contains(err.Error(), "MISSING") || !strings.Contains(err.Error(), "["+dropped+"]") {
 		t.Errorf("a missing tensor: error %v", err)
 	}
 
@@ -166,7 +168,20 @@ func TestLoadWeightsRefusesUnexpectedTensors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := loadFrom(t, tied, writeCheckpoint(t, c, func(ts []weights.Tensor) []weights.Tensor { return ts })); err != nil {
-		t.Errorf("lm_head.weight beside tied embeddings: %v", err)
+	sameHead := func(ts []weights.Tensor) []weights.Tensor {
+		for i := range ts {
+			if ts[i].Name == "lm_head.weight" {
+				ts[i].Data = ts[0].Data // model.embed_tokens.weight comes first
+			}
+		}
+		return ts
+	}
+	if err := loadFrom(t, tied, writeCheckpoint(t, c, sameHead)); err != nil {
+		t.Errorf("lm_head.weight equal to the tied embeddings: %v", err)
+	}
+	// transformers unties a different lm_head.weight and uses it: refused, with the fix.
+	err = loadFrom(t, tied, writeCheckpoint(t, c, func(ts []weights.Tensor) []weights.Tensor { return ts }))
+	if err == nil || !strings.Contains(err.Error(), "set tie_word_embeddings to false") {
+		t.Errorf("lm_head.weight different from the tied embeddings: error %v", err)
 	}
 }
