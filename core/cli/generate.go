@@ -24,15 +24,28 @@ var defaultPromptIDs = []int32{1, 2, 3, 4}
 // --prompt; needs a tokenizer) streams the generated text to stdout; --prompt-ids (or no
 // prompt at all: ids 1,2,3,4) prints the prompt and generated token ids, their text when
 // there is a tokenizer, the finish reason and the throughput.
+//
+// --logits-out FILE.safetensors writes what the model computed for every token it read, to
+// compare it with a reference implementation (run the reference on token_ids, compare row
+// by row). It needs a runner that implements cpurunner.LogitsCapturer. The file holds
+//
+//	logits     F32 [tokens, vocab]  row i: the logits after reading token_ids[i] at position i,
+//	                                the model's distribution of the token at position i+1
+//	token_ids  I64 [tokens]         the prompt, then the generated tokens fed back
+//
+// and the metadata model, prompt_tokens and completion_tokens. The last generated token is
+// sampled from the last row and never fed back, so it has no row: tokens = prompt +
+// generated - 1. Each position has exactly one row, however the prompt was chunked.
 func GenerateCmd(l Loader) *cobra.Command {
 	var ef EngineFlags
 	var p serve.GenerateParams
-	var prompt, ids string
+	var prompt, ids, logitsOut string
 	var seed int64
 	var stats bool
 	cmd := &cobra.Command{
 		Use:   "generate [flags] [PROMPT]",
 		Short: "Generate tokens for one prompt and print them",
+		Long:  generateLong,
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
@@ -64,12 +77,25 @@ func GenerateCmd(l Loader) *cobra.Command {
 				s := uint64(seed)
 				p.Seed = &s
 			}
+			if logitsOut != "" {
+				if err := checkLogitsOut(logitsOut); err != nil {
+					return err
+				}
+			}
 			rt, cfg, err := load(cmd, l, &ef)
 			if err != nil {
 				return err
 			}
 			if prompt != "" && rt.Tokenizer == nil {
 				return errors.New("a text prompt needs a tokenizer (tokenizer.json in the model directory or --tokenizer); use --prompt-ids without one")
+			}
+			var rec *logitsRecorder
+			if logitsOut != "" {
+				var done func()
+				if rec, done, err = captureLogits(rt); err != nil {
+					return err
+				}
+				defer done()
 			}
 			e, err := Start(rt, cfg)
 			if err != nil {
@@ -78,14 +104,18 @@ func GenerateCmd(l Loader) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			out := cmd.OutOrStdout()
+			var n counts
 			if prompt != "" {
 				p.Prompt = prompt
-				err = generateText(ctx, rt, e, p, out, stats, cmd.ErrOrStderr())
+				n, err = generateText(ctx, rt, e, p, out, stats, cmd.ErrOrStderr())
 			} else {
-				err = generateIDs(ctx, rt, e, in, p, out)
+				n, err = generateIDs(ctx, rt, e, in, p, out)
 			}
 			if serr := e.Stop(); err == nil {
 				err = serr
+			}
+			if err == nil && rec != nil {
+				err = rec.write(logitsOut, rt.RunnerName, n.prompt, n.completion)
 			}
 			return err
 		},
@@ -103,33 +133,54 @@ func GenerateCmd(l Loader) *cobra.Command {
 	f.StringSliceVar(&p.Stop, "stop", nil, "stop strings (repeatable)")
 	f.BoolVar(&p.IgnoreEOS, "ignore-eos", false, "keep generating past the end-of-sequence token (always so without a tokenizer)")
 	f.BoolVar(&stats, "stats", false, "with a text prompt: print the finish reason and token counts to stderr")
+	f.StringVar(&logitsOut, "logits-out", "", "write the fp32 logits of every prompt and fed-back generated token to `FILE`.safetensors (tensors logits [tokens, vocab] and token_ids; see --help)")
 	return cmd
 }
 
+// generateLong is the help of GenerateCmd.
+const generateLong = `Runs one prompt through the engine. A text prompt (PROMPT or --prompt; needs a
+tokenizer) streams the generated text; --prompt-ids runs token ids and prints the
+generated ids, their text when there is a tokenizer, and the throughput.
+
+` + LogitsOutHelp
+
+// LogitsOutHelp is the paragraph of generate's help on --logits-out, for runtimes that
+// rewrite that help.
+const LogitsOutHelp = `--logits-out FILE.safetensors writes the fp32 logits of every token the model read, to
+compare it with a reference implementation run on the same ids:
+  logits     F32 [tokens, vocab]  row i: the logits after reading token_ids[i] at position i
+                                  (the distribution of the token at position i+1)
+  token_ids  I64 [tokens]         the prompt, then the generated tokens fed back
+The last generated token is never fed back, so tokens = prompt + generated - 1. The file
+appears only when generation succeeds (written to a temporary file, then renamed).`
+
+// counts are the prompt and generated tokens of a generate run.
+type counts struct{ prompt, completion int }
+
 // generateText streams the text generated for p to out.
-func generateText(ctx context.Context, rt *Runtime, e *Engine, p serve.GenerateParams, out io.Writer, stats bool, errOut io.Writer) error {
+func generateText(ctx context.Context, rt *Runtime, e *Engine, p serve.GenerateParams, out io.Writer, stats bool, errOut io.Writer) (counts, error) {
 	srv, err := serve.New(serve.Config{Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served})
 	if err != nil {
-		return err
+		return counts{}, err
 	}
 	res, err := srv.Generate(ctx, p, func(text string) error {
 		_, werr := fmt.Fprint(out, text)
 		return werr
 	})
 	if err != nil {
-		return err
+		return counts{}, err
 	}
 	fmt.Fprintln(out)
 	if stats {
 		fmt.Fprintf(errOut, "finish_reason=%s prompt_tokens=%d completion_tokens=%d\n",
 			res.FinishReason, res.PromptTokens, res.CompletionTokens)
 	}
-	return nil
+	return counts{res.PromptTokens, res.CompletionTokens}, nil
 }
 
 // generateIDs runs the token ids in and prints the prompt, the generated ids (and their
 // text), the finish reason and the throughput.
-func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serve.GenerateParams, out io.Writer) error {
+func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serve.GenerateParams, out io.Writer) (counts, error) {
 	sp := engine.SamplingParams{Temperature: p.Temperature, MaxTokens: p.MaxTokens, IgnoreEOS: p.IgnoreEOS || rt.Tokenizer == nil}
 	if p.Seed != nil {
 		sp.Seed, sp.HasSeed = *p.Seed, true
@@ -137,14 +188,14 @@ func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serv
 	t0 := time.Now()
 	s, err := e.Submit(ctx, engine.Request{Prompt: in, Sampling: sp})
 	if err != nil {
-		return err
+		return counts{}, err
 	}
 	toks, ev, err := s.Collect(ctx)
 	if err != nil {
-		return err
+		return counts{}, err
 	}
 	if ev.Err != nil {
-		return ev.Err
+		return counts{}, ev.Err
 	}
 	el := time.Since(t0)
 	fmt.Fprintf(out, "prompt: %v\n", in)
@@ -155,7 +206,7 @@ func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serv
 	fmt.Fprintf(out, "finish: %s, %d prompt + %d generated tokens in %v (%.1f tokens/s)\n",
 		ev.Finish, ev.Usage.PromptTokens, ev.Usage.CompletionTokens, el.Round(time.Millisecond),
 		float64(len(toks))/el.Seconds())
-	return nil
+	return counts{ev.Usage.PromptTokens, ev.Usage.CompletionTokens}, nil
 }
 
 // ParseTokenIDs parses comma-separated token ids ("1, 2,3").
