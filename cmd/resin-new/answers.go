@@ -33,6 +33,9 @@ type Answers struct {
 	// Core is the replace target of github.com/resin-llm/resin in a standalone go.mod.
 	Core       string      `toml:"core"`
 	VendorCore bool        `toml:"vendor_core"`
+	// Requires are the core's module requirements ("path version"), written into a
+	// standalone go.mod so it builds before `go mod tidy`; not recorded.
+	Requires []string `toml:"-"`
 	Model      ModelAnswer `toml:"model"`
 }
 
@@ -77,6 +80,11 @@ func defaultModel() ModelAnswer {
 	}
 }
 
+const (
+	minContext    = 64
+	maxPageTokens = 1024
+)
+
 // validate checks the model answers for values no model can have.
 func (m *ModelAnswer) validate() error {
 	pos := map[string]int{
@@ -89,6 +97,12 @@ func (m *ModelAnswer) validate() error {
 		if pos[k] <= 0 {
 			return fmt.Errorf("model.%s must be positive, got %d", k, pos[k])
 		}
+	}
+	if m.MaxPositionEmbeddings < minContext {
+		return fmt.Errorf("model.max_position_embeddings %d: at least %d (the runtime's tests and --verify run sequences that long)", m.MaxPositionEmbeddings, minContext)
+	}
+	if m.PageTokens > maxPageTokens {
+		return fmt.Errorf("model.page_tokens %d: at most %d tokens per cache page (vLLM and SGLang use 16 to 256)", m.PageTokens, maxPageTokens)
 	}
 	if m.NumAttentionHeads%m.NumKeyValueHeads != 0 {
 		return fmt.Errorf("model.num_attention_heads %d must be a multiple of model.num_key_value_heads %d", m.NumAttentionHeads, m.NumKeyValueHeads)
@@ -187,13 +201,20 @@ func encodeAnswers(a *Answers) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// loadAnswers reads dir/resin.toml and rejects unknown keys.
+// loadAnswers reads dir/resin.toml and validates every answer.
 func loadAnswers(dir string) (*Answers, error) {
 	path := filepath.Join(dir, AnswersFile)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read answers: %w (is %s a resin-new scaffold?)", err, dir)
 	}
+	return decodeAnswers(data, path)
+}
+
+// decodeAnswers parses and validates an answers file: unknown keys, and answers that are
+// inconsistent with each other (a layout update does not know, a package that is not the
+// name's, an import path that is not the module's), are errors naming the key.
+func decodeAnswers(data []byte, path string) (*Answers, error) {
 	var a Answers
 	md, err := toml.Decode(string(data), &a)
 	if err != nil {
@@ -202,11 +223,45 @@ func loadAnswers(dir string) (*Answers, error) {
 	if und := md.Undecoded(); len(und) > 0 {
 		return nil, fmt.Errorf("parse %s: unknown keys %v", path, und)
 	}
-	if _, err := validateName(a.Name); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...))
+	}
+	pkg, err := validateName(a.Name)
+	if err != nil {
+		return nil, bad("%v", err)
+	}
+	if a.Package != pkg {
+		return nil, bad("package %q does not follow from name %q (want %q)", a.Package, a.Name, pkg)
+	}
+	if a.TemplateVersion == "" || a.Base == "" {
+		return nil, bad("template_version and base must be set (they say which template rendered the scaffold)")
+	}
+	switch a.Layout {
+	case "in-tree":
+		if a.Module != CoreModule || a.Import != CoreModule+"/models/"+a.Name {
+			return nil, bad("an in-tree scaffold has module %q and import %q, got %q and %q", CoreModule, CoreModule+"/models/"+a.Name, a.Module, a.Import)
+		}
+		if a.Core != "" || a.VendorCore {
+			return nil, bad("core and vendor_core apply to a standalone scaffold only")
+		}
+	case "standalone":
+		if err := validateModule(a.Module); err != nil {
+			return nil, bad("module: %v", err)
+		}
+		if a.Import != a.Module {
+			return nil, bad("import %q must equal module %q in a standalone scaffold", a.Import, a.Module)
+		}
+		if a.VendorCore && a.Core != "./"+VendorDir {
+			return nil, bad("vendor_core is true, so core must be %q, got %q", "./"+VendorDir, a.Core)
+		}
+		if a.Core == "" {
+			return nil, bad("core (the replace target of %s) is empty", CoreModule)
+		}
+	default:
+		return nil, bad("layout %q: want \"standalone\" or \"in-tree\"", a.Layout)
 	}
 	if err := a.Model.validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, bad("%v", err)
 	}
 	return &a, nil
 }

@@ -55,7 +55,9 @@ func newModelCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
 	f.BoolVar(&o.dryRun, "dry-run", false, "print the files that would be written, write nothing")
 	f.BoolVar(&o.force, "force", false, "write into a non-empty target, overwriting files")
 	f.BoolVar(&o.verify, "verify", false, "build the result, run its tests and generate a few tokens with random weights")
-	f.BoolVar(&o.vendorCore, "vendor-core", false, "copy the core into third_party/resin instead of replacing to this checkout")
+	f.BoolVar(&o.linkCore, "link-core", false, "replace the core with this checkout's path instead of vendoring it (for core development; a clone elsewhere does not build)")
+	f.BoolVar(&o.vendorCore, "vendor-core", false, "copy the core into third_party/resin (the default)")
+	f.MarkHidden("vendor-core")
 	f.StringVar(&o.core, "core", "", "the Resin checkout (default: found above the working directory)")
 	f.BoolVar(&o.noTidy, "no-tidy", false, "skip `go mod tidy` in a standalone repository")
 	f.MarkHidden("no-tidy")
@@ -63,20 +65,27 @@ func newModelCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
 }
 
 func newUpdateCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
-	var dryRun bool
+	o := updateOptions{dir: "."}
 	cmd := &cobra.Command{
 		Use:   "update [DIR]",
 		Short: "Re-render a scaffold with the current template, merging three ways with local edits",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Re-render a scaffold with the current template. Scaffold-owned files are merged three
+ways (the recorded last render, the new render, your tree) and conflicts are marked;
+files that are yours are never changed: a template change to one is left as a patch
+under .resin/patches, and one you deleted stays deleted. A vendored core
+(third_party/resin) is refreshed from the Resin checkout. Exits non-zero when conflicts
+are marked (or, with --dry-run, would be).`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir := "."
 			if len(args) == 1 {
-				dir = args[0]
+				o.dir = args[0]
 			}
-			return updateScaffold(stdout, tfs, dir, dryRun)
+			return updateScaffold(stdout, tfs, o)
 		},
 	}
-	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would change, write nothing")
+	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "report what would change, write nothing (exits non-zero if it would mark conflicts)")
+	cmd.Flags().BoolVar(&o.rebuildBase, "rebuild-base", false, "rebuild a lost .resin/base.render from the recorded template version (the checkout's git history when the embedded template is newer)")
+	cmd.Flags().StringVar(&o.core, "core", "", "the Resin checkout to refresh third_party/resin from (default: found above the working directory)")
 	return cmd
 }
 

@@ -184,3 +184,68 @@ func writeLinesNL(w *bytes.Buffer, ls []string) {
 func conflictLabels(oldV, newV string) (string, string, string) {
 	return "yours", fmt.Sprintf("template v%s (base)", oldV), fmt.Sprintf("template v%s", newV)
 }
+
+// unifiedDiff returns the changes from a to b as a unified diff (three lines of context)
+// of the file path, with a/ and b/ prefixes as git writes them, so `git apply` or
+// `patch -p1` applies it. It is empty when a and b are equal.
+func unifiedDiff(path string, a, b []byte) []byte {
+	al, bl := splitLines(a), splitLines(b)
+	hs := hunks(al, bl)
+	if len(hs) == 0 {
+		return nil
+	}
+	const ctx = 3
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "--- a/%s\n+++ b/%s\n", path, path)
+	line := func(prefix, l string) {
+		out.WriteString(prefix + l)
+		if !strings.HasSuffix(l, "\n") {
+			out.WriteString("\n\\ No newline at end of file\n")
+		}
+	}
+	for i := 0; i < len(hs); {
+		// Group hunks whose context would touch.
+		j := i + 1
+		for j < len(hs) && hs[j].start-hs[j-1].end <= 2*ctx {
+			j++
+		}
+		lo, hi := max(hs[i].start-ctx, 0), min(hs[j-1].end+ctx, len(al))
+		// b's line numbers: shift by what the hunks before lo added or removed.
+		shift := 0
+		for _, h := range hs[:i] {
+			shift += len(h.lines) - (h.end - h.start)
+		}
+		bLen := hi - lo
+		for _, h := range hs[i:j] {
+			bLen += len(h.lines) - (h.end - h.start)
+		}
+		fmt.Fprintf(&out, "@@ -%s +%s @@\n", hunkRange(lo, hi-lo), hunkRange(lo+shift, bLen))
+		p := lo
+		for _, h := range hs[i:j] {
+			for _, l := range al[p:h.start] {
+				line(" ", l)
+			}
+			for _, l := range al[h.start:h.end] {
+				line("-", l)
+			}
+			for _, l := range h.lines {
+				line("+", l)
+			}
+			p = h.end
+		}
+		for _, l := range al[p:hi] {
+			line(" ", l)
+		}
+		i = j
+	}
+	return out.Bytes()
+}
+
+// hunkRange writes a unified diff range: the first line (1-based; the line before an
+// empty range) and the count.
+func hunkRange(start, n int) string {
+	if n == 0 {
+		return fmt.Sprintf("%d,0", start)
+	}
+	return fmt.Sprintf("%d,%d", start+1, n)
+}

@@ -4,8 +4,14 @@ import (
 	"fmt"
 	"go/token"
 	"regexp"
+	"slices"
 	"strings"
 )
+
+// reservedNames are the directories of a scaffold (and of the checkout's models/): a
+// model of that name would collide with them, and its binary's .gitignore entry (/NAME)
+// would hide the directory.
+var reservedNames = []string{"cmd", "kernels", "scripts", "testdata", "third_party", "vendor", "internal"}
 
 var (
 	nameRe    = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)*$`)
@@ -23,6 +29,9 @@ func validateName(name string) (pkg string, err error) {
 	}
 	if !nameRe.MatchString(name) {
 		return "", fmt.Errorf("invalid model name %q: use lower-case letters, digits and single hyphens, starting with a letter (e.g. qwen3-tiny)", name)
+	}
+	if slices.Contains(reservedNames, name) {
+		return "", fmt.Errorf("invalid model name %q: a scaffold has a directory of that name (%s are taken), and the name also becomes the binary that .gitignore hides", name, strings.Join(reservedNames, ", "))
 	}
 	pkg = strings.ReplaceAll(name, "-", "")
 	if err := validatePackage(pkg); err != nil {
@@ -46,6 +55,9 @@ func validatePackage(pkg string) error {
 func validateModule(mod string) error {
 	if mod == "" {
 		return fmt.Errorf("invalid module path: empty")
+	}
+	if mod == CoreModule || strings.HasPrefix(mod, CoreModule+"/") {
+		return fmt.Errorf("invalid module path %q: that is the Resin core's own module; a standalone runtime needs a module of its own (e.g. github.com/you/NAME)", mod)
 	}
 	if strings.HasPrefix(mod, "/") || strings.HasSuffix(mod, "/") {
 		return fmt.Errorf("invalid module path %q: leading or trailing slash", mod)

@@ -31,7 +31,40 @@ type Manifest struct {
 	Summary       string     `toml:"summary"`
 	Architectures []string   `toml:"architectures"`
 	Aliases       []string   `toml:"aliases"`
+	Presets       []Preset   `toml:"preset"`
 	Files         []FileSpec `toml:"file"`
+}
+
+// Preset is what a base name or alias means without --hf-config: `--base qwen3` starts
+// from a Qwen3 model, not from the base's Llama defaults.
+type Preset struct {
+	Name          string `toml:"name"` // the base's name or one of its aliases
+	Architecture  string `toml:"architecture"`
+	ModelType     string `toml:"model_type"`
+	QKNorm        bool   `toml:"qk_norm"`
+	AttentionBias bool   `toml:"attention_bias"`
+	SlidingWindow int    `toml:"sliding_window"`
+}
+
+// implements reports whether the base computes a config of architecture arch (or, for a
+// config without architectures, of model_type modelType).
+func (b *Base) implements(arch, modelType string) bool {
+	if arch != "" {
+		return slices.Contains(b.Manifest.Architectures, arch)
+	}
+	return slices.ContainsFunc(b.Manifest.Presets, func(p Preset) bool { return p.ModelType == modelType })
+}
+
+// preset returns the model answers --base name starts from.
+func (b *Base) preset(name string) ModelAnswer {
+	m := defaultModel()
+	for _, p := range b.Manifest.Presets {
+		if p.Name == name {
+			m.Architecture, m.ModelType = p.Architecture, p.ModelType
+			m.QKNorm, m.AttentionBias, m.SlidingWindow = p.QKNorm, p.AttentionBias, p.SlidingWindow
+		}
+	}
+	return m
 }
 
 // FileSpec is one output of a scaffold: the file builder of kubebuilder's machinery.
@@ -84,6 +117,14 @@ func loadBases(root fs.FS) ([]*Base, error) {
 		}
 		if und := md.Undecoded(); len(und) > 0 {
 			return nil, fmt.Errorf("base %s: manifest.toml: unknown keys %v", e.Name(), und)
+		}
+		for _, p := range b.Manifest.Presets {
+			if p.Name != b.Name && !slices.Contains(b.Manifest.Aliases, p.Name) {
+				return nil, fmt.Errorf("base %s: preset %q is neither the base nor one of its aliases", e.Name(), p.Name)
+			}
+			if !slices.Contains(b.Manifest.Architectures, p.Architecture) {
+				return nil, fmt.Errorf("base %s: preset %q: architecture %q is not one the base implements", e.Name(), p.Name, p.Architecture)
+			}
 		}
 		for _, f := range b.Manifest.Files {
 			if f.Owner != ScaffoldOwned && f.Owner != UserOwned {

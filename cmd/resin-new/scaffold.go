@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,9 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -24,7 +25,7 @@ const CoreModule = "github.com/resin-llm/resin"
 type modelOptions struct {
 	name, base, hfConfig, out, module, core string
 	inTree, dryRun, force, verify           bool
-	vendorCore, noTidy                      bool
+	linkCore, vendorCore, noTidy            bool
 	sets                                    []string
 }
 
@@ -33,12 +34,13 @@ type write struct {
 	path    string // absolute
 	content []byte
 	mode    os.FileMode
-	what    string // "create", "overwrite", "update"
+	what    string // "create", "overwrite", "update", "backup"
 	owner   Owner
 }
 
 // scaffoldModel renders a model and writes it (or, with dryRun, prints what it would
-// write). Nothing is written unless every step before the writes succeeds.
+// write). Nothing is written unless every step before the writes succeeds, and the writes
+// themselves are one transaction (txn.go).
 func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	pkg, err := validateName(o.name)
 	if err != nil {
@@ -48,36 +50,10 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	if err != nil {
 		return err
 	}
-	a := &Answers{Name: o.name, Package: pkg, Model: defaultModel()}
-	var base *Base
-	var hfJSON []byte
-	if o.hfConfig != "" {
-		hfJSON, err = os.ReadFile(o.hfConfig)
-		if err != nil {
-			return fmt.Errorf("--hf-config: %w", err)
-		}
-		cfg, err := weights.ParseConfig(hfJSON)
-		if err != nil {
-			return fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
-		}
-		if o.base != "" {
-			base, err = findBase(bases, o.base)
-		} else {
-			base, err = baseForArchitecture(bases, cfg.Architecture())
-		}
-		if err != nil {
-			return err
-		}
-		if a.Model, err = modelFromHF(cfg); err != nil {
-			return fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
-		}
-	} else {
-		if o.base == "" {
-			o.base = "dense"
-		}
-		if base, err = findBase(bases, o.base); err != nil {
-			return err
-		}
+	a := &Answers{Name: o.name, Package: pkg}
+	base, hfJSON, err := chooseBase(bases, o, a)
+	if err != nil {
+		return err
 	}
 	a.Base = base.Name
 	a.TemplateVersion = base.Manifest.Version
@@ -94,18 +70,22 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 		return err
 	}
 
-	var root, coreDir string
+	var root, top, coreDir string
 	switch {
 	case o.inTree && o.out != "":
 		return errors.New("--in-tree and --out exclude each other: --in-tree writes models/NAME in this checkout, --out a standalone repository")
 	case o.inTree && o.module != "":
 		return fmt.Errorf("--module does not apply to --in-tree (the module is %s)", CoreModule)
-	case o.inTree && o.vendorCore:
-		return errors.New("--vendor-core applies to --out only")
+	case o.inTree && (o.vendorCore || o.linkCore):
+		return errors.New("--vendor-core and --link-core apply to --out only")
+	case o.vendorCore && o.linkCore:
+		return errors.New("--vendor-core and --link-core exclude each other (vendoring is the default)")
 	case !o.inTree && o.out == "":
 		return errors.New("pass --out DIR (a standalone repository) or --in-tree (models/NAME in this checkout)")
 	}
-	if coreDir, err = findCore(o.core); err != nil && (o.inTree || !o.dryRun) {
+	// The real run needs the checkout (to register an in-tree model, to vendor the core), so
+	// a dry run that is to predict it checks it too.
+	if coreDir, err = findCore(o.core); err != nil {
 		return err
 	}
 	if o.inTree {
@@ -125,43 +105,50 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 		if root, err = filepath.Abs(o.out); err != nil {
 			return fmt.Errorf("--out: %w", err)
 		}
-		a.Core = replacePath(root, coreDir)
-		if o.vendorCore {
-			a.VendorCore, a.Core = true, "./third_party/resin"
+		a.VendorCore, a.Core = true, "./"+VendorDir
+		if o.linkCore {
+			a.VendorCore, a.Core = false, replacePath(root, coreDir)
+		}
+		if a.Requires, err = coreRequires(coreDir); err != nil {
+			return err
 		}
 	}
+	top = filepath.Dir(root)
 
-	files, err := render(base, a)
+	rendered, err := render(base, a)
 	if err != nil {
 		return err
 	}
 	if hfJSON != nil {
-		files = replaceFile(files, Rendered{Path: "config.json", Content: hfJSON, Owner: UserOwned})
+		rendered = replaceFile(rendered, Rendered{Path: "config.json", Content: hfJSON, Owner: UserOwned})
 	}
-	if !o.force {
-		if n, err := nonEmpty(root); err != nil {
+	if !o.dryRun {
+		if err := recoverTxns(top, filepath.Base(root), func(s string) { fmt.Fprintln(w, "note:", s) }); err != nil {
 			return err
-		} else if n > 0 {
-			return fmt.Errorf("target %s is not empty (%d entries); pass --force to overwrite", root, n)
 		}
 	}
+	if err := checkTarget(root, coreDir, o.force); err != nil {
+		return err
+	}
 	var writes []write
-	for _, f := range files {
+	for _, f := range rendered {
 		writes = append(writes, newWrite(root, f))
 	}
-	writes = append(writes, write{path: filepath.Join(root, RecordFile), content: encodeRecord(files), mode: 0o644, owner: ScaffoldOwned})
-	if a.Layout == "standalone" && coreDir != "" {
+	writes = append(writes, write{path: filepath.Join(root, RecordFile), content: encodeRecord(rendered), mode: 0o644, owner: ScaffoldOwned})
+	if a.Layout == "standalone" {
 		sum, err := os.ReadFile(filepath.Join(coreDir, "go.sum"))
 		if err != nil {
 			return fmt.Errorf("read the core's go.sum: %w", err)
 		}
 		writes = append(writes, write{path: filepath.Join(root, "go.sum"), content: sum, mode: 0o644, owner: UserOwned})
-		if o.vendorCore {
-			vw, err := vendorWrites(coreDir, filepath.Join(root, "third_party", "resin"))
+		if a.VendorCore {
+			vf, err := vendorCore(coreDir)
 			if err != nil {
 				return err
 			}
-			writes = append(writes, vw...)
+			for _, f := range vf {
+				writes = append(writes, write{path: filepath.Join(root, filepath.FromSlash(VendorDir), filepath.FromSlash(f.rel)), content: f.content, mode: 0o644, owner: ScaffoldOwned})
+			}
 		}
 	}
 	if o.inTree {
@@ -178,34 +165,160 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 			writes = append(writes, write{path: regPath, content: out, mode: 0o644, what: "update", owner: ScaffoldOwned})
 		}
 	}
-	for i := range writes {
-		if writes[i].what == "" {
-			writes[i].what = "create"
-			if _, err := os.Stat(writes[i].path); err == nil {
-				writes[i].what = "overwrite"
-			}
-		}
+	backups, backupAt, err := backupEdits(root, writes)
+	if err != nil {
+		return err
+	}
+	writes = append(writes, backups...)
+	vp, err := planVerify(a, rendered)
+	if err != nil {
+		return err
 	}
 	if o.dryRun {
 		fmt.Fprintf(w, "dry run: would write %d files under %s (template %s v%s)\n", len(writes), root, base.Name, a.TemplateVersion)
 		for _, wr := range writes {
 			fmt.Fprintf(w, "  %-9s %-8s %6d  %s\n", wr.what, wr.owner, len(wr.content), rel(root, wr.path))
 		}
+		if o.verify {
+			fmt.Fprintf(w, "then verify: %s\n", vp.describe())
+		}
 		return nil
 	}
-	if err := applyWrites(writes); err != nil {
+	if err := commitWrites(top, filepath.Base(root), writes, nil); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "scaffolded %s (%s, template %s v%s) in %s: %d files\n", o.name, a.Layout, base.Name, a.TemplateVersion, root, len(writes))
+	if len(backups) > 0 {
+		fmt.Fprintf(w, "note: --force replaced %d files that differed from the new render; the previous versions are under %s\n", len(backups), backupAt)
+	}
+	if a.Layout == "standalone" && !a.VendorCore {
+		fmt.Fprintf(w, "note: --link-core: go.mod replaces the core with %s, which a clone on another machine does not have\n", a.Core)
+	}
 	if a.Layout == "standalone" && !o.noTidy {
-		if err := goModTidy(root); err != nil {
-			fmt.Fprintf(w, "note: go mod tidy did not complete (%v); run it in %s before building\n", err, root)
+		if err := goModTidy(w, root); err != nil {
+			fmt.Fprintf(w, "note: go mod tidy did not complete (%v); the go.mod as written builds, run `go mod tidy` in %s to trim it\n", err, root)
 		}
 	}
 	if o.verify {
-		return verify(w, root, a)
+		return verify(w, root, a, vp)
 	}
 	return nil
+}
+
+// chooseBase picks the base and fills a.Model: from --hf-config (the base that implements
+// its architecture; an explicit --base must implement it too) or from --base's preset.
+func chooseBase(bases []*Base, o modelOptions, a *Answers) (*Base, []byte, error) {
+	if o.hfConfig == "" {
+		name := o.base
+		if name == "" {
+			name = "dense"
+		}
+		base, err := findBase(bases, name)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.Model = base.preset(name)
+		return base, nil, nil
+	}
+	hfJSON, err := os.ReadFile(o.hfConfig)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--hf-config: %w", err)
+	}
+	cfg, err := weights.ParseConfig(hfJSON)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
+	}
+	arch := cfg.Architecture()
+	var base *Base
+	if o.base != "" {
+		if base, err = findBase(bases, o.base); err != nil {
+			return nil, nil, err
+		}
+		if !base.implements(arch, cfg.ModelType) {
+			return nil, nil, fmt.Errorf("--base %s does not implement %s's architecture %q (it implements %s)%s; a scaffold from it would compute another model",
+				o.base, o.hfConfig, arch, strings.Join(base.Manifest.Architectures, ", "), droppedFields(cfg))
+		}
+	} else if base, err = baseForArchitecture(bases, arch); err != nil {
+		return nil, nil, err
+	}
+	if a.Model, err = modelFromHF(cfg); err != nil {
+		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
+	}
+	return base, hfJSON, nil
+}
+
+// droppedFields names the settings of cfg that no dense base reads, for the error that
+// refuses it: the MoE, per-layer window and partial-rotary keys of Mixtral, Qwen2-MoE,
+// Phi-3 and their kind.
+func droppedFields(cfg *weights.Config) string {
+	var found []string
+	for _, k := range []string{"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_routed_experts",
+		"sliding_window", "use_sliding_window", "layer_types", "partial_rotary_factor", "original_max_position_embeddings"} {
+		if v, ok := cfg.Raw[k]; ok && string(v) != "null" && string(v) != "false" {
+			found = append(found, k)
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return "; it would drop the config's " + strings.Join(found, ", ")
+}
+
+// checkTarget refuses a target that --force must not write over: the Resin checkout
+// itself or a directory above it, and a directory holding a Go module that is not a
+// resin-new scaffold. A non-empty target needs --force.
+func checkTarget(root, coreDir string, force bool) error {
+	if r, err := filepath.Rel(root, coreDir); err == nil && (r == "." || !strings.HasPrefix(r, "..")) {
+		return fmt.Errorf("target %s holds the Resin checkout %s; pick a directory outside it (or --in-tree)", root, coreDir)
+	}
+	n, err := nonEmpty(root)
+	if err != nil || n == 0 {
+		return err
+	}
+	if !force {
+		return fmt.Errorf("target %s is not empty (%d entries); pass --force to write the scaffold into it", root, n)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(root, AnswersFile)); err != nil {
+			return fmt.Errorf("target %s holds a Go module (go.mod) that is not a resin-new scaffold (no %s); --force writes only over a scaffold or a directory without go.mod", root, AnswersFile)
+		}
+	}
+	return nil
+}
+
+const (
+	backupDir   = ".resin/backup"
+	stampLayout = "20060102-150405"
+)
+
+// backupEdits returns writes that save, under .resin/backup/STAMP/, every existing file
+// under root that a write would replace with other content: --force never discards an
+// edit without a copy.
+func backupEdits(root string, ws []write) (backups []write, dir string, err error) {
+	dir = filepath.Join(root, filepath.FromSlash(backupDir), time.Now().UTC().Format(stampLayout))
+	for i := range ws {
+		wr := &ws[i]
+		if wr.what == "" {
+			wr.what = "create"
+		}
+		have, err := os.ReadFile(wr.path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		if wr.what == "create" {
+			wr.what = "overwrite"
+		}
+		r, err := filepath.Rel(root, wr.path)
+		if err != nil || strings.HasPrefix(r, "..") || bytes.Equal(have, wr.content) {
+			continue // outside the scaffold (models/registry.go) or unchanged
+		}
+		st, _ := os.Stat(wr.path)
+		backups = append(backups, write{path: filepath.Join(dir, r), content: have, mode: st.Mode().Perm(), what: "backup", owner: wr.owner})
+	}
+	return backups, dir, nil
 }
 
 func newWrite(root string, f Rendered) write {
@@ -226,20 +339,25 @@ func replaceFile(files []Rendered, f Rendered) []Rendered {
 	return append(files, f)
 }
 
-// applyWrites writes every prepared file, creating directories as needed.
-func applyWrites(ws []write) error {
+// commitWrites writes ws and removes the files removes (absolute paths, all below top) as
+// one transaction.
+func commitWrites(top, target string, ws []write, removes []string) error {
+	var cs []change
 	for _, wr := range ws {
-		if err := os.MkdirAll(filepath.Dir(wr.path), 0o755); err != nil {
-			return fmt.Errorf("write %s: %w", wr.path, err)
+		r, err := filepath.Rel(top, wr.path)
+		if err != nil || strings.HasPrefix(r, "..") {
+			return fmt.Errorf("write %s: outside %s", wr.path, top)
 		}
-		if err := os.WriteFile(wr.path, wr.content, wr.mode); err != nil {
-			return fmt.Errorf("write %s: %w", wr.path, err)
-		}
-		if err := os.Chmod(wr.path, wr.mode); err != nil {
-			return fmt.Errorf("write %s: %w", wr.path, err)
-		}
+		cs = append(cs, change{rel: filepath.ToSlash(r), content: wr.content, mode: wr.mode})
 	}
-	return nil
+	for _, p := range removes {
+		r, err := filepath.Rel(top, p)
+		if err != nil || strings.HasPrefix(r, "..") {
+			return fmt.Errorf("remove %s: outside %s", p, top)
+		}
+		cs = append(cs, change{rel: filepath.ToSlash(r), remove: true})
+	}
+	return commitChanges(top, target, cs)
 }
 
 // nonEmpty counts the entries of dir; a missing dir counts 0, a file is an error.
@@ -319,48 +437,6 @@ func rel(root, p string) string {
 	return p
 }
 
-// vendorWrites copies the core's packages (core/, go.mod, go.sum; no tests or testdata)
-// under dst.
-func vendorWrites(coreDir, dst string) ([]write, error) {
-	var ws []write
-	for _, f := range []string{"go.mod", "go.sum", "LICENSE"} {
-		data, err := os.ReadFile(filepath.Join(coreDir, f))
-		if errors.Is(err, fs.ErrNotExist) && f == "LICENSE" {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("vendor the core: %w", err)
-		}
-		ws = append(ws, write{path: filepath.Join(dst, f), content: data, mode: 0o644, owner: UserOwned})
-	}
-	err := filepath.WalkDir(filepath.Join(coreDir, "core"), func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if strings.HasSuffix(p, "_test.go") || !d.Type().IsRegular() {
-			return nil
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		r, _ := filepath.Rel(coreDir, p)
-		ws = append(ws, write{path: filepath.Join(dst, r), content: data, mode: 0o644, owner: UserOwned})
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("vendor the core: %w", err)
-	}
-	sort.Slice(ws, func(i, j int) bool { return ws[i].path < ws[j].path })
-	return ws, nil
-}
-
 // runnerAnswers are the model answers rendered into the runtime's code rather than into
 // config.json, so they take effect on top of a copied HF config.
 var runnerAnswers = []string{"page_tokens", "seed"}
@@ -369,25 +445,35 @@ func runnerAnswer(key string) bool {
 	return slices.Contains(runnerAnswers, strings.TrimPrefix(strings.TrimSpace(key), "model."))
 }
 
-// goModTidy completes the standalone go.mod: through the module proxy the environment
-// names, so that a fresh machine gets the core's dependencies, and, if that fails (no
-// network), offline from the module cache and the copied go.sum.
-func goModTidy(root string) error {
+// tidyTimeout bounds each `go mod tidy` run: a module graph that cannot resolve must not
+// hang the scaffolder.
+var tidyTimeout = 3 * time.Minute
+
+// goModTidy trims the standalone go.mod: offline first, from the module cache and the
+// copied go.sum (building the core here filled it), then through the module proxy the
+// environment names. Each run is bounded by tidyTimeout.
+func goModTidy(w io.Writer, root string) error {
 	run := func(env ...string) error {
-		cmd := exec.Command("go", "mod", "tidy", "-e")
+		ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "mod", "tidy")
 		cmd.Dir = root
 		cmd.Env = append(append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off"), env...)
+		killGroupOnCancel(cmd)
+		cmd.WaitDelay = 5 * time.Second
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("go mod tidy gave no result within %s", tidyTimeout)
+			}
 			return fmt.Errorf("%w: %s", err, strings.TrimSpace(out.String()))
 		}
 		return nil
 	}
-	if err := run(); err != nil {
-		if offline := run("GOPROXY=off"); offline != nil {
-			return err
-		}
+	fmt.Fprintf(w, "go mod tidy (offline first, then the module proxy; at most %s each)\n", tidyTimeout)
+	if err := run("GOPROXY=off"); err != nil {
+		return run()
 	}
 	return nil
 }

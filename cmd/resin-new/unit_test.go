@@ -49,8 +49,15 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 || string(got["a.go"]) != "package a\n" || string(got["b/no-newline.txt"]) != "-- tricky 3 --\nno newline" {
-		t.Fatalf("record round trip: %q", got)
+	if len(got) != 3 || string(got["a.go"].content) != "package a\n" || string(got["b/no-newline.txt"].content) != "-- tricky 3 --\nno newline" {
+		t.Fatalf("record round trip: %v", got)
+	}
+	if got["a.go"].owner != ScaffoldOwned || got["user.go"].owner != UserOwned || string(got["user.go"].content) != "user" {
+		t.Fatalf("record round trip lost the owners: %v", got)
+	}
+	// A path that leaves the scaffold is refused.
+	if _, err := decodeRecord([]byte("# resin-new\n-- ../x 1 --\nx\n")); err == nil {
+		t.Fatal("record entry ../x accepted")
 	}
 	if _, err := decodeRecord([]byte("# resin-new\n-- a.go 99 --\nshort\n")); err == nil {
 		t.Fatal("truncated record accepted")

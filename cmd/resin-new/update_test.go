@@ -115,9 +115,20 @@ func TestUpdateMarksConflict(t *testing.T) {
 	if !strings.Contains(out, "CONFLICT") {
 		t.Errorf("report does not name the conflict:\n%s", out)
 	}
-	// The record now holds v3, so a second update has nothing new to merge.
+	// While the markers are there, a second update refuses (the build is broken) and
+	// names where they are; --dry-run too.
+	for _, args := range [][]string{{"update", dir}, {"update", "--dry-run", dir}} {
+		if out, err := runCLI(t, newerTemplate(t), args...); !errors.Is(err, ErrConflicts) || !strings.Contains(err.Error(), "runner.go:") {
+			t.Fatalf("%v with markers left: err = %v, want ErrConflicts naming runner.go\n%s", args, err, out)
+		}
+	}
+	// Resolved (the user keeps both comments), the record holds v3: nothing new to merge.
+	resolved := strings.Replace(string(b), "// Options tune a runner.", "// Options tune a runner (template v2), says the user.", 1)
+	if err := os.WriteFile(path, []byte(resolved), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := runCLI(t, newerTemplate(t), "update", dir); err != nil {
-		t.Fatalf("second update: %v\n%s", err, out)
+		t.Fatalf("update after resolving: %v\n%s", err, out)
 	}
 }
 

@@ -1,20 +1,143 @@
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
 )
+
+// verifyPlan says how --verify runs a scaffold: with its own config.json when the seeded
+// random weights fit the machine, else with a scaled-down config of the same architecture
+// (same model_type, GQA ratio, biases, q/k norm, tied head, window and rope settings).
+type verifyPlan struct {
+	weightBytes int64  // fp32 bytes of the config's random weights
+	budget      int64  // the most --verify builds
+	scaled      []byte // the config.json generate runs with; nil: the scaffold's own
+	scaledDims  string
+}
+
+func (p verifyPlan) describe() string {
+	if p.scaled == nil {
+		return fmt.Sprintf("build, test, and generate with the config's random weights (%s fp32, within %s)", gib(p.weightBytes), gib(p.budget))
+	}
+	return fmt.Sprintf("build, test, and generate with a scaled-down config of the same architecture (%s): the config's random weights would take %s fp32, more than %s",
+		p.scaledDims, gib(p.weightBytes), gib(p.budget))
+}
+
+func gib(n int64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
+
+// planVerify estimates the weights of the rendered config.json and checks that the
+// runtime's cache pool holds what --verify generates, before anything is written.
+func planVerify(a *Answers, rendered []Rendered) (verifyPlan, error) {
+	var cfgJSON []byte
+	for _, f := range rendered {
+		if f.Path == "config.json" {
+			cfgJSON = f.Content
+		}
+	}
+	c, err := weights.ParseConfig(cfgJSON)
+	if err != nil {
+		return verifyPlan{}, fmt.Errorf("config.json: %w", err)
+	}
+	p := verifyPlan{weightBytes: 4 * denseParams(c), budget: verifyBudget()}
+	layers, kvHeads, headDim := c.NumHiddenLayers, c.NumKeyValueHeads, c.HeadDim
+	if p.weightBytes > p.budget {
+		if p.scaled, p.scaledDims, err = scaleConfig(cfgJSON, c); err != nil {
+			return verifyPlan{}, err
+		}
+		layers, kvHeads, headDim = 2, 2, 32
+	}
+	// The dense runtime's cache: one full-attention group in float32, 256 MiB by default.
+	g := kvslab.GroupSpec{Name: "kv", Kind: kvslab.Full, Layers: layers, BytesPerToken: 2 * kvHeads * headDim * 4, PageTokens: a.Model.PageTokens}
+	if _, err := kvslab.Size(kvslab.Config{Groups: []kvslab.GroupSpec{g}}, 256<<20, 1); err != nil {
+		return verifyPlan{}, fmt.Errorf("model.page_tokens %d: the runtime's default 256 MiB cache cannot hold one sequence (%v)", a.Model.PageTokens, err)
+	}
+	return p, nil
+}
+
+// denseParams counts the parameters of a dense decoder config.
+func denseParams(c *weights.Config) int64 {
+	h, v, i := int64(c.HiddenSize), int64(c.VocabSize), int64(c.IntermediateSize)
+	q, kv := int64(c.NumAttentionHeads*c.HeadDim), int64(c.NumKeyValueHeads*c.HeadDim)
+	perLayer := h*q + 2*h*kv + q*h + 3*h*i + 2*h
+	n := v*h + int64(c.NumHiddenLayers)*perLayer + h
+	if !c.TieWordEmbeddings {
+		n += v * h
+	}
+	return n
+}
+
+// verifyBudget is a quarter of the memory available now, at most 4 GiB (2 GiB when
+// /proc/meminfo cannot be read).
+func verifyBudget() int64 {
+	budget := int64(2 << 30)
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return budget
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fs := strings.Fields(sc.Text()); len(fs) >= 2 && fs[0] == "MemAvailable:" {
+			if kb, err := strconv.ParseInt(fs[1], 10, 64); err == nil {
+				budget = min(kb*1024/4, 4<<30)
+			}
+		}
+	}
+	return budget
+}
+
+// scaleConfig shrinks a config.json's dimensions and keeps every other field.
+func scaleConfig(data []byte, c *weights.Config) ([]byte, string, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, "", fmt.Errorf("config.json: %w", err)
+	}
+	group := max(c.NumAttentionHeads/max(c.NumKeyValueHeads, 1), 1)
+	dims := map[string]int{
+		"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2,
+		"num_key_value_heads": 2, "num_attention_heads": 2 * min(group, 4), "head_dim": 32,
+		"vocab_size": min(c.VocabSize, 1024),
+	}
+	for k, v := range dims {
+		m[k] = json.RawMessage(strconv.Itoa(v))
+	}
+	out, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, "", err
+	}
+	return out, fmt.Sprintf("hidden 128, 2 layers, %d heads / 2 kv heads of 32, vocab %d", dims["num_attention_heads"], dims["vocab_size"]), nil
+}
 
 // verify builds a fresh scaffold, runs its tests and generates a few tokens with random
 // weights, streaming each command's output to w.
-func verify(w io.Writer, root string, a *Answers) error {
+func verify(w io.Writer, root string, a *Answers, p verifyPlan) error {
+	fmt.Fprintf(w, "verify: %s\n", p.describe())
+	gen := []string{"go", "run", "./cmd/" + a.Name, "generate", "--prompt-ids", "1,2,3,4", "--max-tokens", "8"}
+	if p.scaled != nil {
+		dir, err := os.MkdirTemp("", "resin-verify-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), p.scaled, 0o644); err != nil {
+			return err
+		}
+		gen = append(gen, "--model", dir)
+	}
 	steps := [][]string{
 		{"go", "build", "./..."},
 		{"go", "test", "-count=1", "./..."},
-		{"go", "run", "./cmd/" + a.Name, "generate", "--prompt-ids", "1,2,3,4", "--max-tokens", "8"},
+		gen,
 	}
 	for _, s := range steps {
 		fmt.Fprintf(w, "verify: %s\n", strings.Join(s, " "))
