@@ -31,12 +31,12 @@ type Answers struct {
 	// Import is the import path of the model package (Module, or Module/models/Name in-tree).
 	Import string `toml:"import"`
 	// Core is the replace target of github.com/resin-llm/resin in a standalone go.mod.
-	Core       string      `toml:"core"`
-	VendorCore bool        `toml:"vendor_core"`
+	Core       string `toml:"core"`
+	VendorCore bool   `toml:"vendor_core"`
 	// Requires are the core's module requirements ("path version"), written into a
 	// standalone go.mod so it builds before `go mod tidy`; not recorded.
-	Requires []string `toml:"-"`
-	Model      ModelAnswer `toml:"model"`
+	Requires []string    `toml:"-"`
+	Model    ModelAnswer `toml:"model"`
 }
 
 // ModelAnswer holds the model's dimensions and options; they become the scaffold's

@@ -2,9 +2,9 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"slices"
-	"fmt"
 	"sort"
 	"strconv"
 	"strings"

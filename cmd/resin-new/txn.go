@@ -34,8 +34,8 @@ type fileSystem interface {
 type osFS struct{}
 
 func (osFS) MkdirAll(p string, perm os.FileMode) error { return os.MkdirAll(p, perm) }
-func (osFS) Rename(a, b string) error                   { return os.Rename(a, b) }
-func (osFS) RemoveAll(p string) error                   { return os.RemoveAll(p) }
+func (osFS) Rename(a, b string) error                  { return os.Rename(a, b) }
+func (osFS) RemoveAll(p string) error                  { return os.RemoveAll(p) }
 func (osFS) WriteFile(p string, data []byte, perm os.FileMode) error {
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
 	if err != nil {
