@@ -6,16 +6,19 @@
 // proposes no drafts and reuses its buffers, so a step allocates nothing in steady state.
 //
 // A model runner keeps what is its own (loading config and weights, binding its cache to
-// the pool) and embeds a Runner built over a closure that reads its current cache:
+// the pool) and embeds a Runner built over a closure that reads its current cache, which
+// is also how it says it is not bound yet:
 //
 //	type Runner struct {
-//		*cpurunner.Runner
+//		*cpurunner.Runner // Info, Execute, CaptureLogits
 //		Model *Model
 //		kv    *KVCache // nil until Bind
 //	}
 //
 //	func NewRunner(m *Model, pageTokens int) *Runner {
 //		r := &Runner{Model: m}
+//		info := engine.RunnerInfo{Name: Name, VocabSize: m.Config.VocabSize, MaxContext: m.MaxContext(),
+//			EOS: m.Config.EOSTokenID, CacheGroups: CacheGroups(m.Config, pageTokens)}
 //		r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
 //			if r.kv == nil {
 //				return cpurunner.ErrNotBound
