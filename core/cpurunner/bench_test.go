@@ -12,9 +12,8 @@ import (
 
 // BenchmarkExecute measures what Runner adds to a model's forward on a decode step of 32
 // sequences over a 32000-token vocabulary (the forward here writes the logits once, then
-// leaves them):
-// sizing, sampling with logprobs for half of the sequences, filling the StepResult. It
-// must report 0 allocs/op.
+// leaves them): sizing, sampling with logprobs for half of the sequences, filling the
+// StepResult; and the same while capturing every row. Both must report 0 allocs/op.
 func BenchmarkExecute(b *testing.B) {
 	const v, seqs = 32000, 32
 	groups := []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 8, PageTokens: 16}}
@@ -52,14 +51,24 @@ func BenchmarkExecute(b *testing.B) {
 		return nil
 	}))
 	ctx := context.Background()
-	if _, err := r.Execute(ctx, p); err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		if _, err := r.Execute(ctx, p); err != nil {
-			b.Fatal(err)
+	for _, capture := range []bool{false, true} {
+		name := "plain"
+		if capture {
+			name = "capture"
+			rows := 0
+			r.CaptureLogits(func(cpurunner.LogitsRow) { rows++ })
 		}
+		b.Run(name, func(b *testing.B) {
+			if _, err := r.Execute(ctx, p); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := r.Execute(ctx, p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
