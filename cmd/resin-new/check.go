@@ -114,10 +114,37 @@ func runChecklist(w io.Writer, dir string, gpu bool, timeout time.Duration) erro
 			}
 			continue
 		}
+		if reason, skipped := allSkipped(out.String()); skipped {
+			fmt.Fprintf(w, "SKIP %2d. %s: `%s` ran no test: %s\n", i+1, it.Title, it.Command, reason)
+			continue
+		}
 		fmt.Fprintf(w, "PASS %2d. %s: `%s` (%.1fs)\n", i+1, it.Title, it.Command, time.Since(start).Seconds())
 	}
 	if failed > 0 {
 		return fmt.Errorf("check: %d of %d items failed", failed, len(items))
 	}
 	return nil
+}
+
+// allSkipped reports whether go test output (run with -v) shows tests that all skipped, or
+// none that ran: such an item proves nothing, so check reports it as SKIP, with the first
+// skip message as the reason.
+func allSkipped(out string) (string, bool) {
+	if strings.Contains(out, "--- PASS") || strings.Contains(out, "--- FAIL") {
+		return "", false
+	}
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if strings.Contains(l, "--- SKIP") {
+			reason := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "--- SKIP:"))
+			if i+1 < len(lines) && strings.Contains(lines[i+1], ".go:") {
+				reason += ": " + strings.TrimSpace(lines[i+1])
+			}
+			return reason, true
+		}
+	}
+	if strings.Contains(out, "[no tests to run]") {
+		return "no test matched", true
+	}
+	return "", false
 }

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -93,4 +94,13 @@ func coreDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// runIn runs a command in dir and returns its combined output.
+func runIn(dir string, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }

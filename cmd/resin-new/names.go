@@ -11,7 +11,7 @@ import (
 // reservedNames are the directories of a scaffold (and of the checkout's models/): a
 // model of that name would collide with them, and its binary's .gitignore entry (/NAME)
 // would hide the directory.
-var reservedNames = []string{"cmd", "kernels", "scripts", "testdata", "third_party", "vendor", "internal"}
+var reservedNames = []string{"cmd", "kernels", "scripts", "testdata", "vendor", "internal"}
 
 var (
 	nameRe    = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)*$`)

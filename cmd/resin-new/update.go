@@ -55,7 +55,9 @@ func updateScaffold(w io.Writer, tfsys fs.FS, o updateOptions) error {
 	}
 	coreDir, coreErr := findCore(o.core)
 	if a.Layout == "standalone" {
-		a.Requires = scaffoldRequires(dir, coreDir)
+		// An update renders with the checkout's requirements (it refreshes the vendored core
+		// to it); a rebuilt record, with those of the core the scaffold holds.
+		a.Requires = scaffoldRequires(dir, coreDir, o.rebuildBase)
 	}
 	if o.rebuildBase {
 		return rebuildBase(w, dir, top, target, a, base, coreDir, o.dryRun)
@@ -194,9 +196,13 @@ func updateScaffold(w io.Writer, tfsys fs.FS, o updateOptions) error {
 func patchPath(p string) string { return ".resin/patches/" + p + ".patch" }
 
 // scaffoldRequires are the module requirements a standalone go.mod is rendered with: the
-// checkout's, or else the vendored core's.
-func scaffoldRequires(dir, coreDir string) []string {
-	for _, d := range []string{coreDir, filepath.Join(dir, filepath.FromSlash(VendorDir))} {
+// checkout's or the vendored core's, whichever is preferred and present.
+func scaffoldRequires(dir, coreDir string, vendoredFirst bool) []string {
+	order := []string{coreDir, filepath.Join(dir, filepath.FromSlash(VendorDir))}
+	if vendoredFirst {
+		order[0], order[1] = order[1], order[0]
+	}
+	for _, d := range order {
 		if d == "" {
 			continue
 		}
