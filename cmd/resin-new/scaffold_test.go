@@ -268,7 +268,7 @@ func TestVerifyPlan(t *testing.T) {
 func TestCheckReportsAllSkippedAsSkip(t *testing.T) {
 	for out, want := range map[string]bool{
 		"=== RUN   TestCompile\n--- SKIP: TestCompile (0.00s)\n    k_test.go:9: no NVRTC\nok  \tx\t0.1s\n": true,
-		"ok  \tx\t0.1s [no tests to run]\n":                                                        true,
+		"ok  \tx\t0.1s [no tests to run]\n": true,
 		"=== RUN   TestA\n--- SKIP: TestA (0.00s)\n=== RUN   TestB\n--- PASS: TestB (0.00s)\nok\n": false,
 		"ok  \tx\t0.1s\n": false,
 	} {
