@@ -5,23 +5,25 @@
 #   scripts/transformers-goldens.sh                 # models/llama's: tiny Llama, Qwen2, Qwen3 and
 #                                                   # Mistral checkpoints into models/llama/testdata/parity
 #   scripts/transformers-goldens.sh models/NAME     # a scaffold's: its config.json shrunk, random
-#                                                   # weights, into models/NAME/testdata/parity/<model_type>
+#                                                   # weights, into models/NAME/testdata/parity/<model_type>-shrunk
 #   scripts/transformers-goldens.sh CHECKPOINT_DIR --out models/NAME/testdata/parity
-#                                                   # a real checkpoint's logits (weights not copied)
+#                                                   # a real checkpoint's logits, into .../parity/checkpoint
+#                                                   # (the weights are not copied; the case names their path)
 #
 # Then: go test ./models/NAME -run TestTransformersParity -v
 # torch, transformers and safetensors are installed, pinned, into .cache/torch-venv (PyPI's
 # torch wheel with its CUDA libraries is several GB; only its CPU path is used).
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
-root=$(git rev-parse --show-toplevel)
-cd "$root"
-venv=.cache/torch-venv
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=$root/.cache/torch-venv
 if [ ! -x "$venv/bin/python" ]; then
+	mkdir -p "$root/.cache"
+	[ -e "$root/.cache/.gitignore" ] || echo '*' > "$root/.cache/.gitignore"
 	python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q "torch==2.15.0" "transformers==5.23.0" "safetensors==0.8.0"
 if [ $# -eq 0 ]; then
-	set -- --builtin models/llama/testdata/parity
+	set -- --builtin "$root/models/llama/testdata/parity"
 fi
-"$venv/bin/python" scripts/transformers_goldens.py "$@"
+"$venv/bin/python" "$root/scripts/transformers_goldens.py" "$@"

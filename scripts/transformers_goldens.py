@@ -9,9 +9,11 @@ transformers into .cache/torch-venv.
                                           mistral) into DIR/<case>/
   transformers_goldens.py SOURCE          SOURCE is a scaffold directory or a config.json:
                                           its config shrunk to a few layers of a few heads,
-                                          with random weights; or a checkpoint directory
-                                          (config.json and safetensors): the real weights,
-                                          which are not copied (the case records their path)
+                                          with random weights, into <model_type>-shrunk/; or
+                                          a checkpoint directory (config.json and
+                                          safetensors): the real weights, which are not
+                                          copied (checkpoint/ records their path)
+      [--out DIR] [--name CASE]           default: SOURCE's testdata/parity/<case>
 
 Each case directory holds config.json and model.safetensors (or, for a real checkpoint, a
 file `checkpoint` naming its directory) and logits.safetensors: `token_ids` (I32, [T]) and
@@ -148,7 +150,7 @@ def main():
     ap.add_argument("source", nargs="?", help="scaffold directory, config.json, or checkpoint directory")
     ap.add_argument("--builtin", metavar="DIR", help="write the dense base's cases into DIR")
     ap.add_argument("--out", help="parity directory (default: SOURCE's testdata/parity)")
-    ap.add_argument("--name", help="case name (default: the config's model_type)")
+    ap.add_argument("--name", help="case name (default: <model_type>-shrunk, or checkpoint)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -169,9 +171,9 @@ def main():
         sys.exit(f"{cfg_path}: qk_norm is resin's own key; transformers' {cfg['model_type']} has no q/k norm, so it is no reference for this config")
     home = os.path.dirname(os.path.abspath(cfg_path))
     out = args.out or os.path.join(home, "testdata", "parity")
-    name = args.name or cfg["model_type"]
-    case_dir = os.path.join(out, name)
     real = os.path.isdir(src) and glob.glob(os.path.join(src, "*.safetensors"))
+    name = args.name or ("checkpoint" if real else cfg["model_type"] + "-shrunk")
+    case_dir = os.path.join(out, name)
     if real:
         shutil.rmtree(case_dir, ignore_errors=True)
         os.makedirs(case_dir)

@@ -17,9 +17,9 @@ import (
 // parityTol is the largest |logit − transformers' logit| the parity test accepts.
 const parityTol = 1e-4
 
-// parityCommand makes the goldens TestTransformersParity reads (from the repository or
-// scaffold root).
-const parityCommand = "scripts/transformers-goldens.sh"
+// parityCommand makes goldens for TestTransformersParity from this model's config.json,
+// run from the repository root (see the script's --help for real checkpoints).
+const parityCommand = "scripts/transformers-goldens.sh models/llama"
 
 // TestTransformersParity loads each checkpoint of testdata/parity/<case> through the real
 // loader (LoadConfig, weights.Open, LoadWeights) and checks the paged forward's logits at
@@ -30,7 +30,7 @@ const parityCommand = "scripts/transformers-goldens.sh"
 func TestTransformersParity(t *testing.T) {
 	goldens, _ := filepath.Glob(filepath.Join("testdata", "parity", "*", "logits.safetensors"))
 	if len(goldens) == 0 {
-		t.Skipf("no transformers goldens in testdata/parity: make them with `%s <this model's directory>`", parityCommand)
+		t.Skipf("no transformers goldens in testdata/parity: make them with `%s`", parityCommand)
 	}
 	for _, golden := range goldens {
 		dir := filepath.Dir(golden)
