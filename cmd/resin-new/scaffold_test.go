@@ -155,7 +155,7 @@ func TestUpdateUserOwned(t *testing.T) {
 		if out, err := runIn(dir, "patch", "-p1", "-i", patch); err != nil {
 			t.Fatalf("the patch does not apply: %v\n%s", err, out)
 		}
-		if got, _ := os.ReadFile(filepath.Join(dir, "forward.go")); !strings.Contains(string(got), "// Model (v2) is a loaded model") {
+		if got, _ := os.ReadFile(filepath.Join(dir, "forward.go")); !strings.Contains(string(got), "// Model (v4) is a loaded model") {
 			t.Fatal("the applied patch did not bring the template's change")
 		}
 	}
@@ -212,8 +212,8 @@ func TestRebuildBase(t *testing.T) {
 		t.Fatal("rebuilt record differs from the original")
 	}
 
-	// The embedded template is newer (v3) than the scaffold's (v2): the record comes from a
-	// git repository whose history holds v2.
+	// The embedded template is newer (v4) than the scaffold's (v3): the record comes from a
+	// git repository whose history holds v3.
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("no git")
 	}
@@ -232,7 +232,7 @@ func TestRebuildBase(t *testing.T) {
 		os.WriteFile(full, f.Data, 0o644)
 	}
 	git("add", "-A")
-	git("commit", "-qm", "v2")
+	git("commit", "-qm", "v3")
 	os.Remove(rec)
 	notGit := fakeCore(t)
 	if _, err := runCLI(t, newerTemplate(t), "update", "--rebuild-base", "--core", notGit, dir); err == nil || !strings.Contains(err.Error(), "git") {

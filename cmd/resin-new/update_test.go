@@ -11,8 +11,8 @@ import (
 	"github.com/resin-llm/resin/templates"
 )
 
-// newerTemplate is the embedded dense template bumped from version 2 to 3, with a change near the
-// top of runner.go (scaffold-owned) and of forward.go (user-owned).
+// newerTemplate is the embedded dense template bumped from version 3 to 4, with a change near the
+// top of conformance_test.go (scaffold-owned) and of forward.go (user-owned).
 func newerTemplate(t *testing.T) fstest.MapFS {
 	m := templateCopy(t)
 	edit := func(p, old, new string) {
@@ -22,9 +22,9 @@ func newerTemplate(t *testing.T) fstest.MapFS {
 		}
 		m[p] = &fstest.MapFile{Data: []byte(strings.Replace(s, old, new, 1))}
 	}
-	edit("dense/manifest.toml", `version = "2"`, `version = "3"`)
-	edit("dense/runner.go.tmpl", "// Options tune a runner.", "// Options tune a runner (template v2).")
-	edit("dense/forward.go.tmpl", "// Model is a loaded model", "// Model (v2) is a loaded model")
+	edit("dense/manifest.toml", `version = "3"`, `version = "4"`)
+	edit("dense/conformance_test.go.tmpl", "// TestRunnerConformance runs", "// TestRunnerConformance (template v4) runs")
+	edit("dense/forward.go.tmpl", "// Model is a loaded model", "// Model (v4) is a loaded model")
 	return m
 }
 
@@ -51,20 +51,20 @@ func TestUpdateUnchanged(t *testing.T) {
 		}
 	}
 	// Newer template, no local edits: scaffold-owned files become the new render,
-	// user-owned ones stay, resin.toml records v3.
+	// user-owned ones stay, resin.toml records v4.
 	out, err := runCLI(t, newerTemplate(t), "update", dir)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	after = readTree(t, dir)
-	if !strings.Contains(after["runner.go"], "(template v2)") {
-		t.Errorf("runner.go not updated:\n%s", out)
+	if !strings.Contains(after["conformance_test.go"], "(template v4)") {
+		t.Errorf("conformance_test.go not updated:\n%s", out)
 	}
 	if after["forward.go"] != before["forward.go"] {
 		t.Error("update touched user-owned forward.go")
 	}
-	if !strings.Contains(after["resin.toml"], `template_version = "3"`) {
-		t.Errorf("resin.toml not at v3:\n%s", after["resin.toml"])
+	if !strings.Contains(after["resin.toml"], `template_version = "4"`) {
+		t.Errorf("resin.toml not at v4:\n%s", after["resin.toml"])
 	}
 	for p, s := range after {
 		if strings.Contains(s, "<<<<<<<") {
@@ -75,7 +75,7 @@ func TestUpdateUnchanged(t *testing.T) {
 
 func TestUpdateKeepsUserEdit(t *testing.T) {
 	dir := scaffoldDemo(t)
-	path := filepath.Join(dir, "runner.go")
+	path := filepath.Join(dir, "conformance_test.go")
 	b, _ := os.ReadFile(path)
 	edited := string(b) + "\n// myHelper is the user's own addition.\nfunc myHelper() int { return 42 }\n"
 	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
@@ -85,8 +85,8 @@ func TestUpdateKeepsUserEdit(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	got, _ := os.ReadFile(path)
-	if !strings.Contains(string(got), "func myHelper() int { return 42 }") || !strings.Contains(string(got), "(template v2)") {
-		t.Fatalf("merged runner.go lost a side:\n%s", got)
+	if !strings.Contains(string(got), "func myHelper() int { return 42 }") || !strings.Contains(string(got), "(template v4)") {
+		t.Fatalf("merged conformance_test.go lost a side:\n%s", got)
 	}
 	if strings.Contains(string(got), "<<<<<<<") {
 		t.Fatal("non-overlapping edits conflicted")
@@ -95,9 +95,9 @@ func TestUpdateKeepsUserEdit(t *testing.T) {
 
 func TestUpdateMarksConflict(t *testing.T) {
 	dir := scaffoldDemo(t)
-	path := filepath.Join(dir, "runner.go")
+	path := filepath.Join(dir, "conformance_test.go")
 	b, _ := os.ReadFile(path)
-	edited := strings.Replace(string(b), "// Options tune a runner.", "// Options tune a runner, says the user.", 1)
+	edited := strings.Replace(string(b), "// TestRunnerConformance runs", "// TestRunnerConformance, says the user, runs", 1)
 	if err := os.WriteFile(path, []byte(edited), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -107,9 +107,9 @@ func TestUpdateMarksConflict(t *testing.T) {
 	}
 	got, _ := os.ReadFile(path)
 	s := string(got)
-	for _, want := range []string{"<<<<<<< yours", "says the user.", "||||||| template v2 (base)", "=======", "(template v2).", ">>>>>>> template v3"} {
+	for _, want := range []string{"<<<<<<< yours", "says the user, runs", "||||||| template v3 (base)", "=======", "(template v4) runs", ">>>>>>> template v4"} {
 		if !strings.Contains(s, want) {
-			t.Errorf("conflicted runner.go lacks %q", want)
+			t.Errorf("conflicted conformance_test.go lacks %q", want)
 		}
 	}
 	if !strings.Contains(out, "CONFLICT") {
@@ -118,12 +118,12 @@ func TestUpdateMarksConflict(t *testing.T) {
 	// While the markers are there, a second update refuses (the build is broken) and
 	// names where they are; --dry-run too.
 	for _, args := range [][]string{{"update", dir}, {"update", "--dry-run", dir}} {
-		if out, err := runCLI(t, newerTemplate(t), args...); !errors.Is(err, ErrConflicts) || !strings.Contains(err.Error(), "runner.go:") {
-			t.Fatalf("%v with markers left: err = %v, want ErrConflicts naming runner.go\n%s", args, err, out)
+		if out, err := runCLI(t, newerTemplate(t), args...); !errors.Is(err, ErrConflicts) || !strings.Contains(err.Error(), "conformance_test.go:") {
+			t.Fatalf("%v with markers left: err = %v, want ErrConflicts naming conformance_test.go\n%s", args, err, out)
 		}
 	}
-	// Resolved (the user keeps both comments), the record holds v3: nothing new to merge.
-	resolved := strings.Replace(string(b), "// Options tune a runner.", "// Options tune a runner (template v2), says the user.", 1)
+	// Resolved (the user keeps both comments), the record holds v4: nothing new to merge.
+	resolved := strings.Replace(string(b), "// TestRunnerConformance runs", "// TestRunnerConformance (template v4), says the user, runs", 1)
 	if err := os.WriteFile(path, []byte(resolved), 0o644); err != nil {
 		t.Fatal(err)
 	}
