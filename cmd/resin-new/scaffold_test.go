@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/resin-llm/resin/templates"
 )
@@ -278,5 +279,24 @@ func TestCheckReportsAllSkippedAsSkip(t *testing.T) {
 	}
 	if r, _ := allSkipped("--- SKIP: TestCompile (0.00s)\n    k_test.go:9: no NVRTC\n"); !strings.Contains(r, "no NVRTC") {
 		t.Errorf("reason %q lacks the skip message", r)
+	}
+}
+
+// TestTidyIsBounded: a `go mod tidy` that never finishes is stopped at tidyTimeout with an
+// error saying so, instead of hanging the scaffolder.
+func TestTidyIsBounded(t *testing.T) {
+	bin := t.TempDir()
+	fake := "#!/bin/sh\nsleep 60\n"
+	if err := os.WriteFile(filepath.Join(bin, "go"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	saved := tidyTimeout
+	tidyTimeout = 200 * time.Millisecond
+	defer func() { tidyTimeout = saved }()
+	var out strings.Builder
+	err := goModTidy(&out, t.TempDir())
+	if err == nil || !strings.Contains(err.Error(), "no result within") {
+		t.Fatalf("err = %v, want a timeout", err)
 	}
 }
