@@ -12,6 +12,7 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	"github.com/resin-llm/resin/models/llama"
 	// +resin:scaffold:imports
 )
@@ -33,6 +34,7 @@ type Model struct {
 func All() []Model {
 	return []Model{
 		{Name: "llama", Architectures: llama.Architectures, Open: llama.Open},
+		{Name: "deepseek-v4-flash", Architectures: deepseekv4flash.Architectures, Open: deepseekv4flash.Open},
 		// +resin:scaffold:models
 	}
 }

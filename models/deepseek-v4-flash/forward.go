@@ -1,0 +1,166 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+)
+
+// Model is a loaded model with its rotary table and scratch buffers. It is the reference
+// forward: plain calls into core/kernels/ref, the oracle the CUDA kernels are checked
+// against. Not safe for concurrent use.
+type Model struct {
+	Config *Config
+	W      *Weights
+	rope   *ref.RopeTable
+
+	x, h, q, k, v, att, o, gate, up, rows []float32
+	pages                                 []uint32
+}
+
+// NewModel prepares a model for contexts up to maxContext tokens.
+func NewModel(c *Config, w *Weights, maxContext int) (*Model, error) {
+	rope, err := c.RopeTable(maxContext)
+	if err != nil {
+		return nil, err
+	}
+	return &Model{Config: c, W: w, rope: rope}, nil
+}
+
+// MaxContext returns the longest sequence the model's rotary table covers.
+func (m *Model) MaxContext() int { return m.rope.MaxPos }
+
+// Forward runs the plan's tokens through the model, writing their keys and values into kv
+// at the plan's slots, and writes the logits of the rows listed in plan.LogitsIndices to
+// logits ([len(LogitsIndices), vocab]).
+func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) error {
+	c, w := m.Config, m.W
+	t := plan.NumTokens()
+	hd, d, inter := c.HiddenSize, c.HeadDim, c.IntermediateSize
+	nh, nkv := c.NumAttentionHeads, c.NumKeyValueHeads
+	qd, kvd := nh*d, nkv*d
+	eps := float32(c.RMSNormEps)
+	if len(plan.Groups) < 1 {
+		return fmt.Errorf("forward: the plan has no cache group")
+	}
+	for _, p := range plan.Positions {
+		if p < 0 || int(p) >= m.rope.MaxPos {
+			return fmt.Errorf("forward: position %d outside the context of %d tokens", p, m.rope.MaxPos)
+		}
+	}
+	if r := len(plan.LogitsIndices); len(logits) != r*c.VocabSize {
+		return fmt.Errorf("forward: logits holds %d values, want %d rows × %d", len(logits), r, c.VocabSize)
+	}
+	grow := func(b *[]float32, n int) []float32 {
+		if cap(*b) < n {
+			*b = make([]float32, n)
+		}
+		*b = (*b)[:n]
+		return *b
+	}
+	x, h := grow(&m.x, t*hd), grow(&m.h, t*hd)
+	q, k, v := grow(&m.q, t*qd), grow(&m.k, t*kvd), grow(&m.v, t*kvd)
+	att, o := grow(&m.att, t*qd), grow(&m.o, t*hd)
+	gate, up := grow(&m.gate, t*inter), grow(&m.up, t*inter)
+	slots := plan.Groups[0].SlotMapping
+	attn := ref.Attention{Heads: nh, Scale: float32(1 / math.Sqrt(float64(d))), Window: c.Window}
+
+	if err := ref.Embedding(x, w.Embed, plan.Tokens, hd); err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	for l := range w.Layers {
+		lw := &w.Layers[l]
+		err := firstErr(
+			ref.RMSNorm(h, x, lw.AttnNorm, t, hd, eps),
+			ref.MatMulT(q, h, lw.Q, t, hd, qd),
+			ref.MatMulT(k, h, lw.K, t, hd, kvd),
+			ref.MatMulT(v, h, lw.V, t, hd, kvd),
+		)
+		if err != nil {
+			return fmt.Errorf("forward: layer %d: %w", l, err)
+		}
+		addBias(q, lw.QBias, t)
+		addBias(k, lw.KBias, t)
+		addBias(v, lw.VBias, t)
+		if c.QKNorm {
+			if err := firstErr(ref.RMSNorm(q, q, lw.QNorm, t*nh, d, eps), ref.RMSNorm(k, k, lw.KNorm, t*nkv, d, eps)); err != nil {
+				return fmt.Errorf("forward: layer %d: %w", l, err)
+			}
+		}
+		if err := firstErr(
+			m.rope.RoPENeoX(q, plan.Positions, t, nh, d),
+			m.rope.RoPENeoX(k, plan.Positions, t, nkv, d),
+			kv.Layers[l].StoreKV(k, v, slots),
+		); err != nil {
+			return fmt.Errorf("forward: layer %d: %w", l, err)
+		}
+		for i := 0; i < plan.NumSeqs(); i++ {
+			a, b := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
+			if a == b {
+				continue
+			}
+			pt := plan.PageTableOf(0, i)
+			m.pages = m.pages[:0]
+			for _, p := range pt {
+				m.pages = append(m.pages, uint32(p))
+			}
+			ctxLen := int(plan.Computed[i]) + b - a
+			if err := ref.PagedAttention(att[a*qd:b*qd], q[a*qd:b*qd], &kv.Layers[l], m.pages, ctxLen, b-a, attn); err != nil {
+				return fmt.Errorf("forward: layer %d, sequence %d: %w", l, i, err)
+			}
+		}
+		if err := ref.MatMulT(o, att, lw.O, t, qd, hd); err != nil {
+			return fmt.Errorf("forward: layer %d: %w", l, err)
+		}
+		addBias(o, lw.OBias, t)
+		err = firstErr(
+			ref.Add(x, x, o),
+			ref.RMSNorm(h, x, lw.MLPNorm, t, hd, eps),
+			ref.MatMulT(gate, h, lw.Gate, t, hd, inter),
+			ref.MatMulT(up, h, lw.Up, t, hd, inter),
+			ref.SiLUMulSplit(gate, gate, up, t, inter),
+			ref.MatMulT(o, gate, lw.Down, t, inter, hd),
+			ref.Add(x, x, o),
+		)
+		if err != nil {
+			return fmt.Errorf("forward: layer %d: %w", l, err)
+		}
+	}
+	r := len(plan.LogitsIndices)
+	rows := grow(&m.rows, r*hd)
+	for j, idx := range plan.LogitsIndices {
+		if idx < 0 || int(idx) >= t {
+			return fmt.Errorf("forward: logits row %d outside the plan's %d tokens", idx, t)
+		}
+		copy(rows[j*hd:(j+1)*hd], x[int(idx)*hd:(int(idx)+1)*hd])
+	}
+	if err := firstErr(ref.RMSNorm(rows, rows, w.Norm, r, hd, eps), ref.MatMulT(logits, rows, w.Head, r, hd, c.VocabSize)); err != nil {
+		return fmt.Errorf("forward: head: %w", err)
+	}
+	return nil
+}
+
+// addBias adds bias to each of the rows of x; a nil bias adds nothing.
+func addBias(x, bias []float32, rows int) {
+	if bias == nil {
+		return
+	}
+	n := len(bias)
+	for r := 0; r < rows; r++ {
+		row := x[r*n : (r+1)*n]
+		for i := range row {
+			row[i] += bias[i]
+		}
+	}
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

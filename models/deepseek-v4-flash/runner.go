@@ -1,0 +1,132 @@
+package deepseekv4flash
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// Name is the model's name in logs, metrics and the registry.
+const Name = "deepseek-v4-flash"
+
+// Options tune a runner.
+type Options struct {
+	// MaxContext caps the context (default: min(max_position_embeddings, 4096)).
+	MaxContext int
+	// PageTokens is the cache block size in tokens (default 16).
+	PageTokens int
+	// Seed seeds the random weights used when the directory holds no safetensors.
+	Seed uint64
+}
+
+// Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
+// result, logits capture for `generate --logits-out`) is core/cpurunner's; what is the
+// model's own is here: loading it and binding its cache. This file is yours: to run the
+// model on a GPU, replace the forward below with your device runner.
+type Runner struct {
+	*cpurunner.Runner // Info, Execute, CaptureLogits
+	Model             *Model
+	pageTokens        int
+	kv                *KVCache // nil until Bind
+}
+
+var _ engine.Runner = (*Runner)(nil)
+
+// NewRunner wraps a model; bind it to a cache pool with NewPool (or Bind) before Execute.
+func NewRunner(m *Model, pageTokens int) *Runner {
+	if pageTokens <= 0 {
+		pageTokens = 16
+	}
+	r := &Runner{Model: m, pageTokens: pageTokens}
+	c := m.Config
+	info := engine.RunnerInfo{
+		Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
+		CacheGroups: r.CacheGroups(),
+	}
+	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
+		if r.kv == nil {
+			return cpurunner.ErrNotBound
+		}
+		return r.Model.Forward(p, r.kv, logits)
+	}))
+	return r
+}
+
+// Load opens the model in dir: config.json and its safetensors weights, or, when dir holds
+// no safetensors, seeded random weights of the config.
+func Load(dir string, opts Options) (*Runner, error) {
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	var w *Weights
+	ck, err := weights.Open(dir)
+	switch {
+	case err == nil:
+		defer ck.Close()
+		if w, err = LoadWeights(c, ck); err != nil {
+			return nil, fmt.Errorf("load %s: %w", dir, err)
+		}
+	case errors.Is(err, weights.ErrNotFound):
+		seed := opts.Seed
+		if seed == 0 {
+			seed = 1
+		}
+		w = RandomWeights(c, seed)
+	default:
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	maxCtx := opts.MaxContext
+	if maxCtx <= 0 {
+		maxCtx = min(c.MaxPositionEmbeddings, 4096)
+		if maxCtx <= 1 {
+			maxCtx = 4096
+		}
+	}
+	m, err := NewModel(c, w, maxCtx)
+	if err != nil {
+		return nil, err
+	}
+	return NewRunner(m, opts.PageTokens), nil
+}
+
+// Open loads the model in dir and builds a host cache pool of cacheBytes bytes (0 = 256
+// MiB) for it: the registry's entry point.
+func Open(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
+	r, err := Load(dir, Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := r.NewPool(cacheBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, pool, nil
+}
+
+// CacheGroups returns the groups the runner's pool must hold.
+func (r *Runner) CacheGroups() []kvslab.GroupSpec { return CacheGroups(r.Model.Config, r.pageTokens) }
+
+// NewPool builds a host-memory pool of bytes bytes (0 = 256 MiB) for the model's cache
+// groups and binds the runner to it. Pass it to engine.New in engine.Config.Pool.
+func (r *Runner) NewPool(bytes int64) (*kvslab.Pool, error) {
+	pool, err := engine.NewHostPool(r.CacheGroups(), bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
+	}
+	return pool, r.Bind(pool)
+}
+
+// Bind makes the runner read and write its cache in pool.
+func (r *Runner) Bind(pool *kvslab.Pool) error {
+	kv, err := NewKVCache(r.Model.Config, pool)
+	if err != nil {
+		return fmt.Errorf("%s: %w", Name, err)
+	}
+	r.kv = kv
+	return nil
+}
