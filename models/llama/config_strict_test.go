@@ -17,7 +17,8 @@ const strictBase = `{"architectures": ["LlamaForCausalLM"], "model_type": "llama
 	"rms_norm_eps": 1e-6, "rope_theta": 10000, "max_position_embeddings": 128,
 	"tie_word_embeddings": false, "attention_bias": false}`
 
-// strictConfig returns strictBase with edits applied; a nil value deletes the key.
+// strictConfig returns strictBase with edits applied; a nil value deletes the key
+// (json.RawMessage("null") writes null).
 func strictConfig(t *testing.T, edits map[string]any) []byte {
 	t.Helper()
 	var m map[string]any
@@ -183,5 +184,33 @@ func TestLoadWeightsRefusesUnexpectedTensors(t *testing.T) {
 	err = loadFrom(t, tied, writeCheckpoint(t, c, func(ts []weights.Tensor) []weights.Tensor { return ts }))
 	if err == nil || !strings.Contains(err.Error(), "set tie_word_embeddings to false") {
 		t.Errorf("lm_head.weight different from the tied embeddings: error %v", err)
+	}
+}
+
+// TestConfigTransformersDefaults checks the variant defaults transformers fills for absent
+// keys, and that per-layer attention kinds are refused rather than run as full attention.
+func TestConfigTransformersDefaults(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		edits           map[string]any
+		window, headDim int
+	}{
+		{"mistral without sliding_window", map[string]any{"model_type": "mistral"}, 4096, 8},
+		{"mistral with sliding_window null", map[string]any{"model_type": "mistral", "sliding_window": json.RawMessage("null")}, 0, 8},
+		{"qwen3 without head_dim", map[string]any{"model_type": "qwen3", "head_dim": nil}, 0, 128},
+		{"qwen2 with full layer_types", map[string]any{"model_type": "qwen2", "layer_types": []string{"full_attention", "full_attention"}}, 0, 8},
+	} {
+		got, err := ParseConfig(strictConfig(t, c.edits))
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if got.Window != c.window || got.HeadDim != c.headDim {
+			t.Errorf("%s: window %d, head_dim %d; want %d, %d", c.name, got.Window, got.HeadDim, c.window, c.headDim)
+		}
+	}
+	_, err := ParseConfig(strictConfig(t, map[string]any{"model_type": "qwen2", "layer_types": []string{"full_attention", "sliding_attention"}}))
+	if err == nil || !strings.Contains(err.Error(), `"sliding_attention"`) {
+		t.Errorf("qwen2 with a sliding layer: error %v", err)
 	}
 }
