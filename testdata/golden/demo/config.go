@@ -1,18 +1,35 @@
 package demo
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/weights"
 )
 
-// Architectures lists the HF architectures this model loads.
-var Architectures = []string{"LlamaForCausalLM"}
+// Architectures lists the HF architectures this model loads: the dense variants whose math
+// forward.go implements. `--model auto` picks the model by them.
+var Architectures = []string{"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+
+// ModelTypes lists the config.json model_types this model implements; ParseConfig refuses
+// any other, as transformers would build a different model for it.
+var ModelTypes = []string{"llama", "qwen2", "qwen3", "mistral"}
+
+// modelTypeOf gives the model_type of each architecture, for configs that name only the
+// architecture.
+var modelTypeOf = map[string]string{
+	"LlamaForCausalLM":   "llama",
+	"Qwen2ForCausalLM":   "qwen2",
+	"Qwen3ForCausalLM":   "qwen3",
+	"MistralForCausalLM": "mistral",
+}
 
 // Config is the model's configuration: the HF config.json fields and the options of the
 // dense variants (Llama: biases on q/k/v/o when attention_bias; Qwen2: q/k/v biases;
@@ -25,23 +42,51 @@ type Config struct {
 	Window  int  // sliding-window attention span in tokens; 0 = full attention
 }
 
-// ParseConfig parses config.json and derives the variant's options from model_type.
+// ParseConfig parses config.json, checks it names a variant this model implements and
+// derives the variant's options from model_type.
 func ParseConfig(data []byte) (*Config, error) {
 	wc, err := weights.ParseConfig(data)
 	if err != nil {
 		return nil, err
 	}
 	c := &Config{Config: *wc}
+	if err := c.checkVariant(); err != nil {
+		return nil, err
+	}
+	// Each variant as transformers' modeling and configuration files define it, defaults of
+	// absent keys included.
 	switch c.ModelType {
 	case "qwen2":
 		c.QKVBias = true
 	case "qwen3":
 		c.QKNorm = true
 		c.QKVBias, c.OBias = c.AttentionBias, c.AttentionBias
+		if _, ok := c.Raw["head_dim"]; !ok {
+			c.HeadDim = 128 // Qwen3Config's default, not hidden_size / heads
+		}
 	case "mistral":
 		c.Window = c.SlidingWindow
+		if _, ok := c.Raw["sliding_window"]; !ok {
+			c.Window = 4096 // MistralConfig's default; null means full attention
+		}
 	default:
 		c.QKVBias, c.OBias = c.AttentionBias, c.AttentionBias
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if c.ModelType == "qwen2" || c.ModelType == "qwen3" {
+		if v, ok := c.Raw["layer_types"]; ok && string(v) != "null" {
+			var types []string
+			if err := json.Unmarshal(v, &types); err != nil {
+				return nil, fmt.Errorf("config: layer_types: %w", err)
+			}
+			for _, lt := range types {
+				if lt != "full_attention" {
+					return nil, fmt.Errorf("config: layer_types entry %q (per-layer attention kinds) is not implemented by this model", lt)
+				}
+			}
+		}
 	}
 	if v, ok := c.Raw["qk_norm"]; ok && string(v) == "true" {
 		c.QKNorm = true
@@ -64,6 +109,27 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// checkVariant refuses a config whose model_type or architectures name a model this one
+// does not implement (transformers would build that other model, with its own math, from
+// the same tensor names) and fills a missing model_type from the architecture.
+func (c *Config) checkVariant() error {
+	if c.ModelType != "" && !slices.Contains(ModelTypes, c.ModelType) {
+		return fmt.Errorf("config: model_type %q is not implemented by this model (it implements %s)", c.ModelType, strings.Join(ModelTypes, ", "))
+	}
+	for _, a := range c.Architectures {
+		if _, ok := modelTypeOf[a]; !ok {
+			return fmt.Errorf("config: architecture %q is not implemented by this model (it implements %s)", a, strings.Join(Architectures, ", "))
+		}
+	}
+	if c.ModelType == "" {
+		if len(c.Architectures) == 0 {
+			return fmt.Errorf("config: neither model_type nor architectures says which model this is (this model implements %s)", strings.Join(ModelTypes, ", "))
+		}
+		c.ModelType = modelTypeOf[c.Architectures[0]]
+	}
+	return nil
 }
 
 // LoadConfig reads dir/config.json.

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -84,11 +86,19 @@ func params(c *Config, w *Weights) []param {
 	return ps
 }
 
-// LoadWeights reads every parameter from a checkpoint by HF name, checking shapes; a
-// missing tensor is an error naming it.
+// LoadWeights reads every parameter from a checkpoint by HF name, checking shapes. A
+// checkpoint must hold exactly the tensors the config needs: missing ones and ones the
+// model would not use (a q_proj.bias with attention_bias false, another model's extra
+// tensors) are refused, listed as transformers' load report lists them. Tolerated, as
+// transformers tolerates them: rotary_emb.inv_freq buffers, and lm_head.weight beside tied
+// embeddings when it equals them (transformers unties a different one; that is refused).
 func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 	w := &Weights{}
-	for _, p := range params(c, w) {
+	ps := params(c, w)
+	if err := checkNames(c, ck, ps); err != nil {
+		return nil, fmt.Errorf("load weights: %w", err)
+	}
+	for _, p := range ps {
 		v, err := ck.Float32(p.name, p.shape...)
 		if err != nil {
 			return nil, fmt.Errorf("load weights: %w", err)
@@ -97,8 +107,59 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 	}
 	if c.TieWordEmbeddings {
 		w.Head = w.Embed
+		if ck.Has("lm_head.weight") {
+			head, err := ck.Float32("lm_head.weight", c.VocabSize, c.HiddenSize)
+			if err != nil {
+				return nil, fmt.Errorf("load weights: %w", err)
+			}
+			if !slices.Equal(head, w.Embed) {
+				return nil, fmt.Errorf("load weights: lm_head.weight differs from model.embed_tokens.weight while tie_word_embeddings is true " +
+					"(transformers then unties them and uses lm_head.weight): set tie_word_embeddings to false in config.json")
+			}
+		}
 	}
 	return w, nil
+}
+
+// checkNames compares the checkpoint's tensor names with the ones the model loads and
+// reports the difference as transformers' load report does: UNEXPECTED tensors the model
+// would not use, MISSING ones it needs (which transformers would initialize at random).
+func checkNames(c *Config, ck *weights.Checkpoint, ps []param) error {
+	want := map[string]bool{}
+	for _, p := range ps {
+		want[p.name] = true
+	}
+	var unexpected, missing []string
+	for _, n := range ck.Names() {
+		switch {
+		case want[n]:
+			delete(want, n)
+		case strings.HasSuffix(n, "rotary_emb.inv_freq"): // a buffer older checkpoints saved
+		case n == "lm_head.weight" && c.TieWordEmbeddings: // checked against the embeddings
+		default:
+			unexpected = append(unexpected, n)
+		}
+	}
+	for _, p := range ps {
+		if want[p.name] {
+			missing = append(missing, p.name)
+		}
+	}
+	if len(unexpected) == 0 && len(missing) == 0 {
+		return nil
+	}
+	arch := c.Architecture()
+	if arch == "" {
+		arch = "the model"
+	}
+	var parts []string
+	if len(unexpected) > 0 {
+		parts = append(parts, fmt.Sprintf("UNEXPECTED (in the checkpoint, not used by the model) [%s]", strings.Join(unexpected, ", ")))
+	}
+	if len(missing) > 0 {
+		parts = append(parts, fmt.Sprintf("MISSING (needed by the model; transformers would initialize them at random) [%s]", strings.Join(missing, ", ")))
+	}
+	return fmt.Errorf("%s load report from %s: %s", arch, ck.Dir, strings.Join(parts, "; "))
 }
 
 // RandomWeights returns seeded random weights for any config: uniform in ±1/sqrt(fan-in)
