@@ -208,7 +208,7 @@ func TestGenerateModelBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--model", "gpt-9", "--random-weights", tinyLlama}, `unknown model "gpt-9" (registered: llama`},
+		{[]string{"--model", "gpt-9", "--random-weights", tinyLlama}, `unknown model "gpt-9" (registered: `},
 		{[]string{"--model", "llama"}, "needs --weights DIR"},
 		{[]string{"--model", "llama", "--weights", "no/such/dir"}, "no/such/dir"},
 		{[]string{"--model", "llama", "--weights", tinyLlama}, "is not a directory"},
