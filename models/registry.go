@@ -52,16 +52,25 @@ func Lookup(name string) (Model, error) {
 	return Model{}, fmt.Errorf("models: unknown model %q (registered: %s)", name, strings.Join(names, ", "))
 }
 
-// ForArchitecture returns the first registered model that loads the HF architecture arch.
+// ForArchitecture returns the registered model that loads the HF architecture arch: the
+// first whose primary architecture (Architectures[0]) it is, else the first that lists it
+// (so a scaffold made for Qwen3 serves Qwen3 ahead of the dense reference that also can).
 func ForArchitecture(arch string) (Model, error) {
 	var archs []string
+	var fallback *Model
 	for _, m := range All() {
-		for _, a := range m.Architectures {
-			if a == arch {
+		for i, a := range m.Architectures {
+			if a == arch && i == 0 {
 				return m, nil
+			}
+			if a == arch && fallback == nil {
+				fallback = &m
 			}
 			archs = append(archs, a)
 		}
+	}
+	if fallback != nil {
+		return *fallback, nil
 	}
 	sort.Strings(archs)
 	return Model{}, fmt.Errorf("models: no registered model loads architecture %q (supported: %s)", arch, strings.Join(archs, ", "))

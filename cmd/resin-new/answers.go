@@ -119,6 +119,9 @@ func (m *ModelAnswer) validate() error {
 	if m.SlidingWindow < 0 {
 		return fmt.Errorf("model.sliding_window must not be negative")
 	}
+	if m.QKNorm != (m.ModelType == "qwen3") {
+		return fmt.Errorf("model.qk_norm %v with model_type %q: transformers applies q/k norm for qwen3 and only there, so the dense base does too", m.QKNorm, m.ModelType)
+	}
 	if m.SlidingWindow > 0 && m.ModelType != "mistral" {
 		return fmt.Errorf("model.sliding_window %d: the dense base applies a window to model_type mistral only (model_type is %q)", m.SlidingWindow, m.ModelType)
 	}

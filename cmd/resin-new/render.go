@@ -55,6 +55,16 @@ func (b *Base) implements(arch, modelType string) bool {
 	return slices.ContainsFunc(b.Manifest.Presets, func(p Preset) bool { return p.ModelType == modelType })
 }
 
+// modelTypeFor returns the model_type of the base's preset for architecture arch, or "".
+func (b *Base) modelTypeFor(arch string) string {
+	for _, p := range b.Manifest.Presets {
+		if p.Architecture == arch {
+			return p.ModelType
+		}
+	}
+	return ""
+}
+
 // preset returns the model answers --base name starts from.
 func (b *Base) preset(name string) ModelAnswer {
 	m := defaultModel()

@@ -241,6 +241,11 @@ func chooseBase(bases []*Base, o modelOptions, a *Answers) (*Base, []byte, error
 	} else if base, err = baseForArchitecture(bases, arch); err != nil {
 		return nil, nil, err
 	}
+	if cfg.ModelType == "" {
+		// As the runtime's ParseConfig does: the architecture names the variant (a Qwen2
+		// config without model_type still has its q/k/v biases).
+		cfg.ModelType = base.modelTypeFor(arch)
+	}
 	if a.Model, err = modelFromHF(cfg); err != nil {
 		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
 	}

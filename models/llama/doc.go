@@ -9,6 +9,6 @@
 //   - runner.go: the engine.Runner that serves it
 //   - kernels/: the model's own CUDA kernels, with Go launchers and references
 //
-// Scaffolded by resin-new from the dense base (template v2); see
+// Scaffolded by resin-new from the dense base (template v3); see
 // CHECKLIST.md for the road from here to a GPU-verified, profiled runtime.
 package llama

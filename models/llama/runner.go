@@ -1,10 +1,10 @@
 package llama
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
+	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/weights"
@@ -23,16 +23,15 @@ type Options struct {
 	Seed uint64
 }
 
-// Runner serves the model to core/engine: it runs each BatchPlan through the reference
-// forward and samples one token per sequence that has a logits row.
+// Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
+// result, logits capture for `generate --logits-out`) is core/cpurunner's; what is the
+// model's own is here: loading it and binding its cache. This file is yours: to run the
+// model on a GPU, replace the forward below with your device runner.
 type Runner struct {
-	Model      *Model
-	pageTokens int
-	kv         *KVCache
-	sampler    engine.Sampler
-	logits     []float32
-	res        engine.StepResult
-	top        []engine.TopLogprob
+	*cpurunner.Runner // Info, Execute, CaptureLogits
+	Model             *Model
+	pageTokens        int
+	kv                *KVCache // nil until Bind
 }
 
 var _ engine.Runner = (*Runner)(nil)
@@ -42,7 +41,19 @@ func NewRunner(m *Model, pageTokens int) *Runner {
 	if pageTokens <= 0 {
 		pageTokens = 16
 	}
-	return &Runner{Model: m, pageTokens: pageTokens}
+	r := &Runner{Model: m, pageTokens: pageTokens}
+	c := m.Config
+	info := engine.RunnerInfo{
+		Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
+		CacheGroups: r.CacheGroups(),
+	}
+	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
+		if r.kv == nil {
+			return cpurunner.ErrNotBound
+		}
+		return r.Model.Forward(p, r.kv, logits)
+	}))
+	return r
 }
 
 // Load opens the model in dir: config.json and its safetensors weights, or, when dir holds
@@ -118,66 +129,4 @@ func (r *Runner) Bind(pool *kvslab.Pool) error {
 	}
 	r.kv = kv
 	return nil
-}
-
-// Info describes the runner to the engine.
-func (r *Runner) Info() engine.RunnerInfo {
-	c := r.Model.Config
-	var eos []int32
-	for _, t := range c.EOSTokenID {
-		if t >= 0 && int(t) < c.VocabSize {
-			eos = append(eos, t)
-		}
-	}
-	return engine.RunnerInfo{
-		Name: Name, VocabSize: c.VocabSize, MaxContext: r.Model.MaxContext(), EOS: eos,
-		CacheGroups: r.CacheGroups(),
-	}
-}
-
-// Execute runs one plan and samples the next token of every sequence with a logits row.
-func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
-	if r.kv == nil {
-		return engine.StepResult{}, fmt.Errorf("%s: runner not bound to a cache pool (call NewPool or Bind)", Name)
-	}
-	if err := ctx.Err(); err != nil {
-		return engine.StepResult{}, err
-	}
-	vocab := r.Model.Config.VocabSize
-	n := len(plan.LogitsIndices) * vocab
-	if cap(r.logits) < n {
-		r.logits = make([]float32, n)
-	}
-	r.logits = r.logits[:n]
-	if err := r.Model.Forward(plan, r.kv, r.logits); err != nil {
-		return engine.StepResult{}, fmt.Errorf("%s: %w", Name, err)
-	}
-	b := plan.NumSeqs()
-	res := &r.res
-	res.Reset(b)
-	anyLP := false
-	for _, lp := range plan.Logprobs {
-		anyLP = anyLP || lp >= 0
-	}
-	for i := 0; i < b; i++ {
-		lo, hi := int(plan.LogitsStart[i]), int(plan.LogitsStart[i+1])
-		if lo == hi {
-			continue
-		}
-		// Without drafts a sequence has one logits row: its last scheduled token.
-		row := hi - 1
-		pos := int(plan.Positions[plan.LogitsIndices[row]]) + 1
-		tok, lp, top := r.sampler.Sample(r.logits[row*vocab:(row+1)*vocab], plan.SamplingOf(i), pos, r.top[:0])
-		r.top = top
-		res.Accepted[i] = 1
-		res.Tokens = append(res.Tokens, tok)
-		if anyLP {
-			res.Logprobs = append(res.Logprobs, lp)
-		}
-		for _, t := range top {
-			res.TopTokens = append(res.TopTokens, t.Token)
-			res.TopLogprobs = append(res.TopLogprobs, t.Logprob)
-		}
-	}
-	return *res, nil
 }
