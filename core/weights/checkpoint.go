@@ -14,9 +14,10 @@ import (
 // Checkpoint is a model directory in HF layout: model.safetensors, or shards listed by
 // model.safetensors.index.json. Tensors are found by HF name across shards.
 type Checkpoint struct {
-	Dir   string
-	files []*File
-	where map[string]*File
+	Dir      string
+	files    []*File
+	where    map[string]*File
+	progress loadProgress
 }
 
 // IndexFile is the name of the shard index HF writes next to sharded weights.
@@ -31,7 +32,22 @@ type shardIndex struct {
 // tensor must be in the shard the index says; without one, model.safetensors is used, or
 // failing that every *.safetensors file in dir. An error matching ErrNotFound means dir
 // holds no checkpoint at all; a checkpoint that is there but broken matches ErrFormat.
+// Reads report progress through TerminalProgress (see SetProgress).
 func Open(dir string) (*Checkpoint, error) {
+	c, err := open(dir)
+	if err != nil {
+		return nil, err
+	}
+	for n := range c.where {
+		info, _ := c.Info(n)
+		c.progress.now.TotalTensors++
+		c.progress.now.TotalBytes += info.Size
+	}
+	c.progress.fn = TerminalProgress()
+	return c, nil
+}
+
+func open(dir string) (*Checkpoint, error) {
 	c := &Checkpoint{Dir: dir, where: map[string]*File{}}
 	idx, err := os.ReadFile(filepath.Join(dir, IndexFile))
 	switch {
@@ -94,8 +110,9 @@ func Open(dir string) (*Checkpoint, error) {
 	return c, nil
 }
 
-// Close closes every shard.
+// Close sends the last progress report and closes every shard.
 func (c *Checkpoint) Close() error {
+	c.progress.finish()
 	var first error
 	for _, f := range c.files {
 		if err := f.Close(); err != nil && first == nil {
@@ -138,5 +155,6 @@ func (c *Checkpoint) Float32(name string, shape ...int) ([]float32, error) {
 	if !slices.Equal(got, shape) {
 		return nil, fmt.Errorf("tensor %q: %w: checkpoint has %v, model expects %v", name, ErrShape, got, shape)
 	}
+	c.progress.add(c, name)
 	return v, nil
 }

@@ -35,11 +35,15 @@ func DecodeFloat32(dst []float32, raw []byte, dt DType) error {
 		}
 	case F8E4M3:
 		for i := range dst {
-			dst[i] = F8E4M3ToFloat32(raw[i])
+			dst[i] = e4m3Table[raw[i]]
 		}
 	case F8E5M2:
 		for i := range dst {
 			dst[i] = F8E5M2ToFloat32(raw[i])
+		}
+	case F8E8M0:
+		for i := range dst {
+			dst[i] = E8M0ToFloat32(raw[i])
 		}
 	}
 	return nil

@@ -16,6 +16,7 @@ const (
 	BF16   DType = "BF16"
 	F8E4M3 DType = "F8_E4M3"
 	F8E5M2 DType = "F8_E5M2"
+	F8E8M0 DType = "F8_E8M0" // exponent-only scales (torch.float8_e8m0fnu), "ue8m0"
 	I64    DType = "I64"
 	I32    DType = "I32"
 	I16    DType = "I16"
@@ -33,7 +34,7 @@ func (d DType) Size() int {
 		return 4
 	case F16, BF16, I16:
 		return 2
-	case F8E4M3, F8E5M2, I8, U8, Bool:
+	case F8E4M3, F8E5M2, F8E8M0, I8, U8, Bool:
 		return 1
 	}
 	return 0
@@ -42,7 +43,7 @@ func (d DType) Size() int {
 // Float reports whether d is a floating-point type that converts to float32.
 func (d DType) Float() bool {
 	switch d {
-	case F64, F32, F16, BF16, F8E4M3, F8E5M2:
+	case F64, F32, F16, BF16, F8E4M3, F8E5M2, F8E8M0:
 		return true
 	}
 	return false
@@ -64,6 +65,8 @@ func ParseDType(s string) (DType, error) {
 		return F8E4M3, nil
 	case "F8_E5M2", "float8_e5m2", "e5m2":
 		return F8E5M2, nil
+	case "F8_E8M0", "float8_e8m0fnu", "ue8m0":
+		return F8E8M0, nil
 	case "I64", "I32", "I16", "I8", "U8", "BOOL":
 		return DType(s), nil
 	}
@@ -164,6 +167,29 @@ func F8E4M3ToFloat32(v uint8) float32 {
 	}
 	return sign * (1 + man/8) * float32(math.Ldexp(1, exp-7))
 }
+
+// E8M0ToFloat32 widens an unsigned exponent-only float8 byte (OCP MX "E8M0",
+// torch.float8_e8m0fnu, the "ue8m0" scales of DeepSeek-V3.2/V4 checkpoints): 2^(v-127), and
+// 0xff is NaN. There is no zero and no sign; every other value is exact in float32
+// (0x00 is the subnormal 2^-127).
+func E8M0ToFloat32(v uint8) float32 {
+	if v == 0xff {
+		return float32(math.NaN())
+	}
+	if v == 0 {
+		return math.Float32frombits(1 << 22) // 2^-127, below the normal range
+	}
+	return math.Float32frombits(uint32(v) << 23)
+}
+
+// e2m1Values are the 16 FP4 e2m1 codes (bit 3 sign, bits 2-1 exponent with bias 1, bit 0
+// mantissa), as transformers' Fp8Dequantize._FP4_E2M1_LUT lists them.
+var e2m1Values = [16]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, float32(math.Copysign(0, -1)), -0.5, -1, -1.5, -2, -3, -4, -6}
+
+// E2M1ToFloat32 widens the FP4 e2m1 code in the low four bits of v (the high bits are
+// ignored): {0, 0.5, 1, 1.5, 2, 3, 4, 6} with bit 3 as the sign. The format has no NaN
+// or infinity.
+func E2M1ToFloat32(v uint8) float32 { return e2m1Values[v&0xf] }
 
 // F8E5M2ToFloat32 widens an IEEE-like float8 e5m2 byte (the top byte of a half).
 func F8E5M2ToFloat32(v uint8) float32 {

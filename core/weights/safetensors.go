@@ -103,7 +103,7 @@ func parse(r io.ReaderAt, size int64) (*File, error) {
 		return nil, fmt.Errorf("%w: read header: %v", ErrFormat, err)
 	}
 	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(hdr, &raw); err != nil {
+	if err := json.Unmarshal(hdr, &raw); err != nil || raw == nil {
 		return nil, fmt.Errorf("%w: header is not a JSON object: %v", ErrFormat, err)
 	}
 	sf := &File{r: r, data: 8 + int64(n), tensors: make(map[string]TensorInfo, len(raw))}
@@ -149,16 +149,29 @@ func parse(r io.ReaderAt, size int64) (*File, error) {
 		sf.names = append(sf.names, name)
 	}
 	sort.Strings(sf.names)
-	// Tensors must not overlap.
+	// The tensors must tile the data section exactly, as the reference reader requires
+	// (safetensors' Metadata::validate and its MetadataIncompleteBuffer check): no overlap,
+	// no gap, no bytes after the last one.
 	byOff := make([]TensorInfo, 0, len(sf.tensors))
 	for _, t := range sf.tensors {
 		byOff = append(byOff, t)
 	}
-	sort.Slice(byOff, func(i, j int) bool { return byOff[i].Offset < byOff[j].Offset })
-	for i := 1; i < len(byOff); i++ {
-		if byOff[i].Offset < byOff[i-1].Offset+byOff[i-1].Size {
-			return nil, fmt.Errorf("%w: tensors %q and %q overlap", ErrFormat, byOff[i-1].Name, byOff[i].Name)
+	sort.Slice(byOff, func(i, j int) bool {
+		a, b := byOff[i], byOff[j]
+		return a.Offset < b.Offset || a.Offset == b.Offset && (a.Size < b.Size || a.Size == b.Size && a.Name < b.Name)
+	})
+	var end int64
+	for i, t := range byOff {
+		switch {
+		case t.Offset < end:
+			return nil, fmt.Errorf("%w: tensors %q and %q overlap", ErrFormat, byOff[i-1].Name, t.Name)
+		case t.Offset > end:
+			return nil, fmt.Errorf("%w: %d unused bytes before tensor %q (data_offsets %d, previous tensor ends at %d)", ErrFormat, t.Offset-end, t.Name, t.Offset, end)
 		}
+		end = t.Offset + t.Size
+	}
+	if end != dataLen {
+		return nil, fmt.Errorf("%w: the tensors end at byte %d of a %d-byte data section (the file is longer than its header says)", ErrFormat, end, dataLen)
 	}
 	return sf, nil
 }
@@ -187,6 +200,9 @@ func (f *File) ReadRaw(name string) (TensorInfo, []byte, error) {
 		return TensorInfo{}, nil, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	buf := make([]byte, t.Size)
+	if t.Size == 0 {
+		return t, buf, nil // some readers (bytes.Reader) answer EOF to an empty read at the end
+	}
 	if _, err := f.r.ReadAt(buf, f.data+t.Offset); err != nil {
 		return t, nil, fmt.Errorf("read tensor %q: %w", name, err)
 	}
