@@ -212,8 +212,8 @@ func TestGeneratedVariantsPassTheirTests(t *testing.T) {
 		t.Skip("no go tool on PATH")
 	}
 	for name, sets := range map[string][]string{
-		"qwen3-bias-tied":        {"model_type=qwen3", "architecture=Qwen3ForCausalLM", "qk_norm=true", "attention_bias=true", "tie_word_embeddings=true"},
-		"mistral-window-mqa":     {"model_type=mistral", "architecture=MistralForCausalLM", "sliding_window=8", "num_key_value_heads=1"},
+		"qwen3-bias-tied":    {"model_type=qwen3", "architecture=Qwen3ForCausalLM", "qk_norm=true", "attention_bias=true", "tie_word_embeddings=true"},
+		"mistral-window-mqa": {"model_type=mistral", "architecture=MistralForCausalLM", "sliding_window=8", "num_key_value_heads=1"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "v")

@@ -88,9 +88,6 @@ func ParseConfig(data []byte) (*Config, error) {
 			}
 		}
 	}
-	if v, ok := c.Raw["qk_norm"]; ok && string(v) == "true" {
-		c.QKNorm = true
-	}
 	if c.UseSlidingWindow {
 		return nil, fmt.Errorf("config: use_sliding_window (per-layer windows) is not implemented by this model")
 	}
