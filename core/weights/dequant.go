@@ -10,9 +10,11 @@ import (
 
 // FP4Group is the number of consecutive input elements of a row that share one scale in
 // FP4 e2m1 expert weights: transformers' FP8Experts allocates FP4 scales with
-// sf_gran_n=1, sf_gran_k=32 (integrations/finegrained_fp8.py, FP8Experts.__init__), and the
-// DeepSeek-V4-Flash checkpoints pair each I8 expert weight [out, in/2] with an F8_E8M0
-// scale [out, ceil(in/32)].
+// sf_gran_n=1, sf_gran_k=32 (transformers 5.23.0 integrations/finegrained_fp8.py:756-761,
+// FP8Experts.__init__), and DeepSeek-V4-Flash checkpoints pair each I8 expert weight
+// [out, in/2] with an F8_E8M0 scale [out, ceil(in/32)] (the header inventory of
+// deepseek-ai/DeepSeek-V4-Flash-0731 recorded in github.com/hebo1221/nano-deepseek-v4,
+// nano_deepseek_v4/_receipts/DeepSeek-V4-Flash-0731-metadata.json).
 const FP4Group = 32
 
 // e4m3Table holds every float8 e4m3fn byte widened to float32, so that dequantising is a
@@ -65,8 +67,10 @@ func forRows(n, grain, work int, fn func(lo, hi int)) {
 //	dst[i*cols+j] = e4m3(w[i*cols+j]) * scale[(i/blockRows)*ceil(cols/blockCols) + j/blockCols]
 //
 // scale is row-major [ceil(rows/blockRows), ceil(cols/blockCols)] (the last block row and
-// column may be partial). This is the weight_scale_inv convention of DeepSeek-V3/V4 and
-// transformers' FineGrainedFP8 (the stored scale is the one to multiply by).
+// column may be partial, as FP8Linear allocates it, transformers 5.23.0
+// integrations/finegrained_fp8.py:415-416). This is the weight_scale_inv convention of
+// DeepSeek-V3/V4 and transformers' FineGrainedFP8: the stored scale is the one to multiply
+// by (Fp8Dequantize._dequantize_one, finegrained_fp8.py:1173, returns q * s).
 func DequantFP8(dst []float32, w []byte, scale []float32, rows, cols, blockRows, blockCols int) error {
 	if rows < 0 || cols < 0 || blockRows <= 0 || blockCols <= 0 {
 		return fmt.Errorf("%w: fp8 dequant of [%d, %d] in [%d, %d] blocks", ErrShape, rows, cols, blockRows, blockCols)
@@ -101,9 +105,10 @@ func DequantFP8(dst []float32, w []byte, scale []float32, rows, cols, blockRows,
 //
 //	dst[i*cols+j] = e2m1(nibble j of row i) * scale[i*ceil(cols/group) + j/group]
 //
-// The nibble order is transformers' Fp8Dequantize._unpack_fp4 (integrations/
-// finegrained_fp8.py: low = u8 & 0xF, high = u8 >> 4, stacked low then high along the
-// last dimension). cols and group must be even, so that no byte straddles two groups.
+// The nibble order and values are transformers' Fp8Dequantize (5.23.0 integrations/
+// finegrained_fp8.py:1119 _FP4_E2M1_LUT, and :1121-1128 _unpack_fp4: low = u8 & 0xF,
+// high = u8 >> 4, stacked low then high along the last dimension). cols and group must be
+// even, so that no byte straddles two groups.
 func DequantFP4(dst []float32, w []byte, scale []float32, rows, cols, group int) error {
 	if rows < 0 || cols < 0 || cols%2 != 0 || group <= 0 || group%2 != 0 {
 		return fmt.Errorf("%w: fp4 dequant of [%d, %d] in groups of %d (columns and group must be even)", ErrShape, rows, cols, group)
@@ -140,9 +145,9 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 // ScaleName returns the name of the scale tensor stored for the quantized weight name, and
 // whether the checkpoint has one. For "X.weight" it looks for "X.weight_scale_inv"
 // (transformers and DeepSeek-V3) and then "X.scale" (DeepSeek-V4 upstream checkpoints,
-// which transformers renames with `^(.+)\.scale` -> `\1.weight_scale_inv`, quantizers/
-// quantizer_finegrained_fp8.py, update_weight_conversions); for any other name (merged
-// experts such as "...experts.gate_up_proj") it looks for name+"_scale_inv".
+// which transformers renames with `^(.+)\.scale` -> `\1.weight_scale_inv`, 5.23.0
+// quantizers/quantizer_finegrained_fp8.py:188); for any other name (merged experts such as
+// "...experts.gate_up_proj") it looks for name+"_scale_inv" (finegrained_fp8.py:1077).
 func (c *Checkpoint) ScaleName(name string) (string, bool) {
 	for _, s := range scaleNames(name) {
 		if c.Has(s) {
@@ -255,8 +260,7 @@ func (c *Checkpoint) dequantize(info TensorInfo, scaleName string, scaled bool, 
 
 // readScale reads a scale tensor as float32: F32, BF16 and F16 as they are, F8_E8M0 as
 // powers of two, and U8 as E8M0 bytes when scale_fmt is ue8m0 (transformers views such
-// uint8 scales as float8_e8m0fnu, quantizer_finegrained_fp8.py,
-// _process_model_after_weight_loading).
+// uint8 scales as float8_e8m0fnu, 5.23.0 quantizers/quantizer_finegrained_fp8.py:143-147).
 func (c *Checkpoint) readScale(info TensorInfo, q *Quant) ([]float32, error) {
 	dt := info.DType
 	if dt == U8 && q.ScaleFormat == ScaleUE8M0 {

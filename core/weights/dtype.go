@@ -183,7 +183,8 @@ func E8M0ToFloat32(v uint8) float32 {
 }
 
 // e2m1Values are the 16 FP4 e2m1 codes (bit 3 sign, bits 2-1 exponent with bias 1, bit 0
-// mantissa), as transformers' Fp8Dequantize._FP4_E2M1_LUT lists them.
+// mantissa), as transformers 5.23.0 lists them (integrations/finegrained_fp8.py:1119,
+// Fp8Dequantize._FP4_E2M1_LUT).
 var e2m1Values = [16]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, float32(math.Copysign(0, -1)), -0.5, -1, -1.5, -2, -3, -4, -6}
 
 // E2M1ToFloat32 widens the FP4 e2m1 code in the low four bits of v (the high bits are

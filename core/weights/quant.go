@@ -13,8 +13,8 @@ import (
 // stored as float8 e4m3 with one scale per BlockSize block, routed experts either the same
 // or FP4 e2m1 with one scale per row per FP4Group elements.
 //
-// The keys and their allowed values are those of transformers 5.23's FineGrainedFP8Config
-// (utils/quantization_config.py: quant_method, activation_scheme, weight_block_size,
+// The keys and their allowed values are those of transformers 5.23.0's FineGrainedFP8Config
+// (utils/quantization_config.py:1682-1743: quant_method, activation_scheme, weight_block_size,
 // dequantize, modules_to_not_convert (alias ignored_layers), modules_to_convert,
 // scale_fmt, expert_dtype) plus DeepSeek's "fmt": "e4m3".
 type Quant struct {
@@ -139,8 +139,7 @@ func ParseQuantization(raw json.RawMessage) (*Quant, error) {
 
 // FoldExpertDType applies a top-level config.json expert_dtype, as DeepSeek-V4 checkpoints
 // ship it, when quantization_config itself does not set one (which V4.1 does): transformers
-// folds it in the same way (models/deepseek_v4/configuration_deepseek_v4.py,
-// __post_init__). raw is Config.Raw["expert_dtype"]; absent or null changes nothing.
+// folds it in the same way (5.23.0 models/deepseek_v4/configuration_deepseek_v4.py:247-255). raw is Config.Raw["expert_dtype"]; absent or null changes nothing.
 func (q *Quant) FoldExpertDType(raw json.RawMessage) error {
 	if len(raw) == 0 || string(raw) == "null" || q.expertSet {
 		return nil
