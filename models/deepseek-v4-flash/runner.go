@@ -31,7 +31,14 @@ type Runner struct {
 	*cpurunner.Runner // Info, Execute, CaptureLogits
 	Model             *Model
 	pageTokens        int
-	kv                *KVCache // nil until Bind
+	bound             bool
+
+	// TEMPORARY: each request's state (sliding window, compressors, entries) lives here,
+	// keyed by request id, until kvslab pages back it (see cache.go, state.go). A request
+	// seen with Computed 0 starts afresh (a new request, or one preempted by recompute).
+	seqs map[uint64]*SeqState
+	seen map[uint64]uint64 // request id → last step it ran
+	step uint64
 }
 
 var _ engine.Runner = (*Runner)(nil)
@@ -41,17 +48,17 @@ func NewRunner(m *Model, pageTokens int) *Runner {
 	if pageTokens <= 0 {
 		pageTokens = 16
 	}
-	r := &Runner{Model: m, pageTokens: pageTokens}
+	r := &Runner{Model: m, pageTokens: pageTokens, seqs: map[uint64]*SeqState{}, seen: map[uint64]uint64{}}
 	c := m.Config
 	info := engine.RunnerInfo{
 		Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
 		CacheGroups: r.CacheGroups(),
 	}
 	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
-		if r.kv == nil {
+		if !r.bound {
 			return cpurunner.ErrNotBound
 		}
-		return r.Model.Forward(p, r.kv, logits)
+		return r.forward(p, logits)
 	}))
 	return r
 }
@@ -76,7 +83,7 @@ func Load(dir string, opts Options) (*Runner, error) {
 		if seed == 0 {
 			seed = 1
 		}
-		w = RandomWeights(c, seed)
+		w = RandomWeights(c, seed, c.NumNextNPredictLayers > 0)
 	default:
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
@@ -123,10 +130,55 @@ func (r *Runner) NewPool(bytes int64) (*kvslab.Pool, error) {
 
 // Bind makes the runner read and write its cache in pool.
 func (r *Runner) Bind(pool *kvslab.Pool) error {
-	kv, err := NewKVCache(r.Model.Config, pool)
-	if err != nil {
+	if err := checkPool(r.Model.Config, pool); err != nil {
 		return fmt.Errorf("%s: %w", Name, err)
 	}
-	r.kv = kv
+	r.bound = true
 	return nil
 }
+
+// forward runs one plan: each sequence's scheduled tokens continue its state, and the
+// rows plan.LogitsIndices names get logits.
+func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
+	chunks := make([]Chunk, len(p.ReqIDs))
+	live := map[uint64]bool{}
+	for i, id := range p.ReqIDs {
+		st := r.seqs[id]
+		if p.Computed[i] == 0 || st == nil {
+			if p.Computed[i] != 0 {
+				return fmt.Errorf("request %d resumes at token %d, but its state is gone (prefix hits are not served)", id, p.Computed[i])
+			}
+			st = r.Model.NewSeqState()
+			r.seqs[id] = st
+		}
+		if st.Len != int(p.Computed[i]) {
+			return fmt.Errorf("request %d: plan resumes at token %d, its state holds %d", id, p.Computed[i], st.Len)
+		}
+		chunks[i] = Chunk{State: st, Tokens: p.Tokens[p.QueryStart[i]:p.QueryStart[i+1]]}
+		live[id] = true
+	}
+	all, _, err := r.Model.Forward(chunks)
+	if err != nil {
+		return err
+	}
+	v := r.Model.Config.VocabSize
+	for j, row := range p.LogitsIndices {
+		copy(logits[j*v:(j+1)*v], all[int(row)*v:(int(row)+1)*v])
+	}
+	// Forget the states of requests that finished: a request whose prompt and output are
+	// done leaves the plans; states not seen for many steps are dropped.
+	r.step++
+	for id := range live {
+		r.seen[id] = r.step
+	}
+	for id, s := range r.seen {
+		if r.step-s > staleSteps {
+			delete(r.seqs, id)
+			delete(r.seen, id)
+		}
+	}
+	return nil
+}
+
+// staleSteps is how many steps a request may go unscheduled before its state is dropped.
+const staleSteps = 1 << 16
