@@ -1,0 +1,107 @@
+package ref
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func TestRMSNormUnweightedIsRMSNormWithOnes(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	x := randSlice(r, 3*8)
+	ones := make([]float32, 8)
+	for i := range ones {
+		ones[i] = 1
+	}
+	want := make([]float32, len(x))
+	if err := RMSNorm(want, x, ones, 3, 8, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, len(x))
+	if err := RMSNormUnweighted(got, x, 3, 8, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "RMSNormUnweighted", got, want, 0)
+	if err := RMSNormUnweighted(got[:5], x, 3, 8, 1e-6); err == nil {
+		t.Error("a short out slice was accepted")
+	}
+}
+
+// TestHyperConnWeights checks pre and post against their formulas and that many Sinkhorn
+// iterations make comb doubly stochastic.
+func TestHyperConnWeights(t *testing.T) {
+	const hc = 3
+	r := rand.New(rand.NewPCG(5, 6))
+	mix, base := randSlice(r, (2+hc)*hc), randSlice(r, (2+hc)*hc)
+	scale := []float32{1.5, 0.5, 2}
+	pre, post, comb := make([]float32, hc), make([]float32, hc), make([]float32, hc*hc)
+	if err := HyperConnWeights(pre, post, comb, mix, base, scale, hc, 50, 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	sig := func(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
+	for i := range hc {
+		if want := sig(float64(mix[i]*scale[0]+base[i])) + 1e-6; math.Abs(float64(pre[i])-want) > 1e-6 {
+			t.Errorf("pre[%d] = %g, want %g", i, pre[i], want)
+		}
+		if want := 2 * sig(float64(mix[hc+i]*scale[1]+base[hc+i])); math.Abs(float64(post[i])-want) > 1e-6 {
+			t.Errorf("post[%d] = %g, want %g", i, post[i], want)
+		}
+	}
+	for i := range hc {
+		var row, col float64
+		for j := range hc {
+			row += float64(comb[i*hc+j])
+			col += float64(comb[j*hc+i])
+		}
+		if math.Abs(row-1) > 1e-4 || math.Abs(col-1) > 1e-4 {
+			t.Errorf("comb row %d sums to %g, column %d to %g, want 1", i, row, i, col)
+		}
+	}
+	// One iteration is softmax rows (+eps), then one column normalisation.
+	if err := HyperConnWeights(pre, post, comb, mix, base, scale, hc, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float64, hc*hc)
+	for i := range hc {
+		var s float64
+		for j := range hc {
+			want[i*hc+j] = math.Exp(float64(mix[2*hc+i*hc+j]*scale[2] + base[2*hc+i*hc+j]))
+			s += want[i*hc+j]
+		}
+		for j := range hc {
+			want[i*hc+j] /= s
+		}
+	}
+	for j := range hc {
+		var s float64
+		for i := range hc {
+			s += want[i*hc+j]
+		}
+		for i := range hc {
+			if w := want[i*hc+j] / s; math.Abs(float64(comb[i*hc+j])-w) > 1e-6 {
+				t.Errorf("comb[%d][%d] = %g after one iteration, want %g", i, j, comb[i*hc+j], w)
+			}
+		}
+	}
+	if err := HyperConnWeights(pre, post, comb, mix[:4], base, scale, hc, 1, 0); err == nil {
+		t.Error("a short mix was accepted")
+	}
+}
+
+// TestHyperCollapseExpand checks the collapse and the expansion, whose mixing reads comb
+// transposed (out stream k gathers comb[j][k]·stream j).
+func TestHyperCollapseExpand(t *testing.T) {
+	streams := []float32{1, 2, 10, 20} // [2 streams, 2]
+	out := make([]float32, 2)
+	if err := HyperCollapse(out, streams, []float32{0.5, 2}, 2, 2); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "HyperCollapse", out, []float32{20.5, 41}, 0)
+	comb := []float32{0.9, 0.1, 0.3, 0.7} // not symmetric
+	next := make([]float32, 4)
+	if err := HyperExpand(next, streams, []float32{1, -1}, []float32{2, 3}, comb, 2, 2); err != nil {
+		t.Fatal(err)
+	}
+	// k=0: 2·[1,−1] + 0.9·[1,2] + 0.3·[10,20];  k=1: 3·[1,−1] + 0.1·[1,2] + 0.7·[10,20]
+	near(t, "HyperExpand", next, []float32{2 + 0.9 + 3, -2 + 1.8 + 6, 3 + 0.1 + 7, -3 + 0.2 + 14}, 1e-5)
+}
