@@ -136,7 +136,8 @@ SEQ_LEN = 200
 
 
 def perturb(module, gen):
-    """Moves every tensor off its init: Linear-like weights N(0, 1/fan_in), norm weights
+    """Moves every tensor off its init: Linear-like weights N(0, 1/fan_in) (the indexer's
+    weights_proj N(0, 1)), norm weights
     1+N(0, 0.1), biases/sinks/position biases/correction biases N(0, 0.1), hc scales
     1+N(0, 0.3), tid2eid distinct random experts per token."""
     with torch.no_grad():
@@ -155,6 +156,10 @@ def perturb(module, gen):
                 t.copy_(0.1 * torch.randn(t.shape, generator=gen))
             elif leaf in ("scale", "hc_scale"):
                 t.copy_(1 + 0.3 * torch.randn(t.shape, generator=gen))
+            elif name.endswith("weights_proj.weight"):
+                # Indexer head weights large enough that the top-k cuts are clear of ties
+                # (the test checks the margin at each cut).
+                t.copy_(torch.randn(t.shape, generator=gen))
             elif name.endswith("embed_tokens.weight"):
                 t.copy_(torch.randn(t.shape, generator=gen))
             else:

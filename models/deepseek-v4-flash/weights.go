@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -165,7 +166,9 @@ func layerParams(c *Config, l *Layer, kind, mlpKind string, mod, up, hyb string)
 		if kind == CompressedSparse {
 			width = 2 * d
 		}
-		l.Compressor = &Compressor{}
+		if l.Compressor == nil {
+			l.Compressor = &Compressor{}
+		}
 		cp := l.Compressor
 		ps = append(ps,
 			param{names: nm(a+"compressor.kv_proj.weight", "attn.compressor.wkv.weight"), shape: []int{width, h}, dst: &cp.KV},
@@ -175,7 +178,9 @@ func layerParams(c *Config, l *Layer, kind, mlpKind string, mod, up, hyb string)
 		)
 		if kind == CompressedSparse {
 			id := c.IndexHeadDim
-			l.Indexer = &Indexer{}
+			if l.Indexer == nil {
+				l.Indexer = &Indexer{}
+			}
 			ix := l.Indexer
 			p := a + "compressor.indexer."
 			ps = append(ps,
@@ -254,6 +259,23 @@ func params(c *Config, w *Weights, withMTP bool) []param {
 	return ps
 }
 
+// detectForm guesses which name form a checkpoint uses, to name missing tensors as it
+// would.
+func detectForm(ck *weights.Checkpoint) NameForm {
+	if ck.Has("embed.weight") {
+		return UpstreamNames
+	}
+	for _, n := range ck.Names() {
+		if strings.HasPrefix(n, "model.layers.") && (strings.Contains(n, ".attn.") || strings.Contains(n, ".ffn.")) {
+			return HybridNames
+		}
+		if strings.HasPrefix(n, "layers.") {
+			return UpstreamNames
+		}
+	}
+	return ModuleNames
+}
+
 // hasMTP reports whether a checkpoint carries an MTP head.
 func hasMTP(ck *weights.Checkpoint) bool {
 	return ck.Has("mtp.0.e_proj.weight")
@@ -267,14 +289,18 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 	w := &Weights{}
 	ps := params(c, w, hasMTP(ck))
 	used := map[string]bool{}
+	form := detectForm(ck)
 	var missing []string
 	for _, p := range ps {
-		names, err := loadParam(ck, p, used)
+		name, err := loadParam(ck, p, used)
 		if err != nil {
 			return nil, err
 		}
-		if names != "" {
-			missing = append(missing, names)
+		if name != "" {
+			if alt := p.names[form]; form != ModuleNames && alt != name {
+				name += " (" + alt + ")"
+			}
+			missing = append(missing, name)
 		}
 	}
 	var unexpected []string
@@ -474,7 +500,7 @@ func (w *Weights) Tensors(c *Config, dt weights.DType, form NameForm) ([]weights
 			ts = append(ts, weights.Tensor{Name: name, DType: weights.I64, Shape: slices.Clone(p.shape), Data: raw})
 			continue
 		}
-		if p.experts > 0 && form != ModuleNames {
+		if p.experts > 0 && strings.Contains(name, "%d") {
 			per := p.shape[1] * p.shape[2]
 			rows := p.shape[1]
 			if p.expertLeaf[1] != "" {
