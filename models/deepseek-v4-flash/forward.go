@@ -288,15 +288,22 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 		if r0 == r1 {
 			continue
 		}
+		pos := b.pos[r0:r1]
 		if l.Compressor != nil {
-			m.compressInto(st.Compressor, &l.Compressor.PositionBias, l.Compressor.Norm, ckv[r0*st.Compressor.Width():r1*st.Compressor.Width()], cgate[r0*st.Compressor.Width():r1*st.Compressor.Width()])
+			w := st.Compressor.Width()
+			m.compressInto(st.Compressor, l.Compressor.PositionBias, l.Compressor.Norm, ckv[r0*w:r1*w], cgate[r0*w:r1*w], pos)
 		}
 		if l.Indexer != nil {
 			w := st.Indexer.Width()
-			m.compressInto(st.Indexer, &l.Indexer.PositionBias, l.Indexer.Norm, ikv[r0*w:r1*w], igate[r0*w:r1*w])
+			m.compressInto(st.Indexer, l.Indexer.PositionBias, l.Indexer.Norm, ikv[r0*w:r1*w], igate[r0*w:r1*w], pos)
 		}
-		m.attendSeq(l, kind, st, q[r0*nh*d:r1*nh*d], kv[r0*d:r1*d], b.pos[r0:r1], out[r0*nh*d:r1*nh*d], iq, iw, r0)
-		st.Window.Append(kv[r0*d : r1*d])
+		for t, p := range pos {
+			copy(st.Window.Row(int(p)), kv[(r0+t)*d:(r0+t+1)*d])
+		}
+		m.attendSeq(l, kind, st, q[r0*nh*d:r1*nh*d], pos, out[r0*nh*d:r1*nh*d], iq, iw, r0)
+		if f, ok := st.Window.(interface{ ForgetBefore(int) }); ok {
+			f.ForgetBefore(int(pos[len(pos)-1]) - c.SlidingWindow + 2) // the next query reads from here on
+		}
 	}
 	rot.Apply(out, b.pos, n, nh, d, true)
 
@@ -321,41 +328,45 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 	return linear(mid, l.OB, n, og*olr, h)
 }
 
-// compressInto appends a sequence's new kv/gate projections to its compressor state and
-// emits an entry for every window that closes.
-func (m *Model) compressInto(s *CompressorState, bias *[]float32, norm, kv, gate []float32) {
+// compressInto stores a sequence's new kv/gate projections (tokens at positions pos) in
+// its compressor state and emits an entry for every window that closes.
+func (m *Model) compressInto(s *CompressorState, bias, norm, kv, gate []float32, pos []int32) {
 	wd, r, d := s.Width(), s.Ratio, s.Dim
-	for t := 0; t < len(kv)/wd; t++ {
-		s.PendingKV = append(s.PendingKV, kv[t*wd:(t+1)*wd]...)
-		s.PendingGate = append(s.PendingGate, gate[t*wd:(t+1)*wd]...)
-		if s.Pending() < r {
+	for t, p32 := range pos {
+		p := int(p32)
+		slot := p % r
+		copy(s.PendingKV[slot*wd:(slot+1)*wd], kv[t*wd:(t+1)*wd])
+		copy(s.PendingGate[slot*wd:(slot+1)*wd], gate[t*wd:(t+1)*wd])
+		if slot < r-1 {
 			continue
 		}
-		entry := m.compressWindow(s, *bias, norm)
-		w := s.Count()
+		w := p / r
+		entry := s.Entries.Row(w)
+		m.compressWindow(entry, s, w > 0, bias, norm)
 		// Compress-RoPE at the window's first position.
 		m.compress.Apply(entry, []int32{int32(w * r)}, 1, 1, d, false)
-		s.Entries = append(s.Entries, entry...)
 		if s.Overlap {
-			s.PrevKV, s.PrevGate = make([]float32, r*d), make([]float32, r*d)
 			for j := range r {
 				copy(s.PrevKV[j*d:(j+1)*d], s.PendingKV[j*wd:j*wd+d])
 				copy(s.PrevGate[j*d:(j+1)*d], s.PendingGate[j*wd:j*wd+d])
 			}
 		}
-		s.PendingKV, s.PendingGate = s.PendingKV[:0], s.PendingGate[:0]
+		if s.BlockEnd != nil {
+			s.BlockEnd(p)
+		}
 	}
 }
 
-// compressWindow pools the full pending window into one entry: per channel, a softmax over
+// compressWindow pools the full pending window into entry: per channel, a softmax over
 // the window's slots of gate + position_bias weights kv (overlapping kind: 2·ratio slots,
 // the previous window's Ca half then this window's Cb half; the first window has no Ca
 // half), then the weighted RMSNorm.
 //
 //	pending kv, gate: [ratio, width]   bias: [ratio, width]   entry: [dim]
-func (m *Model) compressWindow(s *CompressorState, bias, norm []float32) []float32 {
+//
+// hasPrev is false for the first window, whose Ca half is empty.
+func (m *Model) compressWindow(entry []float32, s *CompressorState, hasPrev bool, bias, norm []float32) {
 	wd, r, d := s.Width(), s.Ratio, s.Dim
-	entry := make([]float32, d)
 	logits := make([]float32, 0, 2*r)
 	vals := make([]float32, 0, 2*r)
 	off := 0
@@ -364,7 +375,7 @@ func (m *Model) compressWindow(s *CompressorState, bias, norm []float32) []float
 	}
 	for ch := range d {
 		logits, vals = logits[:0], vals[:0]
-		if s.Overlap && s.PrevKV != nil {
+		if s.Overlap && hasPrev {
 			for j := range r {
 				logits = append(logits, s.PrevGate[j*d+ch]+bias[j*wd+ch])
 				vals = append(vals, s.PrevKV[j*d+ch])
@@ -382,7 +393,6 @@ func (m *Model) compressWindow(s *CompressorState, bias, norm []float32) []float
 		entry[ch] = acc
 	}
 	_ = ref.RMSNorm(entry, entry, norm, 1, d, float32(m.Config.RMSNormEps))
-	return entry
 }
 
 // softmaxRows32 is one softmax in float32, as torch computes it for float32 input.
@@ -403,45 +413,37 @@ func softmaxRows32(x []float32) {
 
 // attendSeq computes one sequence's attention outputs for its new rows.
 //
-//	q: [T, heads, headDim]   kv: [T, headDim] (this chunk's K=V rows)   out: [T, heads, headDim]
+//	q: [T, heads, headDim]   out: [T, heads, headDim]
 //
-// st.Window holds the rows before the chunk; the compressor states already include the
-// chunk's windows. iq/iw are the batch's indexer queries and head weights (CSA), row r0 on.
-func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q, kv []float32, pos []int32, out []float32, iq, iw []float32, r0 int) {
+// st.Window already holds the chunk's K=V rows and st's compressors the chunk's windows.
+// iq/iw are the batch's indexer queries and head weights (CSA), row r0 on.
+func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, pos []int32, out []float32, iq, iw []float32, r0 int) {
 	c := m.Config
 	d, nh, win := c.HeadDim, c.NumAttentionHeads, c.SlidingWindow
+	id, ih := c.IndexHeadDim, c.IndexNHeads
 	scale := 1 / math.Sqrt(float64(d))
-	old := st.Window
-	keyRow := func(p int) []float32 { // K=V row of position p (in the window or this chunk)
-		if p >= int(pos[0]) {
-			i := p - int(pos[0])
-			return kv[i*d : (i+1)*d]
-		}
-		i := p - old.Start
-		return old.Rows[i*d : (i+1)*d]
-	}
-	var ent []float32
 	ratio := 0
 	if st.Compressor != nil {
-		ent, ratio = st.Compressor.Entries, st.Compressor.Ratio
+		ratio = st.Compressor.Ratio
 	}
 	var keys [][]float32
-	scores := []float64{}
+	var scores []float64
+	acc := make([]float64, d)
 	for t, p32 := range pos {
 		p := int(p32)
 		keys = keys[:0]
 		for j := max(0, p-win+1); j <= p; j++ {
-			keys = append(keys, keyRow(j))
+			keys = append(keys, st.Window.Row(j))
 		}
 		if ratio > 0 {
 			visible := (p + 1) / ratio
 			if kind == HeavilyCompressed {
 				for e := range visible {
-					keys = append(keys, ent[e*d:(e+1)*d])
+					keys = append(keys, st.Compressor.Entries.Row(e))
 				}
 			} else {
-				for _, e := range m.indexerPick(st.Indexer, iq[(r0+t)*c.IndexNHeads*c.IndexHeadDim:(r0+t+1)*c.IndexNHeads*c.IndexHeadDim], iw[(r0+t)*c.IndexNHeads:(r0+t+1)*c.IndexNHeads], visible) {
-					keys = append(keys, ent[e*d:(e+1)*d])
+				for _, e := range m.indexerPick(st.Indexer, iq[(r0+t)*ih*id:(r0+t+1)*ih*id], iw[(r0+t)*ih:(r0+t+1)*ih], visible) {
+					keys = append(keys, st.Compressor.Entries.Row(e))
 				}
 			}
 		}
@@ -459,14 +461,14 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q, kv []float32
 				scores[i] = math.Exp(s - mx)
 				sum += scores[i]
 			}
-			o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
-			acc := make([]float64, d)
+			clear(acc)
 			for i, k := range keys {
 				p := scores[i] / sum
 				for j := range d {
 					acc[j] += p * float64(k[j])
 				}
 			}
+			o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
 			for j := range d {
 				o[j] = float32(acc[j])
 			}
@@ -500,7 +502,7 @@ func (m *Model) indexerPick(s *CompressorState, q, w []float32, visible int) []i
 	sc := float32(math.Pow(float64(id), -0.5))
 	score := make([]float32, visible)
 	for e := range visible {
-		key := s.Entries[e*id : (e+1)*id]
+		key := s.Entries.Row(e)
 		var acc float32
 		for hh := range ih {
 			v := dot32(q[hh*id:(hh+1)*id], key)

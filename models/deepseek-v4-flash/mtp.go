@@ -9,7 +9,8 @@ import (
 // MTPForward runs the MTP head over n rows of one sequence: row i reads the main model's
 // final hidden streams of position p = st.MTP's length + i (streams: [n, hc, hidden], as
 // Forward returns them) and the token that follows it (next[i]), and returns the logits
-// of the token after that ([n, vocab]). It extends the MTP block's sliding window in st.
+// of the token after that ([n, vocab]). It extends the MTP block's sliding window in st
+// (st.MTP, st.MTPLen).
 //
 // Layout (the upstream checkpoint's mtp.0.*, as vLLM/SGLang's DeepSeek-V4 MTP reads it):
 // x_i = e_proj(enorm(embed(next))) + h_proj(hnorm(stream_i)) for each stream i, one
@@ -29,7 +30,7 @@ func (m *Model) MTPForward(st *SeqState, streams []float32, next []int32) ([]flo
 		ls := newLayerState(c, SlidingAttention)
 		st.MTP = &ls
 	}
-	p0 := st.MTP.Window.Start + st.MTP.Window.Len()
+	p0 := st.MTPLen
 	b := batch{tokens: next, start: []int{0, n}}
 	for i := range n {
 		b.pos = append(b.pos, int32(p0+i))
@@ -66,5 +67,6 @@ func (m *Model) MTPForward(st *SeqState, streams []float32, next []int32) ([]flo
 	if err != nil {
 		return nil, fmt.Errorf("mtp: %w", err)
 	}
+	st.MTPLen += n
 	return m.head(out, n, mt.HCFn, mt.HCBase, mt.HCScale, mt.Norm)
 }

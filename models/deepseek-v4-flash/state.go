@@ -3,90 +3,57 @@ package deepseekv4flash
 // Per-sequence state of the forward. The forward never recomputes earlier tokens: a chunk
 // of new tokens reads and extends, per layer,
 //
-//   - SlidingKV: the K=V rows of the last sliding_window−1 tokens (every layer; a kvslab
-//     SlidingWindow group);
-//   - CompressorState.Entries: the compressed entries emitted so far, one per ratio
-//     tokens (CSA at its ratio, HCA at its ratio, and the CSA indexer's keys at
-//     index_head_dim; kvslab Compressed groups, one per ratio and width);
-//   - CompressorState.Pending / PrevCa: the projections of the incomplete window and, for
-//     the overlapping (CSA) kind, the previous complete window's Ca half (fixed size per
-//     sequence: a kvslab Recurrent group).
+//   - Window: the shared K=V row of each token, read back for the sliding_window−1 tokens
+//     before a query (every layer; a kvslab SlidingWindow group);
+//   - CompressorState.Entries: the compressed entries, one per Ratio tokens (CSA entries
+//     with the indexer's keys beside them, HCA entries; kvslab Compressed groups);
+//   - CompressorState.PendingKV/PendingGate/PrevKV/PrevGate: the projections of the
+//     incomplete window and the previous window's Ca half (fixed size per sequence; a
+//     kvslab Recurrent group, checkpointed at block ends for prefix reuse).
 //
-// The state lives in plain Go slices for now; a later step backs each part with its kvslab
-// group (the methods below are the whole surface the forward uses).
+// Rows and the buffers are plain Go slices for a sequence made by NewSeqState, or views
+// of kvslab pages for one the runner binds to a plan (cache.go).
+
+// Rows is storage of fixed-width float32 rows addressed by index: token position for the
+// sliding window, entry index for compressed entries. Row returns row i's storage, which
+// the caller may write.
+type Rows interface {
+	Row(i int) []float32
+}
 
 // SeqState is one sequence's state: how many tokens the model has read and each layer's
-// caches. MTP is the MTP block's sliding window (nil until the MTP head runs).
+// caches. MTP is the MTP block's (nil until the MTP head runs), which has read MTPLen
+// rows.
 type SeqState struct {
 	Len    int
 	Layers []LayerState
 	MTP    *LayerState
+	MTPLen int
 }
 
 // LayerState is one layer's caches. Compressor is nil on sliding layers, Indexer nil
 // except on CSA layers.
 type LayerState struct {
-	Window     SlidingKV
+	Window     Rows
 	Compressor *CompressorState
 	Indexer    *CompressorState
 }
 
-// NewSeqState returns the empty state of a new sequence.
-func (m *Model) NewSeqState() *SeqState {
-	c := m.Config
-	s := &SeqState{Layers: make([]LayerState, c.NumHiddenLayers)}
-	for i := range s.Layers {
-		s.Layers[i] = newLayerState(c, c.LayerTypes[i])
-	}
-	return s
-}
-
-func newLayerState(c *Config, kind string) LayerState {
-	ls := LayerState{Window: SlidingKV{Dim: c.HeadDim, Keep: c.SlidingWindow - 1}}
-	switch kind {
-	case CompressedSparse:
-		r := c.CompressRates[kind]
-		ls.Compressor = &CompressorState{Ratio: r, Dim: c.HeadDim, Overlap: true}
-		ls.Indexer = &CompressorState{Ratio: r, Dim: c.IndexHeadDim, Overlap: true}
-	case HeavilyCompressed:
-		ls.Compressor = &CompressorState{Ratio: c.CompressRates[kind], Dim: c.HeadDim}
-	}
-	return ls
-}
-
-// SlidingKV holds the shared K=V rows of the last Keep tokens of a sequence, oldest first;
-// Start is the position of the first row.
-type SlidingKV struct {
-	Dim, Keep int
-	Start     int
-	Rows      []float32 // [n, Dim]
-}
-
-// Len returns the number of rows held.
-func (s *SlidingKV) Len() int { return len(s.Rows) / s.Dim }
-
-// Append adds the rows of new tokens (positions Start+Len() on) and drops the rows that
-// fall out of the window.
-func (s *SlidingKV) Append(rows []float32) {
-	s.Rows = append(s.Rows, rows...)
-	if n := s.Len(); n > s.Keep {
-		drop := n - s.Keep
-		s.Rows = append(s.Rows[:0], s.Rows[drop*s.Dim:]...)
-		s.Start += drop
-	}
-}
-
-// CompressorState is one compressor's state: the raw kv and gate projections (width
-// Width() per token) of the tokens of the incomplete window, the previous complete
-// window's Ca half (Overlap kind: [Ratio, Dim] kv and gate, nil before the first window
-// closes), and the entries emitted so far ([Count(), Dim], normalised and rotated).
+// CompressorState is one compressor's state. Its window buffers are valid for the tokens
+// of the current window (the sequence length decides how many: len % Ratio), the Ca half
+// for every window after the first.
 type CompressorState struct {
-	Ratio, Dim       int
-	Overlap          bool
-	PendingKV        []float32 // [p, Width()], p < Ratio
-	PendingGate      []float32
-	PrevKV, PrevGate []float32 // [Ratio, Dim]
-	Entries          []float32 // [Count(), Dim]
+	Ratio, Dim  int
+	Overlap     bool      // the CSA kind: Ca‖Cb per token, windows overlap by one
+	PendingKV   []float32 // [Ratio, Width()] raw kv projections of the current window
+	PendingGate []float32 // [Ratio, Width()] raw gate projections
+	PrevKV      []float32 // [Ratio, Dim] the previous window's Ca half (Overlap kind)
+	PrevGate    []float32 // [Ratio, Dim]
+	Entries     Rows      // [entries, Dim], normalised and rotated
+	// BlockEnd, when set, is called after the token that ends a kvslab block (every
+	// ratio divides the block size, so a window closes there) with the block's index: the
+	// runner checkpoints the buffers for prefix reuse.
+	BlockEnd func(block int)
 }
 
 // Width is the per-token projection width: 2·Dim (Ca‖Cb) for the overlapping kind.
@@ -97,8 +64,59 @@ func (s *CompressorState) Width() int {
 	return s.Dim
 }
 
-// Count returns the number of entries emitted.
-func (s *CompressorState) Count() int { return len(s.Entries) / s.Dim }
+// NewSeqState returns the empty state of a new sequence, in Go memory.
+func (m *Model) NewSeqState() *SeqState {
+	c := m.Config
+	s := &SeqState{Layers: make([]LayerState, c.NumHiddenLayers)}
+	for i := range s.Layers {
+		s.Layers[i] = newLayerState(c, c.LayerTypes[i])
+	}
+	return s
+}
 
-// Pending returns the number of tokens in the incomplete window.
-func (s *CompressorState) Pending() int { return len(s.PendingKV) / s.Width() }
+func newLayerState(c *Config, kind string) LayerState {
+	ls := LayerState{Window: &sliceRows{dim: c.HeadDim}}
+	newComp := func(r, d int, overlap bool) *CompressorState {
+		s := &CompressorState{Ratio: r, Dim: d, Overlap: overlap, Entries: &sliceRows{dim: d}}
+		s.PendingKV, s.PendingGate = make([]float32, r*s.Width()), make([]float32, r*s.Width())
+		if overlap {
+			s.PrevKV, s.PrevGate = make([]float32, r*d), make([]float32, r*d)
+		}
+		return s
+	}
+	switch kind {
+	case CompressedSparse:
+		r := c.CompressRates[kind]
+		ls.Compressor = newComp(r, c.HeadDim, true)
+		ls.Indexer = newComp(r, c.IndexHeadDim, true)
+	case HeavilyCompressed:
+		ls.Compressor = newComp(c.CompressRates[kind], c.HeadDim, false)
+	}
+	return ls
+}
+
+// sliceRows is Rows in a Go slice, growing as rows are written. A sliding window's rows
+// are dropped by ForgetBefore once no query can read them.
+type sliceRows struct {
+	dim   int
+	start int // index of the first row held
+	data  []float32
+}
+
+func (r *sliceRows) Row(i int) []float32 {
+	if i < r.start {
+		panic("deepseekv4flash: row no longer held")
+	}
+	for (i-r.start+1)*r.dim > len(r.data) {
+		r.data = append(r.data, make([]float32, r.dim)...)
+	}
+	return r.data[(i-r.start)*r.dim : (i-r.start+1)*r.dim]
+}
+
+// ForgetBefore drops the rows before i.
+func (r *sliceRows) ForgetBefore(i int) {
+	if drop := min(i-r.start, len(r.data)/r.dim); drop > 0 {
+		r.data = append(r.data[:0], r.data[drop*r.dim:]...)
+		r.start += drop
+	}
+}
