@@ -2,79 +2,257 @@ package deepseekv4flash
 
 import (
 	"fmt"
+	"unsafe"
 
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// CacheGroups declares the model's per-sequence state to a kvslab pool, sized as the
-// state the forward keeps (float32):
-//
-//   - "swa" (SlidingWindow, every layer): the shared K=V row of each token in the window,
-//     head_dim values;
-//   - "csa" / "hca" (Compressed at each ratio, CSA and HCA layers): one entry per ratio
-//     tokens: head_dim values (+ index_head_dim for the CSA indexer's key); a ratio that
-//     does not divide pageTokens (HCA's 128 with 16-token pages) cannot be a kvslab
-//     Compressed group, and is left out of the accounting for now;
-//   - "state" (Recurrent, one per sequence): the compressors' partial windows and the
-//     previous window's Ca half. Checkpoints 0: the forward cannot resume a sequence
-//     from another's cached prefix, so the pool serves no prefix hits.
-//
-// TEMPORARY: the runner keeps the state itself in Go (runner.go, a map keyed by request
-// id); the pool only accounts for it. Backing each part by its group's pages is the next
-// step (state.go lists the parts).
-func CacheGroups(c *Config, pageTokens int) []kvslab.GroupSpec {
-	const f32 = 4
-	gs := []kvslab.GroupSpec{{
-		Name: "swa", Kind: kvslab.SlidingWindow, Layers: c.NumHiddenLayers + c.NumNextNPredictLayers,
-		BytesPerToken: c.HeadDim * f32, PageTokens: pageTokens, Window: max(c.SlidingWindow, pageTokens),
-	}}
-	var nCSA, nHCA int
-	for _, t := range c.LayerTypes {
-		switch t {
-		case CompressedSparse:
-			nCSA++
-		case HeavilyCompressed:
-			nHCA++
+// stateCheckpoints is how many block-end checkpoints of the compressors' buffers a
+// sequence keeps for prefix reuse.
+const stateCheckpoints = 4
+
+// PageTokens returns the block size the model's pool uses: want (0 = 16) rounded up to a
+// multiple of every compression ratio, since a kvslab Compressed group needs its ratio to
+// divide the block (HCA's 128 makes real V4 blocks 128 tokens).
+func PageTokens(c *Config, want int) int {
+	if want <= 0 {
+		want = 16
+	}
+	pt := want
+	for i := range c.LayerTypes {
+		if r := c.LayerRatio(i); r > 0 {
+			pt = lcm(pt, r)
 		}
 	}
-	if r := c.CompressRates[CompressedSparse]; nCSA > 0 && r > 0 && pageTokens%r == 0 {
-		gs = append(gs, kvslab.GroupSpec{Name: "csa", Kind: kvslab.Compressed, Layers: nCSA,
-			BytesPerToken: (c.HeadDim + c.IndexHeadDim) * f32, PageTokens: pageTokens, Ratio: r})
-	}
-	if r := c.CompressRates[HeavilyCompressed]; nHCA > 0 && r > 0 && pageTokens%r == 0 {
-		gs = append(gs, kvslab.GroupSpec{Name: "hca", Kind: kvslab.Compressed, Layers: nHCA,
-			BytesPerToken: c.HeadDim * f32, PageTokens: pageTokens, Ratio: r})
-	}
-	// Partial windows (< ratio tokens of kv and gate) and the Ca half, per compressed layer.
-	state := 0
-	for _, t := range c.LayerTypes {
-		switch t {
-		case CompressedSparse:
-			r := c.CompressRates[t]
-			state += 2*r*2*c.HeadDim + 2*r*c.HeadDim           // compressor: pending kv+gate, Ca kv+gate
-			state += 2*r*2*c.IndexHeadDim + 2*r*c.IndexHeadDim // indexer
-		case HeavilyCompressed:
-			state += 2 * c.CompressRates[t] * c.HeadDim
-		}
-	}
-	if state > 0 {
-		gs = append(gs, kvslab.GroupSpec{Name: "state", Kind: kvslab.Recurrent, Layers: 1,
-			BytesPerToken: state * f32, PageTokens: pageTokens})
-	}
-	return gs
+	return pt
 }
 
-// checkPool verifies pool holds the model's groups.
-func checkPool(c *Config, pool *kvslab.Pool) error {
-	want := CacheGroups(c, pool.BlockTokens())
-	got := pool.Groups()
-	if len(got) != len(want) {
-		return fmt.Errorf("cache: the pool has %d groups, the model needs %d (%+v)", len(got), len(want), want)
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
 	}
-	for i := range want {
-		if got[i].Name != want[i].Name || got[i].Kind != want[i].Kind || got[i].Layers != want[i].Layers || got[i].BytesPerToken != want[i].BytesPerToken {
-			return fmt.Errorf("cache: pool group %d %+v does not match the model's %+v", i, got[i], want[i])
+	return a
+}
+
+func lcm(a, b int) int { return a / gcd(a, b) * b }
+
+// cacheLayout is where each layer's state lives in the pool: its index among the layers
+// of each group, and its offset in the recurrent state page.
+type cacheLayout struct {
+	groups   []kvslab.GroupSpec
+	swa      int // group indices; -1 when absent
+	csa, hca int
+	state    int
+	// per layer: index inside its compressed group, offset (floats) of its compressor's
+	// and indexer's buffers in the state page
+	index             []int
+	compOff, indexOff []int
+	stateFloats       int
+}
+
+// layout computes the cache groups for block size pt:
+//
+//   - "swa" (SlidingWindow, every layer): the shared K=V row of each token, head_dim
+//     float32;
+//   - "csa" (Compressed at the CSA ratio, CSA layers): per entry the compressed K=V
+//     (head_dim) then the indexer's key (index_head_dim), float32;
+//   - "hca" (Compressed at the HCA ratio, HCA layers): per entry head_dim float32;
+//   - "state" (Recurrent, one per sequence, checkpointed at block ends for prefix reuse):
+//     per compressed layer in layer order, the compressor's [PendingKV | PendingGate |
+//     PrevKV | PrevGate] (Prev only for CSA), then the indexer's (CSA).
+func layout(c *Config, pt int) *cacheLayout {
+	const f32 = 4
+	L := &cacheLayout{swa: 0, csa: -1, hca: -1, state: -1}
+	L.groups = append(L.groups, kvslab.GroupSpec{
+		Name: "swa", Kind: kvslab.SlidingWindow, Layers: c.NumHiddenLayers,
+		BytesPerToken: c.HeadDim * f32, PageTokens: pt, Window: max(c.SlidingWindow, pt),
+	})
+	var nCSA, nHCA int
+	bufs := func(r, d int, overlap bool) int {
+		w := d
+		if overlap {
+			w = 2 * d
+		}
+		n := 2 * r * w
+		if overlap {
+			n += 2 * r * d
+		}
+		return n
+	}
+	for i, t := range c.LayerTypes {
+		L.compOff = append(L.compOff, -1)
+		L.indexOff = append(L.indexOff, -1)
+		switch t {
+		case CompressedSparse:
+			L.index = append(L.index, nCSA)
+			nCSA++
+			r := c.CompressRates[t]
+			L.compOff[i] = L.stateFloats
+			L.stateFloats += bufs(r, c.HeadDim, true)
+			L.indexOff[i] = L.stateFloats
+			L.stateFloats += bufs(r, c.IndexHeadDim, true)
+		case HeavilyCompressed:
+			L.index = append(L.index, nHCA)
+			nHCA++
+			L.compOff[i] = L.stateFloats
+			L.stateFloats += bufs(c.CompressRates[t], c.HeadDim, false)
+		default:
+			L.index = append(L.index, -1)
 		}
 	}
-	return nil
+	if nCSA > 0 {
+		L.csa = len(L.groups)
+		L.groups = append(L.groups, kvslab.GroupSpec{Name: "csa", Kind: kvslab.Compressed, Layers: nCSA,
+			BytesPerToken: (c.HeadDim + c.IndexHeadDim) * f32, PageTokens: pt, Ratio: c.CompressRates[CompressedSparse]})
+	}
+	if nHCA > 0 {
+		L.hca = len(L.groups)
+		L.groups = append(L.groups, kvslab.GroupSpec{Name: "hca", Kind: kvslab.Compressed, Layers: nHCA,
+			BytesPerToken: c.HeadDim * f32, PageTokens: pt, Ratio: c.CompressRates[HeavilyCompressed]})
+	}
+	if L.stateFloats > 0 {
+		L.state = len(L.groups)
+		L.groups = append(L.groups, kvslab.GroupSpec{Name: "state", Kind: kvslab.Recurrent, Layers: 1,
+			BytesPerToken: L.stateFloats * f32, PageTokens: pt, Checkpoints: stateCheckpoints})
+	}
+	return L
+}
+
+// CacheGroups declares the model's per-sequence state to a kvslab pool whose block size
+// is pageTokens (see PageTokens; layout describes each group).
+func CacheGroups(c *Config, pageTokens int) []kvslab.GroupSpec {
+	return layout(c, pageTokens).groups
+}
+
+// KVCache binds the model's state to a kvslab pool in host memory: each plan's sequences
+// get SeqStates whose rows and buffers are views of the pool's pages.
+type KVCache struct {
+	c    *Config
+	pool *kvslab.Pool
+	L    *cacheLayout
+	mem  []float32 // the arena as float32
+	pt   int
+}
+
+// NewKVCache binds the model to pool, whose groups must be CacheGroups'.
+func NewKVCache(c *Config, pool *kvslab.Pool) (*KVCache, error) {
+	hm, ok := pool.Arena().(kvslab.HostMemory)
+	if !ok {
+		return nil, fmt.Errorf("kv cache: the reference forward needs a host-memory arena, got %T", pool.Arena())
+	}
+	pt := pool.BlockTokens()
+	L := layout(c, pt)
+	got := pool.Groups()
+	if len(got) != len(L.groups) {
+		return nil, fmt.Errorf("kv cache: the pool has %d groups, the model needs %d (%+v)", len(got), len(L.groups), L.groups)
+	}
+	for i, want := range L.groups {
+		g := got[i]
+		if g.Name != want.Name || g.Kind != want.Kind || g.Layers != want.Layers || g.BytesPerToken != want.BytesPerToken || g.Ratio != want.Ratio {
+			return nil, fmt.Errorf("kv cache: pool group %d %+v does not match the model's %+v", i, g, want)
+		}
+	}
+	raw := hm.Bytes(0, hm.Size())
+	if len(raw) < 4 {
+		return nil, fmt.Errorf("kv cache: arena of %d bytes", len(raw))
+	}
+	mem := unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), len(raw)/4)
+	return &KVCache{c: c, pool: pool, L: L, mem: mem, pt: pt}, nil
+}
+
+// pagedRows is Rows over a group's pages: row i lives in block i/perPage at slot
+// i%perPage of layer's block, stride floats per slot, inner floats into the slot.
+type pagedRows struct {
+	kv               *KVCache
+	g                int
+	pages            []kvslab.PageID
+	perPage          int
+	layerOff, stride int
+	inner, dim       int
+}
+
+func (r *pagedRows) Row(i int) []float32 {
+	b := i / r.perPage
+	if b >= len(r.pages) || r.pages[b] == kvslab.NoPage {
+		panic(fmt.Sprintf("deepseekv4flash: row %d of group %d has no page", i, r.g))
+	}
+	off := int(r.kv.pool.PageOffset(r.g, r.pages[b])/4) + r.layerOff + (i%r.perPage)*r.stride + r.inner
+	return r.kv.mem[off : off+r.dim]
+}
+
+// layerFloats returns the floats of one layer's block in a page of group g.
+func (kv *KVCache) layerFloats(g int) int {
+	spec := kv.L.groups[g]
+	return int(spec.PageBytes() / int64(spec.Layers) / 4)
+}
+
+// bind returns the state of plan sequence i as views of its pages.
+func (kv *KVCache) bind(p *engine.BatchPlan, i int) (*SeqState, error) {
+	c, L := kv.c, kv.L
+	st := &SeqState{Len: int(p.Computed[i]), Layers: make([]LayerState, c.NumHiddenLayers)}
+	var live []float32
+	var ckpt []kvslab.PageID
+	if L.state >= 0 {
+		page := p.Groups[L.state].StatePage[i]
+		if page == kvslab.NoPage {
+			return nil, fmt.Errorf("kv cache: request %d has no state page", p.ReqIDs[i])
+		}
+		off := int(kv.pool.PageOffset(L.state, page) / 4)
+		live = kv.mem[off : off+L.stateFloats]
+		ckpt = p.PageTableOf(L.state, i)
+	}
+	swa := p.PageTableOf(L.swa, i)
+	for li := range st.Layers {
+		ls := &st.Layers[li]
+		ls.Window = &pagedRows{kv: kv, g: L.swa, pages: swa, perPage: kv.pt,
+			layerOff: li * kv.layerFloats(L.swa), stride: c.HeadDim, dim: c.HeadDim}
+		kind := c.LayerTypes[li]
+		if kind == SlidingAttention {
+			continue
+		}
+		r := c.CompressRates[kind]
+		g, stride := L.hca, c.HeadDim
+		if kind == CompressedSparse {
+			g, stride = L.csa, c.HeadDim+c.IndexHeadDim
+		}
+		pages := p.PageTableOf(g, i)
+		entries := func(inner, dim int) Rows {
+			return &pagedRows{kv: kv, g: g, pages: pages, perPage: kv.pt / r,
+				layerOff: L.index[li] * kv.layerFloats(g), stride: stride, inner: inner, dim: dim}
+		}
+		ls.Compressor = kv.compressor(live, ckpt, L.compOff[li], r, c.HeadDim, kind == CompressedSparse, entries(0, c.HeadDim))
+		if kind == CompressedSparse {
+			ls.Indexer = kv.compressor(live, ckpt, L.indexOff[li], r, c.IndexHeadDim, true, entries(c.HeadDim, c.IndexHeadDim))
+		}
+	}
+	return st, nil
+}
+
+// compressor views one compressor's buffers at off in the live state page; at each block
+// end it copies them into that block's checkpoint page, when the pool keeps one.
+func (kv *KVCache) compressor(live []float32, ckpt []kvslab.PageID, off, r, d int, overlap bool, entries Rows) *CompressorState {
+	s := &CompressorState{Ratio: r, Dim: d, Overlap: overlap, Entries: entries}
+	w := s.Width()
+	n := 2 * r * w
+	if overlap {
+		n += 2 * r * d
+	}
+	buf := live[off : off+n]
+	s.PendingKV, s.PendingGate = buf[:r*w], buf[r*w:2*r*w]
+	if overlap {
+		s.PrevKV, s.PrevGate = buf[2*r*w:2*r*w+r*d], buf[2*r*w+r*d:]
+	}
+	s.WindowClosed = func(pos int) {
+		if (pos+1)%kv.pt != 0 {
+			return
+		}
+		b := pos / kv.pt
+		if b >= len(ckpt) || ckpt[b] == kvslab.NoPage {
+			return
+		}
+		o := int(kv.pool.PageOffset(kv.L.state, ckpt[b])/4) + off
+		copy(kv.mem[o:o+n], buf)
+	}
+	return s
 }

@@ -351,8 +351,8 @@ func (m *Model) compressInto(s *CompressorState, bias, norm, kv, gate []float32,
 				copy(s.PrevGate[j*d:(j+1)*d], s.PendingGate[j*wd:j*wd+d])
 			}
 		}
-		if s.BlockEnd != nil {
-			s.BlockEnd(p)
+		if s.WindowClosed != nil {
+			s.WindowClosed(p)
 		}
 	}
 }

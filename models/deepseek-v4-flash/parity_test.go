@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -239,5 +238,3 @@ func maxAbsDiff(got, want []float32) (float64, int) {
 	}
 	return worst, at
 }
-
-var _ = os.Getenv

@@ -17,7 +17,8 @@ const Name = "deepseek-v4-flash"
 type Options struct {
 	// MaxContext caps the context (default: min(max_position_embeddings, 4096)).
 	MaxContext int
-	// PageTokens is the cache block size in tokens (default 16).
+	// PageTokens is the cache block size in tokens (default 16, rounded up to a multiple
+	// of every compression ratio; see PageTokens).
 	PageTokens int
 	// Seed seeds the random weights used when the directory holds no safetensors.
 	Seed uint64
@@ -25,37 +26,28 @@ type Options struct {
 
 // Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
 // result, logits capture for `generate --logits-out`) is core/cpurunner's; what is the
-// model's own is here: loading it and binding its cache. This file is yours: to run the
-// model on a GPU, replace the forward below with your device runner.
+// model's own is here: loading it and binding each plan's sequences to their state in
+// the kvslab pool (cache.go). This file is yours: to run the model on a GPU, replace the
+// forward below with your device runner.
 type Runner struct {
 	*cpurunner.Runner // Info, Execute, CaptureLogits
 	Model             *Model
 	pageTokens        int
-	bound             bool
-
-	// TEMPORARY: each request's state (sliding window, compressors, entries) lives here,
-	// keyed by request id, until kvslab pages back it (see cache.go, state.go). A request
-	// seen with Computed 0 starts afresh (a new request, or one preempted by recompute).
-	seqs map[uint64]*SeqState
-	seen map[uint64]uint64 // request id → last step it ran
-	step uint64
+	kv                *KVCache // nil until Bind
 }
 
 var _ engine.Runner = (*Runner)(nil)
 
 // NewRunner wraps a model; bind it to a cache pool with NewPool (or Bind) before Execute.
 func NewRunner(m *Model, pageTokens int) *Runner {
-	if pageTokens <= 0 {
-		pageTokens = 16
-	}
-	r := &Runner{Model: m, pageTokens: pageTokens, seqs: map[uint64]*SeqState{}, seen: map[uint64]uint64{}}
+	r := &Runner{Model: m, pageTokens: PageTokens(m.Config, pageTokens)}
 	c := m.Config
 	info := engine.RunnerInfo{
 		Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
 		CacheGroups: r.CacheGroups(),
 	}
 	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
-		if !r.bound {
+		if r.kv == nil {
 			return cpurunner.ErrNotBound
 		}
 		return r.forward(p, logits)
@@ -130,32 +122,25 @@ func (r *Runner) NewPool(bytes int64) (*kvslab.Pool, error) {
 
 // Bind makes the runner read and write its cache in pool.
 func (r *Runner) Bind(pool *kvslab.Pool) error {
-	if err := checkPool(r.Model.Config, pool); err != nil {
+	kv, err := NewKVCache(r.Model.Config, pool)
+	if err != nil {
 		return fmt.Errorf("%s: %w", Name, err)
 	}
-	r.bound = true
+	r.kv = kv
 	return nil
 }
 
-// forward runs one plan: each sequence's scheduled tokens continue its state, and the
-// rows plan.LogitsIndices names get logits.
+// forward runs one plan: each sequence's scheduled tokens continue its state in the pool,
+// and the rows plan.LogitsIndices names get logits.
 func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
-	chunks := make([]Chunk, len(p.ReqIDs))
-	live := map[uint64]bool{}
-	for i, id := range p.ReqIDs {
-		st := r.seqs[id]
-		if p.Computed[i] == 0 || st == nil {
-			if p.Computed[i] != 0 {
-				return fmt.Errorf("request %d resumes at token %d, but its state is gone (prefix hits are not served)", id, p.Computed[i])
-			}
-			st = r.Model.NewSeqState()
-			r.seqs[id] = st
+	chunks := make([]Chunk, p.NumSeqs())
+	for i := range chunks {
+		st, err := r.kv.bind(p, i)
+		if err != nil {
+			return err
 		}
-		if st.Len != int(p.Computed[i]) {
-			return fmt.Errorf("request %d: plan resumes at token %d, its state holds %d", id, p.Computed[i], st.Len)
-		}
-		chunks[i] = Chunk{State: st, Tokens: p.Tokens[p.QueryStart[i]:p.QueryStart[i+1]]}
-		live[id] = true
+		toks, _ := p.Seq(i)
+		chunks[i] = Chunk{State: st, Tokens: toks}
 	}
 	all, _, err := r.Model.Forward(chunks)
 	if err != nil {
@@ -165,20 +150,5 @@ func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
 	for j, row := range p.LogitsIndices {
 		copy(logits[j*v:(j+1)*v], all[int(row)*v:(int(row)+1)*v])
 	}
-	// Forget the states of requests that finished: a request whose prompt and output are
-	// done leaves the plans; states not seen for many steps are dropped.
-	r.step++
-	for id := range live {
-		r.seen[id] = r.step
-	}
-	for id, s := range r.seen {
-		if r.step-s > staleSteps {
-			delete(r.seqs, id)
-			delete(r.seen, id)
-		}
-	}
 	return nil
 }
-
-// staleSteps is how many steps a request may go unscheduled before its state is dropped.
-const staleSteps = 1 << 16

@@ -50,10 +50,10 @@ type CompressorState struct {
 	PrevKV      []float32 // [Ratio, Dim] the previous window's Ca half (Overlap kind)
 	PrevGate    []float32 // [Ratio, Dim]
 	Entries     Rows      // [entries, Dim], normalised and rotated
-	// BlockEnd, when set, is called after the token that ends a kvslab block (every
-	// ratio divides the block size, so a window closes there) with the block's index: the
-	// runner checkpoints the buffers for prefix reuse.
-	BlockEnd func(block int)
+	// WindowClosed, when set, is called with the position of a window's last token once
+	// its entry is stored; the runner checkpoints the buffers at kvslab block ends (every
+	// ratio divides the block size, so a window closes there) for prefix reuse.
+	WindowClosed func(pos int)
 }
 
 // Width is the per-token projection width: 2·Dim (Ca‖Cb) for the overlapping kind.
