@@ -128,20 +128,24 @@ func runChecklist(w io.Writer, dir string, gpu bool, timeout time.Duration) erro
 
 // allSkipped reports whether go test output (run with -v) shows tests that all skipped, or
 // none that ran: such an item proves nothing, so check reports it as SKIP, with the first
-// skip message as the reason.
+// skip message as the reason (go test prints a test's log lines, the message among them,
+// between its "=== RUN" and "--- SKIP" lines).
 func allSkipped(out string) (string, bool) {
 	if strings.Contains(out, "--- PASS") || strings.Contains(out, "--- FAIL") {
 		return "", false
 	}
 	lines := strings.Split(out, "\n")
 	for i, l := range lines {
-		if strings.Contains(l, "--- SKIP") {
-			reason := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "--- SKIP:"))
-			if i+1 < len(lines) && strings.Contains(lines[i+1], ".go:") {
-				reason += ": " + strings.TrimSpace(lines[i+1])
-			}
-			return reason, true
+		if !strings.Contains(l, "--- SKIP") {
+			continue
 		}
+		reason := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "--- SKIP:"))
+		for j := i - 1; j >= 0 && !strings.HasPrefix(lines[j], "=== "); j-- {
+			if m := strings.TrimSpace(lines[j]); strings.Contains(m, ".go:") {
+				reason = m
+			}
+		}
+		return reason, true
 	}
 	if strings.Contains(out, "[no tests to run]") {
 		return "no test matched", true

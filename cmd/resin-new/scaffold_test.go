@@ -268,7 +268,7 @@ func TestVerifyPlan(t *testing.T) {
 // TestCheckReportsAllSkippedAsSkip: an item whose tests all skipped proves nothing.
 func TestCheckReportsAllSkippedAsSkip(t *testing.T) {
 	for out, want := range map[string]bool{
-		"=== RUN   TestCompile\n--- SKIP: TestCompile (0.00s)\n    k_test.go:9: no NVRTC\nok  \tx\t0.1s\n": true,
+		"=== RUN   TestCompile\n    k_test.go:9: no NVRTC\n--- SKIP: TestCompile (0.00s)\nok  \tx\t0.1s\n": true,
 		"ok  \tx\t0.1s [no tests to run]\n": true,
 		"=== RUN   TestA\n--- SKIP: TestA (0.00s)\n=== RUN   TestB\n--- PASS: TestB (0.00s)\nok\n": false,
 		"ok  \tx\t0.1s\n": false,
@@ -277,7 +277,7 @@ func TestCheckReportsAllSkippedAsSkip(t *testing.T) {
 			t.Errorf("allSkipped(%q) = %v (%s), want %v", out, got, reason, want)
 		}
 	}
-	if r, _ := allSkipped("--- SKIP: TestCompile (0.00s)\n    k_test.go:9: no NVRTC\n"); !strings.Contains(r, "no NVRTC") {
+	if r, _ := allSkipped("=== RUN   TestCompile\n    k_test.go:9: no NVRTC\n--- SKIP: TestCompile (0.00s)\n"); !strings.Contains(r, "no NVRTC") {
 		t.Errorf("reason %q lacks the skip message", r)
 	}
 }
