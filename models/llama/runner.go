@@ -3,6 +3,7 @@ package llama
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
@@ -72,6 +73,9 @@ func Load(dir string, opts Options) (*Runner, error) {
 			return nil, fmt.Errorf("load %s: %w", dir, err)
 		}
 	case errors.Is(err, weights.ErrNotFound):
+		if err := weights.CheckMemory(WeightBytes(c), "seeded random weights of "+filepath.Join(dir, "config.json")); err != nil {
+			return nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+		}
 		seed := opts.Seed
 		if seed == 0 {
 			seed = 1

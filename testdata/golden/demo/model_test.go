@@ -7,6 +7,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -447,4 +448,29 @@ func BenchmarkGenerate(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(8*16*b.N)/b.Elapsed().Seconds(), "decode-tokens/s")
+}
+
+// TestRandomWeightsThatDoNotFit: a config whose random weights exceed the machine's memory
+// is an error naming the figures, not a process killed for out-of-memory.
+func TestRandomWeightsThatDoNotFit(t *testing.T) {
+	if _, ok := weights.AvailableMemory(); !ok {
+		t.Skip("available memory unknown here")
+	}
+	data, err := os.ReadFile("config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["vocab_size"], m["hidden_size"] = 1<<20, 1<<20 // 4 TiB of embeddings alone
+	big, _ := json.Marshal(m)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(dir, Options{}); !errors.Is(err, weights.ErrTooLarge) {
+		t.Fatalf("Load of a 4 TiB config: err = %v, want weights.ErrTooLarge", err)
+	}
 }

@@ -162,6 +162,20 @@ func checkNames(c *Config, ck *weights.Checkpoint, ps []param) error {
 	return fmt.Errorf("%s load report from %s: %s", arch, ck.Dir, strings.Join(parts, "; "))
 }
 
+// WeightBytes is the size of the config's weights in float32, as RandomWeights and
+// LoadWeights hold them.
+func WeightBytes(c *Config) int64 {
+	var n int64
+	for _, p := range params(c, &Weights{}) {
+		e := int64(4)
+		for _, s := range p.shape {
+			e *= int64(s)
+		}
+		n += e
+	}
+	return n
+}
+
 // RandomWeights returns seeded random weights for any config: uniform in ±1/sqrt(fan-in)
 // for projections and embeddings, 1 ± 0.1 for norm weights, so that a tiny model produces
 // varied tokens. The same seed gives the same weights.
