@@ -41,7 +41,33 @@ FIELDS = ["vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_laye
 YARN = {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
         "beta_fast": 32, "beta_slow": 1}
 
+# DeepSeek-V4-Flash's config.json as published (upstream fields: compress_ratios 44 long for
+# 43 layers, num_hash_layers, qk_rope_head_dim, rope_scaling yarn), less the fields no
+# code reads.
+V4_FLASH = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1,
+    "expert_dtype": "fp4", "hc_eps": 1e-06, "hc_mult": 4, "hc_sinkhorn_iters": 20, "head_dim": 512,
+    "hidden_act": "silu", "hidden_size": 4096, "index_head_dim": 128, "index_n_heads": 64,
+    "index_topk": 512, "initializer_range": 0.02, "max_position_embeddings": 1048576,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 64, "num_experts_per_tok": 6,
+    "num_hidden_layers": 43, "num_hash_layers": 3, "num_key_value_heads": 1,
+    "num_nextn_predict_layers": 1, "o_groups": 8, "o_lora_rank": 1024, "q_lora_rank": 1024,
+    "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16,
+                     "original_max_position_embeddings": 65536, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus",
+    "sliding_window": 128, "swiglu_limit": 10.0, "tie_word_embeddings": False,
+    "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 129280,
+    "compress_rope_theta": 160000, "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+}
+
 CONFIG_CASES = {
+    "deepseek-v4-flash": V4_FLASH,
     "defaults": {},
     "defaults-5-layers": {"num_hidden_layers": 5},
     "defaults-1-layer": {"num_hidden_layers": 1},
@@ -95,7 +121,14 @@ def config_cases():
         try:
             c = DeepseekV4Config(**json.loads(json.dumps(d)))
             got = {k: getattr(c, k, None) for k in FIELDS}
-            out[name] = {"input": d, "want": got}
+            case = {"input": d, "want": got}
+            if all(c.rope_parameters[k]["rope_type"] in ("default", "yarn") for k in ("main", "compress")):
+                from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
+                rot = DeepseekV4RotaryEmbedding(c)
+                case["rotary"] = {k: {"inv_freq": getattr(rot, f"{k}_inv_freq").tolist(),
+                                      "scaling": getattr(rot, f"{k}_attention_scaling")}
+                                  for k in ("main", "compress")}
+            out[name] = case
         except Exception as e:  # noqa: BLE001 - the error is the expectation
             out[name] = {"input": d, "error": f"{type(e).__name__}: {e}"}
     return out

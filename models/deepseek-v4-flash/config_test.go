@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"reflect"
 	"strings"
@@ -11,9 +12,13 @@ import (
 // configCase is one entry of testdata/config_cases.json: a config.json input and what
 // transformers 5.23.0's DeepseekV4Config made of it (or the error it raised).
 type configCase struct {
-	Input map[string]any `json:"input"`
-	Want  map[string]any `json:"want"`
-	Error string         `json:"error"`
+	Input  map[string]any `json:"input"`
+	Want   map[string]any `json:"want"`
+	Error  string         `json:"error"`
+	Rotary map[string]struct {
+		InvFreq []float64 `json:"inv_freq"`
+		Scaling float64   `json:"scaling"`
+	} `json:"rotary"`
 }
 
 // refusedByDesign lists inputs transformers accepts that this model refuses on purpose,
@@ -53,6 +58,17 @@ func TestConfigCases(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			for kind, want := range cc.Rotary {
+				r := c.NewRotary(kind, c.HeadDim)
+				if len(r.InvFreq) != len(want.InvFreq) || math.Abs(float64(r.Scale)-want.Scaling) > 1e-6 {
+					t.Fatalf("%s rotary: %d frequencies scaled %g, transformers has %d scaled %g", kind, len(r.InvFreq), r.Scale, len(want.InvFreq), want.Scaling)
+				}
+				for i, f := range want.InvFreq {
+					if d := math.Abs(float64(r.InvFreq[i]) - f); d > 2e-7*math.Abs(f) { // one or two float32 ulps
+						t.Errorf("%s rotary: inv_freq[%d] = %g, transformers has %g", kind, i, r.InvFreq[i], f)
+					}
+				}
 			}
 			got := configFields(c)
 			for k, want := range cc.Want {
