@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -121,6 +122,12 @@ func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
 	}
 	s.now, s.epoch = o.now, o.now()
 	e.s = s
+	if c := s.MaxContext(); c < info.MaxContext {
+		slog.Warn("engine: the cache pool cannot hold one sequence of the model's maximum context; capping the context",
+			"runner", info.Name, "max_context", info.MaxContext, "capped_to", c,
+			"pool_bytes", int64(cfg.Pool.Slabs())*cfg.Pool.SlabBytes())
+		e.info.MaxContext = c
+	}
 	if err := reg.Register(newCollector(s.metrics, &e.mu, s)); err != nil {
 		return nil, fmt.Errorf("engine: register metrics: %w", err)
 	}
@@ -157,7 +164,8 @@ func NewHostPool(groups []kvslab.GroupSpec, bytes int64) (*kvslab.Pool, error) {
 // while Run is stopped, or from the runner during Execute for reads.
 func (e *Engine) Pool() *kvslab.Pool { return e.s.pool }
 
-// Info returns the runner's description.
+// Info returns the runner's description, with MaxContext capped to what the cache pool
+// holds (see Scheduler.MaxContext).
 func (e *Engine) Info() RunnerInfo { return e.info }
 
 // Registry returns the registry holding the engine's metrics.

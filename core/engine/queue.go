@@ -3,23 +3,47 @@ package engine
 import "slices"
 
 // queue is the waiting queue: a slice with a movable head, so that popping the front and
-// pushing a preempted request back to the front are cheap.
+// pushing a preempted request back to the front are cheap. Removing a request from the
+// middle (Abort, Stop, a cancelled context) is O(1): the request is marked as no longer
+// queued and stays in the slice as a tombstone, which front and popFront skip; the slice
+// is compacted once tombstones outnumber the queued requests, so removals cost O(1)
+// amortised and a wave of cancellations under overload stays linear.
 type queue struct {
 	items []*request
 	head  int
+	n     int // queued requests (items[head:] less the tombstones)
+	dead  int // tombstones in items[head:]
 }
 
-func (q *queue) len() int { return len(q.items) - q.head }
+func (q *queue) len() int { return q.n }
 
-func (q *queue) front() *request { return q.items[q.head] }
+// skipDead drops the tombstones at the head.
+func (q *queue) skipDead() {
+	for q.head < len(q.items) && !q.items[q.head].queued {
+		q.items[q.head] = nil
+		q.head++
+		q.dead--
+	}
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+}
+
+func (q *queue) front() *request {
+	q.skipDead()
+	return q.items[q.head]
+}
 
 func (q *queue) popFront() *request {
+	q.skipDead()
 	r := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
 	}
+	r.queued = false
+	q.n--
 	return r
 }
 
@@ -30,9 +54,11 @@ func (q *queue) pushBack(r *request) {
 		q.items, q.head = q.items[:n], 0
 	}
 	q.items = append(q.items, r)
+	q.added(r)
 }
 
 func (q *queue) pushFront(r *request) {
+	q.added(r)
 	if q.head > 0 {
 		q.head--
 		q.items[q.head] = r
@@ -41,8 +67,13 @@ func (q *queue) pushFront(r *request) {
 	q.items = slices.Insert(q.items, 0, r)
 }
 
+func (q *queue) added(r *request) {
+	r.queued = true
+	q.n++
+}
+
 // insertSorted places r after every request that sorts before or equal to it by
-// (priority, arrival order).
+// (priority, arrival order). Tombstones keep their keys, so the slice stays sorted.
 func (q *queue) insertSorted(r *request) {
 	live := q.items[q.head:]
 	i, _ := slices.BinarySearchFunc(live, r, func(a, b *request) int {
@@ -58,14 +89,31 @@ func (q *queue) insertSorted(r *request) {
 		return 1
 	})
 	q.items = slices.Insert(q.items, q.head+i, r)
+	q.added(r)
 }
 
+// remove takes r out of the queue in O(1) (amortised): it becomes a tombstone.
 func (q *queue) remove(r *request) bool {
-	for i := q.head; i < len(q.items); i++ {
-		if q.items[i] == r {
-			q.items = slices.Delete(q.items, i, i+1)
-			return true
+	if !r.queued {
+		return false
+	}
+	r.queued = false
+	q.n--
+	q.dead++
+	if q.dead > 64 && q.dead > q.n {
+		q.compact()
+	}
+	return true
+}
+
+// compact drops every tombstone, keeping the queued requests in order.
+func (q *queue) compact() {
+	live := q.items[:0]
+	for _, r := range q.items[q.head:] {
+		if r.queued {
+			live = append(live, r)
 		}
 	}
-	return false
+	clear(q.items[len(live):])
+	q.items, q.head, q.dead = live, 0, 0
 }

@@ -71,6 +71,7 @@ type request struct {
 	stopIDs   []int32
 	cached    int // prompt tokens served by the prefix cache at first admission
 	admitted  bool
+	queued    bool // in the waiting queue (not a tombstone there)
 }
 
 // Scheduler decides what runs each step. It is not safe for concurrent use; Engine wraps
@@ -166,6 +167,15 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	if cfg.Async && (!info.AsyncTokens || info.MaxDrafts > 0 || !s.wholeBlocks) {
 		return nil, fmt.Errorf("engine: async scheduling needs a runner that accepts PendingToken and proposes no drafts, and cache groups that keep whole blocks (full attention, compressed); %q does not qualify", info.Name)
 	}
+	if c := s.poolContext(); c < s.info.MaxContext {
+		// As vLLM does when the cache cannot hold one sequence of the model's length: the
+		// context is capped, so requests beyond it are refused at Add (ErrContextTooLong)
+		// instead of failing with ErrCache after they were admitted. Engine.New logs it.
+		if c < 2 {
+			return nil, fmt.Errorf("engine: the cache pool (%d slabs of %d bytes) cannot hold a sequence of 2 tokens for runner %q", s.pool.Slabs(), s.pool.SlabBytes(), info.Name)
+		}
+		s.info.MaxContext = c
+	}
 	s.btShift = -1
 	if s.bt&(s.bt-1) == 0 {
 		s.btShift = bits.TrailingZeros(uint(s.bt))
@@ -185,6 +195,47 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	s.running = make([]*request, 0, cfg.MaxSeqs)
 	return s, nil
 }
+
+// poolContext returns the longest sequence (in tokens, up to the runner's MaxContext)
+// whose pages fit in the whole pool at once: per group, the pages the sequence holds
+// (every block for full attention and compressed groups, the window and a block on
+// either side for sliding windows, a state page and a checkpoint for recurrent groups),
+// rounded up to whole slabs since a slab serves one group at a time.
+func (s *Scheduler) poolContext() int {
+	fits := func(n int) bool {
+		blocks := int64((n + s.bt - 1) / s.bt)
+		var slabs int64
+		for _, g := range s.groups {
+			pages := blocks
+			switch g.Kind {
+			case kvslab.SlidingWindow:
+				pages = min(blocks, int64((g.Window+s.bt-1)/s.bt+2))
+			case kvslab.Recurrent:
+				pages = 2
+			}
+			perSlab := max(s.pool.SlabBytes()/g.PageBytes(), 1)
+			slabs += (pages + perSlab - 1) / perSlab
+		}
+		return slabs <= int64(s.pool.Slabs())
+	}
+	if fits(s.info.MaxContext) {
+		return s.info.MaxContext
+	}
+	lo, hi := 0, s.info.MaxContext // fits(lo), !fits(hi)
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if fits(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// MaxContext returns the longest sequence the scheduler accepts: the runner's maximum
+// context, capped to what the cache pool holds.
+func (s *Scheduler) MaxContext() int { return s.info.MaxContext }
 
 // pageTableCap is how many page ids a plan's PageTable of group g holds before it grows:
 // one per page of the group, as when no two sequences share a page, plus a partial block
