@@ -119,6 +119,9 @@ type Config struct {
 	// derives (save_pretrained writes it; it is ignored on input when
 	// partial_rotary_factor is set).
 	QKRopeHeadDim int `json:"-"`
+	// Quant is quantization_config (with a top-level expert_dtype folded in); nil for an
+	// unquantized checkpoint.
+	Quant *weights.Quant `json:"-"`
 	// Rope holds rope_parameters' "main" and "compress" sub-dicts.
 	Rope map[string]RopeParams `json:"-"`
 	// Raw keeps every config.json field.
@@ -197,6 +200,16 @@ func ParseConfig(data []byte) (*Config, error) {
 	if err := c.normalise(lg); err != nil {
 		return nil, err
 	}
+	q, err := weights.ParseQuantization(c.Raw["quantization_config"])
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if q != nil {
+		if err := q.FoldExpertDType(c.Raw["expert_dtype"]); err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+	}
+	c.Quant = q
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

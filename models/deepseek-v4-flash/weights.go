@@ -292,7 +292,7 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 	form := detectForm(ck)
 	var missing []string
 	for _, p := range ps {
-		name, err := loadParam(ck, p, used)
+		name, err := loadParam(ck, c.Quant, p, used)
 		if err != nil {
 			return nil, err
 		}
@@ -324,9 +324,17 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 	return w, nil
 }
 
-// loadParam reads p under whichever form ck holds it in, marking what it read in used. It
-// returns the module name when no form holds it.
-func loadParam(ck *weights.Checkpoint, p param, used map[string]bool) (string, error) {
+// loadParam reads p under whichever form ck holds it in, marking what it read in used
+// (with the scale tensor of a quantized weight). It returns the module name when no form
+// holds it.
+func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[string]bool) (string, error) {
+	read := func(name string, shape ...int) ([]float32, error) {
+		used[name] = true
+		if s, ok := ck.ScaleName(name); ok {
+			used[s] = true
+		}
+		return ck.Dequantize(name, q, shape...)
+	}
 	for _, name := range p.names {
 		if !ck.Has(name) {
 			continue
@@ -337,7 +345,7 @@ func loadParam(ck *weights.Checkpoint, p param, used map[string]bool) (string, e
 			*p.ints = v
 			return "", err
 		}
-		v, err := ck.Float32(name, p.shape...)
+		v, err := read(name, p.shape...)
 		*p.dst = v
 		return "", err
 	}
@@ -366,8 +374,7 @@ func loadParam(ck *weights.Checkpoint, p param, used map[string]bool) (string, e
 				if !ck.Has(name) {
 					return "", fmt.Errorf("load weights: %s is missing (the other experts' tensors are there)", name)
 				}
-				used[name] = true
-				v, err := ck.Float32(name, half...)
+				v, err := read(name, half...)
 				if err != nil {
 					return "", err
 				}

@@ -1,6 +1,7 @@
 package deepseekv4flash
 
 import (
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -137,5 +138,74 @@ func TestLoadRefusals(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: want an error naming %s, got %v", tc.what, tc.want, err)
 		}
+	}
+}
+
+// nearestE4M3 returns the float8 e4m3fn byte nearest v (brute force over the 256 codes).
+func nearestE4M3(v float32) byte {
+	best, bestD := byte(0), math.Inf(1)
+	for c := range 256 {
+		f := weights.F8E4M3ToFloat32(uint8(c))
+		if f != f {
+			continue
+		}
+		if d := math.Abs(float64(f - v)); d < bestD {
+			best, bestD = byte(c), d
+		}
+	}
+	return best
+}
+
+// TestLoadFP8 stores one dense linear as float8 e4m3 with its block scale (upstream
+// "X.scale" name) under a quantization_config: the loader dequantizes it through
+// core/weights and marks the scale used.
+func TestLoadFP8(t *testing.T) {
+	cfgJSON := strings.Replace(tinyConfigJSON, `"model_type": "deepseek_v4",`,
+		`"model_type": "deepseek_v4", "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},`, 1)
+	c, err := ParseConfig([]byte(cfgJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Quant == nil {
+		t.Fatal("quantization_config not parsed")
+	}
+	w := RandomWeights(c, 3, false)
+	ts, err := w.Tensors(c, weights.F32, UpstreamNames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const name = "layers.1.attn.wq_b.weight"
+	var want []float32
+	for i, x := range ts {
+		if x.Name != name {
+			continue
+		}
+		v := w.Layers[1].QB
+		var amax float32
+		for _, f := range v {
+			amax = max(amax, float32(math.Abs(float64(f))))
+		}
+		scale := amax / 448
+		q := make([]byte, len(v))
+		want = make([]float32, len(v))
+		for j, f := range v {
+			q[j] = nearestE4M3(f / scale)
+			want[j] = weights.F8E4M3ToFloat32(q[j]) * scale
+		}
+		ts[i] = weights.Tensor{Name: name, DType: weights.F8E4M3, Shape: x.Shape, Data: q}
+		s, _ := weights.NewTensor("layers.1.attn.wq_b.scale", weights.F32, []int{1, 1}, []float32{scale})
+		ts = append(ts, s)
+		break
+	}
+	dir := t.TempDir()
+	if err := weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadDir(t, c, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, at := maxAbsDiff(got.Layers[1].QB, want); d > 1e-6 {
+		t.Errorf("dequantized %s differs by %g at %d", name, d, at)
 	}
 }
