@@ -128,6 +128,50 @@ def golden(name, tok_path, cfg_path, out_dir):
     print(f"{name}: {len(cases)} cases, {len(chats)} chats")
 
 
+# Jinja semantics the chat templates rely on, rendered by Python Jinja2 in transformers'
+# environment; core/tokenizer's TestJinjaMatchesPython renders them with the Go engine.
+JINJA_CASES = [
+ "{{ 3*'ab' }}", "{{ 'ab'*3 }}", "{{ -7//2 }}", "{{ 7//-2 }}", "{{ -7 % 3 }}", "{{ 7/2 }}", "{{ 4/2 }}", "{{ 1.0 }}", "{{ 0.1+0.2 }}", "{{ 1e3 }}", "{{ 1E-5 }}", "{{ 1e16 }}", "{{ 2.5e-3 }}", "{{ 123456789.0*1000000000 }}",
+ "{{ none }}", "{{ None }}", "{{ x is none }}", "{{ 'abc' is sequence }}", "{{ [1] is sequence }}", "{{ {} is sequence }}", "{{ 5 is sequence }}",
+ "{{ '\\u00e9\\n\\t\\x41' }}", "{{ \"caf\\u00e9 \\U0001F600\" }}",
+ "{{ -3|abs }}", "{{ -2.5|abs }}", "{{ [1,2,3]|join(', ') }}", "{{ [1,none,'a']|join }}", "{{ 'abc'|join('-') }}", "{{ [{'a':1},{'a':2}]|join(',', attribute='a') }}",
+ "{{ '%s-%d'|format('a', 3) }}", "{{ '%05.2f|%x|%r'|format(3.14159, 255, 'q') }}", "{{ 'ab'|center(7) }}", "{{ 'ab'|center(7, '*') if false else 'ab'|center(8) }}",
+ "{{ [1, 2.0, 'a', none, true] }}", "{{ {'a': 1, 'b': [none]} }}", "{{ true }}", "{{ 10**20 }}", "{{ 2**0.5 }}", "{{ 1/3 }}",
+ "{{ {'b':1,'a':'<x>'}|tojson }}", "{{ {'b':1,'a':'<x>', 'c': [1.0, 1e5, 12345678901234567890123]}|tojson(indent=2) }}",
+ "{{ 'é'|tojson }}", "{{ 1e100|tojson }}",
+ "{{ x|tojson }}", "{{ x.c|tojson }}", "{{ x }}", "{{ x.c[0] }}", "{{ x.c[1] }}", "{{ x.c[2] }}", "{{ x.c[2] + 1 }}",
+ "{{ 'a,b'.split(',') }}", "{{ 3.0|int }}", "{{ '3'|int + 1 }}", "{{ 3|float }}", "{{ 2.675|round(2) }}", "{{ 2.5|round }}", "{{ [3,1,2]|sort }}", "{{ 'x'|string }}", "{{ 1 == 1.0 }}", "{{ 17 // 5.0 }}", "{{ -7.5 // 2 }}", "{{ 7 % -3 }}", "{{ 'Hello'[1:3] }}", "{{ 'ab' ~ 1.5 }}", "{{ [1]*3 }}", "{{ 1e3|int }}", "{{ '{:d}'.format(3) if false else 'ok' }}",
+ "{{ x|tojson(indent=4) }}", "{{ x|tojson(separators=(',', ':')) }}", "{{ {'k': [], 'e': {}}|tojson(indent=2) }}", "{{ 'a\\u2028\\x01\"'|tojson }}",
+ "{{ 1/0 }}", "{{ 1//0 }}", "{{ '%s and %s' % ('a', 'b') }}", "{{ 7 % 2 }}", "{{ [] is sequence }}",
+ "{% for k, v in x|items %}{{ k }}={{ v }};{% endfor %}",
+ "{{ c|length }}{% for p in c %}{{ p.type }}:{{ p.text }};{% endfor %}", "{{ c }}",
+]
+
+# JINJA_DATA is JSON text so that the numbers' spelling (1E5, 1.0, big integers) reaches
+# both engines as a request body would.
+JINJA_DATA = ('{"x": {"a": 1.0, "b": "<&>", "c": [1.0, 1E5, 12345678901234567890123], "d": -0.0},'
+              ' "c": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "u"}}]}')
+
+
+def jinja_golden(out_dir):
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+    data = json.loads(JINJA_DATA)
+    cases = []
+    for src in JINJA_CASES:
+        try:
+            want = _compile_jinja_template(src).render(**data)
+        except Exception as e:  # the Go side must fail too
+            want = "ERROR: " + type(e).__name__
+        cases.append({"template": src, "want": want})
+    doc = {"reference": "jinja2 %s, transformers %s" % (
+        __import__("jinja2").__version__, __import__("transformers").__version__),
+        "data": JINJA_DATA, "cases": cases}
+    with open(os.path.join(out_dir, "jinja.golden.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"jinja: {len(cases)} cases")
+
+
 TINY_TEMPLATE = (
     "{%- if messages[0].role != 'system' %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
@@ -198,6 +242,7 @@ def main():
     ap.add_argument("--retrain", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    jinja_golden(a.out)
     tiny = a.tiny
     if a.retrain or not os.path.exists(os.path.join(tiny, "tokenizer.json")):
         train_tiny(tiny)

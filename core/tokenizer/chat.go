@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/resin-llm/resin/core/tokenizer/internal/jinja"
 )
 
 // ChatTemplate renders a conversation into a prompt with the Jinja chat template of a

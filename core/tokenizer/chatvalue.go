@@ -7,7 +7,7 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/resin-llm/resin/core/tokenizer/internal/jinja"
 )
 
 // toValue converts template data to Jinja values. JSON given as json.RawMessage keeps its
