@@ -343,7 +343,7 @@ func TestModelsHealthMetrics(t *testing.T) {
 	}
 	var b strings.Builder
 	_, _ = fmt.Fprint(&b, readAll(t, resp))
-	for _, name := range []string{"resin_http_requests_total{code=\"200\",route=\"/v1/completions\"} 1", "resin_"} {
+	for _, name := range []string{"resin_http_requests_total{code=\"200\",model_name=\"tiny-test\",route=\"/v1/completions\"} 1", "resin_"} {
 		if !strings.Contains(b.String(), name) {
 			t.Fatalf("metrics lack %q:\n%s", name, b.String())
 		}

@@ -55,9 +55,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return invalid("messages", "The chat template rejected the messages: %v.", err)
 	}
-	ids, err := s.tok.Encode(prompt, false)
+	ids, err := s.encodePrompt(prompt, false, "messages")
 	if err != nil {
-		return invalid("messages", "Cannot tokenize the rendered prompt: %v.", err)
+		return err
 	}
 	if len(ids) == 0 {
 		return invalid("messages", "The rendered prompt is empty.")

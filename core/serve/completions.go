@@ -38,8 +38,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	}
 	ids := prompt.ids
 	if ids == nil {
-		if ids, err = s.tok.Encode(prompt.text, true); err != nil {
-			return invalid("prompt", "Cannot tokenize the prompt: %v.", err)
+		if ids, err = s.encodePrompt(prompt.text, true, "prompt"); err != nil {
+			return err
 		}
 		if len(ids) == 0 {
 			return invalid("prompt", "The prompt is empty.")

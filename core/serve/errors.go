@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 
 	"github.com/resin-llm/resin/core/engine"
 )
@@ -16,6 +18,8 @@ type apiError struct {
 	code    string
 	param   string
 	message string
+	// retryAfter, when positive, is sent as a Retry-After header (seconds).
+	retryAfter int
 }
 
 func (e *apiError) Error() string { return e.message }
@@ -67,19 +71,56 @@ func tooLarge(limit int64) *apiError {
 		message: fmt.Sprintf("Request body exceeds the limit of %d bytes.", limit)}
 }
 
-// fromEngine maps an error from engine.Submit to the status a client expects.
+// fromEngine maps an error from engine.Submit to the status a client expects. The
+// message keeps the engine's detail but not its internals (request ids, package
+// prefixes). A context-length error leaves param empty: the route fills it in
+// (withPromptParam), as only it knows whether the prompt is "prompt" or "messages".
 func fromEngine(err error) *apiError {
 	switch {
 	case errors.Is(err, engine.ErrContextTooLong):
-		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "context_length_exceeded", param: "messages", message: err.Error()}
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "context_length_exceeded",
+			message: "The prompt plus max_tokens exceed the model's context length: " + engineDetail(err, engine.ErrContextTooLong) +
+				". Shorten the prompt or lower max_tokens."}
 	case errors.Is(err, engine.ErrInvalidRequest):
-		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", message: err.Error()}
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", message: "Invalid request: " + engineDetail(err, engine.ErrInvalidRequest) + "."}
 	case errors.Is(err, engine.ErrQueueFull):
-		return &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", message: err.Error()}
-	case errors.Is(err, engine.ErrDraining), errors.Is(err, engine.ErrClosed):
-		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "draining", message: err.Error()}
+		return &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", retryAfter: 1,
+			message: "The server's request queue is full; retry later."}
+	case errors.Is(err, engine.ErrClosed):
+		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "draining",
+			message: "The server shut down before the request finished."}
+	case errors.Is(err, engine.ErrDraining):
+		return errDrainingHTTP
 	}
 	return internal(err)
+}
+
+// engineDetail is what err says after sentinel's own text: "2000 prompt tokens + 100 max
+// tokens > 2048" out of `request "req-3": engine: prompt plus max tokens exceed the
+// model's context: 2000 prompt tokens + 100 max tokens > 2048`. Without such detail it
+// is the sentinel's text without its "engine: " prefix.
+func engineDetail(err, sentinel error) string {
+	msg, base := err.Error(), sentinel.Error()
+	if i := strings.Index(msg, base); i >= 0 {
+		if d := strings.TrimPrefix(msg[i+len(base):], ": "); d != "" {
+			return d
+		}
+	}
+	return strings.TrimPrefix(base, "engine: ")
+}
+
+// withPromptParam names the prompt's field on a context-length error that does not name
+// one: "messages" on chat routes, "prompt" elsewhere.
+func withPromptParam(ae *apiError, route string) *apiError {
+	if ae.code != "context_length_exceeded" || ae.param != "" {
+		return ae
+	}
+	c := *ae
+	c.param = "prompt"
+	if strings.Contains(route, "chat") {
+		c.param = "messages"
+	}
+	return &c
 }
 
 func internal(err error) *apiError {
@@ -99,6 +140,12 @@ func asAPI(err error) *apiError {
 
 func writeError(w http.ResponseWriter, err error) {
 	ae := asAPI(err)
+	if ae.status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="resin"`)
+	}
+	if ae.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ae.retryAfter))
+	}
 	writeJSON(w, ae.status, ae.body())
 }
 

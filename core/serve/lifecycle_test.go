@@ -31,6 +31,7 @@ func openStream(t *testing.T, ctx context.Context, url string, maxTokens int) (*
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"prompt": "long story", "max_tokens": maxTokens, "stream": true, "ignore_eos": true})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -62,6 +63,7 @@ func TestClientDisconnectAbortsRequest(t *testing.T) {
 		} else {
 			body, _ := json.Marshal(map[string]any{"prompt": "long", "max_tokens": 5000, "ignore_eos": true})
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.ts.URL+"/v1/completions", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
 			errc := make(chan error, 1)
 			go func() {
 				resp, err := http.DefaultClient.Do(req)
@@ -108,7 +110,9 @@ func TestGracefulShutdownDrains(t *testing.T) {
 
 	// New requests are refused with 503 while the running one goes on.
 	rec := httptest.NewRecorder()
-	h.srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"late"}`)))
+	late := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"late"}`))
+	late.Header.Set("Content-Type", "application/json")
+	h.srv.Handler().ServeHTTP(rec, late)
 	if rec.Code != http.StatusServiceUnavailable {
 		t.Fatalf("request during drain: %d %s", rec.Code, rec.Body)
 	}
@@ -172,6 +176,7 @@ func TestQueueFullIs429(t *testing.T) {
 		defer wg.Done()
 		body := strings.NewReader(`{"prompt":"first","max_tokens":2}`)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.ts.URL+"/v1/completions", body)
+		req.Header.Set("Content-Type", "application/json")
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 		}
@@ -202,6 +207,7 @@ func TestBodyLimit(t *testing.T) {
 		pw.Close()
 	}()
 	req, _ := http.NewRequest(http.MethodPost, h.ts.URL+"/v1/completions", pr)
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -76,6 +76,9 @@ type chatRequest struct {
 func decodeBody(r io.Reader, v any) error {
 	dec := json.NewDecoder(r)
 	if err := dec.Decode(v); err != nil {
+		if ae := readError(err); ae != nil {
+			return ae
+		}
 		var mb *http.MaxBytesError
 		var te *json.UnmarshalTypeError
 		switch {
@@ -84,7 +87,7 @@ func decodeBody(r io.Reader, v any) error {
 		case errors.As(err, &te):
 			// The path runs through the embedded commonParams; clients know the JSON name.
 			field := strings.TrimPrefix(te.Field, "commonParams.")
-			return invalid(field, "Invalid type for %q: expected %s.", field, te.Type)
+			return typeMismatch(field, te)
 		case errors.Is(err, io.EOF):
 			return invalid("", "The request body is empty; send a JSON object.")
 		}

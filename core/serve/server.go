@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +46,27 @@ type Config struct {
 	// response, so a stream that keeps flowing lasts as long as its generation. Zero
 	// means the default, 30 s; negative means no limit.
 	WriteStallTimeout time.Duration
+	// ReadTimeout bounds reading one request, headers and body (default 60 s); a body
+	// that has not arrived by then gets 408. ReadHeaderTimeout bounds the headers alone
+	// (default 10 s). IdleTimeout closes a kept-alive connection that sends no request
+	// for so long (default 60 s). Negative values mean no limit.
+	ReadTimeout, ReadHeaderTimeout, IdleTimeout time.Duration
+	// MaxHeaderBytes caps a request's line and headers (default 64 KiB).
+	MaxHeaderBytes int
+	// MaxConnections caps the connections Serve keeps open; a further one waits,
+	// unserved, until one closes (default 1024; negative: no cap).
+	MaxConnections int
+	// TokenizeBudgetBytes caps the prompt bytes being tokenized at once, all requests
+	// together (default 32 MiB, and never below the largest prompt a request may send,
+	// MaxContext x maxPromptBytesPerToken); a request that would exceed it gets 429 with
+	// Retry-After. Tokenizing costs transient memory of some tens of times the text's size.
+	TokenizeBudgetBytes int64
+	// Version is what /version reports (default: the main module's version in the
+	// build information, else "devel").
+	Version string
+	// EnablePprof serves net/http/pprof under /debug/pprof/ (behind the API key when
+	// one is set).
+	EnablePprof bool
 	// Logger receives one line per failed request (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -63,6 +83,9 @@ type Server struct {
 	draining atomic.Bool
 	metrics  *httpMetrics
 	mux      *http.ServeMux
+	prompts  promptLimits
+	// encode tokenizes prompts: the tokenizer's Encode (tests count what it sees).
+	encode func(text string, addSpecial bool) ([]int32, error)
 }
 
 type httpMetrics struct {
@@ -95,6 +118,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	cfg.ReadTimeout = orDefault(cfg.ReadTimeout, defaultReadTimeout)
+	cfg.ReadHeaderTimeout = orDefault(cfg.ReadHeaderTimeout, defaultReadHeaderTimeout)
+	cfg.IdleTimeout = orDefault(cfg.IdleTimeout, defaultIdleTimeout)
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = defaultMaxHeaderBytes
+	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = defaultMaxConnections
+	}
+	if cfg.Version == "" {
+		cfg.Version = buildVersion()
+	}
 	s := &Server{
 		cfg:     cfg,
 		eng:     cfg.Engine,
@@ -115,11 +150,16 @@ func New(cfg Config) (*Server, error) {
 	for _, a := range cfg.Aliases {
 		s.models[a] = true
 	}
+	s.encode = s.tok.Encode
+	s.prompts = newPromptLimits(s.tok, cfg.Engine.Info().MaxContext, cfg.TokenizeBudgetBytes)
 	reg := cfg.Engine.Registry()
 	for _, c := range []prometheus.Collector{s.metrics.requests, s.metrics.inflight} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("serve: register metrics: %w", err)
 		}
+	}
+	if err := registerProcessMetrics(reg); err != nil {
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/completions", s.api("/v1/completions", s.handleCompletions))
@@ -127,7 +167,8 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("GET /v1/models", s.api("/v1/models", s.handleModels))
 	mux.Handle("GET /v1/models/{id...}", s.api("/v1/models/{id}", s.handleModel))
 	mux.Handle("GET /health", s.counted("/health", http.HandlerFunc(s.handleHealth)))
-	mux.Handle("GET /metrics", s.counted("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	mux.Handle("GET /metrics", s.counted("/metrics", promhttp.HandlerFor(modelLabeled{reg, cfg.Model}, promhttp.HandlerOpts{})))
+	s.routeEndpoints(mux)
 	mux.Handle("/", s.counted("other", http.HandlerFunc(s.handleNoRoute)))
 	s.mux = mux
 	return s, nil
@@ -150,13 +191,13 @@ func (s *Server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if len(allow) == 0 {
-		writeError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
+		refuse(w, r, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found",
 			message: fmt.Sprintf("No route %s %s.", r.Method, r.URL.Path)})
 		return
 	}
 	list := strings.Join(allow, ", ")
 	w.Header().Set("Allow", list)
-	writeError(w, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
+	refuse(w, r, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
 		message: fmt.Sprintf("%s %s is not allowed; use %s.", r.Method, r.URL.Path, list)})
 }
 
@@ -207,24 +248,32 @@ func (s *Server) counted(route string, h http.Handler) http.Handler {
 	})
 }
 
-// api wraps a /v1 handler: auth, draining, body limit, error reporting.
+// api wraps an API handler: authentication, draining, content type and body limit are
+// checked before a byte of the body is read (see refuse), then the handler's error
+// becomes the error answer.
 func (s *Server) api(route string, h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return s.counted(route, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.cfg.APIKey != "" && !s.authorized(r) {
-			writeError(w, errBadKey)
+			refuse(w, r, errBadKey)
 			return
 		}
 		if s.draining.Load() {
-			writeError(w, errDrainingHTTP)
+			refuse(w, r, errDrainingHTTP)
 			return
 		}
+		if r.Method == http.MethodPost {
+			if err := checkContentType(r); err != nil {
+				refuse(w, r, err)
+				return
+			}
+		}
 		if r.ContentLength > s.cfg.MaxBodyBytes {
-			writeError(w, tooLarge(s.cfg.MaxBodyBytes))
+			refuse(w, r, tooLarge(s.cfg.MaxBodyBytes))
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 		if err := h(w, r); err != nil {
-			ae := asAPI(err)
+			ae := withPromptParam(asAPI(err), route)
 			if r.Context().Err() == nil {
 				s.log.Info("request failed", "route", route, "status", ae.status, "error", ae.message)
 			}
@@ -284,12 +333,14 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// Serve answers HTTP on ln until ctx is done, then shuts down gracefully: new requests
-// get 503 while the engine drains the running ones (up to Config.DrainTimeout, after
-// which they are aborted). The caller runs the engine's Run loop and closes the engine
-// after Serve returns.
+// Serve answers HTTP on ln until ctx is done, then shuts down gracefully (see
+// Server.shutdown). The caller runs the engine's Run loop and closes the engine after
+// Serve returns.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 30 * time.Second}
+	if s.cfg.MaxConnections > 0 {
+		ln = newLimitListener(ln, s.cfg.MaxConnections)
+	}
+	hs := s.httpServer()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -298,25 +349,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 	}
 	return s.shutdown(hs)
-}
-
-func (s *Server) shutdown(hs *http.Server) error {
-	s.draining.Store(true)
-	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
-	defer cancel()
-	var wg sync.WaitGroup
-	var drainErr, shutErr error
-	wg.Add(2)
-	go func() { defer wg.Done(); drainErr = s.eng.Drain(dctx) }()
-	go func() { defer wg.Done(); shutErr = hs.Shutdown(dctx) }()
-	wg.Wait()
-	if drainErr != nil || shutErr != nil {
-		// Out of time: abort what is left so handlers return, then drop connections.
-		s.eng.Close()
-		hs.Close()
-		return fmt.Errorf("serve: drain did not finish within %s: %w", s.cfg.DrainTimeout, errors.Join(drainErr, shutErr))
-	}
-	return nil
 }
 
 // Draining reports whether the server has begun shutting down.

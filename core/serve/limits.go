@@ -1,0 +1,203 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Connection limits' defaults (Config fields of the same names).
+const (
+	defaultReadTimeout       = 60 * time.Second
+	defaultReadHeaderTimeout = 10 * time.Second
+	defaultIdleTimeout       = 60 * time.Second
+	defaultMaxHeaderBytes    = 64 << 10
+	defaultMaxConnections    = 1024
+)
+
+// orDefault returns d for zero, no limit (0) for a negative value, else v.
+func orDefault(v, d time.Duration) time.Duration {
+	switch {
+	case v == 0:
+		return d
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// httpServer builds the http.Server Serve runs. There is no WriteTimeout: it would bound
+// a whole response, and a stream lasts as long as its generation. Each write has its own
+// deadline instead (Config.WriteStallTimeout, see stallWriter). ReadTimeout bounds reading
+// a request, headers and body: net/http clears it once the body has been read, so it
+// does not cut a long response.
+func (s *Server) httpServer() *http.Server {
+	return &http.Server{
+		Handler:           s.mux,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+	}
+}
+
+// limitListener caps the connections open at once, as golang.org/x/net/netutil's
+// LimitListener does: a connection beyond the cap is accepted from the kernel but waits,
+// unserved, until an open one closes (so at most one such connection holds a descriptor;
+// the others stay in the kernel's backlog).
+type limitListener struct {
+	net.Listener
+	slots   chan struct{}
+	done    chan struct{}
+	once    sync.Once
+	waiting atomic.Int32 // accepted connections waiting for a slot
+}
+
+func newLimitListener(ln net.Listener, n int) *limitListener {
+	return &limitListener{Listener: ln, slots: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+// Accept returns the next connection once a slot is free.
+func (l *limitListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.waiting.Add(1)
+	defer l.waiting.Add(-1)
+	select {
+	case l.slots <- struct{}{}:
+		return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
+	case <-l.done:
+		c.Close()
+		return nil, net.ErrClosed
+	}
+}
+
+// Close closes the listener and lets a waiting Accept return.
+func (l *limitListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// limitConn frees its slot when closed (once, however often Close is called).
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// refuse answers err to a request whose body has not been read, without reading it: the
+// response asks to close the connection, and the read deadline is moved to now, so that
+// net/http neither reads the body before answering (it would, to keep the connection
+// alive) nor after. A client trickling a body it has no right to send gets its answer at
+// once and holds no connection for it.
+func refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if r.ContentLength == 0 {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Connection", "close")
+	writeError(w, err)
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+}
+
+// checkContentType accepts application/json and other JSON media types (type/x+json).
+// Anything else gets 415: a web page may send a cross-origin text/plain (or
+// untyped) POST without asking the browser's permission first, but not a JSON one, so
+// refusing the others keeps pages from starting generations on a server without an API
+// key.
+func checkContentType(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	got := "none"
+	if ct != "" {
+		got = fmt.Sprintf("%q", ct)
+	}
+	return &apiError{status: http.StatusUnsupportedMediaType, typ: "invalid_request_error", code: "unsupported_media_type",
+		message: fmt.Sprintf("The request body must be JSON sent with 'Content-Type: application/json'; got Content-Type %s.", got)}
+}
+
+var errReadTimeout = &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
+	message: "The request body did not arrive within the server's read timeout."}
+
+// readError names what went wrong reading a JSON body when a client is to blame for it
+// in a way decodeBody's syntax message would not say: the body arrived too slowly, or
+// it is JSON but not an object. It returns nil for other errors.
+func readError(err error) *apiError {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return errReadTimeout
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return errReadTimeout
+	}
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field == "" {
+		return invalid("", "The request body must be a JSON object; got %s.", withArticle(te.Value))
+	}
+	return nil
+}
+
+// typeMismatch reports a JSON value of the wrong type for field, naming the JSON type
+// expected (never a Go type).
+func typeMismatch(field string, te *json.UnmarshalTypeError) *apiError {
+	if field == "" {
+		return invalid("", "The request body must be a JSON object; got %s.", withArticle(te.Value))
+	}
+	return invalid(field, "Invalid type for %q: expected %s, got %s.", field, withArticle(jsonKind(te.Type)), withArticle(te.Value))
+}
+
+// jsonKind names the JSON type a Go type is decoded from.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "value"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "integer"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.String:
+		return "string"
+	case reflect.Slice, reflect.Array:
+		return "array"
+	case reflect.Struct, reflect.Map:
+		return "object"
+	}
+	return "value"
+}
+
+func withArticle(s string) string {
+	switch {
+	case s == "":
+		return "a value"
+	case strings.HasPrefix(s, "number "):
+		return s // "number 1e400", as encoding/json reports an out-of-range number
+	case strings.ContainsRune("aeiou", rune(s[0])):
+		return "an " + s
+	}
+	return "a " + s
+}

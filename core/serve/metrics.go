@@ -1,0 +1,56 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// registerProcessMetrics adds Prometheus' process collector (RSS, open file
+// descriptors, CPU) and Go collector (goroutines, heap, GC) to reg, unless the caller
+// has registered them already.
+func registerProcessMetrics(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewGoCollector(),
+	} {
+		if err := reg.Register(c); err != nil {
+			if _, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); !ok {
+				return fmt.Errorf("serve: register process metrics: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// modelLabeled gathers from a registry and labels every resin_ metric with the served
+// model's name (model_name, as vLLM's dashboards select by), leaving the process and Go
+// metrics as they are.
+type modelLabeled struct {
+	prometheus.Gatherer
+	model string
+}
+
+func (g modelLabeled) Gather() ([]*dto.MetricFamily, error) {
+	mfs, err := g.Gatherer.Gather()
+	name := "model_name"
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "resin_") {
+			continue
+		}
+		for _, m := range mf.Metric {
+			if slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == name }) {
+				continue
+			}
+			lp := &dto.LabelPair{Name: &name, Value: &g.model}
+			i, _ := slices.BinarySearchFunc(m.Label, name, func(l *dto.LabelPair, n string) int { return strings.Compare(l.GetName(), n) })
+			m.Label = slices.Insert(m.Label, i, lp)
+		}
+	}
+	return mfs, err
+}
