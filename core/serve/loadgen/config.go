@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/url"
 	"time"
+
+	"github.com/resin-llm/resin/core/tokenizer"
 )
 
 // ErrConfig reports an invalid load configuration.
@@ -27,18 +29,48 @@ type Config struct {
 	// RequestRate, when > 0, starts requests at Poisson arrivals of this many per second
 	// (still capped by Concurrency).
 	RequestRate float64
-	// PromptWords is the length of each generated prompt in words (roughly one token each).
+	// PromptLen is each prompt's length in tokens of the served model, counted by the
+	// server's /tokenize when it answers, else by Tokenizer, else approximated by words
+	// (with a warning). For chat requests it counts the user message; the chat template
+	// adds its own tokens.
+	PromptLen int
+	// PromptWords is PromptLen's former name, used when PromptLen is 0.
+	//
+	// Deprecated: use PromptLen.
 	PromptWords int
+	// Tokenizer counts prompt tokens when the server has no /tokenize; it should be the
+	// served model's.
+	Tokenizer *tokenizer.Tokenizer
 	// OutputTokens is each request's max_tokens; IgnoreEOS asks the server to generate all
 	// of them (a vLLM extension that Resin honours).
 	OutputTokens int
 	IgnoreEOS    bool
-	// Seed makes prompts and arrival times reproducible.
+	// Seed makes prompts and arrival times reproducible; 0 draws a fresh seed, which the
+	// report names so that the run can be repeated.
 	Seed int64
 	// Timeout bounds each request (0 = none).
 	Timeout time.Duration
-	// Progress, when set, is called after each finished request, one call at a time.
-	Progress func(done, total int)
+	// Progress, when set, is called once when the first request is sent and after each
+	// request ends, one call at a time.
+	Progress func(Tally)
+	// Warn, when set, receives warnings as they arise (they are in the report too).
+	Warn func(msg string)
+}
+
+// Tally counts a run's requests as they end.
+type Tally struct {
+	Completed, Failed, Cancelled int
+	Total                        int // requests asked for
+}
+
+// Done is the number of requests that ended, however they ended.
+func (t Tally) Done() int { return t.Completed + t.Failed + t.Cancelled }
+
+func (c *Config) promptLen() int {
+	if c.PromptLen == 0 {
+		return c.PromptWords
+	}
+	return c.PromptLen
 }
 
 func (c *Config) validate() error {
@@ -52,8 +84,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: concurrency %d must be > 0", ErrConfig, c.Concurrency)
 	case c.RequestRate < 0:
 		return fmt.Errorf("%w: request rate %v must be >= 0", ErrConfig, c.RequestRate)
-	case c.PromptWords <= 0:
-		return fmt.Errorf("%w: prompt length %d must be > 0", ErrConfig, c.PromptWords)
+	case c.promptLen() <= 0:
+		return fmt.Errorf("%w: prompt length %d must be > 0", ErrConfig, c.promptLen())
 	case c.OutputTokens <= 0:
 		return fmt.Errorf("%w: output length %d must be > 0", ErrConfig, c.OutputTokens)
 	}

@@ -12,17 +12,18 @@ import (
 	"testing"
 )
 
-// fakeServer streams `chunks` text chunks and a usage chunk for every request.
+// fakeServer streams `chunks` text chunks and a usage chunk for every request; it has no
+// /tokenize.
 func fakeServer(t *testing.T, chunks int, hits *atomic.Int64) *httptest.Server {
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			http.NotFound(w, r)
+			return
+		}
 		hits.Add(1)
 		var body map[string]any
 		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body["stream"] != true {
 			http.Error(w, "bad request", http.StatusBadRequest)
-			return
-		}
-		if r.URL.Path == "/v1/fail" {
-			http.Error(w, "nope", http.StatusInternalServerError)
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -45,22 +46,23 @@ func TestRunCountsTokensAndLatencies(t *testing.T) {
 	defer srv.Close()
 	for _, chat := range []bool{false, true} {
 		hits.Store(0)
-		progress := 0
+		var progress Tally
 		rep, err := Run(context.Background(), Config{
 			BaseURL: srv.URL, Model: "m", Chat: chat, Requests: 12, Concurrency: 3,
-			PromptWords: 8, OutputTokens: 5, Progress: func(done, total int) { progress = done },
+			PromptLen: 8, OutputTokens: 5, Progress: func(t Tally) { progress = t },
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.Completed != 12 || rep.Failed != 0 || hits.Load() != 12 {
-			t.Fatalf("chat=%v: completed %d failed %d hits %d: %v", chat, rep.Completed, rep.Failed, hits.Load(), rep.Errors)
+		if rep.Completed != 12 || rep.Failed != 0 || rep.Cancelled != 0 || rep.NotSent != 0 || hits.Load() != 12 {
+			t.Fatalf("chat=%v: completed %d failed %d cancelled %d not sent %d hits %d: %v",
+				chat, rep.Completed, rep.Failed, rep.Cancelled, rep.NotSent, hits.Load(), rep.Errors)
 		}
-		if rep.OutputTokens != 60 || rep.PromptTokens != 84 {
-			t.Fatalf("tokens %d/%d, want 60 output and 84 prompt", rep.OutputTokens, rep.PromptTokens)
+		if rep.OutputTokens != 60 || rep.PromptTokens != 84 || rep.MeanPromptTokens != 7 {
+			t.Fatalf("tokens %d/%d (mean prompt %v), want 60 output and 84 prompt", rep.OutputTokens, rep.PromptTokens, rep.MeanPromptTokens)
 		}
-		if progress != 12 {
-			t.Fatalf("progress ended at %d", progress)
+		if progress != (Tally{Completed: 12, Total: 12}) {
+			t.Fatalf("progress ended at %+v", progress)
 		}
 		if rep.TTFT.P50 <= 0 || rep.E2E.P99 < rep.E2E.P50 || rep.RequestsPerS <= 0 {
 			t.Fatalf("implausible report %+v", rep)
@@ -75,28 +77,33 @@ func TestRunCountsTokensAndLatencies(t *testing.T) {
 func TestRunPoissonAndFailures(t *testing.T) {
 	var hits atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			http.NotFound(w, r)
+			return
+		}
 		hits.Add(1)
 		http.Error(w, `{"error":{"message":"queue full"}}`, http.StatusTooManyRequests)
 	}))
 	defer srv.Close()
 	rep, err := Run(context.Background(), Config{
-		BaseURL: srv.URL, Requests: 4, Concurrency: 2, RequestRate: 1000, PromptWords: 3, OutputTokens: 2, Seed: 1,
+		BaseURL: srv.URL, Requests: 4, Concurrency: 2, RequestRate: 1000, PromptLen: 3, OutputTokens: 2, Seed: 1,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Failed != 4 || rep.Completed != 0 || len(rep.Errors) == 0 || !strings.Contains(rep.Errors[0], "429") {
+	if rep.Failed != 4 || rep.Completed != 0 || rep.Cancelled != 0 || len(rep.Errors) == 0 || !strings.Contains(rep.Errors[0], "429") {
 		t.Fatalf("report %+v", rep)
 	}
 }
 
 func TestConfigErrors(t *testing.T) {
 	for _, c := range []Config{
-		{BaseURL: "ftp://x", Requests: 1, Concurrency: 1, PromptWords: 1, OutputTokens: 1},
-		{BaseURL: "http://x", Requests: 0, Concurrency: 1, PromptWords: 1, OutputTokens: 1},
-		{BaseURL: "http://x", Requests: 1, Concurrency: 0, PromptWords: 1, OutputTokens: 1},
-		{BaseURL: "http://x", Requests: 1, Concurrency: 1, PromptWords: 1, OutputTokens: 0},
-		{BaseURL: "http://x", Requests: 1, Concurrency: 1, PromptWords: 1, OutputTokens: 1, RequestRate: -1},
+		{BaseURL: "ftp://x", Requests: 1, Concurrency: 1, PromptLen: 1, OutputTokens: 1},
+		{BaseURL: "http://x", Requests: 0, Concurrency: 1, PromptLen: 1, OutputTokens: 1},
+		{BaseURL: "http://x", Requests: 1, Concurrency: 0, PromptLen: 1, OutputTokens: 1},
+		{BaseURL: "http://x", Requests: 1, Concurrency: 1, PromptLen: 0, OutputTokens: 1},
+		{BaseURL: "http://x", Requests: 1, Concurrency: 1, PromptLen: 1, OutputTokens: 0},
+		{BaseURL: "http://x", Requests: 1, Concurrency: 1, PromptLen: 1, OutputTokens: 1, RequestRate: -1},
 	} {
 		if _, err := Run(context.Background(), c); !errors.Is(err, ErrConfig) {
 			t.Errorf("%+v: error %v", c, err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -18,16 +19,40 @@ type Stat struct {
 
 // Report is the outcome of a run.
 type Report struct {
-	Endpoint         string   `json:"endpoint"`
-	Concurrency      int      `json:"concurrency"`
-	RequestRate      float64  `json:"request_rate"`
-	Requests         int      `json:"requests"`
-	Completed        int      `json:"completed"`
-	Failed           int      `json:"failed"`
-	Errors           []string `json:"errors,omitempty"`
-	DurationS        float64  `json:"duration_s"`
-	PromptTokens     int      `json:"prompt_tokens"`
-	OutputTokens     int      `json:"output_tokens"`
+	Endpoint    string  `json:"endpoint"`
+	Concurrency int     `json:"concurrency"`
+	RequestRate float64 `json:"request_rate"`
+	// Seed generated the prompts and arrivals; SeedDrawn says it was drawn for this run
+	// (no seed given). Config.Seed = Seed repeats the run's prompts.
+	Seed      int64 `json:"seed"`
+	SeedDrawn bool  `json:"seed_drawn"`
+	// Requests were asked for; each completed, failed, was cancelled in flight by an
+	// interruption, or was not sent because of one.
+	Requests    int      `json:"requests"`
+	Completed   int      `json:"completed"`
+	Failed      int      `json:"failed"`
+	Cancelled   int      `json:"cancelled"`
+	NotSent     int      `json:"not_sent"`
+	Interrupted bool     `json:"interrupted"`
+	Errors      []string `json:"errors,omitempty"`
+	DurationS   float64  `json:"duration_s"`
+	// PromptLen is the prompt length asked for, PromptCountedBy how it was counted
+	// (CountedByServer, CountedByTokenizer or CountedByWords) and PromptBuiltTokens the
+	// mean length the prompts were built to by that count.
+	PromptLen         int     `json:"prompt_len"`
+	PromptCountedBy   string  `json:"prompt_counted_by"`
+	PromptBuiltTokens float64 `json:"prompt_built_tokens_mean"`
+	// PromptTokens and OutputTokens are the completed requests' usage; MeanPromptTokens
+	// is the mean prompt length the server measured.
+	PromptTokens     int     `json:"prompt_tokens"`
+	OutputTokens     int     `json:"output_tokens"`
+	MeanPromptTokens float64 `json:"mean_prompt_tokens"`
+	// CachedTokens are the prompt tokens served from the prefix cache (usage
+	// prompt_tokens_details.cached_tokens), CachedReported how many completed requests
+	// reported them, and CachedShare CachedTokens/PromptTokens, null when none did.
+	CachedTokens     int      `json:"cached_tokens"`
+	CachedReported   int      `json:"cached_reported"`
+	CachedShare      *float64 `json:"cached_share"`
 	RequestsPerS     float64  `json:"requests_per_s"`
 	OutputTokensPerS float64  `json:"output_tokens_per_s"`
 	TotalTokensPerS  float64  `json:"total_tokens_per_s"`
@@ -35,6 +60,7 @@ type Report struct {
 	TPOT             Stat     `json:"tpot"`
 	ITL              Stat     `json:"itl"`
 	E2E              Stat     `json:"e2e_latency"`
+	Warnings         []string `json:"warnings,omitempty"`
 }
 
 func summarize(cfg *Config, samples []sample, elapsed time.Duration) Report {
@@ -43,6 +69,7 @@ func summarize(cfg *Config, samples []sample, elapsed time.Duration) Report {
 		Concurrency: cfg.Concurrency,
 		RequestRate: cfg.RequestRate,
 		Requests:    cfg.Requests,
+		PromptLen:   cfg.promptLen(),
 		DurationS:   elapsed.Seconds(),
 	}
 	if cfg.Chat {
@@ -51,6 +78,10 @@ func summarize(cfg *Config, samples []sample, elapsed time.Duration) Report {
 	var ttft, tpot, itl, e2e []float64
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	for _, s := range samples {
+		if s.cancelled {
+			r.Cancelled++
+			continue
+		}
 		if s.err != nil {
 			r.Failed++
 			if len(r.Errors) < 5 {
@@ -61,6 +92,10 @@ func summarize(cfg *Config, samples []sample, elapsed time.Duration) Report {
 		r.Completed++
 		r.PromptTokens += s.promptTokens
 		r.OutputTokens += s.outputTokens
+		r.CachedTokens += s.cachedTokens
+		if s.hasCached {
+			r.CachedReported++
+		}
 		ttft = append(ttft, ms(s.ttft))
 		e2e = append(e2e, ms(s.e2e))
 		if s.outputTokens > 1 {
@@ -69,6 +104,13 @@ func summarize(cfg *Config, samples []sample, elapsed time.Duration) Report {
 		for _, d := range s.itl {
 			itl = append(itl, ms(d))
 		}
+	}
+	if r.Completed > 0 {
+		r.MeanPromptTokens = float64(r.PromptTokens) / float64(r.Completed)
+	}
+	if r.CachedReported > 0 && r.PromptTokens > 0 {
+		share := float64(r.CachedTokens) / float64(r.PromptTokens)
+		r.CachedShare = &share
 	}
 	if secs := elapsed.Seconds(); secs > 0 {
 		r.RequestsPerS = float64(r.Completed) / secs
@@ -99,9 +141,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 		mode = fmt.Sprintf("Poisson %.2f req/s, concurrency cap %d", r.RequestRate, r.Concurrency)
 	}
 	fmt.Fprintf(tw, "endpoint\t%s (%s)\n", r.Endpoint, mode)
-	fmt.Fprintf(tw, "requests\t%d completed, %d failed of %d\n", r.Completed, r.Failed, r.Requests)
+	if r.SeedDrawn {
+		fmt.Fprintf(tw, "seed\t%d (drawn for this run; --seed %d repeats its prompts)\n", r.Seed, r.Seed)
+	} else {
+		fmt.Fprintf(tw, "seed\t%d\n", r.Seed)
+	}
+	fmt.Fprintf(tw, "requests\t%s\n", r.requestsLine())
 	fmt.Fprintf(tw, "duration\t%.2f s\n", r.DurationS)
+	fmt.Fprintf(tw, "prompts\t%d tokens asked, counted by %s (built %.1f); %.1f tokens mean in usage\n",
+		r.PromptLen, r.PromptCountedBy, r.PromptBuiltTokens, r.MeanPromptTokens)
 	fmt.Fprintf(tw, "tokens\t%d prompt, %d output\n", r.PromptTokens, r.OutputTokens)
+	fmt.Fprintf(tw, "cached\t%s\n", r.cachedLine())
 	fmt.Fprintf(tw, "throughput\t%.2f req/s, %.1f output tok/s, %.1f total tok/s\n", r.RequestsPerS, r.OutputTokensPerS, r.TotalTokensPerS)
 	fmt.Fprintf(tw, "\nlatency (ms)\tmean\tp50\tp90\tp99\n")
 	for _, row := range []struct {
@@ -113,5 +163,34 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, e := range r.Errors {
 		fmt.Fprintf(tw, "error\t%s\n", e)
 	}
+	for _, m := range r.Warnings {
+		fmt.Fprintf(tw, "warning\t%s\n", m)
+	}
 	return tw.Flush()
+}
+
+func (r *Report) requestsLine() string {
+	parts := []string{fmt.Sprintf("%d completed", r.Completed), fmt.Sprintf("%d failed", r.Failed)}
+	if r.Cancelled > 0 || r.Interrupted {
+		parts = append(parts, fmt.Sprintf("%d cancelled", r.Cancelled))
+	}
+	if r.NotSent > 0 || r.Interrupted {
+		parts = append(parts, fmt.Sprintf("%d not sent", r.NotSent))
+	}
+	line := fmt.Sprintf("%s of %d", strings.Join(parts, ", "), r.Requests)
+	if r.Interrupted {
+		line += " (interrupted)"
+	}
+	return line
+}
+
+func (r *Report) cachedLine() string {
+	if r.CachedShare == nil {
+		return "n/a (no response's usage carried prompt_tokens_details.cached_tokens)"
+	}
+	line := fmt.Sprintf("%d of %d prompt tokens (%.1f%%)", r.CachedTokens, r.PromptTokens, 100**r.CachedShare)
+	if r.CachedReported < r.Completed {
+		line += fmt.Sprintf(", reported by %d of %d responses", r.CachedReported, r.Completed)
+	}
+	return line
 }

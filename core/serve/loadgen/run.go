@@ -2,39 +2,24 @@ package loadgen
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 )
 
-// words build the synthetic prompts: common English words, about one token each in
-// byte-level BPE vocabularies.
-var words = strings.Fields(`the of and to in is was for on that with as by at from his her
-it an were are which this be or has had not but first one their its new after who they two
-have been also more other than into time most when would only about over some these many
-city state world year part people during later made found known where like under while
-between three since before however both through water small system group number house`)
-
-// Run sends cfg.Requests requests and returns their report. It returns early with what it
-// measured when ctx is done.
+// Run sends cfg.Requests requests and returns their report. When ctx is done it stops
+// sending, cancels the requests in flight (counted as cancelled, not failed) and returns
+// the report of what it measured with ctx's error.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err := cfg.validate(); err != nil {
 		return Report{}, err
 	}
-	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5e12))
-	prompts := make([]string, cfg.Requests)
-	for i := range prompts {
-		var b strings.Builder
-		for w := 0; w < cfg.PromptWords; w++ {
-			if w > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(words[rng.IntN(len(words))])
-		}
-		prompts[i] = b.String()
+	seedDrawn := cfg.Seed == 0
+	if seedDrawn {
+		cfg.Seed = rand.Int64N(1e9) + 1
 	}
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConns:        cfg.Concurrency,
@@ -43,17 +28,34 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}}
 	defer hc.CloseIdleConnections()
 
+	c, countedBy, warning, err := pickCounter(ctx, hc, &cfg)
+	if err != nil {
+		return Report{}, err
+	}
+	if warning != "" && cfg.Warn != nil {
+		cfg.Warn(warning)
+	}
+	prompts, err := buildPrompts(ctx, c, &cfg)
+	if err != nil {
+		return Report{}, err
+	}
+
 	samples := make([]sample, 0, cfg.Requests)
+	tally := Tally{Total: cfg.Requests}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, cfg.Concurrency)
+	arrivals := rand.New(rand.NewPCG(uint64(cfg.Seed), 0))
+	if cfg.Progress != nil {
+		cfg.Progress(tally)
+	}
 	start := time.Now()
 	next := start
 	sent := 0
 loop:
 	for ; sent < cfg.Requests; sent++ {
 		if cfg.RequestRate > 0 {
-			next = next.Add(time.Duration(rng.ExpFloat64() / cfg.RequestRate * float64(time.Second)))
+			next = next.Add(time.Duration(arrivals.ExpFloat64() / cfg.RequestRate * float64(time.Second)))
 			if d := time.Until(next); d > 0 {
 				select {
 				case <-time.After(d):
@@ -67,21 +69,91 @@ loop:
 		case <-ctx.Done():
 			break loop
 		}
+		if ctx.Err() != nil { // a free slot and a cancellation at once: stop
+			break
+		}
 		wg.Add(1)
 		go func(prompt string) {
 			defer wg.Done()
 			s := send(ctx, hc, &cfg, prompt)
 			<-slots
 			mu.Lock()
+			defer mu.Unlock()
 			samples = append(samples, s)
-			if cfg.Progress != nil {
-				cfg.Progress(len(samples), cfg.Requests)
+			switch {
+			case s.cancelled:
+				tally.Cancelled++
+			case s.err != nil:
+				tally.Failed++
+			default:
+				tally.Completed++
 			}
-			mu.Unlock()
-		}(prompts[sent])
+			if cfg.Progress != nil {
+				cfg.Progress(tally)
+			}
+		}(prompts[sent].text)
 	}
 	wg.Wait()
-	return summarize(&cfg, samples, time.Since(start)), ctx.Err()
+	r := summarize(&cfg, samples, time.Since(start))
+	r.NotSent = cfg.Requests - sent
+	r.Interrupted = ctx.Err() != nil
+	r.Seed, r.SeedDrawn = cfg.Seed, seedDrawn
+	r.PromptCountedBy = countedBy
+	r.PromptBuiltTokens = meanBuilt(prompts)
+	if warning != "" {
+		r.Warnings = append(r.Warnings, warning)
+	}
+	return r, ctx.Err()
+}
+
+// prompt is one generated prompt and its length as the counter measured it.
+type prompt struct {
+	text   string
+	tokens int
+}
+
+// buildPrompts makes cfg.Requests prompts of cfg.promptLen() tokens, from cfg.Seed, on
+// up to cfg.Concurrency goroutines (counting may be a request to the server each time).
+func buildPrompts(ctx context.Context, c counter, cfg *Config) ([]prompt, error) {
+	prompts := make([]prompt, cfg.Requests)
+	errs := make([]error, cfg.Requests)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(cfg.Concurrency, cfg.Requests) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				p := &prompts[i]
+				p.text, p.tokens, errs[i] = buildPrompt(ctx, c, promptRand(cfg.Seed, i), cfg.promptLen())
+			}
+		}()
+	}
+	for i := range prompts {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("build prompts: %w", err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("build prompt %d: %w", i, err)
+		}
+	}
+	return prompts, nil
+}
+
+func meanBuilt(prompts []prompt) float64 {
+	sum := 0
+	for _, p := range prompts {
+		sum += p.tokens
+	}
+	return float64(sum) / float64(len(prompts))
 }
 
 // percentile returns the q-quantile (0..1) of sorted xs by linear interpolation.
