@@ -42,27 +42,27 @@ type Answers struct {
 // ModelAnswer holds the model's dimensions and options; they become the scaffold's
 // config.json and its defaults.
 type ModelAnswer struct {
-	Architecture          string  `toml:"architecture"`
-	ModelType             string  `toml:"model_type"`
-	VocabSize             int     `toml:"vocab_size"`
-	HiddenSize            int     `toml:"hidden_size"`
-	IntermediateSize      int     `toml:"intermediate_size"`
-	NumHiddenLayers       int     `toml:"num_hidden_layers"`
-	NumAttentionHeads     int     `toml:"num_attention_heads"`
-	NumKeyValueHeads      int     `toml:"num_key_value_heads"`
-	HeadDim               int     `toml:"head_dim"`
-	RMSNormEps            float64 `toml:"rms_norm_eps"`
-	RopeTheta             float64 `toml:"rope_theta"`
-	MaxPositionEmbeddings int     `toml:"max_position_embeddings"`
-	TieWordEmbeddings     bool    `toml:"tie_word_embeddings"`
-	AttentionBias         bool    `toml:"attention_bias"`
-	QKNorm                bool    `toml:"qk_norm"`
-	SlidingWindow         int     `toml:"sliding_window"`
-	BOSTokenID            int     `toml:"bos_token_id"`
-	EOSTokenID            int     `toml:"eos_token_id"`
-	DType                 string  `toml:"dtype"`
-	PageTokens            int     `toml:"page_tokens"`
-	Seed                  int64   `toml:"seed"`
+	Architecture          string  `toml:"architecture,omitempty"`
+	ModelType             string  `toml:"model_type,omitempty"`
+	VocabSize             int     `toml:"vocab_size,omitempty"`
+	HiddenSize            int     `toml:"hidden_size,omitempty"`
+	IntermediateSize      int     `toml:"intermediate_size,omitempty"`
+	NumHiddenLayers       int     `toml:"num_hidden_layers,omitempty"`
+	NumAttentionHeads     int     `toml:"num_attention_heads,omitempty"`
+	NumKeyValueHeads      int     `toml:"num_key_value_heads,omitempty"`
+	HeadDim               int     `toml:"head_dim,omitempty"`
+	RMSNormEps            float64 `toml:"rms_norm_eps,omitempty"`
+	RopeTheta             float64 `toml:"rope_theta,omitempty"`
+	MaxPositionEmbeddings int     `toml:"max_position_embeddings,omitempty"`
+	TieWordEmbeddings     bool    `toml:"tie_word_embeddings,omitempty"`
+	AttentionBias         bool    `toml:"attention_bias,omitempty"`
+	QKNorm                bool    `toml:"qk_norm,omitempty"`
+	SlidingWindow         int     `toml:"sliding_window,omitempty"`
+	BOSTokenID            int     `toml:"bos_token_id,omitempty"`
+	EOSTokenID            int     `toml:"eos_token_id,omitempty"`
+	DType                 string  `toml:"dtype,omitempty"`
+	PageTokens            int     `toml:"page_tokens,omitempty"`
+	Seed                  int64   `toml:"seed,omitempty"`
 }
 
 // archRe matches an HF architecture: a Python class name.
@@ -84,6 +84,21 @@ const (
 	minContext    = 64
 	maxPageTokens = 1024
 )
+
+// validateRuntime checks the answers a base with its own config.json reads: the runtime's
+// page size and seed, and the architecture and model_type it records.
+func (m *ModelAnswer) validateRuntime() error {
+	if m.PageTokens <= 0 || m.PageTokens > maxPageTokens {
+		return fmt.Errorf("model.page_tokens %d: want 1 to %d tokens per cache page", m.PageTokens, maxPageTokens)
+	}
+	if m.Seed < 0 {
+		return fmt.Errorf("model.seed %d must not be negative (it seeds a uint64 generator)", m.Seed)
+	}
+	if m.Architecture != "" && !archRe.MatchString(m.Architecture) {
+		return fmt.Errorf("model.architecture %q: want a class name such as DeepseekV4ForCausalLM", m.Architecture)
+	}
+	return nil
+}
 
 // validate checks the model answers for values no model can have.
 func (m *ModelAnswer) validate() error {
@@ -147,9 +162,15 @@ func settable() []string {
 	var keys []string
 	t := reflect.TypeOf(ModelAnswer{})
 	for i := 0; i < t.NumField(); i++ {
-		keys = append(keys, "model."+t.Field(i).Tag.Get("toml"))
+		keys = append(keys, "model."+tomlKey(t.Field(i)))
 	}
 	return keys
+}
+
+// tomlKey is a field's key in resin.toml (its tag without options such as omitempty).
+func tomlKey(f reflect.StructField) string {
+	k, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+	return k
 }
 
 // applySet assigns one --set key=value to the model answers.
@@ -162,7 +183,7 @@ func (m *ModelAnswer) applySet(kv string) error {
 	v := reflect.ValueOf(m).Elem()
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
-		if t.Field(i).Tag.Get("toml") != key {
+		if tomlKey(t.Field(i)) != key {
 			continue
 		}
 		f := v.Field(i)
@@ -262,9 +283,6 @@ func decodeAnswers(data []byte, path string) (*Answers, error) {
 		}
 	default:
 		return nil, bad("layout %q: want \"standalone\" or \"in-tree\"", a.Layout)
-	}
-	if err := a.Model.validate(); err != nil {
-		return nil, bad("%v", err)
 	}
 	return &a, nil
 }

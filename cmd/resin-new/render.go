@@ -31,7 +31,12 @@ type Manifest struct {
 	Summary       string     `toml:"summary"`
 	Architectures []string   `toml:"architectures"`
 	Aliases       []string   `toml:"aliases"`
-	Presets       []Preset   `toml:"preset"`
+	// Config says where a scaffold's config.json comes from: "answers" (rendered from the
+	// model answers, which --set edits; the dense base) or "file" (the base's own
+	// config.json template, or --hf-config's file; the answers then hold only what the
+	// runtime's code takes: page_tokens and seed).
+	Config  string   `toml:"config"`
+	Presets []Preset `toml:"preset"`
 	Files         []FileSpec `toml:"file"`
 }
 
@@ -44,6 +49,7 @@ type Preset struct {
 	QKNorm        bool   `toml:"qk_norm"`
 	AttentionBias bool   `toml:"attention_bias"`
 	SlidingWindow int    `toml:"sliding_window"`
+	PageTokens    int    `toml:"page_tokens"` // 0: the default
 }
 
 // implements reports whether the base computes a config of architecture arch (or, for a
@@ -65,13 +71,31 @@ func (b *Base) modelTypeFor(arch string) string {
 	return ""
 }
 
+// fileConfig reports whether the base's config.json is a file rather than rendered from
+// the answers.
+func (b *Base) fileConfig() bool { return b.Manifest.Config == "file" }
+
+// validateModel checks the model answers as the base reads them.
+func (b *Base) validateModel(m *ModelAnswer) error {
+	if b.fileConfig() {
+		return m.validateRuntime()
+	}
+	return m.validate()
+}
+
 // preset returns the model answers --base name starts from.
 func (b *Base) preset(name string) ModelAnswer {
 	m := defaultModel()
+	if b.fileConfig() {
+		m = ModelAnswer{PageTokens: m.PageTokens, Seed: m.Seed}
+	}
 	for _, p := range b.Manifest.Presets {
 		if p.Name == name {
 			m.Architecture, m.ModelType = p.Architecture, p.ModelType
 			m.QKNorm, m.AttentionBias, m.SlidingWindow = p.QKNorm, p.AttentionBias, p.SlidingWindow
+			if p.PageTokens > 0 {
+				m.PageTokens = p.PageTokens
+			}
 		}
 	}
 	return m
@@ -127,6 +151,13 @@ func loadBases(root fs.FS) ([]*Base, error) {
 		}
 		if und := md.Undecoded(); len(und) > 0 {
 			return nil, fmt.Errorf("base %s: manifest.toml: unknown keys %v", e.Name(), und)
+		}
+		switch b.Manifest.Config {
+		case "":
+			b.Manifest.Config = "answers"
+		case "answers", "file":
+		default:
+			return nil, fmt.Errorf("base %s: manifest.toml: config %q, want \"answers\" or \"file\"", e.Name(), b.Manifest.Config)
 		}
 		for _, p := range b.Manifest.Presets {
 			if p.Name != b.Name && !slices.Contains(b.Manifest.Aliases, p.Name) {

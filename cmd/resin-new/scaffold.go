@@ -58,15 +58,20 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	a.Base = base.Name
 	a.TemplateVersion = base.Manifest.Version
 	for _, kv := range o.sets {
-		if key, _, _ := strings.Cut(kv, "="); hfJSON != nil && !runnerAnswer(key) {
+		key, _, _ := strings.Cut(kv, "=")
+		switch {
+		case hfJSON != nil && !runnerAnswer(key):
 			return fmt.Errorf("--set %s with --hf-config: the runtime reads config.json, which is copied as is; edit %s instead (only %s apply on top of it)",
 				strings.TrimSpace(key), o.hfConfig, strings.Join(runnerAnswers, " and "))
+		case base.fileConfig() && !runnerAnswer(key):
+			return fmt.Errorf("--set %s: base %s takes its dimensions from its config.json (or --hf-config), not from answers; only %s can be set",
+				strings.TrimSpace(key), base.Name, strings.Join(runnerAnswers, " and "))
 		}
 		if err := a.Model.applySet(kv); err != nil {
 			return err
 		}
 	}
-	if err := a.Model.validate(); err != nil {
+	if err := base.validateModel(&a.Model); err != nil {
 		return err
 	}
 
@@ -119,6 +124,7 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	if err != nil {
 		return err
 	}
+	ownConfig := fileContent(rendered, "config.json")
 	if hfJSON != nil {
 		rendered = replaceFile(rendered, Rendered{Path: "config.json", Content: hfJSON, Owner: UserOwned})
 	}
@@ -170,7 +176,7 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 		return err
 	}
 	writes = append(writes, backups...)
-	vp, err := planVerify(a, rendered)
+	vp, err := planVerify(a, base, fileContent(rendered, "config.json"), ownConfig)
 	if err != nil {
 		return err
 	}
@@ -245,6 +251,11 @@ func chooseBase(bases []*Base, o modelOptions, a *Answers) (*Base, []byte, error
 		// As the runtime's ParseConfig does: the architecture names the variant (a Qwen2
 		// config without model_type still has its q/k/v biases).
 		cfg.ModelType = base.modelTypeFor(arch)
+	}
+	if base.fileConfig() {
+		a.Model = base.preset(base.Name)
+		a.Model.Architecture, a.Model.ModelType = arch, cfg.ModelType
+		return base, hfJSON, nil
 	}
 	if a.Model, err = modelFromHF(cfg); err != nil {
 		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
@@ -332,6 +343,16 @@ func newWrite(root string, f Rendered) write {
 		mode = 0o755
 	}
 	return write{path: filepath.Join(root, filepath.FromSlash(f.Path)), content: f.Content, mode: mode, owner: f.Owner}
+}
+
+// fileContent returns the content of the rendered file at path (nil if there is none).
+func fileContent(files []Rendered, path string) []byte {
+	for _, f := range files {
+		if f.Path == path {
+			return f.Content
+		}
+	}
+	return nil
 }
 
 func replaceFile(files []Rendered, f Rendered) []Rendered {

@@ -53,6 +53,9 @@ func updateScaffold(w io.Writer, tfsys fs.FS, o updateOptions) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", AnswersFile, err)
 	}
+	if err := base.validateModel(&a.Model); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, AnswersFile), err)
+	}
 	coreDir, coreErr := findCore(o.core)
 	if a.Layout == "standalone" {
 		// An update renders with the checkout's requirements (it refreshes the vendored core

@@ -35,18 +35,22 @@ func (p verifyPlan) describe() string {
 
 func gib(n int64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
 
-// planVerify estimates the weights of the rendered config.json and checks that the
-// runtime's cache pool holds what --verify generates, before anything is written.
-func planVerify(a *Answers, rendered []Rendered) (verifyPlan, error) {
-	var cfgJSON []byte
-	for _, f := range rendered {
-		if f.Path == "config.json" {
-			cfgJSON = f.Content
-		}
-	}
+// planVerify estimates the weights of the scaffold's config.json and, for the dense base,
+// checks that the runtime's cache pool holds what --verify generates, before anything is
+// written. A config too large for the machine is verified scaled down: the dense base
+// shrinks its dimensions; a base with its own config.json (ownConfig) uses that one, its
+// demo config of the same architecture.
+func planVerify(a *Answers, b *Base, cfgJSON, ownConfig []byte) (verifyPlan, error) {
 	c, err := weights.ParseConfig(cfgJSON)
 	if err != nil {
 		return verifyPlan{}, fmt.Errorf("config.json: %w", err)
+	}
+	if b.fileConfig() {
+		p := verifyPlan{weightBytes: 4 * genericParams(c), budget: verifyBudget()}
+		if p.weightBytes > p.budget {
+			p.scaled, p.scaledDims = ownConfig, "the base's demo config.json"
+		}
+		return p, nil
 	}
 	p := verifyPlan{weightBytes: 4 * denseParams(c), budget: verifyBudget()}
 	layers, kvHeads, headDim := c.NumHiddenLayers, c.NumKeyValueHeads, c.HeadDim
@@ -62,6 +66,38 @@ func planVerify(a *Answers, rendered []Rendered) (verifyPlan, error) {
 		return verifyPlan{}, fmt.Errorf("model.page_tokens %d: the runtime's default 256 MiB cache cannot hold one sequence (%v)", a.Model.PageTokens, err)
 	}
 	return p, nil
+}
+
+// genericParams estimates the parameters of a decoder config of any family from the keys
+// HF configs share: embeddings and head, four hidden² attention projections per layer, and
+// the MLP: routed experts (n_routed_experts, num_local_experts or num_experts, of
+// moe_intermediate_size) plus shared experts, or a dense MLP of intermediate_size. An
+// estimate: it decides whether --verify can build the config's random weights.
+func genericParams(c *weights.Config) int64 {
+	num := func(keys ...string) int64 {
+		for _, k := range keys {
+			if v, ok := c.Raw[k]; ok {
+				if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+					return n
+				}
+			}
+		}
+		return 0
+	}
+	h, v := int64(c.HiddenSize), int64(c.VocabSize)
+	mlp := 3 * h * int64(c.IntermediateSize)
+	if e := num("n_routed_experts", "num_local_experts", "num_experts"); e > 0 {
+		w := num("moe_intermediate_size")
+		if w == 0 {
+			w = int64(c.IntermediateSize)
+		}
+		mlp = (e + num("n_shared_experts", "num_shared_experts")) * 3 * h * w
+	}
+	n := v*h + int64(c.NumHiddenLayers)*(4*h*h+mlp)
+	if !c.TieWordEmbeddings {
+		n += v * h
+	}
+	return n
 }
 
 // denseParams counts the parameters of a dense decoder config.
