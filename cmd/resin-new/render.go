@@ -27,17 +27,17 @@ const (
 
 // Manifest is a base's manifest.toml.
 type Manifest struct {
-	Version       string     `toml:"version"`
-	Summary       string     `toml:"summary"`
-	Architectures []string   `toml:"architectures"`
-	Aliases       []string   `toml:"aliases"`
+	Version       string   `toml:"version"`
+	Summary       string   `toml:"summary"`
+	Architectures []string `toml:"architectures"`
+	Aliases       []string `toml:"aliases"`
 	// Config says where a scaffold's config.json comes from: "answers" (rendered from the
 	// model answers, which --set edits; the dense base) or "file" (the base's own
 	// config.json template, or --hf-config's file; the answers then hold only what the
 	// runtime's code takes: page_tokens and seed).
-	Config  string   `toml:"config"`
-	Presets []Preset `toml:"preset"`
-	Files         []FileSpec `toml:"file"`
+	Config  string     `toml:"config"`
+	Presets []Preset   `toml:"preset"`
+	Files   []FileSpec `toml:"file"`
 }
 
 // Preset is what a base name or alias means without --hf-config: `--base qwen3` starts
