@@ -84,6 +84,8 @@ type Server struct {
 	metrics  *httpMetrics
 	mux      *http.ServeMux
 	prompts  promptLimits
+	// conns is Serve's connection cap, while it serves with one (tests look at it).
+	conns atomic.Pointer[limitListener]
 	// encode tokenizes prompts: the tokenizer's Encode (tests count what it sees).
 	encode func(text string, addSpecial bool) ([]int32, error)
 }
@@ -338,7 +340,9 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) error {
 // Serve returns.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.cfg.MaxConnections > 0 {
-		ln = newLimitListener(ln, s.cfg.MaxConnections)
+		ll := newLimitListener(ln, s.cfg.MaxConnections)
+		s.conns.Store(ll)
+		ln = ll
 	}
 	hs := s.httpServer()
 	errc := make(chan error, 1)
