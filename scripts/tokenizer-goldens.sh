@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/tokenizer-goldens.sh: regenerates core/tokenizer's goldens with the reference
 # implementations: token ids and decoded text from the Hugging Face `tokenizers` package,
-# rendered chat prompts from transformers' apply_chat_template.
+# rendered chat prompts from transformers' apply_chat_template (the tokenizers' own templates
+# and the tool-calling templates in core/tokenizer/testdata/templates), and Python Jinja2's
+# output for the Jinja semantics cases (testdata/jinja.golden.json).
 #
 #   scripts/tokenizer-goldens.sh            # goldens for every tokenizer
 #   scripts/tokenizer-goldens.sh --retrain  # also retrain the small committed tokenizer

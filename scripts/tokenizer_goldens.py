@@ -114,6 +114,9 @@ def golden(name, tok_path, cfg_path, out_dir):
                                             **chat.get("kwargs", {}))
             chats.append({**chat, "prompt": prompt,
                           "ids": tok.encode(prompt, add_special_tokens=False).ids})
+        special = dict(hf.special_tokens_map)
+        for chat in render_tool_chats(cfg["chat_template"], special):
+            chats.append({**chat, "ids": tok.encode(chat["prompt"], add_special_tokens=False).ids})
     doc = {
         "name": name,
         "tokenizer_sha256": sha256(tok_path),
@@ -170,6 +173,129 @@ def jinja_golden(out_dir):
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"jinja: {len(cases)} cases")
+
+
+# Tool-calling conversations. Tools and messages are JSON text, parsed here as a server
+# parses a request, so numbers keep the spelling a client sends (1.0, 1E5, integers past
+# int64) and the Go side reads the same text.
+TOOLS_JSON = """[
+ {"type": "function", "function": {"name": "get_weather",
+  "description": "Current weather for a city, in °C. Use it when 0 < days < 8 & the user asks.",
+  "parameters": {"type": "object", "properties": {
+   "city": {"type": "string", "description": "City name, e.g. <Paris>"},
+   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+   "days": {"type": "integer", "minimum": 1, "maximum": 1E5, "default": 1.0}},
+   "required": ["city"]}}},
+ {"type": "function", "function": {"name": "search",
+  "description": "Search the <web> for \\"quoted\\" text.",
+  "parameters": {"type": "object", "properties": {
+   "query": {"type": "string"},
+   "filters": {"type": "object", "properties": {
+    "max_id": {"type": "integer", "maximum": 12345678901234567890123},
+    "score": {"type": "number", "minimum": 0.0, "maximum": 2.5e-3},
+    "tags": {"type": "array", "items": {"type": "string"}}}}},
+   "required": ["query"]}}}
+]"""
+
+
+def tool_call_messages(arguments_as_string):
+    args = '{"city": "Paris", "days": 3, "unit": "celsius"}'
+    if arguments_as_string:
+        args = json.dumps(args)
+    return """[
+ {"role": "system", "content": "You can call tools."},
+ {"role": "user", "content": "Weather in Paris for 3 days, and search <news>?"},
+ {"role": "assistant", "content": "", "tool_calls": [
+  {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": %s}},
+  {"id": "call_2", "type": "function", "function": {"name": "search", "arguments": %s}}]},
+ {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\\"temp\\": 21.5, \\"sky\\": \\"clear\\"}"},
+ {"role": "tool", "tool_call_id": "call_2", "name": "search", "content": "No <news> today."},
+ {"role": "assistant", "content": "It is 21.5 °C and clear; no news."},
+ {"role": "user", "content": "Thanks!"}
+]""" % (args, json.dumps('{"query": "news", "filters": {"score": 1.0}}') if arguments_as_string
+         else '{"query": "news", "filters": {"score": 1.0}}')
+
+
+TOOL_CHATS = [
+    {"messages_json": '[{"role": "user", "content": "Weather in Paris?"}]', "tools_json": TOOLS_JSON,
+     "add_generation_prompt": True},
+    {"messages_json": tool_call_messages(False), "tools_json": TOOLS_JSON, "add_generation_prompt": True},
+    {"messages_json": tool_call_messages(True), "tools_json": TOOLS_JSON, "add_generation_prompt": True},
+    {"messages_json": """[{"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_9", "type": "function",
+       "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 1E5, "ratio": 1.0, "id": 12345678901234567890123}}}]},
+      {"role": "tool", "tool_call_id": "call_9", "content": "-3 °C <snow>"}]""", "tools_json": TOOLS_JSON,
+     "add_generation_prompt": True},
+    {"messages_json": """[{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+      {"role": "user", "content": [{"type": "text", "text": "Describe this:"}, {"type": "text", "text": "a <b> tag."}]}]""",
+     "add_generation_prompt": True},
+    {"messages_json": """[{"role": "user", "content": "2+2?"},
+      {"role": "assistant", "content": "4", "reasoning_content": "Two plus two is four."},
+      {"role": "user", "content": "3+3?"}]""", "add_generation_prompt": True},
+]
+
+# vLLM's rule for content given as a list of parts: a template that loops over a
+# message's content gets the list ("openai"), any other gets the text parts joined with
+# newlines ("string"). core/tokenizer's ContentFormat implements the same test.
+OPENAI_CONTENT = __import__("re").compile(
+    r"""\{%-?\s*for\s+\w+\s+in\s+\w+(?:\.content\b|\[\s*['"]content['"]\s*\])""")
+
+
+def content_format(template):
+    return "openai" if OPENAI_CONTENT.search(template) else "string"
+
+
+def flatten_content(messages, fmt):
+    if fmt == "openai":
+        return messages
+    out = []
+    for m in messages:
+        if isinstance(m.get("content"), list):
+            m = {**m, "content": "\n".join(p["text"] for p in m["content"] if p.get("type") == "text")}
+        out.append(m)
+    return out
+
+
+def render_tool_chats(template, special, kwargs=None):
+    """Renders TOOL_CHATS with transformers' render_jinja_template; chats the template
+    rejects (raise_exception, a string concatenated to a dict) are left out."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+    fmt = content_format(template)
+    out = []
+    for chat in TOOL_CHATS:
+        messages = flatten_content(json.loads(chat["messages_json"]), fmt)
+        tools = json.loads(chat["tools_json"]) if "tools_json" in chat else None
+        kw = {**special, **(kwargs or {})}
+        try:
+            prompt = render_jinja_template([messages], tools=tools, chat_template=template,
+                                           add_generation_prompt=chat["add_generation_prompt"], **kw)[0][0]
+        except Exception as e:
+            print(f"   left out (Python: {type(e).__name__}: {e})")
+            continue
+        out.append({**chat, "kwargs": kwargs or {}, "content_format": fmt, "prompt": prompt})
+    return out
+
+
+# Real chat templates of tool-calling models, from the testdata of github.com/ardanlabs/jinja
+# v1.8.0 (copied there from the models' GGUF files), kept in core/tokenizer/testdata/templates.
+def template_goldens(out_dir):
+    tdir = os.path.join(out_dir, "templates")
+    special = {"bos_token": "<|bos|>", "eos_token": "<|eos|>"}
+    for fname in sorted(os.listdir(tdir)):
+        if not fname.endswith(".jinja"):
+            continue
+        src = open(os.path.join(tdir, fname), encoding="utf-8").read()
+        name = fname[:-len(".jinja")]
+        print(name)
+        kwargs = {"date_string": "26 Jul 2024"}
+        chats = render_tool_chats(src, special, kwargs)
+        doc = {"template": fname, "template_sha256": hashlib.sha256(src.encode()).hexdigest(),
+               "reference": "transformers %s" % __import__("transformers").__version__,
+               "special_tokens": special, "chats": chats}
+        with open(os.path.join(out_dir, name + ".template.golden.json"), "w", encoding="utf-8") as f:
+            json.dump(doc, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        print(f"{name}: {len(chats)} chats")
 
 
 TINY_TEMPLATE = (
@@ -243,6 +369,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     jinja_golden(a.out)
+    template_goldens(a.out)
     tiny = a.tiny
     if a.retrain or not os.path.exists(os.path.join(tiny, "tokenizer.json")):
         train_tiny(tiny)

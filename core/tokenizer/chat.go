@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 
 	"github.com/resin-llm/resin/core/tokenizer/internal/jinja"
 )
@@ -14,7 +15,24 @@ type ChatTemplate struct {
 	source string
 	tmpl   *jinja.Template
 	tokens map[string]string // bos_token, eos_token, ... as the template sees them
+	format ContentFormat
 }
+
+// ContentFormat is how a template receives a message content given as a list of parts,
+// decided as vLLM's --chat-template-content-format auto does.
+type ContentFormat string
+
+const (
+	// ContentString joins the text parts with newlines into one string: templates that
+	// print message.content would otherwise print the list's Python repr.
+	ContentString ContentFormat = "string"
+	// ContentOpenAI passes the list of parts ({"type": "text", "text": ...}) through,
+	// for templates that loop over a message's content.
+	ContentOpenAI ContentFormat = "openai"
+)
+
+// loopsOverContent finds `{% for x in message.content %}` or `in message['content']`.
+var loopsOverContent = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+\w+(?:\.content\b|\[\s*['"]content['"]\s*\])`)
 
 // ChatOptions are the variables besides messages that chat templates read.
 type ChatOptions struct {
@@ -69,15 +87,28 @@ func NewChatTemplate(source string) (*ChatTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compile chat template: %w", err)
 	}
-	return &ChatTemplate{source: source, tmpl: tmpl, tokens: map[string]string{}}, nil
+	format := ContentString
+	if loopsOverContent.MatchString(source) {
+		format = ContentOpenAI
+	}
+	return &ChatTemplate{source: source, tmpl: tmpl, tokens: map[string]string{}, format: format}, nil
 }
 
 // Source returns the template text.
 func (c *ChatTemplate) Source() string { return c.source }
 
+// ContentFormat reports how the template receives content given as a list of parts.
+func (c *ChatTemplate) ContentFormat() ContentFormat { return c.format }
+
+// SetSpecialToken sets a variable such as bos_token that the template reads.
+func (c *ChatTemplate) SetSpecialToken(name, content string) { c.tokens[name] = content }
+
 // Render formats messages (each a map with "role" and "content", and whatever else the
-// template reads, such as "tool_calls") into a prompt string. Values may be
-// json.RawMessage, which keeps JSON key order.
+// template reads, such as "tool_calls") into a prompt string, as transformers'
+// apply_chat_template does: tools and documents are none when absent, and a message's
+// reasoning_content, thinking or reasoning is also given as reasoning_content and
+// thinking. Values may be json.RawMessage, which keeps JSON key order and number
+// spelling. Content given as a list of parts follows ContentFormat.
 func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (string, error) {
 	data := make(map[string]jinja.Value, len(c.tokens)+len(opts.Extra)+3)
 	for k, v := range c.tokens {
@@ -94,8 +125,13 @@ func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (stri
 	if err != nil {
 		return "", fmt.Errorf("render chat template: messages: %w", err)
 	}
-	data["messages"] = msgs
+	data["messages"] = prepareMessages(msgs, c.format)
 	data["add_generation_prompt"] = jinja.NewBool(opts.AddGenerationPrompt)
+	for _, k := range []string{"tools", "documents"} {
+		if _, ok := data[k]; !ok {
+			data[k] = jinja.None()
+		}
+	}
 	if opts.Tools != nil {
 		tools, err := toValue(opts.Tools)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/resin-llm/resin/core/tokenizer/internal/jinja"
 )
@@ -102,4 +103,70 @@ func decodeValue(dec *json.Decoder) (jinja.Value, error) {
 		return jinja.FromGoValue(t), nil
 	}
 	return jinja.FromGoValue(tok), nil
+}
+
+// reasoningFields are the names transformers accepts for a message's reasoning, in order.
+var reasoningFields = []string{"reasoning_content", "thinking", "reasoning"}
+
+// prepareMessages applies transformers' and vLLM's message preparation to converted
+// messages: content parts joined for ContentString templates, reasoning aliased as
+// {"thinking": r, ...message, "reasoning_content": r}.
+func prepareMessages(msgs jinja.Value, format ContentFormat) jinja.Value {
+	if !msgs.IsList() {
+		return msgs
+	}
+	out := make([]jinja.Value, len(msgs.AsList().Items))
+	for i, m := range msgs.AsList().Items {
+		out[i] = m
+		if !m.IsDict() {
+			continue
+		}
+		d := m.AsDict()
+		content, hasContent := d.Get("content")
+		joinParts := format == ContentString && hasContent && content.IsList()
+		var reasoning jinja.Value
+		for _, k := range reasoningFields {
+			if v, ok := d.Get(k); ok && !v.IsNone() {
+				reasoning = v
+				break
+			}
+		}
+		alias := !reasoning.IsUndefined()
+		if !joinParts && !alias {
+			continue
+		}
+		nd := jinja.NewDict()
+		if alias {
+			nd.AsDict().Set("thinking", reasoning)
+		}
+		for _, k := range d.OrderedKeys() {
+			v, _ := d.Get(k)
+			nd.AsDict().Set(k, v)
+		}
+		if alias {
+			nd.AsDict().Set("reasoning_content", reasoning)
+		}
+		if joinParts {
+			nd.AsDict().Set("content", jinja.NewString(joinTextParts(content)))
+		}
+		out[i] = nd
+	}
+	return jinja.NewList(out)
+}
+
+// joinTextParts joins the text of the {"type": "text"} parts with newlines, as vLLM does
+// for templates that print content as a string.
+func joinTextParts(parts jinja.Value) string {
+	var texts []string
+	for _, p := range parts.AsList().Items {
+		if !p.IsDict() {
+			continue
+		}
+		typ, _ := p.AsDict().Get("type")
+		text, ok := p.AsDict().Get("text")
+		if ok && text.IsString() && (typ.IsUndefined() || typ.IsString() && typ.AsString() == "text") {
+			texts = append(texts, text.AsString())
+		}
+	}
+	return strings.Join(texts, "\n")
 }

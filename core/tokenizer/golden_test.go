@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -18,13 +19,50 @@ type goldenCase struct {
 	DecodedSkipSpecial string  `json:"decoded_skip_special"`
 }
 
+// goldenChat is a conversation rendered by transformers. Tool-calling chats carry their
+// messages and tools as JSON text (messages_json, tools_json) so that numbers reach the
+// template with the spelling a client sent.
 type goldenChat struct {
-	Messages            []map[string]any  `json:"messages"`
-	AddGenerationPrompt bool              `json:"add_generation_prompt"`
-	Tools               []json.RawMessage `json:"tools"`
-	Kwargs              map[string]any    `json:"kwargs"`
-	Prompt              string            `json:"prompt"`
-	IDs                 []int32           `json:"ids"`
+	Messages            []map[string]json.RawMessage `json:"messages"`
+	MessagesJSON        string                       `json:"messages_json"`
+	AddGenerationPrompt bool                         `json:"add_generation_prompt"`
+	Tools               []json.RawMessage            `json:"tools"`
+	ToolsJSON           string                       `json:"tools_json"`
+	Kwargs              map[string]json.RawMessage   `json:"kwargs"`
+	ContentFormat       ContentFormat                `json:"content_format"`
+	Prompt              string                       `json:"prompt"`
+	IDs                 []int32                      `json:"ids"`
+}
+
+// render renders c with ct as the server would: messages and tools as raw JSON.
+func (c goldenChat) render(t *testing.T, ct *ChatTemplate) (string, error) {
+	t.Helper()
+	msgs, tools := c.Messages, c.Tools
+	if c.MessagesJSON != "" {
+		if err := json.Unmarshal([]byte(c.MessagesJSON), &msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.ToolsJSON != "" {
+		if err := json.Unmarshal([]byte(c.ToolsJSON), &tools); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.ContentFormat != "" && c.ContentFormat != ct.ContentFormat() {
+		t.Errorf("content format %s, transformers was given %s", ct.ContentFormat(), c.ContentFormat)
+	}
+	messages := make([]map[string]any, len(msgs))
+	for i, m := range msgs {
+		messages[i] = make(map[string]any, len(m))
+		for k, v := range m {
+			messages[i][k] = v
+		}
+	}
+	extra := make(map[string]any, len(c.Kwargs))
+	for k, v := range c.Kwargs {
+		extra[k] = v
+	}
+	return ct.Render(messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Tools: rawTools(tools), Extra: extra})
 }
 
 type goldenFile struct {
@@ -127,7 +165,7 @@ func TestGoldens(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, c := range g.Chats {
-				prompt, err := ct.Render(c.Messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Tools: rawTools(c.Tools), Extra: c.Kwargs})
+				prompt, err := c.render(t, ct)
 				if err != nil {
 					t.Errorf("chat %d: %v", i, err)
 					continue
@@ -161,4 +199,63 @@ func rawTools(tools []json.RawMessage) []any {
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// TestTemplateGoldens renders the committed chat templates of tool-calling models
+// (testdata/templates) and compares with transformers' prompts.
+func TestTemplateGoldens(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "*.template.golden.json"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no template goldens in testdata: %v", err)
+	}
+	for _, path := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(path), ".template.golden.json"), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var g struct {
+				Template      string            `json:"template"`
+				SHA256        string            `json:"template_sha256"`
+				SpecialTokens map[string]string `json:"special_tokens"`
+				Chats         []goldenChat      `json:"chats"`
+			}
+			if err := json.Unmarshal(data, &g); err != nil {
+				t.Fatal(err)
+			}
+			src, err := os.ReadFile(filepath.Join("testdata", "templates", g.Template))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum := sha256.Sum256(src); hex.EncodeToString(sum[:]) != g.SHA256 {
+				t.Fatalf("%s changed since the golden was made: rerun scripts/tokenizer-goldens.sh", g.Template)
+			}
+			ct, err := NewChatTemplate(string(src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range g.SpecialTokens {
+				ct.SetSpecialToken(k, v)
+			}
+			for i, c := range g.Chats {
+				prompt, err := c.render(t, ct)
+				if err != nil {
+					t.Errorf("chat %d: %v", i, err)
+					continue
+				}
+				if prompt != c.Prompt {
+					t.Errorf("chat %d: rendered\n%s\nwant\n%s\nfirst difference at byte %d", i, prompt, c.Prompt, firstDiff(prompt, c.Prompt))
+				}
+			}
+		})
+	}
+}
+
+func firstDiff(a, b string) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }

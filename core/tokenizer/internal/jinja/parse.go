@@ -888,38 +888,23 @@ func applyTrimming(segs []segment) {
 	// the same effect by handling every tag's LEFT side first, then
 	// every tag's RIGHT side.
 
-	// Pass 1: left side of every tag.
+	// Pass 1: left side of every tag. Whitespace control reaches only the text right
+	// next to the tag, as in Jinja2's lexer (resin's change: upstream looked past
+	// expressions for the nearest text and trimmed "Effort: " in
+	// "Effort: {{ x }}{%- endif %}").
 	for i := range segs {
 		seg := &segs[i]
 		applyDefaults := seg.kind == segStmt || seg.kind == segComment
-
+		if i == 0 || segs[i-1].kind != segText {
+			continue
+		}
+		prev := &segs[i-1]
 		switch {
 		case seg.trimLeft:
-			for j := i - 1; j >= 0; j-- {
-				if segs[j].kind == segText {
-					segs[j].text = trimTrailingWhitespace(segs[j].text)
-					break
-				}
-			}
+			prev.text = trimTrailingWhitespace(prev.text)
 		case applyDefaults:
-			for j := i - 1; j >= 0; j-- {
-				if segs[j].kind == segText {
-					// Treat the very first text segment in the
-					// template as if it were preceded by a newline
-					// (start of file == start of line) so that a
-					// template that opens with `   {% if %}...`
-					// strips the indentation, matching Jinja2.
-					isFirstText := true
-					for k := j - 1; k >= 0; k-- {
-						if segs[k].kind == segText {
-							isFirstText = false
-							break
-						}
-					}
-					segs[j].text = lstripBlock(segs[j].text, isFirstText)
-					break
-				}
-			}
+			// The start of the template counts as the start of a line.
+			prev.text = lstripBlock(prev.text, i-1 == 0)
 		}
 	}
 
@@ -927,22 +912,15 @@ func applyTrimming(segs []segment) {
 	for i := range segs {
 		seg := &segs[i]
 		applyDefaults := seg.kind == segStmt || seg.kind == segComment
-
+		if i+1 == len(segs) || segs[i+1].kind != segText {
+			continue
+		}
+		next := &segs[i+1]
 		switch {
 		case seg.trimRight:
-			for j := i + 1; j < len(segs); j++ {
-				if segs[j].kind == segText {
-					segs[j].text = trimLeadingWhitespace(segs[j].text)
-					break
-				}
-			}
+			next.text = trimLeadingWhitespace(next.text)
 		case applyDefaults:
-			for j := i + 1; j < len(segs); j++ {
-				if segs[j].kind == segText {
-					segs[j].text = trimBlockNewline(segs[j].text)
-					break
-				}
-			}
+			next.text = trimBlockNewline(next.text)
 		}
 	}
 }
