@@ -27,7 +27,7 @@ func newRootCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetOut(stdout)
-	root.AddCommand(newModelCmd(stdout, tfs), newUpdateCmd(stdout, tfs), newListCmd(stdout, tfs), newCheckCmd(stdout))
+	root.AddCommand(newModelCmd(stdout, tfs), newUpdateCmd(stdout, tfs), newListCmd(stdout, tfs), newCheckCmd(stdout), newExtractBaseCmd(stdout))
 	return root
 }
 
@@ -147,6 +147,18 @@ func newCheckCmd(stdout io.Writer) *cobra.Command {
 	cmd.Flags().BoolVar(&list, "list", false, "list the items without running them")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "limit for each item's command")
 	return cmd
+}
+
+func newExtractBaseCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:    "extract-base MODEL_DIR OUT_DIR",
+		Short:  "Turn an in-tree model into a base's templates (maintainers: make a reference model a --base)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return extractBase(stdout, args[0], args[1])
+		},
+	}
 }
 
 func main() {
