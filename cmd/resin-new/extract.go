@@ -47,6 +47,10 @@ func extractBase(w io.Writer, modelDir, out string) error {
 		if err != nil {
 			return err
 		}
+		if bytes.IndexByte(data, 0) >= 0 {
+			fmt.Fprintf(w, "skip %s: a binary file (a test binary or profile?), not a template\n", r)
+			return nil
+		}
 		tmpl := templatize(data, a)
 		dst := strings.ReplaceAll(r, "cmd/"+a.Name+"/", "cmd/") + ".tmpl"
 		if err := os.MkdirAll(filepath.Join(out, filepath.Dir(dst)), 0o755); err != nil {
