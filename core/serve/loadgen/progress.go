@@ -92,7 +92,7 @@ func (p *Progress) write(now time.Time, tenth int) {
 		filled := width * t.Done() / max(t.Total, 1)
 		fmt.Fprintf(p.w, "\r[%s%s] %d/%d%s  %.1f req/s\x1b[K", strings.Repeat("=", filled), strings.Repeat(" ", width-filled), t.Done(), t.Total, problems, rate)
 	} else {
-		fmt.Fprintf(p.w, "progress: %d/%d requests (%d%%)%s, %.1f req/s, %.0f s\n",
+		fmt.Fprintf(p.w, "progress: %d/%d requests (%d%%)%s, %.1f req/s, %.1f s\n",
 			t.Done(), t.Total, 100*t.Done()/max(t.Total, 1), problems, rate, elapsed.Seconds())
 	}
 	p.last, p.lastTenth, p.written = now, tenth, true

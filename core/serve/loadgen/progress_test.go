@@ -27,7 +27,7 @@ func TestProgressLinesWhenNotTerminal(t *testing.T) {
 		if len(lines) != 10 || strings.Contains(out.String(), "\r") {
 			t.Fatalf("%d lines, want 10 plain ones:\n%s", len(lines), out.String())
 		}
-		if lines[0] != "progress: 10/100 requests (10%), 100.0 req/s, 0 s" || !strings.HasPrefix(lines[9], "progress: 100/100 requests (100%)") {
+		if lines[0] != "progress: 10/100 requests (10%), 100.0 req/s, 0.1 s" || !strings.HasPrefix(lines[9], "progress: 100/100 requests (100%)") {
 			t.Fatalf("lines:\n%s", out.String())
 		}
 	})
@@ -43,11 +43,11 @@ func TestProgressLinesWhenNotTerminal(t *testing.T) {
 		}
 		p.Finish() // interrupted: the latest tally is written once more
 		want := []string{
-			"progress: 5/1000 requests (0%), 1.0 req/s, 5 s",
-			"progress: 11/1000 requests (1%), 1 failed, 1.1 req/s, 10 s",
-			"progress: 16/1000 requests (1%), 1 failed, 1.1 req/s, 15 s",
-			"progress: 22/1000 requests (2%), 2 failed, 1.1 req/s, 20 s",
-			"progress: 24/1000 requests (2%), 2 failed, 1.1 req/s, 22 s",
+			"progress: 5/1000 requests (0%), 1.0 req/s, 5.0 s",
+			"progress: 11/1000 requests (1%), 1 failed, 1.1 req/s, 10.0 s",
+			"progress: 16/1000 requests (1%), 1 failed, 1.1 req/s, 15.0 s",
+			"progress: 22/1000 requests (2%), 2 failed, 1.1 req/s, 20.0 s",
+			"progress: 24/1000 requests (2%), 2 failed, 1.1 req/s, 22.0 s",
 		}
 		if got := strings.TrimSuffix(out.String(), "\n"); got != strings.Join(want, "\n") {
 			t.Fatalf("got\n%s\nwant\n%s", got, strings.Join(want, "\n"))

@@ -21,16 +21,20 @@ func promptRand(seed int64, i int) *rand.Rand {
 	return rand.New(rand.NewPCG(uint64(seed), 0x9e3779b97f4a7c15^uint64(i)))
 }
 
-// buildPrompt returns random words whose count under c is target, and that count. When
-// no run of words ends exactly on target (the last word needed takes more tokens than are
-// missing and no other word fills the gap), it returns the words whose count is nearest,
+// buildPrompt returns random words whose count under c is target, and that count. It
+// starts from guess words (0: target) and narrows down on prefixes of the words. When no
+// prefix ends exactly on target (the last word needed takes more tokens than are missing
+// and no other word fills the gap), it returns the words whose count is nearest,
 // preferring fewer tokens.
 //
-// Counting the words one prefix at a time rather than adding per-word counts keeps the
-// result exact for tokenizers whose tokens cross word boundaries.
-func buildPrompt(ctx context.Context, c counter, rng *rand.Rand, target int) (string, int, error) {
-	ws := make([]string, 0, target)
-	for range target {
+// Counting whole prefixes rather than adding per-word counts keeps the result exact for
+// tokenizers whose tokens cross word boundaries.
+func buildPrompt(ctx context.Context, c counter, rng *rand.Rand, target, guess int) (string, int, error) {
+	if guess <= 0 {
+		guess = target
+	}
+	ws := make([]string, 0, guess)
+	for range guess {
 		ws = append(ws, words[rng.IntN(len(words))])
 	}
 	counts := map[int]int{}
@@ -62,13 +66,15 @@ func buildPrompt(ctx context.Context, c counter, rng *rand.Rand, target int) (st
 			return "", 0, err
 		}
 	}
-	// Narrow to hi = lo+1 with count(lo) < target <= count(hi), interpolating on even steps
-	// and halving on odd ones so that an uneven tokenizer cannot slow it down much.
-	for step := 0; hi-lo > 1; step++ {
+	// Narrow to hi = lo+1 with count(lo) < target <= count(hi) by interpolation, halving
+	// instead after a step that did not halve the interval, so that an uneven tokenizer
+	// cannot slow it down much.
+	for width := 2 * (hi - lo); hi-lo > 1; {
 		k := lo + (hi-lo)/2
-		if step%2 == 0 && hiN > loN {
+		if 2*(hi-lo) <= width && hiN > loN {
 			k = lo + (target-loN)*(hi-lo)/(hiN-loN)
 		}
+		width = hi - lo
 		k = min(max(k, lo+1), hi-1)
 		n, err := countPrefix(k)
 		if err != nil {

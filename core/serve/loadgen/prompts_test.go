@@ -148,8 +148,9 @@ func TestBuildPromptHitsTheTarget(t *testing.T) {
 	}
 	for name, c := range counters {
 		for _, target := range []int{1, 7, 64, 300} {
-			for i := range 5 {
-				text, n, err := buildPrompt(context.Background(), c, promptRand(9, i), target)
+			for i := range 6 {
+				guess := []int{0, 1, target / 3, 3 * target}[i%4] // near or far from the answer
+				text, n, err := buildPrompt(context.Background(), c, promptRand(9, i), target, guess)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -168,7 +169,7 @@ func TestBuildPromptHitsTheTarget(t *testing.T) {
 func TestBuildPromptNearestWhenNoWordFits(t *testing.T) {
 	// Every word takes two tokens after a start token: even targets cannot be met.
 	c := countFunc(func(s string) int { return 1 + 2*len(strings.Fields(s)) })
-	text, n, err := buildPrompt(context.Background(), c, promptRand(1, 0), 10)
+	text, n, err := buildPrompt(context.Background(), c, promptRand(1, 0), 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

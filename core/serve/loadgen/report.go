@@ -186,7 +186,7 @@ func (r *Report) requestsLine() string {
 
 func (r *Report) cachedLine() string {
 	if r.CachedShare == nil {
-		return "n/a (no response's usage carried prompt_tokens_details.cached_tokens)"
+		return "n/a (no usage carried prompt_tokens_details.cached_tokens: the server does not report it, or omits it when nothing was cached)"
 	}
 	line := fmt.Sprintf("%d of %d prompt tokens (%.1f%%)", r.CachedTokens, r.PromptTokens, 100**r.CachedShare)
 	if r.CachedReported < r.Completed {

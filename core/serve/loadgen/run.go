@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -112,24 +113,30 @@ type prompt struct {
 	tokens int
 }
 
-// buildPrompts makes cfg.Requests prompts of cfg.promptLen() tokens, from cfg.Seed, on
-// up to cfg.Concurrency goroutines (counting may be a request to the server each time).
+// buildPrompts makes cfg.Requests prompts of cfg.promptLen() tokens from cfg.Seed. The
+// first one gives the number of words the others start from; they are built on up to
+// cfg.Concurrency goroutines (counting may be a request to the server each time).
 func buildPrompts(ctx context.Context, c counter, cfg *Config) ([]prompt, error) {
 	prompts := make([]prompt, cfg.Requests)
 	errs := make([]error, cfg.Requests)
+	build := func(i, guess int) {
+		p := &prompts[i]
+		p.text, p.tokens, errs[i] = buildPrompt(ctx, c, promptRand(cfg.Seed, i), cfg.promptLen(), guess)
+	}
+	build(0, 0)
+	guess := len(strings.Fields(prompts[0].text))
 	next := make(chan int)
 	var wg sync.WaitGroup
-	for range min(cfg.Concurrency, cfg.Requests) {
+	for range min(cfg.Concurrency, cfg.Requests-1) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				p := &prompts[i]
-				p.text, p.tokens, errs[i] = buildPrompt(ctx, c, promptRand(cfg.Seed, i), cfg.promptLen())
+				build(i, guess)
 			}
 		}()
 	}
-	for i := range prompts {
+	for i := 1; i < len(prompts) && errs[0] == nil; i++ {
 		if ctx.Err() != nil {
 			break
 		}
