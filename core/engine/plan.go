@@ -23,11 +23,35 @@ const NoSlot int64 = -1
 // With B sequences and T tokens (T = QueryStart[B]):
 //
 //	per sequence (B):   ReqIDs, Computed, Scheduled, PromptLen, NumDrafts, sampling rows
-//	                    (Temperature, TopP, TopK, MinP, Seed, Logprobs)
+//	                    (Temperature, TopP, TopK, MinP, Seed, Logprobs, PresencePenalty,
+//	                    FrequencyPenalty, RepetitionPenalty, MinTokens)
 //	offsets (B+1):      QueryStart (into the per-token arrays), LogitsStart (into LogitsIndices)
 //	per token (T):      Tokens, Positions; per cache group a SlotMapping
 //	per cache group:    PageTableStart (B+1) and PageTable (flat page ids, one per block
 //	                    of the sequence after the step), StatePage (B, recurrent groups)
+//	sampling CSR:       LogitBiasStart (B+1) into LogitBiasTokens/LogitBiasValues,
+//	                    StopIDsStart (B+1) into StopIDs, HistoryStart (B+1) into History;
+//	                    each is empty (no offsets at all) when no sequence of the plan
+//	                    needs it, so a plan without penalties, biases or min_tokens costs
+//	                    nothing more to build, encode or sample
+//
+// Sampling features beyond the basic row, applied in this order (as vLLM v1 does) to the
+// logits of every row a sequence samples: the logit bias is added; while the sampled
+// position is below PromptLen[i]+MinTokens[i], the StopIDs of the sequence (EOS unless
+// ignore_eos, and the request's stop ids) are masked to -inf; then the repetition
+// penalty divides the positive logits and multiplies the negative ones of every token in
+// the prompt or the output; then FrequencyPenalty times the token's count in the output
+// and PresencePenalty once are subtracted from every token of the output.
+//
+// Token history for penalties: the plan carries it. For a sequence with a penalty,
+// History holds its tokens at positions 0..P-1, where P = Computed+Scheduled-NumDrafts
+// is the position of the first token the row samples (prompt, then output: the split is
+// PromptLen), and nothing for a row that samples nothing. A row that verifies drafts
+// adds the drafts before it. Under Config.Async the tokens still in flight appear as
+// PendingToken, which the runner replaces as it does in Tokens. The runner therefore
+// keeps no per-request state and a GPU sampler can build its counts from these flat
+// arrays (a bincount per row); the cost is proportional to the lengths of the penalized
+// sequences only. engine.Sampler applies all of it on the CPU.
 //
 // Sequence i feeds tokens QueryStart[i]..QueryStart[i+1]-1 at positions Computed[i]...;
 // the last NumDrafts[i] of them are draft tokens to verify. LogitsIndices lists the token
@@ -53,6 +77,21 @@ type BatchPlan struct {
 	Seed        []uint64
 	// Logprobs is -1 when the sequence wants no logprobs, else how many top alternatives.
 	Logprobs []int32
+	// Penalties (0, 0 and 1 when off) and the min_tokens gate (0 = off). Each is B long,
+	// or empty when the plan has none (a plan built by hand; the scheduler fills them).
+	PresencePenalty   []float32
+	FrequencyPenalty  []float32
+	RepetitionPenalty []float32
+	MinTokens         []int32
+
+	// Sampling CSR arrays; each Start is empty or B+1 long (see the type's doc).
+	LogitBiasStart  []int32
+	LogitBiasTokens []int32
+	LogitBiasValues []float32
+	StopIDsStart    []int32
+	StopIDs         []int32
+	HistoryStart    []int32
+	History         []int32
 
 	QueryStart  []int32
 	LogitsStart []int32
@@ -108,10 +147,33 @@ func (p *BatchPlan) PageTableOf(g, i int) []kvslab.PageID {
 
 // SamplingOf returns sequence i's sampling row.
 func (p *BatchPlan) SamplingOf(i int) SamplingRow {
-	return SamplingRow{
+	row := SamplingRow{
 		Temperature: p.Temperature[i], TopP: p.TopP[i], TopK: int(p.TopK[i]), MinP: p.MinP[i],
-		Seed: p.Seed[i], Logprobs: int(p.Logprobs[i]),
+		Seed: p.Seed[i], Logprobs: int(p.Logprobs[i]), PromptLen: int(p.PromptLen[i]),
 	}
+	if len(p.PresencePenalty) > 0 {
+		row.PresencePenalty = p.PresencePenalty[i]
+	}
+	if len(p.FrequencyPenalty) > 0 {
+		row.FrequencyPenalty = p.FrequencyPenalty[i]
+	}
+	if len(p.RepetitionPenalty) > 0 {
+		row.RepetitionPenalty = p.RepetitionPenalty[i]
+	}
+	if len(p.MinTokens) > 0 {
+		row.MinTokens = int(p.MinTokens[i])
+	}
+	if len(p.LogitBiasStart) > 0 {
+		a, b := p.LogitBiasStart[i], p.LogitBiasStart[i+1]
+		row.BiasTokens, row.BiasValues = p.LogitBiasTokens[a:b], p.LogitBiasValues[a:b]
+	}
+	if len(p.StopIDsStart) > 0 {
+		row.StopIDs = p.StopIDs[p.StopIDsStart[i]:p.StopIDsStart[i+1]]
+	}
+	if len(p.HistoryStart) > 0 {
+		row.History = p.History[p.HistoryStart[i]:p.HistoryStart[i+1]]
+	}
+	return row
 }
 
 // IsDecode reports whether every sequence of the plan decodes (no prompt tokens).
@@ -138,6 +200,17 @@ func (p *BatchPlan) reset(groups int) {
 	p.MinP = p.MinP[:0]
 	p.Seed = p.Seed[:0]
 	p.Logprobs = p.Logprobs[:0]
+	p.PresencePenalty = p.PresencePenalty[:0]
+	p.FrequencyPenalty = p.FrequencyPenalty[:0]
+	p.RepetitionPenalty = p.RepetitionPenalty[:0]
+	p.MinTokens = p.MinTokens[:0]
+	p.LogitBiasStart = p.LogitBiasStart[:0]
+	p.LogitBiasTokens = p.LogitBiasTokens[:0]
+	p.LogitBiasValues = p.LogitBiasValues[:0]
+	p.StopIDsStart = p.StopIDsStart[:0]
+	p.StopIDs = p.StopIDs[:0]
+	p.HistoryStart = p.HistoryStart[:0]
+	p.History = p.History[:0]
 	p.QueryStart = append(p.QueryStart[:0], 0)
 	p.LogitsStart = append(p.LogitsStart[:0], 0)
 	p.Tokens = p.Tokens[:0]
@@ -172,6 +245,10 @@ func (p *BatchPlan) begin(seqs, tokens int) {
 	p.MinP = grow(p.MinP, seqs)
 	p.Seed = grow(p.Seed, seqs)
 	p.Logprobs = grow(p.Logprobs, seqs)
+	p.PresencePenalty = grow(p.PresencePenalty, seqs)
+	p.FrequencyPenalty = grow(p.FrequencyPenalty, seqs)
+	p.RepetitionPenalty = grow(p.RepetitionPenalty, seqs)
+	p.MinTokens = grow(p.MinTokens, seqs)
 	p.QueryStart = grow(p.QueryStart, seqs+1)
 	p.LogitsStart = grow(p.LogitsStart, seqs+1)
 	p.Tokens = grow(p.Tokens, tokens)
@@ -199,6 +276,10 @@ func (p *BatchPlan) end(seqs, tokens, logits int) {
 	p.MinP = p.MinP[:seqs]
 	p.Seed = p.Seed[:seqs]
 	p.Logprobs = p.Logprobs[:seqs]
+	p.PresencePenalty = p.PresencePenalty[:seqs]
+	p.FrequencyPenalty = p.FrequencyPenalty[:seqs]
+	p.RepetitionPenalty = p.RepetitionPenalty[:seqs]
+	p.MinTokens = p.MinTokens[:seqs]
 	p.QueryStart = p.QueryStart[:seqs+1]
 	p.LogitsStart = p.LogitsStart[:seqs+1]
 	p.Tokens = p.Tokens[:tokens]
@@ -238,8 +319,22 @@ func (p *BatchPlan) Validate() error {
 			return fmt.Errorf("engine: plan: %s has %d entries for %d sequences", f.name, f.n, b)
 		}
 	}
+	for _, f := range [...]struct {
+		name string
+		n    int
+	}{
+		{"PresencePenalty", len(p.PresencePenalty)}, {"FrequencyPenalty", len(p.FrequencyPenalty)},
+		{"RepetitionPenalty", len(p.RepetitionPenalty)}, {"MinTokens", len(p.MinTokens)},
+	} {
+		if f.n != b && f.n != 0 {
+			return fmt.Errorf("engine: plan: %s has %d entries for %d sequences", f.name, f.n, b)
+		}
+	}
 	if len(p.QueryStart) != b+1 || len(p.LogitsStart) != b+1 {
 		return fmt.Errorf("engine: plan: QueryStart/LogitsStart have %d/%d entries, want %d", len(p.QueryStart), len(p.LogitsStart), b+1)
+	}
+	if err := p.validateSamplingCSR(b); err != nil {
+		return err
 	}
 	t := len(p.Tokens)
 	if len(p.Positions) != t {
@@ -264,6 +359,9 @@ func (p *BatchPlan) Validate() error {
 		}
 		if p.Logprobs[i] < -1 || p.Logprobs[i] > MaxTopLogprobs || p.TopK[i] < 0 {
 			return fmt.Errorf("engine: plan: sequence %d has logprobs %d, top-k %d", i, p.Logprobs[i], p.TopK[i])
+		}
+		if len(p.MinTokens) > 0 && p.MinTokens[i] < 0 || len(p.RepetitionPenalty) > 0 && !(p.RepetitionPenalty[i] > 0) {
+			return fmt.Errorf("engine: plan: sequence %d has a negative min tokens or a repetition penalty <= 0", i)
 		}
 		for j := q0; j < q1; j++ {
 			if p.Positions[j] != p.Computed[i]+(j-q0) {
@@ -295,6 +393,37 @@ func (p *BatchPlan) Validate() error {
 				return fmt.Errorf("engine: plan: group %d has slot %d", g, s)
 			}
 		}
+	}
+	return nil
+}
+
+// validateSamplingCSR checks the logit-bias, stop-id and history arrays of a plan of b
+// sequences: each offsets array is empty or b+1 long and indexes its values.
+func (p *BatchPlan) validateSamplingCSR(b int) error {
+	for _, c := range [...]struct {
+		name  string
+		start []int32
+		n     int
+	}{
+		{"LogitBiasStart", p.LogitBiasStart, len(p.LogitBiasTokens)},
+		{"StopIDsStart", p.StopIDsStart, len(p.StopIDs)},
+		{"HistoryStart", p.HistoryStart, len(p.History)},
+	} {
+		if len(c.start) == 0 {
+			if c.n != 0 {
+				return fmt.Errorf("engine: plan: %d values without %s", c.n, c.name)
+			}
+			continue
+		}
+		if len(c.start) != b+1 {
+			return fmt.Errorf("engine: plan: %s has %d entries, want %d", c.name, len(c.start), b+1)
+		}
+		if err := checkOffsets(c.name, c.start, c.n); err != nil {
+			return err
+		}
+	}
+	if len(p.LogitBiasValues) != len(p.LogitBiasTokens) {
+		return fmt.Errorf("engine: plan: %d logit-bias values for %d tokens", len(p.LogitBiasValues), len(p.LogitBiasTokens))
 	}
 	return nil
 }

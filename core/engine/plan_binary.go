@@ -9,24 +9,34 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// The BatchPlan binary encoding, version 1, little endian throughout:
+// The BatchPlan binary encoding, version 2, little endian throughout:
 //
 //	magic "RSNP" | version u16 | reserved u16 (0)
 //	Step u64 | GraphBatch i32 | B u32 | T u32 | L u32 | G u32
+//	X u32 (which optional arrays follow: 1 penalties, 2 logit bias, 4 stop ids, 8 history)
+//	NB u32 | NS u32 | NH u32 (logit-bias entries, stop ids, history tokens)
 //	per sequence (B each): ReqIDs u64, Computed i32, Scheduled i32, PromptLen i32,
 //	  NumDrafts i32, Temperature f32, TopP f32, TopK i32, MinP f32, Seed u64, Logprobs i32
+//	X&1: PresencePenalty (B) f32 | FrequencyPenalty (B) f32 | RepetitionPenalty (B) f32 |
+//	  MinTokens (B) i32
 //	QueryStart (B+1) i32 | LogitsStart (B+1) i32
 //	Tokens (T) i32 | Positions (T) i32 | LogitsIndices (L) i32
+//	X&2: LogitBiasStart (B+1) i32 | LogitBiasTokens (NB) i32 | LogitBiasValues (NB) f32
+//	X&4: StopIDsStart (B+1) i32 | StopIDs (NS) i32
+//	X&8: HistoryStart (B+1) i32 | History (NH) i32
 //	per group: P u32 | S u32 | SlotMapping (T) i64 | PageTableStart (B+1) i32 |
 //	  PageTable (P) u32 | StatePage (S) u32
+//
+// Version 1 lacked X, NB, NS, NH and the optional arrays (the sampling features of
+// version 2: penalties, logit bias, min_tokens).
 //
 // A decoder rejects other versions, a non-zero reserved field, trailing bytes and any plan
 // that fails Validate.
 
 const (
 	planMagic   = "RSNP"
-	planVersion = 1
-	headerBytes = 4 + 2 + 2 + 8 + 4 + 4*4
+	planVersion = 2
+	headerBytes = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4
 	maxGroups   = 1 << 10
 )
 
@@ -41,11 +51,68 @@ func (p *BatchPlan) MarshalBinary() ([]byte, error) {
 func (p *BatchPlan) encodedLen() int {
 	b, t := len(p.ReqIDs), len(p.Tokens)
 	n := headerBytes + b*52 + 2*4*(b+1) + 8*t + 4*len(p.LogitsIndices)
+	x := p.optional()
+	if x&optPenalties != 0 {
+		n += 16 * b
+	}
+	if x&optBias != 0 {
+		n += 4*(b+1) + 8*len(p.LogitBiasTokens)
+	}
+	if x&optStops != 0 {
+		n += 4*(b+1) + 4*len(p.StopIDs)
+	}
+	if x&optHistory != 0 {
+		n += 4*(b+1) + 4*len(p.History)
+	}
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		n += 8 + 8*t + 4*(b+1) + 4*len(gp.PageTable) + 4*len(gp.StatePage)
 	}
 	return n
+}
+
+// The bits of the encoding's X field.
+const (
+	optPenalties = 1 << iota
+	optBias
+	optStops
+	optHistory
+)
+
+// optional returns X: which optional arrays the plan has.
+func (p *BatchPlan) optional() uint32 {
+	var x uint32
+	if len(p.PresencePenalty)+len(p.FrequencyPenalty)+len(p.RepetitionPenalty)+len(p.MinTokens) > 0 {
+		x |= optPenalties
+	}
+	if len(p.LogitBiasStart) > 0 {
+		x |= optBias
+	}
+	if len(p.StopIDsStart) > 0 {
+		x |= optStops
+	}
+	if len(p.HistoryStart) > 0 {
+		x |= optHistory
+	}
+	return x
+}
+
+// appendOr appends s, or n copies of def when s is empty.
+func appendOr[T int32 | float32](dst []byte, s []T, n int, def T) []byte {
+	le := binary.LittleEndian
+	for i := 0; i < n; i++ {
+		v := def
+		if len(s) > 0 {
+			v = s[i]
+		}
+		switch v := any(v).(type) {
+		case int32:
+			dst = le.AppendUint32(dst, uint32(v))
+		case float32:
+			dst = le.AppendUint32(dst, math.Float32bits(v))
+		}
+	}
+	return dst
 }
 
 // AppendBinary appends the plan's encoding to dst (implements encoding.BinaryAppender);
@@ -60,7 +127,9 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 	dst = le.AppendUint16(dst, 0)
 	dst = le.AppendUint64(dst, p.Step)
 	dst = le.AppendUint32(dst, uint32(p.GraphBatch))
-	for _, n := range []int{len(p.ReqIDs), len(p.Tokens), len(p.LogitsIndices), len(p.Groups)} {
+	x := p.optional()
+	for _, n := range [...]int{len(p.ReqIDs), len(p.Tokens), len(p.LogitsIndices), len(p.Groups), int(x),
+		len(p.LogitBiasTokens), len(p.StopIDs), len(p.History)} {
 		dst = le.AppendUint32(dst, uint32(n))
 	}
 	for _, v := range p.ReqIDs {
@@ -78,11 +147,31 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 		dst = le.AppendUint64(dst, v)
 	}
 	dst = appendI32(dst, p.Logprobs)
+	b := len(p.ReqIDs)
+	if x&optPenalties != 0 {
+		dst = appendOr(dst, p.PresencePenalty, b, 0)
+		dst = appendOr(dst, p.FrequencyPenalty, b, 0)
+		dst = appendOr(dst, p.RepetitionPenalty, b, 1)
+		dst = appendOr(dst, p.MinTokens, b, 0)
+	}
 	dst = appendI32(dst, p.QueryStart)
 	dst = appendI32(dst, p.LogitsStart)
 	dst = appendI32(dst, p.Tokens)
 	dst = appendI32(dst, p.Positions)
 	dst = appendI32(dst, p.LogitsIndices)
+	if x&optBias != 0 {
+		dst = appendI32(dst, p.LogitBiasStart)
+		dst = appendI32(dst, p.LogitBiasTokens)
+		dst = appendF32(dst, p.LogitBiasValues)
+	}
+	if x&optStops != 0 {
+		dst = appendI32(dst, p.StopIDsStart)
+		dst = appendI32(dst, p.StopIDs)
+	}
+	if x&optHistory != 0 {
+		dst = appendI32(dst, p.HistoryStart)
+		dst = appendI32(dst, p.History)
+	}
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		dst = le.AppendUint32(dst, uint32(len(gp.PageTable)))
@@ -208,11 +297,28 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	step := r.u64()
 	graph := int32(r.u32())
 	b, t, l, g := int(r.u32()), int(r.u32()), int(r.u32()), int(r.u32())
+	x, nb, ns, nh := r.u32(), int64(r.u32()), int64(r.u32()), int64(r.u32())
 	if r.err != nil {
 		return r.err
 	}
+	if x >= optHistory<<1 {
+		return fmt.Errorf("%w: unknown optional arrays %#x", ErrPlanEncoding, x)
+	}
 	// Refuse counts the remaining bytes cannot hold before allocating anything.
 	need := int64(b)*52 + 8*int64(b+1) + 8*int64(t) + 4*int64(l) + int64(g)*(8+8*int64(t)+4*int64(b+1))
+	if x&optPenalties != 0 {
+		need += 16 * int64(b)
+	}
+	for _, o := range [...]struct {
+		bit uint32
+		n   int64
+	}{{optBias, 2 * nb}, {optStops, ns}, {optHistory, nh}} {
+		if x&o.bit != 0 {
+			need += 4*int64(b+1) + 4*o.n
+		} else if o.n != 0 {
+			return fmt.Errorf("%w: %d values of an absent optional array", ErrPlanEncoding, o.n)
+		}
+	}
 	if g > maxGroups || need > int64(len(r.b)) {
 		return fmt.Errorf("%w: %d sequences, %d tokens, %d logits rows, %d groups do not fit in %d bytes", ErrPlanEncoding, b, t, l, g, len(r.b))
 	}
@@ -229,11 +335,30 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	p.MinP = r.f32s(p.MinP, b)
 	p.Seed = r.u64s(p.Seed, b)
 	p.Logprobs = r.i32s(p.Logprobs, b)
+	if x&optPenalties != 0 {
+		p.PresencePenalty = r.f32s(p.PresencePenalty, b)
+		p.FrequencyPenalty = r.f32s(p.FrequencyPenalty, b)
+		p.RepetitionPenalty = r.f32s(p.RepetitionPenalty, b)
+		p.MinTokens = r.i32s(p.MinTokens, b)
+	}
 	p.QueryStart = r.i32s(p.QueryStart, b+1)
 	p.LogitsStart = r.i32s(p.LogitsStart, b+1)
 	p.Tokens = r.i32s(p.Tokens, t)
 	p.Positions = r.i32s(p.Positions, t)
 	p.LogitsIndices = r.i32s(p.LogitsIndices, l)
+	if x&optBias != 0 {
+		p.LogitBiasStart = r.i32s(p.LogitBiasStart, b+1)
+		p.LogitBiasTokens = r.i32s(p.LogitBiasTokens, int(nb))
+		p.LogitBiasValues = r.f32s(p.LogitBiasValues, int(nb))
+	}
+	if x&optStops != 0 {
+		p.StopIDsStart = r.i32s(p.StopIDsStart, b+1)
+		p.StopIDs = r.i32s(p.StopIDs, int(ns))
+	}
+	if x&optHistory != 0 {
+		p.HistoryStart = r.i32s(p.HistoryStart, b+1)
+		p.History = r.i32s(p.History, int(nh))
+	}
 	for i := 0; i < g && r.err == nil; i++ {
 		gp := &p.Groups[i]
 		np, ns := int(r.u32()), int(r.u32())

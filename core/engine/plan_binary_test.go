@@ -35,6 +35,12 @@ func samplePlans(t testing.TB) [][]byte {
 			t.Fatal(err)
 		}
 	}
+	// One with every sampling feature: penalties, logit bias, min_tokens (stop ids).
+	sp := engine.SamplingParams{MaxTokens: 6, Temperature: 0.7, PresencePenalty: 0.5, FrequencyPenalty: -0.25,
+		RepetitionPenalty: 1.3, LogitBias: map[int32]float32{3: 2, 9: -100}, MinTokens: 2, StopTokenIDs: []int32{7}}
+	if err := s.Add(engine.Request{ID: "x", Prompt: prompt(7, 12), Sampling: sp}, &recorder{}); err != nil {
+		t.Fatal(err)
+	}
 	d := &direct{t: nil, s: s, r: r}
 	for d.step() {
 	}
@@ -110,9 +116,9 @@ func TestPlanDecodeRejectsMalformedBytes(t *testing.T) {
 		t.Fatalf("trailing byte: %v", err)
 	}
 	bad := append([]byte{}, good...)
-	bad[4] = 2 // version
+	bad[4] = 1 // version
 	if err := p.UnmarshalBinary(bad); !errors.Is(err, engine.ErrPlanEncoding) {
-		t.Fatalf("version 2: %v", err)
+		t.Fatalf("version 1: %v", err)
 	}
 	bad = append([]byte{}, good...)
 	bad[24] = 0xff // sequence count: far more than the data holds

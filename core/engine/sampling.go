@@ -14,6 +14,33 @@ type SamplingRow struct {
 	Seed        uint64
 	// Logprobs is -1 for none, else the number of top alternatives wanted.
 	Logprobs int
+
+	// Penalties: 0, 0 and 1 (or 0) are off. See BatchPlan for the semantics.
+	PresencePenalty   float32
+	FrequencyPenalty  float32
+	RepetitionPenalty float32
+	// PromptLen splits History into prompt and output; MinTokens masks StopIDs while the
+	// sampled position is below PromptLen+MinTokens.
+	PromptLen int
+	MinTokens int
+	StopIDs   []int32
+	// BiasTokens and BiasValues are the logit bias, in parallel.
+	BiasTokens []int32
+	BiasValues []float32
+	// History is the sequence's tokens before the sampled position (prompt, then
+	// output); it is needed only with a penalty. Ids outside the vocabulary (such as
+	// PendingToken) are skipped.
+	History []int32
+}
+
+// adjusts reports whether the row changes the logits before sampling.
+func (row *SamplingRow) adjusts(pos int) bool {
+	return len(row.BiasTokens) > 0 || len(row.History) > 0 && row.penalized() ||
+		len(row.StopIDs) > 0 && pos < row.PromptLen+row.MinTokens
+}
+
+func (row *SamplingRow) penalized() bool {
+	return row.PresencePenalty != 0 || row.FrequencyPenalty != 0 || row.RepetitionPenalty != 0 && row.RepetitionPenalty != 1
 }
 
 // Sampler chooses tokens from logits for CPU runners: greedy, temperature, top-k, top-p,
@@ -23,19 +50,94 @@ type SamplingRow struct {
 type Sampler struct {
 	idx   []int32
 	probs []float32
+	adj   []float32 // the logits after bias, min-tokens mask and penalties
+	count []int32   // per token: output count, plus inPrompt for a prompt token
 }
+
+// inPrompt marks a prompt token in Sampler.count.
+const inPrompt = 1 << 30
 
 // Sample picks the token for logits (one row, length = vocabulary) of a sequence whose
 // sampled token lands at position pos. It returns the token and its log probability under
-// the model's distribution (log-softmax of the raw logits). When row.Logprobs > 0 the
-// most likely alternatives are appended to top, which is returned.
+// the model's distribution (log-softmax of the raw logits, before biases and penalties).
+// When row.Logprobs > 0 the most likely alternatives are appended to top, which is
+// returned. logits is not modified: a row with a bias, a penalty or an active min-tokens
+// gate is adjusted in a copy; one without costs nothing more.
 func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLogprob) (int32, float32, []TopLogprob) {
 	lse := logSumExp(logits)
-	tok := s.choose(logits, row, pos)
+	choose := logits
+	if row.adjusts(pos) {
+		choose = s.adjust(logits, &row, pos)
+	}
+	tok := s.choose(choose, row, pos)
 	if row.Logprobs > 0 {
 		top = s.topLogprobs(logits, lse, row.Logprobs, top)
 	}
 	return tok, logits[tok] - lse, top
+}
+
+// adjust returns a copy of logits with the row's logit bias, min-tokens mask and
+// penalties applied, in that order (vLLM v1's).
+func (s *Sampler) adjust(logits []float32, row *SamplingRow, pos int) []float32 {
+	n := len(logits)
+	s.adj = append(s.adj[:0], logits...)
+	adj := s.adj
+	for k, t := range row.BiasTokens {
+		if t >= 0 && int(t) < n {
+			adj[t] += row.BiasValues[k]
+		}
+	}
+	if pos < row.PromptLen+row.MinTokens {
+		for _, t := range row.StopIDs {
+			if t >= 0 && int(t) < n {
+				adj[t] = float32(math.Inf(-1))
+			}
+		}
+	}
+	if len(row.History) == 0 || !row.penalized() {
+		return adj
+	}
+	if len(s.count) < n {
+		s.count = make([]int32, n)
+	}
+	count := s.count[:n]
+	split := min(row.PromptLen, len(row.History))
+	for _, t := range row.History[:split] {
+		if t >= 0 && int(t) < n {
+			count[t] |= inPrompt
+		}
+	}
+	for _, t := range row.History[split:] {
+		if t >= 0 && int(t) < n {
+			count[t]++
+		}
+	}
+	rep := row.RepetitionPenalty
+	if rep == 0 {
+		rep = 1
+	}
+	// Each distinct token once: its entry is cleared as it is applied, which also leaves
+	// count all zero for the next call.
+	for _, t := range row.History {
+		if t < 0 || int(t) >= n || count[t] == 0 {
+			continue
+		}
+		c := count[t] &^ inPrompt
+		count[t] = 0
+		l := adj[t]
+		if rep != 1 {
+			if l > 0 {
+				l /= rep
+			} else {
+				l *= rep
+			}
+		}
+		if c > 0 {
+			l -= row.FrequencyPenalty*float32(c) + row.PresencePenalty
+		}
+		adj[t] = l
+	}
+	return adj
 }
 
 func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {

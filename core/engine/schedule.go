@@ -113,6 +113,9 @@ admission:
 	s.planReqs[s.flip] = reqs
 	s.planEpochs[s.flip] = epochs
 	p.end(c.b, c.t, c.l)
+	if s.extras != [3]int{} {
+		s.addExtras(p, reqs)
+	}
 	if len(reqs) == 0 {
 		return nil
 	}
@@ -256,6 +259,56 @@ func (s *Scheduler) writeSampling(p *BatchPlan, b int, r *request) {
 	p.MinP[b] = r.minP
 	p.Seed[b] = r.seed
 	p.Logprobs[b] = int32(r.logprobs)
+	p.PresencePenalty[b] = r.presence
+	p.FrequencyPenalty[b] = r.frequency
+	p.RepetitionPenalty[b] = r.repeat
+	p.MinTokens[b] = r.minTokens
+}
+
+// addExtras writes the sampling CSR arrays of a built plan whose requests in flight
+// include some with a logit bias, a min-tokens gate or a penalty: each array that one of
+// the plan's rows needs gets offsets for every row. (The arrays were cut by reset.)
+func (s *Scheduler) addExtras(p *BatchPlan, reqs []*request) {
+	var need extraKind
+	for _, r := range reqs {
+		need |= r.extras
+	}
+	if need == 0 {
+		return
+	}
+	if need&extraBias != 0 {
+		p.LogitBiasStart = append(p.LogitBiasStart, 0)
+	}
+	if need&extraStops != 0 {
+		p.StopIDsStart = append(p.StopIDsStart, 0)
+	}
+	if need&extraHistory != 0 {
+		p.HistoryStart = append(p.HistoryStart, 0)
+	}
+	for b, r := range reqs {
+		if need&extraBias != 0 {
+			p.LogitBiasTokens = append(p.LogitBiasTokens, r.biasToks...)
+			p.LogitBiasValues = append(p.LogitBiasValues, r.biasVals...)
+			p.LogitBiasStart = append(p.LogitBiasStart, int32(len(p.LogitBiasTokens)))
+		}
+		if need&extraStops != 0 {
+			p.StopIDs = append(p.StopIDs, r.stopMask...)
+			p.StopIDsStart = append(p.StopIDsStart, int32(len(p.StopIDs)))
+		}
+		if need&extraHistory != 0 {
+			if r.extras&extraHistory != 0 && p.LogitsStart[b+1] > p.LogitsStart[b] {
+				// The tokens before the first sampled position; those a plan in flight
+				// samples are not known yet (Config.Async).
+				n := int(p.Computed[b] + p.Scheduled[b] - p.NumDrafts[b])
+				known := min(n, len(r.tokens))
+				p.History = append(p.History, r.tokens[:known]...)
+				for k := known; k < n; k++ {
+					p.History = append(p.History, PendingToken)
+				}
+			}
+			p.HistoryStart = append(p.HistoryStart, int32(len(p.History)))
+		}
+	}
 }
 
 // addChunk writes the tokens of a prompt chunk, or of a decode token followed by drafts,

@@ -72,7 +72,26 @@ type request struct {
 	cached    int // prompt tokens served by the prefix cache at first admission
 	admitted  bool
 	queued    bool // in the waiting queue (not a tombstone there)
+
+	// Sampling features beyond the basic row (see BatchPlan); extras says which.
+	extras    extraKind
+	presence  float32
+	frequency float32
+	repeat    float32 // 1 = off
+	minTokens int32
+	biasToks  []int32   // sorted by token id
+	biasVals  []float32 // parallel to biasToks
+	stopMask  []int32   // EOS unless ignore_eos, and the stop ids: masked under min_tokens
 }
+
+// extraKind says which sampling CSR arrays a request needs in a plan.
+type extraKind uint8
+
+const (
+	extraBias extraKind = 1 << iota
+	extraStops
+	extraHistory
+)
 
 // Scheduler decides what runs each step. It is not safe for concurrent use; Engine wraps
 // it with a lock and a loop, and benchmarks drive it directly:
@@ -103,6 +122,9 @@ type Scheduler struct {
 	running []*request
 	waiting queue
 	handles uint64
+	// extras counts the requests in flight that need each sampling CSR array; while all
+	// are zero, Schedule builds none.
+	extras [3]int
 
 	plans      [2]BatchPlan
 	planReqs   [2][]*request
@@ -307,6 +329,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	}
 	r.last = req.Prompt[len(req.Prompt)-1]
 	r.stops = len(r.stopIDs) > 0 || !r.ignoreEOS && len(s.eos) > 0
+	s.setExtras(r, sp)
 	if req.Sampling.Logprobs {
 		r.logprobs = int8(req.Sampling.TopLogprobs)
 	}
@@ -320,6 +343,47 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	s.byID[req.ID] = r
 	s.enqueue(r, false)
 	return nil
+}
+
+// setExtras records r's penalties, logit bias and min-tokens gate, and counts the
+// sampling CSR arrays r needs in a plan.
+func (s *Scheduler) setExtras(r *request, sp *SamplingParams) {
+	r.presence, r.frequency, r.repeat = sp.PresencePenalty, sp.FrequencyPenalty, sp.RepetitionPenalty
+	if r.repeat == 0 {
+		r.repeat = 1
+	}
+	r.minTokens = int32(sp.MinTokens)
+	if len(sp.LogitBias) > 0 {
+		r.extras |= extraBias
+		r.biasToks = make([]int32, 0, len(sp.LogitBias))
+		for t := range sp.LogitBias {
+			r.biasToks = append(r.biasToks, t)
+		}
+		slices.Sort(r.biasToks)
+		r.biasVals = make([]float32, len(r.biasToks))
+		for k, t := range r.biasToks {
+			r.biasVals[k] = sp.LogitBias[t]
+		}
+	}
+	if r.minTokens > 0 && r.stops {
+		r.extras |= extraStops
+		if !r.ignoreEOS {
+			r.stopMask = append(r.stopMask, s.eos...)
+		}
+		r.stopMask = append(r.stopMask, r.stopIDs...)
+	}
+	if sp.hasPenalty() {
+		r.extras |= extraHistory
+	}
+	s.countExtras(r, 1)
+}
+
+func (s *Scheduler) countExtras(r *request, d int) {
+	for k := range s.extras {
+		if r.extras&(1<<k) != 0 {
+			s.extras[k] += d
+		}
+	}
 }
 
 // topK is k as the plan carries it: a k that keeps the whole vocabulary is off (0), so
@@ -395,6 +459,9 @@ func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
 	r.state = stateFinished
 	s.release(r)
 	delete(s.byID, r.id)
+	if r.extras != 0 {
+		s.countExtras(r, -1)
+	}
 	s.metrics.finished[reason]++
 	s.metrics.e2e.observe(s.now().Sub(r.arrival).Seconds())
 	r.out.Finish(reason, err, Usage{

@@ -239,10 +239,10 @@ func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topTok
 	}
 }
 
-// stopped finishes r when t is a stop token or r reached its last allowed token (max
-// tokens; Add made sure that this is within the context).
+// stopped finishes r when t is a stop token generated after min_tokens, or r reached its
+// last allowed token (max tokens; Add made sure that this is within the context).
 func (s *Scheduler) stopped(r *request, t int32) bool {
-	if r.stops && (!r.ignoreEOS && slices.Contains(s.eos, t) || slices.Contains(r.stopIDs, t)) {
+	if r.stops && len(r.tokens)-r.promptLen > int(r.minTokens) && (!r.ignoreEOS && slices.Contains(s.eos, t) || slices.Contains(r.stopIDs, t)) {
 		s.finish(r, FinishStop, nil)
 		return true
 	}

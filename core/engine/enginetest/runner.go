@@ -74,6 +74,7 @@ type Runner struct {
 	res     engine.StepResult
 	top     []engine.TopLogprob
 	lastOut map[uint64]int32 // last token sampled per request (Async)
+	history []int32          // a row's token history, pending tokens and drafts filled in
 
 	mu    sync.Mutex
 	err   error
@@ -245,7 +246,23 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 		drafts := toks[len(toks)-nd:]
 		firstPos := int(pos[len(toks)-nd-1]) // position of the row that samples first
 		accepted := 0
+		if len(row.History) > 0 {
+			// The history with the token in flight filled in (Async); each row after a
+			// draft adds that draft.
+			r.history = append(r.history[:0], row.History...)
+			for j, t := range r.history {
+				if t == engine.PendingToken {
+					r.history[j] = r.lastOut[p.ReqIDs[i]]
+				}
+			}
+		}
 		for k := 0; k < nrow; k++ {
+			if len(row.History) > 0 {
+				if k > 0 {
+					r.history = append(r.history, drafts[k-1])
+				}
+				row.History = r.history
+			}
 			t, lp := r.sample(hs[k], row, firstPos+k+1)
 			res.Tokens = append(res.Tokens, t)
 			if wantLogprobs {
@@ -360,7 +377,8 @@ func greedy(h uint64, vocab int) int32 {
 
 // Reference returns the n tokens the runner's model generates after prompt with the given
 // sampling row, computed directly (no cache, no batching). It stops early after a token
-// in stop.
+// in stop. The row's PromptLen and History are filled in here: give its penalties, bias,
+// MinTokens and StopIDs.
 func Reference(vocab int, prompt []int32, n int, row engine.SamplingRow, stop ...int32) []int32 {
 	var s engine.Sampler
 	logits := make([]float32, vocab)
@@ -368,8 +386,13 @@ func Reference(vocab int, prompt []int32, n int, row engine.SamplingRow, stop ..
 	for _, t := range prompt {
 		h = chain(h, t)
 	}
+	row.PromptLen = len(prompt)
+	penalized := row.PresencePenalty != 0 || row.FrequencyPenalty != 0 || row.RepetitionPenalty != 0 && row.RepetitionPenalty != 1
 	out := make([]int32, 0, n)
 	for len(out) < n {
+		if penalized {
+			row.History = append(slices.Clone(prompt), out...)
+		}
 		fillLogits(logits, h)
 		t, _, _ := s.Sample(logits, row, len(prompt)+len(out), nil)
 		out = append(out, t)
