@@ -14,5 +14,6 @@
 // pool must be consistent, hold no sequence and be whole once its prefix cache is cleared.
 //
 // Plan, OpenSeq and Seq build batch plans by hand, for tests that call a runner or a
-// model's forward directly.
+// model's forward directly, for every kind of cache group and with drafts to verify;
+// Settle applies a runner's verdict on the drafts as the engine does.
 package runnertest
