@@ -41,8 +41,26 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return Report{}, err
 	}
 
-	samples := make([]sample, 0, cfg.Requests)
-	tally := Tally{Total: cfg.Requests}
+	start := time.Now()
+	samples, sent := drive(ctx, hc, &cfg, prompts)
+	r := summarize(&cfg, samples, time.Since(start))
+	r.NotSent = cfg.Requests - sent
+	r.Interrupted = ctx.Err() != nil
+	r.Seed, r.SeedDrawn = cfg.Seed, seedDrawn
+	r.PromptCountedBy = countedBy
+	r.PromptBuiltTokens = meanBuilt(prompts)
+	if warning != "" {
+		r.Warnings = append(r.Warnings, warning)
+	}
+	return r, ctx.Err()
+}
+
+// drive sends the prompts at cfg's concurrency and arrival rate until they are all sent
+// or ctx is done, waits for the requests in flight and returns their samples and how
+// many prompts were sent.
+func drive(ctx context.Context, hc *http.Client, cfg *Config, prompts []prompt) ([]sample, int) {
+	samples := make([]sample, 0, len(prompts))
+	tally := Tally{Total: len(prompts)}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, cfg.Concurrency)
@@ -50,11 +68,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if cfg.Progress != nil {
 		cfg.Progress(tally)
 	}
-	start := time.Now()
-	next := start
+	next := time.Now()
 	sent := 0
 loop:
-	for ; sent < cfg.Requests; sent++ {
+	for ; sent < len(prompts); sent++ {
 		if cfg.RequestRate > 0 {
 			next = next.Add(time.Duration(arrivals.ExpFloat64() / cfg.RequestRate * float64(time.Second)))
 			if d := time.Until(next); d > 0 {
@@ -76,7 +93,7 @@ loop:
 		wg.Add(1)
 		go func(prompt string) {
 			defer wg.Done()
-			s := send(ctx, hc, &cfg, prompt)
+			s := send(ctx, hc, cfg, prompt)
 			<-slots
 			mu.Lock()
 			defer mu.Unlock()
@@ -95,16 +112,7 @@ loop:
 		}(prompts[sent].text)
 	}
 	wg.Wait()
-	r := summarize(&cfg, samples, time.Since(start))
-	r.NotSent = cfg.Requests - sent
-	r.Interrupted = ctx.Err() != nil
-	r.Seed, r.SeedDrawn = cfg.Seed, seedDrawn
-	r.PromptCountedBy = countedBy
-	r.PromptBuiltTokens = meanBuilt(prompts)
-	if warning != "" {
-		r.Warnings = append(r.Warnings, warning)
-	}
-	return r, ctx.Err()
+	return samples, sent
 }
 
 // prompt is one generated prompt and its length as the counter measured it.
