@@ -93,3 +93,23 @@ func TestBenchServeInterruptExits130(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchServeCountsWithTokenizer(t *testing.T) {
+	srv := fakeEndpoint(t, 1<<30, nil)
+	cmd := newBenchServeCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"--url", srv.URL, "-n", "4", "-c", "2", "--prompt-len", "40", "--output-len", "2", "--json", "--no-progress",
+		"--tokenizer", "../../core/tokenizer/tiny/tokenizer.json"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not one JSON object: %v\n%s", err, out.String())
+	}
+	if rep["prompt_counted_by"] != "local tokenizer" || rep["prompt_built_tokens_mean"] != 40.0 || errOut.Len() != 0 {
+		t.Fatalf("report %v, stderr %q", rep, errOut.String())
+	}
+}
