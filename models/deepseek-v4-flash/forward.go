@@ -21,6 +21,8 @@ type Model struct {
 	// dropped indexer score at a top-k cut (+Inf when no cut happened): ties there would
 	// make the pick depend on torch.topk's order. Tests read it.
 	MinTopKMargin float64
+
+	moeBuf moeScratch // the MoE's buffers (moe.go)
 }
 
 // NewModel prepares a model for contexts up to maxContext tokens.
@@ -517,110 +519,4 @@ func (m *Model) indexerPick(s *CompressorState, q, w []float32, visible int) []i
 	picks = picks[:k]
 	sort.Ints(picks)
 	return picks
-}
-
-// moe runs the routed experts and the shared expert over every row.
-func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float32, error) {
-	c := m.Config
-	n, h, e, k, in := len(tokens), c.HiddenSize, c.NRoutedExperts, c.NumExpertsPerTok, c.MoEIntermediateSize
-	logits, err := linear(x, l.Router, n, h, e)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]float32, n*h)
-	shared, err := m.expert(x, l.SharedGate, l.SharedUp, l.SharedDown, n)
-	if err != nil {
-		return nil, err
-	}
-	gu := make([]float32, 2*in)
-	act := make([]float32, in)
-	y := make([]float32, h)
-	scores := make([]float32, e)
-	choice := make([]float32, e)
-	idx := make([]int, k)
-	lim := float32(c.SwigluLimit)
-	for t := range n {
-		for i := range e {
-			scores[i] = score(c.ScoringFunc, logits[t*e+i])
-		}
-		if kind == HashMoE {
-			for j := range k {
-				idx[j] = int(l.Tid2Eid[int(tokens[t])*k+j])
-			}
-		} else {
-			for i := range e {
-				choice[i] = scores[i] + l.RouteBias[i]
-			}
-			topK(idx, choice)
-		}
-		var sum float32
-		for _, ex := range idx {
-			sum += scores[ex]
-		}
-		xt := x[t*h : (t+1)*h]
-		for _, ex := range idx {
-			wgt := scores[ex] / (sum + 1e-20) * float32(c.RoutedScalingFactor)
-			if err := ref.MatMulT(gu, xt, l.GateUp[ex*2*in*h:(ex+1)*2*in*h], 1, h, 2*in); err != nil {
-				return nil, err
-			}
-			for i := range in {
-				act[i] = silu(min(gu[i], lim)) * min(max(gu[in+i], -lim), lim)
-			}
-			if err := ref.MatMulT(y, act, l.Down[ex*h*in:(ex+1)*h*in], 1, in, h); err != nil {
-				return nil, err
-			}
-			for i := range h {
-				out[t*h+i] += y[i] * wgt
-			}
-		}
-	}
-	for i := range out {
-		out[i] += shared[i]
-	}
-	return out, nil
-}
-
-// expert is the clamped SwiGLU MLP: down(silu(min(gate, L))·clamp(up, −L, L)).
-func (m *Model) expert(x, gate, up, down []float32, n int) ([]float32, error) {
-	c := m.Config
-	h, in := c.HiddenSize, c.MoEIntermediateSize
-	lim := float32(c.SwigluLimit)
-	g, err := linear(x, gate, n, h, in)
-	if err != nil {
-		return nil, err
-	}
-	u, err := linear(x, up, n, h, in)
-	if err != nil {
-		return nil, err
-	}
-	for i := range g {
-		g[i] = silu(min(g[i], lim)) * min(max(u[i], -lim), lim)
-	}
-	return linear(g, down, n, in, h)
-}
-
-func silu(x float32) float32 { return x * sigmoid(x) }
-
-// score is the router's scoring function: sqrt(softplus(x)) (torch's softplus returns x
-// above 20) or sigmoid(x).
-func score(fn string, x float32) float32 {
-	if fn == "sigmoid" {
-		return sigmoid(x)
-	}
-	sp := x
-	if x <= 20 {
-		sp = float32(math.Log1p(math.Exp(float64(x))))
-	}
-	return float32(math.Sqrt(float64(sp)))
-}
-
-// topK writes the indices of the len(idx) largest values of v (the lower index first on a
-// tie).
-func topK(idx []int, v []float32) {
-	order := make([]int, len(v))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(a, b int) bool { return v[order[a]] > v[order[b]] })
-	copy(idx, order[:len(idx)])
 }
