@@ -1,0 +1,117 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+)
+
+// While the server drains, its listener still accepts: /health answers 503 "draining"
+// and new API requests 503 over fresh connections, while the running stream goes on to
+// its end. Then Serve returns and the address refuses connections.
+func TestDrainKeepsAnsweringHealth(t *testing.T) {
+	gate := make(chan struct{})
+	var steps atomic.Int64
+	h := newHarness(t, harnessOpts{noHTTP: true, runner: enginetest.Config{MaxContext: 8192, OnPlan: func(*engine.BatchPlan) {
+		if steps.Add(1) > 5 {
+			<-gate // hold the request running until the checks are done
+		}
+	}}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ctx, shutdown := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- h.srv.Serve(ctx, ln) }()
+	resp, rd := openStream(t, context.Background(), "http://"+addr, 50)
+	defer resp.Body.Close()
+	shutdown()
+	waitFor(t, "draining to begin", h.srv.Draining)
+
+	hr, err := freshClient().Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatalf("/health during drain: %v (the listener closed too early)", err)
+	}
+	if body := readAll(t, hr); hr.StatusCode != 503 || !strings.Contains(body, `"draining"`) {
+		t.Fatalf("/health during drain: %d %s, want 503 draining", hr.StatusCode, body)
+	}
+	pr, err := freshClient().Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"late"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, pr); pr.StatusCode != 503 {
+		t.Fatalf("request during drain: %d %s, want 503", pr.StatusCode, body)
+	}
+	close(gate)
+	var rest bytes.Buffer
+	_, _ = rest.ReadFrom(rd)
+	if !strings.Contains(rest.String(), `"finish_reason":"length"`) || !strings.HasSuffix(rest.String(), "data: [DONE]\n\n") {
+		t.Fatalf("the running stream did not finish: %q", rest.String())
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+		c.Close()
+		t.Fatal("the listener still accepts after Serve returned")
+	}
+}
+
+// Streams still running at the drain timeout end with an error event and [DONE]: every
+// event is whole JSON, none is cut.
+func TestDrainTimeoutEndsStreamsWithErrorEvent(t *testing.T) {
+	h := newHarness(t, harnessOpts{noHTTP: true, runner: slowRunner(2 * time.Millisecond), cfg: func(c *Config) { c.DrainTimeout = 100 * time.Millisecond }})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, shutdown := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- h.srv.Serve(ctx, ln) }()
+	var streams []*http.Response
+	for range 3 {
+		resp, _ := openStream(t, context.Background(), "http://"+ln.Addr().String(), 5000)
+		defer resp.Body.Close()
+		streams = append(streams, resp)
+	}
+	shutdown()
+	if err := <-served; err == nil || !strings.Contains(err.Error(), "drain did not finish") {
+		t.Fatalf("Serve returned %v, want a drain timeout", err)
+	}
+	for i, resp := range streams {
+		var rest bytes.Buffer
+		_, _ = rest.ReadFrom(resp.Body)
+		// The first line may be the tail of an event openStream began reading.
+		text := rest.String()
+		if j := strings.Index(text, "\n\n"); j >= 0 {
+			text = text[j+2:]
+		}
+		events := sseEvents(t, []byte(text))
+		if len(events) < 2 || events[len(events)-1] != "[DONE]" {
+			t.Fatalf("stream %d did not end with [DONE]: %q", i, events[max(0, len(events)-2):])
+		}
+		for _, e := range events[:len(events)-1] {
+			if !json.Valid([]byte(e)) {
+				t.Fatalf("stream %d: event cut mid-JSON: %q", i, e)
+			}
+		}
+		var last errorResp
+		if err := json.Unmarshal([]byte(events[len(events)-2]), &last); err != nil || last.Error.Code == nil || *last.Error.Code != "draining" {
+			t.Fatalf("stream %d: last event %q, want an error with code draining", i, events[len(events)-2])
+		}
+		if strings.Contains(last.Error.Message, "engine:") {
+			t.Errorf("error event leaks internals: %s", last.Error.Message)
+		}
+	}
+}
