@@ -1,0 +1,155 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+)
+
+// penalized is a seeded sampling configuration with every penalty.
+func penalized(seed uint64) (engine.SamplingParams, engine.SamplingRow) {
+	sp := engine.SamplingParams{MaxTokens: 40, Temperature: 0.9, Seed: seed, HasSeed: true,
+		PresencePenalty: 1.5, FrequencyPenalty: 0.75, RepetitionPenalty: 1.8}
+	row := engine.SamplingRow{Temperature: 0.9, Seed: seed, Logprobs: -1,
+		PresencePenalty: 1.5, FrequencyPenalty: 0.75, RepetitionPenalty: 1.8}
+	return sp, row
+}
+
+// TestPenaltiesMatchReference: requests with penalties, batched with plain ones, chunked,
+// and under async scheduling (history with tokens in flight), generate exactly what the
+// reference sampler does with the same penalties over prompt+output, and not what it
+// does without them.
+func TestPenaltiesMatchReference(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		h := start(t, enginetest.Config{Async: async}, engine.Config{Async: async, MaxBatchTokens: 24})
+		var streams []*engine.Stream
+		var want [][]int32
+		changed := 0
+		for i := 0; i < 6; i++ {
+			p := prompt(60+i, 10+7*i)
+			sp, row := penalized(uint64(i))
+			if i%2 == 1 {
+				sp = engine.SamplingParams{MaxTokens: 40, Temperature: 0.9, Seed: uint64(i), HasSeed: true}
+				row = engine.SamplingRow{Temperature: 0.9, Seed: uint64(i), Logprobs: -1}
+			}
+			st, err := h.e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: sp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, st)
+			ref := enginetest.Reference(256, p, 40, row)
+			want = append(want, ref)
+			plain := enginetest.Reference(256, p, 40, engine.SamplingRow{Temperature: 0.9, Seed: uint64(i), Logprobs: -1})
+			if !slices.Equal(ref, plain) {
+				changed++
+			}
+		}
+		for i, st := range streams {
+			toks, ev, err := st.Collect(context.Background())
+			if err != nil || ev.Finish != engine.FinishLength {
+				t.Fatalf("async %v, request %d: %+v %v", async, i, ev, err)
+			}
+			if !slices.Equal(toks, want[i]) {
+				t.Fatalf("async %v, request %d: %v, want %v", async, i, toks, want[i])
+			}
+		}
+		if changed != 3 {
+			t.Fatalf("penalties changed %d of 3 penalized generations", changed)
+		}
+		h.checkWhole()
+	}
+}
+
+// TestPenalizedTokensRepeatLess: a strong frequency penalty makes greedy decoding of the
+// test model use many more distinct tokens than without it.
+func TestPenalizedTokensRepeatLess(t *testing.T) {
+	h := start(t, enginetest.Config{}, engine.Config{})
+	p := prompt(3, 8)
+	plain, _ := h.generate(engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 60}})
+	pen, _ := h.generate(engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 60, FrequencyPenalty: 2}})
+	distinct := func(ts []int32) int { return len(slices.Compact(slices.Sorted(slices.Values(ts)))) }
+	if distinct(pen) <= distinct(plain) {
+		t.Fatalf("frequency penalty: %d distinct tokens, %d without", distinct(pen), distinct(plain))
+	}
+	h.checkWhole()
+}
+
+func TestLogitBiasForcesAndForbids(t *testing.T) {
+	h := start(t, enginetest.Config{}, engine.Config{})
+	p := prompt(9, 12)
+	toks, _ := h.generate(engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 10, Temperature: 1, LogitBias: map[int32]float32{42: 100}}})
+	for _, tok := range toks {
+		if tok != 42 {
+			t.Fatalf("+100 on token 42: got %v", toks)
+		}
+	}
+	ref := enginetest.Reference(256, p, 10, greedy())
+	toks, _ = h.generate(engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 10, LogitBias: map[int32]float32{ref[0]: -100}}})
+	if toks[0] == ref[0] || slices.Contains(toks, ref[0]) {
+		t.Fatalf("-100 on token %d: got %v", ref[0], toks)
+	}
+	h.checkWhole()
+}
+
+// TestMinTokensSuppressesEOS: with half the vocabulary as EOS a request stops almost at
+// once; with min_tokens it generates at least that many tokens, none of them EOS or a
+// stop id, and may stop afterwards.
+func TestMinTokensSuppressesEOS(t *testing.T) {
+	eos := make([]int32, 128)
+	for i := range eos {
+		eos[i] = int32(2 * i)
+	}
+	h := start(t, enginetest.Config{EOS: eos}, engine.Config{})
+	early := 0
+	for i := 0; i < 8; i++ {
+		p := prompt(100+i, 9)
+		sp := engine.SamplingParams{MaxTokens: 30, Temperature: 1, Seed: uint64(i), HasSeed: true, StopTokenIDs: []int32{1, 3}}
+		plain, _ := h.generate(engine.Request{Prompt: p, Sampling: sp})
+		sp.MinTokens = 12
+		toks, ev := h.generate(engine.Request{Prompt: p, Sampling: sp})
+		if len(toks) < 12 {
+			t.Fatalf("request %d: %d tokens (%v) with min_tokens 12", i, len(toks), ev.Finish)
+		}
+		for k, tok := range toks[:12] {
+			if tok%2 == 0 || tok == 1 || tok == 3 {
+				t.Fatalf("request %d: token %d is %d, an EOS or stop id, before min_tokens", i, k, tok)
+			}
+		}
+		if len(plain) < 12 {
+			early++
+		}
+	}
+	if early == 0 {
+		t.Fatal("no request stopped before 12 tokens without min_tokens: the test checks nothing")
+	}
+	h.checkWhole()
+}
+
+func TestSamplingFeaturesValidated(t *testing.T) {
+	h := start(t, enginetest.Config{VocabSize: 100}, engine.Config{})
+	tooMany := map[int32]float32{}
+	for i := 0; i <= engine.MaxLogitBias; i++ {
+		tooMany[int32(i)] = 1
+	}
+	for name, sp := range map[string]engine.SamplingParams{
+		"presence":       {PresencePenalty: 2.5},
+		"frequency":      {FrequencyPenalty: -3},
+		"repetition":     {RepetitionPenalty: -1},
+		"min_tokens":     {MinTokens: -1},
+		"min>max":        {MinTokens: 5, MaxTokens: 4},
+		"bias token":     {LogitBias: map[int32]float32{100: 1}},
+		"bias value":     {LogitBias: map[int32]float32{1: 101}},
+		"bias entries":   {LogitBias: tooMany},
+		"bias value nan": {LogitBias: map[int32]float32{1: float32(math.NaN())}},
+	} {
+		if _, err := h.e.Submit(context.Background(), engine.Request{Prompt: []int32{1, 2}, Sampling: sp}); !errors.Is(err, engine.ErrInvalidRequest) {
+			t.Fatalf("%s: got %v, want ErrInvalidRequest", name, err)
+		}
+	}
+	h.checkWhole()
+}
