@@ -1,0 +1,33 @@
+// Package toolparse reads tool calls and reasoning out of generated text, as vLLM's
+// --tool-call-parser and --reasoning-parser do, for the OpenAI chat API's tool_calls and
+// reasoning_content.
+//
+// A Parser is chosen by name (ToolParsers and ReasoningParsers list them):
+//
+//	p, err := toolparse.New("hermes", "qwen3")
+//	res := p.Parse(prompt, text, true)      // whole generation
+//	s := p.NewStream(prompt, true)          // or delta by delta:
+//	d := s.Add(delta)                       // d.Content, d.Reasoning, d.ToolCalls
+//	d = s.Flush()                           // at the end of the generation
+//
+// Streaming never emits partial markup (a "<tool_c" held back until it is known not to
+// open a call), and a stream fed any split of a text gives the same result as Parse,
+// which is the stream fed the whole text at once. Tool-call arguments are the JSON text
+// of the arguments as the model wrote it, so the arguments streamed piece by piece join
+// to the final string.
+//
+// Formats:
+//   - hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Hermes, Qwen2.5,
+//     Qwen3); content is the text before the first call.
+//   - llama3_json: {"name": ..., "parameters": {...}} as the whole output, optionally after
+//     <|python_tag|>, several separated by ';' (Llama 3.1-3.3).
+//   - deepseek_v3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//     ```json ARGS ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> (DeepSeek-V3, R1).
+//   - deepseek_v31: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜> inside the
+//     same calls block (DeepSeek-V3.1).
+//
+// Reasoning: qwen3 and deepseek_r1 read <think>...</think>. deepseek_r1 treats the output
+// as reasoning until </think> (its template opens <think> in the prompt); qwen3 does so
+// when the output starts with <think> or the prompt ends inside an open <think>, and
+// otherwise reads the output as content.
+package toolparse
