@@ -24,8 +24,9 @@ var _ LogitsCapturer = (*Runner)(nil)
 // CaptureLogits makes every later Execute compute the logits of every token row of its
 // plan, not only of the rows the plan samples, and call fn with each of them, in plan
 // order, on the goroutine that runs Execute. Sampling still reads the rows the plan asks
-// for, so the generated tokens do not change. A prompt chunked over several steps is
-// reported once per row; a prefix-cache hit skips the rows it covers (they are not
+// for, so the generated tokens do not change. Rows of drafts the runner rejected are
+// not reported (their positions come again with the right tokens). A prompt chunked over
+// several steps is reported once per row; a prefix-cache hit skips the rows it covers (they are not
 // computed), and a preempted sequence reports the rows it recomputes again. Memory: a
 // step then holds tokens × vocabulary logits. Call it before the engine runs, or between
 // steps from the engine's goroutine; nil stops capturing.
@@ -48,11 +49,16 @@ func (r *Runner) allRows(plan *engine.BatchPlan) *engine.BatchPlan {
 	return &r.all
 }
 
-// emit calls the capture callback with every token row of plan.
+// emit calls the capture callback with every token row of plan but those of rejected
+// drafts (r.res holds the step's verdict).
 func (r *Runner) emit(plan *engine.BatchPlan) {
 	vocab := r.info.VocabSize
 	for i := 0; i < plan.NumSeqs(); i++ {
-		for k := plan.QueryStart[i]; k < plan.QueryStart[i+1]; k++ {
+		end := plan.QueryStart[i+1]
+		if a := r.res.Accepted[i]; a > 0 {
+			end -= plan.NumDrafts[i] - (a - 1)
+		}
+		for k := plan.QueryStart[i]; k < end; k++ {
 			r.capture(LogitsRow{
 				ReqID: plan.ReqIDs[i], Position: plan.Positions[k], Token: plan.Tokens[k],
 				Logits: r.logits[int(k)*vocab : int(k+1)*vocab],

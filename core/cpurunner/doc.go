@@ -3,7 +3,9 @@
 // runs the forward over the BatchPlan, samples one token per sequence that has a logits
 // row (engine.Sampler: greedy, temperature, top-k/p, min-p, seeded) and fills the
 // StepResult with the tokens, their logprobs and the top alternatives asked for. It
-// proposes no drafts and reuses its buffers, so a step allocates nothing in steady state.
+// reuses its buffers, so a step allocates nothing in steady state. A model that proposes
+// drafts (an MTP head) implements Drafter as well: Runner then verifies each plan's
+// drafts against the tokens it samples and asks the model for the next ones (spec.go).
 //
 // A model runner keeps what is its own (loading config and weights, binding its cache to
 // the pool) and embeds a Runner built over a closure that reads its current cache, which

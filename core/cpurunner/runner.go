@@ -39,14 +39,18 @@ type Runner struct {
 	all     engine.BatchPlan // the plan with every token row asked for, while capturing
 	allIdx  []int32
 	allSt   []int32
+
+	drafter Drafter // nil: the model proposes no drafts (spec.go)
+	hist    []int32 // a draft row's token history
 }
 
 var _ engine.Runner = (*Runner)(nil)
 
 // New returns the runner of a model described by info whose forward pass is f. EOS ids
-// outside the vocabulary are dropped (HF configs sometimes list them); the runner proposes
-// no drafts and takes no pending tokens, so Info reports MaxDrafts 0 and AsyncTokens false
-// whatever info says. A nil f makes every Execute fail with ErrNotBound.
+// outside the vocabulary are dropped (HF configs sometimes list them); the runner takes no
+// pending tokens and proposes drafts only when f is a Drafter, so Info reports AsyncTokens
+// false and MaxDrafts 0 (or the Drafter's) whatever info says. A nil f makes every Execute
+// fail with ErrNotBound.
 func New(info engine.RunnerInfo, f Forwarder) *Runner {
 	var eos []int32
 	for _, t := range info.EOS {
@@ -55,7 +59,11 @@ func New(info engine.RunnerInfo, f Forwarder) *Runner {
 		}
 	}
 	info.EOS, info.MaxDrafts, info.AsyncTokens = eos, 0, false
-	return &Runner{info: info, fwd: f}
+	r := &Runner{info: info, fwd: f}
+	if d, ok := f.(Drafter); ok && d.MaxDrafts() > 0 {
+		r.drafter, r.info.MaxDrafts = d, d.MaxDrafts()
+	}
+	return r
 }
 
 // Info describes the runner to the engine.
@@ -83,9 +91,6 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	if err := r.fwd.Forward(run, r.logits); err != nil {
 		return engine.StepResult{}, fmt.Errorf("%s: %w", r.info.Name, err)
 	}
-	if r.capture != nil {
-		r.emit(plan)
-	}
 	b := plan.NumSeqs()
 	res := &r.res
 	res.Reset(b)
@@ -96,6 +101,10 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	for i := 0; i < b; i++ {
 		lo, hi := int(plan.LogitsStart[i]), int(plan.LogitsStart[i+1])
 		if lo == hi {
+			continue
+		}
+		if r.drafter != nil && plan.NumDrafts[i] > 0 {
+			res.Accepted[i] = r.verify(plan, i, lo, hi, anyLP)
 			continue
 		}
 		// Without drafts a sequence has one logits row: its last scheduled token. While
@@ -116,6 +125,14 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 			res.TopTokens = append(res.TopTokens, t.Token)
 			res.TopLogprobs = append(res.TopLogprobs, t.Logprob)
 		}
+	}
+	if r.drafter != nil {
+		if err := r.drafter.Draft(plan, res); err != nil {
+			return engine.StepResult{}, fmt.Errorf("%s: %w", r.info.Name, err)
+		}
+	}
+	if r.capture != nil {
+		r.emit(plan)
 	}
 	return *res, nil
 }
