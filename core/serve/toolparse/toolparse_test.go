@@ -124,7 +124,7 @@ var generations = []generation{
 	},
 	{
 		name: "deepseek_r1 reasoning then deepseek_v3 call", tools: "deepseek_v3", reasoning: "deepseek_r1",
-		text: "The user needs the time.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+		text:     "The user needs the time.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
 		thinking: "The user needs the time.\n",
 		content:  "\n\n",
 		calls:    []call{{"get_time", `{}`}},
