@@ -21,19 +21,56 @@ type metrics struct {
 
 	ttft, itl, e2e    hist
 	schedule, execute hist
+	// Per finished request: its phases (vLLM's request_*_time_seconds) and lengths.
+	queue, prefill, decode, inference hist
+	promptLen, generationLen          hist
 }
 
 var (
-	latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
-	stepBuckets    = []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+	// latencyBuckets reach an hour: long generations and queues under overload take
+	// minutes.
+	latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80,
+		160, 320, 640, 1280, 2400, 3600}
+	// tokenBuckets are 1-2-5 steps up to a million tokens, as vLLM's request length
+	// histograms.
+	tokenBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000,
+		100000, 200000, 500000, 1000000}
+	stepBuckets = []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
 )
 
 func newMetrics() *metrics {
 	return &metrics{
 		ttft: newHist(latencyBuckets), itl: newHist(latencyBuckets), e2e: newHist(latencyBuckets),
 		schedule: newHist(stepBuckets), execute: newHist(stepBuckets),
+		queue: newHist(latencyBuckets), prefill: newHist(latencyBuckets), decode: newHist(latencyBuckets),
+		inference: newHist(latencyBuckets), promptLen: newHist(tokenBuckets), generationLen: newHist(tokenBuckets),
 	}
 }
+
+// observeFinish records a request as it finishes at now: its end-to-end latency and
+// lengths, and once it was scheduled its phases: queue (arrival to first scheduled),
+// prefill (to the first token), decode (first to last token) and inference (first
+// scheduled to the finish). A request preempted and resumed keeps its first times.
+func (m *metrics) observeFinish(r *request, now, epoch time.Time) {
+	m.e2e.observe(now.Sub(r.arrival).Seconds())
+	m.promptLen.observe(float64(r.promptLen))
+	m.generationLen.observe(float64(len(r.tokens) - r.promptLen))
+	if !r.admitted {
+		return
+	}
+	at := func(ns int64) time.Time { return epoch.Add(time.Duration(ns)) }
+	scheduled := at(r.scheduledNs)
+	m.queue.observe(scheduled.Sub(r.arrival).Seconds())
+	m.inference.observe(now.Sub(scheduled).Seconds())
+	if len(r.tokens) > r.promptLen {
+		m.prefill.observe(float64(r.firstTokenNs-r.scheduledNs) * 1e-9)
+		m.decode.observe(float64(r.lastToken-r.firstTokenNs) * 1e-9)
+	}
+}
+
+// sinceEpoch is the scheduler's clock in nanoseconds since its epoch, as request
+// timestamps are kept.
+func (s *Scheduler) sinceEpoch() int64 { return s.now().Sub(s.epoch).Nanoseconds() }
 
 func (m *metrics) observeStep(schedule, execute time.Duration) {
 	m.schedule.observe(schedule.Seconds())
@@ -94,6 +131,8 @@ type collector struct {
 	prompt, generation, queries, hits, preempt *prometheus.Desc
 	drafts, accepted, runnerErrors, finished   *prometheus.Desc
 	ttft, itl, e2e, schedule, execute          *prometheus.Desc
+	queue, prefill, decode, inference          *prometheus.Desc
+	promptLen, generationLen                   *prometheus.Desc
 }
 
 func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
@@ -102,30 +141,37 @@ func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
 	}
 	return &collector{
 		m: m, mu: mu, src: src,
-		running:      d("requests_running", "Requests scheduled in the running set."),
-		waiting:      d("requests_waiting", "Requests waiting for admission."),
-		cache:        d("kv_cache_usage_ratio", "Fraction of the cache pool's pages a group uses.", "group"),
-		prompt:       d("prompt_tokens_total", "Prompt tokens of admitted requests."),
-		generation:   d("generation_tokens_total", "Generated tokens."),
-		queries:      d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
-		hits:         d("prefix_cache_hits_total", "Prompt tokens served by the prefix cache."),
-		preempt:      d("preemptions_total", "Requests preempted by recompute."),
-		drafts:       d("spec_decode_draft_tokens_total", "Draft tokens scheduled for verification."),
-		accepted:     d("spec_decode_accepted_tokens_total", "Draft tokens the runner accepted."),
-		runnerErrors: d("runner_errors_total", "Steps the runner failed."),
-		finished:     d("requests_finished_total", "Finished requests by finish reason.", "reason"),
-		ttft:         d("time_to_first_token_seconds", "Time from arrival to the first token."),
-		itl:          d("inter_token_latency_seconds", "Time between consecutive tokens of a request."),
-		e2e:          d("e2e_request_latency_seconds", "Time from arrival to the terminal event."),
-		schedule:     d("step_schedule_seconds", "Engine time per step: scheduling, plan building and applying the result."),
-		execute:      d("step_execute_seconds", "Runner time per step."),
+		running:       d("requests_running", "Requests scheduled in the running set."),
+		waiting:       d("requests_waiting", "Requests waiting for admission."),
+		cache:         d("kv_cache_usage_ratio", "Fraction of the cache pool's pages a group uses.", "group"),
+		prompt:        d("prompt_tokens_total", "Prompt tokens of admitted requests."),
+		generation:    d("generation_tokens_total", "Generated tokens."),
+		queries:       d("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."),
+		hits:          d("prefix_cache_hits_total", "Prompt tokens served by the prefix cache."),
+		preempt:       d("preemptions_total", "Requests preempted by recompute."),
+		drafts:        d("spec_decode_draft_tokens_total", "Draft tokens scheduled for verification."),
+		accepted:      d("spec_decode_accepted_tokens_total", "Draft tokens the runner accepted."),
+		runnerErrors:  d("runner_errors_total", "Steps the runner failed."),
+		finished:      d("requests_finished_total", "Finished requests by finish reason.", "reason"),
+		ttft:          d("time_to_first_token_seconds", "Time from arrival to the first token."),
+		itl:           d("inter_token_latency_seconds", "Time between consecutive tokens of a request."),
+		e2e:           d("e2e_request_latency_seconds", "Time from arrival to the terminal event."),
+		schedule:      d("step_schedule_seconds", "Engine time per step: scheduling, plan building and applying the result."),
+		execute:       d("step_execute_seconds", "Runner time per step."),
+		queue:         d("request_queue_time_seconds", "Time a finished request waited from arrival until first scheduled."),
+		prefill:       d("request_prefill_time_seconds", "Time from first scheduled to the first token, per finished request."),
+		decode:        d("request_decode_time_seconds", "Time from the first to the last token, per finished request."),
+		inference:     d("request_inference_time_seconds", "Time from first scheduled to the finish, per finished request."),
+		promptLen:     d("request_prompt_tokens", "Prompt tokens per finished request."),
+		generationLen: d("request_generation_tokens", "Generated tokens per finished request."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.cache, c.prompt, c.generation, c.queries, c.hits,
-		c.preempt, c.drafts, c.accepted, c.runnerErrors, c.finished, c.ttft, c.itl, c.e2e, c.schedule, c.execute} {
+		c.preempt, c.drafts, c.accepted, c.runnerErrors, c.finished, c.ttft, c.itl, c.e2e, c.schedule, c.execute,
+		c.queue, c.prefill, c.decode, c.inference, c.promptLen, c.generationLen} {
 		ch <- d
 	}
 }
@@ -160,4 +206,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m.e2e.metric(c.e2e)
 	ch <- m.schedule.metric(c.schedule)
 	ch <- m.execute.metric(c.execute)
+	ch <- m.queue.metric(c.queue)
+	ch <- m.prefill.metric(c.prefill)
+	ch <- m.decode.metric(c.decode)
+	ch <- m.inference.metric(c.inference)
+	ch <- m.promptLen.metric(c.promptLen)
+	ch <- m.generationLen.metric(c.generationLen)
 }

@@ -183,6 +183,7 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 	s.metrics.prefixHits += uint64(hit)
 	if !r.admitted {
 		r.admitted, r.cached = true, min(hit, r.promptLen)
+		r.scheduledNs = s.sinceEpoch()
 		s.metrics.promptTokens += uint64(r.promptLen)
 	}
 	return admitted

@@ -39,6 +39,9 @@ type request struct {
 	end       int     // prompt length + max tokens: the length at which the request is complete
 	promptLen int
 	lastToken int64 // nanoseconds since the scheduler's epoch
+	// scheduledNs and firstTokenNs: when the request was first scheduled and got its
+	// first token, in nanoseconds since the scheduler's epoch (metrics).
+	scheduledNs, firstTokenNs int64
 	out       Output
 	tables    [][]kvslab.PageID // the pool's page tables, per group, while tablesGen != 0
 	last      int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
@@ -463,7 +466,7 @@ func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
 		s.countExtras(r, -1)
 	}
 	s.metrics.finished[reason]++
-	s.metrics.e2e.observe(s.now().Sub(r.arrival).Seconds())
+	s.metrics.observeFinish(r, s.now(), s.epoch)
 	r.out.Finish(reason, err, Usage{
 		PromptTokens: r.promptLen, CompletionTokens: len(r.tokens) - r.promptLen, CachedTokens: r.cached,
 	})

@@ -169,6 +169,7 @@ func (u *stepUpdate) observeToken(r *request) {
 	switch {
 	case len(r.tokens) == r.promptLen:
 		u.s.metrics.ttft.observe(u.now.Sub(r.arrival).Seconds())
+		r.firstTokenNs = u.nowNs
 	case r.lastToken == u.itlFrom:
 		u.itlN++ // the same latency as the previous row's
 	default:
