@@ -42,12 +42,12 @@ type request struct {
 	// scheduledNs and firstTokenNs: when the request was first scheduled and got its
 	// first token, in nanoseconds since the scheduler's epoch (metrics).
 	scheduledNs, firstTokenNs int64
-	out       Output
-	tables    [][]kvslab.PageID // the pool's page tables, per group, while tablesGen != 0
-	last      int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
-	logprobs  int8              // -1: none, else top alternatives wanted
-	state     reqState
-	stops     bool // EOS or stop ids can end this request
+	out                       Output
+	tables                    [][]kvslab.PageID // the pool's page tables, per group, while tablesGen != 0
+	last                      int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
+	logprobs                  int8              // -1: none, else top alternatives wanted
+	state                     reqState
+	stops                     bool // EOS or stop ids can end this request
 	// tablesGen is 0 while the cached tables are stale, else which load they came from
 	// (counting loads, wrapping, never 0): a plan row that holds r's tables of the same
 	// load still holds them as they are.

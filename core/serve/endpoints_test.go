@@ -66,12 +66,12 @@ func TestTokenizeDetokenize(t *testing.T) {
 	}
 
 	for body, param := range map[string]string{
-		`{"tokens":[-1]}`:                          "tokens",
-		`{"tokens":[99999999]}`:                    "tokens",
-		`{}`:                                       "tokens",
-		`{"model":"other","tokens":[1]}`:           "model",
-		`{"prompt":"a","messages":[]}`:             "messages",
-		`{"prompt":3}`:                             "prompt",
+		`{"tokens":[-1]}`:                "tokens",
+		`{"tokens":[99999999]}`:          "tokens",
+		`{}`:                             "tokens",
+		`{"model":"other","tokens":[1]}`: "model",
+		`{"prompt":"a","messages":[]}`:   "messages",
+		`{"prompt":3}`:                   "prompt",
 		`{"prompt":"x","messages":null,"model":1}`: "model",
 	} {
 		path := "/detokenize"
