@@ -15,6 +15,10 @@ model (models/registry.go; 'auto' picks it by config.json's architectures) on th
 checkpoint in --weights DIR, or on seeded random weights of --random-weights CONFIG.
 Without --model the runner is the engine's deterministic test runner. The tokenizer is
 --tokenizer DIR, else the one in --weights, else the built-in tiny one.
-SIGINT/SIGTERM drain running requests (up to --drain-timeout) before exiting.`
+--read-timeout, --idle-timeout, --max-connections, --max-body-bytes and
+--tokenize-budget-bytes bound what one client can hold; /tokenize, /detokenize and /version
+are served as vLLM serves them, and --enable-pprof adds Go profiles under /debug/pprof/.
+SIGINT/SIGTERM drain running requests (up to --drain-timeout) before exiting: /health
+answers 503 meanwhile, and streams still running at the timeout end with an error event.`
 	return cmd
 }

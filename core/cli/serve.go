@@ -16,7 +16,8 @@ import (
 )
 
 // ServeCmd is `serve`: the engine behind core/serve's OpenAI-compatible API
-// (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics). It logs
+// (/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version,
+// /health, /metrics). It logs
 // "serving url=..." to stderr once listening; SIGINT/SIGTERM (or the command's context
 // ending) drain running requests, up to --drain-timeout, then stop the engine.
 func ServeCmd(l Loader) *cobra.Command {
@@ -25,6 +26,7 @@ func ServeCmd(l Loader) *cobra.Command {
 	var port int
 	var maxBody int64
 	var drain, stall time.Duration
+	var lim connLimits
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the model over an OpenAI-compatible HTTP API",
@@ -55,6 +57,9 @@ func ServeCmd(l Loader) *cobra.Command {
 			srv, err := serve.New(serve.Config{
 				Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served,
 				APIKey: apiKey, MaxBodyBytes: maxBody, DrainTimeout: drain, WriteStallTimeout: stall, Logger: log,
+				ReadTimeout: noLimit(lim.read), ReadHeaderTimeout: noLimit(lim.header), IdleTimeout: noLimit(lim.idle),
+				MaxHeaderBytes: lim.headerBytes, MaxConnections: lim.maxConns(),
+				TokenizeBudgetBytes: lim.tokenize, EnablePprof: lim.pprof,
 			})
 			if err != nil {
 				return err
@@ -85,5 +90,6 @@ func ServeCmd(l Loader) *cobra.Command {
 	f.Int64Var(&maxBody, "max-body-bytes", 8<<20, "largest request body accepted (413 above)")
 	f.DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for running requests")
 	f.DurationVar(&stall, "write-stall-timeout", 30*time.Second, "abort a request whose client accepts no bytes for this long (0 = never)")
+	lim.register(cmd)
 	return cmd
 }

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// connLimits are serve's connection-safety flags. On the command line 0 turns a limit
+// off; serve.Config takes a negative value for that.
+type connLimits struct {
+	read, header, idle time.Duration
+	headerBytes        int
+	conns              int
+	tokenize           int64
+	pprof              bool
+}
+
+func (l *connLimits) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.DurationVar(&l.read, "read-timeout", 60*time.Second, "cut off a client whose request (headers and body) takes longer to arrive (408; 0 = never)")
+	f.DurationVar(&l.header, "read-header-timeout", 10*time.Second, "cut off a client whose request headers take longer to arrive (0 = never)")
+	f.DurationVar(&l.idle, "idle-timeout", 60*time.Second, "close a kept-alive connection idle for this long (0 = never)")
+	f.IntVar(&l.headerBytes, "max-header-bytes", 64<<10, "largest request line and headers accepted")
+	f.IntVar(&l.conns, "max-connections", 1024, "connections served at once; more wait until one closes (0 = no cap)")
+	f.Int64Var(&l.tokenize, "tokenize-budget-bytes", 32<<20, "prompt bytes tokenized at once, all requests together; more get 429 (raised to the largest prompt the context allows)")
+	f.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ (behind --api-key when set)")
+}
+
+// noLimit maps the command line's 0 (no limit) to serve.Config's negative value.
+func noLimit(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+func (l *connLimits) maxConns() int {
+	if l.conns == 0 {
+		return -1
+	}
+	return l.conns
+}
