@@ -281,7 +281,7 @@ func TestErrors(t *testing.T) {
 		{"wrong type", "/v1/completions", []byte(`{"prompt": "x", "max_tokens": "many"}`), 400, ""},
 		{"unknown model", "/v1/completions", map[string]any{"model": "gpt-9", "prompt": "x"}, 404, "model_not_found"},
 		{"unknown model chat", "/v1/chat/completions", map[string]any{"model": "gpt-9", "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 404, "model_not_found"},
-		{"n=2", "/v1/completions", map[string]any{"prompt": "x", "n": 2}, 400, ""},
+		{"n=0", "/v1/completions", map[string]any{"prompt": "x", "n": 0}, 400, ""},
 		{"max_tokens 0", "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 0}, 400, ""},
 		{"temperature", "/v1/completions", map[string]any{"prompt": "x", "temperature": 5}, 400, ""},
 		{"empty stop", "/v1/completions", map[string]any{"prompt": "x", "stop": ""}, 400, ""},
@@ -290,7 +290,7 @@ func TestErrors(t *testing.T) {
 		{"no messages", "/v1/chat/completions", map[string]any{"messages": []any{}}, 400, ""},
 		{"bad role", "/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "wizard", "content": "x"}}}, 400, ""},
 		{"image part", "/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "image_url"}}}}}, 400, ""},
-		{"penalty", "/v1/completions", map[string]any{"prompt": "x", "presence_penalty": 1}, 400, ""},
+		{"penalty", "/v1/completions", map[string]any{"prompt": "x", "presence_penalty": 3}, 400, ""},
 		{"no route", "/v1/embeddings", map[string]any{"input": "x"}, 404, "not_found"},
 	} {
 		code, raw := h.post(c.path, c.body)

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"net/http"
 	"time"
 )
@@ -19,8 +20,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if req.Suffix != nil && *req.Suffix != "" {
 		return unsupported("suffix", "suffix")
 	}
-	if req.BestOf != nil && *req.BestOf != 1 {
-		return unsupported("best_of", "best_of other than 1")
+	n, candidates, err := req.choices(req.BestOf)
+	if err != nil {
+		return err
 	}
 	sp, stops, err := req.sampling(defaultCompletionTokens)
 	if err != nil {
@@ -32,74 +34,116 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		}
 		sp.Logprobs, sp.TopLogprobs = true, *req.Logprobs
 	}
-	prompt, err := parsePrompt(req.Prompt)
+	if req.Echo && sp.Logprobs {
+		// Prompt logprobs need the runner to score every prompt token; refused by name
+		// rather than answered without them.
+		return unsupported("echo", "echo with logprobs (prompt logprobs)")
+	}
+	inputs, err := parsePrompts(req.Prompt)
 	if err != nil {
 		return err
 	}
-	ids := prompt.ids
-	if ids == nil {
-		if ids, err = s.encodePrompt(prompt.text, true, "prompt"); err != nil {
+	if len(inputs)*candidates > maxSequences {
+		return invalid("n", "%d prompts x %d candidates exceed the %d sequences one request may ask for.", len(inputs), candidates, maxSequences)
+	}
+	prompts := make([][]int32, len(inputs))
+	for i := range inputs {
+		if prompts[i], err = s.promptIDs(&inputs[i], req.Echo); err != nil {
 			return err
 		}
-		if len(ids) == 0 {
-			return invalid("prompt", "The prompt is empty.")
-		}
-	} else if req.Echo {
-		prompt.text = s.tok.Decode(ids, false)
 	}
-	g := &genRequest{prompt: ids, sampling: sp, stops: stops, skipSpecial: req.skipSpecial()}
+	base := &genRequest{sampling: sp, stops: stops, skipSpecial: req.skipSpecial(), includeStop: req.IncludeStopStrInOutput}
+	if candidates > n {
+		base.sampling.Logprobs = true // best_of ranks by cumulative logprob
+	}
+	gens := fanOut(prompts, base, candidates)
 	id, created := newID("cmpl-"), time.Now().Unix()
-	echo := ""
-	if req.Echo {
-		echo = prompt.text
+	echo := func(c *choiceGen) string {
+		if req.Echo {
+			return inputs[c.prompt].text
+		}
+		return ""
 	}
 	if req.Stream {
-		return s.streamCompletion(w, r, g, &req, id, created, echo)
+		return s.streamCompletion(w, r, gens, prompts, &req, id, created, echo)
 	}
-	text, lps, res, err := s.generateAll(r.Context(), g)
-	if err != nil {
+	if err := s.runAll(r.Context(), gens); err != nil {
 		return err
 	}
-	choice := completionChoice{Text: echo + text, FinishReason: &res.finish}
-	if sp.Logprobs {
-		choice.Logprobs = s.completionLogprobs(lps, len(echo), sp.TopLogprobs > 0)
+	chosen := best(gens, len(prompts), n, candidates)
+	choices := make([]completionChoice, len(chosen))
+	for i, c := range chosen {
+		e := echo(c)
+		choices[i] = completionChoice{Index: i, Text: e + c.text, FinishReason: &c.res.finish}
+		if sp.Logprobs {
+			choices[i].Logprobs = s.completionLogprobs(c.lps, len(e), sp.TopLogprobs > 0)
+		}
 	}
 	writeJSON(w, http.StatusOK, completionResponse{envelope: newEnvelope(id, "text_completion", created, s.modelName(req.Model)),
-		Choices: []completionChoice{choice}, Usage: usageOf(res.usage)})
+		Choices: choices, Usage: usageOf(totalUsage(prompts, chosen, gens))})
 	return nil
 }
 
-func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, g *genRequest, req *completionRequest, id string, created int64, echo string) error {
-	sse := newSSE(w)
-	head := newEnvelope(id, "text_completion", created, s.modelName(req.Model))
-	chunk := func(text string, lp *completionLogprobs, finish *string) completionResponse {
-		return completionResponse{envelope: head, Choices: []completionChoice{{Text: text, Logprobs: lp, FinishReason: finish}}}
+// promptIDs tokenizes a text prompt, or, for token ids, decodes the text echo needs.
+func (s *Server) promptIDs(p *promptInput, echo bool) ([]int32, error) {
+	if p.ids != nil {
+		if echo {
+			p.text = s.tok.Decode(p.ids, false)
+		}
+		return p.ids, nil
 	}
-	offset := len(echo)
-	first := true
-	res, err := s.generate(r.Context(), g, func(d delta) error {
-		text := d.text
-		if first {
-			text, first = echo+text, false
+	ids, err := s.encodePrompt(p.text, true, "prompt")
+	if err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return nil, invalid("prompt", "The prompt is empty.")
+	}
+	return ids, nil
+}
+
+// streamCompletion streams every generation's text as it becomes final, each chunk
+// carrying its choice's index (prompt × n + k), then a finish chunk per choice, the
+// usage chunk when asked, and [DONE].
+func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, gens []*choiceGen, prompts [][]int32, req *completionRequest, id string, created int64, echo func(*choiceGen) string) error {
+	cs := &choiceStream{sse: newSSE(w)}
+	head := newEnvelope(id, "text_completion", created, s.modelName(req.Model))
+	chunk := func(index int, text string, lp *completionLogprobs, finish *string) completionResponse {
+		return completionResponse{envelope: head, Choices: []completionChoice{{Index: index, Text: text, Logprobs: lp, FinishReason: finish}}}
+	}
+	err := s.each(r.Context(), gens, func(ctx context.Context, c *choiceGen) error {
+		index := c.prompt*len(gens)/len(prompts) + c.candidate
+		e := echo(c)
+		offset := len(e)
+		first := true
+		res, err := s.generate(ctx, c.g, func(d delta) error {
+			text := d.text
+			if first {
+				text, first = e+text, false
+			}
+			if text == "" && len(d.logprobs) == 0 {
+				return nil
+			}
+			var lp *completionLogprobs
+			if c.g.sampling.Logprobs {
+				lp = s.completionLogprobs(d.logprobs, offset, c.g.sampling.TopLogprobs > 0)
+			}
+			offset += len(d.text)
+			return cs.send(chunk(index, text, lp, nil))
+		})
+		if err != nil {
+			return err
 		}
-		if text == "" && len(d.logprobs) == 0 {
-			return nil
-		}
-		var lp *completionLogprobs
-		if g.sampling.Logprobs {
-			lp = s.completionLogprobs(d.logprobs, offset, g.sampling.TopLogprobs > 0)
-		}
-		offset += len(d.text)
-		return sse.send(chunk(text, lp, nil))
+		c.res = res
+		return cs.send(chunk(index, "", nil, &c.res.finish))
 	})
 	if err != nil {
-		return sse.abort(r.Context(), err)
+		return cs.sse.abort(r.Context(), err)
 	}
-	var usage any
 	if req.includeUsage() {
-		usage = completionResponse{envelope: head, Choices: []completionChoice{}, Usage: usageOf(res.usage)}
+		_ = cs.send(completionResponse{envelope: head, Choices: []completionChoice{}, Usage: usageOf(totalUsage(prompts, gens, gens))})
 	}
-	sse.end(chunk("", nil, &res.finish), usage)
+	_ = cs.sse.done()
 	return nil
 }
 

@@ -17,6 +17,9 @@ type genRequest struct {
 	sampling    engine.SamplingParams
 	stops       []string
 	skipSpecial bool
+	// includeStop keeps the matched stop string, or the text of a stop_token_ids token,
+	// at the end of the text (vLLM's include_stop_str_in_output). EOS stays out.
+	includeStop bool
 }
 
 // delta is text that became final, with the tokens and logprobs generated since the last
@@ -31,6 +34,9 @@ type delta struct {
 type genResult struct {
 	finish string // "stop" or "length"
 	usage  engine.Usage
+	// cumLogprob sums the logprobs of the generated tokens when they were asked for
+	// (best_of ranks candidates by it).
+	cumLogprob float64
 }
 
 // generate submits r to the engine and calls emit with text as it becomes final (never
@@ -47,6 +53,7 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 	stop := newStopMatcher(r.stops)
 	stopIDs := s.stopIDs(r.sampling.StopTokenIDs, r.sampling.IgnoreEOS)
 	generated := 0
+	var cum float64
 	var d delta
 	for {
 		ev, err := st.Recv(ctx)
@@ -61,15 +68,20 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			d.tokens = append(d.tokens, tok)
 			if i < len(ev.Logprobs) {
 				d.logprobs = append(d.logprobs, ev.Logprobs[i])
+				cum += float64(ev.Logprobs[i].Logprob)
 			}
 			last := i == len(ev.Tokens)-1
-			if last && ev.Finish == engine.FinishStop && slices.Contains(stopIDs, tok) {
+			if last && ev.Finish == engine.FinishStop && slices.Contains(stopIDs, tok) &&
+				!(r.includeStop && slices.Contains(r.sampling.StopTokenIDs, tok)) {
 				break // the stop token ends the text; it is not part of it
 			}
 			var text string
 			text, hit = stop.add(det.Add(tok))
 			d.text += text
 			if hit {
+				if r.includeStop {
+					d.text += stop.matched
+				}
 				break
 			}
 		}
@@ -86,7 +98,7 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			if err := emit(d); err != nil {
 				return genResult{}, err
 			}
-			return genResult{finish: "stop", usage: usage}, nil
+			return genResult{finish: "stop", usage: usage, cumLogprob: cum}, nil
 		}
 		if ev.Finish == engine.FinishNone {
 			if len(d.tokens) > 0 {
@@ -103,6 +115,8 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			d.text += tail
 			if !hit {
 				d.text += stop.flush()
+			} else if r.includeStop {
+				d.text += stop.matched
 			}
 			if err := emit(d); err != nil {
 				return genResult{}, err
@@ -111,7 +125,7 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			if hit {
 				finish = "stop"
 			}
-			return genResult{finish: finish, usage: ev.Usage}, nil
+			return genResult{finish: finish, usage: ev.Usage, cumLogprob: cum}, nil
 		case engine.FinishAbort:
 			if ctx.Err() != nil {
 				return genResult{}, fmt.Errorf("client went away: %w", ctx.Err())
@@ -151,6 +165,7 @@ type stopMatcher struct {
 	stops   []string
 	hold    int // longest stop - 1 bytes stay pending
 	pending string
+	matched string // the stop string found
 }
 
 func newStopMatcher(stops []string) *stopMatcher {
@@ -171,7 +186,7 @@ func (m *stopMatcher) add(text string) (string, bool) {
 	cut := -1
 	for _, s := range m.stops {
 		if i := strings.Index(m.pending, s); i >= 0 && (cut < 0 || i < cut) {
-			cut = i
+			cut, m.matched = i, s
 		}
 	}
 	if cut >= 0 {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -38,6 +39,59 @@ type commonParams struct {
 	FrequencyPenalty  *float64           `json:"frequency_penalty"`
 	LogitBias         map[string]float64 `json:"logit_bias"`
 	User              string             `json:"user"`
+	// vLLM's extensions.
+	RepetitionPenalty      *float64 `json:"repetition_penalty"`
+	MinTokens              *int     `json:"min_tokens"`
+	IncludeStopStrInOutput bool     `json:"include_stop_str_in_output"`
+	// Structured output is not implemented: these are refused by name (see refuseGuided)
+	// rather than accepted and ignored.
+	GuidedChoice  json.RawMessage `json:"guided_choice"`
+	GuidedJSON    json.RawMessage `json:"guided_json"`
+	GuidedRegex   json.RawMessage `json:"guided_regex"`
+	GuidedGrammar json.RawMessage `json:"guided_grammar"`
+}
+
+// Limits on the fan-out of one request: choices per prompt, candidates per prompt
+// (best_of) and engine requests in all (prompts x candidates).
+const (
+	maxN         = 64
+	maxSequences = 256
+)
+
+// choices validates n (and best_of, 0 when absent) and returns how many choices each
+// prompt answers with and how many candidates are generated for them.
+func (p *commonParams) choices(bestOf *int) (n, candidates int, err error) {
+	n = 1
+	if p.N != nil {
+		if *p.N < 1 || *p.N > maxN {
+			return 0, 0, invalid("n", "n must be in [1, %d]; got %d.", maxN, *p.N)
+		}
+		n = *p.N
+	}
+	candidates = n
+	if bestOf != nil {
+		if *bestOf < n || *bestOf > maxN {
+			return 0, 0, invalid("best_of", "best_of must be in [n, %d] (n = %d); got %d.", maxN, n, *bestOf)
+		}
+		candidates = *bestOf
+	}
+	if candidates > n && p.Stream {
+		return 0, 0, invalid("best_of", "best_of greater than n is not supported with stream.")
+	}
+	return n, candidates, nil
+}
+
+// refuseGuided refuses the structured-output fields, naming the one sent.
+func (p *commonParams) refuseGuided() error {
+	for _, f := range [...]struct {
+		name string
+		raw  json.RawMessage
+	}{{"guided_choice", p.GuidedChoice}, {"guided_json", p.GuidedJSON}, {"guided_regex", p.GuidedRegex}, {"guided_grammar", p.GuidedGrammar}} {
+		if v := bytes.TrimSpace(f.raw); len(v) > 0 && string(v) != "null" {
+			return unsupported(f.name, f.name+" (structured output)")
+		}
+	}
+	return nil
 }
 
 // skipSpecial reports whether special tokens are left out of the text (vLLM's default).
@@ -75,6 +129,7 @@ type chatRequest struct {
 // decodeBody reads one JSON object into v, naming the field on a type error.
 func decodeBody(r io.Reader, v any) error {
 	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if ae := readError(err); ae != nil {
 			return ae
@@ -91,6 +146,11 @@ func decodeBody(r io.Reader, v any) error {
 		case errors.Is(err, io.EOF):
 			return invalid("", "The request body is empty; send a JSON object.")
 		}
+		// Fields this server does not know are refused, not ignored.
+		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			field, _ := strconv.Unquote(name)
+			return invalid(field, "Unknown field %s: this server does not support it.", name)
+		}
 		return invalid("", "The request body is not valid JSON: %v.", err)
 	}
 	if dec.More() {
@@ -102,17 +162,43 @@ func decodeBody(r io.Reader, v any) error {
 // sampling validates the shared fields and builds the engine's parameters.
 func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string, error) {
 	var s engine.SamplingParams
-	if p.N != nil && *p.N != 1 {
-		return s, nil, invalid("n", "Only n=1 is supported; got n=%d.", *p.N)
+	if err := p.refuseGuided(); err != nil {
+		return s, nil, err
 	}
-	if p.PresencePenalty != nil && *p.PresencePenalty != 0 {
-		return s, nil, unsupported("presence_penalty", "presence_penalty")
+	for _, f := range [...]struct {
+		name string
+		v    *float64
+		dst  *float32
+	}{{"presence_penalty", p.PresencePenalty, &s.PresencePenalty}, {"frequency_penalty", p.FrequencyPenalty, &s.FrequencyPenalty}} {
+		if f.v == nil {
+			continue
+		}
+		if !(*f.v >= -2 && *f.v <= 2) {
+			return s, nil, invalid(f.name, "%s must be in [-2, 2]; got %v.", f.name, *f.v)
+		}
+		*f.dst = float32(*f.v)
 	}
-	if p.FrequencyPenalty != nil && *p.FrequencyPenalty != 0 {
-		return s, nil, unsupported("frequency_penalty", "frequency_penalty")
+	if p.RepetitionPenalty != nil {
+		if v := *p.RepetitionPenalty; !(v > 0) || math.IsInf(v, 1) {
+			return s, nil, invalid("repetition_penalty", "repetition_penalty must be greater than 0; got %v.", v)
+		}
+		s.RepetitionPenalty = float32(*p.RepetitionPenalty)
 	}
 	if len(p.LogitBias) > 0 {
-		return s, nil, unsupported("logit_bias", "logit_bias")
+		if len(p.LogitBias) > engine.MaxLogitBias {
+			return s, nil, invalid("logit_bias", "logit_bias holds %d entries; at most %d are allowed.", len(p.LogitBias), engine.MaxLogitBias)
+		}
+		s.LogitBias = make(map[int32]float32, len(p.LogitBias))
+		for k, v := range p.LogitBias {
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || id < 0 {
+				return s, nil, invalid("logit_bias", "logit_bias keys must be token ids; got %q.", k)
+			}
+			if !(v >= -100 && v <= 100) {
+				return s, nil, invalid("logit_bias", "logit_bias values must be in [-100, 100]; got %v for token %d.", v, id)
+			}
+			s.LogitBias[int32(id)] = float32(v)
+		}
 	}
 	s.Temperature = 1
 	if p.Temperature != nil {
@@ -153,6 +239,12 @@ func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string
 			return s, nil, invalid("max_tokens", "max_tokens must be at least 1; got %d.", *p.MaxTokens)
 		}
 		s.MaxTokens = *p.MaxTokens
+	}
+	if p.MinTokens != nil {
+		if *p.MinTokens < 0 || *p.MinTokens > s.MaxTokens && s.MaxTokens > 0 {
+			return s, nil, invalid("min_tokens", "min_tokens must be in [0, max_tokens]; got %d.", *p.MinTokens)
+		}
+		s.MinTokens = *p.MinTokens
 	}
 	if p.Seed != nil {
 		s.Seed, s.HasSeed = uint64(*p.Seed), true
@@ -199,36 +291,56 @@ type promptInput struct {
 	ids  []int32
 }
 
-// parsePrompt accepts a string, an array of one string, an array of token ids, or an
-// array of one array of token ids.
-func parsePrompt(raw json.RawMessage) (promptInput, error) {
+// parsePrompts accepts a string, an array of strings, an array of token ids, or an array
+// of arrays of token ids: one prompt or a batch of them (at most maxSequences).
+func parsePrompts(raw json.RawMessage) ([]promptInput, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
-		return promptInput{}, invalid("prompt", "prompt is required.")
+		return nil, invalid("prompt", "prompt is required.")
 	}
 	var text string
 	if err := json.Unmarshal(raw, &text); err == nil {
-		return promptInput{text: text}, nil
+		return []promptInput{{text: text}}, nil
+	}
+	batch := func(n int) error {
+		switch {
+		case n == 0:
+			return invalid("prompt", "The prompt batch is empty.")
+		case n > maxSequences:
+			return invalid("prompt", "At most %d prompts per request; got %d.", maxSequences, n)
+		}
+		return nil
 	}
 	var texts []string
 	if err := json.Unmarshal(raw, &texts); err == nil {
-		if len(texts) != 1 {
-			return promptInput{}, invalid("prompt", "Send one prompt per request; got %d.", len(texts))
+		if err := batch(len(texts)); err != nil {
+			return nil, err
 		}
-		return promptInput{text: texts[0]}, nil
+		out := make([]promptInput, len(texts))
+		for i, t := range texts {
+			out[i].text = t
+		}
+		return out, nil
 	}
 	var ids []int64
 	if err := json.Unmarshal(raw, &ids); err == nil {
-		return idsPrompt(ids)
+		p, err := idsPrompt(ids)
+		return []promptInput{p}, err
 	}
 	var batches [][]int64
 	if err := json.Unmarshal(raw, &batches); err == nil {
-		if len(batches) != 1 {
-			return promptInput{}, invalid("prompt", "Send one prompt per request; got %d.", len(batches))
+		if err := batch(len(batches)); err != nil {
+			return nil, err
 		}
-		return idsPrompt(batches[0])
+		out := make([]promptInput, len(batches))
+		for i, b := range batches {
+			if out[i], err = idsPrompt(b); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
 	}
-	return promptInput{}, invalid("prompt", "prompt must be a string, an array of token ids, or an array holding one of these.")
+	return nil, invalid("prompt", "prompt must be a string, an array of strings, an array of token ids, or an array of arrays of token ids.")
 }
 
 func idsPrompt(ids []int64) (promptInput, error) {
