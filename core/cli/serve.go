@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/resin-llm/resin/core/serve"
+	"github.com/resin-llm/resin/core/serve/toolparse"
 )
 
 // ServeCmd is `serve`: the engine behind core/serve's OpenAI-compatible API
@@ -23,6 +25,7 @@ import (
 func ServeCmd(l Loader) *cobra.Command {
 	var ef EngineFlags
 	var host, addr, apiKey string
+	var toolParser, reasoningParser string
 	var port int
 	var maxBody int64
 	var drain, stall time.Duration
@@ -32,6 +35,9 @@ func ServeCmd(l Loader) *cobra.Command {
 		Short: "Serve the model over an OpenAI-compatible HTTP API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := toolparse.New(toolParser, reasoningParser); err != nil {
+				return err // before loading the model
+			}
 			if apiKey == "" {
 				apiKey = os.Getenv("RESIN_API_KEY")
 			}
@@ -60,6 +66,7 @@ func ServeCmd(l Loader) *cobra.Command {
 				ReadTimeout: noLimit(lim.read), ReadHeaderTimeout: noLimit(lim.header), IdleTimeout: noLimit(lim.idle),
 				MaxHeaderBytes: lim.headerBytes, MaxConnections: lim.maxConns(),
 				TokenizeBudgetBytes: lim.tokenize, EnablePprof: lim.pprof,
+				ToolCallParser: toolParser, ReasoningParser: reasoningParser,
 			})
 			if err != nil {
 				return err
@@ -87,6 +94,8 @@ func ServeCmd(l Loader) *cobra.Command {
 	f.IntVar(&port, "port", 8000, "port to listen on (0 = any free port)")
 	f.StringVar(&addr, "addr", "", "listen address HOST:PORT (overrides --host and --port)")
 	f.StringVar(&apiKey, "api-key", "", "require this Bearer key on /v1 routes (default $RESIN_API_KEY)")
+	f.StringVar(&toolParser, "tool-call-parser", "", "read tool_calls out of chat generations in this format: "+strings.Join(toolparse.ToolParsers(), ", "))
+	f.StringVar(&reasoningParser, "reasoning-parser", "", "read reasoning_content out of chat generations: "+strings.Join(toolparse.ReasoningParsers(), ", "))
 	f.Int64Var(&maxBody, "max-body-bytes", 8<<20, "largest request body accepted (413 above)")
 	f.DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for running requests")
 	f.DurationVar(&stall, "write-stall-timeout", 30*time.Second, "abort a request whose client accepts no bytes for this long (0 = never)")

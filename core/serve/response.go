@@ -1,6 +1,9 @@
 package serve
 
-import "github.com/resin-llm/resin/core/engine"
+import (
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/serve/toolparse"
+)
 
 type usageJSON struct {
 	PromptTokens        int           `json:"prompt_tokens"`
@@ -38,6 +41,9 @@ type chatMessage struct {
 	Role    string  `json:"role"`
 	Content string  `json:"content"`
 	Refusal *string `json:"refusal"`
+	// ReasoningContent and ToolCalls are filled by the server's parsers (chattools.go).
+	ReasoningContent *string              `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolparse.ToolCall `json:"tool_calls,omitempty"`
 }
 
 type chatChoice struct {
@@ -54,8 +60,10 @@ type chatResponse struct {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role             string                    `json:"role,omitempty"`
+	Content          *string                   `json:"content,omitempty"`
+	ReasoningContent *string                   `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolparse.ToolCallDelta `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/serve/toolparse"
 	"github.com/resin-llm/resin/core/tokenizer"
 )
 
@@ -67,6 +68,10 @@ type Config struct {
 	// EnablePprof serves net/http/pprof under /debug/pprof/ (behind the API key when
 	// one is set).
 	EnablePprof bool
+	// ToolCallParser and ReasoningParser name the parsers (toolparse.ToolParsers,
+	// toolparse.ReasoningParsers) that read tool_calls and reasoning_content out of chat
+	// generations, as vLLM's --tool-call-parser and --reasoning-parser; "" for none.
+	ToolCallParser, ReasoningParser string
 	// Logger receives one line per failed request (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -88,6 +93,8 @@ type Server struct {
 	conns atomic.Pointer[limitListener]
 	// encode tokenizes prompts: the tokenizer's Encode (tests count what it sees).
 	encode func(text string, addSpecial bool) ([]int32, error)
+	// parser reads tool calls and reasoning out of chat generations (chattools.go).
+	parser *toolparse.Parser
 }
 
 type httpMetrics struct {
@@ -132,7 +139,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Version == "" {
 		cfg.Version = buildVersion()
 	}
+	parser, err := toolparse.New(cfg.ToolCallParser, cfg.ReasoningParser)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	s := &Server{
+		parser:  parser,
 		cfg:     cfg,
 		eng:     cfg.Engine,
 		tok:     cfg.Tokenizer,
