@@ -49,6 +49,11 @@ type cacheLayout struct {
 	index             []int
 	compOff, indexOff []int
 	stateFloats       int
+	// With the MTP head (mtp): its K=V rows are layer NumHiddenLayers of "swa", and the
+	// state page ends with the main model's final streams of the sequence's last token
+	// (streamOff, hc_mult·hidden floats), the MTP head's input for that position.
+	mtp       bool
+	streamOff int
 }
 
 // layout computes the cache groups for block size pt:
@@ -61,11 +66,20 @@ type cacheLayout struct {
 //   - "state" (Recurrent, one per sequence, checkpointed at block ends for prefix reuse):
 //     per compressed layer in layer order, the compressor's [PendingKV | PendingGate |
 //     PrevKV | PrevGate] (Prev only for CSA), then the indexer's (CSA).
-func layout(c *Config, pt int) *cacheLayout {
+//
+// With mtp (the runner drafts with the MTP head), "swa" has one more layer, the MTP
+// block's: its row for position p sits at token slot p+1, since it depends on the token
+// at p+1 (a block's rows then depend on the block's tokens only, as the prefix cache
+// needs); and "state" ends with the final streams of the sequence's last token.
+func layout(c *Config, pt int, mtp bool) *cacheLayout {
 	const f32 = 4
-	L := &cacheLayout{swa: 0, csa: -1, hca: -1, state: -1}
+	L := &cacheLayout{swa: 0, csa: -1, hca: -1, state: -1, mtp: mtp}
+	swaLayers := c.NumHiddenLayers
+	if mtp {
+		swaLayers++
+	}
 	L.groups = append(L.groups, kvslab.GroupSpec{
-		Name: "swa", Kind: kvslab.SlidingWindow, Layers: c.NumHiddenLayers,
+		Name: "swa", Kind: kvslab.SlidingWindow, Layers: swaLayers,
 		BytesPerToken: c.HeadDim * f32, PageTokens: pt, Window: max(c.SlidingWindow, pt),
 	})
 	var nCSA, nHCA int
@@ -111,6 +125,10 @@ func layout(c *Config, pt int) *cacheLayout {
 		L.groups = append(L.groups, kvslab.GroupSpec{Name: "hca", Kind: kvslab.Compressed, Layers: nHCA,
 			BytesPerToken: c.HeadDim * f32, PageTokens: pt, Ratio: c.CompressRates[HeavilyCompressed]})
 	}
+	if mtp {
+		L.streamOff = L.stateFloats
+		L.stateFloats += c.HCMult * c.HiddenSize
+	}
 	if L.stateFloats > 0 {
 		L.state = len(L.groups)
 		L.groups = append(L.groups, kvslab.GroupSpec{Name: "state", Kind: kvslab.Recurrent, Layers: 1,
@@ -120,9 +138,10 @@ func layout(c *Config, pt int) *cacheLayout {
 }
 
 // CacheGroups declares the model's per-sequence state to a kvslab pool whose block size
-// is pageTokens (see PageTokens; layout describes each group).
+// is pageTokens (see PageTokens; layout describes each group), for a runner that does not
+// draft with the MTP head (see Runner.CacheGroups).
 func CacheGroups(c *Config, pageTokens int) []kvslab.GroupSpec {
-	return layout(c, pageTokens).groups
+	return layout(c, pageTokens, false).groups
 }
 
 // KVCache binds the model's state to a kvslab pool in host memory: each plan's sequences
@@ -136,13 +155,16 @@ type KVCache struct {
 }
 
 // NewKVCache binds the model to pool, whose groups must be CacheGroups'.
-func NewKVCache(c *Config, pool *kvslab.Pool) (*KVCache, error) {
+func NewKVCache(c *Config, pool *kvslab.Pool) (*KVCache, error) { return newKVCache(c, pool, false) }
+
+// newKVCache is NewKVCache for the layout with or without the MTP head's state.
+func newKVCache(c *Config, pool *kvslab.Pool, mtp bool) (*KVCache, error) {
 	hm, ok := pool.Arena().(kvslab.HostMemory)
 	if !ok {
 		return nil, fmt.Errorf("kv cache: the reference forward needs a host-memory arena, got %T", pool.Arena())
 	}
 	pt := pool.BlockTokens()
-	L := layout(c, pt)
+	L := layout(c, pt, mtp)
 	got := pool.Groups()
 	if len(got) != len(L.groups) {
 		return nil, fmt.Errorf("kv cache: the pool has %d groups, the model needs %d (%+v)", len(got), len(L.groups), L.groups)
@@ -161,8 +183,9 @@ func NewKVCache(c *Config, pool *kvslab.Pool) (*KVCache, error) {
 	return &KVCache{c: c, pool: pool, L: L, mem: mem, pt: pt}, nil
 }
 
-// pagedRows is Rows over a group's pages: row i lives in block i/perPage at slot
-// i%perPage of layer's block, stride floats per slot, inner floats into the slot.
+// pagedRows is Rows over a group's pages: row i lives at slot j = i+shift, in block
+// j/perPage at slot j%perPage of layer's block, stride floats per slot, inner floats into
+// the slot.
 type pagedRows struct {
 	kv               *KVCache
 	g                int
@@ -170,9 +193,11 @@ type pagedRows struct {
 	perPage          int
 	layerOff, stride int
 	inner, dim       int
+	shift            int
 }
 
 func (r *pagedRows) Row(i int) []float32 {
+	i += r.shift
 	b := i / r.perPage
 	if b >= len(r.pages) || r.pages[b] == kvslab.NoPage {
 		panic(fmt.Sprintf("deepseekv4flash: row %d of group %d has no page", i, r.g))
@@ -226,7 +251,19 @@ func (kv *KVCache) bind(p *engine.BatchPlan, i int) (*SeqState, error) {
 			ls.Indexer = kv.compressor(live, ckpt, L.indexOff[li], r, c.IndexHeadDim, true, entries(c.HeadDim, c.IndexHeadDim))
 		}
 	}
+	if L.mtp {
+		li := c.NumHiddenLayers
+		st.MTP = &LayerState{Window: &pagedRows{kv: kv, g: L.swa, pages: swa, perPage: kv.pt,
+			layerOff: li * kv.layerFloats(L.swa), stride: c.HeadDim, dim: c.HeadDim, shift: 1}}
+	}
 	return st, nil
+}
+
+// stream returns the final streams of the last token kept in state page page (layout
+// with the MTP head only).
+func (kv *KVCache) stream(page kvslab.PageID) []float32 {
+	off := int(kv.pool.PageOffset(kv.L.state, page)/4) + kv.L.streamOff
+	return kv.mem[off : off+kv.c.HCMult*kv.c.HiddenSize]
 }
 
 // compressor views one compressor's buffers at off in the live state page; at each block
@@ -255,4 +292,67 @@ func (kv *KVCache) compressor(live []float32, ckpt []kvslab.PageID, off, r, d in
 		copy(kv.mem[o:o+n], buf)
 	}
 	return s
+}
+
+// undoLog keeps what a verify forward overwrites for draft tokens, so that the rows of
+// the drafts the runner rejects can be put back exactly: a draft at position q writes,
+// per layer, its sliding-window row q and, per compressor, its window slot q%ratio; when
+// q closes a window, also the window's entry and (overlapping kind) the previous-window
+// buffers. With at most ratio tokens fed per sequence no two of a step's positions share
+// a slot, and at most one of them closes a window, so restoring the rejected positions'
+// records, newest first, leaves the state the accepted tokens alone would have left.
+type undoLog struct {
+	vals []float32
+	recs []undoRec
+}
+
+type undoRec struct {
+	seq, pos, off int
+	dst           []float32
+}
+
+func (u *undoLog) reset() {
+	u.vals = u.vals[:0]
+	u.recs = u.recs[:0]
+}
+
+func (u *undoLog) save(seq, pos int, dst []float32) {
+	u.recs = append(u.recs, undoRec{seq: seq, pos: pos, off: len(u.vals), dst: dst})
+	u.vals = append(u.vals, dst...)
+}
+
+// saveDrafts records what feeding positions [from, to) of plan sequence seq will write
+// in its state st.
+func (u *undoLog) saveDrafts(seq int, st *SeqState, from, to int) {
+	for q := from; q < to; q++ {
+		for li := range st.Layers {
+			ls := &st.Layers[li]
+			u.save(seq, q, ls.Window.Row(q))
+			for _, cs := range []*CompressorState{ls.Compressor, ls.Indexer} {
+				if cs == nil {
+					continue
+				}
+				wd, r := cs.Width(), cs.Ratio
+				slot := q % r
+				u.save(seq, q, cs.PendingKV[slot*wd:(slot+1)*wd])
+				u.save(seq, q, cs.PendingGate[slot*wd:(slot+1)*wd])
+				if slot == r-1 {
+					u.save(seq, q, cs.Entries.Row(q/r))
+					if cs.Overlap {
+						u.save(seq, q, cs.PrevKV)
+						u.save(seq, q, cs.PrevGate)
+					}
+				}
+			}
+		}
+	}
+}
+
+// restore puts back what sequence seq's positions from on overwrote.
+func (u *undoLog) restore(seq, from int) {
+	for k := len(u.recs) - 1; k >= 0; k-- {
+		if r := &u.recs[k]; r.seq == seq && r.pos >= from {
+			copy(r.dst, u.vals[r.off:r.off+len(r.dst)])
+		}
+	}
 }

@@ -17,27 +17,65 @@ import (
 // decoder block with sliding attention ("main" rotary, at position p) and a learned-routing
 // MoE, then the head's own hc_head and norm, and the shared lm_head.
 func (m *Model) MTPForward(st *SeqState, streams []float32, next []int32) ([]float32, error) {
+	if st.MTP == nil {
+		ls := newLayerState(m.Config, SlidingAttention)
+		st.MTP = &ls
+	}
+	logits, err := m.mtpForward([]mtpChunk{{state: st.MTP, pos0: st.MTPLen, streams: streams, next: next}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	st.MTPLen += len(next)
+	return logits, nil
+}
+
+// mtpChunk is one sequence's rows for the MTP head: positions pos0, pos0+1, ..., the main
+// model's final streams there ([rows, hc, hidden]) and the token after each; state is the
+// MTP block's layer state of the sequence.
+type mtpChunk struct {
+	state   *LayerState
+	pos0    int
+	streams []float32
+	next    []int32
+}
+
+// mtpForward runs the MTP head over the rows of every chunk (in chunk order) and returns
+// the logits of the rows listed in rows (flat row indices, ascending; nil: every row),
+// [len(rows), vocab].
+func (m *Model) mtpForward(chunks []mtpChunk, rows []int) ([]float32, error) {
 	c, w := m.Config, m.W
 	if w.MTP == nil {
 		return nil, fmt.Errorf("mtp: the checkpoint has no MTP head (mtp.0.*)")
 	}
 	mt := w.MTP
-	n, h, hc := len(next), c.HiddenSize, c.HCMult
-	if len(streams) != n*hc*h {
-		return nil, fmt.Errorf("mtp: %d stream values for %d rows of %d×%d", len(streams), n, hc, h)
+	h, hc := c.HiddenSize, c.HCMult
+	b := batch{start: []int{0}}
+	var streams []float32
+	states := make([]*LayerState, len(chunks))
+	for ci, ch := range chunks {
+		n := len(ch.next)
+		if len(ch.streams) != n*hc*h {
+			return nil, fmt.Errorf("mtp: %d stream values for %d rows of %d×%d", len(ch.streams), n, hc, h)
+		}
+		for i, t := range ch.next {
+			if t < 0 || int(t) >= c.VocabSize {
+				return nil, fmt.Errorf("mtp: token id %d outside the vocabulary [0, %d)", t, c.VocabSize)
+			}
+			b.pos = append(b.pos, int32(ch.pos0+i))
+		}
+		b.tokens = append(b.tokens, ch.next...)
+		b.start = append(b.start, len(b.tokens))
+		if len(chunks) == 1 {
+			streams = ch.streams
+		} else {
+			streams = append(streams, ch.streams...)
+		}
+		states[ci] = ch.state
 	}
-	if st.MTP == nil {
-		ls := newLayerState(c, SlidingAttention)
-		st.MTP = &ls
-	}
-	p0 := st.MTPLen
-	b := batch{tokens: next, start: []int{0, n}}
-	for i := range n {
-		b.pos = append(b.pos, int32(p0+i))
-	}
+	n := len(b.tokens)
 	eps := float32(c.RMSNormEps)
 	e := make([]float32, n*h)
-	if err := ref.Embedding(e, w.Embed, next, h); err != nil {
+	if err := ref.Embedding(e, w.Embed, b.tokens, h); err != nil {
 		return nil, fmt.Errorf("mtp: %w", err)
 	}
 	if err := ref.RMSNorm(e, e, mt.ENorm, n, h, eps); err != nil {
@@ -63,10 +101,16 @@ func (m *Model) MTPForward(st *SeqState, streams []float32, next []int32) ([]flo
 			}
 		}
 	}
-	out, err := m.block(&mt.Block, SlidingAttention, MoE, x, &b, []*LayerState{st.MTP})
+	out, err := m.block(&mt.Block, SlidingAttention, MoE, x, &b, states)
 	if err != nil {
 		return nil, fmt.Errorf("mtp: %w", err)
 	}
-	st.MTPLen += n
+	if rows != nil {
+		sel := make([]float32, 0, len(rows)*hc*h)
+		for _, r := range rows {
+			sel = append(sel, out[r*hc*h:(r+1)*hc*h]...)
+		}
+		out, n = sel, len(rows)
+	}
 	return m.head(out, n, mt.HCFn, mt.HCBase, mt.HCScale, mt.Norm)
 }

@@ -22,6 +22,9 @@ type Options struct {
 	PageTokens int
 	// Seed seeds the random weights used when the directory holds no safetensors.
 	Seed uint64
+	// MTP makes the runner draft one token per step with the checkpoint's MTP head
+	// (speculative decoding; see NewMTPRunner).
+	MTP bool
 }
 
 // Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
@@ -33,7 +36,17 @@ type Runner struct {
 	*cpurunner.Runner // Info, Execute, CaptureLogits
 	Model             *Model
 	pageTokens        int
+	drafts            int      // per step, from the MTP head (0: no speculative decoding)
 	kv                *KVCache // nil until Bind
+
+	// The step in flight, for Draft: each sequence's bound state, the final streams of
+	// every row, and what the forward overwrote for draft tokens.
+	states  []*SeqState
+	streams []float32
+	undo    undoLog
+	// forceDraft, when set (tests), chooses each draft from the MTP head's logits for the
+	// token at position pos of a request whose prompt has promptLen tokens.
+	forceDraft func(promptLen, pos int, logits []float32) int32
 }
 
 var _ engine.Runner = (*Runner)(nil)
@@ -41,18 +54,39 @@ var _ engine.Runner = (*Runner)(nil)
 // NewRunner wraps a model; bind it to a cache pool with NewPool (or Bind) before Execute.
 func NewRunner(m *Model, pageTokens int) *Runner {
 	r := &Runner{Model: m, pageTokens: PageTokens(m.Config, pageTokens)}
+	r.Runner = cpurunner.New(r.info(), cpurunner.ForwardFunc(r.forward))
+	return r
+}
+
+// NewMTPRunner is NewRunner for a runner that decodes speculatively with the model's MTP
+// head (num_nextn_predict_layers = 1): each step it proposes one draft token per
+// sequence, which the next step verifies (see mtp.go's MTP step and cpurunner.Drafter
+// for the verification). Greedy and seeded output are the same as NewRunner's. Its pool
+// holds the MTP block's sliding window and the streams it reads (Runner.CacheGroups).
+func NewMTPRunner(m *Model, pageTokens int) (*Runner, error) {
 	c := m.Config
-	info := engine.RunnerInfo{
-		Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
+	if m.W.MTP == nil || c.NumNextNPredictLayers < 1 {
+		return nil, fmt.Errorf("%s: speculative decoding needs the MTP head (num_nextn_predict_layers %d, mtp.0.* loaded: %v)",
+			Name, c.NumNextNPredictLayers, m.W.MTP != nil)
+	}
+	r := &Runner{Model: m, pageTokens: PageTokens(c, pageTokens), drafts: 1}
+	for i := range c.LayerTypes {
+		// A verify step feeds 1+drafts tokens per sequence; the undo log needs them in
+		// distinct slots of every compressor's window.
+		if ratio := c.LayerRatio(i); ratio > 0 && ratio < 1+r.drafts {
+			return nil, fmt.Errorf("%s: %d drafts per step need compression ratios of at least %d, layer %d has %d", Name, r.drafts, 1+r.drafts, i, ratio)
+		}
+	}
+	r.Runner = cpurunner.New(r.info(), mtpDrafter{r})
+	return r, nil
+}
+
+func (r *Runner) info() engine.RunnerInfo {
+	c := r.Model.Config
+	return engine.RunnerInfo{
+		Name: Name, VocabSize: c.VocabSize, MaxContext: r.Model.MaxContext(), EOS: c.EOSTokenID,
 		CacheGroups: r.CacheGroups(),
 	}
-	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
-		if r.kv == nil {
-			return cpurunner.ErrNotBound
-		}
-		return r.forward(p, logits)
-	}))
-	return r
 }
 
 // Load opens the model in dir: config.json and its safetensors weights, or, when dir holds
@@ -90,6 +124,9 @@ func Load(dir string, opts Options) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.MTP {
+		return NewMTPRunner(m, opts.PageTokens)
+	}
 	return NewRunner(m, opts.PageTokens), nil
 }
 
@@ -107,8 +144,11 @@ func Open(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
 	return r, pool, nil
 }
 
-// CacheGroups returns the groups the runner's pool must hold.
-func (r *Runner) CacheGroups() []kvslab.GroupSpec { return CacheGroups(r.Model.Config, r.pageTokens) }
+// CacheGroups returns the groups the runner's pool must hold: CacheGroups', with the MTP
+// head's state when the runner drafts.
+func (r *Runner) CacheGroups() []kvslab.GroupSpec {
+	return layout(r.Model.Config, r.pageTokens, r.drafts > 0).groups
+}
 
 // NewPool builds a host-memory pool of bytes bytes (0 = 256 MiB) for the model's cache
 // groups and binds the runner to it. Pass it to engine.New in engine.Config.Pool.
@@ -122,7 +162,7 @@ func (r *Runner) NewPool(bytes int64) (*kvslab.Pool, error) {
 
 // Bind makes the runner read and write its cache in pool.
 func (r *Runner) Bind(pool *kvslab.Pool) error {
-	kv, err := NewKVCache(r.Model.Config, pool)
+	kv, err := newKVCache(r.Model.Config, pool, r.drafts > 0)
 	if err != nil {
 		return fmt.Errorf("%s: %w", Name, err)
 	}
@@ -131,9 +171,16 @@ func (r *Runner) Bind(pool *kvslab.Pool) error {
 }
 
 // forward runs one plan: each sequence's scheduled tokens continue its state in the pool,
-// and the rows plan.LogitsIndices names get logits.
+// and the rows plan.LogitsIndices names get logits. When the runner drafts, it first
+// records what the plan's draft tokens will overwrite (undoLog) and keeps the states and
+// streams for draft.
 func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
+	if r.kv == nil {
+		return cpurunner.ErrNotBound
+	}
 	chunks := make([]Chunk, p.NumSeqs())
+	r.states = r.states[:0]
+	r.undo.reset()
 	for i := range chunks {
 		st, err := r.kv.bind(p, i)
 		if err != nil {
@@ -141,14 +188,140 @@ func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
 		}
 		toks, _ := p.Seq(i)
 		chunks[i] = Chunk{State: st, Tokens: toks}
+		if r.drafts > 0 {
+			r.states = append(r.states, st)
+			if k := int(p.NumDrafts[i]); k > 0 {
+				end := st.Len + len(toks)
+				r.undo.saveDrafts(i, st, end-k, end)
+			}
+		}
 	}
-	all, _, err := r.Model.Forward(chunks)
+	all, streams, err := r.Model.Forward(chunks)
 	if err != nil {
 		return err
 	}
+	r.streams = streams
 	v := r.Model.Config.VocabSize
 	for j, row := range p.LogitsIndices {
 		copy(logits[j*v:(j+1)*v], all[int(row)*v:(int(row)+1)*v])
 	}
 	return nil
+}
+
+// mtpDrafter is the runner's forward with the MTP head as cpurunner's Drafter.
+type mtpDrafter struct{ r *Runner }
+
+func (d mtpDrafter) Forward(p *engine.BatchPlan, logits []float32) error {
+	return d.r.forward(p, logits)
+}
+func (d mtpDrafter) MaxDrafts() int { return d.r.drafts }
+func (d mtpDrafter) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
+	return d.r.draft(p, res)
+}
+
+// draft finishes a step of a drafting runner once the plan's tokens are sampled and its
+// drafts verified (res): for each sequence it puts back what rejected drafts wrote
+// (undoLog; the engine then truncates their slots), keeps the final streams of its last
+// accepted token in the state page (and at each block end the step accepted, in that
+// block's checkpoint), and runs the MTP head over every position whose next token is now
+// known: the last position of the previous step (whose next token this step fed), the
+// accepted ones, and, when the sequence got a token, a last row reading it, whose logits
+// give the next draft (greedy). That row's K=V goes to a scratch row, not to the pool:
+// its slot lies past the tokens the step reserved, and the next step recomputes it.
+func (r *Runner) draft(p *engine.BatchPlan, res *engine.StepResult) error {
+	c := r.Model.Config
+	sw := c.HCMult * c.HiddenSize
+	bt := r.kv.pt
+	var chunks []mtpChunk
+	var draftRows, draftSeqs []int
+	rows, tok := 0, 0
+	for i := range p.ReqIDs {
+		st := r.states[i]
+		at, q0 := int(p.Computed[i]), int(p.QueryStart[i])
+		n, k, a := int(p.Scheduled[i]), int(p.NumDrafts[i]), int(res.Accepted[i])
+		end := at + n // the sequence's length after the step
+		if a > 0 {
+			end = at + n - k + a - 1
+			if a-1 < k {
+				r.undo.restore(i, end)
+			}
+		}
+		live := r.kv.stream(p.Groups[r.kv.L.state].StatePage[i])
+		ckpt := p.PageTableOf(r.kv.L.state, i)
+		// The MTP rows: positions from..end-1 have their next token in the plan; the
+		// last accepted token follows position end-1.
+		from := max(at-1, 0)
+		var streams []float32
+		var next []int32
+		if from < at {
+			streams = append(streams, live...)
+		}
+		streams = append(streams, r.streams[q0*sw:(q0+end-1-at)*sw]...)
+		next = append(next, p.Tokens[q0+from+1-at:q0+end-at]...)
+		if a > 0 {
+			streams = append(streams, r.streams[(q0+end-1-at)*sw:(q0+end-at)*sw]...)
+			next = append(next, res.Tokens[tok+a-1])
+		}
+		tok += a
+		copy(live, r.streams[(q0+end-1-at)*sw:(q0+end-at)*sw])
+		for q := at + bt - 1 - at%bt; q < end; q += bt {
+			if b := q / bt; b < len(ckpt) && ckpt[b] != kvslab.NoPage {
+				copy(r.kv.stream(ckpt[b]), r.streams[(q0+q-at)*sw:(q0+q-at+1)*sw])
+			}
+		}
+		if len(next) == 0 {
+			continue
+		}
+		win := st.MTP.Window
+		if a > 0 {
+			win = &scratchRows{Rows: win, at: end - 1, row: make([]float32, c.HeadDim)}
+			draftRows = append(draftRows, rows+len(next)-1)
+			draftSeqs = append(draftSeqs, i)
+		}
+		chunks = append(chunks, mtpChunk{state: &LayerState{Window: win}, pos0: from, streams: streams, next: next})
+		rows += len(next)
+	}
+	if len(chunks) == 0 {
+		return nil
+	}
+	logits, err := r.Model.mtpForward(chunks, draftRows)
+	if err != nil {
+		return err
+	}
+	v := c.VocabSize
+	for j, i := range draftSeqs {
+		d := argmax(logits[j*v : (j+1)*v])
+		if r.forceDraft != nil {
+			pos := int(p.Computed[i]+p.Scheduled[i]-p.NumDrafts[i]) + int(res.Accepted[i])
+			d = r.forceDraft(int(p.PromptLen[i]), pos, logits[j*v:(j+1)*v])
+		}
+		res.NumNextDrafts[i] = 1
+		res.Drafts = append(res.Drafts, d)
+	}
+	return nil
+}
+
+// scratchRows is Rows that keeps row at in a scratch buffer, the rest in Rows.
+type scratchRows struct {
+	Rows
+	at  int
+	row []float32
+}
+
+func (s *scratchRows) Row(i int) []float32 {
+	if i == s.at {
+		return s.row
+	}
+	return s.Rows.Row(i)
+}
+
+// argmax returns the index of the largest value (the lowest one on a tie).
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
 }

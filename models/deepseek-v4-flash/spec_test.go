@@ -1,0 +1,167 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
+)
+
+// mtpRunner is testRunner's model behind a runner that drafts with the MTP head.
+func mtpRunner(t testing.TB) (*Runner, *kvslab.Pool) {
+	t.Helper()
+	r, err := NewMTPRunner(tinyModel(t), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := r.NewPool(8 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, pool
+}
+
+// TestMTPRunnerConformance runs core/runnertest's suite on the drafting runner.
+func TestMTPRunnerConformance(t *testing.T) {
+	runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) { return mtpRunner(t) }, runnertest.Options{MaxTokens: 12})
+}
+
+// specPrompts are prompts of distinct lengths (forceDraft tells requests apart by it)
+// whose prefills and decodes close CSA (4) and HCA (8) windows and blocks (8 tokens) at
+// every offset, inside and across steps.
+func specPrompts(vocab int) [][]int32 {
+	var ps [][]int32
+	for i, n := range []int{5, 14, 22, 23, 31, 40} {
+		ps = append(ps, runnertest.Prompt(n, vocab, 20+i))
+	}
+	return ps
+}
+
+// generate runs the prompts together through the engine on r and returns each output
+// and the engine's counters.
+func generate(t *testing.T, r *Runner, pool *kvslab.Pool, prompts [][]int32, sp engine.SamplingParams, budget int) ([]runnertest.Output, engine.Counters) {
+	t.Helper()
+	s := runnertest.New(t, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
+	h := s.StartWith(t, r, pool, engine.Config{MaxBatchTokens: budget})
+	outs := h.GenerateAll(t, prompts, sp)
+	c := h.Counters()
+	h.Stop(t)
+	return outs, c
+}
+
+// TestMTPGreedyEqualsPlain checks through the real engine that decoding with MTP drafts
+// gives what decoding without them gives, token for token (and log probabilities within
+// 1e-5), for a mixed batch of prompts whose lengths put the drafts at every offset of
+// the compression windows and blocks: with the MTP head's own drafts, and with drafts
+// forced right except at every third position, so that drafts are accepted and rejected
+// everywhere, window-closing positions and block ends included. Seeded sampling at
+// temperature 0.8 must agree too.
+func TestMTPGreedyEqualsPlain(t *testing.T) {
+	m := tinyModel(t)
+	prompts := specPrompts(m.Config.VocabSize)
+	greedy := engine.SamplingParams{MaxTokens: 24, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3}
+	seeded := engine.SamplingParams{MaxTokens: 16, IgnoreEOS: true, Temperature: 0.8, Seed: 3, HasSeed: true}
+	for _, sp := range []engine.SamplingParams{greedy, seeded} {
+		for _, budget := range []int{0, 13} {
+			plainR := NewRunner(m, 8)
+			pool, err := plainR.NewPool(8 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := generate(t, plainR, pool, prompts, sp, budget)
+			// The whole sequences, for the forced drafts.
+			full := map[int][]int32{}
+			for i, p := range prompts {
+				full[len(p)] = append(slices.Clone(p), want[i].Tokens...)
+			}
+			for _, forced := range []bool{false, true} {
+				r, pool := mtpRunner(t)
+				if forced {
+					r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
+						seq := full[promptLen]
+						if pos >= len(seq) || pos%3 == 0 {
+							return (argmax(logits) + 1) % int32(m.Config.VocabSize)
+						}
+						return seq[pos]
+					}
+				}
+				got, c := generate(t, r, pool, prompts, sp, budget)
+				what := fmt.Sprintf("T=%g budget %d forced %v", sp.Temperature, budget, forced)
+				for i := range prompts {
+					if !slices.Equal(got[i].Tokens, want[i].Tokens) {
+						t.Fatalf("%s: prompt of %d tokens: %v with MTP, %v without", what, len(prompts[i]), got[i].Tokens, want[i].Tokens)
+					}
+					for j, lp := range got[i].Logprobs {
+						if d := float64(lp.Logprob - want[i].Logprobs[j].Logprob); d > 1e-5 || d < -1e-5 {
+							t.Fatalf("%s: prompt %d token %d: logprob %g, want %g", what, i, j, lp.Logprob, want[i].Logprobs[j].Logprob)
+						}
+					}
+				}
+				if c.DraftsProposed == 0 || forced && (c.DraftsAccepted == 0 || c.DraftsAccepted == c.DraftsProposed) {
+					t.Errorf("%s: %d drafts, %d accepted", what, c.DraftsProposed, c.DraftsAccepted)
+				}
+				t.Logf("%s: %d drafts, %d accepted (%.0f%%)", what, c.DraftsProposed, c.DraftsAccepted, 100*float64(c.DraftsAccepted)/float64(max(c.DraftsProposed, 1)))
+			}
+		}
+	}
+}
+
+// TestMTPDraftsMatchReference checks the drafts the runner proposes through the engine
+// (chunked prefills mixed with decodes, rejected drafts rolled back, a prefix-cache hit
+// whose first MTP row reads the streams checkpointed at the hit's block end) against the
+// MTP head run in Go memory over the whole sequence, the path the transformers/vLLM
+// parity test checks: the draft for position p comes from the MTP logits of row p−2
+// (streams at p−2, token p−1), which must agree within 1e-5.
+func TestMTPDraftsMatchReference(t *testing.T) {
+	m := tinyModel(t)
+	v := m.Config.VocabSize
+	prefix := runnertest.Prompt(16, v, 40)
+	prompts := [][]int32{
+		append(slices.Clone(prefix), runnertest.Prompt(3, v, 41)...),
+		runnertest.Prompt(11, v, 42),
+		// After the first: a 2-block hit; its first draft row reads the MTP row of the
+		// hit's last position, computed from the streams checkpointed there.
+		append(slices.Clone(prefix), runnertest.Prompt(2, v, 43)...),
+	}
+	r, pool := mtpRunner(t)
+	type key struct{ promptLen, pos int }
+	drafts := map[key][]float32{}
+	r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
+		drafts[key{promptLen, pos}] = slices.Clone(logits)
+		return argmax(logits)
+	}
+	s := runnertest.New(t, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
+	h := s.StartWith(t, r, pool, engine.Config{MaxBatchTokens: 7})
+	sp := engine.SamplingParams{MaxTokens: 14, IgnoreEOS: true}
+	outs := h.GenerateAll(t, prompts[:2], sp)
+	hits := h.Counters().PrefixHits
+	outs = append(outs, h.Generate(t, prompts[2], sp))
+	if h.Counters().PrefixHits <= hits {
+		t.Error("the third prompt got no prefix-cache hit")
+	}
+	h.Stop(t)
+	checked, worst := 0, 0.0
+	for i, p := range prompts {
+		full := append(slices.Clone(p), outs[i].Tokens...)
+		ref := runMTP(t, m, full, []int{len(full)})
+		for pos := len(p) + 1; pos < len(full); pos++ {
+			got, ok := drafts[key{len(p), pos}]
+			if !ok {
+				if prev := drafts[key{len(p), pos - 1}]; prev == nil || argmax(prev) != full[pos-1] {
+					t.Fatalf("prompt %d: no draft for position %d after a rejected one", i, pos)
+				}
+				continue // the previous draft was accepted: its step proposed for pos+1
+			}
+			d, _ := maxAbsDiff(got, ref[(pos-2)*v:(pos-1)*v])
+			if d > 1e-5 {
+				t.Fatalf("prompt %d: the MTP logits for position %d differ from the reference by %g", i, pos, d)
+			}
+			worst = max(worst, d)
+			checked++
+		}
+	}
+	t.Logf("%d drafts' MTP logits match the reference head, max |Δ| %.3g", checked, worst)
+}
