@@ -2,6 +2,7 @@ package serve
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"time"
 
@@ -62,61 +63,96 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if len(ids) == 0 {
 		return invalid("messages", "The rendered prompt is empty.")
 	}
-	g := &genRequest{prompt: ids, sampling: sp, stops: stops, skipSpecial: req.skipSpecial()}
-	id, created := newID("chatcmpl-"), time.Now().Unix()
-	if req.Stream {
-		return s.streamChat(w, r, g, &req, id, created)
-	}
-	text, lps, res, err := s.generateAll(r.Context(), g)
+	n, _, err := req.choices(nil)
 	if err != nil {
 		return err
 	}
-	choice := chatChoice{Message: chatMessage{Role: "assistant", Content: text}, FinishReason: res.finish}
-	if sp.Logprobs {
-		choice.Logprobs = s.chatLogprobs(lps)
+	base := &genRequest{sampling: sp, stops: stops, skipSpecial: req.skipSpecial(), includeStop: req.IncludeStopStrInOutput}
+	gens := fanOut([][]int32{ids}, base, n)
+	id, created := newID("chatcmpl-"), time.Now().Unix()
+	if req.Stream {
+		return s.streamChat(w, r, gens, &req, prompt, id, created)
+	}
+	if err := s.runAll(r.Context(), gens); err != nil {
+		return err
+	}
+	choices := make([]chatChoice, len(gens))
+	for i, c := range gens {
+		choices[i] = s.chatChoiceOf(i, c, &req, prompt)
 	}
 	writeJSON(w, http.StatusOK, chatResponse{envelope: newEnvelope(id, "chat.completion", created, s.modelName(req.Model)),
-		Choices: []chatChoice{choice}, Usage: usageOf(res.usage)})
+		Choices: choices, Usage: usageOf(totalUsage([][]int32{ids}, gens, gens))})
 	return nil
 }
 
-func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, g *genRequest, req *chatRequest, id string, created int64) error {
-	sse := newSSE(w)
-	head := newEnvelope(id, "chat.completion.chunk", created, s.modelName(req.Model))
-	chunk := func(d chatDelta, lp *chatLogprobs, finish *string) chatChunk {
-		return chatChunk{envelope: head, Choices: []chatChunkChoice{{Delta: d, Logprobs: lp, FinishReason: finish}}}
+// chatChoiceOf assembles choice i of a chat response from its generation: the text as
+// content, then what the tool-call and reasoning parsers read from it, then logprobs.
+func (s *Server) chatChoiceOf(i int, c *choiceGen, req *chatRequest, prompt string) chatChoice {
+	choice := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: c.text}, FinishReason: c.res.finish}
+	s.newChatParser(req, prompt).fill(&choice) // tool calls and reasoning (chattools.go)
+	if c.g.sampling.Logprobs {
+		choice.Logprobs = s.chatLogprobs(c.lps)
 	}
-	empty := ""
-	first := true
-	res, err := s.generate(r.Context(), g, func(d delta) error {
+	return choice
+}
+
+// streamChat streams every choice: a role chunk, content deltas as text becomes final
+// (through the tool-call and reasoning parsers), a finish chunk, each with its index;
+// then the usage chunk when asked, and [DONE].
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, gens []*choiceGen, req *chatRequest, prompt, id string, created int64) error {
+	cs := &choiceStream{sse: newSSE(w)}
+	head := newEnvelope(id, "chat.completion.chunk", created, s.modelName(req.Model))
+	chunk := func(index int, d chatDelta, lp *chatLogprobs, finish *string) chatChunk {
+		return chatChunk{envelope: head, Choices: []chatChunkChoice{{Index: index, Delta: d, Logprobs: lp, FinishReason: finish}}}
+	}
+	err := s.each(r.Context(), gens, func(ctx context.Context, c *choiceGen) error {
+		index := c.candidate
+		parse := s.newChatParser(req, prompt) // tool calls and reasoning (chattools.go)
+		empty := ""
+		first := true
+		res, err := s.generate(ctx, c.g, func(d delta) error {
+			if first {
+				first = false
+				if err := cs.send(chunk(index, chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+					return err
+				}
+			}
+			if d.text == "" && len(d.logprobs) == 0 {
+				return nil
+			}
+			var lp *chatLogprobs
+			if c.g.sampling.Logprobs {
+				lp = s.chatLogprobs(d.logprobs)
+			}
+			cd, ok := parse.delta(d.text)
+			if !ok && lp == nil {
+				return nil
+			}
+			return cs.send(chunk(index, cd, lp, nil))
+		})
+		if err != nil {
+			return err
+		}
+		c.res = res
 		if first {
-			first = false
-			if err := sse.send(chunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+			if err := cs.send(chunk(index, chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
 				return err
 			}
 		}
-		if d.text == "" && len(d.logprobs) == 0 {
-			return nil
+		tail, finish := parse.flush(res.finish)
+		if tail != nil {
+			if err := cs.send(chunk(index, *tail, nil, nil)); err != nil {
+				return err
+			}
 		}
-		var lp *chatLogprobs
-		if g.sampling.Logprobs {
-			lp = s.chatLogprobs(d.logprobs)
-		}
-		text := d.text
-		return sse.send(chunk(chatDelta{Content: &text}, lp, nil))
+		return cs.send(chunk(index, chatDelta{}, nil, &finish))
 	})
 	if err != nil {
-		return sse.abort(r.Context(), err)
+		return cs.sse.abort(r.Context(), err)
 	}
-	if first {
-		if err := sse.send(chunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
-			return nil
-		}
-	}
-	var usage any
 	if req.includeUsage() {
-		usage = chatChunk{envelope: head, Choices: []chatChunkChoice{}, Usage: usageOf(res.usage)}
+		_ = cs.send(chatChunk{envelope: head, Choices: []chatChunkChoice{}, Usage: usageOf(totalUsage([][]int32{gens[0].g.prompt}, gens, gens))})
 	}
-	sse.end(chunk(chatDelta{}, nil, &res.finish), usage)
+	_ = cs.sse.done()
 	return nil
 }
