@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"unsafe"
 
+	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
@@ -164,4 +166,148 @@ func TestMTPDraftsMatchReference(t *testing.T) {
 		}
 	}
 	t.Logf("%d drafts' MTP logits match the reference head, max |Δ| %.3g", checked, worst)
+}
+
+// TestRejectedDraftRestoresEveryGroup feeds a draft that the runner must reject, at a
+// position that closes a CSA window, an HCA window and a block (and, in the other cases,
+// a CSA window only, or that opens a block), and, a window later, one it must accept,
+// and compares the sequence's cache, every
+// page of every group (sliding-window rows of every layer and the MTP block, CSA entries
+// and indexer keys, HCA entries, the compressors' buffers, the MTP streams, checkpoints),
+// with a twin run that never saw the draft; then both decode on and must give the same
+// logits. The verify step computes the accepted row in a batch of two rows instead of
+// one, which the tiny config's GEMMs (gonum's serial kernel, whose per-element sums do
+// not depend on the number of rows) make bitwise equal: max |Δ| is 0 and the test allows
+// 1e-6 for a GEMM that blocks by batch size.
+func TestRejectedDraftRestoresEveryGroup(t *testing.T) {
+	m := tinyModel(t)
+	v := m.Config.VocabSize
+	for _, tc := range []struct {
+		name   string
+		prompt int // the draft sits at position prompt+1
+		ratio  int // the accepted draft sits ratio positions after the rejected one
+	}{
+		{"CSA and HCA windows and a block close", 22, 8},
+		{"a CSA window closes", 18, 4},
+		{"a block opens", 23, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			var rs [2]*Runner
+			var pools [2]*kvslab.Pool
+			var seqs [2]*runnertest.Seq
+			var rows [2][][]float32
+			for k := range rs {
+				rs[k], pools[k] = mtpRunner(t)
+				seqs[k] = runnertest.OpenSeq(t, pools[k], runnertest.Prompt(tc.prompt, v, 50))
+				rs[k].CaptureLogits(func(row cpurunner.LogitsRow) { rows[k] = append(rows[k], slices.Clone(row.Logits)) })
+			}
+			step := func(k, n int) []int32 {
+				t.Helper()
+				res, err := rs[k].Execute(ctx, runnertest.Plan(t, pools[k], seqs[k:k+1], []int{n}, false))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := slices.Clone(res.Tokens)
+				runnertest.Settle(t, pools[k], seqs[k], got)
+				return got
+			}
+			for k := range rs {
+				step(k, tc.prompt)
+			}
+			// The twin decodes the next token plainly; the other feeds a wrong draft after
+			// the same token.
+			want := step(1, 1)
+			seqs[0].Drafts = []int32{(want[0] + 1) % int32(v)}
+			if got := step(0, 1); !slices.Equal(got, want) {
+				t.Fatalf("verify step accepted %v, want %v (the draft rejected)", got, want)
+			}
+			compareCaches(t, "after the rejected draft", pools, seqs)
+			// Then a right draft at the same kind of position a window later: accepted,
+			// it leaves what two plain decodes leave.
+			for range tc.ratio - 1 {
+				step(1, 1)
+				step(0, 1)
+			}
+			want = step(1, 1)
+			want = append(want, step(1, 1)...)
+			seqs[0].Drafts = want[:1]
+			if got := step(0, 1); !slices.Equal(got, want) {
+				t.Fatalf("verify step accepted %v, want %v (the draft accepted)", got, want)
+			}
+			compareCaches(t, "after the accepted draft", pools, seqs)
+			for range 3 {
+				step(1, 1)
+				step(0, 1)
+			}
+			compareCaches(t, "three decodes later", pools, seqs)
+			if !slices.Equal(seqs[0].Tokens, seqs[1].Tokens) {
+				t.Fatalf("tokens %v, the twin's %v", seqs[0].Tokens, seqs[1].Tokens)
+			}
+			// Every row gave the same logits (capturing leaves out the rejected draft's).
+			a := rows[0]
+			if len(a) != len(rows[1]) {
+				t.Fatalf("%d logits rows, the twin %d", len(a), len(rows[1]))
+			}
+			worst := 0.0
+			for j := range a {
+				d, _ := maxAbsDiff(a[j], rows[1][j])
+				worst = max(worst, d)
+			}
+			if worst > 1e-6 {
+				t.Fatalf("logits differ from the twin's by %g", worst)
+			}
+			t.Logf("logits of %d rows: max |Δ| %g", len(a), worst)
+		})
+	}
+}
+
+// compareCaches compares, block by block, every page the two sequences hold in each
+// group of their pools (sliding windows: those both still hold), and the recurrent
+// groups' live state pages.
+func compareCaches(t *testing.T, when string, pools [2]*kvslab.Pool, seqs [2]*runnertest.Seq) {
+	t.Helper()
+	worst, pages := 0.0, 0
+	cmp := func(what string, g int, a, b kvslab.PageID) {
+		if pools[0].Groups()[g].Kind == kvslab.SlidingWindow && (a == kvslab.NoPage || b == kvslab.NoPage) {
+			// A window's pages behind it are let go at the next Reserve: a verify step's
+			// one Reserve of two tokens can leave one that two plain steps released.
+			return
+		}
+		if (a == kvslab.NoPage) != (b == kvslab.NoPage) {
+			t.Fatalf("%s: %s: page %v, the twin's %v", when, what, a, b)
+		}
+		if a == kvslab.NoPage {
+			return
+		}
+		fa, fb := pageFloats(t, pools[0], g, a), pageFloats(t, pools[1], g, b)
+		d, at := maxAbsDiff(fa, fb)
+		if d > 1e-6 {
+			t.Fatalf("%s: %s differs from the twin's by %g at float %d", when, what, d, at)
+		}
+		worst = max(worst, d)
+		pages++
+	}
+	for g, spec := range pools[0].Groups() {
+		ta, tb := pools[0].PageTable(seqs[0].ID, g), pools[1].PageTable(seqs[1].ID, g)
+		if len(ta) != len(tb) {
+			t.Fatalf("%s: group %s: %d blocks, the twin %d", when, spec.Name, len(ta), len(tb))
+		}
+		for b := range ta {
+			cmp(fmt.Sprintf("group %s block %d", spec.Name, b), g, ta[b], tb[b])
+		}
+		if spec.Kind == kvslab.Recurrent {
+			cmp(fmt.Sprintf("group %s live state", spec.Name), g, pools[0].StatePage(seqs[0].ID, g), pools[1].StatePage(seqs[1].ID, g))
+		}
+	}
+	t.Logf("%s: %d pages of %d groups, max |Δ| %g", when, pages, len(pools[0].Groups()), worst)
+}
+
+func pageFloats(t *testing.T, pool *kvslab.Pool, g int, id kvslab.PageID) []float32 {
+	t.Helper()
+	b, err := pool.PageBytes(g, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
