@@ -340,3 +340,24 @@ func TestQueueFullRetryAfter(t *testing.T) {
 }
 
 func engineQueue(n int) engine.Config { return engine.Config{MaxQueue: n} }
+
+// The read timeout bounds reading the request, not the response: a stream goes on past
+// it, and so does the connection's count in /metrics.
+func TestStreamOutlastsReadTimeout(t *testing.T) {
+	h := newHarness(t, harnessOpts{noHTTP: true, runner: slowRunner(5 * time.Millisecond), cfg: func(c *Config) { c.ReadTimeout = 100 * time.Millisecond }})
+	addr := serveReal(t, h)
+	// 60 steps of 5 ms each: the stream lasts three times the read timeout.
+	resp, rd := openStream(t, context.Background(), "http://"+addr, 60)
+	defer resp.Body.Close()
+	m, err := freshClient().Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, m); !strings.Contains(body, `resin_http_connections_open{model_name="tiny-test"} 2`) {
+		t.Errorf("metrics do not count the stream's and the scrape's connections:\n%s", grepLines(body, "connections_open"))
+	}
+	rest, _ := io.ReadAll(rd)
+	if !strings.Contains(string(rest), `"finish_reason":"length"`) {
+		t.Fatalf("the stream did not finish: %q", rest)
+	}
+}

@@ -11,10 +11,21 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// registerProcessMetrics adds Prometheus' process collector (RSS, open file
-// descriptors, CPU) and Go collector (goroutines, heap, GC) to reg, unless the caller
-// has registered them already.
-func registerProcessMetrics(reg prometheus.Registerer) error {
+// registerServerMetrics adds the open connections gauge, and Prometheus' process
+// collector (RSS, open file descriptors, CPU) and Go collector (goroutines, heap, GC)
+// unless the caller has registered them already.
+func (s *Server) registerServerMetrics(reg prometheus.Registerer) error {
+	conns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "resin_http_connections_open", Help: "Connections Serve holds open, out of Config.MaxConnections.",
+	}, func() float64 {
+		if ll := s.conns.Load(); ll != nil {
+			return float64(len(ll.slots))
+		}
+		return 0
+	})
+	if err := reg.Register(conns); err != nil {
+		return fmt.Errorf("serve: register metrics: %w", err)
+	}
 	for _, c := range []prometheus.Collector{
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewGoCollector(),

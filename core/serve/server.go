@@ -172,7 +172,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("serve: register metrics: %w", err)
 		}
 	}
-	if err := registerProcessMetrics(reg); err != nil {
+	if err := s.registerServerMetrics(reg); err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
