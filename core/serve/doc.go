@@ -3,15 +3,26 @@
 //
 // Endpoints: POST /v1/completions and /v1/chat/completions (JSON or Server-Sent Events
 // streaming, usage, finish_reason, logprobs, stop strings and token ids, seed,
-// max_tokens / max_completion_tokens, token-id prompts), GET /v1/models, /health and
-// /metrics (the engine's Prometheus registry). Errors use OpenAI's error JSON with the
-// status a client expects: 400 invalid, 401 bad key, 404 unknown model or path, 405 a
-// known path with the wrong method (with an Allow header), 413 body too large, 429 queue
-// full, 503 draining.
+// max_tokens / max_completion_tokens, token-id prompts), GET /v1/models; vLLM's POST
+// /tokenize and /detokenize and GET /version; /health and /metrics (the engine's
+// Prometheus registry, resin_ metrics labelled with model_name, process and Go metrics);
+// /debug/pprof/ when Config.EnablePprof is set. Errors use OpenAI's error JSON with the
+// status a client expects: 400 invalid, 401 bad key (with WWW-Authenticate), 404
+// unknown model or path, 405 a known path with the wrong method (with an Allow header),
+// 408 body too slow, 413 body too large, 415 a body that is not JSON, 429 queue full or
+// tokenizer busy (with Retry-After), 503 draining.
+//
+// What one client can hold is bounded: reading a request (Config.ReadTimeout,
+// ReadHeaderTimeout, MaxHeaderBytes, MaxBodyBytes), an idle connection (IdleTimeout),
+// the connections open at once (MaxConnections; more wait), and the prompt bytes being
+// tokenized (a prompt is refused by its size unread, then counted a chunk at a time, and
+// the bytes tokenized at once stay within TokenizeBudgetBytes). The API key, draining,
+// content type and declared size are checked before a byte of the body is read.
 //
 // A client that disconnects aborts its request in the engine (the request's context is
 // the HTTP request's), and so does one that stops reading: each write to a client has
 // its own deadline (Config.WriteStallTimeout), and a write that misses it ends the
-// request as a disconnect does. Server.Serve drains on shutdown: new requests get 503
-// while the running ones finish, up to a deadline after which they are aborted.
+// request as a disconnect does. Server.Serve drains on shutdown: /health and new
+// requests get 503 while the running ones finish, then the listener closes; streams
+// still running at the drain deadline are aborted and end with an error event.
 package serve
