@@ -74,11 +74,11 @@ func (r *Result) Append(d Delta) {
 }
 
 // toolFormats are the tool-call parsers by their vLLM names.
-var toolFormats = map[string]format{
-	"hermes":       hermes{},
-	"llama3_json":  llama3JSON{},
-	"deepseek_v3":  deepseek{v31: false},
-	"deepseek_v31": deepseek{v31: true},
+var toolFormats = map[string]func() format{
+	"hermes":       newHermes,
+	"llama3_json":  newLlama3JSON,
+	"deepseek_v3":  newDeepseek(false),
+	"deepseek_v31": newDeepseek(true),
 }
 
 // reasoningFormats are the reasoning parsers by their vLLM names.
@@ -95,7 +95,7 @@ func ReasoningParsers() []string { return slices.Sorted(maps.Keys(reasoningForma
 
 // Parser reads tool calls and reasoning out of generations.
 type Parser struct {
-	tools     format           // nil: no tool parsing
+	tools     func() format    // nil: no tool parsing
 	reasoning *reasoningFormat // nil: no reasoning parsing
 	// NewID makes tool call ids (default "chatcmpl-tool-" and 32 random hex digits, as
 	// vLLM's).
@@ -151,7 +151,7 @@ func (p *Parser) NewStream(prompt string, tools bool) *Stream {
 		if newID == nil {
 			newID = randomID
 		}
-		s.tools = &toolStream{format: p.tools, newID: newID}
+		s.tools = &toolStream{format: p.tools(), newID: newID}
 	}
 	return s
 }

@@ -1,0 +1,31 @@
+package toolparse
+
+import (
+	"strings"
+	"testing"
+)
+
+// BenchmarkStream streams a long generation (about 16k characters of reasoning, answer
+// and a call with long arguments) in 4-character deltas, as a server does per token.
+func BenchmarkStream(b *testing.B) {
+	long := strings.Repeat("Some reasoning about the weather, with a < sign. ", 100)
+	args := `{"text": "` + strings.Repeat("lorem ipsum ", 500) + `"}`
+	text := "<think>\n" + long + "</think>\n\n" + long + "<tool_call>\n{\"name\": \"write\", \"arguments\": " + args + "}\n</tool_call>"
+	var pieces []string
+	for i := 0; i < len(text); i += 4 {
+		pieces = append(pieces, text[i:min(i+4, len(text))])
+	}
+	p, err := New("hermes", "qwen3")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		s := p.NewStream("", true)
+		for _, piece := range pieces {
+			s.Add(piece)
+		}
+		s.Flush()
+	}
+}
