@@ -120,9 +120,10 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) error {
 		out.Tokens = []int32{}
 	}
 	if req.ReturnTokenStrs {
+		// As vLLM's convert_ids_to_tokens: vocabulary strings (byte-level runes), not text.
 		out.TokenStrs = make([]string, len(ids))
 		for i, id := range ids {
-			out.TokenStrs[i] = s.tok.Decode([]int32{id}, false)
+			out.TokenStrs[i], _ = s.tok.Token(id)
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
