@@ -34,6 +34,16 @@ const NoSlot int64 = -1
 //	                    each is empty (no offsets at all) when no sequence of the plan
 //	                    needs it, so a plan without penalties, biases or min_tokens costs
 //	                    nothing more to build, encode or sample
+//	prompt logprobs:    PromptLogprobs and PromptNext (B each), or empty when no sequence
+//	                    of the plan asks for them
+//
+// Prompt logprobs (echo with logprobs): a sequence with PromptLogprobs[i] = k >= 0 wants
+// every row it feeds at a position below PromptLen[i]-1 scored: the log-softmax of that
+// row's logits at the next prompt token, which is the next row's token or, for the
+// chunk's last row, PromptNext[i], and the k most likely alternatives (PromptRows and
+// PromptTarget say which). The runner computes logits for those rows on top of
+// LogitsIndices and returns them in StepResult's Prompt* arrays. The engine keeps such a
+// request off the prefix cache until its prompt is scored, so no row is skipped.
 //
 // Sampling features beyond the basic row, applied in this order (as vLLM v1 does) to the
 // logits of every row a sequence samples: the logit bias is added; while the sampled
@@ -92,6 +102,11 @@ type BatchPlan struct {
 	StopIDs         []int32
 	HistoryStart    []int32
 	History         []int32
+
+	// Prompt logprobs (see the type's doc): -1 or the alternatives wanted, and the prompt
+	// token after the sequence's last row (-1 when the rows reach the prompt's end).
+	PromptLogprobs []int32
+	PromptNext     []int32
 
 	QueryStart  []int32
 	LogitsStart []int32
@@ -176,6 +191,24 @@ func (p *BatchPlan) SamplingOf(i int) SamplingRow {
 	return row
 }
 
+// PromptRows returns how many of sequence i's rows are scored for prompt logprobs: its
+// rows at positions below PromptLen[i]-1, when it asks for them.
+func (p *BatchPlan) PromptRows(i int) int {
+	if len(p.PromptLogprobs) == 0 || p.PromptLogprobs[i] < 0 {
+		return 0
+	}
+	return max(0, min(int(p.Computed[i]+p.Scheduled[i]), int(p.PromptLen[i])-1)-int(p.Computed[i]))
+}
+
+// PromptTarget returns the prompt token that row j of sequence i (j < PromptRows(i)) is
+// scored against: the token of row j+1, or PromptNext[i] after the last row.
+func (p *BatchPlan) PromptTarget(i, j int) int32 {
+	if j+1 < int(p.Scheduled[i]) {
+		return p.Tokens[int(p.QueryStart[i])+j+1]
+	}
+	return p.PromptNext[i]
+}
+
 // IsDecode reports whether every sequence of the plan decodes (no prompt tokens).
 func (p *BatchPlan) IsDecode() bool {
 	for i := range p.ReqIDs {
@@ -211,6 +244,8 @@ func (p *BatchPlan) reset(groups int) {
 	p.StopIDs = p.StopIDs[:0]
 	p.HistoryStart = p.HistoryStart[:0]
 	p.History = p.History[:0]
+	p.PromptLogprobs = p.PromptLogprobs[:0]
+	p.PromptNext = p.PromptNext[:0]
 	p.QueryStart = append(p.QueryStart[:0], 0)
 	p.LogitsStart = append(p.LogitsStart[:0], 0)
 	p.Tokens = p.Tokens[:0]
@@ -325,6 +360,7 @@ func (p *BatchPlan) Validate() error {
 	}{
 		{"PresencePenalty", len(p.PresencePenalty)}, {"FrequencyPenalty", len(p.FrequencyPenalty)},
 		{"RepetitionPenalty", len(p.RepetitionPenalty)}, {"MinTokens", len(p.MinTokens)},
+		{"PromptLogprobs", len(p.PromptLogprobs)}, {"PromptNext", len(p.PromptNext)},
 	} {
 		if f.n != b && f.n != 0 {
 			return fmt.Errorf("engine: plan: %s has %d entries for %d sequences", f.name, f.n, b)
@@ -335,6 +371,9 @@ func (p *BatchPlan) Validate() error {
 	}
 	if err := p.validateSamplingCSR(b); err != nil {
 		return err
+	}
+	if len(p.PromptLogprobs) != len(p.PromptNext) {
+		return fmt.Errorf("engine: plan: %d prompt-logprob entries, %d next prompt tokens", len(p.PromptLogprobs), len(p.PromptNext))
 	}
 	t := len(p.Tokens)
 	if len(p.Positions) != t {
@@ -359,6 +398,12 @@ func (p *BatchPlan) Validate() error {
 		}
 		if p.Logprobs[i] < -1 || p.Logprobs[i] > MaxTopLogprobs || p.TopK[i] < 0 {
 			return fmt.Errorf("engine: plan: sequence %d has logprobs %d, top-k %d", i, p.Logprobs[i], p.TopK[i])
+		}
+		if len(p.PromptLogprobs) > 0 && (p.PromptLogprobs[i] < -1 || p.PromptLogprobs[i] > MaxTopLogprobs || p.PromptNext[i] < -1) {
+			return fmt.Errorf("engine: plan: sequence %d has prompt logprobs %d, next prompt token %d", i, p.PromptLogprobs[i], p.PromptNext[i])
+		}
+		if n := p.PromptRows(i); n > 0 && n == int(p.Scheduled[i]) && p.PromptNext[i] < 0 {
+			return fmt.Errorf("engine: plan: sequence %d scores its last row without the next prompt token", i)
 		}
 		if len(p.MinTokens) > 0 && p.MinTokens[i] < 0 || len(p.RepetitionPenalty) > 0 && !(p.RepetitionPenalty[i] > 0) {
 			return fmt.Errorf("engine: plan: sequence %d has a negative min tokens or a repetition penalty <= 0", i)

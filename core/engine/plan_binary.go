@@ -13,7 +13,8 @@ import (
 //
 //	magic "RSNP" | version u16 | reserved u16 (0)
 //	Step u64 | GraphBatch i32 | B u32 | T u32 | L u32 | G u32
-//	X u32 (which optional arrays follow: 1 penalties, 2 logit bias, 4 stop ids, 8 history)
+//	X u32 (which optional arrays follow: 1 penalties, 2 logit bias, 4 stop ids, 8 history,
+//	  16 prompt logprobs)
 //	NB u32 | NS u32 | NH u32 (logit-bias entries, stop ids, history tokens)
 //	per sequence (B each): ReqIDs u64, Computed i32, Scheduled i32, PromptLen i32,
 //	  NumDrafts i32, Temperature f32, TopP f32, TopK i32, MinP f32, Seed u64, Logprobs i32
@@ -24,11 +25,12 @@ import (
 //	X&2: LogitBiasStart (B+1) i32 | LogitBiasTokens (NB) i32 | LogitBiasValues (NB) f32
 //	X&4: StopIDsStart (B+1) i32 | StopIDs (NS) i32
 //	X&8: HistoryStart (B+1) i32 | History (NH) i32
+//	X&16: PromptLogprobs (B) i32 | PromptNext (B) i32
 //	per group: P u32 | S u32 | SlotMapping (T) i64 | PageTableStart (B+1) i32 |
 //	  PageTable (P) u32 | StatePage (S) u32
 //
 // Version 1 lacked X, NB, NS, NH and the optional arrays (the sampling features of
-// version 2: penalties, logit bias, min_tokens).
+// version 2: penalties, logit bias, min_tokens, prompt logprobs).
 //
 // A decoder rejects other versions, a non-zero reserved field, trailing bytes and any plan
 // that fails Validate.
@@ -64,6 +66,9 @@ func (p *BatchPlan) encodedLen() int {
 	if x&optHistory != 0 {
 		n += 4*(b+1) + 4*len(p.History)
 	}
+	if x&optPrompt != 0 {
+		n += 8 * b
+	}
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		n += 8 + 8*t + 4*(b+1) + 4*len(gp.PageTable) + 4*len(gp.StatePage)
@@ -77,6 +82,7 @@ const (
 	optBias
 	optStops
 	optHistory
+	optPrompt
 )
 
 // optional returns X: which optional arrays the plan has.
@@ -93,6 +99,9 @@ func (p *BatchPlan) optional() uint32 {
 	}
 	if len(p.HistoryStart) > 0 {
 		x |= optHistory
+	}
+	if len(p.PromptLogprobs) > 0 {
+		x |= optPrompt
 	}
 	return x
 }
@@ -171,6 +180,10 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 	if x&optHistory != 0 {
 		dst = appendI32(dst, p.HistoryStart)
 		dst = appendI32(dst, p.History)
+	}
+	if x&optPrompt != 0 {
+		dst = appendI32(dst, p.PromptLogprobs)
+		dst = appendI32(dst, p.PromptNext)
 	}
 	for g := range p.Groups {
 		gp := &p.Groups[g]
@@ -301,13 +314,16 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	if r.err != nil {
 		return r.err
 	}
-	if x >= optHistory<<1 {
+	if x >= optPrompt<<1 {
 		return fmt.Errorf("%w: unknown optional arrays %#x", ErrPlanEncoding, x)
 	}
 	// Refuse counts the remaining bytes cannot hold before allocating anything.
 	need := int64(b)*52 + 8*int64(b+1) + 8*int64(t) + 4*int64(l) + int64(g)*(8+8*int64(t)+4*int64(b+1))
 	if x&optPenalties != 0 {
 		need += 16 * int64(b)
+	}
+	if x&optPrompt != 0 {
+		need += 8 * int64(b)
 	}
 	for _, o := range [...]struct {
 		bit uint32
@@ -358,6 +374,10 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	if x&optHistory != 0 {
 		p.HistoryStart = r.i32s(p.HistoryStart, b+1)
 		p.History = r.i32s(p.History, int(nh))
+	}
+	if x&optPrompt != 0 {
+		p.PromptLogprobs = r.i32s(p.PromptLogprobs, b)
+		p.PromptNext = r.i32s(p.PromptNext, b)
 	}
 	for i := 0; i < g && r.err == nil; i++ {
 		gp := &p.Groups[i]

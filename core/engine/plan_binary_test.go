@@ -35,9 +35,11 @@ func samplePlans(t testing.TB) [][]byte {
 			t.Fatal(err)
 		}
 	}
-	// One with every sampling feature: penalties, logit bias, min_tokens (stop ids).
+	// One with every sampling feature: penalties, logit bias, min_tokens (stop ids), prompt
+	// logprobs.
 	sp := engine.SamplingParams{MaxTokens: 6, Temperature: 0.7, PresencePenalty: 0.5, FrequencyPenalty: -0.25,
-		RepetitionPenalty: 1.3, LogitBias: map[int32]float32{3: 2, 9: -100}, MinTokens: 2, StopTokenIDs: []int32{7}}
+		RepetitionPenalty: 1.3, LogitBias: map[int32]float32{3: 2, 9: -100}, MinTokens: 2, StopTokenIDs: []int32{7},
+		PromptLogprobs: true, Logprobs: true, TopLogprobs: 1}
 	if err := s.Add(engine.Request{ID: "x", Prompt: prompt(7, 12), Sampling: sp}, &recorder{}); err != nil {
 		t.Fatal(err)
 	}

@@ -75,6 +75,11 @@ type SamplingParams struct {
 	// sampling (at most MaxLogitBias entries; -100 forbids a token in practice, +100 forces
 	// it).
 	LogitBias map[int32]float32
+	// PromptLogprobs asks for the log probability of every prompt token after the first
+	// (vLLM's prompt_logprobs, as echo with logprobs needs), with TopLogprobs alternatives
+	// at each position. It implies Logprobs. Such a request bypasses the prefix cache
+	// until its prompt is scored, so that every prompt row is computed.
+	PromptLogprobs bool
 	// MinTokens is how many tokens are generated before EOS (unless IgnoreEOS) or a stop
 	// token may be: until then their logits are masked and they do not stop the request.
 	MinTokens int
@@ -162,6 +167,10 @@ type Event struct {
 	Tokens []int32
 	// Logprobs runs parallel to Tokens when the request asked for logprobs.
 	Logprobs []TokenLogprob
+	// PromptLogprobs holds, for SamplingParams.PromptLogprobs, the logprobs of prompt
+	// tokens 1..len(prompt)-1 (entry k scores token k+1): once, on the event that carries
+	// the first generated token.
+	PromptLogprobs []TokenLogprob
 	// Finish is FinishNone except on the terminal event.
 	Finish FinishReason
 	// Err explains FinishError (wrapping ErrRunner or ErrBadResult) and FinishAbort

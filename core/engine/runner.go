@@ -82,6 +82,9 @@ func (ri *RunnerInfo) validate() error {
 //     parallel to Tokens (values of sequences that did not ask are ignored), and a sequence
 //     with plan.Logprobs[i] = n > 0 takes n alternatives per accepted token, in order, from
 //     TopTokens / TopLogprobs.
+//   - A sequence that asks for prompt logprobs (plan.PromptRows(i) > 0) takes one entry
+//     per scored row from PromptLogprobs (the logprob of plan.PromptTarget(i, j)) and
+//     plan.PromptLogprobs[i] alternatives per row from PromptTopTokens/PromptTopLogprobs.
 type StepResult struct {
 	Accepted      []int32
 	Tokens        []int32
@@ -90,6 +93,10 @@ type StepResult struct {
 	Logprobs      []float32
 	TopTokens     []int32
 	TopLogprobs   []float32
+
+	PromptLogprobs    []float32
+	PromptTopTokens   []int32
+	PromptTopLogprobs []float32
 }
 
 // Reset empties r for a plan of n sequences, keeping its buffers.
@@ -101,6 +108,9 @@ func (r *StepResult) Reset(n int) {
 	r.Logprobs = r.Logprobs[:0]
 	r.TopTokens = r.TopTokens[:0]
 	r.TopLogprobs = r.TopLogprobs[:0]
+	r.PromptLogprobs = r.PromptLogprobs[:0]
+	r.PromptTopTokens = r.PromptTopTokens[:0]
+	r.PromptTopLogprobs = r.PromptTopLogprobs[:0]
 }
 
 func resize(s []int32, n int) []int32 {
@@ -151,6 +161,18 @@ func (r *StepResult) check(p *BatchPlan, maxDrafts int, vocab int) error {
 	for _, t := range r.Drafts {
 		if uint32(t) >= uint32(vocab) {
 			return fmt.Errorf("%w: draft %d outside the vocabulary", ErrBadResult, t)
+		}
+	}
+	if len(p.PromptLogprobs) > 0 {
+		rows, top := 0, 0
+		for i := 0; i < b; i++ {
+			n := p.PromptRows(i)
+			rows += n
+			top += n * int(p.PromptLogprobs[i])
+		}
+		if len(r.PromptLogprobs) != rows || len(r.PromptTopTokens) != top || len(r.PromptTopLogprobs) != top {
+			return fmt.Errorf("%w: %d prompt logprobs and %d/%d alternatives, the plan scores %d rows with %d", ErrBadResult,
+				len(r.PromptLogprobs), len(r.PromptTopTokens), len(r.PromptTopLogprobs), rows, top)
 		}
 	}
 	if p.anyLogprobs {

@@ -230,6 +230,16 @@ func uniform(seed uint64, pos int) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
+// Score returns the log probability of tok under logits (log-softmax, as a runner scores
+// a prompt row) and appends the k most likely alternatives to top.
+func (s *Sampler) Score(logits []float32, tok int32, k int, top []TopLogprob) (float32, []TopLogprob) {
+	lse := logSumExp(logits)
+	if k > 0 {
+		top = s.topLogprobs(logits, lse, k, top)
+	}
+	return logits[tok] - lse, top
+}
+
 func (s *Sampler) topLogprobs(logits []float32, lse float32, n int, top []TopLogprob) []TopLogprob {
 	n = min(n, len(logits))
 	start := len(top)

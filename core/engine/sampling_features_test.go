@@ -153,3 +153,100 @@ func TestSamplingFeaturesValidated(t *testing.T) {
 	}
 	h.checkWhole()
 }
+
+// TestPromptLogprobs: a request asking for prompt logprobs gets every prompt token after
+// the first scored, once, on the event with its first token: in chunks, after another
+// request put the same prompt in the prefix cache (which it must not use), and batched
+// with requests that do not ask.
+func TestPromptLogprobs(t *testing.T) {
+	h := start(t, enginetest.Config{}, engine.Config{MaxBatchTokens: 16})
+	p := prompt(77, 50)
+	h.generate(engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 3}}) // fills the prefix cache
+	var streams []*engine.Stream
+	for i := 0; i < 3; i++ {
+		sp := engine.SamplingParams{MaxTokens: 5, PromptLogprobs: i != 1, Logprobs: true, TopLogprobs: 2}
+		st, err := h.e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: sp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	want := enginetest.PromptLogprobs(256, p, 2)
+	for i, st := range streams {
+		var got []engine.TokenLogprob
+		events, first := 0, -1
+		for {
+			ev, err := st.Recv(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.PromptLogprobs != nil {
+				events++
+				first = len(ev.Tokens)
+				got = ev.PromptLogprobs
+			}
+			if ev.Finish != engine.FinishNone {
+				break
+			}
+		}
+		if i == 1 {
+			if events != 0 {
+				t.Fatal("prompt logprobs for a request that did not ask")
+			}
+			continue
+		}
+		if events != 1 || first == 0 {
+			t.Fatalf("request %d: prompt logprobs on %d events (first with %d tokens)", i, events, first)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("request %d: %d prompt logprobs, want %d", i, len(got), len(want))
+		}
+		for k := range want {
+			if got[k].Token != want[k].Token || got[k].Logprob != want[k].Logprob || !slices.Equal(got[k].Top, want[k].Top) {
+				t.Fatalf("request %d, position %d: %+v, want %+v", i, k+1, got[k], want[k])
+			}
+		}
+	}
+	h.checkWhole()
+}
+
+// TestPromptLogprobsAfterPreemption: a request preempted while its prompt is scored
+// recomputes it and still reports each position once.
+func TestPromptLogprobsAfterPreemption(t *testing.T) {
+	d := newDirect(t, enginetest.Config{BlockTokens: 16, Pages: 12}, engine.Config{MaxBatchTokens: 32})
+	var outs []*plRecorder
+	var prompts [][]int32
+	for i := 0; i < 6; i++ {
+		p := prompt(200+i, 30)
+		prompts = append(prompts, p)
+		o := &plRecorder{}
+		if err := d.s.Add(engine.Request{ID: string(rune('a' + i)), Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 40, PromptLogprobs: true, Logprobs: true}}, o); err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, o)
+	}
+	d.runAll()
+	if d.s.Counters().Preemptions == 0 {
+		t.Fatal("no preemption happened; the test does not exercise it")
+	}
+	for i, o := range outs {
+		want := enginetest.PromptLogprobs(256, prompts[i], 0)
+		if o.calls != 1 || len(o.lps) != len(want) {
+			t.Fatalf("request %d: %d calls, %d prompt logprobs, want 1 and %d", i, o.calls, len(o.lps), len(want))
+		}
+		for k := range want {
+			if o.lps[k].Token != want[k].Token || o.lps[k].Logprob != want[k].Logprob {
+				t.Fatalf("request %d, position %d: %+v, want %+v", i, k+1, o.lps[k], want[k])
+			}
+		}
+	}
+	d.checkWhole()
+}
+
+type plRecorder struct {
+	recorder
+	lps   []engine.TokenLogprob
+	calls int
+}
+
+func (o *plRecorder) PromptLogprobs(lps []engine.TokenLogprob) { o.lps, o.calls = lps, o.calls+1 }

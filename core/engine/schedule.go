@@ -113,7 +113,7 @@ admission:
 	s.planReqs[s.flip] = reqs
 	s.planEpochs[s.flip] = epochs
 	p.end(c.b, c.t, c.l)
-	if s.extras != [3]int{} {
+	if s.extras != [4]int{} {
 		s.addExtras(p, reqs)
 	}
 	if len(reqs) == 0 {
@@ -160,6 +160,9 @@ const (
 // admit opens r in the pool with its prefix-cache hit and reserves its first chunk.
 func (s *Scheduler) admit(r *request, budget int) admission {
 	known := r.tokens[:len(r.tokens)-1]
+	if r.scoringPrompt() {
+		known = known[:0] // every prompt row must be computed to be scored
+	}
 	seq, hit, err := s.pool.Open(known)
 	if err != nil {
 		if errors.Is(err, kvslab.ErrNoSpace) && len(s.running) > 0 {
@@ -286,7 +289,22 @@ func (s *Scheduler) addExtras(p *BatchPlan, reqs []*request) {
 	if need&extraHistory != 0 {
 		p.HistoryStart = append(p.HistoryStart, 0)
 	}
+	if need&extraPrompt != 0 {
+		p.PromptLogprobs = grow(p.PromptLogprobs, len(reqs))
+		p.PromptNext = grow(p.PromptNext, len(reqs))
+	}
 	for b, r := range reqs {
+		if need&extraPrompt != 0 {
+			// Rows at positions below PromptLen-1 are scored against the prompt token
+			// after them: the next row's, or for the chunk's last row PromptNext.
+			p.PromptLogprobs[b], p.PromptNext[b] = -1, -1
+			if r.scoringPrompt() && int(p.Computed[b]) < r.promptLen-1 {
+				p.PromptLogprobs[b] = int32(r.logprobs)
+				if end := int(p.Computed[b] + p.Scheduled[b]); end < r.promptLen {
+					p.PromptNext[b] = r.tokens[end]
+				}
+			}
+		}
 		if need&extraBias != 0 {
 			p.LogitBiasTokens = append(p.LogitBiasTokens, r.biasToks...)
 			p.LogitBiasValues = append(p.LogitBiasValues, r.biasVals...)
@@ -522,4 +540,9 @@ func (s *Scheduler) cacheUsage(fn func(string, float64)) {
 	for _, g := range s.stats.Groups {
 		fn(g.Name, float64(g.PagesUsed)*float64(g.PageBytes)/total)
 	}
+}
+
+// scoringPrompt reports whether r asked for prompt logprobs and does not have them all.
+func (r *request) scoringPrompt() bool {
+	return r.extras&extraPrompt != 0 && len(r.promptLps) < r.promptLen-1
 }

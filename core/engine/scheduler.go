@@ -18,6 +18,13 @@ type Output interface {
 	Finish(reason FinishReason, err error, usage Usage)
 }
 
+// PromptLogprobsOutput is an Output that takes prompt logprobs
+// (SamplingParams.PromptLogprobs): the scheduler gives them once, just before the first
+// token. The slice is the Output's to keep.
+type PromptLogprobsOutput interface {
+	PromptLogprobs(lps []TokenLogprob)
+}
+
 type reqState uint8
 
 const (
@@ -82,9 +89,10 @@ type request struct {
 	frequency float32
 	repeat    float32 // 1 = off
 	minTokens int32
-	biasToks  []int32   // sorted by token id
-	biasVals  []float32 // parallel to biasToks
-	stopMask  []int32   // EOS unless ignore_eos, and the stop ids: masked under min_tokens
+	biasToks  []int32        // sorted by token id
+	biasVals  []float32      // parallel to biasToks
+	stopMask  []int32        // EOS unless ignore_eos, and the stop ids: masked under min_tokens
+	promptLps []TokenLogprob // prompt logprobs gathered so far (entry k scores token k+1)
 }
 
 // extraKind says which sampling CSR arrays a request needs in a plan.
@@ -94,6 +102,7 @@ const (
 	extraBias extraKind = 1 << iota
 	extraStops
 	extraHistory
+	extraPrompt // prompt logprobs (PromptLogprobs, PromptNext)
 )
 
 // Scheduler decides what runs each step. It is not safe for concurrent use; Engine wraps
@@ -127,7 +136,7 @@ type Scheduler struct {
 	handles uint64
 	// extras counts the requests in flight that need each sampling CSR array; while all
 	// are zero, Schedule builds none.
-	extras [3]int
+	extras [4]int
 
 	plans      [2]BatchPlan
 	planReqs   [2][]*request
@@ -377,6 +386,11 @@ func (s *Scheduler) setExtras(r *request, sp *SamplingParams) {
 	}
 	if sp.hasPenalty() {
 		r.extras |= extraHistory
+	}
+	if sp.PromptLogprobs && r.promptLen > 1 {
+		r.extras |= extraPrompt
+		r.promptLps = make([]TokenLogprob, 0, r.promptLen-1)
+		r.logprobs = int8(sp.TopLogprobs) // implies Logprobs
 	}
 	s.countExtras(r, 1)
 }

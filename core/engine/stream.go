@@ -15,6 +15,7 @@ type Stream struct {
 	mu        sync.Mutex
 	tokens    []int32
 	logprobs  []TokenLogprob
+	promptLps []TokenLogprob
 	finish    FinishReason
 	err       error
 	usage     Usage
@@ -41,8 +42,8 @@ func (s *Stream) Recv(ctx context.Context) (Event, error) {
 			return Event{}, io.EOF
 		}
 		if len(s.tokens) > 0 || s.finish != FinishNone {
-			ev := Event{Tokens: s.tokens, Logprobs: s.logprobs}
-			s.tokens, s.logprobs = nil, nil
+			ev := Event{Tokens: s.tokens, Logprobs: s.logprobs, PromptLogprobs: s.promptLps}
+			s.tokens, s.logprobs, s.promptLps = nil, nil, nil
 			if s.finish != FinishNone {
 				ev.Finish, ev.Err, ev.Usage = s.finish, s.err, s.usage
 				s.delivered = true
@@ -119,6 +120,13 @@ func (s *Stream) Collect(ctx context.Context) ([]int32, Event, error) {
 type streamOutput Stream
 
 func (o *streamOutput) Token(tok int32, lp *TokenLogprob) { (*Stream)(o).push(tok, lp) }
+
+func (o *streamOutput) PromptLogprobs(lps []TokenLogprob) {
+	s := (*Stream)(o)
+	s.mu.Lock()
+	s.promptLps = lps
+	s.mu.Unlock()
+}
 
 func (o *streamOutput) Finish(reason FinishReason, err error, usage Usage) {
 	(*Stream)(o).end(reason, err, usage)

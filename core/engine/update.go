@@ -93,8 +93,9 @@ type stepUpdate struct {
 	now    time.Time
 	nowNs  int64 // now, in nanoseconds since the scheduler's epoch
 
-	tok, draft, lpTop int
-	generated         uint64
+	tok, draft, lpTop   int
+	promptLp, promptTop int // offsets into the result's prompt logprobs
+	generated           uint64
 	// Requests that got their last token in the same step share one inter-token latency;
 	// they are counted together and recorded once.
 	itlFrom int64
@@ -112,8 +113,17 @@ func (u *stepUpdate) apply(i int, r *request) {
 	if p.Logprobs[i] > 0 {
 		u.lpTop += a * int(p.Logprobs[i])
 	}
+	pr := p.PromptRows(i)
+	pl0, pt0 := u.promptLp, u.promptTop
+	if pr > 0 {
+		u.promptLp += pr
+		u.promptTop += pr * int(p.PromptLogprobs[i])
+	}
 	if !s.current(r, u.epochs, i) {
 		return // finished, aborted or preempted since the plan was built
+	}
+	if pr > 0 && r.scoringPrompt() {
+		u.takePromptLogprobs(i, r, pr, pl0, pt0)
 	}
 	n, k := int(p.Scheduled[i]), int(p.NumDrafts[i])
 	// The plan's tokens are no longer ahead of the request; they are applied now.
@@ -148,6 +158,11 @@ func (u *stepUpdate) apply(i int, r *request) {
 		return
 	}
 	u.observeToken(r)
+	if r.extras&extraPrompt != 0 && len(r.tokens) == r.promptLen {
+		if po, ok := r.out.(PromptLogprobsOutput); ok {
+			po.PromptLogprobs(r.promptLps)
+		}
+	}
 	if r.logprobs >= 0 {
 		s.emitLogprobs(r, res.Tokens[t0:u.tok], res.Logprobs[t0:u.tok], res.TopTokens[top0:u.lpTop], res.TopLogprobs[top0:u.lpTop])
 	} else {
@@ -159,6 +174,27 @@ func (u *stepUpdate) apply(i int, r *request) {
 		r.drafts = append(r.drafts[:0], res.Drafts[d0:d0+max(0, min(nd, room))]...)
 	} else if len(r.drafts) > 0 {
 		r.drafts = r.drafts[:0]
+	}
+}
+
+// takePromptLogprobs appends the scores of row i's pr prompt rows (from offsets pl and pt
+// of the result) to r's prompt logprobs, skipping positions already scored (a preempted
+// request recomputes its prompt).
+func (u *stepUpdate) takePromptLogprobs(i int, r *request, pr, pl, pt int) {
+	p, res := u.p, u.res
+	k := int(p.PromptLogprobs[i])
+	for j := 0; j < pr; j++ {
+		if int(p.Computed[i])+j != len(r.promptLps) {
+			continue
+		}
+		lp := TokenLogprob{Token: p.PromptTarget(i, j), Logprob: res.PromptLogprobs[pl+j]}
+		if k > 0 {
+			lp.Top = make([]TopLogprob, k)
+			for a := range lp.Top {
+				lp.Top[a] = TopLogprob{Token: res.PromptTopTokens[pt+j*k+a], Logprob: res.PromptTopLogprobs[pt+j*k+a]}
+			}
+		}
+		r.promptLps = append(r.promptLps, lp)
 	}
 }
 

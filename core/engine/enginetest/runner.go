@@ -206,6 +206,7 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 			return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: %d logits rows", len(rows)))
 		}
 		nrow := 0
+		promptRows := p.PromptRows(i)
 		for j, t := range toks {
 			if t == engine.PendingToken {
 				last, ok := r.lastOut[p.ReqIDs[i]]
@@ -236,6 +237,17 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 			if nrow < len(rows) && int(rows[nrow]) == q0+j {
 				hs[nrow] = h
 				nrow++
+			}
+			if j < promptRows {
+				// Score the row against the next prompt token (prompt logprobs).
+				fillLogits(r.logits, h)
+				var lp float32
+				lp, r.top = r.sampler.Score(r.logits, p.PromptTarget(i, j), int(p.PromptLogprobs[i]), r.top[:0])
+				res.PromptLogprobs = append(res.PromptLogprobs, lp)
+				for _, tl := range r.top {
+					res.PromptTopTokens = append(res.PromptTopTokens, tl.Token)
+					res.PromptTopLogprobs = append(res.PromptTopLogprobs, tl.Logprob)
+				}
 			}
 		}
 		if nrow == 0 {
@@ -400,6 +412,27 @@ func Reference(vocab int, prompt []int32, n int, row engine.SamplingRow, stop ..
 			return out
 		}
 		h = chain(h, t)
+	}
+	return out
+}
+
+// PromptLogprobs returns what the runner's model gives as the log probability of each
+// prompt token after the first (entry k scores prompt[k+1]) and, with top > 0, that many
+// alternatives at each position, computed directly.
+func PromptLogprobs(vocab int, prompt []int32, top int) []engine.TokenLogprob {
+	var s engine.Sampler
+	logits := make([]float32, vocab)
+	h := uint64(seedHash)
+	var out []engine.TokenLogprob
+	for k := 0; k+1 < len(prompt); k++ {
+		h = chain(h, prompt[k])
+		fillLogits(logits, h)
+		lp, alts := s.Score(logits, prompt[k+1], top, nil)
+		e := engine.TokenLogprob{Token: prompt[k+1], Logprob: lp}
+		if top > 0 {
+			e.Top = alts
+		}
+		out = append(out, e)
 	}
 	return out
 }
