@@ -261,3 +261,25 @@ func TestUnknownParser(t *testing.T) {
 		t.Errorf("unknown reasoning parser: %v", err)
 	}
 }
+
+// TestStreamMatchesParseOnPrefixes cuts every generation at every character (as
+// max_tokens or a stop would) and checks that streaming it character by character still
+// gives what Parse gives, also for the unfinished markup at the cut.
+func TestStreamMatchesParseOnPrefixes(t *testing.T) {
+	for _, g := range generations {
+		runes := []rune(g.text)
+		for n := range len(runes) + 1 {
+			text := string(runes[:n])
+			want := newParser(t, g).Parse(g.prompt, text, true)
+			s := newParser(t, g).NewStream(g.prompt, true)
+			var got Result
+			for _, r := range runes[:n] {
+				got.Append(s.Add(string(r)))
+			}
+			got.Append(s.Flush())
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s cut at %d (%q):\n streamed %+v\n parsed   %+v", g.name, n, text, got, want)
+			}
+		}
+	}
+}
