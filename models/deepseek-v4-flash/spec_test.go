@@ -43,13 +43,19 @@ func specPrompts(vocab int) [][]int32 {
 }
 
 // generate runs the prompts together through the engine on r and returns each output
-// and the engine's counters.
+// and the engine's counters, which its resin_spec_decode_* metrics must match.
 func generate(t *testing.T, r *Runner, pool *kvslab.Pool, prompts [][]int32, sp engine.SamplingParams, budget int) ([]runnertest.Output, engine.Counters) {
 	t.Helper()
 	s := runnertest.New(t, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
 	h := s.StartWith(t, r, pool, engine.Config{MaxBatchTokens: budget})
 	outs := h.GenerateAll(t, prompts, sp)
 	c := h.Counters()
+	// The engine's metrics report what its counters hold.
+	drafts := specMetric(t, h.Engine, "resin_spec_decode_draft_tokens_total")
+	accepted := specMetric(t, h.Engine, "resin_spec_decode_accepted_tokens_total")
+	if drafts != float64(c.DraftsProposed) || accepted != float64(c.DraftsAccepted) {
+		t.Errorf("metrics: %g drafts, %g accepted; counters %d, %d", drafts, accepted, c.DraftsProposed, c.DraftsAccepted)
+	}
 	h.Stop(t)
 	return outs, c
 }
@@ -310,4 +316,27 @@ func pageFloats(t *testing.T, pool *kvslab.Pool, g int, id kvslab.PageID) []floa
 		t.Fatal(err)
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// TestLoadMTP checks Options.MTP: the runner Load returns drafts one token with the MTP
+// head of config.json's random weights, and a model without an MTP head is refused.
+func TestLoadMTP(t *testing.T) {
+	r, err := Load(".", Options{MTP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Info().MaxDrafts; got != 1 {
+		t.Fatalf("MaxDrafts %d, want 1", got)
+	}
+	if _, err := r.NewPool(8 << 20); err != nil {
+		t.Fatal(err)
+	}
+	c := tinyConfig(t)
+	m, err := NewModel(c, RandomWeights(c, 1, false), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewMTPRunner(m, 8); err == nil {
+		t.Error("a model without an MTP head was given a drafting runner")
+	}
 }

@@ -11,6 +11,10 @@ package deepseekv4flash
 //     incomplete window and the previous window's Ca half (fixed size per sequence; a
 //     kvslab Recurrent group, checkpointed at block ends for prefix reuse).
 //
+// A runner that drafts with the MTP head keeps its block's K=V rows in the sliding-window
+// group too, and the main model's final streams of the last token in the recurrent one
+// (cache.go); a verify step puts back what rejected drafts wrote (undoLog).
+//
 // Rows and the buffers are plain Go slices for a sequence made by NewSeqState, or views
 // of kvslab pages for one the runner binds to a plan (cache.go).
 
@@ -22,8 +26,8 @@ type Rows interface {
 }
 
 // SeqState is one sequence's state: how many tokens the model has read and each layer's
-// caches. MTP is the MTP block's (nil until the MTP head runs), which has read MTPLen
-// rows.
+// caches. MTP is the MTP block's (nil until MTPForward runs, or set by the runner's
+// binding), which MTPForward has extended by MTPLen rows.
 type SeqState struct {
 	Len    int
 	Layers []LayerState
