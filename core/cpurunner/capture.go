@@ -32,9 +32,9 @@ var _ LogitsCapturer = (*Runner)(nil)
 // steps from the engine's goroutine; nil stops capturing.
 func (r *Runner) CaptureLogits(fn func(LogitsRow)) { r.capture = fn }
 
-// allRows returns a shallow copy of plan whose logits rows are every token row, with
+// allRowsPlan returns a shallow copy of plan whose logits rows are every token row, with
 // index slices of the runner's own: the engine's plan and its arrays are never written.
-func (r *Runner) allRows(plan *engine.BatchPlan) *engine.BatchPlan {
+func (r *Runner) allRowsPlan(plan *engine.BatchPlan) *engine.BatchPlan {
 	r.all = *plan
 	t := plan.NumTokens()
 	if cap(r.allIdx) < t {

@@ -36,6 +36,9 @@ type Runner struct {
 	top     []engine.TopLogprob
 
 	capture func(LogitsRow)
+	// allRows: this step computes the logits of every token row (capturing, or scoring
+	// prompt logprobs), so row k of the logits buffer is token row k.
+	allRows bool
 	all     engine.BatchPlan // the plan with every token row asked for, while capturing
 	allIdx  []int32
 	allSt   []int32
@@ -79,8 +82,9 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		return engine.StepResult{}, err
 	}
 	run := plan
-	if r.capture != nil {
-		run = r.allRows(plan)
+	r.allRows = r.capture != nil || scoresPrompt(plan)
+	if r.allRows {
+		run = r.allRowsPlan(plan)
 	}
 	vocab := r.info.VocabSize
 	n := len(run.LogitsIndices) * vocab
@@ -110,7 +114,7 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		// Without drafts a sequence has one logits row: its last scheduled token. While
 		// capturing, every token row has logits and row k of the buffer is token row k.
 		row := hi - 1
-		if r.capture != nil {
+		if r.allRows {
 			row = int(plan.LogitsIndices[row])
 		}
 		pos := int(plan.Positions[plan.LogitsIndices[hi-1]]) + 1
@@ -126,6 +130,9 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 			res.TopLogprobs = append(res.TopLogprobs, t.Logprob)
 		}
 	}
+	if r.allRows && len(plan.PromptLogprobs) > 0 {
+		r.scorePrompts(plan)
+	}
 	if r.drafter != nil {
 		if err := r.drafter.Draft(plan, res); err != nil {
 			return engine.StepResult{}, fmt.Errorf("%s: %w", r.info.Name, err)
@@ -135,4 +142,34 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		r.emit(plan)
 	}
 	return *res, nil
+}
+
+// scoresPrompt reports whether a sequence of plan asks for prompt logprobs in this step.
+func scoresPrompt(plan *engine.BatchPlan) bool {
+	for i := range plan.PromptLogprobs {
+		if plan.PromptRows(i) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// scorePrompts appends the prompt logprobs the plan asks for (every token row has logits
+// in this step): row j of sequence i scored against plan.PromptTarget(i, j).
+func (r *Runner) scorePrompts(plan *engine.BatchPlan) {
+	vocab := r.info.VocabSize
+	res := &r.res
+	for i := 0; i < plan.NumSeqs(); i++ {
+		k := int(plan.PromptLogprobs[i])
+		for j := 0; j < plan.PromptRows(i); j++ {
+			buf := int(plan.QueryStart[i]) + j
+			lp, top := r.sampler.Score(r.logits[buf*vocab:(buf+1)*vocab], plan.PromptTarget(i, j), k, r.top[:0])
+			r.top = top
+			res.PromptLogprobs = append(res.PromptLogprobs, lp)
+			for _, t := range top {
+				res.PromptTopTokens = append(res.PromptTopTokens, t.Token)
+				res.PromptTopLogprobs = append(res.PromptTopLogprobs, t.Logprob)
+			}
+		}
+	}
 }

@@ -44,7 +44,7 @@ func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32
 	var a int32
 	for j := lo; j < hi; j++ {
 		buf := j
-		if r.capture != nil {
+		if r.allRows {
 			buf = int(plan.LogitsIndices[j])
 		}
 		d := j - lo // drafts fed before this row's position
