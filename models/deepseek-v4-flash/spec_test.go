@@ -340,3 +340,58 @@ func TestLoadMTP(t *testing.T) {
 		t.Error("a model without an MTP head was given a drafting runner")
 	}
 }
+
+// TestMTPPreemption runs the mixed batch in a pool too small for it, so that the engine
+// preempts requests (their state is recomputed, the MTP rows and streams with it), and
+// wants what decoding without drafts in the same pool gives.
+func TestMTPPreemption(t *testing.T) {
+	m := tinyModel(t)
+	prompts := specPrompts(m.Config.VocabSize)
+	sp := engine.SamplingParams{MaxTokens: 24, IgnoreEOS: true}
+	run := func(r *Runner) ([]runnertest.Output, engine.Counters) {
+		probe := layout(m.Config, 8, r.drafts > 0).groups
+		pool, err := engine.NewHostPool(probe, 4*slabBytes(t, probe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Bind(pool); err != nil {
+			t.Fatal(err)
+		}
+		return generate(t, r, pool, prompts, sp, 0)
+	}
+	want, pc := run(NewRunner(m, 8))
+	r, err := NewMTPRunner(m, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := map[int][]int32{}
+	for i, p := range prompts {
+		full[len(p)] = append(slices.Clone(p), want[i].Tokens...)
+	}
+	r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
+		if seq := full[promptLen]; pos < len(seq) && pos%2 == 0 {
+			return seq[pos]
+		}
+		return (argmax(logits) + 1) % int32(m.Config.VocabSize)
+	}
+	got, c := run(r)
+	if c.Preemptions == 0 {
+		t.Fatalf("no preemption in a pool of 4 slabs (plain run: %d)", pc.Preemptions)
+	}
+	for i := range prompts {
+		if !slices.Equal(got[i].Tokens, want[i].Tokens) {
+			t.Fatalf("prompt %d: %v with MTP, %v without", i, got[i].Tokens, want[i].Tokens)
+		}
+	}
+	t.Logf("%d preemptions (plain %d), %d drafts, %d accepted", c.Preemptions, pc.Preemptions, c.DraftsProposed, c.DraftsAccepted)
+}
+
+// slabBytes is the slab size engine.NewHostPool picks for groups.
+func slabBytes(t *testing.T, groups []kvslab.GroupSpec) int64 {
+	t.Helper()
+	pool, err := engine.NewHostPool(groups, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool.SlabBytes()
+}
