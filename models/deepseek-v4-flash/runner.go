@@ -29,9 +29,10 @@ type Options struct {
 
 // Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
 // result, logits capture for `generate --logits-out`) is core/cpurunner's; what is the
-// model's own is here: loading it and binding each plan's sequences to their state in
-// the kvslab pool (cache.go). This file is yours: to run the model on a GPU, replace the
-// forward below with your device runner.
+// model's own is here: loading it, binding each plan's sequences to their state in the
+// kvslab pool (cache.go) and, for a runner made by NewMTPRunner, the MTP step (draft):
+// undoing rejected drafts and proposing the next ones. This file is yours: to run the
+// model on a GPU, replace the forward below with your device runner.
 type Runner struct {
 	*cpurunner.Runner // Info, Execute, CaptureLogits
 	Model             *Model
