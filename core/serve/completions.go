@@ -35,9 +35,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		sp.Logprobs, sp.TopLogprobs = true, *req.Logprobs
 	}
 	if req.Echo && sp.Logprobs {
-		// Prompt logprobs need the runner to score every prompt token; refused by name
-		// rather than answered without them.
-		return unsupported("echo", "echo with logprobs (prompt logprobs)")
+		sp.PromptLogprobs = true // the echoed prompt's tokens carry logprobs too
 	}
 	inputs, err := parsePrompts(req.Prompt)
 	if err != nil {
@@ -76,7 +74,11 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		e := echo(c)
 		choices[i] = completionChoice{Index: i, Text: e + c.text, FinishReason: &c.res.finish}
 		if sp.Logprobs {
-			choices[i].Logprobs = s.completionLogprobs(c.lps, len(e), sp.TopLogprobs > 0)
+			var echoLps *completionLogprobs
+			if req.Echo {
+				echoLps, _ = s.echoLogprobs(c.g.prompt, c.res.promptLogprobs, sp.TopLogprobs > 0)
+			}
+			choices[i].Logprobs = echoLps.join(s.completionLogprobs(c.lps, len(e), sp.TopLogprobs > 0))
 		}
 	}
 	writeJSON(w, http.StatusOK, completionResponse{envelope: newEnvelope(id, "text_completion", created, s.modelName(req.Model)),
@@ -126,7 +128,10 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, gens [
 			}
 			var lp *completionLogprobs
 			if c.g.sampling.Logprobs {
-				lp = s.completionLogprobs(d.logprobs, offset, c.g.sampling.TopLogprobs > 0)
+				if d.promptLogprobs != nil {
+					lp, _ = s.echoLogprobs(c.g.prompt, d.promptLogprobs, c.g.sampling.TopLogprobs > 0)
+				}
+				lp = lp.join(s.completionLogprobs(d.logprobs, offset, c.g.sampling.TopLogprobs > 0))
 			}
 			offset += len(d.text)
 			return cs.send(chunk(index, text, lp, nil))

@@ -223,7 +223,6 @@ func TestUnsupportedFieldsRefusedByName(t *testing.T) {
 		{"/v1/chat/completions", map[string]any{"messages": chat, "guided_json": map[string]any{}}, "guided_json"},
 		{"/v1/completions", map[string]any{"prompt": "x", "frobnicate": 1}, "frobnicate"},
 		{"/v1/chat/completions", map[string]any{"messages": chat, "best_of": 2}, "best_of"},
-		{"/v1/completions", map[string]any{"prompt": "x", "echo": true, "logprobs": 1}, "echo"},
 		{"/v1/completions", map[string]any{"prompt": "x", "n": 2, "best_of": 1}, "best_of"},
 		{"/v1/completions", map[string]any{"prompt": "x", "n": 2, "best_of": 3, "stream": true}, "best_of"},
 		{"/v1/completions", map[string]any{"prompt": "x", "logit_bias": map[string]float64{"abc": 1}}, "logit_bias"},
@@ -244,4 +243,70 @@ func TestUnsupportedFieldsRefusedByName(t *testing.T) {
 	if code != 400 || !strings.Contains(string(raw), "logit_bias") {
 		t.Fatalf("logit_bias outside the vocabulary: %d %s", code, raw)
 	}
+}
+
+func TestEchoWithPromptLogprobs(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	prompt := []int32{5, 6, 7, 8, 9}
+	want := enginetest.PromptLogprobs(h.tok.VocabSize(), prompt, 2)
+	type lpOut struct {
+		Choices []struct {
+			Text     string `json:"text"`
+			Logprobs struct {
+				Tokens        []string             `json:"tokens"`
+				TokenLogprobs []*float32           `json:"token_logprobs"`
+				TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+				TextOffset    []int                `json:"text_offset"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	body := map[string]any{"prompt": prompt, "echo": true, "logprobs": 2, "max_tokens": 3, "temperature": 0, "ignore_eos": true}
+	var out lpOut
+	h.postJSON("/v1/completions", body, 200, &out)
+	lp := out.Choices[0].Logprobs
+	if len(lp.Tokens) != len(prompt)+3 || len(lp.TokenLogprobs) != len(prompt)+3 || len(lp.TopLogprobs) != len(prompt)+3 {
+		t.Fatalf("%d tokens, %d logprobs, %d tops for a prompt of %d and 3 generated", len(lp.Tokens), len(lp.TokenLogprobs), len(lp.TopLogprobs), len(prompt))
+	}
+	if lp.TokenLogprobs[0] != nil || lp.TopLogprobs[0] != nil || lp.TextOffset[0] != 0 {
+		t.Fatalf("the first prompt token has logprob %v, top %v, offset %d; want null, null, 0", lp.TokenLogprobs[0], lp.TopLogprobs[0], lp.TextOffset[0])
+	}
+	for k, w := range want {
+		tok, _ := h.srv.tokenText(w.Token)
+		if got := lp.TokenLogprobs[k+1]; got == nil || *got != w.Logprob || lp.Tokens[k+1] != tok || len(lp.TopLogprobs[k+1]) == 0 {
+			t.Fatalf("prompt position %d: %q %v (top %v), want %q %v", k+1, lp.Tokens[k+1], got, lp.TopLogprobs[k+1], tok, w.Logprob)
+		}
+	}
+	for k := len(prompt); k < len(lp.TokenLogprobs); k++ {
+		if lp.TokenLogprobs[k] == nil {
+			t.Fatalf("generated token %d has no logprob", k-len(prompt))
+		}
+	}
+	// Streamed: the same entries, spread over the chunks.
+	body["stream"] = true
+	code, raw := h.post("/v1/completions", body)
+	if code != 200 {
+		t.Fatalf("stream: %d %s", code, raw)
+	}
+	var streamed []*float32
+	for _, ev := range sseEvents(t, raw) {
+		if ev == "[DONE]" {
+			continue
+		}
+		var c lpOut
+		if err := json.Unmarshal([]byte(ev), &c); err != nil {
+			t.Fatal(err)
+		}
+		for _, ch := range c.Choices {
+			streamed = append(streamed, ch.Logprobs.TokenLogprobs...)
+		}
+	}
+	if len(streamed) != len(lp.TokenLogprobs) || streamed[0] != nil {
+		t.Fatalf("streamed %d logprobs (first %v), want %d starting with null", len(streamed), streamed[0], len(lp.TokenLogprobs))
+	}
+	for k := 1; k < len(streamed); k++ {
+		if *streamed[k] != *lp.TokenLogprobs[k] {
+			t.Fatalf("streamed logprob %d: %v, want %v", k, *streamed[k], *lp.TokenLogprobs[k])
+		}
+	}
+	h.stopAndCheck("echo with logprobs")
 }

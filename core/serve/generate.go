@@ -28,6 +28,8 @@ type delta struct {
 	text     string
 	tokens   []int32
 	logprobs []engine.TokenLogprob
+	// promptLogprobs comes once, with the first delta, when the request asked for them.
+	promptLogprobs []engine.TokenLogprob
 }
 
 // genResult is how a generation ended.
@@ -37,6 +39,8 @@ type genResult struct {
 	// cumLogprob sums the logprobs of the generated tokens when they were asked for
 	// (best_of ranks candidates by it).
 	cumLogprob float64
+	// promptLogprobs are the prompt's logprobs when they were asked for.
+	promptLogprobs []engine.TokenLogprob
 }
 
 // generate submits r to the engine and calls emit with text as it becomes final (never
@@ -54,6 +58,7 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 	stopIDs := s.stopIDs(r.sampling.StopTokenIDs, r.sampling.IgnoreEOS)
 	generated := 0
 	var cum float64
+	var promptLps []engine.TokenLogprob
 	var d delta
 	for {
 		ev, err := st.Recv(ctx)
@@ -61,7 +66,10 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			s.eng.Abort(st.ID())
 			return genResult{}, fmt.Errorf("client went away: %w", err)
 		}
-		d = delta{}
+		d = delta{promptLogprobs: ev.PromptLogprobs}
+		if ev.PromptLogprobs != nil {
+			promptLps = ev.PromptLogprobs
+		}
 		hit := false
 		for i, tok := range ev.Tokens {
 			generated++
@@ -98,7 +106,7 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			if err := emit(d); err != nil {
 				return genResult{}, err
 			}
-			return genResult{finish: "stop", usage: usage, cumLogprob: cum}, nil
+			return genResult{finish: "stop", usage: usage, cumLogprob: cum, promptLogprobs: promptLps}, nil
 		}
 		if ev.Finish == engine.FinishNone {
 			if len(d.tokens) > 0 {
@@ -125,7 +133,7 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			if hit {
 				finish = "stop"
 			}
-			return genResult{finish: finish, usage: ev.Usage, cumLogprob: cum}, nil
+			return genResult{finish: finish, usage: ev.Usage, cumLogprob: cum, promptLogprobs: promptLps}, nil
 		case engine.FinishAbort:
 			if ctx.Err() != nil {
 				return genResult{}, fmt.Errorf("client went away: %w", ctx.Err())

@@ -22,10 +22,11 @@ type chatLogprobs struct {
 	Content []chatLogprob `json:"content"`
 }
 
-// completionLogprobs is the legacy completions logprobs object.
+// completionLogprobs is the legacy completions logprobs object. With echo it starts with
+// the prompt's tokens, the first of which has null logprob and top_logprobs.
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float32            `json:"token_logprobs"`
+	TokenLogprobs []*float32           `json:"token_logprobs"`
 	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
@@ -58,7 +59,7 @@ func (s *Server) chatLogprobs(lps []engine.TokenLogprob) *chatLogprobs {
 func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, withTop bool) *completionLogprobs {
 	out := &completionLogprobs{
 		Tokens:        make([]string, len(lps)),
-		TokenLogprobs: make([]float32, len(lps)),
+		TokenLogprobs: make([]*float32, len(lps)),
 		TextOffset:    make([]int, len(lps)),
 	}
 	if withTop {
@@ -66,7 +67,7 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, withT
 	}
 	for i, lp := range lps {
 		text, _ := s.tokenText(lp.Token)
-		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = text, lp.Logprob, offset
+		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = text, &lp.Logprob, offset
 		offset += len(text)
 		if withTop {
 			m := make(map[string]float32, len(lp.Top))
@@ -78,4 +79,45 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, withT
 		}
 	}
 	return out
+}
+
+// echoLogprobs is the logprobs object of an echoed prompt: its first token with null
+// logprob and top_logprobs, then each later token with its prompt logprob (plps[k]
+// scores prompt[k+1]), text offsets from 0. It returns the object and the offset after
+// the prompt's tokens.
+func (s *Server) echoLogprobs(prompt []int32, plps []engine.TokenLogprob, withTop bool) (*completionLogprobs, int) {
+	first, _ := s.tokenText(prompt[0])
+	out := &completionLogprobs{Tokens: []string{first}, TokenLogprobs: []*float32{nil}, TextOffset: []int{0}}
+	if withTop {
+		out.TopLogprobs = []map[string]float32{nil}
+	}
+	rest := s.completionLogprobs(plps, len(first), withTop)
+	out.Tokens = append(out.Tokens, rest.Tokens...)
+	out.TokenLogprobs = append(out.TokenLogprobs, rest.TokenLogprobs...)
+	out.TextOffset = append(out.TextOffset, rest.TextOffset...)
+	if withTop {
+		out.TopLogprobs = append(out.TopLogprobs, rest.TopLogprobs...)
+	}
+	end := len(first)
+	for _, t := range rest.Tokens {
+		end += len(t)
+	}
+	return out, end
+}
+
+// join appends b's entries to a (either may be nil).
+func (a *completionLogprobs) join(b *completionLogprobs) *completionLogprobs {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	a.Tokens = append(a.Tokens, b.Tokens...)
+	a.TokenLogprobs = append(a.TokenLogprobs, b.TokenLogprobs...)
+	a.TextOffset = append(a.TextOffset, b.TextOffset...)
+	if a.TopLogprobs != nil || b.TopLogprobs != nil {
+		a.TopLogprobs = append(a.TopLogprobs, b.TopLogprobs...)
+	}
+	return a
 }
