@@ -221,6 +221,14 @@ TOOL_CHATS = [
      "add_generation_prompt": True},
     {"messages_json": tool_call_messages(False), "tools_json": TOOLS_JSON, "add_generation_prompt": True},
     {"messages_json": tool_call_messages(True), "tools_json": TOOLS_JSON, "add_generation_prompt": True},
+    # As vLLM renders it: arguments strings decoded to mappings (DecodeToolArguments).
+    {"messages_json": tool_call_messages(True), "tools_json": TOOLS_JSON, "add_generation_prompt": True,
+     "decode_tool_arguments": True},
+    {"messages_json": """[{"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_8", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\", \\"days\\": 1E5, \\"id\\": 12345678901234567890123}"}}]},
+      {"role": "tool", "tool_call_id": "call_8", "content": "-3 °C"}]""", "tools_json": TOOLS_JSON,
+     "add_generation_prompt": True, "decode_tool_arguments": True},
     {"messages_json": """[{"role": "user", "content": "Weather in Oslo?"},
       {"role": "assistant", "content": null, "tool_calls": [{"id": "call_9", "type": "function",
        "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 1E5, "ratio": 1.0, "id": 12345678901234567890123}}}]},
@@ -256,6 +264,31 @@ def flatten_content(messages, fmt):
     return out
 
 
+def decode_tool_arguments(messages):
+    """vLLM's _postprocess_messages: assistant tool calls' arguments as mappings."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
+            m = dict(m)
+            if not m["tool_calls"]:
+                del m["tool_calls"]
+            else:
+                calls = []
+                for c in m["tool_calls"]:
+                    fn = dict(c["function"])
+                    args = fn.get("arguments")
+                    if isinstance(args, str):
+                        try:
+                            args = json.loads(args)
+                        except json.JSONDecodeError:
+                            args = None
+                    fn["arguments"] = args if isinstance(args, dict) else {}
+                    calls.append({**c, "function": fn})
+                m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
 def render_tool_chats(template, special, kwargs=None):
     """Renders TOOL_CHATS with transformers' render_jinja_template; chats the template
     rejects (raise_exception, a string concatenated to a dict) are left out."""
@@ -264,6 +297,8 @@ def render_tool_chats(template, special, kwargs=None):
     out = []
     for chat in TOOL_CHATS:
         messages = flatten_content(json.loads(chat["messages_json"]), fmt)
+        if chat.get("decode_tool_arguments"):
+            messages = decode_tool_arguments(messages)
         tools = json.loads(chat["tools_json"]) if "tools_json" in chat else None
         kw = {**special, **(kwargs or {})}
         try:

@@ -43,6 +43,12 @@ type ChatOptions struct {
 	Tools []any
 	// Extra holds further template variables (for example enable_thinking).
 	Extra map[string]any
+	// DecodeToolArguments gives the template each assistant tool call's
+	// function.arguments as a mapping, as vLLM does before rendering: a JSON string is
+	// decoded, anything that is not an object becomes {}; an empty tool_calls list is
+	// dropped. OpenAI clients send arguments as strings, tool-calling templates expect
+	// mappings (transformers' documentation).
+	DecodeToolArguments bool
 }
 
 // LoadChatTemplate reads the default chat template from a tokenizer_config.json file.
@@ -125,7 +131,7 @@ func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (stri
 	if err != nil {
 		return "", fmt.Errorf("render chat template: messages: %w", err)
 	}
-	data["messages"] = prepareMessages(msgs, c.format)
+	data["messages"] = prepareMessages(msgs, c.format, opts.DecodeToolArguments)
 	data["add_generation_prompt"] = jinja.NewBool(opts.AddGenerationPrompt)
 	for _, k := range []string{"tools", "documents"} {
 		if _, ok := data[k]; !ok {

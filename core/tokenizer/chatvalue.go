@@ -110,8 +110,9 @@ var reasoningFields = []string{"reasoning_content", "thinking", "reasoning"}
 
 // prepareMessages applies transformers' and vLLM's message preparation to converted
 // messages: content parts joined for ContentString templates, reasoning aliased as
-// {"thinking": r, ...message, "reasoning_content": r}.
-func prepareMessages(msgs jinja.Value, format ContentFormat) jinja.Value {
+// {"thinking": r, ...message, "reasoning_content": r}, tool call arguments decoded when
+// decodeArgs.
+func prepareMessages(msgs jinja.Value, format ContentFormat, decodeArgs bool) jinja.Value {
 	if !msgs.IsList() {
 		return msgs
 	}
@@ -132,7 +133,10 @@ func prepareMessages(msgs jinja.Value, format ContentFormat) jinja.Value {
 			}
 		}
 		alias := !reasoning.IsUndefined()
-		if !joinParts && !alias {
+		calls, hasCalls := d.Get("tool_calls")
+		role, _ := d.Get("role")
+		decode := decodeArgs && hasCalls && calls.IsList() && role.IsString() && role.AsString() == "assistant"
+		if !joinParts && !alias && !decode {
 			continue
 		}
 		nd := jinja.NewDict()
@@ -141,6 +145,12 @@ func prepareMessages(msgs jinja.Value, format ContentFormat) jinja.Value {
 		}
 		for _, k := range d.OrderedKeys() {
 			v, _ := d.Get(k)
+			if k == "tool_calls" && decode {
+				if calls.AsList().Len() == 0 {
+					continue // dropped, as vLLM does
+				}
+				v = decodeToolArguments(calls)
+			}
 			nd.AsDict().Set(k, v)
 		}
 		if alias {
@@ -169,4 +179,45 @@ func joinTextParts(parts jinja.Value) string {
 		}
 	}
 	return strings.Join(texts, "\n")
+}
+
+// decodeToolArguments returns tool calls whose function.arguments are mappings: a JSON
+// object string decoded (key order and number spelling kept), anything else {}.
+func decodeToolArguments(calls jinja.Value) jinja.Value {
+	out := make([]jinja.Value, len(calls.AsList().Items))
+	for i, c := range calls.AsList().Items {
+		out[i] = c
+		if !c.IsDict() {
+			continue
+		}
+		fn, ok := c.AsDict().Get("function")
+		if !ok || !fn.IsDict() {
+			continue
+		}
+		args, _ := fn.AsDict().Get("arguments")
+		decoded := jinja.NewDict()
+		switch {
+		case args.IsDict():
+			decoded = args
+		case args.IsString():
+			if v, err := jsonValue([]byte(args.AsString())); err == nil && v.IsDict() {
+				decoded = v
+			}
+		}
+		nfn := copyDict(fn)
+		nfn.AsDict().Set("arguments", decoded)
+		nc := copyDict(c)
+		nc.AsDict().Set("function", nfn)
+		out[i] = nc
+	}
+	return jinja.NewList(out)
+}
+
+func copyDict(d jinja.Value) jinja.Value {
+	out := jinja.NewDict()
+	for _, k := range d.AsDict().OrderedKeys() {
+		v, _ := d.AsDict().Get(k)
+		out.AsDict().Set(k, v)
+	}
+	return out
 }

@@ -30,6 +30,7 @@ type goldenChat struct {
 	ToolsJSON           string                       `json:"tools_json"`
 	Kwargs              map[string]json.RawMessage   `json:"kwargs"`
 	ContentFormat       ContentFormat                `json:"content_format"`
+	DecodeToolArguments bool                         `json:"decode_tool_arguments"`
 	Prompt              string                       `json:"prompt"`
 	IDs                 []int32                      `json:"ids"`
 }
@@ -62,7 +63,8 @@ func (c goldenChat) render(t *testing.T, ct *ChatTemplate) (string, error) {
 	for k, v := range c.Kwargs {
 		extra[k] = v
 	}
-	return ct.Render(messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Tools: rawTools(tools), Extra: extra})
+	return ct.Render(messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Tools: rawTools(tools), Extra: extra,
+		DecodeToolArguments: c.DecodeToolArguments})
 }
 
 type goldenFile struct {
