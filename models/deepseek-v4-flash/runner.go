@@ -61,8 +61,10 @@ func NewRunner(m *Model, pageTokens int) *Runner {
 
 // NewMTPRunner is NewRunner for a runner that decodes speculatively with the model's MTP
 // head (num_nextn_predict_layers = 1): each step it proposes one draft token per
-// sequence, which the next step verifies (see mtp.go's MTP step and cpurunner.Drafter
-// for the verification). Greedy and seeded output are the same as NewRunner's. Its pool
+// sequence, which the next step verifies (cpurunner.Drafter). Drafts are the MTP head's
+// argmax; a row accepts its draft when the token it samples equals it, which is
+// rejection sampling for a one-hot draft distribution, so greedy and seeded output are
+// the same as NewRunner's at any temperature (sampled rows just accept less). Its pool
 // holds the MTP block's sliding window and the streams it reads (Runner.CacheGroups).
 func NewMTPRunner(m *Model, pageTokens int) (*Runner, error) {
 	c := m.Config
