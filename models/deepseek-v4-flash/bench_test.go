@@ -1,8 +1,11 @@
 package deepseekv4flash
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
+	"strconv"
 	"sync"
 	"testing"
 )
@@ -76,21 +79,29 @@ func BenchmarkV4Prefill(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
-			for range b.N {
-				for j := range chunks {
-					chunks[j].State = m.NewSeqState()
+			profiled("prefill", batch, func() {
+				for range b.N {
+					for j := range chunks {
+						chunks[j].State = m.NewSeqState()
+					}
+					if _, _, err := m.Forward(chunks); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if _, _, err := m.Forward(chunks); err != nil {
-					b.Fatal(err)
-				}
-			}
+			})
 			b.ReportMetric(float64(b.N*batch*benchPrompt)/b.Elapsed().Seconds(), "tok/s")
+			states := make([]*SeqState, batch)
+			for j, ch := range chunks {
+				states[j] = ch.State
+			}
+			prefilled.Store(batch, states)
 		})
 	}
 }
 
-// prefilled holds, per batch size, the states after a benchPrompt-token prefill, so that
-// the decode benchmark's repeated runs (b.N ramp-up) pay for the prefill once.
+// prefilled holds, per batch size, the states after a benchPrompt-token prefill (left by
+// BenchmarkV4Prefill, or made by BenchmarkV4Decode), so that the decode benchmark's runs
+// (b.N ramp-up, -count) clone them instead of paying for the prefill again.
 var prefilled sync.Map // batch → []*SeqState
 
 // BenchmarkV4Decode measures decode steps of batch sequences (one token each per forward
@@ -123,17 +134,26 @@ func BenchmarkV4Decode(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
-			for i := range b.N {
-				for j := range next {
-					next[j] = int32((i*131 + j*31 + 5) % m.Config.VocabSize)
+			profiled("decode", batch, func() {
+				for i := range b.N {
+					for j := range next {
+						next[j] = int32((i*131 + j*31 + 5) % m.Config.VocabSize)
+					}
+					if _, _, err := m.Forward(chunks); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if _, _, err := m.Forward(chunks); err != nil {
-					b.Fatal(err)
-				}
-			}
+			})
 			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "tok/s")
 		})
 	}
+}
+
+// profiled runs f with the CPU profile label bench=PHASE/BATCH (e.g. decode/8), which
+// the goroutines it starts (gonum's parallel GEMM) inherit: `go tool pprof -tagfocus
+// bench=decode/8` keeps that timed loop and leaves out the setup.
+func profiled(phase string, batch int, f func()) {
+	pprof.Do(context.Background(), pprof.Labels("bench", phase+"/"+strconv.Itoa(batch)), func(context.Context) { f() })
 }
 
 // cloneState deep-copies a sequence state made by NewSeqState (Go-memory rows).

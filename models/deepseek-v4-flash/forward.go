@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
+	"gonum.org/v1/gonum/blas/blas32"
 )
 
 // Model is a loaded model: its config, weights and rotary embeddings. Forward is the
@@ -478,12 +479,9 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 	}
 }
 
+// dot32 is a·b in float32, through gonum's vectorised dot (len(b) >= len(a)).
 func dot32(a, b []float32) float32 {
-	var s float32
-	for i := range a {
-		s += a[i] * b[i]
-	}
-	return s
+	return blas32.Implementation().Sdot(len(a), a, 1, b, 1)
 }
 
 // indexerPick returns the compressed entries a CSA query attends: all visible ones when
