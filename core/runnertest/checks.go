@@ -250,6 +250,48 @@ func checkAbort(t testing.TB, s *Suite) {
 	h.Stop(t)
 }
 
+func checkDrafts(t testing.TB, s *Suite) {
+	if s.Info.MaxDrafts == 0 {
+		t.Skip("the runner proposes no drafts")
+	}
+	if s.Opts.Plain == nil {
+		t.Skip("Options.Plain opens no runner without drafts to compare with")
+	}
+	v := s.Info.VocabSize
+	// Prompts that end at different offsets of a block, decoding long enough to cross
+	// blocks, in one batch and with a budget that mixes prompt chunks with verify steps.
+	var prompts [][]int32
+	for i := range 4 {
+		prompts = append(prompts, Prompt(min(s.Opts.PromptLen, 2+i*(s.Block+1)), v, 15+i))
+	}
+	long := s.Sampling()
+	long.MaxTokens = min(2*s.Block+2, s.Info.MaxContext-s.Opts.PromptLen-1)
+	seeded := long
+	seeded.Temperature, seeded.Seed, seeded.HasSeed = 0.8, 77, true
+	for _, sp := range []engine.SamplingParams{long, seeded} {
+		r, pool := s.Opts.Plain(t)
+		if r.Info().MaxDrafts != 0 {
+			t.Fatalf("Options.Plain opened a runner that proposes %d drafts", r.Info().MaxDrafts)
+		}
+		h := s.StartWith(t, r, pool, engine.Config{})
+		want := h.GenerateAll(t, prompts, sp)
+		h.Stop(t)
+		for _, budget := range []int{0, s.Block + 3} {
+			h := s.Start(t, engine.Config{MaxBatchTokens: budget})
+			got := h.GenerateAll(t, prompts, sp)
+			c := h.Counters()
+			h.Stop(t)
+			if c.DraftsProposed == 0 {
+				t.Errorf("no draft was scheduled for %d requests of %d tokens", len(prompts), sp.MaxTokens)
+			}
+			for i := range prompts {
+				s.Same(t, fmt.Sprintf("request %d (temperature %g, budget %d) with %d/%d drafts accepted vs without drafts",
+					i, sp.Temperature, budget, c.DraftsAccepted, c.DraftsProposed), got[i], want[i])
+			}
+		}
+	}
+}
+
 // gate lets a number of steps through its runner, then holds the next one until release.
 type gate struct {
 	engine.Runner

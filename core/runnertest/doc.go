@@ -7,7 +7,9 @@
 //     pages sit in a fragmented pool;
 //   - greedy and seeded sampling are reproducible;
 //   - a prefix-cache hit gives the tokens a cold run gives;
-//   - an aborted request, running or waiting, gives back its pages.
+//   - an aborted request, running or waiting, gives back its pages;
+//   - a runner that proposes drafts gives what the same model without them gives
+//     (Options.Plain), greedy and seeded.
 //
 // Outputs are compared on the generated tokens and on their log probabilities (the chosen
 // token's and the top alternatives'), within Options.Tolerance. After every check the

@@ -30,6 +30,9 @@ type Options struct {
 	Tolerance float64
 	// Skip names checks not to run (see Checks), with the reason in the test log.
 	Skip map[string]string
+	// Plain, for a runner that proposes drafts (RunnerInfo.MaxDrafts > 0), opens the same
+	// model without them: the Drafts check compares the two (it is skipped without it).
+	Plain Opener
 }
 
 func (o Options) withDefaults(info engine.RunnerInfo, block int) Options {
@@ -71,6 +74,7 @@ var Checks = []Check{
 	{"Reproducible", "greedy and seeded sampling give the same tokens run after run", checkReproducible},
 	{"PrefixCache", "a request served partly or wholly from the prefix cache gives the tokens of a cold run", checkPrefixCache},
 	{"AbortFreesPages", "an aborted request, running or waiting, gives back every page it held", checkAbort},
+	{"Drafts", "speculative decoding gives, greedy and seeded, what the runner without drafts gives", checkDrafts},
 }
 
 // Suite is what a check works with: the opener and the options, with defaults filled in

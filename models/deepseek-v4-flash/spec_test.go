@@ -26,9 +26,11 @@ func mtpRunner(t testing.TB) (*Runner, *kvslab.Pool) {
 	return r, pool
 }
 
-// TestMTPRunnerConformance runs core/runnertest's suite on the drafting runner.
+// TestMTPRunnerConformance runs core/runnertest's suite on the drafting runner, whose
+// Drafts check compares it with testRunner (no drafts).
 func TestMTPRunnerConformance(t *testing.T) {
-	runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) { return mtpRunner(t) }, runnertest.Options{MaxTokens: 12})
+	runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) { return mtpRunner(t) },
+		runnertest.Options{MaxTokens: 12, Plain: testRunner})
 }
 
 // specPrompts are prompts of distinct lengths (forceDraft tells requests apart by it)
