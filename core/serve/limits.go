@@ -22,7 +22,20 @@ const (
 	defaultIdleTimeout       = 60 * time.Second
 	defaultMaxHeaderBytes    = 64 << 10
 	defaultMaxConnections    = 1024
+	// fdReserve are the descriptors left to everything but client connections (model
+	// files, logs, the engine) when the default cap is lowered to fit the fd limit.
+	fdReserve = 64
 )
+
+// defaultConnCap is Config.MaxConnections' default: 1024, or fewer when the process may
+// not open that many files, so that connections waiting for a slot, not accept errors,
+// are what a flood of clients meets.
+func defaultConnCap() int {
+	if n := fdLimit() - fdReserve; n > 0 && n < defaultMaxConnections {
+		return max(n, 16)
+	}
+	return defaultMaxConnections
+}
 
 // orDefault returns d for zero, no limit (0) for a negative value, else v.
 func orDefault(v, d time.Duration) time.Duration {
