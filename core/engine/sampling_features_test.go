@@ -9,6 +9,7 @@ import (
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // penalized is a seeded sampling configuration with every penalty.
@@ -250,3 +251,44 @@ type plRecorder struct {
 }
 
 func (o *plRecorder) PromptLogprobs(lps []engine.TokenLogprob) { o.lps, o.calls = lps, o.calls+1 }
+
+// eosRunner samples EOS (token 5) for every row, ignoring the sampling rows: the engine
+// itself must not stop a request at EOS before min_tokens.
+type eosRunner struct{ res engine.StepResult }
+
+func (m *eosRunner) Info() engine.RunnerInfo {
+	return engine.RunnerInfo{Name: "eos", VocabSize: 16, MaxContext: 256, EOS: []int32{5},
+		CacheGroups: []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 4, PageTokens: 16}}}
+}
+
+func (m *eosRunner) Execute(_ context.Context, p *engine.BatchPlan) (engine.StepResult, error) {
+	m.res.Reset(p.NumSeqs())
+	for i := 0; i < p.NumSeqs(); i++ {
+		if p.LogitsStart[i+1] > p.LogitsStart[i] {
+			m.res.Accepted[i] = 1
+			m.res.Tokens = append(m.res.Tokens, 5)
+		}
+	}
+	return m.res, nil
+}
+
+func TestMinTokensHoldsTheStopCheck(t *testing.T) {
+	e, err := engine.New(&eosRunner{}, engine.Config{CacheBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go e.Run(ctx)
+	for minTokens, want := range map[int]int{0: 1, 1: 2, 4: 5} {
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: []int32{1, 2}, Sampling: engine.SamplingParams{MaxTokens: 10, MinTokens: minTokens}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks, ev, err := st.Collect(context.Background())
+		if err != nil || ev.Finish != engine.FinishStop || len(toks) != want {
+			t.Fatalf("min_tokens %d: %d tokens, %v %v; want %d ending at EOS", minTokens, len(toks), ev.Finish, err, want)
+		}
+	}
+	e.Close()
+}
