@@ -7,10 +7,10 @@ import (
 	"testing"
 )
 
-// With a low file descriptor limit the default connection cap leaves room for the
-// process's other files, so a flood of clients waits for slots instead of making every
-// accept fail for lack of descriptors.
-func TestDefaultConnCapFitsFDLimit(t *testing.T) {
+// Under a low file descriptor limit the connection cap leaves room for the process's
+// other files, so a flood of clients waits for slots instead of making every accept
+// fail for lack of descriptors.
+func TestConnCapFitsFDLimit(t *testing.T) {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		t.Skip(err)
@@ -23,15 +23,15 @@ func TestDefaultConnCapFitsFDLimit(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
 		t.Skip(err)
 	}
-	got := defaultConnCap()
+	got, small := fitFDLimit(defaultMaxConnections), fitFDLimit(100)
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		t.Fatal(err)
 	}
-	if got != 256-fdReserve {
-		t.Fatalf("cap %d under an fd limit of 256, want %d", got, 256-fdReserve)
+	if got != 256-fdReserve || small != 100 {
+		t.Fatalf("caps %d and %d under an fd limit of 256, want %d and 100", got, small, 256-fdReserve)
 	}
 	if rl.Cur >= defaultMaxConnections+fdReserve {
-		if got := defaultConnCap(); got != defaultMaxConnections {
+		if got := fitFDLimit(defaultMaxConnections); got != defaultMaxConnections {
 			t.Fatalf("cap %d under an fd limit of %d, want %d", got, rl.Cur, defaultMaxConnections)
 		}
 	}

@@ -27,14 +27,14 @@ const (
 	fdReserve = 64
 )
 
-// defaultConnCap is Config.MaxConnections' default: 1024, or fewer when the process may
-// not open that many files, so that connections waiting for a slot, not accept errors,
-// are what a flood of clients meets.
-func defaultConnCap() int {
-	if n := fdLimit() - fdReserve; n > 0 && n < defaultMaxConnections {
-		return max(n, 16)
+// fitFDLimit lowers a connection cap of n to what the process's file descriptor limit
+// leaves room for (at least 16), so that a flood of clients meets connections waiting
+// for a slot, not accept errors for lack of descriptors.
+func fitFDLimit(n int) int {
+	if room := fdLimit() - fdReserve; fdLimit() > 0 && n > max(room, 16) {
+		return max(room, 16)
 	}
-	return defaultMaxConnections
+	return n
 }
 
 // orDefault returns d for zero, no limit (0) for a negative value, else v.

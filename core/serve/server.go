@@ -55,8 +55,8 @@ type Config struct {
 	// MaxHeaderBytes caps a request's line and headers (default 64 KiB).
 	MaxHeaderBytes int
 	// MaxConnections caps the connections Serve keeps open; a further one waits,
-	// unserved, until one closes (default 1024, lowered to fit the process's file
-	// descriptor limit; negative: no cap).
+	// unserved, until one closes (default 1024; negative: no cap). A cap beyond what the
+	// process's file descriptor limit allows is lowered to fit it.
 	MaxConnections int
 	// TokenizeBudgetBytes caps the prompt bytes being tokenized at once, all requests
 	// together (default 32 MiB, and never below the largest prompt a request may send,
@@ -135,7 +135,11 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxHeaderBytes = defaultMaxHeaderBytes
 	}
 	if cfg.MaxConnections == 0 {
-		cfg.MaxConnections = defaultConnCap()
+		cfg.MaxConnections = defaultMaxConnections
+	}
+	if n := fitFDLimit(cfg.MaxConnections); n != cfg.MaxConnections {
+		cfg.Logger.Info("connection cap lowered to fit the file descriptor limit", "max_connections", cfg.MaxConnections, "fd_limit", fdLimit(), "cap", n)
+		cfg.MaxConnections = n
 	}
 	if cfg.Version == "" {
 		cfg.Version = buildVersion()
