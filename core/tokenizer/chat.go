@@ -115,7 +115,14 @@ func (c *ChatTemplate) SetSpecialToken(name, content string) { c.tokens[name] = 
 // reasoning_content, thinking or reasoning is also given as reasoning_content and
 // thinking. Values may be json.RawMessage, which keeps JSON key order and number
 // spelling. Content given as a list of parts follows ContentFormat.
-func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (string, error) {
+func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (out string, err error) {
+	defer func() {
+		// A template is data from a model's files: a fault in the engine that it reaches
+		// fails the render, not the process.
+		if r := recover(); r != nil {
+			out, err = "", fmt.Errorf("render chat template: internal error: %v", r)
+		}
+	}()
 	data := make(map[string]jinja.Value, len(c.tokens)+len(opts.Extra)+3)
 	for k, v := range c.tokens {
 		data[k] = jinja.NewString(v)
@@ -145,7 +152,7 @@ func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (stri
 		}
 		data["tools"] = tools
 	}
-	out, err := c.tmpl.RenderValues(data)
+	out, err = c.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("render chat template: %w", err)
 	}

@@ -224,6 +224,7 @@ func (n *testExpr) exprNode()        {}
 // listExpr represents an array literal [a, b, c].
 type listExpr struct {
 	items []expr
+	tuple bool // (a, b): prints as a Python tuple
 }
 
 func (n *listExpr) nodeType() string { return "list" }

@@ -180,8 +180,19 @@ func builtinCycler(args []Value, kwargs map[string]Value) (Value, error) {
 // Filter functions
 // =============================================================================
 
+// filterByName is the filter table for filters that apply others (map).
+var filterByName map[string]func([]Value, map[string]Value) (Value, error)
+
+func init() { filterByName = filterTable() }
+
 func registerFilters(s *scope) {
-	filters := map[string]func([]Value, map[string]Value) (Value, error){
+	for name, fn := range filterTable() {
+		s.set("__filter_"+name, NewCallable(name, fn))
+	}
+}
+
+func filterTable() map[string]func([]Value, map[string]Value) (Value, error) {
+	return map[string]func([]Value, map[string]Value) (Value, error){
 		"tojson":     filterTojson,
 		"format":     filterFormat,
 		"center":     filterCenter,
@@ -226,10 +237,6 @@ func registerFilters(s *scope) {
 		"sum":        filterSum,
 		"batch":      filterBatch,
 	}
-
-	for name, fn := range filters {
-		s.set("__filter_"+name, NewCallable(name, fn))
-	}
 }
 
 // lookupFilter retrieves a filter callable from the scope chain.
@@ -256,7 +263,13 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 	case "float":
 		return val.IsFloat(), nil
 	case "number":
-		return val.IsNumber(), nil
+		return val.IsNumber() || val.IsBool(), nil
+	case "divisibleby":
+		if len(args) != 1 || !isIntLike(val) || !isIntLike(args[0]) {
+			return false, fmt.Errorf("divisibleby: needs an integer and one integer argument")
+		}
+		r, err := arith("%", val, args[0])
+		return err == nil && r.AsInt() == 0, err
 	case "string":
 		return val.IsString(), nil
 	case "mapping":
@@ -375,7 +388,7 @@ func filterItems(args []Value, kwargs map[string]Value) (Value, error) {
 	d := args[0].AsDict()
 	items := make([]Value, 0, d.Len())
 	for _, key := range d.Keys {
-		pair := NewList([]Value{NewString(key), d.Data[key]})
+		pair := NewTuple([]Value{NewString(key), d.Data[key]})
 		items = append(items, pair)
 	}
 
@@ -530,6 +543,13 @@ func filterCapitalize(args []Value, kwargs map[string]Value) (Value, error) {
 }
 
 func filterFirst(args []Value, kwargs map[string]Value) (Value, error) {
+	if len(args) > 0 && args[0].IsString() {
+		r := []rune(args[0].AsString())
+		if len(r) == 0 {
+			return Undefined(), nil
+		}
+		return NewString(string(r[0])), nil
+	}
 	if len(args) == 0 || !args[0].IsList() {
 		return Undefined(), nil
 	}
@@ -541,6 +561,13 @@ func filterFirst(args []Value, kwargs map[string]Value) (Value, error) {
 }
 
 func filterLast(args []Value, kwargs map[string]Value) (Value, error) {
+	if len(args) > 0 && args[0].IsString() {
+		r := []rune(args[0].AsString())
+		if len(r) == 0 {
+			return Undefined(), nil
+		}
+		return NewString(string(r[len(r)-1])), nil
+	}
 	if len(args) == 0 || !args[0].IsList() {
 		return Undefined(), nil
 	}
@@ -795,6 +822,23 @@ func filterMap(args []Value, kwargs map[string]Value) (Value, error) {
 		return NewList(items), nil
 	}
 
+	// map('filter', args...) form
+	if len(args) > 1 && args[1].IsString() {
+		fn, ok := filterByName[args[1].AsString()]
+		if !ok {
+			return Undefined(), fmt.Errorf("map: unknown filter %q", args[1].AsString())
+		}
+		items := make([]Value, list.Len())
+		for i, item := range list.Items {
+			v, err := fn(append([]Value{item}, argsFrom(args, 2)...), kwargs)
+			if err != nil {
+				return Undefined(), err
+			}
+			items[i] = v
+		}
+		return NewList(items), nil
+	}
+
 	return NewList(list.Items), nil
 }
 
@@ -809,7 +853,7 @@ func filterSelect(args []Value, kwargs map[string]Value) (Value, error) {
 		testName = args[1].AsString()
 	}
 
-	testArgs := args[2:]
+	testArgs := argsFrom(args, 2)
 
 	var items []Value
 	for _, item := range list.Items {
@@ -842,7 +886,7 @@ func filterReject(args []Value, kwargs map[string]Value) (Value, error) {
 		testName = args[1].AsString()
 	}
 
-	testArgs := args[2:]
+	testArgs := argsFrom(args, 2)
 
 	var items []Value
 	for _, item := range list.Items {
@@ -876,7 +920,7 @@ func filterSelectattr(args []Value, kwargs map[string]Value) (Value, error) {
 		testName = printValue(args[2])
 	}
 
-	testArgs := args[3:]
+	testArgs := argsFrom(args, 3)
 
 	var items []Value
 	for _, item := range list.Items {
@@ -917,7 +961,7 @@ func filterRejectattr(args []Value, kwargs map[string]Value) (Value, error) {
 		testName = printValue(args[2])
 	}
 
-	testArgs := args[3:]
+	testArgs := argsFrom(args, 3)
 
 	var items []Value
 	for _, item := range list.Items {
@@ -1026,7 +1070,7 @@ func filterDictsort(args []Value, kwargs map[string]Value) (Value, error) {
 
 	items := make([]Value, len(keys))
 	for i, key := range keys {
-		items[i] = NewList([]Value{NewString(key), d.Data[key]})
+		items[i] = NewTuple([]Value{NewString(key), d.Data[key]})
 	}
 
 	return NewList(items), nil
@@ -1262,4 +1306,12 @@ func printValue(v Value) string {
 		return ""
 	}
 	return ""
+}
+
+// argsFrom returns args[i:], empty when there are fewer.
+func argsFrom(args []Value, i int) []Value {
+	if len(args) <= i {
+		return nil
+	}
+	return args[i:]
 }

@@ -482,6 +482,9 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 			}
 			items[i] = v
 		}
+		if n.tuple {
+			return NewTuple(items), nil
+		}
 		return NewList(items), nil
 
 	case *dictExpr:
@@ -1201,7 +1204,7 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 		return NewCallable("dict.items", func(args []Value, kwargs map[string]Value) (Value, error) {
 			items := make([]Value, 0, d.Len())
 			for _, key := range d.Keys {
-				pair := NewList([]Value{NewString(key), d.Data[key]})
+				pair := NewTuple([]Value{NewString(key), d.Data[key]})
 				items = append(items, pair)
 			}
 			return NewList(items), nil

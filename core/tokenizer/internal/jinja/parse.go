@@ -374,9 +374,17 @@ func (p *exprParser) parseComparison() (expr, error) {
 			testTok := p.advance()
 			testName := testTok.val
 
-			// Parse optional arguments.
+			// Parse optional arguments: test(a, b), or one argument without parentheses
+			// (x is divisibleby 3), as Jinja2's parse_test.
 			var testArgs []expr
-			if p.peek().kind == tokLParen {
+			if nt := p.peek(); nt.kind == tokInt || nt.kind == tokFloat || nt.kind == tokString ||
+				nt.kind == tokName && !isKeyword(nt.val) {
+				arg, err := p.parseUnaryFiltered(false)
+				if err != nil {
+					return nil, err
+				}
+				testArgs = append(testArgs, arg)
+			} else if p.peek().kind == tokLParen {
 				p.advance()
 				for p.peek().kind != tokRParen && p.peek().kind != tokEOF {
 					arg, err := p.parseExpression()
@@ -711,7 +719,7 @@ func (p *exprParser) parseAtom() (expr, error) {
 		p.advance()
 		if p.peek().kind == tokRParen {
 			p.advance()
-			return &listExpr{items: nil}, nil
+			return &listExpr{items: nil, tuple: true}, nil
 		}
 		e, err := p.parseExpression()
 		if err != nil {
@@ -735,7 +743,7 @@ func (p *exprParser) parseAtom() (expr, error) {
 			if _, err := p.expect(tokRParen, ")"); err != nil {
 				return nil, err
 			}
-			return &listExpr{items: items}, nil
+			return &listExpr{items: items, tuple: true}, nil
 		}
 
 		if _, err := p.expect(tokRParen, ")"); err != nil {
@@ -1589,4 +1597,13 @@ func unescape(b *strings.Builder, s string, i int) int {
 	}
 	b.WriteByte('\\')
 	return i + 1
+}
+
+// isKeyword reports whether a name ends a test without arguments (x is odd and y).
+func isKeyword(name string) bool {
+	switch name {
+	case "and", "or", "else", "if", "in", "is", "not", "for", "recursive":
+		return true
+	}
+	return false
 }

@@ -73,6 +73,11 @@ func NewList(items []Value) Value {
 	return Value{kind: KindList, v: &List{Items: items}}
 }
 
+// NewTuple returns a list value that prints as a Python tuple.
+func NewTuple(items []Value) Value {
+	return Value{kind: KindList, v: &List{Items: items, Tuple: true}}
+}
+
 // NewDict returns an empty dict value.
 func NewDict() Value {
 	return Value{kind: KindDict, v: &Dict{Data: make(map[string]Value)}}
@@ -201,14 +206,21 @@ func (v Value) String() string {
 	case KindList:
 		list := v.v.(*List)
 		var b strings.Builder
-		b.WriteByte('[')
+		open, end := "[", "]"
+		if list.Tuple {
+			open, end = "(", ")"
+			if len(list.Items) == 1 {
+				end = ",)"
+			}
+		}
+		b.WriteString(open)
 		for i, item := range list.Items {
 			if i > 0 {
 				b.WriteString(", ")
 			}
 			b.WriteString(item.String())
 		}
-		b.WriteByte(']')
+		b.WriteString(end)
 		return b.String()
 
 	case KindDict:
@@ -296,6 +308,7 @@ func (v Value) Equals(other Value) bool {
 // List holds an ordered sequence of values.
 type List struct {
 	Items []Value
+	Tuple bool // a Python tuple: printed in parentheses
 }
 
 // Len returns the number of items in the list.
