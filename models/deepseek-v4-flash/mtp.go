@@ -21,7 +21,7 @@ func (m *Model) MTPForward(st *SeqState, streams []float32, next []int32) ([]flo
 		ls := newLayerState(m.Config, SlidingAttention)
 		st.MTP = &ls
 	}
-	logits, err := m.mtpForward([]mtpChunk{{state: st.MTP, pos0: st.MTPLen, streams: streams, next: next}}, nil)
+	logits, _, err := m.mtpForward([]mtpChunk{{state: st.MTP, pos0: st.MTPLen, streams: streams, next: next}}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -39,13 +39,14 @@ type mtpChunk struct {
 	next    []int32
 }
 
-// mtpForward runs the MTP head over the rows of every chunk (in chunk order) and returns
-// the logits of the rows listed in rows (flat row indices, ascending; nil: every row),
-// [len(rows), vocab].
-func (m *Model) mtpForward(chunks []mtpChunk, rows []int) ([]float32, error) {
+// mtpForward runs the MTP head over the rows of every chunk (in chunk order) and returns,
+// for the rows listed in rows (flat row indices, ascending; nil: every row), the logits
+// ([len(rows), vocab]) and the MTP block's output streams ([len(rows), hc, hidden]),
+// which a chained draft reads as the main model's streams.
+func (m *Model) mtpForward(chunks []mtpChunk, rows []int) (logits, outStreams []float32, err error) {
 	c, w := m.Config, m.W
 	if w.MTP == nil {
-		return nil, fmt.Errorf("mtp: the checkpoint has no MTP head (mtp.0.*)")
+		return nil, nil, fmt.Errorf("mtp: the checkpoint has no MTP head (mtp.0.*)")
 	}
 	mt := w.MTP
 	h, hc := c.HiddenSize, c.HCMult
@@ -55,11 +56,11 @@ func (m *Model) mtpForward(chunks []mtpChunk, rows []int) ([]float32, error) {
 	for ci, ch := range chunks {
 		n := len(ch.next)
 		if len(ch.streams) != n*hc*h {
-			return nil, fmt.Errorf("mtp: %d stream values for %d rows of %d×%d", len(ch.streams), n, hc, h)
+			return nil, nil, fmt.Errorf("mtp: %d stream values for %d rows of %d×%d", len(ch.streams), n, hc, h)
 		}
 		for i, t := range ch.next {
 			if t < 0 || int(t) >= c.VocabSize {
-				return nil, fmt.Errorf("mtp: token id %d outside the vocabulary [0, %d)", t, c.VocabSize)
+				return nil, nil, fmt.Errorf("mtp: token id %d outside the vocabulary [0, %d)", t, c.VocabSize)
 			}
 			b.pos = append(b.pos, int32(ch.pos0+i))
 		}
@@ -76,22 +77,22 @@ func (m *Model) mtpForward(chunks []mtpChunk, rows []int) ([]float32, error) {
 	eps := float32(c.RMSNormEps)
 	e := make([]float32, n*h)
 	if err := ref.Embedding(e, w.Embed, b.tokens, h); err != nil {
-		return nil, fmt.Errorf("mtp: %w", err)
+		return nil, nil, fmt.Errorf("mtp: %w", err)
 	}
 	if err := ref.RMSNorm(e, e, mt.ENorm, n, h, eps); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ep, err := linear(e, mt.EProj, n, h, h)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	hs := make([]float32, n*hc*h)
 	if err := ref.RMSNorm(hs, streams, mt.HNorm, n*hc, h, eps); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	x, err := linear(hs, mt.HProj, n*hc, h, h)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for t := range n {
 		for i := range hc {
@@ -103,7 +104,7 @@ func (m *Model) mtpForward(chunks []mtpChunk, rows []int) ([]float32, error) {
 	}
 	out, err := m.block(&mt.Block, SlidingAttention, MoE, x, &b, states)
 	if err != nil {
-		return nil, fmt.Errorf("mtp: %w", err)
+		return nil, nil, fmt.Errorf("mtp: %w", err)
 	}
 	if rows != nil {
 		sel := make([]float32, 0, len(rows)*hc*h)
@@ -112,5 +113,6 @@ func (m *Model) mtpForward(chunks []mtpChunk, rows []int) ([]float32, error) {
 		}
 		out, n = sel, len(rows)
 	}
-	return m.head(out, n, mt.HCFn, mt.HCBase, mt.HCScale, mt.Norm)
+	logits, err = m.head(out, n, mt.HCFn, mt.HCBase, mt.HCScale, mt.Norm)
+	return logits, out, err
 }

@@ -22,9 +22,9 @@ type Options struct {
 	PageTokens int
 	// Seed seeds the random weights used when the directory holds no safetensors.
 	Seed uint64
-	// MTP makes the runner draft one token per step with the checkpoint's MTP head
-	// (speculative decoding; see NewMTPRunner).
-	MTP bool
+	// Drafts > 0 makes the runner decode speculatively with that many draft tokens per
+	// step from the checkpoint's MTP head (see NewMTPRunner); 0 = off.
+	Drafts int
 }
 
 // Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
@@ -60,19 +60,27 @@ func NewRunner(m *Model, pageTokens int) *Runner {
 }
 
 // NewMTPRunner is NewRunner for a runner that decodes speculatively with the model's MTP
-// head (num_nextn_predict_layers = 1): each step it proposes one draft token per
-// sequence, which the next step verifies (cpurunner.Drafter). Drafts are the MTP head's
-// argmax; a row accepts its draft when the token it samples equals it, which is
-// rejection sampling for a one-hot draft distribution, so greedy and seeded output are
-// the same as NewRunner's at any temperature (sampled rows just accept less). Its pool
-// holds the MTP block's sliding window and the streams it reads (Runner.CacheGroups).
-func NewMTPRunner(m *Model, pageTokens int) (*Runner, error) {
+// head (num_nextn_predict_layers = 1): each step it proposes drafts tokens per sequence,
+// which the next step verifies (cpurunner.Drafter). The first draft reads the main
+// model's streams of the sequence's last token; each further one runs the same MTP head
+// again on its own output streams and the draft before it, as vLLM and SGLang chain a
+// DeepSeek MTP layer for more speculative tokens than the checkpoint has layers. Drafts
+// are the head's argmax; a row accepts its draft when the token it samples equals it,
+// which is rejection sampling for a one-hot draft distribution, so greedy and seeded
+// output are the same as NewRunner's at any temperature (sampled rows just accept less).
+// A verify step feeds 1+drafts tokens, which must not exceed any compression ratio (the
+// undo log of rejected drafts relies on it). Its pool holds the MTP block's sliding
+// window and the streams it reads (Runner.CacheGroups).
+func NewMTPRunner(m *Model, pageTokens, drafts int) (*Runner, error) {
 	c := m.Config
 	if m.W.MTP == nil || c.NumNextNPredictLayers < 1 {
 		return nil, fmt.Errorf("%s: speculative decoding needs the MTP head (num_nextn_predict_layers %d, mtp.0.* loaded: %v)",
 			Name, c.NumNextNPredictLayers, m.W.MTP != nil)
 	}
-	r := &Runner{Model: m, pageTokens: PageTokens(c, pageTokens), drafts: 1}
+	if drafts < 1 {
+		return nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
+	}
+	r := &Runner{Model: m, pageTokens: PageTokens(c, pageTokens), drafts: drafts}
 	for i := range c.LayerTypes {
 		// A verify step feeds 1+drafts tokens per sequence; the undo log needs them in
 		// distinct slots of every compressor's window.
@@ -127,8 +135,8 @@ func Load(dir string, opts Options) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.MTP {
-		return NewMTPRunner(m, opts.PageTokens)
+	if opts.Drafts > 0 {
+		return NewMTPRunner(m, opts.PageTokens, opts.Drafts)
 	}
 	return NewRunner(m, opts.PageTokens), nil
 }
@@ -229,14 +237,16 @@ func (d mtpDrafter) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
 // block's checkpoint), and runs the MTP head over every position whose next token is now
 // known: the last position of the previous step (whose next token this step fed), the
 // accepted ones, and, when the sequence got a token, a last row reading it, whose logits
-// give the next draft (greedy). That row's K=V goes to a scratch row, not to the pool:
-// its slot lies past the tokens the step reserved, and the next step recomputes it.
+// give the first draft (greedy); further drafts chain the head (NewMTPRunner). The K=V of
+// that row and of the chained ones go to scratch rows, not to the pool: their slots lie
+// past the tokens the step reserved, and the next step recomputes what it accepts.
 func (r *Runner) draft(p *engine.BatchPlan, res *engine.StepResult) error {
 	c := r.Model.Config
 	sw := c.HCMult * c.HiddenSize
 	bt := r.kv.pt
 	var chunks []mtpChunk
 	var draftRows, draftSeqs []int
+	var scratch []*scratchRows
 	rows, tok := 0, 0
 	for i := range p.ReqIDs {
 		st := r.states[i]
@@ -277,7 +287,9 @@ func (r *Runner) draft(p *engine.BatchPlan, res *engine.StepResult) error {
 		}
 		win := st.MTP.Window
 		if a > 0 {
-			win = &scratchRows{Rows: win, at: end - 1, row: make([]float32, c.HeadDim)}
+			sr := &scratchRows{Rows: win, from: end - 1, rows: make([]float32, r.drafts*c.HeadDim), dim: c.HeadDim}
+			win = sr
+			scratch = append(scratch, sr)
 			draftRows = append(draftRows, rows+len(next)-1)
 			draftSeqs = append(draftSeqs, i)
 		}
@@ -287,33 +299,58 @@ func (r *Runner) draft(p *engine.BatchPlan, res *engine.StepResult) error {
 	if len(chunks) == 0 {
 		return nil
 	}
-	logits, err := r.Model.mtpForward(chunks, draftRows)
+	logits, outs, err := r.Model.mtpForward(chunks, draftRows)
 	if err != nil {
 		return err
 	}
+	// Draft j of each sequence lands at position end+1+j; the row that proposes it sits at
+	// end-1+j and reads the draft before it (the sampled token for j = 0).
 	v := c.VocabSize
-	for j, i := range draftSeqs {
-		d := argmax(logits[j*v : (j+1)*v])
-		if r.forceDraft != nil {
-			pos := int(p.Computed[i]+p.Scheduled[i]-p.NumDrafts[i]) + int(res.Accepted[i])
-			d = r.forceDraft(int(p.PromptLen[i]), pos, logits[j*v:(j+1)*v])
+	drafts := make([]int32, 0, len(draftSeqs)*r.drafts)
+	for j := 0; ; j++ {
+		for s, i := range draftSeqs {
+			lg := logits[s*v : (s+1)*v]
+			d := argmax(lg)
+			if r.forceDraft != nil {
+				end := int(p.Computed[i]+p.Scheduled[i]-p.NumDrafts[i]) + int(res.Accepted[i]) - 1
+				d = r.forceDraft(int(p.PromptLen[i]), end+1+j, lg)
+			}
+			drafts = append(drafts, d)
 		}
-		res.NumNextDrafts[i] = 1
-		res.Drafts = append(res.Drafts, d)
+		if j+1 == r.drafts {
+			break
+		}
+		chunks = chunks[:0]
+		for s := range draftSeqs {
+			sr := scratch[s]
+			chunks = append(chunks, mtpChunk{state: &LayerState{Window: sr}, pos0: sr.from + j + 1,
+				streams: outs[s*sw : (s+1)*sw], next: drafts[len(drafts)-len(draftSeqs)+s:][:1]})
+		}
+		if logits, outs, err = r.Model.mtpForward(chunks, nil); err != nil {
+			return err
+		}
+	}
+	// drafts holds them round by round; the result wants them sequence by sequence.
+	for s, i := range draftSeqs {
+		res.NumNextDrafts[i] = int32(r.drafts)
+		for j := range r.drafts {
+			res.Drafts = append(res.Drafts, drafts[j*len(draftSeqs)+s])
+		}
 	}
 	return nil
 }
 
-// scratchRows is Rows that keeps row at in a scratch buffer, the rest in Rows.
+// scratchRows is Rows that keeps the rows from `from` on in a scratch buffer of dim-wide
+// rows, the rest in Rows.
 type scratchRows struct {
 	Rows
-	at  int
-	row []float32
+	from, dim int
+	rows      []float32
 }
 
 func (s *scratchRows) Row(i int) []float32 {
-	if i == s.at {
-		return s.row
+	if i >= s.from {
+		return s.rows[(i-s.from)*s.dim : (i-s.from+1)*s.dim]
 	}
 	return s.Rows.Row(i)
 }

@@ -43,7 +43,7 @@ func BenchmarkMTPDecode(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/batch=%d", mode, batch), func(b *testing.B) {
 				r := NewRunner(m, 8)
 				if mode != "plain" {
-					if r, err = NewMTPRunner(m, 8); err != nil {
+					if r, err = NewMTPRunner(m, 8, 1); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -12,10 +12,11 @@ import (
 	"github.com/resin-llm/resin/core/runnertest"
 )
 
-// mtpRunner is testRunner's model behind a runner that drafts with the MTP head.
-func mtpRunner(t testing.TB) (*Runner, *kvslab.Pool) {
+// mtpRunner is testRunner's model behind a runner that drafts with the MTP head, drafts
+// tokens per step.
+func mtpRunner(t testing.TB, drafts int) (*Runner, *kvslab.Pool) {
 	t.Helper()
-	r, err := NewMTPRunner(tinyModel(t), 8)
+	r, err := NewMTPRunner(tinyModel(t), 8, drafts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,10 +28,15 @@ func mtpRunner(t testing.TB) (*Runner, *kvslab.Pool) {
 }
 
 // TestMTPRunnerConformance runs core/runnertest's suite on the drafting runner, whose
-// Drafts check compares it with testRunner (no drafts).
+// Drafts check compares it with testRunner (no drafts), with one and three drafts per
+// step.
 func TestMTPRunnerConformance(t *testing.T) {
-	runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) { return mtpRunner(t) },
-		runnertest.Options{MaxTokens: 12, Plain: testRunner})
+	for _, k := range []int{1, 3} {
+		t.Run(fmt.Sprintf("drafts=%d", k), func(t *testing.T) {
+			runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) { return mtpRunner(t, k) },
+				runnertest.Options{MaxTokens: 12, Plain: testRunner})
+		})
+	}
 }
 
 // specPrompts are prompts of distinct lengths (forceDraft tells requests apart by it)
@@ -87,8 +93,12 @@ func TestMTPGreedyEqualsPlain(t *testing.T) {
 			for i, p := range prompts {
 				full[len(p)] = append(slices.Clone(p), want[i].Tokens...)
 			}
-			for _, forced := range []bool{false, true} {
-				r, pool := mtpRunner(t)
+			for _, tc := range []struct {
+				drafts int
+				forced bool
+			}{{1, false}, {1, true}, {3, false}, {3, true}} {
+				forced := tc.forced
+				r, pool := mtpRunner(t, tc.drafts)
 				if forced {
 					r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
 						seq := full[promptLen]
@@ -99,7 +109,7 @@ func TestMTPGreedyEqualsPlain(t *testing.T) {
 					}
 				}
 				got, c := generate(t, r, pool, prompts, sp, budget)
-				what := fmt.Sprintf("T=%g budget %d forced %v", sp.Temperature, budget, forced)
+				what := fmt.Sprintf("T=%g budget %d drafts %d forced %v", sp.Temperature, budget, tc.drafts, forced)
 				for i := range prompts {
 					if !slices.Equal(got[i].Tokens, want[i].Tokens) {
 						t.Fatalf("%s: prompt of %d tokens: %v with MTP, %v without", what, len(prompts[i]), got[i].Tokens, want[i].Tokens)
@@ -136,7 +146,7 @@ func TestMTPDraftsMatchReference(t *testing.T) {
 		// hit's last position, computed from the streams checkpointed there.
 		append(slices.Clone(prefix), runnertest.Prompt(2, v, 43)...),
 	}
-	r, pool := mtpRunner(t)
+	r, pool := mtpRunner(t, 1)
 	type key struct{ promptLen, pos int }
 	drafts := map[key][]float32{}
 	r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
@@ -206,7 +216,7 @@ func TestRejectedDraftRestoresEveryGroup(t *testing.T) {
 			var seqs [2]*runnertest.Seq
 			var rows [2][][]float32
 			for k := range rs {
-				rs[k], pools[k] = mtpRunner(t)
+				rs[k], pools[k] = mtpRunner(t, 1)
 				seqs[k] = runnertest.OpenSeq(t, pools[k], runnertest.Prompt(tc.prompt, v, 50))
 				rs[k].CaptureLogits(func(row cpurunner.LogitsRow) { rows[k] = append(rows[k], slices.Clone(row.Logits)) })
 			}
@@ -320,10 +330,11 @@ func pageFloats(t *testing.T, pool *kvslab.Pool, g int, id kvslab.PageID) []floa
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
 
-// TestLoadMTP checks Options.MTP: the runner Load returns drafts one token with the MTP
-// head of config.json's random weights, and a model without an MTP head is refused.
+// TestLoadMTP checks Options.Drafts: the runner Load returns drafts with the MTP head of
+// config.json's random weights; a model without an MTP head, or more drafts than the
+// smallest compression ratio leaves room for, are refused.
 func TestLoadMTP(t *testing.T) {
-	r, err := Load(".", Options{MTP: true})
+	r, err := Load(".", Options{Drafts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,8 +349,11 @@ func TestLoadMTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewMTPRunner(m, 8); err == nil {
+	if _, err := NewMTPRunner(m, 8, 1); err == nil {
 		t.Error("a model without an MTP head was given a drafting runner")
+	}
+	if _, err := NewMTPRunner(tinyModel(t), 8, 4); err == nil {
+		t.Error("4 drafts per step were accepted with CSA windows of 4 tokens")
 	}
 }
 
@@ -362,7 +376,7 @@ func TestMTPPreemption(t *testing.T) {
 		return generate(t, r, pool, prompts, sp, 0)
 	}
 	want, pc := run(NewRunner(m, 8))
-	r, err := NewMTPRunner(m, 8)
+	r, err := NewMTPRunner(m, 8, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
