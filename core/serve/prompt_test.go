@@ -228,9 +228,9 @@ func rssBytes() uint64 {
 	return pages * uint64(os.Getpagesize())
 }
 
-// Eight concurrent 8 MB prompts to a 32k-context model are refused by size, and eight
-// prompts just under the byte bound after one chunk each; the log gives the memory
-// they took. (Before: one 8.3 MB prompt was tokenized whole, ~380 MB and 3.5 s, and
+// Eight concurrent 8 MB prompts to a long-context model (32k asked, 16k once the engine
+// caps it to the test pool) are refused by size, and eight prompts just under the byte
+// bound after one chunk each; the log gives the memory they took. (Before: one 8.3 MB prompt was tokenized whole, ~380 MB and 3.5 s, and
 // eight peaked at 3.6 GB RSS.)
 func TestOversizePromptsMemory(t *testing.T) {
 	h := newHarness(t, harnessOpts{runner: enginetest.Config{MaxContext: 32768}, cfg: func(c *Config) { c.MaxBodyBytes = 16 << 20 }})
@@ -252,7 +252,7 @@ func TestOversizePromptsMemory(t *testing.T) {
 }
 
 // BenchmarkOversizePrompts reports the memory of 8 concurrent 8 MB prompts refused by
-// size, and of 8 just under the byte bound refused after one chunk (32k context).
+// size, and of 8 just under the byte bound refused after one chunk (16k context).
 func BenchmarkOversizePrompts(b *testing.B) {
 	h := newHarness(&testing.T{}, harnessOpts{noRun: true, noHTTP: true, runner: enginetest.Config{MaxContext: 32768},
 		cfg: func(c *Config) { c.MaxBodyBytes = 16 << 20 }})
