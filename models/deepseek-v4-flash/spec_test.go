@@ -188,26 +188,31 @@ func TestMTPDraftsMatchReference(t *testing.T) {
 
 // TestRejectedDraftRestoresEveryGroup feeds a draft that the runner must reject, at a
 // position that closes a CSA window, an HCA window and a block (and, in the other cases,
-// a CSA window only, or that opens a block), and, a window later, one it must accept,
-// and compares the sequence's cache, every
-// page of every group (sliding-window rows of every layer and the MTP block, CSA entries
-// and indexer keys, HCA entries, the compressors' buffers, the MTP streams, checkpoints),
-// with a twin run that never saw the draft; then both decode on and must give the same
-// logits. The verify step computes the accepted row in a batch of two rows instead of
-// one, which the tiny config's GEMMs (gonum's serial kernel, whose per-element sums do
-// not depend on the number of rows) make bitwise equal: max |Δ| is 0 and the test allows
-// 1e-6 for a GEMM that blocks by batch size.
+// a CSA window only, or that opens a block; or three drafts of which the second or the
+// third sits there), and, a window later, drafts it must accept. It compares the
+// sequence's cache, every page of every group (sliding-window rows of every layer and
+// the MTP block, CSA entries and indexer keys, HCA entries: the rows and entries of
+// computed tokens; the compressors' buffers, MTP streams and checkpoints: the state
+// pages whole), with a twin run that never saw the drafts; then both decode on and must
+// give the same logits. The verify step computes the accepted rows in a batch of more
+// rows than the twin's, which the tiny config's GEMMs (gonum's serial kernel, whose
+// per-element sums do not depend on the number of rows) make bitwise equal: max |Δ| is
+// 0 and the test allows 1e-6 for a GEMM that blocks by batch size.
 func TestRejectedDraftRestoresEveryGroup(t *testing.T) {
 	m := tinyModel(t)
 	v := m.Config.VocabSize
 	for _, tc := range []struct {
 		name   string
-		prompt int // the draft sits at position prompt+1
-		ratio  int // the accepted draft sits ratio positions after the rejected one
+		prompt int // the drafts sit at positions prompt+1...
+		drafts int // how many, of which
+		good   int // the first good are right
+		ratio  int // the accepted drafts sit ratio positions after the rejected ones
 	}{
-		{"CSA and HCA windows and a block close", 22, 8},
-		{"a CSA window closes", 18, 4},
-		{"a block opens", 23, 8},
+		{"CSA and HCA windows and a block close", 22, 1, 0, 8},
+		{"a CSA window closes", 18, 1, 0, 4},
+		{"a block opens", 23, 1, 0, 8},
+		{"3 drafts, the second closes everything", 21, 3, 1, 8},
+		{"3 drafts, the third closes everything", 20, 3, 0, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
@@ -216,7 +221,7 @@ func TestRejectedDraftRestoresEveryGroup(t *testing.T) {
 			var seqs [2]*runnertest.Seq
 			var rows [2][][]float32
 			for k := range rs {
-				rs[k], pools[k] = mtpRunner(t, 1)
+				rs[k], pools[k] = mtpRunner(t, tc.drafts)
 				seqs[k] = runnertest.OpenSeq(t, pools[k], runnertest.Prompt(tc.prompt, v, 50))
 				rs[k].CaptureLogits(func(row cpurunner.LogitsRow) { rows[k] = append(rows[k], slices.Clone(row.Logits)) })
 			}
@@ -233,27 +238,36 @@ func TestRejectedDraftRestoresEveryGroup(t *testing.T) {
 			for k := range rs {
 				step(k, tc.prompt)
 			}
-			// The twin decodes the next token plainly; the other feeds a wrong draft after
-			// the same token.
-			want := step(1, 1)
-			seqs[0].Drafts = []int32{(want[0] + 1) % int32(v)}
-			if got := step(0, 1); !slices.Equal(got, want) {
-				t.Fatalf("verify step accepted %v, want %v (the draft rejected)", got, want)
+			// The twin decodes the next tokens plainly; the other feeds, after the same
+			// token, good right drafts, then wrong ones.
+			var want []int32
+			for range tc.good + 1 {
+				want = append(want, step(1, 1)...)
 			}
-			compareCaches(t, "after the rejected draft", pools, seqs)
-			// Then a right draft at the same kind of position a window later: accepted,
-			// it leaves what two plain decodes leave.
+			drafts := slices.Clone(want[:tc.good])
+			for j := tc.good; j < tc.drafts; j++ {
+				drafts = append(drafts, (want[tc.good]+1+int32(j))%int32(v))
+			}
+			seqs[0].Drafts = drafts
+			if got := step(0, 1); !slices.Equal(got, want) {
+				t.Fatalf("verify step of drafts %v accepted %v, want %v", drafts, got, want)
+			}
+			compareCaches(t, "after the rejected drafts", pools, seqs)
+			// Then right drafts a window later: accepted, they leave what plain decodes
+			// leave.
 			for range tc.ratio - 1 {
 				step(1, 1)
 				step(0, 1)
 			}
-			want = step(1, 1)
-			want = append(want, step(1, 1)...)
-			seqs[0].Drafts = want[:1]
-			if got := step(0, 1); !slices.Equal(got, want) {
-				t.Fatalf("verify step accepted %v, want %v (the draft accepted)", got, want)
+			want = want[:0]
+			for range tc.drafts + 1 {
+				want = append(want, step(1, 1)...)
 			}
-			compareCaches(t, "after the accepted draft", pools, seqs)
+			seqs[0].Drafts = slices.Clone(want[:tc.drafts])
+			if got := step(0, 1); !slices.Equal(got, want) {
+				t.Fatalf("verify step accepted %v, want %v (the drafts accepted)", got, want)
+			}
+			compareCaches(t, "after the accepted drafts", pools, seqs)
 			for range 3 {
 				step(1, 1)
 				step(0, 1)
@@ -280,14 +294,20 @@ func TestRejectedDraftRestoresEveryGroup(t *testing.T) {
 	}
 }
 
-// compareCaches compares, block by block, every page the two sequences hold in each
-// group of their pools (sliding windows: those both still hold), and the recurrent
-// groups' live state pages.
+// compareCaches compares, block by block, what the two sequences wrote in every page they
+// hold in each group of their pools (sliding windows: those both still hold), and the
+// recurrent groups' live state pages and checkpoints whole.
 func compareCaches(t *testing.T, when string, pools [2]*kvslab.Pool, seqs [2]*runnertest.Seq) {
 	t.Helper()
 	worst, pages := 0.0, 0
-	cmp := func(what string, g int, a, b kvslab.PageID) {
-		if pools[0].Groups()[g].Kind == kvslab.SlidingWindow && (a == kvslab.NoPage || b == kvslab.NoPage) {
+	length := seqs[0].Computed
+	if seqs[1].Computed != length {
+		t.Fatalf("%s: %d tokens computed, the twin %d", when, length, seqs[1].Computed)
+	}
+	bt := pools[0].BlockTokens()
+	cmp := func(what string, g, blk int, a, b kvslab.PageID) {
+		spec := pools[0].Groups()[g]
+		if spec.Kind == kvslab.SlidingWindow && (a == kvslab.NoPage || b == kvslab.NoPage) {
 			// A window's pages behind it are let go at the next Reserve: a verify step's
 			// one Reserve of two tokens can leave one that two plain steps released.
 			return
@@ -299,6 +319,11 @@ func compareCaches(t *testing.T, when string, pools [2]*kvslab.Pool, seqs [2]*ru
 			return
 		}
 		fa, fb := pageFloats(t, pools[0], g, a), pageFloats(t, pools[1], g, b)
+		if blk >= 0 && spec.Kind != kvslab.Recurrent {
+			// Only the rows of computed tokens (entries of closed windows): a page the
+			// pool hands out again keeps its former rows until they are written.
+			fa, fb = written(spec, blk, bt, length, fa), written(spec, blk, bt, length, fb)
+		}
 		d, at := maxAbsDiff(fa, fb)
 		if d > 1e-6 {
 			t.Fatalf("%s: %s differs from the twin's by %g at float %d", when, what, d, at)
@@ -312,13 +337,29 @@ func compareCaches(t *testing.T, when string, pools [2]*kvslab.Pool, seqs [2]*ru
 			t.Fatalf("%s: group %s: %d blocks, the twin %d", when, spec.Name, len(ta), len(tb))
 		}
 		for b := range ta {
-			cmp(fmt.Sprintf("group %s block %d", spec.Name, b), g, ta[b], tb[b])
+			cmp(fmt.Sprintf("group %s block %d", spec.Name, b), g, b, ta[b], tb[b])
 		}
 		if spec.Kind == kvslab.Recurrent {
-			cmp(fmt.Sprintf("group %s live state", spec.Name), g, pools[0].StatePage(seqs[0].ID, g), pools[1].StatePage(seqs[1].ID, g))
+			cmp(fmt.Sprintf("group %s live state", spec.Name), g, -1, pools[0].StatePage(seqs[0].ID, g), pools[1].StatePage(seqs[1].ID, g))
 		}
 	}
 	t.Logf("%s: %d pages of %d groups, max |Δ| %g", when, pages, len(pools[0].Groups()), worst)
+}
+
+// written returns the floats of block blk's page (of a full, sliding-window or
+// compressed group) that a sequence of length tokens has written: per layer, the rows of
+// its tokens, or the entries of its closed windows.
+func written(spec kvslab.GroupSpec, blk, bt, length int, page []float32) []float32 {
+	rows, row := bt, spec.BytesPerToken/4
+	n := min(max(length-blk*bt, 0), bt)
+	if spec.Kind == kvslab.Compressed {
+		rows, n = bt/spec.Ratio, min(max(length/spec.Ratio-blk*bt/spec.Ratio, 0), bt/spec.Ratio)
+	}
+	var out []float32
+	for l := range spec.Layers {
+		out = append(out, page[l*rows*row:(l*rows+n)*row]...)
+	}
+	return out
 }
 
 func pageFloats(t *testing.T, pool *kvslab.Pool, g int, id kvslab.PageID) []float32 {
