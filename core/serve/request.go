@@ -122,8 +122,15 @@ type chatRequest struct {
 	TopLogprobs        *int                         `json:"top_logprobs"`
 	Tools              []json.RawMessage            `json:"tools"`
 	ToolChoice         json.RawMessage              `json:"tool_choice"`
-	ResponseFormat     *struct{ Type string }       `json:"response_format"`
+	ResponseFormat     *responseFormat              `json:"response_format"`
 	ChatTemplateKwargs map[string]json.RawMessage   `json:"chat_template_kwargs"`
+}
+
+// responseFormat is read whole so that a json_schema is refused as response_format
+// (only "text" is served), not as an unknown field.
+type responseFormat struct {
+	Type       string          `json:"type"`
+	JSONSchema json.RawMessage `json:"json_schema"`
 }
 
 // decodeBody reads one JSON object into v, naming the field on a type error.
