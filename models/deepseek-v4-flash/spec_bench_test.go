@@ -15,9 +15,10 @@ import (
 // batch 1 and 8 (prompts of 16 tokens, 48 generated each): without drafts ("plain"),
 // with the MTP head's drafts ("mtp"; random weights make them nearly always wrong, so
 // this is the cost of speculation at ~0% acceptance), and with drafts forced to the
-// greedy continuation ("mtp-oracle", the ceiling at 100%). It reports generated tokens
-// per second, the acceptance rate (the engine's resin_spec_decode_accepted_tokens_total
-// over resin_spec_decode_draft_tokens_total) and tokens per step.
+// greedy continuation ("mtp-oracle", the ceiling at 100%; "mtp3-oracle" with 3 drafts
+// per step). It reports generated tokens
+// per second and the acceptance rate (the engine's resin_spec_decode_accepted_tokens_total
+// over resin_spec_decode_draft_tokens_total).
 func BenchmarkMTPDecode(b *testing.B) {
 	const promptLen, gen = 16, 48
 	m := tinyModel(b)
@@ -39,15 +40,19 @@ func BenchmarkMTPDecode(b *testing.B) {
 		for i, p := range prompts {
 			full[len(p)] = append(slices.Clone(p), outs[i].Tokens...)
 		}
-		for _, mode := range []string{"plain", "mtp", "mtp-oracle"} {
-			b.Run(fmt.Sprintf("%s/batch=%d", mode, batch), func(b *testing.B) {
+		for _, mode := range []struct {
+			name   string
+			drafts int
+			oracle bool
+		}{{"plain", 0, false}, {"mtp", 1, false}, {"mtp-oracle", 1, true}, {"mtp3-oracle", 3, true}} {
+			b.Run(fmt.Sprintf("%s/batch=%d", mode.name, batch), func(b *testing.B) {
 				r := NewRunner(m, 8)
-				if mode != "plain" {
-					if r, err = NewMTPRunner(m, 8, 1); err != nil {
+				if mode.drafts > 0 {
+					if r, err = NewMTPRunner(m, 8, mode.drafts); err != nil {
 						b.Fatal(err)
 					}
 				}
-				if mode == "mtp-oracle" {
+				if mode.oracle {
 					r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
 						if seq := full[promptLen]; pos < len(seq) {
 							return seq[pos]
