@@ -452,3 +452,57 @@ func slabBytes(t *testing.T, groups []kvslab.GroupSpec) int64 {
 	}
 	return pool.SlabBytes()
 }
+
+// TestMTPChainedDraftsMatchReference checks the chained drafts of a runner with 3 drafts
+// per step against the MTP head chained in Go memory: for a sequence of length end (its
+// last token sampled at position end), draft 0 comes from the MTP row at end−1 over the
+// main model's streams, and draft j from the row at end−1+j over the MTP block's output
+// streams of the row before and draft j−1; their logits must agree within 1e-5.
+func TestMTPChainedDraftsMatchReference(t *testing.T) {
+	const k = 3
+	m := tinyModel(t)
+	c := m.Config
+	v, sw := c.VocabSize, c.HCMult*c.HiddenSize
+	prompt := runnertest.Prompt(13, v, 70)
+	r, pool := mtpRunner(t, k)
+	type call struct {
+		end, j int
+		logits []float32
+	}
+	var calls []call
+	r.forceDraft = func(_, pos int, logits []float32) int32 {
+		// One sequence: the calls come k per step, draft 0 first.
+		j := len(calls) % k
+		calls = append(calls, call{end: pos - 1 - j, j: j, logits: slices.Clone(logits)})
+		return argmax(logits)
+	}
+	out, _ := generate(t, r, pool, [][]int32{prompt}, engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}, 5)
+	full := append(slices.Clone(prompt), out[0].Tokens...)
+	_, streams := runChunks(t, m, full, []int{len(full)})
+	worst := 0.0
+	for _, cl := range calls {
+		if cl.j != 0 {
+			continue
+		}
+		ls := newLayerState(c, SlidingAttention)
+		logits, outs, err := m.mtpForward([]mtpChunk{{state: &ls, streams: streams[:cl.end*sw], next: full[1 : cl.end+1]}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lg, st := logits[(cl.end-1)*v:cl.end*v], outs[(cl.end-1)*sw:cl.end*sw]
+		for j := 0; j < k; j++ {
+			got := calls[slices.IndexFunc(calls, func(o call) bool { return o.end == cl.end && o.j == j })].logits
+			d, _ := maxAbsDiff(got, lg)
+			if d > 1e-5 {
+				t.Fatalf("draft %d after %d tokens: logits differ from the chained reference by %g", j, cl.end, d)
+			}
+			worst = max(worst, d)
+			next := []int32{argmax(lg)}
+			if logits, outs, err = m.mtpForward([]mtpChunk{{state: &ls, pos0: cl.end + j, streams: st, next: next}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			lg, st = logits, outs
+		}
+	}
+	t.Logf("%d drafts in %d steps match the chained reference, max |Δ| %g", len(calls), len(calls)/k, worst)
+}
