@@ -60,7 +60,7 @@ func NewRunner(m *Model, pageTokens int) *Runner {
 }
 
 // NewMTPRunner is NewRunner for a runner that decodes speculatively with the model's MTP
-// head (num_nextn_predict_layers = 1): each step it proposes drafts tokens per sequence,
+// head (num_nextn_predict_layers = 1): each step it proposes `drafts` tokens per sequence,
 // which the next step verifies (cpurunner.Drafter). The first draft reads the main
 // model's streams of the sequence's last token; each further one runs the same MTP head
 // again on its own output streams and the draft before it, as vLLM and SGLang chain a
