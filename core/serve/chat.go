@@ -69,6 +69,16 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	}
 	base := &genRequest{sampling: sp, stops: stops, skipSpecial: req.skipSpecial(), includeStop: req.IncludeStopStrInOutput}
 	gens := fanOut([][]int32{ids}, base, n)
+	if guided, err := parseGuidedChoice(req.GuidedChoice); err != nil {
+		return err
+	} else if guided != nil {
+		if err := req.refuseWithGuided(stops, nil); err != nil {
+			return err
+		}
+		if err := s.guide(r.Context(), gens, [][]int32{ids}, guided); err != nil {
+			return err
+		}
+	}
 	id, created := newID("chatcmpl-"), time.Now().Unix()
 	if req.Stream {
 		return s.streamChat(w, r, gens, &req, prompt, id, created)
@@ -110,7 +120,7 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, gens []*choi
 		parse := s.newChatParser(req, prompt) // tool calls and reasoning (chattools.go)
 		empty := ""
 		first := true
-		res, err := s.generate(ctx, c.g, func(d delta) error {
+		res, err := s.produce(ctx, c, func(d delta) error {
 			if first {
 				first = false
 				if err := cs.send(chunk(index, chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {

@@ -15,10 +15,11 @@ type choiceGen struct {
 	prompt, candidate int
 	g                 *genRequest
 
-	// Filled by runAll.
-	text string
-	lps  []engine.TokenLogprob
-	res  genResult
+	// Filled by runAll, or beforehand (fixed) by guide for guided_choice.
+	text  string
+	lps   []engine.TokenLogprob
+	res   genResult
+	fixed bool
 }
 
 // fanOut returns candidates generations for each prompt, prompt-major. Candidate k's
@@ -42,17 +43,36 @@ func fanOut(prompts [][]int32, base *genRequest, candidates int) []*choiceGen {
 // runAll runs every generation to its end, concurrently. The first failure cancels the
 // others and is returned.
 func (s *Server) runAll(ctx context.Context, gens []*choiceGen) error {
-	if len(gens) == 1 {
-		c := gens[0]
-		var err error
-		c.text, c.lps, c.res, err = s.generateAll(ctx, c.g)
-		return err
+	if len(gens) == 1 || gens[0].fixed {
+		for _, c := range gens {
+			if c.fixed {
+				continue
+			}
+			var err error
+			if c.text, c.lps, c.res, err = s.generateAll(ctx, c.g); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	return s.each(ctx, gens, func(ctx context.Context, c *choiceGen) error {
 		var err error
 		c.text, c.lps, c.res, err = s.generateAll(ctx, c.g)
 		return err
 	})
+}
+
+// produce runs c's generation, calling emit as text becomes final; a fixed one (guided
+// choice) is emitted whole.
+func (s *Server) produce(ctx context.Context, c *choiceGen, emit func(delta) error) (genResult, error) {
+	if !c.fixed {
+		return s.generate(ctx, c.g, emit)
+	}
+	d := delta{text: c.text, logprobs: c.lps}
+	for _, lp := range c.lps {
+		d.tokens = append(d.tokens, lp.Token)
+	}
+	return c.res, emit(d)
 }
 
 // each calls fn for every generation on its own goroutine and waits for them all; the

@@ -37,6 +37,15 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if req.Echo && sp.Logprobs {
 		sp.PromptLogprobs = true // the echoed prompt's tokens carry logprobs too
 	}
+	guided, err := parseGuidedChoice(req.GuidedChoice)
+	if err != nil {
+		return err
+	}
+	if guided != nil {
+		if err := req.refuseWithGuided(stops, map[string]bool{"echo": req.Echo, "best_of": candidates > n}); err != nil {
+			return err
+		}
+	}
 	inputs, err := parsePrompts(req.Prompt)
 	if err != nil {
 		return err
@@ -55,6 +64,11 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		base.sampling.Logprobs = true // best_of ranks by cumulative logprob
 	}
 	gens := fanOut(prompts, base, candidates)
+	if guided != nil {
+		if err := s.guide(r.Context(), gens, prompts, guided); err != nil {
+			return err
+		}
+	}
 	id, created := newID("cmpl-"), time.Now().Unix()
 	echo := func(c *choiceGen) string {
 		if req.Echo {
@@ -118,7 +132,7 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, gens [
 		e := echo(c)
 		offset := len(e)
 		first := true
-		res, err := s.generate(ctx, c.g, func(d delta) error {
+		res, err := s.produce(ctx, c, func(d delta) error {
 			text := d.text
 			if first {
 				text, first = e+text, false

@@ -43,7 +43,8 @@ type commonParams struct {
 	RepetitionPenalty      *float64 `json:"repetition_penalty"`
 	MinTokens              *int     `json:"min_tokens"`
 	IncludeStopStrInOutput bool     `json:"include_stop_str_in_output"`
-	// Structured output is not implemented: these are refused by name (see refuseGuided)
+	// GuidedChoice constrains the answer to one of its strings (guided.go). The other
+	// structured outputs are not implemented: they are refused by name (refuseGuided)
 	// rather than accepted and ignored.
 	GuidedChoice  json.RawMessage `json:"guided_choice"`
 	GuidedJSON    json.RawMessage `json:"guided_json"`
@@ -81,12 +82,13 @@ func (p *commonParams) choices(bestOf *int) (n, candidates int, err error) {
 	return n, candidates, nil
 }
 
-// refuseGuided refuses the structured-output fields, naming the one sent.
+// refuseGuided refuses the structured-output fields but guided_choice, naming the one
+// sent.
 func (p *commonParams) refuseGuided() error {
 	for _, f := range [...]struct {
 		name string
 		raw  json.RawMessage
-	}{{"guided_choice", p.GuidedChoice}, {"guided_json", p.GuidedJSON}, {"guided_regex", p.GuidedRegex}, {"guided_grammar", p.GuidedGrammar}} {
+	}{{"guided_json", p.GuidedJSON}, {"guided_regex", p.GuidedRegex}, {"guided_grammar", p.GuidedGrammar}} {
 		if v := bytes.TrimSpace(f.raw); len(v) > 0 && string(v) != "null" {
 			return unsupported(f.name, f.name+" (structured output)")
 		}
