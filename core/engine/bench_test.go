@@ -36,11 +36,20 @@ func (nopOutput) Finish(engine.FinishReason, error, engine.Usage) {}
 // (512-token prompts, 256-token pages): Schedule, the stand-in model and Update.
 func BenchmarkDecodeStep(b *testing.B) {
 	for _, seqs := range []int{32, 256} {
-		b.Run(strconv.Itoa(seqs), func(b *testing.B) { benchDecode(b, seqs) })
+		b.Run(strconv.Itoa(seqs), func(b *testing.B) { benchDecode(b, seqs, engine.SamplingParams{}) })
 	}
 }
 
-func benchDecode(b *testing.B, seqs int) {
+// BenchmarkDecodeStepPenalized is BenchmarkDecodeStep with every request carrying
+// penalties, a logit bias and min_tokens: the plan then carries the sampling CSR arrays
+// (the token history grows with the sequences, so its buffer grows by doubling).
+func BenchmarkDecodeStepPenalized(b *testing.B) {
+	sp := engine.SamplingParams{PresencePenalty: 0.5, FrequencyPenalty: 0.5, RepetitionPenalty: 1.1,
+		LogitBias: map[int32]float32{1: 1, 2: -1}, MinTokens: 4}
+	b.Run("32", func(b *testing.B) { benchDecode(b, 32, sp) })
+}
+
+func benchDecode(b *testing.B, seqs int, extra engine.SamplingParams) {
 	const promptLen, rounds = 512, 2048
 	group := kvslab.GroupSpec{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 2, PageTokens: 256}
 	pages := int64(seqs * ((promptLen+rounds)/256 + 2))
@@ -64,7 +73,9 @@ func benchDecode(b *testing.B, seqs int) {
 			for j := range p {
 				p[j] = int32((i*promptLen + j + gen) % 32000)
 			}
-			req := engine.Request{ID: strconv.Itoa(gen*seqs + i), Prompt: p, Sampling: engine.SamplingParams{MaxTokens: rounds + 8, HasSeed: true}}
+			sp := extra
+			sp.MaxTokens, sp.HasSeed = rounds+8, true
+			req := engine.Request{ID: strconv.Itoa(gen*seqs + i), Prompt: p, Sampling: sp}
 			if err := s.Add(req, nopOutput{}); err != nil {
 				b.Fatal(err)
 			}
