@@ -61,7 +61,11 @@ const NoSlot int64 = -1
 // PendingToken, which the runner replaces as it does in Tokens. The runner therefore
 // keeps no per-request state and a GPU sampler can build its counts from these flat
 // arrays (a bincount per row); the cost is proportional to the lengths of the penalized
-// sequences only. engine.Sampler applies all of it on the CPU.
+// sequences only. (The alternative, token counts kept by the engine and passed as a
+// sparse per-sequence table, would need a growing map per request in Update's hot path
+// and state kept in step between engine and runner across preemption and rejected
+// drafts; the history is self-contained and survives both as is.) engine.Sampler applies
+// all of it on the CPU.
 //
 // Sequence i feeds tokens QueryStart[i]..QueryStart[i+1]-1 at positions Computed[i]...;
 // the last NumDrafts[i] of them are draft tokens to verify. LogitsIndices lists the token
