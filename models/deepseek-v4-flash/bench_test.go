@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"runtime/pprof"
@@ -104,10 +105,13 @@ func BenchmarkV4Prefill(b *testing.B) {
 // (b.N ramp-up, -count) clone them instead of paying for the prefill again.
 var prefilled sync.Map // batch → []*SeqState
 
-// BenchmarkV4Decode measures decode steps of batch sequences (one token each per forward
-// call) from benchPrompt tokens of context on the mid-size config; tok/s counts generated
-// tokens (b.N steps × batch). Run it with a fixed -benchtime (e.g. 32x) so that every
-// run decodes from the same context lengths.
+// benchSteps is the number of decode steps in one op of BenchmarkV4Decode (-v4.steps).
+var benchSteps = flag.Int("v4.steps", 32, "decode steps per op of BenchmarkV4Decode")
+
+// BenchmarkV4Decode measures decode of batch sequences from benchPrompt tokens of context
+// on the mid-size config: an op is -v4.steps forward calls of one token per sequence, from
+// a fresh copy of the prefilled states (copied outside the timer); tok/s counts generated
+// tokens.
 func BenchmarkV4Decode(b *testing.B) {
 	for _, batch := range []int{1, 8} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
@@ -128,23 +132,29 @@ func BenchmarkV4Decode(b *testing.B) {
 			}
 			chunks := make([]Chunk, batch)
 			next := make([]int32, batch)
-			for j, st := range v.([]*SeqState) {
-				chunks[j] = Chunk{State: cloneState(st), Tokens: next[j : j+1]}
-				next[j] = int32((j*31 + 5) % m.Config.VocabSize)
+			for j := range chunks {
+				chunks[j].Tokens = next[j : j+1]
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			profiled("decode", batch, func() {
-				for i := range b.N {
-					for j := range next {
-						next[j] = int32((i*131 + j*31 + 5) % m.Config.VocabSize)
+				for range b.N {
+					b.StopTimer()
+					for j, st := range v.([]*SeqState) {
+						chunks[j].State = cloneState(st)
 					}
-					if _, _, err := m.Forward(chunks); err != nil {
-						b.Fatal(err)
+					b.StartTimer()
+					for i := range *benchSteps {
+						for j := range next {
+							next[j] = int32((i*131 + j*31 + 5) % m.Config.VocabSize)
+						}
+						if _, _, err := m.Forward(chunks); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
 			})
-			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "tok/s")
+			b.ReportMetric(float64(b.N*batch**benchSteps)/b.Elapsed().Seconds(), "tok/s")
 		})
 	}
 }
