@@ -13,6 +13,7 @@ type markerSearch struct {
 // find returns the index of marker in text from the search position, or -1; held is the
 // length of the text's tail that could start the marker.
 func (m *markerSearch) find(text, marker string) (at int, held int) {
+	m.from = min(m.from, len(text)) // text may end where a marker was found after it
 	if i := strings.Index(text[m.from:], marker); i >= 0 {
 		return m.from + i, 0
 	}
@@ -62,13 +63,19 @@ func (h *hermes) scan(text string, final bool) scanned {
 	for i := 0; i < len(h.blocks); i++ {
 		b := &h.blocks[i]
 		if b.endAt < 0 {
-			b.endAt, _ = b.end.find(text, hermesEnd)
-			body := text[b.body:]
-			if b.endAt >= 0 {
-				body = text[b.body:b.endAt]
-				h.next = markerSearch{from: b.endAt + len(hermesEnd)}
+			// The end marker is looked for after the JSON object only, so that a
+			// "</tool_call>" inside one of its strings does not end it.
+			if st := b.scanner.state; st != closed && st != broken {
+				b.call = b.scanner.feed(text[b.body:])
 			}
-			b.call = b.scanner.feed(body)
+			if st := b.scanner.state; st == closed || st == broken {
+				if st == closed {
+					b.end.from = max(b.end.from, b.body+b.scanner.end)
+				}
+				if b.endAt, _ = b.end.find(text, hermesEnd); b.endAt >= 0 {
+					h.next = markerSearch{from: b.endAt + len(hermesEnd)}
+				}
+			}
 		}
 		r.calls = append(r.calls, b.call)
 		if i == len(h.blocks)-1 && b.endAt >= 0 {
@@ -129,10 +136,15 @@ func (f *llama3JSON) scan(text string, final bool) scanned {
 		if o.scanner.state != closed && o.scanner.state != broken {
 			o.call = o.scanner.feed(text[o.at:])
 		}
-		if o.scanner.state == broken {
+		if o.scanner.state == broken && o.call.name == "" {
 			break // trailing text that is no call
 		}
+		// A call whose name was read stays, even if what follows is broken: a stream
+		// has already announced it.
 		r.calls = append(r.calls, o.call)
+		if o.scanner.state == broken {
+			break
+		}
 		if i == len(f.objects)-1 && o.scanner.state == closed {
 			// The next call follows after ';'.
 			j := skipSpace(text, o.at+o.scanner.end)
@@ -265,6 +277,11 @@ func (f *deepseek) call(body string, b *deepseekBlock, closed bool) partialCall 
 		c.args, c.argsDone = args[:j], true
 		c.valid = closed && c.name != ""
 		return c
+	}
+	if closed {
+		held = 0 // the body is complete: nothing more can follow
+	} else {
+		held = max(held, holdBack(args, dsCallEnd)) // and a partial call end marker
 	}
 	c.args = args[:len(args)-held]
 	return c

@@ -139,6 +139,10 @@ func (c *callScanner) step(s string) {
 		}
 		c.state = wantValue
 	case wantValue:
+		if b == ',' || b == '}' || b == ']' || b == ':' {
+			c.state = broken // a missing value
+			return
+		}
 		c.state, c.start, c.val = inValue, c.pos, valueScanner{}
 		return
 	}
@@ -147,6 +151,10 @@ func (c *callScanner) step(s string) {
 
 // finishToken handles a complete key or value.
 func (c *callScanner) finishToken(tok string) {
+	if tok == "" {
+		c.state = broken
+		return
+	}
 	if c.state == inKey {
 		if json.Unmarshal([]byte(tok), &c.key) != nil {
 			c.state = broken
@@ -158,10 +166,16 @@ func (c *callScanner) finishToken(tok string) {
 	c.state = wantKey
 	switch c.key {
 	case "name":
-		if json.Unmarshal([]byte(tok), &c.call.name) != nil {
-			c.call.name, c.state = "", broken
+		var name string
+		if json.Unmarshal([]byte(tok), &name) != nil {
+			c.state = broken
+		} else if c.call.name == "" { // the first name counts: a stream announced it
+			c.call.name = name
 		}
 	case "arguments", "parameters":
+		if c.argsSeen {
+			return // the first arguments count: a stream sent them
+		}
 		c.argsSeen = true
 		if tok[0] == '"' { // arguments given as a JSON string: its text
 			var text string
@@ -176,10 +190,11 @@ func (c *callScanner) finishToken(tok string) {
 	}
 }
 
-// partial is the call so far: an object or array argument value streams as it grows.
+// partial is the call so far: an object or array argument value streams as it grows
+// (other values only once complete).
 func (c *callScanner) partial(s string) partialCall {
 	call := c.call
-	if c.state == inValue && (c.key == "arguments" || c.key == "parameters") && s[c.start] != '"' {
+	if c.state == inValue && !c.argsSeen && (c.key == "arguments" || c.key == "parameters") && (s[c.start] == '{' || s[c.start] == '[') {
 		call.args = s[c.start:min(c.pos, len(s))]
 	}
 	return call
