@@ -14,7 +14,11 @@
 // open a call), and a stream fed any split of a text gives the same result as Parse,
 // which is the stream fed the whole text at once. Tool-call arguments are the JSON text
 // of the arguments as the model wrote it, so the arguments streamed piece by piece join
-// to the final string.
+// to the final string (vLLM's hermes and llama3_json re-serialize them with json.dumps;
+// its DeepSeek parsers keep the text, as here). Nothing announced is taken back: a call
+// whose name was read stays even if its JSON then breaks, and the first "name" and
+// "arguments" of an object count. FuzzStreamSplit checks the independence from splits
+// on arbitrary text.
 //
 // Formats:
 //   - hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Hermes, Qwen2.5,
