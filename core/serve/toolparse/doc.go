@@ -29,8 +29,11 @@
 //     ```json ARGS ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> (DeepSeek-V3, R1).
 //   - deepseek_v31: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜> inside the
 //     same calls block (DeepSeek-V3.1).
+//   - deepseek_v4: DSML, <｜DSML｜tool_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter
+//     name="K" string="true|false">V</｜DSML｜parameter>...</｜DSML｜invoke>... (DeepSeek-V4,
+//     the reference model in models/deepseek-v4-flash); arguments built as a JSON object.
 //
-// Reasoning: qwen3 and deepseek_r1 read <think>...</think>. deepseek_r1 treats the output
+// Reasoning: qwen3, deepseek_v4 (the same rule) and deepseek_r1 read <think>...</think>. deepseek_r1 treats the output
 // as reasoning until </think> (its template opens <think> in the prompt); qwen3 does so
 // when the output starts with <think> or the prompt ends inside an open <think>, and
 // otherwise reads the output as content.

@@ -14,6 +14,7 @@ func FuzzStreamSplit(f *testing.F) {
 	for _, g := range generations {
 		f.Add(g.text, uint64(7), uint8(0))
 	}
+	f.Add("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>", uint64(5), uint8(9))
 	f.Add("<think>a</think><tool_call>{\"name\": \"x\", \"arguments\": {\"a\": [1, {\"b\": \"}\"}]}}</tool_call>", uint64(3), uint8(5))
 	pairs := [][2]string{}
 	for _, tool := range append([]string{""}, ToolParsers()...) {

@@ -79,12 +79,14 @@ var toolFormats = map[string]func() format{
 	"llama3_json":  newLlama3JSON,
 	"deepseek_v3":  newDeepseek(false),
 	"deepseek_v31": newDeepseek(true),
+	"deepseek_v4":  newDSML,
 }
 
 // reasoningFormats are the reasoning parsers by their vLLM names.
 var reasoningFormats = map[string]reasoningFormat{
 	"qwen3":       {startsThinking: false},
 	"deepseek_r1": {startsThinking: true},
+	"deepseek_v4": {startsThinking: false}, // its template opens <think> in the prompt in thinking mode
 }
 
 // ToolParsers lists the tool-call parser names New accepts.

@@ -130,6 +130,32 @@ var generations = []generation{
 		calls:    []call{{"get_time", `{}`}},
 	},
 	{
+		name: "deepseek_v4 DSML calls after thinking", tools: "deepseek_v4", reasoning: "deepseek_v4",
+		prompt: "<｜User｜>Weather in Paris for 3 days, and search <news>?<｜Assistant｜><think>",
+		text: "The user wants two things.</think>Checking.\n\n<｜DSML｜tool_calls>\n" +
+			"<｜DSML｜invoke name=\"get_weather\">\n" +
+			"<｜DSML｜parameter name=\"city\" string=\"true\">Paris \"FR\"\n</｜DSML｜parameter>\n" +
+			"<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n" +
+			"<｜DSML｜parameter name=\"unit\" string=\"true\">celsius</｜DSML｜parameter>\n" +
+			"</｜DSML｜invoke>\n" +
+			"<｜DSML｜invoke name=\"search\">\n" +
+			"<｜DSML｜parameter name=\"filters\" string=\"false\">{\"score\": 1.0, \"n\": 1E5}</｜DSML｜parameter>\n" +
+			"<｜DSML｜parameter name=\"query\" string=\"false\">not json</｜DSML｜parameter>\n" +
+			"</｜DSML｜invoke>\n" +
+			"<｜DSML｜invoke name=\"list_files\">\n</｜DSML｜invoke>\n" +
+			"</｜DSML｜tool_calls>",
+		thinking: "The user wants two things.",
+		content:  "Checking.\n\n",
+		calls: []call{{"get_weather", `{"city": "Paris \"FR\"\n", "days": 3, "unit": "celsius"}`},
+			{"search", `{"filters": {"score": 1.0, "n": 1E5}, "query": "not json"}`}, {"list_files", `{}`}},
+	},
+	{
+		name: "deepseek_v4 non-thinking answer", tools: "deepseek_v4", reasoning: "deepseek_v4",
+		prompt:  "<｜User｜>Hi<｜Assistant｜></think>",
+		text:    "Hello! <｜DSML｜ is how I call tools.",
+		content: "Hello! <｜DSML｜ is how I call tools.",
+	},
+	{
 		name: "deepseek_v31 from vLLM's test", tools: "deepseek_v31",
 		text: "normal text<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>foo<｜tool▁sep｜>{\"x\":1}<｜tool▁call▁end｜>" +
 			"<｜tool▁call▁begin｜>bar<｜tool▁sep｜>{\"y\":2}<｜tool▁call▁end｜><｜tool▁calls▁end｜> some suffix text",
@@ -254,10 +280,10 @@ func TestNoToolsInRequest(t *testing.T) {
 }
 
 func TestUnknownParser(t *testing.T) {
-	if _, err := New("pythonic", ""); err == nil || !strings.Contains(err.Error(), "deepseek_v3, deepseek_v31, hermes, llama3_json") {
+	if _, err := New("pythonic", ""); err == nil || !strings.Contains(err.Error(), "deepseek_v3, deepseek_v31, deepseek_v4, hermes, llama3_json") {
 		t.Errorf("unknown tool parser: %v", err)
 	}
-	if _, err := New("", "glm45"); err == nil || !strings.Contains(err.Error(), "deepseek_r1, qwen3") {
+	if _, err := New("", "glm45"); err == nil || !strings.Contains(err.Error(), "deepseek_r1, deepseek_v4, qwen3") {
 		t.Errorf("unknown reasoning parser: %v", err)
 	}
 }
