@@ -28,13 +28,16 @@ type Model struct {
 	// a cache pool of cacheBytes bytes (0 = the model's default) built for its cache
 	// groups, ready for engine.New(runner, engine.Config{Pool: pool}).
 	Open func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error)
+	// OpenSpeculative, for a model with a draft proposer (an MTP head), opens it decoding
+	// speculatively with drafts draft tokens per step; nil when the model has none.
+	OpenSpeculative func(dir string, cacheBytes int64, drafts int) (engine.Runner, *kvslab.Pool, error)
 }
 
 // All returns every registered model, in registration order.
 func All() []Model {
 	return []Model{
 		{Name: "llama", Architectures: llama.Architectures, Open: llama.Open},
-		{Name: "deepseek-v4-flash", Architectures: deepseekv4flash.Architectures, Open: deepseekv4flash.Open},
+		{Name: "deepseek-v4-flash", Architectures: deepseekv4flash.Architectures, Open: deepseekv4flash.Open, OpenSpeculative: deepseekv4flash.OpenSpeculative},
 		// +resin:scaffold:models
 	}
 }

@@ -64,9 +64,12 @@ func registerModel(src []byte, a *Answers) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("models/registry.go: %w", err)
 	}
 	entry := fmt.Sprintf("{Name: %q, Architectures: %s.Architectures, Open: %s.Open},", a.Name, a.Package, a.Package)
-	out, c2, err := insertAtMarker(out, modelsMarker, entry)
-	if err != nil {
-		return nil, false, fmt.Errorf("models/registry.go: %w", err)
+	c2 := false
+	// An entry the model's author extended (OpenSpeculative, ...) is still its entry.
+	if !bytes.Contains(out, []byte(fmt.Sprintf("{Name: %q,", a.Name))) {
+		if out, c2, err = insertAtMarker(out, modelsMarker, entry); err != nil {
+			return nil, false, fmt.Errorf("models/registry.go: %w", err)
+		}
 	}
 	if !c1 && !c2 {
 		return src, false, nil

@@ -31,6 +31,7 @@ type runtimeFlags struct {
 	servedName    string
 	maxContext    int
 	cachePages    int
+	specTokens    int
 }
 
 var _ cli.Loader = (*runtimeFlags)(nil)
@@ -47,6 +48,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl.StringVar(&f.servedName, "served-model-name", "", "model name served in /v1/models and expected in requests (default: the --model name, else resin-test)")
 	fl.IntVar(&f.maxContext, "max-context", 4096, "maximum context (prompt + output tokens) of the test runner")
 	fl.IntVar(&f.cachePages, "cache-pages", 8192, "cache pages of the test runner's pool (16 tokens each)")
+	fl.IntVar(&f.specTokens, "num-speculative-tokens", 0, "with --model: decode speculatively with this many draft tokens per step from the model's own draft head (MTP); 0 = off")
 }
 
 // Load loads the tokenizer and the runner. Notes (a fallback worth knowing about) go to
@@ -105,10 +107,14 @@ func (f *runtimeFlags) check() error {
 			return errors.New("--weights and --random-weights need --model NAME (or --model auto)")
 		case f.cacheBytes != 0:
 			return errors.New("--cache-bytes sizes a --model runner's pool; the test runner's is --cache-pages")
+		case f.specTokens != 0:
+			return errors.New("--num-speculative-tokens needs --model NAME: drafts come from the model's own draft head")
 		}
 		return nil
 	}
 	switch {
+	case f.specTokens < 0:
+		return fmt.Errorf("--num-speculative-tokens %d is negative", f.specTokens)
 	case f.runner != "test":
 		return fmt.Errorf("--runner %s and --model %s are exclusive", f.runner, f.model)
 	case f.weights != "" && f.randomWeights != "":
@@ -147,7 +153,16 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	if err != nil {
 		return nil, nil, "", err
 	}
-	r, pool, err := m.Open(dir, f.cacheBytes)
+	open := m.Open
+	if f.specTokens > 0 {
+		if m.OpenSpeculative == nil {
+			return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: model %s has no draft head to propose drafts", f.specTokens, m.Name)
+		}
+		open = func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
+			return m.OpenSpeculative(dir, cacheBytes, f.specTokens)
+		}
+	}
+	r, pool, err := open(dir, f.cacheBytes)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("open model %s: %w", m.Name, err)
 	}

@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // ModelDir is the Loader of a runtime built for one model: --model DIR holds config.json
@@ -17,6 +20,9 @@ import (
 type ModelDir struct {
 	name string
 	open Opener
+	spec SpeculativeOpener
+
+	specTokens int
 
 	dir, tokPath, chatPath, served string
 	cacheBytes                     int64
@@ -27,10 +33,20 @@ func NewModelDir(name string, open Opener) *ModelDir {
 	return &ModelDir{name: name, open: open}
 }
 
+// WithSpeculative gives the model's speculative opener: the commands then take
+// --num-speculative-tokens.
+func (m *ModelDir) WithSpeculative(open SpeculativeOpener) *ModelDir {
+	m.spec = open
+	return m
+}
+
 // Register adds --model, --cache-bytes, --tokenizer, --chat-template and
-// --served-model-name to cmd.
+// --served-model-name to cmd (and --num-speculative-tokens for a model with a draft head).
 func (m *ModelDir) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
+	if m.spec != nil {
+		fl.IntVar(&m.specTokens, "num-speculative-tokens", 0, "decode speculatively with this many draft tokens per step from the model's draft head (MTP); 0 = off")
+	}
 	fl.StringVar(&m.dir, "model", ".", "model directory: config.json and safetensors (none: seeded random weights)")
 	fl.Int64Var(&m.cacheBytes, "cache-bytes", 64<<20, "KV cache pool size in bytes")
 	fl.StringVar(&m.tokPath, "tokenizer", "", "tokenizer.json, or a directory holding it (default: the one in --model, if any)")
@@ -88,7 +104,16 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		// before opening: random weights of a full-size config may not even fit in memory.
 		fmt.Fprintf(warn, "note: %s holds no *.safetensors: %s runs seeded random weights of its config.json\n", m.dir, m.name)
 	}
-	r, pool, err := m.open(m.dir, m.cacheBytes)
+	if m.specTokens < 0 {
+		return nil, fmt.Errorf("--num-speculative-tokens %d is negative", m.specTokens)
+	}
+	open := m.open
+	if m.specTokens > 0 {
+		open = func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
+			return m.spec(dir, cacheBytes, m.specTokens)
+		}
+	}
+	r, pool, err := open(m.dir, m.cacheBytes)
 	if err != nil {
 		return nil, fmt.Errorf("open model %s in %s: %w", m.name, m.dir, err)
 	}

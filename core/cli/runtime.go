@@ -16,6 +16,10 @@ import (
 // package's Open and of models.Model.Open.
 type Opener func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error)
 
+// SpeculativeOpener opens a model that decodes speculatively with drafts draft tokens per
+// step from its own draft head (an MTP layer).
+type SpeculativeOpener func(dir string, cacheBytes int64, drafts int) (engine.Runner, *kvslab.Pool, error)
+
 // Runtime is a loaded model: what the commands put behind an engine.
 type Runtime struct {
 	Runner engine.Runner

@@ -155,6 +155,23 @@ func Open(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
 	return r, pool, nil
 }
 
+// OpenSpeculative is Open with MTP speculative decoding: the runner proposes drafts draft
+// tokens per step from the MTP head and verifies them the next step (see NewMTPRunner).
+func OpenSpeculative(dir string, cacheBytes int64, drafts int) (engine.Runner, *kvslab.Pool, error) {
+	if drafts <= 0 {
+		return Open(dir, cacheBytes)
+	}
+	r, err := Load(dir, Options{Drafts: drafts})
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := r.NewPool(cacheBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, pool, nil
+}
+
 // CacheGroups returns the groups the runner's pool must hold: CacheGroups', with the MTP
 // head's state when the runner drafts.
 func (r *Runner) CacheGroups() []kvslab.GroupSpec {
