@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -128,7 +129,7 @@ func TestCompletionStreamingEqualsNonStreaming(t *testing.T) {
 	if text.String() != whole.Choices[0].Text || finish != *whole.Choices[0].FinishReason {
 		t.Fatalf("streamed %q (%s), non-streamed %q (%s): same seed must give the same text", text.String(), finish, whole.Choices[0].Text, *whole.Choices[0].FinishReason)
 	}
-	if usage == nil || *usage != *whole.Usage {
+	if usage == nil || !reflect.DeepEqual(usage, whole.Usage) {
 		t.Fatalf("usage %+v, want %+v", usage, whole.Usage)
 	}
 }

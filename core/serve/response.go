@@ -16,12 +16,14 @@ type promptDetail struct {
 	CachedTokens int `json:"cached_tokens"`
 }
 
+// usageOf is a response's usage. prompt_tokens_details.cached_tokens is always there, 0 on
+// a cold prompt, as OpenAI reports it, so a client tells "nothing cached" from "not
+// reported".
 func usageOf(u engine.Usage) *usageJSON {
-	out := &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
-	if u.CachedTokens > 0 {
-		out.PromptTokensDetails = &promptDetail{CachedTokens: u.CachedTokens}
+	return &usageJSON{
+		PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens,
+		PromptTokensDetails: &promptDetail{CachedTokens: u.CachedTokens},
 	}
-	return out
 }
 
 type completionChoice struct {
