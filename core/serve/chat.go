@@ -67,7 +67,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	base := &genRequest{sampling: sp, stops: stops, skipSpecial: req.skipSpecial(), includeStop: req.IncludeStopStrInOutput}
+	base := &genRequest{sampling: sp, stops: stops, skipSpecial: req.skipSpecial() && !s.keepSpecialTokens(&req), includeStop: req.IncludeStopStrInOutput}
 	gens := fanOut([][]int32{ids}, base, n)
 	if guided, err := parseGuidedChoice(req.GuidedChoice); err != nil {
 		return err

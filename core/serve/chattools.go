@@ -20,8 +20,18 @@ func (s *Server) newChatParser(req *chatRequest, prompt string) *chatParser {
 	if !s.parser.ParsesTools() && !s.parser.ParsesReasoning() {
 		return nil
 	}
-	tools := len(req.Tools) > 0 && string(bytes.TrimSpace(req.ToolChoice)) != `"none"`
-	return &chatParser{stream: s.parser.NewStream(prompt, tools)}
+	return &chatParser{stream: s.parser.NewStream(prompt, offersTools(req))}
+}
+
+// keepSpecialTokens reports whether req's generations must keep special tokens in their
+// text because the tool-call markers are special tokens (mistral's [TOOL_CALLS]).
+func (s *Server) keepSpecialTokens(req *chatRequest) bool {
+	return s.parser.KeepsSpecialTokens() && offersTools(req)
+}
+
+// offersTools reports whether tool calls are looked for in req's generations.
+func offersTools(req *chatRequest) bool {
+	return len(req.Tools) > 0 && string(bytes.TrimSpace(req.ToolChoice)) != `"none"`
 }
 
 // fill replaces a whole choice's content with what the parsers read from it: content,

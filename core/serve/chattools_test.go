@@ -225,7 +225,7 @@ func TestUnknownParserRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer eng.Close()
-	_, err = New(Config{Engine: eng, Tokenizer: tok, ChatTemplate: chat, Model: "m", ToolCallParser: "mistral"})
+	_, err = New(Config{Engine: eng, Tokenizer: tok, ChatTemplate: chat, Model: "m", ToolCallParser: "pythonic"})
 	if err == nil || !strings.Contains(err.Error(), "hermes") || !strings.Contains(err.Error(), "llama3_json") {
 		t.Errorf("unknown parser: %v", err)
 	}

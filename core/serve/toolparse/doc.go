@@ -32,6 +32,9 @@
 //   - deepseek_v4: DSML, <｜DSML｜tool_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter
 //     name="K" string="true|false">V</｜DSML｜parameter>...</｜DSML｜invoke>... (DeepSeek-V4,
 //     the reference model in models/deepseek-v4-flash); arguments built as a JSON object.
+//   - mistral: [TOOL_CALLS]NAME[ARGS]{...} (tokenizer v11 on: Mistral Small 3.2, Ministral
+//     3) or [TOOL_CALLS] [{"name": ..., "arguments": {...}}] (earlier); [TOOL_CALLS] is a
+//     special token, kept in the text for this parser (KeepsSpecialTokens).
 //
 // Reasoning: qwen3, deepseek_v4 (the same rule) and deepseek_r1 read <think>...</think>. deepseek_r1 treats the output
 // as reasoning until </think> (its template opens <think> in the prompt); qwen3 does so

@@ -15,6 +15,7 @@ func FuzzStreamSplit(f *testing.F) {
 		f.Add(g.text, uint64(7), uint8(0))
 	}
 	f.Add("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>", uint64(5), uint8(9))
+	f.Add("[TOOL_CALLS]f[ARGS]{\"a\": [1]}[TOOL_CALLS] [{\"name\": \"g\"}]", uint64(2), uint8(21))
 	f.Add("<think>a</think><tool_call>{\"name\": \"x\", \"arguments\": {\"a\": [1, {\"b\": \"}\"}]}}</tool_call>", uint64(3), uint8(5))
 	pairs := [][2]string{}
 	for _, tool := range append([]string{""}, ToolParsers()...) {

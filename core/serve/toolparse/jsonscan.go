@@ -199,3 +199,5 @@ func (c *callScanner) partial(s string) partialCall {
 	}
 	return call
 }
+
+func validJSON(s string) bool { return json.Valid([]byte(s)) }

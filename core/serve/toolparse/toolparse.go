@@ -80,6 +80,7 @@ var toolFormats = map[string]func() format{
 	"deepseek_v3":  newDeepseek(false),
 	"deepseek_v31": newDeepseek(true),
 	"deepseek_v4":  newDSML,
+	"mistral":      newMistral,
 }
 
 // reasoningFormats are the reasoning parsers by their vLLM names.
@@ -97,7 +98,8 @@ func ReasoningParsers() []string { return slices.Sorted(maps.Keys(reasoningForma
 
 // Parser reads tool calls and reasoning out of generations.
 type Parser struct {
-	tools     func() format    // nil: no tool parsing
+	tools     func() format // nil: no tool parsing
+	toolName  string
 	reasoning *reasoningFormat // nil: no reasoning parsing
 	// NewID makes tool call ids (default "chatcmpl-tool-" and 32 random hex digits, as
 	// vLLM's).
@@ -113,7 +115,7 @@ func New(toolParser, reasoningParser string) (*Parser, error) {
 		if !ok {
 			return nil, fmt.Errorf("unknown tool-call parser %q (known: %s)", toolParser, strings.Join(ToolParsers(), ", "))
 		}
-		p.tools = f
+		p.tools, p.toolName = f, toolParser
 	}
 	if reasoningParser != "" {
 		f, ok := reasoningFormats[reasoningParser]
@@ -127,6 +129,13 @@ func New(toolParser, reasoningParser string) (*Parser, error) {
 
 // ParsesTools reports whether p has a tool-call format.
 func (p *Parser) ParsesTools() bool { return p != nil && p.tools != nil }
+
+// KeepsSpecialTokens reports whether the tool-call format's markers are special tokens
+// (mistral's [TOOL_CALLS]), which the detokenizer must then keep in the text when tools
+// are offered (vLLM's parsers set skip_special_tokens=False for that).
+func (p *Parser) KeepsSpecialTokens() bool {
+	return p.ParsesTools() && p.toolName == "mistral"
+}
 
 // ParsesReasoning reports whether p has a reasoning format.
 func (p *Parser) ParsesReasoning() bool { return p != nil && p.reasoning != nil }

@@ -156,6 +156,27 @@ var generations = []generation{
 		content: "Hello! <｜DSML｜ is how I call tools.",
 	},
 	{
+		name: "mistral calls (tokenizer v11 form)", tools: "mistral",
+		text:  `[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3, "unit": "celsius"}[TOOL_CALLS]search[ARGS]{"query": "news", "filters": {"score": 1.0}}`,
+		calls: []call{{"get_weather", `{"city": "Paris", "days": 3, "unit": "celsius"}`}, {"search", `{"query": "news", "filters": {"score": 1.0}}`}},
+	},
+	{
+		name: "mistral content then a call with an id", tools: "mistral",
+		text:    `Let me check [the] weather.[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Oslo"}`,
+		content: "Let me check [the] weather.",
+		calls:   []call{{"get_weather", `{"city": "Oslo"}`}},
+	},
+	{
+		name: "mistral calls (older array form)", tools: "mistral",
+		text:  `[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]`,
+		calls: []call{{"get_weather", `{"city": "Paris"}`}, {"get_time", `{}`}},
+	},
+	{
+		name: "mistral plain answer", tools: "mistral",
+		text:    "Brackets [like this] are fine, even [TOOL",
+		content: "Brackets [like this] are fine, even [TOOL",
+	},
+	{
 		name: "deepseek_v31 from vLLM's test", tools: "deepseek_v31",
 		text: "normal text<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>foo<｜tool▁sep｜>{\"x\":1}<｜tool▁call▁end｜>" +
 			"<｜tool▁call▁begin｜>bar<｜tool▁sep｜>{\"y\":2}<｜tool▁call▁end｜><｜tool▁calls▁end｜> some suffix text",
@@ -280,7 +301,7 @@ func TestNoToolsInRequest(t *testing.T) {
 }
 
 func TestUnknownParser(t *testing.T) {
-	if _, err := New("pythonic", ""); err == nil || !strings.Contains(err.Error(), "deepseek_v3, deepseek_v31, deepseek_v4, hermes, llama3_json") {
+	if _, err := New("pythonic", ""); err == nil || !strings.Contains(err.Error(), "deepseek_v3, deepseek_v31, deepseek_v4, hermes, llama3_json, mistral") {
 		t.Errorf("unknown tool parser: %v", err)
 	}
 	if _, err := New("", "glm45"); err == nil || !strings.Contains(err.Error(), "deepseek_r1, deepseek_v4, qwen3") {
@@ -306,6 +327,18 @@ func TestStreamMatchesParseOnPrefixes(t *testing.T) {
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("%s cut at %d (%q):\n streamed %+v\n parsed   %+v", g.name, n, text, got, want)
 			}
+		}
+	}
+}
+
+func TestKeepsSpecialTokens(t *testing.T) {
+	for name, want := range map[string]bool{"mistral": true, "hermes": false, "deepseek_v3": false, "": false} {
+		p, err := New(name, "qwen3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.KeepsSpecialTokens() != want {
+			t.Errorf("%q: KeepsSpecialTokens %v", name, !want)
 		}
 	}
 }
