@@ -15,7 +15,8 @@ model (models/registry.go; 'auto' picks it by config.json's architectures) on th
 checkpoint in --weights DIR, or on seeded random weights of --random-weights CONFIG.
 Without --model the runner is the engine's deterministic test runner. The tokenizer is
 --tokenizer DIR, else the one in --weights, else the built-in tiny one.
---tool-call-parser (hermes, llama3_json, mistral, deepseek_v3, deepseek_v31, deepseek_v4) and
+--tool-call-parser (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31,
+deepseek_v4) and
 --reasoning-parser (qwen3, deepseek_r1, deepseek_v4) fill chat responses' tool_calls and
 reasoning_content, as vLLM's do.
 --read-timeout, --idle-timeout, --max-connections, --max-body-bytes and

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"bytes"
+	"encoding/json"
 
 	"github.com/resin-llm/resin/core/serve/toolparse"
 )
@@ -20,7 +21,11 @@ func (s *Server) newChatParser(req *chatRequest, prompt string) *chatParser {
 	if !s.parser.ParsesTools() && !s.parser.ParsesReasoning() {
 		return nil
 	}
-	return &chatParser{stream: s.parser.NewStream(prompt, offersTools(req))}
+	var tools []json.RawMessage
+	if offersTools(req) {
+		tools = req.Tools
+	}
+	return &chatParser{stream: s.parser.NewStream(prompt, tools)}
 }
 
 // keepSpecialTokens reports whether req's generations must keep special tokens in their

@@ -22,7 +22,7 @@ func BenchmarkStream(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(text)))
 	for b.Loop() {
-		s := p.NewStream("", true)
+		s := p.NewStream("", testTools)
 		for _, piece := range pieces {
 			s.Add(piece)
 		}

@@ -5,8 +5,8 @@
 // A Parser is chosen by name (ToolParsers and ReasoningParsers list them):
 //
 //	p, err := toolparse.New("hermes", "qwen3")
-//	res := p.Parse(prompt, text, true)      // whole generation
-//	s := p.NewStream(prompt, true)          // or delta by delta:
+//	res := p.Parse(prompt, text, tools)     // whole generation
+//	s := p.NewStream(prompt, tools)         // or delta by delta:
 //	d := s.Add(delta)                       // d.Content, d.Reasoning, d.ToolCalls
 //	d = s.Flush()                           // at the end of the generation
 //
@@ -35,6 +35,9 @@
 //   - mistral: [TOOL_CALLS]NAME[ARGS]{...} (tokenizer v11 on: Mistral Small 3.2, Ministral
 //     3) or [TOOL_CALLS] [{"name": ..., "arguments": {...}}] (earlier); [TOOL_CALLS] is a
 //     special token, kept in the text for this parser (KeepsSpecialTokens).
+//   - qwen3_coder: <tool_call><function=NAME><parameter=K>V</parameter>...</function>
+//     </tool_call> (Qwen3-Coder, Qwen3.5, Qwen3.6); values converted by the types of the
+//     request's tool definitions, as vLLM's qwen3_coder.
 //
 // Reasoning: qwen3, deepseek_v4 (the same rule) and deepseek_r1 read <think>...</think>. deepseek_r1 treats the output
 // as reasoning until </think> (its template opens <think> in the prompt); qwen3 does so

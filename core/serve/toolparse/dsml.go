@@ -49,7 +49,7 @@ type dsmlCall struct {
 	call     partialCall
 }
 
-func newDSML() format { return &dsml{at: -1} }
+func newDSML([]json.RawMessage) format { return &dsml{at: -1} }
 
 func (f *dsml) scan(text string, final bool) scanned {
 	if f.at < 0 {

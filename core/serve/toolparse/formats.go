@@ -1,6 +1,9 @@
 package toolparse
 
-import "strings"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // Each format keeps its place in the text between scans (a format value serves one
 // stream), so that a generation is read in time linear in its length.
@@ -45,7 +48,7 @@ const (
 	hermesEnd   = "</tool_call>"
 )
 
-func newHermes() format { return &hermes{at: -1} }
+func newHermes([]json.RawMessage) format { return &hermes{at: -1} }
 
 func (h *hermes) scan(text string, final bool) scanned {
 	if h.at < 0 {
@@ -109,7 +112,7 @@ type llamaObject struct {
 
 const pythonTag = "<|python_tag|>"
 
-func newLlama3JSON() format { return &llama3JSON{} }
+func newLlama3JSON([]json.RawMessage) format { return &llama3JSON{} }
 
 func (f *llama3JSON) scan(text string, final bool) scanned {
 	if !f.decided {
@@ -193,8 +196,8 @@ const (
 	dsArgsClose  = "\n```"
 )
 
-func newDeepseek(v31 bool) func() format {
-	return func() format { return &deepseek{v31: v31, at: -1} }
+func newDeepseek(v31 bool) func([]json.RawMessage) format {
+	return func([]json.RawMessage) format { return &deepseek{v31: v31, at: -1} }
 }
 
 func (f *deepseek) scan(text string, final bool) scanned {

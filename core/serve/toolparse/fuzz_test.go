@@ -16,6 +16,7 @@ func FuzzStreamSplit(f *testing.F) {
 	}
 	f.Add("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>", uint64(5), uint8(9))
 	f.Add("[TOOL_CALLS]f[ARGS]{\"a\": [1]}[TOOL_CALLS] [{\"name\": \"g\"}]", uint64(2), uint8(21))
+	f.Add("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", uint64(4), uint8(24))
 	f.Add("<think>a</think><tool_call>{\"name\": \"x\", \"arguments\": {\"a\": [1, {\"b\": \"}\"}]}}</tool_call>", uint64(3), uint8(5))
 	pairs := [][2]string{}
 	for _, tool := range append([]string{""}, ToolParsers()...) {
@@ -37,8 +38,8 @@ func FuzzStreamSplit(f *testing.F) {
 			p.NewID = func() string { n++; return fmt.Sprint(n) }
 			return p
 		}
-		want := newP().Parse("", text, true)
-		s := newP().NewStream("", true)
+		want := newP().Parse("", text, testTools)
+		s := newP().NewStream("", testTools)
 		var got Result
 		runes := []rune(text)
 		for len(runes) > 0 {

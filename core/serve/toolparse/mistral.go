@@ -1,6 +1,9 @@
 package toolparse
 
-import "strings"
+import (
+	"encoding/json"
+	"strings"
+)
 
 // mistral is Mistral's tool calling, in both of its forms:
 //
@@ -21,7 +24,7 @@ type mistral struct {
 
 type mistralCall struct {
 	start int // index after [TOOL_CALLS]
-	args  int // index of the arguments; -1 before
+	args  int // index of the arguments; -1 before the name, -2 before the arguments start
 	val   valueScanner
 	pos   int // where the arguments' scan continues
 	end   int // index after the arguments; -1 before
@@ -40,7 +43,7 @@ const (
 	mistralCallID = "[CALL_ID]"
 )
 
-func newMistral() format { return &mistral{at: -1} }
+func newMistral([]json.RawMessage) format { return &mistral{at: -1} }
 
 func (f *mistral) scan(text string, final bool) scanned {
 	if f.at < 0 {
@@ -93,11 +96,15 @@ func (c *mistralCall) read(text string) {
 			name = name[:id]
 		}
 		c.call.name = strings.TrimSpace(name)
-		c.args = skipSpace(text, c.start+i+len(mistralArgs))
-		c.pos = c.args
+		c.pos = c.start + i + len(mistralArgs)
+		c.args = -2 // the name is read; the arguments start at the next non-space
 	}
-	if c.args >= len(text) {
-		return
+	if c.args == -2 {
+		j := skipSpace(text, c.pos)
+		if j >= len(text) {
+			return
+		}
+		c.args, c.pos = j, j
 	}
 	end := c.val.feed(text, c.pos)
 	if end < 0 {

@@ -3,6 +3,7 @@ package toolparse
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -74,13 +75,14 @@ func (r *Result) Append(d Delta) {
 }
 
 // toolFormats are the tool-call parsers by their vLLM names.
-var toolFormats = map[string]func() format{
+var toolFormats = map[string]func(tools []json.RawMessage) format{
 	"hermes":       newHermes,
 	"llama3_json":  newLlama3JSON,
 	"deepseek_v3":  newDeepseek(false),
 	"deepseek_v31": newDeepseek(true),
 	"deepseek_v4":  newDSML,
 	"mistral":      newMistral,
+	"qwen3_coder":  newQwen3Coder,
 }
 
 // reasoningFormats are the reasoning parsers by their vLLM names.
@@ -98,7 +100,7 @@ func ReasoningParsers() []string { return slices.Sorted(maps.Keys(reasoningForma
 
 // Parser reads tool calls and reasoning out of generations.
 type Parser struct {
-	tools     func() format // nil: no tool parsing
+	tools     func(tools []json.RawMessage) format // nil: no tool parsing
 	toolName  string
 	reasoning *reasoningFormat // nil: no reasoning parsing
 	// NewID makes tool call ids (default "chatcmpl-tool-" and 32 random hex digits, as
@@ -141,9 +143,10 @@ func (p *Parser) KeepsSpecialTokens() bool {
 func (p *Parser) ParsesReasoning() bool { return p != nil && p.reasoning != nil }
 
 // Parse reads a whole generation. prompt is the rendered prompt (a reasoning parser
-// looks at whether it opens <think>); tools says whether the request offered tools (tool
-// calls are only looked for then, as vLLM does).
-func (p *Parser) Parse(prompt, text string, tools bool) Result {
+// looks at whether it opens <think>); tools are the tool definitions the request offers
+// in the OpenAI shape (tool calls are looked for only when there are some, as vLLM does;
+// qwen3_coder reads the parameters' types from them).
+func (p *Parser) Parse(prompt, text string, tools []json.RawMessage) Result {
 	s := p.NewStream(prompt, tools)
 	var r Result
 	r.Append(s.Add(text))
@@ -152,17 +155,17 @@ func (p *Parser) Parse(prompt, text string, tools bool) Result {
 }
 
 // NewStream starts parsing one generation delta by delta.
-func (p *Parser) NewStream(prompt string, tools bool) *Stream {
+func (p *Parser) NewStream(prompt string, tools []json.RawMessage) *Stream {
 	s := &Stream{}
 	if p.reasoning != nil {
 		s.reasoning = p.reasoning.start(prompt)
 	}
-	if tools && p.tools != nil {
+	if len(tools) > 0 && p.tools != nil {
 		newID := p.NewID
 		if newID == nil {
 			newID = randomID
 		}
-		s.tools = &toolStream{format: p.tools(), newID: newID}
+		s.tools = &toolStream{format: p.tools(tools), newID: newID}
 	}
 	return s
 }

@@ -177,6 +177,26 @@ var generations = []generation{
 		content: "Brackets [like this] are fine, even [TOOL",
 	},
 	{
+		name: "qwen3_coder two calls (Qwen3.5 template's form)", tools: "qwen3_coder",
+		text: "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n" +
+			"<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=search>\n" +
+			"<parameter=query>\nnews\n</parameter>\n<parameter=filters>\n{\"score\": 1.0}\n</parameter>\n</function>\n</tool_call>",
+		calls: []call{{"get_weather", `{"city": "Paris", "days": 3, "unit": "celsius"}`}, {"search", `{"query": "news", "filters": {"score": 1.0}}`}},
+	},
+	{
+		name: "qwen3_coder types from the tool definitions", tools: "qwen3_coder", reasoning: "qwen3",
+		prompt: "<|im_start|>assistant\n<think>\n",
+		text: "Use the schema.\n</think>\n\nSure.\n<tool_call>\n<function=get_weather>\n" +
+			"<parameter=city>\nSão \"Paulo\"\nline 2\n</parameter>\n<parameter=zip>\n02134\n</parameter>\n" +
+			"<parameter=ratio>\n2.0\n</parameter>\n<parameter=days>\nthree\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n" +
+			"<parameter=opts>\n{\"a\": [1, 2]}\n</parameter>\n<parameter=extra>\n42\n</parameter>\n<parameter=unit>\nnull\n</parameter>\n" +
+			"</function>\n</tool_call>",
+		thinking: "Use the schema.\n",
+		content:  "\n\nSure.\n",
+		calls: []call{{"get_weather", `{"city": "São \"Paulo\"\nline 2", "zip": "02134", "ratio": 2, "days": "three", "metric": true, ` +
+			`"opts": {"a": [1, 2]}, "extra": "42", "unit": null}`}},
+	},
+	{
 		name: "deepseek_v31 from vLLM's test", tools: "deepseek_v31",
 		text: "normal text<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>foo<｜tool▁sep｜>{\"x\":1}<｜tool▁call▁end｜>" +
 			"<｜tool▁call▁begin｜>bar<｜tool▁sep｜>{\"y\":2}<｜tool▁call▁end｜><｜tool▁calls▁end｜> some suffix text",
@@ -222,7 +242,7 @@ func (g generation) check(t *testing.T, how string, r Result) {
 func TestParseGenerations(t *testing.T) {
 	for _, g := range generations {
 		t.Run(g.name, func(t *testing.T) {
-			g.check(t, "parse", newParser(t, g).Parse(g.prompt, g.text, true))
+			g.check(t, "parse", newParser(t, g).Parse(g.prompt, g.text, testTools))
 		})
 	}
 }
@@ -244,7 +264,7 @@ func TestStreamMatchesParse(t *testing.T) {
 				splits[fmt.Sprintf("random pieces %d", k)] = pieces
 			}
 			for how, pieces := range splits {
-				s := newParser(t, g).NewStream(g.prompt, true)
+				s := newParser(t, g).NewStream(g.prompt, testTools)
 				var r Result
 				for _, p := range pieces {
 					d := s.Add(p)
@@ -270,7 +290,7 @@ func TestStreamDeltas(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.NewID = func() string { return "call_x" }
-	s := p.NewStream("", true)
+	s := p.NewStream("", testTools)
 	var deltas []Delta
 	for _, piece := range []string{"Sure.", "\n<tool", "_call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"city\"", ": \"Oslo\"}}\n</tool_call>"} {
 		deltas = append(deltas, s.Add(piece))
@@ -294,14 +314,14 @@ func TestStreamDeltas(t *testing.T) {
 
 func TestNoToolsInRequest(t *testing.T) {
 	p, _ := New("hermes", "")
-	r := p.Parse("", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", false)
+	r := p.Parse("", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", nil)
 	if len(r.ToolCalls) != 0 || r.Content != "<tool_call>\n{\"name\": \"f\"}\n</tool_call>" {
 		t.Errorf("without tools in the request the text is content: %+v", r)
 	}
 }
 
 func TestUnknownParser(t *testing.T) {
-	if _, err := New("pythonic", ""); err == nil || !strings.Contains(err.Error(), "deepseek_v3, deepseek_v31, deepseek_v4, hermes, llama3_json, mistral") {
+	if _, err := New("pythonic", ""); err == nil || !strings.Contains(err.Error(), "deepseek_v3, deepseek_v31, deepseek_v4, hermes, llama3_json, mistral, qwen3_coder") {
 		t.Errorf("unknown tool parser: %v", err)
 	}
 	if _, err := New("", "glm45"); err == nil || !strings.Contains(err.Error(), "deepseek_r1, deepseek_v4, qwen3") {
@@ -317,8 +337,8 @@ func TestStreamMatchesParseOnPrefixes(t *testing.T) {
 		runes := []rune(g.text)
 		for n := range len(runes) + 1 {
 			text := string(runes[:n])
-			want := newParser(t, g).Parse(g.prompt, text, true)
-			s := newParser(t, g).NewStream(g.prompt, true)
+			want := newParser(t, g).Parse(g.prompt, text, testTools)
+			s := newParser(t, g).NewStream(g.prompt, testTools)
 			var got Result
 			for _, r := range runes[:n] {
 				got.Append(s.Add(string(r)))
@@ -341,4 +361,12 @@ func TestKeepsSpecialTokens(t *testing.T) {
 			t.Errorf("%q: KeepsSpecialTokens %v", name, !want)
 		}
 	}
+}
+
+// testTools are the tool definitions the golden generations are made against.
+var testTools = []json.RawMessage{
+	json.RawMessage(`{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+		"city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+		"ratio": {"type": "number"}, "metric": {"type": "boolean"}, "zip": {"type": "string"}, "opts": {"type": "object"}}}}}`),
+	json.RawMessage(`{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}}}}`),
 }
