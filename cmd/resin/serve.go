@@ -16,9 +16,8 @@ checkpoint in --weights DIR, or on seeded random weights of --random-weights CON
 Without --model the runner is the engine's deterministic test runner. The tokenizer is
 --tokenizer DIR, else the one in --weights, else the built-in tiny one.
 --tool-call-parser (hermes, qwen3_coder, llama3_json, mistral, deepseek_v3, deepseek_v31,
-deepseek_v4) and
---reasoning-parser (qwen3, deepseek_r1, deepseek_v4) fill chat responses' tool_calls and
-reasoning_content, as vLLM's do.
+deepseek_v4) and --reasoning-parser (qwen3, deepseek_r1, deepseek_v4) fill chat
+responses' tool_calls and reasoning_content, as vLLM's do.
 --read-timeout, --idle-timeout, --max-connections, --max-body-bytes and
 --tokenize-budget-bytes bound what one client can hold; /tokenize, /detokenize and /version
 are served as vLLM serves them, and --enable-pprof adds Go profiles under /debug/pprof/.
