@@ -230,3 +230,23 @@ func TestUnknownParserRefused(t *testing.T) {
 		t.Errorf("unknown parser: %v", err)
 	}
 }
+
+// TestChatToolCallsUseToolTypes: qwen3_coder reads parameter types from the request's
+// tool definitions (days is an integer there, city a string).
+func TestChatToolCallsUseToolTypes(t *testing.T) {
+	out := "<tool_call>\n<function=get_weather>\n<parameter=city>\n42 Paris\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+	h := newToolHarness(t, out, "qwen3_coder", "")
+	body := map[string]any{"model": "tiny-test", "messages": []map[string]any{{"role": "user", "content": "Weather?"}},
+		"tools": []json.RawMessage{weatherTool}, "max_tokens": 200}
+	var resp struct {
+		Choices []struct {
+			Message      toolMessage `json:"message"`
+			FinishReason string      `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	h.postJSON("/v1/chat/completions", body, 200, &resp)
+	c := resp.Choices[0]
+	if c.FinishReason != "tool_calls" || len(c.Message.ToolCalls) != 1 || c.Message.ToolCalls[0].Function.Arguments != `{"city": "42 Paris", "days": 3}` {
+		t.Errorf("finish %q, tool_calls %+v", c.FinishReason, c.Message.ToolCalls)
+	}
+}
