@@ -3,7 +3,6 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"regexp"
 
 	"github.com/resin-llm/resin/core/tokenizer/internal/jinja"
@@ -16,6 +15,9 @@ type ChatTemplate struct {
 	tmpl   *jinja.Template
 	tokens map[string]string // bos_token, eos_token, ... as the template sees them
 	format ContentFormat
+	// toolUse is the model's "tool_use" template, which transformers renders instead
+	// when tools are given; nil when there is none.
+	toolUse *ChatTemplate
 }
 
 // ContentFormat is how a template receives a message content given as a list of parts,
@@ -51,42 +53,6 @@ type ChatOptions struct {
 	DecodeToolArguments bool
 }
 
-// LoadChatTemplate reads the default chat template from a tokenizer_config.json file.
-func LoadChatTemplate(path string) (*ChatTemplate, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("load chat template: %w", err)
-	}
-	c, err := ParseChatTemplate(data, "")
-	if err != nil {
-		return nil, fmt.Errorf("load chat template %s: %w", path, err)
-	}
-	return c, nil
-}
-
-// ParseChatTemplate reads the chat template called name ("" for the default) from the
-// contents of a tokenizer_config.json.
-func ParseChatTemplate(config []byte, name string) (*ChatTemplate, error) {
-	var cfg map[string]json.RawMessage
-	if err := json.Unmarshal(config, &cfg); err != nil {
-		return nil, fmt.Errorf("parse tokenizer_config.json: %v: %w", err, ErrInvalid)
-	}
-	src, err := pickTemplate(cfg["chat_template"], name)
-	if err != nil {
-		return nil, err
-	}
-	c, err := NewChatTemplate(src)
-	if err != nil {
-		return nil, err
-	}
-	for _, key := range []string{"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"} {
-		if tok, ok := tokenContent(cfg[key]); ok {
-			c.tokens[key] = tok
-		}
-	}
-	return c, nil
-}
-
 // NewChatTemplate compiles a Jinja chat template.
 func NewChatTemplate(source string) (*ChatTemplate, error) {
 	tmpl, err := jinja.Compile(source)
@@ -116,6 +82,9 @@ func (c *ChatTemplate) SetSpecialToken(name, content string) { c.tokens[name] = 
 // thinking. Values may be json.RawMessage, which keeps JSON key order and number
 // spelling. Content given as a list of parts follows ContentFormat.
 func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (out string, err error) {
+	if opts.Tools != nil && c.toolUse != nil {
+		return c.toolUse.Render(messages, opts)
+	}
 	defer func() {
 		// A template is data from a model's files: a fault in the engine that it reaches
 		// fails the render, not the process.
@@ -157,35 +126,6 @@ func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (out 
 		return "", fmt.Errorf("render chat template: %w", err)
 	}
 	return out, nil
-}
-
-func pickTemplate(raw json.RawMessage, name string) (string, error) {
-	if isNull(raw) {
-		return "", ErrNoChatTemplate
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		if name != "" && name != "default" {
-			return "", fmt.Errorf("chat template %q: only a default template exists: %w", name, ErrNoChatTemplate)
-		}
-		return s, nil
-	}
-	var list []struct {
-		Name     string `json:"name"`
-		Template string `json:"template"`
-	}
-	if err := json.Unmarshal(raw, &list); err != nil {
-		return "", fmt.Errorf("chat_template is neither a string nor a list of named templates: %w", ErrInvalid)
-	}
-	if name == "" {
-		name = "default"
-	}
-	for _, t := range list {
-		if t.Name == name {
-			return t.Template, nil
-		}
-	}
-	return "", fmt.Errorf("chat template %q: %w", name, ErrNoChatTemplate)
 }
 
 // tokenContent reads a special token written as "..." or as {"content": "..."}.

@@ -2,6 +2,8 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -79,5 +81,57 @@ func TestToolsNoneWhenAbsent(t *testing.T) {
 	got, err := ct.Render(nil, ChatOptions{})
 	if err != nil || got != "True True True" {
 		t.Errorf("got %q, %v", got, err)
+	}
+}
+
+// TestLoadChatTemplateFiles: as transformers loads a model directory, chat_template.jinja
+// and additional_chat_templates/ win over the config's entry, and the "tool_use" template
+// renders when tools are given.
+func TestLoadChatTemplateFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := filepath.Join(dir, "tokenizer_config.json")
+	write("tokenizer_config.json", `{"bos_token": "<s>", "chat_template": [{"name": "default", "template": "config {{ bos_token }}"},
+		{"name": "tool_use", "template": "config tools {{ tools|length }}"}]}`)
+	render := func(tools []any) string {
+		t.Helper()
+		ct, err := LoadChatTemplate(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := ct.Render(nil, ChatOptions{Tools: tools})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	tools := []any{json.RawMessage(`{"type": "function", "function": {"name": "f"}}`)}
+	if got := render(nil); got != "config <s>" {
+		t.Errorf("default from the config: %q", got)
+	}
+	if got := render(tools); got != "config tools 1" {
+		t.Errorf("tool_use from the config: %q", got)
+	}
+	write("chat_template.jinja", "file {{ bos_token }}")
+	if got := render(tools); got != "file <s>" {
+		t.Errorf("chat_template.jinja wins over the config (no tool_use file): %q", got)
+	}
+	write("additional_chat_templates/tool_use.jinja", "file tools")
+	if got := render(tools); got != "file tools" {
+		t.Errorf("additional_chat_templates/tool_use.jinja with tools: %q", got)
+	}
+	if err := os.Remove(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := render(nil); got != "file " {
+		t.Errorf("without a tokenizer_config.json: %q", got)
 	}
 }
