@@ -11,5 +11,5 @@ import "embed"
 
 // FS holds every base directory.
 //
-//go:embed all:dense
+//go:embed all:dense all:deepseek-v4
 var FS embed.FS

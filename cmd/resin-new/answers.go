@@ -42,27 +42,27 @@ type Answers struct {
 // ModelAnswer holds the model's dimensions and options; they become the scaffold's
 // config.json and its defaults.
 type ModelAnswer struct {
-	Architecture          string  `toml:"architecture,omitempty"`
-	ModelType             string  `toml:"model_type,omitempty"`
-	VocabSize             int     `toml:"vocab_size,omitempty"`
-	HiddenSize            int     `toml:"hidden_size,omitempty"`
-	IntermediateSize      int     `toml:"intermediate_size,omitempty"`
-	NumHiddenLayers       int     `toml:"num_hidden_layers,omitempty"`
-	NumAttentionHeads     int     `toml:"num_attention_heads,omitempty"`
-	NumKeyValueHeads      int     `toml:"num_key_value_heads,omitempty"`
-	HeadDim               int     `toml:"head_dim,omitempty"`
-	RMSNormEps            float64 `toml:"rms_norm_eps,omitempty"`
-	RopeTheta             float64 `toml:"rope_theta,omitempty"`
-	MaxPositionEmbeddings int     `toml:"max_position_embeddings,omitempty"`
-	TieWordEmbeddings     bool    `toml:"tie_word_embeddings,omitempty"`
-	AttentionBias         bool    `toml:"attention_bias,omitempty"`
-	QKNorm                bool    `toml:"qk_norm,omitempty"`
-	SlidingWindow         int     `toml:"sliding_window,omitempty"`
-	BOSTokenID            int     `toml:"bos_token_id,omitempty"`
-	EOSTokenID            int     `toml:"eos_token_id,omitempty"`
-	DType                 string  `toml:"dtype,omitempty"`
-	PageTokens            int     `toml:"page_tokens,omitempty"`
-	Seed                  int64   `toml:"seed,omitempty"`
+	Architecture          string  `toml:"architecture,omitempty,omitzero"`
+	ModelType             string  `toml:"model_type,omitempty,omitzero"`
+	VocabSize             int     `toml:"vocab_size,omitempty,omitzero"`
+	HiddenSize            int     `toml:"hidden_size,omitempty,omitzero"`
+	IntermediateSize      int     `toml:"intermediate_size,omitempty,omitzero"`
+	NumHiddenLayers       int     `toml:"num_hidden_layers,omitempty,omitzero"`
+	NumAttentionHeads     int     `toml:"num_attention_heads,omitempty,omitzero"`
+	NumKeyValueHeads      int     `toml:"num_key_value_heads,omitempty,omitzero"`
+	HeadDim               int     `toml:"head_dim,omitempty,omitzero"`
+	RMSNormEps            float64 `toml:"rms_norm_eps,omitempty,omitzero"`
+	RopeTheta             float64 `toml:"rope_theta,omitempty,omitzero"`
+	MaxPositionEmbeddings int     `toml:"max_position_embeddings,omitempty,omitzero"`
+	TieWordEmbeddings     bool    `toml:"tie_word_embeddings,omitempty,omitzero"`
+	AttentionBias         bool    `toml:"attention_bias,omitempty,omitzero"`
+	QKNorm                bool    `toml:"qk_norm,omitempty,omitzero"`
+	SlidingWindow         int     `toml:"sliding_window,omitempty,omitzero"`
+	BOSTokenID            int     `toml:"bos_token_id,omitempty,omitzero"`
+	EOSTokenID            int     `toml:"eos_token_id,omitempty,omitzero"`
+	DType                 string  `toml:"dtype,omitempty,omitzero"`
+	PageTokens            int     `toml:"page_tokens,omitempty,omitzero"`
+	Seed                  int64   `toml:"seed,omitempty,omitzero"`
 }
 
 // archRe matches an HF architecture: a Python class name.

@@ -17,7 +17,8 @@ import (
 // model becomes a starting point of its own (`resin-new model NAME --base BASE`): every
 // file of the model directory except its answers, record and testdata becomes PATH.tmpl
 // under out, with the model's name, package and import path replaced by the template's
-// answers and any "{{" or "}}" of the source escaped. The base's manifest.toml, which says
+// answers and any "{{" or "}}" of the source escaped (testdata/parity, the transformers
+// goldens, stays with the model: a scaffold makes its own). The base's manifest.toml, which says
 // who owns each file, is written by hand; extractBase lists what it lacks or names twice.
 func extractBase(w io.Writer, modelDir, out string) error {
 	a, err := loadAnswers(modelDir)
@@ -35,8 +36,8 @@ func extractBase(w io.Writer, modelDir, out string) error {
 		r, _ := filepath.Rel(modelDir, p)
 		r = filepath.ToSlash(r)
 		if d.IsDir() {
-			if r == "testdata" || r == ".resin" || strings.HasSuffix(r, "/testdata") {
-				return filepath.SkipDir
+			if r == ".resin" || r == "testdata/parity" {
+				return filepath.SkipDir // the record; goldens are the model's own, made by a script
 			}
 			return nil
 		}
@@ -71,12 +72,19 @@ func extractBase(w io.Writer, modelDir, out string) error {
 	} else if err != nil {
 		return err
 	}
+	// A file the model gained since the manifest was written is the author's: add it as
+	// user-owned (change the owner by hand for wiring the scaffold should keep updated).
+	var add bytes.Buffer
 	for _, t := range written {
 		if !bytes.Contains(man, []byte(`template = "`+t+`"`)) {
-			fmt.Fprintf(w, "note: manifest.toml has no [[file]] for %s\n", t)
+			fmt.Fprintf(&add, "\n[[file]]\npath = %q\ntemplate = %q\nowner = \"user\"\n", strings.TrimSuffix(t, ".tmpl"), t)
+			fmt.Fprintf(w, "manifest.toml: added %s (user-owned)\n", t)
 		}
 	}
-	return nil
+	if add.Len() == 0 {
+		return nil
+	}
+	return os.WriteFile(filepath.Join(out, "manifest.toml"), append(man, add.Bytes()...), 0o644)
 }
 
 // templatize escapes the template delimiters of src and replaces the model's identity by

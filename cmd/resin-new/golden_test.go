@@ -22,6 +22,7 @@ var goldens = []struct {
 }{
 	{"demo", []string{"model", "demo"}},
 	{"qwen3-tiny", []string{"model", "qwen3-tiny", "--hf-config", "testdata/hf-configs/qwen3-tiny.json", "--module", "github.com/acme/qwen3-tiny"}},
+	{"v4-demo", []string{"model", "v4-demo", "--base", "deepseek-v4", "--module", "github.com/acme/v4-demo"}},
 }
 
 // TestGolden regenerates every golden scaffold with the real CLI and diffs it file by file
@@ -90,35 +91,47 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// TestInTreeReference checks that models/llama, the in-tree dense reference, is what the
-// current template renders (resin-new model llama --in-tree --force regenerates it).
+// TestInTreeReference checks that every in-tree model with a resin.toml (models/llama, the
+// dense reference; models/deepseek-v4-flash, from which the deepseek-v4 base is extracted)
+// is what its base renders (resin-new model NAME --in-tree --base BASE --force regenerates
+// one; resin-new extract-base regenerates a base from its model).
 func TestInTreeReference(t *testing.T) {
 	core := coreDir(t)
 	bases, err := loadBases(templates.FS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := loadAnswers(filepath.Join(core, "models", "llama"))
-	if err != nil {
-		t.Fatal(err)
+	dirs, _ := filepath.Glob(filepath.Join(core, "models", "*", AnswersFile))
+	if len(dirs) < 2 {
+		t.Fatalf("in-tree models with %s: %v, want models/llama and models/deepseek-v4-flash", AnswersFile, dirs)
 	}
-	b, err := findBase(bases, a.Base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := render(b, a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		have, err := os.ReadFile(filepath.Join(core, "models", "llama", f.Path))
-		if err != nil {
-			t.Errorf("models/llama/%s: %v", f.Path, err)
-			continue
-		}
-		if string(have) != string(f.Content) {
-			t.Errorf("models/llama/%s differs from the template's render (resin-new model llama --in-tree --force):\n%s", f.Path, firstDiff(string(f.Content), string(have)))
-		}
+	for _, f := range dirs {
+		dir := filepath.Dir(f)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			a, err := loadAnswers(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := findBase(bases, a.Base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, err := render(b, a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range files {
+				have, err := os.ReadFile(filepath.Join(dir, f.Path))
+				if err != nil {
+					t.Errorf("%s: %v", f.Path, err)
+					continue
+				}
+				if string(have) != string(f.Content) {
+					t.Errorf("%s differs from the template's render (resin-new model %s --in-tree --base %s --force, or extract-base for a reference base):\n%s",
+						f.Path, a.Name, a.Base, firstDiff(string(f.Content), string(have)))
+				}
+			}
+		})
 	}
 }
 

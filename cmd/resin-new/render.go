@@ -122,6 +122,7 @@ type Rendered struct {
 type Base struct {
 	Name     string
 	FS       fs.FS // rooted at the base directory
+	Root     fs.FS // every base: a template "../dense/x.tmpl" is another base's file
 	Manifest Manifest
 }
 
@@ -144,7 +145,7 @@ func loadBases(root fs.FS) ([]*Base, error) {
 		if err != nil {
 			return nil, fmt.Errorf("base %s: %w", e.Name(), err)
 		}
-		b := &Base{Name: e.Name(), FS: sub}
+		b := &Base{Name: e.Name(), FS: sub, Root: root}
 		md, err := toml.Decode(string(data), &b.Manifest)
 		if err != nil {
 			return nil, fmt.Errorf("base %s: manifest.toml: %w", e.Name(), err)
@@ -250,7 +251,7 @@ func render(b *Base, a *Answers) ([]Rendered, error) {
 			return nil, fmt.Errorf("template %s: output %s rendered twice", f.Template, p)
 		}
 		seen[p] = true
-		src, err := fs.ReadFile(b.FS, f.Template)
+		src, err := b.readTemplate(f.Template)
 		if err != nil {
 			return nil, fmt.Errorf("base %s: %w", b.Name, err)
 		}
@@ -274,6 +275,19 @@ func render(b *Base, a *Answers) ([]Rendered, error) {
 	out = append(out, Rendered{Path: AnswersFile, Content: answers, Owner: ScaffoldOwned})
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out, nil
+}
+
+// readTemplate reads a template of the base, or with a "../" path one of another base (a
+// reference-model base shares the dense base's go.mod, CI and test script).
+func (b *Base) readTemplate(name string) ([]byte, error) {
+	if !strings.HasPrefix(name, "../") {
+		return fs.ReadFile(b.FS, name)
+	}
+	p := path.Join(b.Name, name)
+	if strings.HasPrefix(p, "../") || b.Root == nil {
+		return nil, fmt.Errorf("template %s leaves the templates", name)
+	}
+	return fs.ReadFile(b.Root, p)
 }
 
 func execute(name, src string, a *Answers) ([]byte, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -230,32 +231,50 @@ func chooseBase(bases []*Base, o modelOptions, a *Answers) (*Base, []byte, error
 	if err != nil {
 		return nil, nil, fmt.Errorf("--hf-config: %w", err)
 	}
-	cfg, err := weights.ParseConfig(hfJSON)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
+	// The architecture picks the base; the base then reads the config its own way.
+	var head struct {
+		Architectures []string `json:"architectures"`
+		ModelType     string   `json:"model_type"`
 	}
-	arch := cfg.Architecture()
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(hfJSON, &head); err != nil {
+		return nil, nil, fmt.Errorf("--hf-config %s: malformed config.json: %w", o.hfConfig, err)
+	}
+	if err := json.Unmarshal(hfJSON, &raw); err != nil {
+		return nil, nil, fmt.Errorf("--hf-config %s: malformed config.json: %w", o.hfConfig, err)
+	}
+	arch := ""
+	if len(head.Architectures) > 0 {
+		arch = head.Architectures[0]
+	}
 	var base *Base
 	if o.base != "" {
 		if base, err = findBase(bases, o.base); err != nil {
 			return nil, nil, err
 		}
-		if !base.implements(arch, cfg.ModelType) {
+		if !base.implements(arch, head.ModelType) {
 			return nil, nil, fmt.Errorf("--base %s does not implement %s's architecture %q (it implements %s)%s; a scaffold from it would compute another model",
-				o.base, o.hfConfig, arch, strings.Join(base.Manifest.Architectures, ", "), droppedFields(cfg))
+				o.base, o.hfConfig, arch, strings.Join(base.Manifest.Architectures, ", "), droppedFields(raw))
 		}
 	} else if base, err = baseForArchitecture(bases, arch); err != nil {
 		return nil, nil, err
 	}
-	if cfg.ModelType == "" {
-		// As the runtime's ParseConfig does: the architecture names the variant (a Qwen2
-		// config without model_type still has its q/k/v biases).
-		cfg.ModelType = base.modelTypeFor(arch)
+	if head.ModelType == "" {
+		head.ModelType = base.modelTypeFor(arch)
 	}
 	if base.fileConfig() {
 		a.Model = base.preset(base.Name)
-		a.Model.Architecture, a.Model.ModelType = arch, cfg.ModelType
+		a.Model.Architecture, a.Model.ModelType = arch, head.ModelType
 		return base, hfJSON, nil
+	}
+	cfg, err := weights.ParseConfig(hfJSON)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
+	}
+	if cfg.ModelType == "" {
+		// As the runtime's ParseConfig does: the architecture names the variant (a Qwen2
+		// config without model_type still has its q/k/v biases).
+		cfg.ModelType = head.ModelType
 	}
 	if a.Model, err = modelFromHF(cfg); err != nil {
 		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
@@ -266,11 +285,11 @@ func chooseBase(bases []*Base, o modelOptions, a *Answers) (*Base, []byte, error
 // droppedFields names the settings of cfg that no dense base reads, for the error that
 // refuses it: the MoE, per-layer window and partial-rotary keys of Mixtral, Qwen2-MoE,
 // Phi-3 and their kind.
-func droppedFields(cfg *weights.Config) string {
+func droppedFields(raw map[string]json.RawMessage) string {
 	var found []string
 	for _, k := range []string{"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "n_routed_experts",
 		"sliding_window", "use_sliding_window", "layer_types", "partial_rotary_factor", "original_max_position_embeddings"} {
-		if v, ok := cfg.Raw[k]; ok && string(v) != "null" && string(v) != "false" {
+		if v, ok := raw[k]; ok && string(v) != "null" && string(v) != "false" {
 			found = append(found, k)
 		}
 	}

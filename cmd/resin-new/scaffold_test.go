@@ -300,3 +300,37 @@ func TestTidyIsBounded(t *testing.T) {
 		t.Fatalf("err = %v, want a timeout", err)
 	}
 }
+
+// TestDeepSeekV4Base: the reference model is a base of its own. A standalone scaffold from
+// it builds, passes its tests and generates offline; the published DeepSeek-V4-Flash
+// config.json picks it by architecture and, far too large for random weights here, is
+// verified with the base's demo config; --set of a dimension is refused (the base reads
+// its config.json).
+func TestDeepSeekV4Base(t *testing.T) {
+	core := coreDir(t)
+	cfg := filepath.Join(core, "testdata", "hf-configs", "deepseek-v4-flash.json")
+	out, err := runCLI(t, templates.FS, "model", "v4", "--hf-config", cfg, "--out", filepath.Join(t.TempDir(), "v4"), "--dry-run", "--verify")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "template deepseek-v4") || !strings.Contains(out, "the base's demo config.json") {
+		t.Errorf("the V4-Flash config should pick the deepseek-v4 base and verify scaled:\n%s", out)
+	}
+	if _, err := runCLI(t, templates.FS, "model", "v4", "--base", "deepseek-v4", "--set", "hidden_size=64", "--out", filepath.Join(t.TempDir(), "v4")); err == nil || !strings.Contains(err.Error(), "config.json") {
+		t.Errorf("--set hidden_size on the deepseek-v4 base: err = %v", err)
+	}
+	if testing.Short() {
+		t.Skip("builds and tests a whole generated runtime")
+	}
+	t.Setenv("GOPROXY", "off")
+	dir := filepath.Join(t.TempDir(), "v4")
+	out, err = runCLI(t, templates.FS, "model", "v4", "--base", "deepseek-v4", "--out", dir, "--verify")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"ok  \texample.com/v4\t", "tokens: [", "builds, passes its tests and generates"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("verify output lacks %q:\n%s", want, out)
+		}
+	}
+}

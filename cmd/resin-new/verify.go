@@ -41,16 +41,20 @@ func gib(n int64) string { return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30)) }
 // shrinks its dimensions; a base with its own config.json (ownConfig) uses that one, its
 // demo config of the same architecture.
 func planVerify(a *Answers, b *Base, cfgJSON, ownConfig []byte) (verifyPlan, error) {
-	c, err := weights.ParseConfig(cfgJSON)
-	if err != nil {
-		return verifyPlan{}, fmt.Errorf("config.json: %w", err)
-	}
 	if b.fileConfig() {
-		p := verifyPlan{weightBytes: 4 * genericParams(c), budget: verifyBudget()}
+		var raw map[string]json.RawMessage
+		if err := json.Unmarshal(cfgJSON, &raw); err != nil {
+			return verifyPlan{}, fmt.Errorf("config.json: %w", err)
+		}
+		p := verifyPlan{weightBytes: 4 * genericParams(raw), budget: verifyBudget()}
 		if p.weightBytes > p.budget {
 			p.scaled, p.scaledDims = ownConfig, "the base's demo config.json"
 		}
 		return p, nil
+	}
+	c, err := weights.ParseConfig(cfgJSON)
+	if err != nil {
+		return verifyPlan{}, fmt.Errorf("config.json: %w", err)
 	}
 	p := verifyPlan{weightBytes: 4 * denseParams(c), budget: verifyBudget()}
 	layers, kvHeads, headDim := c.NumHiddenLayers, c.NumKeyValueHeads, c.HeadDim
@@ -73,10 +77,10 @@ func planVerify(a *Answers, b *Base, cfgJSON, ownConfig []byte) (verifyPlan, err
 // the MLP: routed experts (n_routed_experts, num_local_experts or num_experts, of
 // moe_intermediate_size) plus shared experts, or a dense MLP of intermediate_size. An
 // estimate: it decides whether --verify can build the config's random weights.
-func genericParams(c *weights.Config) int64 {
+func genericParams(raw map[string]json.RawMessage) int64 {
 	num := func(keys ...string) int64 {
 		for _, k := range keys {
-			if v, ok := c.Raw[k]; ok {
+			if v, ok := raw[k]; ok {
 				if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
 					return n
 				}
@@ -84,17 +88,14 @@ func genericParams(c *weights.Config) int64 {
 		}
 		return 0
 	}
-	h, v := int64(c.HiddenSize), int64(c.VocabSize)
-	mlp := 3 * h * int64(c.IntermediateSize)
+	h, v := num("hidden_size"), num("vocab_size")
+	mlp := 3 * h * num("intermediate_size")
 	if e := num("n_routed_experts", "num_local_experts", "num_experts"); e > 0 {
-		w := num("moe_intermediate_size")
-		if w == 0 {
-			w = int64(c.IntermediateSize)
-		}
+		w := num("moe_intermediate_size", "intermediate_size")
 		mlp = (e + num("n_shared_experts", "num_shared_experts")) * 3 * h * w
 	}
-	n := v*h + int64(c.NumHiddenLayers)*(4*h*h+mlp)
-	if !c.TieWordEmbeddings {
+	n := v*h + num("num_hidden_layers")*(4*h*h+mlp)
+	if string(raw["tie_word_embeddings"]) != "true" {
 		n += v * h
 	}
 	return n
