@@ -156,3 +156,22 @@ func CloseTo(t testing.TB, what string, got, want []float32, tol float64) {
 	}
 	t.Logf("%s: max |diff| %.3g", what, worst)
 }
+
+// MaxAbsDiff returns the largest |got[i] − want[i]| and its index; NaN counts as infinite,
+// and slices of different lengths as infinitely apart.
+func MaxAbsDiff(got, want []float32) (float64, int) {
+	if len(got) != len(want) {
+		return math.Inf(1), 0
+	}
+	worst, at := 0.0, 0
+	for i := range got {
+		d := math.Abs(float64(got[i]) - float64(want[i]))
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		if d > worst {
+			worst, at = d, i
+		}
+	}
+	return worst, at
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // pagedSeq is one sequence driven through a runner's pool by hand.
@@ -73,7 +74,7 @@ func TestPagedStateParity(t *testing.T) {
 	t.Logf("block of %d tokens; groups %+v", pool.BlockTokens(), pool.Groups())
 	check := func(what string, got, want []float32) {
 		t.Helper()
-		diff, at := maxAbsDiff(got, want)
+		diff, at := runnertest.MaxAbsDiff(got, want)
 		t.Logf("%-40s max |Δ| = %.3g", what, diff)
 		if !(diff <= parityTol) {
 			t.Errorf("%s: logits differ from transformers' by %.3g at row %d", what, diff, at/v)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // tinyConfigJSON is a small DeepSeek-V4 crossing every layer kind: sliding, CSA (ratio 4)
@@ -64,10 +65,10 @@ func TestChunkedEqualsOneShot(t *testing.T) {
 	want, wantStreams := runChunks(t, m, toks, []int{len(toks)})
 	for _, chunks := range [][]int{{1, 2, 3, 5, 7, 11, 13, 17, 31}, {45, 45}, ones(len(toks))} {
 		got, streams := runChunks(t, m, toks, chunks)
-		if d, at := maxAbsDiff(got, want); d > 1e-5 {
+		if d, at := runnertest.MaxAbsDiff(got, want); d > 1e-5 {
 			t.Errorf("chunks %v: logits differ from one prefill by %g at row %d", chunks, d, at/m.Config.VocabSize)
 		}
-		if d, _ := maxAbsDiff(streams, wantStreams); d > 1e-5 {
+		if d, _ := runnertest.MaxAbsDiff(streams, wantStreams); d > 1e-5 {
 			t.Errorf("chunks %v: streams differ from one prefill by %g", chunks, d)
 		}
 	}
@@ -88,7 +89,7 @@ func TestChunkedEqualsOneShot(t *testing.T) {
 		}
 		gotA = append(gotA, l...)
 	}
-	if d, at := maxAbsDiff(gotA, want); d > 1e-5 {
+	if d, at := runnertest.MaxAbsDiff(gotA, want); d > 1e-5 {
 		t.Errorf("batched with another sequence: logits differ by %g at row %d", d, at/m.Config.VocabSize)
 	}
 	if m.MinTopKMargin < 1e-5 {

@@ -2,6 +2,8 @@ package v4demo
 
 import (
 	"testing"
+
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // TestMoEGroupedEqualsRowByRow checks that the grouped MoE gives each row what it gives
@@ -31,7 +33,7 @@ func TestMoEGroupedEqualsRowByRow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if d, at := maxAbsDiff(one, all[r*h:(r+1)*h]); d > 1e-6 {
+			if d, at := runnertest.MaxAbsDiff(one, all[r*h:(r+1)*h]); d > 1e-6 {
 				t.Errorf("%s: row %d alone differs from the batch by %g at %d", kind, r, d, at)
 			}
 		}

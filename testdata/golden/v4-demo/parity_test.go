@@ -1,12 +1,12 @@
 package v4demo
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 	"path/filepath"
 	"testing"
 
+	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/core/weights"
 )
 
@@ -35,7 +35,7 @@ func TestTransformersParity(t *testing.T) {
 			n := len(toks)
 			check := func(what string, got, want []float32) {
 				t.Helper()
-				diff, at := maxAbsDiff(got, want)
+				diff, at := runnertest.MaxAbsDiff(got, want)
 				t.Logf("%-44s max |Δ| = %.3g (position %d)", what, diff, at/m.Config.VocabSize)
 				if !(diff <= parityTol) {
 					t.Errorf("%s: logits differ from the reference by %.3g > %g at position %d, vocab %d",
@@ -181,7 +181,7 @@ func readParityGolden(t *testing.T, path string, vocab int) ([]int32, []float32,
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, err := decodeIDs(info.DType, raw)
+	toks, err := weights.DecodeIDs(info.DType, raw)
 	if err != nil {
 		t.Fatalf("%s: token_ids: %v", path, err)
 	}
@@ -202,39 +202,4 @@ func readParityGolden(t *testing.T, path string, vocab int) ([]int32, []float32,
 		}
 	}
 	return toks, logits, mtp
-}
-
-func decodeIDs(dt weights.DType, raw []byte) ([]int32, error) {
-	var ids []int32
-	switch dt {
-	case weights.I32:
-		for i := 0; i+4 <= len(raw); i += 4 {
-			ids = append(ids, int32(binary.LittleEndian.Uint32(raw[i:])))
-		}
-	case weights.I64:
-		for i := 0; i+8 <= len(raw); i += 8 {
-			ids = append(ids, int32(binary.LittleEndian.Uint64(raw[i:])))
-		}
-	default:
-		return nil, fmt.Errorf("dtype %s, want I32 or I64", dt)
-	}
-	return ids, nil
-}
-
-// maxAbsDiff returns the largest |got[i] − want[i]| and its index; NaN counts as infinite.
-func maxAbsDiff(got, want []float32) (float64, int) {
-	if len(got) != len(want) {
-		return math.Inf(1), 0
-	}
-	worst, at := 0.0, 0
-	for i := range got {
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if math.IsNaN(d) {
-			d = math.Inf(1)
-		}
-		if d > worst {
-			worst, at = d, i
-		}
-	}
-	return worst, at
 }

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // TestParityCatchesIgnoredWeights resets each tensor of a golden checkpoint, one at a
@@ -58,10 +60,10 @@ func TestParityCatchesIgnoredWeights(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					diff, _ = maxAbsDiff(got, wantMTP)
+					diff, _ = runnertest.MaxAbsDiff(got, wantMTP)
 				} else {
 					got, _ := runChunks(t, m, toks, []int{len(toks)})
-					diff, _ = maxAbsDiff(got, want)
+					diff, _ = runnertest.MaxAbsDiff(got, want)
 				}
 				restore()
 				if diff < weakest {

@@ -175,7 +175,7 @@ func TestMTPDraftsMatchReference(t *testing.T) {
 				}
 				continue // the previous draft was accepted: its step proposed for pos+1
 			}
-			d, _ := maxAbsDiff(got, ref[(pos-2)*v:(pos-1)*v])
+			d, _ := runnertest.MaxAbsDiff(got, ref[(pos-2)*v:(pos-1)*v])
 			if d > 1e-5 {
 				t.Fatalf("prompt %d: the MTP logits for position %d differ from the reference by %g", i, pos, d)
 			}
@@ -283,7 +283,7 @@ func TestRejectedDraftRestoresEveryGroup(t *testing.T) {
 			}
 			worst := 0.0
 			for j := range a {
-				d, _ := maxAbsDiff(a[j], rows[1][j])
+				d, _ := runnertest.MaxAbsDiff(a[j], rows[1][j])
 				worst = max(worst, d)
 			}
 			if worst > 1e-6 {
@@ -324,7 +324,7 @@ func compareCaches(t *testing.T, when string, pools [2]*kvslab.Pool, seqs [2]*ru
 			// pool hands out again keeps its former rows until they are written.
 			fa, fb = written(spec, blk, bt, length, fa), written(spec, blk, bt, length, fb)
 		}
-		d, at := maxAbsDiff(fa, fb)
+		d, at := runnertest.MaxAbsDiff(fa, fb)
 		if d > 1e-6 {
 			t.Fatalf("%s: %s differs from the twin's by %g at float %d", when, what, d, at)
 		}
@@ -492,7 +492,7 @@ func TestMTPChainedDraftsMatchReference(t *testing.T) {
 		lg, st := logits[(cl.end-1)*v:cl.end*v], outs[(cl.end-1)*sw:cl.end*sw]
 		for j := 0; j < k; j++ {
 			got := calls[slices.IndexFunc(calls, func(o call) bool { return o.end == cl.end && o.j == j })].logits
-			d, _ := maxAbsDiff(got, lg)
+			d, _ := runnertest.MaxAbsDiff(got, lg)
 			if d > 1e-5 {
 				t.Fatalf("draft %d after %d tokens: logits differ from the chained reference by %g", j, cl.end, d)
 			}

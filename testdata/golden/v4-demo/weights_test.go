@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/core/weights"
 )
 
@@ -46,10 +47,10 @@ func TestSafetensorsRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d, _ := maxAbsDiff(got, want); d != 0 {
+		if d, _ := runnertest.MaxAbsDiff(got, want); d != 0 {
 			t.Errorf("%s names: logits moved by %g after save and load", form, d)
 		}
-		if d, _ := maxAbsDiff(gotMTP, wantMTP); d != 0 {
+		if d, _ := runnertest.MaxAbsDiff(gotMTP, wantMTP); d != 0 {
 			t.Errorf("%s names: MTP logits moved by %g after save and load", form, d)
 		}
 	}
@@ -205,7 +206,7 @@ func TestLoadFP8(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, at := maxAbsDiff(got.Layers[1].QB, want); d > 1e-6 {
+	if d, at := runnertest.MaxAbsDiff(got.Layers[1].QB, want); d > 1e-6 {
 		t.Errorf("dequantized %s differs by %g at %d", name, d, at)
 	}
 }
