@@ -16,13 +16,20 @@
 //
 // Files:
 //
-//   - config.go: config.json → Config, as DeepseekV4Config normalises it (legacy fields)
+//   - config.go: config.json → Config, as DeepseekV4Config normalises it (legacy fields,
+//     quantization_config)
 //   - weights.go: the tensor list in its three name forms (module, upstream, hybrid),
-//     loading, seeded random weights, saving
+//     loading (bf16, FP8 block-scaled, FP4 experts, dequantised by core/weights), seeded
+//     random weights, saving
 //   - state.go: the per-sequence state the forward extends chunk by chunk
-//   - forward.go: the reference forward over chunks of sequences; mtp.go: the MTP head
-//   - cache.go: the kvslab groups the state is accounted in; runner.go: the engine.Runner
-//     (for now keeping each request's state in a map; see cache.go)
+//   - forward.go: the reference forward over chunks of sequences; moe.go: the MoE, each
+//     expert one GEMM over the rows routed to it; mtp.go: the MTP head
+//   - cache.go: the state in kvslab pages (sliding-window K=V rows, CSA entries with the
+//     indexer keys, HCA entries, the compressors' window buffers in a recurrent group
+//     checkpointed at block ends, so prefix hits resume)
+//   - runner.go: the engine.Runner on core/cpurunner; NewMTPRunner (OpenSpeculative,
+//     --num-speculative-tokens) proposes drafts from the MTP head and undoes rejected
+//     ones in every group
 //   - kernels/: the model's own CUDA kernels, with Go launchers and references
 //
 // scripts/deepseek-v4-goldens.sh writes the goldens testdata/ holds (transformers on the
