@@ -45,6 +45,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkContentBytes(msgs); err != nil {
+		return err
+	}
 	opts := tokenizer.ChatOptions{AddGenerationPrompt: true, DecodeToolArguments: true, Extra: make(map[string]any, len(req.ChatTemplateKwargs))}
 	for _, t := range req.Tools {
 		opts.Tools = append(opts.Tools, t)

@@ -202,6 +202,22 @@ func (l *promptLimits) insideAdded(text string, i int) bool {
 
 func isASCIILetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
 
+// checkContentBytes refuses chat messages whose content alone is over the prompt limit,
+// before the chat template renders them (rendering copies them at least once).
+func (s *Server) checkContentBytes(msgs []map[string]any) error {
+	n := 0
+	for _, m := range msgs {
+		if c, ok := m["content"].(string); ok {
+			n += len(c)
+		}
+	}
+	if l := &s.prompts; n > l.maxBytes {
+		return promptTooLong("messages", fmt.Sprintf("The messages' content is %d bytes; this server refuses prompts over %d bytes unrendered (%d tokens of context at up to %d bytes a token).",
+			n, l.maxBytes, l.maxContext, maxPromptBytesPerToken))
+	}
+	return nil
+}
+
 func promptTooLong(param, msg string) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "context_length_exceeded", param: param, message: msg}
 }

@@ -63,7 +63,9 @@ func TestOversizePromptRefusedUnread(t *testing.T) {
 	code, raw := h.post("/v1/completions", map[string]any{"prompt": big, "max_tokens": 1})
 	contextError(t, code, raw, "prompt")
 	code, raw = h.post("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": big}}, "max_tokens": 1})
-	contextError(t, code, raw, "messages")
+	if e := contextError(t, code, raw, "messages"); !strings.Contains(e.Error.Message, "unrendered") {
+		t.Errorf("chat: %q: want the refusal before the template renders the messages", e.Error.Message)
+	}
 	if n := seen.Load(); n != 0 {
 		t.Fatalf("the tokenizer saw %d bytes of prompts refused by size", n)
 	}
