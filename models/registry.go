@@ -13,6 +13,7 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 	"github.com/resin-llm/resin/models/llama"
 	// +resin:scaffold:imports
 )
@@ -38,6 +39,7 @@ func All() []Model {
 	return []Model{
 		{Name: "llama", Architectures: llama.Architectures, Open: llama.Open},
 		{Name: "deepseek-v4-flash", Architectures: deepseekv4flash.Architectures, Open: deepseekv4flash.Open, OpenSpeculative: deepseekv4flash.OpenSpeculative},
+		{Name: "glm-5-flash", Architectures: glm5flash.Architectures, Open: glm5flash.Open},
 		// +resin:scaffold:models
 	}
 }

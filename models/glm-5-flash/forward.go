@@ -1,0 +1,520 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"gonum.org/v1/gonum/blas/blas32"
+)
+
+// Model is a loaded model: its config, weights and rotary embeddings. Forward is the
+// reference forward (plain Go over core/kernels/ref), the oracle the CUDA kernels are
+// checked against. Not safe for concurrent use.
+type Model struct {
+	Config         *Config
+	W              *Weights
+	main, compress Rotary
+	maxContext     int
+
+	// MinTopKMargin is the smallest gap seen between the last picked and the first
+	// dropped indexer score at a top-k cut (+Inf when no cut happened): ties there would
+	// make the pick depend on torch.topk's order. Tests read it.
+	MinTopKMargin float64
+
+	moeBuf moeScratch // the MoE's buffers (moe.go)
+}
+
+// NewModel prepares a model for contexts up to maxContext tokens.
+func NewModel(c *Config, w *Weights, maxContext int) (*Model, error) {
+	if maxContext <= 0 {
+		return nil, fmt.Errorf("model: maxContext must be positive, got %d", maxContext)
+	}
+	return &Model{
+		Config: c, W: w, maxContext: maxContext,
+		main: c.NewRotary("main", c.HeadDim), compress: c.NewRotary("compress", c.HeadDim),
+		MinTopKMargin: math.Inf(1),
+	}, nil
+}
+
+// MaxContext returns the longest sequence the model accepts.
+func (m *Model) MaxContext() int { return m.maxContext }
+
+// Chunk is the new tokens of one sequence: they continue it at position State.Len.
+type Chunk struct {
+	State  *SeqState
+	Tokens []int32
+}
+
+// batch is the flat view of one forward call: rows of every chunk, in chunk order.
+type batch struct {
+	tokens []int32
+	pos    []int32
+	start  []int // row offset of each chunk (len(chunks)+1)
+}
+
+// Forward runs chunks of new tokens (one per sequence, any lengths) through the model,
+// extending each sequence's state. It returns the logits of every row ([ΣT, vocab], rows
+// in chunk order) and the final hidden streams ([ΣT, hc, hidden], the MTP head's input).
+func (m *Model) Forward(chunks []Chunk) (logits, streams []float32, err error) {
+	c, w := m.Config, m.W
+	var b batch
+	b.start = append(b.start, 0)
+	for _, ch := range chunks {
+		if ch.State == nil || len(ch.State.Layers) != c.NumHiddenLayers {
+			return nil, nil, fmt.Errorf("forward: chunk without a state of this model")
+		}
+		for i, t := range ch.Tokens {
+			if t < 0 || int(t) >= c.VocabSize {
+				return nil, nil, fmt.Errorf("forward: token id %d outside the vocabulary [0, %d)", t, c.VocabSize)
+			}
+			p := ch.State.Len + i
+			if p >= m.maxContext {
+				return nil, nil, fmt.Errorf("forward: position %d outside the context of %d tokens", p, m.maxContext)
+			}
+			b.tokens = append(b.tokens, t)
+			b.pos = append(b.pos, int32(p))
+		}
+		b.start = append(b.start, len(b.tokens))
+	}
+	n, h, hc := len(b.tokens), c.HiddenSize, c.HCMult
+	x := make([]float32, n*h)
+	if err := ref.Embedding(x, w.Embed, b.tokens, h); err != nil {
+		return nil, nil, err
+	}
+	streams = make([]float32, n*hc*h)
+	for t := range n {
+		for i := range hc {
+			copy(streams[(t*hc+i)*h:(t*hc+i+1)*h], x[t*h:(t+1)*h])
+		}
+	}
+	for li := range w.Layers {
+		states := make([]*LayerState, len(chunks))
+		for i, ch := range chunks {
+			states[i] = &ch.State.Layers[li]
+		}
+		streams, err = m.block(&w.Layers[li], c.LayerTypes[li], c.MLPLayerTypes[li], streams, &b, states)
+		if err != nil {
+			return nil, nil, fmt.Errorf("forward: layer %d: %w", li, err)
+		}
+	}
+	for _, ch := range chunks {
+		ch.State.Len += len(ch.Tokens)
+	}
+	logits, err = m.head(streams, n, w.HCFn, w.HCBase, w.HCScale, w.Norm)
+	return logits, streams, err
+}
+
+// head collapses the streams with hc_head, applies the final norm and the lm_head.
+func (m *Model) head(streams []float32, n int, fn, base, scale, norm []float32) ([]float32, error) {
+	c := m.Config
+	h, hc := c.HiddenSize, c.HCMult
+	eps := float32(c.RMSNormEps)
+	flat := make([]float32, n*hc*h)
+	if err := ref.RMSNormUnweighted(flat, streams, n, hc*h, eps); err != nil {
+		return nil, err
+	}
+	mix := make([]float32, n*hc)
+	if err := ref.MatMulT(mix, flat, fn, n, hc*h, hc); err != nil {
+		return nil, err
+	}
+	y := make([]float32, n*h)
+	pre := make([]float32, hc)
+	for t := range n {
+		for i := range hc {
+			pre[i] = sigmoid(mix[t*hc+i]*scale[0]+base[i]) + float32(c.HCEps)
+		}
+		if err := ref.HyperCollapse(y[t*h:(t+1)*h], streams[t*hc*h:(t+1)*hc*h], pre, hc, h); err != nil {
+			return nil, err
+		}
+	}
+	if err := ref.RMSNorm(y, y, norm, n, h, eps); err != nil {
+		return nil, err
+	}
+	logits := make([]float32, n*c.VocabSize)
+	return logits, ref.MatMulT(logits, y, m.W.Head, n, h, c.VocabSize)
+}
+
+// hyper computes one mHC's weights for every row and the collapsed block input.
+func (m *Model) hyper(hcw *HyperConn, streams []float32, n int) (post, comb, collapsed []float32, err error) {
+	c := m.Config
+	h, hc := c.HiddenSize, c.HCMult
+	flat := make([]float32, n*hc*h)
+	if err := ref.RMSNormUnweighted(flat, streams, n, hc*h, float32(c.RMSNormEps)); err != nil {
+		return nil, nil, nil, err
+	}
+	k := (2 + hc) * hc
+	mix := make([]float32, n*k)
+	if err := ref.MatMulT(mix, flat, hcw.Fn, n, hc*h, k); err != nil {
+		return nil, nil, nil, err
+	}
+	post, comb, collapsed = make([]float32, n*hc), make([]float32, n*hc*hc), make([]float32, n*h)
+	pre := make([]float32, hc)
+	for t := range n {
+		if err := ref.HyperConnWeights(pre, post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc], mix[t*k:(t+1)*k],
+			hcw.Base, hcw.Scale, hc, c.HCSinkhornIters, float32(c.HCEps)); err != nil {
+			return nil, nil, nil, err
+		}
+		if err := ref.HyperCollapse(collapsed[t*h:(t+1)*h], streams[t*hc*h:(t+1)*hc*h], pre, hc, h); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return post, comb, collapsed, nil
+}
+
+// expand refreshes the streams from a block output with post and comb.
+func (m *Model) expand(streams, out, post, comb []float32, n int) ([]float32, error) {
+	h, hc := m.Config.HiddenSize, m.Config.HCMult
+	next := make([]float32, len(streams))
+	for t := range n {
+		if err := ref.HyperExpand(next[t*hc*h:(t+1)*hc*h], streams[t*hc*h:(t+1)*hc*h], out[t*h:(t+1)*h],
+			post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc], hc, h); err != nil {
+			return nil, err
+		}
+	}
+	return next, nil
+}
+
+// block runs one decoder block (mHC → attention → mHC → MoE) over every row.
+func (m *Model) block(l *Layer, kind, mlpKind string, streams []float32, b *batch, states []*LayerState) ([]float32, error) {
+	c := m.Config
+	n, h := len(b.tokens), c.HiddenSize
+	eps := float32(c.RMSNormEps)
+	post, comb, x, err := m.hyper(&l.AttnHC, streams, n)
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.RMSNorm(x, x, l.AttnNorm, n, h, eps); err != nil {
+		return nil, err
+	}
+	att, err := m.attention(l, kind, x, b, states)
+	if err != nil {
+		return nil, err
+	}
+	if streams, err = m.expand(streams, att, post, comb, n); err != nil {
+		return nil, err
+	}
+	post, comb, x, err = m.hyper(&l.FFNHC, streams, n)
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.RMSNorm(x, x, l.FFNNorm, n, h, eps); err != nil {
+		return nil, err
+	}
+	ffn, err := m.moe(l, mlpKind, x, b.tokens)
+	if err != nil {
+		return nil, err
+	}
+	return m.expand(streams, ffn, post, comb, n)
+}
+
+func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+
+// linear computes x·wᵀ for n rows: x [n, in], w [out, in] → [n, out].
+func linear(x, w []float32, n, in, out int) ([]float32, error) {
+	y := make([]float32, n*out)
+	return y, ref.MatMulT(y, x, w, n, in, out)
+}
+
+// attention runs one layer's attention over every row: queries from the low-rank q path,
+// the shared K=V head over the sliding window, the compressed entries (HCA: all visible;
+// CSA: the indexer's top-k), per-head sinks, de-rotation of the output's rope slice and
+// the grouped output projection. It extends each sequence's layer state.
+func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states []*LayerState) ([]float32, error) {
+	c := m.Config
+	n, h, d, nh, qr := len(b.tokens), c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.QLoraRank
+	eps := float32(c.RMSNormEps)
+	rot := m.main
+	if kind != SlidingAttention {
+		rot = m.compress
+	}
+	qres, err := linear(x, l.QA, n, h, qr)
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.RMSNorm(qres, qres, l.QANorm, n, qr, eps); err != nil {
+		return nil, err
+	}
+	q, err := linear(qres, l.QB, n, qr, nh*d)
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.RMSNormUnweighted(q, q, n*nh, d, eps); err != nil {
+		return nil, err
+	}
+	rot.Apply(q, b.pos, n, nh, d, false)
+	kv, err := linear(x, l.KV, n, h, d)
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.RMSNorm(kv, kv, l.KVNorm, n, d, eps); err != nil {
+		return nil, err
+	}
+	rot.Apply(kv, b.pos, n, 1, d, false)
+
+	// Compressor and indexer projections, for every row at once.
+	var ckv, cgate, ikv, igate, iq, iw []float32
+	if l.Compressor != nil {
+		width := len(l.Compressor.KV) / h
+		if ckv, err = linear(x, l.Compressor.KV, n, h, width); err != nil {
+			return nil, err
+		}
+		if cgate, err = linear(x, l.Compressor.Gate, n, h, width); err != nil {
+			return nil, err
+		}
+	}
+	if l.Indexer != nil {
+		id, ih := c.IndexHeadDim, c.IndexNHeads
+		if ikv, err = linear(x, l.Indexer.KV, n, h, 2*id); err != nil {
+			return nil, err
+		}
+		if igate, err = linear(x, l.Indexer.Gate, n, h, 2*id); err != nil {
+			return nil, err
+		}
+		if iq, err = linear(qres, l.Indexer.QB, n, qr, ih*id); err != nil {
+			return nil, err
+		}
+		m.compress.Apply(iq, b.pos, n, ih, id, false)
+		if iw, err = linear(x, l.Indexer.WeightsProj, n, h, ih); err != nil {
+			return nil, err
+		}
+		s := float32(math.Pow(float64(ih), -0.5))
+		for i := range iw {
+			iw[i] *= s
+		}
+	}
+
+	out := make([]float32, n*nh*d)
+	for si, st := range states {
+		r0, r1 := b.start[si], b.start[si+1]
+		if r0 == r1 {
+			continue
+		}
+		pos := b.pos[r0:r1]
+		if l.Compressor != nil {
+			w := st.Compressor.Width()
+			m.compressInto(st.Compressor, l.Compressor.PositionBias, l.Compressor.Norm, ckv[r0*w:r1*w], cgate[r0*w:r1*w], pos)
+		}
+		if l.Indexer != nil {
+			w := st.Indexer.Width()
+			m.compressInto(st.Indexer, l.Indexer.PositionBias, l.Indexer.Norm, ikv[r0*w:r1*w], igate[r0*w:r1*w], pos)
+		}
+		for t, p := range pos {
+			copy(st.Window.Row(int(p)), kv[(r0+t)*d:(r0+t+1)*d])
+		}
+		m.attendSeq(l, kind, st, q[r0*nh*d:r1*nh*d], pos, out[r0*nh*d:r1*nh*d], iq, iw, r0)
+		if f, ok := st.Window.(interface{ ForgetBefore(int) }); ok {
+			f.ForgetBefore(int(pos[len(pos)-1]) - c.SlidingWindow + 2) // the next query reads from here on
+		}
+	}
+	rot.Apply(out, b.pos, n, nh, d, true)
+
+	// Grouped output projection: group g's heads (a contiguous [nh·d/og] slice) through
+	// its own [oLoraRank] block of o_a, then o_b over the concatenation.
+	og, olr := c.OGroups, c.OLoraRank
+	gin := nh * d / og
+	mid := make([]float32, n*og*olr)
+	xg := make([]float32, n*gin)
+	yg := make([]float32, n*olr)
+	for g := range og {
+		for t := range n {
+			copy(xg[t*gin:(t+1)*gin], out[t*nh*d+g*gin:t*nh*d+(g+1)*gin])
+		}
+		if err := ref.MatMulT(yg, xg, l.OA[g*olr*gin:(g+1)*olr*gin], n, gin, olr); err != nil {
+			return nil, err
+		}
+		for t := range n {
+			copy(mid[t*og*olr+g*olr:t*og*olr+(g+1)*olr], yg[t*olr:(t+1)*olr])
+		}
+	}
+	return linear(mid, l.OB, n, og*olr, h)
+}
+
+// compressInto stores a sequence's new kv/gate projections (tokens at positions pos) in
+// its compressor state and emits an entry for every window that closes.
+func (m *Model) compressInto(s *CompressorState, bias, norm, kv, gate []float32, pos []int32) {
+	wd, r, d := s.Width(), s.Ratio, s.Dim
+	for t, p32 := range pos {
+		p := int(p32)
+		slot := p % r
+		copy(s.PendingKV[slot*wd:(slot+1)*wd], kv[t*wd:(t+1)*wd])
+		copy(s.PendingGate[slot*wd:(slot+1)*wd], gate[t*wd:(t+1)*wd])
+		if slot < r-1 {
+			continue
+		}
+		w := p / r
+		entry := s.Entries.Row(w)
+		m.compressWindow(entry, s, w > 0, bias, norm)
+		// Compress-RoPE at the window's first position.
+		m.compress.Apply(entry, []int32{int32(w * r)}, 1, 1, d, false)
+		if s.Overlap {
+			for j := range r {
+				copy(s.PrevKV[j*d:(j+1)*d], s.PendingKV[j*wd:j*wd+d])
+				copy(s.PrevGate[j*d:(j+1)*d], s.PendingGate[j*wd:j*wd+d])
+			}
+		}
+		if s.WindowClosed != nil {
+			s.WindowClosed(p)
+		}
+	}
+}
+
+// compressWindow pools the full pending window into entry: per channel, a softmax over
+// the window's slots of gate + position_bias weights kv (overlapping kind: 2·ratio slots,
+// the previous window's Ca half then this window's Cb half; the first window has no Ca
+// half), then the weighted RMSNorm.
+//
+//	pending kv, gate: [ratio, width]   bias: [ratio, width]   entry: [dim]
+//
+// hasPrev is false for the first window, whose Ca half is empty.
+func (m *Model) compressWindow(entry []float32, s *CompressorState, hasPrev bool, bias, norm []float32) {
+	wd, r, d := s.Width(), s.Ratio, s.Dim
+	logits := make([]float32, 0, 2*r)
+	vals := make([]float32, 0, 2*r)
+	off := 0
+	if s.Overlap {
+		off = d // Cb half of the current window
+	}
+	for ch := range d {
+		logits, vals = logits[:0], vals[:0]
+		if s.Overlap && hasPrev {
+			for j := range r {
+				logits = append(logits, s.PrevGate[j*d+ch]+bias[j*wd+ch])
+				vals = append(vals, s.PrevKV[j*d+ch])
+			}
+		}
+		for j := range r {
+			logits = append(logits, s.PendingGate[j*wd+off+ch]+bias[j*wd+off+ch])
+			vals = append(vals, s.PendingKV[j*wd+off+ch])
+		}
+		softmaxRows32(logits)
+		var acc float32
+		for j, p := range logits {
+			acc += vals[j] * p
+		}
+		entry[ch] = acc
+	}
+	_ = ref.RMSNorm(entry, entry, norm, 1, d, float32(m.Config.RMSNormEps))
+}
+
+// softmaxRows32 is one softmax in float32, as torch computes it for float32 input.
+func softmaxRows32(x []float32) {
+	mx := float32(math.Inf(-1))
+	for _, v := range x {
+		mx = max(mx, v)
+	}
+	var sum float32
+	for i, v := range x {
+		x[i] = float32(math.Exp(float64(v - mx)))
+		sum += x[i]
+	}
+	for i := range x {
+		x[i] /= sum
+	}
+}
+
+// attendSeq computes one sequence's attention outputs for its new rows.
+//
+//	q: [T, heads, headDim]   out: [T, heads, headDim]
+//
+// st.Window already holds the chunk's K=V rows and st's compressors the chunk's windows.
+// iq/iw are the batch's indexer queries and head weights (CSA), row r0 on.
+func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, pos []int32, out []float32, iq, iw []float32, r0 int) {
+	c := m.Config
+	d, nh, win := c.HeadDim, c.NumAttentionHeads, c.SlidingWindow
+	id, ih := c.IndexHeadDim, c.IndexNHeads
+	scale := 1 / math.Sqrt(float64(d))
+	ratio := 0
+	if st.Compressor != nil {
+		ratio = st.Compressor.Ratio
+	}
+	var keys [][]float32
+	var scores []float64
+	acc := make([]float64, d)
+	for t, p32 := range pos {
+		p := int(p32)
+		keys = keys[:0]
+		for j := max(0, p-win+1); j <= p; j++ {
+			keys = append(keys, st.Window.Row(j))
+		}
+		if ratio > 0 {
+			visible := (p + 1) / ratio
+			if kind == HeavilyCompressed {
+				for e := range visible {
+					keys = append(keys, st.Compressor.Entries.Row(e))
+				}
+			} else {
+				for _, e := range m.indexerPick(st.Indexer, iq[(r0+t)*ih*id:(r0+t+1)*ih*id], iw[(r0+t)*ih:(r0+t+1)*ih], visible) {
+					keys = append(keys, st.Compressor.Entries.Row(e))
+				}
+			}
+		}
+		for hh := range nh {
+			qh := q[(t*nh+hh)*d : (t*nh+hh+1)*d]
+			scores = scores[:0]
+			mx := float64(l.Sinks[hh])
+			for _, k := range keys {
+				s := float64(dot32(qh, k)) * scale
+				scores = append(scores, s)
+				mx = math.Max(mx, s)
+			}
+			sum := math.Exp(float64(l.Sinks[hh]) - mx)
+			for i, s := range scores {
+				scores[i] = math.Exp(s - mx)
+				sum += scores[i]
+			}
+			clear(acc)
+			for i, k := range keys {
+				p := scores[i] / sum
+				for j := range d {
+					acc[j] += p * float64(k[j])
+				}
+			}
+			o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
+			for j := range d {
+				o[j] = float32(acc[j])
+			}
+		}
+	}
+}
+
+// dot32 is a·b in float32, through gonum's vectorised dot (len(b) >= len(a)).
+func dot32(a, b []float32) float32 {
+	return blas32.Implementation().Sdot(len(a), a, 1, b, 1)
+}
+
+// indexerPick returns the compressed entries a CSA query attends: all visible ones when
+// there are at most index_topk, else the index_topk with the highest lightning-indexer
+// scores Σ_h w_h·ReLU(q_h·k)·index_head_dim^-0.5.
+//
+//	q: [indexHeads, indexHeadDim]   w: [indexHeads]
+func (m *Model) indexerPick(s *CompressorState, q, w []float32, visible int) []int {
+	c := m.Config
+	id, ih, k := c.IndexHeadDim, c.IndexNHeads, c.IndexTopK
+	picks := make([]int, visible)
+	for i := range picks {
+		picks[i] = i
+	}
+	if visible <= k {
+		return picks
+	}
+	sc := float32(math.Pow(float64(id), -0.5))
+	score := make([]float32, visible)
+	for e := range visible {
+		key := s.Entries.Row(e)
+		var acc float32
+		for hh := range ih {
+			v := dot32(q[hh*id:(hh+1)*id], key)
+			acc += max(v, 0) * sc * w[hh]
+		}
+		score[e] = acc
+	}
+	sort.SliceStable(picks, func(a, b int) bool { return score[picks[a]] > score[picks[b]] })
+	if gap := float64(score[picks[k-1]] - score[picks[k]]); gap < m.MinTopKMargin {
+		m.MinTopKMargin = gap
+	}
+	picks = picks[:k]
+	sort.Ints(picks)
+	return picks
+}

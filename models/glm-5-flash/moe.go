@@ -1,0 +1,217 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/resin-llm/resin/core/kernels/ref"
+)
+
+// moeScratch is the MoE's working memory. It lives on the Model and is reused by every
+// layer and step, so that the MoE allocates nothing once it has grown to the largest chunk.
+type moeScratch struct {
+	logits  []float32 // [n, experts] router logits
+	scores  []float32 // [experts] one token's unbiased scores
+	choice  []float32 // [experts] one token's biased scores, -Inf once picked
+	ids     []int32   // [n, topK] the expert of each (token, slot) pair
+	weights []float32 // [n, topK] its routing weight
+	start   []int     // [experts+1] each expert's first pair in pairs
+	cursor  []int     // [experts] fill position of the counting sort
+	pairs   []int32   // [n·topK] pair indices (token·topK + slot), grouped by expert
+	x       []float32 // [rows, hidden] one expert's gathered input rows
+	gateUp  []float32 // [rows, 2·moeInter]
+	act     []float32 // [rows, moeInter]
+	y       []float32 // [rows, hidden] one expert's output rows
+	gate    []float32 // [n, moeInter] the shared expert's gate, then its activation
+	up      []float32 // [n, moeInter] the shared expert's up
+	shared  []float32 // [n, hidden] the shared expert's output
+	out     []float32 // [n, hidden] the MoE's output
+}
+
+// grow returns buf resized to n values, reallocated only when its capacity is short. The
+// values are not cleared.
+func grow[T any](buf []T, n int) []T {
+	if cap(buf) < n {
+		return make([]T, n)
+	}
+	return buf[:n]
+}
+
+// moe runs the routed experts and the shared expert over every row of x ([n, hidden]).
+// Each token picks its experts (hash routing by token id, or learned routing); the
+// (token, slot) pairs are grouped by expert with a counting sort; each expert runs as two
+// GEMMs over the rows routed to it (gate_up, then down), and its weighted output rows are
+// added back to their tokens, expert by expert as transformers' index_add_ does; the shared
+// expert then runs as GEMMs over all rows. The result is scratch of m, valid until the
+// next call.
+func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float32, error) {
+	c, s := m.Config, &m.moeBuf
+	n, h, e, k, in := len(tokens), c.HiddenSize, c.NRoutedExperts, c.NumExpertsPerTok, c.MoEIntermediateSize
+	s.logits = grow(s.logits, n*e)
+	if err := ref.MatMulT(s.logits, x, l.Router, n, h, e); err != nil {
+		return nil, err
+	}
+	if err := m.route(l, kind, tokens); err != nil {
+		return nil, err
+	}
+	s.groupByExpert(e)
+
+	s.out = grow(s.out, n*h)
+	out := s.out
+	clear(out)
+	lim := float32(c.SwigluLimit)
+	for ex := range e {
+		pairs := s.pairs[s.start[ex]:s.start[ex+1]]
+		rows := len(pairs)
+		if rows == 0 {
+			continue
+		}
+		s.x = grow(s.x, rows*h)
+		for i, p := range pairs {
+			t := int(p) / k
+			copy(s.x[i*h:(i+1)*h], x[t*h:(t+1)*h])
+		}
+		s.gateUp = grow(s.gateUp, rows*2*in)
+		if err := ref.MatMulT(s.gateUp, s.x, l.GateUp[ex*2*in*h:(ex+1)*2*in*h], rows, h, 2*in); err != nil {
+			return nil, err
+		}
+		s.act = grow(s.act, rows*in)
+		for r := range rows {
+			gu := s.gateUp[r*2*in : (r+1)*2*in]
+			swiglu(s.act[r*in:(r+1)*in], gu[:in], gu[in:], lim)
+		}
+		s.y = grow(s.y, rows*h)
+		if err := ref.MatMulT(s.y, s.act, l.Down[ex*h*in:(ex+1)*h*in], rows, in, h); err != nil {
+			return nil, err
+		}
+		for i, p := range pairs {
+			t, w := int(p)/k, s.weights[p]
+			o, y := out[t*h:(t+1)*h], s.y[i*h:(i+1)*h]
+			for j := range o {
+				o[j] += y[j] * w
+			}
+		}
+	}
+
+	shared, err := m.sharedExpert(x, l, n)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i] += shared[i]
+	}
+	return out, nil
+}
+
+// route picks each token's experts and their weights from the router logits in m's
+// scratch: hash routing reads tid2eid by token id, learned routing takes the top-k of
+// score + correction bias (the lower expert first on a tie, as a stable descending sort);
+// either way a weight is the expert's unbiased score over the picked scores' sum, times
+// routed_scaling_factor.
+func (m *Model) route(l *Layer, kind string, tokens []int32) error {
+	c, s := m.Config, &m.moeBuf
+	n, e, k := len(tokens), c.NRoutedExperts, c.NumExpertsPerTok
+	s.ids, s.weights = grow(s.ids, n*k), grow(s.weights, n*k)
+	s.scores, s.choice = grow(s.scores, e), grow(s.choice, e)
+	scale := float32(c.RoutedScalingFactor)
+	for t, tok := range tokens {
+		for i, v := range s.logits[t*e : (t+1)*e] {
+			s.scores[i] = score(c.ScoringFunc, v)
+		}
+		ids := s.ids[t*k : (t+1)*k]
+		if kind == HashMoE {
+			copy(ids, l.Tid2Eid[int(tok)*k:(int(tok)+1)*k])
+			for _, id := range ids {
+				if id < 0 || int(id) >= e {
+					return fmt.Errorf("moe: tid2eid routes token %d to expert %d of %d", tok, id, e)
+				}
+			}
+		} else {
+			for i := range s.choice {
+				s.choice[i] = s.scores[i] + l.RouteBias[i]
+			}
+			topK(ids, s.choice)
+		}
+		var sum float32
+		for _, id := range ids {
+			sum += s.scores[id]
+		}
+		for j, id := range ids {
+			s.weights[t*k+j] = s.scores[id] / (sum + 1e-20) * scale
+		}
+	}
+	return nil
+}
+
+// groupByExpert sorts the pairs of s.ids by expert (a counting sort, tokens ascending
+// within an expert): expert ex's pairs are s.pairs[s.start[ex]:s.start[ex+1]].
+func (s *moeScratch) groupByExpert(experts int) {
+	s.start, s.cursor = grow(s.start, experts+1), grow(s.cursor, experts)
+	clear(s.start)
+	for _, id := range s.ids {
+		s.start[id+1]++
+	}
+	for ex := range experts {
+		s.start[ex+1] += s.start[ex]
+	}
+	copy(s.cursor, s.start[:experts])
+	s.pairs = grow(s.pairs, len(s.ids))
+	for p, id := range s.ids {
+		s.pairs[s.cursor[id]] = int32(p)
+		s.cursor[id]++
+	}
+}
+
+// sharedExpert is the clamped SwiGLU MLP down(silu(min(gate, L))·clamp(up, −L, L)) over
+// all n rows of x, as three GEMMs; the result is scratch of m.
+func (m *Model) sharedExpert(x []float32, l *Layer, n int) ([]float32, error) {
+	c, s := m.Config, &m.moeBuf
+	h, in := c.HiddenSize, c.MoEIntermediateSize
+	s.gate, s.up, s.shared = grow(s.gate, n*in), grow(s.up, n*in), grow(s.shared, n*h)
+	if err := ref.MatMulT(s.gate, x, l.SharedGate, n, h, in); err != nil {
+		return nil, err
+	}
+	if err := ref.MatMulT(s.up, x, l.SharedUp, n, h, in); err != nil {
+		return nil, err
+	}
+	swiglu(s.gate, s.gate, s.up, float32(c.SwigluLimit))
+	return s.shared, ref.MatMulT(s.shared, s.gate, l.SharedDown, n, in, h)
+}
+
+// swiglu writes silu(min(gate, lim))·clamp(up, −lim, lim); out may alias gate.
+func swiglu(out, gate, up []float32, lim float32) {
+	for i := range out {
+		out[i] = silu(min(gate[i], lim)) * min(max(up[i], -lim), lim)
+	}
+}
+
+func silu(x float32) float32 { return x * sigmoid(x) }
+
+// score is the router's scoring function: sqrt(softplus(x)) (torch's softplus returns x
+// above 20) or sigmoid(x).
+func score(fn string, x float32) float32 {
+	if fn == "sigmoid" {
+		return sigmoid(x)
+	}
+	sp := x
+	if x <= 20 {
+		sp = float32(math.Log1p(math.Exp(float64(x))))
+	}
+	return float32(math.Sqrt(float64(sp)))
+}
+
+// topK writes the indices of the len(ids) largest values of v, largest first (the lower
+// index first on a tie, as a stable descending sort orders them). It overwrites the picked
+// values of v with -Inf.
+func topK(ids []int32, v []float32) {
+	for j := range ids {
+		best := 0
+		for i := 1; i < len(v); i++ {
+			if v[i] > v[best] {
+				best = i
+			}
+		}
+		ids[j] = int32(best)
+		v[best] = float32(math.Inf(-1))
+	}
+}
