@@ -12,12 +12,12 @@ import (
 	"github.com/resin-llm/resin/core/weights"
 )
 
-// Architectures lists the HF architectures this model loads; `--model auto` picks the
-// model by them.
-var Architectures = []string{"DeepseekV4ForCausalLM"}
+// v4Architectures and v4ModelType are what the scaffolded DeepSeek-V4 forward (still
+// compiled here until the GLM forward replaces it) accepts; Architectures and the GLM
+// model types are in textconfig.go.
+var v4Architectures = []string{"DeepseekV4ForCausalLM"}
 
-// ModelType is the config.json model_type of DeepSeek-V4.
-const ModelType = "deepseek_v4"
+const v4ModelType = "deepseek_v4"
 
 // Attention layer kinds (config layer_types), as transformers 5.23.0 spells them.
 const (
@@ -187,14 +187,14 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("config: %w: legacy fields: %v", weights.ErrFormat, err)
 	}
 	if c.ModelType == "" {
-		c.ModelType = ModelType
+		c.ModelType = v4ModelType
 	}
-	if c.ModelType != ModelType {
-		return nil, fmt.Errorf("config: model_type %q is not implemented by this model (it implements %s)", c.ModelType, ModelType)
+	if c.ModelType != v4ModelType {
+		return nil, fmt.Errorf("config: model_type %q is not implemented by this model (it implements %s)", c.ModelType, v4ModelType)
 	}
 	for _, a := range c.Architectures {
-		if !slices.Contains(Architectures, a) {
-			return nil, fmt.Errorf("config: architecture %q is not implemented by this model (it implements %s)", a, strings.Join(Architectures, ", "))
+		if !slices.Contains(v4Architectures, a) {
+			return nil, fmt.Errorf("config: architecture %q is not implemented by this model (it implements %s)", a, strings.Join(v4Architectures, ", "))
 		}
 	}
 	if err := c.normalise(lg); err != nil {
