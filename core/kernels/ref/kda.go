@@ -1,0 +1,220 @@
+package ref
+
+import (
+	"fmt"
+	"math"
+)
+
+// KDA is the shape of one Kimi Delta Attention layer's recurrence: Heads heads, each with a
+// [DK, DV] fp32 state S.
+type KDA struct{ Heads, DK, DV int }
+
+func (a KDA) check(op string, state []float32, tokens int, q, k, v, g, beta, out []float32) error {
+	if a.Heads <= 0 || a.DK <= 0 || a.DV <= 0 || tokens < 0 {
+		return fmt.Errorf("ref.%s: bad shape %+v for %d tokens", op, a, tokens)
+	}
+	for _, c := range []struct {
+		name string
+		n    int
+		want int
+	}{{"state", len(state), a.Heads * a.DK * a.DV}, {"q", len(q), tokens * a.Heads * a.DK},
+		{"k", len(k), tokens * a.Heads * a.DK}, {"g", len(g), tokens * a.Heads * a.DK},
+		{"v", len(v), tokens * a.Heads * a.DV}, {"out", len(out), tokens * a.Heads * a.DV},
+		{"beta", len(beta), tokens * a.Heads}} {
+		if c.n < c.want {
+			return fmt.Errorf("ref.%s: %s has %d values, want %d", op, c.name, c.n, c.want)
+		}
+	}
+	return nil
+}
+
+// KDAStep runs the delta-rule recurrence token by token (the decode form), per head:
+//
+//	q, k, g: [tokens, Heads, DK]   v, out: [tokens, Heads, DV]   beta: [tokens, Heads]
+//	state:   [Heads, DK, DV], updated in place
+//
+//	S ← diag(exp(g_t))·S                 (per-key-channel decay; g is a log-decay)
+//	S ← S + k_t ⊗ β_t·(v_t − Sᵀk_t)
+//	out_t = Sᵀq_t
+//
+// q and k arrive already normalised and q scaled, as transformers' recurrent_kimi_delta_attention
+// has them after its l2norm and scale.
+func KDAStep(out, state, q, k, v, g, beta []float32, tokens int, a KDA) error {
+	if err := a.check("KDAStep", state, tokens, q, k, v, g, beta, out); err != nil {
+		return err
+	}
+	dk, dv := a.DK, a.DV
+	mem := make([]float32, dv)
+	for t := range tokens {
+		for h := range a.Heads {
+			S := state[h*dk*dv : (h+1)*dk*dv]
+			o := t*a.Heads + h
+			qt, kt, gt := q[o*dk:(o+1)*dk], k[o*dk:(o+1)*dk], g[o*dk:(o+1)*dk]
+			vt, ot := v[o*dv:(o+1)*dv], out[o*dv:(o+1)*dv]
+			clear(mem)
+			for i := range dk {
+				d := float32(math.Exp(float64(gt[i])))
+				row := S[i*dv : (i+1)*dv]
+				for j := range dv {
+					row[j] *= d
+					mem[j] += row[j] * kt[i]
+				}
+			}
+			b := beta[o]
+			for j := range dv {
+				mem[j] = b * (vt[j] - mem[j]) // delta
+			}
+			clear(ot)
+			for i := range dk {
+				row := S[i*dv : (i+1)*dv]
+				for j := range dv {
+					row[j] += kt[i] * mem[j]
+					ot[j] += row[j] * qt[i]
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// KDAChunked computes what KDAStep computes, chunk tokens at a time (the prefill form).
+// Inside a chunk that starts from state S₀, with G_t = Σ_{s≤t} g_s (cumulative per channel)
+// and Γ_t = exp(G_t):
+//
+//	u_s  = β_s·(v_s − S₀ᵀ(Γ_s⊙k_s) − Σ_{r<s} A_sr·u_r),   A_sr = Σ_c k_s[c]·exp(G_s[c]−G_r[c])·k_r[c]
+//	out_t = S₀ᵀ(Γ_t⊙q_t) + Σ_{s≤t} (Σ_c q_t[c]·exp(G_t[c]−G_s[c])·k_s[c])·u_s
+//	S    ← diag(Γ_C)·S₀ + Σ_s (exp(G_C−G_s)⊙k_s) ⊗ u_s
+//
+// (u_s is the delta β_s(v_s − S'ᵀk_s) of step s, solved by forward substitution.)
+func KDAChunked(out, state, q, k, v, g, beta []float32, tokens, chunk int, a KDA) error {
+	if err := a.check("KDAChunked", state, tokens, q, k, v, g, beta, out); err != nil {
+		return err
+	}
+	if chunk <= 0 {
+		return fmt.Errorf("ref.KDAChunked: chunk %d", chunk)
+	}
+	dk, dv, H := a.DK, a.DV, a.Heads
+	G := make([]float64, chunk*dk)
+	u := make([]float32, chunk*dv)
+	next := make([]float32, dk*dv)
+	for t0 := 0; t0 < tokens; t0 += chunk {
+		C := min(chunk, tokens-t0)
+		for h := range H {
+			S := state[h*dk*dv : (h+1)*dk*dv]
+			at := func(t int) int { return (t0+t)*H + h }
+			for t := range C {
+				gt := g[at(t)*dk : (at(t)+1)*dk]
+				for c := range dk {
+					prev := 0.0
+					if t > 0 {
+						prev = G[(t-1)*dk+c]
+					}
+					G[t*dk+c] = prev + float64(gt[c])
+				}
+			}
+			// u: forward substitution.
+			for s := range C {
+				ks := k[at(s)*dk : (at(s)+1)*dk]
+				us := u[s*dv : (s+1)*dv]
+				copy(us, v[at(s)*dv:(at(s)+1)*dv])
+				for c := range dk {
+					w := float32(math.Exp(G[s*dk+c])) * ks[c]
+					row := S[c*dv : (c+1)*dv]
+					for j := range dv {
+						us[j] -= w * row[j]
+					}
+				}
+				for r := range s {
+					kr := k[at(r)*dk : (at(r)+1)*dk]
+					var A float32
+					for c := range dk {
+						A += ks[c] * float32(math.Exp(G[s*dk+c]-G[r*dk+c])) * kr[c]
+					}
+					ur := u[r*dv : (r+1)*dv]
+					for j := range dv {
+						us[j] -= A * ur[j]
+					}
+				}
+				b := beta[at(s)]
+				for j := range dv {
+					us[j] *= b
+				}
+			}
+			// Outputs.
+			for t := range C {
+				qt := q[at(t)*dk : (at(t)+1)*dk]
+				ot := out[at(t)*dv : (at(t)+1)*dv]
+				clear(ot)
+				for c := range dk {
+					w := float32(math.Exp(G[t*dk+c])) * qt[c]
+					row := S[c*dv : (c+1)*dv]
+					for j := range dv {
+						ot[j] += w * row[j]
+					}
+				}
+				for s := 0; s <= t; s++ {
+					ks := k[at(s)*dk : (at(s)+1)*dk]
+					var w float32
+					for c := range dk {
+						w += qt[c] * float32(math.Exp(G[t*dk+c]-G[s*dk+c])) * ks[c]
+					}
+					us := u[s*dv : (s+1)*dv]
+					for j := range dv {
+						ot[j] += w * us[j]
+					}
+				}
+			}
+			// State.
+			last := (C - 1) * dk
+			for c := range dk {
+				d := float32(math.Exp(G[last+c]))
+				row, nrow := S[c*dv:(c+1)*dv], next[c*dv:(c+1)*dv]
+				for j := range dv {
+					nrow[j] = d * row[j]
+				}
+				for s := range C {
+					w := float32(math.Exp(G[last+c]-G[s*dk+c])) * k[at(s)*dk+c]
+					us := u[s*dv : (s+1)*dv]
+					for j := range dv {
+						nrow[j] += w * us[j]
+					}
+				}
+			}
+			copy(S, next)
+		}
+	}
+	return nil
+}
+
+// CausalConvStep runs a depthwise causal convolution over tokens, carrying its state.
+//
+//	x, out: [tokens, channels]   w: [channels, kernel]   state: [channels, kernel−1] (oldest first)
+//	out[t, c] = Σ_j w[c, j]·x̃[t − (kernel−1) + j, c], x̃ = state then x
+//
+// state is updated in place to the last kernel−1 inputs; no activation is applied.
+func CausalConvStep(out, state, x, w []float32, tokens, channels, kernel int) error {
+	if kernel < 1 || channels < 1 || tokens < 0 {
+		return fmt.Errorf("ref.CausalConvStep: kernel %d, %d channels, %d tokens", kernel, channels, tokens)
+	}
+	if len(x) < tokens*channels || len(out) < tokens*channels || len(w) < channels*kernel || len(state) < channels*(kernel-1) {
+		return fmt.Errorf("ref.CausalConvStep: short buffers for %d tokens × %d channels, kernel %d", tokens, channels, kernel)
+	}
+	m := kernel - 1
+	for t := range tokens {
+		for c := range channels {
+			st := state[c*m : (c+1)*m]
+			wc := w[c*kernel : (c+1)*kernel]
+			xv := x[t*channels+c]
+			s := wc[m] * xv
+			for j := range m {
+				s += wc[j] * st[j]
+			}
+			out[t*channels+c] = s
+			if m > 0 {
+				copy(st, st[1:])
+				st[m-1] = xv
+			}
+		}
+	}
+	return nil
+}
