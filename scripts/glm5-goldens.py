@@ -9,14 +9,24 @@ Run through scripts/glm5-goldens.sh, which installs the pinned torch and transfo
 
 Writes OUT/config_cases.json: per case the input dict and either the normalised text-model
 fields ("want", read from config.text_config, plus the top-level tie_word_embeddings) or
-the error transformers raised.
+the error transformers raised; and, unless --only-config,
+OUT/parity/<case>/{config.json, model.safetensors, logits.safetensors}: tiny
+Glm5NextForConditionalGeneration models (a one-layer vision tower that is never run; only the
+text path is used, eager attention and experts, float32 weights, the reference logits
+computed in float64) with perturbed weights, written in one of two
+tensor name forms ("module": the state_dict names; "checkpoint": the names save_pretrained
+writes, which the conversion mapping renames on load: flat forget-gate keys, hc_*,
+per-expert keys, q/k/v_conv1d), and logits.safetensors holding token_ids (I32 [T]) and
+logits (F32 [T, vocab]) for every position.
 """
 import argparse
 import json
 import os
 
+import torch
 import transformers
-from transformers import Glm5NextConfig
+from safetensors.torch import save_file
+from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
 # Every Glm5NextTextConfig attribute the text model reads (modeling_glm5_next.py, text
 # classes), plus the derived qk_head_dim.
@@ -127,6 +137,118 @@ def config_cases():
     return out
 
 
+# Tiny text models crossing every path: KDA and MLA-DSA layers, pools of 4 or 8 closing
+# inside and between the Go tests' chunks, the incomplete tail, index_topk/kpool well below
+# the ~25-50 pools of 200 tokens, a shared indexer layer, group-limited routing, shared
+# experts, an active SwiGLU clamp, with and without the KDA gate's lower bound.
+TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+            num_attention_heads=2, num_key_value_heads=2, q_lora_rank=24, kv_lora_rank=16,
+            qk_nope_head_dim=16, v_head_dim=8, index_n_heads=8, index_head_dim=16,
+            linear_num_heads=2, linear_head_dim=8, n_routed_experts=8, num_experts_per_tok=2,
+            swiglu_limit=1.0, rms_norm_eps=1e-5, pad_token_id=None, max_position_embeddings=4096)
+VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=32,
+              projection_intermediate_size=16, patch_size=2, temporal_patch_size=1,
+              spatial_merge_size=1)
+CASES = {
+    "module": ("module", dict(TINY, num_hidden_layers=6, index_kpool=4, index_topk=16,
+        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
+                     "linear_attention", "linear_attention", "indexed_attention"],
+        indexer_types=["full", "full", "shared", "full", "full", "full"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse", "dense", "sparse"],
+        n_group=2, topk_group=1, hc_mult=4, linear_head_dim=16)),
+    "checkpoint": ("checkpoint", dict(TINY, num_hidden_layers=5, index_kpool=8, index_topk=24,
+        layer_types=["indexed_attention", "linear_attention", "indexed_attention",
+                     "indexed_attention", "linear_attention"],
+        indexer_types=["full", "full", "full", "shared", "full"],
+        mlp_layer_types=["sparse", "dense", "sparse", "sparse", "sparse"],
+        n_shared_experts=2, linear_lower_bound=None, hc_mult=2, linear_conv_kernel_dim=3)),
+}
+SEQ_LEN = 200
+
+
+def perturb(model, gen):
+    """Moves every text weight off its init so that a port ignoring any of them fails."""
+    def rnd(shape):
+        return torch.randn(shape, generator=gen)
+    with torch.no_grad():
+        for name, p in list(model.model.language_model.named_parameters()) + list(
+                model.model.language_model.named_buffers()) + [("lm_head.weight", model.lm_head.weight)]:
+            if p.ndim >= 2:
+                p.copy_(rnd(p.shape) * p.shape[-1] ** -0.5)
+            elif name.endswith("scale"):
+                p.copy_(1 + 0.3 * rnd(p.shape))
+            elif name.endswith("A_log"):
+                p.copy_(0.5 * rnd(p.shape))
+            elif name.endswith("dt_bias"):
+                # Mild decays (g ≈ −0.25 per token, a memory of a few tokens): with g ≈ −2.5
+                # the state forgets everything at once, the KDA output is ≈ (q·k)·β·v, near
+                # zero where q ⟂ k, and o_norm amplifies float32 rounding past 1e-4.
+                p.copy_(-3 + 0.1 * rnd(p.shape))
+            elif name.endswith(("norm.weight", "layernorm.weight")):
+                p.copy_(1 + 0.1 * rnd(p.shape))
+            else:  # biases, dt_bias, hc base, e_score_correction_bias
+                p.copy_(0.1 * rnd(p.shape))
+
+
+def checkpoint_names(sd, cfg):
+    """The names save_pretrained writes (the conversion mapping's sources)."""
+    out = {}
+    kd = cfg["linear_num_heads"] * cfg["linear_head_dim"]
+    for k, v in sd.items():
+        if ".mlp.experts.gate_up_proj" in k:
+            pre = k[: -len("gate_up_proj")]
+            inter = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{pre}{e}.gate_proj.weight"] = v[e, :inter]
+                out[f"{pre}{e}.up_proj.weight"] = v[e, inter:]
+            continue
+        if ".mlp.experts.down_proj" in k:
+            pre = k[: -len("down_proj")]
+            for e in range(v.shape[0]):
+                out[f"{pre}{e}.down_proj.weight"] = v[e]
+            continue
+        if k.endswith("self_attn.conv1d.weight"):
+            pre = k[: -len("conv1d.weight")]
+            for i, n in enumerate("qkv"):
+                out[f"{pre}{n}_conv1d.weight"] = v[i * kd:(i + 1) * kd]
+            continue
+        k2 = k.replace("self_attn.forget_gate.", "self_attn.")
+        for a, b in (("attn_hc.fn", "hc_attn_fn"), ("attn_hc.base", "hc_attn_base"),
+                     ("attn_hc.scale", "hc_attn_scale"), ("ffn_hc.fn", "hc_ffn_fn"),
+                     ("ffn_hc.base", "hc_ffn_base"), ("ffn_hc.scale", "hc_ffn_scale")):
+            k2 = k2.replace(a, b)
+        out[k2] = v
+    return out
+
+
+def make_case(out, name, form, text, seed):
+    case_dir = os.path.join(out, "parity", name)
+    os.makedirs(case_dir, exist_ok=True)
+    cfg = Glm5NextConfig(text_config=dict(text), vision_config=dict(VISION))
+    model = Glm5NextForConditionalGeneration._from_config(
+        cfg, attn_implementation="eager", experts_implementation="eager").eval()
+    gen = torch.Generator().manual_seed(seed)
+    perturb(model, gen)
+    ids = torch.randint(0, text["vocab_size"], (1, SEQ_LEN), generator=gen)
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
+          if k.startswith("model.language_model.") or k == "lm_head.weight"}
+    # The reference runs in float64 on the float32 weights: transformers' own float32 run
+    # differs from it by ~1e-4 on these perturbed models, which would eat the tolerance.
+    with torch.no_grad():
+        logits = model.double()(input_ids=ids).logits[0].float()
+    if form == "checkpoint":
+        sd = {k: v.contiguous() for k, v in checkpoint_names(sd, text).items()}
+    save_file(sd, os.path.join(case_dir, "model.safetensors"))
+    save_file({"token_ids": ids[0].to(torch.int32), "logits": logits.contiguous()},
+              os.path.join(case_dir, "logits.safetensors"))
+    config = {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+              "text_config": dict(text, model_type="glm5_next_text"),
+              "vision_config": dict(VISION, model_type="glm5_next_vision"),
+              "tie_word_embeddings": False, "torch_dtype": "float32"}
+    with open(os.path.join(case_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=1, sort_keys=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "models", "glm-5-flash", "testdata"))
@@ -136,6 +258,11 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "config_cases.json"), "w") as f:
         json.dump(config_cases(), f, indent=1, sort_keys=True)
+    if args.only_config:
+        return
+    torch.manual_seed(0)
+    for i, (name, (form, text)) in enumerate(CASES.items()):
+        make_case(args.out, name, form, text, seed=100 + i)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,10 @@
 package glm5flash
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
-	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // pagedSeq is one sequence driven through a runner's pool by hand.
@@ -50,90 +47,6 @@ func pagedPlan(t testing.TB, pool *kvslab.Pool, seqs []*pagedSeq, n []int) *engi
 		s.computed += n[i]
 	}
 	return p
-}
-
-// TestPagedStateParity runs a golden checkpoint through the runner's kvslab-backed state
-// (8-token pages, so sliding-window pages are released and compressed entries span
-// pages): in chunks and decode steps, two sequences at once, and a third sequence that
-// resumes from the prefix cache (the recurrent checkpoint restores the compressors'
-// buffers) — all within parityTol of transformers.
-func TestPagedStateParity(t *testing.T) {
-	dir := filepath.Join("testdata", "parity", "module")
-	golden := filepath.Join(dir, "logits.safetensors")
-	if _, err := os.Stat(golden); err != nil {
-		t.Skipf("no golden %s: make it with `%s`", golden, parityCommand)
-	}
-	m := loadParityModel(t, dir)
-	toks, want, _ := readParityGolden(t, golden, m.Config.VocabSize)
-	v := m.Config.VocabSize
-	r := NewRunner(m, 8)
-	pool, err := r.NewPool(64 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("block of %d tokens; groups %+v", pool.BlockTokens(), pool.Groups())
-	check := func(what string, got, want []float32) {
-		t.Helper()
-		diff, at := runnertest.MaxAbsDiff(got, want)
-		t.Logf("%-40s max |Δ| = %.3g", what, diff)
-		if !(diff <= parityTol) {
-			t.Errorf("%s: logits differ from transformers' by %.3g at row %d", what, diff, at/v)
-		}
-	}
-	open := func(prefix []int32) *pagedSeq {
-		id, hit, err := pool.Open(prefix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &pagedSeq{id: id, toks: toks, computed: hit}
-	}
-	run := func(seqs []*pagedSeq, n []int) [][]float32 {
-		p := pagedPlan(t, pool, seqs, n)
-		logits := make([]float32, len(p.LogitsIndices)*v)
-		if err := r.forward(p, logits); err != nil {
-			t.Fatal(err)
-		}
-		var out [][]float32
-		at := 0
-		for _, k := range n {
-			out = append(out, logits[at*v:(at+k)*v])
-			at += k
-		}
-		return out
-	}
-	a, b := open(nil), open(nil)
-	var gotA, gotB []float32
-	for _, step := range [][2]int{{13, 5}, {30, 1}, {1, 1}, {1, 17}, {60, 40}, {95, 0}} {
-		seqs, n := []*pagedSeq{a}, []int{step[0]}
-		if step[1] > 0 {
-			seqs, n = append(seqs, b), append(n, step[1])
-		}
-		out := run(seqs, n)
-		gotA = append(gotA, out[0]...)
-		if step[1] > 0 {
-			gotB = append(gotB, out[1]...)
-		}
-	}
-	check("first sequence, chunks and decode", gotA, want)
-	check("second sequence, batched with it", gotB, want[:len(gotB)])
-	if err := pool.Commit(a.id, toks); err != nil {
-		t.Fatal(err)
-	}
-	c := open(toks[:150])
-	if c.computed == 0 {
-		t.Fatal("no prefix-cache hit for a sequence sharing 150 tokens with a committed one")
-	}
-	var gotC []float32
-	for c.computed < len(toks) {
-		gotC = append(gotC, run([]*pagedSeq{c}, []int{min(7, len(toks)-c.computed)})[0]...)
-	}
-	check("third sequence after a prefix hit", gotC, want[(len(toks)-len(gotC)/v)*v:])
-	t.Logf("prefix hit of %d tokens", len(toks)-len(gotC)/v)
-	for _, s := range []*pagedSeq{a, b, c} {
-		if err := pool.Free(s.id); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // BenchmarkDecodeStep measures the runner's forward on one decode step of 8 sequences with

@@ -1,0 +1,556 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/resin-llm/resin/core/kernels/ref"
+)
+
+// TextModel is GLM-5.3-Flash's text model: KDA and NoPE MLA-DSA layers between mHC
+// streams, dense and MoE MLPs, the mean stream collapse and an untied lm_head.
+type TextModel struct {
+	Config *TextConfig
+	W      *TextWeights
+}
+
+// KDAChunk is the chunk length of the chunked KDA form used for prefill.
+const KDAChunk = 16
+
+// TextState is one sequence's state between forward calls: for KDA layers the causal-conv
+// history and the recurrent state, for MLA layers the normalised latents and the
+// indexer's keys, gate scores and completed pool keys.
+type TextState struct {
+	Len    int // tokens consumed
+	Layers []TextLayerState
+}
+
+// TextLayerState is one layer's part of a TextState.
+type TextLayerState struct {
+	Conv      []float32 // KDA: [3L, K−1], the last K−1 conv inputs per channel (oldest first)
+	Recurrent []float32 // KDA: [H, Dk, Dv] fp32
+	Latent    []float32 // MLA: [Len, kv_lora_rank], kv_a_layernorm(kv_a_proj_with_mqa(x))
+	IdxKey    []float32 // full indexer: [Len, I], k_norm(wk(x))
+	IdxGate   []float32 // full indexer: [Len, I], x·index_kpool_compress_gateᵀ
+	Pools     []float32 // full indexer: [Len/kpool, I], the completed pool keys
+}
+
+// NewTextState returns the empty state of a new sequence.
+func (m *TextModel) NewTextState() *TextState {
+	c := m.Config
+	s := &TextState{Layers: make([]TextLayerState, c.NumHiddenLayers)}
+	for i, ly := range m.W.layers {
+		if ly.kind == LinearAttention {
+			L := c.LinearDim()
+			s.Layers[i].Conv = make([]float32, 3*L*(c.LinearConvKernelDim-1))
+			s.Layers[i].Recurrent = make([]float32, c.LinearNumHeads*c.LinearHeadDim*c.LinearHeadDim)
+		}
+	}
+	return s
+}
+
+// Clone deep-copies s.
+func (s *TextState) Clone() *TextState {
+	out := &TextState{Len: s.Len, Layers: make([]TextLayerState, len(s.Layers))}
+	cp := func(x []float32) []float32 {
+		if x == nil {
+			return nil
+		}
+		return append([]float32(nil), x...)
+	}
+	for i, l := range s.Layers {
+		out.Layers[i] = TextLayerState{Conv: cp(l.Conv), Recurrent: cp(l.Recurrent), Latent: cp(l.Latent),
+			IdxKey: cp(l.IdxKey), IdxGate: cp(l.IdxGate), Pools: cp(l.Pools)}
+	}
+	return out
+}
+
+// Forward runs ids (the next tokens of the sequence whose state is st) through the model
+// and returns their logits [len(ids), vocab]; st advances by len(ids). Any split of a
+// sequence into calls gives the same logits (to rounding): one call is a prefill, a
+// one-token call is a decode step.
+func (m *TextModel) Forward(st *TextState, ids []int32) ([]float32, error) {
+	c := m.Config
+	T, D, hc := len(ids), c.HiddenSize, c.HCMult
+	if T == 0 {
+		return nil, nil
+	}
+	if err := c.RefuseVisionTokens(ids); err != nil {
+		return nil, err
+	}
+	x := make([]float32, T*D)
+	if err := ref.Embedding(x, m.W.embed, ids, D); err != nil {
+		return nil, err
+	}
+	streams := make([]float32, T*hc*D)
+	for t := range T {
+		for k := range hc {
+			copy(streams[(t*hc+k)*D:], x[t*D:(t+1)*D])
+		}
+	}
+	var sel [][]int32 // the previous layer's DSA selection, per query
+	for i := range m.W.layers {
+		ly := &m.W.layers[i]
+		ls := &st.Layers[i]
+		var err error
+		streams, err = m.hcBlock(streams, T, &ly.attnHC, ly.inNorm, func(h []float32) ([]float32, error) {
+			if ly.kind == LinearAttention {
+				sel = nil
+				return m.kda(ly.kda, ls, h, T)
+			}
+			out, s, err := m.mla(ly.mla, ls, h, T, st.Len, sel)
+			sel = s
+			return out, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("layer %d attention: %w", i, err)
+		}
+		streams, err = m.hcBlock(streams, T, &ly.ffnHC, ly.postNorm, func(h []float32) ([]float32, error) {
+			if ly.dense != nil {
+				return mlp(ly.dense, h, T, D, float32(c.SwigluLimit)), nil
+			}
+			return m.moe(ly.moe, h, T)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("layer %d mlp: %w", i, err)
+		}
+	}
+	// hc_head: the mean of the streams, then the final norm and lm_head.
+	for t := range T {
+		o := x[t*D : (t+1)*D]
+		clear(o)
+		for k := range hc {
+			for d := range D {
+				o[d] += streams[(t*hc+k)*D+d]
+			}
+		}
+		for d := range D {
+			o[d] /= float32(hc)
+		}
+	}
+	if err := ref.RMSNorm(x, x, m.W.norm, T, D, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	st.Len += T
+	return dense(x, m.W.lmHead, T, D, c.VocabSize), nil
+}
+
+// hcBlock runs one mHC-wrapped block: weights from the normalised flattened streams,
+// collapse by pre, RMSNorm, the block, expand by post plus combᵀ·streams.
+func (m *TextModel) hcBlock(streams []float32, T int, h *hcWeights, norm []float32, block func([]float32) ([]float32, error)) ([]float32, error) {
+	c := m.Config
+	D, hc := c.HiddenSize, c.HCMult
+	nMix := (2 + hc) * hc
+	flat := make([]float32, T*hc*D)
+	if err := ref.RMSNormUnweighted(flat, streams, T, hc*D, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	mix := dense(flat, h.fn, T, hc*D, nMix)
+	pre, post, comb := make([]float32, T*hc), make([]float32, T*hc), make([]float32, T*hc*hc)
+	in := make([]float32, T*D)
+	for t := range T {
+		if err := ref.HyperConnWeights(pre[t*hc:(t+1)*hc], post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc],
+			mix[t*nMix:(t+1)*nMix], h.base, h.scale, hc, c.HCSinkhornIters, float32(c.HCEps)); err != nil {
+			return nil, err
+		}
+		if err := ref.HyperCollapse(in[t*D:(t+1)*D], streams[t*hc*D:(t+1)*hc*D], pre[t*hc:(t+1)*hc], hc, D); err != nil {
+			return nil, err
+		}
+	}
+	if err := ref.RMSNorm(in, in, norm, T, D, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	out, err := block(in)
+	if err != nil {
+		return nil, err
+	}
+	next := make([]float32, len(streams))
+	for t := range T {
+		if err := ref.HyperExpand(next[t*hc*D:(t+1)*hc*D], streams[t*hc*D:(t+1)*hc*D], out[t*D:(t+1)*D],
+			post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc], hc, D); err != nil {
+			return nil, err
+		}
+	}
+	return next, nil
+}
+
+// dense returns x·wᵀ: x [rows, in], w [out, in].
+func dense(x, w []float32, rows, in, out int) []float32 {
+	y := make([]float32, rows*out)
+	if err := ref.MatMulT(y, x, w, rows, in, out); err != nil {
+		panic(err) // shapes are fixed by the loader
+	}
+	return y
+}
+
+func sigmoid32(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+
+// clampedSwiGLU computes silu(min(gate, limit))·clamp(up, ±limit) in place into gate.
+func clampedSwiGLU(gate, up []float32, limit float32) {
+	for i, g := range gate {
+		g = min(g, limit)
+		u := max(min(up[i], limit), -limit)
+		gate[i] = ref.SiLU(g) * u
+	}
+}
+
+// mlp is the clamped SwiGLU MLP (dense layers and shared experts).
+func mlp(w *mlpWeights, x []float32, T, D int, limit float32) []float32 {
+	g := dense(x, w.gate, T, D, w.width)
+	u := dense(x, w.up, T, D, w.width)
+	clampedSwiGLU(g, u, limit)
+	return dense(g, w.down, T, w.width, D)
+}
+
+// moe routes each token to its top-k experts (sigmoid scores plus correction bias,
+// group-limited when n_group > 1, weights renormalised and scaled) and adds the shared
+// experts.
+func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
+	c := m.Config
+	D, E, F, K := c.HiddenSize, c.NRoutedExperts, c.MoEIntermediateSize, c.NumExpertsPerTok
+	logits := dense(x, w.router, T, D, E)
+	if topKMargin != nil {
+		routerMargins(logits, w.bias, T, E, K, c.NGroup, c.TopKGroup)
+	}
+	wts, ids := make([]float32, T*K), make([]int32, T*K)
+	if err := ref.MoETopK(wts, ids, logits, T, E, ref.Routing{TopK: K, Scoring: ref.ScoreSigmoid,
+		Renormalize: c.NormTopKProb, Bias: w.bias, Groups: c.NGroup, GroupTopK: c.TopKGroup,
+		Scale: float32(c.RoutedScalingFactor)}); err != nil {
+		return nil, err
+	}
+	out := mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+	// Group rows by expert and run each expert's rows as one GEMM.
+	rows := make([][]int, E)
+	for t := range T {
+		for j := range K {
+			rows[ids[t*K+j]] = append(rows[ids[t*K+j]], t*K+j)
+		}
+	}
+	for e, rs := range rows {
+		if len(rs) == 0 {
+			continue
+		}
+		xe := make([]float32, len(rs)*D)
+		for r, tk := range rs {
+			copy(xe[r*D:(r+1)*D], x[(tk/K)*D:(tk/K+1)*D])
+		}
+		gu := dense(xe, w.gateUp[e*2*F*D:(e+1)*2*F*D], len(rs), D, 2*F)
+		g, u := make([]float32, len(rs)*F), make([]float32, len(rs)*F)
+		for r := range rs {
+			copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
+			copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
+		}
+		clampedSwiGLU(g, u, float32(c.SwigluLimit))
+		y := dense(g, w.down[e*D*F:(e+1)*D*F], len(rs), F, D)
+		for r, tk := range rs {
+			wt := wts[tk]
+			o := out[(tk/K)*D : (tk/K+1)*D]
+			for d := range D {
+				o[d] += wt * y[r*D+d]
+			}
+		}
+	}
+	return out, nil
+}
+
+// kda runs a Kimi Delta Attention layer over T tokens, advancing the conv and recurrent
+// state: the chunked form for T > 1, the step form for one token.
+func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T int) ([]float32, error) {
+	c := m.Config
+	D, H, Dh, K := c.HiddenSize, c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
+	L := H * Dh
+	q, k, v := dense(x, w.q, T, D, L), dense(x, w.k, T, D, L), dense(x, w.v, T, D, L)
+	mixed := make([]float32, T*3*L)
+	for t := range T {
+		copy(mixed[t*3*L:], q[t*L:(t+1)*L])
+		copy(mixed[t*3*L+L:], k[t*L:(t+1)*L])
+		copy(mixed[t*3*L+2*L:], v[t*L:(t+1)*L])
+	}
+	conv := make([]float32, len(mixed))
+	if err := ref.CausalConvStep(conv, ls.Conv, mixed, w.conv, T, 3*L, K); err != nil {
+		return nil, err
+	}
+	scale := float32(1 / math.Sqrt(float64(Dh)))
+	for t := range T {
+		row := conv[t*3*L : (t+1)*3*L]
+		for i := range row {
+			row[i] = ref.SiLU(row[i])
+		}
+		copy(q[t*L:(t+1)*L], row[:L])
+		copy(k[t*L:(t+1)*L], row[L:2*L])
+		copy(v[t*L:(t+1)*L], row[2*L:])
+	}
+	l2 := func(x []float32, mul float32) {
+		for o := 0; o < len(x); o += Dh {
+			var s float32
+			for _, e := range x[o : o+Dh] {
+				s += e * e
+			}
+			n := float32(math.Sqrt(float64(s) + 1e-6))
+			for i := range Dh {
+				x[o+i] = x[o+i] / n * mul
+			}
+		}
+	}
+	l2(q, scale)
+	l2(k, 1)
+	// Forget gate: per-channel log-decay.
+	g := dense(dense(x, w.fa, T, D, Dh), w.fb, T, Dh, L)
+	for t := range T {
+		for h := range H {
+			a := math.Exp(float64(w.aLog[h]))
+			for j := range Dh {
+				i := t*L + h*Dh + j
+				f := float64(g[i] + w.dtBias[h*Dh+j])
+				if lb := c.LinearLowerBound; lb != nil {
+					g[i] = float32(*lb / (1 + math.Exp(-a*f)))
+				} else {
+					sp := f
+					if f <= 20 {
+						sp = math.Log(1 + math.Exp(f))
+					}
+					g[i] = float32(-a * sp)
+				}
+			}
+		}
+	}
+	beta := dense(x, w.b, T, D, H)
+	for i := range beta {
+		beta[i] = sigmoid32(beta[i])
+	}
+	o := make([]float32, T*L)
+	a := ref.KDA{Heads: H, DK: Dh, DV: Dh}
+	var err error
+	if T == 1 {
+		err = ref.KDAStep(o, ls.Recurrent, q, k, v, g, beta, T, a)
+	} else {
+		err = ref.KDAChunked(o, ls.Recurrent, q, k, v, g, beta, T, KDAChunk, a)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Gated output norm per head (fp32), then o_proj.
+	gate := dense(dense(x, w.ga, T, D, Dh), w.gb, T, Dh, L)
+	if err := ref.RMSNorm(o, o, w.oNorm, T*H, Dh, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	for i := range o {
+		o[i] *= sigmoid32(gate[i])
+	}
+	return dense(o, w.o, T, L, D), nil
+}
+
+// mla runs a NoPE MLA layer with DSA over T tokens at positions pos0.. and returns the
+// output and the per-query selection (token indices) it attended to; prev is the previous
+// layer's selection, used when the layer shares its indexer.
+func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 int, prev [][]int32) ([]float32, [][]int32, error) {
+	c := m.Config
+	D, H, Q, R := c.HiddenSize, c.NumAttentionHeads, c.QLoraRank, c.KVLoraRank
+	dn, dv := c.QKNopeHeadDim, c.VHeadDim
+	eps := float32(c.RMSNormEps)
+	qr := dense(x, w.qa, T, D, Q)
+	if err := ref.RMSNorm(qr, qr, w.qaNorm, T, Q, eps); err != nil {
+		return nil, nil, err
+	}
+	q := dense(qr, w.qb, T, Q, H*dn)
+	lat := dense(x, w.kva, T, D, R)
+	if err := ref.RMSNorm(lat, lat, w.kvaNorm, T, R, eps); err != nil {
+		return nil, nil, err
+	}
+	ls.Latent = append(ls.Latent, lat...)
+	n := pos0 + T
+	kv := dense(ls.Latent, w.kvb, n, R, H*(dn+dv)) // [n, H, nope | v]
+	var sel [][]int32
+	if w.idx != nil {
+		var err error
+		if sel, err = m.index(w.idx, ls, x, qr, T, pos0); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		if len(prev) != T {
+			return nil, nil, fmt.Errorf("shared DSA layer without a preceding full indexer layer")
+		}
+		sel = prev
+	}
+	scale := float32(1 / math.Sqrt(float64(c.QKHeadDim)))
+	out := make([]float32, T*H*dv)
+	for t := range T {
+		toks := sel[t]
+		p := make([]float32, len(toks))
+		for h := range H {
+			qh := q[(t*H+h)*dn : (t*H+h+1)*dn]
+			mx := float32(math.Inf(-1))
+			for j, tok := range toks {
+				kh := kv[(int(tok)*H+h)*(dn+dv):]
+				var s float32
+				for d := range dn {
+					s += qh[d] * kh[d]
+				}
+				p[j] = s * scale
+				mx = max(mx, p[j])
+			}
+			var sum float32
+			for j := range p {
+				p[j] = float32(math.Exp(float64(p[j] - mx)))
+				sum += p[j]
+			}
+			oh := out[(t*H+h)*dv : (t*H+h+1)*dv]
+			for j, tok := range toks {
+				vh := kv[(int(tok)*H+h)*(dn+dv)+dn:]
+				wgt := p[j] / sum
+				for d := range dv {
+					oh[d] += wgt * vh[d]
+				}
+			}
+		}
+	}
+	return dense(out, w.o, T, H*dv, D), sel, nil
+}
+
+// index is the DSA indexer: it appends the new tokens' keys and gate scores, closes the
+// pools they complete, and returns per query the tokens of its top index_topk/index_kpool
+// visible complete pools (by Σ_h w_h·ReLU(q_h·pool_key·I^-0.5)) followed by the visible
+// incomplete tail, in ascending order.
+func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32, T, pos0 int) ([][]int32, error) {
+	c := m.Config
+	D, Q, I, N, P := c.HiddenSize, c.QLoraRank, c.IndexHeadDim, c.IndexNHeads, c.IndexKPool
+	q := dense(qr, w.wqb, T, Q, N*I)
+	k := dense(x, w.wk, T, D, I)
+	for t := range T { // LayerNorm, eps 1e-6
+		r := k[t*I : (t+1)*I]
+		var mean, vr float64
+		for _, e := range r {
+			mean += float64(e)
+		}
+		mean /= float64(I)
+		for _, e := range r {
+			vr += (float64(e) - mean) * (float64(e) - mean)
+		}
+		vr /= float64(I)
+		inv := 1 / math.Sqrt(vr+1e-6)
+		for j := range r {
+			r[j] = float32((float64(r[j])-mean)*inv)*w.kNormW[j] + w.kNormB[j]
+		}
+	}
+	gs := dense(x, w.gate, T, D, I)
+	hw := dense(x, w.wProj, T, D, N)
+	hs := float32(math.Pow(float64(N), -0.5))
+	for i := range hw {
+		hw[i] *= hs
+	}
+	ls.IdxKey = append(ls.IdxKey, k...)
+	ls.IdxGate = append(ls.IdxGate, gs...)
+	n := pos0 + T
+	for len(ls.Pools)/I < n/P { // close completed pools
+		j := len(ls.Pools) / I
+		pk := make([]float32, I)
+		for ch := range I {
+			mx := math.Inf(-1)
+			for s := range P {
+				mx = max(mx, float64(ls.IdxGate[(j*P+s)*I+ch]+w.ape[s*I+ch]))
+			}
+			var sum, acc float64
+			for s := range P {
+				e := math.Exp(float64(ls.IdxGate[(j*P+s)*I+ch]+w.ape[s*I+ch]) - mx)
+				sum += e
+				acc += e * float64(ls.IdxKey[(j*P+s)*I+ch])
+			}
+			pk[ch] = float32(acc / sum)
+		}
+		ls.Pools = append(ls.Pools, pk...)
+	}
+	K := c.IndexPools()
+	dscale := float32(1 / math.Sqrt(float64(I)))
+	sel := make([][]int32, T)
+	for t := range T {
+		pos := pos0 + t
+		visible := (pos + 1) / P // complete pools whose last token ≤ pos
+		type cand struct {
+			pool  int
+			score float32
+		}
+		cs := make([]cand, visible)
+		for j := range visible {
+			pk := ls.Pools[j*I : (j+1)*I]
+			var score float32
+			for h := range N {
+				qh := q[(t*N+h)*I : (t*N+h+1)*I]
+				var s float32
+				for d := range I {
+					s += qh[d] * pk[d]
+				}
+				score += hw[t*N+h] * max(s*dscale, 0)
+			}
+			cs[j] = cand{j, score}
+		}
+		sort.SliceStable(cs, func(a, b int) bool { return cs[a].score > cs[b].score })
+		if topKMargin != nil && len(cs) > K {
+			topKMargin("indexer", cs[K-1].score-cs[K].score)
+		}
+		cs = cs[:min(K, len(cs))]
+		sort.Slice(cs, func(a, b int) bool { return cs[a].pool < cs[b].pool })
+		var toks []int32
+		for _, cd := range cs {
+			for s := range P {
+				toks = append(toks, int32(cd.pool*P+s))
+			}
+		}
+		if c.IndexKPoolSelectTail {
+			for j := visible * P; j <= pos; j++ {
+				toks = append(toks, int32(j))
+			}
+		}
+		sel[t] = toks
+	}
+	return sel, nil
+}
+
+// topKMargin, when set (by tests), receives the score gap at every top-k cut: the indexer's
+// pool selection, the router's group and expert choices. transformers' torch.topk order
+// on ties is implementation-defined, so goldens are meaningful only with clear gaps.
+var topKMargin func(kind string, gap float32)
+
+func routerMargins(logits, bias []float32, T, E, K, groups, topGroups int) {
+	gs := E / groups
+	for t := range T {
+		choice := make([]float32, E)
+		for e := range E {
+			choice[e] = sigmoid32(logits[t*E+e]) + bias[e]
+		}
+		allowed := make([]bool, E)
+		if groups > 1 {
+			gscore := make([]float32, groups)
+			for g := range groups {
+				v := append([]float32(nil), choice[g*gs:(g+1)*gs]...)
+				sort.Slice(v, func(a, b int) bool { return v[a] > v[b] })
+				gscore[g] = v[0] + v[1]
+			}
+			order := make([]int, groups)
+			for g := range order {
+				order[g] = g
+			}
+			sort.Slice(order, func(a, b int) bool { return gscore[order[a]] > gscore[order[b]] })
+			topKMargin("router-group", gscore[order[topGroups-1]]-gscore[order[topGroups]])
+			for _, g := range order[:topGroups] {
+				for e := g * gs; e < (g+1)*gs; e++ {
+					allowed[e] = true
+				}
+			}
+		} else {
+			for e := range allowed {
+				allowed[e] = true
+			}
+		}
+		var v []float32
+		for e := range E {
+			if allowed[e] {
+				v = append(v, choice[e])
+			}
+		}
+		sort.Slice(v, func(a, b int) bool { return v[a] > v[b] })
+		if len(v) > K {
+			topKMargin("router", v[K-1]-v[K])
+		}
+	}
+}
