@@ -124,6 +124,7 @@ func TestConfigRefusals(t *testing.T) {
 		{`"architectures": ["DeepseekV4ForCausalLM"]`, "architecture"},
 		{`"hidden_act": "gelu"`, "hidden_act"},
 		{`"attention_bias": true`, "attention_bias"},
+		{`"index_kpool_always_select_tail": false`, "index_kpool_always_select_tail"},
 		{`"layer_types": ["linear_attention", "sliding_attention"]`, "layer_types"},
 		{`"layer_types": ["linear_attention"]`, "layer_types"},
 		{`"mlp_layer_types": ["dense", "moe"]`, "mlp_layer_types"},

@@ -435,6 +435,11 @@ func (c *TextConfig) Validate() error {
 			}
 		}
 	}
+	if !c.IndexKPoolSelectTail {
+		// Without the tail a query before its first complete pool sees no token, and
+		// transformers' eager mask then spreads it uniformly over every key, future ones too.
+		return fmt.Errorf("config: index_kpool_always_select_tail = false is not supported (a query before its first complete pool would attend to nothing)")
+	}
 	if c.HiddenAct != "silu" {
 		return fmt.Errorf("config: hidden_act %q: only silu runs here", c.HiddenAct)
 	}
