@@ -20,50 +20,59 @@ const KDAChunk = 16
 
 // TextState is one sequence's state between forward calls: for KDA layers the causal-conv
 // history and the recurrent state, for MLA layers the normalised latents and the
-// indexer's keys, gate scores and completed pool keys.
+// indexer's keys, gate scores and completed pool keys. A state from NewTextState lives in
+// Go memory; the runner binds one to kvslab pages for each plan (textcache.go).
 type TextState struct {
 	Len    int // tokens consumed
 	Layers []TextLayerState
+	// BlockTokens, when > 0, makes KDA layers call BlockEnd at every block end.
+	BlockTokens int
 }
 
 // TextLayerState is one layer's part of a TextState.
 type TextLayerState struct {
 	Conv      []float32 // KDA: [3L, K−1], the last K−1 conv inputs per channel (oldest first)
 	Recurrent []float32 // KDA: [H, Dk, Dv] fp32
-	Latent    []float32 // MLA: [Len, kv_lora_rank], kv_a_layernorm(kv_a_proj_with_mqa(x))
-	IdxKey    []float32 // full indexer: [Len, I], k_norm(wk(x))
-	IdxGate   []float32 // full indexer: [Len, I], x·index_kpool_compress_gateᵀ
-	Pools     []float32 // full indexer: [Len/kpool, I], the completed pool keys
+	Latent    Rows      // MLA: per token kv_a_layernorm(kv_a_proj_with_mqa(x)) [kv_lora_rank]
+	IdxKey    Rows      // full indexer: per token k_norm(wk(x)) [I]
+	IdxGate   Rows      // full indexer: per token x·index_kpool_compress_gateᵀ [I]
+	Pools     Rows      // full indexer: per completed pool its key [I]
+	// BlockEnd, when set, is called by a KDA layer once Conv and Recurrent hold the state
+	// after the token at pos, the last of a block (the runner checkpoints them there).
+	BlockEnd func(pos int)
 }
 
-// NewTextState returns the empty state of a new sequence.
+// growRows is Rows in a Go slice that grows as rows are written.
+type growRows struct {
+	dim  int
+	data []float32
+}
+
+func (r *growRows) Row(i int) []float32 {
+	for (i+1)*r.dim > len(r.data) {
+		r.data = append(r.data, make([]float32, r.dim)...)
+	}
+	return r.data[i*r.dim : (i+1)*r.dim]
+}
+
+// NewTextState returns the empty state of a new sequence, in Go memory.
 func (m *TextModel) NewTextState() *TextState {
 	c := m.Config
 	s := &TextState{Layers: make([]TextLayerState, c.NumHiddenLayers)}
 	for i, ly := range m.W.layers {
+		ls := &s.Layers[i]
 		if ly.kind == LinearAttention {
 			L := c.LinearDim()
-			s.Layers[i].Conv = make([]float32, 3*L*(c.LinearConvKernelDim-1))
-			s.Layers[i].Recurrent = make([]float32, c.LinearNumHeads*c.LinearHeadDim*c.LinearHeadDim)
+			ls.Conv = make([]float32, 3*L*(c.LinearConvKernelDim-1))
+			ls.Recurrent = make([]float32, c.LinearNumHeads*c.LinearHeadDim*c.LinearHeadDim)
+			continue
+		}
+		ls.Latent = &growRows{dim: c.KVLoraRank}
+		if ly.mla.idx != nil {
+			ls.IdxKey, ls.IdxGate, ls.Pools = &growRows{dim: c.IndexHeadDim}, &growRows{dim: c.IndexHeadDim}, &growRows{dim: c.IndexHeadDim}
 		}
 	}
 	return s
-}
-
-// Clone deep-copies s.
-func (s *TextState) Clone() *TextState {
-	out := &TextState{Len: s.Len, Layers: make([]TextLayerState, len(s.Layers))}
-	cp := func(x []float32) []float32 {
-		if x == nil {
-			return nil
-		}
-		return append([]float32(nil), x...)
-	}
-	for i, l := range s.Layers {
-		out.Layers[i] = TextLayerState{Conv: cp(l.Conv), Recurrent: cp(l.Recurrent), Latent: cp(l.Latent),
-			IdxKey: cp(l.IdxKey), IdxGate: cp(l.IdxGate), Pools: cp(l.Pools)}
-	}
-	return out
 }
 
 // Forward runs ids (the next tokens of the sequence whose state is st) through the model
@@ -97,7 +106,7 @@ func (m *TextModel) Forward(st *TextState, ids []int32) ([]float32, error) {
 		streams, err = m.hcBlock(streams, T, &ly.attnHC, ly.inNorm, func(h []float32) ([]float32, error) {
 			if ly.kind == LinearAttention {
 				sel = nil
-				return m.kda(ly.kda, ls, h, T)
+				return m.kda(ly.kda, ls, h, T, st.Len, st.BlockTokens)
 			}
 			out, s, err := m.mla(ly.mla, ls, h, T, st.Len, sel)
 			sel = s
@@ -254,9 +263,10 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	return out, nil
 }
 
-// kda runs a Kimi Delta Attention layer over T tokens, advancing the conv and recurrent
-// state: the chunked form for T > 1, the step form for one token.
-func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T int) ([]float32, error) {
+// kda runs a Kimi Delta Attention layer over T tokens at positions pos0.., advancing the
+// conv and recurrent state: the chunked form for several tokens, the step form for one.
+// With blockTokens > 0 the tokens are cut at block ends and BlockEnd sees the state there.
+func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0, blockTokens int) ([]float32, error) {
 	c := m.Config
 	D, H, Dh, K := c.HiddenSize, c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
 	L := H * Dh
@@ -267,34 +277,6 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T int) (
 		copy(mixed[t*3*L+L:], k[t*L:(t+1)*L])
 		copy(mixed[t*3*L+2*L:], v[t*L:(t+1)*L])
 	}
-	conv := make([]float32, len(mixed))
-	if err := ref.CausalConvStep(conv, ls.Conv, mixed, w.conv, T, 3*L, K); err != nil {
-		return nil, err
-	}
-	scale := float32(1 / math.Sqrt(float64(Dh)))
-	for t := range T {
-		row := conv[t*3*L : (t+1)*3*L]
-		for i := range row {
-			row[i] = ref.SiLU(row[i])
-		}
-		copy(q[t*L:(t+1)*L], row[:L])
-		copy(k[t*L:(t+1)*L], row[L:2*L])
-		copy(v[t*L:(t+1)*L], row[2*L:])
-	}
-	l2 := func(x []float32, mul float32) {
-		for o := 0; o < len(x); o += Dh {
-			var s float32
-			for _, e := range x[o : o+Dh] {
-				s += e * e
-			}
-			n := float32(math.Sqrt(float64(s) + 1e-6))
-			for i := range Dh {
-				x[o+i] = x[o+i] / n * mul
-			}
-		}
-	}
-	l2(q, scale)
-	l2(k, 1)
 	// Forget gate: per-channel log-decay.
 	g := dense(dense(x, w.fa, T, D, Dh), w.fb, T, Dh, L)
 	for t := range T {
@@ -319,16 +301,56 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T int) (
 	for i := range beta {
 		beta[i] = sigmoid32(beta[i])
 	}
-	o := make([]float32, T*L)
-	a := ref.KDA{Heads: H, DK: Dh, DV: Dh}
-	var err error
-	if T == 1 {
-		err = ref.KDAStep(o, ls.Recurrent, q, k, v, g, beta, T, a)
-	} else {
-		err = ref.KDAChunked(o, ls.Recurrent, q, k, v, g, beta, T, KDAChunk, a)
+	scale := float32(1 / math.Sqrt(float64(Dh)))
+	l2 := func(x []float32, mul float32) {
+		for o := 0; o < len(x); o += Dh {
+			var s float32
+			for _, e := range x[o : o+Dh] {
+				s += e * e
+			}
+			n := float32(math.Sqrt(float64(s) + 1e-6))
+			for i := range Dh {
+				x[o+i] = x[o+i] / n * mul
+			}
+		}
 	}
-	if err != nil {
-		return nil, err
+	o := make([]float32, T*L)
+	conv := make([]float32, len(mixed))
+	a := ref.KDA{Heads: H, DK: Dh, DV: Dh}
+	for s0 := 0; s0 < T; {
+		s1 := T
+		if blockTokens > 0 {
+			s1 = min(T, s0+blockTokens-(pos0+s0)%blockTokens)
+		}
+		n := s1 - s0
+		if err := ref.CausalConvStep(conv[s0*3*L:], ls.Conv, mixed[s0*3*L:s1*3*L], w.conv, n, 3*L, K); err != nil {
+			return nil, err
+		}
+		for t := s0; t < s1; t++ {
+			row := conv[t*3*L : (t+1)*3*L]
+			for i := range row {
+				row[i] = ref.SiLU(row[i])
+			}
+			copy(q[t*L:(t+1)*L], row[:L])
+			copy(k[t*L:(t+1)*L], row[L:2*L])
+			copy(v[t*L:(t+1)*L], row[2*L:])
+		}
+		qs, ks := q[s0*L:s1*L], k[s0*L:s1*L]
+		l2(qs, scale)
+		l2(ks, 1)
+		var err error
+		if n == 1 {
+			err = ref.KDAStep(o[s0*L:s1*L], ls.Recurrent, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, a)
+		} else {
+			err = ref.KDAChunked(o[s0*L:s1*L], ls.Recurrent, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, KDAChunk, a)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if blockTokens > 0 && (pos0+s1)%blockTokens == 0 && ls.BlockEnd != nil {
+			ls.BlockEnd(pos0 + s1 - 1)
+		}
+		s0 = s1
 	}
 	// Gated output norm per head (fp32), then o_proj.
 	gate := dense(dense(x, w.ga, T, D, Dh), w.gb, T, Dh, L)
@@ -358,9 +380,15 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 	if err := ref.RMSNorm(lat, lat, w.kvaNorm, T, R, eps); err != nil {
 		return nil, nil, err
 	}
-	ls.Latent = append(ls.Latent, lat...)
+	for t := range T {
+		copy(ls.Latent.Row(pos0+t), lat[t*R:(t+1)*R])
+	}
 	n := pos0 + T
-	kv := dense(ls.Latent, w.kvb, n, R, H*(dn+dv)) // [n, H, nope | v]
+	all := make([]float32, n*R)
+	for j := range n {
+		copy(all[j*R:(j+1)*R], ls.Latent.Row(j))
+	}
+	kv := dense(all, w.kvb, n, R, H*(dn+dv)) // [n, H, nope | v]
 	var sel [][]int32
 	if w.idx != nil {
 		var err error
@@ -439,26 +467,30 @@ func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32
 	for i := range hw {
 		hw[i] *= hs
 	}
-	ls.IdxKey = append(ls.IdxKey, k...)
-	ls.IdxGate = append(ls.IdxGate, gs...)
+	for t := range T {
+		copy(ls.IdxKey.Row(pos0+t), k[t*I:(t+1)*I])
+		copy(ls.IdxGate.Row(pos0+t), gs[t*I:(t+1)*I])
+	}
 	n := pos0 + T
-	for len(ls.Pools)/I < n/P { // close completed pools
-		j := len(ls.Pools) / I
-		pk := make([]float32, I)
+	for j := pos0 / P; j < n/P; j++ { // close the pools these tokens complete
+		pk := ls.Pools.Row(j)
+		keys, gates := make([][]float32, P), make([][]float32, P)
+		for s := range P {
+			keys[s], gates[s] = ls.IdxKey.Row(j*P+s), ls.IdxGate.Row(j*P+s)
+		}
 		for ch := range I {
 			mx := math.Inf(-1)
 			for s := range P {
-				mx = max(mx, float64(ls.IdxGate[(j*P+s)*I+ch]+w.ape[s*I+ch]))
+				mx = max(mx, float64(gates[s][ch]+w.ape[s*I+ch]))
 			}
 			var sum, acc float64
 			for s := range P {
-				e := math.Exp(float64(ls.IdxGate[(j*P+s)*I+ch]+w.ape[s*I+ch]) - mx)
+				e := math.Exp(float64(gates[s][ch]+w.ape[s*I+ch]) - mx)
 				sum += e
-				acc += e * float64(ls.IdxKey[(j*P+s)*I+ch])
+				acc += e * float64(keys[s][ch])
 			}
 			pk[ch] = float32(acc / sum)
 		}
-		ls.Pools = append(ls.Pools, pk...)
 	}
 	K := c.IndexPools()
 	dscale := float32(1 / math.Sqrt(float64(I)))
@@ -472,7 +504,7 @@ func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32
 		}
 		cs := make([]cand, visible)
 		for j := range visible {
-			pk := ls.Pools[j*I : (j+1)*I]
+			pk := ls.Pools.Row(j)
 			var score float32
 			for h := range N {
 				qh := q[(t*N+h)*I : (t*N+h+1)*I]
