@@ -41,15 +41,11 @@ func tinyModel(t testing.TB) *Model {
 	return m
 }
 
-// testRunner is the runner the conformance suite (conformance_test.go) drives.
+// testRunner is the runner the conformance suite (conformance_test.go) drives: the
+// GLM-5.3-Flash text runner on kvslab pages (textrunner_test.go).
 func testRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
 	t.Helper()
-	r := NewRunner(tinyModel(t), 8)
-	pool, err := r.NewPool(8 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r, pool
+	return tinyTextRunner(t)
 }
 
 // TestChunkedEqualsOneShot checks, on random weights, that the forward gives the same
