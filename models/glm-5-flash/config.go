@@ -3,7 +3,6 @@ package glm5flash
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,169 +11,222 @@ import (
 	"github.com/resin-llm/resin/core/weights"
 )
 
-// v4Architectures and v4ModelType are what the scaffolded DeepSeek-V4 forward (still
-// compiled here until the GLM forward replaces it) accepts; Architectures and the GLM
-// model types are in textconfig.go.
-var v4Architectures = []string{"DeepseekV4ForCausalLM"}
+// Architectures lists the HF architectures of glm5_next checkpoints; `--model auto` picks
+// this model by them. transformers 5.23.0 defines only the multimodal
+// Glm5NextForConditionalGeneration (there is no text-only CausalLM class); the text-only
+// name is what flat, text-only exports carry.
+var Architectures = []string{"Glm5NextForConditionalGeneration", "Glm5NextForCausalLM"}
 
-const v4ModelType = "deepseek_v4"
-
-// Attention layer kinds (config layer_types), as transformers 5.23.0 spells them.
+// GLM model types: the top-level config (text_config + vision_config, or flat) and the text
+// sub-config.
 const (
-	SlidingAttention  = "sliding_attention"
-	CompressedSparse  = "compressed_sparse_attention"  // CSA: overlapping compressor + lightning indexer
-	HeavilyCompressed = "heavily_compressed_attention" // HCA: non-overlapping compressor, all entries
+	GLMModelType  = "glm5_next"
+	TextModelType = "glm5_next_text"
 )
 
-// MLP layer kinds (config mlp_layer_types).
+// Attention layer kinds (text_config.layer_types) as transformers 5.23.0 spells them;
+// "full_attention" is accepted and mapped to IndexedAttention as Glm5NextTextConfig does.
 const (
-	HashMoE = "hash_moe" // experts chosen by tid2eid[token id]
-	MoE     = "moe"      // experts chosen by the learned router
+	LinearAttention  = "linear_attention"  // Kimi Delta Attention: recurrent state + short conv
+	IndexedAttention = "indexed_attention" // NoPE MLA with DSA (pooled indexer keys, top-k pools)
 )
 
-// legacyCompressRatio maps the upstream per-layer compress_ratios to layer types.
-var legacyCompressRatio = map[int]string{0: SlidingAttention, 4: CompressedSparse, 128: HeavilyCompressed}
+// MLP layer kinds (mlp_layer_types).
+const (
+	DenseMLP  = "dense"  // one SwiGLU MLP of intermediate_size
+	SparseMLP = "sparse" // routed experts + shared experts
+)
 
-// RopeParams is one of rope_parameters' two sub-dicts ("main" for sliding layers,
-// "compress" for CSA/HCA layers, their compressors and the indexer). Raw keeps every key as
-// transformers leaves it after normalisation.
-type RopeParams struct {
-	Raw map[string]any
-}
+// Indexer kinds (indexer_types) of indexed-attention layers.
+const (
+	IndexerFull   = "full"   // runs its own indexer
+	IndexerShared = "shared" // reuses the top-k of the immediately preceding (full) layer
+)
 
-func (r RopeParams) num(key string) (float64, bool) {
-	v, ok := r.Raw[key].(float64)
-	return v, ok
-}
-
-// Type is rope_type ("default" or "yarn").
-func (r RopeParams) Type() string {
-	if s, ok := r.Raw["rope_type"].(string); ok {
-		return s
-	}
-	return "default"
-}
-
-// Theta is rope_theta.
-func (r RopeParams) Theta() float64 { v, _ := r.num("rope_theta"); return v }
-
-// RotaryDim is the number of rotated (trailing) channels of a head: int(head_dim ·
-// partial_rotary_factor), the factor defaulting to 1 when the sub-dict lacks it.
-func (r RopeParams) RotaryDim(headDim int) int {
-	f, ok := r.num("partial_rotary_factor")
-	if !ok {
-		f = 1
-	}
-	return int(float64(headDim) * f)
-}
-
-// Config is DeepSeek-V4's configuration after transformers 5.23.0's DeepseekV4Config
-// normalisation: legacy fields folded in, per-layer kinds filled, rope_parameters nested.
-type Config struct {
-	Architectures         []string         `json:"architectures"`
-	ModelType             string           `json:"model_type"`
+// TextConfig is GLM-5.3-Flash's text model configuration after transformers 5.23.0's
+// Glm5NextConfig / Glm5NextTextConfig normalisation: the nested text_config (or the flat
+// top-level fields), per-layer kinds filled, the legacy linear_attn_config folded in.
+type TextConfig struct {
 	VocabSize             int              `json:"vocab_size"`
 	HiddenSize            int              `json:"hidden_size"`
+	IntermediateSize      int              `json:"intermediate_size"`
 	MoEIntermediateSize   int              `json:"moe_intermediate_size"`
 	NumHiddenLayers       int              `json:"num_hidden_layers"`
 	NumAttentionHeads     int              `json:"num_attention_heads"`
-	NumKeyValueHeads      int              `json:"num_key_value_heads"` // read by nothing: V4 has one shared K=V head
-	HeadDim               int              `json:"head_dim"`
-	QLoraRank             int              `json:"q_lora_rank"`
-	NumExpertsPerTok      int              `json:"num_experts_per_tok"`
+	NumKeyValueHeads      int              `json:"num_key_value_heads"` // must equal num_attention_heads
+	NSharedExperts        int              `json:"n_shared_experts"`    // one shared MLP of width moe·n_shared
 	NRoutedExperts        int              `json:"n_routed_experts"`
-	NSharedExperts        int              `json:"n_shared_experts"` // the modeling builds one shared MLP whatever its value
-	ScoringFunc           string           `json:"scoring_func"`
-	NormTopKProb          bool             `json:"norm_topk_prob"` // ignored: weights are always normalised
 	RoutedScalingFactor   float64          `json:"routed_scaling_factor"`
-	MaxPositionEmbeddings int              `json:"max_position_embeddings"`
-	RopeTheta             float64          `json:"rope_theta"`
-	LayerTypes            []string         `json:"layer_types"`
-	CompressRates         map[string]int   `json:"compress_rates"`
-	CompressRopeTheta     float64          `json:"compress_rope_theta"`
-	HCMult                int              `json:"hc_mult"`
-	HCSinkhornIters       int              `json:"hc_sinkhorn_iters"`
-	HCEps                 float64          `json:"hc_eps"`
-	MLPLayerTypes         []string         `json:"mlp_layer_types"`
-	SwigluLimit           float64          `json:"swiglu_limit"`
-	SlidingWindow         int              `json:"sliding_window"`
-	OGroups               int              `json:"o_groups"`
-	OLoraRank             int              `json:"o_lora_rank"`
-	IndexNHeads           int              `json:"index_n_heads"`
-	IndexHeadDim          int              `json:"index_head_dim"`
-	IndexTopK             int              `json:"index_topk"`
-	NumNextNPredictLayers int              `json:"num_nextn_predict_layers"`
+	KVLoraRank            int              `json:"kv_lora_rank"`
+	QLoraRank             int              `json:"q_lora_rank"`
+	QKRopeHeadDim         int              `json:"qk_rope_head_dim"` // must be 0 (NoPE)
+	VHeadDim              int              `json:"v_head_dim"`
+	QKNopeHeadDim         int              `json:"qk_nope_head_dim"`
+	QKHeadDim             int              `json:"qk_head_dim"` // derived: nope + rope
+	HeadDim               int              `json:"head_dim"`    // forced to qk_rope_head_dim
+	NGroup                int              `json:"n_group"`
+	TopKGroup             int              `json:"topk_group"`
+	NumExpertsPerTok      int              `json:"num_experts_per_tok"`
+	NormTopKProb          bool             `json:"norm_topk_prob"`
 	HiddenAct             string           `json:"hidden_act"`
+	MaxPositionEmbeddings int              `json:"max_position_embeddings"`
 	RMSNormEps            float64          `json:"rms_norm_eps"`
+	PadTokenID            weights.TokenIDs `json:"pad_token_id"`
 	BOSTokenID            weights.TokenIDs `json:"bos_token_id"`
 	EOSTokenID            weights.TokenIDs `json:"eos_token_id"`
-	PadTokenID            weights.TokenIDs `json:"pad_token_id"`
-	TieWordEmbeddings     bool             `json:"tie_word_embeddings"`
-	PartialRotaryFactor   float64          `json:"partial_rotary_factor"`
+	MLPLayerTypes         []string         `json:"mlp_layer_types"`
 	AttentionBias         bool             `json:"attention_bias"`
-	MLPBias               bool             `json:"mlp_bias"`
-	TorchDType            string           `json:"torch_dtype"`
+	IndexTopK             int              `json:"index_topk"`
+	IndexHeadDim          int              `json:"index_head_dim"`
+	IndexNHeads           int              `json:"index_n_heads"`
+	LayerTypes            []string         `json:"layer_types"`
+	IndexerTypes          []string         `json:"indexer_types"`
+	SwigluLimit           float64          `json:"swiglu_limit"`
+	LinearHeadDim         int              `json:"linear_head_dim"`
+	LinearNumHeads        int              `json:"linear_num_heads"`
+	LinearConvKernelDim   int              `json:"linear_conv_kernel_dim"`
+	LinearLowerBound      *float64         `json:"linear_lower_bound"` // nil: g = −exp(A_log)·softplus(...)
+	HCMult                int              `json:"hc_mult"`
+	HCEps                 float64          `json:"hc_eps"`
+	HCSinkhornIters       int              `json:"hc_sinkhorn_iters"`
+	IndexKPool            int              `json:"index_kpool"`
+	IndexKPoolSelectTail  bool             `json:"index_kpool_always_select_tail"`
 
-	// QKRopeHeadDim is int(head_dim · partial_rotary_factor), the attribute transformers
-	// derives (save_pretrained writes it; it is ignored on input when
-	// partial_rotary_factor is set).
-	QKRopeHeadDim int `json:"-"`
-	// Quant is quantization_config (with a top-level expert_dtype folded in); nil for an
-	// unquantized checkpoint.
+	// TieWordEmbeddings is the top-level Glm5NextConfig field (lm_head ties to
+	// model.language_model.embed_tokens only when it is true); text_config's own
+	// tie_word_embeddings is read by nothing.
+	TieWordEmbeddings bool `json:"tie_word_embeddings"`
+	// ImageTokenID and VideoTokenID are the top-level multimodal placeholders: prompts
+	// holding them need the vision tower, which this text model refuses.
+	ImageTokenID, VideoTokenID int `json:"-"`
+	// Quant is quantization_config; nil for an unquantized checkpoint.
 	Quant *weights.Quant `json:"-"`
-	// Rope holds rope_parameters' "main" and "compress" sub-dicts.
-	Rope map[string]RopeParams `json:"-"`
-	// Raw keeps every config.json field.
+	// Notes says what was ignored (vision_config).
+	Notes []string `json:"-"`
+	// Raw keeps the text fields as given (text_config, or the flat top level).
 	Raw map[string]json.RawMessage `json:"-"`
 }
 
-// defaultConfig is DeepseekV4Config's dataclass defaults.
-func defaultConfig() Config {
-	return Config{
-		VocabSize: 129280, HiddenSize: 4096, MoEIntermediateSize: 2048, NumHiddenLayers: 43,
-		NumAttentionHeads: 64, NumKeyValueHeads: 1, HeadDim: 512, QLoraRank: 1024,
-		NumExpertsPerTok: 6, NRoutedExperts: 256, NSharedExperts: 1, ScoringFunc: "sqrtsoftplus",
-		NormTopKProb: true, RoutedScalingFactor: 1.5, MaxPositionEmbeddings: 1048576,
-		RopeTheta: 10000, CompressRopeTheta: 160000, HCMult: 4, HCSinkhornIters: 20, HCEps: 1e-6,
-		SwigluLimit: 10, SlidingWindow: 128, OGroups: 8, OLoraRank: 1024, IndexNHeads: 64,
-		IndexHeadDim: 128, IndexTopK: 512, NumNextNPredictLayers: 1, HiddenAct: "silu",
-		RMSNormEps: 1e-6, BOSTokenID: weights.TokenIDs{0}, EOSTokenID: weights.TokenIDs{1},
+// defaultTextConfig is Glm5NextTextConfig's dataclass defaults.
+func defaultTextConfig() TextConfig {
+	lb := -5.0
+	return TextConfig{
+		VocabSize: 154880, HiddenSize: 4096, IntermediateSize: 12288, MoEIntermediateSize: 2048,
+		NumHiddenLayers: 45, NumAttentionHeads: 64, NumKeyValueHeads: 64, NSharedExperts: 1,
+		NRoutedExperts: 288, RoutedScalingFactor: 2.5, KVLoraRank: 512, QLoraRank: 1536,
+		VHeadDim: 256, QKNopeHeadDim: 256, NGroup: 1, TopKGroup: 1, NumExpertsPerTok: 8,
+		NormTopKProb: true, HiddenAct: "silu", MaxPositionEmbeddings: 1048576, RMSNormEps: 1e-5,
+		PadTokenID: weights.TokenIDs{154820}, IndexTopK: 2048, IndexHeadDim: 128,
+		IndexNHeads: 32, SwigluLimit: 10, LinearHeadDim: 128, LinearNumHeads: 64,
+		LinearConvKernelDim: 4, LinearLowerBound: &lb, HCMult: 4, HCEps: 1e-6,
+		HCSinkhornIters: 20, IndexKPool: 16, IndexKPoolSelectTail: true,
+		ImageTokenID: 154854, VideoTokenID: 154855,
 	}
 }
 
-// legacyFields are the upstream (V3-flavoured) keys DeepseekV4Config folds into current ones.
-type legacyFields struct {
-	CompressRatios  []int           `json:"compress_ratios"`
-	CompressRateCSA *int            `json:"compress_rate_csa"`
-	CompressRateHCA *int            `json:"compress_rate_hca"`
-	NumHashLayers   *int            `json:"num_hash_layers"`
-	QKRopeHeadDim   *int            `json:"qk_rope_head_dim"`
-	RopeScaling     json.RawMessage `json:"rope_scaling"`
-	RopeParameters  json.RawMessage `json:"rope_parameters"`
+// nullable are the text fields whose dataclass type admits None; a null anywhere else is
+// refused as transformers' strict validation does.
+var nullable = map[string]bool{
+	"pad_token_id": true, "bos_token_id": true, "eos_token_id": true,
+	"linear_lower_bound": true, "mlp_layer_types": true, "layer_types": true,
+	"indexer_types": true, "linear_attn_config": true, "index_topk_pattern": true,
 }
 
-// ParseConfig parses config.json and normalises it as DeepseekV4Config.__post_init__ does
-// (transformers 5.23.0), then refuses what this model cannot run, naming the field.
-func ParseConfig(data []byte) (*Config, error) {
-	c := defaultConfig()
-	if err := json.Unmarshal(data, &c.Raw); err != nil {
+// topLevelOnly are Glm5NextConfig's own fields: in a flat config they stay at the top
+// level and do not reach text_config.
+var topLevelOnly = []string{"text_config", "vision_config", "image_token_id", "video_token_id",
+	"image_start_token_id", "image_end_token_id", "video_start_token_id", "video_end_token_id",
+	"tie_word_embeddings", "architectures", "model_type", "quantization_config", "transformers_version"}
+
+// ParseTextConfig parses a glm5_next config.json (nested text_config + vision_config, or
+// flat) and normalises the text model's fields as transformers 5.23.0 does, then refuses
+// what this model cannot run, naming the field.
+func ParseTextConfig(data []byte) (*TextConfig, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
 		return nil, fmt.Errorf("config: %w: %v", weights.ErrFormat, err)
 	}
-	// A null scalar means "unset" (the dataclass default stays); a null list or dict is
-	// None, which is also "derive the default" below.
+	var modelType string
+	if v, ok := top["model_type"]; ok && string(v) != "null" {
+		if err := json.Unmarshal(v, &modelType); err != nil {
+			return nil, fmt.Errorf("config: model_type: %w: %v", weights.ErrFormat, err)
+		}
+	}
+	switch modelType {
+	case "", GLMModelType, TextModelType:
+	default:
+		return nil, fmt.Errorf("config: model_type %q is not implemented by this model (it implements %s)", modelType, GLMModelType)
+	}
+	var archs []string
+	if v, ok := top["architectures"]; ok && string(v) != "null" {
+		if err := json.Unmarshal(v, &archs); err != nil {
+			return nil, fmt.Errorf("config: architectures: %w: %v", weights.ErrFormat, err)
+		}
+	}
+	for _, a := range archs {
+		if !slices.Contains(Architectures, a) {
+			return nil, fmt.Errorf("config: architecture %q is not implemented by this model (it implements %s)", a, strings.Join(Architectures, ", "))
+		}
+	}
+	c := defaultTextConfig()
+	text := map[string]json.RawMessage{}
+	if v, ok := top["text_config"]; ok && string(v) != "null" {
+		if err := json.Unmarshal(v, &text); err != nil {
+			return nil, fmt.Errorf("config: text_config: %w: %v", weights.ErrFormat, err)
+		}
+	} else {
+		for k, v := range top {
+			if !slices.Contains(topLevelOnly, k) {
+				text[k] = v
+			}
+		}
+	}
+	c.Raw = text
+	if v, ok := top["vision_config"]; ok && string(v) != "null" {
+		c.Notes = append(c.Notes, "vision_config ignored: the vision tower is not implemented (text model only; prompts with image or video tokens are refused)")
+	}
+	for k, dst := range map[string]any{"tie_word_embeddings": &c.TieWordEmbeddings, "image_token_id": &c.ImageTokenID, "video_token_id": &c.VideoTokenID} {
+		if v, ok := top[k]; ok && string(v) != "null" {
+			if err := json.Unmarshal(v, dst); err != nil {
+				return nil, fmt.Errorf("config: %s: %w: %v", k, weights.ErrFormat, err)
+			}
+		}
+	}
+	if modelType == TextModelType {
+		// A bare Glm5NextTextConfig: its own tie_word_embeddings is the only one there is.
+		c.TieWordEmbeddings = false
+		if v, ok := text["tie_word_embeddings"]; ok && string(v) != "null" {
+			if err := json.Unmarshal(v, &c.TieWordEmbeddings); err != nil {
+				return nil, fmt.Errorf("config: tie_word_embeddings: %w: %v", weights.ErrFormat, err)
+			}
+		}
+	}
 	clean := map[string]json.RawMessage{}
-	for k, v := range c.Raw {
+	for k, v := range text {
 		if string(v) != "null" {
-			clean[k] = v
+			if k != "tie_word_embeddings" && k != "qk_head_dim" {
+				clean[k] = v
+			}
+			continue
+		}
+		switch {
+		case nullable[k]:
+		case k == "head_dim" || k == "qk_head_dim": // overridden whatever its value
+		default:
+			if _, known := reflectJSONFields[k]; known {
+				return nil, fmt.Errorf("config: %s is null; transformers requires a value", k)
+			}
 		}
 	}
 	b, _ := json.Marshal(clean)
 	if err := json.Unmarshal(b, &c); err != nil {
 		return nil, fmt.Errorf("config: %w: %v", weights.ErrFormat, err)
 	}
-	for _, k := range []string{"bos_token_id", "eos_token_id", "pad_token_id"} {
-		if v, ok := c.Raw[k]; ok && string(v) == "null" {
+	for _, k := range []string{"pad_token_id", "bos_token_id", "eos_token_id"} {
+		if v, ok := text[k]; ok && string(v) == "null" {
 			switch k {
+			case "pad_token_id":
+				c.PadTokenID = nil
 			case "bos_token_id":
 				c.BOSTokenID = nil
 			case "eos_token_id":
@@ -182,32 +234,15 @@ func ParseConfig(data []byte) (*Config, error) {
 			}
 		}
 	}
-	var lg legacyFields
-	if err := json.Unmarshal(b, &lg); err != nil {
-		return nil, fmt.Errorf("config: %w: legacy fields: %v", weights.ErrFormat, err)
+	if v, ok := text["linear_lower_bound"]; ok && string(v) == "null" {
+		c.LinearLowerBound = nil
 	}
-	if c.ModelType == "" {
-		c.ModelType = v4ModelType
-	}
-	if c.ModelType != v4ModelType {
-		return nil, fmt.Errorf("config: model_type %q is not implemented by this model (it implements %s)", c.ModelType, v4ModelType)
-	}
-	for _, a := range c.Architectures {
-		if !slices.Contains(v4Architectures, a) {
-			return nil, fmt.Errorf("config: architecture %q is not implemented by this model (it implements %s)", a, strings.Join(v4Architectures, ", "))
-		}
-	}
-	if err := c.normalise(lg); err != nil {
+	if err := c.normalise(text); err != nil {
 		return nil, err
 	}
-	q, err := weights.ParseQuantization(c.Raw["quantization_config"])
+	q, err := weights.ParseQuantization(top["quantization_config"])
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
-	}
-	if q != nil {
-		if err := q.FoldExpertDType(c.Raw["expert_dtype"]); err != nil {
-			return nil, fmt.Errorf("config: %w", err)
-		}
 	}
 	c.Quant = q
 	if err := c.Validate(); err != nil {
@@ -216,335 +251,259 @@ func ParseConfig(data []byte) (*Config, error) {
 	return &c, nil
 }
 
-// normalise reproduces DeepseekV4Config.__post_init__.
-func (c *Config) normalise(lg legacyFields) error {
+// reflectJSONFields are TextConfig's JSON field names (every one of them rejects null
+// unless listed in nullable).
+var reflectJSONFields = func() map[string]bool {
+	b, _ := json.Marshal(defaultTextConfig())
+	var m map[string]json.RawMessage
+	_ = json.Unmarshal(b, &m)
+	out := map[string]bool{}
+	for k := range m {
+		out[k] = true
+	}
+	return out
+}()
+
+// normalise reproduces Glm5NextTextConfig.__post_init__.
+func (c *TextConfig) normalise(text map[string]json.RawMessage) error {
 	n := c.NumHiddenLayers
-	if c.CompressRates == nil {
-		c.CompressRates = map[string]int{CompressedSparse: 4, HeavilyCompressed: 128}
-	}
-	if lg.CompressRateCSA != nil {
-		c.CompressRates[CompressedSparse] = *lg.CompressRateCSA
-	}
-	if lg.CompressRateHCA != nil {
-		c.CompressRates[HeavilyCompressed] = *lg.CompressRateHCA
-	}
-	if c.LayerTypes == nil && lg.CompressRatios != nil {
-		for i, r := range lg.CompressRatios {
-			t, ok := legacyCompressRatio[r]
-			if !ok {
-				return fmt.Errorf("config: compress_ratios[%d] = %d: not one of 0 (sliding), 4 (CSA), 128 (HCA)", i, r)
+	if c.MLPLayerTypes == nil {
+		c.MLPLayerTypes = []string{}
+		for i := range n {
+			if i < 3 {
+				c.MLPLayerTypes = append(c.MLPLayerTypes, DenseMLP)
+			} else {
+				c.MLPLayerTypes = append(c.MLPLayerTypes, SparseMLP)
 			}
-			c.LayerTypes = append(c.LayerTypes, t)
 		}
 	}
 	if c.LayerTypes == nil {
 		c.LayerTypes = []string{}
 		for i := range n {
-			switch {
-			case i < 2:
-				c.LayerTypes = append(c.LayerTypes, HeavilyCompressed)
-			case (i-2)%2 == 1:
-				c.LayerTypes = append(c.LayerTypes, CompressedSparse)
-			default:
-				c.LayerTypes = append(c.LayerTypes, HeavilyCompressed)
-			}
-		}
-	}
-	if len(c.LayerTypes) > n {
-		c.LayerTypes = c.LayerTypes[:n]
-	}
-	if c.MLPLayerTypes == nil {
-		nHash := 3
-		if lg.NumHashLayers != nil {
-			nHash = *lg.NumHashLayers
-		}
-		c.MLPLayerTypes = []string{}
-		for i := range n {
-			if i < nHash {
-				c.MLPLayerTypes = append(c.MLPLayerTypes, HashMoE)
+			if i%4 == 3 {
+				c.LayerTypes = append(c.LayerTypes, IndexedAttention)
 			} else {
-				c.MLPLayerTypes = append(c.MLPLayerTypes, MoE)
+				c.LayerTypes = append(c.LayerTypes, LinearAttention)
 			}
 		}
-	}
-	if len(c.MLPLayerTypes) > n {
-		c.MLPLayerTypes = c.MLPLayerTypes[:n]
-	}
-	if _, ok := c.Raw["partial_rotary_factor"]; !ok || string(c.Raw["partial_rotary_factor"]) == "null" {
-		c.PartialRotaryFactor = 64.0 / 512
-		if lg.QKRopeHeadDim != nil {
-			c.PartialRotaryFactor = float64(*lg.QKRopeHeadDim) / float64(c.HeadDim)
-		}
-	}
-	c.QKRopeHeadDim = int(float64(c.HeadDim) * c.PartialRotaryFactor)
-
-	// rope_parameters: PreTrainedConfig turns a legacy rope_scaling into rope_parameters
-	// first; then V4 keeps an already nested {main, compress} as is, or builds it.
-	var rp map[string]any
-	src := lg.RopeParameters
-	if len(src) == 0 {
-		src = lg.RopeScaling
-	}
-	if len(src) > 0 {
-		if err := json.Unmarshal(src, &rp); err != nil {
-			return fmt.Errorf("config: rope_parameters: %v", err)
-		}
-	}
-	mainD, okM := rp["main"].(map[string]any)
-	compD, okC := rp["compress"].(map[string]any)
-	if okM && okC {
-		c.Rope = map[string]RopeParams{"main": {Raw: mainD}, "compress": {Raw: compD}}
-	} else {
-		compress := map[string]any{}
-		for k, v := range rp {
-			if k != "main" && k != "compress" {
-				compress[k] = v
-			}
-		}
-		compress["rope_theta"] = c.CompressRopeTheta
-		compress["partial_rotary_factor"] = c.PartialRotaryFactor
-		if _, ok := compress["rope_type"]; !ok {
-			compress["rope_type"] = "default"
-			if t, ok := compress["type"]; ok {
-				compress["rope_type"] = t
-			}
-		}
-		if compress["rope_type"] == "yarn" {
-			if _, ok := compress["attention_factor"]; !ok {
-				compress["attention_factor"] = 1.0
-			}
-		}
-		c.Rope = map[string]RopeParams{
-			"main":     {Raw: map[string]any{"rope_type": "default", "rope_theta": c.RopeTheta, "partial_rotary_factor": c.PartialRotaryFactor}},
-			"compress": {Raw: compress},
-		}
-	}
-	// validate_rope fills rope_type from "type" in each sub-dict.
-	for _, r := range c.Rope {
-		if _, ok := r.Raw["rope_type"]; !ok {
-			r.Raw["rope_type"] = "default"
-			if t, ok := r.Raw["type"]; ok {
-				r.Raw["rope_type"] = t
-			}
-		}
-	}
-	return nil
-}
-
-// Validate checks the per-layer kinds (as DeepseekV4Config.validate_layer_type does) and
-// refuses what this model cannot run, naming the field.
-func (c *Config) Validate() error {
-	n := c.NumHiddenLayers
-	if n <= 0 {
-		return fmt.Errorf("config: num_hidden_layers must be positive, got %d", n)
-	}
-	if len(c.LayerTypes) != n {
-		return fmt.Errorf("config: num_hidden_layers (%d) must equal len(layer_types) (%d)", n, len(c.LayerTypes))
-	}
-	if len(c.MLPLayerTypes) != n {
-		return fmt.Errorf("config: num_hidden_layers (%d) must equal len(mlp_layer_types) (%d)", n, len(c.MLPLayerTypes))
 	}
 	for i, t := range c.LayerTypes {
-		if t != SlidingAttention && t != CompressedSparse && t != HeavilyCompressed {
-			return fmt.Errorf("config: layer_types[%d] = %q is not one of %s, %s, %s", i, t, SlidingAttention, CompressedSparse, HeavilyCompressed)
+		if t == "full_attention" {
+			c.LayerTypes[i] = IndexedAttention
 		}
-		if t != SlidingAttention && c.CompressRates[t] <= 0 {
-			return fmt.Errorf("config: compress_rates[%q] must be positive, got %d", t, c.CompressRates[t])
+	}
+	if c.IndexerTypes == nil {
+		if v, ok := text["index_topk_pattern"]; ok && string(v) != "null" {
+			var s string
+			if json.Unmarshal(v, &s) == nil {
+				for j, ch := range s {
+					switch ch {
+					case 'F':
+						c.IndexerTypes = append(c.IndexerTypes, IndexerFull)
+					case 'S':
+						c.IndexerTypes = append(c.IndexerTypes, IndexerShared)
+					default:
+						return fmt.Errorf("config: index_topk_pattern[%d] = %q: not F (full) or S (shared)", j, ch)
+					}
+				}
+			} else if err := json.Unmarshal(v, &c.IndexerTypes); err != nil {
+				return fmt.Errorf("config: index_topk_pattern: %w: %v", weights.ErrFormat, err)
+			}
+		} else {
+			freq, offset := 1, 2
+			if v, ok := text["index_topk_freq"]; ok {
+				if err := json.Unmarshal(v, &freq); err != nil {
+					return fmt.Errorf("config: index_topk_freq: %w: %v", weights.ErrFormat, err)
+				}
+			}
+			if v, ok := text["index_skip_topk_offset"]; ok {
+				if err := json.Unmarshal(v, &offset); err != nil {
+					return fmt.Errorf("config: index_skip_topk_offset: %w: %v", weights.ErrFormat, err)
+				}
+			}
+			freq = max(freq, 1)
+			c.IndexerTypes = []string{}
+			for i := range n {
+				if max(i-offset+1, 0)%freq == 0 {
+					c.IndexerTypes = append(c.IndexerTypes, IndexerFull)
+				} else {
+					c.IndexerTypes = append(c.IndexerTypes, IndexerShared)
+				}
+			}
 		}
+	}
+	if v, ok := text["linear_attn_config"]; ok && string(v) != "null" {
+		var la map[string]json.RawMessage
+		if err := json.Unmarshal(v, &la); err != nil {
+			return fmt.Errorf("config: linear_attn_config: %w: %v", weights.ErrFormat, err)
+		}
+		for k, dst := range map[string]*int{"head_dim": &c.LinearHeadDim, "num_heads": &c.LinearNumHeads, "short_conv_kernel_size": &c.LinearConvKernelDim} {
+			if r, ok := la[k]; ok {
+				if err := json.Unmarshal(r, dst); err != nil {
+					return fmt.Errorf("config: linear_attn_config.%s: %w: %v", k, weights.ErrFormat, err)
+				}
+			}
+		}
+		if r, ok := la["gate_lower_bound"]; ok {
+			if string(r) == "null" {
+				c.LinearLowerBound = nil
+			} else {
+				var f float64
+				if err := json.Unmarshal(r, &f); err != nil {
+					return fmt.Errorf("config: linear_attn_config.gate_lower_bound: %w: %v", weights.ErrFormat, err)
+				}
+				c.LinearLowerBound = &f
+			}
+		}
+		safe := true
+		if r, ok := la["safe_gate"]; ok && string(r) != "null" {
+			if err := json.Unmarshal(r, &safe); err != nil {
+				return fmt.Errorf("config: linear_attn_config.safe_gate: %w: %v", weights.ErrFormat, err)
+			}
+		}
+		if safe && c.LinearLowerBound == nil {
+			lb := -5.0
+			c.LinearLowerBound = &lb
+		}
+	}
+	c.HeadDim = c.QKRopeHeadDim
+	c.QKHeadDim = c.QKRopeHeadDim + c.QKNopeHeadDim
+	return nil
+}
+
+// Validate checks what transformers validates (validate_architecture, validate_layer_type)
+// and refuses, naming the field, what this model cannot run.
+func (c *TextConfig) Validate() error {
+	n := c.NumHiddenLayers
+	pos := map[string]int{"vocab_size": c.VocabSize, "hidden_size": c.HiddenSize, "num_hidden_layers": n,
+		"num_attention_heads": c.NumAttentionHeads, "kv_lora_rank": c.KVLoraRank, "q_lora_rank": c.QLoraRank,
+		"qk_nope_head_dim": c.QKNopeHeadDim, "v_head_dim": c.VHeadDim, "index_n_heads": c.IndexNHeads,
+		"index_head_dim": c.IndexHeadDim, "linear_head_dim": c.LinearHeadDim, "linear_num_heads": c.LinearNumHeads,
+		"linear_conv_kernel_dim": c.LinearConvKernelDim, "hc_mult": c.HCMult, "hc_sinkhorn_iters": c.HCSinkhornIters,
+		"index_topk": c.IndexTopK}
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range pos {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		if pos[k] < 1 {
+			return fmt.Errorf("config: %s = %d must be positive", k, pos[k])
+		}
+	}
+	if c.NumAttentionHeads != c.NumKeyValueHeads {
+		return fmt.Errorf("config: num_attention_heads (%d) must be the same as num_key_value_heads (%d)", c.NumAttentionHeads, c.NumKeyValueHeads)
+	}
+	if c.IndexKPool < 1 {
+		return fmt.Errorf("config: index_kpool must be positive, got %d", c.IndexKPool)
+	}
+	if c.IndexTopK%c.IndexKPool != 0 {
+		return fmt.Errorf("config: index_topk (%d) must be divisible by index_kpool (%d)", c.IndexTopK, c.IndexKPool)
+	}
+	if c.QKRopeHeadDim != 0 {
+		return fmt.Errorf("config: qk_rope_head_dim = %d: the DSA layers are NoPE (it must be 0)", c.QKRopeHeadDim)
+	}
+	if len(c.LayerTypes) != n {
+		return fmt.Errorf("config: num_hidden_layers (%d) must be equal to the number of layer_types (%d)", n, len(c.LayerTypes))
+	}
+	for i, t := range c.LayerTypes {
+		if t != LinearAttention && t != IndexedAttention {
+			return fmt.Errorf("config: layer_types[%d] = %q: this model runs %s and %s (full_attention maps to %s)", i, t, LinearAttention, IndexedAttention, IndexedAttention)
+		}
+	}
+	if len(c.MLPLayerTypes) != n {
+		return fmt.Errorf("config: num_hidden_layers (%d) must be equal to the number of mlp_layer_types (%d)", n, len(c.MLPLayerTypes))
 	}
 	for i, t := range c.MLPLayerTypes {
-		if t != HashMoE && t != MoE {
-			return fmt.Errorf("config: mlp_layer_types[%d] = %q is not one of %s, %s", i, t, HashMoE, MoE)
+		if t != DenseMLP && t != SparseMLP {
+			return fmt.Errorf("config: mlp_layer_types[%d] = %q: not %s or %s", i, t, DenseMLP, SparseMLP)
 		}
 	}
-	for _, f := range []struct {
-		name string
-		v    int
-	}{
-		{"vocab_size", c.VocabSize}, {"hidden_size", c.HiddenSize}, {"moe_intermediate_size", c.MoEIntermediateSize},
-		{"num_attention_heads", c.NumAttentionHeads}, {"head_dim", c.HeadDim}, {"q_lora_rank", c.QLoraRank},
-		{"num_experts_per_tok", c.NumExpertsPerTok}, {"n_routed_experts", c.NRoutedExperts},
-		{"hc_mult", c.HCMult}, {"hc_sinkhorn_iters", c.HCSinkhornIters}, {"sliding_window", c.SlidingWindow},
-		{"o_groups", c.OGroups}, {"o_lora_rank", c.OLoraRank}, {"index_n_heads", c.IndexNHeads},
-		{"index_head_dim", c.IndexHeadDim}, {"index_topk", c.IndexTopK},
-	} {
-		if f.v <= 0 {
-			return fmt.Errorf("config: %s must be positive, got %d", f.name, f.v)
+	if len(c.IndexerTypes) < n {
+		return fmt.Errorf("config: indexer_types has %d entries for %d layers", len(c.IndexerTypes), n)
+	}
+	for i := range n {
+		t := c.IndexerTypes[i]
+		if t != IndexerFull && t != IndexerShared {
+			return fmt.Errorf("config: indexer_types[%d] = %q: not %s or %s", i, t, IndexerFull, IndexerShared)
+		}
+		if t == IndexerShared && c.LayerTypes[i] == IndexedAttention {
+			// transformers raises at the first forward; refuse it here.
+			if i == 0 || c.LayerTypes[i-1] != IndexedAttention || c.IndexerTypes[i-1] != IndexerFull {
+				return fmt.Errorf("config: indexer_types[%d] = shared needs layer %d to be a full indexed_attention layer (layer_types, indexer_types)", i, i-1)
+			}
 		}
 	}
-	if c.NumExpertsPerTok > c.NRoutedExperts {
-		return fmt.Errorf("config: num_experts_per_tok (%d) exceeds n_routed_experts (%d)", c.NumExpertsPerTok, c.NRoutedExperts)
-	}
-	if c.NumAttentionHeads*c.HeadDim%c.OGroups != 0 {
-		return fmt.Errorf("config: o_groups (%d) must divide num_attention_heads·head_dim (%d)", c.OGroups, c.NumAttentionHeads*c.HeadDim)
-	}
-	switch c.ScoringFunc {
-	case "sqrtsoftplus", "sigmoid":
-	default:
-		return fmt.Errorf("config: scoring_func %q is not implemented (sqrtsoftplus, sigmoid; transformers has no %q activation either)", c.ScoringFunc, c.ScoringFunc)
+	if !c.IndexKPoolSelectTail {
+		// Without the tail a query before its first complete pool sees no token, and
+		// transformers' eager mask then spreads it uniformly over every key, future ones too.
+		return fmt.Errorf("config: index_kpool_always_select_tail = false is not supported (a query before its first complete pool would attend to nothing)")
 	}
 	if c.HiddenAct != "silu" {
-		return fmt.Errorf("config: hidden_act %q is not implemented (the experts use silu)", c.HiddenAct)
+		return fmt.Errorf("config: hidden_act %q: only silu runs here", c.HiddenAct)
 	}
-	if c.MLPBias {
-		return fmt.Errorf("config: mlp_bias (biases on the shared expert) is not implemented by this model")
+	if c.AttentionBias {
+		return fmt.Errorf("config: attention_bias = true is not implemented (GLM-5.3-Flash has none)")
 	}
-	if c.NumNextNPredictLayers < 0 || c.NumNextNPredictLayers > 1 {
-		return fmt.Errorf("config: num_nextn_predict_layers %d: this model runs at most one MTP layer", c.NumNextNPredictLayers)
+	if slices.Contains(c.MLPLayerTypes, SparseMLP) {
+		if c.NRoutedExperts < 1 || c.NumExpertsPerTok < 1 || c.NumExpertsPerTok > c.NRoutedExperts {
+			return fmt.Errorf("config: num_experts_per_tok = %d of n_routed_experts = %d", c.NumExpertsPerTok, c.NRoutedExperts)
+		}
+		if c.NGroup < 1 || c.NRoutedExperts%c.NGroup != 0 || c.TopKGroup < 1 || c.TopKGroup > c.NGroup {
+			return fmt.Errorf("config: n_group = %d, topk_group = %d for %d experts: groups must divide the experts and topk_group ≤ n_group", c.NGroup, c.TopKGroup, c.NRoutedExperts)
+		}
+		if c.NGroup > 1 && c.NRoutedExperts/c.NGroup < 2 {
+			return fmt.Errorf("config: n_group = %d leaves fewer than 2 experts per group (the group score sums the top 2)", c.NGroup)
+		}
+		if c.NumExpertsPerTok > c.TopKGroup*(c.NRoutedExperts/c.NGroup) {
+			return fmt.Errorf("config: num_experts_per_tok = %d exceeds the experts of topk_group = %d groups", c.NumExpertsPerTok, c.TopKGroup)
+		}
+		if c.MoEIntermediateSize < 1 {
+			return fmt.Errorf("config: moe_intermediate_size = %d must be positive", c.MoEIntermediateSize)
+		}
 	}
-	for _, k := range []string{"main", "compress"} {
-		r, ok := c.Rope[k]
-		if !ok {
-			return fmt.Errorf("config: rope_parameters lacks %q", k)
-		}
-		if d := r.RotaryDim(c.HeadDim); d <= 0 || d%2 != 0 || d > c.HeadDim {
-			return fmt.Errorf("config: rope_parameters[%q]: rotary dim %d must be even and in (0, head_dim]", k, d)
-		}
-		if d := r.RotaryDim(c.HeadDim); k == "compress" && d > c.IndexHeadDim {
-			return fmt.Errorf("config: rope_parameters[compress]: rotary dim %d does not fit index_head_dim %d", d, c.IndexHeadDim)
-		}
-		if !(r.Theta() > 0) {
-			return fmt.Errorf("config: rope_parameters[%q].rope_theta must be positive", k)
-		}
-		switch r.Type() {
-		case "default":
-		case "yarn":
-			if f, ok := r.num("factor"); !ok || !(f > 0) {
-				return fmt.Errorf("config: rope_parameters[%q] yarn needs a positive factor", k)
-			}
-			if o, ok := r.num("original_max_position_embeddings"); !ok || !(o > 0) {
-				return fmt.Errorf("config: rope_parameters[%q] yarn needs original_max_position_embeddings", k)
-			}
-		default:
-			return fmt.Errorf("config: rope_parameters[%q].rope_type %q is not implemented (default, yarn)", k, r.Type())
+	if slices.Contains(c.MLPLayerTypes, DenseMLP) && c.IntermediateSize < 1 {
+		return fmt.Errorf("config: intermediate_size = %d must be positive", c.IntermediateSize)
+	}
+	if c.NSharedExperts < 0 {
+		return fmt.Errorf("config: n_shared_experts = %d", c.NSharedExperts)
+	}
+	if c.Quant != nil && c.Quant.ExpertDType == weights.ExpertFP4 {
+		return fmt.Errorf("config: quantization_config expert_dtype fp4 is a DeepSeek-V4 format; GLM-5.3-Flash ships FP8")
+	}
+	return nil
+}
+
+// IndexPools is the number of pools the indexer selects: index_topk / index_kpool.
+func (c *TextConfig) IndexPools() int { return c.IndexTopK / c.IndexKPool }
+
+// LinearDim is the width of one KDA projection (q, k or v): linear_num_heads·linear_head_dim.
+func (c *TextConfig) LinearDim() int { return c.LinearNumHeads * c.LinearHeadDim }
+
+// RefuseVisionTokens returns an error when ids hold an image or video placeholder token:
+// they need the vision tower, which this text model does not implement.
+func (c *TextConfig) RefuseVisionTokens(ids []int32) error {
+	for i, id := range ids {
+		if int(id) == c.ImageTokenID || int(id) == c.VideoTokenID {
+			return fmt.Errorf("glm-5-flash: token %d at position %d is an image/video placeholder: vision inputs are not supported (text model only)", id, i)
 		}
 	}
 	return nil
 }
 
-// LayerRatio returns the compression ratio of layer i (0 for a sliding layer).
-func (c *Config) LayerRatio(i int) int {
-	if c.LayerTypes[i] == SlidingAttention {
-		return 0
+// LoadTextConfig reads dir/config.json (or a config.json path).
+func LoadTextConfig(path string) (*TextConfig, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		path = filepath.Join(path, "config.json")
 	}
-	return c.CompressRates[c.LayerTypes[i]]
-}
-
-// LoadConfig reads dir/config.json.
-func LoadConfig(dir string) (*Config, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("load config: %w", err)
+		return nil, err
 	}
-	c, err := ParseConfig(data)
+	c, err := ParseTextConfig(data)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", filepath.Join(dir, "config.json"), err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
-}
-
-// Rotary is one rotary embedding (the "main" or "compress" one) over the trailing Dim
-// channels of a head: inverse frequencies in float32 as transformers computes them, and the
-// attention scaling applied to cos and sin.
-type Rotary struct {
-	InvFreq []float32 // [Dim/2]
-	Scale   float32
-	Dim     int
-}
-
-// NewRotary builds the rotary of rope_parameters[kind] for heads of headDim channels
-// (DeepseekV4RotaryEmbedding: default or YaRN inverse frequencies).
-func (c *Config) NewRotary(kind string, headDim int) Rotary {
-	r := c.Rope[kind]
-	// The compute functions size the rotary from config.head_dim, whatever tensor it is
-	// applied to (the indexer's heads are narrower): its trailing rope slice is the same.
-	dim := r.RotaryDim(c.HeadDim)
-	base := r.Theta()
-	half := dim / 2
-	posFreq := make([]float32, half)
-	for i := range posFreq {
-		posFreq[i] = float32(math.Pow(base, float64(float32(2*i)/float32(dim))))
-	}
-	inv := make([]float32, half)
-	scale := float32(1)
-	switch r.Type() {
-	case "yarn":
-		factor, _ := r.num("factor")
-		orig, _ := r.num("original_max_position_embeddings")
-		att, hasAtt := r.num("attention_factor")
-		if !hasAtt {
-			mscale, _ := r.num("mscale")
-			mscaleAll, _ := r.num("mscale_all_dim")
-			get := func(s, m float64) float64 {
-				if s <= 1 {
-					return 1
-				}
-				return 0.1*m*math.Log(s) + 1
-			}
-			if mscale != 0 && mscaleAll != 0 {
-				att = get(factor, mscale) / get(factor, mscaleAll)
-			} else {
-				att = get(factor, 1)
-			}
-		}
-		scale = float32(att)
-		betaFast, _ := r.num("beta_fast")
-		if betaFast == 0 {
-			betaFast = 32
-		}
-		betaSlow, _ := r.num("beta_slow")
-		if betaSlow == 0 {
-			betaSlow = 1
-		}
-		corr := func(rot float64) float64 {
-			return float64(dim) * math.Log(orig/(rot*2*math.Pi)) / (2 * math.Log(base))
-		}
-		// truncate is read from the top level of rope_parameters, which V4 nests: always true.
-		low, high := math.Floor(corr(betaFast)), math.Ceil(corr(betaSlow))
-		low, high = max(low, 0), min(high, float64(dim-1))
-		if low == high {
-			high += 0.001
-		}
-		for i := range inv {
-			ramp := (float32(i) - float32(low)) / float32(high-low)
-			ramp = min(max(ramp, 0), 1)
-			ext := 1 - ramp
-			extra := 1 / posFreq[i]
-			inter := 1 / (float32(factor) * posFreq[i])
-			inv[i] = inter*(1-ext) + extra*ext
-		}
-	default:
-		for i := range inv {
-			inv[i] = 1 / posFreq[i]
-		}
-	}
-	return Rotary{InvFreq: inv, Scale: scale, Dim: dim}
-}
-
-// Apply rotates the trailing Dim channels of each of the rows·heads heads of x (interleaved
-// pairs: channels 2i, 2i+1 of the rope slice) at the row's position; inverse applies the
-// conjugate rotation (−sin), as V4 does to the attention output.
-//
-//	x: [rows, heads, headDim]   pos: [rows]
-func (r Rotary) Apply(x []float32, pos []int32, rows, heads, headDim int, inverse bool) {
-	half := r.Dim / 2
-	cos, sin := make([]float32, half), make([]float32, half)
-	for t := range rows {
-		for i := range half {
-			f := float32(pos[t]) * r.InvFreq[i]
-			cos[i] = float32(math.Cos(float64(f))) * r.Scale
-			sin[i] = float32(math.Sin(float64(f))) * r.Scale
-			if inverse {
-				sin[i] = -sin[i]
-			}
-		}
-		for h := range heads {
-			v := x[(t*heads+h)*headDim+headDim-r.Dim : (t*heads+h+1)*headDim]
-			for i := range half {
-				a, b := v[2*i], v[2*i+1]
-				v[2*i] = a*cos[i] - b*sin[i]
-				v[2*i+1] = b*cos[i] + a*sin[i]
-			}
-		}
-	}
 }

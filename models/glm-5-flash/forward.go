@@ -6,515 +6,583 @@ import (
 	"sort"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
-	"gonum.org/v1/gonum/blas/blas32"
 )
 
-// Model is a loaded model: its config, weights and rotary embeddings. Forward is the
-// reference forward (plain Go over core/kernels/ref), the oracle the CUDA kernels are
-// checked against. Not safe for concurrent use.
-type Model struct {
-	Config         *Config
-	W              *Weights
-	main, compress Rotary
-	maxContext     int
-
-	// MinTopKMargin is the smallest gap seen between the last picked and the first
-	// dropped indexer score at a top-k cut (+Inf when no cut happened): ties there would
-	// make the pick depend on torch.topk's order. Tests read it.
-	MinTopKMargin float64
-
-	moeBuf moeScratch // the MoE's buffers (moe.go)
+// TextModel is GLM-5.3-Flash's text model: KDA and NoPE MLA-DSA layers between mHC
+// streams, dense and MoE MLPs, the mean stream collapse and an untied lm_head.
+type TextModel struct {
+	Config *TextConfig
+	W      *TextWeights
 }
 
-// NewModel prepares a model for contexts up to maxContext tokens.
-func NewModel(c *Config, w *Weights, maxContext int) (*Model, error) {
-	if maxContext <= 0 {
-		return nil, fmt.Errorf("model: maxContext must be positive, got %d", maxContext)
-	}
-	return &Model{
-		Config: c, W: w, maxContext: maxContext,
-		main: c.NewRotary("main", c.HeadDim), compress: c.NewRotary("compress", c.HeadDim),
-		MinTopKMargin: math.Inf(1),
-	}, nil
+// KDAChunk is the chunk length of the chunked KDA form used for prefill.
+const KDAChunk = 16
+
+// TextState is one sequence's state between forward calls: for KDA layers the causal-conv
+// history and the recurrent state, for MLA layers the normalised latents and the
+// indexer's keys, gate scores and completed pool keys. A state from NewTextState lives in
+// Go memory; the runner binds one to kvslab pages for each plan (textcache.go).
+type TextState struct {
+	Len    int // tokens consumed
+	Layers []TextLayerState
+	// BlockTokens, when > 0, makes KDA layers call BlockEnd at every block end.
+	BlockTokens int
 }
 
-// MaxContext returns the longest sequence the model accepts.
-func (m *Model) MaxContext() int { return m.maxContext }
-
-// Chunk is the new tokens of one sequence: they continue it at position State.Len.
-type Chunk struct {
-	State  *SeqState
-	Tokens []int32
+// TextLayerState is one layer's part of a TextState.
+type TextLayerState struct {
+	Conv      []float32 // KDA: [3L, K−1], the last K−1 conv inputs per channel (oldest first)
+	Recurrent []float32 // KDA: [H, Dk, Dv] fp32
+	Latent    Rows      // MLA: per token kv_a_layernorm(kv_a_proj_with_mqa(x)) [kv_lora_rank]
+	IdxKey    Rows      // full indexer: per token k_norm(wk(x)) [I]
+	IdxGate   Rows      // full indexer: per token x·index_kpool_compress_gateᵀ [I]
+	Pools     Rows      // full indexer: per completed pool its key [I]
+	// BlockEnd, when set, is called by a KDA layer once Conv and Recurrent hold the state
+	// after the token at pos, the last of a block (the runner checkpoints them there).
+	BlockEnd func(pos int)
 }
 
-// batch is the flat view of one forward call: rows of every chunk, in chunk order.
-type batch struct {
-	tokens []int32
-	pos    []int32
-	start  []int // row offset of each chunk (len(chunks)+1)
+// growRows is Rows in a Go slice that grows as rows are written.
+type growRows struct {
+	dim  int
+	data []float32
 }
 
-// Forward runs chunks of new tokens (one per sequence, any lengths) through the model,
-// extending each sequence's state. It returns the logits of every row ([ΣT, vocab], rows
-// in chunk order) and the final hidden streams ([ΣT, hc, hidden], the MTP head's input).
-func (m *Model) Forward(chunks []Chunk) (logits, streams []float32, err error) {
-	c, w := m.Config, m.W
-	var b batch
-	b.start = append(b.start, 0)
-	for _, ch := range chunks {
-		if ch.State == nil || len(ch.State.Layers) != c.NumHiddenLayers {
-			return nil, nil, fmt.Errorf("forward: chunk without a state of this model")
-		}
-		for i, t := range ch.Tokens {
-			if t < 0 || int(t) >= c.VocabSize {
-				return nil, nil, fmt.Errorf("forward: token id %d outside the vocabulary [0, %d)", t, c.VocabSize)
-			}
-			p := ch.State.Len + i
-			if p >= m.maxContext {
-				return nil, nil, fmt.Errorf("forward: position %d outside the context of %d tokens", p, m.maxContext)
-			}
-			b.tokens = append(b.tokens, t)
-			b.pos = append(b.pos, int32(p))
-		}
-		b.start = append(b.start, len(b.tokens))
+func (r *growRows) Row(i int) []float32 {
+	for (i+1)*r.dim > len(r.data) {
+		r.data = append(r.data, make([]float32, r.dim)...)
 	}
-	n, h, hc := len(b.tokens), c.HiddenSize, c.HCMult
-	x := make([]float32, n*h)
-	if err := ref.Embedding(x, w.Embed, b.tokens, h); err != nil {
-		return nil, nil, err
-	}
-	streams = make([]float32, n*hc*h)
-	for t := range n {
-		for i := range hc {
-			copy(streams[(t*hc+i)*h:(t*hc+i+1)*h], x[t*h:(t+1)*h])
-		}
-	}
-	for li := range w.Layers {
-		states := make([]*LayerState, len(chunks))
-		for i, ch := range chunks {
-			states[i] = &ch.State.Layers[li]
-		}
-		streams, err = m.block(&w.Layers[li], c.LayerTypes[li], c.MLPLayerTypes[li], streams, &b, states)
-		if err != nil {
-			return nil, nil, fmt.Errorf("forward: layer %d: %w", li, err)
-		}
-	}
-	for _, ch := range chunks {
-		ch.State.Len += len(ch.Tokens)
-	}
-	logits, err = m.head(streams, n, w.HCFn, w.HCBase, w.HCScale, w.Norm)
-	return logits, streams, err
+	return r.data[i*r.dim : (i+1)*r.dim]
 }
 
-// head collapses the streams with hc_head, applies the final norm and the lm_head.
-func (m *Model) head(streams []float32, n int, fn, base, scale, norm []float32) ([]float32, error) {
+// NewTextState returns the empty state of a new sequence, in Go memory.
+func (m *TextModel) NewTextState() *TextState {
 	c := m.Config
-	h, hc := c.HiddenSize, c.HCMult
-	eps := float32(c.RMSNormEps)
-	flat := make([]float32, n*hc*h)
-	if err := ref.RMSNormUnweighted(flat, streams, n, hc*h, eps); err != nil {
-		return nil, err
-	}
-	mix := make([]float32, n*hc)
-	if err := ref.MatMulT(mix, flat, fn, n, hc*h, hc); err != nil {
-		return nil, err
-	}
-	y := make([]float32, n*h)
-	pre := make([]float32, hc)
-	for t := range n {
-		for i := range hc {
-			pre[i] = sigmoid(mix[t*hc+i]*scale[0]+base[i]) + float32(c.HCEps)
+	s := &TextState{Layers: make([]TextLayerState, c.NumHiddenLayers)}
+	for i, ly := range m.W.layers {
+		ls := &s.Layers[i]
+		if ly.kind == LinearAttention {
+			L := c.LinearDim()
+			ls.Conv = make([]float32, 3*L*(c.LinearConvKernelDim-1))
+			ls.Recurrent = make([]float32, c.LinearNumHeads*c.LinearHeadDim*c.LinearHeadDim)
+			continue
 		}
-		if err := ref.HyperCollapse(y[t*h:(t+1)*h], streams[t*hc*h:(t+1)*hc*h], pre, hc, h); err != nil {
+		ls.Latent = &growRows{dim: c.KVLoraRank}
+		if ly.mla.idx != nil {
+			ls.IdxKey, ls.IdxGate, ls.Pools = &growRows{dim: c.IndexHeadDim}, &growRows{dim: c.IndexHeadDim}, &growRows{dim: c.IndexHeadDim}
+		}
+	}
+	return s
+}
+
+// Forward runs ids (the next tokens of the sequence whose state is st) through the model
+// and returns their logits [len(ids), vocab]; st advances by len(ids). Any split of a
+// sequence into calls gives the same logits (to rounding): one call is a prefill, a
+// one-token call is a decode step.
+func (m *TextModel) Forward(st *TextState, ids []int32) ([]float32, error) {
+	c := m.Config
+	T, D, hc := len(ids), c.HiddenSize, c.HCMult
+	if T == 0 {
+		return nil, nil
+	}
+	if err := c.RefuseVisionTokens(ids); err != nil {
+		return nil, err
+	}
+	x := make([]float32, T*D)
+	if err := ref.Embedding(x, m.W.embed, ids, D); err != nil {
+		return nil, err
+	}
+	streams := make([]float32, T*hc*D)
+	for t := range T {
+		for k := range hc {
+			copy(streams[(t*hc+k)*D:], x[t*D:(t+1)*D])
+		}
+	}
+	var sel [][]int32 // the previous layer's DSA selection, per query
+	for i := range m.W.layers {
+		ly := &m.W.layers[i]
+		ls := &st.Layers[i]
+		var err error
+		streams, err = m.hcBlock(streams, T, &ly.attnHC, ly.inNorm, func(h []float32) ([]float32, error) {
+			if ly.kind == LinearAttention {
+				sel = nil
+				return m.kda(ly.kda, ls, h, T, st.Len, st.BlockTokens)
+			}
+			out, s, err := m.mla(ly.mla, ls, h, T, st.Len, sel)
+			sel = s
+			return out, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("layer %d attention: %w", i, err)
+		}
+		streams, err = m.hcBlock(streams, T, &ly.ffnHC, ly.postNorm, func(h []float32) ([]float32, error) {
+			if ly.dense != nil {
+				return mlp(ly.dense, h, T, D, float32(c.SwigluLimit)), nil
+			}
+			return m.moe(ly.moe, h, T)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("layer %d mlp: %w", i, err)
+		}
+	}
+	// hc_head: the mean of the streams, then the final norm and lm_head.
+	for t := range T {
+		o := x[t*D : (t+1)*D]
+		clear(o)
+		for k := range hc {
+			for d := range D {
+				o[d] += streams[(t*hc+k)*D+d]
+			}
+		}
+		for d := range D {
+			o[d] /= float32(hc)
+		}
+	}
+	if err := ref.RMSNorm(x, x, m.W.norm, T, D, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	st.Len += T
+	return dense(x, m.W.lmHead, T, D, c.VocabSize), nil
+}
+
+// hcBlock runs one mHC-wrapped block: weights from the normalised flattened streams,
+// collapse by pre, RMSNorm, the block, expand by post plus combᵀ·streams.
+func (m *TextModel) hcBlock(streams []float32, T int, h *hcWeights, norm []float32, block func([]float32) ([]float32, error)) ([]float32, error) {
+	c := m.Config
+	D, hc := c.HiddenSize, c.HCMult
+	nMix := (2 + hc) * hc
+	flat := make([]float32, T*hc*D)
+	if err := ref.RMSNormUnweighted(flat, streams, T, hc*D, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	mix := dense(flat, h.fn, T, hc*D, nMix)
+	pre, post, comb := make([]float32, T*hc), make([]float32, T*hc), make([]float32, T*hc*hc)
+	in := make([]float32, T*D)
+	for t := range T {
+		if err := ref.HyperConnWeights(pre[t*hc:(t+1)*hc], post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc],
+			mix[t*nMix:(t+1)*nMix], h.base, h.scale, hc, c.HCSinkhornIters, float32(c.HCEps)); err != nil {
+			return nil, err
+		}
+		if err := ref.HyperCollapse(in[t*D:(t+1)*D], streams[t*hc*D:(t+1)*hc*D], pre[t*hc:(t+1)*hc], hc, D); err != nil {
 			return nil, err
 		}
 	}
-	if err := ref.RMSNorm(y, y, norm, n, h, eps); err != nil {
+	if err := ref.RMSNorm(in, in, norm, T, D, float32(c.RMSNormEps)); err != nil {
 		return nil, err
 	}
-	logits := make([]float32, n*c.VocabSize)
-	return logits, ref.MatMulT(logits, y, m.W.Head, n, h, c.VocabSize)
-}
-
-// hyper computes one mHC's weights for every row and the collapsed block input.
-func (m *Model) hyper(hcw *HyperConn, streams []float32, n int) (post, comb, collapsed []float32, err error) {
-	c := m.Config
-	h, hc := c.HiddenSize, c.HCMult
-	flat := make([]float32, n*hc*h)
-	if err := ref.RMSNormUnweighted(flat, streams, n, hc*h, float32(c.RMSNormEps)); err != nil {
-		return nil, nil, nil, err
+	out, err := block(in)
+	if err != nil {
+		return nil, err
 	}
-	k := (2 + hc) * hc
-	mix := make([]float32, n*k)
-	if err := ref.MatMulT(mix, flat, hcw.Fn, n, hc*h, k); err != nil {
-		return nil, nil, nil, err
-	}
-	post, comb, collapsed = make([]float32, n*hc), make([]float32, n*hc*hc), make([]float32, n*h)
-	pre := make([]float32, hc)
-	for t := range n {
-		if err := ref.HyperConnWeights(pre, post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc], mix[t*k:(t+1)*k],
-			hcw.Base, hcw.Scale, hc, c.HCSinkhornIters, float32(c.HCEps)); err != nil {
-			return nil, nil, nil, err
-		}
-		if err := ref.HyperCollapse(collapsed[t*h:(t+1)*h], streams[t*hc*h:(t+1)*hc*h], pre, hc, h); err != nil {
-			return nil, nil, nil, err
-		}
-	}
-	return post, comb, collapsed, nil
-}
-
-// expand refreshes the streams from a block output with post and comb.
-func (m *Model) expand(streams, out, post, comb []float32, n int) ([]float32, error) {
-	h, hc := m.Config.HiddenSize, m.Config.HCMult
 	next := make([]float32, len(streams))
-	for t := range n {
-		if err := ref.HyperExpand(next[t*hc*h:(t+1)*hc*h], streams[t*hc*h:(t+1)*hc*h], out[t*h:(t+1)*h],
-			post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc], hc, h); err != nil {
+	for t := range T {
+		if err := ref.HyperExpand(next[t*hc*D:(t+1)*hc*D], streams[t*hc*D:(t+1)*hc*D], out[t*D:(t+1)*D],
+			post[t*hc:(t+1)*hc], comb[t*hc*hc:(t+1)*hc*hc], hc, D); err != nil {
 			return nil, err
 		}
 	}
 	return next, nil
 }
 
-// block runs one decoder block (mHC → attention → mHC → MoE) over every row.
-func (m *Model) block(l *Layer, kind, mlpKind string, streams []float32, b *batch, states []*LayerState) ([]float32, error) {
-	c := m.Config
-	n, h := len(b.tokens), c.HiddenSize
-	eps := float32(c.RMSNormEps)
-	post, comb, x, err := m.hyper(&l.AttnHC, streams, n)
-	if err != nil {
-		return nil, err
+// dense returns x·wᵀ: x [rows, in], w [out, in].
+func dense(x, w []float32, rows, in, out int) []float32 {
+	y := make([]float32, rows*out)
+	if err := ref.MatMulT(y, x, w, rows, in, out); err != nil {
+		panic(err) // shapes are fixed by the loader
 	}
-	if err := ref.RMSNorm(x, x, l.AttnNorm, n, h, eps); err != nil {
-		return nil, err
-	}
-	att, err := m.attention(l, kind, x, b, states)
-	if err != nil {
-		return nil, err
-	}
-	if streams, err = m.expand(streams, att, post, comb, n); err != nil {
-		return nil, err
-	}
-	post, comb, x, err = m.hyper(&l.FFNHC, streams, n)
-	if err != nil {
-		return nil, err
-	}
-	if err := ref.RMSNorm(x, x, l.FFNNorm, n, h, eps); err != nil {
-		return nil, err
-	}
-	ffn, err := m.moe(l, mlpKind, x, b.tokens)
-	if err != nil {
-		return nil, err
-	}
-	return m.expand(streams, ffn, post, comb, n)
+	return y
 }
 
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+func sigmoid32(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
 
-// linear computes x·wᵀ for n rows: x [n, in], w [out, in] → [n, out].
-func linear(x, w []float32, n, in, out int) ([]float32, error) {
-	y := make([]float32, n*out)
-	return y, ref.MatMulT(y, x, w, n, in, out)
+// clampedSwiGLU computes silu(min(gate, limit))·clamp(up, ±limit) in place into gate.
+func clampedSwiGLU(gate, up []float32, limit float32) {
+	for i, g := range gate {
+		g = min(g, limit)
+		u := max(min(up[i], limit), -limit)
+		gate[i] = ref.SiLU(g) * u
+	}
 }
 
-// attention runs one layer's attention over every row: queries from the low-rank q path,
-// the shared K=V head over the sliding window, the compressed entries (HCA: all visible;
-// CSA: the indexer's top-k), per-head sinks, de-rotation of the output's rope slice and
-// the grouped output projection. It extends each sequence's layer state.
-func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states []*LayerState) ([]float32, error) {
+// mlp is the clamped SwiGLU MLP (dense layers and shared experts).
+func mlp(w *mlpWeights, x []float32, T, D int, limit float32) []float32 {
+	g := dense(x, w.gate, T, D, w.width)
+	u := dense(x, w.up, T, D, w.width)
+	clampedSwiGLU(g, u, limit)
+	return dense(g, w.down, T, w.width, D)
+}
+
+// moe routes each token to its top-k experts (sigmoid scores plus correction bias,
+// group-limited when n_group > 1, weights renormalised and scaled) and adds the shared
+// experts.
+func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	c := m.Config
-	n, h, d, nh, qr := len(b.tokens), c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.QLoraRank
-	eps := float32(c.RMSNormEps)
-	rot := m.main
-	if kind != SlidingAttention {
-		rot = m.compress
+	D, E, F, K := c.HiddenSize, c.NRoutedExperts, c.MoEIntermediateSize, c.NumExpertsPerTok
+	logits := dense(x, w.router, T, D, E)
+	if topKMargin != nil {
+		routerMargins(logits, w.bias, T, E, K, c.NGroup, c.TopKGroup)
 	}
-	qres, err := linear(x, l.QA, n, h, qr)
-	if err != nil {
+	wts, ids := make([]float32, T*K), make([]int32, T*K)
+	if err := ref.MoETopK(wts, ids, logits, T, E, ref.Routing{TopK: K, Scoring: ref.ScoreSigmoid,
+		Renormalize: c.NormTopKProb, Bias: w.bias, Groups: c.NGroup, GroupTopK: c.TopKGroup,
+		Scale: float32(c.RoutedScalingFactor)}); err != nil {
 		return nil, err
 	}
-	if err := ref.RMSNorm(qres, qres, l.QANorm, n, qr, eps); err != nil {
-		return nil, err
-	}
-	q, err := linear(qres, l.QB, n, qr, nh*d)
-	if err != nil {
-		return nil, err
-	}
-	if err := ref.RMSNormUnweighted(q, q, n*nh, d, eps); err != nil {
-		return nil, err
-	}
-	rot.Apply(q, b.pos, n, nh, d, false)
-	kv, err := linear(x, l.KV, n, h, d)
-	if err != nil {
-		return nil, err
-	}
-	if err := ref.RMSNorm(kv, kv, l.KVNorm, n, d, eps); err != nil {
-		return nil, err
-	}
-	rot.Apply(kv, b.pos, n, 1, d, false)
-
-	// Compressor and indexer projections, for every row at once.
-	var ckv, cgate, ikv, igate, iq, iw []float32
-	if l.Compressor != nil {
-		width := len(l.Compressor.KV) / h
-		if ckv, err = linear(x, l.Compressor.KV, n, h, width); err != nil {
-			return nil, err
-		}
-		if cgate, err = linear(x, l.Compressor.Gate, n, h, width); err != nil {
-			return nil, err
+	out := mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+	// Group rows by expert and run each expert's rows as one GEMM.
+	rows := make([][]int, E)
+	for t := range T {
+		for j := range K {
+			rows[ids[t*K+j]] = append(rows[ids[t*K+j]], t*K+j)
 		}
 	}
-	if l.Indexer != nil {
-		id, ih := c.IndexHeadDim, c.IndexNHeads
-		if ikv, err = linear(x, l.Indexer.KV, n, h, 2*id); err != nil {
-			return nil, err
-		}
-		if igate, err = linear(x, l.Indexer.Gate, n, h, 2*id); err != nil {
-			return nil, err
-		}
-		if iq, err = linear(qres, l.Indexer.QB, n, qr, ih*id); err != nil {
-			return nil, err
-		}
-		m.compress.Apply(iq, b.pos, n, ih, id, false)
-		if iw, err = linear(x, l.Indexer.WeightsProj, n, h, ih); err != nil {
-			return nil, err
-		}
-		s := float32(math.Pow(float64(ih), -0.5))
-		for i := range iw {
-			iw[i] *= s
-		}
-	}
-
-	out := make([]float32, n*nh*d)
-	for si, st := range states {
-		r0, r1 := b.start[si], b.start[si+1]
-		if r0 == r1 {
+	for e, rs := range rows {
+		if len(rs) == 0 {
 			continue
 		}
-		pos := b.pos[r0:r1]
-		if l.Compressor != nil {
-			w := st.Compressor.Width()
-			m.compressInto(st.Compressor, l.Compressor.PositionBias, l.Compressor.Norm, ckv[r0*w:r1*w], cgate[r0*w:r1*w], pos)
+		xe := make([]float32, len(rs)*D)
+		for r, tk := range rs {
+			copy(xe[r*D:(r+1)*D], x[(tk/K)*D:(tk/K+1)*D])
 		}
-		if l.Indexer != nil {
-			w := st.Indexer.Width()
-			m.compressInto(st.Indexer, l.Indexer.PositionBias, l.Indexer.Norm, ikv[r0*w:r1*w], igate[r0*w:r1*w], pos)
+		gu := dense(xe, w.gateUp[e*2*F*D:(e+1)*2*F*D], len(rs), D, 2*F)
+		g, u := make([]float32, len(rs)*F), make([]float32, len(rs)*F)
+		for r := range rs {
+			copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
+			copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
 		}
-		for t, p := range pos {
-			copy(st.Window.Row(int(p)), kv[(r0+t)*d:(r0+t+1)*d])
-		}
-		m.attendSeq(l, kind, st, q[r0*nh*d:r1*nh*d], pos, out[r0*nh*d:r1*nh*d], iq, iw, r0)
-		if f, ok := st.Window.(interface{ ForgetBefore(int) }); ok {
-			f.ForgetBefore(int(pos[len(pos)-1]) - c.SlidingWindow + 2) // the next query reads from here on
+		clampedSwiGLU(g, u, float32(c.SwigluLimit))
+		y := dense(g, w.down[e*D*F:(e+1)*D*F], len(rs), F, D)
+		for r, tk := range rs {
+			wt := wts[tk]
+			o := out[(tk/K)*D : (tk/K+1)*D]
+			for d := range D {
+				o[d] += wt * y[r*D+d]
+			}
 		}
 	}
-	rot.Apply(out, b.pos, n, nh, d, true)
+	return out, nil
+}
 
-	// Grouped output projection: group g's heads (a contiguous [nh·d/og] slice) through
-	// its own [oLoraRank] block of o_a, then o_b over the concatenation.
-	og, olr := c.OGroups, c.OLoraRank
-	gin := nh * d / og
-	mid := make([]float32, n*og*olr)
-	xg := make([]float32, n*gin)
-	yg := make([]float32, n*olr)
-	for g := range og {
-		for t := range n {
-			copy(xg[t*gin:(t+1)*gin], out[t*nh*d+g*gin:t*nh*d+(g+1)*gin])
+// kda runs a Kimi Delta Attention layer over T tokens at positions pos0.., advancing the
+// conv and recurrent state: the chunked form for several tokens, the step form for one.
+// With blockTokens > 0 the tokens are cut at block ends and BlockEnd sees the state there.
+func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0, blockTokens int) ([]float32, error) {
+	c := m.Config
+	D, H, Dh, K := c.HiddenSize, c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
+	L := H * Dh
+	q, k, v := dense(x, w.q, T, D, L), dense(x, w.k, T, D, L), dense(x, w.v, T, D, L)
+	mixed := make([]float32, T*3*L)
+	for t := range T {
+		copy(mixed[t*3*L:], q[t*L:(t+1)*L])
+		copy(mixed[t*3*L+L:], k[t*L:(t+1)*L])
+		copy(mixed[t*3*L+2*L:], v[t*L:(t+1)*L])
+	}
+	// Forget gate: per-channel log-decay.
+	g := dense(dense(x, w.fa, T, D, Dh), w.fb, T, Dh, L)
+	for t := range T {
+		for h := range H {
+			a := math.Exp(float64(w.aLog[h]))
+			for j := range Dh {
+				i := t*L + h*Dh + j
+				f := float64(g[i] + w.dtBias[h*Dh+j])
+				if lb := c.LinearLowerBound; lb != nil {
+					g[i] = float32(*lb / (1 + math.Exp(-a*f)))
+				} else {
+					sp := f
+					if f <= 20 {
+						sp = math.Log(1 + math.Exp(f))
+					}
+					g[i] = float32(-a * sp)
+				}
+			}
 		}
-		if err := ref.MatMulT(yg, xg, l.OA[g*olr*gin:(g+1)*olr*gin], n, gin, olr); err != nil {
+	}
+	beta := dense(x, w.b, T, D, H)
+	for i := range beta {
+		beta[i] = sigmoid32(beta[i])
+	}
+	scale := float32(1 / math.Sqrt(float64(Dh)))
+	l2 := func(x []float32, mul float32) {
+		for o := 0; o < len(x); o += Dh {
+			var s float32
+			for _, e := range x[o : o+Dh] {
+				s += e * e
+			}
+			n := float32(math.Sqrt(float64(s) + 1e-6))
+			for i := range Dh {
+				x[o+i] = x[o+i] / n * mul
+			}
+		}
+	}
+	o := make([]float32, T*L)
+	conv := make([]float32, len(mixed))
+	a := ref.KDA{Heads: H, DK: Dh, DV: Dh}
+	for s0 := 0; s0 < T; {
+		s1 := T
+		if blockTokens > 0 {
+			s1 = min(T, s0+blockTokens-(pos0+s0)%blockTokens)
+		}
+		n := s1 - s0
+		if err := ref.CausalConvStep(conv[s0*3*L:], ls.Conv, mixed[s0*3*L:s1*3*L], w.conv, n, 3*L, K); err != nil {
 			return nil, err
 		}
-		for t := range n {
-			copy(mid[t*og*olr+g*olr:t*og*olr+(g+1)*olr], yg[t*olr:(t+1)*olr])
+		for t := s0; t < s1; t++ {
+			row := conv[t*3*L : (t+1)*3*L]
+			for i := range row {
+				row[i] = ref.SiLU(row[i])
+			}
+			copy(q[t*L:(t+1)*L], row[:L])
+			copy(k[t*L:(t+1)*L], row[L:2*L])
+			copy(v[t*L:(t+1)*L], row[2*L:])
 		}
+		qs, ks := q[s0*L:s1*L], k[s0*L:s1*L]
+		l2(qs, scale)
+		l2(ks, 1)
+		var err error
+		if n == 1 {
+			err = ref.KDAStep(o[s0*L:s1*L], ls.Recurrent, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, a)
+		} else {
+			err = ref.KDAChunked(o[s0*L:s1*L], ls.Recurrent, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, KDAChunk, a)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if blockTokens > 0 && (pos0+s1)%blockTokens == 0 && ls.BlockEnd != nil {
+			ls.BlockEnd(pos0 + s1 - 1)
+		}
+		s0 = s1
 	}
-	return linear(mid, l.OB, n, og*olr, h)
+	// Gated output norm per head (fp32), then o_proj.
+	gate := dense(dense(x, w.ga, T, D, Dh), w.gb, T, Dh, L)
+	if err := ref.RMSNorm(o, o, w.oNorm, T*H, Dh, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	for i := range o {
+		o[i] *= sigmoid32(gate[i])
+	}
+	return dense(o, w.o, T, L, D), nil
 }
 
-// compressInto stores a sequence's new kv/gate projections (tokens at positions pos) in
-// its compressor state and emits an entry for every window that closes.
-func (m *Model) compressInto(s *CompressorState, bias, norm, kv, gate []float32, pos []int32) {
-	wd, r, d := s.Width(), s.Ratio, s.Dim
-	for t, p32 := range pos {
-		p := int(p32)
-		slot := p % r
-		copy(s.PendingKV[slot*wd:(slot+1)*wd], kv[t*wd:(t+1)*wd])
-		copy(s.PendingGate[slot*wd:(slot+1)*wd], gate[t*wd:(t+1)*wd])
-		if slot < r-1 {
-			continue
+// mla runs a NoPE MLA layer with DSA over T tokens at positions pos0.. and returns the
+// output and the per-query selection (token indices) it attended to; prev is the previous
+// layer's selection, used when the layer shares its indexer.
+func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 int, prev [][]int32) ([]float32, [][]int32, error) {
+	c := m.Config
+	D, H, Q, R := c.HiddenSize, c.NumAttentionHeads, c.QLoraRank, c.KVLoraRank
+	dn, dv := c.QKNopeHeadDim, c.VHeadDim
+	eps := float32(c.RMSNormEps)
+	qr := dense(x, w.qa, T, D, Q)
+	if err := ref.RMSNorm(qr, qr, w.qaNorm, T, Q, eps); err != nil {
+		return nil, nil, err
+	}
+	q := dense(qr, w.qb, T, Q, H*dn)
+	lat := dense(x, w.kva, T, D, R)
+	if err := ref.RMSNorm(lat, lat, w.kvaNorm, T, R, eps); err != nil {
+		return nil, nil, err
+	}
+	for t := range T {
+		copy(ls.Latent.Row(pos0+t), lat[t*R:(t+1)*R])
+	}
+	n := pos0 + T
+	all := make([]float32, n*R)
+	for j := range n {
+		copy(all[j*R:(j+1)*R], ls.Latent.Row(j))
+	}
+	kv := dense(all, w.kvb, n, R, H*(dn+dv)) // [n, H, nope | v]
+	var sel [][]int32
+	if w.idx != nil {
+		var err error
+		if sel, err = m.index(w.idx, ls, x, qr, T, pos0); err != nil {
+			return nil, nil, err
 		}
-		w := p / r
-		entry := s.Entries.Row(w)
-		m.compressWindow(entry, s, w > 0, bias, norm)
-		// Compress-RoPE at the window's first position.
-		m.compress.Apply(entry, []int32{int32(w * r)}, 1, 1, d, false)
-		if s.Overlap {
-			for j := range r {
-				copy(s.PrevKV[j*d:(j+1)*d], s.PendingKV[j*wd:j*wd+d])
-				copy(s.PrevGate[j*d:(j+1)*d], s.PendingGate[j*wd:j*wd+d])
+	} else {
+		if len(prev) != T {
+			return nil, nil, fmt.Errorf("shared DSA layer without a preceding full indexer layer")
+		}
+		sel = prev
+	}
+	scale := float32(1 / math.Sqrt(float64(c.QKHeadDim)))
+	out := make([]float32, T*H*dv)
+	for t := range T {
+		toks := sel[t]
+		p := make([]float32, len(toks))
+		for h := range H {
+			qh := q[(t*H+h)*dn : (t*H+h+1)*dn]
+			mx := float32(math.Inf(-1))
+			for j, tok := range toks {
+				kh := kv[(int(tok)*H+h)*(dn+dv):]
+				var s float32
+				for d := range dn {
+					s += qh[d] * kh[d]
+				}
+				p[j] = s * scale
+				mx = max(mx, p[j])
+			}
+			var sum float32
+			for j := range p {
+				p[j] = float32(math.Exp(float64(p[j] - mx)))
+				sum += p[j]
+			}
+			oh := out[(t*H+h)*dv : (t*H+h+1)*dv]
+			for j, tok := range toks {
+				vh := kv[(int(tok)*H+h)*(dn+dv)+dn:]
+				wgt := p[j] / sum
+				for d := range dv {
+					oh[d] += wgt * vh[d]
+				}
 			}
 		}
-		if s.WindowClosed != nil {
-			s.WindowClosed(p)
-		}
 	}
+	return dense(out, w.o, T, H*dv, D), sel, nil
 }
 
-// compressWindow pools the full pending window into entry: per channel, a softmax over
-// the window's slots of gate + position_bias weights kv (overlapping kind: 2·ratio slots,
-// the previous window's Ca half then this window's Cb half; the first window has no Ca
-// half), then the weighted RMSNorm.
-//
-//	pending kv, gate: [ratio, width]   bias: [ratio, width]   entry: [dim]
-//
-// hasPrev is false for the first window, whose Ca half is empty.
-func (m *Model) compressWindow(entry []float32, s *CompressorState, hasPrev bool, bias, norm []float32) {
-	wd, r, d := s.Width(), s.Ratio, s.Dim
-	logits := make([]float32, 0, 2*r)
-	vals := make([]float32, 0, 2*r)
-	off := 0
-	if s.Overlap {
-		off = d // Cb half of the current window
-	}
-	for ch := range d {
-		logits, vals = logits[:0], vals[:0]
-		if s.Overlap && hasPrev {
-			for j := range r {
-				logits = append(logits, s.PrevGate[j*d+ch]+bias[j*wd+ch])
-				vals = append(vals, s.PrevKV[j*d+ch])
-			}
+// index is the DSA indexer: it appends the new tokens' keys and gate scores, closes the
+// pools they complete, and returns per query the tokens of its top index_topk/index_kpool
+// visible complete pools (by Σ_h w_h·ReLU(q_h·pool_key·I^-0.5)) followed by the visible
+// incomplete tail, in ascending order.
+func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32, T, pos0 int) ([][]int32, error) {
+	c := m.Config
+	D, Q, I, N, P := c.HiddenSize, c.QLoraRank, c.IndexHeadDim, c.IndexNHeads, c.IndexKPool
+	q := dense(qr, w.wqb, T, Q, N*I)
+	k := dense(x, w.wk, T, D, I)
+	for t := range T { // LayerNorm, eps 1e-6
+		r := k[t*I : (t+1)*I]
+		var mean, vr float64
+		for _, e := range r {
+			mean += float64(e)
 		}
+		mean /= float64(I)
+		for _, e := range r {
+			vr += (float64(e) - mean) * (float64(e) - mean)
+		}
+		vr /= float64(I)
+		inv := 1 / math.Sqrt(vr+1e-6)
 		for j := range r {
-			logits = append(logits, s.PendingGate[j*wd+off+ch]+bias[j*wd+off+ch])
-			vals = append(vals, s.PendingKV[j*wd+off+ch])
+			r[j] = float32((float64(r[j])-mean)*inv)*w.kNormW[j] + w.kNormB[j]
 		}
-		softmaxRows32(logits)
-		var acc float32
-		for j, p := range logits {
-			acc += vals[j] * p
+	}
+	gs := dense(x, w.gate, T, D, I)
+	hw := dense(x, w.wProj, T, D, N)
+	hs := float32(math.Pow(float64(N), -0.5))
+	for i := range hw {
+		hw[i] *= hs
+	}
+	for t := range T {
+		copy(ls.IdxKey.Row(pos0+t), k[t*I:(t+1)*I])
+		copy(ls.IdxGate.Row(pos0+t), gs[t*I:(t+1)*I])
+	}
+	n := pos0 + T
+	for j := pos0 / P; j < n/P; j++ { // close the pools these tokens complete
+		pk := ls.Pools.Row(j)
+		keys, gates := make([][]float32, P), make([][]float32, P)
+		for s := range P {
+			keys[s], gates[s] = ls.IdxKey.Row(j*P+s), ls.IdxGate.Row(j*P+s)
 		}
-		entry[ch] = acc
-	}
-	_ = ref.RMSNorm(entry, entry, norm, 1, d, float32(m.Config.RMSNormEps))
-}
-
-// softmaxRows32 is one softmax in float32, as torch computes it for float32 input.
-func softmaxRows32(x []float32) {
-	mx := float32(math.Inf(-1))
-	for _, v := range x {
-		mx = max(mx, v)
-	}
-	var sum float32
-	for i, v := range x {
-		x[i] = float32(math.Exp(float64(v - mx)))
-		sum += x[i]
-	}
-	for i := range x {
-		x[i] /= sum
-	}
-}
-
-// attendSeq computes one sequence's attention outputs for its new rows.
-//
-//	q: [T, heads, headDim]   out: [T, heads, headDim]
-//
-// st.Window already holds the chunk's K=V rows and st's compressors the chunk's windows.
-// iq/iw are the batch's indexer queries and head weights (CSA), row r0 on.
-func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, pos []int32, out []float32, iq, iw []float32, r0 int) {
-	c := m.Config
-	d, nh, win := c.HeadDim, c.NumAttentionHeads, c.SlidingWindow
-	id, ih := c.IndexHeadDim, c.IndexNHeads
-	scale := 1 / math.Sqrt(float64(d))
-	ratio := 0
-	if st.Compressor != nil {
-		ratio = st.Compressor.Ratio
-	}
-	var keys [][]float32
-	var scores []float64
-	acc := make([]float64, d)
-	for t, p32 := range pos {
-		p := int(p32)
-		keys = keys[:0]
-		for j := max(0, p-win+1); j <= p; j++ {
-			keys = append(keys, st.Window.Row(j))
+		for ch := range I {
+			mx := math.Inf(-1)
+			for s := range P {
+				mx = max(mx, float64(gates[s][ch]+w.ape[s*I+ch]))
+			}
+			var sum, acc float64
+			for s := range P {
+				e := math.Exp(float64(gates[s][ch]+w.ape[s*I+ch]) - mx)
+				sum += e
+				acc += e * float64(keys[s][ch])
+			}
+			pk[ch] = float32(acc / sum)
 		}
-		if ratio > 0 {
-			visible := (p + 1) / ratio
-			if kind == HeavilyCompressed {
-				for e := range visible {
-					keys = append(keys, st.Compressor.Entries.Row(e))
+	}
+	K := c.IndexPools()
+	dscale := float32(1 / math.Sqrt(float64(I)))
+	sel := make([][]int32, T)
+	for t := range T {
+		pos := pos0 + t
+		visible := (pos + 1) / P // complete pools whose last token ≤ pos
+		type cand struct {
+			pool  int
+			score float32
+		}
+		cs := make([]cand, visible)
+		for j := range visible {
+			pk := ls.Pools.Row(j)
+			var score float32
+			for h := range N {
+				qh := q[(t*N+h)*I : (t*N+h+1)*I]
+				var s float32
+				for d := range I {
+					s += qh[d] * pk[d]
 				}
-			} else {
-				for _, e := range m.indexerPick(st.Indexer, iq[(r0+t)*ih*id:(r0+t+1)*ih*id], iw[(r0+t)*ih:(r0+t+1)*ih], visible) {
-					keys = append(keys, st.Compressor.Entries.Row(e))
-				}
+				score += hw[t*N+h] * max(s*dscale, 0)
+			}
+			cs[j] = cand{j, score}
+		}
+		sort.SliceStable(cs, func(a, b int) bool { return cs[a].score > cs[b].score })
+		if topKMargin != nil && len(cs) > K {
+			topKMargin("indexer", cs[K-1].score-cs[K].score)
+		}
+		cs = cs[:min(K, len(cs))]
+		sort.Slice(cs, func(a, b int) bool { return cs[a].pool < cs[b].pool })
+		var toks []int32
+		for _, cd := range cs {
+			for s := range P {
+				toks = append(toks, int32(cd.pool*P+s))
 			}
 		}
-		for hh := range nh {
-			qh := q[(t*nh+hh)*d : (t*nh+hh+1)*d]
-			scores = scores[:0]
-			mx := float64(l.Sinks[hh])
-			for _, k := range keys {
-				s := float64(dot32(qh, k)) * scale
-				scores = append(scores, s)
-				mx = math.Max(mx, s)
-			}
-			sum := math.Exp(float64(l.Sinks[hh]) - mx)
-			for i, s := range scores {
-				scores[i] = math.Exp(s - mx)
-				sum += scores[i]
-			}
-			clear(acc)
-			for i, k := range keys {
-				p := scores[i] / sum
-				for j := range d {
-					acc[j] += p * float64(k[j])
-				}
-			}
-			o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
-			for j := range d {
-				o[j] = float32(acc[j])
+		if c.IndexKPoolSelectTail {
+			for j := visible * P; j <= pos; j++ {
+				toks = append(toks, int32(j))
 			}
 		}
+		sel[t] = toks
 	}
+	return sel, nil
 }
 
-// dot32 is a·b in float32, through gonum's vectorised dot (len(b) >= len(a)).
-func dot32(a, b []float32) float32 {
-	return blas32.Implementation().Sdot(len(a), a, 1, b, 1)
-}
+// topKMargin, when set (by tests), receives the score gap at every top-k cut: the indexer's
+// pool selection, the router's group and expert choices. transformers' torch.topk order
+// on ties is implementation-defined, so goldens are meaningful only with clear gaps.
+var topKMargin func(kind string, gap float32)
 
-// indexerPick returns the compressed entries a CSA query attends: all visible ones when
-// there are at most index_topk, else the index_topk with the highest lightning-indexer
-// scores Σ_h w_h·ReLU(q_h·k)·index_head_dim^-0.5.
-//
-//	q: [indexHeads, indexHeadDim]   w: [indexHeads]
-func (m *Model) indexerPick(s *CompressorState, q, w []float32, visible int) []int {
-	c := m.Config
-	id, ih, k := c.IndexHeadDim, c.IndexNHeads, c.IndexTopK
-	picks := make([]int, visible)
-	for i := range picks {
-		picks[i] = i
-	}
-	if visible <= k {
-		return picks
-	}
-	sc := float32(math.Pow(float64(id), -0.5))
-	score := make([]float32, visible)
-	for e := range visible {
-		key := s.Entries.Row(e)
-		var acc float32
-		for hh := range ih {
-			v := dot32(q[hh*id:(hh+1)*id], key)
-			acc += max(v, 0) * sc * w[hh]
+func routerMargins(logits, bias []float32, T, E, K, groups, topGroups int) {
+	gs := E / groups
+	for t := range T {
+		choice := make([]float32, E)
+		for e := range E {
+			choice[e] = sigmoid32(logits[t*E+e]) + bias[e]
 		}
-		score[e] = acc
+		allowed := make([]bool, E)
+		if groups > 1 {
+			gscore := make([]float32, groups)
+			for g := range groups {
+				v := append([]float32(nil), choice[g*gs:(g+1)*gs]...)
+				sort.Slice(v, func(a, b int) bool { return v[a] > v[b] })
+				gscore[g] = v[0] + v[1]
+			}
+			order := make([]int, groups)
+			for g := range order {
+				order[g] = g
+			}
+			sort.Slice(order, func(a, b int) bool { return gscore[order[a]] > gscore[order[b]] })
+			topKMargin("router-group", gscore[order[topGroups-1]]-gscore[order[topGroups]])
+			for _, g := range order[:topGroups] {
+				for e := g * gs; e < (g+1)*gs; e++ {
+					allowed[e] = true
+				}
+			}
+		} else {
+			for e := range allowed {
+				allowed[e] = true
+			}
+		}
+		var v []float32
+		for e := range E {
+			if allowed[e] {
+				v = append(v, choice[e])
+			}
+		}
+		sort.Slice(v, func(a, b int) bool { return v[a] > v[b] })
+		if len(v) > K {
+			topKMargin("router", v[K-1]-v[K])
+		}
 	}
-	sort.SliceStable(picks, func(a, b int) bool { return score[picks[a]] > score[picks[b]] })
-	if gap := float64(score[picks[k-1]] - score[picks[k]]); gap < m.MinTopKMargin {
-		m.MinTopKMargin = gap
-	}
-	picks = picks[:k]
-	sort.Ints(picks)
-	return picks
 }

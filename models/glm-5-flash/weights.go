@@ -1,562 +1,313 @@
 package glm5flash
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math"
-	"math/rand/v2"
-	"os"
-	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/resin-llm/resin/core/weights"
 )
 
-// HyperConn is one manifold-constrained hyper-connection (mHC): the projection of the
-// hc_mult flattened streams to the pre, post and comb mixing weights.
-type HyperConn struct {
-	Fn    []float32 // [(2+hc)·hc, hc·hidden]
-	Base  []float32 // [(2+hc)·hc]
-	Scale []float32 // [3]: pre, post, comb
+// TextPrefix is where transformers 5.23.0 puts the text model's modules (lm_head.weight has
+// no prefix).
+const TextPrefix = "model.language_model."
+
+// textLayer holds one decoder layer's fp32 weights in module (state_dict) layout.
+type textLayer struct {
+	kind     string // LinearAttention or IndexedAttention
+	kda      *kdaWeights
+	mla      *mlaWeights
+	dense    *mlpWeights // mlp_layer_types[i] == dense
+	moe      *moeWeights // mlp_layer_types[i] == sparse
+	inNorm   []float32   // input_layernorm [D]
+	postNorm []float32   // post_attention_layernorm [D]
+	attnHC   hcWeights
+	ffnHC    hcWeights
 }
 
-// Compressor is a CSA or HCA compressor (or the indexer's own compressor). Width is the
-// per-token projection width: 2·dim for the overlapping (CSA) kind, dim for HCA.
-type Compressor struct {
-	KV, Gate     []float32 // [width, hidden]
-	PositionBias []float32 // [ratio, width]
-	Norm         []float32 // [dim]
+// kdaWeights are a Kimi Delta Attention layer's (L = linear_num_heads·linear_head_dim).
+type kdaWeights struct {
+	q, k, v []float32 // [L, D] each
+	conv    []float32 // [3L, K] (conv1d.weight [3L, 1, K])
+	dtBias  []float32 // forget_gate.dt_bias [L]
+	aLog    []float32 // forget_gate.A_log [H]
+	fa, fb  []float32 // forget_gate.f_a_proj [Dh, D], f_b_proj [L, Dh]
+	b       []float32 // b_proj [H, D]
+	ga, gb  []float32 // g_a_proj [Dh, D], g_b_proj [L, Dh]
+	oNorm   []float32 // o_norm [Dh]
+	o       []float32 // o_proj [D, L]
 }
 
-// Indexer is the CSA lightning indexer.
-type Indexer struct {
-	Compressor
-	QB          []float32 // [indexHeads·indexHeadDim, qLoraRank]
-	WeightsProj []float32 // [indexHeads, hidden]
+// mlaWeights are a NoPE MLA (DSA) layer's; idx is nil for a shared-indexer layer.
+type mlaWeights struct {
+	qa, qaNorm, qb    []float32 // q_a_proj [Q, D], q_a_layernorm [Q], q_b_proj [H·nope, Q]
+	kva, kvaNorm, kvb []float32 // kv_a_proj_with_mqa [R, D], kv_a_layernorm [R], kv_b_proj [H·(nope+v), R]
+	o                 []float32 // o_proj [D, H·v]
+	idx               *indexerWeights
 }
 
-// Layer holds one decoder block's parameters, row-major as in the checkpoint (a Linear
-// weight is [out, in]).
-type Layer struct {
-	AttnNorm, FFNNorm []float32 // [hidden]
-	AttnHC, FFNHC     HyperConn
-
-	QA     []float32 // [qLoraRank, hidden]
-	QANorm []float32 // [qLoraRank]
-	QB     []float32 // [heads·headDim, qLoraRank]
-	KV     []float32 // [headDim, hidden]
-	KVNorm []float32 // [headDim]
-	OA     []float32 // [oGroups·oLoraRank, heads·headDim/oGroups]
-	OB     []float32 // [hidden, oGroups·oLoraRank]
-	Sinks  []float32 // [heads]
-
-	Compressor *Compressor // nil on sliding layers
-	Indexer    *Indexer    // CSA layers only
-
-	Router               []float32 // [experts, hidden]
-	RouteBias            []float32 // [experts] e_score_correction_bias (learned routing)
-	Tid2Eid              []int32   // [vocab, topK] (hash routing)
-	GateUp               []float32 // [experts, 2·moeInter, hidden]: rows gate then up
-	Down                 []float32 // [experts, hidden, moeInter]
-	SharedGate, SharedUp []float32 // [moeInter, hidden]
-	SharedDown           []float32 // [hidden, moeInter]
+// indexerWeights are the DSA indexer's (I = index_head_dim, N = index_n_heads).
+type indexerWeights struct {
+	wqb            []float32 // wq_b [N·I, Q]
+	wk             []float32 // wk [I, D]
+	kNormW, kNormB []float32 // k_norm (LayerNorm) [I]
+	wProj          []float32 // weights_proj [N, D]
+	ape            []float32 // index_kpool_compress_ape [kpool, I]
+	gate           []float32 // index_kpool_compress_gate [I, D]
 }
 
-// MTP is the multi-token-prediction head (upstream layout mtp.0.*): the next token's
-// embedding and the main model's last hidden streams are normalised, projected and summed
-// into the streams of one sliding-attention block, then collapsed by the head's own
-// hc_head and norm and read out by the shared lm_head.
-type MTP struct {
-	EProj, HProj       []float32 // [hidden, hidden]
-	ENorm, HNorm, Norm []float32 // [hidden]
-	HCFn               []float32 // [hc, hc·hidden]
-	HCBase, HCScale    []float32 // [hc], [1]
-	Block              Layer
+// mlpWeights is a clamped SwiGLU MLP (dense layers, shared experts).
+type mlpWeights struct {
+	gate, up, down []float32 // [F, D], [F, D], [D, F]
+	width          int
 }
 
-// Weights holds every parameter of the model.
-type Weights struct {
-	Embed   []float32 // [vocab, hidden]
-	Layers  []Layer
-	HCFn    []float32 // [hc, hc·hidden]
-	HCBase  []float32 // [hc]
-	HCScale []float32 // [1]
-	Norm    []float32 // [hidden]
-	Head    []float32 // [vocab, hidden]; aliases Embed when tied
-	MTP     *MTP      // nil when the checkpoint has no mtp.* tensors
+// moeWeights are a sparse layer's router, routed experts and shared experts.
+type moeWeights struct {
+	router, bias []float32 // gate.weight [E, D], gate.e_score_correction_bias [E]
+	gateUp       []float32 // experts.gate_up_proj [E, 2F, D] (rows: gate then up)
+	down         []float32 // experts.down_proj [E, D, F]
+	shared       mlpWeights
 }
 
-// NameForm is one of the three tensor naming schemes transformers 5.23.0 loads.
-type NameForm int
+// hcWeights are one mHC module's: fn [(2+hc)·hc, hc·D], base [(2+hc)·hc], scale [3].
+type hcWeights struct{ fn, base, scale []float32 }
 
-const (
-	// ModuleNames: the module state_dict (model.layers.N.self_attn.q_a_proj.weight, packed
-	// experts mlp.experts.gate_up_proj [E, 2I, D]).
-	ModuleNames NameForm = iota
-	// UpstreamNames: DeepSeek's checkpoint (layers.N.attn.wq_a.weight, embed.weight,
-	// head.weight, per-expert ffn.experts.E.{w1,w2,w3}.weight).
-	UpstreamNames
-	// HybridNames: what save_pretrained writes: upstream leaf names under "model."
-	// (model.layers.N.attn.wq_a.weight, model.embed_tokens.weight, model.norm.weight,
-	// model.hc_head.hc_fn, head.weight).
-	HybridNames
-)
-
-func (f NameForm) String() string {
-	return [...]string{"module", "upstream", "hybrid"}[f]
+// TextWeights is the GLM-5.3-Flash text model's fp32 weights.
+type TextWeights struct {
+	embed, norm, lmHead []float32
+	layers              []textLayer
 }
 
-// param is one tensor the model reads: its name in each form, shape and destination.
-type param struct {
-	names [3]string // by NameForm
-	shape []int
-	dst   *[]float32
-	ints  *[]int32 // integer tensor (tid2eid)
-	kind  initKind
-	// experts: the packed tensor of module form, per-expert tensors in the others.
-	experts    int
-	expertLeaf [2]string // upstream leaves of the packed halves ("w1", "w3") or ("w2", "")
+// tensorSource is what loadTextWeights reads from: a safetensors checkpoint or a map.
+type tensorSource interface {
+	Names() []string
+	Has(name string) bool
+	Float32(name string, shape ...int) ([]float32, error)
 }
 
-type initKind int
-
-const (
-	initNormal initKind = iota // N(0, 0.02)
-	initNorm                   // 1 + N(0, 0.1)
-	initBias                   // N(0, 0.1)
-	initScale                  // 1 + N(0, 0.3)
-	initRoute                  // tid2eid: random experts
-)
-
-// layerParams lists one decoder block's tensors. mod is the module prefix
-// ("model.layers.N."), up the upstream one ("layers.N." or "mtp.0."), hyb the hybrid one.
-func layerParams(c *Config, l *Layer, kind, mlpKind string, mod, up, hyb string) []param {
-	h, d, qr := c.HiddenSize, c.HeadDim, c.QLoraRank
-	hc := c.HCMult
-	nm := func(m, u string) [3]string { return [3]string{mod + m, up + u, hyb + u} }
-	ps := []param{
-		{names: nm("input_layernorm.weight", "attn_norm.weight"), shape: []int{h}, dst: &l.AttnNorm, kind: initNorm},
-		{names: nm("post_attention_layernorm.weight", "ffn_norm.weight"), shape: []int{h}, dst: &l.FFNNorm, kind: initNorm},
-	}
-	for _, x := range []struct {
-		m, u string
-		hc   *HyperConn
-	}{{"attn_hc", "hc_attn", &l.AttnHC}, {"ffn_hc", "hc_ffn", &l.FFNHC}} {
-		ps = append(ps,
-			param{names: nm(x.m+".fn", x.u+"_fn"), shape: []int{(2 + hc) * hc, hc * h}, dst: &x.hc.Fn},
-			param{names: nm(x.m+".base", x.u+"_base"), shape: []int{(2 + hc) * hc}, dst: &x.hc.Base, kind: initBias},
-			param{names: nm(x.m+".scale", x.u+"_scale"), shape: []int{3}, dst: &x.hc.Scale, kind: initScale},
-		)
-	}
-	a := "self_attn."
-	ps = append(ps,
-		param{names: nm(a+"q_a_proj.weight", "attn.wq_a.weight"), shape: []int{qr, h}, dst: &l.QA},
-		param{names: nm(a+"q_a_norm.weight", "attn.q_norm.weight"), shape: []int{qr}, dst: &l.QANorm, kind: initNorm},
-		param{names: nm(a+"q_b_proj.weight", "attn.wq_b.weight"), shape: []int{c.NumAttentionHeads * d, qr}, dst: &l.QB},
-		param{names: nm(a+"kv_proj.weight", "attn.wkv.weight"), shape: []int{d, h}, dst: &l.KV},
-		param{names: nm(a+"kv_norm.weight", "attn.norm.weight"), shape: []int{d}, dst: &l.KVNorm, kind: initNorm},
-		param{names: nm(a+"o_a_proj.weight", "attn.wo_a.weight"), shape: []int{c.OGroups * c.OLoraRank, c.NumAttentionHeads * d / c.OGroups}, dst: &l.OA},
-		param{names: nm(a+"o_b_proj.weight", "attn.wo_b.weight"), shape: []int{h, c.OGroups * c.OLoraRank}, dst: &l.OB},
-		param{names: nm(a+"sinks", "attn.attn_sink"), shape: []int{c.NumAttentionHeads}, dst: &l.Sinks, kind: initBias},
-	)
-	if kind != SlidingAttention {
-		ratio := c.CompressRates[kind]
-		width := d
-		if kind == CompressedSparse {
-			width = 2 * d
-		}
-		if l.Compressor == nil {
-			l.Compressor = &Compressor{}
-		}
-		cp := l.Compressor
-		ps = append(ps,
-			param{names: nm(a+"compressor.kv_proj.weight", "attn.compressor.wkv.weight"), shape: []int{width, h}, dst: &cp.KV},
-			param{names: nm(a+"compressor.gate_proj.weight", "attn.compressor.wgate.weight"), shape: []int{width, h}, dst: &cp.Gate},
-			param{names: nm(a+"compressor.position_bias", "attn.compressor.ape"), shape: []int{ratio, width}, dst: &cp.PositionBias, kind: initBias},
-			param{names: nm(a+"compressor.kv_norm.weight", "attn.compressor.norm.weight"), shape: []int{d}, dst: &cp.Norm, kind: initNorm},
-		)
-		if kind == CompressedSparse {
-			id := c.IndexHeadDim
-			if l.Indexer == nil {
-				l.Indexer = &Indexer{}
-			}
-			ix := l.Indexer
-			p := a + "compressor.indexer."
-			ps = append(ps,
-				param{names: nm(p+"kv_proj.weight", "attn.indexer.compressor.wkv.weight"), shape: []int{2 * id, h}, dst: &ix.KV},
-				param{names: nm(p+"gate_proj.weight", "attn.indexer.compressor.wgate.weight"), shape: []int{2 * id, h}, dst: &ix.Gate},
-				param{names: nm(p+"position_bias", "attn.indexer.compressor.ape"), shape: []int{ratio, 2 * id}, dst: &ix.PositionBias, kind: initBias},
-				param{names: nm(p+"kv_norm.weight", "attn.indexer.compressor.norm.weight"), shape: []int{id}, dst: &ix.Norm, kind: initNorm},
-				param{names: nm(p+"q_b_proj.weight", "attn.indexer.wq_b.weight"), shape: []int{c.IndexNHeads * id, qr}, dst: &ix.QB},
-				param{names: nm(p+"scorer.weights_proj.weight", "attn.indexer.weights_proj.weight"), shape: []int{c.IndexNHeads, h}, dst: &ix.WeightsProj},
-			)
-		}
-	}
-	e, in := c.NRoutedExperts, c.MoEIntermediateSize
-	ps = append(ps, param{names: nm("mlp.gate.weight", "ffn.gate.weight"), shape: []int{e, h}, dst: &l.Router})
-	if mlpKind == HashMoE {
-		ps = append(ps, param{names: nm("mlp.gate.tid2eid", "ffn.gate.tid2eid"), shape: []int{c.VocabSize, c.NumExpertsPerTok}, ints: &l.Tid2Eid, kind: initRoute})
-	} else {
-		ps = append(ps, param{names: nm("mlp.gate.e_score_correction_bias", "ffn.gate.bias"), shape: []int{e}, dst: &l.RouteBias, kind: initBias})
-	}
-	ps = append(ps,
-		param{names: nm("mlp.experts.gate_up_proj", "ffn.experts.%d.%s.weight"), shape: []int{e, 2 * in, h}, dst: &l.GateUp, experts: e, expertLeaf: [2]string{"w1", "w3"}},
-		param{names: nm("mlp.experts.down_proj", "ffn.experts.%d.%s.weight"), shape: []int{e, h, in}, dst: &l.Down, experts: e, expertLeaf: [2]string{"w2", ""}},
-		param{names: nm("mlp.shared_experts.gate_proj.weight", "ffn.shared_experts.w1.weight"), shape: []int{in, h}, dst: &l.SharedGate},
-		param{names: nm("mlp.shared_experts.up_proj.weight", "ffn.shared_experts.w3.weight"), shape: []int{in, h}, dst: &l.SharedUp},
-		param{names: nm("mlp.shared_experts.down_proj.weight", "ffn.shared_experts.w2.weight"), shape: []int{h, in}, dst: &l.SharedDown},
-	)
-	return ps
+// ignoredTensor matches what the text model does not read: the vision tower and merger
+// (vision inputs are refused) and the MTP layer (layers.{num_hidden_layers}.*, shared_head),
+// which transformers drops too.
+func ignoredTensor(name string, c *TextConfig) bool {
+	mtp := regexp.MustCompile(fmt.Sprintf(`(^|\.)layers\.%d\.|\.shared_head\.`, c.NumHiddenLayers))
+	return strings.HasPrefix(name, "model.visual.") || strings.HasPrefix(name, "visual.") ||
+		strings.HasPrefix(name, "model.vision_tower.") || mtp.MatchString(name)
 }
 
-// params lists every tensor the config needs, with its name in each form and its field in
-// w: the one place the model's weight names live (loading, random weights and saving walk
-// it). withMTP adds the MTP head's mtp.0.* tensors (upstream names in every form:
-// transformers neither loads nor writes them).
-func params(c *Config, w *Weights, withMTP bool) []param {
-	h, hc := c.HiddenSize, c.HCMult
-	if len(w.Layers) != c.NumHiddenLayers {
-		w.Layers = make([]Layer, c.NumHiddenLayers)
-	}
-	ps := []param{{names: [3]string{"model.embed_tokens.weight", "embed.weight", "model.embed_tokens.weight"}, shape: []int{c.VocabSize, h}, dst: &w.Embed}}
-	for i := range w.Layers {
-		ps = append(ps, layerParams(c, &w.Layers[i], c.LayerTypes[i], c.MLPLayerTypes[i],
-			fmt.Sprintf("model.layers.%d.", i), fmt.Sprintf("layers.%d.", i), fmt.Sprintf("model.layers.%d.", i))...)
-	}
-	ps = append(ps,
-		param{names: [3]string{"model.hc_head.hc_fn", "hc_head_fn", "model.hc_head.hc_fn"}, shape: []int{hc, hc * h}, dst: &w.HCFn},
-		param{names: [3]string{"model.hc_head.hc_base", "hc_head_base", "model.hc_head.hc_base"}, shape: []int{hc}, dst: &w.HCBase, kind: initBias},
-		param{names: [3]string{"model.hc_head.hc_scale", "hc_head_scale", "model.hc_head.hc_scale"}, shape: []int{1}, dst: &w.HCScale, kind: initScale},
-		param{names: [3]string{"model.norm.weight", "norm.weight", "model.norm.weight"}, shape: []int{h}, dst: &w.Norm, kind: initNorm},
-	)
-	if !c.TieWordEmbeddings {
-		ps = append(ps, param{names: [3]string{"lm_head.weight", "head.weight", "head.weight"}, shape: []int{c.VocabSize, h}, dst: &w.Head})
-	}
-	if withMTP {
-		if w.MTP == nil {
-			w.MTP = &MTP{}
-		}
-		m := w.MTP
-		u := func(s string) [3]string { return [3]string{"mtp.0." + s, "mtp.0." + s, "mtp.0." + s} }
-		ps = append(ps,
-			param{names: u("e_proj.weight"), shape: []int{h, h}, dst: &m.EProj},
-			param{names: u("h_proj.weight"), shape: []int{h, h}, dst: &m.HProj},
-			param{names: u("enorm.weight"), shape: []int{h}, dst: &m.ENorm, kind: initNorm},
-			param{names: u("hnorm.weight"), shape: []int{h}, dst: &m.HNorm, kind: initNorm},
-			param{names: u("norm.weight"), shape: []int{h}, dst: &m.Norm, kind: initNorm},
-			param{names: u("hc_head_fn"), shape: []int{hc, hc * h}, dst: &m.HCFn},
-			param{names: u("hc_head_base"), shape: []int{hc}, dst: &m.HCBase, kind: initBias},
-			param{names: u("hc_head_scale"), shape: []int{1}, dst: &m.HCScale, kind: initScale},
-		)
-		// The MTP block: sliding attention (compress ratio 0) and a learned-routing MoE,
-		// in upstream names under mtp.0. whatever the main model's form.
-		for _, p := range layerParams(c, &m.Block, SlidingAttention, MoE, "mtp.0.", "mtp.0.", "mtp.0.") {
-			p.names[ModuleNames] = p.names[UpstreamNames]
-			ps = append(ps, p)
-		}
-	}
-	return ps
+// loader reads tensors by their module name or a checkpoint-side alternative and records
+// what it used, so that unused tensors can be named.
+type loader struct {
+	src  tensorSource
+	used map[string]bool
+	err  error
 }
 
-// detectForm guesses which name form a checkpoint uses, to name missing tensors as it
-// would.
-func detectForm(ck *weights.Checkpoint) NameForm {
-	if ck.Has("embed.weight") {
-		return UpstreamNames
-	}
-	for _, n := range ck.Names() {
-		if strings.HasPrefix(n, "model.layers.") && (strings.Contains(n, ".attn.") || strings.Contains(n, ".ffn.")) {
-			return HybridNames
-		}
-		if strings.HasPrefix(n, "layers.") {
-			return UpstreamNames
-		}
-	}
-	return ModuleNames
-}
-
-// hasMTP reports whether a checkpoint carries an MTP head.
-func hasMTP(ck *weights.Checkpoint) bool {
-	return ck.Has("mtp.0.e_proj.weight")
-}
-
-// LoadWeights reads every tensor the config needs from ck, under any of the three name
-// forms (tensor by tensor, as from_pretrained's renaming does), widened to float32. A
-// missing, unexpected or mis-shaped tensor is an error naming it. mtp.* tensors load
-// into the MTP head when present.
-func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
-	w := &Weights{}
-	ps := params(c, w, hasMTP(ck))
-	used := map[string]bool{}
-	form := detectForm(ck)
-	var missing []string
-	for _, p := range ps {
-		name, err := loadParam(ck, c.Quant, p, used)
-		if err != nil {
-			return nil, err
-		}
-		if name != "" {
-			if alt := p.names[form]; form != ModuleNames && alt != name {
-				name += " (" + alt + ")"
-			}
-			missing = append(missing, name)
-		}
-	}
-	var unexpected []string
-	for _, n := range ck.Names() {
-		if !used[n] {
-			if c.TieWordEmbeddings && (n == "lm_head.weight" || n == "head.weight") {
-				return nil, fmt.Errorf("load weights: %s is in the checkpoint but tie_word_embeddings is true", n)
-			}
-			unexpected = append(unexpected, n)
-		}
-	}
-	if len(missing) > 0 || len(unexpected) > 0 {
-		return nil, fmt.Errorf("load weights: DeepseekV4ForCausalLM LOAD REPORT: MISSING %v; UNEXPECTED %v", missing, unexpected)
-	}
-	if c.TieWordEmbeddings {
-		w.Head = w.Embed
-	}
-	if err := w.check(c); err != nil {
-		return nil, err
-	}
-	return w, nil
-}
-
-// loadParam reads p under whichever form ck holds it in, marking what it read in used
-// (with the scale tensor of a quantized weight). It returns the module name when no form
-// holds it.
-func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[string]bool) (string, error) {
-	read := func(name string, shape ...int) ([]float32, error) {
-		used[name] = true
-		if s, ok := ck.ScaleName(name); ok {
-			used[s] = true
-		}
-		return ck.Dequantize(name, q, shape...)
-	}
-	for _, name := range p.names {
-		if !ck.Has(name) {
-			continue
-		}
-		used[name] = true
-		if p.ints != nil {
-			v, err := readInts(ck, name, p.shape)
-			*p.ints = v
-			return "", err
-		}
-		v, err := read(name, p.shape...)
-		*p.dst = v
-		return "", err
-	}
-	if p.experts == 0 {
-		return p.names[ModuleNames], nil
-	}
-	// Per-expert tensors: ffn.experts.E.{w1,w3} stacked into gate_up [E, 2I, D] (gate
-	// rows then up rows), ffn.experts.E.w2 into down [E, D, I].
-	for _, pat := range []string{p.names[UpstreamNames], p.names[HybridNames]} {
-		first := fmt.Sprintf(pat, 0, p.expertLeaf[0])
-		if !ck.Has(first) {
-			continue
-		}
-		per := p.shape[1] * p.shape[2]
-		half := []int{p.shape[1], p.shape[2]}
-		if p.expertLeaf[1] != "" {
-			half[0] /= 2
-		}
-		out := make([]float32, 0, p.experts*per)
-		for e := range p.experts {
-			for _, leaf := range p.expertLeaf {
-				if leaf == "" {
-					continue
-				}
-				name := fmt.Sprintf(pat, e, leaf)
-				if !ck.Has(name) {
-					return "", fmt.Errorf("load weights: %s is missing (the other experts' tensors are there)", name)
-				}
-				v, err := read(name, half...)
-				if err != nil {
-					return "", err
-				}
-				out = append(out, v...)
-			}
-		}
-		*p.dst = out
-		return "", nil
-	}
-	return p.names[ModuleNames], nil
-}
-
-// readInts reads an integer tensor (tid2eid: I64 in transformers' checkpoints, I32
-// accepted) with its shape checked.
-func readInts(ck *weights.Checkpoint, name string, shape []int) ([]int32, error) {
-	info, _ := ck.Info(name)
-	if !slices.Equal(info.Shape, shape) {
-		return nil, fmt.Errorf("tensor %q: %w: checkpoint has %v, model expects %v", name, weights.ErrShape, info.Shape, shape)
-	}
-	files, _ := filepath.Glob(filepath.Join(ck.Dir, "*.safetensors"))
-	for _, path := range files {
-		f, err := weights.OpenFile(path)
-		if err != nil {
-			return nil, err
-		}
-		_, raw, err := f.ReadRaw(name)
-		f.Close()
-		if err != nil {
-			continue
-		}
-		n := info.Elements()
-		out := make([]int32, n)
-		switch info.DType {
-		case weights.I64:
-			for i := range out {
-				out[i] = int32(int64(binary.LittleEndian.Uint64(raw[8*i:])))
-			}
-		case weights.I32:
-			for i := range out {
-				out[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
-			}
-		default:
-			return nil, fmt.Errorf("tensor %q: %w: %s, want I64 or I32", name, weights.ErrDType, info.DType)
-		}
-		return out, nil
-	}
-	return nil, fmt.Errorf("tensor %q: %w in %s", name, weights.ErrNotFound, ck.Dir)
-}
-
-// check validates values a shape cannot: tid2eid must name existing experts.
-func (w *Weights) check(c *Config) error {
-	chk := func(where string, l *Layer) error {
-		for i, e := range l.Tid2Eid {
-			if e < 0 || int(e) >= c.NRoutedExperts {
-				return fmt.Errorf("load weights: %s tid2eid[%d][%d] = %d is not an expert (n_routed_experts %d)", where, i/c.NumExpertsPerTok, i%c.NumExpertsPerTok, e, c.NRoutedExperts)
-			}
-		}
+func (l *loader) get(shape []int, names ...string) []float32 {
+	if l.err != nil {
 		return nil
 	}
-	for i := range w.Layers {
-		if err := chk(fmt.Sprintf("layer %d", i), &w.Layers[i]); err != nil {
-			return err
+	for _, n := range names {
+		if l.src.Has(n) {
+			v, err := l.src.Float32(n, shape...)
+			if err != nil {
+				l.err = err
+				return nil
+			}
+			l.used[n] = true
+			return v
 		}
 	}
+	l.err = fmt.Errorf("%w: tensor %s (shape %v) is missing", weights.ErrNotFound, names[0], shape)
 	return nil
 }
 
-// RandomWeights returns seeded random weights for c, perturbed off transformers' init so
-// that every tensor moves the logits: Linear weights N(0, 0.02)·(scaled for width), norm
-// weights 1+N(0, 0.1), biases, sinks and position biases N(0, 0.1), hc scales
-// 1+N(0, 0.3), tid2eid random distinct experts per token. withMTP adds an MTP head.
-func RandomWeights(c *Config, seed uint64, withMTP bool) *Weights {
-	w := &Weights{}
-	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	for _, p := range params(c, w, withMTP) {
-		n := 1
-		for _, d := range p.shape {
-			n *= d
-		}
-		if p.ints != nil {
-			k := p.shape[1]
-			v := make([]int32, n)
-			for t := range p.shape[0] {
-				perm := rng.Perm(c.NRoutedExperts)
-				for j := range k {
-					v[t*k+j] = int32(perm[j])
-				}
-			}
-			*p.ints = v
-			continue
-		}
-		v := make([]float32, n)
-		std := 0.02
-		if len(p.shape) >= 2 && p.kind == initNormal {
-			// Linear weights scaled to their fan-in so activations stay O(1) in tiny models.
-			std = 1 / math.Sqrt(float64(p.shape[len(p.shape)-1]))
-		}
-		for i := range v {
-			g := rng.NormFloat64()
-			switch p.kind {
-			case initNorm:
-				v[i] = float32(1 + 0.1*g)
-			case initBias:
-				v[i] = float32(0.1 * g)
-			case initScale:
-				v[i] = float32(1 + 0.3*g)
-			default:
-				v[i] = float32(std * g)
-			}
-		}
-		*p.dst = v
-	}
+// loadTextWeights reads every text weight in module names or the checkpoint-side names
+// the 5.23.0 conversion mapping renames (flat forget-gate keys, hc_*, per-expert keys,
+// q/k/v_conv1d). A missing or mis-shaped tensor is an error naming it; so is a tensor the
+// model does not read, unless it belongs to the vision tower or the MTP layer.
+func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, error) {
+	l := &loader{src: src, used: map[string]bool{}}
+	D, V, hc := c.HiddenSize, c.VocabSize, c.HCMult
+	p := TextPrefix
+	w := &TextWeights{}
+	w.embed = l.get([]int{V, D}, p+"embed_tokens.weight")
+	w.norm = l.get([]int{D}, p+"norm.weight")
 	if c.TieWordEmbeddings {
-		w.Head = w.Embed
-	}
-	return w
-}
-
-// Tensors returns the weights as safetensors tensors named in form, in dtype dt (tid2eid
-// as I64).
-func (w *Weights) Tensors(c *Config, dt weights.DType, form NameForm) ([]weights.Tensor, error) {
-	var ts []weights.Tensor
-	for _, p := range params(c, w, w.MTP != nil) {
-		name := p.names[form]
-		if p.ints != nil {
-			raw := make([]byte, 8*len(*p.ints))
-			for i, v := range *p.ints {
-				binary.LittleEndian.PutUint64(raw[8*i:], uint64(int64(v)))
-			}
-			ts = append(ts, weights.Tensor{Name: name, DType: weights.I64, Shape: slices.Clone(p.shape), Data: raw})
-			continue
+		w.lmHead = w.embed
+		if src.Has("lm_head.weight") {
+			l.get([]int{V, D}, "lm_head.weight")
 		}
-		if p.experts > 0 && strings.Contains(name, "%d") {
-			per := p.shape[1] * p.shape[2]
-			rows := p.shape[1]
-			if p.expertLeaf[1] != "" {
-				rows /= 2
-			}
-			for e := range p.experts {
-				blk := (*p.dst)[e*per : (e+1)*per]
-				for j, leaf := range p.expertLeaf {
-					if leaf == "" {
-						continue
-					}
-					t, err := weights.NewTensor(fmt.Sprintf(name, e, leaf), dt, []int{rows, p.shape[2]}, blk[j*rows*p.shape[2]:(j+1)*rows*p.shape[2]])
-					if err != nil {
-						return nil, err
-					}
-					ts = append(ts, t)
+	} else {
+		w.lmHead = l.get([]int{V, D}, "lm_head.weight")
+	}
+	nMix := (2 + hc) * hc
+	for i := range c.NumHiddenLayers {
+		lp := fmt.Sprintf("%slayers.%d.", p, i)
+		ly := textLayer{kind: c.LayerTypes[i]}
+		ly.inNorm = l.get([]int{D}, lp+"input_layernorm.weight")
+		ly.postNorm = l.get([]int{D}, lp+"post_attention_layernorm.weight")
+		for _, h := range []struct {
+			dst  *hcWeights
+			kind string
+		}{{&ly.attnHC, "attn"}, {&ly.ffnHC, "ffn"}} {
+			h.dst.fn = l.get([]int{nMix, hc * D}, lp+h.kind+"_hc.fn", lp+"hc_"+h.kind+"_fn")
+			h.dst.base = l.get([]int{nMix}, lp+h.kind+"_hc.base", lp+"hc_"+h.kind+"_base")
+			h.dst.scale = l.get([]int{3}, lp+h.kind+"_hc.scale", lp+"hc_"+h.kind+"_scale")
+		}
+		a := lp + "self_attn."
+		if ly.kind == LinearAttention {
+			H, Dh, K := c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
+			L := H * Dh
+			k := &kdaWeights{}
+			k.q = l.get([]int{L, D}, a+"q_proj.weight")
+			k.k = l.get([]int{L, D}, a+"k_proj.weight")
+			k.v = l.get([]int{L, D}, a+"v_proj.weight")
+			if src.Has(a + "conv1d.weight") {
+				k.conv = l.get([]int{3 * L, 1, K}, a+"conv1d.weight")
+			} else {
+				for _, n := range []string{"q", "k", "v"} {
+					k.conv = append(k.conv, l.get([]int{L, 1, K}, a+n+"_conv1d.weight")...)
 				}
 			}
+			k.dtBias = l.get([]int{L}, a+"forget_gate.dt_bias", a+"dt_bias")
+			k.aLog = l.get([]int{H}, a+"forget_gate.A_log", a+"A_log")
+			k.fa = l.get([]int{Dh, D}, a+"forget_gate.f_a_proj.weight", a+"f_a_proj.weight")
+			k.fb = l.get([]int{L, Dh}, a+"forget_gate.f_b_proj.weight", a+"f_b_proj.weight")
+			k.b = l.get([]int{H, D}, a+"b_proj.weight")
+			k.ga = l.get([]int{Dh, D}, a+"g_a_proj.weight")
+			k.gb = l.get([]int{L, Dh}, a+"g_b_proj.weight")
+			k.oNorm = l.get([]int{Dh}, a+"o_norm.weight")
+			k.o = l.get([]int{D, L}, a+"o_proj.weight")
+			ly.kda = k
+		} else {
+			H, Q, R := c.NumAttentionHeads, c.QLoraRank, c.KVLoraRank
+			m := &mlaWeights{}
+			m.qa = l.get([]int{Q, D}, a+"q_a_proj.weight")
+			m.qaNorm = l.get([]int{Q}, a+"q_a_layernorm.weight")
+			m.qb = l.get([]int{H * c.QKHeadDim, Q}, a+"q_b_proj.weight")
+			m.kva = l.get([]int{R + c.QKRopeHeadDim, D}, a+"kv_a_proj_with_mqa.weight")
+			m.kvaNorm = l.get([]int{R}, a+"kv_a_layernorm.weight")
+			m.kvb = l.get([]int{H * (c.QKNopeHeadDim + c.VHeadDim), R}, a+"kv_b_proj.weight")
+			m.o = l.get([]int{D, H * c.VHeadDim}, a+"o_proj.weight")
+			if c.IndexerTypes[i] != IndexerShared {
+				x := a + "indexer."
+				I, N := c.IndexHeadDim, c.IndexNHeads
+				m.idx = &indexerWeights{
+					wqb:    l.get([]int{N * I, Q}, x+"wq_b.weight"),
+					wk:     l.get([]int{I, D}, x+"wk.weight"),
+					kNormW: l.get([]int{I}, x+"k_norm.weight"),
+					kNormB: l.get([]int{I}, x+"k_norm.bias"),
+					wProj:  l.get([]int{N, D}, x+"weights_proj.weight"),
+					ape:    l.get([]int{c.IndexKPool, I}, x+"index_kpool_compress_ape"),
+					gate:   l.get([]int{I, D}, x+"index_kpool_compress_gate"),
+				}
+			}
+			ly.mla = m
+		}
+		f := lp + "mlp."
+		if c.MLPLayerTypes[i] == DenseMLP {
+			ly.dense = l.mlp(f, D, c.IntermediateSize)
+		} else {
+			E, F := c.NRoutedExperts, c.MoEIntermediateSize
+			m := &moeWeights{}
+			m.router = l.get([]int{E, D}, f+"gate.weight")
+			m.bias = l.get([]int{E}, f+"gate.e_score_correction_bias")
+			if src.Has(f + "experts.gate_up_proj") {
+				m.gateUp = l.get([]int{E, 2 * F, D}, f+"experts.gate_up_proj")
+				m.down = l.get([]int{E, D, F}, f+"experts.down_proj")
+			} else {
+				for e := range E {
+					ep := fmt.Sprintf("%sexperts.%d.", f, e)
+					m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"gate_proj.weight")...)
+					m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"up_proj.weight")...)
+					m.down = append(m.down, l.get([]int{D, F}, ep+"down_proj.weight")...)
+				}
+			}
+			m.shared = *l.mlp(f+"shared_experts.", D, F*c.NSharedExperts)
+			ly.moe = m
+		}
+		w.layers = append(w.layers, ly)
+		if l.err != nil {
+			return nil, nil, l.err
+		}
+	}
+	if l.err != nil {
+		return nil, nil, l.err
+	}
+	var notes []string
+	var ignored int
+	for _, n := range slices.Sorted(slices.Values(src.Names())) {
+		if l.used[n] {
 			continue
 		}
-		t, err := weights.NewTensor(name, dt, p.shape, *p.dst)
-		if err != nil {
-			return nil, err
+		if ignoredTensor(n, c) {
+			ignored++
+			continue
 		}
-		ts = append(ts, t)
+		return nil, nil, fmt.Errorf("tensor %s is not read by glm-5-flash (unexpected in a glm5_next text checkpoint)", n)
 	}
-	return ts, nil
+	if ignored > 0 {
+		notes = append(notes, fmt.Sprintf("%d vision-tower / MTP tensors ignored by the text model", ignored))
+	}
+	return w, notes, nil
 }
 
-// Save writes the weights as dir/model.safetensors in dtype dt and name form form.
-func (w *Weights) Save(c *Config, dir string, dt weights.DType, form NameForm) error {
-	ts, err := w.Tensors(c, dt, form)
+func (l *loader) mlp(prefix string, d, f int) *mlpWeights {
+	return &mlpWeights{
+		gate:  l.get([]int{f, d}, prefix+"gate_proj.weight"),
+		up:    l.get([]int{f, d}, prefix+"up_proj.weight"),
+		down:  l.get([]int{d, f}, prefix+"down_proj.weight"),
+		width: f,
+	}
+}
+
+// LoadTextModel opens a glm5_next checkpoint directory (config.json and safetensors,
+// sharded or not) as a TextModel.
+func LoadTextModel(dir string) (*TextModel, error) {
+	c, err := LoadTextConfig(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+	ck, err := weights.Open(dir)
+	if err != nil {
+		return nil, err
 	}
-	return weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, map[string]string{"format": "pt"})
+	defer ck.Close()
+	var src tensorSource = ck
+	if c.Quant != nil {
+		src = dequantSource{ck, c.Quant}
+	}
+	w, notes, err := loadTextWeights(src, c)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	c.Notes = append(c.Notes, notes...)
+	return &TextModel{Config: c, W: w}, nil
 }
 
-// TensorNames lists the names the model reads in form (experts expanded), for docs and
-// tests.
-func TensorNames(c *Config, form NameForm, withMTP bool) []string {
-	w := RandomWeights(c, 1, withMTP)
-	ts, _ := w.Tensors(c, weights.F32, form)
+// dequantSource reads FP8 block-quantized tensors through core/weights' Dequantize and
+// hides their scale tensors.
+type dequantSource struct {
+	ck *weights.Checkpoint
+	q  *weights.Quant
+}
+
+func (d dequantSource) Names() []string {
 	var out []string
-	for _, t := range ts {
-		out = append(out, t.Name)
+	for _, n := range d.ck.Names() {
+		if strings.HasSuffix(n, "_scale_inv") {
+			continue
+		}
+		if base, ok := strings.CutSuffix(n, ".scale"); ok && d.ck.Has(base+".weight") {
+			continue
+		}
+		out = append(out, n)
 	}
 	return out
+}
+func (d dequantSource) Has(name string) bool { return d.ck.Has(name) }
+func (d dequantSource) Float32(name string, shape ...int) ([]float32, error) {
+	return d.ck.Dequantize(name, d.q, shape...)
 }
