@@ -91,6 +91,29 @@ func TestPagedTextParity(t *testing.T) {
 			check("after a prefix hit", got, hit)
 			t.Logf("cut %d: resumed at %d from a KDA checkpoint", cut, hit)
 		}
+		// C: a one-step prefill of all the tokens in a fresh pool keeps only the last
+		// textCheckpoints block-end checkpoints (176, 184, 192, 200 with 8-token blocks); a
+		// prompt sharing 190 tokens resumes from the one at 184 (the blocks before have no
+		// KDA checkpoint, the one at 192 is past the shared part) and recomputes the rest.
+		pool2, err := r.NewPool(64 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := runnertest.OpenSeq(t, pool2, toks)
+		runStepsText(t, r, pool2, c, []int{len(toks)})
+		id, hit, err := pool2.Open(toks[:190])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 184; len(toks) == 200 && textCheckpoints == 4 && hit != want {
+			t.Errorf("sparse checkpoints: hit %d tokens, want %d", hit, want)
+		}
+		d := &runnertest.Seq{ID: id, Tokens: toks, Computed: hit}
+		check("after a hit between sparse checkpoints", runStepsText(t, r, pool2, d, []int{3, 1}), hit)
+		t.Logf("sparse checkpoints: resumed at %d", hit)
+		if err := r.Bind(pool); err != nil { // leave r as it was
+			t.Fatal(err)
+		}
 	}
 }
 
