@@ -80,6 +80,12 @@ func (m *TextModel) NewTextState() *TextState {
 // sequence into calls gives the same logits (to rounding): one call is a prefill, a
 // one-token call is a decode step.
 func (m *TextModel) Forward(st *TextState, ids []int32) ([]float32, error) {
+	return m.ForwardRows(st, ids, nil)
+}
+
+// ForwardRows is Forward that computes the logits of the rows listed in rows only (in that
+// order, [len(rows), vocab]); nil rows means every row.
+func (m *TextModel) ForwardRows(st *TextState, ids []int32, rows []int) ([]float32, error) {
 	c := m.Config
 	T, D, hc := len(ids), c.HiddenSize, c.HCMult
 	if T == 0 {
@@ -138,10 +144,21 @@ func (m *TextModel) Forward(st *TextState, ids []int32) ([]float32, error) {
 			o[d] /= float32(hc)
 		}
 	}
+	if rows != nil {
+		picked := make([]float32, len(rows)*D)
+		for j, r := range rows {
+			copy(picked[j*D:(j+1)*D], x[r*D:(r+1)*D])
+		}
+		x, T = picked, len(rows)
+		if T == 0 {
+			st.Len += len(ids)
+			return nil, nil
+		}
+	}
 	if err := ref.RMSNorm(x, x, m.W.norm, T, D, float32(c.RMSNormEps)); err != nil {
 		return nil, err
 	}
-	st.Len += T
+	st.Len += len(ids)
 	return dense(x, m.W.lmHead, T, D, c.VocabSize), nil
 }
 

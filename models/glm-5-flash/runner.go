@@ -105,31 +105,30 @@ func (r *TextRunner) Bind(pool *kvslab.Pool) error {
 	return nil
 }
 
-// forward runs one plan, sequence by sequence, on their kvslab-backed states, and copies
-// the rows plan.LogitsIndices names.
+// forward runs one plan, sequence by sequence, on their kvslab-backed states, computing
+// the logits of the rows plan.LogitsIndices names only.
 func (r *TextRunner) forward(p *engine.BatchPlan, logits []float32) error {
 	if r.kv == nil {
 		return cpurunner.ErrNotBound
 	}
 	v := r.Model.Config.VocabSize
-	rows := make([][]float32, p.NumTokens())
 	for i := range p.NumSeqs() {
 		st, err := r.kv.bind(p, i)
 		if err != nil {
 			return err
 		}
 		toks, _ := p.Seq(i)
-		out, err := r.Model.Forward(st, toks)
+		q0 := int(p.QueryStart[i])
+		a, b := p.LogitsStart[i], p.LogitsStart[i+1]
+		rows := make([]int, 0, b-a)
+		for _, row := range p.LogitsIndices[a:b] {
+			rows = append(rows, int(row)-q0)
+		}
+		out, err := r.Model.ForwardRows(st, toks, rows)
 		if err != nil {
 			return err
 		}
-		q0 := int(p.QueryStart[i])
-		for t := range toks {
-			rows[q0+t] = out[t*v : (t+1)*v]
-		}
-	}
-	for j, row := range p.LogitsIndices {
-		copy(logits[j*v:(j+1)*v], rows[row])
+		copy(logits[int(a)*v:int(b)*v], out)
 	}
 	return nil
 }
