@@ -400,12 +400,6 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 	for t := range T {
 		copy(ls.Latent.Row(pos0+t), lat[t*R:(t+1)*R])
 	}
-	n := pos0 + T
-	all := make([]float32, n*R)
-	for j := range n {
-		copy(all[j*R:(j+1)*R], ls.Latent.Row(j))
-	}
-	kv := dense(all, w.kvb, n, R, H*(dn+dv)) // [n, H, nope | v]
 	var sel [][]int32
 	if w.idx != nil {
 		var err error
@@ -418,19 +412,35 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 		}
 		sel = prev
 	}
+	// Absorbed MLA: with kv_b_proj's per-head blocks W_uk [nope, R] and W_uv [v, R],
+	// q·k_j = (W_ukᵀq)·latent_j and Σ_j p_j·v_j = W_uv·(Σ_j p_j·latent_j), so only the
+	// selected tokens' latents are read.
 	scale := float32(1 / math.Sqrt(float64(c.QKHeadDim)))
 	out := make([]float32, T*H*dv)
+	qa, ctx := make([]float32, R), make([]float32, R)
 	for t := range T {
 		toks := sel[t]
+		lats := make([][]float32, len(toks))
+		for j, tok := range toks {
+			lats[j] = ls.Latent.Row(int(tok))
+		}
 		p := make([]float32, len(toks))
 		for h := range H {
+			wuk := w.kvb[h*(dn+dv)*R : (h*(dn+dv)+dn)*R]
+			wuv := w.kvb[(h*(dn+dv)+dn)*R : (h+1)*(dn+dv)*R]
 			qh := q[(t*H+h)*dn : (t*H+h+1)*dn]
+			clear(qa)
+			for d := range dn {
+				row := wuk[d*R : (d+1)*R]
+				for r := range R {
+					qa[r] += qh[d] * row[r]
+				}
+			}
 			mx := float32(math.Inf(-1))
-			for j, tok := range toks {
-				kh := kv[(int(tok)*H+h)*(dn+dv):]
+			for j, lat := range lats {
 				var s float32
-				for d := range dn {
-					s += qh[d] * kh[d]
+				for r := range R {
+					s += qa[r] * lat[r]
 				}
 				p[j] = s * scale
 				mx = max(mx, p[j])
@@ -440,13 +450,21 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 				p[j] = float32(math.Exp(float64(p[j] - mx)))
 				sum += p[j]
 			}
-			oh := out[(t*H+h)*dv : (t*H+h+1)*dv]
-			for j, tok := range toks {
-				vh := kv[(int(tok)*H+h)*(dn+dv)+dn:]
+			clear(ctx)
+			for j, lat := range lats {
 				wgt := p[j] / sum
-				for d := range dv {
-					oh[d] += wgt * vh[d]
+				for r := range R {
+					ctx[r] += wgt * lat[r]
 				}
+			}
+			oh := out[(t*H+h)*dv : (t*H+h+1)*dv]
+			for d := range dv {
+				row := wuv[d*R : (d+1)*R]
+				var s float32
+				for r := range R {
+					s += row[r] * ctx[r]
+				}
+				oh[d] = s
 			}
 		}
 	}
