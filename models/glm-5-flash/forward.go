@@ -86,13 +86,36 @@ func (m *TextModel) Forward(st *TextState, ids []int32) ([]float32, error) {
 // ForwardRows is Forward that computes the logits of the rows listed in rows only (in that
 // order, [len(rows), vocab]); nil rows means every row.
 func (m *TextModel) ForwardRows(st *TextState, ids []int32, rows []int) ([]float32, error) {
+	return m.ForwardBatch([]TextChunk{{State: st, Tokens: ids, Rows: rows}})
+}
+
+// TextChunk is one sequence's part of a batch: the next tokens of the sequence whose state
+// is State, and the rows (indices into Tokens) that need logits; nil Rows means all.
+type TextChunk struct {
+	State  *TextState
+	Tokens []int32
+	Rows   []int
+}
+
+// ForwardBatch runs several sequences' chunks at once: the stateful parts (KDA, MLA and
+// the indexer) per sequence, the rest (mHC, MLPs and MoE, lm_head) as one batch of rows.
+// It returns the logits of each chunk's Rows, chunk after chunk; every state advances by
+// its chunk's length. The chunks' states must be distinct.
+func (m *TextModel) ForwardBatch(chunks []TextChunk) ([]float32, error) {
 	c := m.Config
-	T, D, hc := len(ids), c.HiddenSize, c.HCMult
+	D, hc := c.HiddenSize, c.HCMult
+	var ids []int32
+	off := make([]int, len(chunks)+1)
+	for i, ch := range chunks {
+		if err := c.RefuseVisionTokens(ch.Tokens); err != nil {
+			return nil, err
+		}
+		ids = append(ids, ch.Tokens...)
+		off[i+1] = len(ids)
+	}
+	T := len(ids)
 	if T == 0 {
 		return nil, nil
-	}
-	if err := c.RefuseVisionTokens(ids); err != nil {
-		return nil, err
 	}
 	x := make([]float32, T*D)
 	if err := ref.Embedding(x, m.W.embed, ids, D); err != nil {
@@ -104,19 +127,33 @@ func (m *TextModel) ForwardRows(st *TextState, ids []int32, rows []int) ([]float
 			copy(streams[(t*hc+k)*D:], x[t*D:(t+1)*D])
 		}
 	}
-	var sel [][]int32 // the previous layer's DSA selection, per query
+	sels := make([][][]int32, len(chunks)) // each chunk's previous-layer DSA selection
 	for i := range m.W.layers {
 		ly := &m.W.layers[i]
-		ls := &st.Layers[i]
 		var err error
 		streams, err = m.hcBlock(streams, T, &ly.attnHC, ly.inNorm, func(h []float32) ([]float32, error) {
-			if ly.kind == LinearAttention {
-				sel = nil
-				return m.kda(ly.kda, ls, h, T, st.Len, st.BlockTokens)
+			out := make([]float32, T*D)
+			for ci, ch := range chunks {
+				st, n := ch.State, off[ci+1]-off[ci]
+				if n == 0 {
+					continue
+				}
+				hs := h[off[ci]*D : off[ci+1]*D]
+				ls := &st.Layers[i]
+				var y []float32
+				var err error
+				if ly.kind == LinearAttention {
+					sels[ci] = nil
+					y, err = m.kda(ly.kda, ls, hs, n, st.Len, st.BlockTokens)
+				} else {
+					y, sels[ci], err = m.mla(ly.mla, ls, hs, n, st.Len, sels[ci])
+				}
+				if err != nil {
+					return nil, err
+				}
+				copy(out[off[ci]*D:], y)
 			}
-			out, s, err := m.mla(ly.mla, ls, h, T, st.Len, sel)
-			sel = s
-			return out, err
+			return out, nil
 		})
 		if err != nil {
 			return nil, fmt.Errorf("layer %d attention: %w", i, err)
@@ -131,35 +168,39 @@ func (m *TextModel) ForwardRows(st *TextState, ids []int32, rows []int) ([]float
 			return nil, fmt.Errorf("layer %d mlp: %w", i, err)
 		}
 	}
-	// hc_head: the mean of the streams, then the final norm and lm_head.
-	for t := range T {
-		o := x[t*D : (t+1)*D]
-		clear(o)
-		for k := range hc {
-			for d := range D {
-				o[d] += streams[(t*hc+k)*D+d]
+	// hc_head: the mean of the streams, then the final norm and lm_head on the rows asked.
+	var picked []float32
+	for ci, ch := range chunks {
+		rows := ch.Rows
+		if rows == nil {
+			rows = make([]int, off[ci+1]-off[ci])
+			for j := range rows {
+				rows[j] = j
 			}
 		}
-		for d := range D {
-			o[d] /= float32(hc)
+		for _, r := range rows {
+			t := off[ci] + r
+			o := make([]float32, D)
+			for k := range hc {
+				for d := range D {
+					o[d] += streams[(t*hc+k)*D+d]
+				}
+			}
+			for d := range D {
+				o[d] /= float32(hc)
+			}
+			picked = append(picked, o...)
 		}
+		ch.State.Len += off[ci+1] - off[ci]
 	}
-	if rows != nil {
-		picked := make([]float32, len(rows)*D)
-		for j, r := range rows {
-			copy(picked[j*D:(j+1)*D], x[r*D:(r+1)*D])
-		}
-		x, T = picked, len(rows)
-		if T == 0 {
-			st.Len += len(ids)
-			return nil, nil
-		}
+	n := len(picked) / D
+	if n == 0 {
+		return nil, nil
 	}
-	if err := ref.RMSNorm(x, x, m.W.norm, T, D, float32(c.RMSNormEps)); err != nil {
+	if err := ref.RMSNorm(picked, picked, m.W.norm, n, D, float32(c.RMSNormEps)); err != nil {
 		return nil, err
 	}
-	st.Len += len(ids)
-	return dense(x, m.W.lmHead, T, D, c.VocabSize), nil
+	return dense(picked, m.W.lmHead, n, D, c.VocabSize), nil
 }
 
 // hcBlock runs one mHC-wrapped block: weights from the normalised flattened streams,

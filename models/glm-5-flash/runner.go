@@ -105,31 +105,31 @@ func (r *TextRunner) Bind(pool *kvslab.Pool) error {
 	return nil
 }
 
-// forward runs one plan, sequence by sequence, on their kvslab-backed states, computing
-// the logits of the rows plan.LogitsIndices names only.
+// forward runs one plan on the sequences' kvslab-backed states as one batch
+// (TextModel.ForwardBatch), computing the logits of the rows plan.LogitsIndices names only.
 func (r *TextRunner) forward(p *engine.BatchPlan, logits []float32) error {
 	if r.kv == nil {
 		return cpurunner.ErrNotBound
 	}
-	v := r.Model.Config.VocabSize
-	for i := range p.NumSeqs() {
+	chunks := make([]TextChunk, p.NumSeqs())
+	for i := range chunks {
 		st, err := r.kv.bind(p, i)
 		if err != nil {
 			return err
 		}
 		toks, _ := p.Seq(i)
 		q0 := int(p.QueryStart[i])
-		a, b := p.LogitsStart[i], p.LogitsStart[i+1]
-		rows := make([]int, 0, b-a)
-		for _, row := range p.LogitsIndices[a:b] {
+		rows := []int{}
+		for _, row := range p.LogitsIndices[p.LogitsStart[i]:p.LogitsStart[i+1]] {
 			rows = append(rows, int(row)-q0)
 		}
-		out, err := r.Model.ForwardRows(st, toks, rows)
-		if err != nil {
-			return err
-		}
-		copy(logits[int(a)*v:int(b)*v], out)
+		chunks[i] = TextChunk{State: st, Tokens: toks, Rows: rows}
 	}
+	out, err := r.Model.ForwardBatch(chunks)
+	if err != nil {
+		return err
+	}
+	copy(logits, out)
 	return nil
 }
 
