@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # scripts/glm5-goldens.sh: makes models/glm-5-flash's goldens with transformers 5.23.0 on
-# torch's CPU path (float32, eager attention):
+# torch's CPU path (eager attention and experts; float32 weights, float64 reference logits):
 #
 #   testdata/config_cases.json   what Glm5NextConfig / Glm5NextTextConfig make of nested,
 #                                flat and legacy config.json forms (TestConfigCases)
+#   testdata/parity/<case>/      tiny perturbed checkpoints (module or checkpoint-side tensor
+#                                names) with the logits of every position (TestTransformersParity,
+#                                TestPagedTextParity, TestMixedBatchStates)
 #
 # Usage: scripts/glm5-goldens.sh [--out DIR] [--only-config]
-# Then:  go test ./models/glm-5-flash -run 'TestConfigCases' -v
+# Then:  go test ./models/glm-5-flash -run 'TestConfigCases|TestTransformersParity|TestPagedTextParity' -v
 # torch, transformers and safetensors are installed, pinned, into .cache/torch-venv.
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
