@@ -27,7 +27,7 @@ func glmParityCases(t *testing.T) []string {
 	return out
 }
 
-func readGLMGolden(t *testing.T, dir string, vocab int) ([]int32, []float32) {
+func readGLMGolden(t testing.TB, dir string, vocab int) ([]int32, []float32) {
 	t.Helper()
 	f, err := weights.OpenFile(filepath.Join(dir, "logits.safetensors"))
 	if err != nil {
