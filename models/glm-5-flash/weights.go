@@ -90,8 +90,7 @@ type tensorSource interface {
 // ignoredTensor matches what the text model does not read: the vision tower and merger
 // (vision inputs are refused) and the MTP layer (layers.{num_hidden_layers}.*, shared_head),
 // which transformers drops too.
-func ignoredTensor(name string, c *TextConfig) bool {
-	mtp := regexp.MustCompile(fmt.Sprintf(`(^|\.)layers\.%d\.|\.shared_head\.`, c.NumHiddenLayers))
+func ignoredTensor(name string, mtp *regexp.Regexp) bool {
 	return strings.HasPrefix(name, "model.visual.") || strings.HasPrefix(name, "visual.") ||
 		strings.HasPrefix(name, "model.vision_tower.") || mtp.MatchString(name)
 }
@@ -238,11 +237,12 @@ func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, e
 	}
 	var notes []string
 	var ignored int
+	mtp := regexp.MustCompile(fmt.Sprintf(`(^|\.)layers\.%d\.|\.shared_head\.`, c.NumHiddenLayers))
 	for _, n := range slices.Sorted(slices.Values(src.Names())) {
 		if l.used[n] {
 			continue
 		}
-		if ignoredTensor(n, c) {
+		if ignoredTensor(n, mtp) {
 			ignored++
 			continue
 		}
