@@ -99,9 +99,12 @@ func templatize(src []byte, a *Answers) []byte {
 	s = strings.ReplaceAll(s, `"`+a.Name+`"`, "\x00QNAME\x00")
 	s = regexp.MustCompile(`\b`+regexp.QuoteMeta(a.Name)+`\b`).ReplaceAllString(s, "\x00NAME\x00")
 	s = regexp.MustCompile(`\b`+regexp.QuoteMeta(a.Package)+`\b`).ReplaceAllString(s, "\x00PACKAGE\x00")
-	return []byte(strings.NewReplacer(
+	s = strings.NewReplacer(
 		lo, `{{"{{"}}`, hi, `{{"}}"}}`,
 		"\x00IMPORT\x00", "{{.Import}}", "\x00PACKAGE\x00", "{{.Package}}",
 		"\x00QNAME\x00", `{{ printf "%q" .Name }}`, "\x00NAME\x00", "{{.Name}}",
-	).Replace(s))
+	).Replace(s)
+	// A "{" of the source just before an action ("Stats{{{.Name}}") would read as part of
+	// the delimiter: emit it as an action of its own.
+	return []byte(strings.ReplaceAll(s, "{{{", `{{"{"}}{{`))
 }

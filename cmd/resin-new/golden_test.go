@@ -23,6 +23,7 @@ var goldens = []struct {
 	{"demo", []string{"model", "demo"}},
 	{"qwen3-tiny", []string{"model", "qwen3-tiny", "--hf-config", "testdata/hf-configs/qwen3-tiny.json", "--module", "github.com/acme/qwen3-tiny"}},
 	{"v4-demo", []string{"model", "v4-demo", "--base", "deepseek-v4", "--module", "github.com/acme/v4-demo"}},
+	{"glm-demo", []string{"model", "glm-demo", "--base", "glm-5", "--module", "github.com/acme/glm-demo"}},
 }
 
 // TestGolden regenerates every golden scaffold with the real CLI and diffs it file by file
@@ -92,7 +93,8 @@ func TestGolden(t *testing.T) {
 }
 
 // TestInTreeReference checks that every in-tree model with a resin.toml (models/llama, the
-// dense reference; models/deepseek-v4-flash, from which the deepseek-v4 base is extracted)
+// dense reference; models/deepseek-v4-flash and models/glm-5-flash, from which the
+// deepseek-v4 and glm-5 bases are extracted)
 // is what its base renders (resin-new model NAME --in-tree --base BASE --force regenerates
 // one; resin-new extract-base regenerates a base from its model).
 func TestInTreeReference(t *testing.T) {
@@ -103,7 +105,7 @@ func TestInTreeReference(t *testing.T) {
 	}
 	dirs, _ := filepath.Glob(filepath.Join(core, "models", "*", AnswersFile))
 	if len(dirs) < 2 {
-		t.Fatalf("in-tree models with %s: %v, want models/llama and models/deepseek-v4-flash", AnswersFile, dirs)
+		t.Fatalf("in-tree models with %s: %v, want the reference models", AnswersFile, dirs)
 	}
 	for _, f := range dirs {
 		dir := filepath.Dir(f)

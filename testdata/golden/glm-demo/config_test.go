@@ -1,0 +1,172 @@
+package glmdemo
+
+import (
+	"encoding/json"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// configCommand makes testdata/config_cases.json, run from the repository root.
+const configCommand = "scripts/glm5-goldens.sh --only-config"
+
+// configCase is one entry of testdata/config_cases.json: a config.json input and what
+// transformers 5.23.0's Glm5NextConfig made of its text model (or the error it raised).
+type configCase struct {
+	Input map[string]any `json:"input"`
+	Want  map[string]any `json:"want"`
+	Error string         `json:"error"`
+}
+
+// refusedByDesign lists inputs transformers accepts that this model refuses on purpose,
+// with the field the error must name.
+var refusedByDesign = map[string]string{
+	"bad-layer-type":       "layer_types",   // sliding_attention is in transformers' global list; GLM has no such layer
+	"shared-after-linear":  "indexer_types", // transformers raises only at the first forward
+	"unknown-indexer-type": "indexer_types", // transformers runs any non-"shared" value as full
+}
+
+// TestConfigCases checks ParseTextConfig against Glm5NextConfig for nested, flat and
+// legacy inputs (scripts/glm5-goldens.sh writes the table).
+func TestConfigCases(t *testing.T) {
+	data, err := os.ReadFile("testdata/config_cases.json")
+	if err != nil {
+		t.Skipf("no config goldens: make them with `%s`", configCommand)
+	}
+	var cases map[string]configCase
+	if err := json.Unmarshal(data, &cases); err != nil {
+		t.Fatal(err)
+	}
+	if len(cases) < 20 {
+		t.Fatalf("%d config cases: the table is truncated", len(cases))
+	}
+	for name, cc := range cases {
+		t.Run(name, func(t *testing.T) {
+			in, _ := json.Marshal(cc.Input)
+			c, err := ParseTextConfig(in)
+			if field, ok := refusedByDesign[name]; ok {
+				if err == nil || !strings.Contains(err.Error(), field) {
+					t.Fatalf("want an error naming %s, got %v", field, err)
+				}
+				return
+			}
+			if cc.Error != "" {
+				if err == nil {
+					t.Fatalf("transformers refuses this config (%s), ParseTextConfig accepted it", cc.Error)
+				}
+				t.Logf("refused: %v (transformers: %s)", err, lastLine(cc.Error))
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := textConfigFields(c)
+			for k, want := range cc.Want {
+				g, ok := got[k]
+				if !ok {
+					t.Errorf("%s: not a TextConfig field", k)
+					continue
+				}
+				if !sameJSON(g, want) {
+					t.Errorf("%s = %v, transformers has %v", k, jsonString(g), jsonString(want))
+				}
+			}
+			if _, ok := cc.Input["vision_config"]; ok && len(c.Notes) == 0 {
+				t.Errorf("vision_config ignored without a note")
+			}
+		})
+	}
+}
+
+// textConfigFields renders c as transformers names its attributes.
+func textConfigFields(c *TextConfig) map[string]any {
+	b, _ := json.Marshal(c)
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	tok := func(ids []int32) any {
+		switch len(ids) {
+		case 0:
+			return nil
+		case 1:
+			return ids[0]
+		}
+		return ids
+	}
+	m["bos_token_id"], m["eos_token_id"], m["pad_token_id"] = tok(c.BOSTokenID), tok(c.EOSTokenID), tok(c.PadTokenID)
+	return m
+}
+
+func sameJSON(a, b any) bool {
+	var x, y any
+	_ = json.Unmarshal([]byte(jsonString(a)), &x)
+	_ = json.Unmarshal([]byte(jsonString(b)), &y)
+	return reflect.DeepEqual(x, y)
+}
+
+func jsonString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return strings.TrimSpace(s[i+1:])
+	}
+	return s
+}
+
+// TestConfigRefusals checks that what the model cannot run is refused with the field named.
+func TestConfigRefusals(t *testing.T) {
+	for _, tc := range []struct{ edit, field string }{
+		{`"model_type": "deepseek_v4"`, "model_type"},
+		{`"architectures": ["DeepseekV4ForCausalLM"]`, "architecture"},
+		{`"hidden_act": "gelu"`, "hidden_act"},
+		{`"attention_bias": true`, "attention_bias"},
+		{`"index_kpool_always_select_tail": false`, "index_kpool_always_select_tail"},
+		{`"layer_types": ["linear_attention", "sliding_attention"]`, "layer_types"},
+		{`"layer_types": ["linear_attention"]`, "layer_types"},
+		{`"mlp_layer_types": ["dense", "moe"]`, "mlp_layer_types"},
+		{`"indexer_types": ["full"]`, "indexer_types"},
+		{`"layer_types": ["indexed_attention", "indexed_attention"], "indexer_types": ["shared", "full"]`, "indexer_types"},
+		{`"index_topk_pattern": "FX"`, "index_topk_pattern"},
+		{`"num_key_value_heads": 2`, "num_key_value_heads"},
+		{`"qk_rope_head_dim": 64`, "qk_rope_head_dim"},
+		{`"index_topk": 20`, "index_kpool"},
+		{`"q_lora_rank": null`, "q_lora_rank"},
+		{`"mlp_layer_types": ["sparse", "sparse"], "n_group": 5`, "n_group"},
+		{`"mlp_layer_types": ["sparse", "sparse"], "num_experts_per_tok": 300`, "num_experts_per_tok"},
+		{`"quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4"}`, "expert_dtype"},
+	} {
+		in := `{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "index_topk": 32, "index_kpool": 8, ` + tc.edit + `}`
+		_, err := ParseTextConfig([]byte(in))
+		if err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: want an error naming %s, got %v", tc.edit, tc.field, err)
+		}
+	}
+}
+
+// TestConfigNested checks that text_config wins over top-level fields, that the
+// top-level tie_word_embeddings decides tying and that vision tokens are refused.
+func TestConfigNested(t *testing.T) {
+	c, err := ParseTextConfig([]byte(`{"model_type": "glm5_next", "architectures": ["Glm5NextForConditionalGeneration"],
+		"hidden_size": 8, "tie_word_embeddings": true,
+		"text_config": {"num_hidden_layers": 4, "tie_word_embeddings": false},
+		"vision_config": {"depth": 1}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HiddenSize != 4096 || !c.TieWordEmbeddings || c.NumHiddenLayers != 4 {
+		t.Fatalf("hidden %d tie %v layers %d", c.HiddenSize, c.TieWordEmbeddings, c.NumHiddenLayers)
+	}
+	if len(c.Notes) != 1 || !strings.Contains(c.Notes[0], "vision_config") {
+		t.Fatalf("notes %q", c.Notes)
+	}
+	if err := c.RefuseVisionTokens([]int32{1, 154854}); err == nil || !strings.Contains(err.Error(), "vision") {
+		t.Fatalf("image token: %v", err)
+	}
+	if err := c.RefuseVisionTokens([]int32{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,40 @@
+// Package glmdemo is the GLM-5.3-Flash runtime's text model (model_type glm5_next,
+// Glm5NextForConditionalGeneration; the vision tower is not implemented: its config is
+// ignored with a note, its weights are skipped, prompts holding image or video tokens are
+// refused), following transformers 5.23.0's models/glm5_next exactly (config
+// normalisation, tensor names, math):
+//
+//   - Kimi Delta Attention layers (linear_attention): q/k/v projections, one depthwise
+//     causal conv + SiLU over [q|k|v] with its carried history, l2-normalised q and k, a
+//     per-channel forget gate (lower-bounded sigmoid or −exp(A_log)·softplus), β =
+//     sigmoid(b_proj), the delta-rule recurrence over an [H, Dk, Dv] fp32 state (chunked
+//     for prefill, stepwise for decode: core/kernels/ref's KDAChunked and KDAStep), and a
+//     sigmoid-gated per-head RMSNorm before o_proj;
+//   - NoPE MLA layers with DSA (indexed_attention): low-rank q, a normalised kv latent
+//     expanded per head, attention over the indexer's picks only: per query the top
+//     index_topk/index_kpool complete pools (pool keys = per-channel softmax-gated sums of
+//     LayerNorm'ed indexer keys; score Σ_h w_h·ReLU(q_h·k·d^-½)) plus the incomplete tail;
+//     a "shared" layer reuses the preceding full layer's picks;
+//   - manifold-constrained hyper-connections around every block, the streams' mean before
+//     the final norm;
+//   - dense clamped-SwiGLU MLPs and MoE layers (sigmoid router + correction bias,
+//     group-limited when n_group > 1, renormalised, scaled; shared experts).
+//
+// Files:
+//
+//   - config.go: config.json (nested text_config or flat) → TextConfig, as Glm5NextConfig
+//     normalises it, and what is refused by name
+//   - weights.go: loading in module names or the checkpoint-side names the conversion
+//     mapping renames (forget gate, hc_*, per-expert, q/k/v_conv1d), fp32/bf16/FP8 through
+//     core/weights, sharded; vision and MTP tensors ignored
+//   - forward.go: the reference forward over explicit per-sequence state (TextState), any
+//     split of a sequence into calls giving the same logits
+//   - cache.go: that state in kvslab pages (MLA latents and indexer keys: Full; pool keys:
+//     Compressed at index_kpool; KDA conv + recurrent state: Recurrent, checkpointed at
+//     block ends so prefix hits resume)
+//   - runner.go: the engine.Runner on core/cpurunner, Open / OpenSpeculative (MTP: not yet)
+//   - kernels/: CUDA kernels scaffolded from the DeepSeek-V4 base (not GLM's yet)
+//
+// scripts/glm5-goldens.sh writes the goldens testdata/ holds (transformers on the CPU):
+// TestConfigCases, TestTransformersParity and TestPagedTextParity check against them.
+package glmdemo

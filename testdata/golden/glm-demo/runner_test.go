@@ -1,0 +1,154 @@
+package glmdemo
+
+import (
+	"context"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
+)
+
+// tinyTextConfigJSON is a small GLM-5.3-Flash crossing every path: KDA and MLA-DSA layers,
+// a shared indexer, pools of 4 (8-token blocks), an indexer top-k that cuts (2 pools),
+// dense and sparse MLPs with grouped routing.
+const tinyTextConfigJSON = `{
+  "architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+  "text_config": {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
+    "moe_intermediate_size": 16, "num_hidden_layers": 5, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+    "v_head_dim": 8, "index_n_heads": 4, "index_head_dim": 8, "index_topk": 8, "index_kpool": 4,
+    "linear_num_heads": 2, "linear_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "n_group": 2, "topk_group": 1, "hc_mult": 2, "swiglu_limit": 1.0, "max_position_embeddings": 512,
+    "eos_token_id": 1, "pad_token_id": null,
+    "layer_types": ["linear_attention", "indexed_attention", "indexed_attention", "linear_attention", "indexed_attention"],
+    "indexer_types": ["full", "full", "shared", "full", "full"],
+    "mlp_layer_types": ["dense", "sparse", "sparse", "dense", "sparse"]},
+  "vision_config": {"depth": 1}
+}`
+
+func tinyTextModel(t testing.TB) *TextModel {
+	t.Helper()
+	c, err := ParseTextConfig([]byte(tinyTextConfigJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := RandomTextModel(c, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func tinyTextRunner(t testing.TB) (*TextRunner, *kvslab.Pool) {
+	t.Helper()
+	r := NewTextRunner(tinyTextModel(t), 8, 512)
+	pool, err := r.NewPool(8 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, pool
+}
+
+// TestPagedTextParity runs the golden checkpoints through the runner's kvslab-backed state
+// (8-token pages; KDA checkpoints at block ends): in chunks and decode steps, and a second
+// sequence that resumes from the prefix cache through a recurrent checkpoint, at a block
+// end and, for a prompt whose shared part ends between checkpoints, at the last one
+// before it; every row within glmParityTol of transformers.
+func TestPagedTextParity(t *testing.T) {
+	for _, dir := range glmParityCases(t) {
+		m, err := LoadTextModel(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks, want := readGLMGolden(t, dir, m.Config.VocabSize)
+		V := m.Config.VocabSize
+		r := NewTextRunner(m, 8, 512)
+		pool, err := r.NewPool(64 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(name string, got []float32, from int) {
+			if d, at := runnertest.MaxAbsDiff(got, want[from*V:(from+len(got)/V)*V]); !(d <= glmParityTol) {
+				t.Errorf("%s: max |Δ| %g at row %d", name, d, from+at/V)
+			}
+		}
+		// A: prefill in uneven chunks, then decode; commit so its blocks are cached.
+		a := runnertest.OpenSeq(t, pool, toks)
+		got := runStepsText(t, r, pool, a, []int{13, 27, 3, 1, 1})
+		check("paged prefill+decode", got, 0)
+		// B: the same first 61 tokens then 2 others: hits the cache through a checkpoint.
+		for _, cut := range []int{65, 61} {
+			id, hit, err := pool.Open(toks[:cut-1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hit == 0 || hit%8 != 0 {
+				t.Fatalf("cut %d: prefix hit of %d tokens", cut, hit)
+			}
+			b := &runnertest.Seq{ID: id, Tokens: toks[:cut+10], Computed: hit}
+			got := runStepsText(t, r, pool, b, []int{5})
+			check("after a prefix hit", got, hit)
+			t.Logf("cut %d: resumed at %d from a KDA checkpoint", cut, hit)
+		}
+		// C: a one-step prefill of all the tokens in a fresh pool keeps only the last
+		// textCheckpoints block-end checkpoints (176, 184, 192, 200 with 8-token blocks); a
+		// prompt sharing 190 tokens resumes from the one at 184 (the blocks before have no
+		// KDA checkpoint, the one at 192 is past the shared part) and recomputes the rest.
+		pool2, err := r.NewPool(64 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := runnertest.OpenSeq(t, pool2, toks)
+		runStepsText(t, r, pool2, c, []int{len(toks)})
+		id, hit, err := pool2.Open(toks[:190])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 184; len(toks) == 200 && textCheckpoints == 4 && hit != want {
+			t.Errorf("sparse checkpoints: hit %d tokens, want %d", hit, want)
+		}
+		d := &runnertest.Seq{ID: id, Tokens: toks, Computed: hit}
+		check("after a hit between sparse checkpoints", runStepsText(t, r, pool2, d, []int{3, 1}), hit)
+		t.Logf("sparse checkpoints: resumed at %d", hit)
+		if err := r.Bind(pool); err != nil { // leave r as it was
+			t.Fatal(err)
+		}
+	}
+}
+
+// runStepsText feeds the rest of seq.Tokens in chunks of the given sizes (cycled),
+// committing after each step as the engine does, and returns the logits of every fed row.
+func runStepsText(t *testing.T, r *TextRunner, pool *kvslab.Pool, seq *runnertest.Seq, sizes []int) []float32 {
+	t.Helper()
+	V := r.Model.Config.VocabSize
+	var out []float32
+	for j := 0; seq.Computed < len(seq.Tokens); j++ {
+		n := min(sizes[j%len(sizes)], len(seq.Tokens)-seq.Computed)
+		p := runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{n}, true)
+		logits := make([]float32, len(p.LogitsIndices)*V)
+		if err := r.forward(p, logits); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.Commit(seq.ID, seq.Tokens[:seq.Computed]); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, logits...)
+	}
+	return out
+}
+
+// TestTextRunnerExecutes runs one plan through cpurunner's Execute (sampling included).
+func TestTextRunnerExecutes(t *testing.T) {
+	r, pool := tinyTextRunner(t)
+	s := runnertest.OpenSeq(t, pool, runnertest.Prompt(20, 96, 1))
+	res, err := r.Execute(context.Background(), runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{20}, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Tokens) != 1 {
+		t.Fatalf("%d tokens sampled", len(res.Tokens))
+	}
+}
+
+var _ engine.Runner = (*TextRunner)(nil)

@@ -1,0 +1,313 @@
+package glmdemo
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// TextPrefix is where transformers 5.23.0 puts the text model's modules (lm_head.weight has
+// no prefix).
+const TextPrefix = "model.language_model."
+
+// textLayer holds one decoder layer's fp32 weights in module (state_dict) layout.
+type textLayer struct {
+	kind     string // LinearAttention or IndexedAttention
+	kda      *kdaWeights
+	mla      *mlaWeights
+	dense    *mlpWeights // mlp_layer_types[i] == dense
+	moe      *moeWeights // mlp_layer_types[i] == sparse
+	inNorm   []float32   // input_layernorm [D]
+	postNorm []float32   // post_attention_layernorm [D]
+	attnHC   hcWeights
+	ffnHC    hcWeights
+}
+
+// kdaWeights are a Kimi Delta Attention layer's (L = linear_num_heads·linear_head_dim).
+type kdaWeights struct {
+	q, k, v []float32 // [L, D] each
+	conv    []float32 // [3L, K] (conv1d.weight [3L, 1, K])
+	dtBias  []float32 // forget_gate.dt_bias [L]
+	aLog    []float32 // forget_gate.A_log [H]
+	fa, fb  []float32 // forget_gate.f_a_proj [Dh, D], f_b_proj [L, Dh]
+	b       []float32 // b_proj [H, D]
+	ga, gb  []float32 // g_a_proj [Dh, D], g_b_proj [L, Dh]
+	oNorm   []float32 // o_norm [Dh]
+	o       []float32 // o_proj [D, L]
+}
+
+// mlaWeights are a NoPE MLA (DSA) layer's; idx is nil for a shared-indexer layer.
+type mlaWeights struct {
+	qa, qaNorm, qb    []float32 // q_a_proj [Q, D], q_a_layernorm [Q], q_b_proj [H·nope, Q]
+	kva, kvaNorm, kvb []float32 // kv_a_proj_with_mqa [R, D], kv_a_layernorm [R], kv_b_proj [H·(nope+v), R]
+	o                 []float32 // o_proj [D, H·v]
+	idx               *indexerWeights
+}
+
+// indexerWeights are the DSA indexer's (I = index_head_dim, N = index_n_heads).
+type indexerWeights struct {
+	wqb            []float32 // wq_b [N·I, Q]
+	wk             []float32 // wk [I, D]
+	kNormW, kNormB []float32 // k_norm (LayerNorm) [I]
+	wProj          []float32 // weights_proj [N, D]
+	ape            []float32 // index_kpool_compress_ape [kpool, I]
+	gate           []float32 // index_kpool_compress_gate [I, D]
+}
+
+// mlpWeights is a clamped SwiGLU MLP (dense layers, shared experts).
+type mlpWeights struct {
+	gate, up, down []float32 // [F, D], [F, D], [D, F]
+	width          int
+}
+
+// moeWeights are a sparse layer's router, routed experts and shared experts.
+type moeWeights struct {
+	router, bias []float32 // gate.weight [E, D], gate.e_score_correction_bias [E]
+	gateUp       []float32 // experts.gate_up_proj [E, 2F, D] (rows: gate then up)
+	down         []float32 // experts.down_proj [E, D, F]
+	shared       mlpWeights
+}
+
+// hcWeights are one mHC module's: fn [(2+hc)·hc, hc·D], base [(2+hc)·hc], scale [3].
+type hcWeights struct{ fn, base, scale []float32 }
+
+// TextWeights is the GLM-5.3-Flash text model's fp32 weights.
+type TextWeights struct {
+	embed, norm, lmHead []float32
+	layers              []textLayer
+}
+
+// tensorSource is what loadTextWeights reads from: a safetensors checkpoint or a map.
+type tensorSource interface {
+	Names() []string
+	Has(name string) bool
+	Float32(name string, shape ...int) ([]float32, error)
+}
+
+// ignoredTensor matches what the text model does not read: the vision tower and merger
+// (vision inputs are refused) and the MTP layer (layers.{num_hidden_layers}.*, shared_head),
+// which transformers drops too.
+func ignoredTensor(name string, mtp *regexp.Regexp) bool {
+	return strings.HasPrefix(name, "model.visual.") || strings.HasPrefix(name, "visual.") ||
+		strings.HasPrefix(name, "model.vision_tower.") || mtp.MatchString(name)
+}
+
+// loader reads tensors by their module name or a checkpoint-side alternative and records
+// what it used, so that unused tensors can be named.
+type loader struct {
+	src  tensorSource
+	used map[string]bool
+	err  error
+}
+
+func (l *loader) get(shape []int, names ...string) []float32 {
+	if l.err != nil {
+		return nil
+	}
+	for _, n := range names {
+		if l.src.Has(n) {
+			v, err := l.src.Float32(n, shape...)
+			if err != nil {
+				l.err = err
+				return nil
+			}
+			l.used[n] = true
+			return v
+		}
+	}
+	l.err = fmt.Errorf("%w: tensor %s (shape %v) is missing", weights.ErrNotFound, names[0], shape)
+	return nil
+}
+
+// loadTextWeights reads every text weight in module names or the checkpoint-side names
+// the 5.23.0 conversion mapping renames (flat forget-gate keys, hc_*, per-expert keys,
+// q/k/v_conv1d). A missing or mis-shaped tensor is an error naming it; so is a tensor the
+// model does not read, unless it belongs to the vision tower or the MTP layer.
+func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, error) {
+	l := &loader{src: src, used: map[string]bool{}}
+	D, V, hc := c.HiddenSize, c.VocabSize, c.HCMult
+	p := TextPrefix
+	w := &TextWeights{}
+	w.embed = l.get([]int{V, D}, p+"embed_tokens.weight")
+	w.norm = l.get([]int{D}, p+"norm.weight")
+	if c.TieWordEmbeddings {
+		w.lmHead = w.embed
+		if src.Has("lm_head.weight") {
+			l.get([]int{V, D}, "lm_head.weight")
+		}
+	} else {
+		w.lmHead = l.get([]int{V, D}, "lm_head.weight")
+	}
+	nMix := (2 + hc) * hc
+	for i := range c.NumHiddenLayers {
+		lp := fmt.Sprintf("%slayers.%d.", p, i)
+		ly := textLayer{kind: c.LayerTypes[i]}
+		ly.inNorm = l.get([]int{D}, lp+"input_layernorm.weight")
+		ly.postNorm = l.get([]int{D}, lp+"post_attention_layernorm.weight")
+		for _, h := range []struct {
+			dst  *hcWeights
+			kind string
+		}{{&ly.attnHC, "attn"}, {&ly.ffnHC, "ffn"}} {
+			h.dst.fn = l.get([]int{nMix, hc * D}, lp+h.kind+"_hc.fn", lp+"hc_"+h.kind+"_fn")
+			h.dst.base = l.get([]int{nMix}, lp+h.kind+"_hc.base", lp+"hc_"+h.kind+"_base")
+			h.dst.scale = l.get([]int{3}, lp+h.kind+"_hc.scale", lp+"hc_"+h.kind+"_scale")
+		}
+		a := lp + "self_attn."
+		if ly.kind == LinearAttention {
+			H, Dh, K := c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
+			L := H * Dh
+			k := &kdaWeights{}
+			k.q = l.get([]int{L, D}, a+"q_proj.weight")
+			k.k = l.get([]int{L, D}, a+"k_proj.weight")
+			k.v = l.get([]int{L, D}, a+"v_proj.weight")
+			if src.Has(a + "conv1d.weight") {
+				k.conv = l.get([]int{3 * L, 1, K}, a+"conv1d.weight")
+			} else {
+				for _, n := range []string{"q", "k", "v"} {
+					k.conv = append(k.conv, l.get([]int{L, 1, K}, a+n+"_conv1d.weight")...)
+				}
+			}
+			k.dtBias = l.get([]int{L}, a+"forget_gate.dt_bias", a+"dt_bias")
+			k.aLog = l.get([]int{H}, a+"forget_gate.A_log", a+"A_log")
+			k.fa = l.get([]int{Dh, D}, a+"forget_gate.f_a_proj.weight", a+"f_a_proj.weight")
+			k.fb = l.get([]int{L, Dh}, a+"forget_gate.f_b_proj.weight", a+"f_b_proj.weight")
+			k.b = l.get([]int{H, D}, a+"b_proj.weight")
+			k.ga = l.get([]int{Dh, D}, a+"g_a_proj.weight")
+			k.gb = l.get([]int{L, Dh}, a+"g_b_proj.weight")
+			k.oNorm = l.get([]int{Dh}, a+"o_norm.weight")
+			k.o = l.get([]int{D, L}, a+"o_proj.weight")
+			ly.kda = k
+		} else {
+			H, Q, R := c.NumAttentionHeads, c.QLoraRank, c.KVLoraRank
+			m := &mlaWeights{}
+			m.qa = l.get([]int{Q, D}, a+"q_a_proj.weight")
+			m.qaNorm = l.get([]int{Q}, a+"q_a_layernorm.weight")
+			m.qb = l.get([]int{H * c.QKHeadDim, Q}, a+"q_b_proj.weight")
+			m.kva = l.get([]int{R + c.QKRopeHeadDim, D}, a+"kv_a_proj_with_mqa.weight")
+			m.kvaNorm = l.get([]int{R}, a+"kv_a_layernorm.weight")
+			m.kvb = l.get([]int{H * (c.QKNopeHeadDim + c.VHeadDim), R}, a+"kv_b_proj.weight")
+			m.o = l.get([]int{D, H * c.VHeadDim}, a+"o_proj.weight")
+			if c.IndexerTypes[i] != IndexerShared {
+				x := a + "indexer."
+				I, N := c.IndexHeadDim, c.IndexNHeads
+				m.idx = &indexerWeights{
+					wqb:    l.get([]int{N * I, Q}, x+"wq_b.weight"),
+					wk:     l.get([]int{I, D}, x+"wk.weight"),
+					kNormW: l.get([]int{I}, x+"k_norm.weight"),
+					kNormB: l.get([]int{I}, x+"k_norm.bias"),
+					wProj:  l.get([]int{N, D}, x+"weights_proj.weight"),
+					ape:    l.get([]int{c.IndexKPool, I}, x+"index_kpool_compress_ape"),
+					gate:   l.get([]int{I, D}, x+"index_kpool_compress_gate"),
+				}
+			}
+			ly.mla = m
+		}
+		f := lp + "mlp."
+		if c.MLPLayerTypes[i] == DenseMLP {
+			ly.dense = l.mlp(f, D, c.IntermediateSize)
+		} else {
+			E, F := c.NRoutedExperts, c.MoEIntermediateSize
+			m := &moeWeights{}
+			m.router = l.get([]int{E, D}, f+"gate.weight")
+			m.bias = l.get([]int{E}, f+"gate.e_score_correction_bias")
+			if src.Has(f + "experts.gate_up_proj") {
+				m.gateUp = l.get([]int{E, 2 * F, D}, f+"experts.gate_up_proj")
+				m.down = l.get([]int{E, D, F}, f+"experts.down_proj")
+			} else {
+				for e := range E {
+					ep := fmt.Sprintf("%sexperts.%d.", f, e)
+					m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"gate_proj.weight")...)
+					m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"up_proj.weight")...)
+					m.down = append(m.down, l.get([]int{D, F}, ep+"down_proj.weight")...)
+				}
+			}
+			m.shared = *l.mlp(f+"shared_experts.", D, F*c.NSharedExperts)
+			ly.moe = m
+		}
+		w.layers = append(w.layers, ly)
+		if l.err != nil {
+			return nil, nil, l.err
+		}
+	}
+	if l.err != nil {
+		return nil, nil, l.err
+	}
+	var notes []string
+	var ignored int
+	mtp := regexp.MustCompile(fmt.Sprintf(`(^|\.)layers\.%d\.|\.shared_head\.`, c.NumHiddenLayers))
+	for _, n := range slices.Sorted(slices.Values(src.Names())) {
+		if l.used[n] {
+			continue
+		}
+		if ignoredTensor(n, mtp) {
+			ignored++
+			continue
+		}
+		return nil, nil, fmt.Errorf("tensor %s is not read by glm-demo (unexpected in a glm5_next text checkpoint)", n)
+	}
+	if ignored > 0 {
+		notes = append(notes, fmt.Sprintf("%d vision-tower / MTP tensors ignored by the text model", ignored))
+	}
+	return w, notes, nil
+}
+
+func (l *loader) mlp(prefix string, d, f int) *mlpWeights {
+	return &mlpWeights{
+		gate:  l.get([]int{f, d}, prefix+"gate_proj.weight"),
+		up:    l.get([]int{f, d}, prefix+"up_proj.weight"),
+		down:  l.get([]int{d, f}, prefix+"down_proj.weight"),
+		width: f,
+	}
+}
+
+// LoadTextModel opens a glm5_next checkpoint directory (config.json and safetensors,
+// sharded or not) as a TextModel.
+func LoadTextModel(dir string) (*TextModel, error) {
+	c, err := LoadTextConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := weights.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	var src tensorSource = ck
+	if c.Quant != nil {
+		src = dequantSource{ck, c.Quant}
+	}
+	w, notes, err := loadTextWeights(src, c)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	c.Notes = append(c.Notes, notes...)
+	return &TextModel{Config: c, W: w}, nil
+}
+
+// dequantSource reads FP8 block-quantized tensors through core/weights' Dequantize and
+// hides their scale tensors.
+type dequantSource struct {
+	ck *weights.Checkpoint
+	q  *weights.Quant
+}
+
+func (d dequantSource) Names() []string {
+	var out []string
+	for _, n := range d.ck.Names() {
+		if strings.HasSuffix(n, "_scale_inv") {
+			continue
+		}
+		if base, ok := strings.CutSuffix(n, ".scale"); ok && d.ck.Has(base+".weight") {
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+func (d dequantSource) Has(name string) bool { return d.ck.Has(name) }
+func (d dequantSource) Float32(name string, shape ...int) ([]float32, error) {
+	return d.ck.Dequantize(name, d.q, shape...)
+}

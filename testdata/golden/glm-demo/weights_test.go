@@ -1,0 +1,254 @@
+package glmdemo
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/runnertest"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// goldenTensors reads a parity case's checkpoint as F32 tensors, by name.
+func goldenTensors(t *testing.T, dir string) (map[string]weights.Tensor, []byte) {
+	t.Helper()
+	if _, err := os.Stat(dir); err != nil {
+		t.Skipf("no golden %s: make it with `%s`", dir, glmParityCommand)
+	}
+	f, err := weights.OpenFile(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]weights.Tensor{}
+	for _, n := range f.Names() {
+		v, shape, err := f.Float32(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := weights.NewTensor(n, weights.F32, shape, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[n] = x
+	}
+	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, cfg
+}
+
+// writeCheckpoint writes tensors and config.json into a new directory, split over two
+// shards with an index (the sharded layout from_pretrained reads).
+func writeCheckpoint(t *testing.T, ts map[string]weights.Tensor, cfg []byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	var shards [2][]weights.Tensor
+	index := map[string]string{}
+	i := 0
+	for n, x := range ts {
+		shards[i%2] = append(shards[i%2], x)
+		index[n] = []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}[i%2]
+		i++
+	}
+	for s, name := range []string{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"} {
+		if err := weights.WriteFile(filepath.Join(dir, name), shards[s], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idx := `{"metadata": {}, "weight_map": {`
+	first := true
+	for n, f := range index {
+		if !first {
+			idx += ","
+		}
+		idx += `"` + n + `": "` + f + `"`
+		first = false
+	}
+	idx += "}}"
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(idx), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func goldenLogits(t *testing.T, dir string) []float32 {
+	m, err := LoadTextModel(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, _ := readGLMGolden(t, filepath.Join("testdata", "parity", "module"), m.Config.VocabSize)
+	return runSplits(t, m, toks, len(toks))
+}
+
+// TestTextLoadForms checks that a sharded checkpoint, bf16 weights, and the vision tower
+// and MTP layer beside the text weights all load (the latter ignored with a note).
+func TestTextLoadForms(t *testing.T) {
+	src := filepath.Join("testdata", "parity", "module")
+	ts, cfg := goldenTensors(t, src)
+	want := goldenLogits(t, src)
+	extra := map[string]weights.Tensor{}
+	for n, x := range ts {
+		extra[n] = x
+	}
+	for _, n := range []string{"model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.6.eh_proj.weight",
+		"model.language_model.layers.6.shared_head.head.weight"} {
+		x, _ := weights.NewTensor(n, weights.F32, []int{2, 2}, []float32{1, 2, 3, 4})
+		extra[n] = x
+	}
+	dir := writeCheckpoint(t, extra, cfg)
+	m, err := LoadTextModel(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(m.Config.Notes, "; "), "3 vision-tower / MTP tensors ignored") {
+		t.Errorf("notes %q", m.Config.Notes)
+	}
+	if d, _ := runnertest.MaxAbsDiff(goldenLogits(t, dir), want); d != 0 {
+		t.Errorf("sharded: logits differ by %g", d)
+	}
+	// bf16: the loader widens; logits equal those of the bf16-rounded fp32 weights.
+	bf, rounded := map[string]weights.Tensor{}, map[string]weights.Tensor{}
+	for n, x := range ts {
+		v, err := decodeF32(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range v {
+			v[i] = weights.Round(v[i], weights.BF16)
+		}
+		b, _ := weights.NewTensor(n, weights.BF16, x.Shape, v)
+		r, _ := weights.NewTensor(n, weights.F32, x.Shape, v)
+		bf[n], rounded[n] = b, r
+	}
+	if d, _ := runnertest.MaxAbsDiff(goldenLogits(t, writeCheckpoint(t, bf, cfg)), goldenLogits(t, writeCheckpoint(t, rounded, cfg))); d != 0 {
+		t.Errorf("bf16: logits differ from the rounded fp32 weights' by %g", d)
+	}
+}
+
+func decodeF32(x weights.Tensor) ([]float32, error) {
+	n := 1
+	for _, d := range x.Shape {
+		n *= d
+	}
+	v := make([]float32, n)
+	return v, weights.DecodeFloat32(v, x.Data, x.DType)
+}
+
+// TestTextLoadRefusals checks that a missing, mis-shaped or unexpected tensor is an error
+// naming it.
+func TestTextLoadRefusals(t *testing.T) {
+	ts, cfg := goldenTensors(t, filepath.Join("testdata", "parity", "module"))
+	const victim = "model.language_model.layers.1.self_attn.indexer.wk.weight"
+	for _, tc := range []struct {
+		name string
+		edit func(map[string]weights.Tensor)
+		is   error
+	}{
+		{"missing", func(m map[string]weights.Tensor) { delete(m, victim) }, weights.ErrNotFound},
+		{"mis-shaped", func(m map[string]weights.Tensor) {
+			x := m[victim]
+			x.Shape = []int{x.Shape[1], x.Shape[0]}
+			m[victim] = x
+		}, weights.ErrShape},
+		{"unexpected", func(m map[string]weights.Tensor) {
+			x := m[victim]
+			x.Name = "model.language_model.layers.2.self_attn.indexer.wk.weight" // layer 2 shares its indexer
+			m[x.Name] = x
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := map[string]weights.Tensor{}
+			for n, x := range ts {
+				m[n] = x
+			}
+			tc.edit(m)
+			_, err := LoadTextModel(writeCheckpoint(t, m, cfg))
+			want := victim
+			if tc.is == nil {
+				want = "layers.2.self_attn.indexer.wk.weight"
+			}
+			if err == nil || !strings.Contains(err.Error(), want) || (tc.is != nil && !errors.Is(err, tc.is)) {
+				t.Fatalf("want an error naming %s, got %v", want, err)
+			}
+		})
+	}
+}
+
+// TestTextLoadFP8 checks a block-quantized float8 linear (scale per 128×128 block, as
+// GLM-5.3-Flash's FP8 checkpoint stores it) dequantizes through core/weights.
+func TestTextLoadFP8(t *testing.T) {
+	src := filepath.Join("testdata", "parity", "module")
+	ts, cfg := goldenTensors(t, src)
+	const name = "model.language_model.layers.1.self_attn.q_b_proj.weight"
+	x := ts[name]
+	v, _ := decodeF32(x)
+	var amax float32
+	for _, f := range v {
+		amax = max(amax, float32(math.Abs(float64(f))))
+	}
+	scale := amax / 448
+	q := make([]byte, len(v))
+	want := make([]float32, len(v))
+	for j, f := range v {
+		q[j] = nearestE4M3(f / scale)
+		want[j] = weights.F8E4M3ToFloat32(q[j]) * scale
+	}
+	ts[name] = weights.Tensor{Name: name, DType: weights.F8E4M3, Shape: x.Shape, Data: q}
+	s, _ := weights.NewTensor(name+"_scale_inv", weights.F32, []int{1, 1}, []float32{scale})
+	ts[s.Name] = s
+	qcfg := strings.Replace(string(cfg), `"architectures"`, `"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}, "architectures"`, 1)
+	m, err := LoadTextModel(writeCheckpoint(t, ts, []byte(qcfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Config.Quant == nil {
+		t.Fatal("quantization_config not parsed")
+	}
+	if d, at := runnertest.MaxAbsDiff(m.W.layers[1].mla.qb, want); d > 1e-6 {
+		t.Errorf("dequantized %s differs by %g at %d", name, d, at)
+	}
+}
+
+// TestEveryWeightMovesLogits perturbs one tensor of each kind and checks the logits move by more than the parity tolerance: a port that ignored
+// it would not pass the parity test.
+func TestEveryWeightMovesLogits(t *testing.T) {
+	for _, c := range []string{"module", "checkpoint"} {
+		src := filepath.Join("testdata", "parity", c)
+		ts, cfg := goldenTensors(t, src)
+		base := goldenLogits(t, src)
+		seen := map[string]bool{}
+		for n, x := range ts {
+			kind := n
+			if i := strings.Index(n, ".layers."); i >= 0 {
+				rest := n[i+len(".layers."):]
+				kind = rest[strings.IndexByte(rest, '.')+1:] + "@" + c
+			}
+			if seen[kind] {
+				continue
+			}
+			seen[kind] = true
+			v, _ := decodeF32(x)
+			// Shift the values by one place: scaling would hide weights behind a norm
+			// (q_a_proj, kv_a_proj, the indexer's wk) or a ranking (weights_proj).
+			v = append(v[1:], v[0])
+			y, _ := weights.NewTensor(n, weights.F32, x.Shape, v)
+			m := map[string]weights.Tensor{}
+			for k, z := range ts {
+				m[k] = z
+			}
+			m[n] = y
+			got := goldenLogits(t, writeCheckpoint(t, m, cfg))
+			if d, _ := runnertest.MaxAbsDiff(got, base); d < 10*glmParityTol {
+				t.Errorf("%s: shifting it moves the logits by only %g", n, d)
+			}
+		}
+	}
+}
