@@ -1,6 +1,8 @@
 package serve
 
 import (
+	"encoding/json"
+
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/serve/toolparse"
 )
@@ -46,6 +48,18 @@ type chatMessage struct {
 	// ReasoningContent and ToolCalls are filled by the server's parsers (chattools.go).
 	ReasoningContent *string              `json:"reasoning_content,omitempty"`
 	ToolCalls        []toolparse.ToolCall `json:"tool_calls,omitempty"`
+}
+
+// MarshalJSON writes content as null when the message is only tool calls, as OpenAI does.
+func (m chatMessage) MarshalJSON() ([]byte, error) {
+	type plain chatMessage
+	if m.Content != "" || len(m.ToolCalls) == 0 {
+		return json.Marshal(plain(m))
+	}
+	return json.Marshal(struct {
+		plain
+		Content *string `json:"content"`
+	}{plain: plain(m)})
 }
 
 type chatChoice struct {
