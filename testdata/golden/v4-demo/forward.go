@@ -58,6 +58,14 @@ type batch struct {
 // extending each sequence's state. It returns the logits of every row ([ΣT, vocab], rows
 // in chunk order) and the final hidden streams ([ΣT, hc, hidden], the MTP head's input).
 func (m *Model) Forward(chunks []Chunk) (logits, streams []float32, err error) {
+	return m.ForwardRows(chunks, nil)
+}
+
+// ForwardRows is Forward computing logits only for the rows named (indices into the rows
+// of all chunks, as BatchPlan.LogitsIndices); nil names every row. The lm_head over a
+// 129k vocabulary is the largest GEMM of a prefill, and a step samples one row per
+// sequence.
+func (m *Model) ForwardRows(chunks []Chunk, rows []int32) (logits, streams []float32, err error) {
 	c, w := m.Config, m.W
 	var b batch
 	b.start = append(b.start, 0)
@@ -102,7 +110,22 @@ func (m *Model) Forward(chunks []Chunk) (logits, streams []float32, err error) {
 	for _, ch := range chunks {
 		ch.State.Len += len(ch.Tokens)
 	}
-	logits, err = m.head(streams, n, w.HCFn, w.HCBase, w.HCScale, w.Norm)
+	if rows == nil {
+		logits, err = m.head(streams, n, w.HCFn, w.HCBase, w.HCScale, w.Norm)
+		return logits, streams, err
+	}
+	if len(rows) == 0 {
+		return nil, streams, nil // a mid-prompt chunk: no row is sampled
+	}
+	row := hc * h
+	picked := make([]float32, len(rows)*row)
+	for j, r := range rows {
+		if r < 0 || int(r) >= n {
+			return nil, nil, fmt.Errorf("forward: logits row %d outside the %d rows of the step", r, n)
+		}
+		copy(picked[j*row:(j+1)*row], streams[int(r)*row:(int(r)+1)*row])
+	}
+	logits, err = m.head(picked, len(rows), w.HCFn, w.HCBase, w.HCScale, w.Norm)
 	return logits, streams, err
 }
 

@@ -224,17 +224,20 @@ func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
 			}
 		}
 	}
-	all, streams, err := r.Model.Forward(chunks)
+	want := p.LogitsIndices
+	if want == nil {
+		want = noRows // nil would ask for every row
+	}
+	rows, streams, err := r.Model.ForwardRows(chunks, want)
 	if err != nil {
 		return err
 	}
 	r.streams = streams
-	v := r.Model.Config.VocabSize
-	for j, row := range p.LogitsIndices {
-		copy(logits[j*v:(j+1)*v], all[int(row)*v:(int(row)+1)*v])
-	}
+	copy(logits, rows)
 	return nil
 }
+
+var noRows = []int32{}
 
 // mtpDrafter is the runner's forward with the MTP head as cpurunner's Drafter.
 type mtpDrafter struct{ r *Runner }
