@@ -14,7 +14,7 @@ func TestLoadGeneratorAgainstServer(t *testing.T) {
 	for _, chat := range []bool{false, true} {
 		rep, err := loadgen.Run(context.Background(), loadgen.Config{
 			BaseURL: h.ts.URL, Model: "tiny-test", Chat: chat, Requests: 24, Concurrency: 6,
-			PromptWords: 20, OutputTokens: 12, IgnoreEOS: true, Seed: 3,
+			PromptLen: 20, OutputTokens: 12, IgnoreEOS: true, Seed: 3,
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -34,10 +34,6 @@ type Config struct {
 	// (with a warning). For chat requests it counts the user message; the chat template
 	// adds its own tokens.
 	PromptLen int
-	// PromptWords is PromptLen's former name, used when PromptLen is 0.
-	//
-	// Deprecated: use PromptLen.
-	PromptWords int
 	// Tokenizer counts prompt tokens when the server has no /tokenize; it should be the
 	// served model's.
 	Tokenizer *tokenizer.Tokenizer
@@ -66,13 +62,6 @@ type Tally struct {
 // Done is the number of requests that ended, however they ended.
 func (t Tally) Done() int { return t.Completed + t.Failed + t.Cancelled }
 
-func (c *Config) promptLen() int {
-	if c.PromptLen == 0 {
-		return c.PromptWords
-	}
-	return c.PromptLen
-}
-
 func (c *Config) validate() error {
 	u, err := url.Parse(c.BaseURL)
 	switch {
@@ -84,8 +73,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: concurrency %d must be > 0", ErrConfig, c.Concurrency)
 	case c.RequestRate < 0:
 		return fmt.Errorf("%w: request rate %v must be >= 0", ErrConfig, c.RequestRate)
-	case c.promptLen() <= 0:
-		return fmt.Errorf("%w: prompt length %d must be > 0", ErrConfig, c.promptLen())
+	case c.PromptLen <= 0:
+		return fmt.Errorf("%w: prompt length %d must be > 0", ErrConfig, c.PromptLen)
 	case c.OutputTokens <= 0:
 		return fmt.Errorf("%w: output length %d must be > 0", ErrConfig, c.OutputTokens)
 	}

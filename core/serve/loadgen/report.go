@@ -69,7 +69,7 @@ func summarize(cfg *Config, samples []sample, elapsed time.Duration) Report {
 		Concurrency: cfg.Concurrency,
 		RequestRate: cfg.RequestRate,
 		Requests:    cfg.Requests,
-		PromptLen:   cfg.promptLen(),
+		PromptLen:   cfg.PromptLen,
 		DurationS:   elapsed.Seconds(),
 	}
 	if cfg.Chat {

@@ -121,7 +121,7 @@ type prompt struct {
 	tokens int
 }
 
-// buildPrompts makes cfg.Requests prompts of cfg.promptLen() tokens from cfg.Seed. The
+// buildPrompts makes cfg.Requests prompts of cfg.PromptLen tokens from cfg.Seed. The
 // first one gives the number of words the others start from; they are built on up to
 // cfg.Concurrency goroutines (counting may be a request to the server each time).
 func buildPrompts(ctx context.Context, c counter, cfg *Config) ([]prompt, error) {
@@ -129,7 +129,7 @@ func buildPrompts(ctx context.Context, c counter, cfg *Config) ([]prompt, error)
 	errs := make([]error, cfg.Requests)
 	build := func(i, guess int) {
 		p := &prompts[i]
-		p.text, p.tokens, errs[i] = buildPrompt(ctx, c, promptRand(cfg.Seed, i), cfg.promptLen(), guess)
+		p.text, p.tokens, errs[i] = buildPrompt(ctx, c, promptRand(cfg.Seed, i), cfg.PromptLen, guess)
 	}
 	build(0, 0)
 	guess := len(strings.Fields(prompts[0].text))

@@ -102,5 +102,5 @@ func pickCounter(ctx context.Context, hc *http.Client, cfg *Config) (counter, st
 	}
 	return wordCounter{}, CountedByWords, fmt.Sprintf("prompt length counted in words, not tokens: "+
 		"the server has no /tokenize and no tokenizer was given (--tokenizer); prompts of %d words "+
-		"may be several times longer in tokens (see the mean prompt tokens in the report)", cfg.promptLen()), nil
+		"may be several times longer in tokens (see the mean prompt tokens in the report)", cfg.PromptLen), nil
 }
