@@ -3,15 +3,13 @@ package serve
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/tokenizer"
 	"github.com/resin-llm/resin/core/tokenizer/tiny"
 )
 
@@ -51,37 +49,16 @@ func (r *scriptRunner) Execute(ctx context.Context, p *engine.BatchPlan) (engine
 // text, with the given parsers.
 func newToolHarness(t *testing.T, text, toolParser, reasoningParser string) *harness {
 	t.Helper()
-	tok, chat, err := tiny.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	eos := tiny.EOS(tok)
-	inner, err := enginetest.New(enginetest.Config{VocabSize: tok.VocabSize(), EOS: []int32{eos}, MaxContext: 2048})
-	if err != nil {
-		t.Fatal(err)
-	}
-	script, err := tok.Encode(text, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runner := &scriptRunner{Runner: inner, script: script, eos: eos, done: map[uint64]int{}}
-	eng, err := engine.New(runner, engine.Config{Pool: inner.Pool()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(Config{Engine: eng, Tokenizer: tok, ChatTemplate: chat, Model: "tiny-test",
-		ToolCallParser: toolParser, ReasoningParser: reasoningParser,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{t: t, srv: srv, eng: eng, runner: inner, tok: tok, eos: eos, done: make(chan error, 1)}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.stop = cancel
-	go func() { h.done <- eng.Run(ctx) }()
-	h.ts = httptest.NewServer(srv.Handler())
-	t.Cleanup(h.close)
-	return h
+	return newHarness(t, harnessOpts{
+		wrap: func(inner *enginetest.Runner, tok *tokenizer.Tokenizer, eos int32) engine.Runner {
+			script, err := tok.Encode(text, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &scriptRunner{Runner: inner, script: script, eos: eos, done: map[uint64]int{}}
+		},
+		cfg: func(c *Config) { c.ToolCallParser, c.ReasoningParser = toolParser, reasoningParser },
+	})
 }
 
 const qwenToolOutput = "<think>\nThe user wants the weather; call get_weather.\n</think>\n\n" +

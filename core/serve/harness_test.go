@@ -37,6 +37,8 @@ type harnessOpts struct {
 	cfg    func(*Config)
 	eng    engine.Config
 	runner enginetest.Config
+	// wrap, when set, is the runner the engine drives, built around the test runner.
+	wrap   func(r *enginetest.Runner, tok *tokenizer.Tokenizer, eos int32) engine.Runner
 	noRun  bool // do not start the engine loop
 	noHTTP bool // do not start the httptest server
 }
@@ -60,7 +62,11 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	}
 	ec := o.eng
 	ec.Pool = runner.Pool()
-	eng, err := engine.New(runner, ec)
+	var driven engine.Runner = runner
+	if o.wrap != nil {
+		driven = o.wrap(runner, tok, eos)
+	}
+	eng, err := engine.New(driven, ec)
 	if err != nil {
 		t.Fatal(err)
 	}
