@@ -81,16 +81,19 @@ type toolMessage struct {
 	} `json:"tool_calls"`
 }
 
+// toolChatResponse is the part of a chat completion the tool tests read.
+type toolChatResponse struct {
+	Choices []struct {
+		Message      toolMessage `json:"message"`
+		FinishReason string      `json:"finish_reason"`
+	} `json:"choices"`
+}
+
 func TestChatToolCalls(t *testing.T) {
 	h := newToolHarness(t, qwenToolOutput, "hermes", "qwen3")
 	body := map[string]any{"model": "tiny-test", "messages": []map[string]any{{"role": "user", "content": "Weather in Paris?"}},
 		"tools": []json.RawMessage{weatherTool}, "max_tokens": 200}
-	var resp struct {
-		Choices []struct {
-			Message      toolMessage `json:"message"`
-			FinishReason string      `json:"finish_reason"`
-		} `json:"choices"`
-	}
+	var resp toolChatResponse
 	h.postJSON("/v1/chat/completions", body, 200, &resp)
 	c := resp.Choices[0]
 	if c.FinishReason != "tool_calls" {
@@ -175,12 +178,7 @@ func TestChatToolCallsStreamed(t *testing.T) {
 func TestChatWithoutTools(t *testing.T) {
 	h := newToolHarness(t, qwenToolOutput, "hermes", "qwen3")
 	body := map[string]any{"model": "tiny-test", "messages": []map[string]any{{"role": "user", "content": "Hi"}}, "max_tokens": 200}
-	var resp struct {
-		Choices []struct {
-			Message      toolMessage `json:"message"`
-			FinishReason string      `json:"finish_reason"`
-		} `json:"choices"`
-	}
+	var resp toolChatResponse
 	h.postJSON("/v1/chat/completions", body, 200, &resp)
 	c := resp.Choices[0]
 	if c.FinishReason != "stop" || len(c.Message.ToolCalls) != 0 || c.Message.Content == nil || !strings.HasPrefix(*c.Message.Content, "\n\n<tool_call>") {
@@ -215,12 +213,7 @@ func TestChatToolCallsUseToolTypes(t *testing.T) {
 	h := newToolHarness(t, out, "qwen3_coder", "")
 	body := map[string]any{"model": "tiny-test", "messages": []map[string]any{{"role": "user", "content": "Weather?"}},
 		"tools": []json.RawMessage{weatherTool}, "max_tokens": 200}
-	var resp struct {
-		Choices []struct {
-			Message      toolMessage `json:"message"`
-			FinishReason string      `json:"finish_reason"`
-		} `json:"choices"`
-	}
+	var resp toolChatResponse
 	h.postJSON("/v1/chat/completions", body, 200, &resp)
 	c := resp.Choices[0]
 	if c.FinishReason != "tool_calls" || len(c.Message.ToolCalls) != 1 || c.Message.ToolCalls[0].Function.Arguments != `{"city": "42 Paris", "days": 3}` {
