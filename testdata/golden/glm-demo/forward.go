@@ -21,7 +21,7 @@ const KDAChunk = 16
 // TextState is one sequence's state between forward calls: for KDA layers the causal-conv
 // history and the recurrent state, for MLA layers the normalised latents and the
 // indexer's keys, gate scores and completed pool keys. A state from NewTextState lives in
-// Go memory; the runner binds one to kvslab pages for each plan (textcache.go).
+// Go memory; the runner binds one to kvslab pages for each plan (cache.go).
 type TextState struct {
 	Len    int // tokens consumed
 	Layers []TextLayerState

@@ -56,7 +56,7 @@ func gcd(a, b int) int {
 func lcm(a, b int) int { return a / gcd(a, b) * b }
 
 // TextRunner serves the GLM-5.3-Flash text model to core/engine through core/cpurunner:
-// each plan's sequences continue their state in the kvslab pool (textcache.go).
+// each plan's sequences continue their state in the kvslab pool (cache.go).
 type TextRunner struct {
 	*cpurunner.Runner
 	Model      *TextModel
