@@ -26,14 +26,7 @@ func TestDrainKeepsAnsweringHealth(t *testing.T) {
 			<-gate // hold the request running until the checks are done
 		}
 	}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ctx, shutdown := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- h.srv.Serve(ctx, ln) }()
+	addr, shutdown, served := h.serveListener()
 	resp, rd := openStream(t, context.Background(), "http://"+addr, 50)
 	defer resp.Body.Close()
 	shutdown()
@@ -72,16 +65,10 @@ func TestDrainKeepsAnsweringHealth(t *testing.T) {
 // event is whole JSON, none is cut.
 func TestDrainTimeoutEndsStreamsWithErrorEvent(t *testing.T) {
 	h := newHarness(t, harnessOpts{noHTTP: true, runner: slowRunner(2 * time.Millisecond), cfg: func(c *Config) { c.DrainTimeout = 100 * time.Millisecond }})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, shutdown := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- h.srv.Serve(ctx, ln) }()
+	addr, shutdown, served := h.serveListener()
 	var streams []*http.Response
 	for range 3 {
-		resp, _ := openStream(t, context.Background(), "http://"+ln.Addr().String(), 5000)
+		resp, _ := openStream(t, context.Background(), "http://"+addr, 5000)
 		defer resp.Body.Close()
 		streams = append(streams, resp)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -92,6 +93,21 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	}
 	t.Cleanup(h.close)
 	return h
+}
+
+// serveListener runs h's server through Serve on a fresh local listener. It returns the
+// listener's address, the cancel that starts the shutdown and the channel that receives
+// Serve's result.
+func (h *harness) serveListener() (addr string, shutdown context.CancelFunc, served <-chan error) {
+	h.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.srv.Serve(ctx, ln) }()
+	return ln.Addr().String(), cancel, done
 }
 
 // stopEngine ends the engine loop and waits for it.

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -94,14 +93,8 @@ func TestClientDisconnectAbortsRequest(t *testing.T) {
 
 func TestGracefulShutdownDrains(t *testing.T) {
 	h := newHarness(t, harnessOpts{runner: slowRunner(500 * time.Microsecond), noHTTP: true})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + ln.Addr().String()
-	ctx, shutdown := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- h.srv.Serve(ctx, ln) }()
+	addr, shutdown, served := h.serveListener()
+	url := "http://" + addr
 
 	resp, rd := openStream(t, context.Background(), url, 300)
 	defer resp.Body.Close()
@@ -143,14 +136,8 @@ func TestGracefulShutdownDrains(t *testing.T) {
 
 func TestDrainTimeoutAborts(t *testing.T) {
 	h := newHarness(t, harnessOpts{runner: slowRunner(2 * time.Millisecond), noHTTP: true, cfg: func(c *Config) { c.DrainTimeout = 50 * time.Millisecond }})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, shutdown := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- h.srv.Serve(ctx, ln) }()
-	resp, rd := openStream(t, context.Background(), "http://"+ln.Addr().String(), 5000)
+	addr, shutdown, served := h.serveListener()
+	resp, rd := openStream(t, context.Background(), "http://"+addr, 5000)
 	defer resp.Body.Close()
 	shutdown()
 	if err := <-served; err == nil || !strings.Contains(err.Error(), "drain did not finish") {

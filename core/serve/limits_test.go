@@ -22,15 +22,9 @@ import (
 // server shuts down when the test ends.
 func serveReal(t *testing.T, h *harness) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.srv.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return ln.Addr().String()
+	addr, shutdown, served := h.serveListener()
+	t.Cleanup(func() { shutdown(); <-served })
+	return addr
 }
 
 // dialRaw opens a connection for hand-written HTTP, with a generous deadline so that a
