@@ -53,12 +53,9 @@ func newDSML([]json.RawMessage) format { return &dsml{at: -1} }
 
 func (f *dsml) scan(text string, final bool) scanned {
 	if f.at < 0 {
-		at, held := f.first.find(text, dsmlCalls)
+		at, content := f.first.findOrContent(text, dsmlCalls, final)
 		if at < 0 {
-			if final {
-				held = 0
-			}
-			return scanned{content: text[:len(text)-held]}
+			return scanned{content: content}
 		}
 		f.at = at
 		f.next = markerSearch{from: at + len(dsmlCalls)}

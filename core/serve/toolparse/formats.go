@@ -25,6 +25,20 @@ func (m *markerSearch) find(text, marker string) (at int, held int) {
 	return -1, held
 }
 
+// findOrContent finds marker as find does; while it is absent, content is the text that
+// surely comes before it: all of the text when final, else the text less the tail that
+// could start the marker.
+func (m *markerSearch) findOrContent(text, marker string, final bool) (at int, content string) {
+	at, held := m.find(text, marker)
+	if at >= 0 {
+		return at, ""
+	}
+	if final {
+		held = 0
+	}
+	return -1, text[:len(text)-held]
+}
+
 // hermes is <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one block a call;
 // the content is the text before the first block, text between and after blocks is
 // dropped (vLLM's hermes parser).
@@ -52,12 +66,9 @@ func newHermes([]json.RawMessage) format { return &hermes{at: -1} }
 
 func (h *hermes) scan(text string, final bool) scanned {
 	if h.at < 0 {
-		at, held := h.first.find(text, hermesStart)
+		at, content := h.first.findOrContent(text, hermesStart, final)
 		if at < 0 {
-			if final {
-				held = 0
-			}
-			return scanned{content: text[:len(text)-held]}
+			return scanned{content: content}
 		}
 		h.at = at
 		h.blocks = append(h.blocks, newHermesBlock(at))
@@ -202,12 +213,9 @@ func newDeepseek(v31 bool) func([]json.RawMessage) format {
 
 func (f *deepseek) scan(text string, final bool) scanned {
 	if f.at < 0 {
-		at, held := f.first.find(text, dsCallsBegin)
+		at, content := f.first.findOrContent(text, dsCallsBegin, final)
 		if at < 0 {
-			if final {
-				held = 0
-			}
-			return scanned{content: text[:len(text)-held]}
+			return scanned{content: content}
 		}
 		f.at = at
 		f.next = markerSearch{from: at + len(dsCallsBegin)}

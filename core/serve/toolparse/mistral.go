@@ -47,12 +47,9 @@ func newMistral([]json.RawMessage) format { return &mistral{at: -1} }
 
 func (f *mistral) scan(text string, final bool) scanned {
 	if f.at < 0 {
-		at, held := f.first.find(text, mistralCalls)
+		at, content := f.first.findOrContent(text, mistralCalls, final)
 		if at < 0 {
-			if final {
-				held = 0
-			}
-			return scanned{content: text[:len(text)-held]}
+			return scanned{content: content}
 		}
 		f.at = at
 		f.calls = append(f.calls, mistralCall{start: at + len(mistralCalls), args: -1, end: -1})

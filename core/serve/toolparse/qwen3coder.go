@@ -89,12 +89,9 @@ func newQwen3Coder(tools []json.RawMessage) format {
 
 func (f *qwen3Coder) scan(text string, final bool) scanned {
 	if f.at < 0 {
-		at, held := f.first.find(text, hermesStart)
+		at, content := f.first.findOrContent(text, hermesStart, final)
 		if at < 0 {
-			if final {
-				held = 0
-			}
-			return scanned{content: text[:len(text)-held]}
+			return scanned{content: content}
 		}
 		f.at = at
 		f.next = markerSearch{from: at}
