@@ -113,7 +113,7 @@ admission:
 	s.planReqs[s.flip] = reqs
 	s.planEpochs[s.flip] = epochs
 	p.end(c.b, c.t, c.l)
-	if s.extras != [4]int{} {
+	if s.extraReqs > 0 {
 		s.addExtras(p, reqs)
 	}
 	if len(reqs) == 0 {

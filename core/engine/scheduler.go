@@ -134,9 +134,9 @@ type Scheduler struct {
 	running []*request
 	waiting queue
 	handles uint64
-	// extras counts the requests in flight that need each sampling CSR array; while all
-	// are zero, Schedule builds none.
-	extras [4]int
+	// extraReqs counts the requests in flight that need a sampling CSR array or prompt
+	// logprobs; while it is zero, Schedule builds none.
+	extraReqs int
 
 	plans      [2]BatchPlan
 	planReqs   [2][]*request
@@ -357,8 +357,8 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	return nil
 }
 
-// setExtras records r's penalties, logit bias and min-tokens gate, and counts the
-// sampling CSR arrays r needs in a plan.
+// setExtras records r's penalties, logit bias and min-tokens gate, and counts r in
+// extraReqs when it needs a sampling CSR array or prompt logprobs in a plan.
 func (s *Scheduler) setExtras(r *request, sp *SamplingParams) {
 	r.presence, r.frequency, r.repeat = sp.PresencePenalty, sp.FrequencyPenalty, sp.RepetitionPenalty
 	if r.repeat == 0 {
@@ -392,14 +392,8 @@ func (s *Scheduler) setExtras(r *request, sp *SamplingParams) {
 		r.promptLps = make([]TokenLogprob, 0, r.promptLen-1)
 		r.logprobs = int8(sp.TopLogprobs) // implies Logprobs
 	}
-	s.countExtras(r, 1)
-}
-
-func (s *Scheduler) countExtras(r *request, d int) {
-	for k := range s.extras {
-		if r.extras&(1<<k) != 0 {
-			s.extras[k] += d
-		}
+	if r.extras != 0 {
+		s.extraReqs++
 	}
 }
 
@@ -477,7 +471,7 @@ func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
 	s.release(r)
 	delete(s.byID, r.id)
 	if r.extras != 0 {
-		s.countExtras(r, -1)
+		s.extraReqs--
 	}
 	s.metrics.finished[reason]++
 	s.metrics.observeFinish(r, s.now(), s.epoch)
