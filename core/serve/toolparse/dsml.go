@@ -34,10 +34,9 @@ const (
 
 // dsmlCall is one call as far as it is read.
 type dsmlCall struct {
-	start  int // index of the name
-	pos    int // where reading continues; -1 until the name is read
-	args   strings.Builder
-	params int
+	start int // index of the name
+	pos   int // where reading continues; -1 until the name is read
+	argsObject
 	closed bool
 	broken bool
 	end    int // index after </｜DSML｜invoke>
@@ -130,7 +129,7 @@ func (v *dsmlCall) read(text string) {
 			v.value = head + end + 2
 			v.valueEnd = markerSearch{from: v.value}
 			if v.isString {
-				v.openParam()
+				v.openParam(v.param)
 				v.args.WriteByte('"')
 			}
 		case strings.HasPrefix(dsmlInvokeEnd, rest) || strings.HasPrefix(dsmlParam, rest):
@@ -148,17 +147,6 @@ func (v *dsmlCall) read(text string) {
 	}
 }
 
-// openParam writes the separator and the key of the parameter being read.
-func (v *dsmlCall) openParam() {
-	if v.params > 0 {
-		v.args.WriteString(", ")
-	}
-	v.params++
-	v.args.WriteByte('"')
-	v.args.WriteString(jsonStringBody(v.param))
-	v.args.WriteString(`": `)
-}
-
 // addParam writes a complete parameter value.
 func (v *dsmlCall) addParam(value string) {
 	if v.isString {
@@ -166,7 +154,7 @@ func (v *dsmlCall) addParam(value string) {
 		v.args.WriteByte('"')
 		return
 	}
-	v.openParam()
+	v.openParam(v.param)
 	if raw := strings.TrimSpace(value); json.Valid([]byte(raw)) {
 		v.args.WriteString(raw)
 		return
@@ -174,6 +162,23 @@ func (v *dsmlCall) addParam(value string) {
 	v.args.WriteByte('"')
 	v.args.WriteString(jsonStringBody(value))
 	v.args.WriteByte('"')
+}
+
+// argsObject is a call's arguments, a JSON object, as far as they are written.
+type argsObject struct {
+	args   strings.Builder
+	params int
+}
+
+// openParam writes the separator and the key of the next parameter.
+func (o *argsObject) openParam(key string) {
+	if o.params > 0 {
+		o.args.WriteString(", ")
+	}
+	o.params++
+	o.args.WriteByte('"')
+	o.args.WriteString(jsonStringBody(key))
+	o.args.WriteString(`": `)
 }
 
 // jsonStringBody escapes s for the inside of a JSON string as Python's json.dumps with

@@ -43,10 +43,9 @@ const (
 
 // xmlCall is one call as far as it is read.
 type xmlCall struct {
-	start    int // index after <function=
-	pos      int // where reading continues; -1 until the name is read
-	args     strings.Builder
-	params   int
+	start int // index after <function=
+	pos   int // where reading continues; -1 until the name is read
+	argsObject
 	closed   bool
 	broken   bool
 	end      int
@@ -140,7 +139,7 @@ func (c *xmlCall) read(text string, types map[string]map[string]string) {
 					v = strings.TrimPrefix(v, "\n")
 					v = strings.TrimSuffix(v, "\n") // a newline may be the one before the end tag
 					if !c.opened && !isNullPrefix(v) {
-						c.openParam()
+						c.openParam(c.param)
 						c.args.WriteByte('"')
 						c.opened = true
 					}
@@ -186,16 +185,6 @@ func (c *xmlCall) read(text string, types map[string]map[string]string) {
 	}
 }
 
-func (c *xmlCall) openParam() {
-	if c.params > 0 {
-		c.args.WriteString(", ")
-	}
-	c.params++
-	c.args.WriteByte('"')
-	c.args.WriteString(jsonStringBody(c.param))
-	c.args.WriteString(`": `)
-}
-
 func (c *xmlCall) addParam(value string) {
 	value = strings.TrimPrefix(value, "\n")
 	value = strings.TrimSuffix(value, "\n")
@@ -204,7 +193,7 @@ func (c *xmlCall) addParam(value string) {
 		c.args.WriteByte('"')
 		return
 	}
-	c.openParam()
+	c.openParam(c.param)
 	c.args.WriteString(convertParam(value, c.typ))
 }
 
