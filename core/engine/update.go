@@ -183,10 +183,12 @@ func (u *stepUpdate) apply(i int, r *request) {
 func (u *stepUpdate) takePromptLogprobs(i int, r *request, pr, pl, pt int) {
 	p, res := u.p, u.res
 	k := int(p.PromptLogprobs[i])
-	for j := 0; j < pr; j++ {
-		if int(p.Computed[i])+j != len(r.promptLps) {
-			continue
-		}
+	// Row j scores position Computed+j; the first unscored position is len(r.promptLps).
+	j0 := len(r.promptLps) - int(p.Computed[i])
+	if j0 < 0 {
+		return
+	}
+	for j := j0; j < pr; j++ {
 		lp := TokenLogprob{Token: p.PromptTarget(i, j), Logprob: res.PromptLogprobs[pl+j]}
 		if k > 0 {
 			lp.Top = make([]TopLogprob, k)
