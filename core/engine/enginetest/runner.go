@@ -399,12 +399,9 @@ func Reference(vocab int, prompt []int32, n int, row engine.SamplingRow, stop ..
 		h = chain(h, t)
 	}
 	row.PromptLen = len(prompt)
-	penalized := row.PresencePenalty != 0 || row.FrequencyPenalty != 0 || row.RepetitionPenalty != 0 && row.RepetitionPenalty != 1
 	out := make([]int32, 0, n)
 	for len(out) < n {
-		if penalized {
-			row.History = append(slices.Clone(prompt), out...)
-		}
+		row.History = append(slices.Clone(prompt), out...) // Sample ignores it without a penalty
 		fillLogits(logits, h)
 		t, _, _ := s.Sample(logits, row, len(prompt)+len(out), nil)
 		out = append(out, t)
