@@ -8,6 +8,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -103,7 +104,7 @@ func TestMTPGreedyEqualsPlain(t *testing.T) {
 					r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
 						seq := full[promptLen]
 						if pos >= len(seq) || pos%3 == 0 {
-							return (argmax(logits) + 1) % int32(m.Config.VocabSize)
+							return (int32(ref.Argmax(logits)) + 1) % int32(m.Config.VocabSize)
 						}
 						return seq[pos]
 					}
@@ -151,7 +152,7 @@ func TestMTPDraftsMatchReference(t *testing.T) {
 	drafts := map[key][]float32{}
 	r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
 		drafts[key{promptLen, pos}] = slices.Clone(logits)
-		return argmax(logits)
+		return int32(ref.Argmax(logits))
 	}
 	s := runnertest.New(t, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
 	h := s.StartWith(t, r, pool, engine.Config{MaxBatchTokens: 7})
@@ -166,16 +167,16 @@ func TestMTPDraftsMatchReference(t *testing.T) {
 	checked, worst := 0, 0.0
 	for i, p := range prompts {
 		full := append(slices.Clone(p), outs[i].Tokens...)
-		ref := runMTP(t, m, full, []int{len(full)})
+		want := runMTP(t, m, full, []int{len(full)})
 		for pos := len(p) + 1; pos < len(full); pos++ {
 			got, ok := drafts[key{len(p), pos}]
 			if !ok {
-				if prev := drafts[key{len(p), pos - 1}]; prev == nil || argmax(prev) != full[pos-1] {
+				if prev := drafts[key{len(p), pos - 1}]; prev == nil || int32(ref.Argmax(prev)) != full[pos-1] {
 					t.Fatalf("prompt %d: no draft for position %d after a rejected one", i, pos)
 				}
 				continue // the previous draft was accepted: its step proposed for pos+1
 			}
-			d, _ := runnertest.MaxAbsDiff(got, ref[(pos-2)*v:(pos-1)*v])
+			d, _ := runnertest.MaxAbsDiff(got, want[(pos-2)*v:(pos-1)*v])
 			if d > 1e-5 {
 				t.Fatalf("prompt %d: the MTP logits for position %d differ from the reference by %g", i, pos, d)
 			}
@@ -429,7 +430,7 @@ func TestMTPPreemption(t *testing.T) {
 		if seq := full[promptLen]; pos < len(seq) && pos%2 == 0 {
 			return seq[pos]
 		}
-		return (argmax(logits) + 1) % int32(m.Config.VocabSize)
+		return (int32(ref.Argmax(logits)) + 1) % int32(m.Config.VocabSize)
 	}
 	got, c := run(r)
 	if c.Preemptions == 0 {
@@ -474,7 +475,7 @@ func TestMTPChainedDraftsMatchReference(t *testing.T) {
 		// One sequence: the calls come k per step, draft 0 first.
 		j := len(calls) % k
 		calls = append(calls, call{end: pos - 1 - j, j: j, logits: slices.Clone(logits)})
-		return argmax(logits)
+		return int32(ref.Argmax(logits))
 	}
 	out, _ := generate(t, r, pool, [][]int32{prompt}, engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}, 5)
 	full := append(slices.Clone(prompt), out[0].Tokens...)
@@ -497,7 +498,7 @@ func TestMTPChainedDraftsMatchReference(t *testing.T) {
 				t.Fatalf("draft %d after %d tokens: logits differ from the chained reference by %g", j, cl.end, d)
 			}
 			worst = max(worst, d)
-			next := []int32{argmax(lg)}
+			next := []int32{int32(ref.Argmax(lg))}
 			if logits, outs, err = m.mtpForward([]mtpChunk{{state: &ls, pos0: cl.end + j, streams: st, next: next}}, nil); err != nil {
 				t.Fatal(err)
 			}

@@ -181,11 +181,9 @@ func (m *Model) sharedExpert(x []float32, l *Layer, n int) ([]float32, error) {
 // swiglu writes silu(min(gate, lim))·clamp(up, −lim, lim); out may alias gate.
 func swiglu(out, gate, up []float32, lim float32) {
 	for i := range out {
-		out[i] = silu(min(gate[i], lim)) * min(max(up[i], -lim), lim)
+		out[i] = ref.SiLU(min(gate[i], lim)) * min(max(up[i], -lim), lim)
 	}
 }
-
-func silu(x float32) float32 { return x * sigmoid(x) }
 
 // score is the router's scoring function: sqrt(softplus(x)) (torch's softplus returns x
 // above 20) or sigmoid(x).

@@ -6,6 +6,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -330,7 +331,7 @@ func (r *Runner) draft(p *engine.BatchPlan, res *engine.StepResult) error {
 	for j := 0; ; j++ {
 		for s, i := range draftSeqs {
 			lg := logits[s*v : (s+1)*v]
-			d := argmax(lg)
+			d := int32(ref.Argmax(lg))
 			if r.forceDraft != nil {
 				end := int(p.Computed[i]+p.Scheduled[i]-p.NumDrafts[i]) + int(res.Accepted[i]) - 1
 				d = r.forceDraft(int(p.PromptLen[i]), end+1+j, lg)
@@ -373,15 +374,4 @@ func (s *scratchRows) Row(i int) []float32 {
 		return s.rows[(i-s.from)*s.dim : (i-s.from+1)*s.dim]
 	}
 	return s.Rows.Row(i)
-}
-
-// argmax returns the index of the largest value (the lowest one on a tie).
-func argmax(x []float32) int32 {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -57,7 +58,7 @@ func BenchmarkMTPDecode(b *testing.B) {
 						if seq := full[promptLen]; pos < len(seq) {
 							return seq[pos]
 						}
-						return argmax(logits)
+						return int32(ref.Argmax(logits))
 					}
 				}
 				pool, err := r.NewPool(32 << 20)
