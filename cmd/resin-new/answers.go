@@ -89,7 +89,7 @@ const (
 // page size and seed, and the architecture and model_type it records.
 func (m *ModelAnswer) validateRuntime() error {
 	if m.PageTokens <= 0 || m.PageTokens > maxPageTokens {
-		return fmt.Errorf("model.page_tokens %d: want 1 to %d tokens per cache page", m.PageTokens, maxPageTokens)
+		return fmt.Errorf("model.page_tokens %d: want 1 to %d tokens per cache page (vLLM and SGLang use 16 to 256)", m.PageTokens, maxPageTokens)
 	}
 	if m.Seed < 0 {
 		return fmt.Errorf("model.seed %d must not be negative (it seeds a uint64 generator)", m.Seed)
@@ -116,9 +116,6 @@ func (m *ModelAnswer) validate() error {
 	if m.MaxPositionEmbeddings < minContext {
 		return fmt.Errorf("model.max_position_embeddings %d: at least %d (the runtime's tests and --verify run sequences that long)", m.MaxPositionEmbeddings, minContext)
 	}
-	if m.PageTokens > maxPageTokens {
-		return fmt.Errorf("model.page_tokens %d: at most %d tokens per cache page (vLLM and SGLang use 16 to 256)", m.PageTokens, maxPageTokens)
-	}
 	if m.NumAttentionHeads%m.NumKeyValueHeads != 0 {
 		return fmt.Errorf("model.num_attention_heads %d must be a multiple of model.num_key_value_heads %d", m.NumAttentionHeads, m.NumKeyValueHeads)
 	}
@@ -128,8 +125,8 @@ func (m *ModelAnswer) validate() error {
 	if !(m.RMSNormEps > 0) || !(m.RopeTheta > 0) || math.IsInf(m.RMSNormEps, 0) || math.IsInf(m.RopeTheta, 0) {
 		return fmt.Errorf("model.rms_norm_eps %g and model.rope_theta %g must be positive and finite", m.RMSNormEps, m.RopeTheta)
 	}
-	if m.Seed < 0 {
-		return fmt.Errorf("model.seed %d must not be negative (it seeds a uint64 generator)", m.Seed)
+	if err := m.validateRuntime(); err != nil {
+		return err
 	}
 	if m.SlidingWindow < 0 {
 		return fmt.Errorf("model.sliding_window must not be negative")

@@ -326,11 +326,16 @@ const (
 	stampLayout = "20060102-150405"
 )
 
+// backupStamp is the directory this run saves replaced files under.
+func backupStamp(root string) string {
+	return filepath.Join(root, filepath.FromSlash(backupDir), time.Now().UTC().Format(stampLayout))
+}
+
 // backupEdits returns writes that save, under .resin/backup/STAMP/, every existing file
 // under root that a write would replace with other content: --force never discards an
 // edit without a copy.
 func backupEdits(root string, ws []write) (backups []write, dir string, err error) {
-	dir = filepath.Join(root, filepath.FromSlash(backupDir), time.Now().UTC().Format(stampLayout))
+	dir = backupStamp(root)
 	for i := range ws {
 		wr := &ws[i]
 		if wr.what == "" {

@@ -76,11 +76,18 @@ func commitChanges(top, target string, changes []change) (err error) {
 	if err != nil {
 		return fmt.Errorf("stage the scaffold: %w", err)
 	}
+	keep := false // a failed rollback leaves the previous files in the stage
 	defer func() {
-		if err != nil {
+		if err != nil && !keep {
 			files.RemoveAll(stage)
 		}
 	}()
+	// The journal names the target from the start, so recoverTxns removes only stages of
+	// its own target, however early a run was killed.
+	j, err := newJournal(stage, target)
+	if err != nil {
+		return err
+	}
 	newDir, oldDir := filepath.Join(stage, "new"), filepath.Join(stage, "old")
 	for _, c := range changes {
 		if c.remove {
@@ -94,12 +101,9 @@ func commitChanges(top, target string, changes []change) (err error) {
 			return fmt.Errorf("stage %s: %w", c.rel, err)
 		}
 	}
-	j, err := newJournal(stage, target)
-	if err != nil {
-		return err
-	}
 	if err := j.apply(top, changes, newDir, oldDir); err != nil {
 		if rerr := rollback(top, stage); rerr != nil {
+			keep = true
 			return fmt.Errorf("%w (and rolling back failed: %v; the previous files are under %s)", err, rerr, oldDir)
 		}
 		return err
@@ -252,9 +256,9 @@ func recoverTxns(top, target string, say func(string)) error {
 		stage := filepath.Join(top, e.Name())
 		data, err := os.ReadFile(filepath.Join(stage, "journal"))
 		if errors.Is(err, fs.ErrNotExist) {
-			// Killed while staging: nothing had been moved yet. Only ours is removed.
-			if first, _ := os.ReadDir(stage); len(first) == 0 || isStaging(stage) {
-				say(fmt.Sprintf("removed %s, left by an interrupted resin-new before it changed anything", stage))
+			// Killed between making the stage and writing its journal, its first act:
+			// an empty directory, whoever's it was.
+			if ents, _ := os.ReadDir(stage); len(ents) == 0 {
 				files.RemoveAll(stage)
 			}
 			continue
@@ -277,15 +281,4 @@ func recoverTxns(top, target string, say func(string)) error {
 		}
 	}
 	return nil
-}
-
-// isStaging reports whether dir looks like a staging directory (only new/ and old/).
-func isStaging(dir string) bool {
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if e.Name() != "new" && e.Name() != "old" {
-			return false
-		}
-	}
-	return true
 }

@@ -208,3 +208,38 @@ func TestUnifiedDiffApplies(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoveryIsPerTarget: a stage a killed run left for one scaffold is not touched when
+// another scaffold beside it recovers; its own recovery rolls it back.
+func TestRecoveryIsPerTarget(t *testing.T) {
+	top := t.TempDir()
+	os.MkdirAll(filepath.Join(top, "a"), 0o755)
+	os.WriteFile(filepath.Join(top, "a", "f"), []byte("old"), 0o644)
+	// Op 8 is the rename that puts the new f in place, after the old one moved aside.
+	_, killed := withFS(&faultyFS{at: 8, kill: true}, func() error {
+		return commitChanges(top, "a", []change{{rel: "a/f", content: []byte("new"), mode: 0o644}, {rel: "a/g", content: []byte("g"), mode: 0o644}})
+	})
+	if !killed {
+		t.Fatal("not killed")
+	}
+	stages, _ := filepath.Glob(filepath.Join(top, txnPrefix+"*"))
+	if len(stages) != 1 {
+		t.Fatalf("stages left: %v", stages)
+	}
+	if err := recoverTxns(top, "b", func(string) {}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stages[0]); err != nil {
+		t.Fatalf("recovering b removed a's stage: %v", err)
+	}
+	var said []string
+	if err := recoverTxns(top, "a", func(s string) { said = append(said, s) }); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTree(t, filepath.Join(top, "a")); len(got) != 1 || got["f"] != "old" {
+		t.Fatalf("a after recovery: %v", got)
+	}
+	if _, err := os.Stat(stages[0]); !os.IsNotExist(err) || len(said) != 1 {
+		t.Fatalf("stage not removed (%v) or recovery not reported (%v)", err, said)
+	}
+}

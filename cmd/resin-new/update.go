@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 )
 
 // ErrConflicts reports that an update left (or, with --dry-run, would leave) conflict
@@ -235,7 +234,7 @@ func refreshVendored(w io.Writer, dir, coreDir string, coreErr error) ([]write, 
 	vdir := filepath.Join(dir, filepath.FromSlash(VendorDir))
 	var writes []write
 	var removes []string
-	stamp := filepath.Join(dir, filepath.FromSlash(backupDir), time.Now().UTC().Format(stampLayout))
+	stamp := backupStamp(dir)
 	for _, rel := range edited {
 		have, err := os.ReadFile(filepath.Join(vdir, filepath.FromSlash(rel)))
 		if err != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -116,21 +115,10 @@ func denseParams(c *weights.Config) int64 {
 // verifyBudget is a quarter of the memory available now, at most 4 GiB (2 GiB when
 // /proc/meminfo cannot be read).
 func verifyBudget() int64 {
-	budget := int64(2 << 30)
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return budget
+	if avail, ok := weights.AvailableMemory(); ok {
+		return min(avail/4, 4<<30)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fs := strings.Fields(sc.Text()); len(fs) >= 2 && fs[0] == "MemAvailable:" {
-			if kb, err := strconv.ParseInt(fs[1], 10, 64); err == nil {
-				budget = min(kb*1024/4, 4<<30)
-			}
-		}
-	}
-	return budget
+	return 2 << 30
 }
 
 // scaleConfig shrinks a config.json's dimensions and keeps every other field.
