@@ -7,7 +7,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -156,9 +155,6 @@ var errReadTimeout = &apiError{status: http.StatusRequestTimeout, typ: "invalid_
 // in a way decodeBody's syntax message would not say: the body arrived too slowly, or
 // it is JSON but not an object. It returns nil for other errors.
 func readError(err error) *apiError {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return errReadTimeout
-	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return errReadTimeout
 	}
@@ -169,11 +165,8 @@ func readError(err error) *apiError {
 }
 
 // typeMismatch reports a JSON value of the wrong type for field, naming the JSON type
-// expected (never a Go type).
+// expected (never a Go type). A whole body of the wrong type is readError's.
 func typeMismatch(field string, te *json.UnmarshalTypeError) *apiError {
-	if field == "" {
-		return invalid("", "The request body must be a JSON object; got %s.", withArticle(te.Value))
-	}
 	return invalid(field, "Invalid type for %q: expected %s, got %s.", field, withArticle(jsonKind(te.Type)), withArticle(te.Value))
 }
 
