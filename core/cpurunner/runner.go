@@ -121,14 +121,7 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		tok, lp, top := r.sampler.Sample(r.logits[row*vocab:(row+1)*vocab], plan.SamplingOf(i), pos, r.top[:0])
 		r.top = top
 		res.Accepted[i] = 1
-		res.Tokens = append(res.Tokens, tok)
-		if anyLP {
-			res.Logprobs = append(res.Logprobs, lp)
-		}
-		for _, t := range top {
-			res.TopTokens = append(res.TopTokens, t.Token)
-			res.TopLogprobs = append(res.TopLogprobs, t.Logprob)
-		}
+		r.appendSampled(tok, lp, top, anyLP)
 	}
 	if r.allRows && len(plan.PromptLogprobs) > 0 {
 		r.scorePrompts(plan)
@@ -142,6 +135,20 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		r.emit(plan)
 	}
 	return *res, nil
+}
+
+// appendSampled appends a sampled token to the step's result, with its logprob when a
+// sequence of the plan asks for logprobs, and its top alternatives.
+func (r *Runner) appendSampled(tok int32, lp float32, top []engine.TopLogprob, anyLP bool) {
+	res := &r.res
+	res.Tokens = append(res.Tokens, tok)
+	if anyLP {
+		res.Logprobs = append(res.Logprobs, lp)
+	}
+	for _, t := range top {
+		res.TopTokens = append(res.TopTokens, t.Token)
+		res.TopLogprobs = append(res.TopLogprobs, t.Logprob)
+	}
 }
 
 // scoresPrompt reports whether a sequence of plan asks for prompt logprobs in this step.

@@ -36,7 +36,6 @@ type Drafter interface {
 // the last draft). It returns how many tokens it accepted.
 func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32 {
 	vocab := r.info.VocabSize
-	res := &r.res
 	k := int(plan.NumDrafts[i])
 	drafts := plan.Tokens[int(plan.QueryStart[i+1])-k : plan.QueryStart[i+1]]
 	row := plan.SamplingOf(i)
@@ -57,14 +56,7 @@ func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32
 		tok, lp, top := r.sampler.Sample(r.logits[buf*vocab:(buf+1)*vocab], row, pos, r.top[:0])
 		r.top = top
 		a++
-		res.Tokens = append(res.Tokens, tok)
-		if anyLP {
-			res.Logprobs = append(res.Logprobs, lp)
-		}
-		for _, t := range top {
-			res.TopTokens = append(res.TopTokens, t.Token)
-			res.TopLogprobs = append(res.TopLogprobs, t.Logprob)
-		}
+		r.appendSampled(tok, lp, top, anyLP)
 		if d >= k || tok != drafts[d] {
 			break
 		}
