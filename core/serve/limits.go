@@ -30,10 +30,11 @@ const (
 // leaves room for (at least 16), so that a flood of clients meets connections waiting
 // for a slot, not accept errors for lack of descriptors.
 func fitFDLimit(n int) int {
-	if room := fdLimit() - fdReserve; fdLimit() > 0 && n > max(room, 16) {
-		return max(room, 16)
+	lim := fdLimit()
+	if lim <= 0 {
+		return n
 	}
-	return n
+	return min(n, max(lim-fdReserve, 16))
 }
 
 // orDefault returns d for zero, no limit (0) for a negative value, else v.
