@@ -3,10 +3,8 @@ package cli
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -35,7 +33,7 @@ type logitsRecorder struct {
 	vocab  int
 	req    uint64
 	seen   bool
-	data   []byte // little-endian float32 rows, row p at p*vocab*4
+	logits []float32 // row p at p*vocab
 	tokens []int64
 	have   []bool
 	err    error
@@ -59,21 +57,18 @@ func (r *logitsRecorder) add(row cpurunner.LogitsRow) {
 		r.err = fmt.Errorf("row at position %d has %d logits, want %d", row.Position, len(row.Logits), r.vocab)
 		return
 	}
-	p, rowBytes := int(row.Position), 4*r.vocab
+	p := int(row.Position)
 	for len(r.tokens) <= p {
 		r.tokens = append(r.tokens, -1)
 		r.have = append(r.have, false)
-		r.data = slices.Grow(r.data, rowBytes)[:len(r.data)+rowBytes] // written below or refused by write
+		r.logits = append(r.logits, make([]float32, r.vocab)...) // written below or refused by write
 	}
 	if r.have[p] && r.tokens[p] != int64(row.Token) {
 		r.err = fmt.Errorf("position %d computed twice, for tokens %d and %d", p, r.tokens[p], row.Token)
 		return
 	}
 	r.tokens[p], r.have[p] = int64(row.Token), true
-	dst := r.data[p*rowBytes : (p+1)*rowBytes]
-	for v, x := range row.Logits {
-		binary.LittleEndian.PutUint32(dst[4*v:], math.Float32bits(x))
-	}
+	copy(r.logits[p*r.vocab:], row.Logits)
 }
 
 // write checks that every position from 0 to the last, and at least the prompt, has its
@@ -95,8 +90,12 @@ func (r *logitsRecorder) write(path, model string, prompt, completion int) error
 	for i, t := range r.tokens {
 		binary.LittleEndian.PutUint64(ids[8*i:], uint64(t))
 	}
-	err := weights.WriteFile(path, []weights.Tensor{
-		{Name: "logits", DType: weights.F32, Shape: []int{n, r.vocab}, Data: r.data},
+	logits, err := weights.NewTensor("logits", weights.F32, []int{n, r.vocab}, r.logits)
+	if err != nil {
+		return fmt.Errorf("--logits-out: %w", err)
+	}
+	err = weights.WriteFile(path, []weights.Tensor{
+		logits,
 		{Name: "token_ids", DType: weights.I64, Shape: []int{n}, Data: ids},
 	}, map[string]string{
 		"model": model, "prompt_tokens": strconv.Itoa(prompt), "completion_tokens": strconv.Itoa(completion),
