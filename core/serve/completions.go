@@ -90,7 +90,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		if sp.Logprobs {
 			var echoLps *completionLogprobs
 			if req.Echo {
-				echoLps, _ = s.echoLogprobs(c.g.prompt, c.res.promptLogprobs, sp.TopLogprobs > 0)
+				echoLps = s.echoLogprobs(c.g.prompt, c.res.promptLogprobs, sp.TopLogprobs > 0)
 			}
 			choices[i].Logprobs = echoLps.join(s.completionLogprobs(c.lps, len(e), sp.TopLogprobs > 0))
 		}
@@ -143,7 +143,7 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, gens [
 			var lp *completionLogprobs
 			if c.g.sampling.Logprobs {
 				if d.promptLogprobs != nil {
-					lp, _ = s.echoLogprobs(c.g.prompt, d.promptLogprobs, c.g.sampling.TopLogprobs > 0)
+					lp = s.echoLogprobs(c.g.prompt, d.promptLogprobs, c.g.sampling.TopLogprobs > 0)
 				}
 				lp = lp.join(s.completionLogprobs(d.logprobs, offset, c.g.sampling.TopLogprobs > 0))
 			}

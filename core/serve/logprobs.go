@@ -83,26 +83,14 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, withT
 
 // echoLogprobs is the logprobs object of an echoed prompt: its first token with null
 // logprob and top_logprobs, then each later token with its prompt logprob (plps[k]
-// scores prompt[k+1]), text offsets from 0. It returns the object and the offset after
-// the prompt's tokens.
-func (s *Server) echoLogprobs(prompt []int32, plps []engine.TokenLogprob, withTop bool) (*completionLogprobs, int) {
+// scores prompt[k+1]), text offsets from 0.
+func (s *Server) echoLogprobs(prompt []int32, plps []engine.TokenLogprob, withTop bool) *completionLogprobs {
 	first, _ := s.tokenText(prompt[0])
 	out := &completionLogprobs{Tokens: []string{first}, TokenLogprobs: []*float32{nil}, TextOffset: []int{0}}
 	if withTop {
 		out.TopLogprobs = []map[string]float32{nil}
 	}
-	rest := s.completionLogprobs(plps, len(first), withTop)
-	out.Tokens = append(out.Tokens, rest.Tokens...)
-	out.TokenLogprobs = append(out.TokenLogprobs, rest.TokenLogprobs...)
-	out.TextOffset = append(out.TextOffset, rest.TextOffset...)
-	if withTop {
-		out.TopLogprobs = append(out.TopLogprobs, rest.TopLogprobs...)
-	}
-	end := len(first)
-	for _, t := range rest.Tokens {
-		end += len(t)
-	}
-	return out, end
+	return out.join(s.completionLogprobs(plps, len(first), withTop))
 }
 
 // join appends b's entries to a (either may be nil).
