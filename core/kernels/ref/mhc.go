@@ -14,28 +14,7 @@ import "math"
 //
 // out may alias x. The sum of squares is accumulated in float64.
 func RMSNormUnweighted(out, x []float32, rows, dim int, eps float32) error {
-	if err := checkDims("RMSNormUnweighted", rows, dim); err != nil {
-		return err
-	}
-	if err := checkLen("RMSNormUnweighted", "x", len(x), rows*dim); err != nil {
-		return err
-	}
-	if err := checkLen("RMSNormUnweighted", "out", len(out), rows*dim); err != nil {
-		return err
-	}
-	for r := range rows {
-		row := x[r*dim : (r+1)*dim]
-		var ss float64
-		for _, v := range row {
-			ss += float64(v) * float64(v)
-		}
-		inv := float32(1 / math.Sqrt(ss/float64(dim)+float64(eps)))
-		o := out[r*dim : (r+1)*dim]
-		for i := range dim {
-			o[i] = row[i] * inv
-		}
-	}
-	return nil
+	return rmsNorm("RMSNormUnweighted", out, x, nil, rows, dim, eps)
 }
 
 // HyperConnWeights turns one token's mHC projection into its mixing weights.

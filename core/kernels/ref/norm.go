@@ -9,16 +9,21 @@ import "math"
 //
 // out may alias x. The sum of squares is accumulated in float64.
 func RMSNorm(out, x, w []float32, rows, dim int, eps float32) error {
-	if err := checkDims("RMSNorm", rows, dim); err != nil {
-		return err
-	}
-	if err := checkLen("RMSNorm", "x", len(x), rows*dim); err != nil {
-		return err
-	}
-	if err := checkLen("RMSNorm", "out", len(out), rows*dim); err != nil {
-		return err
-	}
 	if err := checkLen("RMSNorm", "w", len(w), dim); err != nil {
+		return err
+	}
+	return rmsNorm("RMSNorm", out, x, w, rows, dim, eps)
+}
+
+// rmsNorm is RMSNorm, and RMSNormUnweighted when w is nil.
+func rmsNorm(op string, out, x, w []float32, rows, dim int, eps float32) error {
+	if err := checkDims(op, rows, dim); err != nil {
+		return err
+	}
+	if err := checkLen(op, "x", len(x), rows*dim); err != nil {
+		return err
+	}
+	if err := checkLen(op, "out", len(out), rows*dim); err != nil {
 		return err
 	}
 	for r := 0; r < rows; r++ {
@@ -29,6 +34,12 @@ func RMSNorm(out, x, w []float32, rows, dim int, eps float32) error {
 		}
 		inv := float32(1 / math.Sqrt(ss/float64(dim)+float64(eps)))
 		o := out[r*dim : (r+1)*dim]
+		if w == nil {
+			for i := range dim {
+				o[i] = row[i] * inv
+			}
+			continue
+		}
 		for i := range dim {
 			o[i] = row[i] * inv * w[i]
 		}
