@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -48,14 +49,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkContentBytes(msgs); err != nil {
 		return err
 	}
-	opts := tokenizer.ChatOptions{AddGenerationPrompt: true, DecodeToolArguments: true, Extra: make(map[string]any, len(req.ChatTemplateKwargs))}
-	for _, t := range req.Tools {
-		opts.Tools = append(opts.Tools, t)
-	}
-	for k, v := range req.ChatTemplateKwargs {
-		opts.Extra[k] = v
-	}
-	prompt, err := s.chat.Render(msgs, opts)
+	prompt, err := s.chat.Render(msgs, chatOptions(req.Tools, req.ChatTemplateKwargs, true))
 	if err != nil {
 		return invalid("messages", "The chat template rejected the messages: %v.", err)
 	}
@@ -168,4 +162,18 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, gens []*choi
 	}
 	_ = cs.sse.done()
 	return nil
+}
+
+// chatOptions are the chat template's options for a request's tools and
+// chat_template_kwargs, the same for generation and /tokenize so that both render the
+// messages alike.
+func chatOptions(tools []json.RawMessage, kwargs map[string]json.RawMessage, addGenerationPrompt bool) tokenizer.ChatOptions {
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: addGenerationPrompt, DecodeToolArguments: true, Extra: make(map[string]any, len(kwargs))}
+	for _, t := range tools {
+		opts.Tools = append(opts.Tools, t)
+	}
+	for k, v := range kwargs {
+		opts.Extra[k] = v
+	}
+	return opts
 }

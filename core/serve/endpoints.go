@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"runtime/debug"
-
-	"github.com/resin-llm/resin/core/tokenizer"
 )
 
 // routeEndpoints adds the endpoints beside the OpenAI API that vLLM serves: /version,
@@ -94,14 +92,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		opts := tokenizer.ChatOptions{AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
-			Extra: make(map[string]any, len(req.ChatTemplateKwargs))}
-		for _, t := range req.Tools {
-			opts.Tools = append(opts.Tools, t)
-		}
-		for k, v := range req.ChatTemplateKwargs {
-			opts.Extra[k] = v
-		}
+		opts := chatOptions(req.Tools, req.ChatTemplateKwargs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 		if text, err = s.chat.Render(msgs, opts); err != nil {
 			return invalid("messages", "The chat template rejected the messages: %v.", err)
 		}
