@@ -21,8 +21,8 @@ func (a KDA) check(op string, state []float32, tokens int, q, k, v, g, beta, out
 		{"k", len(k), tokens * a.Heads * a.DK}, {"g", len(g), tokens * a.Heads * a.DK},
 		{"v", len(v), tokens * a.Heads * a.DV}, {"out", len(out), tokens * a.Heads * a.DV},
 		{"beta", len(beta), tokens * a.Heads}} {
-		if c.n < c.want {
-			return fmt.Errorf("ref.%s: %s has %d values, want %d", op, c.name, c.n, c.want)
+		if err := checkLen(op, c.name, c.n, c.want); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -110,6 +110,9 @@ func HyperCollapse(out, streams, pre []float32, hc, dim int) error {
 	if err := checkLen("HyperCollapse", "out", len(out), dim); err != nil {
 		return err
 	}
+	if err := checkLen("HyperCollapse", "pre", len(pre), hc); err != nil {
+		return err
+	}
 	clear(out[:dim])
 	for i := range hc {
 		for d := range dim {
@@ -133,6 +136,12 @@ func HyperExpand(out, streams, block, post, comb []float32, hc, dim int) error {
 		return err
 	}
 	if err := checkLen("HyperExpand", "block", len(block), dim); err != nil {
+		return err
+	}
+	if err := checkLen("HyperExpand", "post", len(post), hc); err != nil {
+		return err
+	}
+	if err := checkLen("HyperExpand", "comb", len(comb), hc*hc); err != nil {
 		return err
 	}
 	for k := range hc {
