@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -72,7 +71,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkModel(req.Model); err != nil {
 		return err
 	}
-	hasPrompt := len(bytes.TrimSpace(req.Prompt)) > 0 && string(bytes.TrimSpace(req.Prompt)) != "null"
+	hasPrompt := !absent(req.Prompt)
 	var text, param string
 	var addSpecial bool
 	switch {

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -24,8 +23,7 @@ const maxGuidedChoices = 64
 
 // parseGuidedChoice reads guided_choice: nil when absent.
 func parseGuidedChoice(raw json.RawMessage) ([]string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
+	if absent(raw) {
 		return nil, nil
 	}
 	var choices []string

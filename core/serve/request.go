@@ -89,11 +89,17 @@ func (p *commonParams) refuseGuided() error {
 		name string
 		raw  json.RawMessage
 	}{{"guided_json", p.GuidedJSON}, {"guided_regex", p.GuidedRegex}, {"guided_grammar", p.GuidedGrammar}} {
-		if v := bytes.TrimSpace(f.raw); len(v) > 0 && string(v) != "null" {
+		if !absent(f.raw) {
 			return unsupported(f.name, f.name+" (structured output)")
 		}
 	}
 	return nil
+}
+
+// absent reports whether an optional JSON field was left out or sent as null.
+func absent(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
 }
 
 // skipSpecial reports whether special tokens are left out of the text (vLLM's default).
@@ -270,8 +276,7 @@ func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string
 const maxStops = 16
 
 func parseStop(raw json.RawMessage) ([]string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
+	if absent(raw) {
 		return nil, nil
 	}
 	var one string
@@ -303,8 +308,7 @@ type promptInput struct {
 // parsePrompts accepts a string, an array of strings, an array of token ids, or an array
 // of arrays of token ids: one prompt or a batch of them (at most maxSequences).
 func parsePrompts(raw json.RawMessage) ([]promptInput, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
+	if absent(raw) {
 		return nil, invalid("prompt", "prompt is required.")
 	}
 	var text string
@@ -409,8 +413,7 @@ func chatMessages(in []map[string]json.RawMessage) ([]map[string]any, error) {
 }
 
 func messageContent(raw json.RawMessage, i int) (any, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
+	if absent(raw) {
 		return "", nil
 	}
 	var s string
