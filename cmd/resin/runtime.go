@@ -153,16 +153,16 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	if err != nil {
 		return nil, nil, "", err
 	}
-	open := m.Open
-	if f.specTokens > 0 {
-		if m.OpenSpeculative == nil {
-			return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: model %s has no draft head to propose drafts", f.specTokens, m.Name)
-		}
-		open = func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
-			return m.OpenSpeculative(dir, cacheBytes, f.specTokens)
-		}
+	var r engine.Runner
+	var pool *kvslab.Pool
+	switch {
+	case f.specTokens <= 0:
+		r, pool, err = m.Open(dir, f.cacheBytes)
+	case m.OpenSpeculative == nil:
+		return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: model %s has no draft head to propose drafts", f.specTokens, m.Name)
+	default:
+		r, pool, err = m.OpenSpeculative(dir, f.cacheBytes, f.specTokens)
 	}
-	r, pool, err := open(dir, f.cacheBytes)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("open model %s: %w", m.Name, err)
 	}

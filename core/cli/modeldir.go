@@ -9,9 +9,6 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/cobra"
-
-	"github.com/resin-llm/resin/core/engine"
-	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // ModelDir is the Loader of a runtime built for one model: --model DIR holds config.json
@@ -107,16 +104,14 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 	if m.specTokens < 0 {
 		return nil, fmt.Errorf("--num-speculative-tokens %d is negative", m.specTokens)
 	}
-	open := m.open
+	var err error
 	if m.specTokens > 0 {
-		open = func(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
-			return m.spec(dir, cacheBytes, m.specTokens)
-		}
+		rt.Runner, rt.Pool, err = m.spec(m.dir, m.cacheBytes, m.specTokens)
+	} else {
+		rt.Runner, rt.Pool, err = m.open(m.dir, m.cacheBytes)
 	}
-	r, pool, err := open(m.dir, m.cacheBytes)
 	if err != nil {
 		return nil, fmt.Errorf("open model %s in %s: %w", m.name, m.dir, err)
 	}
-	rt.Runner, rt.Pool = r, pool
 	return rt, nil
 }
