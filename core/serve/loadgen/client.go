@@ -92,22 +92,12 @@ func (s *sample) do(ctx context.Context, hc *http.Client, cfg *Config, prompt st
 	} else {
 		body["prompt"] = prompt
 	}
-	raw, _ := json.Marshal(body)
 	if cfg.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(cfg.BaseURL, "/")+path, bytes.NewReader(raw))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	if cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
-	}
-	resp, err := hc.Do(req)
+	resp, err := post(ctx, hc, cfg, path, body, "text/event-stream")
 	if err != nil {
 		return err
 	}
@@ -120,6 +110,27 @@ func (s *sample) do(ctx context.Context, hc *http.Client, cfg *Config, prompt st
 		return s.whole(resp.Body)
 	}
 	return s.stream(resp.Body)
+}
+
+// post sends body as JSON to the server's path with cfg's API key; accept, when set, is
+// the Accept header.
+func post(ctx context.Context, hc *http.Client, cfg *Config, path string, body any, accept string) (*http.Response, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(cfg.BaseURL, "/")+path, bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	if cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+	}
+	return hc.Do(req)
 }
 
 // stream reads an SSE answer up to its [DONE].

@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,16 +35,7 @@ type serverTokenizer struct {
 var errNoTokenize = errors.New("the server has no /tokenize")
 
 func (s serverTokenizer) count(ctx context.Context, text string) (int, error) {
-	raw, _ := json.Marshal(map[string]string{"model": s.cfg.Model, "prompt": text})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(s.cfg.BaseURL, "/")+"/tokenize", bytes.NewReader(raw))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if s.cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+s.cfg.APIKey)
-	}
-	resp, err := s.hc.Do(req)
+	resp, err := post(ctx, s.hc, s.cfg, "/tokenize", map[string]string{"model": s.cfg.Model, "prompt": text}, "")
 	if err != nil {
 		return 0, fmt.Errorf("POST /tokenize: %w", err)
 	}
