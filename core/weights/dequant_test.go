@@ -152,6 +152,36 @@ func TestDequantFP4(t *testing.T) {
 	}
 }
 
+// TestDequantFP4Parallel checks a matrix large enough to be split across goroutines
+// (more than parallelMin values, rows in chunks of one) against the formula.
+func TestDequantFP4Parallel(t *testing.T) {
+	rows, cols := 515, 520 // 17 groups of 32 per row, the last one partial
+	sc := (cols + FP4Group - 1) / FP4Group
+	w := make([]byte, rows*cols/2)
+	for i := range w {
+		w[i] = byte(i * 131)
+	}
+	scale := make([]float32, rows*sc)
+	for i := range scale {
+		scale[i] = float32(i%7) - 3
+	}
+	got := make([]float32, rows*cols)
+	if err := DequantFP4(got, w, scale, rows, cols, FP4Group); err != nil {
+		t.Fatal(err)
+	}
+	for i := range rows {
+		for j := range cols {
+			b := w[(i*cols+j)/2]
+			if j%2 == 1 {
+				b >>= 4
+			}
+			if want := E2M1ToFloat32(b) * scale[i*sc+j/FP4Group]; math.Float32bits(got[i*cols+j]) != math.Float32bits(want) {
+				t.Fatalf("[%d,%d] = %g, want %g", i, j, got[i*cols+j], want)
+			}
+		}
+	}
+}
+
 func e8m0Bytes(v ...float32) []byte {
 	out := make([]byte, len(v))
 	for i, f := range v {
