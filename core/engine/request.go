@@ -93,7 +93,7 @@ const MaxLogitBias = 300
 
 // hasPenalty reports whether a penalty needs the sequence's token history.
 func (s *SamplingParams) hasPenalty() bool {
-	return s.PresencePenalty != 0 || s.FrequencyPenalty != 0 || s.RepetitionPenalty != 0 && s.RepetitionPenalty != 1
+	return penalizes(s.PresencePenalty, s.FrequencyPenalty, s.RepetitionPenalty)
 }
 
 // Request is one generation request.

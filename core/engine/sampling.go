@@ -40,7 +40,13 @@ func (row *SamplingRow) adjusts(pos int) bool {
 }
 
 func (row *SamplingRow) penalized() bool {
-	return row.PresencePenalty != 0 || row.FrequencyPenalty != 0 || row.RepetitionPenalty != 0 && row.RepetitionPenalty != 1
+	return penalizes(row.PresencePenalty, row.FrequencyPenalty, row.RepetitionPenalty)
+}
+
+// penalizes reports whether penalties of these values change logits (the repetition
+// penalty is off at 0 and 1), so that the token history is needed.
+func penalizes(presence, frequency, repetition float32) bool {
+	return presence != 0 || frequency != 0 || repetition != 0 && repetition != 1
 }
 
 // Sampler chooses tokens from logits for CPU runners: greedy, temperature, top-k, top-p,
