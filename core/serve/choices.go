@@ -41,25 +41,21 @@ func fanOut(prompts [][]int32, base *genRequest, candidates int) []*choiceGen {
 }
 
 // runAll runs every generation to its end, concurrently. The first failure cancels the
-// others and is returned.
+// others and is returned. Guided generations are all fixed already (guide answers every
+// one), so there is nothing to run.
 func (s *Server) runAll(ctx context.Context, gens []*choiceGen) error {
-	if len(gens) == 1 || gens[0].fixed {
-		for _, c := range gens {
-			if c.fixed {
-				continue
-			}
-			var err error
-			if c.text, c.lps, c.res, err = s.generateAll(ctx, c.g); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return s.each(ctx, gens, func(ctx context.Context, c *choiceGen) error {
+	run := func(ctx context.Context, c *choiceGen) error {
 		var err error
 		c.text, c.lps, c.res, err = s.generateAll(ctx, c.g)
 		return err
-	})
+	}
+	switch {
+	case gens[0].fixed:
+		return nil
+	case len(gens) == 1:
+		return run(ctx, gens[0]) // no goroutine for the common single choice
+	}
+	return s.each(ctx, gens, run)
 }
 
 // produce runs c's generation, calling emit as text becomes final; a fixed one (guided
