@@ -137,9 +137,10 @@ func TestPagedStateParity(t *testing.T) {
 }
 
 // BenchmarkDecodeStep measures the runner's forward on one decode step of 8 sequences with
-// 64 tokens of context in the kvslab-backed state (conformance_test.go's BenchmarkExecute
-// builds its plans with runnertest.Plan, which does not handle compressed and recurrent
-// groups yet).
+// 64 tokens of context or more in the kvslab-backed state (conformance_test.go's
+// BenchmarkExecute builds its plans with runnertest.Plan, which does not handle compressed
+// and recurrent groups yet). The sequences start again from a 64-token prefill, untimed,
+// before they would outgrow the model's context.
 func BenchmarkDecodeStep(b *testing.B) {
 	m := tinyModel(b)
 	r := NewRunner(m, 8)
@@ -151,25 +152,39 @@ func BenchmarkDecodeStep(b *testing.B) {
 	for i := range toks {
 		toks[i] = int32((i*7 + 3) % m.Config.VocabSize)
 	}
-	var seqs []*pagedSeq
+	v := m.Config.VocabSize
 	pre, one := make([]int, 8), make([]int, 8)
 	for j := range 8 {
-		id, _, err := pool.Open(nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		seqs = append(seqs, &pagedSeq{id: id, toks: toks[j*64:]})
 		pre[j], one[j] = 64, 1
 	}
-	v := m.Config.VocabSize
-	p := pagedPlan(b, pool, seqs, pre)
-	if err := r.forward(p, make([]float32, len(p.LogitsIndices)*v)); err != nil {
-		b.Fatal(err)
+	var seqs []*pagedSeq
+	start := func() {
+		for _, s := range seqs {
+			if err := pool.Free(s.id); err != nil {
+				b.Fatal(err)
+			}
+		}
+		seqs = seqs[:0]
+		for j := range 8 {
+			id, _, err := pool.Open(nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			seqs = append(seqs, &pagedSeq{id: id, toks: toks[j*64:]})
+		}
+		p := pagedPlan(b, pool, seqs, pre)
+		if err := r.forward(p, make([]float32, len(p.LogitsIndices)*v)); err != nil {
+			b.Fatal(err)
+		}
 	}
+	start()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
+		if seqs[0].computed >= m.MaxContext() {
+			start()
+		}
 		p := pagedPlan(b, pool, seqs, one)
 		logits := make([]float32, len(p.LogitsIndices)*v)
 		b.StartTimer()
