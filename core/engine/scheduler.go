@@ -231,40 +231,15 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 }
 
 // poolContext returns the longest sequence (in tokens, up to the runner's MaxContext)
-// whose pages fit in the whole pool at once: per group, the pages the sequence holds
-// (every block for full attention and compressed groups, the window and a block on
-// either side for sliding windows, a state page and a checkpoint for recurrent groups),
-// rounded up to whole slabs since a slab serves one group at a time.
+// whose pages fit in the whole pool at once, as kvslab.Size counts them for a batch of
+// one; 0 when not even one token fits.
 func (s *Scheduler) poolContext() int {
-	fits := func(n int) bool {
-		blocks := int64((n + s.bt - 1) / s.bt)
-		var slabs int64
-		for _, g := range s.groups {
-			pages := blocks
-			switch g.Kind {
-			case kvslab.SlidingWindow:
-				pages = min(blocks, int64((g.Window+s.bt-1)/s.bt+2))
-			case kvslab.Recurrent:
-				pages = 2
-			}
-			perSlab := max(s.pool.SlabBytes()/g.PageBytes(), 1)
-			slabs += (pages + perSlab - 1) / perSlab
-		}
-		return slabs <= int64(s.pool.Slabs())
+	cfg := kvslab.Config{Groups: s.pool.Groups(), SlabBytes: s.pool.SlabBytes()}
+	z, err := kvslab.Size(cfg, int64(s.pool.Slabs())*s.pool.SlabBytes(), 1)
+	if err != nil {
+		return 0
 	}
-	if fits(s.info.MaxContext) {
-		return s.info.MaxContext
-	}
-	lo, hi := 0, s.info.MaxContext // fits(lo), !fits(hi)
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		if fits(mid) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return lo
+	return min(z.ContextTokens, s.info.MaxContext)
 }
 
 // MaxContext returns the longest sequence the scheduler accepts: the runner's maximum
