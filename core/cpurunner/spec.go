@@ -48,8 +48,12 @@ func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32
 		}
 		d := j - lo // drafts fed before this row's position
 		if len(hist) > 0 && d > 0 {
-			// Penalties see the tokens before the sampled position: the drafts too.
-			r.hist = append(append(r.hist[:0], hist...), drafts[:d]...)
+			// Penalties see the tokens before the sampled position: the drafts too, one
+			// more per row.
+			if d == 1 {
+				r.hist = append(r.hist[:0], hist...)
+			}
+			r.hist = append(r.hist, drafts[d-1])
 			row.History = r.hist
 		}
 		pos := int(plan.Positions[plan.LogitsIndices[j]]) + 1
