@@ -3,7 +3,7 @@ package v4demo
 import (
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"gonum.org/v1/gonum/blas/blas32"
@@ -23,7 +23,18 @@ type Model struct {
 	// make the pick depend on torch.topk's order. Tests read it.
 	MinTopKMargin float64
 
-	moeBuf moeScratch // the MoE's buffers (moe.go)
+	moeBuf  moeScratch  // the MoE's buffers (moe.go)
+	attnBuf attnScratch // attendSeq's and indexerPick's buffers
+}
+
+// attnScratch is the per-query working memory of attendSeq and indexerPick, kept between
+// calls so that a decode step does not allocate it per sequence and layer.
+type attnScratch struct {
+	keys   [][]float32 // the rows a query attends: window, then compressed entries
+	scores []float64   // [len(keys)] one head's exp(score − max)
+	acc    []float64   // [headDim] one head's weighted sum of keys
+	picks  []int       // indexerPick's entry indices
+	rank   []float32   // [visible] indexerPick's scores
 }
 
 // NewModel prepares a model for contexts up to maxContext tokens.
@@ -452,9 +463,10 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 	if st.Compressor != nil {
 		ratio = st.Compressor.Ratio
 	}
-	var keys [][]float32
-	var scores []float64
-	acc := make([]float64, d)
+	buf := &m.attnBuf
+	keys, scores := buf.keys[:0], buf.scores[:0]
+	buf.acc = grow(buf.acc, d)
+	acc := buf.acc
 	for t, p32 := range pos {
 		p := int(p32)
 		keys = keys[:0]
@@ -500,6 +512,7 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 			}
 		}
 	}
+	buf.keys, buf.scores = keys, scores
 }
 
 // dot32 is a·b in float32, through gonum's vectorised dot (len(b) >= len(a)).
@@ -509,13 +522,16 @@ func dot32(a, b []float32) float32 {
 
 // indexerPick returns the compressed entries a CSA query attends: all visible ones when
 // there are at most index_topk, else the index_topk with the highest lightning-indexer
-// scores Σ_h w_h·ReLU(q_h·k)·index_head_dim^-0.5.
+// scores Σ_h w_h·ReLU(q_h·k)·index_head_dim^-0.5, in ascending order. The result is
+// scratch of m, valid until the next call.
 //
 //	q: [indexHeads, indexHeadDim]   w: [indexHeads]
 func (m *Model) indexerPick(s *CompressorState, q, w []float32, visible int) []int {
 	c := m.Config
 	id, ih, k := c.IndexHeadDim, c.IndexNHeads, c.IndexTopK
-	picks := make([]int, visible)
+	buf := &m.attnBuf
+	buf.picks = grow(buf.picks, visible)
+	picks := buf.picks
 	for i := range picks {
 		picks[i] = i
 	}
@@ -523,7 +539,8 @@ func (m *Model) indexerPick(s *CompressorState, q, w []float32, visible int) []i
 		return picks
 	}
 	sc := float32(math.Pow(float64(id), -0.5))
-	score := make([]float32, visible)
+	buf.rank = grow(buf.rank, visible)
+	score := buf.rank
 	for e := range visible {
 		key := s.Entries.Row(e)
 		var acc float32
@@ -533,11 +550,19 @@ func (m *Model) indexerPick(s *CompressorState, q, w []float32, visible int) []i
 		}
 		score[e] = acc
 	}
-	sort.SliceStable(picks, func(a, b int) bool { return score[picks[a]] > score[picks[b]] })
+	slices.SortStableFunc(picks, func(a, b int) int { // descending score
+		switch {
+		case score[a] > score[b]:
+			return -1
+		case score[a] < score[b]:
+			return 1
+		}
+		return 0
+	})
 	if gap := float64(score[picks[k-1]] - score[picks[k]]); gap < m.MinTopKMargin {
 		m.MinTopKMargin = gap
 	}
 	picks = picks[:k]
-	sort.Ints(picks)
+	slices.Sort(picks)
 	return picks
 }
