@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // drafter is the fake model with a draft head: after a step it proposes, for each
@@ -143,3 +145,42 @@ func TestPlainInfoHasNoDrafts(t *testing.T) {
 type noDrafts struct{ drafter }
 
 func (*noDrafts) MaxDrafts() int { return 0 }
+
+// favours5 is a drafting model whose every row prefers token 5, then 6; it proposes no
+// next drafts (the test feeds its own).
+type favours5 struct{}
+
+func (favours5) Forward(p *engine.BatchPlan, logits []float32) error {
+	clear(logits)
+	for j := range p.LogitsIndices {
+		logits[j*vocab+5], logits[j*vocab+6] = 1, 0.5
+	}
+	return nil
+}
+
+func (favours5) MaxDrafts() int                                    { return 1 }
+func (favours5) Draft(*engine.BatchPlan, *engine.StepResult) error { return nil }
+
+// TestDraftJoinsPenaltyHistory: the row after an accepted draft samples with the draft
+// in its history. The prompt ends in 5 (presence penalties skip the prompt), so the
+// first row accepts the draft 5; the draft is output, so a presence penalty of 2 then
+// turns the next row from 5 to 6.
+func TestDraftJoinsPenaltyHistory(t *testing.T) {
+	pool := newPool(t)
+	s := runnertest.OpenSeq(t, pool, []int32{1, 2, 3, 5})
+	runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{3}, false)
+	s.Drafts = []int32{5}
+	p := runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{1}, false)
+	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinTokens = []float32{2}, []float32{0}, []float32{1}, []int32{0}
+	p.HistoryStart, p.History = []int32{0, 4}, []int32{1, 2, 3, 5}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cpurunner.New(info(), favours5{}).Execute(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Accepted[0] != 2 || !slices.Equal(res.Tokens, []int32{5, 6}) {
+		t.Fatalf("accepted %d tokens %v, want 2: the draft 5, then 6 (5 penalized)", res.Accepted[0], res.Tokens)
+	}
+}
