@@ -64,7 +64,7 @@ func ServeCmd(l Loader) *cobra.Command {
 				Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served,
 				APIKey: apiKey, MaxBodyBytes: maxBody, DrainTimeout: drain, WriteStallTimeout: stall, Logger: log,
 				ReadTimeout: noLimit(lim.read), ReadHeaderTimeout: noLimit(lim.header), IdleTimeout: noLimit(lim.idle),
-				MaxHeaderBytes: lim.headerBytes, MaxConnections: lim.maxConns(),
+				MaxHeaderBytes: lim.headerBytes, MaxConnections: noLimit(lim.conns),
 				TokenizeBudgetBytes: lim.tokenize, EnablePprof: lim.pprof,
 				ToolCallParser: toolParser, ReasoningParser: reasoningParser,
 			})

@@ -28,16 +28,9 @@ func (l *connLimits) register(cmd *cobra.Command) {
 }
 
 // noLimit maps the command line's 0 (no limit) to serve.Config's negative value.
-func noLimit(d time.Duration) time.Duration {
-	if d == 0 {
+func noLimit[T time.Duration | int](v T) T {
+	if v == 0 {
 		return -1
 	}
-	return d
-}
-
-func (l *connLimits) maxConns() int {
-	if l.conns == 0 {
-		return -1
-	}
-	return l.conns
+	return v
 }
