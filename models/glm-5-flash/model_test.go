@@ -10,7 +10,7 @@ import (
 )
 
 // testRunner is the runner the conformance suite (conformance_test.go) drives: the text
-// runner on kvslab pages (textrunner_test.go).
+// runner on kvslab pages (runner_test.go).
 func testRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
 	t.Helper()
 	return tinyTextRunner(t)

@@ -33,9 +33,12 @@ func benchText(b *testing.B, decode int) {
 	if decode > 0 {
 		feed = toks[len(toks)-decode:]
 	}
+	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		st := pre.clone()
+		b.StopTimer()
+		st := pre.clone() // the state's copy is setup, not the step
+		b.StartTimer()
 		if _, err := m.ForwardRows(st, feed, []int{len(feed) - 1}); err != nil {
 			b.Fatal(err)
 		}
