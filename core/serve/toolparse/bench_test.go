@@ -29,3 +29,28 @@ func BenchmarkStream(b *testing.B) {
 		s.Flush()
 	}
 }
+
+// BenchmarkStreamStringParam streams a qwen3_coder call whose string parameter is a
+// 24 KB file, in 4-character deltas: the escaped value must grow, not be rebuilt per
+// delta.
+func BenchmarkStreamStringParam(b *testing.B) {
+	text := "<tool_call>\n<function=write>\n<parameter=text>\n" + strings.Repeat("lorem \"ipsum\"\n", 1700) +
+		"\n</parameter>\n</function>\n</tool_call>"
+	var pieces []string
+	for i := 0; i < len(text); i += 4 {
+		pieces = append(pieces, text[i:min(i+4, len(text))])
+	}
+	p, err := New("qwen3_coder", "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		s := p.NewStream("", testTools)
+		for _, piece := range pieces {
+			s.Add(piece)
+		}
+		s.Flush()
+	}
+}

@@ -3,6 +3,7 @@ package toolparse
 import (
 	"encoding/json"
 	"strings"
+	"unicode/utf8"
 )
 
 // dsml is DeepSeek-V4's tool-call block (its chat template documents it):
@@ -100,7 +101,7 @@ func (v *dsmlCall) read(text string) {
 			at, held := v.valueEnd.find(text, dsmlParamEnd)
 			if at < 0 {
 				if v.isString {
-					partial = jsonStringBody(text[v.value : len(text)-held])
+					partial = v.streamString(text[v.value : len(text)-held])
 				}
 				break
 			}
@@ -150,8 +151,7 @@ func (v *dsmlCall) read(text string) {
 // addParam writes a complete parameter value.
 func (v *dsmlCall) addParam(value string) {
 	if v.isString {
-		v.args.WriteString(jsonStringBody(value))
-		v.args.WriteByte('"')
+		v.endString(value)
 		return
 	}
 	v.openParam(v.param)
@@ -168,6 +168,8 @@ func (v *dsmlCall) addParam(value string) {
 type argsObject struct {
 	args   strings.Builder
 	params int
+	// escaped is how many bytes of the string value being streamed are written.
+	escaped int
 }
 
 // openParam writes the separator and the key of the next parameter.
@@ -176,9 +178,41 @@ func (o *argsObject) openParam(key string) {
 		o.args.WriteString(", ")
 	}
 	o.params++
+	o.escaped = 0
 	o.args.WriteByte('"')
 	o.args.WriteString(jsonStringBody(key))
 	o.args.WriteString(`": `)
+}
+
+// streamString writes the escape of a string value read so far (each call with the
+// value extended), but for an incomplete UTF-8 character at its end, whose escape it
+// returns. Each byte is escaped once, so a long value streams in linear time.
+func (o *argsObject) streamString(value string) (tail string) {
+	if cut := completeRunes(value); cut > o.escaped {
+		o.args.WriteString(jsonStringBody(value[o.escaped:cut]))
+		o.escaped = cut
+	}
+	return jsonStringBody(value[o.escaped:])
+}
+
+// endString writes the rest of a complete string value and its closing quote.
+func (o *argsObject) endString(value string) {
+	o.args.WriteString(jsonStringBody(value[o.escaped:]))
+	o.args.WriteByte('"')
+	o.escaped = 0
+}
+
+// completeRunes returns the length of s without an incomplete UTF-8 character at its end.
+func completeRunes(s string) int {
+	for i := len(s) - 1; i >= max(0, len(s)-utf8.UTFMax); i-- {
+		if utf8.RuneStart(s[i]) {
+			if !utf8.FullRuneInString(s[i:]) {
+				return i
+			}
+			break
+		}
+	}
+	return len(s)
 }
 
 // jsonStringBody escapes s for the inside of a JSON string as Python's json.dumps with

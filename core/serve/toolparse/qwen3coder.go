@@ -144,7 +144,7 @@ func (c *xmlCall) read(text string, types map[string]map[string]string) {
 						c.opened = true
 					}
 					if c.opened {
-						partial = jsonStringBody(v)
+						partial = c.streamString(v)
 					}
 				}
 				break
@@ -189,8 +189,7 @@ func (c *xmlCall) addParam(value string) {
 	value = strings.TrimPrefix(value, "\n")
 	value = strings.TrimSuffix(value, "\n")
 	if c.opened {
-		c.args.WriteString(jsonStringBody(value))
-		c.args.WriteByte('"')
+		c.endString(value)
 		return
 	}
 	c.openParam(c.param)
