@@ -5,10 +5,10 @@
 #   testdata/config_cases.json   what DeepseekV4Config makes of legacy and current config.json
 #                                forms (TestConfigCases)
 #   testdata/parity/<case>/      tiny checkpoints in the three tensor name forms with the
-#                                logits of every position and the MTP head's (TestV4Parity)
+#                                logits of every position and the MTP head's (TestTransformersParity, TestPagedStateParity)
 #
 # Usage: scripts/deepseek-v4-goldens.sh [--out DIR] [--only-config]
-# Then:  go test ./models/deepseek-v4-flash -run 'TestConfigCases|TestV4Parity' -v
+# Then:  go test ./models/deepseek-v4-flash -run 'TestConfigCases|TestTransformersParity|TestPagedStateParity' -v
 # torch, transformers and safetensors are installed, pinned, into .cache/torch-venv.
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
