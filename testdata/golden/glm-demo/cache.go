@@ -22,6 +22,15 @@ func TextPageTokens(c *TextConfig, want int) int {
 	return lcm(want, c.IndexKPool)
 }
 
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+func lcm(a, b int) int { return a / gcd(a, b) * b }
+
 // textLayout is where each layer's state lives in the pool.
 //
 //   - "mla" (Full, one layer per indexed_attention layer): per token the normalised latent

@@ -42,6 +42,12 @@ type TextLayerState struct {
 	BlockEnd func(pos int)
 }
 
+// Rows is storage of fixed-width float32 rows addressed by index (token position, pool
+// index). Row returns row i's storage, which the caller may write.
+type Rows interface {
+	Row(i int) []float32
+}
+
 // growRows is Rows in a Go slice that grows as rows are written.
 type growRows struct {
 	dim  int

@@ -40,21 +40,6 @@ func OpenSpeculative(dir string, cacheBytes int64, drafts int) (engine.Runner, *
 	return nil, nil, fmt.Errorf("%s: MTP speculative decoding is not implemented yet (the glm5_next MTP layer, layers.{num_hidden_layers}.*, is read by nothing)", Name)
 }
 
-// Rows is storage of fixed-width float32 rows addressed by index (token position, pool
-// index). Row returns row i's storage, which the caller may write.
-type Rows interface {
-	Row(i int) []float32
-}
-
-func gcd(a, b int) int {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
-}
-
-func lcm(a, b int) int { return a / gcd(a, b) * b }
-
 // TextRunner serves the GLM-5.3-Flash text model to core/engine through core/cpurunner:
 // each plan's sequences continue their state in the kvslab pool (cache.go).
 type TextRunner struct {
