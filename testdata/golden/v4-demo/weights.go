@@ -394,6 +394,9 @@ func readInts(ck *weights.Checkpoint, name string, shape []int) ([]int32, error)
 	if !slices.Equal(info.Shape, shape) {
 		return nil, fmt.Errorf("tensor %q: %w: checkpoint has %v, model expects %v", name, weights.ErrShape, info.Shape, shape)
 	}
+	if info.DType != weights.I64 && info.DType != weights.I32 {
+		return nil, fmt.Errorf("tensor %q: %w: %s, want I64 or I32", name, weights.ErrDType, info.DType)
+	}
 	files, _ := filepath.Glob(filepath.Join(ck.Dir, "*.safetensors"))
 	for _, path := range files {
 		f, err := weights.OpenFile(path)
@@ -405,21 +408,7 @@ func readInts(ck *weights.Checkpoint, name string, shape []int) ([]int32, error)
 		if err != nil {
 			continue
 		}
-		n := info.Elements()
-		out := make([]int32, n)
-		switch info.DType {
-		case weights.I64:
-			for i := range out {
-				out[i] = int32(int64(binary.LittleEndian.Uint64(raw[8*i:])))
-			}
-		case weights.I32:
-			for i := range out {
-				out[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
-			}
-		default:
-			return nil, fmt.Errorf("tensor %q: %w: %s, want I64 or I32", name, weights.ErrDType, info.DType)
-		}
-		return out, nil
+		return weights.DecodeIDs(info.DType, raw)
 	}
 	return nil, fmt.Errorf("tensor %q: %w in %s", name, weights.ErrNotFound, ck.Dir)
 }
