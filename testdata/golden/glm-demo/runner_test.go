@@ -2,9 +2,9 @@ package glmdemo
 
 import (
 	"context"
+	"strings"
 	"testing"
 
-	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -151,4 +151,11 @@ func TestTextRunnerExecutes(t *testing.T) {
 	}
 }
 
-var _ engine.Runner = (*TextRunner)(nil)
+// TestOpenSpeculativeRefusesDrafts checks that asking for MTP drafts, which the model does
+// not implement yet, is an error saying so rather than a runner that never drafts.
+func TestOpenSpeculativeRefusesDrafts(t *testing.T) {
+	r, pool, err := OpenSpeculative(t.TempDir(), 0, 2)
+	if err == nil || !strings.Contains(err.Error(), "not implemented") || r != nil || pool != nil {
+		t.Fatalf("OpenSpeculative(drafts=2) = %v, %v, %v; want a not-implemented error", r, pool, err)
+	}
+}
