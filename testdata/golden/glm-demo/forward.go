@@ -3,6 +3,7 @@ package glmdemo
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
@@ -598,12 +599,20 @@ func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32
 			}
 			cs[j] = cand{j, score}
 		}
-		sort.SliceStable(cs, func(a, b int) bool { return cs[a].score > cs[b].score })
+		slices.SortStableFunc(cs, func(a, b cand) int { // descending score
+			switch {
+			case a.score > b.score:
+				return -1
+			case a.score < b.score:
+				return 1
+			}
+			return 0
+		})
 		if topKMargin != nil && len(cs) > K {
 			topKMargin("indexer", cs[K-1].score-cs[K].score)
 		}
 		cs = cs[:min(K, len(cs))]
-		sort.Slice(cs, func(a, b int) bool { return cs[a].pool < cs[b].pool })
+		slices.SortFunc(cs, func(a, b cand) int { return a.pool - b.pool })
 		var toks []int32
 		for _, cd := range cs {
 			for s := range P {
