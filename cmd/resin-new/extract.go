@@ -98,7 +98,8 @@ func templatize(src []byte, a *Answers) []byte {
 	s = regexp.MustCompile(`(?m)^package `+regexp.QuoteMeta(a.Package)+`(_test)?\b`).ReplaceAllString(s, "package \x00PACKAGE\x00$1")
 	s = strings.ReplaceAll(s, `"`+a.Name+`"`, "\x00QNAME\x00")
 	s = regexp.MustCompile(`\b`+regexp.QuoteMeta(a.Name)+`\b`).ReplaceAllString(s, "\x00NAME\x00")
-	s = regexp.MustCompile(`\b`+regexp.QuoteMeta(a.Package)+`\b`).ReplaceAllString(s, "\x00PACKAGE\x00")
+	// "_" is a word character: "pkg_add_rmsnorm" (a kernel symbol) is the package too.
+	s = regexp.MustCompile(`\b`+regexp.QuoteMeta(a.Package)+`(_|\b)`).ReplaceAllString(s, "\x00PACKAGE\x00$1")
 	s = strings.NewReplacer(
 		lo, `{{"{{"}}`, hi, `{{"}}"}}`,
 		"\x00IMPORT\x00", "{{.Import}}", "\x00PACKAGE\x00", "{{.Package}}",

@@ -256,9 +256,9 @@ func TestMerge3OneSided(t *testing.T) {
 
 func TestTemplatize(t *testing.T) {
 	a := &Answers{Name: "deepseek-v4-flash", Package: "deepseekv4flash", Import: "github.com/resin-llm/resin/models/deepseek-v4-flash"}
-	src := "package deepseekv4flash\n\n// go run ./cmd/deepseek-v4-flash; deepseekv4flash.Open\nimport m \"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels\"\nconst Name = \"deepseek-v4-flash\"\nvar s = \"{{x}}\"\nvar m = map[string]int{\"deepseek-v4-flash\": 1}\n"
+	src := "package deepseekv4flash\n\n// go run ./cmd/deepseek-v4-flash; deepseekv4flash.Open\nimport m \"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels\"\nconst Name = \"deepseek-v4-flash\"\nvar s = \"{{x}}\"\nvar m = map[string]int{\"deepseek-v4-flash\": 1}\nconst k = \"deepseekv4flash_add_rmsnorm\"\n"
 	got := string(templatize([]byte(src), a))
-	want := "package {{.Package}}\n\n// go run ./cmd/{{.Name}}; {{.Package}}.Open\nimport m \"{{.Import}}/kernels\"\nconst Name = {{ printf \"%q\" .Name }}\nvar s = \"{{\"{{\"}}x{{\"}}\"}}\"\nvar m = map[string]int{{\"{\"}}{{ printf \"%q\" .Name }}: 1}\n"
+	want := "package {{.Package}}\n\n// go run ./cmd/{{.Name}}; {{.Package}}.Open\nimport m \"{{.Import}}/kernels\"\nconst Name = {{ printf \"%q\" .Name }}\nvar s = \"{{\"{{\"}}x{{\"}}\"}}\"\nvar m = map[string]int{{\"{\"}}{{ printf \"%q\" .Name }}: 1}\nconst k = \"{{.Package}}_add_rmsnorm\"\n"
 	if got != want {
 		t.Fatalf("templatize:\n%s\nwant\n%s", got, want)
 	}

@@ -9,7 +9,7 @@
 // alike. Reference: AddRMSNormRef in ref.go.
 #include "prelude.cuh"
 
-RESIN_KERNEL void glm5flash_add_rmsnorm(float* __restrict__ out, float* __restrict__ residual,
+RESIN_KERNEL void glmdemo_add_rmsnorm(float* __restrict__ out, float* __restrict__ residual,
                                            const float* __restrict__ x, const float* __restrict__ w,
                                            int rows, int dim, float eps) {
   __shared__ float scratch[32];

@@ -6,7 +6,7 @@ import (
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
-// AddRMSNormRef is the reference of glm5flash_add_rmsnorm, on core/kernels/ref:
+// AddRMSNormRef is the reference of glmdemo_add_rmsnorm, on core/kernels/ref:
 //
 //	residual: [rows, dim]   x: [rows, dim]   w: [dim]   out: [rows, dim]
 //	residual += x;  out = RMSNorm(residual) * w

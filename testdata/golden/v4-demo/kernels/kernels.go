@@ -18,7 +18,7 @@ import (
 var Sources embed.FS
 
 // Kernel names (extern "C" entry points).
-const AddRMSNormName = "deepseekv4flash_add_rmsnorm"
+const AddRMSNormName = "v4demo_add_rmsnorm"
 
 // Options are the NVRTC flags every kernel of the model compiles with: the core's.
 var Options = cuda.Options
@@ -34,7 +34,7 @@ func Source(file string) (string, error) {
 	return cuda.InlinePrelude(string(b), file), nil
 }
 
-// AddRMSNorm launches deepseekv4flash_add_rmsnorm on a device.
+// AddRMSNorm launches v4demo_add_rmsnorm on a device.
 type AddRMSNorm struct {
 	fn   cudart.Function
 	args cudart.Args

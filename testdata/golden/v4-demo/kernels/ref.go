@@ -6,7 +6,7 @@ import (
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
-// AddRMSNormRef is the reference of deepseekv4flash_add_rmsnorm, on core/kernels/ref:
+// AddRMSNormRef is the reference of v4demo_add_rmsnorm, on core/kernels/ref:
 //
 //	residual: [rows, dim]   x: [rows, dim]   w: [dim]   out: [rows, dim]
 //	residual += x;  out = RMSNorm(residual) * w
