@@ -121,6 +121,20 @@ type BatchPlan struct {
 
 	Groups []GroupPlan
 
+	// CacheOps are the cache operations this step needs before its forward, in order:
+	// every runner executes them, one after another, before it reads or writes any page
+	// for the step (ApplyCacheOps does so against a kvslab.Arena). They are the page
+	// copies kvslab records while the scheduler builds the plan (copy-on-write of a
+	// shared block in Truncate, a recurrent checkpoint saved or restored); an op's pages
+	// stay reserved until the step that carries it has run, so nothing the ops read is
+	// overwritten by an earlier step still in flight.
+	CacheOps []CacheOp
+	// Released lists, in order, the requests whose pages were freed since the previous
+	// plan (finished, aborted or preempted), so a runner that keeps per-request state
+	// (an out-of-process runner's page tables, a draft head's hidden states) drops it.
+	// A preempted request that comes back is a new sequence from position 0.
+	Released []Release
+
 	anyLogprobs bool
 
 	// What the scheduler's last build of this buffer left, which the next build of it
@@ -128,6 +142,59 @@ type BatchPlan struct {
 	// page tables of load tableGens[b] of its request.
 	decodeRows, lastDecodeRows int
 	tableGens                  []uint8
+}
+
+// CacheOpKind says what a CacheOp does.
+type CacheOpKind uint8
+
+const (
+	// OpCopyPage copies page Src onto page Dst of cache group Group, whole page
+	// (copy-on-write of a shared block, a recurrent checkpoint saved or restored).
+	OpCopyPage CacheOpKind = 1
+)
+
+// String names the kind.
+func (k CacheOpKind) String() string {
+	switch k {
+	case OpCopyPage:
+		return "copy-page"
+	}
+	return fmt.Sprintf("CacheOpKind(%d)", uint8(k))
+}
+
+// CacheOp is one cache operation a runner executes before a step's forward.
+type CacheOp struct {
+	Kind     CacheOpKind
+	Group    int32
+	Src, Dst kvslab.PageID
+}
+
+// ReleaseReason says why a request's pages were freed.
+type ReleaseReason uint8
+
+const (
+	ReleaseFinished  ReleaseReason = 1
+	ReleaseAborted   ReleaseReason = 2
+	ReleasePreempted ReleaseReason = 3
+)
+
+// String names the reason.
+func (r ReleaseReason) String() string {
+	switch r {
+	case ReleaseFinished:
+		return "finished"
+	case ReleaseAborted:
+		return "aborted"
+	case ReleasePreempted:
+		return "preempted"
+	}
+	return fmt.Sprintf("ReleaseReason(%d)", uint8(r))
+}
+
+// Release tells a runner that a request's pages were freed.
+type Release struct {
+	ReqID  uint64
+	Reason ReleaseReason
 }
 
 // GroupPlan is a BatchPlan's view of one cache group.
@@ -255,6 +322,8 @@ func (p *BatchPlan) reset(groups int) {
 	p.Tokens = p.Tokens[:0]
 	p.Positions = p.Positions[:0]
 	p.LogitsIndices = p.LogitsIndices[:0]
+	p.CacheOps = p.CacheOps[:0]
+	p.Released = p.Released[:0]
 	if cap(p.Groups) < groups {
 		p.Groups = make([]GroupPlan, groups)
 	}
