@@ -17,7 +17,10 @@ const (
 type Graph struct{ h uintptr }
 
 // GraphExec is an instantiated graph, replayed with LaunchGraph.
-type GraphExec struct{ h uintptr }
+type GraphExec struct {
+	h    uintptr
+	call [2]uintptr // cuGraphLaunch's arguments, kept here so LaunchGraph allocates nothing
+}
 
 // BeginCapture starts recording the work queued on s (not the default stream) into a graph.
 func (c *Ctx) BeginCapture(s *Stream, mode int) error {
@@ -47,7 +50,11 @@ func (c *Ctx) Instantiate(g *Graph) (*GraphExec, error) {
 
 // LaunchGraph replays e on s. It allocates nothing.
 func (c *Ctx) LaunchGraph(e *GraphExec, s *Stream) error {
-	r, _, _ := purego.SyscallN(c.api.graphLaunch, e.h, s.handle())
+	if e == nil || e.h == 0 {
+		return fmt.Errorf("launch graph: %w", ErrClosed)
+	}
+	e.call = [2]uintptr{e.h, s.handle()}
+	r, _, _ := purego.SyscallN(c.api.graphLaunch, e.call[:]...)
 	if int32(r) != 0 {
 		return c.api.check("cuGraphLaunch", int32(r))
 	}

@@ -86,13 +86,19 @@ func D1(x int) Dim3 { return Dim3{uint32(x), 1, 1} }
 const MaxArgs = 24
 
 // Args collects kernel parameters without allocating: each value sits in an 8-byte slot
-// and the parameter array points at the slots. Reuse one Args per launcher.
+// and the parameter array points at the slots. Reuse one Args per launcher: the slots, the
+// parameter array and the driver call's own argument list all live in it, so a Launch
+// through it allocates nothing.
 type Args struct {
 	vals [MaxArgs]uint64
 	ptrs [MaxArgs]unsafe.Pointer
+	call [launchArgs]uintptr // cuLaunchKernel's arguments, filled by Launch
 	n    int
 	err  error
 }
+
+// launchArgs is the number of parameters of cuLaunchKernel.
+const launchArgs = 11
 
 // Reset empties a.
 func (a *Args) Reset() *Args { a.n, a.err = 0, nil; return a }
@@ -131,16 +137,25 @@ func (c *Ctx) Launch(f Function, grid, block Dim3, shared int, s *Stream, a *Arg
 	if f.h == 0 {
 		return fmt.Errorf("launch %s: %w", f.Name, ErrClosed)
 	}
-	for i := 0; i < a.n; i++ {
-		a.ptrs[i] = unsafe.Pointer(&a.vals[i])
-	}
-	r, _, _ := purego.SyscallN(c.api.launchKernel, f.h,
-		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
-		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
-		uintptr(shared), s.handle(), uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
+	a.pack(f, grid, block, shared, s)
+	// The argument list is passed as an existing slice: SyscallN's variadic parameter
+	// would otherwise escape to the heap on every launch.
+	r, _, _ := purego.SyscallN(c.api.launchKernel, a.call[:]...)
 	runtime.KeepAlive(a)
 	if int32(r) != 0 {
 		return fmt.Errorf("launch %s: %w", f.Name, c.api.check("cuLaunchKernel", int32(r)))
 	}
 	return nil
+}
+
+// pack points the parameter array at the value slots and fills cuLaunchKernel's argument
+// list in a.call, all inside a.
+func (a *Args) pack(f Function, grid, block Dim3, shared int, s *Stream) {
+	for i := 0; i < a.n; i++ {
+		a.ptrs[i] = unsafe.Pointer(&a.vals[i])
+	}
+	a.call = [launchArgs]uintptr{f.h,
+		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
+		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
+		uintptr(shared), s.handle(), uintptr(unsafe.Pointer(&a.ptrs[0])), 0}
 }
