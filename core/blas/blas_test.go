@@ -1,0 +1,206 @@
+package blas
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// env turns a map into a getenv for Load and Candidates.
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// needLibrary returns the BLAS this machine's environment finds, or skips.
+func needLibrary(t *testing.T) *Library {
+	t.Helper()
+	lib, b := Load(os.Getenv)
+	if lib == nil {
+		t.Skipf("no BLAS library: %s", b.Fallback)
+	}
+	return lib
+}
+
+func TestLoadOffForcesFallback(t *testing.T) {
+	lib, b := Load(env(map[string]string{"RESIN_BLAS": "off", "RESIN_BLAS_LIB": os.Getenv("RESIN_BLAS_LIB")}))
+	if lib != nil || b.Loaded() || b.Vendor != "gonum" || b.Fallback != "RESIN_BLAS=off" {
+		t.Fatalf("RESIN_BLAS=off gave library %v, backend %+v", lib, b)
+	}
+	if !strings.Contains(b.String(), "gonum (RESIN_BLAS=off)") {
+		t.Errorf("String() = %q", b.String())
+	}
+}
+
+func TestLoadWarnsOnUnknownRESIN_BLAS(t *testing.T) {
+	_, b := Load(env(map[string]string{"RESIN_BLAS": "maybe", "RESIN_BLAS_LIB": os.Getenv("RESIN_BLAS_LIB")}))
+	if len(b.Warnings) == 0 || !strings.Contains(b.Warnings[0], `RESIN_BLAS="maybe" not understood`) {
+		t.Fatalf("warnings %q do not name the bad RESIN_BLAS", b.Warnings)
+	}
+}
+
+func TestOpenRejectsNonLibraryFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "libfake.so")
+	if err := os.WriteFile(path, []byte("not an ELF file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path); err == nil || !strings.Contains(err.Error(), "not a loadable library") {
+		t.Fatalf("Open(text file) = %v, want a 'not a loadable library' error", err)
+	}
+	if _, err := Open(t.TempDir()); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Fatalf("Open(directory) = %v, want an 'is a directory' error", err)
+	}
+
+	// RESIN_BLAS_LIB naming it: a warning naming the file and what is used instead.
+	lib, b := Load(env(map[string]string{"RESIN_BLAS_LIB": path}))
+	if len(b.Warnings) != 1 || !strings.Contains(b.Warnings[0], "RESIN_BLAS_LIB="+path+": not a loadable library") {
+		t.Fatalf("warnings %q do not name RESIN_BLAS_LIB=%s", b.Warnings, path)
+	}
+	if lib == nil {
+		if !strings.HasSuffix(b.Warnings[0], "GEMM falls back to gonum") || b.Vendor != "gonum" || b.Fallback == "" {
+			t.Errorf("no library found, but the warning or backend does not say gonum: %q, %+v", b.Warnings, b)
+		}
+	} else if !strings.Contains(b.Warnings[0], "using "+lib.Vendor+" "+lib.Path+" instead") {
+		t.Errorf("search found %s, but the warning does not say so: %q", lib.Path, b.Warnings[0])
+	}
+}
+
+func TestOpenRejectsLibraryWithoutCBLAS(t *testing.T) {
+	// libm loads everywhere glibc does and has no cblas_sgemm.
+	if _, err := dlopen("libm.so.6"); err != nil {
+		t.Skipf("libm.so.6 does not load here: %v", err)
+	}
+	_, err := Open("libm.so.6")
+	if !errors.Is(err, ErrNotCBLAS) {
+		t.Fatalf("Open(libm.so.6) = %v, want ErrNotCBLAS", err)
+	}
+	_, b := Load(env(map[string]string{"RESIN_BLAS_LIB": "libm.so.6"}))
+	if len(b.Warnings) != 1 || !strings.Contains(b.Warnings[0], "RESIN_BLAS_LIB=libm.so.6: exports no cblas_sgemm") {
+		t.Fatalf("warnings %q do not say libm.so.6 is not a CBLAS", b.Warnings)
+	}
+}
+
+func TestCandidatesSearchOrder(t *testing.T) {
+	venv := t.TempDir()
+	wheel := filepath.Join(venv, "lib/python3.11/site-packages/scipy_openblas32/lib/libscipy_openblas.so")
+	if err := os.MkdirAll(filepath.Dir(wheel), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(wheel, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := Candidates(env(map[string]string{"VIRTUAL_ENV": venv}))
+	pos := func(name string) int {
+		i := slices.IndexFunc(c, func(p string) bool { return p == name })
+		if i < 0 {
+			t.Fatalf("candidates lack %s: %q", name, c)
+		}
+		return i
+	}
+	order := []string{"libopenblas.so.0", "libopenblas.so", wheel, "libblis.so.4", "libblis.so", "libmkl_rt.so.2", "libmkl_rt.so"}
+	for i := 1; i < len(order); i++ {
+		if pos(order[i-1]) >= pos(order[i]) {
+			t.Errorf("%s comes after %s in %q", order[i-1], order[i], c)
+		}
+	}
+	// An empty file where the wheel's library should be is skipped, not fatal.
+	lib, _ := Load(env(map[string]string{"VIRTUAL_ENV": venv}))
+	if lib != nil && lib.Path == wheel {
+		t.Fatalf("Load took the empty file %s as a BLAS", wheel)
+	}
+}
+
+func TestLoadSetsThreads(t *testing.T) {
+	lib := needLibrary(t)
+	if lib.setThreads == nil {
+		t.Skipf("%s (%s) has no thread-count call", lib.Vendor, lib.Path)
+	}
+	_, b := Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path, "RESIN_BLAS_THREADS": "1"}))
+	if b.Threads != 1 || lib.Threads() != 1 {
+		t.Fatalf("RESIN_BLAS_THREADS=1 gave backend threads %d, library threads %d", b.Threads, lib.Threads())
+	}
+	_, b = Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path, "RESIN_BLAS_THREADS": "two"}))
+	if len(b.Warnings) != 1 || !strings.Contains(b.Warnings[0], `RESIN_BLAS_THREADS="two" is not a positive integer`) {
+		t.Fatalf("warnings %q do not name the bad RESIN_BLAS_THREADS", b.Warnings)
+	}
+	if b.Threads < 1 {
+		t.Errorf("threads %d after falling back to GOMAXPROCS", b.Threads)
+	}
+}
+
+func TestLibraryDescribesItself(t *testing.T) {
+	lib := needLibrary(t)
+	if !filepath.IsAbs(lib.Path) {
+		t.Errorf("Path %q is not the file the loader found", lib.Path)
+	}
+	if lib.Vendor != "CBLAS" && lib.Config == "" {
+		t.Errorf("%s at %s reports no version or configuration", lib.Vendor, lib.Path)
+	}
+	if lib.Vendor == "OpenBLAS" && !strings.Contains(lib.Config, "OpenBLAS") {
+		t.Errorf("OpenBLAS config %q does not name OpenBLAS", lib.Config)
+	}
+}
+
+// naive computes a·op(b) in float64.
+func naive(transB bool, m, n, k int, a, b []float32) []float64 {
+	out := make([]float64, m*n)
+	for i := range m {
+		for j := range n {
+			var s float64
+			for p := range k {
+				bv := b[p*n+j]
+				if transB {
+					bv = b[j*k+p]
+				}
+				s += float64(a[i*k+p]) * float64(bv)
+			}
+			out[i*n+j] = s
+		}
+	}
+	return out
+}
+
+func TestSgemmMatchesNaive(t *testing.T) {
+	lib := needLibrary(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, s := range [][3]int{{1, 1, 1}, {1, 7, 13}, {3, 5, 0}, {0, 4, 4}, {5, 1, 9}, {17, 33, 65}, {64, 96, 128}, {1, 300, 257}} {
+		m, n, k := s[0], s[1], s[2]
+		for _, transB := range []bool{false, true} {
+			a := make([]float32, m*k)
+			b := make([]float32, k*n)
+			for i := range a {
+				a[i] = rng.Float32()*2 - 1
+			}
+			for i := range b {
+				b[i] = rng.Float32()*2 - 1
+			}
+			c := make([]float32, m*n)
+			for i := range c {
+				c[i] = float32(math.NaN()) // beta = 0 must overwrite, not scale
+			}
+			if err := lib.Sgemm(transB, m, n, k, a, b, c); err != nil {
+				t.Fatal(err)
+			}
+			want := naive(transB, m, n, k, a, b)
+			for i := range c {
+				if d := math.Abs(float64(c[i]) - want[i]); !(d <= 1e-5*float64(k+1)) {
+					t.Fatalf("m=%d n=%d k=%d transB=%v: c[%d] = %v, want %v", m, n, k, transB, i, c[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+func TestSgemmRejectsBadShapes(t *testing.T) {
+	lib := needLibrary(t)
+	if err := lib.Sgemm(false, 2, 2, 2, make([]float32, 3), make([]float32, 4), make([]float32, 4)); err == nil || !strings.Contains(err.Error(), "len(a)=3 (want 4)") {
+		t.Errorf("short a: %v", err)
+	}
+	if err := lib.Sgemm(true, -1, 2, 2, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "negative dimension") {
+		t.Errorf("negative m: %v", err)
+	}
+}

@@ -1,0 +1,21 @@
+// Package blas runs single-precision GEMM on a CBLAS library loaded at run time with
+// purego (no cgo: CGO_ENABLED=0 builds keep working), so the CPU reference path can use
+// OpenBLAS, BLIS or MKL where a machine has one. Callers fall back to gonum when none is
+// found; Info says which it is and why.
+//
+// The library is chosen once per process, on first use, by this search order:
+//
+//  1. RESIN_BLAS=off: no library; GEMM runs on gonum.
+//  2. RESIN_BLAS_LIB: the file (or name) given. If it does not load or has no
+//     cblas_sgemm, a warning naming it goes to stderr and the search goes on below.
+//  3. OpenBLAS: libopenblas.so.0 / libopenblas.so through the dynamic loader, Debian's
+//     openblas-pthread (then -openmp, -serial) directories, /usr/local/lib, /opt/OpenBLAS,
+//     and the library of PyPI's scipy-openblas32 wheel (libscipy_openblas.so, whose symbols
+//     carry a scipy_ prefix) in the usual site-packages directories and $VIRTUAL_ENV.
+//  4. BLIS: libblis.so.4 / libblis.so, Debian's blis-pthread and blis-openmp directories.
+//  5. MKL: libmkl_rt.so.2 / libmkl_rt.so, /opt/intel/oneapi/mkl/latest/lib.
+//
+// The first candidate that loads and exports cblas_sgemm wins. Its thread count is set to
+// GOMAXPROCS, or to RESIN_BLAS_THREADS when that is a positive integer, through
+// openblas_set_num_threads, bli_thread_set_num_threads or MKL_Set_Num_Threads.
+package blas

@@ -1,0 +1,224 @@
+package blas
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/ebitengine/purego"
+)
+
+// ErrNotCBLAS is returned by Open for a library that loads but exports no cblas_sgemm.
+var ErrNotCBLAS = errors.New("exports no cblas_sgemm/cblas_sgemv (nor scipy_cblas_sgemm): not a CBLAS")
+
+// CBLAS enum values (cblas.h).
+const (
+	rowMajor = 101
+	noTrans  = 111
+	trans    = 112
+)
+
+// symbolPrefixes are tried in order on every library: plain CBLAS names, then the scipy_
+// prefix of PyPI's scipy-openblas32 wheel (scipy_cblas_sgemm, scipy_openblas_get_config).
+var symbolPrefixes = []string{"", "scipy_"}
+
+// Library is a CBLAS opened at run time.
+type Library struct {
+	Path   string // the file it was loaded from (the name given when the file is unknown)
+	Vendor string // "OpenBLAS", "BLIS", "MKL", or "CBLAS" for a library that names nothing
+	Config string // the library's own version and build string; "" when it has none
+
+	handle     uintptr
+	setThreads func(n int)
+	getThreads func() int
+
+	sgemm func(order, transA, transB, m, n, k int32, alpha float32, a *float32, lda int32,
+		b *float32, ldb int32, beta float32, c *float32, ldc int32)
+	sgemv func(order, transA, m, n int32, alpha float32, a *float32, lda int32,
+		x *float32, incx int32, beta float32, y *float32, incy int32)
+}
+
+// Open loads the library at path (a file, or a name the dynamic loader searches for) and
+// binds its cblas_sgemm and cblas_sgemv, plain or scipy_-prefixed, and its vendor's
+// version and thread calls when it has them.
+func Open(path string) (*Library, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("%s is a directory, not a library file", path)
+	}
+	h, err := dlopen(path)
+	if err != nil {
+		return nil, fmt.Errorf("not a loadable library: %w", err)
+	}
+	sym := func(name string) uintptr {
+		p, err := dlsym(h, name)
+		if err != nil {
+			return 0
+		}
+		return p
+	}
+	prefix, gemm := "", uintptr(0)
+	for _, p := range symbolPrefixes {
+		if gemm = sym(p + "cblas_sgemm"); gemm != 0 {
+			prefix = p
+			break
+		}
+	}
+	gemv := sym(prefix + "cblas_sgemv")
+	if gemm == 0 || gemv == 0 {
+		dlclose(h)
+		return nil, ErrNotCBLAS
+	}
+	l := &Library{Path: path, Vendor: "CBLAS", handle: h}
+	purego.RegisterFunc(&l.sgemm, gemm)
+	purego.RegisterFunc(&l.sgemv, gemv)
+	if file := mappedFile(gemm); file != "" {
+		l.Path = file
+	}
+	l.bindVendor(prefix, sym)
+	return l, nil
+}
+
+// bindVendor recognises OpenBLAS, BLIS and MKL by their service calls and binds their
+// version string and thread-count calls.
+func (l *Library) bindVendor(prefix string, sym func(string) uintptr) {
+	switch {
+	case sym(prefix+"openblas_get_config") != 0:
+		l.Vendor = "OpenBLAS"
+		var config func() string
+		purego.RegisterFunc(&config, sym(prefix+"openblas_get_config"))
+		l.Config = strings.TrimSpace(config())
+		if set, get := sym(prefix+"openblas_set_num_threads"), sym(prefix+"openblas_get_num_threads"); set != 0 && get != 0 {
+			var setFn func(int32)
+			var getFn func() int32
+			purego.RegisterFunc(&setFn, set)
+			purego.RegisterFunc(&getFn, get)
+			l.setThreads = func(n int) { setFn(int32(n)) }
+			l.getThreads = func() int { return int(getFn()) }
+		}
+	case sym("bli_info_get_version_str") != 0:
+		l.Vendor = "BLIS"
+		var version func() string
+		purego.RegisterFunc(&version, sym("bli_info_get_version_str"))
+		l.Config = "BLIS " + strings.TrimSpace(version())
+		if set, get := sym("bli_thread_set_num_threads"), sym("bli_thread_get_num_threads"); set != 0 && get != 0 {
+			var setFn func(int64) // dim_t
+			var getFn func() int64
+			purego.RegisterFunc(&setFn, set)
+			purego.RegisterFunc(&getFn, get)
+			l.setThreads = func(n int) { setFn(int64(n)) }
+			l.getThreads = func() int { return int(getFn()) }
+		}
+	case sym("MKL_Get_Version_String") != 0:
+		l.Vendor = "MKL"
+		var version func(buf *byte, n int32)
+		purego.RegisterFunc(&version, sym("MKL_Get_Version_String"))
+		buf := make([]byte, 256)
+		version(&buf[0], int32(len(buf)))
+		if i := strings.IndexByte(string(buf), 0); i >= 0 {
+			buf = buf[:i]
+		}
+		l.Config = strings.TrimSpace(string(buf))
+		if set, get := sym("MKL_Set_Num_Threads"), sym("MKL_Get_Max_Threads"); set != 0 && get != 0 {
+			var setFn func(int32)
+			var getFn func() int32
+			purego.RegisterFunc(&setFn, set)
+			purego.RegisterFunc(&getFn, get)
+			l.setThreads = func(n int) { setFn(int32(n)) }
+			l.getThreads = func() int { return int(getFn()) }
+		}
+	}
+}
+
+// SetThreads sets the number of threads the library runs a GEMM on (n ≥ 1) and returns
+// the count it reports afterwards, which a library built for fewer threads may cap. It
+// returns 0 for a library with no thread call.
+func (l *Library) SetThreads(n int) int {
+	if l.setThreads == nil {
+		return 0
+	}
+	l.setThreads(max(n, 1))
+	return l.getThreads()
+}
+
+// Threads returns the library's thread count, or 0 when it has no call that says.
+func (l *Library) Threads() int {
+	if l.getThreads == nil {
+		return 0
+	}
+	return l.getThreads()
+}
+
+// Sgemm computes c = a·op(b) in row-major order, op(b) = b or bᵀ:
+//
+//	a: [m, k]   b: [k, n], or [n, k] when transB   c: [m, n]
+//
+// A single row (m = 1) goes to cblas_sgemv.
+func (l *Library) Sgemm(transB bool, m, n, k int, a, b, c []float32) error {
+	if m < 0 || n < 0 || k < 0 {
+		return fmt.Errorf("sgemm: negative dimension m=%d n=%d k=%d", m, n, k)
+	}
+	for _, d := range [...]int{m, n, k, m * k, k * n, m * n} {
+		if d > 1<<31-1 {
+			return fmt.Errorf("sgemm: m=%d n=%d k=%d exceeds the 32-bit CBLAS interface", m, n, k)
+		}
+	}
+	if len(a) < m*k || len(b) < k*n || len(c) < m*n {
+		return fmt.Errorf("sgemm m=%d n=%d k=%d: short operand: len(a)=%d (want %d), len(b)=%d (want %d), len(c)=%d (want %d)",
+			m, n, k, len(a), m*k, len(b), k*n, len(c), m*n)
+	}
+	if m == 0 || n == 0 {
+		return nil
+	}
+	if k == 0 {
+		clear(c[:m*n])
+		return nil
+	}
+	if m == 1 {
+		// c[n] = op(b)·a: b is a [n, k] matrix (transB) or a [k, n] one to transpose.
+		// beta = 0 does not clear y in every CBLAS (0·NaN), so y starts at zero.
+		clear(c[:n])
+		if transB {
+			l.sgemv(rowMajor, noTrans, int32(n), int32(k), 1, &b[0], int32(k), &a[0], 1, 0, &c[0], 1)
+		} else {
+			l.sgemv(rowMajor, trans, int32(k), int32(n), 1, &b[0], int32(n), &a[0], 1, 0, &c[0], 1)
+		}
+		return nil
+	}
+	tb, ldb := int32(noTrans), int32(n)
+	if transB {
+		tb, ldb = trans, int32(k)
+	}
+	l.sgemm(rowMajor, noTrans, tb, int32(m), int32(n), int32(k), 1, &a[0], int32(k), &b[0], ldb, 0, &c[0], int32(n))
+	return nil
+}
+
+// mappedFile returns the file mapped at addr in this process (from /proc/self/maps), so a
+// library opened by bare name reports where the loader found it; "" when unknown.
+func mappedFile(addr uintptr) string {
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// start-end perms offset dev inode path
+		fields := strings.Fields(s.Text())
+		if len(fields) < 6 {
+			continue
+		}
+		lo, hi, ok := strings.Cut(fields[0], "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil && uint64(addr) >= start && uint64(addr) < end {
+			return strings.Join(fields[5:], " ")
+		}
+	}
+	return ""
+}

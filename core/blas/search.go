@@ -1,0 +1,215 @@
+package blas
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Backend describes what runs this process's single-precision GEMMs.
+type Backend struct {
+	Vendor   string   // "OpenBLAS", "BLIS", "MKL", "CBLAS", or "gonum" on the fallback
+	Path     string   // the library file; "" on the fallback
+	Config   string   // the library's version and build string
+	Threads  int      // the library's thread count (0 on the fallback or when it cannot say)
+	Fallback string   // why gonum runs the GEMMs; "" when a library does
+	Warnings []string // problems met while choosing (a RESIN_BLAS_LIB that did not load, ...)
+}
+
+// Loaded reports whether a BLAS library runs the GEMMs.
+func (b Backend) Loaded() bool { return b.Path != "" }
+
+// InstallHint says how to give this machine a BLAS.
+const InstallHint = "install one (apt-get install libopenblas0-pthread, or pip install scipy-openblas32 " +
+	"and set RESIN_BLAS_LIB to its scipy_openblas32/lib/libscipy_openblas.so; scripts/test.sh does the latter under .cache/)"
+
+var process struct {
+	once    sync.Once
+	lib     *Library
+	backend Backend
+}
+
+// Default returns the process's BLAS, chosen on first use by the search order of the
+// package documentation, or nil when GEMM runs on gonum (Info says why). The first call
+// prints the search's warnings to stderr.
+func Default() *Library {
+	process.once.Do(func() {
+		process.lib, process.backend = Load(os.Getenv)
+		for _, w := range process.backend.Warnings {
+			fmt.Fprintf(os.Stderr, "resin: warning: %s\n", w)
+		}
+	})
+	return process.lib
+}
+
+// Info describes the process's GEMM backend (loading it if nothing has yet).
+func Info() Backend {
+	Default()
+	b := process.backend
+	b.Warnings = append([]string(nil), b.Warnings...)
+	return b
+}
+
+// Load runs the search order with the environment read through getenv and sets the
+// thread count of the library it finds. It returns nil and a Backend whose Fallback says
+// why when no library is used. Default calls it once for the process; tests call it with
+// their own environment.
+func Load(getenv func(string) string) (*Library, Backend) {
+	b := Backend{Vendor: "gonum"}
+	switch v := getenv("RESIN_BLAS"); v {
+	case "off":
+		b.Fallback = "RESIN_BLAS=off"
+		return nil, b
+	case "", "on", "auto":
+	default:
+		b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS=%q not understood (want off, or unset to search for a BLAS); searching", v))
+	}
+
+	var lib *Library
+	libWarning := -1
+	if p := getenv("RESIN_BLAS_LIB"); p != "" {
+		l, err := Open(p)
+		if err != nil {
+			libWarning = len(b.Warnings)
+			b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_LIB=%s: %v", p, err))
+		} else {
+			lib = l
+		}
+	}
+	if lib == nil {
+		for _, c := range Candidates(getenv) {
+			if l, err := Open(c); err == nil {
+				lib = l
+				break
+			}
+		}
+	}
+	if lib == nil {
+		b.Fallback = "no CBLAS found (OpenBLAS, BLIS or MKL); " + InstallHint
+		if libWarning >= 0 {
+			b.Fallback = "RESIN_BLAS_LIB did not load and the search found no other CBLAS"
+			b.Warnings[libWarning] += "; GEMM falls back to gonum"
+		}
+		return nil, b
+	}
+	if libWarning >= 0 {
+		b.Warnings[libWarning] += fmt.Sprintf("; using %s %s instead", lib.Vendor, lib.Path)
+	}
+
+	threads := runtime.GOMAXPROCS(0)
+	if v := getenv("RESIN_BLAS_THREADS"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			threads = n
+		} else {
+			b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%q is not a positive integer; using GOMAXPROCS=%d", v, threads))
+		}
+	}
+	b.Vendor, b.Path, b.Config = lib.Vendor, lib.Path, lib.Config
+	b.Threads = lib.SetThreads(threads)
+	return lib, b
+}
+
+// Candidates lists the libraries the search tries after RESIN_BLAS_LIB, in order: OpenBLAS,
+// then BLIS, then MKL. Bare names go to the dynamic loader's own search; the others are
+// files that exist.
+func Candidates(getenv func(string) string) []string {
+	triplet := multiarch()
+	sitePackages := []string{
+		"/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
+		"/usr/lib/python3/dist-packages", "/usr/lib/python3*/site-packages",
+		"/opt/conda/lib/python3*/site-packages",
+	}
+	for _, v := range []string{"VIRTUAL_ENV", "CONDA_PREFIX"} {
+		if d := getenv(v); d != "" {
+			sitePackages = append([]string{filepath.Join(d, "lib/python3*/site-packages")}, sitePackages...)
+		}
+	}
+	if h := getenv("HOME"); h != "" {
+		sitePackages = append(sitePackages, filepath.Join(h, ".local/lib/python3*/site-packages"))
+	}
+	var prefixLibs []string // conda and venv prefixes keep native libraries in lib/
+	if d := getenv("CONDA_PREFIX"); d != "" {
+		prefixLibs = append(prefixLibs, filepath.Join(d, "lib"))
+	}
+
+	var out []string
+	add := func(names []string, dirs []string) {
+		for _, n := range names {
+			out = append(out, n) // the dynamic loader's search (LD_LIBRARY_PATH, ld.so.cache)
+		}
+		for _, d := range dirs {
+			for _, n := range names {
+				matches, _ := filepath.Glob(filepath.Join(d, n))
+				sort.Sort(sort.Reverse(sort.StringSlice(matches)))
+				out = append(out, matches...)
+			}
+		}
+	}
+
+	// OpenBLAS: system, Debian's variants, source installs, then the scipy-openblas32 wheel.
+	add([]string{"libopenblas.so.0", "libopenblas.so"}, append([]string{
+		"/usr/lib/" + triplet + "/openblas-pthread", "/usr/lib/" + triplet + "/openblas-openmp",
+		"/usr/lib/" + triplet + "/openblas-serial", "/usr/lib64/openblas-pthreads", "/usr/lib64/openblas-openmp",
+		"/usr/lib64", "/usr/local/lib", "/opt/OpenBLAS/lib",
+	}, prefixLibs...))
+	for _, s := range sitePackages {
+		matches, _ := filepath.Glob(filepath.Join(s, "scipy_openblas32/lib/libscipy_openblas*.so"))
+		out = append(out, matches...)
+	}
+	// BLIS.
+	add([]string{"libblis.so.4", "libblis.so"}, append([]string{
+		"/usr/lib/" + triplet + "/blis-pthread", "/usr/lib/" + triplet + "/blis-openmp",
+		"/usr/lib/" + triplet + "/blis-serial", "/usr/lib64", "/usr/local/lib",
+	}, prefixLibs...))
+	// MKL.
+	add([]string{"libmkl_rt.so.2", "libmkl_rt.so"}, append([]string{
+		"/opt/intel/oneapi/mkl/latest/lib", "/opt/intel/oneapi/mkl/latest/lib/intel64",
+		"/opt/intel/mkl/lib/intel64",
+	}, prefixLibs...))
+	return dedupe(out)
+}
+
+func dedupe(paths []string) []string {
+	seen := make(map[string]bool, len(paths))
+	out := paths[:0]
+	for _, p := range paths {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// multiarch is Debian's directory name for this architecture's libraries.
+func multiarch() string {
+	switch runtime.GOARCH {
+	case "amd64":
+		return "x86_64-linux-gnu"
+	case "arm64":
+		return "aarch64-linux-gnu"
+	case "ppc64le":
+		return "powerpc64le-linux-gnu"
+	case "riscv64":
+		return "riscv64-linux-gnu"
+	default:
+		return runtime.GOARCH + "-linux-gnu"
+	}
+}
+
+// String is one line for logs: the vendor and file, or the fallback and why.
+func (b Backend) String() string {
+	if !b.Loaded() {
+		return "gonum (" + b.Fallback + ")"
+	}
+	s := fmt.Sprintf("%s %s", b.Vendor, b.Path)
+	if b.Threads > 0 {
+		s += fmt.Sprintf(", %d threads", b.Threads)
+	}
+	return strings.TrimSpace(s)
+}
