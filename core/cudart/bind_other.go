@@ -25,3 +25,18 @@ func SetPreferredNode(node int) error { return errNoBind }
 func PreferredNode() (mode, node int, err error) { return 0, -1, errNoBind }
 
 func applyPreferredNode() error { return nil }
+
+// BindMemory is supported on Linux only.
+func BindMemory(b []byte, node int) error { return errNoBind }
+
+// MemoryNode is supported on Linux only.
+func MemoryNode(b []byte) (int, error) { return -1, errNoBind }
+
+// MemoryPolicy is supported on Linux only.
+func MemoryPolicy(b []byte) (mode, node int, err error) { return 0, -1, errNoBind }
+
+func bindProcess(node int, cpus []int) error { return errNoBind }
+
+func mapHost(n int64, node int) ([]byte, error) { return nil, errNoBind }
+
+func unmapHost(b []byte) error { return errNoBind }

@@ -25,6 +25,8 @@ type driverAPI struct {
 	cuMemFree                 func(p uintptr) int32
 	cuMemAllocHost            func(p *unsafe.Pointer, size uint64) int32
 	cuMemFreeHost             func(p unsafe.Pointer) int32
+	cuMemHostRegister         func(p unsafe.Pointer, size uint64, flags uint32) int32
+	cuMemHostUnregister       func(p unsafe.Pointer) int32
 	cuMemsetD8                func(p uintptr, v uint8, n uint64) int32
 	cuMemsetD8Async           func(p uintptr, v uint8, n uint64, s uintptr) int32
 	cuMemcpyHtoD              func(dst uintptr, src unsafe.Pointer, n uint64) int32
@@ -95,6 +97,8 @@ func bindDriver(lib *library) (*driverAPI, error) {
 		{&d.cuMemFree, "cuMemFree_v2"},
 		{&d.cuMemAllocHost, "cuMemAllocHost_v2"},
 		{&d.cuMemFreeHost, "cuMemFreeHost"},
+		{&d.cuMemHostRegister, "cuMemHostRegister_v2"},
+		{&d.cuMemHostUnregister, "cuMemHostUnregister"},
 		{&d.cuMemsetD8, "cuMemsetD8_v2"},
 		{&d.cuMemsetD8Async, "cuMemsetD8Async"},
 		{&d.cuMemcpyHtoD, "cuMemcpyHtoD_v2"},

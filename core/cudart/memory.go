@@ -47,7 +47,12 @@ func (c *Ctx) Memset(p DevicePtr, v byte, n int64) error {
 type HostBuffer struct {
 	Bytes []byte
 	ptr   unsafe.Pointer
+	node  int  // the NUMA node its pages prefer, -1 when none was asked for
+	own   bool // mapped by AllocHostOn and registered with the driver, not cuMemAllocHost
 }
+
+// Node returns the NUMA node h's pages were placed on by AllocHostOn, or -1.
+func (h *HostBuffer) Node() int { return h.node }
 
 // AllocHost allocates n bytes of page-locked host memory.
 func (c *Ctx) AllocHost(n int64) (*HostBuffer, error) {
@@ -58,7 +63,31 @@ func (c *Ctx) AllocHost(n int64) (*HostBuffer, error) {
 	if err := c.api.check("cuMemAllocHost_v2", c.api.cuMemAllocHost(&p, uint64(n))); err != nil {
 		return nil, err
 	}
-	return &HostBuffer{Bytes: unsafe.Slice((*byte)(p), n), ptr: p}, nil
+	return &HostBuffer{Bytes: unsafe.Slice((*byte)(p), n), ptr: p, node: -1}, nil
+}
+
+// AllocHostOn allocates n bytes of page-locked host memory whose pages sit on NUMA node
+// node: the memory is mapped, bound to the node (mbind, MPOL_PREFERRED), touched so every
+// page is placed, then pinned with cuMemHostRegister. A negative node is AllocHost. Use
+// it for the buffers a runner copies through every step (plan upload, sampled tokens),
+// with the node BindNUMA chose, so those copies do not cross the socket link.
+func (c *Ctx) AllocHostOn(n int64, node int) (*HostBuffer, error) {
+	if node < 0 {
+		return c.AllocHost(n)
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("cudart: host alloc of %d bytes: size must be positive", n)
+	}
+	b, err := mapHost(n, node)
+	if err != nil {
+		return nil, fmt.Errorf("host alloc of %d bytes on node %d: %w", n, node, err)
+	}
+	p := unsafe.Pointer(&b[0])
+	if err := c.api.check("cuMemHostRegister_v2", c.api.cuMemHostRegister(p, uint64(n), 0)); err != nil {
+		unmapHost(b)
+		return nil, fmt.Errorf("host alloc of %d bytes on node %d: %w", n, node, err)
+	}
+	return &HostBuffer{Bytes: b, ptr: p, node: node, own: true}, nil
 }
 
 // FreeHost releases page-locked memory.
@@ -66,7 +95,15 @@ func (c *Ctx) FreeHost(h *HostBuffer) error {
 	if h == nil || h.ptr == nil {
 		return nil
 	}
-	err := c.api.check("cuMemFreeHost", c.api.cuMemFreeHost(h.ptr))
+	var err error
+	if h.own {
+		err = c.api.check("cuMemHostUnregister", c.api.cuMemHostUnregister(h.ptr))
+		if uerr := unmapHost(h.Bytes); err == nil && uerr != nil {
+			err = fmt.Errorf("unmap host buffer: %w", uerr)
+		}
+	} else {
+		err = c.api.check("cuMemFreeHost", c.api.cuMemFreeHost(h.ptr))
+	}
 	h.ptr, h.Bytes = nil, nil
 	return err
 }
