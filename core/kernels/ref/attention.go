@@ -3,6 +3,9 @@ package ref
 import (
 	"fmt"
 	"math"
+	"sync"
+
+	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // PagedKV is a paged key/value cache in host memory, laid out like a kvslab cache group of
@@ -192,4 +195,334 @@ func dot(a, b []float32) float64 {
 		s += float64(v) * float64(b[i])
 	}
 	return s
+}
+
+// AttentionBatch lays out a batch of sequences for PagedAttentionBatch as a BatchPlan does.
+type AttentionBatch struct {
+	// QueryStart (B+1): sequence i's queries are rows QueryStart[i]..QueryStart[i+1] of q
+	// and out.
+	QueryStart []int32
+	// CtxLen (B): tokens in the cache for sequence i, its queries included; its query j sits
+	// at position CtxLen[i]-nq+j.
+	CtxLen []int32
+	// PageStart (B+1) indexes Pages per sequence; Pages holds the page tables.
+	PageStart []int32
+	Pages     []uint32
+}
+
+// Work splitting of PagedAttentionBatch. A unit of work is one sequence's kv head over a
+// tile of attnTileQueries queries (all the query heads of the kv head's group, which read
+// the same keys). A sequence with at most attnSplitQueries queries (decode, a few drafts)
+// and a context over attnSplitKeys tokens also splits its keys into blocks of attnSplitKeys,
+// whose partial softmaxes are merged by their log-sum-exp. Variables, so tests can force
+// every path on small inputs.
+var (
+	attnTileQueries  = 16
+	attnSplitQueries = 4
+	attnSplitKeys    = 512
+)
+
+// PagedAttentionBatch is PagedAttention for every sequence of a batch at once, split across
+// sequences, kv heads, query tiles and (for decode on long contexts) blocks of keys on the
+// package's worker pool. It computes what PagedAttention computes for each sequence:
+// q·k in float64, softmax with float64 sums; a sequence whose keys were split in blocks
+// merges the blocks' softmaxes (the result then agrees to float32 rounding).
+//
+//	q, out: [QueryStart[B], Heads, HeadDim]
+//
+// out must not alias q. In steady state it allocates nothing.
+func PagedAttentionBatch(out, q []float32, c *PagedKV, b *AttentionBatch, a Attention) error {
+	const op = "PagedAttentionBatch"
+	if err := c.check(op); err != nil {
+		return err
+	}
+	if b == nil {
+		return fmt.Errorf("ref.%s: nil batch", op)
+	}
+	if a.Heads <= 0 || a.Heads%c.KVHeads != 0 {
+		return fmt.Errorf("ref.%s: %d query heads is not a positive multiple of %d kv heads", op, a.Heads, c.KVHeads)
+	}
+	nb := len(b.CtxLen)
+	if len(b.QueryStart) != nb+1 || len(b.PageStart) != nb+1 {
+		return fmt.Errorf("ref.%s: %d context lengths need %d query and page starts, got %d and %d", op, nb, nb+1, len(b.QueryStart), len(b.PageStart))
+	}
+	if b.QueryStart[0] != 0 || b.PageStart[0] != 0 {
+		return fmt.Errorf("ref.%s: query and page starts must begin at 0, got %d and %d", op, b.QueryStart[0], b.PageStart[0])
+	}
+	rows := int(b.QueryStart[nb])
+	if err := checkLen(op, "q", len(q), rows*a.Heads*c.HeadDim); err != nil {
+		return err
+	}
+	if err := checkLen(op, "out", len(out), rows*a.Heads*c.HeadDim); err != nil {
+		return err
+	}
+	if int(b.PageStart[nb]) > len(b.Pages) {
+		return fmt.Errorf("ref.%s: page starts reach %d, the page table holds %d", op, b.PageStart[nb], len(b.Pages))
+	}
+	j := getAttnJob()
+	defer putAttnJob(j)
+	if err := j.plan(op, out, q, c, b, a); err != nil {
+		return err
+	}
+	parallelFor(&j.loop, j, len(j.units), 1)
+	j.merge()
+	return nil
+}
+
+// attnUnit is one unit of PagedAttentionBatch's work: queries [q0, q1) of sequence seq, kv
+// head kvh, over all their keys (split < 0) or over keys [k0, k1) as split number split of
+// the sequence's splits (the partial results then go to slot partial on).
+type attnUnit struct {
+	seq, kvh, q0, q1      int
+	split, splits, k0, k1 int
+	partial               int
+}
+
+// attnJob is one PagedAttentionBatch call: its arguments, its units, the pages' offsets
+// and the scratch of each participant; reused through attnJobs.
+type attnJob struct {
+	loop         loop
+	out, q       []float32
+	c            *PagedKV
+	b            *AttentionBatch
+	a            Attention
+	units        []attnUnit
+	kBase, vBase []int       // per entry of b.Pages used: offset of the page in K and V
+	scratch      [][]float64 // per participant: scores, then running max and sum per head
+	pm, pl       []float64   // per partial (query, head, split): max score and sum
+	po           []float32   // per partial: Σ exp(score − max)·v, [HeadDim]
+}
+
+// attnJobs keeps the jobs of finished calls for the next ones (one per concurrent call),
+// scratch included; unlike a sync.Pool it keeps them across garbage collections.
+var attnJobs struct {
+	sync.Mutex
+	free []*attnJob
+}
+
+func getAttnJob() *attnJob {
+	attnJobs.Lock()
+	defer attnJobs.Unlock()
+	if n := len(attnJobs.free); n > 0 {
+		j := attnJobs.free[n-1]
+		attnJobs.free = attnJobs.free[:n-1]
+		return j
+	}
+	return new(attnJob)
+}
+
+func putAttnJob(j *attnJob) {
+	j.out, j.q, j.c, j.b = nil, nil, nil, nil
+	attnJobs.Lock()
+	attnJobs.free = append(attnJobs.free, j)
+	attnJobs.Unlock()
+}
+
+// plan checks every sequence's pages, resolves their offsets and lists the units.
+func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatch, a Attention) error {
+	j.out, j.q, j.c, j.b, j.a = out, q, c, b, a
+	j.units = j.units[:0]
+	j.kBase = growInts(j.kBase, len(b.Pages))
+	j.vBase = growInts(j.vBase, len(b.Pages))
+	if n := parts(); len(j.scratch) < n {
+		j.scratch = append(j.scratch, make([][]float64, n-len(j.scratch))...)
+	}
+	partials := 0
+	for i := range b.CtxLen {
+		ctxLen, nq := int(b.CtxLen[i]), int(b.QueryStart[i+1]-b.QueryStart[i])
+		p0, p1 := int(b.PageStart[i]), int(b.PageStart[i+1])
+		if nq < 0 || p1 < p0 {
+			return fmt.Errorf("ref.%s: sequence %d: query or page starts decrease", op, i)
+		}
+		if nq > ctxLen {
+			return fmt.Errorf("ref.%s: sequence %d: %d queries but only %d tokens in the cache", op, i, nq, ctxLen)
+		}
+		if need := (ctxLen + c.PageTokens - 1) / c.PageTokens; p1-p0 < need {
+			return fmt.Errorf("ref.%s: sequence %d: page table has %d pages, %d tokens need %d", op, i, p1-p0, ctxLen, need)
+		}
+		if nq == 0 {
+			continue
+		}
+		// The keys any query of the sequence reads: [lo, ctxLen).
+		lo := 0
+		if a.Window > 0 {
+			lo = max(0, ctxLen-nq-a.Window+1)
+		}
+		for pg := lo / c.PageTokens; pg*c.PageTokens < ctxLen; pg++ {
+			last := min(c.PageTokens, ctxLen-pg*c.PageTokens) - 1
+			// The page's last key used, last kv head: every other one lies before it.
+			if _, _, err := c.offsets(op, b.Pages[p0+pg], last, c.KVHeads-1); err != nil {
+				return fmt.Errorf("sequence %d: %w", i, err)
+			}
+			ko, vo, _ := c.offsets(op, b.Pages[p0+pg], 0, 0)
+			j.kBase[p0+pg], j.vBase[p0+pg] = ko, vo
+		}
+		splits := 1
+		if nq <= attnSplitQueries && ctxLen-lo > attnSplitKeys {
+			splits = (ctxLen - lo + attnSplitKeys - 1) / attnSplitKeys
+		}
+		for kvh := 0; kvh < c.KVHeads; kvh++ {
+			if splits == 1 {
+				for q0 := 0; q0 < nq; q0 += attnTileQueries {
+					j.units = append(j.units, attnUnit{seq: i, kvh: kvh, q0: q0, q1: min(q0+attnTileQueries, nq), split: -1})
+				}
+				continue
+			}
+			for s := range splits {
+				j.units = append(j.units, attnUnit{seq: i, kvh: kvh, q0: 0, q1: nq, split: s, splits: splits,
+					k0: lo + s*attnSplitKeys, k1: min(lo+(s+1)*attnSplitKeys, ctxLen), partial: partials})
+			}
+		}
+		if splits > 1 {
+			partials += nq * a.Heads * splits
+		}
+	}
+	j.pm = growFloat64s(j.pm, partials)
+	j.pl = growFloat64s(j.pl, partials)
+	j.po = growFloat32s(j.po, partials*c.HeadDim)
+	return nil
+}
+
+func (j *attnJob) run(part, lo, hi int) {
+	for u := lo; u < hi; u++ {
+		j.unit(part, &j.units[u])
+	}
+}
+
+// unit computes one unit: for each query and each query head of the kv head's group,
+// scores s_t = Scale·q·k_t over the unit's keys, then Σ exp(s_t − max)·v_t / Σ exp(s_t − max)
+// (or, for a split, the max, the sum and the unnormalised output as a partial).
+func (j *attnJob) unit(part int, u *attnUnit) {
+	c, a, b := j.c, j.a, j.b
+	d, pt := c.HeadDim, c.PageTokens
+	group := a.Heads / c.KVHeads
+	row0, nq, ctxLen := int(b.QueryStart[u.seq]), int(b.QueryStart[u.seq+1]-b.QueryStart[u.seq]), int(b.CtxLen[u.seq])
+	kBase, vBase := j.kBase[b.PageStart[u.seq]:], j.vBase[b.PageStart[u.seq]:]
+	kvOff := u.kvh * d
+	kvStride := c.KVHeads * d
+	scale := float64(a.Scale)
+	for qi := u.q0; qi < u.q1; qi++ {
+		p := ctxLen - nq + qi
+		lo, hi := 0, p+1
+		if a.Window > 0 {
+			lo = max(0, p-a.Window+1)
+		}
+		if u.split >= 0 {
+			lo, hi = max(lo, u.k0), min(hi, u.k1)
+		}
+		n := max(hi-lo, 0)
+		need := group * (n + 2)
+		if cap(j.scratch[part]) < need {
+			j.scratch[part] = make([]float64, need)
+		}
+		buf := j.scratch[part][:need]
+		scores, mx, sum := buf[:group*n], buf[group*n:group*n+group], buf[group*n+group:]
+		first := (row0+qi)*a.Heads + u.kvh*group // the group's first query head row
+		qv := j.q[first*d : (first+group)*d]
+		for h := range mx {
+			mx[h], sum[h] = math.Inf(-1), 0
+		}
+		// pass 1: s_t = Scale·q·k_t and its max, per head
+		for t := lo; t < hi; t++ {
+			ko := kBase[t/pt] + (t%pt)*kvStride + kvOff
+			kr := c.K[ko : ko+d]
+			for h := range group {
+				s := vek.Dsdot(d, qv[h*d:(h+1)*d], 1, kr, 1) * scale
+				scores[h*n+t-lo] = s
+				mx[h] = max(mx[h], s)
+			}
+		}
+		// pass 2: o = Σ_t exp(s_t − max)·v_t, sum = Σ_t exp(s_t − max); head h's o is
+		// obuf[ob+h*ostride:][:d], its out row or, for a split, its partial
+		obuf, ob, ostride := j.out, first*d, d
+		if u.split >= 0 {
+			at := u.partial + ((qi*a.Heads+u.kvh*group)*u.splits + u.split)
+			obuf, ob, ostride = j.po, at*d, u.splits*d
+		}
+		for h := range group {
+			clear(obuf[ob+h*ostride : ob+h*ostride+d])
+		}
+		for t := lo; t < hi; t++ {
+			vo := vBase[t/pt] + (t%pt)*kvStride + kvOff
+			vr := c.V[vo : vo+d]
+			for h := range group {
+				w := math.Exp(scores[h*n+t-lo] - mx[h])
+				sum[h] += w
+				vek.Saxpy(d, float32(w), vr, 1, obuf[ob+h*ostride:ob+h*ostride+d], 1)
+			}
+		}
+		for h := range group {
+			if u.split >= 0 {
+				at := ob/d + h*u.splits
+				j.pm[at], j.pl[at] = mx[h], sum[h]
+				continue
+			}
+			oh := obuf[ob+h*ostride : ob+h*ostride+d]
+			inv := float32(1 / sum[h])
+			for x := range oh {
+				oh[x] *= inv
+			}
+		}
+	}
+}
+
+// merge combines the split sequences' partials: with M = max_s m_s over the splits that saw
+// a key, out = Σ_s exp(m_s − M)·o_s / Σ_s exp(m_s − M)·l_s.
+func (j *attnJob) merge() {
+	d, heads := j.c.HeadDim, j.a.Heads
+	for ui := range j.units {
+		u := &j.units[ui]
+		if u.split != 0 || u.kvh != 0 {
+			continue // one pass per split sequence, from its first unit
+		}
+		row0 := int(j.b.QueryStart[u.seq])
+		for qi := u.q0; qi < u.q1; qi++ {
+			for h := range heads {
+				at := u.partial + (qi*heads+h)*u.splits
+				m := math.Inf(-1)
+				for s := range u.splits {
+					if j.pl[at+s] > 0 {
+						m = max(m, j.pm[at+s])
+					}
+				}
+				var l float64
+				for s := range u.splits {
+					if j.pl[at+s] > 0 {
+						l += j.pl[at+s] * math.Exp(j.pm[at+s]-m)
+					}
+				}
+				o := j.out[((row0+qi)*heads+h)*d : ((row0+qi)*heads+h+1)*d]
+				clear(o)
+				for s := range u.splits {
+					if j.pl[at+s] > 0 {
+						vek.Saxpy(d, float32(math.Exp(j.pm[at+s]-m)/l), j.po[(at+s)*d:(at+s+1)*d], 1, o, 1)
+					}
+				}
+			}
+		}
+	}
+}
+
+// vek runs the float32 vector kernels (gonum's assembly on amd64) of the attention loops.
+var vek gonum.Implementation
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+func growFloat64s(s []float64, n int) []float64 {
+	if cap(s) < n {
+		return make([]float64, n)
+	}
+	return s[:n]
+}
+
+func growFloat32s(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
 }

@@ -222,3 +222,199 @@ func BenchmarkMatMulT(b *testing.B) {
 	}
 	b.ReportMetric(float64(2*m*k*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
+
+// batchCase is a random batch for PagedAttentionBatch: sequences whose pages are scattered
+// over one cache in a random order, each with its own context and query count.
+type batchCase struct {
+	c     *PagedKV
+	b     AttentionBatch
+	q     []float32
+	heads int
+}
+
+func randomBatch(r *rand.Rand, ctxs, nqs []int, pageTokens, kvHeads, heads, d int) batchCase {
+	total := 0
+	for _, n := range ctxs {
+		total += (n + pageTokens - 1) / pageTokens
+	}
+	numPages := total + 3 // a few pages nobody uses
+	c := &PagedKV{K: make([]float32, numPages*pageTokens*kvHeads*d), V: make([]float32, numPages*pageTokens*kvHeads*d),
+		PageTokens: pageTokens, KVHeads: kvHeads, HeadDim: d}
+	for i := range c.K {
+		c.K[i], c.V[i] = r.Float32()*2-1, r.Float32()*2-1
+	}
+	free := r.Perm(numPages)
+	bc := batchCase{c: c, heads: heads}
+	b := &bc.b
+	b.QueryStart, b.PageStart = []int32{0}, []int32{0}
+	for i, n := range ctxs {
+		for range (n + pageTokens - 1) / pageTokens {
+			b.Pages = append(b.Pages, uint32(free[0]))
+			free = free[1:]
+		}
+		b.CtxLen = append(b.CtxLen, int32(n))
+		b.QueryStart = append(b.QueryStart, b.QueryStart[i]+int32(nqs[i]))
+		b.PageStart = append(b.PageStart, int32(len(b.Pages)))
+	}
+	bc.q = randSlice(r, int(b.QueryStart[len(ctxs)])*heads*d)
+	return bc
+}
+
+// serial is PagedAttention run sequence by sequence: the spec PagedAttentionBatch must meet.
+func (bc *batchCase) serial(t *testing.T, a Attention) []float32 {
+	t.Helper()
+	d := bc.c.HeadDim
+	out := make([]float32, len(bc.q))
+	for i := range bc.b.CtxLen {
+		q0, q1 := int(bc.b.QueryStart[i]), int(bc.b.QueryStart[i+1])
+		pages := bc.b.Pages[bc.b.PageStart[i]:bc.b.PageStart[i+1]]
+		rows := a.Heads * d
+		if err := PagedAttention(out[q0*rows:q1*rows], bc.q[q0*rows:q1*rows], bc.c, pages, int(bc.b.CtxLen[i]), q1-q0, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// withSplitting sets PagedAttentionBatch's work split for one test.
+func withSplitting(t *testing.T, tile, splitQueries, splitKeys int) {
+	t.Helper()
+	oldT, oldQ, oldK := attnTileQueries, attnSplitQueries, attnSplitKeys
+	attnTileQueries, attnSplitQueries, attnSplitKeys = tile, splitQueries, splitKeys
+	t.Cleanup(func() { attnTileQueries, attnSplitQueries, attnSplitKeys = oldT, oldQ, oldK })
+}
+
+func TestPagedAttentionBatchMatchesSerial(t *testing.T) {
+	shapes := []struct {
+		name                string
+		kvHeads, heads, d   int
+		pageTokens, windows int
+	}{
+		{"gqa", 2, 8, 16, 4, 0},
+		{"mqa", 1, 4, 8, 3, 0},
+		{"mha", 3, 3, 8, 5, 0},
+		{"gqa-window", 2, 6, 8, 4, 7},
+	}
+	splits := []struct {
+		name                          string
+		tile, splitQueries, splitKeys int
+	}{
+		{"default", attnTileQueries, attnSplitQueries, attnSplitKeys},
+		{"small-tiles-and-key-splits", 3, 4, 5},
+		{"split-everything", 1, 1 << 20, 1},
+	}
+	for _, sp := range splits {
+		for _, sh := range shapes {
+			t.Run(sp.name+"/"+sh.name, func(t *testing.T) {
+				withSplitting(t, sp.tile, sp.splitQueries, sp.splitKeys)
+				r := rand.New(rand.NewPCG(uint64(sh.heads), uint64(sp.tile)))
+				// Prefills, a chunk, decodes, a few drafts and an idle sequence together.
+				ctxs := []int{1, 17, 23, 9, 30, 12, 6}
+				nqs := []int{1, 17, 5, 1, 1, 3, 0}
+				bc := randomBatch(r, ctxs, nqs, sh.pageTokens, sh.kvHeads, sh.heads, sh.d)
+				a := Attention{Heads: sh.heads, Scale: float32(1 / math.Sqrt(float64(sh.d))), Window: sh.windows}
+				want := bc.serial(t, a)
+				got := make([]float32, len(want))
+				for i := range got {
+					got[i] = float32(math.NaN()) // every row must be written
+				}
+				if err := PagedAttentionBatch(got, bc.q, bc.c, &bc.b, a); err != nil {
+					t.Fatal(err)
+				}
+				near(t, "PagedAttentionBatch", got, want, 1e-5)
+			})
+		}
+	}
+}
+
+// TestPagedAttentionBatchLongContext decodes on contexts long enough for the default
+// split of keys into blocks, with and without a sliding window.
+func TestPagedAttentionBatchLongContext(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	ctxs := []int{3 * attnSplitKeys / 2, 2*attnSplitKeys + 7, 40, attnSplitKeys + 1}
+	nqs := []int{1, 2, 1, 4}
+	bc := randomBatch(r, ctxs, nqs, 16, 2, 8, 32)
+	for _, window := range []int{0, attnSplitKeys / 3, attnSplitKeys + 100} {
+		a := Attention{Heads: 8, Scale: float32(1 / math.Sqrt(32)), Window: window}
+		want := bc.serial(t, a)
+		got := make([]float32, len(want))
+		if err := PagedAttentionBatch(got, bc.q, bc.c, &bc.b, a); err != nil {
+			t.Fatal(err)
+		}
+		near(t, "PagedAttentionBatch long context", got, want, 1e-5)
+	}
+}
+
+func TestPagedAttentionBatchErrors(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	a := Attention{Heads: 4, Scale: 0.5}
+	cases := []struct {
+		name   string
+		break_ func(bc *batchCase)
+	}{
+		{"page outside the cache", func(bc *batchCase) { bc.b.Pages[1] = 1 << 20 }},
+		{"more queries than context", func(bc *batchCase) { bc.b.CtxLen[0] = 1 }},
+		{"too few pages", func(bc *batchCase) { bc.b.CtxLen[1] += 8 }},
+		{"short q", func(bc *batchCase) { bc.q = bc.q[:len(bc.q)-1] }},
+		{"short starts", func(bc *batchCase) { bc.b.QueryStart = bc.b.QueryStart[:1] }},
+	}
+	for _, tc := range cases {
+		bc := randomBatch(r, []int{6, 9}, []int{2, 1}, 4, 2, 4, 8)
+		tc.break_(&bc)
+		out := make([]float32, 3*4*8)
+		if err := PagedAttentionBatch(out, bc.q, bc.c, &bc.b, a); err == nil {
+			t.Errorf("%s: no error", tc.name)
+		}
+	}
+}
+
+func TestPagedAttentionBatchAllocatesNothing(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	bc := randomBatch(r, []int{700, 33, 64}, []int{1, 1, 64}, 16, 2, 8, 16)
+	a := Attention{Heads: 8, Scale: 0.25}
+	out := make([]float32, len(bc.q))
+	run := func() {
+		if err := PagedAttentionBatch(out, bc.q, bc.c, &bc.b, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run() // grows the scratch
+	if n := testing.AllocsPerRun(20, run); n != 0 {
+		t.Errorf("PagedAttentionBatch allocates %.1f times per call in steady state", n)
+	}
+}
+
+func BenchmarkPagedAttentionBatch(b *testing.B) {
+	r := rand.New(rand.NewPCG(17, 18))
+	a := Attention{Heads: 16, Scale: 0.125}
+	for _, bm := range []struct {
+		name     string
+		ctxs, nq []int
+	}{
+		{"prefill-512", []int{512}, []int{512}},
+		{"decode-8x544", []int{544, 544, 544, 544, 544, 544, 544, 544}, []int{1, 1, 1, 1, 1, 1, 1, 1}},
+		{"decode-1x4096", []int{4096}, []int{1}},
+	} {
+		bc := randomBatch(r, bm.ctxs, bm.nq, 16, 4, 16, 64)
+		out := make([]float32, len(bc.q))
+		b.Run(bm.name+"/batch", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := PagedAttentionBatch(out, bc.q, bc.c, &bc.b, a); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(bm.name+"/serial", func(b *testing.B) {
+			for b.Loop() {
+				for i := range bc.b.CtxLen {
+					q0, q1 := int(bc.b.QueryStart[i]), int(bc.b.QueryStart[i+1])
+					rows := a.Heads * 64
+					if err := PagedAttention(out[q0*rows:q1*rows], bc.q[q0*rows:q1*rows], bc.c, bc.b.Pages[bc.b.PageStart[i]:bc.b.PageStart[i+1]], int(bc.b.CtxLen[i]), q1-q0, a); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

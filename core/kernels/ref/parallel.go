@@ -1,0 +1,88 @@
+package ref
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// The package's worker pool: GOMAXPROCS-1 goroutines, started on first use, that help the
+// calling goroutine through a parallel loop. The caller always works too, so a loop ends
+// even when every worker is busy elsewhere (a nested loop, or another model's): workers
+// join a loop only when idle at the moment it starts, and a loop never waits for one that
+// did not join. Starting a loop allocates nothing.
+
+// task is a parallel loop's body: run processes items [lo, hi) as participant part, a
+// number in [0, parts) no other participant of the same loop holds at the same time.
+type task interface {
+	run(part, lo, hi int)
+}
+
+// loop is one parallelFor call: its body, how its items are split and who still works on it.
+type loop struct {
+	t            task
+	n, grain     int
+	next, joined atomic.Int64
+	wg           sync.WaitGroup
+}
+
+var (
+	poolOnce    sync.Once
+	poolWorkers int
+	poolQueue   chan *loop
+)
+
+// workers returns the number of helper goroutines, starting them on the first call.
+func workers() int {
+	poolOnce.Do(func() {
+		poolWorkers = runtime.GOMAXPROCS(0) - 1
+		poolQueue = make(chan *loop) // unbuffered: a send succeeds only to an idle worker
+		for range poolWorkers {
+			go func() {
+				for l := range poolQueue {
+					l.work(int(l.joined.Add(1)))
+					l.wg.Done()
+				}
+			}()
+		}
+	})
+	return poolWorkers
+}
+
+// parts is the most participants a loop can have: the caller and every worker.
+func parts() int { return workers() + 1 }
+
+// work claims chunks of grain items until none is left.
+func (l *loop) work(part int) {
+	for {
+		lo := int(l.next.Add(int64(l.grain))) - l.grain
+		if lo >= l.n {
+			return
+		}
+		l.t.run(part, lo, min(lo+l.grain, l.n))
+	}
+}
+
+// parallelFor runs t over items [0, n) in chunks of grain items, on the caller and the idle
+// workers, and returns when every item is done. l is the caller's, reused across calls.
+func parallelFor(l *loop, t task, n, grain int) {
+	if n <= 0 {
+		return
+	}
+	grain = max(grain, 1)
+	l.t, l.n, l.grain = t, n, grain
+	l.next.Store(0)
+	l.joined.Store(0)
+	chunks := (n + grain - 1) / grain
+	for range min(workers(), chunks-1) {
+		l.wg.Add(1)
+		select {
+		case poolQueue <- l:
+		default:
+			l.wg.Done() // no idle worker: the caller does its share
+		}
+	}
+	l.work(0)
+	l.wg.Wait()
+	l.t = nil
+}

@@ -1,0 +1,84 @@
+package ref
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// countTask counts how often each item runs and checks every participant number is in
+// range and held by one participant at a time.
+type countTask struct {
+	hits  []atomic.Int32
+	busy  []atomic.Int32
+	bad   atomic.Int32
+	inner func()
+}
+
+func (c *countTask) run(part, lo, hi int) {
+	if part < 0 || part >= parts() || c.busy[part].Add(1) != 1 {
+		c.bad.Add(1)
+	}
+	for i := lo; i < hi; i++ {
+		c.hits[i].Add(1)
+	}
+	if c.inner != nil {
+		c.inner()
+	}
+	if part >= 0 && part < parts() {
+		c.busy[part].Add(-1)
+	}
+}
+
+func newCountTask(n int) *countTask {
+	return &countTask{hits: make([]atomic.Int32, n), busy: make([]atomic.Int32, parts())}
+}
+
+func (c *countTask) check(t *testing.T) {
+	t.Helper()
+	if c.bad.Load() != 0 {
+		t.Errorf("%d chunks ran with a participant number out of range or held twice", c.bad.Load())
+	}
+	for i := range c.hits {
+		if n := c.hits[i].Load(); n != 1 {
+			t.Fatalf("item %d ran %d times, want once", i, n)
+		}
+	}
+}
+
+func TestParallelForRunsEveryItemOnce(t *testing.T) {
+	for _, tc := range []struct{ n, grain int }{{0, 1}, {1, 1}, {7, 3}, {100, 1}, {1000, 7}, {5, 0}} {
+		c := newCountTask(tc.n)
+		var l loop
+		parallelFor(&l, c, tc.n, tc.grain)
+		c.check(t)
+	}
+}
+
+// TestParallelForNestedAndConcurrent: loops started from inside a loop and from several
+// goroutines at once all finish (the caller never waits for a worker that did not join).
+func TestParallelForNestedAndConcurrent(t *testing.T) {
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			inner := make([]*countTask, 0)
+			var mu sync.Mutex
+			outer := newCountTask(50 + g)
+			outer.inner = func() {
+				c := newCountTask(20)
+				var l loop
+				parallelFor(&l, c, 20, 1)
+				mu.Lock()
+				inner = append(inner, c)
+				mu.Unlock()
+			}
+			var l loop
+			parallelFor(&l, outer, 50+g, 2)
+			outer.check(t)
+			for _, c := range inner {
+				c.check(t)
+			}
+		})
+	}
+	wg.Wait()
+}
