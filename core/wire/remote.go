@@ -1,0 +1,412 @@
+package wire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/resin-llm/resin/core/engine"
+)
+
+var (
+	// ErrRunnerDied wraps the error of a step during which the runner process died or the
+	// connection broke: the step's requests fail with it.
+	ErrRunnerDied = errors.New("wire: the runner died")
+	// ErrRunnerDown: the runner is down and is not (or could not be) restarted.
+	ErrRunnerDown = errors.New("wire: the runner is down")
+	// errRestarted voids the first plan after a restart: its requests were preempted by
+	// Engine.ForgetCache and will be recomputed.
+	errRestarted = errors.New("wire: the runner restarted with an empty cache; the step's requests are recomputed")
+)
+
+// Config says how to reach a runner and how to supervise it.
+type Config struct {
+	// Spec is "exec:COMMAND" (a shell command line started as a child that speaks the
+	// protocol on its stdin/stdout) or "unix:PATH" (a runner listening on a Unix socket).
+	Spec string
+	// MaxFrame caps the frames either side sends (default DefaultMaxFrame).
+	MaxFrame int
+	// HandshakeTimeout bounds starting the runner and its Info answer (default 2 min: a
+	// runner loads its weights before it answers).
+	HandshakeTimeout time.Duration
+	// StepTimeout bounds the wait for one step's result (default 10 min); a runner that
+	// takes longer is taken for dead.
+	StepTimeout time.Duration
+	// NoRestart keeps a dead runner down: every later step fails. By default the runner
+	// is restarted (once attached to its engine, see Attach) at the next step.
+	NoRestart bool
+	// RestartBackoff is the least time between two restarts (default 1 s).
+	RestartBackoff time.Duration
+	// Stderr receives an exec runner's stderr (default os.Stderr).
+	Stderr io.Writer
+	// Logger receives runner deaths and restarts (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Remote is an engine.Runner whose model runs in another process, driven through the
+// protocol. Build it with Dial, then Attach it to the engine built over it.
+type Remote struct {
+	cfg Config
+
+	mu        sync.Mutex // serializes Execute, restarts and Close
+	sess      *session   // nil while down
+	info      engine.RunnerInfo
+	enc       Encoder
+	res       engine.StepResult
+	forget    func() // the engine's ForgetCache
+	needReset bool   // the runner restarted: the engine's view of the cache must be reset
+	lastStart time.Time
+	restarts  int
+	closed    bool
+
+	healthMu sync.Mutex
+	health   error // nil while up
+}
+
+var _ engine.Runner = (*Remote)(nil)
+
+// Dial starts (exec:) or connects to (unix:) the runner and does the handshake.
+func Dial(ctx context.Context, cfg Config) (*Remote, error) {
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = DefaultMaxFrame
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 2 * time.Minute
+	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = 10 * time.Minute
+	}
+	if cfg.RestartBackoff <= 0 {
+		cfg.RestartBackoff = time.Second
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if _, _, err := ParseSpec(cfg.Spec); err != nil {
+		return nil, err
+	}
+	r := &Remote{cfg: cfg}
+	s, err := r.start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.sess, r.info = s, s.info
+	return r, nil
+}
+
+// ParseSpec splits a runner spec into its scheme ("exec" or "unix") and the rest.
+func ParseSpec(spec string) (scheme, rest string, err error) {
+	scheme, rest, ok := strings.Cut(spec, ":")
+	switch {
+	case !ok || rest == "":
+		return "", "", fmt.Errorf("runner %q: want exec:COMMAND or unix:PATH", spec)
+	case scheme != "exec" && scheme != "unix":
+		return "", "", fmt.Errorf("runner %q: unknown scheme %q (want exec:COMMAND or unix:PATH)", spec, scheme)
+	}
+	return scheme, rest, nil
+}
+
+// Attach gives the remote its engine: after a restart the runner's cache is empty, and the
+// engine must forget what it thought the cache held (Engine.ForgetCache). Without it a
+// dead runner stays down.
+func (r *Remote) Attach(e *engine.Engine) {
+	r.mu.Lock()
+	r.forget = e.ForgetCache
+	r.mu.Unlock()
+}
+
+// Info returns what the runner declared at the handshake.
+func (r *Remote) Info() engine.RunnerInfo { return r.info }
+
+// Health returns nil while the runner is up, else why it is down.
+func (r *Remote) Health() error {
+	r.healthMu.Lock()
+	defer r.healthMu.Unlock()
+	return r.health
+}
+
+func (r *Remote) setHealth(err error) {
+	r.healthMu.Lock()
+	r.health = err
+	r.healthMu.Unlock()
+}
+
+// Restarts returns how many times the runner was restarted.
+func (r *Remote) Restarts() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.restarts
+}
+
+// Execute sends the plan and waits for its result. A runner that dies meanwhile fails the
+// step (ErrRunnerDied); the next step restarts it, unless NoRestart, and is itself voided
+// after Engine.ForgetCache put every running request back in the queue.
+func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return engine.StepResult{}, fmt.Errorf("%w: closed", ErrRunnerDown)
+	}
+	if r.sess == nil {
+		if err := r.restart(ctx); err != nil {
+			return engine.StepResult{}, err
+		}
+	}
+	if r.needReset {
+		r.needReset = false
+		r.enc.Reset()
+		r.forget()
+		return engine.StepResult{}, errRestarted
+	}
+	s := r.sess
+	frame, err := r.enc.AppendStep(s.wbuf[:0], plan)
+	if err != nil {
+		return engine.StepResult{}, err
+	}
+	s.wbuf = frame
+	kind, payload, err := s.exchange(ctx, frame, r.cfg.StepTimeout)
+	if err != nil {
+		return engine.StepResult{}, r.died(fmt.Errorf("step %d: %w", plan.Step, err))
+	}
+	switch kind {
+	case KindResult:
+		step, err := DecodeResult(payload, &r.res)
+		if err == nil && step != plan.Step {
+			err = fmt.Errorf("%w: result of step %d for step %d", ErrMalformed, step, plan.Step)
+		}
+		if err != nil {
+			return engine.StepResult{}, r.died(err)
+		}
+		return r.res, nil
+	case KindError:
+		m, err := DecodeError(payload)
+		if err != nil {
+			return engine.StepResult{}, r.died(err)
+		}
+		if m.Code == CodeStepFailed && m.Step == plan.Step {
+			return engine.StepResult{}, &m
+		}
+		return engine.StepResult{}, r.died(&m)
+	}
+	return engine.StepResult{}, r.died(fmt.Errorf("%w: a %s message in answer to step %d", ErrMalformed, kind, plan.Step))
+}
+
+// died ends the session after err and returns the step's error.
+func (r *Remote) died(err error) error {
+	s := r.sess
+	r.sess = nil
+	if exit := s.kill(); exit != "" {
+		err = fmt.Errorf("%w (%s)", err, exit)
+	}
+	err = fmt.Errorf("%w: %s: %w", ErrRunnerDied, r.cfg.Spec, err)
+	r.needReset = r.forget != nil
+	if r.cfg.NoRestart || r.forget == nil {
+		r.setHealth(fmt.Errorf("%w: %w", ErrRunnerDown, err))
+	} else {
+		r.setHealth(fmt.Errorf("%w (restarting at the next step): %w", ErrRunnerDown, err))
+	}
+	r.cfg.Logger.Error("runner died", "runner", r.cfg.Spec, "error", err, "restart", !r.cfg.NoRestart && r.forget != nil)
+	return err
+}
+
+// restart starts a new session, at most once per RestartBackoff.
+func (r *Remote) restart(ctx context.Context) error {
+	down := r.Health()
+	if r.cfg.NoRestart || r.forget == nil {
+		return down
+	}
+	if wait := r.cfg.RestartBackoff - time.Since(r.lastStart); wait > 0 {
+		return fmt.Errorf("%w (next restart in %s)", down, wait.Round(time.Millisecond))
+	}
+	s, err := r.start(ctx)
+	if err == nil && !sameInfo(s.info, r.info) {
+		s.kill()
+		err = fmt.Errorf("the restarted runner declares %+v, not %+v as before", s.info, r.info)
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: restart: %w", ErrRunnerDown, err)
+		r.setHealth(err)
+		r.cfg.Logger.Error("runner restart failed", "runner", r.cfg.Spec, "error", err)
+		return err
+	}
+	r.sess = s
+	r.restarts++
+	r.cfg.Logger.Info("runner restarted", "runner", r.cfg.Spec, "restarts", r.restarts)
+	return nil
+}
+
+func sameInfo(a, b engine.RunnerInfo) bool {
+	return fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+// Close asks the runner to shut down and waits for an exec runner to exit (killing it
+// after a grace period).
+func (r *Remote) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	r.setHealth(fmt.Errorf("%w: closed", ErrRunnerDown))
+	if r.sess == nil {
+		return nil
+	}
+	s := r.sess
+	r.sess = nil
+	s.w.Write(AppendShutdown(nil))
+	s.closeWrite()
+	if s.cmd != nil {
+		select {
+		case <-s.exited:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	s.kill()
+	return nil
+}
+
+// session is one connection to one runner process.
+type session struct {
+	fr     *FrameReader
+	w      io.Writer
+	rd     Deadliner // the read side, for deadlines (nil: none)
+	closer []io.Closer
+	cmd    *exec.Cmd
+	exited chan struct{}
+	exit   error
+	info   engine.RunnerInfo
+	wbuf   []byte
+}
+
+// start launches or connects to the runner and does the handshake.
+func (r *Remote) start(ctx context.Context) (*session, error) {
+	r.lastStart = time.Now()
+	scheme, rest, _ := ParseSpec(r.cfg.Spec)
+	s := &session{}
+	switch scheme {
+	case "exec":
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			inR.Close()
+			inW.Close()
+			return nil, err
+		}
+		cmd := exec.Command("/bin/sh", "-c", "exec "+rest)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, r.cfg.Stderr
+		err = cmd.Start()
+		inR.Close()
+		outW.Close()
+		if err != nil {
+			inW.Close()
+			outR.Close()
+			return nil, fmt.Errorf("start runner %q: %w", rest, err)
+		}
+		s.cmd, s.exited = cmd, make(chan struct{})
+		go func() { s.exit = cmd.Wait(); close(s.exited) }()
+		s.fr, s.w, s.rd = NewFrameReader(outR, r.cfg.MaxFrame), inW, outR
+		s.closer = []io.Closer{inW, outR}
+	case "unix":
+		var dl net.Dialer
+		c, err := dl.DialContext(ctx, "unix", rest)
+		if err != nil {
+			return nil, fmt.Errorf("connect to runner: %w", err)
+		}
+		s.fr, s.w, s.rd = NewFrameReader(c, r.cfg.MaxFrame), c, c
+		s.closer = []io.Closer{c}
+	}
+	hello := AppendHello(nil, Hello{Version: Version, MaxFrame: uint32(r.cfg.MaxFrame), Caps: CapCacheOps | CapReleases})
+	kind, payload, err := s.exchange(ctx, hello, r.cfg.HandshakeTimeout)
+	if err != nil {
+		return nil, r.startFailed(s, fmt.Errorf("handshake: %w", err))
+	}
+	switch kind {
+	case KindInfo:
+		m, err := DecodeInfo(payload)
+		if err != nil {
+			return nil, r.startFailed(s, err)
+		}
+		s.info = m.Runner
+	case KindError:
+		m, err := DecodeError(payload)
+		if err == nil {
+			err = &m
+		}
+		return nil, r.startFailed(s, fmt.Errorf("handshake refused: %w", err))
+	default:
+		return nil, r.startFailed(s, fmt.Errorf("%w: a %s message in answer to hello", ErrMalformed, kind))
+	}
+	r.setHealth(nil)
+	return s, nil
+}
+
+func (r *Remote) startFailed(s *session, err error) error {
+	if exit := s.kill(); exit != "" {
+		err = fmt.Errorf("%w (%s)", err, exit)
+	}
+	return fmt.Errorf("runner %s: %w", r.cfg.Spec, err)
+}
+
+// exchange writes frame and reads the answer, within timeout; cancelling ctx cuts the
+// wait short.
+func (s *session) exchange(ctx context.Context, frame []byte, timeout time.Duration) (Kind, []byte, error) {
+	if s.rd != nil {
+		if err := s.rd.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+			return 0, nil, err
+		}
+		if ctx.Done() != nil {
+			stop := context.AfterFunc(ctx, func() { s.rd.SetReadDeadline(time.Now()) })
+			defer stop()
+		}
+	}
+	if _, err := s.w.Write(frame); err != nil {
+		return 0, nil, fmt.Errorf("send: %w", err)
+	}
+	k, payload, err := s.fr.Read()
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			err = fmt.Errorf("%w (%w)", err, cerr)
+		}
+		return 0, nil, fmt.Errorf("read the answer: %w", err)
+	}
+	return k, payload, nil
+}
+
+func (s *session) closeWrite() {
+	if len(s.closer) > 1 {
+		s.closer[0].Close() // the child's stdin: it sees EOF
+	}
+}
+
+// kill closes the session and kills an exec runner, returning how it exited ("" when
+// unknown).
+func (s *session) kill() string {
+	for _, c := range s.closer {
+		c.Close()
+	}
+	if s.cmd == nil {
+		return ""
+	}
+	select {
+	case <-s.exited:
+	default:
+		s.cmd.Process.Kill()
+		<-s.exited
+	}
+	if s.exit == nil {
+		return "exited with status 0"
+	}
+	return s.exit.Error()
+}

@@ -1,0 +1,64 @@
+package wire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// Serve is the runner side of the protocol in Go: it answers the engine's Hello with
+// runner's Info, then decodes each Step (page tables rebuilt from the deltas), executes
+// it and sends its Result, or an Error when Execute fails. It returns nil on Shutdown or
+// when the engine closes the stream between frames, and an error for anything else (after
+// telling the engine with a protocol Error when it can). The runner must execute the
+// plan's CacheOps itself.
+func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, maxFrame int) error {
+	fr := NewFrameReader(r, maxFrame)
+	var (
+		tables Tables
+		plan   engine.BatchPlan
+		out    []byte
+		hello  bool
+	)
+	protocolErr := func(err error) error {
+		w.Write(AppendError(nil, Error{Code: CodeProtocol, Message: err.Error()}))
+		return err
+	}
+	for {
+		kind, payload, err := fr.Read()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return protocolErr(err)
+		}
+		switch {
+		case kind == KindHello && !hello:
+			if _, err := DecodeHello(payload); err != nil {
+				return protocolErr(err)
+			}
+			hello = true
+			out = AppendInfo(out[:0], Info{Version: Version, Caps: CapCacheOps | CapReleases, Runner: runner.Info()})
+		case kind == KindStep && hello:
+			if err := tables.DecodeStep(payload, &plan); err != nil {
+				return protocolErr(err)
+			}
+			res, err := runner.Execute(ctx, &plan)
+			if err != nil {
+				out = AppendError(out[:0], Error{Step: plan.Step, Code: CodeStepFailed, Message: err.Error()})
+			} else {
+				out = AppendResult(out[:0], plan.Step, &res)
+			}
+		case kind == KindShutdown:
+			return DecodeShutdown(payload)
+		default:
+			return protocolErr(fmt.Errorf("%w: unexpected %s message (hello received: %v)", ErrMalformed, kind, hello))
+		}
+		if _, err := w.Write(out); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,510 @@
+package wire
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// The optional-array bits of a Step's X field (the same as the BatchPlan encoding's).
+const (
+	optPenalties = 1 << iota
+	optBias
+	optStops
+	optHistory
+	optPrompt
+	optAll = optPrompt<<1 - 1
+)
+
+// stepHeader is the fixed part of a Step payload: step u64, graph batch i32 and eleven
+// u32 counts.
+const stepHeader = 8 + 4 + 11*4
+
+// Encoder turns plans into Step frames on the engine side. It keeps, per request, the
+// page tables the runner holds (shadow tables) and sends only what changed: a decoding
+// sequence's tables cost nothing until it crosses a block boundary. Released requests are
+// forgotten. One Encoder serves one runner session; Reset it when the runner restarts.
+type Encoder struct {
+	// WholeTables sends every row's whole tables each step (for comparison: the protocol
+	// is the same, the deltas simply rewrite each table from entry 0).
+	WholeTables bool
+
+	shadows map[uint64]*shadow
+	spare   []*shadow
+	e       enc
+}
+
+// shadow is what the runner holds for one request: a page table per group.
+type shadow struct{ tables [][]kvslab.PageID }
+
+// Reset forgets every table: the runner on the far side holds none (a new session).
+func (x *Encoder) Reset() {
+	for id, s := range x.shadows {
+		x.spare = append(x.spare, s)
+		delete(x.shadows, id)
+	}
+}
+
+// Tracked returns the number of requests whose tables the encoder shadows.
+func (x *Encoder) Tracked() int { return len(x.shadows) }
+
+// AppendStep appends plan's Step frame to dst. The plan must be valid (engine plans are).
+func (x *Encoder) AppendStep(dst []byte, p *engine.BatchPlan) ([]byte, error) {
+	if err := p.Validate(); err != nil {
+		return dst, fmt.Errorf("wire: encode step %d: %w", p.Step, err)
+	}
+	if x.shadows == nil {
+		x.shadows = make(map[uint64]*shadow)
+	}
+	for _, r := range p.Released {
+		if s := x.shadows[r.ReqID]; s != nil {
+			x.spare = append(x.spare, s)
+			delete(x.shadows, r.ReqID)
+		}
+	}
+	x.e.b = beginFrame(dst, KindStep)
+	e := &x.e
+	b, t, g := len(p.ReqIDs), len(p.Tokens), len(p.Groups)
+	xo := optional(p)
+	e.u64(p.Step)
+	e.i32(p.GraphBatch)
+	for _, n := range [...]int{b, t, len(p.LogitsIndices), g, int(xo), len(p.LogitBiasTokens), len(p.StopIDs), len(p.History),
+		len(p.CacheOps), len(p.Released)} {
+		e.u32(uint32(n))
+	}
+	nDeltaAt := len(e.b)
+	e.u32(0) // the number of table deltas, filled in below
+	for _, r := range p.Released {
+		e.u64(r.ReqID)
+		e.u32(uint32(r.Reason))
+	}
+	for _, op := range p.CacheOps {
+		e.u32(uint32(op.Kind))
+		e.i32(op.Group)
+		e.u32(uint32(op.Src))
+		e.u32(uint32(op.Dst))
+	}
+	e.u64s(p.ReqIDs)
+	e.i32s(p.Computed)
+	e.i32s(p.Scheduled)
+	e.i32s(p.PromptLen)
+	e.i32s(p.NumDrafts)
+	e.f32s(p.Temperature)
+	e.f32s(p.TopP)
+	e.i32s(p.TopK)
+	e.f32s(p.MinP)
+	e.u64s(p.Seed)
+	e.i32s(p.Logprobs)
+	if xo&optPenalties != 0 {
+		appendOr(e, p.PresencePenalty, b, 0)
+		appendOr(e, p.FrequencyPenalty, b, 0)
+		appendOr(e, p.RepetitionPenalty, b, 1)
+		appendOr(e, p.MinTokens, b, 0)
+	}
+	e.i32s(p.QueryStart)
+	e.i32s(p.LogitsStart)
+	e.i32s(p.Tokens)
+	e.i32s(p.Positions)
+	e.i32s(p.LogitsIndices)
+	if xo&optBias != 0 {
+		e.i32s(p.LogitBiasStart)
+		e.i32s(p.LogitBiasTokens)
+		e.f32s(p.LogitBiasValues)
+	}
+	if xo&optStops != 0 {
+		e.i32s(p.StopIDsStart)
+		e.i32s(p.StopIDs)
+	}
+	if xo&optHistory != 0 {
+		e.i32s(p.HistoryStart)
+		e.i32s(p.History)
+	}
+	if xo&optPrompt != 0 {
+		e.i32s(p.PromptLogprobs)
+		e.i32s(p.PromptNext)
+	}
+	for gi := range p.Groups {
+		gp := &p.Groups[gi]
+		e.u32(uint32(len(gp.StatePage)))
+		for _, s := range gp.SlotMapping {
+			e.u64(uint64(s))
+		}
+		for _, s := range gp.StatePage {
+			e.u32(uint32(s))
+		}
+	}
+	deltas := 0
+	for row, id := range p.ReqIDs {
+		s := x.shadows[id]
+		if s == nil {
+			s = x.newShadow(g)
+			x.shadows[id] = s
+		}
+		for gi := 0; gi < g; gi++ {
+			if x.appendDelta(row, gi, s, p.PageTableOf(gi, row)) {
+				deltas++
+			}
+		}
+	}
+	binary.LittleEndian.PutUint32(e.b[nDeltaAt:], uint32(deltas))
+	finishFrame(e.b[len(dst):])
+	return e.b, nil
+}
+
+func (x *Encoder) newShadow(groups int) *shadow {
+	var s *shadow
+	if n := len(x.spare); n > 0 {
+		s, x.spare = x.spare[n-1], x.spare[:n-1]
+	} else {
+		s = &shadow{}
+	}
+	if cap(s.tables) < groups {
+		s.tables = make([][]kvslab.PageID, groups)
+	}
+	s.tables = s.tables[:groups]
+	for i := range s.tables {
+		s.tables[i] = s.tables[i][:0]
+	}
+	return s
+}
+
+// mergeGap: two runs of changed entries closer than this are sent as one (a run header
+// costs 8 bytes, two entries).
+const mergeGap = 2
+
+// appendDelta appends the delta that turns the shadow table of (row, group) into table,
+// if they differ, and updates the shadow. Layout: row u32 | group u32 | new length u32 |
+// runs u32 | per run: start u32 | count u32 | pages u32[count].
+func (x *Encoder) appendDelta(row, g int, s *shadow, table []kvslab.PageID) bool {
+	old := s.tables[g]
+	e := &x.e
+	if x.WholeTables {
+		e.u32(uint32(row))
+		e.u32(uint32(g))
+		e.u32(uint32(len(table)))
+		e.u32(1)
+		e.u32(0)
+		e.u32(uint32(len(table)))
+		appendPages(e, table)
+		s.tables[g] = append(old[:0], table...)
+		return true
+	}
+	differs := func(i int) bool { return i >= len(old) || old[i] != table[i] }
+	first := 0
+	for first < len(table) && !differs(first) {
+		first++
+	}
+	if first == len(table) && len(table) == len(old) {
+		return false
+	}
+	e.u32(uint32(row))
+	e.u32(uint32(g))
+	e.u32(uint32(len(table)))
+	runsAt := len(e.b)
+	e.u32(0)
+	runs := 0
+	for i := first; i < len(table); {
+		// A run starts at i (which differs) and ends before mergeGap equal entries in a row.
+		j, same := i+1, 0
+		for ; j < len(table); j++ {
+			if differs(j) {
+				same = 0
+				continue
+			}
+			if same++; same >= mergeGap {
+				j -= same - 1
+				break
+			}
+		}
+		if j == len(table) {
+			// Trailing equal entries belong to no run.
+			for j > i+1 && !differs(j-1) {
+				j--
+			}
+		}
+		e.u32(uint32(i))
+		e.u32(uint32(j - i))
+		appendPages(e, table[i:j])
+		runs++
+		for i = j; i < len(table) && !differs(i); i++ {
+		}
+	}
+	binary.LittleEndian.PutUint32(e.b[runsAt:], uint32(runs))
+	s.tables[g] = append(old[:0], table...)
+	return true
+}
+
+func appendPages(e *enc, pages []kvslab.PageID) {
+	for _, pg := range pages {
+		e.u32(uint32(pg))
+	}
+}
+
+// optional returns a plan's X field: which optional arrays it has.
+func optional(p *engine.BatchPlan) uint32 {
+	var x uint32
+	if len(p.PresencePenalty)+len(p.FrequencyPenalty)+len(p.RepetitionPenalty)+len(p.MinTokens) > 0 {
+		x |= optPenalties
+	}
+	if len(p.LogitBiasStart) > 0 {
+		x |= optBias
+	}
+	if len(p.StopIDsStart) > 0 {
+		x |= optStops
+	}
+	if len(p.HistoryStart) > 0 {
+		x |= optHistory
+	}
+	if len(p.PromptLogprobs) > 0 {
+		x |= optPrompt
+	}
+	return x
+}
+
+// appendOr appends s, or n copies of def when s is empty.
+func appendOr[T int32 | float32](e *enc, s []T, n int, def T) {
+	for i := 0; i < n; i++ {
+		v := def
+		if len(s) > 0 {
+			v = s[i]
+		}
+		switch v := any(v).(type) {
+		case int32:
+			e.i32(v)
+		case float32:
+			e.f32s([]float32{v})
+		}
+	}
+}
+
+// Tables is the runner side of the page-table deltas: the tables the runner holds per
+// request, which each Step updates. DecodeStep rebuilds the whole plan from them.
+type Tables struct {
+	byReq map[uint64][][]kvslab.PageID
+}
+
+// Held returns the number of requests whose tables are held.
+func (t *Tables) Held() int { return len(t.byReq) }
+
+// Table returns the table held for request id in group g (nil when none).
+func (t *Tables) Table(id uint64, g int) []kvslab.PageID {
+	if ts := t.byReq[id]; g < len(ts) {
+		return ts[g]
+	}
+	return nil
+}
+
+// DecodeStep decodes a Step payload into p (reusing p's buffers), applying its releases
+// and table deltas to t: afterwards p is the plan the engine built, page tables included,
+// CacheOps and Released as sent. Malformed input returns an error wrapping ErrMalformed
+// and leaves t unchanged unless the error is about a table delta.
+func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
+	d := dec{b: payload, at: "step"}
+	if len(payload) < stepHeader {
+		d.fail("%d bytes, shorter than the %d-byte header", len(payload), stepHeader)
+		return d.err
+	}
+	step := d.u64()
+	graph := d.i32()
+	var n [11]int64
+	for i := range n {
+		n[i] = int64(d.u32())
+	}
+	b, tk, l, g, xo, nb, ns, nh, nops, nrel, ndelta := n[0], n[1], n[2], n[3], uint32(n[4]), n[5], n[6], n[7], n[8], n[9], n[10]
+	if xo&^optAll != 0 {
+		d.fail("unknown optional arrays %#x", xo)
+		return d.err
+	}
+	need := 12*nrel + 16*nops + 52*b + 8*(b+1) + 8*tk + 4*l + g*(4+8*tk) + 16*ndelta
+	if xo&optPenalties != 0 {
+		need += 16 * b
+	}
+	if xo&optPrompt != 0 {
+		need += 8 * b
+	}
+	for _, o := range [...]struct {
+		bit uint32
+		n   int64
+	}{{optBias, 2 * nb}, {optStops, ns}, {optHistory, nh}} {
+		if xo&o.bit != 0 {
+			need += 4*(b+1) + 4*o.n
+		} else if o.n != 0 {
+			d.fail("%d values of an absent optional array", o.n)
+			return d.err
+		}
+	}
+	if g > 1<<10 || need > int64(d.left()) {
+		d.fail("%d sequences, %d tokens, %d logits rows, %d groups, %d ops, %d releases, %d deltas do not fit in %d bytes",
+			b, tk, l, g, nops, nrel, ndelta, d.left())
+		return d.err
+	}
+	p.Step, p.GraphBatch = step, graph
+	p.Released = p.Released[:0]
+	for i := int64(0); i < nrel; i++ {
+		id, reason := d.u64(), d.u32()
+		if reason < uint32(engine.ReleaseFinished) || reason > uint32(engine.ReleasePreempted) {
+			d.fail("release %d: unknown reason %d", i, reason)
+		}
+		p.Released = append(p.Released, engine.Release{ReqID: id, Reason: engine.ReleaseReason(reason)})
+	}
+	p.CacheOps = p.CacheOps[:0]
+	for i := int64(0); i < nops; i++ {
+		kind, group, src, dst := d.u32(), d.i32(), d.u32(), d.u32()
+		if kind != uint32(engine.OpCopyPage) || group < 0 || int64(group) >= g {
+			d.fail("cache op %d: kind %d on group %d of %d", i, kind, group, g)
+		}
+		p.CacheOps = append(p.CacheOps, engine.CacheOp{Kind: engine.CacheOpKind(kind), Group: group, Src: kvslab.PageID(src), Dst: kvslab.PageID(dst)})
+	}
+	B, T := int(b), int(tk)
+	p.ReqIDs = d.u64s(p.ReqIDs, B)
+	p.Computed = d.i32s(p.Computed, B)
+	p.Scheduled = d.i32s(p.Scheduled, B)
+	p.PromptLen = d.i32s(p.PromptLen, B)
+	p.NumDrafts = d.i32s(p.NumDrafts, B)
+	p.Temperature = d.f32s(p.Temperature, B)
+	p.TopP = d.f32s(p.TopP, B)
+	p.TopK = d.i32s(p.TopK, B)
+	p.MinP = d.f32s(p.MinP, B)
+	p.Seed = d.u64s(p.Seed, B)
+	p.Logprobs = d.i32s(p.Logprobs, B)
+	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinTokens = p.PresencePenalty[:0], p.FrequencyPenalty[:0], p.RepetitionPenalty[:0], p.MinTokens[:0]
+	if xo&optPenalties != 0 {
+		p.PresencePenalty = d.f32s(p.PresencePenalty, B)
+		p.FrequencyPenalty = d.f32s(p.FrequencyPenalty, B)
+		p.RepetitionPenalty = d.f32s(p.RepetitionPenalty, B)
+		p.MinTokens = d.i32s(p.MinTokens, B)
+	}
+	p.QueryStart = d.i32s(p.QueryStart, B+1)
+	p.LogitsStart = d.i32s(p.LogitsStart, B+1)
+	p.Tokens = d.i32s(p.Tokens, T)
+	p.Positions = d.i32s(p.Positions, T)
+	p.LogitsIndices = d.i32s(p.LogitsIndices, int(l))
+	p.LogitBiasStart, p.LogitBiasTokens, p.LogitBiasValues = p.LogitBiasStart[:0], p.LogitBiasTokens[:0], p.LogitBiasValues[:0]
+	if xo&optBias != 0 {
+		p.LogitBiasStart = d.i32s(p.LogitBiasStart, B+1)
+		p.LogitBiasTokens = d.i32s(p.LogitBiasTokens, int(nb))
+		p.LogitBiasValues = d.f32s(p.LogitBiasValues, int(nb))
+	}
+	p.StopIDsStart, p.StopIDs = p.StopIDsStart[:0], p.StopIDs[:0]
+	if xo&optStops != 0 {
+		p.StopIDsStart = d.i32s(p.StopIDsStart, B+1)
+		p.StopIDs = d.i32s(p.StopIDs, int(ns))
+	}
+	p.HistoryStart, p.History = p.HistoryStart[:0], p.History[:0]
+	if xo&optHistory != 0 {
+		p.HistoryStart = d.i32s(p.HistoryStart, B+1)
+		p.History = d.i32s(p.History, int(nh))
+	}
+	p.PromptLogprobs, p.PromptNext = p.PromptLogprobs[:0], p.PromptNext[:0]
+	if xo&optPrompt != 0 {
+		p.PromptLogprobs = d.i32s(p.PromptLogprobs, B)
+		p.PromptNext = d.i32s(p.PromptNext, B)
+	}
+	if cap(p.Groups) < int(g) {
+		p.Groups = make([]engine.GroupPlan, g)
+	}
+	p.Groups = p.Groups[:g]
+	for gi := range p.Groups {
+		gp := &p.Groups[gi]
+		nsp := d.count("state pages", 4)
+		gp.SlotMapping = gp.SlotMapping[:0]
+		if raw := d.take(8 * T); raw != nil {
+			for j := 0; j < T; j++ {
+				gp.SlotMapping = append(gp.SlotMapping, int64(binary.LittleEndian.Uint64(raw[8*j:])))
+			}
+		}
+		gp.StatePage = gp.StatePage[:0]
+		for j := 0; j < nsp && d.err == nil; j++ {
+			gp.StatePage = append(gp.StatePage, kvslab.PageID(d.u32()))
+		}
+	}
+	if d.err != nil {
+		return d.err
+	}
+	// The plan is whole but for its page tables: check it before touching the tables.
+	for gi := range p.Groups {
+		gp := &p.Groups[gi]
+		gp.PageTableStart = append(gp.PageTableStart[:0], make([]int32, B+1)...)
+		gp.PageTable = gp.PageTable[:0]
+	}
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("%w: step %d: %w", ErrMalformed, step, err)
+	}
+	if t.byReq == nil {
+		t.byReq = make(map[uint64][][]kvslab.PageID)
+	}
+	for _, r := range p.Released {
+		delete(t.byReq, r.ReqID)
+	}
+	for i := int64(0); i < ndelta && d.err == nil; i++ {
+		t.applyDelta(&d, p, int(g))
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	for gi := range p.Groups {
+		gp := &p.Groups[gi]
+		for row, id := range p.ReqIDs {
+			gp.PageTable = append(gp.PageTable, t.Table(id, gi)...)
+			gp.PageTableStart[row+1] = int32(len(gp.PageTable))
+		}
+	}
+	return nil
+}
+
+// applyDelta reads one table delta and applies it.
+func (t *Tables) applyDelta(d *dec, p *engine.BatchPlan, groups int) {
+	row, g, newLen, runs := int64(d.u32()), int64(d.u32()), int64(d.u32()), d.u32()
+	if d.err != nil {
+		return
+	}
+	if row >= int64(len(p.ReqIDs)) || g >= int64(groups) {
+		d.fail("table delta for row %d, group %d of a plan of %d rows, %d groups", row, g, len(p.ReqIDs), groups)
+		return
+	}
+	id := p.ReqIDs[row]
+	ts := t.byReq[id]
+	if ts == nil {
+		ts = make([][]kvslab.PageID, groups)
+		t.byReq[id] = ts
+	}
+	old := ts[g]
+	// Entries past the old length must all be written by the runs, so the new length is
+	// bounded by the bytes of the message, never by a forged count.
+	if newLen > int64(len(old))+int64(d.left()/4) {
+		d.fail("table delta grows request %d's group %d table from %d to %d entries", id, g, len(old), newLen)
+		return
+	}
+	table := old
+	if int(newLen) <= cap(old) {
+		table = old[:newLen]
+	} else {
+		table = append(old, make([]kvslab.PageID, int(newLen)-len(old))...)
+	}
+	covered, end := len(old), int64(0) // entries from len(old) on must be written, in order
+	for r := uint32(0); r < runs && d.err == nil; r++ {
+		start, count := int64(d.u32()), int64(d.u32())
+		if d.err == nil && (start < end || start+count > newLen || count == 0) {
+			d.fail("table delta of request %d, group %d: run [%d, %d) after %d in a table of %d", id, g, start, start+count, end, newLen)
+			return
+		}
+		raw := d.take(int(4 * count))
+		if raw == nil {
+			return
+		}
+		for j := int64(0); j < count; j++ {
+			table[start+j] = kvslab.PageID(binary.LittleEndian.Uint32(raw[4*j:]))
+		}
+		if start <= int64(covered) && start+count > int64(covered) {
+			covered = int(start + count)
+		}
+		end = start + count
+	}
+	if d.err == nil && int64(covered) < newLen {
+		d.fail("table delta of request %d, group %d leaves entries %d..%d unwritten", id, g, covered, newLen-1)
+		return
+	}
+	ts[g] = table
+}
