@@ -7,8 +7,10 @@ import "fmt"
 type Arena interface {
 	// Size is the arena's length in bytes.
 	Size() int64
-	// Copy copies n bytes from offset src to offset dst inside the arena. The pool uses it
-	// to restore a recurrent state from a prefix-cache checkpoint. The ranges never overlap.
+	// Copy copies n bytes from offset src to offset dst inside the arena: a page copy
+	// (copy-on-write of a shared block, a recurrent state restored from a checkpoint),
+	// done by the pool at once or, with DeferCopies, by whoever executes the recorded
+	// copies (Pool.CopyPage). The ranges never overlap.
 	Copy(dst, src, n int64) error
 }
 

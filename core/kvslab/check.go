@@ -119,6 +119,18 @@ func (p *Pool) Check() error {
 			return fmt.Errorf("seq %d: %d committed blocks, %d hashes, %d blocks", i, s.committed, len(s.hashes), blocks)
 		}
 	}
+	// Recorded copies hold their source pages.
+	if p.taken > len(p.copies) {
+		return fmt.Errorf("%d copies taken of %d recorded", p.taken, len(p.copies))
+	}
+	for i, c := range p.copies {
+		if c.Group < 0 || c.Group >= len(p.groups) {
+			return fmt.Errorf("copy %d: group %d", i, c.Group)
+		}
+		if err := holdPage(c.Group, c.Src, fmt.Sprintf("copy %d source", i)); err != nil {
+			return err
+		}
+	}
 	if open != p.open {
 		return fmt.Errorf("%d sequences open, %d counted", open, p.open)
 	}

@@ -45,4 +45,13 @@
 // checkpoint at exactly the hit point for recurrent groups. Cached pages are reference
 // counted; unreferenced ones stay until evicted, least recently used first, and when a group
 // needs a slab the pool prefers slabs whose pages are all evictable.
+//
+// # Page copies
+//
+// Two operations need a page's bytes copied: Truncate into a block the sequence shares
+// (copy-on-write) and Open with a recurrent checkpoint to restore. By default the pool
+// copies through the arena at once. With DeferCopies it records them instead (PageCopy),
+// so the engine can hand them to the runner as ordered operations executed before the
+// step's forward, on the runner's own stream and after any step still running: the page
+// table already names the destination, and the source is held until RetireCopies.
 package kvslab

@@ -37,6 +37,12 @@ type Pool struct {
 	cache prefixCache
 	stats counters
 	undo  []undoEntry
+
+	// Recorded page copies (copies.go): all not yet retired, oldest first; the first
+	// taken of them were handed out.
+	deferCopies bool
+	copies      []PageCopy
+	taken       int
 }
 
 type group struct {

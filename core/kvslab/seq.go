@@ -84,7 +84,7 @@ func (p *Pool) addSeqs(n int) {
 // serve for every group; it returns the number of tokens attached (whole blocks), which is
 // the sequence's length. Pass only the tokens that may match: an engine that must compute at
 // least one token passes prompt[:len(prompt)-1]. A recurrent group's state is restored from
-// the checkpoint at the hit point. Open fails with ErrNoSpace when the recurrent states of a
+// the checkpoint at the hit point (a copy recorded instead, with DeferCopies). Open fails with ErrNoSpace when the recurrent states of a
 // new sequence do not fit.
 func (p *Pool) Open(prompt []int32) (SeqID, int, error) {
 	p.stats.queries++
@@ -124,15 +124,15 @@ func (p *Pool) Open(prompt []int32) (SeqID, int, error) {
 		if spec.Kind != Recurrent {
 			continue
 		}
-		id, ok := p.alloc(g)
+		page, ok := p.alloc(g)
 		if !ok {
 			err = fmt.Errorf("%w: no page for the state of recurrent group %q", ErrNoSpace, spec.Name)
 			break
 		}
-		s.state[g] = id
+		s.state[g] = page
 		if n > 0 {
 			ckpt := c.entryPages(c.chain[n-1])[g]
-			if cerr := p.arena.Copy(p.PageOffset(g, id), p.PageOffset(g, ckpt), p.groups[g].pageBytes); cerr != nil {
+			if cerr := p.copyPage(id, g, page, ckpt); cerr != nil {
 				err = fmt.Errorf("kvslab: restore recurrent group %q from its checkpoint: %w", spec.Name, cerr)
 				break
 			}
@@ -273,7 +273,8 @@ func (p *Pool) releaseBlocks(s *seqState, g, from, to int) {
 // Truncate drops the last n tokens of the sequence (rejected speculative tokens). Blocks
 // that no longer hold a token are released; a block cut into is taken out of the sequence's
 // committed prefix, and if the prefix cache or another sequence shares its page, the
-// sequence gets a private copy first (so the cached block stays intact). A recurrent state
+// sequence gets a private copy first (so the cached block stays intact; with DeferCopies
+// the copy is recorded, and the sequence's page table names the copy at once). A recurrent state
 // cannot be rolled back by the pool: the runner keeps it consistent with the new length;
 // the pool only drops checkpoints past it. Truncating a sliding-window group behind the
 // pages it has already released is an error.
@@ -298,7 +299,7 @@ func (p *Pool) Truncate(seq SeqID, n int) error {
 	blocks := (end + p.block - 1) / p.block
 	cut := end / p.block // first block that loses tokens or disappears
 	if end%p.block != 0 && cut < s.committed {
-		if err := p.privatize(s, cut); err != nil {
+		if err := p.privatize(seq, s, cut); err != nil {
 			return err
 		}
 	}
@@ -318,7 +319,7 @@ func (p *Pool) Truncate(seq SeqID, n int) error {
 }
 
 // privatize gives the sequence its own copy of block b's shared or cached pages.
-func (p *Pool) privatize(s *seqState, b int) error {
+func (p *Pool) privatize(seq SeqID, s *seqState, b int) error {
 	for g, spec := range p.specs {
 		if spec.Kind == Recurrent || b >= len(s.tables[g]) || s.tables[g][b] == NoPage {
 			continue
@@ -332,7 +333,7 @@ func (p *Pool) privatize(s *seqState, b int) error {
 		if !ok {
 			return fmt.Errorf("%w: copy of a shared block of group %q", ErrNoSpace, spec.Name)
 		}
-		if err := p.arena.Copy(p.PageOffset(g, id), p.PageOffset(g, old), p.groups[g].pageBytes); err != nil {
+		if err := p.copyPage(seq, g, id, old); err != nil {
 			p.release(g, id)
 			return fmt.Errorf("kvslab: copy a shared block of group %q: %w", spec.Name, err)
 		}
@@ -352,6 +353,7 @@ func (p *Pool) Free(seq SeqID) error {
 }
 
 func (p *Pool) free(seq SeqID) {
+	p.dropCopies(seq)
 	s := &p.seqs[seq]
 	for g := range p.specs {
 		p.releaseBlocks(s, g, s.held[g], len(s.tables[g]))

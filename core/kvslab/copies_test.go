@@ -1,0 +1,171 @@
+package kvslab
+
+import (
+	"strings"
+	"testing"
+)
+
+// With DeferCopies, Truncate and Open record their copies instead of doing them: the
+// destination pages stay untouched until the copies are executed with CopyPage, the
+// sources are held until RetireCopies, and the result equals the pool's own copy.
+func TestDeferredCopies(t *testing.T) {
+	rec := GroupSpec{Name: "state", Kind: Recurrent, Layers: 1, BytesPerToken: 16, PageTokens: 4, Checkpoints: 4}
+	p := newPool(t, 64, 1024, full("kv", 4), rec)
+	p.DeferCopies(true)
+	toks := seqTokens(7, 9)
+	a, _ := open(t, p, nil)
+	reserve(t, p, a, 9)
+	kv1 := p.PageTable(a, 0)[1]
+	ckpt := p.PageTable(a, 1)[1]
+	page(t, p, 0, kv1, "kv-block-1")
+	page(t, p, 1, ckpt, "state-after-8tok")
+	if err := p.Commit(a, toks); err != nil {
+		t.Fatal(err)
+	}
+
+	// A hit restores b's state from the checkpoint: recorded, not done.
+	b, hit := open(t, p, toks[:8])
+	if hit != 8 || p.PendingCopies() != 1 {
+		t.Fatalf("hit %d, %d copies pending; want 8 and 1", hit, p.PendingCopies())
+	}
+	if got := read(t, p, 1, p.StatePage(b, 1)); strings.HasPrefix(got, "state-after-8tok") {
+		t.Fatal("the state was copied at Open")
+	}
+	// Cutting a into its committed block 1 gives it a private copy: recorded too.
+	if err := p.Truncate(a, 3); err != nil {
+		t.Fatal(err)
+	}
+	priv := p.PageTable(a, 0)[1]
+	if priv == kv1 {
+		t.Fatal("truncate kept the shared page")
+	}
+	ops := p.TakeCopies(nil)
+	want := []PageCopy{
+		{Group: 1, Src: ckpt, Dst: p.StatePage(b, 1), Seq: b},
+		{Group: 0, Src: kv1, Dst: priv, Seq: a},
+	}
+	if len(ops) != len(want) || ops[0] != want[0] || ops[1] != want[1] {
+		t.Fatalf("copies %+v, want %+v", ops, want)
+	}
+	if err := p.Check(); err != nil {
+		t.Fatalf("with copies taken: %v", err)
+	}
+	if more := p.TakeCopies(nil); len(more) != 0 {
+		t.Fatalf("taken twice: %+v", more)
+	}
+	for _, c := range ops {
+		if err := p.CopyPage(c.Group, c.Dst, c.Src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := read(t, p, 1, p.StatePage(b, 1)); !strings.HasPrefix(got, "state-after-8tok") {
+		t.Fatalf("restored state %q", got)
+	}
+	if got := read(t, p, 0, priv); !strings.HasPrefix(got, "kv-block-1") {
+		t.Fatalf("private copy %q", got)
+	}
+	// Until the copies are retired their sources stay held, even with every sequence
+	// freed and the cache cleared.
+	for _, s := range []SeqID{a, b} {
+		if err := p.Free(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.ClearCache()
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Stats(); s.FreeSlabs == s.Slabs {
+		t.Fatal("the copies' sources were freed before the copies were retired")
+	}
+	if err := p.RetireCopies(3); err == nil {
+		t.Fatal("retiring more copies than were taken: no error")
+	}
+	if err := p.RetireCopies(2); err != nil {
+		t.Fatal(err)
+	}
+	p.ClearCache()
+	wantWhole(t, p)
+}
+
+// A copy that was taken and not retired (its step failed or never ran) is handed out
+// again, before later ones; a copy not yet taken is forgotten when its sequence is freed,
+// and the pool is whole again.
+func TestReissueAndDropCopies(t *testing.T) {
+	p := newPool(t, 64, 512, full("kv", 4))
+	p.DeferCopies(true)
+	toks := seqTokens(3, 8)
+	a, _ := open(t, p, nil)
+	reserve(t, p, a, 8)
+	if err := p.Commit(a, toks); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := open(t, p, toks)
+	if err := p.Truncate(a, 2); err != nil { // a copies block 1
+		t.Fatal(err)
+	}
+	first := p.TakeCopies(nil)
+	if err := p.Truncate(b, 3); err != nil { // b copies block 1 too
+		t.Fatal(err)
+	}
+	p.ReissueCopies()
+	again := p.TakeCopies(nil)
+	if len(first) != 1 || len(again) != 2 || again[0] != first[0] || again[1].Seq != b {
+		t.Fatalf("first %+v, reissued %+v", first, again)
+	}
+	p.ReissueCopies()
+	if err := p.Free(b); err != nil { // b's copy was not taken since the reissue: dropped
+		t.Fatal(err)
+	}
+	if p.PendingCopies() != 1 {
+		t.Fatalf("%d copies pending after freeing b, want a's", p.PendingCopies())
+	}
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Free(a); err != nil {
+		t.Fatal(err)
+	}
+	p.ClearCache()
+	wantWhole(t, p)
+}
+
+func TestCopyPageBadInput(t *testing.T) {
+	p := newPool(t, 64, 256, full("kv", 4))
+	for _, c := range []struct {
+		g        int
+		dst, src PageID
+	}{{1, pg(0, 0), pg(0, 1)}, {0, NoPage, pg(0, 1)}, {0, pg(0, 0), pg(9, 0)}, {0, pg(0, 99), pg(0, 0)}} {
+		if err := p.CopyPage(c.g, c.dst, c.src); err == nil {
+			t.Errorf("CopyPage(%d, %#x, %#x): no error", c.g, uint32(c.dst), uint32(c.src))
+		}
+	}
+}
+
+func page(t *testing.T, p *Pool, g int, id PageID, s string) {
+	t.Helper()
+	b, err := p.PageBytes(g, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(b, s)
+}
+
+func read(t *testing.T, p *Pool, g int, id PageID) string {
+	t.Helper()
+	b, err := p.PageBytes(g, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func wantWhole(t *testing.T, p *Pool) {
+	t.Helper()
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Stats(); s.FreeSlabs != s.Slabs || p.PendingCopies() != 0 {
+		t.Fatalf("pool not whole: %+v, %d copies pending", s, p.PendingCopies())
+	}
+}
