@@ -17,16 +17,23 @@ computed in float64) with perturbed weights, written in one of two
 tensor name forms ("module": the state_dict names; "checkpoint": the names save_pretrained
 writes, which the conversion mapping renames on load: flat forget-gate keys, hc_*,
 per-expert keys, q/k/v_conv1d), and logits.safetensors holding token_ids (I32 [T]) and
-logits (F32 [T, vocab]) for every position.
+logits (F32 [T, vocab]) for every position. Each checkpoint also carries an MTP layer
+(layers.{num_hidden_layers}, which transformers drops on load; see MTPLayer), and
+logits.safetensors its logits mtp_logits (F32 [T-1, vocab]): row p from the final hidden
+state at p and the token at p+1.
 """
 import argparse
+import copy
 import json
 import os
 
 import torch
 import transformers
 from safetensors.torch import save_file
+from torch import nn
 from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+from transformers.models.glm5_next.modeling_glm5_next import (
+    Glm5NextTextAttention, Glm5NextTextMoE, Glm5NextTextRMSNorm)
 
 # Every Glm5NextTextConfig attribute the text model reads (modeling_glm5_next.py, text
 # classes), plus the derived qk_head_dim.
@@ -168,11 +175,15 @@ SEQ_LEN = 200
 
 def perturb(model, gen):
     """Moves every text weight off its init so that a port ignoring any of them fails."""
+    perturb_params(list(model.model.language_model.named_parameters()) + list(
+        model.model.language_model.named_buffers()) + [("lm_head.weight", model.lm_head.weight)], gen)
+
+
+def perturb_params(named, gen):
     def rnd(shape):
         return torch.randn(shape, generator=gen)
     with torch.no_grad():
-        for name, p in list(model.model.language_model.named_parameters()) + list(
-                model.model.language_model.named_buffers()) + [("lm_head.weight", model.lm_head.weight)]:
+        for name, p in named:
             if p.ndim >= 2:
                 p.copy_(rnd(p.shape) * p.shape[-1] ** -0.5)
             elif name.endswith("scale"):
@@ -221,6 +232,42 @@ def checkpoint_names(sd, cfg):
     return out
 
 
+class MTPLayer(nn.Module):
+    """The glm5_next MTP layer (layers.{num_hidden_layers}), as vLLM's and SGLang's glm5_next
+    MTP read the checkpoint (transformers 5.23.0 drops it on load): enorm, hnorm, eh_proj on
+    [enorm(embed(next)); hnorm(hidden)], one pre-norm decoder layer without mHC (transformers'
+    Glm5NextTextAttention with its own full indexer, Glm5NextTextMoE), shared_head.norm and
+    shared_head.head (the main lm_head when absent)."""
+
+    def __init__(self, tcfg, own_head):
+        super().__init__()
+        n, d = tcfg.num_hidden_layers, tcfg.hidden_size
+        cfg = copy.deepcopy(tcfg)
+        cfg.layer_types = list(tcfg.layer_types) + ["indexed_attention"]
+        cfg.indexer_types = list(tcfg.indexer_types) + ["full"]
+        cfg.mlp_layer_types = list(tcfg.mlp_layer_types) + ["sparse"]
+        self.enorm = Glm5NextTextRMSNorm(d, tcfg.rms_norm_eps)
+        self.hnorm = Glm5NextTextRMSNorm(d, tcfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * d, d, bias=False)
+        self.input_layernorm = Glm5NextTextRMSNorm(d, tcfg.rms_norm_eps)
+        self.post_attention_layernorm = Glm5NextTextRMSNorm(d, tcfg.rms_norm_eps)
+        self.self_attn = Glm5NextTextAttention(cfg, n)
+        self.mlp = Glm5NextTextMoE(cfg)
+        self.shared_head = nn.Module()
+        self.shared_head.norm = Glm5NextTextRMSNorm(d, tcfg.rms_norm_eps)
+        if own_head:
+            self.shared_head.head = nn.Linear(d, tcfg.vocab_size, bias=False)
+
+    def forward(self, embed, hidden, lm_head):
+        x = self.eh_proj(torch.cat([self.enorm(embed), self.hnorm(hidden)], dim=-1))
+        mask = torch.ones(x.shape[:2], dtype=torch.bool)
+        a, _, _ = self.self_attn(hidden_states=self.input_layernorm(x), attention_mask=mask)
+        x = x + a
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        head = self.shared_head.head if hasattr(self.shared_head, "head") else lm_head
+        return head(self.shared_head.norm(x))
+
+
 def make_case(out, name, form, text, seed):
     case_dir = os.path.join(out, "parity", name)
     os.makedirs(case_dir, exist_ok=True)
@@ -234,12 +281,29 @@ def make_case(out, name, form, text, seed):
           if k.startswith("model.language_model.") or k == "lm_head.weight"}
     # The reference runs in float64 on the float32 weights: transformers' own float32 run
     # differs from it by ~1e-4 on these perturbed models, which would eat the tolerance.
+    # The MTP layer: its own head and an (ignored) embed_tokens copy in the checkpoint form,
+    # the main lm_head in the module form; the MTP prefix as the flat checkpoint spells it in
+    # the checkpoint form.
+    tcfg = model.config.text_config
+    mtp = MTPLayer(tcfg, own_head=form == "checkpoint").eval()
+    perturb_params(list(mtp.named_parameters()) + list(mtp.named_buffers()), gen)
+    mtp_prefix = ("model.layers." if form == "checkpoint" else "model.language_model.layers.") + f"{tcfg.num_hidden_layers}."
+    for k, v in mtp.state_dict().items():
+        sd[mtp_prefix + k] = v.detach().clone().contiguous()
+    if form == "checkpoint":
+        sd[mtp_prefix + "embed_tokens.weight"] = model.model.language_model.embed_tokens.weight.detach().clone()
     with torch.no_grad():
-        logits = model.double()(input_ids=ids).logits[0].float()
+        model = model.double()
+        logits = model(input_ids=ids).logits[0].float()
+        # MTP row p reads the final hidden state at p and the token at p+1.
+        hidden = model.model.language_model(input_ids=ids).last_hidden_state
+        embed = model.model.language_model.embed_tokens(ids[:, 1:])
+        mtp_logits = mtp.double()(embed, hidden[:, :-1], model.lm_head)[0].float()
     if form == "checkpoint":
         sd = {k: v.contiguous() for k, v in checkpoint_names(sd, text).items()}
     save_file(sd, os.path.join(case_dir, "model.safetensors"))
-    save_file({"token_ids": ids[0].to(torch.int32), "logits": logits.contiguous()},
+    save_file({"token_ids": ids[0].to(torch.int32), "logits": logits.contiguous(),
+               "mtp_logits": mtp_logits.contiguous()},
               os.path.join(case_dir, "logits.safetensors"))
     config = {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
               "text_config": dict(text, model_type="glm5_next_text"),

@@ -124,7 +124,10 @@ func (r *TextRunner) forward(p *engine.BatchPlan, logits []float32) error {
 type randomSource struct{ rng *rand.Rand }
 
 func (randomSource) Names() []string { return nil }
-func (randomSource) Has(string) bool { return true }
+
+// Has says yes to every tensor but a separate MTP head: a random model's MTP layer
+// shares lm_head.
+func (randomSource) Has(name string) bool { return !strings.HasSuffix(name, "shared_head.head.weight") }
 func (s randomSource) Float32(name string, shape ...int) ([]float32, error) {
 	n := 1
 	for _, d := range shape {
