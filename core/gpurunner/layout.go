@@ -61,8 +61,10 @@ type Section struct {
 //	Seed          [R]      uint64  (padding: 0)
 //	RowPos        [R]      int32   position of the token each row samples (Positions[row]+1)
 //	per group g:
-//	  Slots[g]     [T]     int64   cache slot of each token (engine.NoSlot = -1: not written; padding: -1)
-//	  PageTable[g] [B, P]  uint32  page ids, row-major, P = PagesPerSeq (past a sequence's pages: 0)
+//	  Slots[g]          [T]    int64   cache slot of each token (engine.NoSlot = -1: not written; padding: -1)
+//	  PageTableStart[g] [B+1]  int32   offsets of each sequence's pages in PageTable[g] (padding sequences: none)
+//	  PageTable[g]      [B·P]  uint32  the plan's page ids, ragged as in engine.GroupPlan, then zeros;
+//	                                   P = PagesPerSeq bounds every sequence's pages
 //
 // A layout depends on Dims only, so the layout of a CUDA-graph bucket puts every array at
 // the same device address at every step: the graph captured once reads each step's plan.
@@ -70,7 +72,7 @@ type PlanLayout struct {
 	Dims                                                  Dims
 	Tokens, Positions, QueryStart, CtxLens, LogitsIndices Section
 	Temperature, TopP, TopK, MinP, Seed, RowPos           Section
-	Slots, PageTable                                      []Section
+	Slots, PageTableStart, PageTable                      []Section
 	// Size is the bytes of the whole upload.
 	Size int64
 }
@@ -99,9 +101,11 @@ func NewPlanLayout(d Dims) (PlanLayout, error) {
 	l.Seed = next(d.Rows, 8)
 	l.RowPos = next(d.Rows, 4)
 	l.Slots = make([]Section, d.Groups)
+	l.PageTableStart = make([]Section, d.Groups)
 	l.PageTable = make([]Section, d.Groups)
 	for g := 0; g < d.Groups; g++ {
 		l.Slots[g] = next(d.Tokens, 8)
+		l.PageTableStart[g] = next(d.Seqs+1, 4)
 		l.PageTable[g] = next(d.Seqs*d.PagesPerSeq, 4)
 	}
 	l.Size = off
@@ -197,18 +201,16 @@ func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 			}
 			put64(l.Slots[g], i, uint64(s))
 		}
-		for i := 0; i < l.Dims.Seqs; i++ {
-			var pages int
-			if i < b {
-				a, e := gp.PageTableStart[i], gp.PageTableStart[i+1]
-				pages = int(e - a)
-				for j, p := range gp.PageTable[a:e] {
-					put32(l.PageTable[g], i*l.Dims.PagesPerSeq+j, uint32(p))
-				}
+		n := int(gp.PageTableStart[b])
+		for i := 0; i <= l.Dims.Seqs; i++ {
+			put32(l.PageTableStart[g], i, uint32(gp.PageTableStart[min(i, b)]))
+		}
+		for j := 0; j < l.Dims.Seqs*l.Dims.PagesPerSeq; j++ {
+			var id uint32
+			if j < n {
+				id = uint32(gp.PageTable[j])
 			}
-			for j := pages; j < l.Dims.PagesPerSeq; j++ {
-				put32(l.PageTable[g], i*l.Dims.PagesPerSeq+j, 0)
-			}
+			put32(l.PageTable[g], j, id)
 		}
 	}
 	return nil

@@ -24,15 +24,16 @@ func TestPlanLayoutOffsets(t *testing.T) {
 		{"Tokens", l.Tokens, 0, 20}, {"Positions", l.Positions, 32, 20}, {"QueryStart", l.QueryStart, 64, 12},
 		{"CtxLens", l.CtxLens, 80, 8}, {"LogitsIndices", l.LogitsIndices, 96, 8}, {"Temperature", l.Temperature, 112, 8},
 		{"TopP", l.TopP, 128, 8}, {"TopK", l.TopK, 144, 8}, {"MinP", l.MinP, 160, 8}, {"Seed", l.Seed, 176, 16},
-		{"RowPos", l.RowPos, 192, 8}, {"Slots[0]", l.Slots[0], 208, 40}, {"PageTable[0]", l.PageTable[0], 256, 24},
+		{"RowPos", l.RowPos, 192, 8}, {"Slots[0]", l.Slots[0], 208, 40}, {"PageTableStart[0]", l.PageTableStart[0], 256, 12},
+		{"PageTable[0]", l.PageTable[0], 272, 24},
 	}
 	for _, w := range want {
 		if w.got.Off != w.off || w.got.Len != w.n {
 			t.Errorf("%s at %d (+%d), want %d (+%d)", w.name, w.got.Off, w.got.Len, w.off, w.n)
 		}
 	}
-	if l.Size != 288 {
-		t.Errorf("size %d, want 288", l.Size)
+	if l.Size != 304 {
+		t.Errorf("size %d, want 304", l.Size)
 	}
 }
 
@@ -48,7 +49,7 @@ func TestPlanLayoutAlignedAndDisjoint(t *testing.T) {
 			t.Fatal(err)
 		}
 		secs := append([]Section{l.Tokens, l.Positions, l.QueryStart, l.CtxLens, l.LogitsIndices, l.Temperature,
-			l.TopP, l.TopK, l.MinP, l.Seed, l.RowPos}, append(l.Slots, l.PageTable...)...)
+			l.TopP, l.TopK, l.MinP, l.Seed, l.RowPos}, append(append(l.Slots, l.PageTableStart...), l.PageTable...)...)
 		slices.SortFunc(secs, func(a, b Section) int { return int(a.Off - b.Off) })
 		for i, s := range secs {
 			if s.Off%sectionAlign != 0 {
@@ -76,6 +77,7 @@ type unpacked struct {
 	seed                                                         []uint64
 	slots                                                        []int64
 	pages                                                        []uint32
+	pageStart                                                    []int32
 }
 
 func unpack(l *PlanLayout, buf []byte) unpacked {
@@ -105,6 +107,7 @@ func unpack(l *PlanLayout, buf []byte) unpacked {
 	for i := int64(0); i < l.Slots[0].Len/8; i++ {
 		u.slots = append(u.slots, int64(le.Uint64(buf[l.Slots[0].Off+i*8:])))
 	}
+	u.pageStart = i32(l.PageTableStart[0])
 	for i := int64(0); i < l.PageTable[0].Len/4; i++ {
 		u.pages = append(u.pages, le.Uint32(buf[l.PageTable[0].Off+i*4:]))
 	}
@@ -152,7 +155,8 @@ func TestPackDecodePadsToBucket(t *testing.T) {
 	eq(t, "ctxLens", u.ctxLens, []int32{6, 1, 9, 0})
 	eq(t, "logits", u.logits, []int32{0, 1, 2, 0})
 	eq(t, "slots", u.slots, []int64{8*4 + 1, (1<<16 | 3) * 4, 6 * 4, -1})
-	eq(t, "pages", u.pages, []uint32{7, 8, 0, 0, 1<<16 | 3, 0, 0, 0, 4, 5, 6, 0, 0, 0, 0, 0})
+	eq(t, "pageStart", u.pageStart, []int32{0, 2, 3, 6, 6})
+	eq(t, "pages", u.pages, []uint32{7, 8, 1<<16 | 3, 4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
 	eq(t, "temp", u.temp, []float32{0.5, 0, 0, 0})
 	eq(t, "topP", u.topP, []float32{0.9, 1, 1, 1})
 	eq(t, "topK", u.topK, []int32{40, 0, 0, 0})
@@ -193,6 +197,7 @@ func TestPackPrefillPadsIntoOneSequence(t *testing.T) {
 		}
 	}
 	eq(t, "slots[:6]", u.slots[:6], []int64{8, 9, 10, 11, 12, 4*4 + 3})
+	eq(t, "pageStart", u.pageStart, []int32{0, 2, 3, 3, 3, 3})
 }
 
 func TestPackRefusesWhatDoesNotFit(t *testing.T) {
