@@ -1,0 +1,84 @@
+package ref
+
+import (
+	"fmt"
+	"testing"
+
+	cblas "github.com/resin-llm/resin/core/blas"
+)
+
+// BenchmarkMatMulTLlama runs MatMulT at the shapes of a ~120M-parameter llama (hidden 1024,
+// intermediate 2816, vocab 32000) for decode (m=1), a decode batch (m=8) and a prefill
+// chunk (m=512), on the BLAS library this process loaded (when there is one) and on gonum.
+// The backend is the first element of the name:
+//
+//	go test ./core/kernels/ref -run '^$' -bench MatMulTLlama -count 3
+func BenchmarkMatMulTLlama(b *testing.B) {
+	backends := []string{"gonum"}
+	if lib := cblas.Default(); lib != nil {
+		backends = append([]string{lib.Vendor}, backends...)
+	}
+	shapes := []struct {
+		name string
+		k, n int
+	}{
+		{"qkv", 1024, 3072}, {"gate", 1024, 2816}, {"down", 2816, 1024}, {"lmhead", 1024, 32000},
+	}
+	for _, backend := range backends {
+		for _, m := range []int{1, 8, 512} {
+			for _, s := range shapes {
+				name := fmt.Sprintf("%s/m=%d/%s_k=%d_n=%d", backend, m, s.name, s.k, s.n)
+				b.Run(name, func(b *testing.B) {
+					benchMatMulT(b, backend == "gonum", m, s.k, s.n)
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkMatMulTSmall measures the products around minBLASWork, where the call into the
+// library starts to pay for itself; the library is called directly, whatever the size.
+func BenchmarkMatMulTSmall(b *testing.B) {
+	lib := cblas.Default()
+	if lib == nil {
+		b.Skipf("no BLAS library: %s", cblas.Info().Fallback)
+	}
+	for _, d := range []int{4, 8, 12, 16, 20, 24, 32, 64} {
+		b.Run(fmt.Sprintf("%s/%dx%dx%d", lib.Vendor, d, d, d), func(b *testing.B) {
+			benchGEMM(b, func(out, x, w []float32) error { return lib.Sgemm(true, d, d, d, x, w, out) }, d, d, d)
+		})
+		b.Run(fmt.Sprintf("gonum/%dx%dx%d", d, d, d), func(b *testing.B) {
+			benchMatMulT(b, true, d, d, d)
+		})
+	}
+}
+
+func benchMatMulT(b *testing.B, gonum bool, m, k, n int) {
+	benchGEMM(b, func(out, x, w []float32) error {
+		if gonum {
+			gonumGemm(true, out, x, w, m, k, n)
+			return nil
+		}
+		return MatMulT(out, x, w, m, k, n)
+	}, m, k, n)
+}
+
+// benchGEMM times gemm(out, x, w) on x [m, k] and w [n, k].
+func benchGEMM(b *testing.B, gemm func(out, x, w []float32) error, m, k, n int) {
+	x, w, out := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+	for i := range x {
+		x[i] = float32(i%7) * 0.1
+	}
+	for i := range w {
+		w[i] = float32(i%5) * 0.01
+	}
+	b.SetBytes(int64(4 * (m*k + n*k + m*n)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := gemm(out, x, w); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(2*float64(m)*float64(k)*float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}

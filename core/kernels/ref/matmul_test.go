@@ -1,0 +1,155 @@
+package ref
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	cblas "github.com/resin-llm/resin/core/blas"
+)
+
+// gemmShapes covers degenerate, odd, GEMV-shaped and large products, below and above
+// minBLASWork.
+var gemmShapes = [][3]int{ // m, k, n
+	{1, 1, 1}, {1, 0, 5}, {3, 0, 4}, {0, 7, 3}, {2, 3, 0},
+	{1, 7, 13}, {5, 9, 1}, {3, 5, 7}, {17, 33, 65}, {31, 1, 29},
+	{1, 1024, 300}, {1, 257, 1031}, {2, 300, 301}, {8, 1024, 96},
+	{64, 64, 64}, {130, 257, 300}, {256, 512, 384},
+}
+
+// gemmOperands returns random a [m, k] and b (k·n values) and, in float64, the exact
+// product a·op(b) and Σ|a|·|op(b)| per element, the scale of float32 rounding error.
+func gemmOperands(rng *rand.Rand, transB bool, m, k, n int) (a, b []float32, exact, scale []float64) {
+	a, b = make([]float32, m*k), make([]float32, k*n)
+	for i := range a {
+		a[i] = rng.Float32()*2 - 1
+	}
+	for i := range b {
+		b[i] = rng.Float32()*2 - 1
+	}
+	exact, scale = make([]float64, m*n), make([]float64, m*n)
+	for i := range m {
+		for j := range n {
+			for p := range k {
+				bv := b[p*n+j]
+				if transB {
+					bv = b[j*k+p]
+				}
+				x := float64(a[i*k+p]) * float64(bv)
+				exact[i*n+j] += x
+				scale[i*n+j] += math.Abs(x)
+			}
+		}
+	}
+	return a, b, exact, scale
+}
+
+// checkProduct fails when got is further from exact than float32 GEMM rounding allows
+// (k·ε·Σ|a||b| per element, a bound gonum and every BLAS meet).
+func checkProduct(t *testing.T, what string, got []float32, exact, scale []float64, k int) {
+	t.Helper()
+	const eps = 1.0 / (1 << 24)
+	for i := range exact {
+		tol := float64(k+2)*eps*scale[i] + 1e-30
+		if d := math.Abs(float64(got[i]) - exact[i]); !(d <= tol) {
+			t.Fatalf("%s: out[%d] = %v, exact %v (off by %.3g, tolerance %.3g)", what, i, got[i], exact[i], d, tol)
+		}
+	}
+}
+
+func nanFilled(n int) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = float32(math.NaN()) // the GEMM must overwrite out, not accumulate into it
+	}
+	return out
+}
+
+// TestMatMulBackendsAgree checks MatMul and MatMulT (on whatever backend this process
+// chose), gonum, and the BLAS library called directly against the exact product.
+func TestMatMulBackendsAgree(t *testing.T) {
+	lib := cblas.Default()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, s := range gemmShapes {
+		m, k, n := s[0], s[1], s[2]
+		for _, transB := range []bool{false, true} {
+			op, call := "MatMul", MatMul
+			if transB {
+				op, call = "MatMulT", MatMulT
+			}
+			a, b, exact, scale := gemmOperands(rng, transB, m, k, n)
+			what := func(backend string) string {
+				return fmt.Sprintf("%s/%s m=%d k=%d n=%d", op, backend, m, k, n)
+			}
+
+			got := nanFilled(m * n)
+			if err := call(got, a, b, m, k, n); err != nil {
+				t.Fatalf("%s: %v", what(GEMMBackend()), err)
+			}
+			checkProduct(t, what(GEMMBackend()), got, exact, scale, k)
+
+			if m > 0 && k > 0 && n > 0 { // gonumGemm is gemm after its early returns
+				got = nanFilled(m * n)
+				gonumGemm(transB, got, a, b, m, k, n)
+				checkProduct(t, what("gonum"), got, exact, scale, k)
+			}
+
+			if lib != nil {
+				got = nanFilled(m * n)
+				if err := lib.Sgemm(transB, m, n, k, a, b, got); err != nil {
+					t.Fatalf("%s: %v", what(lib.Vendor), err)
+				}
+				checkProduct(t, what(lib.Vendor), got, exact, scale, k)
+			}
+		}
+	}
+	if lib == nil {
+		t.Logf("BLAS half not run: %s", cblas.Info().Fallback)
+	}
+}
+
+// TestGEMMBackendFollowsEnvironment checks that the backend is the one the environment
+// asks for: gonum under RESIN_BLAS=off, the library RESIN_BLAS_LIB names when it loads.
+func TestGEMMBackendFollowsEnvironment(t *testing.T) {
+	info := cblas.Info()
+	switch {
+	case os.Getenv("RESIN_BLAS") == "off":
+		if GEMMBackend() != "gonum" || cblas.Default() != nil {
+			t.Fatalf("RESIN_BLAS=off, but GEMM runs on %s", info)
+		}
+	case os.Getenv("RESIN_BLAS_LIB") != "":
+		lib, err := cblas.Open(os.Getenv("RESIN_BLAS_LIB"))
+		if err != nil {
+			t.Skipf("RESIN_BLAS_LIB does not load (%v); the warning path is tested in core/blas", err)
+		}
+		if GEMMBackend() != lib.Vendor || info.Path != lib.Path {
+			t.Fatalf("RESIN_BLAS_LIB=%s loads as %s %s, but GEMM runs on %s", os.Getenv("RESIN_BLAS_LIB"), lib.Vendor, lib.Path, info)
+		}
+	default:
+		if (GEMMBackend() == "gonum") != (cblas.Default() == nil) {
+			t.Fatalf("GEMMBackend() = %s, but the library is %v", GEMMBackend(), cblas.Default())
+		}
+		if cblas.Default() == nil {
+			t.Skipf("no BLAS here: %s", info.Fallback)
+		}
+	}
+}
+
+// TestMatMulChecksBeforeBLAS checks that bad shapes are refused before any library sees
+// them, on a product large enough to go to the BLAS.
+func TestMatMulChecksBeforeBLAS(t *testing.T) {
+	m, k, n := 64, 64, 64
+	for name, err := range map[string]error{
+		"MatMulT short w":    MatMulT(make([]float32, m*n), make([]float32, m*k), make([]float32, n*k-1), m, k, n),
+		"MatMul short out":   MatMul(make([]float32, m*n-1), make([]float32, m*k), make([]float32, k*n), m, k, n),
+		"MatMul short a":     MatMul(make([]float32, m*n), make([]float32, m*k-1), make([]float32, k*n), m, k, n),
+		"MatMulT negative k": MatMulT(nil, nil, nil, m, -k, n),
+	} {
+		if err == nil || !strings.HasPrefix(err.Error(), "ref.MatMul") {
+			t.Errorf("%s: error %v, want one from ref.MatMul/MatMulT", name, err)
+		}
+	}
+}
