@@ -8,9 +8,16 @@ import (
 // DeviceArena is a kvslab.Arena in device memory: one allocation that the slab pool cuts
 // into pages, which kernels address as Ptr(offset).
 type DeviceArena struct {
-	dev *Device
-	buf Buffer
+	dev    *Device
+	buf    Buffer
+	stream *Stream // where Copy queues its copies; nil: the legacy stream, with waits
 }
+
+// SetStream makes Copy queue its copies on s, the stream of the runner whose kernels read
+// and write the arena: a copy is then ordered after the step that wrote src and before
+// the next step, with no wait on the device. Set it before the pool first copies; s must
+// outlive the arena's use.
+func (a *DeviceArena) SetStream(s *Stream) { a.stream = s }
 
 // NewDeviceArena allocates a zeroed arena of size bytes on d.
 func NewDeviceArena(d *Device, size int64) (*DeviceArena, error) {
@@ -55,9 +62,43 @@ func (a *DeviceArena) Size() int64 { return a.buf.Size }
 func (a *DeviceArena) Ptr(off int64) DevicePtr { return a.buf.Ptr.Add(off) }
 
 // Copy implements kvslab.Arena: it copies n bytes from offset src to offset dst on the
-// device and returns when the copy is done. It runs through Device.Do, so it must not be
-// called from inside Do.
+// device. With a stream set (SetStream) the copy is queued there and Copy returns without
+// waiting: the runner's later work on that stream sees dst complete. Without one it runs on
+// the legacy stream, which does not order against the runners' non-blocking streams, so it
+// waits for the device before and after the copy. It runs through Device.Do, so it must
+// not be called from inside Do (use CopyAsync there).
 func (a *DeviceArena) Copy(dst, src, n int64) error {
+	if err := a.checkCopy(dst, src, n); err != nil || n == 0 {
+		return err
+	}
+	return a.dev.Do(func(c *Ctx) error {
+		if a.stream != nil {
+			return c.CopyDtoDAsync(a.Ptr(dst), a.Ptr(src), n, a.stream)
+		}
+		if err := c.Synchronize(); err != nil {
+			return err
+		}
+		if err := c.CopyDtoD(a.Ptr(dst), a.Ptr(src), n); err != nil {
+			return err
+		}
+		return c.Synchronize()
+	})
+}
+
+// CopyAsync queues the copy of n bytes from offset src to offset dst on s, inside
+// Device.Do: a runner executing the plan's cache copies before its forward calls it on its
+// own stream.
+func (a *DeviceArena) CopyAsync(c *Ctx, s *Stream, dst, src, n int64) error {
+	if err := a.checkCopy(dst, src, n); err != nil || n == 0 {
+		return err
+	}
+	if c.dev != a.dev {
+		return fmt.Errorf("device arena copy: context of device %d, arena on device %d", c.dev.Info.Ordinal, a.dev.Info.Ordinal)
+	}
+	return c.CopyDtoDAsync(a.Ptr(dst), a.Ptr(src), n, s)
+}
+
+func (a *DeviceArena) checkCopy(dst, src, n int64) error {
 	if a.buf.Ptr == 0 {
 		return fmt.Errorf("device arena copy: %w", ErrClosed)
 	}
@@ -69,22 +110,7 @@ func (a *DeviceArena) Copy(dst, src, n int64) error {
 	if dst < src+n && src < dst+n && n > 0 {
 		return fmt.Errorf("device arena copy: ranges [%d, %d) and [%d, %d) overlap", src, src+n, dst, dst+n)
 	}
-	if n == 0 {
-		return nil
-	}
-	return a.dev.Do(func(c *Ctx) error {
-		// The copy runs on the legacy default stream, which does not order against the
-		// runners' non-blocking streams, and a device-to-device cuMemcpy returns before it
-		// ends: wait for the kernels that may still write src, then for the copy, so that
-		// the next step's kernels see dst complete.
-		if err := c.Synchronize(); err != nil {
-			return err
-		}
-		if err := c.CopyDtoD(a.Ptr(dst), a.Ptr(src), n); err != nil {
-			return err
-		}
-		return c.Synchronize()
-	})
+	return nil
 }
 
 // Close frees the arena's memory.

@@ -50,6 +50,9 @@ type driverAPI struct {
 	cuFuncSetAttribute        func(f uintptr, attr int32, v int32) int32
 	cuStreamBeginCapture      func(s uintptr, mode int32) int32
 	cuStreamEndCapture        func(s uintptr, g *uintptr) int32
+	cuStreamIsCapturing       func(s uintptr, status *int32) int32
+	cuStreamWaitEvent         func(s, e uintptr, flags uint32) int32
+	cuEventQuery              func(e uintptr) int32
 	cuGraphInstantiate        func(exec *uintptr, g uintptr, flags uint64) int32
 	cuGraphExecDestroy        func(exec uintptr) int32
 	cuGraphDestroy            func(g uintptr) int32
@@ -122,6 +125,9 @@ func bindDriver(lib *library) (*driverAPI, error) {
 		{&d.cuFuncSetAttribute, "cuFuncSetAttribute"},
 		{&d.cuStreamBeginCapture, "cuStreamBeginCapture_v2"},
 		{&d.cuStreamEndCapture, "cuStreamEndCapture"},
+		{&d.cuStreamIsCapturing, "cuStreamIsCapturing"},
+		{&d.cuStreamWaitEvent, "cuStreamWaitEvent"},
+		{&d.cuEventQuery, "cuEventQuery"},
 		{&d.cuGraphInstantiate, "cuGraphInstantiateWithFlags"},
 		{&d.cuGraphExecDestroy, "cuGraphExecDestroy"},
 		{&d.cuGraphDestroy, "cuGraphDestroy"},

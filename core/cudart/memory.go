@@ -38,9 +38,15 @@ func (c *Ctx) Free(b Buffer) error {
 }
 
 // Memset sets n bytes at p to v. It is queued on the legacy default stream and may return
-// before it ends (cuMemsetD8 does not synchronise with the host for device memory).
+// before it ends (cuMemsetD8 does not synchronise with the host for device memory); it does
+// not order against non-blocking streams. On a runner's path use MemsetAsync.
 func (c *Ctx) Memset(p DevicePtr, v byte, n int64) error {
 	return c.api.check("cuMemsetD8_v2", c.api.cuMemsetD8(uintptr(p), v, uint64(n)))
+}
+
+// MemsetAsync queues setting n bytes at p to v on s, ordered with s's other work.
+func (c *Ctx) MemsetAsync(p DevicePtr, v byte, n int64, s *Stream) error {
+	return c.api.check("cuMemsetD8Async", c.api.cuMemsetD8Async(uintptr(p), v, uint64(n), s.handle()))
 }
 
 // HostBuffer is page-locked host memory, which copies reach at full bus speed.
@@ -108,6 +114,12 @@ func (c *Ctx) FreeHost(h *HostBuffer) error {
 	return err
 }
 
+// The synchronous copies below (CopyHtoD, CopyDtoH, CopyDtoD, Upload, Download) run on the
+// legacy default stream. They return when the copy is done (CopyDtoD may return earlier),
+// but they do not wait for work queued on non-blocking streams: before reading what a
+// stream's kernels wrote, Sync that stream. They suit loading and tests; a runner's step
+// uses the Async forms on its own stream.
+
 // CopyHtoD copies src to device address dst.
 func (c *Ctx) CopyHtoD(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {
@@ -129,8 +141,11 @@ func (c *Ctx) CopyDtoD(dst, src DevicePtr, n int64) error {
 	return c.api.check("cuMemcpyDtoD_v2", c.api.cuMemcpyDtoD(uintptr(dst), uintptr(src), uint64(n)))
 }
 
-// CopyHtoDAsync queues a copy of src to dst on s. src must stay alive and unchanged until
-// the stream reaches the copy (use a HostBuffer for a truly asynchronous copy).
+// CopyHtoDAsync queues a copy of src to dst on s, ordered after the work already queued on
+// s and before the work queued after it. From a HostBuffer the call returns at once and
+// src must stay unchanged until the stream reaches the copy (record a fence after it);
+// from ordinary (pageable) memory the driver stages the bytes and the call returns once
+// src has been read.
 func (c *Ctx) CopyHtoDAsync(dst DevicePtr, src []byte, s *Stream) error {
 	if len(src) == 0 {
 		return nil
@@ -138,7 +153,9 @@ func (c *Ctx) CopyHtoDAsync(dst DevicePtr, src []byte, s *Stream) error {
 	return c.api.check("cuMemcpyHtoDAsync_v2", c.api.cuMemcpyHtoDAsync(uintptr(dst), unsafe.Pointer(&src[0]), uint64(len(src)), s.handle()))
 }
 
-// CopyDtoHAsync queues a copy of len(dst) bytes from src on s.
+// CopyDtoHAsync queues a copy of len(dst) bytes from src on s. dst holds the bytes once s
+// has reached the copy (Sync s, or SyncEvent a fence recorded after it); into pageable
+// memory the call itself waits for the copy.
 func (c *Ctx) CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error {
 	if len(dst) == 0 {
 		return nil
@@ -149,6 +166,16 @@ func (c *Ctx) CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error {
 // CopyDtoDAsync queues a device-to-device copy of n bytes on s.
 func (c *Ctx) CopyDtoDAsync(dst, src DevicePtr, n int64, s *Stream) error {
 	return c.api.check("cuMemcpyDtoDAsync_v2", c.api.cuMemcpyDtoDAsync(uintptr(dst), uintptr(src), uint64(n), s.handle()))
+}
+
+// UploadAsync queues a copy of a typed host slice to dst on s (see CopyHtoDAsync).
+func UploadAsync[T any](c *Ctx, dst DevicePtr, src []T, s *Stream) error {
+	return c.CopyHtoDAsync(dst, asBytes(src), s)
+}
+
+// DownloadAsync queues a copy of len(dst) elements from src on s (see CopyDtoHAsync).
+func DownloadAsync[T any](c *Ctx, dst []T, src DevicePtr, s *Stream) error {
+	return c.CopyDtoHAsync(asBytes(dst), src, s)
 }
 
 // Upload copies a typed host slice to dst.

@@ -2,7 +2,9 @@ package cudart
 
 import "fmt"
 
-// Stream is a CUDA stream. A nil *Stream is the legacy default stream.
+// Stream is a CUDA stream. A nil *Stream is the legacy default stream, which does not order
+// against the non-blocking streams NewStream makes: a runner queues all its work (launches,
+// async copies, GEMMs, graph replays) on its own stream and never on nil.
 type Stream struct{ h uintptr }
 
 func (s *Stream) handle() uintptr {
@@ -48,6 +50,43 @@ func (c *Ctx) NewEvent() (*Event, error) {
 		return nil, err
 	}
 	return &Event{h: h}, nil
+}
+
+const eventDisableTiming = 2 // CU_EVENT_DISABLE_TIMING
+
+// NewFence creates an event without timing, the cheap kind used only to order work: record
+// it after a copy, then Wait on it from another stream or Query/SyncEvent it from the host
+// before reusing the copy's pinned buffer.
+func (c *Ctx) NewFence() (*Event, error) {
+	var h uintptr
+	if err := c.api.check("cuEventCreate", c.api.cuEventCreate(&h, eventDisableTiming)); err != nil {
+		return nil, err
+	}
+	return &Event{h: h}, nil
+}
+
+// Wait makes later work on s wait for e's recorded point, without blocking the host.
+func (c *Ctx) Wait(s *Stream, e *Event) error {
+	return c.api.check("cuStreamWaitEvent", c.api.cuStreamWaitEvent(s.handle(), e.h, 0))
+}
+
+const errNotReady = 600 // CUDA_ERROR_NOT_READY
+
+// Query reports whether the work before e's recorded point has finished, without waiting.
+func (c *Ctx) Query(e *Event) (bool, error) {
+	r := c.api.cuEventQuery(e.h)
+	if r == errNotReady {
+		return false, nil
+	}
+	if err := c.api.check("cuEventQuery", r); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// SyncEvent blocks the host until the work before e's recorded point has finished.
+func (c *Ctx) SyncEvent(e *Event) error {
+	return c.api.check("cuEventSynchronize", c.api.cuEventSynchronize(e.h))
 }
 
 // Record queues e on s.
