@@ -15,7 +15,9 @@ type recorder struct {
 	endGraph  uintptr
 }
 
-func (r *recorder) logf(format string, args ...any) { r.log = append(r.log, fmt.Sprintf(format, args...)) }
+func (r *recorder) logf(format string, args ...any) {
+	r.log = append(r.log, fmt.Sprintf(format, args...))
+}
 
 // fakeDriverRecording returns fakeDriver's hot calls plus logging stand-ins for the rest.
 func fakeDriverRecording(t testing.TB, r *recorder) *driverAPI {
