@@ -4,20 +4,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	goruntime "runtime"
 
 	"github.com/spf13/cobra"
 
+	"github.com/resin-llm/resin/core/blas"
 	"github.com/resin-llm/resin/core/cudart"
 )
 
 // newDoctorCmd is `resin doctor`: what this machine offers Resin. It always exits 0; a
-// machine without a GPU is a normal answer, stated plainly.
+// machine without a GPU or a BLAS is a normal answer, stated plainly.
 func newDoctorCmd() *cobra.Command {
 	var sysRoot string
 	cmd := &cobra.Command{
 		Use:   "doctor",
-		Short: "Report the CUDA driver, libraries, GPUs, NUMA layout and kernel cache found",
+		Short: "Report the BLAS, CUDA driver, libraries, GPUs, NUMA layout and kernel cache found",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			doctor(cmd.OutOrStdout(), sysRoot)
@@ -29,22 +31,63 @@ func newDoctorCmd() *cobra.Command {
 	return cmd
 }
 
+// doctor prints the report, one section after another; each section prints its own
+// heading, so a new one is one more function and one more line here.
 func doctor(w io.Writer, sysRoot string) {
-	fmt.Fprintf(w, "resin doctor: %s/%s, %s, %d CPUs\n\n", goruntime.GOOS, goruntime.GOARCH, goruntime.Version(), goruntime.NumCPU())
+	fmt.Fprintf(w, "resin doctor: %s/%s, %s, %d CPUs, GOMAXPROCS %d\n", goruntime.GOOS, goruntime.GOARCH, goruntime.Version(),
+		goruntime.NumCPU(), goruntime.GOMAXPROCS(0))
+	doctorBLAS(w, blas.Info())
+	gpus := doctorDriver(w)
+	top, topErr := cudart.ReadTopology(sysRoot)
+	doctorGPUs(w, gpus, top)
+	doctorCUDALibraries(w)
+	doctorNUMA(w, top, topErr)
+	doctorKernelCache(w)
+}
 
-	fmt.Fprintln(w, "CUDA driver")
-	var gpus []cudart.DeviceInfo
-	if v, err := cudart.DriverVersion(); err != nil {
-		fmt.Fprintf(w, "  not available: %v\n", err)
+// doctorBLAS reports the library the CPU path's GEMMs run on (core/blas), or why they run
+// on gonum.
+func doctorBLAS(w io.Writer, b blas.Backend) {
+	fmt.Fprintln(w, "\nBLAS (CPU GEMM)")
+	if !b.Loaded() {
+		fmt.Fprintf(w, "  none: GEMM runs on gonum (pure Go, slower): %s\n", b.Fallback)
 	} else {
-		fmt.Fprintf(w, "  libcuda %s, CUDA %d.%d\n", cudart.DriverPath(), v/1000, v%1000/10)
-		gpus, err = cudart.Devices()
-		if err != nil {
-			fmt.Fprintf(w, "  listing GPUs failed: %v\n", err)
+		fmt.Fprintf(w, "  %s  %s\n", b.Vendor, b.Path)
+		if b.Config != "" {
+			fmt.Fprintf(w, "  version   %s\n", b.Config)
+		}
+		source := "GOMAXPROCS; RESIN_BLAS_THREADS sets it"
+		if v := os.Getenv("RESIN_BLAS_THREADS"); v != "" {
+			source = "RESIN_BLAS_THREADS=" + v
+		}
+		if b.Threads > 0 {
+			fmt.Fprintf(w, "  threads   %d (%s)\n", b.Threads, source)
+		} else {
+			fmt.Fprintln(w, "  threads   unknown (the library has no thread-count call)")
 		}
 	}
+	for _, warn := range b.Warnings {
+		fmt.Fprintf(w, "  warning: %s\n", warn)
+	}
+}
 
-	top, topErr := cudart.ReadTopology(sysRoot)
+// doctorDriver reports the CUDA driver and returns the GPUs it lists.
+func doctorDriver(w io.Writer) []cudart.DeviceInfo {
+	fmt.Fprintln(w, "\nCUDA driver")
+	v, err := cudart.DriverVersion()
+	if err != nil {
+		fmt.Fprintf(w, "  not available: %v\n", err)
+		return nil
+	}
+	fmt.Fprintf(w, "  libcuda %s, CUDA %d.%d\n", cudart.DriverPath(), v/1000, v%1000/10)
+	gpus, err := cudart.Devices()
+	if err != nil {
+		fmt.Fprintf(w, "  listing GPUs failed: %v\n", err)
+	}
+	return gpus
+}
+
+func doctorGPUs(w io.Writer, gpus []cudart.DeviceInfo, top *cudart.Topology) {
 	fmt.Fprintln(w, "\nGPUs")
 	if len(gpus) == 0 {
 		fmt.Fprintln(w, "  no GPU found: Resin runs its CPU reference paths here; GPU kernels cannot run")
@@ -57,7 +100,9 @@ func doctor(w io.Writer, sysRoot string) {
 		fmt.Fprintf(w, "  %d: %s  %s  %d SMs  %.1f GiB  L2 %d MiB  bus %s  NUMA node %s\n", g.Ordinal, g.Name, g.Arch(), g.SMs,
 			float64(g.TotalMem)/(1<<30), g.L2Bytes>>20, g.PCIBusID, nodeName(node))
 	}
+}
 
+func doctorCUDALibraries(w io.Writer) {
 	fmt.Fprintln(w, "\nLibraries")
 	if v, err := cudart.NVRTCVersion(); err != nil {
 		fmt.Fprintf(w, "  NVRTC     not available: %v\n", err)
@@ -75,7 +120,9 @@ func doctor(w io.Writer, sysRoot string) {
 	} else {
 		fmt.Fprintf(w, "  NCCL      %d.%d.%d\n", v/10000, v/100%100, v%100)
 	}
+}
 
+func doctorNUMA(w io.Writer, top *cudart.Topology, topErr error) {
 	fmt.Fprintln(w, "\nNUMA")
 	if topErr != nil {
 		fmt.Fprintf(w, "  topology unreadable: %v\n", topErr)
@@ -90,7 +137,9 @@ func doctor(w io.Writer, sysRoot string) {
 	if cpus, err := cudart.ProcessAffinity(); err == nil {
 		fmt.Fprintf(w, "  this process may run on cpus %s\n", cudart.FormatCPUList(cpus))
 	}
+}
 
+func doctorKernelCache(w io.Writer) {
 	fmt.Fprintln(w, "\nKernel cache")
 	kc, err := cudart.OpenKernelCache("")
 	if err != nil {
