@@ -48,22 +48,27 @@ func TestAsyncEngineMatchesReference(t *testing.T) {
 }
 
 func TestAsyncNeedsAQualifiedRunner(t *testing.T) {
+	r, err := enginetest.New(enginetest.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.New(r, engine.Config{Pool: r.Pool(), Async: true}); err == nil {
+		t.Error("async accepted for a runner that takes no pending tokens")
+	}
+	// Drafts, sliding windows and recurrent groups no longer keep a runner from it.
 	for name, rc := range map[string]enginetest.Config{
-		"no async tokens": {},
-		"drafts":          {Async: true, MaxDrafts: 2},
-		"sliding window":  {Async: true, Window: 32},
+		"plain":          {Async: true},
+		"drafts":         {Async: true, MaxDrafts: 2},
+		"sliding window": {Async: true, Window: 32},
+		"recurrent":      {Async: true, Recurrent: true},
 	} {
 		r, err := enginetest.New(rc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := engine.New(r, engine.Config{Pool: r.Pool(), Async: true}); err == nil {
-			t.Errorf("%s: async accepted", name)
+		if _, err := engine.New(r, engine.Config{Pool: r.Pool(), Async: true}); err != nil {
+			t.Errorf("%s: %v", name, err)
 		}
-	}
-	r, _ := enginetest.New(enginetest.Config{Async: true})
-	if _, err := engine.New(r, engine.Config{Pool: r.Pool(), Async: true}); err != nil {
-		t.Fatal(err)
 	}
 }
 

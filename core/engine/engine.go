@@ -39,7 +39,10 @@ type Config struct {
 	// Policy orders the waiting queue (default PolicyFCFS).
 	Policy Policy
 	// Async builds the next plan while the runner executes the current one. It needs a
-	// runner that declares AsyncTokens and proposes no drafts.
+	// runner that declares AsyncTokens. With a runner that proposes drafts, a plan is
+	// built ahead only while the plan in flight samples nothing (prompt chunks): where
+	// and with which drafts a sequence continues depends on how many drafts the step in
+	// flight accepts, so such steps are planned after it (see Scheduler.Schedule).
 	Async bool
 	// Pool is the cache pool, built with the runner's cache groups. Nil: New builds one in
 	// host memory of CacheBytes bytes (default 256 MiB).
@@ -416,6 +419,14 @@ func (e *Engine) execute(ctx context.Context, plan *BatchPlan) (res StepResult, 
 			err = fmt.Errorf("%w: %s panicked: %v\n%s", ErrRunner, e.info.Name, p, debug.Stack())
 		}
 	}()
+	if len(plan.CacheOps) > 0 && !e.info.ExecutesCacheOps {
+		if err := ctx.Err(); err != nil {
+			return StepResult{}, err
+		}
+		if err := ApplyCacheOps(e.s.pool, plan.CacheOps); err != nil {
+			return StepResult{}, err
+		}
+	}
 	return e.runner.Execute(ctx, plan)
 }
 

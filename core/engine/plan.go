@@ -492,6 +492,9 @@ func (p *BatchPlan) Validate() error {
 			}
 		}
 	}
+	if err := p.validateCacheOps(); err != nil {
+		return err
+	}
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		if len(gp.SlotMapping) != t {
@@ -510,6 +513,45 @@ func (p *BatchPlan) Validate() error {
 			if s < NoSlot {
 				return fmt.Errorf("engine: plan: group %d has slot %d", g, s)
 			}
+		}
+	}
+	return nil
+}
+
+// validateCacheOps checks the kinds and groups of the plan's cache ops and the reasons of
+// its releases. (Whether an op's pages lie inside the arena is for whoever executes it:
+// ApplyCacheOps checks them against the pool.)
+func (p *BatchPlan) validateCacheOps() error {
+	for i, op := range p.CacheOps {
+		if op.Kind != OpCopyPage {
+			return fmt.Errorf("engine: plan: cache op %d has unknown kind %d", i, op.Kind)
+		}
+		if op.Group < 0 || int(op.Group) >= len(p.Groups) {
+			return fmt.Errorf("engine: plan: cache op %d names group %d of %d", i, op.Group, len(p.Groups))
+		}
+		if op.Src == kvslab.NoPage || op.Dst == kvslab.NoPage {
+			return fmt.Errorf("engine: plan: cache op %d copies page %#x onto %#x", i, uint32(op.Src), uint32(op.Dst))
+		}
+	}
+	for i, r := range p.Released {
+		if r.Reason < ReleaseFinished || r.Reason > ReleasePreempted {
+			return fmt.Errorf("engine: plan: release %d (request %d) has unknown reason %d", i, r.ReqID, r.Reason)
+		}
+	}
+	return nil
+}
+
+// ApplyCacheOps executes ops, in order, against pool's arena: what a runner whose cache
+// lives in the engine's pool (a CPU runner, an in-process GPU runner without a stream of
+// its own for them) does with a plan's CacheOps before its forward. It reads only the
+// pool's geometry, so it may run while the scheduler builds the next plan.
+func ApplyCacheOps(pool *kvslab.Pool, ops []CacheOp) error {
+	for i, op := range ops {
+		if op.Kind != OpCopyPage {
+			return fmt.Errorf("engine: cache op %d has unknown kind %d", i, op.Kind)
+		}
+		if err := pool.CopyPage(int(op.Group), op.Dst, op.Src); err != nil {
+			return fmt.Errorf("engine: cache op %d: %w", i, err)
 		}
 	}
 	return nil

@@ -41,6 +41,13 @@ type RunnerInfo struct {
 	// AsyncTokens says the runner accepts PendingToken in a plan's Tokens, which lets the
 	// engine build plan N+1 while plan N runs (Config.Async).
 	AsyncTokens bool
+	// ExecutesCacheOps says the runner executes each plan's CacheOps itself, in order,
+	// before its forward (on its own stream, or across a process boundary). Otherwise the
+	// Engine executes them against its pool's arena with ApplyCacheOps just before it
+	// calls Execute, on the goroutine that calls Execute, so they still run after the
+	// previous step and before this one. (A caller that drives a Scheduler itself does
+	// the same for such a runner.)
+	ExecutesCacheOps bool
 }
 
 // PendingToken in BatchPlan.Tokens stands for the token the runner sampled for the same

@@ -23,6 +23,12 @@ func (s *Scheduler) Schedule() *BatchPlan {
 	if limit := 1 + b2i(s.cfg.Async); len(s.pending) >= limit {
 		return nil
 	}
+	if len(s.pending) > 0 && s.info.MaxDrafts > 0 && len(s.pending[0].LogitsIndices) > 0 {
+		// The plan in flight samples: how many drafts it accepts decides where its
+		// sequences continue, and the drafts it proposes are their next tokens. Plan the
+		// next step once it is known (so a drafting runner overlaps prompt chunks only).
+		return nil
+	}
 	p := &s.plans[s.flip]
 	reqs := s.planReqs[s.flip][:0]
 	epochs := s.planEpochs[s.flip][:0]
@@ -99,7 +105,7 @@ admission:
 			continue // r was finished and left the queue
 		}
 		s.waiting.popFront()
-		r.state = stateRunning
+		r.state, r.planned = stateRunning, true
 		s.addRunning(r)
 		reqs = append(reqs, r)
 		if s.cfg.Async {
@@ -119,6 +125,7 @@ admission:
 	if len(reqs) == 0 {
 		return nil
 	}
+	s.addCacheOps(p)
 	s.flip ^= 1
 	s.step++
 	p.Step = s.step
@@ -175,7 +182,7 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 	r.tablesGen = 0
 	n := min(len(r.tokens)-r.computed, budget)
 	if err := s.reserve(r, r.computed+n); err != nil {
-		s.release(r)
+		s.release(r, ReleaseAborted) // (announces nothing: no plan had the sequence)
 		if !errors.Is(err, kvslab.ErrNoSpace) || len(s.running) == 0 {
 			s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
 			return failed
@@ -419,11 +426,21 @@ func (s *Scheduler) graphBatch(p *BatchPlan) int32 {
 
 // Rollback undoes a plan whose step did not run (the runner was cancelled), and any plan
 // built after it: the reservations are returned and the requests stay where they were.
+// The plans' CacheOps and Released come again in the next plan, before anything newer
+// (a runner may so see an op twice, which gives the same bytes: see kvslab.DeferCopies).
 // Like Update it refuses a plan that is not the oldest one handed out.
 func (s *Scheduler) Rollback(p *BatchPlan) error {
 	if p == nil || len(s.pending) == 0 || p != s.pending[0] {
 		return errors.New("engine: Rollback with a plan that is not the oldest one Schedule handed out")
 	}
+	s.reissue(s.pending...)
+	s.rollback()
+	return nil
+}
+
+// rollback undoes every plan handed out and not updated, once reissue has taken their
+// cache ops and releases back.
+func (s *Scheduler) rollback() {
 	for k := len(s.pending) - 1; k >= 0; k-- {
 		q := s.pending[k]
 		idx := s.planIndex(q)
@@ -443,7 +460,40 @@ func (s *Scheduler) Rollback(p *BatchPlan) error {
 		}
 	}
 	s.pending = s.pending[:0]
-	return nil
+}
+
+// addCacheOps fills the plan's CacheOps with the pool's page copies not yet handed out,
+// and its Released with the releases since the last plan.
+func (s *Scheduler) addCacheOps(p *BatchPlan) {
+	if s.pool.PendingCopies() > 0 {
+		s.copies = s.pool.TakeCopies(s.copies[:0])
+		for _, c := range s.copies {
+			p.CacheOps = append(p.CacheOps, CacheOp{Kind: OpCopyPage, Group: int32(c.Group), Src: c.Src, Dst: c.Dst})
+		}
+	}
+	if len(s.released) > 0 {
+		p.Released = append(p.Released, s.released...)
+		s.released = s.released[:0]
+	}
+}
+
+// reissue takes back the cache ops and releases of plans that failed or did not run: the
+// pool hands the copies out again (their sources are still held), and the releases go in
+// front of those since.
+func (s *Scheduler) reissue(plans ...*BatchPlan) {
+	s.pool.ReissueCopies()
+	n := 0
+	for _, q := range plans {
+		n += len(q.Released)
+	}
+	if n == 0 {
+		return
+	}
+	rel := make([]Release, 0, n+len(s.released))
+	for _, q := range plans {
+		rel = append(rel, q.Released...)
+	}
+	s.released = append(rel, s.released...)
 }
 
 // Pending reports whether p was handed out by Schedule and still waits for Update.

@@ -68,6 +68,7 @@ type request struct {
 	seq       kvslab.SeqID
 	loads     uint8 // page-table loads, for tablesGen
 	open      bool
+	planned   bool // its open sequence was admitted into a plan: a release is announced
 	temp      float32
 	topP      float32
 	topK      int32
@@ -145,6 +146,12 @@ type Scheduler struct {
 	pending    []*BatchPlan // handed out, not yet updated, oldest first
 	step       uint64
 
+	// What the next plan carries besides its rows: the pool's recorded page copies are
+	// taken into copies and converted to CacheOps; released lists the requests whose
+	// pages were freed since the last plan handed out (BatchPlan.Released).
+	copies   []kvslab.PageCopy
+	released []Release
+
 	stats kvslab.Stats
 }
 
@@ -198,9 +205,13 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 			s.decodeSlots = false
 		}
 	}
-	if cfg.Async && (!info.AsyncTokens || info.MaxDrafts > 0 || !s.wholeBlocks) {
-		return nil, fmt.Errorf("engine: async scheduling needs a runner that accepts PendingToken and proposes no drafts, and cache groups that keep whole blocks (full attention, compressed); %q does not qualify", info.Name)
+	if cfg.Async && !info.AsyncTokens {
+		return nil, fmt.Errorf("engine: async scheduling needs a runner that accepts PendingToken (RunnerInfo.AsyncTokens); %q does not", info.Name)
 	}
+	// The pool's page copies become the plans' CacheOps, executed by the runner before the
+	// step's forward and after the step before it: never by the scheduler itself, which
+	// under Config.Async works while a step runs.
+	cfg.Pool.DeferCopies(true)
 	if c := s.poolContext(); c < s.info.MaxContext {
 		// As vLLM does when the cache cannot hold one sequence of the model's length: the
 		// context is capped, so requests beyond it are refused at Add (ErrContextTooLong)
@@ -227,6 +238,7 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 		}
 	}
 	s.running = make([]*request, 0, cfg.MaxSeqs)
+	s.released = make([]Release, 0, cfg.MaxSeqs)
 	return s, nil
 }
 
@@ -443,7 +455,11 @@ func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
 		s.waiting.remove(r)
 	}
 	r.state = stateFinished
-	s.release(r)
+	why := ReleaseFinished
+	if reason == FinishAbort || reason == FinishError {
+		why = ReleaseAborted
+	}
+	s.release(r, why)
 	delete(s.byID, r.id)
 	if r.extras != 0 {
 		s.extraReqs--
@@ -455,14 +471,19 @@ func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
 	})
 }
 
-// release frees r's sequence in the pool, if it holds one.
-func (s *Scheduler) release(r *request) {
+// release frees r's sequence in the pool, if it holds one, and announces it in the next
+// plan (why) when a plan had it.
+func (s *Scheduler) release(r *request, why ReleaseReason) {
 	if r.open {
 		// Free fails only for a sequence the pool does not know, which the scheduler's
 		// bookkeeping rules out; Check in the tests would catch a leak.
 		_ = s.pool.Free(r.seq)
 		r.open, r.tablesGen = false, 0
 		clear(r.tables)
+		if r.planned {
+			s.released = append(s.released, Release{ReqID: r.handle, Reason: why})
+			r.planned = false
+		}
 	}
 	r.computed, r.committed, r.reserved, r.aheadN, r.aheadOut = 0, 0, 0, 0, 0
 	r.epoch++
@@ -475,7 +496,7 @@ func (s *Scheduler) preempt(r *request) {
 	if i := slices.Index(s.running, r); i >= 0 {
 		s.running = slices.Delete(s.running, i, i+1)
 	}
-	s.release(r)
+	s.release(r, ReleasePreempted)
 	s.metrics.preemptions++
 	s.enqueue(r, true)
 }

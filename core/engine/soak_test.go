@@ -22,33 +22,58 @@ import (
 // request that ran to its end produced exactly the reference tokens, and that the pool
 // is whole and no goroutine is left behind.
 func TestSoak(t *testing.T) {
-	testSoak(t, 10000, 96, 0, false, false)
+	testSoak(t, soak{requests: 10000, pages: 96, drafts: true})
 }
 
 // TestSoakAsync is the soak with Config.Async: plan N+1 is built while N runs.
 func TestSoakAsync(t *testing.T) {
-	testSoak(t, 5000, 96, 0, true, false)
+	testSoak(t, soak{requests: 5000, pages: 96, async: true})
 }
 
 // TestSoakSlidingWindow runs a shorter soak over a sliding-window cache group, whose
 // pages are released behind the window as sequences move.
 func TestSoakSlidingWindow(t *testing.T) {
-	testSoak(t, 2000, 40, 10, false, false)
+	testSoak(t, soak{requests: 2000, pages: 40, window: 10, drafts: true})
 }
 
 // TestSoakTwoGroups runs a shorter soak over two cache groups at once, a full one and a
 // sliding window holding the same entries (enginetest.Config.Mirror): the runner checks
 // that they agree at every read.
 func TestSoakTwoGroups(t *testing.T) {
-	testSoak(t, 2000, 64, 0, false, true)
+	testSoak(t, soak{requests: 2000, pages: 64, mirror: true, drafts: true})
 }
 
-func testSoak(t *testing.T, requests, pages, window int, async, mirror bool) {
+// TestSoakRecurrent adds a recurrent group whose state the runner continues from: prefix
+// hits restore it from checkpoints through the plans' cache ops, and rejected drafts roll
+// its checkpoints back.
+func TestSoakRecurrent(t *testing.T) {
+	testSoak(t, soak{requests: 2000, pages: 64, recurrent: true, drafts: true})
+}
+
+// TestSoakAsyncDrafts is the async soak with a runner that drafts.
+func TestSoakAsyncDrafts(t *testing.T) {
+	testSoak(t, soak{requests: 2000, pages: 96, async: true, drafts: true})
+}
+
+// TestSoakAsyncHybrid is the async soak over a hybrid model: a sliding window, its mirror
+// and a recurrent group, with drafts, the cache ops left to the engine.
+func TestSoakAsyncHybrid(t *testing.T) {
+	testSoak(t, soak{requests: 2000, pages: 64, window: 10, async: true, mirror: true, recurrent: true, drafts: true, engineOps: true})
+}
+
+type soak struct {
+	requests, pages, window                     int
+	async, mirror, recurrent, drafts, engineOps bool
+}
+
+func testSoak(t *testing.T, sk soak) {
+	requests := sk.requests
 	const submitters = 4
 	goroutines := runtime.NumGoroutine()
 	const eos = 7
 	rc := enginetest.Config{
-		BlockTokens: 8, Pages: pages, EOS: []int32{eos}, MaxDrafts: 2 * (1 - b2i(async)), Window: window, Async: async, Mirror: mirror,
+		BlockTokens: 8, Pages: sk.pages, EOS: []int32{eos}, MaxDrafts: 2 * b2i(sk.drafts), Window: sk.window, Async: sk.async,
+		Mirror: sk.mirror, Recurrent: sk.recurrent, EngineCacheOps: sk.engineOps,
 		WrongDraft: func(pos, j int) bool { return (pos*7+j)%5 == 0 },
 		Fail:       func(step uint64) bool { return step%97 == 0 },
 	}
@@ -56,7 +81,7 @@ func testSoak(t *testing.T, requests, pages, window int, async, mirror bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(r, engine.Config{Pool: r.Pool(), MaxBatchTokens: 192, MaxSeqs: 48, Async: async})
+	e, err := engine.New(r, engine.Config{Pool: r.Pool(), MaxBatchTokens: 192, MaxSeqs: 48, Async: sk.async})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +218,9 @@ func testSoak(t *testing.T, requests, pages, window int, async, mirror bool) {
 	}
 	if err := r.Err(); err != nil {
 		t.Fatal(err)
+	}
+	if ops, released := r.CacheOps(); released == 0 || sk.recurrent && ops == 0 {
+		t.Fatalf("the plans carried %d cache ops and %d releases", ops, released)
 	}
 	pool := r.Pool()
 	if err := pool.Check(); err != nil {

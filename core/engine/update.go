@@ -20,7 +20,6 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	if p == nil || len(s.pending) == 0 || p != s.pending[0] {
 		return errors.New("engine: Update with a plan that is not the oldest one Schedule handed out")
 	}
-	s.pending = append(s.pending[:0], s.pending[1:]...)
 	idx := s.planIndex(p)
 	reqs, epochs := s.planReqs[idx], s.planEpochs[idx]
 	if runErr == nil {
@@ -30,14 +29,25 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	}
 	if runErr != nil {
 		s.metrics.runnerErrors++
+		// The step's cache ops may not have run, and a plan built after it continued
+		// from its results: that plan is void, and both plans' ops and releases come
+		// again in the next plan (before the pages of the requests failed here are freed,
+		// which forgets the copies meant for them).
+		s.reissue(s.pending...)
+		s.pending = append(s.pending[:0], s.pending[1:]...)
 		for i, r := range reqs {
 			if s.current(r, epochs, i) {
 				s.finish(r, FinishError, runErr)
 			}
 		}
-		// A plan built after this one continued from its results: it is void.
-		s.rollbackAll()
+		s.rollback()
 		return nil
+	}
+	s.pending = append(s.pending[:0], s.pending[1:]...)
+	if len(p.CacheOps) > 0 {
+		// The step ran its copies: their sources may go. (It cannot fail: the plan took
+		// at least as many.)
+		_ = s.pool.RetireCopies(len(p.CacheOps))
 	}
 	u := stepUpdate{s: s, p: p, res: &res, epochs: epochs, now: s.now()}
 	u.nowNs = u.now.Sub(s.epoch).Nanoseconds()

@@ -9,6 +9,13 @@
 // missed rollback or a page freed too early therefore changes the generated tokens (and
 // is reported by Err), while a correct engine reproduces Reference exactly, whatever the
 // batching, chunking, preemption or speculation.
+//
+// With Config.Recurrent the runner also keeps h as a recurrent state (one page per
+// sequence, checkpoints at block ends) and continues from it, so a prefix hit whose state
+// restore (a cache op) did not run before the step, or ran too late, is caught as well.
+// The runner executes each plan's CacheOps itself (RunnerInfo.ExecutesCacheOps) unless
+// Config.EngineCacheOps leaves them to the engine, and forgets what it keeps per request
+// (the token in flight) when a plan's Released names the request.
 package enginetest
 
 import (
@@ -56,6 +63,13 @@ type Config struct {
 	// Async declares AsyncTokens: the runner replaces engine.PendingToken with the token
 	// it sampled for the sequence in the previous step.
 	Async bool
+	// Recurrent adds a recurrent cache group (two checkpoints per sequence) holding the
+	// model's state h, which the runner reads instead of the previous position's entry
+	// (checking that the two agree).
+	Recurrent bool
+	// EngineCacheOps leaves the plans' CacheOps to the engine (the runner does not declare
+	// ExecutesCacheOps); by default the runner executes them itself before the step.
+	EngineCacheOps bool
 	// Fail, when set, is asked before each step; a true answer makes Execute fail.
 	Fail func(step uint64) bool
 	// OnPlan, when set, sees every plan before it runs (read it, do not keep it).
@@ -75,11 +89,16 @@ type Runner struct {
 	top     []engine.TopLogprob
 	lastOut map[uint64]int32 // last token sampled per request (Async)
 	history []int32          // a row's token history, pending tokens and drafts filled in
+	stateG  int              // the recurrent group, or -1
+	rowH    []uint64         // h after each token of the row being run
+	rowTok  []int32          // the row's tokens, pending tokens filled in
 
 	mu    sync.Mutex
 	err   error
-	steps uint64
-	fed   uint64
+	steps    uint64
+	fed      uint64
+	ops      uint64
+	released uint64
 }
 
 var _ engine.Runner = (*Runner)(nil)
@@ -111,6 +130,12 @@ func New(cfg Config) (*Runner, error) {
 		groups = append(groups, kvslab.GroupSpec{Name: "mirror", Kind: kvslab.SlidingWindow, Layers: 1,
 			BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens, Window: 2 * cfg.BlockTokens})
 	}
+	stateG := -1
+	if cfg.Recurrent {
+		stateG = len(groups)
+		groups = append(groups, kvslab.GroupSpec{Name: "state", Kind: kvslab.Recurrent, Layers: 1,
+			BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens, Checkpoints: 2})
+	}
 	pageBytes := group.PageBytes()
 	slabPages := int64(16) // the largest power of two up to 16 that divides Pages
 	for int64(cfg.Pages)%slabPages != 0 {
@@ -129,11 +154,11 @@ func New(cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: pool: %w", err)
 	}
-	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize), lastOut: map[uint64]int32{}}
+	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize), lastOut: map[uint64]int32{}, stateG: stateG}
 	r.info = engine.RunnerInfo{
 		Name: "enginetest", VocabSize: cfg.VocabSize, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
 		CacheGroups: groups, GraphBuckets: cfg.GraphBuckets, MaxDrafts: cfg.MaxDrafts,
-		AsyncTokens: cfg.Async,
+		AsyncTokens: cfg.Async, ExecutesCacheOps: !cfg.EngineCacheOps,
 	}
 	return r, nil
 }
@@ -157,6 +182,14 @@ func (r *Runner) Steps() (steps, fed uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.steps, r.fed
+}
+
+// CacheOps returns the number of cache ops the plans carried and of requests they
+// released.
+func (r *Runner) CacheOps() (ops, released uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ops, r.released
 }
 
 func (r *Runner) fail(err error) error {
@@ -188,9 +221,19 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 	r.mu.Lock()
 	r.steps++
 	r.fed += uint64(p.NumTokens())
+	r.ops += uint64(len(p.CacheOps))
+	r.released += uint64(len(p.Released))
 	r.mu.Unlock()
 	if r.cfg.Fail != nil && r.cfg.Fail(p.Step) {
 		return engine.StepResult{}, ErrInjected
+	}
+	for _, rel := range p.Released {
+		delete(r.lastOut, rel.ReqID)
+	}
+	if r.info.ExecutesCacheOps {
+		if err := engine.ApplyCacheOps(r.pool, p.CacheOps); err != nil {
+			return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d: %w", p.Step, err))
+		}
 	}
 	res := &r.res
 	res.Reset(p.NumSeqs())
@@ -207,6 +250,7 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 		}
 		nrow := 0
 		promptRows := p.PromptRows(i)
+		r.rowH, r.rowTok = r.rowH[:0], r.rowTok[:0]
 		for j, t := range toks {
 			if t == engine.PendingToken {
 				last, ok := r.lastOut[p.ReqIDs[i]]
@@ -228,11 +272,32 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 					return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d, request %d: %w", p.Step, p.ReqIDs[i], err))
 				}
 				prev = e
+				if j == 0 && r.stateG >= 0 {
+					// The row continues from the state page, which must hold position
+					// pos-1 (restored from a checkpoint on a prefix hit).
+					st, err := r.readPage(r.stateG, p.Groups[r.stateG].StatePage[i], int(pos[j])-1)
+					if err == nil && st != e {
+						err = fmt.Errorf("the state disagrees with the cache at position %d", pos[j]-1)
+					}
+					if err != nil {
+						return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d, request %d: state: %w", p.Step, p.ReqIDs[i], err))
+					}
+				}
 			}
 			h := chain(prev, t)
 			for g := range p.Groups {
 				slot := p.Groups[g].SlotMapping[q0+j]
+				if slot == engine.NoSlot {
+					continue // the recurrent group: written below
+				}
 				r.write(g, kvslab.PageID(slot/int64(bt)), int(slot%int64(bt)), pos[j], t, h)
+			}
+			if r.stateG >= 0 {
+				r.rowH, r.rowTok = append(r.rowH, h), append(r.rowTok, t)
+				// A checkpoint at a block end the row reaches, where the pool gave one.
+				if ck := p.PageTableOf(r.stateG, i); (int(pos[j])+1)%bt == 0 && int(pos[j])/bt < len(ck) && ck[int(pos[j])/bt] != kvslab.NoPage {
+					r.writePage(r.stateG, ck[int(pos[j])/bt], pos[j], t, h)
+				}
 			}
 			if nrow < len(rows) && int(rows[nrow]) == q0+j {
 				hs[nrow] = h
@@ -251,6 +316,10 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 			}
 		}
 		if nrow == 0 {
+			if r.stateG >= 0 {
+				last := len(toks) - 1
+				r.writePage(r.stateG, p.Groups[r.stateG].StatePage[i], pos[last], r.rowTok[last], r.rowH[last])
+			}
 			continue
 		}
 		row := p.SamplingOf(i)
@@ -292,6 +361,11 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 			}
 		}
 		res.Accepted[i] = int32(accepted)
+		if r.stateG >= 0 {
+			// The state as of the last token kept: the fed tokens and the accepted drafts.
+			last := len(toks) - nd - 1 + accepted - 1
+			r.writePage(r.stateG, p.Groups[r.stateG].StatePage[i], pos[last], r.rowTok[last], r.rowH[last])
+		}
 		if r.cfg.Async {
 			r.lastOut[p.ReqIDs[i]] = res.Tokens[len(res.Tokens)-1]
 		}
@@ -342,6 +416,22 @@ func (r *Runner) write(g int, id kvslab.PageID, off int, pos, tok int32, h uint6
 	binary.LittleEndian.PutUint32(b[0:], uint32(pos+1))
 	binary.LittleEndian.PutUint32(b[4:], uint32(tok))
 	binary.LittleEndian.PutUint64(b[8:], h)
+}
+
+// writePage and readPage write and read a recurrent page's one entry.
+func (r *Runner) writePage(g int, id kvslab.PageID, pos, tok int32, h uint64) {
+	r.write(g, id, 0, pos, tok, h)
+}
+
+func (r *Runner) readPage(g int, id kvslab.PageID, pos int) (uint64, error) {
+	if id == kvslab.NoPage {
+		return 0, fmt.Errorf("no state page")
+	}
+	b := r.entry(g, id, 0)
+	if got := int32(binary.LittleEndian.Uint32(b[0:])) - 1; got != int32(pos) {
+		return 0, fmt.Errorf("the state page holds position %d, want %d", got, pos)
+	}
+	return binary.LittleEndian.Uint64(b[8:]), nil
 }
 
 func (r *Runner) read(g int, table []kvslab.PageID, pos, bt int) (uint64, error) {
