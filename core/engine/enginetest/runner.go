@@ -93,8 +93,8 @@ type Runner struct {
 	rowH    []uint64         // h after each token of the row being run
 	rowTok  []int32          // the row's tokens, pending tokens filled in
 
-	mu    sync.Mutex
-	err   error
+	mu       sync.Mutex
+	err      error
 	steps    uint64
 	fed      uint64
 	ops      uint64
