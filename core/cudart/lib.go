@@ -18,16 +18,19 @@ const codeMissing = -0x7fff_0001
 
 // library is one shared library opened on first use.
 type library struct {
-	name     string   // short name used in errors: "cuda", "nvrtc", ...
-	sentinel error    // ErrNoCUDA, ErrNoNVRTC, ...
-	fileEnv  string   // optional variable naming the library file itself
-	names    []string // file names (globs allowed) tried in each directory
-	dirs     []string // well-known directories (globs allowed) after the loader's search
+	name     string       // short name used in errors: "cuda", "nvrtc", ...
+	sentinel error        // ErrNoCUDA, ErrNoNVRTC, ...
+	fileEnv  string       // optional variable naming the library file itself
+	probe    string       // a symbol the file fileEnv names must export to be taken
+	names    []string     // file names (globs allowed) tried in each directory
+	dirs     []string     // well-known directories (globs allowed) after the loader's search
+	warn     func(string) // where a fallback warning goes; nil: standard error
 
-	once   sync.Once
-	handle uintptr
-	path   string
-	err    error
+	once    sync.Once
+	handle  uintptr
+	path    string
+	err     error
+	warning string // why the file fileEnv named was passed over, "" when it was not
 }
 
 // load opens the library once; later calls return the first outcome.
@@ -38,14 +41,10 @@ func (l *library) load() error {
 	return l.err
 }
 
-// candidates lists the paths to try, in order.
+// candidates lists the paths of the search order, in order; the file fileEnv names, tried
+// before them, is not among them.
 func (l *library) candidates() []string {
 	var out []string
-	if l.fileEnv != "" {
-		if f := os.Getenv(l.fileEnv); f != "" {
-			return []string{f}
-		}
-	}
 	expand := func(dir string) {
 		for _, n := range l.names {
 			matches, _ := filepath.Glob(filepath.Join(dir, n))
@@ -71,7 +70,40 @@ func (l *library) candidates() []string {
 	return out
 }
 
+// openEnvFile opens the file fileEnv names. A stale setting (the file is gone, is not a
+// loadable library, or lacks the probe symbol) is not fatal: it returns why, and open
+// falls back to the search order with a warning.
+func (l *library) openEnvFile(f string) (uintptr, string) {
+	if _, err := os.Stat(f); err != nil {
+		return 0, fmt.Sprintf("%s=%s does not exist", l.fileEnv, f)
+	}
+	h, err := dlopen(f)
+	if err != nil {
+		return 0, fmt.Sprintf("%s=%s is not loadable: %v", l.fileEnv, f, err)
+	}
+	if l.probe != "" {
+		if p, err := dlsym(h, l.probe); err != nil || p == 0 {
+			return 0, fmt.Sprintf("%s=%s lacks %s, so it is not %s", l.fileEnv, f, l.probe, l.name)
+		}
+	}
+	return h, ""
+}
+
 func (l *library) open() (uintptr, string, error) {
+	if l.fileEnv != "" {
+		if f := os.Getenv(l.fileEnv); f != "" {
+			h, why := l.openEnvFile(f)
+			if why == "" {
+				return h, f, nil
+			}
+			l.warning = why + "; falling back to the search order"
+			if l.warn != nil {
+				l.warn(l.warning)
+			} else {
+				fmt.Fprintf(os.Stderr, "resin: warning: %s\n", l.warning)
+			}
+		}
+	}
 	cands := l.candidates()
 	var errs []string
 	for _, c := range cands {
@@ -87,14 +119,21 @@ func (l *library) open() (uintptr, string, error) {
 	if d := os.Getenv("RESIN_CUDA_LIB_DIR"); d != "" {
 		where = "RESIN_CUDA_LIB_DIR=" + d
 	}
-	if l.fileEnv != "" && os.Getenv(l.fileEnv) != "" {
-		where = l.fileEnv + "=" + os.Getenv(l.fileEnv)
-	}
 	detail := "no candidate file"
 	if len(errs) > 0 {
 		detail = strings.Join(errs, "; ")
 	}
+	if l.warning != "" {
+		detail += " (and " + l.warning + ")"
+	}
 	return 0, "", fmt.Errorf("%w: %s not found in %s: %s", l.sentinel, strings.Join(l.names, " or "), where, detail)
+}
+
+// Warning returns why the file named by the library's variable was passed over ("" when
+// it was used, or not set).
+func (l *library) Warning() string {
+	l.load()
+	return l.warning
 }
 
 // Path returns the file the library was loaded from ("" when it is not loaded).

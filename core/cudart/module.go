@@ -22,6 +22,9 @@ func (c *Ctx) LoadModule(image []byte) (*Module, error) {
 	if !bytes.HasPrefix(image, []byte("\x7fELF")) && image[len(image)-1] != 0 {
 		img = append(append(make([]byte, 0, len(image)+1), image...), 0) // PTX must end in NUL
 	}
+	if err := nvrtcDriverCompat(); err != nil {
+		return nil, fmt.Errorf("load module: %w", err)
+	}
 	var h uintptr
 	if err := c.api.check("cuModuleLoadData", c.api.cuModuleLoadData(&h, unsafe.Pointer(&img[0]))); err != nil {
 		return nil, fmt.Errorf("load module: %w", err)

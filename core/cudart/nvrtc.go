@@ -1,10 +1,12 @@
 package cudart
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -25,7 +27,7 @@ type nvrtcAPI struct {
 }
 
 var (
-	nvrtcLib = &library{name: "nvrtc", sentinel: ErrNoNVRTC, fileEnv: "RESIN_NVRTC_LIB",
+	nvrtcLib = &library{name: "nvrtc", sentinel: ErrNoNVRTC, fileEnv: "RESIN_NVRTC_LIB", probe: "nvrtcVersion",
 		names: []string{"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.1[0-9]"},
 		dirs:  append(append([]string{}, cudaDirs...), pythonLibDirs("cuda_nvrtc")...)}
 	nvrtcOnce sync.Once
@@ -61,6 +63,7 @@ func loadNVRTC() (*nvrtcAPI, error) {
 		}
 		bindString(&n.nvrtcGetErrorString, p)
 		nvrtc = n
+		nvrtcLoaded.Store(true)
 	})
 	return nvrtc, nvrtcErr
 }
@@ -90,6 +93,68 @@ func NVRTCVersion() (string, error) {
 
 // NVRTCPath returns the file NVRTC was loaded from ("" when it is not loaded).
 func NVRTCPath() string { return nvrtcLib.Path() }
+
+// NVRTCWarning returns why the file RESIN_NVRTC_LIB names was passed over for the search
+// order (it is missing, not loadable or not NVRTC), or "" when it was used or is unset.
+// The same text was printed to standard error when NVRTC loaded.
+func NVRTCWarning() string { return nvrtcLib.Warning() }
+
+// ErrNVRTCTooNew reports an NVRTC whose CUDA major version is newer than the driver's: the
+// driver cannot load what it compiles.
+var ErrNVRTCTooNew = errors.New("cudart: NVRTC is newer than the CUDA driver")
+
+// CheckNVRTCDriver checks that the driver can load what NVRTC compiles: NVRTC's major
+// version must not exceed the CUDA version the driver supports (a CUDA 13 NVRTC emits
+// cubins and PTX a CUDA 12 driver refuses). It returns the loaders' errors (ErrNoCUDA,
+// ErrNoNVRTC) when either is missing and an error matching ErrNVRTCTooNew, with what to do,
+// on a mismatch. Ctx.LoadModule runs it when NVRTC is loaded in the process.
+func CheckNVRTCDriver() error {
+	dv, err := DriverVersion()
+	if err != nil {
+		return err
+	}
+	n, err := loadNVRTC()
+	if err != nil {
+		return err
+	}
+	var maj, minr int32
+	if err := n.check("nvrtcVersion", n.nvrtcVersion(&maj, &minr)); err != nil {
+		return err
+	}
+	return checkNVRTCDriver(int(maj), int(minr), dv, NVRTCPath())
+}
+
+// checkNVRTCDriver compares NVRTC major.minor with the driver's CUDA version (e.g. 12040).
+func checkNVRTCDriver(major, minor, driverVersion int, path string) error {
+	dmaj, dmin := driverVersion/1000, driverVersion%1000/10
+	if major <= dmaj {
+		return nil
+	}
+	return fmt.Errorf("%w: NVRTC %d.%d (%s) compiles for CUDA %d, but the driver supports CUDA %d.%d and cannot load its kernels: "+
+		"point RESIN_NVRTC_LIB at an NVRTC %d.x (pip install nvidia-cuda-nvrtc-cu%d) or upgrade the NVIDIA driver",
+		ErrNVRTCTooNew, major, minor, path, major, dmaj, dmin, dmaj, dmaj)
+}
+
+var (
+	nvrtcLoaded      atomic.Bool // set once NVRTC is bound in this process
+	nvrtcDriverOnce  sync.Once
+	nvrtcDriverError error
+)
+
+// nvrtcDriverCompat is CheckNVRTCDriver, once per process, when NVRTC is loaded (a process
+// that loads only prebuilt images does not need it).
+func nvrtcDriverCompat() error {
+	if !nvrtcLoaded.Load() {
+		return nil
+	}
+	nvrtcDriverOnce.Do(func() {
+		nvrtcDriverError = CheckNVRTCDriver()
+		if errors.Is(nvrtcDriverError, ErrNoCUDA) || errors.Is(nvrtcDriverError, ErrNoNVRTC) {
+			nvrtcDriverError = nil // the caller's own calls report these
+		}
+	})
+	return nvrtcDriverError
+}
 
 // NVRTCArchs lists the architectures NVRTC can compile for, e.g. [75 80 86 89 90 100].
 func NVRTCArchs() ([]int, error) {
