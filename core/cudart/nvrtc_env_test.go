@@ -93,4 +93,3 @@ func TestNVRTCDriverVersionCheck(t *testing.T) {
 		}
 	}
 }
-
