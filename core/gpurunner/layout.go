@@ -8,6 +8,10 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 )
 
+// SampleRowBytes is the size of one logits row's sampling parameters in an upload
+// (core/kernels/cuda.SampleParamsBytes: a test holds them equal).
+const SampleRowBytes = 32
+
 // sectionAlign is the byte alignment of every section of a plan upload: 16 bytes lets a
 // kernel read any section with 128-bit loads and keeps the int64 slots aligned.
 const sectionAlign = 16
@@ -54,12 +58,10 @@ type Section struct {
 //	QueryStart    [B+1]    int32   offsets of each sequence's tokens (padding sequences take the padding tokens)
 //	CtxLens       [B]      int32   Computed+Scheduled: keys each sequence attends to after the step (padding: 0)
 //	LogitsIndices [R]      int32   token rows whose logits are computed (padding: 0)
-//	Temperature   [R]      float32 sampling row of each logits row's sequence (padding: 0, greedy)
-//	TopP          [R]      float32 (padding: 1)
-//	TopK          [R]      int32   (padding: 0)
-//	MinP          [R]      float32 (padding: 0)
-//	Seed          [R]      uint64  (padding: 0)
-//	RowPos        [R]      int32   position of the token each row samples (Positions[row]+1)
+//	Sampling      [R]      32 bytes per logits row: its sequence's sampling row as
+//	                               core/kernels/cuda.SampleParams encodes it (temperature,
+//	                               top-p, min-p, top-k, seed, the sampled token's position
+//	                               Positions[row]+1, logprobs wanted); padding: greedy
 //	per group g:
 //	  Slots[g]          [T]    int64   cache slot of each token (engine.NoSlot = -1: not written; padding: -1)
 //	  PageTableStart[g] [B+1]  int32   offsets of each sequence's pages in PageTable[g] (padding sequences: none)
@@ -69,20 +71,26 @@ type Section struct {
 // A layout depends on Dims only, so the layout of a CUDA-graph bucket puts every array at
 // the same device address at every step: the graph captured once reads each step's plan.
 type PlanLayout struct {
-	Dims                                                  Dims
-	Tokens, Positions, QueryStart, CtxLens, LogitsIndices Section
-	Temperature, TopP, TopK, MinP, Seed, RowPos           Section
-	Slots, PageTableStart, PageTable                      []Section
+	Dims                                                            Dims
+	Tokens, Positions, QueryStart, CtxLens, LogitsIndices, Sampling Section
+	Slots, PageTableStart, PageTable                                []Section
 	// Size is the bytes of the whole upload.
 	Size int64
 }
 
 // NewPlanLayout lays out a plan upload of dims d.
 func NewPlanLayout(d Dims) (PlanLayout, error) {
+	var l PlanLayout
+	err := l.init(d)
+	return l, err
+}
+
+// init lays l out for d, reusing its slices (an eager step's layout allocates nothing).
+func (l *PlanLayout) init(d Dims) error {
 	if d.Tokens <= 0 || d.Seqs <= 0 || d.Rows < 0 || d.PagesPerSeq < 0 || d.Groups < 0 {
-		return PlanLayout{}, fmt.Errorf("gpurunner: plan layout of %+v: tokens and sequences must be positive, the rest not negative", d)
+		return fmt.Errorf("gpurunner: plan layout of %+v: tokens and sequences must be positive, the rest not negative", d)
 	}
-	l := PlanLayout{Dims: d}
+	l.Dims = d
 	var off int64
 	next := func(n, elem int) Section {
 		s := Section{Off: off, Len: int64(n) * int64(elem)}
@@ -94,15 +102,10 @@ func NewPlanLayout(d Dims) (PlanLayout, error) {
 	l.QueryStart = next(d.Seqs+1, 4)
 	l.CtxLens = next(d.Seqs, 4)
 	l.LogitsIndices = next(d.Rows, 4)
-	l.Temperature = next(d.Rows, 4)
-	l.TopP = next(d.Rows, 4)
-	l.TopK = next(d.Rows, 4)
-	l.MinP = next(d.Rows, 4)
-	l.Seed = next(d.Rows, 8)
-	l.RowPos = next(d.Rows, 4)
-	l.Slots = make([]Section, d.Groups)
-	l.PageTableStart = make([]Section, d.Groups)
-	l.PageTable = make([]Section, d.Groups)
+	l.Sampling = next(d.Rows, SampleRowBytes)
+	l.Slots = resize(l.Slots, d.Groups)
+	l.PageTableStart = resize(l.PageTableStart, d.Groups)
+	l.PageTable = resize(l.PageTable, d.Groups)
 	for g := 0; g < d.Groups; g++ {
 		l.Slots[g] = next(d.Tokens, 8)
 		l.PageTableStart[g] = next(d.Seqs+1, 4)
@@ -110,9 +113,16 @@ func NewPlanLayout(d Dims) (PlanLayout, error) {
 	}
 	l.Size = off
 	if l.Size > math.MaxInt32 {
-		return PlanLayout{}, fmt.Errorf("gpurunner: plan layout of %+v needs %d bytes", d, l.Size)
+		return fmt.Errorf("gpurunner: plan layout of %+v needs %d bytes", d, l.Size)
 	}
-	return l, nil
+	return nil
+}
+
+func resize(s []Section, n int) []Section {
+	if cap(s) < n {
+		return make([]Section, n)
+	}
+	return s[:n]
 }
 
 // Pack writes plan into buf (at least l.Size bytes) at the layout's offsets, filling the
@@ -135,6 +145,16 @@ func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 	le := binary.LittleEndian
 	put32 := func(s Section, i int, v uint32) { le.PutUint32(buf[s.Off+int64(i)*4:], v) }
 	put64 := func(s Section, i int, v uint64) { le.PutUint64(buf[s.Off+int64(i)*8:], v) }
+	putRow := func(r int, temp, topP, minP float32, topK int32, seed uint64, pos, logprobs int32) {
+		b := buf[l.Sampling.Off+int64(r)*SampleRowBytes:]
+		le.PutUint32(b[0:], math.Float32bits(temp))
+		le.PutUint32(b[4:], math.Float32bits(topP))
+		le.PutUint32(b[8:], math.Float32bits(minP))
+		le.PutUint32(b[12:], uint32(topK))
+		le.PutUint64(b[16:], seed)
+		le.PutUint32(b[24:], uint32(pos))
+		le.PutUint32(b[28:], uint32(logprobs))
+	}
 	for i := 0; i < l.Dims.Tokens; i++ {
 		var tok, pos int32
 		if i < t {
@@ -174,23 +194,13 @@ func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 		for j := plan.LogitsStart[i]; j < plan.LogitsStart[i+1]; j++ {
 			idx := plan.LogitsIndices[j]
 			put32(l.LogitsIndices, r, uint32(idx))
-			put32(l.Temperature, r, math.Float32bits(plan.Temperature[i]))
-			put32(l.TopP, r, math.Float32bits(plan.TopP[i]))
-			put32(l.TopK, r, uint32(plan.TopK[i]))
-			put32(l.MinP, r, math.Float32bits(plan.MinP[i]))
-			put64(l.Seed, r, plan.Seed[i])
-			put32(l.RowPos, r, uint32(plan.Positions[idx]+1))
+			putRow(r, plan.Temperature[i], plan.TopP[i], plan.MinP[i], plan.TopK[i], plan.Seed[i], plan.Positions[idx]+1, plan.Logprobs[i])
 			r++
 		}
 	}
 	for ; r < l.Dims.Rows; r++ {
 		put32(l.LogitsIndices, r, 0)
-		put32(l.Temperature, r, 0)
-		put32(l.TopP, r, math.Float32bits(1))
-		put32(l.TopK, r, 0)
-		put32(l.MinP, r, 0)
-		put64(l.Seed, r, 0)
-		put32(l.RowPos, r, 0)
+		putRow(r, 0, 1, 0, 0, 0, 0, -1)
 	}
 	for g := 0; g < l.Dims.Groups; g++ {
 		gp := &plan.Groups[g]

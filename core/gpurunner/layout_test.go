@@ -7,8 +7,15 @@ import (
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
 )
+
+func TestSampleRowBytes(t *testing.T) {
+	if SampleRowBytes != cuda.SampleParamsBytes {
+		t.Errorf("SampleRowBytes %d, the sampling kernel reads rows of %d", SampleRowBytes, cuda.SampleParamsBytes)
+	}
+}
 
 func TestPlanLayoutOffsets(t *testing.T) {
 	l, err := NewPlanLayout(Dims{Tokens: 5, Seqs: 2, Rows: 2, PagesPerSeq: 3, Groups: 1})
@@ -22,18 +29,17 @@ func TestPlanLayoutOffsets(t *testing.T) {
 		n    int64
 	}{
 		{"Tokens", l.Tokens, 0, 20}, {"Positions", l.Positions, 32, 20}, {"QueryStart", l.QueryStart, 64, 12},
-		{"CtxLens", l.CtxLens, 80, 8}, {"LogitsIndices", l.LogitsIndices, 96, 8}, {"Temperature", l.Temperature, 112, 8},
-		{"TopP", l.TopP, 128, 8}, {"TopK", l.TopK, 144, 8}, {"MinP", l.MinP, 160, 8}, {"Seed", l.Seed, 176, 16},
-		{"RowPos", l.RowPos, 192, 8}, {"Slots[0]", l.Slots[0], 208, 40}, {"PageTableStart[0]", l.PageTableStart[0], 256, 12},
-		{"PageTable[0]", l.PageTable[0], 272, 24},
+		{"CtxLens", l.CtxLens, 80, 8}, {"LogitsIndices", l.LogitsIndices, 96, 8}, {"Sampling", l.Sampling, 112, 64},
+		{"Slots[0]", l.Slots[0], 176, 40}, {"PageTableStart[0]", l.PageTableStart[0], 224, 12},
+		{"PageTable[0]", l.PageTable[0], 240, 24},
 	}
 	for _, w := range want {
 		if w.got.Off != w.off || w.got.Len != w.n {
 			t.Errorf("%s at %d (+%d), want %d (+%d)", w.name, w.got.Off, w.got.Len, w.off, w.n)
 		}
 	}
-	if l.Size != 304 {
-		t.Errorf("size %d, want 304", l.Size)
+	if l.Size != 272 {
+		t.Errorf("size %d, want 272", l.Size)
 	}
 }
 
@@ -48,8 +54,7 @@ func TestPlanLayoutAlignedAndDisjoint(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		secs := append([]Section{l.Tokens, l.Positions, l.QueryStart, l.CtxLens, l.LogitsIndices, l.Temperature,
-			l.TopP, l.TopK, l.MinP, l.Seed, l.RowPos}, append(append(l.Slots, l.PageTableStart...), l.PageTable...)...)
+		secs := append([]Section{l.Tokens, l.Positions, l.QueryStart, l.CtxLens, l.LogitsIndices, l.Sampling}, append(append(l.Slots, l.PageTableStart...), l.PageTable...)...)
 		slices.SortFunc(secs, func(a, b Section) int { return int(a.Off - b.Off) })
 		for i, s := range secs {
 			if s.Off%sectionAlign != 0 {
@@ -72,12 +77,11 @@ func TestPlanLayoutAlignedAndDisjoint(t *testing.T) {
 
 // unpacked reads a packed upload back.
 type unpacked struct {
-	tokens, positions, queryStart, ctxLens, logits, topK, rowPos []int32
-	temp, topP, minP                                             []float32
-	seed                                                         []uint64
-	slots                                                        []int64
-	pages                                                        []uint32
-	pageStart                                                    []int32
+	tokens, positions, queryStart, ctxLens, logits []int32
+	sampling                                       []cuda.SampleParams
+	slots                                          []int64
+	pages                                          []uint32
+	pageStart                                      []int32
 }
 
 func unpack(l *PlanLayout, buf []byte) unpacked {
@@ -89,20 +93,17 @@ func unpack(l *PlanLayout, buf []byte) unpacked {
 		}
 		return out
 	}
-	f32 := func(s Section) []float32 {
-		out := make([]float32, s.Len/4)
-		for i := range out {
-			out[i] = math.Float32frombits(le.Uint32(buf[s.Off+int64(i)*4:]))
-		}
-		return out
-	}
 	u := unpacked{
 		tokens: i32(l.Tokens), positions: i32(l.Positions), queryStart: i32(l.QueryStart), ctxLens: i32(l.CtxLens),
-		logits: i32(l.LogitsIndices), topK: i32(l.TopK), rowPos: i32(l.RowPos),
-		temp: f32(l.Temperature), topP: f32(l.TopP), minP: f32(l.MinP),
+		logits: i32(l.LogitsIndices),
 	}
-	for i := int64(0); i < l.Seed.Len/8; i++ {
-		u.seed = append(u.seed, le.Uint64(buf[l.Seed.Off+i*8:]))
+	for i := int64(0); i < l.Sampling.Len/SampleRowBytes; i++ {
+		b := buf[l.Sampling.Off+i*SampleRowBytes:]
+		u.sampling = append(u.sampling, cuda.SampleParams{
+			Temperature: math.Float32frombits(le.Uint32(b[0:])), TopP: math.Float32frombits(le.Uint32(b[4:])),
+			MinP: math.Float32frombits(le.Uint32(b[8:])), TopK: int32(le.Uint32(b[12:])), Seed: le.Uint64(b[16:]),
+			Pos: int32(le.Uint32(b[24:])), Logprobs: int32(le.Uint32(b[28:])),
+		})
 	}
 	for i := int64(0); i < l.Slots[0].Len/8; i++ {
 		u.slots = append(u.slots, int64(le.Uint64(buf[l.Slots[0].Off+i*8:])))
@@ -157,12 +158,18 @@ func TestPackDecodePadsToBucket(t *testing.T) {
 	eq(t, "slots", u.slots, []int64{8*4 + 1, (1<<16 | 3) * 4, 6 * 4, -1})
 	eq(t, "pageStart", u.pageStart, []int32{0, 2, 3, 6, 6})
 	eq(t, "pages", u.pages, []uint32{7, 8, 1<<16 | 3, 4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
-	eq(t, "temp", u.temp, []float32{0.5, 0, 0, 0})
-	eq(t, "topP", u.topP, []float32{0.9, 1, 1, 1})
-	eq(t, "topK", u.topK, []int32{40, 0, 0, 0})
-	eq(t, "minP", u.minP, []float32{0.1, 0, 0, 0})
-	eq(t, "seed", u.seed, []uint64{99, 0, 0, 0})
-	eq(t, "rowPos", u.rowPos, []int32{6, 1, 9, 0})
+	eq(t, "sampling", u.sampling, []cuda.SampleParams{
+		{Temperature: 0.5, TopP: 0.9, MinP: 0.1, TopK: 40, Seed: 99, Pos: 6, Logprobs: -1},
+		{TopP: 1, Pos: 1, Logprobs: -1}, {TopP: 1, Pos: 9, Logprobs: -1}, {TopP: 1, Logprobs: -1},
+	})
+	// The rows are the sampling kernel's own encoding.
+	want := make([]byte, cuda.SampleParamsBytes*4)
+	if _, err := cuda.PutSampleParams(want, u.sampling); err != nil {
+		t.Fatal(err)
+	}
+	if got := buf[l.Sampling.Off : l.Sampling.Off+l.Sampling.Len]; !slices.Equal(got, want) {
+		t.Errorf("sampling rows differ from cuda.PutSampleParams' encoding:\n%x\n%x", got, want)
+	}
 }
 
 func TestPackPrefillPadsIntoOneSequence(t *testing.T) {
@@ -190,7 +197,7 @@ func TestPackPrefillPadsIntoOneSequence(t *testing.T) {
 	eq(t, "queryStart", u.queryStart, []int32{0, 5, 6, 6, 6, 16})
 	eq(t, "ctxLens", u.ctxLens, []int32{5, 4, 0, 0, 0})
 	eq(t, "logits", u.logits, []int32{4, 5, 0, 0, 0})
-	eq(t, "rowPos", u.rowPos, []int32{5, 4, 0, 0, 0})
+	eq(t, "row positions", []int32{u.sampling[0].Pos, u.sampling[1].Pos, u.sampling[2].Pos}, []int32{5, 4, 0})
 	for i := 6; i < 16; i++ {
 		if u.slots[i] != engine.NoSlot {
 			t.Errorf("padding token %d writes slot %d", i, u.slots[i])

@@ -26,6 +26,10 @@ func (l Limits) Check() error {
 	return nil
 }
 
+// MaxTop is the most logprob alternatives a row samples on the device
+// (cuda.MaxSampleTop).
+const MaxTop = 32
+
 // decodeSplitTokens is how many context tokens one split of the split-K decode attention
 // covers; the workspace holds a partial result per split.
 const decodeSplitTokens = 256
@@ -43,13 +47,16 @@ const decodeSplitTokens = 256
 //	Act       [T, inter]         bf16  SiLU(gate)·up
 //	Rows      [R, hidden]        bf16  the logits rows, gathered and normed
 //	Logits    [R, vocab]         f32
-//	Sampled   [R]                i32   sampled token ids
-//	Logprobs  [R]                f32   their logprobs
-//	Partials  [B, heads, S, d+2] f32   split-K decode partials (S splits of 256 tokens)
+//	Sampled     [R]              i32   sampled token ids
+//	Logprobs    [R]              f32   their logprobs
+//	TopIDs      [R, 32]          i32   top logprob alternatives (cuda.MaxSampleTop)
+//	TopLogprobs [R, 32]          f32
+//	Partials  [B+1, heads, S, d+2] f32 split-K decode partials (S splits of 256 tokens)
 //	Plan      PlanLayout of the limits: the step's inputs, uploaded per step
 type Workspace struct {
 	Residual, Normed, QKV, Attn, Proj, GateUp, Act, Rows Section
-	Logits, Sampled, Logprobs, Partials, Plan            Section
+	Logits, Sampled, Logprobs, TopIDs, TopLogprobs       Section
+	Partials, Plan                                       Section
 	Splits                                               int // decode splits of the longest context
 	PlanLayout                                           PlanLayout
 	Size                                                 int64
@@ -87,7 +94,10 @@ func NewWorkspace(c *DenseConfig, l Limits) (Workspace, error) {
 	w.Logits = next(r * int64(c.Vocab) * f32)
 	w.Sampled = next(r * 4)
 	w.Logprobs = next(r * f32)
-	w.Partials = next(int64(l.MaxSeqs) * int64(c.Heads) * int64(w.Splits) * int64(c.HeadDim+2) * f32)
+	w.TopIDs = next(r * MaxTop * 4)
+	w.TopLogprobs = next(r * MaxTop * f32)
+	// A prefill graph adds a padding sequence to the engine's most.
+	w.Partials = next(int64(l.MaxSeqs+1) * int64(c.Heads) * int64(w.Splits) * int64(c.HeadDim+2) * f32)
 	w.Plan = next(pl.Size)
 	w.Size = off
 	return w, nil
@@ -104,6 +114,6 @@ func (w *Workspace) Sections() []struct {
 	}{
 		{"Residual", w.Residual}, {"Normed", w.Normed}, {"QKV", w.QKV}, {"Attn", w.Attn}, {"Proj", w.Proj},
 		{"GateUp", w.GateUp}, {"Act", w.Act}, {"Rows", w.Rows}, {"Logits", w.Logits}, {"Sampled", w.Sampled},
-		{"Logprobs", w.Logprobs}, {"Partials", w.Partials}, {"Plan", w.Plan},
+		{"Logprobs", w.Logprobs}, {"TopIDs", w.TopIDs}, {"TopLogprobs", w.TopLogprobs}, {"Partials", w.Partials}, {"Plan", w.Plan},
 	}
 }

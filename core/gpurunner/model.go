@@ -1,0 +1,238 @@
+package gpurunner
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// Dense is a dense llama-family model on one GPU: its bf16 weights uploaded once, its
+// rotary table, and a workspace for the limits it was built for, run by the shared
+// kernels of core/kernels/cuda and cuBLASLt GEMMs. Forward launches one step; it must run
+// inside Device.Do of the model's device.
+type Dense struct {
+	Config *DenseConfig
+	k      *cuda.Kernels
+	blas   *cudart.Blas
+	sms    int
+
+	wl      WeightLayout
+	weights cudart.Buffer
+	ws      Workspace
+	work    cudart.Buffer
+	rope    cudart.Buffer // cos then sin, float32
+
+	cache  cudart.DevicePtr // the kvslab arena's start
+	layers []cuda.KVSlabLayout
+}
+
+// CacheGroups is the one full-attention group of a dense model's bf16 keys and values:
+//
+//	page: [layers][K|V][pageTokens][kvHeads][headDim] bf16
+func CacheGroups(c *DenseConfig) []kvslab.GroupSpec {
+	return []kvslab.GroupSpec{{
+		Name: "kv", Kind: kvslab.Full, Layers: c.Layers, BytesPerToken: 2 * c.KVDim() * 2, PageTokens: c.PageTokens,
+	}}
+}
+
+// cacheLayouts places each layer of c in a pool built on CacheGroups(c), in bf16
+// elements from the arena's start.
+func cacheLayouts(c *DenseConfig, pool *kvslab.Pool) ([]cuda.KVSlabLayout, error) {
+	want := CacheGroups(c)[0]
+	g := pool.Groups()
+	if len(g) != 1 || g[0].Kind != want.Kind || g[0].Layers != want.Layers || g[0].BytesPerToken != want.BytesPerToken || pool.BlockTokens() != c.PageTokens {
+		return nil, fmt.Errorf("gpurunner: pool groups %+v (block %d) are not the dense model's %+v", g, pool.BlockTokens(), want)
+	}
+	pageBytes := int64(c.PageTokens) * int64(want.BytesPerToken) * int64(c.Layers)
+	out := make([]cuda.KVSlabLayout, c.Layers)
+	for l := range out {
+		var err error
+		if out[l], err = cuda.NewKVSlabLayoutOf(cuda.BF16, pool.SlabBytes(), pageBytes, l, c.PageTokens, c.KVHeads, c.HeadDim); err != nil {
+			return nil, fmt.Errorf("gpurunner: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// newDense uploads w and allocates the workspace for limits l; cache is the device arena
+// pool cuts. It runs inside Do.
+func newDense(c *cudart.Ctx, cfg *DenseConfig, w *DenseWeights, l Limits, k *cuda.Kernels, blas *cudart.Blas, pool *kvslab.Pool, arena *cudart.DeviceArena, progress weights.ProgressFunc) (*Dense, error) {
+	ws, err := NewWorkspace(cfg, l)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := cacheLayouts(cfg, pool)
+	if err != nil {
+		return nil, err
+	}
+	m := &Dense{Config: cfg, k: k, blas: blas, sms: c.Device().Info.SMs, wl: NewWeightLayout(cfg), ws: ws, cache: arena.Ptr(0), layers: layers}
+	ok := false
+	defer func() {
+		if !ok {
+			m.free(c)
+		}
+	}()
+	if m.weights, err = c.Alloc(m.wl.Size); err != nil {
+		return nil, fmt.Errorf("gpurunner: %d bytes of bf16 weights: %w", m.wl.Size, err)
+	}
+	if err := uploadWeights(c, m.weights, cfg, &m.wl, w, progress); err != nil {
+		return nil, err
+	}
+	if m.work, err = c.Alloc(ws.Size); err != nil {
+		return nil, fmt.Errorf("gpurunner: workspace of %d bytes for %+v: %w", ws.Size, l, err)
+	}
+	if err := c.Memset(m.work.Ptr, 0, ws.Size); err != nil {
+		return nil, err
+	}
+	n := len(cfg.RopeCos)
+	if m.rope, err = c.Alloc(int64(8 * n)); err != nil {
+		return nil, err
+	}
+	if err := cudart.Upload(c, m.rope.Ptr, cfg.RopeCos); err != nil {
+		return nil, err
+	}
+	if err := cudart.Upload(c, m.rope.Ptr.Add(int64(4*n)), cfg.RopeSin); err != nil {
+		return nil, err
+	}
+	if err := c.Synchronize(); err != nil { // the memset ran on the legacy stream
+		return nil, err
+	}
+	ok = true
+	return m, nil
+}
+
+func (m *Dense) free(c *cudart.Ctx) {
+	for _, b := range []*cudart.Buffer{&m.weights, &m.work, &m.rope} {
+		c.Free(*b)
+		*b = cudart.Buffer{}
+	}
+}
+
+// planPtr is where the step's upload sits on the device.
+func (m *Dense) planPtr() cudart.DevicePtr { return m.work.Ptr.Add(m.ws.Plan.Off) }
+
+// Forward launches the step laid out by l (uploaded at planPtr) on s: the hidden states of
+// every token row, the float32 logits of the l.Dims.Rows logits rows into the workspace's
+// Logits, and, with sample, each row's token chosen on the device (with its logprob and
+// top alternatives) into Sampled, Logprobs and Top*. decodeOnly says every sequence has
+// one query, so the prefill attention kernel is skipped.
+func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOnly, sample bool) error {
+	cfg, k := m.Config, m.k
+	t, b, r := l.Dims.Tokens, l.Dims.Seqs, l.Dims.Rows
+	if t > m.ws.PlanLayout.Dims.Tokens || b > m.ws.PlanLayout.Dims.Seqs || r > m.ws.PlanLayout.Dims.Rows || l.Size > m.ws.Plan.Len {
+		return fmt.Errorf("gpurunner: step of %+v exceeds the workspace sized for %+v", l.Dims, m.ws.PlanLayout.Dims)
+	}
+	plan := m.planPtr()
+	in := func(sec Section) cudart.DevicePtr { return plan.Add(sec.Off) }
+	ws := func(sec Section) cudart.DevicePtr { return m.work.Ptr.Add(sec.Off) }
+	wt := func(sec Section) cudart.DevicePtr { return m.weights.Ptr.Add(sec.Off) }
+	gemm := func(out, x, w cudart.DevicePtr, rows, in, outDim int, f32 bool) error {
+		ot := cudart.BF16
+		if f32 {
+			ot = cudart.F32
+		}
+		g := cudart.GemmSpec{M: rows, N: outDim, K: in, TransB: true, AType: cudart.BF16, BType: cudart.BF16, OutType: ot, Alpha: 1}
+		return m.blas.Gemm(c, s, g, x, w, 0, out)
+	}
+	h, eps := cfg.Hidden, cfg.RMSNormEps
+	residual, normed, qkv, attn, proj := ws(m.ws.Residual), ws(m.ws.Normed), ws(m.ws.QKV), ws(m.ws.Attn), ws(m.ws.Proj)
+	rope := cuda.Rope{Cos: m.rope.Ptr, Sin: m.rope.Ptr.Add(int64(len(cfg.RopeCos)) * 4), Dim: cfg.RopeDim, MaxPos: cfg.MaxContext}
+	// The decode split is fixed by the step's shape (a graph replays it), sized for the
+	// longest context the model serves.
+	split, err := cuda.ChooseDecodeSplit(b, cfg.KVHeads, cfg.MaxContext, max(m.sms, 1))
+	if err != nil {
+		return err
+	}
+	if need := cuda.DecodeWorkspaceBytes(b, cfg.Heads, cfg.HeadDim, split.Parts); need > m.ws.Partials.Len {
+		return fmt.Errorf("gpurunner: decode split %+v of %d sequences needs %d bytes of partials, the workspace has %d", split, b, need, m.ws.Partials.Len)
+	}
+	if err := k.EmbeddingBF16(c, s, residual, wt(m.wl.Embed), in(l.Tokens), t, h, cfg.Vocab); err != nil {
+		return fmt.Errorf("embedding: %w", err)
+	}
+	kvOff := int64(cfg.QDim()) * 2
+	for i := range m.wl.Layers {
+		lw := &m.wl.Layers[i]
+		batch := cuda.PagedBatch{
+			Out: attn, Q: qkv, KCache: m.cache, VCache: m.cache, QueryStart: in(l.QueryStart), SeqLens: in(l.CtxLens),
+			PageTableStart: in(l.PageTableStart[0]), PageTable: in(l.PageTable[0]), Layout: m.layers[i],
+			Batch: b, Tokens: t, Heads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, QStride: cfg.QKVDim(),
+			PageTokens: cfg.PageTokens, Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim))), Window: cfg.Window,
+		}
+		var err error
+		if i == 0 {
+			err = k.RMSNormBF16(c, s, normed, residual, wt(lw.AttnNorm), t, h, eps)
+		} else {
+			err = k.AddRMSNorm(c, s, cuda.BF16, normed, residual, proj, wt(lw.AttnNorm), t, h, eps)
+		}
+		if err == nil {
+			err = gemm(qkv, normed, wt(lw.QKV), t, h, cfg.QKVDim(), false)
+		}
+		if err == nil {
+			err = k.RopeKV(c, s, cuda.RopeKV{
+				Q: qkv, K: qkv.Add(kvOff), V: qkv.Add(kvOff + int64(cfg.KVDim())*2), Cache: m.cache,
+				Positions: in(l.Positions), Slots: in(l.Slots[0]), Rope: rope, Layout: m.layers[i], DType: cuda.BF16,
+				Tokens: t, Heads: cfg.Heads, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim,
+				QStride: cfg.QKVDim(), KVStride: cfg.QKVDim(), PageTokens: cfg.PageTokens,
+			})
+		}
+		if err == nil {
+			err = k.DecodeAttention(c, s, batch, split, ws(m.ws.Partials))
+		}
+		if err == nil && !decodeOnly {
+			err = k.PrefillAttention(c, s, batch, true)
+		}
+		if err == nil {
+			err = gemm(proj, attn, wt(lw.O), t, cfg.QDim(), h, false)
+		}
+		if err == nil {
+			err = k.AddRMSNorm(c, s, cuda.BF16, normed, residual, proj, wt(lw.MLPNorm), t, h, eps)
+		}
+		if err == nil {
+			err = gemm(ws(m.ws.GateUp), normed, wt(lw.GateUp), t, h, 2*cfg.Intermediate, false)
+		}
+		if err == nil {
+			err = k.SiLUMulBF16(c, s, ws(m.ws.Act), ws(m.ws.GateUp), t, cfg.Intermediate)
+		}
+		if err == nil {
+			err = gemm(proj, ws(m.ws.Act), wt(lw.Down), t, cfg.Intermediate, h, false)
+		}
+		if err != nil {
+			return fmt.Errorf("layer %d: %w", i, err)
+		}
+	}
+	if r == 0 {
+		return nil
+	}
+	// The last MLP's output joins the residual and the final norm runs over every row (one
+	// fused pass); only the logits rows, gathered, go through the head.
+	err = firstErr(
+		k.AddRMSNorm(c, s, cuda.BF16, normed, residual, proj, wt(m.wl.Norm), t, h, eps),
+		k.EmbeddingBF16(c, s, ws(m.ws.Rows), normed, in(l.LogitsIndices), r, h, t),
+	)
+	if err == nil {
+		err = gemm(ws(m.ws.Logits), ws(m.ws.Rows), wt(m.wl.Head), r, h, cfg.Vocab, true)
+	}
+	if err == nil && sample {
+		err = k.Sample(c, s, cuda.Sample{
+			Tokens: ws(m.ws.Sampled), Logprobs: ws(m.ws.Logprobs), TopIDs: ws(m.ws.TopIDs), TopLogprobs: ws(m.ws.TopLogprobs),
+			Logits: ws(m.ws.Logits), Params: in(l.Sampling), Rows: r, Vocab: cfg.Vocab, MaxTop: cuda.MaxSampleTop,
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("head: %w", err)
+	}
+	return nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,420 @@
+package gpurunner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"unsafe"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// Options configure a GPU runner.
+type Options struct {
+	// Ordinal is the GPU to run on.
+	Ordinal int
+	// NUMA binds the process and its pinned host buffers to a NUMA node (the GPU's, by
+	// default; see cudart.BindNUMA).
+	NUMA cudart.NUMAMode
+	// Limits size the workspace: the engine's MaxBatchTokens and MaxSeqs (zero: 8192 and
+	// 256, the engine's defaults), and the logits rows (zero: MaxSeqs).
+	Limits Limits
+	// CacheBytes is the device KV cache (0: 4 GiB, or half the memory left after the
+	// weights and the workspace when that is less).
+	CacheBytes int64
+	// Eager turns CUDA graphs off: every step launches its kernels.
+	Eager bool
+	// KernelCache is the compiled-kernel directory ("" = cudart's default).
+	KernelCache string
+	// Progress reports the weights upload (nil: silent; weights.TerminalProgress() draws
+	// it on a terminal).
+	Progress weights.ProgressFunc
+	// Log receives one-line notes: the NUMA choice, graph captures that failed.
+	Log io.Writer
+}
+
+func (o *Options) limits() Limits {
+	l := o.Limits
+	if l.MaxTokens == 0 {
+		l.MaxTokens = 8192
+	}
+	if l.MaxSeqs == 0 {
+		l.MaxSeqs = min(256, l.MaxTokens)
+	}
+	if l.MaxRows == 0 {
+		l.MaxRows = l.MaxSeqs
+	}
+	return l
+}
+
+// Runner runs a dense model on one GPU for the engine. Steps whose rows the sampling
+// kernel covers (greedy, temperature, top-k, top-p, min-p, seeded, up to 32 logprob
+// alternatives) sample on the device: only token ids and logprobs come back. Steps with
+// drafts, penalties, logit biases, min-tokens masks or prompt logprobs bring their logits
+// rows back to core/cpurunner, which samples them exactly as the CPU runners do. Execute
+// is for the engine's one goroutine.
+type Runner struct {
+	cpu    *cpurunner.Runner
+	info   engine.RunnerInfo
+	dev    *cudart.Device
+	kern   *cuda.Kernels
+	blas   *cudart.Blas
+	model  *Dense
+	arena  *cudart.DeviceArena
+	stream *cudart.Stream
+	limits Limits
+
+	host    [2]*cudart.HostBuffer // plan uploads, alternating
+	cur     int
+	out     *cudart.HostBuffer // sampled ids, logprobs and alternatives come back here
+	buckets Buckets
+	eager   PlanLayout
+	layouts map[Shape]*PlanLayout
+	graphs  *cudart.GraphCache
+	failed  map[cudart.GraphKey]bool
+	noGraph bool
+	log     io.Writer
+	res     engine.StepResult
+
+	// NUMA is what the NUMA binding decided.
+	NUMA cudart.NUMADecision
+	// Stats count the steps by how they ran.
+	Stats struct{ Graph, Eager, DeviceSampled, HostSampled int }
+}
+
+var _ engine.Runner = (*Runner)(nil)
+
+// ErrNoDevice reports that no GPU runner can start here: no driver, no GPU, or no CUDA
+// library; it wraps the cudart error that says which.
+var ErrNoDevice = errors.New("gpurunner: no usable CUDA device")
+
+// NewDense uploads a dense model to GPU opts.Ordinal and returns its runner with a device
+// cache pool for engine.Config.Pool.
+func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab.Pool, error) {
+	if err := cfg.Check(); err != nil {
+		return nil, nil, err
+	}
+	if err := w.Check(cfg); err != nil {
+		return nil, nil, err
+	}
+	lim := opts.limits()
+	if err := lim.Check(); err != nil {
+		return nil, nil, err
+	}
+	n, err := cudart.DeviceCount()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrNoDevice, err)
+	}
+	if opts.Ordinal < 0 || opts.Ordinal >= n {
+		return nil, nil, fmt.Errorf("%w: GPU %d asked for, the driver sees %d", ErrNoDevice, opts.Ordinal, n)
+	}
+	r := &Runner{limits: lim, noGraph: opts.Eager, log: opts.Log, layouts: map[Shape]*PlanLayout{}, failed: map[cudart.GraphKey]bool{}}
+	if r.log == nil {
+		r.log = io.Discard
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			r.Close()
+		}
+	}()
+	if r.dev, err = cudart.OpenDevice(opts.Ordinal); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrNoDevice, err)
+	}
+	if r.NUMA, err = cudart.BindNUMA(opts.NUMA, r.dev.Info); err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(r.log, "gpu: %s (%s), numa %s\n", r.dev.Info.Name, r.dev.Info.Arch(), r.NUMA)
+	kc, err := cudart.OpenKernelCache(opts.KernelCache)
+	if err != nil {
+		return nil, nil, err
+	}
+	if r.kern, err = cuda.Load(r.dev, kc); err != nil {
+		return nil, nil, fmt.Errorf("gpurunner: kernels: %w", err)
+	}
+	if r.blas, err = cudart.NewBlas(r.dev); err != nil {
+		return nil, nil, fmt.Errorf("gpurunner: %w", err)
+	}
+	ws, err := NewWorkspace(cfg, lim)
+	if err != nil {
+		return nil, nil, err
+	}
+	free, _, err := r.dev.MemInfo()
+	if err != nil {
+		return nil, nil, err
+	}
+	cacheBytes := opts.CacheBytes
+	left := free - NewWeightLayout(cfg).Size - ws.Size
+	if cacheBytes == 0 {
+		cacheBytes = min(4<<30, left/2)
+	}
+	if cacheBytes <= 0 || cacheBytes > left {
+		return nil, nil, fmt.Errorf("gpurunner: a KV cache of %d bytes does not fit the %d bytes left on GPU %d after %d bytes of weights and a %d-byte workspace",
+			cacheBytes, max(left, 0), opts.Ordinal, NewWeightLayout(cfg).Size, ws.Size)
+	}
+	groups := CacheGroups(cfg)
+	z, err := kvslab.Size(kvslab.Config{Groups: groups}, cacheBytes, 1)
+	if err != nil {
+		return nil, nil, err
+	}
+	if r.arena, err = cudart.NewDeviceArena(r.dev, int64(z.Slabs)*z.SlabBytes); err != nil {
+		return nil, nil, err
+	}
+	pool, err := kvslab.New(kvslab.Config{Groups: groups}, r.arena)
+	if err != nil {
+		return nil, nil, err
+	}
+	r.buckets = Buckets{Prefill: PrefillBuckets(lim.MaxTokens), MaxPages: cfg.MaxPages(), Groups: 1}
+	if !r.noGraph {
+		r.buckets.Decode = DecodeBuckets(lim.MaxSeqs)
+	}
+	if r.graphs, err = cudart.NewGraphCache(len(r.buckets.Decode)*2 + len(r.buckets.Prefill) + 1); err != nil {
+		return nil, nil, err
+	}
+	err = r.dev.Do(func(c *cudart.Ctx) error {
+		var err error
+		if r.stream, err = c.NewStream(); err != nil {
+			return err
+		}
+		r.arena.SetStream(r.stream)
+		if r.model, err = newDense(c, cfg, w, lim, r.kern, r.blas, pool, r.arena, opts.Progress); err != nil {
+			return err
+		}
+		for i := range r.host {
+			if r.host[i], err = c.AllocHostOn(ws.PlanLayout.Size, r.NUMA.Node); err != nil {
+				return err
+			}
+		}
+		r.out, err = c.AllocHostOn(int64(lim.MaxRows)*(8+2*4*MaxTop), r.NUMA.Node)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("gpurunner: %s on GPU %d: %w", cfg.Name, opts.Ordinal, err)
+	}
+	r.info = engine.RunnerInfo{
+		Name: cfg.Name, VocabSize: cfg.Vocab, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
+		CacheGroups: groups, GraphBuckets: r.buckets.Decode,
+	}
+	r.cpu = cpurunner.New(r.info, cpurunner.ForwardFunc(r.forwardLogits))
+	ok = true
+	return r, pool, nil
+}
+
+// Info describes the runner to the engine.
+func (r *Runner) Info() engine.RunnerInfo { return r.info }
+
+// Execute runs one plan.
+func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
+	if !deviceSamples(plan) {
+		r.Stats.HostSampled++
+		return r.cpu.Execute(ctx, plan)
+	}
+	if err := ctx.Err(); err != nil {
+		return engine.StepResult{}, err
+	}
+	rows := len(plan.LogitsIndices)
+	anyLP, anyTop := false, false
+	for _, n := range plan.Logprobs {
+		anyLP, anyTop = anyLP || n >= 0, anyTop || n > 0
+	}
+	// The host buffer holds [R] ids, [R] logprobs, [R, MaxTop] ids and [R, MaxTop] logprobs.
+	m, R := r.model, int64(r.limits.MaxRows)
+	err := r.step(plan, true, func(c *cudart.Ctx) error {
+		n := int64(rows) * 4
+		err := c.CopyDtoHAsync(r.out.Bytes[:n], m.work.Ptr.Add(m.ws.Sampled.Off), r.stream)
+		if err == nil && anyLP {
+			err = c.CopyDtoHAsync(r.out.Bytes[4*R:4*R+n], m.work.Ptr.Add(m.ws.Logprobs.Off), r.stream)
+		}
+		if err == nil && anyTop {
+			err = firstErr(
+				c.CopyDtoHAsync(r.out.Bytes[8*R:8*R+n*MaxTop], m.work.Ptr.Add(m.ws.TopIDs.Off), r.stream),
+				c.CopyDtoHAsync(r.out.Bytes[(8+4*MaxTop)*R:(8+4*MaxTop)*R+n*MaxTop], m.work.Ptr.Add(m.ws.TopLogprobs.Off), r.stream),
+			)
+		}
+		return err
+	})
+	if err != nil {
+		return engine.StepResult{}, err
+	}
+	r.Stats.DeviceSampled++
+	ids := viewInt32(r.out.Bytes[:4*R])
+	lps := viewFloat32(r.out.Bytes[4*R : 8*R])
+	topIDs := viewInt32(r.out.Bytes[8*R : (8+4*MaxTop)*R])
+	topLPs := viewFloat32(r.out.Bytes[(8+4*MaxTop)*R : (8+8*MaxTop)*R])
+	b := plan.NumSeqs()
+	r.res.Reset(b)
+	for i := 0; i < b; i++ {
+		a, e := plan.LogitsStart[i], plan.LogitsStart[i+1]
+		if e == a {
+			continue
+		}
+		r.res.Accepted[i] = 1
+		r.res.Tokens = append(r.res.Tokens, ids[a])
+		if anyLP {
+			r.res.Logprobs = append(r.res.Logprobs, lps[a])
+		}
+		if n := int(plan.Logprobs[i]); n > 0 {
+			r.res.TopTokens = append(r.res.TopTokens, topIDs[int(a)*MaxTop:int(a)*MaxTop+n]...)
+			r.res.TopLogprobs = append(r.res.TopLogprobs, topLPs[int(a)*MaxTop:int(a)*MaxTop+n]...)
+		}
+	}
+	return r.res, nil
+}
+
+func viewInt32(b []byte) []int32 { return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4) }
+
+func viewFloat32(b []byte) []float32 {
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// deviceSamples reports whether the sampling kernel covers every row of plan: one row per
+// sequence (no drafts to verify), at most MaxTop alternatives, and none of the features
+// only engine.Sampler applies (penalties, logit bias, min-tokens masks, prompt logprobs).
+func deviceSamples(plan *engine.BatchPlan) bool {
+	if len(plan.LogitBiasStart) > 0 || len(plan.StopIDsStart) > 0 || len(plan.HistoryStart) > 0 || len(plan.PromptLogprobs) > 0 {
+		return false
+	}
+	for i := range plan.ReqIDs {
+		if plan.NumDrafts[i] != 0 || plan.Logprobs[i] > MaxTop {
+			return false
+		}
+		if len(plan.PresencePenalty) > 0 && (plan.PresencePenalty[i] != 0 || plan.FrequencyPenalty[i] != 0 || plan.RepetitionPenalty[i] != 1) {
+			return false
+		}
+	}
+	return true
+}
+
+// forwardLogits is the cpurunner's forward: the step on the device, its float32 logits
+// rows copied into logits.
+func (r *Runner) forwardLogits(plan *engine.BatchPlan, logits []float32) error {
+	n := len(logits)
+	if n == 0 {
+		return r.step(plan, false, nil)
+	}
+	return r.step(plan, false, func(c *cudart.Ctx) error {
+		return c.CopyDtoHAsync(unsafe.Slice((*byte)(unsafe.Pointer(&logits[0])), 4*n), r.model.work.Ptr.Add(r.model.ws.Logits.Off), r.stream)
+	})
+}
+
+// step uploads plan, runs the forward (a graph when one fits; sampling on the device with
+// sample) and then fetch, and waits.
+func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.Ctx) error) error {
+	pd := PlanDims(plan)
+	if ld := r.model.ws.PlanLayout.Dims; pd.Tokens > r.limits.MaxTokens || pd.Seqs > r.limits.MaxSeqs || pd.Rows > r.limits.MaxRows || pd.PagesPerSeq > ld.PagesPerSeq {
+		return fmt.Errorf("gpurunner: a step of %d tokens, %d sequences, %d logits rows and %d pages per sequence exceeds the runner's limits %+v (%d pages)",
+			pd.Tokens, pd.Seqs, pd.Rows, pd.PagesPerSeq, r.limits, ld.PagesPerSeq)
+	}
+	sh := r.buckets.Choose(plan, r.limits.MaxSeqs)
+	l, err := r.layout(sh)
+	if err != nil {
+		return err
+	}
+	host := r.host[r.cur]
+	r.cur ^= 1
+	if err := l.Pack(host.Bytes, plan); err != nil {
+		return err
+	}
+	decodeOnly := sh.Mode != PrefillGraph && pd.Tokens == pd.Seqs
+	return r.dev.Do(func(c *cudart.Ctx) error {
+		// Execute ends with the stream drained, so the buffer packed two steps ago is free.
+		if err := c.CopyHtoDAsync(r.model.planPtr(), host.Bytes[:l.Size], r.stream); err != nil {
+			return err
+		}
+		if err := r.run(c, sh, l, decodeOnly, sample); err != nil {
+			return err
+		}
+		if fetch != nil {
+			if err := fetch(c); err != nil {
+				return err
+			}
+		}
+		return c.Sync(r.stream)
+	})
+}
+
+// run launches the forward of sh: its graph, captured on first use, or eagerly.
+func (r *Runner) run(c *cudart.Ctx, sh Shape, l *PlanLayout, decodeOnly, sample bool) error {
+	key, graph := GraphKey(sh)
+	if sample {
+		key.Variant |= 1 << 16 // the graph with the sampling kernel
+	}
+	if graph && !r.failed[key] {
+		ok, err := r.graphs.Replay(c, r.stream, key)
+		if err != nil {
+			return err
+		}
+		if ok {
+			r.Stats.Graph++
+			return nil
+		}
+		g, err := r.graphs.Capture(c, r.stream, key, func() error { return r.model.Forward(c, r.stream, l, decodeOnly, sample) })
+		if err == nil {
+			// Capturing recorded the step without running it.
+			r.Stats.Graph++
+			return c.LaunchGraph(g, r.stream)
+		}
+		r.failed[key] = true
+		fmt.Fprintf(r.log, "gpu: %v; that shape runs eagerly\n", err)
+	}
+	r.Stats.Eager++
+	return r.model.Forward(c, r.stream, l, decodeOnly, sample)
+}
+
+// layout returns the upload layout of sh: one per graph shape, kept (the graph reads its
+// addresses), and one reused for eager steps.
+func (r *Runner) layout(sh Shape) (*PlanLayout, error) {
+	if sh.Mode == Eager {
+		if err := r.eager.init(sh.Dims); err != nil {
+			return nil, err
+		}
+		return &r.eager, nil
+	}
+	if l, ok := r.layouts[sh]; ok {
+		return l, nil
+	}
+	l, err := NewPlanLayout(sh.Dims)
+	if err != nil {
+		return nil, err
+	}
+	r.layouts[sh] = &l
+	return &l, nil
+}
+
+// Close releases the device memory, graphs and device.
+func (r *Runner) Close() error {
+	if r.dev == nil {
+		return nil
+	}
+	err := r.dev.Do(func(c *cudart.Ctx) error {
+		if r.graphs != nil {
+			r.graphs.Close(c)
+		}
+		if r.model != nil {
+			r.model.free(c)
+		}
+		for _, h := range r.host {
+			c.FreeHost(h)
+		}
+		c.FreeHost(r.out)
+		return c.DestroyStream(r.stream)
+	})
+	if r.blas != nil {
+		r.blas.Close()
+	}
+	if r.kern != nil {
+		r.kern.Close()
+	}
+	if r.arena != nil {
+		r.arena.Close()
+	}
+	r.dev.Close()
+	r.dev = nil
+	return err
+}
