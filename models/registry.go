@@ -39,7 +39,7 @@ func All() []Model {
 	return []Model{
 		{Name: "llama", Architectures: llama.Architectures, Open: llama.Open},
 		{Name: "deepseek-v4-flash", Architectures: deepseekv4flash.Architectures, Open: deepseekv4flash.Open, OpenSpeculative: deepseekv4flash.OpenSpeculative},
-		{Name: "glm-5-flash", Architectures: glm5flash.Architectures, Open: glm5flash.Open},
+		{Name: "glm-5-flash", Architectures: glm5flash.Architectures, Open: glm5flash.Open, OpenSpeculative: glm5flash.OpenSpeculative},
 		// +resin:scaffold:models
 	}
 }
