@@ -194,10 +194,16 @@ func (e *Engine) Counters() Counters {
 	return e.s.Counters()
 }
 
-// Submit queues req and returns its stream. Cancelling ctx aborts the request. Errors:
+// Submit queues req and returns its stream. Cancelling ctx aborts the request. A runner
+// that is a PromptChecker may refuse the prompt (ErrInvalidRequest). Errors:
 // ErrInvalidRequest, ErrContextTooLong, ErrQueueFull, ErrDraining, ErrClosed,
 // ErrDuplicateID (all wrapped with detail).
 func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
+	if pc, ok := e.runner.(PromptChecker); ok {
+		if err := pc.CheckPrompt(req.Prompt); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+	}
 	e.mu.Lock()
 	switch {
 	case e.closed:
