@@ -126,9 +126,6 @@ func (m *TextModel) ForwardHidden(chunks []TextChunk) (logits, hidden []float32,
 	var ids []int32
 	off := make([]int, len(chunks)+1)
 	for i, ch := range chunks {
-		if err := c.RefuseVisionTokens(ch.Tokens); err != nil {
-			return nil, nil, err
-		}
 		ids = append(ids, ch.Tokens...)
 		off[i+1] = len(ids)
 	}

@@ -75,7 +75,17 @@ type TextRunner struct {
 	forceDraft func(promptLen, pos, j int, logits []float32) int32
 }
 
-var _ engine.Runner = (*TextRunner)(nil)
+var (
+	_ engine.Runner        = (*TextRunner)(nil)
+	_ engine.PromptChecker = (*TextRunner)(nil)
+)
+
+// CheckPrompt refuses a prompt holding an image or video placeholder token: those inputs
+// need the vision tower, which this text model does not implement. The engine fails that
+// request alone at Submit.
+func (r *TextRunner) CheckPrompt(prompt []int32) error {
+	return r.Model.Config.RefuseVisionTokens(prompt)
+}
 
 // NewTextRunner wraps a model; bind it to a pool with NewPool (or Bind) before Execute.
 func NewTextRunner(m *TextModel, pageTokens, maxContext int) *TextRunner {
