@@ -3,6 +3,7 @@
 package cudart
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -17,6 +18,9 @@ import (
 func openGPU(t testing.TB) *Device {
 	t.Helper()
 	d, err := OpenDevice(0)
+	if errors.Is(err, ErrNoCUDA) {
+		t.Skipf("%s needs a GPU: %v", t.Name(), err)
+	}
 	if err != nil {
 		t.Fatalf("open GPU 0: %v", err)
 	}
@@ -52,6 +56,9 @@ func loadTestModule(t testing.TB, d *Device, c *Ctx) *Module {
 
 func TestGPUDevices(t *testing.T) {
 	v, err := DriverVersion()
+	if errors.Is(err, ErrNoCUDA) {
+		t.Skipf("%s needs a GPU: %v", t.Name(), err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,10 +438,7 @@ func checkClose(t *testing.T, name string, got, want []float32, tol float64) {
 }
 
 func TestGPUClosedDevice(t *testing.T) {
-	d, err := OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := openGPU(t)
 	d.Close()
 	if err := d.Do(func(*Ctx) error { return nil }); err == nil {
 		t.Fatal("Do after Close: no error")
