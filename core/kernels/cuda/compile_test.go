@@ -10,13 +10,17 @@ import (
 
 // wantKernels lists the entry points each source must define.
 var wantKernels = map[string][]string{
+	"add_rmsnorm.cu":     {"resin_add_rmsnorm_f32", "resin_add_rmsnorm_bf16", "resin_rmsnorm_bf16"},
 	"argmax.cu":          {"resin_argmax"},
-	"embedding.cu":       {"resin_embedding"},
+	"embedding.cu":       {"resin_embedding", "resin_embedding_bf16"},
+	"flash_attention.cu": {"resin_prefill_attention_bf16", "resin_decode_attention_bf16", "resin_decode_reduce_bf16"},
 	"moe_topk.cu":        {"resin_moe_topk"},
 	"paged_attention.cu": {"resin_paged_attention"},
 	"rmsnorm.cu":         {"resin_rmsnorm"},
+	"rope_kv.cu":         {"resin_rope_kv_f32", "resin_rope_kv_bf16"},
 	"rotary.cu":          {"resin_rope_neox", "resin_rope_interleaved"},
-	"silu_mul.cu":        {"resin_silu_mul", "resin_silu_mul_split"},
+	"sampling.cu":        {"resin_sample"},
+	"silu_mul.cu":        {"resin_silu_mul", "resin_silu_mul_split", "resin_silu_mul_bf16"},
 	"softmax.cu":         {"resin_softmax"},
 }
 
@@ -57,27 +61,39 @@ func TestSourcesListed(t *testing.T) {
 	}
 }
 
-// TestCompileAllKernelsSM90a compiles every kernel for sm_90a with NVRTC through
-// core/cudart (both the cubin the runtime loads and PTX), stores them through a fresh
-// kernel cache, reads them back, and assembles the PTX with ptxas -v, logging registers,
-// spills and shared memory per kernel and failing on any spill. No GPU is needed.
-func TestCompileAllKernelsSM90a(t *testing.T) {
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := checkOptions()
-	o.Cache = cache
-	kernelcheck.TestNVRTC(t, files, Names(), o)
-	// The launchers' own path finds the cubins the check stored: no new entries.
-	for _, n := range Names() {
-		src, _ := Source(n)
-		if _, err := cudart.CompileCached(cache, src, n, "sm_90a", Options...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if entries, _ := cache.List(); len(entries) != 2*len(Names()) {
-		t.Errorf("kernel cache holds %d entries, want %d (a cubin and a PTX per kernel)", len(entries), 2*len(Names()))
+// TestCompileAllKernels compiles every kernel for each architecture of
+// kernelcheck.Arches (sm_90a: H100/H200; sm_100a: B200) with NVRTC through core/cudart
+// (both the cubin the runtime loads and PTX), stores them through a fresh kernel cache,
+// reads them back, and assembles the PTX with ptxas -v, logging registers, spills and
+// shared memory per kernel and failing on any spill. No GPU is needed.
+func TestCompileAllKernels(t *testing.T) {
+	for _, arch := range kernelcheck.Arches {
+		t.Run(arch, func(t *testing.T) {
+			cache, err := cudart.OpenKernelCache(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := checkOptions()
+			o.Cache, o.Arch = cache, arch
+			results := kernelcheck.TestNVRTC(t, files, Names(), o)
+			for _, r := range results {
+				for _, k := range r.Kernels {
+					if k.Spills() || k.Stack != 0 {
+						t.Errorf("%s %s: %d bytes spilled (stores), %d (loads), stack frame %d", arch, k.Name, k.SpillStores, k.SpillLoads, k.Stack)
+					}
+				}
+			}
+			// The launchers' own path finds the cubins the check stored: no new entries.
+			for _, n := range Names() {
+				src, _ := Source(n)
+				if _, err := cudart.CompileCached(cache, src, n, arch, Options...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if entries, _ := cache.List(); len(entries) != 2*len(Names()) {
+				t.Errorf("kernel cache holds %d entries, want %d (a cubin and a PTX per kernel)", len(entries), 2*len(Names()))
+			}
+		})
 	}
 }
 

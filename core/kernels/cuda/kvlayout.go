@@ -15,7 +15,8 @@ const (
 )
 
 // KVSlabLayout says where one attention layer's keys and values sit in the paged cache the
-// kernel reads, in float32 elements from the cache pointers. Page id p (a kvslab.PageID,
+// kernel reads, in elements of the cache's type (float32, or bf16 for the bf16 kernels)
+// from the cache pointers. Page id p (a kvslab.PageID,
 // slab<<PageSlotBits | slot) starts at
 //
 //	base(p) = (p >> PageSlotBits) * SlabElems + (p & PageSlotMask) * PageElems
@@ -24,12 +25,12 @@ const (
 //
 //	base(p) + KOffset + (t*KVHeads + h) * HeadDim     (VOffset for values)
 //
-// which is kvslab.Pool.PageOffset divided by 4, plus where the layer's keys and values sit
+// which is kvslab.Pool.PageOffset divided by the element size, plus where the layer's keys and values sit
 // inside a page. NewKVSlabLayout builds it for a kvslab group; PackedKV for pages packed
 // back to back in separate key and value buffers.
 type KVSlabLayout struct {
-	SlabElems int64 // elements per slab: kvslab.Pool.SlabBytes()/4
-	PageElems int64 // elements per page: kvslab.GroupSpec.PageBytes()/4
+	SlabElems int64 // elements per slab: kvslab.Pool.SlabBytes()/element size
+	PageElems int64 // elements per page: kvslab.GroupSpec.PageBytes()/element size
 	KOffset   int64 // elements from a page's start to this layer's keys
 	VOffset   int64 // elements from a page's start to this layer's values
 }
@@ -44,20 +45,31 @@ type KVSlabLayout struct {
 // slabBytes is kvslab.Pool.SlabBytes() and pageBytes the group's PageBytes(). Keys and
 // values are then read through one pointer: the arena's start.
 func NewKVSlabLayout(slabBytes, pageBytes int64, layer, pageTokens, kvHeads, headDim int) (KVSlabLayout, error) {
+	return NewKVSlabLayoutOf(F32, slabBytes, pageBytes, layer, pageTokens, kvHeads, headDim)
+}
+
+// NewKVSlabLayoutOf is NewKVSlabLayout for pages holding elements of type dt (BF16 for
+// the bf16 kernels: BytesPerToken = 2*kvHeads*headDim*2); the layout then counts elements
+// of dt.
+func NewKVSlabLayoutOf(dt DType, slabBytes, pageBytes int64, layer, pageTokens, kvHeads, headDim int) (KVSlabLayout, error) {
+	size := int64(dt.Size())
+	if size == 0 {
+		return KVSlabLayout{}, fmt.Errorf("cuda.NewKVSlabLayout: unknown element type %d", dt)
+	}
 	if pageTokens <= 0 || kvHeads <= 0 || headDim <= 0 {
 		return KVSlabLayout{}, fmt.Errorf("cuda.NewKVSlabLayout: page tokens %d, kv heads %d and head dim %d must be positive",
 			pageTokens, kvHeads, headDim)
 	}
-	if slabBytes <= 0 || pageBytes <= 0 || slabBytes%4 != 0 || pageBytes%4 != 0 {
-		return KVSlabLayout{}, fmt.Errorf("cuda.NewKVSlabLayout: slab of %d bytes and page of %d bytes must be positive multiples of 4 (float32)",
-			slabBytes, pageBytes)
+	if slabBytes <= 0 || pageBytes <= 0 || slabBytes%size != 0 || pageBytes%size != 0 {
+		return KVSlabLayout{}, fmt.Errorf("cuda.NewKVSlabLayout: slab of %d bytes and page of %d bytes must be positive multiples of %d (%s)",
+			slabBytes, pageBytes, size, dt)
 	}
 	half := int64(pageTokens) * int64(kvHeads) * int64(headDim) // one layer's keys (or values) in a page
-	if layer < 0 || (int64(layer)+1)*2*half > pageBytes/4 {
-		return KVSlabLayout{}, fmt.Errorf("cuda.NewKVSlabLayout: layer %d does not fit a page of %d bytes holding %d float32 keys and values per layer",
-			layer, pageBytes, 2*half)
+	if layer < 0 || (int64(layer)+1)*2*half > pageBytes/size {
+		return KVSlabLayout{}, fmt.Errorf("cuda.NewKVSlabLayout: layer %d does not fit a page of %d bytes holding %d %s keys and values per layer",
+			layer, pageBytes, 2*half, dt)
 	}
-	l := KVSlabLayout{SlabElems: slabBytes / 4, PageElems: pageBytes / 4, KOffset: int64(layer) * 2 * half}
+	l := KVSlabLayout{SlabElems: slabBytes / size, PageElems: pageBytes / size, KOffset: int64(layer) * 2 * half}
 	l.VOffset = l.KOffset + half
 	return l, nil
 }

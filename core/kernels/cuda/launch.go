@@ -25,6 +25,11 @@ type Kernels struct {
 
 	rmsnorm, ropeNeoX, ropeInterleaved, siluMul, siluMulSplit cudart.Function
 	softmax, embedding, pagedAttention, moeTopK, argmax       cudart.Function
+
+	// The kernels launched through a launchSpec, and one spec per kernel reused by every
+	// launch of it (packing allocates nothing).
+	fn    [numKernels]cudart.Function
+	specs [numKernels]launchSpec
 }
 
 // Load compiles every kernel for the device's architecture (through the kernel cache, so
@@ -75,6 +80,13 @@ func Load(d *cudart.Device, cache *cudart.KernelCache) (*Kernels, error) {
 				return err
 			}
 			*f.dst = fn
+		}
+		for id, n := range kernelNames {
+			fn, err := c.Function(mods[n.file], n.entry)
+			if err != nil {
+				return err
+			}
+			k.fn[id] = fn
 		}
 		return nil
 	})

@@ -16,9 +16,16 @@
 #define resin_sync() __syncthreads()
 #define resin_shfl_xor_f32(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
 #define resin_shfl_xor_i32(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#define resin_shfl_f32(v, src) __shfl_sync(0xffffffffu, (v), (src))
 #define resin_expf(x) expf(x)
 #define resin_rsqrtf(x) rsqrtf(x)
 #define resin_fmaxf(a, b) fmaxf((a), (b))
+#define resin_logf(x) logf(x)
+#define resin_f2u(f) __float_as_uint(f)
+#define resin_u2f(u) __uint_as_float(u)
+#define resin_atomic_add_u32(p, v) atomicAdd((unsigned*)(p), (unsigned)(v))
+#define resin_atomic_add_u64(p, v) atomicAdd((unsigned long long*)(p), (unsigned long long)(v))
+#define resin_atomic_max_i32(p, v) atomicMax((int*)(p), (int)(v))
 #define RESIN_INF __int_as_float(0x7f800000)
 #else
 // ---- clang -x cuda -nocudainc -nocudalib: NVPTX builtins only ----
@@ -46,9 +53,17 @@
 #define resin_sync() __syncthreads()
 #define resin_shfl_xor_f32(v, o) __nvvm_shfl_sync_bfly_f32(0xffffffffu, (v), (o), 0x1f)
 #define resin_shfl_xor_i32(v, o) __nvvm_shfl_sync_bfly_i32(0xffffffffu, (v), (o), 0x1f)
+#define resin_shfl_f32(v, src) __nvvm_shfl_sync_idx_f32(0xffffffffu, (v), (src), 0x1f)
 #define resin_expf(x) __nvvm_ex2_approx_f((x) * 1.4426950408889634f)
 #define resin_rsqrtf(x) __nvvm_rsqrt_approx_f(x)
 #define resin_fmaxf(a, b) __nvvm_fmax_f((a), (b))
+#define resin_logf(x) (__nvvm_lg2_approx_f(x) * 0.6931471805599453f)
+#define resin_f2u(f) __builtin_bit_cast(unsigned, (float)(f))
+#define resin_u2f(u) __builtin_bit_cast(float, (unsigned)(u))
+#define resin_atomic_add_u32(p, v) ((unsigned)__nvvm_atom_add_gen_i((int*)(p), (int)(v)))
+#define resin_atomic_add_u64(p, v) \
+  ((unsigned long long)__nvvm_atom_add_gen_ll((long long*)(p), (long long)(v)))
+#define resin_atomic_max_i32(p, v) __nvvm_atom_max_gen_i((int*)(p), (int)(v))
 #define RESIN_INF __builtin_huge_valf()
 #endif
 
@@ -116,6 +131,40 @@ RESIN_DEVICE void resin_warp_argmax(float* v, int* i) {
       *i = oi;
     }
   }
+}
+
+// ---- bfloat16 ----
+// resin_bf16 is a bfloat16 held as its 16 bits, so that no CUDA header is needed: the top
+// half of a float32. Kernels load bf16, compute in float32 and store bf16 rounded to
+// nearest even (NaN stays a quiet NaN).
+typedef unsigned short resin_bf16;
+
+RESIN_DEVICE float resin_bf2f(resin_bf16 h) { return resin_u2f((unsigned)h << 16); }
+
+RESIN_DEVICE resin_bf16 resin_f2bf(float f) {
+  unsigned u = resin_f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (resin_bf16)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (resin_bf16)(u >> 16);
+}
+
+// resin_load and resin_store read and write an element of either type as float32, so that
+// one template body serves the float32 and bf16 variants of a kernel.
+RESIN_DEVICE float resin_load(const float* p, long long i) { return p[i]; }
+RESIN_DEVICE float resin_load(const resin_bf16* p, long long i) { return resin_bf2f(p[i]); }
+RESIN_DEVICE void resin_store(float* p, long long i, float v) { p[i] = v; }
+RESIN_DEVICE void resin_store(resin_bf16* p, long long i, float v) { p[i] = resin_f2bf(v); }
+
+// RESIN_PAGE_SLOT_BITS is kvslab.SlotBits: the low bits of a page id that hold its slot.
+#define RESIN_PAGE_SLOT_BITS 16
+
+// resin_page_slot_base is the element offset of kvslab page id's first element in an
+// arena of slabs (core/kernels/cuda.KVSlabLayout.PageBase): the id's top bits name the slab,
+// its low RESIN_PAGE_SLOT_BITS bits the page in the slab.
+RESIN_DEVICE long long resin_page_slot_base(unsigned id, long long slab_elems,
+                                            long long page_elems) {
+  return (long long)(id >> RESIN_PAGE_SLOT_BITS) * slab_elems +
+         (long long)(id & ((1u << RESIN_PAGE_SLOT_BITS) - 1u)) * page_elems;
 }
 
 #endif  // RESIN_PRELUDE

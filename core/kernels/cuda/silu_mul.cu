@@ -21,3 +21,15 @@ RESIN_KERNEL void resin_silu_mul_split(float* out, const float* gate, const floa
   for (long long t = resin_global_tid(); t < n; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X)
     out[t] = resin_silu(gate[t]) * up[t];
 }
+
+// resin_silu_mul_bf16 is resin_silu_mul on bfloat16, computed in float32.
+RESIN_KERNEL void resin_silu_mul_bf16(resin_bf16* __restrict__ out,
+                                      const resin_bf16* __restrict__ gate_up, int rows, int dim) {
+  long long total = (long long)rows * dim;
+  for (long long t = resin_global_tid(); t < total; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X) {
+    long long r = t / dim;
+    int i = (int)(t % dim);
+    const resin_bf16* gu = gate_up + r * 2 * dim;
+    out[t] = resin_f2bf(resin_silu(resin_bf2f(gu[i])) * resin_bf2f(gu[dim + i]));
+  }
+}

@@ -18,6 +18,10 @@ import (
 // DefaultArch is the architecture kernels are checked for when Options.Arch is empty.
 const DefaultArch = "sm_90a"
 
+// Arches are the architectures Resin's kernels must compile for without spills: Hopper
+// (H100, H200) and Blackwell (B200, GB200). NVRTC and ptxas 12.8 or newer know sm_100a.
+var Arches = []string{"sm_90a", "sm_100a"}
+
 // ClangArch is the architecture clang-16 compiles for (it has no sm_90a).
 const ClangArch = "sm_90"
 
