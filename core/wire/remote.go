@@ -102,6 +102,8 @@ func Dial(ctx context.Context, cfg Config) (*Remote, error) {
 		return nil, err
 	}
 	r.sess, r.info = s, s.info
+	// The runner's cache is in its own process: it executes the cache ops it is sent.
+	r.info.ExecutesCacheOps = true
 	return r, nil
 }
 
@@ -140,6 +142,16 @@ func (r *Remote) setHealth(err error) {
 	r.healthMu.Lock()
 	r.health = err
 	r.healthMu.Unlock()
+}
+
+// Pid returns the process id of an exec runner (0 for a unix: runner or while down).
+func (r *Remote) Pid() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sess == nil || r.sess.cmd == nil {
+		return 0
+	}
+	return r.sess.cmd.Process.Pid
 }
 
 // Restarts returns how many times the runner was restarted.
@@ -230,7 +242,7 @@ func (r *Remote) restart(ctx context.Context) error {
 		return fmt.Errorf("%w (next restart in %s)", down, wait.Round(time.Millisecond))
 	}
 	s, err := r.start(ctx)
-	if err == nil && !sameInfo(s.info, r.info) {
+	if want := r.info; err == nil && !sameInfo(s.info, func() engine.RunnerInfo { want.ExecutesCacheOps = false; return want }()) {
 		s.kill()
 		err = fmt.Errorf("the restarted runner declares %+v, not %+v as before", s.info, r.info)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/resin-llm/resin/core/kvslab"
 	"io"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -14,9 +15,11 @@ import (
 // it and sends its Result, or an Error when Execute fails. It returns nil on Shutdown or
 // when the engine closes the stream between frames, and an error for anything else (after
 // telling the engine with a protocol Error when it can). The runner must execute the
-// plan's CacheOps itself.
-func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, maxFrame int) error {
-	fr := NewFrameReader(r, maxFrame)
+// plan's CacheOps itself (RunnerInfo.ExecutesCacheOps), or opts.Pool must be the pool it
+// reads and writes, on which Serve applies them before Execute.
+func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, opts ServeOptions) error {
+	fr := NewFrameReader(r, opts.MaxFrame)
+	ownOps := runner.Info().ExecutesCacheOps
 	var (
 		tables Tables
 		plan   engine.BatchPlan
@@ -46,7 +49,11 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 			if err := tables.DecodeStep(payload, &plan); err != nil {
 				return protocolErr(err)
 			}
-			res, err := runner.Execute(ctx, &plan)
+			var res engine.StepResult
+			err := applyOps(&plan, ownOps, opts.Pool)
+			if err == nil {
+				res, err = runner.Execute(ctx, &plan)
+			}
 			if err != nil {
 				out = AppendError(out[:0], Error{Step: plan.Step, Code: CodeStepFailed, Message: err.Error()})
 			} else {
@@ -61,4 +68,23 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 			return err
 		}
 	}
+}
+
+// ServeOptions configure Serve.
+type ServeOptions struct {
+	// MaxFrame caps the frames accepted (default DefaultMaxFrame).
+	MaxFrame int
+	// Pool is the runner's cache pool, on which Serve applies each step's cache ops when
+	// the runner does not declare ExecutesCacheOps.
+	Pool *kvslab.Pool
+}
+
+func applyOps(p *engine.BatchPlan, ownOps bool, pool *kvslab.Pool) error {
+	switch {
+	case len(p.CacheOps) == 0 || ownOps:
+		return nil
+	case pool == nil:
+		return fmt.Errorf("%d cache ops, and the runner executes none and Serve has no pool to apply them on", len(p.CacheOps))
+	}
+	return engine.ApplyCacheOps(pool, p.CacheOps)
 }

@@ -1,0 +1,301 @@
+package wire_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/wire"
+)
+
+// goRunner serves fresh enginetest runners on a Unix socket, one per connection, as a
+// runner process restarted by its supervisor would: each starts with an empty cache.
+// The enginetest runner keeps its model state in its cache pages, so any table, slot or
+// cache op the protocol got wrong, or any page the engine trusted after a restart,
+// changes the generated tokens.
+type goRunner struct {
+	t     *testing.T
+	cfg   enginetest.Config
+	path  string
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	runs  []*enginetest.Runner
+}
+
+func newGoRunner(t *testing.T, cfg enginetest.Config) *goRunner {
+	t.Helper()
+	g := &goRunner{t: t, cfg: cfg, path: filepath.Join(t.TempDir(), "runner.sock")}
+	ln, err := net.Listen("unix", g.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.ln = ln
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			tr, err := enginetest.New(cfg)
+			if err != nil {
+				t.Error(err)
+				c.Close()
+				return
+			}
+			g.mu.Lock()
+			g.conns, g.runs = append(g.conns, c), append(g.runs, tr)
+			g.mu.Unlock()
+			go func() {
+				defer c.Close()
+				wire.Serve(context.Background(), c, c, tr, wire.ServeOptions{})
+			}()
+		}
+	}()
+	return g
+}
+
+// kill closes the connection of the runner in use, as its process dying would.
+func (g *goRunner) kill() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.conns[len(g.conns)-1].Close()
+}
+
+func (g *goRunner) errs() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, r := range g.runs {
+		if err := r.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startEngine dials the runner and runs an engine over it whose pool has the runner's
+// geometry (a twin enginetest runner's pool).
+func startEngine(t *testing.T, g *goRunner, cfg engine.Config, wc wire.Config) (*engine.Engine, *wire.Remote) {
+	t.Helper()
+	wc.Spec = "unix:" + g.path
+	wc.RestartBackoff = time.Nanosecond
+	r, err := wire.Dial(context.Background(), wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twin, err := enginetest.New(g.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pool = twin.Pool()
+	e, err := engine.New(r, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Attach(e)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		e.Close()
+		cancel()
+		<-done
+		r.Close()
+	})
+	return e, r
+}
+
+func prompt(rng *rand.Rand, prefix []int32, n, vocab int) []int32 {
+	p := slices.Clone(prefix)
+	for range n {
+		p = append(p, int32(rng.IntN(vocab)))
+	}
+	return p
+}
+
+// TestRemoteMatchesReference runs many requests through the protocol against a runner
+// that checks its cache: shared prefixes (prefix hits), a pool small enough to preempt,
+// a sliding-window mirror group (tables whose old entries are dropped) and a recurrent
+// group (state checkpoints restored by cache ops). Every output must be the reference's.
+func TestRemoteMatchesReference(t *testing.T) {
+	cfg := enginetest.Config{VocabSize: 200, Pages: 24, Mirror: true, Recurrent: true}
+	g := newGoRunner(t, cfg)
+	e, r := startEngine(t, g, engine.Config{MaxBatchTokens: 256, MaxSeqs: 16}, wire.Config{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	shared := prompt(rng, nil, 40, cfg.VocabSize)
+	type job struct {
+		p  []int32
+		n  int
+		st *engine.Stream
+	}
+	var jobs []*job
+	for i := range 24 {
+		var p []int32
+		if i%2 == 0 {
+			p = prompt(rng, shared, 3+rng.IntN(20), cfg.VocabSize)
+		} else {
+			p = prompt(rng, nil, 5+rng.IntN(60), cfg.VocabSize)
+		}
+		jobs = append(jobs, &job{p: p, n: 10 + rng.IntN(40)})
+	}
+	// The first wave fills the prefix cache; the second hits it under pressure.
+	for wave := range 2 {
+		for _, j := range jobs[wave*12 : wave*12+12] {
+			st, err := e.Submit(context.Background(), engine.Request{Prompt: j.p, Sampling: engine.SamplingParams{MaxTokens: j.n, IgnoreEOS: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			j.st = st
+		}
+		for _, j := range jobs[wave*12 : wave*12+12] {
+			got, ev, err := j.st.Collect(context.Background())
+			if err != nil || ev.Finish != engine.FinishLength {
+				t.Fatalf("request ended with %v (%v): %v", ev.Finish, ev.Err, err)
+			}
+			want := enginetest.Reference(cfg.VocabSize, j.p, j.n, engine.SamplingRow{Logprobs: -1})
+			if !slices.Equal(got, want) {
+				t.Fatalf("tokens %v, want %v", got, want)
+			}
+		}
+	}
+	if err := g.errs(); err != nil {
+		t.Fatalf("the runner saw a wrong cache: %v", err)
+	}
+	c := e.Counters()
+	if c.PrefixHits == 0 || c.Preemptions == 0 {
+		t.Fatalf("the run had %d prefix hits and %d preemptions; the test needs both", c.PrefixHits, c.Preemptions)
+	}
+	ops, released := g.runs[0].CacheOps()
+	t.Logf("prefix hits %d, preemptions %d, cache ops %d, releases %d, restarts %d", c.PrefixHits, c.Preemptions, ops, released, r.Restarts())
+	if ops == 0 {
+		t.Fatalf("no cache op crossed the protocol (the recurrent group's restores should)")
+	}
+}
+
+// TestRemoteRunnerDies kills the runner in the middle of a decode: the requests of the
+// step in flight fail with ErrRunnerDied, /health's source reports it, the runner is
+// restarted with an empty cache, and the queued requests complete exactly as the
+// reference says (so the engine did not reuse a page the new runner does not hold).
+func TestRemoteRunnerDies(t *testing.T) {
+	cfg := enginetest.Config{VocabSize: 200, Pages: 256}
+	g := newGoRunner(t, cfg)
+	e, r := startEngine(t, g, engine.Config{MaxBatchTokens: 256, MaxSeqs: 2}, wire.Config{})
+	rng := rand.New(rand.NewPCG(3, 4))
+	shared := prompt(rng, nil, 48, cfg.VocabSize)
+	var prompts [][]int32
+	var streams []*engine.Stream
+	for range 5 {
+		p := prompt(rng, shared, 4, cfg.VocabSize)
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 200, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		prompts, streams = append(prompts, p), append(streams, st)
+	}
+	// Wait until the first two decode, then kill the runner under them.
+	if _, err := streams[0].Recv(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g.kill()
+	failed, done := 0, 0
+	for i, st := range streams {
+		got, ev, err := st.Collect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch ev.Finish {
+		case engine.FinishError:
+			if !errors.Is(ev.Err, wire.ErrRunnerDied) || !errors.Is(ev.Err, engine.ErrRunner) {
+				t.Fatalf("request %d failed with %v, want a wrapped ErrRunnerDied", i, ev.Err)
+			}
+			failed++
+		case engine.FinishLength:
+			if want := enginetest.Reference(cfg.VocabSize, prompts[i], 200, engine.SamplingRow{Logprobs: -1}); !slices.Equal(got, want) {
+				t.Fatalf("request %d after the restart: tokens differ from the reference", i)
+			}
+			done++
+		default:
+			t.Fatalf("request %d ended with %v: %v", i, ev.Finish, ev.Err)
+		}
+	}
+	if failed == 0 || failed > 2 || done != 5-failed {
+		t.Fatalf("%d requests failed and %d completed; only the in-flight ones (at most 2) may fail", failed, done)
+	}
+	if r.Restarts() != 1 || r.Health() != nil {
+		t.Fatalf("restarts %d, health %v; want one restart and a healthy runner", r.Restarts(), r.Health())
+	}
+	if err := g.errs(); err != nil {
+		t.Fatalf("a runner saw a wrong cache: %v", err)
+	}
+}
+
+// TestRemoteStaysDown: with NoRestart a dead runner stays down, says so through Health,
+// and every later request fails with ErrRunnerDown instead of hanging.
+func TestRemoteStaysDown(t *testing.T) {
+	cfg := enginetest.Config{VocabSize: 100}
+	g := newGoRunner(t, cfg)
+	e, r := startEngine(t, g, engine.Config{}, wire.Config{NoRestart: true})
+	run := func() engine.Event {
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ev, err := st.Collect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	if ev := run(); ev.Finish == engine.FinishError {
+		t.Fatalf("healthy runner: %v", ev.Err)
+	}
+	g.kill()
+	if ev := run(); ev.Finish != engine.FinishError || !errors.Is(ev.Err, wire.ErrRunnerDied) {
+		t.Fatalf("the step during which the runner died ended with %v: %v", ev.Finish, ev.Err)
+	}
+	if err := r.Health(); !errors.Is(err, wire.ErrRunnerDown) {
+		t.Fatalf("health %v, want ErrRunnerDown", err)
+	}
+	if ev := run(); ev.Finish != engine.FinishError || !errors.Is(ev.Err, wire.ErrRunnerDown) {
+		t.Fatalf("a request after the death ended with %v: %v", ev.Finish, ev.Err)
+	}
+	if r.Restarts() != 0 {
+		t.Fatalf("%d restarts with NoRestart", r.Restarts())
+	}
+}
+
+// TestDialErrors: bad specs and runners that refuse the handshake give clear errors.
+func TestDialErrors(t *testing.T) {
+	for _, c := range []struct{ spec, want string }{
+		{"python -m x", "want exec:COMMAND or unix:PATH"},
+		{"tcp:1.2.3.4:5", "unknown scheme"},
+		{"unix:" + filepath.Join(t.TempDir(), "none.sock"), "connect to runner"},
+		{"exec:sh -c 'exit 3'", "exit status 3"},
+		{"exec:echo not a frame", "handshake"},
+	} {
+		_, err := wire.Dial(context.Background(), wire.Config{Spec: c.spec, HandshakeTimeout: 5 * time.Second})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Dial(%q) = %v, want an error saying %q", c.spec, err, c.want)
+		}
+	}
+}
+
+// TestDialTimeout: a runner that never answers the handshake is given up on after
+// HandshakeTimeout, not waited for forever.
+func TestDialTimeout(t *testing.T) {
+	_, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:sleep 30", HandshakeTimeout: 200 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("Dial of a silent runner: %v, want a timeout", err)
+	}
+}
+
