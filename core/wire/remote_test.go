@@ -298,4 +298,3 @@ func TestDialTimeout(t *testing.T) {
 		t.Fatalf("Dial of a silent runner: %v, want a timeout", err)
 	}
 }
-
