@@ -273,3 +273,51 @@ func TestOpenSpeculative(t *testing.T) {
 		t.Fatalf("without drafts: %v", err)
 	}
 }
+
+// TestMTPPreemption runs the prompts in a pool too small for all of them, so that the
+// engine preempts sequences (freeing their pages, recomputing them later, their MTP rows
+// and kept hidden states included) while they draft, and checks the output equals
+// decoding without drafts.
+func TestMTPPreemption(t *testing.T) {
+	m := tinyTextModel(t)
+	prompts := specPrompts(m.Config.VocabSize)
+	sp := engine.SamplingParams{MaxTokens: 20, IgnoreEOS: true}
+	run := func(r *TextRunner, slabs int64) ([]runnertest.Output, engine.Counters) {
+		groups := r.CacheGroups()
+		probe, err := engine.NewHostPool(groups, 64<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := engine.NewHostPool(groups, slabs*probe.SlabBytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Bind(pool); err != nil {
+			t.Fatal(err)
+		}
+		return generateAll(t, r, pool, prompts, sp, 0)
+	}
+	const slabs = 3
+	want, pc := run(NewTextRunner(m, 8, 512), slabs)
+	full := map[int][]int32{}
+	for i, p := range prompts {
+		full[len(p)] = append(slices.Clone(p), want[i].Tokens...)
+	}
+	r, _ := mtpTextRunner(t, m, 2)
+	r.forceDraft = func(promptLen, pos, _ int, logits []float32) int32 {
+		if seq := full[promptLen]; pos < len(seq) && pos%2 == 0 {
+			return seq[pos]
+		}
+		return (int32(ref.Argmax(logits)) + 1) % int32(m.Config.VocabSize)
+	}
+	got, c := run(r, slabs)
+	if c.Preemptions == 0 {
+		t.Fatalf("no preemption in a pool of %d slabs (plain run: %d)", slabs, pc.Preemptions)
+	}
+	for i := range prompts {
+		if !slices.Equal(got[i].Tokens, want[i].Tokens) {
+			t.Fatalf("prompt %d: %v with MTP, %v without", i, got[i].Tokens, want[i].Tokens)
+		}
+	}
+	t.Logf("%d preemptions (plain %d), %d drafts, %d accepted", c.Preemptions, pc.Preemptions, c.DraftsProposed, c.DraftsAccepted)
+}
