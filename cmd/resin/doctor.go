@@ -42,6 +42,7 @@ func doctor(w io.Writer, sysRoot string) {
 	doctorGPUs(w, gpus, top)
 	doctorCUDALibraries(w)
 	doctorNUMA(w, top, topErr)
+	doctorGPURuntime(w, gpus, top, sysRoot)
 	doctorKernelCache(w)
 }
 
