@@ -9,13 +9,16 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// The BatchPlan binary encoding, version 2, little endian throughout:
+// The BatchPlan binary encoding, version 3, little endian throughout:
 //
 //	magic "RSNP" | version u16 | reserved u16 (0)
 //	Step u64 | GraphBatch i32 | B u32 | T u32 | L u32 | G u32
 //	X u32 (which optional arrays follow: 1 penalties, 2 logit bias, 4 stop ids, 8 history,
 //	  16 prompt logprobs)
 //	NB u32 | NS u32 | NH u32 (logit-bias entries, stop ids, history tokens)
+//	NR u32 | NC u32 (releases, cache ops)
+//	Released (NR): ReqID u64 | Reason u8 | reserved u8[3] (0)
+//	CacheOps (NC): Kind u8 | reserved u8[3] (0) | Group i32 | Src u32 | Dst u32
 //	per sequence (B each): ReqIDs u64, Computed i32, Scheduled i32, PromptLen i32,
 //	  NumDrafts i32, Temperature f32, TopP f32, TopK i32, MinP f32, Seed u64, Logprobs i32
 //	X&1: PresencePenalty (B) f32 | FrequencyPenalty (B) f32 | RepetitionPenalty (B) f32 |
@@ -30,16 +33,20 @@ import (
 //	  PageTable (P) u32 | StatePage (S) u32
 //
 // Version 1 lacked X, NB, NS, NH and the optional arrays (the sampling features of
-// version 2: penalties, logit bias, min_tokens, prompt logprobs).
+// version 2: penalties, logit bias, min_tokens, prompt logprobs); version 2 lacked NR,
+// NC, Released and CacheOps. A runner handles Released, then executes CacheOps in order,
+// then the step (see BatchPlan).
 //
 // A decoder rejects other versions, a non-zero reserved field, trailing bytes and any plan
 // that fails Validate.
 
 const (
-	planMagic   = "RSNP"
-	planVersion = 2
-	headerBytes = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4
-	maxGroups   = 1 << 10
+	planMagic    = "RSNP"
+	planVersion  = 3
+	headerBytes  = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4 + 2*4
+	releaseBytes = 12
+	cacheOpBytes = 16
+	maxGroups    = 1 << 10
 )
 
 // ErrPlanEncoding is wrapped by every UnmarshalBinary error.
@@ -52,7 +59,7 @@ func (p *BatchPlan) MarshalBinary() ([]byte, error) {
 
 func (p *BatchPlan) encodedLen() int {
 	b, t := len(p.ReqIDs), len(p.Tokens)
-	n := headerBytes + b*52 + 2*4*(b+1) + 8*t + 4*len(p.LogitsIndices)
+	n := headerBytes + releaseBytes*len(p.Released) + cacheOpBytes*len(p.CacheOps) + b*52 + 2*4*(b+1) + 8*t + 4*len(p.LogitsIndices)
 	x := p.optional()
 	if x&optPenalties != 0 {
 		n += 16 * b
@@ -138,8 +145,18 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 	dst = le.AppendUint32(dst, uint32(p.GraphBatch))
 	x := p.optional()
 	for _, n := range [...]int{len(p.ReqIDs), len(p.Tokens), len(p.LogitsIndices), len(p.Groups), int(x),
-		len(p.LogitBiasTokens), len(p.StopIDs), len(p.History)} {
+		len(p.LogitBiasTokens), len(p.StopIDs), len(p.History), len(p.Released), len(p.CacheOps)} {
 		dst = le.AppendUint32(dst, uint32(n))
+	}
+	for _, r := range p.Released {
+		dst = le.AppendUint64(dst, r.ReqID)
+		dst = le.AppendUint32(dst, uint32(r.Reason))
+	}
+	for _, op := range p.CacheOps {
+		dst = le.AppendUint32(dst, uint32(op.Kind))
+		dst = le.AppendUint32(dst, uint32(op.Group))
+		dst = le.AppendUint32(dst, uint32(op.Src))
+		dst = le.AppendUint32(dst, uint32(op.Dst))
 	}
 	for _, v := range p.ReqIDs {
 		dst = le.AppendUint64(dst, v)
@@ -311,6 +328,7 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	graph := int32(r.u32())
 	b, t, l, g := int(r.u32()), int(r.u32()), int(r.u32()), int(r.u32())
 	x, nb, ns, nh := r.u32(), int64(r.u32()), int64(r.u32()), int64(r.u32())
+	nr, nc := int64(r.u32()), int64(r.u32())
 	if r.err != nil {
 		return r.err
 	}
@@ -318,7 +336,7 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 		return fmt.Errorf("%w: unknown optional arrays %#x", ErrPlanEncoding, x)
 	}
 	// Refuse counts the remaining bytes cannot hold before allocating anything.
-	need := int64(b)*52 + 8*int64(b+1) + 8*int64(t) + 4*int64(l) + int64(g)*(8+8*int64(t)+4*int64(b+1))
+	need := releaseBytes*nr + cacheOpBytes*nc + int64(b)*52 + 8*int64(b+1) + 8*int64(t) + 4*int64(l) + int64(g)*(8+8*int64(t)+4*int64(b+1))
 	if x&optPenalties != 0 {
 		need += 16 * int64(b)
 	}
@@ -340,6 +358,20 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	}
 	p.reset(g)
 	p.Step, p.GraphBatch = step, graph
+	for range nr {
+		id, w := r.u64(), r.u32()
+		if w > 0xff {
+			return fmt.Errorf("%w: release of request %d: reserved bytes %#x", ErrPlanEncoding, id, w>>8)
+		}
+		p.Released = append(p.Released, Release{ReqID: id, Reason: ReleaseReason(w)})
+	}
+	for range nc {
+		w, grp, src, dst := r.u32(), int32(r.u32()), kvslab.PageID(r.u32()), kvslab.PageID(r.u32())
+		if w > 0xff {
+			return fmt.Errorf("%w: cache op: reserved bytes %#x", ErrPlanEncoding, w>>8)
+		}
+		p.CacheOps = append(p.CacheOps, CacheOp{Kind: CacheOpKind(w), Group: grp, Src: src, Dst: dst})
+	}
 	p.ReqIDs = r.u64s(p.ReqIDs, b)
 	p.Computed = r.i32s(p.Computed, b)
 	p.Scheduled = r.i32s(p.Scheduled, b)

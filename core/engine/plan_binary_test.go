@@ -46,6 +46,26 @@ func samplePlans(t testing.TB) [][]byte {
 	d := &direct{t: nil, s: s, r: r}
 	for d.step() {
 	}
+	// A recurrent runner: the second request's prefix hit restores its state through a
+	// cache op, and its first plan releases the first request.
+	rc.Recurrent, rc.MaxDrafts, rc.BlockTokens = true, 0, 4
+	if r, err = enginetest.New(rc); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = engine.NewScheduler(r.Info(), engine.Config{Pool: r.Pool(), MaxBatchTokens: 24}); err != nil {
+		t.Fatal(err)
+	}
+	d = &direct{t: nil, s: s, r: r}
+	for _, id := range []string{"r1", "r2"} {
+		if err := s.Add(engine.Request{ID: id, Prompt: prompt(5, 14), Sampling: engine.SamplingParams{MaxTokens: 3}}, &recorder{}); err != nil {
+			t.Fatal(err)
+		}
+		for d.step() {
+		}
+	}
+	if ops, released := r.CacheOps(); ops == 0 || released == 0 {
+		t.Fatalf("the recurrent plans carried %d cache ops and %d releases", ops, released)
+	}
 	return out
 }
 
@@ -58,6 +78,8 @@ func recurrentPlan() *engine.BatchPlan {
 		MinP: []float32{0, 0.1}, Seed: []uint64{1, 1 << 60}, Logprobs: []int32{-1, 2},
 		QueryStart: []int32{0, 3, 4}, LogitsStart: []int32{0, 1, 2},
 		Tokens: []int32{1, 2, 3, 4}, Positions: []int32{0, 1, 2, 7}, LogitsIndices: []int32{2, 3},
+		CacheOps: []engine.CacheOp{{Kind: engine.OpCopyPage, Group: 1, Src: 9, Dst: 4}, {Kind: engine.OpCopyPage, Group: 0, Src: 1, Dst: 2}},
+		Released: []engine.Release{{ReqID: 77, Reason: engine.ReleasePreempted}, {ReqID: 78, Reason: engine.ReleaseFinished}},
 		Groups: []engine.GroupPlan{
 			{SlotMapping: []int64{16, 17, 18, 39}, PageTableStart: []int32{0, 1, 2}, PageTable: []kvslab.PageID{1, 2}},
 			{SlotMapping: []int64{-1, -1, -1, -1}, PageTableStart: []int32{0, 1, 2}, PageTable: []kvslab.PageID{kvslab.NoPage, 9}, StatePage: []kvslab.PageID{3, 4}},
@@ -93,7 +115,8 @@ func TestPlanRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := recurrentPlan()
-	if !reflect.DeepEqual(q.Groups, want.Groups) || !reflect.DeepEqual(q.Seed, want.Seed) || !reflect.DeepEqual(q.MinP, want.MinP) {
+	if !reflect.DeepEqual(q.Groups, want.Groups) || !reflect.DeepEqual(q.Seed, want.Seed) || !reflect.DeepEqual(q.MinP, want.MinP) ||
+		!reflect.DeepEqual(q.CacheOps, want.CacheOps) || !reflect.DeepEqual(q.Released, want.Released) {
 		t.Fatalf("decoded %+v\nwant %+v", q, want)
 	}
 	// AppendBinary into a large enough buffer allocates nothing.
@@ -135,6 +158,18 @@ func TestPlanDecodeRejectsMalformedBytes(t *testing.T) {
 			if err := p.Validate(); err != nil {
 				t.Fatalf("byte %d: decoded an invalid plan: %v", i, err)
 			}
+		}
+	}
+	// Unknown cache-op kinds, release reasons and groups, and non-zero reserved bytes.
+	const opsAt = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4 + 2*4 + 2*12 // the first cache op
+	for name, at := range map[string]int{
+		"release reason": opsAt - 24 + 8, "release reserved": opsAt - 24 + 9, "op kind": opsAt, "op reserved": opsAt + 2,
+		"op group": opsAt + 4,
+	} {
+		bad = append(bad[:0], good...)
+		bad[at] = 9
+		if err := p.UnmarshalBinary(bad); !errors.Is(err, engine.ErrPlanEncoding) {
+			t.Errorf("%s 9: %v", name, err)
 		}
 	}
 	// An inconsistent plan is refused by the encoder too.

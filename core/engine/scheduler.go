@@ -230,6 +230,10 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 		s.plans[i].reset(len(groups))
 		s.plans[i].begin(cfg.MaxSeqs, cfg.MaxBatchTokens)
 		s.planReqs[i] = make([]*request, 0, cfg.MaxSeqs)
+		// Room for a step that admits or releases every sequence (each admission with a
+		// state restored per recurrent group), so that such a step does not allocate.
+		s.plans[i].CacheOps = make([]CacheOp, 0, cfg.MaxSeqs*len(groups))
+		s.plans[i].Released = make([]Release, 0, cfg.MaxSeqs)
 		s.planEpochs[i] = make([]uint32, 0, cfg.MaxSeqs)
 		for g := range s.plans[i].Groups {
 			gp := &s.plans[i].Groups[g]
@@ -239,6 +243,7 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	}
 	s.running = make([]*request, 0, cfg.MaxSeqs)
 	s.released = make([]Release, 0, cfg.MaxSeqs)
+	s.copies = make([]kvslab.PageCopy, 0, cfg.MaxSeqs*len(groups))
 	return s, nil
 }
 

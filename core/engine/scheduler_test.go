@@ -70,6 +70,15 @@ func (d *direct) step() bool {
 	return true
 }
 
+// run executes and applies plan p, one Schedule handed out.
+func (d *direct) run(p *engine.BatchPlan) {
+	d.t.Helper()
+	res, err := d.r.Execute(context.Background(), p)
+	if err := d.s.Update(p, res, err); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
 func (d *direct) runAll() {
 	for d.step() {
 	}
