@@ -1,5 +1,7 @@
 package kvslab
 
+import "slices"
+
 // prefixCache maps chained block hashes to the pages that hold the block in each group.
 // Full and compressed pages are required: losing one drops the entry. Sliding-window and
 // recurrent pages are optional: an entry may lack them (a window moved past the block, no
@@ -14,12 +16,13 @@ type prefixCache struct {
 }
 
 // init sizes the cache for its most entries: every entry holds at least one page, so
-// there are never more entries than pages, and adding one never allocates.
+// there are never more entries than pages, and adding or dropping one never allocates.
 func (c *prefixCache) init(ngroups, pages int) {
 	c.ngroups = ngroups
 	c.byHash = make(map[uint64]int32, pages)
 	c.hash = make([]uint64, 0, pages)
 	c.pages = make([]PageID, 0, pages*ngroups)
+	c.free = make([]int32, 0, pages)
 }
 
 func (c *prefixCache) entryPages(e int32) []PageID {
@@ -217,6 +220,12 @@ func (p *Pool) Commit(seq SeqID, tokens []int32) error {
 			}
 			pages[g] = id
 			p.owner[p.meta(id)] = e
+		}
+		if !hit && !slices.ContainsFunc(pages, func(id PageID) bool { return id != NoPage }) {
+			// Every group of the block is optional and none still holds a page (sliding
+			// windows released them before the block was committed, as when the next
+			// step was reserved before this one's commit): nothing to cache.
+			c.dropEntry(e)
 		}
 	}
 	s.committed = max(s.committed, n)
