@@ -169,3 +169,23 @@ func wantWhole(t *testing.T, p *Pool) {
 		t.Fatalf("pool not whole: %+v, %d copies pending", s, p.PendingCopies())
 	}
 }
+
+// A block committed after every group released its page (sliding windows only, the next
+// step reserved before this one's commit) leaves no empty entry in the prefix cache.
+func TestCommitAfterWindowReleaseCachesNothing(t *testing.T) {
+	win := GroupSpec{Name: "swa", Kind: SlidingWindow, Layers: 1, BytesPerToken: 4, PageTokens: 4, Window: 4}
+	p := newPool(t, 64, 512, win)
+	toks := seqTokens(2, 16)
+	a, _ := open(t, p, nil)
+	reserve(t, p, a, 12)
+	reserve(t, p, a, 4) // releases blocks 0 and 1 (the next token, 12, sees 9..12)
+	if err := p.Commit(a, toks[:12]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Stats(); s.CachedBlocks != 1 {
+		t.Fatalf("%d blocks cached, want block 2 only", s.CachedBlocks)
+	}
+}
