@@ -41,8 +41,9 @@ func cpuSet(cpus []int) (unix.CPUSet, error) {
 
 // BindNode binds the whole process to NUMA node id of t: every thread's CPU affinity is
 // set to the node's CPUs (threads created later inherit it), and the calling thread's
-// memory policy prefers the node. Linux's memory policy is per thread, so call BindNode
-// early in main; each Device's thread also takes the preferred node when it starts.
+// memory policy prefers the node. Linux's memory policy is per thread: open Devices'
+// threads take the preferred node at once, later ones when they start. It must not be
+// called inside Device.Do.
 func BindNode(t *Topology, id int) error {
 	n, ok := t.Node(id)
 	if !ok {
@@ -58,7 +59,7 @@ func BindNode(t *Topology, id int) error {
 		return fmt.Errorf("bind node %d: %w", id, err)
 	}
 	preferredNode.Store(int64(id))
-	return nil
+	return applyPreferredToOpenDevices()
 }
 
 // SetProcessAffinity sets the CPU affinity of every thread of the process.

@@ -1,6 +1,7 @@
 package cudart
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -46,7 +47,53 @@ func OpenDevice(ordinal int) (*Device, error) {
 	if err := <-started; err != nil {
 		return nil, fmt.Errorf("open device %d: %w", ordinal, err)
 	}
+	openDevices.add(d)
 	return d, nil
+}
+
+// openDevices lists the devices whose threads are running, so that a NUMA binding made
+// after a device opened reaches its thread's memory policy too.
+var openDevices deviceSet
+
+type deviceSet struct {
+	mu sync.Mutex
+	m  map[*Device]struct{}
+}
+
+func (s *deviceSet) add(d *Device) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[*Device]struct{}{}
+	}
+	s.m[d] = struct{}{}
+}
+
+func (s *deviceSet) remove(d *Device) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, d)
+}
+
+func (s *deviceSet) list() []*Device {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Device, 0, len(s.m))
+	for d := range s.m {
+		out = append(out, d)
+	}
+	return out
+}
+
+// applyPreferredToOpenDevices gives every open device's thread the process's preferred
+// node (set by BindNode or BindNUMA). It must not run inside Do.
+func applyPreferredToOpenDevices() error {
+	for _, d := range openDevices.list() {
+		if err := d.Do(func(*Ctx) error { return applyPreferredNode() }); err != nil && !errors.Is(err, ErrClosed) {
+			return fmt.Errorf("device %d thread: %w", d.Info.Ordinal, err)
+		}
+	}
+	return nil
 }
 
 // loop is the device's thread: it makes the primary context current once, then runs the
@@ -117,6 +164,7 @@ func (d *Device) Close() error {
 	d.closed = true
 	close(d.calls)
 	d.mu.Unlock()
+	openDevices.remove(d)
 	d.wg.Wait()
 	return nil
 }

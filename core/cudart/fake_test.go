@@ -2,6 +2,7 @@ package cudart
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 	"unsafe"
 )
@@ -67,6 +68,7 @@ func fakeDevice(t testing.TB, api *driverAPI) *Device {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
+		runtime.LockOSThread() // as a real device thread; never unlocked, so the thread ends with it
 		for fn := range d.calls {
 			fn()
 		}

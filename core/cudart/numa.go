@@ -238,9 +238,10 @@ func CurrentNUMA() (NUMADecision, bool) {
 
 // BindNUMA applies mode for GPU dev to this process: with a node chosen, every thread's
 // CPU affinity becomes that node's CPUs and the memory policy prefers the node (the
-// calling thread's at once, each Device thread's as it starts; call it before
-// OpenDevice). Pinned host buffers follow through Ctx.AllocHostOn. It reads the machine's
-// topology from sysfs and records the decision for CurrentNUMA.
+// calling thread's and every open Device thread's at once, later Device threads' as they
+// start). Pinned host buffers follow through Ctx.AllocHostOn with the decision's Node. It
+// reads the machine's topology from sysfs and records the decision for CurrentNUMA. It must
+// not be called inside Device.Do.
 func BindNUMA(mode NUMAMode, dev DeviceInfo) (NUMADecision, error) {
 	return bindNUMA("/", mode, dev.PCIBusID, osBinder{})
 }
@@ -283,4 +284,9 @@ type osBinder struct{}
 
 func (osBinder) allowedCPUs() ([]int, error) { return ProcessAffinity() }
 
-func (osBinder) bind(_ *Topology, node int, cpus []int) error { return bindProcess(node, cpus) }
+func (osBinder) bind(_ *Topology, node int, cpus []int) error {
+	if err := bindProcess(node, cpus); err != nil {
+		return err
+	}
+	return applyPreferredToOpenDevices()
+}

@@ -182,3 +182,32 @@ func TestBindMemory(t *testing.T) {
 		t.Fatal("a node beyond the mask was accepted")
 	}
 }
+
+// TestBindReachesOpenDeviceThreads checks that a binding made after a device opened sets
+// that device thread's memory policy, not only the caller's.
+func TestBindReachesOpenDeviceThreads(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("NUMA binding is Linux only")
+	}
+	d := fakeDevice(t, &driverAPI{})
+	openDevices.add(d)
+	defer openDevices.remove(d)
+	defer preferredNode.Store(-1)
+	preferredNode.Store(0)
+	if err := applyPreferredToOpenDevices(); errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ENOSYS) {
+		t.Skipf("set_mempolicy is not allowed here: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	var mode, node int
+	var err error
+	d.Do(func(*Ctx) error { mode, node, err = PreferredNode(); return nil })
+	if err != nil || mode != mpolPreferred || node != 0 {
+		t.Fatalf("device thread's policy: mode %d node %d (%v), want MPOL_PREFERRED on node 0", mode, node, err)
+	}
+	// A closed device is skipped, not an error.
+	d.Close()
+	if err := applyPreferredToOpenDevices(); err != nil {
+		t.Fatalf("closed device: %v", err)
+	}
+}
