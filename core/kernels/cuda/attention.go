@@ -10,7 +10,7 @@ import (
 const (
 	MaxAttnHeadDim  = 256 // RESIN_FA_MAX_DIM
 	MaxDecodeGroup  = 16  // query heads per kv head the decode kernel takes (RESIN_FA_QROWS)
-	MaxDecodeParts  = 64  // RESIN_FA_MAX_PARTS
+	MaxDecodeParts  = 64  // partitions per sequence the host chooses at most
 	faThreads       = 128 // RESIN_FA_THREADS
 	faQueryRows     = 16  // RESIN_FA_QROWS: query rows per prefill block
 	faKeys          = 32  // RESIN_FA_KEYS: keys per tile
@@ -131,7 +131,7 @@ func ChooseDecodeSplit(batch, kvHeads, maxContext, sms int) (DecodeSplit, error)
 	}
 	blocks := batch * kvHeads
 	want := (decodeWaveSplit*sms + blocks - 1) / blocks
-	most := (maxContext + minDecodePart - 1) / minDecodePart
+	most := maxContext / minDecodePart // partitions of at least minDecodePart keys
 	parts := max(1, min(want, most, MaxDecodeParts))
 	partLen := (maxContext + parts - 1) / parts
 	partLen = (partLen + faKeys - 1) / faKeys * faKeys

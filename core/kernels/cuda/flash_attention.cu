@@ -31,7 +31,6 @@
 #define RESIN_FA_QROWS 16                      // query rows per block: 4 warps x 4 rows
 #define RESIN_FA_KW (RESIN_FA_MAX_DIM / 2 + 1)  // words per key row, padded: no bank conflicts
 #define RESIN_FA_VW (RESIN_FA_MAX_DIM / 2)      // words per value (and query) row
-#define RESIN_FA_MAX_PARTS 64                   // decode partitions per sequence
 
 RESIN_DEVICE float resin_lo_bf(unsigned w) { return resin_u2f(w << 16); }
 RESIN_DEVICE float resin_hi_bf(unsigned w) { return resin_u2f(w & 0xffff0000u); }
