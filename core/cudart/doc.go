@@ -15,4 +15,28 @@
 // Around the bindings sit the kernel cache shared by every model and process
 // (KernelCache), GPU and NUMA topology from sysfs (ReadTopology, BindNode), a device
 // memory arena for core/kvslab (DeviceArena) and CUDA graphs (Ctx.BeginCapture).
+//
+// What a GPU runner builds on:
+//   - Stream order. A runner queues everything on its own stream: Launch, the Async copies
+//     (UploadAsync, DownloadAsync, MemsetAsync), Blas.Gemm, LaunchGraph, and
+//     DeviceArena.Copy once SetStream names that stream. The synchronous copies run on the
+//     legacy stream, which does not order against non-blocking streams; they are for
+//     loading and tests. Fences (NewFence, Wait, Query, SyncEvent) order pinned-buffer
+//     reuse without waiting on the whole device.
+//   - No allocation per step: Launch, LaunchGraph, GraphCache.Replay and a Blas.Gemm whose
+//     plan is cached allocate nothing (their C-call arguments live in Args, GraphExec and
+//     Blas).
+//   - cuBLASLt GEMMs (GemmSpec): bf16 inputs, fp32 compute, bf16 or fp32 output, plans
+//     keyed by shape, types and pointer alignment in a bounded LRU, one preallocated
+//     workspace.
+//   - CUDA graphs: Ctx.Capture records in thread-local mode (other devices' threads are
+//     undisturbed) and ends and discards a failed capture (AbortCapture), leaving the stream
+//     usable; GraphCache keeps executable graphs per decode or prefill bucket (GraphKey,
+//     PickBucket) with LRU eviction.
+//   - NUMA: ParseNUMAMode reads --numa auto|off|N, PlanNUMA decides and explains,
+//     BindNUMA applies (CPU affinity of every thread, preferred memory node of the caller
+//     and of device threads) and Ctx.AllocHostOn places pinned buffers on the node.
+//   - Versions: CheckNVRTCDriver refuses an NVRTC newer than the driver (ErrNVRTCTooNew),
+//     and a stale RESIN_NVRTC_LIB falls back to the search order with a warning
+//     (NVRTCWarning).
 package cudart
