@@ -32,6 +32,7 @@ type runtimeFlags struct {
 	maxContext    int
 	cachePages    int
 	specTokens    int
+	device        cli.DeviceFlags
 }
 
 var _ cli.Loader = (*runtimeFlags)(nil)
@@ -49,6 +50,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl.IntVar(&f.maxContext, "max-context", 4096, "maximum context (prompt + output tokens) of the test runner")
 	fl.IntVar(&f.cachePages, "cache-pages", 8192, "cache pages of the test runner's pool (16 tokens each)")
 	fl.IntVar(&f.specTokens, "num-speculative-tokens", 0, "with --model: decode speculatively with this many draft tokens per step from the model's own draft head (MTP); 0 = off")
+	f.device.Register(cmd)
 }
 
 // Load loads the tokenizer and the runner. Notes (a fallback worth knowing about) go to
@@ -101,6 +103,12 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 
 // check rejects flag combinations that would be silently ignored.
 func (f *runtimeFlags) check() error {
+	if err := f.device.Check(); err != nil {
+		return err
+	}
+	if f.model == "" && f.device.CUDA() {
+		return errors.New("--device cuda needs --model NAME: the engine's test runner has no GPU path")
+	}
 	if f.model == "" {
 		switch {
 		case f.weights != "" || f.randomWeights != "":
@@ -156,6 +164,10 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	var r engine.Runner
 	var pool *kvslab.Pool
 	switch {
+	case f.device.CUDA() && f.specTokens > 0:
+		return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: the GPU runner does not decode speculatively yet; use --device cpu", f.specTokens)
+	case f.device.CUDA():
+		r, pool, err = f.device.OpenGPU(m.Name, gpuOpeners[m.Name], dir, f.cacheBytes)
 	case f.specTokens <= 0:
 		r, pool, err = m.Open(dir, f.cacheBytes)
 	case m.OpenSpeculative == nil:

@@ -54,6 +54,9 @@ func load(cmd *cobra.Command, l Loader, ef *EngineFlags) (*Runtime, engine.Confi
 	if err != nil {
 		return nil, cfg, err
 	}
+	if el, ok := l.(EngineLimited); ok {
+		el.SetEngineLimits(cfg)
+	}
 	rt, err := l.Load(cmd.ErrOrStderr())
 	return rt, cfg, err
 }

@@ -18,6 +18,9 @@ type ModelDir struct {
 	name string
 	open Opener
 	spec SpeculativeOpener
+	gpu  GPUOpener
+
+	device DeviceFlags
 
 	specTokens int
 
@@ -49,6 +52,7 @@ func (m *ModelDir) Register(cmd *cobra.Command) {
 	fl.StringVar(&m.tokPath, "tokenizer", "", "tokenizer.json, or a directory holding it (default: the one in --model, if any)")
 	fl.StringVar(&m.chatPath, "chat-template", "", "tokenizer_config.json holding the chat template (default: the one beside the tokenizer)")
 	fl.StringVar(&m.served, "served-model-name", "", "model name served in /v1/models and expected in requests (default: "+m.name+")")
+	m.device.Register(cmd)
 }
 
 // Load opens the model and its tokenizer, if it has one.
@@ -104,8 +108,16 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 	if m.specTokens < 0 {
 		return nil, fmt.Errorf("--num-speculative-tokens %d is negative", m.specTokens)
 	}
+	if err := m.device.Check(); err != nil {
+		return nil, err
+	}
 	var err error
-	if m.specTokens > 0 {
+	if m.device.CUDA() {
+		if m.specTokens > 0 {
+			return nil, fmt.Errorf("--num-speculative-tokens: the GPU runner does not decode speculatively yet; use --device cpu")
+		}
+		rt.Runner, rt.Pool, err = m.device.OpenGPU(m.name, m.gpu, m.dir, m.cacheBytes)
+	} else if m.specTokens > 0 {
 		rt.Runner, rt.Pool, err = m.spec(m.dir, m.cacheBytes, m.specTokens)
 	} else {
 		rt.Runner, rt.Pool, err = m.open(m.dir, m.cacheBytes)

@@ -94,6 +94,20 @@ var _ engine.Runner = (*Runner)(nil)
 // library; it wraps the cudart error that says which.
 var ErrNoDevice = errors.New("gpurunner: no usable CUDA device")
 
+// Available reports, as an error matching ErrNoDevice, why GPU ordinal cannot run a
+// model here: no driver, or no such GPU. A model opener calls it before loading weights
+// it would only upload.
+func Available(ordinal int) error {
+	n, err := cudart.DeviceCount()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNoDevice, err)
+	}
+	if ordinal < 0 || ordinal >= n {
+		return fmt.Errorf("%w: GPU %d asked for, the driver sees %d", ErrNoDevice, ordinal, n)
+	}
+	return nil
+}
+
 // NewDense uploads a dense model to GPU opts.Ordinal and returns its runner with a device
 // cache pool for engine.Config.Pool.
 func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab.Pool, error) {
@@ -107,12 +121,8 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	if err := lim.Check(); err != nil {
 		return nil, nil, err
 	}
-	n, err := cudart.DeviceCount()
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrNoDevice, err)
-	}
-	if opts.Ordinal < 0 || opts.Ordinal >= n {
-		return nil, nil, fmt.Errorf("%w: GPU %d asked for, the driver sees %d", ErrNoDevice, opts.Ordinal, n)
+	if err := Available(opts.Ordinal); err != nil {
+		return nil, nil, err
 	}
 	r := &Runner{limits: lim, noGraph: opts.Eager, log: opts.Log, layouts: map[Shape]*PlanLayout{}, failed: map[cudart.GraphKey]bool{}}
 	if r.log == nil {
@@ -124,6 +134,7 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 			r.Close()
 		}
 	}()
+	var err error
 	if r.dev, err = cudart.OpenDevice(opts.Ordinal); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrNoDevice, err)
 	}

@@ -1,0 +1,107 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// Devices a model runs on.
+const (
+	DeviceCPU  = "cpu"
+	DeviceCUDA = "cuda"
+)
+
+// GPUOpener opens the checkpoint in dir on a GPU (see Opener): a model package's OpenGPU,
+// built on core/gpurunner.
+type GPUOpener func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error)
+
+// DeviceFlags are --device cpu|cuda and --numa auto|off|N: where a model runs. A Loader
+// registers them with its model flags and, with --device cuda, opens the model through
+// its GPUOpener with GPUOptions.
+type DeviceFlags struct {
+	Device string
+	NUMA   cudart.NUMAMode
+	GPU    int
+	Eager  bool
+	limits gpurunner.Limits
+}
+
+// Register adds --device, --numa, --gpu and --cuda-eager to cmd.
+func (f *DeviceFlags) Register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.Device, "device", DeviceCPU, "where the model runs: cpu (the Go reference forward) or cuda (the GPU runner; needs an NVIDIA driver and CUDA's NVRTC and cuBLASLt libraries)")
+	fl.Var(&f.NUMA, "numa", "with --device cuda: bind the process and its pinned buffers to a NUMA node: auto (the GPU's), off, or a node number")
+	fl.IntVar(&f.GPU, "gpu", 0, "with --device cuda: the GPU ordinal to run on")
+	fl.BoolVar(&f.Eager, "cuda-eager", false, "with --device cuda: launch every step's kernels, capturing no CUDA graphs")
+}
+
+// Check refuses a device this build does not know and GPU flags given without --device
+// cuda (they would be silently ignored).
+func (f *DeviceFlags) Check() error {
+	switch f.Device {
+	case DeviceCPU:
+		if f.NUMA != (cudart.NUMAMode{}) || f.GPU != 0 || f.Eager {
+			return errors.New("--numa, --gpu and --cuda-eager apply to --device cuda only")
+		}
+	case DeviceCUDA:
+		if f.GPU < 0 {
+			return fmt.Errorf("--gpu %d is negative", f.GPU)
+		}
+	default:
+		return fmt.Errorf("--device %q: want cpu or cuda", f.Device)
+	}
+	return nil
+}
+
+// CUDA reports whether --device cuda was chosen.
+func (f *DeviceFlags) CUDA() bool { return f.Device == DeviceCUDA }
+
+// SetEngineLimits sizes the GPU workspace for the engine's step limits (the commands call
+// it, through EngineLimited, before Load).
+func (f *DeviceFlags) SetEngineLimits(cfg engine.Config) {
+	f.limits = gpurunner.Limits{MaxTokens: cfg.MaxBatchTokens, MaxSeqs: min(cfg.MaxSeqs, cfg.MaxBatchTokens)}
+}
+
+// GPUOptions are the gpurunner options of the flags: the GPU, NUMA binding, graph mode,
+// the engine's limits, an upload progress line on a terminal and notes to log.
+func (f *DeviceFlags) GPUOptions(log *os.File) gpurunner.Options {
+	return gpurunner.Options{Ordinal: f.GPU, NUMA: f.NUMA, Eager: f.Eager, Limits: f.limits,
+		Progress: weights.TerminalProgress(), Log: log}
+}
+
+// OpenGPU opens the model called name through open with the flags' options; a model
+// without a GPU runner (open nil) gets an error that says so.
+func (f *DeviceFlags) OpenGPU(name string, open GPUOpener, dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
+	if open == nil {
+		return nil, nil, fmt.Errorf("--device cuda: model %s has no GPU runner yet (the dense llama family has one, core/gpurunner); run it with --device cpu", name)
+	}
+	r, pool, err := open(dir, cacheBytes, f.GPUOptions(os.Stderr))
+	if errors.Is(err, gpurunner.ErrNoDevice) {
+		return nil, nil, fmt.Errorf("--device cuda: %w (`resin doctor` lists what was found; --device cpu runs the reference forward)", err)
+	}
+	return r, pool, err
+}
+
+// EngineLimited is a Loader that sizes what it loads by the engine's limits (a GPU
+// runner's workspace): the commands call SetEngineLimits before Load.
+type EngineLimited interface {
+	SetEngineLimits(cfg engine.Config)
+}
+
+// WithGPU gives the model's GPU opener: --device cuda then runs it.
+func (m *ModelDir) WithGPU(open GPUOpener) *ModelDir {
+	m.gpu = open
+	return m
+}
+
+// SetEngineLimits implements EngineLimited.
+func (m *ModelDir) SetEngineLimits(cfg engine.Config) { m.device.SetEngineLimits(cfg) }
