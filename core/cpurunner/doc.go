@@ -30,6 +30,14 @@
 //		return r
 //	}
 //
+// Cache operations: a plan's CacheOps (a recurrent state restored from a prefix-cache
+// checkpoint, a private copy of a shared block) must be in place before the forward reads
+// the cache. The Runner does not declare engine.RunnerInfo.ExecutesCacheOps, so the engine
+// executes them against its pool (the one the model is bound to) just before Execute, on
+// the goroutine that calls Execute; a model's Forward never sees a page a pending op
+// still has to write. Code that drives a Scheduler itself calls engine.ApplyCacheOps
+// before Execute.
+//
 // CaptureLogits makes the runner compute the logits of every token row, not only of the
 // rows the plan samples, and hand them to a callback: `generate --logits-out` writes them
 // to a file to compare a model with a reference implementation.

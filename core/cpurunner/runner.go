@@ -52,7 +52,9 @@ var _ engine.Runner = (*Runner)(nil)
 // New returns the runner of a model described by info whose forward pass is f. EOS ids
 // outside the vocabulary are dropped (HF configs sometimes list them); the runner takes no
 // pending tokens and proposes drafts only when f is a Drafter, so Info reports AsyncTokens
-// false and MaxDrafts 0 (or the Drafter's) whatever info says. A nil f makes every Execute
+// false and MaxDrafts 0 (or the Drafter's) whatever info says. It leaves a plan's CacheOps
+// to the engine (ExecutesCacheOps false), which executes them on the pool the model's
+// cache is bound to just before Execute. A nil f makes every Execute
 // fail with ErrNotBound.
 func New(info engine.RunnerInfo, f Forwarder) *Runner {
 	var eos []int32
@@ -61,7 +63,7 @@ func New(info engine.RunnerInfo, f Forwarder) *Runner {
 			eos = append(eos, t)
 		}
 	}
-	info.EOS, info.MaxDrafts, info.AsyncTokens = eos, 0, false
+	info.EOS, info.MaxDrafts, info.AsyncTokens, info.ExecutesCacheOps = eos, 0, false, false
 	r := &Runner{info: info, fwd: f}
 	if d, ok := f.(Drafter); ok && d.MaxDrafts() > 0 {
 		r.drafter, r.info.MaxDrafts = d, d.MaxDrafts()
