@@ -2,6 +2,7 @@ package cudart
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -27,7 +28,7 @@ func (c *Ctx) LoadModule(image []byte) (*Module, error) {
 	}
 	var h uintptr
 	if err := c.api.check("cuModuleLoadData", c.api.cuModuleLoadData(&h, unsafe.Pointer(&img[0]))); err != nil {
-		return nil, fmt.Errorf("load module: %w", err)
+		return nil, fmt.Errorf("load module: %w%s", err, loadHint(err))
 	}
 	runtime.KeepAlive(img)
 	return &Module{h: h}, nil
@@ -161,4 +162,25 @@ func (a *Args) pack(f Function, grid, block Dim3, shared int, s *Stream) {
 		uintptr(grid.X), uintptr(grid.Y), uintptr(grid.Z),
 		uintptr(block.X), uintptr(block.Y), uintptr(block.Z),
 		uintptr(shared), s.handle(), uintptr(unsafe.Pointer(&a.ptrs[0])), 0}
+}
+
+// CUresult codes of an image the driver cannot use.
+const (
+	errNoBinaryForGPU        = 209 // CUDA_ERROR_NO_BINARY_FOR_GPU
+	errUnsupportedPTXVersion = 222 // CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+)
+
+// loadHint says what to do about an image the driver refused.
+func loadHint(err error) string {
+	var e *Error
+	if !errors.As(err, &e) {
+		return ""
+	}
+	switch e.Code {
+	case errUnsupportedPTXVersion:
+		return ": the PTX comes from a compiler newer than the driver; compile for the GPU's real architecture (sm_XX, a cubin) or use an NVRTC no newer than the driver"
+	case errNoBinaryForGPU:
+		return ": the image was built for another architecture; compile for this GPU's (DeviceInfo.Arch)"
+	}
+	return ""
 }

@@ -1,6 +1,7 @@
 package cudart
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -47,5 +48,18 @@ func TestDTypeUnknownDoesNotPanic(t *testing.T) {
 	var b Blas
 	if err := b.MatMulT(&Ctx{}, nil, bad, 0, 0, 0, 1, 1, 1); err == nil {
 		t.Fatal("unknown dtype GEMM: no error")
+	}
+}
+
+func TestLoadHint(t *testing.T) {
+	ptx := fmt.Errorf("wrapped: %w", &Error{Lib: "cuda", Call: "cuModuleLoadData", Code: errUnsupportedPTXVersion})
+	if h := loadHint(ptx); !strings.Contains(h, "newer than the driver") {
+		t.Errorf("hint for an unsupported PTX version: %q", h)
+	}
+	if h := loadHint(&Error{Code: errNoBinaryForGPU}); !strings.Contains(h, "another architecture") {
+		t.Errorf("hint for a missing binary: %q", h)
+	}
+	if h := loadHint(&Error{Code: 2}); h != "" {
+		t.Errorf("hint for out of memory: %q", h)
 	}
 }
