@@ -196,3 +196,24 @@ func TestPickBucket(t *testing.T) {
 		t.Error("no buckets, yet one was picked")
 	}
 }
+
+// BenchmarkGraphReplayHostSide measures the host's share of a decode step's replay: bucket
+// choice, cache lookup and the cuGraphLaunch call (to a stand-in symbol).
+func BenchmarkGraphReplayHostSide(b *testing.B) {
+	g, _ := NewGraphCache(16)
+	f := &fakeGraphs{}
+	f.install(g)
+	c := &Ctx{api: fakeDriver(b)}
+	s := &Stream{h: 9}
+	buckets := []int{1, 2, 4, 8, 16, 32, 64, 128, 256}
+	for _, bk := range buckets {
+		g.Capture(c, s, GraphKey{Kind: GraphDecode, Bucket: bk}, func() error { return nil })
+	}
+	batch := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		batch = batch%256 + 1
+		bk, _ := PickBucket(buckets, batch)
+		g.Replay(c, s, GraphKey{Kind: GraphDecode, Bucket: bk})
+	}
+}
