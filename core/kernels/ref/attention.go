@@ -334,14 +334,14 @@ func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatc
 		if nq < 0 || p1 < p0 {
 			return fmt.Errorf("ref.%s: sequence %d: query or page starts decrease", op, i)
 		}
+		if nq == 0 {
+			continue // nothing to attend; its pages are not read
+		}
 		if nq > ctxLen {
 			return fmt.Errorf("ref.%s: sequence %d: %d queries but only %d tokens in the cache", op, i, nq, ctxLen)
 		}
 		if need := (ctxLen + c.PageTokens - 1) / c.PageTokens; p1-p0 < need {
 			return fmt.Errorf("ref.%s: sequence %d: page table has %d pages, %d tokens need %d", op, i, p1-p0, ctxLen, need)
-		}
-		if nq == 0 {
-			continue
 		}
 		// The keys any query of the sequence reads: [lo, ctxLen).
 		lo := 0
