@@ -150,7 +150,7 @@ type Blas struct {
 	ws    Buffer
 	plans *lru[gemmKey, *gemmPlan]
 
-	alpha, beta float32             // the scalars cublasLtMatmul reads, kept off the stack
+	alpha, beta float32             // the scalars cublasLtMatmul reads, in the heap-allocated Blas
 	call        [matmulArgs]uintptr // its arguments, kept here so a call allocates nothing
 
 	hits, misses, evictions int64

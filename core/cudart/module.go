@@ -153,7 +153,10 @@ func (c *Ctx) Launch(f Function, grid, block Dim3, shared int, s *Stream, a *Arg
 }
 
 // pack points the parameter array at the value slots and fills cuLaunchKernel's argument
-// list in a.call, all inside a.
+// list in a.call, all inside a. a.call holds addresses as uintptrs, which the garbage
+// collector neither tracks nor moves; that is sound because storing &a.vals into a makes
+// every *Args passed here escape to the heap (go build -gcflags=-m: "leaking param: a"),
+// and heap objects do not move, and Launch keeps a alive across the call.
 func (a *Args) pack(f Function, grid, block Dim3, shared int, s *Stream) {
 	for i := 0; i < a.n; i++ {
 		a.ptrs[i] = unsafe.Pointer(&a.vals[i])
