@@ -14,7 +14,20 @@
 // running request is preempted by recompute.
 //
 // With Config.Async (a runner that declares AsyncTokens) the loop builds plan N+1 while the
-// runner executes plan N, so scheduling hides behind the model's step.
+// runner executes plan N, so scheduling hides behind the model's step. Nothing the
+// scheduler does while N runs writes a cache page: the page copies kvslab needs (a
+// recurrent state restored on a prefix hit, copy-on-write of a shared block) travel in
+// the plan as CacheOps, which the runner (or, for a runner that leaves them, the engine
+// on the runner's goroutine) executes before the forward of the step that carries them,
+// so after N. Pages freed while N runs (finished or preempted requests, sliding-window
+// blocks left behind, checkpoints beyond a sequence's quota) may be handed out in N+1,
+// but only N+1, after N, writes them. Sliding windows and recurrent groups therefore
+// overlap like full attention. With a drafting runner, a plan is built ahead only while
+// the plan in flight samples nothing (prompt chunks): a step that verifies or proposes
+// drafts decides where its sequences continue, so the next step waits for its result.
+//
+// Each plan also lists the requests whose pages were freed since the previous plan
+// (Released), so a runner that keeps per-request state drops it.
 //
 // The engine never touches model math and the runner never decides what to run: the
 // BatchPlan is the whole contract between them, and it has a versioned binary encoding so

@@ -19,6 +19,16 @@ import (
 // in queue order, each with its prefix-cache hit, while budget and sequence slots remain.
 // When the pool runs out of pages a running request is preempted by recompute, and no
 // request is admitted in that step.
+//
+// With a runner that proposes drafts, no plan is built ahead of a pending one that
+// samples (Schedule returns nil until it is updated): how many drafts that step accepts
+// decides where its sequences continue, and the drafts it proposes are their next
+// tokens. (Planning them anyway would need positions the runner corrects from the
+// previous step's acceptance, as vLLM's GPU-side bookkeeping does; the plan keeps
+// absolute positions instead.) Steps that only feed prompt chunks still overlap.
+//
+// The plan carries the page copies the pool recorded since the last plan (CacheOps) and
+// the requests released since then (Released); see BatchPlan.
 func (s *Scheduler) Schedule() *BatchPlan {
 	if limit := 1 + b2i(s.cfg.Async); len(s.pending) >= limit {
 		return nil
