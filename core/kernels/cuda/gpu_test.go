@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -18,6 +19,9 @@ import (
 func openKernels(t *testing.T) (*cudart.Device, *Kernels) {
 	t.Helper()
 	d, err := cudart.OpenDevice(0)
+	if errors.Is(err, cudart.ErrNoCUDA) {
+		t.Skipf("%s needs a GPU: %v", t.Name(), err)
+	}
 	if err != nil {
 		t.Fatalf("open GPU 0: %v", err)
 	}
