@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/weights"
+	"github.com/resin-llm/resin/core/wire"
+	"github.com/resin-llm/resin/models/llama"
+)
+
+// runnerPython returns the Python of the resin-runner venv (.ci/setup.d/40-python-runner.sh)
+// with PYTHONPATH set to this checkout's python/, or skips the test.
+func runnerPython(t *testing.T) string {
+	t.Helper()
+	py := os.Getenv("RESIN_RUNNER_PYTHON")
+	if py == "" {
+		py = filepath.Join("..", "..", ".cache", "runner-venv", "bin", "python")
+	}
+	if _, err := os.Stat(py); err != nil {
+		t.Skipf("no Python runner venv at %s: run .ci/setup.d/40-python-runner.sh (scripts/test.sh does)", py)
+	}
+	py, _ = filepath.Abs(py)
+	src, _ := filepath.Abs(filepath.Join("..", "..", "python"))
+	t.Setenv("PYTHONPATH", src)
+	return py
+}
+
+// llamaCheckpoint writes the tiny llama config of testdata/tiny-llama with seeded random
+// weights as float32 safetensors, so the Go runner and the Python one load the same checkpoint.
+func llamaCheckpoint(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg, err := os.ReadFile(tinyLlama)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := llama.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := llama.RandomWeights(c, 7).Save(c, dir, weights.F32); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// pageBudget is a pool of about 40 pages of 16 tokens of the tiny llama (2 layers, K and V
+// of 2 heads of 8 floats): small enough that the requests below preempt each other.
+const pageBudget = 40 * 16 * 2 * 2 * 2 * 8 * 4
+
+func runEngine(t *testing.T, r engine.Runner, cfg engine.Config) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(r, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rem, ok := r.(*wire.Remote); ok {
+		rem.Attach(e)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() { e.Close(); cancel(); <-done })
+	return e
+}
+
+func goLlama(t *testing.T, dir string, cfg engine.Config) *engine.Engine {
+	t.Helper()
+	r, err := llama.Load(dir, llama.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := r.NewPool(cfg.CacheBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pool = pool
+	return runEngine(t, r, cfg)
+}
+
+func pyLlama(t *testing.T, dir string, cfg engine.Config, wc wire.Config) (*engine.Engine, *wire.Remote) {
+	t.Helper()
+	py := runnerPython(t)
+	if wc.Spec == "" {
+		wc.Spec = "exec:" + py + " -m resin_runner.llama --weights " + dir
+	}
+	wc.RestartBackoff = time.Nanosecond
+	r, err := wire.Dial(context.Background(), wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return runEngine(t, r, cfg), r
+}
+
+type genJob struct {
+	prompt []int32
+	n      int
+}
+
+// generate submits the jobs at once and returns each one's tokens (greedy).
+func generate(t *testing.T, e *engine.Engine, jobs []genJob) [][]int32 {
+	t.Helper()
+	var streams []*engine.Stream
+	for _, j := range jobs {
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: j.prompt, Sampling: engine.SamplingParams{MaxTokens: j.n, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	var out [][]int32
+	for i, st := range streams {
+		toks, ev, err := st.Collect(context.Background())
+		if err != nil || ev.Finish != engine.FinishLength {
+			t.Fatalf("job %d ended with %v (%v): %v", i, ev.Finish, ev.Err, err)
+		}
+		out = append(out, toks)
+	}
+	return out
+}
+
+func randomPrompt(rng *rand.Rand, prefix []int32, n int) []int32 {
+	p := slices.Clone(prefix)
+	for range n {
+		p = append(p, int32(3+rng.IntN(500)))
+	}
+	return p
+}
+
+// TestPythonRunnerMatchesGo: the numpy reference runner, driven through the protocol,
+// generates the same greedy tokens as the Go llama runner on the same checkpoint, with
+// prefix hits (a second wave sharing the first's prefixes) and preemption (a pool of 40
+// pages for 10 sequences of up to 90 tokens).
+func TestPythonRunnerMatchesGo(t *testing.T) {
+	dir := llamaCheckpoint(t)
+	cfg := engine.Config{MaxBatchTokens: 512, MaxSeqs: 10, CacheBytes: pageBudget}
+	ge := goLlama(t, dir, cfg)
+	pe, _ := pyLlama(t, dir, cfg, wire.Config{})
+	rng := rand.New(rand.NewPCG(5, 6))
+	shared := randomPrompt(rng, nil, 33)
+	var waves [2][]genJob
+	for w := range waves {
+		for i := range 10 {
+			var p []int32
+			if i%2 == 0 {
+				p = randomPrompt(rng, shared, 2+rng.IntN(20))
+			} else {
+				p = randomPrompt(rng, nil, 4+rng.IntN(40))
+			}
+			waves[w] = append(waves[w], genJob{p, 20 + rng.IntN(30)})
+		}
+	}
+	for w, jobs := range waves {
+		want, got := generate(t, ge, jobs), generate(t, pe, jobs)
+		for i := range jobs {
+			if !slices.Equal(got[i], want[i]) {
+				t.Fatalf("wave %d job %d: the Python runner generated %v, the Go runner %v", w, i, got[i], want[i])
+			}
+		}
+	}
+	c := pe.Counters()
+	if c.PrefixHits == 0 || c.Preemptions == 0 {
+		t.Fatalf("the Python run had %d prefix hits and %d preemptions; the test needs both", c.PrefixHits, c.Preemptions)
+	}
+	t.Logf("prefix hits %d tokens, preemptions %d", c.PrefixHits, c.Preemptions)
+}
+
+// TestPythonRunnerAbortAndKill: an aborted request ends with abort and the others go on;
+// killing the runner process mid-stream fails only the requests of the step in flight,
+// the runner is restarted, and the queued requests complete with the Go runner's tokens.
+func TestPythonRunnerAbortAndKill(t *testing.T) {
+	dir := llamaCheckpoint(t)
+	cfg := engine.Config{MaxBatchTokens: 512, MaxSeqs: 2, CacheBytes: pageBudget}
+	ge := goLlama(t, dir, cfg)
+	pe, rem := pyLlama(t, dir, cfg, wire.Config{})
+	rng := rand.New(rand.NewPCG(7, 8))
+	var jobs []genJob
+	for range 5 {
+		jobs = append(jobs, genJob{randomPrompt(rng, nil, 10), 60})
+	}
+	want := generate(t, ge, jobs)
+
+	// Abort: the first request is cancelled after its first tokens.
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := pe.Submit(ctx, engine.Request{Prompt: jobs[0].prompt, Sampling: engine.SamplingParams{MaxTokens: 200, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, ev, err := st.Collect(context.Background()); err != nil || ev.Finish != engine.FinishAbort {
+		t.Fatalf("the aborted request ended with %v: %v", ev.Finish, err)
+	}
+
+	var streams []*engine.Stream
+	for _, j := range jobs {
+		st, err := pe.Submit(context.Background(), engine.Request{Prompt: j.prompt, Sampling: engine.SamplingParams{MaxTokens: j.n, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, st)
+	}
+	if _, err := streams[0].Recv(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pid := rem.Pid()
+	if pid == 0 {
+		t.Fatal("no runner process")
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for i, st := range streams {
+		toks, ev, err := st.Collect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch ev.Finish {
+		case engine.FinishError:
+			if !errors.Is(ev.Err, wire.ErrRunnerDied) || !strings.Contains(ev.Err.Error(), "killed") {
+				t.Fatalf("request %d failed with %v; want ErrRunnerDied saying the process was killed", i, ev.Err)
+			}
+			failed++
+		case engine.FinishLength:
+			if !slices.Equal(toks, want[i]) {
+				t.Fatalf("request %d after the restart generated %v, the Go runner %v", i, toks, want[i])
+			}
+		default:
+			t.Fatalf("request %d ended with %v: %v", i, ev.Finish, ev.Err)
+		}
+	}
+	if failed == 0 || failed > 2 {
+		t.Fatalf("%d requests failed; only those in flight (1 or 2) may", failed)
+	}
+	if rem.Restarts() != 1 || rem.Health() != nil || rem.Pid() == pid {
+		t.Fatalf("restarts %d, health %v, pid %d (was %d)", rem.Restarts(), rem.Health(), rem.Pid(), pid)
+	}
+}
+
+// TestPythonRunnerUnixSocket: the runner listening on a Unix socket (--listen) serves
+// the engine as the exec one does.
+func TestPythonRunnerUnixSocket(t *testing.T) {
+	py := runnerPython(t)
+	dir := llamaCheckpoint(t)
+	sock := filepath.Join(t.TempDir(), "llama.sock")
+	cmd := exec.Command(py, "-m", "resin_runner.llama", "--weights", dir, "--listen", "unix:"+sock)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for i := 0; ; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if i > 600 {
+			t.Fatal("the runner did not create its socket")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cfg := engine.Config{CacheBytes: pageBudget}
+	pe, _ := pyLlama(t, dir, cfg, wire.Config{Spec: "unix:" + sock})
+	ge := goLlama(t, dir, cfg)
+	jobs := []genJob{{[]int32{1, 5, 9, 200, 7}, 12}}
+	if got, want := generate(t, pe, jobs), generate(t, ge, jobs); !slices.Equal(got[0], want[0]) {
+		t.Fatalf("unix runner: %v, Go runner %v", got[0], want[0])
+	}
+}
