@@ -169,6 +169,13 @@ CASES = {
         indexer_types=["full", "full", "full", "shared", "full"],
         mlp_layer_types=["sparse", "dense", "sparse", "sparse", "sparse"],
         n_shared_experts=2, linear_lower_bound=None, hc_mult=2, linear_conv_kernel_dim=3)),
+    # bf16 weights (float32 where transformers keeps them so), the module case's shape.
+    "bf16": ("module-bf16", dict(TINY, num_hidden_layers=6, index_kpool=4, index_topk=16,
+        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
+                     "linear_attention", "linear_attention", "indexed_attention"],
+        indexer_types=["full", "full", "shared", "full", "full", "full"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse", "dense", "sparse"],
+        n_group=2, topk_group=1, hc_mult=4, linear_head_dim=16)),
 }
 SEQ_LEN = 200
 
@@ -268,7 +275,18 @@ class MTPLayer(nn.Module):
         return head(self.shared_head.norm(x))
 
 
-def make_case(out, name, form, text, seed):
+KEEP_FP32 = Glm5NextForConditionalGeneration._keep_in_fp32_modules_strict or [
+    "e_score_correction_bias", "conv1d", "dt_bias", "A_log", "attn_hc.base", "attn_hc.scale",
+    "ffn_hc.base", "ffn_hc.scale"]
+
+
+def keep_fp32(name):
+    """Whether transformers keeps this tensor float32 in a bf16 model."""
+    return any(k in name for k in KEEP_FP32) or "_conv1d" in name or "hc_attn_base" in name or \
+        "hc_attn_scale" in name or "hc_ffn_base" in name or "hc_ffn_scale" in name
+
+
+def make_case(out, name, form, text, seed, bf16=False):
     case_dir = os.path.join(out, "parity", name)
     os.makedirs(case_dir, exist_ok=True)
     cfg = Glm5NextConfig(text_config=dict(text), vision_config=dict(VISION))
@@ -277,21 +295,36 @@ def make_case(out, name, form, text, seed):
     gen = torch.Generator().manual_seed(seed)
     perturb(model, gen)
     ids = torch.randint(0, text["vocab_size"], (1, SEQ_LEN), generator=gen)
-    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
-          if k.startswith("model.language_model.") or k == "lm_head.weight"}
-    # The reference runs in float64 on the float32 weights: transformers' own float32 run
-    # differs from it by ~1e-4 on these perturbed models, which would eat the tolerance.
     # The MTP layer: its own head and an (ignored) embed_tokens copy in the checkpoint form,
     # the main lm_head in the module form; the MTP prefix as the flat checkpoint spells it in
     # the checkpoint form.
     tcfg = model.config.text_config
     mtp = MTPLayer(tcfg, own_head=form == "checkpoint").eval()
     perturb_params(list(mtp.named_parameters()) + list(mtp.named_buffers()), gen)
+    logits_bf16 = None
+    if bf16:
+        # A bf16 checkpoint as published: bf16 weights but for transformers'
+        # _keep_in_fp32_modules_strict (kept float32). The float64 reference below runs on
+        # the same rounded weights; transformers' own bf16 run is the second golden.
+        with torch.no_grad():
+            for mod in (model, mtp):
+                for k, p in list(mod.named_parameters()) + list(mod.named_buffers()):
+                    if p.is_floating_point() and not keep_fp32(k):
+                        p.copy_(p.to(torch.bfloat16).float())
+            bf = copy.deepcopy(model).to(torch.bfloat16)
+            for (k, p), (_, p32) in zip(bf.named_parameters(), model.named_parameters()):
+                if keep_fp32(k):
+                    p.data = p32.data.clone()
+            logits_bf16 = bf(input_ids=ids).logits[0].float()
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
+          if k.startswith("model.language_model.") or k == "lm_head.weight"}
     mtp_prefix = ("model.layers." if form == "checkpoint" else "model.language_model.layers.") + f"{tcfg.num_hidden_layers}."
     for k, v in mtp.state_dict().items():
         sd[mtp_prefix + k] = v.detach().clone().contiguous()
     if form == "checkpoint":
         sd[mtp_prefix + "embed_tokens.weight"] = model.model.language_model.embed_tokens.weight.detach().clone()
+    # The reference runs in float64 on the float32 weights: transformers' own float32 run
+    # differs from it by ~1e-4 on these perturbed models, which would eat the tolerance.
     with torch.no_grad():
         model = model.double()
         logits = model(input_ids=ids).logits[0].float()
@@ -301,14 +334,18 @@ def make_case(out, name, form, text, seed):
         mtp_logits = mtp.double()(embed, hidden[:, :-1], model.lm_head)[0].float()
     if form == "checkpoint":
         sd = {k: v.contiguous() for k, v in checkpoint_names(sd, text).items()}
+    if bf16:
+        sd = {k: v if keep_fp32(k) else v.to(torch.bfloat16) for k, v in sd.items()}
     save_file(sd, os.path.join(case_dir, "model.safetensors"))
-    save_file({"token_ids": ids[0].to(torch.int32), "logits": logits.contiguous(),
-               "mtp_logits": mtp_logits.contiguous()},
-              os.path.join(case_dir, "logits.safetensors"))
+    goldens = {"token_ids": ids[0].to(torch.int32), "logits": logits.contiguous(),
+               "mtp_logits": mtp_logits.contiguous()}
+    if logits_bf16 is not None:
+        goldens["logits_bf16"] = logits_bf16.contiguous()
+    save_file(goldens, os.path.join(case_dir, "logits.safetensors"))
     config = {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
               "text_config": dict(text, model_type="glm5_next_text"),
               "vision_config": dict(VISION, model_type="glm5_next_vision"),
-              "tie_word_embeddings": False, "torch_dtype": "float32"}
+              "tie_word_embeddings": False, "torch_dtype": "bfloat16" if bf16 else "float32"}
     with open(os.path.join(case_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1, sort_keys=True)
 
@@ -326,7 +363,8 @@ def main():
         return
     torch.manual_seed(0)
     for i, (name, (form, text)) in enumerate(CASES.items()):
-        make_case(args.out, name, form, text, seed=100 + i)
+        bf16 = form.endswith("-bf16")
+        make_case(args.out, name, form.removesuffix("-bf16"), text, seed=100 + i, bf16=bf16)
 
 
 if __name__ == "__main__":
