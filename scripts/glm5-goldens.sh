@@ -5,11 +5,13 @@
 #   testdata/config_cases.json   what Glm5NextConfig / Glm5NextTextConfig make of nested,
 #                                flat and legacy config.json forms (TestConfigCases)
 #   testdata/parity/<case>/      tiny perturbed checkpoints (module or checkpoint-side tensor
-#                                names) with the logits of every position (TestTransformersParity,
-#                                TestPagedTextParity, TestMixedBatchStates)
+#                                names; one in bf16) with the logits of every position
+#                                (TestTransformersParity, TestPagedTextParity, TestMixedBatchStates),
+#                                their MTP layer's logits (TestMTPParity) and, for the bf16
+#                                case, transformers' own bf16 logits (TestBF16Parity)
 #
 # Usage: scripts/glm5-goldens.sh [--out DIR] [--only-config]
-# Then:  go test ./models/glm-5-flash -run 'TestConfigCases|TestTransformersParity|TestPagedTextParity' -v
+# Then:  go test ./models/glm-5-flash -run 'TestConfigCases|TestTransformersParity|TestPagedTextParity|TestMTPParity|TestBF16Parity' -v
 # torch, transformers and safetensors are installed, pinned, into .cache/torch-venv.
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
