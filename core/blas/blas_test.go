@@ -204,3 +204,28 @@ func TestSgemmRejectsBadShapes(t *testing.T) {
 		t.Errorf("negative m: %v", err)
 	}
 }
+
+func TestCoreWarning(t *testing.T) {
+	debian := "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Prescott MAX_THREADS=64"
+	w := coreWarning("OpenBLAS", debian, true, true)
+	for _, want := range []string{"OpenBLAS 0.3.21 runs its Prescott kernels", "AVX-512", "OPENBLAS_CORETYPE=SkylakeX"} {
+		if !strings.Contains(w, want) {
+			t.Errorf("warning %q lacks %q", w, want)
+		}
+	}
+	if w := coreWarning("OpenBLAS", debian, true, false); !strings.Contains(w, "OPENBLAS_CORETYPE=Haswell") {
+		t.Errorf("AVX2 without AVX-512: warning %q does not suggest Haswell", w)
+	}
+	for _, c := range []struct {
+		vendor, config string
+		avx2           bool
+	}{
+		{"OpenBLAS", debian, false}, // an SSE-only CPU: Prescott is right
+		{"OpenBLAS", "OpenBLAS 0.3.34 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64", true},
+		{"BLIS", "BLIS 0.9.0", true},
+	} {
+		if w := coreWarning(c.vendor, c.config, c.avx2, false); w != "" {
+			t.Errorf("%s %q (avx2 %v): unexpected warning %q", c.vendor, c.config, c.avx2, w)
+		}
+	}
+}

@@ -110,6 +110,9 @@ func Load(getenv func(string) string) (*Library, Backend) {
 		}
 	}
 	b.Vendor, b.Path, b.Config = lib.Vendor, lib.Path, lib.Config
+	if w := cpuWarning(lib); w != "" {
+		b.Warnings = append(b.Warnings, w)
+	}
 	b.Threads = lib.SetThreads(threads)
 	return lib, b
 }
