@@ -1,7 +1,8 @@
 // Package ref holds the CPU reference operators that Resin's models are built from: GEMM
-// (through gonum), RMSNorm, rotary embeddings, SiLU-and-mul, softmax, embedding gather,
-// attention over a paged KV cache, MoE top-k routing, argmax, mHC hyper-connections and
-// the Kimi Delta Attention recurrence with its causal convolution.
+// (on the BLAS core/blas loads, or gonum), RMSNorm, rotary embeddings, SiLU-and-mul,
+// softmax, embedding gather, attention over a paged KV cache, MoE top-k routing, argmax,
+// mHC hyper-connections and the Kimi Delta Attention recurrence with its causal
+// convolution.
 //
 // They are the specification the CUDA kernels in core/kernels/cuda are checked against, and
 // the CPU backend of every model. Each one is written as plain loops over indices with the
@@ -9,8 +10,9 @@
 //
 // Conventions: every tensor is a row-major []float32; a shape [a, b, c] means element
 // (i, j, l) lives at index (i*b+j)*c+l. Operators write into out slices the caller owns and
-// allocate nothing, with two exceptions: a GEMM large enough for gonum to split across
-// goroutines allocates a few small objects per call (MatMulT 64x512x512: 18 allocs, 2 KB),
+// allocate nothing, with two exceptions: a GEMM allocates a few small objects per call on
+// a BLAS library (purego's call: 10-12 allocs, 400 B) or when gonum splits it across
+// goroutines (MatMulT 64x512x512: 18 allocs, 2 KB),
 // and KDAStep and KDAChunked allocate their per-call scratch (DV values; chunk×(DK+DV) and
 // DK×DV values).
 // A shape that does not match the slices, or an index out of range, is reported as an error

@@ -153,3 +153,42 @@ func TestMatMulChecksBeforeBLAS(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulConcurrent runs products from several goroutines at once, as a worker pool
+// does: the library must serve concurrent callers without mixing their operands.
+func TestMatMulConcurrent(t *testing.T) {
+	type job struct {
+		m, k, n      int
+		a, b         []float32
+		exact, scale []float64
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var jobs []job
+	for _, s := range [][3]int{{1, 256, 384}, {8, 128, 200}, {33, 64, 96}, {64, 256, 64}} {
+		a, b, exact, scale := gemmOperands(rng, true, s[0], s[1], s[2])
+		jobs = append(jobs, job{s[0], s[1], s[2], a, b, exact, scale})
+	}
+	errs := make(chan error, len(jobs))
+	outs := make([][]float32, len(jobs))
+	for i, j := range jobs {
+		go func() {
+			out := make([]float32, j.m*j.n)
+			for range 20 {
+				if err := MatMulT(out, j.a, j.b, j.m, j.k, j.n); err != nil {
+					errs <- err
+					return
+				}
+			}
+			outs[i] = out
+			errs <- nil
+		}()
+	}
+	for range jobs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, j := range jobs {
+		checkProduct(t, fmt.Sprintf("concurrent MatMulT/%s m=%d k=%d n=%d", GEMMBackend(), j.m, j.k, j.n), outs[i], j.exact, j.scale, j.k)
+	}
+}
