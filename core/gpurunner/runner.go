@@ -356,7 +356,7 @@ func (r *Runner) run(c *cudart.Ctx, sh Shape, l *PlanLayout, decodeOnly, sample 
 	if sample {
 		key.Variant |= 1 << 16 // the graph with the sampling kernel
 	}
-	if graph && !r.failed[key] {
+	if graph && !r.noGraph && !r.failed[key] {
 		ok, err := r.graphs.Replay(c, r.stream, key)
 		if err != nil {
 			return err
