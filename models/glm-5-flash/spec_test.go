@@ -251,6 +251,7 @@ func TestMTPDraftsMatchReference(t *testing.T) {
 // per step, and refuses drafts, naming the MTP layer, for one without it.
 func TestOpenSpeculative(t *testing.T) {
 	src := filepath.Join("testdata", "parity", "module")
+	ts, cfg := goldenTensors(t, src) // skips without the goldens
 	r, pool, err := OpenSpeculative(src, 16<<20, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +259,6 @@ func TestOpenSpeculative(t *testing.T) {
 	if r.Info().MaxDrafts != 2 || pool == nil {
 		t.Fatalf("MaxDrafts %d", r.Info().MaxDrafts)
 	}
-	ts, cfg := goldenTensors(t, src)
 	noMTP := map[string]weights.Tensor{}
 	for n, x := range ts {
 		if !mtpTensor(n, 6) {
