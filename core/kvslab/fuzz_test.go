@@ -28,6 +28,32 @@ type fuzzer struct {
 	p    *Pool
 	seqs []*fuzzSeq
 	data []byte
+	// deferred: the pool records its copies (DeferCopies) and the fuzzer, as a runner,
+	// executes them before it reads or writes pages; copies counts those executed.
+	deferred bool
+	copies   int
+}
+
+// flush executes the recorded copies, in order, as a runner does before a step, and
+// retires them.
+func (f *fuzzer) flush() {
+	if !f.deferred {
+		return
+	}
+	ops := f.p.TakeCopies(nil)
+	f.execute(ops)
+	if err := f.p.RetireCopies(len(ops)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fuzzer) execute(ops []PageCopy) {
+	for _, c := range ops {
+		if err := f.p.CopyPage(c.Group, c.Dst, c.Src); err != nil {
+			f.t.Fatal(err)
+		}
+		f.copies++
+	}
 }
 
 func (f *fuzzer) byte() int {
@@ -162,6 +188,7 @@ func (f *fuzzer) step() {
 		}
 		s := &fuzzSeq{id: id, tokens: toks, computed: hit}
 		f.seqs = append(f.seqs, s)
+		f.flush()
 		f.verifyHit(s, hit)
 		f.check("open")
 	case op <= 2: // schedule and run a chunk, then commit
@@ -179,6 +206,7 @@ func (f *fuzzer) step() {
 		if err != nil {
 			f.t.Fatal(err)
 		}
+		f.flush()
 		f.run(s, s.computed, s.computed+n)
 		s.computed += n
 		if err := f.p.Commit(s.id, s.tokens[:s.computed]); err != nil {
@@ -208,25 +236,37 @@ func (f *fuzzer) step() {
 		f.seqs = append(f.seqs[:i], f.seqs[i+1:]...)
 		f.check("free")
 	default:
-		if f.byte()%4 == 0 {
+		switch f.byte() % 4 {
+		case 0:
 			f.p.ClearCache()
 			f.check("clear cache")
+		case 1:
+			if f.deferred {
+				// A step that ran its copies and failed before its forward: they are
+				// handed out again, and executing them again must give the same bytes.
+				f.execute(f.p.TakeCopies(nil))
+				f.p.ReissueCopies()
+				f.check("reissue copies")
+			}
 		}
 	}
 }
 
 // runScript plays data as a script of pool operations on a fresh fuzz pool of 32 slabs of
 // 48 bytes, tight enough that the pool evicts and refuses.
-func runScript(t *testing.T, data []byte) *fuzzer {
+// With deferred the pool records its copies and the script executes them as a runner would.
+func runScript(t *testing.T, data []byte, deferred bool) *fuzzer {
 	arena, _ := NewHostArena(48 * 32)
 	p, err := New(Config{Groups: fuzzGroups, SlabBytes: 48}, arena)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fz := &fuzzer{t: t, p: p, data: data}
+	p.DeferCopies(deferred)
+	fz := &fuzzer{t: t, p: p, data: data, deferred: deferred}
 	for len(fz.data) > 0 {
 		fz.step()
 	}
+	fz.flush()
 	return fz
 }
 
@@ -243,19 +283,21 @@ func FuzzPool(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fz := runScript(t, data)
-		p := fz.p
-		for _, s := range fz.seqs {
-			if err := p.Free(s.id); err != nil {
+		for _, deferred := range []bool{false, true} {
+			fz := runScript(t, data, deferred)
+			p := fz.p
+			for _, s := range fz.seqs {
+				if err := p.Free(s.id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p.ClearCache()
+			if !p.Whole() {
+				t.Fatalf("deferred copies %v: pool not whole after freeing everything: %+v", deferred, p.Stats())
+			}
+			if err := p.Check(); err != nil {
 				t.Fatal(err)
 			}
-		}
-		p.ClearCache()
-		if !p.Whole() {
-			t.Fatalf("pool not whole after freeing everything: %+v", p.Stats())
-		}
-		if err := p.Check(); err != nil {
-			t.Fatal(err)
 		}
 	})
 }
@@ -269,9 +311,16 @@ func TestFuzzerReachesHitsAndEvictions(t *testing.T) {
 		x = x*6364136223846793005 + 1442695040888963407
 		data[i] = byte(x >> 56)
 	}
-	st := runScript(t, data).p.Stats()
-	if st.PrefixHitTokens == 0 || st.Evictions == 0 {
-		t.Fatalf("the script reached no prefix hit or no eviction: %+v", st)
+	for _, deferred := range []bool{false, true} {
+		fz := runScript(t, data, deferred)
+		st := fz.p.Stats()
+		if st.PrefixHitTokens == 0 || st.Evictions == 0 {
+			t.Fatalf("deferred copies %v: the script reached no prefix hit or no eviction: %+v", deferred, st)
+		}
+		if deferred && fz.copies == 0 {
+			t.Fatal("the script executed no recorded copy")
+		}
+		t.Logf("deferred copies %v: queries %d, hit tokens %d of %d, evictions %d, copies executed %d",
+			deferred, st.PrefixQueries, st.PrefixHitTokens, st.PrefixQueryTokens, st.Evictions, fz.copies)
 	}
-	t.Logf("queries %d, hit tokens %d of %d, evictions %d", st.PrefixQueries, st.PrefixHitTokens, st.PrefixQueryTokens, st.Evictions)
 }
