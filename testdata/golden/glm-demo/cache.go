@@ -40,6 +40,12 @@ func lcm(a, b int) int { return a / gcd(a, b) * b }
 //     key (index_head_dim float32);
 //   - "kda" (Recurrent, one state per sequence, checkpointed at block ends): per KDA layer
 //     in layer order its conv history [3L, K−1] then its recurrent state [H, Dh, Dh].
+//
+// A runner that drafts with the MTP layer (mtp) adds that layer as the last layer of "mla"
+// and "kpool", its row for position p stored at slot p+1 (the token it embeds, so that a
+// block's rows depend on the block's tokens only and are valid prefix-cache content), and
+// appends to the state page the final hidden state of the sequence's last token
+// (checkpointed with the KDA states: the MTP row of a resumed sequence reads it).
 type textLayout struct {
 	groups         []kvslab.GroupSpec
 	mla, pool, kda int // group indices; -1 when absent
@@ -48,11 +54,14 @@ type textLayout struct {
 	kdaOff         []int // per layer, offset (floats) in the state page; -1 if not KDA
 	mlaStride      int
 	stateFloats    int
+	// With the MTP layer: its layer in "mla" and "kpool", and where the hidden state
+	// starts in the state page (the KDA states are the floats before it); -1 without.
+	mtpMLA, mtpPool, hiddenOff int
 }
 
-func newTextLayout(c *TextConfig, pt int) *textLayout {
+func newTextLayout(c *TextConfig, pt int, mtp bool) *textLayout {
 	const f32 = 4
-	L := &textLayout{mla: -1, pool: -1, kda: -1}
+	L := &textLayout{mla: -1, pool: -1, kda: -1, mtpMLA: -1, mtpPool: -1, hiddenOff: -1}
 	var nMLA, nPool int
 	L.mlaStride = c.KVLoraRank + 2*c.IndexHeadDim
 	conv := 3 * c.LinearDim() * (c.LinearConvKernelDim - 1)
@@ -70,6 +79,11 @@ func newTextLayout(c *TextConfig, pt int) *textLayout {
 			L.poolIndex[i] = nPool
 			nPool++
 		}
+	}
+	if mtp {
+		L.mtpMLA, L.mtpPool, L.hiddenOff = nMLA, nPool, L.stateFloats
+		nMLA, nPool = nMLA+1, nPool+1
+		L.stateFloats += c.HiddenSize
 	}
 	if nMLA > 0 {
 		L.mla = len(L.groups)
@@ -92,7 +106,7 @@ func newTextLayout(c *TextConfig, pt int) *textLayout {
 // TextCacheGroups declares the model's per-sequence state to a kvslab pool whose block
 // size is pageTokens (see TextPageTokens and textLayout).
 func TextCacheGroups(c *TextConfig, pageTokens int) []kvslab.GroupSpec {
-	return newTextLayout(c, pageTokens).groups
+	return newTextLayout(c, pageTokens, false).groups
 }
 
 // textKVCache binds TextStates to a kvslab pool in host memory.
@@ -104,7 +118,7 @@ type textKVCache struct {
 	pt   int
 }
 
-func newTextKVCache(m *TextModel, pool *kvslab.Pool) (*textKVCache, error) {
+func newTextKVCache(m *TextModel, pool *kvslab.Pool, mtp bool) (*textKVCache, error) {
 	hm, ok := pool.Arena().(kvslab.HostMemory)
 	if !ok {
 		return nil, fmt.Errorf("kv cache: the reference forward needs a host-memory arena, got %T", pool.Arena())
@@ -113,7 +127,7 @@ func newTextKVCache(m *TextModel, pool *kvslab.Pool) (*textKVCache, error) {
 	if pt%m.Config.IndexKPool != 0 {
 		return nil, fmt.Errorf("kv cache: block of %d tokens is not a multiple of index_kpool %d", pt, m.Config.IndexKPool)
 	}
-	L := newTextLayout(m.Config, pt)
+	L := newTextLayout(m.Config, pt, mtp)
 	got := pool.Groups()
 	if len(got) != len(L.groups) {
 		return nil, fmt.Errorf("kv cache: the pool has %d groups, the model needs %d (%+v)", len(got), len(L.groups), L.groups)
@@ -214,4 +228,49 @@ func (kv *textKVCache) bind(p *engine.BatchPlan, i int) (*TextState, error) {
 		}
 	}
 	return st, nil
+}
+
+// statePage returns the floats of a page of the state group (the live state or a
+// checkpoint).
+func (kv *textKVCache) statePage(page kvslab.PageID) []float32 {
+	off := int(kv.pool.PageOffset(kv.L.kda, page) / 4)
+	return kv.mem[off : off+kv.L.stateFloats]
+}
+
+// hiddenOf returns the final hidden state kept in a state page (MTP layout only).
+func (kv *textKVCache) hiddenOf(page kvslab.PageID) []float32 {
+	return kv.statePage(page)[kv.L.hiddenOff:]
+}
+
+// mtpState returns the MTP layer's attention state of plan sequence i as views of its
+// pages (rows stored one slot later than their position, see textLayout), with the stored
+// rows from slot end on, past the sequence's accepted tokens, in scratch memory: the draft
+// rows write there, and the next step recomputes what it accepts.
+func (kv *textKVCache) mtpState(p *engine.BatchPlan, i, end int) *TextLayerState {
+	c, L := kv.m.Config, kv.L
+	R, I, P := c.KVLoraRank, c.IndexHeadDim, c.IndexKPool
+	mlaPages, poolPages := p.PageTableOf(L.mla, i), p.PageTableOf(L.pool, i)
+	rows := func(inner, dim int) Rows {
+		return &shiftRows{from: end, scratch: growRows{dim: dim}, base: &textRows{kv: kv, g: L.mla, pages: mlaPages,
+			perPage: kv.pt, layerOff: L.mtpMLA * kv.layerFloats(L.mla), stride: L.mlaStride, inner: inner, dim: dim}}
+	}
+	return &TextLayerState{Latent: rows(0, R), IdxKey: rows(R, I), IdxGate: rows(R+I, I),
+		// Pool j (positions jP..jP+P−1) is stored as pool j+1, in the block of slot (j+1)P.
+		Pools: &shiftRows{from: (end + P - 1) / P, scratch: growRows{dim: I}, base: &textRows{kv: kv, g: L.pool,
+			pages: poolPages, perPage: kv.pt / P, layerOff: L.mtpPool * kv.layerFloats(L.pool), stride: I, dim: I}}}
+}
+
+// shiftRows is the MTP layer's Rows: row j is stored as row j+1 of base, and stored rows
+// from `from` on live in scratch instead.
+type shiftRows struct {
+	base    Rows
+	from    int
+	scratch growRows
+}
+
+func (s *shiftRows) Row(j int) []float32 {
+	if i := j + 1; i < s.from {
+		return s.base.Row(i)
+	}
+	return s.scratch.Row(j + 1 - s.from)
 }

@@ -18,7 +18,11 @@
 //   - manifold-constrained hyper-connections around every block, the streams' mean before
 //     the final norm;
 //   - dense clamped-SwiGLU MLPs and MoE layers (sigmoid router + correction bias,
-//     group-limited when n_group > 1, renormalised, scaled; shared experts).
+//     group-limited when n_group > 1, renormalised, scaled; shared experts);
+//   - the MTP layer (layers.{num_hidden_layers}, which transformers drops on load; laid out
+//     as vLLM's and SGLang's glm5_next MTP read it): eh_proj over [enorm(embed(next));
+//     hnorm(final hidden)], one pre-norm MLA-DSA + MoE decoder layer without mHC, and
+//     shared_head, proposing drafts for speculative decoding.
 //
 // Files:
 //
@@ -26,15 +30,20 @@
 //     normalises it, and what is refused by name
 //   - weights.go: loading in module names or the checkpoint-side names the conversion
 //     mapping renames (forget gate, hc_*, per-expert, q/k/v_conv1d), fp32/bf16/FP8 through
-//     core/weights, sharded; vision and MTP tensors ignored
+//     core/weights, sharded; vision tensors ignored; the MTP layer under
+//     model.language_model.layers.{n} or model.layers.{n}
 //   - forward.go: the reference forward over explicit per-sequence state (TextState), any
 //     split of a sequence into calls giving the same logits
 //   - cache.go: that state in kvslab pages (MLA latents and indexer keys: Full; pool keys:
 //     Compressed at index_kpool; KDA conv + recurrent state: Recurrent, checkpointed at
 //     block ends so prefix hits resume)
-//   - runner.go: the engine.Runner on core/cpurunner, Open / OpenSpeculative (MTP: not yet)
+//   - mtp.go: the MTP layer's forward
+//   - runner.go: the engine.Runner on core/cpurunner, Open / OpenSpeculative (MTP drafts,
+//     verified the next step; rejected drafts restore the KDA states kept per token);
+//     prompts with image/video placeholders are refused per request (CheckPrompt)
 //   - kernels/: CUDA kernels scaffolded from the DeepSeek-V4 base (not GLM's yet)
 //
 // scripts/glm5-goldens.sh writes the goldens testdata/ holds (transformers on the CPU):
-// TestConfigCases, TestTransformersParity and TestPagedTextParity check against them.
+// TestConfigCases, TestTransformersParity, TestPagedTextParity and TestMTPParity check
+// against them.
 package glmdemo

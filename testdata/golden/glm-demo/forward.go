@@ -41,6 +41,10 @@ type TextLayerState struct {
 	// BlockEnd, when set, is called by a KDA layer once Conv and Recurrent hold the state
 	// after the token at pos, the last of a block (the runner checkpoints them there).
 	BlockEnd func(pos int)
+	// AfterToken, when set, makes a KDA layer run its tokens one at a time (the step form)
+	// and call it once Conv and Recurrent hold the state after token t of the call (the
+	// runner keeps the states after draft tokens, to restore them when drafts are rejected).
+	AfterToken func(t int)
 }
 
 // Rows is storage of fixed-width float32 rows addressed by index (token position, pool
@@ -109,24 +113,29 @@ type TextChunk struct {
 // It returns the logits of each chunk's Rows, chunk after chunk; every state advances by
 // its chunk's length. The chunks' states must be distinct.
 func (m *TextModel) ForwardBatch(chunks []TextChunk) ([]float32, error) {
+	logits, _, err := m.ForwardHidden(chunks)
+	return logits, err
+}
+
+// ForwardHidden is ForwardBatch that also returns the final hidden state of every token
+// row, chunk after chunk ([Σ len(Tokens), hidden]): norm(mean of the mHC streams), the
+// input of lm_head and what the MTP layer reads (transformers' last_hidden_state).
+func (m *TextModel) ForwardHidden(chunks []TextChunk) (logits, hidden []float32, err error) {
 	c := m.Config
 	D, hc := c.HiddenSize, c.HCMult
 	var ids []int32
 	off := make([]int, len(chunks)+1)
 	for i, ch := range chunks {
-		if err := c.RefuseVisionTokens(ch.Tokens); err != nil {
-			return nil, err
-		}
 		ids = append(ids, ch.Tokens...)
 		off[i+1] = len(ids)
 	}
 	T := len(ids)
 	if T == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	x := make([]float32, T*D)
 	if err := ref.Embedding(x, m.W.embed, ids, D); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	streams := make([]float32, T*hc*D)
 	for t := range T {
@@ -163,7 +172,7 @@ func (m *TextModel) ForwardBatch(chunks []TextChunk) ([]float32, error) {
 			return out, nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("layer %d attention: %w", i, err)
+			return nil, nil, fmt.Errorf("layer %d attention: %w", i, err)
 		}
 		streams, err = m.hcBlock(streams, T, &ly.ffnHC, ly.postNorm, func(h []float32) ([]float32, error) {
 			if ly.dense != nil {
@@ -172,42 +181,41 @@ func (m *TextModel) ForwardBatch(chunks []TextChunk) ([]float32, error) {
 			return m.moe(ly.moe, h, T)
 		})
 		if err != nil {
-			return nil, fmt.Errorf("layer %d mlp: %w", i, err)
+			return nil, nil, fmt.Errorf("layer %d mlp: %w", i, err)
 		}
 	}
-	// hc_head: the mean of the streams, then the final norm and lm_head on the rows asked.
-	var picked []float32
-	for ci, ch := range chunks {
-		rows := ch.Rows
-		if rows == nil {
-			rows = make([]int, off[ci+1]-off[ci])
-			for j := range rows {
-				rows[j] = j
+	// hc_head: the mean of the streams, then the final norm; lm_head on the rows asked.
+	hidden = make([]float32, T*D)
+	for t := range T {
+		o := hidden[t*D : (t+1)*D]
+		for k := range hc {
+			for d := range D {
+				o[d] += streams[(t*hc+k)*D+d]
 			}
 		}
-		for _, r := range rows {
+		for d := range D {
+			o[d] /= float32(hc)
+		}
+	}
+	if err := ref.RMSNorm(hidden, hidden, m.W.norm, T, D, float32(c.RMSNormEps)); err != nil {
+		return nil, nil, err
+	}
+	var picked []float32
+	for ci, ch := range chunks {
+		if ch.Rows == nil {
+			picked = append(picked, hidden[off[ci]*D:off[ci+1]*D]...)
+		}
+		for _, r := range ch.Rows {
 			t := off[ci] + r
-			o := make([]float32, D)
-			for k := range hc {
-				for d := range D {
-					o[d] += streams[(t*hc+k)*D+d]
-				}
-			}
-			for d := range D {
-				o[d] /= float32(hc)
-			}
-			picked = append(picked, o...)
+			picked = append(picked, hidden[t*D:(t+1)*D]...)
 		}
 		ch.State.Len += off[ci+1] - off[ci]
 	}
 	n := len(picked) / D
 	if n == 0 {
-		return nil, nil
+		return nil, hidden, nil
 	}
-	if err := ref.RMSNorm(picked, picked, m.W.norm, n, D, float32(c.RMSNormEps)); err != nil {
-		return nil, err
-	}
-	return dense(picked, m.W.lmHead, n, D, c.VocabSize), nil
+	return dense(picked, m.W.lmHead, n, D, c.VocabSize), hidden, nil
 }
 
 // hcBlock runs one mHC-wrapped block: weights from the normalised flattened streams,
@@ -387,6 +395,9 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 		if blockTokens > 0 {
 			s1 = min(T, s0+blockTokens-(pos0+s0)%blockTokens)
 		}
+		if ls.AfterToken != nil {
+			s1 = s0 + 1
+		}
 		n := s1 - s0
 		if err := ref.CausalConvStep(conv[s0*3*L:], ls.Conv, mixed[s0*3*L:s1*3*L], w.conv, n, 3*L, K); err != nil {
 			return nil, err
@@ -414,6 +425,9 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 		}
 		if blockTokens > 0 && (pos0+s1)%blockTokens == 0 && ls.BlockEnd != nil {
 			ls.BlockEnd(pos0 + s1 - 1)
+		}
+		if ls.AfterToken != nil {
+			ls.AfterToken(s0)
 		}
 		s0 = s1
 	}

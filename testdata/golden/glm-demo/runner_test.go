@@ -2,9 +2,11 @@ package glmdemo
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -151,11 +153,46 @@ func TestTextRunnerExecutes(t *testing.T) {
 	}
 }
 
-// TestOpenSpeculativeRefusesDrafts checks that asking for MTP drafts, which the model does
-// not implement yet, is an error saying so rather than a runner that never drafts.
-func TestOpenSpeculativeRefusesDrafts(t *testing.T) {
-	r, pool, err := OpenSpeculative(t.TempDir(), 0, 2)
-	if err == nil || !strings.Contains(err.Error(), "not implemented") || r != nil || pool != nil {
-		t.Fatalf("OpenSpeculative(drafts=2) = %v, %v, %v; want a not-implemented error", r, pool, err)
+// TestVisionPromptRefusedAlone submits, through the engine, a prompt holding an image
+// placeholder beside a text prompt: the first is refused at Submit with
+// ErrInvalidRequest saying vision inputs are not supported, the second runs to its end.
+func TestVisionPromptRefusedAlone(t *testing.T) {
+	cfg := strings.Replace(tinyTextConfigJSON, `"vision_config"`, `"image_token_id": 90, "video_token_id": 91, "vision_config"`, 1)
+	c, err := ParseTextConfig([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := RandomTextModel(c, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewTextRunner(m, 8, 512)
+	pool, err := r.NewPool(8 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(r, engine.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	sp := engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}
+	text, err := e.Submit(ctx, engine.Request{Prompt: runnertest.Prompt(12, 89, 3), Sampling: sp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []int32{90, 91} {
+		_, err = e.Submit(ctx, engine.Request{Prompt: []int32{4, 5, tok, 6}, Sampling: sp})
+		if !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), "vision inputs are not supported") ||
+			!strings.Contains(err.Error(), "position 2") {
+			t.Fatalf("prompt with placeholder %d: %v, want ErrInvalidRequest naming it", tok, err)
+		}
+	}
+	toks, ev, err := text.Collect(ctx)
+	if err != nil || ev.Finish != engine.FinishLength || len(toks) != 5 {
+		t.Fatalf("the text request: %d tokens, finish %v (%v, %v)", len(toks), ev.Finish, ev.Err, err)
 	}
 }

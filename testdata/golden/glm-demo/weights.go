@@ -2,7 +2,6 @@ package glmdemo
 
 import (
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -74,10 +73,22 @@ type moeWeights struct {
 // hcWeights are one mHC module's: fn [(2+hc)·hc, hc·D], base [(2+hc)·hc], scale [3].
 type hcWeights struct{ fn, base, scale []float32 }
 
-// TextWeights is the GLM-5.3-Flash text model's fp32 weights.
+// mtpWeights is the MTP layer's (layers.{num_hidden_layers}; see loader.mtpLayer).
+type mtpWeights struct {
+	eNorm, hNorm, ehProj []float32 // enorm [D], hnorm [D], eh_proj [D, 2D] on [enorm(embed); hnorm(hidden)]
+	inNorm, postNorm     []float32 // input_layernorm, post_attention_layernorm [D]
+	mla                  *mlaWeights
+	moe                  *moeWeights
+	norm                 []float32 // shared_head.norm [D]
+	head                 []float32 // shared_head.head [V, D], or lm_head
+}
+
+// TextWeights is the GLM-5.3-Flash text model's fp32 weights; mtp is nil when the
+// checkpoint has no MTP layer.
 type TextWeights struct {
 	embed, norm, lmHead []float32
 	layers              []textLayer
+	mtp                 *mtpWeights
 }
 
 // tensorSource is what loadTextWeights reads from: a safetensors checkpoint or a map.
@@ -88,11 +99,14 @@ type tensorSource interface {
 }
 
 // ignoredTensor matches what the text model does not read: the vision tower and merger
-// (vision inputs are refused) and the MTP layer (layers.{num_hidden_layers}.*, shared_head),
-// which transformers drops too.
-func ignoredTensor(name string, mtp *regexp.Regexp) bool {
-	return strings.HasPrefix(name, "model.visual.") || strings.HasPrefix(name, "visual.") ||
-		strings.HasPrefix(name, "model.vision_tower.") || mtp.MatchString(name)
+// (vision inputs are refused) and a copy of embed_tokens (or an hc_head) under the MTP
+// layer n (the main embedding is shared; the MTP layer has no mHC streams).
+func ignoredTensor(name string, n int) bool {
+	if strings.HasPrefix(name, "model.visual.") || strings.HasPrefix(name, "visual.") ||
+		strings.HasPrefix(name, "model.vision_tower.") {
+		return true
+	}
+	return mtpTensor(name, n) && (strings.HasSuffix(name, ".embed_tokens.weight") || strings.Contains(name, ".hc_head"))
 }
 
 // loader reads tensors by their module name or a checkpoint-side alternative and records
@@ -181,51 +195,13 @@ func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, e
 			k.o = l.get([]int{D, L}, a+"o_proj.weight")
 			ly.kda = k
 		} else {
-			H, Q, R := c.NumAttentionHeads, c.QLoraRank, c.KVLoraRank
-			m := &mlaWeights{}
-			m.qa = l.get([]int{Q, D}, a+"q_a_proj.weight")
-			m.qaNorm = l.get([]int{Q}, a+"q_a_layernorm.weight")
-			m.qb = l.get([]int{H * c.QKHeadDim, Q}, a+"q_b_proj.weight")
-			m.kva = l.get([]int{R + c.QKRopeHeadDim, D}, a+"kv_a_proj_with_mqa.weight")
-			m.kvaNorm = l.get([]int{R}, a+"kv_a_layernorm.weight")
-			m.kvb = l.get([]int{H * (c.QKNopeHeadDim + c.VHeadDim), R}, a+"kv_b_proj.weight")
-			m.o = l.get([]int{D, H * c.VHeadDim}, a+"o_proj.weight")
-			if c.IndexerTypes[i] != IndexerShared {
-				x := a + "indexer."
-				I, N := c.IndexHeadDim, c.IndexNHeads
-				m.idx = &indexerWeights{
-					wqb:    l.get([]int{N * I, Q}, x+"wq_b.weight"),
-					wk:     l.get([]int{I, D}, x+"wk.weight"),
-					kNormW: l.get([]int{I}, x+"k_norm.weight"),
-					kNormB: l.get([]int{I}, x+"k_norm.bias"),
-					wProj:  l.get([]int{N, D}, x+"weights_proj.weight"),
-					ape:    l.get([]int{c.IndexKPool, I}, x+"index_kpool_compress_ape"),
-					gate:   l.get([]int{I, D}, x+"index_kpool_compress_gate"),
-				}
-			}
-			ly.mla = m
+			ly.mla = l.mla(c, a, c.IndexerTypes[i] != IndexerShared)
 		}
 		f := lp + "mlp."
 		if c.MLPLayerTypes[i] == DenseMLP {
 			ly.dense = l.mlp(f, D, c.IntermediateSize)
 		} else {
-			E, F := c.NRoutedExperts, c.MoEIntermediateSize
-			m := &moeWeights{}
-			m.router = l.get([]int{E, D}, f+"gate.weight")
-			m.bias = l.get([]int{E}, f+"gate.e_score_correction_bias")
-			if src.Has(f + "experts.gate_up_proj") {
-				m.gateUp = l.get([]int{E, 2 * F, D}, f+"experts.gate_up_proj")
-				m.down = l.get([]int{E, D, F}, f+"experts.down_proj")
-			} else {
-				for e := range E {
-					ep := fmt.Sprintf("%sexperts.%d.", f, e)
-					m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"gate_proj.weight")...)
-					m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"up_proj.weight")...)
-					m.down = append(m.down, l.get([]int{D, F}, ep+"down_proj.weight")...)
-				}
-			}
-			m.shared = *l.mlp(f+"shared_experts.", D, F*c.NSharedExperts)
-			ly.moe = m
+			ly.moe = l.moe(c, f)
 		}
 		w.layers = append(w.layers, ly)
 		if l.err != nil {
@@ -235,23 +211,131 @@ func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, e
 	if l.err != nil {
 		return nil, nil, l.err
 	}
+	w.mtp = l.mtpLayer(c, w)
+	if l.err != nil {
+		return nil, nil, l.err
+	}
 	var notes []string
 	var ignored int
-	mtp := regexp.MustCompile(fmt.Sprintf(`(^|\.)layers\.%d\.|\.shared_head\.`, c.NumHiddenLayers))
 	for _, n := range slices.Sorted(slices.Values(src.Names())) {
 		if l.used[n] {
 			continue
 		}
-		if ignoredTensor(n, mtp) {
+		if ignoredTensor(n, c.NumHiddenLayers) {
 			ignored++
 			continue
+		}
+		if w.mtp == nil && mtpTensor(n, c.NumHiddenLayers) {
+			return nil, nil, fmt.Errorf("tensor %s belongs to the MTP layer, but the checkpoint has no %s (the MTP layer's eh_proj)", n, mtpPrefixes(c.NumHiddenLayers)[0]+"eh_proj.weight")
 		}
 		return nil, nil, fmt.Errorf("tensor %s is not read by glm-demo (unexpected in a glm5_next text checkpoint)", n)
 	}
 	if ignored > 0 {
-		notes = append(notes, fmt.Sprintf("%d vision-tower / MTP tensors ignored by the text model", ignored))
+		notes = append(notes, fmt.Sprintf("%d vision-tower tensors and MTP copies of embed_tokens ignored by the text model", ignored))
+	}
+	if w.mtp == nil {
+		notes = append(notes, "no MTP layer (layers.{num_hidden_layers}.eh_proj): speculative decoding with MTP drafts is unavailable")
 	}
 	return w, notes, nil
+}
+
+// mtpPrefixes are the names the MTP layer's tensors take: under the text model's modules
+// (model.language_model.layers.{n}.) or the flat checkpoint's (model.layers.{n}.).
+func mtpPrefixes(n int) []string {
+	return []string{fmt.Sprintf("%slayers.%d.", TextPrefix, n), fmt.Sprintf("model.layers.%d.", n)}
+}
+
+// mtpTensor reports whether name is under the MTP layer (layers.{n}.).
+func mtpTensor(name string, n int) bool {
+	for _, p := range mtpPrefixes(n) {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// mtpLayer reads the MTP layer when the checkpoint has one (its eh_proj), else returns nil.
+// Layout (layers.{num_hidden_layers}, as vLLM's and SGLang's glm5_next MTP read it; the
+// layer has no mHC): enorm, hnorm, eh_proj; one decoder layer with NoPE MLA attention and
+// its own DSA indexer, and an MoE; shared_head.norm and shared_head.head, the main lm_head
+// when the checkpoint has no shared_head.head. An embed_tokens copy under the layer is
+// ignored: the main embedding is shared.
+func (l *loader) mtpLayer(c *TextConfig, w *TextWeights) *mtpWeights {
+	D, V := c.HiddenSize, c.VocabSize
+	var p string
+	for _, q := range mtpPrefixes(c.NumHiddenLayers) {
+		if l.src.Has(q + "eh_proj.weight") {
+			p = q
+			break
+		}
+	}
+	if p == "" {
+		return nil
+	}
+	m := &mtpWeights{
+		eNorm:    l.get([]int{D}, p+"enorm.weight"),
+		hNorm:    l.get([]int{D}, p+"hnorm.weight"),
+		ehProj:   l.get([]int{D, 2 * D}, p+"eh_proj.weight"),
+		inNorm:   l.get([]int{D}, p+"input_layernorm.weight"),
+		postNorm: l.get([]int{D}, p+"post_attention_layernorm.weight"),
+		mla:      l.mla(c, p+"self_attn.", true),
+		moe:      l.moe(c, p+"mlp."),
+		norm:     l.get([]int{D}, p+"shared_head.norm.weight"),
+		head:     w.lmHead,
+	}
+	if l.src.Has(p + "shared_head.head.weight") {
+		m.head = l.get([]int{V, D}, p+"shared_head.head.weight")
+	}
+	return m
+}
+
+func (l *loader) mla(c *TextConfig, a string, indexed bool) *mlaWeights {
+	D, H, Q, R := c.HiddenSize, c.NumAttentionHeads, c.QLoraRank, c.KVLoraRank
+	m := &mlaWeights{}
+	m.qa = l.get([]int{Q, D}, a+"q_a_proj.weight")
+	m.qaNorm = l.get([]int{Q}, a+"q_a_layernorm.weight")
+	m.qb = l.get([]int{H * c.QKHeadDim, Q}, a+"q_b_proj.weight")
+	m.kva = l.get([]int{R + c.QKRopeHeadDim, D}, a+"kv_a_proj_with_mqa.weight")
+	m.kvaNorm = l.get([]int{R}, a+"kv_a_layernorm.weight")
+	m.kvb = l.get([]int{H * (c.QKNopeHeadDim + c.VHeadDim), R}, a+"kv_b_proj.weight")
+	m.o = l.get([]int{D, H * c.VHeadDim}, a+"o_proj.weight")
+	if indexed {
+		x := a + "indexer."
+		I, N := c.IndexHeadDim, c.IndexNHeads
+		m.idx = &indexerWeights{
+			wqb:    l.get([]int{N * I, Q}, x+"wq_b.weight"),
+			wk:     l.get([]int{I, D}, x+"wk.weight"),
+			kNormW: l.get([]int{I}, x+"k_norm.weight"),
+			kNormB: l.get([]int{I}, x+"k_norm.bias"),
+			wProj:  l.get([]int{N, D}, x+"weights_proj.weight"),
+			ape:    l.get([]int{c.IndexKPool, I}, x+"index_kpool_compress_ape"),
+			gate:   l.get([]int{I, D}, x+"index_kpool_compress_gate"),
+		}
+	}
+	return m
+}
+
+// moe reads a sparse MLP under prefix f ("...mlp."): the router, the routed experts
+// (fused experts.gate_up_proj / down_proj, or per-expert keys) and the shared experts.
+func (l *loader) moe(c *TextConfig, f string) *moeWeights {
+	D, E, F := c.HiddenSize, c.NRoutedExperts, c.MoEIntermediateSize
+	m := &moeWeights{}
+	m.router = l.get([]int{E, D}, f+"gate.weight")
+	m.bias = l.get([]int{E}, f+"gate.e_score_correction_bias")
+	if l.src.Has(f + "experts.gate_up_proj") {
+		m.gateUp = l.get([]int{E, 2 * F, D}, f+"experts.gate_up_proj")
+		m.down = l.get([]int{E, D, F}, f+"experts.down_proj")
+	} else {
+		for e := range E {
+			ep := fmt.Sprintf("%sexperts.%d.", f, e)
+			m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"gate_proj.weight")...)
+			m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"up_proj.weight")...)
+			m.down = append(m.down, l.get([]int{D, F}, ep+"down_proj.weight")...)
+		}
+	}
+	m.shared = *l.mlp(f+"shared_experts.", D, F*c.NSharedExperts)
+	return m
 }
 
 func (l *loader) mlp(prefix string, d, f int) *mlpWeights {

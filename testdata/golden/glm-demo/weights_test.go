@@ -2,6 +2,7 @@ package glmdemo
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -89,7 +90,8 @@ func goldenLogits(t *testing.T, dir string) []float32 {
 }
 
 // TestTextLoadForms checks that a sharded checkpoint, bf16 weights, and the vision tower
-// and MTP layer beside the text weights all load (the latter ignored with a note).
+// and an embed_tokens copy under the MTP layer beside the text weights all load (the
+// latter two ignored with a note).
 func TestTextLoadForms(t *testing.T) {
 	src := filepath.Join("testdata", "parity", "module")
 	ts, cfg := goldenTensors(t, src)
@@ -98,8 +100,7 @@ func TestTextLoadForms(t *testing.T) {
 	for n, x := range ts {
 		extra[n] = x
 	}
-	for _, n := range []string{"model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.6.eh_proj.weight",
-		"model.language_model.layers.6.shared_head.head.weight"} {
+	for _, n := range []string{"model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.6.embed_tokens.weight"} {
 		x, _ := weights.NewTensor(n, weights.F32, []int{2, 2}, []float32{1, 2, 3, 4})
 		extra[n] = x
 	}
@@ -108,11 +109,14 @@ func TestTextLoadForms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(m.Config.Notes, "; "), "3 vision-tower / MTP tensors ignored") {
+	if !strings.Contains(strings.Join(m.Config.Notes, "; "), "2 vision-tower tensors and MTP copies of embed_tokens ignored") {
 		t.Errorf("notes %q", m.Config.Notes)
 	}
 	if d, _ := runnertest.MaxAbsDiff(goldenLogits(t, dir), want); d != 0 {
 		t.Errorf("sharded: logits differ by %g", d)
+	}
+	if !m.HasMTP() {
+		t.Error("the MTP layer was not loaded")
 	}
 	// bf16: the loader widens; logits equal those of the bf16-rounded fp32 weights.
 	bf, rounded := map[string]weights.Tensor{}, map[string]weights.Tensor{}
@@ -147,6 +151,8 @@ func decodeF32(x weights.Tensor) ([]float32, error) {
 func TestTextLoadRefusals(t *testing.T) {
 	ts, cfg := goldenTensors(t, filepath.Join("testdata", "parity", "module"))
 	const victim = "model.language_model.layers.1.self_attn.indexer.wk.weight"
+	const mtpVictim = "model.language_model.layers.6.self_attn.indexer.index_kpool_compress_gate"
+	const mtpEH = "model.language_model.layers.6.eh_proj.weight"
 	for _, tc := range []struct {
 		name string
 		edit func(map[string]weights.Tensor)
@@ -163,6 +169,8 @@ func TestTextLoadRefusals(t *testing.T) {
 			x.Name = "model.language_model.layers.2.self_attn.indexer.wk.weight" // layer 2 shares its indexer
 			m[x.Name] = x
 		}, nil},
+		{"mtp missing", func(m map[string]weights.Tensor) { delete(m, mtpVictim) }, weights.ErrNotFound},
+		{"mtp without eh_proj", func(m map[string]weights.Tensor) { delete(m, mtpEH) }, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := map[string]weights.Tensor{}
@@ -172,8 +180,13 @@ func TestTextLoadRefusals(t *testing.T) {
 			tc.edit(m)
 			_, err := LoadTextModel(writeCheckpoint(t, m, cfg))
 			want := victim
-			if tc.is == nil {
+			switch tc.name {
+			case "unexpected":
 				want = "layers.2.self_attn.indexer.wk.weight"
+			case "mtp missing":
+				want = mtpVictim
+			case "mtp without eh_proj":
+				want = "has no " + mtpEH
 			}
 			if err == nil || !strings.Contains(err.Error(), want) || (tc.is != nil && !errors.Is(err, tc.is)) {
 				t.Fatalf("want an error naming %s, got %v", want, err)
@@ -226,6 +239,9 @@ func TestEveryWeightMovesLogits(t *testing.T) {
 		base := goldenLogits(t, src)
 		seen := map[string]bool{}
 		for n, x := range ts {
+			if strings.Contains(n, fmt.Sprintf(".layers.%d.", map[string]int{"module": 6, "checkpoint": 5}[c])) {
+				continue // the MTP layer: TestMTPWeightsMoveMTPLogits
+			}
 			kind := n
 			if i := strings.Index(n, ".layers."); i >= 0 {
 				rest := n[i+len(".layers."):]
