@@ -241,7 +241,9 @@ RESIN_KERNEL void resin_decode_attention_bf16(
   int p = len - 1;
   int lo_all = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
   int start = lo_all + z * part_len;
-  int end = start + part_len < len ? start + part_len : len;
+  // The last partition runs to the end, so a sequence longer than the host planned for
+  // (parts * part_len keys) is slower, never truncated.
+  int end = z == parts - 1 || start + part_len > len ? len : start + part_len;
   const unsigned* pages = page_table + page_table_start[b];
   unsigned warp = RESIN_TID_X / RESIN_WARP;
   for (int i = warp; i < RESIN_FA_QROWS; i += RESIN_FA_THREADS / RESIN_WARP)
