@@ -89,8 +89,9 @@ func PrefillBuckets(maxTokens int) []int {
 }
 
 // prefillSeqs is the sequence capacity of the prefill graph of t tokens: every real
-// sequence of a step that fits, plus one padding sequence for the padding tokens.
-func prefillSeqs(t, maxSeqs int) int { return min(t, maxSeqs) + 1 }
+// sequence of a step that fits plus one padding sequence for the padding tokens, and no
+// more sequences than tokens (the attention kernels take none without a query).
+func prefillSeqs(t, maxSeqs int) int { return min(t, maxSeqs+1) }
 
 // DecodeDims is the upload of the decode graph of batch b with q tokens per sequence
 // (1 + drafts).

@@ -47,7 +47,7 @@ func TestChoose(t *testing.T) {
 		t.Errorf("graph batch 6: %+v", sh)
 	}
 	// Without a graph batch a small step takes the smallest prefill graph it fits.
-	if sh := padded(5, 0); sh.Mode != PrefillGraph || sh.Dims.Tokens != 16 || sh.Dims.Seqs != 17 {
+	if sh := padded(5, 0); sh.Mode != PrefillGraph || sh.Dims.Tokens != 16 || sh.Dims.Seqs != 16 {
 		t.Errorf("5 decodes without a graph batch: %+v", sh)
 	}
 	// A prompt of 600 tokens is past the largest prefill graph (512).
@@ -69,12 +69,18 @@ func TestChoose(t *testing.T) {
 	if sh := bk.Choose(uneven, 64); sh.Mode != Eager {
 		t.Errorf("uneven decodes: %+v", sh)
 	}
-	// A 16-token step of 16 one-token sequences fills the prefill graph of 16 exactly
-	// (its padding sequence stays empty); with 17 it needs the graph of 32.
+	// A 16-token step of 16 one-token sequences fills the prefill graph of 16 exactly (no
+	// padding); with 17 it needs the graph of 32. A graph never has more sequences than
+	// tokens.
 	if sh := bk.Choose(decodePlan(16, 3, 16), 64); sh.Mode != PrefillGraph || sh.Dims.Tokens != 16 {
 		t.Errorf("16 tokens: %+v", sh)
 	}
-	if sh := bk.Choose(decodePlan(17, 3, 16), 64); sh.Mode != PrefillGraph || sh.Dims.Tokens != 32 {
+	if sh := bk.Choose(decodePlan(17, 3, 16), 64); sh.Mode != PrefillGraph || sh.Dims.Tokens != 32 || sh.Dims.Seqs != 32 {
 		t.Errorf("17 tokens: %+v", sh)
+	}
+	// 16 sequences of one token each with a cap of 8 sequences per step would not come
+	// from the engine; with a cap of 15, the graph of 16 holds 16 sequences, no padding one.
+	if sh := bk.Choose(decodePlan(15, 3, 16), 15); sh.Mode != PrefillGraph || sh.Dims.Seqs != 16 {
+		t.Errorf("15 tokens, cap 15: %+v", sh)
 	}
 }

@@ -127,9 +127,9 @@ func resize(s []Section, n int) []Section {
 
 // Pack writes plan into buf (at least l.Size bytes) at the layout's offsets, filling the
 // rows past the plan's with padding: padding tokens write no cache slot, padding
-// sequences attend to nothing (CtxLens 0) and take the padding tokens (each the plan's
-// tokens per sequence when the plan decodes evenly, as a graph batch does; else the last
-// padding sequence takes them all). It allocates nothing.
+// sequences attend to nothing (CtxLens 0) and share the padding tokens evenly, the last
+// one taking the remainder (so a padded decode batch gives each the plan's tokens per
+// sequence). It allocates nothing.
 func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 	pd := PlanDims(plan)
 	if !pd.Fits(l.Dims) || pd.Groups != l.Dims.Groups {
@@ -168,15 +168,12 @@ func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 		put32(l.QueryStart, i, uint32(plan.QueryStart[i]))
 	}
 	if pad := l.Dims.Seqs - b; pad > 0 {
-		each := 0
-		if (l.Dims.Tokens-t)%pad == 0 {
-			each = (l.Dims.Tokens - t) / pad
-		}
+		each := (l.Dims.Tokens - t) / pad
 		q := t
 		for i := b + 1; i <= l.Dims.Seqs; i++ {
 			q += each
 			if i == l.Dims.Seqs {
-				q = l.Dims.Tokens
+				q = l.Dims.Tokens // the last takes the remainder
 			}
 			put32(l.QueryStart, i, uint32(q))
 		}

@@ -183,7 +183,7 @@ func TestPackPrefillPadsIntoOneSequence(t *testing.T) {
 	}
 	bk := Buckets{Decode: []int{1, 2}, Prefill: []int{16, 32}, MaxPages: 2, Groups: 1}
 	sh := bk.Choose(p, 4)
-	want := Dims{Tokens: 16, Seqs: 5, Rows: 5, PagesPerSeq: 2, Groups: 1}
+	want := Dims{Tokens: 16, Seqs: 5, Rows: 5, PagesPerSeq: 2, Groups: 1} // 4 sequences at most, and a padding one
 	if sh.Mode != PrefillGraph || sh.Dims != want {
 		t.Fatalf("shape %+v, want the prefill graph %+v", sh, want)
 	}
@@ -193,8 +193,8 @@ func TestPackPrefillPadsIntoOneSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := unpack(&l, buf)
-	// 10 padding tokens over 3 padding sequences do not split evenly: the last takes them.
-	eq(t, "queryStart", u.queryStart, []int32{0, 5, 6, 6, 6, 16})
+	// 10 padding tokens over 3 padding sequences: 3 each, the last one the remainder.
+	eq(t, "queryStart", u.queryStart, []int32{0, 5, 6, 9, 12, 16})
 	eq(t, "ctxLens", u.ctxLens, []int32{5, 4, 0, 0, 0})
 	eq(t, "logits", u.logits, []int32{4, 5, 0, 0, 0})
 	eq(t, "row positions", []int32{u.sampling[0].Pos, u.sampling[1].Pos, u.sampling[2].Pos}, []int32{5, 4, 0})

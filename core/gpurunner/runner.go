@@ -117,6 +117,9 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	if err := w.Check(cfg); err != nil {
 		return nil, nil, err
 	}
+	if g := cfg.Heads / cfg.KVHeads; g > cuda.MaxDecodeGroup {
+		return nil, nil, fmt.Errorf("gpurunner: %d query heads per kv head; the decode attention kernel takes at most %d", g, cuda.MaxDecodeGroup)
+	}
 	lim := opts.limits()
 	if err := lim.Check(); err != nil {
 		return nil, nil, err
