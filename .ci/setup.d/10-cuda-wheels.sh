@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # .ci/setup.d/10-cuda-wheels.sh: installs NVRTC (libnvrtc.so) and ptxas from PyPI's NVIDIA
-# wheels under .cache/cuda-wheels, so the kernel tests compile every .cu for sm_90a with the
-# production compiler on a machine without a GPU or driver. Appends RESIN_NVRTC_LIB and
+# wheels under .cache/cuda-wheels, so the kernel tests compile every .cu for sm_90a (Hopper)
+# and sm_100a (Blackwell; NVRTC and ptxas 12.8 and newer know it) with the production
+# compiler on a machine without a GPU or driver. Appends RESIN_NVRTC_LIB and
 # RESIN_PTXAS to .cache/test.env. Idempotent; a registry out of reach only makes those
 # tests skip.
 set -uo pipefail

@@ -2,8 +2,10 @@
 // core's prelude and NVRTC flags, and prints ptxas -v's register report per kernel; it is
 // the driver of scripts/check-kernels.sh.
 //
-//	kernelcheck [-compiler nvrtc|clang] [-arch sm_90a] [LABEL=]FILE.cu...
+//	kernelcheck [-compiler nvrtc|clang] [-arch sm_90a,sm_100a] [LABEL=]FILE.cu...
 //
+// NVRTC checks every architecture of -arch (default: kernelcheck.Arches, Hopper and
+// Blackwell); clang compiles for kernelcheck.ClangArch only.
 // Each file's quoted #includes resolve to the core's prelude.cuh or to files beside it.
 // It exits 1 when a kernel fails to compile, warns, or spills registers, 2 on bad usage,
 // and 3 when the compiler is not installed.
@@ -14,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,9 +38,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fl := flag.NewFlagSet("kernelcheck", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	compiler := fl.String("compiler", "nvrtc", "nvrtc or clang")
-	arch := fl.String("arch", kernelcheck.DefaultArch, "architecture for NVRTC's cubin and ptxas")
+	arch := fl.String("arch", strings.Join(kernelcheck.Arches, ","), "architectures for NVRTC's cubin and ptxas, comma-separated")
 	fl.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kernelcheck [-compiler nvrtc|clang] [-arch sm_90a] [LABEL=]FILE.cu...")
+		fmt.Fprintln(stderr, "usage: kernelcheck [-compiler nvrtc|clang] [-arch sm_90a,sm_100a] [LABEL=]FILE.cu...")
 		fl.PrintDefaults()
 	}
 	if err := fl.Parse(args); err != nil {
@@ -47,31 +50,41 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fl.Usage()
 		return 2
 	}
-	o := kernelcheck.Options{Arch: *arch, Flags: cuda.Options, Includes: map[string]string{"prelude.cuh": cuda.Prelude()}}
-	check := kernelcheck.NVRTC
+	arches := strings.Split(*arch, ",")
 	if *compiler == "clang" {
-		check = kernelcheck.Clang
 		cc, err := kernelcheck.FindClang("")
 		if err != nil {
 			fmt.Fprintf(stdout, "== %v\n", err)
 			return exitNoCompiler
 		}
 		fmt.Fprintf(stdout, "== %s -> %s PTX (no CUDA headers), ptxas -v\n", cc, kernelcheck.ClangArch)
-	} else {
-		fmt.Fprintf(stdout, "== NVRTC (core/cudart) -> %s cubin + PTX, ptxas -v -arch=%s\n", *arch, *arch)
-		v, err := cudart.NVRTCVersion()
-		if err != nil {
-			fmt.Fprintln(stdout, "  ", err)
-			if errors.Is(err, cudart.ErrNoNVRTC) {
-				return exitNoCompiler
-			}
-			return 1
-		}
-		fmt.Fprintf(stdout, "NVRTC %s from %s\n", v, cudart.NVRTCPath())
+		return checkFiles(kernelcheck.Clang, kernelcheck.Options{}, fl.Args(), stdout, stderr)
 	}
+	v, err := cudart.NVRTCVersion()
+	if err != nil {
+		fmt.Fprintln(stdout, "== NVRTC (core/cudart):", err)
+		if errors.Is(err, cudart.ErrNoNVRTC) {
+			return exitNoCompiler
+		}
+		return 1
+	}
+	status := 0
+	for _, a := range arches {
+		fmt.Fprintf(stdout, "== NVRTC (core/cudart) -> %s cubin + PTX, ptxas -v -arch=%s\n", a, a)
+		fmt.Fprintf(stdout, "NVRTC %s from %s\n", v, cudart.NVRTCPath())
+		status = max(status, checkFiles(kernelcheck.NVRTC, kernelcheck.Options{Arch: a}, fl.Args(), stdout, stderr))
+	}
+	return status
+}
+
+// checkFiles checks each [LABEL=]FILE with check and prints the register table; it
+// returns 1 when a file fails.
+func checkFiles(check func(fs.FS, []string, kernelcheck.Options) ([]kernelcheck.Result, error), o kernelcheck.Options,
+	args []string, stdout, stderr io.Writer) int {
+	o.Flags, o.Includes = cuda.Options, map[string]string{"prelude.cuh": cuda.Prelude()}
 	var all []kernelcheck.Result
 	failed := false
-	for _, a := range fl.Args() {
+	for _, a := range args {
 		label, file, ok := strings.Cut(a, "=")
 		if !ok {
 			label, file = a, a

@@ -47,4 +47,14 @@ func TestRun(t *testing.T) {
 	if code := run([]string{good}, &out, &errb); code != 0 {
 		t.Errorf("good kernel alone: status %d\n%s", code, errb.String())
 	}
+	// By default every architecture of kernelcheck.Arches is assembled.
+	for _, a := range []string{"sm_90a", "sm_100a"} {
+		if !strings.Contains(out.String(), "ptxas -v -arch="+a+"\n") || strings.Count(out.String(), "k_good") != 2 {
+			t.Errorf("the default run does not check %s once each:\n%s", a, out.String())
+		}
+	}
+	out.Reset()
+	if code := run([]string{"-arch", "sm_100a", good}, &out, &errb); code != 0 || strings.Contains(out.String(), "sm_90a") {
+		t.Errorf("-arch sm_100a: status %d\n%s", code, out.String())
+	}
 }
