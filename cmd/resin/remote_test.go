@@ -1,19 +1,27 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/tokenizer/tiny"
 	"github.com/resin-llm/resin/core/weights"
 	"github.com/resin-llm/resin/core/wire"
 	"github.com/resin-llm/resin/models/llama"
@@ -283,4 +291,173 @@ func TestPythonRunnerUnixSocket(t *testing.T) {
 	if got, want := generate(t, pe, jobs), generate(t, ge, jobs); !slices.Equal(got[0], want[0]) {
 		t.Fatalf("unix runner: %v, Go runner %v", got[0], want[0])
 	}
+}
+
+// nodeCompletion makes one completion with the openai npm client and prints its text.
+const nodeCompletion = `
+const OpenAI = require(process.env.OPENAI_MODULES + "/openai");
+const client = new OpenAI({ baseURL: process.env.BASE_URL + "/v1", apiKey: "none", maxRetries: 0 });
+(async () => {
+  const c = await client.completions.create({ model: "e2e", prompt: "Hello", max_tokens: 8, temperature: 0 });
+  console.log(JSON.stringify({ text: c.choices[0].text, finish: c.choices[0].finish_reason }));
+})().catch((e) => { console.error("client failed:", e); process.exit(1); });
+`
+
+// TestServePythonRunner: `resin serve --runner exec:'python -m resin_runner.llama ...'`
+// answers /health and completions (through the openai npm client when it is installed,
+// else plain HTTP) with the Go llama runner's greedy text; when the runner process is
+// killed /health says so, and the next request restarts it and is answered.
+func TestServePythonRunner(t *testing.T) {
+	py := runnerPython(t)
+	dir := llamaCheckpoint(t)
+	tok, _, err := tiny.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := tok.Encode("Hello", true)
+	ge := goLlama(t, dir, engine.Config{})
+	st, err := ge.Submit(context.Background(), engine.Request{Prompt: ids, Sampling: engine.SamplingParams{MaxTokens: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, ev, err := st.Collect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Finish == engine.FinishStop {
+		toks = toks[:len(toks)-1]
+	}
+	want := tok.Decode(toks, true)
+
+	bin := filepath.Join(t.TempDir(), "resin")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := exec.CommandContext(ctx, bin, "serve", "--port", "0", "--served-model-name", "e2e",
+		"--runner", "exec:"+py+" -m resin_runner.llama --weights "+dir, "--runner-cache-bytes", "4000000")
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Process.Kill()
+	logs := bufio.NewScanner(stderr)
+	urlRe := regexp.MustCompile(`url=(http://\S+)`)
+	var base string
+	var logText strings.Builder
+	for base == "" && logs.Scan() {
+		logText.WriteString(logs.Text() + "\n")
+		if m := urlRe.FindStringSubmatch(logs.Text()); m != nil {
+			base = m[1]
+		}
+	}
+	if base == "" {
+		t.Fatalf("resin serve did not report its address:\n%s", logText.String())
+	}
+	go func() {
+		for logs.Scan() {
+		}
+	}()
+	health := func() (int, string) {
+		resp, err := http.Get(base + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// complete returns the completion's text, or its error message with ok false.
+	complete := func() (text string, ok bool) {
+		body := `{"model":"e2e","prompt":"Hello","max_tokens":8,"temperature":0}`
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if err := json.Unmarshal(b, &out); err != nil {
+			t.Fatalf("completion: %d %s", resp.StatusCode, b)
+		}
+		if len(out.Choices) != 1 {
+			return out.Error.Message, false
+		}
+		return out.Choices[0].Text, true
+	}
+	if code, body := health(); code != 200 {
+		t.Fatalf("/health: %d %s", code, body)
+	}
+	if text, ok := complete(); !ok || text != want {
+		t.Fatalf("completion through the Python runner: %q, the Go runner says %q", text, want)
+	}
+	if node, err := exec.LookPath("node"); err == nil {
+		modules := os.Getenv("RESIN_OPENAI_NODE_MODULES")
+		if modules == "" {
+			modules = filepath.Join("..", "..", ".cache", "node-openai", "node_modules")
+		}
+		if _, err := os.Stat(filepath.Join(modules, "openai", "package.json")); err == nil {
+			modules, _ = filepath.Abs(modules)
+			script := filepath.Join(t.TempDir(), "client.cjs")
+			if err := os.WriteFile(script, []byte(nodeCompletion), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.CommandContext(ctx, node, script)
+			cmd.Env = append(os.Environ(), "OPENAI_MODULES="+modules, "BASE_URL="+base)
+			out, err := cmd.CombinedOutput()
+			var got struct{ Text, Finish string }
+			if err != nil || json.Unmarshal(out, &got) != nil || got.Text != want {
+				t.Fatalf("openai client: %v, %s; want text %q", err, out, want)
+			}
+		} else {
+			t.Logf("the openai npm package is not installed in %s: checked over plain HTTP only", modules)
+		}
+	}
+
+	// Kill the runner: /health turns 503 until the next request restarts it.
+	child := childOf(t, srv.Process.Pid)
+	if err := syscall.Kill(child, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The request in flight when the engine finds out fails, saying why; /health then says
+	// the runner is down until the next request restarts it.
+	if msg, ok := complete(); ok || !strings.Contains(msg, "runner died") || !strings.Contains(msg, "killed") {
+		t.Fatalf("the request during which the runner died: ok %v, %q", ok, msg)
+	}
+	if code, body := health(); code != 503 || !strings.Contains(body, "runner is down") {
+		t.Fatalf("/health of a dead runner: %d %s", code, body)
+	}
+	if text, ok := complete(); !ok || text != want {
+		t.Fatalf("completion after the restart: %q, want %q", text, want)
+	}
+	if code, body := health(); code != 200 {
+		t.Fatalf("/health after the restart: %d %s", code, body)
+	}
+}
+
+// childOf returns the pid of the one child process of pid.
+func childOf(t *testing.T, pid int) int {
+	t.Helper()
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, s := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(s); err == nil {
+				return c
+			}
+		}
+	}
+	t.Skip("cannot find the runner process under /proc (not Linux?)")
+	return 0
 }

@@ -33,6 +33,7 @@ type runtimeFlags struct {
 	cachePages    int
 	specTokens    int
 	device        cli.DeviceFlags
+	remote        cli.RemoteFlags
 }
 
 var _ cli.Loader = (*runtimeFlags)(nil)
@@ -44,7 +45,8 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl.StringVar(&f.weights, "weights", "", "with --model: HF checkpoint directory (config.json, safetensors, tokenizer.json and tokenizer_config.json when present)")
 	fl.StringVar(&f.randomWeights, "random-weights", "", "with --model: run the model's seeded random weights of this config.json instead of a checkpoint")
 	fl.Int64Var(&f.cacheBytes, "cache-bytes", 0, "with --model: KV cache pool size in bytes (0 = the model's default)")
-	fl.StringVar(&f.runner, "runner", "test", "runner when no --model is given: 'test' is the engine's deterministic test runner")
+	fl.StringVar(&f.runner, "runner", "test", "runner when no --model is given: 'test' is the engine's deterministic test runner; exec:'CMD ...' starts an out-of-process runner speaking the runner protocol on its stdin/stdout (python -m resin_runner.llama --weights DIR), unix:PATH connects to one listening there")
+	f.remote.Register(cmd)
 	fl.StringVar(&f.tokenizerDir, "tokenizer", "", "directory with tokenizer.json (and tokenizer_config.json for chat); default: the one in --weights, else the built-in tiny tokenizer")
 	fl.StringVar(&f.servedName, "served-model-name", "", "model name served in /v1/models and expected in requests (default: the --model name, else resin-test)")
 	fl.IntVar(&f.maxContext, "max-context", 4096, "maximum context (prompt + output tokens) of the test runner")
@@ -77,9 +79,14 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.model == "" {
+	if f.model == "" && cli.IsRemoteRunner(f.runner) {
+		if rt.Runner, rt.Pool, err = f.remote.Open(f.runner, warn); err != nil {
+			return nil, err
+		}
+		rt.RunnerName = rt.Runner.Info().Name
+	} else if f.model == "" {
 		if f.runner != "test" {
-			return nil, fmt.Errorf("unknown runner %q (available: test; real models run with --model NAME)", f.runner)
+			return nil, fmt.Errorf("unknown runner %q (available: test, exec:'CMD ...', unix:PATH; real models run with --model NAME)", f.runner)
 		}
 		tr, err := enginetest.New(enginetest.Config{
 			VocabSize: rt.Tokenizer.VocabSize(), MaxContext: f.maxContext, EOS: endTokens(rt.Tokenizer), Pages: f.cachePages,
@@ -94,7 +101,7 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	rt.Served = f.servedName
 	if rt.Served == "" {
 		rt.Served = "resin-test"
-		if f.model != "" {
+		if f.model != "" || cli.IsRemoteRunner(f.runner) {
 			rt.Served = rt.RunnerName
 		}
 	}

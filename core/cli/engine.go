@@ -68,6 +68,7 @@ func Start(rt *Runtime, cfg engine.Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start engine for %s: %w", rt.RunnerName, err)
 	}
+	attachRunner(e, rt.Runner)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Engine{Engine: e, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- e.Run(ctx) }()

@@ -75,6 +75,9 @@ type Config struct {
 	ToolCallParser, ReasoningParser string
 	// Logger receives one line per failed request (default slog.Default()).
 	Logger *slog.Logger
+	// Health, when set, is asked by /health: an error (an out-of-process runner that is
+	// down) answers 503 with the error.
+	Health func() error
 }
 
 // Server is the OpenAI-compatible HTTP service.
@@ -322,6 +325,12 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
 		return
+	}
+	if s.cfg.Health != nil {
+		if err := s.cfg.Health(); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "error": err.Error()})
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
