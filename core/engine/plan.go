@@ -122,17 +122,22 @@ type BatchPlan struct {
 	Groups []GroupPlan
 
 	// CacheOps are the cache operations this step needs before its forward, in order:
-	// every runner executes them, one after another, before it reads or writes any page
-	// for the step (ApplyCacheOps does so against a kvslab.Arena). They are the page
-	// copies kvslab records while the scheduler builds the plan (copy-on-write of a
-	// shared block in Truncate, a recurrent checkpoint saved or restored); an op's pages
-	// stay reserved until the step that carries it has run, so nothing the ops read is
-	// overwritten by an earlier step still in flight.
+	// the page copies kvslab recorded while the plans up to this one were built (a
+	// recurrent state restored from a prefix-cache checkpoint, copy-on-write of a shared
+	// block; see kvslab.DeferCopies). A runner that declares
+	// RunnerInfo.ExecutesCacheOps executes them one after another before it reads or
+	// writes any page for the step (ApplyCacheOps does so against a kvslab pool);
+	// otherwise the Engine does, just before Execute. Each op's source page stays held
+	// until the step that carries it has run, so nothing overwrites what an op reads
+	// before it runs, and an op handed out again (the ops of a step that failed or never
+	// ran come again in the next plan) gives the same bytes the second time.
 	CacheOps []CacheOp
 	// Released lists, in order, the requests whose pages were freed since the previous
-	// plan (finished, aborted or preempted), so a runner that keeps per-request state
-	// (an out-of-process runner's page tables, a draft head's hidden states) drops it.
-	// A preempted request that comes back is a new sequence from position 0.
+	// plan (finished, aborted or failed, preempted), so a runner that keeps per-request
+	// state (an out-of-process runner's page tables, a draft head's hidden states) drops
+	// it. A runner handles Released before CacheOps and the rows, and ignores ids it
+	// does not know (a request freed before any plan of it ran). A preempted request that
+	// comes back is a new sequence, which continues from its prefix-cache hit.
 	Released []Release
 
 	anyLogprobs bool
@@ -173,8 +178,11 @@ type CacheOp struct {
 type ReleaseReason uint8
 
 const (
-	ReleaseFinished  ReleaseReason = 1
-	ReleaseAborted   ReleaseReason = 2
+	// ReleaseFinished: the request ended normally (stop or length).
+	ReleaseFinished ReleaseReason = 1
+	// ReleaseAborted: the request was aborted or failed.
+	ReleaseAborted ReleaseReason = 2
+	// ReleasePreempted: the request was preempted and waits to be recomputed.
 	ReleasePreempted ReleaseReason = 3
 )
 
