@@ -49,6 +49,9 @@ type Config struct {
 	Stderr io.Writer
 	// Logger receives runner deaths and restarts (default slog.Default()).
 	Logger *slog.Logger
+	// WholeTables sends every row's whole page tables each step instead of deltas (to
+	// measure what the deltas save; the runner sees no difference).
+	WholeTables bool
 }
 
 // Remote is an engine.Runner whose model runs in another process, driven through the
@@ -66,6 +69,8 @@ type Remote struct {
 	lastStart time.Time
 	restarts  int
 	closed    bool
+
+	steps, sent, received uint64 // traffic of the steps, frames included
 
 	healthMu sync.Mutex
 	health   error // nil while up
@@ -97,6 +102,7 @@ func Dial(ctx context.Context, cfg Config) (*Remote, error) {
 		return nil, err
 	}
 	r := &Remote{cfg: cfg}
+	r.enc.WholeTables = cfg.WholeTables
 	s, err := r.start(ctx)
 	if err != nil {
 		return nil, err
@@ -154,6 +160,13 @@ func (r *Remote) Pid() int {
 	return r.sess.cmd.Process.Pid
 }
 
+// Traffic returns the steps executed and the bytes of their frames sent and received.
+func (r *Remote) Traffic() (steps, sent, received uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.steps, r.sent, r.received
+}
+
 // Restarts returns how many times the runner was restarted.
 func (r *Remote) Restarts() int {
 	r.mu.Lock()
@@ -191,6 +204,9 @@ func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	if err != nil {
 		return engine.StepResult{}, r.died(fmt.Errorf("step %d: %w", plan.Step, err))
 	}
+	r.steps++
+	r.sent += uint64(len(frame))
+	r.received += uint64(len(payload) + frameHeader)
 	switch kind {
 	case KindResult:
 		step, err := DecodeResult(payload, &r.res)
