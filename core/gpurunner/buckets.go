@@ -47,6 +47,9 @@ type Buckets struct {
 	Prefill  []int // ascending token counts
 	MaxPages int
 	Groups   int
+	// Room, when set, is the largest upload the workspace holds: a graph shape beyond it
+	// (a padded batch of drafting sequences past the token budget, say) runs eagerly.
+	Room Dims
 }
 
 // DecodeBuckets returns the decode batch sizes worth a graph for batches up to maxSeqs
@@ -99,16 +102,25 @@ func (bk *Buckets) DecodeDims(b, q int) Dims {
 	return Dims{Tokens: b * q, Seqs: b, Rows: b * q, PagesPerSeq: bk.MaxPages, Groups: bk.Groups}
 }
 
-// PrefillDims is the upload of the prefill graph of t tokens.
+// PrefillDims is the upload of the prefill graph of t tokens: a logits row for each real
+// sequence it can hold.
 func (bk *Buckets) PrefillDims(t, maxSeqs int) Dims {
 	s := prefillSeqs(t, maxSeqs)
-	return Dims{Tokens: t, Seqs: s, Rows: s, PagesPerSeq: bk.MaxPages, Groups: bk.Groups}
+	return Dims{Tokens: t, Seqs: s, Rows: min(s, maxSeqs), PagesPerSeq: bk.MaxPages, Groups: bk.Groups}
 }
 
 // Choose returns how plan runs: the decode graph of plan.GraphBatch when the engine padded
 // the step to one of the decode buckets, else the smallest prefill graph the plan fits,
 // else eagerly at the plan's own sizes. maxSeqs is the engine's sequence cap.
 func (bk *Buckets) Choose(plan *engine.BatchPlan, maxSeqs int) Shape {
+	sh := bk.choose(plan, maxSeqs)
+	if sh.Mode != Eager && bk.Room != (Dims{}) && !sh.Dims.Fits(bk.Room) {
+		return Shape{Mode: Eager, Dims: PlanDims(plan)}
+	}
+	return sh
+}
+
+func (bk *Buckets) choose(plan *engine.BatchPlan, maxSeqs int) Shape {
 	pd := PlanDims(plan)
 	eager := Shape{Mode: Eager, Dims: pd}
 	if pd.Seqs == 0 || pd.PagesPerSeq > bk.MaxPages || pd.Groups != bk.Groups {

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
@@ -28,6 +29,67 @@ func TestDecodeBuckets(t *testing.T) {
 	}
 	if got := PrefillBuckets(8); len(got) != 0 {
 		t.Errorf("PrefillBuckets(8) = %v, want none", got)
+	}
+}
+
+func TestChooseStaysInRoom(t *testing.T) {
+	// 3 sequences verifying 2 drafts each (9 tokens) padded to the bucket of 4 would be 12
+	// tokens and rows, past a workspace of 10: eager.
+	bk := Buckets{Decode: []int{1, 2, 4}, MaxPages: 4, Groups: 1, Room: Dims{Tokens: 10, Seqs: 5, Rows: 10, PagesPerSeq: 4, Groups: 1}}
+	p := buildPlan(16,
+		seqSpec{computed: 4, promptLen: 2, tokens: []int32{1, 2, 3}, pages: []kvslab.PageID{1}, rows: 3},
+		seqSpec{computed: 4, promptLen: 2, tokens: []int32{1, 2, 3}, pages: []kvslab.PageID{2}, rows: 3},
+		seqSpec{computed: 4, promptLen: 2, tokens: []int32{1, 2, 3}, pages: []kvslab.PageID{3}, rows: 3})
+	p.GraphBatch = 4
+	if sh := bk.Choose(p, 4); sh.Mode != Eager || sh.Dims.Tokens != 9 {
+		t.Errorf("padded past the room: %+v", sh)
+	}
+	bk.Room.Tokens, bk.Room.Rows = 12, 12
+	if sh := bk.Choose(p, 4); sh.Mode != DecodeGraph || sh.Dims.Tokens != 12 {
+		t.Errorf("within the room: %+v", sh)
+	}
+}
+
+// TestWorkspaceHoldsEveryShape checks, for the workspace of a 1B-class config, that every
+// graph shape's upload fits the plan buffer and the decode split the attention kernel
+// picks for it (on H100 and H200 SM counts) fits the partials buffer.
+func TestWorkspaceHoldsEveryShape(t *testing.T) {
+	c := tinyConfig()
+	c.Heads, c.KVHeads, c.HeadDim, c.MaxContext = 32, 8, 64, 4096
+	c.Hidden = c.Heads * c.HeadDim
+	c.RopeCos = make([]float32, c.MaxContext*c.RopeDim/2)
+	c.RopeSin = c.RopeCos
+	lim := Limits{MaxTokens: 8192, MaxSeqs: 256, MaxRows: 256}
+	ws, err := NewWorkspace(c, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bk := Buckets{Decode: DecodeBuckets(lim.MaxSeqs), Prefill: PrefillBuckets(lim.MaxTokens), MaxPages: c.MaxPages(), Groups: 1}
+	var shapes []Dims
+	for _, b := range bk.Decode {
+		shapes = append(shapes, bk.DecodeDims(b, 1))
+	}
+	for _, tk := range bk.Prefill {
+		shapes = append(shapes, bk.PrefillDims(tk, lim.MaxSeqs))
+	}
+	shapes = append(shapes, Dims{Tokens: lim.MaxTokens, Seqs: lim.MaxSeqs, Rows: lim.MaxRows, PagesPerSeq: c.MaxPages(), Groups: 1})
+	for _, d := range shapes {
+		l, err := NewPlanLayout(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Fits(ws.PlanLayout.Dims) || l.Size > ws.Plan.Len {
+			t.Errorf("%+v: upload of %d bytes does not fit the plan buffer of %d (%+v)", d, l.Size, ws.Plan.Len, ws.PlanLayout.Dims)
+		}
+		for _, sms := range []int{132, 144} {
+			split, err := cuda.ChooseDecodeSplit(d.Seqs, c.KVHeads, c.MaxContext, sms)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if need := cuda.DecodeWorkspaceBytes(d.Seqs, c.Heads, c.HeadDim, split.Parts); need > ws.Partials.Len {
+				t.Errorf("%+v on %d SMs: split %+v needs %d bytes of partials, the workspace has %d", d, sms, split, need, ws.Partials.Len)
+			}
+		}
 	}
 }
 

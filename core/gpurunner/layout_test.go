@@ -183,7 +183,7 @@ func TestPackPrefillPadsIntoOneSequence(t *testing.T) {
 	}
 	bk := Buckets{Decode: []int{1, 2}, Prefill: []int{16, 32}, MaxPages: 2, Groups: 1}
 	sh := bk.Choose(p, 4)
-	want := Dims{Tokens: 16, Seqs: 5, Rows: 5, PagesPerSeq: 2, Groups: 1} // 4 sequences at most, and a padding one
+	want := Dims{Tokens: 16, Seqs: 5, Rows: 4, PagesPerSeq: 2, Groups: 1} // 4 sequences at most, and a padding one
 	if sh.Mode != PrefillGraph || sh.Dims != want {
 		t.Fatalf("shape %+v, want the prefill graph %+v", sh, want)
 	}
@@ -196,7 +196,7 @@ func TestPackPrefillPadsIntoOneSequence(t *testing.T) {
 	// 10 padding tokens over 3 padding sequences: 3 each, the last one the remainder.
 	eq(t, "queryStart", u.queryStart, []int32{0, 5, 6, 9, 12, 16})
 	eq(t, "ctxLens", u.ctxLens, []int32{5, 4, 0, 0, 0})
-	eq(t, "logits", u.logits, []int32{4, 5, 0, 0, 0})
+	eq(t, "logits", u.logits, []int32{4, 5, 0, 0})
 	eq(t, "row positions", []int32{u.sampling[0].Pos, u.sampling[1].Pos, u.sampling[2].Pos}, []int32{5, 4, 0})
 	for i := 6; i < 16; i++ {
 		if u.slots[i] != engine.NoSlot {

@@ -184,7 +184,7 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	if err != nil {
 		return nil, nil, err
 	}
-	r.buckets = Buckets{Prefill: PrefillBuckets(lim.MaxTokens), MaxPages: cfg.MaxPages(), Groups: 1}
+	r.buckets = Buckets{Prefill: PrefillBuckets(lim.MaxTokens), MaxPages: cfg.MaxPages(), Groups: 1, Room: ws.PlanLayout.Dims}
 	if !r.noGraph {
 		r.buckets.Decode = DecodeBuckets(lim.MaxSeqs)
 	}
