@@ -261,24 +261,35 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	lps := viewFloat32(r.out.Bytes[4*R : 8*R])
 	topIDs := viewInt32(r.out.Bytes[8*R : (8+4*MaxTop)*R])
 	topLPs := viewFloat32(r.out.Bytes[(8+4*MaxTop)*R : (8+8*MaxTop)*R])
+	fillResult(&r.res, plan, ids, lps, topIDs, topLPs)
+	return r.res, nil
+}
+
+// fillResult builds the StepResult of a step sampled on the device from its outputs per
+// logits row: the token ids, their logprobs and MaxTop alternatives of each row. A
+// sequence with a row accepts its one token; logprobs are returned when any sequence asks.
+func fillResult(res *engine.StepResult, plan *engine.BatchPlan, ids []int32, lps []float32, topIDs []int32, topLPs []float32) {
+	anyLP := false
+	for _, n := range plan.Logprobs {
+		anyLP = anyLP || n >= 0
+	}
 	b := plan.NumSeqs()
-	r.res.Reset(b)
+	res.Reset(b)
 	for i := 0; i < b; i++ {
 		a, e := plan.LogitsStart[i], plan.LogitsStart[i+1]
 		if e == a {
 			continue
 		}
-		r.res.Accepted[i] = 1
-		r.res.Tokens = append(r.res.Tokens, ids[a])
+		res.Accepted[i] = 1
+		res.Tokens = append(res.Tokens, ids[a])
 		if anyLP {
-			r.res.Logprobs = append(r.res.Logprobs, lps[a])
+			res.Logprobs = append(res.Logprobs, lps[a])
 		}
 		if n := int(plan.Logprobs[i]); n > 0 {
-			r.res.TopTokens = append(r.res.TopTokens, topIDs[int(a)*MaxTop:int(a)*MaxTop+n]...)
-			r.res.TopLogprobs = append(r.res.TopLogprobs, topLPs[int(a)*MaxTop:int(a)*MaxTop+n]...)
+			res.TopTokens = append(res.TopTokens, topIDs[int(a)*MaxTop:int(a)*MaxTop+n]...)
+			res.TopLogprobs = append(res.TopLogprobs, topLPs[int(a)*MaxTop:int(a)*MaxTop+n]...)
 		}
 	}
-	return r.res, nil
 }
 
 func viewInt32(b []byte) []int32 { return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4) }
