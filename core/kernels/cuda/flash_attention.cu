@@ -39,15 +39,44 @@ RESIN_DEVICE unsigned resin_pack_bf(float lo, float hi) {
   return (unsigned)resin_f2bf(lo) | ((unsigned)resin_f2bf(hi) << 16);
 }
 
+// resin_u4 is 16 bytes (8 bf16) read or written in one access.
+struct alignas(16) resin_u4 {
+  unsigned x, y, z, w;
+};
+
 // resin_fa_load_tile loads keys t0..t0+31 of kv head kvh into ks and vs; keys at or past
-// end are zeros (their scores are masked, and zero values keep 0*v finite).
+// end are zeros (their scores are masked, and zero values keep 0*v finite). Where every
+// key row starts on 16 bytes (vec), the block reads 16 bytes per thread and access,
+// spread over all its threads; otherwise 4.
 RESIN_DEVICE void resin_fa_load_tile(unsigned* ks, unsigned* vs, const resin_bf16* k_cache,
                                      const resin_bf16* v_cache, const unsigned* pages, int t0,
                                      int end, int kvh, int kv_heads, int head_dim,
                                      int page_tokens, long long slab_elems, long long page_elems,
-                                     long long k_offset, long long v_offset) {
-  unsigned lane = RESIN_TID_X % RESIN_WARP, warp = RESIN_TID_X / RESIN_WARP;
+                                     long long k_offset, long long v_offset, bool vec) {
   int words = head_dim / 2;
+  if (vec) {
+    int quads = words / 4, n = RESIN_FA_KEYS * quads;
+    for (int e = RESIN_TID_X; e < n; e += RESIN_NTID_X) {
+      int j = e / quads, c = e - j * quads, t = t0 + j;
+      unsigned* kd = ks + j * RESIN_FA_KW + 4 * c;  // padded rows: not 16-byte aligned
+      resin_u4* vd = (resin_u4*)(vs + j * RESIN_FA_VW + 4 * c);
+      if (t >= end) {
+        kd[0] = kd[1] = kd[2] = kd[3] = 0u;
+        vd->x = vd->y = vd->z = vd->w = 0u;
+        continue;
+      }
+      long long base = resin_page_slot_base(pages[t / page_tokens], slab_elems, page_elems) +
+                       ((long long)(t % page_tokens) * kv_heads + kvh) * head_dim;
+      resin_u4 kq = ((const resin_u4*)(k_cache + base + k_offset))[c];
+      kd[0] = kq.x;
+      kd[1] = kq.y;
+      kd[2] = kq.z;
+      kd[3] = kq.w;
+      *vd = ((const resin_u4*)(v_cache + base + v_offset))[c];
+    }
+    return;
+  }
+  unsigned lane = RESIN_TID_X % RESIN_WARP, warp = RESIN_TID_X / RESIN_WARP;
   for (int j = warp; j < RESIN_FA_KEYS; j += RESIN_FA_THREADS / RESIN_WARP) {
     int t = t0 + j;
     const unsigned* kr = 0;
@@ -63,6 +92,15 @@ RESIN_DEVICE void resin_fa_load_tile(unsigned* ks, unsigned* vs, const resin_bf1
       vs[j * RESIN_FA_VW + w] = vr ? vr[w] : 0u;
     }
   }
+}
+
+// resin_fa_vec reports whether every key and value row starts on 16 bytes.
+RESIN_DEVICE bool resin_fa_vec(const resin_bf16* k_cache, const resin_bf16* v_cache, int head_dim,
+                               long long slab_elems, long long page_elems, long long k_offset,
+                               long long v_offset) {
+  unsigned long long a = (unsigned long long)k_cache | (unsigned long long)v_cache;
+  long long e = slab_elems | page_elems | k_offset | v_offset | (long long)head_dim;
+  return (a & 15u) == 0 && (e & 7) == 0;
 }
 
 // resin_fa_attend folds one key tile into a warp's four query rows: rows qrow0 + r*qstep
@@ -173,6 +211,7 @@ RESIN_KERNEL void resin_prefill_attention_bf16(
   int first = len - n;  // position of the sequence's first query row
   int kvh = h / (heads / kv_heads);
   int words = head_dim / 2;
+  bool vec = resin_fa_vec(k_cache, v_cache, head_dim, slab_elems, page_elems, k_offset, v_offset);
   const unsigned* pages = page_table + page_table_start[b];
   unsigned warp = RESIN_TID_X / RESIN_WARP;
   for (int i = warp; i < RESIN_FA_QROWS; i += RESIN_FA_THREADS / RESIN_WARP)
@@ -198,7 +237,7 @@ RESIN_KERNEL void resin_prefill_attention_bf16(
   for (int t0 = t_lo; t0 < end; t0 += RESIN_FA_KEYS) {
     resin_sync();  // the previous tile is consumed (and, the first time, q is stored)
     resin_fa_load_tile(ks, vs, k_cache, v_cache, pages, t0, end, kvh, kv_heads, head_dim,
-                       page_tokens, slab_elems, page_elems, k_offset, v_offset);
+                       page_tokens, slab_elems, page_elems, k_offset, v_offset, vec);
     resin_sync();
     resin_fa_attend(ks, vs, qsm, warp * RESIN_FA_ROWS, 1, t0, lo, hi, head_dim, scale, m, l, acc);
   }
@@ -237,6 +276,7 @@ RESIN_KERNEL void resin_decode_attention_bf16(
   if (tok != query_start[b]) return;  // not a decode row
   int group = heads / kv_heads;
   int words = head_dim / 2;
+  bool vec = resin_fa_vec(k_cache, v_cache, head_dim, slab_elems, page_elems, k_offset, v_offset);
   int len = seq_lens[b];
   int p = len - 1;
   int lo_all = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
@@ -264,7 +304,7 @@ RESIN_KERNEL void resin_decode_attention_bf16(
   for (int t0 = start; t0 < end; t0 += RESIN_FA_KEYS) {
     resin_sync();
     resin_fa_load_tile(ks, vs, k_cache, v_cache, pages, t0, end, g, kv_heads, head_dim,
-                       page_tokens, slab_elems, page_elems, k_offset, v_offset);
+                       page_tokens, slab_elems, page_elems, k_offset, v_offset, vec);
     resin_sync();
     resin_fa_attend(ks, vs, qsm, warp, RESIN_FA_THREADS / RESIN_WARP, t0, lo, hi, head_dim, scale,
                     m, l, acc);
