@@ -1,7 +1,21 @@
-// Package cuda holds Resin's shared CUDA kernels — RMSNorm, rotary embeddings, SiLU-and-mul,
-// softmax, embedding gather, paged GQA attention, MoE top-k routing and argmax — as .cu
-// sources embedded in the binary, with typed Go launchers. Each kernel's specification is
-// its counterpart in core/kernels/ref.
+// Package cuda holds Resin's shared CUDA kernels as .cu sources embedded in the binary,
+// with typed Go launchers. Each kernel's specification is its counterpart in
+// core/kernels/ref (device sampling's is core/engine's Sampler).
+//
+// The float32 kernels are the reference variants: RMSNorm, rotary embeddings, SiLU-and-mul,
+// softmax, embedding gather, paged GQA attention, MoE top-k routing and argmax. The GPU
+// runner's path is bf16 (computed in float32):
+//
+//	AddRMSNorm, RMSNormBF16     fused residual add + RMSNorm (add_rmsnorm.cu)
+//	RopeKV                      rotary (NeoX or GPT-J) + K/V written to kvslab pages by slot (rope_kv.cu)
+//	SiLUMulBF16, EmbeddingBF16  (silu_mul.cu, embedding.cu)
+//	PrefillAttention            ragged paged attention: prompts, chunks, decode rows in one launch
+//	DecodeAttention             split-K paged decode, a GQA group per block, LSE reduce (flash_attention.cu)
+//	Sample                      greedy/temperature/top-k/top-p/min-p, seeded, logprobs (sampling.cu)
+//
+// Launchers check shapes and build a launch on the host (grid, block, parameters) in a
+// buffer each kernel reuses, so a launch allocates nothing; tests check the packed
+// parameters against each kernel's C signature without a GPU.
 //
 // The sources include prelude.cuh, Resin's own header that lets the same text compile
 // under NVRTC (production, through core/cudart) and under clang-16 (scripts/check-kernels.sh).
