@@ -1,7 +1,7 @@
 // Package kernelcheck compiles CUDA kernel sources on a machine without a GPU and reports
 // what the assembler says about each kernel: NVRTC through core/cudart (and its kernel
-// cache) for each architecture of Arches (sm_90a, sm_100a), clang-16 as a second opinion, and ptxas -v for registers, spills,
-// stack and shared memory. The core's kernels, every generated runtime's kernels and
+// cache) for each architecture of Arches (sm_90a, sm_100a), clang-16 as a second opinion,
+// and ptxas -v for registers, spills, stack and shared memory. The core's kernels, every generated runtime's kernels and
 // scripts/check-kernels.sh all check through it, so that a fix reaches each of them.
 //
 // NVRTC and Clang are the library functions; TestNVRTC and TestClang wrap them for go test,
