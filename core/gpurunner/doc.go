@@ -1,27 +1,45 @@
 // Package gpurunner is the GPU execution path every model runtime shares: what sits
-// between the engine's BatchPlan and a model's CUDA kernels, proven on the dense
-// llama family (DenseConfig, Dense).
+// between the engine's BatchPlan and the CUDA kernels, proven on the dense llama family
+// (DenseConfig, Dense, NewDense) that models/llama and the dense scaffolds hand their
+// weights to through a small hook (models/llama/gpu.go: OpenGPU).
 //
-// One step of a GPU runner:
+// One step of a GPU Runner:
 //
 //  1. Buckets.Choose picks how the plan runs: the decode graph of plan.GraphBatch (the
-//     engine pads decode batches to RunnerInfo.GraphBuckets, which a GPU runner declares
-//     as DecodeBuckets), a prefill graph of a token-count bucket (PrefillBuckets), or
-//     eagerly at the plan's own sizes.
+//     engine pads decode batches to RunnerInfo.GraphBuckets, which the runner declares as
+//     DecodeBuckets), a prefill graph of a token-count bucket (PrefillBuckets), or eagerly
+//     at the plan's own sizes when no graph fits (long prefills, uneven draft counts,
+//     contexts past the graphs' page tables, shapes past the workspace).
 //  2. PlanLayout.Pack writes the plan's flat arrays (tokens, positions, query offsets,
-//     context lengths, slot mappings, rectangular page tables, logits rows and their
-//     sampling rows) into one pinned host buffer, at offsets that depend on the shape
-//     only; the runner alternates between two such buffers and copies one to the device
-//     on its own stream per step. A graph captured for a bucket reads the same device
-//     addresses at every replay: its static inputs are the bucket's layout.
-//  3. The model's forward runs over a Workspace carved once from one device allocation
-//     sized by NewWorkspace for the engine's limits (MaxTokens, MaxSeqs, logits rows):
-//     no step allocates. Logits are computed only for the plan's LogitsIndices rows.
-//  4. Greedy rows are sampled on the device, so only token ids cross back; rows that need
-//     the full sampler (temperature, top-k/p, min-p, penalties, logprobs, drafts) take
-//     their logits rows back to the engine's CPU sampler through core/cpurunner.
+//     context lengths, slot mappings, page tables, logits rows and each row's sampling
+//     parameters) into one pinned host buffer, at offsets that depend on the shape only,
+//     and the runner copies it to the device on its own stream. The runner alternates
+//     between two such buffers (bound to the GPU's NUMA node: --numa). A graph captured
+//     for a bucket reads the same device addresses at every replay: the bucket's layout is
+//     its static input buffer.
+//  3. Dense.Forward launches the model over a Workspace carved once from one device
+//     allocation sized by NewWorkspace for the engine's limits (MaxTokens, MaxSeqs, logits
+//     rows): no step allocates. Weights are bf16 (uploaded once, with progress on a
+//     terminal), activations bf16, accumulation float32: embedding, per layer a fused
+//     residual-add + RMSNorm, the fused QKV GEMM (cuBLASLt), rotary + KV write into the
+//     kvslab pages of a device arena by slot mapping, split-K decode and ragged prefill
+//     paged attention, the O GEMM, add + RMSNorm, the fused gate_up GEMM, SiLU-mul and the
+//     down GEMM; then the final norm and the LM head on the LogitsIndices rows only, in
+//     float32.
+//  4. Rows the sampling kernel covers (greedy, temperature, top-k, top-p, min-p, seeded,
+//     up to 32 logprob alternatives) are sampled on the device, so only token ids and
+//     logprobs cross back. Steps that need more (drafts to verify, penalties, logit bias,
+//     min-tokens masks, prompt logprobs) bring their float32 logits rows back to
+//     core/cpurunner, which samples them as every CPU runner does.
 //
-// The device side needs a driver (core/cudart); everything above that decides what to
-// upload and run is plain Go, tested without a GPU. Tests that need a GPU carry the `gpu`
-// build tag and skip by name where no driver is found; scripts/gpu-check.sh runs them.
+// The kernels are core/kernels/cuda's and the GEMMs cudart.Blas's; graphs live in a
+// cudart.GraphCache keyed by GraphKey. Everything that decides what to upload and run
+// (layout, padding, bucket choice, workspace sizing, weight layout, which rows sample
+// where) is plain Go, tested without a GPU. The tests that need one are named TestGPU*
+// and skip by name where no driver is found; scripts/gpu-check.sh runs them and prints
+// their parity lines and figures.
+//
+// Not on the GPU path yet: attention biases and q/k norms (Qwen2/Qwen3 variants: NewDense
+// refuses them with a clear error), drafts proposed on the device (an MTP head), and the
+// engine's Async mode (AsyncTokens is not declared).
 package gpurunner

@@ -242,3 +242,15 @@ func TestPackAllocatesNothing(t *testing.T) {
 		t.Errorf("Pack allocates %.0f times per step", n)
 	}
 }
+
+func BenchmarkPackDecode256(b *testing.B) {
+	p := decodePlan(256, 1000, 16)
+	l, _ := NewPlanLayout(Dims{Tokens: 256, Seqs: 256, Rows: 256, PagesPerSeq: 256, Groups: 1})
+	buf := make([]byte, l.Size)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := l.Pack(buf, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
