@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -460,4 +461,73 @@ func childOf(t *testing.T, pid int) int {
 	}
 	t.Skip("cannot find the runner process under /proc (not Linux?)")
 	return 0
+}
+
+// TestPythonRunnerSampling: seeded sampling (temperature, top-k, top-p, min-p), penalties,
+// logit bias, min_tokens, logprobs with alternatives and prompt logprobs give the Go
+// runner's tokens, and logprobs within float tolerance: the Python sampler is the Go one.
+func TestPythonRunnerSampling(t *testing.T) {
+	dir := llamaCheckpoint(t)
+	cfg := engine.Config{CacheBytes: pageBudget}
+	ge := goLlama(t, dir, cfg)
+	pe, _ := pyLlama(t, dir, cfg, wire.Config{})
+	rng := rand.New(rand.NewPCG(9, 10))
+	params := []engine.SamplingParams{
+		{Temperature: 0.9, Seed: 11, HasSeed: true},
+		{Temperature: 0.7, TopK: 40, TopP: 0.9, Seed: 12, HasSeed: true},
+		{Temperature: 1.2, MinP: 0.05, Seed: 13, HasSeed: true, Logprobs: true, TopLogprobs: 3},
+		{Temperature: 0.8, Seed: 14, HasSeed: true, PresencePenalty: 0.5, FrequencyPenalty: 0.3, RepetitionPenalty: 1.2,
+			LogitBias: map[int32]float32{7: 5, 9: -100}, MinTokens: 5},
+		{Logprobs: true, TopLogprobs: 2, PromptLogprobs: true},
+	}
+	for k, sp := range params {
+		sp.MaxTokens = 24
+		p := randomPrompt(rng, nil, 12)
+		run := func(e *engine.Engine) ([]int32, []engine.TokenLogprob, []engine.TokenLogprob) {
+			st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: sp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var toks []int32
+			var lps, plps []engine.TokenLogprob
+			for {
+				ev, err := st.Recv(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				toks, lps = append(toks, ev.Tokens...), append(lps, ev.Logprobs...)
+				plps = append(plps, ev.PromptLogprobs...)
+				if ev.Finish != engine.FinishNone {
+					if ev.Finish == engine.FinishError || ev.Finish == engine.FinishAbort {
+						t.Fatalf("params %d: %v: %v", k, ev.Finish, ev.Err)
+					}
+					return toks, lps, plps
+				}
+			}
+		}
+		gt, gl, gp := run(ge)
+		pt, pl, pp := run(pe)
+		if !slices.Equal(gt, pt) {
+			t.Fatalf("params %d: the Python runner sampled %v, the Go runner %v", k, pt, gt)
+		}
+		if len(gl) != len(pl) || len(gp) != len(pp) {
+			t.Fatalf("params %d: %d/%d logprobs from Python, %d/%d from Go", k, len(pl), len(pp), len(gl), len(gp))
+		}
+		for _, pair := range [][2][]engine.TokenLogprob{{gl, pl}, {gp, pp}} {
+			for j := range pair[0] {
+				g, q := pair[0][j], pair[1][j]
+				if g.Token != q.Token || math.Abs(float64(g.Logprob-q.Logprob)) > 1e-3 || len(g.Top) != len(q.Top) {
+					t.Fatalf("params %d, logprob %d: Python %+v, Go %+v", k, j, q, g)
+				}
+				for a := range g.Top {
+					if g.Top[a].Token != q.Top[a].Token || math.Abs(float64(g.Top[a].Logprob-q.Top[a].Logprob)) > 1e-3 {
+						t.Fatalf("params %d, logprob %d, alternative %d: Python %+v, Go %+v", k, j, a, q.Top[a], g.Top[a])
+					}
+				}
+			}
+		}
+		if (sp.Logprobs && len(gl) == 0) || (sp.PromptLogprobs && len(gp) != len(p)-1) {
+			t.Fatalf("params %d: %d logprobs, %d prompt logprobs", k, len(gl), len(gp))
+		}
+	}
 }
