@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -169,7 +170,7 @@ func (r *TextRunner) forward(p *engine.BatchPlan, logits []float32) error {
 		return cpurunner.ErrNotBound
 	}
 	chunks := make([]TextChunk, p.NumSeqs())
-	r.undo = r.undo[:0]
+	r.undo = slices.Grow(r.undo[:0], p.NumSeqs())[:p.NumSeqs()]
 	for i := range chunks {
 		st, err := r.kv.bind(p, i)
 		if err != nil {
@@ -183,7 +184,7 @@ func (r *TextRunner) forward(p *engine.BatchPlan, logits []float32) error {
 		}
 		chunks[i] = TextChunk{State: st, Tokens: toks, Rows: rows}
 		if r.drafts > 0 {
-			r.undo = append(r.undo, r.keepDraftStates(st, len(toks), int(p.NumDrafts[i])))
+			r.undo[i] = r.keepDraftStates(r.undo[i], st, len(toks), int(p.NumDrafts[i]))
 		}
 	}
 	out, hidden, err := r.Model.ForwardHidden(chunks)
@@ -197,14 +198,18 @@ func (r *TextRunner) forward(p *engine.BatchPlan, logits []float32) error {
 
 // keepDraftStates makes the KDA layers of a sequence fed n tokens, the last k of them
 // drafts, keep their states after tokens n−k−1 ... n−2 (the states that accepting 0 ...
-// k−1 drafts leaves) and returns where: k slices of the state page's KDA floats.
-func (r *TextRunner) keepDraftStates(st *TextState, n, k int) []float32 {
+// k−1 drafts leaves) and returns where: k slices of the state page's KDA floats, in buf
+// when it is large enough (the buffers of one step serve the next).
+func (r *TextRunner) keepDraftStates(buf []float32, st *TextState, n, k int) []float32 {
 	if k == 0 {
-		return nil
+		return buf
 	}
 	L := r.kv.L
 	K := L.hiddenOff
-	undo := make([]float32, k*K)
+	if cap(buf) < k*K {
+		buf = make([]float32, k*K)
+	}
+	undo := buf[:k*K]
 	for li := range st.Layers {
 		ls := &st.Layers[li]
 		off := L.kdaOff[li]

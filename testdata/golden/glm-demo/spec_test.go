@@ -321,3 +321,58 @@ func TestMTPPreemption(t *testing.T) {
 	}
 	t.Logf("%d preemptions (plain %d), %d drafts, %d accepted", c.Preemptions, pc.Preemptions, c.DraftsProposed, c.DraftsAccepted)
 }
+
+// TestMTPChainedDraftsMatchReference checks every draft of a runner with 3 drafts per step
+// against the MTP layer chained in Go memory: for a sequence of length end (its last token
+// sampled at position end), draft 0 comes from the MTP row at end−1 (final hidden state
+// at end−1, the sampled token), and draft j from the row at end−1+j over the MTP layer's
+// own output of the row before and draft j−1; logits within 1e-4.
+func TestMTPChainedDraftsMatchReference(t *testing.T) {
+	m := tinyTextModel(t)
+	V, D := m.Config.VocabSize, m.Config.HiddenSize
+	prompt := runnertest.Prompt(19, V, 4)
+	r, pool := mtpTextRunner(t, m, 3)
+	type draft struct {
+		logits []float32
+		tok    int32
+	}
+	steps := map[int][]draft{} // by end: drafts 0, 1, 2
+	r.forceDraft = func(_, pos, j int, logits []float32) int32 {
+		d := int32(ref.Argmax(logits))
+		end := pos - 1 - j
+		steps[end] = append(steps[end], draft{slices.Clone(logits), d})
+		return d
+	}
+	outs, _ := generateAll(t, r, pool, [][]int32{prompt}, engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}, 8)
+	seq := append(slices.Clone(prompt), outs[0].Tokens...)
+	_, hidden, err := m.ForwardHidden([]TextChunk{{State: m.NewTextState(), Tokens: seq}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for end, ds := range steps {
+		if end >= len(seq) || len(ds) != 3 {
+			t.Fatalf("end %d: %d drafts recorded (sequence of %d)", end, len(ds), len(seq))
+		}
+		st := m.NewMTPState()
+		if _, _, err := m.MTPForward([]MTPChunk{{State: st, Hidden: hidden[:(end-1)*D], Next: seq[1:end], Rows: []int{}}}); err != nil {
+			t.Fatal(err)
+		}
+		h, next := hidden[(end-1)*D:end*D], seq[end]
+		for j, d := range ds {
+			lg, out, err := m.MTPForward([]MTPChunk{{State: st, Pos0: end - 1 + j, Hidden: h, Next: []int32{next}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff, _ := runnertest.MaxAbsDiff(d.logits, lg); !(diff <= 1e-4) {
+				t.Errorf("end %d draft %d: logits differ from the chained reference by %g", end, j, diff)
+			}
+			h, next = out, d.tok
+			checked++
+		}
+	}
+	if checked < 9 {
+		t.Fatalf("only %d drafts checked", checked)
+	}
+	t.Logf("%d drafts of %d steps match the chained reference", checked, len(steps))
+}
