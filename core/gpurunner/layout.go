@@ -1,12 +1,39 @@
 package gpurunner
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 )
+
+// sampleRow is one logits row's sampling parameters as the sampling kernel reads them
+// (core/kernels/cuda.SampleParams, encoded by PutSampleParams): 32 bytes, little-endian.
+type sampleRow struct {
+	Temperature, TopP, MinP float32
+	TopK                    int32
+	Seed                    uint64
+	Pos, Logprobs           int32
+}
+
+// view is section s of buf as a slice of T; s is aligned for T (sections start at
+// multiples of 16 in a buffer aligned to 8, the largest element).
+func view[T any](buf []byte, s Section) []T {
+	var z T
+	n := int(s.Len) / int(unsafe.Sizeof(z))
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&buf[s.Off])), n)
+}
+
+// littleEndian reports whether the host stores integers as the device does.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // SampleRowBytes is the size of one logits row's sampling parameters in an upload
 // (core/kernels/cuda.SampleParamsBytes: a test holds them equal).
@@ -65,7 +92,8 @@ type Section struct {
 //	per group g:
 //	  Slots[g]          [T]    int64   cache slot of each token (engine.NoSlot = -1: not written; padding: -1)
 //	  PageTableStart[g] [B+1]  int32   offsets of each sequence's pages in PageTable[g] (padding sequences: none)
-//	  PageTable[g]      [B·P]  uint32  the plan's page ids, ragged as in engine.GroupPlan, then zeros;
+//	  PageTable[g]      [B·P]  uint32  the plan's page ids, ragged as in engine.GroupPlan (the
+//	                                   rest is not written: nothing reads past PageTableStart);
 //	                                   P = PagesPerSeq bounds every sequence's pages
 //
 // A layout depends on Dims only, so the layout of a CUDA-graph bucket puts every array at
@@ -138,87 +166,68 @@ func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 	if int64(len(buf)) < l.Size {
 		return fmt.Errorf("gpurunner: pack into %d bytes, the layout needs %d", len(buf), l.Size)
 	}
+	if !littleEndian {
+		return fmt.Errorf("gpurunner: a big-endian host cannot upload plans to the device as they are")
+	}
+	if len(buf) > 0 && uintptr(unsafe.Pointer(&buf[0]))%8 != 0 {
+		return fmt.Errorf("gpurunner: pack into a buffer not aligned to 8 bytes (its int64 slots)")
+	}
 	b, t := pd.Seqs, pd.Tokens
 	if b == l.Dims.Seqs && l.Dims.Tokens > t {
 		return fmt.Errorf("gpurunner: %d padding tokens and no padding sequence to hold them", l.Dims.Tokens-t)
 	}
-	le := binary.LittleEndian
-	put32 := func(s Section, i int, v uint32) { le.PutUint32(buf[s.Off+int64(i)*4:], v) }
-	put64 := func(s Section, i int, v uint64) { le.PutUint64(buf[s.Off+int64(i)*8:], v) }
-	putRow := func(r int, temp, topP, minP float32, topK int32, seed uint64, pos, logprobs int32) {
-		b := buf[l.Sampling.Off+int64(r)*SampleRowBytes:]
-		le.PutUint32(b[0:], math.Float32bits(temp))
-		le.PutUint32(b[4:], math.Float32bits(topP))
-		le.PutUint32(b[8:], math.Float32bits(minP))
-		le.PutUint32(b[12:], uint32(topK))
-		le.PutUint64(b[16:], seed)
-		le.PutUint32(b[24:], uint32(pos))
-		le.PutUint32(b[28:], uint32(logprobs))
-	}
-	for i := 0; i < l.Dims.Tokens; i++ {
-		var tok, pos int32
-		if i < t {
-			tok, pos = plan.Tokens[i], plan.Positions[i]
-		}
-		put32(l.Tokens, i, uint32(tok))
-		put32(l.Positions, i, uint32(pos))
-	}
+	// Typed views of the sections: the host is little-endian like the device (checked at
+	// init), so the plan's arrays are copied as they are.
+	i32 := func(sec Section) []int32 { return view[int32](buf, sec) }
+	copy(i32(l.Tokens), plan.Tokens)
+	clear(i32(l.Tokens)[t:])
+	copy(i32(l.Positions), plan.Positions)
+	clear(i32(l.Positions)[t:])
 	// QueryStart: the plan's, then the padding sequences share the padding tokens.
-	for i := 0; i <= b; i++ {
-		put32(l.QueryStart, i, uint32(plan.QueryStart[i]))
-	}
+	qs := i32(l.QueryStart)
+	copy(qs, plan.QueryStart)
 	if pad := l.Dims.Seqs - b; pad > 0 {
-		each := (l.Dims.Tokens - t) / pad
-		q := t
-		for i := b + 1; i <= l.Dims.Seqs; i++ {
-			q += each
-			if i == l.Dims.Seqs {
-				q = l.Dims.Tokens // the last takes the remainder
-			}
-			put32(l.QueryStart, i, uint32(q))
+		each := int32((l.Dims.Tokens - t) / pad)
+		for i := b + 1; i < l.Dims.Seqs; i++ {
+			qs[i] = qs[i-1] + each
 		}
+		qs[l.Dims.Seqs] = int32(l.Dims.Tokens) // the last takes the remainder
 	}
-	for i := 0; i < l.Dims.Seqs; i++ {
-		var n int32
-		if i < b {
-			n = plan.Computed[i] + plan.Scheduled[i]
-		}
-		put32(l.CtxLens, i, uint32(n))
+	ctx := i32(l.CtxLens)
+	for i := 0; i < b; i++ {
+		ctx[i] = plan.Computed[i] + plan.Scheduled[i]
 	}
+	clear(ctx[b:])
 	// Logits rows and the sampling row of each one's sequence.
+	rows, params := i32(l.LogitsIndices), view[sampleRow](buf, l.Sampling)
 	r := 0
 	for i := 0; i < b; i++ {
 		for j := plan.LogitsStart[i]; j < plan.LogitsStart[i+1]; j++ {
 			idx := plan.LogitsIndices[j]
-			put32(l.LogitsIndices, r, uint32(idx))
-			putRow(r, plan.Temperature[i], plan.TopP[i], plan.MinP[i], plan.TopK[i], plan.Seed[i], plan.Positions[idx]+1, plan.Logprobs[i])
+			rows[r] = idx
+			params[r] = sampleRow{Temperature: plan.Temperature[i], TopP: plan.TopP[i], MinP: plan.MinP[i], TopK: plan.TopK[i],
+				Seed: plan.Seed[i], Pos: plan.Positions[idx] + 1, Logprobs: plan.Logprobs[i]}
 			r++
 		}
 	}
+	clear(rows[r:])
 	for ; r < l.Dims.Rows; r++ {
-		put32(l.LogitsIndices, r, 0)
-		putRow(r, 0, 1, 0, 0, 0, 0, -1)
+		params[r] = sampleRow{TopP: 1, Logprobs: -1}
 	}
 	for g := 0; g < l.Dims.Groups; g++ {
 		gp := &plan.Groups[g]
-		for i := 0; i < l.Dims.Tokens; i++ {
-			s := engine.NoSlot
-			if i < t {
-				s = gp.SlotMapping[i]
-			}
-			put64(l.Slots[g], i, uint64(s))
+		slots := view[int64](buf, l.Slots[g])
+		copy(slots, gp.SlotMapping)
+		for i := t; i < len(slots); i++ {
+			slots[i] = engine.NoSlot
 		}
-		n := int(gp.PageTableStart[b])
-		for i := 0; i <= l.Dims.Seqs; i++ {
-			put32(l.PageTableStart[g], i, uint32(gp.PageTableStart[min(i, b)]))
+		pts := i32(l.PageTableStart[g])
+		copy(pts, gp.PageTableStart)
+		for i := b + 1; i < len(pts); i++ {
+			pts[i] = gp.PageTableStart[b]
 		}
-		for j := 0; j < l.Dims.Seqs*l.Dims.PagesPerSeq; j++ {
-			var id uint32
-			if j < n {
-				id = uint32(gp.PageTable[j])
-			}
-			put32(l.PageTable[g], j, id)
-		}
+		// Entries past the plan's pages are never read (PageTableStart bounds them).
+		copy(view[kvslab.PageID](buf, l.PageTable[g]), gp.PageTable)
 	}
 	return nil
 }

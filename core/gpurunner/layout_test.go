@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/cuda"
@@ -12,7 +13,7 @@ import (
 )
 
 func TestSampleRowBytes(t *testing.T) {
-	if SampleRowBytes != cuda.SampleParamsBytes {
+	if SampleRowBytes != cuda.SampleParamsBytes || unsafe.Sizeof(sampleRow{}) != SampleRowBytes {
 		t.Errorf("SampleRowBytes %d, the sampling kernel reads rows of %d", SampleRowBytes, cuda.SampleParamsBytes)
 	}
 }
@@ -144,7 +145,7 @@ func TestPackDecodePadsToBucket(t *testing.T) {
 	}
 	buf := make([]byte, l.Size)
 	for i := range buf {
-		buf[i] = 0xAB // stale bytes of the previous step: Pack must overwrite every one it owns
+		buf[i] = 0xAB // stale bytes of the previous step: Pack must overwrite every one read
 	}
 	if err := l.Pack(buf, p); err != nil {
 		t.Fatal(err)
@@ -157,7 +158,7 @@ func TestPackDecodePadsToBucket(t *testing.T) {
 	eq(t, "logits", u.logits, []int32{0, 1, 2, 0})
 	eq(t, "slots", u.slots, []int64{8*4 + 1, (1<<16 | 3) * 4, 6 * 4, -1})
 	eq(t, "pageStart", u.pageStart, []int32{0, 2, 3, 6, 6})
-	eq(t, "pages", u.pages, []uint32{7, 8, 1<<16 | 3, 4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	eq(t, "pages", u.pages[:6], []uint32{7, 8, 1<<16 | 3, 4, 5, 6}) // the rest is never read
 	eq(t, "sampling", u.sampling, []cuda.SampleParams{
 		{Temperature: 0.5, TopP: 0.9, MinP: 0.1, TopK: 40, Seed: 99, Pos: 6, Logprobs: -1},
 		{TopP: 1, Pos: 1, Logprobs: -1}, {TopP: 1, Pos: 9, Logprobs: -1}, {TopP: 1, Logprobs: -1},
