@@ -265,7 +265,10 @@ func TestStepsWithCacheOpsAllocateNothing(t *testing.T) {
 	if ops == 0 || released == 0 {
 		t.Fatalf("the measured steps carried %d cache ops and %d releases", ops, released)
 	}
-	if mallocs != 0 {
+	// An allocation in the steady path shows once per step or per admission: hundreds
+	// here. The runtime's background work (a GC cycle ending in the window) can add a
+	// stray one, which testing.AllocsPerRun's per-call average also absorbs.
+	if mallocs > 2 {
 		t.Fatalf("400 steps with %d cache ops and %d releases allocated %d times", ops, released, mallocs)
 	}
 }
