@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -302,6 +303,9 @@ func (r *Remote) Close() error {
 	return nil
 }
 
+// envPrefix matches a command line that starts with an environment assignment.
+var envPrefix = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_]*=`)
+
 // session is one connection to one runner process.
 type session struct {
 	fr     *FrameReader
@@ -332,7 +336,13 @@ func (r *Remote) start(ctx context.Context) (*session, error) {
 			inW.Close()
 			return nil, err
 		}
-		cmd := exec.Command("/bin/sh", "-c", "exec "+rest)
+		// exec: the shell becomes the runner, so the runner is the child the engine
+		// supervises and kills. Leading VAR=value words go through env, which exec takes.
+		line := "exec " + rest
+		if envPrefix.MatchString(rest) {
+			line = "exec env " + rest
+		}
+		cmd := exec.Command("/bin/sh", "-c", line)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, r.cfg.Stderr
 		err = cmd.Start()
 		inR.Close()

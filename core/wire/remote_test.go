@@ -281,6 +281,7 @@ func TestDialErrors(t *testing.T) {
 		{"tcp:1.2.3.4:5", "unknown scheme"},
 		{"unix:" + filepath.Join(t.TempDir(), "none.sock"), "connect to runner"},
 		{"exec:sh -c 'exit 3'", "exit status 3"},
+		{"exec:RESIN_X=1 sh -c 'exit $RESIN_X$RESIN_X'", "exit status 11"}, // env assignments lead the line
 		{"exec:echo not a frame", "handshake"},
 	} {
 		_, err := wire.Dial(context.Background(), wire.Config{Spec: c.spec, HandshakeTimeout: 5 * time.Second})
