@@ -40,6 +40,9 @@ func (d DType) String() string {
 // then ref.RMSNorm, the norm reading the stored (for bf16, rounded) residual.
 func (k *Kernels) AddRMSNorm(c *cudart.Ctx, s *cudart.Stream, dt DType, out, residual, x, w cudart.DevicePtr, rows, dim int, eps float32) error {
 	spec := &k.specs[kAddRMSNormF32]
+	if dt == BF16 {
+		spec = &k.specs[kAddRMSNormBF16]
+	}
 	if err := packAddRMSNorm(spec, dt, out, residual, x, w, rows, dim, eps); err != nil {
 		return err
 	}
@@ -152,6 +155,9 @@ type RopeKV struct {
 // RopeKV launches r.
 func (k *Kernels) RopeKV(c *cudart.Ctx, s *cudart.Stream, r RopeKV) error {
 	spec := &k.specs[kRopeKVBF16]
+	if r.DType == F32 {
+		spec = &k.specs[kRopeKVF32]
+	}
 	if err := r.pack(spec); err != nil {
 		return err
 	}

@@ -390,3 +390,17 @@ func TestNewKVSlabLayoutBF16(t *testing.T) {
 		t.Errorf("float32 layout %+v", f)
 	}
 }
+
+// BenchmarkPackLaunches is the host-side cost of one launch of every new kernel (eleven
+// launches: checks, geometry, parameters and their copy into cudart.Args), the part of
+// a step's kernel launches that runs before the driver call.
+func BenchmarkPackLaunches(b *testing.B) {
+	var k Kernels
+	b.ReportAllocs()
+	for b.Loop() {
+		packAll(b, &k)
+		for id := range numKernels {
+			k.specs[id].args.into(&k.args)
+		}
+	}
+}
