@@ -210,13 +210,18 @@ type AttentionBatch struct {
 	Pages     []uint32
 }
 
-// Work splitting of PagedAttentionBatch. A unit of work is one sequence's kv head over a
-// tile of attnTileQueries queries (all the query heads of the kv head's group, which read
-// the same keys). A sequence with at most attnSplitQueries queries (decode, a few drafts)
-// and a context over attnSplitKeys tokens also splits its keys into blocks of attnSplitKeys,
-// whose partial softmaxes are merged by their log-sum-exp. Variables, so tests can force
-// every path on small inputs.
+// Work splitting of PagedAttentionBatch. A sequence with at least attnGEMMQueries queries
+// (a prefill or a long chunk) runs as GEMMs: per kv head and tile of attnGEMMTile queries,
+// the scores of all the group's heads against the tile's keys in one MatMulT, their
+// softmax row by row on the worker pool, and the output in one MatMul. Any other sequence
+// runs as units of work on the pool: one kv head over a tile of attnTileQueries queries
+// (all the query heads of the kv head's group, which read the same keys). A sequence with
+// at most attnSplitQueries queries (decode, a few drafts) and a context over attnSplitKeys
+// tokens also splits its keys into blocks of attnSplitKeys, whose partial softmaxes are
+// merged by their log-sum-exp. Variables, so tests can force every path on small inputs.
 var (
+	attnGEMMQueries  = 64
+	attnGEMMTile     = 256
 	attnTileQueries  = 16
 	attnSplitQueries = 4
 	attnSplitKeys    = 512
@@ -266,6 +271,11 @@ func PagedAttentionBatch(out, q []float32, c *PagedKV, b *AttentionBatch, a Atte
 	}
 	parallelFor(&j.loop, j, len(j.units), 1)
 	j.merge()
+	for _, i := range j.gemmSeqs {
+		if err := j.gemm(i); err != nil {
+			return fmt.Errorf("ref.%s: sequence %d: %w", op, i, err)
+		}
+	}
 	return nil
 }
 
@@ -291,6 +301,10 @@ type attnJob struct {
 	scratch      [][]float64 // per participant: scores, then running max and sum per head
 	pm, pl       []float64   // per partial (query, head, split): max score and sum
 	po           []float32   // per partial: Σ exp(score − max)·v, [HeadDim]
+
+	gemmSeqs               []int       // the sequences that run as GEMMs
+	qg, kc, vc, s, og, inv []float32   // their scratch: see gemm
+	rows                   softmaxRows // their softmax, a task of the pool
 }
 
 // attnJobs keeps the jobs of finished calls for the next ones (one per concurrent call),
@@ -321,7 +335,7 @@ func putAttnJob(j *attnJob) {
 // plan checks every sequence's pages, resolves their offsets and lists the units.
 func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatch, a Attention) error {
 	j.out, j.q, j.c, j.b, j.a = out, q, c, b, a
-	j.units = j.units[:0]
+	j.units, j.gemmSeqs = j.units[:0], j.gemmSeqs[:0]
 	j.kBase = growInts(j.kBase, len(b.Pages))
 	j.vBase = growInts(j.vBase, len(b.Pages))
 	if n := parts(); len(j.scratch) < n {
@@ -356,6 +370,10 @@ func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatc
 			}
 			ko, vo, _ := c.offsets(op, b.Pages[p0+pg], 0, 0)
 			j.kBase[p0+pg], j.vBase[p0+pg] = ko, vo
+		}
+		if nq >= attnGEMMQueries {
+			j.gemmSeqs = append(j.gemmSeqs, i)
+			continue
 		}
 		splits := 1
 		if nq <= attnSplitQueries && ctxLen-lo > attnSplitKeys {
@@ -500,6 +518,92 @@ func (j *attnJob) merge() {
 				}
 			}
 		}
+	}
+}
+
+// gemm computes sequence i's attention with GEMMs, per kv head and tile of attnGEMMTile
+// queries: the tile's keys [klo, khi) and values gathered from their pages into kc, vc
+// ([nk, HeadDim]); the group's query rows into qg ([rows, HeadDim], row = query·group +
+// head); s = qg·kcᵀ ([rows, nk]); each row of s replaced by exp(Scale·s − max) over the
+// keys its query sees (0 elsewhere), its sum's inverse in inv; og = s·vc; out = og·inv.
+func (j *attnJob) gemm(i int) error {
+	c, a, b := j.c, j.a, j.b
+	d, pt, group := c.HeadDim, c.PageTokens, a.Heads/c.KVHeads
+	row0, nq, ctxLen := int(b.QueryStart[i]), int(b.QueryStart[i+1]-b.QueryStart[i]), int(b.CtxLen[i])
+	kBase, vBase := j.kBase[b.PageStart[i]:], j.vBase[b.PageStart[i]:]
+	kvStride := c.KVHeads * d
+	for kvh := range c.KVHeads {
+		for q0 := 0; q0 < nq; q0 += attnGEMMTile {
+			q1 := min(q0+attnGEMMTile, nq)
+			klo, khi := 0, ctxLen-nq+q1 // the last query sits at khi-1
+			if a.Window > 0 {
+				klo = max(0, ctxLen-nq+q0-a.Window+1)
+			}
+			nk, rows := khi-klo, (q1-q0)*group
+			j.qg, j.og = growFloat32s(j.qg, rows*d), growFloat32s(j.og, rows*d)
+			j.kc, j.vc = growFloat32s(j.kc, nk*d), growFloat32s(j.vc, nk*d)
+			j.s, j.inv = growFloat32s(j.s, rows*nk), growFloat32s(j.inv, rows)
+			for qi := q0; qi < q1; qi++ {
+				src := ((row0+qi)*a.Heads + kvh*group) * d
+				copy(j.qg[(qi-q0)*group*d:(qi-q0+1)*group*d], j.q[src:src+group*d])
+			}
+			for t := klo; t < khi; t++ {
+				ko := kBase[t/pt] + (t%pt)*kvStride + kvh*d
+				vo := vBase[t/pt] + (t%pt)*kvStride + kvh*d
+				copy(j.kc[(t-klo)*d:(t-klo+1)*d], c.K[ko:ko+d])
+				copy(j.vc[(t-klo)*d:(t-klo+1)*d], c.V[vo:vo+d])
+			}
+			if err := MatMulT(j.s, j.qg, j.kc, rows, d, nk); err != nil {
+				return err
+			}
+			j.rows = softmaxRows{j: j, p0: ctxLen - nq + q0, klo: klo, nk: nk, group: group}
+			parallelFor(&j.loop, &j.rows, rows, 8)
+			if err := MatMul(j.og, j.s, j.vc, rows, nk, d); err != nil {
+				return err
+			}
+			for r := range rows {
+				qi, h := q0+r/group, kvh*group+r%group
+				o := j.out[((row0+qi)*a.Heads+h)*d : ((row0+qi)*a.Heads+h+1)*d]
+				for x, v := range j.og[r*d : (r+1)*d] {
+					o[x] = v * j.inv[r]
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// softmaxRows turns rows of attnJob.gemm's scores into softmax weights, as a pool task.
+// Row r is query p0 + r/group's (its position) over keys klo.. (nk of them).
+type softmaxRows struct {
+	j                  *attnJob
+	p0, klo, nk, group int
+}
+
+func (sr *softmaxRows) run(_, lo, hi int) {
+	j := sr.j
+	scale := float64(j.a.Scale)
+	for r := lo; r < hi; r++ {
+		p := sr.p0 + r/sr.group
+		first := 0
+		if j.a.Window > 0 {
+			first = max(0, p-j.a.Window+1)
+		}
+		row := j.s[r*sr.nk : (r+1)*sr.nk]
+		a, b := first-sr.klo, p-sr.klo+1 // the keys the query sees: row[a:b]
+		mx := math.Inf(-1)
+		for _, v := range row[a:b] {
+			mx = max(mx, float64(v)*scale)
+		}
+		var sum float64
+		for t, v := range row[a:b] {
+			w := math.Exp(float64(v)*scale - mx)
+			sum += w
+			row[a+t] = float32(w)
+		}
+		clear(row[:a])
+		clear(row[b:])
+		j.inv[r] = float32(1 / sum)
 	}
 }
 

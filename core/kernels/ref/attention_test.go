@@ -277,11 +277,13 @@ func (bc *batchCase) serial(t *testing.T, a Attention) []float32 {
 }
 
 // withSplitting sets PagedAttentionBatch's work split for one test.
-func withSplitting(t *testing.T, tile, splitQueries, splitKeys int) {
+func withSplitting(t *testing.T, gemmQueries, gemmTile, tile, splitQueries, splitKeys int) {
 	t.Helper()
-	oldT, oldQ, oldK := attnTileQueries, attnSplitQueries, attnSplitKeys
-	attnTileQueries, attnSplitQueries, attnSplitKeys = tile, splitQueries, splitKeys
-	t.Cleanup(func() { attnTileQueries, attnSplitQueries, attnSplitKeys = oldT, oldQ, oldK })
+	oldGQ, oldGT, oldT, oldQ, oldK := attnGEMMQueries, attnGEMMTile, attnTileQueries, attnSplitQueries, attnSplitKeys
+	attnGEMMQueries, attnGEMMTile, attnTileQueries, attnSplitQueries, attnSplitKeys = gemmQueries, gemmTile, tile, splitQueries, splitKeys
+	t.Cleanup(func() {
+		attnGEMMQueries, attnGEMMTile, attnTileQueries, attnSplitQueries, attnSplitKeys = oldGQ, oldGT, oldT, oldQ, oldK
+	})
 }
 
 func TestPagedAttentionBatchMatchesSerial(t *testing.T) {
@@ -296,17 +298,19 @@ func TestPagedAttentionBatchMatchesSerial(t *testing.T) {
 		{"gqa-window", 2, 6, 8, 4, 7},
 	}
 	splits := []struct {
-		name                          string
-		tile, splitQueries, splitKeys int
+		name                                                 string
+		gemmQueries, gemmTile, tile, splitQueries, splitKeys int
 	}{
-		{"default", attnTileQueries, attnSplitQueries, attnSplitKeys},
-		{"small-tiles-and-key-splits", 3, 4, 5},
-		{"split-everything", 1, 1 << 20, 1},
+		{"default", attnGEMMQueries, attnGEMMTile, attnTileQueries, attnSplitQueries, attnSplitKeys},
+		{"small-tiles-and-key-splits", 1 << 20, 1, 3, 4, 5},
+		{"split-everything", 1 << 20, 1, 1, 1 << 20, 1},
+		{"gemm-from-2-queries-small-tiles", 2, 3, 3, 4, 5},
+		{"gemm-everything-one-tile", 1, 1 << 20, 1, 0, 1 << 20},
 	}
 	for _, sp := range splits {
 		for _, sh := range shapes {
 			t.Run(sp.name+"/"+sh.name, func(t *testing.T) {
-				withSplitting(t, sp.tile, sp.splitQueries, sp.splitKeys)
+				withSplitting(t, sp.gemmQueries, sp.gemmTile, sp.tile, sp.splitQueries, sp.splitKeys)
 				r := rand.New(rand.NewPCG(uint64(sh.heads), uint64(sp.tile)))
 				// Prefills, a chunk, decodes, a few drafts and an idle sequence together.
 				ctxs := []int{1, 17, 23, 9, 30, 12, 6}
@@ -328,11 +332,12 @@ func TestPagedAttentionBatchMatchesSerial(t *testing.T) {
 }
 
 // TestPagedAttentionBatchLongContext decodes on contexts long enough for the default
-// split of keys into blocks, with and without a sliding window.
+// split of keys into blocks, and prefills a chunk long enough for two default GEMM tiles,
+// with and without a sliding window.
 func TestPagedAttentionBatchLongContext(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
-	ctxs := []int{3 * attnSplitKeys / 2, 2*attnSplitKeys + 7, 40, attnSplitKeys + 1}
-	nqs := []int{1, 2, 1, 4}
+	ctxs := []int{3 * attnSplitKeys / 2, 2*attnSplitKeys + 7, 40, attnSplitKeys + 1, attnGEMMTile + 70}
+	nqs := []int{1, 2, 1, 4, attnGEMMTile + 30} // the last: a chunk of two GEMM tiles
 	bc := randomBatch(r, ctxs, nqs, 16, 2, 8, 32)
 	for _, window := range []int{0, attnSplitKeys / 3, attnSplitKeys + 100} {
 		a := Attention{Heads: 8, Scale: float32(1 / math.Sqrt(32)), Window: window}
@@ -368,9 +373,11 @@ func TestPagedAttentionBatchErrors(t *testing.T) {
 	}
 }
 
+// TestPagedAttentionBatchAllocatesNothing: decode steps (split keys included) allocate
+// nothing once the scratch has grown. (A prefill's GEMMs allocate what MatMul does.)
 func TestPagedAttentionBatchAllocatesNothing(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
-	bc := randomBatch(r, []int{700, 33, 64}, []int{1, 1, 64}, 16, 2, 8, 16)
+	bc := randomBatch(r, []int{700, 33, 64}, []int{1, 1, 3}, 16, 2, 8, 16)
 	a := Attention{Heads: 8, Scale: 0.25}
 	out := make([]float32, len(bc.q))
 	run := func() {
