@@ -202,6 +202,14 @@ func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	}
 	s.wbuf = frame
 	kind, payload, err := s.exchange(ctx, frame, r.cfg.StepTimeout)
+	if err != nil && ctx.Err() != nil {
+		// The engine is shutting down: the session is cut, nothing died.
+		r.sess = nil
+		s.kill()
+		r.needReset = r.forget != nil
+		r.setHealth(fmt.Errorf("%w: step %d cancelled: %w", ErrRunnerDown, plan.Step, context.Cause(ctx)))
+		return engine.StepResult{}, err
+	}
 	if err != nil {
 		return engine.StepResult{}, r.died(fmt.Errorf("step %d: %w", plan.Step, err))
 	}
