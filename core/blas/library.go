@@ -5,21 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"unsafe"
 
 	"github.com/ebitengine/purego"
 )
 
-// ErrNotCBLAS is returned by Open for a library that loads but exports no cblas_sgemm.
-var ErrNotCBLAS = errors.New("exports no cblas_sgemm/cblas_sgemv (nor scipy_cblas_sgemm): not a CBLAS")
-
-// CBLAS enum values (cblas.h).
-const (
-	rowMajor = 101
-	noTrans  = 111
-	trans    = 112
-)
+// ErrNotCBLAS is returned by Open for a library that loads but exports no cblas_sgemm (or
+// lacks the sgemm_/sgemv_ entry points every CBLAS library carries beside it).
+var ErrNotCBLAS = errors.New("exports no cblas_sgemm with sgemm_ and sgemv_ (nor their scipy_ names): not a CBLAS")
 
 // symbolPrefixes are tried in order on every library: plain CBLAS names, then the scipy_
 // prefix of PyPI's scipy-openblas32 wheel (scipy_cblas_sgemm, scipy_openblas_get_config).
@@ -35,11 +32,25 @@ type Library struct {
 	setThreads func(n int)
 	getThreads func() int
 
-	sgemm func(order, transA, transB, m, n, k int32, alpha float32, a *float32, lda int32,
-		b *float32, ldb int32, beta float32, c *float32, ldc int32)
-	sgemv func(order, transA, m, n int32, alpha float32, a *float32, lda int32,
-		x *float32, incx int32, beta float32, y *float32, incy int32)
+	// sgemm and sgemv are the library's Fortran-interface entry points (sgemm_, sgemv_):
+	// every argument is a pointer, so they are called through purego.SyscallN without
+	// reflection or allocation (cblas_sgemm passes alpha and beta in float registers,
+	// which only purego's reflective RegisterFunc can do, at ~12 allocations a call).
+	sgemm, sgemv uintptr
 }
+
+// blasCall holds one call's scalar arguments and argument list in memory that stays put
+// (a pooled heap object), and the operands, which keeps them alive for the call.
+type blasCall struct {
+	transA, transB     byte
+	m, n, k            int32
+	lda, ldb, ldc, inc int32
+	alpha, beta        float32
+	a, b, c            *float32
+	args               [15]uintptr
+}
+
+var calls = sync.Pool{New: func() any { return new(blasCall) }}
 
 // Open loads the library at path (a file, or a name the dynamic loader searches for) and
 // binds its cblas_sgemm and cblas_sgemv, plain or scipy_-prefixed, and its vendor's
@@ -59,21 +70,19 @@ func Open(path string) (*Library, error) {
 		}
 		return p
 	}
-	prefix, gemm := "", uintptr(0)
+	prefix, cblas := "", uintptr(0)
 	for _, p := range symbolPrefixes {
-		if gemm = sym(p + "cblas_sgemm"); gemm != 0 {
+		if cblas = sym(p + "cblas_sgemm"); cblas != 0 {
 			prefix = p
 			break
 		}
 	}
-	gemv := sym(prefix + "cblas_sgemv")
-	if gemm == 0 || gemv == 0 {
+	gemm, gemv := sym(prefix+"sgemm_"), sym(prefix+"sgemv_")
+	if cblas == 0 || gemm == 0 || gemv == 0 {
 		dlclose(h)
 		return nil, ErrNotCBLAS
 	}
-	l := &Library{Path: path, Vendor: "CBLAS", handle: h}
-	purego.RegisterFunc(&l.sgemm, gemm)
-	purego.RegisterFunc(&l.sgemv, gemv)
+	l := &Library{Path: path, Vendor: "CBLAS", handle: h, sgemm: gemm, sgemv: gemv}
 	if file := mappedFile(gemm); file != "" {
 		l.Path = file
 	}
@@ -176,22 +185,46 @@ func (l *Library) Sgemm(transB bool, m, n, k int, a, b, c []float32) error {
 		clear(c[:m*n])
 		return nil
 	}
-	if m == 1 {
-		// c[n] = op(b)·a: b is a [n, k] matrix (transB) or a [k, n] one to transpose.
-		// beta = 0 does not clear y in every CBLAS (0·NaN), so y starts at zero.
-		clear(c[:n])
-		if transB {
-			l.sgemv(rowMajor, noTrans, int32(n), int32(k), 1, &b[0], int32(k), &a[0], 1, 0, &c[0], 1)
-		} else {
-			l.sgemv(rowMajor, trans, int32(k), int32(n), 1, &b[0], int32(n), &a[0], 1, 0, &c[0], 1)
-		}
-		return nil
-	}
-	tb, ldb := int32(noTrans), int32(n)
+	// Column-major BLAS sees each row-major operand transposed, so it computes
+	// cᵀ[n, m] = op(b)ᵀ·aᵀ: b comes first, transposed when it is [n, k].
+	cl := calls.Get().(*blasCall)
+	cl.a, cl.b, cl.c = &a[0], &b[0], &c[0]
+	cl.alpha, cl.beta, cl.inc = 1, 0, 1
+	cl.m, cl.n, cl.k = int32(m), int32(n), int32(k)
+	cl.lda, cl.ldb, cl.ldc = int32(k), int32(n), int32(n)
+	cl.transA, cl.transB = 'N', 'N'
 	if transB {
-		tb, ldb = trans, int32(k)
+		cl.ldb = int32(k)
 	}
-	l.sgemm(rowMajor, noTrans, tb, int32(m), int32(n), int32(k), 1, &a[0], int32(k), &b[0], ldb, 0, &c[0], int32(n))
+	p := func(v unsafe.Pointer) uintptr { return uintptr(v) }
+	if m == 1 {
+		// c[n] = op(b)·a. beta = 0 does not clear y in every BLAS (0·NaN), so y starts at 0.
+		clear(c[:n])
+		rows, cols, trans := cl.n, cl.k, byte('N') // b as [k, n] is an n×k column-major matrix
+		if transB {
+			rows, cols, trans = cl.k, cl.n, 'T' // b as [n, k] is k×n column-major
+		}
+		cl.m, cl.n, cl.transA = rows, cols, trans
+		cl.args = [15]uintptr{p(unsafe.Pointer(&cl.transA)), p(unsafe.Pointer(&cl.m)), p(unsafe.Pointer(&cl.n)),
+			p(unsafe.Pointer(&cl.alpha)), p(unsafe.Pointer(cl.b)), p(unsafe.Pointer(&cl.m)),
+			p(unsafe.Pointer(cl.a)), p(unsafe.Pointer(&cl.inc)), p(unsafe.Pointer(&cl.beta)),
+			p(unsafe.Pointer(cl.c)), p(unsafe.Pointer(&cl.inc)), 1}
+		purego.SyscallN(l.sgemv, cl.args[:12]...)
+	} else {
+		if transB {
+			cl.transA = 'T'
+		}
+		cl.args = [15]uintptr{p(unsafe.Pointer(&cl.transA)), p(unsafe.Pointer(&cl.transB)),
+			p(unsafe.Pointer(&cl.n)), p(unsafe.Pointer(&cl.m)), p(unsafe.Pointer(&cl.k)), p(unsafe.Pointer(&cl.alpha)),
+			p(unsafe.Pointer(cl.b)), p(unsafe.Pointer(&cl.ldb)), p(unsafe.Pointer(cl.a)), p(unsafe.Pointer(&cl.lda)),
+			p(unsafe.Pointer(&cl.beta)), p(unsafe.Pointer(cl.c)), p(unsafe.Pointer(&cl.ldc)), 1, 1}
+		purego.SyscallN(l.sgemm, cl.args[:]...)
+	}
+	runtime.KeepAlive(a)
+	runtime.KeepAlive(b)
+	runtime.KeepAlive(c)
+	cl.a, cl.b, cl.c = nil, nil, nil
+	calls.Put(cl)
 	return nil
 }
 

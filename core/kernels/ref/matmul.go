@@ -9,10 +9,11 @@ import (
 	cblas "github.com/resin-llm/resin/core/blas"
 )
 
-// minBLASWork is the smallest product (m·k·n multiply-adds) that goes to the BLAS library:
-// below it the call into the library costs more than gonum's whole product
-// (BenchmarkMatMulTSmall: OpenBLAS overtakes gonum between 16³ and 24³).
-const minBLASWork = 20 * 20 * 20
+// minBLASWeight is the smallest b (k·n values) whose products go to the BLAS library, at
+// every m: the choice follows the weight, not the batch, so a row's result does not switch
+// backend with the number of rows beside it. Below it the call into the library costs
+// about as much as gonum's whole product (BenchmarkMatMulTSmall).
+const minBLASWeight = 64 * 64
 
 // MatMul computes out = a·b.
 //
@@ -30,7 +31,7 @@ func MatMulT(out, x, w []float32, m, k, n int) error {
 
 // GEMMBackend names what runs MatMul and MatMulT: the vendor of the BLAS library that
 // core/blas loaded ("OpenBLAS", "BLIS", "MKL", "CBLAS"), or "gonum" when there is none
-// (core/blas.Info says why). Products under minBLASWork run on gonum either way.
+// (core/blas.Info says why). Products with a b under minBLASWeight run on gonum either way.
 func GEMMBackend() string {
 	return cblas.Info().Vendor
 }
@@ -47,7 +48,7 @@ func gemm(op string, transB bool, out, a, b []float32, m, k, n int) error {
 		clear(out[:m*n])
 		return nil
 	}
-	if m*k*n >= minBLASWork {
+	if k*n >= minBLASWeight {
 		if lib := cblas.Default(); lib != nil {
 			if err := lib.Sgemm(transB, m, n, k, a, b, out); err != nil {
 				return fmt.Errorf("ref.%s: %w", op, err)

@@ -36,20 +36,22 @@ func BenchmarkMatMulTLlama(b *testing.B) {
 	}
 }
 
-// BenchmarkMatMulTSmall measures the products around minBLASWork, where the call into the
-// library starts to pay for itself; the library is called directly, whatever the size.
+// BenchmarkMatMulTSmall measures the products around minBLASWeight, where the call into
+// the library starts to pay for itself; the library is called directly, whatever the size.
 func BenchmarkMatMulTSmall(b *testing.B) {
 	lib := cblas.Default()
 	if lib == nil {
 		b.Skipf("no BLAS library: %s", cblas.Info().Fallback)
 	}
-	for _, d := range []int{4, 8, 12, 16, 20, 24, 32, 64} {
-		b.Run(fmt.Sprintf("%s/%dx%dx%d", lib.Vendor, d, d, d), func(b *testing.B) {
-			benchGEMM(b, func(out, x, w []float32) error { return lib.Sgemm(true, d, d, d, x, w, out) }, d, d, d)
-		})
-		b.Run(fmt.Sprintf("gonum/%dx%dx%d", d, d, d), func(b *testing.B) {
-			benchMatMulT(b, true, d, d, d)
-		})
+	for _, d := range []int{16, 32, 48, 64, 96} {
+		for _, m := range []int{1, d} {
+			b.Run(fmt.Sprintf("%s/m=%d_k=%d_n=%d", lib.Vendor, m, d, d), func(b *testing.B) {
+				benchGEMM(b, func(out, x, w []float32) error { return lib.Sgemm(true, m, d, d, x, w, out) }, m, d, d)
+			})
+			b.Run(fmt.Sprintf("gonum/m=%d_k=%d_n=%d", m, d, d), func(b *testing.B) {
+				benchMatMulT(b, true, m, d, d)
+			})
+		}
 	}
 }
 

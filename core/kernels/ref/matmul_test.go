@@ -12,7 +12,7 @@ import (
 )
 
 // gemmShapes covers degenerate, odd, GEMV-shaped and large products, below and above
-// minBLASWork.
+// minBLASWeight.
 var gemmShapes = [][3]int{ // m, k, n
 	{1, 1, 1}, {1, 0, 5}, {3, 0, 4}, {0, 7, 3}, {2, 3, 0},
 	{1, 7, 13}, {5, 9, 1}, {3, 5, 7}, {17, 33, 65}, {31, 1, 29},
