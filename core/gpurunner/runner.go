@@ -79,6 +79,7 @@ type Runner struct {
 	graphs  *cudart.GraphCache
 	failed  map[cudart.GraphKey]bool
 	noGraph bool
+	capture bool
 	log     io.Writer
 	res     engine.StepResult
 
@@ -88,7 +89,18 @@ type Runner struct {
 	Stats struct{ Graph, Eager, DeviceSampled, HostSampled int }
 }
 
-var _ engine.Runner = (*Runner)(nil)
+var (
+	_ engine.Runner            = (*Runner)(nil)
+	_ cpurunner.LogitsCapturer = (*Runner)(nil)
+)
+
+// CaptureLogits implements cpurunner.LogitsCapturer (`generate --logits-out`): every
+// later step brings the logits of all its token rows back and samples on the host. The
+// rows must fit the runner's logits rows (Options.Limits.MaxRows).
+func (r *Runner) CaptureLogits(fn func(cpurunner.LogitsRow)) {
+	r.cpu.CaptureLogits(fn)
+	r.capture = fn != nil
+}
 
 // ErrNoDevice reports that no GPU runner can start here: no driver, no GPU, or no CUDA
 // library; it wraps the cudart error that says which.
@@ -225,7 +237,7 @@ func (r *Runner) Info() engine.RunnerInfo { return r.info }
 
 // Execute runs one plan.
 func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
-	if !deviceSamples(plan) {
+	if r.capture || !deviceSamples(plan) {
 		r.Stats.HostSampled++
 		return r.cpu.Execute(ctx, plan)
 	}
