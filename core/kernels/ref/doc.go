@@ -10,9 +10,9 @@
 //
 // Conventions: every tensor is a row-major []float32; a shape [a, b, c] means element
 // (i, j, l) lives at index (i*b+j)*c+l. Operators write into out slices the caller owns and
-// allocate nothing, with two exceptions: a GEMM allocates a few small objects per call on
-// a BLAS library (purego's call: 10-12 allocs, 400 B) or when gonum splits it across
-// goroutines (MatMulT 64x512x512: 18 allocs, 2 KB),
+// allocate nothing (a GEMM on a BLAS library included), with two exceptions: a GEMM that
+// gonum splits across goroutines allocates a few small objects per call (MatMulT
+// 64x512x512: 18 allocs, 2 KB),
 // and KDAStep and KDAChunked allocate their per-call scratch (DV values; chunk×(DK+DV) and
 // DK×DV values).
 // A shape that does not match the slices, or an index out of range, is reported as an error

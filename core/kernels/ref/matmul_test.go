@@ -192,3 +192,25 @@ func TestMatMulConcurrent(t *testing.T) {
 		checkProduct(t, fmt.Sprintf("concurrent MatMulT/%s m=%d k=%d n=%d", GEMMBackend(), j.m, j.k, j.n), outs[i], j.exact, j.scale, j.k)
 	}
 }
+
+// TestMatMulOnBLASAllocatesNothing checks that a product routed to the library, decode-
+// and batch-shaped, allocates nothing, as the models' allocation-free steps need.
+func TestMatMulOnBLASAllocatesNothing(t *testing.T) {
+	if cblas.Default() == nil {
+		t.Skipf("no BLAS library: %s", cblas.Info().Fallback)
+	}
+	k, n := 128, 96 // k·n ≥ minBLASWeight
+	x, w, out := make([]float32, 8*k), make([]float32, n*k), make([]float32, 8*n)
+	for _, m := range []int{1, 8} {
+		if a := testing.AllocsPerRun(50, func() {
+			if err := MatMulT(out[:m*n], x[:m*k], w, m, k, n); err != nil {
+				t.Fatal(err)
+			}
+			if err := MatMul(out[:m*n], x[:m*k], w, m, k, n); err != nil {
+				t.Fatal(err)
+			}
+		}); a != 0 {
+			t.Errorf("m=%d: %v allocations per MatMulT+MatMul on %s", m, a, GEMMBackend())
+		}
+	}
+}
