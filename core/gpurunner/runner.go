@@ -200,7 +200,9 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	if !r.noGraph {
 		r.buckets.Decode = DecodeBuckets(lim.MaxSeqs)
 	}
-	if r.graphs, err = cudart.NewGraphCache(len(r.buckets.Decode)*2 + len(r.buckets.Prefill) + 1); err != nil {
+	// Room for every bucket with and without device sampling, and decode graphs of a
+	// second tokens-per-sequence variant, so that nothing is evicted in steady state.
+	if r.graphs, err = cudart.NewGraphCache(4*len(r.buckets.Decode) + 2*len(r.buckets.Prefill) + 1); err != nil {
 		return nil, nil, err
 	}
 	err = r.dev.Do(func(c *cudart.Ctx) error {
