@@ -14,10 +14,11 @@ import (
 	"github.com/resin-llm/resin/core/weights"
 )
 
-// Parity of the bf16 kernels with core/kernels/ref (go test -tags gpu, RESIN_GPU=1
-// scripts/gpu-check.sh). The reference runs in float32/float64 on the bf16-rounded inputs,
-// so the only differences are the kernel's float32 accumulation order and the rounding of
-// its bf16 outputs (2^-8 relative): outputs must be within bf16Tol·(1+|ref|).
+// Parity of the bf16 kernels with core/kernels/ref (go test -tags gpu ./core/kernels/cuda;
+// scripts/gpu-check.sh runs them). The reference runs in float32/float64 on the
+// bf16-rounded inputs, so the only differences are the kernel's float32 accumulation
+// order and the rounding of its bf16 outputs (2^-8 relative): outputs must be within
+// bf16Tol·(1+|ref|).
 const bf16Tol = 1.6e-2
 
 // roundBF16 rounds x to bf16 values in place and returns their bits.
