@@ -195,6 +195,14 @@ func TestAsyncEqualsSync(t *testing.T) {
 				if async && rc.MaxDrafts == 0 && pending == 0 {
 					t.Fatal("no plan was built ahead")
 				}
+				c := h.e.Counters()
+				t.Logf("async %v: preemptions %d, prefix hits %d, drafts %d/%d", async, c.Preemptions, c.PrefixHits, c.DraftsAccepted, c.DraftsProposed)
+				if c.PrefixHits == 0 {
+					// The second wave of requests sharing a prompt head is admitted after
+					// the first has committed it (sliding windows included: their blocks
+					// stay until committed, kvslab.ReserveInFlight).
+					t.Fatalf("async %v: no prefix hit", async)
+				}
 				h.checkWhole()
 			}
 			for i := range outs[0] {

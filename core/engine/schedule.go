@@ -557,7 +557,9 @@ func (s *Scheduler) reserve(r *request, need int) error {
 		target = (need + s.bt - 1) / s.bt * s.bt
 	}
 	r.tablesGen = 0
-	if err := s.pool.Reserve(r.seq, target-r.reserved); err != nil {
+	// Tokens of a plan in flight are not committed yet: their sliding-window blocks stay
+	// until Update commits them.
+	if err := s.pool.ReserveInFlight(r.seq, target-r.reserved, r.aheadN); err != nil {
 		return err
 	}
 	r.reserved = target

@@ -1,6 +1,7 @@
 package kvslab
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -187,5 +188,42 @@ func TestCommitAfterWindowReleaseCachesNothing(t *testing.T) {
 	}
 	if s := p.Stats(); s.CachedBlocks != 1 {
 		t.Fatalf("%d blocks cached, want block 2 only", s.CachedBlocks)
+	}
+}
+
+// ReserveInFlight keeps the sliding-window blocks of the tokens still in flight until a
+// later Reserve, after they were committed, releases them into the prefix cache.
+func TestReserveInFlightKeepsUncommittedWindowBlocks(t *testing.T) {
+	win := GroupSpec{Name: "swa", Kind: SlidingWindow, Layers: 1, BytesPerToken: 4, PageTokens: 4, Window: 4}
+	p := newPool(t, 64, 512, win)
+	toks := seqTokens(2, 20)
+	a, _ := open(t, p, nil)
+	reserve(t, p, a, 4)
+	if err := p.Commit(a, toks[:4]); err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, p, a, 8)                                // tokens 4..11: a step in flight
+	if err := p.ReserveInFlight(a, 4, 8); err != nil { // the next step, built while it runs
+		t.Fatal(err)
+	}
+	// Reserve would release blocks 0 and 1 (behind token 12's window, 9..12); token 4,
+	// the first in flight, still sees block 0, and blocks 1 and 2 are not committed.
+	if tb := p.PageTable(a, 0); len(tb) != 4 || slices.Contains(tb, NoPage) {
+		t.Fatalf("page table %s, want four pages", fmtTable(tb))
+	}
+	if err := p.Commit(a, toks[:12]); err != nil { // the step in flight finished
+		t.Fatal(err)
+	}
+	if err := p.Reserve(a, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.Stats(); s.CachedBlocks != 3 {
+		t.Fatalf("%d blocks cached, want 0..2", s.CachedBlocks)
+	}
+	if err := p.ReserveInFlight(a, 1, 99); err == nil {
+		t.Fatal("more tokens in flight than the sequence holds: no error")
 	}
 }

@@ -155,21 +155,29 @@ func (p *Pool) Open(prompt []int32) (SeqID, int, error) {
 // and returns ErrNoSpace. It first releases the sliding-window pages that the next token can
 // no longer see. A recurrent group gets a checkpoint page for each block end the n tokens
 // reach (the last Checkpoints of them) and lets go of older checkpoints beyond its quota.
-func (p *Pool) Reserve(seq SeqID, n int) error {
+func (p *Pool) Reserve(seq SeqID, n int) error { return p.ReserveInFlight(seq, n, 0) }
+
+// ReserveInFlight is Reserve for a sequence whose last inFlight tokens are still being
+// computed by a step that has not finished (an engine that builds step N+1 while N
+// runs): sliding-window pages are released only behind the window of the first of
+// them, so that the blocks that step completes keep their pages until they are
+// committed to the prefix cache (a later Reserve releases them, cached).
+func (p *Pool) ReserveInFlight(seq SeqID, n, inFlight int) error {
 	s, err := p.seq(seq)
 	if err != nil {
 		return err
 	}
-	if n < 0 {
-		return fmt.Errorf("kvslab: reserve %d tokens: count is negative", n)
+	if n < 0 || inFlight < 0 || inFlight > s.length {
+		return fmt.Errorf("kvslab: reserve %d tokens with %d in flight of %d", n, inFlight, s.length)
 	}
 	if n == 0 {
 		return nil
 	}
 	for g, spec := range p.specs {
 		if spec.Kind == SlidingWindow {
-			p.releaseBlocks(s, g, s.held[g], min(p.windowStart(g, s.length), len(s.tables[g])))
-			s.held[g] = max(s.held[g], p.windowStart(g, s.length))
+			w := p.windowStart(g, s.length-inFlight)
+			p.releaseBlocks(s, g, s.held[g], min(w, len(s.tables[g])))
+			s.held[g] = max(s.held[g], w)
 		}
 	}
 	end := s.length + n
