@@ -231,7 +231,7 @@ func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, e
 		return nil, nil, fmt.Errorf("tensor %s is not read by glm-demo (unexpected in a glm5_next text checkpoint)", n)
 	}
 	if ignored > 0 {
-		notes = append(notes, fmt.Sprintf("%d vision-tower tensors and MTP copies of embed_tokens ignored by the text model", ignored))
+		notes = append(notes, fmt.Sprintf("%d tensors ignored by the text model: the vision tower's, and embed_tokens or hc_head copies under the MTP layer (it shares the embedding and has no mHC streams)", ignored))
 	}
 	if w.mtp == nil {
 		notes = append(notes, "no MTP layer (layers.{num_hidden_layers}.eh_proj): speculative decoding with MTP drafts is unavailable")

@@ -89,9 +89,9 @@ func goldenLogits(t *testing.T, dir string) []float32 {
 	return runSplits(t, m, toks, len(toks))
 }
 
-// TestTextLoadForms checks that a sharded checkpoint, bf16 weights, and the vision tower
-// and an embed_tokens copy under the MTP layer beside the text weights all load (the
-// latter two ignored with a note).
+// TestTextLoadForms checks that a sharded checkpoint, bf16 weights, and the vision tower,
+// an embed_tokens copy and an hc_head under the MTP layer beside the text weights all load
+// (the latter three ignored with a note).
 func TestTextLoadForms(t *testing.T) {
 	src := filepath.Join("testdata", "parity", "module")
 	ts, cfg := goldenTensors(t, src)
@@ -100,7 +100,8 @@ func TestTextLoadForms(t *testing.T) {
 	for n, x := range ts {
 		extra[n] = x
 	}
-	for _, n := range []string{"model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.6.embed_tokens.weight"} {
+	for _, n := range []string{"model.visual.blocks.0.attn.qkv.weight", "model.language_model.layers.6.embed_tokens.weight",
+		"model.language_model.layers.6.hc_head_fn"} {
 		x, _ := weights.NewTensor(n, weights.F32, []int{2, 2}, []float32{1, 2, 3, 4})
 		extra[n] = x
 	}
@@ -109,7 +110,7 @@ func TestTextLoadForms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(m.Config.Notes, "; "), "2 vision-tower tensors and MTP copies of embed_tokens ignored") {
+	if !strings.Contains(strings.Join(m.Config.Notes, "; "), "3 tensors ignored by the text model") {
 		t.Errorf("notes %q", m.Config.Notes)
 	}
 	if d, _ := runnertest.MaxAbsDiff(goldenLogits(t, dir), want); d != 0 {
