@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -73,7 +74,7 @@ func (f *DeviceFlags) SetEngineLimits(cfg engine.Config) {
 
 // GPUOptions are the gpurunner options of the flags: the GPU, NUMA binding, graph mode,
 // the engine's limits, an upload progress line on a terminal and notes to log.
-func (f *DeviceFlags) GPUOptions(log *os.File) gpurunner.Options {
+func (f *DeviceFlags) GPUOptions(log io.Writer) gpurunner.Options {
 	return gpurunner.Options{Ordinal: f.GPU, NUMA: f.NUMA, Eager: f.Eager, Limits: f.limits,
 		Progress: weights.TerminalProgress(), Log: log}
 }
