@@ -31,7 +31,7 @@ type PagedBatch struct {
 	PageTableStart cudart.DevicePtr // [Batch+1] int32: GroupPlan.PageTableStart
 	PageTable      cudart.DevicePtr // uint32 kvslab page ids: GroupPlan.PageTable
 	Layout         KVSlabLayout     // in bf16 elements (NewKVSlabLayoutOf(BF16, ...) or PackedKV)
-	Batch          int              // sequences
+	Batch          int              // sequences; one without queries (a graph bucket's padding) is skipped
 	Tokens         int              // query tokens: QueryStart[Batch]
 	Heads          int
 	KVHeads        int
@@ -55,8 +55,6 @@ func (p *PagedBatch) check(op string) error {
 		return fmt.Errorf("cuda.%s: negative window %d", op, p.Window)
 	case p.QStride != 0 && (p.QStride < p.Heads*p.HeadDim || p.QStride%2 != 0):
 		return fmt.Errorf("cuda.%s: query row stride %d must be even and at least %d", op, p.QStride, p.Heads*p.HeadDim)
-	case p.Batch > p.Tokens:
-		return fmt.Errorf("cuda.%s: %d sequences but %d query tokens (each sequence has at least one)", op, p.Batch, p.Tokens)
 	case p.Batch > 1<<16-1:
 		return fmt.Errorf("cuda.%s: batch %d must be below 65536 (grid y)", op, p.Batch)
 	}

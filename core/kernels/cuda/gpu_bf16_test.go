@@ -325,7 +325,7 @@ func (b *attnBatch) upload(g *dev, c *bf16Cache, arena cudart.DevicePtr, heads i
 func TestGPUPrefillAttention(t *testing.T) {
 	d, k := openKernels(t)
 	// Head dim 36 puts key rows off 16 bytes: the kernels' 4-byte load path.
-	seqs := []attnSeq{{0, 37}, {50, 20}, {100, 1}, {1300, 1}, {0, 1}, {16, 16}, {200, 300}}
+	seqs := []attnSeq{{0, 37}, {50, 20}, {100, 1}, {40, 0}, {1300, 1}, {0, 1}, {16, 16}, {200, 300}} // {40, 0}: padding
 	for _, shape := range []struct{ heads, kvHeads, headDim int }{{8, 2, 128}, {4, 4, 64}, {12, 2, 80}, {4, 1, 256}, {4, 2, 36}} {
 		for _, window := range []int{0, 100} {
 			c := newBF16Cache(41, 2, 1, 16, shape.kvHeads, shape.headDim, 8, 40)
@@ -367,7 +367,7 @@ func TestGPUPrefillAttention(t *testing.T) {
 // to 16 query heads, against ref.PagedAttention; prompt rows in the batch are skipped.
 func TestGPUDecodeAttention(t *testing.T) {
 	d, k := openKernels(t)
-	seqs := []attnSeq{{0, 1}, {32, 1}, {699, 1}, {4999, 1}, {10, 5}, {255, 1}}
+	seqs := []attnSeq{{0, 1}, {32, 1}, {699, 1}, {4999, 1}, {10, 5}, {40, 0}, {255, 1}}
 	for _, shape := range []struct{ heads, kvHeads, headDim int }{{8, 8, 128}, {32, 8, 128}, {16, 1, 64}, {28, 4, 128}, {8, 2, 256}, {6, 2, 36}} {
 		for _, window := range []int{0, 700} {
 			c := newBF16Cache(51, 1, 0, 16, shape.kvHeads, shape.headDim, 16, 40)
