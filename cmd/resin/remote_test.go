@@ -531,3 +531,50 @@ func TestPythonRunnerSampling(t *testing.T) {
 		}
 	}
 }
+
+// TestTorchRunnerMatchesGo: the PyTorch variant (resin_runner.llama_torch) generates the Go
+// runner's greedy tokens, with prefix hits and preemption. It needs a Python with torch:
+// $RESIN_TORCH_PYTHON or .cache/torch-venv (not installed by CI; the test skips without).
+func TestTorchRunnerMatchesGo(t *testing.T) {
+	py := os.Getenv("RESIN_TORCH_PYTHON")
+	if py == "" {
+		py = filepath.Join("..", "..", ".cache", "torch-venv", "bin", "python")
+	}
+	if out, err := exec.Command(py, "-c", "import torch, numpy").CombinedOutput(); err != nil {
+		t.Skipf("no Python with torch and numpy at %s (set RESIN_TORCH_PYTHON): %v %s", py, err, out)
+	}
+	py, _ = filepath.Abs(py)
+	src, _ := filepath.Abs(filepath.Join("..", "..", "python"))
+	t.Setenv("PYTHONPATH", src)
+	dir := llamaCheckpoint(t)
+	cfg := engine.Config{MaxBatchTokens: 512, MaxSeqs: 8, CacheBytes: pageBudget}
+	ge := goLlama(t, dir, cfg)
+	r, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:" + py + " -m resin_runner.llama_torch --weights " + dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	te := runEngine(t, r, cfg)
+	rng := rand.New(rand.NewPCG(11, 12))
+	shared := randomPrompt(rng, nil, 36)
+	var jobs []genJob
+	for i := range 10 {
+		if i%2 == 0 {
+			jobs = append(jobs, genJob{randomPrompt(rng, shared, 3+rng.IntN(10)), 40})
+		} else {
+			jobs = append(jobs, genJob{randomPrompt(rng, nil, 5+rng.IntN(30)), 40})
+		}
+	}
+	// The first two fill the prefix cache, the rest hit it.
+	for _, wave := range [][]genJob{jobs[:2], jobs[2:]} {
+		want, got := generate(t, ge, wave), generate(t, te, wave)
+		for i := range wave {
+			if !slices.Equal(got[i], want[i]) {
+				t.Fatalf("job %d: the torch runner generated %v, the Go runner %v", i, got[i], want[i])
+			}
+		}
+	}
+	if c := te.Counters(); c.PrefixHits == 0 || c.Preemptions == 0 {
+		t.Fatalf("%d prefix hits, %d preemptions; the test needs both", c.PrefixHits, c.Preemptions)
+	}
+}
