@@ -1,0 +1,114 @@
+"""Mutated and random inputs make the decoders raise WireError, never another exception,
+and the serve loop answers a protocol error instead of crashing."""
+
+import io
+import random
+import struct
+import unittest
+
+from resin_runner import wire
+from resin_runner.runner import Runner, StepFailed, serve
+
+from .test_golden import fixture, payload_of
+
+
+class Mutations(unittest.TestCase):
+    def test_mutated_steps(self):
+        rng = random.Random(1)
+        first = payload_of(fixture("step1")[0], wire.KIND_STEP)
+        base = payload_of(fixture("step2")[0], wire.KIND_STEP)
+        for _ in range(3000):
+            b = bytearray(base)
+            for _ in range(rng.randint(1, 4)):
+                i = rng.randrange(len(b))
+                b[i] = rng.choice([0, 0xFF, rng.randrange(256), b[i] ^ (1 << rng.randrange(8))])
+            tables = wire.Tables()
+            tables.decode_step(first)
+            try:
+                plan = tables.decode_step(bytes(b))
+            except wire.WireError:
+                continue
+            self.assertEqual(len(plan.page_tables[0]), plan.num_seqs)
+
+    def test_mutated_messages(self):
+        rng = random.Random(2)
+        decoders = {"info": wire.decode_info, "result": wire.decode_result, "error": wire.decode_error, "hello": wire.decode_hello}
+        kinds = {"info": wire.KIND_INFO, "result": wire.KIND_RESULT, "error": wire.KIND_ERROR, "hello": wire.KIND_HELLO}
+        for name, dec in decoders.items():
+            base = payload_of(fixture(name)[0], kinds[name])
+            for _ in range(1500):
+                b = bytearray(base)
+                i = rng.randrange(len(b))
+                b[i] = rng.randrange(256)
+                cut = rng.choice([len(b), rng.randrange(len(b) + 1)])
+                try:
+                    dec(bytes(b[:cut]))
+                except wire.WireError:
+                    pass
+
+
+class Echo(Runner):
+    def info(self):
+        return wire.RunnerInfo("echo", 100, 64, [2], [wire.CacheGroup("kv", wire.KIND_FULL, 1, 4, 16)])
+
+    def execute(self, plan):
+        if plan.step == 2:
+            raise StepFailed("no step 2 today")
+        r = wire.StepResult(num_next_drafts=[0] * plan.num_seqs)
+        for i in range(plan.num_seqs):
+            lo, hi = plan.logits_start[i], plan.logits_start[i + 1]
+            r.accepted.append(1 if hi > lo else 0)
+            if hi > lo:
+                r.tokens.append(int(plan.tokens[plan.logits_indices[hi - 1]]))
+        return r
+
+
+def frames(b: bytes):
+    s = io.BytesIO(b)
+    out = []
+    while (f := wire.read_frame(s)) is not None:
+        out.append(f)
+    return out
+
+
+class ServeLoop(unittest.TestCase):
+    def run_loop(self, inp: bytes):
+        out = io.BytesIO()
+        code = serve(Echo(), io.BytesIO(inp), out)
+        return code, frames(out.getvalue())
+
+    def test_session(self):
+        hello = wire.encode_hello(wire.Hello())
+        step1, step2 = fixture("step1")[0], fixture("step2")[0]
+        code, got = self.run_loop(hello + step1 + step2 + wire.encode_shutdown())
+        self.assertEqual(code, 0)
+        self.assertEqual([k for k, _ in got], [wire.KIND_INFO, wire.KIND_RESULT, wire.KIND_ERROR])
+        step, res = wire.decode_result(got[1][1])
+        self.assertEqual((step, res.tokens), (1, [13, 99]))
+        # Step 2 carries a page copy, which a runner without a cache refuses (its requests
+        # fail, the session goes on).
+        step, code_, msg = wire.decode_error(got[2][1])
+        self.assertEqual((step, code_), (2, wire.CODE_STEP_FAILED))
+        self.assertIn("cache operations", msg)
+
+    def test_wrong_version(self):
+        h = bytearray(wire.encode_hello(wire.Hello()))
+        struct.pack_into("<H", h, 9, 7)
+        code, got = self.run_loop(bytes(h))
+        self.assertEqual(code, 2)
+        self.assertEqual(got[0][0], wire.KIND_ERROR)
+        self.assertIn("version", wire.decode_error(got[0][1])[2])
+
+    def test_step_before_hello(self):
+        code, got = self.run_loop(fixture("step1")[0])
+        self.assertEqual(code, 2)
+        self.assertEqual(wire.decode_error(got[0][1])[1], wire.CODE_PROTOCOL)
+
+    def test_oversize_frame(self):
+        code, got = self.run_loop(wire.encode_hello(wire.Hello()) + struct.pack("<IB", 1 << 31, 3))
+        self.assertEqual(code, 2)
+        self.assertIn("limit", wire.decode_error(got[-1][1])[2])
+
+
+if __name__ == "__main__":
+    unittest.main()
