@@ -16,15 +16,21 @@ type Model struct {
 	W      *Weights
 	rope   *ref.RopeTable
 
-	x, h, q, k, v, att, o, gate, up, rows []float32
-	pages                                 []uint32
+	x, h, qkv, q, k, v, att, o, gateUp, act, rows []float32
+	batch                                         ref.AttentionBatch
+	ctxLen                                        []int32
+	pages                                         []uint32
 }
 
-// NewModel prepares a model for contexts up to maxContext tokens.
+// NewModel prepares a model for contexts up to maxContext tokens. It lays w's projections
+// out as the forward's GEMMs read them (Layer.fuse): the values do not change.
 func NewModel(c *Config, w *Weights, maxContext int) (*Model, error) {
 	rope, err := c.RopeTable(maxContext)
 	if err != nil {
 		return nil, err
+	}
+	for l := range w.Layers {
+		w.Layers[l].fuse()
 	}
 	return &Model{Config: c, W: w, rope: rope}, nil
 }
@@ -61,25 +67,32 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 		return *b
 	}
 	x, h := grow(&m.x, t*hd), grow(&m.h, t*hd)
+	qkv := grow(&m.qkv, t*(qd+2*kvd))
 	q, k, v := grow(&m.q, t*qd), grow(&m.k, t*kvd), grow(&m.v, t*kvd)
 	att, o := grow(&m.att, t*qd), grow(&m.o, t*hd)
-	gate, up := grow(&m.gate, t*inter), grow(&m.up, t*inter)
+	gateUp, act := grow(&m.gateUp, t*2*inter), grow(&m.act, t*inter)
 	slots := plan.Groups[0].SlotMapping
 	attn := ref.Attention{Heads: nh, Scale: float32(1 / math.Sqrt(float64(d))), Window: c.Window}
+	batch := m.attentionBatch(plan)
 
 	if err := ref.Embedding(x, w.Embed, plan.Tokens, hd); err != nil {
 		return fmt.Errorf("forward: %w", err)
 	}
 	for l := range w.Layers {
 		lw := &w.Layers[l]
+		// One GEMM for q, k and v of every token, then each row split three ways.
 		err := firstErr(
 			ref.RMSNorm(h, x, lw.AttnNorm, t, hd, eps),
-			ref.MatMulT(q, h, lw.Q, t, hd, qd),
-			ref.MatMulT(k, h, lw.K, t, hd, kvd),
-			ref.MatMulT(v, h, lw.V, t, hd, kvd),
+			ref.MatMulT(qkv, h, lw.QKV, t, hd, qd+2*kvd),
 		)
 		if err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
+		}
+		for r := range t {
+			row := qkv[r*(qd+2*kvd) : (r+1)*(qd+2*kvd)]
+			copy(q[r*qd:(r+1)*qd], row[:qd])
+			copy(k[r*kvd:(r+1)*kvd], row[qd:qd+kvd])
+			copy(v[r*kvd:(r+1)*kvd], row[qd+kvd:])
 		}
 		addBias(q, lw.QBias, t)
 		addBias(k, lw.KBias, t)
@@ -96,20 +109,8 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 		); err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
 		}
-		for i := 0; i < plan.NumSeqs(); i++ {
-			a, b := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
-			if a == b {
-				continue
-			}
-			pt := plan.PageTableOf(0, i)
-			m.pages = m.pages[:0]
-			for _, p := range pt {
-				m.pages = append(m.pages, uint32(p))
-			}
-			ctxLen := int(plan.Computed[i]) + b - a
-			if err := ref.PagedAttention(att[a*qd:b*qd], q[a*qd:b*qd], &kv.Layers[l], m.pages, ctxLen, b-a, attn); err != nil {
-				return fmt.Errorf("forward: layer %d, sequence %d: %w", l, i, err)
-			}
+		if err := ref.PagedAttentionBatch(att, q, &kv.Layers[l], batch, attn); err != nil {
+			return fmt.Errorf("forward: layer %d: %w", l, err)
 		}
 		if err := ref.MatMulT(o, att, lw.O, t, qd, hd); err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
@@ -118,10 +119,9 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 		err = firstErr(
 			ref.Add(x, x, o),
 			ref.RMSNorm(h, x, lw.MLPNorm, t, hd, eps),
-			ref.MatMulT(gate, h, lw.Gate, t, hd, inter),
-			ref.MatMulT(up, h, lw.Up, t, hd, inter),
-			ref.SiLUMulSplit(gate, gate, up, t, inter),
-			ref.MatMulT(o, gate, lw.Down, t, inter, hd),
+			ref.MatMulT(gateUp, h, lw.GateUp, t, hd, 2*inter),
+			ref.SiLUMul(act, gateUp, t, inter),
+			ref.MatMulT(o, act, lw.Down, t, inter, hd),
 			ref.Add(x, x, o),
 		)
 		if err != nil {
@@ -140,6 +140,22 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 		return fmt.Errorf("forward: head: %w", err)
 	}
 	return nil
+}
+
+// attentionBatch lays out the plan's sequences for ref.PagedAttentionBatch, once for all
+// layers: each sequence's queries, its context (computed tokens plus the new ones) and its
+// page table in group 0.
+func (m *Model) attentionBatch(plan *engine.BatchPlan) *ref.AttentionBatch {
+	g := &plan.Groups[0]
+	m.ctxLen, m.pages = m.ctxLen[:0], m.pages[:0]
+	for i := range plan.NumSeqs() {
+		m.ctxLen = append(m.ctxLen, plan.Computed[i]+plan.QueryStart[i+1]-plan.QueryStart[i])
+	}
+	for _, p := range g.PageTable {
+		m.pages = append(m.pages, uint32(p))
+	}
+	m.batch = ref.AttentionBatch{QueryStart: plan.QueryStart, CtxLen: m.ctxLen, PageStart: g.PageTableStart, Pages: m.pages}
+	return &m.batch
 }
 
 // addBias adds bias to each of the rows of x; a nil bias adds nothing.

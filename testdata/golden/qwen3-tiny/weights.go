@@ -21,6 +21,27 @@ type Layer struct {
 	OBias               []float32 // [hidden]
 	QNorm, KNorm        []float32 // [headDim]
 	Gate, Up, Down      []float32 // [inter, hidden] ×2, [hidden, inter]
+
+	// QKV and GateUp hold Q, K, V and Gate, Up back to back, so that each is one GEMM over
+	// all of a step's tokens; Q, K, V, Gate and Up are views of them (see fuse).
+	QKV    []float32 // [(heads + 2·kvHeads)·headDim, hidden]
+	GateUp []float32 // [2·inter, hidden]
+}
+
+// fuse lays the layer's projections out as the forward's GEMMs read them: Q, K, V in one
+// matrix and Gate, Up in another, the separate fields becoming views of them. It changes
+// no value and does nothing the second time.
+func (l *Layer) fuse() {
+	if l.QKV == nil {
+		l.QKV = slices.Concat(l.Q, l.K, l.V)
+		q, k := len(l.Q), len(l.K)
+		l.Q, l.K, l.V = l.QKV[:q:q], l.QKV[q:q+k:q+k], l.QKV[q+k:]
+	}
+	if l.GateUp == nil {
+		l.GateUp = slices.Concat(l.Gate, l.Up)
+		g := len(l.Gate)
+		l.Gate, l.Up = l.GateUp[:g:g], l.GateUp[g:]
+	}
 }
 
 // Weights holds every parameter of the model.
