@@ -15,6 +15,9 @@ func (e *Engine) ForgetCache() {
 	for len(s.running) > 0 {
 		s.preempt(s.running[len(s.running)-1]) // newest first: the oldest ends up in front
 	}
+	// The page copies not yet retired copy pages the runner no longer holds; their
+	// sources, held until then, would stay cached through ClearCache.
+	s.pool.DropCopies()
 	s.pool.ClearCache()
 	e.afterChange()
 }

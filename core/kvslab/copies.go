@@ -52,6 +52,17 @@ func (p *Pool) RetireCopies(n int) error {
 // any copy recorded since.
 func (p *Pool) ReissueCopies() { p.taken = 0 }
 
+// DropCopies forgets every copy recorded and not retired, taken or not, and lets go of
+// their sources: for a runner that lost its cache (a restarted process), for which no
+// pending copy means anything any more. Call ClearCache after it to empty the prefix
+// cache of the pages the copies held.
+func (p *Pool) DropCopies() {
+	for _, c := range p.copies {
+		p.release(c.Group, c.Src)
+	}
+	p.copies, p.taken = p.copies[:0], 0
+}
+
 // PendingCopies is the number of copies recorded and not yet retired.
 func (p *Pool) PendingCopies() int { return len(p.copies) }
 

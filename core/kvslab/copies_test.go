@@ -227,3 +227,36 @@ func TestReserveInFlightKeepsUncommittedWindowBlocks(t *testing.T) {
 		t.Fatal("more tokens in flight than the sequence holds: no error")
 	}
 }
+
+// DropCopies lets go of every pending copy's source, so that ClearCache empties the cache.
+func TestDropCopies(t *testing.T) {
+	rec := GroupSpec{Name: "state", Kind: Recurrent, Layers: 1, BytesPerToken: 16, PageTokens: 4, Checkpoints: 2}
+	p := newPool(t, 64, 1024, full("kv", 4), rec)
+	p.DeferCopies(true)
+	toks := seqTokens(1, 9)
+	a, _ := open(t, p, nil)
+	reserve(t, p, a, 9)
+	if err := p.Commit(a, toks); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := open(t, p, toks[:8])
+	p.TakeCopies(nil) // b's restore is taken (its step runs), c's below is not
+	c, _ := open(t, p, toks[:8])
+	for _, s := range []SeqID{a, b} {
+		if err := p.Free(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.PendingCopies() != 2 {
+		t.Fatalf("%d copies pending, want b's and c's", p.PendingCopies())
+	}
+	p.DropCopies()
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Free(c); err != nil {
+		t.Fatal(err)
+	}
+	p.ClearCache()
+	wantWhole(t, p)
+}
