@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# scripts/check-kernels.sh: compile every CUDA kernel for Hopper on a machine without a GPU,
+# scripts/check-kernels.sh: compile every CUDA kernel for Hopper and Blackwell on a machine without a GPU,
 # and report registers, spills and shared memory per kernel.
 #
 #   scripts/check-kernels.sh [auto|nvrtc|clang|both] [DIR...]
 #
 #   auto (default)  NVRTC if found, else clang-16
-#   nvrtc           NVRTC only (core/cudart's binding): sm_90a cubin and PTX
+#   nvrtc           NVRTC only (core/cudart's binding): sm_90a and sm_100a cubins and PTX
 #   clang           clang-16 only (-nocudainc -nocudalib, sm_90, PTX 7.8)
 #   both
 #
@@ -76,7 +76,7 @@ for i in "${!srcs[@]}"; do args+=("${labels[$i]}=${srcs[$i]}"); done
 # The checks themselves are core/kernels/kernelcheck's, through its command: it exits 3
 # when the compiler is not installed, 1 when a kernel fails to compile, warns or spills.
 go build -o "$work/kernelcheck" ./core/kernels/kernelcheck/cmd/kernelcheck
-run_nvrtc() { "$work/kernelcheck" -compiler nvrtc -arch sm_90a "${args[@]}"; }
+run_nvrtc() { "$work/kernelcheck" -compiler nvrtc -arch sm_90a,sm_100a "${args[@]}"; }
 run_clang() { "$work/kernelcheck" -compiler clang "${args[@]}"; }
 
 status=0
