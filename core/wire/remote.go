@@ -44,7 +44,8 @@ type Config struct {
 	// NoRestart keeps a dead runner down: every later step fails. By default the runner
 	// is restarted (once attached to its engine, see Attach) at the next step.
 	NoRestart bool
-	// RestartBackoff is the least time between two restarts (default 1 s).
+	// RestartBackoff is the least time between two starts of the runner (default 1 s): a
+	// step that needs a restart sooner waits.
 	RestartBackoff time.Duration
 	// Stderr receives an exec runner's stderr (default os.Stderr).
 	Stderr io.Writer
@@ -263,8 +264,16 @@ func (r *Remote) restart(ctx context.Context) error {
 	if r.cfg.NoRestart || r.forget == nil {
 		return down
 	}
+	// A runner that dies at once is not restarted in a tight loop: the step waits out the
+	// backoff (the queue waits with it) and fails only if the restart does.
 	if wait := r.cfg.RestartBackoff - time.Since(r.lastStart); wait > 0 {
-		return fmt.Errorf("%w (next restart in %s)", down, wait.Round(time.Millisecond))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (restart cancelled: %w)", down, ctx.Err())
+		}
 	}
 	s, err := r.start(ctx)
 	if want := r.info; err == nil && !sameInfo(s.info, func() engine.RunnerInfo { want.ExecutesCacheOps = false; return want }()) {

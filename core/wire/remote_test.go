@@ -88,7 +88,9 @@ func (g *goRunner) errs() error {
 func startEngine(t *testing.T, g *goRunner, cfg engine.Config, wc wire.Config) (*engine.Engine, *wire.Remote) {
 	t.Helper()
 	wc.Spec = "unix:" + g.path
-	wc.RestartBackoff = time.Nanosecond
+	if wc.RestartBackoff == 0 {
+		wc.RestartBackoff = time.Nanosecond
+	}
 	r, err := wire.Dial(context.Background(), wc)
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +191,9 @@ func TestRemoteMatchesReference(t *testing.T) {
 func TestRemoteRunnerDies(t *testing.T) {
 	cfg := enginetest.Config{VocabSize: 200, Pages: 256}
 	g := newGoRunner(t, cfg)
-	e, r := startEngine(t, g, engine.Config{MaxBatchTokens: 256, MaxSeqs: 2}, wire.Config{})
+	// The runner dies well within the restart backoff of its start: the restart waits for
+	// it rather than failing the queue.
+	e, r := startEngine(t, g, engine.Config{MaxBatchTokens: 256, MaxSeqs: 2}, wire.Config{RestartBackoff: 300 * time.Millisecond})
 	rng := rand.New(rand.NewPCG(3, 4))
 	shared := prompt(rng, nil, 48, cfg.VocabSize)
 	var prompts [][]int32
