@@ -15,9 +15,11 @@
 //  4. BLIS: libblis.so.4 / libblis.so, Debian's blis-pthread and blis-openmp directories.
 //  5. MKL: libmkl_rt.so.2 / libmkl_rt.so, /opt/intel/oneapi/mkl/latest/lib.
 //
-// The first candidate that loads and exports cblas_sgemm wins. Its thread count is set to
-// GOMAXPROCS, or to RESIN_BLAS_THREADS when that is a positive integer, through
-// openblas_set_num_threads, bli_thread_set_num_threads or MKL_Set_Num_Threads. An OpenBLAS
-// that runs pre-AVX2 kernels on an AVX2 CPU (Debian bookworm's 0.3.21 calls recent Xeons
-// Prescott) gets a warning naming the OPENBLAS_CORETYPE that fixes it.
+// The first candidate that loads and exports cblas_sgemm wins; GEMMs are called through
+// its sgemm_ and sgemv_, whose arguments are all pointers, so a call needs no reflection
+// and allocates nothing. Its thread count is set to GOMAXPROCS, or to RESIN_BLAS_THREADS
+// when that is a positive integer, through openblas_set_num_threads,
+// bli_thread_set_num_threads or MKL_Set_Num_Threads. An OpenBLAS that runs pre-AVX2
+// kernels on an AVX2 CPU (Debian bookworm's 0.3.21 calls recent Xeons Prescott) gets a
+// warning naming the OPENBLAS_CORETYPE that fixes it.
 package blas

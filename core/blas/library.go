@@ -28,7 +28,6 @@ type Library struct {
 	Vendor string // "OpenBLAS", "BLIS", "MKL", or "CBLAS" for a library that names nothing
 	Config string // the library's own version and build string; "" when it has none
 
-	handle     uintptr
 	setThreads func(n int)
 	getThreads func() int
 
@@ -52,9 +51,9 @@ type blasCall struct {
 
 var calls = sync.Pool{New: func() any { return new(blasCall) }}
 
-// Open loads the library at path (a file, or a name the dynamic loader searches for) and
-// binds its cblas_sgemm and cblas_sgemv, plain or scipy_-prefixed, and its vendor's
-// version and thread calls when it has them.
+// Open loads the library at path (a file, or a name the dynamic loader searches for),
+// checks that it is a CBLAS (cblas_sgemm, plain or scipy_-prefixed), and binds its sgemm_
+// and sgemv_ and its vendor's version and thread calls when it has them.
 func Open(path string) (*Library, error) {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return nil, fmt.Errorf("%s is a directory, not a library file", path)
@@ -82,7 +81,7 @@ func Open(path string) (*Library, error) {
 		dlclose(h)
 		return nil, ErrNotCBLAS
 	}
-	l := &Library{Path: path, Vendor: "CBLAS", handle: h, sgemm: gemm, sgemv: gemv}
+	l := &Library{Path: path, Vendor: "CBLAS", sgemm: gemm, sgemv: gemv}
 	if file := mappedFile(gemm); file != "" {
 		l.Path = file
 	}
@@ -164,7 +163,8 @@ func (l *Library) Threads() int {
 //
 //	a: [m, k]   b: [k, n], or [n, k] when transB   c: [m, n]
 //
-// A single row (m = 1) goes to cblas_sgemv.
+// A single row (m = 1) goes to sgemv_. Sgemm allocates nothing; concurrent calls are
+// fine (every CBLAS this package loads is thread-safe).
 func (l *Library) Sgemm(transB bool, m, n, k int, a, b, c []float32) error {
 	if m < 0 || n < 0 || k < 0 {
 		return fmt.Errorf("sgemm: negative dimension m=%d n=%d k=%d", m, n, k)
