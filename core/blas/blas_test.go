@@ -245,3 +245,18 @@ func TestSgemmAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestOpenRejectsILP64OpenBLAS(t *testing.T) {
+	// numpy's wheels ship an ILP64 OpenBLAS whose symbols end in 64_: it is no LP64 CBLAS.
+	var matches []string
+	for _, site := range []string{"/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages", "../../.cache/*/lib/python3*/site-packages"} {
+		m, _ := filepath.Glob(site + "/numpy.libs/libscipy_openblas64_*.so")
+		matches = append(matches, m...)
+	}
+	if len(matches) == 0 {
+		t.Skip("no numpy ILP64 OpenBLAS on this machine")
+	}
+	if _, err := Open(matches[0]); !errors.Is(err, ErrNotCBLAS) && !errors.Is(err, ErrILP64) {
+		t.Fatalf("Open(%s) = %v, want ErrNotCBLAS or ErrILP64", matches[0], err)
+	}
+}

@@ -18,6 +18,10 @@ import (
 // lacks the sgemm_/sgemv_ entry points every CBLAS library carries beside it).
 var ErrNotCBLAS = errors.New("exports no cblas_sgemm with sgemm_ and sgemv_ (nor their scipy_ names): not a CBLAS")
 
+// ErrILP64 is returned by Open for an OpenBLAS built with 64-bit integers: this package
+// passes the 32-bit integers of the standard (LP64) interface.
+var ErrILP64 = errors.New("built with 64-bit integers (ILP64); a 32-bit-integer (LP64) build is needed")
+
 // symbolPrefixes are tried in order on every library: plain CBLAS names, then the scipy_
 // prefix of PyPI's scipy-openblas32 wheel (scipy_cblas_sgemm, scipy_openblas_get_config).
 var symbolPrefixes = []string{"", "scipy_"}
@@ -86,6 +90,10 @@ func Open(path string) (*Library, error) {
 		l.Path = file
 	}
 	l.bindVendor(prefix, sym)
+	if strings.Contains(l.Config, "USE64BITINT") {
+		dlclose(h)
+		return nil, fmt.Errorf("%w (%s)", ErrILP64, l.Config)
+	}
 	return l, nil
 }
 
@@ -121,6 +129,12 @@ func (l *Library) bindVendor(prefix string, sym func(string) uintptr) {
 		}
 	case sym("MKL_Get_Version_String") != 0:
 		l.Vendor = "MKL"
+		if p := sym("MKL_Set_Interface_Layer"); p != 0 {
+			// mkl_rt may be told ILP64 by MKL_INTERFACE_LAYER; the calls here pass int32.
+			var setLayer func(layer int32) int32
+			purego.RegisterFunc(&setLayer, p)
+			setLayer(0) // MKL_INTERFACE_LP64
+		}
 		var version func(buf *byte, n int32)
 		purego.RegisterFunc(&version, sym("MKL_Get_Version_String"))
 		buf := make([]byte, 256)
