@@ -169,6 +169,14 @@ func (r *Remote) Traffic() (steps, sent, received uint64) {
 	return r.steps, r.sent, r.received
 }
 
+// Tracked returns the number of requests whose page tables the runner holds, as far as
+// the engine knows (released requests are forgotten at the next step).
+func (r *Remote) Tracked() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.enc.Tracked()
+}
+
 // Restarts returns how many times the runner was restarted.
 func (r *Remote) Restarts() int {
 	r.mu.Lock()

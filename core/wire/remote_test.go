@@ -173,6 +173,18 @@ func TestRemoteMatchesReference(t *testing.T) {
 	if err := g.errs(); err != nil {
 		t.Fatalf("the runner saw a wrong cache: %v", err)
 	}
+	// One more step delivers the last release notices: then only its own request's tables
+	// are held on either side.
+	st, err := e.Submit(context.Background(), engine.Request{Prompt: []int32{1, 2}, Sampling: engine.SamplingParams{MaxTokens: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Collect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.Tracked(); n > 1 {
+		t.Fatalf("the engine still shadows the tables of %d requests after all finished: release notices are lost", n)
+	}
 	c := e.Counters()
 	if c.PrefixHits == 0 || c.Preemptions == 0 {
 		t.Fatalf("the run had %d prefix hits and %d preemptions; the test needs both", c.PrefixHits, c.Preemptions)
