@@ -69,7 +69,9 @@ def serve(runner: Runner, rfile, wfile, max_frame: int = wire.DEFAULT_MAX_FRAME)
         kind, payload = fr
         try:
             if kind == wire.KIND_HELLO and not hello:
-                wire.decode_hello(payload)
+                h = wire.decode_hello(payload)
+                if h.max_frame:
+                    max_frame = h.max_frame  # the engine's limit holds both ways
                 hello = True
                 send(wire.encode_info(runner.info(), runner.caps))
             elif kind == wire.KIND_STEP and hello:
