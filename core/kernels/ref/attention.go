@@ -229,13 +229,15 @@ var (
 
 // PagedAttentionBatch is PagedAttention for every sequence of a batch at once, split across
 // sequences, kv heads, query tiles and (for decode on long contexts) blocks of keys on the
-// package's worker pool. It computes what PagedAttention computes for each sequence:
-// q·k in float64, softmax with float64 sums; a sequence whose keys were split in blocks
-// merges the blocks' softmaxes (the result then agrees to float32 rounding).
+// package's worker pool, and run as GEMMs for sequences of many queries. It computes what
+// PagedAttention computes for each sequence, softmax sums in float64, to float32 rounding:
+// q·k is accumulated in float64 except in the GEMMs (float32, as MatMul), and a sequence
+// whose keys were split in blocks merges the blocks' softmaxes by their log-sum-exp.
 //
 //	q, out: [QueryStart[B], Heads, HeadDim]
 //
-// out must not alias q. In steady state it allocates nothing.
+// out must not alias q. In steady state it allocates nothing but what its GEMMs' MatMul
+// allocates (none for decode).
 func PagedAttentionBatch(out, q []float32, c *PagedKV, b *AttentionBatch, a Attention) error {
 	const op = "PagedAttentionBatch"
 	if err := c.check(op); err != nil {
