@@ -11,5 +11,5 @@ import "embed"
 
 // FS holds every base directory.
 //
-//go:embed all:dense all:deepseek-v4 all:glm-5
+//go:embed all:dense all:deepseek-v4 all:glm-5 all:python-runner
 var FS embed.FS

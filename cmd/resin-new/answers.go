@@ -33,6 +33,9 @@ type Answers struct {
 	// Core is the replace target of github.com/resin-llm/resin in a standalone go.mod.
 	Core       string `toml:"core"`
 	VendorCore bool   `toml:"vendor_core"`
+	// Runner is "python" for a runtime whose model is a Python runner (the base's runner;
+	// empty for a Go model, so that the answers of Go scaffolds read as before).
+	Runner string `toml:"runner,omitempty"`
 	// Requires are the core's module requirements ("path version"), written into a
 	// standalone go.mod so it builds before `go mod tidy`; not recorded.
 	Requires []string    `toml:"-"`
@@ -257,6 +260,11 @@ func decodeAnswers(data []byte, path string) (*Answers, error) {
 	if a.TemplateVersion == "" || a.Base == "" {
 		return nil, bad("template_version and base must be set (they say which template rendered the scaffold)")
 	}
+	switch a.Runner {
+	case "", RunnerGo, RunnerPython:
+	default:
+		return nil, bad("runner %q: want %q or %q", a.Runner, RunnerGo, RunnerPython)
+	}
 	switch a.Layout {
 	case "in-tree":
 		if a.Module != CoreModule || a.Import != CoreModule+"/models/"+a.Name {
@@ -282,4 +290,12 @@ func decodeAnswers(data []byte, path string) (*Answers, error) {
 		return nil, bad("layout %q: want \"standalone\" or \"in-tree\"", a.Layout)
 	}
 	return &a, nil
+}
+
+// runner returns what runs the model of the answers: "go" or "python".
+func (a *Answers) runner() string {
+	if a.Runner == "" {
+		return RunnerGo
+	}
+	return a.Runner
 }

@@ -24,6 +24,7 @@ var goldens = []struct {
 	{"qwen3-tiny", []string{"model", "qwen3-tiny", "--hf-config", "testdata/hf-configs/qwen3-tiny.json", "--module", "github.com/acme/qwen3-tiny"}},
 	{"v4-demo", []string{"model", "v4-demo", "--base", "deepseek-v4", "--module", "github.com/acme/v4-demo"}},
 	{"glm-demo", []string{"model", "glm-demo", "--base", "glm-5", "--module", "github.com/acme/glm-demo"}},
+	{"py-demo", []string{"model", "py-demo", "--runner", "python", "--module", "github.com/acme/py-demo"}},
 }
 
 // TestGolden regenerates every golden scaffold with the real CLI and diffs it file by file

@@ -38,7 +38,8 @@ func newModelCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
 		Short: "Scaffold a runtime for model NAME that builds, passes its tests and generates",
 		Example: `  resin-new model demo --out /tmp/demo --verify
   resin-new model qwen3-small --hf-config config.json --out ./qwen3-small
-  resin-new model tiny --in-tree --set hidden_size=64`,
+  resin-new model tiny --in-tree --set hidden_size=64
+  resin-new model mymodel --runner python --out ./mymodel --verify`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.name = args[0]
@@ -46,7 +47,8 @@ func newModelCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.base, "base", "", "base to start from (see resin-new list; default dense)")
+	f.StringVar(&o.base, "base", "", "base to start from (see resin-new list; default dense, or python-runner with --runner python)")
+	f.StringVar(&o.runner, "runner", RunnerGo, "what runs the model: go (its forward in Go, in the runtime's process) or python (a Python runner package in the scaffold, started by the runtime and driven through the runner protocol; port kernels to Go later)")
 	f.StringVar(&o.hfConfig, "hf-config", "", "HF config.json: fills the dimensions and picks the base from architectures")
 	f.StringVar(&o.out, "out", "", "write a standalone repository to DIR")
 	f.BoolVar(&o.inTree, "in-tree", false, "write models/NAME in this checkout and register it in models/registry.go")

@@ -35,7 +35,12 @@ type Manifest struct {
 	// model answers, which --set edits; the dense base) or "file" (the base's own
 	// config.json template, or --hf-config's file; the answers then hold only what the
 	// runtime's code takes: page_tokens and seed).
-	Config  string     `toml:"config"`
+	Config string `toml:"config"`
+	// Runner says what runs the model: "go" (the default: the model's Go forward in the
+	// runtime's process) or "python" (a Python runner the runtime starts as a child and
+	// drives through the runner protocol, core/wire). `resin-new model --runner` picks
+	// among the bases of its kind.
+	Runner  string     `toml:"runner"`
 	Presets []Preset   `toml:"preset"`
 	Files   []FileSpec `toml:"file"`
 }
@@ -160,6 +165,13 @@ func loadBases(root fs.FS) ([]*Base, error) {
 		default:
 			return nil, fmt.Errorf("base %s: manifest.toml: config %q, want \"answers\" or \"file\"", e.Name(), b.Manifest.Config)
 		}
+		switch b.Manifest.Runner {
+		case "":
+			b.Manifest.Runner = RunnerGo
+		case RunnerGo, RunnerPython:
+		default:
+			return nil, fmt.Errorf("base %s: manifest.toml: runner %q, want %q or %q", e.Name(), b.Manifest.Runner, RunnerGo, RunnerPython)
+		}
 		for _, p := range b.Manifest.Presets {
 			if p.Name != b.Name && !slices.Contains(b.Manifest.Aliases, p.Name) {
 				return nil, fmt.Errorf("base %s: preset %q is neither the base nor one of its aliases", e.Name(), p.Name)
@@ -177,6 +189,29 @@ func loadBases(root fs.FS) ([]*Base, error) {
 	}
 	sort.Slice(bases, func(i, j int) bool { return bases[i].Name < bases[j].Name })
 	return bases, nil
+}
+
+// Runners a base can have (Manifest.Runner).
+const (
+	RunnerGo     = "go"
+	RunnerPython = "python"
+)
+
+// basesFor returns the bases whose model runs on runner ("go" or "python").
+func basesFor(bases []*Base, runner string) ([]*Base, error) {
+	if runner != RunnerGo && runner != RunnerPython {
+		return nil, fmt.Errorf("--runner %q: want %s (the model's forward in Go) or %s (a Python runner driven through the runner protocol)", runner, RunnerGo, RunnerPython)
+	}
+	var out []*Base
+	for _, b := range bases {
+		if b.Manifest.Runner == runner {
+			out = append(out, b)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--runner %s: no base runs its model that way", runner)
+	}
+	return out, nil
 }
 
 // findBase returns the base called name or one of its aliases.

@@ -25,6 +25,7 @@ const CoreModule = "github.com/resin-llm/resin"
 // modelOptions are the flags of `resin-new model`.
 type modelOptions struct {
 	name, base, hfConfig, out, module, core string
+	runner                                  string // "go" (default) or "python"
 	inTree, dryRun, force, verify           bool
 	linkCore, vendorCore, noTidy            bool
 	sets                                    []string
@@ -51,12 +52,30 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	if err != nil {
 		return err
 	}
+	if o.runner == "" {
+		o.runner = RunnerGo
+	}
+	all := bases
+	if bases, err = basesFor(all, o.runner); err != nil {
+		return err
+	}
+	if o.runner == RunnerPython && o.base != "" {
+		// --runner python --base qwen3 means the Python base's qwen3 preset.
+		if _, err := findBase(bases, o.base); err != nil {
+			if _, err := findBase(bases, "python-"+o.base); err == nil {
+				o.base = "python-" + o.base
+			}
+		}
+	}
 	a := &Answers{Name: o.name, Package: pkg}
 	base, hfJSON, err := chooseBase(bases, o, a)
 	if err != nil {
-		return err
+		return runnerHint(err, all, o)
 	}
 	a.Base = base.Name
+	if base.Manifest.Runner == RunnerPython {
+		a.Runner = RunnerPython
+	}
 	a.TemplateVersion = base.Manifest.Version
 	for _, kv := range o.sets {
 		key, _, _ := strings.Cut(kv, "=")
@@ -149,7 +168,7 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 		}
 		writes = append(writes, write{path: filepath.Join(root, "go.sum"), content: sum, mode: 0o644, owner: UserOwned})
 		if a.VendorCore {
-			vf, err := vendorCore(coreDir)
+			vf, err := vendorCore(coreDir, a.runner() == RunnerPython)
 			if err != nil {
 				return err
 			}
@@ -180,6 +199,12 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	vp, err := planVerify(a, base, fileContent(rendered, "config.json"), ownConfig)
 	if err != nil {
 		return err
+	}
+	if o.verify && a.runner() == RunnerPython {
+		// Checked before anything is written: --verify generates through the Python runner.
+		if vp.python, err = findRunnerPython(coreDir); err != nil && !o.dryRun {
+			return fmt.Errorf("--verify: %w (or scaffold without --verify)", err)
+		}
 	}
 	if o.dryRun {
 		fmt.Fprintf(w, "dry run: would write %d files under %s (template %s v%s)\n", len(writes), root, base.Name, a.TemplateVersion)
@@ -218,7 +243,7 @@ func chooseBase(bases []*Base, o modelOptions, a *Answers) (*Base, []byte, error
 	if o.hfConfig == "" {
 		name := o.base
 		if name == "" {
-			name = "dense"
+			name = defaultBase(bases)
 		}
 		base, err := findBase(bases, name)
 		if err != nil {
@@ -280,6 +305,47 @@ func chooseBase(bases []*Base, o modelOptions, a *Answers) (*Base, []byte, error
 		return nil, nil, fmt.Errorf("--hf-config %s: %w", o.hfConfig, err)
 	}
 	return base, hfJSON, nil
+}
+
+// defaultBase is the base a scaffold starts from without --base or --hf-config: dense
+// among the Go bases, else the first base (python-runner among the Python ones).
+func defaultBase(bases []*Base) string {
+	for _, b := range bases {
+		if b.Name == "dense" {
+			return b.Name
+		}
+	}
+	return bases[0].Name
+}
+
+// runnerHint adds to a base-choice error the --runner that would have found the base: a
+// base of the other runner kind is not unknown, it only needs the flag.
+func runnerHint(err error, all []*Base, o modelOptions) error {
+	if o.base == "" {
+		if o.hfConfig != "" && o.runner == RunnerPython {
+			return fmt.Errorf("%w; with --runner python the bases are %s", err, baseNames(all, RunnerPython))
+		}
+		return err
+	}
+	b, ferr := findBase(all, o.base)
+	if ferr != nil || b.Manifest.Runner == o.runner {
+		return err
+	}
+	if o.runner == RunnerPython {
+		return fmt.Errorf("--base %s runs its model in Go; with --runner python the bases are %s (the Python runner starts as the Llama-family reference: --base llama, qwen2, qwen3 or mistral picks its variant)", o.base, baseNames(all, RunnerPython))
+	}
+	return fmt.Errorf("--base %s runs its model in Python: pass --runner python", o.base)
+}
+
+// baseNames lists the names of the bases of one runner kind.
+func baseNames(bases []*Base, runner string) string {
+	var names []string
+	for _, b := range bases {
+		if b.Manifest.Runner == runner {
+			names = append(names, b.Name)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // droppedFields names the settings of cfg that no dense base reads, for the error that

@@ -52,6 +52,9 @@ func updateScaffold(w io.Writer, tfsys fs.FS, o updateOptions) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", AnswersFile, err)
 	}
+	if base.Manifest.Runner != a.runner() {
+		return fmt.Errorf("%s: runner %q, but base %s runs its model in %s", filepath.Join(dir, AnswersFile), a.runner(), base.Name, base.Manifest.Runner)
+	}
 	if err := base.validateModel(&a.Model); err != nil {
 		return fmt.Errorf("%s: %w", filepath.Join(dir, AnswersFile), err)
 	}
@@ -170,7 +173,7 @@ func updateScaffold(w io.Writer, tfsys fs.FS, o updateOptions) error {
 		}
 	}
 	if a.Layout == "standalone" && a.VendorCore {
-		vw, vr, err := refreshVendored(w, dir, coreDir, coreErr)
+		vw, vr, err := refreshVendored(w, dir, coreDir, coreErr, a.runner() == RunnerPython)
 		if err != nil {
 			return err
 		}
@@ -218,12 +221,12 @@ func scaffoldRequires(dir, coreDir string, vendoredFirst bool) []string {
 // refreshVendored returns the writes and removals that bring dir's vendored core to the
 // checkout's, with a backup of every vendored file edited in place. Without a checkout it
 // says so and changes nothing.
-func refreshVendored(w io.Writer, dir, coreDir string, coreErr error) ([]write, []string, error) {
+func refreshVendored(w io.Writer, dir, coreDir string, coreErr error, python bool) ([]write, []string, error) {
 	if coreErr != nil {
 		fmt.Fprintf(w, "note: %s not refreshed: %v\n", VendorDir, coreErr)
 		return nil, nil, nil
 	}
-	fresh, err := vendorCore(coreDir)
+	fresh, err := vendorCore(coreDir, python)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -36,8 +36,10 @@ type vendoredFile struct {
 }
 
 // vendorCore reads the core's packages from a checkout: core/ (no tests, no testdata),
-// go.mod, go.sum and LICENSE, and the manifest that lists them.
-func vendorCore(coreDir string) ([]vendoredFile, error) {
+// go.mod, go.sum and LICENSE, and the manifest that lists them. With python (a runtime whose
+// model is a Python runner) it copies the resin-runner package too, python/pyproject.toml
+// and python/resin_runner/*.py, so a clone can `pip install ./third_party/resin/python`.
+func vendorCore(coreDir string, python bool) ([]vendoredFile, error) {
 	var out []vendoredFile
 	for _, f := range []string{"go.mod", "go.sum", "LICENSE"} {
 		data, err := os.ReadFile(filepath.Join(coreDir, f))
@@ -70,8 +72,38 @@ func vendorCore(coreDir string) ([]vendoredFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vendor the core: %w", err)
 	}
+	if python {
+		py, err := vendorPython(coreDir)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, py...)
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].rel < out[j].rel })
 	return append(out, vendoredFile{VendorManifest, encodeVendorManifest(coreCommit(coreDir), out)}), nil
+}
+
+// vendorPython reads the resin-runner Python package of a checkout: its pyproject.toml and
+// the modules of resin_runner (no tests, no build outputs).
+func vendorPython(coreDir string) ([]vendoredFile, error) {
+	files := []string{"python/pyproject.toml"}
+	mods, err := filepath.Glob(filepath.Join(coreDir, "python", "resin_runner", "*.py"))
+	if err != nil || len(mods) == 0 {
+		return nil, fmt.Errorf("vendor the core: no python/resin_runner/*.py in %s (the resin-runner package a Python runner needs)", coreDir)
+	}
+	for _, m := range mods {
+		r, _ := filepath.Rel(coreDir, m)
+		files = append(files, filepath.ToSlash(r))
+	}
+	var out []vendoredFile
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join(coreDir, filepath.FromSlash(f)))
+		if err != nil {
+			return nil, fmt.Errorf("vendor the core: %w", err)
+		}
+		out = append(out, vendoredFile{f, data})
+	}
+	return out, nil
 }
 
 // coreCommit names the checkout's commit, "+dirty" when core/ has uncommitted changes, or

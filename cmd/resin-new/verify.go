@@ -22,9 +22,19 @@ type verifyPlan struct {
 	budget      int64  // the most --verify builds
 	scaled      []byte // the config.json generate runs with; nil: the scaffold's own
 	scaledDims  string
+	// python is the interpreter that runs a Python runner's model (findRunnerPython); the
+	// runtime's commands and tests get it as RESIN_PYTHON. Empty for a Go model.
+	python string
 }
 
 func (p verifyPlan) describe() string {
+	if p.python != "" {
+		return p.describeWeights() + fmt.Sprintf("; the model runs in %s", p.python)
+	}
+	return p.describeWeights()
+}
+
+func (p verifyPlan) describeWeights() string {
 	if p.scaled == nil {
 		return fmt.Sprintf("build, test, and generate with the config's random weights (%s fp32, within %s)", gib(p.weightBytes), gib(p.budget))
 	}
@@ -164,11 +174,16 @@ func verify(w io.Writer, root string, a *Answers, p verifyPlan) error {
 		{"go", "test", "-count=1", "./..."},
 		gen,
 	}
+	env := append(os.Environ(), "GOWORK=off")
+	if p.python != "" {
+		env = append(env, "RESIN_PYTHON="+p.python)
+		fmt.Fprintf(w, "verify: RESIN_PYTHON=%s\n", p.python)
+	}
 	for _, s := range steps {
 		fmt.Fprintf(w, "verify: %s\n", strings.Join(s, " "))
 		cmd := exec.Command(s[0], s[1:]...)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "GOWORK=off")
+		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = w, w
 		if err := cmd.Run(); err != nil {
 			return fmt.Errorf("verify %s: %s: %w", root, strings.Join(s, " "), err)
@@ -176,4 +191,44 @@ func verify(w io.Writer, root string, a *Answers, p verifyPlan) error {
 	}
 	fmt.Fprintf(w, "verify: %s builds, passes its tests and generates\n", a.Name)
 	return nil
+}
+
+// findRunnerPython returns the interpreter that runs a Python runner's model: $RESIN_PYTHON,
+// else the checkout's runner venv (.cache/runner-venv, made by
+// .ci/setup.d/40-python-runner.sh), else python3 on PATH. It must import numpy and
+// resin_runner; the error names the interpreters tried and what to install.
+func findRunnerPython(coreDir string) (string, error) {
+	var tried []string
+	try := func(py string) (string, bool) {
+		abs, err := exec.LookPath(py)
+		if err != nil {
+			tried = append(tried, py+": not found")
+			return "", false
+		}
+		if abs, err = filepath.Abs(abs); err != nil {
+			return "", false
+		}
+		out, err := exec.Command(abs, "-c", "import sys, numpy, resin_runner; assert sys.version_info >= (3, 11), 'Python >= 3.11 needed, this is ' + sys.version.split()[0]").CombinedOutput()
+		if err != nil {
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			tried = append(tried, fmt.Sprintf("%s: %s", py, lines[len(lines)-1]))
+			return "", false
+		}
+		return abs, true
+	}
+	if py := os.Getenv("RESIN_PYTHON"); py != "" {
+		if abs, ok := try(py); ok {
+			return abs, nil
+		}
+		return "", fmt.Errorf("RESIN_PYTHON %s cannot run the Python runner (%s); install numpy and resin-runner into it: %s -m pip install numpy %s",
+			py, strings.Join(tried, "; "), py, filepath.Join(coreDir, "python"))
+	}
+	if abs, ok := try(filepath.Join(coreDir, ".cache", "runner-venv", "bin", "python")); ok {
+		return abs, nil
+	}
+	if abs, ok := try("python3"); ok {
+		return abs, nil
+	}
+	return "", fmt.Errorf("no Python that imports numpy and resin_runner (tried %s); make one with .ci/setup.d/40-python-runner.sh, or `python3 -m venv .venv && .venv/bin/pip install numpy %s` and set RESIN_PYTHON=.venv/bin/python",
+		strings.Join(tried, "; "), filepath.Join(coreDir, "python"))
 }
