@@ -1,0 +1,41 @@
+package wire
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// TestStepCarriesEveryPlanField fails when engine.BatchPlan, GroupPlan or StepResult gain
+// a field this protocol does not carry: a runner across the process boundary would
+// silently miss it. Carry the field (a new protocol version, new fixtures) and list it
+// here.
+func TestStepCarriesEveryPlanField(t *testing.T) {
+	carried := map[reflect.Type][]string{
+		reflect.TypeFor[engine.BatchPlan](): {"Step", "GraphBatch", "ReqIDs", "Computed", "Scheduled", "PromptLen", "NumDrafts",
+			"Temperature", "TopP", "TopK", "MinP", "Seed", "Logprobs", "PresencePenalty", "FrequencyPenalty", "RepetitionPenalty",
+			"MinTokens", "LogitBiasStart", "LogitBiasTokens", "LogitBiasValues", "StopIDsStart", "StopIDs", "HistoryStart",
+			"History", "PromptLogprobs", "PromptNext", "QueryStart", "LogitsStart", "Tokens", "Positions", "LogitsIndices",
+			"Groups", "CacheOps", "Released"},
+		reflect.TypeFor[engine.GroupPlan](): {"SlotMapping", "PageTableStart", "PageTable", "StatePage"},
+		reflect.TypeFor[engine.StepResult](): {"Accepted", "Tokens", "NumNextDrafts", "Drafts", "Logprobs", "TopTokens",
+			"TopLogprobs", "PromptLogprobs", "PromptTopTokens", "PromptTopLogprobs"},
+		reflect.TypeFor[engine.CacheOp](): {"Kind", "Group", "Src", "Dst"},
+		reflect.TypeFor[engine.Release](): {"ReqID", "Reason"},
+		// ExecutesCacheOps is implied: a remote runner executes the ops it is sent (CapCacheOps).
+		reflect.TypeFor[engine.RunnerInfo](): {"Name", "VocabSize", "MaxContext", "EOS", "CacheGroups", "GraphBuckets", "MaxDrafts", "AsyncTokens", "ExecutesCacheOps"},
+	}
+	for typ, names := range carried {
+		known := map[string]bool{}
+		for _, n := range names {
+			known[n] = true
+		}
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			if f.IsExported() && !known[f.Name] {
+				t.Errorf("%s.%s is not carried by the runner protocol", typ, f.Name)
+			}
+		}
+	}
+}
