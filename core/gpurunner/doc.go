@@ -10,10 +10,13 @@
 //     DecodeBuckets), a prefill graph of a token-count bucket (PrefillBuckets), or eagerly
 //     at the plan's own sizes when no graph fits (long prefills, uneven draft counts,
 //     contexts past the graphs' page tables, shapes past the workspace).
-//  2. PlanLayout.Pack writes the plan's flat arrays (tokens, positions, query offsets,
-//     context lengths, slot mappings, page tables, logits rows and each row's sampling
-//     parameters) into one pinned host buffer, at offsets that depend on the shape only,
-//     and the runner copies it to the device on its own stream. The runner alternates
+//  2. The plan's CacheOps (kvslab page copies: copy-on-write of a shared block) are queued
+//     on the runner's stream as device-to-device copies of the arena, ahead of the step's
+//     kernels (the runner declares RunnerInfo.ExecutesCacheOps). PlanLayout.Pack writes
+//     the plan's flat arrays (tokens, positions, query offsets, context lengths, slot
+//     mappings, page tables, logits rows and each row's sampling parameters) into one
+//     pinned host buffer, at offsets that depend on the shape only, and the runner copies
+//     it to the device on its own stream. The runner alternates
 //     between two such buffers (bound to the GPU's NUMA node: --numa). A graph captured
 //     for a bucket reads the same device addresses at every replay: the bucket's layout is
 //     its static input buffer.

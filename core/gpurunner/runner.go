@@ -67,8 +67,10 @@ type Runner struct {
 	blas   *cudart.Blas
 	model  *Dense
 	arena  *cudart.DeviceArena
+	pool   *kvslab.Pool
 	stream *cudart.Stream
 	limits Limits
+	copies []arenaCopy // the step's cache ops as arena copies (cacheOps)
 
 	host    [2]*cudart.HostBuffer // plan uploads, alternating
 	cur     int
@@ -196,6 +198,7 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	if err != nil {
 		return nil, nil, err
 	}
+	r.pool = pool
 	r.buckets = Buckets{Prefill: PrefillBuckets(lim.MaxTokens), MaxPages: cfg.MaxPages(), Groups: 1, Room: ws.PlanLayout.Dims}
 	if !r.noGraph {
 		r.buckets.Decode = DecodeBuckets(lim.MaxSeqs)
@@ -228,6 +231,8 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	r.info = engine.RunnerInfo{
 		Name: cfg.Name, VocabSize: cfg.Vocab, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
 		CacheGroups: groups, GraphBuckets: r.buckets.Decode,
+		// The plan's page copies go on the runner's stream before its forward (cacheOps).
+		ExecutesCacheOps: true,
 	}
 	r.cpu = cpurunner.New(r.info, cpurunner.ForwardFunc(r.forwardLogits))
 	ok = true
@@ -237,14 +242,17 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 // Info describes the runner to the engine.
 func (r *Runner) Info() engine.RunnerInfo { return r.info }
 
-// Execute runs one plan.
+// Execute runs one plan: its cache ops, then its forward.
 func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
+	if err := ctx.Err(); err != nil {
+		return engine.StepResult{}, err
+	}
+	if err := r.cacheOps(plan); err != nil {
+		return engine.StepResult{}, err
+	}
 	if r.capture || !deviceSamples(plan) {
 		r.Stats.HostSampled++
 		return r.cpu.Execute(ctx, plan)
-	}
-	if err := ctx.Err(); err != nil {
-		return engine.StepResult{}, err
 	}
 	rows := len(plan.LogitsIndices)
 	anyLP, anyTop := false, false
