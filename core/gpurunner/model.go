@@ -141,9 +141,7 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 	h, eps := cfg.Hidden, cfg.RMSNormEps
 	residual, normed, qkv, attn, proj := ws(m.ws.Residual), ws(m.ws.Normed), ws(m.ws.QKV), ws(m.ws.Attn), ws(m.ws.Proj)
 	rope := cuda.Rope{Cos: m.rope.Ptr, Sin: m.rope.Ptr.Add(int64(len(cfg.RopeCos)) * 4), Dim: cfg.RopeDim, MaxPos: cfg.MaxContext}
-	// The decode split is fixed by the step's shape (a graph replays it), sized for the
-	// longest context the model serves.
-	split, err := cuda.ChooseDecodeSplit(b, cfg.KVHeads, cfg.MaxContext, max(m.sms, 1))
+	split, err := decodeSplit(cfg, b, m.sms)
 	if err != nil {
 		return err
 	}
@@ -226,6 +224,18 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		return fmt.Errorf("head: %w", err)
 	}
 	return nil
+}
+
+// decodeSplit is the decode attention's split of a step of b sequences on a GPU of sms
+// multiprocessors. It is fixed by the step's shape (a graph replays it), sized for the
+// most keys a query reads: the longest context the model serves, or its sliding window
+// when that is shorter (partitions past the window would hold no key).
+func decodeSplit(cfg *DenseConfig, b, sms int) (cuda.DecodeSplit, error) {
+	keys := cfg.MaxContext
+	if cfg.Window > 0 {
+		keys = min(keys, cfg.Window)
+	}
+	return cuda.ChooseDecodeSplit(b, cfg.KVHeads, keys, max(sms, 1))
 }
 
 func firstErr(errs ...error) error {

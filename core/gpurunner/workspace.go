@@ -1,6 +1,10 @@
 package gpurunner
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/kernels/cuda"
+)
 
 // workspaceAlign is the byte alignment of every workspace buffer: cuBLASLt and the
 // vectorised kernels read 16-byte-aligned rows, and 256 keeps each buffer on its own
@@ -30,9 +34,21 @@ func (l Limits) Check() error {
 // (cuda.MaxSampleTop).
 const MaxTop = 32
 
-// decodeSplitTokens is how many context tokens one split of the split-K decode attention
-// covers; the workspace holds a partial result per split.
+// decodeSplitTokens is the fewest context tokens one split of the split-K decode
+// attention covers (core/kernels/cuda's minDecodePart); the workspace holds a partial
+// result per split.
 const decodeSplitTokens = 256
+
+// maxDecodeSplits is the most splits decodeSplit gives a step of c: one per
+// decodeSplitTokens keys a query reads (its window when shorter than the context), and
+// no more than the kernel's cuda.MaxDecodeParts.
+func maxDecodeSplits(c *DenseConfig) int {
+	keys := c.MaxContext
+	if c.Window > 0 {
+		keys = min(keys, c.Window)
+	}
+	return max(1, min((keys+decodeSplitTokens-1)/decodeSplitTokens, cuda.MaxDecodeParts))
+}
 
 // Workspace is the device memory a dense model's step uses besides its weights and its
 // cache, carved once from one allocation sized for the limits: no step allocates.
@@ -51,13 +67,14 @@ const decodeSplitTokens = 256
 //	Logprobs    [R]              f32   their logprobs
 //	TopIDs      [R, 32]          i32   top logprob alternatives (cuda.MaxSampleTop)
 //	TopLogprobs [R, 32]          f32
-//	Partials  [B+1, heads, S, d+2] f32 split-K decode partials (S splits of 256 tokens)
+//	Partials  [B+1, heads, S, d+2] f32 split-K decode partials (S splits of at least 256
+//	                                   keys of the context or window, at most 64)
 //	Plan      PlanLayout of the limits: the step's inputs, uploaded per step
 type Workspace struct {
 	Residual, Normed, QKV, Attn, Proj, GateUp, Act, Rows Section
 	Logits, Sampled, Logprobs, TopIDs, TopLogprobs       Section
 	Partials, Plan                                       Section
-	Splits                                               int // decode splits of the longest context
+	Splits                                               int // most decode splits of a step (maxDecodeSplits)
 	PlanLayout                                           PlanLayout
 	Size                                                 int64
 }
@@ -74,7 +91,7 @@ func NewWorkspace(c *DenseConfig, l Limits) (Workspace, error) {
 	if err != nil {
 		return Workspace{}, err
 	}
-	w := Workspace{PlanLayout: pl, Splits: (c.MaxContext + decodeSplitTokens - 1) / decodeSplitTokens}
+	w := Workspace{PlanLayout: pl, Splits: maxDecodeSplits(c)}
 	t, r := int64(l.MaxTokens), int64(l.MaxRows)
 	var off int64
 	next := func(bytes int64) Section {

@@ -2,6 +2,8 @@ package gpurunner
 
 import (
 	"testing"
+
+	"github.com/resin-llm/resin/core/kernels/cuda"
 )
 
 // tinyConfig is a small dense config with a rotary table of the right size.
@@ -74,5 +76,58 @@ func TestDenseWeightBytes(t *testing.T) {
 	c.TiedEmbeddings = true
 	if got := c.WeightBytes(); got != want-1000*64*2 {
 		t.Errorf("tied: WeightBytes %d, want %d", got, want-1000*64*2)
+	}
+}
+
+// TestDecodeSplitFitsWorkspace holds the decode split Forward chooses to the partials the
+// workspace holds, for every step size up to the padded sequence cap on small and large
+// GPUs, and checks that a sliding window sizes the split (partitions past the window
+// would only read no key) and the partials (no memory for splits that never run).
+func TestDecodeSplitFitsWorkspace(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		maxCtx, window  int
+		wantMostSplits  int
+		wantBatch1Parts int // on 132 SMs
+	}{
+		{"short context", 512, 0, 2, 2},
+		{"long context", 131072, 0, cuda.MaxDecodeParts, cuda.MaxDecodeParts},
+		{"window", 131072, 4096, 16, 16},
+		{"window longer than the context", 2048, 8192, 8, 8},
+	} {
+		c := tinyConfig()
+		c.MaxContext, c.Window = tc.maxCtx, tc.window
+		c.RopeCos = make([]float32, c.MaxContext*c.RopeDim/2)
+		c.RopeSin = make([]float32, c.MaxContext*c.RopeDim/2)
+		lim := Limits{MaxTokens: 512, MaxSeqs: 64, MaxRows: 64}
+		w, err := NewWorkspace(c, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.Splits != tc.wantMostSplits {
+			t.Errorf("%s: workspace for %d splits, want %d", tc.name, w.Splits, tc.wantMostSplits)
+		}
+		for _, sms := range []int{1, 8, 132, 1000} {
+			for b := 1; b <= lim.MaxSeqs+1; b++ {
+				split, err := decodeSplit(c, b, sms)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if need := cuda.DecodeWorkspaceBytes(b, c.Heads, c.HeadDim, split.Parts); need > w.Partials.Len {
+					t.Fatalf("%s: %d sequences on %d SMs: split %+v needs %d bytes of partials, the workspace has %d",
+						tc.name, b, sms, split, need, w.Partials.Len)
+				}
+				keys := c.MaxContext
+				if c.Window > 0 {
+					keys = min(keys, c.Window)
+				}
+				if split.Parts > 1 && (split.Parts-1)*split.PartLen >= keys {
+					t.Errorf("%s: %d sequences: split %+v has a partition past the %d keys a query reads", tc.name, b, split, keys)
+				}
+			}
+		}
+		if split, _ := decodeSplit(c, 1, 132); split.Parts != tc.wantBatch1Parts {
+			t.Errorf("%s: batch 1 on 132 SMs split %+v, want %d parts", tc.name, split, tc.wantBatch1Parts)
+		}
 	}
 }
