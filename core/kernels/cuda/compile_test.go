@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -77,6 +79,9 @@ func TestCompileAllKernels(t *testing.T) {
 			o.Cache, o.Arch = cache, arch
 			results := kernelcheck.TestNVRTC(t, files, Names(), o)
 			for _, r := range results {
+				if r.Source == "flash_attention.cu" {
+					checkValueTilesAligned(t, arch, r.PTX)
+				}
 				for _, k := range r.Kernels {
 					if k.Spills() || k.Stack != 0 {
 						t.Errorf("%s %s: %d bytes spilled (stores), %d (loads), stack frame %d", arch, k.Name, k.SpillStores, k.SpillLoads, k.Stack)
@@ -101,4 +106,24 @@ func TestCompileAllKernels(t *testing.T) {
 // for sm_90 with no CUDA headers or libdevice, through the same prelude.
 func TestClangCompilesEveryKernel(t *testing.T) {
 	kernelcheck.TestClang(t, files, Names(), checkOptions())
+}
+
+// checkValueTilesAligned checks, in flash_attention.cu's PTX, that the value tiles
+// (shared arrays vs), which resin_fa_load_tile writes 16 bytes at a time (st.shared.v4),
+// are declared 16-byte aligned: an array of unsigned is only promised 4, and where
+// ptxas happens to place it off 16 bytes the store faults with a misaligned address.
+func checkValueTilesAligned(t *testing.T, arch string, ptx []byte) {
+	t.Helper()
+	decls := regexp.MustCompile(`\.shared \.align (\d+) \.b8 (\S*E2vs)\[`).FindAllSubmatch(ptx, -1)
+	if len(decls) != 2 {
+		t.Errorf("%s: flash_attention.cu's PTX declares %d value tiles, want 2 (prefill and decode)", arch, len(decls))
+	}
+	for _, d := range decls {
+		if string(d[1]) != "16" {
+			t.Errorf("%s: shared %s is %s-byte aligned; its 16-byte stores need 16", arch, d[2], d[1])
+		}
+	}
+	if !bytes.Contains(ptx, []byte("st.shared.v4")) {
+		t.Errorf("%s: flash_attention.cu stores no tile 16 bytes at a time: is resin_fa_load_tile's vector path gone?", arch)
+	}
 }

@@ -44,6 +44,11 @@ struct alignas(16) resin_u4 {
   unsigned x, y, z, w;
 };
 
+// RESIN_FA_ALIGN16 aligns a shared array that resin_fa_load_tile writes 16 bytes at a
+// time: a shared array of unsigned is only promised 4-byte alignment, and a misaligned
+// 16-byte shared store faults.
+#define RESIN_FA_ALIGN16 __attribute__((aligned(16)))
+
 // resin_fa_load_tile loads keys t0..t0+31 of kv head kvh into ks and vs; keys at or past
 // end are zeros (their scores are masked, and zero values keep 0*v finite). Where every
 // key row starts on 16 bytes (vec), the block reads 16 bytes per thread and access,
@@ -192,7 +197,7 @@ RESIN_KERNEL void resin_prefill_attention_bf16(
     int skip_decode, long long q_stride, long long slab_elems, long long page_elems,
     long long k_offset, long long v_offset) {
   __shared__ unsigned ks[RESIN_FA_KEYS * RESIN_FA_KW];
-  __shared__ unsigned vs[RESIN_FA_KEYS * RESIN_FA_VW];
+  __shared__ RESIN_FA_ALIGN16 unsigned vs[RESIN_FA_KEYS * RESIN_FA_VW];  // 16-byte stores
   __shared__ unsigned qsm[RESIN_FA_QROWS * RESIN_FA_VW];
   int x = RESIN_BID_X, h = RESIN_BID_Y;
   int lo_b = 0, hi_b = batch - 1;  // the last sequence whose first tile is at or before x
@@ -269,7 +274,7 @@ RESIN_KERNEL void resin_decode_attention_bf16(
     int page_tokens, float scale, int window, int parts, int part_len, long long q_stride,
     long long slab_elems, long long page_elems, long long k_offset, long long v_offset) {
   __shared__ unsigned ks[RESIN_FA_KEYS * RESIN_FA_KW];
-  __shared__ unsigned vs[RESIN_FA_KEYS * RESIN_FA_VW];
+  __shared__ RESIN_FA_ALIGN16 unsigned vs[RESIN_FA_KEYS * RESIN_FA_VW];  // 16-byte stores
   __shared__ unsigned qsm[RESIN_FA_QROWS * RESIN_FA_VW];
   int g = RESIN_BID_X, b = RESIN_BID_Y, z = RESIN_BID_Z;
   int tok = query_start[b + 1] - 1;
