@@ -106,27 +106,13 @@ func (l *Library) bindVendor(prefix string, sym func(string) uintptr) {
 		var config func() string
 		purego.RegisterFunc(&config, sym(prefix+"openblas_get_config"))
 		l.Config = strings.TrimSpace(config())
-		if set, get := sym(prefix+"openblas_set_num_threads"), sym(prefix+"openblas_get_num_threads"); set != 0 && get != 0 {
-			var setFn func(int32)
-			var getFn func() int32
-			purego.RegisterFunc(&setFn, set)
-			purego.RegisterFunc(&getFn, get)
-			l.setThreads = func(n int) { setFn(int32(n)) }
-			l.getThreads = func() int { return int(getFn()) }
-		}
+		bindThreads[int32](l, sym(prefix+"openblas_set_num_threads"), sym(prefix+"openblas_get_num_threads"))
 	case sym("bli_info_get_version_str") != 0:
 		l.Vendor = "BLIS"
 		var version func() string
 		purego.RegisterFunc(&version, sym("bli_info_get_version_str"))
 		l.Config = "BLIS " + strings.TrimSpace(version())
-		if set, get := sym("bli_thread_set_num_threads"), sym("bli_thread_get_num_threads"); set != 0 && get != 0 {
-			var setFn func(int64) // dim_t
-			var getFn func() int64
-			purego.RegisterFunc(&setFn, set)
-			purego.RegisterFunc(&getFn, get)
-			l.setThreads = func(n int) { setFn(int64(n)) }
-			l.getThreads = func() int { return int(getFn()) }
-		}
+		bindThreads[int64](l, sym("bli_thread_set_num_threads"), sym("bli_thread_get_num_threads")) // dim_t
 	case sym("MKL_Get_Version_String") != 0:
 		l.Vendor = "MKL"
 		if p := sym("MKL_Set_Interface_Layer"); p != 0 {
@@ -143,15 +129,22 @@ func (l *Library) bindVendor(prefix string, sym func(string) uintptr) {
 			buf = buf[:i]
 		}
 		l.Config = strings.TrimSpace(string(buf))
-		if set, get := sym("MKL_Set_Num_Threads"), sym("MKL_Get_Max_Threads"); set != 0 && get != 0 {
-			var setFn func(int32)
-			var getFn func() int32
-			purego.RegisterFunc(&setFn, set)
-			purego.RegisterFunc(&getFn, get)
-			l.setThreads = func(n int) { setFn(int32(n)) }
-			l.getThreads = func() int { return int(getFn()) }
-		}
+		bindThreads[int32](l, sym("MKL_Set_Num_Threads"), sym("MKL_Get_Max_Threads"))
 	}
+}
+
+// bindThreads binds a vendor's `void set(T n)` and `T get(void)` thread-count calls, when
+// the library has both.
+func bindThreads[T int32 | int64](l *Library, set, get uintptr) {
+	if set == 0 || get == 0 {
+		return
+	}
+	var setFn func(T)
+	var getFn func() T
+	purego.RegisterFunc(&setFn, set)
+	purego.RegisterFunc(&getFn, get)
+	l.setThreads = func(n int) { setFn(T(n)) }
+	l.getThreads = func() int { return int(getFn()) }
 }
 
 // SetThreads sets the number of threads the library runs a GEMM on (n ≥ 1) and returns
