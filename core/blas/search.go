@@ -47,10 +47,14 @@ func Default() *Library {
 	return process.lib
 }
 
-// Info describes the process's GEMM backend (loading it if nothing has yet).
+// Info describes the process's GEMM backend (loading it if nothing has yet), with the
+// library's thread count as it is now.
 func Info() Backend {
-	Default()
+	lib := Default()
 	b := process.backend
+	if lib != nil && lib.getThreads != nil {
+		b.Threads = lib.Threads()
+	}
 	b.Warnings = append([]string(nil), b.Warnings...)
 	return b
 }
