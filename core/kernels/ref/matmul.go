@@ -33,7 +33,10 @@ func MatMulT(out, x, w []float32, m, k, n int) error {
 // core/blas loaded ("OpenBLAS", "BLIS", "MKL", "CBLAS"), or "gonum" when there is none
 // (core/blas.Info says why). Products with a b under minBLASWeight run on gonum either way.
 func GEMMBackend() string {
-	return cblas.Info().Vendor
+	if lib := cblas.Default(); lib != nil {
+		return lib.Vendor
+	}
+	return "gonum"
 }
 
 // gemm computes out = a·op(b), where b is [k, n], or [n, k] when transB.
