@@ -160,7 +160,7 @@ func TestGPUGraphReplayEqualsEager(t *testing.T) {
 			t.Fatalf("%s: shape %+v has no graph", name, sh)
 		}
 		r.noGraph = false
-		captured := gpuLogits(t, r, plan) // captures, then launches
+		captured := gpuLogits(t, r, plan) // runs eagerly, then captures
 		replayed := gpuLogits(t, r, plan)
 		r.noGraph = true
 		eager := gpuLogits(t, r, plan)
@@ -282,7 +282,7 @@ func TestGPUFigures(t *testing.T) {
 			if _, err := r.Execute(context.Background(), plan); err != nil {
 				t.Fatal(err)
 			}
-			if s >= 2 { // the first steps capture the graph
+			if s >= 2 { // the first step runs eagerly and captures the graph
 				elapsed += time.Since(start)
 			}
 		}

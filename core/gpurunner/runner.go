@@ -386,32 +386,39 @@ func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.
 	})
 }
 
-// run launches the forward of sh: its graph, captured on first use, or eagerly.
+// run launches the forward of sh: its graph when one was captured, or eagerly. The first
+// step of a graph shape runs eagerly and is then captured for the next ones: the eager
+// run makes every cuBLASLt plan (its heuristic query) and loads every kernel module
+// (lazy loading) outside the capture, where the driver would refuse such work on the
+// capturing thread and leave the shape eager for good.
 func (r *Runner) run(c *cudart.Ctx, sh Shape, l *PlanLayout, decodeOnly, sample bool) error {
 	key, graph := GraphKey(sh)
 	if sample {
 		key.Variant |= 1 << 16 // the graph with the sampling kernel
 	}
-	if graph && !r.noGraph && !r.failed[key] {
-		ok, err := r.graphs.Replay(c, r.stream, key)
-		if err != nil {
-			return err
-		}
-		if ok {
-			r.Stats.Graph++
-			return nil
-		}
-		g, err := r.graphs.Capture(c, r.stream, key, func() error { return r.model.Forward(c, r.stream, l, decodeOnly, sample) })
-		if err == nil {
-			// Capturing recorded the step without running it.
-			r.Stats.Graph++
-			return c.LaunchGraph(g, r.stream)
-		}
+	forward := func() error { return r.model.Forward(c, r.stream, l, decodeOnly, sample) }
+	if !graph || r.noGraph || r.failed[key] {
+		r.Stats.Eager++
+		return forward()
+	}
+	ok, err := r.graphs.Replay(c, r.stream, key)
+	if err != nil {
+		return err
+	}
+	if ok {
+		r.Stats.Graph++
+		return nil
+	}
+	r.Stats.Eager++
+	if err := forward(); err != nil {
+		return err
+	}
+	// Capturing records the step without running it: the eager run above was this step.
+	if _, err := r.graphs.Capture(c, r.stream, key, forward); err != nil {
 		r.failed[key] = true
 		fmt.Fprintf(r.log, "gpu: %v; that shape runs eagerly\n", err)
 	}
-	r.Stats.Eager++
-	return r.model.Forward(c, r.stream, l, decodeOnly, sample)
+	return nil
 }
 
 // layout returns the upload layout of sh: one per graph shape, kept (the graph reads its
