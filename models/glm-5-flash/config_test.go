@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/resin-llm/resin/core/tokenizer/tiny"
 )
 
 // configCommand makes testdata/config_cases.json, run from the repository root.
@@ -168,5 +170,23 @@ func TestConfigNested(t *testing.T) {
 	}
 	if err := c.RefuseVisionTokens([]int32{1, 2}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDemoConfigServes checks that the random-weights config.json beside the model holds
+// the built-in tiny tokenizer's vocabulary, which serve uses when no tokenizer is given:
+// `resin serve --model glm-5-flash --random-weights config.json` refuses a tokenizer with
+// more tokens than the runner's vocabulary.
+func TestDemoConfigServes(t *testing.T) {
+	c, err := LoadTextConfig("config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := tiny.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.VocabSize() > c.VocabSize {
+		t.Errorf("config.json: vocab_size %d is below the tiny tokenizer's %d tokens: serve refuses it", c.VocabSize, tok.VocabSize())
 	}
 }
