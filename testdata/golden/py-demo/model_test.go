@@ -84,8 +84,7 @@ func runPythonTests(t *testing.T, py string, args ...string) string {
 	if err != nil {
 		t.Fatalf("%s -m unittest %s: %v\n%s", py, strings.Join(args, " "), err, out)
 	}
-	t.Logf("%s", out)
-	if s := string(out); strings.Contains(s, "OK (skipped=") && strings.Contains(s, "Ran 1 test\n") {
+	if s := string(out); strings.Contains(s, "OK (skipped=") && strings.Contains(s, "Ran 1 test in ") {
 		for _, l := range strings.Split(s, "\n") {
 			if _, why, ok := strings.Cut(l, "... skipped "); ok {
 				t.Skipf("%s skipped it: %s", py, why)
@@ -93,6 +92,7 @@ func runPythonTests(t *testing.T, py string, args ...string) string {
 		}
 		t.Skipf("%s skipped it", py)
 	}
+	t.Logf("%s", out)
 	return string(out)
 }
 

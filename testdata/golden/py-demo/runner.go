@@ -11,6 +11,11 @@ import (
 // Name is the model's name in logs, metrics and the API.
 const Name = "py-demo"
 
+// Architectures lists the HF architectures this model loads (the first is config.json's).
+// python/pydemo_runner/model.py implements the Llama-family variants; list here those
+// your model serves.
+var Architectures = []string{"LlamaForCausalLM"}
+
 // PageTokens is the cache block size the runner is started with.
 const PageTokens = 16
 
