@@ -334,3 +334,67 @@ func copyBandwidth(t testing.TB, r *Runner) float64 {
 	}
 	return bw
 }
+
+// TestGPUCacheOps executes a plan's page copies (BatchPlan.CacheOps, which the runner
+// declares it executes) on the runner's stream: afterwards each destination page holds
+// its source's bytes, a chained copy carries the first one's, and a page copied onto
+// itself or left alone is unchanged.
+func TestGPUCacheOps(t *testing.T) {
+	c, w := randomDense(1000, 256, 2, 8, 2, 32, 512, 512, 14)
+	r, pool := openDense(t, c, w, Limits{MaxTokens: 256, MaxSeqs: 8, MaxRows: 8}, 64<<20)
+	if !r.Info().ExecutesCacheOps {
+		t.Fatal("the runner does not declare ExecutesCacheOps")
+	}
+	pb := CacheGroups(c)[0].PageBytes()
+	rng := rand.New(rand.NewPCG(9, 10))
+	pages := map[kvslab.PageID][]byte{}
+	for id := kvslab.PageID(1); id <= 6; id++ {
+		b := make([]byte, pb)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		pages[id] = b
+	}
+	plan := &engine.BatchPlan{CacheOps: []engine.CacheOp{
+		{Kind: engine.OpCopyPage, Src: 1, Dst: 5},
+		{Kind: engine.OpCopyPage, Src: 5, Dst: 6}, // after the first: page 1's bytes
+		{Kind: engine.OpCopyPage, Src: 2, Dst: 2},
+	}}
+	got := map[kvslab.PageID][]byte{}
+	err := r.dev.Do(func(ctx *cudart.Ctx) error {
+		for id, b := range pages {
+			if err := cudart.Upload(ctx, r.arena.Ptr(pool.PageOffset(0, id)), b); err != nil {
+				return err
+			}
+		}
+		return ctx.Synchronize() // the uploads ran on the legacy stream
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cacheOps(plan); err != nil {
+		t.Fatal(err)
+	}
+	err = r.dev.Do(func(ctx *cudart.Ctx) error {
+		if err := ctx.Sync(r.stream); err != nil {
+			return err
+		}
+		for id := range pages {
+			got[id] = make([]byte, pb)
+			if err := cudart.Download(ctx, got[id], r.arena.Ptr(pool.PageOffset(0, id))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[kvslab.PageID][]byte{1: pages[1], 2: pages[2], 3: pages[3], 4: pages[4], 5: pages[1], 6: pages[1]}
+	for id, b := range want {
+		if !slices.Equal(got[id], b) {
+			t.Errorf("page %d does not hold the bytes the cache ops leave there", id)
+		}
+	}
+	t.Logf("parity cache ops: %d page copies of %d bytes on the runner's stream", len(plan.CacheOps)-1, pb)
+}
