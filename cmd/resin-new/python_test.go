@@ -129,6 +129,11 @@ func TestPythonVerifyNeedsPython(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("files written despite the error: %v", err)
 	}
+	// A dry run says what the real one would refuse.
+	out, err = runCLI(t, templates.FS, "model", "py", "--runner", "python", "--out", dir, "--dry-run", "--verify")
+	if err != nil || !strings.Contains(out, "then verify: would refuse: RESIN_PYTHON") {
+		t.Fatalf("dry run: err = %v, want the refusal in its output\n%s", err, out)
+	}
 }
 
 // TestPythonRuntimeBuildsAndGenerates scaffolds a standalone runtime with --runner python

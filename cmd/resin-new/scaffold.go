@@ -200,10 +200,11 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 	if err != nil {
 		return err
 	}
+	var pyErr error
 	if o.verify && a.runner() == RunnerPython {
 		// Checked before anything is written: --verify generates through the Python runner.
-		if vp.python, err = findRunnerPython(coreDir); err != nil && !o.dryRun {
-			return fmt.Errorf("--verify: %w (or scaffold without --verify)", err)
+		if vp.python, pyErr = findRunnerPython(coreDir); pyErr != nil && !o.dryRun {
+			return fmt.Errorf("--verify: %w (or scaffold without --verify)", pyErr)
 		}
 	}
 	if o.dryRun {
@@ -211,7 +212,9 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 		for _, wr := range writes {
 			fmt.Fprintf(w, "  %-9s %-8s %6d  %s\n", wr.what, wr.owner, len(wr.content), rel(root, wr.path))
 		}
-		if o.verify {
+		if o.verify && pyErr != nil {
+			fmt.Fprintf(w, "then verify: would refuse: %v\n", pyErr)
+		} else if o.verify {
 			fmt.Fprintf(w, "then verify: %s\n", vp.describe())
 		}
 		return nil

@@ -36,11 +36,14 @@ var pythonSource embed.FS
 // ErrNoPython: no interpreter that can run the model (see FindPython).
 var ErrNoPython = errors.New("no Python interpreter that imports numpy and resin_runner")
 
-// FindPython returns the interpreter that runs the model: $RESIN_PYTHON, else python3 on
-// PATH. It must be Python >= 3.11 and import numpy and resin_runner (Resin's python/
+// FindPython returns the interpreter that runs the model: $RESIN_PYTHON, else
+// $RESIN_RUNNER_PYTHON (the runner venv Resin's own CI makes), else python3 on PATH. It must be Python >= 3.11 and import numpy and resin_runner (Resin's python/
 // package, vendored in third_party/resin/python); the error says what to install.
 func FindPython() (string, error) {
 	py := os.Getenv("RESIN_PYTHON")
+	if py == "" {
+		py = os.Getenv("RESIN_RUNNER_PYTHON")
+	}
 	if py == "" {
 		py = "python3"
 	}
