@@ -141,12 +141,16 @@ awk '/batch [0-9]+  prefill/ { key = FILENAME ~ /resin/ ? "r" : "t"; v[key, $2, 
 	"$out/resin.txt" "$out/torch.txt" | sort -n -k2
 
 echo "== resin profile ($out/cpu.prof): shares of the sampled CPU time (whole run, prefill and decode)"
-# share REGEX: the part of all samples whose stack holds a function matching REGEX.
+# share FOCUS [IGNORE]: the part of all samples whose stack holds a function matching the
+# regexp FOCUS (and none matching IGNORE).
 share() {
-	go tool pprof -top -nodecount 1 -focus "$1" "$out/llama" "$out/cpu.prof" 2>/dev/null |
+	go tool pprof -top -nodefraction 0 -edgefraction 0 -focus "$1" ${2:+-ignore "$2"} "$out/llama" "$out/cpu.prof" 2>/dev/null |
 		sed -n 's/.*accounting for [^,]*, \([0-9.]*%\) of .*/\1/p' | head -n1
 }
 go tool pprof -top -nodecount 25 "$out/llama" "$out/cpu.prof" 2>/dev/null > "$out/profile.txt" || true
+attn='ref\.PagedAttentionBatch$|ref\.\(\*attnJob\)\.run$|ref\.\(\*softmaxRows\)\.run$'
 echo "  $(grep -m1 'Total samples' "$out/profile.txt" | sed 's/^ *//')"
-echo "  forward $(share 'llama\.\(\*Model\)\.Forward$'); GEMM $(share 'ref\.gemm$') on Go threads (attention's own GEMMs included) + $(share 'runtime\._ExternalCode$') in the BLAS's own threads (samples in non-Go code), attention $(share 'ref\.PagedAttentionBatch$|ref\.\(\*attnJob\)\.run$|ref\.\(\*softmaxRows\)\.run$'), SiLU-mul $(share 'ref\.SiLUMul$'), RMSNorm $(share 'ref\.RMSNorm$'), RoPE $(share 'RoPENeoX$')"
+echo "  GEMM: $(share 'ref\.gemm$') on Go threads (the calls, attention's own GEMMs included) + $(share 'runtime\._ExternalCode$') in the BLAS's own threads"
+echo "  attention: $(share "$attn" 'ref\.gemm$') without its GEMMs, $(share "$attn") with them (on Go threads)"
+echo "  SiLU-mul $(share 'ref\.SiLUMul$'), RMSNorm $(share 'ref\.RMSNorm$'), RoPE $(share 'RoPENeoX$'); the forward's caller thread $(share 'llama\.\(\*Model\)\.Forward$')"
 echo "  (top functions in $out/profile.txt; RESIN_BLAS=off profiles gonum's GEMM as Go code)"

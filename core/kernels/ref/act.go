@@ -14,6 +14,8 @@ func SiLU(x float32) float32 {
 //
 //	gateUp: [rows, 2*dim] (gate in columns [0, dim), up in [dim, 2*dim))   out: [rows, dim]
 //	out[r, i] = SiLU(gateUp[r, i]) * gateUp[r, dim+i]
+//
+// Many rows are split across the package's worker pool.
 func SiLUMul(out, gateUp []float32, rows, dim int) error {
 	if err := checkDims("SiLUMul", rows, dim); err != nil {
 		return err
@@ -24,13 +26,22 @@ func SiLUMul(out, gateUp []float32, rows, dim int) error {
 	if err := checkLen("SiLUMul", "out", len(out), rows*dim); err != nil {
 		return err
 	}
-	for r := 0; r < rows; r++ {
+	if !splitRows(rows, dim) {
+		siluMulRows(out, gateUp, dim, 0, rows)
+		return nil
+	}
+	parallelRows(rows, dim, func(lo, hi int) { siluMulRows(out, gateUp, dim, lo, hi) })
+	return nil
+}
+
+// siluMulRows is SiLUMul of rows [lo, hi).
+func siluMulRows(out, gateUp []float32, dim, lo, hi int) {
+	for r := lo; r < hi; r++ {
 		gu := gateUp[r*2*dim : (r+1)*2*dim]
 		for i := range dim {
 			out[r*dim+i] = SiLU(gu[i]) * gu[dim+i]
 		}
 	}
-	return nil
 }
 
 // SiLUMulSplit is SiLUMul with the gate and up projections in separate tensors.

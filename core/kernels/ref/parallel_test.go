@@ -1,6 +1,7 @@
 package ref
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,4 +82,45 @@ func TestParallelForNestedAndConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestSiLUMulParallelRows: a SiLUMul large enough to split across the pool gives exactly
+// the serial formula's values, and one of a decode step's size allocates nothing.
+func TestSiLUMulParallelRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, shape := range []struct{ rows, dim int }{{3, 5}, {97, 1000}, {512, 352}} {
+		gateUp := randSlice(r, shape.rows*2*shape.dim)
+		out := make([]float32, shape.rows*shape.dim)
+		if err := SiLUMul(out, gateUp, shape.rows, shape.dim); err != nil {
+			t.Fatal(err)
+		}
+		for row := range shape.rows {
+			for i := range shape.dim {
+				gu := gateUp[row*2*shape.dim:]
+				if want := SiLU(gu[i]) * gu[shape.dim+i]; out[row*shape.dim+i] != want {
+					t.Fatalf("%v: out[%d, %d] = %g, want %g", shape, row, i, out[row*shape.dim+i], want)
+				}
+			}
+		}
+	}
+	gateUp, out := randSlice(r, 8*2*2816), make([]float32, 8*2816)
+	if n := testing.AllocsPerRun(10, func() { _ = SiLUMul(out, gateUp, 8, 2816) }); n != 0 {
+		t.Errorf("SiLUMul of 8 rows allocates %.1f times", n)
+	}
+}
+
+func TestParallelRowsCoversEveryRowOnce(t *testing.T) {
+	for _, shape := range []struct{ rows, dim int }{{0, 4}, {1, 1 << 20}, {1000, 1000}, {5, 0}} {
+		hits := make([]atomic.Int32, shape.rows)
+		parallelRows(shape.rows, shape.dim, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				hits[i].Add(1)
+			}
+		})
+		for i := range hits {
+			if n := hits[i].Load(); n != 1 {
+				t.Fatalf("%v: row %d ran %d times", shape, i, n)
+			}
+		}
+	}
 }
