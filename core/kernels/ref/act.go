@@ -26,13 +26,28 @@ func SiLUMul(out, gateUp []float32, rows, dim int) error {
 	if err := checkLen("SiLUMul", "out", len(out), rows*dim); err != nil {
 		return err
 	}
-	if !splitRows(rows, dim) {
-		siluMulRows(out, gateUp, dim, 0, rows)
+	if g := rowGrain(dim); rows > g {
+		t := siluMulTasks.get()
+		t.out, t.gateUp, t.dim = out, gateUp, dim
+		parallelFor(&t.loop, t, rows, g)
+		t.out, t.gateUp = nil, nil
+		siluMulTasks.put(t)
 		return nil
 	}
-	parallelRows(rows, dim, func(lo, hi int) { siluMulRows(out, gateUp, dim, lo, hi) })
+	siluMulRows(out, gateUp, dim, 0, rows)
 	return nil
 }
+
+// siluMulTask is SiLUMul's rows as a task of the worker pool.
+type siluMulTask struct {
+	loop        loop
+	out, gateUp []float32
+	dim         int
+}
+
+var siluMulTasks freeList[siluMulTask]
+
+func (t *siluMulTask) run(_, lo, hi int) { siluMulRows(t.out, t.gateUp, t.dim, lo, hi) }
 
 // siluMulRows is SiLUMul of rows [lo, hi).
 func siluMulRows(out, gateUp []float32, dim, lo, hi int) {

@@ -3,7 +3,6 @@ package ref
 import (
 	"fmt"
 	"math"
-	"sync"
 
 	"gonum.org/v1/gonum/blas/gonum"
 )
@@ -266,8 +265,11 @@ func PagedAttentionBatch(out, q []float32, c *PagedKV, b *AttentionBatch, a Atte
 	if int(b.PageStart[nb]) > len(b.Pages) {
 		return fmt.Errorf("ref.%s: page starts reach %d, the page table holds %d", op, b.PageStart[nb], len(b.Pages))
 	}
-	j := getAttnJob()
-	defer putAttnJob(j)
+	j := attnJobs.get()
+	defer func() {
+		j.out, j.q, j.c, j.b = nil, nil, nil, nil
+		attnJobs.put(j)
+	}()
 	if err := j.plan(op, out, q, c, b, a); err != nil {
 		return err
 	}
@@ -309,30 +311,8 @@ type attnJob struct {
 	rows                   softmaxRows // their softmax, a task of the pool
 }
 
-// attnJobs keeps the jobs of finished calls for the next ones (one per concurrent call),
-// scratch included; unlike a sync.Pool it keeps them across garbage collections.
-var attnJobs struct {
-	sync.Mutex
-	free []*attnJob
-}
-
-func getAttnJob() *attnJob {
-	attnJobs.Lock()
-	defer attnJobs.Unlock()
-	if n := len(attnJobs.free); n > 0 {
-		j := attnJobs.free[n-1]
-		attnJobs.free = attnJobs.free[:n-1]
-		return j
-	}
-	return new(attnJob)
-}
-
-func putAttnJob(j *attnJob) {
-	j.out, j.q, j.c, j.b = nil, nil, nil, nil
-	attnJobs.Lock()
-	attnJobs.free = append(attnJobs.free, j)
-	attnJobs.Unlock()
-}
+// attnJobs keeps the jobs of finished calls, scratch included, for the next ones.
+var attnJobs freeList[attnJob]
 
 // plan checks every sequence's pages, resolves their offsets and lists the units.
 func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatch, a Attention) error {

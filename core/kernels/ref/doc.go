@@ -6,15 +6,18 @@
 //
 // They are the specification the CUDA kernels in core/kernels/cuda are checked against, and
 // the CPU backend of every model. Each one is written as plain loops over indices with the
-// shapes in a comment; only the GEMMs go through an optimised library.
+// shapes in a comment; only the GEMMs go through an optimised library. The speed of the CPU
+// backend comes from a few fast forms beside them: PagedAttentionBatch (the models' attention,
+// checked against PagedAttention) and SiLUMul over many rows split their work across a pool of
+// GOMAXPROCS-1 worker goroutines (parallel.go).
 //
 // Conventions: every tensor is a row-major []float32; a shape [a, b, c] means element
 // (i, j, l) lives at index (i*b+j)*c+l. Operators write into out slices the caller owns and
-// allocate nothing (a GEMM on a BLAS library included), with two exceptions: a GEMM that
+// allocate nothing (a GEMM on a BLAS library included), except that a GEMM that
 // gonum splits across goroutines allocates a few small objects per call (MatMulT
 // 64x512x512: 18 allocs, 2 KB),
-// and KDAStep and KDAChunked allocate their per-call scratch (DV values; chunk×(DK+DV) and
-// DK×DV values).
+// KDAStep and KDAChunked allocate their per-call scratch (DV values; chunk×(DK+DV) and
+// DK×DV values), and PagedAttentionBatch's GEMMs for prefills allocate as MatMul does.
 // A shape that does not match the slices, or an index out of range, is reported as an error
 // naming the argument; no operator panics on bad input.
 package ref

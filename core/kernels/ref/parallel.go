@@ -88,53 +88,34 @@ func parallelFor(l *loop, t task, n, grain int) {
 }
 
 // minParallelElems is the fewest elements an elementwise operator splits across the pool:
-// below it waking a worker costs more than it saves (and the serial path allocates
-// nothing, so a decode step's few rows stay serial).
+// below it waking a worker costs more than it saves.
 const minParallelElems = 1 << 15
 
-// rowGrain is the fewest rows of dim elements worth a chunk of their own.
+// rowGrain is the fewest rows of dim elements worth a chunk of their own; more rows than
+// that are worth splitting.
 func rowGrain(dim int) int { return max(1, minParallelElems/max(dim, 1)) }
 
-// splitRows says whether rows of dim elements are worth splitting across the pool. A
-// caller tests it before making the closure it gives parallelRows, which allocates.
-func splitRows(rows, dim int) bool { return rows > rowGrain(dim) }
-
-// parallelRows runs fn over rows [0, rows) of dim elements each, in chunks of at least
-// minParallelElems elements on the worker pool (serially when splitRows says no).
-func parallelRows(rows, dim int, fn func(lo, hi int)) {
-	if !splitRows(rows, dim) {
-		fn(0, rows)
-		return
-	}
-	l := getLoop()
-	parallelFor(l, rangeTask(fn), rows, rowGrain(dim))
-	putLoop(l)
-}
-
-// rangeTask adapts a function of a range of items to a task.
-type rangeTask func(lo, hi int)
-
-func (f rangeTask) run(_, lo, hi int) { f(lo, hi) }
-
-// loops keeps the loop state of finished parallelRows calls for the next ones.
-var loops struct {
+// freeList keeps the state of finished calls (a loop and its task) for the next ones, one
+// per concurrent call; unlike a sync.Pool it keeps them across garbage collections, so a
+// call in steady state allocates nothing.
+type freeList[T any] struct {
 	sync.Mutex
-	free []*loop
+	free []*T
 }
 
-func getLoop() *loop {
-	loops.Lock()
-	defer loops.Unlock()
-	if n := len(loops.free); n > 0 {
-		l := loops.free[n-1]
-		loops.free = loops.free[:n-1]
-		return l
+func (f *freeList[T]) get() *T {
+	f.Lock()
+	defer f.Unlock()
+	if n := len(f.free); n > 0 {
+		x := f.free[n-1]
+		f.free = f.free[:n-1]
+		return x
 	}
-	return new(loop)
+	return new(T)
 }
 
-func putLoop(l *loop) {
-	loops.Lock()
-	loops.free = append(loops.free, l)
-	loops.Unlock()
+func (f *freeList[T]) put(x *T) {
+	f.Lock()
+	f.free = append(f.free, x)
+	f.Unlock()
 }
