@@ -48,6 +48,20 @@ func TestPythonRunnerChoice(t *testing.T) {
 		})
 	}
 
+	// In the checkout: registered like a Go model, without a vendored core.
+	fake := fakeCore(t)
+	if out, err := runCLI(t, templates.FS, "model", "py-in", "--runner", "python", "--in-tree", "--core", fake); err != nil {
+		t.Fatalf("--in-tree: %v\n%s", err, out)
+	}
+	reg, _ := os.ReadFile(filepath.Join(fake, "models", "registry.go"))
+	if !strings.Contains(string(reg), `{Name: "py-in", Architectures: pyin.Architectures, Open: pyin.Open},`) {
+		t.Errorf("--in-tree --runner python: no registry entry:\n%s", reg)
+	}
+	tree := readTree(t, filepath.Join(fake, "models", "py-in"))
+	if !strings.Contains(tree["runner.go"], "var Architectures = []string{\"LlamaForCausalLM\"}") || tree["python/pyin_runner/model.py"] == "" {
+		t.Errorf("--in-tree --runner python: runner.go lacks Architectures or the Python package is missing (files: %v)", keys(tree))
+	}
+
 	// A Go scaffold records no runner and vendors no Python.
 	dir := filepath.Join(t.TempDir(), "go")
 	if out, err := runCLI(t, templates.FS, "model", "gomodel", "--out", dir, "--no-tidy"); err != nil {
