@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # .ci/setup.d/20-openblas.sh: installs OpenBLAS from PyPI's scipy-openblas32 wheel (no root
 # needed) under .cache/openblas, so ref.MatMul/MatMulT and the model tests run on a real
-# CBLAS through core/blas. Appends RESIN_BLAS_LIB to .cache/test.env. Idempotent; when pip
-# cannot install it the tests run on the gonum fallback and the BLAS-only tests skip.
+# CBLAS through core/blas. Appends RESIN_BLAS_LIB to .cache/test.env, and
+# RESIN_BLAS_THREADS=1: go test runs test binaries side by side on CI's cores, and a BLAS
+# that splits each GEMM over every core stalls at its barriers when the cores are busy
+# (m=8 GEMMs 10x slower under load on 2 threads than on 1). Idempotent; when pip cannot
+# install it the tests run on the gonum fallback and the BLAS-only tests skip.
 set -uo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 dir="$root/.cache/openblas"
@@ -33,4 +36,5 @@ if [ -z "$lib" ]; then
 	exit 0
 fi
 echo "RESIN_BLAS_LIB=$lib" >> "$root/.cache/test.env"
-echo "   OpenBLAS: $lib"
+echo "RESIN_BLAS_THREADS=1" >> "$root/.cache/test.env"
+echo "   OpenBLAS: $lib (1 thread per test binary)"
