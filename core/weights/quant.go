@@ -82,7 +82,13 @@ func ParseQuantization(raw json.RawMessage) (*Quant, error) {
 		return s, nil
 	}
 	var err error
-	for _, key := range slices.Sorted(maps.Keys(fields)) {
+	// quant_method first: a GPTQ or AWQ config is refused for its method, not for a key
+	// of its own (bits, group_size) that sorts before it.
+	keys := slices.Sorted(maps.Keys(fields))
+	if i := slices.Index(keys, "quant_method"); i > 0 {
+		keys = append(append([]string{"quant_method"}, keys[:i]...), keys[i+1:]...)
+	}
+	for _, key := range keys {
 		v := fields[key]
 		switch key {
 		case "quant_method":

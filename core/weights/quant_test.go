@@ -62,6 +62,9 @@ func TestParseQuantizationRefuses(t *testing.T) {
 		{`{"quant_method":"fp8","modules_to_not_convert":"lm_head"}`, "modules_to_not_convert"},
 		{`{"quant_method":"fp8","group_size":32}`, "group_size"},
 		{`{"fmt":"e4m3"}`, "quant_method"},
+		// A GPTQ or AWQ config's own keys sort before quant_method: the method is named.
+		{`{"bits":4,"group_size":128,"quant_method":"gptq"}`, "quant_method"},
+		{`{"quant_method":"awq","bits":4,"version":"gemm","zero_point":true}`, "quant_method"},
 		{`[1,2]`, ""},
 	} {
 		_, err := ParseQuantization(json.RawMessage(c.raw))
