@@ -32,6 +32,11 @@ func MatMulT(out, x, w []float32, m, k, n int) error {
 // GEMMBackend names what runs MatMul and MatMulT: the vendor of the BLAS library that
 // core/blas loaded ("OpenBLAS", "BLIS", "MKL", "CBLAS"), or "gonum" when there is none
 // (core/blas.Info says why). Products with a b under minBLASWeight run on gonum either way.
+//
+// gonum gives a row the same bits whatever m is; a BLAS need not (one row goes to sgemv,
+// and OpenBLAS has separate kernels for small products), so on it a row computed alone
+// and in a batch can differ by float32 rounding (~1e-6 relative per GEMM): tests that
+// compare batch shapes need a tolerance, not equality.
 func GEMMBackend() string {
 	if lib := cblas.Default(); lib != nil {
 		return lib.Vendor
