@@ -260,3 +260,39 @@ func TestOpenRejectsILP64OpenBLAS(t *testing.T) {
 		t.Fatalf("Open(%s) = %v, want ErrNotCBLAS or ErrILP64", matches[0], err)
 	}
 }
+
+// TestSearchFindsWheelInVirtualEnv lays a virtual environment holding the scipy-openblas32
+// library (a link to the one RESIN_BLAS_LIB names) and checks that the search, without
+// RESIN_BLAS_LIB, loads it, or an OpenBLAS that comes before it in the order.
+func TestSearchFindsWheelInVirtualEnv(t *testing.T) {
+	lib := needLibrary(t)
+	if !strings.Contains(lib.Path, "scipy_openblas32") {
+		t.Skipf("the library here (%s) is not the scipy-openblas32 wheel's", lib.Path)
+	}
+	venv := t.TempDir()
+	wheel := filepath.Join(venv, "lib/python3.11/site-packages/scipy_openblas32/lib/libscipy_openblas.so")
+	if err := os.MkdirAll(filepath.Dir(wheel), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(lib.Path, wheel); err != nil {
+		t.Fatal(err)
+	}
+	e := env(map[string]string{"VIRTUAL_ENV": venv})
+	cands := Candidates(e)
+	var earlier []string
+	for _, c := range cands[:slices.Index(cands, wheel)] {
+		if l, err := Open(c); err == nil {
+			earlier = append(earlier, l.Path)
+		}
+	}
+	found, b := Load(e)
+	if found == nil {
+		t.Fatalf("search with VIRTUAL_ENV=%s found nothing: %s", venv, b.Fallback)
+	}
+	if len(earlier) == 0 && found.Path != lib.Path {
+		t.Fatalf("search loaded %s, want the wheel's %s", found.Path, lib.Path)
+	}
+	if len(earlier) > 0 && found.Path != earlier[0] {
+		t.Fatalf("search loaded %s, want %s, the first candidate that loads", found.Path, earlier[0])
+	}
+}
