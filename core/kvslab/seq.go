@@ -160,7 +160,8 @@ func (p *Pool) Reserve(seq SeqID, n int) error { return p.ReserveInFlight(seq, n
 // ReserveInFlight is Reserve for a sequence whose last inFlight tokens are still being
 // computed by a step that has not finished (an engine that builds step N+1 while N
 // runs): sliding-window pages are released only behind the window of the first of
-// them, so that the blocks that step completes keep their pages until they are
+// them, and recurrent checkpoints at the block ends they reach are kept beyond the
+// quota, so that the blocks that step completes keep their pages until they are
 // committed to the prefix cache (a later Reserve releases them, cached).
 func (p *Pool) ReserveInFlight(seq SeqID, n, inFlight int) error {
 	s, err := p.seq(seq)
@@ -213,10 +214,13 @@ func (p *Pool) ReserveInFlight(seq SeqID, n, inFlight int) error {
 			}
 		}
 	}
+	// Checkpoints at the block ends the tokens in flight reach are kept beyond the quota
+	// too, until a later Reserve after their commit lets them go into the prefix cache.
+	inFlightFrom := (s.length - inFlight) / p.block
 	s.length = end
 	for g, spec := range p.specs {
 		if spec.Kind == Recurrent && spec.Checkpoints > 0 {
-			p.trimCheckpoints(s, g, spec.Checkpoints)
+			p.trimCheckpoints(s, g, spec.Checkpoints, inFlightFrom)
 		}
 	}
 	return nil
@@ -245,15 +249,16 @@ func (p *Pool) abortReserve(s *seqState, group string) error {
 	return fmt.Errorf("%w: group %q", ErrNoSpace, group)
 }
 
-// trimCheckpoints keeps the sequence's newest k checkpoints and lets go of the rest.
-func (p *Pool) trimCheckpoints(s *seqState, g, k int) {
+// trimCheckpoints keeps the sequence's newest k checkpoints, and any at block keepFrom or
+// later, and lets go of the rest.
+func (p *Pool) trimCheckpoints(s *seqState, g, k, keepFrom int) {
 	t := s.tables[g]
 	kept := 0
 	for b := len(t) - 1; b >= s.held[g]; b-- {
 		if t[b] == NoPage {
 			continue
 		}
-		if kept < k {
+		if kept < k || b >= keepFrom {
 			kept++
 			continue
 		}
