@@ -6,8 +6,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/resin-llm/resin/core/tokenizer/tiny"
 )
 
 // configCommand makes testdata/config_cases.json, run from the repository root.
@@ -173,20 +171,3 @@ func TestConfigNested(t *testing.T) {
 	}
 }
 
-// TestDemoConfigServes checks that the random-weights config.json beside the model holds
-// the built-in tiny tokenizer's vocabulary, which serve uses when no tokenizer is given:
-// `resin serve --model glm-5-flash --random-weights config.json` refuses a tokenizer with
-// more tokens than the runner's vocabulary.
-func TestDemoConfigServes(t *testing.T) {
-	c, err := LoadTextConfig("config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, _, err := tiny.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tok.VocabSize() > c.VocabSize {
-		t.Errorf("config.json: vocab_size %d is below the tiny tokenizer's %d tokens: serve refuses it", c.VocabSize, tok.VocabSize())
-	}
-}
