@@ -170,4 +170,3 @@ func TestConfigNested(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
