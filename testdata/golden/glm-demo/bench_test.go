@@ -1,7 +1,14 @@
 package glmdemo
 
 import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"sync"
 	"testing"
 )
 
@@ -128,4 +135,149 @@ func BenchmarkMTPDraft(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// benchConfigJSON is the mid-size GLM-5.3-Flash the CPU-speed benchmarks run (fp32, random
+// weights): KDA and MLA-DSA layers 2:1 (the indexer's top-k of 16 pools of 8 cuts at a
+// 256-token prompt), a dense and sparse MLPs (16 experts top-4 with a shared one), 4 mHC
+// streams. scripts/glm5-bench.sh runs the same config in transformers on torch's CPU path
+// and passes it here through RESIN_GLM5_BENCH_CONFIG, so both sides read one file.
+const benchConfigJSON = `{
+  "architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+  "text_config": {"model_type": "glm5_next_text", "vocab_size": 8192, "hidden_size": 512,
+    "intermediate_size": 1024, "moe_intermediate_size": 512, "num_hidden_layers": 6,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "q_lora_rank": 256, "kv_lora_rank": 256,
+    "qk_nope_head_dim": 64, "v_head_dim": 64, "index_n_heads": 8, "index_head_dim": 64,
+    "index_topk": 16, "index_kpool": 8, "linear_num_heads": 8, "linear_head_dim": 64,
+    "n_routed_experts": 16, "num_experts_per_tok": 4, "n_shared_experts": 1, "n_group": 1,
+    "topk_group": 1, "hc_mult": 4, "max_position_embeddings": 4096, "eos_token_id": 1,
+    "pad_token_id": null,
+    "layer_types": ["linear_attention", "linear_attention", "indexed_attention",
+                    "linear_attention", "linear_attention", "indexed_attention"],
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse", "sparse"]},
+  "vision_config": {"model_type": "glm5_next_vision", "depth": 1},
+  "tie_word_embeddings": false, "torch_dtype": "float32"
+}`
+
+// benchPrompt is the prompt length of BenchmarkGLMPrefill and the context
+// BenchmarkGLMDecode starts from; benchBatches are the batch sizes of both.
+const benchPrompt = 256
+
+var benchBatches = []int{1, 4}
+
+// benchSteps is the number of decode steps in one op of BenchmarkGLMDecode (-glm5.steps).
+var benchSteps = flag.Int("glm5.steps", 16, "decode steps per op of BenchmarkGLMDecode")
+
+var benchModel = sync.OnceValues(func() (*TextModel, error) {
+	data := []byte(benchConfigJSON)
+	if path := os.Getenv("RESIN_GLM5_BENCH_CONFIG"); path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, err
+		}
+	}
+	c, err := ParseTextConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	return RandomTextModel(c, 1)
+})
+
+func loadBenchModel(b *testing.B) *TextModel {
+	b.Helper()
+	m, err := benchModel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// benchTokens is sequence j's token ids: deterministic and different per sequence (the
+// same as scripts/glm5-bench.py's).
+func benchTokens(m *TextModel, j, n int) []int32 {
+	toks := make([]int32, n)
+	for i := range toks {
+		toks[i] = int32((i*7919 + j*104729 + 3) % m.Config.VocabSize)
+	}
+	return toks
+}
+
+// BenchmarkGLMPrefill measures prefill of batch sequences of benchPrompt tokens each in one
+// forward call (logits of every row, as transformers computes them) on the mid-size
+// config; tok/s counts prompt tokens.
+func BenchmarkGLMPrefill(b *testing.B) {
+	for _, batch := range benchBatches {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			m := loadBenchModel(b)
+			chunks := make([]TextChunk, batch)
+			for j := range chunks {
+				chunks[j].Tokens = benchTokens(m, j, benchPrompt)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			profiled("prefill", batch, func() {
+				for range b.N {
+					for j := range chunks {
+						chunks[j].State = m.NewTextState()
+					}
+					if _, err := m.ForwardBatch(chunks); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*batch*benchPrompt)/b.Elapsed().Seconds(), "tok/s")
+		})
+	}
+}
+
+// BenchmarkGLMDecode measures decode of batch sequences from benchPrompt tokens of context
+// on the mid-size config: an op is -glm5.steps forward calls of one token per sequence
+// (logits of that row), from a fresh copy of the prefilled states (made and copied outside
+// the timer); tok/s counts generated tokens.
+func BenchmarkGLMDecode(b *testing.B) {
+	for _, batch := range benchBatches {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			m := loadBenchModel(b)
+			pre := make([]*TextState, batch)
+			chunks := make([]TextChunk, batch)
+			for j := range chunks {
+				pre[j] = m.NewTextState()
+				chunks[j] = TextChunk{State: pre[j], Tokens: benchTokens(m, j, benchPrompt), Rows: []int{}}
+			}
+			if _, err := m.ForwardBatch(chunks); err != nil {
+				b.Fatal(err)
+			}
+			next := make([]int32, batch)
+			for j := range chunks {
+				chunks[j] = TextChunk{Tokens: next[j : j+1], Rows: []int{0}}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			profiled("decode", batch, func() {
+				for range b.N {
+					b.StopTimer()
+					for j := range chunks {
+						chunks[j].State = pre[j].clone()
+					}
+					b.StartTimer()
+					for i := range *benchSteps {
+						for j := range next {
+							next[j] = int32((i*131 + j*31 + 5) % m.Config.VocabSize)
+						}
+						if _, err := m.ForwardBatch(chunks); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*batch**benchSteps)/b.Elapsed().Seconds(), "tok/s")
+		})
+	}
+}
+
+// profiled runs f with the CPU profile label bench=PHASE/BATCH (e.g. decode/4), which the
+// goroutines it starts (gonum's parallel GEMM) inherit: `go tool pprof -tagfocus
+// bench=decode/4` keeps that timed loop and leaves out the setup.
+func profiled(phase string, batch int, f func()) {
+	pprof.Do(context.Background(), pprof.Labels("bench", phase+"/"+strconv.Itoa(batch)), func(context.Context) { f() })
 }

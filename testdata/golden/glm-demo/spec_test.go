@@ -3,6 +3,7 @@ package glmdemo
 import (
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -375,4 +376,40 @@ func TestMTPChainedDraftsMatchReference(t *testing.T) {
 		t.Fatalf("only %d drafts checked", checked)
 	}
 	t.Logf("%d drafts of %d steps match the chained reference", checked, len(steps))
+}
+
+// TestNaNDraftLogits checks that an MTP layer whose logits are all NaN (a broken
+// checkpoint: here its shared_head.norm) does not fail the engine's step: the drafts it
+// proposes must still be tokens of the vocabulary (ref.Argmax gives −1 for an all-NaN
+// row, which the engine refuses for every sequence of the step), and the output is what
+// the runner without drafts gives.
+func TestNaNDraftLogits(t *testing.T) {
+	m := tinyTextModel(t)
+	prompts := specPrompts(m.Config.VocabSize)[:3]
+	sp := engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}
+	plain := NewTextRunner(m, 8, 512)
+	pool, err := plain.NewPool(16 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := generateAll(t, plain, pool, prompts, sp, 0)
+	nan := *m
+	w := *m.W
+	mtp := *w.mtp
+	mtp.norm = slices.Clone(mtp.norm)
+	for i := range mtp.norm {
+		mtp.norm[i] = float32(math.NaN())
+	}
+	w.mtp = &mtp
+	nan.W = &w
+	r, pool := mtpTextRunner(t, &nan, 2)
+	got, c := generateAll(t, r, pool, prompts, sp, 0)
+	for i := range prompts {
+		if !slices.Equal(got[i].Tokens, want[i].Tokens) {
+			t.Fatalf("prompt %d: %v with NaN drafts, %v without drafts", i, got[i].Tokens, want[i].Tokens)
+		}
+	}
+	if c.DraftsProposed == 0 {
+		t.Error("no drafts proposed")
+	}
 }
