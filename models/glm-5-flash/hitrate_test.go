@@ -78,7 +78,8 @@ func TestW1PrefixHitRate(t *testing.T) {
 		var perBlock int64
 		for _, g := range s.Groups {
 			perBlock += g.PageBytes
-			t.Logf("%s: group %s (%v), pages of %d bytes", name, g.Name, g.Kind, g.PageBytes)
+			t.Logf("%s: group %s (%v), pages of %d bytes: %d cached (%d bytes), %d slabs lent (%d bytes)",
+				name, g.Name, g.Kind, g.PageBytes, g.PagesCached, int64(g.PagesCached)*g.PageBytes, g.Slabs, g.Bytes)
 		}
 		t.Logf("%s: %d cached blocks, at most %d bytes each (a page per group), %d slabs of %d bytes", name, s.CachedBlocks, perBlock, s.Slabs, s.SlabBytes)
 	}
