@@ -12,31 +12,58 @@ import (
 )
 
 // TestRandomOperations drives the scheduler directly with random submissions, aborts
-// (also while a step is in flight), runner failures, drafts and both policies over full
-// and sliding-window caches, checking the bookkeeping against the pool after every step
-// and every finished request's tokens against the reference.
+// (also while a step is in flight), runner failures, steps rolled back before they ran,
+// drafts and both policies over full, sliding-window and recurrent caches, with and
+// without Async, checking the bookkeeping against the pool (and the pool's own
+// invariants, its held copy sources included) after every step and every finished
+// request's tokens against the reference.
 func TestRandomOperations(t *testing.T) {
-	for _, tc := range []struct {
-		window int
-		policy engine.Policy
-		async  bool
-	}{{0, engine.PolicyFCFS, false}, {0, engine.PolicyPriority, false}, {12, engine.PolicyFCFS, false}, {12, engine.PolicyPriority, false},
-		{0, engine.PolicyFCFS, true}, {0, engine.PolicyPriority, true}} {
-		t.Run(fmt.Sprintf("window%d-policy%d-async%v", tc.window, tc.policy, tc.async), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(uint64(tc.window), uint64(tc.policy)))
+	type testCase struct {
+		window    int
+		policy    engine.Policy
+		async     bool
+		recurrent bool
+		drafts    int
+		engineOps bool // the engine, not the runner, executes the plans' cache ops
+	}
+	for _, tc := range []testCase{
+		{0, engine.PolicyFCFS, false, false, 2, false}, {0, engine.PolicyPriority, false, false, 2, false},
+		{12, engine.PolicyFCFS, false, false, 2, false}, {12, engine.PolicyPriority, false, false, 2, false},
+		{0, engine.PolicyFCFS, true, false, 0, false}, {0, engine.PolicyPriority, true, false, 0, false},
+		// Async lifted for drafts, sliding windows and recurrent groups; cache ops.
+		{0, engine.PolicyFCFS, true, false, 2, false}, {12, engine.PolicyFCFS, true, false, 0, false},
+		{0, engine.PolicyFCFS, false, true, 2, false}, {0, engine.PolicyPriority, true, true, 0, true},
+		{12, engine.PolicyFCFS, true, true, 2, false}, {12, engine.PolicyPriority, true, true, 2, true},
+	} {
+		name := fmt.Sprintf("window%d-policy%d-async%v", tc.window, tc.policy, tc.async)
+		if tc.recurrent || tc.async && tc.drafts > 0 || tc.async && tc.window > 0 {
+			name += fmt.Sprintf("-recurrent%v-drafts%d-engineops%v", tc.recurrent, tc.drafts, tc.engineOps)
+		}
+		t.Run(name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(tc.window)+uint64(tc.drafts)<<8, uint64(tc.policy)+uint64(b2i(tc.recurrent))<<8))
 			var failNext bool
 			pages := 40
 			if tc.window > 0 {
 				pages = 14 // a 12-token window holds at most 3 pages per sequence
 			}
-			drafts := 2
-			if tc.async {
-				drafts = 0
+			if tc.recurrent {
+				pages = pages / 2 // enginetest's arena grows with the groups: keep it tight
 			}
-			rc := enginetest.Config{BlockTokens: 8, Pages: pages, Window: tc.window, MaxDrafts: drafts, EOS: []int32{3}, Async: tc.async,
+			rc := enginetest.Config{BlockTokens: 8, Pages: pages, Window: tc.window, MaxDrafts: tc.drafts, EOS: []int32{3}, Async: tc.async,
+				Recurrent: tc.recurrent, EngineCacheOps: tc.engineOps,
 				WrongDraft: func(pos, j int) bool { return (pos+j)%4 == 0 },
 				Fail:       func(uint64) bool { f := failNext; failNext = false; return f }}
 			d := newDirect(t, rc, engine.Config{MaxBatchTokens: 48, MaxSeqs: 6, Policy: tc.policy, Async: tc.async})
+			execute := func(p *engine.BatchPlan) (engine.StepResult, error) {
+				if tc.engineOps {
+					// What Engine.Run does for a runner that leaves the ops to it.
+					if err := engine.ApplyCacheOps(d.r.Pool(), p.CacheOps); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return d.r.Execute(context.Background(), p)
+			}
+			rollbacks := 0
 			var inflight *engine.BatchPlan // async: the plan "running" while the next is built
 			ahead := 0
 			type sub struct {
@@ -74,7 +101,20 @@ func TestRandomOperations(t *testing.T) {
 						ahead++
 					}
 				}
-				res, err := d.r.Execute(context.Background(), p)
+				if rng.IntN(30) == 0 {
+					// The step is cancelled before it runs: it and the plan built after it
+					// are rolled back, their cache ops and releases handed out again.
+					if err := d.s.Rollback(p); err != nil {
+						t.Fatal(err)
+					}
+					rollbacks++
+					inflight = nil
+					if err := d.r.Pool().Check(); err != nil {
+						t.Fatalf("round %d, after a rollback: %v", round, err)
+					}
+					continue
+				}
+				res, err := execute(p)
 				if rng.IntN(10) == 0 && ids > 0 {
 					d.s.Abort(fmt.Sprint(rng.IntN(ids))) // in flight
 				}
@@ -93,15 +133,33 @@ func TestRandomOperations(t *testing.T) {
 				}
 			}
 			if inflight != nil {
-				res, err := d.r.Execute(context.Background(), inflight)
+				res, err := execute(inflight)
 				if err := d.s.Update(inflight, res, err); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if tc.async && ahead < 100 {
+			if tc.async && ahead < 100 && tc.drafts == 0 {
 				t.Fatalf("only %d plans were built ahead", ahead)
 			}
-			d.runAll()
+			if rollbacks == 0 {
+				t.Fatal("no step was rolled back")
+			}
+			if ops, _ := d.r.CacheOps(); tc.recurrent && ops == 0 {
+				t.Fatal("no plan carried a cache op")
+			}
+			for d.s.Len() > 0 {
+				p := d.s.Schedule()
+				if p == nil {
+					t.Fatal("requests left and nothing scheduled")
+				}
+				res, err := execute(p)
+				if err := d.s.Update(p, res, err); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := d.r.Err(); err != nil {
+				t.Fatal(err)
+			}
 			counts := map[engine.FinishReason]int{}
 			for i, s := range subs {
 				if len(s.o.finishes) != 1 {
