@@ -81,6 +81,17 @@ func finishFrame(frame []byte) []byte {
 	return frame
 }
 
+// textHint explains a frame header that reads as text: the peer wrote something else than
+// frames, typically a runner that logs or prints to its stdout.
+func textHint(hdr []byte) string {
+	for _, c := range hdr {
+		if c != '\t' && c != '\n' && c != '\r' && (c < 0x20 || c > 0x7e) {
+			return ""
+		}
+	}
+	return fmt.Sprintf(" (its length bytes read as the text %q: only frames may be written to the stream; an exec runner logs to stderr, never stdout)", hdr)
+}
+
 // Deadliner is a connection whose reads can be bounded in time (net.Conn, *os.File pipes).
 type Deadliner interface {
 	SetReadDeadline(t time.Time) error
@@ -115,7 +126,7 @@ func (fr *FrameReader) Read() (Kind, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: frame of length 0 has no kind byte", ErrMalformed)
 	}
 	if int64(n) > int64(fr.Max) {
-		return 0, nil, fmt.Errorf("%w: a frame of %d bytes, the limit is %d", ErrFrameTooLarge, n, fr.Max)
+		return 0, nil, fmt.Errorf("%w: a frame of %d bytes, the limit is %d%s", ErrFrameTooLarge, n, fr.Max, textHint(fr.hdr[:4]))
 	}
 	if cap(fr.buf) < int(n) {
 		fr.buf = make([]byte, n)

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -76,6 +77,14 @@ type Remote struct {
 
 	healthMu sync.Mutex
 	health   error // nil while up
+
+	// Restarts in the background: a runner that died is started again at once (after
+	// RestartBackoff), not only when the next step comes, so that /health recovers on an
+	// idle server, whose load balancer sends no step while /health says down.
+	bg       context.Context
+	bgCancel context.CancelFunc
+	bgWG     sync.WaitGroup
+	bgBusy   bool // a background restart is pending (under mu)
 }
 
 var _ engine.Runner = (*Remote)(nil)
@@ -105,11 +114,14 @@ func Dial(ctx context.Context, cfg Config) (*Remote, error) {
 	}
 	r := &Remote{cfg: cfg}
 	r.enc.WholeTables = cfg.WholeTables
+	r.bg, r.bgCancel = context.WithCancel(context.Background())
 	s, err := r.start(ctx)
 	if err != nil {
+		r.bgCancel()
 		return nil, err
 	}
 	r.sess, r.info = s, s.info
+	r.watch(s)
 	// The runner's cache is in its own process: it executes the cache ops it is sent.
 	r.info.ExecutesCacheOps = true
 	return r, nil
@@ -210,6 +222,13 @@ func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		return engine.StepResult{}, err
 	}
 	s.wbuf = frame
+	if n := len(frame) - 4; n > r.cfg.MaxFrame {
+		// The runner would refuse it and close the session. The step fails alone; the
+		// runner is told to forget what the step's requests had (see Encoder.Void).
+		r.enc.Void(plan)
+		return engine.StepResult{}, fmt.Errorf("wire: step %d of %d sequences and %d tokens is a frame of %d bytes, over the runner protocol's limit of %d (Config.MaxFrame, --runner-max-frame): its requests fail, the runner goes on",
+			plan.Step, len(plan.ReqIDs), len(plan.Tokens), n, r.cfg.MaxFrame)
+	}
 	kind, payload, err := s.exchange(ctx, frame, r.cfg.StepTimeout)
 	if err != nil && ctx.Err() != nil {
 		// The engine is shutting down: the session is cut, nothing died.
@@ -263,7 +282,52 @@ func (r *Remote) died(err error) error {
 		r.setHealth(fmt.Errorf("%w (restarting at the next step): %w", ErrRunnerDown, err))
 	}
 	r.cfg.Logger.Error("runner died", "runner", r.cfg.Spec, "error", err, "restart", !r.cfg.NoRestart && r.forget != nil)
+	r.restartInBackground()
 	return err
+}
+
+// restartInBackground starts the runner again without waiting for a step (r.mu held).
+func (r *Remote) restartInBackground() {
+	if r.cfg.NoRestart || r.forget == nil || r.closed || r.bgBusy {
+		return
+	}
+	r.bgBusy = true
+	r.bgWG.Add(1)
+	go func() {
+		defer r.bgWG.Done()
+		for {
+			r.mu.Lock()
+			if r.closed || r.sess != nil || r.bg.Err() != nil {
+				r.bgBusy = false
+				r.mu.Unlock()
+				return
+			}
+			// restart waits out RestartBackoff since the last start, so a runner that
+			// keeps failing to start is retried at that pace.
+			r.restart(r.bg)
+			r.mu.Unlock()
+		}
+	}()
+}
+
+// watch marks the runner down as soon as an exec runner's process exits on its own,
+// between steps too, and restarts it.
+func (r *Remote) watch(s *session) {
+	if s.cmd == nil {
+		return
+	}
+	go func() {
+		<-s.exited
+		if s.ended.Load() {
+			return // the engine ended the session itself
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.sess != s {
+			return
+		}
+		r.died(errors.New("the runner process exited between steps"))
+	}()
 }
 
 // restart starts a new session, at most once per RestartBackoff.
@@ -295,6 +359,7 @@ func (r *Remote) restart(ctx context.Context) error {
 		return err
 	}
 	r.sess = s
+	r.watch(s)
 	r.restarts++
 	r.cfg.Logger.Info("runner restarted", "runner", r.cfg.Spec, "restarts", r.restarts)
 	return nil
@@ -307,6 +372,8 @@ func sameInfo(a, b engine.RunnerInfo) bool {
 // Close asks the runner to shut down and waits for an exec runner to exit (killing it
 // after a grace period).
 func (r *Remote) Close() error {
+	r.bgCancel()
+	defer r.bgWG.Wait()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.closed = true
@@ -316,6 +383,10 @@ func (r *Remote) Close() error {
 	}
 	s := r.sess
 	r.sess = nil
+	s.ended.Store(true)
+	if s.wd != nil {
+		s.wd.SetWriteDeadline(time.Now().Add(time.Second))
+	}
 	s.w.Write(AppendShutdown(nil))
 	s.closeWrite()
 	if s.cmd != nil {
@@ -335,7 +406,9 @@ var envPrefix = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_]*=`)
 type session struct {
 	fr     *FrameReader
 	w      io.Writer
-	rd     Deadliner // the read side, for deadlines (nil: none)
+	rd     Deadliner      // the read side, for deadlines (nil: none)
+	wd     writeDeadliner // the write side, for deadlines (nil: none)
+	ended  atomic.Bool    // the engine ended the session (kill or Close)
 	closer []io.Closer
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -379,15 +452,18 @@ func (r *Remote) start(ctx context.Context) (*session, error) {
 		}
 		s.cmd, s.exited = cmd, make(chan struct{})
 		go func() { s.exit = cmd.Wait(); close(s.exited) }()
-		s.fr, s.w, s.rd = NewFrameReader(outR, r.cfg.MaxFrame), inW, outR
+		s.fr, s.w, s.rd, s.wd = NewFrameReader(outR, r.cfg.MaxFrame), inW, outR, inW
 		s.closer = []io.Closer{inW, outR}
 	case "unix":
 		var dl net.Dialer
 		c, err := dl.DialContext(ctx, "unix", rest)
 		if err != nil {
+			if fi, serr := os.Stat(rest); serr == nil && fi.Mode()&os.ModeSocket == 0 {
+				err = fmt.Errorf("%w (%s is not a socket: a runner listens with --listen unix:PATH)", err, rest)
+			}
 			return nil, fmt.Errorf("connect to runner: %w", err)
 		}
-		s.fr, s.w, s.rd = NewFrameReader(c, r.cfg.MaxFrame), c, c
+		s.fr, s.w, s.rd, s.wd = NewFrameReader(c, r.cfg.MaxFrame), c, c, c
 		s.closer = []io.Closer{c}
 	}
 	hello := AppendHello(nil, Hello{Version: Version, MaxFrame: uint32(r.cfg.MaxFrame), Caps: CapCacheOps | CapReleases})
@@ -422,27 +498,53 @@ func (r *Remote) startFailed(s *session, err error) error {
 	return fmt.Errorf("runner %s: %w", r.cfg.Spec, err)
 }
 
-// exchange writes frame and reads the answer, within timeout; cancelling ctx cuts the
-// wait short.
+type writeDeadliner interface {
+	SetWriteDeadline(t time.Time) error
+}
+
+// exchange writes frame and reads the answer, both within timeout (a runner that stops
+// reading blocks the write once the pipe or socket buffer is full); cancelling ctx cuts
+// the wait short.
 func (s *session) exchange(ctx context.Context, frame []byte, timeout time.Duration) (Kind, []byte, error) {
+	deadline := time.Now().Add(timeout)
 	if s.rd != nil {
-		if err := s.rd.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		if err := s.rd.SetReadDeadline(deadline); err != nil {
 			return 0, nil, err
 		}
-		if ctx.Done() != nil {
-			stop := context.AfterFunc(ctx, func() { s.rd.SetReadDeadline(time.Now()) })
-			defer stop()
+	}
+	if s.wd != nil {
+		if err := s.wd.SetWriteDeadline(deadline); err != nil {
+			return 0, nil, err
 		}
 	}
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			if s.rd != nil {
+				s.rd.SetReadDeadline(time.Now())
+			}
+			if s.wd != nil {
+				s.wd.SetWriteDeadline(time.Now())
+			}
+		})
+		defer stop()
+	}
+	explain := func(err error) error {
+		switch {
+		case ctx.Err() != nil:
+			return fmt.Errorf("%w (%w)", err, ctx.Err())
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return fmt.Errorf("timed out after %v: %w", timeout, err)
+		case errors.Is(err, io.EOF):
+			return fmt.Errorf("the runner closed the stream without answering: %w", err)
+		}
+		return err
+	}
 	if _, err := s.w.Write(frame); err != nil {
-		return 0, nil, fmt.Errorf("send: %w", err)
+		return 0, nil, fmt.Errorf("send: %w", explain(err))
 	}
 	k, payload, err := s.fr.Read()
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			err = fmt.Errorf("%w (%w)", err, cerr)
-		}
-		return 0, nil, fmt.Errorf("read the answer: %w", err)
+		return 0, nil, fmt.Errorf("read the answer: %w", explain(err))
 	}
 	return k, payload, nil
 }
@@ -456,6 +558,7 @@ func (s *session) closeWrite() {
 // kill closes the session and kills an exec runner, returning how it exited ("" when
 // unknown).
 func (s *session) kill() string {
+	s.ended.Store(true)
 	for _, c := range s.closer {
 		c.Close()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -299,6 +300,12 @@ func TestDialErrors(t *testing.T) {
 		{"exec:sh -c 'exit 3'", "exit status 3"},
 		{"exec:RESIN_X=1 sh -c 'exit $RESIN_X$RESIN_X'", "exit status 11"}, // env assignments lead the line
 		{"exec:echo not a frame", "handshake"},
+		// A runner that logs to stdout is told so, quoting the text.
+		{"exec:echo Loading weights", `"Load"`},
+		{"exec:echo Loading weights", "never stdout"},
+		// A path that is there but is no socket is named as such.
+		{"unix:" + os.Args[0], "is not a socket"},
+		{"exec:sh -c 'head -c 3 >/dev/null; exit 0'", "closed the stream without answering"},
 	} {
 		_, err := wire.Dial(context.Background(), wire.Config{Spec: c.spec, HandshakeTimeout: 5 * time.Second})
 		if err == nil || !strings.Contains(err.Error(), c.want) {

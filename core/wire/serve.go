@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/resin-llm/resin/core/kvslab"
 	"io"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // Serve is the runner side of the protocol in Go: it answers the engine's Hello with
@@ -40,8 +40,12 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 		}
 		switch {
 		case kind == KindHello && !hello:
-			if _, err := DecodeHello(payload); err != nil {
+			h, err := DecodeHello(payload)
+			if err != nil {
 				return protocolErr(err)
+			}
+			if opts.MaxFrame <= 0 && h.MaxFrame > 0 {
+				fr.Max = int(h.MaxFrame) // the engine's limit holds both ways
 			}
 			hello = true
 			out = AppendInfo(out[:0], Info{Version: Version, Caps: CapCacheOps | CapReleases, Runner: runner.Info()})
@@ -58,6 +62,10 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 				out = AppendError(out[:0], Error{Step: plan.Step, Code: CodeStepFailed, Message: err.Error()})
 			} else {
 				out = AppendResult(out[:0], plan.Step, &res)
+				if n := len(out) - 4; n > fr.Max {
+					out = AppendError(out[:0], Error{Step: plan.Step, Code: CodeStepFailed,
+						Message: fmt.Sprintf("the result is a frame of %d bytes, over the limit of %d", n, fr.Max)})
+				}
 			}
 		case kind == KindShutdown:
 			return DecodeShutdown(payload)
@@ -72,7 +80,7 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 
 // ServeOptions configure Serve.
 type ServeOptions struct {
-	// MaxFrame caps the frames accepted (default DefaultMaxFrame).
+	// MaxFrame caps the frames accepted and sent (default: the engine's, from its Hello).
 	MaxFrame int
 	// Pool is the runner's cache pool, on which Serve applies each step's cache ops when
 	// the runner does not declare ExecutesCacheOps.

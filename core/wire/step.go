@@ -34,6 +34,9 @@ type Encoder struct {
 	shadows map[uint64]*shadow
 	spare   []*shadow
 	e       enc
+	// voided: release notices owed to the runner from a step that was never sent (Void),
+	// sent before the next step's own.
+	voided []engine.Release
 }
 
 // shadow is what the runner holds for one request: a page table per group.
@@ -41,6 +44,7 @@ type shadow struct{ tables [][]kvslab.PageID }
 
 // Reset forgets every table: the runner on the far side holds none (a new session).
 func (x *Encoder) Reset() {
+	x.voided = x.voided[:0]
 	for id, s := range x.shadows {
 		x.spare = append(x.spare, s)
 		delete(x.shadows, id)
@@ -64,6 +68,11 @@ func (x *Encoder) AppendStep(dst []byte, p *engine.BatchPlan) ([]byte, error) {
 			delete(x.shadows, r.ReqID)
 		}
 	}
+	released := p.Released
+	if len(x.voided) > 0 {
+		released = append(x.voided, p.Released...)
+		x.voided = x.voided[:0]
+	}
 	x.e.b = beginFrame(dst, KindStep)
 	e := &x.e
 	b, t, g := len(p.ReqIDs), len(p.Tokens), len(p.Groups)
@@ -71,12 +80,12 @@ func (x *Encoder) AppendStep(dst []byte, p *engine.BatchPlan) ([]byte, error) {
 	e.u64(p.Step)
 	e.i32(p.GraphBatch)
 	for _, n := range [...]int{b, t, len(p.LogitsIndices), g, int(xo), len(p.LogitBiasTokens), len(p.StopIDs), len(p.History),
-		len(p.CacheOps), len(p.Released)} {
+		len(p.CacheOps), len(released)} {
 		e.u32(uint32(n))
 	}
 	nDeltaAt := len(e.b)
 	e.u32(0) // the number of table deltas, filled in below
-	for _, r := range p.Released {
+	for _, r := range released {
 		e.u64(r.ReqID)
 		e.u32(uint32(r.Reason))
 	}
@@ -151,6 +160,22 @@ func (x *Encoder) AppendStep(dst []byte, p *engine.BatchPlan) ([]byte, error) {
 	binary.LittleEndian.PutUint32(e.b[nDeltaAt:], uint32(deltas))
 	finishFrame(e.b[len(dst):])
 	return e.b, nil
+}
+
+// Void undoes, as far as the runner is concerned, a step that AppendStep encoded but
+// that was never sent (a frame over the size limit): the runner did not get its release
+// notices, and holds older tables than the shadows of its requests, which fail with the
+// step. The next step tells the runner to release all of them, and their shadows are
+// dropped, so a request of the step that runs again is sent its whole tables.
+func (x *Encoder) Void(p *engine.BatchPlan) {
+	x.voided = append(x.voided, p.Released...)
+	for _, id := range p.ReqIDs {
+		x.voided = append(x.voided, engine.Release{ReqID: id, Reason: engine.ReleaseAborted})
+		if s := x.shadows[id]; s != nil {
+			x.spare = append(x.spare, s)
+			delete(x.shadows, id)
+		}
+	}
 }
 
 func (x *Encoder) newShadow(groups int) *shadow {

@@ -1,0 +1,254 @@
+package wire_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/wire"
+)
+
+// helperEnv makes this test binary an exec runner: TestMain serves an enginetest runner
+// on stdin/stdout instead of running the tests.
+const helperEnv = "RESIN_WIRE_TEST_RUNNER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "1" {
+		tr, err := enginetest.New(enginetest.Config{VocabSize: 100, Pages: 64})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		if err := wire.Serve(context.Background(), os.Stdin, os.Stdout, tr, wire.ServeOptions{}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// waitFor polls cond until it holds; a generous guard turns a hang into a failure.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for guard := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(guard) {
+			t.Fatalf("still waiting for %s", what)
+		}
+	}
+}
+
+// TestRemoteExitBetweenSteps: an exec runner that dies while the engine is idle is
+// reported by Health at once (not at the next step, which an idle server behind a load
+// balancer that trusts /health would never get), restarted without a step, and the next
+// request is served by the new process with the reference tokens. No zombie is left.
+func TestRemoteExitBetweenSteps(t *testing.T) {
+	t.Setenv(helperEnv, "1")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := enginetest.Config{VocabSize: 100, Pages: 64}
+	r, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	twin, err := enginetest.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(r, engine.Config{Pool: twin.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Attach(e)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() {
+		e.Close()
+		cancel()
+		<-done
+		r.Close()
+	}()
+	run := func(p []int32) {
+		t.Helper()
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ev, err := st.Collect(context.Background())
+		if err != nil || ev.Finish != engine.FinishLength {
+			t.Fatalf("request ended with %v, %v: %v", ev.Finish, err, ev.Err)
+		}
+		if want := enginetest.Reference(cfg.VocabSize, p, 8, engine.SamplingRow{Logprobs: -1}); !slices.Equal(got, want) {
+			t.Fatalf("tokens %v, want %v", got, want)
+		}
+	}
+	run([]int32{1, 2, 3, 4, 5})
+	pid := r.Pid()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a restart without any step", func() bool { return r.Restarts() == 1 && r.Health() == nil })
+	if p := r.Pid(); p == pid || p == 0 {
+		t.Fatalf("runner pid %d after the restart (was %d)", p, pid)
+	}
+	// The killed child was reaped: signal 0 to its pid finds no process (a zombie would).
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the killed runner %d is still there (zombie?): %v", pid, err)
+	}
+	run([]int32{1, 2, 3, 4, 5, 6})
+}
+
+// TestRemoteHealthBetweenSteps: with NoRestart, Health says the runner is down as soon as
+// the process is gone, naming how it exited.
+func TestRemoteHealthBetweenSteps(t *testing.T) {
+	t.Setenv(helperEnv, "1")
+	self, _ := os.Executable()
+	r, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:" + self, NoRestart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := syscall.Kill(r.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Health to report the death", func() bool { return r.Health() != nil })
+	if err := r.Health(); !errors.Is(err, wire.ErrRunnerDown) || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("health %v, want ErrRunnerDown saying the runner was killed", err)
+	}
+}
+
+// bigPlan is a valid one-sequence prefill of n tokens (n a multiple of 16) on one full
+// attention group with pages 0, 1, ...
+func bigPlan(n int) *engine.BatchPlan {
+	p := &engine.BatchPlan{
+		Step: 1, ReqIDs: []uint64{1}, Computed: []int32{0}, Scheduled: []int32{int32(n)}, PromptLen: []int32{int32(n)},
+		NumDrafts: []int32{0}, Temperature: []float32{0}, TopP: []float32{1}, TopK: []int32{0}, MinP: []float32{0},
+		Seed: []uint64{0}, Logprobs: []int32{-1}, QueryStart: []int32{0, int32(n)}, LogitsStart: []int32{0, 1},
+		LogitsIndices: []int32{int32(n - 1)}, Groups: []engine.GroupPlan{{PageTableStart: []int32{0, int32(n / 16)}}},
+	}
+	for i := range n {
+		p.Tokens = append(p.Tokens, int32(i%50))
+		p.Positions = append(p.Positions, int32(i))
+		p.Groups[0].SlotMapping = append(p.Groups[0].SlotMapping, int64(i))
+	}
+	for i := range n / 16 {
+		p.Groups[0].PageTable = append(p.Groups[0].PageTable, kvslab.PageID(i))
+	}
+	return p
+}
+
+// TestRemoteRunnerStopsReading: a runner that answers the handshake and then stops
+// reading (hung, SIGSTOPped) cannot block the engine in a write of a step larger than the
+// socket buffer: the step times out like a missing answer does.
+func TestRemoteRunnerStopsReading(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hung.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	release := make(chan struct{})
+	defer close(release)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		fr := wire.NewFrameReader(c, 0)
+		if _, _, err := fr.Read(); err != nil {
+			return
+		}
+		info := engine.RunnerInfo{Name: "hung", VocabSize: 100, MaxContext: 1 << 20,
+			CacheGroups: []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 8, PageTokens: 16}}}
+		c.Write(wire.AppendInfo(nil, wire.Info{Version: wire.Version, Caps: wire.CapCacheOps | wire.CapReleases, Runner: info}))
+		<-release // never reads the step
+	}()
+	r, err := wire.Dial(context.Background(), wire.Config{Spec: "unix:" + path, StepTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	res := make(chan error, 1)
+	go func() {
+		_, err := r.Execute(context.Background(), bigPlan(1<<18)) // a ~4.5 MB frame
+		res <- err
+	}()
+	select {
+	case err := <-res:
+		if !errors.Is(err, wire.ErrRunnerDied) || !strings.Contains(err.Error(), "timed out") {
+			t.Fatalf("Execute: %v, want ErrRunnerDied after a timeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Execute is still blocked writing to a runner that does not read")
+	}
+}
+
+// TestRemoteStepOverMaxFrame: a step whose frame exceeds the frame limit is not sent (the
+// runner would refuse it and close the session): it fails alone, the runner is neither
+// killed nor restarted, the runner is told to forget the step's requests, and later
+// requests run on the same session with the reference tokens.
+func TestRemoteStepOverMaxFrame(t *testing.T) {
+	cfg := enginetest.Config{VocabSize: 200, Pages: 256}
+	g := newGoRunner(t, cfg)
+	e, r := startEngine(t, g, engine.Config{MaxBatchTokens: 1024}, wire.Config{MaxFrame: 4096})
+	run := func(p []int32) (engine.Event, []int32) {
+		t.Helper()
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 20, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ev, err := st.Collect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev, got
+	}
+	short := []int32{5, 6, 7, 8, 9}
+	if ev, _ := run(short); ev.Finish != engine.FinishLength {
+		t.Fatalf("short request: %v %v", ev.Finish, ev.Err)
+	}
+	long := make([]int32, 600) // a 600-token prefill step: ~15 KB
+	for i := range long {
+		long[i] = int32(i % cfg.VocabSize)
+	}
+	ev, _ := run(long)
+	if ev.Finish != engine.FinishError || !strings.Contains(fmt.Sprint(ev.Err), "over the runner protocol's limit") {
+		t.Fatalf("oversize step ended with %v: %v, want an error naming the frame limit", ev.Finish, ev.Err)
+	}
+	if r.Restarts() != 0 || r.Health() != nil {
+		t.Fatalf("restarts %d, health %v: the runner was taken for dead", r.Restarts(), r.Health())
+	}
+	for i := range 3 {
+		p := append(slices.Clone(short), int32(i))
+		ev, got := run(p)
+		if want := enginetest.Reference(cfg.VocabSize, p, 20, engine.SamplingRow{Logprobs: -1}); ev.Finish != engine.FinishLength || !slices.Equal(got, want) {
+			t.Fatalf("request %d after the oversize step: %v %v, tokens %v want %v", i, ev.Finish, ev.Err, got, want)
+		}
+	}
+	if err := g.errs(); err != nil {
+		t.Fatalf("the runner saw a wrong cache: %v", err)
+	}
+	// The last request's release notice goes with the next step; every other request
+	// (the voided one included) is forgotten.
+	if n := r.Tracked(); n > 1 {
+		t.Fatalf("the engine shadows the tables of %d requests after all but one were released", n)
+	}
+	if r.Restarts() != 0 {
+		t.Fatalf("%d restarts", r.Restarts())
+	}
+}
