@@ -274,3 +274,48 @@ func (s *shiftRows) Row(j int) []float32 {
 	}
 	return s.scratch.Row(j + 1 - s.from)
 }
+
+// textPoolConfig is the kvslab configuration of a pool holding groups. kvslab's default
+// slab is kvslab.DefaultSlabPages pages of the largest group; a KDA state page is so much
+// larger than a pool-key page (GLM-5.3-Flash: 153 MB against 5.6 kB a block) that such a
+// slab would hold more pool-key pages than a page id addresses, and no pool could be
+// built. The slab is then the largest one whose pages of the smallest group a page id
+// still addresses (at least one page of the largest group).
+func textPoolConfig(groups []kvslab.GroupSpec) kvslab.Config {
+	cfg := kvslab.Config{Groups: groups}
+	var largest, smallest int64
+	for _, g := range groups {
+		pb := g.PageBytes()
+		largest = max(largest, pb)
+		if smallest == 0 || pb < smallest {
+			smallest = pb
+		}
+	}
+	if limit := smallest * (kvslab.SlotMask + 1); kvslab.DefaultSlabPages*largest > limit {
+		cfg.SlabBytes = max(largest, limit)
+	}
+	return cfg
+}
+
+// newHostPool builds a pool of bytes bytes (0 = 256 MiB) in host memory for groups, with
+// textPoolConfig's slabs (engine.NewHostPool with the slab size chosen here).
+func newHostPool(groups []kvslab.GroupSpec, bytes int64) (*kvslab.Pool, error) {
+	if bytes == 0 {
+		bytes = 256 << 20
+	}
+	cfg := textPoolConfig(groups)
+	z, err := kvslab.Size(cfg, bytes, 1)
+	if err != nil {
+		return nil, err
+	}
+	// What kvslab.New would refuse, before allocating the arena.
+	if n := bytes / z.SlabBytes; n > kvslab.MaxSlabs {
+		return nil, fmt.Errorf("%w: a pool of %d bytes is %d slabs of %d bytes, more than the %d a page id can address",
+			kvslab.ErrInvalidSpec, bytes, n, z.SlabBytes, kvslab.MaxSlabs)
+	}
+	arena, err := kvslab.NewHostArena(bytes)
+	if err != nil {
+		return nil, err
+	}
+	return kvslab.New(cfg, arena)
+}

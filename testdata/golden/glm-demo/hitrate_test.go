@@ -63,7 +63,9 @@ func hitRate(t *testing.T, r engine.Runner, pool *kvslab.Pool, prompts [][]int32
 
 // TestW1PrefixHitRate checks that the hybrid model (KDA state restored from block-end
 // checkpoints) gets the same prefix-hit rate on a W1-shaped workload as a model with
-// full attention only, on the same block size, and logs both with the pools' memory.
+// full attention only, on the same block size, with and without MTP drafts (whose runner
+// also keeps the MTP layer's rows and the last hidden state in the pool), and logs them
+// with the pools' memory.
 func TestW1PrefixHitRate(t *testing.T) {
 	const vocab, block = 96, 8
 	prompts := w1Shaped(vocab, 64, 20, 12)
@@ -74,19 +76,25 @@ func TestW1PrefixHitRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref, fs := hitRate(t, full, full.Pool(), prompts)
-	for name, s := range map[string]kvslab.Stats{"glm-demo": gs, "full attention": fs} {
+	mr, mpool := mtpTextRunner(t, tinyTextModel(t), 2)
+	mtp, ms := hitRate(t, mr, mpool, prompts)
+	for name, s := range map[string]kvslab.Stats{"glm-demo": gs, "glm-demo with MTP drafts": ms, "full attention": fs} {
 		var perBlock int64
 		for _, g := range s.Groups {
 			perBlock += g.PageBytes
-			t.Logf("%s: group %s (%v), pages of %d bytes", name, g.Name, g.Kind, g.PageBytes)
+			t.Logf("%s: group %s (%v), pages of %d bytes: %d cached (%d bytes), %d slabs lent (%d bytes)",
+				name, g.Name, g.Kind, g.PageBytes, g.PagesCached, int64(g.PagesCached)*g.PageBytes, g.Slabs, g.Bytes)
 		}
 		t.Logf("%s: %d cached blocks, at most %d bytes each (a page per group), %d slabs of %d bytes", name, s.CachedBlocks, perBlock, s.Slabs, s.SlabBytes)
 	}
-	t.Logf("prefix-hit rate: glm-demo %.3f, full attention %.3f", glm, ref)
+	t.Logf("prefix-hit rate: glm-demo %.3f (with MTP drafts %.3f), full attention %.3f", glm, mtp, ref)
 	if ref == 0 {
 		t.Fatal("no prefix hits even with full attention: the workload does not exercise the prefix cache")
 	}
 	if glm != ref {
 		t.Errorf("hybrid hit rate %.4f differs from full attention's %.4f", glm, ref)
+	}
+	if mtp != ref {
+		t.Errorf("hybrid hit rate with MTP drafts %.4f differs from full attention's %.4f", mtp, ref)
 	}
 }

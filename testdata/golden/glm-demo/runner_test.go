@@ -196,3 +196,26 @@ func TestVisionPromptRefusedAlone(t *testing.T) {
 		t.Fatalf("the text request: %d tokens, finish %v (%v, %v)", len(toks), ev.Finish, ev.Err, err)
 	}
 }
+
+// TestRealSizePool checks that the pool of GLM-5.3-Flash's own dimensions (transformers'
+// defaults: 34 KDA layers whose state is 153 MB a sequence, 11 MLA-DSA layers whose pooled
+// keys take 5.6 kB a block) can be laid out, with and without the MTP layer's state:
+// kvslab's default slab of 16 KDA state pages would hold more pool-key pages than a page
+// id addresses. Sized, not allocated.
+func TestRealSizePool(t *testing.T) {
+	c, err := ParseTextConfig([]byte(`{"model_type": "glm5_next", "text_config": {"num_hidden_layers": 45}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mtp := range []bool{false, true} {
+		cfg := textPoolConfig(newTextLayout(c, TextPageTokens(c, 0), mtp).groups)
+		z, err := kvslab.Size(cfg, 16<<30, 1)
+		if err != nil {
+			t.Fatalf("mtp %v: %v", mtp, err)
+		}
+		if want := newTextRunner(&TextModel{Config: c}, 0, 0, 0).MaxContext; z.ContextTokens < want {
+			t.Errorf("mtp %v: 16 GiB holds one sequence of %d tokens, want the runner's %d", mtp, z.ContextTokens, want)
+		}
+		t.Logf("mtp %v: %v", mtp, z)
+	}
+}

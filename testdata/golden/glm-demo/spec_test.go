@@ -378,12 +378,12 @@ func TestMTPChainedDraftsMatchReference(t *testing.T) {
 	t.Logf("%d drafts of %d steps match the chained reference", checked, len(steps))
 }
 
-// TestNaNDraftLogits checks that an MTP layer whose logits are all NaN (a broken
+// TestMTPNaNDraftLogits checks that an MTP layer whose logits are all NaN (a broken
 // checkpoint: here its shared_head.norm) does not fail the engine's step: the drafts it
 // proposes must still be tokens of the vocabulary (ref.Argmax gives −1 for an all-NaN
 // row, which the engine refuses for every sequence of the step), and the output is what
 // the runner without drafts gives.
-func TestNaNDraftLogits(t *testing.T) {
+func TestMTPNaNDraftLogits(t *testing.T) {
 	m := tinyTextModel(t)
 	prompts := specPrompts(m.Config.VocabSize)[:3]
 	sp := engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}
