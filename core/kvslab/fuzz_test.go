@@ -3,6 +3,7 @@ package kvslab
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -32,19 +33,49 @@ type fuzzer struct {
 	// executes them before it reads or writes pages; copies counts those executed.
 	deferred bool
 	copies   int
+	// inflight are copies taken by a step handed out and not yet run: the pool keeps
+	// changing (sequences freed, pages reused, the cache cleared) before that step runs
+	// its copies, or fails and has them handed out again.
+	inflight []PageCopy
+	reissued int // steps that failed with copies in flight
+	// unverified are sequences opened with a hit whose copies were in flight: their hit
+	// is verified once the copies ran (unless they changed since).
+	unverified []unverifiedHit
 }
 
-// flush executes the recorded copies, in order, as a runner does before a step, and
+type unverifiedHit struct {
+	s   *fuzzSeq
+	hit int
+}
+
+// flush runs the step in flight, if any (its copies, then they are retired), then
+// executes the copies recorded since, in order, as a runner does before a step, and
 // retires them.
 func (f *fuzzer) flush() {
 	if !f.deferred {
 		return
 	}
+	f.complete()
 	ops := f.p.TakeCopies(nil)
 	f.execute(ops)
 	if err := f.p.RetireCopies(len(ops)); err != nil {
 		f.t.Fatal(err)
 	}
+	for _, u := range f.unverified {
+		if slices.Contains(f.seqs, u.s) && u.s.computed == u.hit {
+			f.verifyHit(u.s, u.hit)
+		}
+	}
+	f.unverified = f.unverified[:0]
+}
+
+// complete runs the copies of the step in flight and retires them.
+func (f *fuzzer) complete() {
+	f.execute(f.inflight)
+	if err := f.p.RetireCopies(len(f.inflight)); err != nil {
+		f.t.Fatal(err)
+	}
+	f.inflight = f.inflight[:0]
 }
 
 func (f *fuzzer) execute(ops []PageCopy) {
@@ -78,7 +109,10 @@ func (f *fuzzer) run(s *fuzzSeq, from, to int) {
 		switch spec.Kind {
 		case Full, SlidingWindow:
 			for pos := from; pos < to; pos++ {
-				page, _ := p.PageBytes(g, t[pos/4])
+				page, err := p.PageBytes(g, t[pos/4])
+				if err != nil {
+					f.t.Fatalf("run %d..%d: group %q has no page for position %d: %v", from, to, spec.Name, pos, err)
+				}
 				for l := range spec.Layers {
 					binary.LittleEndian.PutUint32(page[(l*4+pos%4)*4:], uint32(s.tokens[pos]))
 				}
@@ -188,6 +222,14 @@ func (f *fuzzer) step() {
 		}
 		s := &fuzzSeq{id: id, tokens: toks, computed: hit}
 		f.seqs = append(f.seqs, s)
+		if f.deferred && len(f.inflight) == 0 && f.byte()%2 == 0 {
+			// The step that admits s is handed out and runs later: the hit is verified
+			// once its copies (the state restore) ran.
+			f.inflight = f.p.TakeCopies(f.inflight)
+			f.unverified = append(f.unverified, unverifiedHit{s, hit})
+			f.check("open, copies in flight")
+			return
+		}
 		f.flush()
 		f.verifyHit(s, hit)
 		f.check("open")
@@ -205,6 +247,18 @@ func (f *fuzzer) step() {
 		}
 		if err != nil {
 			f.t.Fatal(err)
+		}
+		// Now and then the next chunk is reserved while this one is in flight (an engine
+		// building step N+1 while N runs): the chunk in flight keeps its window pages and
+		// checkpoints, which the run below writes and the commit caches.
+		if m := min(f.byte()%6, len(s.tokens)-s.computed-n); m > 0 {
+			err := f.p.ReserveInFlight(s.id, m, n)
+			if err != nil && !errors.Is(err, ErrNoSpace) {
+				f.t.Fatal(err)
+			}
+			if err == nil {
+				n += m
+			}
 		}
 		f.flush()
 		f.run(s, s.computed, s.computed+n)
@@ -242,11 +296,22 @@ func (f *fuzzer) step() {
 			f.check("clear cache")
 		case 1:
 			if f.deferred {
-				// A step that ran its copies and failed before its forward: they are
-				// handed out again, and executing them again must give the same bytes.
-				f.execute(f.p.TakeCopies(nil))
+				// The step in flight ran some of its copies and failed before its
+				// forward: they are handed out again, before those recorded since, and
+				// executing them again must give the same bytes.
+				f.execute(f.inflight[:f.byte()%(len(f.inflight)+1)])
 				f.p.ReissueCopies()
+				if len(f.inflight) > 0 {
+					f.reissued++
+				}
+				f.inflight = f.inflight[:0]
 				f.check("reissue copies")
+			}
+		case 2:
+			if f.deferred && len(f.inflight) == 0 {
+				// A step is handed out with the copies recorded so far; it runs later.
+				f.inflight = f.p.TakeCopies(f.inflight)
+				f.check("take copies")
 			}
 		}
 	}
@@ -317,8 +382,8 @@ func TestFuzzerReachesHitsAndEvictions(t *testing.T) {
 		if st.PrefixHitTokens == 0 || st.Evictions == 0 {
 			t.Fatalf("deferred copies %v: the script reached no prefix hit or no eviction: %+v", deferred, st)
 		}
-		if deferred && fz.copies == 0 {
-			t.Fatal("the script executed no recorded copy")
+		if deferred && (fz.copies == 0 || fz.reissued == 0) {
+			t.Fatalf("the script executed %d recorded copies and failed %d steps with copies in flight", fz.copies, fz.reissued)
 		}
 		t.Logf("deferred copies %v: queries %d, hit tokens %d of %d, evictions %d, copies executed %d",
 			deferred, st.PrefixQueries, st.PrefixHitTokens, st.PrefixQueryTokens, st.Evictions, fz.copies)
