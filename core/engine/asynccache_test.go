@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // A prompt prefilled in chunks, each planned while the one before runs (Config.Async),
@@ -101,6 +103,97 @@ func TestAsyncRunRestartAfterCancelKeepsRecurrentState(t *testing.T) {
 		}
 		if err := r.Pool().Check(); err != nil || r.Pool().OpenSeqs() != 0 {
 			t.Fatalf("pool %v, %d open", err, r.Pool().OpenSeqs())
+		}
+	}
+}
+
+// forgetful is a runner that loses its whole cache at chosen steps, as an out-of-process
+// runner that died and was restarted does: it calls Engine.ForgetCache from Execute,
+// wipes every page and fails the step.
+type forgetful struct {
+	*enginetest.Runner
+	e       *engine.Engine
+	at      map[uint64]bool
+	forgets atomic.Int32
+}
+
+var errForgot = errors.New("the runner lost its cache")
+
+func (f *forgetful) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepResult, error) {
+	if !f.at[p.Step] {
+		return f.Runner.Execute(ctx, p)
+	}
+	f.forgets.Add(1)
+	f.e.ForgetCache()
+	pool := f.Pool()
+	for g := range pool.Groups() {
+		for slab := range pool.Stats().Slabs {
+			for slot := 0; ; slot++ {
+				b, err := pool.PageBytes(g, kvslab.PageID(slab)<<kvslab.SlotBits|kvslab.PageID(slot))
+				if err != nil {
+					break
+				}
+				clear(b)
+			}
+		}
+	}
+	return engine.StepResult{}, errForgot
+}
+
+// After Engine.ForgetCache (a runner restarted with an empty cache) every request still
+// finishes with its reference tokens: the running ones were preempted and recomputed,
+// nothing reads a page cached before (the prefix cache was emptied and the pending copies
+// dropped, with or without a plan built ahead), and the pool is whole at the end.
+func TestForgetCacheRecomputesEverything(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		r, err := enginetest.New(enginetest.Config{Async: async, Recurrent: true, Window: 16, BlockTokens: 8, Pages: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &forgetful{Runner: r, at: map[uint64]bool{4: true, 9: true, 15: true}}
+		e, err := engine.New(f, engine.Config{Pool: r.Pool(), Async: async, MaxBatchTokens: 32, MaxSeqs: 6})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.e = e
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+		shared := prompt(8, 24)
+		var streams []*engine.Stream
+		var prompts [][]int32
+		for i := range 12 {
+			p := append(slices.Clone(shared), prompt(20+i, 3+i)...)
+			st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 12}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams, prompts = append(streams, st), append(prompts, p)
+		}
+		for i, st := range streams {
+			toks, ev, err := st.Collect(context.Background())
+			if err != nil || ev.Finish != engine.FinishLength {
+				t.Fatalf("async %v, request %d: %+v %v (runner: %v)", async, i, ev, err, r.Err())
+			}
+			if want := enginetest.Reference(256, prompts[i], 12, greedy()); !slices.Equal(toks, want) {
+				t.Fatalf("async %v, request %d: %v, want %v", async, i, toks, want)
+			}
+		}
+		cancel()
+		<-done
+		if f.forgets.Load() == 0 {
+			t.Fatalf("async %v: the runner never lost its cache", async)
+		}
+		if err := r.Err(); err != nil {
+			t.Fatal(err)
+		}
+		pool := r.Pool()
+		if err := pool.Check(); err != nil || pool.OpenSeqs() != 0 || pool.PendingCopies() != 0 {
+			t.Fatalf("async %v: pool %v, %d open, %d copies pending", async, err, pool.OpenSeqs(), pool.PendingCopies())
+		}
+		pool.ClearCache()
+		if !pool.Whole() {
+			t.Fatalf("async %v: pool not whole: %+v", async, pool.Stats())
 		}
 	}
 }
