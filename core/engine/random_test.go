@@ -53,6 +53,22 @@ func TestRandomOperations(t *testing.T) {
 				Recurrent: tc.recurrent, EngineCacheOps: tc.engineOps,
 				WrongDraft: func(pos, j int) bool { return (pos+j)%4 == 0 },
 				Fail:       func(uint64) bool { f := failNext; failNext = false; return f }}
+			// As a runner keeping per-request state sees the plans it executes: a request
+			// starts over (a preempted one recomputes, from its prefix hit) only after a
+			// plan's Released named it.
+			starts := map[uint64]int32{}
+			var releaseErr error
+			rc.OnPlan = func(p *engine.BatchPlan) {
+				for _, rel := range p.Released {
+					delete(starts, rel.ReqID)
+				}
+				for i, id := range p.ReqIDs {
+					if prev, ok := starts[id]; ok && p.Computed[i] < prev && releaseErr == nil {
+						releaseErr = fmt.Errorf("step %d: request %d starts over at %d (was at %d) with no release", p.Step, id, p.Computed[i], prev)
+					}
+					starts[id] = p.Computed[i]
+				}
+			}
 			d := newDirect(t, rc, engine.Config{MaxBatchTokens: 48, MaxSeqs: 6, Policy: tc.policy, Async: tc.async})
 			execute := func(p *engine.BatchPlan) (engine.StepResult, error) {
 				if tc.engineOps {
@@ -143,6 +159,9 @@ func TestRandomOperations(t *testing.T) {
 			}
 			if rollbacks == 0 {
 				t.Fatal("no step was rolled back")
+			}
+			if releaseErr != nil {
+				t.Fatal(releaseErr)
 			}
 			if ops, _ := d.r.CacheOps(); tc.recurrent && ops == 0 {
 				t.Fatal("no plan carried a cache op")
