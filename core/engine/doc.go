@@ -21,8 +21,10 @@
 // on the runner's goroutine) executes before the forward of the step that carries them,
 // so after N. Pages freed while N runs (finished or preempted requests, sliding-window
 // blocks left behind, checkpoints beyond a sequence's quota) may be handed out in N+1,
-// but only N+1, after N, writes them. Sliding windows and recurrent groups therefore
-// overlap like full attention. With a drafting runner, a plan is built ahead only while
+// but only N+1, after N, writes them. The window blocks and checkpoints that N itself
+// completes stay until Update commits them (kvslab.Pool.ReserveInFlight), so Async
+// caches the same prefixes. Sliding windows and recurrent groups therefore overlap like
+// full attention. With a drafting runner, a plan is built ahead only while
 // the plan in flight samples nothing (prompt chunks): a step that verifies or proposes
 // drafts decides where its sequences continue, so the next step waits for its result.
 //
