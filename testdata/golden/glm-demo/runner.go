@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -381,6 +382,32 @@ func (s randomSource) Float32(name string, shape ...int) ([]float32, error) {
 	return v, nil
 }
 
+// countSource is randomSource's twin that builds nothing: it counts the floats the loader
+// asks for (TextWeightBytes).
+type countSource struct{ n *int64 }
+
+func (countSource) Names() []string      { return nil }
+func (countSource) Has(name string) bool { return randomSource{}.Has(name) }
+func (s countSource) Float32(_ string, shape ...int) ([]float32, error) {
+	n := int64(1)
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	*s.n += n
+	return nil, nil
+}
+
+// TextWeightBytes is the size of the fp32 weights RandomTextModel builds for c (those of a
+// checkpoint with an MTP layer sharing lm_head), counted through the loader without
+// building them.
+func TextWeightBytes(c *TextConfig) int64 {
+	var n int64
+	if _, _, err := loadTextWeights(countSource{&n}, c); err != nil {
+		return 0
+	}
+	return 4 * n
+}
+
 // RandomTextModel is a model of config c with seeded random weights.
 func RandomTextModel(c *TextConfig, seed uint64) (*TextModel, error) {
 	w, _, err := loadTextWeights(randomSource{rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}, c)
@@ -404,6 +431,11 @@ func LoadText(dir string, pageTokens int, seed uint64) (*TextRunner, error) {
 		ck.Close()
 		m, err = LoadTextModel(dir)
 	case errors.Is(err, weights.ErrNotFound):
+		// A full-size config's random weights get an error naming both figures instead of
+		// the out-of-memory killer.
+		if err := weights.CheckMemory(TextWeightBytes(c), "seeded random weights of "+filepath.Join(dir, "config.json")); err != nil {
+			return nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+		}
 		if seed == 0 {
 			seed = 1
 		}

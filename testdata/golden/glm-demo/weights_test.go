@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -268,4 +269,60 @@ func TestEveryWeightMovesLogits(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestTextWeightBytes checks that TextWeightBytes counts every float the random model
+// holds, and that LoadText refuses, naming both figures, random weights of a config larger
+// than the machine's memory (GLM-5.3-Flash's own dimensions) instead of building them until
+// the out-of-memory killer comes.
+func TestTextWeightBytes(t *testing.T) {
+	m := tinyTextModel(t)
+	floats := heldFloats(reflect.ValueOf(m.W), map[uintptr]bool{})
+	if got := TextWeightBytes(m.Config); got != 4*floats {
+		t.Errorf("TextWeightBytes = %d, the random model holds %d bytes", got, 4*floats)
+	}
+	if _, ok := weights.AvailableMemory(); !ok {
+		t.Skip("available memory unknown here: CheckMemory allows anything")
+	}
+	dir := t.TempDir()
+	cfg := `{"model_type": "glm5_next", "text_config": {"num_hidden_layers": 45}}`
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadText(dir, 0, 0)
+	if !errors.Is(err, weights.ErrTooLarge) || !strings.Contains(err.Error(), "GiB") {
+		t.Fatalf("random weights of the full-size config: %v, want ErrTooLarge with the figures", err)
+	}
+}
+
+// heldFloats counts the float32s held in the []float32 slices reachable from v, each
+// backing array once (the MTP layer's head is lm_head's).
+func heldFloats(v reflect.Value, seen map[uintptr]bool) int64 {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return 0
+		}
+		return heldFloats(v.Elem(), seen)
+	case reflect.Struct:
+		var n int64
+		for i := range v.NumField() {
+			n += heldFloats(v.Field(i), seen)
+		}
+		return n
+	case reflect.Slice:
+		if v.Type().Elem().Kind() == reflect.Float32 {
+			if v.Len() == 0 || seen[v.Pointer()] {
+				return 0
+			}
+			seen[v.Pointer()] = true
+			return int64(v.Len())
+		}
+		var n int64
+		for i := range v.Len() {
+			n += heldFloats(v.Index(i), seen)
+		}
+		return n
+	}
+	return 0
 }
