@@ -125,18 +125,10 @@ func (f *forgetful) Execute(ctx context.Context, p *engine.BatchPlan) (engine.St
 	}
 	f.forgets.Add(1)
 	f.e.ForgetCache()
+	// The whole arena (the scheduler may be building the next plan meanwhile: read only
+	// the pool's geometry).
 	pool := f.Pool()
-	for g := range pool.Groups() {
-		for slab := range pool.Stats().Slabs {
-			for slot := 0; ; slot++ {
-				b, err := pool.PageBytes(g, kvslab.PageID(slab)<<kvslab.SlotBits|kvslab.PageID(slot))
-				if err != nil {
-					break
-				}
-				clear(b)
-			}
-		}
-	}
+	clear(pool.Arena().(kvslab.HostMemory).Bytes(0, pool.Arena().Size()))
 	return engine.StepResult{}, errForgot
 }
 
