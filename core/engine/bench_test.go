@@ -112,3 +112,96 @@ func benchDecode(b *testing.B, seqs int, extra engine.SamplingParams) {
 		left--
 	}
 }
+
+// asyncStandIn is the stand-in model declaring AsyncTokens (it ignores the tokens fed).
+type asyncStandIn struct {
+	standIn
+	groups []kvslab.GroupSpec
+}
+
+func (m *asyncStandIn) Info() engine.RunnerInfo {
+	info := m.standIn.Info()
+	info.AsyncTokens, info.CacheGroups = true, m.groups
+	return info
+}
+
+// BenchmarkDecodeStepAsync is one steady decode step of 32 sequences with Config.Async
+// (the next plan built before the step's Update, as Engine.Run overlaps them), over full
+// attention and over a hybrid cache (a sliding window and a recurrent group, which take
+// the general row path and reserve every token).
+func BenchmarkDecodeStepAsync(b *testing.B) {
+	full := []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 2, PageTokens: 256}}
+	hybrid := []kvslab.GroupSpec{
+		{Name: "swa", Kind: kvslab.SlidingWindow, Layers: 1, BytesPerToken: 2, PageTokens: 256, Window: 512},
+		{Name: "state", Kind: kvslab.Recurrent, Layers: 1, BytesPerToken: 2, PageTokens: 256, Checkpoints: 2},
+	}
+	for name, groups := range map[string][]kvslab.GroupSpec{"full": full, "hybrid": hybrid} {
+		b.Run(name, func(b *testing.B) { benchDecodeAsync(b, 32, groups) })
+	}
+}
+
+func benchDecodeAsync(b *testing.B, seqs int, groups []kvslab.GroupSpec) {
+	const promptLen, warm, rounds = 512, 600, 4096
+	pool, err := engine.NewHostPool(groups, int64(seqs)*int64((promptLen+warm+rounds)/256+4)*groups[0].PageBytes()*int64(len(groups)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	model := &asyncStandIn{groups: groups}
+	s, err := engine.NewScheduler(model.Info(), engine.Config{Pool: pool, MaxSeqs: seqs, MaxBatchTokens: 16384, Async: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var inflight *engine.BatchPlan
+	step := func() {
+		next := s.Schedule()
+		res, err := model.Execute(ctx, inflight)
+		if err := s.Update(inflight, res, err); err != nil {
+			b.Fatal(err)
+		}
+		if next == nil || !s.Pending(next) {
+			next = s.Schedule()
+		}
+		inflight = next
+	}
+	gen := 0
+	fill := func() { // a new generation of requests, past their prompts
+		if inflight != nil {
+			if err := s.Rollback(inflight); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for i := 0; i < seqs; i++ {
+			s.Abort(strconv.Itoa((gen-1)*seqs + i))
+		}
+		for i := 0; i < seqs; i++ {
+			p := make([]int32, promptLen)
+			for j := range p {
+				p[j] = int32((i*promptLen + j + gen) % 32000)
+			}
+			req := engine.Request{ID: strconv.Itoa(gen*seqs + i), Prompt: p, Sampling: engine.SamplingParams{MaxTokens: warm + rounds + 8, HasSeed: true}}
+			if err := s.Add(req, nopOutput{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		gen++
+		inflight = s.Schedule()
+		for range warm {
+			step()
+		}
+	}
+	fill()
+	left := rounds
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if left == 0 {
+			b.StopTimer()
+			fill()
+			left = rounds
+			b.StartTimer()
+		}
+		step()
+		left--
+	}
+}
