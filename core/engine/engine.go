@@ -349,17 +349,18 @@ func (e *Engine) runAsync(ctx context.Context) error {
 	}()
 	defer close(work)
 	var inflight, next *BatchPlan
-	// stop waits for the plan in flight and returns every plan not applied. A plan in
-	// flight that ran to completion is applied first: it moved the sequences' recurrent
-	// states, and the runner's sampled tokens, which a rollback cannot take back.
+	// stop waits for the plan in flight and returns every plan not applied. The plan in
+	// flight is applied first, as the loop would, unless it failed because ctx was
+	// cancelled: a step that ran moved the sequences' recurrent states (and the runner's
+	// sampled tokens), which a rollback cannot take back.
 	stop := func(err error) error {
 		var out stepOut
 		if inflight != nil {
 			out = <-done
 		}
 		e.mu.Lock()
-		if inflight != nil && out.err == nil {
-			_ = e.s.Update(inflight, out.res, nil) // inflight is the oldest plan pending
+		if inflight != nil && (out.err == nil || ctx.Err() == nil) {
+			_ = e.s.Update(inflight, out.res, out.err) // inflight is the oldest plan pending
 		}
 		e.s.rollbackAll()
 		e.afterChange()
