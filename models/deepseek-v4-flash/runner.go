@@ -331,7 +331,7 @@ func (r *Runner) draft(p *engine.BatchPlan, res *engine.StepResult) error {
 	for j := 0; ; j++ {
 		for s, i := range draftSeqs {
 			lg := logits[s*v : (s+1)*v]
-			d := int32(ref.Argmax(lg))
+			d := int32(max(ref.Argmax(lg), 0)) // −1 for an all-NaN row: propose token 0, which the engine's sampler picks then too
 			if r.forceDraft != nil {
 				end := int(p.Computed[i]+p.Scheduled[i]-p.NumDrafts[i]) + int(res.Accepted[i]) - 1
 				d = r.forceDraft(int(p.PromptLen[i]), end+1+j, lg)
