@@ -3,6 +3,7 @@ package deepseekv4flash
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
@@ -117,6 +118,12 @@ func Load(dir string, opts Options) (*Runner, error) {
 			return nil, fmt.Errorf("load %s: %w", dir, err)
 		}
 	case errors.Is(err, weights.ErrNotFound):
+		// A full-size config's random weights get an error naming both figures instead of
+		// the out-of-memory killer.
+		what := "seeded random weights of " + filepath.Join(dir, "config.json")
+		if err := weights.CheckMemory(WeightBytes(c, c.NumNextNPredictLayers > 0), what); err != nil {
+			return nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+		}
 		seed := opts.Seed
 		if seed == 0 {
 			seed = 1
