@@ -193,3 +193,40 @@ func BenchmarkDecodeStep(b *testing.B) {
 		}
 	}
 }
+
+// TestRealSizePool checks that the pool of DeepSeek-V4-Flash's own dimensions (the config
+// defaults: 43 layers, head_dim 512, CSA every other layer at ratio 4 with a 128-wide
+// indexer, HCA at ratio 128) can be laid out as NewPool lays it out (kvslab's default
+// slab, DefaultSlabPages pages of the largest group, the recurrent state), with and
+// without the MTP head, at the default and a larger block: a slab must hold no more pages
+// of the smallest group (HCA's pooled keys) than a page id's slot addresses, as it did
+// not for glm-5-flash, and 16 GiB must hold one sequence of the runner's default context.
+// Sized, not allocated.
+func TestRealSizePool(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"model_type": "deepseek_v4"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const budget = 16 << 30
+	for _, pt := range []int{0, 1024} {
+		for _, mtp := range []bool{false, true} {
+			cfg := kvslab.Config{Groups: layout(c, PageTokens(c, pt), mtp).groups}
+			z, err := kvslab.Size(cfg, budget, 1)
+			if err != nil {
+				t.Fatalf("page tokens %d, mtp %v: %v", pt, mtp, err)
+			}
+			for _, g := range z.Groups {
+				if g.PagesPerSlab > kvslab.SlotMask+1 {
+					t.Errorf("page tokens %d, mtp %v: group %s has %d pages a slab, more than a page id's %d slots", pt, mtp, g.Name, g.PagesPerSlab, kvslab.SlotMask+1)
+				}
+			}
+			if n := budget / z.SlabBytes; n > kvslab.MaxSlabs {
+				t.Errorf("page tokens %d, mtp %v: %d slabs, more than a page id addresses", pt, mtp, n)
+			}
+			if z.ContextTokens < 4096 {
+				t.Errorf("page tokens %d, mtp %v: 16 GiB holds one sequence of %d tokens, want Load's default context 4096", pt, mtp, z.ContextTokens)
+			}
+			t.Logf("page tokens %d, mtp %v: %v", PageTokens(c, pt), mtp, z)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package v4demo
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
@@ -117,6 +118,12 @@ func Load(dir string, opts Options) (*Runner, error) {
 			return nil, fmt.Errorf("load %s: %w", dir, err)
 		}
 	case errors.Is(err, weights.ErrNotFound):
+		// A full-size config's random weights get an error naming both figures instead of
+		// the out-of-memory killer.
+		what := "seeded random weights of " + filepath.Join(dir, "config.json")
+		if err := weights.CheckMemory(WeightBytes(c, c.NumNextNPredictLayers > 0), what); err != nil {
+			return nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+		}
 		seed := opts.Seed
 		if seed == 0 {
 			seed = 1
@@ -331,7 +338,7 @@ func (r *Runner) draft(p *engine.BatchPlan, res *engine.StepResult) error {
 	for j := 0; ; j++ {
 		for s, i := range draftSeqs {
 			lg := logits[s*v : (s+1)*v]
-			d := int32(ref.Argmax(lg))
+			d := int32(max(ref.Argmax(lg), 0)) // −1 for an all-NaN row: propose token 0, which the engine's sampler picks then too
 			if r.forceDraft != nil {
 				end := int(p.Computed[i]+p.Scheduled[i]-p.NumDrafts[i]) + int(res.Accepted[i]) - 1
 				d = r.forceDraft(int(p.PromptLen[i]), end+1+j, lg)

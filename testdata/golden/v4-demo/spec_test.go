@@ -2,6 +2,7 @@ package v4demo
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"unsafe"
@@ -506,4 +507,46 @@ func TestMTPChainedDraftsMatchReference(t *testing.T) {
 		}
 	}
 	t.Logf("%d drafts in %d steps match the chained reference, max |Δ| %g", len(calls), len(calls)/k, worst)
+}
+
+// TestMTPNaNDraftLogits checks that an MTP head whose logits are all NaN (a broken
+// checkpoint: here its final norm) does not fail the engine's step: ref.Argmax gives −1
+// for an all-NaN row, which the engine refuses for every sequence of the step, so the
+// draft must be a token of the vocabulary (0, what the engine's sampler picks for such a
+// row), and the output is what the runner without drafts gives.
+func TestMTPNaNDraftLogits(t *testing.T) {
+	c := tinyConfig(t)
+	plain := NewRunner(tinyModel(t), 8)
+	pool, err := plain.NewPool(8 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompts := specPrompts(c.VocabSize)[:3]
+	sp := engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}
+	want, _ := generate(t, plain, pool, prompts, sp, 0)
+
+	w := RandomWeights(c, 7, true)
+	for i := range w.MTP.Norm {
+		w.MTP.Norm[i] = float32(math.NaN())
+	}
+	m, err := NewModel(c, w, 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewMTPRunner(m, 8, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pool, err = r.NewPool(8 << 20); err != nil {
+		t.Fatal(err)
+	}
+	got, cnt := generate(t, r, pool, prompts, sp, 0)
+	for i := range prompts {
+		if !slices.Equal(got[i].Tokens, want[i].Tokens) {
+			t.Fatalf("prompt %d: %v with NaN drafts, %v without drafts", i, got[i].Tokens, want[i].Tokens)
+		}
+	}
+	if cnt.DraftsProposed == 0 {
+		t.Error("no drafts proposed")
+	}
 }

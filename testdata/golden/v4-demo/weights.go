@@ -482,6 +482,21 @@ func RandomWeights(c *Config, seed uint64, withMTP bool) *Weights {
 	return w
 }
 
+// WeightBytes is the size of the weights RandomWeights builds for c (fp32, tid2eid as
+// int32; a tied lm_head counted once), counted over the loader's tensor list without
+// building anything.
+func WeightBytes(c *Config, withMTP bool) int64 {
+	var n int64
+	for _, p := range params(c, &Weights{}, withMTP) {
+		k := int64(4)
+		for _, d := range p.shape {
+			k *= int64(d)
+		}
+		n += k
+	}
+	return n
+}
+
 // Tensors returns the weights as safetensors tensors named in form, in dtype dt (tid2eid
 // as I64).
 func (w *Weights) Tensors(c *Config, dt weights.DType, form NameForm) ([]weights.Tensor, error) {

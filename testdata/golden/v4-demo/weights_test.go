@@ -1,8 +1,11 @@
 package v4demo
 
 import (
+	"errors"
 	"math"
+	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -209,4 +212,74 @@ func TestLoadFP8(t *testing.T) {
 	if d, at := runnertest.MaxAbsDiff(got.Layers[1].QB, want); d > 1e-6 {
 		t.Errorf("dequantized %s differs by %g at %d", name, d, at)
 	}
+}
+
+// TestWeightBytes checks that WeightBytes counts every value random weights hold (with
+// and without the MTP head, tied and untied), and that Load refuses, naming both figures,
+// random weights of a config larger than the machine's memory (DeepSeek-V4-Flash's own
+// dimensions, the config defaults) instead of building them until the out-of-memory
+// killer comes.
+func TestWeightBytes(t *testing.T) {
+	for _, tied := range []bool{false, true} {
+		c := tinyConfig(t)
+		c.TieWordEmbeddings = tied
+		for _, mtp := range []bool{false, true} {
+			held := 4 * heldValues(reflect.ValueOf(RandomWeights(c, 3, mtp)), map[uintptr]bool{})
+			if got := WeightBytes(c, mtp); got != held {
+				t.Errorf("tied %v, MTP %v: WeightBytes = %d, the random weights hold %d bytes", tied, mtp, got, held)
+			}
+		}
+	}
+	full, err := ParseConfig([]byte(`{"model_type": "deepseek_v4"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// DeepSeek-V4-Flash has 284B parameters: over a TB in fp32.
+	if n := WeightBytes(full, true); n < 1<<40 {
+		t.Errorf("the full-size config's weights come to %d bytes, want over 1 TiB", n)
+	}
+	if _, ok := weights.AvailableMemory(); !ok {
+		t.Skip("available memory unknown here: CheckMemory allows anything")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"model_type": "deepseek_v4"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(dir, Options{})
+	if !errors.Is(err, weights.ErrTooLarge) || strings.Count(err.Error(), "GiB") != 2 {
+		t.Fatalf("random weights of the full-size config: %v, want ErrTooLarge naming both figures", err)
+	}
+	t.Log(err)
+}
+
+// heldValues counts the float32s and int32s held in the slices reachable from v, each
+// backing array once (a tied lm_head is the embedding's).
+func heldValues(v reflect.Value, seen map[uintptr]bool) int64 {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return 0
+		}
+		return heldValues(v.Elem(), seen)
+	case reflect.Struct:
+		var n int64
+		for i := range v.NumField() {
+			n += heldValues(v.Field(i), seen)
+		}
+		return n
+	case reflect.Slice:
+		if k := v.Type().Elem().Kind(); k == reflect.Float32 || k == reflect.Int32 {
+			if v.Len() == 0 || seen[v.Pointer()] {
+				return 0
+			}
+			seen[v.Pointer()] = true
+			return int64(v.Len())
+		}
+		var n int64
+		for i := range v.Len() {
+			n += heldValues(v.Index(i), seen)
+		}
+		return n
+	}
+	return 0
 }
