@@ -56,7 +56,8 @@ type GroupSpec struct {
 // Config is a pool's configuration.
 type Config struct {
 	Groups []GroupSpec
-	// SlabBytes is the slab size; 0 picks DefaultSlabPages times the largest page.
+	// SlabBytes is the slab size; 0 picks DefaultSlabPages times the largest page, or the
+	// largest slab whose pages of every group a PageID addresses when that is smaller.
 	SlabBytes int64
 	// MaxSeqs, when positive, prepares that many sequences up front (the scheduler's cap on
 	// running sequences), so that opening them allocates nothing; more may still be opened.
@@ -70,7 +71,8 @@ const (
 	SlotMask = 1<<SlotBits - 1
 	// MaxSlabs is the number of slabs a pool can address.
 	MaxSlabs = 1<<(32-SlotBits) - 1
-	// DefaultSlabPages is the number of largest pages in a default slab.
+	// DefaultSlabPages is the number of largest pages in a default slab (fewer where a
+	// slab that large would hold more than SlotMask+1 pages of the smallest group).
 	DefaultSlabPages = 16
 )
 
@@ -166,7 +168,6 @@ func (c Config) slabBytes() (int64, error) {
 	if len(c.Groups) > 1<<15 {
 		return 0, fmt.Errorf("%w: %d cache groups", ErrInvalidSpec, len(c.Groups))
 	}
-	var largest int64
 	names := map[string]bool{}
 	for _, g := range c.Groups {
 		if err := g.Validate(); err != nil {
@@ -180,11 +181,13 @@ func (c Config) slabBytes() (int64, error) {
 			return 0, fmt.Errorf("%w: groups %q and %q have %d and %d tokens per page; all groups share one block size",
 				ErrInvalidSpec, c.Groups[0].Name, g.Name, c.Groups[0].PageTokens, g.PageTokens)
 		}
-		largest = max(largest, g.PageBytes())
 	}
 	slab := c.SlabBytes
 	if slab == 0 {
-		slab = DefaultSlabPages * largest
+		var err error
+		if slab, err = defaultSlabBytes(c.Groups); err != nil {
+			return 0, err
+		}
 	}
 	if slab < 0 {
 		return 0, fmt.Errorf("%w: slab size %d is negative", ErrInvalidSpec, slab)
@@ -203,4 +206,29 @@ func (c Config) slabBytes() (int64, error) {
 		}
 	}
 	return slab, nil
+}
+
+// defaultSlabBytes is the slab of a Config that sets none: DefaultSlabPages pages of the
+// largest group, or less where such a slab would hold more pages of the smallest group than
+// a page id's slot addresses (SlotMask+1). A hybrid model's recurrent state page can be
+// tens of thousands of times larger than a page of its attention keys; the slab is then the
+// largest one whose every page a page id still names. It fails when even one page of the
+// largest group holds more pages of the smallest than that.
+func defaultSlabBytes(groups []GroupSpec) (int64, error) {
+	large, small := groups[0], groups[0]
+	for _, g := range groups[1:] {
+		if g.PageBytes() > large.PageBytes() {
+			large = g
+		}
+		if g.PageBytes() < small.PageBytes() {
+			small = g
+		}
+	}
+	limit := small.PageBytes() * (SlotMask + 1)
+	if large.PageBytes() > limit {
+		return 0, fmt.Errorf("%w: a page of group %q (%d bytes) holds %d pages of group %q (%d bytes), more than the %d one slab can address by page id; "+
+			"no slab size works: raise the tokens per page (the block size) so that the pages of %q grow",
+			ErrInvalidSpec, large.Name, large.PageBytes(), large.PageBytes()/small.PageBytes(), small.Name, small.PageBytes(), SlotMask+1, small.Name)
+	}
+	return min(DefaultSlabPages*large.PageBytes(), limit), nil
 }
