@@ -60,7 +60,8 @@ func (ri *RunnerInfo) validate() error {
 		return fmt.Errorf("engine: runner %q declares vocabulary size %d", ri.Name, ri.VocabSize)
 	}
 	if ri.MaxContext <= 1 {
-		return fmt.Errorf("engine: runner %q declares maximum context %d", ri.Name, ri.MaxContext)
+		return fmt.Errorf("engine: runner %q declares maximum context %d: a sequence needs room for at least one prompt token and one generated token, "+
+			"so RunnerInfo.MaxContext must be at least 2; set it to the longest sequence the model handles (its max_position_embeddings)", ri.Name, ri.MaxContext)
 	}
 	for _, t := range ri.EOS {
 		if t < 0 || int(t) >= ri.VocabSize {

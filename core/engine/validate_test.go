@@ -3,7 +3,9 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -72,5 +74,23 @@ func TestHugePoolIsRefused(t *testing.T) {
 	}
 	if _, err := enginetest.New(enginetest.Config{Pages: 1 << 40}); err == nil {
 		t.Error("enginetest.New with 2^40 pages: no error")
+	}
+}
+
+// A runner whose maximum context cannot hold a prompt token and a generated token is
+// refused with an error that says why and what to set instead.
+func TestTinyMaxContextIsExplained(t *testing.T) {
+	for _, n := range []int{1, 0, -5} {
+		info := engine.RunnerInfo{Name: "tiny", VocabSize: 8, MaxContext: n,
+			CacheGroups: []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 16, PageTokens: 16}}}
+		_, err := engine.NewScheduler(info, engine.Config{})
+		if err == nil {
+			t.Fatalf("maximum context %d: accepted", n)
+		}
+		for _, want := range []string{fmt.Sprintf("maximum context %d", n), "one prompt token and one generated token", "at least 2", "max_position_embeddings"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("maximum context %d: error %q does not say %q", n, err, want)
+			}
+		}
 	}
 }
