@@ -128,15 +128,29 @@ func (fr *FrameReader) Read() (Kind, []byte, error) {
 	if int64(n) > int64(fr.Max) {
 		return 0, nil, fmt.Errorf("%w: a frame of %d bytes, the limit is %d%s", ErrFrameTooLarge, n, fr.Max, textHint(fr.hdr[:4]))
 	}
-	if cap(fr.buf) < int(n) {
-		fr.buf = make([]byte, n)
-	}
-	fr.buf = fr.buf[:n]
-	if _, err := io.ReadFull(fr.r, fr.buf); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	// The buffer grows with the bytes that actually arrive, at most doubling, so a length
+	// that lies (a truncated or hostile stream) costs no allocation of that size.
+	fr.buf = fr.buf[:0]
+	for got := 0; got < int(n); {
+		want := int(n)
+		if want > cap(fr.buf) {
+			want = min(want, max(2*cap(fr.buf), growChunk))
+			grown := make([]byte, want)
+			copy(grown, fr.buf[:got])
+			fr.buf = grown
 		}
-		return 0, nil, fmt.Errorf("wire: read a frame of %d bytes: %w", n, err)
+		fr.buf = fr.buf[:want]
+		k, err := io.ReadFull(fr.r, fr.buf[got:want])
+		got += k
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, fmt.Errorf("wire: read a frame of %d bytes: %w (%d read)", n, err, got)
+		}
 	}
 	return Kind(fr.buf[0]), fr.buf[1:], nil
 }
+
+// growChunk is the most a FrameReader allocates ahead of the bytes it has read.
+const growChunk = 1 << 20

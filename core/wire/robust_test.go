@@ -1,12 +1,16 @@
 package wire_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -250,5 +254,24 @@ func TestRemoteStepOverMaxFrame(t *testing.T) {
 	}
 	if r.Restarts() != 0 {
 		t.Fatalf("%d restarts", r.Restarts())
+	}
+}
+
+// TestFrameLengthLies: a frame header that claims the maximum size on a stream that ends
+// after a few bytes gives an error naming the truncation and allocates memory in
+// proportion to the bytes received, not to the length claimed.
+func TestFrameLengthLies(t *testing.T) {
+	const claimed = 60 << 20
+	stream := append(binary.LittleEndian.AppendUint32(nil, claimed), byte(wire.KindStep), 1, 2, 3)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, _, err := wire.NewFrameReader(bytes.NewReader(stream), 64<<20).Read()
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), "62914560") {
+		t.Fatalf("truncated frame: %v, want ErrUnexpectedEOF naming the length", err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 8<<20 {
+		t.Fatalf("reading 8 bytes of a frame that claims %d allocated %d bytes", claimed, n)
 	}
 }

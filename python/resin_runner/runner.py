@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import sys
 import traceback
 
@@ -88,7 +89,11 @@ def serve(runner: Runner, rfile, wfile, max_frame: int = wire.DEFAULT_MAX_FRAME)
                     traceback.print_exc(file=sys.stderr)
                     send(wire.encode_error(plan.step, wire.CODE_STEP_FAILED, f"{type(e).__name__}: {e}"))
                     continue
-                send(wire.encode_result(plan.step, res))
+                out = wire.encode_result(plan.step, res)
+                if len(out) - 4 > max_frame:  # the engine would refuse it and close the session
+                    out = wire.encode_error(plan.step, wire.CODE_STEP_FAILED,
+                                            f"the result is a frame of {len(out) - 4} bytes, over the limit of {max_frame}")
+                send(out)
             elif kind == wire.KIND_SHUTDOWN:
                 return 0
             else:
@@ -111,7 +116,12 @@ def serve_spec(runner: Runner, listen: str | None) -> int:
     if scheme != "unix" or not path:
         print(f"--listen {listen!r}: want unix:PATH", file=sys.stderr)
         return 2
-    if os.path.exists(path):
+    if os.path.lexists(path):
+        # Only a stale socket (a runner that listened here before) is replaced: a typo must
+        # not delete a file.
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            print(f"--listen unix:{path}: the path exists and is not a socket; refusing to replace it", file=sys.stderr)
+            return 2
         os.unlink(path)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)

@@ -56,15 +56,21 @@ def frame(kind: int, payload: bytes) -> bytes:
     return struct.pack("<IB", len(payload) + 1, kind) + payload
 
 
+# _read_exact reads at most this much at a time: a frame length that lies (a truncated or
+# hostile stream) costs memory in proportion to the bytes that arrive, not to the claim
+# (a buffered reader allocates the whole count it is asked for before reading).
+_READ_CHUNK = 1 << 20
+
+
 def _read_exact(stream, n: int) -> bytes:
     chunks, got = [], 0
     while got < n:
-        b = stream.read(n - got)
+        b = stream.read(min(n - got, _READ_CHUNK))
         if not b:
             break
         chunks.append(b)
         got += len(b)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_frame(stream, max_frame: int = DEFAULT_MAX_FRAME):

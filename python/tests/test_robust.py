@@ -110,5 +110,62 @@ class ServeLoop(unittest.TestCase):
         self.assertIn("limit", wire.decode_error(got[-1][1])[2])
 
 
+    def test_result_over_the_engines_limit(self):
+        # The engine's max frame (from Hello) holds for results too: a result it would
+        # refuse (and close the session over) becomes a failed step.
+        class Chatty(Echo):
+            def execute(self, plan):
+                r = super().execute(plan)
+                r.top_tokens, r.top_logprobs = [1] * 200, [0.0] * 200
+                return r
+
+        out = io.BytesIO()
+        hello = wire.encode_hello(wire.Hello(max_frame=400))
+        code = serve(Chatty(), io.BytesIO(hello + fixture("step1")[0]), out)
+        got = frames(out.getvalue())
+        self.assertEqual(code, 0)
+        self.assertEqual([k for k, _ in got], [wire.KIND_INFO, wire.KIND_ERROR])
+        step, code_, msg = wire.decode_error(got[1][1])
+        self.assertEqual((step, code_), (1, wire.CODE_STEP_FAILED))
+        self.assertIn("over the limit of 400", msg)
+
+
+class Framing(unittest.TestCase):
+    def test_length_that_lies(self):
+        # A header claiming 60 MiB on a stream of a few bytes: a clear error, and no
+        # allocation of the claimed size (a buffered reader allocates what it is asked for).
+        import tracemalloc
+
+        data = struct.pack("<IB", 60 << 20, wire.KIND_STEP) + b"abc"
+        tracemalloc.start()
+        try:
+            with self.assertRaisesRegex(wire.WireError, "stream ended inside a frame"):
+                wire.read_frame(io.BufferedReader(io.BytesIO(data)))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        self.assertLess(peak, 8 << 20)
+
+    def test_truncated_header(self):
+        with self.assertRaisesRegex(wire.WireError, "inside a frame header"):
+            wire.read_frame(io.BytesIO(b"\x05\x00"))
+
+
+class Listen(unittest.TestCase):
+    def test_refuses_to_replace_a_file(self):
+        import os
+        import tempfile
+
+        from resin_runner.runner import serve_spec
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "model.safetensors")
+            with open(path, "wb") as f:
+                f.write(b"weights")
+            self.assertEqual(serve_spec(Echo(), "unix:" + path), 2)
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), b"weights")
+
+
 if __name__ == "__main__":
     unittest.main()
