@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -331,6 +332,54 @@ func TestModelAutoDenseVariants(t *testing.T) {
 	for _, model := range []string{"auto", "llama"} {
 		if _, _, err := runGenerate(t, "--model", model, "--random-weights", granite, "hi"); err == nil || !strings.Contains(err.Error(), "granite") && !strings.Contains(err.Error(), "GraniteForCausalLM") {
 			t.Errorf("--model %s on a Granite config: error %v, want one naming it", model, err)
+		}
+	}
+}
+
+// TestRandomWeightsErrorsNameUserConfig checks that errors about the --random-weights
+// config (random weights too large for the machine, a config listing no architectures)
+// name the file the user passed, not the temporary copy the models are opened on.
+func TestRandomWeightsErrorsNameUserConfig(t *testing.T) {
+	data, err := os.ReadFile(tinyLlama)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["vocab_size"], m["hidden_size"] = 1<<20, 1<<20 // 4 TiB of embeddings alone
+	big, _ := json.Marshal(m)
+	bigPath := filepath.Join(t.TempDir(), "big-llama.json")
+	if err := os.WriteFile(bigPath, big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	noArch := filepath.Join(t.TempDir(), "no-arch.json")
+	if err := os.WriteFile(noArch, []byte(`{"model_type": "llama"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, memKnown := weights.AvailableMemory()
+	for _, c := range []struct {
+		args   []string
+		path   string
+		tooBig bool
+	}{
+		{[]string{"--model", "auto", "--random-weights", noArch}, noArch, false},
+		{[]string{"--model", "llama", "--random-weights", bigPath}, bigPath, true},
+	} {
+		if c.tooBig && !memKnown {
+			t.Log("available memory unknown here: the memory refusal is not checked")
+			continue
+		}
+		_, _, err := runGenerate(t, append(c.args, "--prompt-ids", "1")...)
+		if err == nil {
+			t.Fatalf("%v: no error", c.args)
+		}
+		if !strings.Contains(err.Error(), c.path) || strings.Contains(err.Error(), "resin-random-weights-") {
+			t.Errorf("%v: error %q does not name %s alone", c.args, err, c.path)
+		}
+		if c.tooBig && !errors.Is(err, weights.ErrTooLarge) {
+			t.Errorf("%v: error %v, want weights.ErrTooLarge", c.args, err)
 		}
 	}
 }

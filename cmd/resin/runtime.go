@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
@@ -166,6 +167,9 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	}
 	m, err := resolveModel(f.model, dir)
 	if err != nil {
+		if f.weights == "" {
+			err = namedAs(err, dir, f.randomWeights)
+		}
 		return nil, nil, "", err
 	}
 	var r engine.Runner
@@ -183,10 +187,30 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		r, pool, err = m.OpenSpeculative(dir, f.cacheBytes, f.specTokens)
 	}
 	if err != nil {
+		if f.weights == "" {
+			err = namedAs(err, dir, f.randomWeights)
+		}
 		return nil, nil, "", fmt.Errorf("open model %s: %w", m.Name, err)
 	}
 	return r, pool, m.Name, nil
 }
+
+// namedAs is err with the temporary directory dir, which holds a copy of the
+// --random-weights config, named as the file the user passed: the memory refusal of a
+// full-size config, or a parse error, then points at a file the user can edit.
+func namedAs(err error, dir, config string) error {
+	return renamedError{err, strings.NewReplacer(filepath.Join(dir, "config.json"), config, dir, config)}
+}
+
+// renamedError is an error whose message has paths replaced; errors.Is and As still see
+// the original.
+type renamedError struct {
+	err error
+	r   *strings.Replacer
+}
+
+func (e renamedError) Error() string { return e.r.Replace(e.err.Error()) }
+func (e renamedError) Unwrap() error { return e.err }
 
 // checkCheckpoint makes sure dir is a checkpoint with config.json and safetensors, so that
 // a model that falls back to random weights never does so for a mistyped --weights.
