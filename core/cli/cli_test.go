@@ -314,26 +314,3 @@ func TestProfiling(t *testing.T) {
 		t.Errorf("--cpuprofile into a missing directory: %v", err)
 	}
 }
-
-// TestRandomWeightsNote checks that a model directory without safetensors, which the
-// models run with seeded random weights, is said to be so: a real checkpoint in another
-// format (pytorch_model.bin) or a misnamed file otherwise generated noise without a word.
-func TestRandomWeightsNote(t *testing.T) {
-	dir := modelDir(t, false)
-	os.WriteFile(filepath.Join(dir, "pytorch_model.bin"), []byte("x"), 0o644)
-	_, errOut, err := run(t, GenerateCmd(NewModelDir("test", testOpener)), "--model", dir, "--max-tokens", "2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(errOut, "random weights") {
-		t.Errorf("no note on stderr about random weights:\n%s", errOut)
-	}
-	os.WriteFile(filepath.Join(dir, "model.safetensors"), []byte("x"), 0o644)
-	_, errOut, err = run(t, GenerateCmd(NewModelDir("test", testOpener)), "--model", dir, "--max-tokens", "2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(errOut, "random weights") {
-		t.Errorf("a note about random weights beside model.safetensors:\n%s", errOut)
-	}
-}

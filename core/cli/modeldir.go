@@ -7,13 +7,16 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
 
 // ModelDir is the Loader of a runtime built for one model: --model DIR holds config.json
 // and the safetensors (or only config.json, for the model's seeded random weights) and,
-// when it has one, tokenizer.json with tokenizer_config.json.
+// when it has one, tokenizer.json with tokenizer_config.json. A directory whose weights
+// are in another format (pytorch_model.bin, *.pt) is refused unless --random-weights asks
+// for random weights: only safetensors are loaded.
 type ModelDir struct {
 	name string
 	open Opener
@@ -22,7 +25,8 @@ type ModelDir struct {
 
 	device DeviceFlags
 
-	specTokens int
+	specTokens    int
+	randomWeights bool
 
 	dir, tokPath, chatPath, served string
 	cacheBytes                     int64
@@ -48,6 +52,7 @@ func (m *ModelDir) Register(cmd *cobra.Command) {
 		fl.IntVar(&m.specTokens, "num-speculative-tokens", 0, "decode speculatively with this many draft tokens per step from the model's draft head (MTP); 0 = off")
 	}
 	fl.StringVar(&m.dir, "model", ".", "model directory: config.json and safetensors (none: seeded random weights)")
+	fl.BoolVar(&m.randomWeights, "random-weights", false, "run seeded random weights of --model's config.json even though it holds weights in a format Resin does not load (*.bin, *.pt)")
 	fl.Int64Var(&m.cacheBytes, "cache-bytes", 64<<20, "KV cache pool size in bytes")
 	fl.StringVar(&m.tokPath, "tokenizer", "", "tokenizer.json, or a directory holding it (default: the one in --model, if any)")
 	fl.StringVar(&m.chatPath, "chat-template", "", "tokenizer_config.json holding the chat template (default: the one beside the tokenizer)")
@@ -99,11 +104,8 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		}
 		rt.Chat = chat
 	}
-	if shards, _ := filepath.Glob(filepath.Join(m.dir, "*.safetensors")); len(shards) == 0 {
-		// The models fall back to seeded random weights here; a checkpoint in another
-		// format or under another name would otherwise generate noise without a word. Said
-		// before opening: random weights of a full-size config may not even fit in memory.
-		fmt.Fprintf(warn, "note: %s holds no *.safetensors: %s runs seeded random weights of its config.json\n", m.dir, m.name)
+	if err := m.checkWeights(warn); err != nil {
+		return nil, err
 	}
 	if m.specTokens < 0 {
 		return nil, fmt.Errorf("--num-speculative-tokens %d is negative", m.specTokens)
@@ -126,4 +128,44 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		return nil, fmt.Errorf("open model %s in %s: %w", m.name, m.dir, err)
 	}
 	return rt, nil
+}
+
+// foreignWeights are the patterns of weight files in formats Resin does not load.
+var foreignWeights = []string{"*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf"}
+
+// checkWeights decides between the checkpoint and seeded random weights, which the models
+// fall back to when the directory holds no *.safetensors: a checkpoint in another format
+// is an error rather than noise, unless --random-weights asks for it, and random weights
+// get a note, said before opening (those of a full-size config may not fit in memory).
+func (m *ModelDir) checkWeights(warn io.Writer) error {
+	shards, err := filepath.Glob(filepath.Join(m.dir, "*.safetensors"))
+	if err != nil {
+		return fmt.Errorf("--model: %w", err)
+	}
+	if len(shards) > 0 {
+		if m.randomWeights {
+			return fmt.Errorf("--random-weights: %s holds safetensors, which the model would load instead; pass a directory holding only config.json", m.dir)
+		}
+		return nil
+	}
+	var foreign []string
+	for _, pat := range foreignWeights {
+		found, err := filepath.Glob(filepath.Join(m.dir, pat))
+		if err != nil {
+			return fmt.Errorf("--model: %w", err)
+		}
+		for _, f := range found {
+			foreign = append(foreign, filepath.Base(f))
+		}
+	}
+	if len(foreign) > 0 && !m.randomWeights {
+		if n := len(foreign); n > 4 {
+			foreign = append(foreign[:3], fmt.Sprintf("%d more", n-3))
+		}
+		return fmt.Errorf("--model %s holds %s but no *.safetensors, and only safetensors are loaded: convert the checkpoint to safetensors "+
+			"(transformers: model.save_pretrained(dir, safe_serialization=True)), or pass --random-weights to run seeded random weights of its config.json",
+			m.dir, strings.Join(foreign, ", "))
+	}
+	fmt.Fprintf(warn, "note: %s holds no *.safetensors: %s runs seeded random weights of its config.json\n", m.dir, m.name)
+	return nil
 }
