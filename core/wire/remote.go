@@ -279,7 +279,7 @@ func (r *Remote) died(err error) error {
 	if r.cfg.NoRestart || r.forget == nil {
 		r.setHealth(fmt.Errorf("%w: %w", ErrRunnerDown, err))
 	} else {
-		r.setHealth(fmt.Errorf("%w (restarting at the next step): %w", ErrRunnerDown, err))
+		r.setHealth(fmt.Errorf("%w (restarting): %w", ErrRunnerDown, err))
 	}
 	r.cfg.Logger.Error("runner died", "runner", r.cfg.Spec, "error", err, "restart", !r.cfg.NoRestart && r.forget != nil)
 	r.restartInBackground()

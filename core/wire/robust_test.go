@@ -64,6 +64,7 @@ func TestRemoteExitBetweenSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := enginetest.Config{VocabSize: 100, Pages: 64}
+	base := runtime.NumGoroutine()
 	r, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -80,11 +81,16 @@ func TestRemoteExitBetweenSteps(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	defer func() {
+	stop := func() {
 		e.Close()
 		cancel()
 		<-done
 		r.Close()
+	}
+	defer func() {
+		if stop != nil {
+			stop()
+		}
 	}()
 	run := func(p []int32) {
 		t.Helper()
@@ -114,6 +120,10 @@ func TestRemoteExitBetweenSteps(t *testing.T) {
 		t.Fatalf("the killed runner %d is still there (zombie?): %v", pid, err)
 	}
 	run([]int32{1, 2, 3, 4, 5, 6})
+	// Closed, the remote leaves no goroutine behind (process watchers, restarts).
+	stop()
+	stop = nil
+	waitFor(t, fmt.Sprintf("the goroutines to return to %d", base), func() bool { return runtime.NumGoroutine() <= base })
 }
 
 // TestRemoteHealthBetweenSteps: with NoRestart, Health says the runner is down as soon as
