@@ -26,7 +26,9 @@ if [ ! -x "$venv/bin/python" ]; then
 	fi
 fi
 stamp="$venv/.resin-runner-stamp"
-want=$(cd "$root" && find python -type f \( -name '*.py' -o -name 'pyproject.toml' \) -print0 | sort -z | xargs -0 cat | sha256sum | cut -c1-16)
+# The hash skips what pip writes into python/ (build/, *.egg-info), which would otherwise
+# change it on the run after each install.
+want=$(cd "$root" && find python \( -name build -o -name '*.egg-info' -o -name __pycache__ \) -prune -o -type f \( -name '*.py' -o -name 'pyproject.toml' \) -print0 | sort -z | xargs -0 cat | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 	if ! timeout 600 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy "$root/python" >/dev/null 2>&1; then
 		echo "   could not install numpy and ./python into $venv; the Python runner tests will skip"
