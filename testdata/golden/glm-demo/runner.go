@@ -145,7 +145,7 @@ func (r *TextRunner) CacheGroups() []kvslab.GroupSpec {
 
 // NewPool builds a host-memory pool of bytes bytes (0 = 256 MiB) and binds the runner to it.
 func (r *TextRunner) NewPool(bytes int64) (*kvslab.Pool, error) {
-	pool, err := newHostPool(r.CacheGroups(), bytes)
+	pool, err := engine.NewHostPool(r.CacheGroups(), bytes)
 	if err != nil {
 		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
 	}

@@ -199,23 +199,54 @@ func TestVisionPromptRefusedAlone(t *testing.T) {
 
 // TestRealSizePool checks that the pool of GLM-5.3-Flash's own dimensions (transformers'
 // defaults: 34 KDA layers whose state is 153 MB a sequence, 11 MLA-DSA layers whose pooled
-// keys take 5.6 kB a block) can be laid out, with and without the MTP layer's state:
-// kvslab's default slab of 16 KDA state pages would hold more pool-key pages than a page
-// id addresses. Sized, not allocated.
+// keys take 5.6 kB a block) can be laid out, with and without the MTP layer's state, by the
+// configuration NewPool hands kvslab (engine.NewHostPool: no slab size, kvslab's default).
+// Sixteen KDA state pages would hold more pool-key pages than a page id addresses, so the
+// default slab must come out smaller than that and still hold a state page. Sized, and the
+// pool built over an arena that holds no memory.
 func TestRealSizePool(t *testing.T) {
 	c, err := ParseTextConfig([]byte(`{"model_type": "glm5_next", "text_config": {"num_hidden_layers": 45}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mtp := range []bool{false, true} {
-		cfg := textPoolConfig(newTextLayout(c, TextPageTokens(c, 0), mtp).groups)
+		cfg := kvslab.Config{Groups: newTextLayout(c, TextPageTokens(c, 0), mtp).groups}
 		z, err := kvslab.Size(cfg, 16<<30, 1)
 		if err != nil {
 			t.Fatalf("mtp %v: %v", mtp, err)
 		}
+		var largest int64
+		for _, g := range cfg.Groups {
+			largest = max(largest, g.PageBytes())
+		}
+		if z.SlabBytes >= kvslab.DefaultSlabPages*largest {
+			t.Errorf("mtp %v: slab of %d bytes, want fewer than %d state pages of %d bytes (the layout this test is for)",
+				mtp, z.SlabBytes, kvslab.DefaultSlabPages, largest)
+		}
+		for _, g := range z.Groups {
+			if g.PagesPerSlab < 1 || g.PagesPerSlab > kvslab.SlotMask+1 {
+				t.Errorf("mtp %v: group %q has %d pages a slab, want 1 to %d", mtp, g.Name, g.PagesPerSlab, kvslab.SlotMask+1)
+			}
+		}
 		if want := newTextRunner(&TextModel{Config: c}, 0, 0, 0).MaxContext; z.ContextTokens < want {
 			t.Errorf("mtp %v: 16 GiB holds one sequence of %d tokens, want the runner's %d", mtp, z.ContextTokens, want)
 		}
+		pool, err := kvslab.New(cfg, sizeOnlyArena(16<<30))
+		if err != nil {
+			t.Fatalf("mtp %v: pool of 16 GiB: %v", mtp, err)
+		}
+		if pool.SlabBytes() != z.SlabBytes || pool.Slabs() != z.Slabs {
+			t.Errorf("mtp %v: pool of %d slabs of %d bytes, sized %d of %d", mtp, pool.Slabs(), pool.SlabBytes(), z.Slabs, z.SlabBytes)
+		}
 		t.Logf("mtp %v: %v", mtp, z)
 	}
+}
+
+// sizeOnlyArena is a kvslab.Arena that reports a size and holds no memory (kvslab.New reads
+// only its size), for pools too large to allocate in a test.
+type sizeOnlyArena int64
+
+func (a sizeOnlyArena) Size() int64 { return int64(a) }
+func (a sizeOnlyArena) Copy(dst, src, n int64) error {
+	return errors.New("sizeOnlyArena: no memory")
 }
