@@ -442,6 +442,7 @@ func (r *Remote) start(ctx context.Context) (*session, error) {
 		}
 		cmd := exec.Command("/bin/sh", "-c", line)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, r.cfg.Stderr
+		ownGroup(cmd)
 		err = cmd.Start()
 		inR.Close()
 		outW.Close()
@@ -565,12 +566,10 @@ func (s *session) kill() string {
 	if s.cmd == nil {
 		return ""
 	}
-	select {
-	case <-s.exited:
-	default:
-		s.cmd.Process.Kill()
-		<-s.exited
-	}
+	// The whole group, even when the runner exited on its own: what it started may not
+	// have (the group's id stays the runner's pid while any member is left).
+	killGroup(s.cmd)
+	<-s.exited
 	if s.exit == nil {
 		return "exited with status 0"
 	}

@@ -1,3 +1,5 @@
+//go:build unix
+
 package wire_test
 
 import (
@@ -283,5 +285,52 @@ func TestFrameLengthLies(t *testing.T) {
 	}
 	if n := after.TotalAlloc - before.TotalAlloc; n > 8<<20 {
 		t.Fatalf("reading 8 bytes of a frame that claims %d allocated %d bytes", claimed, n)
+	}
+}
+
+// alive reports whether process pid exists and is not a zombie (an orphan killed in a
+// container may stay a zombie when pid 1 does not reap).
+func alive(t *testing.T, pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// TestRemoteKillsWhatTheRunnerStarted: an exec runner's command line that starts other
+// processes (here a background sleep) leaves none behind when the engine closes it, and
+// none when the engine kills it.
+func TestRemoteKillsWhatTheRunnerStarted(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("needs /proc")
+	}
+	t.Setenv(helperEnv, "1")
+	self, _ := os.Executable()
+	for _, how := range []string{"close", "kill"} {
+		pidFile := filepath.Join(t.TempDir(), "pid")
+		spec := fmt.Sprintf(`exec:sh -c 'sleep 300 & echo $! > %s; exec %s'`, pidFile, self)
+		r, err := wire.Dial(context.Background(), wire.Config{Spec: spec, NoRestart: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var child int
+		fmt.Sscan(string(b), &child)
+		if !alive(t, child) {
+			t.Fatalf("%s: the runner's child %d is not running", how, child)
+		}
+		if how == "kill" {
+			syscall.Kill(r.Pid(), syscall.SIGKILL)
+			waitFor(t, "the death to be noticed", func() bool { return r.Health() != nil })
+		}
+		r.Close()
+		t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
+		waitFor(t, fmt.Sprintf("%s: the runner's child %d to die with it", how, child), func() bool { return !alive(t, child) })
 	}
 }
