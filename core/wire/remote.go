@@ -85,6 +85,9 @@ type Remote struct {
 	bgCancel context.CancelFunc
 	bgWG     sync.WaitGroup
 	bgBusy   bool // a background restart is pending (under mu)
+	// bgAbort cancels the pending background restart: a step whose context ends while it
+	// waits for the restart (the engine shutting down) must not wait for a handshake.
+	bgAbort atomic.Pointer[context.CancelFunc]
 }
 
 var _ engine.Runner = (*Remote)(nil)
@@ -200,6 +203,14 @@ func (r *Remote) Restarts() int {
 // step (ErrRunnerDied); the next step restarts it, unless NoRestart, and is itself voided
 // after Engine.ForgetCache put every running request back in the queue.
 func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			if abort := r.bgAbort.Load(); abort != nil {
+				(*abort)()
+			}
+		})
+		defer stop()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -292,19 +303,23 @@ func (r *Remote) restartInBackground() {
 		return
 	}
 	r.bgBusy = true
+	ctx, cancel := context.WithCancel(r.bg)
+	r.bgAbort.Store(&cancel)
 	r.bgWG.Add(1)
 	go func() {
 		defer r.bgWG.Done()
+		defer cancel()
 		for {
 			r.mu.Lock()
-			if r.closed || r.sess != nil || r.bg.Err() != nil {
+			if r.closed || r.sess != nil || ctx.Err() != nil {
 				r.bgBusy = false
+				r.bgAbort.CompareAndSwap(&cancel, nil)
 				r.mu.Unlock()
 				return
 			}
 			// restart waits out RestartBackoff since the last start, so a runner that
 			// keeps failing to start is retried at that pace.
-			r.restart(r.bg)
+			r.restart(ctx)
 			r.mu.Unlock()
 		}
 	}()

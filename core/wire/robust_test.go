@@ -334,3 +334,44 @@ func TestRemoteKillsWhatTheRunnerStarted(t *testing.T) {
 		waitFor(t, fmt.Sprintf("%s: the runner's child %d to die with it", how, child), func() bool { return !alive(t, child) })
 	}
 }
+
+// TestRemoteShutdownDuringRestart: the engine shutting down while a background restart
+// waits for a runner that never answers the handshake does not wait for the handshake
+// timeout: the step waiting for the restart ends with the engine's context.
+func TestRemoteShutdownDuringRestart(t *testing.T) {
+	t.Setenv(helperEnv, "1")
+	self, _ := os.Executable()
+	flag := filepath.Join(t.TempDir(), "started")
+	// The first start serves; every later one hangs before the handshake.
+	spec := fmt.Sprintf(`exec:sh -c 'if [ -e %s ]; then sleep 300; fi; touch %s; exec %s'`, flag, flag, self)
+	r, err := wire.Dial(context.Background(), wire.Config{Spec: spec, RestartBackoff: time.Millisecond, HandshakeTimeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	twin, err := enginetest.New(enginetest.Config{VocabSize: 100, Pages: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(r, engine.Config{Pool: twin.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Attach(e)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	syscall.Kill(r.Pid(), syscall.SIGKILL)
+	waitFor(t, "the death to be noticed", func() bool { return r.Health() != nil })
+	if _, err := e.Submit(context.Background(), engine.Request{Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // let the engine's step wait for the restart
+	e.Close()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the engine loop is still waiting for a runner's handshake after its context ended")
+	}
+}
