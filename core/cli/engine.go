@@ -46,6 +46,9 @@ type Engine struct {
 	done   chan error
 	once   sync.Once
 	err    error
+	// closeRunner ends an out-of-process runner's session when the engine stops (nil for
+	// a runner in this process).
+	closeRunner func() error
 }
 
 // load reads the engine flags and loads the model the loader's flags name.
@@ -70,7 +73,7 @@ func Start(rt *Runtime, cfg engine.Config) (*Engine, error) {
 	}
 	attachRunner(e, rt.Runner)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Engine{Engine: e, cancel: cancel, done: make(chan error, 1)}
+	r := &Engine{Engine: e, cancel: cancel, done: make(chan error, 1), closeRunner: runnerCloser(rt.Runner)}
 	go func() { r.done <- e.Run(ctx) }()
 	return r, nil
 }
@@ -83,6 +86,9 @@ func (e *Engine) Stop() error {
 		e.cancel()
 		if err := <-e.done; err != nil && !errors.Is(err, context.Canceled) {
 			e.err = fmt.Errorf("engine loop: %w", err)
+		}
+		if e.closeRunner != nil {
+			e.closeRunner()
 		}
 	})
 	return e.err

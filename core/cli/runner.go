@@ -73,6 +73,15 @@ func attachRunner(e *engine.Engine, r engine.Runner) {
 	}
 }
 
+// runnerCloser returns what ends an out-of-process runner's session (Shutdown, then an
+// exec runner's exit is waited for and reaped), or nil for a runner in this process.
+func runnerCloser(r engine.Runner) func() error {
+	if rem, ok := r.(*wire.Remote); ok {
+		return rem.Close
+	}
+	return nil
+}
+
 // runnerHealth returns what /health asks besides draining: an out-of-process runner's
 // state, or nil for a runner in this process.
 func runnerHealth(r engine.Runner) func() error {

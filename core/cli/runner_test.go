@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/wire"
+)
+
+// TestStopClosesRemoteRunner: stopping the engine of an out-of-process runner ends the
+// runner's session with Shutdown (the runner returns cleanly), not by leaving the process
+// to notice the engine's exit.
+func TestStopClosesRemoteRunner(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runner.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	tr, err := enginetest.New(enginetest.Config{VocabSize: 100, Pages: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		served <- wire.Serve(context.Background(), c, c, tr, wire.ServeOptions{})
+	}()
+	f := RemoteFlags{CacheBytes: 1 << 20}
+	r, pool, err := f.Open("unix:"+path, t.Output())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Start(&Runtime{Runner: r, Pool: pool, RunnerName: "remote"}, engine.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.(*wire.Remote).Health(); !errors.Is(err, wire.ErrRunnerDown) {
+		t.Fatalf("health after Stop: %v, want the runner closed", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("the runner's session ended with %v, want a clean Shutdown", err)
+	}
+}
