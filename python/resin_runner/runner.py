@@ -124,8 +124,13 @@ def serve_spec(runner: Runner, listen: str | None) -> int:
             return 2
         os.unlink(path)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
+    try:
+        srv.bind(path)
+        srv.listen(1)
+    except OSError as e:
+        srv.close()
+        print(f"--listen unix:{path}: cannot listen there: {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"resin_runner: listening on unix:{path}", file=sys.stderr, flush=True)
     try:
         while True:

@@ -166,6 +166,17 @@ class Listen(unittest.TestCase):
             with open(path, "rb") as f:
                 self.assertEqual(f.read(), b"weights")
 
+    def test_unlistenable_path(self):
+        import contextlib
+        import io as _io
+
+        from resin_runner.runner import serve_spec
+
+        err = _io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(serve_spec(Echo(), "unix:/nonexistent-dir/x.sock"), 2)
+        self.assertIn("cannot listen there", err.getvalue())
+
 
 if __name__ == "__main__":
     unittest.main()
