@@ -9,9 +9,10 @@
 // BatchPlan with its page tables sent as deltas against the tables the runner already
 // holds (Encoder keeps a shadow copy per request and forgets released ones), the plan's
 // CacheOps in order and its release notices. A runner that dies fails the step in flight
-// (ErrRunnerDied); with the engine attached (Remote.Attach) the next step restarts it and
-// calls Engine.ForgetCache, since the new process holds no cache, and Health reports the
-// runner's state for /health.
+// (ErrRunnerDied), and an exec runner that exits between steps is noticed at once; with
+// the engine attached (Remote.Attach) it is restarted in the background right away, and
+// the next step calls Engine.ForgetCache, since the new process holds no cache. Health
+// reports the runner's state for /health.
 //
 // The runner side in Go is Serve (any engine.Runner behind the protocol, with Tables
 // rebuilding each plan's page tables); python/resin_runner is the Python one.

@@ -43,7 +43,8 @@ type Config struct {
 	// takes longer is taken for dead.
 	StepTimeout time.Duration
 	// NoRestart keeps a dead runner down: every later step fails. By default the runner
-	// is restarted (once attached to its engine, see Attach) at the next step.
+	// is restarted (once attached to its engine, see Attach) in the background as soon as
+	// its death is noticed, or by the next step if that comes first.
 	NoRestart bool
 	// RestartBackoff is the least time between two starts of the runner (default 1 s): a
 	// step that needs a restart sooner waits.
@@ -200,8 +201,9 @@ func (r *Remote) Restarts() int {
 }
 
 // Execute sends the plan and waits for its result. A runner that dies meanwhile fails the
-// step (ErrRunnerDied); the next step restarts it, unless NoRestart, and is itself voided
-// after Engine.ForgetCache put every running request back in the queue.
+// step (ErrRunnerDied); unless NoRestart it is restarted (in the background, or by the
+// next step if that comes first), and the first step after the restart is voided after
+// Engine.ForgetCache put every running request back in the queue.
 func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() {
