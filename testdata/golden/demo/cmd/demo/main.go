@@ -1,9 +1,9 @@
 // Command demo serves, generates with and benchmarks the demo model on Resin's
 // engine. With no safetensors in --model it runs seeded random weights of config.json.
 //
-// The commands are core/cli's, given the model's Open and its kernels: flags, tokenizer
-// loading, engine start and graceful shutdown live in the core. Replace a command here
-// with your own when the model needs something else.
+// The commands are core/cli's, given the model's Open (and OpenGPU for --device cuda) and
+// its kernels: flags, tokenizer loading, engine start and graceful shutdown live in the
+// core. Replace a command here with your own when the model needs something else.
 package main
 
 import (
@@ -33,7 +33,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cli.AddProfiling(root)
-	m := cli.NewModelDir(model.Name, model.Open)
+	m := cli.NewModelDir(model.Name, model.Open).WithGPU(model.OpenGPU)
 	root.AddCommand(
 		cli.GenerateCmd(m),
 		cli.ServeCmd(m),
