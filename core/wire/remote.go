@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -27,6 +28,9 @@ var (
 	// errRestarted voids the first plan after a restart: its requests were preempted by
 	// Engine.ForgetCache and will be recomputed.
 	errRestarted = errors.New("wire: the runner restarted with an empty cache; the step's requests are recomputed")
+	// errGone: the step could not be written because the runner had already closed its
+	// end (it died between steps; a unix runner's death is only found this way).
+	errGone = errors.New("the runner was gone before the step was sent")
 )
 
 // Config says how to reach a runner and how to supervise it.
@@ -558,6 +562,9 @@ func (s *session) exchange(ctx context.Context, frame []byte, timeout time.Durat
 		return err
 	}
 	if _, err := s.w.Write(frame); err != nil {
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+			err = fmt.Errorf("%w: %w", errGone, err)
+		}
 		return 0, nil, fmt.Errorf("send: %w", explain(err))
 	}
 	k, payload, err := s.fr.Read()

@@ -375,3 +375,44 @@ func TestRemoteShutdownDuringRestart(t *testing.T) {
 		t.Fatal("the engine loop is still waiting for a runner's handshake after its context ended")
 	}
 }
+
+// TestRemoteDeathBetweenSteps: a unix runner that dies while the engine is idle (nothing
+// can notice it then) is found gone when the next step cannot be written: that step fails
+// saying so, the runner is restarted, and the next request is served with the reference
+// tokens.
+func TestRemoteDeathBetweenSteps(t *testing.T) {
+	cfg := enginetest.Config{VocabSize: 200, Pages: 64}
+	g := newGoRunner(t, cfg)
+	e, r := startEngine(t, g, engine.Config{}, wire.Config{})
+	run := func(p []int32) engine.Event {
+		t.Helper()
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 10, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ev, err := st.Collect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := enginetest.Reference(cfg.VocabSize, p, 10, engine.SamplingRow{Logprobs: -1}); ev.Finish == engine.FinishLength && !slices.Equal(got, want) {
+			t.Fatalf("tokens %v, want %v", got, want)
+		}
+		return ev
+	}
+	if ev := run([]int32{1, 2, 3}); ev.Finish != engine.FinishLength {
+		t.Fatalf("healthy runner: %v %v", ev.Finish, ev.Err)
+	}
+	g.kill()
+	if ev := run([]int32{4, 5, 6}); ev.Finish != engine.FinishError || !strings.Contains(fmt.Sprint(ev.Err), "gone before the step was sent") {
+		t.Fatalf("the step after an unnoticed death ended with %v: %v, want an error saying the runner was gone", ev.Finish, ev.Err)
+	}
+	if ev := run([]int32{7, 8, 9}); ev.Finish != engine.FinishLength {
+		t.Fatalf("after the restart: %v %v", ev.Finish, ev.Err)
+	}
+	if r.Restarts() != 1 || r.Health() != nil {
+		t.Fatalf("restarts %d, health %v; want one restart and a healthy runner", r.Restarts(), r.Health())
+	}
+	if err := g.errs(); err != nil {
+		t.Fatalf("a runner saw a wrong cache: %v", err)
+	}
+}
