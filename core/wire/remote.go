@@ -256,7 +256,18 @@ func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		return engine.StepResult{}, err
 	}
 	if err != nil {
-		return engine.StepResult{}, r.died(fmt.Errorf("step %d: %w", plan.Step, err))
+		err = r.died(fmt.Errorf("step %d: %w", plan.Step, err))
+		if errors.Is(err, errGone) && r.needReset && !r.cfg.NoRestart {
+			// The runner died before this step (a unix runner that died while the engine
+			// was idle, or an exec one whose exit was not noticed yet) and never got it:
+			// as when the death is noticed between steps, the running requests are
+			// recomputed after the restart instead of failing for a death before them.
+			r.needReset = false
+			r.enc.Reset()
+			r.forget()
+			return engine.StepResult{}, errRestarted
+		}
+		return engine.StepResult{}, err
 	}
 	r.steps++
 	r.sent += uint64(len(frame))

@@ -237,7 +237,11 @@ func TestRemoteRunnerDies(t *testing.T) {
 			}
 			failed++
 		case engine.FinishLength:
-			if want := enginetest.Reference(cfg.VocabSize, prompts[i], 200, engine.SamplingRow{Logprobs: -1}); !slices.Equal(got, want) {
+			want := enginetest.Reference(cfg.VocabSize, prompts[i], 200, engine.SamplingRow{Logprobs: -1})
+			if i == 0 && len(got) < len(want) {
+				want = want[len(want)-len(got):] // its first event was taken above
+			}
+			if !slices.Equal(got, want) {
 				t.Fatalf("request %d after the restart: tokens differ from the reference", i)
 			}
 			done++
@@ -245,7 +249,9 @@ func TestRemoteRunnerDies(t *testing.T) {
 			t.Fatalf("request %d ended with %v: %v", i, ev.Finish, ev.Err)
 		}
 	}
-	if failed == 0 || failed > 2 || done != 5-failed {
+	// None fails when the death is found before a step is sent (the write fails): the
+	// running requests are then recomputed.
+	if failed > 2 || done != 5-failed {
 		t.Fatalf("%d requests failed and %d completed; only the in-flight ones (at most 2) may fail", failed, done)
 	}
 	if r.Restarts() != 1 || r.Health() != nil {
