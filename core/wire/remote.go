@@ -30,7 +30,7 @@ var (
 	errRestarted = errors.New("wire: the runner restarted with an empty cache; the step's requests are recomputed")
 	// errGone: the step could not be written because the runner had already closed its
 	// end (it died between steps; a unix runner's death is only found this way).
-	errGone = errors.New("the runner was gone before the step was sent")
+	errGone = errors.New("the runner had closed its end before the message was sent")
 )
 
 // Config says how to reach a runner and how to supervise it.
@@ -574,6 +574,11 @@ func (s *session) exchange(ctx context.Context, frame []byte, timeout time.Durat
 	}
 	if _, err := s.w.Write(frame); err != nil {
 		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+			// What the runner wrote before it closed says more (a log line on stdout,
+			// an Error frame) than the broken pipe does.
+			if _, _, rerr := s.fr.Read(); rerr != nil && !errors.Is(rerr, io.EOF) && !errors.Is(rerr, io.ErrUnexpectedEOF) {
+				return 0, nil, fmt.Errorf("send: %w: %w; it had written: %w", errGone, err, rerr)
+			}
 			err = fmt.Errorf("%w: %w", errGone, err)
 		}
 		return 0, nil, fmt.Errorf("send: %w", explain(err))
