@@ -304,10 +304,30 @@ def decode_tool_arguments(messages):
     return out
 
 
+# The day strftime_now reads while rendering, so templates that print today's date
+# (Mistral, gpt-oss) give goldens that hold on any day: core/tokenizer's golden test
+# renders with the same clock (goldenNow). transformers' strftime_now calls its module's
+# datetime.now(), so that is what is pinned.
+GOLDEN_DATE = (2026, 11, 30, 12, 0, 0)
+
+
+def pin_template_clock():
+    import datetime
+    from transformers.utils import chat_template_utils
+
+    class GoldenDatetime(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(*GOLDEN_DATE, tzinfo=tz)
+
+    chat_template_utils.datetime = GoldenDatetime
+
+
 def render_tool_chats(template, special, kwargs=None):
     """Renders TOOL_CHATS with transformers' render_jinja_template; chats the template
     rejects (raise_exception, a string concatenated to a dict) are left out."""
     from transformers.utils.chat_template_utils import render_jinja_template
+    pin_template_clock()
     fmt = content_format(template)
     out = []
     for chat in TOOL_CHATS:

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"time"
 
 	"github.com/resin-llm/resin/core/tokenizer/internal/jinja"
 )
@@ -51,6 +52,9 @@ type ChatOptions struct {
 	// dropped. OpenAI clients send arguments as strings, tool-calling templates expect
 	// mappings (transformers' documentation).
 	DecodeToolArguments bool
+	// Now is the clock the template's strftime_now reads (nil: time.Now). Set it to
+	// render a prompt that names today's date reproducibly.
+	Now func() time.Time
 }
 
 // NewChatTemplate compiles a Jinja chat template.
@@ -109,6 +113,9 @@ func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (out 
 	}
 	data["messages"] = prepareMessages(msgs, c.format, opts.DecodeToolArguments)
 	data["add_generation_prompt"] = jinja.NewBool(opts.AddGenerationPrompt)
+	if opts.Now != nil {
+		data["strftime_now"] = jinja.StrftimeNow(opts.Now)
+	}
 	for _, k := range []string{"tools", "documents"} {
 		if _, ok := data[k]; !ok {
 			data[k] = jinja.None()

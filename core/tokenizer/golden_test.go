@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 type goldenCase struct {
@@ -64,8 +65,13 @@ func (c goldenChat) render(t *testing.T, ct *ChatTemplate) (string, error) {
 		extra[k] = v
 	}
 	return ct.Render(messages, ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Tools: rawTools(tools), Extra: extra,
-		DecodeToolArguments: c.DecodeToolArguments})
+		DecodeToolArguments: c.DecodeToolArguments, Now: goldenNow})
 }
+
+// goldenNow is the date scripts/tokenizer_goldens.py gives transformers' strftime_now
+// (GOLDEN_DATE), so templates that print today's date (Mistral, gpt-oss) render the
+// goldens' prompts on any day.
+func goldenNow() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }
 
 type goldenFile struct {
 	Name   string       `json:"name"`

@@ -117,15 +117,25 @@ func builtinDict(args []Value, kwargs map[string]Value) (Value, error) {
 }
 
 func builtinStrftimeNow(args []Value, kwargs map[string]Value) (Value, error) {
+	return strftimeAt(time.Now(), args)
+}
+
+// StrftimeNow returns a strftime_now that reads the given clock instead of time.Now:
+// given as the data variable "strftime_now", it shadows the built-in, so a render is
+// reproducible (golden prompts of templates that print today's date).
+func StrftimeNow(now func() time.Time) Value {
+	return NewCallable("strftime_now", func(args []Value, kwargs map[string]Value) (Value, error) {
+		return strftimeAt(now(), args)
+	})
+}
+
+func strftimeAt(now time.Time, args []Value) (Value, error) {
 	format := "%Y-%m-%d"
 	if len(args) > 0 {
 		format = printValue(args[0])
 	}
-
 	// Convert Python strftime format to Go time format.
-	now := time.Now()
-	goFmt := strftimeToGo(format)
-	return NewString(now.Format(goFmt)), nil
+	return NewString(now.Format(strftimeToGo(format))), nil
 }
 
 // strftimeToGo converts a Python strftime format string to a Go time format.
