@@ -59,23 +59,9 @@ func (p *BatchPlan) MarshalBinary() ([]byte, error) {
 
 func (p *BatchPlan) encodedLen() int {
 	b, t := len(p.ReqIDs), len(p.Tokens)
-	n := headerBytes + releaseBytes*len(p.Released) + cacheOpBytes*len(p.CacheOps) + b*52 + 2*4*(b+1) + 8*t + 4*len(p.LogitsIndices)
-	x := p.optional()
-	if x&optPenalties != 0 {
-		n += 16 * b
-	}
-	if x&optBias != 0 {
-		n += 4*(b+1) + 8*len(p.LogitBiasTokens)
-	}
-	if x&optStops != 0 {
-		n += 4*(b+1) + 4*len(p.StopIDs)
-	}
-	if x&optHistory != 0 {
-		n += 4*(b+1) + 4*len(p.History)
-	}
-	if x&optPrompt != 0 {
-		n += 8 * b
-	}
+	arrays, _ := ArraysSize(p.OptionalArrays(), int64(b), int64(t), int64(len(p.LogitsIndices)),
+		int64(len(p.LogitBiasTokens)), int64(len(p.StopIDs)), int64(len(p.History)))
+	n := headerBytes + releaseBytes*len(p.Released) + cacheOpBytes*len(p.CacheOps) + int(arrays)
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		n += 8 + 8*t + 4*(b+1) + 4*len(gp.PageTable) + 4*len(gp.StatePage)
@@ -92,8 +78,8 @@ const (
 	optPrompt
 )
 
-// optional returns X: which optional arrays the plan has.
-func (p *BatchPlan) optional() uint32 {
+// OptionalArrays returns the encoding's X field: which optional arrays the plan has.
+func (p *BatchPlan) OptionalArrays() uint32 {
 	var x uint32
 	if len(p.PresencePenalty)+len(p.FrequencyPenalty)+len(p.RepetitionPenalty)+len(p.MinTokens) > 0 {
 		x |= optPenalties
@@ -143,7 +129,7 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 	dst = le.AppendUint16(dst, 0)
 	dst = le.AppendUint64(dst, p.Step)
 	dst = le.AppendUint32(dst, uint32(p.GraphBatch))
-	x := p.optional()
+	x := p.OptionalArrays()
 	for _, n := range [...]int{len(p.ReqIDs), len(p.Tokens), len(p.LogitsIndices), len(p.Groups), int(x),
 		len(p.LogitBiasTokens), len(p.StopIDs), len(p.History), len(p.Released), len(p.CacheOps)} {
 		dst = le.AppendUint32(dst, uint32(n))
@@ -158,6 +144,31 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 		dst = le.AppendUint32(dst, uint32(op.Src))
 		dst = le.AppendUint32(dst, uint32(op.Dst))
 	}
+	dst = p.AppendArrays(dst)
+	for g := range p.Groups {
+		gp := &p.Groups[g]
+		dst = le.AppendUint32(dst, uint32(len(gp.PageTable)))
+		dst = le.AppendUint32(dst, uint32(len(gp.StatePage)))
+		for _, v := range gp.SlotMapping {
+			dst = le.AppendUint64(dst, uint64(v))
+		}
+		dst = appendI32(dst, gp.PageTableStart)
+		for _, v := range gp.PageTable {
+			dst = le.AppendUint32(dst, uint32(v))
+		}
+		for _, v := range gp.StatePage {
+			dst = le.AppendUint32(dst, uint32(v))
+		}
+	}
+	return dst, nil
+}
+
+// AppendArrays appends the plan's arrays section of the encoding: from the per-sequence
+// ReqIDs to PromptNext, the optional arrays those p.OptionalArrays() names. core/wire's
+// Step message carries the same section.
+func (p *BatchPlan) AppendArrays(dst []byte) []byte {
+	le := binary.LittleEndian
+	x := p.OptionalArrays()
 	for _, v := range p.ReqIDs {
 		dst = le.AppendUint64(dst, v)
 	}
@@ -202,22 +213,88 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 		dst = appendI32(dst, p.PromptLogprobs)
 		dst = appendI32(dst, p.PromptNext)
 	}
-	for g := range p.Groups {
-		gp := &p.Groups[g]
-		dst = le.AppendUint32(dst, uint32(len(gp.PageTable)))
-		dst = le.AppendUint32(dst, uint32(len(gp.StatePage)))
-		for _, v := range gp.SlotMapping {
-			dst = le.AppendUint64(dst, uint64(v))
-		}
-		dst = appendI32(dst, gp.PageTableStart)
-		for _, v := range gp.PageTable {
-			dst = le.AppendUint32(dst, uint32(v))
-		}
-		for _, v := range gp.StatePage {
-			dst = le.AppendUint32(dst, uint32(v))
+	return dst
+}
+
+// ArraysSize returns the length of the arrays section (see AppendArrays) of a plan of b
+// sequences, t tokens and l logits rows with the optional arrays x names, nb logit-bias
+// entries, ns stop ids and nh history tokens. It fails when x names unknown arrays or a
+// count of an absent array is not zero.
+func ArraysSize(x uint32, b, t, l, nb, ns, nh int64) (int64, error) {
+	if x >= optPrompt<<1 {
+		return 0, fmt.Errorf("unknown optional arrays %#x", x)
+	}
+	n := 52*b + 8*(b+1) + 8*t + 4*l
+	if x&optPenalties != 0 {
+		n += 16 * b
+	}
+	if x&optPrompt != 0 {
+		n += 8 * b
+	}
+	for _, o := range [...]struct {
+		bit uint32
+		n   int64
+	}{{optBias, 2 * nb}, {optStops, ns}, {optHistory, nh}} {
+		if x&o.bit != 0 {
+			n += 4*(b+1) + 4*o.n
+		} else if o.n != 0 {
+			return 0, fmt.Errorf("%d values of an absent optional array", o.n)
 		}
 	}
-	return dst, nil
+	return n, nil
+}
+
+// DecodeArrays decodes into p (reusing its buffers) the arrays section AppendArrays wrote
+// for the counts given (see ArraysSize) from the start of data, and returns the bytes after
+// it. Absent optional arrays are left empty. A short data returns an error wrapping
+// ErrPlanEncoding; the plan is not validated.
+func (p *BatchPlan) DecodeArrays(data []byte, x uint32, b, t, l, nb, ns, nh int) ([]byte, error) {
+	r := &reader{b: data}
+	p.ReqIDs = r.u64s(p.ReqIDs, b)
+	p.Computed = r.i32s(p.Computed, b)
+	p.Scheduled = r.i32s(p.Scheduled, b)
+	p.PromptLen = r.i32s(p.PromptLen, b)
+	p.NumDrafts = r.i32s(p.NumDrafts, b)
+	p.Temperature = r.f32s(p.Temperature, b)
+	p.TopP = r.f32s(p.TopP, b)
+	p.TopK = r.i32s(p.TopK, b)
+	p.MinP = r.f32s(p.MinP, b)
+	p.Seed = r.u64s(p.Seed, b)
+	p.Logprobs = r.i32s(p.Logprobs, b)
+	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinTokens = p.PresencePenalty[:0], p.FrequencyPenalty[:0], p.RepetitionPenalty[:0], p.MinTokens[:0]
+	if x&optPenalties != 0 {
+		p.PresencePenalty = r.f32s(p.PresencePenalty, b)
+		p.FrequencyPenalty = r.f32s(p.FrequencyPenalty, b)
+		p.RepetitionPenalty = r.f32s(p.RepetitionPenalty, b)
+		p.MinTokens = r.i32s(p.MinTokens, b)
+	}
+	p.QueryStart = r.i32s(p.QueryStart, b+1)
+	p.LogitsStart = r.i32s(p.LogitsStart, b+1)
+	p.Tokens = r.i32s(p.Tokens, t)
+	p.Positions = r.i32s(p.Positions, t)
+	p.LogitsIndices = r.i32s(p.LogitsIndices, l)
+	p.LogitBiasStart, p.LogitBiasTokens, p.LogitBiasValues = p.LogitBiasStart[:0], p.LogitBiasTokens[:0], p.LogitBiasValues[:0]
+	if x&optBias != 0 {
+		p.LogitBiasStart = r.i32s(p.LogitBiasStart, b+1)
+		p.LogitBiasTokens = r.i32s(p.LogitBiasTokens, nb)
+		p.LogitBiasValues = r.f32s(p.LogitBiasValues, nb)
+	}
+	p.StopIDsStart, p.StopIDs = p.StopIDsStart[:0], p.StopIDs[:0]
+	if x&optStops != 0 {
+		p.StopIDsStart = r.i32s(p.StopIDsStart, b+1)
+		p.StopIDs = r.i32s(p.StopIDs, ns)
+	}
+	p.HistoryStart, p.History = p.HistoryStart[:0], p.History[:0]
+	if x&optHistory != 0 {
+		p.HistoryStart = r.i32s(p.HistoryStart, b+1)
+		p.History = r.i32s(p.History, nh)
+	}
+	p.PromptLogprobs, p.PromptNext = p.PromptLogprobs[:0], p.PromptNext[:0]
+	if x&optPrompt != 0 {
+		p.PromptLogprobs = r.i32s(p.PromptLogprobs, b)
+		p.PromptNext = r.i32s(p.PromptNext, b)
+	}
+	return r.b, r.err
 }
 
 func appendI32(dst []byte, s []int32) []byte {
@@ -332,27 +409,12 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	if r.err != nil {
 		return r.err
 	}
-	if x >= optPrompt<<1 {
-		return fmt.Errorf("%w: unknown optional arrays %#x", ErrPlanEncoding, x)
+	arrays, err := ArraysSize(x, int64(b), int64(t), int64(l), nb, ns, nh)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrPlanEncoding, err)
 	}
 	// Refuse counts the remaining bytes cannot hold before allocating anything.
-	need := releaseBytes*nr + cacheOpBytes*nc + int64(b)*52 + 8*int64(b+1) + 8*int64(t) + 4*int64(l) + int64(g)*(8+8*int64(t)+4*int64(b+1))
-	if x&optPenalties != 0 {
-		need += 16 * int64(b)
-	}
-	if x&optPrompt != 0 {
-		need += 8 * int64(b)
-	}
-	for _, o := range [...]struct {
-		bit uint32
-		n   int64
-	}{{optBias, 2 * nb}, {optStops, ns}, {optHistory, nh}} {
-		if x&o.bit != 0 {
-			need += 4*int64(b+1) + 4*o.n
-		} else if o.n != 0 {
-			return fmt.Errorf("%w: %d values of an absent optional array", ErrPlanEncoding, o.n)
-		}
-	}
+	need := releaseBytes*nr + cacheOpBytes*nc + arrays + int64(g)*(8+8*int64(t)+4*int64(b+1))
 	if g > maxGroups || need > int64(len(r.b)) {
 		return fmt.Errorf("%w: %d sequences, %d tokens, %d logits rows, %d groups do not fit in %d bytes", ErrPlanEncoding, b, t, l, g, len(r.b))
 	}
@@ -372,44 +434,8 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 		}
 		p.CacheOps = append(p.CacheOps, CacheOp{Kind: CacheOpKind(w), Group: grp, Src: src, Dst: dst})
 	}
-	p.ReqIDs = r.u64s(p.ReqIDs, b)
-	p.Computed = r.i32s(p.Computed, b)
-	p.Scheduled = r.i32s(p.Scheduled, b)
-	p.PromptLen = r.i32s(p.PromptLen, b)
-	p.NumDrafts = r.i32s(p.NumDrafts, b)
-	p.Temperature = r.f32s(p.Temperature, b)
-	p.TopP = r.f32s(p.TopP, b)
-	p.TopK = r.i32s(p.TopK, b)
-	p.MinP = r.f32s(p.MinP, b)
-	p.Seed = r.u64s(p.Seed, b)
-	p.Logprobs = r.i32s(p.Logprobs, b)
-	if x&optPenalties != 0 {
-		p.PresencePenalty = r.f32s(p.PresencePenalty, b)
-		p.FrequencyPenalty = r.f32s(p.FrequencyPenalty, b)
-		p.RepetitionPenalty = r.f32s(p.RepetitionPenalty, b)
-		p.MinTokens = r.i32s(p.MinTokens, b)
-	}
-	p.QueryStart = r.i32s(p.QueryStart, b+1)
-	p.LogitsStart = r.i32s(p.LogitsStart, b+1)
-	p.Tokens = r.i32s(p.Tokens, t)
-	p.Positions = r.i32s(p.Positions, t)
-	p.LogitsIndices = r.i32s(p.LogitsIndices, l)
-	if x&optBias != 0 {
-		p.LogitBiasStart = r.i32s(p.LogitBiasStart, b+1)
-		p.LogitBiasTokens = r.i32s(p.LogitBiasTokens, int(nb))
-		p.LogitBiasValues = r.f32s(p.LogitBiasValues, int(nb))
-	}
-	if x&optStops != 0 {
-		p.StopIDsStart = r.i32s(p.StopIDsStart, b+1)
-		p.StopIDs = r.i32s(p.StopIDs, int(ns))
-	}
-	if x&optHistory != 0 {
-		p.HistoryStart = r.i32s(p.HistoryStart, b+1)
-		p.History = r.i32s(p.History, int(nh))
-	}
-	if x&optPrompt != 0 {
-		p.PromptLogprobs = r.i32s(p.PromptLogprobs, b)
-		p.PromptNext = r.i32s(p.PromptNext, b)
+	if r.b, err = p.DecodeArrays(r.b, x, b, t, l, int(nb), int(ns), int(nh)); err != nil {
+		return err
 	}
 	for i := 0; i < g && r.err == nil; i++ {
 		gp := &p.Groups[i]

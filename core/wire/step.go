@@ -8,16 +8,6 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// The optional-array bits of a Step's X field (the same as the BatchPlan encoding's).
-const (
-	optPenalties = 1 << iota
-	optBias
-	optStops
-	optHistory
-	optPrompt
-	optAll = optPrompt<<1 - 1
-)
-
 // stepHeader is the fixed part of a Step payload: step u64, graph batch i32 and eleven
 // u32 counts.
 const stepHeader = 8 + 4 + 11*4
@@ -76,7 +66,7 @@ func (x *Encoder) AppendStep(dst []byte, p *engine.BatchPlan) ([]byte, error) {
 	x.e.b = beginFrame(dst, KindStep)
 	e := &x.e
 	b, t, g := len(p.ReqIDs), len(p.Tokens), len(p.Groups)
-	xo := optional(p)
+	xo := p.OptionalArrays()
 	e.u64(p.Step)
 	e.i32(p.GraphBatch)
 	for _, n := range [...]int{b, t, len(p.LogitsIndices), g, int(xo), len(p.LogitBiasTokens), len(p.StopIDs), len(p.History),
@@ -95,45 +85,7 @@ func (x *Encoder) AppendStep(dst []byte, p *engine.BatchPlan) ([]byte, error) {
 		e.u32(uint32(op.Src))
 		e.u32(uint32(op.Dst))
 	}
-	e.u64s(p.ReqIDs)
-	e.i32s(p.Computed)
-	e.i32s(p.Scheduled)
-	e.i32s(p.PromptLen)
-	e.i32s(p.NumDrafts)
-	e.f32s(p.Temperature)
-	e.f32s(p.TopP)
-	e.i32s(p.TopK)
-	e.f32s(p.MinP)
-	e.u64s(p.Seed)
-	e.i32s(p.Logprobs)
-	if xo&optPenalties != 0 {
-		appendOr(e, p.PresencePenalty, b, 0)
-		appendOr(e, p.FrequencyPenalty, b, 0)
-		appendOr(e, p.RepetitionPenalty, b, 1)
-		appendOr(e, p.MinTokens, b, 0)
-	}
-	e.i32s(p.QueryStart)
-	e.i32s(p.LogitsStart)
-	e.i32s(p.Tokens)
-	e.i32s(p.Positions)
-	e.i32s(p.LogitsIndices)
-	if xo&optBias != 0 {
-		e.i32s(p.LogitBiasStart)
-		e.i32s(p.LogitBiasTokens)
-		e.f32s(p.LogitBiasValues)
-	}
-	if xo&optStops != 0 {
-		e.i32s(p.StopIDsStart)
-		e.i32s(p.StopIDs)
-	}
-	if xo&optHistory != 0 {
-		e.i32s(p.HistoryStart)
-		e.i32s(p.History)
-	}
-	if xo&optPrompt != 0 {
-		e.i32s(p.PromptLogprobs)
-		e.i32s(p.PromptNext)
-	}
+	e.b = p.AppendArrays(e.b) // the BatchPlan encoding's arrays section
 	for gi := range p.Groups {
 		gp := &p.Groups[gi]
 		e.u32(uint32(len(gp.StatePage)))
@@ -267,43 +219,6 @@ func appendPages(e *enc, pages []kvslab.PageID) {
 	}
 }
 
-// optional returns a plan's X field: which optional arrays it has.
-func optional(p *engine.BatchPlan) uint32 {
-	var x uint32
-	if len(p.PresencePenalty)+len(p.FrequencyPenalty)+len(p.RepetitionPenalty)+len(p.MinTokens) > 0 {
-		x |= optPenalties
-	}
-	if len(p.LogitBiasStart) > 0 {
-		x |= optBias
-	}
-	if len(p.StopIDsStart) > 0 {
-		x |= optStops
-	}
-	if len(p.HistoryStart) > 0 {
-		x |= optHistory
-	}
-	if len(p.PromptLogprobs) > 0 {
-		x |= optPrompt
-	}
-	return x
-}
-
-// appendOr appends s, or n copies of def when s is empty.
-func appendOr[T int32 | float32](e *enc, s []T, n int, def T) {
-	for i := 0; i < n; i++ {
-		v := def
-		if len(s) > 0 {
-			v = s[i]
-		}
-		switch v := any(v).(type) {
-		case int32:
-			e.i32(v)
-		case float32:
-			e.f32s([]float32{v})
-		}
-	}
-}
-
 // Tables is the runner side of the page-table deltas: the tables the runner holds per
 // request, which each Step updates. DecodeStep rebuilds the whole plan from them.
 type Tables struct {
@@ -338,28 +253,12 @@ func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
 		n[i] = int64(d.u32())
 	}
 	b, tk, l, g, xo, nb, ns, nh, nops, nrel, ndelta := n[0], n[1], n[2], n[3], uint32(n[4]), n[5], n[6], n[7], n[8], n[9], n[10]
-	if xo&^optAll != 0 {
-		d.fail("unknown optional arrays %#x", xo)
+	arrays, err := engine.ArraysSize(xo, b, tk, l, nb, ns, nh)
+	if err != nil {
+		d.fail("%v", err)
 		return d.err
 	}
-	need := 12*nrel + 16*nops + 52*b + 8*(b+1) + 8*tk + 4*l + g*(4+8*tk) + 16*ndelta
-	if xo&optPenalties != 0 {
-		need += 16 * b
-	}
-	if xo&optPrompt != 0 {
-		need += 8 * b
-	}
-	for _, o := range [...]struct {
-		bit uint32
-		n   int64
-	}{{optBias, 2 * nb}, {optStops, ns}, {optHistory, nh}} {
-		if xo&o.bit != 0 {
-			need += 4*(b+1) + 4*o.n
-		} else if o.n != 0 {
-			d.fail("%d values of an absent optional array", o.n)
-			return d.err
-		}
-	}
+	need := 12*nrel + 16*nops + arrays + g*(4+8*tk) + 16*ndelta
 	if g > 1<<10 || need > int64(d.left()) {
 		d.fail("%d sequences, %d tokens, %d logits rows, %d groups, %d ops, %d releases, %d deltas do not fit in %d bytes",
 			b, tk, l, g, nops, nrel, ndelta, d.left())
@@ -383,49 +282,13 @@ func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
 		p.CacheOps = append(p.CacheOps, engine.CacheOp{Kind: engine.CacheOpKind(kind), Group: group, Src: kvslab.PageID(src), Dst: kvslab.PageID(dst)})
 	}
 	B, T := int(b), int(tk)
-	p.ReqIDs = d.u64s(p.ReqIDs, B)
-	p.Computed = d.i32s(p.Computed, B)
-	p.Scheduled = d.i32s(p.Scheduled, B)
-	p.PromptLen = d.i32s(p.PromptLen, B)
-	p.NumDrafts = d.i32s(p.NumDrafts, B)
-	p.Temperature = d.f32s(p.Temperature, B)
-	p.TopP = d.f32s(p.TopP, B)
-	p.TopK = d.i32s(p.TopK, B)
-	p.MinP = d.f32s(p.MinP, B)
-	p.Seed = d.u64s(p.Seed, B)
-	p.Logprobs = d.i32s(p.Logprobs, B)
-	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinTokens = p.PresencePenalty[:0], p.FrequencyPenalty[:0], p.RepetitionPenalty[:0], p.MinTokens[:0]
-	if xo&optPenalties != 0 {
-		p.PresencePenalty = d.f32s(p.PresencePenalty, B)
-		p.FrequencyPenalty = d.f32s(p.FrequencyPenalty, B)
-		p.RepetitionPenalty = d.f32s(p.RepetitionPenalty, B)
-		p.MinTokens = d.i32s(p.MinTokens, B)
-	}
-	p.QueryStart = d.i32s(p.QueryStart, B+1)
-	p.LogitsStart = d.i32s(p.LogitsStart, B+1)
-	p.Tokens = d.i32s(p.Tokens, T)
-	p.Positions = d.i32s(p.Positions, T)
-	p.LogitsIndices = d.i32s(p.LogitsIndices, int(l))
-	p.LogitBiasStart, p.LogitBiasTokens, p.LogitBiasValues = p.LogitBiasStart[:0], p.LogitBiasTokens[:0], p.LogitBiasValues[:0]
-	if xo&optBias != 0 {
-		p.LogitBiasStart = d.i32s(p.LogitBiasStart, B+1)
-		p.LogitBiasTokens = d.i32s(p.LogitBiasTokens, int(nb))
-		p.LogitBiasValues = d.f32s(p.LogitBiasValues, int(nb))
-	}
-	p.StopIDsStart, p.StopIDs = p.StopIDsStart[:0], p.StopIDs[:0]
-	if xo&optStops != 0 {
-		p.StopIDsStart = d.i32s(p.StopIDsStart, B+1)
-		p.StopIDs = d.i32s(p.StopIDs, int(ns))
-	}
-	p.HistoryStart, p.History = p.HistoryStart[:0], p.History[:0]
-	if xo&optHistory != 0 {
-		p.HistoryStart = d.i32s(p.HistoryStart, B+1)
-		p.History = d.i32s(p.History, int(nh))
-	}
-	p.PromptLogprobs, p.PromptNext = p.PromptLogprobs[:0], p.PromptNext[:0]
-	if xo&optPrompt != 0 {
-		p.PromptLogprobs = d.i32s(p.PromptLogprobs, B)
-		p.PromptNext = d.i32s(p.PromptNext, B)
+	if d.err == nil {
+		// The BatchPlan encoding's arrays section, which need counted.
+		rest, err := p.DecodeArrays(d.b[d.off:], xo, B, T, int(l), int(nb), int(ns), int(nh))
+		if err != nil {
+			d.fail("%v", err)
+		}
+		d.off = len(d.b) - len(rest)
 	}
 	if cap(p.Groups) < int(g) {
 		p.Groups = make([]engine.GroupPlan, g)
