@@ -57,7 +57,7 @@ func doctorBLAS(w io.Writer, b blas.Backend) {
 		if b.Config != "" {
 			fmt.Fprintf(w, "  version   %s\n", b.Config)
 		}
-		source := "GOMAXPROCS; RESIN_BLAS_THREADS sets it"
+		source := "the default: resin's worker pool splits GEMMs across GOMAXPROCS; RESIN_BLAS_THREADS sets it"
 		if v := os.Getenv("RESIN_BLAS_THREADS"); v != "" {
 			source = "RESIN_BLAS_THREADS=" + v
 		}

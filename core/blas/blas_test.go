@@ -119,16 +119,73 @@ func TestLoadSetsThreads(t *testing.T) {
 	if lib.setThreads == nil {
 		t.Skipf("%s (%s) has no thread-count call", lib.Vendor, lib.Path)
 	}
-	_, b := Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path, "RESIN_BLAS_THREADS": "1"}))
-	if b.Threads != 1 || lib.Threads() != 1 {
-		t.Fatalf("RESIN_BLAS_THREADS=1 gave backend threads %d, library threads %d", b.Threads, lib.Threads())
+	defer lib.SetThreads(lib.ThreadsSet()) // the thread count is the library's, shared with Default
+	l, b := Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path, "RESIN_BLAS_THREADS": "2"}))
+	if b.Threads != 2 || l.Threads() != 2 || l.ThreadsSet() != 2 {
+		t.Fatalf("RESIN_BLAS_THREADS=2 gave backend threads %d, library threads %d (set %d)", b.Threads, l.Threads(), l.ThreadsSet())
 	}
-	_, b = Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path, "RESIN_BLAS_THREADS": "two"}))
+	// Unset, the library runs on one thread: core/kernels/ref's pool does the splitting.
+	l, b = Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path}))
+	if b.Threads != 1 || l.Threads() != 1 || l.ThreadsSet() != 1 {
+		t.Fatalf("with no RESIN_BLAS_THREADS: backend threads %d, library threads %d (set %d), want 1", b.Threads, l.Threads(), l.ThreadsSet())
+	}
+	l, b = Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path, "RESIN_BLAS_THREADS": "two"}))
 	if len(b.Warnings) == 0 || !strings.Contains(b.Warnings[0], `RESIN_BLAS_THREADS="two" is not a positive integer`) {
 		t.Fatalf("warnings %q do not name the bad RESIN_BLAS_THREADS", b.Warnings)
 	}
-	if b.Threads < 1 {
-		t.Errorf("threads %d after falling back to GOMAXPROCS", b.Threads)
+	if b.Threads != 1 || l.ThreadsSet() != 1 {
+		t.Errorf("threads %d after a bad RESIN_BLAS_THREADS, want the default 1", b.Threads)
+	}
+}
+
+// TestSgemmStrided computes blocks of rows and columns of products in place, through row
+// strides, and checks each against the whole product: every block, both layouts of b.
+func TestSgemmStrided(t *testing.T) {
+	lib := needLibrary(t)
+	m, k, n := 37, 70, 53
+	a, bt := randFloats(m*k, 1), randFloats(n*k, 2)
+	b := make([]float32, k*n) // bt transposed: [k, n]
+	for i := range n {
+		for j := range k {
+			b[j*n+i] = bt[i*k+j]
+		}
+	}
+	want := make([]float32, m*n)
+	if err := lib.Sgemm(true, m, n, k, a, bt, want); err != nil {
+		t.Fatal(err)
+	}
+	for _, transB := range []bool{true, false} {
+		for _, blk := range [][4]int{{0, m, 0, n}, {0, 1, 5, 40}, {3, 20, 0, 17}, {20, m, 17, n}, {36, m, 52, n}} {
+			r0, r1, c0, c1 := blk[0], blk[1], blk[2], blk[3]
+			got := make([]float32, m*n)
+			for i := range got {
+				got[i] = -7 // outside the block stays untouched
+			}
+			bb, ldb := b[c0:], n
+			if transB {
+				bb, ldb = bt[c0*k:], k
+			}
+			if err := lib.SgemmStrided(transB, r1-r0, c1-c0, k, a[r0*k:], k, bb, ldb, got[r0*n+c0:], n); err != nil {
+				t.Fatal(err)
+			}
+			for i := range m {
+				for j := range n {
+					g, w := got[i*n+j], want[i*n+j]
+					if i < r0 || i >= r1 || j < c0 || j >= c1 {
+						w = -7
+					}
+					if d := math.Abs(float64(g - w)); d > 1e-4*(1+math.Abs(float64(w))) {
+						t.Fatalf("transB=%v block %v: c[%d,%d] = %g, want %g", transB, blk, i, j, g, w)
+					}
+				}
+			}
+		}
+	}
+	if err := lib.SgemmStrided(true, 2, 3, 4, a, 3, bt, 4, want, 3); err == nil || !strings.Contains(err.Error(), "lda=3") {
+		t.Errorf("a stride shorter than k: err %v, want one naming lda=3", err)
+	}
+	if err := lib.SgemmStrided(true, 2, 3, 4, a, 4, bt, 4, want[:5], 3); err == nil || !strings.Contains(err.Error(), "short operand") {
+		t.Errorf("c shorter than its strided rows: err %v, want short operand", err)
 	}
 }
 
@@ -295,4 +352,14 @@ func TestSearchFindsWheelInVirtualEnv(t *testing.T) {
 	if len(earlier) > 0 && found.Path != earlier[0] {
 		t.Fatalf("search loaded %s, want %s, the first candidate that loads", found.Path, earlier[0])
 	}
+}
+
+// randFloats returns n values in [-1, 1) from a generator seeded with seed.
+func randFloats(n int, seed uint64) []float32 {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = rng.Float32()*2 - 1
+	}
+	return x
 }

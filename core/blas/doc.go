@@ -17,9 +17,13 @@
 //
 // The first candidate that loads and exports cblas_sgemm wins; GEMMs are called through
 // its sgemm_ and sgemv_, whose arguments are all pointers, so a call needs no reflection
-// and allocates nothing. Its thread count is set to GOMAXPROCS, or to RESIN_BLAS_THREADS
-// when that is a positive integer, through openblas_set_num_threads,
-// bli_thread_set_num_threads or MKL_Set_Num_Threads. An OpenBLAS that runs pre-AVX2
+// and allocates nothing. Its thread count is set to 1, or to RESIN_BLAS_THREADS when that
+// is a positive integer, through openblas_set_num_threads, bli_thread_set_num_threads or
+// MKL_Set_Num_Threads. On one thread the library is called from the CPU kernels' own
+// worker pool (core/kernels/ref), which splits a large GEMM in blocks across GOMAXPROCS:
+// one set of threads runs all parallel work, where the library's threads would spin beside
+// the pool's (and a static split waits on its slowest thread when other processes load
+// the cores). RESIN_BLAS_THREADS > 1 hands each GEMM whole to the library's threads. An OpenBLAS that runs pre-AVX2
 // kernels on an AVX2 CPU (Debian bookworm's 0.3.21 calls recent Xeons Prescott) gets a
 // warning naming the OPENBLAS_CORETYPE that fixes it.
 package blas

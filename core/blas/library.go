@@ -34,6 +34,7 @@ type Library struct {
 
 	setThreads func(n int)
 	getThreads func() int
+	threads    int // what SetThreads last got back
 
 	// sgemm and sgemv are the library's Fortran-interface entry points (sgemm_, sgemv_):
 	// every argument is a pointer, so they are called through purego.SyscallN without
@@ -155,8 +156,13 @@ func (l *Library) SetThreads(n int) int {
 		return 0
 	}
 	l.setThreads(max(n, 1))
-	return l.getThreads()
+	l.threads = l.getThreads()
+	return l.threads
 }
+
+// ThreadsSet returns the thread count SetThreads last set (0 before any call, or for a
+// library with no thread call) without calling into the library.
+func (l *Library) ThreadsSet() int { return l.threads }
 
 // Threads returns the library's thread count, or 0 when it has no call that says.
 func (l *Library) Threads() int {
@@ -173,23 +179,49 @@ func (l *Library) Threads() int {
 // A single row (m = 1) goes to sgemv_. Sgemm allocates nothing; concurrent calls are
 // fine (every CBLAS this package loads is thread-safe).
 func (l *Library) Sgemm(transB bool, m, n, k int, a, b, c []float32) error {
+	ldb := n
+	if transB {
+		ldb = k
+	}
+	return l.SgemmStrided(transB, m, n, k, a, k, b, ldb, c, n)
+}
+
+// SgemmStrided is Sgemm on operands whose rows lie lda, ldb and ldc values apart (each at
+// least the row's length), so a block of rows or columns of a larger matrix can be
+// computed in place: with transB, b's rows [j0, j1) and c's columns [j0, j1) are
+// b[j0*ldb:] and c[j0:] with the same strides.
+func (l *Library) SgemmStrided(transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) error {
 	if m < 0 || n < 0 || k < 0 {
 		return fmt.Errorf("sgemm: negative dimension m=%d n=%d k=%d", m, n, k)
 	}
-	for _, d := range [...]int{m, n, k, m * k, k * n, m * n} {
+	bRows, bCols := k, n
+	if transB {
+		bRows, bCols = n, k
+	}
+	if lda < k || ldb < bCols || ldc < n {
+		return fmt.Errorf("sgemm m=%d n=%d k=%d: row strides lda=%d ldb=%d ldc=%d shorter than the rows", m, n, k, lda, ldb, ldc)
+	}
+	for _, d := range [...]int{m, n, k, lda, ldb, ldc, m * lda, bRows * ldb, m * ldc} {
 		if d > 1<<31-1 {
 			return fmt.Errorf("sgemm: m=%d n=%d k=%d exceeds the 32-bit CBLAS interface", m, n, k)
 		}
 	}
-	if len(a) < m*k || len(b) < k*n || len(c) < m*n {
-		return fmt.Errorf("sgemm m=%d n=%d k=%d: short operand: len(a)=%d (want %d), len(b)=%d (want %d), len(c)=%d (want %d)",
-			m, n, k, len(a), m*k, len(b), k*n, len(c), m*n)
-	}
 	if m == 0 || n == 0 {
 		return nil
 	}
+	span := func(rows, cols, ld int) int { return (rows-1)*ld + cols } // rows, cols > 0
+	wantA, wantB, wantC := 0, 0, span(m, n, ldc)
+	if k > 0 {
+		wantA, wantB = span(m, k, lda), span(bRows, bCols, ldb)
+	}
+	if len(a) < wantA || len(b) < wantB || len(c) < wantC {
+		return fmt.Errorf("sgemm m=%d n=%d k=%d: short operand: len(a)=%d (want %d), len(b)=%d (want %d), len(c)=%d (want %d)",
+			m, n, k, len(a), wantA, len(b), wantB, len(c), wantC)
+	}
 	if k == 0 {
-		clear(c[:m*n])
+		for i := range m {
+			clear(c[i*ldc : i*ldc+n])
+		}
 		return nil
 	}
 	// Column-major BLAS sees each row-major operand transposed, so it computes
@@ -198,11 +230,8 @@ func (l *Library) Sgemm(transB bool, m, n, k int, a, b, c []float32) error {
 	cl.a, cl.b, cl.c = &a[0], &b[0], &c[0]
 	cl.alpha, cl.beta, cl.inc = 1, 0, 1
 	cl.m, cl.n, cl.k = int32(m), int32(n), int32(k)
-	cl.lda, cl.ldb, cl.ldc = int32(k), int32(n), int32(n)
+	cl.lda, cl.ldb, cl.ldc = int32(lda), int32(ldb), int32(ldc)
 	cl.transA, cl.transB = 'N', 'N'
-	if transB {
-		cl.ldb = int32(k)
-	}
 	p := func(v unsafe.Pointer) uintptr { return uintptr(v) }
 	if m == 1 {
 		// c[n] = op(b)·a. beta = 0 does not clear y in every BLAS (0·NaN), so y starts at 0.
@@ -213,7 +242,7 @@ func (l *Library) Sgemm(transB bool, m, n, k int, a, b, c []float32) error {
 		}
 		cl.m, cl.n, cl.transA = rows, cols, trans
 		cl.args = [15]uintptr{p(unsafe.Pointer(&cl.transA)), p(unsafe.Pointer(&cl.m)), p(unsafe.Pointer(&cl.n)),
-			p(unsafe.Pointer(&cl.alpha)), p(unsafe.Pointer(cl.b)), p(unsafe.Pointer(&cl.m)),
+			p(unsafe.Pointer(&cl.alpha)), p(unsafe.Pointer(cl.b)), p(unsafe.Pointer(&cl.ldb)),
 			p(unsafe.Pointer(cl.a)), p(unsafe.Pointer(&cl.inc)), p(unsafe.Pointer(&cl.beta)),
 			p(unsafe.Pointer(cl.c)), p(unsafe.Pointer(&cl.inc)), 1}
 		purego.SyscallN(l.sgemv, cl.args[:12]...)

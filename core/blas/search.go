@@ -105,12 +105,12 @@ func Load(getenv func(string) string) (*Library, Backend) {
 		b.Warnings[libWarning] += fmt.Sprintf("; using %s %s instead", lib.Vendor, lib.Path)
 	}
 
-	threads := runtime.GOMAXPROCS(0)
+	threads := 1 // the callers' worker pool splits a GEMM across GOMAXPROCS
 	if v := getenv("RESIN_BLAS_THREADS"); v != "" {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 {
 			threads = n
 		} else {
-			b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%q is not a positive integer; using GOMAXPROCS=%d", v, threads))
+			b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%q is not a positive integer; using 1 (GEMMs split on the worker pool)", v))
 		}
 	}
 	b.Vendor, b.Path, b.Config = lib.Vendor, lib.Path, lib.Config

@@ -58,7 +58,7 @@ func gemm(op string, transB bool, out, a, b []float32, m, k, n int) error {
 	}
 	if k*n >= minBLASWeight {
 		if lib := cblas.Default(); lib != nil {
-			if err := lib.Sgemm(transB, m, n, k, a, b, out); err != nil {
+			if err := blasGemm(lib, transB, out, a, b, m, k, n); err != nil {
 				return fmt.Errorf("ref.%s: %w", op, err)
 			}
 			return nil

@@ -1,9 +1,12 @@
 package ref
 
 import (
+	"cmp"
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	cblas "github.com/resin-llm/resin/core/blas"
 )
 
 // The package's worker pool: GOMAXPROCS-1 goroutines, started on first use, that help the
@@ -118,4 +121,72 @@ func (f *freeList[T]) put(x *T) {
 	f.Lock()
 	f.free = append(f.free, x)
 	f.Unlock()
+}
+
+// blasGemm computes out = a·op(b) on lib (b is [k, n], or [n, k] when transB). When the
+// library runs on one thread and the pool has more than the caller, the product is split in
+// blocks of columns of out (of rows too when it is narrow), each a single-threaded call of
+// the library, claimed by the caller and the idle workers: one set of threads does all the
+// parallel work, so the library's own threads never spin beside the pool's (on a loaded
+// machine a busy-waiting thread, or a static split waiting on its slowest thread, costs
+// more than the GEMM). A block's values do not depend on the blocks beside it.
+func blasGemm(lib *cblas.Library, transB bool, out, a, b []float32, m, k, n int) error {
+	p := parts()
+	if p == 1 || m*n*k < minParallelMACs || lib.ThreadsSet() > 1 {
+		return lib.Sgemm(transB, m, n, k, a, b, out)
+	}
+	t := gemmTasks.get()
+	defer func() {
+		t.lib, t.out, t.a, t.b, t.err = nil, nil, nil, nil, nil
+		gemmTasks.put(t)
+	}()
+	t.lib, t.transB, t.out, t.a, t.b, t.m, t.k, t.n = lib, transB, out, a, b, m, k, n
+	// About 4 blocks per participant, so a participant slowed by other load leaves its share
+	// to the others; at least 16 columns (a multiple of 16) and 64 rows a block.
+	t.colBlock = roundUp(max((n+4*p-1)/(4*p), (minParallelMACs+m*k-1)/(m*k)), 16)
+	t.colBlocks = (n + t.colBlock - 1) / t.colBlock
+	t.rowBlock = m
+	if t.colBlocks < 2*p && m >= 128 {
+		rowBlocks := (4*p + t.colBlocks - 1) / t.colBlocks
+		t.rowBlock = max(64, (m+rowBlocks-1)/rowBlocks)
+	}
+	rowBlocks := (m + t.rowBlock - 1) / t.rowBlock
+	parallelFor(&t.loop, t, rowBlocks*t.colBlocks, 1)
+	return t.err
+}
+
+// minParallelMACs is the fewest multiply-adds blasGemm splits, and the fewest of a block.
+const minParallelMACs = 1 << 18
+
+func roundUp(x, to int) int { return (x + to - 1) / to * to }
+
+// gemmTask is one blasGemm call split in blocks, a pool task.
+type gemmTask struct {
+	loop                          loop
+	lib                           *cblas.Library
+	transB                        bool
+	out, a, b                     []float32
+	m, k, n                       int
+	rowBlock, colBlock, colBlocks int
+	mu                            sync.Mutex
+	err                           error
+}
+
+var gemmTasks freeList[gemmTask]
+
+func (t *gemmTask) run(_, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		r0, c0 := i/t.colBlocks*t.rowBlock, i%t.colBlocks*t.colBlock
+		r1, c1 := min(r0+t.rowBlock, t.m), min(c0+t.colBlock, t.n)
+		b, ldb := t.b[c0:], t.n
+		if t.transB {
+			b, ldb = t.b[c0*t.k:], t.k
+		}
+		err := t.lib.SgemmStrided(t.transB, r1-r0, c1-c0, t.k, t.a[r0*t.k:], t.k, b, ldb, t.out[r0*t.n+c0:], t.n)
+		if err != nil {
+			t.mu.Lock()
+			t.err = cmp.Or(t.err, err)
+			t.mu.Unlock()
+		}
+	}
 }

@@ -1,10 +1,13 @@
 package ref
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	cblas "github.com/resin-llm/resin/core/blas"
 )
 
 // countTask counts how often each item runs and checks every participant number is in
@@ -109,5 +112,42 @@ func TestSiLUMulParallelRows(t *testing.T) {
 		if n := testing.AllocsPerRun(10, func() { _ = SiLUMul(out, gateUp, rows, 2816) }); n != 0 {
 			t.Errorf("SiLUMul of %d rows allocates %.1f times", rows, n)
 		}
+	}
+}
+
+// TestBLASGemmSplits checks products the pool splits on the BLAS (blocks of columns; of
+// rows too for a narrow product; a decode row's sgemv in blocks) against the exact
+// product, and that a split product allocates nothing.
+func TestBLASGemmSplits(t *testing.T) {
+	lib := cblas.Default()
+	if lib == nil {
+		t.Skipf("no BLAS library: %s", cblas.Info().Fallback)
+	}
+	if lib.ThreadsSet() > 1 {
+		t.Skipf("RESIN_BLAS_THREADS=%d: the library's threads run each GEMM whole", lib.ThreadsSet())
+	}
+	if parts() == 1 {
+		t.Log("GOMAXPROCS=1: nothing to split across; the products run whole")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, s := range [][3]int{{1, 512, 4000}, {600, 64, 48}, {8, 1024, 1000}, {300, 300, 1030}} {
+		m, k, n := s[0], s[1], s[2]
+		for _, transB := range []bool{false, true} {
+			a, b, exact, scale := gemmOperands(rng, transB, m, k, n)
+			got := nanFilled(m * n)
+			if err := blasGemm(lib, transB, got, a, b, m, k, n); err != nil {
+				t.Fatal(err)
+			}
+			checkProduct(t, fmt.Sprintf("blasGemm transB=%v m=%d k=%d n=%d", transB, m, k, n), got, exact, scale, k)
+		}
+	}
+	m, k, n := 8, 1024, 1024
+	x, w, out := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+	if a := testing.AllocsPerRun(20, func() {
+		if err := MatMulT(out, x, w, m, k, n); err != nil {
+			t.Fatal(err)
+		}
+	}); a != 0 {
+		t.Errorf("%v allocations per split MatMulT", a)
 	}
 }
