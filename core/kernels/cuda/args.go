@@ -102,6 +102,8 @@ const (
 	kDecodeAttention
 	kDecodeReduce
 	kSample
+	kAddBiasBF16
+	kHeadRMSNormBF16
 	numKernels
 )
 
@@ -118,4 +120,6 @@ var kernelNames = [numKernels]struct{ file, entry string }{
 	kDecodeAttention:  {"flash_attention.cu", "resin_decode_attention_bf16"},
 	kDecodeReduce:     {"flash_attention.cu", "resin_decode_reduce_bf16"},
 	kSample:           {"sampling.cu", "resin_sample"},
+	kAddBiasBF16:      {"bias_headnorm.cu", "resin_add_bias_bf16"},
+	kHeadRMSNormBF16:  {"bias_headnorm.cu", "resin_head_rmsnorm_bf16"},
 }

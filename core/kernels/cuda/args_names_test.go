@@ -73,6 +73,9 @@ func TestPackedArgsByName(t *testing.T) {
 	check(packRMSNormBF16(&k.specs[kRMSNormBF16], 0x4500, 0x4600, 0x4700, 13, 2048, 1e-6))
 	check(packSiLUMulBF16(&k.specs[kSiLUMulBF16], 0x4800, 0x4900, 17, 11008))
 	check(packEmbeddingBF16(&k.specs[kEmbeddingBF16], 0x4a00, 0x4b00, 0x4c00, 19, 2048, 32000))
+	check(packAddBiasBF16(&k.specs[kAddBiasBF16], 0x5100, 0x5200, 23, 6144))
+	hn := HeadRMSNorm{X: 0x5300, QW: 0x5400, KW: 0x5500, Tokens: 29, Heads: 32, KVHeads: 8, HeadDim: 128, Stride: 6144, Eps: 1e-6}
+	check(hn.pack(&k.specs[kHeadRMSNormBF16]))
 	want := map[kernelID]map[string]uint64{
 		kPrefillAttention: with(with(attn, layout), map[string]uint64{"batch": 3, "skip_decode": 1}),
 		kDecodeAttention: with(with(attn, layout), map[string]uint64{"part_out": work, "part_lse": lse,
@@ -91,6 +94,9 @@ func TestPackedArgsByName(t *testing.T) {
 			"eps": uint64(math.Float32bits(1e-6))},
 		kSiLUMulBF16:   {"out": 0x4800, "gate_up": 0x4900, "rows": 17, "dim": 11008},
 		kEmbeddingBF16: {"out": 0x4a00, "table": 0x4b00, "ids": 0x4c00, "tokens": 19, "dim": 2048, "vocab": 32000},
+		kAddBiasBF16:   {"x": 0x5100, "bias": 0x5200, "rows": 23, "dim": 6144},
+		kHeadRMSNormBF16: {"x": 0x5300, "q_w": 0x5400, "k_w": 0x5500, "tokens": 29, "heads": 32, "kv_heads": 8,
+			"head_dim": 128, "stride": 6144, "eps": uint64(math.Float32bits(1e-6))},
 	}
 	for id, vals := range want {
 		n := kernelNames[id]
@@ -119,6 +125,10 @@ func TestPackedArgsByName(t *testing.T) {
 	// The grids that go with them.
 	if g := k.specs[kDecodeAttention].grid; g != (cudart.Dim3{X: 6, Y: 3, Z: 4}) {
 		t.Errorf("decode grid %+v: want kv heads × sequences × partitions", g)
+	}
+	// One warp per head: 29 tokens × 40 heads over blocks of 4 warps.
+	if g, b := k.specs[kHeadRMSNormBF16].grid, k.specs[kHeadRMSNormBF16].block; g != cudart.D1(29*40/4) || b != cudart.D1(4*32) {
+		t.Errorf("head rmsnorm grid %+v, block %+v: want a warp per head, 4 per block", g, b)
 	}
 	if g := k.specs[kPrefillAttention].grid; g != (cudart.Dim3{X: 40/16 + 3, Y: 24, Z: 1}) {
 		t.Errorf("prefill grid %+v: want tiles × heads", g)

@@ -14,6 +14,7 @@ import (
 var wantKernels = map[string][]string{
 	"add_rmsnorm.cu":     {"resin_add_rmsnorm_f32", "resin_add_rmsnorm_bf16", "resin_rmsnorm_bf16"},
 	"argmax.cu":          {"resin_argmax"},
+	"bias_headnorm.cu":   {"resin_add_bias_bf16", "resin_head_rmsnorm_bf16"},
 	"embedding.cu":       {"resin_embedding", "resin_embedding_bf16"},
 	"flash_attention.cu": {"resin_prefill_attention_bf16", "resin_decode_attention_bf16", "resin_decode_reduce_bf16"},
 	"moe_topk.cu":        {"resin_moe_topk"},

@@ -215,3 +215,77 @@ func ropeThreads(heads, half, kvElems int) int {
 	t := (n + 31) / 32 * 32
 	return min(max(t, 64), 512)
 }
+
+// AddBiasBF16 launches the bias add of bias_headnorm.cu on bf16: x [rows, dim] += bias
+// [dim] in place, as models/llama's addBias (a fused q|k|v bias over the QKV GEMM's rows,
+// or the o projection's bias).
+func (k *Kernels) AddBiasBF16(c *cudart.Ctx, s *cudart.Stream, x, bias cudart.DevicePtr, rows, dim int) error {
+	spec := &k.specs[kAddBiasBF16]
+	if err := packAddBiasBF16(spec, x, bias, rows, dim); err != nil {
+		return err
+	}
+	return k.launch(c, s, spec)
+}
+
+func packAddBiasBF16(spec *launchSpec, x, bias cudart.DevicePtr, rows, dim int) error {
+	if err := positive("AddBiasBF16", rows, dim); err != nil {
+		return err
+	}
+	spec.kernel = kAddBiasBF16
+	spec.grid, spec.block = elementwise(rows * dim)
+	spec.shared = 0
+	spec.args.reset().ptr(x).ptr(bias).i32(rows).i32(dim)
+	return nil
+}
+
+// HeadRMSNorm is one call of the per-head q/k RMSNorm of bias_headnorm.cu (Qwen3's
+// q_norm and k_norm, before rotary): in each of Tokens rows of Stride bf16 elements at X,
+// the Heads query heads and then the KVHeads key heads, HeadDim elements each, are
+// normalised in place, the query heads by QW and the key heads by KW (bf16 [HeadDim]).
+// On the fused QKV activation X is its start and Stride its row width.
+type HeadRMSNorm struct {
+	X, QW, KW              cudart.DevicePtr
+	Tokens, Heads, KVHeads int
+	HeadDim                int
+	Stride                 int // elements per token row; 0 means (Heads+KVHeads)*HeadDim
+	Eps                    float32
+}
+
+// headNormWarps is the heads one block of the per-head RMSNorm normalises (a warp each).
+const headNormWarps = 4
+
+// HeadRMSNormBF16 launches n.
+func (k *Kernels) HeadRMSNormBF16(c *cudart.Ctx, s *cudart.Stream, n HeadRMSNorm) error {
+	spec := &k.specs[kHeadRMSNormBF16]
+	if err := n.pack(spec); err != nil {
+		return err
+	}
+	return k.launch(c, s, spec)
+}
+
+func (n *HeadRMSNorm) pack(spec *launchSpec) error {
+	if err := positive("HeadRMSNormBF16", n.Tokens, n.Heads, n.KVHeads, n.HeadDim); err != nil {
+		return err
+	}
+	if n.HeadDim > MaxHeadDim {
+		return fmt.Errorf("cuda.HeadRMSNormBF16: head dim %d exceeds %d", n.HeadDim, MaxHeadDim)
+	}
+	width := (n.Heads + n.KVHeads) * n.HeadDim
+	stride := n.Stride
+	if stride == 0 {
+		stride = width
+	}
+	if stride < width {
+		return fmt.Errorf("cuda.HeadRMSNormBF16: row stride %d is narrower than the %d q and k elements of a token", stride, width)
+	}
+	rows := int64(n.Tokens) * int64(n.Heads+n.KVHeads)
+	blocks := (rows + headNormWarps - 1) / headNormWarps
+	if blocks > 1<<31-1 {
+		return fmt.Errorf("cuda.HeadRMSNormBF16: %d heads exceed the grid", rows)
+	}
+	spec.kernel = kHeadRMSNormBF16
+	spec.grid, spec.block, spec.shared = cudart.D1(int(blocks)), cudart.D1(headNormWarps*32), 0
+	spec.args.reset().ptr(n.X).ptr(n.QW).ptr(n.KW).i32(n.Tokens).i32(n.Heads).i32(n.KVHeads).i32(n.HeadDim).
+		i64(int64(stride)).f32(n.Eps)
+	return nil
+}

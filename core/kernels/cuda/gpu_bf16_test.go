@@ -495,3 +495,47 @@ func TestGPUSample(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUBiasHeadRMSNorm checks bias_headnorm.cu on a fused QKV activation with a row
+// wider than q and k (the v heads after them, left alone): the bias add as ref.Add per
+// row, one bf16 rounding of an exact sum, and the per-head RMSNorm as ref.RMSNorm over
+// each q head with q_w and each k head with k_w.
+func TestGPUBiasHeadRMSNorm(t *testing.T) {
+	d, k := openKernels(t)
+	for _, hd := range []int{128, 64, 256, 40} {
+		const tokens, heads, kvHeads = 7, 8, 2
+		stride := (heads + 2*kvHeads) * hd
+		x, xh := rndBF16(31, tokens*stride, 3)
+		bias, bh := rndBF16(32, stride, 1)
+		qw, qwh := rndBF16(33, hd, 1)
+		kw, kwh := rndBF16(34, hd, 1)
+		withBias := make([]float32, tokens*stride)
+		for r := range tokens {
+			ref.Add(withBias[r*stride:(r+1)*stride], x[r*stride:(r+1)*stride], bias)
+		}
+		roundBF16(withBias)
+		want := append([]float32(nil), withBias...)
+		for r := range tokens {
+			row := want[r*stride:]
+			ref.RMSNorm(row[:heads*hd], row[:heads*hd], qw, heads, hd, 1e-6)
+			ref.RMSNorm(row[heads*hd:(heads+kvHeads)*hd], row[heads*hd:(heads+kvHeads)*hd], kw, kvHeads, hd, 1e-6)
+		}
+		on(t, d, func(g *dev) {
+			p := g.bf16(xh)
+			if err := k.AddBiasBF16(g.c, nil, p, g.bf16(bh), tokens, stride); err != nil {
+				t.Fatal(err)
+			}
+			parity(t, fmt.Sprintf("add-bias-bf16 dim %d", stride), g.getBF16(p, tokens*stride), withBias, 0)
+			n := HeadRMSNorm{X: p, QW: g.bf16(qwh), KW: g.bf16(kwh), Tokens: tokens, Heads: heads, KVHeads: kvHeads, HeadDim: hd, Stride: stride, Eps: 1e-6}
+			if err := k.HeadRMSNormBF16(g.c, nil, n); err != nil {
+				t.Fatal(err)
+			}
+			got := g.getBF16(p, tokens*stride)
+			parity(t, fmt.Sprintf("head-rmsnorm-bf16 head dim %d", hd), got, want, bf16Tol)
+			for r := range tokens { // the values are not touched
+				v := (heads + kvHeads) * hd
+				parity(t, "head-rmsnorm-bf16 values", got[r*stride+v:(r+1)*stride], withBias[r*stride+v:(r+1)*stride], 0)
+			}
+		})
+	}
+}

@@ -64,6 +64,14 @@ func packAll(t testing.TB, k *Kernels) {
 	check(p.packDecode(&k.specs[kDecodeAttention], &k.specs[kDecodeReduce], DecodeSplit{Parts: 4, PartLen: 256}, 0x7000))
 	s := Sample{Tokens: 1, Logprobs: 2, TopIDs: 3, TopLogprobs: 4, Logits: 5, Params: 6, Rows: 3, Vocab: 151936, MaxTop: 20}
 	check(s.pack(&k.specs[kSample]))
+	check(packAddBiasBF16(&k.specs[kAddBiasBF16], 1, 2, 7, 6144))
+	hn := testHeadNorm()
+	check(hn.pack(&k.specs[kHeadRMSNormBF16]))
+}
+
+// testHeadNorm is Qwen3-8B's q/k norm over its fused QKV rows.
+func testHeadNorm() HeadRMSNorm {
+	return HeadRMSNorm{X: 1, QW: 2, KW: 3, Tokens: 9, Heads: 32, KVHeads: 8, HeadDim: 128, Stride: 48 * 128, Eps: 1e-6}
 }
 
 func testRopeKV() RopeKV {
@@ -299,6 +307,10 @@ func TestLauncherShapeErrors(t *testing.T) {
 		{"decode workspace", func() error { p := testBatch(); return p.packDecode(&spec, &red, DecodeSplit{2, 256}, 0) }(), "workspace of"},
 		{"sample top", (&Sample{Tokens: 1, Logprobs: 1, Logits: 1, Params: 1, Rows: 1, Vocab: 10, MaxTop: 40}).pack(&spec), "top-n capacity"},
 		{"sample stride", (&Sample{Tokens: 1, Logprobs: 1, Logits: 1, Params: 1, Rows: 1, Vocab: 10, LogitsStride: 5}).pack(&spec), "stride"},
+		{"bias rows", packAddBiasBF16(&spec, 1, 2, 0, 8), "positive"},
+		{"head norm dim", func() error { n := testHeadNorm(); n.HeadDim = 512; return n.pack(&spec) }(), "head dim"},
+		{"head norm stride", func() error { n := testHeadNorm(); n.Stride = 32 * 128; return n.pack(&spec) }(), "stride"},
+		{"head norm heads", func() error { n := testHeadNorm(); n.KVHeads = 0; return n.pack(&spec) }(), "positive"},
 		{"sample outputs", (&Sample{Rows: 1, Vocab: 10}).pack(&spec), "must all be set"},
 	} {
 		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {

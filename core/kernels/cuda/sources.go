@@ -9,6 +9,7 @@
 //	AddRMSNorm, RMSNormBF16     fused residual add + RMSNorm (add_rmsnorm.cu)
 //	RopeKV                      rotary (NeoX or GPT-J) + K/V written to kvslab pages by slot (rope_kv.cu)
 //	SiLUMulBF16, EmbeddingBF16  (silu_mul.cu, embedding.cu)
+//	AddBiasBF16, HeadRMSNormBF16  q/k/v and o biases, per-head q/k RMSNorm (bias_headnorm.cu)
 //	PrefillAttention            ragged paged attention: prompts, chunks, decode rows in one launch
 //	DecodeAttention             split-K paged decode, a GQA group per block, LSE reduce (flash_attention.cu)
 //	Sample                      greedy/temperature/top-k/top-p/min-p, seeded, logprobs (sampling.cu)
