@@ -155,13 +155,16 @@ class LlamaRunner(Runner):
             if k is None:
                 k = self.page_index[p] = len(self.page_index)
             out[j] = k
-        need = len(self.page_index)
-        if need > self.K[0].shape[0]:
-            grow = max(need, 2 * self.K[0].shape[0], 16) - self.K[0].shape[0]
-            pad = np.zeros((grow,) + self.K[0].shape[1:], np.float32)
-            self.K = [np.concatenate([k, pad]) for k in self.K]
-            self.V = [np.concatenate([v, pad]) for v in self.V]
+        have = self.K[0].shape[0]
+        if len(self.page_index) > have:
+            grow = max(len(self.page_index), 2 * have, 16) - have
+            self.K = [self._grown(k, grow) for k in self.K]
+            self.V = [self._grown(v, grow) for v in self.V]
         return out
+
+    def _grown(self, cache, pages: int):
+        """cache [pages, page_tokens, kv_heads, head_dim] with pages more zero pages."""
+        return np.concatenate([cache, np.zeros((pages,) + cache.shape[1:], np.float32)])
 
     def apply_cache_ops(self, ops):
         for op in ops:
@@ -173,6 +176,24 @@ class LlamaRunner(Runner):
                 self.V[l][dst] = self.V[l][src]
 
     # --- the forward ---------------------------------------------------------------------
+
+    def _plan_cache(self, plan: wire.Plan):
+        """Checks the plan's tokens and positions against the model and its page tables
+        against the tokens they must hold; returns the K/V page index and in-page offset of
+        each token's slot and each sequence's K/V page indices."""
+        c, bt = self.c, self.page_tokens
+        if len(plan.tokens) and (plan.positions.max() >= self.max_context or plan.tokens.min() < 0 or plan.tokens.max() >= c.vocab):
+            raise StepFailed(f"a position beyond the context of {self.max_context} or a token outside the vocabulary")
+        slots = plan.slot_mapping[0]
+        if np.any(slots < 0):
+            raise StepFailed("a token without a cache slot")
+        slot_pages = self._pages((slots // bt).tolist())
+        tables = [self._pages(t.tolist()) for t in plan.page_tables[0]]
+        for i, pages in enumerate(tables):
+            ctx = int(plan.computed[i]) + int(plan.query_start[i + 1]) - int(plan.query_start[i])
+            if len(pages) * bt < ctx:
+                raise StepFailed(f"sequence {i}: a page table of {len(pages)} pages for {ctx} tokens")
+        return slot_pages, slots % bt, tables
 
     def _rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """x: [T, heads, head_dim], NeoX halves: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)."""
@@ -186,15 +207,7 @@ class LlamaRunner(Runner):
         logits [len(rows), vocab] of the token rows named by rows."""
         c = self.c
         T = len(plan.tokens)
-        if T and (plan.positions.max() >= self.max_context or plan.tokens.min() < 0 or plan.tokens.max() >= c.vocab):
-            raise StepFailed(f"a position beyond the context of {self.max_context} or a token outside the vocabulary")
-        bt = self.page_tokens
-        slots = plan.slot_mapping[0]
-        if np.any(slots < 0):
-            raise StepFailed("a token without a cache slot")
-        slot_pages = self._pages((slots // bt).tolist())
-        slot_off = slots % bt
-        tables = [self._pages(t.tolist()) for t in plan.page_tables[0]]
+        slot_pages, slot_off, tables = self._plan_cache(plan)
         pos = plan.positions.astype(np.int64)
         x = self.embed[plan.tokens]
         nh, nkv, d = c.heads, c.kv_heads, c.head_dim
@@ -214,10 +227,8 @@ class LlamaRunner(Runner):
             att = np.empty((T, nh, d), np.float32)
             for i in range(plan.num_seqs):
                 a, b = int(plan.query_start[i]), int(plan.query_start[i + 1])
-                n, ctx = b - a, int(plan.computed[i]) + b - a
+                ctx = int(plan.computed[i]) + b - a
                 pages = tables[i]
-                if len(pages) * bt < ctx:
-                    raise StepFailed(f"sequence {i}: a page table of {len(pages)} pages for {ctx} tokens")
                 K = self.K[l][pages].reshape(-1, nkv, d)[:ctx]  # [ctx, kv_heads, d]
                 V = self.V[l][pages].reshape(-1, nkv, d)[:ctx]
                 Kh = np.repeat(K, group, axis=1).transpose(1, 0, 2)  # [heads, ctx, d]
@@ -254,19 +265,28 @@ class LlamaRunner(Runner):
         return sample_plan(plan, logits, all_rows=scoring)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m resin_runner.llama", description=__doc__.split("\n\n")[0])
+def run_main(module: str, doc: str, make, argv=None, add_args=None, errors=(OSError, ValueError, KeyError)) -> int:
+    """The command line of a Llama runner module: parses argv (the shared flags, and those
+    add_args adds), builds the runner with make(args) and serves it. A runner that cannot
+    be built (an exception in errors) is reported on stderr, exit status 1."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     ap.add_argument("--weights", required=True, help="directory with config.json and *.safetensors")
     ap.add_argument("--page-tokens", type=int, default=16, help="cache block size in tokens")
     ap.add_argument("--max-context", type=int, default=0, help="longest sequence (default: min(max_position_embeddings, 4096))")
+    if add_args is not None:
+        add_args(ap)
     ap.add_argument("--listen", default=None, help="unix:PATH to listen on instead of stdin/stdout")
     args = ap.parse_args(argv)
     try:
-        runner = LlamaRunner(args.weights, args.page_tokens, args.max_context)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"resin_runner.llama: {e}", file=sys.stderr)
+        runner = make(args)
+    except errors as e:
+        print(f"{module}: {e}", file=sys.stderr)
         return 1
     return serve_spec(runner, args.listen)
+
+
+def main(argv=None) -> int:
+    return run_main("resin_runner.llama", __doc__, lambda a: LlamaRunner(a.weights, a.page_tokens, a.max_context), argv)
 
 
 if __name__ == "__main__":
