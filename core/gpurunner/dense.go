@@ -4,7 +4,10 @@ import "fmt"
 
 // DenseConfig is the shape of a dense llama-family decoder (Llama, Qwen2/3, Mistral and
 // every `resin-new` dense scaffold): embedding, layers of RMSNorm → GQA attention with
-// rotary embeddings → RMSNorm → SwiGLU MLP, a final RMSNorm and the LM head.
+// rotary embeddings → RMSNorm → SwiGLU MLP, a final RMSNorm and the LM head. QKVBias adds
+// biases to q, k and v (Qwen2), OBias to the attention output, QKNorm normalises each q
+// and k head (RMSNorm over HeadDim, before rotary: Qwen3); Window is sliding-window
+// attention (Mistral).
 type DenseConfig struct {
 	Vocab, Hidden, Layers   int
 	Heads, KVHeads, HeadDim int

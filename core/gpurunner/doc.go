@@ -24,10 +24,12 @@
 //     allocation sized by NewWorkspace for the engine's limits (MaxTokens, MaxSeqs, logits
 //     rows): no step allocates. Weights are bf16 (uploaded once, with progress on a
 //     terminal), activations bf16, accumulation float32: embedding, per layer a fused
-//     residual-add + RMSNorm, the fused QKV GEMM (cuBLASLt), rotary + KV write into the
-//     kvslab pages of a device arena by slot mapping, split-K decode and ragged prefill
-//     paged attention, the O GEMM, add + RMSNorm, the fused gate_up GEMM, SiLU-mul and the
-//     down GEMM; then the final norm and the LM head on the LogitsIndices rows only, in
+//     residual-add + RMSNorm, the fused QKV GEMM (cuBLASLt), for the Qwen variants its
+//     q|k|v bias add (Qwen2) and the per-head q and k RMSNorm (Qwen3) over the fused
+//     rows, rotary + KV write into the kvslab pages of a device arena by slot mapping,
+//     split-K decode and ragged prefill paged attention, the O GEMM (and its bias where
+//     the config has one), add + RMSNorm, the fused gate_up GEMM, SiLU-mul and the down
+//     GEMM; then the final norm and the LM head on the LogitsIndices rows only, in
 //     float32.
 //  4. Rows the sampling kernel covers (greedy, temperature, top-k, top-p, min-p, seeded,
 //     up to 32 logprob alternatives) are sampled on the device, so only token ids and
@@ -42,7 +44,6 @@
 // and skip by name where no driver is found; scripts/gpu-check.sh runs them and prints
 // their parity lines and figures.
 //
-// Not on the GPU path yet: attention biases and q/k norms (Qwen2/Qwen3 variants: NewDense
-// refuses them with a clear error), drafts proposed on the device (an MTP head), and the
-// engine's Async mode (AsyncTokens is not declared).
+// Not on the GPU path yet: drafts proposed on the device (an MTP head), and the engine's
+// Async mode (AsyncTokens is not declared).
 package gpurunner

@@ -81,6 +81,35 @@ func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
 // tolerance: |Δ| ≤ 0.05 + 0.02·max|logit| of the row.
 func TestGPUDenseMatchesReference(t *testing.T) {
 	c, w := randomDense(1000, 256, 2, 8, 2, 32, 512, 512, 11)
+	denseParity(t, "dense", c, w)
+}
+
+// TestGPUDenseQwenMatchesReference is TestGPUDenseMatchesReference for the Qwen variants:
+// a Qwen2-shaped tiny model (q/k/v biases), the same with an o bias, and a Qwen3-shaped
+// one (per-head q/k RMSNorm before rotary, head dim 128 as Qwen3's).
+func TestGPUDenseQwenMatchesReference(t *testing.T) {
+	for _, v := range []struct {
+		name                   string
+		heads, kvHeads, hd     int
+		qkvBias, oBias, qkNorm bool
+	}{
+		{"qwen2", 8, 2, 32, true, false, false},
+		{"qwen2 o bias", 8, 2, 32, true, true, false},
+		{"qwen3", 4, 2, 128, false, false, true},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			c, w := randomDense(1000, 256, 2, v.heads, v.kvHeads, v.hd, 512, 512, 12)
+			withVariants(c, w, v.qkvBias, v.oBias, v.qkNorm, 13)
+			denseParity(t, v.name, c, w)
+		})
+	}
+}
+
+// denseParity runs prompts (one in two chunks) and greedy decodes of c and w through the
+// GPU runner and the CPU reference, and holds every logits row within the bf16
+// tolerance: |Δ| ≤ 0.05 + 0.02·max|logit| of the row.
+func denseParity(t *testing.T, name string, c *DenseConfig, w *DenseWeights) {
+	t.Helper()
 	r, pool := openDense(t, c, w, Limits{MaxTokens: 256, MaxSeqs: 8, MaxRows: 8}, 64<<20)
 	d := newDriver(c, pool)
 	ref := refFor(c, w, d, 256)
@@ -128,8 +157,8 @@ func TestGPUDenseMatchesReference(t *testing.T) {
 	for step := 0; step < 6; step++ {
 		next = compare("decode", d.plan([]int{0, 1, 2}, [][]int32{{next[0]}, {next[1]}, {next[2]}}, 4))
 	}
-	t.Logf("parity dense bf16 logits vs CPU reference: worst row max |Δ| %.4f (tolerance %.4f), greedy agreement %d/%d rows; %d graph and %d eager steps",
-		worst, worstTol, agree, rows, r.Stats.Graph, r.Stats.Eager)
+	t.Logf("parity %s bf16 logits vs CPU reference: worst row max |Δ| %.4f (tolerance %.4f), greedy agreement %d/%d rows; %d graph and %d eager steps",
+		name, worst, worstTol, agree, rows, r.Stats.Graph, r.Stats.Eager)
 	if r.Stats.Graph == 0 {
 		t.Error("no step ran as a CUDA graph")
 	}

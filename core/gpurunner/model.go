@@ -169,6 +169,17 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		if err == nil {
 			err = gemm(qkv, normed, wt(lw.QKV), t, h, cfg.QKVDim(), false)
 		}
+		// The Qwen variants, in models/llama's order: q/k/v biases, then the per-head q and
+		// k norms, then rotary.
+		if err == nil && cfg.QKVBias {
+			err = k.AddBiasBF16(c, s, qkv, wt(lw.QKVBias), t, cfg.QKVDim())
+		}
+		if err == nil && cfg.QKNorm {
+			err = k.HeadRMSNormBF16(c, s, cuda.HeadRMSNorm{
+				X: qkv, QW: wt(lw.QNorm), KW: wt(lw.KNorm), Tokens: t, Heads: cfg.Heads, KVHeads: cfg.KVHeads,
+				HeadDim: cfg.HeadDim, Stride: cfg.QKVDim(), Eps: eps,
+			})
+		}
 		if err == nil {
 			err = k.RopeKV(c, s, cuda.RopeKV{
 				Q: qkv, K: qkv.Add(kvOff), V: qkv.Add(kvOff + int64(cfg.KVDim())*2), Cache: m.cache,
@@ -185,6 +196,9 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		}
 		if err == nil {
 			err = gemm(proj, attn, wt(lw.O), t, cfg.QDim(), h, false)
+		}
+		if err == nil && cfg.OBias {
+			err = k.AddBiasBF16(c, s, proj, wt(lw.OBias), t, h)
 		}
 		if err == nil {
 			err = k.AddRMSNorm(c, s, cuda.BF16, normed, residual, proj, wt(lw.MLPNorm), t, h, eps)

@@ -52,6 +52,45 @@ func randomDense(vocab, hidden, layers, heads, kvHeads, headDim, inter, maxConte
 	return c, w
 }
 
+// withVariants turns on the Qwen options of c (q/k/v biases as Qwen2, an o bias, per-head
+// q/k norms as Qwen3) with seeded random bf16 parameters for them in w.
+func withVariants(c *DenseConfig, w *DenseWeights, qkvBias, oBias, qkNorm bool, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0xb1a5))
+	vec := func(n int, center, spread float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = weights.BF16ToFloat32(weights.Float32ToBF16(float32(center + spread*(rng.Float64()*2-1))))
+		}
+		return v
+	}
+	c.QKVBias, c.OBias, c.QKNorm = qkvBias, oBias, qkNorm
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		if qkvBias {
+			l.QBias, l.KBias, l.VBias = vec(c.QDim(), 0, 0.5), vec(c.KVDim(), 0, 0.5), vec(c.KVDim(), 0, 0.5)
+		}
+		if oBias {
+			l.OBias = vec(c.Hidden, 0, 0.2)
+		}
+		if qkNorm {
+			l.QNorm, l.KNorm = vec(c.HeadDim, 1, 0.3), vec(c.HeadDim, 1, 0.3)
+		}
+	}
+}
+
+// addBias adds bias to each of the rows of x; a nil bias adds nothing (models/llama's).
+func addBias(x, bias []float32, rows int) {
+	if bias == nil {
+		return
+	}
+	n := len(bias)
+	for r := range rows {
+		for i, b := range bias {
+			x[r*n+i] += b
+		}
+	}
+}
+
 // refDense is the reference forward with its host cache of pages pages.
 type refDense struct {
 	c    *DenseConfig
@@ -83,9 +122,21 @@ func (r *refDense) forward(plan *engine.BatchPlan) ([]float32, error) {
 	}
 	for l, lw := range w.Layers {
 		err := firstErr(ref.RMSNorm(hn, x, lw.AttnNorm, t, h, eps), ref.MatMulT(qs, hn, lw.Q, t, h, q),
-			ref.MatMulT(ks, hn, lw.K, t, h, kv), ref.MatMulT(vs, hn, lw.V, t, h, kv),
-			r.rope.RoPENeoX(qs, plan.Positions, t, c.Heads, c.HeadDim), r.rope.RoPENeoX(ks, plan.Positions, t, c.KVHeads, c.HeadDim),
-			r.kv[l].StoreKV(ks, vs, plan.Groups[0].SlotMapping))
+			ref.MatMulT(ks, hn, lw.K, t, h, kv), ref.MatMulT(vs, hn, lw.V, t, h, kv))
+		if err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l, err)
+		}
+		// As models/llama: the biases, then each q and k head's norm, then rotary.
+		addBias(qs, lw.QBias, t)
+		addBias(ks, lw.KBias, t)
+		addBias(vs, lw.VBias, t)
+		if c.QKNorm {
+			err = firstErr(ref.RMSNorm(qs, qs, lw.QNorm, t*c.Heads, c.HeadDim, eps), ref.RMSNorm(ks, ks, lw.KNorm, t*c.KVHeads, c.HeadDim, eps))
+		}
+		if err == nil {
+			err = firstErr(r.rope.RoPENeoX(qs, plan.Positions, t, c.Heads, c.HeadDim), r.rope.RoPENeoX(ks, plan.Positions, t, c.KVHeads, c.HeadDim),
+				r.kv[l].StoreKV(ks, vs, plan.Groups[0].SlotMapping))
+		}
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: %w", l, err)
 		}
@@ -99,7 +150,11 @@ func (r *refDense) forward(plan *engine.BatchPlan) ([]float32, error) {
 				return nil, err
 			}
 		}
-		err = firstErr(ref.MatMulT(o, att, lw.O, t, q, h), ref.Add(x, x, o), ref.RMSNorm(hn, x, lw.MLPNorm, t, h, eps),
+		if err := ref.MatMulT(o, att, lw.O, t, q, h); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l, err)
+		}
+		addBias(o, lw.OBias, t)
+		err = firstErr(ref.Add(x, x, o), ref.RMSNorm(hn, x, lw.MLPNorm, t, h, eps),
 			ref.MatMulT(gate, hn, lw.Gate, t, h, in), ref.MatMulT(up, hn, lw.Up, t, h, in),
 			ref.SiLUMulSplit(gate, gate, up, t, in), ref.MatMulT(o, gate, lw.Down, t, in, h), ref.Add(x, x, o))
 		if err != nil {

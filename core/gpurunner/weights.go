@@ -29,9 +29,13 @@ type DenseWeights struct {
 
 // LayerWeights are where one layer's bf16 parameters sit in the device weights. QKV is the
 // q, k and v projections stacked ([q+2kv, hidden], one GEMM) and GateUp gate over up
-// ([2·inter, hidden]), the layout the fused SiLU-mul reads.
+// ([2·inter, hidden]), the layout the fused SiLU-mul reads. The optional parameters of
+// the Qwen variants are empty sections when the config lacks them: QKVBias the q, k and
+// v biases stacked as the QKV GEMM's output row ([q+2kv]), OBias [hidden], QNorm and
+// KNorm [headDim] each.
 type LayerWeights struct {
 	AttnNorm, MLPNorm, QKV, O, GateUp, Down Section
+	QKVBias, OBias, QNorm, KNorm            Section
 }
 
 // WeightLayout is where every parameter sits in the one device allocation of a dense
@@ -53,9 +57,19 @@ func NewWeightLayout(c *DenseConfig) WeightLayout {
 	h := c.Hidden
 	w := WeightLayout{Embed: next(c.Vocab * h), Layers: make([]LayerWeights, c.Layers)}
 	for l := range w.Layers {
-		w.Layers[l] = LayerWeights{
+		lw := &w.Layers[l]
+		*lw = LayerWeights{
 			AttnNorm: next(h), MLPNorm: next(h), QKV: next(c.QKVDim() * h), O: next(h * c.QDim()),
 			GateUp: next(2 * c.Intermediate * h), Down: next(h * c.Intermediate),
+		}
+		if c.QKVBias {
+			lw.QKVBias = next(c.QKVDim())
+		}
+		if c.OBias {
+			lw.OBias = next(h)
+		}
+		if c.QKNorm {
+			lw.QNorm, lw.KNorm = next(c.HeadDim), next(c.HeadDim)
 		}
 	}
 	w.Norm = next(h)
@@ -68,13 +82,11 @@ func NewWeightLayout(c *DenseConfig) WeightLayout {
 	return w
 }
 
-// Check reports the first tensor of w whose size does not match c, or a variant option
-// the GPU model does not run yet.
+// Check reports the first tensor of w whose size does not match c: the optional q/k/v
+// and o biases and q/k norms must be there exactly when c asks for them (one the config
+// does not name would be left out of the GPU forward).
 func (w *DenseWeights) Check(c *DenseConfig) error {
 	h, q, kv, in := c.Hidden, c.QDim(), c.KVDim(), c.Intermediate
-	if c.QKVBias || c.OBias || c.QKNorm {
-		return fmt.Errorf("gpurunner: the GPU dense model does not run attention biases or q/k norms yet (Qwen2/Qwen3 variants): use --device cpu")
-	}
 	if len(w.Layers) != c.Layers {
 		return fmt.Errorf("gpurunner: %d layers of weights for %d layers", len(w.Layers), c.Layers)
 	}
@@ -91,6 +103,20 @@ func (w *DenseWeights) Check(c *DenseConfig) error {
 			n    int
 		}{{p + "attn norm", l.AttnNorm, h}, {p + "mlp norm", l.MLPNorm, h}, {p + "q", l.Q, q * h}, {p + "k", l.K, kv * h},
 			{p + "v", l.V, kv * h}, {p + "o", l.O, h * q}, {p + "gate", l.Gate, in * h}, {p + "up", l.Up, in * h}, {p + "down", l.Down, h * in}}...)
+		for _, o := range []struct {
+			name, flag string
+			on         bool
+			v          []float32
+			n          int
+		}{{"q bias", "qkv bias", c.QKVBias, l.QBias, q}, {"k bias", "qkv bias", c.QKVBias, l.KBias, kv}, {"v bias", "qkv bias", c.QKVBias, l.VBias, kv},
+			{"o bias", "o bias", c.OBias, l.OBias, h}, {"q norm", "qk norm", c.QKNorm, l.QNorm, c.HeadDim}, {"k norm", "qk norm", c.QKNorm, l.KNorm, c.HeadDim}} {
+			switch {
+			case o.on && len(o.v) != o.n:
+				return fmt.Errorf("gpurunner: %s%s weight has %d values, want %d (the config sets %s)", p, o.name, len(o.v), o.n, o.flag)
+			case !o.on && o.v != nil:
+				return fmt.Errorf("gpurunner: %s%s weight given but the config does not set %s", p, o.name, o.flag)
+			}
+		}
 	}
 	for _, s := range sizes {
 		if len(s.v) != s.n {
@@ -114,6 +140,17 @@ func (w *DenseWeights) pieces(c *DenseConfig, l *WeightLayout) []weightPiece {
 			weightPiece{fmt.Sprintf("layer %d gate_up", i), d.GateUp, [][]float32{lw.Gate, lw.Up}},
 			weightPiece{fmt.Sprintf("layer %d down", i), d.Down, [][]float32{lw.Down}},
 		)
+		if c.QKVBias {
+			ps = append(ps, weightPiece{fmt.Sprintf("layer %d qkv bias", i), d.QKVBias, [][]float32{lw.QBias, lw.KBias, lw.VBias}})
+		}
+		if c.OBias {
+			ps = append(ps, weightPiece{fmt.Sprintf("layer %d o bias", i), d.OBias, [][]float32{lw.OBias}})
+		}
+		if c.QKNorm {
+			ps = append(ps,
+				weightPiece{fmt.Sprintf("layer %d q norm", i), d.QNorm, [][]float32{lw.QNorm}},
+				weightPiece{fmt.Sprintf("layer %d k norm", i), d.KNorm, [][]float32{lw.KNorm}})
+		}
 	}
 	ps = append(ps, weightPiece{"norm", l.Norm, [][]float32{w.Norm}})
 	if !c.TiedEmbeddings {
