@@ -55,6 +55,23 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// runReference runs prompt p for n tokens (greedy, EOS ignored) and fails t unless it
+// ends by length with the enginetest reference tokens of a vocabulary of vocab.
+func runReference(t *testing.T, e *engine.Engine, vocab int, p []int32, n int) {
+	t.Helper()
+	st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: n, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ev, err := st.Collect(context.Background())
+	if err != nil || ev.Finish != engine.FinishLength {
+		t.Fatalf("request ended with %v, %v: %v", ev.Finish, err, ev.Err)
+	}
+	if want := enginetest.Reference(vocab, p, n, engine.SamplingRow{Logprobs: -1}); !slices.Equal(got, want) {
+		t.Fatalf("tokens %v, want %v", got, want)
+	}
+}
+
 // TestRemoteExitBetweenSteps: an exec runner that dies while the engine is idle is
 // reported by Health at once (not at the next step, which an idle server behind a load
 // balancer that trusts /health would never get), restarted without a step, and the next
@@ -94,21 +111,7 @@ func TestRemoteExitBetweenSteps(t *testing.T) {
 			stop()
 		}
 	}()
-	run := func(p []int32) {
-		t.Helper()
-		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, ev, err := st.Collect(context.Background())
-		if err != nil || ev.Finish != engine.FinishLength {
-			t.Fatalf("request ended with %v, %v: %v", ev.Finish, err, ev.Err)
-		}
-		if want := enginetest.Reference(cfg.VocabSize, p, 8, engine.SamplingRow{Logprobs: -1}); !slices.Equal(got, want) {
-			t.Fatalf("tokens %v, want %v", got, want)
-		}
-	}
-	run([]int32{1, 2, 3, 4, 5})
+	runReference(t, e, cfg.VocabSize, []int32{1, 2, 3, 4, 5}, 8)
 	pid := r.Pid()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -121,7 +124,7 @@ func TestRemoteExitBetweenSteps(t *testing.T) {
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Fatalf("the killed runner %d is still there (zombie?): %v", pid, err)
 	}
-	run([]int32{1, 2, 3, 4, 5, 6})
+	runReference(t, e, cfg.VocabSize, []int32{1, 2, 3, 4, 5, 6}, 8)
 	// Closed, the remote leaves no goroutine behind (process watchers, restarts).
 	stop()
 	stop = nil
@@ -383,23 +386,9 @@ func TestRemoteDeathBetweenSteps(t *testing.T) {
 	cfg := enginetest.Config{VocabSize: 200, Pages: 64}
 	g := newGoRunner(t, cfg)
 	e, r := startEngine(t, g, engine.Config{}, wire.Config{})
-	run := func(p []int32) {
-		t.Helper()
-		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 10, IgnoreEOS: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, ev, err := st.Collect(context.Background())
-		if err != nil || ev.Finish != engine.FinishLength {
-			t.Fatalf("request ended with %v, %v: %v", ev.Finish, err, ev.Err)
-		}
-		if want := enginetest.Reference(cfg.VocabSize, p, 10, engine.SamplingRow{Logprobs: -1}); !slices.Equal(got, want) {
-			t.Fatalf("tokens %v, want %v", got, want)
-		}
-	}
-	run([]int32{1, 2, 3})
+	runReference(t, e, cfg.VocabSize, []int32{1, 2, 3}, 10)
 	g.kill()
-	run([]int32{4, 5, 6})
+	runReference(t, e, cfg.VocabSize, []int32{4, 5, 6}, 10)
 	if r.Restarts() != 1 || r.Health() != nil {
 		t.Fatalf("restarts %d, health %v; want one restart and a healthy runner", r.Restarts(), r.Health())
 	}
