@@ -7,7 +7,39 @@ import (
 
 // SiLU returns x·sigmoid(x).
 func SiLU(x float32) float32 {
-	return x / (1 + float32(math.Exp(float64(-x))))
+	return x / (1 + expf(-x))
+}
+
+// expf returns e^x in float32, within 2 ulp of the correctly rounded value (0 below
+// -87.33, where e^x leaves float32's normal range; +Inf above 88.72): math.Exp in float64
+// is twice its cost in the softmax and SiLU loops that dominate after the GEMMs. It
+// splits x = n·ln2 + r with |r| ≤ ln2/2 and evaluates Cephes' degree-6 polynomial for e^r
+// (Moshier, Cephes Math Library, expf.c).
+func expf(x float32) float32 {
+	const (
+		log2e  = 1.44269504088896341
+		ln2Hi  = 0.693359375 // ln2 = ln2Hi + ln2Lo, ln2Hi exact in few bits
+		ln2Lo  = -2.12194440e-4
+		magic  = 12582912 // 1.5·2²³: adding it rounds to an integer, in the low mantissa bits
+		minArg = -87.33654
+		maxArg = 88.37626 // e^x below 2^127.5: n ≤ 127
+	)
+	if !(x >= minArg && x <= maxArg) {
+		switch {
+		case x < minArg:
+			return 0
+		case x != x:
+			return x
+		}
+		return float32(math.Exp(float64(x))) // up to +Inf
+	}
+	t := x*log2e + magic
+	n := int32(math.Float32bits(t)) - int32(math.Float32bits(magic))
+	fn := t - magic
+	r := x - fn*ln2Hi - fn*ln2Lo
+	p := ((((1.9875691500e-4*r+1.3981999507e-3)*r+8.3334519073e-3)*r+4.1665795894e-2)*r+1.6666665459e-1)*r + 5.0000001201e-1
+	p = p*r*r + r + 1
+	return p * math.Float32frombits(uint32(n+127)<<23)
 }
 
 // SiLUMul applies the gated activation of a fused gate/up projection.

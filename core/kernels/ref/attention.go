@@ -230,8 +230,9 @@ var (
 // sequences, kv heads, query tiles and (for decode on long contexts) blocks of keys on the
 // package's worker pool, and run as GEMMs for sequences of many queries. It computes what
 // PagedAttention computes for each sequence, softmax sums in float64, to float32 rounding:
-// q·k is accumulated in float64 except in the GEMMs (float32, as MatMul), and a sequence
-// whose keys were split in blocks merges the blocks' softmaxes by their log-sum-exp.
+// q·k is accumulated in float64 except in the GEMMs (float32, as MatMul, whose softmax
+// then runs in float32 on expf, its sum in float64), and a sequence whose keys were split
+// in blocks merges the blocks' softmaxes by their log-sum-exp.
 //
 //	q, out: [QueryStart[B], Heads, HeadDim]
 //
@@ -564,7 +565,7 @@ type softmaxRows struct {
 
 func (sr *softmaxRows) run(_, lo, hi int) {
 	j := sr.j
-	scale := float64(j.a.Scale)
+	scale := j.a.Scale
 	for r := lo; r < hi; r++ {
 		p := sr.p0 + r/sr.group
 		first := 0
@@ -573,15 +574,15 @@ func (sr *softmaxRows) run(_, lo, hi int) {
 		}
 		row := j.s[r*sr.nk : (r+1)*sr.nk]
 		a, b := first-sr.klo, p-sr.klo+1 // the keys the query sees: row[a:b]
-		mx := math.Inf(-1)
+		mx := float32(math.Inf(-1))
 		for _, v := range row[a:b] {
-			mx = max(mx, float64(v)*scale)
+			mx = max(mx, v*scale)
 		}
 		var sum float64
 		for t, v := range row[a:b] {
-			w := math.Exp(float64(v)*scale - mx)
-			sum += w
-			row[a+t] = float32(w)
+			w := expf(v*scale - mx)
+			sum += float64(w)
+			row[a+t] = w
 		}
 		clear(row[:a])
 		clear(row[b:])
