@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/resin-llm/resin/core/internal/binenc"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
@@ -152,7 +153,7 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 		for _, v := range gp.SlotMapping {
 			dst = le.AppendUint64(dst, uint64(v))
 		}
-		dst = appendI32(dst, gp.PageTableStart)
+		dst = binenc.AppendI32s(dst, gp.PageTableStart)
 		for _, v := range gp.PageTable {
 			dst = le.AppendUint32(dst, uint32(v))
 		}
@@ -167,23 +168,18 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 // ReqIDs to PromptNext, the optional arrays those p.OptionalArrays() names. core/wire's
 // Step message carries the same section.
 func (p *BatchPlan) AppendArrays(dst []byte) []byte {
-	le := binary.LittleEndian
 	x := p.OptionalArrays()
-	for _, v := range p.ReqIDs {
-		dst = le.AppendUint64(dst, v)
-	}
-	dst = appendI32(dst, p.Computed)
-	dst = appendI32(dst, p.Scheduled)
-	dst = appendI32(dst, p.PromptLen)
-	dst = appendI32(dst, p.NumDrafts)
-	dst = appendF32(dst, p.Temperature)
-	dst = appendF32(dst, p.TopP)
-	dst = appendI32(dst, p.TopK)
-	dst = appendF32(dst, p.MinP)
-	for _, v := range p.Seed {
-		dst = le.AppendUint64(dst, v)
-	}
-	dst = appendI32(dst, p.Logprobs)
+	dst = binenc.AppendU64s(dst, p.ReqIDs)
+	dst = binenc.AppendI32s(dst, p.Computed)
+	dst = binenc.AppendI32s(dst, p.Scheduled)
+	dst = binenc.AppendI32s(dst, p.PromptLen)
+	dst = binenc.AppendI32s(dst, p.NumDrafts)
+	dst = binenc.AppendF32s(dst, p.Temperature)
+	dst = binenc.AppendF32s(dst, p.TopP)
+	dst = binenc.AppendI32s(dst, p.TopK)
+	dst = binenc.AppendF32s(dst, p.MinP)
+	dst = binenc.AppendU64s(dst, p.Seed)
+	dst = binenc.AppendI32s(dst, p.Logprobs)
 	b := len(p.ReqIDs)
 	if x&optPenalties != 0 {
 		dst = appendOr(dst, p.PresencePenalty, b, 0)
@@ -191,27 +187,27 @@ func (p *BatchPlan) AppendArrays(dst []byte) []byte {
 		dst = appendOr(dst, p.RepetitionPenalty, b, 1)
 		dst = appendOr(dst, p.MinTokens, b, 0)
 	}
-	dst = appendI32(dst, p.QueryStart)
-	dst = appendI32(dst, p.LogitsStart)
-	dst = appendI32(dst, p.Tokens)
-	dst = appendI32(dst, p.Positions)
-	dst = appendI32(dst, p.LogitsIndices)
+	dst = binenc.AppendI32s(dst, p.QueryStart)
+	dst = binenc.AppendI32s(dst, p.LogitsStart)
+	dst = binenc.AppendI32s(dst, p.Tokens)
+	dst = binenc.AppendI32s(dst, p.Positions)
+	dst = binenc.AppendI32s(dst, p.LogitsIndices)
 	if x&optBias != 0 {
-		dst = appendI32(dst, p.LogitBiasStart)
-		dst = appendI32(dst, p.LogitBiasTokens)
-		dst = appendF32(dst, p.LogitBiasValues)
+		dst = binenc.AppendI32s(dst, p.LogitBiasStart)
+		dst = binenc.AppendI32s(dst, p.LogitBiasTokens)
+		dst = binenc.AppendF32s(dst, p.LogitBiasValues)
 	}
 	if x&optStops != 0 {
-		dst = appendI32(dst, p.StopIDsStart)
-		dst = appendI32(dst, p.StopIDs)
+		dst = binenc.AppendI32s(dst, p.StopIDsStart)
+		dst = binenc.AppendI32s(dst, p.StopIDs)
 	}
 	if x&optHistory != 0 {
-		dst = appendI32(dst, p.HistoryStart)
-		dst = appendI32(dst, p.History)
+		dst = binenc.AppendI32s(dst, p.HistoryStart)
+		dst = binenc.AppendI32s(dst, p.History)
 	}
 	if x&optPrompt != 0 {
-		dst = appendI32(dst, p.PromptLogprobs)
-		dst = appendI32(dst, p.PromptNext)
+		dst = binenc.AppendI32s(dst, p.PromptLogprobs)
+		dst = binenc.AppendI32s(dst, p.PromptNext)
 	}
 	return dst
 }
@@ -249,165 +245,82 @@ func ArraysSize(x uint32, b, t, l, nb, ns, nh int64) (int64, error) {
 // it. Absent optional arrays are left empty. A short data returns an error wrapping
 // ErrPlanEncoding; the plan is not validated.
 func (p *BatchPlan) DecodeArrays(data []byte, x uint32, b, t, l, nb, ns, nh int) ([]byte, error) {
-	r := &reader{b: data}
-	p.ReqIDs = r.u64s(p.ReqIDs, b)
-	p.Computed = r.i32s(p.Computed, b)
-	p.Scheduled = r.i32s(p.Scheduled, b)
-	p.PromptLen = r.i32s(p.PromptLen, b)
-	p.NumDrafts = r.i32s(p.NumDrafts, b)
-	p.Temperature = r.f32s(p.Temperature, b)
-	p.TopP = r.f32s(p.TopP, b)
-	p.TopK = r.i32s(p.TopK, b)
-	p.MinP = r.f32s(p.MinP, b)
-	p.Seed = r.u64s(p.Seed, b)
-	p.Logprobs = r.i32s(p.Logprobs, b)
+	r := newReader(data)
+	p.ReqIDs = r.U64s(p.ReqIDs, b)
+	p.Computed = r.I32s(p.Computed, b)
+	p.Scheduled = r.I32s(p.Scheduled, b)
+	p.PromptLen = r.I32s(p.PromptLen, b)
+	p.NumDrafts = r.I32s(p.NumDrafts, b)
+	p.Temperature = r.F32s(p.Temperature, b)
+	p.TopP = r.F32s(p.TopP, b)
+	p.TopK = r.I32s(p.TopK, b)
+	p.MinP = r.F32s(p.MinP, b)
+	p.Seed = r.U64s(p.Seed, b)
+	p.Logprobs = r.I32s(p.Logprobs, b)
 	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinTokens = p.PresencePenalty[:0], p.FrequencyPenalty[:0], p.RepetitionPenalty[:0], p.MinTokens[:0]
 	if x&optPenalties != 0 {
-		p.PresencePenalty = r.f32s(p.PresencePenalty, b)
-		p.FrequencyPenalty = r.f32s(p.FrequencyPenalty, b)
-		p.RepetitionPenalty = r.f32s(p.RepetitionPenalty, b)
-		p.MinTokens = r.i32s(p.MinTokens, b)
+		p.PresencePenalty = r.F32s(p.PresencePenalty, b)
+		p.FrequencyPenalty = r.F32s(p.FrequencyPenalty, b)
+		p.RepetitionPenalty = r.F32s(p.RepetitionPenalty, b)
+		p.MinTokens = r.I32s(p.MinTokens, b)
 	}
-	p.QueryStart = r.i32s(p.QueryStart, b+1)
-	p.LogitsStart = r.i32s(p.LogitsStart, b+1)
-	p.Tokens = r.i32s(p.Tokens, t)
-	p.Positions = r.i32s(p.Positions, t)
-	p.LogitsIndices = r.i32s(p.LogitsIndices, l)
+	p.QueryStart = r.I32s(p.QueryStart, b+1)
+	p.LogitsStart = r.I32s(p.LogitsStart, b+1)
+	p.Tokens = r.I32s(p.Tokens, t)
+	p.Positions = r.I32s(p.Positions, t)
+	p.LogitsIndices = r.I32s(p.LogitsIndices, l)
 	p.LogitBiasStart, p.LogitBiasTokens, p.LogitBiasValues = p.LogitBiasStart[:0], p.LogitBiasTokens[:0], p.LogitBiasValues[:0]
 	if x&optBias != 0 {
-		p.LogitBiasStart = r.i32s(p.LogitBiasStart, b+1)
-		p.LogitBiasTokens = r.i32s(p.LogitBiasTokens, nb)
-		p.LogitBiasValues = r.f32s(p.LogitBiasValues, nb)
+		p.LogitBiasStart = r.I32s(p.LogitBiasStart, b+1)
+		p.LogitBiasTokens = r.I32s(p.LogitBiasTokens, nb)
+		p.LogitBiasValues = r.F32s(p.LogitBiasValues, nb)
 	}
 	p.StopIDsStart, p.StopIDs = p.StopIDsStart[:0], p.StopIDs[:0]
 	if x&optStops != 0 {
-		p.StopIDsStart = r.i32s(p.StopIDsStart, b+1)
-		p.StopIDs = r.i32s(p.StopIDs, ns)
+		p.StopIDsStart = r.I32s(p.StopIDsStart, b+1)
+		p.StopIDs = r.I32s(p.StopIDs, ns)
 	}
 	p.HistoryStart, p.History = p.HistoryStart[:0], p.History[:0]
 	if x&optHistory != 0 {
-		p.HistoryStart = r.i32s(p.HistoryStart, b+1)
-		p.History = r.i32s(p.History, nh)
+		p.HistoryStart = r.I32s(p.HistoryStart, b+1)
+		p.History = r.I32s(p.History, nh)
 	}
 	p.PromptLogprobs, p.PromptNext = p.PromptLogprobs[:0], p.PromptNext[:0]
 	if x&optPrompt != 0 {
-		p.PromptLogprobs = r.i32s(p.PromptLogprobs, b)
-		p.PromptNext = r.i32s(p.PromptNext, b)
+		p.PromptLogprobs = r.I32s(p.PromptLogprobs, b)
+		p.PromptNext = r.I32s(p.PromptNext, b)
 	}
-	return r.b, r.err
+	return r.B[r.Off:], r.Err
 }
 
-func appendI32(dst []byte, s []int32) []byte {
-	for _, v := range s {
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
-	}
-	return dst
-}
-
-func appendF32(dst []byte, s []float32) []byte {
-	for _, v := range s {
-		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
-	}
-	return dst
-}
-
-// reader decodes fixed-width little-endian values, remembering the first shortfall.
-type reader struct {
-	b   []byte
-	err error
-}
-
-func (r *reader) take(n int) []byte {
-	if r.err != nil {
-		return nil
-	}
-	if n < 0 || n > len(r.b) {
-		r.err = fmt.Errorf("%w: need %d bytes, %d left", ErrPlanEncoding, n, len(r.b))
-		return nil
-	}
-	out := r.b[:n]
-	r.b = r.b[n:]
-	return out
-}
-
-func (r *reader) u16() uint16 {
-	if b := r.take(2); b != nil {
-		return binary.LittleEndian.Uint16(b)
-	}
-	return 0
-}
-
-func (r *reader) u32() uint32 {
-	if b := r.take(4); b != nil {
-		return binary.LittleEndian.Uint32(b)
-	}
-	return 0
-}
-
-func (r *reader) u64() uint64 {
-	if b := r.take(8); b != nil {
-		return binary.LittleEndian.Uint64(b)
-	}
-	return 0
-}
-
-func (r *reader) i32s(dst []int32, n int) []int32 {
-	b := r.take(4 * n)
-	dst = dst[:0]
-	for i := 0; b != nil && i < n; i++ {
-		dst = append(dst, int32(binary.LittleEndian.Uint32(b[4*i:])))
-	}
-	return dst
-}
-
-func (r *reader) pages(dst []kvslab.PageID, n int) []kvslab.PageID {
-	b := r.take(4 * n)
-	dst = dst[:0]
-	for i := 0; b != nil && i < n; i++ {
-		dst = append(dst, kvslab.PageID(binary.LittleEndian.Uint32(b[4*i:])))
-	}
-	return dst
-}
-
-func (r *reader) f32s(dst []float32, n int) []float32 {
-	b := r.take(4 * n)
-	dst = dst[:0]
-	for i := 0; b != nil && i < n; i++ {
-		dst = append(dst, math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
-	}
-	return dst
-}
-
-func (r *reader) u64s(dst []uint64, n int) []uint64 {
-	b := r.take(8 * n)
-	dst = dst[:0]
-	for i := 0; b != nil && i < n; i++ {
-		dst = append(dst, binary.LittleEndian.Uint64(b[8*i:]))
-	}
-	return dst
+// newReader reads data, its errors wrapping ErrPlanEncoding.
+func newReader(data []byte) *binenc.Reader {
+	return &binenc.Reader{B: data, Short: func(_ string, n, _, left int) error {
+		return fmt.Errorf("%w: need %d bytes, %d left", ErrPlanEncoding, n, left)
+	}}
 }
 
 // UnmarshalBinary decodes data into p, reusing p's buffers (implements
 // encoding.BinaryUnmarshaler). Malformed data returns an error wrapping ErrPlanEncoding
 // and leaves p unspecified.
 func (p *BatchPlan) UnmarshalBinary(data []byte) error {
-	r := &reader{b: data}
-	if m := r.take(4); r.err != nil || string(m) != planMagic {
+	r := newReader(data)
+	if m := r.Take(4); r.Err != nil || string(m) != planMagic {
 		return fmt.Errorf("%w: bad magic", ErrPlanEncoding)
 	}
-	if v := r.u16(); v != planVersion {
+	if v := r.U16(); v != planVersion {
 		return fmt.Errorf("%w: version %d, this build reads %d", ErrPlanEncoding, v, planVersion)
 	}
-	if res := r.u16(); res != 0 {
+	if res := r.U16(); res != 0 {
 		return fmt.Errorf("%w: reserved field %d", ErrPlanEncoding, res)
 	}
-	step := r.u64()
-	graph := int32(r.u32())
-	b, t, l, g := int(r.u32()), int(r.u32()), int(r.u32()), int(r.u32())
-	x, nb, ns, nh := r.u32(), int64(r.u32()), int64(r.u32()), int64(r.u32())
-	nr, nc := int64(r.u32()), int64(r.u32())
-	if r.err != nil {
-		return r.err
+	step := r.U64()
+	graph := int32(r.U32())
+	b, t, l, g := int(r.U32()), int(r.U32()), int(r.U32()), int(r.U32())
+	x, nb, ns, nh := r.U32(), int64(r.U32()), int64(r.U32()), int64(r.U32())
+	nr, nc := int64(r.U32()), int64(r.U32())
+	if r.Err != nil {
+		return r.Err
 	}
 	arrays, err := ArraysSize(x, int64(b), int64(t), int64(l), nb, ns, nh)
 	if err != nil {
@@ -415,48 +328,46 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	}
 	// Refuse counts the remaining bytes cannot hold before allocating anything.
 	need := releaseBytes*nr + cacheOpBytes*nc + arrays + int64(g)*(8+8*int64(t)+4*int64(b+1))
-	if g > maxGroups || need > int64(len(r.b)) {
-		return fmt.Errorf("%w: %d sequences, %d tokens, %d logits rows, %d groups do not fit in %d bytes", ErrPlanEncoding, b, t, l, g, len(r.b))
+	if g > maxGroups || need > int64(r.Left()) {
+		return fmt.Errorf("%w: %d sequences, %d tokens, %d logits rows, %d groups do not fit in %d bytes", ErrPlanEncoding, b, t, l, g, r.Left())
 	}
 	p.reset(g)
 	p.Step, p.GraphBatch = step, graph
 	for range nr {
-		id, w := r.u64(), r.u32()
+		id, w := r.U64(), r.U32()
 		if w > 0xff {
 			return fmt.Errorf("%w: release of request %d: reserved bytes %#x", ErrPlanEncoding, id, w>>8)
 		}
 		p.Released = append(p.Released, Release{ReqID: id, Reason: ReleaseReason(w)})
 	}
 	for range nc {
-		w, grp, src, dst := r.u32(), int32(r.u32()), kvslab.PageID(r.u32()), kvslab.PageID(r.u32())
+		w, grp, src, dst := r.U32(), int32(r.U32()), kvslab.PageID(r.U32()), kvslab.PageID(r.U32())
 		if w > 0xff {
 			return fmt.Errorf("%w: cache op: reserved bytes %#x", ErrPlanEncoding, w>>8)
 		}
 		p.CacheOps = append(p.CacheOps, CacheOp{Kind: CacheOpKind(w), Group: grp, Src: src, Dst: dst})
 	}
-	if r.b, err = p.DecodeArrays(r.b, x, b, t, l, int(nb), int(ns), int(nh)); err != nil {
+	rest, err := p.DecodeArrays(r.B[r.Off:], x, b, t, l, int(nb), int(ns), int(nh))
+	if err != nil {
 		return err
 	}
-	for i := 0; i < g && r.err == nil; i++ {
+	r.Off = len(r.B) - len(rest)
+	for i := 0; i < g && r.Err == nil; i++ {
 		gp := &p.Groups[i]
-		np, ns := int(r.u32()), int(r.u32())
-		if int64(np)*4+int64(ns)*4 > int64(len(r.b)) {
+		np, ns := int(r.U32()), int(r.U32())
+		if int64(np)*4+int64(ns)*4 > int64(r.Left()) {
 			return fmt.Errorf("%w: group %d claims %d pages and %d state pages beyond the data", ErrPlanEncoding, i, np, ns)
 		}
-		b8 := r.take(8 * t)
-		gp.SlotMapping = gp.SlotMapping[:0]
-		for j := 0; b8 != nil && j < t; j++ {
-			gp.SlotMapping = append(gp.SlotMapping, int64(binary.LittleEndian.Uint64(b8[8*j:])))
-		}
-		gp.PageTableStart = r.i32s(gp.PageTableStart, b+1)
-		gp.PageTable = r.pages(gp.PageTable, np)
-		gp.StatePage = r.pages(gp.StatePage, ns)
+		gp.SlotMapping = r.I64s(gp.SlotMapping, t)
+		gp.PageTableStart = r.I32s(gp.PageTableStart, b+1)
+		gp.PageTable = binenc.U32s(r, gp.PageTable, np)
+		gp.StatePage = binenc.U32s(r, gp.StatePage, ns)
 	}
-	if r.err != nil {
-		return r.err
+	if r.Err != nil {
+		return r.Err
 	}
-	if len(r.b) != 0 {
-		return fmt.Errorf("%w: %d trailing bytes", ErrPlanEncoding, len(r.b))
+	if r.Left() != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrPlanEncoding, r.Left())
 	}
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrPlanEncoding, err)

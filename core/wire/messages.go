@@ -39,16 +39,16 @@ func AppendHello(dst []byte, h Hello) []byte {
 
 // DecodeHello decodes a Hello payload. A version other than Version is ErrVersion.
 func DecodeHello(payload []byte) (Hello, error) {
-	d := dec{b: payload, at: "hello"}
+	d := newDec(payload, "hello")
 	var h Hello
-	if m := d.take(4); d.err == nil && string(m) != Magic {
+	if m := d.Take(4); d.Err == nil && string(m) != Magic {
 		d.fail("magic %q, want %q", m, Magic)
 	}
-	h.Version = d.u16()
-	if res := d.u16(); d.err == nil && res != 0 {
+	h.Version = d.U16()
+	if res := d.U16(); d.Err == nil && res != 0 {
 		d.fail("reserved field %d", res)
 	}
-	h.MaxFrame, h.Caps = d.u32(), d.u32()
+	h.MaxFrame, h.Caps = d.U32(), d.U32()
 	if err := d.end(); err != nil {
 		return h, err
 	}
@@ -106,46 +106,46 @@ func AppendInfo(dst []byte, m Info) []byte {
 
 // DecodeInfo decodes an Info payload. A version other than Version is ErrVersion.
 func DecodeInfo(payload []byte) (Info, error) {
-	d := dec{b: payload, at: "info"}
+	d := newDec(payload, "info")
 	var m Info
-	m.Version = d.u16()
-	if res := d.u16(); d.err == nil && res != 0 {
+	m.Version = d.U16()
+	if res := d.U16(); d.Err == nil && res != 0 {
 		d.fail("reserved field %d", res)
 	}
-	if d.err == nil && m.Version != Version {
+	if d.Err == nil && m.Version != Version {
 		return m, fmt.Errorf("%w: the runner speaks version %d, this engine %d", ErrVersion, m.Version, Version)
 	}
-	m.Caps = d.u32()
+	m.Caps = d.U32()
 	ri := &m.Runner
 	ri.Name = d.str("name")
-	ri.VocabSize, ri.MaxContext, ri.MaxDrafts = int(d.u32()), int(d.u32()), int(d.u32())
-	flags := d.u32()
-	if d.err == nil && flags&^flagAsyncTokens != 0 {
+	ri.VocabSize, ri.MaxContext, ri.MaxDrafts = int(d.U32()), int(d.U32()), int(d.U32())
+	flags := d.U32()
+	if d.Err == nil && flags&^flagAsyncTokens != 0 {
 		d.fail("unknown flags %#x", flags)
 	}
 	ri.AsyncTokens = flags&flagAsyncTokens != 0
 	if n := d.count("eos", 4); n > 0 {
-		ri.EOS = d.i32s(nil, n)
+		ri.EOS = d.I32s(nil, n)
 	}
 	if n := d.count("graph buckets", 4); n > 0 {
 		ri.GraphBuckets = make([]int, n)
 		for i := range ri.GraphBuckets {
-			ri.GraphBuckets[i] = int(d.u32())
+			ri.GraphBuckets[i] = int(d.U32())
 		}
 	}
 	ng := d.count("cache groups", 32)
-	for i := 0; i < ng && d.err == nil; i++ {
+	for i := 0; i < ng && d.Err == nil; i++ {
 		var g kvslab.GroupSpec
 		g.Name = d.str("group name")
 		g.Kind = kvslab.Kind(d.u8())
-		if pad := uint32(d.u8()) | uint32(d.u16())<<8; d.err == nil && pad != 0 {
+		if pad := uint32(d.u8()) | uint32(d.U16())<<8; d.Err == nil && pad != 0 {
 			d.fail("group %d: padding %d", i, pad)
 		}
-		if d.err == nil && g.Kind > kvslab.Recurrent {
+		if d.Err == nil && g.Kind > kvslab.Recurrent {
 			d.fail("group %d: unknown kind %d", i, g.Kind)
 		}
 		for _, p := range [...]*int{&g.Layers, &g.BytesPerToken, &g.PageTokens, &g.Window, &g.Ratio, &g.Checkpoints} {
-			*p = int(d.u32())
+			*p = int(d.U32())
 		}
 		ri.CacheGroups = append(ri.CacheGroups, g)
 	}
@@ -180,27 +180,27 @@ func AppendResult(dst []byte, step uint64, res *engine.StepResult) []byte {
 // DecodeResult decodes a Result payload into res, reusing its buffers, and returns the
 // step it answers. Whether the result matches its plan is the engine's to check.
 func DecodeResult(payload []byte, res *engine.StepResult) (uint64, error) {
-	d := dec{b: payload, at: "result"}
-	step := d.u64()
+	d := newDec(payload, "result")
+	step := d.U64()
 	var n [10]int
 	total := 0
 	for i := range n {
-		n[i] = int(d.u32())
+		n[i] = int(d.U32())
 		total += n[i]
 	}
-	if d.err == nil && int64(total)*4 != int64(d.left()) {
-		d.fail("counts %v need %d bytes, the payload has %d", n, int64(total)*4, d.left())
+	if d.Err == nil && int64(total)*4 != int64(d.Left()) {
+		d.fail("counts %v need %d bytes, the payload has %d", n, int64(total)*4, d.Left())
 	}
-	res.Accepted = d.i32s(res.Accepted, n[0])
-	res.NumNextDrafts = d.i32s(res.NumNextDrafts, n[1])
-	res.Tokens = d.i32s(res.Tokens, n[2])
-	res.Drafts = d.i32s(res.Drafts, n[3])
-	res.Logprobs = d.f32s(res.Logprobs, n[4])
-	res.TopTokens = d.i32s(res.TopTokens, n[5])
-	res.TopLogprobs = d.f32s(res.TopLogprobs, n[6])
-	res.PromptLogprobs = d.f32s(res.PromptLogprobs, n[7])
-	res.PromptTopTokens = d.i32s(res.PromptTopTokens, n[8])
-	res.PromptTopLogprobs = d.f32s(res.PromptTopLogprobs, n[9])
+	res.Accepted = d.I32s(res.Accepted, n[0])
+	res.NumNextDrafts = d.I32s(res.NumNextDrafts, n[1])
+	res.Tokens = d.I32s(res.Tokens, n[2])
+	res.Drafts = d.I32s(res.Drafts, n[3])
+	res.Logprobs = d.F32s(res.Logprobs, n[4])
+	res.TopTokens = d.I32s(res.TopTokens, n[5])
+	res.TopLogprobs = d.F32s(res.TopLogprobs, n[6])
+	res.PromptLogprobs = d.F32s(res.PromptLogprobs, n[7])
+	res.PromptTopTokens = d.I32s(res.PromptTopTokens, n[8])
+	res.PromptTopLogprobs = d.F32s(res.PromptTopLogprobs, n[9])
 	return step, d.end()
 }
 
@@ -258,11 +258,11 @@ func AppendError(dst []byte, m Error) []byte {
 
 // DecodeError decodes an Error payload.
 func DecodeError(payload []byte) (Error, error) {
-	d := dec{b: payload, at: "error"}
+	d := newDec(payload, "error")
 	var m Error
-	m.Step = d.u64()
-	m.Code = ErrorCode(d.u16())
-	if res := d.u16(); d.err == nil && res != 0 {
+	m.Step = d.U64()
+	m.Code = ErrorCode(d.U16())
+	if res := d.U16(); d.Err == nil && res != 0 {
 		d.fail("reserved field %d", res)
 	}
 	m.Message = d.str("message")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/internal/binenc"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
@@ -241,33 +242,33 @@ func (t *Tables) Table(id uint64, g int) []kvslab.PageID {
 // CacheOps and Released as sent. Malformed input returns an error wrapping ErrMalformed
 // and leaves t unchanged unless the error is about a table delta.
 func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
-	d := dec{b: payload, at: "step"}
+	d := newDec(payload, "step")
 	if len(payload) < stepHeader {
 		d.fail("%d bytes, shorter than the %d-byte header", len(payload), stepHeader)
-		return d.err
+		return d.Err
 	}
-	step := d.u64()
+	step := d.U64()
 	graph := d.i32()
 	var n [11]int64
 	for i := range n {
-		n[i] = int64(d.u32())
+		n[i] = int64(d.U32())
 	}
 	b, tk, l, g, xo, nb, ns, nh, nops, nrel, ndelta := n[0], n[1], n[2], n[3], uint32(n[4]), n[5], n[6], n[7], n[8], n[9], n[10]
 	arrays, err := engine.ArraysSize(xo, b, tk, l, nb, ns, nh)
 	if err != nil {
 		d.fail("%v", err)
-		return d.err
+		return d.Err
 	}
 	need := 12*nrel + 16*nops + arrays + g*(4+8*tk) + 16*ndelta
-	if g > 1<<10 || need > int64(d.left()) {
+	if g > 1<<10 || need > int64(d.Left()) {
 		d.fail("%d sequences, %d tokens, %d logits rows, %d groups, %d ops, %d releases, %d deltas do not fit in %d bytes",
-			b, tk, l, g, nops, nrel, ndelta, d.left())
-		return d.err
+			b, tk, l, g, nops, nrel, ndelta, d.Left())
+		return d.Err
 	}
 	p.Step, p.GraphBatch = step, graph
 	p.Released = p.Released[:0]
 	for i := int64(0); i < nrel; i++ {
-		id, reason := d.u64(), d.u32()
+		id, reason := d.U64(), d.U32()
 		if reason < uint32(engine.ReleaseFinished) || reason > uint32(engine.ReleasePreempted) {
 			d.fail("release %d: unknown reason %d", i, reason)
 		}
@@ -275,20 +276,20 @@ func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
 	}
 	p.CacheOps = p.CacheOps[:0]
 	for i := int64(0); i < nops; i++ {
-		kind, group, src, dst := d.u32(), d.i32(), d.u32(), d.u32()
+		kind, group, src, dst := d.U32(), d.i32(), d.U32(), d.U32()
 		if kind != uint32(engine.OpCopyPage) || group < 0 || int64(group) >= g {
 			d.fail("cache op %d: kind %d on group %d of %d", i, kind, group, g)
 		}
 		p.CacheOps = append(p.CacheOps, engine.CacheOp{Kind: engine.CacheOpKind(kind), Group: group, Src: kvslab.PageID(src), Dst: kvslab.PageID(dst)})
 	}
 	B, T := int(b), int(tk)
-	if d.err == nil {
+	if d.Err == nil {
 		// The BatchPlan encoding's arrays section, which need counted.
-		rest, err := p.DecodeArrays(d.b[d.off:], xo, B, T, int(l), int(nb), int(ns), int(nh))
+		rest, err := p.DecodeArrays(d.B[d.Off:], xo, B, T, int(l), int(nb), int(ns), int(nh))
 		if err != nil {
 			d.fail("%v", err)
 		}
-		d.off = len(d.b) - len(rest)
+		d.Off = len(d.B) - len(rest)
 	}
 	if cap(p.Groups) < int(g) {
 		p.Groups = make([]engine.GroupPlan, g)
@@ -297,19 +298,11 @@ func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
 	for gi := range p.Groups {
 		gp := &p.Groups[gi]
 		nsp := d.count("state pages", 4)
-		gp.SlotMapping = gp.SlotMapping[:0]
-		if raw := d.take(8 * T); raw != nil {
-			for j := 0; j < T; j++ {
-				gp.SlotMapping = append(gp.SlotMapping, int64(binary.LittleEndian.Uint64(raw[8*j:])))
-			}
-		}
-		gp.StatePage = gp.StatePage[:0]
-		for j := 0; j < nsp && d.err == nil; j++ {
-			gp.StatePage = append(gp.StatePage, kvslab.PageID(d.u32()))
-		}
+		gp.SlotMapping = d.I64s(gp.SlotMapping, T)
+		gp.StatePage = binenc.U32s(&d.Reader, gp.StatePage, nsp)
 	}
-	if d.err != nil {
-		return d.err
+	if d.Err != nil {
+		return d.Err
 	}
 	// The plan is whole but for its page tables: check it before touching the tables.
 	for gi := range p.Groups {
@@ -326,7 +319,7 @@ func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
 	for _, r := range p.Released {
 		delete(t.byReq, r.ReqID)
 	}
-	for i := int64(0); i < ndelta && d.err == nil; i++ {
+	for i := int64(0); i < ndelta && d.Err == nil; i++ {
 		t.applyDelta(&d, p, int(g))
 	}
 	if err := d.end(); err != nil {
@@ -344,8 +337,8 @@ func (t *Tables) DecodeStep(payload []byte, p *engine.BatchPlan) error {
 
 // applyDelta reads one table delta and applies it.
 func (t *Tables) applyDelta(d *dec, p *engine.BatchPlan, groups int) {
-	row, g, newLen, runs := int64(d.u32()), int64(d.u32()), int64(d.u32()), d.u32()
-	if d.err != nil {
+	row, g, newLen, runs := int64(d.U32()), int64(d.U32()), int64(d.U32()), d.U32()
+	if d.Err != nil {
 		return
 	}
 	if row >= int64(len(p.ReqIDs)) || g >= int64(groups) {
@@ -361,7 +354,7 @@ func (t *Tables) applyDelta(d *dec, p *engine.BatchPlan, groups int) {
 	old := ts[g]
 	// Entries past the old length must all be written by the runs, so the new length is
 	// bounded by the bytes of the message, never by a forged count.
-	if newLen > int64(len(old))+int64(d.left()/4) {
+	if newLen > int64(len(old))+int64(d.Left()/4) {
 		d.fail("table delta grows request %d's group %d table from %d to %d entries", id, g, len(old), newLen)
 		return
 	}
@@ -372,13 +365,13 @@ func (t *Tables) applyDelta(d *dec, p *engine.BatchPlan, groups int) {
 		table = append(old, make([]kvslab.PageID, int(newLen)-len(old))...)
 	}
 	covered, end := len(old), int64(0) // entries from len(old) on must be written, in order
-	for r := uint32(0); r < runs && d.err == nil; r++ {
-		start, count := int64(d.u32()), int64(d.u32())
-		if d.err == nil && (start < end || start+count > newLen || count == 0) {
+	for r := uint32(0); r < runs && d.Err == nil; r++ {
+		start, count := int64(d.U32()), int64(d.U32())
+		if d.Err == nil && (start < end || start+count > newLen || count == 0) {
 			d.fail("table delta of request %d, group %d: run [%d, %d) after %d in a table of %d", id, g, start, start+count, end, newLen)
 			return
 		}
-		raw := d.take(int(4 * count))
+		raw := d.Take(int(4 * count))
 		if raw == nil {
 			return
 		}
@@ -390,7 +383,7 @@ func (t *Tables) applyDelta(d *dec, p *engine.BatchPlan, groups int) {
 		}
 		end = start + count
 	}
-	if d.err == nil && int64(covered) < newLen {
+	if d.Err == nil && int64(covered) < newLen {
 		d.fail("table delta of request %d, group %d leaves entries %d..%d unwritten", id, g, covered, newLen-1)
 		return
 	}
