@@ -197,6 +197,39 @@ func TestRemoteMatchesReference(t *testing.T) {
 	}
 }
 
+// collectAfterDeath collects streams, whose runner was killed after streams[0]'s first
+// event was taken, and returns how many failed with a wrapped ErrRunnerDied and how many
+// completed (n tokens, each prompts[i]'s reference in a vocabulary of vocab); it fails t on
+// any other end.
+func collectAfterDeath(t *testing.T, streams []*engine.Stream, prompts [][]int32, vocab, n int) (failed, done int) {
+	t.Helper()
+	for i, st := range streams {
+		got, ev, err := st.Collect(context.Background())
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		switch ev.Finish {
+		case engine.FinishError:
+			if !errors.Is(ev.Err, wire.ErrRunnerDied) || !errors.Is(ev.Err, engine.ErrRunner) {
+				t.Fatalf("request %d failed with %v, want a wrapped ErrRunnerDied", i, ev.Err)
+			}
+			failed++
+		case engine.FinishLength:
+			want := enginetest.Reference(vocab, prompts[i], n, engine.SamplingRow{Logprobs: -1})
+			if i == 0 && len(got) < len(want) {
+				want = want[len(want)-len(got):] // its first event was taken before the death
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("request %d completed with tokens that differ from the reference:\n got %v\nwant %v", i, got, want)
+			}
+			done++
+		default:
+			t.Fatalf("request %d ended with %v: %v", i, ev.Finish, ev.Err)
+		}
+	}
+	return failed, done
+}
+
 // TestRemoteRunnerDies kills the runner in the middle of a decode: the requests of the
 // step in flight fail with ErrRunnerDied, /health's source reports it, the runner is
 // restarted with an empty cache, and the queued requests complete exactly as the
@@ -224,31 +257,7 @@ func TestRemoteRunnerDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.kill()
-	failed, done := 0, 0
-	for i, st := range streams {
-		got, ev, err := st.Collect(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch ev.Finish {
-		case engine.FinishError:
-			if !errors.Is(ev.Err, wire.ErrRunnerDied) || !errors.Is(ev.Err, engine.ErrRunner) {
-				t.Fatalf("request %d failed with %v, want a wrapped ErrRunnerDied", i, ev.Err)
-			}
-			failed++
-		case engine.FinishLength:
-			want := enginetest.Reference(cfg.VocabSize, prompts[i], 200, engine.SamplingRow{Logprobs: -1})
-			if i == 0 && len(got) < len(want) {
-				want = want[len(want)-len(got):] // its first event was taken above
-			}
-			if !slices.Equal(got, want) {
-				t.Fatalf("request %d after the restart: tokens differ from the reference", i)
-			}
-			done++
-		default:
-			t.Fatalf("request %d ended with %v: %v", i, ev.Finish, ev.Err)
-		}
-	}
+	failed, done := collectAfterDeath(t, streams, prompts, cfg.VocabSize, 200)
 	// None fails when the death is found before a step is sent (the write fails): the
 	// running requests are then recomputed.
 	if failed > 2 || done != 5-failed {

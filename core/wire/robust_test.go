@@ -440,26 +440,5 @@ func TestRemoteExecDiesUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	syscall.Kill(r.Pid(), syscall.SIGKILL)
-	for i, st := range streams {
-		got, ev, err := st.Collect(context.Background())
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-		switch ev.Finish {
-		case engine.FinishError:
-			if !errors.Is(ev.Err, wire.ErrRunnerDied) {
-				t.Fatalf("request %d failed with %v", i, ev.Err)
-			}
-		case engine.FinishLength:
-			want := enginetest.Reference(cfg.VocabSize, prompts[i], 150, engine.SamplingRow{Logprobs: -1})
-			if i == 0 && len(got) < len(want) {
-				want = want[len(want)-len(got):] // the first event was taken above
-			}
-			if !slices.Equal(got, want) {
-				t.Fatalf("request %d completed with tokens that differ from the reference:\n got %v\nwant %v", i, got, want)
-			}
-		default:
-			t.Fatalf("request %d ended with %v: %v", i, ev.Finish, ev.Err)
-		}
-	}
+	collectAfterDeath(t, streams, prompts, cfg.VocabSize, 150)
 }
