@@ -92,30 +92,40 @@ func startEngine(t *testing.T, g *goRunner, cfg engine.Config, wc wire.Config) (
 	if wc.RestartBackoff == 0 {
 		wc.RestartBackoff = time.Nanosecond
 	}
+	e, r, _ := startRemote(t, wc, g.cfg, cfg)
+	return e, r
+}
+
+// startRemote dials wc and runs an engine of cfg on it, its pool shaped as twin's; stop
+// shuts both down, once (t's cleanup calls it too).
+func startRemote(t *testing.T, wc wire.Config, twin enginetest.Config, cfg engine.Config) (e *engine.Engine, r *wire.Remote, stop func()) {
+	t.Helper()
 	r, err := wire.Dial(context.Background(), wc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	twin, err := enginetest.New(g.cfg)
+	tw, err := enginetest.New(twin)
 	if err != nil {
+		r.Close()
 		t.Fatal(err)
 	}
-	cfg.Pool = twin.Pool()
-	e, err := engine.New(r, cfg)
-	if err != nil {
+	cfg.Pool = tw.Pool()
+	if e, err = engine.New(r, cfg); err != nil {
+		r.Close()
 		t.Fatal(err)
 	}
 	r.Attach(e)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() {
+	stop = sync.OnceFunc(func() {
 		e.Close()
 		cancel()
 		<-done
 		r.Close()
 	})
-	return e, r
+	t.Cleanup(stop)
+	return e, r, stop
 }
 
 func prompt(rng *rand.Rand, prefix []int32, n, vocab int) []int32 {

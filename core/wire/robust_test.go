@@ -84,33 +84,7 @@ func TestRemoteExitBetweenSteps(t *testing.T) {
 	}
 	cfg := enginetest.Config{VocabSize: 100, Pages: 64}
 	base := runtime.NumGoroutine()
-	r, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	twin, err := enginetest.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.New(r, engine.Config{Pool: twin.Pool()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Attach(e)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	stop := func() {
-		e.Close()
-		cancel()
-		<-done
-		r.Close()
-	}
-	defer func() {
-		if stop != nil {
-			stop()
-		}
-	}()
+	e, r, stop := startRemote(t, wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond}, cfg, engine.Config{})
 	runReference(t, e, cfg.VocabSize, []int32{1, 2, 3, 4, 5}, 8)
 	pid := r.Pid()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
@@ -127,7 +101,6 @@ func TestRemoteExitBetweenSteps(t *testing.T) {
 	runReference(t, e, cfg.VocabSize, []int32{1, 2, 3, 4, 5, 6}, 8)
 	// Closed, the remote leaves no goroutine behind (process watchers, restarts).
 	stop()
-	stop = nil
 	waitFor(t, fmt.Sprintf("the goroutines to return to %d", base), func() bool { return runtime.NumGoroutine() <= base })
 }
 
@@ -404,28 +377,7 @@ func TestRemoteExecDiesUnderLoad(t *testing.T) {
 	t.Setenv(helperEnv, "1")
 	self, _ := os.Executable()
 	cfg := enginetest.Config{VocabSize: 100, Pages: 64}
-	r, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	twin, err := enginetest.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := engine.New(r, engine.Config{Pool: twin.Pool(), MaxSeqs: 3, MaxBatchTokens: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Attach(e)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() {
-		e.Close()
-		cancel()
-		<-done
-		r.Close()
-	}()
+	e, r, _ := startRemote(t, wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond}, cfg, engine.Config{MaxSeqs: 3, MaxBatchTokens: 64})
 	var prompts [][]int32
 	var streams []*engine.Stream
 	for i := range 5 {
