@@ -23,30 +23,27 @@ func fixturePayload(t testing.TB, name string) []byte {
 	return b[frameHeader:]
 }
 
-func FuzzDecodeHello(f *testing.F) {
-	f.Add(fixturePayload(f, "hello"))
+// fuzzRoundTrip fuzzes a decoder from the fixture of message name: whatever decodes must
+// encode back to the same bytes.
+func fuzzRoundTrip[M any](f *testing.F, name string, decode func([]byte) (M, error), encode func(M) []byte) {
+	f.Add(fixturePayload(f, name))
 	f.Fuzz(func(t *testing.T, p []byte) {
-		h, err := DecodeHello(p)
+		m, err := decode(p)
 		if err != nil {
 			return
 		}
-		if again := AppendHello(nil, h)[frameHeader:]; !bytes.Equal(again, p) {
-			t.Fatalf("hello %x decodes to %+v, which encodes to %x", p, h, again)
+		if again := encode(m)[frameHeader:]; !bytes.Equal(again, p) {
+			t.Fatalf("%s %x decodes to %+v, which encodes to %x", name, p, m, again)
 		}
 	})
 }
 
+func FuzzDecodeHello(f *testing.F) {
+	fuzzRoundTrip(f, "hello", DecodeHello, func(h Hello) []byte { return AppendHello(nil, h) })
+}
+
 func FuzzDecodeInfo(f *testing.F) {
-	f.Add(fixturePayload(f, "info"))
-	f.Fuzz(func(t *testing.T, p []byte) {
-		m, err := DecodeInfo(p)
-		if err != nil {
-			return
-		}
-		if again := AppendInfo(nil, m)[frameHeader:]; !bytes.Equal(again, p) {
-			t.Fatalf("info %x decodes to %+v, which encodes to %x", p, m, again)
-		}
-	})
+	fuzzRoundTrip(f, "info", DecodeInfo, func(m Info) []byte { return AppendInfo(nil, m) })
 }
 
 func FuzzDecodeResult(f *testing.F) {
@@ -64,16 +61,7 @@ func FuzzDecodeResult(f *testing.F) {
 }
 
 func FuzzDecodeError(f *testing.F) {
-	f.Add(fixturePayload(f, "error"))
-	f.Fuzz(func(t *testing.T, p []byte) {
-		m, err := DecodeError(p)
-		if err != nil {
-			return
-		}
-		if again := AppendError(nil, m)[frameHeader:]; !bytes.Equal(again, p) {
-			t.Fatalf("error %x re-encodes to %x", p, again)
-		}
-	})
+	fuzzRoundTrip(f, "error", DecodeError, func(m Error) []byte { return AppendError(nil, m) })
 }
 
 func FuzzDecodeShutdown(f *testing.F) {
