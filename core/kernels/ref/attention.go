@@ -1,10 +1,14 @@
 package ref
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"sync"
 
 	"gonum.org/v1/gonum/blas/gonum"
+
+	cblas "github.com/resin-llm/resin/core/blas"
 )
 
 // PagedKV is a paged key/value cache in host memory, laid out like a kvslab cache group of
@@ -218,21 +222,29 @@ type AttentionBatch struct {
 // at most attnSplitQueries queries (decode, a few drafts) and a context over attnSplitKeys
 // tokens also splits its keys into blocks of attnSplitKeys, whose partial softmaxes are
 // merged by their log-sum-exp. Variables, so tests can force every path on small inputs.
+//
+// A unit reading at least attnUnitGEMMKeys keys runs as GEMMs too, within its participant,
+// when a BLAS library runs them (attnUnitGEMMKeysGonum on gonum, whose GEMM allocates: by
+// default never): its keys and values gathered, the scores of its query heads in one
+// MatMulT, their softmax, the output in one MatMul (per key, a dot and an axpy call cost
+// more than the arithmetic).
 var (
-	attnGEMMQueries  = 64
-	attnGEMMTile     = 256
-	attnTileQueries  = 16
-	attnSplitQueries = 4
-	attnSplitKeys    = 512
+	attnUnitGEMMKeys      = 64
+	attnUnitGEMMKeysGonum = math.MaxInt
+	attnGEMMQueries       = 64
+	attnGEMMTile          = 256
+	attnTileQueries       = 16
+	attnSplitQueries      = 4
+	attnSplitKeys         = 512
 )
 
 // PagedAttentionBatch is PagedAttention for every sequence of a batch at once, split across
 // sequences, kv heads, query tiles and (for decode on long contexts) blocks of keys on the
 // package's worker pool, and run as GEMMs for sequences of many queries. It computes what
 // PagedAttention computes for each sequence, softmax sums in float64, to float32 rounding:
-// q·k is accumulated in float64 except in the GEMMs (float32, as MatMul, whose softmax
-// then runs in float32 on expf, its sum in float64), and a sequence whose keys were split
-// in blocks merges the blocks' softmaxes by their log-sum-exp.
+// q·k is accumulated in float32 (as MatMul's GEMMs do) and exponentiated by expf, a
+// float32 exp within 1 ulp, and a sequence whose keys were split in blocks merges the
+// blocks' softmaxes by their log-sum-exp.
 //
 //	q, out: [QueryStart[B], Heads, HeadDim]
 //
@@ -275,6 +287,9 @@ func PagedAttentionBatch(out, q []float32, c *PagedKV, b *AttentionBatch, a Atte
 		return err
 	}
 	parallelFor(&j.loop, j, len(j.units), 1)
+	if j.err != nil {
+		return fmt.Errorf("ref.%s: %w", op, j.err)
+	}
 	j.merge()
 	for _, i := range j.gemmSeqs {
 		if err := j.gemm(i); err != nil {
@@ -304,8 +319,13 @@ type attnJob struct {
 	units        []attnUnit
 	kBase, vBase []int       // per entry of b.Pages used: offset of the page in K and V
 	scratch      [][]float64 // per participant: scores, then running max and sum per head
+	tiles        []attnTile  // per participant: the scratch of units run as GEMMs
 	pm, pl       []float64   // per partial (query, head, split): max score and sum
 	po           []float32   // per partial: Σ exp(score − max)·v, [HeadDim]
+
+	unitGEMMKeys int // the fewest keys of a unit run as GEMMs
+	errMu        sync.Mutex
+	err          error // the first error of a unit run as GEMMs
 
 	gemmSeqs               []int       // the sequences that run as GEMMs
 	qg, kc, vc, s, og, inv []float32   // their scratch: see gemm
@@ -323,6 +343,12 @@ func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatc
 	j.vBase = growInts(j.vBase, len(b.Pages))
 	if n := parts(); len(j.scratch) < n {
 		j.scratch = append(j.scratch, make([][]float64, n-len(j.scratch))...)
+		j.tiles = append(j.tiles, make([]attnTile, n-len(j.tiles))...)
+	}
+	j.err = nil
+	j.unitGEMMKeys = attnUnitGEMMKeys
+	if cblas.Default() == nil {
+		j.unitGEMMKeys = attnUnitGEMMKeysGonum
 	}
 	partials := 0
 	for i := range b.CtxLen {
@@ -386,18 +412,115 @@ func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatc
 
 func (j *attnJob) run(part, lo, hi int) {
 	for u := lo; u < hi; u++ {
-		j.unit(part, &j.units[u])
+		if err := j.unit(part, &j.units[u]); err != nil {
+			j.errMu.Lock()
+			j.err = cmp.Or(j.err, err)
+			j.errMu.Unlock()
+		}
 	}
+}
+
+// attnTile is a participant's scratch for units run as GEMMs.
+type attnTile struct {
+	qg, kc, vc, s, og []float32
+	mx                []float32
+	sum               []float64
+}
+
+// unitGEMM computes unit u as GEMMs on participant part's scratch: its keys [klo, khi)
+// (those any of its queries reads) and values gathered into kc, vc; the query rows of the
+// kv head's group into qg (row = query·group + head); s = qg·kcᵀ; each row's softmax
+// weights exp(Scale·s − max) over the keys its query sees (0 elsewhere); og = s·vc; the
+// output og/sum, or for a split the partial (max, sum, og).
+func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
+	c, a, b := j.c, j.a, j.b
+	d, pt, group := c.HeadDim, c.PageTokens, a.Heads/c.KVHeads
+	row0, nq, ctxLen := int(b.QueryStart[u.seq]), int(b.QueryStart[u.seq+1]-b.QueryStart[u.seq]), int(b.CtxLen[u.seq])
+	kBase, vBase := j.kBase[b.PageStart[u.seq]:], j.vBase[b.PageStart[u.seq]:]
+	kvStride, kvOff := c.KVHeads*d, u.kvh*d
+	nk, rows := khi-klo, (u.q1-u.q0)*group
+	tl := &j.tiles[part]
+	tl.qg, tl.og = growFloat32s(tl.qg, rows*d), growFloat32s(tl.og, rows*d)
+	tl.kc, tl.vc = growFloat32s(tl.kc, nk*d), growFloat32s(tl.vc, nk*d)
+	tl.s, tl.mx, tl.sum = growFloat32s(tl.s, rows*nk), growFloat32s(tl.mx, rows), growFloat64s(tl.sum, rows)
+	for qi := u.q0; qi < u.q1; qi++ {
+		src := ((row0+qi)*a.Heads + u.kvh*group) * d
+		copy(tl.qg[(qi-u.q0)*group*d:(qi-u.q0+1)*group*d], j.q[src:src+group*d])
+	}
+	for t := klo; t < khi; t++ {
+		ko := kBase[t/pt] + (t%pt)*kvStride + kvOff
+		vo := vBase[t/pt] + (t%pt)*kvStride + kvOff
+		copy(tl.kc[(t-klo)*d:(t-klo+1)*d], c.K[ko:ko+d])
+		copy(tl.vc[(t-klo)*d:(t-klo+1)*d], c.V[vo:vo+d])
+	}
+	if err := MatMulT(tl.s, tl.qg, tl.kc, rows, d, nk); err != nil {
+		return err
+	}
+	scale := a.Scale
+	for r := range rows {
+		p := ctxLen - nq + u.q0 + r/group
+		lo, hi := klo, min(khi, p+1)
+		if a.Window > 0 {
+			lo = max(lo, p-a.Window+1)
+		}
+		row := tl.s[r*nk : (r+1)*nk]
+		mx, sum := float32(math.Inf(-1)), 0.0
+		if lo < hi {
+			for _, v := range row[lo-klo : hi-klo] {
+				mx = max(mx, v*scale)
+			}
+			for t, v := range row[lo-klo : hi-klo] {
+				w := expf(v*scale - mx)
+				sum += float64(w)
+				row[lo-klo+t] = w
+			}
+			clear(row[:lo-klo])
+			clear(row[hi-klo:])
+		} else {
+			clear(row) // a split none of whose keys this query sees
+		}
+		tl.mx[r], tl.sum[r] = mx, sum
+	}
+	if err := MatMul(tl.og, tl.s, tl.vc, rows, nk, d); err != nil {
+		return err
+	}
+	for r := range rows {
+		qi, h := u.q0+r/group, u.kvh*group+r%group
+		og := tl.og[r*d : (r+1)*d]
+		if u.split >= 0 {
+			at := u.partial + (qi*a.Heads+h)*u.splits + u.split
+			j.pm[at], j.pl[at] = float64(tl.mx[r]), tl.sum[r]
+			copy(j.po[at*d:(at+1)*d], og)
+			continue
+		}
+		o := j.out[((row0+qi)*a.Heads+h)*d : ((row0+qi)*a.Heads+h+1)*d]
+		inv := float32(1 / tl.sum[r])
+		for x, v := range og {
+			o[x] = v * inv
+		}
+	}
+	return nil
 }
 
 // unit computes one unit: for each query and each query head of the kv head's group,
 // scores s_t = Scale·q·k_t over the unit's keys, then Σ exp(s_t − max)·v_t / Σ exp(s_t − max)
 // (or, for a split, the max, the sum and the unnormalised output as a partial).
-func (j *attnJob) unit(part int, u *attnUnit) {
+func (j *attnJob) unit(part int, u *attnUnit) error {
 	c, a, b := j.c, j.a, j.b
 	d, pt := c.HeadDim, c.PageTokens
 	group := a.Heads / c.KVHeads
 	row0, nq, ctxLen := int(b.QueryStart[u.seq]), int(b.QueryStart[u.seq+1]-b.QueryStart[u.seq]), int(b.CtxLen[u.seq])
+	// The keys any of the unit's queries reads: [klo, khi).
+	klo, khi := 0, ctxLen-nq+u.q1
+	if a.Window > 0 {
+		klo = max(0, ctxLen-nq+u.q0-a.Window+1)
+	}
+	if u.split >= 0 {
+		klo, khi = max(klo, u.k0), min(khi, u.k1)
+	}
+	if khi-klo >= j.unitGEMMKeys {
+		return j.unitGEMM(part, u, klo, khi)
+	}
 	kBase, vBase := j.kBase[b.PageStart[u.seq]:], j.vBase[b.PageStart[u.seq]:]
 	kvOff := u.kvh * d
 	kvStride := c.KVHeads * d
@@ -428,7 +551,7 @@ func (j *attnJob) unit(part int, u *attnUnit) {
 			ko := kBase[t/pt] + (t%pt)*kvStride + kvOff
 			kr := c.K[ko : ko+d]
 			for h := range group {
-				s := vek.Dsdot(d, qv[h*d:(h+1)*d], 1, kr, 1) * scale
+				s := float64(vek.Sdot(d, qv[h*d:(h+1)*d], 1, kr, 1)) * scale
 				scores[h*n+t-lo] = s
 				mx[h] = max(mx[h], s)
 			}
@@ -447,7 +570,7 @@ func (j *attnJob) unit(part int, u *attnUnit) {
 			vo := vBase[t/pt] + (t%pt)*kvStride + kvOff
 			vr := c.V[vo : vo+d]
 			for h := range group {
-				w := math.Exp(scores[h*n+t-lo] - mx[h])
+				w := float64(expf(float32(scores[h*n+t-lo] - mx[h])))
 				sum[h] += w
 				vek.Saxpy(d, float32(w), vr, 1, obuf[ob+h*ostride:ob+h*ostride+d], 1)
 			}
@@ -465,6 +588,7 @@ func (j *attnJob) unit(part int, u *attnUnit) {
 			}
 		}
 	}
+	return nil
 }
 
 // merge combines the split sequences' partials: with M = max_s m_s over the splits that saw
