@@ -363,3 +363,43 @@ func randFloats(n int, seed uint64) []float32 {
 	}
 	return x
 }
+
+// TestSgemmOutT checks the transposed-output product against Sgemm, both layouts of b, a
+// column block of b and an output stride wider than m.
+func TestSgemmOutT(t *testing.T) {
+	lib := needLibrary(t)
+	m, k, n := 8, 70, 53
+	a, bt := randFloats(m*k, 3), randFloats(n*k, 4)
+	b := make([]float32, k*n) // bt transposed: [k, n]
+	for i := range n {
+		for j := range k {
+			b[j*n+i] = bt[i*k+j]
+		}
+	}
+	want := make([]float32, m*n)
+	if err := lib.Sgemm(true, m, n, k, a, bt, want); err != nil {
+		t.Fatal(err)
+	}
+	const ldct, c0, c1 = 11, 5, 40
+	for _, transB := range []bool{true, false} {
+		bb, ldb := b[c0:], n
+		if transB {
+			bb, ldb = bt[c0*k:], k
+		}
+		ct := make([]float32, (c1-c0)*ldct)
+		if err := lib.SgemmOutT(transB, m, c1-c0, k, a, k, bb, ldb, ct, ldct); err != nil {
+			t.Fatal(err)
+		}
+		for i := range m {
+			for j := c0; j < c1; j++ {
+				g, w := ct[(j-c0)*ldct+i], want[i*n+j]
+				if d := math.Abs(float64(g - w)); d > 1e-4*(1+math.Abs(float64(w))) {
+					t.Fatalf("transB=%v: c[%d,%d] = %g, want %g", transB, i, j, g, w)
+				}
+			}
+		}
+	}
+	if err := lib.SgemmOutT(true, m, 3, k, a, k, bt, k, make([]float32, 3*m), m-1); err == nil || !strings.Contains(err.Error(), "ldct=7") {
+		t.Errorf("ldct < m: err %v, want one naming ldct=7", err)
+	}
+}

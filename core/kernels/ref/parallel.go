@@ -151,9 +151,18 @@ func blasGemm(lib *cblas.Library, transB bool, out, a, b []float32, m, k, n int)
 		t.rowBlock = max(64, (m+rowBlocks-1)/rowBlocks)
 	}
 	rowBlocks := (m + t.rowBlock - 1) / t.rowBlock
+	t.outT = m >= 2 && m <= maxOutTRows
+	if t.outT {
+		t.ct = growFloat32s(t.ct, m*n)
+	}
 	parallelFor(&t.loop, t, rowBlocks*t.colBlocks, 1)
 	return t.err
 }
+
+// maxOutTRows is the most rows of a product blasGemm computes transposed (SgemmOutT) and
+// transposes back: up to it the library runs faster that way round (m=8, k=1024,
+// n=2816: 25–35% on OpenBLAS 0.3.34, SkylakeX kernels).
+const maxOutTRows = 16
 
 // minParallelMACs is the fewest multiply-adds blasGemm splits, and the fewest of a block.
 const minParallelMACs = 1 << 18
@@ -168,6 +177,8 @@ type gemmTask struct {
 	out, a, b                     []float32
 	m, k, n                       int
 	rowBlock, colBlock, colBlocks int
+	outT                          bool      // blocks computed transposed into ct, [n, m]
+	ct                            []float32 // kept across calls
 	mu                            sync.Mutex
 	err                           error
 }
@@ -182,7 +193,19 @@ func (t *gemmTask) run(_, lo, hi int) {
 		if t.transB {
 			b, ldb = t.b[c0*t.k:], t.k
 		}
-		err := t.lib.SgemmStrided(t.transB, r1-r0, c1-c0, t.k, t.a[r0*t.k:], t.k, b, ldb, t.out[r0*t.n+c0:], t.n)
+		var err error
+		if t.outT { // rowBlock = m
+			ct := t.ct[c0*t.m : c1*t.m]
+			if err = t.lib.SgemmOutT(t.transB, t.m, c1-c0, t.k, t.a, t.k, b, ldb, ct, t.m); err == nil {
+				for j := c0; j < c1; j++ {
+					for i, v := range ct[(j-c0)*t.m : (j-c0+1)*t.m] {
+						t.out[i*t.n+j] = v
+					}
+				}
+			}
+		} else {
+			err = t.lib.SgemmStrided(t.transB, r1-r0, c1-c0, t.k, t.a[r0*t.k:], t.k, b, ldb, t.out[r0*t.n+c0:], t.n)
+		}
 		if err != nil {
 			t.mu.Lock()
 			t.err = cmp.Or(t.err, err)
