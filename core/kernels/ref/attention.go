@@ -227,12 +227,16 @@ type AttentionBatch struct {
 // when a BLAS library runs them (attnUnitGEMMKeysGonum on gonum, whose GEMM allocates: by
 // default never): its keys and values gathered, the scores of its query heads in one
 // MatMulT, their softmax, the output in one MatMul (per key, a dot and an axpy call cost
-// more than the arithmetic).
+// more than the arithmetic). With a BLAS library (and attnGEMMUnits), a sequence of at
+// least attnGEMMQueries queries runs as such units too, one per kv head and tile of
+// attnGEMMTile queries, the last tiles (the most keys) first: the participants then work
+// through independent units instead of meeting at three barriers per kv head and tile.
 var (
+	attnGEMMUnits         = true
 	attnUnitGEMMKeys      = 64
 	attnUnitGEMMKeysGonum = math.MaxInt
 	attnGEMMQueries       = 64
-	attnGEMMTile          = 256
+	attnGEMMTile          = 64
 	attnTileQueries       = 16
 	attnSplitQueries      = 4
 	attnSplitKeys         = 512
@@ -381,7 +385,15 @@ func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatc
 			j.kBase[p0+pg], j.vBase[p0+pg] = ko, vo
 		}
 		if nq >= attnGEMMQueries {
-			j.gemmSeqs = append(j.gemmSeqs, i)
+			if !attnGEMMUnits || cblas.Default() == nil {
+				j.gemmSeqs = append(j.gemmSeqs, i)
+				continue
+			}
+			for q0 := (nq - 1) / attnGEMMTile * attnGEMMTile; q0 >= 0; q0 -= attnGEMMTile {
+				for kvh := 0; kvh < c.KVHeads; kvh++ {
+					j.units = append(j.units, attnUnit{seq: i, kvh: kvh, q0: q0, q1: min(q0+attnGEMMTile, nq), split: -1})
+				}
+			}
 			continue
 		}
 		splits := 1

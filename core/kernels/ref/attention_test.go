@@ -310,12 +310,14 @@ func TestPagedAttentionBatchMatchesSerial(t *testing.T) {
 	}
 	for _, sp := range splits {
 		for _, sh := range shapes {
-			for _, unitKeys := range []int{1 << 20, 1, 0} { // units in loops; as GEMMs; even with no key
+			for _, unitKeys := range []int{1 << 20, 1, 0} { // units in loops; as GEMMs; even with no key in a split
 				t.Run(fmt.Sprintf("%s/%s/unit-gemm-keys=%d", sp.name, sh.name, unitKeys), func(t *testing.T) {
 					withSplitting(t, sp.gemmQueries, sp.gemmTile, sp.tile, sp.splitQueries, sp.splitKeys)
 					old, oldGonum := attnUnitGEMMKeys, attnUnitGEMMKeysGonum
 					attnUnitGEMMKeys, attnUnitGEMMKeysGonum = unitKeys, unitKeys
-					t.Cleanup(func() { attnUnitGEMMKeys, attnUnitGEMMKeysGonum = old, oldGonum })
+					oldUnits := attnGEMMUnits
+					attnGEMMUnits = unitKeys != 1 // long sequences as units on a BLAS, but for one run
+					t.Cleanup(func() { attnUnitGEMMKeys, attnUnitGEMMKeysGonum, attnGEMMUnits = old, oldGonum, oldUnits })
 					r := rand.New(rand.NewPCG(uint64(sh.heads), uint64(sp.tile)))
 					// Prefills, a chunk, decodes, a few drafts and an idle sequence together.
 					ctxs := []int{1, 17, 23, 9, 30, 12, 6}
