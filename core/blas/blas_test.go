@@ -403,3 +403,31 @@ func TestSgemmOutT(t *testing.T) {
 		t.Errorf("ldct < m: err %v, want one naming ldct=7", err)
 	}
 }
+
+// TestQuietOpenBLASRestoresEnvironment checks that the one-thread load leaves no
+// OPENBLAS_NUM_THREADS behind for processes started later, and sets none over a user's.
+func TestQuietOpenBLASRestoresEnvironment(t *testing.T) {
+	t.Setenv("RESIN_BLAS_THREADS", "")
+	os.Unsetenv("RESIN_BLAS_THREADS")
+	t.Setenv("OPENBLAS_NUM_THREADS", "")
+	os.Unsetenv("OPENBLAS_NUM_THREADS")
+	restore := quietOpenBLAS()
+	if v := os.Getenv("OPENBLAS_NUM_THREADS"); v != "1" {
+		t.Fatalf("during the load OPENBLAS_NUM_THREADS=%q, want 1", v)
+	}
+	restore()
+	if v, set := os.LookupEnv("OPENBLAS_NUM_THREADS"); set {
+		t.Fatalf("after the load OPENBLAS_NUM_THREADS=%q is still set", v)
+	}
+	t.Setenv("OPENBLAS_NUM_THREADS", "3")
+	quietOpenBLAS()()
+	if v := os.Getenv("OPENBLAS_NUM_THREADS"); v != "3" {
+		t.Fatalf("a user's OPENBLAS_NUM_THREADS=3 became %q", v)
+	}
+	os.Unsetenv("OPENBLAS_NUM_THREADS")
+	t.Setenv("RESIN_BLAS_THREADS", "2")
+	quietOpenBLAS()()
+	if v, set := os.LookupEnv("OPENBLAS_NUM_THREADS"); set {
+		t.Fatalf("RESIN_BLAS_THREADS=2 still set OPENBLAS_NUM_THREADS=%q", v)
+	}
+}

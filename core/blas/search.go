@@ -39,12 +39,33 @@ var process struct {
 // prints the search's warnings to stderr.
 func Default() *Library {
 	process.once.Do(func() {
+		defer quietOpenBLAS()()
 		process.lib, process.backend = Load(os.Getenv)
 		for _, w := range process.backend.Warnings {
 			fmt.Fprintf(os.Stderr, "resin: warning: %s\n", w)
 		}
 	})
 	return process.lib
+}
+
+// quietOpenBLAS sets OPENBLAS_NUM_THREADS=1 for the library's load, when the library is
+// to run on one thread (RESIN_BLAS_THREADS unset or 1) and the environment names no
+// OpenBLAS thread count, and returns what restores the environment (so that processes
+// started later do not inherit it). OpenBLAS starts its helper threads when it loads, as
+// many as the CPUs, and those threads kept one core ~8% busy yielding although every call
+// ran on one thread; started with one thread it starts none (openblas_set_num_threads
+// still starts them when RESIN_BLAS_THREADS asks for more).
+func quietOpenBLAS() (restore func()) {
+	if v := os.Getenv("RESIN_BLAS_THREADS"); v != "" && v != "1" {
+		return func() {}
+	}
+	for _, v := range []string{"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"} {
+		if _, set := os.LookupEnv(v); set {
+			return func() {}
+		}
+	}
+	os.Setenv("OPENBLAS_NUM_THREADS", "1")
+	return func() { os.Unsetenv("OPENBLAS_NUM_THREADS") }
 }
 
 // Info describes the process's GEMM backend (loading it if nothing has yet), with the
