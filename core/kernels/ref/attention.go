@@ -478,9 +478,7 @@ func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
 		row := tl.s[r*nk : (r+1)*nk]
 		mx, sum := float32(math.Inf(-1)), 0.0
 		if lo < hi {
-			for _, v := range row[lo-klo : hi-klo] {
-				mx = max(mx, v*scale)
-			}
+			mx = rowMax(row[lo-klo:hi-klo], scale)
 			for t, v := range row[lo-klo : hi-klo] {
 				w := expf(v*scale - mx)
 				sum += float64(w)
@@ -710,10 +708,7 @@ func (sr *softmaxRows) run(_, lo, hi int) {
 		}
 		row := j.s[r*sr.nk : (r+1)*sr.nk]
 		a, b := first-sr.klo, p-sr.klo+1 // the keys the query sees: row[a:b]
-		mx := float32(math.Inf(-1))
-		for _, v := range row[a:b] {
-			mx = max(mx, v*scale)
-		}
+		mx := rowMax(row[a:b], scale)
 		var sum float64
 		for t, v := range row[a:b] {
 			w := expf(v*scale - mx)
@@ -724,6 +719,27 @@ func (sr *softmaxRows) run(_, lo, hi int) {
 		clear(row[b:])
 		j.inv[r] = float32(1 / sum)
 	}
+}
+
+// rowMax returns the largest v·scale of a non-empty row. For scale > 0 it is max(v)·scale
+// (rounding keeps the order) found by plain comparisons, several times faster than the
+// max builtin, whose NaN and signed-zero rules cost branches; a NaN score is skipped here
+// but still reaches the softmax's sum through its exp.
+func rowMax(row []float32, scale float32) float32 {
+	if !(scale > 0) {
+		mx := float32(math.Inf(-1))
+		for _, v := range row {
+			mx = max(mx, v*scale)
+		}
+		return mx
+	}
+	m := row[0]
+	for _, v := range row[1:] {
+		if v > m {
+			m = v
+		}
+	}
+	return m * scale
 }
 
 // vek runs the float32 vector kernels (gonum's assembly on amd64) of the attention loops.

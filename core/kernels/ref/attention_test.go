@@ -433,3 +433,24 @@ func BenchmarkPagedAttentionBatch(b *testing.B) {
 		})
 	}
 }
+
+// TestRowMax checks rowMax against the max builtin over v·scale, for positive and
+// negative scales.
+func TestRowMax(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for n := 1; n < 40; n++ {
+		row := make([]float32, n)
+		for i := range row {
+			row[i] = r.Float32()*20 - 10
+		}
+		for _, scale := range []float32{0.125, 1, -0.5} {
+			want := float32(math.Inf(-1))
+			for _, v := range row {
+				want = max(want, v*scale)
+			}
+			if got := rowMax(row, scale); got != want {
+				t.Fatalf("n=%d scale=%v: rowMax %v, want %v", n, scale, got, want)
+			}
+		}
+	}
+}
