@@ -149,8 +149,10 @@ share() {
 }
 go tool pprof -top -nodecount 25 "$out/llama" "$out/cpu.prof" 2>/dev/null > "$out/profile.txt" || true
 attn='ref\.PagedAttentionBatch$|ref\.\(\*attnJob\)\.run$|ref\.\(\*softmaxRows\)\.run$'
+gemm='ref\.gemm$|ref\.\(\*gemmTask\)\.run$' # a GEMM's blocks run on the pool's workers too
 echo "  $(grep -m1 'Total samples' "$out/profile.txt" | sed 's/^ *//')"
-echo "  GEMM: $(share 'ref\.gemm$') on Go threads (the calls, attention's own GEMMs included) + $(share 'runtime\._ExternalCode$') in the BLAS's own threads"
-echo "  attention: $(share "$attn" 'ref\.gemm$') without its GEMMs, $(share "$attn") with them (on Go threads)"
+echo "  GEMM: $(share "$gemm") on Go threads (the calls, attention's own GEMMs included) + $(share 'runtime\._ExternalCode$') in threads of the BLAS's own (RESIN_BLAS_THREADS > 1)"
+echo "  attention: $(share "$attn" "$gemm") without its GEMMs, $(share "$attn") with them (on Go threads)"
+echo "  model loading (random weights) $(share 'cli\.load$')"
 echo "  SiLU-mul $(share 'ref\.SiLUMul$'), RMSNorm $(share 'ref\.RMSNorm$'), RoPE $(share 'RoPENeoX$'); the forward's caller thread $(share 'llama\.\(\*Model\)\.Forward$')"
 echo "  (top functions in $out/profile.txt; RESIN_BLAS=off profiles gonum's GEMM as Go code)"
