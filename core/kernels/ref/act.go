@@ -16,30 +16,60 @@ func SiLU(x float32) float32 {
 // splits x = n·ln2 + r with |r| ≤ ln2/2 and evaluates Cephes' degree-6 polynomial for e^r
 // (Moshier, Cephes Math Library, expf.c).
 func expf(x float32) float32 {
-	const (
-		log2e  = 1.44269504088896341
-		ln2Hi  = 0.693359375 // ln2 = ln2Hi + ln2Lo, ln2Hi exact in few bits
-		ln2Lo  = -2.12194440e-4
-		magic  = 12582912 // 1.5·2²³: adding it rounds to an integer, in the low mantissa bits
-		minArg = -87.33654
-		maxArg = 88.37626 // e^x below 2^127.5: n ≤ 127
-	)
-	if !(x >= minArg && x <= maxArg) {
+	if !(x >= expfMinArg && x <= expfMaxArg) {
 		switch {
-		case x < minArg:
+		case x < expfMinArg:
 			return 0
 		case x != x:
 			return x
 		}
 		return float32(math.Exp(float64(x))) // up to +Inf
 	}
-	t := x*log2e + magic
-	n := int32(math.Float32bits(t)) - int32(math.Float32bits(magic))
-	fn := t - magic
-	r := x - fn*ln2Hi - fn*ln2Lo
-	p := ((((1.9875691500e-4*r+1.3981999507e-3)*r+8.3334519073e-3)*r+4.1665795894e-2)*r+1.6666665459e-1)*r + 5.0000001201e-1
+	t := x*expfLog2e + expfMagic
+	n := int32(math.Float32bits(t)) - int32(math.Float32bits(expfMagic))
+	fn := t - expfMagic
+	r := x - fn*expfLn2Hi - fn*expfLn2Lo
+	p := ((((expfP0*r+expfP1)*r+expfP2)*r+expfP3)*r+expfP4)*r + expfP5
 	p = p*r*r + r + 1
 	return p * math.Float32frombits(uint32(n+127)<<23)
+}
+
+// expf's constants (the vector form in expf_amd64.s reads them too).
+const (
+	expfLog2e  float32 = 1.44269504088896341
+	expfLn2Hi  float32 = 0.693359375 // ln2 = ln2Hi + ln2Lo, ln2Hi exact in few bits
+	expfLn2Lo  float32 = -2.12194440e-4
+	expfMagic  float32 = 12582912 // 1.5·2²³: adding it rounds to an integer, in the low mantissa bits
+	expfMinArg float32 = -87.33654
+	expfMaxArg float32 = 88.37626 // e^x below 2^127.5: n ≤ 127
+	expfP0     float32 = 1.9875691500e-4
+	expfP1     float32 = 1.3981999507e-3
+	expfP2     float32 = 8.3334519073e-3
+	expfP3     float32 = 4.1665795894e-2
+	expfP4     float32 = 1.6666665459e-1
+	expfP5     float32 = 5.0000001201e-1
+)
+
+// expfs sets dst[i] = expf(src[i]) for every i of src (dst as long; it may be src): on
+// amd64 with AVX2, 8 at a time with expf's own steps and roundings, so the values are
+// expf's to the bit; a block of 8 holding an argument outside the polynomial's range, and
+// the tail, go through expf.
+func expfs(dst, src []float32) {
+	dst = dst[:len(src)]
+	i := 0
+	for len(src)-i >= 8 {
+		i += expfsVector(dst[i:], src[i:])
+		if len(src)-i < 8 {
+			break
+		}
+		for k := i; k < i+8; k++ { // the block the vector form stopped at
+			dst[k] = expf(src[k])
+		}
+		i += 8
+	}
+	for ; i < len(src); i++ {
+		dst[i] = expf(src[i])
+	}
 }
 
 // SiLUMul applies the gated activation of a fused gate/up projection.
@@ -83,10 +113,19 @@ func (t *siluMulTask) run(_, lo, hi int) { siluMulRows(t.out, t.gateUp, t.dim, l
 
 // siluMulRows is SiLUMul of rows [lo, hi).
 func siluMulRows(out, gateUp []float32, dim, lo, hi int) {
+	var e [256]float32 // expf(-gate) of a chunk of the row, computed as a batch
 	for r := lo; r < hi; r++ {
-		gu := gateUp[r*2*dim : (r+1)*2*dim]
-		for i := range dim {
-			out[r*dim+i] = SiLU(gu[i]) * gu[dim+i]
+		gu, o := gateUp[r*2*dim:(r+1)*2*dim], out[r*dim:(r+1)*dim]
+		for c0 := 0; c0 < dim; c0 += len(e) {
+			g := gu[c0:min(c0+len(e), dim)]
+			ec := e[:len(g)]
+			for i, v := range g {
+				ec[i] = -v
+			}
+			expfs(ec, ec)
+			for i, v := range g { // SiLU(v)·up, SiLU's own expression
+				o[c0+i] = v / (1 + ec[i]) * gu[dim+c0+i]
+			}
 		}
 	}
 }

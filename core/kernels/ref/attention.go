@@ -478,11 +478,11 @@ func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
 		row := tl.s[r*nk : (r+1)*nk]
 		mx, sum := float32(math.Inf(-1)), 0.0
 		if lo < hi {
-			mx = rowMax(row[lo-klo:hi-klo], scale)
-			for t, v := range row[lo-klo : hi-klo] {
-				w := expf(v*scale - mx)
+			seen := row[lo-klo : hi-klo]
+			mx = rowMax(seen, scale)
+			softmaxExp(seen, scale, mx)
+			for _, w := range seen {
 				sum += float64(w)
-				row[lo-klo+t] = w
 			}
 			clear(row[:lo-klo])
 			clear(row[hi-klo:])
@@ -709,16 +709,24 @@ func (sr *softmaxRows) run(_, lo, hi int) {
 		row := j.s[r*sr.nk : (r+1)*sr.nk]
 		a, b := first-sr.klo, p-sr.klo+1 // the keys the query sees: row[a:b]
 		mx := rowMax(row[a:b], scale)
+		softmaxExp(row[a:b], scale, mx)
 		var sum float64
-		for t, v := range row[a:b] {
-			w := expf(v*scale - mx)
+		for _, w := range row[a:b] {
 			sum += float64(w)
-			row[a+t] = w
 		}
 		clear(row[:a])
 		clear(row[b:])
 		j.inv[r] = float32(1 / sum)
 	}
+}
+
+// softmaxExp sets row[t] = expf(row[t]·scale − mx), the arguments first, then their
+// exponentials as a batch (expfs).
+func softmaxExp(row []float32, scale, mx float32) {
+	for t, v := range row {
+		row[t] = v*scale - mx
+	}
+	expfs(row, row)
 }
 
 // rowMax returns the largest v·scale of a non-empty row. For scale > 0 it is max(v)·scale

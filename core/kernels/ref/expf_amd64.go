@@ -1,0 +1,44 @@
+package ref
+
+import (
+	"math"
+
+	"golang.org/x/sys/cpu"
+)
+
+// expfConsts is how many constants expfAVX2 reads.
+const expfConsts = 14
+
+// expfAVX2Table holds expfAVX2's constants, each in 8 lanes, in the order it reads them.
+var expfAVX2Table = func() (c [expfConsts][8]uint32) {
+	f := math.Float32bits
+	for i, v := range [expfConsts]uint32{
+		f(expfLog2e), f(expfMagic), f(expfLn2Hi), f(expfLn2Lo),
+		f(expfP0), f(expfP1), f(expfP2), f(expfP3), f(expfP4), f(expfP5),
+		f(1), f(expfMinArg), f(expfMaxArg), 127,
+	} {
+		for l := range c[i] {
+			c[i][l] = v
+		}
+	}
+	return c
+}()
+
+// hasExpfAVX2 says whether the CPU runs expfAVX2 (AVX2's 256-bit integer adds and shifts).
+var hasExpfAVX2 = cpu.X86.HasAVX2
+
+// expfAVX2 is in expf_amd64.s.
+//
+//go:noescape
+func expfAVX2(dst, src *float32, n int, c *[expfConsts][8]uint32) int
+
+// expfsVector computes dst[i] = expf(src[i]) from the start of src, 8 at a time with
+// AVX2, and returns how many it did: up to the first block of 8 holding an argument
+// outside expf's polynomial range, and none without AVX2.
+func expfsVector(dst, src []float32) int {
+	n := len(src) &^ 7
+	if !hasExpfAVX2 || n == 0 {
+		return 0
+	}
+	return expfAVX2(&dst[0], &src[0], n, &expfAVX2Table)
+}
