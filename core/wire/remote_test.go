@@ -31,6 +31,7 @@ type goRunner struct {
 	mu    sync.Mutex
 	conns []net.Conn
 	runs  []*enginetest.Runner
+	dieAt int // the first runner dies while it executes its dieAt-th step (0: never)
 }
 
 func newGoRunner(t *testing.T, cfg enginetest.Config) *goRunner {
@@ -55,15 +56,44 @@ func newGoRunner(t *testing.T, cfg enginetest.Config) *goRunner {
 				return
 			}
 			g.mu.Lock()
+			var run engine.Runner = tr
+			if g.dieAt > 0 && len(g.runs) == 0 {
+				run = &dyingRunner{Runner: tr, at: g.dieAt, die: func() { c.Close() }}
+			}
 			g.conns, g.runs = append(g.conns, c), append(g.runs, tr)
 			g.mu.Unlock()
 			go func() {
 				defer c.Close()
-				wire.Serve(context.Background(), c, c, tr, wire.ServeOptions{})
+				wire.Serve(context.Background(), c, c, run, wire.ServeOptions{})
 			}()
 		}
 	}()
 	return g
+}
+
+// dyingRunner dies (closes its connection, as its process dying would) while it executes
+// its at-th step: after it read the step, before it answers. The death hits a known step,
+// whatever the scheduling of the goroutines; a test that kills the runner once it has seen
+// a stream's first event may find the stream already ended (a late reader gets every token
+// and the terminal event in one event), or every request done.
+type dyingRunner struct {
+	*enginetest.Runner
+	steps, at int
+	die       func()
+}
+
+func (d *dyingRunner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepResult, error) {
+	if d.steps++; d.steps == d.at {
+		d.die()
+	}
+	return d.Runner.Execute(ctx, p)
+}
+
+// dieDuring makes the first runner die while it executes its step-th step.
+func (g *goRunner) dieDuring(step int) {
+	g.mu.Lock()
+	g.dieAt = step
+	g.mu.Unlock()
 }
 
 // kill closes the connection of the runner in use, as its process dying would.
@@ -100,6 +130,14 @@ func startEngine(t *testing.T, g *goRunner, cfg engine.Config, wc wire.Config) (
 // shuts both down, once (t's cleanup calls it too).
 func startRemote(t *testing.T, wc wire.Config, twin enginetest.Config, cfg engine.Config) (e *engine.Engine, r *wire.Remote, stop func()) {
 	t.Helper()
+	return startRemoteQueued(t, wc, twin, cfg, nil)
+}
+
+// startRemoteQueued is startRemote that calls queue (unless nil) before the engine runs:
+// what it submits is all queued when the first step is planned, so which requests run in
+// which step does not depend on how the test's goroutine is scheduled.
+func startRemoteQueued(t *testing.T, wc wire.Config, twin enginetest.Config, cfg engine.Config, queue func(*engine.Engine, *wire.Remote)) (e *engine.Engine, r *wire.Remote, stop func()) {
+	t.Helper()
 	r, err := wire.Dial(context.Background(), wc)
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +153,9 @@ func startRemote(t *testing.T, wc wire.Config, twin enginetest.Config, cfg engin
 		t.Fatal(err)
 	}
 	r.Attach(e)
+	if queue != nil {
+		queue(e, r)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
@@ -126,6 +167,20 @@ func startRemote(t *testing.T, wc wire.Config, twin enginetest.Config, cfg engin
 	})
 	t.Cleanup(stop)
 	return e, r, stop
+}
+
+// submitAll submits one greedy request of n tokens (EOS ignored) per prompt.
+func submitAll(t *testing.T, e *engine.Engine, prompts [][]int32, n int) []*engine.Stream {
+	t.Helper()
+	streams := make([]*engine.Stream, len(prompts))
+	for i, p := range prompts {
+		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: n, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams[i] = st
+	}
+	return streams
 }
 
 func prompt(rng *rand.Rand, prefix []int32, n, vocab int) []int32 {
@@ -207,10 +262,9 @@ func TestRemoteMatchesReference(t *testing.T) {
 	}
 }
 
-// collectAfterDeath collects streams, whose runner was killed after streams[0]'s first
-// event was taken, and returns how many failed with a wrapped ErrRunnerDied and how many
-// completed (n tokens, each prompts[i]'s reference in a vocabulary of vocab); it fails t on
-// any other end.
+// collectAfterDeath collects streams, whose runner was killed, and returns how many failed
+// with a wrapped ErrRunnerDied and how many completed (n tokens, each prompts[i]'s
+// reference in a vocabulary of vocab); it fails t on any other end.
 func collectAfterDeath(t *testing.T, streams []*engine.Stream, prompts [][]int32, vocab, n int) (failed, done int) {
 	t.Helper()
 	for i, st := range streams {
@@ -226,9 +280,6 @@ func collectAfterDeath(t *testing.T, streams []*engine.Stream, prompts [][]int32
 			failed++
 		case engine.FinishLength:
 			want := enginetest.Reference(vocab, prompts[i], n, engine.SamplingRow{Logprobs: -1})
-			if i == 0 && len(got) < len(want) {
-				want = want[len(want)-len(got):] // its first event was taken before the death
-			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("request %d completed with tokens that differ from the reference:\n got %v\nwant %v", i, got, want)
 			}
@@ -240,38 +291,33 @@ func collectAfterDeath(t *testing.T, streams []*engine.Stream, prompts [][]int32
 	return failed, done
 }
 
-// TestRemoteRunnerDies kills the runner in the middle of a decode: the requests of the
-// step in flight fail with ErrRunnerDied, /health's source reports it, the runner is
-// restarted with an empty cache, and the queued requests complete exactly as the
-// reference says (so the engine did not reuse a page the new runner does not hold).
+// TestRemoteRunnerDies kills the runner in the middle of a decode (in its fifth step, the
+// first two requests decoding): the requests of the step in flight fail with
+// ErrRunnerDied, /health's source reports it, the runner is restarted with an empty cache,
+// and the queued requests complete exactly as the reference says (so the engine did not
+// reuse a page the new runner does not hold).
 func TestRemoteRunnerDies(t *testing.T) {
 	cfg := enginetest.Config{VocabSize: 200, Pages: 256}
 	g := newGoRunner(t, cfg)
-	// The runner dies well within the restart backoff of its start: the restart waits for
-	// it rather than failing the queue.
-	e, r := startEngine(t, g, engine.Config{MaxBatchTokens: 256, MaxSeqs: 2}, wire.Config{RestartBackoff: 300 * time.Millisecond})
+	g.dieDuring(5)
 	rng := rand.New(rand.NewPCG(3, 4))
 	shared := prompt(rng, nil, 48, cfg.VocabSize)
 	var prompts [][]int32
-	var streams []*engine.Stream
 	for range 5 {
-		p := prompt(rng, shared, 4, cfg.VocabSize)
-		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 200, IgnoreEOS: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		prompts, streams = append(prompts, p), append(streams, st)
+		prompts = append(prompts, prompt(rng, shared, 4, cfg.VocabSize))
 	}
-	// Wait until the first two decode, then kill the runner under them.
-	if _, err := streams[0].Recv(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	g.kill()
+	var streams []*engine.Stream
+	// The runner dies well within the restart backoff of its start: the restart waits for
+	// it rather than failing the queue. All five are queued before the first step, which
+	// prefills the first two: they decode in the fifth.
+	wc := wire.Config{Spec: "unix:" + g.path, RestartBackoff: 300 * time.Millisecond}
+	_, r, _ := startRemoteQueued(t, wc, cfg, engine.Config{MaxBatchTokens: 256, MaxSeqs: 2}, func(e *engine.Engine, _ *wire.Remote) {
+		streams = submitAll(t, e, prompts, 200)
+	})
 	failed, done := collectAfterDeath(t, streams, prompts, cfg.VocabSize, 200)
-	// None fails when the death is found before a step is sent (the write fails): the
-	// running requests are then recomputed.
-	if failed > 2 || done != 5-failed {
-		t.Fatalf("%d requests failed and %d completed; only the in-flight ones (at most 2) may fail", failed, done)
+	// The runner had read the step: its two requests fail, the three queued complete.
+	if failed != 2 || done != 3 {
+		t.Fatalf("%d requests failed and %d completed; want the 2 of the step in flight failed, the other 3 completed", failed, done)
 	}
 	if r.Restarts() != 1 || r.Health() != nil {
 		t.Fatalf("restarts %d, health %v; want one restart and a healthy runner", r.Restarts(), r.Health())

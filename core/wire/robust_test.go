@@ -14,7 +14,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +31,41 @@ import (
 // on stdin/stdout instead of running the tests.
 const helperEnv = "RESIN_WIRE_TEST_RUNNER"
 
+// stallEnv=N makes the helper runner stall in its N-th step (after reading it, before
+// answering) and say so on stderr with stallLine, so that a test kills it in a known step.
+const (
+	stallEnv  = "RESIN_WIRE_TEST_STALL_AT"
+	stallLine = "runner stalled"
+)
+
+// stallingRunner stalls in its at-th step until it is killed.
+type stallingRunner struct {
+	*enginetest.Runner
+	steps, at int
+}
+
+func (s *stallingRunner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepResult, error) {
+	if s.steps++; s.steps == s.at {
+		fmt.Fprintf(os.Stderr, "%s in step %d\n", stallLine, s.steps)
+		time.Sleep(time.Hour)
+	}
+	return s.Runner.Execute(ctx, p)
+}
+
+// lineWatch is an exec runner's stderr that closes seen once a write holds line.
+type lineWatch struct {
+	line string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (w *lineWatch) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(w.line)) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
+}
+
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) == "1" {
 		tr, err := enginetest.New(enginetest.Config{VocabSize: 100, Pages: 64})
@@ -36,7 +73,11 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
-		if err := wire.Serve(context.Background(), os.Stdin, os.Stdout, tr, wire.ServeOptions{}); err != nil {
+		var run engine.Runner = tr
+		if at, err := strconv.Atoi(os.Getenv(stallEnv)); err == nil && at > 0 {
+			run = &stallingRunner{Runner: tr, at: at}
+		}
+		if err := wire.Serve(context.Background(), os.Stdin, os.Stdout, run, wire.ServeOptions{}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -370,27 +411,38 @@ func TestRemoteDeathBetweenSteps(t *testing.T) {
 	}
 }
 
-// TestRemoteExecDiesUnderLoad: an exec runner killed while the engine is busy fails at
-// most the step in flight; every request that completes (recomputed after the restart
-// when its step had not been sent) has exactly the reference tokens.
+// TestRemoteExecDiesUnderLoad: an exec runner killed (SIGKILL) while the engine is busy,
+// in its fifth step with three requests decoding and two queued, fails the step in flight
+// alone; the queued requests complete after the restart with exactly the reference tokens.
 func TestRemoteExecDiesUnderLoad(t *testing.T) {
 	t.Setenv(helperEnv, "1")
+	t.Setenv(stallEnv, "5")
 	self, _ := os.Executable()
 	cfg := enginetest.Config{VocabSize: 100, Pages: 64}
-	e, r, _ := startRemote(t, wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond}, cfg, engine.Config{MaxSeqs: 3, MaxBatchTokens: 64})
+	stderr := &lineWatch{line: stallLine, seen: make(chan struct{})}
 	var prompts [][]int32
-	var streams []*engine.Stream
 	for i := range 5 {
-		p := []int32{int32(i + 1), 2, 3, 4, 5, 6, 7}
-		st, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 150, IgnoreEOS: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		prompts, streams = append(prompts, p), append(streams, st)
+		prompts = append(prompts, []int32{int32(i + 1), 2, 3, 4, 5, 6, 7})
 	}
-	if _, err := streams[0].Recv(context.Background()); err != nil {
+	var streams []*engine.Stream
+	var pid int
+	// All five are queued before the first step, which prefills the first three: they
+	// decode in the fifth.
+	wc := wire.Config{Spec: "exec:" + self, RestartBackoff: time.Millisecond, Stderr: stderr}
+	startRemoteQueued(t, wc, cfg, engine.Config{MaxSeqs: 3, MaxBatchTokens: 64}, func(e *engine.Engine, r *wire.Remote) {
+		pid = r.Pid() // before any step: Pid waits for the step in flight, and that one stalls
+		streams = submitAll(t, e, prompts, 150)
+	})
+	select {
+	case <-stderr.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the runner never reached the step it stalls in")
+	}
+	os.Unsetenv(stallEnv) // the restarted runner does not stall (t.Setenv restores it)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	syscall.Kill(r.Pid(), syscall.SIGKILL)
-	collectAfterDeath(t, streams, prompts, cfg.VocabSize, 150)
+	if failed, done := collectAfterDeath(t, streams, prompts, cfg.VocabSize, 150); failed != 3 || done != 2 {
+		t.Fatalf("%d requests failed and %d completed; want the 3 of the step in flight failed, the 2 queued completed", failed, done)
+	}
 }
