@@ -25,12 +25,19 @@ func expf(x float32) float32 {
 		}
 		return float32(math.Exp(float64(x))) // up to +Inf
 	}
-	t := x*expfLog2e + expfMagic
+	// Every product is rounded on its own (float32(...)): the Go compiler may fuse a
+	// multiply-add into an FMA (GOAMD64=v3, arm64), which rounds once and would make
+	// expf differ from expfs's vector form in the last bit.
+	t := float32(x*expfLog2e) + expfMagic
 	n := int32(math.Float32bits(t)) - int32(math.Float32bits(expfMagic))
 	fn := t - expfMagic
-	r := x - fn*expfLn2Hi - fn*expfLn2Lo
-	p := ((((expfP0*r+expfP1)*r+expfP2)*r+expfP3)*r+expfP4)*r + expfP5
-	p = p*r*r + r + 1
+	r := x - float32(fn*expfLn2Hi) - float32(fn*expfLn2Lo)
+	p := float32(expfP0*r) + expfP1
+	p = float32(p*r) + expfP2
+	p = float32(p*r) + expfP3
+	p = float32(p*r) + expfP4
+	p = float32(p*r) + expfP5
+	p = float32(float32(p*r)*r) + r + 1
 	return p * math.Float32frombits(uint32(n+127)<<23)
 }
 
