@@ -56,9 +56,11 @@ func TestSoakAsyncDrafts(t *testing.T) {
 }
 
 // TestSoakAsyncHybrid is the async soak over a hybrid model: a sliding window, its mirror
-// and a recurrent group, with drafts, the cache ops left to the engine.
+// and a recurrent group, with drafts, the cache ops left to the engine. 40 pages, not 64:
+// with 64 the async run preempted nobody in about a third of runs, and the soak's check
+// that it exercised preemption failed CI; with 40 every run of 30 preempted 4 to 15 times.
 func TestSoakAsyncHybrid(t *testing.T) {
-	testSoak(t, soak{requests: 2000, pages: 64, window: 10, async: true, mirror: true, recurrent: true, drafts: true, engineOps: true})
+	testSoak(t, soak{requests: 2000, pages: 40, window: 10, async: true, mirror: true, recurrent: true, drafts: true, engineOps: true})
 }
 
 type soak struct {
