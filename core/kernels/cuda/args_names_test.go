@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"math"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -12,16 +11,8 @@ import (
 // paramNames returns the C parameter names of kernel entry in file, in order.
 func paramNames(t *testing.T, file, entry string) []string {
 	t.Helper()
-	src, err := files.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`RESIN_KERNEL void ` + entry + `\(([^)]*)\)`).FindSubmatch(src)
-	if m == nil {
-		t.Fatalf("%s defines no kernel %s", file, entry)
-	}
 	var names []string
-	for _, p := range strings.Split(string(m[1]), ",") {
+	for _, p := range kernelParams(t, file, entry) {
 		f := strings.Fields(strings.ReplaceAll(p, "*", " "))
 		names = append(names, f[len(f)-1])
 	}

@@ -11,8 +11,9 @@ import (
 	"github.com/resin-llm/resin/core/cudart"
 )
 
-// signature returns the C parameter kinds of kernel entry in file, read from its source.
-func signature(t *testing.T, file, entry string) []argKind {
+// kernelParams returns the C parameter declarations of kernel entry in file, read from
+// its source, each with its whitespace collapsed to single spaces.
+func kernelParams(t *testing.T, file, entry string) []string {
 	t.Helper()
 	src, err := files.ReadFile(file)
 	if err != nil {
@@ -22,9 +23,18 @@ func signature(t *testing.T, file, entry string) []argKind {
 	if m == nil {
 		t.Fatalf("%s defines no kernel %s", file, entry)
 	}
-	var kinds []argKind
+	var params []string
 	for _, p := range strings.Split(string(m[1]), ",") {
-		p = strings.Join(strings.Fields(p), " ")
+		params = append(params, strings.Join(strings.Fields(p), " "))
+	}
+	return params
+}
+
+// signature returns the C parameter kinds of kernel entry in file, read from its source.
+func signature(t *testing.T, file, entry string) []argKind {
+	t.Helper()
+	var kinds []argKind
+	for _, p := range kernelParams(t, file, entry) {
 		switch {
 		case strings.Contains(p, "*"):
 			kinds = append(kinds, argPtr)
