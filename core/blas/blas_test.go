@@ -138,22 +138,30 @@ func TestLoadSetsThreads(t *testing.T) {
 	}
 }
 
-// TestSgemmStrided computes blocks of rows and columns of products in place, through row
-// strides, and checks each against the whole product: every block, both layouts of b.
-func TestSgemmStrided(t *testing.T) {
-	lib := needLibrary(t)
-	m, k, n := 37, 70, 53
-	a, bt := randFloats(m*k, 1), randFloats(n*k, 2)
-	b := make([]float32, k*n) // bt transposed: [k, n]
+// product returns random operands a [m, k] and bt [n, k] (seeds seed and seed+1), bt
+// transposed as b [k, n], and their product a·btᵀ [m, n] computed by Sgemm.
+func product(t *testing.T, lib *Library, m, k, n int, seed uint64) (a, bt, b, want []float32) {
+	t.Helper()
+	a, bt = randFloats(m*k, seed), randFloats(n*k, seed+1)
+	b = make([]float32, k*n)
 	for i := range n {
 		for j := range k {
 			b[j*n+i] = bt[i*k+j]
 		}
 	}
-	want := make([]float32, m*n)
+	want = make([]float32, m*n)
 	if err := lib.Sgemm(true, m, n, k, a, bt, want); err != nil {
 		t.Fatal(err)
 	}
+	return a, bt, b, want
+}
+
+// TestSgemmStrided computes blocks of rows and columns of products in place, through row
+// strides, and checks each against the whole product: every block, both layouts of b.
+func TestSgemmStrided(t *testing.T) {
+	lib := needLibrary(t)
+	m, k, n := 37, 70, 53
+	a, bt, b, want := product(t, lib, m, k, n, 1)
 	for _, transB := range []bool{true, false} {
 		for _, blk := range [][4]int{{0, m, 0, n}, {0, 1, 5, 40}, {3, 20, 0, 17}, {20, m, 17, n}, {36, m, 52, n}} {
 			r0, r1, c0, c1 := blk[0], blk[1], blk[2], blk[3]
@@ -369,17 +377,7 @@ func randFloats(n int, seed uint64) []float32 {
 func TestSgemmOutT(t *testing.T) {
 	lib := needLibrary(t)
 	m, k, n := 8, 70, 53
-	a, bt := randFloats(m*k, 3), randFloats(n*k, 4)
-	b := make([]float32, k*n) // bt transposed: [k, n]
-	for i := range n {
-		for j := range k {
-			b[j*n+i] = bt[i*k+j]
-		}
-	}
-	want := make([]float32, m*n)
-	if err := lib.Sgemm(true, m, n, k, a, bt, want); err != nil {
-		t.Fatal(err)
-	}
+	a, bt, b, want := product(t, lib, m, k, n, 3)
 	const ldct, c0, c1 = 11, 5, 40
 	for _, transB := range []bool{true, false} {
 		bb, ldb := b[c0:], n

@@ -191,38 +191,8 @@ func (l *Library) Sgemm(transB bool, m, n, k int, a, b, c []float32) error {
 // computed in place: with transB, b's rows [j0, j1) and c's columns [j0, j1) are
 // b[j0*ldb:] and c[j0:] with the same strides.
 func (l *Library) SgemmStrided(transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) error {
-	if m < 0 || n < 0 || k < 0 {
-		return fmt.Errorf("sgemm: negative dimension m=%d n=%d k=%d", m, n, k)
-	}
-	bRows, bCols := k, n
-	if transB {
-		bRows, bCols = n, k
-	}
-	if lda < k || ldb < bCols || ldc < n {
-		return fmt.Errorf("sgemm m=%d n=%d k=%d: row strides lda=%d ldb=%d ldc=%d shorter than the rows", m, n, k, lda, ldb, ldc)
-	}
-	for _, d := range [...]int{m, n, k, lda, ldb, ldc, m * lda, bRows * ldb, m * ldc} {
-		if d > 1<<31-1 {
-			return fmt.Errorf("sgemm: m=%d n=%d k=%d exceeds the 32-bit CBLAS interface", m, n, k)
-		}
-	}
-	if m == 0 || n == 0 {
-		return nil
-	}
-	span := func(rows, cols, ld int) int { return (rows-1)*ld + cols } // rows, cols > 0
-	wantA, wantB, wantC := 0, 0, span(m, n, ldc)
-	if k > 0 {
-		wantA, wantB = span(m, k, lda), span(bRows, bCols, ldb)
-	}
-	if len(a) < wantA || len(b) < wantB || len(c) < wantC {
-		return fmt.Errorf("sgemm m=%d n=%d k=%d: short operand: len(a)=%d (want %d), len(b)=%d (want %d), len(c)=%d (want %d)",
-			m, n, k, len(a), wantA, len(b), wantB, len(c), wantC)
-	}
-	if k == 0 {
-		for i := range m {
-			clear(c[i*ldc : i*ldc+n])
-		}
-		return nil
+	if run, err := checkGemm(transB, m, n, k, a, lda, b, ldb, c, ldc, m, n, "c"); !run {
+		return err
 	}
 	// Column-major BLAS sees each row-major operand transposed, so it computes
 	// cᵀ[n, m] = op(b)ᵀ·aᵀ: b comes first, transposed when it is [n, k].
@@ -264,42 +234,53 @@ func (l *Library) SgemmStrided(transB bool, m, n, k int, a []float32, lda int, b
 	return nil
 }
 
-// SgemmOutT computes c = a·op(b) like SgemmStrided but stores c transposed: c[i, j] goes
-// to ct[j*ldct + i] (ldct ≥ m). A product of few rows (a decode batch) runs faster this
-// way round: the library streams b as the wide operand.
-func (l *Library) SgemmOutT(transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, ct []float32, ldct int) error {
+// checkGemm checks the operands of the product a·op(b) of m×n×k whose result c (named
+// cName in errors) is stored as cRows rows of cCols values, ldc apart. It reports whether
+// a product is left to compute: none for an error, an empty product, or k = 0, for which
+// it clears c.
+func checkGemm(transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc, cRows, cCols int, cName string) (bool, error) {
 	if m < 0 || n < 0 || k < 0 {
-		return fmt.Errorf("sgemm: negative dimension m=%d n=%d k=%d", m, n, k)
+		return false, fmt.Errorf("sgemm: negative dimension m=%d n=%d k=%d", m, n, k)
 	}
 	bRows, bCols := k, n
 	if transB {
 		bRows, bCols = n, k
 	}
-	if lda < k || ldb < bCols || ldct < m {
-		return fmt.Errorf("sgemm m=%d n=%d k=%d: strides lda=%d ldb=%d ldct=%d shorter than the rows", m, n, k, lda, ldb, ldct)
+	if lda < k || ldb < bCols || ldc < cCols {
+		return false, fmt.Errorf("sgemm m=%d n=%d k=%d: strides lda=%d ldb=%d ld%s=%d shorter than the rows", m, n, k, lda, ldb, cName, ldc)
 	}
-	for _, d := range [...]int{m, n, k, lda, ldb, ldct, m * lda, bRows * ldb, n * ldct} {
+	for _, d := range [...]int{m, n, k, lda, ldb, ldc, m * lda, bRows * ldb, cRows * ldc} {
 		if d > 1<<31-1 {
-			return fmt.Errorf("sgemm: m=%d n=%d k=%d exceeds the 32-bit CBLAS interface", m, n, k)
+			return false, fmt.Errorf("sgemm: m=%d n=%d k=%d exceeds the 32-bit CBLAS interface", m, n, k)
 		}
 	}
 	if m == 0 || n == 0 {
-		return nil
+		return false, nil
 	}
 	span := func(rows, cols, ld int) int { return (rows-1)*ld + cols } // rows, cols > 0
-	wantA, wantB, wantC := 0, 0, span(n, m, ldct)
+	wantA, wantB, wantC := 0, 0, span(cRows, cCols, ldc)
 	if k > 0 {
 		wantA, wantB = span(m, k, lda), span(bRows, bCols, ldb)
 	}
-	if len(a) < wantA || len(b) < wantB || len(ct) < wantC {
-		return fmt.Errorf("sgemm m=%d n=%d k=%d: short operand: len(a)=%d (want %d), len(b)=%d (want %d), len(ct)=%d (want %d)",
-			m, n, k, len(a), wantA, len(b), wantB, len(ct), wantC)
+	if len(a) < wantA || len(b) < wantB || len(c) < wantC {
+		return false, fmt.Errorf("sgemm m=%d n=%d k=%d: short operand: len(a)=%d (want %d), len(b)=%d (want %d), len(%s)=%d (want %d)",
+			m, n, k, len(a), wantA, len(b), wantB, cName, len(c), wantC)
 	}
 	if k == 0 {
-		for j := range n {
-			clear(ct[j*ldct : j*ldct+m])
+		for i := range cRows {
+			clear(c[i*ldc : i*ldc+cCols])
 		}
-		return nil
+		return false, nil
+	}
+	return true, nil
+}
+
+// SgemmOutT computes c = a·op(b) like SgemmStrided but stores c transposed: c[i, j] goes
+// to ct[j*ldct + i] (ldct ≥ m). A product of few rows (a decode batch) runs faster this
+// way round: the library streams b as the wide operand.
+func (l *Library) SgemmOutT(transB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, ct []float32, ldct int) error {
+	if run, err := checkGemm(transB, m, n, k, a, lda, b, ldb, ct, ldct, n, m, "ct"); !run {
+		return err
 	}
 	// Column-major, ct is the m×n matrix a·op(b): a is aᵀ of a k×m matrix, op(b) is b as
 	// the k×n matrix it is column-major (transB), or the transpose of the n×k one.
