@@ -93,17 +93,12 @@ func TestGPUGemmBF16Aligned(t *testing.T) {
 func TestGPUCaptureAbortLeavesStreamUsable(t *testing.T) {
 	d := openGPU(t)
 	err := d.Do(func(c *Ctx) error {
-		m := loadTestModule(t, d, c)
-		defer c.UnloadModule(m)
-		bump, _ := c.Function(m, "bump")
-		s, err := c.NewStream()
+		r, err := newBumpRig(t, d, c)
 		if err != nil {
 			return err
 		}
-		defer c.DestroyStream(s)
-		cnt, _ := c.Alloc(4)
-		defer c.Free(cnt)
-		c.MemsetAsync(cnt.Ptr, 0, 4, s)
+		defer r.release(c)
+		bump, s, cnt := r.bump, r.s, r.cnt
 		var a Args
 		_, err = c.Capture(s, func() error {
 			if err := c.Launch(bump, D1(1), D1(32), 0, s, a.Reset().Ptr(cnt.Ptr)); err != nil {

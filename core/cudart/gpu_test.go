@@ -54,6 +54,44 @@ func loadTestModule(t testing.TB, d *Device, c *Ctx) *Module {
 	return m
 }
 
+// bumpRig is the setup the graph-capture tests share: the test module, its bump kernel,
+// a new stream and a zeroed int32 counter for bump to count in.
+type bumpRig struct {
+	m    *Module
+	bump Function
+	s    *Stream
+	cnt  Buffer
+}
+
+func newBumpRig(t testing.TB, d *Device, c *Ctx) (*bumpRig, error) {
+	r := &bumpRig{m: loadTestModule(t, d, c)}
+	var err error
+	if r.bump, err = c.Function(r.m, "bump"); err != nil {
+		c.UnloadModule(r.m)
+		return nil, err
+	}
+	if r.s, err = c.NewStream(); err != nil {
+		c.UnloadModule(r.m)
+		return nil, err
+	}
+	if r.cnt, err = c.Alloc(4); err != nil {
+		c.DestroyStream(r.s)
+		c.UnloadModule(r.m)
+		return nil, err
+	}
+	if err = c.Memset(r.cnt.Ptr, 0, 4); err != nil {
+		r.release(c)
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *bumpRig) release(c *Ctx) {
+	c.Free(r.cnt)
+	c.DestroyStream(r.s)
+	c.UnloadModule(r.m)
+}
+
 func TestGPUDevices(t *testing.T) {
 	v, err := DriverVersion()
 	if errors.Is(err, ErrNoCUDA) {
@@ -125,18 +163,16 @@ func TestGPUCompileLaunch(t *testing.T) {
 func TestGPUGraphCaptureReplay(t *testing.T) {
 	d := openGPU(t)
 	err := d.Do(func(c *Ctx) error {
-		m := loadTestModule(t, d, c)
-		defer c.UnloadModule(m)
-		bump, _ := c.Function(m, "bump")
-		empty, _ := c.Function(m, "empty")
-		s, err := c.NewStream()
+		r, err := newBumpRig(t, d, c)
 		if err != nil {
 			return err
 		}
-		defer c.DestroyStream(s)
-		cnt, _ := c.Alloc(4)
-		defer c.Free(cnt)
-		c.Memset(cnt.Ptr, 0, 4)
+		defer r.release(c)
+		bump, s, cnt := r.bump, r.s, r.cnt
+		empty, err := c.Function(r.m, "empty")
+		if err != nil {
+			return err
+		}
 		var a Args
 		a.Ptr(cnt.Ptr)
 		if err := c.BeginCapture(s, CaptureThreadLocal); err != nil {
