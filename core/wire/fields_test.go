@@ -30,6 +30,9 @@ func TestStepCarriesEveryPlanField(t *testing.T) {
 		known := map[string]bool{}
 		for _, n := range names {
 			known[n] = true
+			if _, ok := typ.FieldByName(n); !ok {
+				t.Errorf("%s has no field %s: the list of carried fields is stale", typ, n)
+			}
 		}
 		for i := range typ.NumField() {
 			f := typ.Field(i)
