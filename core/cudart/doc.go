@@ -31,8 +31,8 @@
 //     workspace.
 //   - CUDA graphs: Ctx.Capture records in thread-local mode (other devices' threads are
 //     undisturbed) and ends and discards a failed capture (AbortCapture), leaving the stream
-//     usable; GraphCache keeps executable graphs per decode or prefill bucket (GraphKey,
-//     PickBucket) with LRU eviction.
+//     usable; GraphCache keeps executable graphs per decode or prefill bucket (GraphKey;
+//     engine.PickBucket chooses the bucket) with LRU eviction.
 //   - NUMA: ParseNUMAMode reads --numa auto|off|N, PlanNUMA decides and explains,
 //     BindNUMA applies (CPU affinity of every thread, preferred memory node of the caller
 //     and of device threads) and Ctx.AllocHostOn places pinned buffers on the node.

@@ -159,14 +159,3 @@ func (c *Ctx) DestroyGraphExec(e *GraphExec) error {
 	e.h = 0
 	return err
 }
-
-// PickBucket returns the smallest of buckets (ascending) that holds n, and false when n
-// exceeds them all (run that step eagerly).
-func PickBucket(buckets []int, n int) (int, bool) {
-	for _, b := range buckets {
-		if b >= n {
-			return b, true
-		}
-	}
-	return 0, false
-}

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
 )
 
 // TestLRUAgainstModel drives the lru with random operations and compares it after each
@@ -169,7 +171,7 @@ func TestGraphReplayAllocationFree(t *testing.T) {
 	batch := 0
 	n := testing.AllocsPerRun(1000, func() {
 		batch = batch%100 + 1
-		b, ok := PickBucket(buckets, batch)
+		b, ok := engine.PickBucket(buckets, batch)
 		if !ok {
 			t.Fatal("no bucket")
 		}
@@ -179,21 +181,6 @@ func TestGraphReplayAllocationFree(t *testing.T) {
 	})
 	if n != 0 {
 		t.Fatalf("bucket choice and replay allocate %v times per step", n)
-	}
-}
-
-func TestPickBucket(t *testing.T) {
-	buckets := []int{1, 2, 4, 8, 16}
-	for n, want := range map[int]int{0: 1, 1: 1, 3: 4, 8: 8, 9: 16, 16: 16} {
-		if b, ok := PickBucket(buckets, n); !ok || b != want {
-			t.Errorf("PickBucket(%d) = %d, %v; want %d", n, b, ok, want)
-		}
-	}
-	if _, ok := PickBucket(buckets, 17); ok {
-		t.Error("17 fits no bucket, yet one was picked")
-	}
-	if _, ok := PickBucket(nil, 1); ok {
-		t.Error("no buckets, yet one was picked")
 	}
 }
 
@@ -213,7 +200,7 @@ func BenchmarkGraphReplayHostSide(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		batch = batch%256 + 1
-		bk, _ := PickBucket(buckets, batch)
+		bk, _ := engine.PickBucket(buckets, batch)
 		g.Replay(c, s, GraphKey{Kind: GraphDecode, Bucket: bk})
 	}
 }

@@ -426,12 +426,20 @@ func (s *Scheduler) graphBatch(p *BatchPlan) int32 {
 			return 0
 		}
 	}
-	for _, g := range s.info.GraphBuckets {
-		if g >= b {
-			return int32(g)
+	g, _ := PickBucket(s.info.GraphBuckets, b)
+	return int32(g)
+}
+
+// PickBucket returns the smallest of buckets (ascending) that holds n, and false when n
+// exceeds them all (run that step eagerly). It is the one rule by which graph buckets are
+// chosen: the scheduler's GraphBatch, a runner's prefill graphs, a graph cache's key.
+func PickBucket(buckets []int, n int) (int, bool) {
+	for _, b := range buckets {
+		if b >= n {
+			return b, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // Rollback undoes a plan whose step did not run (the runner was cancelled), and any plan

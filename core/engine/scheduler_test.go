@@ -358,3 +358,18 @@ func TestUpdateRefusesAForeignPlan(t *testing.T) {
 	}
 	d.checkWhole()
 }
+
+func TestPickBucket(t *testing.T) {
+	buckets := []int{1, 2, 4, 8, 16}
+	for n, want := range map[int]int{0: 1, 1: 1, 3: 4, 8: 8, 9: 16, 16: 16} {
+		if b, ok := engine.PickBucket(buckets, n); !ok || b != want {
+			t.Errorf("PickBucket(%d) = %d, %v; want %d", n, b, ok, want)
+		}
+	}
+	if _, ok := engine.PickBucket(buckets, 17); ok {
+		t.Error("17 fits no bucket, yet one was picked")
+	}
+	if _, ok := engine.PickBucket(nil, 1); ok {
+		t.Error("no buckets, yet one was picked")
+	}
+}

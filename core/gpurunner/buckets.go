@@ -143,16 +143,14 @@ func (bk *Buckets) choose(plan *engine.BatchPlan, maxSeqs int) Shape {
 		}
 		return eager
 	}
-	for _, t := range bk.Prefill {
-		if t < pd.Tokens {
-			continue
-		}
-		d := bk.PrefillDims(t, maxSeqs)
-		// The padding tokens need a padding sequence to belong to.
-		if pd.Fits(d) && (pd.Seqs < d.Seqs || pd.Tokens == t) {
-			return Shape{Mode: PrefillGraph, Dims: d}
-		}
+	t, ok := engine.PickBucket(bk.Prefill, pd.Tokens)
+	if !ok {
 		return eager
+	}
+	d := bk.PrefillDims(t, maxSeqs)
+	// The padding tokens need a padding sequence to belong to.
+	if pd.Fits(d) && (pd.Seqs < d.Seqs || pd.Tokens == t) {
+		return Shape{Mode: PrefillGraph, Dims: d}
 	}
 	return eager
 }

@@ -299,7 +299,7 @@ func TestGPUFigures(t *testing.T) {
 			prefill += time.Since(start)
 			prefillTokens += plan.NumTokens()
 		}
-		bucket, _ := cudart.PickBucket(r.buckets.Decode, batch)
+		bucket, _ := engine.PickBucket(r.buckets.Decode, batch)
 		feed := make([][]int32, batch)
 		var elapsed time.Duration
 		for s := 0; s < steps+2; s++ {
