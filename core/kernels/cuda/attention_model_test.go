@@ -304,6 +304,9 @@ func TestAttentionModelMatchesRef(t *testing.T) {
 
 func modelParity(t *testing.T, name string, got, want []float32) {
 	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, ref %d", name, len(got), len(want))
+	}
 	for i := range want {
 		if d := math.Abs(float64(got[i] - want[i])); !(d <= 2e-5*(1+math.Abs(float64(want[i])))) {
 			t.Fatalf("%s: [%d] = %g, ref %g", name, i, got[i], want[i])
