@@ -141,7 +141,10 @@ func TestGPUGraphCacheReplayEqualsEager(t *testing.T) {
 		x[i], y[i] = r.Float32(), r.Float32()
 	}
 	err := d.Do(func(c *Ctx) error {
-		m := loadTestModule(t, d, c)
+		m, err := loadTestModule(t, d, c)
+		if err != nil {
+			return err
+		}
 		defer c.UnloadModule(m)
 		saxpy, _ := c.Function(m, "saxpy")
 		s, _ := c.NewStream()

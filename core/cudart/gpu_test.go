@@ -37,21 +37,20 @@ extern "C" __global__ void bump(int* c) { if (threadIdx.x == 0 && blockIdx.x == 
 extern "C" __global__ void empty() {}
 `
 
-func loadTestModule(t testing.TB, d *Device, c *Ctx) *Module {
+// loadTestModule compiles and loads the test kernels. It returns its error instead of
+// calling t.Fatal: it runs inside Device.Do, on the device's goroutine, where t.Fatal's
+// Goexit would end that goroutine and hang every later Do instead of failing the test.
+func loadTestModule(t testing.TB, d *Device, c *Ctx) (*Module, error) {
 	t.Helper()
 	cache, err := OpenKernelCache(t.TempDir())
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	img, err := CompileCached(cache, testKernels, "test.cu", d.Info.Arch())
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	m, err := c.LoadModule(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return c.LoadModule(img)
 }
 
 // bumpRig is the setup the graph-capture tests share: the test module, its bump kernel,
@@ -64,8 +63,11 @@ type bumpRig struct {
 }
 
 func newBumpRig(t testing.TB, d *Device, c *Ctx) (*bumpRig, error) {
-	r := &bumpRig{m: loadTestModule(t, d, c)}
-	var err error
+	m, err := loadTestModule(t, d, c)
+	if err != nil {
+		return nil, err
+	}
+	r := &bumpRig{m: m}
 	if r.bump, err = c.Function(r.m, "bump"); err != nil {
 		c.UnloadModule(r.m)
 		return nil, err
@@ -126,7 +128,10 @@ func TestGPUCompileLaunch(t *testing.T) {
 		x[i], y[i] = float32(i), 1
 	}
 	err := d.Do(func(c *Ctx) error {
-		m := loadTestModule(t, d, c)
+		m, err := loadTestModule(t, d, c)
+		if err != nil {
+			return err
+		}
 		defer c.UnloadModule(m)
 		f, err := c.Function(m, "saxpy")
 		if err != nil {
