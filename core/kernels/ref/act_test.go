@@ -112,3 +112,96 @@ func BenchmarkExp(b *testing.B) {
 		_ = s
 	})
 }
+
+// extremeFloats is a row of ordinary values with both exp tails, ±Inf and NaN among them,
+// for the vector kernels' stop-and-resume paths.
+func extremeFloats() []float32 {
+	src := make([]float32, 500)
+	for i := range src {
+		src[i] = float32(math.Sin(float64(i)*0.37)) * 100
+	}
+	src[17], src[40], src[41], src[90] = float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 0
+	return src
+}
+
+// TestSiLUMulVectorMatchesScalar: siluMulRows (8 lanes at a time with AVX2) gives the bits
+// of the scalar expression for every element: row widths with and without a tail, gates
+// in both exp tails, ±Inf and NaN.
+func TestSiLUMulVectorMatchesScalar(t *testing.T) {
+	src := extremeFloats()
+	for _, dim := range []int{1, 7, 8, 9, 31, 64, 100, 250} {
+		rows := len(src) / (2 * dim)
+		gateUp := src[:rows*2*dim]
+		got := make([]float32, rows*dim)
+		siluMulRows(got, gateUp, dim, 0, rows)
+		for r := range rows {
+			for i := range dim {
+				g, u := gateUp[r*2*dim+i], gateUp[r*2*dim+dim+i]
+				want := SiLU(g) * u
+				if v := got[r*dim+i]; math.Float32bits(v) != math.Float32bits(want) && !(v != v && want != want) {
+					t.Fatalf("dim %d row %d col %d: SiLU(%v)·%v = %v, want %v", dim, r, i, g, u, v, want)
+				}
+			}
+		}
+	}
+}
+
+// TestSoftmaxExpSumMatchesScalar: softmaxExpSum's weights have the scalar form's bits and
+// its sum (8 float64 lanes) is the scalar sum to float64 rounding, on rows with and
+// without a tail, unaligned starts, weights that underflow and blocks holding a NaN.
+func TestSoftmaxExpSumMatchesScalar(t *testing.T) {
+	src := extremeFloats()
+	for _, n := range []int{1, 7, 8, 9, 63, 64, 65, 300, len(src) - 1} {
+		for _, off := range []int{0, 1} {
+			if off+n > len(src) {
+				continue
+			}
+			in := src[off : off+n]
+			for _, scale := range []float32{0.125, 1, 3} {
+				mx := rowMax(in, scale)
+				got := append([]float32(nil), in...)
+				sum := softmaxExpSum(got, scale, mx)
+				var want float64
+				for i, v := range in {
+					w := expf(float32(v*scale) - mx)
+					want += float64(w)
+					if math.Float32bits(got[i]) != math.Float32bits(w) && !(w != w && got[i] != got[i]) {
+						t.Fatalf("n=%d off=%d scale=%v: weight %d (score %v) = %v, want %v", n, off, scale, i, v, got[i], w)
+					}
+				}
+				if d := math.Abs(sum - want); !(d <= 1e-12*math.Abs(want)) && !(sum != sum && want != want) {
+					t.Fatalf("n=%d off=%d scale=%v: sum %v, want %v", n, off, scale, sum, want)
+				}
+			}
+		}
+	}
+}
+
+// TestRowMaxVectorSkipsNaN: the vector max gives the scalar max over rows of every length,
+// a NaN anywhere skipped (a row of NaNs only gives -Inf); with no AVX2 it does nothing.
+func TestRowMaxVectorSkipsNaN(t *testing.T) {
+	src := extremeFloats()
+	src[40] = 7 // no +Inf: the max is then an ordinary value
+	for n := 1; n <= 80; n++ {
+		m, done := rowMaxVector(src[:n])
+		if done == 0 {
+			continue
+		}
+		want := float32(math.Inf(-1))
+		for _, v := range src[:done] {
+			if v > want {
+				want = v
+			}
+		}
+		if m != want {
+			t.Fatalf("n=%d: vector max %v over %d values, want %v", n, m, done, want)
+		}
+	}
+	nan := make([]float32, 16)
+	for i := range nan {
+		nan[i] = float32(math.NaN())
+	}
+	if m, done := rowMaxVector(nan); done != 0 && !math.IsInf(float64(m), -1) {
+		t.Errorf("max of NaNs = %v, want -Inf", m)
+	}
+}

@@ -465,7 +465,8 @@ func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
 		copy(tl.kc[(t-klo)*d:(t-klo+1)*d], c.K[ko:ko+d])
 		copy(tl.vc[(t-klo)*d:(t-klo+1)*d], c.V[vo:vo+d])
 	}
-	if err := MatMulT(tl.s, tl.qg, tl.kc, rows, d, nk); err != nil {
+	// The unit is one participant's work: its products run whole (split = false).
+	if err := gemm("MatMulT", true, false, tl.s, tl.qg, tl.kc, rows, d, nk); err != nil {
 		return err
 	}
 	scale := a.Scale
@@ -480,10 +481,7 @@ func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
 		if lo < hi {
 			seen := row[lo-klo : hi-klo]
 			mx = rowMax(seen, scale)
-			softmaxExp(seen, scale, mx)
-			for _, w := range seen {
-				sum += float64(w)
-			}
+			sum = softmaxExpSum(seen, scale, mx)
 			clear(row[:lo-klo])
 			clear(row[hi-klo:])
 		} else {
@@ -491,7 +489,7 @@ func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
 		}
 		tl.mx[r], tl.sum[r] = mx, sum
 	}
-	if err := MatMul(tl.og, tl.s, tl.vc, rows, nk, d); err != nil {
+	if err := gemm("MatMul", false, false, tl.og, tl.s, tl.vc, rows, nk, d); err != nil {
 		return err
 	}
 	for r := range rows {
@@ -709,30 +707,43 @@ func (sr *softmaxRows) run(_, lo, hi int) {
 		row := j.s[r*sr.nk : (r+1)*sr.nk]
 		a, b := first-sr.klo, p-sr.klo+1 // the keys the query sees: row[a:b]
 		mx := rowMax(row[a:b], scale)
-		softmaxExp(row[a:b], scale, mx)
-		var sum float64
-		for _, w := range row[a:b] {
-			sum += float64(w)
-		}
+		sum := softmaxExpSum(row[a:b], scale, mx)
 		clear(row[:a])
 		clear(row[b:])
 		j.inv[r] = float32(1 / sum)
 	}
 }
 
-// softmaxExp sets row[t] = expf(row[t]·scale − mx), the arguments first, then their
-// exponentials as a batch (expfs).
-func softmaxExp(row []float32, scale, mx float32) {
-	for t, v := range row {
-		row[t] = v*scale - mx
+// softmaxExpSum sets row[t] = expf(float32(row[t]·scale) − mx) and returns their sum in
+// float64: 8 at a time with AVX2 (softmaxExpVector, summing in 8 lanes), the scalar form
+// on the blocks it stops at and the tail, with the same bits.
+func softmaxExpSum(row []float32, scale, mx float32) float64 {
+	var acc [8]float64
+	i := 0
+	for len(row)-i >= 8 {
+		i += softmaxExpVector(row[i:], scale, mx, &acc)
+		if len(row)-i < 8 {
+			break
+		}
+		for k := range 8 {
+			row[i+k] = expf(float32(row[i+k]*scale) - mx)
+			acc[k] += float64(row[i+k])
+		}
+		i += 8
 	}
-	expfs(row, row)
+	sum := ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+	for ; i < len(row); i++ {
+		row[i] = expf(float32(row[i]*scale) - mx)
+		sum += float64(row[i])
+	}
+	return sum
 }
 
 // rowMax returns the largest v·scale of a non-empty row. For scale > 0 it is max(v)·scale
-// (rounding keeps the order) found by plain comparisons, several times faster than the
-// max builtin, whose NaN and signed-zero rules cost branches; a NaN score is skipped here
-// but still reaches the softmax's sum through its exp.
+// (rounding keeps the order), found 8 at a time with AVX2 (rowMaxVector) and by plain
+// comparisons after, several times faster than the max builtin, whose NaN and signed-zero
+// rules cost branches; a NaN score is skipped here but still reaches the softmax's sum
+// through its exp.
 func rowMax(row []float32, scale float32) float32 {
 	if !(scale > 0) {
 		mx := float32(math.Inf(-1))
@@ -741,8 +752,11 @@ func rowMax(row []float32, scale float32) float32 {
 		}
 		return mx
 	}
-	m := row[0]
-	for _, v := range row[1:] {
+	m, i := rowMaxVector(row)
+	if i == 0 {
+		m, i = row[0], 1
+	}
+	for _, v := range row[i:] {
 		if v > m {
 			m = v
 		}

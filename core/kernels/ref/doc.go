@@ -9,9 +9,10 @@
 // shapes in a comment; only the GEMMs go through an optimised library. The speed of the CPU
 // backend comes from a few fast forms beside them: PagedAttentionBatch (the models' attention,
 // checked against PagedAttention) and SiLUMul over many rows split their work across a pool of
-// GOMAXPROCS-1 worker goroutines (parallel.go); and the exponentials of SiLUMul and of
-// PagedAttentionBatch's prefill softmax run as a batch (expfs), 8 lanes at a time in AVX2
-// assembly on amd64 (expf_amd64.s) with the scalar expf's own steps, so its values to the bit.
+// GOMAXPROCS-1 worker goroutines (parallel.go); and SiLUMul and PagedAttentionBatch's prefill
+// softmax (row max, exponentials and their sum) run 8 lanes at a time in AVX2 assembly on
+// amd64 (expf_amd64.s) with the scalar expf's own steps and roundings, so their values to
+// the bit (the softmax sum, in float64, to its rounding).
 //
 // Conventions: every tensor is a row-major []float32; a shape [a, b, c] means element
 // (i, j, l) lives at index (i*b+j)*c+l. Operators write into out slices the caller owns and

@@ -42,3 +42,48 @@ func expfsVector(dst, src []float32) int {
 	}
 	return expfAVX2(&dst[0], &src[0], n, &expfAVX2Table)
 }
+
+// rowMaxAVX2, softmaxExpAVX2 and siluMulAVX2 are in expf_amd64.s.
+//
+//go:noescape
+func rowMaxAVX2(p *float32, n int) float32
+
+//go:noescape
+func softmaxExpAVX2(row *float32, n int, scale, mx float32, c *[expfConsts][8]uint32, acc *[8]float64) int
+
+//go:noescape
+func siluMulAVX2(out, gate, up *float32, n int, c *[expfConsts][8]uint32) int
+
+// rowMaxVector returns the largest of row's first n values, NaNs skipped, and n: the
+// values in whole blocks of 8 (AVX2), or n = 0 without AVX2 or a block.
+func rowMaxVector(row []float32) (float32, int) {
+	n := len(row) &^ 7
+	if !hasExpfAVX2 || n == 0 {
+		return 0, 0
+	}
+	return rowMaxAVX2(&row[0], n), n
+}
+
+// softmaxExpVector sets row[i] = expf(float32(row[i]·scale) − mx) from the start of row, 8
+// at a time with AVX2, adding the results into acc's lanes (lane i%8), and returns how many
+// it did: up to the first block of 8 holding an argument above expf's range (or a NaN),
+// and none without AVX2.
+func softmaxExpVector(row []float32, scale, mx float32, acc *[8]float64) int {
+	n := len(row) &^ 7
+	if !hasExpfAVX2 || n == 0 {
+		return 0
+	}
+	return softmaxExpAVX2(&row[0], n, scale, mx, &expfAVX2Table, acc)
+}
+
+// siluMulVector sets out[i] = gate[i] / (1 + expf(−gate[i])) · up[i] from the start of gate
+// (out and up as long), 8 at a time with AVX2, and returns how many it did: up to the
+// first block of 8 holding a gate below −expfMaxArg (or a NaN), and none without AVX2.
+func siluMulVector(out, gate, up []float32) int {
+	n := len(gate) &^ 7
+	if !hasExpfAVX2 || n == 0 {
+		return 0
+	}
+	_, _ = out[n-1], up[n-1]
+	return siluMulAVX2(&out[0], &gate[0], &up[0], n, &expfAVX2Table)
+}

@@ -5,3 +5,9 @@ package ref
 // expfsVector does nothing where there is no vector expf (only amd64 has one): expfs
 // computes every element with the scalar expf.
 func expfsVector(dst, src []float32) int { return 0 }
+
+// rowMaxVector, softmaxExpVector and siluMulVector do nothing where there is no vector
+// form: their callers run the scalar loop over every element.
+func rowMaxVector(row []float32) (float32, int)                              { return 0, 0 }
+func softmaxExpVector(row []float32, scale, mx float32, acc *[8]float64) int { return 0 }
+func siluMulVector(out, gate, up []float32) int                              { return 0 }

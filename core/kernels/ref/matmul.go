@@ -19,14 +19,14 @@ const minBLASWeight = 64 * 64
 //
 //	a: [m, k]   b: [k, n]   out: [m, n]
 func MatMul(out, a, b []float32, m, k, n int) error {
-	return gemm("MatMul", false, out, a, b, m, k, n)
+	return gemm("MatMul", false, true, out, a, b, m, k, n)
 }
 
 // MatMulT computes out = x·wᵀ, the layout of a Hugging Face Linear weight.
 //
 //	x: [m, k]   w: [n, k]   out: [m, n]
 func MatMulT(out, x, w []float32, m, k, n int) error {
-	return gemm("MatMulT", true, out, x, w, m, k, n)
+	return gemm("MatMulT", true, true, out, x, w, m, k, n)
 }
 
 // GEMMBackend names what runs MatMul and MatMulT: the vendor of the BLAS library that
@@ -44,8 +44,10 @@ func GEMMBackend() string {
 	return "gonum"
 }
 
-// gemm computes out = a·op(b), where b is [k, n], or [n, k] when transB.
-func gemm(op string, transB bool, out, a, b []float32, m, k, n int) error {
+// gemm computes out = a·op(b), where b is [k, n], or [n, k] when transB. With split, a
+// large product on the BLAS is split across the worker pool (blasGemm); without, it runs
+// whole on the caller, as a participant of a pool loop computes its own small products.
+func gemm(op string, transB, split bool, out, a, b []float32, m, k, n int) error {
 	if err := checkGemm(op, out, a, b, m, k, n); err != nil {
 		return err
 	}
@@ -58,7 +60,13 @@ func gemm(op string, transB bool, out, a, b []float32, m, k, n int) error {
 	}
 	if k*n >= minBLASWeight {
 		if lib := cblas.Default(); lib != nil {
-			if err := blasGemm(lib, transB, out, a, b, m, k, n); err != nil {
+			var err error
+			if split {
+				err = blasGemm(lib, transB, out, a, b, m, k, n)
+			} else {
+				err = lib.Sgemm(transB, m, n, k, a, b, out)
+			}
+			if err != nil {
 				return fmt.Errorf("ref.%s: %w", op, err)
 			}
 			return nil
