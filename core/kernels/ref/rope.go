@@ -92,12 +92,28 @@ func (t *RopeTable) rotate(op string, x []float32, pos []int32, rows, heads, hea
 	if err := checkLen(op, "pos", len(pos), rows); err != nil {
 		return err
 	}
-	half := t.Dim / 2
-	for r := 0; r < rows; r++ {
-		p := int(pos[r])
-		if p < 0 || p >= t.MaxPos {
+	for r, p := range pos[:rows] {
+		if p < 0 || int(p) >= t.MaxPos {
 			return fmt.Errorf("ref.%s: row %d has position %d outside the table [0, %d)", op, r, p, t.MaxPos)
 		}
+	}
+	if g := rowGrain(heads * headDim); rows > g {
+		rt := ropeTasks.get()
+		rt.t, rt.x, rt.pos, rt.heads, rt.headDim, rt.interleaved = t, x, pos, heads, headDim, interleaved
+		parallelFor(&rt.loop, rt, rows, g)
+		rt.t, rt.x, rt.pos = nil, nil, nil
+		ropeTasks.put(rt)
+		return nil
+	}
+	t.rotateRows(x, pos, heads, headDim, interleaved, 0, rows)
+	return nil
+}
+
+// rotateRows is rotate of rows [lo, hi), their positions checked.
+func (t *RopeTable) rotateRows(x []float32, pos []int32, heads, headDim int, interleaved bool, lo, hi int) {
+	half := t.Dim / 2
+	for r := lo; r < hi; r++ {
+		p := int(pos[r])
 		cos := t.Cos[p*half : (p+1)*half]
 		sin := t.Sin[p*half : (p+1)*half]
 		for h := 0; h < heads; h++ {
@@ -113,5 +129,20 @@ func (t *RopeTable) rotate(op string, x []float32, pos []int32, rows, heads, hea
 			}
 		}
 	}
-	return nil
+}
+
+// ropeTask is rotate's rows as a task of the worker pool.
+type ropeTask struct {
+	loop           loop
+	t              *RopeTable
+	x              []float32
+	pos            []int32
+	heads, headDim int
+	interleaved    bool
+}
+
+var ropeTasks freeList[ropeTask]
+
+func (rt *ropeTask) run(_, lo, hi int) {
+	rt.t.rotateRows(rt.x, rt.pos, rt.heads, rt.headDim, rt.interleaved, lo, hi)
 }
