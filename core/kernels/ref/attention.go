@@ -231,6 +231,10 @@ type AttentionBatch struct {
 // least attnGEMMQueries queries runs as such units too, one per kv head and tile of
 // attnGEMMTile queries, the last tiles (the most keys) first: the participants then work
 // through independent units instead of meeting at three barriers per kv head and tile.
+//
+// A unit of at most attnVecQueries queries (decode, a few drafts) runs on the AVX2
+// kernels where the CPU has them (attnVector), whatever the BLAS: keys and values read in
+// place from their pages, so a decode step gathers nothing.
 var (
 	attnGEMMUnits         = true
 	attnUnitGEMMKeys      = 64
@@ -240,13 +244,15 @@ var (
 	attnTileQueries       = 16
 	attnSplitQueries      = 4
 	attnSplitKeys         = 512
+	attnVecQueries        = 4
 )
 
 // PagedAttentionBatch is PagedAttention for every sequence of a batch at once, split across
 // sequences, kv heads, query tiles and (for decode on long contexts) blocks of keys on the
-// package's worker pool, and run as GEMMs for sequences of many queries. It computes what
-// PagedAttention computes for each sequence, softmax sums in float64, to float32 rounding:
-// q·k is accumulated in float32 (as MatMul's GEMMs do) and exponentiated by expf, a
+// package's worker pool, and run as GEMMs for sequences of many queries (and on AVX2
+// kernels for few). It computes what PagedAttention computes for each sequence, softmax
+// sums in float64, to float32 rounding: q·k is accumulated in float32 (as MatMul's GEMMs
+// and the kernels' FMAs do) and exponentiated by expf, a
 // float32 exp within 1 ulp, and a sequence whose keys were split in blocks merges the
 // blocks' softmaxes by their log-sum-exp.
 //
@@ -510,6 +516,79 @@ func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
 	return nil
 }
 
+// unitVec computes unit u one query at a time with the AVX2 kernels, reading keys and
+// values in place from their pages (no gather): the scores of the kv head's group of
+// query heads against the query's keys (attnDots, a page's run of tokens at a time), each
+// head's softmax (rowMax, softmaxExpSum), and the weighted sum of the values (attnAxpys)
+// into the output rows, or for a split into its partial (max, sum, unnormalised output).
+func (j *attnJob) unitVec(part int, u *attnUnit) {
+	c, a, b := j.c, j.a, j.b
+	d, pt, group := c.HeadDim, c.PageTokens, a.Heads/c.KVHeads
+	row0, nq, ctxLen := int(b.QueryStart[u.seq]), int(b.QueryStart[u.seq+1]-b.QueryStart[u.seq]), int(b.CtxLen[u.seq])
+	kBase, vBase := j.kBase[b.PageStart[u.seq]:], j.vBase[b.PageStart[u.seq]:]
+	kvStride, kvOff := c.KVHeads*d, u.kvh*d
+	tl := &j.tiles[part]
+	tl.mx, tl.sum = growFloat32s(tl.mx, group), growFloat64s(tl.sum, group)
+	for qi := u.q0; qi < u.q1; qi++ {
+		p := ctxLen - nq + qi
+		lo, hi := 0, p+1
+		if a.Window > 0 {
+			lo = max(0, p-a.Window+1)
+		}
+		if u.split >= 0 {
+			lo, hi = max(lo, u.k0), min(hi, u.k1)
+		}
+		n := max(hi-lo, 0)
+		first := (row0+qi)*a.Heads + u.kvh*group // the group's first query head row
+		// Head h's output is obuf[ob+h*ostride:][:d]: its out row or its partial.
+		obuf, ob, ostride, at := j.out, first*d, d, 0
+		if u.split >= 0 {
+			at = u.partial + (qi*a.Heads+u.kvh*group)*u.splits + u.split
+			obuf, ob, ostride = j.po, at*d, u.splits*d
+		}
+		for h := range group {
+			clear(obuf[ob+h*ostride : ob+h*ostride+d])
+		}
+		if n == 0 { // a split none of whose keys this query sees
+			for h := range group {
+				j.pm[at+h*u.splits], j.pl[at+h*u.splits] = math.Inf(-1), 0
+			}
+			continue
+		}
+		tl.s = growFloat32s(tl.s, group*n)
+		sc := tl.s
+		q := j.q[first*d : (first+group)*d]
+		for t := lo; t < hi; { // a page's run of tokens at a time
+			run := min(hi, (t/pt+1)*pt) - t
+			ko := kBase[t/pt] + (t%pt)*kvStride + kvOff
+			attnDots(sc[t-lo:], n, q, group, d, c.K[ko:], kvStride, run)
+			t += run
+		}
+		for h := range group {
+			row := sc[h*n : (h+1)*n]
+			tl.mx[h] = rowMax(row, a.Scale)
+			tl.sum[h] = softmaxExpSum(row, a.Scale, tl.mx[h])
+		}
+		for t := lo; t < hi; {
+			run := min(hi, (t/pt+1)*pt) - t
+			vo := vBase[t/pt] + (t%pt)*kvStride + kvOff
+			attnAxpys(obuf[ob:], ostride, sc[t-lo:], n, group, d, c.V[vo:], kvStride, run)
+			t += run
+		}
+		for h := range group {
+			if u.split >= 0 {
+				j.pm[at+h*u.splits], j.pl[at+h*u.splits] = float64(tl.mx[h]), tl.sum[h]
+				continue
+			}
+			o := obuf[ob+h*ostride : ob+h*ostride+d]
+			inv := float32(1 / tl.sum[h])
+			for x := range o {
+				o[x] *= inv
+			}
+		}
+	}
+}
+
 // unit computes one unit: for each query and each query head of the kv head's group,
 // scores s_t = Scale·q·k_t over the unit's keys, then Σ exp(s_t − max)·v_t / Σ exp(s_t − max)
 // (or, for a split, the max, the sum and the unnormalised output as a partial).
@@ -525,6 +604,10 @@ func (j *attnJob) unit(part int, u *attnUnit) error {
 	}
 	if u.split >= 0 {
 		klo, khi = max(klo, u.k0), min(khi, u.k1)
+	}
+	if u.q1-u.q0 <= attnVecQueries && attnVector(c.HeadDim) {
+		j.unitVec(part, u)
+		return nil
 	}
 	if khi-klo >= j.unitGEMMKeys {
 		return j.unitGEMM(part, u, klo, khi)

@@ -311,29 +311,34 @@ func TestPagedAttentionBatchMatchesSerial(t *testing.T) {
 	for _, sp := range splits {
 		for _, sh := range shapes {
 			for _, unitKeys := range []int{1 << 20, 1, 0} { // units in loops; as GEMMs; even with no key in a split
-				t.Run(fmt.Sprintf("%s/%s/unit-gemm-keys=%d", sp.name, sh.name, unitKeys), func(t *testing.T) {
-					withSplitting(t, sp.gemmQueries, sp.gemmTile, sp.tile, sp.splitQueries, sp.splitKeys)
-					old, oldGonum := attnUnitGEMMKeys, attnUnitGEMMKeysGonum
-					attnUnitGEMMKeys, attnUnitGEMMKeysGonum = unitKeys, unitKeys
-					oldUnits := attnGEMMUnits
-					attnGEMMUnits = unitKeys != 1 // long sequences as units on a BLAS, but for one run
-					t.Cleanup(func() { attnUnitGEMMKeys, attnUnitGEMMKeysGonum, attnGEMMUnits = old, oldGonum, oldUnits })
-					r := rand.New(rand.NewPCG(uint64(sh.heads), uint64(sp.tile)))
-					// Prefills, a chunk, decodes, a few drafts and an idle sequence together.
-					ctxs := []int{1, 17, 23, 9, 30, 12, 6}
-					nqs := []int{1, 17, 5, 1, 1, 3, 0}
-					bc := randomBatch(r, ctxs, nqs, sh.pageTokens, sh.kvHeads, sh.heads, sh.d)
-					a := Attention{Heads: sh.heads, Scale: float32(1 / math.Sqrt(float64(sh.d))), Window: sh.windows}
-					want := bc.serial(t, a)
-					got := make([]float32, len(want))
-					for i := range got {
-						got[i] = float32(math.NaN()) // every row must be written
-					}
-					if err := PagedAttentionBatch(got, bc.q, bc.c, &bc.b, a); err != nil {
-						t.Fatal(err)
-					}
-					near(t, "PagedAttentionBatch", got, want, 1e-5)
-				})
+				for _, vecQueries := range []int{attnVecQueries, 0} { // small units on the AVX2 kernels; never
+					t.Run(fmt.Sprintf("%s/%s/unit-gemm-keys=%d/vec-queries=%d", sp.name, sh.name, unitKeys, vecQueries), func(t *testing.T) {
+						withSplitting(t, sp.gemmQueries, sp.gemmTile, sp.tile, sp.splitQueries, sp.splitKeys)
+						oldVec := attnVecQueries
+						attnVecQueries = vecQueries
+						t.Cleanup(func() { attnVecQueries = oldVec })
+						old, oldGonum := attnUnitGEMMKeys, attnUnitGEMMKeysGonum
+						attnUnitGEMMKeys, attnUnitGEMMKeysGonum = unitKeys, unitKeys
+						oldUnits := attnGEMMUnits
+						attnGEMMUnits = unitKeys != 1 // long sequences as units on a BLAS, but for one run
+						t.Cleanup(func() { attnUnitGEMMKeys, attnUnitGEMMKeysGonum, attnGEMMUnits = old, oldGonum, oldUnits })
+						r := rand.New(rand.NewPCG(uint64(sh.heads), uint64(sp.tile)))
+						// Prefills, a chunk, decodes, a few drafts and an idle sequence together.
+						ctxs := []int{1, 17, 23, 9, 30, 12, 6}
+						nqs := []int{1, 17, 5, 1, 1, 3, 0}
+						bc := randomBatch(r, ctxs, nqs, sh.pageTokens, sh.kvHeads, sh.heads, sh.d)
+						a := Attention{Heads: sh.heads, Scale: float32(1 / math.Sqrt(float64(sh.d))), Window: sh.windows}
+						want := bc.serial(t, a)
+						got := make([]float32, len(want))
+						for i := range got {
+							got[i] = float32(math.NaN()) // every row must be written
+						}
+						if err := PagedAttentionBatch(got, bc.q, bc.c, &bc.b, a); err != nil {
+							t.Fatal(err)
+						}
+						near(t, "PagedAttentionBatch", got, want, 1e-5)
+					})
+				}
 			}
 		}
 	}

@@ -1,0 +1,15 @@
+//go:build !amd64
+
+package ref
+
+// attnVector is false where there is no vector form (only amd64 has one): attention
+// units run on the GEMM and scalar paths.
+func attnVector(d int) bool { return false }
+
+func attnDots(s []float32, sstride int, q []float32, g, d int, k []float32, kstride, n int) {
+	panic("ref: attnDots without a vector form")
+}
+
+func attnAxpys(o []float32, ostride int, w []float32, wstride, g, d int, v []float32, vstride, n int) {
+	panic("ref: attnAxpys without a vector form")
+}
