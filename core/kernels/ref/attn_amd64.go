@@ -36,3 +36,23 @@ func attnAxpys(o []float32, ostride int, w []float32, wstride, g, d int, v []flo
 	_, _, _ = o[(g-1)*ostride+d-1], w[(g-1)*wstride+n-1], v[(n-1)*vstride+d-1]
 	attnAxpysAVX2(&o[0], ostride, &w[0], wstride, g, d, &v[0], vstride, n)
 }
+
+// skinnyAVX2 is in skinny_amd64.s.
+//
+//go:noescape
+func skinnyAVX2(ct *float32, x *float32, k int, w *float32, ldw int, n int)
+
+// skinnyVector says whether skinny runs for inner dimension k: with AVX2 and FMA, and k a
+// multiple of 8.
+func skinnyVector(k int) bool { return hasAttnAVX2 && k > 0 && k%8 == 0 }
+
+// skinny sets ct[j*8 + i] = x[i*k:][:k]·w[j*ldw:][:k] for i < 4, j < n: 4 rows of x (k
+// values each, contiguous) against n rows of w, transposed into rows of 8 (ct offset by 4
+// takes x's rows 4 to 7); skinnyVector(k) must hold.
+func skinny(ct, x []float32, k int, w []float32, ldw, n int) {
+	if n == 0 {
+		return
+	}
+	_, _, _ = ct[(n-1)*8+3], x[4*k-1], w[(n-1)*ldw+k-1]
+	skinnyAVX2(&ct[0], &x[0], k, &w[0], ldw, n)
+}

@@ -13,3 +13,11 @@ func attnDots(s []float32, sstride int, q []float32, g, d int, k []float32, kstr
 func attnAxpys(o []float32, ostride int, w []float32, wstride, g, d int, v []float32, vstride, n int) {
 	panic("ref: attnAxpys without a vector form")
 }
+
+// skinnyVector is false where there is no vector form: small products go to the BLAS or
+// gonum.
+func skinnyVector(k int) bool { return false }
+
+func skinny(ct, x []float32, k int, w []float32, ldw, n int) {
+	panic("ref: skinny without a vector form")
+}

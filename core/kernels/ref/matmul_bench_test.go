@@ -25,7 +25,7 @@ func BenchmarkMatMulTLlama(b *testing.B) {
 		{"qkv", 1024, 3072}, {"gate", 1024, 2816}, {"down", 2816, 1024}, {"lmhead", 1024, 32000},
 	}
 	for _, backend := range backends {
-		for _, m := range []int{1, 8, 512} {
+		for _, m := range []int{1, 2, 8, 512} {
 			for _, s := range shapes {
 				name := fmt.Sprintf("%s/m=%d/%s_k=%d_n=%d", backend, m, s.name, s.k, s.n)
 				b.Run(name, func(b *testing.B) {

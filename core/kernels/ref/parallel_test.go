@@ -151,3 +151,28 @@ func TestBLASGemmSplits(t *testing.T) {
 		t.Errorf("%v allocations per split MatMulT", a)
 	}
 }
+
+// TestSkinnyGemm checks MatMulT's products of 2 to 8 rows (the AVX2 kernel, split across
+// the pool when large; a BLAS or gonum where the CPU has no AVX2) against the exact
+// product: odd and single columns, inner dimensions a multiple of 8 and not, rows of w
+// in one run and in several; and that a decode batch's product allocates nothing.
+func TestSkinnyGemm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, m := range []int{2, 3, 4, 5, 7, 8} {
+		for _, s := range [][2]int{{64, 64}, {64, 65}, {72, 1}, {1024, 301}, {2816, 1030}, {100, 80}} {
+			k, n := s[0], s[1]
+			a, b, exact, scale := gemmOperands(rng, true, m, k, n)
+			got := nanFilled(m * n)
+			if err := MatMulT(got, a, b, m, k, n); err != nil {
+				t.Fatal(err)
+			}
+			checkProduct(t, fmt.Sprintf("MatMulT m=%d k=%d n=%d (vector: %v)", m, k, n, skinnyVector(k)), got, exact, scale, k)
+		}
+	}
+	m, k, n := 4, 1024, 2816
+	x, w, out := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+	_ = MatMulT(out, x, w, m, k, n)
+	if a := testing.AllocsPerRun(20, func() { _ = MatMulT(out, x, w, m, k, n) }); a != 0 {
+		t.Errorf("%v allocations per MatMulT of %d rows", a, m)
+	}
+}

@@ -1,0 +1,100 @@
+#include "textflag.h"
+
+// func skinnyAVX2(ct *float32, x *float32, k int, w *float32, ldw int, n int)
+//
+// ct[j*8 + i] = Σ_l x[i*k + l]·w[j*ldw + l] for i < 4, j < n, l < k (k a positive
+// multiple of 8): 4 rows of x against n rows of w, the product stored transposed in rows
+// of 8 (the caller offsets ct by 4 for x's rows 4 to 7). Two rows of w at a time: 8
+// accumulators of 8 lanes, each load of x feeding two FMAs, summed across by a
+// transposing horizontal add; a last odd row of w on its own. w streams through once,
+// x stays in cache.
+TEXT ·skinnyAVX2(SB), NOSPLIT, $0-48
+	MOVQ ct+0(FP), DI
+	MOVQ x+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHLQ $2, CX             // k in bytes: the stride of x's rows
+	LEAQ (R8)(CX*1), R9
+	LEAQ (R9)(CX*1), R10
+	LEAQ (R10)(CX*1), R11
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $2, BX
+	LEAQ (SI)(BX*1), R12    // the second row of w
+	MOVQ n+40(FP), DX
+
+pair:
+	CMPQ DX, $2
+	JB   single
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ AX, AX
+
+pcol:
+	VMOVUPS     (SI)(AX*1), Y8
+	VMOVUPS     (R12)(AX*1), Y9
+	VMOVUPS     (R8)(AX*1), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	VMOVUPS     (R9)(AX*1), Y11
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y11, Y9, Y5
+	VMOVUPS     (R10)(AX*1), Y10
+	VFMADD231PS Y10, Y8, Y2
+	VFMADD231PS Y10, Y9, Y6
+	VMOVUPS     (R11)(AX*1), Y11
+	VFMADD231PS Y11, Y8, Y3
+	VFMADD231PS Y11, Y9, Y7
+	ADDQ $32, AX
+	CMPQ AX, CX
+	JB   pcol
+	VHADDPS    Y1, Y0, Y0
+	VHADDPS    Y3, Y2, Y2
+	VHADDPS    Y5, Y4, Y4
+	VHADDPS    Y7, Y6, Y6
+	VHADDPS    Y2, Y0, Y0   // (r0: x0 x1 x2 x3), per 128-bit half
+	VHADDPS    Y6, Y4, Y4   // (r1: x0 x1 x2 x3)
+	VPERM2F128 $0x20, Y4, Y0, Y1
+	VPERM2F128 $0x31, Y4, Y0, Y2
+	VADDPS     Y2, Y1, Y1   // (r0: x0..x3 | r1: x0..x3)
+	VMOVUPS    X1, (DI)
+	VEXTRACTF128 $1, Y1, 32(DI)
+	ADDQ $64, DI
+	LEAQ (SI)(BX*2), SI
+	LEAQ (R12)(BX*2), R12
+	SUBQ $2, DX
+	JMP  pair
+
+single:
+	TESTQ DX, DX
+	JZ    done
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ AX, AX
+
+scol:
+	VMOVUPS     (SI)(AX*1), Y8
+	VFMADD231PS (R8)(AX*1), Y8, Y0
+	VFMADD231PS (R9)(AX*1), Y8, Y1
+	VFMADD231PS (R10)(AX*1), Y8, Y2
+	VFMADD231PS (R11)(AX*1), Y8, Y3
+	ADDQ $32, AX
+	CMPQ AX, CX
+	JB   scol
+	VHADDPS    Y1, Y0, Y0
+	VHADDPS    Y3, Y2, Y2
+	VHADDPS    Y2, Y0, Y0   // (x0 x1 x2 x3 | x0 x1 x2 x3) partial
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS     X1, X0, X0
+	VMOVUPS    X0, (DI)
+
+done:
+	VZEROUPPER
+	RET
