@@ -9,10 +9,14 @@
 #   torch: LlamaForCausalLM in float32, torch.set_num_threads(THREADS), a prefill forward
 #          (logits of the last row only, as resin computes) then greedy decode steps with
 #          the KV cache.
-#   A pprof CPU profile of the resin run is written too, with its GEMM and attention shares.
+#   The two alternate, ROUNDS times (resin, torch, resin, torch, ...), so both see the same
+#   machine: on a shared box the speed drifts by 10–20% over minutes. Each round prints
+#   both sides and their ratio; the summary is the median over rounds of each side and of
+#   the per-round ratios. A pprof CPU profile of the first resin run is written too, with
+#   its GEMM and attention shares.
 #
 # Environment: THREADS (default: nproc), BATCHES (default 1,8), PROMPT_LEN (512),
-# GEN_LEN (32), REPEAT (3, the median is printed), CONFIG (an HF config.json; default a
+# GEN_LEN (32), REPEAT (3 runs a side per round, the median printed), ROUNDS (3), CONFIG (an HF config.json; default a
 # ~120M llama: hidden 1024, 8 layers, 16 heads / 4 KV heads, intermediate 2816,
 # vocab 32000, tied embeddings, fp32), VENV (default .cache/torch-venv, created with CPU
 # torch and transformers when missing), OUT (default .cache/llama-cpu-bench).
@@ -25,6 +29,7 @@ batches=${BATCHES:-1,8}
 prompt=${PROMPT_LEN:-512}
 gen=${GEN_LEN:-32}
 repeat=${REPEAT:-3}
+rounds=${ROUNDS:-3}
 venv=${VENV:-$root/.cache/torch-venv}
 out=${OUT:-$root/.cache/llama-cpu-bench}
 mkdir -p "$out"
@@ -90,18 +95,12 @@ fi
 echo "== machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), load $(cut -d' ' -f1-3 /proc/loadavg), threads $threads, $(go version | cut -d' ' -f3)"
 echo "== config: $(tr -d ' \n' < "$out/config.json" | head -c 400)"
 go build -o "$out/llama" ./models/llama/cmd/llama
-echo "== resin (models/llama) $( [ "${RESIN_BLAS:-}" = off ] && echo "RESIN_BLAS=off: gonum" || echo "BLAS: ${RESIN_BLAS_LIB:-searched}")"
-GOMAXPROCS=$threads "$out/llama" bench --model "$out" --cache-bytes "$cache_bytes" --max-batch-tokens $((prompt * 8 + 64)) \
-	--batch-sizes "$batches" --prompt-len "$prompt" --gen-len "$gen" --repeat "$repeat" \
-	--cpuprofile "$out/cpu.prof" 2>&1 | grep -v '^note:' | tee "$out/resin.txt"
-
-echo "== torch $("$venv/bin/python" -c 'import torch, transformers; print(torch.__version__, "transformers", transformers.__version__)')"
-"$venv/bin/python" - "$out/config.json" "$batches" "$prompt" "$gen" "$repeat" "$threads" <<'EOF' | tee "$out/torch.txt"
+cat > "$out/torch_bench.py" <<'EOF'
 import json, statistics, sys, time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-cfg_path, batches, prompt, gen, repeat, threads = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+cfg_path, batches, prompt, gen, repeat, threads, seed = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 cfg = LlamaConfig(**json.load(open(cfg_path)))
@@ -124,7 +123,7 @@ def run(b, salt):
         t2 = time.perf_counter()
     return b * prompt / (t1 - t0), b * (gen - 1) / (t2 - t1)
 
-salt = 1
+salt = seed
 for b in (int(x) for x in batches.split(",")):
     pre, dec = [], []
     for _ in range(repeat):
@@ -135,12 +134,48 @@ for b in (int(x) for x in batches.split(",")):
     print(f"  batch {b}  prefill {statistics.median(pre):.1f} tokens/s  decode {statistics.median(dec):.1f} tokens/s")
 EOF
 
-echo "== resin / torch"
-awk '/batch [0-9]+  prefill/ { key = FILENAME ~ /resin/ ? "r" : "t"; v[key, $2, "p"] = $4; v[key, $2, "d"] = $7; bs[$2] = 1 }
-	END { for (b in bs) printf "  batch %s  prefill %.2fx  decode %.2fx\n", b, v["r", b, "p"] / v["t", b, "p"], v["r", b, "d"] / v["t", b, "d"] }' \
-	"$out/resin.txt" "$out/torch.txt" | sort -n -k2
+echo "== resin (models/llama) $( [ "${RESIN_BLAS:-}" = off ] && echo "RESIN_BLAS=off: gonum" || echo "BLAS: ${RESIN_BLAS_LIB:-searched}")"
+echo "== torch $("$venv/bin/python" -c 'import torch, transformers; print(torch.__version__, "transformers", transformers.__version__)')"
+rm -f "$out"/resin.*.txt "$out"/torch.*.txt
+for round in $(seq 1 "$rounds"); do
+	echo "== round $round of $rounds (load $(cut -d' ' -f1 /proc/loadavg))"
+	profile=()
+	if [ "$round" = 1 ]; then profile=(--cpuprofile "$out/cpu.prof"); fi
+	GOMAXPROCS=$threads "$out/llama" bench --model "$out" --cache-bytes "$cache_bytes" --max-batch-tokens $((prompt * 8 + 64)) \
+		--batch-sizes "$batches" --prompt-len "$prompt" --gen-len "$gen" --repeat "$repeat" "${profile[@]}" 2>&1 |
+		grep -v '^note:' | sed 's/^/  resin /' | tee "$out/resin.$round.txt"
+	"$venv/bin/python" "$out/torch_bench.py" "$out/config.json" "$batches" "$prompt" "$gen" "$repeat" "$threads" $((round * 1000)) |
+		sed 's/^/  torch /' | tee "$out/torch.$round.txt"
+	awk '/batch [0-9]+  prefill/ { key = FILENAME ~ /resin/ ? "r" : "t"; v[key, $3, "p"] = $5; v[key, $3, "d"] = $8; bs[$3] = 1 }
+		END { for (b in bs) printf "  ratio batch %s  prefill %.2fx  decode %.2fx\n", b, v["r", b, "p"] / v["t", b, "p"], v["r", b, "d"] / v["t", b, "d"] }' \
+		"$out/resin.$round.txt" "$out/torch.$round.txt" | sort -n -k3
+done
 
-echo "== resin profile ($out/cpu.prof): shares of the sampled CPU time (whole run, prefill and decode)"
+echo "== summary: median over $rounds rounds (tokens/s; ratio: the median of the rounds' resin/torch)"
+awk '
+	function median(list,   n, a, i, j, t) {
+		n = split(list, a, " ")
+		for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	}
+	/batch [0-9]+  prefill/ {
+		key = FILENAME ~ /resin/ ? "r" : "t"
+		n = split(FILENAME, parts, "."); round = parts[n - 1]
+		v[key, $3, "p", round] = $5; v[key, $3, "d", round] = $8; bs[$3] = 1; rs[round] = 1
+	}
+	END {
+		for (b in bs) {
+			rp = rd = tp = td = qp = qd = ""
+			for (r in rs) {
+				rp = rp " " v["r", b, "p", r]; rd = rd " " v["r", b, "d", r]
+				tp = tp " " v["t", b, "p", r]; td = td " " v["t", b, "d", r]
+				qp = qp " " v["r", b, "p", r] / v["t", b, "p", r]; qd = qd " " v["r", b, "d", r] / v["t", b, "d", r]
+			}
+			printf "  batch %s  prefill resin %.1f torch %.1f  %.2fx   decode resin %.1f torch %.1f  %.2fx\n", b, median(rp), median(tp), median(qp), median(rd), median(td), median(qd)
+		}
+	}' "$out"/resin.*.txt "$out"/torch.*.txt | sort -n -k2
+
+echo "== resin profile ($out/cpu.prof, round 1): shares of the sampled CPU time (whole run, prefill and decode)"
 # share FOCUS [IGNORE]: the part of all samples whose stack holds a function matching the
 # regexp FOCUS (and none matching IGNORE).
 share() {
