@@ -1,3 +1,6 @@
+// The AVX2/FMA kernels of decode attention (attn_amd64.s) and of products of a few rows
+// (skinny_amd64.s), with the checks their callers rely on.
+
 package ref
 
 import "golang.org/x/sys/cpu"

@@ -1,0 +1,78 @@
+package ref
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// withoutVector runs f with the AVX2 kernels switched off, as on a CPU without AVX2 or
+// FMA: every operator then takes its scalar, BLAS or gonum path.
+func withoutVector(t *testing.T, f func()) {
+	t.Helper()
+	oldExp, oldAttn := hasExpfAVX2, hasAttnAVX2
+	hasExpfAVX2, hasAttnAVX2 = false, false
+	defer func() { hasExpfAVX2, hasAttnAVX2 = oldExp, oldAttn }()
+	f()
+}
+
+// TestOperatorsWithoutVectorKernels: with the vector kernels off, SiLUMul, the softmax,
+// products of a decode batch and decode attention give what they give with them on (to
+// the bit for the elementwise ones, whose vector forms keep the scalar bits; within
+// float32 rounding for the FMA kernels).
+func TestOperatorsWithoutVectorKernels(t *testing.T) {
+	if !hasExpfAVX2 && !hasAttnAVX2 {
+		t.Skip("this CPU runs no vector kernel: every test here already takes the fallbacks")
+	}
+	r := rand.New(rand.NewPCG(41, 42))
+
+	gateUp := randSlice(r, 37*2*300)
+	on, off := make([]float32, 37*300), make([]float32, 37*300)
+	if err := SiLUMul(on, gateUp, 37, 300); err != nil {
+		t.Fatal(err)
+	}
+	withoutVector(t, func() { _ = SiLUMul(off, gateUp, 37, 300) })
+	for i := range on {
+		if math.Float32bits(on[i]) != math.Float32bits(off[i]) {
+			t.Fatalf("SiLUMul[%d]: %v with the vector kernel, %v without", i, on[i], off[i])
+		}
+	}
+
+	row := randSlice(r, 203)
+	rowOn, rowOff := append([]float32(nil), row...), append([]float32(nil), row...)
+	mxOn := rowMax(rowOn, 0.3)
+	sumOn := softmaxExpSum(rowOn, 0.3, mxOn)
+	var mxOff float32
+	var sumOff float64
+	withoutVector(t, func() { mxOff = rowMax(rowOff, 0.3); sumOff = softmaxExpSum(rowOff, 0.3, mxOff) })
+	if mxOn != mxOff || math.Abs(sumOn-sumOff) > 1e-12*sumOff {
+		t.Fatalf("softmax: max %v and sum %v with the vector kernels, %v and %v without", mxOn, sumOn, mxOff, sumOff)
+	}
+	for i := range rowOn {
+		if rowOn[i] != rowOff[i] {
+			t.Fatalf("softmax weight %d: %v with the vector kernels, %v without", i, rowOn[i], rowOff[i])
+		}
+	}
+
+	m, k, n := 6, 256, 300
+	x, w := randSlice(r, m*k), randSlice(r, n*k)
+	pOn, pOff := make([]float32, m*n), make([]float32, m*n)
+	if err := MatMulT(pOn, x, w, m, k, n); err != nil {
+		t.Fatal(err)
+	}
+	withoutVector(t, func() { _ = MatMulT(pOff, x, w, m, k, n) })
+	near(t, "MatMulT of 6 rows", pOn, pOff, 1e-5)
+
+	bc := randomBatch(r, []int{40, 300, 17}, []int{1, 1, 2}, 16, 2, 8, 64)
+	a := Attention{Heads: 8, Scale: 0.125}
+	aOn, aOff := make([]float32, len(bc.q)), make([]float32, len(bc.q))
+	if err := PagedAttentionBatch(aOn, bc.q, bc.c, &bc.b, a); err != nil {
+		t.Fatal(err)
+	}
+	withoutVector(t, func() {
+		if err := PagedAttentionBatch(aOff, bc.q, bc.c, &bc.b, a); err != nil {
+			t.Fatal(err)
+		}
+	})
+	near(t, "decode attention", aOn, aOff, 1e-5)
+}
