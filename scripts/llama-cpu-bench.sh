@@ -184,7 +184,7 @@ share() {
 }
 go tool pprof -top -nodecount 25 "$out/llama" "$out/cpu.prof" 2>/dev/null > "$out/profile.txt" || true
 attn='ref\.PagedAttentionBatch$|ref\.\(\*attnJob\)\.run$|ref\.\(\*softmaxRows\)\.run$'
-gemm='ref\.gemm$|ref\.\(\*gemmTask\)\.run$' # a GEMM's blocks run on the pool's workers too
+gemm='ref\.gemm$|ref\.\(\*gemmTask\)\.run$|ref\.\(\*skinnyTask\)\.run$' # a GEMM's blocks run on the pool's workers too
 echo "  $(grep -m1 'Total samples' "$out/profile.txt" | sed 's/^ *//')"
 echo "  GEMM: $(share "$gemm") on Go threads (the calls, attention's own GEMMs included) + $(share 'runtime\._ExternalCode$') in threads of the BLAS's own (RESIN_BLAS_THREADS > 1)"
 echo "  attention: $(share "$attn" "$gemm") without its GEMMs, $(share "$attn") with them (on Go threads)"
