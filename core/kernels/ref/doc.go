@@ -19,8 +19,8 @@
 // allocate nothing (a GEMM on a BLAS library included), except that a GEMM that
 // gonum splits across goroutines allocates a few small objects per call (MatMulT
 // 64x512x512: 18 allocs, 2 KB),
-// KDAStep and KDAChunked allocate their per-call scratch (DV values; chunk×(DK+DV) and
-// DK×DV values), and PagedAttentionBatch's GEMMs for prefills allocate as MatMul does.
+// KDAStep allocates its per-call scratch (DV values), and PagedAttentionBatch's GEMMs for
+// prefills allocate as MatMul does.
 // A shape that does not match the slices, or an index out of range, is reported as an error
 // naming the argument; no operator panics on bad input.
 package ref

@@ -93,97 +93,141 @@ func KDAChunked(out, state, q, k, v, g, beta []float32, tokens, chunk int, a KDA
 	if chunk <= 0 {
 		return fmt.Errorf("ref.KDAChunked: chunk %d", chunk)
 	}
-	dk, dv, H := a.DK, a.DV, a.Heads
-	G := make([]float64, chunk*dk)
-	u := make([]float32, chunk*dv)
-	next := make([]float32, dk*dv)
-	for t0 := 0; t0 < tokens; t0 += chunk {
-		C := min(chunk, tokens-t0)
-		for h := range H {
-			S := state[h*dk*dv : (h+1)*dk*dv]
-			at := func(t int) int { return (t0+t)*H + h }
-			for t := range C {
-				gt := g[at(t)*dk : (at(t)+1)*dk]
-				for c := range dk {
-					prev := 0.0
-					if t > 0 {
-						prev = G[(t-1)*dk+c]
-					}
-					G[t*dk+c] = prev + float64(gt[c])
-				}
-			}
-			// u: forward substitution.
-			for s := range C {
-				ks := k[at(s)*dk : (at(s)+1)*dk]
-				us := u[s*dv : (s+1)*dv]
-				copy(us, v[at(s)*dv:(at(s)+1)*dv])
-				for c := range dk {
-					w := float32(math.Exp(G[s*dk+c])) * ks[c]
-					row := S[c*dv : (c+1)*dv]
-					for j := range dv {
-						us[j] -= w * row[j]
-					}
-				}
-				for r := range s {
-					kr := k[at(r)*dk : (at(r)+1)*dk]
-					var A float32
-					for c := range dk {
-						A += ks[c] * float32(math.Exp(G[s*dk+c]-G[r*dk+c])) * kr[c]
-					}
-					ur := u[r*dv : (r+1)*dv]
-					for j := range dv {
-						us[j] -= A * ur[j]
-					}
-				}
-				b := beta[at(s)]
-				for j := range dv {
-					us[j] *= b
-				}
-			}
-			// Outputs.
-			for t := range C {
-				qt := q[at(t)*dk : (at(t)+1)*dk]
-				ot := out[at(t)*dv : (at(t)+1)*dv]
-				clear(ot)
-				for c := range dk {
-					w := float32(math.Exp(G[t*dk+c])) * qt[c]
-					row := S[c*dv : (c+1)*dv]
-					for j := range dv {
-						ot[j] += w * row[j]
-					}
-				}
-				for s := 0; s <= t; s++ {
-					ks := k[at(s)*dk : (at(s)+1)*dk]
-					var w float32
-					for c := range dk {
-						w += qt[c] * float32(math.Exp(G[t*dk+c]-G[s*dk+c])) * ks[c]
-					}
-					us := u[s*dv : (s+1)*dv]
-					for j := range dv {
-						ot[j] += w * us[j]
-					}
-				}
-			}
-			// State.
-			last := (C - 1) * dk
-			for c := range dk {
-				d := float32(math.Exp(G[last+c]))
-				row, nrow := S[c*dv:(c+1)*dv], next[c*dv:(c+1)*dv]
-				for j := range dv {
-					nrow[j] = d * row[j]
-				}
-				for s := range C {
-					w := float32(math.Exp(G[last+c]-G[s*dk+c])) * k[at(s)*dk+c]
-					us := u[s*dv : (s+1)*dv]
-					for j := range dv {
-						nrow[j] += w * us[j]
-					}
-				}
-			}
-			copy(S, next)
-		}
+	// The heads are independent: they are split across the worker pool, each participant
+	// with its own scratch.
+	t := kdaTasks.get()
+	t.out, t.state, t.q, t.k, t.v, t.g, t.beta = out, state, q, k, v, g, beta
+	t.tokens, t.chunk, t.a = tokens, chunk, a
+	if n := parts(); len(t.scratch) < n {
+		t.scratch = append(t.scratch, make([]kdaScratch, n-len(t.scratch))...)
 	}
+	grain := a.Heads
+	if tokens*a.Heads*a.DK*a.DV >= minParallelMACs {
+		grain = 1
+	}
+	parallelFor(&t.loop, t, a.Heads, grain)
+	t.out, t.state, t.q, t.k, t.v, t.g, t.beta = nil, nil, nil, nil, nil, nil, nil
+	kdaTasks.put(t)
 	return nil
+}
+
+// kdaTask is one KDAChunked call, its heads a task of the worker pool.
+type kdaTask struct {
+	loop                         loop
+	out, state, q, k, v, g, beta []float32
+	tokens, chunk                int
+	a                            KDA
+	scratch                      []kdaScratch // per participant, kept across calls
+}
+
+// kdaScratch is a participant's scratch for one head: cumulative gates, deltas, next state.
+type kdaScratch struct {
+	G       []float64
+	u, next []float32
+}
+
+var kdaTasks freeList[kdaTask]
+
+func (t *kdaTask) run(part, lo, hi int) {
+	a := t.a
+	sc := &t.scratch[part]
+	sc.G = growFloat64s(sc.G, t.chunk*a.DK)
+	sc.u = growFloat32s(sc.u, t.chunk*a.DV)
+	sc.next = growFloat32s(sc.next, a.DK*a.DV)
+	for h := lo; h < hi; h++ {
+		t.head(h, sc.G, sc.u, sc.next)
+	}
+}
+
+// head runs KDAChunked for head h over every chunk.
+func (kt *kdaTask) head(h int, G []float64, u, next []float32) {
+	out, state, q, k, v, g, beta := kt.out, kt.state, kt.q, kt.k, kt.v, kt.g, kt.beta
+	dk, dv, H := kt.a.DK, kt.a.DV, kt.a.Heads
+	chunk := kt.chunk
+	S := state[h*dk*dv : (h+1)*dk*dv]
+	for t0 := 0; t0 < kt.tokens; t0 += chunk {
+		C := min(chunk, kt.tokens-t0)
+		at := func(t int) int { return (t0+t)*H + h }
+		for t := range C {
+			gt := g[at(t)*dk : (at(t)+1)*dk]
+			for c := range dk {
+				prev := 0.0
+				if t > 0 {
+					prev = G[(t-1)*dk+c]
+				}
+				G[t*dk+c] = prev + float64(gt[c])
+			}
+		}
+		// u: forward substitution.
+		for s := range C {
+			ks := k[at(s)*dk : (at(s)+1)*dk]
+			us := u[s*dv : (s+1)*dv]
+			copy(us, v[at(s)*dv:(at(s)+1)*dv])
+			for c := range dk {
+				w := float32(math.Exp(G[s*dk+c])) * ks[c]
+				row := S[c*dv : (c+1)*dv]
+				for j := range dv {
+					us[j] -= w * row[j]
+				}
+			}
+			for r := range s {
+				kr := k[at(r)*dk : (at(r)+1)*dk]
+				var A float32
+				for c := range dk {
+					A += ks[c] * float32(math.Exp(G[s*dk+c]-G[r*dk+c])) * kr[c]
+				}
+				ur := u[r*dv : (r+1)*dv]
+				for j := range dv {
+					us[j] -= A * ur[j]
+				}
+			}
+			b := beta[at(s)]
+			for j := range dv {
+				us[j] *= b
+			}
+		}
+		// Outputs.
+		for t := range C {
+			qt := q[at(t)*dk : (at(t)+1)*dk]
+			ot := out[at(t)*dv : (at(t)+1)*dv]
+			clear(ot)
+			for c := range dk {
+				w := float32(math.Exp(G[t*dk+c])) * qt[c]
+				row := S[c*dv : (c+1)*dv]
+				for j := range dv {
+					ot[j] += w * row[j]
+				}
+			}
+			for s := 0; s <= t; s++ {
+				ks := k[at(s)*dk : (at(s)+1)*dk]
+				var w float32
+				for c := range dk {
+					w += qt[c] * float32(math.Exp(G[t*dk+c]-G[s*dk+c])) * ks[c]
+				}
+				us := u[s*dv : (s+1)*dv]
+				for j := range dv {
+					ot[j] += w * us[j]
+				}
+			}
+		}
+		// State.
+		last := (C - 1) * dk
+		for c := range dk {
+			d := float32(math.Exp(G[last+c]))
+			row, nrow := S[c*dv:(c+1)*dv], next[c*dv:(c+1)*dv]
+			for j := range dv {
+				nrow[j] = d * row[j]
+			}
+			for s := range C {
+				w := float32(math.Exp(G[last+c]-G[s*dk+c])) * k[at(s)*dk+c]
+				us := u[s*dv : (s+1)*dv]
+				for j := range dv {
+					nrow[j] += w * us[j]
+				}
+			}
+		}
+		copy(S, next)
+	}
 }
 
 // CausalConvStep runs a depthwise causal convolution over tokens, carrying its state.

@@ -268,3 +268,26 @@ func (t *gemmTask) run(_, lo, hi int) {
 		}
 	}
 }
+
+// Parts is the most participants a ParallelRange can have: the caller and the package's
+// workers (GOMAXPROCS-1 goroutines, started on first use).
+func Parts() int { return parts() }
+
+// ParallelRange runs fn over items [0, n) in chunks of grain items (at least 1) on the
+// caller and the package's idle workers, the pool every operator here splits its work on,
+// and returns when every item is done. fn(part, lo, hi) handles items [lo, hi); part, in
+// [0, Parts()), is held by one participant at a time, so it can index per-participant
+// scratch. For a model's own loops (a layer's tokens or heads); fn may call the package's
+// operators, whose own splitting then runs on whoever is free.
+func ParallelRange(n, grain int, fn func(part, lo, hi int)) {
+	t := &funcTask{fn: fn}
+	parallelFor(&t.loop, t, n, grain)
+}
+
+// funcTask is ParallelRange's function as a pool task.
+type funcTask struct {
+	loop loop
+	fn   func(part, lo, hi int)
+}
+
+func (t *funcTask) run(part, lo, hi int) { t.fn(part, lo, hi) }

@@ -176,3 +176,12 @@ func TestSkinnyGemm(t *testing.T) {
 		t.Errorf("%v allocations per MatMulT of %d rows", a, m)
 	}
 }
+
+// TestParallelRange runs every item once, with participant numbers in range and each held
+// by one participant at a time.
+func TestParallelRange(t *testing.T) {
+	c := newCountTask(1000)
+	ParallelRange(1000, 7, c.run)
+	c.check(t)
+	ParallelRange(0, 1, func(int, int, int) { t.Fatal("ran on an empty range") })
+}
