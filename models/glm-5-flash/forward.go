@@ -6,8 +6,13 @@ import (
 	"slices"
 	"sort"
 
+	"gonum.org/v1/gonum/blas/gonum"
+
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
+
+// vek runs MLA's per-head vector loops on gonum's float32 kernels (assembly on amd64).
+var vek gonum.Implementation
 
 // TextModel is GLM-5.3-Flash's text model: KDA and NoPE MLA-DSA layers between mHC
 // streams, dense and MoE MLPs, the mean stream collapse and an untied lm_head.
@@ -479,57 +484,45 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 	// selected tokens' latents are read.
 	scale := float32(1 / math.Sqrt(float64(c.QKHeadDim)))
 	out := make([]float32, T*H*dv)
-	qa, ctx := make([]float32, R), make([]float32, R)
-	for t := range T {
-		toks := sel[t]
-		lats := make([][]float32, len(toks))
-		for j, tok := range toks {
-			lats[j] = ls.Latent.Row(int(tok))
-		}
-		p := make([]float32, len(toks))
-		for h := range H {
-			wuk := w.kvb[h*(dn+dv)*R : (h*(dn+dv)+dn)*R]
-			wuv := w.kvb[(h*(dn+dv)+dn)*R : (h+1)*(dn+dv)*R]
-			qh := q[(t*H+h)*dn : (t*H+h+1)*dn]
-			clear(qa)
-			for d := range dn {
-				row := wuk[d*R : (d+1)*R]
-				for r := range R {
-					qa[r] += qh[d] * row[r]
-				}
+	// The tokens are independent: they are split across ref's worker pool.
+	ref.ParallelRange(T, 1, func(_, lo, hi int) {
+		qa, ctx := make([]float32, R), make([]float32, R)
+		for t := lo; t < hi; t++ {
+			toks := sel[t]
+			lats := make([][]float32, len(toks))
+			for j, tok := range toks {
+				lats[j] = ls.Latent.Row(int(tok))
 			}
-			mx := float32(math.Inf(-1))
-			for j, lat := range lats {
-				var s float32
-				for r := range R {
-					s += qa[r] * lat[r]
+			p := make([]float32, len(toks))
+			for h := range H {
+				wuk := w.kvb[h*(dn+dv)*R : (h*(dn+dv)+dn)*R]
+				wuv := w.kvb[(h*(dn+dv)+dn)*R : (h+1)*(dn+dv)*R]
+				qh := q[(t*H+h)*dn : (t*H+h+1)*dn]
+				clear(qa)
+				for d := range dn {
+					vek.Saxpy(R, qh[d], wuk[d*R:(d+1)*R], 1, qa, 1)
 				}
-				p[j] = s * scale
-				mx = max(mx, p[j])
-			}
-			var sum float32
-			for j := range p {
-				p[j] = float32(math.Exp(float64(p[j] - mx)))
-				sum += p[j]
-			}
-			clear(ctx)
-			for j, lat := range lats {
-				wgt := p[j] / sum
-				for r := range R {
-					ctx[r] += wgt * lat[r]
+				mx := float32(math.Inf(-1))
+				for j, lat := range lats {
+					p[j] = vek.Sdot(R, qa, 1, lat, 1) * scale
+					mx = max(mx, p[j])
 				}
-			}
-			oh := out[(t*H+h)*dv : (t*H+h+1)*dv]
-			for d := range dv {
-				row := wuv[d*R : (d+1)*R]
-				var s float32
-				for r := range R {
-					s += row[r] * ctx[r]
+				var sum float32
+				for j := range p {
+					p[j] = float32(math.Exp(float64(p[j] - mx)))
+					sum += p[j]
 				}
-				oh[d] = s
+				clear(ctx)
+				for j, lat := range lats {
+					vek.Saxpy(R, p[j]/sum, lat, 1, ctx, 1)
+				}
+				oh := out[(t*H+h)*dv : (t*H+h+1)*dv]
+				for d := range dv {
+					oh[d] = vek.Sdot(R, wuv[d*R:(d+1)*R], 1, ctx, 1)
+				}
 			}
 		}
-	}
+	})
 	return dense(out, w.o, T, H*dv, D), sel, nil
 }
 
