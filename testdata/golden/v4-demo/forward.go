@@ -30,11 +30,16 @@ type Model struct {
 // attnScratch is the per-query working memory of attendSeq and indexerPick, kept between
 // calls so that a decode step does not allocate it per sequence and layer.
 type attnScratch struct {
-	keys   [][]float32 // the rows a query attends: window, then compressed entries
-	scores []float64   // [len(keys)] one head's exp(score − max)
-	acc    []float64   // [headDim] one head's weighted sum of keys
-	picks  []int       // indexerPick's entry indices
-	rank   []float32   // [visible] indexerPick's scores
+	keys  [][][]float32 // per query of the chunk, the rows it attends: window, then compressed entries
+	parts []headScratch // per participant of ref's pool
+	picks []int         // indexerPick's entry indices
+	rank  []float32     // [visible] indexerPick's scores
+}
+
+// headScratch is one participant's working memory for one query head in attendSeq.
+type headScratch struct {
+	scores []float64 // [len(keys)] one head's exp(score − max)
+	acc    []float64 // [headDim] one head's weighted sum of keys
 }
 
 // NewModel prepares a model for contexts up to maxContext tokens.
@@ -464,12 +469,14 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 		ratio = st.Compressor.Ratio
 	}
 	buf := &m.attnBuf
-	keys, scores := buf.keys[:0], buf.scores[:0]
-	buf.acc = grow(buf.acc, d)
-	acc := buf.acc
+	// The keys of every query first (indexerPick shares buf), then the heads' arithmetic,
+	// the queries split across ref's worker pool.
+	for len(buf.keys) < len(pos) {
+		buf.keys = append(buf.keys, nil)
+	}
 	for t, p32 := range pos {
 		p := int(p32)
-		keys = keys[:0]
+		keys := buf.keys[t][:0]
 		for j := max(0, p-win+1); j <= p; j++ {
 			keys = append(keys, st.Window.Row(j))
 		}
@@ -485,34 +492,46 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 				}
 			}
 		}
-		for hh := range nh {
-			qh := q[(t*nh+hh)*d : (t*nh+hh+1)*d]
-			scores = scores[:0]
-			mx := float64(l.Sinks[hh])
-			for _, k := range keys {
-				s := float64(dot32(qh, k)) * scale
-				scores = append(scores, s)
-				mx = math.Max(mx, s)
-			}
-			sum := math.Exp(float64(l.Sinks[hh]) - mx)
-			for i, s := range scores {
-				scores[i] = math.Exp(s - mx)
-				sum += scores[i]
-			}
-			clear(acc)
-			for i, k := range keys {
-				p := scores[i] / sum
-				for j := range d {
-					acc[j] += p * float64(k[j])
+		buf.keys[t] = keys
+	}
+	for len(buf.parts) < ref.Parts() {
+		buf.parts = append(buf.parts, headScratch{})
+	}
+	ref.ParallelRange(len(pos), 1, func(part, lo, hi int) {
+		hs := &buf.parts[part]
+		hs.acc = grow(hs.acc, d)
+		acc := hs.acc
+		for t := lo; t < hi; t++ {
+			keys := buf.keys[t]
+			for hh := range nh {
+				qh := q[(t*nh+hh)*d : (t*nh+hh+1)*d]
+				scores := hs.scores[:0]
+				mx := float64(l.Sinks[hh])
+				for _, k := range keys {
+					s := float64(dot32(qh, k)) * scale
+					scores = append(scores, s)
+					mx = math.Max(mx, s)
 				}
-			}
-			o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
-			for j := range d {
-				o[j] = float32(acc[j])
+				sum := math.Exp(float64(l.Sinks[hh]) - mx)
+				for i, s := range scores {
+					scores[i] = math.Exp(s - mx)
+					sum += scores[i]
+				}
+				clear(acc)
+				for i, k := range keys {
+					p := scores[i] / sum
+					for j := range d {
+						acc[j] += p * float64(k[j])
+					}
+				}
+				o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
+				for j := range d {
+					o[j] = float32(acc[j])
+				}
+				hs.scores = scores
 			}
 		}
-	}
-	buf.keys, buf.scores = keys, scores
+	})
 }
 
 // dot32 is a·b in float32, through gonum's vectorised dot (len(b) >= len(a)).
