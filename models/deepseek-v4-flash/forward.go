@@ -519,10 +519,7 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 				}
 				clear(acc)
 				for i, k := range keys {
-					p := scores[i] / sum
-					for j := range d {
-						acc[j] += p * float64(k[j])
-					}
+					ref.AxpyF64(acc, scores[i]/sum, k[:d])
 				}
 				o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
 				for j := range d {

@@ -268,3 +268,15 @@ func ArgmaxRows(out []int32, x []float32, rows, n int) error {
 func errShape(op, format string, args ...any) error {
 	return fmt.Errorf("ref."+op+": "+format, args...)
 }
+
+// AxpyF64 adds a·x to acc element by element, x widened to float64: acc[i] += a·float64(x[i])
+// for i < len(x) (acc at least as long), each product and sum rounded in float64 (8 at a
+// time with AVX2, the same bits). The weighted sum of float32 rows into a float64
+// accumulator, as attention loops written in float64 need.
+func AxpyF64(acc []float64, a float64, x []float32) {
+	acc = acc[:len(x)]
+	i := axpyF64Vector(acc, a, x)
+	for ; i < len(x); i++ {
+		acc[i] += a * float64(x[i])
+	}
+}

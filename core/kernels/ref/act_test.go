@@ -205,3 +205,25 @@ func TestRowMaxVectorSkipsNaN(t *testing.T) {
 		t.Errorf("max of NaNs = %v, want -Inf", m)
 	}
 }
+
+// TestAxpyF64MatchesScalar: AxpyF64 gives the scalar loop's bits for lengths with and
+// without a tail.
+func TestAxpyF64MatchesScalar(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 8, 9, 64, 67} {
+		x := make([]float32, n)
+		acc, want := make([]float64, n), make([]float64, n)
+		for i := range x {
+			x[i] = float32(math.Sin(float64(i))) * 3
+			acc[i] = math.Cos(float64(i))
+			want[i] = acc[i]
+		}
+		a := 0.37
+		AxpyF64(acc, a, x)
+		for i := range want {
+			want[i] += a * float64(x[i])
+			if math.Float64bits(acc[i]) != math.Float64bits(want[i]) {
+				t.Fatalf("n=%d: acc[%d] = %v, want %v", n, i, acc[i], want[i])
+			}
+		}
+	}
+}

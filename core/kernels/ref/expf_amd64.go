@@ -87,3 +87,20 @@ func siluMulVector(out, gate, up []float32) int {
 	_, _ = out[n-1], up[n-1]
 	return siluMulAVX2(&out[0], &gate[0], &up[0], n, &expfAVX2Table)
 }
+
+// axpyF64AVX2 is in expf_amd64.s.
+//
+//go:noescape
+func axpyF64AVX2(acc *float64, a float64, x *float32, n int)
+
+// axpyF64Vector adds a·float64(x[i]) to acc[i] from the start of x, 8 at a time with AVX2,
+// and returns how many it did (none without AVX2).
+func axpyF64Vector(acc []float64, a float64, x []float32) int {
+	n := len(x) &^ 7
+	if !hasExpfAVX2 || n == 0 {
+		return 0
+	}
+	_ = acc[n-1]
+	axpyF64AVX2(&acc[0], a, &x[0], n)
+	return n
+}

@@ -189,3 +189,32 @@ mdone:
 	VZEROUPPER
 	MOVQ AX, ret+40(FP)
 	RET
+
+// func axpyF64AVX2(acc *float64, a float64, x *float32, n int)
+//
+// acc[i] += a·float64(x[i]) for i < n (a multiple of 8), the product and the sum each
+// rounded (no FMA), 8 at a time.
+TEXT ·axpyF64AVX2(SB), NOSPLIT, $0-32
+	MOVQ acc+0(FP), DI
+	VBROADCASTSD a+8(FP), Y4
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+
+xloop:
+	CMPQ AX, CX
+	JAE  xdone
+	VCVTPS2PD (SI)(AX*4), Y0
+	VCVTPS2PD 16(SI)(AX*4), Y1
+	VMULPD    Y4, Y0, Y0
+	VMULPD    Y4, Y1, Y1
+	VADDPD    (DI)(AX*8), Y0, Y0
+	VADDPD    32(DI)(AX*8), Y1, Y1
+	VMOVUPD   Y0, (DI)(AX*8)
+	VMOVUPD   Y1, 32(DI)(AX*8)
+	ADDQ $8, AX
+	JMP  xloop
+
+xdone:
+	VZEROUPPER
+	RET
