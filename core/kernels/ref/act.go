@@ -277,6 +277,6 @@ func AxpyF64(acc []float64, a float64, x []float32) {
 	acc = acc[:len(x)]
 	i := axpyF64Vector(acc, a, x)
 	for ; i < len(x); i++ {
-		acc[i] += a * float64(x[i])
+		acc[i] += float64(a * float64(x[i])) // rounded before the sum, as the vector form: no FMA
 	}
 }

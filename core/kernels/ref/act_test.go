@@ -220,7 +220,7 @@ func TestAxpyF64MatchesScalar(t *testing.T) {
 		a := 0.37
 		AxpyF64(acc, a, x)
 		for i := range want {
-			want[i] += a * float64(x[i])
+			want[i] += float64(a * float64(x[i]))
 			if math.Float64bits(acc[i]) != math.Float64bits(want[i]) {
 				t.Fatalf("n=%d: acc[%d] = %v, want %v", n, i, acc[i], want[i])
 			}

@@ -104,3 +104,20 @@ func axpyF64Vector(acc []float64, a float64, x []float32) int {
 	axpyF64AVX2(&acc[0], a, &x[0], n)
 	return n
 }
+
+// ropeNeoXAVX2 is in expf_amd64.s.
+//
+//go:noescape
+func ropeNeoXAVX2(x0, x1, cos, sin *float32, n int)
+
+// ropeNeoXVector rotates the pairs (x0[i], x1[i]) by (cos[i], sin[i]) from the start, 8 at
+// a time with AVX2, and returns how many it did (none without AVX2).
+func ropeNeoXVector(x0, x1, cos, sin []float32) int {
+	n := len(x0) &^ 7
+	if !hasExpfAVX2 || n == 0 {
+		return 0
+	}
+	_, _, _ = x1[n-1], cos[n-1], sin[n-1]
+	ropeNeoXAVX2(&x0[0], &x1[0], &cos[0], &sin[0], n)
+	return n
+}

@@ -218,3 +218,37 @@ xloop:
 xdone:
 	VZEROUPPER
 	RET
+
+// func ropeNeoXAVX2(x0, x1, cos, sin *float32, n int)
+//
+// (x0[i], x1[i]) ← (x0[i]·cos[i] − x1[i]·sin[i], x1[i]·cos[i] + x0[i]·sin[i]) for i < n (a
+// multiple of 8), each product rounded before the sum (no FMA), 8 at a time.
+TEXT ·ropeNeoXAVX2(SB), NOSPLIT, $0-40
+	MOVQ x0+0(FP), DI
+	MOVQ x1+8(FP), SI
+	MOVQ cos+16(FP), DX
+	MOVQ sin+24(FP), R8
+	MOVQ n+32(FP), CX
+	XORQ AX, AX
+
+rloop:
+	CMPQ AX, CX
+	JAE  rdone
+	VMOVUPS (DI)(AX*4), Y0 // x0
+	VMOVUPS (SI)(AX*4), Y1 // x1
+	VMOVUPS (DX)(AX*4), Y2 // cos
+	VMOVUPS (R8)(AX*4), Y3 // sin
+	VMULPS  Y2, Y0, Y4     // x0·cos
+	VMULPS  Y3, Y1, Y5     // x1·sin
+	VSUBPS  Y5, Y4, Y4
+	VMULPS  Y2, Y1, Y6     // x1·cos
+	VMULPS  Y3, Y0, Y7     // x0·sin
+	VADDPS  Y7, Y6, Y6
+	VMOVUPS Y4, (DI)(AX*4)
+	VMOVUPS Y6, (SI)(AX*4)
+	ADDQ $8, AX
+	JMP  rloop
+
+rdone:
+	VZEROUPPER
+	RET

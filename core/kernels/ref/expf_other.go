@@ -13,3 +13,5 @@ func softmaxExpVector(row []float32, scale, mx float32, acc *[8]float64) int { r
 func siluMulVector(out, gate, up []float32) int                              { return 0 }
 
 func axpyF64Vector(acc []float64, a float64, x []float32) int { return 0 }
+
+func ropeNeoXVector(x0, x1, cos, sin []float32) int { return 0 }

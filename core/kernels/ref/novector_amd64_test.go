@@ -76,3 +76,28 @@ func TestOperatorsWithoutVectorKernels(t *testing.T) {
 	})
 	near(t, "decode attention", aOn, aOff, 1e-5)
 }
+
+// TestRoPEWithoutVectorKernel: NeoX rotation gives the same bits with and without its AVX2
+// form, for rotary dims with and without a tail of pairs, partial rotation included.
+func TestRoPEWithoutVectorKernel(t *testing.T) {
+	r := rand.New(rand.NewPCG(43, 44))
+	for _, dim := range []int{8, 16, 20, 64, 128} {
+		tab, err := NewRopeTable(dim, 64, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, heads, headDim := 5, 3, max(dim, 24)
+		x := randSlice(r, rows*heads*headDim)
+		pos := []int32{0, 3, 17, 40, 63}
+		on, off := append([]float32(nil), x...), append([]float32(nil), x...)
+		if err := tab.RoPENeoX(on, pos, rows, heads, headDim); err != nil {
+			t.Fatal(err)
+		}
+		withoutVector(t, func() { _ = tab.RoPENeoX(off, pos, rows, heads, headDim) })
+		for i := range on {
+			if math.Float32bits(on[i]) != math.Float32bits(off[i]) {
+				t.Fatalf("dim %d: x[%d] = %v with the vector kernel, %v without", dim, i, on[i], off[i])
+			}
+		}
+	}
+}

@@ -118,14 +118,20 @@ func (t *RopeTable) rotateRows(x []float32, pos []int32, heads, headDim int, int
 		sin := t.Sin[p*half : (p+1)*half]
 		for h := 0; h < heads; h++ {
 			v := x[(r*heads+h)*headDim : (r*heads+h+1)*headDim]
-			for i := 0; i < half; i++ {
+			i := 0
+			if !interleaved { // the halves are contiguous: 8 pairs at a time with AVX2
+				i = ropeNeoXVector(v[:half], v[half:2*half], cos, sin)
+			}
+			for ; i < half; i++ {
 				a, b := i, i+half
 				if interleaved {
 					a, b = 2*i, 2*i+1
 				}
+				// Each product rounded before the sum (float32()), as the vector form
+				// does: the compiler may otherwise fuse them into FMAs.
 				x0, x1 := v[a], v[b]
-				v[a] = x0*cos[i] - x1*sin[i]
-				v[b] = x1*cos[i] + x0*sin[i]
+				v[a] = float32(x0*cos[i]) - float32(x1*sin[i])
+				v[b] = float32(x1*cos[i]) + float32(x0*sin[i])
 			}
 		}
 	}
