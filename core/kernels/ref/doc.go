@@ -7,12 +7,23 @@
 // They are the specification the CUDA kernels in core/kernels/cuda are checked against, and
 // the CPU backend of every model. Each one is written as plain loops over indices with the
 // shapes in a comment; only the GEMMs go through an optimised library. The speed of the CPU
-// backend comes from a few fast forms beside them: PagedAttentionBatch (the models' attention,
-// checked against PagedAttention) and SiLUMul over many rows split their work across a pool of
-// GOMAXPROCS-1 worker goroutines (parallel.go); and SiLUMul and PagedAttentionBatch's prefill
-// softmax (row max, exponentials and their sum) run 8 lanes at a time in AVX2 assembly on
-// amd64 (expf_amd64.s) with the scalar expf's own steps and roundings, so their values to
-// the bit (the softmax sum, in float64, to its rounding).
+// backend comes from a few fast forms beside them:
+//   - a worker pool of GOMAXPROCS-1 goroutines (parallel.go) that the caller and its idle
+//     workers share: large GEMMs split in one block per participant, PagedAttentionBatch
+//     (the models' attention, checked against PagedAttention) across sequences, kv heads,
+//     query tiles and key blocks, the elementwise operators (RMSNorm, Add, RoPE, SiLUMul)
+//     by rows and KDAChunked by heads; ParallelRange lends it to a model's own loops;
+//   - AVX2 assembly on amd64 with the scalar forms' own steps and roundings, so their
+//     values to the bit: expf (expfs), SiLUMul, the prefill softmax's row max and
+//     exponentials (their float64 sum to its rounding), NeoX RoPE and AxpyF64
+//     (expf_amd64.s);
+//   - AVX2+FMA kernels (fma_amd64.go), equal to the reference within float32 rounding:
+//     decode attention reading keys and values in place from their pages (attn_amd64.s),
+//     and products of 2 to 8 rows, a decode batch's, streaming the weight once
+//     (skinny_amd64.s).
+//
+// Every vector form has a scalar fallback for other CPUs and architectures, tested against
+// it by switching the kernels off.
 //
 // Conventions: every tensor is a row-major []float32; a shape [a, b, c] means element
 // (i, j, l) lives at index (i*b+j)*c+l. Operators write into out slices the caller owns and
