@@ -318,6 +318,19 @@ type attnUnit struct {
 	partial               int
 }
 
+// keys returns the keys [lo, hi) the unit's query at position p reads: causal, within
+// the window (when window > 0), within the unit's split.
+func (u *attnUnit) keys(p, window int) (lo, hi int) {
+	lo, hi = 0, p+1
+	if window > 0 {
+		lo = max(0, p-window+1)
+	}
+	if u.split >= 0 {
+		lo, hi = max(lo, u.k0), min(hi, u.k1)
+	}
+	return lo, hi
+}
+
 // attnJob is one PagedAttentionBatch call: its arguments, its units, the pages' offsets
 // and the scratch of each participant; reused through attnJobs.
 type attnJob struct {
@@ -530,14 +543,7 @@ func (j *attnJob) unitVec(part int, u *attnUnit) {
 	tl := &j.tiles[part]
 	tl.mx, tl.sum = growFloat32s(tl.mx, group), growFloat64s(tl.sum, group)
 	for qi := u.q0; qi < u.q1; qi++ {
-		p := ctxLen - nq + qi
-		lo, hi := 0, p+1
-		if a.Window > 0 {
-			lo = max(0, p-a.Window+1)
-		}
-		if u.split >= 0 {
-			lo, hi = max(lo, u.k0), min(hi, u.k1)
-		}
+		lo, hi := u.keys(ctxLen-nq+qi, a.Window)
 		n := max(hi-lo, 0)
 		first := (row0+qi)*a.Heads + u.kvh*group // the group's first query head row
 		// Head h's output is obuf[ob+h*ostride:][:d]: its out row or its partial.
@@ -617,14 +623,7 @@ func (j *attnJob) unit(part int, u *attnUnit) error {
 	kvStride := c.KVHeads * d
 	scale := float64(a.Scale)
 	for qi := u.q0; qi < u.q1; qi++ {
-		p := ctxLen - nq + qi
-		lo, hi := 0, p+1
-		if a.Window > 0 {
-			lo = max(0, p-a.Window+1)
-		}
-		if u.split >= 0 {
-			lo, hi = max(lo, u.k0), min(hi, u.k1)
-		}
+		lo, hi := u.keys(ctxLen-nq+qi, a.Window)
 		n := max(hi-lo, 0)
 		need := group * (n + 2)
 		if cap(j.scratch[part]) < need {
