@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "fma_amd64.h"
 
 // func attnDotsAVX2(s *float32, sstride int, q *float32, heads, dim int, k *float32, kstride, n int)
 //
@@ -31,14 +32,7 @@ block8:
 	ADDQ R12, BX
 	LEAQ (BX)(R12*2), R8
 	MOVQ DX, R15
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	ZERO8
 	XORQ AX, AX             // byte offset in the rows
 
 col:
@@ -57,15 +51,7 @@ col:
 	ADDQ $32, AX
 	CMPQ AX, R11
 	JB   col
-	VHADDPS    Y1, Y0, Y0   // (a0 a0 a1 a1 | a0 a0 a1 a1) partial sums
-	VHADDPS    Y3, Y2, Y2
-	VHADDPS    Y5, Y4, Y4
-	VHADDPS    Y7, Y6, Y6
-	VHADDPS    Y2, Y0, Y0   // (a0 a1 a2 a3 | a0 a1 a2 a3), per 128-bit half
-	VHADDPS    Y6, Y4, Y4   // (a4 a5 a6 a7 | a4 a5 a6 a7)
-	VPERM2F128 $0x20, Y4, Y0, Y1
-	VPERM2F128 $0x31, Y4, Y0, Y2
-	VADDPS     Y2, Y1, Y1
+	HSUM8
 	VMOVUPS    Y1, (R14)
 	LEAQ (DX)(R12*8), DX
 	ADDQ $32, R14

@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "fma_amd64.h"
 
 // func skinnyAVX2(ct *float32, x *float32, k int, w *float32, ldw int, n int)
 //
@@ -25,14 +26,7 @@ TEXT ·skinnyAVX2(SB), NOSPLIT, $0-48
 pair:
 	CMPQ DX, $2
 	JB   single
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	ZERO8
 	XORQ AX, AX
 
 pcol:
@@ -53,15 +47,7 @@ pcol:
 	ADDQ $32, AX
 	CMPQ AX, CX
 	JB   pcol
-	VHADDPS    Y1, Y0, Y0
-	VHADDPS    Y3, Y2, Y2
-	VHADDPS    Y5, Y4, Y4
-	VHADDPS    Y7, Y6, Y6
-	VHADDPS    Y2, Y0, Y0   // (r0: x0 x1 x2 x3), per 128-bit half
-	VHADDPS    Y6, Y4, Y4   // (r1: x0 x1 x2 x3)
-	VPERM2F128 $0x20, Y4, Y0, Y1
-	VPERM2F128 $0x31, Y4, Y0, Y2
-	VADDPS     Y2, Y1, Y1   // (r0: x0..x3 | r1: x0..x3)
+	HSUM8 // Y1 = (row j of w: x0..x3 | row j+1: x0..x3)
 	VMOVUPS    X1, (DI)
 	VEXTRACTF128 $1, Y1, 32(DI)
 	ADDQ $64, DI
