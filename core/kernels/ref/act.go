@@ -118,30 +118,76 @@ var siluMulTasks freeList[siluMulTask]
 
 func (t *siluMulTask) run(_, lo, hi int) { siluMulRows(t.out, t.gateUp, t.dim, lo, hi) }
 
-// siluMulRows is SiLUMul of rows [lo, hi): 8 columns at a time with AVX2 (siluMulVector),
-// the scalar expression on the blocks it stops at and the tail, with the same bits.
+// siluMulRows is SiLUMul of rows [lo, hi).
 func siluMulRows(out, gateUp []float32, dim, lo, hi int) {
+	inf := float32(math.Inf(1))
 	for r := lo; r < hi; r++ {
-		gu, o := gateUp[r*2*dim:(r+1)*2*dim], out[r*dim:(r+1)*dim]
-		g, up := gu[:dim], gu[dim:]
-		i := 0
-		for dim-i >= 8 {
-			i += siluMulVector(o[i:], g[i:], up[i:])
-			if dim-i < 8 {
-				break
-			}
-			siluMulScalar(o[i:i+8], g[i:i+8], up[i:i+8])
-			i += 8
-		}
-		siluMulScalar(o[i:], g[i:], up[i:])
+		gu := gateUp[r*2*dim : (r+1)*2*dim]
+		siluMulClamped(out[r*dim:(r+1)*dim], gu[:dim], gu[dim:], inf)
 	}
 }
 
-// siluMulScalar sets out[i] = SiLU(gate[i])·up[i], SiLU's own expression.
-func siluMulScalar(out, gate, up []float32) {
-	for i, v := range gate {
-		out[i] = v / (1 + expf(-v)) * up[i]
+// siluMulClamped sets out[i] = SiLU(min(gate[i], lim))·min(max(up[i], −lim), lim) (lim =
+// +Inf clamps nothing: out[i] = SiLU(gate[i])·up[i]): 8 at a time with AVX2
+// (siluMulVector), the scalar expression on the blocks it stops at and the tail, with the
+// same bits.
+func siluMulClamped(out, gate, up []float32, lim float32) {
+	n := len(gate)
+	i := 0
+	for n-i >= 8 {
+		i += siluMulVector(out[i:], gate[i:], up[i:], lim)
+		if n-i < 8 {
+			break
+		}
+		siluMulScalar(out[i:i+8], gate[i:i+8], up[i:i+8], lim)
+		i += 8
 	}
+	siluMulScalar(out[i:], gate[i:], up[i:], lim)
+}
+
+// siluMulScalar sets out[i] = SiLU(min(gate[i], lim))·min(max(up[i], −lim), lim), SiLU's
+// own expression.
+func siluMulScalar(out, gate, up []float32, lim float32) {
+	for i, v := range gate {
+		v = min(v, lim)
+		out[i] = v / (1 + expf(-v)) * min(max(up[i], -lim), lim)
+	}
+}
+
+// SiLUMulClamped is the clamped SwiGLU of DeepSeek-V4 and GLM-5 (swiglu_limit):
+//
+//	out[i] = SiLU(min(gate[i], limit)) · min(max(up[i], −limit), limit)
+//
+// with Go's min and max (a NaN stays NaN; limit = +Inf clamps nothing). gate, up and out
+// have the same length; out may alias gate or up. Long inputs are split across the
+// package's worker pool.
+func SiLUMulClamped(out, gate, up []float32, limit float32) error {
+	if len(gate) != len(up) || len(out) < len(gate) {
+		return errShape("SiLUMulClamped", "out, gate and up must have the same length (got %d, %d, %d)", len(out), len(gate), len(up))
+	}
+	if n := len(gate); n > 2*minParallelElems {
+		t := clampTasks.get()
+		t.out, t.gate, t.up, t.lim = out, gate, up, limit
+		parallelFor(&t.loop, t, n, minParallelElems)
+		t.out, t.gate, t.up = nil, nil, nil
+		clampTasks.put(t)
+		return nil
+	}
+	siluMulClamped(out[:len(gate)], gate, up, limit)
+	return nil
+}
+
+// clampTask is SiLUMulClamped's elements as a task of the worker pool.
+type clampTask struct {
+	loop          loop
+	out, gate, up []float32
+	lim           float32
+}
+
+var clampTasks freeList[clampTask]
+
+func (t *clampTask) run(_, lo, hi int) {
+	siluMulClamped(t.out[lo:hi], t.gate[lo:hi], t.up[lo:hi], t.lim)
 }
 
 // SiLUMulSplit is SiLUMul with the gate and up projections in separate tensors.

@@ -227,3 +227,45 @@ func TestAxpyF64MatchesScalar(t *testing.T) {
 		}
 	}
 }
+
+// TestSiLUMulClamped: SiLUMulClamped gives Go's expression bit for bit, with NaNs, both exp
+// tails and ±Inf among the inputs, for limits that clamp, that clamp nothing (+Inf) and a
+// NaN limit; a long input splits across the pool; out may alias gate.
+func TestSiLUMulClamped(t *testing.T) {
+	src := extremeFloats()
+	for _, lim := range []float32{7, 0.5, 50, float32(math.Inf(1)), float32(math.NaN())} {
+		for _, n := range []int{0, 1, 7, 8, 9, 100, len(src) / 2} {
+			gate, up := src[:n], src[len(src)-n:]
+			got := make([]float32, n)
+			if err := SiLUMulClamped(got, gate, up, lim); err != nil {
+				t.Fatal(err)
+			}
+			for i := range n {
+				want := SiLU(min(gate[i], lim)) * min(max(up[i], -lim), lim)
+				if math.Float32bits(got[i]) != math.Float32bits(want) && !(got[i] != got[i] && want != want) {
+					t.Fatalf("lim %v n %d: out[%d] (gate %v, up %v) = %v, want %v", lim, n, i, gate[i], up[i], got[i], want)
+				}
+			}
+		}
+	}
+	n := 3*minParallelElems + 5
+	gate, up := make([]float32, n), make([]float32, n)
+	for i := range gate {
+		gate[i], up[i] = float32(math.Sin(float64(i)))*12, float32(math.Cos(float64(i)))*12
+	}
+	want := make([]float32, n)
+	for i := range want {
+		want[i] = SiLU(min(gate[i], 10)) * min(max(up[i], -10), 10)
+	}
+	if err := SiLUMulClamped(gate, gate, up, 10); err != nil { // split, in place
+		t.Fatal(err)
+	}
+	for i := range want {
+		if gate[i] != want[i] {
+			t.Fatalf("split in place: out[%d] = %v, want %v", i, gate[i], want[i])
+		}
+	}
+	if err := SiLUMulClamped(make([]float32, 3), make([]float32, 4), make([]float32, 4), 1); err == nil {
+		t.Error("a short out was accepted")
+	}
+}

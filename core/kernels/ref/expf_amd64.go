@@ -52,7 +52,7 @@ func rowMaxAVX2(p *float32, n int) float32
 func softmaxExpAVX2(row *float32, n int, scale, mx float32, c *[expfConsts][8]uint32, acc *[8]float64) int
 
 //go:noescape
-func siluMulAVX2(out, gate, up *float32, n int, c *[expfConsts][8]uint32) int
+func siluMulAVX2(out, gate, up *float32, n int, c *[expfConsts][8]uint32, lim float32) int
 
 // rowMaxVector returns the largest of row's first n values, NaNs skipped, and n: the
 // values in whole blocks of 8 (AVX2), or n = 0 without AVX2 or a block.
@@ -76,16 +76,17 @@ func softmaxExpVector(row []float32, scale, mx float32, acc *[8]float64) int {
 	return softmaxExpAVX2(&row[0], n, scale, mx, &expfAVX2Table, acc)
 }
 
-// siluMulVector sets out[i] = gate[i] / (1 + expf(−gate[i])) · up[i] from the start of gate
-// (out and up as long), 8 at a time with AVX2, and returns how many it did: up to the
-// first block of 8 holding a gate below −expfMaxArg (or a NaN), and none without AVX2.
-func siluMulVector(out, gate, up []float32) int {
+// siluMulVector sets out[i] = SiLU(min(gate[i], lim))·min(max(up[i], −lim), lim) from the
+// start of gate (out and up as long), 8 at a time with AVX2, and returns how many it did:
+// up to the first block of 8 holding a clamped gate below −expfMaxArg (or a NaN), and
+// none without AVX2 or with a NaN lim (lim = +Inf clamps nothing).
+func siluMulVector(out, gate, up []float32, lim float32) int {
 	n := len(gate) &^ 7
-	if !hasExpfAVX2 || n == 0 {
+	if !hasExpfAVX2 || n == 0 || lim != lim {
 		return 0
 	}
 	_, _ = out[n-1], up[n-1]
-	return siluMulAVX2(&out[0], &gate[0], &up[0], n, &expfAVX2Table)
+	return siluMulAVX2(&out[0], &gate[0], &up[0], n, &expfAVX2Table, lim)
 }
 
 // axpyF64AVX2 is in expf_amd64.s.

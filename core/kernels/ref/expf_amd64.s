@@ -153,25 +153,33 @@ sdone:
 	MOVQ AX, ret+40(FP)
 	RET
 
-// func siluMulAVX2(out, gate, up *float32, n int, c *[expfConsts][8]uint32) int
+// func siluMulAVX2(out, gate, up *float32, n int, c *[expfConsts][8]uint32, lim float32) int
 //
-// out[i] = gate[i] / (1 + expf(−gate[i])) · up[i] for i in [0, n) (n a multiple of 8),
-// rounded as Go rounds each step, 8 at a time. It stops before the first block holding a
-// gate below −maxArg (or a NaN) and returns how many it computed.
-TEXT ·siluMulAVX2(SB), NOSPLIT, $0-48
+// out[i] = g / (1 + expf(−g)) · u with g = min(gate[i], lim), u = min(max(up[i], −lim), lim)
+// for i in [0, n) (n a multiple of 8), rounded as Go rounds each step and with Go's min and
+// max on NaN (a NaN gate or up stays NaN; lim = +Inf clamps nothing), 8 at a time. It
+// stops before the first block holding a clamped gate below −maxArg (or a NaN) and returns
+// how many it computed.
+TEXT ·siluMulAVX2(SB), NOSPLIT, $0-56
 	MOVQ out+0(FP), DI
 	MOVQ gate+8(FP), SI
 	MOVQ up+16(FP), DX
 	MOVQ n+24(FP), CX
 	MOVQ c+32(FP), R8
+	VBROADCASTSS lim+40(FP), Y12
 	VPCMPEQD Y9, Y9, Y9
 	VPSLLD   $31, Y9, Y9 // the sign bit in every lane
+	VXORPS   Y9, Y12, Y13 // −lim
 	XORQ AX, AX
 
 mloop:
 	CMPQ AX, CX
 	JAE  mdone
 	VMOVUPS (SI)(AX*4), Y7
+	VMINPS  Y7, Y12, Y7 // min(gate, lim): the second operand, gate, when either is a NaN
+	VMOVUPS (DX)(AX*4), Y10
+	VMAXPS  Y10, Y13, Y10 // max(up, −lim)
+	VMINPS  Y10, Y12, Y10 // min(…, lim)
 	VXORPS  Y9, Y7, Y0 // x = −gate
 	VCMPPS  $0x12, 384(R8), Y0, Y6
 	VMOVMSKPS Y6, BX
@@ -180,14 +188,14 @@ mloop:
 	EXPF8
 	VADDPS  320(R8), Y5, Y5 // 1 + e
 	VDIVPS  Y5, Y7, Y5      // gate / (1 + e)
-	VMULPS  (DX)(AX*4), Y5, Y5
+	VMULPS  Y10, Y5, Y5
 	VMOVUPS Y5, (DI)(AX*4)
 	ADDQ    $8, AX
 	JMP     mloop
 
 mdone:
 	VZEROUPPER
-	MOVQ AX, ret+40(FP)
+	MOVQ AX, ret+48(FP)
 	RET
 
 // func axpyF64AVX2(acc *float64, a float64, x *float32, n int)
