@@ -275,10 +275,9 @@ func sigmoid32(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)
 
 // clampedSwiGLU computes silu(min(gate, limit))·clamp(up, ±limit) in place into gate.
 func clampedSwiGLU(gate, up []float32, limit float32) {
-	for i, g := range gate {
-		g = min(g, limit)
-		u := max(min(up[i], limit), -limit)
-		gate[i] = ref.SiLU(g) * u
+	// gate and up have the same length by construction: an error is a bug here.
+	if err := ref.SiLUMulClamped(gate, gate, up, limit); err != nil {
+		panic(err)
 	}
 }
 
