@@ -9,11 +9,11 @@
 #   torch: LlamaForCausalLM in float32, torch.set_num_threads(THREADS), a prefill forward
 #          (logits of the last row only, as resin computes) then greedy decode steps with
 #          the KV cache.
-#   The two alternate, ROUNDS times (resin, torch, resin, torch, ...), so both see the same
-#   machine: on a shared box the speed drifts by 10–20% over minutes. Each round prints
-#   both sides and their ratio; the summary is the median over rounds of each side and of
-#   the per-round ratios. A pprof CPU profile of the first resin run is written too, with
-#   its GEMM and attention shares.
+#   The two alternate, ROUNDS times and one batch size at a time (resin, torch, resin,
+#   torch, ...), so both see the same machine: on a shared box the speed drifts by 10–30%
+#   over seconds to minutes. Each round prints both sides and their ratio; the summary is
+#   the median over rounds of each side and of the per-round ratios. A pprof CPU profile
+#   of the first resin run is written too, with its GEMM and attention shares.
 #
 # Environment: THREADS (default: nproc), BATCHES (default 1,8), PROMPT_LEN (512),
 # GEN_LEN (32), REPEAT (3 runs a side per round, the median printed), ROUNDS (3), CONFIG (an HF config.json; default a
@@ -139,13 +139,18 @@ echo "== torch $("$venv/bin/python" -c 'import torch, transformers; print(torch.
 rm -f "$out"/resin.*.txt "$out"/torch.*.txt
 for round in $(seq 1 "$rounds"); do
 	echo "== round $round of $rounds (load $(cut -d' ' -f1 /proc/loadavg))"
-	profile=()
-	if [ "$round" = 1 ]; then profile=(--cpuprofile "$out/cpu.prof"); fi
-	GOMAXPROCS=$threads "$out/llama" bench --model "$out" --cache-bytes "$cache_bytes" --max-batch-tokens $((prompt * 8 + 64)) \
-		--batch-sizes "$batches" --prompt-len "$prompt" --gen-len "$gen" --repeat "$repeat" "${profile[@]}" 2>&1 |
-		grep -v '^note:' | sed 's/^/  resin /' | tee "$out/resin.$round.txt"
-	"$venv/bin/python" "$out/torch_bench.py" "$out/config.json" "$batches" "$prompt" "$gen" "$repeat" "$threads" $((round * 1000)) |
-		sed 's/^/  torch /' | tee "$out/torch.$round.txt"
+	: > "$out/resin.$round.txt"
+	: > "$out/torch.$round.txt"
+	# One batch size at a time, resin then torch, so the two runs compared are seconds apart.
+	for b in ${batches//,/ }; do
+		profile=()
+		if [ "$round" = 1 ] && [ "$b" = "${batches%%,*}" ]; then profile=(--cpuprofile "$out/cpu.prof"); fi
+		GOMAXPROCS=$threads "$out/llama" bench --model "$out" --cache-bytes "$cache_bytes" --max-batch-tokens $((prompt * 8 + 64)) \
+			--batch-sizes "$b" --prompt-len "$prompt" --gen-len "$gen" --repeat "$repeat" "${profile[@]}" 2>&1 |
+			grep -v '^note:' | grep 'batch [0-9]' | sed 's/^/  resin /' | tee -a "$out/resin.$round.txt"
+		"$venv/bin/python" "$out/torch_bench.py" "$out/config.json" "$b" "$prompt" "$gen" "$repeat" "$threads" $((round * 1000 + b)) |
+			grep 'batch [0-9]' | sed 's/^/  torch /' | tee -a "$out/torch.$round.txt"
+	done
 	awk '/batch [0-9]+  prefill/ { key = FILENAME ~ /resin/ ? "r" : "t"; v[key, $3, "p"] = $5; v[key, $3, "d"] = $8; bs[$3] = 1 }
 		END { for (b in bs) printf "  ratio batch %s  prefill %.2fx  decode %.2fx\n", b, v["r", b, "p"] / v["t", b, "p"], v["r", b, "d"] / v["t", b, "d"] }' \
 		"$out/resin.$round.txt" "$out/torch.$round.txt" | sort -n -k3
@@ -175,7 +180,7 @@ awk '
 		}
 	}' "$out"/resin.*.txt "$out"/torch.*.txt | sort -n -k2
 
-echo "== resin profile ($out/cpu.prof, round 1): shares of the sampled CPU time (whole run, prefill and decode)"
+echo "== resin profile ($out/cpu.prof, round 1, batch ${batches%%,*}): shares of the sampled CPU time (the whole run: loading, prefill, decode)"
 # share FOCUS [IGNORE]: the part of all samples whose stack holds a function matching the
 # regexp FOCUS (and none matching IGNORE).
 share() {
