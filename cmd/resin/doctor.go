@@ -11,6 +11,7 @@ import (
 
 	"github.com/resin-llm/resin/core/blas"
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
 // newDoctorCmd is `resin doctor`: what this machine offers Resin. It always exits 0; a
@@ -70,6 +71,7 @@ func doctorBLAS(w io.Writer, b blas.Backend) {
 	for _, warn := range b.Warnings {
 		fmt.Fprintf(w, "  warning: %s\n", warn)
 	}
+	fmt.Fprintf(w, "  kernels   %s (core/kernels/ref's vector forms around the GEMMs; scalar loops otherwise)\n", ref.CPUKernels())
 }
 
 // doctorDriver reports the CUDA driver and returns the GPUs it lists.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/resin-llm/resin/core/blas"
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
 func TestDoctorWithoutGPU(t *testing.T) {
@@ -29,6 +30,9 @@ func TestDoctorWithoutGPU(t *testing.T) {
 	}
 	if _, err := cudart.DeviceCount(); err != nil && !strings.Contains(got, "no GPU found") {
 		t.Errorf("no driver here, but doctor does not say so:\n%s", got)
+	}
+	if want := "kernels   " + ref.CPUKernels(); !strings.Contains(got, want) {
+		t.Errorf("doctor output lacks %q:\n%s", want, got)
 	}
 	if b := blas.Info(); b.Loaded() && !strings.Contains(got, b.Vendor+"  "+b.Path) {
 		t.Errorf("the process runs GEMM on %s, but doctor does not say so:\n%s", b, got)

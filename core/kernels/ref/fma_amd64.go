@@ -59,3 +59,15 @@ func skinny(ct, x []float32, k int, w []float32, ldw, n int) {
 	_, _, _ = ct[(n-1)*8+3], x[4*k-1], w[(n-1)*ldw+k-1]
 	skinnyAVX2(&ct[0], &x[0], k, &w[0], ldw, n)
 }
+
+// CPUKernels names the vector forms this CPU runs: "AVX2+FMA" (every one), "AVX2" (the
+// bit-exact elementwise forms, not the FMA kernels) or "scalar" (none: the loops).
+func CPUKernels() string {
+	switch {
+	case hasAttnAVX2:
+		return "AVX2+FMA"
+	case hasExpfAVX2:
+		return "AVX2"
+	}
+	return "scalar"
+}

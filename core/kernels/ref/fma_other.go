@@ -21,3 +21,7 @@ func skinnyVector(k int) bool { return false }
 func skinny(ct, x []float32, k int, w []float32, ldw, n int) {
 	panic("ref: skinny without a vector form")
 }
+
+// CPUKernels names the vector forms this CPU runs: "scalar" where there are none (only
+// amd64 has them).
+func CPUKernels() string { return "scalar" }
