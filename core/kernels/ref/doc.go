@@ -20,7 +20,7 @@
 //   - AVX2+FMA kernels (fma_amd64.go), equal to the reference within float32 rounding:
 //     decode attention reading keys and values in place from their pages (attn_amd64.s),
 //     and products of 2 to 8 rows, a decode batch's, streaming the weight once
-//     (skinny_amd64.s).
+//     (skinny_amd64.s; in 16 lanes where the CPU has AVX-512).
 //
 // Every vector form has a scalar fallback for other CPUs and architectures, tested against
 // it by switching the kernels off.

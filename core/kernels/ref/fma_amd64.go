@@ -49,6 +49,15 @@ func skinnyAVX2(ct *float32, x *float32, k int, w *float32, ldw int, n int)
 // multiple of 8.
 func skinnyVector(k int) bool { return hasAttnAVX2 && k > 0 && k%8 == 0 }
 
+// skinnyAVX512 is in skinny_amd64.s.
+//
+//go:noescape
+func skinnyAVX512(ct *float32, x *float32, k int, w *float32, ldw int, n int)
+
+// hasSkinnyAVX512 says whether skinny runs skinnyAVX512 (AVX-512F, with the OS saving its
+// registers) for inner dimensions that are a multiple of 16.
+var hasSkinnyAVX512 = hasAttnAVX2 && cpu.X86.HasAVX512F
+
 // skinny sets ct[j*8 + i] = x[i*k:][:k]·w[j*ldw:][:k] for i < 4, j < n: 4 rows of x (k
 // values each, contiguous) against n rows of w, transposed into rows of 8 (ct offset by 4
 // takes x's rows 4 to 7); skinnyVector(k) must hold.
@@ -57,6 +66,10 @@ func skinny(ct, x []float32, k int, w []float32, ldw, n int) {
 		return
 	}
 	_, _, _ = ct[(n-1)*8+3], x[4*k-1], w[(n-1)*ldw+k-1]
+	if hasSkinnyAVX512 && k%16 == 0 {
+		skinnyAVX512(&ct[0], &x[0], k, &w[0], ldw, n)
+		return
+	}
 	skinnyAVX2(&ct[0], &x[0], k, &w[0], ldw, n)
 }
 

@@ -24,3 +24,23 @@
 	VPERM2F128 $0x20, Y4, Y0, Y1; \
 	VPERM2F128 $0x31, Y4, Y0, Y2; \
 	VADDPS     Y2, Y1, Y1
+
+// HALVE8 adds the upper 8 lanes of each of Z0–Z7 into its lower 8 (Y0–Y7), with Y16 as
+// scratch (AVX-512).
+#define HALVE8 \
+	VEXTRACTF64X4 $1, Z0, Y16; \
+	VADDPS        Y16, Y0, Y0; \
+	VEXTRACTF64X4 $1, Z1, Y16; \
+	VADDPS        Y16, Y1, Y1; \
+	VEXTRACTF64X4 $1, Z2, Y16; \
+	VADDPS        Y16, Y2, Y2; \
+	VEXTRACTF64X4 $1, Z3, Y16; \
+	VADDPS        Y16, Y3, Y3; \
+	VEXTRACTF64X4 $1, Z4, Y16; \
+	VADDPS        Y16, Y4, Y4; \
+	VEXTRACTF64X4 $1, Z5, Y16; \
+	VADDPS        Y16, Y5, Y5; \
+	VEXTRACTF64X4 $1, Z6, Y16; \
+	VADDPS        Y16, Y6, Y6; \
+	VEXTRACTF64X4 $1, Z7, Y16; \
+	VADDPS        Y16, Y7, Y7

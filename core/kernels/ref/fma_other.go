@@ -25,3 +25,6 @@ func skinny(ct, x []float32, k int, w []float32, ldw, n int) {
 // CPUKernels names the vector forms this CPU runs: "scalar" where there are none (only
 // amd64 has them).
 func CPUKernels() string { return "scalar" }
+
+// hasSkinnyAVX512 is false where there is no vector form.
+var hasSkinnyAVX512 = false

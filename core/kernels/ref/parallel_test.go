@@ -157,6 +157,15 @@ func TestBLASGemmSplits(t *testing.T) {
 // product: odd and single columns, inner dimensions a multiple of 8 and not, rows of w
 // in one run and in several; and that a decode batch's product allocates nothing.
 func TestSkinnyGemm(t *testing.T) {
+	t.Run("avx512-if-present", testSkinnyGemm)
+	if hasSkinnyAVX512 {
+		hasSkinnyAVX512 = false
+		defer func() { hasSkinnyAVX512 = true }()
+		t.Run("avx2", testSkinnyGemm)
+	}
+}
+
+func testSkinnyGemm(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	for _, m := range []int{2, 3, 4, 5, 7, 8} {
 		for _, s := range [][2]int{{64, 64}, {64, 65}, {72, 1}, {1024, 301}, {2816, 1030}, {100, 80}} {

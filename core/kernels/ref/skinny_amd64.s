@@ -84,3 +84,100 @@ scol:
 done:
 	VZEROUPPER
 	RET
+
+// func skinnyAVX512(ct *float32, x *float32, k int, w *float32, ldw int, n int)
+//
+// skinnyAVX2 with 16-lane registers, for k a positive multiple of 16: the same two rows of
+// w against 4 rows of x, 8 accumulators of 16 lanes, each halved into 8 lanes before the
+// transposing horizontal sum.
+TEXT ·skinnyAVX512(SB), NOSPLIT, $0-48
+	MOVQ ct+0(FP), DI
+	MOVQ x+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHLQ $2, CX
+	LEAQ (R8)(CX*1), R9
+	LEAQ (R9)(CX*1), R10
+	LEAQ (R10)(CX*1), R11
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $2, BX
+	LEAQ (SI)(BX*1), R12
+	MOVQ n+40(FP), DX
+
+zpair:
+	CMPQ DX, $2
+	JB   zsingle
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	XORQ AX, AX
+
+zpcol:
+	VMOVUPS     (SI)(AX*1), Z8
+	VMOVUPS     (R12)(AX*1), Z9
+	VMOVUPS     (R8)(AX*1), Z10
+	VFMADD231PS Z10, Z8, Z0
+	VFMADD231PS Z10, Z9, Z4
+	VMOVUPS     (R9)(AX*1), Z11
+	VFMADD231PS Z11, Z8, Z1
+	VFMADD231PS Z11, Z9, Z5
+	VMOVUPS     (R10)(AX*1), Z10
+	VFMADD231PS Z10, Z8, Z2
+	VFMADD231PS Z10, Z9, Z6
+	VMOVUPS     (R11)(AX*1), Z11
+	VFMADD231PS Z11, Z8, Z3
+	VFMADD231PS Z11, Z9, Z7
+	ADDQ $64, AX
+	CMPQ AX, CX
+	JB   zpcol
+	HALVE8
+	HSUM8 // Y1 = (row j of w: x0..x3 | row j+1: x0..x3)
+	VMOVUPS    X1, (DI)
+	VEXTRACTF128 $1, Y1, 32(DI)
+	ADDQ $64, DI
+	LEAQ (SI)(BX*2), SI
+	LEAQ (R12)(BX*2), R12
+	SUBQ $2, DX
+	JMP  zpair
+
+zsingle:
+	TESTQ DX, DX
+	JZ    zdone
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ AX, AX
+
+zscol:
+	VMOVUPS     (SI)(AX*1), Z8
+	VFMADD231PS (R8)(AX*1), Z8, Z0
+	VFMADD231PS (R9)(AX*1), Z8, Z1
+	VFMADD231PS (R10)(AX*1), Z8, Z2
+	VFMADD231PS (R11)(AX*1), Z8, Z3
+	ADDQ $64, AX
+	CMPQ AX, CX
+	JB   zscol
+	VEXTRACTF64X4 $1, Z0, Y16
+	VADDPS        Y16, Y0, Y0
+	VEXTRACTF64X4 $1, Z1, Y16
+	VADDPS        Y16, Y1, Y1
+	VEXTRACTF64X4 $1, Z2, Y16
+	VADDPS        Y16, Y2, Y2
+	VEXTRACTF64X4 $1, Z3, Y16
+	VADDPS        Y16, Y3, Y3
+	VHADDPS    Y1, Y0, Y0
+	VHADDPS    Y3, Y2, Y2
+	VHADDPS    Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS     X1, X0, X0
+	VMOVUPS    X0, (DI)
+
+zdone:
+	VZEROUPPER
+	RET
