@@ -44,3 +44,47 @@
 	VADDPS        Y16, Y6, Y6; \
 	VEXTRACTF64X4 $1, Z7, Y16; \
 	VADDPS        Y16, Y7, Y7
+
+// SKINNY_ARGS loads skinny's arguments: DI = ct, R8–R11 = x's 4 rows, CX = k in bytes,
+// SI and R12 = w's first two rows, BX = ldw in bytes, DX = n.
+#define SKINNY_ARGS \
+	MOVQ ct+0(FP), DI; \
+	MOVQ x+8(FP), R8; \
+	MOVQ k+16(FP), CX; \
+	SHLQ $2, CX; \
+	LEAQ (R8)(CX*1), R9; \
+	LEAQ (R9)(CX*1), R10; \
+	LEAQ (R10)(CX*1), R11; \
+	MOVQ w+24(FP), SI; \
+	MOVQ ldw+32(FP), BX; \
+	SHLQ $2, BX; \
+	LEAQ (SI)(BX*1), R12; \
+	MOVQ n+40(FP), DX
+
+// SKINNY_PAIR_STEP is one step of skinny's pair loop at byte offset AX, in registers of
+// either width (Y or Z): w's rows in W0, W1, x's rows through T0, T1, the products of
+// w row 0 with x rows 0–3 into A0–A3 and of w row 1 into A4–A7.
+#define SKINNY_PAIR_STEP(W0, W1, T0, T1, A0, A1, A2, A3, A4, A5, A6, A7) \
+	VMOVUPS     (SI)(AX*1), W0; \
+	VMOVUPS     (R12)(AX*1), W1; \
+	VMOVUPS     (R8)(AX*1), T0; \
+	VFMADD231PS T0, W0, A0; \
+	VFMADD231PS T0, W1, A4; \
+	VMOVUPS     (R9)(AX*1), T1; \
+	VFMADD231PS T1, W0, A1; \
+	VFMADD231PS T1, W1, A5; \
+	VMOVUPS     (R10)(AX*1), T0; \
+	VFMADD231PS T0, W0, A2; \
+	VFMADD231PS T0, W1, A6; \
+	VMOVUPS     (R11)(AX*1), T1; \
+	VFMADD231PS T1, W0, A3; \
+	VFMADD231PS T1, W1, A7
+
+// SKINNY_SINGLE_STEP is one step of skinny's last odd row of w (in W0) against x's 4 rows
+// into A0–A3.
+#define SKINNY_SINGLE_STEP(W0, A0, A1, A2, A3) \
+	VMOVUPS     (SI)(AX*1), W0; \
+	VFMADD231PS (R8)(AX*1), W0, A0; \
+	VFMADD231PS (R9)(AX*1), W0, A1; \
+	VFMADD231PS (R10)(AX*1), W0, A2; \
+	VFMADD231PS (R11)(AX*1), W0, A3

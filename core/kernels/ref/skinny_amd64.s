@@ -10,18 +10,7 @@
 // transposing horizontal add; a last odd row of w on its own. w streams through once,
 // x stays in cache.
 TEXT ·skinnyAVX2(SB), NOSPLIT, $0-48
-	MOVQ ct+0(FP), DI
-	MOVQ x+8(FP), R8
-	MOVQ k+16(FP), CX
-	SHLQ $2, CX             // k in bytes: the stride of x's rows
-	LEAQ (R8)(CX*1), R9
-	LEAQ (R9)(CX*1), R10
-	LEAQ (R10)(CX*1), R11
-	MOVQ w+24(FP), SI
-	MOVQ ldw+32(FP), BX
-	SHLQ $2, BX
-	LEAQ (SI)(BX*1), R12    // the second row of w
-	MOVQ n+40(FP), DX
+	SKINNY_ARGS
 
 pair:
 	CMPQ DX, $2
@@ -30,20 +19,7 @@ pair:
 	XORQ AX, AX
 
 pcol:
-	VMOVUPS     (SI)(AX*1), Y8
-	VMOVUPS     (R12)(AX*1), Y9
-	VMOVUPS     (R8)(AX*1), Y10
-	VFMADD231PS Y10, Y8, Y0
-	VFMADD231PS Y10, Y9, Y4
-	VMOVUPS     (R9)(AX*1), Y11
-	VFMADD231PS Y11, Y8, Y1
-	VFMADD231PS Y11, Y9, Y5
-	VMOVUPS     (R10)(AX*1), Y10
-	VFMADD231PS Y10, Y8, Y2
-	VFMADD231PS Y10, Y9, Y6
-	VMOVUPS     (R11)(AX*1), Y11
-	VFMADD231PS Y11, Y8, Y3
-	VFMADD231PS Y11, Y9, Y7
+	SKINNY_PAIR_STEP(Y8, Y9, Y10, Y11, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7)
 	ADDQ $32, AX
 	CMPQ AX, CX
 	JB   pcol
@@ -66,11 +42,7 @@ single:
 	XORQ AX, AX
 
 scol:
-	VMOVUPS     (SI)(AX*1), Y8
-	VFMADD231PS (R8)(AX*1), Y8, Y0
-	VFMADD231PS (R9)(AX*1), Y8, Y1
-	VFMADD231PS (R10)(AX*1), Y8, Y2
-	VFMADD231PS (R11)(AX*1), Y8, Y3
+	SKINNY_SINGLE_STEP(Y8, Y0, Y1, Y2, Y3)
 	ADDQ $32, AX
 	CMPQ AX, CX
 	JB   scol
@@ -91,18 +63,7 @@ done:
 // w against 4 rows of x, 8 accumulators of 16 lanes, each halved into 8 lanes before the
 // transposing horizontal sum.
 TEXT ·skinnyAVX512(SB), NOSPLIT, $0-48
-	MOVQ ct+0(FP), DI
-	MOVQ x+8(FP), R8
-	MOVQ k+16(FP), CX
-	SHLQ $2, CX
-	LEAQ (R8)(CX*1), R9
-	LEAQ (R9)(CX*1), R10
-	LEAQ (R10)(CX*1), R11
-	MOVQ w+24(FP), SI
-	MOVQ ldw+32(FP), BX
-	SHLQ $2, BX
-	LEAQ (SI)(BX*1), R12
-	MOVQ n+40(FP), DX
+	SKINNY_ARGS
 
 zpair:
 	CMPQ DX, $2
@@ -118,20 +79,7 @@ zpair:
 	XORQ AX, AX
 
 zpcol:
-	VMOVUPS     (SI)(AX*1), Z8
-	VMOVUPS     (R12)(AX*1), Z9
-	VMOVUPS     (R8)(AX*1), Z10
-	VFMADD231PS Z10, Z8, Z0
-	VFMADD231PS Z10, Z9, Z4
-	VMOVUPS     (R9)(AX*1), Z11
-	VFMADD231PS Z11, Z8, Z1
-	VFMADD231PS Z11, Z9, Z5
-	VMOVUPS     (R10)(AX*1), Z10
-	VFMADD231PS Z10, Z8, Z2
-	VFMADD231PS Z10, Z9, Z6
-	VMOVUPS     (R11)(AX*1), Z11
-	VFMADD231PS Z11, Z8, Z3
-	VFMADD231PS Z11, Z9, Z7
+	SKINNY_PAIR_STEP(Z8, Z9, Z10, Z11, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7)
 	ADDQ $64, AX
 	CMPQ AX, CX
 	JB   zpcol
@@ -155,11 +103,7 @@ zsingle:
 	XORQ AX, AX
 
 zscol:
-	VMOVUPS     (SI)(AX*1), Z8
-	VFMADD231PS (R8)(AX*1), Z8, Z0
-	VFMADD231PS (R9)(AX*1), Z8, Z1
-	VFMADD231PS (R10)(AX*1), Z8, Z2
-	VFMADD231PS (R11)(AX*1), Z8, Z3
+	SKINNY_SINGLE_STEP(Z8, Z0, Z1, Z2, Z3)
 	ADDQ $64, AX
 	CMPQ AX, CX
 	JB   zscol
