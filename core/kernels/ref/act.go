@@ -27,7 +27,7 @@ func expf(x float32) float32 {
 	}
 	// Every product is rounded on its own (float32(...)): the Go compiler may fuse a
 	// multiply-add into an FMA (GOAMD64=v3, arm64), which rounds once and would make
-	// expf differ from expfs's vector form in the last bit.
+	// expf differ from EXPF8's vector form (expf_amd64.s) in the last bit.
 	t := float32(x*expfLog2e) + expfMagic
 	n := int32(math.Float32bits(t)) - int32(math.Float32bits(expfMagic))
 	fn := t - expfMagic
@@ -56,28 +56,6 @@ const (
 	expfP4     float32 = 1.6666665459e-1
 	expfP5     float32 = 5.0000001201e-1
 )
-
-// expfs sets dst[i] = expf(src[i]) for every i of src (dst as long; it may be src): on
-// amd64 with AVX2, 8 at a time with expf's own steps and roundings, so the values are
-// expf's to the bit; a block of 8 holding an argument outside the polynomial's range, and
-// the tail, go through expf.
-func expfs(dst, src []float32) {
-	dst = dst[:len(src)]
-	i := 0
-	for len(src)-i >= 8 {
-		i += expfsVector(dst[i:], src[i:])
-		if len(src)-i < 8 {
-			break
-		}
-		for k := i; k < i+8; k++ { // the block the vector form stopped at
-			dst[k] = expf(src[k])
-		}
-		i += 8
-	}
-	for ; i < len(src); i++ {
-		dst[i] = expf(src[i])
-	}
-}
 
 // SiLUMul applies the gated activation of a fused gate/up projection.
 //
@@ -209,9 +187,7 @@ func SiLUMulSplit(out, gate, up []float32, rows, dim int) error {
 			return err
 		}
 	}
-	for i := range n {
-		out[i] = SiLU(gate[i]) * up[i]
-	}
+	siluMulClamped(out[:n], gate[:n], up[:n], float32(math.Inf(1)))
 	return nil
 }
 

@@ -253,7 +253,7 @@ var (
 // kernels for few). It computes what PagedAttention computes for each sequence, softmax
 // sums in float64, to float32 rounding: q·k is accumulated in float32 (as MatMul's GEMMs
 // and the kernels' FMAs do) and exponentiated by expf, a
-// float32 exp within 1 ulp, and a sequence whose keys were split in blocks merges the
+// float32 exp within 2 ulp, and a sequence whose keys were split in blocks merges the
 // blocks' softmaxes by their log-sum-exp.
 //
 //	q, out: [QueryStart[B], Heads, HeadDim]
@@ -600,21 +600,17 @@ func (j *attnJob) unitVec(part int, u *attnUnit) {
 // (or, for a split, the max, the sum and the unnormalised output as a partial).
 func (j *attnJob) unit(part int, u *attnUnit) error {
 	c, a, b := j.c, j.a, j.b
-	d, pt := c.HeadDim, c.PageTokens
-	group := a.Heads / c.KVHeads
-	row0, nq, ctxLen := int(b.QueryStart[u.seq]), int(b.QueryStart[u.seq+1]-b.QueryStart[u.seq]), int(b.CtxLen[u.seq])
-	// The keys any of the unit's queries reads: [klo, khi).
-	klo, khi := 0, ctxLen-nq+u.q1
-	if a.Window > 0 {
-		klo = max(0, ctxLen-nq+u.q0-a.Window+1)
-	}
-	if u.split >= 0 {
-		klo, khi = max(klo, u.k0), min(khi, u.k1)
-	}
 	if u.q1-u.q0 <= attnVecQueries && attnVector(c.HeadDim) {
 		j.unitVec(part, u)
 		return nil
 	}
+	d, pt := c.HeadDim, c.PageTokens
+	group := a.Heads / c.KVHeads
+	row0, nq, ctxLen := int(b.QueryStart[u.seq]), int(b.QueryStart[u.seq+1]-b.QueryStart[u.seq]), int(b.CtxLen[u.seq])
+	// The keys any of the unit's queries reads: [klo, khi), from the first query's lower
+	// bound to the last query's upper one.
+	klo, _ := u.keys(ctxLen-nq+u.q0, a.Window)
+	_, khi := u.keys(ctxLen-nq+u.q1-1, a.Window)
 	if khi-klo >= j.unitGEMMKeys {
 		return j.unitGEMM(part, u, klo, khi)
 	}

@@ -14,7 +14,7 @@
 //     query tiles and key blocks, the elementwise operators (RMSNorm, Add, RoPE, SiLUMul)
 //     by rows and KDAChunked by heads; ParallelRange lends it to a model's own loops;
 //   - AVX2 assembly on amd64 with the scalar forms' own steps and roundings, so their
-//     values to the bit: expf (expfs), SiLUMul, the prefill softmax's row max and
+//     values to the bit: SiLUMul (and SiLUMulClamped), the prefill softmax's row max and
 //     exponentials (their float64 sum to its rounding), NeoX RoPE and AxpyF64
 //     (expf_amd64.s);
 //   - AVX2+FMA kernels (fma_amd64.go), equal to the reference within float32 rounding:

@@ -6,10 +6,11 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// expfConsts is how many constants expfAVX2 reads.
+// expfConsts is how many constants the vector kernels' EXPF8 reads.
 const expfConsts = 14
 
-// expfAVX2Table holds expfAVX2's constants, each in 8 lanes, in the order it reads them.
+// expfAVX2Table holds EXPF8's constants, each in 8 lanes, in the order it reads them:
+// log2e, magic, ln2Hi, ln2Lo, the polynomial's 6 coefficients, 1, minArg, maxArg, 127.
 var expfAVX2Table = func() (c [expfConsts][8]uint32) {
 	f := math.Float32bits
 	for i, v := range [expfConsts]uint32{
@@ -24,24 +25,9 @@ var expfAVX2Table = func() (c [expfConsts][8]uint32) {
 	return c
 }()
 
-// hasExpfAVX2 says whether the CPU runs expfAVX2 (AVX2's 256-bit integer adds and shifts).
+// hasExpfAVX2 says whether the CPU runs the AVX2 kernels of expf_amd64.s (AVX2's 256-bit
+// integer adds and shifts).
 var hasExpfAVX2 = cpu.X86.HasAVX2
-
-// expfAVX2 is in expf_amd64.s.
-//
-//go:noescape
-func expfAVX2(dst, src *float32, n int, c *[expfConsts][8]uint32) int
-
-// expfsVector computes dst[i] = expf(src[i]) from the start of src, 8 at a time with
-// AVX2, and returns how many it did: up to the first block of 8 holding an argument
-// outside expf's polynomial range, and none without AVX2.
-func expfsVector(dst, src []float32) int {
-	n := len(src) &^ 7
-	if !hasExpfAVX2 || n == 0 {
-		return 0
-	}
-	return expfAVX2(&dst[0], &src[0], n, &expfAVX2Table)
-}
 
 // rowMaxAVX2, softmaxExpAVX2 and siluMulAVX2 are in expf_amd64.s.
 //

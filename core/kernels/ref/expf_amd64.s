@@ -35,38 +35,6 @@
 	VMULPS Y2, Y5, Y5; \
 	VANDPS Y1, Y5, Y5
 
-// func expfAVX2(dst, src *float32, n int, c *[expfConsts][8]uint32) int
-//
-// expf of src[0:n] into dst, 8 lanes at a time (n a multiple of 8), the steps and
-// roundings of the scalar expf (no FMA: each product and sum rounded as Go rounds them),
-// 0 below minArg as expf gives. It stops before the first block holding an argument above
-// maxArg (or a NaN) and returns how many it computed. c holds the constants, each in 8 lanes:
-// log2e, magic, ln2Hi, ln2Lo, the polynomial's 6 coefficients, 1, minArg, maxArg, 127.
-TEXT ·expfAVX2(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	MOVQ c+24(FP), R8
-	XORQ AX, AX
-
-loop:
-	CMPQ AX, CX
-	JAE  done
-	VMOVUPS (SI)(AX*4), Y0
-	VCMPPS  $0x12, 384(R8), Y0, Y6 // x <= maxArg (false for NaN)
-	VMOVMSKPS Y6, DX
-	CMPL    DX, $0xff
-	JNE     done
-	EXPF8
-	VMOVUPS Y5, (DI)(AX*4)
-	ADDQ    $8, AX
-	JMP     loop
-
-done:
-	VZEROUPPER
-	MOVQ AX, ret+32(FP)
-	RET
-
 // func rowMaxAVX2(p *float32, n int) float32
 //
 // The largest of p[0:n] (n a positive multiple of 8), NaNs skipped; -Inf when every

@@ -2,10 +2,6 @@
 
 package ref
 
-// expfsVector does nothing where there is no vector expf (only amd64 has one): expfs
-// computes every element with the scalar expf.
-func expfsVector(dst, src []float32) int { return 0 }
-
 // rowMaxVector, softmaxExpVector and siluMulVector do nothing where there is no vector
 // form: their callers run the scalar loop over every element.
 func rowMaxVector(row []float32) (float32, int)                              { return 0, 0 }

@@ -46,8 +46,10 @@ func GEMMBackend() string {
 }
 
 // gemm computes out = a·op(b), where b is [k, n], or [n, k] when transB. With split, a
-// large product on the BLAS is split across the worker pool (blasGemm); without, it runs
-// whole on the caller, as a participant of a pool loop computes its own small products.
+// large product on the BLAS or the skinny kernel is split across the worker pool;
+// without, it is one call on the caller's goroutine, as a participant of a pool loop
+// computes its own small products (gonum may still split a product into goroutines of
+// its own).
 func gemm(op string, transB, split bool, out, a, b []float32, m, k, n int) error {
 	if err := checkGemm(op, out, a, b, m, k, n); err != nil {
 		return err

@@ -15,7 +15,7 @@ import (
 // open, or becomes idle then, joins it and claims chunks beside the caller. The caller
 // always works too, so a loop ends even when every worker is busy elsewhere (a nested
 // loop, or another model's), and it waits only for the workers that joined. Starting a
-// loop allocates nothing.
+// loop allocates nothing (ParallelRange allocates its task, for models' own loops).
 //
 // Joining late matters: a worker that has just finished the previous loop is not yet
 // waiting when the caller starts the next one microseconds later, and a loop cut into one
@@ -219,7 +219,8 @@ func blasGemm(lib *cblas.Library, transB bool, out, a, b []float32, m, k, n int)
 // n=2816: 25–35% on OpenBLAS 0.3.34, SkylakeX kernels).
 const maxOutTRows = 16
 
-// minParallelMACs is the fewest multiply-adds blasGemm splits, and the fewest of a block.
+// minParallelMACs is the fewest multiply-adds blasGemm and skinnyGemm split across the pool
+// (and the fewest of a blasGemm block), and the fewest KDAChunked splits by heads.
 const minParallelMACs = 1 << 18
 
 func roundUp(x, to int) int { return (x + to - 1) / to * to }

@@ -141,14 +141,16 @@ func TestBLASGemmSplits(t *testing.T) {
 			checkProduct(t, fmt.Sprintf("blasGemm transB=%v m=%d k=%d n=%d", transB, m, k, n), got, exact, scale, k)
 		}
 	}
-	m, k, n := 8, 1024, 1024
-	x, w, out := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
-	if a := testing.AllocsPerRun(20, func() {
-		if err := MatMulT(out, x, w, m, k, n); err != nil {
-			t.Fatal(err)
+	for _, m := range []int{8, 512} { // transposed output; blocks of columns
+		k, n := 1024, 1024
+		x, w, out := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+		if a := testing.AllocsPerRun(20, func() {
+			if err := blasGemm(lib, true, out, x, w, m, k, n); err != nil {
+				t.Fatal(err)
+			}
+		}); a != 0 {
+			t.Errorf("m=%d: %v allocations per split blasGemm", m, a)
 		}
-	}); a != 0 {
-		t.Errorf("%v allocations per split MatMulT", a)
 	}
 }
 
@@ -175,7 +177,7 @@ func testSkinnyGemm(t *testing.T) {
 			if err := MatMulT(got, a, b, m, k, n); err != nil {
 				t.Fatal(err)
 			}
-			checkProduct(t, fmt.Sprintf("MatMulT m=%d k=%d n=%d (vector: %v)", m, k, n, skinnyVector(k)), got, exact, scale, k)
+			checkProduct(t, fmt.Sprintf("MatMulT m=%d k=%d n=%d (vector: %v)", m, k, n, skinnyVector(k) && k*n >= minBLASWeight), got, exact, scale, k)
 		}
 	}
 	m, k, n := 4, 1024, 2816
