@@ -483,16 +483,26 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 	// selected tokens' latents are read.
 	scale := float32(1 / math.Sqrt(float64(c.QKHeadDim)))
 	out := make([]float32, T*H*dv)
-	// The tokens are independent: they are split across ref's worker pool.
-	ref.ParallelRange(T, 1, func(_, lo, hi int) {
-		qa, ctx := make([]float32, R), make([]float32, R)
+	// The tokens are independent: they are split across ref's worker pool, each
+	// participant with scratch of its own.
+	scratch := make([]mlaScratch, ref.Parts())
+	ref.ParallelRange(T, 1, func(part, lo, hi int) {
+		sc := &scratch[part]
+		if sc.qa == nil {
+			sc.qa, sc.ctx = make([]float32, R), make([]float32, R)
+		}
+		qa, ctx := sc.qa, sc.ctx
 		for t := lo; t < hi; t++ {
 			toks := sel[t]
-			lats := make([][]float32, len(toks))
-			for j, tok := range toks {
-				lats[j] = ls.Latent.Row(int(tok))
+			lats := sc.lats[:0]
+			for _, tok := range toks {
+				lats = append(lats, ls.Latent.Row(int(tok)))
 			}
-			p := make([]float32, len(toks))
+			sc.lats = lats
+			if cap(sc.p) < len(toks) {
+				sc.p = make([]float32, len(toks))
+			}
+			p := sc.p[:len(toks)]
 			for h := range H {
 				wuk := w.kvb[h*(dn+dv)*R : (h*(dn+dv)+dn)*R]
 				wuv := w.kvb[(h*(dn+dv)+dn)*R : (h+1)*(dn+dv)*R]
@@ -523,6 +533,13 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 		}
 	})
 	return dense(out, w.o, T, H*dv, D), sel, nil
+}
+
+// mlaScratch is one participant's working memory in mla's per-token loop.
+type mlaScratch struct {
+	qa, ctx []float32   // [R] a head's absorbed query, then its latent context
+	lats    [][]float32 // the selected tokens' latents
+	p       []float32   // their attention weights
 }
 
 // index is the DSA indexer: it appends the new tokens' keys and gate scores, closes the
