@@ -20,7 +20,6 @@ func (e *enc) str(s string) { e.u32(uint32(len(s))); e.b = append(e.b, s...) }
 
 func (e *enc) i32s(s []int32)   { e.b = binenc.AppendI32s(e.b, s) }
 func (e *enc) f32s(s []float32) { e.b = binenc.AppendF32s(e.b, s) }
-func (e *enc) u64s(s []uint64)  { e.b = binenc.AppendU64s(e.b, s) }
 
 // dec reads little-endian values, remembering the first error: after it every read
 // returns zero values, and Err says what was wrong. At names the message being decoded.

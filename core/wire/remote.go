@@ -189,12 +189,14 @@ func (r *Remote) Traffic() (steps, sent, received uint64) {
 	return r.steps, r.sent, r.received
 }
 
-// Tracked returns the number of requests whose page tables the runner holds, as far as
-// the engine knows (released requests are forgotten at the next step).
-func (r *Remote) Tracked() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.enc.Tracked()
+// voidForRestart voids the step after a restart: the encoder's shadow page tables start
+// empty, the engine puts every running request back in the queue (Engine.ForgetCache),
+// and the step fails with errRestarted. r.mu is held.
+func (r *Remote) voidForRestart() error {
+	r.needReset = false
+	r.enc.Reset()
+	r.forget()
+	return errRestarted
 }
 
 // Restarts returns how many times the runner was restarted.
@@ -228,10 +230,7 @@ func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		}
 	}
 	if r.needReset {
-		r.needReset = false
-		r.enc.Reset()
-		r.forget()
-		return engine.StepResult{}, errRestarted
+		return engine.StepResult{}, r.voidForRestart()
 	}
 	s := r.sess
 	frame, err := r.enc.AppendStep(s.wbuf[:0], plan)
@@ -262,10 +261,7 @@ func (r *Remote) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 			// was idle, or an exec one whose exit was not noticed yet) and never got it:
 			// as when the death is noticed between steps, the running requests are
 			// recomputed after the restart instead of failing for a death before them.
-			r.needReset = false
-			r.enc.Reset()
-			r.forget()
-			return engine.StepResult{}, errRestarted
+			return engine.StepResult{}, r.voidForRestart()
 		}
 		return engine.StepResult{}, err
 	}
