@@ -6,17 +6,9 @@ import (
 	"unsafe"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
 )
-
-// sampleRow is one logits row's sampling parameters as the sampling kernel reads them
-// (core/kernels/cuda.SampleParams, encoded by PutSampleParams): 32 bytes, little-endian.
-type sampleRow struct {
-	Temperature, TopP, MinP float32
-	TopK                    int32
-	Seed                    uint64
-	Pos, Logprobs           int32
-}
 
 // view is section s of buf as a slice of T; s is aligned for T (sections start at
 // multiples of 16 in a buffer aligned to 8, the largest element).
@@ -35,9 +27,10 @@ var littleEndian = func() bool {
 	return *(*byte)(unsafe.Pointer(&x)) == 1
 }()
 
-// SampleRowBytes is the size of one logits row's sampling parameters in an upload
-// (core/kernels/cuda.SampleParamsBytes: a test holds them equal).
-const SampleRowBytes = 32
+// SampleRowBytes is the size of one logits row's sampling parameters in an upload: a
+// cuda.SampleParams stored as its Go struct, which a test holds to the kernel's layout
+// (little-endian, the fields in order, no padding).
+const SampleRowBytes = cuda.SampleParamsBytes
 
 // sectionAlign is the byte alignment of every section of a plan upload: 16 bytes lets a
 // kernel read any section with 128-bit loads and keeps the int64 slots aligned.
@@ -199,20 +192,20 @@ func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 	}
 	clear(ctx[b:])
 	// Logits rows and the sampling row of each one's sequence.
-	rows, params := i32(l.LogitsIndices), view[sampleRow](buf, l.Sampling)
+	rows, params := i32(l.LogitsIndices), view[cuda.SampleParams](buf, l.Sampling)
 	r := 0
 	for i := 0; i < b; i++ {
 		for j := plan.LogitsStart[i]; j < plan.LogitsStart[i+1]; j++ {
 			idx := plan.LogitsIndices[j]
 			rows[r] = idx
-			params[r] = sampleRow{Temperature: plan.Temperature[i], TopP: plan.TopP[i], MinP: plan.MinP[i], TopK: plan.TopK[i],
+			params[r] = cuda.SampleParams{Temperature: plan.Temperature[i], TopP: plan.TopP[i], MinP: plan.MinP[i], TopK: plan.TopK[i],
 				Seed: plan.Seed[i], Pos: plan.Positions[idx] + 1, Logprobs: plan.Logprobs[i]}
 			r++
 		}
 	}
 	clear(rows[r:])
 	for ; r < l.Dims.Rows; r++ {
-		params[r] = sampleRow{TopP: 1, Logprobs: -1}
+		params[r] = cuda.SampleParams{TopP: 1, Logprobs: -1}
 	}
 	for g := 0; g < l.Dims.Groups; g++ {
 		gp := &plan.Groups[g]

@@ -1,6 +1,7 @@
 package gpurunner
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math"
 	"slices"
@@ -12,9 +13,20 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
+// TestSampleRowBytes: the plan upload stores cuda.SampleParams as its Go struct, which must
+// be the bytes cuda.PutSampleParams encodes for the kernel.
 func TestSampleRowBytes(t *testing.T) {
-	if SampleRowBytes != cuda.SampleParamsBytes || unsafe.Sizeof(sampleRow{}) != SampleRowBytes {
-		t.Errorf("SampleRowBytes %d, the sampling kernel reads rows of %d", SampleRowBytes, cuda.SampleParamsBytes)
+	if unsafe.Sizeof(cuda.SampleParams{}) != SampleRowBytes {
+		t.Fatalf("cuda.SampleParams is %d bytes, the sampling kernel reads rows of %d", unsafe.Sizeof(cuda.SampleParams{}), SampleRowBytes)
+	}
+	p := cuda.SampleParams{Temperature: 0.7, TopP: 0.9, MinP: 0.05, TopK: 40, Seed: 0x0102030405060708, Pos: 17, Logprobs: 3}
+	want := make([]byte, SampleRowBytes)
+	if _, err := cuda.PutSampleParams(want, []cuda.SampleParams{p}); err != nil {
+		t.Fatal(err)
+	}
+	got := unsafe.Slice((*byte)(unsafe.Pointer(&p)), SampleRowBytes)
+	if !bytes.Equal(got, want) {
+		t.Errorf("cuda.SampleParams in memory % x, the kernel's encoding % x", got, want)
 	}
 }
 
