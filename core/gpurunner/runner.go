@@ -255,10 +255,7 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 		return r.cpu.Execute(ctx, plan)
 	}
 	rows := len(plan.LogitsIndices)
-	anyLP, anyTop := false, false
-	for _, n := range plan.Logprobs {
-		anyLP, anyTop = anyLP || n >= 0, anyTop || n > 0
-	}
+	anyLP, anyTop := logprobsWanted(plan)
 	// The host buffer holds [R] ids, [R] logprobs, [R, MaxTop] ids and [R, MaxTop] logprobs.
 	m, R := r.model, int64(r.limits.MaxRows)
 	err := r.step(plan, true, func(c *cudart.Ctx) error {
@@ -283,18 +280,15 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	lps := viewFloat32(r.out.Bytes[4*R : 8*R])
 	topIDs := viewInt32(r.out.Bytes[8*R : (8+4*MaxTop)*R])
 	topLPs := viewFloat32(r.out.Bytes[(8+4*MaxTop)*R : (8+8*MaxTop)*R])
-	fillResult(&r.res, plan, ids, lps, topIDs, topLPs)
+	fillResult(&r.res, plan, anyLP, ids, lps, topIDs, topLPs)
 	return r.res, nil
 }
 
 // fillResult builds the StepResult of a step sampled on the device from its outputs per
 // logits row: the token ids, their logprobs and MaxTop alternatives of each row. A
-// sequence with a row accepts its one token; logprobs are returned when any sequence asks.
-func fillResult(res *engine.StepResult, plan *engine.BatchPlan, ids []int32, lps []float32, topIDs []int32, topLPs []float32) {
-	anyLP := false
-	for _, n := range plan.Logprobs {
-		anyLP = anyLP || n >= 0
-	}
+// sequence with a row accepts its one token; logprobs are returned when anyLP (any
+// sequence asks: logprobsWanted).
+func fillResult(res *engine.StepResult, plan *engine.BatchPlan, anyLP bool, ids []int32, lps []float32, topIDs []int32, topLPs []float32) {
 	b := plan.NumSeqs()
 	res.Reset(b)
 	for i := 0; i < b; i++ {
@@ -318,6 +312,15 @@ func viewInt32(b []byte) []int32 { return unsafe.Slice((*int32)(unsafe.Pointer(&
 
 func viewFloat32(b []byte) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// logprobsWanted reports whether any sequence of plan asks for its token's logprob, and
+// whether any asks for alternatives.
+func logprobsWanted(plan *engine.BatchPlan) (anyLP, anyTop bool) {
+	for _, n := range plan.Logprobs {
+		anyLP, anyTop = anyLP || n >= 0, anyTop || n > 0
+	}
+	return anyLP, anyTop
 }
 
 // deviceSamples reports whether the sampling kernel covers every row of plan: one row per

@@ -59,7 +59,7 @@ func TestFillResult(t *testing.T) {
 		topIDs[i], topLPs[i] = int32(100+i), -float32(i)
 	}
 	var res engine.StepResult
-	fillResult(&res, p, ids, lps, topIDs, topLPs)
+	fillResult(&res, p, anyLP(p), ids, lps, topIDs, topLPs)
 	if !slices.Equal(res.Accepted, []int32{1, 0, 1}) || !slices.Equal(res.Tokens, []int32{11, 22}) || !slices.Equal(res.NumNextDrafts, []int32{0, 0, 0}) {
 		t.Errorf("accepted %v tokens %v drafts %v", res.Accepted, res.Tokens, res.NumNextDrafts)
 	}
@@ -68,8 +68,10 @@ func TestFillResult(t *testing.T) {
 	}
 	// Without logprobs asked, none are returned.
 	p.Logprobs = []int32{-1, -1, -1}
-	fillResult(&res, p, ids, lps, topIDs, topLPs)
+	fillResult(&res, p, anyLP(p), ids, lps, topIDs, topLPs)
 	if len(res.Logprobs) != 0 || len(res.TopTokens) != 0 || !slices.Equal(res.Tokens, []int32{11, 22}) {
 		t.Errorf("no logprobs asked: %+v", res)
 	}
 }
+
+func anyLP(p *engine.BatchPlan) bool { lp, _ := logprobsWanted(p); return lp }
