@@ -266,10 +266,13 @@ func TestServeWithOpenAINodeClient(t *testing.T) {
 	if err := srv.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	// Read the log to its end before Wait: Wait closes the pipe once the process has
+	// exited, and a read still pending then loses the log's last lines.
+	tail := <-rest
 	if err := srv.Wait(); err != nil {
-		t.Fatalf("resin serve exited with %v", err)
+		t.Fatalf("resin serve exited with %v\n%s", err, tail)
 	}
-	if tail := <-rest; !strings.Contains(tail, "msg=stopped") {
+	if !strings.Contains(tail, "msg=stopped") {
 		t.Fatalf("no clean stop in the server log:\n%s", tail)
 	}
 	t.Logf("openai client: completion %q, chat %q, %d stream chunks", rep.Completion.Text, rep.Chat.Content, rep.Stream.Chunks)
