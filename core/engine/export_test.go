@@ -34,3 +34,10 @@ func (s *Scheduler) CheckBookkeeping() error {
 // DisableDecodeRows makes the scheduler build every plan row through addToPlan's general
 // path, so that tests can compare its plans with those of the decode rows' loop.
 func (s *Scheduler) DisableDecodeRows() { s.decodeSlots = false }
+
+// AsOutput returns the Output the scheduler gives st's tokens to, so tests can play the
+// scheduler's side of a stream.
+func (st *Stream) AsOutput() Output { return (*streamOutput)(st) }
+
+// NewStreamForTest returns a stream that no engine feeds.
+func NewStreamForTest(id string) *Stream { return newStream(id) }

@@ -18,6 +18,14 @@ type Output interface {
 	Finish(reason FinishReason, err error, usage Usage)
 }
 
+// FlushOutput is an Output that holds the tokens it is given until Flush: the scheduler
+// calls Flush once it has given a request a step's tokens (after Finish, when they end
+// the request), so that a reader never sees a request's last token before its finish
+// reason (a server deciding whether a stop token belongs in the text needs both at once).
+type FlushOutput interface {
+	Flush()
+}
+
 // PromptLogprobsOutput is an Output that takes prompt logprobs
 // (SamplingParams.PromptLogprobs): the scheduler gives them once, just before the first
 // token. The slice is the Output's to keep.

@@ -7,14 +7,17 @@ import (
 )
 
 // Stream delivers one request's events. The engine never blocks on a slow reader: tokens
-// produced while nobody reads are merged into the next event.
+// produced while nobody reads are merged into the next event. A step's tokens become
+// visible together, so the token that ends a request comes in the event that says so.
 type Stream struct {
 	id    string
 	ready chan struct{} // capacity 1: "something new"
 
 	mu        sync.Mutex
-	tokens    []int32
+	tokens    []int32 // what the next Recv returns
 	logprobs  []TokenLogprob
+	held      []int32 // tokens of the step being emitted (push), until flush or end
+	heldLps   []TokenLogprob
 	promptLps []TokenLogprob
 	finish    FinishReason
 	err       error
@@ -67,18 +70,38 @@ func (s *Stream) Done() bool {
 	return s.finish != FinishNone
 }
 
+// push adds a token to those held back: the reader sees them at the step's flush or at
+// the finish, so that the last token and the finish reason come in one event.
 func (s *Stream) push(tok int32, lp *TokenLogprob) {
 	s.mu.Lock()
-	s.tokens = append(s.tokens, tok)
+	s.held = append(s.held, tok)
 	if lp != nil {
-		s.logprobs = append(s.logprobs, *lp)
+		s.heldLps = append(s.heldLps, *lp)
 	}
 	s.mu.Unlock()
-	s.wake()
+}
+
+// release makes the held tokens visible to Recv (s.mu held).
+func (s *Stream) release() {
+	s.tokens = append(s.tokens, s.held...)
+	s.logprobs = append(s.logprobs, s.heldLps...)
+	s.held, s.heldLps = s.held[:0], s.heldLps[:0]
+}
+
+// flush shows the held tokens to the reader.
+func (s *Stream) flush() {
+	s.mu.Lock()
+	n := len(s.held)
+	s.release()
+	s.mu.Unlock()
+	if n > 0 {
+		s.wake()
+	}
 }
 
 func (s *Stream) end(reason FinishReason, err error, usage Usage) {
 	s.mu.Lock()
+	s.release()
 	if s.finish == FinishNone {
 		s.finish, s.err, s.usage = reason, err, usage
 	}
@@ -127,6 +150,8 @@ func (o *streamOutput) PromptLogprobs(lps []TokenLogprob) {
 	s.promptLps = lps
 	s.mu.Unlock()
 }
+
+func (o *streamOutput) Flush() { (*Stream)(o).flush() }
 
 func (o *streamOutput) Finish(reason FinishReason, err error, usage Usage) {
 	(*Stream)(o).end(reason, err, usage)
