@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -135,6 +137,12 @@ func TestLoadSetsThreads(t *testing.T) {
 	}
 	if b.Threads != 1 || l.ThreadsSet() != 1 {
 		t.Errorf("threads %d after a bad RESIN_BLAS_THREADS, want the default 1", b.Threads)
+	}
+	// More threads than CPUs is allowed, and named: they would share the cores.
+	many := strconv.Itoa(runtime.NumCPU() + 1)
+	_, b = Load(env(map[string]string{"RESIN_BLAS_LIB": lib.Path, "RESIN_BLAS_THREADS": many}))
+	if len(b.Warnings) == 0 || !strings.Contains(b.Warnings[len(b.Warnings)-1], "RESIN_BLAS_THREADS="+many+" is more than this machine's") {
+		t.Errorf("RESIN_BLAS_THREADS=%s on %d CPUs: warnings %q", many, runtime.NumCPU(), b.Warnings)
 	}
 }
 

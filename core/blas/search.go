@@ -139,6 +139,11 @@ func Load(getenv func(string) string) (*Library, Backend) {
 		b.Warnings = append(b.Warnings, w)
 	}
 	b.Threads = lib.SetThreads(threads)
+	if cpus := runtime.NumCPU(); threads > cpus {
+		b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%d is more than this machine's %d CPUs: the library's threads will take turns on the cores (the library runs %d)", threads, cpus, b.Threads))
+	} else if b.Threads != threads && lib.setThreads != nil {
+		b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%d: the library runs %d threads", threads, b.Threads))
+	}
 	return lib, b
 }
 
