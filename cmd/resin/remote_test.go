@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -336,29 +334,8 @@ func TestServePythonRunner(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv := exec.CommandContext(ctx, bin, "serve", "--port", "0", "--served-model-name", "e2e",
+	srv, base, logs := startServer(t, ctx, bin, "serve", "--port", "0", "--served-model-name", "e2e",
 		"--runner", "exec:"+py+" -m resin_runner.llama --weights "+dir, "--runner-cache-bytes", "4000000")
-	stderr, err := srv.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Process.Kill()
-	logs := bufio.NewScanner(stderr)
-	urlRe := regexp.MustCompile(`url=(http://\S+)`)
-	var base string
-	var logText strings.Builder
-	for base == "" && logs.Scan() {
-		logText.WriteString(logs.Text() + "\n")
-		if m := urlRe.FindStringSubmatch(logs.Text()); m != nil {
-			base = m[1]
-		}
-	}
-	if base == "" {
-		t.Fatalf("resin serve did not report its address:\n%s", logText.String())
-	}
 	died := make(chan string, 1)
 	go func() {
 		for logs.Scan() {

@@ -130,6 +130,33 @@ type clientReport struct {
 	BadKey  clientError `json:"badKey"`
 }
 
+// startServer starts `bin args...` (a resin serve), killed when the test ends, and reads
+// its log up to the line that gives its URL. It returns the process, the URL and the
+// scanner over the rest of the log, which the caller must read to its end before Wait.
+func startServer(t *testing.T, ctx context.Context, bin string, args ...string) (*exec.Cmd, string, *bufio.Scanner) {
+	t.Helper()
+	srv := exec.CommandContext(ctx, bin, args...)
+	stderr, err := srv.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill() })
+	logs := bufio.NewScanner(stderr)
+	urlRe := regexp.MustCompile(`url=(http://\S+)`)
+	var logText strings.Builder
+	for logs.Scan() {
+		logText.WriteString(logs.Text() + "\n")
+		if m := urlRe.FindStringSubmatch(logs.Text()); m != nil {
+			return srv, m[1], logs
+		}
+	}
+	t.Fatalf("resin serve did not report its address:\n%s", logText.String())
+	return nil, "", nil
+}
+
 // expected computes, without the server, what the test runner generates greedily.
 func expected(t *testing.T, tok *tokenizer.Tokenizer, eos []int32, prompt []int32, n int) (string, string, int) {
 	t.Helper()
@@ -163,28 +190,7 @@ func TestServeWithOpenAINodeClient(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv := exec.CommandContext(ctx, bin, "serve", "--port", "0", "--served-model-name", "e2e", "--api-key", "e2e-key", "--max-context", "1024")
-	stderr, err := srv.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Process.Kill()
-	logs := bufio.NewScanner(stderr)
-	urlRe := regexp.MustCompile(`url=(http://\S+)`)
-	var base string
-	var logText strings.Builder
-	for base == "" && logs.Scan() {
-		logText.WriteString(logs.Text() + "\n")
-		if m := urlRe.FindStringSubmatch(logs.Text()); m != nil {
-			base = m[1]
-		}
-	}
-	if base == "" {
-		t.Fatalf("resin serve did not report its address:\n%s", logText.String())
-	}
+	srv, base, logs := startServer(t, ctx, bin, "serve", "--port", "0", "--served-model-name", "e2e", "--api-key", "e2e-key", "--max-context", "1024")
 	rest := make(chan string, 1)
 	go func() {
 		var b strings.Builder
