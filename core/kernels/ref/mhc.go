@@ -2,6 +2,19 @@ package ref
 
 import "math"
 
+// axpy adds a·x to y, each product rounded before its sum (gonum's kernels do not fuse
+// them). gonum skips the work when a is 0; then the loop runs, so that 0·Inf still gives
+// NaN.
+func axpy(a float32, x, y []float32) {
+	if a == 0 {
+		for i, v := range x {
+			y[i] += float32(a * v)
+		}
+		return
+	}
+	vek.Saxpy(len(x), a, x, 1, y, 1)
+}
+
 // Manifold-constrained hyper-connections (mHC; DeepSeek-V4, GLM-5-Next): the residual is
 // kept as hc parallel streams per token, collapsed into one block input by the "pre"
 // weights and refreshed from the block output by the "post" weights and a doubly
@@ -115,9 +128,7 @@ func HyperCollapse(out, streams, pre []float32, hc, dim int) error {
 	}
 	clear(out[:dim])
 	for i := range hc {
-		for d := range dim {
-			out[d] += pre[i] * streams[i*dim+d]
-		}
+		axpy(pre[i], streams[i*dim:(i+1)*dim], out[:dim])
 	}
 	return nil
 }
@@ -150,11 +161,7 @@ func HyperExpand(out, streams, block, post, comb []float32, hc, dim int) error {
 			o[d] = post[k] * block[d]
 		}
 		for j := range hc {
-			c := comb[j*hc+k]
-			s := streams[j*dim : (j+1)*dim]
-			for d := range dim {
-				o[d] += c * s[d]
-			}
+			axpy(comb[j*hc+k], streams[j*dim:(j+1)*dim], o)
 		}
 	}
 	return nil

@@ -105,3 +105,57 @@ func TestHyperCollapseExpand(t *testing.T) {
 	// k=0: 2·[1,−1] + 0.9·[1,2] + 0.3·[10,20];  k=1: 3·[1,−1] + 0.1·[1,2] + 0.7·[10,20]
 	near(t, "HyperExpand", next, []float32{2 + 0.9 + 3, -2 + 1.8 + 6, 3 + 0.1 + 7, -3 + 0.2 + 14}, 1e-5)
 }
+
+// TestHyperCollapseExpandMatchScalar: the vector forms give the scalar loops' bits, on
+// a dim that is not a multiple of the vector width, and a 0 weight against an infinite
+// stream still makes NaN, as 0·Inf does in the loop (and in torch).
+func TestHyperCollapseExpandMatchScalar(t *testing.T) {
+	const hc, dim = 4, 37
+	rng := rand.New(rand.NewPCG(5, 6))
+	fill := func(n int) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	streams, block, pre, post, comb := fill(hc*dim), fill(dim), fill(hc), fill(hc), fill(hc*hc)
+	pre[1], comb[2*hc+3] = 0, 0
+	streams[2*dim+5] = float32(math.Inf(1))
+	wantC := make([]float32, dim)
+	for i := range hc {
+		for d := range dim {
+			wantC[d] += float32(pre[i] * streams[i*dim+d]) // rounded, not fused: as SSE computes it
+		}
+	}
+	wantE := make([]float32, hc*dim)
+	for k := range hc {
+		for d := range dim {
+			wantE[k*dim+d] = post[k] * block[d]
+		}
+		for j := range hc {
+			for d := range dim {
+				wantE[k*dim+d] += float32(comb[j*hc+k] * streams[j*dim+d])
+			}
+		}
+	}
+	gotC, gotE := make([]float32, dim), make([]float32, hc*dim)
+	if err := HyperCollapse(gotC, streams, pre, hc, dim); err != nil {
+		t.Fatal(err)
+	}
+	if err := HyperExpand(gotE, streams, block, post, comb, hc, dim); err != nil {
+		t.Fatal(err)
+	}
+	same := func(name string, got, want []float32) {
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(got[i] != got[i] && want[i] != want[i]) {
+				t.Fatalf("%s[%d] = %v, the scalar loop gives %v", name, i, got[i], want[i])
+			}
+		}
+	}
+	same("HyperCollapse", gotC, wantC)
+	same("HyperExpand", gotE, wantE)
+	if v := gotE[3*dim+5]; v == v {
+		t.Fatalf("HyperExpand: stream 3 mixes the infinite stream 2 with weight 0 and gives %v, want NaN", v)
+	}
+}
