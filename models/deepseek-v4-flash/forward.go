@@ -36,10 +36,11 @@ type attnScratch struct {
 	rank  []float32     // [visible] indexerPick's scores
 }
 
-// headScratch is one participant's working memory for one query head in attendSeq.
+// headScratch is one participant's working memory for one query in attendSeq.
 type headScratch struct {
-	scores []float64 // [len(keys)] one head's exp(score − max)
-	acc    []float64 // [headDim] one head's weighted sum of keys
+	kv     []float32 // [len(keys), headDim] the query's keys (= values), gathered
+	scores []float32 // [heads, len(keys)] q·k, then the attention weights
+	exps   []float64 // [len(keys)] one head's exp(score − max)
 }
 
 // NewModel prepares a model for contexts up to maxContext tokens.
@@ -497,36 +498,39 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 	for len(buf.parts) < ref.Parts() {
 		buf.parts = append(buf.parts, headScratch{})
 	}
+	// Per query, as transformers' eager attention: the scores of all heads against the
+	// query's keys in one GEMM, the softmax with the head's sink as one more logit (sums
+	// and exponentials in float64), and the weighted sum of the keys (K = V) in another.
 	ref.ParallelRange(len(pos), 1, func(part, lo, hi int) {
 		hs := &buf.parts[part]
-		hs.acc = grow(hs.acc, d)
-		acc := hs.acc
 		for t := lo; t < hi; t++ {
 			keys := buf.keys[t]
-			for hh := range nh {
-				qh := q[(t*nh+hh)*d : (t*nh+hh+1)*d]
-				scores := hs.scores[:0]
-				mx := float64(l.Sinks[hh])
-				for _, k := range keys {
-					s := float64(dot32(qh, k)) * scale
-					scores = append(scores, s)
-					mx = math.Max(mx, s)
-				}
-				sum := math.Exp(float64(l.Sinks[hh]) - mx)
-				for i, s := range scores {
-					scores[i] = math.Exp(s - mx)
-					sum += scores[i]
-				}
-				clear(acc)
-				for i, k := range keys {
-					ref.AxpyF64(acc, scores[i]/sum, k[:d])
-				}
-				o := out[(t*nh+hh)*d : (t*nh+hh+1)*d]
-				for j := range d {
-					o[j] = float32(acc[j])
-				}
-				hs.scores = scores
+			nk := len(keys)
+			hs.kv = grow(hs.kv, nk*d)
+			for i, k := range keys {
+				copy(hs.kv[i*d:(i+1)*d], k[:d])
 			}
+			hs.scores, hs.exps = grow(hs.scores, nh*nk), grow(hs.exps, nk)
+			qt, o := q[t*nh*d:(t+1)*nh*d], out[t*nh*d:(t+1)*nh*d]
+			// The shapes are the model's and checked when it loads: these cannot fail.
+			_ = ref.MatMulT(hs.scores, qt, hs.kv, nh, d, nk)
+			for hh := range nh {
+				row := hs.scores[hh*nk : (hh+1)*nk]
+				sink := float64(l.Sinks[hh])
+				mx := sink
+				for _, v := range row {
+					mx = math.Max(mx, float64(v)*scale)
+				}
+				sum := math.Exp(sink - mx)
+				for i, v := range row {
+					hs.exps[i] = math.Exp(float64(v)*scale - mx)
+					sum += hs.exps[i]
+				}
+				for i, e := range hs.exps {
+					row[i] = float32(e / sum)
+				}
+			}
+			_ = ref.MatMul(o, hs.scores, hs.kv, nh, nk, d)
 		}
 	})
 }
