@@ -228,6 +228,37 @@ func softmaxRow(row []float32) {
 	}
 }
 
+// SoftmaxSink turns each row of scores into attention weights with a sink: row r becomes
+// softmax([x[r]·scale, sinks[r]]) without the sink's own weight, so the row sums to less
+// than one by what the sink takes (DeepSeek-V4's and gpt-oss's per-head sinks). The
+// exponentials are expf's, 8 at a time with AVX2 (the scalar bits); sums in float64.
+//
+//	x: [rows, n]   sinks: [rows]
+func SoftmaxSink(x []float32, rows, n int, scale float32, sinks []float32) error {
+	if err := checkDims("SoftmaxSink", rows, n); err != nil {
+		return err
+	}
+	if err := checkLen("SoftmaxSink", "x", len(x), rows*n); err != nil {
+		return err
+	}
+	if err := checkLen("SoftmaxSink", "sinks", len(sinks), rows); err != nil {
+		return err
+	}
+	for r := range rows {
+		row := x[r*n : (r+1)*n]
+		mx := sinks[r]
+		if n > 0 {
+			mx = max(mx, rowMax(row, scale))
+		}
+		sum := softmaxExpSum(row, scale, mx) + float64(expf(sinks[r]-mx))
+		inv := float32(1 / sum)
+		for i := range row {
+			row[i] *= inv
+		}
+	}
+	return nil
+}
+
 // Embedding gathers one row of table per id.
 //
 //	table: [vocab, dim]   ids: [tokens]   out: [tokens, dim]

@@ -2,6 +2,9 @@ package ref
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -230,5 +233,54 @@ func TestSiLUMulClamped(t *testing.T) {
 	}
 	if err := SiLUMulClamped(make([]float32, 3), make([]float32, 4), make([]float32, 4), 1); err == nil {
 		t.Error("a short out was accepted")
+	}
+}
+
+// TestSoftmaxSink: against the float64 formula, rows whose length is and is not a
+// multiple of the vector width, a sink above every score (it takes most of the weight)
+// and below; the vector kernels off give the same bits.
+func TestSoftmaxSink(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const rows, n, scale = 4, 45, 0.125
+	x := make([]float32, rows*n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * 8)
+	}
+	sinks := []float32{-3, 0.5, 40, float32(math.Inf(-1))}
+	got := slices.Clone(x)
+	if err := SoftmaxSink(got, rows, n, scale, sinks); err != nil {
+		t.Fatal(err)
+	}
+	for row := range rows {
+		xs := x[row*n : (row+1)*n]
+		mx := float64(sinks[row])
+		for _, v := range xs {
+			mx = math.Max(mx, float64(v)*scale)
+		}
+		sum := math.Exp(float64(sinks[row]) - mx)
+		for _, v := range xs {
+			sum += math.Exp(float64(v)*scale - mx)
+		}
+		var total float64
+		for i, v := range xs {
+			want := math.Exp(float64(v)*scale-mx) / sum
+			total += float64(got[row*n+i])
+			if d := math.Abs(float64(got[row*n+i]) - want); d > 1e-6*want+1e-12 {
+				t.Fatalf("row %d [%d]: %g, want %g", row, i, got[row*n+i], want)
+			}
+		}
+		if sinkShare := math.Exp(float64(sinks[row])-mx) / sum; math.Abs(total+sinkShare-1) > 1e-5 {
+			t.Fatalf("row %d: weights sum to %g with the sink's %g", row, total, sinkShare)
+		}
+	}
+	off := slices.Clone(x)
+	withoutVector(t, func() { _ = SoftmaxSink(off, rows, n, scale, sinks) })
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(off[i]) {
+			t.Fatalf("[%d]: %v with the vector kernels, %v without", i, got[i], off[i])
+		}
+	}
+	if err := SoftmaxSink(got, rows, n, scale, sinks[:3]); err == nil || !strings.Contains(err.Error(), "sinks") {
+		t.Fatalf("3 sinks for 4 rows: %v", err)
 	}
 }
