@@ -40,7 +40,6 @@ type attnScratch struct {
 type headScratch struct {
 	kv     []float32 // [len(keys), headDim] the query's keys (= values), gathered
 	scores []float32 // [heads, len(keys)] q·k, then the attention weights
-	exps   []float64 // [len(keys)] one head's exp(score − max)
 }
 
 // NewModel prepares a model for contexts up to maxContext tokens.
@@ -464,7 +463,7 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 	c := m.Config
 	d, nh, win := c.HeadDim, c.NumAttentionHeads, c.SlidingWindow
 	id, ih := c.IndexHeadDim, c.IndexNHeads
-	scale := 1 / math.Sqrt(float64(d))
+	scale := float32(1 / math.Sqrt(float64(d)))
 	ratio := 0
 	if st.Compressor != nil {
 		ratio = st.Compressor.Ratio
@@ -499,8 +498,8 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 		buf.parts = append(buf.parts, headScratch{})
 	}
 	// Per query, as transformers' eager attention: the scores of all heads against the
-	// query's keys in one GEMM, the softmax with the head's sink as one more logit (sums
-	// and exponentials in float64), and the weighted sum of the keys (K = V) in another.
+	// query's keys in one GEMM, the softmax with the head's sink as one more logit, and
+	// the weighted sum of the keys (K = V) in another.
 	ref.ParallelRange(len(pos), 1, func(part, lo, hi int) {
 		hs := &buf.parts[part]
 		for t := lo; t < hi; t++ {
@@ -510,26 +509,11 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 			for i, k := range keys {
 				copy(hs.kv[i*d:(i+1)*d], k[:d])
 			}
-			hs.scores, hs.exps = grow(hs.scores, nh*nk), grow(hs.exps, nk)
+			hs.scores = grow(hs.scores, nh*nk)
 			qt, o := q[t*nh*d:(t+1)*nh*d], out[t*nh*d:(t+1)*nh*d]
 			// The shapes are the model's and checked when it loads: these cannot fail.
 			_ = ref.MatMulT(hs.scores, qt, hs.kv, nh, d, nk)
-			for hh := range nh {
-				row := hs.scores[hh*nk : (hh+1)*nk]
-				sink := float64(l.Sinks[hh])
-				mx := sink
-				for _, v := range row {
-					mx = math.Max(mx, float64(v)*scale)
-				}
-				sum := math.Exp(sink - mx)
-				for i, v := range row {
-					hs.exps[i] = math.Exp(float64(v)*scale - mx)
-					sum += hs.exps[i]
-				}
-				for i, e := range hs.exps {
-					row[i] = float32(e / sum)
-				}
-			}
+			_ = ref.SoftmaxSink(hs.scores, nh, nk, scale, l.Sinks[:nh])
 			_ = ref.MatMul(o, hs.scores, hs.kv, nh, nk, d)
 		}
 	})
