@@ -120,10 +120,12 @@ type kdaTask struct {
 	scratch                      []kdaScratch // per participant, kept across calls
 }
 
-// kdaScratch is a participant's scratch for one head: cumulative gates, deltas, next state.
+// kdaScratch is a participant's scratch for one head: cumulative gates, deltas, next
+// state, a pair's decays, the chunk's pair products (pairs), and per token and channel
+// exp(G_t) and exp(G_C−G_t).
 type kdaScratch struct {
-	G       []float64
-	u, next []float32
+	G                          []float64
+	u, next, e, A, W, gam, dec []float32
 }
 
 var kdaTasks freeList[kdaTask]
@@ -134,13 +136,50 @@ func (t *kdaTask) run(part, lo, hi int) {
 	sc.G = growFloat64s(sc.G, t.chunk*a.DK)
 	sc.u = growFloat32s(sc.u, t.chunk*a.DV)
 	sc.next = growFloat32s(sc.next, a.DK*a.DV)
+	sc.e = growFloat32s(sc.e, a.DK)
+	sc.gam, sc.dec = growFloat32s(sc.gam, t.chunk*a.DK), growFloat32s(sc.dec, t.chunk*a.DK)
+	sc.A, sc.W = growFloat32s(sc.A, t.chunk*t.chunk), growFloat32s(sc.W, t.chunk*t.chunk)
 	for h := lo; h < hi; h++ {
-		t.head(h, sc.G, sc.u, sc.next)
+		t.head(h, sc)
+	}
+}
+
+// pairs fills, for the chunk's token pairs s < t, A[t·chunk+s] = Σ_c k_t[c]·exp(G_t[c]−G_s[c])·k_s[c]
+// and W[t·chunk+s] = Σ_c q_t[c]·exp(G_t[c]−G_s[c])·k_s[c], and W[t·chunk+t] = q_t·k_t: both from one
+// vector of decays a pair, exponentiated 8 at a time (expf, the scalar bits).
+func (task *kdaTask) pairs(h, t0, C int, sc *kdaScratch) {
+	q, k := task.q, task.k
+	dk, H, stride := task.a.DK, task.a.Heads, task.chunk
+	G, e, A, W := sc.G, sc.e, sc.A, sc.W
+	at := func(t int) int { return (t0+t)*H + h }
+	for t := range C {
+		qt, kt := q[at(t)*dk:(at(t)+1)*dk], k[at(t)*dk:(at(t)+1)*dk]
+		Gt := G[t*dk : (t+1)*dk]
+		for s := range t {
+			ks := k[at(s)*dk : (at(s)+1)*dk]
+			Gs := G[s*dk : (s+1)*dk]
+			for c := range dk {
+				e[c] = float32(Gt[c] - Gs[c])
+			}
+			softmaxExpSum(e, 1, 0) // e[c] = expf(e[c]); the sum is not needed
+			var a, w float32
+			for c := range dk {
+				a += float32(kt[c]*e[c]) * ks[c]
+				w += float32(qt[c]*e[c]) * ks[c]
+			}
+			A[t*stride+s], W[t*stride+s] = a, w
+		}
+		var w float32
+		for c := range dk {
+			w += qt[c] * kt[c]
+		}
+		W[t*stride+t] = w
 	}
 }
 
 // head runs KDAChunked for head h over every chunk.
-func (kt *kdaTask) head(h int, G []float64, u, next []float32) {
+func (kt *kdaTask) head(h int, sc *kdaScratch) {
+	G, u, next, A, W := sc.G, sc.u, sc.next, sc.A, sc.W
 	out, state, q, k, v, g, beta := kt.out, kt.state, kt.q, kt.k, kt.v, kt.g, kt.beta
 	dk, dv, H := kt.a.DK, kt.a.DV, kt.a.Heads
 	chunk := kt.chunk
@@ -158,28 +197,26 @@ func (kt *kdaTask) head(h int, G []float64, u, next []float32) {
 				G[t*dk+c] = prev + float64(gt[c])
 			}
 		}
+		// Γ_t = exp(G_t) and the decays to the chunk's end exp(G_C−G_s), 8 at a time.
+		last := (C - 1) * dk
+		gam, dec := sc.gam[:C*dk], sc.dec[:C*dk]
+		for i := range gam {
+			gam[i] = float32(G[i])
+			dec[i] = float32(G[last+i%dk] - G[i])
+		}
+		softmaxExpSum(gam, 1, 0) // exp in place; the sum is not needed
+		softmaxExpSum(dec, 1, 0)
+		kt.pairs(h, t0, C, sc)
 		// u: forward substitution.
 		for s := range C {
 			ks := k[at(s)*dk : (at(s)+1)*dk]
 			us := u[s*dv : (s+1)*dv]
 			copy(us, v[at(s)*dv:(at(s)+1)*dv])
 			for c := range dk {
-				w := float32(math.Exp(G[s*dk+c])) * ks[c]
-				row := S[c*dv : (c+1)*dv]
-				for j := range dv {
-					us[j] -= w * row[j]
-				}
+				axpy(-(gam[s*dk+c] * ks[c]), S[c*dv:(c+1)*dv], us)
 			}
 			for r := range s {
-				kr := k[at(r)*dk : (at(r)+1)*dk]
-				var A float32
-				for c := range dk {
-					A += ks[c] * float32(math.Exp(G[s*dk+c]-G[r*dk+c])) * kr[c]
-				}
-				ur := u[r*dv : (r+1)*dv]
-				for j := range dv {
-					us[j] -= A * ur[j]
-				}
+				axpy(-A[s*chunk+r], u[r*dv:(r+1)*dv], us)
 			}
 			b := beta[at(s)]
 			for j := range dv {
@@ -192,38 +229,21 @@ func (kt *kdaTask) head(h int, G []float64, u, next []float32) {
 			ot := out[at(t)*dv : (at(t)+1)*dv]
 			clear(ot)
 			for c := range dk {
-				w := float32(math.Exp(G[t*dk+c])) * qt[c]
-				row := S[c*dv : (c+1)*dv]
-				for j := range dv {
-					ot[j] += w * row[j]
-				}
+				axpy(gam[t*dk+c]*qt[c], S[c*dv:(c+1)*dv], ot)
 			}
 			for s := 0; s <= t; s++ {
-				ks := k[at(s)*dk : (at(s)+1)*dk]
-				var w float32
-				for c := range dk {
-					w += qt[c] * float32(math.Exp(G[t*dk+c]-G[s*dk+c])) * ks[c]
-				}
-				us := u[s*dv : (s+1)*dv]
-				for j := range dv {
-					ot[j] += w * us[j]
-				}
+				axpy(W[t*chunk+s], u[s*dv:(s+1)*dv], ot)
 			}
 		}
 		// State.
-		last := (C - 1) * dk
 		for c := range dk {
-			d := float32(math.Exp(G[last+c]))
+			d := gam[last+c]
 			row, nrow := S[c*dv:(c+1)*dv], next[c*dv:(c+1)*dv]
 			for j := range dv {
 				nrow[j] = d * row[j]
 			}
 			for s := range C {
-				w := float32(math.Exp(G[last+c]-G[s*dk+c])) * k[at(s)*dk+c]
-				us := u[s*dv : (s+1)*dv]
-				for j := range dv {
-					nrow[j] += w * us[j]
-				}
+				axpy(dec[s*dk+c]*k[at(s)*dk+c], u[s*dv:(s+1)*dv], nrow)
 			}
 		}
 		copy(S, next)

@@ -40,7 +40,13 @@ func kdaInputs(r *rand.Rand, tokens int, a KDA) (q, k, v, g, beta []float32) {
 // for chunk sizes that divide the sequence, that do not, and that exceed it, from a non-zero
 // state; outputs and the final state agree.
 func TestKDAChunkedEqualsStep(t *testing.T) {
-	a := KDA{Heads: 3, DK: 8, DV: 6}
+	// DK 8 runs the pairs' decays in one vector of 8; 20 in vectors and a scalar tail.
+	for _, a := range []KDA{{Heads: 3, DK: 8, DV: 6}, {Heads: 2, DK: 20, DV: 12}} {
+		kdaChunkedEqualsStep(t, a)
+	}
+}
+
+func kdaChunkedEqualsStep(t *testing.T, a KDA) {
 	r := rand.New(rand.NewPCG(1, 2))
 	const tokens = 37
 	q, k, v, g, beta := kdaInputs(r, tokens, a)
@@ -60,10 +66,10 @@ func TestKDAChunkedEqualsStep(t *testing.T) {
 			t.Fatal(err)
 		}
 		if d := maxDiff(got, want); d > 1e-5 {
-			t.Errorf("chunk %d: outputs differ by %g", chunk, d)
+			t.Errorf("%+v, chunk %d: outputs differ by %g", a, chunk, d)
 		}
 		if d := maxDiff(gs, ws); d > 1e-5 {
-			t.Errorf("chunk %d: final states differ by %g", chunk, d)
+			t.Errorf("%+v, chunk %d: final states differ by %g", a, chunk, d)
 		}
 	}
 }
