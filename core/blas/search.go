@@ -139,9 +139,14 @@ func Load(getenv func(string) string) (*Library, Backend) {
 		b.Warnings = append(b.Warnings, w)
 	}
 	b.Threads = lib.SetThreads(threads)
-	if cpus := runtime.NumCPU(); threads > cpus {
+	switch cpus := runtime.NumCPU(); {
+	case lib.setThreads == nil:
+		if threads != 1 {
+			b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%d: %s has no call to set its thread count; it runs its own default", threads, lib.Path))
+		}
+	case threads > cpus:
 		b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%d is more than this machine's %d CPUs: the library's threads will take turns on the cores (the library runs %d)", threads, cpus, b.Threads))
-	} else if b.Threads != threads && lib.setThreads != nil {
+	case b.Threads != threads:
 		b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS_THREADS=%d: the library runs %d threads", threads, b.Threads))
 	}
 	return lib, b

@@ -2,9 +2,9 @@ package ref
 
 import "math"
 
-// axpy adds a·x to y, each product rounded before its sum (gonum's kernels do not fuse
-// them). gonum skips the work when a is 0; then the loop runs, so that 0·Inf still gives
-// NaN.
+// axpy adds a·x to y, each product rounded before its sum on amd64 (gonum's assembly does
+// not fuse them; its pure-Go loop elsewhere may). gonum skips the work when a is 0; then
+// the loop runs, so that 0·Inf still gives NaN.
 func axpy(a float32, x, y []float32) {
 	if a == 0 {
 		for i, v := range x {

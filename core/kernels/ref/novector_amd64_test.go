@@ -3,6 +3,7 @@ package ref
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -98,6 +99,27 @@ func TestRoPEWithoutVectorKernel(t *testing.T) {
 			if math.Float32bits(on[i]) != math.Float32bits(off[i]) {
 				t.Fatalf("dim %d: x[%d] = %v with the vector kernel, %v without", dim, i, on[i], off[i])
 			}
+		}
+	}
+}
+
+// TestSoftmaxSinkWithoutVector: SoftmaxSink gives the same bits with the AVX2 kernels off.
+func TestSoftmaxSinkWithoutVector(t *testing.T) {
+	if !hasExpfAVX2 {
+		t.Skip("this CPU has no AVX2: TestSoftmaxSink already runs the scalar form")
+	}
+	r := rand.New(rand.NewPCG(7, 9))
+	const rows, n, scale = 3, 45, 0.125
+	x := randSlice(r, rows*n)
+	sinks := []float32{-1, 2, 0.25}
+	on, off := slices.Clone(x), slices.Clone(x)
+	if err := SoftmaxSink(on, rows, n, scale, sinks); err != nil {
+		t.Fatal(err)
+	}
+	withoutVector(t, func() { _ = SoftmaxSink(off, rows, n, scale, sinks) })
+	for i := range on {
+		if math.Float32bits(on[i]) != math.Float32bits(off[i]) {
+			t.Fatalf("[%d]: %v with the vector kernels, %v without", i, on[i], off[i])
 		}
 	}
 }
