@@ -27,8 +27,13 @@ func BenchCmd(l Loader) *cobra.Command {
 		Short: "Measure prefill and decode throughput through the engine",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if requests <= 0 || promptLen <= 0 || genLen <= 0 || concurrency <= 0 {
-				return errors.New("bench: --requests, --prompt-len, --gen-len and --concurrency must be positive")
+			for _, f := range []struct {
+				name string
+				v    int
+			}{{"requests", requests}, {"prompt-len", promptLen}, {"gen-len", genLen}, {"concurrency", concurrency}} {
+				if f.v <= 0 {
+					return fmt.Errorf("bench: --%s %d must be positive", f.name, f.v)
+				}
 			}
 			if err := checkPhaseFlags(batches, genLen, repeat); err != nil {
 				return err

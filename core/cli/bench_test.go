@@ -3,6 +3,7 @@ package cli
 import (
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,13 +43,20 @@ func TestBenchPhases(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range [][]string{
-		{"--batch-sizes", "0"},
-		{"--batch-sizes", "2", "--gen-len", "1"},
-		{"--batch-sizes", "2", "--repeat", "0"},
+	for _, bad := range []struct {
+		args []string
+		want string // the error names the flag at fault
+	}{
+		{[]string{"--batch-sizes", "0"}, "--batch-sizes 0"},
+		{[]string{"--batch-sizes", "2", "--gen-len", "1"}, "--gen-len"},
+		{[]string{"--batch-sizes", "2", "--repeat", "0"}, "--repeat 0"},
+		{[]string{"--batch-sizes", "1", "--prompt-len", "0"}, "--prompt-len 0 must be positive"},
+		{[]string{"--gen-len", "-3"}, "--gen-len -3 must be positive"},
+		{[]string{"--concurrency", "0"}, "--concurrency 0 must be positive"},
 	} {
-		if _, _, err := run(t, BenchCmd(NewModelDir("test", testOpener)), append([]string{"--model", dir}, bad...)...); err == nil {
-			t.Errorf("bench %v accepted", bad)
+		_, _, err := run(t, BenchCmd(NewModelDir("test", testOpener)), append([]string{"--model", dir}, bad.args...)...)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("bench %v: error %v, want one naming %q", bad.args, err, bad.want)
 		}
 	}
 }
