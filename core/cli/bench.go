@@ -38,6 +38,12 @@ func BenchCmd(l Loader) *cobra.Command {
 			if err := checkPhaseFlags(batches, genLen, repeat); err != nil {
 				return err
 			}
+			// Every request of a batch (or in flight) may wait in the queue at once.
+			for _, b := range append([]int{concurrency}, batches...) {
+				if ef.MaxQueue > 0 && b > ef.MaxQueue {
+					return fmt.Errorf("bench: %d requests at once is more than --max-queue %d lets wait; raise --max-queue (0 = no cap)", b, ef.MaxQueue)
+				}
+			}
 			rt, cfg, err := load(cmd, l, &ef)
 			if err != nil {
 				return err

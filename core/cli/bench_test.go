@@ -53,6 +53,8 @@ func TestBenchPhases(t *testing.T) {
 		{[]string{"--batch-sizes", "1", "--prompt-len", "0"}, "--prompt-len 0 must be positive"},
 		{[]string{"--gen-len", "-3"}, "--gen-len -3 must be positive"},
 		{[]string{"--concurrency", "0"}, "--concurrency 0 must be positive"},
+		{[]string{"--batch-sizes", "1,40", "--max-queue", "32"}, "40 requests at once is more than --max-queue 32"},
+		{[]string{"--concurrency", "40", "--max-queue", "32"}, "40 requests at once is more than --max-queue 32"},
 	} {
 		_, _, err := run(t, BenchCmd(NewModelDir("test", testOpener)), append([]string{"--model", dir}, bad.args...)...)
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
