@@ -15,7 +15,7 @@ import (
 // open, or becomes idle then, joins it and claims chunks beside the caller. The caller
 // always works too, so a loop ends even when every worker is busy elsewhere (a nested
 // loop, or another model's), and it waits only for the workers that joined. Starting a
-// loop allocates nothing (ParallelRange allocates its task, for models' own loops).
+// loop allocates nothing.
 //
 // Joining late matters: a worker that has just finished the previous loop is not yet
 // waiting when the caller starts the next one microseconds later, and a loop cut into one
@@ -279,11 +279,18 @@ func Parts() int { return parts() }
 // and returns when every item is done. fn(part, lo, hi) handles items [lo, hi); part, in
 // [0, Parts()), is held by one participant at a time, so it can index per-participant
 // scratch. For a model's own loops (a layer's tokens or heads); fn may call the package's
-// operators, whose own splitting then runs on whoever is free.
+// operators, whose own splitting then runs on whoever is free. It allocates nothing
+// itself (a closure made for the call may allocate; a func kept in the caller's scratch
+// does not).
 func ParallelRange(n, grain int, fn func(part, lo, hi int)) {
-	t := &funcTask{fn: fn}
+	t := funcTasks.get()
+	t.fn = fn
 	parallelFor(&t.loop, t, n, grain)
+	t.fn = nil
+	funcTasks.put(t)
 }
+
+var funcTasks freeList[funcTask]
 
 // funcTask is ParallelRange's function as a pool task.
 type funcTask struct {

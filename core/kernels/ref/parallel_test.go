@@ -196,3 +196,19 @@ func TestParallelRange(t *testing.T) {
 	c.check(t)
 	ParallelRange(0, 1, func(int, int, int) { t.Fatal("ran on an empty range") })
 }
+
+// TestParallelRangeAllocatesNothing: with a func made once (a model keeps it in its
+// scratch), a ParallelRange call allocates nothing, so a model's steady-state forward
+// can stay allocation-free around it.
+func TestParallelRangeAllocatesNothing(t *testing.T) {
+	var sum [64]int64
+	fn := func(part, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			sum[i%64]++
+		}
+	}
+	ParallelRange(64, 1, fn) // start the pool
+	if n := testing.AllocsPerRun(100, func() { ParallelRange(64, 1, fn) }); n != 0 {
+		t.Fatalf("ParallelRange allocates %v times a call", n)
+	}
+}
