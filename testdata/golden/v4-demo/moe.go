@@ -1,6 +1,7 @@
 package v4demo
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 
@@ -10,22 +11,67 @@ import (
 // moeScratch is the MoE's working memory. It lives on the Model and is reused by every
 // layer and step, so that the MoE allocates nothing once it has grown to the largest chunk.
 type moeScratch struct {
-	logits  []float32 // [n, experts] router logits
-	scores  []float32 // [experts] one token's unbiased scores
-	choice  []float32 // [experts] one token's biased scores, -Inf once picked
-	ids     []int32   // [n, topK] the expert of each (token, slot) pair
-	weights []float32 // [n, topK] its routing weight
-	start   []int     // [experts+1] each expert's first pair in pairs
-	cursor  []int     // [experts] fill position of the counting sort
-	pairs   []int32   // [n·topK] pair indices (token·topK + slot), grouped by expert
-	x       []float32 // [rows, hidden] one expert's gathered input rows
-	gateUp  []float32 // [rows, 2·moeInter]
-	act     []float32 // [rows, moeInter]
-	y       []float32 // [rows, hidden] one expert's output rows
+	logits  []float32       // [n, experts] router logits
+	scores  []float32       // [experts] one token's unbiased scores
+	choice  []float32       // [experts] one token's biased scores, -Inf once picked
+	ids     []int32         // [n, topK] the expert of each (token, slot) pair
+	weights []float32       // [n, topK] its routing weight
+	start   []int           // [experts+1] each expert's first pair in pairs
+	cursor  []int           // [experts] fill position of the counting sort
+	pairs   []int32         // [n·topK] pair indices (token·topK + slot), grouped by expert
+	parts   []expertScratch // per participant of ref's pool
+	run     expertCall      // the call runExperts serves
+	runFn   func(part, lo, hi int)
+	y       []float32 // [n·topK, hidden] the experts' output rows, in pairs' order
 	gate    []float32 // [n, moeInter] the shared expert's gate, then its activation
 	up      []float32 // [n, moeInter] the shared expert's up
 	shared  []float32 // [n, hidden] the shared expert's output
 	out     []float32 // [n, hidden] the MoE's output
+}
+
+// expertCall is what runExperts reads of one moe call.
+type expertCall struct {
+	x        []float32 // [n, hidden] the MoE's input
+	l        *Layer
+	k, h, in int
+	lim      float32
+}
+
+// runExperts runs experts [lo, hi) as participant part of ref's pool: each expert's rows
+// gathered, its gate_up GEMM, the clamped SwiGLU and its down GEMM, whose rows go to s.y
+// at the expert's pairs.
+func (s *moeScratch) runExperts(part, lo, hi int) {
+	c, ps := &s.run, &s.parts[part]
+	h, in := c.h, c.in
+	for ex := lo; ex < hi && ps.err == nil; ex++ {
+		pairs := s.pairs[s.start[ex]:s.start[ex+1]]
+		rows := len(pairs)
+		if rows == 0 {
+			continue
+		}
+		ps.x = grow(ps.x, rows*h)
+		for i, p := range pairs {
+			t := int(p) / c.k
+			copy(ps.x[i*h:(i+1)*h], c.x[t*h:(t+1)*h])
+		}
+		ps.gateUp, ps.act = grow(ps.gateUp, rows*2*in), grow(ps.act, rows*in)
+		if ps.err = ref.MatMulT(ps.gateUp, ps.x, c.l.GateUp[ex*2*in*h:(ex+1)*2*in*h], rows, h, 2*in); ps.err != nil {
+			return
+		}
+		for r := range rows {
+			gu := ps.gateUp[r*2*in : (r+1)*2*in]
+			swiglu(ps.act[r*in:(r+1)*in], gu[:in], gu[in:], c.lim)
+		}
+		ps.err = ref.MatMulT(s.y[s.start[ex]*h:s.start[ex+1]*h], ps.act, c.l.Down[ex*h*in:(ex+1)*h*in], rows, in, h)
+	}
+}
+
+// expertScratch is one participant's working memory for one routed expert.
+type expertScratch struct {
+	x      []float32 // [rows, hidden] the expert's gathered input rows
+	gateUp []float32 // [rows, 2·moeInter]
+	act    []float32 // [rows, moeInter]
+	err    error     // the first GEMM error met
 }
 
 // grow returns buf resized to n values, reallocated only when its capacity is short. The
@@ -56,40 +102,35 @@ func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float
 	}
 	s.groupByExpert(e)
 
+	// The experts run on ref's pool, a participant one expert at a time; their rows are
+	// then added to their tokens expert by expert, as transformers' index_add_ does.
+	lim := float32(c.SwigluLimit)
+	s.y = grow(s.y, len(s.pairs)*h)
+	for len(s.parts) < ref.Parts() {
+		s.parts = append(s.parts, expertScratch{})
+	}
+	if s.runFn == nil {
+		s.runFn = s.runExperts // bound once: ParallelRange then allocates nothing
+	}
+	s.run = expertCall{x: x, l: l, k: k, h: h, in: in, lim: lim}
+	ref.ParallelRange(e, 1, s.runFn)
+	s.run = expertCall{}
+	var err error
+	for i := range s.parts {
+		err = cmp.Or(err, s.parts[i].err)
+		s.parts[i].err = nil
+	}
+	if err != nil {
+		return nil, err
+	}
 	s.out = grow(s.out, n*h)
 	out := s.out
 	clear(out)
-	lim := float32(c.SwigluLimit)
-	for ex := range e {
-		pairs := s.pairs[s.start[ex]:s.start[ex+1]]
-		rows := len(pairs)
-		if rows == 0 {
-			continue
-		}
-		s.x = grow(s.x, rows*h)
-		for i, p := range pairs {
-			t := int(p) / k
-			copy(s.x[i*h:(i+1)*h], x[t*h:(t+1)*h])
-		}
-		s.gateUp = grow(s.gateUp, rows*2*in)
-		if err := ref.MatMulT(s.gateUp, s.x, l.GateUp[ex*2*in*h:(ex+1)*2*in*h], rows, h, 2*in); err != nil {
-			return nil, err
-		}
-		s.act = grow(s.act, rows*in)
-		for r := range rows {
-			gu := s.gateUp[r*2*in : (r+1)*2*in]
-			swiglu(s.act[r*in:(r+1)*in], gu[:in], gu[in:], lim)
-		}
-		s.y = grow(s.y, rows*h)
-		if err := ref.MatMulT(s.y, s.act, l.Down[ex*h*in:(ex+1)*h*in], rows, in, h); err != nil {
-			return nil, err
-		}
-		for i, p := range pairs {
-			t, w := int(p)/k, s.weights[p]
-			o, y := out[t*h:(t+1)*h], s.y[i*h:(i+1)*h]
-			for j := range o {
-				o[j] += y[j] * w
-			}
+	for i, p := range s.pairs {
+		t, w := int(p)/k, s.weights[p]
+		o, y := out[t*h:(t+1)*h], s.y[i*h:(i+1)*h]
+		for j := range o {
+			o[j] += y[j] * w
 		}
 	}
 
