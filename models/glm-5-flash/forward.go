@@ -313,22 +313,31 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 			rows[ids[t*K+j]] = append(rows[ids[t*K+j]], t*K+j)
 		}
 	}
+	// The experts run on ref's pool, a participant whole experts at a time; their rows are
+	// then added to their tokens expert by expert, in the order of the loop they came from.
+	ys := make([][]float32, E)
+	ref.ParallelRange(E, 1, func(_, lo, hi int) {
+		for e := lo; e < hi; e++ {
+			rs := rows[e]
+			if len(rs) == 0 {
+				continue
+			}
+			xe := make([]float32, len(rs)*D)
+			for r, tk := range rs {
+				copy(xe[r*D:(r+1)*D], x[(tk/K)*D:(tk/K+1)*D])
+			}
+			gu := dense(xe, w.gateUp[e*2*F*D:(e+1)*2*F*D], len(rs), D, 2*F)
+			g, u := make([]float32, len(rs)*F), make([]float32, len(rs)*F)
+			for r := range rs {
+				copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
+				copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
+			}
+			clampedSwiGLU(g, u, float32(c.SwigluLimit))
+			ys[e] = dense(g, w.down[e*D*F:(e+1)*D*F], len(rs), F, D)
+		}
+	})
 	for e, rs := range rows {
-		if len(rs) == 0 {
-			continue
-		}
-		xe := make([]float32, len(rs)*D)
-		for r, tk := range rs {
-			copy(xe[r*D:(r+1)*D], x[(tk/K)*D:(tk/K+1)*D])
-		}
-		gu := dense(xe, w.gateUp[e*2*F*D:(e+1)*2*F*D], len(rs), D, 2*F)
-		g, u := make([]float32, len(rs)*F), make([]float32, len(rs)*F)
-		for r := range rs {
-			copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
-			copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
-		}
-		clampedSwiGLU(g, u, float32(c.SwigluLimit))
-		y := dense(g, w.down[e*D*F:(e+1)*D*F], len(rs), F, D)
+		y := ys[e]
 		for r, tk := range rs {
 			wt := wts[tk]
 			o := out[(tk/K)*D : (tk/K+1)*D]
