@@ -58,6 +58,7 @@ type request struct {
 	// first token, in nanoseconds since the scheduler's epoch (metrics).
 	scheduledNs, firstTokenNs int64
 	out                       Output
+	flusher                   FlushOutput       // out as a FlushOutput, nil if it is not one (found once, at Add)
 	tables                    [][]kvslab.PageID // the pool's page tables, per group, while tablesGen != 0
 	last                      int32             // tokens[len(tokens)-1], kept here to spare a cache line per step
 	logprobs                  int8              // -1: none, else top alternatives wanted
@@ -340,6 +341,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 		ignoreEOS: sp.IgnoreEOS, stopIDs: slices.Clone(sp.StopTokenIDs),
 	}
 	r.last = req.Prompt[len(req.Prompt)-1]
+	r.flusher, _ = out.(FlushOutput)
 	r.stops = len(r.stopIDs) > 0 || !r.ignoreEOS && len(s.eos) > 0
 	s.setExtras(r, sp)
 	if req.Sampling.Logprobs {

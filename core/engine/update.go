@@ -85,7 +85,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 		if (r.stops || len(r.tokens) >= r.end) && s.stopped(r, t) {
 			continue
 		}
-		flush(r.out)
+		r.flush()
 		if drafts && len(r.drafts) > 0 {
 			r.drafts = r.drafts[:0]
 		}
@@ -257,7 +257,7 @@ func (s *Scheduler) commit(r *request) bool {
 // emit appends r's new tokens, sends them to its output and finishes r at a stop token,
 // at max tokens or at the end of the context.
 func (s *Scheduler) emit(r *request, toks []int32) {
-	defer flush(r.out)
+	defer r.flush()
 	for _, t := range toks {
 		r.tokens = append(r.tokens, t)
 		r.last = t
@@ -271,7 +271,7 @@ func (s *Scheduler) emit(r *request, toks []int32) {
 
 // emitLogprobs is emit for a request that asked for logprobs.
 func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topToks []int32, topLps []float32) {
-	defer flush(r.out)
+	defer r.flush()
 	top := int(r.logprobs)
 	for j, t := range toks {
 		r.tokens = append(r.tokens, t)
@@ -291,10 +291,10 @@ func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topTok
 	}
 }
 
-// flush hands out what a FlushOutput holds.
-func flush(out Output) {
-	if f, ok := out.(FlushOutput); ok {
-		f.Flush()
+// flush hands out what r's output holds, when it is a FlushOutput.
+func (r *request) flush() {
+	if r.flusher != nil {
+		r.flusher.Flush()
 	}
 }
 
