@@ -39,7 +39,11 @@ func BenchCmd(l Loader) *cobra.Command {
 				return err
 			}
 			// Every request of a batch (or in flight) may wait in the queue at once.
-			for _, b := range append([]int{concurrency}, batches...) {
+			atOnce := batches
+			if len(batches) == 0 {
+				atOnce = []int{concurrency}
+			}
+			for _, b := range atOnce {
 				if ef.MaxQueue > 0 && b > ef.MaxQueue {
 					return fmt.Errorf("bench: %d requests at once is more than --max-queue %d lets wait; raise --max-queue (0 = no cap)", b, ef.MaxQueue)
 				}

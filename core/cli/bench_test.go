@@ -43,6 +43,10 @@ func TestBenchPhases(t *testing.T) {
 			}
 		}
 	}
+	// With --batch-sizes, --concurrency is unused: it does not count against --max-queue.
+	if _, _, err := run(t, BenchCmd(NewModelDir("test", pacedOpener)), "--model", dir, "--batch-sizes", "2", "--prompt-len", "9", "--gen-len", "6", "--repeat", "1", "--max-queue", "4", "--concurrency", "8"); err != nil {
+		t.Errorf("bench --batch-sizes 2 --max-queue 4 (concurrency 8 unused): %v", err)
+	}
 	for _, bad := range []struct {
 		args []string
 		want string // the error names the flag at fault
