@@ -163,7 +163,7 @@ func (task *kdaTask) pairs(h, t0, C int, sc *kdaScratch) {
 			for c := range dk {
 				e[c] = float32(Gt[c] - Gs[c])
 			}
-			softmaxExpSum(e, 1, 0) // e[c] = expf(e[c]); the sum is not needed
+			expfInPlace(e)
 			var a, w float32
 			for c := range dk {
 				a += float32(kt[c]*e[c]) * ks[c]
@@ -178,6 +178,10 @@ func (task *kdaTask) pairs(h, t0, C int, sc *kdaScratch) {
 		W[t*stride+t] = w
 	}
 }
+
+// expfInPlace sets x[i] = expf(x[i]), 8 at a time with AVX2: softmaxExpSum with scale 1
+// and max 0 is exactly that (its sum is dropped).
+func expfInPlace(x []float32) { softmaxExpSum(x, 1, 0) }
 
 // head runs KDAChunked for head h over every chunk.
 func (kt *kdaTask) head(h int, sc *kdaScratch) {
@@ -208,8 +212,8 @@ func (kt *kdaTask) head(h int, sc *kdaScratch) {
 			gam[i] = float32(G[i])
 			dec[i] = float32(G[last+i%dk] - G[i])
 		}
-		softmaxExpSum(gam, 1, 0) // exp in place; the sum is not needed
-		softmaxExpSum(dec, 1, 0)
+		expfInPlace(gam)
+		expfInPlace(dec)
 		kt.pairs(h, t0, C, sc)
 		// u: forward substitution.
 		for s := range C {
