@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -288,3 +289,53 @@ type countOutput struct {
 
 func (o *countOutput) Token(int32, *engine.TokenLogprob)               { o.tokens++ }
 func (o *countOutput) Finish(engine.FinishReason, error, engine.Usage) { o.finished = true }
+
+// A request aborted while the plan that restores its recurrent state is pending frees
+// its pages at once; when that step then fails or is rolled back, the copy meant for it
+// is dropped, not handed out again: the next plan carries no copy onto a page the pool
+// may since have given to another sequence, and the pool is whole once the rest ends.
+func TestAbortedRequestsCopyIsNotReissued(t *testing.T) {
+	for _, how := range []string{"fail", "rollback"} {
+		t.Run(how, func(t *testing.T) {
+			var ops [][]engine.CacheOp
+			rc := enginetest.Config{BlockTokens: 8, Recurrent: true, OnPlan: func(p *engine.BatchPlan) {
+				ops = append(ops, slices.Clone(p.CacheOps))
+			}}
+			d := newDirect(t, rc, engine.Config{})
+			shared := prompt(7, 24)
+			d.add("a", append(slices.Clone(shared), 1, 2), engine.SamplingParams{MaxTokens: 3}, 0)
+			d.runAll()
+			d.add("b", append(slices.Clone(shared), 3, 4), engine.SamplingParams{MaxTokens: 3}, 0)
+			p := d.s.Schedule()
+			if len(p.CacheOps) == 0 {
+				t.Fatal("the hit's plan carries no cache op")
+			}
+			d.s.Abort("b")
+			switch how {
+			case "fail":
+				if err := d.s.Update(p, engine.StepResult{}, errors.New("step failed")); err != nil {
+					t.Fatal(err)
+				}
+			case "rollback":
+				if err := d.s.Rollback(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := d.r.Pool().PendingCopies(); n != 0 {
+				t.Fatalf("%d copies pending for an aborted request with nothing in flight", n)
+			}
+			ops = ops[:0]
+			c := d.add("c", prompt(9, 20), engine.SamplingParams{MaxTokens: 3}, 0)
+			d.runAll()
+			for i, o := range ops {
+				if len(o) != 0 {
+					t.Fatalf("plan %d after the abort carries cache ops %+v", i, o)
+				}
+			}
+			if ref := enginetest.Reference(256, prompt(9, 20), 3, greedy()); !slices.Equal(c.tokens, ref) {
+				t.Fatalf("c: %v, want %v", c.tokens, ref)
+			}
+			d.checkWhole()
+		})
+	}
+}

@@ -130,6 +130,12 @@ func (p *Pool) Check() error {
 		if err := holdPage(c.Group, c.Src, fmt.Sprintf("copy %d source", i)); err != nil {
 			return err
 		}
+		if c.Seq == freedSeq && i >= p.taken {
+			return fmt.Errorf("copy %d: not taken, for a sequence already freed", i)
+		}
+		if c.Seq != freedSeq && (c.Seq < 0 || int(c.Seq) >= len(p.seqs) || !p.seqs[c.Seq].open) {
+			return fmt.Errorf("copy %d: for sequence %d, which is not open", i, c.Seq)
+		}
 	}
 	if open != p.open {
 		return fmt.Errorf("%d sequences open, %d counted", open, p.open)

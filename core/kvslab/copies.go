@@ -49,8 +49,21 @@ func (p *Pool) RetireCopies(n int) error {
 
 // ReissueCopies reports that the taken copies not retired may not have been executed (the
 // step that carried them failed or never ran): TakeCopies hands them out again, before
-// any copy recorded since.
-func (p *Pool) ReissueCopies() { p.taken = 0 }
+// any copy recorded since. A taken copy whose sequence was freed since is dropped
+// instead (its source let go): its destination page went back to the pool with the
+// sequence and may belong to another one by now.
+func (p *Pool) ReissueCopies() {
+	k := 0
+	for _, c := range p.copies {
+		if c.Seq == freedSeq {
+			p.release(c.Group, c.Src)
+			continue
+		}
+		p.copies[k] = c
+		k++
+	}
+	p.copies, p.taken = p.copies[:k], 0
+}
 
 // DropCopies forgets every copy recorded and not retired, taken or not, and lets go of
 // their sources: for a runner that lost its cache (a restarted process), for which no
@@ -100,11 +113,18 @@ func (p *Pool) copyPage(seq SeqID, g int, dst, src PageID) error {
 	return nil
 }
 
-// dropCopies forgets the copies recorded for seq and not yet taken (the sequence is being
-// freed, so nothing will read their destinations).
+// freedSeq marks a taken copy whose sequence was freed while the copy was out: it is
+// retired as usual when its step ran, and dropped, not handed out again, when not.
+const freedSeq SeqID = -1
+
+// dropCopies forgets the copies recorded for seq and not yet taken, and marks those taken
+// (the sequence is being freed, so nothing will read their destinations; a taken copy
+// may be running, so its source stays held until it is retired or reissued).
 func (p *Pool) dropCopies(seq SeqID) {
-	if len(p.copies) == p.taken {
-		return
+	for i := range p.copies[:p.taken] {
+		if p.copies[i].Seq == seq {
+			p.copies[i].Seq = freedSeq
+		}
 	}
 	k := p.taken
 	for _, c := range p.copies[p.taken:] {

@@ -260,3 +260,57 @@ func TestDropCopies(t *testing.T) {
 	p.ClearCache()
 	wantWhole(t, p)
 }
+
+// A taken copy whose sequence is freed before its step runs is not handed out again when
+// that step fails (ReissueCopies): its destination went back to the pool with the
+// sequence, and the next sequence opened there may hold the very same page. Retiring it
+// instead (the step ran) lets go of its source as for any copy.
+func TestReissueDropsCopiesOfFreedSequences(t *testing.T) {
+	rec := GroupSpec{Name: "state", Kind: Recurrent, Layers: 1, BytesPerToken: 16, PageTokens: 4, Checkpoints: 2}
+	for _, ran := range []bool{false, true} {
+		p := newPool(t, 64, 1024, full("kv", 4), rec)
+		p.DeferCopies(true)
+		toks := seqTokens(1, 9)
+		a, _ := open(t, p, nil)
+		reserve(t, p, a, 9)
+		if err := p.Commit(a, toks); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Free(a); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := open(t, p, toks[:8])
+		taken := p.TakeCopies(nil)
+		if len(taken) != 1 || taken[0].Seq != b {
+			t.Fatalf("copies %+v, want b's restore", taken)
+		}
+		if err := p.Free(b); err != nil { // aborted while its step is out
+			t.Fatal(err)
+		}
+		c, _ := open(t, p, nil) // reuses b's slot and its state page
+		if c != b || p.StatePage(c, 1) != taken[0].Dst {
+			t.Fatalf("sequence %d has state %#x; the case needs b's slot %d and page %#x", c, uint32(p.StatePage(c, 1)), b, uint32(taken[0].Dst))
+		}
+		if err := p.Check(); err != nil {
+			t.Fatal(err)
+		}
+		if ran {
+			if err := p.RetireCopies(1); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			p.ReissueCopies()
+			if again := p.TakeCopies(nil); len(again) != 0 {
+				t.Fatalf("reissued %+v for a freed sequence", again)
+			}
+		}
+		if err := p.Check(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Free(c); err != nil {
+			t.Fatal(err)
+		}
+		p.ClearCache()
+		wantWhole(t, p)
+	}
+}
