@@ -50,13 +50,13 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 			hello = true
 			out = AppendInfo(out[:0], Info{Version: Version, Caps: CapCacheOps | CapReleases, Runner: runner.Info()})
 		case kind == KindStep && hello:
-			if err := tables.DecodeStep(payload, &plan); err != nil {
+			if err := decodeStep(&tables, payload, &plan); err != nil {
 				return protocolErr(err)
 			}
 			var res engine.StepResult
 			err := applyOps(&plan, ownOps, opts.Pool)
 			if err == nil {
-				res, err = runner.Execute(ctx, &plan)
+				res, err = execute(ctx, runner, &plan)
 			}
 			if err != nil {
 				out = AppendError(out[:0], Error{Step: plan.Step, Code: CodeStepFailed, Message: err.Error()})
@@ -85,6 +85,28 @@ type ServeOptions struct {
 	// Pool is the runner's cache pool, on which Serve applies each step's cache ops when
 	// the runner does not declare ExecutesCacheOps.
 	Pool *kvslab.Pool
+}
+
+// decodeStep is Tables.DecodeStep with a panic (a decoder bug a hostile frame found)
+// turned into ErrMalformed, so the runner answers a protocol Error instead of dying.
+func decodeStep(t *Tables, payload []byte, p *engine.BatchPlan) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: step: the decoder panicked: %v", ErrMalformed, r)
+		}
+	}()
+	return t.DecodeStep(payload, p)
+}
+
+// execute runs the runner's Execute with a panic turned into the step's error: the engine
+// fails that step's requests and the session goes on, as for any failed step.
+func execute(ctx context.Context, r engine.Runner, p *engine.BatchPlan) (res engine.StepResult, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("runner %s panicked in step %d: %v", r.Info().Name, p.Step, v)
+		}
+	}()
+	return r.Execute(ctx, p)
 }
 
 func applyOps(p *engine.BatchPlan, ownOps bool, pool *kvslab.Pool) error {

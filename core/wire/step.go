@@ -351,6 +351,12 @@ func (t *Tables) applyDelta(d *dec, p *engine.BatchPlan, groups int) {
 		ts = make([][]kvslab.PageID, groups)
 		t.byReq[id] = ts
 	}
+	if len(ts) != groups {
+		// The group count is the runner's, fixed for the session: a step that changes it
+		// for a request an earlier step built is forged.
+		d.fail("table delta for request %d, which has tables for %d cache groups, in a step of %d groups", id, len(ts), groups)
+		return
+	}
 	old := ts[g]
 	// Entries past the old length must all be written by the runs, so the new length is
 	// bounded by the bytes of the message, never by a forged count.

@@ -102,6 +102,9 @@ def serve(runner: Runner, rfile, wfile, max_frame: int = wire.DEFAULT_MAX_FRAME)
             return protocol_error(str(e))
         except BrokenPipeError:
             return 0
+        except Exception as e:  # a decoder bug a hostile frame found: answer it, do not die
+            traceback.print_exc(file=sys.stderr)
+            return protocol_error(f"could not decode the {kind} message: {type(e).__name__}: {e}")
 
 
 def serve_spec(runner: Runner, listen: str | None) -> int:
@@ -137,7 +140,10 @@ def serve_spec(runner: Runner, listen: str | None) -> int:
             conn, _ = srv.accept()
             with conn:
                 rf, wf = conn.makefile("rb"), conn.makefile("wb")
-                serve(runner, rf, wf)
+                try:
+                    serve(runner, rf, wf)
+                except Exception:  # one engine connection's failure never takes the listener down
+                    traceback.print_exc(file=sys.stderr)
     except KeyboardInterrupt:
         return 0
     finally:

@@ -391,6 +391,8 @@ class Plan:
         return max(0, min(c + int(self.scheduled[i]), int(self.prompt_len[i]) - 1) - c)
 
 
+INT32_MAX = (1 << 31) - 1
+
 STEP_HEADER = struct.Struct("<Qi11I")
 
 
@@ -489,6 +491,10 @@ class Tables:
             d.fail(f"table delta for row {row}, group {g} of a plan of {len(req_ids)} rows, {groups} groups")
         rid = req_ids[row]
         ts = self.by_req.setdefault(rid, [np.zeros(0, dtype=np.uint32) for _ in range(groups)])
+        if len(ts) != groups:
+            # The group count is the runner's, fixed for the session: a step that changes it
+            # for a request an earlier step built is forged.
+            d.fail(f"table delta for request {rid}, which has tables for {len(ts)} cache groups, in a step of {groups} groups")
         old = ts[g]
         if new_len > len(old) + d.left() // 4:
             d.fail(f"table delta grows request {rid}'s group {g} table from {len(old)} to {new_len} entries")
@@ -521,6 +527,8 @@ def _validate(d: _Dec, B: int, T: int, L: int, kw: dict):
         if kw["scheduled"][i] != b - a or b == a:
             d.fail(f"sequence {i} schedules {kw['scheduled'][i]} tokens, offsets say {b - a}")
         c = int(kw["computed"][i])
+        if c + (b - a) > INT32_MAX:
+            d.fail(f"sequence {i}: positions {c}..{c + b - a - 1} wrap int32")
         if c < 0 or not np.array_equal(kw["positions"][a:b], np.arange(c, c + b - a, dtype=np.int32)):
             d.fail(f"sequence {i}: positions are not {c}..{c + b - a - 1}")
         rows = kw["logits_indices"][ls[i] : ls[i + 1]]

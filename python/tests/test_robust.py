@@ -180,3 +180,47 @@ class Listen(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class HostileSteps(unittest.TestCase):
+    """Steps a hostile or broken engine could send: each is a WireError (a protocol Error
+    on the wire), never an IndexError or OverflowError out of the decoder."""
+
+    def step1(self) -> bytearray:
+        return bytearray(payload_of(fixture("step1")[0], wire.KIND_STEP))
+
+    def test_more_groups_than_the_request_has(self):
+        # Request 9's tables were built with fewer groups than this step declares.
+        tables = wire.Tables()
+        tables.by_req[9] = []
+        with self.assertRaisesRegex(wire.WireError, "cache groups"):
+            tables.decode_step(bytes(self.step1()))
+
+    def test_positions_that_wrap_int32(self):
+        b = self.step1()
+        (_, _, B, _, _, _, _, _, _, _, nops, nrel, _) = wire.STEP_HEADER.unpack_from(b)
+        computed = wire.STEP_HEADER.size + 12 * nrel + 16 * nops + 8 * B  # after req_ids
+        struct.pack_into("<i", b, computed, (1 << 31) - 2)  # sequence 0 schedules 3 tokens
+        with self.assertRaisesRegex(wire.WireError, "wrap int32"):
+            wire.Tables().decode_step(bytes(b))
+
+    def test_serve_answers_a_decoder_bug(self):
+        # Whatever escapes the decoder becomes a protocol Error and a clean return.
+        class Broken(wire.Tables):
+            def decode_step(self, payload):
+                raise IndexError("list index out of range")
+
+        import resin_runner.runner as runner_mod
+
+        orig = runner_mod.Tables
+        runner_mod.Tables = Broken
+        try:
+            out = io.BytesIO()
+            code = serve(Echo(), io.BytesIO(wire.encode_hello(wire.Hello()) + fixture("step1")[0]), out)
+        finally:
+            runner_mod.Tables = orig
+        got = frames(out.getvalue())
+        self.assertEqual(code, 2)
+        step, code_, msg = wire.decode_error(got[-1][1])
+        self.assertEqual(code_, wire.CODE_PROTOCOL)
+        self.assertIn("IndexError", msg)
