@@ -2,9 +2,12 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/resin-llm/resin/core/tokenizer/internal/jinja"
 )
@@ -41,6 +44,11 @@ var loopsOverContent = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+\w+(?:\.cont
 type ChatOptions struct {
 	// AddGenerationPrompt appends the header that opens the assistant's turn.
 	AddGenerationPrompt bool
+	// ContinueFinalMessage leaves the final message open, the prompt ending with its
+	// content (no end-of-turn markup after it), so that the model continues it: a
+	// "prefill" of the answer, as transformers' continue_final_message. It excludes
+	// AddGenerationPrompt.
+	ContinueFinalMessage bool
 	// Tools are function descriptions in the OpenAI JSON shape, or nil. Give each as
 	// json.RawMessage to keep its key order in `tojson` output, as transformers does.
 	Tools []any
@@ -86,6 +94,21 @@ func (c *ChatTemplate) SetSpecialToken(name, content string) { c.tokens[name] = 
 // thinking. Values may be json.RawMessage, which keeps JSON key order and number
 // spelling. Content given as a list of parts follows ContentFormat.
 func (c *ChatTemplate) Render(messages []map[string]any, opts ChatOptions) (out string, err error) {
+	if opts.ContinueFinalMessage {
+		if opts.AddGenerationPrompt {
+			return "", errors.New("render chat template: continue_final_message and add_generation_prompt exclude each other")
+		}
+		final, err := finalText(messages)
+		if err != nil {
+			return "", err
+		}
+		opts.ContinueFinalMessage = false
+		out, err := c.Render(messages, opts)
+		if err != nil {
+			return "", err
+		}
+		return continueFinal(out, final)
+	}
 	if opts.Tools != nil && c.toolUse != nil {
 		return c.toolUse.Render(messages, opts)
 	}
@@ -151,4 +174,43 @@ func tokenContent(raw json.RawMessage) (string, bool) {
 		return obj.Content, true
 	}
 	return "", false
+}
+
+// finalText is the text of the last message, the one ContinueFinalMessage leaves open: its
+// content, or the last text part of a content given as parts.
+func finalText(messages []map[string]any) (string, error) {
+	if len(messages) == 0 {
+		return "", errors.New("render chat template: continue_final_message needs a final message")
+	}
+	switch c := messages[len(messages)-1]["content"].(type) {
+	case string:
+		return c, nil
+	case []any:
+		for i := len(c) - 1; i >= 0; i-- {
+			if part, ok := c[i].(map[string]any); ok {
+				if text, ok := part["text"].(string); ok {
+					return text, nil
+				}
+			}
+		}
+	}
+	return "", errors.New("render chat template: continue_final_message: the final message has no text to continue")
+}
+
+// continueFinal cuts the rendered prompt just after the final message's content, as
+// transformers does: at the last place its trimmed text appears, keeping the message's
+// leading and trailing spaces where the template kept them.
+func continueFinal(rendered, final string) (string, error) {
+	trimmed := strings.TrimSpace(final)
+	if trimmed == "" {
+		return "", errors.New("render chat template: continue_final_message: the final message is empty")
+	}
+	at := strings.LastIndex(rendered, trimmed)
+	if at < 0 {
+		return "", errors.New("render chat template: continue_final_message: the final message does not appear in the rendered prompt")
+	}
+	if kept := strings.TrimLeftFunc(final, unicode.IsSpace); strings.HasPrefix(rendered[at:], kept) {
+		return rendered[:at+len(kept)], nil
+	}
+	return rendered[:at+len(trimmed)], nil
 }
