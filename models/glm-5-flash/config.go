@@ -24,11 +24,15 @@ const (
 	TextModelType = "glm5_next_text"
 )
 
-// Attention layer kinds (text_config.layer_types) as transformers 5.23.0 spells them;
-// "full_attention" is accepted and mapped to IndexedAttention as Glm5NextTextConfig does.
+// Attention layer kinds (text_config.layer_types) as transformers 5.23.0 spells them.
+// Two other spellings of IndexedAttention are accepted and mapped to it: "full_attention"
+// (as Glm5NextTextConfig maps it) and DeepSeekSparseAttention, the name on transformers
+// main and in GLM-5.3-Flash's published config.
 const (
 	LinearAttention  = "linear_attention"  // Kimi Delta Attention: recurrent state + short conv
 	IndexedAttention = "indexed_attention" // NoPE MLA with DSA (pooled indexer keys, top-k pools)
+
+	DeepSeekSparseAttention = "deepseek_sparse_attention" // transformers main's IndexedAttention
 )
 
 // MLP layer kinds (mlp_layer_types).
@@ -277,6 +281,7 @@ func (c *TextConfig) normalise(text map[string]json.RawMessage) error {
 			}
 		}
 	}
+	layerTypesGiven := c.LayerTypes != nil
 	if c.LayerTypes == nil {
 		c.LayerTypes = []string{}
 		for i := range n {
@@ -288,7 +293,7 @@ func (c *TextConfig) normalise(text map[string]json.RawMessage) error {
 		}
 	}
 	for i, t := range c.LayerTypes {
-		if t == "full_attention" {
+		if t == "full_attention" || t == DeepSeekSparseAttention {
 			c.LayerTypes[i] = IndexedAttention
 		}
 	}
@@ -365,9 +370,102 @@ func (c *TextConfig) normalise(text map[string]json.RawMessage) error {
 			lb := -5.0
 			c.LinearLowerBound = &lb
 		}
+		if err := c.layersFromLinearAttn(la, layerTypesGiven); err != nil {
+			return err
+		}
+	}
+	// Fields of the published config that transformers does not read; another value than
+	// GLM-5.3-Flash's would be another model.
+	for _, f := range []struct{ key, want string }{
+		{"mhc", "true"}, {"mla_use_nope", "true"}, {"index_kpool_compress", "true"}, {"scoring_func", `"sigmoid"`},
+	} {
+		if v, ok := text[f.key]; ok && string(v) != "null" && strings.TrimSpace(string(v)) != f.want {
+			return fmt.Errorf("config: %s = %s is not implemented (GLM-5.3-Flash has %s)", f.key, v, f.want)
+		}
 	}
 	c.HeadDim = c.QKRopeHeadDim
 	c.QKHeadDim = c.QKRopeHeadDim + c.QKNopeHeadDim
+	return nil
+}
+
+// layersFromLinearAttn reads linear_attn_config's kda_layers and full_attn_layers, the
+// 0-based indices of the KDA and the DSA layers (SGLang's Glm5NextTextConfig.is_kda_layer;
+// transformers reads neither). Together they must name each layer 0..n-1 once; one alone
+// leaves the rest to the other kind. They fill layer_types when it was not given, and must
+// agree with it when it was.
+func (c *TextConfig) layersFromLinearAttn(la map[string]json.RawMessage, layerTypesGiven bool) error {
+	n := c.NumHiddenLayers
+	lists := []struct {
+		key  string
+		kind string
+	}{{"kda_layers", LinearAttention}, {"full_attn_layers", IndexedAttention}}
+	kind := make([]string, n)
+	named := make([]string, n) // which list named layer i
+	found := false
+	for _, l := range lists {
+		r, ok := la[l.key]
+		if !ok || string(r) == "null" {
+			continue
+		}
+		found = true
+		var idx []int
+		if err := json.Unmarshal(r, &idx); err != nil {
+			return fmt.Errorf("config: linear_attn_config.%s: %w: want a list of layer indices: %v", l.key, weights.ErrFormat, err)
+		}
+		for _, i := range idx {
+			if i < 0 || i >= n {
+				return fmt.Errorf("config: linear_attn_config.%s names layer %d of %d: indices are 0-based (0..%d), as GLM publishes them (Kimi-Linear's lists are 1-based)", l.key, i, n, n-1)
+			}
+			switch named[i] {
+			case "":
+			case l.key:
+				return fmt.Errorf("config: linear_attn_config.%s names layer %d twice", l.key, i)
+			default:
+				return fmt.Errorf("config: linear_attn_config.kda_layers and full_attn_layers both name layer %d", i)
+			}
+			named[i], kind[i] = l.key, l.kind
+		}
+	}
+	if !found {
+		return nil
+	}
+	for _, l := range lists {
+		if r, ok := la[l.key]; !ok || string(r) == "null" {
+			for i := range n { // the other list alone: the rest are this kind
+				if kind[i] == "" {
+					kind[i] = l.kind
+				}
+			}
+		}
+	}
+	for i := range n {
+		if kind[i] == "" {
+			return fmt.Errorf("config: linear_attn_config.kda_layers and full_attn_layers leave layer %d out (together they must name layers 0..%d)", i, n-1)
+		}
+	}
+	if !layerTypesGiven {
+		c.LayerTypes = kind
+		return nil
+	}
+	if len(c.LayerTypes) != n {
+		return nil // Validate names the length mismatch
+	}
+	for i, t := range c.LayerTypes {
+		if t != kind[i] && (t == LinearAttention || t == IndexedAttention) {
+			key := "full_attn_layers"
+			if kind[i] == LinearAttention {
+				key = "kda_layers"
+			}
+			if named[i] == "" { // the one list given leaves layer i to the other kind
+				key = "full_attn_layers"
+				if kind[i] == IndexedAttention {
+					key = "kda_layers"
+				}
+				return fmt.Errorf("config: layer_types[%d] = %s contradicts linear_attn_config.%s, which does not list layer %d", i, t, key, i)
+			}
+			return fmt.Errorf("config: layer_types[%d] = %s contradicts linear_attn_config.%s, which lists layer %d", i, t, key, i)
+		}
+	}
 	return nil
 }
 

@@ -138,6 +138,10 @@ func TestConfigRefusals(t *testing.T) {
 		{`"mlp_layer_types": ["sparse", "sparse"], "n_group": 5`, "n_group"},
 		{`"mlp_layer_types": ["sparse", "sparse"], "num_experts_per_tok": 300`, "num_experts_per_tok"},
 		{`"quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4"}`, "expert_dtype"},
+		{`"mhc": false`, "mhc"},
+		{`"mla_use_nope": false`, "mla_use_nope"},
+		{`"index_kpool_compress": false`, "index_kpool_compress"},
+		{`"scoring_func": "softmax"`, "scoring_func"},
 	} {
 		in := `{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "index_topk": 32, "index_kpool": 8, ` + tc.edit + `}`
 		_, err := ParseTextConfig([]byte(in))
@@ -168,5 +172,72 @@ func TestConfigNested(t *testing.T) {
 	}
 	if err := c.RefuseVisionTokens([]int32{1, 2}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPublishedConfig parses GLM-5.3-Flash's text config in the form its published copies
+// share (testdata/hf-configs/glm-5.3-flash.json): layer_types spelled
+// "deepseek_sparse_attention", as on transformers main, beside linear_attn_config's
+// 0-based kda_layers / full_attn_layers, a KDA:DSA 3:1 interleave over 45 layers.
+func TestPublishedConfig(t *testing.T) {
+	c, err := LoadTextConfig("../../testdata/hf-configs/glm-5.3-flash.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NumHiddenLayers != 45 || c.IndexKPool != 4 || c.NRoutedExperts != 288 || c.LinearNumHeads != 64 || *c.LinearLowerBound != -5 {
+		t.Fatalf("layers %d kpool %d experts %d KDA heads %d lower bound %v", c.NumHiddenLayers, c.IndexKPool, c.NRoutedExperts, c.LinearNumHeads, *c.LinearLowerBound)
+	}
+	indexed := 0
+	for i, lt := range c.LayerTypes {
+		want := LinearAttention
+		if i%4 == 3 {
+			want = IndexedAttention
+			indexed++
+		}
+		if lt != want {
+			t.Fatalf("layer_types[%d] = %q, want %q", i, lt, want)
+		}
+	}
+	if indexed != 11 {
+		t.Fatalf("%d indexed layers, want 11", indexed)
+	}
+}
+
+// TestLinearAttnLayers checks that linear_attn_config's kda_layers / full_attn_layers
+// fill layer_types when it is absent, agree with it when both are given, and are refused,
+// naming both fields, when they contradict it or do not split the layers 0..n-1.
+func TestLinearAttnLayers(t *testing.T) {
+	base := `{"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "index_topk": 32, "index_kpool": 8, `
+	parse := func(edit string) (*TextConfig, error) { return ParseTextConfig([]byte(base + edit + `}`)) }
+	for _, edit := range []string{
+		`"linear_attn_config": {"kda_layers": [0, 2, 3], "full_attn_layers": [1]}`,
+		`"linear_attn_config": {"kda_layers": [0, 2, 3]}`,
+		`"linear_attn_config": {"full_attn_layers": [1]}`,
+		`"layer_types": ["linear_attention", "deepseek_sparse_attention", "linear_attention", "linear_attention"], "linear_attn_config": {"kda_layers": [0, 2, 3], "full_attn_layers": [1]}`,
+		`"layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"], "linear_attn_config": {"full_attn_layers": [1]}`,
+	} {
+		c, err := parse(edit)
+		if err != nil {
+			t.Errorf("%s: %v", edit, err)
+			continue
+		}
+		if want := []string{LinearAttention, IndexedAttention, LinearAttention, LinearAttention}; !reflect.DeepEqual(c.LayerTypes, want) {
+			t.Errorf("%s: layer_types %q, want %q", edit, c.LayerTypes, want)
+		}
+	}
+	for _, tc := range []struct{ edit, want string }{
+		{`"layer_types": ["linear_attention", "linear_attention", "linear_attention", "deepseek_sparse_attention"], "linear_attn_config": {"kda_layers": [0, 2, 3], "full_attn_layers": [1]}`, "layer_types[1]"},
+		{`"layer_types": ["linear_attention", "linear_attention", "linear_attention", "deepseek_sparse_attention"], "linear_attn_config": {"kda_layers": [0, 2, 3], "full_attn_layers": [1]}`, "linear_attn_config.full_attn_layers"},
+		{`"linear_attn_config": {"kda_layers": [0, 1, 2], "full_attn_layers": [2, 3]}`, "both"},
+		{`"linear_attn_config": {"kda_layers": [0, 1], "full_attn_layers": [3]}`, "layer 2"},
+		{`"linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4]}`, "0-based"},
+		{`"linear_attn_config": {"kda_layers": [0, 0, 2], "full_attn_layers": [1, 3]}`, "twice"},
+		{`"linear_attn_config": {"kda_layers": "0,1"}`, "linear_attn_config.kda_layers"},
+		{`"layer_types": ["linear_attention", "linear_attention", "linear_attention", "linear_attention"], "linear_attn_config": {"kda_layers": [0, 2, 3]}`, "does not list layer 1"},
+	} {
+		_, err := parse(tc.edit)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: want an error naming %q, got %v", tc.edit, tc.want, err)
+		}
 	}
 }
