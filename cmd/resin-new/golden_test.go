@@ -3,9 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
+	"go/format"
 	"os"
 	"path/filepath"
-	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,24 +16,35 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden scaffolds under testdata/golden")
 
 // goldens are the scaffolds kept under testdata/golden/NAME, with the arguments that
-// render them (besides --out).
-var goldens = []struct {
+// render them (besides --out) and, in like, the golden whose files theirs are but for the
+// name ("": the in-tree model of the same base).
+var goldens = []golden{
+	{"demo", []string{"model", "demo"}, ""},
+	{"qwen3-tiny", []string{"model", "qwen3-tiny", "--hf-config", "testdata/hf-configs/qwen3-tiny.json", "--module", "github.com/acme/qwen3-tiny"}, "demo"},
+	{"v4-demo", []string{"model", "v4-demo", "--base", "deepseek-v4", "--module", "github.com/acme/v4-demo"}, ""},
+	{"glm-demo", []string{"model", "glm-demo", "--base", "glm-5", "--module", "github.com/acme/glm-demo"}, ""},
+	{"py-demo", []string{"model", "py-demo", "--runner", "python", "--module", "github.com/acme/py-demo"}, ""},
+}
+
+type golden struct {
 	name string
 	args []string
-}{
-	{"demo", []string{"model", "demo"}},
-	{"qwen3-tiny", []string{"model", "qwen3-tiny", "--hf-config", "testdata/hf-configs/qwen3-tiny.json", "--module", "github.com/acme/qwen3-tiny"}},
-	{"v4-demo", []string{"model", "v4-demo", "--base", "deepseek-v4", "--module", "github.com/acme/v4-demo"}},
-	{"glm-demo", []string{"model", "glm-demo", "--base", "glm-5", "--module", "github.com/acme/glm-demo"}},
-	{"py-demo", []string{"model", "py-demo", "--runner", "python", "--module", "github.com/acme/py-demo"}},
+	like string
 }
 
 // TestGolden regenerates every golden scaffold with the real CLI and diffs it file by file
 // against testdata/golden (go test -run TestGolden -update rewrites them). go.sum is a copy
-// of the core's and is left out, as is the vendored core; the replace path is written as it would be from
-// testdata/golden/NAME.
+// of the core's and is left out, as is the vendored core; the replace path is written as it
+// would be from testdata/golden/NAME.
+//
+// A golden keeps only what is its own. A file that is the in-tree model of the same base
+// under the golden's name (models/llama for dense, models/deepseek-v4-flash, ...) is not
+// stored again: it is compared with that model's file renamed (TestInTreeReference pins
+// the model to the base's render). The record .resin/base.render is not stored either: it
+// must hold exactly the files rendered.
 func TestGolden(t *testing.T) {
 	core := coreDir(t)
+	refs := inTreeModels(t, core)
 	for _, g := range goldens {
 		t.Run(g.name, func(t *testing.T) {
 			tmp := filepath.Join(t.TempDir(), g.name)
@@ -53,15 +65,25 @@ func TestGolden(t *testing.T) {
 					delete(got, p) // a copy of the core; TestVendoredCore checks it
 				}
 			}
+			checkRecord(t, got)
+			delete(got, RecordFile)
 			for p, s := range got {
 				got[p] = strings.ReplaceAll(s, core, "../../..")
 			}
+			a, err := loadAnswers(tmp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := func(p string) (string, bool) { return reference(t, core, refs, g, p, a) }
 			dir := filepath.Join(core, "testdata", "golden", g.name)
 			if *update {
 				if err := os.RemoveAll(dir); err != nil {
 					t.Fatal(err)
 				}
 				for p, s := range got {
+					if r, ok := ref(p); ok && r == s {
+						continue
+					}
 					full := filepath.Join(dir, filepath.FromSlash(p))
 					os.MkdirAll(filepath.Dir(full), 0o755)
 					mode := os.FileMode(0o644)
@@ -82,15 +104,138 @@ func TestGolden(t *testing.T) {
 			}
 			for _, p := range keys(got) {
 				w, ok := want[p]
+				from := "the golden"
+				if !ok {
+					w, ok = ref(p)
+					from = "its reference renamed (" + g.referenceName(refs, a) + ")"
+				}
 				switch {
 				case !ok:
 					t.Errorf("%s: rendered, not in the golden (go test ./cmd/resin-new -run TestGolden -update)", p)
-				case normalizeRender(p, w) != normalizeRender(p, got[p]):
-					t.Errorf("%s differs from the golden (go test ./cmd/resin-new -run TestGolden -update):\n%s", p, firstDiff(w, got[p]))
+				case w != got[p]:
+					t.Errorf("%s differs from %s (go test ./cmd/resin-new -run TestGolden -update):\n%s", p, from, firstDiff(w, got[p]))
 				}
 			}
 		})
 	}
+}
+
+// checkRecord checks that a scaffold's .resin/base.render records exactly its rendered
+// files (got, by path), byte for byte.
+func checkRecord(t *testing.T, got map[string]string) {
+	t.Helper()
+	data, ok := got[RecordFile]
+	if !ok {
+		t.Errorf("%s: not written", RecordFile)
+		return
+	}
+	rec, err := decodeRecord([]byte(data))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for _, p := range keys(got) {
+		e, ok := rec[p]
+		switch {
+		case p == RecordFile:
+		case !ok:
+			t.Errorf("%s: rendered, not in %s", p, RecordFile)
+		case string(e.content) != got[p]:
+			t.Errorf("%s: %s holds another content:\n%s", p, RecordFile, firstDiff(string(e.content), got[p]))
+		}
+	}
+	for p := range rec {
+		if _, ok := got[p]; !ok {
+			t.Errorf("%s: in %s, not rendered", p, RecordFile)
+		}
+	}
+}
+
+// inTreeModel is a model under models/ with its answers.
+type inTreeModel struct {
+	dir     string
+	answers *Answers
+}
+
+// inTreeModels returns the in-tree models by the base they render from.
+func inTreeModels(t *testing.T, core string) map[string]inTreeModel {
+	t.Helper()
+	found, _ := filepath.Glob(filepath.Join(core, "models", "*", AnswersFile))
+	out := map[string]inTreeModel{}
+	for _, f := range found {
+		a, err := loadAnswers(filepath.Dir(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, dup := out[a.Base]; dup {
+			t.Fatalf("two in-tree models of base %s: %s and %s", a.Base, prev.dir, filepath.Dir(f))
+		}
+		out[a.Base] = inTreeModel{dir: filepath.Dir(f), answers: a}
+	}
+	return out
+}
+
+// referenceName says what golden g is compared with where it stores no file.
+func (g golden) referenceName(refs map[string]inTreeModel, a *Answers) string {
+	if g.like != "" {
+		return "testdata/golden/" + g.like
+	}
+	if m, ok := refs[a.Base]; ok {
+		return m.dir
+	}
+	return "none"
+}
+
+// reference returns what golden g (answers a) renders at p where it stores no file of its
+// own: the file of the golden it is like, or of the in-tree model of its base, renamed to
+// a's name, package and import path; false when there is none.
+func reference(t *testing.T, core string, refs map[string]inTreeModel, g golden, p string, a *Answers) (string, bool) {
+	t.Helper()
+	var from *Answers
+	var src string
+	if g.like != "" {
+		i := slices.IndexFunc(goldens, func(o golden) bool { return o.name == g.like })
+		if i < 0 {
+			t.Fatalf("golden %s is like %s, which is not a golden", g.name, g.like)
+		}
+		like := goldens[i]
+		dir := filepath.Join(core, "testdata", "golden", like.name)
+		la, err := loadAnswers(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lp := strings.Replace(p, "cmd/"+a.Name+"/", "cmd/"+la.Name+"/", 1)
+		if data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(lp))); err == nil {
+			src = string(data)
+		} else {
+			var ok bool
+			if src, ok = reference(t, core, refs, like, lp, la); !ok {
+				return "", false
+			}
+		}
+		from = la
+	} else {
+		m, ok := refs[a.Base]
+		if !ok {
+			return "", false
+		}
+		mp := strings.Replace(p, "cmd/"+a.Name+"/", "cmd/"+m.answers.Name+"/", 1)
+		data, err := os.ReadFile(filepath.Join(m.dir, filepath.FromSlash(mp)))
+		if err != nil {
+			return "", false
+		}
+		src, from = string(data), m.answers
+	}
+	out, err := execute(p, string(templatize([]byte(src), from)), a)
+	if err != nil {
+		return "", false
+	}
+	if strings.HasSuffix(p, ".go") {
+		if out, err = format.Source(out); err != nil {
+			return "", false
+		}
+	}
+	return string(out), true
 }
 
 // TestInTreeReference checks that every in-tree model with a resin.toml (models/llama, the
@@ -136,20 +281,6 @@ func TestInTreeReference(t *testing.T) {
 			}
 		})
 	}
-}
-
-// renderLength matches the header of one file in .resin/base.render, which gives the
-// file's length: a file that holds the checkout's path has a length that depends on where
-// the checkout is.
-var renderLength = regexp.MustCompile(`(?m)^(-- \S+) \d+ --$`)
-
-// normalizeRender blanks base.render's lengths so that the golden does not depend on the
-// checkout's path (the file contents themselves are still compared).
-func normalizeRender(path, s string) string {
-	if path != ".resin/base.render" {
-		return s
-	}
-	return renderLength.ReplaceAllString(s, "$1 N --")
 }
 
 // firstDiff shows the first differing line of two texts.
