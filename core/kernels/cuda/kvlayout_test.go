@@ -78,21 +78,6 @@ func newSlabKV(t testing.TB, layers, pageTokens, kvHeads, headDim, slabPages, sl
 	return s
 }
 
-// table is the sequences' page tables as a [len(seqs), maxPages] uint32 array, padded with
-// kvslab.NoPage.
-func (s *slabKV) table(maxPages int) []uint32 {
-	tab := make([]uint32, len(s.seqs)*maxPages)
-	for i := range tab {
-		tab[i] = uint32(kvslab.NoPage)
-	}
-	for b, id := range s.seqs {
-		for j, p := range s.pool.PageTable(id, 0) {
-			tab[b*maxPages+j] = uint32(p)
-		}
-	}
-	return tab
-}
-
 // layout is NewKVSlabLayout for one of the pool's layers.
 func (s *slabKV) layout(t testing.TB, layer int) KVSlabLayout {
 	t.Helper()

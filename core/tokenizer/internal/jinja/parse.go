@@ -528,15 +528,6 @@ func (p *exprParser) parseUnaryFiltered(withFilter bool) (expr, error) {
 	return p.parsePostfixOf(e, withFilter)
 }
 
-// parsePostfix reads an atom and its attribute, item, call and filter suffixes.
-func (p *exprParser) parsePostfix() (expr, error) {
-	e, err := p.parseAtom()
-	if err != nil {
-		return nil, err
-	}
-	return p.parsePostfixOf(e, true)
-}
-
 func (p *exprParser) parsePostfixOf(e expr, withFilter bool) (expr, error) {
 	var err error
 	for {
