@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// newBenchSchedulerCmd replays a scheduler workload of shared/bench/WORKLOADS.md.
+// newBenchSchedulerCmd replays a scheduler workload of docs/workloads.md.
 func newBenchSchedulerCmd() *cobra.Command {
 	var name string
 	var asJSON bool
@@ -18,7 +18,7 @@ func newBenchSchedulerCmd() *cobra.Command {
 		Use:   "scheduler",
 		Short: "Replay scheduler workload W1 or W2 and report the engine's own time per step",
 		Long: `Replays W1 (decode-heavy, shared prefix) or W2 (mixed lengths) exactly as
-shared/bench/WORKLOADS.md defines them, through core/engine's scheduler with a stand-in
+docs/workloads.md defines them, through core/engine's scheduler with a stand-in
 model, and reports the engine's own work: scheduling, building the BatchPlan and applying
 the step's result.`,
 		Args: cobra.NoArgs,

@@ -12,7 +12,7 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// Settings of WORKLOADS.md: 256-token pages, 4,096 pages, 256 sequences and 16,384
+// Settings of docs/workloads.md: 256-token pages, 4,096 pages, 256 sequences and 16,384
 // tokens per step, no EOS, prefix caching on.
 const (
 	PageTokens     = 256
@@ -97,7 +97,7 @@ type counter struct {
 func (c *counter) Token(int32, *engine.TokenLogprob)                     { c.tokens++ }
 func (c *counter) Finish(r engine.FinishReason, _ error, _ engine.Usage) { c.finish = r }
 
-// standIn answers a plan as WORKLOADS.md's stand-in model: token step % 32000 for every
+// standIn answers a plan as docs/workloads.md's stand-in model: token step % 32000 for every
 // sequence that completes a step (has a logits row), nothing for mid-prompt chunks.
 type standIn struct{ res engine.StepResult }
 

@@ -1,5 +1,5 @@
 // Package workload generates the scheduler workloads W1 and W2 of
-// shared/bench/WORKLOADS.md exactly and replays them through an engine.Scheduler with a
+// docs/workloads.md exactly and replays them through an engine.Scheduler with a
 // stand-in model, timing only the engine's own work.
 package workload
 
@@ -82,7 +82,7 @@ func ByName(name string) ([]Request, error) {
 	return nil, fmt.Errorf("workload: unknown workload %q (want W1 or W2)", name)
 }
 
-// Checksums are a workload's totals, as WORKLOADS.md lists them.
+// Checksums are a workload's totals, as docs/workloads.md lists them.
 type Checksums struct {
 	Requests, PromptTokens int
 	TokenSum               int64
