@@ -22,7 +22,7 @@ func (l *connLimits) register(cmd *cobra.Command) {
 	f.DurationVar(&l.header, "read-header-timeout", 10*time.Second, "cut off a client whose request headers take longer to arrive (0 = never)")
 	f.DurationVar(&l.idle, "idle-timeout", 60*time.Second, "close a kept-alive connection idle for this long (0 = never)")
 	f.IntVar(&l.headerBytes, "max-header-bytes", 64<<10, "largest request line and headers accepted")
-	f.IntVar(&l.conns, "max-connections", 1024, "connections served at once; more wait until one closes (0 = no cap)")
+	f.IntVar(&l.conns, "max-connections", 1024, "connections open at once; at the cap a new one replaces the connection idle longest, or gets 503 when all are serving requests (0 = no cap)")
 	f.Int64Var(&l.tokenize, "tokenize-budget-bytes", 32<<20, "prompt bytes tokenized at once, all requests together; more get 429 (raised to the largest prompt the context allows)")
 	f.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ (behind --api-key when set)")
 }

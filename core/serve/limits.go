@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -60,59 +58,15 @@ func (s *Server) httpServer() *http.Server {
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		ConnState:         s.connState,
 	}
 }
 
-// limitListener caps the connections open at once, as golang.org/x/net/netutil's
-// LimitListener does: a connection beyond the cap is accepted from the kernel but waits,
-// unserved, until an open one closes (so at most one such connection holds a descriptor;
-// the others stay in the kernel's backlog).
-type limitListener struct {
-	net.Listener
-	slots   chan struct{}
-	done    chan struct{}
-	once    sync.Once
-	waiting atomic.Int32 // accepted connections waiting for a slot
-}
-
-func newLimitListener(ln net.Listener, n int) *limitListener {
-	return &limitListener{Listener: ln, slots: make(chan struct{}, n), done: make(chan struct{})}
-}
-
-// Accept returns the next connection once a slot is free.
-func (l *limitListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+// connState passes connection states to the connection cap, when Serve has one.
+func (s *Server) connState(c net.Conn, st http.ConnState) {
+	if cc := s.conns.Load(); cc != nil {
+		cc.connState(c, st)
 	}
-	l.waiting.Add(1)
-	defer l.waiting.Add(-1)
-	select {
-	case l.slots <- struct{}{}:
-		return &limitConn{Conn: c, release: func() { <-l.slots }}, nil
-	case <-l.done:
-		c.Close()
-		return nil, net.ErrClosed
-	}
-}
-
-// Close closes the listener and lets a waiting Accept return.
-func (l *limitListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return l.Listener.Close()
-}
-
-// limitConn frees its slot when closed (once, however often Close is called).
-type limitConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
 }
 
 // refuse answers err to a request whose body has not been read, without reading it: the

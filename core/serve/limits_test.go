@@ -113,37 +113,6 @@ func TestIdleConnectionIsClosed(t *testing.T) {
 	}
 }
 
-// Connections beyond the cap wait unserved; once one closes, the waiting one is served.
-func TestConnectionCap(t *testing.T) {
-	h := newHarness(t, harnessOpts{noHTTP: true, cfg: func(c *Config) { c.MaxConnections = 2 }})
-	addr := serveReal(t, h)
-	waitFor(t, "Serve to start", func() bool { return h.srv.conns.Load() != nil })
-	ll := h.srv.conns.Load()
-	held := []net.Conn{dialRaw(t, addr), dialRaw(t, addr)}
-	waitFor(t, "both connections to be accepted", func() bool { return len(ll.slots) == 2 })
-
-	answered := make(chan int, 1)
-	go func() {
-		resp, err := freshClient().Get("http://" + addr + "/health")
-		if err != nil {
-			answered <- -1
-			return
-		}
-		resp.Body.Close()
-		answered <- resp.StatusCode
-	}()
-	waitFor(t, "the third connection to wait for a slot", func() bool { return ll.waiting.Load() == 1 })
-	select {
-	case code := <-answered:
-		t.Fatalf("a connection beyond the cap was served (status %d)", code)
-	default:
-	}
-	held[0].Close()
-	if code := <-answered; code != 200 {
-		t.Fatalf("the waiting request got %d once a slot freed, want 200", code)
-	}
-}
-
 // blockingBody hands out a first piece of a body, then blocks until released, counting
 // the bytes it gave.
 type blockingBody struct {

@@ -18,8 +18,8 @@ func (s *Server) registerServerMetrics(reg prometheus.Registerer) error {
 	conns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "resin_http_connections_open", Help: "Connections Serve holds open, out of Config.MaxConnections.",
 	}, func() float64 {
-		if ll := s.conns.Load(); ll != nil {
-			return float64(len(ll.slots))
+		if cc := s.conns.Load(); cc != nil {
+			return float64(cc.Open())
 		}
 		return 0
 	})

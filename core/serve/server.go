@@ -54,9 +54,11 @@ type Config struct {
 	ReadTimeout, ReadHeaderTimeout, IdleTimeout time.Duration
 	// MaxHeaderBytes caps a request's line and headers (default 64 KiB).
 	MaxHeaderBytes int
-	// MaxConnections caps the connections Serve keeps open; a further one waits,
-	// unserved, until one closes (default 1024; negative: no cap). A cap beyond what the
-	// process's file descriptor limit allows is lowered to fit it.
+	// MaxConnections caps the connections Serve keeps open (default 1024; negative: no
+	// cap). At the cap a new connection takes the place of the one idle longest between
+	// requests, which is closed; when every connection is serving a request the new one
+	// gets 503 at once (see connCap). A cap beyond what the process's file descriptor
+	// limit allows is lowered to fit it.
 	MaxConnections int
 	// TokenizeBudgetBytes caps the prompt bytes being tokenized at once, all requests
 	// together (default 32 MiB, and never below the largest prompt a request may send,
@@ -94,7 +96,7 @@ type Server struct {
 	mux      *http.ServeMux
 	prompts  promptLimits
 	// conns is Serve's connection cap, while it serves with one (tests look at it).
-	conns atomic.Pointer[limitListener]
+	conns atomic.Pointer[connCap]
 	// encode tokenizes prompts: the tokenizer's Encode (tests count what it sees).
 	encode func(text string, addSpecial bool) ([]int32, error)
 	// parser reads tool calls and reasoning out of chat generations (chattools.go).
@@ -366,9 +368,9 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) error {
 // Serve returns.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.cfg.MaxConnections > 0 {
-		ll := newLimitListener(ln, s.cfg.MaxConnections)
-		s.conns.Store(ll)
-		ln = ll
+		cc := newConnCap(ln, s.cfg.MaxConnections)
+		s.conns.Store(cc)
+		ln = cc
 	}
 	hs := s.httpServer()
 	errc := make(chan error, 1)
