@@ -58,10 +58,11 @@ func parseChecklist(data []byte) []ChecklistItem {
 	return items
 }
 
-var tagRe = regexp.MustCompile(`\(([a-z, ]+)\)`)
+// tagRe matches a parenthesised group of lower-case tags, which a note may follow after a
+// ";": "(gpu)", "(gpu, manual)", "(gpu; core/gpurunner's dense model, bf16)".
+var tagRe = regexp.MustCompile(`\(\s*([a-z]+(?:\s*,\s*[a-z]+)*)\s*(?:;[^)]*)?\)`)
 
-// tagsOf collects the words of the parenthesised lower-case groups of a line: "(gpu)",
-// "(gpu, manual)".
+// tagsOf collects the tags of the parenthesised groups of a line (see tagRe).
 func tagsOf(line string) map[string]bool {
 	tags := map[string]bool{}
 	for _, m := range tagRe.FindAllStringSubmatch(line, -1) {

@@ -86,15 +86,38 @@ func TestChecklist(t *testing.T) {
 - [ ] **Fails**: `+"`echo boom; false`"+`
 - [ ] **Needs a GPU** (gpu): `+"`false`"+`
 - [x] **By hand** (gpu, manual): `+"`anything`"+`
+- [ ] **Needs a GPU too** (gpu; a note, with commas): `+"`false`"+`
 not an item `+"`false`"+`
 `), 0o644)
 	out, err := runCLI(t, templates.FS, "check", dir)
-	if err == nil || !strings.Contains(err.Error(), "1 of 4 items failed") {
+	if err == nil || !strings.Contains(err.Error(), "1 of 5 items failed") {
 		t.Fatalf("err = %v\n%s", err, out)
 	}
-	for _, want := range []string{"PASS  1. Passes", "FAIL  2. Fails", "| boom", "SKIP  3. Needs a GPU (needs a GPU", "SKIP  4. By hand (manual step)"} {
+	for _, want := range []string{"PASS  1. Passes", "FAIL  2. Fails", "| boom", "SKIP  3. Needs a GPU (needs a GPU", "SKIP  4. By hand (manual step)", "SKIP  5. Needs a GPU too (needs a GPU"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestChecklistGPUItemsAreTagged checks that every item of a base's and the skill's
+// checklist whose command runs on a GPU (--device cuda, RESIN_GPU=1) is tagged (gpu) as
+// check reads it, so that check on a machine without one skips it instead of failing
+// (the dense base's "Generates on the GPU" carried "(gpu; ...)", which check missed).
+func TestChecklistGPUItemsAreTagged(t *testing.T) {
+	core := coreDir(t)
+	files, _ := filepath.Glob(filepath.Join(core, "templates", "*", "CHECKLIST.md.tmpl"))
+	files = append(files, filepath.Join(core, "skills", "add-resin-model", "CHECKLIST.md"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range parseChecklist(data) {
+			onGPU := strings.Contains(it.Command, "--device cuda") || strings.Contains(it.Command, "RESIN_GPU=1")
+			if onGPU && !it.GPU {
+				t.Errorf("%s:%d: %q runs on a GPU but check does not read it as tagged (gpu)", f, it.Line, it.Title)
+			}
 		}
 	}
 }
