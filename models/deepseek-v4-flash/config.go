@@ -197,10 +197,13 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, fmt.Errorf("config: architecture %q is not implemented by this model (it implements %s)", a, strings.Join(Architectures, ", "))
 		}
 	}
+	if err := refuseDSpark(c.Raw, lg.CompressRatios, c.NumHiddenLayers); err != nil {
+		return nil, err
+	}
 	if err := c.normalise(lg); err != nil {
 		return nil, err
 	}
-	q, err := weights.ParseQuantization(c.Raw["quantization_config"])
+	q, err := parseQuantization(c.Raw["quantization_config"])
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
@@ -214,6 +217,30 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// refuseDSpark refuses a DSpark checkpoint (DeepSeek-V4-Flash-0731: dspark_* keys, and
+// compress_ratios that go on past the layers and the one MTP layer into the drafter's
+// stages, which the checkpoint holds in mtp.0–2). transformers 5.23.0 parses such a config
+// and drops what it does not know; this model would then fail on the drafter's tensors, so
+// it says what the checkpoint is at config time instead.
+func refuseDSpark(raw map[string]json.RawMessage, ratios []int, layers int) error {
+	var keys []string
+	for k, v := range raw {
+		if strings.HasPrefix(k, "dspark_") && string(v) != "null" {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	const not = "DSpark (DeepSeek-V4-Flash-0731's block drafter) is not implemented by this model yet"
+	if len(keys) > 0 {
+		return fmt.Errorf("config: %s: a DSpark checkpoint; %s", strings.Join(keys, ", "), not)
+	}
+	if len(ratios) > layers+1 {
+		return fmt.Errorf("config: compress_ratios has %d entries for num_hidden_layers %d and one MTP layer: the %d more are drafter stages, as in a DSpark checkpoint; %s",
+			len(ratios), layers, len(ratios)-layers-1, not)
+	}
+	return nil
 }
 
 // normalise reproduces DeepseekV4Config.__post_init__.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -152,5 +153,69 @@ func TestConfigRefusals(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%s: want an error naming %s, got %v", tc.edit, tc.field, err)
 		}
+	}
+}
+
+// TestConfigRefusesDSpark: a DSpark checkpoint's config (DeepSeek-V4-Flash-0731: dspark_*
+// keys, 46 compress_ratios for 43 layers, the drafter's stages after the MTP layer's entry)
+// is refused at config time with an error naming DSpark and what gave it away; the
+// published V4-Flash's 44 compress_ratios (43 layers and the MTP layer) still parse.
+func TestConfigRefusesDSpark(t *testing.T) {
+	ratios := func(n int) string {
+		r := []string{"0", "0"}
+		for len(r) < n-1 {
+			r = append(r, "4", "128")
+		}
+		return "[" + strings.Join(append(r[:n-1], "0"), ", ") + "]"
+	}
+	base := `"num_hidden_layers": 43, "num_nextn_predict_layers": 1, "compress_ratios": `
+	for _, tc := range []struct{ what, cfg, want string }{
+		{"dspark keys", base + ratios(44) + `, "dspark_block_size": 5, "dspark_noise_token_id": 128799, "dspark_target_layer_ids": [40, 41, 42], "dspark_markov_rank": 256`, "dspark_block_size, dspark_markov_rank, dspark_noise_token_id, dspark_target_layer_ids"},
+		{"46 compress_ratios", base + ratios(46), "compress_ratios has 46 entries"},
+		{"0731 as published", base + ratios(46) + `, "dspark_block_size": 5`, "dspark_block_size"},
+	} {
+		_, err := ParseConfig([]byte("{" + tc.cfg + "}"))
+		if err == nil || !strings.Contains(err.Error(), "DSpark") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want one naming DSpark and %s", tc.what, err, tc.want)
+		}
+	}
+	c, err := ParseConfig([]byte("{" + base + ratios(44) + `, "dspark_block_size": null}`))
+	if err != nil {
+		t.Fatalf("V4-Flash's 44 compress_ratios: %v", err)
+	}
+	if len(c.LayerTypes) != 43 || c.LayerTypes[42] != CompressedSparse {
+		t.Errorf("layer types %v", c.LayerTypes)
+	}
+}
+
+// TestConfigQuantization: quantization_config's not-converted lists (ignore,
+// modules_to_not_convert, ignored_layers) are read into Quant.NotConverted with every
+// pattern checked; a ModelOpt config, a bad list and an unknown field are refused naming
+// the field.
+func TestConfigQuantization(t *testing.T) {
+	parse := func(q string) (*Config, error) {
+		return ParseConfig([]byte(`{"num_hidden_layers": 2, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], ` + q + `}}`))
+	}
+	c, err := parse(`"ignore": ["head", "re:layers\\.\\d+\\.attn\\.wo_a"], "modules_to_not_convert": ["embed"]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Quant.NotConverted, []string{"head", `re:layers\.\d+\.attn\.wo_a`, "embed"}; !slices.Equal(got, want) {
+		t.Errorf("NotConverted = %q, want %q", got, want)
+	}
+	for _, tc := range []struct{ q, want string }{
+		{`"ignore": "head"`, "quantization_config.ignore"},
+		{`"ignore": ["re:layers.(0"]`, "quantization_config.ignore"},
+		{`"modules_to_not_convert": [""]`, "quantization_config.modules_to_not_convert"},
+		{`"ignored_layers": ["re:"]`, "quantization_config.ignored_layers"},
+		{`"kv_cache_scheme": {"num_bits": 8}`, "quantization_config.kv_cache_scheme"},
+	} {
+		if _, err := parse(tc.q); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want one naming %s", tc.q, err, tc.want)
+		}
+	}
+	_, err = ParseConfig([]byte(`{"num_hidden_layers": 2, "quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}}`))
+	if err == nil || !strings.Contains(err.Error(), "quantization_config.quant_method") || !strings.Contains(err.Error(), "ModelOpt") {
+		t.Errorf("a ModelOpt config: err = %v, want one naming quant_method and ModelOpt", err)
 	}
 }

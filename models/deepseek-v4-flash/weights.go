@@ -114,6 +114,8 @@ type param struct {
 	dst   *[]float32
 	ints  *[]int32 // integer tensor (tid2eid)
 	kind  initKind
+	// alias lists further names a checkpoint may hold the tensor under (any form).
+	alias []string
 	// experts: the packed tensor of module form, per-expert tensors in the others.
 	experts    int
 	expertLeaf [2]string // upstream leaves of the packed halves ("w1", "w3") or ("w2", "")
@@ -155,7 +157,11 @@ func layerParams(c *Config, l *Layer, kind, mlpKind string, mod, up, hyb string)
 		param{names: nm(a+"q_a_norm.weight", "attn.q_norm.weight"), shape: []int{qr}, dst: &l.QANorm, kind: initNorm},
 		param{names: nm(a+"q_b_proj.weight", "attn.wq_b.weight"), shape: []int{c.NumAttentionHeads * d, qr}, dst: &l.QB},
 		param{names: nm(a+"kv_proj.weight", "attn.wkv.weight"), shape: []int{d, h}, dst: &l.KV},
-		param{names: nm(a+"kv_norm.weight", "attn.norm.weight"), shape: []int{d}, dst: &l.KVNorm, kind: initNorm},
+		// DeepSeek's checkpoint names the KV norm attn.kv_norm (inference/model.py's
+		// Attention.kv_norm); transformers 5.23.0's save_pretrained writes attn.norm. Both
+		// are read, in either form.
+		param{names: [3]string{mod + a + "kv_norm.weight", up + "attn.kv_norm.weight", hyb + "attn.norm.weight"},
+			alias: []string{up + "attn.norm.weight", hyb + "attn.kv_norm.weight"}, shape: []int{d}, dst: &l.KVNorm, kind: initNorm},
 		param{names: nm(a+"o_a_proj.weight", "attn.wo_a.weight"), shape: []int{c.OGroups * c.OLoraRank, c.NumAttentionHeads * d / c.OGroups}, dst: &l.OA},
 		param{names: nm(a+"o_b_proj.weight", "attn.wo_b.weight"), shape: []int{h, c.OGroups * c.OLoraRank}, dst: &l.OB},
 		param{names: nm(a+"sinks", "attn.attn_sink"), shape: []int{c.NumAttentionHeads}, dst: &l.Sinks, kind: initBias},
@@ -253,6 +259,7 @@ func params(c *Config, w *Weights, withMTP bool) []param {
 		// in upstream names under mtp.0. whatever the main model's form.
 		for _, p := range layerParams(c, &m.Block, SlidingAttention, MoE, "mtp.0.", "mtp.0.", "mtp.0.") {
 			p.names[ModuleNames] = p.names[UpstreamNames]
+			p.names[HybridNames] = p.names[UpstreamNames]
 			ps = append(ps, p)
 		}
 	}
@@ -303,6 +310,12 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 			missing = append(missing, name)
 		}
 	}
+	if c.TieWordEmbeddings {
+		w.Head = w.Embed
+	}
+	if err := checkSharedCopies(c, ck, w, used, len(missing) == 0); err != nil {
+		return nil, err
+	}
 	var unexpected []string
 	for _, n := range ck.Names() {
 		if !used[n] {
@@ -315,13 +328,81 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 	if len(missing) > 0 || len(unexpected) > 0 {
 		return nil, fmt.Errorf("load weights: DeepseekV4ForCausalLM LOAD REPORT: MISSING %v; UNEXPECTED %v", missing, unexpected)
 	}
-	if c.TieWordEmbeddings {
-		w.Head = w.Embed
-	}
 	if err := w.check(c); err != nil {
 		return nil, err
 	}
 	return w, nil
+}
+
+// sharedCopies are tensors some V4 checkpoints carry beside the MTP head: copies of the
+// embedding and the lm_head, which DeepSeek's MTPBlock shares with the main model
+// (inference/model.py sets mtp.embed and mtp.head to the main model's; its convert.py
+// skips the copies, vLLM and SGLang map them onto the shared tensors).
+var sharedCopies = [...]struct{ name, of string }{
+	{"mtp.0.emb.tok_emb.weight", "embed"},
+	{"mtp.0.head.weight", "head"},
+}
+
+// checkSharedCopies marks the copies ck holds as read and, when compare is set (the
+// shared tensors loaded), checks that each equals the tensor it copies: value for value,
+// or as that tensor rounds to the copy's BF16 or F16. A copy that differs is an error
+// naming it: the model would run the MTP head on weights other than the checkpoint's.
+func checkSharedCopies(c *Config, ck *weights.Checkpoint, w *Weights, used map[string]bool, compare bool) error {
+	for _, cp := range sharedCopies {
+		if !ck.Has(cp.name) {
+			continue
+		}
+		used[cp.name] = true
+		if s, ok := ck.ScaleName(cp.name); ok {
+			used[s] = true
+		}
+		if !compare {
+			continue
+		}
+		want, of := w.Embed, "the embedding"
+		if cp.of == "head" {
+			want, of = w.Head, "the lm_head"
+		}
+		got, err := ck.Dequantize(cp.name, c.Quant, c.VocabSize, c.HiddenSize)
+		if err != nil {
+			return fmt.Errorf("load weights: %w", err)
+		}
+		info, _ := ck.Info(cp.name)
+		if at := copyDiff(got, want, info.DType); at >= 0 {
+			return fmt.Errorf("load weights: %s is not a copy of %s: [%d, %d] is %g there, %g in %s",
+				cp.name, of, at/c.HiddenSize, at%c.HiddenSize, got[at], want[at], of)
+		}
+	}
+	return nil
+}
+
+// copyDiff returns the first index where got (stored as dt) is not want, exactly or, for a
+// 16-bit dt, as want rounds to dt; -1 when it is a copy.
+func copyDiff(got, want []float32, dt weights.DType) int {
+	at := -1
+	for i := range got {
+		if got[i] != want[i] && !(got[i] != got[i] && want[i] != want[i]) {
+			at = i
+			break
+		}
+	}
+	if at < 0 || (dt != weights.BF16 && dt != weights.F16) {
+		return at
+	}
+	raw, err := weights.EncodeFloat32(want, dt)
+	if err != nil {
+		return at
+	}
+	rounded := make([]float32, len(want))
+	if weights.DecodeFloat32(rounded, raw, dt) != nil {
+		return at
+	}
+	for i := range got {
+		if got[i] != rounded[i] && !(got[i] != got[i] && rounded[i] != rounded[i]) {
+			return i
+		}
+	}
+	return -1
 }
 
 // loadParam reads p under whichever form ck holds it in, marking what it read in used
@@ -329,13 +410,16 @@ func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
 // holds it.
 func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[string]bool) (string, error) {
 	read := func(name string, shape ...int) ([]float32, error) {
+		if err := checkNotConverted(ck, q, name); err != nil {
+			return nil, fmt.Errorf("load weights: %w", err)
+		}
 		used[name] = true
 		if s, ok := ck.ScaleName(name); ok {
 			used[s] = true
 		}
 		return ck.Dequantize(name, q, shape...)
 	}
-	for _, name := range p.names {
+	for _, name := range slices.Concat(p.names[:], p.alias) {
 		if !ck.Has(name) {
 			continue
 		}

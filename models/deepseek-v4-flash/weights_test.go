@@ -73,10 +73,10 @@ func TestTensorNames(t *testing.T) {
 		{UpstreamNames, []string{"embed.weight", "head.weight", "hc_head_fn", "norm.weight", "layers.0.hc_attn_fn",
 			"layers.0.ffn.gate.tid2eid", "layers.1.ffn.gate.bias", "layers.1.attn.indexer.weights_proj.weight",
 			"layers.1.attn.indexer.compressor.ape", "layers.2.attn.compressor.wkv.weight", "layers.1.ffn.experts.3.w3.weight",
-			"layers.3.attn.attn_sink", "layers.0.attn.norm.weight", "mtp.0.ffn.experts.0.w1.weight"}},
+			"layers.3.attn.attn_sink", "layers.0.attn.kv_norm.weight", "mtp.0.attn.kv_norm.weight", "mtp.0.ffn.experts.0.w1.weight"}},
 		{HybridNames, []string{"model.embed_tokens.weight", "head.weight", "model.hc_head.hc_base", "model.norm.weight",
 			"model.layers.0.hc_ffn_scale", "model.layers.1.attn.indexer.wq_b.weight", "model.layers.0.ffn.experts.0.w2.weight",
-			"model.layers.0.attn_norm.weight", "mtp.0.hc_head_scale"}},
+			"model.layers.0.attn_norm.weight", "model.layers.0.attn.norm.weight", "mtp.0.hc_head_scale"}},
 	} {
 		got := TensorNames(c, tc.form, true)
 		for _, n := range tc.want {
