@@ -21,7 +21,7 @@ responses' tool_calls and reasoning_content, as vLLM's do.
 --read-timeout, --idle-timeout, --max-connections, --max-body-bytes and
 --tokenize-budget-bytes bound what one client can hold; /tokenize, /detokenize and /version
 are served as vLLM serves them, and --enable-pprof adds Go profiles under /debug/pprof/.
-SIGINT/SIGTERM drain running requests (up to --drain-timeout) before exiting: /health
-answers 503 meanwhile, and streams still running at the timeout end with an error event.`
+
+` + cli.ServeConnectionsHelp
 	return cmd
 }

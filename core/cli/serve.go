@@ -17,6 +17,20 @@ import (
 	"github.com/resin-llm/resin/core/serve/toolparse"
 )
 
+// ServeConnectionsHelp is what serve's help says of shutdown and of what happens to
+// connections and slow clients (cmd/resin's help ends with it too).
+const ServeConnectionsHelp = `Shutdown (SIGINT, SIGTERM) drains: while running requests finish, for up to
+--drain-timeout, the server still accepts connections and answers every request that
+reaches it, on a new or a kept-alive connection: /health with 503 "draining", new API
+requests with 503, each answer closing its connection. Once the running requests are
+done, or at the timeout (which aborts those left; a stream ends with an error event),
+the listener closes and new connections are refused.
+
+A request whose headers and body take longer than --read-timeout to arrive gets 408 and
+its connection closes; one whose headers alone take longer than --read-header-timeout is
+closed unanswered. At --max-connections a new connection takes the place of the
+connection idle longest, or gets 503 when every connection is serving a request.`
+
 // ServeCmd is `serve`: the engine behind core/serve's OpenAI-compatible API
 // (/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version,
 // /health, /metrics). It logs
@@ -33,6 +47,7 @@ func ServeCmd(l Loader) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the model over an OpenAI-compatible HTTP API",
+		Long:  "Serve the model over an OpenAI-compatible HTTP API.\n\n" + ServeConnectionsHelp,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := toolparse.New(toolParser, reasoningParser); err != nil {
@@ -97,7 +112,7 @@ func ServeCmd(l Loader) *cobra.Command {
 	f.StringVar(&toolParser, "tool-call-parser", "", "read tool_calls out of chat generations in this format: "+strings.Join(toolparse.ToolParsers(), ", "))
 	f.StringVar(&reasoningParser, "reasoning-parser", "", "read reasoning_content out of chat generations: "+strings.Join(toolparse.ReasoningParsers(), ", "))
 	f.Int64Var(&maxBody, "max-body-bytes", 8<<20, "largest request body accepted (413 above)")
-	f.DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for running requests")
+	f.DurationVar(&drain, "drain-timeout", 30*time.Second, "how long shutdown waits for running requests before aborting them (see above)")
 	f.DurationVar(&stall, "write-stall-timeout", 30*time.Second, "abort a request whose client accepts no bytes for this long (0 = never)")
 	lim.register(cmd)
 	return cmd

@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"container/list"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -183,6 +184,14 @@ func (c *capConn) Close() error {
 	return err
 }
 
+// CloseWrite half-closes the connection when the underlying one can (TCP).
+func (c *capConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
 // lingerClose closes c gracefully after an answer was written to it: it half-closes
 // (the client reads the answer, then end of stream) and reads and drops what the client
 // still sends, until the client closes too or linger passes. Closing at once while the
@@ -191,9 +200,7 @@ func (c *capConn) Close() error {
 func lingerClose(c net.Conn, linger time.Duration) {
 	defer c.Close()
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		if err := cw.CloseWrite(); err != nil {
-			return
-		}
+		_ = cw.CloseWrite()
 	}
 	_ = c.SetReadDeadline(time.Now().Add(linger))
 	buf := make([]byte, 4096)

@@ -13,17 +13,19 @@ const cutGrace = 2 * time.Second
 
 // shutdown drains the server in three stages:
 //
-//  1. Draining: the listener still accepts, so that load balancers see /health answer
-//     503 "draining" and new API requests get 503, while the engine finishes the running
-//     requests. Keep-alives are off, so each connection closes after its response.
-//  2. Once the engine is empty, or at Config.DrainTimeout, the listener closes and the
-//     server waits for the handlers to write their last bytes. At the timeout the
-//     requests still running are aborted first: a stream gets an error event and [DONE]
-//     (never a chunk cut in half), a plain request a 503.
+//  1. Draining: the listener still accepts, and every request that reaches the server,
+//     on a new connection or a kept-alive one, is answered: /health with 503
+//     "draining" (so load balancers take the server out), new API requests with 503,
+//     each answer closing its connection, while the engine finishes the running
+//     requests.
+//  2. Once the engine is empty, or at Config.DrainTimeout, the listener closes (new
+//     connections are refused), idle connections are closed, and the server waits for
+//     the handlers to write their last bytes. At the timeout the requests still running
+//     are aborted first: a stream gets an error event and [DONE] (never a chunk cut in
+//     half), a plain request a 503.
 //  3. Connections still open after that (cutGrace past the timeout) are closed.
 func (s *Server) shutdown(hs *http.Server) error {
 	s.draining.Store(true)
-	hs.SetKeepAlivesEnabled(false)
 	deadline := time.Now().Add(s.cfg.DrainTimeout)
 	dctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()

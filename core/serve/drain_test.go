@@ -5,8 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,5 +100,43 @@ func TestDrainTimeoutEndsStreamsWithErrorEvent(t *testing.T) {
 		if strings.Contains(last.Error.Message, "engine:") {
 			t.Errorf("error event leaks internals: %s", last.Error.Message)
 		}
+	}
+}
+
+// A kept-alive connection opened before the drain is answered too: /health over it gets
+// 503 "draining", and the answer closes the connection.
+func TestDrainAnswersKeptAliveConnections(t *testing.T) {
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	var steps atomic.Int64
+	h := newHarness(t, harnessOpts{noHTTP: true, runner: enginetest.Config{MaxContext: 8192, OnPlan: func(*engine.BatchPlan) {
+		if steps.Add(1) > 5 {
+			<-gate // hold the request running, and the drain in its first stage
+		}
+	}}})
+	t.Cleanup(release)
+	addr, shutdown, served := h.serveListener()
+	c, rd := keepAlive(t, addr)
+	resp, _ := openStream(t, context.Background(), "http://"+addr, 50)
+	defer resp.Body.Close()
+	shutdown()
+	waitFor(t, "draining to begin", h.srv.Draining)
+
+	if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	hr, err := http.ReadResponse(rd, nil)
+	if err != nil {
+		t.Fatalf("/health on a kept-alive connection during drain: %v", err)
+	}
+	if body := readAll(t, hr); hr.StatusCode != 503 || !strings.Contains(body, `"draining"`) || !hr.Close {
+		t.Fatalf("/health on a kept-alive connection during drain: %d close=%v %s, want 503 draining closing the connection", hr.StatusCode, hr.Close, body)
+	}
+	if _, err := rd.ReadByte(); err != io.EOF {
+		t.Fatalf("after the draining answer: read %v, want EOF", err)
+	}
+	release()
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
 	}
 }

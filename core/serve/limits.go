@@ -69,19 +69,47 @@ func (s *Server) connState(c net.Conn, st http.ConnState) {
 	}
 }
 
-// refuse answers err to a request whose body has not been read, without reading it: the
-// response asks to close the connection, and the read deadline is moved to now, so that
-// net/http neither reads the body before answering (it would, to keep the connection
-// alive) nor after. A client trickling a body it has no right to send gets its answer at
-// once and holds no connection for it.
+// refuse answers err to a request whose body has not been read, without reading it
+// (see hangUp). A client trickling a body it has no right to send gets its answer at
+// once and holds no request for it.
 func refuse(w http.ResponseWriter, r *http.Request, err error) {
 	if r.ContentLength == 0 {
 		writeError(w, err)
 		return
 	}
-	w.Header().Set("Connection", "close")
-	writeError(w, err)
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	hangUp(w, asAPI(err))
+}
+
+// answerLinger bounds how long hangUp keeps reading a connection it has answered.
+const answerLinger = 5 * time.Second
+
+// hangUp answers ae to a request whose body is not (wholly) read and closes the
+// connection: net/http would otherwise read the rest of the body before answering (to
+// keep the connection alive), or, once the read timeout has passed, close a connection
+// with unread data, which resets it, and a client still sending its body then reports
+// the reset instead of the answer. hangUp takes the connection over, writes the whole
+// answer, half-closes it and reads and drops what the client still sends for up to
+// answerLinger (lingerClose), so the client gets to read the answer.
+func hangUp(w http.ResponseWriter, ae *apiError) {
+	if rec, ok := w.(*statusRecorder); ok {
+		if rec.status != 0 {
+			return // an answer has begun; nothing more can be said
+		}
+		rec.status = ae.status
+	}
+	header := w.Header().Clone()
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil { // no connection to take over (a test recorder, HTTP/2)
+		w.Header().Set("Connection", "close")
+		writeError(w, ae)
+		return
+	}
+	_ = conn.SetWriteDeadline(time.Now().Add(answerLinger))
+	if _, err := conn.Write(rawResponse(ae, header)); err != nil {
+		_ = conn.Close()
+		return
+	}
+	go lingerClose(conn, answerLinger)
 }
 
 // checkContentType accepts application/json and other JSON media types (type/x+json).

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/resin-llm/resin/core/engine"
 )
 
@@ -322,5 +324,69 @@ func TestStreamOutlastsReadTimeout(t *testing.T) {
 	rest, _ := io.ReadAll(rd)
 	if !strings.Contains(string(rest), `"finish_reason":"length"`) {
 		t.Fatalf("the stream did not finish: %q", rest)
+	}
+}
+
+// A client still sending its body when the read timeout cuts it off (one that writes
+// the whole body before reading, as most do) can finish writing and then read its 408:
+// the connection is not reset under it.
+func TestSlowBodyGets408NotReset(t *testing.T) {
+	h := newHarness(t, harnessOpts{noHTTP: true, cfg: func(c *Config) { c.ReadTimeout = 200 * time.Millisecond }})
+	addr := serveReal(t, h)
+	c := dialRaw(t, addr)
+	const declared, piece = 8192, 256
+	if _, err := io.WriteString(c, completionHead(declared, "")+`{"prompt":"`); err != nil {
+		t.Fatal(err)
+	}
+	timedOut := h.srv.metrics.requests.WithLabelValues("/v1/completions", "408")
+	waitFor(t, "the read timeout to answer 408", func() bool { return counterValue(timedOut) == 1 })
+	rest := strings.Repeat("a", piece)
+	for sent := len(`{"prompt":"`); sent+piece <= declared; sent += piece {
+		if _, err := io.WriteString(c, rest); err != nil {
+			t.Fatalf("writing the rest of the body after the 408 (%d of %d bytes sent): %v", sent, declared, err)
+		}
+		time.Sleep(2 * time.Millisecond) // let a reset, if any, arrive before the next write
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer after sending the body: %v", err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(body, "request_timeout") || !resp.Close {
+		t.Fatalf("slow body: %d close=%v %s, want 408 request_timeout closing the connection", resp.StatusCode, resp.Close, body)
+	}
+}
+
+// counterValue reads a counter's value.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
+
+// A body refused before it is read (here 413 for its declared size) is answered, and a
+// client that goes on writing it before reading gets the answer, not a reset.
+func TestRefusedBodyAnsweredNotReset(t *testing.T) {
+	h := newHarness(t, harnessOpts{noHTTP: true, cfg: func(c *Config) { c.MaxBodyBytes = 1024 }})
+	c := dialRaw(t, serveReal(t, h))
+	const declared, piece = 16384, 256
+	if _, err := io.WriteString(c, completionHead(declared, "")); err != nil {
+		t.Fatal(err)
+	}
+	refused := h.srv.metrics.requests.WithLabelValues("/v1/completions", "413")
+	waitFor(t, "the 413", func() bool { return counterValue(refused) == 1 })
+	for sent := 0; sent < declared; sent += piece {
+		if _, err := io.WriteString(c, strings.Repeat("a", piece)); err != nil {
+			t.Fatalf("writing the body after the 413 (%d of %d bytes sent): %v", sent, declared, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer after sending the body: %v", err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
+		t.Fatalf("oversize body: %d close=%v %s, want 413 closing the connection", resp.StatusCode, resp.Close, body)
 	}
 }

@@ -259,6 +259,11 @@ func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter 
 
 func (s *Server) counted(route string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			// Every answer while draining closes its connection (keep-alives stay on, so
+			// that a request on an idle kept-alive connection is answered 503 too).
+			w.Header().Set("Connection", "close")
+		}
 		sw := newStallWriter(w, s.cfg.WriteStallTimeout)
 		rec := &statusRecorder{ResponseWriter: sw}
 		h.ServeHTTP(rec, r)
@@ -300,6 +305,10 @@ func (s *Server) api(route string, h func(http.ResponseWriter, *http.Request) er
 			ae := withPromptParam(asAPI(err), route)
 			if r.Context().Err() == nil {
 				s.log.Info("request failed", "route", route, "status", ae.status, "error", ae.message)
+			}
+			if ae.status == http.StatusRequestTimeout {
+				hangUp(w, ae) // the body is still arriving: answer before closing
+				return
 			}
 			writeError(w, ae)
 		}
