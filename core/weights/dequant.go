@@ -177,13 +177,21 @@ func scaleNames(name string) []string {
 //
 // Scales are F32 or BF16, F8_E8M0, or U8 read as E8M0 when q.ScaleFormat is "ue8m0". A
 // missing scale matches ErrNotFound, a wrong shape ErrShape, both naming the weight and its
-// scale. q may be nil for a checkpoint without quantization_config.
+// scale. A module q's not-converted list covers (NotConvertedBy) must be stored as BF16,
+// F16 or F32 without a scale. A ModelOpt q (Method "modelopt") reads as
+// dequantizeModelOpt says. q may be nil for a checkpoint without quantization_config.
 func (c *Checkpoint) Dequantize(name string, q *Quant, shape ...int) ([]float32, error) {
 	info, ok := c.Info(name)
 	if !ok {
 		return nil, fmt.Errorf("%w: %q in %s", ErrNotFound, name, c.Dir)
 	}
+	if q != nil && q.Method == "modelopt" {
+		return c.dequantizeModelOpt(info, q, shape)
+	}
 	scaleName, scaled := c.ScaleName(name)
+	if pat, ok := q.NotConvertedBy(name); ok && (!unquantized(info.DType) || scaled) {
+		return nil, fmt.Errorf("tensor %q: %w: stored as %s (scaled: %v), but quantization_config keeps it unquantized (%q in modules_to_not_convert or ignore)", name, ErrDType, info.DType, scaled, pat)
+	}
 	switch {
 	case info.DType == F8E4M3:
 		if q == nil {

@@ -25,8 +25,17 @@ type Quant struct {
 	ScaleFormat      ScaleFormat // scale_fmt: "float" (default) or "ue8m0"
 	ExpertDType      ExpertDType // expert_dtype: "fp8" (default) or "fp4"
 	Dequantize       bool        // dequantize: transformers' load-time flag, recorded only
-	NotConverted     []string    // modules_to_not_convert: modules left unquantized
+	NotConverted     []string    // modules_to_not_convert (ignore, ignored_layers, exclude_modules): modules left unquantized
 	Converted        []string    // modules_to_convert: extra modules quantized (embeddings)
+
+	// NVIDIA ModelOpt (Method "modelopt", see parseModelOpt): Algo is quant_algo (AlgoFP8,
+	// AlgoNVFP4 or AlgoMixed), Group the inputs per NVFP4 scale (group_size, 16), Layers
+	// the algorithm of each module MIXED_PRECISION lists (quantized_layers), KVCache the
+	// kv-cache scheme as given (recorded only: the CPU path caches float32).
+	Algo    string
+	Group   int
+	Layers  map[string]string
+	KVCache string
 
 	expertSet bool // expert_dtype came from quantization_config itself
 }
@@ -52,9 +61,11 @@ const (
 )
 
 // ParseQuantization parses config.json's quantization_config (Config.Raw["quantization_config"]).
-// An absent or null value gives nil: the checkpoint is not quantized. An unknown key or an
-// unsupported value is an error (matching ErrFormat) naming the field, so that a format
-// this package cannot dequantise is refused instead of read wrongly.
+// An absent or null value gives nil: the checkpoint is not quantized. quant_method "fp8"
+// is fine-grained FP8 (below); "modelopt" is NVIDIA ModelOpt's FP8, NVFP4 or
+// MIXED_PRECISION (parseModelOpt). An unknown key or an unsupported value is an error
+// (matching ErrFormat) naming the field, so that a format this package cannot dequantise
+// is refused instead of read wrongly.
 func ParseQuantization(raw json.RawMessage) (*Quant, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
@@ -81,6 +92,10 @@ func ParseQuantization(raw json.RawMessage) (*Quant, error) {
 		}
 		return s, nil
 	}
+	var method string
+	if json.Unmarshal(fields["quant_method"], &method) == nil && strings.EqualFold(method, "modelopt") {
+		return parseModelOpt(fields)
+	}
 	var err error
 	// quant_method first: a GPTQ or AWQ config is refused for its method, not for a key
 	// of its own (bits, group_size) that sorts before it.
@@ -92,7 +107,7 @@ func ParseQuantization(raw json.RawMessage) (*Quant, error) {
 		v := fields[key]
 		switch key {
 		case "quant_method":
-			q.Method, err = str(key, v, "fp8")
+			q.Method, err = str(key, v, "fp8", "modelopt")
 		case "fmt":
 			q.Format, err = str(key, v, "e4m3")
 		case "activation_scheme":
@@ -124,9 +139,17 @@ func ParseQuantization(raw json.RawMessage) (*Quant, error) {
 			if json.Unmarshal(v, &q.Dequantize) != nil {
 				err = bad(key, v, "true or false")
 			}
-		case "modules_to_not_convert", "ignored_layers":
+		case "modules_to_not_convert", "ignored_layers", "ignore":
+			// ignore is compressed-tensors' and vLLM's and SGLang's name for the list.
 			var s []string
-			s, err = names(key, v)
+			if s, err = names(key, v); err != nil {
+				break
+			}
+			for _, pat := range s {
+				if perr := checkModulePattern(pat); perr != nil {
+					err = fmt.Errorf("quantization_config.%s: %w: %q: %v", key, ErrFormat, pat, perr)
+				}
+			}
 			q.NotConverted = append(q.NotConverted, s...)
 		case "modules_to_convert":
 			q.Converted, err = names(key, v)
@@ -138,7 +161,7 @@ func ParseQuantization(raw json.RawMessage) (*Quant, error) {
 		}
 	}
 	if q.Method == "" {
-		return nil, fmt.Errorf("quantization_config.quant_method: %w: missing (want \"fp8\")", ErrFormat)
+		return nil, fmt.Errorf("quantization_config.quant_method: %w: missing (want \"fp8\" or \"modelopt\")", ErrFormat)
 	}
 	return q, nil
 }
