@@ -371,8 +371,9 @@ func LoadTextModel(dir string) (*TextModel, error) {
 	return &TextModel{Config: c, W: w}, nil
 }
 
-// dequantSource reads FP8 block-quantized tensors through core/weights' Dequantize and
-// hides their scale tensors.
+// dequantSource reads quantized tensors through core/weights' Dequantize (fine-grained
+// FP8 blocks; NVIDIA ModelOpt FP8, NVFP4 and MIXED_PRECISION; the ignore list's modules
+// kept BF16) and hides their scale tensors.
 type dequantSource struct {
 	ck *weights.Checkpoint
 	q  *weights.Quant
@@ -381,7 +382,7 @@ type dequantSource struct {
 func (d dequantSource) Names() []string {
 	var out []string
 	for _, n := range d.ck.Names() {
-		if strings.HasSuffix(n, "_scale_inv") {
+		if strings.HasSuffix(n, "_scale_inv") || d.q.ScaleTensor(n) {
 			continue
 		}
 		if base, ok := strings.CutSuffix(n, ".scale"); ok && d.ck.Has(base+".weight") {

@@ -326,3 +326,195 @@ func heldFloats(v reflect.Value, seen map[uintptr]bool) int64 {
 	}
 	return 0
 }
+
+// nearestE2M1 is the FP4 e2m1 code nearest v.
+func nearestE2M1(v float32) byte {
+	best, bestD := byte(0), math.Inf(1)
+	for c := range 16 {
+		if d := math.Abs(float64(weights.E2M1ToFloat32(uint8(c)) - v)); d < bestD {
+			best, bestD = byte(c), d
+		}
+	}
+	return best
+}
+
+// quantizeNVFP4 stores the [rows, cols] weight x as ModelOpt does (U8 e2m1 pairs, an
+// F8_E4M3 scale per 16 inputs, a float32 weight_scale_2) and returns the tensors and the
+// values they dequantize to, computed here from the codes.
+func quantizeNVFP4(t *testing.T, x weights.Tensor, rows, cols int) ([]weights.Tensor, []float32) {
+	t.Helper()
+	v, _ := decodeF32(x)
+	const global = 0.125
+	w, sc := make([]byte, rows*cols/2), make([]byte, rows*cols/16)
+	want := make([]float32, rows*cols)
+	for i := range rows {
+		for g := range cols / 16 {
+			var amax float32
+			for j := g * 16; j < (g+1)*16; j++ {
+				amax = max(amax, float32(math.Abs(float64(v[i*cols+j]))))
+			}
+			s := nearestE4M3(amax / 6 / global)
+			sc[i*cols/16+g] = s
+			bs := weights.F8E4M3ToFloat32(s) * global
+			for j := g * 16; j < (g+1)*16; j++ {
+				code := nearestE2M1(v[i*cols+j] / bs)
+				w[(i*cols+j)/2] |= code << (4 * (j % 2))
+				want[i*cols+j] = weights.E2M1ToFloat32(code) * bs
+			}
+		}
+	}
+	g, _ := weights.NewTensor(x.Name+"_scale_2", weights.F32, []int{}, []float32{global})
+	return []weights.Tensor{
+		{Name: x.Name, DType: weights.U8, Shape: []int{rows, cols / 2}, Data: w},
+		{Name: x.Name + "_scale", DType: weights.F8E4M3, Shape: []int{rows, cols / 16}, Data: sc}, g,
+	}, want
+}
+
+// quantizeFP8PerTensor stores x as ModelOpt FP8 (F8_E4M3, one float32 weight_scale, an
+// input_scale beside) and returns what it dequantizes to.
+func quantizeFP8PerTensor(t *testing.T, x weights.Tensor) ([]weights.Tensor, []float32) {
+	t.Helper()
+	v, _ := decodeF32(x)
+	var amax float32
+	for _, f := range v {
+		amax = max(amax, float32(math.Abs(float64(f))))
+	}
+	scale := amax / 448
+	q, want := make([]byte, len(v)), make([]float32, len(v))
+	for j, f := range v {
+		q[j] = nearestE4M3(f / scale)
+		want[j] = weights.F8E4M3ToFloat32(q[j]) * scale
+	}
+	base := strings.TrimSuffix(x.Name, ".weight")
+	s, _ := weights.NewTensor(base+".weight_scale", weights.F32, []int{}, []float32{scale})
+	in, _ := weights.NewTensor(base+".input_scale", weights.F32, []int{}, []float32{0.01})
+	return []weights.Tensor{{Name: x.Name, DType: weights.F8E4M3, Shape: x.Shape, Data: q}, s, in}, want
+}
+
+// TestTextLoadModelOpt checks a ModelOpt "Hybrid FP8+NVFP4" checkpoint (SGLang's GLM-5
+// form: quant_algo MIXED_PRECISION, FP8 attention and NVFP4 routed experts in
+// quantized_layers, lm_head in ignore) loads with each tensor dequantized as its codes
+// say, and that an NVFP4-only config and an FP8 one load their kind.
+func TestTextLoadModelOpt(t *testing.T) {
+	src := filepath.Join("testdata", "parity", "checkpoint")
+	const (
+		qb   = "model.language_model.layers.0.self_attn.q_b_proj.weight"
+		down = "model.language_model.layers.0.mlp.experts.1.down_proj.weight"
+	)
+	for _, tc := range []struct{ name, quant string }{
+		{"mixed", `{"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "ignore": ["lm_head"], "producer": {"name": "modelopt", "version": "0.39.0"}, "quantized_layers": {` +
+			`"model.language_model.layers.0.self_attn.q_b_proj": {"quant_algo": "FP8"}, "model.language_model.layers.0.mlp.experts.1.down_proj": {"quant_algo": "NVFP4", "group_size": 16}}}`},
+		{"nvfp4", `{"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]}`},
+		{"fp8", `{"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head"]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts, cfg := goldenTensors(t, src)
+			var wantQB, wantDown []float32
+			if tc.name != "nvfp4" {
+				var qs []weights.Tensor
+				qs, wantQB = quantizeFP8PerTensor(t, ts[qb])
+				for _, x := range qs {
+					ts[x.Name] = x
+				}
+			}
+			if tc.name != "fp8" {
+				var qs []weights.Tensor
+				qs, wantDown = quantizeNVFP4(t, ts[down], 32, 16)
+				for _, x := range qs {
+					ts[x.Name] = x
+				}
+			}
+			lm, _ := decodeF32(ts["lm_head.weight"])
+			bf, _ := weights.NewTensor("lm_head.weight", weights.BF16, ts["lm_head.weight"].Shape, lm)
+			ts["lm_head.weight"] = bf
+			qcfg := strings.Replace(string(cfg), `"architectures"`, `"quantization_config": `+tc.quant+`, "architectures"`, 1)
+			m, err := LoadTextModel(writeCheckpoint(t, ts, []byte(qcfg)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Config.Quant == nil || m.Config.Quant.Method != "modelopt" {
+				t.Fatalf("quantization_config parsed as %+v", m.Config.Quant)
+			}
+			if wantQB != nil {
+				if d, at := runnertest.MaxAbsDiff(m.W.layers[0].mla.qb, wantQB); d > 0 {
+					t.Errorf("FP8 %s differs by %g at %d", qb, d, at)
+				}
+			}
+			if wantDown != nil {
+				D, F := 32, 16
+				if d, at := runnertest.MaxAbsDiff(m.W.layers[0].moe.down[D*F:2*D*F], wantDown); d > 0 {
+					t.Errorf("NVFP4 %s differs by %g at %d", down, d, at)
+				}
+			}
+			want, _ := decodeF32(bf)
+			if d, _ := runnertest.MaxAbsDiff(m.W.lmHead, want); d > 0 {
+				t.Errorf("ignored BF16 lm_head differs by %g", d)
+			}
+		})
+	}
+}
+
+// TestTextLoadQuantRefusals checks that a module the ignore list keeps unquantized but the
+// file stores quantized is refused naming the list, and that a ModelOpt algorithm the CPU
+// path cannot dequantise is refused at config time naming quant_algo and its value.
+func TestTextLoadQuantRefusals(t *testing.T) {
+	src := filepath.Join("testdata", "parity", "checkpoint")
+	ts, cfg := goldenTensors(t, src)
+	const qb = "model.language_model.layers.0.self_attn.q_b_proj.weight"
+	qs, _ := quantizeFP8PerTensor(t, ts[qb])
+	for _, x := range qs {
+		ts[x.Name] = x
+	}
+	qcfg := strings.Replace(string(cfg), `"architectures"`, `"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["*.self_attn.q_b_proj"]}, "architectures"`, 1)
+	_, err := LoadTextModel(writeCheckpoint(t, ts, []byte(qcfg)))
+	if err == nil || !strings.Contains(err.Error(), `quantization_config.ignore keeps it unquantized ("*.self_attn.q_b_proj")`) {
+		t.Errorf("ignored module stored FP8: err = %v", err)
+	}
+	for _, algo := range []string{"MXFP8", "FP8_PB_WO", "INT4_AWQ"} {
+		q := `"quantization_config": {"quant_method": "modelopt", "quant_algo": "` + algo + `"}, "architectures"`
+		_, err := ParseTextConfig([]byte(strings.Replace(string(cfg), `"architectures"`, q, 1)))
+		if err == nil || !strings.Contains(err.Error(), "quantization_config.quant_algo") || !strings.Contains(err.Error(), algo) {
+			t.Errorf("quant_algo %s: err = %v", algo, err)
+		}
+	}
+}
+
+// TestTextLoadFP8Ignore checks a fine-grained FP8 checkpoint whose quantization_config
+// keeps modules BF16 through an ignore list (HF's modules_to_not_convert): the listed
+// module loads as stored beside a block-quantized one.
+func TestTextLoadFP8Ignore(t *testing.T) {
+	src := filepath.Join("testdata", "parity", "module")
+	ts, cfg := goldenTensors(t, src)
+	const name = "model.language_model.layers.1.self_attn.q_b_proj.weight"
+	x := ts[name]
+	v, _ := decodeF32(x)
+	var amax float32
+	for _, f := range v {
+		amax = max(amax, float32(math.Abs(float64(f))))
+	}
+	scale := amax / 448
+	q, want := make([]byte, len(v)), make([]float32, len(v))
+	for j, f := range v {
+		q[j] = nearestE4M3(f / scale)
+		want[j] = weights.F8E4M3ToFloat32(q[j]) * scale
+	}
+	ts[name] = weights.Tensor{Name: name, DType: weights.F8E4M3, Shape: x.Shape, Data: q}
+	s, _ := weights.NewTensor(name+"_scale_inv", weights.F32, []int{1, 1}, []float32{scale})
+	ts[s.Name] = s
+	const kept = "model.language_model.layers.1.self_attn.o_proj.weight"
+	ov, _ := decodeF32(ts[kept])
+	bf, _ := weights.NewTensor(kept, weights.BF16, ts[kept].Shape, ov)
+	ts[kept] = bf
+	wantKept, _ := decodeF32(bf)
+	qcfg := strings.Replace(string(cfg), `"architectures"`, `"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "ignore": ["lm_head", "o_proj"]}, "architectures"`, 1)
+	m, err := LoadTextModel(writeCheckpoint(t, ts, []byte(qcfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, at := runnertest.MaxAbsDiff(m.W.layers[1].mla.qb, want); d > 1e-6 {
+		t.Errorf("dequantized %s differs by %g at %d", name, d, at)
+	}
+	if d, _ := runnertest.MaxAbsDiff(m.W.layers[1].mla.o, wantKept); d > 0 {
+		t.Errorf("ignored %s differs by %g", kept, d)
+	}
+}
