@@ -17,10 +17,12 @@
 // Files:
 //
 //   - config.go: config.json → Config, as DeepseekV4Config normalises it (legacy fields,
-//     quantization_config)
-//   - weights.go: the tensor list in its three name forms (module, upstream, hybrid),
-//     loading (bf16, FP8 block-scaled, FP4 experts, dequantised by core/weights), seeded
-//     random weights, saving
+//     quantization_config); a DSpark checkpoint (V4-Flash-0731) is refused by name
+//   - weights.go: the tensor list in its three name forms (module; upstream, as DeepSeek
+//     publishes it, attn.kv_norm included; hybrid), loading (bf16, FP8 block-scaled, FP4
+//     experts, dequantised by core/weights; the mtp.0 copies of the embedding and head
+//     checked), seeded random weights, saving; quant.go: quantization_config's
+//     not-converted modules (ignore, modules_to_not_convert)
 //   - state.go: the per-sequence state the forward extends chunk by chunk
 //   - forward.go: the reference forward over chunks of sequences; moe.go: the MoE, each
 //     expert one GEMM over the rows routed to it; mtp.go: the MTP head
