@@ -19,8 +19,9 @@ Without --model the runner is the engine's deterministic test runner. The tokeni
 deepseek_v4) and --reasoning-parser (qwen3, deepseek_r1, deepseek_v4) fill chat
 responses' tool_calls and reasoning_content, as vLLM's do.
 --read-timeout, --idle-timeout, --max-connections, --max-body-bytes and
---tokenize-budget-bytes bound what one client can hold; /tokenize, /detokenize and /version
-are served as vLLM serves them, and --enable-pprof adds Go profiles under /debug/pprof/.
+--tokenize-budget-bytes bound what one client can hold; /tokenize, /detokenize,
+/tokenizer_info and /version are served as vLLM serves them, and --enable-pprof adds Go
+profiles under /debug/pprof/.
 
 ` + cli.ServeConnectionsHelp
 	return cmd

@@ -32,8 +32,8 @@ closed unanswered. At --max-connections a new connection takes the place of the
 connection idle longest, or gets 503 when every connection is serving a request.`
 
 // ServeCmd is `serve`: the engine behind core/serve's OpenAI-compatible API
-// (/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize, /version,
-// /health, /metrics). It logs
+// (/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
+// /tokenizer_info, /version, /health, /metrics). It logs
 // "serving url=..." to stderr once listening; SIGINT/SIGTERM (or the command's context
 // ending) drain running requests, up to --drain-timeout, then stop the engine.
 func ServeCmd(l Loader) *cobra.Command {

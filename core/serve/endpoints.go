@@ -9,11 +9,13 @@ import (
 )
 
 // routeEndpoints adds the endpoints beside the OpenAI API that vLLM serves: /version,
-// /tokenize, /detokenize, and /debug/pprof/ when Config.EnablePprof is set.
+// /tokenize, /detokenize, /tokenizer_info, and /debug/pprof/ when Config.EnablePprof is
+// set.
 func (s *Server) routeEndpoints(mux *http.ServeMux) {
 	mux.Handle("GET /version", s.counted("/version", http.HandlerFunc(s.handleVersion)))
 	mux.Handle("POST /tokenize", s.api("/tokenize", s.handleTokenize))
 	mux.Handle("POST /detokenize", s.api("/detokenize", s.handleDetokenize))
+	mux.Handle("GET /tokenizer_info", s.api("/tokenizer_info", s.handleTokenizerInfo))
 	if !s.cfg.EnablePprof {
 		return
 	}
