@@ -36,6 +36,10 @@ type Answers struct {
 	// Runner is "python" for a runtime whose model is a Python runner (the base's runner;
 	// empty for a Go model, so that the answers of Go scaffolds read as before).
 	Runner string `toml:"runner,omitempty"`
+	// HFConfig names the checkpoint config.json that --hf-config copied into the scaffold
+	// (its file name; empty: config.json is the template's). The copy is the user's:
+	// update never renders config.json over it (keepCopiedConfig).
+	HFConfig string `toml:"hf_config,omitempty"`
 	// Requires are the core's module requirements ("path version"), written into a
 	// standalone go.mod so it builds before `go mod tidy`; not recorded.
 	Requires []string    `toml:"-"`

@@ -73,6 +73,9 @@ func scaffoldModel(w io.Writer, tfs fs.FS, o modelOptions) error {
 		return runnerHint(err, all, o)
 	}
 	a.Base = base.Name
+	if hfJSON != nil {
+		a.HFConfig = filepath.Base(o.hfConfig)
+	}
 	if base.Manifest.Runner == RunnerPython {
 		a.Runner = RunnerPython
 	}

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -89,6 +90,7 @@ func updateScaffold(w io.Writer, tfsys fs.FS, o updateOptions) error {
 	if err != nil {
 		return err
 	}
+	files = keepCopiedConfig(files, a, old, dir)
 	oursL, baseL, theirsL := conflictLabels(oldV, a.TemplateVersion)
 	var writes []write
 	var removes []string
@@ -195,6 +197,25 @@ func updateScaffold(w io.Writer, tfsys fs.FS, o updateOptions) error {
 		return fmt.Errorf("%w: %d conflict(s) marked with <<<<<<< / >>>>>>>; resolve them, then build and test", ErrConflicts, conflicts)
 	}
 	return nil
+}
+
+// keepCopiedConfig puts the checkpoint config.json that --hf-config copied (a.HFConfig) in
+// place of the template's render of it, user-owned: the copy is the user's, never template
+// output, so update neither proposes the render nor records it as the base. The copy is
+// the recorded one, else the file in dir; with neither, config.json is left out of files.
+func keepCopiedConfig(files []Rendered, a *Answers, recorded map[string]recordEntry, dir string) []Rendered {
+	if a.HFConfig == "" {
+		return files
+	}
+	var content []byte
+	if e, ok := recorded["config.json"]; ok {
+		content = e.content
+	} else if data, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+		content = data
+	} else {
+		return slices.DeleteFunc(files, func(f Rendered) bool { return f.Path == "config.json" })
+	}
+	return replaceFile(files, Rendered{Path: "config.json", Content: content, Owner: UserOwned})
 }
 
 // patchPath is where update leaves the template's change to a user-owned file.
@@ -329,6 +350,7 @@ func rebuildBase(w io.Writer, dir, top, target string, a *Answers, cur *Base, co
 	if err != nil {
 		return err
 	}
+	files = keepCopiedConfig(files, a, nil, dir)
 	if dryRun {
 		fmt.Fprintf(w, "dry run: would rebuild %s from template %s v%s\n", RecordFile, a.Base, a.TemplateVersion)
 		return nil

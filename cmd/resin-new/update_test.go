@@ -187,3 +187,50 @@ func TestUpdateAddsAndRemovesFiles(t *testing.T) {
 		t.Error("edited scripts/test.sh, dropped by the template, was not kept")
 	}
 }
+
+// TestUpdateLeavesCopiedConfig: a scaffold made with --hf-config holds the checkpoint's
+// config.json as it was copied; update must neither propose to replace it with the
+// template's config.json rendered from the answers (which drops keys the runtime does not
+// read and adds defaults) nor record that render as its base.
+func TestUpdateLeavesCopiedConfig(t *testing.T) {
+	hf := filepath.Join(coreDir(t), "testdata", "hf-configs", "qwen3-tiny.json")
+	copied, err := os.ReadFile(hf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "q")
+	if out, err := runCLI(t, templates.FS, "model", "q", "--hf-config", hf, "--out", dir, "--no-tidy"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, tfs := range []fstest.MapFS{templateCopy(t), newerTemplate(t)} {
+		out, err := runCLI(t, tfs, "update", dir)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if strings.Contains(out, "config.json") {
+			t.Errorf("update touched the copied config.json:\n%s", out)
+		}
+		if _, err := os.Stat(filepath.Join(dir, patchPath("config.json"))); err == nil {
+			t.Errorf("update left a patch for the copied config.json")
+		}
+		if got, _ := os.ReadFile(filepath.Join(dir, "config.json")); string(got) != string(copied) {
+			t.Errorf("config.json changed:\n%s", got)
+		}
+		rec, _ := os.ReadFile(filepath.Join(dir, RecordFile))
+		entries, err := decodeRecord(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(entries["config.json"].content) != string(copied) {
+			t.Errorf("the record's base for config.json is not the copied file:\n%s", entries["config.json"].content)
+		}
+	}
+	// A record rebuilt from the template keeps the copy as config.json's base, too.
+	if out, err := runCLI(t, newerTemplate(t), "update", "--rebuild-base", dir); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	rec, _ := os.ReadFile(filepath.Join(dir, RecordFile))
+	if entries, _ := decodeRecord(rec); string(entries["config.json"].content) != string(copied) {
+		t.Errorf("rebuilt record: config.json's base is not the copied file:\n%s", entries["config.json"].content)
+	}
+}
