@@ -21,8 +21,8 @@
 //   - weights.go: the tensor list in its three name forms (module; upstream, as DeepSeek
 //     publishes it, attn.kv_norm included; hybrid), loading (bf16, FP8 block-scaled, FP4
 //     experts, dequantised by core/weights; the mtp.0 copies of the embedding and head
-//     checked), seeded random weights, saving; quant.go: quantization_config's
-//     not-converted modules (ignore, modules_to_not_convert)
+//     checked), seeded random weights, saving; quant.go: quantization_config through
+//     core/weights (its ignore list included), ModelOpt refused by name
 //   - state.go: the per-sequence state the forward extends chunk by chunk
 //   - forward.go: the reference forward over chunks of sequences; moe.go: the MoE, each
 //     expert one GEMM over the rows routed to it; mtp.go: the MTP head

@@ -410,9 +410,6 @@ func copyDiff(got, want []float32, dt weights.DType) int {
 // holds it.
 func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[string]bool) (string, error) {
 	read := func(name string, shape ...int) ([]float32, error) {
-		if err := checkNotConverted(ck, q, name); err != nil {
-			return nil, fmt.Errorf("load weights: %w", err)
-		}
 		used[name] = true
 		if s, ok := ck.ScaleName(name); ok {
 			used[s] = true
