@@ -1,6 +1,7 @@
 package deepseekv4flash
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -66,6 +67,7 @@ func TestPagedStateParity(t *testing.T) {
 	m := loadParityModel(t, dir)
 	toks, want, _ := readParityGolden(t, golden, m.Config.VocabSize)
 	v := m.Config.VocabSize
+	m.MinTopKMargin = math.Inf(1)
 	r := NewRunner(m, 8)
 	pool, err := r.NewPool(64 << 20)
 	if err != nil {
@@ -129,6 +131,12 @@ func TestPagedStateParity(t *testing.T) {
 	}
 	check("third sequence after a prefix hit", gotC, want[(len(toks)-len(gotC)/v)*v:])
 	t.Logf("prefix hit of %d tokens", len(toks)-len(gotC)/v)
+	// As in TestTransformersParity: a tie at an indexer cut leaves the pick to the order
+	// of the tie-break, which could hide or fake a difference.
+	t.Logf("smallest indexer top-k margin: %.3g", m.MinTopKMargin)
+	if math.IsInf(m.MinTopKMargin, 1) || m.MinTopKMargin < 1e-5 {
+		t.Errorf("indexer top-k margin %.3g: no cut seen, or a near tie at one", m.MinTopKMargin)
+	}
 	for _, s := range []*pagedSeq{a, b, c} {
 		if err := pool.Free(s.id); err != nil {
 			t.Fatal(err)
