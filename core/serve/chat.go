@@ -22,16 +22,34 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if s.chat == nil {
 		return invalid("messages", "The model %q has no chat template; use /v1/completions.", s.cfg.Model)
 	}
+	if err := req.refuseOutputs(); err != nil {
+		return err
+	}
+	ignored := req.sent()
+	if !absent(req.ReasoningEffort) {
+		ignored = append(ignored, "reasoning_effort")
+	}
+	s.warnIgnored(r, ignored)
 	if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
 		return unsupported("response_format", "response_format "+req.ResponseFormat.Type)
 	}
 	if tc := string(bytes.TrimSpace(req.ToolChoice)); tc != "" && tc != "null" && tc != `"none"` && tc != `"auto"` {
 		return unsupported("tool_choice", "tool_choice other than none or auto")
 	}
+	// add_generation_prompt defaults to true, and to false with continue_final_message,
+	// which it excludes.
+	addGenerationPrompt := !req.ContinueFinalMessage
+	if req.AddGenerationPrompt != nil {
+		if *req.AddGenerationPrompt && req.ContinueFinalMessage {
+			return invalid("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true.")
+		}
+		addGenerationPrompt = *req.AddGenerationPrompt
+	}
 	sp, stops, err := req.sampling(0)
 	if err != nil {
 		return err
 	}
+	view := logprobView{asIDs: req.ReturnTokensAsTokenIDs}
 	if req.TopLogprobs != nil {
 		if !req.Logprobs {
 			return invalid("top_logprobs", "top_logprobs requires logprobs to be true.")
@@ -39,9 +57,16 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 		if *req.TopLogprobs < 0 || *req.TopLogprobs > engine.MaxTopLogprobs {
 			return invalid("top_logprobs", "top_logprobs must be in [0, %d]; got %d.", engine.MaxTopLogprobs, *req.TopLogprobs)
 		}
-		sp.TopLogprobs = *req.TopLogprobs
+		sp.TopLogprobs, view.top = *req.TopLogprobs, *req.TopLogprobs
 	}
 	sp.Logprobs = req.Logprobs
+	promptTop, err := req.promptLogprobs()
+	if err != nil {
+		return err
+	}
+	if promptTop >= 0 {
+		sp.PromptLogprobs, sp.Logprobs, sp.TopLogprobs = true, true, max(sp.TopLogprobs, promptTop)
+	}
 	msgs, err := chatMessages(req.Messages)
 	if err != nil {
 		return err
@@ -49,11 +74,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkContentBytes(msgs); err != nil {
 		return err
 	}
-	prompt, err := s.chat.Render(msgs, chatOptions(req.Tools, req.ChatTemplateKwargs, true))
+	opts := chatOptions(req.Tools, req.ChatTemplateKwargs, addGenerationPrompt)
+	opts.ContinueFinalMessage = req.ContinueFinalMessage
+	prompt, err := s.chat.Render(msgs, opts)
 	if err != nil {
 		return invalid("messages", "The chat template rejected the messages: %v.", err)
 	}
-	ids, err := s.encodePrompt(prompt, false, "messages")
+	ids, err := s.encodePrompt(prompt, req.AddSpecialTokens != nil && *req.AddSpecialTokens, "messages")
 	if err != nil {
 		return err
 	}
@@ -69,90 +96,137 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if guided, err := parseGuidedChoice(req.GuidedChoice); err != nil {
 		return err
 	} else if guided != nil {
-		if err := req.refuseWithGuided(stops, nil); err != nil {
+		if err := req.refuseWithGuided(stops, map[string]bool{"prompt_logprobs": promptTop >= 0}); err != nil {
 			return err
 		}
 		if err := s.guide(r.Context(), gens, [][]int32{ids}, guided); err != nil {
 			return err
 		}
 	}
+	out := chatOutput{role: "assistant", logprobs: req.Logprobs, view: view, oneToolCall: req.ParallelToolCalls != nil && !*req.ParallelToolCalls}
+	if !addGenerationPrompt {
+		out.role = msgs[len(msgs)-1]["role"].(string) // the answer continues the last message's turn, as in vLLM
+	}
+	if last := msgs[len(msgs)-1]; req.Echo && last["role"] == out.role {
+		out.echo = last["content"].(string)
+	}
 	id, created := newID("chatcmpl-"), time.Now().Unix()
 	if req.Stream {
-		return s.streamChat(w, r, gens, &req, prompt, id, created)
+		return s.streamChat(w, r, gens, &req, prompt, id, created, out)
 	}
 	if err := s.runAll(r.Context(), gens); err != nil {
 		return err
 	}
 	choices := make([]chatChoice, len(gens))
 	for i, c := range gens {
-		choices[i] = s.chatChoiceOf(i, c, &req, prompt)
+		choices[i] = s.chatChoiceOf(i, c, &req, prompt, out)
 	}
-	writeJSON(w, http.StatusOK, chatResponse{envelope: newEnvelope(id, "chat.completion", created, s.modelName(req.Model)),
-		Choices: choices, Usage: usageOf(totalUsage([][]int32{ids}, gens, gens))})
+	resp := chatResponse{envelope: newEnvelope(id, "chat.completion", created, s.modelName(req.Model)),
+		Choices: choices, Usage: usageOf(totalUsage([][]int32{ids}, gens, gens))}
+	if promptTop >= 0 {
+		resp.PromptLogprobs = s.promptLogprobsOf(ids, gens[0].res.promptLogprobs, promptTop)
+	}
+	writeJSON(w, http.StatusOK, resp)
 	return nil
+}
+
+// chatOutput is how a chat answer is written: the role it answers in, the text it starts
+// with (echo), whether it shows logprobs and how, and whether it keeps only the first
+// tool call (parallel_tool_calls false).
+type chatOutput struct {
+	role        string
+	echo        string
+	logprobs    bool
+	view        logprobView
+	oneToolCall bool
 }
 
 // chatChoiceOf assembles choice i of a chat response from its generation: the text as
 // content, then what the tool-call and reasoning parsers read from it, then logprobs.
-func (s *Server) chatChoiceOf(i int, c *choiceGen, req *chatRequest, prompt string) chatChoice {
-	choice := chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: c.text}, FinishReason: c.res.finish}
+func (s *Server) chatChoiceOf(i int, c *choiceGen, req *chatRequest, prompt string, out chatOutput) chatChoice {
+	choice := chatChoice{Index: i, Message: chatMessage{Role: out.role, Content: c.text}, FinishReason: c.res.finish}
 	s.newChatParser(req, prompt).fill(&choice) // tool calls and reasoning (chattools.go)
-	if c.g.sampling.Logprobs {
-		choice.Logprobs = s.chatLogprobs(c.lps)
+	choice.Message.Content = out.echo + choice.Message.Content
+	if out.oneToolCall && len(choice.Message.ToolCalls) > 1 {
+		choice.Message.ToolCalls = choice.Message.ToolCalls[:1]
+	}
+	if out.logprobs {
+		choice.Logprobs = s.chatLogprobs(c.lps, out.view)
 	}
 	return choice
 }
 
-// streamChat streams every choice: a role chunk, content deltas as text becomes final
-// (through the tool-call and reasoning parsers), a finish chunk, each with its index;
-// then the usage chunk when asked, and [DONE].
-func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, gens []*choiceGen, req *chatRequest, prompt, id string, created int64) error {
+// streamChat streams every choice: a role chunk, the echoed text if any, content deltas
+// as text becomes final (through the tool-call and reasoning parsers), a finish chunk,
+// each with its index; then the usage chunk when asked, and [DONE]. With continuous
+// usage stats every chunk carries its choice's usage so far.
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, gens []*choiceGen, req *chatRequest, prompt, id string, created int64, out chatOutput) error {
 	cs := &choiceStream{sse: newSSE(w)}
 	head := newEnvelope(id, "chat.completion.chunk", created, s.modelName(req.Model))
-	chunk := func(index int, d chatDelta, lp *chatLogprobs, finish *string) chatChunk {
-		return chatChunk{envelope: head, Choices: []chatChunkChoice{{Index: index, Delta: d, Logprobs: lp, FinishReason: finish}}}
+	continuous := req.continuousUsage()
+	promptLen := len(gens[0].g.prompt)
+	chunk := func(index int, d chatDelta, lp *chatLogprobs, finish *string, generated int) chatChunk {
+		c := chatChunk{envelope: head, Choices: []chatChunkChoice{{Index: index, Delta: d, Logprobs: lp, FinishReason: finish}}}
+		if continuous {
+			c.Usage = usageSoFar(promptLen, generated)
+		}
+		return c
 	}
 	err := s.each(r.Context(), gens, func(ctx context.Context, c *choiceGen) error {
 		index := c.candidate
 		parse := s.newChatParser(req, prompt) // tool calls and reasoning (chattools.go)
 		empty := ""
 		first := true
+		generated := 0
+		opening := func() error {
+			first = false
+			if err := cs.send(chunk(index, chatDelta{Role: out.role, Content: &empty}, nil, nil, 0)); err != nil {
+				return err
+			}
+			if out.echo == "" {
+				return nil
+			}
+			return cs.send(chunk(index, chatDelta{Content: &out.echo}, nil, nil, 0))
+		}
 		res, err := s.produce(ctx, c, func(d delta) error {
 			if first {
-				first = false
-				if err := cs.send(chunk(index, chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+				if err := opening(); err != nil {
 					return err
 				}
 			}
+			generated += len(d.tokens)
 			if d.text == "" && len(d.logprobs) == 0 {
 				return nil
 			}
 			var lp *chatLogprobs
-			if c.g.sampling.Logprobs {
-				lp = s.chatLogprobs(d.logprobs)
+			if out.logprobs {
+				lp = s.chatLogprobs(d.logprobs, out.view)
 			}
 			cd, ok := parse.delta(d.text)
+			if ok && out.oneToolCall {
+				ok = firstCallOnly(&cd)
+			}
 			if !ok && lp == nil {
 				return nil
 			}
-			return cs.send(chunk(index, cd, lp, nil))
+			return cs.send(chunk(index, cd, lp, nil, generated))
 		})
 		if err != nil {
 			return err
 		}
 		c.res = res
 		if first {
-			if err := cs.send(chunk(index, chatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+			if err := opening(); err != nil {
 				return err
 			}
 		}
 		tail, finish := parse.flush(res.finish)
-		if tail != nil {
-			if err := cs.send(chunk(index, *tail, nil, nil)); err != nil {
+		if tail != nil && (!out.oneToolCall || firstCallOnly(tail)) {
+			if err := cs.send(chunk(index, *tail, nil, nil, res.usage.CompletionTokens)); err != nil {
 				return err
 			}
 		}
-		return cs.send(chunk(index, chatDelta{}, nil, &finish))
+		return cs.send(chunk(index, chatDelta{}, nil, &finish, res.usage.CompletionTokens))
 	})
 	if err != nil {
 		return cs.sse.abort(r.Context(), err)
@@ -162,6 +236,19 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, gens []*choi
 	}
 	_ = cs.sse.done()
 	return nil
+}
+
+// firstCallOnly drops from d the deltas of tool calls after the first (parallel_tool_calls
+// false) and reports whether d still adds anything.
+func firstCallOnly(d *chatDelta) bool {
+	kept := d.ToolCalls[:0]
+	for _, c := range d.ToolCalls {
+		if c.Index == 0 {
+			kept = append(kept, c)
+		}
+	}
+	d.ToolCalls = kept
+	return d.Content != nil || d.ReasoningContent != nil || len(d.ToolCalls) > 0
 }
 
 // chatOptions are the chat template's options for a request's tools and

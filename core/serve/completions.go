@@ -11,12 +11,14 @@ const defaultCompletionTokens = 16
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error {
 	var req completionRequest
+	req.Prompt.maxTokens = s.prompts.maxContext
 	if err := decodeBody(r.Body, &req); err != nil {
 		return err
 	}
 	if err := s.checkModel(req.Model); err != nil {
 		return err
 	}
+	s.warnIgnored(r, req.sent())
 	if req.Suffix != nil && *req.Suffix != "" {
 		return unsupported("suffix", "suffix")
 	}
@@ -24,38 +26,56 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
+	// max_tokens 0 with echo scores the prompt and generates nothing (the legacy
+	// loglikelihood idiom): one token is generated for the prompt's logprobs to come,
+	// and dropped.
+	promptOnly := req.Echo && req.MaxCompletionTokens == nil && req.MaxTokens != nil && *req.MaxTokens == 0
+	if promptOnly {
+		if req.MinTokens != nil && *req.MinTokens > 0 {
+			return invalid("min_tokens", "min_tokens must be 0 with max_tokens 0; got %d.", *req.MinTokens)
+		}
+		one := 1
+		req.MaxTokens = &one
+	}
 	sp, stops, err := req.sampling(defaultCompletionTokens)
 	if err != nil {
 		return err
 	}
+	view := logprobView{asIDs: req.ReturnTokensAsTokenIDs}
 	if req.Logprobs != nil {
 		if *req.Logprobs < 0 || *req.Logprobs > 5 {
 			return invalid("logprobs", "logprobs must be in [0, 5]; got %d.", *req.Logprobs)
 		}
-		sp.Logprobs, sp.TopLogprobs = true, *req.Logprobs
+		sp.Logprobs, sp.TopLogprobs, view.top = true, *req.Logprobs, *req.Logprobs
 	}
-	if req.Echo && sp.Logprobs {
-		sp.PromptLogprobs = true // the echoed prompt's tokens carry logprobs too
+	promptTop, err := req.promptLogprobs()
+	if err != nil {
+		return err
+	}
+	if promptTop >= 0 || req.Echo && sp.Logprobs {
+		// The echoed prompt's tokens carry logprobs too; prompt_logprobs lists them apart.
+		sp.PromptLogprobs, sp.Logprobs, sp.TopLogprobs = true, true, max(sp.TopLogprobs, promptTop)
 	}
 	guided, err := parseGuidedChoice(req.GuidedChoice)
 	if err != nil {
 		return err
 	}
 	if guided != nil {
-		if err := req.refuseWithGuided(stops, map[string]bool{"echo": req.Echo, "best_of": candidates > n}); err != nil {
+		if err := req.refuseWithGuided(stops, map[string]bool{"echo": req.Echo, "best_of": candidates > n, "prompt_logprobs": promptTop >= 0}); err != nil {
 			return err
 		}
 	}
-	inputs, err := parsePrompts(req.Prompt)
-	if err != nil {
-		return err
+	inputs := req.Prompt.inputs
+	if inputs == nil {
+		return invalid("prompt", "prompt is required.")
 	}
 	if len(inputs)*candidates > maxSequences {
 		return invalid("n", "%d prompts x %d candidates exceed the %d sequences one request may ask for.", len(inputs), candidates, maxSequences)
 	}
+	addSpecial := req.AddSpecialTokens == nil || *req.AddSpecialTokens
 	prompts := make([][]int32, len(inputs))
 	for i := range inputs {
-		if prompts[i], err = s.promptIDs(&inputs[i], req.Echo); err != nil {
+		if prompts[i], err = s.promptIDs(&inputs[i], req.Echo, addSpecial); err != nil {
 			return err
 		}
 	}
@@ -76,23 +96,33 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		}
 		return ""
 	}
+	out := completionOutput{logprobs: req.Logprobs != nil, view: view, promptOnly: promptOnly, echo: echo}
 	if req.Stream {
-		return s.streamCompletion(w, r, gens, prompts, &req, id, created, echo)
+		return s.streamCompletion(w, r, gens, prompts, &req, id, created, out)
 	}
 	if err := s.runAll(r.Context(), gens); err != nil {
 		return err
+	}
+	if promptOnly {
+		for _, c := range gens {
+			c.text, c.lps = "", nil
+			c.res.finish, c.res.usage.CompletionTokens = "length", 0
+		}
 	}
 	chosen := best(gens, len(prompts), n, candidates)
 	choices := make([]completionChoice, len(chosen))
 	for i, c := range chosen {
 		e := echo(c)
 		choices[i] = completionChoice{Index: i, Text: e + c.text, FinishReason: &c.res.finish}
-		if sp.Logprobs {
+		if out.logprobs {
 			var echoLps *completionLogprobs
 			if req.Echo {
-				echoLps = s.echoLogprobs(c.g.prompt, c.res.promptLogprobs, sp.TopLogprobs > 0)
+				echoLps = s.echoLogprobs(c.g.prompt, c.res.promptLogprobs, view)
 			}
-			choices[i].Logprobs = echoLps.join(s.completionLogprobs(c.lps, len(e), sp.TopLogprobs > 0))
+			choices[i].Logprobs = echoLps.join(s.completionLogprobs(c.lps, len(e), view))
+		}
+		if promptTop >= 0 {
+			choices[i].PromptLogprobs = s.promptLogprobsOf(c.g.prompt, c.res.promptLogprobs, promptTop)
 		}
 	}
 	writeJSON(w, http.StatusOK, completionResponse{envelope: newEnvelope(id, "text_completion", created, s.modelName(req.Model)),
@@ -100,15 +130,26 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	return nil
 }
 
-// promptIDs tokenizes a text prompt, or, for token ids, decodes the text echo needs.
-func (s *Server) promptIDs(p *promptInput, echo bool) ([]int32, error) {
+// completionOutput is how a completion's choices are written: with logprobs or not, shown
+// as view says; whether generated tokens are dropped (max_tokens 0 with echo); the
+// echoed prompt text of a choice.
+type completionOutput struct {
+	logprobs   bool
+	view       logprobView
+	promptOnly bool
+	echo       func(*choiceGen) string
+}
+
+// promptIDs tokenizes a text prompt (adding the tokenizer's special tokens, BOS, when
+// addSpecial), or, for token ids, decodes the text echo needs.
+func (s *Server) promptIDs(p *promptInput, echo, addSpecial bool) ([]int32, error) {
 	if p.ids != nil {
 		if echo {
 			p.text = s.tok.Decode(p.ids, false)
 		}
 		return p.ids, nil
 	}
-	ids, err := s.encodePrompt(p.text, true, "prompt")
+	ids, err := s.encodePrompt(p.text, addSpecial, "prompt")
 	if err != nil {
 		return nil, err
 	}
@@ -120,41 +161,55 @@ func (s *Server) promptIDs(p *promptInput, echo bool) ([]int32, error) {
 
 // streamCompletion streams every generation's text as it becomes final, each chunk
 // carrying its choice's index (prompt × n + k), then a finish chunk per choice, the
-// usage chunk when asked, and [DONE].
-func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, gens []*choiceGen, prompts [][]int32, req *completionRequest, id string, created int64, echo func(*choiceGen) string) error {
+// usage chunk when asked, and [DONE]. With continuous usage stats every chunk carries
+// its choice's usage so far.
+func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, gens []*choiceGen, prompts [][]int32, req *completionRequest, id string, created int64, out completionOutput) error {
 	cs := &choiceStream{sse: newSSE(w)}
 	head := newEnvelope(id, "text_completion", created, s.modelName(req.Model))
-	chunk := func(index int, text string, lp *completionLogprobs, finish *string) completionResponse {
-		return completionResponse{envelope: head, Choices: []completionChoice{{Index: index, Text: text, Logprobs: lp, FinishReason: finish}}}
+	continuous := req.continuousUsage()
+	chunk := func(c *choiceGen, index int, text string, lp *completionLogprobs, finish *string, generated int) completionResponse {
+		resp := completionResponse{envelope: head, Choices: []completionChoice{{Index: index, Text: text, Logprobs: lp, FinishReason: finish}}}
+		if continuous {
+			resp.Usage = usageSoFar(len(c.g.prompt), generated)
+		}
+		return resp
 	}
 	err := s.each(r.Context(), gens, func(ctx context.Context, c *choiceGen) error {
 		index := c.prompt*len(gens)/len(prompts) + c.candidate
-		e := echo(c)
+		e := out.echo(c)
 		offset := len(e)
 		first := true
+		generated := 0
 		res, err := s.produce(ctx, c, func(d delta) error {
+			if out.promptOnly {
+				d.text, d.tokens, d.logprobs = "", nil, nil
+			}
+			generated += len(d.tokens)
 			text := d.text
 			if first {
 				text, first = e+text, false
 			}
-			if text == "" && len(d.logprobs) == 0 {
+			if text == "" && len(d.logprobs) == 0 && d.promptLogprobs == nil {
 				return nil
 			}
 			var lp *completionLogprobs
-			if c.g.sampling.Logprobs {
+			if out.logprobs {
 				if d.promptLogprobs != nil {
-					lp = s.echoLogprobs(c.g.prompt, d.promptLogprobs, c.g.sampling.TopLogprobs > 0)
+					lp = s.echoLogprobs(c.g.prompt, d.promptLogprobs, out.view)
 				}
-				lp = lp.join(s.completionLogprobs(d.logprobs, offset, c.g.sampling.TopLogprobs > 0))
+				lp = lp.join(s.completionLogprobs(d.logprobs, offset, out.view))
 			}
 			offset += len(d.text)
-			return cs.send(chunk(index, text, lp, nil))
+			return cs.send(chunk(c, index, text, lp, nil, generated))
 		})
 		if err != nil {
 			return err
 		}
+		if out.promptOnly {
+			res.finish, res.usage.CompletionTokens = "length", 0
+		}
 		c.res = res
-		return cs.send(chunk(index, "", nil, &c.res.finish))
+		return cs.send(chunk(c, index, "", nil, &c.res.finish, c.res.usage.CompletionTokens))
 	})
 	if err != nil {
 		return cs.sse.abort(r.Context(), err)

@@ -223,7 +223,6 @@ func TestUnsupportedFieldsRefusedByName(t *testing.T) {
 		{"/v1/chat/completions", map[string]any{"messages": chat, "guided_json": map[string]any{}}, "guided_json"},
 		{"/v1/completions", map[string]any{"prompt": "x", "frobnicate": 1}, "frobnicate"},
 		{"/v1/chat/completions", map[string]any{"messages": chat, "response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x"}}}, "response_format"},
-		{"/v1/chat/completions", map[string]any{"messages": chat, "stream_options": map[string]any{"continuous_usage_stats": true}}, "continuous_usage_stats"},
 		{"/v1/chat/completions", map[string]any{"messages": chat, "best_of": 2}, "best_of"},
 		{"/v1/completions", map[string]any{"prompt": "x", "n": 2, "best_of": 1}, "best_of"},
 		{"/v1/completions", map[string]any{"prompt": "x", "n": 2, "best_of": 3, "stream": true}, "best_of"},

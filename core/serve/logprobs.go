@@ -1,8 +1,38 @@
 package serve
 
 import (
+	"math"
+	"strconv"
+
 	"github.com/resin-llm/resin/core/engine"
 )
+
+// logprobView is how a response shows logprobs: how many alternatives each token lists
+// (the engine computes one count for a request's prompt and its answer, the larger of
+// the two asked for), and whether tokens are shown as their text or, for vLLM's
+// return_tokens_as_token_ids, as "token_id:N".
+type logprobView struct {
+	top   int
+	asIDs bool
+}
+
+// shown is token id as v shows it, with its bytes.
+func (s *Server) shown(v logprobView, id int32) (string, []int) {
+	if !v.asIDs {
+		return s.tokenText(id)
+	}
+	t := "token_id:" + strconv.Itoa(int(id))
+	b := make([]int, len(t))
+	for i := range len(t) {
+		b[i] = int(t[i])
+	}
+	return t, b
+}
+
+// tops is lp's alternatives, as many as v shows.
+func (v logprobView) tops(lp engine.TokenLogprob) []engine.TopLogprob {
+	return lp.Top[:min(v.top, len(lp.Top))]
+}
 
 // chatLogprob is one entry of a chat choice's logprobs.content.
 type chatLogprob struct {
@@ -41,13 +71,14 @@ func (s *Server) tokenText(id int32) (string, []int) {
 	return s.tok.Decode([]int32{id}, false), b
 }
 
-func (s *Server) chatLogprobs(lps []engine.TokenLogprob) *chatLogprobs {
+func (s *Server) chatLogprobs(lps []engine.TokenLogprob, v logprobView) *chatLogprobs {
 	out := &chatLogprobs{Content: make([]chatLogprob, len(lps))}
 	for i, lp := range lps {
-		text, b := s.tokenText(lp.Token)
-		e := chatLogprob{Token: text, Logprob: lp.Logprob, Bytes: b, TopLogprobs: make([]chatTopLogprob, len(lp.Top))}
-		for j, t := range lp.Top {
-			tt, tb := s.tokenText(t.Token)
+		text, b := s.shown(v, lp.Token)
+		top := v.tops(lp)
+		e := chatLogprob{Token: text, Logprob: lp.Logprob, Bytes: b, TopLogprobs: make([]chatTopLogprob, len(top))}
+		for j, t := range top {
+			tt, tb := s.shown(v, t.Token)
 			e.TopLogprobs[j] = chatTopLogprob{Token: tt, Logprob: t.Logprob, Bytes: tb}
 		}
 		out.Content[i] = e
@@ -55,8 +86,10 @@ func (s *Server) chatLogprobs(lps []engine.TokenLogprob) *chatLogprobs {
 	return out
 }
 
-// completionLogprobs formats lps; offset is the text offset of the first token.
-func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, withTop bool) *completionLogprobs {
+// completionLogprobs formats lps; offset is the text offset of the first token. Offsets
+// count the tokens' text, also when they are shown as ids.
+func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v logprobView) *completionLogprobs {
+	withTop := v.top > 0
 	out := &completionLogprobs{
 		Tokens:        make([]string, len(lps)),
 		TokenLogprobs: make([]*float32, len(lps)),
@@ -67,12 +100,17 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, withT
 	}
 	for i, lp := range lps {
 		text, _ := s.tokenText(lp.Token)
-		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = text, &lp.Logprob, offset
+		shown := text
+		if v.asIDs {
+			shown, _ = s.shown(v, lp.Token)
+		}
+		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = shown, &lp.Logprob, offset
 		offset += len(text)
 		if withTop {
-			m := make(map[string]float32, len(lp.Top))
-			for _, t := range lp.Top {
-				tt, _ := s.tokenText(t.Token)
+			top := v.tops(lp)
+			m := make(map[string]float32, len(top))
+			for _, t := range top {
+				tt, _ := s.shown(v, t.Token)
 				m[tt] = t.Logprob
 			}
 			out.TopLogprobs[i] = m
@@ -84,13 +122,60 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, withT
 // echoLogprobs is the logprobs object of an echoed prompt: its first token with null
 // logprob and top_logprobs, then each later token with its prompt logprob (plps[k]
 // scores prompt[k+1]), text offsets from 0.
-func (s *Server) echoLogprobs(prompt []int32, plps []engine.TokenLogprob, withTop bool) *completionLogprobs {
+func (s *Server) echoLogprobs(prompt []int32, plps []engine.TokenLogprob, v logprobView) *completionLogprobs {
 	first, _ := s.tokenText(prompt[0])
-	out := &completionLogprobs{Tokens: []string{first}, TokenLogprobs: []*float32{nil}, TextOffset: []int{0}}
-	if withTop {
+	shown := first
+	if v.asIDs {
+		shown, _ = s.shown(v, prompt[0])
+	}
+	out := &completionLogprobs{Tokens: []string{shown}, TokenLogprobs: []*float32{nil}, TextOffset: []int{0}}
+	if v.top > 0 {
 		out.TopLogprobs = []map[string]float32{nil}
 	}
-	return out.join(s.completionLogprobs(plps, len(first), withTop))
+	return out.join(s.completionLogprobs(plps, len(first), v))
+}
+
+// promptLogprob is one entry of vLLM's prompt_logprobs: a token's logprob, its rank
+// among the alternatives (null where it is not among those computed) and its text.
+type promptLogprob struct {
+	Logprob      float32 `json:"logprob"`
+	Rank         *int    `json:"rank"`
+	DecodedToken string  `json:"decoded_token"`
+}
+
+// promptLogprobsOf is vLLM's prompt_logprobs for prompt: null for its first token, then
+// for each later one a map from token id to promptLogprob holding the prompt's token
+// and top alternatives. A -inf logprob is written as -9999, as vLLM clamps it (JSON has
+// no infinity).
+func (s *Server) promptLogprobsOf(prompt []int32, plps []engine.TokenLogprob, top int) []map[string]promptLogprob {
+	if len(prompt) == 0 {
+		return nil
+	}
+	out := make([]map[string]promptLogprob, 1, len(prompt))
+	entry := func(id int32, lp float32, rank *int) (string, promptLogprob) {
+		text, _ := s.tokenText(id)
+		if math.IsInf(float64(lp), -1) {
+			lp = -9999
+		}
+		return strconv.Itoa(int(id)), promptLogprob{Logprob: lp, Rank: rank, DecodedToken: text}
+	}
+	for _, lp := range plps {
+		alts := lp.Top[:min(top, len(lp.Top))]
+		m := make(map[string]promptLogprob, len(alts)+1)
+		var rank *int
+		for j, t := range alts {
+			r := j + 1
+			if t.Token == lp.Token {
+				rank = &r
+			}
+			k, e := entry(t.Token, t.Logprob, &r)
+			m[k] = e
+		}
+		k, e := entry(lp.Token, lp.Logprob, rank)
+		m[k] = e
+		out = append(out, m)
+	}
+	return out
 }
 
 // join appends b's entries to a (either may be nil).

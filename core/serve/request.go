@@ -31,7 +31,10 @@ type commonParams struct {
 	Seed                *int64          `json:"seed"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
+		// IncludeUsage defaults to true once stream_options is sent, as in vLLM.
+		IncludeUsage *bool `json:"include_usage"`
+		// ContinuousUsageStats puts the usage so far on every chunk (vLLM's).
+		ContinuousUsageStats bool `json:"continuous_usage_stats"`
 	} `json:"stream_options"`
 	IgnoreEOS         bool               `json:"ignore_eos"`
 	SkipSpecialTokens *bool              `json:"skip_special_tokens"`
@@ -50,6 +53,45 @@ type commonParams struct {
 	GuidedJSON    json.RawMessage `json:"guided_json"`
 	GuidedRegex   json.RawMessage `json:"guided_regex"`
 	GuidedGrammar json.RawMessage `json:"guided_grammar"`
+	// vLLM's prompt and logprob extensions.
+	AddSpecialTokens       *bool `json:"add_special_tokens"`
+	PromptLogprobs         *int  `json:"prompt_logprobs"`
+	ReturnTokensAsTokenIDs bool  `json:"return_tokens_as_token_ids"`
+	ignoredFields
+}
+
+// ignoredFields are what clients send for OpenAI's own bookkeeping (stored completions,
+// billing tiers, its prompt cache, abuse tracking): nothing this server outputs depends
+// on them, so they are accepted and named in one warning line per request (as vLLM does
+// with fields it ignores).
+type ignoredFields struct {
+	Store            json.RawMessage `json:"store"`
+	Metadata         json.RawMessage `json:"metadata"`
+	ServiceTier      json.RawMessage `json:"service_tier"`
+	PromptCacheKey   json.RawMessage `json:"prompt_cache_key"`
+	SafetyIdentifier json.RawMessage `json:"safety_identifier"`
+}
+
+// warnIgnored logs, in one line, the fields of r that were accepted and ignored.
+func (s *Server) warnIgnored(r *http.Request, names []string) {
+	if len(names) > 0 {
+		s.log.Warn("request fields accepted and ignored: they do not change what this server answers", "route", r.URL.Path, "fields", names)
+	}
+}
+
+// sent names the ignored fields a request carries (null counts as absent).
+func (f *ignoredFields) sent() []string {
+	var names []string
+	for _, x := range [...]struct {
+		name string
+		raw  json.RawMessage
+	}{{"store", f.Store}, {"metadata", f.Metadata}, {"service_tier", f.ServiceTier},
+		{"prompt_cache_key", f.PromptCacheKey}, {"safety_identifier", f.SafetyIdentifier}} {
+		if !absent(x.raw) {
+			names = append(names, x.name)
+		}
+	}
+	return names
 }
 
 // Limits on the fan-out of one request: choices per prompt, candidates per prompt
@@ -107,19 +149,43 @@ func (p *commonParams) skipSpecial() bool {
 	return p.SkipSpecialTokens == nil || *p.SkipSpecialTokens
 }
 
-// includeUsage reports whether a stream ends with a usage chunk.
+// includeUsage reports whether a stream ends with a usage chunk: when stream_options
+// is sent, unless include_usage is false (vLLM's default).
 func (p *commonParams) includeUsage() bool {
-	return p.StreamOptions != nil && p.StreamOptions.IncludeUsage
+	o := p.StreamOptions
+	return o != nil && (o.IncludeUsage == nil || *o.IncludeUsage)
+}
+
+// continuousUsage reports whether every chunk carries the usage so far (vLLM's
+// continuous_usage_stats, which needs include_usage).
+func (p *commonParams) continuousUsage() bool {
+	return p.includeUsage() && p.StreamOptions.ContinuousUsageStats
+}
+
+// promptLogprobs validates prompt_logprobs: -1 when absent, else how many alternatives
+// each prompt token lists. They are not streamed (vLLM refuses them with stream too).
+func (p *commonParams) promptLogprobs() (int, error) {
+	if p.PromptLogprobs == nil {
+		return -1, nil
+	}
+	n := *p.PromptLogprobs
+	switch {
+	case n < 0 || n > engine.MaxTopLogprobs:
+		return 0, invalid("prompt_logprobs", "prompt_logprobs must be in [0, %d]; got %d.", engine.MaxTopLogprobs, n)
+	case p.Stream:
+		return 0, invalid("prompt_logprobs", "prompt_logprobs are not available with stream.")
+	}
+	return n, nil
 }
 
 // completionRequest is the body of POST /v1/completions.
 type completionRequest struct {
 	commonParams
-	Prompt   json.RawMessage `json:"prompt"`
-	Logprobs *int            `json:"logprobs"`
-	Echo     bool            `json:"echo"`
-	Suffix   *string         `json:"suffix"`
-	BestOf   *int            `json:"best_of"`
+	Prompt   promptField `json:"prompt"`
+	Logprobs *int        `json:"logprobs"`
+	Echo     bool        `json:"echo"`
+	Suffix   *string     `json:"suffix"`
+	BestOf   *int        `json:"best_of"`
 }
 
 // chatRequest is the body of POST /v1/chat/completions.
@@ -132,6 +198,57 @@ type chatRequest struct {
 	ToolChoice         json.RawMessage              `json:"tool_choice"`
 	ResponseFormat     *responseFormat              `json:"response_format"`
 	ChatTemplateKwargs map[string]json.RawMessage   `json:"chat_template_kwargs"`
+	// ParallelToolCalls false keeps only the first tool call of an answer.
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
+	// vLLM's chat extensions: Echo starts the answer with the last message's content
+	// when that message has the answer's role; AddGenerationPrompt (default true) and
+	// ContinueFinalMessage are the chat template's.
+	Echo                 bool  `json:"echo"`
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	// ReasoningEffort is accepted and ignored (no reasoning control here). The others
+	// are accepted only as what this server does anyway (null, text output) and
+	// refused otherwise: see refuseOutputs.
+	ReasoningEffort json.RawMessage `json:"reasoning_effort"`
+	Prediction      json.RawMessage `json:"prediction"`
+	Audio           json.RawMessage `json:"audio"`
+	Modalities      json.RawMessage `json:"modalities"`
+	Functions       json.RawMessage `json:"functions"`
+	FunctionCall    json.RawMessage `json:"function_call"`
+}
+
+// refuseOutputs refuses, by name, the chat fields whose meaning this server would break
+// if it ignored them: a predicted output, audio output, and the legacy function-calling
+// fields (whose answer, message.function_call, this server does not write). Their
+// null or empty forms, and modalities ["text"], ask for nothing and are accepted.
+func (r *chatRequest) refuseOutputs() error {
+	switch {
+	case !absent(r.Prediction):
+		return unsupported("prediction", "prediction (predicted outputs)")
+	case !absent(r.Audio):
+		return unsupported("audio", "audio output")
+	case !emptyList(r.Functions):
+		return invalid("functions", "functions is the legacy form of tools, which this server does not support: send tools instead.")
+	case !absent(r.FunctionCall):
+		return invalid("function_call", "function_call is the legacy form of tool_choice, which this server does not support: send tool_choice instead.")
+	}
+	if !absent(r.Modalities) {
+		var m []string
+		if err := json.Unmarshal(r.Modalities, &m); err != nil {
+			return invalid("modalities", "modalities must be an array of strings.")
+		}
+		for _, x := range m {
+			if x != "text" {
+				return unsupported("modalities", fmt.Sprintf("Output modality %q", x))
+			}
+		}
+	}
+	return nil
+}
+
+// emptyList reports whether raw is absent, null or [].
+func emptyList(raw json.RawMessage) bool {
+	return absent(raw) || string(bytes.TrimSpace(raw)) == "[]"
 }
 
 // responseFormat is read whole so that a json_schema is refused as response_format
@@ -146,6 +263,9 @@ func decodeBody(r io.Reader, v any) error {
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if ae, ok := errors.AsType[*apiError](err); ok { // from a field's UnmarshalJSON (promptField)
+			return ae
+		}
 		if ae := readError(err); ae != nil {
 			return ae
 		}
@@ -297,77 +417,6 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 		return nil, invalid("stop", "stop strings must not be empty.")
 	}
 	return many, nil
-}
-
-// promptInput is a completion prompt: text or token ids.
-type promptInput struct {
-	text string
-	ids  []int32
-}
-
-// parsePrompts accepts a string, an array of strings, an array of token ids, or an array
-// of arrays of token ids: one prompt or a batch of them (at most maxSequences).
-func parsePrompts(raw json.RawMessage) ([]promptInput, error) {
-	if absent(raw) {
-		return nil, invalid("prompt", "prompt is required.")
-	}
-	var text string
-	if err := json.Unmarshal(raw, &text); err == nil {
-		return []promptInput{{text: text}}, nil
-	}
-	batch := func(n int) error {
-		switch {
-		case n == 0:
-			return invalid("prompt", "The prompt batch is empty.")
-		case n > maxSequences:
-			return invalid("prompt", "At most %d prompts per request; got %d.", maxSequences, n)
-		}
-		return nil
-	}
-	var texts []string
-	if err := json.Unmarshal(raw, &texts); err == nil {
-		if err := batch(len(texts)); err != nil {
-			return nil, err
-		}
-		out := make([]promptInput, len(texts))
-		for i, t := range texts {
-			out[i].text = t
-		}
-		return out, nil
-	}
-	var ids []int64
-	if err := json.Unmarshal(raw, &ids); err == nil {
-		p, err := idsPrompt(ids)
-		return []promptInput{p}, err
-	}
-	var batches [][]int64
-	if err := json.Unmarshal(raw, &batches); err == nil {
-		if err := batch(len(batches)); err != nil {
-			return nil, err
-		}
-		out := make([]promptInput, len(batches))
-		for i, b := range batches {
-			if out[i], err = idsPrompt(b); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
-	}
-	return nil, invalid("prompt", "prompt must be a string, an array of strings, an array of token ids, or an array of arrays of token ids.")
-}
-
-func idsPrompt(ids []int64) (promptInput, error) {
-	if len(ids) == 0 {
-		return promptInput{}, invalid("prompt", "The token-id prompt is empty.")
-	}
-	out := make([]int32, len(ids))
-	for i, id := range ids {
-		if id < 0 || id > math.MaxInt32 {
-			return promptInput{}, invalid("prompt", "Token id %d at position %d is out of range.", id, i)
-		}
-		out[i] = int32(id)
-	}
-	return promptInput{ids: out}, nil
 }
 
 // chatMessages converts OpenAI messages into the maps chat templates read: content

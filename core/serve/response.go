@@ -28,11 +28,19 @@ func usageOf(u engine.Usage) *usageJSON {
 	}
 }
 
+// usageSoFar is a stream chunk's usage with continuous usage stats: its choice's prompt
+// and the tokens generated so far (no cached count: the engine reports it at the end).
+func usageSoFar(prompt, generated int) *usageJSON {
+	return &usageJSON{PromptTokens: prompt, CompletionTokens: generated, TotalTokens: prompt + generated}
+}
+
 type completionChoice struct {
 	Index        int                 `json:"index"`
 	Text         string              `json:"text"`
 	Logprobs     *completionLogprobs `json:"logprobs"`
 	FinishReason *string             `json:"finish_reason"`
+	// PromptLogprobs is vLLM's prompt_logprobs, when asked for.
+	PromptLogprobs []map[string]promptLogprob `json:"prompt_logprobs,omitempty"`
 }
 
 type completionResponse struct {
@@ -73,6 +81,8 @@ type chatResponse struct {
 	envelope
 	Choices []chatChoice `json:"choices"`
 	Usage   *usageJSON   `json:"usage"`
+	// PromptLogprobs is vLLM's prompt_logprobs, when asked for.
+	PromptLogprobs []map[string]promptLogprob `json:"prompt_logprobs,omitempty"`
 }
 
 type chatDelta struct {
