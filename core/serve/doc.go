@@ -12,6 +12,15 @@
 // 408 body too slow, 413 body too large, 415 a body that is not JSON, 429 queue full or
 // tokenizer busy (with Retry-After), 503 draining.
 //
+// Request fields are OpenAI's and vLLM's extensions (top_k, min_p, repetition_penalty,
+// min_tokens, ignore_eos, stop_token_ids, guided_choice, echo and prompt_logprobs,
+// add_generation_prompt, continue_final_message, add_special_tokens,
+// return_tokens_as_token_ids, stream_options.continuous_usage_stats). Fields that
+// change nothing this server answers (store, metadata, service_tier, prompt_cache_key,
+// safety_identifier, reasoning_effort) are accepted and named in a warning; fields it
+// does not serve (structured output but guided_choice, a prediction, audio, the legacy
+// functions) and unknown ones are refused with 400 naming them.
+//
 // What one client can hold is bounded: reading a request (Config.ReadTimeout,
 // ReadHeaderTimeout, MaxHeaderBytes, MaxBodyBytes), an idle connection (IdleTimeout),
 // the connections open at once (MaxConnections; more wait), and the prompt bytes being
