@@ -58,7 +58,7 @@ func TestForkBuildsFromFreshClone(t *testing.T) {
 	git(filepath.Dir(clone), "clone", "-q", src, clone)
 
 	emptyCache := t.TempDir()
-	env := append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly", "GOSUMDB=off", "GOTOOLCHAIN=local",
+	env := append(os.Environ(), "GOWORK=off", "GOFLAGS="+scaffoldGoflags("-mod=readonly"), "GOSUMDB=off", "GOTOOLCHAIN=local",
 		"GOMODCACHE="+emptyCache, "GOPROXY=file://"+filepath.ToSlash(proxy))
 	t.Cleanup(func() { // the module cache is read-only; let TempDir remove it
 		filepath.WalkDir(emptyCache, func(p string, d fs.DirEntry, err error) error {

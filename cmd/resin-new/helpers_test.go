@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -94,6 +95,21 @@ func coreDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// shareScaffoldBuilds makes the scaffolds a test builds share one compile of the core:
+// each vendors the core into its own directory, and without -trimpath the build cache
+// keys a package by its directory, so every scaffold would compile the whole core again
+// (most of this package's time on a cold cache). extra are GOFLAGS the test needs too.
+func shareScaffoldBuilds(t *testing.T, extra ...string) {
+	t.Helper()
+	t.Setenv("GOPROXY", "off")
+	t.Setenv("GOFLAGS", scaffoldGoflags(extra...))
+}
+
+// scaffoldGoflags returns GOFLAGS with -trimpath and extra added.
+func scaffoldGoflags(extra ...string) string {
+	return strings.Join(append(append(strings.Fields(os.Getenv("GOFLAGS")), extra...), "-trimpath"), " ")
 }
 
 // runIn runs a command in dir and returns its combined output.

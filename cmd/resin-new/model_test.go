@@ -154,7 +154,7 @@ func TestInTree(t *testing.T) {
 // directory and runs --verify offline (GOPROXY=off: everything comes from the module cache
 // that building this repository filled): go build, go test and a generate run.
 func TestGeneratedRuntimeBuildsAndTests(t *testing.T) {
-	t.Setenv("GOPROXY", "off")
+	shareScaffoldBuilds(t)
 	if testing.Short() {
 		t.Skip("builds and tests a whole generated runtime")
 	}
@@ -203,8 +203,7 @@ func TestInTreeNameCollidingWithRegistryImport(t *testing.T) {
 // (q/k norm, biases, a tied head, a sliding window, one kv head) and runs their model
 // tests offline: every answer --set accepts must give a runtime that passes its own tests.
 func TestGeneratedVariantsPassTheirTests(t *testing.T) {
-	t.Setenv("GOPROXY", "off")
-	t.Setenv("GOFLAGS", "-mod=mod")
+	shareScaffoldBuilds(t, "-mod=mod")
 	if testing.Short() {
 		t.Skip("builds and tests generated runtimes")
 	}

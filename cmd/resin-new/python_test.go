@@ -156,7 +156,7 @@ func TestPythonVerifyNeedsPython(t *testing.T) {
 // conformance suite through the protocol, greedy against the naive forward) and generates
 // through the Python runner. Without one, the runtime's Python tests must skip, saying why.
 func TestPythonRuntimeBuildsAndGenerates(t *testing.T) {
-	t.Setenv("GOPROXY", "off")
+	shareScaffoldBuilds(t)
 	if testing.Short() {
 		t.Skip("builds and tests a whole generated runtime")
 	}

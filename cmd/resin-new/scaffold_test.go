@@ -302,10 +302,11 @@ func TestTidyIsBounded(t *testing.T) {
 }
 
 // TestDeepSeekV4Base: the reference model is a base of its own. A standalone scaffold from
-// it builds, passes its tests and generates offline; the published DeepSeek-V4-Flash
-// config.json picks it by architecture and, far too large for random weights here, is
-// verified with the base's demo config; --set of a dimension is refused (the base reads
-// its config.json).
+// it type-checks with its tests (go vet) and generates offline; the published
+// DeepSeek-V4-Flash config.json picks it by architecture and, far too large for random
+// weights here, is verified with the base's demo config; --set of a dimension is refused
+// (the base reads its config.json). The scaffold's tests are not run: its files are the
+// in-tree model's renamed (TestGolden), whose tests run in models/deepseek-v4-flash.
 func TestDeepSeekV4Base(t *testing.T) {
 	core := coreDir(t)
 	cfg := filepath.Join(core, "testdata", "hf-configs", "deepseek-v4-flash.json")
@@ -320,17 +321,18 @@ func TestDeepSeekV4Base(t *testing.T) {
 		t.Errorf("--set hidden_size on the deepseek-v4 base: err = %v", err)
 	}
 	if testing.Short() {
-		t.Skip("builds and tests a whole generated runtime")
+		t.Skip("builds a whole generated runtime")
 	}
-	t.Setenv("GOPROXY", "off")
+	shareScaffoldBuilds(t)
 	dir := filepath.Join(t.TempDir(), "v4")
-	out, err = runCLI(t, templates.FS, "model", "v4", "--base", "deepseek-v4", "--out", dir, "--verify")
-	if err != nil {
+	if out, err := runCLI(t, templates.FS, "model", "v4", "--base", "deepseek-v4", "--out", dir); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, want := range []string{"ok  \texample.com/v4\t", "tokens: [", "builds, passes its tests and generates"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("verify output lacks %q:\n%s", want, out)
-		}
+	if out, err := runIn(dir, "go", "vet", "./..."); err != nil {
+		t.Fatalf("go vet ./... in the scaffold: %v\n%s", err, out)
+	}
+	out, err = runIn(dir, "go", "run", "./cmd/v4", "generate", "--prompt-ids", "1,2,3,4", "--max-tokens", "4")
+	if err != nil || !strings.Contains(out, "tokens: [") {
+		t.Fatalf("the scaffold did not generate: %v\n%s", err, out)
 	}
 }
