@@ -26,9 +26,9 @@ type promptField struct {
 // UnmarshalJSON decodes the prompt. encoding/json has checked b's syntax already; the
 // shape is checked here.
 func (p *promptField) UnmarshalJSON(b []byte) error {
+	p.inputs = nil // a repeated key replaces the prompt
 	b = bytes.TrimLeft(b, " \t\r\n")
 	if len(b) == 0 || b[0] == 'n' { // null: absent
-		p.inputs = nil
 		return nil
 	}
 	switch b[0] {

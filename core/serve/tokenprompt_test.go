@@ -68,6 +68,7 @@ func TestPromptFieldShapes(t *testing.T) {
 		{`[` + strings.Repeat(`[1],`, maxSequences) + `[1]]`, fmt.Sprintf("error: At most %d prompts", maxSequences)},
 		{`[1,2,3,4]`, "error: The token-id prompt has more than 3 tokens"},
 		{`[[1],[1,2,3,4]]`, "error: The token-id prompt has more than 3 tokens"},
+		{`[[1]], "prompt": [[2]]`, `[{ [2]}]`}, // a repeated key replaces the prompt
 	} {
 		var req completionRequest
 		req.Prompt.maxTokens = 4
