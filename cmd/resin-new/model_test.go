@@ -66,20 +66,32 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("unknown architecture should list the supported ones: %v", err)
 	}
 
-	// A non-empty target needs --force, and is left as it was.
+	// A non-empty target that is not a scaffold is refused, with --force too, and is left
+	// as it was.
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "keep.txt"), []byte("mine"), 0o644)
-	if _, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy"); err == nil || !strings.Contains(err.Error(), "--force") {
-		t.Fatalf("non-empty target: err = %v", err)
+	for _, force := range []bool{false, true} {
+		args := []string{"model", "demo", "--out", dir, "--no-tidy"}
+		if force {
+			args = append(args, "--force")
+		}
+		if _, err := runCLI(t, templates.FS, args...); err == nil || !strings.Contains(err.Error(), "not a resin-new scaffold") || !strings.Contains(err.Error(), "keep.txt") {
+			t.Fatalf("non-empty target (--force %v): err = %v", force, err)
+		}
+		if tree := readTree(t, dir); len(tree) != 1 {
+			t.Fatalf("non-empty target got files: %v", keys(tree))
+		}
 	}
-	if tree := readTree(t, dir); len(tree) != 1 {
-		t.Fatalf("non-empty target got files: %v", keys(tree))
+	// A scaffold takes --force; without it the error says what to run.
+	dir = filepath.Join(t.TempDir(), "demo")
+	if out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy", "--link-core"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
-	if out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy", "--force"); err != nil {
-		t.Fatalf("--force: %v\n%s", err, out)
+	if _, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy", "--link-core"); err == nil || !strings.Contains(err.Error(), "resin-new update") || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("a scaffold without --force: err = %v", err)
 	}
-	if tree := readTree(t, dir); tree["keep.txt"] != "mine" || tree["runner.go"] == "" {
-		t.Fatalf("--force should add the scaffold and keep other files: %v", keys(tree))
+	if out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy", "--link-core", "--force"); err != nil {
+		t.Fatalf("--force over a scaffold: %v\n%s", err, out)
 	}
 }
 

@@ -382,15 +382,29 @@ func checkTarget(root, coreDir string, force bool) error {
 	if err != nil || n == 0 {
 		return err
 	}
-	if !force {
-		return fmt.Errorf("target %s is not empty (%d entries); pass --force to write the scaffold into it", root, n)
+	if _, err := os.Stat(filepath.Join(root, AnswersFile)); err == nil {
+		if !force {
+			return fmt.Errorf("target %s is a resin-new scaffold already; `resin-new update %s` brings it to the current template, --force renders it anew (files it replaces are backed up)", root, root)
+		}
+		return nil
 	}
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-		if _, err := os.Stat(filepath.Join(root, AnswersFile)); err != nil {
-			return fmt.Errorf("target %s holds a Go module (go.mod) that is not a resin-new scaffold (no %s); --force writes only over a scaffold or a directory without go.mod", root, AnswersFile)
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	var others []string
+	for _, e := range ents {
+		if e.Name() != ".git" { // a repository made first (git init) holds nothing to lose
+			others = append(others, e.Name())
 		}
 	}
-	return nil
+	if len(others) == 0 {
+		return nil
+	}
+	if len(others) > 3 {
+		others = append(others[:3], "...")
+	}
+	return fmt.Errorf("target %s is not empty (%s) and is not a resin-new scaffold (no %s); pick a new or empty directory (--force writes only over a scaffold)", root, strings.Join(others, ", "), AnswersFile)
 }
 
 const (

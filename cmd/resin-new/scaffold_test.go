@@ -103,6 +103,21 @@ func TestForceProtects(t *testing.T) {
 	if tree := readTree(t, foreign); len(tree) != 1 {
 		t.Errorf("foreign module got files: %v", keys(tree))
 	}
+	// Nor over any other directory with files in it (it was refused only with a go.mod).
+	notes := t.TempDir()
+	os.WriteFile(filepath.Join(notes, "notes.txt"), []byte("mine\n"), 0o644)
+	if _, err := runCLI(t, templates.FS, "model", "demo", "--out", notes, "--force", "--no-tidy"); err == nil || !strings.Contains(err.Error(), "not a resin-new scaffold") || !strings.Contains(err.Error(), "notes.txt") {
+		t.Errorf("a directory of other files: err = %v", err)
+	}
+	if tree := readTree(t, notes); len(tree) != 1 {
+		t.Errorf("a directory of other files got files: %v", keys(tree))
+	}
+	// A repository that holds nothing but .git takes the scaffold.
+	repo := t.TempDir()
+	os.MkdirAll(filepath.Join(repo, ".git"), 0o755)
+	if out, err := runCLI(t, templates.FS, "model", "demo", "--out", repo, "--force", "--no-tidy", "--link-core"); err != nil {
+		t.Errorf("an empty git repository: %v\n%s", err, out)
+	}
 
 	dir := filepath.Join(t.TempDir(), "demo")
 	if out, err := runCLI(t, templates.FS, "model", "demo", "--out", dir, "--no-tidy", "--link-core"); err != nil {

@@ -291,3 +291,56 @@ func TestTemplatize(t *testing.T) {
 		t.Fatalf("render of the template: %v\n%s", err, out)
 	}
 }
+
+// TestSkillOwnershipLists checks that the skill's two lists of files (yours, written once;
+// the scaffold's, re-rendered by update) name every file of the dense base under its
+// owner: they had left out gpu.go, config_strict_test.go, parity_test.go and the goldens
+// scripts.
+func TestSkillOwnershipLists(t *testing.T) {
+	core := coreDir(t)
+	skill, err := os.ReadFile(filepath.Join(core, "skills", "add-resin-model", "SKILL.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(string(skill)), " ")
+	between := func(from, to string) string {
+		i := strings.Index(text, from)
+		if i < 0 {
+			t.Fatalf("SKILL.md lacks %q", from)
+		}
+		rest := text[i+len(from):]
+		j := strings.Index(rest, to)
+		if j < 0 {
+			t.Fatalf("SKILL.md: no %q after %q", to, from)
+		}
+		return rest[:j]
+	}
+	lists := map[Owner]string{
+		UserOwned:     between("Files you own (written once):", "Files the scaffold owns"),
+		ScaffoldOwned: between("Files the scaffold owns (", ") are re-rendered"),
+	}
+	bases, err := loadBases(templates.FS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dense, err := findBase(bases, "dense")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range dense.Manifest.Files {
+		name := strings.ReplaceAll(f.Path, "{{.Name}}", "NAME")
+		switch {
+		case strings.HasPrefix(name, "cmd/NAME/"):
+			name = "cmd/NAME"
+		case strings.HasPrefix(name, "kernels/"):
+			name = "kernels/"
+		}
+		owner := f.Owner
+		if owner == "" {
+			owner = ScaffoldOwned
+		}
+		if !strings.Contains(lists[owner], "`"+name+"`") {
+			t.Errorf("SKILL.md's list of %s-owned files lacks `%s`", owner, name)
+		}
+	}
+}
