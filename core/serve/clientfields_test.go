@@ -228,6 +228,21 @@ func TestClientFields(t *testing.T) {
 					t.Errorf("logprobs %+v, not asked for", r.Choices[0].Logprobs)
 				}
 			}},
+		{name: "prompt_logprobs with echo", path: cmpl, want: "implemented", body: map[string]any{"prompt_logprobs": 3, "echo": true, "logprobs": 1},
+			effect: func(t *testing.T, h *harness, raw []byte) {
+				// The engine computes 3 alternatives for both; logprobs shows 1.
+				r := decodeResp(t, raw)
+				checkPromptLogprobs(t, h, prompt, r.Choices[0].PromptLogprobs, 3)
+				lp := r.Choices[0].Logprobs
+				if len(lp.TopLogprobs) != len(prompt)+4 || lp.TopLogprobs[0] != nil {
+					t.Fatalf("%d top_logprobs entries, want the prompt's and 4 generated, null first", len(lp.TopLogprobs))
+				}
+				for i, m := range lp.TopLogprobs[1:] {
+					if len(m) != 1 {
+						t.Fatalf("entry %d lists %d alternatives, want logprobs' 1", i+1, len(m))
+					}
+				}
+			}},
 		{name: "prompt_logprobs", path: chat, want: "implemented", body: map[string]any{"prompt_logprobs": 0},
 			effect: func(t *testing.T, h *harness, raw []byte) {
 				r := decodeResp(t, raw)
