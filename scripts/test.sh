@@ -10,14 +10,26 @@
 #    GEMM-sensitive tests (core/kernels/ref, llama parity and conformance) on the gonum
 #    fallback with RESIN_BLAS=off, then go test -race on core/engine and core/kvslab (extra
 #    arguments are passed on to all of them, e.g. scripts/test.sh -run Pool).
+# Each stage prints its time ("== go test (312 s)"). A test binary may run for
+# RESIN_TEST_TIMEOUT (default 30m; go test's own default, 10m, leaves little room for
+# cmd/resin-new, which builds scaffolds, on a cold build cache and 2 cores).
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
+timeout=${RESIN_TEST_TIMEOUT:-30m}
+stage_name="" stage_t0=$SECONDS
+# stage NAME: prints the time of the stage before, then starts NAME ("" ends the last).
+stage() {
+	if [ -n "$stage_name" ]; then echo "== $stage_name ($((SECONDS - stage_t0)) s)"; fi
+	stage_name=$1 stage_t0=$SECONDS
+	if [ -n "$1" ]; then echo "== $1"; fi
+}
+trap 'rc=$?; if [ $rc -ne 0 ] && [ -n "$stage_name" ]; then echo "== $stage_name FAILED ($((SECONDS - stage_t0)) s; $SECONDS s in all)"; fi' EXIT
 mkdir -p .cache
 : > .cache/test.env
 for s in .ci/setup.d/*.sh; do
 	[ -e "$s" ] || continue
-	echo "== setup: $s"
+	stage "setup: $s"
 	bash "$s" || echo "   (setup $s failed; tests that need it will skip)"
 done
 set -a
@@ -25,19 +37,21 @@ set -a
 . .cache/test.env
 set +a
 
-echo "== gofmt"
+stage "gofmt"
 bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*'))
 if [ -n "$bad" ]; then
 	echo "gofmt would change:"; echo "$bad"; exit 1
 fi
-echo "== go vet"
+stage "go vet"
 go vet ./...
-echo "== CGO_ENABLED=0 go build"
+stage "CGO_ENABLED=0 go build"
 CGO_ENABLED=0 go build ./...
-echo "== go test"
-go test -count=1 "$@" ./...
-echo "== go test, GEMM on the gonum fallback (RESIN_BLAS=off)"
-RESIN_BLAS=off go test -count=1 "$@" ./core/kernels/ref
-RESIN_BLAS=off go test -count=1 -run 'TestTransformersParity|TestRunnerConformance' "$@" ./models/llama
-echo "== go test -race (engine and slab pool)"
-go test -race -count=1 "$@" ./core/engine/... ./core/kvslab/...
+stage "go test"
+go test -count=1 -timeout "$timeout" "$@" ./...
+stage "go test, GEMM on the gonum fallback (RESIN_BLAS=off)"
+RESIN_BLAS=off go test -count=1 -timeout "$timeout" "$@" ./core/kernels/ref
+RESIN_BLAS=off go test -count=1 -timeout "$timeout" -run 'TestTransformersParity|TestRunnerConformance' "$@" ./models/llama
+stage "go test -race (engine and slab pool)"
+go test -race -count=1 -timeout "$timeout" "$@" ./core/engine/... ./core/kvslab/...
+stage ""
+echo "== all stages passed ($SECONDS s)"
