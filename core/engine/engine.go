@@ -48,8 +48,9 @@ type Config struct {
 	// host memory of CacheBytes bytes (default 256 MiB).
 	Pool       *kvslab.Pool
 	CacheBytes int64
-	// Registry receives the engine's metrics (names start with resin_). Nil: New makes a
-	// fresh registry, returned by Engine.Registry.
+	// Registry receives the engine's metrics (names start with resin_, and the same
+	// under vLLM's names, which start with vllm:). Nil: New makes a fresh registry,
+	// returned by Engine.Registry.
 	Registry *prometheus.Registry
 }
 
@@ -306,6 +307,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			continue
 		}
 		t1 := time.Now()
+		tokens := plan.NumTokens()
 		res, err := e.execute(ctx, plan)
 		t2 := time.Now()
 		e.mu.Lock()
@@ -322,7 +324,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		e.afterChange()
 		t3 := time.Now()
-		e.s.metrics.observeStep(t1.Sub(t0)+t3.Sub(t2), t2.Sub(t1))
+		e.s.metrics.observeStep(t1.Sub(t0)+t3.Sub(t2), t2.Sub(t1), tokens)
 		e.mu.Unlock()
 	}
 }
@@ -407,13 +409,14 @@ func (e *Engine) runAsync(ctx context.Context) error {
 			e.mu.Unlock()
 			return ctx.Err()
 		}
+		tokens := inflight.NumTokens()
 		if err := e.s.Update(inflight, out.res, out.err); err != nil {
 			e.mu.Unlock()
 			inflight = nil
 			return stop(err)
 		}
 		e.afterChange()
-		e.s.metrics.observeStep(sched+time.Since(t2), out.dur)
+		e.s.metrics.observeStep(sched+time.Since(t2), out.dur, tokens)
 		if next != nil && !e.s.Pending(next) {
 			next = nil // the step failed and voided the plan built after it
 		}

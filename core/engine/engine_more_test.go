@@ -396,8 +396,8 @@ func TestMetricsAreExported(t *testing.T) {
 	}
 	var names []string
 	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "resin_") {
-			t.Fatalf("metric %s lacks the resin_ prefix", mf.GetName())
+		if !strings.HasPrefix(mf.GetName(), "resin_") && !strings.HasPrefix(mf.GetName(), "vllm:") {
+			t.Fatalf("metric %s lacks the resin_ (or vLLM's vllm:) prefix", mf.GetName())
 		}
 		names = append(names, mf.GetName())
 	}

@@ -21,6 +21,8 @@ type metrics struct {
 
 	ttft, itl, e2e    hist
 	schedule, execute hist
+	stepTokens        hist // tokens per step (vLLM's iteration_tokens_total)
+	maxTokens         hist // per finished request: its max tokens (vLLM's request_params_max_tokens)
 	// Per finished request: its phases (vLLM's request_*_time_seconds) and lengths.
 	queue, prefill, decode, inference hist
 	promptLen, generationLen          hist
@@ -35,13 +37,16 @@ var (
 	// histograms.
 	tokenBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000,
 		100000, 200000, 500000, 1000000}
-	stepBuckets = []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+	// iterationBuckets are vLLM's for tokens per step.
+	iterationBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+	stepBuckets      = []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
 )
 
 func newMetrics() *metrics {
 	return &metrics{
 		ttft: newHist(latencyBuckets), itl: newHist(latencyBuckets), e2e: newHist(latencyBuckets),
 		schedule: newHist(stepBuckets), execute: newHist(stepBuckets),
+		stepTokens: newHist(iterationBuckets), maxTokens: newHist(tokenBuckets),
 		queue: newHist(latencyBuckets), prefill: newHist(latencyBuckets), decode: newHist(latencyBuckets),
 		inference: newHist(latencyBuckets), promptLen: newHist(tokenBuckets), generationLen: newHist(tokenBuckets),
 	}
@@ -55,6 +60,7 @@ func (m *metrics) observeFinish(r *request, now, epoch time.Time) {
 	m.e2e.observe(now.Sub(r.arrival).Seconds())
 	m.promptLen.observe(float64(r.promptLen))
 	m.generationLen.observe(float64(len(r.tokens) - r.promptLen))
+	m.maxTokens.observe(float64(r.end - r.promptLen))
 	if !r.admitted {
 		return
 	}
@@ -72,9 +78,11 @@ func (m *metrics) observeFinish(r *request, now, epoch time.Time) {
 // timestamps are kept.
 func (s *Scheduler) sinceEpoch() int64 { return s.now().Sub(s.epoch).Nanoseconds() }
 
-func (m *metrics) observeStep(schedule, execute time.Duration) {
+// observeStep records a step's engine and runner times and the tokens it scheduled.
+func (m *metrics) observeStep(schedule, execute time.Duration, tokens int) {
 	m.schedule.observe(schedule.Seconds())
 	m.execute.observe(execute.Seconds())
+	m.stepTokens.observe(float64(tokens))
 }
 
 // hist is a cumulative-on-read histogram with fixed upper bounds.
@@ -133,6 +141,56 @@ type collector struct {
 	ttft, itl, e2e, schedule, execute          *prometheus.Desc
 	queue, prefill, decode, inference          *prometheus.Desc
 	promptLen, generationLen                   *prometheus.Desc
+	vllm                                       vllmDescs
+}
+
+// vllmDescs are the same quantities under the names, types and labels vLLM's Prometheus
+// logger gives them (vllm/v1/metrics/loggers.py: a "vllm:" prefix, an engine label, and
+// model_name, which the server adds to every metric), so that dashboards made for vLLM
+// read Resin's /metrics. The histograms keep Resin's buckets.
+type vllmDescs struct {
+	running, waiting, cache, queries, hits, preempt *prometheus.Desc
+	prompt, generation, success, drafts, accepted   *prometheus.Desc
+	promptLen, generationLen, iteration, maxTokens  *prometheus.Desc
+	ttft, tpot, itl, e2e, queue, inference, prefill *prometheus.Desc
+	decode                                          *prometheus.Desc
+}
+
+func newVLLMDescs() vllmDescs {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("vllm:"+name, help, labels, prometheus.Labels{"engine": "0"})
+	}
+	return vllmDescs{
+		running:       d("num_requests_running", "Number of requests in model execution batches."),
+		waiting:       d("num_requests_waiting", "Number of requests waiting to be processed."),
+		cache:         d("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		queries:       d("prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
+		hits:          d("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		preempt:       d("num_preemptions_total", "Cumulative number of preemption from the engine."),
+		prompt:        d("prompt_tokens_total", "Number of prefill tokens processed."),
+		generation:    d("generation_tokens_total", "Number of generation tokens processed."),
+		success:       d("request_success_total", "Count of successfully processed requests.", "finished_reason"),
+		drafts:        d("spec_decode_num_draft_tokens_total", "Number of draft tokens."),
+		accepted:      d("spec_decode_num_accepted_tokens_total", "Number of accepted tokens."),
+		promptLen:     d("request_prompt_tokens", "Number of prefill tokens processed."),
+		generationLen: d("request_generation_tokens", "Number of generation tokens processed."),
+		iteration:     d("iteration_tokens_total", "Histogram of number of tokens per engine_step."),
+		maxTokens:     d("request_params_max_tokens", "Histogram of the max_tokens request parameter."),
+		ttft:          d("time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+		tpot:          d("time_per_output_token_seconds", "Histogram of time per output token in seconds."),
+		itl:           d("inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
+		e2e:           d("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+		queue:         d("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
+		inference:     d("request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
+		prefill:       d("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
+		decode:        d("request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
+	}
+}
+
+func (v *vllmDescs) all() []*prometheus.Desc {
+	return []*prometheus.Desc{v.running, v.waiting, v.cache, v.queries, v.hits, v.preempt, v.prompt, v.generation,
+		v.success, v.drafts, v.accepted, v.promptLen, v.generationLen, v.iteration, v.maxTokens, v.ttft, v.tpot, v.itl,
+		v.e2e, v.queue, v.inference, v.prefill, v.decode}
 }
 
 func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
@@ -164,6 +222,7 @@ func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
 		inference:     d("request_inference_time_seconds", "Time from first scheduled to the finish, per finished request."),
 		promptLen:     d("request_prompt_tokens", "Prompt tokens per finished request."),
 		generationLen: d("request_generation_tokens", "Generated tokens per finished request."),
+		vllm:          newVLLMDescs(),
 	}
 }
 
@@ -174,6 +233,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		c.queue, c.prefill, c.decode, c.inference, c.promptLen, c.generationLen} {
 		ch <- d
 	}
+	for _, d := range c.vllm.all() {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -182,10 +244,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	defer c.mu.Unlock()
 	m := c.m
 	run, wait := c.src.queueLens()
-	ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(run))
-	ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(wait))
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(c.running, float64(run))
+	gauge(c.waiting, float64(wait))
+	used := 0.0
 	c.src.cacheUsage(func(group string, ratio float64) {
-		ch <- prometheus.MustNewConstMetric(c.cache, prometheus.GaugeValue, ratio, group)
+		gauge(c.cache, ratio, group)
+		used += ratio
 	})
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
@@ -212,4 +279,31 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m.inference.metric(c.inference)
 	ch <- m.promptLen.metric(c.promptLen)
 	ch <- m.generationLen.metric(c.generationLen)
+
+	v := &c.vllm
+	gauge(v.running, float64(run))
+	gauge(v.waiting, float64(wait))
+	gauge(v.cache, used) // the groups' shares of one arena add up to its use
+	counter(v.queries, m.prefixQueries)
+	counter(v.hits, m.prefixHits)
+	counter(v.preempt, m.preemptions)
+	counter(v.prompt, m.promptTokens)
+	counter(v.generation, m.generationTokens)
+	for r := FinishStop; r <= FinishError; r++ {
+		counter(v.success, m.finished[r], r.String())
+	}
+	counter(v.drafts, m.draftsProposed)
+	counter(v.accepted, m.draftsAccepted)
+	ch <- m.promptLen.metric(v.promptLen)
+	ch <- m.generationLen.metric(v.generationLen)
+	ch <- m.stepTokens.metric(v.iteration)
+	ch <- m.maxTokens.metric(v.maxTokens)
+	ch <- m.ttft.metric(v.ttft)
+	ch <- m.itl.metric(v.tpot) // vLLM's time per output token: the gap before each token
+	ch <- m.itl.metric(v.itl)
+	ch <- m.e2e.metric(v.e2e)
+	ch <- m.queue.metric(v.queue)
+	ch <- m.inference.metric(v.inference)
+	ch <- m.prefill.metric(v.prefill)
+	ch <- m.decode.metric(v.decode)
 }

@@ -26,6 +26,9 @@ func (s *Server) registerServerMetrics(reg prometheus.Registerer) error {
 	if err := reg.Register(conns); err != nil {
 		return fmt.Errorf("serve: register metrics: %w", err)
 	}
+	if err := s.registerVLLMMetrics(reg); err != nil {
+		return err
+	}
 	for _, c := range []prometheus.Collector{
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewGoCollector(),
@@ -39,9 +42,9 @@ func (s *Server) registerServerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// modelLabeled gathers from a registry and labels every resin_ metric with the served
-// model's name (model_name, as vLLM's dashboards select by), leaving the process and Go
-// metrics as they are.
+// modelLabeled gathers from a registry and labels every resin_ and vllm: metric with
+// the served model's name (model_name, as vLLM's dashboards select by), leaving the
+// process and Go metrics as they are.
 type modelLabeled struct {
 	prometheus.Gatherer
 	model string
@@ -51,7 +54,7 @@ func (g modelLabeled) Gather() ([]*dto.MetricFamily, error) {
 	mfs, err := g.Gatherer.Gather()
 	name := "model_name"
 	for _, mf := range mfs {
-		if !strings.HasPrefix(mf.GetName(), "resin_") {
+		if !strings.HasPrefix(mf.GetName(), "resin_") && !strings.HasPrefix(mf.GetName(), "vllm:") {
 			continue
 		}
 		for _, m := range mf.Metric {
