@@ -40,7 +40,12 @@ func newModelCmd(stdout io.Writer, tfs fs.FS) *cobra.Command {
   resin-new model qwen3-small --hf-config config.json --out ./qwen3-small
   resin-new model tiny --in-tree --set hidden_size=64
   resin-new model mymodel --runner python --out ./mymodel --verify`,
-		Args: cobra.ExactArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return fmt.Errorf("model takes the new model's NAME (%d arguments given): resin-new model NAME --out DIR, e.g. `resin-new model demo --out /tmp/demo --verify` (resin-new model --help)", len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.name = args[0]
 			return scaffoldModel(stdout, tfs, o)

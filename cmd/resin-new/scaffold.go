@@ -334,13 +334,31 @@ func runnerHint(err error, all []*Base, o modelOptions) error {
 		return err
 	}
 	b, ferr := findBase(all, o.base)
-	if ferr != nil || b.Manifest.Runner == o.runner {
+	if ferr != nil {
+		other := RunnerPython
+		if o.runner == RunnerPython {
+			other = RunnerGo
+		}
+		return fmt.Errorf("unknown base %q (known: %s; with --runner %s: %s)", o.base, baseAndAliasNames(all, o.runner), other, baseAndAliasNames(all, other))
+	}
+	if b.Manifest.Runner == o.runner {
 		return err
 	}
 	if o.runner == RunnerPython {
 		return fmt.Errorf("--base %s runs its model in Go; with --runner python the bases are %s (the Python runner starts as the Llama-family reference: --base llama, qwen2, qwen3 or mistral picks its variant)", o.base, baseNames(all, RunnerPython))
 	}
 	return fmt.Errorf("--base %s runs its model in Python: pass --runner python", o.base)
+}
+
+// baseAndAliasNames lists the names and aliases of the bases of one runner kind.
+func baseAndAliasNames(bases []*Base, runner string) string {
+	var names []string
+	for _, b := range bases {
+		if b.Manifest.Runner == runner {
+			names = append(append(names, b.Name), b.Manifest.Aliases...)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // baseNames lists the names of the bases of one runner kind.
