@@ -34,7 +34,6 @@ type mistralCall struct {
 // mistralArray is the older form: a JSON array of call objects.
 type mistralArray struct {
 	objects []llamaObject
-	done    bool
 }
 
 const (
