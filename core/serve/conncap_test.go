@@ -75,6 +75,14 @@ func TestConnectionCapClosesIdleLongest(t *testing.T) {
 	if got := cc.evicted.Load(); got != 2 {
 		t.Fatalf("%d connections closed as idle, want 2", got)
 	}
+	resp, err := timedClient().Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The scrape itself took the place of a third.
+	if m := readAll(t, resp); !strings.Contains(m, `resin_http_connections_closed_idle_total{model_name="tiny-test"} 3`) {
+		t.Fatalf("/metrics does not count the 3 connections closed as idle:\n%s", m)
+	}
 	if n := cc.Open(); n > capN {
 		t.Fatalf("%d connections open, above the cap of %d", n, capN)
 	}
@@ -119,6 +127,9 @@ func TestConnectionCapBusyIs503(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal([]byte(body), &e) != nil || e.Error.Code == nil ||
 		*e.Error.Code != "too_many_connections" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("/health at the cap, every connection busy: %d %v %s, want 503 too_many_connections with Retry-After", resp.StatusCode, resp.Header, body)
+	}
+	if got := cc.refused.Load(); got != 1 {
+		t.Fatalf("%d connections refused, want 1", got)
 	}
 	release()
 	for range capN {

@@ -11,20 +11,32 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// registerServerMetrics adds the open connections gauge, and Prometheus' process
-// collector (RSS, open file descriptors, CPU) and Go collector (goroutines, heap, GC)
-// unless the caller has registered them already.
+// registerServerMetrics adds the connection cap's gauge and counters, and Prometheus'
+// process collector (RSS, open file descriptors, CPU) and Go collector (goroutines,
+// heap, GC) unless the caller has registered them already.
 func (s *Server) registerServerMetrics(reg prometheus.Registerer) error {
-	conns := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "resin_http_connections_open", Help: "Connections Serve holds open, out of Config.MaxConnections.",
-	}, func() float64 {
-		if cc := s.conns.Load(); cc != nil {
-			return float64(cc.Open())
+	capped := func(f func(*connCap) float64) func() float64 {
+		return func() float64 {
+			if cc := s.conns.Load(); cc != nil {
+				return f(cc)
+			}
+			return 0
 		}
-		return 0
-	})
-	if err := reg.Register(conns); err != nil {
-		return fmt.Errorf("serve: register metrics: %w", err)
+	}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "resin_http_connections_open", Help: "Connections Serve holds open, out of Config.MaxConnections.",
+		}, capped(func(cc *connCap) float64 { return float64(cc.Open()) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "resin_http_connections_closed_idle_total", Help: "Idle connections closed at the connection cap to make room for a new one.",
+		}, capped(func(cc *connCap) float64 { return float64(cc.evicted.Load()) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "resin_http_connections_refused_total", Help: "Connections answered 503 at the connection cap, every open one serving a request.",
+		}, capped(func(cc *connCap) float64 { return float64(cc.refused.Load()) })),
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("serve: register metrics: %w", err)
+		}
 	}
 	if err := s.registerVLLMMetrics(reg); err != nil {
 		return err
