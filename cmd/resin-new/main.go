@@ -5,6 +5,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -171,6 +172,14 @@ func newExtractBaseCmd(stdout io.Writer) *cobra.Command {
 func main() {
 	if err := newRootCmd(os.Stdout, templates.FS).Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "resin-new:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// exitCode is 130 for an interrupted verify (as a shell reports a SIGINT), else 1.
+func exitCode(err error) int {
+	if errors.Is(err, ErrVerifyInterrupted) {
+		return 130
+	}
+	return 1
 }

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -342,5 +345,45 @@ func TestSkillOwnershipLists(t *testing.T) {
 		if !strings.Contains(lists[owner], "`"+name+"`") {
 			t.Errorf("SKILL.md's list of %s-owned files lacks `%s`", owner, name)
 		}
+	}
+}
+
+// TestVerifyInterrupted: an interrupt during --verify stops the running step, process group
+// and all, and says that the scaffold is complete and verify was interrupted (exit 130);
+// before, resin-new died silently.
+func TestVerifyInterrupted(t *testing.T) {
+	self, err := os.FindProcess(os.Getpid())
+	if err != nil || runtime.GOOS == "windows" {
+		t.Skip("no interrupt to send to this process here")
+	}
+	bin, dir := t.TempDir(), t.TempDir()
+	started, late := filepath.Join(dir, "started"), filepath.Join(dir, "late")
+	fake := fmt.Sprintf("#!/bin/sh\ntouch %s\nsleep 3\ntouch %s\n", started, late)
+	if err := os.WriteFile(filepath.Join(bin, "go"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	done := make(chan error, 1)
+	var out strings.Builder
+	go func() { done <- verify(&out, dir, &Answers{Name: "demo"}, verifyPlan{}) }()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("the verify step did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := self.Signal(os.Interrupt); err != nil {
+		t.Skipf("cannot interrupt this process: %v", err)
+	}
+	err = <-done
+	if !errors.Is(err, ErrVerifyInterrupted) || !strings.Contains(err.Error(), "scaffold in "+dir+" is complete") || exitCode(err) != 130 {
+		t.Fatalf("err = %v (exit %d), want an interrupted verify naming the complete scaffold, exit 130", err, exitCode(err))
+	}
+	time.Sleep(4 * time.Second) // past the step's sleep: had it survived, it has touched late
+	if _, err := os.Stat(late); err == nil {
+		t.Error("the interrupted step ran on")
 	}
 }

@@ -1,14 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/weights"
@@ -153,6 +158,10 @@ func scaleConfig(data []byte, c *weights.Config) ([]byte, string, error) {
 	return out, fmt.Sprintf("hidden 128, 2 layers, %d heads / 2 kv heads of 32, vocab %d", dims["num_attention_heads"], dims["vocab_size"]), nil
 }
 
+// ErrVerifyInterrupted reports that an interrupt (SIGINT, SIGTERM) stopped --verify after
+// the scaffold was written; resin-new exits 130 for it.
+var ErrVerifyInterrupted = errors.New("verify interrupted")
+
 // verify builds a fresh scaffold, runs its tests and generates a few tokens with random
 // weights, streaming each command's output to w.
 func verify(w io.Writer, root string, a *Answers, p verifyPlan) error {
@@ -179,13 +188,23 @@ func verify(w io.Writer, root string, a *Answers, p verifyPlan) error {
 		env = append(env, "RESIN_PYTHON="+p.python)
 		fmt.Fprintf(w, "verify: RESIN_PYTHON=%s\n", p.python)
 	}
+	// The scaffold is complete before verify starts: an interrupt stops the step (its
+	// process group: go test's test binary too) and says so, rather than dying silently.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	for _, s := range steps {
 		fmt.Fprintf(w, "verify: %s\n", strings.Join(s, " "))
-		cmd := exec.Command(s[0], s[1:]...)
+		cmd := exec.CommandContext(ctx, s[0], s[1:]...)
 		cmd.Dir = root
 		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = w, w
+		killGroupOnCancel(cmd)
+		cmd.WaitDelay = 5 * time.Second
 		if err := cmd.Run(); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w during `%s`: the scaffold in %s is complete (it was written before verify began); to verify it, run `go build ./... && go test -count=1 ./...` there, or `resin-new check %s`",
+					ErrVerifyInterrupted, strings.Join(s, " "), root, root)
+			}
 			return fmt.Errorf("verify %s: %s: %w", root, strings.Join(s, " "), err)
 		}
 	}
