@@ -1,0 +1,359 @@
+package cuda
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emu"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// The kernels run on the emulated device (core/cudart/emu): each .cu file as Source()
+// gives it to NVRTC, compiled for the host, launched with the parameters the production
+// launchers pack (launchSpec, or the same calls as the older launchers make), on host
+// memory standing in for device memory. Every launch runs under the four schedules and
+// must leave every buffer bit-identical under each.
+
+// emuModules builds and opens every kernel source once per test binary.
+var emuModules = sync.OnceValues(func() (map[string]*emu.Module, error) {
+	if err := emu.Available(); err != nil {
+		return nil, err
+	}
+	mods := map[string]*emu.Module{}
+	for _, name := range Names() {
+		src, err := Source(name)
+		if err != nil {
+			return nil, err
+		}
+		p, err := emu.Build(src, name)
+		if err != nil {
+			return nil, err
+		}
+		if mods[name], err = emu.Open(p); err != nil {
+			return nil, err
+		}
+	}
+	return mods, nil
+})
+
+// emuStart is when the first emulated test began, for the summary TestMain prints.
+var (
+	emuStartOnce sync.Once
+	emuStart     time.Time
+	emuTime      time.Duration
+	emuTimeMu    sync.Mutex
+)
+
+// emuKernels returns the modules, skipping the test (naming the compiler) without g++.
+func emuKernels(t testing.TB) map[string]*emu.Module {
+	t.Helper()
+	mods, err := emuModules()
+	if err != nil {
+		if err := emu.Available(); err != nil {
+			t.Skipf("no emulated device: %v", err)
+		}
+		t.Fatal(err)
+	}
+	emuStartOnce.Do(func() { emuStart = time.Now() })
+	return mods
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if !emuStart.IsZero() {
+		c := emu.Stats()
+		fmt.Printf("emulated kernels: %v launching (%v since the first build), %v\n", emuTime.Round(time.Millisecond),
+			time.Since(emuStart).Round(time.Millisecond), c)
+	}
+	os.Exit(code)
+}
+
+// emuMem is host memory handed to kernels as device addresses. Each buffer sits on the
+// Go heap (it never moves) and starts on 64 bytes, as cudaMalloc's do.
+type emuMem struct {
+	t    testing.TB
+	bufs []emuBuf
+}
+
+type emuBuf struct {
+	raw  []byte // keeps the allocation alive
+	data []byte // the aligned part handed out
+}
+
+func (m *emuMem) alloc(n int) cudart.DevicePtr {
+	n = max(n, 4)
+	raw := make([]byte, n+64)
+	off := int((64 - uintptr(unsafe.Pointer(&raw[0]))%64) % 64)
+	b := emuBuf{raw: raw, data: raw[off : off+n : off+n]}
+	m.bufs = append(m.bufs, b)
+	return cudart.DevicePtr(uintptr(unsafe.Pointer(&b.data[0])))
+}
+
+// find returns the bytes of the buffer holding p, from p on.
+func (m *emuMem) find(p cudart.DevicePtr) []byte {
+	for _, b := range m.bufs {
+		base := cudart.DevicePtr(uintptr(unsafe.Pointer(&b.data[0])))
+		if p >= base && p < base+cudart.DevicePtr(len(b.data)) {
+			return b.data[p-base:]
+		}
+	}
+	m.t.Fatalf("address %#x is in no buffer", uint64(p))
+	return nil
+}
+
+func (m *emuMem) put(p cudart.DevicePtr, v any) {
+	var w bytes.Buffer
+	if err := binary.Write(&w, binary.LittleEndian, v); err != nil {
+		m.t.Fatal(err)
+	}
+	copy(m.find(p), w.Bytes())
+}
+
+func (m *emuMem) get(p cudart.DevicePtr, v any) {
+	if err := binary.Read(bytes.NewReader(m.find(p)), binary.LittleEndian, v); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+func (m *emuMem) f32(h []float32) cudart.DevicePtr {
+	p := m.alloc(4 * len(h))
+	m.put(p, h)
+	return p
+}
+func (m *emuMem) i32(h []int32) cudart.DevicePtr {
+	p := m.alloc(4 * len(h))
+	m.put(p, h)
+	return p
+}
+func (m *emuMem) u32(h []uint32) cudart.DevicePtr {
+	p := m.alloc(4 * len(h))
+	m.put(p, h)
+	return p
+}
+func (m *emuMem) i64(h []int64) cudart.DevicePtr {
+	p := m.alloc(8 * len(h))
+	m.put(p, h)
+	return p
+}
+func (m *emuMem) bf16(h []uint16) cudart.DevicePtr {
+	p := m.alloc(2 * len(h))
+	m.put(p, h)
+	return p
+}
+func (m *emuMem) bytes(h []byte) cudart.DevicePtr {
+	p := m.alloc(len(h))
+	copy(m.find(p), h)
+	return p
+}
+
+func (m *emuMem) getF32(p cudart.DevicePtr, n int) []float32 {
+	out := make([]float32, n)
+	m.get(p, out)
+	return out
+}
+func (m *emuMem) getI32(p cudart.DevicePtr, n int) []int32 {
+	out := make([]int32, n)
+	m.get(p, out)
+	return out
+}
+func (m *emuMem) getBF16(p cudart.DevicePtr, n int) []float32 {
+	h := make([]uint16, n)
+	m.get(p, h)
+	out := make([]float32, n)
+	for i, v := range h {
+		out[i] = weights.BF16ToFloat32(v)
+	}
+	return out
+}
+
+func (m *emuMem) snapshot() [][]byte {
+	s := make([][]byte, len(m.bufs))
+	for i, b := range m.bufs {
+		s[i] = append([]byte(nil), b.data...)
+	}
+	return s
+}
+
+func (m *emuMem) restore(s [][]byte) {
+	for i, b := range m.bufs {
+		copy(b.data, s[i])
+	}
+}
+
+// emuLaunch is one kernel launch on the emulated device.
+type emuLaunch struct {
+	file, entry string
+	grid, block cudart.Dim3
+	shared      int
+	args        argBuf
+}
+
+// fromSpec is the launch a production launcher built.
+func fromSpec(spec *launchSpec) emuLaunch {
+	n := kernelNames[spec.kernel]
+	return emuLaunch{n.file, n.entry, spec.grid, spec.block, spec.shared, spec.args}
+}
+
+func (l *emuLaunch) run(t testing.TB, sched emu.Schedule, seed uint64) error {
+	mods := emuKernels(t)
+	m := mods[l.file]
+	if m == nil {
+		t.Fatalf("no module %s", l.file)
+	}
+	if l.args.over {
+		return fmt.Errorf("%s: too many parameters", l.entry)
+	}
+	vals := make([]uint64, l.args.n)
+	copy(vals, l.args.vals[:l.args.n])
+	params := make([]unsafe.Pointer, len(vals))
+	for i := range vals {
+		params[i] = unsafe.Pointer(&vals[i])
+	}
+	start := time.Now()
+	err := m.Launch(l.entry, [3]uint32{l.grid.X, l.grid.Y, l.grid.Z}, [3]uint32{l.block.X, l.block.Y, l.block.Z},
+		uint32(l.shared), params, sched, seed)
+	emuTimeMu.Lock()
+	emuTime += time.Since(start)
+	emuTimeMu.Unlock()
+	return err
+}
+
+// emuRun runs launches, in order, under every schedule from the memory's present state,
+// checks that every buffer ends bit-identical under each, and leaves the memory as the
+// forward schedule left it.
+func emuRun(t testing.TB, name string, m *emuMem, launches ...emuLaunch) {
+	t.Helper()
+	before := m.snapshot()
+	var first [][]byte
+	scheds := []emu.Schedule{emu.Reverse, emu.Random, emu.WarpAhead, emu.Forward}
+	for _, sched := range scheds {
+		m.restore(before)
+		for i := range launches {
+			if err := launches[i].run(t, sched, uint64(len(name))*7919+uint64(sched)); err != nil {
+				t.Fatalf("%s (%v): %v", name, sched, err)
+			}
+		}
+		after := m.snapshot()
+		if first == nil {
+			first = after
+			continue
+		}
+		for i := range after {
+			if !bytes.Equal(after[i], first[i]) {
+				at := 0
+				for at < len(after[i]) && after[i][at] == first[i][at] {
+					at++
+				}
+				t.Fatalf("%s: buffer %d differs at byte %d between the %v and %v schedules", name, i, at, scheds[0], sched)
+			}
+		}
+	}
+}
+
+func emuRnd(seed uint64, n int, scale float32) []float32 {
+	r := rand.New(rand.NewPCG(seed, 7))
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = (r.Float32()*2 - 1) * scale
+	}
+	return s
+}
+
+func emuRndBF16(seed uint64, n int, scale float32) ([]float32, []uint16) {
+	x := emuRnd(seed, n, scale)
+	return x, emuRoundBF16(x)
+}
+
+// emuRoundBF16 rounds x to bf16 in place and returns the bits.
+func emuRoundBF16(x []float32) []uint16 {
+	h := make([]uint16, len(x))
+	for i, v := range x {
+		h[i] = weights.Float32ToBF16(v)
+		x[i] = weights.BF16ToFloat32(h[i])
+	}
+	return h
+}
+
+// emuClose fails when got and want differ by more than tol·(1+|want|) (NaN must meet
+// NaN, an infinity the same infinity), reporting the worst element.
+func emuClose(t testing.TB, name string, got, want []float32, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
+	}
+	worst, at := 0.0, -1
+	for i := range want {
+		g, w := float64(got[i]), float64(want[i])
+		if math.IsNaN(w) || math.IsInf(w, 0) || math.IsNaN(g) || math.IsInf(g, 0) {
+			if !(math.IsNaN(w) && math.IsNaN(g)) && g != w {
+				t.Fatalf("%s: element %d = %g, want %g", name, i, g, w)
+			}
+			continue
+		}
+		if d := math.Abs(g-w) / (1 + math.Abs(w)); d > worst {
+			worst, at = d, i
+		}
+	}
+	if worst > tol {
+		t.Fatalf("%s: element %d = %g, want %g (relative error %.3g > %.3g)", name, at, got[at], want[at], worst, tol)
+	}
+}
+
+// emuUlps is the distance in float32 ulps between a and b (0 for equal values, ±0 equal).
+func emuUlps(a, b float32) uint32 {
+	key := func(f float32) int64 {
+		u := int64(math.Float32bits(f))
+		if u&0x80000000 != 0 {
+			return -(u & 0x7fffffff)
+		}
+		return u
+	}
+	d := key(a) - key(b)
+	if d < 0 {
+		d = -d
+	}
+	return uint32(min(d, math.MaxUint32))
+}
+
+// emuMaxUlps fails when any element of got is more than ulps from want.
+func emuMaxUlps(t testing.TB, name string, got, want []float32, ulps uint32) {
+	t.Helper()
+	worst, at := uint32(0), -1
+	for i := range want {
+		if math.IsNaN(float64(want[i])) && math.IsNaN(float64(got[i])) {
+			continue
+		}
+		if d := emuUlps(got[i], want[i]); d > worst {
+			worst, at = d, i
+		}
+	}
+	if worst > ulps {
+		t.Fatalf("%s: element %d = %g, want %g (%d ulps > %d)", name, at, got[at], want[at], worst, ulps)
+	}
+}
+
+// emuEntries lists every kernel entry point of the sources, for the coverage check.
+func emuEntries(t testing.TB) []string {
+	var all []string
+	for _, name := range Names() {
+		src, err := Source(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range emu.Kernels(src) {
+			all = append(all, name+":"+k)
+		}
+	}
+	sort.Strings(all)
+	return all
+}
