@@ -120,13 +120,30 @@ func (l *connCap) refuse(c net.Conn) {
 	}
 	go func() {
 		defer l.answering.Add(-1)
-		_ = c.SetWriteDeadline(time.Now().Add(busyLinger))
+		_ = c.SetDeadline(time.Now().Add(busyLinger))
+		// The answer follows the request's head: a client that gets bytes before it has
+		// sent its request (Go's among them) takes them for a broken connection.
+		readHead(c)
 		if _, err := c.Write(l.busyBody); err != nil {
 			_ = c.Close()
 			return
 		}
 		lingerClose(c, busyLinger)
 	}()
+}
+
+// readHead reads from c until the end of a request's head (an empty line), at most
+// defaultMaxHeaderBytes, an error or c's deadline.
+func readHead(c net.Conn) {
+	var head []byte
+	buf := make([]byte, 4096)
+	for len(head) < defaultMaxHeaderBytes {
+		n, err := c.Read(buf)
+		head = append(head, buf[:n]...)
+		if bytes.Contains(head, []byte("\r\n\r\n")) || err != nil {
+			return
+		}
+	}
 }
 
 // connState is http.Server's ConnState hook: it keeps the idle list in the order the
