@@ -149,11 +149,12 @@ type collector struct {
 // model_name, which the server adds to every metric), so that dashboards made for vLLM
 // read Resin's /metrics. The histograms keep Resin's buckets.
 type vllmDescs struct {
-	running, waiting, cache, queries, hits, preempt *prometheus.Desc
-	prompt, generation, success, drafts, accepted   *prometheus.Desc
-	promptLen, generationLen, iteration, maxTokens  *prometheus.Desc
-	ttft, tpot, itl, e2e, queue, inference, prefill *prometheus.Desc
-	decode                                          *prometheus.Desc
+	running, waiting, cache, gpuCache, queries, hits *prometheus.Desc
+	preempt, maxGeneration                           *prometheus.Desc
+	prompt, generation, success, drafts, accepted    *prometheus.Desc
+	promptLen, generationLen, iteration, maxTokens   *prometheus.Desc
+	ttft, tpot, itl, e2e, queue, inference, prefill  *prometheus.Desc
+	decode                                           *prometheus.Desc
 }
 
 func newVLLMDescs() vllmDescs {
@@ -161,9 +162,11 @@ func newVLLMDescs() vllmDescs {
 		return prometheus.NewDesc("vllm:"+name, help, labels, prometheus.Labels{"engine": "0"})
 	}
 	return vllmDescs{
-		running:       d("num_requests_running", "Number of requests in model execution batches."),
-		waiting:       d("num_requests_waiting", "Number of requests waiting to be processed."),
-		cache:         d("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		running: d("num_requests_running", "Number of requests in model execution batches."),
+		waiting: d("num_requests_waiting", "Number of requests waiting to be processed."),
+		cache:   d("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		// vLLM's former name for it, which its example dashboard still reads.
+		gpuCache:      d("gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead."),
 		queries:       d("prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
 		hits:          d("prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
 		preempt:       d("num_preemptions_total", "Cumulative number of preemption from the engine."),
@@ -174,6 +177,9 @@ func newVLLMDescs() vllmDescs {
 		accepted:      d("spec_decode_num_accepted_tokens_total", "Number of accepted tokens."),
 		promptLen:     d("request_prompt_tokens", "Number of prefill tokens processed."),
 		generationLen: d("request_generation_tokens", "Number of generation tokens processed."),
+		// The most tokens a choice of the request generated; each choice is an engine
+		// request of its own, so per engine request, its generated tokens.
+		maxGeneration: d("request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens."),
 		iteration:     d("iteration_tokens_total", "Histogram of number of tokens per engine_step."),
 		maxTokens:     d("request_params_max_tokens", "Histogram of the max_tokens request parameter."),
 		ttft:          d("time_to_first_token_seconds", "Histogram of time to first token in seconds."),
@@ -188,7 +194,7 @@ func newVLLMDescs() vllmDescs {
 }
 
 func (v *vllmDescs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{v.running, v.waiting, v.cache, v.queries, v.hits, v.preempt, v.prompt, v.generation,
+	return []*prometheus.Desc{v.running, v.waiting, v.cache, v.gpuCache, v.maxGeneration, v.queries, v.hits, v.preempt, v.prompt, v.generation,
 		v.success, v.drafts, v.accepted, v.promptLen, v.generationLen, v.iteration, v.maxTokens, v.ttft, v.tpot, v.itl,
 		v.e2e, v.queue, v.inference, v.prefill, v.decode}
 }
@@ -284,6 +290,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(v.running, float64(run))
 	gauge(v.waiting, float64(wait))
 	gauge(v.cache, used) // the groups' shares of one arena add up to its use
+	gauge(v.gpuCache, used)
 	counter(v.queries, m.prefixQueries)
 	counter(v.hits, m.prefixHits)
 	counter(v.preempt, m.preemptions)
@@ -296,6 +303,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(v.accepted, m.draftsAccepted)
 	ch <- m.promptLen.metric(v.promptLen)
 	ch <- m.generationLen.metric(v.generationLen)
+	ch <- m.generationLen.metric(v.maxGeneration)
 	ch <- m.stepTokens.metric(v.iteration)
 	ch <- m.maxTokens.metric(v.maxTokens)
 	ch <- m.ttft.metric(v.ttft)

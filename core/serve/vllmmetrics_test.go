@@ -27,6 +27,8 @@ func TestMetricsHaveVLLMNames(t *testing.T) {
 	for name, typ := range map[string]string{
 		"vllm:num_requests_running":                  "gauge",
 		"vllm:num_requests_waiting":                  "gauge",
+		"vllm:gpu_cache_usage_perc":                  "gauge",
+		"vllm:request_max_num_generation_tokens":     "histogram",
 		"vllm:kv_cache_usage_perc":                   "gauge",
 		"vllm:cache_config_info":                     "gauge",
 		"vllm:num_preemptions_total":                 "counter",
