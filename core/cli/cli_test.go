@@ -147,6 +147,8 @@ func TestGenerateBadInput(t *testing.T) {
 		{testOpener, []string{"--model", withTok, "--prompt-ids", "1", "hi"}, "exclusive"},
 		{testOpener, []string{"--model", withTok, "--chat"}, "apply to a text prompt"},
 		{testOpener, []string{"--model", withTok, "--max-tokens", "-2", "hi"}, "--max-tokens -2"},
+		// 0 generated up to the context (the engine's 0), 254 tokens of the test runner.
+		{testOpener, []string{"--model", bare, "--max-tokens", "0"}, "--max-tokens 0: a run generates at least one token"},
 		{testOpener, []string{"--model", filepath.Join(bare, "nope")}, "nope"},
 		{testOpener, []string{"--model", bare, "--cache-bytes", "-1"}, "--cache-bytes -1 is negative"},
 		{testOpener, []string{"--model", bare, "--max-batch-tokens", "0"}, "--max-batch-tokens 0"},
@@ -312,5 +314,18 @@ func TestProfiling(t *testing.T) {
 	}
 	if _, _, err := run(t, newRoot(), "work", "--cpuprofile", filepath.Join(dir, "no", "cpu.prof")); err == nil || !strings.Contains(err.Error(), "--cpuprofile") {
 		t.Errorf("--cpuprofile into a missing directory: %v", err)
+	}
+}
+
+// TestGenerateMaxTokensUnlimited: --max-tokens -1 generates up to the model's context (the
+// test runner's 512 tokens, less the prompt); 0 is refused (TestGenerateBadInput): it
+// meant the same before, and a user asking for none got 254 tokens.
+func TestGenerateMaxTokensUnlimited(t *testing.T) {
+	out, _, err := run(t, GenerateCmd(NewModelDir("test", testOpener)), "--model", modelDir(t, false), "--max-tokens", "-1", "--prompt-ids", "1,2,3,4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "finish: length, 4 prompt + 508 generated tokens"; !strings.Contains(out, want) {
+		t.Errorf("--max-tokens -1 printed\n%s\nwant a line with %q", out, want)
 	}
 }

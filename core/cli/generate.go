@@ -60,8 +60,13 @@ func GenerateCmd(l Loader) *cobra.Command {
 			if prompt == "" && (p.Chat || p.System != "" || len(p.Stop) > 0) {
 				return errors.New("--chat, --system and --stop apply to a text prompt")
 			}
-			if p.MaxTokens < 0 {
-				return fmt.Errorf("--max-tokens %d is negative", p.MaxTokens)
+			switch {
+			case p.MaxTokens == 0:
+				return errors.New("--max-tokens 0: a run generates at least one token (-1 generates up to the model's context)")
+			case p.MaxTokens == -1:
+				p.MaxTokens = 0 // the engine's "up to the context"
+			case p.MaxTokens < 0:
+				return fmt.Errorf("--max-tokens %d: want a positive count, or -1 for up to the model's context", p.MaxTokens)
 			}
 			var in []int32
 			if prompt == "" {
@@ -127,7 +132,7 @@ func GenerateCmd(l Loader) *cobra.Command {
 	f.StringVar(&ids, "prompt-ids", "", "prompt as comma-separated token ids (default without a text prompt: 1,2,3,4)")
 	f.BoolVar(&p.Chat, "chat", false, "render the prompt as a user message with the chat template")
 	f.StringVar(&p.System, "system", "", "system message (with --chat)")
-	f.IntVar(&p.MaxTokens, "max-tokens", 64, "tokens to generate at most")
+	f.IntVar(&p.MaxTokens, "max-tokens", 64, "tokens to generate at most (-1: up to the model's context)")
 	f.Float32Var(&p.Temperature, "temperature", 0, "sampling temperature (0 = greedy)")
 	f.Int64Var(&seed, "seed", 0, "sampling seed (reproducible output)")
 	f.StringSliceVar(&p.Stop, "stop", nil, "stop strings (repeatable)")
