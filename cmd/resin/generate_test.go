@@ -9,6 +9,8 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
 	"github.com/resin-llm/resin/core/tokenizer/tiny"
+	"github.com/resin-llm/resin/core/weights"
+	"github.com/resin-llm/resin/models/llama"
 )
 
 func TestGenerateMatchesRunnerReference(t *testing.T) {
@@ -45,5 +47,63 @@ func TestGenerateRejectsUnknownRunner(t *testing.T) {
 	cmd.SetArgs([]string{"--runner", "gpt-5", "hi"})
 	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "unknown runner") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestGenerateModelDir: --model DIR, the spelling of a scaffolded runtime's generate, runs
+// the checkpoint in DIR with the model its architectures name, as --model auto --weights
+// DIR does (it was read as a model name: unknown model).
+func TestGenerateModelDir(t *testing.T) {
+	m := tinyLlamaModel(t)
+	dir := tinyLlamaDir(t)
+	if err := llama.RandomWeights(m.Config, 1).Save(m.Config, dir, weights.F32); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--max-tokens", "6", "--ignore-eos", "--prompt-ids", "5,6,7"}
+	want, _, err := runGenerate(t, append([]string{"--model", "auto", "--weights", dir}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, errOut, err := runGenerate(t, append([]string{"--model", dir}, args...)...)
+	if err != nil {
+		t.Fatalf("--model %s: %v (%s)", dir, err, errOut)
+	}
+	tokens := func(out string) string { // the output but for its timing
+		i := strings.Index(out, "tokens: ")
+		if i < 0 {
+			return out
+		}
+		return out[i : i+strings.Index(out[i:], "\n")]
+	}
+	if !strings.Contains(got, "tokens: [") || tokens(got) != tokens(want) {
+		t.Errorf("--model DIR printed\n%s\n--model auto --weights DIR\n%s", got, want)
+	}
+	// A registered name stays a name; a directory without config.json is no checkpoint.
+	if _, _, err := runGenerate(t, "--model", "llama", "hi"); err == nil || !strings.Contains(err.Error(), "needs --weights DIR") {
+		t.Errorf("--model llama alone: %v", err)
+	}
+	if _, _, err := runGenerate(t, "--model", t.TempDir(), "hi"); err == nil || !strings.Contains(err.Error(), "without config.json") {
+		t.Errorf("--model of a directory without config.json: %v", err)
+	}
+}
+
+// TestGenerateTestRunnerSaysItIsNotAModel: without --model, generate's text is the test
+// runner's pseudo-random tokens; a note on stderr says so (a newcomer's first `resin
+// generate "Hello"` printed gibberish without a word why). A model run prints no such note.
+func TestGenerateTestRunnerSaysItIsNotAModel(t *testing.T) {
+	const note = "pseudo-random tokens"
+	_, errOut, err := runGenerate(t, "--max-tokens", "4", "Hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(errOut, note) != 1 {
+		t.Errorf("stderr %q, want one note with %q", errOut, note)
+	}
+	_, errOut, err = runGenerate(t, "--model", "llama", "--random-weights", tinyLlama, "--max-tokens", "2", "--prompt-ids", "1,2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(errOut, note) {
+		t.Errorf("a model run printed the test runner's note: %q", errOut)
 	}
 }

@@ -42,8 +42,8 @@ var _ cli.Loader = (*runtimeFlags)(nil)
 // Register adds the flags that choose the runner and the tokenizer to cmd.
 func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.model, "model", "", "registered model to run (see models/registry.go), or 'auto' to pick it by the architectures of config.json; default: the engine's deterministic test runner")
-	fl.StringVar(&f.weights, "weights", "", "with --model: HF checkpoint directory (config.json, safetensors, tokenizer.json and tokenizer_config.json when present)")
+	fl.StringVar(&f.model, "model", "", "checkpoint directory to run, its model picked by the architectures of its config.json (a scaffolded runtime's spelling; the same as --model auto --weights DIR); or a registered model NAME (see models/registry.go) with --weights or --random-weights; default: the engine's deterministic test runner")
+	fl.StringVar(&f.weights, "weights", "", "with --model NAME or auto: HF checkpoint directory (config.json, safetensors, tokenizer.json and tokenizer_config.json when present)")
 	fl.StringVar(&f.randomWeights, "random-weights", "", "with --model: run the model's seeded random weights of this config.json instead of a checkpoint")
 	fl.Int64Var(&f.cacheBytes, "cache-bytes", 0, "with --model: KV cache pool size in bytes (0 = the model's default)")
 	fl.StringVar(&f.runner, "runner", "test", "runner when no --model is given: 'test' is the engine's deterministic test runner; exec:'CMD ...' starts an out-of-process runner speaking the runner protocol on its stdin/stdout (python -m resin_runner.llama --weights DIR), unix:PATH connects to one listening there")
@@ -96,6 +96,7 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 			return nil, err
 		}
 		rt.Runner, rt.Pool, rt.RunnerName = tr, tr.Pool(), "test"
+		fmt.Fprintln(warn, "resin: no --model: the engine's built-in test runner answers with deterministic pseudo-random tokens, not a language model (run one with --model CHECKPOINT_DIR)")
 	} else if rt.Runner, rt.Pool, rt.RunnerName, err = f.openModel(); err != nil {
 		return nil, err
 	}
@@ -109,10 +110,22 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	return rt, nil
 }
 
-// check rejects flag combinations that would be silently ignored.
+// check rejects flag combinations that would be silently ignored. It reads --model DIR, a
+// directory with config.json that is no registered model's name, as --model auto
+// --weights DIR: the spelling of a scaffolded runtime's --model.
 func (f *runtimeFlags) check() error {
 	if err := f.device.Check(); err != nil {
 		return err
+	}
+	if f.model != "" && f.model != "auto" && f.weights == "" && f.randomWeights == "" {
+		if _, lerr := models.Lookup(f.model); lerr != nil {
+			if st, err := os.Stat(f.model); err == nil && st.IsDir() {
+				if _, err := os.Stat(filepath.Join(f.model, "config.json")); err != nil {
+					return fmt.Errorf("--model %s is a directory without config.json, so no checkpoint; as a model name: %w", f.model, lerr)
+				}
+				f.model, f.weights = "auto", f.model
+			}
+		}
 	}
 	if f.model == "" && f.device.CUDA() {
 		return errors.New("--device cuda needs --model NAME: the engine's test runner has no GPU path")
