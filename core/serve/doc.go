@@ -4,8 +4,9 @@
 // Endpoints: POST /v1/completions and /v1/chat/completions (JSON or Server-Sent Events
 // streaming, usage, finish_reason, logprobs, stop strings and token ids, seed,
 // max_tokens / max_completion_tokens, token-id prompts), GET /v1/models; vLLM's POST
-// /tokenize and /detokenize and GET /version; /health and /metrics (the engine's
-// Prometheus registry, resin_ metrics labelled with model_name, process and Go metrics);
+// /tokenize and /detokenize and GET /tokenizer_info and /version; /health and /metrics
+// (the engine's Prometheus registry: resin_ metrics, the same under vLLM's vllm: names
+// for vLLM's dashboards, all labelled with model_name, process and Go metrics);
 // /debug/pprof/ when Config.EnablePprof is set. Errors use OpenAI's error JSON with the
 // status a client expects: 400 invalid, 401 bad key (with WWW-Authenticate), 404
 // unknown model or path, 405 a known path with the wrong method (with an Allow header),
@@ -23,15 +24,18 @@
 //
 // What one client can hold is bounded: reading a request (Config.ReadTimeout,
 // ReadHeaderTimeout, MaxHeaderBytes, MaxBodyBytes), an idle connection (IdleTimeout),
-// the connections open at once (MaxConnections; more wait), and the prompt bytes being
-// tokenized (a prompt is refused by its size unread, then counted a chunk at a time, and
-// the bytes tokenized at once stay within TokenizeBudgetBytes). The API key, draining,
-// content type and declared size are checked before a byte of the body is read.
+// the connections open at once (MaxConnections: at the cap a new connection takes the
+// place of the one idle longest, or gets 503 when all are busy), and the prompt bytes
+// being tokenized (a prompt is refused by its size unread, then counted a chunk at a
+// time, and the bytes tokenized at once stay within TokenizeBudgetBytes). The API key,
+// draining, content type and declared size are checked before a byte of the body is
+// read.
 //
 // A client that disconnects aborts its request in the engine (the request's context is
 // the HTTP request's), and so does one that stops reading: each write to a client has
 // its own deadline (Config.WriteStallTimeout), and a write that misses it ends the
 // request as a disconnect does. Server.Serve drains on shutdown: /health and new
-// requests get 503 while the running ones finish, then the listener closes; streams
-// still running at the drain deadline are aborted and end with an error event.
+// requests get 503 on any connection, new or kept alive, while the running ones finish,
+// then the listener closes; streams still running at the drain deadline are aborted and
+// end with an error event.
 package serve
