@@ -437,3 +437,36 @@ func TestQuietOpenBLASRestoresEnvironment(t *testing.T) {
 		t.Fatalf("RESIN_BLAS_THREADS=2 still set OPENBLAS_NUM_THREADS=%q", v)
 	}
 }
+
+// TestGonumWarningOnce: a process whose search found no library says so once, on stderr,
+// naming the fixes (a fresh machine ran its CPU GEMMs on gonum, ~8x slower, without a
+// word); RESIN_BLAS=off, an explicit choice, and a loaded library print nothing.
+func TestGonumWarningOnce(t *testing.T) {
+	_, off := Load(env(map[string]string{"RESIN_BLAS": "off"}))
+	for _, c := range []struct {
+		name  string
+		b     Backend
+		lines int
+	}{
+		{"none found", Backend{Vendor: "gonum", Fallback: noCBLAS + " (OpenBLAS, BLIS or MKL); " + InstallHint}, 1},
+		{"RESIN_BLAS=off", off, 0},
+		{"loaded", Backend{Vendor: "OpenBLAS", Path: "/usr/lib/libopenblas.so.0"}, 0},
+	} {
+		var c1 choice
+		var stderr strings.Builder
+		load := func() (*Library, Backend) { return nil, c.b }
+		for range 3 {
+			c1.get(load, &stderr)
+		}
+		if n := strings.Count(stderr.String(), "\n"); n != c.lines {
+			t.Errorf("%s: %d lines on stderr, want %d:\n%s", c.name, n, c.lines, stderr.String())
+		}
+		if c.lines == 1 {
+			for _, want := range []string{"gonum", "apt-get install libopenblas0-pthread", "pip install scipy-openblas32", "RESIN_BLAS_LIB=", "RESIN_BLAS=off"} {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("%s: the warning lacks %q: %s", c.name, want, stderr.String())
+				}
+			}
+		}
+	}
+}

@@ -2,6 +2,7 @@ package blas
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -28,25 +29,54 @@ func (b Backend) Loaded() bool { return b.Path != "" }
 const InstallHint = "install one (apt-get install libopenblas0-pthread, or pip install scipy-openblas32 " +
 	"and set RESIN_BLAS_LIB to its scipy_openblas32/lib/libscipy_openblas.so; scripts/test.sh does the latter under .cache/)"
 
-var process struct {
+// choice is a BLAS chosen once: the process's (Default), or a test's.
+type choice struct {
 	once    sync.Once
 	lib     *Library
 	backend Backend
 }
 
-// Default returns the process's BLAS, chosen on first use by the search order of the
-// package documentation, or nil when GEMM runs on gonum (Info says why). The first call
-// prints the search's warnings to stderr.
+var process choice
+
+// Default returns the process's BLAS, chosen on first use (a CPU model's first GEMM) by
+// the search order of the package documentation, or nil when GEMM runs on gonum (Info
+// says why). The first call prints the search's warnings to stderr, and one line when
+// the search found no library (GonumWarning).
 func Default() *Library {
-	process.once.Do(func() {
+	return process.get(func() (*Library, Backend) {
 		defer quietOpenBLAS()()
-		process.lib, process.backend = Load(os.Getenv)
-		for _, w := range process.backend.Warnings {
-			fmt.Fprintf(os.Stderr, "resin: warning: %s\n", w)
+		return Load(os.Getenv)
+	}, os.Stderr)
+}
+
+// get runs load the first time and prints its warnings to stderr.
+func (c *choice) get(load func() (*Library, Backend), stderr io.Writer) *Library {
+	c.once.Do(func() {
+		c.lib, c.backend = load()
+		for _, w := range c.backend.Warnings {
+			fmt.Fprintf(stderr, "resin: warning: %s\n", w)
+		}
+		if w := c.backend.GonumWarning(); w != "" {
+			fmt.Fprintf(stderr, "resin: warning: %s\n", w)
 		}
 	})
-	return process.lib
+	return c.lib
 }
+
+// GonumWarning is the warning that GEMM runs on the gonum fallback because the search
+// found no library, with the one-line fixes; "" when a library runs the GEMMs, when
+// RESIN_BLAS=off chose gonum, and when RESIN_BLAS_LIB failed (its warning says so).
+func (b Backend) GonumWarning() string {
+	if b.Loaded() || !strings.HasPrefix(b.Fallback, noCBLAS) {
+		return ""
+	}
+	return "no BLAS library found: CPU GEMMs run on gonum, several times slower (a ~120M Llama prefills ~8x slower); " +
+		"fix: apt-get install libopenblas0-pthread, or pip install scipy-openblas32 (found in site-packages), " +
+		"or RESIN_BLAS_LIB=/path/to/libopenblas.so; RESIN_BLAS=off keeps gonum without this warning"
+}
+
+// noCBLAS starts the Fallback of a search that found no library.
+const noCBLAS = "no CBLAS found"
 
 // quietOpenBLAS sets OPENBLAS_NUM_THREADS=1 for the library's load, when the library is
 // to run on one thread (RESIN_BLAS_THREADS unset or 1) and the environment names no
@@ -115,7 +145,7 @@ func Load(getenv func(string) string) (*Library, Backend) {
 		}
 	}
 	if lib == nil {
-		b.Fallback = "no CBLAS found (OpenBLAS, BLIS or MKL); " + InstallHint
+		b.Fallback = noCBLAS + " (OpenBLAS, BLIS or MKL); " + InstallHint
 		if libWarning >= 0 {
 			b.Fallback = "RESIN_BLAS_LIB did not load and the search found no other CBLAS"
 			b.Warnings[libWarning] += "; GEMM falls back to gonum"
