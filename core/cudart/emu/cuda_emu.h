@@ -170,9 +170,7 @@ __asm__(
     ".text\n.p2align 4\n.type resin_emu_swap,@function\n.hidden resin_emu_swap\n"
     "resin_emu_swap:\n"
     "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
     "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
     ".size resin_emu_swap, .-resin_emu_swap\n");
 #elif defined(__aarch64__)
@@ -204,6 +202,10 @@ __asm__(
     ".size resin_emu_entry, .-resin_emu_entry\n");
 #endif
 
+// color staggers the fibers' stack tops over a page: stacks a page-multiple apart would
+// put every fiber's live frames in the same cache sets, and a switch would miss.
+inline size_t color(const Fiber* f) { return (size_t)(f->lin * 17 % 64) * 64; }
+
 // init_stack prepares f to start in fiber_main on its next switch.
 inline void init_stack(Fiber* f) {
 #if defined(RESIN_EMU_UCONTEXT)
@@ -213,20 +215,15 @@ inline void init_stack(Fiber* f) {
   f->uc.uc_link = nullptr;
   makecontext(&f->uc, (void (*)())fiber_main, 0);
 #elif defined(__x86_64__)
-  uintptr_t top = ((uintptr_t)(f->stack + kStack)) & ~(uintptr_t)15;
+  uintptr_t top = ((uintptr_t)(f->stack + kStack - color(f))) & ~(uintptr_t)15;
   uint64_t* sp = (uint64_t*)top;
   // swap's ret enters resin_emu_entry with rsp == top (16-byte aligned), so its call
   // enters fiber_main with rsp % 16 == 8, as the ABI wants.
   *--sp = (uint64_t)resin_emu_entry;
   for (int i = 0; i < 6; i++) *--sp = 0;  // rbp rbx r12-r15
-  --sp;
-  unsigned csr = 0x1f80;  // default MXCSR, x87 control word 0x37f
-  unsigned short cw = 0x37f;
-  memcpy(sp, &csr, 4);
-  memcpy((char*)sp + 4, &cw, 2);
   f->sp = sp;
 #elif defined(__aarch64__)
-  uintptr_t top = ((uintptr_t)(f->stack + kStack)) & ~(uintptr_t)15;
+  uintptr_t top = ((uintptr_t)(f->stack + kStack - color(f))) & ~(uintptr_t)15;
   uint64_t* sp = (uint64_t*)(top - 176);
   memset(sp, 0, 176);
   sp[11] = (uint64_t)fiber_main;  // x30: swap's ret goes there
