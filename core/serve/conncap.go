@@ -15,8 +15,9 @@ import (
 
 const (
 	// busyAnswers caps the 503 answers being written at once to connections beyond the
-	// cap; in a flood beyond that, further connections are closed unanswered.
-	busyAnswers = 64
+	// cap (each holds a descriptor out of fdReserve for up to busyLinger); in a flood
+	// beyond that, further connections are closed unanswered.
+	busyAnswers = 16
 	// busyLinger bounds how long a connection beyond the cap is kept to hand over its
 	// 503 (see lingerClose).
 	busyLinger = 2 * time.Second

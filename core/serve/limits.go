@@ -20,13 +20,14 @@ const (
 	defaultMaxHeaderBytes    = 64 << 10
 	defaultMaxConnections    = 1024
 	// fdReserve are the descriptors left to everything but client connections (model
-	// files, logs, the engine) when the default cap is lowered to fit the fd limit.
+	// files, logs, the engine, the cap's busyAnswers) when the default cap is lowered to
+	// fit the fd limit.
 	fdReserve = 64
 )
 
 // fitFDLimit lowers a connection cap of n to what the process's file descriptor limit
-// leaves room for (at least 16), so that a flood of clients meets connections waiting
-// for a slot, not accept errors for lack of descriptors.
+// leaves room for (at least 16), so that a flood of clients meets the cap (see connCap),
+// not accept errors for lack of descriptors.
 func fitFDLimit(n int) int {
 	lim := fdLimit()
 	if lim <= 0 {
