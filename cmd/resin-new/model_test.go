@@ -42,7 +42,7 @@ func TestBadInput(t *testing.T) {
 		// runner.go assigns the seed to a uint64: a negative one rendered Go that does not build.
 		{"negative seed", []string{"model", "demo", "--set", "seed=-1"}, "seed"},
 		// Quoted with Go's %q into config.json: a control character is not JSON.
-		{"bad architecture", []string{"model", "demo", "--set", "architecture=Llama"}, "architecture"},
+		{"bad architecture", []string{"model", "demo", "--set", "architecture=Llama\x01"}, "architecture"},
 		// With --hf-config the runtime reads the copied config.json: a dimension set on top of
 		// it reached resin.toml only, and the model ran with the file's value.
 		{"set on an hf config", []string{"model", "demo", "--hf-config", cfg("qwen3-tiny.json"), "--set", "num_key_value_heads=1"}, "edit"},

@@ -207,9 +207,7 @@ func Candidates(getenv func(string) string) []string {
 
 	var out []string
 	add := func(names []string, dirs []string) {
-		for _, n := range names {
-			out = append(out, n) // the dynamic loader's search (LD_LIBRARY_PATH, ld.so.cache)
-		}
+		out = append(out, names...) // the dynamic loader's search (LD_LIBRARY_PATH, ld.so.cache)
 		for _, d := range dirs {
 			for _, n := range names {
 				matches, _ := filepath.Glob(filepath.Join(d, n))
