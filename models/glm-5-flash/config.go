@@ -25,14 +25,15 @@ const (
 )
 
 // Attention layer kinds (text_config.layer_types) as transformers 5.23.0 spells them.
-// Two other spellings of IndexedAttention are accepted and mapped to it: "full_attention"
-// (as Glm5NextTextConfig maps it) and DeepSeekSparseAttention, the name on transformers
-// main and in GLM-5.3-Flash's published config.
+// Two other spellings of IndexedAttention are accepted and mapped to it, as 5.23.0 maps
+// them: "full_attention" (Glm5NextTextConfig.__post_init__) and DeepSeekSparseAttention
+// (configuration_utils' _LEGACY_LAYER_TYPE_REMAP), the name GLM-5.3-Flash's published
+// config uses and transformers main's own.
 const (
 	LinearAttention  = "linear_attention"  // Kimi Delta Attention: recurrent state + short conv
 	IndexedAttention = "indexed_attention" // NoPE MLA with DSA (pooled indexer keys, top-k pools)
 
-	DeepSeekSparseAttention = "deepseek_sparse_attention" // transformers main's IndexedAttention
+	DeepSeekSparseAttention = "deepseek_sparse_attention" // the published (and transformers main's) IndexedAttention
 )
 
 // MLP layer kinds (mlp_layer_types).
