@@ -69,6 +69,8 @@ func TestMTPParity(t *testing.T) {
 			t.Fatal(err)
 		}
 		hidden = hidden[:(len(toks)-1)*D]
+		// The MTP layer's own indexer and router cut on the golden's data too.
+		checkTopKMargins(t, func() { mtpSplits(t, m, hidden, toks[1:], len(toks)-1) }, "indexer", "router")
 		for _, sizes := range [][]int{{len(toks)}, {13, 27, 3, 1, 1}, {1}} {
 			got := mtpSplits(t, m, hidden, toks[1:], sizes...)
 			d, at := runnertest.MaxAbsDiff(got, want)
