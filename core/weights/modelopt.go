@@ -265,7 +265,7 @@ func (c *Checkpoint) dequantizeModelOpt(info TensorInfo, q *Quant, shape []int) 
 		}
 	}
 	if !isWeight {
-		algo = "" // only linears' .weight tensors are quantized
+		algo, why = "", "a modelopt checkpoint quantizes only modules' .weight tensors"
 	}
 	scaleName := base + ".weight_scale"
 	_, scaled := c.Info(scaleName)

@@ -120,6 +120,8 @@ func modelOptCheckpoint(t *testing.T) *Checkpoint {
 		{Name: "perchannel.weight", DType: F8E4M3, Shape: []int{2, 3}, Data: fp8},
 		f32Tensor(t, "perchannel.weight_scale", []int{2}, []float32{1, 1}),
 		{Name: "noscale.weight", DType: F8E4M3, Shape: []int{2, 3}, Data: fp8},
+		// A fused tensor of transformers' module form: not a module's .weight.
+		{Name: "model.layers.0.mlp.experts.gate_up_proj", DType: F8E4M3, Shape: []int{1, 2, 3}, Data: fp8},
 	}
 	dir := t.TempDir()
 	if err := WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
@@ -189,6 +191,7 @@ func TestCheckpointDequantizeModelOpt(t *testing.T) {
 		{"per-channel scale", fp8, "perchannel.weight", []int{2, 3}, "one per matrix"},
 		{"no scale", fp8, "noscale.weight", []int{2, 3}, "noscale.weight_scale is missing"},
 		{"wrong shape", nvfp4, down, []int{2, 48}, "model expects [2 48]"},
+		{"fused module-form tensor", fp8, "model.layers.0.mlp.experts.gate_up_proj", []int{1, 2, 3}, "only modules' .weight tensors"},
 	} {
 		_, err := ck.Dequantize(c.name, c.q, c.shape...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
