@@ -68,6 +68,7 @@ constexpr size_t kStack = 1024 * 1024;  // ASan's frames, and its reports, need 
 #else
 constexpr size_t kStack = 64 * 1024;  // usable bytes per fiber
 #endif
+constexpr size_t kColors = 4096;     // room for color(): every fiber keeps kStack usable
 constexpr size_t kCanary = 2048;      // bytes at the stack's low end that must stay intact
 constexpr unsigned char kCanaryByte = 0xA5;
 
@@ -76,7 +77,7 @@ enum ShflKind : int { kIdx, kXor, kUp, kDown, kBallot, kAny, kAll, kSyncWarp };
 
 struct Fiber {
   void* sp;              // saved stack pointer while switched out
-  unsigned char* stack;  // usable stack [stack, stack + kStack)
+  unsigned char* stack;  // the stack [stack, stack + kStack + kColors), canary at its low end
   uint3 tid;
   unsigned lin;  // linear index in the block
   State state;
@@ -211,11 +212,11 @@ inline void init_stack(Fiber* f) {
 #if defined(RESIN_EMU_UCONTEXT)
   getcontext(&f->uc);
   f->uc.uc_stack.ss_sp = f->stack;
-  f->uc.uc_stack.ss_size = kStack;
+  f->uc.uc_stack.ss_size = kStack + kColors;
   f->uc.uc_link = nullptr;
   makecontext(&f->uc, (void (*)())fiber_main, 0);
 #elif defined(__x86_64__)
-  uintptr_t top = ((uintptr_t)(f->stack + kStack - color(f))) & ~(uintptr_t)15;
+  uintptr_t top = ((uintptr_t)(f->stack + kStack + kColors - color(f))) & ~(uintptr_t)15;
   uint64_t* sp = (uint64_t*)top;
   // swap's ret enters resin_emu_entry with rsp == top (16-byte aligned), so its call
   // enters fiber_main with rsp % 16 == 8, as the ABI wants.
@@ -223,7 +224,7 @@ inline void init_stack(Fiber* f) {
   for (int i = 0; i < 6; i++) *--sp = 0;  // rbp rbx r12-r15
   f->sp = sp;
 #elif defined(__aarch64__)
-  uintptr_t top = ((uintptr_t)(f->stack + kStack - color(f))) & ~(uintptr_t)15;
+  uintptr_t top = ((uintptr_t)(f->stack + kStack + kColors - color(f))) & ~(uintptr_t)15;
   uint64_t* sp = (uint64_t*)(top - 176);
   memset(sp, 0, 176);
   sp[11] = (uint64_t)fiber_main;  // x30: swap's ret goes there
@@ -236,7 +237,7 @@ inline void switch_to(void** save, void* next_sp, Fiber* into, bool exiting) {
   Launch* L = mod.L;
   void* fake = nullptr;
   if (into)
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, into->stack, kStack);
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, into->stack, kStack + kColors);
   else
     __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, L->sched_bottom, L->sched_size);
 #endif
@@ -575,7 +576,7 @@ inline void find_shared() {
 inline bool alloc_stacks() {
   if (mod.stacks) return true;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  mod.stride = kStack + page;
+  mod.stride = kStack + kColors + page;
   size_t total = mod.stride * kMaxThreads;
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return false;

@@ -9,4 +9,3 @@ var errNoDL = errors.New("emu: loading modules needs dlopen (Linux, macOS, FreeB
 func dlopen(string) (uintptr, error)         { return 0, errNoDL }
 func dlsym(uintptr, string) (uintptr, error) { return 0, errNoDL }
 func call(uintptr, ...uintptr) uintptr       { return 1 }
-func keepAlive(a, b, c any)                  {}

@@ -2,11 +2,7 @@
 
 package emu
 
-import (
-	"runtime"
-
-	"github.com/ebitengine/purego"
-)
+import "github.com/ebitengine/purego"
 
 func dlopen(path string) (uintptr, error) {
 	// RTLD_LOCAL: a module's symbols stay its own (the shim also hides them).
@@ -18,11 +14,4 @@ func dlsym(h uintptr, name string) (uintptr, error) { return purego.Dlsym(h, nam
 func call(fn uintptr, args ...uintptr) uintptr {
 	r, _, _ := purego.SyscallN(fn, args...)
 	return r
-}
-
-// keepAlive keeps the Go memory a C call read alive until it returned.
-func keepAlive(a, b, c any) {
-	runtime.KeepAlive(a)
-	runtime.KeepAlive(b)
-	runtime.KeepAlive(c)
 }

@@ -2,6 +2,7 @@ package emu
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -95,27 +96,46 @@ func (m *Module) Path() string { return m.path }
 // HasKernel reports whether the module defines kernel.
 func (m *Module) HasKernel(kernel string) bool {
 	name := cstr(kernel)
+	var pin runtime.Pinner
+	pin.Pin(&name[0])
+	defer pin.Unpin()
 	return call(m.has, uintptr(unsafe.Pointer(&name[0]))) == 1
 }
 
 // Launch runs kernel over grid blocks of block threads, with shmem bytes of dynamic
 // shared memory, to its end. params[i] points at the value of the kernel's parameter i
-// (cuLaunchKernel's convention); a pointer parameter's value is a host address. It
+// (cuLaunchKernel's convention); a pointer parameter's value is a host address of memory
+// that does not move while the kernel runs (C memory, or a Go heap object kept alive:
+// not a goroutine's stack, which moves). It
 // returns the emulator's error: a barrier or warp operation not reached by every thread
 // at one call site, a deadlock, a stack overrun, a launch shape a GPU refuses.
 func (m *Module) Launch(kernel string, grid, block [3]uint32, shmem uint32, params []unsafe.Pointer, sched Schedule, seed uint64) error {
+	// Everything the C side reads or writes is pinned: a goroutine's stack can move
+	// between taking an address and the call, and the caller's parameter values may be
+	// on it (pinning moves them to the heap).
+	var pin runtime.Pinner
+	defer pin.Unpin()
 	name := cstr(kernel)
-	var errBuf [1024]byte
+	pin.Pin(&name[0])
+	errBuf := make([]byte, 1024)
+	pin.Pin(&errBuf[0])
 	var pp uintptr
 	if len(params) > 0 {
-		pp = uintptr(unsafe.Pointer(&params[0]))
+		arr := make([]unsafe.Pointer, len(params))
+		copy(arr, params)
+		for _, p := range arr {
+			if p != nil {
+				pin.Pin(p)
+			}
+		}
+		pin.Pin(&arr[0])
+		pp = uintptr(unsafe.Pointer(&arr[0]))
 	}
 	rc := call(m.launch, uintptr(unsafe.Pointer(&name[0])), uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),
 		uintptr(block[0]), uintptr(block[1]), uintptr(block[2]), uintptr(shmem), pp, uintptr(sched), uintptr(seed),
 		uintptr(unsafe.Pointer(&errBuf[0])), uintptr(len(errBuf)))
-	keepAlive(params, name, &errBuf)
 	if int32(rc) != 0 {
-		msg := string(errBuf[:]) // the C side NUL-terminates
+		msg := string(errBuf) // the C side NUL-terminates
 		if i := strings.IndexByte(msg, 0); i >= 0 {
 			msg = msg[:i]
 		}
@@ -126,9 +146,11 @@ func (m *Module) Launch(kernel string, grid, block [3]uint32, shmem uint32, para
 
 // Stats returns the module's cumulative counters.
 func (m *Module) Stats() Counts {
-	var v [8]uint64
+	v := make([]uint64, 8)
+	var pin runtime.Pinner
+	pin.Pin(&v[0])
 	call(m.statsAddr, uintptr(unsafe.Pointer(&v[0])))
-	keepAlive(nil, nil, &v)
+	pin.Unpin()
 	return Counts{v[0], v[1], v[2], v[3], v[4], v[5]}
 }
 
