@@ -28,6 +28,15 @@ func openGPU(t testing.TB) *Device {
 	return d
 }
 
+// skipFigureEmulated skips the rest of a test that only measures, on the emulated device
+// (RESIN_CUDA=emulate), whose figures would say nothing about a GPU.
+func skipFigureEmulated(t testing.TB) {
+	t.Helper()
+	if Emulated() {
+		t.Skip("a figure: not measured on the emulated device")
+	}
+}
+
 const testKernels = `
 extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -254,6 +263,7 @@ func TestGPUGraphCaptureReplay(t *testing.T) {
 }
 
 func TestGPUCopyBandwidth(t *testing.T) {
+	skipFigureEmulated(t)
 	d := openGPU(t)
 	const n = 1 << 30
 	err := d.Do(func(c *Ctx) error {
@@ -430,6 +440,10 @@ func TestGPUCublasLtGemm(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Figure: a large bf16 GEMM.
+	if Emulated() {
+		t.Log("the figure is not measured on the emulated device")
+		return
+	}
 	const big = 8192
 	err = d.Do(func(c *Ctx) error {
 		bufs := make([]Buffer, 3)

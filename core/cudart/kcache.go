@@ -360,7 +360,17 @@ func CompileCached(c *KernelCache, src, name, arch string, options ...string) ([
 	if err != nil {
 		return nil, err
 	}
-	key := KernelKey{Name: name, Source: src, Options: options, Arch: arch, Compiler: "nvrtc " + ver}
+	compiler := "nvrtc " + ver
+	if emulating() {
+		// The emulated NVRTC's images are host modules: keyed apart from any GPU's, and by
+		// what builds them.
+		id, err := emuToolchain()
+		if err != nil {
+			return nil, err
+		}
+		compiler = "resin-emu " + id
+	}
+	key := KernelKey{Name: name, Source: src, Options: options, Arch: arch, Compiler: compiler}
 	return c.GetOrCompile(key, func() ([]byte, error) {
 		out, err := Compile(src, name, arch, options...)
 		if err != nil {

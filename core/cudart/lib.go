@@ -90,6 +90,13 @@ func (l *library) openEnvFile(f string) (uintptr, string) {
 }
 
 func (l *library) open() (uintptr, string, error) {
+	libsTouched.Store(true)
+	if emulating() {
+		return l.openEmulated()
+	}
+	if _, err := emulateEnv(); err != nil {
+		return 0, "", fmt.Errorf("%w: %w", l.sentinel, err)
+	}
 	if l.fileEnv != "" {
 		if f := os.Getenv(l.fileEnv); f != "" {
 			h, why := l.openEnvFile(f)

@@ -1,0 +1,311 @@
+package cudart
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/kernels/ref"
+)
+
+// The tests named TestEmulated* run on the emulated device (RESIN_CUDA=emulate) in a
+// child of the test binary (emutest.Reexec): through the real bindings, Device, NVRTC
+// compile, module load and launch, stream capture and graph replay, cuBLASLt and NCCL.
+
+const emuKernels = `
+extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += a * x[i];
+}
+`
+
+// TestEmulatedLaunchAndGraph compiles a kernel with the emulated NVRTC, launches it
+// eagerly over a tail that is not a multiple of the block, then captures a memset, two
+// launches and a copy back into pinned memory and replays them: the replay uses the
+// parameters of the capture (the Args changed since), and a call the capture forbids
+// (an allocation) fails it and leaves the stream usable.
+func TestEmulatedLaunchAndGraph(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	d, err := OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if !strings.Contains(d.Info.Name, "emulated") {
+		t.Fatalf("device %q is not the emulated one", d.Info.Name)
+	}
+	cache, err := OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := CompileCached(cache, emuKernels, "saxpy.cu", d.Info.Arch(), "--std=c++17")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1000
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(i)
+	}
+	var failed string
+	err = d.Do(func(c *Ctx) error {
+		m, err := c.LoadModule(img)
+		if err != nil {
+			return err
+		}
+		defer c.UnloadModule(m)
+		f, err := c.Function(m, "saxpy")
+		if err != nil {
+			return err
+		}
+		if _, err := c.Function(m, "nosuch"); err == nil {
+			failed = "a kernel the module lacks was found"
+		}
+		xd, _ := c.Alloc(4 * n)
+		yd, _ := c.Alloc(4 * n)
+		defer c.Free(xd)
+		defer c.Free(yd)
+		if err := Upload(c, xd.Ptr, x); err != nil {
+			return err
+		}
+		s, err := c.NewStream()
+		if err != nil {
+			return err
+		}
+		defer c.DestroyStream(s)
+		var a Args
+		grid, block := D1((n+255)/256), D1(256)
+		if err := c.MemsetAsync(yd.Ptr, 0, 4*n, s); err != nil {
+			return err
+		}
+		if err := c.Launch(f, grid, block, 0, s, a.Reset().Ptr(yd.Ptr).Ptr(xd.Ptr).F32(2).I32(n)); err != nil {
+			return err
+		}
+		y := make([]float32, n)
+		if err := DownloadAsync(c, y, yd.Ptr, s); err != nil {
+			return err
+		}
+		if err := c.Sync(s); err != nil {
+			return err
+		}
+		for i := range y {
+			if y[i] != 2*x[i] {
+				failed = "eager saxpy wrong"
+				return nil
+			}
+		}
+
+		host, err := c.AllocHost(4 * n)
+		if err != nil {
+			return err
+		}
+		defer c.FreeHost(host)
+		g, err := c.Capture(s, func() error {
+			if err := c.MemsetAsync(yd.Ptr, 0, 4*n, s); err != nil {
+				return err
+			}
+			for range 2 {
+				if err := c.Launch(f, grid, block, 0, s, a.Reset().Ptr(yd.Ptr).Ptr(xd.Ptr).F32(3).I32(n)); err != nil {
+					return err
+				}
+			}
+			return c.CopyDtoHAsync(host.Bytes, yd.Ptr, s)
+		})
+		if err != nil {
+			return err
+		}
+		defer c.DestroyGraphExec(g)
+		a.Reset().Ptr(0).Ptr(0).F32(100).I32(0) // the graph holds its own copies
+		got := make([]float32, n)
+		for rep := range 2 {
+			clear(host.Bytes)
+			if err := c.LaunchGraph(g, s); err != nil {
+				return err
+			}
+			if err := c.Sync(s); err != nil {
+				return err
+			}
+			copy(got, unsafeFloats(host.Bytes))
+			for i := range got {
+				if got[i] != 6*x[i] {
+					failed = "graph replay " + string(rune('0'+rep)) + " wrong"
+					return nil
+				}
+			}
+		}
+
+		_, err = c.Capture(s, func() error {
+			_, err := c.Alloc(64)
+			return err
+		})
+		var e *Error
+		if !errors.As(err, &e) || e.Code != 900 {
+			failed = "an allocation inside a capture did not fail it with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: " + errString(err)
+			return nil
+		}
+		on, err := c.Capturing(s)
+		if err != nil || on {
+			failed = "the stream is still capturing after the failed capture"
+			return nil
+		}
+		return c.Launch(f, grid, block, 0, s, a.Reset().Ptr(yd.Ptr).Ptr(xd.Ptr).F32(1).I32(n))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed != "" {
+		t.Fatal(failed)
+	}
+}
+
+// TestEmulatedGemmAndNCCL runs cuBLASLt GEMMs (f32, and bf16 with bf16 and f32 outputs)
+// against ref.MatMulT and a one-rank all-reduce.
+func TestEmulatedGemmAndNCCL(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	d, err := OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	b, err := NewBlasWith(d, BlasConfig{WorkspaceBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	const m, k, n = 5, 37, 11
+	x, w := make([]float32, m*k), make([]float32, n*k)
+	for i := range x {
+		x[i] = float32(math.Sin(float64(i)))
+	}
+	for i := range w {
+		w[i] = float32(math.Cos(float64(3 * i)))
+	}
+	want := make([]float32, m*n)
+	ref.MatMulT(want, x, w, m, k, n)
+	xb, wb := toBF16(x), toBF16(w)
+	xr, wr := fromBF16s(xb), fromBF16s(wb)
+	wantBF := make([]float32, m*n)
+	ref.MatMulT(wantBF, xr, wr, m, k, n)
+	var got, gotF32 []float32
+	var gotBF []uint16
+	var reduced []float32
+	err = d.Do(func(c *Ctx) error {
+		xd, _ := c.Alloc(4 * m * k)
+		wd, _ := c.Alloc(4 * n * k)
+		od, _ := c.Alloc(4 * m * n)
+		defer c.Free(xd)
+		defer c.Free(wd)
+		defer c.Free(od)
+		Upload(c, xd.Ptr, x)
+		Upload(c, wd.Ptr, w)
+		if err := b.MatMulT(c, nil, F32, od.Ptr, xd.Ptr, wd.Ptr, m, k, n); err != nil {
+			return err
+		}
+		got = make([]float32, m*n)
+		Download(c, got, od.Ptr)
+		Upload(c, xd.Ptr, xb)
+		Upload(c, wd.Ptr, wb)
+		g := GemmSpec{M: m, N: n, K: k, TransB: true, AType: BF16, BType: BF16, OutType: F32, Alpha: 1}
+		if err := b.Gemm(c, nil, g, xd.Ptr, wd.Ptr, 0, od.Ptr); err != nil {
+			return err
+		}
+		gotF32 = make([]float32, m*n)
+		Download(c, gotF32, od.Ptr)
+		if err := b.MatMulT(c, nil, BF16, od.Ptr, xd.Ptr, wd.Ptr, m, k, n); err != nil {
+			return err
+		}
+		gotBF = make([]uint16, m*n)
+		Download(c, gotBF, od.Ptr)
+
+		id, err := NewNCCLUniqueID()
+		if err != nil {
+			return err
+		}
+		comm, err := InitComm(c, id, 1, 0)
+		if err != nil {
+			return err
+		}
+		defer comm.Destroy()
+		Upload(c, xd.Ptr, x[:8])
+		if err := comm.AllReduce(xd.Ptr, od.Ptr, 8, F32, Sum, nil); err != nil {
+			return err
+		}
+		reduced = make([]float32, 8)
+		return Download(c, reduced, od.Ptr)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if d := math.Abs(float64(got[i] - want[i])); d > 1e-5*(1+math.Abs(float64(want[i]))) {
+			t.Fatalf("f32 gemm [%d] = %g, ref %g", i, got[i], want[i])
+		}
+		if d := math.Abs(float64(gotF32[i] - wantBF[i])); d > 1e-5*(1+math.Abs(float64(wantBF[i]))) {
+			t.Fatalf("bf16→f32 gemm [%d] = %g, ref %g", i, gotF32[i], wantBF[i])
+		}
+		// bf16 out: the float32 result rounded to nearest even.
+		if gotBF[i] != toBF16(gotF32[i : i+1])[0] {
+			t.Fatalf("bf16 gemm [%d] = %#04x, the f32 result %g rounds to %#04x", i, gotBF[i], gotF32[i], toBF16(gotF32[i : i+1])[0])
+		}
+	}
+	for i, v := range reduced {
+		if v != x[i] {
+			t.Fatalf("one-rank all-reduce [%d] = %g, want %g", i, v, x[i])
+		}
+	}
+}
+
+// TestEmulateSelection: RESIN_CUDA takes emulate or nothing, and a library asked to load
+// under another value says so, as a missing library.
+func TestEmulateSelection(t *testing.T) {
+	t.Setenv("RESIN_CUDA", "gpu")
+	if _, err := emulateEnv(); err == nil || !strings.Contains(err.Error(), "emulate") {
+		t.Fatalf("RESIN_CUDA=gpu: %v", err)
+	}
+	l := &library{name: "cuda", sentinel: ErrNoCUDA, names: []string{"libcuda-none.so"}}
+	if _, _, err := l.open(); !errors.Is(err, ErrNoCUDA) || !strings.Contains(err.Error(), "RESIN_CUDA") {
+		t.Fatalf("open under RESIN_CUDA=gpu: %v", err)
+	}
+	t.Setenv("RESIN_CUDA", "emulate")
+	if on, err := emulateEnv(); !on || err != nil {
+		t.Fatalf("RESIN_CUDA=emulate: %v %v", on, err)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "no error"
+	}
+	return err.Error()
+}
+
+func unsafeFloats(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(uint32(b[4*i]) | uint32(b[4*i+1])<<8 | uint32(b[4*i+2])<<16 | uint32(b[4*i+3])<<24)
+	}
+	return out
+}
+
+func toBF16(x []float32) []uint16 {
+	out := make([]uint16, len(x))
+	for i, f := range x {
+		u := math.Float32bits(f)
+		out[i] = uint16((u + 0x7fff + (u>>16)&1) >> 16)
+	}
+	return out
+}
+
+func fromBF16s(x []uint16) []float32 {
+	out := make([]float32, len(x))
+	for i, h := range x {
+		out[i] = math.Float32frombits(uint32(h) << 16)
+	}
+	return out
+}

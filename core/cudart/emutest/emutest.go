@@ -1,0 +1,50 @@
+// Package emutest runs tests on the emulated CUDA device (core/cudart's RESIN_CUDA=emulate)
+// from an ordinary `go test`: a test calls Reexec, which runs that same test again in a
+// child process of the test binary with RESIN_CUDA=emulate set, so the libraries load
+// emulated from the start of the process, whatever the other tests of the package loaded.
+package emutest
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart/emu"
+)
+
+// Reexec reports whether the caller is the parent, which ran the test in a child on the
+// emulated device and must return at once: the child's failure fails the test, its skip
+// skips it, and its log is the test's log. In the child (RESIN_CUDA=emulate) it returns
+// false and the test runs its body. Without a host C++ compiler the test is skipped.
+func Reexec(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv("RESIN_CUDA") == "emulate" {
+		return false
+	}
+	if err := emu.Available(); err != nil {
+		t.Skipf("the emulated device needs a host C++ compiler: %v", err)
+	}
+	args := []string{"-test.run=^" + regexp.QuoteMeta(t.Name()) + "$", "-test.count=1", "-test.v"}
+	if testing.Short() {
+		args = append(args, "-test.short")
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "RESIN_CUDA=emulate")
+	out, err := cmd.CombinedOutput()
+	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		if strings.HasPrefix(line, "    ") {
+			t.Log(strings.TrimSpace(line))
+		}
+	}
+	switch {
+	case err != nil:
+		t.Fatalf("on the emulated device (RESIN_CUDA=emulate): %v\n%s", err, out)
+	case strings.Contains(string(out), "--- SKIP: "+t.Name()):
+		t.Skip("skipped on the emulated device")
+	case !strings.Contains(string(out), "--- PASS: "+t.Name()):
+		t.Fatalf("on the emulated device the test did not run:\n%s", out)
+	}
+	return true
+}
