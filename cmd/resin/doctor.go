@@ -77,6 +77,7 @@ func doctorBLAS(w io.Writer, b blas.Backend) {
 // doctorDriver reports the CUDA driver and returns the GPUs it lists.
 func doctorDriver(w io.Writer) []cudart.DeviceInfo {
 	fmt.Fprintln(w, "\nCUDA driver")
+	fmt.Fprintf(w, "  CUDA: %s\n", cudaInUse())
 	v, err := cudart.DriverVersion()
 	if err != nil {
 		fmt.Fprintf(w, "  not available: %v\n", err)
@@ -88,6 +89,15 @@ func doctorDriver(w io.Writer) []cudart.DeviceInfo {
 		fmt.Fprintf(w, "  listing GPUs failed: %v\n", err)
 	}
 	return gpus
+}
+
+// cudaInUse says which CUDA this process uses: the emulated device (RESIN_CUDA=emulate,
+// as --device cuda-emu selects it), or a GPU's libraries.
+func cudaInUse() string {
+	if cudart.Emulated() {
+		return "emulated device (core/cudart/emu), not a GPU: RESIN_CUDA=emulate; kernels run on the CPU"
+	}
+	return "a GPU's libraries (the driver's libcuda; RESIN_CUDA=emulate or --device cuda-emu selects the emulated device)"
 }
 
 func doctorGPUs(w io.Writer, gpus []cudart.DeviceInfo, top *cudart.Topology) {

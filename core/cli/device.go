@@ -19,15 +19,18 @@ import (
 const (
 	DeviceCPU  = "cpu"
 	DeviceCUDA = "cuda"
+	// DeviceCUDAEmu is the GPU runner on the emulated CUDA device (core/cudart's
+	// RESIN_CUDA=emulate): the real bindings and runner, every kernel run on the CPU.
+	DeviceCUDAEmu = "cuda-emu"
 )
 
 // GPUOpener opens the checkpoint in dir on a GPU (see Opener): a model package's OpenGPU,
 // built on core/gpurunner.
 type GPUOpener func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error)
 
-// DeviceFlags are --device cpu|cuda and --numa auto|off|N: where a model runs. A Loader
-// registers them with its model flags and, with --device cuda, opens the model through
-// its GPUOpener with GPUOptions.
+// DeviceFlags are --device cpu|cuda|cuda-emu and --numa auto|off|N: where a model runs. A
+// Loader registers them with its model flags and, with --device cuda or cuda-emu, opens
+// the model through its GPUOpener with GPUOptions.
 type DeviceFlags struct {
 	Device string
 	NUMA   cudart.NUMAMode
@@ -39,7 +42,7 @@ type DeviceFlags struct {
 // Register adds --device, --numa, --gpu and --cuda-eager to cmd.
 func (f *DeviceFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.Device, "device", DeviceCPU, "where the model runs: cpu (the Go reference forward) or cuda (the GPU runner; needs an NVIDIA driver and CUDA's NVRTC and cuBLASLt libraries)")
+	fl.StringVar(&f.Device, "device", DeviceCPU, "where the model runs: cpu (the Go reference forward), cuda (the GPU runner; needs an NVIDIA driver and CUDA's NVRTC and cuBLASLt libraries) or cuda-emu (the GPU runner on the emulated CUDA device, every kernel run on the CPU; needs g++)")
 	fl.Var(&f.NUMA, "numa", "with --device cuda: bind the process and its pinned buffers to a NUMA node: auto (the GPU's), off, or a node number")
 	fl.IntVar(&f.GPU, "gpu", 0, "with --device cuda: the GPU ordinal to run on")
 	fl.BoolVar(&f.Eager, "cuda-eager", false, "with --device cuda: launch every step's kernels, capturing no CUDA graphs")
@@ -57,14 +60,21 @@ func (f *DeviceFlags) Check() error {
 		if f.GPU < 0 {
 			return fmt.Errorf("--gpu %d is negative", f.GPU)
 		}
+		if cudart.Emulated() {
+			return errors.New("--device cuda with RESIN_CUDA=emulate: the emulated device is --device cuda-emu (unset RESIN_CUDA for the GPU)")
+		}
+	case DeviceCUDAEmu:
+		if f.GPU != 0 {
+			return fmt.Errorf("--gpu %d: the emulated device has one GPU, 0", f.GPU)
+		}
 	default:
-		return fmt.Errorf("--device %q: want cpu or cuda", f.Device)
+		return fmt.Errorf("--device %q: want cpu, cuda or cuda-emu", f.Device)
 	}
 	return nil
 }
 
-// CUDA reports whether --device cuda was chosen.
-func (f *DeviceFlags) CUDA() bool { return f.Device == DeviceCUDA }
+// CUDA reports whether the GPU runner was chosen: --device cuda or cuda-emu.
+func (f *DeviceFlags) CUDA() bool { return f.Device == DeviceCUDA || f.Device == DeviceCUDAEmu }
 
 // SetEngineLimits sizes the GPU workspace for the engine's step limits (the commands call
 // it, through EngineLimited, before Load).
@@ -83,11 +93,16 @@ func (f *DeviceFlags) GPUOptions(log io.Writer) gpurunner.Options {
 // without a GPU runner (open nil) gets an error that says so.
 func (f *DeviceFlags) OpenGPU(name string, open GPUOpener, dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
 	if open == nil {
-		return nil, nil, fmt.Errorf("--device cuda: model %s has no GPU runner yet (the dense llama family has one, core/gpurunner); run it with --device cpu", name)
+		return nil, nil, fmt.Errorf("--device %s: model %s has no GPU runner yet (the dense llama family has one, core/gpurunner); run it with --device cpu", f.Device, name)
+	}
+	if f.Device == DeviceCUDAEmu {
+		if err := cudart.Emulate(); err != nil {
+			return nil, nil, fmt.Errorf("--device cuda-emu: %w", err)
+		}
 	}
 	r, pool, err := open(dir, cacheBytes, f.GPUOptions(os.Stderr))
 	if errors.Is(err, gpurunner.ErrNoDevice) {
-		return nil, nil, fmt.Errorf("--device cuda: %w (`resin doctor` lists what was found; --device cpu runs the reference forward)", err)
+		return nil, nil, fmt.Errorf("--device %s: %w (`resin doctor` lists what was found; --device cpu runs the reference forward)", f.Device, err)
 	}
 	return r, pool, err
 }

@@ -48,10 +48,14 @@ func TestDeviceFlags(t *testing.T) {
 		{"--numa", "0"}, // GPU flags without --device cuda would be ignored
 		{"--cuda-eager"},
 		{"--device", "cuda", "--gpu", "-1"},
+		{"--device", "cuda-emu", "--gpu", "1"}, // the emulated device has one GPU
 	} {
 		if _, err := parseDeviceFlags(t, bad...); err == nil {
 			t.Errorf("%v: no error", bad)
 		}
+	}
+	if f, err := parseDeviceFlags(t, "--device", "cuda-emu", "--cuda-eager"); err != nil || !f.CUDA() || !f.GPUOptions(nil).Eager {
+		t.Errorf("--device cuda-emu: %+v, %v: want the GPU runner's path", f, err)
 	}
 	if _, err := parseDeviceFlags(t, "--device", "cuda", "--numa", "sometimes"); err == nil || !strings.Contains(err.Error(), "auto, off or a node number") {
 		t.Errorf("--numa sometimes: %v", err)
