@@ -1,0 +1,358 @@
+package grammar
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func compileT(t *testing.T, v *Vocabulary, kind Kind, src string) *Grammar {
+	t.Helper()
+	g, err := Compile(v, kind, src)
+	if err != nil {
+		t.Fatalf("compile %s %q: %v", kind, src, err)
+	}
+	return g
+}
+
+// TestSchemaCorpus: every output produced under each schema of testdata/schemas by
+// random choices among the allowed tokens (greedy and sampled) parses and validates, and
+// EOS is allowed exactly where the output so far is a complete valid value.
+func TestSchemaCorpus(t *testing.T) {
+	v, _, eos := testVocab(t)
+	files, err := filepath.Glob("testdata/schemas/*.json")
+	if err != nil || len(files) < 10 {
+		t.Fatalf("schemas: %v %d", err, len(files))
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var schema any
+			dec := json.NewDecoder(strings.NewReader(string(src)))
+			dec.UseNumber()
+			if err := dec.Decode(&schema); err != nil {
+				t.Fatal(err)
+			}
+			vd := &validator{root: schema}
+			g := compileT(t, v, JSONSchema, string(src))
+			for i := 0; i < 24; i++ {
+				rng := rand.New(rand.NewPCG(uint64(i), 7))
+				greedy := i%2 == 0
+				check := func(out []byte, eosOK bool) {
+					val, err := parseJSON(out)
+					complete := err == nil && vd.validate(schema, val, "#") == nil
+					if eosOK != complete {
+						t.Fatalf("after %q: EOS allowed %v, output complete and valid %v (%v)", out, eosOK, complete, err)
+					}
+				}
+				out := walk(t, g, eos, rng, greedy, 10+rng.IntN(120), check)
+				val, err := parseJSON(out)
+				if err != nil {
+					t.Fatalf("output %q does not parse: %v", out, err)
+				}
+				if err := vd.validate(schema, val, "#"); err != nil {
+					t.Fatalf("output %q does not validate: %v", out, err)
+				}
+				if i < 2 {
+					t.Logf("%s", out)
+				}
+			}
+		})
+	}
+}
+
+func TestJSONObject(t *testing.T) {
+	v, _, eos := testVocab(t)
+	g := compileT(t, v, JSONObject, "")
+	for i := 0; i < 30; i++ {
+		rng := rand.New(rand.NewPCG(uint64(i), 1))
+		out := walk(t, g, eos, rng, i%2 == 0, rng.IntN(200), func(out []byte, eosOK bool) {
+			val, err := parseJSON(out)
+			_, isObject := val.(map[string]any)
+			complete := err == nil && isObject
+			if eosOK != complete {
+				t.Fatalf("after %q: EOS allowed %v, a complete object %v", out, eosOK, complete)
+			}
+		})
+		if _, err := parseJSON(out); err != nil {
+			t.Fatalf("%q: %v", out, err)
+		}
+	}
+}
+
+// TestRegex: outputs match the regex as Go's regexp reads it, and EOS is allowed exactly
+// where the output so far matches it whole.
+func TestRegex(t *testing.T) {
+	v, _, eos := testVocab(t)
+	for _, re := range []string{
+		`[a-z]+@[a-z]+\.com`,
+		`\d{3}-\d{4}`,
+		`(cat|dog|bird)s?`,
+		`^[A-Z][a-z]{2,5} \d+$`,
+		`(?i)yes|no`,
+		`[^"\n]{1,8}é?`,
+		`(ab)*c?`,
+		`\w+\s\w+`,
+		`.{0,4}日本`,
+		`-?(0|[1-9][0-9]*)(\.[0-9]+)?`,
+	} {
+		t.Run(re, func(t *testing.T) {
+			g := compileT(t, v, Regex, re)
+			full := regexp.MustCompile(`^(?:` + re + `)$`)
+			for i := 0; i < 20; i++ {
+				rng := rand.New(rand.NewPCG(uint64(i), 3))
+				out := walk(t, g, eos, rng, i%2 == 0, rng.IntN(40), func(out []byte, eosOK bool) {
+					// Go's regexp reads an invalid byte as U+FFFD; the grammar
+					// writes only valid UTF-8, so a partial character is no match.
+					if m := full.Match(out) && utf8.Valid(out); m != eosOK {
+						t.Fatalf("after %q: EOS allowed %v, matches %v", out, eosOK, m)
+					}
+				})
+				if !full.Match(out) {
+					t.Fatalf("%q does not match", out)
+				}
+			}
+		})
+	}
+}
+
+func TestGBNF(t *testing.T) {
+	v, _, eos := testVocab(t)
+	src := `# arithmetic
+root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor ("*" factor)*
+factor ::= [0-9]{1,3} | "(" expr ")"
+`
+	g := compileT(t, v, GBNF, src)
+	shape := regexp.MustCompile(`^[0-9+\-*()]+$`)
+	for i := 0; i < 20; i++ {
+		rng := rand.New(rand.NewPCG(uint64(i), 5))
+		out := walk(t, g, eos, rng, false, rng.IntN(30), nil)
+		if !shape.Match(out) || !balanced(string(out)) {
+			t.Fatalf("%q is not an expression", out)
+		}
+	}
+	// Quoted text, negated classes and escapes.
+	g = compileT(t, v, GBNF, "root ::= \"say \\\"\" [^\"\\n]+ \"\\\"\"\n")
+	for i := 0; i < 10; i++ {
+		out := walk(t, g, eos, rand.New(rand.NewPCG(uint64(i), 6)), false, 8, nil)
+		if !regexp.MustCompile(`^say "[^"\n]+"$`).Match(out) {
+			t.Fatalf("%q", out)
+		}
+	}
+}
+
+func balanced(s string) bool {
+	d := 0
+	for _, c := range s {
+		switch c {
+		case '(':
+			d++
+		case ')':
+			d--
+		}
+		if d < 0 {
+			return false
+		}
+	}
+	return d == 0
+}
+
+func TestChoice(t *testing.T) {
+	v, _, eos := testVocab(t)
+	g := compileT(t, v, Choice, `["New York", "Paris", "Paris Hilton"]`)
+	seen := map[string]bool{}
+	for i := 0; i < 30; i++ {
+		out := walk(t, g, eos, rand.New(rand.NewPCG(uint64(i), 9)), i%2 == 0, 5, nil)
+		seen[string(out)] = true
+	}
+	for s := range seen {
+		if s != "New York" && s != "Paris" && s != "Paris Hilton" {
+			t.Fatalf("output %q is not a choice", s)
+		}
+	}
+}
+
+// TestEOSAndSpecial: special tokens are never allowed; EOS only at an end; after EOS
+// nothing.
+func TestEOSAndSpecial(t *testing.T) {
+	v, special, eos := testVocab(t)
+	g := compileT(t, v, Regex, `ab?`)
+	m, _ := g.NewMatcher()
+	mask := make([]uint32, m.Words())
+	bit := func(id int32) bool { return mask[id>>5]&(1<<(id&31)) != 0 }
+	m.FillMask(mask)
+	if bit(eos) || bit(special) || !bit('a') || bit('b') {
+		t.Fatalf("start: eos %v special %v a %v b %v", bit(eos), bit(special), bit('a'), bit('b'))
+	}
+	if err := m.Accept(eos); err == nil {
+		t.Fatal("EOS accepted at the start")
+	}
+	if err := m.Accept(special); err == nil {
+		t.Fatal("special token accepted")
+	}
+	if err := m.Accept('a'); err != nil {
+		t.Fatal(err)
+	}
+	m.FillMask(mask)
+	if !bit(eos) || !bit('b') || bit('a') || bit(special) {
+		t.Fatalf("after a: eos %v b %v a %v", bit(eos), bit('b'), bit('a'))
+	}
+	if err := m.Accept(eos); err != nil || !m.Ended() {
+		t.Fatal(err)
+	}
+	m.FillMask(mask)
+	for _, w := range mask {
+		if w != 0 {
+			t.Fatal("a token allowed after EOS")
+		}
+	}
+	if err := m.Accept('b'); err == nil {
+		t.Fatal("token after EOS accepted")
+	}
+}
+
+// TestRollback: rolling back N tokens restores the mask and acceptance of N tokens ago,
+// as a rejected speculative draft needs.
+func TestRollback(t *testing.T) {
+	v, _, eos := testVocab(t)
+	schema := `{"type":"object","properties":{"unit":{"enum":["celsius","fahrenheit"]},"n":{"type":"integer"}},"required":["unit","n"]}`
+	g := compileT(t, v, JSONSchema, schema)
+	m, _ := g.NewMatcher()
+	tok := func(s string) int32 {
+		for id, b := range v.bytes {
+			if string(b) == s {
+				return int32(id)
+			}
+		}
+		t.Fatalf("no token %q", s)
+		return 0
+	}
+	words := m.Words()
+	before := make([]uint32, words)
+	for _, s := range []string{`{"`, "unit", `":`, ` "`} {
+		if err := m.Accept(tok(s)); err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+	}
+	m.FillMask(before)
+	for _, s := range []string{"celsius", `",`, ` "`} {
+		if err := m.Accept(tok(s)); err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+	}
+	if err := m.Rollback(3); err != nil {
+		t.Fatal(err)
+	}
+	after := make([]uint32, words)
+	m.FillMask(after)
+	for i := range before {
+		if before[i] != after[i] {
+			t.Fatal("mask differs after rollback")
+		}
+	}
+	if err := m.Accept(tok("fa")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Rollback(6); err == nil {
+		t.Fatal("rollback past the start accepted")
+	}
+	if m.Accepted() != 5 {
+		t.Fatalf("accepted %d, want 5", m.Accepted())
+	}
+	_ = eos
+}
+
+// TestRefused: features the compiler cannot enforce are refused at compile, naming them.
+func TestRefused(t *testing.T) {
+	v, _, _ := testVocab(t)
+	for _, c := range []struct {
+		kind      Kind
+		src, want string
+	}{
+		{JSONSchema, `{"type":"object","patternProperties":{"^a":{}}}`, `"patternProperties"`},
+		{JSONSchema, `{"not":{"type":"string"}}`, `"not"`},
+		{JSONSchema, `{"type":"array","uniqueItems":true}`, `"uniqueItems"`},
+		{JSONSchema, `{"type":"number","maximum":3.5}`, `maximum`},
+		{JSONSchema, `{"type":"integer","multipleOf":3}`, `"multipleOf"`},
+		{JSONSchema, `{"$ref":"https://example.com/s.json"}`, `not a local reference`},
+		{JSONSchema, `{"$ref":"#/$defs/missing"}`, `does not resolve`},
+		{JSONSchema, `{"type":"object","properties":{"a":{}},"required":["b"]}`, `"b"`},
+		{JSONSchema, `{"type":"string","maxLength":100000}`, `over the limit`},
+		{JSONSchema, `{"type":"strin"}`, `unknown type "strin"`},
+		{JSONSchema, `{"type":`, `json schema`},
+		{Regex, `a\bb`, `word boundaries`},
+		{Regex, `a{1,20000}`, `invalid repeat count`},
+		{Regex, `(a`, `missing closing )`},
+		{GBNF, "root ::= foo\n", `"foo" is used but not defined`},
+		{GBNF, "root ::= root \"a\" | \"b\"\n", `left-recursive`},
+		{GBNF, "expr ::= \"a\"\n", `no root rule`},
+		{GBNF, "root ::= [z-a]\n", `reversed`},
+		{Choice, `[]`, `no choices`},
+		{Kind("xml"), ``, `unknown kind`},
+	} {
+		_, err := Compile(v, c.kind, c.src)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %s: got %v, want an error with %s", c.kind, c.src, err, c.want)
+		}
+	}
+}
+
+func TestIntRange(t *testing.T) {
+	v, _, _ := testVocab(t)
+	for _, c := range []struct {
+		schema string
+		lo, hi int
+	}{
+		{`{"type":"integer","minimum":-37,"maximum":1234}`, -37, 1234},
+		{`{"type":"integer","minimum":5,"maximum":5}`, 5, 5},
+		{`{"type":"integer","exclusiveMinimum":-10,"exclusiveMaximum":-2}`, -9, -3},
+		{`{"type":"integer","minimum":99,"maximum":101}`, 99, 101},
+	} {
+		g := compileT(t, v, JSONSchema, c.schema)
+		for n := c.lo - 30; n <= c.hi+30; n++ {
+			m, _ := g.NewMatcher()
+			ok := true
+			for _, b := range []byte(jsonInt(n)) {
+				if m.Accept(int32(b)) != nil {
+					ok = false
+					break
+				}
+			}
+			ok = ok && m.CanEnd()
+			if want := n >= c.lo && n <= c.hi; ok != want {
+				t.Fatalf("%s: %d accepted %v, want %v", c.schema, n, ok, want)
+			}
+		}
+	}
+}
+
+func jsonInt(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func TestCache(t *testing.T) {
+	v, _, _ := testVocab(t)
+	c := NewCache(v, 2)
+	a, err := c.Get(Regex, "a+")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := c.Get(Regex, "a+"); b != a {
+		t.Fatal("second Get compiled again")
+	}
+	if _, err := c.Get(Regex, "(a"); err == nil {
+		t.Fatal("bad regex compiled")
+	}
+	c.Get(Regex, "b+")
+	if b, _ := c.Get(Regex, "a+"); b == a {
+		t.Fatal("the least recently used entry was kept past the cache size")
+	}
+}
