@@ -2,12 +2,17 @@
 // chosen token ids and their log probabilities go back to the host. It follows
 // core/engine's CPU Sampler (Sampler.choose and Sampler.Sample) step for step:
 //   lse      = log-sum-exp of the raw logits; logprob(tok) = logit(tok) - lse
-//   greedy   (temperature == 0 or top_k == 1): the first maximal logit (NaN skipped)
+//   greedy   (temperature == 0 or top_k == 1): the first maximal logit (NaN skipped; a
+//            row of NaN only gives token 0, the CPU's argmax, in every mode)
 //   otherwise, over the candidates:
-//     order    when top_k > 0 or 0 < top_p < 1: logits descending, ties by lower id (the
-//              CPU's sort); else vocabulary order (the CPU does not sort then)
+//     order    when top_k > 0 or 0 < top_p < 1: logits descending, ties (-0 and +0
+//              among them) by lower id (the CPU's sort); else vocabulary order (the CPU
+//              does not sort then)
 //     top-k    the first top_k candidates in that order (top_k >= vocab: all)
-//     weights  w = exp((logit - max) / temperature) (the best candidate has w = 1)
+//     weights  w = exp((logit - max) / temperature) (the best candidate has w = 1, a +inf
+//              logit too; NaN logits have none); 1/temperature is computed in double and
+//              capped at FLT_MAX, so a temperature below ~3e-39 is the limit of tiny ones
+//              (the CPU's float64 1/T), not a NaN weight
 //     min-p    w < min_p drops a candidate (min_p times the best weight, 1)
 //     top-p    keep the shortest prefix whose weight reaches top_p times the kept sum
 //     draw     u = uniform(seed, pos) in [0, 1) (engine's uniform: the splitmix64 finalizer
@@ -56,10 +61,10 @@ RESIN_DEVICE double resin_uniform(unsigned long long seed, int pos) {
 }
 
 // resin_desc_bits maps a logit to 32 bits that sort ascending as the logits sort descending;
-// NaN sorts last.
+// -0 and +0 map alike (they are equal logits: the lower id goes first); NaN sorts last.
 RESIN_DEVICE unsigned resin_desc_bits(float v) {
   if (v != v) return 0xffffffffu;
-  unsigned u = resin_f2u(v);
+  unsigned u = v == 0.0f ? 0u : resin_f2u(v);
   unsigned asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   return ~asc;
 }
@@ -90,8 +95,9 @@ RESIN_DEVICE unsigned long long resin_key(const resin_sampler& s, int i, float v
 // resin_weight is a candidate's fixed-point weight (0 under min-p, for -inf and NaN).
 RESIN_DEVICE unsigned long long resin_weight(const resin_sampler& s, float v) {
   if (v != v) return 0;
-  float w = resin_expf((v - s.max_logit) * s.inv_t);
-  if (w < s.min_p) return 0;
+  // The maximum itself has weight 1, also when it is +inf (inf - inf would be NaN).
+  float w = v == s.max_logit ? 1.0f : resin_expf((v - s.max_logit) * s.inv_t);
+  if (!(w >= s.min_p)) return 0;
   return (unsigned long long)(w * RESIN_SAMPLE_ONE);
 }
 
@@ -172,7 +178,7 @@ RESIN_DEVICE unsigned long long resin_select(const resin_sampler& s, int mode,
 }
 
 // resin_block_argmax returns the first maximal logit's id (NaN skipped; -1 for a row of
-// NaN) and its value in every thread.
+// NaN) and its value (-inf for a row of NaN) in every thread.
 RESIN_DEVICE int resin_block_argmax(const float* row, int vocab, float* sv, int* si, float* best) {
   float bv = -RESIN_INF;
   int bi = 0x7fffffff;
@@ -228,7 +234,9 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   s.row = row;
   s.vocab = vocab;
   s.max_logit = mx;
-  s.inv_t = prm.temperature > 0.0f ? 1.0f / prm.temperature : 0.0f;
+  // 1/T in double, capped: in float32 it overflows to +inf below T ~ 3e-39.
+  double inv_t = prm.temperature > 0.0f ? 1.0 / (double)prm.temperature : 0.0;
+  s.inv_t = inv_t < 3.4028234663852886e38 ? (float)inv_t : 3.4028234663852886e38f;
   s.min_p = prm.min_p > 0.0f ? prm.min_p : 0.0f;
   s.hist = hist;
   s.count = count;
@@ -236,7 +244,7 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   s.group = group;
   s.result = result;
 
-  int tok = best;
+  int tok = best >= 0 ? best : 0;  // a row of NaN: token 0, as the CPU's argmax
   bool top_p = prm.top_p > 0.0f && prm.top_p < 1.0f;
   if (best >= 0 && prm.temperature != 0.0f && prm.top_k != 1) {
     s.sorted = prm.top_k > 0 || top_p;
@@ -261,7 +269,7 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   }
   if (RESIN_TID_X == 0) {
     tokens[r] = tok;
-    logprobs[r] = tok >= 0 ? row[tok] - lse : -RESIN_INF;
+    logprobs[r] = row[tok] - lse;  // NaN for a row of NaN
   }
 
   // Top-n alternatives by raw logprob.
@@ -273,7 +281,16 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
     ids[j] = -1;
     lps[j] = 0.0f;
   }
-  if (n <= 0 || best < 0) return;
+  if (n <= 0) return;
+  if (best < 0) {  // a row of NaN: ids 0.. in order with NaN logprobs, as the CPU lists them
+    resin_sync();    // after the -1s above (best is the block's: every thread is here)
+    if (RESIN_TID_X == 0)
+      for (int a = 0; a < n; a++) {
+        ids[a] = a;
+        lps[a] = row[a] - lse;
+      }
+    return;
+  }
   s.sorted = 1;
   unsigned long long dummy;
   unsigned long long bound = resin_select(s, RESIN_COUNT, ~0ull, (unsigned long long)n, &dummy);

@@ -1,0 +1,236 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// sampleOut is what one launch of the sampling kernel returned per row.
+type sampleOut struct {
+	tokens []int32
+	lps    []float32
+	topIDs []int32
+	topLPs []float32
+}
+
+// emuSample runs the sampling kernel on rows of logits (rows × vocab, row stride stride)
+// with params, through Sample.pack, under every schedule.
+func emuSample(t *testing.T, name string, logits []float32, vocab, stride int, params []SampleParams) sampleOut {
+	t.Helper()
+	rows := len(params)
+	buf := make([]byte, rows*SampleParamsBytes)
+	if _, err := PutSampleParams(buf, params); err != nil {
+		t.Fatal(err)
+	}
+	m := &emuMem{t: t}
+	sp := Sample{Tokens: m.alloc(4 * rows), Logprobs: m.alloc(4 * rows), TopIDs: m.alloc(4 * rows * MaxSampleTop),
+		TopLogprobs: m.alloc(4 * rows * MaxSampleTop), Logits: m.f32(logits), Params: m.bytes(buf), Rows: rows, Vocab: vocab,
+		LogitsStride: stride, MaxTop: MaxSampleTop}
+	var spec launchSpec
+	emuRun(t, name, m, specLaunch(t, sp.pack(&spec), &spec))
+	return sampleOut{m.getI32(sp.Tokens, rows), m.getF32(sp.Logprobs, rows), m.getI32(sp.TopIDs, rows*MaxSampleTop),
+		m.getF32(sp.TopLogprobs, rows*MaxSampleTop)}
+}
+
+// cpuSample is engine.Sampler's choice for row r.
+func cpuSample(row []float32, p SampleParams) (int32, float32, []engine.TopLogprob) {
+	var s engine.Sampler
+	er := engine.SamplingRow{Temperature: p.Temperature, TopP: p.TopP, TopK: int(p.TopK), MinP: p.MinP, Seed: p.Seed, Logprobs: int(p.Logprobs)}
+	return s.Sample(row, er, int(p.Pos), nil)
+}
+
+// checkAgainstCPU compares every row with engine.Sampler: the token, its logprob and
+// the alternatives.
+func checkAgainstCPU(t *testing.T, name string, got sampleOut, logits []float32, stride int, vocab int, params []SampleParams) {
+	t.Helper()
+	for r, p := range params {
+		row := logits[r*stride : r*stride+vocab]
+		want, wantLP, wantTop := cpuSample(row, p)
+		if got.tokens[r] != want {
+			t.Errorf("%s row %d %+v: token %d, engine.Sampler %d", name, r, p, got.tokens[r], want)
+		}
+		if d := math.Abs(float64(got.lps[r] - wantLP)); !(d <= 2e-5*(1+math.Abs(float64(wantLP)))) && !(math.IsNaN(float64(wantLP)) && math.IsNaN(float64(got.lps[r]))) {
+			t.Errorf("%s row %d: logprob %g, engine.Sampler %g", name, r, got.lps[r], wantLP)
+		}
+		for j, w := range wantTop {
+			at := r*MaxSampleTop + j
+			if got.topIDs[at] != w.Token {
+				t.Errorf("%s row %d: alternative %d is %d, engine.Sampler %d", name, r, j, got.topIDs[at], w.Token)
+			}
+		}
+		if n := len(wantTop); n < MaxSampleTop && got.topIDs[r*MaxSampleTop+n] != -1 {
+			t.Errorf("%s row %d: alternative %d set past the %d asked for", name, r, n, n)
+		}
+	}
+}
+
+// TestEmuSample checks device sampling against engine.Sampler on vocabularies that are
+// not powers of two, with a row stride wider than the vocabulary: greedy, top-k 1,
+// temperature alone (the unsorted walk), top-k, top-p, min-p, their mix and a top-k past
+// the vocabulary, each with several seeds; rows peaked as a model's are, with ties at the
+// top and masked (-inf) tokens.
+func TestEmuSample(t *testing.T) {
+	emuKernels(t)
+	for _, vocab := range []int{1000, 3001} {
+		var params []SampleParams
+		for seed := range uint64(3) {
+			pos := int32(100 + seed)
+			params = append(params,
+				SampleParams{Temperature: 0, Seed: seed, Pos: pos, Logprobs: 5},
+				SampleParams{Temperature: 0.8, TopK: 1, Seed: seed, Pos: pos},
+				SampleParams{Temperature: 0.8, Seed: seed, Pos: pos, Logprobs: 3},
+				SampleParams{Temperature: 1, TopK: 50, Seed: seed, Pos: pos},
+				SampleParams{Temperature: 0.7, TopP: 0.9, Seed: seed, Pos: pos, Logprobs: 20},
+				SampleParams{Temperature: 1.2, MinP: 0.05, Seed: seed, Pos: pos},
+				SampleParams{Temperature: 0.9, TopK: 40, TopP: 0.8, MinP: 0.02, Seed: seed, Pos: pos, Logprobs: 32},
+				SampleParams{Temperature: 2, TopK: int32(vocab + 5), Seed: seed, Pos: pos})
+		}
+		rows, stride := len(params), vocab+3
+		logits := emuRnd(61, rows*stride, 8)
+		for r := range rows {
+			logits[r*stride+(r*7919)%vocab] += 4
+			logits[r*stride+(r*104729)%vocab] = logits[r*stride+(r*7919)%vocab] // a tie at the top
+			logits[r*stride+(r*31)%vocab] = float32(math.Inf(-1))
+		}
+		name := fmt.Sprintf("sample vocab %d", vocab)
+		got := emuSample(t, name, logits, vocab, stride, params)
+		checkAgainstCPU(t, name, got, logits, stride, vocab, params)
+	}
+}
+
+// TestEmuSampleSignedZeros: -0 and +0 are equal logits, so their order is the lower id
+// first, as engine.Sampler sorts them. sampling.cu ordered +0 before -0, so the row
+// {1, -0, +0, -0} listed its alternatives as [0 2 1 3] and a top-k of 2 kept +0 (id 2)
+// instead of id 1 (this test failed before the fix).
+func TestEmuSampleSignedZeros(t *testing.T) {
+	emuKernels(t)
+	negz := float32(math.Copysign(0, -1))
+	row := []float32{1, negz, 0, negz}
+	var params []SampleParams
+	for seed := range uint64(16) {
+		params = append(params, SampleParams{Temperature: 5, TopK: 2, Seed: seed, Pos: 7, Logprobs: 4},
+			SampleParams{Temperature: 3, TopP: 0.6, Seed: seed, Pos: 9})
+	}
+	logits := make([]float32, 0, len(params)*len(row))
+	for range params {
+		logits = append(logits, row...)
+	}
+	got := emuSample(t, "sample signed zeros", logits, len(row), len(row), params)
+	checkAgainstCPU(t, "sample signed zeros", got, logits, len(row), len(row), params)
+}
+
+// TestEmuSampleNaNRows: NaN logits are skipped: never drawn, no mass, ranked last among
+// the alternatives; the reference is engine.Sampler on the row with NaN made -inf (on NaN
+// itself its sort and sums are undefined). A row of NaN only samples token 0 in every
+// mode, with a NaN logprob and ids 0.. as its alternatives, as engine.Sampler's greedy
+// argmax and top-n give; sampling.cu returned token -1, which the runner handed to the
+// engine as a token (this test failed before the fix).
+func TestEmuSampleNaNRows(t *testing.T) {
+	emuKernels(t)
+	const vocab = 777
+	nan := float32(math.NaN())
+	var logits []float32
+	var params []SampleParams
+	for _, p := range []SampleParams{{Temperature: 0, Logprobs: 3}, {Temperature: 1, Seed: 3, Pos: 1},
+		{Temperature: 0.5, TopK: 10, TopP: 0.9, Seed: 4, Pos: 2, Logprobs: 2}} {
+		for i := 0; i < vocab; i++ {
+			logits = append(logits, nan)
+		}
+		params = append(params, p)
+	}
+	got := emuSample(t, "sample all-NaN rows", logits, vocab, vocab, params)
+	for r, p := range params {
+		if got.tokens[r] != 0 || !math.IsNaN(float64(got.lps[r])) {
+			t.Errorf("all-NaN row %d %+v: token %d logprob %g, want 0 and NaN", r, p, got.tokens[r], got.lps[r])
+		}
+		if p.Temperature == 0 {
+			if want, _, _ := cpuSample(logits[r*vocab:(r+1)*vocab], p); got.tokens[r] != want {
+				t.Errorf("all-NaN greedy row: token %d, engine.Sampler %d", got.tokens[r], want)
+			}
+		}
+		for j := range MaxSampleTop {
+			id, lp := got.topIDs[r*MaxSampleTop+j], got.topLPs[r*MaxSampleTop+j]
+			if j < int(p.Logprobs) && (id != int32(j) || !math.IsNaN(float64(lp))) || j >= int(p.Logprobs) && id != -1 {
+				t.Errorf("all-NaN row %d: alternative %d is %d (%g)", r, j, id, lp)
+			}
+		}
+	}
+
+	// Some NaN entries among numbers.
+	r := rand.New(rand.NewPCG(4, 5))
+	logits = logits[:0]
+	params = params[:0]
+	for k := range 6 {
+		row := emuRnd(uint64(70+k), vocab, 6)
+		for i := r.IntN(3); i < vocab; i += 1 + r.IntN(9) {
+			row[i] = nan
+		}
+		logits = append(logits, row...)
+		params = append(params, SampleParams{Temperature: 0.3 * float32(k), TopK: int32(k * 7), TopP: 0.95, Seed: uint64(k), Pos: 3, Logprobs: 4})
+	}
+	got = emuSample(t, "sample rows with NaN", logits, vocab, vocab, params)
+	masked := append([]float32(nil), logits...)
+	for i, v := range masked {
+		if v != v {
+			masked[i] = float32(math.Inf(-1))
+		}
+	}
+	checkAgainstCPU(t, "sample rows with NaN (as -inf)", got, masked, vocab, vocab, params)
+}
+
+// TestEmuSampleInfinities: a +inf logit has all the mass (its weight is exp(0) = 1, every
+// finite logit's exp(-inf) = 0): the draw is among the +inf tokens, greedy the first of
+// them; -inf tokens are never drawn.
+func TestEmuSampleInfinities(t *testing.T) {
+	emuKernels(t)
+	const vocab = 300
+	inf := float32(math.Inf(1))
+	var logits []float32
+	var params []SampleParams
+	for k := range 8 {
+		row := emuRnd(uint64(90+k), vocab, 4)
+		row[17], row[200] = inf, inf
+		row[5] = float32(math.Inf(-1))
+		logits = append(logits, row...)
+		params = append(params, SampleParams{Temperature: float32(k) * 0.4, TopK: int32(k % 3 * 5), Seed: uint64(k), Pos: 11})
+	}
+	got := emuSample(t, "sample infinities", logits, vocab, vocab, params)
+	for k, p := range params {
+		tok := got.tokens[k]
+		if tok != 17 && tok != 200 || p.Temperature == 0 && tok != 17 {
+			t.Errorf("row %d %+v: token %d, want one of the +inf tokens 17, 200 (17 when greedy)", k, p, tok)
+		}
+	}
+}
+
+// TestEmuSampleTinyTemperature: with a temperature so small that 1/T overflows float32
+// (below about 2.9e-39), the draw is still among the tokens tied at the top, as
+// engine.Sampler's float64 1/T gives; sampling.cu's float32 1/T was +inf, every weight
+// NaN and the row silently greedy (this test failed before the fix).
+func TestEmuSampleTinyTemperature(t *testing.T) {
+	emuKernels(t)
+	const vocab = 50
+	var logits []float32
+	var params []SampleParams
+	for seed := range uint64(12) {
+		row := emuRnd(seed, vocab, 2)
+		row[3], row[20], row[41] = 9, 9, 9
+		logits = append(logits, row...)
+		temp := []float32{1e-40, 1e-45, 2e-39, 1e-30}[seed%4]
+		params = append(params, SampleParams{Temperature: temp, Seed: seed, Pos: 5}, SampleParams{Temperature: temp, TopK: 5, Seed: seed, Pos: 6})
+		logits = append(logits, row...) // the second row's copy
+	}
+	got := emuSample(t, "sample tiny temperature", logits, vocab, vocab, params)
+	checkAgainstCPU(t, "sample tiny temperature", got, logits, vocab, vocab, params)
+	drawn := map[int32]bool{}
+	for _, tok := range got.tokens {
+		drawn[tok] = true
+	}
+	if len(drawn) < 2 {
+		t.Errorf("24 seeded draws among three tied tokens all gave %v", drawn)
+	}
+}
