@@ -280,8 +280,23 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	lps := viewFloat32(r.out.Bytes[4*R : 8*R])
 	topIDs := viewInt32(r.out.Bytes[8*R : (8+4*MaxTop)*R])
 	topLPs := viewFloat32(r.out.Bytes[(8+4*MaxTop)*R : (8+8*MaxTop)*R])
+	if err := checkSampled(ids[:rows], r.info.VocabSize); err != nil {
+		return engine.StepResult{}, err
+	}
 	fillResult(&r.res, plan, anyLP, ids, lps, topIDs, topLPs)
 	return r.res, nil
+}
+
+// checkSampled reports a token the device sampled outside [0, vocab): the engine indexes
+// its tables by it, so one must never reach it (the kernel gives every row a token of
+// the vocabulary, a row of NaN logits token 0; this guards against a kernel bug).
+func checkSampled(ids []int32, vocab int) error {
+	for i, id := range ids {
+		if id < 0 || int(id) >= vocab {
+			return fmt.Errorf("gpurunner: the device sampled token %d for logits row %d, outside the vocabulary of %d", id, i, vocab)
+		}
+	}
+	return nil
 }
 
 // fillResult builds the StepResult of a step sampled on the device from its outputs per
