@@ -130,12 +130,12 @@ func BenchmarkMixedUsableFraction(b *testing.B) {
 		var shares []int64
 		var total int64
 		for _, g := range hybridGroups {
-			total += int64(pagesFor(g, 2048)) * g.PageBytes()
+			total += int64(pagesFor(g, 2048, reach{chunk: 1})) * g.PageBytes()
 		}
 		var split [][]GroupSpec
 		for _, g := range hybridGroups {
 			split = append(split, []GroupSpec{g})
-			shares = append(shares, budget*int64(pagesFor(g, 2048))*g.PageBytes()/total)
+			shares = append(shares, budget*int64(pagesFor(g, 2048, reach{chunk: 1}))*g.PageBytes()/total)
 		}
 		static += fillFraction(b, budget, split, shares, lengths)
 	}

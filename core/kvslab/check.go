@@ -231,5 +231,52 @@ func (p *Pool) Check() error {
 			return fmt.Errorf("slab %d: %d cached pages, counted %d", s, slabCached[s], p.slabCached[s])
 		}
 	}
+	return p.checkSpare(inLRU)
+}
+
+// checkSpare verifies the per-slab lists of idle cached pages and the groups' live and
+// spare lists (slabs holding referenced pages and free slots, or idle cached pages).
+func (p *Pool) checkSpare(inLRU []bool) error {
+	counts := make([][2]int, len(p.groups)) // live and spare slabs per group
+	for s := range p.nslabs {
+		o := int(p.slabOwner[s])
+		n, prev := int32(0), int32(-1)
+		for m := p.slabCHead[s]; m >= 0; m = p.slabNext[m] {
+			if int(m)/p.maxSlots != s || !inLRU[m] || p.slabPrev[m] != prev {
+				return fmt.Errorf("slab %d: its list of cached pages is broken at page %#x", s, uint32(p.pageOf(m)))
+			}
+			prev = m
+			if n++; n > int32(p.maxSlots) {
+				return fmt.Errorf("slab %d: its list of cached pages loops", s)
+			}
+		}
+		if prev != p.slabCTail[s] || (o >= 0 && n != p.slabCached[s]) || (o < 0 && n != 0) {
+			return fmt.Errorf("slab %d: lists %d cached pages, counted %d", s, n, p.slabCached[s])
+		}
+		held := o >= 0 && p.slabUsed[s] > p.slabCached[s]
+		for k, c := range []struct {
+			name string
+			in   bool
+			pos  []int32
+		}{{"live", held && p.slabFreeN[s] > 0, p.livePos}, {"spare", held && p.slabCached[s] > 0, p.sparePos}} {
+			i := c.pos[s]
+			var list []int32
+			if o >= 0 {
+				list = [][]int32{p.groups[o].live, p.groups[o].spare}[k]
+			}
+			listed := i >= 0 && int(i) < len(list) && list[i] == int32(s)
+			if c.in != listed || (!c.in && i >= 0) {
+				return fmt.Errorf("slab %d: %s %v but %s-list position %d", s, c.name, c.in, c.name, i)
+			}
+			if c.in {
+				counts[o][k]++
+			}
+		}
+	}
+	for g, gr := range p.groups {
+		if len(gr.live) != counts[g][0] || len(gr.spare) != counts[g][1] {
+			return fmt.Errorf("group %q: %d live and %d spare slabs listed, %v counted", p.specs[g].Name, len(gr.live), len(gr.spare), counts[g])
+		}
+	}
 	return nil
 }

@@ -21,7 +21,13 @@ type Pool struct {
 	slabCached []int32 // slots holding unreferenced cached pages
 	slabFreeN  []int32 // free slots on the slab's stack
 	slabPos    []int32 // index in its group's partial list, or -1
-	freeSlabs  []int32 // stack of free slabs; slab 0 on top at start
+	// A slab is live while it holds a referenced page; a live slab with a free slot is on
+	// its group's live list, one with an idle cached page on its spare list (see alloc).
+	livePos   []int32 // index in its group's live list, or -1
+	sparePos  []int32 // index in its group's spare list, or -1
+	slabCHead []int32 // the slab's idle cached pages, least recently used first
+	slabCTail []int32
+	freeSlabs []int32 // stack of free slabs; slab 0 on top at start
 
 	// Per page, indexed by meta(id) = slab*maxSlots + slot.
 	slotStack []uint16 // per slab, maxSlots entries: its free slots
@@ -29,6 +35,8 @@ type Pool struct {
 	owner     []int32  // cache block the page belongs to, or -1
 	lruPrev   []int32  // per-group LRU of unreferenced cached pages (meta indices)
 	lruNext   []int32
+	slabPrev  []int32 // per-slab list of the same pages
+	slabNext  []int32
 
 	seqs     []seqState
 	freeSeqs []SeqID
@@ -50,6 +58,8 @@ type group struct {
 	pageBytes int64
 	slots     int     // pages per slab
 	partial   []int32 // slabs lent to the group that have a free slot
+	live      []int32 // the partial slabs that hold a referenced page
+	spare     []int32 // slabs lent to the group that hold referenced and idle cached pages
 	slabs     int     // slabs lent
 	used      int     // referenced pages
 	cached    int     // unreferenced cached pages
@@ -92,6 +102,8 @@ func New(cfg Config, arena Arena) (*Pool, error) {
 		g.pageBytes = s.PageBytes()
 		g.slots = int(slab / g.pageBytes)
 		g.partial = make([]int32, 0, p.nslabs)
+		g.live = make([]int32, 0, p.nslabs)
+		g.spare = make([]int32, 0, p.nslabs)
 		g.lruHead, g.lruTail = -1, -1
 		p.maxSlots = max(p.maxSlots, g.slots)
 	}
@@ -100,10 +112,16 @@ func New(cfg Config, arena Arena) (*Pool, error) {
 	p.slabCached = make([]int32, p.nslabs)
 	p.slabFreeN = make([]int32, p.nslabs)
 	p.slabPos = make([]int32, p.nslabs)
+	p.livePos = make([]int32, p.nslabs)
+	p.sparePos = make([]int32, p.nslabs)
+	p.slabCHead = make([]int32, p.nslabs)
+	p.slabCTail = make([]int32, p.nslabs)
 	p.freeSlabs = make([]int32, p.nslabs)
 	for s := range p.nslabs {
 		p.slabOwner[s] = -1
 		p.slabPos[s] = -1
+		p.livePos[s], p.sparePos[s] = -1, -1
+		p.slabCHead[s], p.slabCTail[s] = -1, -1
 		p.freeSlabs[s] = int32(p.nslabs - 1 - s)
 	}
 	pages := p.nslabs * p.maxSlots
@@ -112,9 +130,12 @@ func New(cfg Config, arena Arena) (*Pool, error) {
 	p.owner = make([]int32, pages)
 	p.lruPrev = make([]int32, pages)
 	p.lruNext = make([]int32, pages)
+	p.slabPrev = make([]int32, pages)
+	p.slabNext = make([]int32, pages)
 	for i := range p.owner {
 		p.owner[i] = -1
 		p.lruPrev[i], p.lruNext[i] = -1, -1
+		p.slabPrev[i], p.slabNext[i] = -1, -1
 	}
 	p.cache.init(len(p.specs), pages)
 	if cfg.MaxSeqs > 0 {
@@ -165,29 +186,47 @@ func (p *Pool) pageOf(m int32) PageID {
 }
 
 // alloc takes a page for group g, referenced once. In order it uses a free slot of a slab
-// the group holds, a free slab, the group's least recently used cached page, then a slab of
-// another group whose pages are all evictable.
+// where the group has referenced pages, (with several groups) the slot of an idle cached
+// page on such a slab, a free slot of another of its slabs, a free slab, the group's least
+// recently used cached page, then a slab of another group whose pages are all evictable.
+//
+// The first two steps keep each group's referenced pages on as few slabs as they fill: a
+// group that took another slab while its slabs with live pages still had room (free, or
+// held by idle cached pages) would strand memory no other group can reclaim, since a slab
+// with a live page stays lent, and a lone sequence that the pool was sized for could then
+// not fit. With one group nothing is stranded, and a cached page left alone while free
+// slabs remain may still serve a later hit.
 func (p *Pool) alloc(g int) (PageID, bool) {
 	gr := &p.groups[g]
-	if len(gr.partial) == 0 {
-		if len(p.freeSlabs) == 0 {
-			if gr.lruHead >= 0 {
-				p.evict(gr.lruHead)
-			} else if !p.reclaimSlab() {
-				return NoPage, false
-			}
+	if len(gr.live) == 0 {
+		switch {
+		case len(gr.spare) > 0 && len(p.groups) > 1:
+			p.evict(p.slabCHead[gr.spare[len(gr.spare)-1]]) // its slot is now free and live
+		case len(gr.partial) > 0:
+		case len(p.freeSlabs) > 0:
+			p.lend(g)
+		case gr.lruHead >= 0:
+			p.evict(gr.lruHead)
+		case !p.reclaimSlab():
+			return NoPage, false
 		}
 		if len(gr.partial) == 0 {
-			p.lend(g)
+			p.lend(g) // an eviction above emptied a whole slab
 		}
 	}
-	s := gr.partial[len(gr.partial)-1]
+	var s int32
+	if n := len(gr.live); n > 0 {
+		s = gr.live[n-1]
+	} else {
+		s = gr.partial[len(gr.partial)-1]
+	}
 	p.slabFreeN[s]--
 	slot := p.slotStack[int(s)*p.maxSlots+int(p.slabFreeN[s])]
 	if p.slabFreeN[s] == 0 {
 		p.dropPartial(s)
 	}
 	p.slabUsed[s]++
+	p.syncLists(s)
 	id := PageID(s)<<SlotBits | PageID(slot)
 	m := p.meta(id)
 	p.ref[m] = 1
@@ -258,6 +297,7 @@ func (p *Pool) freeSlot(g int, id PageID) {
 		gr.partial = append(gr.partial, s)
 	}
 	p.slabUsed[s]--
+	p.syncLists(s)
 	if p.slabUsed[s] == 0 {
 		p.dropPartial(s)
 		p.slabOwner[s] = -1
@@ -311,7 +351,16 @@ func (p *Pool) lruPush(g int, m int32) {
 	}
 	gr.lruTail = m
 	gr.cached++
-	p.slabCached[int(m)/p.maxSlots]++
+	s := int32(int(m) / p.maxSlots)
+	p.slabPrev[m], p.slabNext[m] = p.slabCTail[s], -1
+	if p.slabCTail[s] >= 0 {
+		p.slabNext[p.slabCTail[s]] = m
+	} else {
+		p.slabCHead[s] = m
+	}
+	p.slabCTail[s] = m
+	p.slabCached[s]++
+	p.syncLists(s)
 }
 
 func (p *Pool) lruRemove(g int, m int32) {
@@ -329,5 +378,50 @@ func (p *Pool) lruRemove(g int, m int32) {
 	}
 	p.lruPrev[m], p.lruNext[m] = -1, -1
 	gr.cached--
-	p.slabCached[int(m)/p.maxSlots]--
+	s := int32(int(m) / p.maxSlots)
+	prev, next = p.slabPrev[m], p.slabNext[m]
+	if prev >= 0 {
+		p.slabNext[prev] = next
+	} else {
+		p.slabCHead[s] = next
+	}
+	if next >= 0 {
+		p.slabPrev[next] = prev
+	} else {
+		p.slabCTail[s] = prev
+	}
+	p.slabPrev[m], p.slabNext[m] = -1, -1
+	p.slabCached[s]--
+	p.syncLists(s)
+}
+
+// syncLists puts slab s on its group's live and spare lists, or takes it off, after its
+// counts changed: a slab is live while it holds a referenced page and has a free slot,
+// and spare while it holds both referenced and idle cached pages.
+func (p *Pool) syncLists(s int32) {
+	o := p.slabOwner[s]
+	if o < 0 {
+		return
+	}
+	gr := &p.groups[o]
+	held := p.slabUsed[s] > p.slabCached[s]
+	syncSet(&gr.live, p.livePos, s, held && p.slabFreeN[s] > 0)
+	syncSet(&gr.spare, p.sparePos, s, held && p.slabCached[s] > 0)
+}
+
+// syncSet adds slab s to the set list (pos: each slab's index in it, or -1) or removes
+// it, so that it is in the set exactly when in is true.
+func syncSet(list *[]int32, pos []int32, s int32, in bool) {
+	switch i := pos[s]; {
+	case in && i < 0:
+		pos[s] = int32(len(*list))
+		*list = append(*list, s)
+	case !in && i >= 0:
+		l := *list
+		last := l[len(l)-1]
+		l[i] = last
+		pos[last] = i
+		*list = l[:len(l)-1]
+		pos[s] = -1
+	}
 }

@@ -183,18 +183,15 @@ func TestRecurrentCheckpoints(t *testing.T) {
 		n    int
 		want []PageID
 	}{
-		{3, []PageID{no}},                           // no block end reached
-		{1, []PageID{pg(0, 1)}},                     // token 4 ends block 0
-		{8, []PageID{pg(0, 1), pg(0, 2), pg(0, 3)}}, // ends of blocks 1 and 2; then trimmed to two
+		{3, []PageID{no}},                     // no block end reached
+		{1, []PageID{pg(0, 1)}},               // token 4 ends block 0
+		{8, []PageID{no, pg(0, 1), pg(0, 2)}}, // ends of blocks 1 and 2: block 0's goes first
 	}
 	for i, st := range steps {
 		if err := p.Reserve(a, st.n); err != nil {
 			t.Fatal(err)
 		}
 		got := p.PageTable(a, 0)
-		if i == 2 {
-			st.want = []PageID{no, pg(0, 2), pg(0, 3)}
-		}
 		if !slices.Equal(got, st.want) {
 			t.Fatalf("step %d: table %s, want %s", i, fmtTable(got), fmtTable(st.want))
 		}
@@ -202,9 +199,13 @@ func TestRecurrentCheckpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A long chunk reaching three block ends gets checkpoints only for the last two.
+	// A long chunk reaching three block ends gets checkpoints only for the last two, on
+	// the pages of the two it lets go first: the state and its quota fit one slab.
 	reserve(t, p, a, 12)
-	wantTable(t, p, a, 0, no, no, no, no, pg(0, 1), pg(1, 0))
+	wantTable(t, p, a, 0, no, no, no, no, pg(0, 1), pg(0, 2))
+	if s := p.Stats(); s.Groups[0].Slabs != 1 {
+		t.Fatalf("%d slabs for a state and two checkpoints", s.Groups[0].Slabs)
+	}
 }
 
 // A prefix that full attention could serve is cut short when a sliding window or a recurrent
@@ -505,8 +506,8 @@ func TestSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if z.ContextTokens <= 0 || slabsFor(cfg.Groups, z.Groups, z.ContextTokens, 16) > z.Slabs ||
-		slabsFor(cfg.Groups, z.Groups, z.ContextTokens+1, 16) <= z.Slabs {
+	if z.ContextTokens <= 0 || slabsFor(cfg.Groups, z.Groups, z.ContextTokens, reach{chunk: 1}, 16) > z.Slabs ||
+		slabsFor(cfg.Groups, z.Groups, z.ContextTokens+1, reach{chunk: 1}, 16) <= z.Slabs {
 		t.Fatalf("context %d is not the largest that fits:\n%s", z.ContextTokens, z)
 	}
 	one, _ := Size(cfg, 8<<30, 1)
@@ -515,5 +516,82 @@ func TestSize(t *testing.T) {
 	}
 	if _, err := Size(cfg, 2*z.SlabBytes, 1); !errors.Is(err, ErrInvalidSpec) {
 		t.Fatalf("two slabs for three groups: %v", err)
+	}
+}
+
+// With several groups, a group out of free slots reuses the slot of an idle cached page on
+// a slab where it has live pages before it takes a free slab: that slab cannot go to
+// another group while the live page is there, so taking the free slab would leave the
+// next group with nothing. With one group nothing is stranded, and the cached page stays
+// for a later hit while free slabs remain.
+func TestAllocReusesCachedSlotsBeforeAFreeSlab(t *testing.T) {
+	st := GroupSpec{Name: "state", Kind: Recurrent, Layers: 1, BytesPerToken: 32, PageTokens: 4}
+	p := newPool(t, 32, 96, GroupSpec{Name: "kv", Kind: Full, Layers: 1, BytesPerToken: 4, PageTokens: 4}, st) // kv: 2 pages a slab
+	toks := seqTokens(1, 4)
+	a, _ := open(t, p, nil) // state on slab 0
+	reserve(t, p, a, 4)     // kv block 0 on slab 1
+	if err := p.Commit(a, toks); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := open(t, p, seqTokens(50, 3)) // state on slab 2
+	reserve(t, p, b, 4)                  // kv block 0 next to a's, on slab 1
+	if err := p.Free(a); err != nil {    // slab 0 is free; a's kv block stays cached on slab 1
+		t.Fatal(err)
+	}
+	reserve(t, p, b, 4) // kv block 1: onto a's cached slot, not onto slab 0
+	if got := p.PageTable(b, 0); got[1].Slab() != 1 {
+		t.Fatalf("b's kv pages %s: block 1 took a free slab", fmtTable(got))
+	}
+	if _, _, err := p.Open(nil); err != nil { // another sequence's state takes slab 0
+		t.Fatalf("open with a slab stranded: %v", err)
+	}
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+
+	one := newPool(t, 32, 96, full("kv", 4))
+	a, _ = open(t, one, nil)
+	reserve(t, one, a, 4)
+	if err := one.Commit(a, toks); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = open(t, one, nil)
+	reserve(t, one, b, 4)
+	if err := one.Free(a); err != nil {
+		t.Fatal(err)
+	}
+	reserve(t, one, b, 4)
+	if hit := one.Lookup(append(slices.Clone(toks), 9)); hit != 4 {
+		t.Fatalf("one group: the cached block was evicted with free slabs left (hit %d)", hit)
+	}
+}
+
+// Size counts what a sequence really holds: a sliding window's pages for the window and
+// the chunk it reserves (and the chunk in flight), a recurrent state's checkpoints beyond
+// the quota while tokens are in flight, and the checkpoint a prefix hit restores from.
+func TestSizeCountsChunksAndCheckpointsInFlight(t *testing.T) {
+	sw := GroupSpec{Name: "swa", Kind: SlidingWindow, Layers: 1, BytesPerToken: 4, PageTokens: 4, Window: 8}
+	rec := GroupSpec{Name: "state", Kind: Recurrent, Layers: 1, BytesPerToken: 16, PageTokens: 4, Checkpoints: 2}
+	none := GroupSpec{Name: "bare", Kind: Recurrent, Layers: 1, BytesPerToken: 16, PageTokens: 4}
+	for _, c := range []struct {
+		chunk, inFlight int
+		want            [3]int // pages per sequence: swa, state, bare
+	}{
+		{0, 0, [3]int{3, 4, 1}}, // window 7 back + the token; state, 2 checkpoints, the restore source
+		{9, 0, [3]int{5, 4, 1}}, // 8+9-1 tokens from anywhere in a block
+		{9, 4, [3]int{6, 5, 1}}, // and 4 in flight: one more block, one more checkpoint
+		{9, 16, [3]int{9, 6, 1}},
+	} {
+		z, err := Size(Config{Groups: []GroupSpec{sw, rec, none}, ChunkTokens: c.chunk, InFlightTokens: c.inFlight}, 1<<20, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := [3]int{z.Groups[0].PagesPerSeq, z.Groups[1].PagesPerSeq, z.Groups[2].PagesPerSeq}
+		if got != c.want {
+			t.Errorf("chunk %d, %d in flight: pages per sequence %v, want %v", c.chunk, c.inFlight, got, c.want)
+		}
+	}
+	if _, err := Size(Config{Groups: []GroupSpec{sw}, ChunkTokens: -1}, 1<<20, 1); err == nil {
+		t.Error("a negative chunk: no error")
 	}
 }

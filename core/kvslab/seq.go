@@ -154,7 +154,9 @@ func (p *Pool) Open(prompt []int32) (SeqID, int, error) {
 // Reserve makes room for n more tokens of the sequence in every group, or changes nothing
 // and returns ErrNoSpace. It first releases the sliding-window pages that the next token can
 // no longer see. A recurrent group gets a checkpoint page for each block end the n tokens
-// reach (the last Checkpoints of them) and lets go of older checkpoints beyond its quota.
+// reach (the last Checkpoints of them) and lets go of older checkpoints beyond its quota,
+// before it takes the new ones. (What a refused Reserve let go it does not take back: those
+// pages the sequence no longer needed either way.)
 func (p *Pool) Reserve(seq SeqID, n int) error { return p.ReserveInFlight(seq, n, 0) }
 
 // ReserveInFlight is Reserve for a sequence whose last inFlight tokens are still being
@@ -183,6 +185,9 @@ func (p *Pool) ReserveInFlight(seq SeqID, n, inFlight int) error {
 	}
 	end := s.length + n
 	blocks := (end + p.block - 1) / p.block
+	// Checkpoints at the block ends the tokens in flight reach are kept beyond the quota
+	// too, until a later Reserve after their commit lets them go into the prefix cache.
+	inFlightFrom := (s.length - inFlight) / p.block
 	p.undo = p.undo[:0]
 	for g, spec := range p.specs {
 		t := s.tables[g]
@@ -198,6 +203,11 @@ func (p *Pool) ReserveInFlight(seq SeqID, n, inFlight int) error {
 			first, last := s.length/p.block, end/p.block-1
 			first = max(first, last-spec.Checkpoints+1)
 			if first <= last {
+				// The older checkpoints the new ones push past the quota go first, so
+				// that the sequence never holds more than its quota (the pages a
+				// context was sized for); a refused Reserve does not take them back
+				// (they stay in the prefix cache).
+				p.trimCheckpoints(s, g, max(spec.Checkpoints-(last-first+1), 0), inFlightFrom)
 				s.held[g] = min(s.held[g], first)
 			}
 			for b := first; b <= last; b++ {
@@ -214,9 +224,6 @@ func (p *Pool) ReserveInFlight(seq SeqID, n, inFlight int) error {
 			}
 		}
 	}
-	// Checkpoints at the block ends the tokens in flight reach are kept beyond the quota
-	// too, until a later Reserve after their commit lets them go into the prefix cache.
-	inFlightFrom := (s.length - inFlight) / p.block
 	s.length = end
 	for g, spec := range p.specs {
 		if spec.Kind == Recurrent && spec.Checkpoints > 0 {

@@ -26,8 +26,9 @@ type Sizing struct {
 }
 
 // Size reports what a budget of bytes holds for the groups of cfg: the pages of each group,
-// and the context that each of batch concurrent sequences can reach. It rejects a budget
-// below one slab and one that cannot hold a single sequence of one token.
+// and the context that each of batch concurrent sequences can reach while reserving up to
+// cfg.ChunkTokens tokens ahead with cfg.InFlightTokens in flight. It rejects a budget below one slab and one that cannot hold
+// a single sequence of one token.
 func Size(cfg Config, budget int64, batch int) (Sizing, error) {
 	slab, err := cfg.slabBytes()
 	if err != nil {
@@ -44,10 +45,14 @@ func Size(cfg Config, budget int64, batch int) (Sizing, error) {
 		pps := int(slab / g.PageBytes())
 		z.Groups = append(z.Groups, GroupSizing{Name: g.Name, PageBytes: g.PageBytes(), PagesPerSlab: pps, MaxPages: pps * z.Slabs})
 	}
-	fits := func(tokens, batch int) bool { return slabsFor(cfg.Groups, z.Groups, tokens, batch) <= z.Slabs }
+	if cfg.ChunkTokens < 0 || cfg.InFlightTokens < 0 {
+		return Sizing{}, fmt.Errorf("%w: %d chunk tokens, %d in flight", ErrInvalidSpec, cfg.ChunkTokens, cfg.InFlightTokens)
+	}
+	ahead := reach{chunk: max(cfg.ChunkTokens, 1), inFlight: cfg.InFlightTokens}
+	fits := func(tokens, batch int) bool { return slabsFor(cfg.Groups, z.Groups, tokens, ahead, batch) <= z.Slabs }
 	if !fits(1, 1) {
 		return Sizing{}, fmt.Errorf("%w: a budget of %d bytes (%d slabs of %d bytes) cannot hold one sequence: it needs %d slabs",
-			ErrInvalidSpec, budget, z.Slabs, slab, slabsFor(cfg.Groups, z.Groups, 1, 1))
+			ErrInvalidSpec, budget, z.Slabs, slab, slabsFor(cfg.Groups, z.Groups, 1, ahead, 1))
 	}
 	// Largest context that fits for the whole batch (0 if the batch does not fit at all).
 	lo, hi := 0, 1
@@ -64,32 +69,44 @@ func Size(cfg Config, budget int64, batch int) (Sizing, error) {
 	}
 	z.ContextTokens = lo
 	for i, g := range cfg.Groups {
-		z.Groups[i].PagesPerSeq = pagesFor(g, lo)
+		z.Groups[i].PagesPerSeq = pagesFor(g, lo, ahead)
 	}
 	return z, nil
 }
 
+// reach is how far ahead of its computed tokens a sequence reserves: a chunk of at least
+// one token, with up to inFlight more still being computed.
+type reach struct{ chunk, inFlight int }
+
 // pagesFor is the most pages one sequence of n tokens holds in group g.
-func pagesFor(g GroupSpec, n int) int {
+func pagesFor(g GroupSpec, n int, ahead reach) int {
 	if n <= 0 {
 		return 0
 	}
 	blocks := (n + g.PageTokens - 1) / g.PageTokens
 	switch g.Kind {
 	case SlidingWindow:
-		// The blocks the next token sees, plus the block being written.
-		return min(blocks, (g.Window-1+g.PageTokens-1)/g.PageTokens+1)
+		// The blocks the first token in flight sees and those written up to the chunk's
+		// end: Window+inFlight+chunk-1 tokens, from anywhere in a block.
+		return min(blocks, (g.Window+ahead.inFlight+ahead.chunk-2+g.PageTokens-1)/g.PageTokens+1)
 	case Recurrent:
-		return 1 + min(g.Checkpoints, n/g.PageTokens)
+		// The state and the checkpoints: the quota, those the tokens in flight reach, and
+		// until the first step after a prefix hit has run the checkpoint its state was
+		// restored from (the copy's source).
+		if g.Checkpoints == 0 {
+			return 1
+		}
+		inFlight := min(g.Checkpoints, (ahead.inFlight+g.PageTokens-1)/g.PageTokens)
+		return 1 + min(g.Checkpoints+inFlight+1, n/g.PageTokens)
 	default:
 		return blocks
 	}
 }
 
-func slabsFor(groups []GroupSpec, z []GroupSizing, tokens, batch int) int {
+func slabsFor(groups []GroupSpec, z []GroupSizing, tokens int, ahead reach, batch int) int {
 	n := 0
 	for i, g := range groups {
-		pages := pagesFor(g, tokens) * batch
+		pages := pagesFor(g, tokens, ahead) * batch
 		n += (pages + z[i].PagesPerSlab - 1) / z[i].PagesPerSlab
 	}
 	return n

@@ -62,6 +62,13 @@ type Config struct {
 	// MaxSeqs, when positive, prepares that many sequences up front (the scheduler's cap on
 	// running sequences), so that opening them allocates nothing; more may still be opened.
 	MaxSeqs int
+	// ChunkTokens and InFlightTokens are, for Size, the most tokens a sequence reserves at
+	// once (a step's prefill chunk; 0 counts one token, a sequence that decodes) and the
+	// most it may have in flight meanwhile (the chunk of a step still running while the
+	// next is reserved, ReserveInFlight). A sliding-window sequence holds the pages of its
+	// window and of all those tokens at once; a recurrent one keeps the checkpoints the
+	// tokens in flight reach beyond its quota.
+	ChunkTokens, InFlightTokens int
 }
 
 const (
