@@ -36,6 +36,18 @@ const NoSlot int64 = -1
 //	                    nothing more to build, encode or sample
 //	prompt logprobs:    PromptLogprobs and PromptNext (B each), or empty when no sequence
 //	                    of the plan asks for them
+//	token masks:        TokenMaskStart (B+1) into TokenMask, or empty when no sequence of
+//	                    the plan is constrained by a grammar
+//
+// Token masks (structured outputs): a sequence whose request has a Constraint has, for
+// each logits row it samples (LogitsStart[i+1]-LogitsStart[i] of them), one bitmask of
+// W = (VocabSize+31)/32 words in TokenMask[TokenMaskStart[i]:TokenMaskStart[i+1]], row
+// after row: bit t%32 of word t/32 is set when token t may be sampled there. Row j's mask
+// is the grammar's state after the sequence's output and its first j drafts, so a
+// verifying sequence samples each row under its own mask. An unconstrained sequence has
+// no words. The sampler sets the logits of the tokens a mask does not allow to -inf, after
+// the other sampling features (engine.Sampler does; a runner that does it declares
+// RunnerInfo.TokenMasks). Logprobs stay those of the model's distribution.
 //
 // Prompt logprobs (echo with logprobs): a sequence with PromptLogprobs[i] = k >= 0 wants
 // every row it feeds at a position below PromptLen[i]-1 scored: the log-softmax of that
@@ -111,6 +123,11 @@ type BatchPlan struct {
 	// token after the sequence's last row (-1 when the rows reach the prompt's end).
 	PromptLogprobs []int32
 	PromptNext     []int32
+
+	// Token masks of the sequences constrained by a grammar (see the type's doc):
+	// TokenMaskStart is empty or B+1 long and indexes TokenMask in words.
+	TokenMaskStart []int32
+	TokenMask      []uint32
 
 	QueryStart  []int32
 	LogitsStart []int32
@@ -267,7 +284,23 @@ func (p *BatchPlan) SamplingOf(i int) SamplingRow {
 	if len(p.HistoryStart) > 0 {
 		row.History = p.History[p.HistoryStart[i]:p.HistoryStart[i+1]]
 	}
+	row.Mask = p.TokenMaskOf(i, 0)
 	return row
+}
+
+// TokenMaskOf returns the token mask of sequence i's logits row j (the row after its
+// first j drafts), or nil when the sequence is not constrained.
+func (p *BatchPlan) TokenMaskOf(i, j int) []uint32 {
+	if len(p.TokenMaskStart) == 0 {
+		return nil
+	}
+	a, b := int(p.TokenMaskStart[i]), int(p.TokenMaskStart[i+1])
+	rows := int(p.LogitsStart[i+1] - p.LogitsStart[i])
+	if a == b || rows == 0 || j >= rows {
+		return nil
+	}
+	w := (b - a) / rows
+	return p.TokenMask[a+j*w : a+(j+1)*w]
 }
 
 // PromptRows returns how many of sequence i's rows are scored for prompt logprobs: its
@@ -325,6 +358,8 @@ func (p *BatchPlan) reset(groups int) {
 	p.History = p.History[:0]
 	p.PromptLogprobs = p.PromptLogprobs[:0]
 	p.PromptNext = p.PromptNext[:0]
+	p.TokenMaskStart = p.TokenMaskStart[:0]
+	p.TokenMask = p.TokenMask[:0]
 	p.QueryStart = append(p.QueryStart[:0], 0)
 	p.LogitsStart = append(p.LogitsStart[:0], 0)
 	p.Tokens = p.Tokens[:0]
@@ -592,6 +627,37 @@ func (p *BatchPlan) validateSamplingCSR(b int) error {
 	}
 	if len(p.LogitBiasValues) != len(p.LogitBiasTokens) {
 		return fmt.Errorf("engine: plan: %d logit-bias values for %d tokens", len(p.LogitBiasValues), len(p.LogitBiasTokens))
+	}
+	return p.validateTokenMasks(b)
+}
+
+// validateTokenMasks checks TokenMaskStart: empty, or b+1 offsets into TokenMask giving
+// each sequence no words or the same whole number of words per logits row, the same W
+// for every constrained sequence. (LogitsStart is checked before.)
+func (p *BatchPlan) validateTokenMasks(b int) error {
+	if len(p.TokenMaskStart) == 0 {
+		if len(p.TokenMask) != 0 {
+			return fmt.Errorf("engine: plan: %d mask words without TokenMaskStart", len(p.TokenMask))
+		}
+		return nil
+	}
+	if len(p.TokenMaskStart) != b+1 {
+		return fmt.Errorf("engine: plan: TokenMaskStart has %d entries, want %d", len(p.TokenMaskStart), b+1)
+	}
+	if err := checkOffsets("TokenMaskStart", p.TokenMaskStart, len(p.TokenMask)); err != nil {
+		return err
+	}
+	words := 0
+	for i := 0; i < b; i++ {
+		n := int(p.TokenMaskStart[i+1] - p.TokenMaskStart[i])
+		if n == 0 {
+			continue
+		}
+		rows := int(p.LogitsStart[i+1] - p.LogitsStart[i])
+		if rows == 0 || n%rows != 0 || words != 0 && n/rows != words {
+			return fmt.Errorf("engine: plan: sequence %d has %d mask words for %d logits rows (%d words a row elsewhere)", i, n, rows, words)
+		}
+		words = n / rows
 	}
 	return nil
 }

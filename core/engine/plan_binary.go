@@ -15,7 +15,7 @@ import (
 //	magic "RSNP" | version u16 | reserved u16 (0)
 //	Step u64 | GraphBatch i32 | B u32 | T u32 | L u32 | G u32
 //	X u32 (which optional arrays follow: 1 penalties, 2 logit bias, 4 stop ids, 8 history,
-//	  16 prompt logprobs)
+//	  16 prompt logprobs, 32 token masks)
 //	NB u32 | NS u32 | NH u32 (logit-bias entries, stop ids, history tokens)
 //	NR u32 | NC u32 (releases, cache ops)
 //	Released (NR): ReqID u64 | Reason u8 | reserved u8[3] (0)
@@ -30,12 +30,15 @@ import (
 //	X&4: StopIDsStart (B+1) i32 | StopIDs (NS) i32
 //	X&8: HistoryStart (B+1) i32 | History (NH) i32
 //	X&16: PromptLogprobs (B) i32 | PromptNext (B) i32
+//	X&32: TokenMaskStart (B+1) i32 | TokenMask (TokenMaskStart[B]) u32
 //	per group: P u32 | S u32 | SlotMapping (T) i64 | PageTableStart (B+1) i32 |
 //	  PageTable (P) u32 | StatePage (S) u32
 //
 // Version 1 lacked X, NB, NS, NH and the optional arrays (the sampling features of
 // version 2: penalties, logit bias, min_tokens, prompt logprobs); version 2 lacked NR,
-// NC, Released and CacheOps. A runner handles Released, then executes CacheOps in order,
+// NC, Released and CacheOps. The token masks (X&32) came within version 3: a decoder
+// that predates them refuses a plan that has them as naming unknown optional arrays,
+// and a plan without constrained sequences encodes as before. A runner handles Released, then executes CacheOps in order,
 // then the step (see BatchPlan).
 //
 // A decoder rejects other versions, a non-zero reserved field, trailing bytes and any plan
@@ -77,6 +80,7 @@ const (
 	optStops
 	optHistory
 	optPrompt
+	optMasks
 )
 
 // OptionalArrays returns the encoding's X field: which optional arrays the plan has.
@@ -96,6 +100,9 @@ func (p *BatchPlan) OptionalArrays() uint32 {
 	}
 	if len(p.PromptLogprobs) > 0 {
 		x |= optPrompt
+	}
+	if len(p.TokenMaskStart) > 0 {
+		x |= optMasks
 	}
 	return x
 }
@@ -209,15 +216,23 @@ func (p *BatchPlan) AppendArrays(dst []byte) []byte {
 		dst = binenc.AppendI32s(dst, p.PromptLogprobs)
 		dst = binenc.AppendI32s(dst, p.PromptNext)
 	}
+	if x&optMasks != 0 {
+		dst = binenc.AppendI32s(dst, p.TokenMaskStart)
+		le := binary.LittleEndian
+		for _, w := range p.TokenMask {
+			dst = le.AppendUint32(dst, w)
+		}
+	}
 	return dst
 }
 
 // ArraysSize returns the length of the arrays section (see AppendArrays) of a plan of b
 // sequences, t tokens and l logits rows with the optional arrays x names, nb logit-bias
-// entries, ns stop ids and nh history tokens. It fails when x names unknown arrays or a
-// count of an absent array is not zero.
+// entries, ns stop ids and nh history tokens; with token masks (whose length the section
+// itself gives) it is the length without their words. It fails when x names unknown
+// arrays or a count of an absent array is not zero.
 func ArraysSize(x uint32, b, t, l, nb, ns, nh int64) (int64, error) {
-	if x >= optPrompt<<1 {
+	if x >= optMasks<<1 {
 		return 0, fmt.Errorf("unknown optional arrays %#x", x)
 	}
 	n := 52*b + 8*(b+1) + 8*t + 4*l
@@ -226,6 +241,9 @@ func ArraysSize(x uint32, b, t, l, nb, ns, nh int64) (int64, error) {
 	}
 	if x&optPrompt != 0 {
 		n += 8 * b
+	}
+	if x&optMasks != 0 {
+		n += 4 * (b + 1)
 	}
 	for _, o := range [...]struct {
 		bit uint32
@@ -289,6 +307,18 @@ func (p *BatchPlan) DecodeArrays(data []byte, x uint32, b, t, l, nb, ns, nh int)
 	if x&optPrompt != 0 {
 		p.PromptLogprobs = r.I32s(p.PromptLogprobs, b)
 		p.PromptNext = r.I32s(p.PromptNext, b)
+	}
+	p.TokenMaskStart, p.TokenMask = p.TokenMaskStart[:0], p.TokenMask[:0]
+	if x&optMasks != 0 {
+		p.TokenMaskStart = r.I32s(p.TokenMaskStart, b+1)
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		n := int64(p.TokenMaskStart[b])
+		if n < 0 || 4*n > int64(r.Left()) {
+			return nil, fmt.Errorf("%w: %d token-mask words, %d bytes left", ErrPlanEncoding, n, r.Left())
+		}
+		p.TokenMask = binenc.U32s(r, p.TokenMask, int(n))
 	}
 	return r.B[r.Off:], r.Err
 }

@@ -48,6 +48,10 @@ type RunnerInfo struct {
 	// previous step and before this one. (A caller that drives a Scheduler itself does
 	// the same for such a runner.)
 	ExecutesCacheOps bool
+	// TokenMasks says the runner's sampler applies BatchPlan.TokenMask (engine.Sampler
+	// does, through SamplingOf and TokenMaskOf). The engine refuses a request with a
+	// Constraint when the runner does not.
+	TokenMasks bool
 }
 
 // PendingToken in BatchPlan.Tokens stands for the token the runner sampled for the same

@@ -31,6 +31,10 @@ type SamplingRow struct {
 	// output); it is needed only with a penalty. Ids outside the vocabulary (such as
 	// PendingToken) are skipped.
 	History []int32
+	// Mask, when not nil, is the grammar's bitmask of allowed tokens (bit t%32 of word
+	// t/32 for token t; ids past the mask are not allowed): the others are never
+	// sampled. See BatchPlan.TokenMask.
+	Mask []uint32
 }
 
 // adjusts reports whether the row changes the logits before sampling.
@@ -75,11 +79,44 @@ func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLo
 	if row.adjusts(pos) {
 		choose = s.adjust(logits, &row, pos)
 	}
+	if row.Mask != nil {
+		choose = s.applyMask(logits, choose, &row)
+	}
 	tok := s.choose(choose, row, pos)
 	if row.Logprobs > 0 {
 		top = s.topLogprobs(logits, lse, row.Logprobs, top)
 	}
 	return tok, logits[tok] - lse, top
+}
+
+// applyMask sets the logits of the tokens row.Mask does not allow to -inf, in the
+// adjusted copy (made now if choose is logits itself). When the min-tokens gate masked
+// every token the grammar allows (the grammar can only end), the grammar wins: the
+// allowed tokens keep their logits.
+func (s *Sampler) applyMask(logits, choose []float32, row *SamplingRow) []float32 {
+	if &choose[0] == &logits[0] {
+		s.adj = append(s.adj[:0], logits...)
+		choose = s.adj
+	}
+	neg := float32(math.Inf(-1))
+	any := false
+	for t := range choose {
+		w := t >> 5
+		if w >= len(row.Mask) || row.Mask[w]&(1<<(t&31)) == 0 {
+			choose[t] = neg
+		} else if choose[t] != neg {
+			any = true
+		}
+	}
+	if !any {
+		for t := range choose {
+			w := t >> 5
+			if w < len(row.Mask) && row.Mask[w]&(1<<(t&31)) != 0 {
+				choose[t] = logits[t]
+			}
+		}
+	}
+	return choose
 }
 
 // adjust returns a copy of logits with the row's logit bias, min-tokens mask and
