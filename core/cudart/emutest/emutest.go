@@ -38,13 +38,45 @@ func Reexec(t *testing.T) bool {
 			t.Log(strings.TrimSpace(line))
 		}
 	}
+	ended := func(verdict string) bool {
+		return regexp.MustCompile(`(?m)^--- ` + verdict + `: ` + regexp.QuoteMeta(t.Name()) + ` \(`).Match(out)
+	}
 	switch {
 	case err != nil:
 		t.Fatalf("on the emulated device (RESIN_CUDA=emulate): %v\n%s", err, out)
-	case strings.Contains(string(out), "--- SKIP: "+t.Name()):
+	case ended("SKIP"):
 		t.Skip("skipped on the emulated device")
-	case !strings.Contains(string(out), "--- PASS: "+t.Name()):
+	case !ended("PASS"):
 		t.Fatalf("on the emulated device the test did not run:\n%s", out)
 	}
 	return true
+}
+
+// RunTests runs the tests of this test binary that pattern (a -test.run expression)
+// matches in a child on the emulated device, and fails unless at least one ran and none
+// failed. Their log lines become the caller's.
+func RunTests(t *testing.T, pattern string) {
+	t.Helper()
+	if err := emu.Available(); err != nil {
+		t.Skipf("the emulated device needs a host C++ compiler: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run="+pattern, "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "RESIN_CUDA=emulate")
+	out, err := cmd.CombinedOutput()
+	passed := 0
+	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		switch {
+		case strings.HasPrefix(line, "--- PASS"), strings.HasPrefix(line, "--- SKIP"):
+			passed += map[bool]int{true: 1}[strings.HasPrefix(line, "--- PASS")]
+			t.Log(line)
+		case strings.HasPrefix(line, "    "):
+			t.Log(strings.TrimSpace(line))
+		}
+	}
+	if err != nil {
+		t.Fatalf("on the emulated device (RESIN_CUDA=emulate): %v\n%s", err, out)
+	}
+	if passed == 0 {
+		t.Fatalf("no test matching %s passed on the emulated device:\n%s", pattern, out)
+	}
 }
