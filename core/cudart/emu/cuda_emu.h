@@ -140,6 +140,7 @@ struct Module {
   Stats stats;
   unsigned char* stacks;  // kMaxThreads fibers' stacks, each below a guard page
   size_t stride;
+  unsigned ready;  // fibers with a guard page and a canary
   Fiber* fibers;
   struct Kernel {
     const char* name;
@@ -573,20 +574,29 @@ inline void find_shared() {
   free(img);
 }
 
-inline bool alloc_stacks() {
-  if (mod.stacks) return true;
+// alloc_stacks reserves kMaxThreads fibers' stacks (address space only) and readies the
+// first n: each below a guard page, with its canary. Only the fibers a launch uses get a
+// guard, so a module costs two mappings per thread of its largest block, not per
+// kMaxThreads (a process may hold dozens of modules, and mappings are limited).
+inline bool alloc_stacks(unsigned n) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  mod.stride = kStack + kColors + page;
-  size_t total = mod.stride * kMaxThreads;
-  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return false;
-  for (unsigned i = 0; i < kMaxThreads; i++) mprotect((char*)p + i * mod.stride, page, PROT_NONE);
-  mod.stacks = (unsigned char*)p;
-  mod.fibers = (Fiber*)calloc(kMaxThreads, sizeof(Fiber));
-  if (!mod.fibers) return false;
-  for (unsigned i = 0; i < kMaxThreads; i++) {
-    mod.fibers[i].stack = mod.stacks + i * mod.stride + page;
-    memset(mod.fibers[i].stack, kCanaryByte, kCanary);
+  if (!mod.stacks) {
+    mod.stride = kStack + kColors + page;
+    void* p = mmap(nullptr, mod.stride * kMaxThreads, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return false;
+    mod.fibers = (Fiber*)calloc(kMaxThreads, sizeof(Fiber));
+    if (!mod.fibers) {
+      munmap(p, mod.stride * kMaxThreads);
+      return false;
+    }
+    mod.stacks = (unsigned char*)p;
+  }
+  for (; mod.ready < n; mod.ready++) {
+    unsigned char* lo = mod.stacks + mod.ready * mod.stride;
+    if (mprotect(lo, page, PROT_NONE) != 0) return false;
+    mod.fibers[mod.ready].stack = lo + page;
+    memset(lo + page, kCanaryByte, kCanary);
   }
   return true;
 }
@@ -754,7 +764,7 @@ inline int launch(const char* kernel, uint3 grid, uint3 block, unsigned dyn, voi
     pthread_mutex_unlock(&mod.mu);
     return report(mod.shared_err);
   }
-  if (!alloc_stacks()) {
+  if (!alloc_stacks((unsigned)n)) {
     pthread_mutex_unlock(&mod.mu);
     return report("cannot map the fibers' stacks");
   }

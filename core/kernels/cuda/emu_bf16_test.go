@@ -265,7 +265,7 @@ type emuBatch struct {
 	tokens        int
 }
 
-func newEmuBatch(t *testing.T, c *emuCache, seqs []emuSeq, heads int, scale float32, window int, seed uint64) *emuBatch {
+func newEmuBatch(t testing.TB, c *emuCache, seqs []emuSeq, heads int, scale float32, window int, seed uint64) *emuBatch {
 	b := &emuBatch{qs: []int32{0}, pts: []int32{0}}
 	for _, s := range seqs {
 		b.qs = append(b.qs, b.qs[len(b.qs)-1]+int32(s.n))

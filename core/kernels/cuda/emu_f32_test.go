@@ -366,7 +366,7 @@ func TestEmuMoETopK(t *testing.T) {
 }
 
 // f32Cache is a float32 paged cache of packed pages (PackedKV) or kvslab slabs.
-func f32Attention(t *testing.T, m *emuMem, heads, kvHeads, headDim, nq, window int, ctx []int, slabs bool) (emuLaunch, cudart.DevicePtr, []float32) {
+func f32Attention(t testing.TB, m *emuMem, heads, kvHeads, headDim, nq, window int, ctx []int, slabs bool) (emuLaunch, cudart.DevicePtr, []float32) {
 	const pageTokens = 16
 	tokElems := kvHeads * headDim
 	pageElems := pageTokens * tokElems

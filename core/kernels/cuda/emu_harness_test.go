@@ -111,6 +111,8 @@ func (m *emuMem) find(p cudart.DevicePtr) []byte {
 	return nil
 }
 
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
 func (m *emuMem) put(p cudart.DevicePtr, v any) {
 	var w bytes.Buffer
 	if err := binary.Write(&w, binary.LittleEndian, v); err != nil {
@@ -207,6 +209,9 @@ func fromSpec(spec *launchSpec) emuLaunch {
 func (l *emuLaunch) run(t testing.TB, sched emu.Schedule, seed uint64) error {
 	mods := emuKernels(t)
 	m := mods[l.file]
+	if o := emuOverride[l.file]; o != nil {
+		m = o
+	}
 	if m == nil {
 		t.Fatalf("no module %s", l.file)
 	}

@@ -19,7 +19,7 @@ type sampleOut struct {
 
 // emuSample runs the sampling kernel on rows of logits (rows × vocab, row stride stride)
 // with params, through Sample.pack, under every schedule.
-func emuSample(t *testing.T, name string, logits []float32, vocab, stride int, params []SampleParams) sampleOut {
+func emuSample(t testing.TB, name string, logits []float32, vocab, stride int, params []SampleParams) sampleOut {
 	t.Helper()
 	rows := len(params)
 	buf := make([]byte, rows*SampleParamsBytes)
@@ -45,7 +45,7 @@ func cpuSample(row []float32, p SampleParams) (int32, float32, []engine.TopLogpr
 
 // checkAgainstCPU compares every row with engine.Sampler: the token, its logprob and
 // the alternatives.
-func checkAgainstCPU(t *testing.T, name string, got sampleOut, logits []float32, stride int, vocab int, params []SampleParams) {
+func checkAgainstCPU(t testing.TB, name string, got sampleOut, logits []float32, stride int, vocab int, params []SampleParams) {
 	t.Helper()
 	for r, p := range params {
 		row := logits[r*stride : r*stride+vocab]
