@@ -18,7 +18,9 @@ import (
 // plus drafts), capped by the remaining token budget; then waiting requests are admitted
 // in queue order, each with its prefix-cache hit, while budget and sequence slots remain.
 // When the pool runs out of pages a running request is preempted by recompute, and no
-// request is admitted in that step.
+// request is admitted in that step. A request alone in the pool gets a smaller chunk, waits
+// for a plan in flight to let go of its pages, and as a last resort starts over in an
+// emptied pool (see restartAlone) before it fails with ErrCache.
 //
 // With a runner that proposes drafts, no plan is built ahead of a pending one that
 // samples (Schedule returns nil until it is updated): how many drafts that step accepts
@@ -74,24 +76,45 @@ func (s *Scheduler) Schedule() *BatchPlan {
 		if n <= 0 {
 			continue
 		}
+		wait := false
 		for {
 			err := s.reserve(r, at+n)
 			if err == nil {
 				break
 			}
-			if !errors.Is(err, kvslab.ErrNoSpace) || len(s.running) == 1 {
-				// Nothing left to preempt: the request cannot fit in this pool at all.
-				s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
-				r = nil
+			if errors.Is(err, kvslab.ErrNoSpace) && len(s.running) > 1 {
+				v := s.victim(i)
+				s.preempt(v)
+				preempted = true
+				if v == r {
+					r = nil
+					break
+				}
+				continue
+			}
+			if errors.Is(err, kvslab.ErrNoSpace) && n > 1 {
+				// Alone in the pool: a smaller chunk needs fewer pages (a sliding window
+				// holds the chunk's blocks besides the window; the context cap counts a
+				// chunk of one token).
+				n /= 2
+				continue
+			}
+			if errors.Is(err, kvslab.ErrNoSpace) && len(s.pending) > 0 {
+				// A plan in flight still holds pages it will let go: wait for it.
+				wait = true
 				break
 			}
-			v := s.victim(i)
-			s.preempt(v)
-			preempted = true
-			if v == r {
-				r = nil
+			if errors.Is(err, kvslab.ErrNoSpace) && s.restartAlone(r) {
+				r = nil // back in the queue, first, for the admission below
 				break
 			}
+			// Nothing left to preempt: the request cannot fit in this pool at all.
+			s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
+			r = nil
+			break
+		}
+		if wait {
+			continue
 		}
 		if r == nil {
 			i-- // running[i] is now the next request
@@ -108,7 +131,8 @@ func (s *Scheduler) Schedule() *BatchPlan {
 admission:
 	for !preempted && budget > 0 && s.waiting.len() > 0 && len(s.running) < s.cfg.MaxSeqs && len(reqs) < s.cfg.MaxSeqs {
 		r := s.waiting.front()
-		switch s.admit(r, budget) {
+		n, how := s.admit(r, budget)
+		switch how {
 		case noRoom:
 			break admission
 		case failed:
@@ -121,7 +145,6 @@ admission:
 		if s.cfg.Async {
 			epochs = append(epochs, r.epoch)
 		}
-		n := min(len(r.tokens)-r.computed, budget)
 		s.addToPlan(p, &c, r, n)
 		budget -= n
 	}
@@ -174,30 +197,49 @@ const (
 	failed             // the request can never fit and was finished with an error
 )
 
-// admit opens r in the pool with its prefix-cache hit and reserves its first chunk.
-func (s *Scheduler) admit(r *request, budget int) admission {
+// admit opens r in the pool with its prefix-cache hit and reserves its first chunk, which
+// it returns (a request alone in the pool gets a smaller chunk when the whole one does
+// not fit).
+func (s *Scheduler) admit(r *request, budget int) (int, admission) {
 	known := r.tokens[:len(r.tokens)-1]
 	if r.scoringPrompt() {
 		known = known[:0] // every prompt row must be computed to be scored
 	}
+open:
 	seq, hit, err := s.pool.Open(known)
 	if err != nil {
-		if errors.Is(err, kvslab.ErrNoSpace) && len(s.running) > 0 {
-			return noRoom
+		if errors.Is(err, kvslab.ErrNoSpace) && (len(s.running) > 0 || len(s.pending) > 0) {
+			return 0, noRoom // others hold pages they will let go
+		}
+		if errors.Is(err, kvslab.ErrNoSpace) && s.restartAlone(r) {
+			goto open
 		}
 		s.finish(r, FinishError, fmt.Errorf("%w: open %q: %w", ErrCache, r.id, err))
-		return failed
+		return 0, failed
 	}
+	s.opens++
 	r.seq, r.open, r.computed, r.committed, r.reserved = seq, true, hit, hit, hit
 	r.tablesGen = 0
 	n := min(len(r.tokens)-r.computed, budget)
-	if err := s.reserve(r, r.computed+n); err != nil {
-		s.release(r, ReleaseAborted) // (announces nothing: no plan had the sequence)
-		if !errors.Is(err, kvslab.ErrNoSpace) || len(s.running) == 0 {
-			s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
-			return failed
+	for {
+		err := s.reserve(r, r.computed+n)
+		if err == nil {
+			break
 		}
-		return noRoom
+		alone := errors.Is(err, kvslab.ErrNoSpace) && len(s.running) == 0 && len(s.pending) == 0
+		if alone && n > 1 {
+			n /= 2 // as in Schedule: alone, a smaller chunk needs fewer pages
+			continue
+		}
+		if alone && s.restartAlone(r) {
+			goto open
+		}
+		s.release(r, ReleaseAborted) // (announces nothing: no plan had the sequence)
+		if !errors.Is(err, kvslab.ErrNoSpace) || alone {
+			s.finish(r, FinishError, fmt.Errorf("%w: reserve %d tokens for %q: %w", ErrCache, n, r.id, err))
+			return 0, failed
+		}
+		return 0, noRoom
 	}
 	s.metrics.prefixQueries += uint64(len(known))
 	s.metrics.prefixHits += uint64(hit)
@@ -206,7 +248,7 @@ func (s *Scheduler) admit(r *request, budget int) admission {
 		r.scheduledNs = s.sinceEpoch()
 		s.metrics.promptTokens += uint64(r.promptLen)
 	}
-	return admitted
+	return n, admitted
 }
 
 // cursor is how far Schedule has filled the plan: sequences, tokens, logits rows.

@@ -162,6 +162,11 @@ type Scheduler struct {
 	released []Release
 
 	stats kvslab.Stats
+	// restartAlone's: sequences opened, the request the pool was last emptied for and
+	// how many had been opened then, and the restarts.
+	opens, emptiedAt uint64
+	emptiedFor       *request
+	restarts         uint64
 }
 
 // maxStepTokens and maxStepSeqs bound Config.MaxBatchTokens and Config.MaxSeqs.
@@ -258,9 +263,11 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 
 // poolContext returns the longest sequence (in tokens, up to the runner's MaxContext)
 // whose pages fit in the whole pool at once, as kvslab.Size counts them for a batch of
-// one; 0 when not even one token fits.
+// one that reserves a step's chunk ahead (and, with Config.Async, the chunk of the step in
+// flight); 0 when not even one token fits.
 func (s *Scheduler) poolContext() int {
-	cfg := kvslab.Config{Groups: s.pool.Groups(), SlabBytes: s.pool.SlabBytes()}
+	cfg := kvslab.Config{Groups: s.pool.Groups(), SlabBytes: s.pool.SlabBytes(),
+		ChunkTokens: s.cfg.MaxBatchTokens, InFlightTokens: s.cfg.MaxBatchTokens * b2i(s.cfg.Async)}
 	z, err := kvslab.Size(cfg, int64(s.pool.Slabs())*s.pool.SlabBytes(), 1)
 	if err != nil {
 		return 0
@@ -298,6 +305,10 @@ type Counters struct {
 	PromptTokens, GenerationTokens uint64
 	PrefixQueryTokens, PrefixHits  uint64
 	Preemptions                    uint64
+	// Restarts counts the preemptions of a request alone in a pool too fragmented to
+	// hold it, which emptied the prefix cache for it to start over (Scheduler's last
+	// resort before failing it).
+	Restarts                       uint64
 	DraftsProposed, DraftsAccepted uint64
 	RunnerErrors                   uint64
 	Finished                       [FinishError + 1]uint64
@@ -308,7 +319,7 @@ func (s *Scheduler) Counters() Counters {
 	m := s.metrics
 	return Counters{
 		PromptTokens: m.promptTokens, GenerationTokens: m.generationTokens,
-		PrefixQueryTokens: m.prefixQueries, PrefixHits: m.prefixHits, Preemptions: m.preemptions,
+		PrefixQueryTokens: m.prefixQueries, PrefixHits: m.prefixHits, Preemptions: m.preemptions, Restarts: s.restarts,
 		DraftsProposed: m.draftsProposed, DraftsAccepted: m.draftsAccepted,
 		RunnerErrors: m.runnerErrors, Finished: m.finished,
 	}
@@ -470,6 +481,9 @@ func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
 		s.waiting.remove(r)
 	}
 	r.state = stateFinished
+	if s.emptiedFor == r {
+		s.emptiedFor = nil
+	}
 	why := ReleaseFinished
 	if reason == FinishAbort || reason == FinishError {
 		why = ReleaseAborted
@@ -514,6 +528,29 @@ func (s *Scheduler) preempt(r *request) {
 	s.release(r, ReleasePreempted)
 	s.metrics.preemptions++
 	s.enqueue(r, true)
+}
+
+// restartAlone is the last resort for a request alone in the pool that cannot reserve
+// even one more token: the pages it holds sit on slabs it shares with idle cached pages
+// (of requests that ran alongside it, or of its prefix hit), slabs no other group can
+// reclaim while a page of r lives there. It reports false when that cannot be so (the
+// pool was emptied for r and no other sequence was opened since); else r lets go of its
+// pages and the prefix cache is emptied, so that r starts over (recomputing what it had)
+// in a whole pool, where its pages pack onto the slabs the context cap counted. r must
+// not hold a sequence a plan in flight uses.
+func (s *Scheduler) restartAlone(r *request) bool {
+	if s.emptiedFor == r && s.opens <= s.emptiedAt+1 {
+		return false
+	}
+	if r.state == stateRunning {
+		s.preempt(r)
+	} else {
+		s.release(r, ReleaseAborted) // admit's: no plan had the sequence
+	}
+	s.pool.ClearCache()
+	s.emptiedFor, s.emptiedAt = r, s.opens
+	s.restarts++
+	return true
 }
 
 // victim picks the request to preempt among running[from:]: the newest (FCFS) or the
