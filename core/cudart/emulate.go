@@ -170,8 +170,10 @@ var emuLib = sync.OnceValues(func() (*emuLibrary, error) {
 
 // emuConfig reads the emulated device's settings from the environment:
 // RESIN_EMU_SCHEDULE (forward, reverse, random or warp-ahead: the order the emulator runs
-// a block's threads in), RESIN_EMU_SEED (for the random schedules) and RESIN_EMU_MEMORY
-// (the bytes the device reports, 8 GiB by default; allocations are host memory).
+// a block's threads in), RESIN_EMU_SEED (for the random schedules), RESIN_EMU_POISON=1
+// (new device allocations read 0xff bytes, a NaN in every float type, instead of zeros:
+// a read of memory nothing wrote shows) and RESIN_EMU_MEMORY (the bytes the device
+// reports, 8 GiB by default; allocations are host memory, touched only where written).
 func emuConfig() ([][2]string, error) {
 	var out [][2]string
 	if s := os.Getenv("RESIN_EMU_SCHEDULE"); s != "" {
@@ -191,6 +193,13 @@ func emuConfig() ([][2]string, error) {
 			return nil, fmt.Errorf("RESIN_EMU_SEED=%q: want an unsigned integer", s)
 		}
 		out = append(out, [2]string{"seed", s})
+	}
+	switch s := os.Getenv("RESIN_EMU_POISON"); s {
+	case "", "0":
+	case "1":
+		out = append(out, [2]string{"poison", "1"})
+	default:
+		return nil, fmt.Errorf("RESIN_EMU_POISON=%q: want 1 (fill new device memory with 0xff bytes) or 0", s)
 	}
 	mem := int64(8 << 30)
 	if s := os.Getenv("RESIN_EMU_MEMORY"); s != "" {
