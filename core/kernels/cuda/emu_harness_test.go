@@ -3,6 +3,7 @@ package cuda
 import (
 	"bytes"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -68,12 +69,31 @@ func emuKernels(t testing.TB) map[string]*emu.Module {
 	return mods
 }
 
+// emuLaunched records the kernel entry points launched on the emulated device.
+var emuLaunched sync.Map
+
+// TestMain prints the emulated run's time and counts and, when every test ran, fails the
+// run if some kernel entry point was never launched on the emulated device.
 func TestMain(m *testing.M) {
+	flag.Parse()
 	code := m.Run()
 	if !emuStart.IsZero() {
 		c := emu.Stats()
 		fmt.Printf("emulated kernels: %v launching (%v since the first build), %v\n", emuTime.Round(time.Millisecond),
 			time.Since(emuStart).Round(time.Millisecond), c)
+		run, skip := flag.Lookup("test.run"), flag.Lookup("test.skip")
+		if code == 0 && run != nil && run.Value.String() == "" && (skip == nil || skip.Value.String() == "") {
+			var missing []string
+			for _, e := range emuEntries(nil) {
+				if _, ok := emuLaunched.Load(e); !ok {
+					missing = append(missing, e)
+				}
+			}
+			if len(missing) > 0 {
+				fmt.Printf("FAIL: kernel entry points never run on the emulated device: %v\n", missing)
+				code = 1
+			}
+		}
 	}
 	os.Exit(code)
 }
@@ -224,6 +244,7 @@ func (l *emuLaunch) run(t testing.TB, sched emu.Schedule, seed uint64) error {
 	for i := range vals {
 		params[i] = unsafe.Pointer(&vals[i])
 	}
+	emuLaunched.Store(l.file+":"+l.entry, true)
 	start := time.Now()
 	err := m.Launch(l.entry, [3]uint32{l.grid.X, l.grid.Y, l.grid.Z}, [3]uint32{l.block.X, l.block.Y, l.block.Z},
 		uint32(l.shared), params, sched, seed)
@@ -348,12 +369,12 @@ func emuMaxUlps(t testing.TB, name string, got, want []float32, ulps uint32) {
 }
 
 // emuEntries lists every kernel entry point of the sources, for the coverage check.
-func emuEntries(t testing.TB) []string {
+func emuEntries(testing.TB) []string {
 	var all []string
 	for _, name := range Names() {
 		src, err := Source(name)
 		if err != nil {
-			t.Fatal(err)
+			panic(err) // embedded sources: cannot fail
 		}
 		for _, k := range emu.Kernels(src) {
 			all = append(all, name+":"+k)
