@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/resin-llm/resin/core/kvslab"
 )
@@ -523,6 +524,9 @@ func (p *BatchPlan) Validate() error {
 		}
 		if len(p.MinTokens) > 0 && p.MinTokens[i] < 0 || len(p.RepetitionPenalty) > 0 && !(p.RepetitionPenalty[i] > 0) {
 			return fmt.Errorf("engine: plan: sequence %d has a negative min tokens or a repetition penalty <= 0", i)
+		}
+		if int64(p.Computed[i])+int64(p.Scheduled[i])-1 > math.MaxInt32 {
+			return fmt.Errorf("engine: plan: sequence %d: %d tokens from position %d reach past int32", i, p.Scheduled[i], p.Computed[i])
 		}
 		for j := q0; j < q1; j++ {
 			if p.Positions[j] != p.Computed[i]+(j-q0) {

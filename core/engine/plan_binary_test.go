@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -203,4 +204,24 @@ func FuzzPlanUnmarshal(f *testing.F) {
 			t.Fatal("decode/encode is not the identity on accepted input")
 		}
 	})
+}
+
+// A row whose positions wrap int32 is refused, naming the row: its positions (computed +
+// j, in int32) would otherwise agree with themselves after wrapping negative.
+func TestValidateRefusesPositionsPastInt32(t *testing.T) {
+	p := recurrentPlan()
+	const last = 1<<31 - 1
+	p.Computed[0] = last - 2 // positions last-2 .. last: fine
+	p.Positions[0], p.Positions[1], p.Positions[2] = last-2, last-1, last
+	if err := p.Validate(); err != nil {
+		t.Fatalf("positions up to MaxInt32: %v", err)
+	}
+	p.Computed[0] = last - 1
+	p.Positions[0], p.Positions[1] = last-1, last
+	p.Positions[2] = p.Positions[1]
+	p.Positions[2]++ // wraps, as Computed+2 does
+	err := p.Validate()
+	if err == nil || !strings.Contains(err.Error(), "sequence 0") {
+		t.Fatalf("positions wrapping int32: %v, want an error naming sequence 0", err)
+	}
 }
