@@ -1,0 +1,210 @@
+package ref
+
+import "unsafe"
+
+// The package's own GEMM: packed and cache-blocked in the GotoBLAS/BLIS way, on a
+// register-blocked micro-kernel in assembly (sgemm_amd64.s: 14×32 in AVX-512 registers,
+// 6×16 in AVX2+FMA ones), split across the worker pool. It runs MatMul and MatMulT where
+// no BLAS library is loaded (core/blas: RESIN_BLAS), on CPUs with a micro-kernel
+// (gemmMicro); gonum runs them on others.
+//
+// Loops, for out [m, n] = a [m, k] · op(b):
+//
+//	pack a once: MR rows at a time, each block of gemmKC steps of k as [kc][MR] (zeros
+//	    below m), so that a micro-panel is contiguous;
+//	per block of gemmNC columns of out (and of rows of panels when the columns are too
+//	    few to keep every participant busy), claimed on the pool:
+//	  per block of gemmKC steps of k, in order:
+//	    pack op(b)'s columns of the block as [kc][NR] panels (zeros past n) into the
+//	        participant's scratch, about 256 KiB: it stays in L2;
+//	    per MR-row panel of a (its kc×MR values, 14 KiB at most, stay in L1):
+//	      per NR-column panel: the micro-kernel, storing the tile (first block of k) or
+//	          adding it to out (the others); a tile past m or n goes through scratch.
+//
+// Every element of out is the sum of its k products in blocks of gemmKC, each block
+// summed in order by FMAs in one accumulator and added to the sum of the blocks before
+// it: its bits depend on its row of a, its column of op(b), k and the micro-kernel, not
+// on m, n, the split or the number of workers. The kernels round once per FMA, so
+// values differ from gonum's and a library's by float32 rounding (within the bound
+// checkProduct states).
+
+// gemmKC is the depth of a packed block: 256 steps keep a 14-row micro-panel of a (14
+// KiB) in L1 and a block of b's panels (gemmKC×gemmNC, 256 KiB) in L2. Fixed, since it
+// fixes the order of the sums.
+const gemmKC = 256
+
+// gemmNC is the most columns of out one block computes (a multiple of every NR).
+const gemmNC = 256
+
+// ownTask is one ownGemm call: a's packing split in panels, then the product split in
+// blocks of rows and columns, pool tasks.
+type ownTask struct {
+	loop      loop
+	packing   bool // the loop packs a (items: panels) or computes (items: blocks)
+	transB    bool
+	out, a, b []float32
+	m, k, n   int
+	mr, nr    int
+	panels    int // ⌈m/MR⌉
+	rowPanels int // panels a block of rows holds
+	colBlocks int
+	pa        []float32   // packed a, kept across calls
+	pb        [][]float32 // per participant: b's packed block and an edge tile, kept
+}
+
+var ownTasks freeList[ownTask]
+
+// ownGemm computes out = a·op(b) (b is [k, n], or [n, k] when transB) on the micro-kernel
+// mr×nr (gemmMicro), for k > 0, m > 0, n > 0; split as gemm's.
+func ownGemm(split, transB bool, out, a, b []float32, m, k, n, mr, nr int) {
+	t := ownTasks.get()
+	defer func() {
+		t.out, t.a, t.b = nil, nil, nil
+		ownTasks.put(t)
+	}()
+	t.transB, t.out, t.a, t.b, t.m, t.k, t.n, t.mr, t.nr = transB, out, a, b, m, k, n, mr, nr
+	t.panels = (m + mr - 1) / mr
+	t.colBlocks = (n + gemmNC - 1) / gemmNC
+	t.pa = growFloat32s(t.pa, t.panels*mr*k)
+	p := 1
+	if split && m*n*k >= minParallelMACs {
+		p = parts()
+	}
+	// Rows too when there are fewer than two column blocks a participant.
+	rowBlocks := 1
+	if want := 2 * p; p > 1 && t.colBlocks < want {
+		rowBlocks = min(t.panels, (want+t.colBlocks-1)/t.colBlocks)
+	}
+	t.rowPanels = (t.panels + rowBlocks - 1) / rowBlocks
+	rowBlocks = (t.panels + t.rowPanels - 1) / t.rowPanels
+	for len(t.pb) < p {
+		t.pb = append(t.pb, nil)
+	}
+	t.packing = true
+	if p > 1 {
+		parallelFor(&t.loop, t, t.panels, max(1, t.panels/(4*p)))
+		t.packing = false
+		parallelFor(&t.loop, t, rowBlocks*t.colBlocks, 1)
+		return
+	}
+	t.run(0, 0, t.panels)
+	t.packing = false
+	t.run(0, 0, rowBlocks*t.colBlocks)
+}
+
+func (t *ownTask) run(part, lo, hi int) {
+	if t.packing {
+		for p := lo; p < hi; p++ {
+			t.packAPanel(p)
+		}
+		return
+	}
+	for i := lo; i < hi; i++ {
+		t.block(part, i/t.colBlocks, i%t.colBlocks)
+	}
+}
+
+// packAPanel packs a's rows [p·MR, p·MR+MR) for every block of k: block q (k's steps
+// [pc, pc+kc), pc = q·gemmKC) of panel p at q·gemmKC·panels·MR + p·MR·kc, as [kc][MR].
+func (t *ownTask) packAPanel(p int) {
+	mr, k := t.mr, t.k
+	r0, rows := p*mr, min(mr, t.m-p*mr)
+	for pc := 0; pc < k; pc += gemmKC {
+		kc := min(gemmKC, k-pc)
+		dst := t.pa[pc*t.panels*mr+p*mr*kc:][:kc*mr]
+		packRows(dst, t.a[r0*k+pc:], k, rows, mr, kc)
+	}
+}
+
+// packRows packs rows < width rows of src, ld apart, kc values each, as dst[l*width + i]
+// = src[i*ld + l], zeros for rows ≤ i < width.
+func packRows(dst, src []float32, ld, rows, width, kc int) {
+	dst = dst[:kc*width]
+	i := 0
+	if kc8 := kc &^ 7; kc8 > 0 { // 8 rows at a time on the transposing kernel
+		for ; i+8 <= rows && packT8(dst[i:], width, src[i*ld:], ld, kc8); i += 8 {
+			for r := i; r < i+8; r++ {
+				for l := kc8; l < kc; l++ {
+					dst[l*width+r] = src[r*ld+l]
+				}
+			}
+		}
+	}
+	for ; i < rows; i++ {
+		s := src[i*ld:][:kc]
+		for l, v := range s {
+			dst[l*width+i] = v
+		}
+	}
+	if rows < width {
+		for l := range kc {
+			clear(dst[l*width+rows : (l+1)*width])
+		}
+	}
+}
+
+// packCols packs cols < width columns of the row-major src, ld apart, for kc rows, as
+// dst[l*width + j] = src[l*ld + j], zeros for cols ≤ j < width.
+func packCols(dst, src []float32, ld, cols, width, kc int) {
+	dst = dst[:kc*width]
+	for l := range kc {
+		d := dst[l*width : (l+1)*width]
+		copy(d, src[l*ld:][:cols])
+		clear(d[cols:])
+	}
+}
+
+// block computes out's rows of the row block rb and columns of the column block cb.
+func (t *ownTask) block(part, rb, cb int) {
+	mr, nr, k, n := t.mr, t.nr, t.k, t.n
+	c0 := cb * gemmNC
+	c1 := min(c0+gemmNC, n)
+	colPanels := (c1 - c0 + nr - 1) / nr
+	p0, p1 := rb*t.rowPanels, min((rb+1)*t.rowPanels, t.panels)
+	// The participant's scratch: b's block, 64-byte aligned, then an edge tile.
+	scratch := growFloat32s(t.pb[part], gemmKC*gemmNC+mr*nr+16)
+	t.pb[part] = scratch
+	off := int((64 - uintptr(unsafe.Pointer(&scratch[0]))%64) % 64 / 4)
+	pb, tile := scratch[off:off+gemmKC*gemmNC], scratch[off+gemmKC*gemmNC:][:mr*nr]
+	for pc := 0; pc < k; pc += gemmKC {
+		kc := min(gemmKC, k-pc)
+		acc := 0
+		if pc > 0 {
+			acc = 1
+		}
+		for jp := range colPanels {
+			j0 := c0 + jp*nr
+			cols := min(nr, c1-j0)
+			if t.transB {
+				packRows(pb[jp*kc*nr:], t.b[j0*k+pc:], k, cols, nr, kc)
+			} else {
+				packCols(pb[jp*kc*nr:], t.b[pc*n+j0:], n, cols, nr, kc)
+			}
+		}
+		pa := t.pa[pc*t.panels*mr:]
+		for p := p0; p < p1; p++ {
+			ap := pa[p*mr*kc:][:mr*kc]
+			i0 := p * mr
+			rows := min(mr, t.m-i0)
+			for jp := range colPanels {
+				j0 := c0 + jp*nr
+				cols := min(nr, c1-j0)
+				bp := pb[jp*kc*nr:][:kc*nr]
+				if rows == mr && cols == nr {
+					_ = t.out[(i0+mr-1)*n+j0+nr-1]
+					micro(mr, kc, &ap[0], &bp[0], &t.out[i0*n+j0], n, acc)
+					continue
+				}
+				if acc != 0 {
+					for i := range rows {
+						copy(tile[i*nr:i*nr+cols], t.out[(i0+i)*n+j0:])
+					}
+				}
+				micro(mr, kc, &ap[0], &bp[0], &tile[0], nr, acc)
+				for i := range rows {
+					copy(t.out[(i0+i)*n+j0:][:cols], tile[i*nr:])
+				}
+			}
+		}
+	}
+}
