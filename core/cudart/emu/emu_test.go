@@ -451,3 +451,26 @@ func f32bytes(v float32) []byte {
 func le32(b []byte) uint32 {
 	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
 }
+
+func TestAllSchedules(t *testing.T) {
+	m := load(t, testKernels, "test_kernels.cu")
+	out := mem[int32](2)
+	bufs := [][]byte{unsafe.Slice((*byte)(unsafe.Pointer(&out[0])), 8)}
+	err := AllSchedules(bufs, 1, func(s Schedule, seed uint64) error {
+		return m.Launch("racy", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, params([]uint64{ptr(out)}), s, seed)
+	})
+	if err == nil || !strings.Contains(err.Error(), "buffer 0 differs at byte 0") {
+		t.Errorf("a race: %v", err)
+	}
+	in := mem[float32](64)
+	sum := mem[float32](1)
+	for i := range in {
+		in[i] = float32(i)
+	}
+	bufs = [][]byte{unsafe.Slice((*byte)(unsafe.Pointer(&sum[0])), 4)}
+	if err := AllSchedules(bufs, 2, func(s Schedule, seed uint64) error {
+		return m.Launch("block_sum", [3]uint32{1, 1, 1}, [3]uint32{64, 1, 1}, 0, params([]uint64{ptr(sum), ptr(in), 64, 1, uint64(math.Float32bits(1))}), s, seed)
+	}); err != nil || sum[0] != 64*63/2 {
+		t.Errorf("block_sum under every schedule: %g, %v", sum[0], err)
+	}
+}
