@@ -10,9 +10,17 @@
 # sampler's), then the runner's figures for a ~1.1B-parameter random-weight llama: decode
 # tokens/s at batch 1, 32 and 256, prefill tokens/s and each decode step against the HBM
 # roofline (weights + KV bytes read per step ÷ device-to-device copy bandwidth), and the
-# same model end to end through the engine (`resin bench model --device cuda`). It ends
-# with the parity lines and the figures. It takes a few minutes (under 8 on an H100/H200);
-# each test binary is limited to 5 minutes.
+# same model end to end through the engine (`resin bench model --device cuda`). Then the
+# emulated device's run on the same machine, for comparison (core/cudart's RESIN_CUDA=emulate:
+# the same bindings and runner, every kernel executed on the CPU; it needs g++ and is
+# skipped without): the emulator's kernel tests (core/kernels/cuda TestEmu*), the runner's
+# emulated tests (TestEmulated* of core/cudart and core/gpurunner, which run the TestGPU*
+# suite on the emulator) and `resin generate --device cuda-emu` on a tiny llama; their
+# lines are prefixed "emu|" and summarised apart. It ends with the parity lines and the
+# figures of both. The time budget is 480 s on an H100/H200: a lent GPU machine runs one
+# command for at most 10 minutes, and the machine's start and the copy back of the log come
+# out of the same allowance, so the check must end well inside it; each test binary is
+# limited to 5 minutes.
 #
 #   scripts/gpu-check.sh            build with the local Go toolchain, then run
 #   scripts/gpu-check.sh --build    only build the binaries into .cache/gpu-bin (for a GPU
@@ -114,6 +122,8 @@ JSON
 	timeout 240 "$bin/resin" bench model --model llama --random-weights "$cfg" --device cuda --cache-bytes 17179869184 \
 		--batch-sizes 1,32,256 --prompt-len 512 --gen-len 64 --repeat 1 --max-batch-tokens 8192 --max-seqs 256 || failed=1
 
+	emulated
+
 	echo; echo "== summary"
 	echo "tests: $(grep -c -- '^--- PASS' "$log") passed, $(grep -c -- '^--- FAIL' "$log") failed, $(grep -c -- '^--- SKIP' "$log") skipped"
 	grep -- '^--- FAIL' "$log"
@@ -130,13 +140,50 @@ JSON
 		echo "GPU tests skipped on a GPU machine:"; echo "$gpuskips"
 		failed=1
 	fi
-	echo "-- parity"; grep -hE '_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  /'
-	echo "-- figures"; grep -hE '_test.go:[0-9]+: FIGURE' "$log" | sed 's/^.*FIGURE /  /'
+	echo "-- parity"; grep -v '^emu| ' "$log" | grep -hE '_test.go:[0-9]+: parity' | sed 's/^.*: parity /  /'
+	echo "-- figures"; grep -v '^emu| ' "$log" | grep -hE '_test.go:[0-9]+: FIGURE' | sed 's/^.*FIGURE /  /'
 	echo "-- end to end (resin bench model --device cuda)"; grep -hE '^  batch +[0-9]+ +prefill' "$log"
 	echo "-- registers (NVRTC + ptxas)"; grep -hE '^ +[a-z_]+\.cu +resin_.* regs ' "$log" | sed 's/^ */  /'
-	echo "-- wall time: $((SECONDS - start)) s (the issue asks under 480 on an H100/H200)"
+	echo "-- emulated device (RESIN_CUDA=emulate, kernels on the CPU; not GPU figures)"
+	if grep -q '^emu| ' "$log"; then
+		echo "  tests: $(grep -c -- '^emu| --- PASS' "$log") passed, $(grep -c -- '^emu| --- FAIL' "$log") failed, $(grep -c -- '^emu| --- SKIP' "$log") skipped"
+		grep -- '^emu| --- FAIL' "$log" | sed 's/^emu| /  /'
+		grep -hE '^emu\| .*_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  parity /'
+		grep -hE '^emu\| (finish|emulated)' "$log" | sed 's/^emu| /  /'
+	else
+		echo "  not run"
+	fi
+	echo "-- wall time: $((SECONDS - start)) s (budget 480 s on an H100/H200: one device command may run 10 minutes, the machine's start and the log's copy included)"
 	[ $failed -eq 0 ] && echo "GPU CHECK PASSED" || echo "GPU CHECK FAILED"
 	return $failed
+}
+
+# emulated runs the emulated device's tests and a generate on it, from the same binaries,
+# each output line prefixed "emu| " so that the GPU's summary counts only the GPU's lines.
+# A failure there fails the check too: the emulated run is the CI's view of the same code.
+emulated() {
+	echo; echo "== the emulated device (RESIN_CUDA=emulate): the same code, every kernel on the CPU"
+	if ! command -v "${RESIN_CXX:-g++}" >/dev/null; then
+		echo "emu| skipped: no host C++ compiler (${RESIN_CXX:-g++}) for the emulated device here"
+		return 0
+	fi
+	local name dir pattern
+	while read -r name dir; do
+		case "$dir" in
+		core/kernels/cuda) pattern='^TestEmu' ;;
+		core/cudart | core/gpurunner) pattern='^TestEmulated' ;;
+		*) continue ;;
+		esac
+		echo "emu| == $dir -test.run $pattern"
+		(cd "$dir" && timeout 300 "$bin/$name.test" -test.run "$pattern" -test.v -test.count=1 -test.timeout=290s </dev/null 2>&1) | sed 's/^/emu| /'
+		[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+	done <"$bin/packages.txt"
+	echo "emu| == resin generate --device cuda-emu (tiny llama, random weights)"
+	local t0=$SECONDS
+	"$bin/resin" generate --model llama --random-weights cmd/resin/testdata/tiny-llama/config.json --prompt-ids 1,2,3 \
+		--device cuda-emu --cache-bytes 16777216 2>&1 | sed 's/^/emu| /'
+	[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+	echo "emu| emulated generate: $((SECONDS - t0)) s on $(nproc) CPUs, kernel compilation included when the cache is fresh"
 }
 
 if [ "${1:-}" = "--build" ]; then
