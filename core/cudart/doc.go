@@ -10,6 +10,15 @@
 // RESIN_CUDA_LIB_DIR names a directory searched before the system's (RESIN_NVRTC_LIB may
 // name libnvrtc.so itself).
 //
+// RESIN_CUDA=emulate (or Emulate, before any call; `--device cuda-emu`) selects the
+// emulated device instead: the four libraries are one library built with g++ from
+// emu/lib, which runs every kernel on the CPU in core/cudart/emu's fiber emulator, stream
+// work when it is queued, GEMMs in float32 and collectives between ranks of the process.
+// Everything above the bindings (Device, Blas, graphs, the GPU runner) runs unchanged on
+// it. It is only ever chosen explicitly, never in place of a missing GPU. Its kernels are
+// keyed apart from a GPU's in the kernel cache (Compiler "resin-emu <toolchain>").
+// RESIN_EMU_SCHEDULE, RESIN_EMU_SEED, RESIN_EMU_POISON and RESIN_EMU_MEMORY tune it.
+//
 // The driver API is reached through a Device: every call for a device runs on one OS
 // thread locked to it, with the device's primary context current there (Device.Do).
 // Around the bindings sit the kernel cache shared by every model and process

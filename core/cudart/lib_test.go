@@ -44,6 +44,7 @@ func TestNoDriverErrors(t *testing.T) {
 }
 
 func TestLibDirOverride(t *testing.T) {
+	t.Setenv("RESIN_CUDA", "") // the search order, which the emulated device bypasses
 	dir := t.TempDir()
 	t.Setenv("RESIN_CUDA_LIB_DIR", dir)
 	// Nothing there: the sentinel, and the message names the override.
@@ -71,6 +72,7 @@ func libcPath(t testing.TB) string {
 }
 
 func TestMissingSymbolIsAnError(t *testing.T) {
+	t.Setenv("RESIN_CUDA", "") // the search order, which the emulated device bypasses
 	// libc stands in for a CUDA library that lacks one of the functions asked for.
 	dir := t.TempDir()
 	if err := os.Symlink(libcPath(t), filepath.Join(dir, "libcuda.so.1")); err != nil {

@@ -13,6 +13,7 @@ import (
 // is not a library and at a library that is not the one wanted, and checks each time that
 // the search order still finds the real one and a warning says why.
 func TestStaleLibEnvFallsBack(t *testing.T) {
+	t.Setenv("RESIN_CUDA", "") // the search order, which the emulated device bypasses
 	dir := t.TempDir()
 	// libc stands in for the library in the search order; it exports abs.
 	if err := os.Symlink(libcPath(t), filepath.Join(dir, "libstandin.so.1")); err != nil {
