@@ -54,7 +54,8 @@ var _ engine.Runner = (*Runner)(nil)
 // pending tokens and proposes drafts only when f is a Drafter, so Info reports AsyncTokens
 // false and MaxDrafts 0 (or the Drafter's) whatever info says. It leaves a plan's CacheOps
 // to the engine (ExecutesCacheOps false), which executes them on the pool the model's
-// cache is bound to just before Execute. A nil f makes every Execute
+// cache is bound to just before Execute. Its sampler applies token masks (TokenMasks
+// true: grammar-constrained requests). A nil f makes every Execute
 // fail with ErrNotBound.
 func New(info engine.RunnerInfo, f Forwarder) *Runner {
 	var eos []int32
@@ -64,6 +65,7 @@ func New(info engine.RunnerInfo, f Forwarder) *Runner {
 		}
 	}
 	info.EOS, info.MaxDrafts, info.AsyncTokens, info.ExecutesCacheOps = eos, 0, false, false
+	info.TokenMasks = true
 	r := &Runner{info: info, fwd: f}
 	if d, ok := f.(Drafter); ok && d.MaxDrafts() > 0 {
 		r.drafter, r.info.MaxDrafts = d, d.MaxDrafts()

@@ -64,7 +64,7 @@ func info() engine.RunnerInfo {
 func TestInfo(t *testing.T) {
 	got := cpurunner.New(info(), &fake{}).Info()
 	want := info()
-	want.EOS, want.MaxDrafts = []int32{5}, 0
+	want.EOS, want.MaxDrafts, want.TokenMasks = []int32{5}, 0, true
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Info() = %+v, want %+v", got, want)
 	}

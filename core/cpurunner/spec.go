@@ -57,6 +57,7 @@ func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32
 			row.History = r.hist
 		}
 		pos := int(plan.Positions[plan.LogitsIndices[j]]) + 1
+		row.Mask = plan.TokenMaskOf(i, d) // the grammar's state after d drafts
 		tok, lp, top := r.sampler.Sample(r.logits[buf*vocab:(buf+1)*vocab], row, pos, r.top[:0])
 		r.top = top
 		a++

@@ -200,6 +200,9 @@ func (e *Engine) Counters() Counters {
 // ErrInvalidRequest, ErrContextTooLong, ErrQueueFull, ErrDraining, ErrClosed,
 // ErrDuplicateID (all wrapped with detail).
 func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
+	if err := checkConstraint(e.info, &req.Sampling); err != nil {
+		return nil, err
+	}
 	if pc, ok := e.runner.(PromptChecker); ok {
 		if err := pc.CheckPrompt(req.Prompt); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
@@ -295,6 +298,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		t0 := time.Now()
 		e.mu.Lock()
 		plan := e.s.Schedule()
+		if plan != nil {
+			e.s.FillTokenMasks(plan)
+		}
 		e.mu.Unlock()
 		if plan == nil {
 			select {
@@ -394,6 +400,9 @@ func (e *Engine) runAsync(ctx context.Context) error {
 				}
 				continue
 			}
+			e.mu.Lock()
+			e.s.FillTokenMasks(next) // nothing is in flight: its tokens are all known
+			e.mu.Unlock()
 			work <- next
 			inflight, next = next, nil
 			continue
@@ -419,6 +428,9 @@ func (e *Engine) runAsync(ctx context.Context) error {
 		e.s.metrics.observeStep(sched+time.Since(t2), out.dur, tokens)
 		if next != nil && !e.s.Pending(next) {
 			next = nil // the step failed and voided the plan built after it
+		}
+		if next != nil {
+			e.s.FillTokenMasks(next) // now that the tokens of the step before it are known
 		}
 		e.mu.Unlock()
 		inflight = nil

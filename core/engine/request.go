@@ -83,6 +83,10 @@ type SamplingParams struct {
 	// MinTokens is how many tokens are generated before EOS (unless IgnoreEOS) or a stop
 	// token may be: until then their logits are masked and they do not stop the request.
 	MinTokens int
+	// Constraint, when not nil, restricts the output to a grammar (structured outputs):
+	// each sampled row gets its token mask (BatchPlan.TokenMask). It belongs to this one
+	// request. The runner must declare RunnerInfo.TokenMasks.
+	Constraint Constraint
 }
 
 // MaxTopLogprobs is the largest TopLogprobs a request may ask for.

@@ -103,6 +103,10 @@ type request struct {
 	biasVals  []float32      // parallel to biasToks
 	stopMask  []int32        // EOS unless ignore_eos, and the stop ids: masked under min_tokens
 	promptLps []TokenLogprob // prompt logprobs gathered so far (entry k scores token k+1)
+
+	// constraint restricts the output to a grammar (SamplingParams.Constraint); it has
+	// accepted every output token (constraint.go).
+	constraint Constraint
 }
 
 // extraKind says which sampling CSR arrays a request needs in a plan.
@@ -349,7 +353,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 		promptLen: len(req.Prompt), end: len(req.Prompt) + maxTokens, logprobs: -1,
 		temp: sp.Temperature, topP: sp.TopP, topK: topK(sp.TopK, s.info.VocabSize), minP: sp.MinP, seed: sp.Seed,
 		out: out, id: req.ID, order: s.handles, priority: req.Priority, arrival: req.Arrival,
-		ignoreEOS: sp.IgnoreEOS, stopIDs: slices.Clone(sp.StopTokenIDs),
+		ignoreEOS: sp.IgnoreEOS, stopIDs: slices.Clone(sp.StopTokenIDs), constraint: sp.Constraint,
 	}
 	r.last = req.Prompt[len(req.Prompt)-1]
 	r.flusher, _ = out.(FlushOutput)

@@ -56,7 +56,7 @@ func (s *Scheduler) Update(p *BatchPlan, res StepResult, runErr error) error {
 	async, drafts, bt := s.cfg.Async, s.info.MaxDrafts > 0, s.bt
 	plain := !p.anyLogprobs
 	for i, r := range reqs {
-		if accepted[i] != 1 || nextDrafts[i] != 0 || scheduled[i] != 1 || !plain || !s.current(r, epochs, i) {
+		if accepted[i] != 1 || nextDrafts[i] != 0 || scheduled[i] != 1 || !plain || r.constraint != nil || !s.current(r, epochs, i) {
 			u.apply(i, r)
 			continue
 		}
@@ -259,6 +259,9 @@ func (s *Scheduler) commit(r *request) bool {
 func (s *Scheduler) emit(r *request, toks []int32) {
 	defer r.flush()
 	for _, t := range toks {
+		if r.constraint != nil && !s.acceptConstrained(r, t) {
+			return
+		}
 		r.tokens = append(r.tokens, t)
 		r.last = t
 		s.metrics.generationTokens++
@@ -274,6 +277,9 @@ func (s *Scheduler) emitLogprobs(r *request, toks []int32, lps []float32, topTok
 	defer r.flush()
 	top := int(r.logprobs)
 	for j, t := range toks {
+		if r.constraint != nil && !s.acceptConstrained(r, t) {
+			return
+		}
 		r.tokens = append(r.tokens, t)
 		r.last = t
 		s.metrics.generationTokens++

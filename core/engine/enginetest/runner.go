@@ -158,7 +158,7 @@ func New(cfg Config) (*Runner, error) {
 	r.info = engine.RunnerInfo{
 		Name: "enginetest", VocabSize: cfg.VocabSize, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
 		CacheGroups: groups, GraphBuckets: cfg.GraphBuckets, MaxDrafts: cfg.MaxDrafts,
-		AsyncTokens: cfg.Async, ExecutesCacheOps: !cfg.EngineCacheOps,
+		AsyncTokens: cfg.Async, ExecutesCacheOps: !cfg.EngineCacheOps, TokenMasks: true,
 	}
 	return r, nil
 }
@@ -344,6 +344,7 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 				}
 				row.History = r.history
 			}
+			row.Mask = p.TokenMaskOf(i, k) // the grammar's state after k drafts
 			t, lp := r.sample(hs[k], row, firstPos+k+1)
 			res.Tokens = append(res.Tokens, t)
 			if wantLogprobs {

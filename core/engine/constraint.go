@@ -1,0 +1,129 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Constraint restricts the tokens a request may generate: a grammar's matcher (core/grammar
+// provides them for JSON Schema, regular expressions, GBNF and choices). The engine asks
+// it for the mask of allowed tokens of each row the request samples, tells it each token
+// the request generates, and rolls it back over the drafts it tried while building a
+// verifying row's masks. A Constraint belongs to one request and is used by the engine's
+// goroutine only.
+type Constraint interface {
+	// Words is the length of a mask: (vocabulary size + 31) / 32.
+	Words() int
+	// FillMask writes the tokens allowed next: bit t%32 of mask[t/32] for token t.
+	FillMask(mask []uint32) error
+	// Accept advances past tok, which the last mask allowed; EOS ends the output.
+	Accept(tok int32) error
+	// Rollback undoes the last n accepted tokens.
+	Rollback(n int) error
+}
+
+// checkConstraint refuses a constrained request the runner cannot serve.
+func checkConstraint(info RunnerInfo, sp *SamplingParams) error {
+	c := sp.Constraint
+	if c == nil {
+		return nil
+	}
+	switch {
+	case !info.TokenMasks:
+		return fmt.Errorf("%w: runner %q does not apply token masks, so it cannot constrain the output to a grammar", ErrInvalidRequest, info.Name)
+	case c.Words() != (info.VocabSize+31)/32:
+		return fmt.Errorf("%w: the constraint's masks have %d words for a vocabulary of %d tokens", ErrInvalidRequest, c.Words(), info.VocabSize)
+	case sp.IgnoreEOS:
+		return fmt.Errorf("%w: ignore_eos cannot be combined with a grammar constraint (nothing is allowed once the grammar ends)", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// FillTokenMasks writes the token masks of p's constrained rows (BatchPlan.TokenMask),
+// and leaves p without masks when none of its rows is constrained. It must run after
+// the plans before p were updated, since a mask depends on every token the request
+// generated (with Config.Async a plan is built before the previous step's tokens are
+// known, so its masks are filled once they are), and before p runs: the Engine does both.
+// A caller that drives a Scheduler itself calls it on each plan it runs.
+//
+// Row j of a sequence that verifies drafts gets the mask after its first j drafts: the
+// constraint accepts the drafts one by one and is rolled back over them afterwards. A
+// draft the previous mask refuses can never be accepted, so the rows after it repeat the
+// last mask. A constraint that fails (its grammar's state limit) finishes its request
+// with the error; the row then gets a mask allowing everything, its result ignored.
+func (s *Scheduler) FillTokenMasks(p *BatchPlan) {
+	p.TokenMaskStart, p.TokenMask = p.TokenMaskStart[:0], p.TokenMask[:0]
+	idx := s.planIndex(p)
+	reqs, epochs := s.planReqs[idx], s.planEpochs[idx]
+	any := false
+	for _, r := range reqs {
+		if r.constraint != nil {
+			any = true
+			break
+		}
+	}
+	if !any {
+		return
+	}
+	words := (s.info.VocabSize + 31) / 32
+	p.TokenMaskStart = append(p.TokenMaskStart, 0)
+	for i, r := range reqs {
+		rows := int(p.LogitsStart[i+1] - p.LogitsStart[i])
+		if r.constraint != nil && rows > 0 {
+			base := len(p.TokenMask)
+			p.TokenMask = slices.Grow(p.TokenMask, rows*words)[:base+rows*words]
+			masks := p.TokenMask[base:]
+			if !s.current(r, epochs, i) {
+				fillOnes(masks)
+			} else if err := s.rowMasks(p, i, r.constraint, masks, words); err != nil {
+				s.finish(r, FinishError, fmt.Errorf("%w: grammar constraint of %q: %w", ErrInvalidRequest, r.id, err))
+				fillOnes(masks)
+			}
+		}
+		p.TokenMaskStart = append(p.TokenMaskStart, int32(len(p.TokenMask)))
+	}
+}
+
+// rowMasks fills the masks of sequence i's logits rows (see FillTokenMasks).
+func (s *Scheduler) rowMasks(p *BatchPlan, i int, c Constraint, masks []uint32, words int) error {
+	if err := c.FillMask(masks[:words]); err != nil {
+		return err
+	}
+	rows := len(masks) / words
+	if rows == 1 {
+		return nil
+	}
+	q1 := int(p.QueryStart[i+1])
+	drafts := p.Tokens[q1-int(p.NumDrafts[i]) : q1]
+	accepted, ok := 0, true
+	for j := 1; j < rows; j++ {
+		prev, m := masks[(j-1)*words:j*words], masks[j*words:(j+1)*words]
+		if d := drafts[j-1]; ok && d >= 0 && int(d)>>5 < words && prev[d>>5]&(1<<(d&31)) != 0 && c.Accept(d) == nil {
+			accepted++
+			if err := c.FillMask(m); err != nil {
+				_ = c.Rollback(accepted)
+				return err
+			}
+			continue
+		}
+		ok = false
+		copy(m, prev)
+	}
+	return c.Rollback(accepted)
+}
+
+func fillOnes(m []uint32) {
+	for k := range m {
+		m[k] = ^uint32(0)
+	}
+}
+
+// acceptConstrained tells r's constraint the token r generated; a token the grammar
+// refuses (a runner that ignored the mask) finishes r with the error.
+func (s *Scheduler) acceptConstrained(r *request, t int32) bool {
+	if err := r.constraint.Accept(t); err != nil {
+		s.finish(r, FinishError, fmt.Errorf("%w: the runner sampled a token its grammar constraint refuses: %w", ErrBadResult, err))
+		return false
+	}
+	return true
+}
