@@ -30,6 +30,10 @@ var ErrNoCompiler = errors.New("emu: no host C++ compiler")
 var Flags = []string{"-std=c++17", "-O1", "-fPIC", "-shared", "-D__CUDACC_RTC__",
 	"-ffp-contract=off", "-fno-gnu-unique", "-w"}
 
+// ErrNoSanitizer is returned (wrapped) by BuildProgram with sanitize when the compiler
+// cannot link the ASan or UBSan runtime (libasan, libubsan not installed).
+var ErrNoSanitizer = errors.New("emu: the sanitizer runtimes are not installed")
+
 // SanitizerFlags are added for a sanitizer build (BuildProgram with Sanitize).
 var SanitizerFlags = []string{"-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
 	"-fno-omit-frame-pointer", "-g"}
@@ -227,6 +231,11 @@ func build(source, name string, program, sanitize bool) (string, error) {
 	}
 	cmd := exec.Command(cc[0], args...)
 	if msg, err := cmd.CombinedOutput(); err != nil {
+		low := strings.ToLower(string(msg))
+		if sanitize && (strings.Contains(low, "asan") || strings.Contains(low, "ubsan")) &&
+			(strings.Contains(low, "cannot find") || strings.Contains(low, "no such file")) {
+			return "", fmt.Errorf("%w: %s: %s", ErrNoSanitizer, cc[0], trim(string(msg), 400))
+		}
 		return "", fmt.Errorf("emu: compiling %s with %s: %v\n%s", name, cc[0], err, trim(string(msg), 4000))
 	}
 	if err := os.Rename(obj, out); err != nil {
