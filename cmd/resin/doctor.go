@@ -47,13 +47,16 @@ func doctor(w io.Writer, sysRoot string) {
 	doctorKernelCache(w)
 }
 
-// doctorBLAS reports the library the CPU path's GEMMs run on (core/blas), or why they run
-// on gonum.
+// doctorBLAS reports the library the CPU path's GEMMs run on (core/blas), or why none
+// does and whether Resin's own GEMM or gonum runs them.
 func doctorBLAS(w io.Writer, b blas.Backend) {
 	fmt.Fprintln(w, "\nBLAS (CPU GEMM)")
-	if !b.Loaded() {
+	switch {
+	case b.Own:
+		fmt.Fprintf(w, "  own       GEMM runs on Resin's own (core/kernels/ref: %s micro-kernel on the worker pool); no library: %s\n", ref.GEMMKernel(), b.Fallback)
+	case !b.Loaded():
 		fmt.Fprintf(w, "  none: GEMM runs on gonum (pure Go, slower): %s\n", b.Fallback)
-	} else {
+	default:
 		fmt.Fprintf(w, "  %s  %s\n", b.Vendor, b.Path)
 		if b.Config != "" {
 			fmt.Fprintf(w, "  version   %s\n", b.Config)

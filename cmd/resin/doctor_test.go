@@ -36,7 +36,9 @@ func TestDoctorWithoutGPU(t *testing.T) {
 	}
 	if b := blas.Info(); b.Loaded() && !strings.Contains(got, b.Vendor+"  "+b.Path) {
 		t.Errorf("the process runs GEMM on %s, but doctor does not say so:\n%s", b, got)
-	} else if !b.Loaded() && !strings.Contains(got, "GEMM runs on gonum") {
+	} else if b.Own && !strings.Contains(got, "GEMM runs on Resin's own (core/kernels/ref: "+ref.GEMMKernel()) {
+		t.Errorf("no BLAS loaded (%s), the own GEMM runs, but doctor does not say so:\n%s", b.Fallback, got)
+	} else if !b.Loaded() && !b.Own && !strings.Contains(got, "GEMM runs on gonum") {
 		t.Errorf("no BLAS loaded (%s), but doctor does not say gonum:\n%s", b.Fallback, got)
 	}
 }
@@ -49,6 +51,14 @@ func TestDoctorBLASFallback(t *testing.T) {
 	doctorBLAS(&out, b)
 	if got := out.String(); !strings.Contains(got, "none: GEMM runs on gonum (pure Go, slower): RESIN_BLAS=off") {
 		t.Errorf("RESIN_BLAS=off, but doctor says:\n%s", got)
+	}
+
+	if _, b = blas.Load(getenv(map[string]string{"RESIN_BLAS": "own"})); b.Own {
+		out.Reset()
+		doctorBLAS(&out, b)
+		if got := out.String(); !strings.Contains(got, "own       GEMM runs on Resin's own (core/kernels/ref: "+ref.GEMMKernel()+" micro-kernel on the worker pool); no library: RESIN_BLAS=own") {
+			t.Errorf("RESIN_BLAS=own, but doctor says:\n%s", got)
+		}
 	}
 
 	bad := filepath.Join(t.TempDir(), "libnot.so")

@@ -63,7 +63,8 @@ func TestOpenRejectsNonLibraryFile(t *testing.T) {
 		t.Fatalf("warnings %q do not name RESIN_BLAS_LIB=%s", b.Warnings, path)
 	}
 	if lib == nil {
-		if !strings.HasSuffix(b.Warnings[0], "GEMM falls back to gonum") || b.Vendor != "gonum" || b.Fallback == "" {
+		if !strings.HasSuffix(b.Warnings[0], "GEMM falls back to "+map[bool]string{false: "gonum", true: "Resin's own GEMM"}[b.Own]) ||
+			b.Vendor != map[bool]string{false: "gonum", true: "own"}[b.Own] || b.Own != ownCPU || b.Fallback == "" {
 			t.Errorf("no library found, but the warning or backend does not say gonum: %q, %+v", b.Warnings, b)
 		}
 	} else if !strings.Contains(b.Warnings[0], "using "+lib.Vendor+" "+lib.Path+" instead") {
@@ -449,6 +450,7 @@ func TestGonumWarningOnce(t *testing.T) {
 		lines int
 	}{
 		{"none found", Backend{Vendor: "gonum", Fallback: noCBLAS + " (OpenBLAS, BLIS or MKL); " + InstallHint}, 1},
+		{"none found, own GEMM", Backend{Vendor: "own", Own: true, Fallback: noCBLAS + " (OpenBLAS, BLIS or MKL); " + InstallHint}, 0},
 		{"RESIN_BLAS=off", off, 0},
 		{"loaded", Backend{Vendor: "OpenBLAS", Path: "/usr/lib/libopenblas.so.0"}, 0},
 	} {
@@ -467,6 +469,45 @@ func TestGonumWarningOnce(t *testing.T) {
 					t.Errorf("%s: the warning lacks %q: %s", c.name, want, stderr.String())
 				}
 			}
+		}
+	}
+}
+
+// TestLoadChoosesOwnOrGonum: without a library the own GEMM runs on a CPU that has it,
+// whatever the reason (RESIN_BLAS=own, or a search that found nothing), and gonum where
+// RESIN_BLAS asks for it or the CPU lacks AVX2+FMA; RESIN_BLAS=blas warns when it finds no
+// library. Before the own GEMM, every case without a library was gonum.
+func TestLoadChoosesOwnOrGonum(t *testing.T) {
+	none := filepath.Join(t.TempDir(), "libnone.so") // RESIN_BLAS_LIB names a missing file
+	for _, c := range []struct {
+		env      map[string]string
+		ownCPU   bool
+		vendor   string
+		fallback string
+		warning  string
+	}{
+		{map[string]string{"RESIN_BLAS": "own"}, true, "own", "RESIN_BLAS=own", ""},
+		{map[string]string{"RESIN_BLAS": "own"}, false, "gonum", "RESIN_BLAS=own", "RESIN_BLAS=own: this CPU has no AVX2+FMA"},
+		{map[string]string{"RESIN_BLAS": "gonum"}, true, "gonum", "RESIN_BLAS=gonum", ""},
+		{map[string]string{"RESIN_BLAS": "off"}, true, "gonum", "RESIN_BLAS=off", ""},
+		{map[string]string{"RESIN_BLAS_LIB": none}, true, "own", "RESIN_BLAS_LIB did not load", "; GEMM falls back to Resin's own GEMM"},
+		{map[string]string{"RESIN_BLAS_LIB": none}, false, "gonum", "RESIN_BLAS_LIB did not load", "; GEMM falls back to gonum"},
+	} {
+		lib, b := load(env(c.env), c.ownCPU)
+		if lib != nil {
+			if c.env["RESIN_BLAS_LIB"] != "" {
+				continue // the search found a library on this machine: nothing to fall back from
+			}
+			t.Fatalf("%v: loaded %s", c.env, lib.Path)
+		}
+		if b.Vendor != c.vendor || b.Own != (c.vendor == "own") || !strings.HasPrefix(b.Fallback, c.fallback) {
+			t.Errorf("%v, own CPU %v: backend %+v, want vendor %s, fallback %q", c.env, c.ownCPU, b, c.vendor, c.fallback)
+		}
+		if got := strings.Join(b.Warnings, "\n"); !strings.Contains(got, c.warning) || (c.warning == "") != (got == "") {
+			t.Errorf("%v, own CPU %v: warnings %q, want %q", c.env, c.ownCPU, got, c.warning)
+		}
+		if b.Own && !strings.HasPrefix(b.String(), "own GEMM") {
+			t.Errorf("%v: String() = %q", c.env, b.String())
 		}
 	}
 }

@@ -1,11 +1,19 @@
 // Package blas runs single-precision GEMM on a CBLAS library loaded at run time with
 // purego (no cgo: CGO_ENABLED=0 builds keep working), so the CPU reference path can use
-// OpenBLAS, BLIS or MKL where a machine has one. Callers fall back to gonum when none is
-// found; Info says which it is and why.
+// OpenBLAS, BLIS or MKL where a machine has one. Without one, core/kernels/ref runs its
+// own packed GEMM (AVX-512 or AVX2+FMA micro-kernels; about as fast as OpenBLAS on the
+// models' prefill shapes), or gonum on a CPU without AVX2+FMA; Info says which and why.
+//
+// RESIN_BLAS picks:
+//
+//   - unset (or auto, on): a library when the search below finds one, else the own GEMM;
+//   - own: the own GEMM, no search (gonum, with a warning, on a CPU without AVX2+FMA);
+//   - blas: the search below, with a warning when it finds nothing (then the own GEMM);
+//   - gonum, or off (its older name): gonum, no search.
 //
 // The library is chosen once per process, on first use, by this search order:
 //
-//  1. RESIN_BLAS=off: no library; GEMM runs on gonum.
+//  1. RESIN_BLAS=own, gonum or off: no library.
 //  2. RESIN_BLAS_LIB: the file (or name) given. If it does not load or has no
 //     cblas_sgemm, a warning naming it goes to stderr and the search goes on below.
 //  3. OpenBLAS: libopenblas.so.0 / libopenblas.so through the dynamic loader, Debian's

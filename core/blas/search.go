@@ -10,16 +10,31 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/cpu"
 )
 
 // Backend describes what runs this process's single-precision GEMMs.
 type Backend struct {
-	Vendor   string   // "OpenBLAS", "BLIS", "MKL", "CBLAS", or "gonum" on the fallback
-	Path     string   // the library file; "" on the fallback
+	Vendor   string   // "OpenBLAS", "BLIS", "MKL", "CBLAS"; "own" or "gonum" without a library
+	Path     string   // the library file; "" without one
 	Config   string   // the library's version and build string
-	Threads  int      // the library's thread count (0 on the fallback or when it cannot say)
-	Fallback string   // why gonum runs the GEMMs; "" when a library does
+	Threads  int      // the library's thread count (0 without one or when it cannot say)
+	Own      bool     // no library: core/kernels/ref's own GEMM runs the GEMMs (Vendor "own")
+	Fallback string   // why no library runs the GEMMs (the own GEMM or gonum does); "" when one does
 	Warnings []string // problems met while choosing (a RESIN_BLAS_LIB that did not load, ...)
+}
+
+// ownCPU says whether this CPU runs core/kernels/ref's own GEMM, whose micro-kernels need
+// AVX2 and FMA on amd64 (ref's TestOwnGEMMCPU checks that it agrees with the kernels).
+var ownCPU = runtime.GOARCH == "amd64" && cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// Own reports whether the process's GEMMs run on core/kernels/ref's own GEMM: no library
+// is loaded (Default is nil), RESIN_BLAS does not ask for gonum, and the CPU has AVX2 and
+// FMA. It allocates nothing.
+func Own() bool {
+	Default()
+	return process.backend.Own
 }
 
 // Loaded reports whether a BLAS library runs the GEMMs.
@@ -64,13 +79,14 @@ func (c *choice) get(load func() (*Library, Backend), stderr io.Writer) *Library
 }
 
 // GonumWarning is the warning that GEMM runs on the gonum fallback because the search
-// found no library, with the one-line fixes; "" when a library runs the GEMMs, when
-// RESIN_BLAS=off chose gonum, and when RESIN_BLAS_LIB failed (its warning says so).
+// found no library and the CPU runs no own GEMM (no AVX2+FMA), with the one-line fixes;
+// "" when a library or the own GEMM runs the GEMMs, when RESIN_BLAS=off or gonum chose
+// gonum, and when RESIN_BLAS_LIB failed (its warning says so).
 func (b Backend) GonumWarning() string {
-	if b.Loaded() || !strings.HasPrefix(b.Fallback, noCBLAS) {
+	if b.Loaded() || b.Own || !strings.HasPrefix(b.Fallback, noCBLAS) {
 		return ""
 	}
-	return "no BLAS library found: CPU GEMMs run on gonum, several times slower (a ~120M Llama prefills ~8x slower); " +
+	return "no BLAS library found, and this CPU has no AVX2+FMA for Resin's own GEMM: CPU GEMMs run on gonum, several times slower (a ~120M Llama prefills ~8x slower); " +
 		"fix: apt-get install libopenblas0-pthread, or pip install scipy-openblas32 (found in site-packages), " +
 		"or RESIN_BLAS_LIB=/path/to/libopenblas.so; RESIN_BLAS=off keeps gonum without this warning"
 }
@@ -114,15 +130,37 @@ func Info() Backend {
 // thread count of the library it finds. It returns nil and a Backend whose Fallback says
 // why when no library is used. Default calls it once for the process; tests call it with
 // their own environment.
-func Load(getenv func(string) string) (*Library, Backend) {
+func Load(getenv func(string) string) (*Library, Backend) { return load(getenv, ownCPU) }
+
+// load is Load on a CPU that runs the own GEMM or not (own).
+func load(getenv func(string) string, own bool) (*Library, Backend) {
 	b := Backend{Vendor: "gonum"}
-	switch v := getenv("RESIN_BLAS"); v {
-	case "off":
-		b.Fallback = "RESIN_BLAS=off"
+	noLibrary := func(why string) (*Library, Backend) {
+		b.Fallback = why
+		if own {
+			b.Vendor, b.Own = "own", true
+		}
 		return nil, b
+	}
+	wantLibrary := false
+	switch v := getenv("RESIN_BLAS"); v {
+	case "off", "gonum":
+		b.Fallback = "RESIN_BLAS=" + v
+		return nil, b
+	case "own":
+		if !own {
+			b.Warnings = append(b.Warnings, "RESIN_BLAS=own: this CPU has no AVX2+FMA, which Resin's own GEMM needs; GEMM runs on gonum")
+		}
+		return noLibrary("RESIN_BLAS=own")
+	case "blas":
+		wantLibrary = true
 	case "", "on", "auto":
 	default:
-		b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS=%q not understood (want off, or unset to search for a BLAS); searching", v))
+		b.Warnings = append(b.Warnings, fmt.Sprintf("RESIN_BLAS=%q not understood (want own, blas, gonum or off, or unset for a library when one is found, else the own GEMM); searching", v))
+	}
+	fallback := "gonum"
+	if own {
+		fallback = "Resin's own GEMM"
 	}
 
 	var lib *Library
@@ -145,12 +183,15 @@ func Load(getenv func(string) string) (*Library, Backend) {
 		}
 	}
 	if lib == nil {
-		b.Fallback = noCBLAS + " (OpenBLAS, BLIS or MKL); " + InstallHint
-		if libWarning >= 0 {
-			b.Fallback = "RESIN_BLAS_LIB did not load and the search found no other CBLAS"
-			b.Warnings[libWarning] += "; GEMM falls back to gonum"
+		why := noCBLAS + " (OpenBLAS, BLIS or MKL); " + InstallHint
+		switch {
+		case libWarning >= 0:
+			why = "RESIN_BLAS_LIB did not load and the search found no other CBLAS"
+			b.Warnings[libWarning] += "; GEMM falls back to " + fallback
+		case wantLibrary:
+			b.Warnings = append(b.Warnings, "RESIN_BLAS=blas, but no BLAS library was found; GEMM runs on "+fallback)
 		}
-		return nil, b
+		return noLibrary(why)
 	}
 	if libWarning >= 0 {
 		b.Warnings[libWarning] += fmt.Sprintf("; using %s %s instead", lib.Vendor, lib.Path)
@@ -270,6 +311,9 @@ func multiarch() string {
 
 // String is one line for logs: the vendor and file, or the fallback and why.
 func (b Backend) String() string {
+	if b.Own {
+		return "own GEMM (core/kernels/ref; no library: " + b.Fallback + ")"
+	}
 	if !b.Loaded() {
 		return "gonum (" + b.Fallback + ")"
 	}

@@ -1,13 +1,17 @@
 // Package ref holds the CPU reference operators that Resin's models are built from: GEMM
-// (on the BLAS core/blas loads, or gonum), RMSNorm, rotary embeddings, SiLU-and-mul,
+// (on the BLAS core/blas loads, else the package's own, or gonum), RMSNorm, rotary embeddings, SiLU-and-mul,
 // softmax, embedding gather, attention over a paged KV cache, MoE top-k routing, argmax,
 // mHC hyper-connections and the Kimi Delta Attention recurrence with its causal
 // convolution.
 //
 // They are the specification the CUDA kernels in core/kernels/cuda are checked against, and
 // the CPU backend of every model. Each one is written as plain loops over indices with the
-// shapes in a comment; only the GEMMs go through an optimised library. The speed of the CPU
+// shapes in a comment; only the GEMMs go through optimised code. The speed of the CPU
 // backend comes from a few fast forms beside them:
+//   - without a BLAS library (core/blas: RESIN_BLAS), the package's own GEMM (sgemm.go):
+//     packed and cache-blocked, on 14×32 AVX-512 or 6×16 AVX2+FMA micro-kernels in
+//     assembly (sgemm_amd64.s), about as fast as OpenBLAS on the models' prefill shapes;
+//     a row's bits depend on k, not on the rows beside it or the number of workers;
 //   - a worker pool of GOMAXPROCS-1 goroutines (parallel.go) that the caller and its idle
 //     workers share: large GEMMs split in one block per participant, PagedAttentionBatch
 //     (the models' attention, checked against PagedAttention) across sequences, kv heads,

@@ -30,19 +30,48 @@ func MatMulT(out, x, w []float32, m, k, n int) error {
 }
 
 // GEMMBackend names what runs MatMul and MatMulT: the vendor of the BLAS library that
-// core/blas loaded ("OpenBLAS", "BLIS", "MKL", "CBLAS"), or "gonum" when there is none
-// (core/blas.Info says why). Products with a b under minBLASWeight run on gonum either way.
+// core/blas loaded ("OpenBLAS", "BLIS", "MKL", "CBLAS"); without one "own", the
+// package's own GEMM (ownGemm; GEMMKernel names its micro-kernel), or "gonum" where
+// RESIN_BLAS asks for it or the CPU has no micro-kernel (core/blas.Info says why).
+// Products with a b under minBLASWeight run on gonum either way.
 //
-// A row's bits may depend on the rows beside it: products of 2 to 8 rows run on an AVX2
-// kernel where the CPU has one (skinnyGemm), one row goes to sgemv, and OpenBLAS has
-// separate kernels for small products; so a row computed alone and in a batch can differ
-// by float32 rounding (~1e-6 relative per GEMM): tests that compare batch shapes need a
-// tolerance, not equality.
+// A row's bits may depend on the rows beside it: products of 2 to 8 rows (1 to 8 on the
+// own GEMM) run on an AVX2 kernel where the CPU has one (skinnyGemm), one row goes to
+// sgemv on a library, and OpenBLAS has separate kernels for small products; so a row
+// computed alone and in a batch can differ by float32 rounding (~1e-6 relative per
+// GEMM): tests that compare batch shapes need a tolerance, not equality. Beyond 8 rows
+// the own GEMM gives a row the same bits whatever rows are beside it.
 func GEMMBackend() string {
 	if lib := cblas.Default(); lib != nil {
 		return lib.Vendor
 	}
+	if mr, _ := ownMicro(); mr > 0 {
+		return "own"
+	}
 	return "gonum"
+}
+
+// GEMMKernel names the micro-kernel of the own GEMM on this CPU ("AVX-512 14x32",
+// "AVX2+FMA 6x16"), or "" where there is none; GEMMBackend says whether it runs.
+func GEMMKernel() string {
+	switch mr, nr := gemmMicro(); mr {
+	case 0:
+		return ""
+	case 14:
+		return fmt.Sprintf("AVX-512 %dx%d", mr, nr)
+	default:
+		return fmt.Sprintf("AVX2+FMA %dx%d", mr, nr)
+	}
+}
+
+// ownMicro returns the tile of the micro-kernel ownGemm runs on, or 0, 0 when the own
+// GEMM does not run (a library is loaded, RESIN_BLAS asks for gonum, or the CPU has no
+// micro-kernel).
+func ownMicro() (mr, nr int) {
+	if !cblas.Own() {
+		return 0, 0
+	}
+	return gemmMicro()
 }
 
 // gemm computes out = a·op(b), where b is [k, n], or [n, k] when transB. With split, a
@@ -61,7 +90,9 @@ func gemm(op string, transB, split bool, out, a, b []float32, m, k, n int) error
 		clear(out[:m*n])
 		return nil
 	}
-	if transB && m >= 2 && m <= skinnyRows && k*n >= minBLASWeight && skinnyVector(k) {
+	// One row too on the own GEMM: padded to 4 rows the kernel still streams w at memory
+	// speed, where ownGemm would pack all of w for one row.
+	if transB && m <= skinnyRows && k*n >= minBLASWeight && skinnyVector(k) && (m >= 2 || cblas.Own()) {
 		skinnyGemm(split, out, a, b, m, k, n)
 		return nil
 	}
@@ -76,6 +107,10 @@ func gemm(op string, transB, split bool, out, a, b []float32, m, k, n int) error
 			if err != nil {
 				return fmt.Errorf("ref.%s: %w", op, err)
 			}
+			return nil
+		}
+		if mr, nr := ownMicro(); mr > 0 {
+			ownGemm(split, transB, out, a, b, m, k, n, mr, nr)
 			return nil
 		}
 	}

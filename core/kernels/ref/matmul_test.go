@@ -112,28 +112,39 @@ func TestMatMulBackendsAgree(t *testing.T) {
 }
 
 // TestGEMMBackendFollowsEnvironment checks that the backend is the one the environment
-// asks for: gonum under RESIN_BLAS=off, the library RESIN_BLAS_LIB names when it loads.
+// asks for: gonum under RESIN_BLAS=off or gonum, the library RESIN_BLAS_LIB names when it
+// loads, and without a library the own GEMM exactly where the CPU has a micro-kernel
+// (core/blas decides from the CPU's features too: the two must agree).
 func TestGEMMBackendFollowsEnvironment(t *testing.T) {
 	info := cblas.Info()
-	switch {
-	case os.Getenv("RESIN_BLAS") == "off":
-		if GEMMBackend() != "gonum" || cblas.Default() != nil {
-			t.Fatalf("RESIN_BLAS=off, but GEMM runs on %s", info)
+	mr, _ := gemmMicro()
+	switch v := os.Getenv("RESIN_BLAS"); {
+	case v == "off" || v == "gonum":
+		if GEMMBackend() != "gonum" || cblas.Default() != nil || cblas.Own() {
+			t.Fatalf("RESIN_BLAS=%s, but GEMM runs on %s", v, info)
+		}
+	case v == "own":
+		if cblas.Default() != nil || cblas.Own() != (mr > 0) || GEMMBackend() != map[bool]string{true: "own", false: "gonum"}[mr > 0] {
+			t.Fatalf("RESIN_BLAS=own, micro-kernel %q, but GEMM runs on %s (%s)", GEMMKernel(), GEMMBackend(), info)
 		}
 	case os.Getenv("RESIN_BLAS_LIB") != "":
 		lib, err := cblas.Open(os.Getenv("RESIN_BLAS_LIB"))
 		if err != nil {
 			t.Skipf("RESIN_BLAS_LIB does not load (%v); the warning path is tested in core/blas", err)
 		}
-		if GEMMBackend() != lib.Vendor || info.Path != lib.Path {
+		if GEMMBackend() != lib.Vendor || info.Path != lib.Path || cblas.Own() {
 			t.Fatalf("RESIN_BLAS_LIB=%s loads as %s %s, but GEMM runs on %s", os.Getenv("RESIN_BLAS_LIB"), lib.Vendor, lib.Path, info)
 		}
 	default:
-		if (GEMMBackend() == "gonum") != (cblas.Default() == nil) {
-			t.Fatalf("GEMMBackend() = %s, but the library is %v", GEMMBackend(), cblas.Default())
+		if lib := cblas.Default(); lib != nil {
+			if GEMMBackend() != lib.Vendor || cblas.Own() {
+				t.Fatalf("GEMMBackend() = %s, but the library is %s", GEMMBackend(), lib.Vendor)
+			}
+			t.Skipf("the search found %s: the own GEMM's selection is not exercised", lib.Path)
 		}
-		if cblas.Default() == nil {
-			t.Skipf("no BLAS here: %s", info.Fallback)
+		want := map[bool]string{true: "own", false: "gonum"}[mr > 0]
+		if cblas.Own() != (mr > 0) || GEMMBackend() != want {
+			t.Fatalf("no library, micro-kernel %q: GEMMBackend() = %s and core/blas says own=%v, want %s", GEMMKernel(), GEMMBackend(), cblas.Own(), want)
 		}
 	}
 }

@@ -57,3 +57,43 @@ func TestOwnGemm(t *testing.T) {
 		}
 	})
 }
+
+// TestOwnGemmAllocatesNothing: in steady state the own GEMM, split or not, keeps its
+// packing buffers and allocates nothing, as the models' allocation-free steps need.
+func TestOwnGemmAllocatesNothing(t *testing.T) {
+	mr, nr := gemmMicro()
+	if mr == 0 {
+		t.Skip("no micro-kernel on this CPU")
+	}
+	m, k, n := 70, 300, 600
+	x, w, out := make([]float32, m*k), make([]float32, n*k), make([]float32, m*n)
+	for _, split := range []bool{false, true} {
+		if a := testing.AllocsPerRun(20, func() { ownGemm(split, true, out, x, w, m, k, n, mr, nr) }); a != 0 {
+			t.Errorf("split=%v: %v allocations per call", split, a)
+		}
+	}
+}
+
+// TestOwnGemmRowsIndependent: beyond the skinny kernel's 8 rows, a row of the own GEMM
+// has the same bits whatever rows are beside it (a prefill chunk's token computed alone
+// or in a batch of 100), since the sums' order depends on k alone.
+func TestOwnGemmRowsIndependent(t *testing.T) {
+	mr, nr := gemmMicro()
+	if mr == 0 {
+		t.Skip("no micro-kernel on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(27, 2))
+	m, k, n := 100, 600, 130
+	x, w := randSlice(rng, m*k), randSlice(rng, n*k)
+	all := make([]float32, m*n)
+	ownGemm(true, true, all, x, w, m, k, n, mr, nr)
+	for _, r := range [][2]int{{0, 9}, {37, 60}, {91, 100}} {
+		part := make([]float32, (r[1]-r[0])*n)
+		ownGemm(true, true, part, x[r[0]*k:r[1]*k], w, r[1]-r[0], k, n, mr, nr)
+		for i, v := range part {
+			if math.Float32bits(v) != math.Float32bits(all[r[0]*n+i]) {
+				t.Fatalf("rows %v: out[%d] = %v, %v in the whole product", r, r[0]*n+i, v, all[r[0]*n+i])
+			}
+		}
+	}
+}
