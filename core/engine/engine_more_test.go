@@ -343,6 +343,17 @@ func TestGraphBucketPadding(t *testing.T) {
 		d.add(fmt.Sprint(i), prompt(i, 10), engine.SamplingParams{MaxTokens: 5 + i}, 0)
 	}
 	d.runAll()
+	// Rows that feed one prompt token and sample look like decodes but are not: a prompt
+	// of one token, alone and next to a decode, and a prompt whose prefix hit leaves one
+	// token to compute.
+	d.add("one", []int32{7}, engine.SamplingParams{MaxTokens: 3}, 0)
+	d.step()
+	d.add("one more", []int32{8}, engine.SamplingParams{MaxTokens: 3}, 0)
+	d.runAll()
+	d.add("hit", prompt(0, 17), engine.SamplingParams{MaxTokens: 2}, 0)
+	d.runAll()
+	d.add("hit again", prompt(0, 17), engine.SamplingParams{MaxTokens: 2}, 0)
+	d.runAll()
 	decodes := 0
 	for _, p := range plans {
 		want := 0

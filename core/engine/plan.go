@@ -88,8 +88,10 @@ type BatchPlan struct {
 	// Step counts plans from 1.
 	Step uint64
 	// GraphBatch is the CUDA-graph batch size to run (the smallest declared bucket >= B)
-	// when every sequence decodes the same number of tokens; 0 = eager. Rows B..GraphBatch-1
-	// are padding the runner adds: their slots are NoSlot and their outputs ignored.
+	// when every sequence decodes the same number of tokens (IsDecode: no row feeds a
+	// prompt token, not even a prompt's last one); 0 = eager. Rows B..GraphBatch-1 are
+	// padding the runner adds: their slots are NoSlot and their outputs ignored. Validate
+	// refuses it on a plan that is not decode-only.
 	GraphBatch int32
 
 	ReqIDs      []uint64
@@ -504,6 +506,14 @@ func (p *BatchPlan) Validate() error {
 	}
 	if p.GraphBatch < 0 || (p.GraphBatch > 0 && int(p.GraphBatch) < b) {
 		return fmt.Errorf("engine: plan: graph batch %d for %d sequences", p.GraphBatch, b)
+	}
+	if p.GraphBatch > 0 {
+		for i := 0; i < b; i++ {
+			if p.Computed[i] < p.PromptLen[i] {
+				return fmt.Errorf("engine: plan: graph batch %d, but sequence %d feeds prompt tokens (computed %d of a prompt of %d): graphs are for decode-only plans",
+					p.GraphBatch, i, p.Computed[i], p.PromptLen[i])
+			}
+		}
 	}
 	for i := 0; i < b; i++ {
 		q0, q1 := p.QueryStart[i], p.QueryStart[i+1]

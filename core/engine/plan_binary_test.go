@@ -225,3 +225,13 @@ func TestValidateRefusesPositionsPastInt32(t *testing.T) {
 		t.Fatalf("positions wrapping int32: %v, want an error naming sequence 0", err)
 	}
 }
+
+// A graph batch is for decode-only plans: one on a plan with a prompt row is refused,
+// naming the row.
+func TestValidateRefusesGraphBatchWithPromptRows(t *testing.T) {
+	p := recurrentPlan() // sequence 0 feeds its 3-token prompt
+	p.GraphBatch = 2
+	if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "sequence 0") {
+		t.Fatalf("graph batch over a prompt row: %v, want an error naming sequence 0", err)
+	}
+}

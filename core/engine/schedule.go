@@ -456,7 +456,8 @@ func (s *Scheduler) blockOf(pos int) (int, int) {
 }
 
 // graphBatch returns the smallest declared graph bucket that holds the plan when every
-// sequence decodes the same number of tokens, else 0 (eager).
+// sequence decodes the same number of tokens, else 0 (eager). A row that feeds a prompt's
+// last token is prefill, even alone: it samples as a decode does, but it is no decode.
 func (s *Scheduler) graphBatch(p *BatchPlan) int32 {
 	if len(s.info.GraphBuckets) == 0 {
 		return 0
@@ -464,7 +465,7 @@ func (s *Scheduler) graphBatch(p *BatchPlan) int32 {
 	b := len(p.ReqIDs)
 	per := p.Scheduled[0]
 	for i := 0; i < b; i++ {
-		if p.Scheduled[i] != per || p.LogitsStart[i+1]-p.LogitsStart[i] != per {
+		if p.Scheduled[i] != per || p.LogitsStart[i+1]-p.LogitsStart[i] != per || p.Computed[i] < p.PromptLen[i] {
 			return 0
 		}
 	}

@@ -139,7 +139,7 @@ func TestPackDecodePadsToBucket(t *testing.T) {
 	// Three sequences decode with 4 tokens of page size, packed into a bucket of 4.
 	p := buildPlan(4,
 		seqSpec{computed: 5, promptLen: 2, tokens: []int32{11}, pages: []kvslab.PageID{7, 8}, rows: 1, temp: 0.5, topP: 0.9, topK: 40, minP: 0.1, seed: 99},
-		seqSpec{computed: 0, promptLen: 1, tokens: []int32{12}, pages: []kvslab.PageID{1<<16 | 3}, rows: 1},
+		seqSpec{computed: 1, promptLen: 1, tokens: []int32{12}, pages: []kvslab.PageID{1<<16 | 3}, rows: 1},
 		seqSpec{computed: 8, promptLen: 3, tokens: []int32{13}, pages: []kvslab.PageID{4, 5, 6}, rows: 1},
 	)
 	p.GraphBatch = 4
@@ -164,16 +164,16 @@ func TestPackDecodePadsToBucket(t *testing.T) {
 	}
 	u := unpack(&l, buf)
 	eq(t, "tokens", u.tokens, []int32{11, 12, 13, 0})
-	eq(t, "positions", u.positions, []int32{5, 0, 8, 0})
+	eq(t, "positions", u.positions, []int32{5, 1, 8, 0})
 	eq(t, "queryStart", u.queryStart, []int32{0, 1, 2, 3, 4})
-	eq(t, "ctxLens", u.ctxLens, []int32{6, 1, 9, 0})
+	eq(t, "ctxLens", u.ctxLens, []int32{6, 2, 9, 0})
 	eq(t, "logits", u.logits, []int32{0, 1, 2, 0})
-	eq(t, "slots", u.slots, []int64{8*4 + 1, (1<<16 | 3) * 4, 6 * 4, -1})
+	eq(t, "slots", u.slots, []int64{8*4 + 1, (1<<16|3)*4 + 1, 6 * 4, -1})
 	eq(t, "pageStart", u.pageStart, []int32{0, 2, 3, 6, 6})
 	eq(t, "pages", u.pages[:6], []uint32{7, 8, 1<<16 | 3, 4, 5, 6}) // the rest is never read
 	eq(t, "sampling", u.sampling, []cuda.SampleParams{
 		{Temperature: 0.5, TopP: 0.9, MinP: 0.1, TopK: 40, Seed: 99, Pos: 6, Logprobs: -1},
-		{TopP: 1, Pos: 1, Logprobs: -1}, {TopP: 1, Pos: 9, Logprobs: -1}, {TopP: 1, Logprobs: -1},
+		{TopP: 1, Pos: 2, Logprobs: -1}, {TopP: 1, Pos: 9, Logprobs: -1}, {TopP: 1, Logprobs: -1},
 	})
 	// The rows are the sampling kernel's own encoding.
 	want := make([]byte, cuda.SampleParamsBytes*4)
