@@ -138,17 +138,26 @@ func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
 	return e, nil
 }
 
-// NewHostPool builds a kvslab pool for groups in a host arena of bytes bytes (0 = 256 MiB).
+// DefaultCacheBytes is the host pool NewHostPool builds when given no size, cut to the
+// slabs a page id addresses (as kvslab.Size counts a budget) where its slabs are small.
+const DefaultCacheBytes = 256 << 20
+
+// NewHostPool builds a kvslab pool for groups in a host arena of bytes bytes (0 =
+// DefaultCacheBytes). A size given that is more slabs than a page id addresses is refused.
 func NewHostPool(groups []kvslab.GroupSpec, bytes int64) (*kvslab.Pool, error) {
 	if len(groups) == 0 {
 		return nil, errors.New("engine: the runner declares no cache groups and no pool was given")
 	}
+	cfg := kvslab.Config{Groups: groups}
 	if bytes == 0 {
-		bytes = 256 << 20
+		z, err := kvslab.Size(cfg, DefaultCacheBytes, 1)
+		if err != nil {
+			return nil, err
+		}
+		bytes = int64(z.Slabs) * z.SlabBytes // Size's clamp: at most MaxSlabs slabs
 	}
 	// Check what kvslab.New would refuse before allocating the arena: a budget with more
 	// slabs than page ids address dies of out-of-memory before New can say so.
-	cfg := kvslab.Config{Groups: groups}
 	z, err := kvslab.Size(cfg, bytes, 1)
 	if err != nil {
 		return nil, err

@@ -94,3 +94,24 @@ func TestTinyMaxContextIsExplained(t *testing.T) {
 		}
 	}
 }
+
+// The default pool of a runner with small slabs (4 KiB: 65,536 of them in 256 MiB, one
+// more than a page id addresses) is cut to the slabs a page id addresses, as kvslab.Size
+// counts the same budget, instead of refused.
+func TestDefaultPoolOfSmallSlabsIsClamped(t *testing.T) {
+	groups := []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 16, PageTokens: 16}}
+	z, err := kvslab.Size(kvslab.Config{Groups: groups}, engine.DefaultCacheBytes, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z.SlabBytes != 4096 {
+		t.Fatalf("slab of %d bytes, the case needs 4096", z.SlabBytes)
+	}
+	pool, err := engine.NewHostPool(groups, 0)
+	if err != nil {
+		t.Fatalf("default pool: %v", err)
+	}
+	if pool.Slabs() != z.Slabs || pool.Slabs() != kvslab.MaxSlabs {
+		t.Fatalf("%d slabs, kvslab.Size counts %d (at most %d)", pool.Slabs(), z.Slabs, kvslab.MaxSlabs)
+	}
+}
