@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -30,11 +29,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 		ignored = append(ignored, "reasoning_effort")
 	}
 	s.warnIgnored(r, ignored)
-	if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
-		return unsupported("response_format", "response_format "+req.ResponseFormat.Type)
+	con, err := req.chatStructured()
+	if err != nil {
+		return err
 	}
-	if tc := string(bytes.TrimSpace(req.ToolChoice)); tc != "" && tc != "null" && tc != `"none"` && tc != `"auto"` {
-		return unsupported("tool_choice", "tool_choice other than none or auto")
+	guided, err := s.guidedRequest(&req.commonParams, &con)
+	if err != nil {
+		return err
 	}
 	// add_generation_prompt defaults to true, and to false with continue_final_message,
 	// which it excludes.
@@ -92,10 +93,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	base := &genRequest{sampling: sp, stops: stops, skipSpecial: req.skipSpecial() && !s.keepSpecialTokens(&req), includeStop: req.IncludeStopStrInOutput}
-	gens := fanOut([][]int32{ids}, base, n)
-	if guided, err := parseGuidedChoice(req.GuidedChoice); err != nil {
+	if base.grammar, err = s.compile(con); err != nil {
 		return err
-	} else if guided != nil {
+	}
+	gens := fanOut([][]int32{ids}, base, n)
+	if guided != nil {
 		if err := req.refuseWithGuided(stops, map[string]bool{"prompt_logprobs": promptTop >= 0}); err != nil {
 			return err
 		}
@@ -104,6 +106,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	out := chatOutput{role: "assistant", logprobs: req.Logprobs, view: view, oneToolCall: req.ParallelToolCalls != nil && !*req.ParallelToolCalls}
+	if con != nil {
+		out.forced = con.forced
+	}
 	if !addGenerationPrompt {
 		out.role = msgs[len(msgs)-1]["role"].(string) // the answer continues the last message's turn, as in vLLM
 	}
@@ -139,13 +144,23 @@ type chatOutput struct {
 	logprobs    bool
 	view        logprobView
 	oneToolCall bool
+	// forced is set when tool_choice forces a call: the answer is the call's JSON
+	// (structured.go), turned into tool_calls instead of read by the tool-call parser.
+	forced *forcedTools
 }
 
 // chatChoiceOf assembles choice i of a chat response from its generation: the text as
 // content, then what the tool-call and reasoning parsers read from it, then logprobs.
 func (s *Server) chatChoiceOf(i int, c *choiceGen, req *chatRequest, prompt string, out chatOutput) chatChoice {
 	choice := chatChoice{Index: i, Message: chatMessage{Role: out.role, Content: c.text}, FinishReason: c.res.finish}
-	s.newChatParser(req, prompt).fill(&choice) // tool calls and reasoning (chattools.go)
+	if out.forced != nil {
+		if calls, ok := out.forced.toolCalls(c.text); ok {
+			choice.Message.Content, choice.Message.ToolCalls = "", calls
+			choice.FinishReason = out.forced.finish()
+		}
+	} else {
+		s.newChatParser(req, prompt).fill(&choice) // tool calls and reasoning (chattools.go)
+	}
 	choice.Message.Content = out.echo + choice.Message.Content
 	if out.oneToolCall && len(choice.Message.ToolCalls) > 1 {
 		choice.Message.ToolCalls = choice.Message.ToolCalls[:1]
@@ -174,6 +189,9 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, gens []*choi
 	}
 	err := s.each(r.Context(), gens, func(ctx context.Context, c *choiceGen) error {
 		index := c.candidate
+		if out.forced != nil {
+			return s.streamForced(ctx, c, cs, out, chunk)
+		}
 		parse := s.newChatParser(req, prompt) // tool calls and reasoning (chattools.go)
 		empty := ""
 		first := true

@@ -56,7 +56,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		// The echoed prompt's tokens carry logprobs too; prompt_logprobs lists them apart.
 		sp.PromptLogprobs, sp.Logprobs, sp.TopLogprobs = true, true, max(sp.TopLogprobs, promptTop)
 	}
-	guided, err := parseGuidedChoice(req.GuidedChoice)
+	var con *structured
+	guided, err := s.guidedRequest(&req.commonParams, &con)
 	if err != nil {
 		return err
 	}
@@ -82,6 +83,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	base := &genRequest{sampling: sp, stops: stops, skipSpecial: req.skipSpecial(), includeStop: req.IncludeStopStrInOutput}
 	if candidates > n {
 		base.sampling.Logprobs = true // best_of ranks by cumulative logprob
+	}
+	if base.grammar, err = s.compile(con); err != nil {
+		return err
 	}
 	gens := fanOut(prompts, base, candidates)
 	if guided != nil {

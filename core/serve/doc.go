@@ -14,13 +14,17 @@
 // tokenizer busy (with Retry-After), 503 draining.
 //
 // Request fields are OpenAI's and vLLM's extensions (top_k, min_p, repetition_penalty,
-// min_tokens, ignore_eos, stop_token_ids, guided_choice, echo and prompt_logprobs,
+// min_tokens, ignore_eos, stop_token_ids, echo and prompt_logprobs,
 // add_generation_prompt, continue_final_message, add_special_tokens,
-// return_tokens_as_token_ids, stream_options.continuous_usage_stats). Fields that
-// change nothing this server answers (store, metadata, service_tier, prompt_cache_key,
-// safety_identifier, reasoning_effort) are accepted and named in a warning; fields it
-// does not serve (structured output but guided_choice, a prediction, audio, the legacy
-// functions) and unknown ones are refused with 400 naming them.
+// return_tokens_as_token_ids, stream_options.continuous_usage_stats), and structured
+// outputs (structured.go: response_format json_object and json_schema, tool_choice
+// "required" and a named function, guided_json, guided_regex, guided_grammar,
+// guided_choice, structured_outputs), enforced by grammar-constrained decoding on a
+// runner that applies token masks. Fields that change nothing this server answers
+// (store, metadata, service_tier, prompt_cache_key, safety_identifier,
+// reasoning_effort) are accepted and named in a warning; fields it does not serve (a
+// prediction, audio, the legacy functions, a schema feature the grammar compiler cannot
+// enforce) and unknown ones are refused with 400 naming them.
 //
 // What one client can hold is bounded: reading a request (Config.ReadTimeout,
 // ReadHeaderTimeout, MaxHeaderBytes, MaxBodyBytes), an idle connection (IdleTimeout),

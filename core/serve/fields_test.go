@@ -219,8 +219,8 @@ func TestUnsupportedFieldsRefusedByName(t *testing.T) {
 		body  map[string]any
 		param string
 	}{
-		{"/v1/completions", map[string]any{"prompt": "x", "guided_regex": "a|b"}, "guided_regex"},
-		{"/v1/chat/completions", map[string]any{"messages": chat, "guided_json": map[string]any{}}, "guided_json"},
+		{"/v1/completions", map[string]any{"prompt": "x", "guided_regex": `a\bb`}, "guided_regex"},
+		{"/v1/chat/completions", map[string]any{"messages": chat, "guided_json": map[string]any{"not": map[string]any{}}}, "guided_json"},
 		{"/v1/completions", map[string]any{"prompt": "x", "frobnicate": 1}, "frobnicate"},
 		{"/v1/chat/completions", map[string]any{"messages": chat, "response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x"}}}, "response_format"},
 		{"/v1/chat/completions", map[string]any{"messages": chat, "best_of": 2}, "best_of"},

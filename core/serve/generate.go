@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/grammar"
 )
 
 // genRequest is one generation, already tokenized and validated.
@@ -20,6 +21,9 @@ type genRequest struct {
 	// includeStop keeps the matched stop string, or the text of a stop_token_ids token,
 	// at the end of the text (vLLM's include_stop_str_in_output). EOS stays out.
 	includeStop bool
+	// grammar constrains the output (structured.go); each engine request gets its own
+	// matcher of it.
+	grammar *grammar.Grammar
 }
 
 // delta is text that became final, with the tokens and logprobs generated since the last
@@ -47,7 +51,15 @@ type genResult struct {
 // inside a stop string, never half a character). ctx is the HTTP request's context:
 // when the client goes away the engine aborts the request.
 func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) error) (genResult, error) {
-	st, err := s.eng.Submit(ctx, engine.Request{Prompt: r.prompt, Sampling: r.sampling})
+	sp := r.sampling
+	if r.grammar != nil {
+		m, err := r.grammar.NewMatcher()
+		if err != nil {
+			return genResult{}, internal(fmt.Errorf("structured output: %w", err))
+		}
+		sp.Constraint = m
+	}
+	st, err := s.eng.Submit(ctx, engine.Request{Prompt: r.prompt, Sampling: sp})
 	if err != nil {
 		return genResult{}, fromEngine(err)
 	}

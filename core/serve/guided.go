@@ -11,8 +11,10 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 )
 
-// guided_choice: the answer is exactly one of the given strings, decoded as vLLM's guided
-// decoding does, token by token with every token that leaves the choices masked. The
+// guided_choice on a runner whose sampler applies no token masks (with masks it is a
+// choice grammar, structured.go): the answer is exactly one of the given strings, decoded
+// as vLLM's guided decoding does, token by token with every token that leaves the choices
+// masked. The
 // model's distributions along every choice come from scoring prompt+choice+EOS once per
 // choice (engine prompt logprobs, one engine request each); the walk down the token trie
 // of the choices then applies temperature, top-k, top-p and min-p to the allowed tokens

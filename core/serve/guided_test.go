@@ -9,8 +9,11 @@ import (
 	"github.com/resin-llm/resin/core/engine/enginetest"
 )
 
+// The guided_choice tests here run on a runner without token masks, where the choices
+// are scored (guided.go); with masks guided_choice is a grammar (TestGuidedFields).
+
 func TestGuidedChoiceGreedyTakesTheLikeliestFirstToken(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
+	h := newHarness(t, harnessOpts{wrap: withoutMasks})
 	prompt := []int32{12, 13, 14}
 	choices := []string{"yes", "no", "maybe so"}
 	// With first tokens that differ, greedy guided decoding picks the choice whose first
@@ -40,7 +43,7 @@ func TestGuidedChoiceGreedyTakesTheLikeliestFirstToken(t *testing.T) {
 }
 
 func TestGuidedChoiceSampledStaysInTheChoices(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
+	h := newHarness(t, harnessOpts{wrap: withoutMasks})
 	choices := []string{"red", "green", "blue", "green tea", "redder"}
 	out := h.cmpl(map[string]any{"prompt": "Colour:", "guided_choice": choices, "temperature": 2, "n": 24, "seed": 1})
 	seen := map[string]bool{}
@@ -87,7 +90,7 @@ func TestGuidedChoiceSampledStaysInTheChoices(t *testing.T) {
 }
 
 func TestGuidedChoiceRefusals(t *testing.T) {
-	h := newHarness(t, harnessOpts{})
+	h := newHarness(t, harnessOpts{wrap: withoutMasks})
 	for _, c := range []struct {
 		body  map[string]any
 		param string

@@ -46,13 +46,12 @@ type commonParams struct {
 	RepetitionPenalty      *float64 `json:"repetition_penalty"`
 	MinTokens              *int     `json:"min_tokens"`
 	IncludeStopStrInOutput bool     `json:"include_stop_str_in_output"`
-	// GuidedChoice constrains the answer to one of its strings (guided.go). The other
-	// structured outputs are not implemented: they are refused by name (refuseGuided)
-	// rather than accepted and ignored.
-	GuidedChoice  json.RawMessage `json:"guided_choice"`
-	GuidedJSON    json.RawMessage `json:"guided_json"`
-	GuidedRegex   json.RawMessage `json:"guided_regex"`
-	GuidedGrammar json.RawMessage `json:"guided_grammar"`
+	// Structured outputs (structured.go): vLLM's guided_* fields and structured_outputs.
+	GuidedChoice      json.RawMessage `json:"guided_choice"`
+	GuidedJSON        json.RawMessage `json:"guided_json"`
+	GuidedRegex       json.RawMessage `json:"guided_regex"`
+	GuidedGrammar     json.RawMessage `json:"guided_grammar"`
+	StructuredOutputs json.RawMessage `json:"structured_outputs"`
 	// vLLM's prompt and logprob extensions.
 	AddSpecialTokens       *bool `json:"add_special_tokens"`
 	PromptLogprobs         *int  `json:"prompt_logprobs"`
@@ -122,20 +121,6 @@ func (p *commonParams) choices(bestOf *int) (n, candidates int, err error) {
 		return 0, 0, invalid("best_of", "best_of greater than n is not supported with stream.")
 	}
 	return n, candidates, nil
-}
-
-// refuseGuided refuses the structured-output fields but guided_choice, naming the one
-// sent.
-func (p *commonParams) refuseGuided() error {
-	for _, f := range [...]struct {
-		name string
-		raw  json.RawMessage
-	}{{"guided_json", p.GuidedJSON}, {"guided_regex", p.GuidedRegex}, {"guided_grammar", p.GuidedGrammar}} {
-		if !absent(f.raw) {
-			return unsupported(f.name, f.name+" (structured output)")
-		}
-	}
-	return nil
 }
 
 // absent reports whether an optional JSON field was left out or sent as null.
@@ -297,9 +282,6 @@ func decodeBody(r io.Reader, v any) error {
 // sampling validates the shared fields and builds the engine's parameters.
 func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string, error) {
 	var s engine.SamplingParams
-	if err := p.refuseGuided(); err != nil {
-		return s, nil, err
-	}
 	for _, f := range [...]struct {
 		name string
 		v    *float64
