@@ -172,8 +172,10 @@ var emuLib = sync.OnceValues(func() (*emuLibrary, error) {
 // RESIN_EMU_SCHEDULE (forward, reverse, random or warp-ahead: the order the emulator runs
 // a block's threads in), RESIN_EMU_SEED (for the random schedules), RESIN_EMU_POISON=1
 // (new device allocations read 0xff bytes, a NaN in every float type, instead of zeros:
-// a read of memory nothing wrote shows) and RESIN_EMU_MEMORY (the bytes the device
-// reports, 8 GiB by default; allocations are host memory, touched only where written).
+// a read of memory nothing wrote shows), RESIN_EMU_DEVICES (how many GPUs it shows, 1 by
+// default; they share the host's memory, and NCCL joins their ranks in the process) and
+// RESIN_EMU_MEMORY (the bytes each device reports, 8 GiB by default; allocations are host
+// memory, touched only where written).
 func emuConfig() ([][2]string, error) {
 	var out [][2]string
 	if s := os.Getenv("RESIN_EMU_SCHEDULE"); s != "" {
@@ -200,6 +202,12 @@ func emuConfig() ([][2]string, error) {
 		out = append(out, [2]string{"poison", "1"})
 	default:
 		return nil, fmt.Errorf("RESIN_EMU_POISON=%q: want 1 (fill new device memory with 0xff bytes) or 0", s)
+	}
+	if s := os.Getenv("RESIN_EMU_DEVICES"); s != "" {
+		if n, err := strconv.Atoi(s); err != nil || n < 1 || n > 16 {
+			return nil, fmt.Errorf("RESIN_EMU_DEVICES=%q: want 1 to 16 emulated GPUs", s)
+		}
+		out = append(out, [2]string{"devices", s})
 	}
 	mem := int64(8 << 30)
 	if s := os.Getenv("RESIN_EMU_MEMORY"); s != "" {

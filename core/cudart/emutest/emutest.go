@@ -17,8 +17,9 @@ import (
 // Reexec reports whether the caller is the parent, which ran the test in a child on the
 // emulated device and must return at once: the child's failure fails the test, its skip
 // skips it, and its log is the test's log. In the child (RESIN_CUDA=emulate) it returns
-// false and the test runs its body. Without a host C++ compiler the test is skipped.
-func Reexec(t *testing.T) bool {
+// false and the test runs its body. env ("NAME=value") is added to the child's
+// environment. Without a host C++ compiler the test is skipped.
+func Reexec(t *testing.T, env ...string) bool {
 	t.Helper()
 	if os.Getenv("RESIN_CUDA") == "emulate" {
 		return false
@@ -31,7 +32,7 @@ func Reexec(t *testing.T) bool {
 		args = append(args, "-test.short")
 	}
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "RESIN_CUDA=emulate")
+	cmd.Env = append(append(os.Environ(), env...), "RESIN_CUDA=emulate")
 	out, err := cmd.CombinedOutput()
 	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		if strings.HasPrefix(line, "    ") {

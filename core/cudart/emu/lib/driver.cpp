@@ -71,8 +71,13 @@ struct GraphExec {
 const int kMaxSharedOptin = 227 << 10;  // an H100's opt-in shared memory per block
 
 bool g_inited = false;
-int g_ctx_dummy;
-size_t g_used = 0;
+// The emulated devices (Config.devices of them) share the host's memory; each has a
+// primary context and its own allocation count against Config.memory.
+const int kMaxDevices = 16;
+int g_ctx[kMaxDevices];
+size_t g_used[kMaxDevices];
+std::map<uintptr_t, int> g_owner;  // device allocation -> the device it counts against
+thread_local int tl_device = 0;    // the device of the context current on this thread
 std::map<uintptr_t, size_t> g_device;   // device allocations: start -> size
 std::map<uintptr_t, size_t> g_pinned;   // pinned or registered host memory
 std::map<uintptr_t, bool> g_mapped;     // device allocations made with mmap
@@ -165,6 +170,10 @@ extern "C" int resin_emu_configure(const char* key, const char* value) {
     c.memory = strtoull(v.c_str(), nullptr, 10);
   } else if (k == "sms") {
     c.sms = atoi(v.c_str());
+  } else if (k == "devices") {
+    int n = atoi(v.c_str());
+    if (n < 1 || n > 16) return kInvalidValue;
+    c.devices = n;
   } else if (k == "poison") {
     c.poison = v == "1";
   } else {
@@ -206,20 +215,20 @@ extern "C" int cuDriverGetVersion(int* v) {
 extern "C" int cuDeviceGetCount(int* n) {
   NEED_INIT();
   if (!n) return kInvalidValue;
-  *n = 1;
+  *n = Cfg().devices;
   return kSuccess;
 }
 
 extern "C" int cuDeviceGet(int* dev, int ordinal) {
   NEED_INIT();
   if (!dev) return kInvalidValue;
-  if (ordinal != 0) return 101;  // CUDA_ERROR_INVALID_DEVICE
-  *dev = 0;
+  if (ordinal < 0 || ordinal >= Cfg().devices) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  *dev = ordinal;
   return kSuccess;
 }
 
 #define NEED_DEV(d) \
-  if ((d) != 0) return 101
+  if ((d) < 0 || (d) >= Cfg().devices) return 101
 
 extern "C" int cuDeviceGetName(char* name, int len, int dev) {
   NEED_INIT();
@@ -268,7 +277,7 @@ extern "C" int cuDeviceGetPCIBusId(char* buf, int len, int dev) {
   NEED_DEV(dev);
   if (!buf || len <= 0) return kInvalidValue;
   // A bus id no sysfs device has: NUMA planning finds no node for it.
-  snprintf(buf, len, "0000:ff:1f.7");
+  snprintf(buf, len, "0000:%02x:1f.7", 0xff - dev);
   return kSuccess;
 }
 
@@ -276,7 +285,7 @@ extern "C" int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
   NEED_INIT();
   NEED_DEV(dev);
   if (!ctx) return kInvalidValue;
-  *ctx = &g_ctx_dummy;
+  *ctx = &g_ctx[dev];
   return kSuccess;
 }
 
@@ -288,7 +297,10 @@ extern "C" int cuDevicePrimaryCtxRelease_v2(int dev) {
 
 extern "C" int cuCtxSetCurrent(void* ctx) {
   NEED_INIT();
-  if (ctx != nullptr && ctx != &g_ctx_dummy) return kInvalidContext;
+  if (ctx == nullptr) return kSuccess;
+  int* c = (int*)ctx;
+  if (c < g_ctx || c >= g_ctx + Cfg().devices) return kInvalidContext;
+  tl_device = (int)(c - g_ctx);
   return kSuccess;
 }
 
@@ -302,7 +314,7 @@ extern "C" int cuCtxSynchronize() {
 extern "C" int cuMemGetInfo_v2(size_t* free_, size_t* total) {
   NEED_INIT();
   std::lock_guard<std::mutex> l(Mu());
-  if (free_) *free_ = Cfg().memory - g_used;
+  if (free_) *free_ = Cfg().memory - g_used[tl_device];
   if (total) *total = Cfg().memory;
   return kSuccess;
 }
@@ -313,7 +325,7 @@ extern "C" int cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
   if (Result r = CaptureCheckUnsafe()) return r;
   size_t rounded = (n + 255) & ~size_t(255);
   std::lock_guard<std::mutex> l(Mu());
-  if (g_used + rounded > Cfg().memory) return kOutOfMemory;
+  if (g_used[tl_device] + rounded > Cfg().memory) return kOutOfMemory;
   void* m;
   bool mapped = rounded >= (64 << 10);
   if (mapped) {
@@ -328,7 +340,8 @@ extern "C" int cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
   if (Cfg().poison) memset(m, 0xff, rounded);
   g_device[(uintptr_t)m] = rounded;
   g_mapped[(uintptr_t)m] = mapped;
-  g_used += rounded;
+  g_used[tl_device] += rounded;
+  g_owner[(uintptr_t)m] = tl_device;
   *p = (CUdeviceptr)(uintptr_t)m;
   return kSuccess;
 }
@@ -344,7 +357,8 @@ extern "C" int cuMemFree_v2(CUdeviceptr p) {
   } else {
     free((void*)it->first);
   }
-  g_used -= it->second;
+  g_used[g_owner[it->first]] -= it->second;
+  g_owner.erase(it->first);
   g_mapped.erase(it->first);
   g_device.erase(it);
   return kSuccess;

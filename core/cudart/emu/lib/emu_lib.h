@@ -94,6 +94,7 @@ struct Config {
   unsigned long long seed = 1;
   size_t memory = 4ull << 30;  // bytes the device reports
   int sms = 8;
+  int devices = 1;  // emulated GPUs (ordinals 0..devices-1)
   bool poison = false;  // fill new device allocations with 0xff bytes
 };
 Config& Cfg();

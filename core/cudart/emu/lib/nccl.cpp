@@ -61,7 +61,7 @@ struct Group {
   size_t count = 0;
   int type = 0, op = 0;
   // Point-to-point messages, by (from, to), in order.
-  std::map<std::pair<int, int>, std::vector<std::pair<const void*, size_t>>> sends;
+  std::map<std::pair<int, int>, std::vector<std::vector<char>>> sends;
 };
 
 struct Comm {
@@ -256,15 +256,18 @@ extern "C" int ncclReduceScatter(const void* send, void* recv, size_t count, int
   return submit(stream, "reducescatter", (Comm*)comm, send, recv, count, type, op);
 }
 
-// ncclSend and ncclRecv pair within one rank's group (a rank sending to itself), which is
-// what one rank can do; between ranks of this process, the receiver copies what the
-// sender queued, in order.
+// ncclSend and ncclRecv: a send copies its message at once; a receive waits for the
+// peer's next message to it (within a group a rank may send to itself first, then
+// receive).
 extern "C" int ncclSend(const void* buf, size_t count, int type, int peer, void* comm, void* stream) {
   (void)stream;
   Comm* c = (Comm*)comm;
   if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->g->ranks) return kInvalidArgument;
   std::lock_guard<std::mutex> l(c->g->mu);
-  c->g->sends[{c->rank, peer}].push_back({buf, count * typeSize(type)});
+  // The message is copied now: the stream has reached the send, and the sender may reuse
+  // its buffer once the receiver has it, which here is at once.
+  const char* p = (const char*)buf;
+  c->g->sends[{c->rank, peer}].emplace_back(p, p + count * typeSize(type));
   c->g->cv.notify_all();
   return kSuccess;
 }
@@ -278,10 +281,10 @@ extern "C" int ncclRecv(void* buf, size_t count, int type, int peer, void* comm,
   auto key = std::make_pair(peer, c->rank);
   if (peer == c->rank && g->sends[key].empty()) return kInvalidUsage;  // a self-receive needs its send first
   g->cv.wait(l, [&] { return !g->sends[key].empty(); });
-  auto msg = g->sends[key].front();
+  std::vector<char> msg = std::move(g->sends[key].front());
   g->sends[key].erase(g->sends[key].begin());
-  if (msg.second != count * typeSize(type)) return kInvalidUsage;
-  memcpy(buf, msg.first, msg.second);
+  if (msg.size() != count * typeSize(type)) return kInvalidUsage;
+  memcpy(buf, msg.data(), msg.size());
   return kSuccess;
 }
 
