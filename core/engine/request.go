@@ -209,8 +209,8 @@ func (r *Request) validate(info *RunnerInfo) (int, error) {
 		return 0, fmt.Errorf("%w: max_tokens %d must be >= 0", ErrInvalidRequest, s.MaxTokens)
 	case s.TopLogprobs < 0 || s.TopLogprobs > MaxTopLogprobs:
 		return 0, fmt.Errorf("%w: top_logprobs %d outside [0, %d]", ErrInvalidRequest, s.TopLogprobs, MaxTopLogprobs)
-	case s.TopLogprobs > 0 && !s.Logprobs:
-		return 0, fmt.Errorf("%w: top_logprobs needs logprobs", ErrInvalidRequest)
+	case s.TopLogprobs > 0 && !s.Logprobs && !s.PromptLogprobs:
+		return 0, fmt.Errorf("%w: top_logprobs needs logprobs (or prompt logprobs, which imply them)", ErrInvalidRequest)
 	}
 	switch {
 	case !(s.PresencePenalty >= -2 && s.PresencePenalty <= 2):

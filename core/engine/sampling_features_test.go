@@ -292,3 +292,38 @@ func TestMinTokensHoldsTheStopCheck(t *testing.T) {
 	}
 	e.Close()
 }
+
+// Prompt logprobs imply logprobs, as the doc says: PromptLogprobs with TopLogprobs > 0 and
+// Logprobs unset is accepted, and the generated tokens carry their logprobs with that many
+// alternatives too, a one-token prompt (nothing to score) included.
+func TestPromptLogprobsImplyLogprobs(t *testing.T) {
+	h := start(t, enginetest.Config{}, engine.Config{})
+	for _, p := range [][]int32{prompt(5, 12), {9}} {
+		st, err := h.e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 3, PromptLogprobs: true, TopLogprobs: 2}})
+		if err != nil {
+			t.Fatalf("prompt of %d: %v", len(p), err)
+		}
+		var lps []engine.TokenLogprob
+		var prompts int
+		for {
+			ev, err := st.Recv(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			lps = append(lps, ev.Logprobs...)
+			prompts += len(ev.PromptLogprobs)
+			if ev.Finish != engine.FinishNone {
+				break
+			}
+		}
+		if len(lps) != 3 || prompts != len(p)-1 {
+			t.Fatalf("prompt of %d: %d generated logprobs, %d prompt logprobs; want 3 and %d", len(p), len(lps), prompts, len(p)-1)
+		}
+		for _, lp := range lps {
+			if len(lp.Top) != 2 {
+				t.Fatalf("prompt of %d: %d alternatives, want 2", len(p), len(lp.Top))
+			}
+		}
+	}
+	h.checkWhole()
+}

@@ -359,7 +359,7 @@ func (s *Scheduler) Add(req Request, out Output) error {
 	r.flusher, _ = out.(FlushOutput)
 	r.stops = len(r.stopIDs) > 0 || !r.ignoreEOS && len(s.eos) > 0
 	s.setExtras(r, sp)
-	if req.Sampling.Logprobs {
+	if req.Sampling.Logprobs || req.Sampling.PromptLogprobs { // prompt logprobs imply logprobs
 		r.logprobs = int8(req.Sampling.TopLogprobs)
 	}
 	if s.info.MaxDrafts > 0 {
