@@ -129,6 +129,7 @@ struct Launch {
 #if defined(__SANITIZE_ADDRESS__)
   const void* sched_bottom;
   size_t sched_size;
+  bool from_sched;  // the last switch left the scheduler
 #endif
 };
 
@@ -233,43 +234,53 @@ inline void init_stack(Fiber* f) {
 #endif
 }
 
-inline void switch_to(void** save, void* next_sp, Fiber* into, bool exiting) {
-#if defined(__SANITIZE_ADDRESS__)
+// ctx_switch saves the running context (fiber from, or the scheduler when from is null)
+// and resumes to (a fiber, or the scheduler when to is null). exiting: from never runs
+// again.
+inline void ctx_switch(Fiber* from, Fiber* to, bool exiting) {
   Launch* L = mod.L;
+#if defined(__SANITIZE_ADDRESS__)
   void* fake = nullptr;
-  if (into)
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, into->stack, kStack + kColors);
-  else
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, L->sched_bottom, L->sched_size);
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, to ? (const void*)to->stack : L->sched_bottom,
+                                 to ? kStack + kColors : L->sched_size);
+  L->from_sched = from == nullptr;
 #endif
 #if defined(RESIN_EMU_UCONTEXT)
-  (void)next_sp;
-  (void)save;
-  Launch* LL = mod.L;
-  ucontext_t* from = LL->cur && !into ? &LL->cur->uc : &LL->sched_uc;
-  ucontext_t* to = into ? &into->uc : &LL->sched_uc;
-  swapcontext(from, to);
+  swapcontext(from ? &from->uc : &L->sched_uc, to ? &to->uc : &L->sched_uc);
 #else
-  resin_emu_swap(save, next_sp);
+  resin_emu_swap(from ? &from->sp : &L->sched_sp, to ? to->sp : L->sched_sp);
 #endif
 #if defined(__SANITIZE_ADDRESS__)
   const void* bottom;
   size_t size;
   __sanitizer_finish_switch_fiber(fake, &bottom, &size);
-  if (!into) {  // resumed in a fiber: the stack left is the scheduler's
+  if (from && L->from_sched) {  // resumed in a fiber by the scheduler: its stack
     L->sched_bottom = bottom;
     L->sched_size = size;
   }
 #endif
-  (void)into;
+  (void)L;
   (void)exiting;
 }
 
-// yield returns from the running fiber to the scheduler.
+inline int pick(Launch* L);
+
+// yield leaves the running fiber (blocked, done or failed) for the next runnable one
+// under the schedule, switching to it directly; to the scheduler when none can run (a
+// barrier to release, the block's end, a deadlock) or the launch failed.
 inline void yield(bool exiting = false) {
   Launch* L = mod.L;
   Fiber* f = L->cur;
-  switch_to(&f->sp, L->sched_sp, nullptr, exiting);
+  if (!L->failed) {
+    int i = pick(L);
+    if (i >= 0 && L->fibers + i != f) {
+      Fiber* g = L->fibers + i;
+      L->cur = g;
+      ctx_switch(f, g, exiting);
+      return;
+    }
+  }
+  ctx_switch(f, nullptr, exiting);
 }
 
 __attribute__((format(printf, 1, 2))) inline void fail(const char* fmt, ...) {
@@ -291,7 +302,13 @@ __attribute__((noreturn)) inline void fail_fiber() {
 __attribute__((used, noinline)) inline void fiber_main() {
   Launch* L = mod.L;
 #if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_finish_switch_fiber(nullptr, &L->sched_bottom, &L->sched_size);
+  const void* bottom;
+  size_t size;
+  __sanitizer_finish_switch_fiber(nullptr, &bottom, &size);
+  if (L->from_sched) {  // started by the scheduler: the stack left is its
+    L->sched_bottom = bottom;
+    L->sched_size = size;
+  }
 #endif
   L->invoke(L->params);
   L = mod.L;
@@ -608,42 +625,41 @@ inline unsigned long long next_rand(unsigned long long* s) {
   return x ^ (x >> 31);
 }
 
+// scan returns the first runnable fiber from start on, stepping by +1 or -1 and wrapping
+// around, or -1.
+inline int scan(const Launch* L, unsigned start, int step) {
+  unsigned n = L->n, i = start;
+  for (unsigned k = 0; k < n; k++) {
+    if (L->fibers[i].state == kRun) return (int)i;
+    if (step > 0)
+      i = i + 1 == n ? 0 : i + 1;
+    else
+      i = i == 0 ? n - 1 : i - 1;
+  }
+  return -1;
+}
+
 // pick returns the next runnable fiber under the launch's schedule, or -1.
 inline int pick(Launch* L) {
   unsigned n = L->n;
+  int i;
   switch (L->schedule) {
     case 1:  // reverse: n-1 down to 0, round and round
-      for (unsigned k = 0; k < n; k++) {
-        unsigned i = (L->cursor + n - k) % n;
-        if (L->fibers[i].state == kRun) {
-          L->cursor = (i + n - 1) % n;
-          return (int)i;
-        }
-      }
-      return -1;
-    case 2: {  // seeded random: scan from a random start
-      unsigned start = (unsigned)(next_rand(&L->rng) % n);
-      for (unsigned k = 0; k < n; k++) {
-        unsigned i = (start + k) % n;
-        if (L->fibers[i].state == kRun) return (int)i;
-      }
-      return -1;
-    }
+      i = scan(L, L->cursor, -1);
+      if (i >= 0) L->cursor = i == 0 ? n - 1 : (unsigned)i - 1;
+      return i;
+    case 2:  // seeded random: scan from a random start
+      return scan(L, (unsigned)(((next_rand(&L->rng) >> 32) * n) >> 32), 1);
     case 3: {  // one warp first: its lanes whenever one can run, then forward
       unsigned first = L->ahead * kWarp, last = first + kWarp < n ? first + kWarp : n;
-      for (unsigned i = first; i < last; i++)
-        if (L->fibers[i].state == kRun) return (int)i;
+      for (unsigned j = first; j < last; j++)
+        if (L->fibers[j].state == kRun) return (int)j;
     }
       [[fallthrough]];
     default:  // forward: 0 up to n-1, round and round
-      for (unsigned k = 0; k < n; k++) {
-        unsigned i = (L->cursor + k) % n;
-        if (L->fibers[i].state == kRun) {
-          L->cursor = (i + 1) % n;
-          return (int)i;
-        }
-      }
-      return -1;
+      i = scan(L, L->cursor, 1);
+      if (i >= 0) L->cursor = (unsigned)i + 1 == n ? 0 : (unsigned)i + 1;
+      return i;
   }
 }
 
@@ -710,7 +726,7 @@ inline void run_block(Launch* L) {
     }
     Fiber* f = L->fibers + i;
     L->cur = f;
-    switch_to(&L->sched_sp, f->sp, f, false);
+    ctx_switch(nullptr, f, false);
     L->cur = nullptr;
     if (L->failed) return;
   }
