@@ -31,3 +31,16 @@ func TestDoctorGPURuntime(t *testing.T) {
 		t.Errorf("no driver here, but the section does not say the versions went unchecked:\n%s", got)
 	}
 }
+
+// TestDoctorSaysWhichCUDA: doctor names the emulated device when RESIN_CUDA=emulate selects
+// it, and a GPU's libraries otherwise.
+func TestDoctorSaysWhichCUDA(t *testing.T) {
+	t.Setenv("RESIN_CUDA", "")
+	if got := cudaInUse(); !strings.Contains(got, "a GPU's libraries") {
+		t.Errorf("without RESIN_CUDA: %q", got)
+	}
+	t.Setenv("RESIN_CUDA", "emulate")
+	if got := cudaInUse(); !strings.Contains(got, "emulated device") || !strings.Contains(got, "not a GPU") {
+		t.Errorf("RESIN_CUDA=emulate: %q", got)
+	}
+}
