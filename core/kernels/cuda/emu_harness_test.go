@@ -110,7 +110,18 @@ type emuBuf struct {
 	data []byte // the aligned part handed out
 }
 
+// alloc returns n bytes filled with 0xFF (NaN as float32 and bf16, -1 as an integer),
+// as device memory nobody wrote: an output element a kernel fails to write shows.
 func (m *emuMem) alloc(n int) cudart.DevicePtr {
+	p := m.zeros(n)
+	for i := range m.bufs[len(m.bufs)-1].data {
+		m.bufs[len(m.bufs)-1].data[i] = 0xFF
+	}
+	return p
+}
+
+// zeros returns n zeroed bytes.
+func (m *emuMem) zeros(n int) cudart.DevicePtr {
 	n = max(n, 4)
 	raw := make([]byte, n+64)
 	off := int((64 - uintptr(unsafe.Pointer(&raw[0]))%64) % 64)
@@ -148,32 +159,32 @@ func (m *emuMem) get(p cudart.DevicePtr, v any) {
 }
 
 func (m *emuMem) f32(h []float32) cudart.DevicePtr {
-	p := m.alloc(4 * len(h))
+	p := m.zeros(4 * len(h))
 	m.put(p, h)
 	return p
 }
 func (m *emuMem) i32(h []int32) cudart.DevicePtr {
-	p := m.alloc(4 * len(h))
+	p := m.zeros(4 * len(h))
 	m.put(p, h)
 	return p
 }
 func (m *emuMem) u32(h []uint32) cudart.DevicePtr {
-	p := m.alloc(4 * len(h))
+	p := m.zeros(4 * len(h))
 	m.put(p, h)
 	return p
 }
 func (m *emuMem) i64(h []int64) cudart.DevicePtr {
-	p := m.alloc(8 * len(h))
+	p := m.zeros(8 * len(h))
 	m.put(p, h)
 	return p
 }
 func (m *emuMem) bf16(h []uint16) cudart.DevicePtr {
-	p := m.alloc(2 * len(h))
+	p := m.zeros(2 * len(h))
 	m.put(p, h)
 	return p
 }
 func (m *emuMem) bytes(h []byte) cudart.DevicePtr {
-	p := m.alloc(len(h))
+	p := m.zeros(len(h))
 	copy(m.find(p), h)
 	return p
 }
