@@ -84,3 +84,32 @@ func CPUKernels() string {
 	}
 	return "scalar"
 }
+
+// gemvAVX2 and gemvAVX512 are in skinny_amd64.s.
+//
+//go:noescape
+func gemvAVX2(out *float32, x *float32, k int, w *float32, ldw int, n8 int)
+
+//go:noescape
+func gemvAVX512(out *float32, x *float32, k int, w *float32, ldw int, n8 int)
+
+// gemv sets out[j] = x[:k]·w[j*ldw:][:k] for j < n: one row of x against n rows of w, 8
+// rows at a time on the kernel (16 lanes where the CPU has AVX-512 and k%16 = 0), the
+// last n%8 in a loop; skinnyVector(k) must hold.
+func gemv(out, x []float32, k int, w []float32, ldw, n int) {
+	if n8 := n / 8; n8 > 0 {
+		_, _, _ = out[n8*8-1], x[k-1], w[(n8*8-1)*ldw+k-1]
+		if hasSkinnyAVX512 && k%16 == 0 {
+			gemvAVX512(&out[0], &x[0], k, &w[0], ldw, n8)
+		} else {
+			gemvAVX2(&out[0], &x[0], k, &w[0], ldw, n8)
+		}
+	}
+	for j := n &^ 7; j < n; j++ {
+		var s float32
+		for l, v := range x[:k] {
+			s += v * w[j*ldw+l]
+		}
+		out[j] = s
+	}
+}

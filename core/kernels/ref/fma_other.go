@@ -28,3 +28,7 @@ func CPUKernels() string { return "scalar" }
 
 // hasSkinnyAVX512 is false where there is no vector form.
 var hasSkinnyAVX512 = false
+
+func gemv(out, x []float32, k int, w []float32, ldw, n int) {
+	panic("ref: gemv without a vector form")
+}

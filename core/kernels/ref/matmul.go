@@ -90,8 +90,7 @@ func gemm(op string, transB, split bool, out, a, b []float32, m, k, n int) error
 		clear(out[:m*n])
 		return nil
 	}
-	// One row too on the own GEMM: padded to 4 rows the kernel still streams w at memory
-	// speed, where ownGemm would pack all of w for one row.
+	// One row too on the own GEMM (gemv): ownGemm would pack all of w for one row.
 	if transB && m <= skinnyRows && k*n >= minBLASWeight && skinnyVector(k) && (m >= 2 || cblas.Own()) {
 		skinnyGemm(split, out, a, b, m, k, n)
 		return nil
@@ -150,17 +149,17 @@ const skinnyRows = 8
 // skinnyGemm computes out = x·wᵀ for 2 ≤ m ≤ skinnyRows on the AVX2 kernel (skinny): x's
 // rows copied into 8 rows of scratch (zeros below m), the product computed transposed in
 // blocks of w's rows (split across the pool when split and large), then transposed into
-// out.
+// out. One row (m = 1) goes to gemv, in the same blocks, straight into out.
 func skinnyGemm(split bool, out, x, w []float32, m, k, n int) {
 	t := skinnyTasks.get()
 	defer func() {
-		t.w = nil
+		t.w, t.out = nil, nil
 		skinnyTasks.put(t)
 	}()
 	t.xp, t.ct = growFloat32s(t.xp, skinnyRows*k), growFloat32s(t.ct, n*skinnyRows)
 	copy(t.xp, x[:m*k])
 	clear(t.xp[m*k:])
-	t.w, t.m, t.k, t.n = w, m, k, n
+	t.w, t.out, t.m, t.k, t.n = w, out, m, k, n
 	if p := parts(); split && p > 1 && m*n*k >= minParallelMACs {
 		// Two blocks a participant: the kernel streams w, and a late participant leaves
 		// less to the others.
@@ -168,6 +167,9 @@ func skinnyGemm(split bool, out, x, w []float32, m, k, n int) {
 		parallelFor(&t.loop, t, (n+t.block-1)/t.block, 1)
 	} else {
 		t.rows(0, n)
+	}
+	if m == 1 {
+		return
 	}
 	for i := range m {
 		o := out[i*n : (i+1)*n]
@@ -180,7 +182,7 @@ func skinnyGemm(split bool, out, x, w []float32, m, k, n int) {
 // skinnyTask is one skinnyGemm call split in blocks of w's rows, a pool task.
 type skinnyTask struct {
 	loop           loop
-	xp, ct, w      []float32 // xp and ct are kept across calls
+	xp, ct, w, out []float32 // xp and ct are kept across calls
 	m, k, n, block int
 }
 
@@ -196,6 +198,10 @@ func (t *skinnyTask) run(_, lo, hi int) {
 // a run against x's first 4 rows, then against its last 4 when there are more than 4 (the
 // same rows of w again, from cache).
 func (t *skinnyTask) rows(j0, j1 int) {
+	if t.m == 1 {
+		gemv(t.out[j0:j1], t.xp, t.k, t.w[j0*t.k:], t.k, j1-j0)
+		return
+	}
 	run := max(2, (64<<10)/(4*t.k))
 	for r0 := j0; r0 < j1; r0 += run {
 		r1 := min(r0+run, j1)

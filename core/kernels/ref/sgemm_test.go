@@ -97,3 +97,26 @@ func TestOwnGemmRowsIndependent(t *testing.T) {
 		}
 	}
 }
+
+// TestGemv checks the one-row kernel the own GEMM runs MatMulT's single rows on against
+// the exact product (within checkProduct's float32 bound), in 16 lanes (k%16 = 0) and 8,
+// for fewer rows of w than a group of 8, a group, and groups with a tail.
+func TestGemv(t *testing.T) {
+	if !skinnyVector(8) {
+		t.Skip("no AVX2+FMA: MatMulT's single rows run on gonum")
+	}
+	rng := rand.New(rand.NewPCG(27, 3))
+	ownKernels(t, func(kernel string, _, _ int) {
+		for _, k := range []int{8, 16, 24, 1024, 1032} {
+			for _, n := range []int{1, 7, 8, 9, 300} {
+				x, w, exact, scale := gemmOperands(rng, true, 1, k, n)
+				got := nanFilled(n)
+				gemv(got, x, k, w, k, n)
+				checkProduct(t, fmt.Sprintf("gemv %s k=%d n=%d", kernel, k, n), got, exact, scale, k)
+				got = nanFilled(n) // and through MatMulT's split, on the own GEMM
+				skinnyGemm(true, got, x, w, 1, k, n)
+				checkProduct(t, fmt.Sprintf("skinnyGemm m=1 %s k=%d n=%d", kernel, k, n), got, exact, scale, k)
+			}
+		}
+	})
+}

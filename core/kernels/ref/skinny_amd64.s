@@ -125,3 +125,101 @@ zscol:
 zdone:
 	VZEROUPPER
 	RET
+
+// GEMV_STEP is one step of gemv: x's values at R9 into X0, times the same values of 8
+// rows of w (SI: rows 0–3, R12: rows 4–7), into A0–A7.
+#define GEMV_STEP(X0, A0, A1, A2, A3, A4, A5, A6, A7) \
+	VMOVUPS     (R9), X0; \
+	VFMADD231PS (SI), X0, A0; \
+	VFMADD231PS (SI)(BX*1), X0, A1; \
+	VFMADD231PS (SI)(BX*2), X0, A2; \
+	VFMADD231PS (SI)(R11*1), X0, A3; \
+	VFMADD231PS (R12), X0, A4; \
+	VFMADD231PS (R12)(BX*1), X0, A5; \
+	VFMADD231PS (R12)(BX*2), X0, A6; \
+	VFMADD231PS (R12)(R11*1), X0, A7
+
+// func gemvAVX2(out *float32, x *float32, k int, w *float32, ldw int, n8 int)
+//
+// out[j] = Σ_l x[l]·w[j*ldw + l] for j < 8·n8, l < k (k a positive multiple of 8, n8 ≥ 1):
+// one row of x against w's rows 8 at a time, one accumulator of 8 lanes a row, summed
+// across by HSUM8 into 8 consecutive values of out. w streams through once.
+TEXT ·gemvAVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHRQ $3, CX // steps of the width
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $2, BX
+	LEAQ (BX)(BX*2), R11 // 3·ldw
+	MOVQ n8+40(FP), DX
+
+gemv8:
+	ZERO8
+	MOVQ SI, R13
+	LEAQ (SI)(BX*4), R12
+	MOVQ R8, R9
+	MOVQ CX, R10
+
+gemv8_step:
+	GEMV_STEP(Y8, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7)
+	ADDQ $32, SI
+	ADDQ $32, R12
+	ADDQ $32, R9
+	DECQ R10
+	JNZ  gemv8_step
+	HSUM8
+	VMOVUPS Y1, (DI)
+	ADDQ    $32, DI
+	LEAQ    (R13)(BX*8), SI
+	DECQ    DX
+	JNZ     gemv8
+	VZEROUPPER
+	RET
+
+// func gemvAVX512(out *float32, x *float32, k int, w *float32, ldw int, n8 int)
+//
+// gemvAVX2 in 16-lane registers, for k a positive multiple of 16: each accumulator halved
+// into 8 lanes before the transposing horizontal sum.
+TEXT ·gemvAVX512(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHRQ $4, CX // steps of the width
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $2, BX
+	LEAQ (BX)(BX*2), R11 // 3·ldw
+	MOVQ n8+40(FP), DX
+
+zgemv8:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ   SI, R13
+	LEAQ   (SI)(BX*4), R12
+	MOVQ   R8, R9
+	MOVQ   CX, R10
+
+zgemv8_step:
+	GEMV_STEP(Z8, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7)
+	ADDQ $64, SI
+	ADDQ $64, R12
+	ADDQ $64, R9
+	DECQ R10
+	JNZ  zgemv8_step
+	HALVE8
+	HSUM8
+	VMOVUPS Y1, (DI)
+	ADDQ    $32, DI
+	LEAQ    (R13)(BX*8), SI
+	DECQ    DX
+	JNZ     zgemv8
+	VZEROUPPER
+	RET
