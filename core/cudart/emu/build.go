@@ -10,8 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Header is the text of cuda_emu.h, the shim every module is compiled with.
@@ -209,6 +211,8 @@ func build(source, name string, program, sanitize bool) (string, error) {
 	base := strings.TrimSuffix(filepath.Base(name), filepath.Ext(name))
 	out := filepath.Join(dir, base+"-"+key+ext)
 	if _, err := os.Stat(out); err == nil {
+		now := time.Now()
+		os.Chtimes(out, now, now) // recently used: pruned last
 		return out, nil
 	}
 	tmp, err := os.MkdirTemp(dir, "build-")
@@ -241,7 +245,48 @@ func build(source, name string, program, sanitize bool) (string, error) {
 	if err := os.Rename(obj, out); err != nil {
 		return "", fmt.Errorf("emu: %w", err)
 	}
+	prune(dir, out)
 	return out, nil
+}
+
+// MaxCached is how many built modules and programs CacheDir keeps; past it the least
+// recently used go.
+const MaxCached = 400
+
+// prune removes the least recently used entries of dir past MaxCached (never keep), and
+// build directories more than an hour old (left by a build that was killed).
+func prune(dir, keep string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	type entry struct {
+		path string
+		used time.Time
+	}
+	var built []entry
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		switch {
+		case e.IsDir() && strings.HasPrefix(e.Name(), "build-"):
+			if time.Since(info.ModTime()) > time.Hour {
+				os.RemoveAll(p)
+			}
+		case !e.IsDir() && (strings.HasSuffix(e.Name(), ".so") || strings.HasSuffix(e.Name(), ".bin")) && p != keep:
+			built = append(built, entry{p, info.ModTime()})
+		}
+	}
+	if len(built)+1 <= MaxCached {
+		return
+	}
+	sort.Slice(built, func(i, j int) bool { return built[i].used.Before(built[j].used) })
+	for _, e := range built[:len(built)+1-MaxCached] {
+		os.Remove(e.path) // a process that has it open keeps its mapping
+	}
 }
 
 func trim(s string, n int) string {

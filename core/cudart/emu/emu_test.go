@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -375,9 +376,23 @@ func TestBuildCache(t *testing.T) {
 	if filepath.Dir(p1) != filepath.Join(dir, "emu") {
 		t.Errorf("module %s is not under $RESIN_KERNEL_CACHE/emu", p1)
 	}
-	ents, _ := os.ReadDir(filepath.Join(dir, "emu"))
-	if len(ents) != 1 {
+	if ents, _ := os.ReadDir(filepath.Join(dir, "emu")); len(ents) != 1 {
 		t.Errorf("the cache holds %d entries (temporary files left?)", len(ents))
+	}
+	// A build directory left by a killed build is removed once stale; a fresh one stays.
+	stale, fresh := filepath.Join(dir, "emu", "build-1"), filepath.Join(dir, "emu", "build-2")
+	os.MkdirAll(stale, 0o755)
+	os.MkdirAll(fresh, 0o755)
+	old := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(stale, old, old)
+	if _, err := Build(src+"// another\n", "two.cu"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("a stale build directory was kept: %v", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a build directory in use was removed: %v", err)
 	}
 	if _, err := Build("int x;", "none.cu"); err == nil || !strings.Contains(err.Error(), "no kernel") {
 		t.Errorf("a source without kernels: %v", err)
@@ -475,5 +490,32 @@ func TestAllSchedules(t *testing.T) {
 		return m.Launch("block_sum", [3]uint32{1, 1, 1}, [3]uint32{64, 1, 1}, 0, params([]uint64{ptr(sum), ptr(in), 64, 1, uint64(math.Float32bits(1))}), s, seed)
 	}); err != nil || sum[0] != 64*63/2 {
 		t.Errorf("block_sum under every schedule: %g, %v", sum[0], err)
+	}
+}
+
+func TestPruneKeepsRecent(t *testing.T) {
+	dir := t.TempDir()
+	base := time.Now().Add(-time.Hour)
+	for i := range MaxCached + 5 {
+		p := filepath.Join(dir, fmt.Sprintf("m%03d.so", i))
+		os.WriteFile(p, nil, 0o644)
+		at := base.Add(time.Duration(i) * time.Second)
+		os.Chtimes(p, at, at)
+	}
+	keep := filepath.Join(dir, "m000.so") // the oldest, but just built
+	prune(dir, keep)
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != MaxCached {
+		t.Fatalf("%d entries left, want %d", len(ents), MaxCached)
+	}
+	for _, gone := range []string{"m001.so", "m005.so"} {
+		if _, err := os.Stat(filepath.Join(dir, gone)); !os.IsNotExist(err) {
+			t.Errorf("%s, among the least recently used, was kept", gone)
+		}
+	}
+	for _, kept := range []string{"m000.so", "m006.so", fmt.Sprintf("m%03d.so", MaxCached+4)} {
+		if _, err := os.Stat(filepath.Join(dir, kept)); err != nil {
+			t.Errorf("%s was removed: %v", kept, err)
+		}
 	}
 }
