@@ -149,7 +149,7 @@ JSON
 		echo "  tests: $(grep -c -- '^emu| --- PASS' "$log") passed, $(grep -c -- '^emu| --- FAIL' "$log") failed, $(grep -c -- '^emu| --- SKIP' "$log") skipped"
 		grep -- '^emu| --- FAIL' "$log" | sed 's/^emu| /  /'
 		grep -hE '^emu\| .*_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  parity /'
-		grep -hE '^emu\| (finish|emulated)' "$log" | sed 's/^emu| /  /'
+		grep -hE '^emu\| (finish|emulated|  batch)' "$log" | sed 's/^emu| /  /'
 	else
 		echo "  not run"
 	fi
@@ -184,6 +184,10 @@ emulated() {
 		--device cuda-emu --cache-bytes 16777216 2>&1 | sed 's/^/emu| /'
 	[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 	echo "emu| emulated generate: $((SECONDS - t0)) s on $(nproc) CPUs, kernel compilation included when the cache is fresh"
+	echo "emu| == resin bench model --device cuda-emu (tiny llama)"
+	"$bin/resin" bench model --model llama --random-weights cmd/resin/testdata/tiny-llama/config.json --device cuda-emu \
+		--cache-bytes 16777216 --batch-sizes 1,4 --prompt-len 16 --gen-len 8 --repeat 1 2>&1 | sed 's/^/emu| /'
+	[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 }
 
 if [ "${1:-}" = "--build" ]; then

@@ -244,6 +244,9 @@ func TestEmulatedMatchesCPURunner(t *testing.T) {
 	}
 	sameAsCPU(t, "request after two aborts", e.gpu.Generate(t, prompts[0], greedy), e.cpu.Generate(t, prompts[0], greedy))
 	e.stop(t)
+	if c, err := cudart.EmulatorCounts(); err == nil {
+		t.Logf("emulated device, this test: %v", c)
+	}
 }
 
 // TestEmulatedGraphsEqualEager runs the same requests on the GPU runner with CUDA graphs
