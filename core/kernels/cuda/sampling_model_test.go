@@ -36,6 +36,9 @@ func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLog
 			return uint64(i)
 		}
 		u := math.Float32bits(row[i])
+		if row[i] == 0 { // -0 and +0 are one logit
+			u = 0
+		}
 		asc := u | 0x80000000
 		if u&0x80000000 != 0 {
 			asc = ^u
@@ -43,11 +46,14 @@ func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLog
 		return uint64(^asc)<<32 | uint64(i)
 	}
 	invT := float32(0)
-	if p.Temperature > 0 {
-		invT = 1 / p.Temperature
+	if p.Temperature > 0 { // 1/T in float64, capped at the largest float32
+		invT = float32(min(1/float64(p.Temperature), math.MaxFloat32))
 	}
 	weight := func(i int) uint64 {
-		w := float32(math.Exp(float64((row[i] - mx) * invT)))
+		w := float32(1)
+		if row[i] != mx {
+			w = float32(math.Exp(float64((row[i] - mx) * invT)))
+		}
 		if w < p.MinP {
 			return 0
 		}
