@@ -58,6 +58,17 @@
 // logf and sqrtf; and the host logic around the launches (grids, parameter packing,
 // workspaces) that the tests drive through the production launchers.
 //
+// The kernel tests (core/kernels/cuda emu_*_test.go, models/*/kernels emu_test.go) state
+// their numerics against core/kernels/ref or a float64 reference: bit-exact where the
+// kernel's arithmetic is the reference's (rotary embeddings, gathers, the residual adds
+// and bf16 roundings of exact sums); within 2e-6 to 2e-5 relative (plus absolute 1 ulp
+// scale: |got - want| <= tol * (1 + |want|)) for the float32 reductions, whose order
+// differs from the reference's; within 8e-3 for bf16 outputs (half a bf16 ulp, 2^-9,
+// plus the accumulation); and the same tokens, logprobs to 2e-5 and alternatives as
+// engine.Sampler for device sampling. A full run of core/kernels/cuda's tests also
+// fails when some kernel entry point never ran on the emulated device, and prints the
+// emulated time and counts.
+//
 // # What it cannot catch
 //
 // The GPU memory model (a missing __threadfence, visibility between blocks, volatile and
