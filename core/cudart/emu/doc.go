@@ -61,11 +61,10 @@
 // The kernel tests (core/kernels/cuda emu_*_test.go, models/*/kernels emu_test.go) state
 // their numerics against core/kernels/ref or a float64 reference: bit-exact where the
 // kernel's arithmetic is the reference's (rotary embeddings, gathers, the residual adds
-// and bf16 roundings of exact sums); within 2e-6 to 2e-5 relative (plus absolute 1 ulp
-// scale: |got - want| <= tol * (1 + |want|)) for the float32 reductions, whose order
-// differs from the reference's; within 8e-3 for bf16 outputs (half a bf16 ulp, 2^-9,
-// plus the accumulation); and the same tokens, logprobs to 2e-5 and alternatives as
-// engine.Sampler for device sampling. A full run of core/kernels/cuda's tests also
+// and bf16 roundings of exact sums); |got - want| <= tol·(1 + |want|) with tol from 1e-6
+// to 2e-5 for the float32 reductions, whose order differs from the reference's, and 8e-3
+// for bf16 outputs (half a bf16 ulp, 2^-9, plus the accumulation); and for device
+// sampling the same tokens, logprobs to 2e-5 and the same alternatives as engine.Sampler. A full run of core/kernels/cuda's tests also
 // fails when some kernel entry point never ran on the emulated device, and prints the
 // emulated time and counts.
 //
