@@ -16,15 +16,16 @@ func TestStepCarriesEveryPlanField(t *testing.T) {
 		reflect.TypeFor[engine.BatchPlan](): {"Step", "GraphBatch", "ReqIDs", "Computed", "Scheduled", "PromptLen", "NumDrafts",
 			"Temperature", "TopP", "TopK", "MinP", "Seed", "Logprobs", "PresencePenalty", "FrequencyPenalty", "RepetitionPenalty",
 			"MinTokens", "LogitBiasStart", "LogitBiasTokens", "LogitBiasValues", "StopIDsStart", "StopIDs", "HistoryStart",
-			"History", "PromptLogprobs", "PromptNext", "QueryStart", "LogitsStart", "Tokens", "Positions", "LogitsIndices",
+			"History", "PromptLogprobs", "PromptNext", "TokenMaskStart", "TokenMask", "QueryStart", "LogitsStart", "Tokens", "Positions", "LogitsIndices",
 			"Groups", "CacheOps", "Released"},
 		reflect.TypeFor[engine.GroupPlan](): {"SlotMapping", "PageTableStart", "PageTable", "StatePage"},
 		reflect.TypeFor[engine.StepResult](): {"Accepted", "Tokens", "NumNextDrafts", "Drafts", "Logprobs", "TopTokens",
 			"TopLogprobs", "PromptLogprobs", "PromptTopTokens", "PromptTopLogprobs"},
 		reflect.TypeFor[engine.CacheOp](): {"Kind", "Group", "Src", "Dst"},
 		reflect.TypeFor[engine.Release](): {"ReqID", "Reason"},
-		// ExecutesCacheOps is implied: a remote runner executes the ops it is sent (CapCacheOps).
-		reflect.TypeFor[engine.RunnerInfo](): {"Name", "VocabSize", "MaxContext", "EOS", "CacheGroups", "GraphBuckets", "MaxDrafts", "AsyncTokens", "ExecutesCacheOps"},
+		// ExecutesCacheOps is implied: a remote runner executes the ops it is sent (CapCacheOps);
+		// TokenMasks is CapTokenMasks.
+		reflect.TypeFor[engine.RunnerInfo](): {"Name", "VocabSize", "MaxContext", "EOS", "CacheGroups", "GraphBuckets", "MaxDrafts", "AsyncTokens", "ExecutesCacheOps", "TokenMasks"},
 	}
 	for typ, names := range carried {
 		known := map[string]bool{}

@@ -40,6 +40,7 @@ func goldenSteps() []*engine.BatchPlan {
 		StopIDsStart: []int32{0, 0, 1}, StopIDs: []int32{2},
 		HistoryStart: []int32{0, 3, 3}, History: []int32{99, 100, 101},
 		PromptLogprobs: []int32{-1, 1}, PromptNext: []int32{-1, -1},
+		TokenMaskStart: []int32{0, 0, 4}, TokenMask: []uint32{0, 0, 0x80000001, 0x1ff},
 		QueryStart: []int32{0, 1, 3}, LogitsStart: []int32{0, 1, 2},
 		Tokens: []int32{100, 21, 22}, Positions: []int32{21, 0, 1}, LogitsIndices: []int32{0, 2},
 		Groups: []engine.GroupPlan{{
@@ -85,6 +86,7 @@ func planJSON(p *engine.BatchPlan) map[string]any {
 		"min_tokens": p.MinTokens, "logit_bias_start": p.LogitBiasStart, "logit_bias_tokens": p.LogitBiasTokens,
 		"logit_bias_values": p.LogitBiasValues, "stop_ids_start": p.StopIDsStart, "stop_ids": p.StopIDs,
 		"history_start": p.HistoryStart, "history": p.History, "prompt_logprobs": p.PromptLogprobs, "prompt_next": p.PromptNext,
+		"token_mask_start": p.TokenMaskStart, "token_mask": p.TokenMask,
 	}
 	for k, v := range opt {
 		if reflect.ValueOf(v).Len() > 0 {

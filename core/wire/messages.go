@@ -16,6 +16,11 @@ const (
 	// CapReleases: the runner drops the state of released requests (the engine sends the
 	// notices either way; a runner may ignore them).
 	CapReleases
+	// CapTokenMasks: the runner's sampler applies the step's token masks (grammar-
+	// constrained requests, BatchPlan.TokenMask); it is the runner's
+	// engine.RunnerInfo.TokenMasks. The engine sends constrained requests only to a
+	// runner with it.
+	CapTokenMasks
 )
 
 // Hello is the engine's first message.
@@ -74,7 +79,11 @@ func AppendInfo(dst []byte, m Info) []byte {
 	ri := &m.Runner
 	e.u16(m.Version)
 	e.u16(0)
-	e.u32(m.Caps)
+	caps := m.Caps
+	if ri.TokenMasks {
+		caps |= CapTokenMasks
+	}
+	e.u32(caps)
 	e.str(ri.Name)
 	e.u32(uint32(ri.VocabSize))
 	e.u32(uint32(ri.MaxContext))
@@ -117,6 +126,7 @@ func DecodeInfo(payload []byte) (Info, error) {
 	}
 	m.Caps = d.U32()
 	ri := &m.Runner
+	ri.TokenMasks = m.Caps&CapTokenMasks != 0
 	ri.Name = d.str("name")
 	ri.VocabSize, ri.MaxContext, ri.MaxDrafts = int(d.U32()), int(d.U32()), int(d.U32())
 	flags := d.U32()

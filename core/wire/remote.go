@@ -495,7 +495,7 @@ func (r *Remote) start(ctx context.Context) (*session, error) {
 		s.fr, s.w, s.rd, s.wd = NewFrameReader(c, r.cfg.MaxFrame), c, c, c
 		s.closer = []io.Closer{c}
 	}
-	hello := AppendHello(nil, Hello{Version: Version, MaxFrame: uint32(r.cfg.MaxFrame), Caps: CapCacheOps | CapReleases})
+	hello := AppendHello(nil, Hello{Version: Version, MaxFrame: uint32(r.cfg.MaxFrame), Caps: CapCacheOps | CapReleases | CapTokenMasks})
 	kind, payload, err := s.exchange(ctx, hello, r.cfg.HandshakeTimeout)
 	if err != nil {
 		return nil, r.startFailed(s, fmt.Errorf("handshake: %w", err))

@@ -95,6 +95,9 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 class LlamaRunner(Runner):
+    # sample_plan applies the steps' token masks (grammar-constrained requests).
+    caps = Runner.caps | wire.CAP_TOKEN_MASKS
+
     def __init__(self, weights_dir: str, page_tokens: int = 16, max_context: int = 0):
         with open(os.path.join(weights_dir, "config.json")) as f:
             self.c = c = Config(json.load(f))

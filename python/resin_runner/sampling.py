@@ -143,6 +143,21 @@ def top_logprobs(logits: np.ndarray, lse, k: int):
     return order.tolist(), lp[order].tolist()
 
 
+def apply_mask(logits: np.ndarray, adj: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The adjusted logits with the tokens the grammar's mask does not allow at -inf (ids
+    past the mask are not allowed). When the min-tokens gate masked every token the
+    grammar allows, the grammar wins, as in the Go engine.Sampler."""
+    n = len(logits)
+    bits = ((np.asarray(mask, dtype=np.uint32)[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(bool).reshape(-1)
+    allowed = np.zeros(n, dtype=bool)
+    k = min(n, len(bits))
+    allowed[:k] = bits[:k]
+    out = np.where(allowed, adj, np.float32(-np.inf)).astype(np.float32)
+    if not np.any(np.isfinite(out)):
+        out = np.where(allowed, logits, np.float32(-np.inf)).astype(np.float32)
+    return out
+
+
 def sample_plan(plan: Plan, logits: np.ndarray, all_rows: bool = False) -> StepResult:
     """Samples one token per sequence with a logits row. logits holds the rows of
     plan.logits_indices, or of every token row when all_rows (prompt logprobs)."""
@@ -161,7 +176,11 @@ def sample_plan(plan: Plan, logits: np.ndarray, all_rows: bool = False) -> StepR
         pos = int(plan.positions[tok_row]) + 1
         r = _row(plan, i)
         lse = log_sum_exp(row)
-        tok = choose(adjust(row, r, pos), r, pos)
+        adj = adjust(row, r, pos)
+        mask = plan.token_mask_of(i, hi - lo - 1)
+        if mask is not None:
+            adj = apply_mask(row, adj, mask)
+        tok = choose(adj, r, pos)
         res.accepted.append(1)
         res.tokens.append(tok)
         if any_lp:

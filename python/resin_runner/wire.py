@@ -25,6 +25,7 @@ KIND_SHUTDOWN = 6
 
 CAP_CACHE_OPS = 1
 CAP_RELEASES = 2
+CAP_TOKEN_MASKS = 4  # the runner's sampler applies the steps' token masks (X & 32)
 
 CODE_STEP_FAILED = 1
 CODE_FATAL = 2
@@ -38,8 +39,8 @@ KIND_FULL, KIND_SLIDING_WINDOW, KIND_COMPRESSED, KIND_RECURRENT = 0, 1, 2, 3
 NO_PAGE = 0xFFFFFFFF
 NO_SLOT = -1
 
-OPT_PENALTIES, OPT_BIAS, OPT_STOPS, OPT_HISTORY, OPT_PROMPT = 1, 2, 4, 8, 16
-OPT_ALL = 31
+OPT_PENALTIES, OPT_BIAS, OPT_STOPS, OPT_HISTORY, OPT_PROMPT, OPT_MASKS = 1, 2, 4, 8, 16, 32
+OPT_ALL = 63
 
 MAX_TOP_LOGPROBS = 20
 
@@ -378,6 +379,21 @@ class Plan:
     history: np.ndarray | None = None
     prompt_logprobs: np.ndarray | None = None
     prompt_next: np.ndarray | None = None
+    token_mask_start: np.ndarray | None = None
+    token_mask: np.ndarray | None = None
+
+    def token_mask_of(self, i: int, j: int = 0):
+        """The token mask (uint32 words, bit t%32 of word t//32 allows token t) of sequence
+        i's logits row j, or None when the sequence is not constrained (see the Go
+        BatchPlan.TokenMaskOf)."""
+        if self.token_mask_start is None:
+            return None
+        a, b = int(self.token_mask_start[i]), int(self.token_mask_start[i + 1])
+        rows = int(self.logits_start[i + 1]) - int(self.logits_start[i])
+        if a == b or rows == 0 or j >= rows:
+            return None
+        w = (b - a) // rows
+        return self.token_mask[a + j * w : a + (j + 1) * w]
 
     @property
     def num_seqs(self) -> int:
@@ -417,6 +433,8 @@ class Tables:
             need += 16 * B
         if X & OPT_PROMPT:
             need += 8 * B
+        if X & OPT_MASKS:
+            need += 4 * (B + 1)  # and the words token_mask_start[B] says
         for bit, n in ((OPT_BIAS, 2 * NB), (OPT_STOPS, NS), (OPT_HISTORY, NH)):
             if X & bit:
                 need += 4 * (B + 1) + 4 * n
@@ -463,6 +481,12 @@ class Tables:
         if X & OPT_PROMPT:
             kw["prompt_logprobs"] = d.arr("i4", B)
             kw["prompt_next"] = d.arr("i4", B)
+        if X & OPT_MASKS:
+            kw["token_mask_start"] = start = d.arr("i4", B + 1)
+            n = int(start[B])
+            if n < 0 or 4 * n > d.left():
+                d.fail(f"{n} token-mask words, {d.left()} bytes left")
+            kw["token_mask"] = d.arr("u4", n)
         slots, states = [], []
         for _ in range(G):
             ns = d.count("state pages", 4)
@@ -522,6 +546,18 @@ def _validate(d: _Dec, B: int, T: int, L: int, kw: dict):
     for name, off, total in (("query_start", qs, T), ("logits_start", ls, L)):
         if off[0] != 0 or off[-1] != total or np.any(np.diff(off) < 0):
             d.fail(f"{name} does not run from 0 to {total}")
+    ms = kw.get("token_mask_start")
+    if ms is not None:
+        if ms[0] != 0 or np.any(np.diff(ms) < 0):
+            d.fail("token_mask_start does not run from 0 up")
+        words = 0
+        for i in range(B):
+            n, rows = int(ms[i + 1] - ms[i]), int(ls[i + 1] - ls[i])
+            if n == 0:
+                continue
+            if rows == 0 or n % rows or words and n // rows != words:
+                d.fail(f"sequence {i} has {n} mask words for {rows} logits rows")
+            words = n // rows
     for i in range(B):
         a, b = int(qs[i]), int(qs[i + 1])
         if kw["scheduled"][i] != b - a or b == a:

@@ -77,6 +77,21 @@ class Golden(unittest.TestCase):
                 self.assertEqual(got, want_v, f"{name}: {key}")
         self.assertEqual(sorted(tables.by_req), [9, 11])
 
+    def test_token_mask_sampling(self):
+        # step2's second sequence is constrained: its mask allows tokens 64, 95 and 96..104.
+        from resin_runner.sampling import sample_plan
+        tables = wire.Tables()
+        tables.decode_step(payload_of(fixture("step1")[0], wire.KIND_STEP))
+        plan = tables.decode_step(payload_of(fixture("step2")[0], wire.KIND_STEP))
+        self.assertIsNone(plan.token_mask_of(0))
+        allowed = [64, 95] + list(range(96, 105))
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            logits = rng.standard_normal((2, 128)).astype(np.float32)
+            res = sample_plan(plan, logits)
+            want = allowed[int(np.argmax(logits[1][allowed]))]  # greedy (temperature 0)
+            self.assertEqual(res.tokens[1], want)
+
     def test_result(self):
         raw, want = fixture("result")
         step, res = wire.decode_result(payload_of(raw, wire.KIND_RESULT))
