@@ -71,14 +71,15 @@ func Available() error {
 }
 
 // CacheDir is where built modules are kept: $RESIN_KERNEL_CACHE/emu, or resin/emu under
-// the user's cache directory.
+// the user's cache directory, or resin-emu under the temporary directory where there is
+// no user cache directory ($HOME unset, as under some CI runners).
 func CacheDir() (string, error) {
 	if d := os.Getenv("RESIN_KERNEL_CACHE"); d != "" {
 		return filepath.Join(d, "emu"), nil
 	}
 	base, err := os.UserCacheDir()
 	if err != nil {
-		return "", fmt.Errorf("emu: no user cache directory (set RESIN_KERNEL_CACHE): %w", err)
+		return filepath.Join(os.TempDir(), "resin-emu"), nil
 	}
 	return filepath.Join(base, "resin", "emu"), nil
 }
