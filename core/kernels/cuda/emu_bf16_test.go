@@ -402,3 +402,24 @@ func TestEmuDecodeAttention(t *testing.T) {
 		}
 	}
 }
+
+// TestEmuAttentionPageSizes runs prefill and split decode over pages of 8 and 64 tokens
+// (a 32-key tile spans four pages, or a quarter of one).
+func TestEmuAttentionPageSizes(t *testing.T) {
+	emuKernels(t)
+	for _, pt := range []int{8, 64} {
+		c := newEmuCache(61, BF16, 1, 0, pt, 2, 64, 64/pt*4, 3)
+		scale := float32(0.125)
+		b := newEmuBatch(t, c, []emuSeq{{20, 45}, {130, 1}, {7, 1}, {0, 9}}, 4, scale, 0, 62)
+		m := &emuMem{t: t}
+		p := b.upload(m, c, 4, scale, 0)
+		var pre, dec, red launchSpec
+		work := m.alloc(int(DecodeWorkspaceBytes(p.Batch, p.Heads, p.HeadDim, 3)))
+		if err := firstErrOf(p.packPrefill(&pre, true), p.packDecode(&dec, &red, DecodeSplit{3, 64}, work)); err != nil {
+			t.Fatal(err)
+		}
+		name := fmt.Sprintf("attention page tokens %d", pt)
+		emuRun(t, name, m, fromSpec(&pre), fromSpec(&dec), fromSpec(&red))
+		emuClose(t, name, m.getBF16(p.Out, len(b.want)), b.want, emuBF16Tol)
+	}
+}

@@ -108,6 +108,41 @@ func TestEmuSample(t *testing.T) {
 	}
 }
 
+// TestEmuSampleSmallTopCapacity: with a top-n capacity below MaxSampleTop the rows of
+// alternatives are MaxTop apart and a row asking more gets MaxTop of them.
+func TestEmuSampleSmallTopCapacity(t *testing.T) {
+	emuKernels(t)
+	const vocab, maxTop = 257, 5
+	params := []SampleParams{{Temperature: 0, Logprobs: 8}, {Temperature: 0.7, TopK: 9, Seed: 5, Pos: 1, Logprobs: 2}, {Temperature: 1, Seed: 6, Pos: 2}}
+	rows := len(params)
+	logits := emuRnd(71, rows*vocab, 5)
+	buf := make([]byte, rows*SampleParamsBytes)
+	if _, err := PutSampleParams(buf, params); err != nil {
+		t.Fatal(err)
+	}
+	m := &emuMem{t: t}
+	sp := Sample{Tokens: m.alloc(4 * rows), Logprobs: m.alloc(4 * rows), TopIDs: m.alloc(4 * rows * maxTop),
+		TopLogprobs: m.alloc(4 * rows * maxTop), Logits: m.f32(logits), Params: m.bytes(buf), Rows: rows, Vocab: vocab, MaxTop: maxTop}
+	var spec launchSpec
+	emuRun(t, "sample top capacity 5", m, specLaunch(t, sp.pack(&spec), &spec))
+	tokens, ids := m.getI32(sp.Tokens, rows), m.getI32(sp.TopIDs, rows*maxTop)
+	for r, p := range params {
+		want, _, wantTop := cpuSample(logits[r*vocab:(r+1)*vocab], p)
+		if tokens[r] != want {
+			t.Errorf("row %d: token %d, engine.Sampler %d", r, tokens[r], want)
+		}
+		for j := range maxTop {
+			w := int32(-1)
+			if j < len(wantTop) {
+				w = wantTop[j].Token
+			}
+			if ids[r*maxTop+j] != w {
+				t.Errorf("row %d: alternative %d is %d, want %d", r, j, ids[r*maxTop+j], w)
+			}
+		}
+	}
+}
+
 // TestEmuSampleSignedZeros: -0 and +0 are equal logits, so their order is the lower id
 // first, as engine.Sampler sorts them. sampling.cu ordered +0 before -0, so the row
 // {1, -0, +0, -0} listed its alternatives as [0 2 1 3] and a top-k of 2 kept +0 (id 2)
