@@ -221,10 +221,12 @@ func emuConfig() ([][2]string, error) {
 	return out, nil
 }
 
-// buildModule is the emulated NVRTC's builder: emu.Build of the C string src, the path
-// of the module (or the error) written into out as a C string; 0 on success.
+// buildModule is the emulated NVRTC's builder: emu.Build of the C string src (with
+// paramSizesSource), the path of the module (or the error) written into out as a C
+// string; 0 on success.
 func buildModule(src, name, out *byte, outLen int64) int32 {
-	path, err := emu.Build(goString(src), goString(name))
+	source := goString(src)
+	path, err := emu.Build(source+paramSizesSource(source), goString(name))
 	msg, rc := path, int32(0)
 	if err != nil {
 		msg, rc = err.Error(), 1
@@ -235,11 +237,43 @@ func buildModule(src, name, out *byte, outLen int64) int32 {
 	return rc
 }
 
+// paramSizesSource is what a module needs appended for the emulated driver to capture its
+// launches: resin_emu_lib_param_sizes(kernel, sizes, max), the byte size of each
+// parameter of each kernel, from the kernel's own type (a graph keeps a copy of a
+// launch's parameter values, as a GPU's kernel node does, and the launch gives only
+// pointers to them). It is empty when the shim exports the sizes itself
+// (resin_emu_param_sizes), so the module is the one core/cudart/emu's own tests build.
+func paramSizesSource(source string) string {
+	if strings.Contains(emu.Header, "resin_emu_param_sizes") {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(`
+#line 1 "resin_emu_lib_param_sizes"
+namespace resin_emu_lib {
+template <class... A> int param_sizes(void (*)(A...), unsigned* out, int max) {
+  const unsigned s[] = {0u, (unsigned)sizeof(A)...};
+  int n = (int)sizeof...(A);
+  for (int i = 0; i < n && i < max; i++) out[i] = s[i + 1];
+  return n;
+}
+inline bool same(const char* a, const char* b) { while (*a && *a == *b) { a++; b++; } return *a == *b; }
+}  // namespace resin_emu_lib
+extern "C" __attribute__((visibility("default"))) int resin_emu_lib_param_sizes(const char* k, unsigned* out, int max) {
+`)
+	for _, k := range emu.Kernels(source) {
+		fmt.Fprintf(&b, "  if (resin_emu_lib::same(k, %q)) return resin_emu_lib::param_sizes(&%s, out, max);\n", k, k)
+	}
+	b.WriteString("  return -1;\n}\n")
+	return b.String()
+}
+
 // emuLibFlags build the emulated libraries.
 var emuLibFlags = []string{"-std=c++17", "-O2", "-fPIC", "-shared", "-w"}
 
 // emuToolchain identifies what the emulated device's kernels are built with: the
-// emulator's library sources, core/cudart/emu's shim and flags, and the compiler. It is
+// emulator's library sources, core/cudart/emu's shim and flags, what is appended to a
+// module (paramSizesSource), and the compiler. It is
 // the Compiler of their kernel cache keys, so a change of any of them rebuilds them.
 var emuToolchain = sync.OnceValues(func() (string, error) {
 	cxx, ver, err := hostCompiler()
@@ -254,7 +288,7 @@ var emuToolchain = sync.OnceValues(func() (string, error) {
 	for _, f := range files {
 		fmt.Fprintf(h, "%s %d\n%s", f[0], len(f[1]), f[1])
 	}
-	for _, part := range []string{strings.Join(emuLibFlags, " "), emu.Header, strings.Join(emu.Flags, " "), cxx, ver} {
+	for _, part := range []string{strings.Join(emuLibFlags, " "), emu.Header, strings.Join(emu.Flags, " "), paramSizesSource(""), cxx, ver} {
 		fmt.Fprintf(h, "%d\n%s", len(part), part)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:24], nil

@@ -15,8 +15,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <set>
-#include <sstream>
 
 #include "emu_lib.h"
 
@@ -57,86 +55,6 @@ bool readFile(const std::string& path, std::vector<unsigned char>* out) {
   if (!f) return false;
   out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   return true;
-}
-
-// stripComments blanks comments and string literals, so that scanning for kernels does
-// not find a name inside them.
-std::string stripComments(const std::string& s) {
-  std::string o = s;
-  for (size_t i = 0; i < o.size(); i++) {
-    if (o[i] == '/' && i + 1 < o.size() && o[i + 1] == '/') {
-      while (i < o.size() && o[i] != '\n') o[i++] = ' ';
-    } else if (o[i] == '/' && i + 1 < o.size() && o[i + 1] == '*') {
-      size_t j = o.find("*/", i + 2);
-      j = j == std::string::npos ? o.size() : j + 2;
-      for (; i < j; i++)
-        if (o[i] != '\n') o[i] = ' ';
-      i--;
-    } else if (o[i] == '"') {
-      size_t j = i + 1;
-      while (j < o.size() && o[j] != '"') j += o[j] == '\\' ? 2 : 1;
-      for (size_t k = i + 1; k < j && k < o.size(); k++) o[k] = ' ';
-      i = j;
-    }
-  }
-  return o;
-}
-
-bool identChar(char c) { return isalnum((unsigned char)c) || c == '_'; }
-
-// kernelNames lists the kernels the source defines: the names after "RESIN_KERNEL void"
-// or "__global__ void".
-std::vector<std::string> kernelNames(const std::string& src) {
-  std::string s = stripComments(src);
-  std::vector<std::string> out;
-  std::set<std::string> seen;
-  for (const char* marker : {"RESIN_KERNEL", "__global__"}) {
-    size_t m = strlen(marker);
-    for (size_t i = s.find(marker); i != std::string::npos; i = s.find(marker, i + m)) {
-      if ((i > 0 && identChar(s[i - 1])) || identChar(s[i + m])) continue;
-      size_t j = i + m;
-      // The line must not be a #define of the marker itself.
-      size_t bol = s.rfind('\n', i);
-      bol = bol == std::string::npos ? 0 : bol + 1;
-      size_t k = s.find_first_not_of(" \t", bol);
-      if (k != std::string::npos && s[k] == '#') continue;
-      while (j < s.size() && isspace((unsigned char)s[j])) j++;
-      if (s.compare(j, 4, "void") != 0 || identChar(s[j + 4])) continue;
-      j += 4;
-      while (j < s.size() && isspace((unsigned char)s[j])) j++;
-      size_t a = j;
-      while (j < s.size() && identChar(s[j])) j++;
-      if (j == a) continue;
-      std::string name = s.substr(a, j - a);
-      while (j < s.size() && isspace((unsigned char)s[j])) j++;
-      if (j >= s.size() || s[j] != '(') continue;
-      if (seen.insert(name).second) out.push_back(name);
-    }
-  }
-  return out;
-}
-
-// paramSizesSource is appended to a program: resin_emu_lib_param_sizes(kernel, sizes, max)
-// gives the byte size of each parameter of each kernel, from the kernel's own type, which
-// the emulated driver needs to copy a launch's parameters into a captured graph.
-std::string paramSizesSource(const std::vector<std::string>& kernels) {
-  std::ostringstream o;
-  o << "\n// ---- appended by the emulated NVRTC ----\n"
-       "namespace resin_emu_lib {\n"
-       "template <class... A> int param_sizes(void (*)(A...), unsigned* out, int max) {\n"
-       "  const unsigned s[] = {0u, (unsigned)sizeof(A)...};\n"
-       "  int n = (int)sizeof...(A);\n"
-       "  for (int i = 0; i < n && i < max; i++) out[i] = s[i + 1];\n"
-       "  return n;\n"
-       "}\n"
-       "inline bool same(const char* a, const char* b) { while (*a && *a == *b) { a++; b++; } return *a == *b; }\n"
-       "}  // namespace resin_emu_lib\n"
-       "extern \"C\" __attribute__((visibility(\"default\"))) int resin_emu_lib_param_sizes(const char* k, unsigned* out, int max) {\n";
-  for (const std::string& k : kernels) {
-    o << "  if (resin_emu_lib::same(k, \"" << k << "\")) return resin_emu_lib::param_sizes(&" << k << ", out, max);\n";
-  }
-  o << "  return -1;\n}\n";
-  return o.str();
 }
 
 }  // namespace
@@ -230,7 +148,6 @@ extern "C" int nvrtcCompileProgram(void* prog, int numOptions, const char* const
   if (arch.empty()) arch = "compute_80";
   std::string source = p->src;
   if (!defines.empty()) source = defines + "#line 1 \"" + p->name + "\"\n" + source;
-  source += paramSizesSource(kernelNames(p->src));
   std::vector<char> out(1 << 20);
   int rc = build(source.c_str(), p->name.c_str(), out.data(), (long)out.size());
   out.back() = 0;
