@@ -218,6 +218,8 @@ open:
 		return 0, failed
 	}
 	s.opens++
+	// Pages pack while the pool is r's alone since it was emptied for it (see restartAlone).
+	s.pool.PackPages(s.emptiedFor == r && s.opens == s.emptiedAt+1)
 	r.seq, r.open, r.computed, r.committed, r.reserved = seq, true, hit, hit, hit
 	r.tablesGen = 0
 	n := min(len(r.tokens)-r.computed, budget)

@@ -487,6 +487,7 @@ func (s *Scheduler) finish(r *request, reason FinishReason, err error) {
 	r.state = stateFinished
 	if s.emptiedFor == r {
 		s.emptiedFor = nil
+		s.pool.PackPages(false)
 	}
 	why := ReleaseFinished
 	if reason == FinishAbort || reason == FinishError {
@@ -540,8 +541,8 @@ func (s *Scheduler) preempt(r *request) {
 // reclaim while a page of r lives there. It reports false when that cannot be so (the
 // pool was emptied for r and no other sequence was opened since); else r lets go of its
 // pages and the prefix cache is emptied, so that r starts over (recomputing what it had)
-// in a whole pool, where its pages pack onto the slabs the context cap counted. r must
-// not hold a sequence a plan in flight uses.
+// in a whole pool, where, while it runs alone, its pages pack (kvslab.Pool.PackPages) onto
+// the slabs the context cap counted. r must not hold a sequence a plan in flight uses.
 func (s *Scheduler) restartAlone(r *request) bool {
 	if s.emptiedFor == r && s.opens <= s.emptiedAt+1 {
 		return false

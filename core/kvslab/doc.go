@@ -44,10 +44,11 @@
 // full and compressed groups, the blocks the next token can see for sliding windows, and a
 // checkpoint at exactly the hit point for recurrent groups. Cached pages are reference
 // counted; unreferenced ones stay until evicted, least recently used first, and when a group
-// needs a slab the pool prefers slabs whose pages are all evictable. With several groups, a
-// group first reuses the slots of idle cached pages on slabs where it has live pages: a slab
-// with a live page cannot go to another group, so a sequence's pages stay on as few slabs
-// as Size counted for it.
+// needs a slab the pool prefers slabs whose pages are all evictable. A group takes a free
+// slot on a slab where it has live pages before any other; with PackPages it also reuses the
+// slots of idle cached pages there before it takes a free slab, so that a sequence's pages
+// stay on as few slabs as Size counted for it (a slab with a live page cannot go to another
+// group).
 //
 // # Page copies
 //

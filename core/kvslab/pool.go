@@ -49,6 +49,7 @@ type Pool struct {
 	// Recorded page copies (copies.go): all not yet retired, oldest first; the first
 	// taken of them were handed out.
 	deferCopies bool
+	pack        bool // PackPages
 	copies      []PageCopy
 	taken       int
 }
@@ -186,21 +187,14 @@ func (p *Pool) pageOf(m int32) PageID {
 }
 
 // alloc takes a page for group g, referenced once. In order it uses a free slot of a slab
-// where the group has referenced pages, (with several groups) the slot of an idle cached
-// page on such a slab, a free slot of another of its slabs, a free slab, the group's least
-// recently used cached page, then a slab of another group whose pages are all evictable.
-//
-// The first two steps keep each group's referenced pages on as few slabs as they fill: a
-// group that took another slab while its slabs with live pages still had room (free, or
-// held by idle cached pages) would strand memory no other group can reclaim, since a slab
-// with a live page stays lent, and a lone sequence that the pool was sized for could then
-// not fit. With one group nothing is stranded, and a cached page left alone while free
-// slabs remain may still serve a later hit.
+// where the group has referenced pages, (with PackPages) the slot of an idle cached page on
+// such a slab, a free slot of another of its slabs, a free slab, the group's least recently
+// used cached page, then a slab of another group whose pages are all evictable.
 func (p *Pool) alloc(g int) (PageID, bool) {
 	gr := &p.groups[g]
 	if len(gr.live) == 0 {
 		switch {
-		case len(gr.spare) > 0 && len(p.groups) > 1:
+		case p.pack && len(gr.spare) > 0:
 			p.evict(p.slabCHead[gr.spare[len(gr.spare)-1]]) // its slot is now free and live
 		case len(gr.partial) > 0:
 		case len(p.freeSlabs) > 0:
@@ -233,6 +227,19 @@ func (p *Pool) alloc(g int) (PageID, bool) {
 	gr.used++
 	return id, true
 }
+
+// PackPages switches how a group that is out of free slots on the slabs where it has
+// referenced (live) pages grows. Off (the default), it takes a free slab while there is
+// one, and the idle cached pages next to its live ones stay for later prefix hits. On, it
+// first evicts those cached pages and reuses their slots, so that each group's live pages
+// stay on as few slabs as they fill.
+//
+// Packing is what makes a lone sequence fit a pool Size counted for it, whatever its groups'
+// pages churn (sliding windows, checkpoints): a slab with a live page cannot go to another
+// group, so a group that grew into a free slab while its own slabs held idle cached pages
+// may leave the next group with none. With one group nothing is stranded that way. The
+// engine turns it on while a request that an emptied pool was given to runs alone.
+func (p *Pool) PackPages(on bool) { p.pack = on }
 
 // lend moves a free slab to group g.
 func (p *Pool) lend(g int) {

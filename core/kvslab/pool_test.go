@@ -519,50 +519,40 @@ func TestSize(t *testing.T) {
 	}
 }
 
-// With several groups, a group out of free slots reuses the slot of an idle cached page on
-// a slab where it has live pages before it takes a free slab: that slab cannot go to
-// another group while the live page is there, so taking the free slab would leave the
-// next group with nothing. With one group nothing is stranded, and the cached page stays
-// for a later hit while free slabs remain.
-func TestAllocReusesCachedSlotsBeforeAFreeSlab(t *testing.T) {
-	st := GroupSpec{Name: "state", Kind: Recurrent, Layers: 1, BytesPerToken: 32, PageTokens: 4}
-	p := newPool(t, 32, 96, GroupSpec{Name: "kv", Kind: Full, Layers: 1, BytesPerToken: 4, PageTokens: 4}, st) // kv: 2 pages a slab
-	toks := seqTokens(1, 4)
-	a, _ := open(t, p, nil) // state on slab 0
-	reserve(t, p, a, 4)     // kv block 0 on slab 1
-	if err := p.Commit(a, toks); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := open(t, p, seqTokens(50, 3)) // state on slab 2
-	reserve(t, p, b, 4)                  // kv block 0 next to a's, on slab 1
-	if err := p.Free(a); err != nil {    // slab 0 is free; a's kv block stays cached on slab 1
-		t.Fatal(err)
-	}
-	reserve(t, p, b, 4) // kv block 1: onto a's cached slot, not onto slab 0
-	if got := p.PageTable(b, 0); got[1].Slab() != 1 {
-		t.Fatalf("b's kv pages %s: block 1 took a free slab", fmtTable(got))
-	}
-	if _, _, err := p.Open(nil); err != nil { // another sequence's state takes slab 0
-		t.Fatalf("open with a slab stranded: %v", err)
-	}
-	if err := p.Check(); err != nil {
-		t.Fatal(err)
-	}
-
-	one := newPool(t, 32, 96, full("kv", 4))
-	a, _ = open(t, one, nil)
-	reserve(t, one, a, 4)
-	if err := one.Commit(a, toks); err != nil {
-		t.Fatal(err)
-	}
-	b, _ = open(t, one, nil)
-	reserve(t, one, b, 4)
-	if err := one.Free(a); err != nil {
-		t.Fatal(err)
-	}
-	reserve(t, one, b, 4)
-	if hit := one.Lookup(append(slices.Clone(toks), 9)); hit != 4 {
-		t.Fatalf("one group: the cached block was evicted with free slabs left (hit %d)", hit)
+// With PackPages, a group out of free slots reuses the slot of an idle cached page on a
+// slab where it has live pages before it takes a free slab: that slab cannot go to another
+// group while the live page is there, so taking the free slab would leave the next group
+// with nothing. Without it (the default) the free slab is taken and the cached page stays
+// for a later hit.
+func TestPackPagesReusesCachedSlotsBeforeAFreeSlab(t *testing.T) {
+	for _, pack := range []bool{true, false} {
+		st := GroupSpec{Name: "state", Kind: Recurrent, Layers: 1, BytesPerToken: 32, PageTokens: 4}
+		p := newPool(t, 32, 96, GroupSpec{Name: "kv", Kind: Full, Layers: 1, BytesPerToken: 4, PageTokens: 4}, st) // kv: 2 pages a slab
+		p.PackPages(pack)
+		toks := seqTokens(1, 4)
+		a, _ := open(t, p, nil) // state on slab 0
+		reserve(t, p, a, 4)     // kv block 0 on slab 1
+		if err := p.Commit(a, toks); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := open(t, p, seqTokens(50, 3)) // state on slab 2
+		reserve(t, p, b, 4)                  // kv block 0 next to a's, on slab 1
+		if err := p.Free(a); err != nil {    // slab 0 is free; a's kv block stays cached on slab 1
+			t.Fatal(err)
+		}
+		reserve(t, p, b, 4) // kv block 1
+		onSlab1 := p.PageTable(b, 0)[1].Slab() == 1
+		cached := p.Stats().CachedBlocks
+		_, _, err := p.Open(nil) // another sequence's state
+		if pack && (!onSlab1 || err != nil || cached != 0) {
+			t.Fatalf("packing: kv pages %s, open: %v, %d blocks cached; want block 1 on a's slot and room for the state", fmtTable(p.PageTable(b, 0)), err, cached)
+		}
+		if !pack && (onSlab1 || !errors.Is(err, ErrNoSpace) || cached != 1) {
+			t.Fatalf("not packing: kv pages %s, open: %v, %d blocks cached; want block 1 on the free slab, a's block still cached and no room left", fmtTable(p.PageTable(b, 0)), err, cached)
+		}
+		if err := p.Check(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
