@@ -2,6 +2,7 @@ package cudart
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -25,7 +26,8 @@ extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
 // eagerly over a tail that is not a multiple of the block, then captures a memset, two
 // launches and a copy back into pinned memory and replays them: the replay uses the
 // parameters of the capture (the Args changed since), and a call the capture forbids
-// (an allocation) fails it and leaves the stream usable.
+// (an allocation, a copy into pageable memory) fails it and leaves the stream usable.
+// Launch shapes a GPU refuses are refused.
 func TestEmulatedLaunchAndGraph(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -150,6 +152,23 @@ func TestEmulatedLaunchAndGraph(t *testing.T) {
 		on, err := c.Capturing(s)
 		if err != nil || on {
 			failed = "the stream is still capturing after the failed capture"
+			return nil
+		}
+		// A copy into pageable memory cannot be replayed: the capture refuses it.
+		_, err = c.Capture(s, func() error { return DownloadAsync(c, y, yd.Ptr, s) })
+		if !errors.As(err, &e) || e.Code != 900 {
+			failed = "a capture took a copy into pageable memory: " + errString(err)
+			return nil
+		}
+		// Launch shapes a GPU refuses.
+		for _, bad := range []struct{ grid, block Dim3 }{{D1(1), D1(2048)}, {D1(0), D1(32)}, {Dim3{1, 1 << 16, 1}, D1(32)}} {
+			if err := c.Launch(f, bad.grid, bad.block, 0, s, a.Reset().Ptr(yd.Ptr).Ptr(xd.Ptr).F32(1).I32(n)); err == nil {
+				failed = fmt.Sprintf("a launch of grid %v, block %v went through", bad.grid, bad.block)
+				return nil
+			}
+		}
+		if err := c.Launch(f, grid, block, 64<<10, s, a.Reset().Ptr(yd.Ptr).Ptr(xd.Ptr).F32(1).I32(n)); err == nil {
+			failed = "64 KiB of dynamic shared memory without the opt-in went through"
 			return nil
 		}
 		return c.Launch(f, grid, block, 0, s, a.Reset().Ptr(yd.Ptr).Ptr(xd.Ptr).F32(1).I32(n))
