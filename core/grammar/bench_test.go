@@ -212,3 +212,50 @@ func BenchmarkVocabulary(b *testing.B) {
 		syntheticVocab(b, 128000)
 	}
 }
+
+// BenchmarkColdMaskString: one uncached mask of a state inside a JSON string (nearly the
+// whole vocabulary allowed, so the whole trie is walked) on the 128k vocabulary.
+func BenchmarkColdMaskString(b *testing.B) {
+	v, _ := syntheticVocab(b, 128000)
+	g, err := Compile(v, JSONSchema, `{"type":"string"}`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mask := make([]uint32, v.MaskWords())
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		rt := newRuntime(g.prog, v)
+		m := &Matcher{g: g, rt: rt}
+		s, _ := rt.start()
+		s, _ = rt.step(s, '"')
+		m.hist = []int32{s}
+		b.StartTimer()
+		if err := m.FillMask(mask); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkWalkMaskString: the trie walk alone (transitions known, mask not cached) of the
+// state inside a JSON string on the 128k vocabulary.
+func BenchmarkWalkMaskString(b *testing.B) {
+	v, _ := syntheticVocab(b, 128000)
+	g, err := Compile(v, JSONSchema, `{"type":"string"}`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mask := make([]uint32, v.MaskWords())
+	rt := newRuntime(g.prog, v)
+	s, _ := rt.start()
+	s, _ = rt.step(s, '"')
+	b.ReportMetric(float64(len(v.label)), "trie-nodes")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		clear(rt.masks)
+		rt.maskOrder = rt.maskOrder[:0]
+		if err := rt.fillMask(s, mask); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

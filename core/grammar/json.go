@@ -2,8 +2,6 @@ package grammar
 
 // The JSON rules every JSON grammar shares: whitespace, strings, numbers and any value.
 
-const maxWhitespace = 20 // the longest run of whitespace between JSON tokens
-
 func defineJSONBase(d *grammarDef) {
 	if _, ok := d.rules["ws"]; ok {
 		return
@@ -12,7 +10,10 @@ func defineJSONBase(d *grammarDef) {
 	for _, b := range []byte(" \t\n\r") {
 		ws.add(b)
 	}
-	d.define("ws", repeat(bytesOf(ws), 0, maxWhitespace))
+	// Any whitespace, as xgrammar's default: an unbounded run is one parser state
+	// whatever its length (a bounded one is a state per count), so its masks are cached
+	// once per place in the grammar.
+	d.define("ws", star(bytesOf(ws)))
 	c := regexConv{mode: jsonString}
 	d.define("char", c.class(anyCharRanges))
 	d.define("string", seq(lit(`"`), star(ref("char")), lit(`"`)))

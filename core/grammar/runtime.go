@@ -209,18 +209,26 @@ func (rt *runtime) fillMask(s int32, dst []uint32) error {
 	walk := rt.walk[:v.maxDepth+1]
 	walk[0] = s
 	n := int32(len(v.label))
+	label, depth, next, tokStart, toks := v.label, v.depth, v.next, v.tokStart, v.toks
 	for i := int32(1); i < n; {
-		d := v.depth[i]
-		ns, err := rt.step(walk[d-1], v.label[i])
-		if err != nil {
-			return err
+		d := depth[i]
+		s, b := walk[d-1], label[i]
+		ns := int32(unknownState)
+		if t := rt.trans[s]; t != nil {
+			ns = t[b]
+		}
+		if ns == unknownState {
+			var err error
+			if ns, err = rt.step(s, b); err != nil {
+				return err
+			}
 		}
 		if ns == deadState {
-			i = v.next[i]
+			i = next[i]
 			continue
 		}
 		walk[d] = ns
-		for _, tok := range v.toks[v.tokStart[i]:v.tokStart[i+1]] {
+		for _, tok := range toks[tokStart[i]:tokStart[i+1]] {
 			dst[tok>>5] |= 1 << (tok & 31)
 		}
 		i++
