@@ -384,7 +384,7 @@ func buildEmuLib() (string, error) {
 func (l *library) openEmulated() (uintptr, string, error) {
 	e, err := emuLib()
 	if err != nil {
-		return 0, "", fmt.Errorf("%w: emulated device (RESIN_CUDA=emulate): %w", l.sentinel, err)
+		return 0, "", fmt.Errorf("%w: the emulated device: %w", l.sentinel, err)
 	}
 	return e.handle, e.path, nil
 }
