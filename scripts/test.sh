@@ -48,6 +48,8 @@ stage "CGO_ENABLED=0 go build"
 CGO_ENABLED=0 go build ./...
 stage "go test"
 go test -count=1 -timeout "$timeout" "$@" ./...
+# The emulated CUDA device's time and counts (written by the tests through emu.Report).
+if [ -s "${RESIN_EMU_SUMMARY:-}" ]; then sed 's/^/   /' "$RESIN_EMU_SUMMARY"; fi
 stage "go test, GEMM on the gonum fallback (RESIN_BLAS=off)"
 RESIN_BLAS=off go test -count=1 -timeout "$timeout" "$@" ./core/kernels/ref
 RESIN_BLAS=off go test -count=1 -timeout "$timeout" -run 'TestTransformersParity|TestRunnerConformance' "$@" ./models/llama

@@ -519,3 +519,21 @@ func TestPruneKeepsRecent(t *testing.T) {
 		}
 	}
 }
+
+func TestReport(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "summary")
+	t.Setenv("RESIN_EMU_SUMMARY", path)
+	if err := Report("one\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Report("two"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "one\ntwo\n" {
+		t.Errorf("summary %q", b)
+	}
+	t.Setenv("RESIN_EMU_SUMMARY", "")
+	if err := Report("nowhere"); err != nil {
+		t.Errorf("unset: %v", err)
+	}
+}

@@ -58,14 +58,14 @@ var (
 // emuKernels returns the modules, skipping the test (naming the compiler) without g++.
 func emuKernels(t testing.TB) map[string]*emu.Module {
 	t.Helper()
-	mods, err := emuModules()
-	if err != nil {
-		if err := emu.Available(); err != nil {
-			t.Skipf("no emulated device: %v", err)
-		}
-		t.Fatal(err)
+	if err := emu.Available(); err != nil {
+		t.Skipf("no emulated device: %v", err)
 	}
 	emuStartOnce.Do(func() { emuStart = time.Now() })
+	mods, err := emuModules()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return mods
 }
 
@@ -78,9 +78,12 @@ func TestMain(m *testing.M) {
 	flag.Parse()
 	code := m.Run()
 	if !emuStart.IsZero() {
-		c := emu.Stats()
-		fmt.Printf("emulated kernels: %v launching (%v since the first build), %v\n", emuTime.Round(time.Millisecond),
-			time.Since(emuStart).Round(time.Millisecond), c)
+		line := fmt.Sprintf("core/kernels/cuda emulated kernels: %v launching (%v since the first build), %v",
+			emuTime.Round(time.Millisecond), time.Since(emuStart).Round(time.Millisecond), emu.Stats())
+		fmt.Println(line)
+		if err := emu.Report(line); err != nil {
+			fmt.Println(err)
+		}
 		run, skip := flag.Lookup("test.run"), flag.Lookup("test.skip")
 		if code == 0 && run != nil && run.Value.String() == "" && (skip == nil || skip.Value.String() == "") {
 			var missing []string

@@ -71,7 +71,11 @@ func TestEmuAddRMSNorm(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("emulated: %v", fmt.Sprint(m.Stats().Sub(before)))
+	line := fmt.Sprintf("models/glm-5-flash/kernels emulated add_rmsnorm.cu: %v", m.Stats().Sub(before))
+	t.Log(line)
+	if err := emu.Report(line); err != nil {
+		t.Error(err)
+	}
 }
 
 func bytesOf(s []float32) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 4*len(s)) }
