@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"encoding/json"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -354,5 +355,37 @@ func TestCache(t *testing.T) {
 	c.Get(Regex, "b+")
 	if b, _ := c.Get(Regex, "a+"); b == a {
 		t.Fatal("the least recently used entry was kept past the cache size")
+	}
+}
+
+// TestStateLimit: an output that keeps reaching new parser states (ever deeper nesting)
+// fails with ErrStateLimit instead of growing without bound, and the grammar's next
+// matcher starts on a fresh runtime.
+func TestStateLimit(t *testing.T) {
+	v, _, _ := testVocab(t)
+	g := compileT(t, v, JSONObject, "")
+	m, _ := g.NewMatcher()
+	if err := m.Accept('{'); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []byte(`"a":`) {
+		if err := m.Accept(int32(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var err error
+	for i := 0; i < 2*hardStates && err == nil; i++ {
+		err = m.Accept('[')
+	}
+	if !errors.Is(err, ErrStateLimit) {
+		t.Fatalf("deep nesting: %v, want ErrStateLimit", err)
+	}
+	old := m.rt
+	m2, err := g.NewMatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m2.rt == old {
+		t.Fatal("a new matcher shares the runtime past its state limit")
 	}
 }

@@ -20,9 +20,10 @@ import (
 var ErrStateLimit = errors.New("grammar: the output reached more parser states than the limit")
 
 const (
-	softStates   = 1 << 15 // a grammar's shared runtime is replaced for new matchers past this
-	hardStates   = 1 << 17 // a matcher whose runtime grows past this fails
-	maxMasks     = 512     // masks cached per runtime
+	softStates   = 1 << 13 // a grammar's shared runtime is replaced for new matchers past this
+	hardStates   = 1 << 16 // a matcher whose runtime grows past this fails (each state may keep a 1 KiB transition table)
+	maskBytes    = 4 << 20 // the masks a runtime caches, in bytes (at least minMasks masks)
+	minMasks     = 16
 	maxClosure   = 1 << 16 // stack nodes one closure may visit
 	bottom       = -1      // the parent of a bottom stack node
 	acceptNode   = 0       // node id meaning "the stack emptied": the grammar can end here
@@ -51,6 +52,7 @@ type runtime struct {
 
 	masks     map[int32][]uint32
 	maskOrder []int32
+	maxMasks  int
 
 	// scratch
 	seen    map[stackNode]struct{}
@@ -67,6 +69,7 @@ func newRuntime(p *program, v *Vocabulary) *runtime {
 		stateKey: map[string]int32{},
 		masks:    map[int32][]uint32{},
 		seen:     map[stackNode]struct{}{},
+		maxMasks: max(minMasks, maskBytes/(4*v.MaskWords())),
 	}
 	return rt
 }
@@ -238,7 +241,7 @@ func (rt *runtime) fillMask(s int32, dst []uint32) error {
 			dst[tok>>5] |= 1 << (tok & 31)
 		}
 	}
-	if len(rt.maskOrder) >= maxMasks {
+	if len(rt.maskOrder) >= rt.maxMasks {
 		old := rt.maskOrder[0]
 		rt.maskOrder = rt.maskOrder[1:]
 		delete(rt.masks, old)

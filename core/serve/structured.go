@@ -46,7 +46,7 @@ type forcedTools struct {
 }
 
 // maxGrammars is how many compiled grammars a server keeps.
-const maxGrammars = 256
+const maxGrammars = 64
 
 // grammarCaches holds each Server's grammar cache, built on first use (the vocabulary's
 // token trie takes a while on a large vocabulary).
