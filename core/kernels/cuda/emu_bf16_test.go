@@ -363,7 +363,9 @@ func TestEmuDecodeAttention(t *testing.T) {
 			}
 			splits := []DecodeSplit{chosen, {12, 32}} // {12, 32}: partitions past the keys, empty
 			if shape.headDim == 128 {
-				splits = append(splits, DecodeSplit{1, (keys + 31) / 32 * 32}, DecodeSplit{3, 128})
+				// {2, 32}: fewer keys planned than the longest context has, the last
+				// partition runs to the end.
+				splits = append(splits, DecodeSplit{1, (keys + 31) / 32 * 32}, DecodeSplit{3, 128}, DecodeSplit{2, 32})
 			} else if window > 0 {
 				continue
 			}
