@@ -113,3 +113,31 @@ func gemv(out, x []float32, k int, w []float32, ldw, n int) {
 		out[j] = s
 	}
 }
+
+// gemvBF16AVX2 and gemvBF16AVX512 are in skinny_amd64.s.
+//
+//go:noescape
+func gemvBF16AVX2(out *float32, x *float32, k int, w *uint16, ldw int, n8 int)
+
+//go:noescape
+func gemvBF16AVX512(out *float32, x *float32, k int, w *uint16, ldw int, n8 int)
+
+// gemvBF16 is gemv on a bfloat16 w, widened to float32 as it is read; skinnyVector(k)
+// must hold.
+func gemvBF16(out, x []float32, k int, w []uint16, ldw, n int) {
+	if n8 := n / 8; n8 > 0 {
+		_, _, _ = out[n8*8-1], x[k-1], w[(n8*8-1)*ldw+k-1]
+		if hasSkinnyAVX512 && k%16 == 0 {
+			gemvBF16AVX512(&out[0], &x[0], k, &w[0], ldw, n8)
+		} else {
+			gemvBF16AVX2(&out[0], &x[0], k, &w[0], ldw, n8)
+		}
+	}
+	for j := n &^ 7; j < n; j++ {
+		var s float32
+		for l, v := range x[:k] {
+			s += v * FromBF16(w[j*ldw+l])
+		}
+		out[j] = s
+	}
+}

@@ -32,3 +32,7 @@ var hasSkinnyAVX512 = false
 func gemv(out, x []float32, k int, w []float32, ldw, n int) {
 	panic("ref: gemv without a vector form")
 }
+
+func gemvBF16(out, x []float32, k int, w []uint16, ldw, n int) {
+	panic("ref: gemvBF16 without a vector form")
+}

@@ -43,6 +43,7 @@ type ownTask struct {
 	packing   bool // the loop packs a (items: panels) or computes (items: blocks)
 	transB    bool
 	out, a, b []float32
+	wb        []uint16 // b in bfloat16 (transB), when b is nil
 	m, k, n   int
 	mr, nr    int
 	panels    int // ⌈m/MR⌉
@@ -57,12 +58,18 @@ var ownTasks freeList[ownTask]
 // ownGemm computes out = a·op(b) (b is [k, n], or [n, k] when transB) on the micro-kernel
 // mr×nr (gemmMicro), for k > 0, m > 0, n > 0; split as gemm's.
 func ownGemm(split, transB bool, out, a, b []float32, m, k, n, mr, nr int) {
+	ownGemmOn(split, transB, out, a, b, nil, m, k, n, mr, nr)
+}
+
+// ownGemmOn is ownGemm on b, or on the bfloat16 wb ([n, k], transB) when b is nil, widened
+// to float32 as it is packed.
+func ownGemmOn(split, transB bool, out, a, b []float32, wb []uint16, m, k, n, mr, nr int) {
 	t := ownTasks.get()
 	defer func() {
-		t.out, t.a, t.b = nil, nil, nil
+		t.out, t.a, t.b, t.wb = nil, nil, nil, nil
 		ownTasks.put(t)
 	}()
-	t.transB, t.out, t.a, t.b, t.m, t.k, t.n, t.mr, t.nr = transB, out, a, b, m, k, n, mr, nr
+	t.transB, t.out, t.a, t.b, t.wb, t.m, t.k, t.n, t.mr, t.nr = transB, out, a, b, wb, m, k, n, mr, nr
 	t.panels = (m + mr - 1) / mr
 	t.colBlocks = (n + gemmNC - 1) / gemmNC
 	t.pa = growFloat32s(t.pa, t.panels*mr*k)
@@ -175,7 +182,9 @@ func (t *ownTask) block(part, rb, cb int) {
 		for jp := range colPanels {
 			j0 := c0 + jp*nr
 			cols := min(nr, c1-j0)
-			if t.transB {
+			if t.b == nil {
+				packRowsBF16(pb[jp*kc*nr:], t.wb[j0*k+pc:], k, cols, nr, kc)
+			} else if t.transB {
 				packRows(pb[jp*kc*nr:], t.b[j0*k+pc:], k, cols, nr, kc)
 			} else {
 				packCols(pb[jp*kc*nr:], t.b[pc*n+j0:], n, cols, nr, kc)

@@ -47,3 +47,20 @@ func packT8(dst []float32, width int, src []float32, ld, kc8 int) bool {
 	}
 	return true
 }
+
+// packT8BF16AVX2 is in sgemm_amd64.s.
+//
+//go:noescape
+func packT8BF16AVX2(dst *float32, width int, src *uint16, ld int, kc int)
+
+// packT8BF16 is packT8 on bfloat16 rows, widened to float32.
+func packT8BF16(dst []float32, width int, src []uint16, ld, kc8 int) bool {
+	if !hasAttnAVX2 {
+		return false
+	}
+	if kc8 > 0 {
+		_, _ = dst[(kc8-1)*width+7], src[7*ld+kc8-1]
+		packT8BF16AVX2(&dst[0], width, &src[0], ld, kc8)
+	}
+	return true
+}

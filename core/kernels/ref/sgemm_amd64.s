@@ -245,3 +245,78 @@ packt8_step:
 	JNZ     packt8_step
 	VZEROUPPER
 	RET
+
+// func packT8BF16AVX2(dst *float32, width int, src *uint16, ld int, kc int)
+//
+// packT8AVX2 on a src of bfloat16 values (uint16, the upper half of a float32's bits),
+// each widened to its float32 (shifted up 16 bits) as it is loaded.
+TEXT ·packT8BF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ width+8(FP), DX
+	SHLQ $2, DX
+	MOVQ src+16(FP), SI
+	MOVQ ld+24(FP), BX
+	SHLQ $1, BX
+	MOVQ kc+32(FP), CX
+	SHRQ $3, CX
+	LEAQ (BX)(BX*2), R11 // 3·ld
+	LEAQ (SI)(BX*4), R12 // row 4
+	LEAQ (DX)(DX*2), R13 // 3·width
+
+packt8bf16_step:
+	VPMOVZXWD (SI), Y0
+	VPSLLD    $16, Y0, Y0
+	VPMOVZXWD (SI)(BX*1), Y1
+	VPSLLD    $16, Y1, Y1
+	VPMOVZXWD (SI)(BX*2), Y2
+	VPSLLD    $16, Y2, Y2
+	VPMOVZXWD (SI)(R11*1), Y3
+	VPSLLD    $16, Y3, Y3
+	VPMOVZXWD (R12), Y4
+	VPSLLD    $16, Y4, Y4
+	VPMOVZXWD (R12)(BX*1), Y5
+	VPSLLD    $16, Y5, Y5
+	VPMOVZXWD (R12)(BX*2), Y6
+	VPSLLD    $16, Y6, Y6
+	VPMOVZXWD (R12)(R11*1), Y7
+	VPSLLD    $16, Y7, Y7
+	VUNPCKLPS Y1, Y0, Y8  // r0[0] r1[0] r0[1] r1[1] | r0[4] r1[4] r0[5] r1[5]
+	VUNPCKHPS Y1, Y0, Y9  // r0[2] r1[2] r0[3] r1[3] | r0[6] ...
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y15
+	VSHUFPS $0x44, Y10, Y8, Y0  // rows 0–3 of columns 0 | 4
+	VSHUFPS $0xEE, Y10, Y8, Y1  // 1 | 5
+	VSHUFPS $0x44, Y11, Y9, Y2  // 2 | 6
+	VSHUFPS $0xEE, Y11, Y9, Y3  // 3 | 7
+	VSHUFPS $0x44, Y14, Y12, Y4 // rows 4–7 of columns 0 | 4
+	VSHUFPS $0xEE, Y14, Y12, Y5
+	VSHUFPS $0x44, Y15, Y13, Y6
+	VSHUFPS $0xEE, Y15, Y13, Y7
+	VPERM2F128 $0x20, Y4, Y0, Y8  // column 0
+	VPERM2F128 $0x20, Y5, Y1, Y9  // column 1
+	VPERM2F128 $0x20, Y6, Y2, Y10 // column 2
+	VPERM2F128 $0x20, Y7, Y3, Y11 // column 3
+	VPERM2F128 $0x31, Y4, Y0, Y12 // column 4
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y15
+	VMOVUPS Y8, (DI)
+	VMOVUPS Y9, (DI)(DX*1)
+	VMOVUPS Y10, (DI)(DX*2)
+	VMOVUPS Y11, (DI)(R13*1)
+	LEAQ    (DI)(DX*4), DI
+	VMOVUPS Y12, (DI)
+	VMOVUPS Y13, (DI)(DX*1)
+	VMOVUPS Y14, (DI)(DX*2)
+	VMOVUPS Y15, (DI)(R13*1)
+	LEAQ    (DI)(DX*4), DI
+	ADDQ    $16, SI
+	ADDQ    $16, R12
+	DECQ    CX
+	JNZ     packt8bf16_step
+	VZEROUPPER
+	RET

@@ -223,3 +223,116 @@ zgemv8_step:
 	JNZ     zgemv8
 	VZEROUPPER
 	RET
+
+// GEMVBF16_STEP is GEMV_STEP on a w of bfloat16 values, each row's widened into T
+// (VPMOVZXWD, then shifted up 16 bits) before its FMA.
+#define GEMVBF16_STEP(X0, T, A0, A1, A2, A3, A4, A5, A6, A7) \
+	VMOVUPS     (R9), X0; \
+	VPMOVZXWD   (SI), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A0; \
+	VPMOVZXWD   (SI)(BX*1), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A1; \
+	VPMOVZXWD   (SI)(BX*2), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A2; \
+	VPMOVZXWD   (SI)(R11*1), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A3; \
+	VPMOVZXWD   (R12), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A4; \
+	VPMOVZXWD   (R12)(BX*1), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A5; \
+	VPMOVZXWD   (R12)(BX*2), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A6; \
+	VPMOVZXWD   (R12)(R11*1), T; \
+	VPSLLD      $16, T, T; \
+	VFMADD231PS T, X0, A7
+
+// func gemvBF16AVX2(out *float32, x *float32, k int, w *uint16, ldw int, n8 int)
+//
+// gemvAVX2 on a w of bfloat16 values (uint16, the upper half of a float32's bits), each
+// widened to its float32 as it is loaded: half the bytes streamed.
+TEXT ·gemvBF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHRQ $3, CX // steps of the width
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $1, BX
+	LEAQ (BX)(BX*2), R11 // 3·ldw
+	MOVQ n8+40(FP), DX
+
+gemvbf16_8:
+	ZERO8
+	MOVQ SI, R13
+	LEAQ (SI)(BX*4), R12
+	MOVQ R8, R9
+	MOVQ CX, R10
+
+gemvbf16_8_step:
+	GEMVBF16_STEP(Y8, Y9, Y0, Y1, Y2, Y3, Y4, Y5, Y6, Y7)
+	ADDQ $16, SI
+	ADDQ $16, R12
+	ADDQ $32, R9
+	DECQ R10
+	JNZ  gemvbf16_8_step
+	HSUM8
+	VMOVUPS Y1, (DI)
+	ADDQ    $32, DI
+	LEAQ    (R13)(BX*8), SI
+	DECQ    DX
+	JNZ     gemvbf16_8
+	VZEROUPPER
+	RET
+
+// func gemvBF16AVX512(out *float32, x *float32, k int, w *uint16, ldw int, n8 int)
+//
+// gemvBF16AVX2 in 16-lane registers, for k a positive multiple of 16: each accumulator halved
+// into 8 lanes before the transposing horizontal sum.
+TEXT ·gemvBF16AVX512(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ x+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHRQ $4, CX // steps of the width
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $1, BX
+	LEAQ (BX)(BX*2), R11 // 3·ldw
+	MOVQ n8+40(FP), DX
+
+zgemvbf16_8:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ   SI, R13
+	LEAQ   (SI)(BX*4), R12
+	MOVQ   R8, R9
+	MOVQ   CX, R10
+
+zgemvbf16_8_step:
+	GEMVBF16_STEP(Z8, Z9, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7)
+	ADDQ $32, SI
+	ADDQ $32, R12
+	ADDQ $64, R9
+	DECQ R10
+	JNZ  zgemvbf16_8_step
+	HALVE8
+	HSUM8
+	VMOVUPS Y1, (DI)
+	ADDQ    $32, DI
+	LEAQ    (R13)(BX*8), SI
+	DECQ    DX
+	JNZ     zgemvbf16_8
+	VZEROUPPER
+	RET

@@ -1,0 +1,150 @@
+package ref
+
+import (
+	"math"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
+)
+
+// MatMulTBF16 computes out = x·wᵀ for a weight stored in bfloat16, computing in float32:
+// each weight is widened to the float32 it stands for (its 16 bits as the upper half of
+// the float32's) as it is read, so the product is MatMulT's on those float32 weights, in
+// half the bytes of weight read (a decode step streams the weights: half the time).
+//
+//	x: [m, k]   w: [n, k] bfloat16 bits   out: [m, n]
+//
+// It runs on the package's own kernels wherever the CPU has them, whatever RESIN_BLAS
+// says (a library takes float32 weights only): one row on the GEMV kernel, more on the
+// own GEMM with the widening in its packing, to the bit what MatMulT computes on the own
+// GEMM for the widened weights from 9 rows up. Without AVX2+FMA, blocks of w widened into
+// scratch go to gonum.
+func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
+	const op = "MatMulTBF16"
+	if err := checkDims(op, m, k, n); err != nil {
+		return err
+	}
+	if err := checkLen(op, "out", len(out), m*n); err != nil {
+		return err
+	}
+	if err := checkLen(op, "x", len(x), m*k); err != nil {
+		return err
+	}
+	if err := checkLen(op, "w", len(w), n*k); err != nil {
+		return err
+	}
+	if m == 0 || n == 0 {
+		return nil
+	}
+	if k == 0 {
+		clear(out[:m*n])
+		return nil
+	}
+	if m == 1 && skinnyVector(k) {
+		gemvBF16Split(out, x, w, k, n)
+		return nil
+	}
+	if mr, nr := gemmMicro(); mr > 0 {
+		ownGemmOn(true, true, out, x, nil, w, m, k, n, mr, nr)
+		return nil
+	}
+	widenedGemm(out, x, w, m, k, n)
+	return nil
+}
+
+// BF16 returns the bfloat16 nearest f (ties to even; NaN stays NaN), as the bits
+// MatMulTBF16 reads.
+func BF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 { // NaN: keep it one, quiet
+		return uint16(b>>16) | 0x40
+	}
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
+
+// FromBF16 returns the float32 a bfloat16 stands for.
+func FromBF16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// gemvBF16Task is one row against a bfloat16 weight in blocks of w's rows, a pool task.
+type gemvBF16Task struct {
+	loop        loop
+	out, x      []float32
+	w           []uint16
+	k, n, block int
+}
+
+var gemvBF16Tasks freeList[gemvBF16Task]
+
+// gemvBF16Split computes out[j] = x·w[j] for j < n, split across the pool in two blocks
+// of w's rows a participant when large; skinnyVector(k) must hold.
+func gemvBF16Split(out, x []float32, w []uint16, k, n int) {
+	p := parts()
+	if p == 1 || n*k < minParallelMACs {
+		gemvBF16(out, x, k, w, k, n)
+		return
+	}
+	t := gemvBF16Tasks.get()
+	t.out, t.x, t.w, t.k, t.n = out, x, w, k, n
+	t.block = roundUp((n+2*p-1)/(2*p), 8)
+	parallelFor(&t.loop, t, (n+t.block-1)/t.block, 1)
+	t.out, t.x, t.w = nil, nil, nil
+	gemvBF16Tasks.put(t)
+}
+
+func (t *gemvBF16Task) run(_, lo, hi int) {
+	for b := lo; b < hi; b++ {
+		j0, j1 := b*t.block, min((b+1)*t.block, t.n)
+		gemvBF16(t.out[j0:j1], t.x, t.k, t.w[j0*t.k:], t.k, j1-j0)
+	}
+}
+
+// packRowsBF16 is packRows on bfloat16 rows: dst[l*width + i] = the float32 of
+// src[i*ld + l], zeros for rows ≤ i < width.
+func packRowsBF16(dst []float32, src []uint16, ld, rows, width, kc int) {
+	dst = dst[:kc*width]
+	i := 0
+	if kc8 := kc &^ 7; kc8 > 0 {
+		for ; i+8 <= rows && packT8BF16(dst[i:], width, src[i*ld:], ld, kc8); i += 8 {
+			for r := i; r < i+8; r++ {
+				for l := kc8; l < kc; l++ {
+					dst[l*width+r] = FromBF16(src[r*ld+l])
+				}
+			}
+		}
+	}
+	for ; i < rows; i++ {
+		s := src[i*ld:][:kc]
+		for l, v := range s {
+			dst[l*width+i] = FromBF16(v)
+		}
+	}
+	if rows < width {
+		for l := range kc {
+			clear(dst[l*width+rows : (l+1)*width])
+		}
+	}
+}
+
+// widenedBlock is the most rows of w widenedGemm widens at a time.
+const widenedBlock = 64
+
+var widenedScratch freeList[[]float32]
+
+// widenedGemm is MatMulTBF16 where the CPU has no vector kernels: blocks of w's rows
+// widened into scratch, each block's columns of out computed by gonum.
+func widenedGemm(out, x []float32, w []uint16, m, k, n int) {
+	s := widenedScratch.get()
+	*s = growFloat32s(*s, widenedBlock*k)
+	for j0 := 0; j0 < n; j0 += widenedBlock {
+		nb := min(widenedBlock, n-j0)
+		wf := (*s)[:nb*k]
+		for i, v := range w[j0*k : (j0+nb)*k] {
+			wf[i] = FromBF16(v)
+		}
+		blas32.Gemm(blas.NoTrans, blas.Trans, 1,
+			blas32.General{Rows: m, Cols: k, Stride: k, Data: x},
+			blas32.General{Rows: nb, Cols: k, Stride: k, Data: wf},
+			0, blas32.General{Rows: m, Cols: nb, Stride: n, Data: out[j0:]})
+	}
+	widenedScratch.put(s)
+}
