@@ -100,3 +100,39 @@ func TestMatMulTBF16ChecksShapes(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkMatMulTBF16 puts MatMulTBF16 beside MatMulT (float32 weights, on whatever
+// backend this process chose) at a ~120M llama's gate+up and lm head shapes, for decode
+// (m=1), a decode batch (m=8) and a prefill chunk (m=512); the dtype is the last element
+// of the name.
+func BenchmarkMatMulTBF16(b *testing.B) {
+	for _, m := range []int{1, 8, 512} {
+		for _, s := range []struct {
+			name string
+			k, n int
+		}{{"gateup", 1024, 5632}, {"lmhead", 1024, 32000}} {
+			for _, dtype := range []string{"fp32", "bf16"} {
+				b.Run(fmt.Sprintf("m=%d/%s_k=%d_n=%d/%s", m, s.name, s.k, s.n, dtype), func(b *testing.B) {
+					x, w, out := randSlice(rand.New(rand.NewPCG(1, 2)), m*s.k), randSlice(rand.New(rand.NewPCG(3, 4)), s.n*s.k), make([]float32, m*s.n)
+					wb := make([]uint16, len(w))
+					for i, v := range w {
+						wb[i] = BF16(v)
+					}
+					b.ReportAllocs()
+					for b.Loop() {
+						var err error
+						if dtype == "bf16" {
+							err = MatMulTBF16(out, x, wb, m, s.k, s.n)
+						} else {
+							err = MatMulT(out, x, w, m, s.k, s.n)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(2*float64(m*s.k*s.n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
+		}
+	}
+}

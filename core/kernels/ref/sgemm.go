@@ -10,7 +10,8 @@ import "unsafe"
 //
 // Loops, for out [m, n] = a [m, k] · op(b):
 //
-//	pack a once: MR rows at a time, each block of gemmKC steps of k as [kc][MR] (zeros
+//	per chunk of about gemmMC rows:
+//	pack a's chunk: MR rows at a time, each block of gemmKC steps of k as [kc][MR] (zeros
 //	    below m), so that a micro-panel is contiguous;
 //	per block of gemmNC columns of out (and of rows of panels when the columns are too
 //	    few to keep every participant busy), claimed on the pool:
@@ -62,14 +63,30 @@ func ownGemm(split, transB bool, out, a, b []float32, m, k, n, mr, nr int) {
 }
 
 // ownGemmOn is ownGemm on b, or on the bfloat16 wb ([n, k], transB) when b is nil, widened
-// to float32 as it is packed.
+// to float32 as it is packed. Rows go in chunks of about gemmMC (a multiple of MR), each
+// packed and computed whole, so that packed a stays gemmMC·k values at most.
 func ownGemmOn(split, transB bool, out, a, b []float32, wb []uint16, m, k, n, mr, nr int) {
 	t := ownTasks.get()
 	defer func() {
 		t.out, t.a, t.b, t.wb = nil, nil, nil, nil
 		ownTasks.put(t)
 	}()
-	t.transB, t.out, t.a, t.b, t.wb, t.m, t.k, t.n, t.mr, t.nr = transB, out, a, b, wb, m, k, n, mr, nr
+	t.transB, t.b, t.wb, t.k, t.n, t.mr, t.nr = transB, b, wb, k, n, mr, nr
+	chunk := roundUp(gemmMC, mr)
+	for r0 := 0; r0 < m; r0 += chunk {
+		rows := min(chunk, m-r0)
+		t.out, t.a, t.m = out[r0*n:], a[r0*k:], rows
+		t.rowChunk(split)
+	}
+}
+
+// gemmMC is about the most rows of a ownGemm packs at once (rounded up to a multiple of
+// MR): 512 rows of k = 2816 are 5.8 MB.
+const gemmMC = 512
+
+// rowChunk computes t's product for its rows (at most one chunk of ownGemmOn).
+func (t *ownTask) rowChunk(split bool) {
+	m, k, n, mr := t.m, t.k, t.n, t.mr
 	t.panels = (m + mr - 1) / mr
 	t.colBlocks = (n + gemmNC - 1) / gemmNC
 	t.pa = growFloat32s(t.pa, t.panels*mr*k)
