@@ -2,7 +2,10 @@ package engine
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 )
 
 // Constraint restricts the tokens a request may generate: a grammar's matcher (core/grammar
@@ -50,42 +53,73 @@ func checkConstraint(info RunnerInfo, sp *SamplingParams) error {
 // constraint accepts the drafts one by one and is rolled back over them afterwards. A
 // draft the previous mask refuses can never be accepted, so the rows after it repeat the
 // last mask. A constraint that fails (its grammar's state limit) finishes its request
-// with the error; the row then gets a mask allowing everything, its result ignored.
+// with the error; the row then gets a mask allowing everything, its result ignored. The
+// rows' masks are computed in parallel, up to GOMAXPROCS at once.
 func (s *Scheduler) FillTokenMasks(p *BatchPlan) {
 	p.TokenMaskStart, p.TokenMask = p.TokenMaskStart[:0], p.TokenMask[:0]
 	idx := s.planIndex(p)
 	reqs, epochs := s.planReqs[idx], s.planEpochs[idx]
-	any := false
+	n := 0
 	for _, r := range reqs {
 		if r.constraint != nil {
-			any = true
-			break
+			n++
 		}
 	}
-	if !any {
+	if n == 0 {
 		return
 	}
 	words := (s.info.VocabSize + 31) / 32
+	total := 0
 	p.TokenMaskStart = append(p.TokenMaskStart, 0)
+	rows := make([]int, 0, n) // the constrained rows still current
 	for i, r := range reqs {
-		rows := int(p.LogitsStart[i+1] - p.LogitsStart[i])
-		if r.constraint != nil && rows > 0 {
-			base := len(p.TokenMask)
-			p.TokenMask = slices.Grow(p.TokenMask, rows*words)[:base+rows*words]
-			masks := p.TokenMask[base:]
-			if !s.current(r, epochs, i) {
-				fillOnes(masks)
-			} else if err := s.rowMasks(p, i, r.constraint, masks, words); err != nil {
-				s.finish(r, FinishError, fmt.Errorf("%w: grammar constraint of %q: %w", ErrInvalidRequest, r.id, err))
-				fillOnes(masks)
+		if k := int(p.LogitsStart[i+1] - p.LogitsStart[i]); r.constraint != nil && k > 0 {
+			if s.current(r, epochs, i) {
+				rows = append(rows, i)
 			}
+			total += k * words
 		}
-		p.TokenMaskStart = append(p.TokenMaskStart, int32(len(p.TokenMask)))
+		p.TokenMaskStart = append(p.TokenMaskStart, int32(total))
+	}
+	p.TokenMask = slices.Grow(p.TokenMask, total)[:total]
+	fillOnes(p.TokenMask) // stale rows allow everything; their results are dropped
+	masks := func(i int) []uint32 { return p.TokenMask[p.TokenMaskStart[i]:p.TokenMaskStart[i+1]] }
+	errs := make([]error, len(rows))
+	fill := func(k int) {
+		i := rows[k]
+		errs[k] = rowMasks(p, i, reqs[i].constraint, masks(i), words)
+	}
+	// Rows are independent (each constraint is one request's; grammars shared between
+	// requests lock their own state), so a batch's cold masks are walked in parallel.
+	if workers := min(len(rows), runtime.GOMAXPROCS(0)); workers <= 1 {
+		for k := range rows {
+			fill(k)
+		}
+	} else {
+		var next atomic.Int32
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := int(next.Add(1)) - 1; k < len(rows); k = int(next.Add(1)) - 1 {
+					fill(k)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	for k, err := range errs {
+		if err != nil {
+			r := reqs[rows[k]]
+			s.finish(r, FinishError, fmt.Errorf("%w: grammar constraint of %q: %w", ErrInvalidRequest, r.id, err))
+			fillOnes(masks(rows[k]))
+		}
 	}
 }
 
 // rowMasks fills the masks of sequence i's logits rows (see FillTokenMasks).
-func (s *Scheduler) rowMasks(p *BatchPlan, i int, c Constraint, masks []uint32, words int) error {
+func rowMasks(p *BatchPlan, i int, c Constraint, masks []uint32, words int) error {
 	if err := c.FillMask(masks[:words]); err != nil {
 		return err
 	}
