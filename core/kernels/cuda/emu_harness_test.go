@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -268,6 +269,16 @@ func (l *emuLaunch) run(t testing.TB, sched emu.Schedule, seed uint64) error {
 	return err
 }
 
+// emuSeeds is how many seeds the random and warp-ahead schedules each run with:
+// $RESIN_EMU_SEEDS, default 1 (more explores more interleavings).
+var emuSeeds = sync.OnceValue(func() int {
+	n, err := strconv.Atoi(os.Getenv("RESIN_EMU_SEEDS"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+})
+
 // emuRun runs launches, in order, under every schedule from the memory's present state,
 // checks that every buffer ends bit-identical under each, and leaves the memory as the
 // forward schedule left it.
@@ -275,12 +286,22 @@ func emuRun(t testing.TB, name string, m *emuMem, launches ...emuLaunch) {
 	t.Helper()
 	before := m.snapshot()
 	var first [][]byte
-	scheds := []emu.Schedule{emu.Reverse, emu.Random, emu.WarpAhead, emu.Forward}
-	for _, sched := range scheds {
+	type run struct {
+		sched emu.Schedule
+		seed  uint64
+	}
+	runs := []run{{emu.Reverse, 0}}
+	for k := range emuSeeds() {
+		seed := uint64(len(name))*7919 + uint64(k)*104729
+		runs = append(runs, run{emu.Random, seed}, run{emu.WarpAhead, seed})
+	}
+	runs = append(runs, run{emu.Forward, 0})
+	for _, r := range runs {
+		sched := r.sched
 		m.restore(before)
 		for i := range launches {
-			if err := launches[i].run(t, sched, uint64(len(name))*7919+uint64(sched)); err != nil {
-				t.Fatalf("%s (%v): %v", name, sched, err)
+			if err := launches[i].run(t, sched, r.seed); err != nil {
+				t.Fatalf("%s (%v, seed %d): %v", name, sched, r.seed, err)
 			}
 		}
 		after := m.snapshot()
@@ -294,7 +315,7 @@ func emuRun(t testing.TB, name string, m *emuMem, launches ...emuLaunch) {
 				for at < len(after[i]) && after[i][at] == first[i][at] {
 					at++
 				}
-				t.Fatalf("%s: buffer %d differs at byte %d between the %v and %v schedules", name, i, at, scheds[0], sched)
+				t.Fatalf("%s: buffer %d differs at byte %d between the %v and %v (seed %d) schedules", name, i, at, runs[0].sched, sched, r.seed)
 			}
 		}
 	}
