@@ -36,6 +36,9 @@ var Flags = []string{"-std=c++17", "-O1", "-fPIC", "-shared", "-D__CUDACC_RTC__"
 // cannot link the ASan or UBSan runtime (libasan, libubsan not installed).
 var ErrNoSanitizer = errors.New("emu: the sanitizer runtimes are not installed")
 
+// extraFlags are added to Flags by tests (the swapcontext fallback).
+var extraFlags []string
+
 // SanitizerFlags are added for a sanitizer build (BuildProgram with Sanitize).
 var SanitizerFlags = []string{"-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
 	"-fno-omit-frame-pointer", "-g"}
@@ -182,11 +185,11 @@ func build(source, name string, program, sanitize bool) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", name, err)
 	}
-	flags := append([]string(nil), Flags...)
+	flags := append(append([]string(nil), Flags...), extraFlags...)
 	ext := ".so"
 	if program {
 		flags = flags[:0]
-		for _, f := range Flags {
+		for _, f := range append(Flags, extraFlags...) {
 			if f != "-shared" {
 				flags = append(flags, f)
 			}

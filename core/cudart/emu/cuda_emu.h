@@ -36,7 +36,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if !defined(__x86_64__) && !defined(__aarch64__)
+// Fibers switch by a few instructions of assembly on x86-64 and arm64, elsewhere (or
+// with -DRESIN_EMU_FORCE_UCONTEXT) by swapcontext.
+#if (!defined(__x86_64__) && !defined(__aarch64__)) || defined(RESIN_EMU_FORCE_UCONTEXT)
 #include <ucontext.h>
 #define RESIN_EMU_UCONTEXT 1
 #endif

@@ -537,3 +537,27 @@ func TestReport(t *testing.T) {
 		t.Errorf("unset: %v", err)
 	}
 }
+
+// TestUcontextFallback runs the checks' kernels with fibers switched by swapcontext, the
+// path of hosts that are neither x86-64 nor arm64.
+func TestUcontextFallback(t *testing.T) {
+	need(t)
+	extraFlags = []string{"-DRESIN_EMU_FORCE_UCONTEXT"}
+	m := func() *Module {
+		defer func() { extraFlags = nil }()
+		return load(t, testKernels, "test_kernels_ucontext.cu")
+	}()
+	out, x := mem[float32](2), mem[float32](100)
+	for i := range x {
+		x[i] = 1
+	}
+	for _, sched := range Schedules {
+		if err := m.Launch("block_sum", [3]uint32{1, 1, 1}, [3]uint32{128, 1, 1}, 0, params([]uint64{ptr(out), ptr(x), 100, 1, uint64(math.Float32bits(1))}), sched, 1); err != nil || out[0] != 100 {
+			t.Fatalf("%v: %g, %v", sched, out[0], err)
+		}
+	}
+	bad := mem[int32](64)
+	if err := m.Launch("divergent", [3]uint32{1, 1, 1}, [3]uint32{64, 1, 1}, 0, params([]uint64{ptr(bad)}), Forward, 0); err == nil || !strings.Contains(err.Error(), "one call site") {
+		t.Errorf("divergent barriers: %v", err)
+	}
+}
