@@ -23,8 +23,9 @@
 // properties, required, additionalProperties (none by default beside properties: strict
 // mode), enum, const, items, prefixItems, minItems, maxItems, minLength, maxLength,
 // pattern (RE2 syntax; unanchored sides allow any text, as JSON Schema says), the formats
-// date, time, date-time, uuid and ipv4 (others are annotations, ignored), integer bounds
-// of any kind, number minimum 0, anyOf and oneOf (oneOf's exclusivity not enforced), allOf
+// date, time, date-time, uuid and ipv4 (others are annotations, ignored), minimum,
+// maximum, exclusiveMinimum and exclusiveMaximum on integers and (integer-valued, the
+// numbers then written without exponent) on numbers, anyOf and oneOf (oneOf's exclusivity not enforced), allOf
 // of one schema, local $ref with $defs/definitions (recursion allowed) and OpenAPI's
 // nullable. Objects list their properties in the schema's order; an extra property's key
 // is any string (it is not kept from repeating a declared one).

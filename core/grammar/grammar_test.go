@@ -284,6 +284,7 @@ func TestRefused(t *testing.T) {
 		{JSONSchema, `{"not":{"type":"string"}}`, `"not"`},
 		{JSONSchema, `{"type":"array","uniqueItems":true}`, `"uniqueItems"`},
 		{JSONSchema, `{"type":"number","maximum":3.5}`, `maximum`},
+		{JSONSchema, `{"type":"number","minimum":3,"exclusiveMaximum":3}`, `no number between`},
 		{JSONSchema, `{"type":"integer","multipleOf":3}`, `"multipleOf"`},
 		{JSONSchema, `{"$ref":"https://example.com/s.json"}`, `not a local reference`},
 		{JSONSchema, `{"$ref":"#/$defs/missing"}`, `does not resolve`},
@@ -387,5 +388,46 @@ func TestStateLimit(t *testing.T) {
 	}
 	if m2.rt == old {
 		t.Fatal("a new matcher shares the runtime past its state limit")
+	}
+}
+
+// TestNumberRange: numbers under integer bounds (inclusive and exclusive, either sign)
+// are accepted exactly when they lie within them (-0 is never written).
+func TestNumberRange(t *testing.T) {
+	v, _, _ := testVocab(t)
+	nums := []string{"-100", "-12.5", "-10", "-10.0", "-9.999", "-3", "-2.5", "-1", "-0.5", "0", "0.0", "0.25",
+		"1", "1.5", "2", "2.0", "2.01", "9.99", "10", "10.00", "10.5", "11", "100", "1234.5"}
+	for _, c := range []struct {
+		schema string
+		in     func(x float64) bool
+	}{
+		{`{"type":"number","minimum":0,"maximum":10}`, func(x float64) bool { return x >= 0 && x <= 10 }},
+		{`{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":10}`, func(x float64) bool { return x > 0 && x < 10 }},
+		{`{"type":"number","minimum":-10,"exclusiveMaximum":2}`, func(x float64) bool { return x >= -10 && x < 2 }},
+		{`{"type":"number","exclusiveMinimum":-3}`, func(x float64) bool { return x > -3 }},
+		{`{"type":"number","maximum":-1}`, func(x float64) bool { return x <= -1 }},
+		{`{"type":"number","exclusiveMaximum":0}`, func(x float64) bool { return x < 0 }},
+		{`{"type":"number","minimum":2,"maximum":2}`, func(x float64) bool { return x == 2 }},
+	} {
+		g := compileT(t, v, JSONSchema, c.schema)
+		for _, n := range nums {
+			m, _ := g.NewMatcher()
+			ok := true
+			for _, b := range []byte(n) {
+				if m.Accept(int32(b)) != nil {
+					ok = false
+					break
+				}
+			}
+			ok = ok && m.CanEnd()
+			var x float64
+			json.Unmarshal([]byte(n), &x)
+			if want := c.in(x); ok != want {
+				t.Errorf("%s: %s accepted %v, want %v", c.schema, n, ok, want)
+			}
+		}
+	}
+	if _, err := Compile(v, JSONSchema, `{"type":"number","maximum":2.5}`); err == nil || !strings.Contains(err.Error(), "maximum") {
+		t.Errorf("a fractional bound: %v", err)
 	}
 }

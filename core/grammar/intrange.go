@@ -80,6 +80,9 @@ func sameLength(x, y string) *expr {
 	if len(x) == 1 {
 		return byteRange(x[0], y[0])
 	}
+	if strings.Trim(x, "0") == "" && strings.Trim(y, "9") == "" {
+		return repeat(byteRange('0', '9'), len(x), len(x)) // every digit string: no branching
+	}
 	if x[0] == y[0] {
 		return seq(lit(x[:1]), sameLength(x[1:], y[1:]))
 	}

@@ -422,30 +422,101 @@ func (c *schemaCompiler) integer(s map[string]any, at string) (*expr, error) {
 }
 
 func (c *schemaCompiler) number(s map[string]any, at string) (*expr, error) {
-	for _, k := range []string{"exclusiveMinimum", "maximum", "exclusiveMaximum"} {
-		if _, ok := s[k]; ok {
-			return nil, fmt.Errorf("json schema: %s on a number at %s is not supported (integers take any bounds)", k, at)
+	var lo, hi *numBound
+	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
+		v, ok, err := bound(s, k, at)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if v != math.Trunc(v) || math.Abs(v) > maxIntBound {
+			return nil, fmt.Errorf("json schema: %s %v on a number at %s is not supported (number bounds must be integers up to 1e17)", k, v, at)
+		}
+		b := &numBound{v: int64(v), strict: strings.HasPrefix(k, "exclusive")}
+		if strings.HasSuffix(k, "inimum") {
+			if lo == nil || b.v > lo.v || b.v == lo.v && b.strict {
+				lo = b
+			}
+		} else if hi == nil || b.v < hi.v || b.v == hi.v && b.strict {
+			hi = b
 		}
 	}
-	v, ok, err := bound(s, "minimum", at)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
+	if lo == nil && hi == nil {
 		return ref("number"), nil
 	}
-	if v != 0 {
-		return nil, fmt.Errorf("json schema: minimum %v on a number at %s is not supported (only 0; integers take any bounds)", v, at)
+	if lo != nil && hi != nil && (lo.v > hi.v || lo.v == hi.v && (lo.strict || hi.strict)) {
+		return nil, fmt.Errorf("json schema: no number between the bounds at %s", at)
 	}
+	return numberRange(lo, hi), nil
+}
+
+// numBound is an integer bound of a number, strict for exclusiveMinimum/Maximum.
+type numBound struct {
+	v      int64
+	strict bool
+}
+
+// numberRange matches the JSON numbers (without exponent) between integer bounds (nil:
+// open), split by sign: x >= 0 is a magnitude between bounds, x < 0 is "-" and one.
+func numberRange(lo, hi *numBound) *expr {
+	var alts []*expr
+	// x >= 0: from max(lo, 0) to hi.
+	if hi == nil || hi.v > 0 || hi.v == 0 && !hi.strict {
+		low := &numBound{v: 0}
+		if lo != nil && lo.v >= 0 {
+			low = lo
+		}
+		alts = append(alts, magnitudeRange(low, hi))
+	}
+	// x < 0: m = -x > 0 from max(-hi, 0) (exclusive at 0) to -lo.
+	if lo == nil || lo.v < 0 {
+		low := &numBound{v: 0, strict: true}
+		if hi != nil && hi.v < 0 {
+			low = &numBound{v: -hi.v, strict: hi.strict}
+		}
+		var up *numBound
+		if lo != nil {
+			up = &numBound{v: -lo.v, strict: lo.strict}
+		}
+		alts = append(alts, seq(lit("-"), magnitudeRange(low, up)))
+	}
+	return alt(alts...)
+}
+
+// magnitudeRange matches the non-negative decimals m (integer part, optional fraction)
+// with lo <= m (lo < m when strict) and m <= hi (m < hi when strict; hi nil: open).
+func magnitudeRange(lo, hi *numBound) *expr {
 	digit := byteRange('0', '9')
-	var e, sign byteSet
-	e.add('e')
-	e.add('E')
-	sign.add('+')
-	sign.add('-')
-	return seq(alt(lit("0"), seq(byteRange('1', '9'), star(digit))),
-		opt(seq(lit("."), plus(digit))),
-		opt(seq(bytesOf(e), opt(bytesOf(sign)), plus(digit)))), nil
+	anyFrac := opt(seq(lit("."), plus(digit)))
+	zeroFrac := opt(seq(lit("."), plus(lit("0"))))
+	// A fraction that is not zero: ".", digits, a non-zero digit, digits.
+	nonzeroFrac := seq(lit("."), star(digit), byteRange('1', '9'), star(digit))
+	intLit := func(v int64) *expr { return lit(strconv.FormatInt(v, 10)) }
+	var alts []*expr
+	// Integer parts whose every fraction is inside: [first, last].
+	first := lo.v
+	if lo.strict {
+		first++
+	}
+	var last *int64
+	if hi != nil {
+		l := hi.v - 1
+		last = &l
+	}
+	if last == nil || first <= *last {
+		alts = append(alts, seq(magnitude(first, last), anyFrac))
+	}
+	// m just above a strict lower bound: its integer part with a non-zero fraction.
+	if lo.strict && (hi == nil || hi.v > lo.v) {
+		alts = append(alts, seq(intLit(lo.v), nonzeroFrac))
+	}
+	// m equal to an inclusive upper bound.
+	if hi != nil && !hi.strict && (hi.v > lo.v || hi.v == lo.v && !lo.strict) {
+		alts = append(alts, seq(intLit(hi.v), zeroFrac))
+	}
+	return alt(alts...)
 }
 
 func (c *schemaCompiler) array(s map[string]any, at string) (*expr, error) {
