@@ -70,6 +70,7 @@ constexpr size_t kStack = 1024 * 1024;  // ASan's frames, and its reports, need 
 #else
 constexpr size_t kStack = 64 * 1024;  // usable bytes per fiber
 #endif
+constexpr size_t kDynBytes = 228 * 1024;  // an H100's shared memory per block
 constexpr size_t kColors = 4096;     // room for color(): every fiber keeps kStack usable
 constexpr size_t kCanary = 2048;      // bytes at the stack's low end that must stay intact
 constexpr unsigned char kCanaryByte = 0xA5;
@@ -769,11 +770,11 @@ inline int launch(const char* kernel, uint3 grid, uint3 block, unsigned dyn, voi
   if (block.z > 64) return report("block z above 64");
   if (grid.y > 65535 || grid.z > 65535) return report("grid y or z above 65535");
   if (schedule < 0 || schedule > 3) return report("unknown schedule (0 forward, 1 reverse, 2 random, 3 warp ahead)");
-  size_t cap = 0;  // every extern __shared__ array holds RESIN_EMU_DYN_BYTES
-  for (int i = 0; i < mod.ndyn; i++) cap = i == 0 || mod.dyn[i].n < cap ? mod.dyn[i].n : cap;
-  if (dyn > 0 && dyn > cap) {
+  // Every extern __shared__ array holds kDynBytes; a kernel without one may still be
+  // given dynamic shared memory (unused), as on a GPU, up to the same limit.
+  if (dyn > kDynBytes) {
     char m[160];
-    snprintf(m, sizeof m, "%u bytes of dynamic shared memory, the module holds %zu", dyn, cap);
+    snprintf(m, sizeof m, "%u bytes of dynamic shared memory exceed a block's %zu", dyn, kDynBytes);
     return report(m);
   }
   pthread_mutex_lock(&mod.mu);
@@ -871,7 +872,7 @@ inline int launch(const char* kernel, uint3 grid, uint3 block, unsigned dyn, voi
 #define __ldg(p) (*(p))
 #define __trap() (::resin_emu::fail("__trap() in block (%u,%u,%u) thread %u", blockIdx.x, blockIdx.y, blockIdx.z, ::resin_emu::mod.L->cur->lin), ::resin_emu::fail_fiber())
 #define RESIN_EMU_DYN_SHARED __attribute__((aligned(16)))
-#define RESIN_EMU_DYN_BYTES (228 * 1024)  // an H100's shared memory per block
+#define RESIN_EMU_DYN_BYTES (::resin_emu::kDynBytes)
 
 namespace resin_emu {
 template <class T, class... W>

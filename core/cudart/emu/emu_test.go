@@ -261,6 +261,10 @@ func TestDynamicSharedAndWarpOps(t *testing.T) {
 	if err := m.Launch("dyn", [3]uint32{1, 1, 1}, [3]uint32{96, 1, 1}, 1<<20, params([]uint64{ptr(out), ptr(x)}), Forward, 1); err == nil {
 		t.Error("1 MiB of dynamic shared memory was accepted")
 	}
+	// A kernel that declares none may be given some, as on a GPU.
+	if err := m.Launch("read_shared", [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 4096, params([]uint64{ptr(out)}), Forward, 1); err != nil {
+		t.Errorf("unused dynamic shared memory: %v", err)
+	}
 	w := mem[uint32](64 * 5)
 	if err := m.Launch("warp_ops", [3]uint32{1, 1, 1}, [3]uint32{64, 1, 1}, 0, params([]uint64{ptr(w)}), WarpAhead, 9); err != nil {
 		t.Fatal(err)
