@@ -28,5 +28,5 @@
 // numbers then written without exponent) on numbers, anyOf and oneOf (oneOf's exclusivity not enforced), allOf
 // of one schema, local $ref with $defs/definitions (recursion allowed) and OpenAPI's
 // nullable. Objects list their properties in the schema's order; an extra property's key
-// is any string (it is not kept from repeating a declared one).
+// is any string but a declared property's name (when the names are printable ASCII).
 package grammar

@@ -431,3 +431,30 @@ func TestNumberRange(t *testing.T) {
 		t.Errorf("a fractional bound: %v", err)
 	}
 }
+
+// TestExtraKeysAvoidDeclared: an additional property's key is never a declared one, so
+// the parsed object keeps the declared value (which the validator then checks).
+func TestExtraKeysAvoidDeclared(t *testing.T) {
+	v, _, _ := testVocab(t)
+	g := compileT(t, v, JSONSchema, `{"type":"object","properties":{"id":{"type":"integer"},"idx":{"type":"boolean"}},"additionalProperties":{"type":"string"}}`)
+	for _, c := range []struct {
+		text string
+		ok   bool
+	}{
+		{`{"id": 1, "i": "x"}`, true}, {`{"id": 1, "idy": "x"}`, true}, {`{"id": 1, "idxx": "x"}`, true},
+		{`{"id": 1, "": "x"}`, true}, {`{"id": 1, "é": "x"}`, true}, {`{"x": "y"}`, true},
+		{`{"id": 1, "id": "x"}`, false}, {`{"idx": true, "idx": "x"}`, false}, {`{"id": "x"}`, false},
+	} {
+		m, _ := g.NewMatcher()
+		ok := true
+		for _, b := range []byte(c.text) {
+			if m.Accept(int32(b)) != nil {
+				ok = false
+				break
+			}
+		}
+		if ok = ok && m.CanEnd(); ok != c.ok {
+			t.Errorf("%s: accepted %v, want %v", c.text, ok, c.ok)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // jsonSchemaDef compiles a JSON Schema to a grammar whose outputs are the JSON texts the
@@ -657,7 +658,7 @@ func (c *schemaCompiler) obj(s map[string]any, at string) (*expr, error) {
 	var extraKV *expr
 	if extra != nil {
 		kv := c.fresh("extra")
-		c.def.define(kv, seq(ref("string"), ref("ws"), lit(":"), ref("ws"), extra, ref("ws")))
+		c.def.define(kv, seq(c.otherKey(names), ref("ws"), lit(":"), ref("ws"), extra, ref("ws")))
 		extraKV = ref(kv)
 	}
 	// after[i]: the rest from property i once one was written; first[i]: before any.
@@ -688,6 +689,68 @@ func (c *schemaCompiler) obj(s map[string]any, at string) (*expr, error) {
 
 // orderKey holds, in every object decodeOrdered makes, its keys in the text's order.
 const orderKey = "\x00order"
+
+// otherKey matches a JSON string that is none of names, so that an additional property
+// cannot repeat a declared one (whose value the parser would then replace). It works on
+// the names' characters when they are printable ASCII without '"' or '\\'; otherwise any
+// key is allowed.
+func (c *schemaCompiler) otherKey(names []string) *expr {
+	if len(names) == 0 {
+		return ref("string")
+	}
+	for _, n := range names {
+		for i := 0; i < len(n); i++ {
+			if n[i] < 0x20 || n[i] >= 0x7f || n[i] == '"' || n[i] == '\\' {
+				return ref("string")
+			}
+		}
+	}
+	type node struct {
+		children map[byte]*node
+		order    []byte
+		terminal bool
+	}
+	root := &node{children: map[byte]*node{}}
+	for _, n := range names {
+		at := root
+		for i := 0; i < len(n); i++ {
+			next, ok := at.children[n[i]]
+			if !ok {
+				next = &node{children: map[byte]*node{}}
+				at.children[n[i]] = next
+				at.order = append(at.order, n[i])
+			}
+			at = next
+		}
+		at.terminal = true
+	}
+	conv := regexConv{mode: jsonString}
+	rest := seq(star(ref("char")), lit(`"`)) // once off the names' trie, any key
+	var build func(n *node) *expr
+	build = func(n *node) *expr {
+		var alts []*expr
+		if !n.terminal {
+			alts = append(alts, lit(`"`))
+		}
+		var others []runeRange
+		next := rune(0)
+		sorted := append([]byte(nil), n.order...)
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+		for _, b := range sorted {
+			alts = append(alts, seq(lit(string(b)), build(n.children[b])))
+			if rune(b) > next {
+				others = append(others, runeRange{next, rune(b) - 1})
+			}
+			next = rune(b) + 1
+		}
+		others = append(others, runeRange{next, utf8.MaxRune})
+		alts = append(alts, seq(conv.class(others), rest))
+		return alt(alts...)
+	}
+	name := c.fresh("key")
+	c.def.define(name, seq(lit(`"`), build(root)))
+	return ref(name)
+}
 
 // propertyOrder lists the properties in the schema text's order.
 func propertyOrder(props map[string]any) []string {
