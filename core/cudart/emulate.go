@@ -170,7 +170,9 @@ var emuLib = sync.OnceValues(func() (*emuLibrary, error) {
 
 // emuConfig reads the emulated device's settings from the environment:
 // RESIN_EMU_SCHEDULE (forward, reverse, random or warp-ahead: the order the emulator runs
-// a block's threads in), RESIN_EMU_SEED (for the random schedules), RESIN_EMU_POISON=1
+// a block's threads in), RESIN_EMU_DEFER=0 (run stream work when it is queued; by default
+// it waits on its stream until the host synchronises with it, as a GPU's does, so a read
+// before the synchronisation sees the old bytes), RESIN_EMU_SEED (for the random schedules), RESIN_EMU_POISON=1
 // (new device allocations read 0xff bytes, a NaN in every float type, instead of zeros:
 // a read of memory nothing wrote shows), RESIN_EMU_DEVICES (how many GPUs it shows, 1 by
 // default; they share the host's memory, and NCCL joins their ranks in the process) and
@@ -202,6 +204,13 @@ func emuConfig() ([][2]string, error) {
 		out = append(out, [2]string{"poison", "1"})
 	default:
 		return nil, fmt.Errorf("RESIN_EMU_POISON=%q: want 1 (fill new device memory with 0xff bytes) or 0", s)
+	}
+	switch s := os.Getenv("RESIN_EMU_DEFER"); s {
+	case "", "1":
+	case "0":
+		out = append(out, [2]string{"defer", "0"})
+	default:
+		return nil, fmt.Errorf("RESIN_EMU_DEFER=%q: want 0 (run stream work when it is queued) or 1", s)
 	}
 	if s := os.Getenv("RESIN_EMU_DEVICES"); s != "" {
 		if n, err := strconv.Atoi(s); err != nil || n < 1 || n > 16 {

@@ -442,3 +442,88 @@ func TestEmulatedNCCLRanks(t *testing.T) {
 		}
 	}
 }
+
+// TestEmulatedStreamsDeferWork: work queued on a stream runs when the host waits for it,
+// as on a GPU, so a host that reads before synchronising sees the old bytes: a copy back
+// into pinned memory lands at Sync (or at a fence's SyncEvent), an upload from pinned
+// memory reads the buffer when the stream reaches it (a buffer reused too early shows),
+// and an upload from pageable memory is staged at the call.
+func TestEmulatedStreamsDeferWork(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEFER=1") {
+		return
+	}
+	d, err := OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var failed string
+	check := func(what string, got []byte, want byte) {
+		for _, b := range got {
+			if b != want && failed == "" {
+				failed = fmt.Sprintf("%s: byte %#x, want %#x", what, b, want)
+			}
+		}
+	}
+	err = d.Do(func(c *Ctx) error {
+		s, err := c.NewStream()
+		if err != nil {
+			return err
+		}
+		defer c.DestroyStream(s)
+		buf, _ := c.Alloc(64)
+		defer c.Free(buf)
+		host, err := c.AllocHost(64)
+		if err != nil {
+			return err
+		}
+		defer c.FreeHost(host)
+		fence, err := c.NewFence()
+		if err != nil {
+			return err
+		}
+		defer c.DestroyEvent(fence)
+
+		c.MemsetAsync(buf.Ptr, 7, 64, s)
+		c.CopyDtoHAsync(host.Bytes, buf.Ptr, s)
+		check("a copy back read before Sync", host.Bytes, 0)
+		if err := c.Sync(s); err != nil {
+			return err
+		}
+		check("a copy back after Sync", host.Bytes, 7)
+
+		for i := range host.Bytes {
+			host.Bytes[i] = 1
+		}
+		c.CopyHtoDAsync(buf.Ptr, host.Bytes, s)
+		c.Record(fence, s)
+		for i := range host.Bytes {
+			host.Bytes[i] = 2 // reused before the fence: the stream reads this
+		}
+		if err := c.SyncEvent(fence); err != nil {
+			return err
+		}
+		got := make([]byte, 64)
+		c.CopyDtoH(got, buf.Ptr)
+		check("an upload from a pinned buffer rewritten before its fence", got, 2)
+
+		pageable := make([]byte, 64)
+		for i := range pageable {
+			pageable[i] = 3
+		}
+		c.CopyHtoDAsync(buf.Ptr, pageable, s)
+		clear(pageable) // staged at the call
+		if err := c.Sync(s); err != nil {
+			return err
+		}
+		c.CopyDtoH(got, buf.Ptr)
+		check("an upload from pageable memory", got, 3)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed != "" {
+		t.Fatal(failed)
+	}
+}

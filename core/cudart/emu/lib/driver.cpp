@@ -62,6 +62,7 @@ struct Event {
   unsigned flags = 0;
   bool recorded = false;
   double ms = 0;
+  Stream* stream = nullptr;  // where it was last recorded (nullptr: the legacy stream)
 };
 
 struct GraphExec {
@@ -142,10 +143,28 @@ Result Submit(void* stream, Op op) {
       s->graph->ops.push_back(std::move(op));
       return kSuccess;
     }
+    if (Cfg().defer) {
+      std::lock_guard<std::mutex> l(s->mu);
+      s->pending.push_back(std::move(op));
+      return kSuccess;
+    }
   } else if (Result r = legacyUnsafe(stream)) {
     return r;
   }
   return op.run();
+}
+
+bool Deferring(void* stream) { return stream != nullptr && Cfg().defer && !((Stream*)stream)->capturing; }
+
+Result Flush(Stream* s) {
+  if (s == nullptr) return kSuccess;
+  std::lock_guard<std::mutex> l(s->mu);
+  Result r = kSuccess;
+  for (Op& op : s->pending) {
+    if ((r = op.run()) != kSuccess) break;
+  }
+  s->pending.clear();
+  return r;
 }
 
 void SetLaunchError(const std::string& msg) { tl_launch_error = msg; }
@@ -174,6 +193,8 @@ extern "C" int resin_emu_configure(const char* key, const char* value) {
     int n = atoi(v.c_str());
     if (n < 1 || n > 16) return kInvalidValue;
     c.devices = n;
+  } else if (k == "defer") {
+    c.defer = v == "1";
   } else if (k == "poison") {
     c.poison = v == "1";
   } else {
@@ -304,9 +325,30 @@ extern "C" int cuCtxSetCurrent(void* ctx) {
   return kSuccess;
 }
 
+namespace {
+// flushStreams runs the queued work of every stream (of the current device only, with
+// thisDevice), in stream creation order is not promised: streams do not order against
+// each other.
+Result flushStreams(bool thisDevice) {
+  std::vector<Stream*> all;
+  {
+    std::lock_guard<std::mutex> l(Mu());
+    for (Stream* s : g_streams)
+      if (!thisDevice || s->device == tl_device) all.push_back(s);
+  }
+  Result first = kSuccess;
+  for (Stream* s : all) {
+    Result r = Flush(s);
+    if (first == kSuccess) first = r;
+  }
+  return first;
+}
+}  // namespace
+
 extern "C" int cuCtxSynchronize() {
   NEED_INIT();
-  return CaptureCheckUnsafe();
+  if (Result r = CaptureCheckUnsafe()) return r;
+  return flushStreams(true);
 }
 
 // ---- memory ----
@@ -349,6 +391,7 @@ extern "C" int cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
 extern "C" int cuMemFree_v2(CUdeviceptr p) {
   NEED_INIT();
   if (p == 0) return kSuccess;
+  flushStreams(false);  // cuMemFree waits for the work that may still use the memory
   std::lock_guard<std::mutex> l(Mu());
   auto it = g_device.find((uintptr_t)p);
   if (it == g_device.end()) return kInvalidValue;
@@ -490,13 +533,30 @@ extern "C" int cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 extern "C" int cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, void* s) {
   NEED_INIT();
   if (Result r = asyncHost(s, src, n)) return r;
+  if (Deferring(s) && !HostPinned(src, n)) {
+    // From pageable memory the driver stages the bytes before the call returns: the
+    // copy reads them now, whatever the caller writes there afterwards.
+    auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + n);
+    void* d = (void*)(uintptr_t)dst;
+    return Submit(s, Op{"memcpy HtoD", [=]() -> Result {
+                          if (!DeviceRange((uintptr_t)d, n)) return kInvalidValue;
+                          memcpy(d, staged->data(), n);
+                          return kSuccess;
+                        }});
+  }
   return Submit(s, copyOp("memcpy HtoD", (void*)(uintptr_t)dst, src, n, true, false));
 }
 
 extern "C" int cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, void* s) {
   NEED_INIT();
   if (Result r = asyncHost(s, dst, n)) return r;
-  return Submit(s, copyOp("memcpy DtoH", dst, (const void*)(uintptr_t)src, n, false, true));
+  Op op = copyOp("memcpy DtoH", dst, (const void*)(uintptr_t)src, n, false, true);
+  if (Deferring(s) && !HostPinned(dst, n)) {
+    // Into pageable memory the call waits for the copy, so for the stream's work first.
+    if (Result r = Flush((Stream*)s)) return r;
+    return op.run();
+  }
+  return Submit(s, std::move(op));
 }
 
 extern "C" int cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void* s) {
@@ -521,6 +581,7 @@ extern "C" int cuStreamCreate(void** s, unsigned flags) {
   (void)flags;
   if (!s) return kInvalidValue;
   Stream* st = new Stream();
+  st->device = tl_device;
   std::lock_guard<std::mutex> l(Mu());
   g_streams.insert(st);
   *s = st;
@@ -530,6 +591,7 @@ extern "C" int cuStreamCreate(void** s, unsigned flags) {
 extern "C" int cuStreamDestroy_v2(void* s) {
   NEED_INIT();
   if (!s) return kInvalidHandle;
+  if (liveStream(s)) Flush((Stream*)s);  // the stream's work still runs, as on a GPU
   std::lock_guard<std::mutex> l(Mu());
   auto it = g_streams.find((Stream*)s);
   if (it == g_streams.end()) return kInvalidHandle;
@@ -549,7 +611,8 @@ extern "C" int cuStreamSynchronize(void* s) {
     ((Stream*)s)->invalidated = true;
     return kCaptureUnsupported;
   }
-  return CaptureCheckUnsafe();
+  if (Result r = CaptureCheckUnsafe()) return r;
+  return Flush((Stream*)s);
 }
 
 extern "C" int cuStreamWaitEvent(void* s, void* e, unsigned flags) {
@@ -557,7 +620,10 @@ extern "C" int cuStreamWaitEvent(void* s, void* e, unsigned flags) {
   NEED_STREAM(s);
   (void)flags;
   if (!e) return kInvalidHandle;
-  return kSuccess;  // the event's work is done: everything runs when queued
+  // Later work on s follows the event's point: run what its stream queued before it.
+  Stream* from = ((Event*)e)->stream;
+  if (from != nullptr && from != (Stream*)s && !StreamCapturing(s)) return Flush(from);
+  return kSuccess;
 }
 
 extern "C" int cuEventCreate(void** e, unsigned flags) {
@@ -574,6 +640,7 @@ extern "C" int cuEventRecord(void* e, void* s) {
   NEED_STREAM(s);
   if (!e) return kInvalidHandle;
   Event* ev = (Event*)e;
+  if (!StreamCapturing(s)) ev->stream = (Stream*)s;
   return Submit(s, Op{"event record", [ev]() -> Result {
                         ev->recorded = true;
                         ev->ms = nowMs();
@@ -581,16 +648,19 @@ extern "C" int cuEventRecord(void* e, void* s) {
                       }});
 }
 
+// cuEventQuery and cuEventSynchronize run the work queued before the event: the
+// emulated device finishes work only when the host looks.
 extern "C" int cuEventQuery(void* e) {
   NEED_INIT();
   if (!e) return kInvalidHandle;
-  return kSuccess;
+  return Flush(((Event*)e)->stream);
 }
 
 extern "C" int cuEventSynchronize(void* e) {
   NEED_INIT();
   if (!e) return kInvalidHandle;
-  return CaptureCheckUnsafe();
+  if (Result r = CaptureCheckUnsafe()) return r;
+  return Flush(((Event*)e)->stream);
 }
 
 extern "C" int cuEventElapsedTime(float* ms, void* start, void* end) {
@@ -738,9 +808,8 @@ extern "C" int cuModuleUnload(void* mod) {
   std::lock_guard<std::mutex> l(Mu());
   if (!g_modules.count(m)) return kInvalidHandle;
   g_modules.erase(m);
-  // The library stays mapped: graphs may still hold its functions, as they do on a GPU
-  // until they are destroyed, and kernels are cheap to keep.
-  delete m;
+  // The library stays mapped and the Module allocated: graphs and queued launches may
+  // still hold its functions, and kernels are cheap to keep.
   return kSuccess;
 }
 
@@ -803,12 +872,15 @@ Op kernelOp(Function* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, un
   auto l = std::make_shared<Launch>();
   void** use = params;
   if (copy) {
-    size_t n = fn->param_sizes.size();
-    l->vals.resize(n ? n : 1);
+    // Each parameter in 8-byte-aligned slots of its own size (a struct may be larger).
+    size_t n = fn->param_sizes.size(), words = 0;
+    for (unsigned sz : fn->param_sizes) words += (sz + 7) / 8;
+    l->vals.resize(words ? words : 1);
     l->ptrs.resize(n ? n : 1);
-    for (size_t i = 0; i < n; i++) {
-      memcpy(&l->vals[i], params[i], fn->param_sizes[i] > 8 ? 8 : fn->param_sizes[i]);
-      l->ptrs[i] = &l->vals[i];
+    for (size_t i = 0, w = 0; i < n; i++) {
+      memcpy(&l->vals[w], params[i], fn->param_sizes[i]);
+      l->ptrs[i] = &l->vals[w];
+      w += (fn->param_sizes[i] + 7) / 8;
     }
     use = l->ptrs.data();
   }
@@ -843,13 +915,19 @@ extern "C" int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, un
   if ((unsigned long long)bx * by * bz > 1024) return kInvalidValue;
   if (shmem > (unsigned)fn->max_dyn_shared) return kInvalidValue;
   bool capturing = StreamCapturing(s);
+  if (!capturing && Deferring(s) && !fn->sizes_known) {
+    // Without its parameter sizes a launch cannot keep its values for later: it runs now,
+    // after the stream's queued work.
+    if (Result r = Flush((Stream*)s)) return r;
+    return kernelOp(fn, gx, gy, gz, bx, by, bz, shmem, params, false).run();
+  }
   if (capturing && !fn->sizes_known) {
     // Without the kernel's parameter sizes a recorded launch cannot keep its values.
     SetLaunchError("kernel " + fn->name + ": the module does not say its parameter sizes, so it cannot be captured");
     ((Stream*)s)->invalidated = true;
     return kCaptureUnsupported;
   }
-  return Submit(s, kernelOp(fn, gx, gy, gz, bx, by, bz, shmem, params, capturing));
+  return Submit(s, kernelOp(fn, gx, gy, gz, bx, by, bz, shmem, params, capturing || Deferring(s)));
 }
 
 // ---- stream capture and graphs ----
@@ -927,8 +1005,8 @@ extern "C" int cuGraphLaunch(void* exec, void* s) {
   NEED_STREAM(s);
   if (!exec) return kInvalidHandle;
   GraphExec* e = (GraphExec*)exec;
-  if (StreamCapturing(s)) {
-    // A graph launched into a capture becomes part of the outer graph.
+  if (s != nullptr) {
+    // Queued (or run, or recorded into the outer graph of a capture) op by op.
     for (const Op& op : e->ops) {
       if (Result r = Submit(s, op)) return r;
     }

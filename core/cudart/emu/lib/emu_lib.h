@@ -62,11 +62,22 @@ struct Stream {
   bool invalidated = false;
   int mode = 0;
   Graph* graph = nullptr;
-  unsigned long long capture_thread = 0;
+  int device = 0;
+  // Work queued and not yet run (Config.defer): it runs, in order, when the host waits
+  // for the stream (a synchronize, an event the host or another stream waits on).
+  std::mutex mu;
+  std::vector<Op> pending;
 };
 
-// Submit runs op now, or records it when s is capturing. It returns the op's result (or
-// success once recorded).
+// Flush runs the work queued on s and returns the first failure (later work is dropped,
+// as a GPU's faulted context would not run it).
+Result Flush(Stream* s);
+
+// Deferring reports whether stream work on s is queued rather than run at once.
+bool Deferring(void* stream);
+
+// Submit runs op now, queues it (Config.defer, on a created stream), or records it when s
+// is capturing. It returns the op's result (or success once queued or recorded).
 Result Submit(void* stream, Op op);
 
 // StreamCapturing reports whether s records instead of running.
@@ -96,6 +107,9 @@ struct Config {
   int sms = 8;
   int devices = 1;  // emulated GPUs (ordinals 0..devices-1)
   bool poison = false;  // fill new device allocations with 0xff bytes
+  // Queue work on created streams until the host waits for it, as a GPU does, so that a
+  // host reading a result before it synchronises reads what was there before.
+  bool defer = true;
 };
 Config& Cfg();
 std::mutex& Mu();
