@@ -12,12 +12,14 @@
 //
 // RESIN_CUDA=emulate (or Emulate, before any call; `--device cuda-emu`) selects the
 // emulated device instead: the four libraries are one library built with g++ from
-// emu/lib, which runs every kernel on the CPU in core/cudart/emu's fiber emulator, stream
-// work when it is queued, GEMMs in float32 and collectives between ranks of the process.
+// emu/lib, which runs every kernel on the CPU in core/cudart/emu's fiber emulator, a
+// stream's work when the host synchronises with it, GEMMs in float32 and collectives
+// between ranks of the process.
 // Everything above the bindings (Device, Blas, graphs, the GPU runner) runs unchanged on
 // it. It is only ever chosen explicitly, never in place of a missing GPU. Its kernels are
 // keyed apart from a GPU's in the kernel cache (Compiler "resin-emu <toolchain>").
-// RESIN_EMU_SCHEDULE, RESIN_EMU_SEED, RESIN_EMU_POISON and RESIN_EMU_MEMORY tune it.
+// RESIN_EMU_SCHEDULE, RESIN_EMU_SEED, RESIN_EMU_DEFER, RESIN_EMU_POISON, RESIN_EMU_DEVICES
+// and RESIN_EMU_MEMORY tune it (emuConfig).
 //
 // The driver API is reached through a Device: every call for a device runs on one OS
 // thread locked to it, with the device's primary context current there (Device.Do).

@@ -4,12 +4,15 @@
 // capture started through the driver API also records the cuBLASLt and NCCL calls queued
 // on that stream.
 //
-// Execution model: every piece of stream work runs on the calling thread when it is
-// queued (the stream is drained when the call returns); the emulated device has one
-// context and one memory space, device memory being host memory. Kernels run in the
-// modules the emulated NVRTC builds (core/cudart/emu's fiber runtime), launched through
-// the module ABI resin_emu_launch. During a stream capture, work is recorded instead of
-// run, and replayed in order by cuGraphLaunch.
+// Execution model: work queued on a created stream waits there, in order, until the host
+// synchronises with the stream (cuStreamSynchronize, an event's query or synchronize, a
+// stream waiting on one of its events, cuCtxSynchronize, cuMemFree), and then runs on the
+// thread that waits, as a GPU would have run it meanwhile; Config.defer off runs it when
+// it is queued. Work on the legacy stream runs at once. Each emulated device has one
+// context; device memory is host memory. Kernels run in the modules the emulated NVRTC
+// builds (core/cudart/emu's fiber runtime), launched through the module ABI
+// resin_emu_launch. During a stream capture, work is recorded instead, and cuGraphLaunch
+// queues the recorded work on its stream.
 #ifndef RESIN_EMU_LIB_H
 #define RESIN_EMU_LIB_H
 
