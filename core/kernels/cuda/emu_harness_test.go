@@ -103,7 +103,8 @@ func TestMain(m *testing.M) {
 }
 
 // emuMem is host memory handed to kernels as device addresses. Each buffer sits on the
-// Go heap (it never moves) and starts on 64 bytes, as cudaMalloc's do.
+// Go heap (it never moves) and starts on 64 bytes, as cudaMalloc's do, between guard
+// bytes that every emulated run checks (a write out of bounds fails the test).
 type emuMem struct {
 	t    testing.TB
 	bufs []emuBuf
@@ -124,14 +125,41 @@ func (m *emuMem) alloc(n int) cudart.DevicePtr {
 	return p
 }
 
+// emuGuard is the bytes before and after each buffer that no kernel may write.
+const (
+	emuGuard     = 64
+	emuGuardByte = 0xA5
+)
+
 // zeros returns n zeroed bytes.
 func (m *emuMem) zeros(n int) cudart.DevicePtr {
 	n = max(n, 4)
-	raw := make([]byte, n+64)
-	off := int((64 - uintptr(unsafe.Pointer(&raw[0]))%64) % 64)
+	raw := make([]byte, n+3*emuGuard)
+	off := emuGuard + int((64-uintptr(unsafe.Pointer(&raw[0]))%64)%64)
+	for i := range raw {
+		raw[i] = emuGuardByte
+	}
 	b := emuBuf{raw: raw, data: raw[off : off+n : off+n]}
+	clear(b.data)
 	m.bufs = append(m.bufs, b)
 	return cudart.DevicePtr(uintptr(unsafe.Pointer(&b.data[0])))
+}
+
+// checkGuards fails when a kernel wrote into the guard bytes around a buffer.
+func (m *emuMem) checkGuards(name string) {
+	for i, b := range m.bufs {
+		off := int(uintptr(unsafe.Pointer(&b.data[0])) - uintptr(unsafe.Pointer(&b.raw[0])))
+		for j, v := range b.raw[off-emuGuard : off] {
+			if v != emuGuardByte {
+				m.t.Fatalf("%s: a kernel wrote %d bytes before buffer %d", name, emuGuard-j, i)
+			}
+		}
+		for j, v := range b.raw[off+len(b.data) : off+len(b.data)+emuGuard] {
+			if v != emuGuardByte {
+				m.t.Fatalf("%s: a kernel wrote %d bytes past the end of buffer %d (%d bytes)", name, j+1, i, len(b.data))
+			}
+		}
+	}
 }
 
 // find returns the bytes of the buffer holding p, from p on.
@@ -304,6 +332,7 @@ func emuRun(t testing.TB, name string, m *emuMem, launches ...emuLaunch) {
 				t.Fatalf("%s (%v, seed %d): %v", name, sched, r.seed, err)
 			}
 		}
+		m.checkGuards(fmt.Sprintf("%s (%v)", name, sched))
 		after := m.snapshot()
 		if first == nil {
 			first = after

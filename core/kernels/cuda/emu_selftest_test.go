@@ -375,3 +375,18 @@ func TestEmuSanitizers(t *testing.T) {
 		run("moe_topk.cu", m2, launchMoETopK(MoERouting{Weights: w, IDs: ids, Logits: m2.f32(emuRnd(4, 3*60, 2)), Tokens: 3, Experts: 60, TopK: 4, Scoring: ref.ScoreSoftmax}))
 	}
 }
+
+// TestEmuGuardsCatchOverrun: a launch that writes past its output buffer (one row more
+// than the buffer holds) fails the emulated run.
+func TestEmuGuardsCatchOverrun(t *testing.T) {
+	emuKernels(t)
+	failed := catch(t, func(tb testing.TB) {
+		const rows, dim = 3, 8
+		m := &emuMem{t: tb}
+		out := m.alloc(4 * (rows - 1) * dim)
+		emuRun(tb, "rmsnorm overrun", m, launchRMSNorm(out, m.f32(emuRnd(1, rows*dim, 1)), m.f32(emuRnd(2, dim, 1)), rows, dim, 1e-6))
+	})
+	if len(failed) == 0 || !strings.Contains(failed[0], "past the end of buffer 0") {
+		t.Errorf("an overrun: %v", failed)
+	}
+}
