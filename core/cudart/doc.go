@@ -19,7 +19,15 @@
 // it. It is only ever chosen explicitly, never in place of a missing GPU. Its kernels are
 // keyed apart from a GPU's in the kernel cache (Compiler "resin-emu <toolchain>").
 // RESIN_EMU_SCHEDULE, RESIN_EMU_SEED, RESIN_EMU_DEFER, RESIN_EMU_POISON, RESIN_EMU_DEVICES
-// and RESIN_EMU_MEMORY tune it (emuConfig).
+// and RESIN_EMU_MEMORY tune it (emuConfig). Beyond the kernels' own checks
+// (core/cudart/emu), a green run on it shows the host side against the driver's rules:
+// launch shapes and shared-memory opt-ins a GPU accepts, copies, memsets and GEMMs inside
+// live allocations, what a thread-local capture allows (no allocation, synchronisation,
+// legacy-stream work or pageable copy) and that replays use the captured parameters,
+// results read only after the host synchronised with their stream. It cannot show
+// overlap between streams or with the host (queued work runs when the host waits, in
+// stream order), cuBLASLt's own summation order (the emulated GEMM sums k in order in
+// float32) or anything about speed.
 //
 // The driver API is reached through a Device: every call for a device runs on one OS
 // thread locked to it, with the device's primary context current there (Device.Do).
