@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"sync"
@@ -31,19 +32,35 @@ var emuModules = sync.OnceValues(func() (map[string]*emu.Module, error) {
 	if err := emu.Available(); err != nil {
 		return nil, err
 	}
+	// Built a few at a time (g++ is the cold start's cost), opened in order.
+	names := Names()
+	paths, errs := make([]string, len(names)), make([]error, len(names))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, min(4, runtime.NumCPU()))
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			src, err := Source(name)
+			if err == nil {
+				paths[i], err = emu.Build(src, name)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
 	mods := map[string]*emu.Module{}
-	for _, name := range Names() {
-		src, err := Source(name)
+	for i, name := range names {
+		if errs[i] != nil {
+			return nil, errs[i]
+		}
+		m, err := emu.Open(paths[i])
 		if err != nil {
 			return nil, err
 		}
-		p, err := emu.Build(src, name)
-		if err != nil {
-			return nil, err
-		}
-		if mods[name], err = emu.Open(p); err != nil {
-			return nil, err
-		}
+		mods[name] = m
 	}
 	return mods, nil
 })
