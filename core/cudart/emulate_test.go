@@ -527,3 +527,52 @@ func TestEmulatedStreamsDeferWork(t *testing.T) {
 		t.Fatal(failed)
 	}
 }
+
+// TestEmulatedKernelFaultReported: a kernel the emulator rejects (a barrier only half the
+// block reaches) fails the stream's synchronisation with CUDA_ERROR_LAUNCH_FAILED and the
+// emulator's explanation naming the kernel.
+func TestEmulatedKernelFaultReported(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	const src = `
+extern "C" __global__ void halfbarrier(float* y) {
+  if (threadIdx.x < 16) __syncthreads();
+  y[threadIdx.x] = 1.0f;
+}
+`
+	d, err := OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	img, err := CompileCached(nil, src, "halfbarrier.cu", d.Info.Arch())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Do(func(c *Ctx) error {
+		m, err := c.LoadModule(img)
+		if err != nil {
+			return err
+		}
+		defer c.UnloadModule(m)
+		f, err := c.Function(m, "halfbarrier")
+		if err != nil {
+			return err
+		}
+		y, _ := c.Alloc(4 * 32)
+		defer c.Free(y)
+		s, _ := c.NewStream()
+		defer c.DestroyStream(s)
+		var a Args
+		if err := c.Launch(f, D1(1), D1(32), 0, s, a.Reset().Ptr(y.Ptr)); err != nil {
+			return err
+		}
+		return c.Sync(s)
+	})
+	var e *Error
+	if !errors.As(err, &e) || e.Code != 719 || !strings.Contains(err.Error(), "halfbarrier") {
+		t.Fatalf("a kernel with a divergent barrier: %v, want CUDA_ERROR_LAUNCH_FAILED naming it", err)
+	}
+	t.Logf("reported: %v", err)
+}
