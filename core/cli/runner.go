@@ -35,7 +35,7 @@ func (f *RemoteFlags) Register(cmd *cobra.Command) {
 	fl.DurationVar(&f.StepTimeout, "runner-step-timeout", 10*time.Minute, "with --runner exec:/unix:, how long one step may take before the runner is taken for dead")
 	fl.DurationVar(&f.HandshakeTimeout, "runner-handshake-timeout", 2*time.Minute, "with --runner exec:/unix:, how long the runner may take to start and answer the handshake")
 	fl.IntVar(&f.MaxFrame, "runner-max-frame", wire.DefaultMaxFrame, "with --runner exec:/unix:, the largest protocol frame either side accepts, in bytes")
-	fl.Int64Var(&f.CacheBytes, "runner-cache-bytes", 256<<20, "with --runner exec:/unix:, the engine's page pool in bytes of the runner's cache groups: how much cache the runner must be able to hold")
+	fl.Int64Var(&f.CacheBytes, "runner-cache-bytes", 0, "with --runner exec:/unix:, the engine's page pool in bytes of the runner's cache groups: how much cache the runner must be able to hold (0: 256 MiB, cut to the slabs a page id addresses when the runner's slabs are small)")
 }
 
 // IsRemoteRunner reports whether a --runner value names an out-of-process runner.
@@ -47,8 +47,8 @@ func IsRemoteRunner(spec string) bool {
 // page pool for the cache groups it declares. The runner's stderr goes to warn. Start
 // attaches the runner to its engine, which lets a dead runner be restarted.
 func (f *RemoteFlags) Open(spec string, warn io.Writer) (engine.Runner, *kvslab.Pool, error) {
-	if f.CacheBytes <= 0 {
-		return nil, nil, fmt.Errorf("--runner-cache-bytes %d must be positive", f.CacheBytes)
+	if f.CacheBytes < 0 {
+		return nil, nil, fmt.Errorf("--runner-cache-bytes %d must be positive, or 0 for the default", f.CacheBytes)
 	}
 	r, err := wire.Dial(context.Background(), wire.Config{
 		Spec: spec, MaxFrame: f.MaxFrame, StepTimeout: f.StepTimeout, HandshakeTimeout: f.HandshakeTimeout,
