@@ -8,10 +8,13 @@
 // the matcher runs as a tail call so that it does not grow the stack). The matcher is a
 // pushdown automaton whose state is the set of parser stacks waiting on a byte; states
 // are interned and their byte transitions kept, so it runs as a lazily built DFA. A mask
-// is a walk of the vocabulary's token trie (built once per Vocabulary) from the current
-// state, skipping a subtree as soon as its prefix is refused, and is cached per state:
-// inside a JSON string or number the state repeats from token to token, so most masks
-// are a lookup.
+// is a walk of the vocabulary's token trie (built once per Vocabulary), skipping a
+// subtree as soon as its prefix is refused. The walk is made from the state cut below
+// its stacks' top frames, so it holds for every state with the same top (a string is a
+// string whatever object it is in): it sorts tokens into allowed, refused and dependent
+// on the context, and only the last are checked against the state itself (xgrammar's
+// context-independent tokens). Both the walks and the masks are cached: inside a JSON
+// string or number the state repeats from token to token, so most masks are a lookup.
 //
 // Tokens are matched by their bytes, so a byte-level BPE token may span grammar
 // terminals or end inside a UTF-8 character. Special tokens are never allowed; EOS is

@@ -458,3 +458,58 @@ func TestExtraKeysAvoidDeclared(t *testing.T) {
 		}
 	}
 }
+
+// TestMaskMatchesBruteForce: along random outputs of every corpus schema, each mask is
+// exactly the tokens whose bytes the grammar accepts from the current state (Allowed,
+// checked token by token), the context-independent cache notwithstanding: with stacks cut
+// at 1 and 2 frames as well as the default, so that many tokens depend on the context.
+func TestMaskMatchesBruteForce(t *testing.T) {
+	v, _, eos := testVocab(t)
+	files, _ := filepath.Glob("testdata/schemas/*.json")
+	defer func(k int) { keepFrames = k }(keepFrames)
+	for _, k := range []int{1, 2, keepFrames} {
+		keepFrames = k
+		for _, f := range files {
+			maskMatches(t, v, eos, f)
+		}
+	}
+}
+
+func maskMatches(t *testing.T, v *Vocabulary, eos int32, f string) {
+	{
+		src, _ := os.ReadFile(f)
+		g := compileT(t, v, JSONSchema, string(src))
+		for i := 0; i < 4; i++ {
+			rng := rand.New(rand.NewPCG(uint64(i), 11))
+			m, _ := g.NewMatcher()
+			mask := make([]uint32, v.MaskWords())
+			for step := 0; step < 300; step++ {
+				if err := m.FillMask(mask); err != nil {
+					t.Fatal(err)
+				}
+				var allowed []int32
+				for id := int32(0); int(id) < v.size; id++ {
+					in := mask[id>>5]&(1<<(id&31)) != 0
+					if in != m.Allowed(id) {
+						t.Fatalf("%s step %d: token %d %q: mask %v, Allowed %v", f, step, id, v.bytes[id], in, !in)
+					}
+					if in {
+						allowed = append(allowed, id)
+					}
+				}
+				var tok int32
+				if step < 150 {
+					tok = pick(allowed, rng, false)
+				} else {
+					tok = closer(allowed, v, eos, rng)
+				}
+				if tok == eos {
+					break
+				}
+				if err := m.Accept(tok); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}

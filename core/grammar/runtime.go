@@ -304,8 +304,8 @@ func (rt *runtime) independent(s int32) (*ciResult, error) {
 // keepFrames is how many top frames of a stack a truncated state keeps: enough that a
 // string's or a number's characters stay within them (character class, repetition,
 // the string rule, its caller), so that only the tokens leaving the value depend on the
-// context.
-const keepFrames = 4
+// context. (A variable so that tests can cut stacks shorter.)
+var keepFrames = 4
 
 // truncate returns stack id cut below its top k frames (the parent there unknown).
 func (rt *runtime) truncate(id int32, k int) int32 {
