@@ -23,11 +23,11 @@
 
 #include <cmath>
 #include <cstdarg>
-#include <numeric>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 #include <dlfcn.h>
@@ -86,9 +86,6 @@ struct Fiber {
   State state;
 #if defined(RESIN_EMU_UCONTEXT)
   ucontext_t uc;
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-  void* fake;
 #endif
   unsigned long long sval, sres;  // shuffle operand and result
   int sarg;
@@ -151,6 +148,7 @@ struct Module {
     void (*invoke)(void**);
   } kernels[256];
   int nkernels;
+  bool too_many;  // a registration did not fit in kernels[]
   struct Region {
     unsigned char* p;
     size_t n;
@@ -164,10 +162,7 @@ struct Module {
   int shared_found;  // 0 not looked, 1 found, -1 failed
   char shared_err[256];
 };
-// Initialised to non-zero data so that it lives outside .bss.
 __attribute__((used)) Module mod = {PTHREAD_MUTEX_INITIALIZER};
-
-inline Launch* cur_launch() { return mod.L; }
 
 // ---- context switching ----
 #if defined(__x86_64__)
@@ -297,7 +292,7 @@ __attribute__((format(printf, 1, 2))) inline void fail(const char* fmt, ...) {
   }
 }
 
-// fail_here records an error in the running fiber and never returns to it.
+// fail_fiber leaves the running fiber after fail recorded its error; it never resumes.
 __attribute__((noreturn)) inline void fail_fiber() {
   for (;;) yield(true);
 }
@@ -513,6 +508,8 @@ inline float rsqrt(float x) { return 1.0f / sqrtf(x); }
 inline void register_kernel(const char* name, void (*invoke)(void**)) {
   if (mod.nkernels < (int)(sizeof mod.kernels / sizeof mod.kernels[0]))
     mod.kernels[mod.nkernels++] = {name, invoke};
+  else
+    mod.too_many = true;
 }
 inline void register_dyn_shared(void* p, size_t n) {
   if (mod.ndyn < (int)(sizeof mod.dyn / sizeof mod.dyn[0])) mod.dyn[mod.ndyn++] = {(unsigned char*)p, n};
@@ -762,7 +759,9 @@ inline int launch(const char* kernel, uint3 grid, uint3 block, unsigned dyn, voi
   void (*invoke)(void**) = nullptr;
   for (int i = 0; i < mod.nkernels; i++)
     if (strcmp(mod.kernels[i].name, kernel) == 0) invoke = mod.kernels[i].invoke;
-  if (!invoke) return report("no such kernel in the module");
+  if (!invoke)
+    return report(mod.too_many ? "no such kernel among the module's first 256 (it has more)"
+                               : "no such kernel in the module");
   unsigned long long n = (unsigned long long)block.x * block.y * block.z;
   if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
     return report("a grid or block dimension is 0");
