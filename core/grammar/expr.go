@@ -1,9 +1,6 @@
 package grammar
 
-import (
-	"fmt"
-	"math/bits"
-)
+import "fmt"
 
 // byteSet is a set of bytes, one bit each.
 type byteSet [4]uint64
@@ -16,9 +13,6 @@ func (s *byteSet) addRange(lo, hi byte) {
 	}
 }
 func (s *byteSet) empty() bool { return s[0]|s[1]|s[2]|s[3] == 0 }
-func (s *byteSet) count() int {
-	return bits.OnesCount64(s[0]) + bits.OnesCount64(s[1]) + bits.OnesCount64(s[2]) + bits.OnesCount64(s[3])
-}
 
 // exprOp is the kind of a grammar expression node.
 type exprOp uint8

@@ -47,14 +47,6 @@ type schemaCompiler struct {
 	depth int
 }
 
-// annotations are keywords that assert nothing.
-var annotations = map[string]bool{
-	"title": true, "description": true, "default": true, "examples": true, "$schema": true,
-	"$id": true, "$comment": true, "deprecated": true, "readOnly": true, "writeOnly": true,
-	"$defs": true, "definitions": true, "format": true, "discriminator": true, "strict": true,
-	"$anchor": true, "contentMediaType": true, "contentEncoding": true,
-}
-
 // refused are the JSON Schema keywords that assert what the compiler cannot enforce.
 // Keywords it does not know at all (vendor extensions, a stray "name") are ignored, as a
 // validator ignores them.

@@ -63,7 +63,6 @@ type Matcher struct {
 	g    *Grammar
 	rt   *runtime
 	hist []int32 // the state before each accepted token, then the current one; eosState once ended
-	err  error
 }
 
 // eosState marks a matcher that accepted EOS.
