@@ -513,3 +513,56 @@ func maskMatches(t *testing.T, v *Vocabulary, eos int32, f string) {
 		}
 	}
 }
+
+// TestSharedRuntimeLimit: when matchers sharing a grammar's runtime fill it to the state
+// limit, the one that needs more replays its output in a fresh runtime and goes on; only
+// an output that alone reaches the limit fails (TestStateLimit).
+func TestSharedRuntimeLimit(t *testing.T) {
+	defer func(s, h int) { softStates, hardStates = s, h }(softStates, hardStates)
+	softStates, hardStates = 1<<20, 200 // no replacement at NewMatcher: both share one runtime
+	v, _, _ := testVocab(t)
+	g := compileT(t, v, JSONObject, "")
+	nest := func(m *Matcher, key string, depth int) error {
+		for _, b := range []byte(`{"` + key + `":`) {
+			if err := m.Accept(int32(b)); err != nil {
+				return err
+			}
+		}
+		for i := 0; i < depth; i++ {
+			if err := m.Accept('['); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	a, _ := g.NewMatcher()
+	b, _ := g.NewMatcher()
+	if a.rt != b.rt {
+		t.Fatal("the matchers do not share a runtime")
+	}
+	if err := nest(a, "a", 120); err != nil {
+		t.Fatal(err)
+	}
+	// b nests objects: stacks a never reached.
+	for i := 0; i < 40; i++ {
+		for _, c := range []byte(`{"b":`) {
+			if err := b.Accept(int32(c)); err != nil {
+				t.Fatalf("the second output failed: %v", err)
+			}
+		}
+	}
+	if b.rt == a.rt {
+		t.Fatal("the second matcher did not move to a fresh runtime")
+	}
+	// b's history survived the move: its mask and a rollback still work.
+	mask := make([]uint32, b.Words())
+	if err := b.FillMask(mask); err != nil || mask['{'>>5]&(1<<('{'&31)) == 0 {
+		t.Fatalf("after the move: %v, '{' allowed %v", err, mask['{'>>5]&(1<<('{'&31)) != 0)
+	}
+	if err := b.Rollback(2); err != nil || b.Accept('"') != nil || b.Accept(':') != nil {
+		t.Fatal("rollback and accept after the move failed")
+	}
+	if c, _ := g.NewMatcher(); c.rt != b.rt {
+		t.Fatal("a new matcher does not start on the fresh runtime")
+	}
+}

@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 )
@@ -56,6 +57,59 @@ func (g *Grammar) NewMatcher() (*Matcher, error) {
 	return &Matcher{g: g, rt: rt, hist: []int32{s}}, nil
 }
 
+// fresh returns a runtime to replace old, which reached its state limit: the grammar's
+// new shared one (made now unless another matcher already left old).
+func (g *Grammar) fresh(old *runtime) *runtime {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shared == old {
+		g.shared = newRuntime(g.prog, g.vocab)
+	}
+	return g.shared
+}
+
+// migrate moves m to a fresh runtime after its shared one reached the state limit,
+// replaying the tokens it accepted. It fails with ErrStateLimit when the output alone
+// reaches the limit.
+func (m *Matcher) migrate() error {
+	rt := m.g.fresh(m.rt)
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	s, err := rt.start()
+	if err != nil {
+		return err
+	}
+	hist := make([]int32, 1, len(m.hist))
+	hist[0] = s
+	for _, tok := range m.toks {
+		if m.g.vocab.isEOS[tok] {
+			hist = append(hist, eosState)
+			continue
+		}
+		if s, err = rt.advance(s, m.tokenBytes(tok)); err != nil {
+			return err
+		}
+		if s == deadState {
+			return fmt.Errorf("grammar: replaying the output in a fresh runtime refused token %d", tok)
+		}
+		hist = append(hist, s)
+	}
+	m.rt, m.hist = rt, hist
+	return nil
+}
+
+// retry runs f, and once more on a fresh runtime when m's reached the state limit.
+func (m *Matcher) retry(f func() error) error {
+	err := f()
+	if errors.Is(err, ErrStateLimit) {
+		if merr := m.migrate(); merr != nil {
+			return merr
+		}
+		err = f()
+	}
+	return err
+}
+
 // Matcher follows one output through a grammar: Mask says which tokens may come next,
 // Accept takes the token sampled, Rollback undoes accepted tokens (rejected speculative
 // drafts). It is not safe for concurrent use.
@@ -63,6 +117,7 @@ type Matcher struct {
 	g    *Grammar
 	rt   *runtime
 	hist []int32 // the state before each accepted token, then the current one; eosState once ended
+	toks []int32 // the tokens accepted (for a replay in a fresh runtime)
 }
 
 // eosState marks a matcher that accepted EOS.
@@ -83,9 +138,11 @@ func (m *Matcher) FillMask(mask []uint32) error {
 		clear(mask)
 		return nil
 	}
-	m.rt.mu.Lock()
-	defer m.rt.mu.Unlock()
-	return m.rt.fillMask(s, mask)
+	return m.retry(func() error {
+		m.rt.mu.Lock()
+		defer m.rt.mu.Unlock()
+		return m.rt.fillMask(m.hist[len(m.hist)-1], mask)
+	})
 }
 
 // Allowed reports whether tok may come next.
@@ -118,27 +175,35 @@ func (m *Matcher) Accept(tok int32) error {
 	if tok < 0 || int(tok) >= v.size {
 		return fmt.Errorf("grammar: token %d outside the vocabulary of %d", tok, v.size)
 	}
-	m.rt.mu.Lock()
-	defer m.rt.mu.Unlock()
 	if v.isEOS[tok] {
-		if !m.rt.accepting[s] {
+		m.rt.mu.Lock()
+		ok := m.rt.accepting[s]
+		m.rt.mu.Unlock()
+		if !ok {
 			return fmt.Errorf("grammar: EOS (token %d) where the grammar cannot end", tok)
 		}
-		m.hist = append(m.hist, eosState)
+		m.hist, m.toks = append(m.hist, eosState), append(m.toks, tok)
 		return nil
 	}
 	b := m.tokenBytes(tok)
 	if b == nil {
 		return fmt.Errorf("grammar: token %d is special and never allowed", tok)
 	}
-	ns, err := m.rt.advance(s, b)
+	var ns int32
+	err := m.retry(func() error {
+		m.rt.mu.Lock()
+		defer m.rt.mu.Unlock()
+		var err error
+		ns, err = m.rt.advance(m.hist[len(m.hist)-1], b)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	if ns == deadState {
 		return fmt.Errorf("grammar: token %d (%q) is not allowed here", tok, b)
 	}
-	m.hist = append(m.hist, ns)
+	m.hist, m.toks = append(m.hist, ns), append(m.toks, tok)
 	return nil
 }
 
@@ -147,7 +212,7 @@ func (m *Matcher) Rollback(n int) error {
 	if n < 0 || n > len(m.hist)-1 {
 		return fmt.Errorf("grammar: rollback of %d tokens, %d accepted", n, len(m.hist)-1)
 	}
-	m.hist = m.hist[:len(m.hist)-n]
+	m.hist, m.toks = m.hist[:len(m.hist)-n], m.toks[:len(m.toks)-n]
 	return nil
 }
 

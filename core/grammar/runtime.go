@@ -19,9 +19,16 @@ import (
 // matcher keeps.
 var ErrStateLimit = errors.New("grammar: the output reached more parser states than the limit")
 
+// A grammar's shared runtime is replaced for new matchers past softStates; one that
+// reaches hardStates (each state may keep a 1 KiB transition table) is left by the
+// matchers that need more, which replay their output in a fresh one, and an output that
+// alone reaches it fails. (Variables so that tests can lower them.)
+var (
+	softStates = 1 << 13
+	hardStates = 1 << 16
+)
+
 const (
-	softStates   = 1 << 13 // a grammar's shared runtime is replaced for new matchers past this
-	hardStates   = 1 << 16 // a matcher whose runtime grows past this fails (each state may keep a 1 KiB transition table)
 	maskBytes    = 4 << 20 // the masks a runtime caches, in bytes (at least minMasks masks)
 	minMasks     = 16
 	maxClosure   = 1 << 16 // stack nodes one closure may visit
