@@ -107,6 +107,7 @@ func benchDecode(b *testing.B, seqs int, extra engine.SamplingParams) {
 			b.StartTimer()
 		}
 		p := s.Schedule()
+		s.FillTokenMasks(p) // as Engine.Run does; nothing when no request is constrained
 		res, err := model.Execute(ctx, p)
 		s.Update(p, res, err)
 		left--
