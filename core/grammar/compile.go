@@ -16,6 +16,10 @@ const (
 	Regex      Kind = "regex"       // a regular expression the whole output matches (guided_regex)
 	GBNF       Kind = "grammar"     // llama.cpp's GBNF (guided_grammar)
 	Choice     Kind = "choice"      // a JSON array of strings, the output one of them (guided_choice)
+	// Tagged is one or more structures, each a literal begin, a JSON value under a
+	// schema and a literal end, as {"structures": [{"begin", "schema", "end"}...],
+	// "separator", "min", "max" (0: no bound)}: tool calls in a model's own format.
+	Tagged Kind = "tagged"
 )
 
 // maxSource bounds a grammar's text.
@@ -43,6 +47,8 @@ func Compile(v *Vocabulary, kind Kind, source string) (*Grammar, error) {
 		d, err = gbnfDef(source)
 	case Choice:
 		d, err = choiceDef(source)
+	case Tagged:
+		d, err = taggedDef(source)
 	default:
 		return nil, fmt.Errorf("grammar: unknown kind %q", kind)
 	}

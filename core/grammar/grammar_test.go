@@ -3,6 +3,7 @@ package grammar
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -564,5 +565,61 @@ func TestSharedRuntimeLimit(t *testing.T) {
 	}
 	if c, _ := g.NewMatcher(); c.rt != b.rt {
 		t.Fatal("a new matcher does not start on the fresh runtime")
+	}
+}
+
+// TestTagged: tool calls in a model's own format (hermes' <tool_call> blocks): one to
+// three structures, each its literal begin, arguments valid under its schema, its end.
+func TestTagged(t *testing.T) {
+	v, _, eos := testVocab(t)
+	weather, _ := os.ReadFile("testdata/schemas/get_weather.json")
+	src := fmt.Sprintf(`{"structures": [
+		{"begin": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", "schema": %s, "end": "}\n</tool_call>"},
+		{"begin": "<tool_call>\n{\"name\": \"ping\", \"arguments\": ", "schema": {"type": "object", "properties": {}}, "end": "}\n</tool_call>"}],
+		"separator": "\n", "min": 1, "max": 3}`, weather)
+	g := compileT(t, v, Tagged, src)
+	var schema any
+	dec := json.NewDecoder(strings.NewReader(string(weather)))
+	dec.UseNumber()
+	dec.Decode(&schema)
+	block := regexp.MustCompile(`(?s)^<tool_call>\n(\{.*\})\n</tool_call>$`)
+	for i := 0; i < 20; i++ {
+		out := walk(t, g, eos, rand.New(rand.NewPCG(uint64(i), 13)), i%2 == 0, 60, nil)
+		blocks := strings.Split(string(out), "\n<tool_call>")
+		if len(blocks) < 1 || len(blocks) > 3 {
+			t.Fatalf("%q: %d blocks", out, len(blocks))
+		}
+		for k, b := range blocks {
+			if k > 0 {
+				b = "<tool_call>" + b
+			}
+			m := block.FindStringSubmatch(b)
+			if m == nil {
+				t.Fatalf("%q is not a <tool_call> block", b)
+			}
+			var call struct {
+				Name      string          `json:"name"`
+				Arguments json.RawMessage `json:"arguments"`
+			}
+			if err := json.Unmarshal([]byte(m[1]), &call); err != nil {
+				t.Fatalf("%q: %v", m[1], err)
+			}
+			switch call.Name {
+			case "get_weather":
+				args, err := parseJSON(call.Arguments)
+				if err != nil || (&validator{root: schema}).validate(schema, args, "#") != nil {
+					t.Fatalf("arguments %s do not validate", call.Arguments)
+				}
+			case "ping":
+				if strings.TrimSpace(string(call.Arguments))[0] != '{' {
+					t.Fatalf("ping arguments %s", call.Arguments)
+				}
+			default:
+				t.Fatalf("call of %q", call.Name)
+			}
+		}
+	}
+	if _, err := Compile(v, Tagged, `{"structures": []}`); err == nil {
+		t.Error("no structures compiled")
 	}
 }

@@ -39,12 +39,66 @@ func jsonSchemaDef(source string) (*grammarDef, error) {
 	return d, nil
 }
 
+// taggedDef compiles a Tagged source: between min and max (0: no bound) structures,
+// separated by separator, each one of the given begin, JSON value under schema, end
+// (a tool call in a model's own format, as xgrammar's structural tags).
+func taggedDef(source string) (*grammarDef, error) {
+	var t struct {
+		Structures []struct {
+			Begin  string          `json:"begin"`
+			Schema json.RawMessage `json:"schema"`
+			End    string          `json:"end"`
+		} `json:"structures"`
+		Separator string `json:"separator"`
+		Min       int    `json:"min"`
+		Max       int    `json:"max"`
+	}
+	dec := json.NewDecoder(strings.NewReader(source))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return nil, fmt.Errorf("tagged: %w", err)
+	}
+	if len(t.Structures) == 0 || t.Min < 0 || t.Max < 0 || t.Max > 0 && t.Max < t.Min || t.Min > maxRepeat || t.Max > maxRepeat {
+		return nil, fmt.Errorf("tagged: want structures and 0 <= min <= max (0: unbounded) <= %d", maxRepeat)
+	}
+	d := newDef("root")
+	defineJSONBase(d)
+	alts := make([]*expr, len(t.Structures))
+	for i, st := range t.Structures {
+		dec := json.NewDecoder(bytes.NewReader(st.Schema))
+		dec.UseNumber()
+		root, err := decodeOrdered(dec)
+		if err != nil {
+			return nil, fmt.Errorf("tagged: structure %d: json schema: %w", i, err)
+		}
+		c := &schemaCompiler{def: d, root: root, refs: map[string]string{}, prefix: fmt.Sprintf("s%d.", i)}
+		x, err := c.schema(root, "#")
+		if err != nil {
+			return nil, fmt.Errorf("tagged: structure %d: %w", i, err)
+		}
+		alts[i] = seq(lit(st.Begin), x, lit(st.End))
+	}
+	d.define("structure", alt(alts...))
+	more := seq(lit(t.Separator), ref("structure"))
+	hi := -1
+	if t.Max > 0 {
+		hi = t.Max - 1
+	}
+	if t.Min == 0 {
+		d.define("root", opt(seq(ref("structure"), repeat(more, 0, hi))))
+	} else {
+		d.define("root", seq(ref("structure"), repeat(more, t.Min-1, hi)))
+	}
+	return d, nil
+}
+
 type schemaCompiler struct {
-	def   *grammarDef
-	root  any
-	refs  map[string]string // JSON pointer -> rule name
-	n     int
-	depth int
+	def    *grammarDef
+	root   any
+	refs   map[string]string // JSON pointer -> rule name
+	n      int
+	depth  int
+	prefix string // of the rule names, when several schemas share a grammar
 }
 
 // refused are the JSON Schema keywords that assert what the compiler cannot enforce.
@@ -70,7 +124,7 @@ var asserting = map[string]bool{
 
 func (c *schemaCompiler) fresh(hint string) string {
 	c.n++
-	return fmt.Sprintf("%s-%d", hint, c.n)
+	return fmt.Sprintf("%s%s-%d", c.prefix, hint, c.n)
 }
 
 func (c *schemaCompiler) schema(s any, at string) (*expr, error) {
