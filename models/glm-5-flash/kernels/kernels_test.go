@@ -55,8 +55,18 @@ func checkOptions() kernelcheck.Options {
 	return kernelcheck.Options{
 		Flags:    Options,
 		Includes: map[string]string{"prelude.cuh": cuda.Prelude()},
-		Entries:  map[string][]string{"add_rmsnorm.cu": {AddRMSNormName}},
+		Entries:  entries(),
 	}
+}
+
+// entries are the entry points each source must define: add_rmsnorm.cu's and those the
+// launchers load (moduleFiles).
+func entries() map[string][]string {
+	e := map[string][]string{"add_rmsnorm.cu": {AddRMSNormName}}
+	for file, names := range moduleFiles {
+		e[file] = names
+	}
+	return e
 }
 
 // kernelFiles lists the embedded .cu sources.

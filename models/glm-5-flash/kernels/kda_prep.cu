@@ -1,0 +1,94 @@
+// kda_prep.cu: the element-wise and per-row steps around a KDA layer's recurrence
+// (kda.cu), each the model's Go reference in ref.go (forward.go's kda, step by step):
+//
+//   glm5flash_causal_conv_silu  x, out: [tokens, channels]  w: [channels, kernel]
+//                               state: [channels, kernel−1] (oldest first), updated
+//     out[t, c] = SiLU(Σ_j w[c, j]·x̃[t − (kernel−1) + j, c]), x̃ = state then x.
+//     A thread per channel carries the window in registers (kernel ≤ 8); a one-token
+//     update is the same launch with tokens = 1. Grid ceil(channels/256), block 256.
+//   glm5flash_l2norm            x: [rows, dim] in place: x / sqrt(Σx² + 1e-6) · mul.
+//   glm5flash_kda_gate          g: [tokens, heads·dh] in place, with f = g + dt_bias[h·dh+j]
+//     and a = exp(A_log[h]): lower_bound·sigmoid(a·f) when has_lower_bound, else
+//     −a·softplus(f) (the bounded and the unbounded forget gate).
+//   glm5flash_sigmoid           x: [n] in place (β).
+//   glm5flash_gated_rmsnorm     x, gate: [rows, dim]  w: [dim]
+//     out = RMSNorm(x)·w·sigmoid(gate) (the per-head output norm; out may be x).
+// The per-row kernels run a block a row (blockDim a multiple of 32), the rest a thread an
+// element.
+#include "prelude.cuh"
+
+#define GLM5FLASH_CONV_MAX_KERNEL 8
+
+RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __restrict__ state,
+                                             const float* __restrict__ x, const float* __restrict__ w,
+                                             int tokens, int channels, int kernel) {
+  long long c = resin_global_tid();
+  if (c >= channels) return;
+  int m = kernel - 1;
+  float win[GLM5FLASH_CONV_MAX_KERNEL];
+  float* st = state + c * m;
+  const float* wc = w + c * kernel;
+  for (int j = 0; j < m; j++) win[j] = st[j];
+  for (int t = 0; t < tokens; t++) {
+    float xv = x[(long long)t * channels + c];
+    float s = wc[m] * xv;
+    for (int j = 0; j < m; j++) s += wc[j] * win[j];
+    out[(long long)t * channels + c] = s / (1.0f + resin_expf(-s));
+    for (int j = 0; j + 1 < m; j++) win[j] = win[j + 1];
+    if (m > 0) win[m - 1] = xv;
+  }
+  for (int j = 0; j < m; j++) st[j] = win[j];
+}
+
+RESIN_KERNEL void glm5flash_l2norm(float* __restrict__ x, int rows, int dim, float mul) {
+  __shared__ float scratch[32];
+  int r = RESIN_BID_X;
+  if (r >= rows) return;
+  float* row = x + (long long)r * dim;
+  float ss = 0.0f;
+  for (int i = RESIN_TID_X; i < dim; i += RESIN_NTID_X) ss += row[i] * row[i];
+  ss = resin_block_sum(ss, scratch);
+  float inv = resin_rsqrtf(ss + 1e-6f);
+  for (int i = RESIN_TID_X; i < dim; i += RESIN_NTID_X) row[i] = row[i] * inv * mul;
+}
+
+RESIN_KERNEL void glm5flash_kda_gate(float* __restrict__ g, const float* __restrict__ a_log,
+                                     const float* __restrict__ dt_bias, int tokens, int heads, int dh,
+                                     int has_lower_bound, float lower_bound) {
+  long long i = resin_global_tid();
+  long long L = (long long)heads * dh;
+  if (i >= (long long)tokens * L) return;
+  int hj = (int)(i % L);
+  float a = resin_expf(a_log[hj / dh]);
+  float f = g[i] + dt_bias[hj];
+  if (has_lower_bound) {
+    g[i] = lower_bound / (1.0f + resin_expf(-a * f));
+  } else {
+    float sp = f > 20.0f ? f : resin_logf(1.0f + resin_expf(f));
+    g[i] = -a * sp;
+  }
+}
+
+RESIN_KERNEL void glm5flash_sigmoid(float* __restrict__ x, int n) {
+  long long i = resin_global_tid();
+  if (i < n) x[i] = 1.0f / (1.0f + resin_expf(-x[i]));
+}
+
+RESIN_KERNEL void glm5flash_gated_rmsnorm(float* out, const float* x,
+                                          const float* __restrict__ gate, const float* __restrict__ w,
+                                          int rows, int dim, float eps) {
+  __shared__ float scratch[32];
+  int r = RESIN_BID_X;
+  if (r >= rows) return;
+  const float* row = x + (long long)r * dim;
+  const float* gr = gate + (long long)r * dim;
+  float ss = 0.0f;
+  for (int i = RESIN_TID_X; i < dim; i += RESIN_NTID_X) ss += row[i] * row[i];
+  ss = resin_block_sum(ss, scratch);
+  float inv = resin_rsqrtf(ss / (float)dim + eps);
+  float* o = out + (long long)r * dim;
+  for (int i = RESIN_TID_X; i < dim; i += RESIN_NTID_X) {
+    float v = row[i] * inv * w[i];
+    o[i] = v * (1.0f / (1.0f + resin_expf(-gr[i])));
+  }
+}
