@@ -104,6 +104,13 @@ const (
 	kSample
 	kAddBiasBF16
 	kHeadRMSNormBF16
+	kHyperPre
+	kHyperPost
+	kMoERoute
+	kMoELayout
+	kMoEGather
+	kSwiGLUClamped
+	kMoECombine
 	numKernels
 )
 
@@ -122,4 +129,11 @@ var kernelNames = [numKernels]struct{ file, entry string }{
 	kSample:           {"sampling.cu", "resin_sample"},
 	kAddBiasBF16:      {"bias_headnorm.cu", "resin_add_bias_bf16"},
 	kHeadRMSNormBF16:  {"bias_headnorm.cu", "resin_head_rmsnorm_bf16"},
+	kHyperPre:         {"mhc.cu", "resin_mhc_pre_f32"},
+	kHyperPost:        {"mhc.cu", "resin_mhc_post_f32"},
+	kMoERoute:         {"moe_masked.cu", "resin_moe_route_f32"},
+	kMoELayout:        {"moe_masked.cu", "resin_moe_masked_layout"},
+	kMoEGather:        {"moe_masked.cu", "resin_moe_gather_f32"},
+	kSwiGLUClamped:    {"moe_masked.cu", "resin_swiglu_clamped_f32"},
+	kMoECombine:       {"moe_masked.cu", "resin_moe_combine_f32"},
 }

@@ -77,6 +77,7 @@ func packAll(t testing.TB, k *Kernels) {
 	check(packAddBiasBF16(&k.specs[kAddBiasBF16], 1, 2, 7, 6144))
 	hn := testHeadNorm()
 	check(hn.pack(&k.specs[kHeadRMSNormBF16]))
+	packMHCMoE(t, k)
 }
 
 // testHeadNorm is Qwen3-8B's q/k norm over its fused QKV rows.
