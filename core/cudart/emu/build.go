@@ -146,10 +146,11 @@ func moduleText(source string) (string, error) {
 	b.WriteString("namespace {\n")
 	for i, k := range kernels {
 		fmt.Fprintf(&b, "void resin_emu_invoke_%d(void** p) { ::resin_emu::tramp(&%s, p); }\n", i, k)
+		fmt.Fprintf(&b, "int resin_emu_sizes_%d(unsigned* o, int n) { return ::resin_emu::param_sizes(&%s, o, n); }\n", i, k)
 	}
 	b.WriteString("struct resin_emu_registration {\n  resin_emu_registration() {\n")
 	for i, k := range kernels {
-		fmt.Fprintf(&b, "    ::resin_emu::register_kernel(%q, resin_emu_invoke_%d);\n", k, i)
+		fmt.Fprintf(&b, "    ::resin_emu::register_kernel(%q, resin_emu_invoke_%d, resin_emu_sizes_%d);\n", k, i, i)
 	}
 	for _, d := range dyn {
 		fmt.Fprintf(&b, "    ::resin_emu::register_dyn_shared(%s, sizeof %s);\n", d[1], d[1])

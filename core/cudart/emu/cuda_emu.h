@@ -17,7 +17,8 @@
 // running ahead to its barrier first (blocks run forward, reverse or shuffled alike).
 //
 // A module (core/cudart/emu.Build) appends a registration per kernel and exports
-//   resin_emu_launch, resin_emu_has_kernel, resin_emu_stats   (see the end of this file)
+//   resin_emu_launch, resin_emu_has_kernel, resin_emu_stats, resin_emu_param_sizes
+// (declared at the end of this file).
 #ifndef RESIN_CUDA_EMU_H
 #define RESIN_CUDA_EMU_H
 
@@ -146,6 +147,7 @@ struct Module {
   struct Kernel {
     const char* name;
     void (*invoke)(void**);
+    int (*sizes)(unsigned*, int);
   } kernels[256];
   int nkernels;
   bool too_many;  // a registration did not fit in kernels[]
@@ -505,9 +507,9 @@ inline double ll2d(long long u) { double d; memcpy(&d, &u, 8); return d; }
 inline float rsqrt(float x) { return 1.0f / sqrtf(x); }
 
 // ---- registration, shared memory and the launch ----
-inline void register_kernel(const char* name, void (*invoke)(void**)) {
+inline void register_kernel(const char* name, void (*invoke)(void**), int (*sizes)(unsigned*, int)) {
   if (mod.nkernels < (int)(sizeof mod.kernels / sizeof mod.kernels[0]))
-    mod.kernels[mod.nkernels++] = {name, invoke};
+    mod.kernels[mod.nkernels++] = {name, invoke, sizes};
   else
     mod.too_many = true;
 }
@@ -522,6 +524,16 @@ inline void call(void (*f)(A...), void** p, std::index_sequence<I...>) {
 template <class... A>
 inline void tramp(void (*f)(A...), void** p) {
   call(f, p, std::index_sequence_for<A...>{});
+}
+
+// param_sizes writes the byte size of each of f's parameters (at most max) and returns
+// how many it has: what a launch's params[i] point at, for a copy (a graph's kernel node).
+template <class... A>
+inline int param_sizes(void (*)(A...), unsigned* out, int max) {
+  const unsigned s[] = {0u, (unsigned)sizeof(A)...};
+  int n = (int)sizeof...(A);
+  for (int i = 0; i < n && i < max; i++) out[i] = s[i + 1];
+  return n;
 }
 
 // find_shared lists the module's block-scope statics (the kernels' __shared__ variables):
@@ -894,6 +906,10 @@ extern "C" __attribute__((visibility("default"))) int resin_emu_launch(
     char* err, int errlen);
 extern "C" __attribute__((visibility("default"))) int resin_emu_has_kernel(const char* kernel);
 extern "C" __attribute__((visibility("default"))) void resin_emu_stats(unsigned long long out[8]);
+// resin_emu_param_sizes writes the byte sizes of kernel's parameters (at most max) to out
+// and returns how many it takes, or -1 for a kernel the module does not define.
+extern "C" __attribute__((visibility("default"))) int resin_emu_param_sizes(const char* kernel,
+                                                                             unsigned* out, int max);
 
 #define RESIN_EMU_EXPORTS                                                                       \
   extern "C" int resin_emu_launch(const char* kernel, unsigned gx, unsigned gy, unsigned gz,    \
@@ -908,6 +924,13 @@ extern "C" __attribute__((visibility("default"))) void resin_emu_stats(unsigned 
     for (int i = 0; i < ::resin_emu::mod.nkernels; i++)                                         \
       if (strcmp(::resin_emu::mod.kernels[i].name, kernel) == 0) return 1;                      \
     return 0;                                                                                   \
+  }                                                                                             \
+  extern "C" int resin_emu_param_sizes(const char* kernel, unsigned* out, int max) {           \
+    if (!kernel) return -1;                                                                     \
+    for (int i = 0; i < ::resin_emu::mod.nkernels; i++)                                         \
+      if (strcmp(::resin_emu::mod.kernels[i].name, kernel) == 0)                                \
+        return ::resin_emu::mod.kernels[i].sizes(out, max);                                     \
+    return -1;                                                                                  \
   }                                                                                             \
   extern "C" void resin_emu_stats(unsigned long long out[8]) {                                  \
     pthread_mutex_lock(&::resin_emu::mod.mu);                                                   \

@@ -565,3 +565,14 @@ func TestUcontextFallback(t *testing.T) {
 		t.Errorf("divergent barriers: %v", err)
 	}
 }
+
+func TestParamSizes(t *testing.T) {
+	m := load(t, testKernels, "test_kernels.cu")
+	got, err := m.ParamSizes("block_sum") // (float*, const float*, int, long long, float)
+	if err != nil || fmt.Sprint(got) != "[8 8 4 8 4]" {
+		t.Errorf("block_sum's parameter sizes %v, %v", got, err)
+	}
+	if _, err := m.ParamSizes("nope"); err == nil {
+		t.Error("a missing kernel has sizes")
+	}
+}

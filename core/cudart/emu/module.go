@@ -55,8 +55,8 @@ func (c Counts) Sub(o Counts) Counts {
 // Module is a built module loaded into the process (Open). Its launches run one at a
 // time; a Module is safe for concurrent use.
 type Module struct {
-	path                   string
-	launch, has, statsAddr uintptr
+	path                          string
+	launch, has, statsAddr, sizes uintptr
 }
 
 var (
@@ -80,7 +80,8 @@ func Open(path string) (*Module, error) {
 	for _, s := range []struct {
 		name string
 		dst  *uintptr
-	}{{"resin_emu_launch", &m.launch}, {"resin_emu_has_kernel", &m.has}, {"resin_emu_stats", &m.statsAddr}} {
+	}{{"resin_emu_launch", &m.launch}, {"resin_emu_has_kernel", &m.has}, {"resin_emu_stats", &m.statsAddr},
+		{"resin_emu_param_sizes", &m.sizes}} {
 		if *s.dst, err = dlsym(h, s.name); err != nil {
 			return nil, fmt.Errorf("emu: %s is not an emulator module: %w", path, err)
 		}
@@ -100,6 +101,25 @@ func (m *Module) HasKernel(kernel string) bool {
 	pin.Pin(&name[0])
 	defer pin.Unpin()
 	return call(m.has, uintptr(unsafe.Pointer(&name[0]))) == 1
+}
+
+// ParamSizes returns the byte size of each parameter of kernel, from its C signature as
+// compiled: what each params[i] of a launch must point at.
+func (m *Module) ParamSizes(kernel string) ([]uint32, error) {
+	name := cstr(kernel)
+	out := make([]uint32, 64)
+	var pin runtime.Pinner
+	pin.Pin(&name[0])
+	pin.Pin(&out[0])
+	defer pin.Unpin()
+	n := int32(call(m.sizes, uintptr(unsafe.Pointer(&name[0])), uintptr(unsafe.Pointer(&out[0])), uintptr(len(out))))
+	switch {
+	case n < 0:
+		return nil, fmt.Errorf("emu: %s defines no kernel %s", m.path, kernel)
+	case int(n) > len(out):
+		return nil, fmt.Errorf("emu: %s takes %d parameters, more than %d", kernel, n, len(out))
+	}
+	return out[:n], nil
 }
 
 // Launch runs kernel over grid blocks of block threads, with shmem bytes of dynamic

@@ -445,3 +445,46 @@ func TestEmuPagedAttention(t *testing.T) {
 		}
 	}
 }
+
+// TestEmuParamSizesMatchPacking checks every launch's packed parameters, the production
+// launchers' (launchSpec) and legacy's, against the parameter sizes of the kernel as g++
+// compiled it: a parameter of the wrong width would read garbage on the GPU.
+func TestEmuParamSizesMatchPacking(t *testing.T) {
+	mods := emuKernels(t)
+	var k Kernels
+	packAll(t, &k)
+	launches := []emuLaunch{}
+	for id := range numKernels {
+		if k.specs[id].kernel == id { // packAll's (kernels added since may not be there yet)
+			launches = append(launches, fromSpec(&k.specs[id]))
+		}
+	}
+	rope := Rope{Cos: 1, Sin: 2, Dim: 64, MaxPos: 10}
+	pa := PagedAttention{Out: 1, Q: 2, KCache: 3, VCache: 3, PageTable: 4, CtxLens: 5, Layout: PackedKV(16 * 2 * 64),
+		Batch: 1, NQ: 1, Heads: 4, KVHeads: 2, HeadDim: 64, PageTokens: 16, MaxPages: 2, Scale: 1}
+	launches = append(launches, launchRMSNorm(1, 2, 3, 4, 5, 1e-6), launchRope("resin_rope_neox", 1, 2, rope, 3, 4, 64),
+		launchRope("resin_rope_interleaved", 1, 2, rope, 3, 4, 64), launchSiLUMul(1, 2, 3, 4), launchSiLUMulSplit(1, 2, 3, 4),
+		launchSoftmax(1, 2, 3), launchEmbedding(1, 2, 3, 4, 5, 6), launchPagedAttention(t, pa),
+		launchMoETopK(MoERouting{Weights: 1, IDs: 2, Logits: 3, Tokens: 4, Experts: 8, TopK: 2}), launchArgmax(1, 2, 3, 4))
+	size := map[argKind]uint32{argPtr: 8, argI32: 4, argI64: 8, argF32: 4}
+	seen := map[string]bool{}
+	for _, l := range launches {
+		want, err := mods[l.file].ParamSizes(l.entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[l.file+":"+l.entry] = true
+		got := make([]uint32, l.args.n)
+		for i := range got {
+			got[i] = size[l.args.kinds[i]]
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: packed parameter sizes %v, the compiled kernel takes %v", l.entry, got, want)
+		}
+	}
+	for _, e := range emuEntries(t) {
+		if !seen[e] && emuCovered[e] {
+			t.Errorf("%s: no launcher's packing checked", e)
+		}
+	}
+}
