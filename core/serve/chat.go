@@ -33,6 +33,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if con, err = con.nativeFormat(s.parser.ToolFormat()); err != nil {
+		return err
+	}
 	guided, err := s.guidedRequest(&req.commonParams, &con)
 	if err != nil {
 		return err

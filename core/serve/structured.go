@@ -27,8 +27,10 @@ import (
 //
 // As in vLLM, a forced tool call is generated as JSON and returned as tool_calls: the
 // arguments object of the named tool, or for "required" an array of {"name",
-// "parameters"} objects, one per call. A schema or feature the grammar compiler cannot
-// enforce is refused with a 400 naming it, before anything is generated.
+// "parameters"} objects, one per call; with the hermes tool-call parser it is generated
+// in the model's own <tool_call> blocks instead, which the parser reads. A schema or
+// feature the grammar compiler cannot enforce is refused with a 400 naming it, before
+// anything is generated.
 
 // structured is the constraint a request asked for.
 type structured struct {
@@ -42,7 +44,51 @@ type structured struct {
 
 // forcedTools says how a forced tool call's JSON answer becomes tool calls.
 type forcedTools struct {
-	name string // the named function; "" for tool_choice "required"
+	name  string // the named function; "" for tool_choice "required"
+	tools []json.RawMessage
+}
+
+// nativeFormat rewrites a forced tool call into the server's tool-call format when the
+// model has one the grammar can write (hermes' <tool_call> blocks): the model then calls
+// the tool as it was trained to, and the tool-call parser reads the calls. Otherwise c
+// stays vLLM's JSON form.
+func (c *structured) nativeFormat(format string) (*structured, error) {
+	if c == nil || c.forced == nil || format != "hermes" {
+		return c, nil
+	}
+	defs, err := toolDefs(c.forced.tools)
+	if err != nil {
+		return nil, err
+	}
+	type structure struct {
+		Begin  string          `json:"begin"`
+		Schema json.RawMessage `json:"schema"`
+		End    string          `json:"end"`
+	}
+	var src struct {
+		Structures []structure `json:"structures"`
+		Separator  string      `json:"separator"`
+		Min        int         `json:"min"`
+		Max        int         `json:"max"`
+	}
+	src.Separator, src.Min = "\n", 1
+	if c.forced.name != "" {
+		src.Max = 1
+	}
+	for _, d := range defs {
+		if c.forced.name != "" && d.Function.Name != c.forced.name {
+			continue
+		}
+		name, _ := json.Marshal(d.Function.Name)
+		src.Structures = append(src.Structures, structure{
+			Begin:  "<tool_call>\n{\"name\": " + string(name) + ", \"arguments\": ",
+			Schema: json.RawMessage(d.parameters()), End: "}\n</tool_call>"})
+	}
+	b, err := json.Marshal(src)
+	if err != nil {
+		return nil, invalid(c.field, "tools: %v", err)
+	}
+	return &structured{field: c.field, kind: grammar.Tagged, source: string(b)}, nil
 }
 
 // maxGrammars is how many compiled grammars a server keeps.
@@ -268,7 +314,7 @@ func (r *chatRequest) chatStructured() (*structured, error) {
 		if err != nil {
 			return nil, err
 		}
-		return pick(out, &structured{field: "tool_choice", kind: grammar.JSONSchema, source: schema, forced: &forcedTools{}})
+		return pick(out, &structured{field: "tool_choice", kind: grammar.JSONSchema, source: schema, forced: &forcedTools{tools: r.Tools}})
 	}
 	var named struct {
 		Type     string `json:"type"`
@@ -286,7 +332,7 @@ func (r *chatRequest) chatStructured() (*structured, error) {
 	if !ok {
 		return nil, invalid("tool_choice", "tool_choice names the function %q, which tools does not offer.", named.Function.Name)
 	}
-	return pick(out, &structured{field: "tool_choice", kind: grammar.JSONSchema, source: params, forced: &forcedTools{name: named.Function.Name}})
+	return pick(out, &structured{field: "tool_choice", kind: grammar.JSONSchema, source: params, forced: &forcedTools{name: named.Function.Name, tools: r.Tools}})
 }
 
 type toolDef struct {

@@ -276,3 +276,35 @@ func TestStructuredRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestToolChoiceForcedHermes: with the hermes tool-call parser a forced call is written
+// in the model's own <tool_call> blocks, and the parser reads it: a named tool_choice
+// gives that call, "required" one or more, each with arguments that validate.
+func TestToolChoiceForcedHermes(t *testing.T) {
+	h := newHarness(t, harnessOpts{cfg: func(c *Config) { c.ToolCallParser = "hermes" }})
+	named := map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}}
+	for seed := 0; seed < 3; seed++ {
+		for _, choice := range []any{named, "required"} {
+			var out chatAnswer
+			h.postJSON("/v1/chat/completions", map[string]any{"messages": userMsg, "tools": weatherTools, "tool_choice": choice,
+				"temperature": 1, "seed": seed, "max_tokens": 1900}, 200, &out)
+			c := out.Choices[0]
+			if len(c.Message.ToolCalls) == 0 || c.FinishReason != "tool_calls" {
+				t.Fatalf("%v: %+v", choice, c)
+			}
+			if _, isNamed := choice.(map[string]any); isNamed && (len(c.Message.ToolCalls) != 1 || c.Message.ToolCalls[0].Function.Name != "get_weather") {
+				t.Fatalf("named: %+v", c.Message.ToolCalls)
+			}
+			for _, call := range c.Message.ToolCalls {
+				switch call.Function.Name {
+				case "get_weather":
+					checkWeather(t, call.Function.Arguments)
+				case "get_time":
+				default:
+					t.Fatalf("call of %q", call.Function.Name)
+				}
+			}
+		}
+	}
+	h.stopAndCheck("hermes tool_choice")
+}

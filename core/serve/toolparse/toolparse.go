@@ -129,6 +129,14 @@ func New(toolParser, reasoningParser string) (*Parser, error) {
 	return p, nil
 }
 
+// ToolFormat is the name of p's tool-call format ("" without one).
+func (p *Parser) ToolFormat() string {
+	if p == nil {
+		return ""
+	}
+	return p.toolName
+}
+
 // ParsesTools reports whether p has a tool-call format.
 func (p *Parser) ParsesTools() bool { return p != nil && p.tools != nil }
 
