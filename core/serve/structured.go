@@ -27,8 +27,8 @@ import (
 //
 // As in vLLM, a forced tool call is generated as JSON and returned as tool_calls: the
 // arguments object of the named tool, or for "required" an array of {"name",
-// "parameters"} objects, one per call; with the hermes tool-call parser it is generated
-// in the model's own <tool_call> blocks instead, which the parser reads. A schema or
+// "parameters"} objects, one per call; with the hermes or llama3_json tool-call parser
+// it is generated in the model's own format instead, which the parser reads. A schema or
 // feature the grammar compiler cannot enforce is refused with a 400 naming it, before
 // anything is generated.
 
@@ -48,12 +48,22 @@ type forcedTools struct {
 	tools []json.RawMessage
 }
 
+// nativeFormats are the tool-call formats a forced call is written in: before the
+// function's name (a JSON string), between it and the arguments, after them, and between
+// calls. (The formats whose markers are special tokens, which a grammar never allows, are
+// left to vLLM's JSON form.)
+var nativeFormats = map[string]struct{ before, between, end, separator string }{
+	"hermes":      {"<tool_call>\n{\"name\": ", ", \"arguments\": ", "}\n</tool_call>", "\n"},
+	"llama3_json": {"{\"name\": ", ", \"parameters\": ", "}", "; "},
+}
+
 // nativeFormat rewrites a forced tool call into the server's tool-call format when the
-// model has one the grammar can write (hermes' <tool_call> blocks): the model then calls
+// model has one the grammar can write (nativeFormats): the model then calls
 // the tool as it was trained to, and the tool-call parser reads the calls. Otherwise c
 // stays vLLM's JSON form.
 func (c *structured) nativeFormat(format string) (*structured, error) {
-	if c == nil || c.forced == nil || format != "hermes" {
+	nf, ok := nativeFormats[format]
+	if c == nil || c.forced == nil || !ok {
 		return c, nil
 	}
 	defs, err := toolDefs(c.forced.tools)
@@ -71,7 +81,7 @@ func (c *structured) nativeFormat(format string) (*structured, error) {
 		Min        int         `json:"min"`
 		Max        int         `json:"max"`
 	}
-	src.Separator, src.Min = "\n", 1
+	src.Separator, src.Min = nf.separator, 1
 	if c.forced.name != "" {
 		src.Max = 1
 	}
@@ -81,8 +91,8 @@ func (c *structured) nativeFormat(format string) (*structured, error) {
 		}
 		name, _ := json.Marshal(d.Function.Name)
 		src.Structures = append(src.Structures, structure{
-			Begin:  "<tool_call>\n{\"name\": " + string(name) + ", \"arguments\": ",
-			Schema: json.RawMessage(d.parameters()), End: "}\n</tool_call>"})
+			Begin:  nf.before + string(name) + nf.between,
+			Schema: json.RawMessage(d.parameters()), End: nf.end})
 	}
 	b, err := json.Marshal(src)
 	if err != nil {

@@ -277,11 +277,17 @@ func TestStructuredRefused(t *testing.T) {
 	}
 }
 
-// TestToolChoiceForcedHermes: with the hermes tool-call parser a forced call is written
-// in the model's own <tool_call> blocks, and the parser reads it: a named tool_choice
+// TestToolChoiceForcedHermes: with the hermes (or llama3_json) tool-call parser a forced
+// call is written in the model's own format, and the parser reads it: a named tool_choice
 // gives that call, "required" one or more, each with arguments that validate.
 func TestToolChoiceForcedHermes(t *testing.T) {
-	h := newHarness(t, harnessOpts{cfg: func(c *Config) { c.ToolCallParser = "hermes" }})
+	for _, parser := range []string{"hermes", "llama3_json"} {
+		t.Run(parser, func(t *testing.T) { forcedNative(t, parser) })
+	}
+}
+
+func forcedNative(t *testing.T, parser string) {
+	h := newHarness(t, harnessOpts{cfg: func(c *Config) { c.ToolCallParser = parser }})
 	named := map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}}
 	for seed := 0; seed < 3; seed++ {
 		for _, choice := range []any{named, "required"} {
