@@ -117,6 +117,9 @@ func init() {
 		"rope_kv.cu:resin_rope_kv_bf16", "rope_kv.cu:resin_rope_kv_f32", "rotary.cu:resin_rope_interleaved",
 		"rotary.cu:resin_rope_neox", "sampling.cu:resin_sample", "silu_mul.cu:resin_silu_mul", "silu_mul.cu:resin_silu_mul_bf16",
 		"silu_mul.cu:resin_silu_mul_split", "softmax.cu:resin_softmax",
+		"mhc.cu:resin_mhc_pre_f32", "mhc.cu:resin_mhc_post_f32", "moe_masked.cu:resin_moe_route_f32",
+		"moe_masked.cu:resin_moe_masked_layout", "moe_masked.cu:resin_moe_gather_f32",
+		"moe_masked.cu:resin_swiglu_clamped_f32", "moe_masked.cu:resin_moe_combine_f32",
 	} {
 		emuCovered[e] = true
 	}
