@@ -37,7 +37,7 @@ var emuModules = sync.OnceValues(func() (map[string]*emu.Module, error) {
 // emuLaunch runs l on the emulated device under every schedule (emu.AllSchedules: the
 // buffers must end bit-identical under each), leaving bufs as the forward schedule left
 // them. bufs are every buffer the launch reads or writes.
-func emuLaunch(t *testing.T, l Launcher, bufs ...[]float32) {
+func emuLaunch(t *testing.T, l Launcher, bufs ...any) {
 	t.Helper()
 	if err := emu.Available(); err != nil {
 		t.Skipf("no emulated device: %v", err)
@@ -68,8 +68,17 @@ func emuLaunch(t *testing.T, l Launcher, bufs ...[]float32) {
 	}
 	mem := make([][]byte, 0, len(bufs))
 	for _, b := range bufs {
-		if len(b) > 0 {
-			mem = append(mem, bytesOf(b))
+		switch b := b.(type) {
+		case []float32:
+			if len(b) > 0 {
+				mem = append(mem, bytesOf(b))
+			}
+		case []int32:
+			if len(b) > 0 {
+				mem = append(mem, unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
+			}
+		default:
+			t.Fatalf("buffer of type %T", b)
 		}
 	}
 	before := m.Stats()

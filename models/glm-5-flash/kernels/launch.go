@@ -42,6 +42,7 @@ type Launcher interface {
 var moduleFiles = map[string][]string{
 	"kda.cu":      {KDAStepName, KDAChunkedName},
 	"kda_prep.cu": {CausalConvSiLUName, L2NormName, KDAGateName, SigmoidName, GatedRMSNormName},
+	"dsa.cu":      {IndexerKeysName, KPoolCompressName, IndexerScoresName, PoolTopKName, SparseMLAName},
 }
 
 // Kernels holds the model's loaded kernels for one device context.
@@ -51,7 +52,7 @@ type Kernels struct {
 	args cudart.Args
 }
 
-// Load compiles (through cache) and loads the model's KDA kernels for the device of c.
+// Load compiles (through cache) and loads the model's KDA and DSA kernels for the device of c.
 func Load(c *cudart.Ctx, cache *cudart.KernelCache, arch string) (*Kernels, error) {
 	k := &Kernels{fns: map[string]cudart.Function{}}
 	for file, entries := range moduleFiles {
