@@ -103,12 +103,16 @@ func (t *gemvBF16Task) run(_, lo, hi int) {
 func packRowsBF16(dst []float32, src []uint16, ld, rows, width, kc int) {
 	dst = dst[:kc*width]
 	i := 0
-	if kc8 := kc &^ 7; kc8 > 0 {
-		for ; i+8 <= rows && packT8BF16(dst[i:], width, src[i*ld:], ld, kc8); i += 8 {
-			for r := i; r < i+8; r++ {
-				for l := kc8; l < kc; l++ {
-					dst[l*width+r] = FromBF16(src[r*ld+l])
-				}
+	if kc8 := kc &^ 7; kc8 > 0 && rows >= 8 { // as packRows
+		for i+8 <= rows && packT8BF16(dst[i:], width, src[i*ld:], ld, kc8) {
+			i += 8
+			if i < rows && rows < i+8 && packT8BF16(dst[rows-8:], width, src[(rows-8)*ld:], ld, kc8) {
+				i = rows
+			}
+		}
+		for r := range i {
+			for l := kc8; l < kc; l++ {
+				dst[l*width+r] = FromBF16(src[r*ld+l])
 			}
 		}
 	}

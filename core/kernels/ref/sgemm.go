@@ -145,12 +145,16 @@ func (t *ownTask) packAPanel(p int) {
 func packRows(dst, src []float32, ld, rows, width, kc int) {
 	dst = dst[:kc*width]
 	i := 0
-	if kc8 := kc &^ 7; kc8 > 0 { // 8 rows at a time on the transposing kernel
-		for ; i+8 <= rows && packT8(dst[i:], width, src[i*ld:], ld, kc8); i += 8 {
-			for r := i; r < i+8; r++ {
-				for l := kc8; l < kc; l++ {
-					dst[l*width+r] = src[r*ld+l]
-				}
+	if kc8 := kc &^ 7; kc8 > 0 && rows >= 8 { // 8 rows at a time on the transposing kernel
+		for i+8 <= rows && packT8(dst[i:], width, src[i*ld:], ld, kc8) {
+			i += 8
+			if i < rows && rows < i+8 && packT8(dst[rows-8:], width, src[(rows-8)*ld:], ld, kc8) {
+				i = rows // the last rows' 8, overlapping rows done (MR = 14: rows 6 to 13)
+			}
+		}
+		for r := range i {
+			for l := kc8; l < kc; l++ {
+				dst[l*width+r] = src[r*ld+l]
 			}
 		}
 	}
