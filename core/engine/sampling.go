@@ -195,9 +195,9 @@ func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {
 	if row.TopK > 0 || (row.TopP > 0 && row.TopP < 1) {
 		slices.SortFunc(s.idx, func(a, b int32) int {
 			switch {
-			case logits[a] > logits[b]:
+			case better(logits[a], logits[b]):
 				return -1
-			case logits[a] < logits[b]:
+			case better(logits[b], logits[a]):
 				return 1
 			}
 			return int(a - b)
@@ -208,14 +208,24 @@ func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {
 	}
 	// Softmax with temperature over the candidates.
 	inv := 1 / float64(row.Temperature)
-	maxL := float64(logits[s.idx[0]])
+	maxL := math.Inf(-1)
 	for _, i := range s.idx {
-		maxL = math.Max(maxL, float64(logits[i]))
+		if l := float64(logits[i]); l > maxL {
+			maxL = l
+		}
 	}
 	s.probs = s.probs[:0]
 	var sum float64
 	for _, i := range s.idx {
-		p := math.Exp((float64(logits[i]) - maxL) * inv)
+		// The best candidate weighs 1, also when it is +inf (inf - inf is NaN); a NaN
+		// logit weighs nothing (sampling.cu does the same).
+		l, p := float64(logits[i]), 0.0
+		switch {
+		case l == maxL:
+			p = 1
+		case l == l:
+			p = math.Exp((l - maxL) * inv)
+		}
 		s.probs = append(s.probs, float32(p))
 		sum += p
 	}
@@ -291,28 +301,35 @@ func (s *Sampler) topLogprobs(logits []float32, lse float32, n int, top []TopLog
 		k := len(top)
 		if k-start < n {
 			top = append(top, c)
-		} else if c.Logprob <= top[k-1].Logprob {
+		} else if !better(c.Logprob, top[k-1].Logprob) {
 			continue
 		} else {
 			k--
 			top[k] = c
 		}
-		// Insertion into the descending run top[start:].
-		for ; k > start && top[k].Logprob > top[k-1].Logprob; k-- {
+		// Insertion into the descending run top[start:] (NaN last, ties by id).
+		for ; k > start && better(top[k].Logprob, top[k-1].Logprob); k-- {
 			top[k], top[k-1] = top[k-1], top[k]
 		}
 	}
 	return top
 }
 
+// better orders logits for sampling and alternatives: a above b, NaN below everything.
+func better(a, b float32) bool {
+	return a > b || (b != b && a == a)
+}
+
+// argmax returns the first maximal element's index, NaN skipped; 0 for a row of NaN (as
+// sampling.cu).
 func argmax(x []float32) int32 {
-	best := 0
-	for i := 1; i < len(x); i++ {
-		if x[i] > x[best] {
+	best := -1
+	for i, v := range x {
+		if v == v && (best < 0 || v > x[best]) {
 			best = i
 		}
 	}
-	return int32(best)
+	return int32(max(best, 0))
 }
 
 func logSumExp(x []float32) float32 {
