@@ -55,7 +55,7 @@ func checkOptions() kernelcheck.Options {
 	return kernelcheck.Options{
 		Flags:    Options,
 		Includes: map[string]string{"prelude.cuh": cuda.Prelude()},
-		Entries:  map[string][]string{"add_rmsnorm.cu": {AddRMSNormName}},
+		Entries:  Entries,
 	}
 }
 
