@@ -184,8 +184,8 @@ func sameBits(t testing.TB, name string, got, want []float32) {
 	}
 }
 
-// TestEmuPartialRope rotates the trailing 16 of 64 channels (partial_rotary_factor 0.25)
-// of queries and of the single K=V head with the core's rotary.cu, and de-rotates an
+// TestEmuPartialRope rotates the trailing 8 of 16 channels (the tiny config's
+// partial_rotary_factor 0.5) of queries and of the single K=V head with the core's rotary.cu, and de-rotates an
 // output, against Rotary.Apply: bit-exact, main and compress rotaries.
 func TestEmuPartialRope(t *testing.T) {
 	d := newEmuDev(t)
@@ -240,10 +240,26 @@ func compressCases(m *Model) []compressCase {
 			hca = &m.W.Layers[i]
 		}
 	}
+	// V4-Flash's head dim of 512 (4 channels a thread) and an HCA ratio above the tiny
+	// config's, on random weights.
+	rng := rand.New(rand.NewPCG(9, 10))
+	synth := func(ratio, dim int, overlap bool) *Compressor {
+		width := dim
+		if overlap {
+			width *= 2
+		}
+		norm := rnd(rng, dim, 0.1)
+		for i := range norm {
+			norm[i]++
+		}
+		return &Compressor{PositionBias: rnd(rng, ratio*width, 0.5), Norm: norm}
+	}
 	return []compressCase{
 		{"CSA", c.CompressRates[CompressedSparse], c.HeadDim, true, csa.Compressor},
 		{"CSA indexer", c.CompressRates[CompressedSparse], c.IndexHeadDim, true, &csa.Indexer.Compressor},
 		{"HCA", c.CompressRates[HeavilyCompressed], c.HeadDim, false, hca.Compressor},
+		{"CSA head dim 512", 4, 512, true, synth(4, 512, true)},
+		{"HCA ratio 16 dim 200", 16, 200, false, synth(16, 200, false)},
 	}
 }
 
@@ -256,7 +272,7 @@ func TestEmuCompressor(t *testing.T) {
 	m := tinyModel(t)
 	eps := float32(m.Config.RMSNormEps)
 	rng := rand.New(rand.NewPCG(3, 4))
-	steps := [][2]int{{3, 9}, {6, 1}, {1, 0}, {9, 16}, {2, 1}, {1, 1}, {21, 3}}
+	steps := [][2]int{{3, 9}, {6, 1}, {1, 0}, {9, 16}, {2, 1}, {1, 1}, {21, 3}, {17, 15}}
 	for _, cc := range compressCases(m) {
 		ref := []*CompressorState{newLayerStateFor(cc), newLayerStateFor(cc)}
 		width := ref[0].Width()
@@ -332,12 +348,24 @@ type attnCase struct{ len0, n int }
 // indexer.cu's top-k (CSA) and attention.cu's attention with per-head sinks and ring store
 // over three sequences at different lengths in one launch (a decode row seeing fewer
 // entries than index_topk, one seeing exactly index_topk, prompts past the window whose
-// early queries read keys the chunk then overwrites in the ring, many entries with
-// repeated keys so that scores tie at the cut), against attendSeq (with indexerPick) on
+// early queries read keys the chunk then overwrites in the ring, a sequence whose
+// indexer keys repeat, so that scores tie at the cut), against attendSeq (with indexerPick) on
 // the model's LayerState: the picks exactly, the outputs within 2e-5, the ring bit-exact.
 func TestEmuIndexerAttention(t *testing.T) {
 	d := newEmuDev(t)
 	m := tinyModel(t)
+	emuIndexerAttention(t, d, m, "")
+	// V4-Flash's head dim of 512 (4 output dimensions a thread), 2 heads.
+	wide := *m.Config
+	wide.HeadDim, wide.NumAttentionHeads = 512, 2
+	mw, err := NewModel(&wide, m.W, m.maxContext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emuIndexerAttention(t, d, mw, "head dim 512 ")
+}
+
+func emuIndexerAttention(t *testing.T, d *emuDev, m *Model, label string) {
 	c := m.Config
 	hd, nh, win, id, ih, topk := c.HeadDim, c.NumAttentionHeads, c.SlidingWindow, c.IndexHeadDim, c.IndexNHeads, c.IndexTopK
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -345,7 +373,7 @@ func TestEmuIndexerAttention(t *testing.T) {
 	for li, kind := range c.LayerTypes {
 		l := &m.W.Layers[li]
 		ratio := c.CompressRates[kind]
-		name := kind
+		name := label + kind
 		var pos, rowSeq, seqStart, len0, winRow0, entryRow0 []int32
 		for s, sc := range seqs {
 			seqStart = append(seqStart, int32(len(pos)))
@@ -387,8 +415,8 @@ func TestEmuIndexerAttention(t *testing.T) {
 			st.Indexer = &CompressorState{Ratio: ratio, Dim: id, Entries: &sliceRows{dim: id}}
 			for e := range (sc.len0 + sc.n) / ratio {
 				er, kr := rnd(rng, hd, 1), rnd(rng, id, 1)
-				if e >= 12 && e < 20 {
-					kr = st.Indexer.Entries.Row(11) // ties at the cut
+				if s == 2 && e >= 2 {
+					kr = st.Indexer.Entries.Row(1) // scores that tie at the cut
 				}
 				copy(st.Compressor.Entries.Row(e), er)
 				copy(st.Indexer.Entries.Row(e), kr)
@@ -431,6 +459,7 @@ func TestEmuIndexerAttention(t *testing.T) {
 		if kind == CompressedSparse {
 			picks, counts := d.getI32(x.Picks, rows*topk), d.getI32(x.Counts, rows)
 			sawCut, sawFew := false, false
+			m.MinTopKMargin = math.Inf(1)
 			for r := range rows {
 				s := rowSeq[r]
 				wantPicks := m.indexerPick(states[s].Indexer, iq[r*ih*id:(r+1)*ih*id], iw[r*ih:(r+1)*ih], (int(pos[r])+1)/ratio)
@@ -449,6 +478,9 @@ func TestEmuIndexerAttention(t *testing.T) {
 				}
 				sawCut = sawCut || (int(pos[r])+1)/ratio > topk
 				sawFew = sawFew || (int(pos[r])+1)/ratio < topk
+			}
+			if m.MinTopKMargin != 0 {
+				t.Fatalf("%s: no scores tie at a top-k cut (smallest gap %g)", name, m.MinTopKMargin)
 			}
 			if !sawCut || !sawFew {
 				t.Fatalf("%s: the rows do not cross the top-k cut both ways", name)
