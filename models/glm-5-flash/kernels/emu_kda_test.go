@@ -265,6 +265,18 @@ func TestEmuCausalConvSiLU(t *testing.T) {
 		}
 		closeTo(t, "updates vs prefill out", stepped, out, 0)
 		closeTo(t, "updates vs prefill state", stepState, prefillState, 0)
+		// Split by 100 channels: three [tokens, 100] blocks of the same values.
+		splitState, split := append([]float32(nil), state...), make([]float32, len(x))
+		emuLaunch(t, CausalConvSiLU{Out: dptr(split), State: dptr(splitState), X: dptr(x), W: dptr(w), Tokens: tokens,
+			Channels: channels, Kernel: kernel, Split: 100}, split, splitState, x, w)
+		for tk := range tokens {
+			for c := range channels {
+				if got := split[(c/100)*tokens*100+tk*100+c%100]; got != out[tk*channels+c] {
+					t.Fatalf("kernel %d split: token %d channel %d = %g, unsplit %g", kernel, tk, c, got, out[tk*channels+c])
+				}
+			}
+		}
+		closeTo(t, "split state", splitState, prefillState, 0)
 	}
 }
 
@@ -326,6 +338,7 @@ func TestKDALaunchShapes(t *testing.T) {
 		KDAChunked{Tokens: 4, Chunk: 0, Shape: KDAShape{1, 8, 8}},
 		KDAChunked{Tokens: 64, Chunk: 64, Shape: KDAShape{1, 128, 128}},
 		CausalConvSiLU{Tokens: 1, Channels: 4, Kernel: 9},
+		CausalConvSiLU{Tokens: 1, Channels: 10, Kernel: 4, Split: 4},
 		L2Norm{Rows: 0, Dim: 4},
 		KDAGate{Tokens: 1, Heads: 0, HeadDim: 4},
 		Sigmoid{N: 0},

@@ -108,18 +108,27 @@ func (a KDAChunked) spec(sp *spec) error {
 // CausalConvSiLU is a launch of the depthwise causal conv1d + SiLU (kda_prep.cu) over
 // Tokens tokens, carrying State; a one-token decode update is Tokens = 1.
 //
-//	X, Out: [Tokens, Channels]   W: [Channels, Kernel]   State: [Channels, Kernel−1]
+//	X: [Tokens, Channels]   W: [Channels, Kernel]   State: [Channels, Kernel−1]
+//	Out: [Tokens, Channels], or with Split > 0 [Channels/Split, Tokens, Split]
 type CausalConvSiLU struct {
 	Out, State, X, W         cudart.DevicePtr
 	Tokens, Channels, Kernel int
+	Split                    int // channels per output block; 0: no split
 }
 
 func (a CausalConvSiLU) spec(sp *spec) error {
 	if a.Tokens <= 0 || a.Channels <= 0 || a.Kernel < 1 || a.Kernel > MaxConvKernel {
 		return fmt.Errorf("kernels: causal_conv_silu: %d tokens, %d channels, kernel %d (1 to %d)", a.Tokens, a.Channels, a.Kernel, MaxConvKernel)
 	}
+	group := a.Channels
+	if a.Split != 0 {
+		group = a.Split
+	}
+	if group < 0 || a.Channels%group != 0 || int64(a.Tokens)*int64(a.Channels) > maxI32 {
+		return fmt.Errorf("kernels: causal_conv_silu: %d channels split by %d for %d tokens", a.Channels, a.Split, a.Tokens)
+	}
 	sp.reset(CausalConvSiLUName, cudart.D1((a.Channels+255)/256), cudart.D1(256), 0)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel)
+	sp.ptr(a.Out).ptr(a.State).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group)
 	return nil
 }
 

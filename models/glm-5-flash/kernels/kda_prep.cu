@@ -5,7 +5,10 @@
 //                               state: [channels, kernel−1] (oldest first), updated
 //     out[t, c] = SiLU(Σ_j w[c, j]·x̃[t − (kernel−1) + j, c]), x̃ = state then x.
 //     A thread per channel carries the window in registers (kernel ≤ 8); a one-token
-//     update is the same launch with tokens = 1. Grid ceil(channels/256), block 256.
+//     update is the same launch with tokens = 1. With group < channels the output is
+//     split by channel groups, [channels/group, tokens, group] (KDA's [q; k; v] become
+//     three contiguous [tokens, L] blocks); group = channels is the plain layout. Grid
+//     ceil(channels/256), block 256.
 //   glm5flash_l2norm            x: [rows, dim] in place: x / sqrt(Σx² + 1e-6) · mul.
 //   glm5flash_kda_gate          g: [tokens, heads·dh] in place, with f = g + dt_bias[h·dh+j]
 //     and a = exp(A_log[h]): lower_bound·sigmoid(a·f) when has_lower_bound, else
@@ -21,7 +24,7 @@
 
 RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __restrict__ state,
                                              const float* __restrict__ x, const float* __restrict__ w,
-                                             int tokens, int channels, int kernel) {
+                                             int tokens, int channels, int kernel, int group) {
   long long c = resin_global_tid();
   if (c >= channels) return;
   int m = kernel - 1;
@@ -33,7 +36,7 @@ RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __r
     float xv = x[(long long)t * channels + c];
     float s = wc[m] * xv;
     for (int j = 0; j < m; j++) s += wc[j] * win[j];
-    out[(long long)t * channels + c] = s / (1.0f + resin_expf(-s));
+    out[(c / group) * tokens * group + (long long)t * group + c % group] = s / (1.0f + resin_expf(-s));
     for (int j = 0; j + 1 < m; j++) win[j] = win[j + 1];
     if (m > 0) win[m - 1] = xv;
   }
