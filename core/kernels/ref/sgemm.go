@@ -8,17 +8,17 @@ import "unsafe"
 // no BLAS library is loaded (core/blas: RESIN_BLAS), on CPUs with a micro-kernel
 // (gemmMicro); gonum runs them on others.
 //
-// Loops, for out [m, n] = a [m, k] · op(b):
+// Loops, for out [m, n] = a [m, k] · op(b), in one loop on the pool (no barrier inside a
+// product: on a loaded machine a preempted participant holds up the others at each):
 //
-//	per chunk of about gemmMC rows:
-//	pack a's chunk: MR rows at a time, each block of gemmKC steps of k as [kc][MR] (zeros
-//	    below m), so that a micro-panel is contiguous;
 //	per block of gemmNC columns of out (and of rows of panels when the columns are too
 //	    few to keep every participant busy), claimed on the pool:
 //	  per block of gemmKC steps of k, in order:
 //	    pack op(b)'s columns of the block as [kc][NR] panels (zeros past n) into the
 //	        participant's scratch, about 256 KiB: it stays in L2;
-//	    per MR-row panel of a (its kc×MR values, 14 KiB at most, stay in L1):
+//	    per MR-row panel of a:
+//	      pack it as [kc][MR] (zeros below m) into the participant's scratch (14 KiB at
+//	          most: it stays in L1); every column block packs it again, ~1.5% of the work;
 //	      per NR-column panel: the micro-kernel, storing the tile (first block of k) or
 //	          adding it to out (the others); a tile past m or n goes through scratch.
 //
@@ -37,11 +37,9 @@ const gemmKC = 256
 // gemmNC is the most columns of out one block computes (a multiple of every NR).
 const gemmNC = 256
 
-// ownTask is one ownGemm call: a's packing split in panels, then the product split in
-// blocks of rows and columns, pool tasks.
+// ownTask is one ownGemm call split in blocks of rows and columns, a pool task.
 type ownTask struct {
 	loop      loop
-	packing   bool // the loop packs a (items: panels) or computes (items: blocks)
 	transB    bool
 	out, a, b []float32
 	wb        []uint16 // b in bfloat16 (transB), when b is nil
@@ -50,8 +48,7 @@ type ownTask struct {
 	panels    int // ⌈m/MR⌉
 	rowPanels int // panels a block of rows holds
 	colBlocks int
-	pa        []float32   // packed a, kept across calls
-	pb        [][]float32 // per participant: b's packed block and an edge tile, kept
+	scratch   [][]float32 // per participant: b's packed block, a's panel, an edge tile; kept
 }
 
 var ownTasks freeList[ownTask]
@@ -63,33 +60,16 @@ func ownGemm(split, transB bool, out, a, b []float32, m, k, n, mr, nr int) {
 }
 
 // ownGemmOn is ownGemm on b, or on the bfloat16 wb ([n, k], transB) when b is nil, widened
-// to float32 as it is packed. Rows go in chunks of about gemmMC (a multiple of MR), each
-// packed and computed whole, so that packed a stays gemmMC·k values at most.
+// to float32 as it is packed.
 func ownGemmOn(split, transB bool, out, a, b []float32, wb []uint16, m, k, n, mr, nr int) {
 	t := ownTasks.get()
 	defer func() {
 		t.out, t.a, t.b, t.wb = nil, nil, nil, nil
 		ownTasks.put(t)
 	}()
-	t.transB, t.b, t.wb, t.k, t.n, t.mr, t.nr = transB, b, wb, k, n, mr, nr
-	chunk := roundUp(gemmMC, mr)
-	for r0 := 0; r0 < m; r0 += chunk {
-		rows := min(chunk, m-r0)
-		t.out, t.a, t.m = out[r0*n:], a[r0*k:], rows
-		t.rowChunk(split)
-	}
-}
-
-// gemmMC is about the most rows of a ownGemm packs at once (rounded up to a multiple of
-// MR): 512 rows of k = 2816 are 5.8 MB.
-const gemmMC = 512
-
-// rowChunk computes t's product for its rows (at most one chunk of ownGemmOn).
-func (t *ownTask) rowChunk(split bool) {
-	m, k, n, mr := t.m, t.k, t.n, t.mr
+	t.transB, t.out, t.a, t.b, t.wb, t.m, t.k, t.n, t.mr, t.nr = transB, out, a, b, wb, m, k, n, mr, nr
 	t.panels = (m + mr - 1) / mr
 	t.colBlocks = (n + gemmNC - 1) / gemmNC
-	t.pa = growFloat32s(t.pa, t.panels*mr*k)
 	p := 1
 	if split && m*n*k >= minParallelMACs {
 		p = parts()
@@ -101,42 +81,19 @@ func (t *ownTask) rowChunk(split bool) {
 	}
 	t.rowPanels = (t.panels + rowBlocks - 1) / rowBlocks
 	rowBlocks = (t.panels + t.rowPanels - 1) / t.rowPanels
-	for len(t.pb) < p {
-		t.pb = append(t.pb, nil)
+	for len(t.scratch) < p {
+		t.scratch = append(t.scratch, nil)
 	}
-	t.packing = true
 	if p > 1 {
-		parallelFor(&t.loop, t, t.panels, max(1, t.panels/(4*p)))
-		t.packing = false
 		parallelFor(&t.loop, t, rowBlocks*t.colBlocks, 1)
 		return
 	}
-	t.run(0, 0, t.panels)
-	t.packing = false
 	t.run(0, 0, rowBlocks*t.colBlocks)
 }
 
 func (t *ownTask) run(part, lo, hi int) {
-	if t.packing {
-		for p := lo; p < hi; p++ {
-			t.packAPanel(p)
-		}
-		return
-	}
 	for i := lo; i < hi; i++ {
 		t.block(part, i/t.colBlocks, i%t.colBlocks)
-	}
-}
-
-// packAPanel packs a's rows [p·MR, p·MR+MR) for every block of k: block q (k's steps
-// [pc, pc+kc), pc = q·gemmKC) of panel p at q·gemmKC·panels·MR + p·MR·kc, as [kc][MR].
-func (t *ownTask) packAPanel(p int) {
-	mr, k := t.mr, t.k
-	r0, rows := p*mr, min(mr, t.m-p*mr)
-	for pc := 0; pc < k; pc += gemmKC {
-		kc := min(gemmKC, k-pc)
-		dst := t.pa[pc*t.panels*mr+p*mr*kc:][:kc*mr]
-		packRows(dst, t.a[r0*k+pc:], k, rows, mr, kc)
 	}
 }
 
@@ -189,11 +146,13 @@ func (t *ownTask) block(part, rb, cb int) {
 	c1 := min(c0+gemmNC, n)
 	colPanels := (c1 - c0 + nr - 1) / nr
 	p0, p1 := rb*t.rowPanels, min((rb+1)*t.rowPanels, t.panels)
-	// The participant's scratch: b's block, 64-byte aligned, then an edge tile.
-	scratch := growFloat32s(t.pb[part], gemmKC*gemmNC+mr*nr+16)
-	t.pb[part] = scratch
+	// The participant's scratch: b's block, 64-byte aligned, a's panel, an edge tile.
+	scratch := growFloat32s(t.scratch[part], gemmKC*gemmNC+gemmKC*mr+mr*nr+16)
+	t.scratch[part] = scratch
 	off := int((64 - uintptr(unsafe.Pointer(&scratch[0]))%64) % 64 / 4)
-	pb, tile := scratch[off:off+gemmKC*gemmNC], scratch[off+gemmKC*gemmNC:][:mr*nr]
+	pb := scratch[off : off+gemmKC*gemmNC]
+	pa := scratch[off+gemmKC*gemmNC:][:gemmKC*mr]
+	tile := scratch[off+gemmKC*gemmNC+gemmKC*mr:][:mr*nr]
 	for pc := 0; pc < k; pc += gemmKC {
 		kc := min(gemmKC, k-pc)
 		acc := 0
@@ -211,11 +170,11 @@ func (t *ownTask) block(part, rb, cb int) {
 				packCols(pb[jp*kc*nr:], t.b[pc*n+j0:], n, cols, nr, kc)
 			}
 		}
-		pa := t.pa[pc*t.panels*mr:]
 		for p := p0; p < p1; p++ {
-			ap := pa[p*mr*kc:][:mr*kc]
 			i0 := p * mr
 			rows := min(mr, t.m-i0)
+			ap := pa[:mr*kc]
+			packRows(ap, t.a[i0*k+pc:], k, rows, mr, kc)
 			for jp := range colPanels {
 				j0 := c0 + jp*nr
 				cols := min(nr, c1-j0)

@@ -8,11 +8,11 @@ import (
 )
 
 // ownShapes puts m, k and n on both sides of every block size of ownGemm (MR 6 and 14, NR
-// 16 and 32, gemmKC 256, gemmNC 256, gemmMC 512) and at 1.
+// 16 and 32, gemmKC 256, gemmNC 256) and at 1.
 var ownShapes = [][3]int{ // m, k, n
 	{1, 1, 1}, {1, 300, 97}, {2, 1, 33}, {5, 17, 16}, {6, 256, 32}, {7, 257, 31},
 	{13, 255, 65}, {14, 512, 64}, {15, 513, 257}, {29, 40, 300}, {64, 64, 64},
-	{100, 700, 513}, {130, 257, 300}, {3, 1024, 1}, {1100, 40, 70}, // the last: three chunks of rows
+	{100, 700, 513}, {130, 257, 300}, {3, 1024, 1}, {1100, 40, 70},
 }
 
 // ownKernels runs f on each micro-kernel this CPU has: AVX-512, then AVX2 with AVX-512
