@@ -1,0 +1,174 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+)
+
+// gpuArena is device memory allocated for one purpose and freed together.
+type gpuArena struct{ bufs []cudart.Buffer }
+
+// alloc returns n bytes of device memory (at least 4).
+func (a *gpuArena) alloc(c *cudart.Ctx, n int) (cudart.DevicePtr, error) {
+	b, err := c.Alloc(int64(max(n, 4)))
+	if err != nil {
+		return 0, err
+	}
+	a.bufs = append(a.bufs, b)
+	return b.Ptr, nil
+}
+
+// upload copies v into new device memory.
+func upload[T any](a *gpuArena, c *cudart.Ctx, v []T, size int) (cudart.DevicePtr, error) {
+	p, err := a.alloc(c, size*len(v))
+	if err != nil || len(v) == 0 {
+		return p, err
+	}
+	return p, cudart.Upload(c, p, v)
+}
+
+// free releases the arena's memory.
+func (a *gpuArena) free(c *cudart.Ctx) {
+	for _, b := range a.bufs {
+		c.Free(b)
+	}
+	a.bufs = nil
+}
+
+// gpuMoE is one layer's MoE on the device: float32 weights (the checkpoint's FP8 and FP4
+// tensors dequantised at load by core/weights, 4 bytes a parameter: a first cut), routed
+// through core/kernels/cuda's masked layout so that no count leaves the device.
+type gpuMoE struct {
+	router, bias, tid2eid  cudart.DevicePtr // [experts, hidden], [experts] (learned), [vocab, k] int32 (hash)
+	gateUp, down           cudart.DevicePtr // [experts, 2·inter, hidden], [experts, hidden, inter]
+	sharedGateUp, sharedDn cudart.DevicePtr // [2·inter, hidden] (gate rows then up), [hidden, inter]
+	experts, k, h, in      int
+	scoring                cuda.RouteScoring
+	scale, limit           float32
+}
+
+// newGPUMoE uploads layer l's MoE. Hash routing's table is checked here, once: the
+// kernels take its ids as they are.
+func newGPUMoE(a *gpuArena, c *cudart.Ctx, cfg *Config, l *Layer, kind string) (*gpuMoE, error) {
+	e, k, h, in := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize, cfg.MoEIntermediateSize
+	g := &gpuMoE{experts: e, k: k, h: h, in: in, scale: float32(cfg.RoutedScalingFactor), limit: float32(cfg.SwigluLimit)}
+	if cfg.ScoringFunc == "sigmoid" {
+		g.scoring = cuda.ScoreSigmoidGate
+	}
+	if !(g.limit > 0) {
+		return nil, fmt.Errorf("gpu moe: swiglu_limit %g must be positive", g.limit)
+	}
+	var err error
+	up := func(dst *cudart.DevicePtr, v []float32) {
+		if err == nil {
+			*dst, err = upload(a, c, v, 4)
+		}
+	}
+	up(&g.router, l.Router)
+	up(&g.gateUp, l.GateUp)
+	up(&g.down, l.Down)
+	up(&g.sharedGateUp, append(append([]float32(nil), l.SharedGate...), l.SharedUp...))
+	up(&g.sharedDn, l.SharedDown)
+	if kind == HashMoE {
+		for i, id := range l.Tid2Eid {
+			if id < 0 || int(id) >= e {
+				return nil, fmt.Errorf("gpu moe: tid2eid routes token %d to expert %d of %d", i/k, id, e)
+			}
+		}
+		if err == nil {
+			g.tid2eid, err = upload(a, c, l.Tid2Eid, 4)
+		}
+	} else {
+		up(&g.bias, l.RouteBias)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gpu moe: %w", err)
+	}
+	return g, nil
+}
+
+// moeWork is the MoE's device workspace for up to maxTokens rows: every expert has room
+// for all of them (the masked layout drops nothing), so the xe, gate_up and ye blocks are
+// experts·maxTokens rows; a first cut that suits decode batches and small prefill chunks.
+type moeWork struct {
+	maxTokens                                 int
+	logits, weights, ids, counts, pairOf      cudart.DevicePtr
+	slotOf, xe, gu, act, ye, sgu, sact, share cudart.DevicePtr
+}
+
+func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork, error) {
+	e, k, h, in, n := g.experts, g.k, g.h, g.in, maxTokens
+	w := &moeWork{maxTokens: n}
+	sizes := []struct {
+		dst   *cudart.DevicePtr
+		bytes int
+	}{
+		{&w.logits, 4 * n * e}, {&w.weights, 4 * n * k}, {&w.ids, 4 * n * k}, {&w.counts, 4 * e},
+		{&w.pairOf, 4 * e * n}, {&w.slotOf, 4 * n * k}, {&w.xe, 4 * e * n * h}, {&w.gu, 4 * e * n * 2 * in},
+		{&w.act, 4 * e * n * in}, {&w.ye, 4 * e * n * h}, {&w.sgu, 4 * n * 2 * in}, {&w.sact, 4 * n * in},
+		{&w.share, 4 * n * h},
+	}
+	for _, s := range sizes {
+		p, err := a.alloc(c, s.bytes)
+		if err != nil {
+			return nil, fmt.Errorf("gpu moe workspace: %w", err)
+		}
+		*s.dst = p
+	}
+	return w, nil
+}
+
+// forward computes out [n, hidden] = the MoE of x [n, hidden] (tokens [n] int32, for hash
+// routing), as Model.moe: the router GEMM, the routing and the masked layout on the
+// device, each expert's gate_up and down GEMMs over its whole block of maxTokens rows, the
+// clamped SwiGLU, the shared expert, and the combine in the reference's order. The launch
+// sequence depends only on n, so it can be captured in a graph.
+func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *cudart.Blas, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
+	if n <= 0 || n > w.maxTokens {
+		return fmt.Errorf("gpu moe: %d rows for a workspace of %d", n, w.maxTokens)
+	}
+	e, k, h, in, mr := g.experts, g.k, g.h, g.in, w.maxTokens
+	if err := b.MatMulT(c, s, cudart.F32, w.logits, x, g.router, n, h, e); err != nil {
+		return err
+	}
+	r := cuda.MoERoute{Weights: w.weights, IDs: w.ids, Logits: w.logits, Bias: g.bias, TID2EID: g.tid2eid, TokenIDs: tokens,
+		Tokens: n, Experts: e, TopK: k, Scoring: g.scoring, Scale: g.scale}
+	if err := kk.MoERoute(c, s, r); err != nil {
+		return err
+	}
+	m := cuda.MaskedMoE{IDs: w.ids, Weights: w.weights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf,
+		Tokens: n, TopK: k, Experts: e, MaxRows: mr, Dim: h}
+	if err := kk.MoELayout(c, s, m); err != nil {
+		return err
+	}
+	if err := kk.MoEGather(c, s, m, w.xe, x); err != nil {
+		return err
+	}
+	for ex := range e {
+		xe, gu := w.xe+cudart.DevicePtr(4*ex*mr*h), w.gu+cudart.DevicePtr(4*ex*mr*2*in)
+		if err := b.MatMulT(c, s, cudart.F32, gu, xe, g.gateUp+cudart.DevicePtr(4*ex*2*in*h), mr, h, 2*in); err != nil {
+			return err
+		}
+	}
+	if err := kk.SwiGLUClamped(c, s, w.act, w.gu, e*mr, in, g.limit); err != nil {
+		return err
+	}
+	for ex := range e {
+		act, ye := w.act+cudart.DevicePtr(4*ex*mr*in), w.ye+cudart.DevicePtr(4*ex*mr*h)
+		if err := b.MatMulT(c, s, cudart.F32, ye, act, g.down+cudart.DevicePtr(4*ex*h*in), mr, in, h); err != nil {
+			return err
+		}
+	}
+	if err := b.MatMulT(c, s, cudart.F32, w.sgu, x, g.sharedGateUp, n, h, 2*in); err != nil {
+		return err
+	}
+	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, in, g.limit); err != nil {
+		return err
+	}
+	if err := b.MatMulT(c, s, cudart.F32, w.share, w.sact, g.sharedDn, n, in, h); err != nil {
+		return err
+	}
+	return kk.MoECombine(c, s, m, out, w.ye, w.share)
+}
