@@ -1,6 +1,7 @@
 package glm5flash
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -24,14 +25,22 @@ func randRows(r *rand.Rand, n int) []float32 {
 
 func closeRows(t *testing.T, name string, got, want []float32, tol float64) {
 	t.Helper()
+	if err := diffRows(name, got, want, tol); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// diffRows reports the first element where got is not within tol·(1+|want|) of want.
+func diffRows(name string, got, want []float32, tol float64) error {
 	if len(got) != len(want) {
-		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
+		return fmt.Errorf("%s: %d values, want %d", name, len(got), len(want))
 	}
 	for i := range want {
 		if d := math.Abs(float64(got[i] - want[i])); !(d <= tol*(1+math.Abs(float64(want[i])))) {
-			t.Fatalf("%s[%d] = %g, want %g", name, i, got[i], want[i])
+			return fmt.Errorf("%s[%d] = %g, want %g", name, i, got[i], want[i])
 		}
 	}
+	return nil
 }
 
 // TestKDAKernelReferencesAreTheLayer runs a KDA layer of the tiny model through the

@@ -1,0 +1,194 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
+)
+
+// TestEmulatedGPUKDALayer runs a KDA layer of the tiny model on the emulated device
+// (RESIN_CUDA=emulate: the real bindings, cuBLASLt's f32 GEMMs, the model's kernels)
+// against forward.go's kda over the same calls: a prefill and a decode step; a prefill
+// cut at block ends continued across a block end, the states at every block end; and a
+// verification of 3 tokens run token by token, the states after each. (Nothing inside
+// Device.Do calls t.Fatal: it runs on the device's thread, so failures are returned.)
+func TestEmulatedGPUKDALayer(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	m := tinyTextModel(t)
+	c := m.Config
+	D := c.HiddenSize
+	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
+	w := m.W.layers[li].kda
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tol = 2e-5
+	type call struct {
+		T, blockTokens int
+		perToken       bool
+	}
+	for _, sc := range []struct {
+		name  string
+		calls []call
+	}{
+		{"prefill+decode", []call{{T: 6}, {T: 1}}},
+		{"blocks of 4", []call{{T: 6, blockTokens: 4}, {T: 5, blockTokens: 4}}},
+		{"verify token by token", []call{{T: 5}, {T: 3, perToken: true}}},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(len(sc.name)), 1))
+			st := m.NewTextState()
+			ls := &st.Layers[li]
+			err := dev.Do(func(cx *cudart.Ctx) error {
+				ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+				if err != nil {
+					return err
+				}
+				g, err := newGPUKDA(cx, c, blas, ks, 8)
+				if err != nil {
+					return err
+				}
+				defer g.close(cx)
+				l, err := g.upload(cx, w)
+				if err != nil {
+					return err
+				}
+				conv, err := g.alloc(cx, len(ls.Conv))
+				if err != nil {
+					return err
+				}
+				rec, err := g.alloc(cx, len(ls.Recurrent))
+				if err != nil {
+					return err
+				}
+				x, err := g.alloc(cx, 8*D)
+				if err != nil {
+					return err
+				}
+				y, err := g.alloc(cx, 8*D)
+				if err != nil {
+					return err
+				}
+				if err := cx.Memset(conv, 0, int64(4*len(ls.Conv))); err != nil {
+					return err
+				}
+				if err := cx.Memset(rec, 0, int64(4*len(ls.Recurrent))); err != nil {
+					return err
+				}
+				// Each host state the reference reaches at a block end or draft token,
+				// with the device's at the same point.
+				type seen struct {
+					what             string
+					conv, recurrent  []float32
+					dconv, drecurent []float32
+				}
+				var want, got []seen
+				snap := func(what string) error {
+					s := seen{what: what, dconv: make([]float32, len(ls.Conv)), drecurent: make([]float32, len(ls.Recurrent))}
+					if err := cx.Synchronize(); err != nil {
+						return err
+					}
+					if err := cudart.Download(cx, s.dconv, conv); err != nil {
+						return err
+					}
+					if err := cudart.Download(cx, s.drecurent, rec); err != nil {
+						return err
+					}
+					got = append(got, s)
+					return nil
+				}
+				pos := 0
+				for _, cl := range sc.calls {
+					xs := randRows(r, cl.T*D)
+					ls.BlockEnd, ls.AfterToken = nil, nil
+					if cl.blockTokens > 0 {
+						ls.BlockEnd = func(p int) {
+							want = append(want, seen{what: fmt.Sprintf("block end %d", p), conv: slices.Clone(ls.Conv), recurrent: slices.Clone(ls.Recurrent)})
+						}
+					}
+					if cl.perToken {
+						ls.AfterToken = func(tk int) {
+							want = append(want, seen{what: fmt.Sprintf("token %d", tk), conv: slices.Clone(ls.Conv), recurrent: slices.Clone(ls.Recurrent)})
+						}
+					}
+					wantY, err := m.kda(w, ls, xs, cl.T, pos, cl.blockTokens)
+					if err != nil {
+						return err
+					}
+					if err := cudart.Upload(cx, x, xs); err != nil {
+						return err
+					}
+					gc := gpuKDACall{X: x, Y: y, T: cl.T, Pos0: pos, State: gpuKDAState{Conv: conv, Recurrent: rec}, BlockTokens: cl.blockTokens}
+					if cl.blockTokens > 0 {
+						gc.BlockEnd = func(p int) error { return snap(fmt.Sprintf("block end %d", p)) }
+					}
+					if cl.perToken {
+						gc.AfterToken = func(tk int) error { return snap(fmt.Sprintf("token %d", tk)) }
+					}
+					if err := g.forward(cx, nil, l, gc); err != nil {
+						return err
+					}
+					if err := cx.Synchronize(); err != nil {
+						return err
+					}
+					gotY := make([]float32, cl.T*D)
+					if err := cudart.Download(cx, gotY, y); err != nil {
+						return err
+					}
+					if err := diffRows(fmt.Sprintf("call at %d: output", pos), gotY, wantY, tol); err != nil {
+						return err
+					}
+					pos += cl.T
+				}
+				if len(got) != len(want) {
+					return fmt.Errorf("device states at %d points, the reference's at %d", len(got), len(want))
+				}
+				for i := range want {
+					if got[i].what != want[i].what {
+						return fmt.Errorf("state %d: the device's at %s, the reference's at %s", i, got[i].what, want[i].what)
+					}
+					if err := diffRows(want[i].what+": conv state", got[i].dconv, want[i].conv, tol); err != nil {
+						return err
+					}
+					if err := diffRows(want[i].what+": recurrent state", got[i].drecurent, want[i].recurrent, tol); err != nil {
+						return err
+					}
+				}
+				if sc.calls[len(sc.calls)-1].blockTokens > 0 && len(want) < 2 {
+					return fmt.Errorf("only %d block ends seen", len(want))
+				}
+				if err := snap("final"); err != nil {
+					return err
+				}
+				if err := diffRows("final conv state", got[len(got)-1].dconv, ls.Conv, tol); err != nil {
+					return err
+				}
+				if err := diffRows("final recurrent state", got[len(got)-1].drecurent, ls.Recurrent, tol); err != nil {
+					return err
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
