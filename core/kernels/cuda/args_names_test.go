@@ -33,7 +33,7 @@ func TestPackedArgsByName(t *testing.T) {
 		Rope: Rope{Cos: 0x2700, Sin: 0x2800, Dim: 64, MaxPos: 8192}, GPTJ: true, Layout: l, DType: BF16,
 		Tokens: 9, Heads: 24, KVHeads: 6, HeadDim: 96, QStride: 5000, KVStride: 6000, PageTokens: 32}
 	sm := Sample{Tokens: 0x3100, Logprobs: 0x3200, TopIDs: 0x3300, TopLogprobs: 0x3400, Logits: 0x3500, Params: 0x3600,
-		Rows: 7, Vocab: 1000, LogitsStride: 1024, MaxTop: 20}
+		Rows: 7, Vocab: 1000, LogitsStride: 1024, MaxTop: 20, TokenMask: 0x3700, MaskStart: 0x3800, MaskWords: 32}
 	split := DecodeSplit{Parts: 4, PartLen: 288}
 	const work = 0x9000
 	lse := uint64(work + 4*3*24*4*96)
@@ -78,7 +78,8 @@ func TestPackedArgsByName(t *testing.T) {
 			"head_dim": 96, "rot_dim": 64, "max_pos": 8192, "interleaved": 1, "q_stride": 5000,
 			"kv_stride": 6000, "page_tokens": 32}),
 		kSample: {"tokens": 0x3100, "logprobs": 0x3200, "top_ids": 0x3300, "top_logprobs": 0x3400,
-			"logits": 0x3500, "params": 0x3600, "vocab": 1000, "logits_stride": 1024, "max_top": 20},
+			"logits": 0x3500, "params": 0x3600, "vocab": 1000, "logits_stride": 1024, "max_top": 20,
+			"token_mask": 0x3700, "mask_start": 0x3800, "mask_words": 32},
 		kAddRMSNormBF16: {"out": 0x4100, "residual": 0x4200, "x": 0x4300, "w": 0x4400, "rows": 11, "dim": 4096,
 			"eps": uint64(math.Float32bits(1e-5))},
 		kRMSNormBF16: {"out": 0x4500, "x": 0x4600, "w": 0x4700, "rows": 13, "dim": 2048,

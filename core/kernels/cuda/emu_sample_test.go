@@ -1,9 +1,12 @@
 package cuda
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -21,6 +24,14 @@ type sampleOut struct {
 // with params, through Sample.pack, under every schedule.
 func emuSample(t testing.TB, name string, logits []float32, vocab, stride int, params []SampleParams) sampleOut {
 	t.Helper()
+	return emuSampleMasked(t, name, logits, vocab, stride, params, nil)
+}
+
+// emuSampleMasked is emuSample with token masks: row r is masked by masks[r] unless it
+// is nil (masks nil: no mask arguments at all). The masks are laid out as
+// engine.BatchPlan.TokenMask, the unmasked rows' starts -1.
+func emuSampleMasked(t testing.TB, name string, logits []float32, vocab, stride int, params []SampleParams, masks [][]uint32) sampleOut {
+	t.Helper()
 	rows := len(params)
 	buf := make([]byte, rows*SampleParamsBytes)
 	if _, err := PutSampleParams(buf, params); err != nil {
@@ -30,6 +41,21 @@ func emuSample(t testing.TB, name string, logits []float32, vocab, stride int, p
 	sp := Sample{Tokens: m.alloc(4 * rows), Logprobs: m.alloc(4 * rows), TopIDs: m.alloc(4 * rows * MaxSampleTop),
 		TopLogprobs: m.alloc(4 * rows * MaxSampleTop), Logits: m.f32(logits), Params: m.bytes(buf), Rows: rows, Vocab: vocab,
 		LogitsStride: stride, MaxTop: MaxSampleTop}
+	if masks != nil {
+		var words []uint32
+		starts := make([]int32, rows)
+		for r, mk := range masks {
+			starts[r] = -1
+			if mk != nil {
+				starts[r] = int32(len(words))
+				words = append(words, mk...)
+			}
+		}
+		if len(words) == 0 {
+			words = []uint32{0} // no row is masked: the buffer is still set
+		}
+		sp.TokenMask, sp.MaskStart, sp.MaskWords = m.u32(words), m.i32(starts), MaskWords(vocab)
+	}
 	var spec launchSpec
 	emuRun(t, name, m, specLaunch(t, sp.pack(&spec), &spec))
 	return sampleOut{m.getI32(sp.Tokens, rows), m.getF32(sp.Logprobs, rows), m.getI32(sp.TopIDs, rows*MaxSampleTop),
@@ -38,8 +64,13 @@ func emuSample(t testing.TB, name string, logits []float32, vocab, stride int, p
 
 // cpuSample is engine.Sampler's choice for row r.
 func cpuSample(row []float32, p SampleParams) (int32, float32, []engine.TopLogprob) {
+	return cpuSampleMasked(row, p, nil)
+}
+
+// cpuSampleMasked is engine.Sampler's choice for row r under a token mask (nil: none).
+func cpuSampleMasked(row []float32, p SampleParams, mask []uint32) (int32, float32, []engine.TopLogprob) {
 	var s engine.Sampler
-	er := engine.SamplingRow{Temperature: p.Temperature, TopP: p.TopP, TopK: int(p.TopK), MinP: p.MinP, Seed: p.Seed, Logprobs: int(p.Logprobs)}
+	er := engine.SamplingRow{Temperature: p.Temperature, TopP: p.TopP, TopK: int(p.TopK), MinP: p.MinP, Seed: p.Seed, Logprobs: int(p.Logprobs), Mask: mask}
 	return s.Sample(row, er, int(p.Pos), nil)
 }
 
@@ -47,9 +78,19 @@ func cpuSample(row []float32, p SampleParams) (int32, float32, []engine.TopLogpr
 // the alternatives.
 func checkAgainstCPU(t testing.TB, name string, got sampleOut, logits []float32, stride int, vocab int, params []SampleParams) {
 	t.Helper()
+	checkMaskedAgainstCPU(t, name, got, logits, stride, vocab, params, nil)
+}
+
+// checkMaskedAgainstCPU is checkAgainstCPU with row r under masks[r] (masks nil: none).
+func checkMaskedAgainstCPU(t testing.TB, name string, got sampleOut, logits []float32, stride int, vocab int, params []SampleParams, masks [][]uint32) {
+	t.Helper()
 	for r, p := range params {
 		row := logits[r*stride : r*stride+vocab]
-		want, wantLP, wantTop := cpuSample(row, p)
+		var mask []uint32
+		if masks != nil {
+			mask = masks[r]
+		}
+		want, wantLP, wantTop := cpuSampleMasked(row, p, mask)
 		if got.tokens[r] != want {
 			t.Errorf("%s row %d %+v: token %d, engine.Sampler %d", name, r, p, got.tokens[r], want)
 		}
@@ -273,5 +314,128 @@ func TestEmuSampleTinyTemperature(t *testing.T) {
 	}
 	if len(drawn) < 2 {
 		t.Errorf("24 seeded draws among three tied tokens all gave %v", drawn)
+	}
+}
+
+// TestEmuSampleTokenMasks checks grammar token masks on the device against engine.Sampler
+// with the same masks (SamplingRow.Mask): greedy and seeded (temperature alone, top-k,
+// top-p, min-p, their mix), under a mask allowing one token (far from the top), one
+// allowing only EOS (the vocabulary's last id, in a partial last word), a sparse random
+// mask, a mask refusing the row's top tokens and one allowing everything; unmasked rows
+// of the same batch are bit for bit what a launch without masks gives them. The logprobs
+// and alternatives stay the raw logits'. Before the kernel read masks, the masked rows
+// took the unmasked choice (this test failed).
+func TestEmuSampleTokenMasks(t *testing.T) {
+	emuKernels(t)
+	for _, vocab := range []int{1000, 3001} {
+		words := MaskWords(vocab)
+		eos := vocab - 1
+		only := func(toks ...int) []uint32 {
+			m := make([]uint32, words)
+			for _, tok := range toks {
+				m[tok/32] |= 1 << (tok % 32)
+			}
+			return m
+		}
+		all := make([]uint32, words)
+		for i := range all {
+			all[i] = ^uint32(0)
+		}
+		r := rand.New(rand.NewPCG(uint64(vocab), 9))
+		sparse := func() []uint32 {
+			var toks []int
+			for tok := range vocab {
+				if r.IntN(10) == 0 {
+					toks = append(toks, tok)
+				}
+			}
+			return only(toks...)
+		}
+		var params []SampleParams
+		var masks [][]uint32
+		for seed := range uint64(2) {
+			pos := int32(40 + seed)
+			for _, p := range []SampleParams{
+				{Temperature: 0, Seed: seed, Pos: pos, Logprobs: 4},
+				{Temperature: 0.8, Seed: seed, Pos: pos, Logprobs: 2},
+				{Temperature: 1, TopK: 20, Seed: seed, Pos: pos},
+				{Temperature: 0.7, TopP: 0.9, Seed: seed, Pos: pos, Logprobs: 3},
+				{Temperature: 1.2, MinP: 0.05, Seed: seed, Pos: pos},
+				{Temperature: 0.9, TopK: 40, TopP: 0.8, MinP: 0.02, Seed: seed, Pos: pos, Logprobs: 5},
+			} {
+				for k, m := range [][]uint32{nil, only(int(7 + 13*seed)), only(eos), sparse(), nil, all} {
+					if k == 4 { // refuse the row's top tokens: filled below, once the logits are known
+						m = make([]uint32, words)
+					}
+					params = append(params, p)
+					masks = append(masks, m)
+				}
+			}
+		}
+		rows, stride := len(params), vocab+5
+		logits := emuRnd(uint64(80+vocab), rows*stride, 8)
+		for row := range rows {
+			logits[row*stride+(row*7919)%vocab] += 5
+			logits[row*stride+(row*104729)%vocab] = logits[row*stride+(row*7919)%vocab] // a tie at the top
+			if m := masks[row]; m != nil && len(m) == words && row%6 == 4 {
+				// Allow all but the 10 best: the choice is among the rest.
+				copy(m, all)
+				best := make([]int, vocab)
+				for i := range best {
+					best[i] = i
+				}
+				lr := logits[row*stride : row*stride+vocab]
+				slices.SortStableFunc(best, func(a, b int) int { return cmp.Compare(lr[b], lr[a]) })
+				for _, tok := range best[:10] {
+					m[tok/32] &^= 1 << (tok % 32)
+				}
+			}
+		}
+		name := fmt.Sprintf("sample token masks vocab %d", vocab)
+		got := emuSampleMasked(t, name, logits, vocab, stride, params, masks)
+		checkMaskedAgainstCPU(t, name, got, logits, stride, vocab, params, masks)
+		plain := emuSample(t, name+" without masks", logits, vocab, stride, params)
+		for row, m := range masks {
+			tok := int(got.tokens[row])
+			switch {
+			case m == nil && (got.tokens[row] != plain.tokens[row] || math.Float32bits(got.lps[row]) != math.Float32bits(plain.lps[row])):
+				t.Errorf("%s: unmasked row %d: token %d (%g), without masks %d (%g)", name, row, tok, got.lps[row], plain.tokens[row], plain.lps[row])
+			case m != nil && m[tok/32]&(1<<(tok%32)) == 0:
+				t.Errorf("%s: row %d sampled token %d, which its mask refuses", name, row, tok)
+			case row%6 == 2 && tok != eos:
+				t.Errorf("%s: row %d allows only EOS %d, sampled %d", name, row, eos, tok)
+			}
+			for j := range MaxSampleTop {
+				if at := row*MaxSampleTop + j; got.topIDs[at] != plain.topIDs[at] {
+					t.Errorf("%s: row %d alternative %d is %d, without masks %d (the mask changed the model's alternatives)", name, row, j, got.topIDs[at], plain.topIDs[at])
+				}
+			}
+		}
+	}
+}
+
+// TestSampleMaskArguments: masks need both pointers and exactly MaskWords(Vocab) words
+// per row; the errors say which.
+func TestSampleMaskArguments(t *testing.T) {
+	base := Sample{Tokens: 1, Logprobs: 2, Logits: 5, Params: 6, Rows: 3, Vocab: 1000}
+	var spec launchSpec
+	for _, tc := range []struct {
+		mod  func(*Sample)
+		want string
+	}{
+		{func(s *Sample) { s.TokenMask = 7 }, "both"},
+		{func(s *Sample) { s.MaskStart = 8 }, "both"},
+		{func(s *Sample) { s.TokenMask, s.MaskStart, s.MaskWords = 7, 8, 31 }, "31 words per row, a vocabulary of 1000 needs 32"},
+	} {
+		s := base
+		tc.mod(&s)
+		if err := s.pack(&spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error containing %q", s, err, tc.want)
+		}
+	}
+	s := base
+	s.TokenMask, s.MaskStart, s.MaskWords = 7, 8, 32
+	if err := s.pack(&spec); err != nil {
+		t.Fatal(err)
 	}
 }

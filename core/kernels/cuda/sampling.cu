@@ -24,9 +24,16 @@
 // exact and independent of thread order: a row gives the same token on every run. The
 // CPU sums float64 in index order, so a draw landing within rounding of a boundary between
 // two candidates may pick the neighbour; greedy choices and logprob top-n are the same.
+// Token masks (structured outputs): a row with mask_start[r] >= 0 reads its grammar's
+// bitmask at token_mask + mask_start[r] (mask_words words; bit t%32 of word t/32 set when
+// token t may be sampled): the tokens it does not allow are -inf for the choice (greedy,
+// the candidates, their weights), as engine.Sampler's applyMask; lse, the logprobs and
+// the top-n stay those of the raw logits. mask_start[r] < 0, or no mask_start at all:
+// the row is not masked.
 // Logit bias, penalties and the min-tokens mask are not applied here: a runner adjusts
 // the logits before, or samples such rows on the CPU.
 //   logits: [rows, logits_stride] float32 (vocab used)  params: [rows] resin_sample_params
+//   token_mask: [mask_words per masked row] uint32  mask_start: [rows] int32 or null
 //   tokens: [rows] int32  logprobs: [rows] float32
 //   top_ids, top_logprobs: [rows, max_top]; entries past a row's count are -1 and 0
 // Grid: rows blocks; block: RESIN_SAMPLE_THREADS threads.
@@ -75,6 +82,8 @@ RESIN_DEVICE unsigned resin_desc_bits(float v) {
 
 struct resin_sampler {
   const float* row;
+  const unsigned* mask;   // the row's token mask, or null
+  int mask_words;         // its words
   int vocab;
   int sorted;             // keys are (desc_bits << 32 | id), else id
   float max_logit;        // the row's largest logit
@@ -86,6 +95,13 @@ struct resin_sampler {
   unsigned long long* group;  // [32] sums of 8 bins
   unsigned long long* result;  // [4] the selection's outcome
 };
+
+// resin_masked is logit i of row for the choice: -inf where mask (words long, when not
+// null) does not allow token i; ids past the mask are not allowed (engine.Sampler's rule).
+RESIN_DEVICE float resin_masked(const float* row, const unsigned* mask, int words, int i) {
+  if (mask && ((i >> 5) >= words || !((mask[i >> 5] >> (i & 31)) & 1u))) return -RESIN_INF;
+  return row[i];
+}
 
 RESIN_DEVICE unsigned long long resin_key(const resin_sampler& s, int i, float v) {
   return s.sorted ? ((unsigned long long)resin_desc_bits(v) << 32) | (unsigned)i
@@ -120,7 +136,7 @@ RESIN_DEVICE unsigned long long resin_select(const resin_sampler& s, int mode,
     }
     resin_sync();
     for (int i = RESIN_TID_X; i < s.vocab; i += RESIN_NTID_X) {
-      float v = s.row[i];
+      float v = resin_masked(s.row, s.mask, s.mask_words, i);
       unsigned long long k = resin_key(s, i, v);
       if (k > bound || (k & mask) != prefix) continue;
       unsigned long long val = mode == RESIN_MASS ? resin_weight(s, v) : 1ull;
@@ -170,7 +186,7 @@ RESIN_DEVICE unsigned long long resin_select(const resin_sampler& s, int mode,
     mask |= 255ull << shift;
     if (only != ~0ull || shift == 0) {
       *through = below + mass;
-      return only != ~0ull ? resin_key(s, (int)only, s.row[only]) : prefix;
+      return only != ~0ull ? resin_key(s, (int)only, resin_masked(s.row, s.mask, s.mask_words, (int)only)) : prefix;
     }
   }
   *through = below;  // not reached: the last pass returns
@@ -178,15 +194,19 @@ RESIN_DEVICE unsigned long long resin_select(const resin_sampler& s, int mode,
 }
 
 // resin_block_argmax returns the first maximal logit's id (NaN skipped; -1 for a row of
-// NaN) and its value (-inf for a row of NaN) in every thread.
-RESIN_DEVICE int resin_block_argmax(const float* row, int vocab, float* sv, int* si, float* best) {
+// NaN) and its value (-inf for a row of NaN) in every thread; with a mask (not null), of
+// the row as resin_masked gives it.
+RESIN_DEVICE int resin_block_argmax(const float* row, const unsigned* mask, int words, int vocab, float* sv,
+                                    int* si, float* best) {
   float bv = -RESIN_INF;
   int bi = 0x7fffffff;
-  for (int i = RESIN_TID_X; i < vocab; i += RESIN_NTID_X)
-    if (resin_better(row[i], i, bv, bi)) {
-      bv = row[i];
+  for (int i = RESIN_TID_X; i < vocab; i += RESIN_NTID_X) {
+    float v = resin_masked(row, mask, words, i);
+    if (resin_better(v, i, bv, bi)) {
+      bv = v;
       bi = i;
     }
+  }
   resin_warp_argmax(&bv, &bi);
   unsigned lane = RESIN_TID_X % RESIN_WARP, warp = RESIN_TID_X / RESIN_WARP;
   resin_sync();
@@ -207,7 +227,9 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
                                int* __restrict__ top_ids, float* __restrict__ top_logprobs,
                                const float* __restrict__ logits,
                                const resin_sample_params* __restrict__ params, int vocab,
-                               long long logits_stride, int max_top) {
+                               long long logits_stride, int max_top,
+                               const unsigned* __restrict__ token_mask,
+                               const int* __restrict__ mask_start, int mask_words) {
   __shared__ unsigned long long hist[256];
   __shared__ unsigned count[256];
   __shared__ int last[256];
@@ -221,8 +243,11 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   const float* row = logits + (long long)r * logits_stride;
   resin_sample_params prm = params[r];
 
+  const unsigned* mask = nullptr;
+  if (mask_start && mask_start[r] >= 0) mask = token_mask + mask_start[r];
+
   float mx;
-  int best = resin_block_argmax(row, vocab, sv, si, &mx);
+  int best = resin_block_argmax(row, nullptr, 0, vocab, sv, si, &mx);
   float sum = 0.0f;
   if (best >= 0)
     for (int i = RESIN_TID_X; i < vocab; i += RESIN_NTID_X)
@@ -230,10 +255,17 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   sum = resin_block_sum(sum, sv);
   float lse = mx + resin_logf(sum);
 
+  // The choice's maximum: the raw one, or the masked row's (its own argmax) with a mask.
+  float cmx = mx;
+  int cbest = best;
+  if (mask) cbest = resin_block_argmax(row, mask, mask_words, vocab, sv, si, &cmx);
+
   resin_sampler s;
   s.row = row;
+  s.mask = mask;
+  s.mask_words = mask_words;
   s.vocab = vocab;
-  s.max_logit = mx;
+  s.max_logit = cmx;
   // 1/T in double, capped: in float32 it overflows to +inf below T ~ 3e-39.
   double inv_t = prm.temperature > 0.0f ? 1.0 / (double)prm.temperature : 0.0;
   s.inv_t = inv_t < 3.4028234663852886e38 ? (float)inv_t : 3.4028234663852886e38f;
@@ -244,9 +276,9 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   s.group = group;
   s.result = result;
 
-  int tok = best >= 0 ? best : 0;  // a row of NaN: token 0, as the CPU's argmax
+  int tok = cbest >= 0 ? cbest : 0;  // a row of NaN: token 0, as the CPU's argmax
   bool top_p = prm.top_p > 0.0f && prm.top_p < 1.0f;
-  if (best >= 0 && prm.temperature != 0.0f && prm.top_k != 1) {
+  if (cbest >= 0 && prm.temperature != 0.0f && prm.top_k != 1) {
     s.sorted = prm.top_k > 0 || top_p;
     unsigned long long bound = ~0ull, kept;
     if (prm.top_k > 0 && prm.top_k < vocab)
@@ -292,6 +324,7 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
     return;
   }
   s.sorted = 1;
+  s.mask = nullptr;  // the alternatives are the model's, unmasked
   unsigned long long dummy;
   unsigned long long bound = resin_select(s, RESIN_COUNT, ~0ull, (unsigned long long)n, &dummy);
   if (RESIN_TID_X == 0) top_n = 0;

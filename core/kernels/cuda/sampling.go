@@ -17,7 +17,8 @@ const sampleThreads = 512 // RESIN_SAMPLE_THREADS
 // SampleParams is one row's sampling parameters as sampling.cu reads them
 // (resin_sample_params, SampleParamsBytes bytes, little-endian): the fields of an
 // engine.SamplingRow that the device applies, and the position of the sampled token.
-// Logit bias, penalties and the min-tokens mask are not among them (see sampling.cu).
+// Logit bias, penalties and the min-tokens mask are not among them (see sampling.cu); a
+// grammar's token mask is given beside them (Sample.TokenMask).
 type SampleParams struct {
 	Temperature float32 // 0: greedy
 	TopP        float32 // applied in (0, 1)
@@ -85,7 +86,19 @@ type Sample struct {
 	// LogitsStride is the elements per logits row; 0 means Vocab.
 	LogitsStride int
 	MaxTop       int // the top-n capacity per row, at most MaxSampleTop
+	// Token masks (structured outputs), optional: row r with MaskStart[r] >= 0 samples
+	// only the tokens its bitmask at word MaskStart[r] of TokenMask allows (bit t%32 of
+	// word t/32 for token t, MaskWords words: MaskWords(Vocab)); its logprob and
+	// alternatives stay the raw logits' (engine.Sampler's rule). MaskStart[r] < 0: not
+	// masked. Both pointers 0: no row is.
+	TokenMask cudart.DevicePtr // uint32 words
+	MaskStart cudart.DevicePtr // [Rows] int32 word offsets into TokenMask, -1: none
+	MaskWords int
 }
+
+// MaskWords is the words of one token mask over a vocabulary of vocab tokens, as
+// engine.BatchPlan.TokenMask lays them out: (vocab+31)/32.
+func MaskWords(vocab int) int { return (vocab + 31) / 32 }
 
 // Sample launches p.
 func (k *Kernels) Sample(c *cudart.Ctx, s *cudart.Stream, p Sample) error {
@@ -115,10 +128,14 @@ func (p *Sample) pack(spec *launchSpec) error {
 		return fmt.Errorf("cuda.Sample: tokens, logprobs, logits and params must all be set")
 	case p.Rows > 1<<31-1:
 		return fmt.Errorf("cuda.Sample: %d rows exceed the grid", p.Rows)
+	case (p.TokenMask == 0) != (p.MaskStart == 0):
+		return fmt.Errorf("cuda.Sample: token masks need both the mask words and the per-row mask starts")
+	case p.TokenMask != 0 && p.MaskWords != MaskWords(p.Vocab):
+		return fmt.Errorf("cuda.Sample: token masks of %d words per row, a vocabulary of %d needs %d", p.MaskWords, p.Vocab, MaskWords(p.Vocab))
 	}
 	spec.kernel = kSample
 	spec.grid, spec.block, spec.shared = cudart.D1(p.Rows), cudart.D1(sampleThreads), 0
 	spec.args.reset().ptr(p.Tokens).ptr(p.Logprobs).ptr(p.TopIDs).ptr(p.TopLogprobs).ptr(p.Logits).
-		ptr(p.Params).i32(p.Vocab).i64(int64(stride)).i32(p.MaxTop)
+		ptr(p.Params).i32(p.Vocab).i64(int64(stride)).i32(p.MaxTop).ptr(p.TokenMask).ptr(p.MaskStart).i32(p.MaskWords)
 	return nil
 }
