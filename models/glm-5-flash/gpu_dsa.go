@@ -1,0 +1,198 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
+)
+
+// gpuDSA runs the model's MLA layers with DeepSeek sparse attention on one device, in
+// fp32: the projections on cuBLASLt, the q_a/kv_a RMSNorms on the core's kernel, the
+// indexer and the absorbed sparse MLA on the model's (dsa.cu). It is forward.go's mla and
+// index step for step, over a sequence's state in contiguous per-position buffers.
+type gpuDSA struct {
+	cfg       *TextConfig
+	blas      *cudart.Blas
+	core      *cuda.Kernels
+	ks        *kernels.Kernels
+	maxTokens int
+	// Workspace for up to maxTokens tokens: qr [T, Q], q [T, H·nope], iq [T, N·I],
+	// hw [T, N], score [T, maxPos/P], out [T, H·v].
+	qr, q, iq, hw, score, out cudart.DevicePtr
+	maxPos                    int
+	bufs                      []cudart.Buffer
+}
+
+// gpuDSALayer is one MLA layer's weights on the device; the indexer's are 0 for a layer
+// that shares the previous layer's selection.
+type gpuDSALayer struct {
+	qa, qaNorm, qb, kva, kvaNorm, kvb, o cudart.DevicePtr
+	full                                 bool
+	wqb, wk, kNormW, kNormB, wProj, ape  cudart.DevicePtr
+	gate                                 cudart.DevicePtr
+}
+
+// gpuDSAState is a sequence's MLA layer state on the device, by position: latents
+// [maxPos, R]; with a full indexer its keys and gate scores [maxPos, I] and the
+// completed pools' keys [maxPos/P, I].
+type gpuDSAState struct{ Latent, IdxKey, IdxGate, Pools cudart.DevicePtr }
+
+// gpuDSASel is a call's selection on the device: Sel [T, MaxSel] token positions, Count
+// [T]. A full-indexer layer writes it; the next, shared, layer reads it.
+type gpuDSASel struct {
+	Sel, Count cudart.DevicePtr
+	MaxSel     int
+}
+
+func newGPUDSA(c *cudart.Ctx, cfg *TextConfig, blas *cudart.Blas, core *cuda.Kernels, ks *kernels.Kernels, maxTokens, maxPos int) (*gpuDSA, error) {
+	if maxTokens <= 0 || maxPos < maxTokens {
+		return nil, fmt.Errorf("gpu dsa: workspace for %d tokens, %d positions", maxTokens, maxPos)
+	}
+	g := &gpuDSA{cfg: cfg, blas: blas, core: core, ks: ks, maxTokens: maxTokens, maxPos: maxPos}
+	for _, b := range []struct {
+		p *cudart.DevicePtr
+		n int
+	}{{&g.qr, cfg.QLoraRank}, {&g.q, cfg.NumAttentionHeads * cfg.QKNopeHeadDim}, {&g.iq, cfg.IndexNHeads * cfg.IndexHeadDim},
+		{&g.hw, cfg.IndexNHeads}, {&g.score, max(1, maxPos/cfg.IndexKPool)}, {&g.out, cfg.NumAttentionHeads * cfg.VHeadDim}} {
+		p, err := g.alloc(c, maxTokens*b.n)
+		if err != nil {
+			g.close(c)
+			return nil, err
+		}
+		*b.p = p
+	}
+	return g, nil
+}
+
+func (g *gpuDSA) alloc(c *cudart.Ctx, floats int) (cudart.DevicePtr, error) {
+	b, err := c.Alloc(int64(4 * floats))
+	if err != nil {
+		return 0, fmt.Errorf("gpu dsa: %w", err)
+	}
+	g.bufs = append(g.bufs, b)
+	return b.Ptr, nil
+}
+
+func (g *gpuDSA) close(c *cudart.Ctx) {
+	for _, b := range g.bufs {
+		c.Free(b)
+	}
+	g.bufs = nil
+}
+
+// maxSel is the selection row length: index_topk tokens and the incomplete tail.
+func (g *gpuDSA) maxSel() int {
+	c := g.cfg
+	return kernels.PoolTopKSel(c.IndexPools(), c.IndexKPool, c.IndexKPoolSelectTail)
+}
+
+// upload copies an MLA layer's weights to the device (freed by close).
+func (g *gpuDSA) upload(c *cudart.Ctx, w *mlaWeights) (*gpuDSALayer, error) {
+	l := &gpuDSALayer{full: w.idx != nil}
+	ts := []struct {
+		p *cudart.DevicePtr
+		h []float32
+	}{{&l.qa, w.qa}, {&l.qaNorm, w.qaNorm}, {&l.qb, w.qb}, {&l.kva, w.kva}, {&l.kvaNorm, w.kvaNorm}, {&l.kvb, w.kvb}, {&l.o, w.o}}
+	if w.idx != nil {
+		ts = append(ts, []struct {
+			p *cudart.DevicePtr
+			h []float32
+		}{{&l.wqb, w.idx.wqb}, {&l.wk, w.idx.wk}, {&l.kNormW, w.idx.kNormW}, {&l.kNormB, w.idx.kNormB},
+			{&l.wProj, w.idx.wProj}, {&l.ape, w.idx.ape}, {&l.gate, w.idx.gate}}...)
+	}
+	for _, t := range ts {
+		p, err := g.alloc(c, len(t.h))
+		if err != nil {
+			return nil, err
+		}
+		if err := cudart.Upload(c, p, t.h); err != nil {
+			return nil, fmt.Errorf("gpu dsa: %w", err)
+		}
+		*t.p = p
+	}
+	return l, nil
+}
+
+// forward runs T tokens at positions pos0.. of x [T, D] through layer l into y [T, D] on
+// stream s, appending to st; a full-indexer layer writes its selection into sel, a
+// shared one reads the previous layer's from it.
+func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpuDSAState, sel gpuDSASel, x, y cudart.DevicePtr, T, pos0 int) error {
+	cfg := g.cfg
+	D, H, Q, R := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.QLoraRank, cfg.KVLoraRank
+	dn, dv, I, N, P := cfg.QKNopeHeadDim, cfg.VHeadDim, cfg.IndexHeadDim, cfg.IndexNHeads, cfg.IndexKPool
+	eps := float32(cfg.RMSNormEps)
+	if T <= 0 || T > g.maxTokens || pos0 < 0 || pos0+T > g.maxPos {
+		return fmt.Errorf("gpu dsa: %d tokens at %d (workspace for %d tokens, %d positions)", T, pos0, g.maxTokens, g.maxPos)
+	}
+	if sel.MaxSel < g.maxSel() {
+		return fmt.Errorf("gpu dsa: selection rows of %d, want %d", sel.MaxSel, g.maxSel())
+	}
+	mm := func(out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
+		return g.blas.Gemm(c, s, cudart.GemmSpec{M: m, N: n, K: k, TransB: true, AType: cudart.F32, BType: cudart.F32,
+			OutType: cudart.F32, Alpha: alpha}, a, w, 0, out)
+	}
+	run := func(ls ...kernels.Launcher) error {
+		for _, l := range ls {
+			if err := g.ks.Run(c, s, l); err != nil {
+				return fmt.Errorf("gpu dsa: %w", err)
+			}
+		}
+		return nil
+	}
+	if err := mm(g.qr, x, l.qa, T, D, Q, 1); err != nil {
+		return err
+	}
+	if err := g.core.RMSNorm(c, s, g.qr, g.qr, l.qaNorm, T, Q, eps); err != nil {
+		return err
+	}
+	if err := mm(g.q, g.qr, l.qb, T, Q, H*dn, 1); err != nil {
+		return err
+	}
+	lat := off(st.Latent, pos0*R)
+	if err := mm(lat, x, l.kva, T, D, R, 1); err != nil {
+		return err
+	}
+	if err := g.core.RMSNorm(c, s, lat, lat, l.kvaNorm, T, R, eps); err != nil {
+		return err
+	}
+	if l.full {
+		stride := g.maxPos / P
+		keys, gates := off(st.IdxKey, pos0*I), off(st.IdxGate, pos0*I)
+		if err := mm(g.iq, g.qr, l.wqb, T, Q, N*I, 1); err != nil {
+			return err
+		}
+		if err := mm(keys, x, l.wk, T, D, I, 1); err != nil {
+			return err
+		}
+		if err := mm(gates, x, l.gate, T, D, I, 1); err != nil {
+			return err
+		}
+		if err := mm(g.hw, x, l.wProj, T, D, N, float32(math.Pow(float64(N), -0.5))); err != nil {
+			return err
+		}
+		if err := run(kernels.IndexerKeys{K: keys, W: l.kNormW, B: l.kNormB, Rows: T, Dim: I}); err != nil {
+			return err
+		}
+		if j0, j1 := pos0/P, (pos0+T)/P; j1 > j0 {
+			if err := run(kernels.KPoolCompress{Pools: st.Pools, Keys: st.IdxKey, Gates: st.IdxGate, APE: l.ape,
+				First: j0, End: j1, Pool: P, Dim: I}); err != nil {
+				return err
+			}
+		}
+		if err := run(
+			kernels.IndexerScores{Score: g.score, Q: g.iq, HW: g.hw, Pools: st.Pools, Tokens: T, Pos0: pos0, Pool: P, Heads: N,
+				Dim: I, Stride: stride, DScale: float32(1 / math.Sqrt(float64(I)))},
+			kernels.PoolTopK{Sel: sel.Sel, Count: sel.Count, Score: g.score, Tokens: T, Pos0: pos0, Pool: P, K: cfg.IndexPools(),
+				Stride: stride, MaxSel: sel.MaxSel, Tail: cfg.IndexKPoolSelectTail}); err != nil {
+			return err
+		}
+	}
+	if err := run(kernels.SparseMLA{Out: g.out, Q: g.q, KVB: l.kvb, Latent: st.Latent, Sel: sel.Sel, Count: sel.Count,
+		Tokens: T, Heads: H, DN: dn, DV: dv, Rank: R, MaxSel: sel.MaxSel, Scale: float32(1 / math.Sqrt(float64(cfg.QKHeadDim)))}); err != nil {
+		return err
+	}
+	return mm(y, g.out, l.o, T, H*dv, D, 1)
+}

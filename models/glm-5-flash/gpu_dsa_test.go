@@ -1,0 +1,144 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
+)
+
+// TestEmulatedGPUDSALayers runs the tiny model's full-indexer MLA layer and the shared
+// one after it on the emulated device (RESIN_CUDA=emulate: cuBLASLt f32, the core's
+// RMSNorm, the model's DSA kernels) against forward.go's mla over two calls of a sequence,
+// the second past k pools: each layer's output, and the selection the first writes and
+// the second reuses, token for token. (Failures inside Device.Do are returned, not
+// t.Fatal'd: it runs on the device's thread.)
+func TestEmulatedGPUDSALayers(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	m := tinyTextModel(t)
+	c := m.Config
+	D := c.HiddenSize
+	first := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.mla != nil && l.mla.idx != nil })
+	if first+1 >= len(m.W.layers) || m.W.layers[first+1].mla == nil || m.W.layers[first+1].mla.idx != nil {
+		t.Fatal("the tiny model has no shared-indexer layer after its first full one")
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, err := cuda.Load(dev, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer core.Close()
+	const maxTokens, maxPos, tol = 10, 20, 2e-5
+	st := m.NewTextState()
+	r := rand.New(rand.NewPCG(8, 9))
+	err = dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		g, err := newGPUDSA(cx, c, blas, core, ks, maxTokens, maxPos)
+		if err != nil {
+			return err
+		}
+		defer g.close(cx)
+		var layers [2]*gpuDSALayer
+		var states [2]gpuDSAState
+		for i := range layers {
+			if layers[i], err = g.upload(cx, m.W.layers[first+i].mla); err != nil {
+				return err
+			}
+			for _, b := range []struct {
+				p *cudart.DevicePtr
+				n int
+			}{{&states[i].Latent, maxPos * c.KVLoraRank}, {&states[i].IdxKey, maxPos * c.IndexHeadDim},
+				{&states[i].IdxGate, maxPos * c.IndexHeadDim}, {&states[i].Pools, maxPos / c.IndexKPool * c.IndexHeadDim}} {
+				if *b.p, err = g.alloc(cx, b.n); err != nil {
+					return err
+				}
+			}
+		}
+		sel := gpuDSASel{MaxSel: g.maxSel()}
+		if sel.Sel, err = g.alloc(cx, maxTokens*sel.MaxSel); err != nil {
+			return err
+		}
+		if sel.Count, err = g.alloc(cx, maxTokens); err != nil {
+			return err
+		}
+		x, err := g.alloc(cx, maxTokens*D)
+		if err != nil {
+			return err
+		}
+		y, err := g.alloc(cx, maxTokens*D)
+		if err != nil {
+			return err
+		}
+		pos := 0
+		for _, T := range []int{10, 7} {
+			var prev [][]int32
+			for i := range layers {
+				xs := randRows(r, T*D)
+				want, wantSel, err := m.mla(m.W.layers[first+i].mla, &st.Layers[first+i], xs, T, pos, prev)
+				if err != nil {
+					return err
+				}
+				prev = wantSel
+				if err := cudart.Upload(cx, x, xs); err != nil {
+					return err
+				}
+				if err := g.forward(cx, nil, layers[i], states[i], sel, x, y, T, pos); err != nil {
+					return err
+				}
+				if err := cx.Synchronize(); err != nil {
+					return err
+				}
+				got := make([]float32, T*D)
+				if err := cudart.Download(cx, got, y); err != nil {
+					return err
+				}
+				gotSel, gotCount := make([]int32, maxTokens*sel.MaxSel), make([]int32, maxTokens)
+				if err := cudart.Download(cx, gotSel, sel.Sel); err != nil {
+					return err
+				}
+				if err := cudart.Download(cx, gotCount, sel.Count); err != nil {
+					return err
+				}
+				for tk := range T {
+					if s := gotSel[tk*sel.MaxSel : tk*sel.MaxSel+int(gotCount[tk])]; !slices.Equal(s, wantSel[tk]) {
+						return fmt.Errorf("layer %d, query at %d: the device selects %v, the model %v", first+i, pos+tk, s, wantSel[tk])
+					}
+				}
+				if err := diffRows(fmt.Sprintf("layer %d, call at %d: output", first+i, pos), got, want, tol); err != nil {
+					return err
+				}
+			}
+			pos += T
+		}
+		if visible := pos / c.IndexKPool; visible <= c.IndexPools() {
+			return fmt.Errorf("the last query sees %d pools, not more than k = %d", visible, c.IndexPools())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
