@@ -26,7 +26,7 @@ var emuV4Modules = sync.OnceValues(func() (map[string]*emu.Module, error) {
 		return nil, err
 	}
 	mods := map[string]*emu.Module{}
-	for _, f := range []string{"compress.cu", "indexer.cu", "attention.cu", "rotary.cu"} {
+	for _, f := range []string{"compress.cu", "indexer.cu", "attention.cu", "groups.cu", "rotary.cu"} {
 		var src string
 		var err error
 		if f == "rotary.cu" {
@@ -495,4 +495,26 @@ func emuIndexerAttention(t *testing.T, d *emuDev, m *Model, label string) {
 			}
 		}
 	}
+}
+
+// TestEmuSwap01 checks groups.cu's layout change both ways against a Go loop, bit-exact.
+func TestEmuSwap01(t *testing.T) {
+	d := newEmuDev(t)
+	rng := rand.New(rand.NewPCG(7, 8))
+	const a, b, c = 5, 3, 70
+	src := rnd(rng, a*b*c, 1)
+	dst := d.alloc(4 * a * b * c)
+	l, err := kernels.Swap01(dst, d.f32(src), a, b, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.run("swap01", l)
+	got := d.getF32(dst, a*b*c)
+	want := make([]float32, a*b*c)
+	for i := range a {
+		for j := range b {
+			copy(want[(j*a+i)*c:(j*a+i+1)*c], src[(i*b+j)*c:(i*b+j+1)*c])
+		}
+	}
+	sameBits(t, "swap01", got, want)
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/resin-llm/resin/core/kernels/cuda"
 )
 
-// The model's kernels (compress.cu, indexer.cu, attention.cu) and the core's rotary.cu,
+// The model's kernels (compress.cu, indexer.cu, attention.cu, groups.cu) and the core's rotary.cu,
 // whose resin_rope_interleaved rotates V4's trailing rope channels when handed the first
 // of them.
 const (
@@ -17,6 +17,7 @@ const (
 	IndexerTopKName      = "deepseekv4flash_indexer_topk_f32"
 	SparseAttentionName  = "deepseekv4flash_sparse_attention_f32"
 	WindowStoreName      = "deepseekv4flash_window_store_f32"
+	Swap01Name           = "deepseekv4flash_swap01_f32"
 	RopeInterleavedName  = "resin_rope_interleaved"
 	coreRotary           = "rotary.cu"
 	MaxDim               = 512 // compress.cu DSV4_MAX_DIM, attention.cu DSV4_ATTN_MAX_DIM
@@ -34,6 +35,22 @@ var Entries = map[string][]string{
 	"compress.cu":    {CompressName, CompressStateName},
 	"indexer.cu":     {IndexerTopKName},
 	"attention.cu":   {SparseAttentionName, WindowStoreName},
+	"groups.cu":      {Swap01Name},
+}
+
+// Swap01 is the launch that writes dst [b, a, c] = src [a, b, c] with its first two
+// dimensions swapped (the grouped output projection's layout change).
+func Swap01(dst, src cudart.DevicePtr, a, b, c int) (Launch, error) {
+	if err := positive("Swap01", a, b, c, a*b*c); err != nil {
+		return Launch{}, err
+	}
+	if dst == src {
+		return Launch{}, fmt.Errorf("kernels.Swap01: in place")
+	}
+	l := Launch{File: "groups.cu", Entry: Swap01Name}
+	l.Grid, l.Block = elementwise(a * b * c)
+	l.ptr(dst).ptr(src).i32(a).i32(b).i32(c)
+	return l, nil
 }
 
 // Launch is one kernel launch worked out on the host: the source and entry point, the

@@ -1,0 +1,496 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
+)
+
+// gpuModel is the model's forward on one CUDA device, a first cut of the GPU path (see
+// doc.go's kernel list): float32 weights and activations (the checkpoint's FP8 and FP4
+// tensors dequantised at load, 4 bytes a parameter), each sequence's state in a device
+// slot of its own (the sliding window as a ring, the compressors' windows and entries)
+// rather than kvslab pages, eager launches on the default stream. Every GEMM is
+// cuBLASLt's; every other step is a kernel of core/kernels/cuda or of kernels/. It runs
+// inside Device.Do of its device.
+type gpuModel struct {
+	m     *Model
+	kk    *cuda.Kernels
+	vk    *kernels.Kernels
+	blas  *cudart.Blas
+	arena gpuArena
+
+	embed, head, norm, hcFn, hcBase, hcScale, ones cudart.DevicePtr
+	main, comp                                     kernels.Rope
+	layers                                         []gpuLayer
+
+	slots, maxTokens int
+	used             []bool
+	w                gpuWork
+	moeW             *moeWork
+}
+
+// gpuSeq is one sequence's device slot and length.
+type gpuSeq struct {
+	slot, Len int
+}
+
+// gpuHC is one mHC's weights on the device.
+type gpuHC struct{ fn, base, scale cudart.DevicePtr }
+
+// gpuLayer is one decoder block on the device: weights and the slots' caches.
+type gpuLayer struct {
+	kind                        string
+	attnNorm, ffnNorm           cudart.DevicePtr
+	attnHC, ffnHC               gpuHC
+	qa, qaNorm, qb, kv, kvNorm  cudart.DevicePtr
+	oa, ob, sinks               cudart.DevicePtr
+	ratio                       int
+	comp, idx                   *kernels.Compressor // nil on sliding (idx: non-CSA) layers
+	compKV, compGate            cudart.DevicePtr
+	idxKV, idxGate, idxQB, idxW cudart.DevicePtr // idxW: weights_proj · index_n_heads^-0.5
+	ring                        cudart.DevicePtr // [slots, window, headDim]
+	maxEntries                  int
+	moe                         *gpuMoE
+}
+
+// gpuWork is the per-step device memory for up to maxTokens rows.
+type gpuWork struct {
+	ids, idsRep, pos, rowSeq, seqStart, len0, state, winRow0, entryRow0 cudart.DevicePtr
+	streams, next, mix, post, comb, x                                   cudart.DevicePtr
+	qres, q, kv, ckv, cgate, ikv, igate, iq, iw                         cudart.DevicePtr
+	out, grp, midg, mid, att, picks, counts, scores, ffn, y, logits     cudart.DevicePtr
+}
+
+// newGPUModel uploads m's weights and allocates slots sequences of up to m.maxContext
+// tokens, with steps of up to maxTokens rows.
+func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, slots, maxTokens int) (_ *gpuModel, err error) {
+	cfg := m.Config
+	if slots <= 0 || maxTokens <= 0 {
+		return nil, fmt.Errorf("gpu: %d slots and %d rows a step must be positive", slots, maxTokens)
+	}
+	g := &gpuModel{m: m, kk: kk, vk: vk, blas: blas, slots: slots, maxTokens: maxTokens, used: make([]bool, slots)}
+	defer func() {
+		if err != nil {
+			g.arena.free(c)
+		}
+	}()
+	a := &g.arena
+	up := func(dst *cudart.DevicePtr, v []float32) {
+		if err == nil {
+			*dst, err = upload(a, c, v, 4)
+		}
+	}
+	zeros := func(dst *cudart.DevicePtr, n int) {
+		if err == nil {
+			if *dst, err = a.alloc(c, 4*n); err == nil {
+				err = c.Memset(*dst, 0, int64(4*max(n, 1)))
+			}
+		}
+	}
+	w := m.W
+	h, hc, d, nh := cfg.HiddenSize, cfg.HCMult, cfg.HeadDim, cfg.NumAttentionHeads
+	up(&g.embed, w.Embed)
+	up(&g.head, w.Head)
+	up(&g.norm, w.Norm)
+	up(&g.hcFn, w.HCFn)
+	up(&g.hcBase, w.HCBase)
+	up(&g.hcScale, w.HCScale)
+	ones := make([]float32, max(d, cfg.IndexHeadDim))
+	for i := range ones {
+		ones[i] = 1
+	}
+	up(&g.ones, ones)
+	rope := func(r Rotary) kernels.Rope {
+		cos, sin, neg := kernels.RopeTables(r.InvFreq, r.Scale, m.maxContext)
+		var t kernels.Rope
+		up(&t.Cos, cos)
+		up(&t.Sin, sin)
+		up(&t.NegSin, neg)
+		t.RotDim, t.MaxPos = r.Dim, m.maxContext
+		return t
+	}
+	g.main, g.comp = rope(m.main), rope(m.compress)
+	eps := float32(cfg.RMSNormEps)
+	for li := range w.Layers {
+		l := &w.Layers[li]
+		gl := gpuLayer{kind: cfg.LayerTypes[li]}
+		up(&gl.attnNorm, l.AttnNorm)
+		up(&gl.ffnNorm, l.FFNNorm)
+		for _, p := range []struct {
+			dst *gpuHC
+			src *HyperConn
+		}{{&gl.attnHC, &l.AttnHC}, {&gl.ffnHC, &l.FFNHC}} {
+			up(&p.dst.fn, p.src.Fn)
+			up(&p.dst.base, p.src.Base)
+			up(&p.dst.scale, p.src.Scale)
+		}
+		up(&gl.qa, l.QA)
+		up(&gl.qaNorm, l.QANorm)
+		up(&gl.qb, l.QB)
+		up(&gl.kv, l.KV)
+		up(&gl.kvNorm, l.KVNorm)
+		up(&gl.oa, l.OA)
+		up(&gl.ob, l.OB)
+		up(&gl.sinks, l.Sinks[:nh])
+		zeros(&gl.ring, slots*cfg.SlidingWindow*d)
+		newComp := func(cw *Compressor, dim int, overlap bool) *kernels.Compressor {
+			kc := &kernels.Compressor{Ratio: gl.ratio, Dim: dim, Overlap: overlap, Eps: eps}
+			wd := kc.Width()
+			zeros(&kc.PendingKV, slots*gl.ratio*wd)
+			zeros(&kc.PendingGate, slots*gl.ratio*wd)
+			zeros(&kc.PrevKV, slots*gl.ratio*dim)
+			zeros(&kc.PrevGate, slots*gl.ratio*dim)
+			zeros(&kc.Entries, slots*gl.maxEntries*dim)
+			up(&kc.Bias, cw.PositionBias)
+			up(&kc.Norm, cw.Norm)
+			return kc
+		}
+		if l.Compressor != nil {
+			gl.ratio = cfg.CompressRates[gl.kind]
+			gl.maxEntries = max(1, m.maxContext/gl.ratio)
+			overlap := gl.kind == CompressedSparse
+			gl.comp = newComp(l.Compressor, d, overlap)
+			up(&gl.compKV, l.Compressor.KV)
+			up(&gl.compGate, l.Compressor.Gate)
+		}
+		if l.Indexer != nil {
+			gl.idx = newComp(&l.Indexer.Compressor, cfg.IndexHeadDim, true)
+			up(&gl.idxKV, l.Indexer.KV)
+			up(&gl.idxGate, l.Indexer.Gate)
+			up(&gl.idxQB, l.Indexer.QB)
+			s := float32(math.Pow(float64(cfg.IndexNHeads), -0.5))
+			iw := make([]float32, len(l.Indexer.WeightsProj))
+			for i, v := range l.Indexer.WeightsProj {
+				iw[i] = v * s
+			}
+			up(&gl.idxW, iw)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+		if gl.moe, err = newGPUMoE(a, c, cfg, l, cfg.MLPLayerTypes[li]); err != nil {
+			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+		g.layers = append(g.layers, gl)
+	}
+	if g.moeW, err = newMoEWork(a, c, g.layers[0].moe, maxTokens); err != nil {
+		return nil, err
+	}
+	n, og, olr, qr := maxTokens, cfg.OGroups, cfg.OLoraRank, cfg.QLoraRank
+	id, ih := cfg.IndexHeadDim, cfg.IndexNHeads
+	maxVisible := max(1, m.maxContext/max(1, cfg.CompressRates[CompressedSparse]))
+	x := &g.w
+	for _, b := range []struct {
+		dst *cudart.DevicePtr
+		n   int
+	}{
+		{&x.ids, n}, {&x.idsRep, n * hc}, {&x.pos, n}, {&x.rowSeq, n}, {&x.seqStart, slots + 1}, {&x.len0, slots},
+		{&x.state, slots}, {&x.winRow0, slots}, {&x.entryRow0, slots},
+		{&x.streams, n * hc * h}, {&x.next, n * hc * h}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
+		{&x.comb, n * hc * hc}, {&x.x, n * h}, {&x.qres, n * qr}, {&x.q, n * nh * d}, {&x.kv, n * d},
+		{&x.ckv, n * 2 * d}, {&x.cgate, n * 2 * d}, {&x.ikv, n * 2 * id}, {&x.igate, n * 2 * id},
+		{&x.iq, n * ih * id}, {&x.iw, n * ih}, {&x.out, n * nh * d}, {&x.grp, n * nh * d},
+		{&x.midg, n * og * olr}, {&x.mid, n * og * olr}, {&x.att, n * h},
+		{&x.picks, n * max(1, cfg.IndexTopK)}, {&x.counts, n}, {&x.scores, n * maxVisible},
+		{&x.ffn, n * h}, {&x.y, n * h}, {&x.logits, n * cfg.VocabSize},
+	} {
+		if *b.dst, err = a.alloc(c, 4*b.n); err != nil {
+			return nil, fmt.Errorf("gpu: workspace: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// close frees the device memory.
+func (g *gpuModel) close(c *cudart.Ctx) { g.arena.free(c) }
+
+// newSeq returns a new sequence in a free slot, its state cleared.
+func (g *gpuModel) newSeq(c *cudart.Ctx) (*gpuSeq, error) {
+	for i, u := range g.used {
+		if u {
+			continue
+		}
+		g.used[i] = true
+		// The ring and the entries are read only where written; the windows' buffers start
+		// at zero, as NewSeqState's.
+		for _, l := range g.layers {
+			for _, kc := range []*kernels.Compressor{l.comp, l.idx} {
+				if kc == nil {
+					continue
+				}
+				wd, r := kc.Width(), kc.Ratio
+				for _, p := range []struct {
+					base cudart.DevicePtr
+					n    int
+				}{{kc.PendingKV, r * wd}, {kc.PendingGate, r * wd}, {kc.PrevKV, r * kc.Dim}, {kc.PrevGate, r * kc.Dim}} {
+					if err := c.Memset(p.base+cudart.DevicePtr(4*i*p.n), 0, int64(4*p.n)); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
+		return &gpuSeq{slot: i}, nil
+	}
+	return nil, fmt.Errorf("gpu: all %d sequence slots are in use", g.slots)
+}
+
+// free returns a sequence's slot.
+func (g *gpuModel) free(s *gpuSeq) { g.used[s.slot] = false }
+
+// runner returns a function that queues a launch its builder returned (or the builder's
+// error) on c's default stream.
+func (g *gpuModel) runner(c *cudart.Ctx) func(kernels.Launch, error) error {
+	return func(l kernels.Launch, err error) error {
+		if err != nil {
+			return err
+		}
+		return g.vk.Run(c, nil, &l)
+	}
+}
+
+func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim int) error {
+	return g.blas.MatMulT(c, nil, cudart.F32, out, x, w, n, in, outDim)
+}
+
+// forward runs one chunk of new tokens for each sequence (any lengths, at least one row in
+// all) and returns the logits of every row ([ΣT, vocab], rows in sequence order), as
+// Model.Forward.
+func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32) ([]float32, error) {
+	cfg := g.m.Config
+	if len(seqs) != len(tokens) || len(seqs) > g.slots {
+		return nil, fmt.Errorf("gpu: %d sequences, %d chunks (at most %d)", len(seqs), len(tokens), g.slots)
+	}
+	h, hc, win := cfg.HiddenSize, cfg.HCMult, cfg.SlidingWindow
+	var ids, idsRep, pos, rowSeq, seqStart, len0, state, winRow0 []int32
+	for i, s := range seqs {
+		seqStart = append(seqStart, int32(len(ids)))
+		len0 = append(len0, int32(s.Len))
+		state = append(state, int32(s.slot))
+		winRow0 = append(winRow0, int32(s.slot*win))
+		for j, t := range tokens[i] {
+			if t < 0 || int(t) >= cfg.VocabSize {
+				return nil, fmt.Errorf("gpu: token id %d outside the vocabulary [0, %d)", t, cfg.VocabSize)
+			}
+			if s.Len+j >= g.m.maxContext {
+				return nil, fmt.Errorf("gpu: position %d outside the context of %d tokens", s.Len+j, g.m.maxContext)
+			}
+			ids = append(ids, t)
+			pos = append(pos, int32(s.Len+j))
+			rowSeq = append(rowSeq, int32(i))
+			for range hc {
+				idsRep = append(idsRep, t)
+			}
+		}
+	}
+	seqStart = append(seqStart, int32(len(ids)))
+	n := len(ids)
+	if n == 0 || n > g.maxTokens {
+		return nil, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
+	}
+	w := &g.w
+	for _, u := range []struct {
+		dst cudart.DevicePtr
+		v   []int32
+	}{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0},
+		{w.state, state}, {w.winRow0, winRow0}} {
+		if err := cudart.Upload(c, u.dst, u.v); err != nil {
+			return nil, err
+		}
+	}
+	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(seqs)}
+	if err := g.kk.Embedding(c, nil, w.streams, g.embed, w.idsRep, n*hc, h, cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	for li := range g.layers {
+		if err := g.block(c, &g.layers[li], ch, seqs); err != nil {
+			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+	}
+	for i, s := range seqs {
+		s.Len += len(tokens[i])
+	}
+	// The head: hc_head's collapse, the final norm, the lm_head.
+	eps := float32(cfg.RMSNormEps)
+	if err := g.gemm(c, w.mix, w.streams, g.hcFn, n, hc*h, hc); err != nil {
+		return nil, err
+	}
+	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Collapsed: w.y, Streams: w.streams, Mix: w.mix, Base: g.hcBase, Scale: g.hcScale,
+		Rows: n, HC: hc, Dim: h, Eps: float32(cfg.HCEps), NormEps: eps, Head: true}); err != nil {
+		return nil, err
+	}
+	if err := g.kk.RMSNorm(c, nil, w.y, w.y, g.norm, n, h, eps); err != nil {
+		return nil, err
+	}
+	if err := g.gemm(c, w.logits, w.y, g.head, n, h, cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	if err := c.Synchronize(); err != nil {
+		return nil, err
+	}
+	logits := make([]float32, n*cfg.VocabSize)
+	return logits, cudart.Download(c, logits, w.logits)
+}
+
+// hyper computes one mHC's post and comb and the collapsed, normed block input in w.x.
+func (g *gpuModel) hyper(c *cudart.Ctx, hw gpuHC, norm cudart.DevicePtr, n int) error {
+	cfg, w := g.m.Config, &g.w
+	h, hc := cfg.HiddenSize, cfg.HCMult
+	eps := float32(cfg.RMSNormEps)
+	if err := g.gemm(c, w.mix, w.streams, hw.fn, n, hc*h, (2+hc)*hc); err != nil {
+		return err
+	}
+	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Post: w.post, Comb: w.comb, Collapsed: w.x, Streams: w.streams, Mix: w.mix,
+		Base: hw.base, Scale: hw.scale, Rows: n, HC: hc, Dim: h, Iters: cfg.HCSinkhornIters, Eps: float32(cfg.HCEps), NormEps: eps}); err != nil {
+		return err
+	}
+	return g.kk.RMSNorm(c, nil, w.x, w.x, norm, n, h, eps)
+}
+
+// expand refreshes the streams from a block output.
+func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
+	cfg, w := g.m.Config, &g.w
+	if err := g.kk.HyperPost(c, nil, cuda.HyperPost{Out: w.next, Streams: w.streams, Block: out, Post: w.post, Comb: w.comb,
+		Rows: n, HC: cfg.HCMult, Dim: cfg.HiddenSize}); err != nil {
+		return err
+	}
+	w.streams, w.next = w.next, w.streams
+	return nil
+}
+
+// block runs one decoder block (mHC → attention → mHC → MoE) over the step's rows.
+func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs []*gpuSeq) error {
+	w, n := &g.w, ch.Rows
+	if err := g.hyper(c, l.attnHC, l.attnNorm, n); err != nil {
+		return err
+	}
+	if err := g.attention(c, l, ch, seqs); err != nil {
+		return err
+	}
+	if err := g.expand(c, w.att, n); err != nil {
+		return err
+	}
+	if err := g.hyper(c, l.ffnHC, l.ffnNorm, n); err != nil {
+		return err
+	}
+	if err := l.moe.forward(c, nil, g.kk, g.blas, g.moeW, w.ffn, w.x, w.ids, n); err != nil {
+		return err
+	}
+	return g.expand(c, w.ffn, n)
+}
+
+// attention runs one layer's attention over the step's rows into w.att, as
+// Model.attention.
+func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs []*gpuSeq) error {
+	cfg, w, n := g.m.Config, &g.w, ch.Rows
+	h, d, nh, qr := cfg.HiddenSize, cfg.HeadDim, cfg.NumAttentionHeads, cfg.QLoraRank
+	id, ih := cfg.IndexHeadDim, cfg.IndexNHeads
+	eps := float32(cfg.RMSNormEps)
+	run := g.runner(c)
+	rot := g.main
+	if l.kind != SlidingAttention {
+		rot = g.comp
+	}
+	steps := []func() error{
+		func() error { return g.gemm(c, w.qres, w.x, l.qa, n, h, qr) },
+		func() error { return g.kk.RMSNorm(c, nil, w.qres, w.qres, l.qaNorm, n, qr, eps) },
+		func() error { return g.gemm(c, w.q, w.qres, l.qb, n, qr, nh*d) },
+		func() error { return g.kk.RMSNorm(c, nil, w.q, w.q, g.ones, n*nh, d, eps) },
+		func() error { return run(kernels.PartialRope(w.q, w.pos, rot, n, nh, d, false)) },
+		func() error { return g.gemm(c, w.kv, w.x, l.kv, n, h, d) },
+		func() error { return g.kk.RMSNorm(c, nil, w.kv, w.kv, l.kvNorm, n, d, eps) },
+		func() error { return run(kernels.PartialRope(w.kv, w.pos, rot, n, 1, d, false)) },
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	if l.comp != nil {
+		row0 := make([]int32, len(seqs))
+		for i, s := range seqs {
+			row0[i] = int32(s.slot * l.maxEntries)
+		}
+		if err := cudart.Upload(c, w.entryRow0, row0); err != nil {
+			return err
+		}
+	}
+	compress := func(kc *kernels.Compressor, kvw, gatew, kv, gate cudart.DevicePtr) error {
+		if err := g.gemm(c, kv, w.x, kvw, n, h, kc.Width()); err != nil {
+			return err
+		}
+		if err := g.gemm(c, gate, w.x, gatew, n, h, kc.Width()); err != nil {
+			return err
+		}
+		kc.State, kc.EntryRow0 = w.state, w.entryRow0
+		ls, err := kc.Compress(ch, kv, gate, g.comp)
+		if err != nil {
+			return err
+		}
+		if err := g.vk.Run(c, nil, &ls[0]); err != nil {
+			return err
+		}
+		return g.vk.Run(c, nil, &ls[1])
+	}
+	if l.comp != nil {
+		if err := compress(l.comp, l.compKV, l.compGate, w.ckv, w.cgate); err != nil {
+			return err
+		}
+	}
+	a := kernels.Attention{Out: w.out, Q: w.q, KV: w.kv, WindowKV: l.ring, WinRow0: w.winRow0, Sinks: l.sinks,
+		Heads: nh, HeadDim: d, Window: cfg.SlidingWindow, Ratio: l.ratio, Scale: float32(1 / math.Sqrt(float64(d)))}
+	if l.comp != nil {
+		a.Entries, a.EntryRow0 = l.comp.Entries, w.entryRow0
+	}
+	if l.idx != nil {
+		if err := compress(l.idx, l.idxKV, l.idxGate, w.ikv, w.igate); err != nil {
+			return err
+		}
+		if err := g.gemm(c, w.iq, w.qres, l.idxQB, n, qr, ih*id); err != nil {
+			return err
+		}
+		if err := run(kernels.PartialRope(w.iq, w.pos, g.comp, n, ih, id, false)); err != nil {
+			return err
+		}
+		if err := g.gemm(c, w.iw, w.x, l.idxW, n, h, ih); err != nil {
+			return err
+		}
+		x := kernels.Indexer{Picks: w.picks, Counts: w.counts, Scores: w.scores, Q: w.iq, W: w.iw, Keys: l.idx.Entries,
+			KeyRow0: w.entryRow0, Ratio: l.ratio, Heads: ih, HeadDim: id, TopK: cfg.IndexTopK, MaxVisible: l.maxEntries}
+		if err := run(x.Launch(ch)); err != nil {
+			return err
+		}
+		a.Picks, a.Counts, a.TopK = w.picks, w.counts, cfg.IndexTopK
+	}
+	ls, err := a.Launches(ch)
+	if err != nil {
+		return err
+	}
+	for i := range ls {
+		if err := g.vk.Run(c, nil, &ls[i]); err != nil {
+			return err
+		}
+	}
+	if err := run(kernels.PartialRope(w.out, w.pos, rot, n, nh, d, true)); err != nil {
+		return err
+	}
+	// The grouped output projection: each group's heads through its block of o_a, then o_b.
+	og, olr := cfg.OGroups, cfg.OLoraRank
+	gin := nh * d / og
+	if err := run(kernels.Swap01(w.grp, w.out, n, og, gin)); err != nil {
+		return err
+	}
+	for gi := range og {
+		if err := g.gemm(c, w.midg+cudart.DevicePtr(4*gi*n*olr), w.grp+cudart.DevicePtr(4*gi*n*gin),
+			l.oa+cudart.DevicePtr(4*gi*olr*gin), n, gin, olr); err != nil {
+			return err
+		}
+	}
+	if err := run(kernels.Swap01(w.mid, w.midg, og, n, olr)); err != nil {
+		return err
+	}
+	return g.gemm(c, w.att, w.mid, l.ob, n, og*olr, h)
+}

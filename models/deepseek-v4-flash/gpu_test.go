@@ -1,0 +1,124 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
+)
+
+// gpuForwardTolerance bounds |gpu − cpu| <= tol·(1 + |cpu|) between a logit of gpuModel
+// (float32 weights and activations, cuBLASLt's GEMM order, the device's exp) and
+// Model.Forward's on the tiny model.
+const gpuForwardTolerance = 5e-5
+
+// TestEmulatedForward runs gpuModel on the emulated CUDA device (RESIN_CUDA=emulate) and
+// Model.Forward on the same steps, comparing every row's logits: a prompt in two chunks
+// (compression windows closing inside and across them) beside a one-shot prompt longer
+// than the sliding window, then batched decode of both past further window closes, then
+// a third sequence joining mid-way.
+func TestEmulatedForward(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	m := tinyModel(t)
+	c := m.Config
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kk, err := cuda.Load(dev, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kk.Close()
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Close()
+	tok := func(seed, n int) []int32 {
+		s := make([]int32, n)
+		for i := range s {
+			s[i] = int32((seed*31 + i*17 + i*i) % c.VocabSize)
+		}
+		return s
+	}
+	// Each step: per sequence (index into seqs), the tokens it adds.
+	type part struct {
+		seq    int
+		tokens []int32
+	}
+	steps := [][]part{
+		{{0, tok(1, 5)}, {1, tok(2, 21)}},
+		{{0, tok(3, 8)}},
+		{{0, tok(4, 1)}, {1, tok(5, 1)}},
+		{{1, tok(6, 1)}, {0, tok(7, 1)}, {2, tok(8, 6)}},
+		{{0, tok(9, 1)}, {1, tok(10, 1)}, {2, tok(11, 1)}},
+		{{0, tok(12, 3)}, {2, tok(13, 1)}},
+	}
+	err = dev.Do(func(cx *cudart.Ctx) error {
+		vk, err := kernels.Load(cx, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		g, err := newGPUModel(cx, m, kk, vk, blas, 3, 32)
+		if err != nil {
+			return err
+		}
+		defer g.close(cx)
+		var gs []*gpuSeq
+		var cs []*SeqState
+		for range 3 {
+			s, err := g.newSeq(cx)
+			if err != nil {
+				return err
+			}
+			gs, cs = append(gs, s), append(cs, m.NewSeqState())
+		}
+		for si, st := range steps {
+			var seqs []*gpuSeq
+			var toks [][]int32
+			var chunks []Chunk
+			for _, p := range st {
+				seqs, toks = append(seqs, gs[p.seq]), append(toks, p.tokens)
+				chunks = append(chunks, Chunk{State: cs[p.seq], Tokens: p.tokens})
+			}
+			got, err := g.forward(cx, seqs, toks)
+			if err != nil {
+				return err
+			}
+			want, _, err := m.Forward(chunks)
+			if err != nil {
+				return err
+			}
+			worst := 0.0
+			for i := range want {
+				d := math.Abs(float64(got[i]-want[i])) / (1 + math.Abs(float64(want[i])))
+				if !(d <= gpuForwardTolerance) {
+					return fmt.Errorf("step %d: logit %d (row %d) = %g, the CPU reference %g", si, i, i/c.VocabSize, got[i], want[i])
+				}
+				worst = max(worst, d)
+			}
+			t.Logf("step %d: %d rows, worst relative difference %.2g", si, len(want)/c.VocabSize, worst)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

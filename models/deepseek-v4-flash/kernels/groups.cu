@@ -1,0 +1,20 @@
+// groups.cu: the layout change around V4's grouped output projection (wo_a): the
+// attention output [rows, groups, group_dim] becomes [groups, rows, group_dim] so that each
+// group's block of wo_a is one contiguous GEMM, and the groups' results [groups, rows, rank]
+// go back to [rows, groups, rank] for wo_b.
+//
+// deepseekv4flash_swap01_f32: dst[j, i, k] = src[i, j, k] for src [a, b, c]; one thread per
+// value.
+#include "prelude.cuh"
+
+RESIN_KERNEL void deepseekv4flash_swap01_f32(float* __restrict__ dst, const float* __restrict__ src,
+                                             int a, int b, int c) {
+  long long total = (long long)a * b * c;
+  for (long long t = resin_global_tid(); t < total; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X) {
+    int k = (int)(t % c);
+    long long ij = t / c;
+    int j = (int)(ij % b);
+    long long i = ij / b;
+    dst[((long long)j * a + i) * c + k] = src[t];
+  }
+}
