@@ -98,6 +98,12 @@ func (g *gpuKDA) upload(c *cudart.Ctx, w *kdaWeights) (*gpuKDALayer, error) {
 // ends and BlockEnd is called (the stream's work queued, not waited for) once the state
 // holds the state after the block's last token; with AfterToken they run one at a time
 // (the recurrent form) and it is called after each, with the token's index in the call.
+//
+// With Snapshots set (verification of drafts) the call is one segment in the recurrent
+// form, each state after token t written to Snapshots at t ([T] of each state's size):
+// one conv launch and one recurrence launch however many tokens, and restoring the state
+// after the last accepted token is copying its snapshot. BlockTokens and the callbacks
+// are then refused; a runner takes the block-end checkpoint from the snapshots too.
 type gpuKDACall struct {
 	X, Y        cudart.DevicePtr
 	T, Pos0     int
@@ -105,6 +111,7 @@ type gpuKDACall struct {
 	BlockTokens int
 	BlockEnd    func(pos int) error
 	AfterToken  func(t int) error
+	Snapshots   *gpuKDAState
 }
 
 // off is p advanced by n floats.
@@ -117,6 +124,9 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 	L, T := H*Dh, call.T
 	if T <= 0 || T > g.maxTokens || call.Pos0 < 0 {
 		return fmt.Errorf("gpu kda: %d tokens at %d (workspace for %d)", T, call.Pos0, g.maxTokens)
+	}
+	if call.Snapshots != nil && (call.BlockTokens > 0 || call.BlockEnd != nil || call.AfterToken != nil) {
+		return fmt.Errorf("gpu kda: a call with snapshots runs as one segment: no block ends or per-token callbacks")
 	}
 	mm := func(out, x, w cudart.DevicePtr, m, k, n int) error {
 		return g.blas.MatMulT(c, s, cudart.F32, out, x, w, m, k, n)
@@ -158,8 +168,12 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 		n := s1 - s0
 		seg := off(g.qkv, 3*s0*L)
 		q, k, v := seg, off(seg, n*L), off(seg, 2*n*L)
-		if err := run(kernels.CausalConvSiLU{Out: seg, State: call.State.Conv, X: off(g.mixed, 3*s0*L), W: l.conv, Tokens: n,
-			Channels: 3 * L, Kernel: K, Split: L},
+		var convSnaps, recSnaps cudart.DevicePtr
+		if call.Snapshots != nil {
+			convSnaps, recSnaps = call.Snapshots.Conv, call.Snapshots.Recurrent
+		}
+		if err := run(kernels.CausalConvSiLU{Out: seg, State: call.State.Conv, Snapshots: convSnaps, X: off(g.mixed, 3*s0*L),
+			W: l.conv, Tokens: n, Channels: 3 * L, Kernel: K, Split: L},
 			kernels.L2Norm{X: q, Rows: n * H, Dim: Dh, Mul: scale},
 			kernels.L2Norm{X: k, Rows: n * H, Dim: Dh, Mul: 1}); err != nil {
 			return err
@@ -167,8 +181,9 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 		o, gs, bs := off(g.o, s0*L), off(g.g, s0*L), off(g.beta, s0*H)
 		var rec kernels.Launcher = kernels.KDAChunked{Out: o, State: call.State.Recurrent, Q: q, K: k, V: v, G: gs, Beta: bs,
 			Tokens: n, Chunk: KDAChunk, Shape: shape}
-		if n == 1 {
-			rec = kernels.KDAStep{Out: o, State: call.State.Recurrent, Q: q, K: k, V: v, G: gs, Beta: bs, Tokens: 1, Shape: shape}
+		if n == 1 || call.Snapshots != nil {
+			rec = kernels.KDAStep{Out: o, State: call.State.Recurrent, Snapshots: recSnaps, Q: q, K: k, V: v, G: gs, Beta: bs,
+				Tokens: n, Shape: shape}
 		}
 		if err := run(rec); err != nil {
 			return err

@@ -192,3 +192,145 @@ func TestEmulatedGPUKDALayer(t *testing.T) {
 		})
 	}
 }
+
+// TestEmulatedGPUKDAVerifySnapshots verifies 3 tokens after a prefill in one segment with
+// snapshots on the emulated device and checks every snapshot against forward.go's kda
+// state after that token (run token by token), then rejects the last two drafts by
+// copying the first token's snapshots back, decodes a token on both, and compares output
+// and states: a rejected draft leaves the state of the accepted prefix.
+func TestEmulatedGPUKDAVerifySnapshots(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	m := tinyTextModel(t)
+	c := m.Config
+	D := c.HiddenSize
+	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
+	w := m.W.layers[li].kda
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tol, drafts = 2e-5, 3
+	st := m.NewTextState()
+	ls := &st.Layers[li]
+	nc, nr := len(ls.Conv), len(ls.Recurrent)
+	r := rand.New(rand.NewPCG(4, 4))
+	err = dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		g, err := newGPUKDA(cx, c, blas, ks, 8)
+		if err != nil {
+			return err
+		}
+		defer g.close(cx)
+		l, err := g.upload(cx, w)
+		if err != nil {
+			return err
+		}
+		var state, snaps gpuKDAState
+		var x, y cudart.DevicePtr
+		for _, b := range []struct {
+			p *cudart.DevicePtr
+			n int
+		}{{&state.Conv, nc}, {&state.Recurrent, nr}, {&snaps.Conv, drafts * nc}, {&snaps.Recurrent, drafts * nr}, {&x, 8 * D}, {&y, 8 * D}} {
+			if *b.p, err = g.alloc(cx, b.n); err != nil {
+				return err
+			}
+		}
+		if err := cx.Memset(state.Conv, 0, int64(4*nc)); err != nil {
+			return err
+		}
+		if err := cx.Memset(state.Recurrent, 0, int64(4*nr)); err != nil {
+			return err
+		}
+		step := func(T, pos int, snap *gpuKDAState, after func(int)) error {
+			xs := randRows(r, T*D)
+			ls.AfterToken = after
+			want, err := m.kda(w, ls, xs, T, pos, 0)
+			if err != nil {
+				return err
+			}
+			if err := cudart.Upload(cx, x, xs); err != nil {
+				return err
+			}
+			if err := g.forward(cx, nil, l, gpuKDACall{X: x, Y: y, T: T, Pos0: pos, State: state, Snapshots: snap}); err != nil {
+				return err
+			}
+			got := make([]float32, T*D)
+			if err := cudart.Download(cx, got, y); err != nil {
+				return err
+			}
+			return diffRows(fmt.Sprintf("call at %d: output", pos), got, want, tol)
+		}
+		if err := step(5, 0, nil, nil); err != nil {
+			return err
+		}
+		var wantConv, wantRec [][]float32
+		if err := step(drafts, 5, &snaps, func(int) {
+			wantConv, wantRec = append(wantConv, slices.Clone(ls.Conv)), append(wantRec, slices.Clone(ls.Recurrent))
+		}); err != nil {
+			return err
+		}
+		gotConv, gotRec := make([]float32, drafts*nc), make([]float32, drafts*nr)
+		if err := cudart.Download(cx, gotConv, snaps.Conv); err != nil {
+			return err
+		}
+		if err := cudart.Download(cx, gotRec, snaps.Recurrent); err != nil {
+			return err
+		}
+		for tk := range drafts {
+			if err := diffRows(fmt.Sprintf("conv snapshot %d", tk), gotConv[tk*nc:(tk+1)*nc], wantConv[tk], tol); err != nil {
+				return err
+			}
+			if err := diffRows(fmt.Sprintf("recurrent snapshot %d", tk), gotRec[tk*nr:(tk+1)*nr], wantRec[tk], tol); err != nil {
+				return err
+			}
+		}
+		// Reject the last two: both sides go back to the state after the first.
+		if err := cx.CopyDtoD(state.Conv, snaps.Conv, int64(4*nc)); err != nil {
+			return err
+		}
+		if err := cx.CopyDtoD(state.Recurrent, snaps.Recurrent, int64(4*nr)); err != nil {
+			return err
+		}
+		copy(ls.Conv, wantConv[0])
+		copy(ls.Recurrent, wantRec[0])
+		if err := step(1, 6, nil, nil); err != nil {
+			return err
+		}
+		gc, gr := make([]float32, nc), make([]float32, nr)
+		if err := cudart.Download(cx, gc, state.Conv); err != nil {
+			return err
+		}
+		if err := cudart.Download(cx, gr, state.Recurrent); err != nil {
+			return err
+		}
+		if err := diffRows("conv state after the rejection and a decode", gc, ls.Conv, tol); err != nil {
+			return err
+		}
+		if err := diffRows("recurrent state after the rejection and a decode", gr, ls.Recurrent, tol); err != nil {
+			return err
+		}
+		// A snapshot call with block ends is refused.
+		if err := g.forward(cx, nil, l, gpuKDACall{X: x, Y: y, T: 2, Pos0: 7, State: state, Snapshots: &snaps, BlockTokens: 4}); err == nil {
+			return fmt.Errorf("a snapshot call with block ends was accepted")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

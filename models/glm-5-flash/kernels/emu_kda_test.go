@@ -258,17 +258,22 @@ func TestEmuCausalConvSiLU(t *testing.T) {
 		closeTo(t, "prefill out", out, want, 1e-6)
 		closeTo(t, "prefill state", prefillState, wantState, 0)
 		stepState, stepped := append([]float32(nil), state...), make([]float32, len(x))
+		var stepStates []float32 // the state after each one-token update
 		for tk := range tokens {
 			xs, os := x[tk*channels:(tk+1)*channels], stepped[tk*channels:(tk+1)*channels]
 			emuLaunch(t, CausalConvSiLU{Out: dptr(os), State: dptr(stepState), X: dptr(xs), W: dptr(w), Tokens: 1,
 				Channels: channels, Kernel: kernel}, os, stepState, xs, w)
+			stepStates = append(stepStates, stepState...)
 		}
 		closeTo(t, "updates vs prefill out", stepped, out, 0)
 		closeTo(t, "updates vs prefill state", stepState, prefillState, 0)
-		// Split by 100 channels: three [tokens, 100] blocks of the same values.
+		// Split by 100 channels: three [tokens, 100] blocks of the same values; the
+		// snapshots are the states the one-token updates left.
 		splitState, split := append([]float32(nil), state...), make([]float32, len(x))
-		emuLaunch(t, CausalConvSiLU{Out: dptr(split), State: dptr(splitState), X: dptr(x), W: dptr(w), Tokens: tokens,
-			Channels: channels, Kernel: kernel, Split: 100}, split, splitState, x, w)
+		snaps := make([]float32, tokens*len(state))
+		emuLaunch(t, CausalConvSiLU{Out: dptr(split), State: dptr(splitState), Snapshots: dptr(snaps), X: dptr(x), W: dptr(w),
+			Tokens: tokens, Channels: channels, Kernel: kernel, Split: 100}, split, splitState, snaps, x, w)
+		closeTo(t, "snapshots", snaps, stepStates, 0)
 		for tk := range tokens {
 			for c := range channels {
 				if got := split[(c/100)*tokens*100+tk*100+c%100]; got != out[tk*channels+c] {

@@ -110,10 +110,13 @@ func (a KDAChunked) spec(sp *spec) error {
 //
 //	X: [Tokens, Channels]   W: [Channels, Kernel]   State: [Channels, Kernel−1]
 //	Out: [Tokens, Channels], or with Split > 0 [Channels/Split, Tokens, Split]
+//
+// Snapshots, when not 0, receives the state after each token ([Tokens, Channels,
+// Kernel−1]), what a runner restores when drafts are rejected.
 type CausalConvSiLU struct {
-	Out, State, X, W         cudart.DevicePtr
-	Tokens, Channels, Kernel int
-	Split                    int // channels per output block; 0: no split
+	Out, State, Snapshots, X, W cudart.DevicePtr
+	Tokens, Channels, Kernel    int
+	Split                       int // channels per output block; 0: no split
 }
 
 func (a CausalConvSiLU) spec(sp *spec) error {
@@ -128,7 +131,7 @@ func (a CausalConvSiLU) spec(sp *spec) error {
 		return fmt.Errorf("kernels: causal_conv_silu: %d channels split by %d for %d tokens", a.Channels, a.Split, a.Tokens)
 	}
 	sp.reset(CausalConvSiLUName, cudart.D1((a.Channels+255)/256), cudart.D1(256), 0)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group)
+	sp.ptr(a.Out).ptr(a.State).ptr(a.Snapshots).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group)
 	return nil
 }
 

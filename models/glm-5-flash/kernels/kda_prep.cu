@@ -7,7 +7,9 @@
 //     A thread per channel carries the window in registers (kernel ≤ 8); a one-token
 //     update is the same launch with tokens = 1. With group < channels the output is
 //     split by channel groups, [channels/group, tokens, group] (KDA's [q; k; v] become
-//     three contiguous [tokens, L] blocks); group = channels is the plain layout. Grid
+//     three contiguous [tokens, L] blocks); group = channels is the plain layout. With
+//     snapshots non-null the state after each token t is also written to snapshots[t]
+//     ([tokens, channels, kernel−1]), for restoring after rejected drafts. Grid
 //     ceil(channels/256), block 256.
 //   glm5flash_l2norm            x: [rows, dim] in place: x / sqrt(Σx² + 1e-6) · mul.
 //   glm5flash_kda_gate          g: [tokens, heads·dh] in place, with f = g + dt_bias[h·dh+j]
@@ -23,6 +25,7 @@
 #define GLM5FLASH_CONV_MAX_KERNEL 8
 
 RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __restrict__ state,
+                                             float* __restrict__ snapshots,
                                              const float* __restrict__ x, const float* __restrict__ w,
                                              int tokens, int channels, int kernel, int group) {
   long long c = resin_global_tid();
@@ -39,6 +42,8 @@ RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __r
     out[(c / group) * tokens * group + (long long)t * group + c % group] = s / (1.0f + resin_expf(-s));
     for (int j = 0; j + 1 < m; j++) win[j] = win[j + 1];
     if (m > 0) win[m - 1] = xv;
+    if (snapshots)
+      for (int j = 0; j < m; j++) snapshots[((long long)t * channels + c) * m + j] = win[j];
   }
   for (int j = 0; j < m; j++) st[j] = win[j];
 }
