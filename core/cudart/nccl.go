@@ -16,6 +16,7 @@ type ncclAPI struct {
 	ncclAllReduce      func(send, recv uintptr, count uint64, dtype, op int32, comm, stream uintptr) int32
 	ncclAllGather      func(send, recv uintptr, count uint64, dtype int32, comm, stream uintptr) int32
 	ncclReduceScatter  func(send, recv uintptr, count uint64, dtype, op int32, comm, stream uintptr) int32
+	ncclBroadcast      func(send, recv uintptr, count uint64, dtype, root int32, comm, stream uintptr) int32
 	ncclSend           func(send uintptr, count uint64, dtype, peer int32, comm, stream uintptr) int32
 	ncclRecv           func(recv uintptr, count uint64, dtype, peer int32, comm, stream uintptr) int32
 	ncclGroupStart     func() int32
@@ -43,6 +44,7 @@ func loadNCCL() (*ncclAPI, error) {
 			{&a.ncclAllReduce, "ncclAllReduce"},
 			{&a.ncclAllGather, "ncclAllGather"},
 			{&a.ncclReduceScatter, "ncclReduceScatter"},
+			{&a.ncclBroadcast, "ncclBroadcast"},
 			{&a.ncclSend, "ncclSend"},
 			{&a.ncclRecv, "ncclRecv"},
 			{&a.ncclGroupStart, "ncclGroupStart"},
@@ -110,6 +112,9 @@ const (
 // ncclType is the ncclDataType_t: ncclFloat32, ncclBfloat16, ncclFloat16; -1 (which NCCL
 // rejects as an invalid argument) for an unknown type.
 func ncclType(t DType) int32 {
+	if t == Bytes {
+		return 1
+	}
 	if !t.valid() {
 		return -1
 	}
@@ -156,6 +161,19 @@ func (m *Comm) AllGather(send, recv DevicePtr, count int, t DType, s *Stream) er
 func (m *Comm) ReduceScatter(send, recv DevicePtr, count int, t DType, op ReduceOp, s *Stream) error {
 	return m.api.check("ncclReduceScatter", m.api.ncclReduceScatter(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(op), m.h, s.handle()))
 }
+
+// Broadcast copies count elements of root's send into every rank's recv (which may equal
+// send); only root's send is read.
+func (m *Comm) Broadcast(send, recv DevicePtr, count int, t DType, root int, s *Stream) error {
+	if root < 0 || root >= m.Ranks {
+		return fmt.Errorf("nccl: broadcast root %d outside [0, %d)", root, m.Ranks)
+	}
+	return m.api.check("ncclBroadcast", m.api.ncclBroadcast(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(root), m.h, s.handle()))
+}
+
+// Bytes is the element type for moving raw bytes (Broadcast, Send, Recv, AllGather): NCCL's
+// ncclUint8. It cannot be reduced.
+const Bytes DType = 100
 
 // Send queues count elements to peer; pair it with the peer's Recv inside a group.
 func (m *Comm) Send(buf DevicePtr, count int, t DType, peer int, s *Stream) error {

@@ -252,10 +252,7 @@ func (g *group) Barrier() error {
 }
 
 func (g *group) Split(color, key int) (Communicator, error) {
-	var msg [16]byte
-	binary.LittleEndian.PutUint64(msg[:], uint64(int64(color)))
-	binary.LittleEndian.PutUint64(msg[8:], uint64(int64(key)))
-	msgs, err := g.tr.exchange("split", msg[:])
+	msgs, err := g.tr.exchange("split", splitMessage(color, key))
 	if err != nil {
 		return nil, err
 	}
@@ -263,11 +260,26 @@ func (g *group) Split(color, key int) (Communicator, error) {
 	if color < 0 {
 		return nil, nil
 	}
+	members, self, err := splitMembers(msgs, color, g.Rank())
+	if err != nil {
+		return nil, err
+	}
+	tag := fmt.Sprintf("%s.s%d.c%d", g.tag, g.splits, color)
+	tr, err := g.tr.sub(tag, members, self)
+	if err != nil {
+		return nil, fmt.Errorf("dist: split color %d: %w", color, err)
+	}
+	return &group{tr: tr, tag: tag}, nil
+}
+
+// splitMembers reads the (color, key) pairs of every rank and returns the ranks of color
+// ordered by key, then rank, and where me falls among them.
+func splitMembers(msgs [][]byte, color, me int) ([]int, int, error) {
 	type member struct{ rank, key int }
 	var ms []member
 	for r, m := range msgs {
 		if len(m) != 16 {
-			return nil, fmt.Errorf("dist: split: rank %d sent %d bytes", r, len(m))
+			return nil, 0, fmt.Errorf("dist: split: rank %d sent %d bytes", r, len(m))
 		}
 		if int(int64(binary.LittleEndian.Uint64(m))) == color {
 			ms = append(ms, member{r, int(int64(binary.LittleEndian.Uint64(m[8:])))})
@@ -283,16 +295,18 @@ func (g *group) Split(color, key int) (Communicator, error) {
 	self := -1
 	for i, m := range ms {
 		members[i] = m.rank
-		if m.rank == g.Rank() {
+		if m.rank == me {
 			self = i
 		}
 	}
-	tag := fmt.Sprintf("%s.s%d.c%d", g.tag, g.splits, color)
-	tr, err := g.tr.sub(tag, members, self)
-	if err != nil {
-		return nil, fmt.Errorf("dist: split color %d: %w", color, err)
-	}
-	return &group{tr: tr, tag: tag}, nil
+	return members, self, nil
+}
+
+func splitMessage(color, key int) []byte {
+	var msg [16]byte
+	binary.LittleEndian.PutUint64(msg[:], uint64(int64(color)))
+	binary.LittleEndian.PutUint64(msg[8:], uint64(int64(key)))
+	return msg[:]
 }
 
 func (g *group) Close() error { return g.tr.close() }

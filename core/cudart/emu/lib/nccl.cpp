@@ -161,6 +161,15 @@ int collective(Comm* c, const std::string& kind, const void* send, void* recv, s
     std::unique_ptr<char[]> buf(new char[n * count * es]);
     for (int r = 0; r < n; r++) memcpy(buf.get() + r * count * es, g->send[r], count * es);
     for (int r = 0; r < n; r++) memcpy(g->recv[r], buf.get(), n * count * es);
+  } else if (kind == "broadcast") {
+    // op carries the root.
+    if (op < 0 || op >= n) {
+      rc = kInvalidArgument;
+    } else {
+      std::unique_ptr<char[]> buf(new char[count * es]);
+      memcpy(buf.get(), g->send[op], count * es);
+      for (int r = 0; r < n; r++) memcpy(g->recv[r], buf.get(), count * es);
+    }
   } else if (kind == "reducescatter") {
     std::vector<std::unique_ptr<char[]>> outs;
     for (int r = 0; r < n && rc == kSuccess; r++) {
@@ -231,7 +240,7 @@ namespace {
 int submit(void* stream, const std::string& kind, Comm* c, const void* send, void* recv, size_t count, int type, int op) {
   if (!c) return kInvalidArgument;
   if (typeSize(type) == 0) return kInvalidArgument;
-  if (kind != "allgather" && (type != 7 && type != 9) && c->g->ranks > 1) return kInvalidArgument;
+  if (kind != "allgather" && kind != "broadcast" && (type != 7 && type != 9) && c->g->ranks > 1) return kInvalidArgument;
   // The op's own result, kept apart from the stream's so a graph replay has its own.
   auto rc = std::make_shared<int>(kSuccess);
   Result r = Submit(stream, Op{"nccl " + kind, [=]() -> Result {
@@ -254,6 +263,11 @@ extern "C" int ncclAllGather(const void* send, void* recv, size_t count, int typ
 extern "C" int ncclReduceScatter(const void* send, void* recv, size_t count, int type, int op, void* comm,
                                  void* stream) {
   return submit(stream, "reducescatter", (Comm*)comm, send, recv, count, type, op);
+}
+
+extern "C" int ncclBroadcast(const void* send, void* recv, size_t count, int type, int root, void* comm,
+                             void* stream) {
+  return submit(stream, "broadcast", (Comm*)comm, send, recv, count, type, root);
 }
 
 // ncclSend and ncclRecv: a send copies its message at once; a receive waits for the
