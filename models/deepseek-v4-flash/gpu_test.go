@@ -26,13 +26,31 @@ func TestEmulatedForward(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	m := tinyModel(t)
-	c := m.Config
 	dev, err := cudart.OpenDevice(0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dev.Close()
+	gpuForwardParity(t, dev)
+}
+
+// TestGPUForward is TestEmulatedForward on GPU 0 of a machine with a GPU (RESIN_GPU=1).
+func TestGPUForward(t *testing.T) {
+	if os.Getenv("RESIN_GPU") == "" {
+		t.Skip("set RESIN_GPU=1 on a machine with a GPU to run the GPU forward against the CPU reference")
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatalf("RESIN_GPU is set but GPU 0 does not open: %v", err)
+	}
+	defer dev.Close()
+	gpuForwardParity(t, dev)
+}
+
+// gpuForwardParity runs gpuModel on dev and Model.Forward over the same steps.
+func gpuForwardParity(t *testing.T, dev *cudart.Device) {
+	m := tinyModel(t)
+	c := m.Config
 	dir := os.Getenv("RESIN_KERNEL_CACHE")
 	if dir == "" {
 		dir = t.TempDir()
