@@ -33,6 +33,49 @@
 //     --num-speculative-tokens) proposes drafts from the MTP head and undoes rejected
 //     ones in every group
 //   - kernels/: the model's own CUDA kernels, with Go launchers and references
+//   - gpu.go: gpuModel, the forward on one CUDA device (a first cut, below); gpu_moe.go:
+//     gpuMoE, a layer's MoE there
+//
+// # GPU kernels
+//
+// Each step of a layer on the device, the kernel that runs it and the check against the
+// Go reference on the emulated device (core/cudart/emu; gpu_kernels_test.go,
+// gpu_moe_test.go, gpu_test.go here, emu_mhc_moe_test.go in core/kernels/cuda):
+//
+//	embedding into hc streams      cuda embedding.cu, ids repeated hc times   TestEmulatedForward
+//	mHC projection                 cuBLASLt fp32 GEMM on the raw streams      TestEmuHyperConn
+//	mHC pre: 1/rms, pre, post,     cuda mhc.cu resin_mhc_pre_f32              TestEmuHyperConn: ref.HyperConnWeights,
+//	  Sinkhorn comb, collapse                                                   ref.HyperCollapse (1e-5)
+//	mHC post (stream refresh)      cuda mhc.cu resin_mhc_post_f32             TestEmuHyperConn: ref.HyperExpand, exact
+//	norms (unweighted: ones)       cuda rmsnorm.cu resin_rmsnorm              TestEmulatedForward
+//	q_a, q_b, kv, compressor and   cuBLASLt fp32 GEMMs                        TestEmulatedForward
+//	  indexer projections
+//	partial RoPE, its inverse      cuda rotary.cu on the trailing channels    TestEmuPartialRope: Rotary.Apply, exact
+//	CSA/HCA/indexer compressors    kernels compress.cu: entries, then state   TestEmuCompressor: compressInto (2e-5,
+//	  with their carried state                                                  the state exact)
+//	lightning indexer, top-k       kernels indexer.cu                         TestEmuIndexerAttention: indexerPick,
+//	                                                                            exact picks, ties included
+//	sparse attention, sinks;       kernels attention.cu: window then picks    TestEmuIndexerAttention: attendSeq
+//	  window K=V store               (HCA: all entries); the ring store         (2e-5), the ring exact
+//	wo_a per group, wo_b           kernels groups.cu swap, cuBLASLt GEMMs     TestEmuSwap01, TestEmulatedForward
+//	routing: hash, biased top-k    cuda moe_masked.cu resin_moe_route_f32     TestEmuMaskedMoE (ids exact, 2e-6)
+//	masked expert layout           cuda resin_moe_masked_layout               TestEmuMaskedMoE (exact)
+//	gather, clamped SwiGLU,        cuda resin_moe_gather_f32,                 TestEmuMaskedMoE (exact, 1e-6);
+//	  weighted combine               resin_swiglu_clamped_f32, _combine_f32     TestEmulatedMoE: Model.moe (1e-5)
+//	routed and shared experts      cuBLASLt fp32, a GEMM per expert block     TestEmulatedMoE
+//	hc_head, final norm, head      cuda mhc.cu (head), rmsnorm, cuBLASLt      TestEmulatedForward: Model.Forward,
+//	                                                                            every logit within 5e-5
+//
+// What is a first cut: weights and activations are float32 (the checkpoint's FP8 and FP4
+// tensors dequantised by core/weights at load: 4 bytes a parameter, about 1.1 TB for the
+// full 284B model, so only the tiny configs run; bf16 and cuBLASLt's block-scaled FP8 and
+// a W4A16 expert GEMM are not written); each sequence's state sits in a device slot (ring,
+// windows, entries) rather than kvslab pages, so there are no prefix hits on the GPU; the
+// MoE gives every expert room for all of a step's rows and runs one GEMM per expert;
+// attention reads the shared K=V head once per query head; launches are eager (no CUDA
+// graphs yet), and gpuModel is not yet an engine.Runner (no --device cuda for this model,
+// no MTP on the device). kernels.Load compiles every source above with NVRTC
+// (TestCompile checks them under NVRTC and ptxas).
 //
 // scripts/deepseek-v4-goldens.sh writes the goldens testdata/ holds (transformers on the
 // CPU): TestConfigCases and TestTransformersParity check against them.
