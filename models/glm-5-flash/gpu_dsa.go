@@ -134,14 +134,6 @@ func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpu
 		return g.blas.Gemm(c, s, cudart.GemmSpec{M: m, N: n, K: k, TransB: true, AType: cudart.F32, BType: cudart.F32,
 			OutType: cudart.F32, Alpha: alpha}, a, w, 0, out)
 	}
-	run := func(ls ...kernels.Launcher) error {
-		for _, l := range ls {
-			if err := g.ks.Run(c, s, l); err != nil {
-				return fmt.Errorf("gpu dsa: %w", err)
-			}
-		}
-		return nil
-	}
 	if err := mm(g.qr, x, l.qa, T, D, Q, 1); err != nil {
 		return err
 	}
@@ -173,26 +165,27 @@ func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpu
 		if err := mm(g.hw, x, l.wProj, T, D, N, float32(math.Pow(float64(N), -0.5))); err != nil {
 			return err
 		}
-		if err := run(kernels.IndexerKeys{K: keys, W: l.kNormW, B: l.kNormB, Rows: T, Dim: I}); err != nil {
-			return err
+		if err := kernels.Run(g.ks, c, s, kernels.IndexerKeys{K: keys, W: l.kNormW, B: l.kNormB, Rows: T, Dim: I}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
 		}
 		if j0, j1 := pos0/P, (pos0+T)/P; j1 > j0 {
-			if err := run(kernels.KPoolCompress{Pools: st.Pools, Keys: st.IdxKey, Gates: st.IdxGate, APE: l.ape,
+			if err := kernels.Run(g.ks, c, s, kernels.KPoolCompress{Pools: st.Pools, Keys: st.IdxKey, Gates: st.IdxGate, APE: l.ape,
 				First: j0, End: j1, Pool: P, Dim: I}); err != nil {
-				return err
+				return fmt.Errorf("gpu dsa: %w", err)
 			}
 		}
-		if err := run(
-			kernels.IndexerScores{Score: g.score, Q: g.iq, HW: g.hw, Pools: st.Pools, Tokens: T, Pos0: pos0, Pool: P, Heads: N,
-				Dim: I, Stride: stride, DScale: float32(1 / math.Sqrt(float64(I)))},
-			kernels.PoolTopK{Sel: sel.Sel, Count: sel.Count, Score: g.score, Tokens: T, Pos0: pos0, Pool: P, K: cfg.IndexPools(),
-				Stride: stride, MaxSel: sel.MaxSel, Tail: cfg.IndexKPoolSelectTail}); err != nil {
-			return err
+		if err := kernels.Run(g.ks, c, s, kernels.IndexerScores{Score: g.score, Q: g.iq, HW: g.hw, Pools: st.Pools, Tokens: T,
+			Pos0: pos0, Pool: P, Heads: N, Dim: I, Stride: stride, DScale: float32(1 / math.Sqrt(float64(I)))}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.PoolTopK{Sel: sel.Sel, Count: sel.Count, Score: g.score, Tokens: T, Pos0: pos0,
+			Pool: P, K: cfg.IndexPools(), Stride: stride, MaxSel: sel.MaxSel, Tail: cfg.IndexKPoolSelectTail}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
 		}
 	}
-	if err := run(kernels.SparseMLA{Out: g.out, Q: g.q, KVB: l.kvb, Latent: st.Latent, Sel: sel.Sel, Count: sel.Count,
+	if err := kernels.Run(g.ks, c, s, kernels.SparseMLA{Out: g.out, Q: g.q, KVB: l.kvb, Latent: st.Latent, Sel: sel.Sel, Count: sel.Count,
 		Tokens: T, Heads: H, DN: dn, DV: dv, Rank: R, MaxSel: sel.MaxSel, Scale: float32(1 / math.Sqrt(float64(cfg.QKHeadDim)))}); err != nil {
-		return err
+		return fmt.Errorf("gpu dsa: %w", err)
 	}
 	return mm(y, g.out, l.o, T, H*dv, D, 1)
 }

@@ -131,14 +131,6 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 	mm := func(out, x, w cudart.DevicePtr, m, k, n int) error {
 		return g.blas.MatMulT(c, s, cudart.F32, out, x, w, m, k, n)
 	}
-	run := func(ls ...kernels.Launcher) error {
-		for _, l := range ls {
-			if err := g.ks.Run(c, s, l); err != nil {
-				return fmt.Errorf("gpu kda: %w", err)
-			}
-		}
-		return nil
-	}
 	if err := mm(g.mixed, call.X, l.qkv, T, D, 3*L); err != nil {
 		return err
 	}
@@ -151,9 +143,12 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 	if err := mm(g.beta, call.X, l.b, T, D, H); err != nil {
 		return err
 	}
-	if err := run(kernels.KDAGate{G: g.g, ALog: l.aLog, DTBias: l.dtBias, Tokens: T, Heads: H, HeadDim: Dh, LowerBound: cfg.LinearLowerBound},
-		kernels.Sigmoid{X: g.beta, N: T * H}); err != nil {
-		return err
+	if err := kernels.Run(g.ks, c, s, kernels.KDAGate{G: g.g, ALog: l.aLog, DTBias: l.dtBias, Tokens: T, Heads: H, HeadDim: Dh,
+		LowerBound: cfg.LinearLowerBound}); err != nil {
+		return fmt.Errorf("gpu kda: %w", err)
+	}
+	if err := kernels.Run(g.ks, c, s, kernels.Sigmoid{X: g.beta, N: T * H}); err != nil {
+		return fmt.Errorf("gpu kda: %w", err)
 	}
 	scale := float32(1 / math.Sqrt(float64(Dh)))
 	shape := kernels.KDAShape{Heads: H, DK: Dh, DV: Dh}
@@ -172,21 +167,27 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 		if call.Snapshots != nil {
 			convSnaps, recSnaps = call.Snapshots.Conv, call.Snapshots.Recurrent
 		}
-		if err := run(kernels.CausalConvSiLU{Out: seg, State: call.State.Conv, Snapshots: convSnaps, X: off(g.mixed, 3*s0*L),
-			W: l.conv, Tokens: n, Channels: 3 * L, Kernel: K, Split: L},
-			kernels.L2Norm{X: q, Rows: n * H, Dim: Dh, Mul: scale},
-			kernels.L2Norm{X: k, Rows: n * H, Dim: Dh, Mul: 1}); err != nil {
-			return err
+		if err := kernels.Run(g.ks, c, s, kernels.CausalConvSiLU{Out: seg, State: call.State.Conv, Snapshots: convSnaps,
+			X: off(g.mixed, 3*s0*L), W: l.conv, Tokens: n, Channels: 3 * L, Kernel: K, Split: L}); err != nil {
+			return fmt.Errorf("gpu kda: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.L2Norm{X: q, Rows: n * H, Dim: Dh, Mul: scale}); err != nil {
+			return fmt.Errorf("gpu kda: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.L2Norm{X: k, Rows: n * H, Dim: Dh, Mul: 1}); err != nil {
+			return fmt.Errorf("gpu kda: %w", err)
 		}
 		o, gs, bs := off(g.o, s0*L), off(g.g, s0*L), off(g.beta, s0*H)
-		var rec kernels.Launcher = kernels.KDAChunked{Out: o, State: call.State.Recurrent, Q: q, K: k, V: v, G: gs, Beta: bs,
-			Tokens: n, Chunk: KDAChunk, Shape: shape}
+		var err error
 		if n == 1 || call.Snapshots != nil {
-			rec = kernels.KDAStep{Out: o, State: call.State.Recurrent, Snapshots: recSnaps, Q: q, K: k, V: v, G: gs, Beta: bs,
-				Tokens: n, Shape: shape}
+			err = kernels.Run(g.ks, c, s, kernels.KDAStep{Out: o, State: call.State.Recurrent, Snapshots: recSnaps, Q: q, K: k, V: v,
+				G: gs, Beta: bs, Tokens: n, Shape: shape})
+		} else {
+			err = kernels.Run(g.ks, c, s, kernels.KDAChunked{Out: o, State: call.State.Recurrent, Q: q, K: k, V: v, G: gs, Beta: bs,
+				Tokens: n, Chunk: KDAChunk, Shape: shape})
 		}
-		if err := run(rec); err != nil {
-			return err
+		if err != nil {
+			return fmt.Errorf("gpu kda: %w", err)
 		}
 		if call.BlockTokens > 0 && (call.Pos0+s1)%call.BlockTokens == 0 && call.BlockEnd != nil {
 			if err := call.BlockEnd(call.Pos0 + s1 - 1); err != nil {
@@ -206,8 +207,9 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 	if err := mm(g.gate, g.low, l.gb, T, Dh, L); err != nil {
 		return err
 	}
-	if err := run(kernels.GatedRMSNorm{Out: g.o, X: g.o, Gate: g.gate, W: l.oNorm, Rows: T * H, Dim: Dh, Eps: float32(cfg.RMSNormEps)}); err != nil {
-		return err
+	if err := kernels.Run(g.ks, c, s, kernels.GatedRMSNorm{Out: g.o, X: g.o, Gate: g.gate, W: l.oNorm, Rows: T * H, Dim: Dh,
+		Eps: float32(cfg.RMSNormEps)}); err != nil {
+		return fmt.Errorf("gpu kda: %w", err)
 	}
 	return mm(call.Y, g.o, l.o, T, L, D)
 }

@@ -133,6 +133,7 @@ func deviceKernels(t *testing.T, cacheDir string) {
 
 	got := map[string][]float32{}
 	var gotSel, gotCount []int32
+	var allocs float64
 	err = dev.Do(func(c *cudart.Ctx) error {
 		ks, err := Load(c, cache, dev.Info.Arch())
 		if err != nil {
@@ -161,10 +162,12 @@ func deviceKernels(t *testing.T, cacheDir string) {
 			SparseMLA{Out: dmOut, Q: dmq, KVB: dkvb, Latent: dlat, Sel: dSel, Count: dCount, Tokens: T, Heads: H, DN: dn, DV: dv, Rank: R,
 				MaxSel: maxSel, Scale: 0.3},
 		} {
-			if err := ks.Run(c, nil, l); err != nil {
+			if err := Run(ks, c, nil, l); err != nil {
 				return err
 			}
 		}
+		dScratch := upload(m, make([]float32, 5))
+		allocs = testing.AllocsPerRun(20, func() { _ = Run(ks, c, nil, Sigmoid{X: dScratch, N: 5}) })
 		if err := c.Synchronize(); err != nil {
 			return err
 		}
@@ -187,6 +190,9 @@ func deviceKernels(t *testing.T, cacheDir string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if allocs != 0 {
+		t.Errorf("a launch through Run allocates %v times", allocs)
 	}
 	closeTo(t, "chunked out", got["out"], want, 1e-4)
 	closeTo(t, "step out", got["step out"], wantStep, 1e-4)

@@ -33,7 +33,7 @@ func (s *spec) i32(v int) *spec              { return s.put(uint64(uint32(int32(
 func (s *spec) f32(v float32) *spec          { return s.put(uint64(math.Float32bits(v))) }
 
 // Launcher is a launch of one of the model's kernels with its buffers and shape
-// (KDAStep, KDAChunked, CausalConvSiLU, ...); Kernels.Run checks and runs it.
+// (KDAStep, KDAChunked, CausalConvSiLU, ...); Run checks and launches it.
 type Launcher interface {
 	spec(*spec) error
 }
@@ -79,11 +79,17 @@ func Load(c *cudart.Ctx, cache *cudart.KernelCache, arch string) (*Kernels, erro
 	return k, nil
 }
 
-// Run checks l's shape and launches it on stream s.
-func (k *Kernels) Run(c *cudart.Ctx, s *cudart.Stream, l Launcher) error {
+// Run checks l's shape and launches it on stream s. A launch allocates nothing: l is
+// passed by its own type (a type parameter, not boxed in an interface).
+func Run[L Launcher](k *Kernels, c *cudart.Ctx, s *cudart.Stream, l L) error {
 	if err := l.spec(&k.sp); err != nil {
 		return err
 	}
+	return k.launch(c, s)
+}
+
+// launch launches k.sp.
+func (k *Kernels) launch(c *cudart.Ctx, s *cudart.Stream) error {
 	fn, ok := k.fns[k.sp.entry]
 	if !ok {
 		return fmt.Errorf("kernels: %s not loaded", k.sp.entry)
