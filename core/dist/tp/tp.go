@@ -1,0 +1,354 @@
+// Package tp runs a llama-family dense decoder with tensor parallelism over a
+// dist.Communicator, on the CPU reference kernels (core/kernels/ref). Each rank holds a
+// Shard of the weights, Megatron's layout:
+//
+//   - q/k/v and gate/up are column-parallel: a rank holds Heads/size query heads,
+//     KVHeads/size key/value heads (their cache too) and Inter/size MLP columns;
+//   - o and down are row-parallel: each rank's partial product is summed by an
+//     all-reduce (in rank order, so every rank has the same bits), then the bias added;
+//   - the embedding and the LM head are vocab-parallel: a rank holds a contiguous range of
+//     rows (the last range may be shorter); the embedding's partial lookups (zeros for
+//     the other ranks' tokens) are all-reduced, the head's logits all-gathered.
+//
+// The models' packages fill Dense and Weights from their own (models/llama: see this
+// package's tests); the norms are replicated. Sampling is the caller's: rank 0 samples
+// and broadcasts the step's tokens, so all ranks feed the same next step.
+package tp
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+)
+
+// Dense is the shape of a llama-family decoder.
+type Dense struct {
+	Hidden, HeadDim, Heads, KVHeads, Inter, Vocab, Layers int
+	Eps                                                   float32
+	QKNorm                                                bool
+	Window                                                int // sliding window, 0 = none
+	Rope                                                  *ref.RopeTable
+}
+
+// Layer is one decoder layer, row-major as in the checkpoint (a Linear is [out, in]);
+// optional tensors are nil.
+type Layer struct {
+	AttnNorm, MLPNorm   []float32
+	Q, K, V, O          []float32
+	QBias, KBias, VBias []float32
+	OBias               []float32
+	QNorm, KNorm        []float32
+	Gate, Up, Down      []float32
+}
+
+// Weights is the whole model (or, in a Shard, one rank's slices of it).
+type Weights struct {
+	Embed  []float32 // [vocab, hidden]
+	Layers []Layer
+	Norm   []float32
+	Head   []float32 // [vocab, hidden]
+}
+
+// Shard is one rank's part of the model.
+type Shard struct {
+	D                Dense
+	Rank, Size       int
+	heads, kvHeads   int // this rank's
+	inter            int
+	vocabLo, vocabHi int
+	embed, head      []float32
+	norm             []float32
+	layers           []shardLayer
+
+	x, h, qkv, q, k, v, att, o, gateUp, act, rows, part []float32
+	ctxLen                                             []int32
+	pages                                              []uint32
+	batch                                              ref.AttentionBatch
+}
+
+type shardLayer struct {
+	attnNorm, mlpNorm   []float32
+	qkv                 []float32 // [(heads+2·kvHeads)·headDim (this rank's), hidden]
+	qBias, kBias, vBias []float32
+	oBias               []float32
+	qNorm, kNorm        []float32
+	o                   []float32 // [hidden, heads·headDim (this rank's)]
+	gateUp              []float32 // [2·inter (this rank's), hidden]
+	down                []float32 // [hidden, inter (this rank's)]
+}
+
+// VocabRange returns rank's rows [lo, hi) of a vocab split over size ranks: ceil-sized
+// ranges, the last one shorter (or empty).
+func VocabRange(vocab, rank, size int) (lo, hi int) {
+	per := (vocab + size - 1) / size
+	return min(rank*per, vocab), min((rank+1)*per, vocab)
+}
+
+// NewShard cuts rank's slices of w (the whole model) for a group of size ranks. Heads,
+// KV heads and Inter must divide by size.
+func NewShard(d Dense, w *Weights, rank, size int) (*Shard, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("tp: rank %d of %d", rank, size)
+	}
+	if d.Heads%size != 0 || d.KVHeads%size != 0 || d.Inter%size != 0 {
+		return nil, fmt.Errorf("tp: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", d.Heads, d.KVHeads, d.Inter, size)
+	}
+	if d.Rope == nil || len(w.Layers) != d.Layers {
+		return nil, fmt.Errorf("tp: %d layers of weights for %d, rope table %v", len(w.Layers), d.Layers, d.Rope != nil)
+	}
+	hd, hdim := d.Hidden, d.HeadDim
+	s := &Shard{D: d, Rank: rank, Size: size, heads: d.Heads / size, kvHeads: d.KVHeads / size, inter: d.Inter / size}
+	s.vocabLo, s.vocabHi = VocabRange(d.Vocab, rank, size)
+	if len(w.Embed) != d.Vocab*hd || len(w.Head) != d.Vocab*hd {
+		return nil, fmt.Errorf("tp: embedding %d and head %d values, want %d×%d", len(w.Embed), len(w.Head), d.Vocab, hd)
+	}
+	s.embed = w.Embed[s.vocabLo*hd : s.vocabHi*hd]
+	s.head = w.Head[s.vocabLo*hd : s.vocabHi*hd]
+	s.norm = w.Norm
+	rowsOf := func(m []float32, lo, hi, cols int) []float32 { return m[lo*cols : hi*cols] }
+	colsOf := func(m []float32, rows, cols, lo, hi int) []float32 {
+		out := make([]float32, 0, rows*(hi-lo))
+		for r := range rows {
+			out = append(out, m[r*cols+lo:r*cols+hi]...)
+		}
+		return out
+	}
+	sub := func(b []float32, lo, hi int) []float32 {
+		if b == nil {
+			return nil
+		}
+		return b[lo:hi]
+	}
+	qd, kvd := d.Heads*hdim, d.KVHeads*hdim
+	ql, kl := s.heads*hdim, s.kvHeads*hdim
+	q0, k0, i0 := rank*ql, rank*kl, rank*s.inter
+	for l, lw := range w.Layers {
+		if len(lw.Q) != qd*hd || len(lw.K) != kvd*hd || len(lw.V) != kvd*hd || len(lw.O) != hd*qd ||
+			len(lw.Gate) != d.Inter*hd || len(lw.Up) != d.Inter*hd || len(lw.Down) != hd*d.Inter {
+			return nil, fmt.Errorf("tp: layer %d's projections do not match the shape %+v", l, d)
+		}
+		var qkv []float32
+		qkv = append(qkv, rowsOf(lw.Q, q0, q0+ql, hd)...)
+		qkv = append(qkv, rowsOf(lw.K, k0, k0+kl, hd)...)
+		qkv = append(qkv, rowsOf(lw.V, k0, k0+kl, hd)...)
+		var gu []float32
+		gu = append(gu, rowsOf(lw.Gate, i0, i0+s.inter, hd)...)
+		gu = append(gu, rowsOf(lw.Up, i0, i0+s.inter, hd)...)
+		s.layers = append(s.layers, shardLayer{
+			attnNorm: lw.AttnNorm, mlpNorm: lw.MLPNorm,
+			qkv:   qkv,
+			qBias: sub(lw.QBias, q0, q0+ql), kBias: sub(lw.KBias, k0, k0+kl), vBias: sub(lw.VBias, k0, k0+kl),
+			oBias: lw.OBias, qNorm: lw.QNorm, kNorm: lw.KNorm,
+			o:      colsOf(lw.O, hd, qd, q0, q0+ql),
+			gateUp: gu,
+			down:   colsOf(lw.Down, hd, d.Inter, i0, i0+s.inter),
+		})
+	}
+	return s, nil
+}
+
+// KVHeads returns the key/value heads this rank holds (its cache's KVHeads).
+func (s *Shard) KVHeads() int { return s.kvHeads }
+
+// Forward runs plan's tokens through this rank's shard, every rank of c (the tp group)
+// calling it with the same plan, writing this rank's keys and values into kv (one PagedKV
+// per layer, KVHeads() heads) at the plan's slots. Every rank gets the whole logits of the
+// rows in plan.LogitsIndices ([rows, vocab]).
+func (s *Shard) Forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.PagedKV, logits []float32) error {
+	d := s.D
+	t := plan.NumTokens()
+	hd, hdim := d.Hidden, d.HeadDim
+	nh, nkv, inter := s.heads, s.kvHeads, s.inter
+	qd, kvd := nh*hdim, nkv*hdim
+	if c.Size() != s.Size || c.Rank() != s.Rank {
+		return fmt.Errorf("tp: shard %d of %d on communicator rank %d of %d", s.Rank, s.Size, c.Rank(), c.Size())
+	}
+	if len(plan.Groups) < 1 || len(kv) != d.Layers {
+		return fmt.Errorf("tp: forward: %d cache groups, %d cache layers for %d", len(plan.Groups), len(kv), d.Layers)
+	}
+	for _, p := range plan.Positions {
+		if p < 0 || int(p) >= d.Rope.MaxPos {
+			return fmt.Errorf("tp: forward: position %d outside the context of %d tokens", p, d.Rope.MaxPos)
+		}
+	}
+	if r := len(plan.LogitsIndices); len(logits) != r*d.Vocab {
+		return fmt.Errorf("tp: forward: logits holds %d values, want %d rows × %d", len(logits), r, d.Vocab)
+	}
+	grow := func(b *[]float32, n int) []float32 {
+		if cap(*b) < n {
+			*b = make([]float32, n)
+		}
+		*b = (*b)[:n]
+		return *b
+	}
+	x, h := grow(&s.x, t*hd), grow(&s.h, t*hd)
+	qkv := grow(&s.qkv, t*(qd+2*kvd))
+	q, k, v := grow(&s.q, t*qd), grow(&s.k, t*kvd), grow(&s.v, t*kvd)
+	att, o := grow(&s.att, t*qd), grow(&s.o, t*hd)
+	gateUp, act := grow(&s.gateUp, t*2*inter), grow(&s.act, t*inter)
+	slots := plan.Groups[0].SlotMapping
+	attn := ref.Attention{Heads: nh, Scale: float32(1 / math.Sqrt(float64(hdim))), Window: d.Window}
+	batch := s.attentionBatch(plan)
+
+	// Vocab-parallel embedding: this rank's rows, zeros for the others', summed.
+	clear(x)
+	for i, id := range plan.Tokens {
+		if id < 0 || int(id) >= d.Vocab {
+			return fmt.Errorf("tp: forward: token %d outside the vocabulary of %d", id, d.Vocab)
+		}
+		if int(id) >= s.vocabLo && int(id) < s.vocabHi {
+			copy(x[i*hd:(i+1)*hd], s.embed[(int(id)-s.vocabLo)*hd:])
+		}
+	}
+	if err := dist.AllReduceF32(c, x); err != nil {
+		return fmt.Errorf("tp: forward: embedding: %w", err)
+	}
+	for l := range s.layers {
+		lw := &s.layers[l]
+		err := firstErr(
+			ref.RMSNorm(h, x, lw.attnNorm, t, hd, d.Eps),
+			ref.MatMulT(qkv, h, lw.qkv, t, hd, qd+2*kvd),
+		)
+		if err != nil {
+			return fmt.Errorf("tp: forward: layer %d: %w", l, err)
+		}
+		for r := range t {
+			row := qkv[r*(qd+2*kvd) : (r+1)*(qd+2*kvd)]
+			copy(q[r*qd:(r+1)*qd], row[:qd])
+			copy(k[r*kvd:(r+1)*kvd], row[qd:qd+kvd])
+			copy(v[r*kvd:(r+1)*kvd], row[qd+kvd:])
+		}
+		addBias(q, lw.qBias, t)
+		addBias(k, lw.kBias, t)
+		addBias(v, lw.vBias, t)
+		if d.QKNorm {
+			if err := firstErr(ref.RMSNorm(q, q, lw.qNorm, t*nh, hdim, d.Eps), ref.RMSNorm(k, k, lw.kNorm, t*nkv, hdim, d.Eps)); err != nil {
+				return fmt.Errorf("tp: forward: layer %d: %w", l, err)
+			}
+		}
+		if err := firstErr(
+			d.Rope.RoPENeoX(q, plan.Positions, t, nh, hdim),
+			d.Rope.RoPENeoX(k, plan.Positions, t, nkv, hdim),
+			kv[l].StoreKV(k, v, slots),
+			ref.PagedAttentionBatch(att, q, &kv[l], batch, attn),
+			ref.MatMulT(o, att, lw.o, t, qd, hd),
+		); err != nil {
+			return fmt.Errorf("tp: forward: layer %d: %w", l, err)
+		}
+		if err := dist.AllReduceF32(c, o); err != nil {
+			return fmt.Errorf("tp: forward: layer %d: o: %w", l, err)
+		}
+		addBias(o, lw.oBias, t)
+		err = firstErr(
+			ref.Add(x, x, o),
+			ref.RMSNorm(h, x, lw.mlpNorm, t, hd, d.Eps),
+			ref.MatMulT(gateUp, h, lw.gateUp, t, hd, 2*inter),
+			ref.SiLUMul(act, gateUp, t, inter),
+			ref.MatMulT(o, act, lw.down, t, inter, hd),
+		)
+		if err != nil {
+			return fmt.Errorf("tp: forward: layer %d: %w", l, err)
+		}
+		if err := dist.AllReduceF32(c, o); err != nil {
+			return fmt.Errorf("tp: forward: layer %d: down: %w", l, err)
+		}
+		if err := ref.Add(x, x, o); err != nil {
+			return fmt.Errorf("tp: forward: layer %d: %w", l, err)
+		}
+	}
+	r := len(plan.LogitsIndices)
+	rows := grow(&s.rows, r*hd)
+	for j, idx := range plan.LogitsIndices {
+		if idx < 0 || int(idx) >= t {
+			return fmt.Errorf("tp: forward: logits row %d outside the plan's %d tokens", idx, t)
+		}
+		copy(rows[j*hd:(j+1)*hd], x[int(idx)*hd:(int(idx)+1)*hd])
+	}
+	vl := s.vocabHi - s.vocabLo
+	part := grow(&s.part, r*vl)
+	if err := firstErr(ref.RMSNorm(rows, rows, s.norm, r, hd, d.Eps), ref.MatMulT(part, rows, s.head, r, hd, vl)); err != nil {
+		return fmt.Errorf("tp: forward: head: %w", err)
+	}
+	parts, err := c.AllGatherV(dist.F32Bytes(part))
+	if err != nil {
+		return fmt.Errorf("tp: forward: head: %w", err)
+	}
+	for q, p := range parts {
+		lo, hi := VocabRange(d.Vocab, q, s.Size)
+		if len(p) != 4*r*(hi-lo) {
+			return fmt.Errorf("tp: forward: head: rank %d sent %d bytes of logits, want %d", q, len(p), 4*r*(hi-lo))
+		}
+		for j := range r {
+			for i := range hi - lo {
+				off := 4 * (j*(hi-lo) + i)
+				logits[j*d.Vocab+lo+i] = math.Float32frombits(uint32(p[off]) | uint32(p[off+1])<<8 | uint32(p[off+2])<<16 | uint32(p[off+3])<<24)
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Shard) attentionBatch(plan *engine.BatchPlan) *ref.AttentionBatch {
+	g := &plan.Groups[0]
+	s.ctxLen, s.pages = s.ctxLen[:0], s.pages[:0]
+	for i := range plan.NumSeqs() {
+		s.ctxLen = append(s.ctxLen, plan.Computed[i]+plan.QueryStart[i+1]-plan.QueryStart[i])
+	}
+	for _, p := range g.PageTable {
+		s.pages = append(s.pages, uint32(p))
+	}
+	s.batch = ref.AttentionBatch{QueryStart: plan.QueryStart, CtxLen: s.ctxLen, PageStart: g.PageTableStart, Pages: s.pages}
+	return &s.batch
+}
+
+// NewCache returns this rank's paged cache for up to pages pages of pageTokens tokens:
+// its KVHeads() heads, each page id given the next free page the first time it is seen
+// (so the engine's page ids, whatever their bits, index it). A page past the capacity
+// maps outside the arrays, which the attention kernels report as an error.
+func (s *Shard) NewCache(pages, pageTokens int) []ref.PagedKV {
+	e := pageTokens * s.kvHeads * s.D.HeadDim
+	stride := 2 * e * s.D.Layers
+	arena := make([]float32, pages*stride)
+	index := map[uint32]int{}
+	at := func(page uint32) int {
+		i, ok := index[page]
+		if !ok {
+			i = len(index)
+			index[page] = i
+		}
+		if i >= pages {
+			return len(arena)
+		}
+		return i * stride
+	}
+	out := make([]ref.PagedKV, s.D.Layers)
+	for l := range out {
+		out[l] = ref.PagedKV{K: arena[l*2*e:], V: arena[l*2*e+e:], PageTokens: pageTokens, KVHeads: s.kvHeads, HeadDim: s.D.HeadDim, PageOffset: at}
+	}
+	return out
+}
+
+func addBias(x, bias []float32, rows int) {
+	if bias == nil {
+		return
+	}
+	n := len(bias)
+	for r := range rows {
+		row := x[r*n : (r+1)*n]
+		for i := range row {
+			row[i] += bias[i]
+		}
+	}
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
