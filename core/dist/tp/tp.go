@@ -64,9 +64,9 @@ type Shard struct {
 	layers           []shardLayer
 
 	x, h, qkv, q, k, v, att, o, gateUp, act, rows, part []float32
-	ctxLen                                             []int32
-	pages                                              []uint32
-	batch                                              ref.AttentionBatch
+	ctxLen                                              []int32
+	pages                                               []uint32
+	batch                                               ref.AttentionBatch
 }
 
 type shardLayer struct {
