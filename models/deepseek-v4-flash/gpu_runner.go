@@ -1,0 +1,132 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
+)
+
+// GPURunner serves the model to core/engine from one CUDA device: gpuModel's forward
+// (doc.go's GPU kernels) behind core/cpurunner's engine wiring (host sampling on the
+// device's logits). A first cut: each sequence's state lives in a device slot, not in the
+// kvslab pool, so a request the engine resumes from a prefix hit, or continues at another
+// length than the slot holds, is refused by name; drafts are refused too (no MTP on the
+// device yet). The pool it is given only satisfies the engine's page accounting.
+type GPURunner struct {
+	*cpurunner.Runner
+	Model *Model
+	dev   *cudart.Device
+	kk    *cuda.Kernels
+	blas  *cudart.Blas
+	g     *gpuModel
+	seqs  map[uint64]*gpuSeq
+	pt    int
+}
+
+var _ engine.Runner = (*GPURunner)(nil)
+
+// NewGPURunner loads the kernels (through cache) and uploads m on dev, for up to slots
+// sequences at once and steps of up to maxTokens rows.
+func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens int) (*GPURunner, error) {
+	kk, err := cuda.Load(dev, cache)
+	if err != nil {
+		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
+	}
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		kk.Close()
+		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
+	}
+	r := &GPURunner{Model: m, dev: dev, kk: kk, blas: blas, seqs: map[uint64]*gpuSeq{}, pt: PageTokens(m.Config, 0)}
+	err = dev.Do(func(c *cudart.Ctx) error {
+		vk, err := kernels.Load(c, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		r.g, err = newGPUModel(c, m, kk, vk, blas, slots, maxTokens)
+		return err
+	})
+	if err != nil {
+		blas.Close()
+		kk.Close()
+		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
+	}
+	c := m.Config
+	info := engine.RunnerInfo{Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
+		CacheGroups: layout(c, r.pt, false).groups}
+	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(r.forward))
+	return r, nil
+}
+
+// NewPool builds the host pool of bytes bytes (0 = 256 MiB) the engine schedules with.
+func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
+	pool, err := engine.NewHostPool(layout(r.Model.Config, r.pt, false).groups, bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
+	}
+	return pool, nil
+}
+
+// Close frees the device memory and the kernels; it must not run inside Device.Do.
+func (r *GPURunner) Close() error {
+	r.dev.Do(func(c *cudart.Ctx) error {
+		r.g.close(c)
+		return nil
+	})
+	r.blas.Close()
+	return r.kk.Close()
+}
+
+// forward runs one plan on the device and copies the logits of plan.LogitsIndices' rows.
+func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
+	vocab := r.Model.Config.VocabSize
+	return r.dev.Do(func(c *cudart.Ctx) error {
+		for _, rel := range p.Released {
+			if s, ok := r.seqs[rel.ReqID]; ok {
+				r.g.free(s)
+				delete(r.seqs, rel.ReqID)
+			}
+		}
+		seqs, toks := make([]*gpuSeq, p.NumSeqs()), make([][]int32, p.NumSeqs())
+		for i := range seqs {
+			id, done := p.ReqIDs[i], int(p.Computed[i])
+			if p.NumDrafts != nil && p.NumDrafts[i] > 0 {
+				return fmt.Errorf("%s on the GPU: draft tokens (no MTP on the device yet)", Name)
+			}
+			s, ok := r.seqs[id]
+			if ok && done == 0 && s.Len > 0 { // restarted: begin again in its slot
+				r.g.free(s)
+				delete(r.seqs, id)
+				ok = false
+			}
+			if !ok {
+				if done != 0 {
+					return fmt.Errorf("%s on the GPU: request %d resumes at %d cached tokens (prefix hits are not on the device yet)", Name, id, done)
+				}
+				var err error
+				if s, err = r.g.newSeq(c); err != nil {
+					return err
+				}
+				r.seqs[id] = s
+			}
+			if s.Len != done {
+				return fmt.Errorf("%s on the GPU: request %d continues at %d tokens, its device state holds %d", Name, id, done, s.Len)
+			}
+			seqs[i] = s
+			toks[i], _ = p.Seq(i)
+		}
+		rows, err := r.g.forward(c, seqs, toks)
+		if err != nil {
+			return err
+		}
+		for j, row := range p.LogitsIndices {
+			copy(logits[j*vocab:(j+1)*vocab], rows[int(row)*vocab:(int(row)+1)*vocab])
+		}
+		return nil
+	})
+}
