@@ -82,6 +82,10 @@ type Section struct {
 //	                               core/kernels/cuda.SampleParams encodes it (temperature,
 //	                               top-p, min-p, top-k, seed, the sampled token's position
 //	                               Positions[row]+1, logprobs wanted); padding: greedy
+//	MaskStart     [R]      int32   word offset of each logits row's token mask in the
+//	                               workspace's TokenMask, where the plan's TokenMask is
+//	                               uploaded as it is (BatchPlan.TokenMaskOf); -1: the row
+//	                               is not constrained (padding: -1)
 //	per group g:
 //	  Slots[g]          [T]    int64   cache slot of each token (engine.NoSlot = -1: not written; padding: -1)
 //	  PageTableStart[g] [B+1]  int32   offsets of each sequence's pages in PageTable[g] (padding sequences: none)
@@ -92,9 +96,9 @@ type Section struct {
 // A layout depends on Dims only, so the layout of a CUDA-graph bucket puts every array at
 // the same device address at every step: the graph captured once reads each step's plan.
 type PlanLayout struct {
-	Dims                                                            Dims
-	Tokens, Positions, QueryStart, CtxLens, LogitsIndices, Sampling Section
-	Slots, PageTableStart, PageTable                                []Section
+	Dims                                                                       Dims
+	Tokens, Positions, QueryStart, CtxLens, LogitsIndices, Sampling, MaskStart Section
+	Slots, PageTableStart, PageTable                                           []Section
 	// Size is the bytes of the whole upload.
 	Size int64
 }
@@ -124,6 +128,7 @@ func (l *PlanLayout) init(d Dims) error {
 	l.CtxLens = next(d.Seqs, 4)
 	l.LogitsIndices = next(d.Rows, 4)
 	l.Sampling = next(d.Rows, SampleRowBytes)
+	l.MaskStart = next(d.Rows, 4)
 	l.Slots = resize(l.Slots, d.Groups)
 	l.PageTableStart = resize(l.PageTableStart, d.Groups)
 	l.PageTable = resize(l.PageTable, d.Groups)
@@ -206,6 +211,26 @@ func (l *PlanLayout) Pack(buf []byte, plan *engine.BatchPlan) error {
 	clear(rows[r:])
 	for ; r < l.Dims.Rows; r++ {
 		params[r] = cuda.SampleParams{TopP: 1, Logprobs: -1}
+	}
+	// Each row's mask: sequence i's rows follow one another from TokenMaskStart[i].
+	starts := i32(l.MaskStart)
+	r = 0
+	for i := 0; i < b; i++ {
+		n := int(plan.LogitsStart[i+1] - plan.LogitsStart[i])
+		var a, w int32 = -1, 0
+		if len(plan.TokenMaskStart) > 0 && n > 0 && plan.TokenMaskStart[i+1] > plan.TokenMaskStart[i] {
+			a, w = plan.TokenMaskStart[i], (plan.TokenMaskStart[i+1]-plan.TokenMaskStart[i])/int32(n)
+		}
+		for j := 0; j < n; j++ {
+			starts[r] = -1
+			if a >= 0 {
+				starts[r] = a + int32(j)*w
+			}
+			r++
+		}
+	}
+	for ; r < l.Dims.Rows; r++ {
+		starts[r] = -1
 	}
 	for g := 0; g < l.Dims.Groups; g++ {
 		gp := &plan.Groups[g]

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -43,16 +44,16 @@ func TestPlanLayoutOffsets(t *testing.T) {
 	}{
 		{"Tokens", l.Tokens, 0, 20}, {"Positions", l.Positions, 32, 20}, {"QueryStart", l.QueryStart, 64, 12},
 		{"CtxLens", l.CtxLens, 80, 8}, {"LogitsIndices", l.LogitsIndices, 96, 8}, {"Sampling", l.Sampling, 112, 64},
-		{"Slots[0]", l.Slots[0], 176, 40}, {"PageTableStart[0]", l.PageTableStart[0], 224, 12},
-		{"PageTable[0]", l.PageTable[0], 240, 24},
+		{"MaskStart", l.MaskStart, 176, 8}, {"Slots[0]", l.Slots[0], 192, 40}, {"PageTableStart[0]", l.PageTableStart[0], 240, 12},
+		{"PageTable[0]", l.PageTable[0], 256, 24},
 	}
 	for _, w := range want {
 		if w.got.Off != w.off || w.got.Len != w.n {
 			t.Errorf("%s at %d (+%d), want %d (+%d)", w.name, w.got.Off, w.got.Len, w.off, w.n)
 		}
 	}
-	if l.Size != 272 {
-		t.Errorf("size %d, want 272", l.Size)
+	if l.Size != 288 {
+		t.Errorf("size %d, want 288", l.Size)
 	}
 }
 
@@ -67,7 +68,7 @@ func TestPlanLayoutAlignedAndDisjoint(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		secs := append([]Section{l.Tokens, l.Positions, l.QueryStart, l.CtxLens, l.LogitsIndices, l.Sampling}, append(append(l.Slots, l.PageTableStart...), l.PageTable...)...)
+		secs := append([]Section{l.Tokens, l.Positions, l.QueryStart, l.CtxLens, l.LogitsIndices, l.Sampling, l.MaskStart}, append(append(l.Slots, l.PageTableStart...), l.PageTable...)...)
 		slices.SortFunc(secs, func(a, b Section) int { return int(a.Off - b.Off) })
 		for i, s := range secs {
 			if s.Off%sectionAlign != 0 {
@@ -95,6 +96,7 @@ type unpacked struct {
 	slots                                          []int64
 	pages                                          []uint32
 	pageStart                                      []int32
+	maskStart                                      []int32
 }
 
 func unpack(l *PlanLayout, buf []byte) unpacked {
@@ -108,7 +110,7 @@ func unpack(l *PlanLayout, buf []byte) unpacked {
 	}
 	u := unpacked{
 		tokens: i32(l.Tokens), positions: i32(l.Positions), queryStart: i32(l.QueryStart), ctxLens: i32(l.CtxLens),
-		logits: i32(l.LogitsIndices),
+		logits: i32(l.LogitsIndices), maskStart: i32(l.MaskStart),
 	}
 	for i := int64(0); i < l.Sampling.Len/SampleRowBytes; i++ {
 		b := buf[l.Sampling.Off+i*SampleRowBytes:]
@@ -265,5 +267,64 @@ func BenchmarkPackDecode256(b *testing.B) {
 		if err := l.Pack(buf, p); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestPackMaskStarts: each logits row's MaskStart is its mask's word offset in the plan's
+// TokenMask (a verifying sequence's rows one after another), -1 for an unconstrained
+// sequence and the padding rows, whatever the buffer held before; a plan without masks
+// gives -1 everywhere.
+func TestPackMaskStarts(t *testing.T) {
+	const words = 3
+	p := buildPlan(4,
+		seqSpec{computed: 5, promptLen: 2, tokens: []int32{11}, pages: []kvslab.PageID{7, 8}, rows: 1},
+		seqSpec{computed: 1, promptLen: 1, tokens: []int32{12}, pages: []kvslab.PageID{3}, rows: 1},
+		seqSpec{computed: 8, promptLen: 3, tokens: []int32{13, 14, 15}, pages: []kvslab.PageID{4, 5, 6}, rows: 3},
+		seqSpec{computed: 0, tokens: []int32{1, 2}, pages: []kvslab.PageID{9}, rows: 0},
+	)
+	l, err := NewPlanLayout(Dims{Tokens: 8, Seqs: 5, Rows: 7, PagesPerSeq: 3, Groups: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, l.Size)
+	starts := func() []int32 {
+		for i := range buf {
+			buf[i] = 0xAB
+		}
+		if err := l.Pack(buf, p); err != nil {
+			t.Fatal(err)
+		}
+		return unpack(&l, buf).maskStart
+	}
+	eq(t, "mask starts without masks", starts(), []int32{-1, -1, -1, -1, -1, -1, -1})
+	// Sequence 0 and 2 are constrained: one mask, then three (its drafts' rows).
+	p.TokenMaskStart = []int32{0, words, words, 4 * words, 4 * words}
+	p.TokenMask = make([]uint32, 4*words)
+	eq(t, "mask starts", starts(), []int32{0, -1, words, 2 * words, 3 * words, -1, -1})
+}
+
+// TestPackMasksChecksWidth: a constrained row's mask must be the vocabulary's width, and
+// the masks must fit the runner's buffer; a plan without masks uploads none.
+func TestPackMasksChecksWidth(t *testing.T) {
+	r := &Runner{info: engine.RunnerInfo{VocabSize: 100}} // 4 words per row
+	p := buildPlan(4,
+		seqSpec{computed: 5, promptLen: 2, tokens: []int32{11}, pages: []kvslab.PageID{7, 8}, rows: 1},
+		seqSpec{computed: 1, promptLen: 1, tokens: []int32{12}, pages: []kvslab.PageID{3}, rows: 1},
+	)
+	buf := make([]byte, 2*4*4)
+	if n, err := r.packMasks(buf, p); n != 0 || err != nil {
+		t.Fatalf("no masks: %d bytes, %v", n, err)
+	}
+	p.TokenMaskStart, p.TokenMask = []int32{0, 0, 4}, []uint32{1, 2, 3, 4}
+	if n, err := r.packMasks(buf, p); n != 16 || err != nil || viewUint32(buf)[3] != 4 {
+		t.Fatalf("one mask: %d bytes, %v", n, err)
+	}
+	p.TokenMaskStart, p.TokenMask = []int32{0, 0, 3}, []uint32{1, 2, 3}
+	if _, err := r.packMasks(buf, p); err == nil || !strings.Contains(err.Error(), "sequence 1 has 3 token mask words for 1 logits rows") {
+		t.Errorf("a mask of 3 words: %v", err)
+	}
+	p.TokenMaskStart, p.TokenMask = []int32{0, 4, 8}, make([]uint32, 8)
+	if _, err := r.packMasks(buf[:16], p); err == nil || !strings.Contains(err.Error(), "exceed") {
+		t.Errorf("masks past the buffer: %v", err)
 	}
 }

@@ -118,7 +118,9 @@ func (m *Dense) planPtr() cudart.DevicePtr { return m.work.Ptr.Add(m.ws.Plan.Off
 // Forward launches the step laid out by l (uploaded at planPtr) on s: the hidden states of
 // every token row, the float32 logits of the l.Dims.Rows logits rows into the workspace's
 // Logits, and, with sample, each row's token chosen on the device (with its logprob and
-// top alternatives) into Sampled, Logprobs and Top*. decodeOnly says every sequence has
+// top alternatives) into Sampled, Logprobs and Top*, under the token masks uploaded to
+// TokenMask for the rows l.MaskStart gives one (every step reads them: a graph captured
+// for a step without masks applies the masks of a later one). decodeOnly says every sequence has
 // one query, so the prefill attention kernel is skipped.
 func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOnly, sample bool) error {
 	cfg, k := m.Config, m.k
@@ -232,6 +234,7 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		err = k.Sample(c, s, cuda.Sample{
 			Tokens: ws(m.ws.Sampled), Logprobs: ws(m.ws.Logprobs), TopIDs: ws(m.ws.TopIDs), TopLogprobs: ws(m.ws.TopLogprobs),
 			Logits: ws(m.ws.Logits), Params: in(l.Sampling), Rows: r, Vocab: cfg.Vocab, MaxTop: cuda.MaxSampleTop,
+			TokenMask: ws(m.ws.TokenMask), MaskStart: in(l.MaskStart), MaskWords: cuda.MaskWords(cfg.Vocab),
 		})
 	}
 	if err != nil {

@@ -55,8 +55,8 @@ func (o *Options) limits() Limits {
 
 // Runner runs a dense model on one GPU for the engine. Steps whose rows the sampling
 // kernel covers (greedy, temperature, top-k, top-p, min-p, seeded, up to 32 logprob
-// alternatives) sample on the device: only token ids and logprobs come back. Steps with
-// drafts, penalties, logit biases, min-tokens masks or prompt logprobs bring their logits
+// alternatives) sample on the device, under the grammar token masks of constrained rows
+// (RunnerInfo.TokenMasks): only token ids and logprobs come back. Steps with drafts, penalties, logit biases, min-tokens masks or prompt logprobs bring their logits
 // rows back to core/cpurunner, which samples them exactly as the CPU runners do. Execute
 // is for the engine's one goroutine.
 type Runner struct {
@@ -73,6 +73,7 @@ type Runner struct {
 	copies []arenaCopy // the step's cache ops as arena copies (cacheOps)
 
 	host    [2]*cudart.HostBuffer // plan uploads, alternating
+	masks   [2]*cudart.HostBuffer // token mask uploads, alternating with host
 	cur     int
 	out     *cudart.HostBuffer // sampled ids, logprobs and alternatives come back here
 	buckets Buckets
@@ -221,6 +222,9 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 			if r.host[i], err = c.AllocHostOn(ws.PlanLayout.Size, r.NUMA.Node); err != nil {
 				return err
 			}
+			if r.masks[i], err = c.AllocHostOn(ws.TokenMask.Len, r.NUMA.Node); err != nil {
+				return err
+			}
 		}
 		r.out, err = c.AllocHostOn(int64(lim.MaxRows)*(8+2*4*MaxTop), r.NUMA.Node)
 		return err
@@ -233,6 +237,8 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 		CacheGroups: groups, GraphBuckets: r.buckets.Decode,
 		// The plan's page copies go on the runner's stream before its forward (cacheOps).
 		ExecutesCacheOps: true,
+		// The sampling kernel applies them; a step sampled on the host has cpurunner's.
+		TokenMasks: true,
 	}
 	r.cpu = cpurunner.New(r.info, cpurunner.ForwardFunc(r.forwardLogits))
 	ok = true
@@ -325,6 +331,8 @@ func fillResult(res *engine.StepResult, plan *engine.BatchPlan, anyLP bool, ids 
 
 func viewInt32(b []byte) []int32 { return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4) }
 
+func viewUint32(b []byte) []uint32 { return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(b)/4) }
+
 func viewFloat32(b []byte) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
@@ -381,16 +389,28 @@ func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.
 	if err != nil {
 		return err
 	}
-	host := r.host[r.cur]
+	host, masks := r.host[r.cur], r.masks[r.cur]
 	r.cur ^= 1
 	if err := l.Pack(host.Bytes, plan); err != nil {
 		return err
+	}
+	nmask := 0
+	if sample {
+		var err error
+		if nmask, err = r.packMasks(masks.Bytes, plan); err != nil {
+			return err
+		}
 	}
 	decodeOnly := sh.Mode != PrefillGraph && pd.Tokens == pd.Seqs
 	return r.dev.Do(func(c *cudart.Ctx) error {
 		// Execute ends with the stream drained, so the buffer packed two steps ago is free.
 		if err := c.CopyHtoDAsync(r.model.planPtr(), host.Bytes[:l.Size], r.stream); err != nil {
 			return err
+		}
+		if nmask > 0 {
+			if err := c.CopyHtoDAsync(r.model.work.Ptr.Add(r.model.ws.TokenMask.Off), masks.Bytes[:nmask], r.stream); err != nil {
+				return err
+			}
 		}
 		if err := r.run(c, sh, l, decodeOnly, sample); err != nil {
 			return err
@@ -402,6 +422,29 @@ func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.
 		}
 		return c.Sync(r.stream)
 	})
+}
+
+// packMasks copies plan's token masks into buf (the workspace's TokenMask as uploaded,
+// PlanLayout.MaskStart indexing it) and returns their bytes, 0 for a plan without
+// masks. Each constrained row's mask must be the vocabulary's width.
+func (r *Runner) packMasks(buf []byte, plan *engine.BatchPlan) (int, error) {
+	if len(plan.TokenMask) == 0 {
+		return 0, nil
+	}
+	words := cuda.MaskWords(r.info.VocabSize)
+	for i := range plan.NumSeqs() {
+		n := int(plan.LogitsStart[i+1] - plan.LogitsStart[i])
+		if got := int(plan.TokenMaskStart[i+1] - plan.TokenMaskStart[i]); got != 0 && got != n*words {
+			return 0, fmt.Errorf("gpurunner: sequence %d has %d token mask words for %d logits rows, the vocabulary of %d needs %d per row",
+				i, got, n, r.info.VocabSize, words)
+		}
+	}
+	n := 4 * len(plan.TokenMask)
+	if n > len(buf) {
+		return 0, fmt.Errorf("gpurunner: %d token mask words exceed the %d the runner holds", len(plan.TokenMask), len(buf)/4)
+	}
+	copy(viewUint32(buf[:n]), plan.TokenMask)
+	return n, nil
 }
 
 // run launches the forward of sh: its graph when one was captured, or eagerly. The first
@@ -471,8 +514,9 @@ func (r *Runner) Close() error {
 		if r.model != nil {
 			r.model.free(c)
 		}
-		for _, h := range r.host {
+		for i, h := range r.host {
 			c.FreeHost(h)
+			c.FreeHost(r.masks[i])
 		}
 		c.FreeHost(r.out)
 		return c.DestroyStream(r.stream)

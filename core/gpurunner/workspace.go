@@ -67,12 +67,15 @@ func maxDecodeSplits(c *DenseConfig) int {
 //	Logprobs    [R]              f32   their logprobs
 //	TopIDs      [R, 32]          i32   top logprob alternatives (cuda.MaxSampleTop)
 //	TopLogprobs [R, 32]          f32
+//	TokenMask   [R, (vocab+31)/32] u32 the step's grammar token masks (BatchPlan.TokenMask,
+//	                                   uploaded as it is; PlanLayout.MaskStart indexes it)
 //	Partials  [B+1, heads, S, d+2] f32 split-K decode partials (S splits of at least 256
 //	                                   keys of the context or window, at most 64)
 //	Plan      PlanLayout of the limits: the step's inputs, uploaded per step
 type Workspace struct {
 	Residual, Normed, QKV, Attn, Proj, GateUp, Act, Rows Section
 	Logits, Sampled, Logprobs, TopIDs, TopLogprobs       Section
+	TokenMask                                            Section
 	Partials, Plan                                       Section
 	Splits                                               int // most decode splits of a step (maxDecodeSplits)
 	PlanLayout                                           PlanLayout
@@ -113,6 +116,7 @@ func NewWorkspace(c *DenseConfig, l Limits) (Workspace, error) {
 	w.Logprobs = next(r * f32)
 	w.TopIDs = next(r * MaxTop * 4)
 	w.TopLogprobs = next(r * MaxTop * f32)
+	w.TokenMask = next(r * int64(cuda.MaskWords(c.Vocab)) * 4)
 	// A prefill graph adds a padding sequence to the engine's most.
 	w.Partials = next(int64(l.MaxSeqs+1) * int64(c.Heads) * int64(w.Splits) * int64(c.HeadDim+2) * f32)
 	w.Plan = next(pl.Size)
@@ -131,6 +135,6 @@ func (w *Workspace) Sections() []struct {
 	}{
 		{"Residual", w.Residual}, {"Normed", w.Normed}, {"QKV", w.QKV}, {"Attn", w.Attn}, {"Proj", w.Proj},
 		{"GateUp", w.GateUp}, {"Act", w.Act}, {"Rows", w.Rows}, {"Logits", w.Logits}, {"Sampled", w.Sampled},
-		{"Logprobs", w.Logprobs}, {"TopIDs", w.TopIDs}, {"TopLogprobs", w.TopLogprobs}, {"Partials", w.Partials}, {"Plan", w.Plan},
+		{"Logprobs", w.Logprobs}, {"TopIDs", w.TopIDs}, {"TopLogprobs", w.TopLogprobs}, {"TokenMask", w.TokenMask}, {"Partials", w.Partials}, {"Plan", w.Plan},
 	}
 }

@@ -25,8 +25,9 @@ func TestWorkspaceSizing(t *testing.T) {
 		"Residual": 100 * 64 * 2, "Normed": 100 * 64 * 2, "QKV": 100 * (64 + 2*32) * 2, "Attn": 100 * 64 * 2,
 		"Proj": 100 * 64 * 2, "GateUp": 100 * 256 * 2, "Act": 100 * 128 * 2, "Rows": 20 * 64 * 2,
 		"Logits": 20 * 1000 * 4, "Sampled": 20 * 4, "Logprobs": 20 * 4, "TopIDs": 20 * 32 * 4, "TopLogprobs": 20 * 32 * 4,
-		"Partials": 11 * 4 * 2 * (16 + 2) * 4, // 10 sequences and a padding one; 512 tokens of context: 2 splits of 256
-		"Plan":     w.PlanLayout.Size,
+		"TokenMask": 20 * 32 * 4,               // (1000+31)/32 words per row
+		"Partials":  11 * 4 * 2 * (16 + 2) * 4, // 10 sequences and a padding one; 512 tokens of context: 2 splits of 256
+		"Plan":      w.PlanLayout.Size,
 	}
 	var end int64
 	for _, s := range w.Sections() {
