@@ -191,6 +191,7 @@ func TestEmuKDAChunked(t *testing.T) {
 		{KDAShape{Heads: 2, DK: 12, DV: 20}, []int{37}, 16},   // a tail of 5
 		{KDAShape{Heads: 1, DK: 20, DV: 36}, []int{7, 19}, 8}, // two calls, each with a tail
 		{KDAShape{Heads: 1, DK: 9, DV: 130}, []int{3, 2}, 16}, // calls shorter than a chunk, two column tiles
+		{KDAShape{Heads: 1, DK: 128, DV: 128}, []int{20}, 16}, // the model's head (42 KiB of shared memory)
 	} {
 		name := fmt.Sprintf("%dx%dx%d/%v/chunk%d", c.a.Heads, c.a.DK, c.a.DV, c.splits, c.chunk)
 		t.Run(name, func(t *testing.T) {
