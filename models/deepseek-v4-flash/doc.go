@@ -34,7 +34,8 @@
 //     ones in every group
 //   - kernels/: the model's own CUDA kernels, with Go launchers and references
 //   - gpu.go: gpuModel, the forward on one CUDA device (a first cut, below); gpu_moe.go:
-//     gpuMoE, a layer's MoE there
+//     gpuMoE, a layer's MoE there; gpu_runner.go: GPURunner, the engine.Runner on it;
+//     gpu_open.go: OpenGPU, its cli.GPUOpener
 //
 // # GPU kernels
 //
@@ -73,8 +74,8 @@
 // windows, entries) rather than kvslab pages, so there are no prefix hits on the GPU; the
 // MoE gives every expert room for all of a step's rows and runs one GEMM per expert;
 // attention reads the shared K=V head once per query head; launches are eager (no CUDA
-// graphs yet), and gpuModel is not yet an engine.Runner (no --device cuda for this model,
-// no MTP on the device). kernels.Load compiles every source above with NVRTC
+// graphs yet); GPURunner refuses prefix hits and drafts (no MTP on the device), and
+// OpenGPU is not yet in cmd/resin's gpuOpeners, so --device cuda does not reach it. kernels.Load compiles every source above with NVRTC
 // (TestCompile checks them under NVRTC and ptxas).
 //
 // scripts/deepseek-v4-goldens.sh writes the goldens testdata/ holds (transformers on the

@@ -26,6 +26,8 @@ type GPURunner struct {
 	g     *gpuModel
 	seqs  map[uint64]*gpuSeq
 	pt    int
+	// ownsDev: Close closes the device too (OpenGPU opened it).
+	ownsDev bool
 }
 
 var _ engine.Runner = (*GPURunner)(nil)
@@ -72,14 +74,21 @@ func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
 	return pool, nil
 }
 
-// Close frees the device memory and the kernels; it must not run inside Device.Do.
+// Close frees the device memory and the kernels (and closes the device OpenGPU opened);
+// it must not run inside Device.Do.
 func (r *GPURunner) Close() error {
 	r.dev.Do(func(c *cudart.Ctx) error {
 		r.g.close(c)
 		return nil
 	})
 	r.blas.Close()
-	return r.kk.Close()
+	err := r.kk.Close()
+	if r.ownsDev {
+		if e := r.dev.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
 }
 
 // forward runs one plan on the device and copies the logits of plan.LogitsIndices' rows.

@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
@@ -210,5 +212,38 @@ func TestEmulatedEngineMatchesCPU(t *testing.T) {
 		if err := gr.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestEmulatedOpenGPU opens a tiny checkpoint directory through OpenGPU (the
+// cli.GPUOpener) on the emulated device and checks one greedy request through the engine
+// against Open's CPU runner.
+func TestEmulatedOpenGPU(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tinyConfigJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gr, gpool, err := OpenGPU(dir, 4<<20, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4, MaxRows: 4},
+		KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gr.(*GPURunner).Close()
+	cr, cpool, err := Open(dir, 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s runnertest.Suite
+	cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
+	ge, ce := s.StartWith(t, gr, gpool, cfg), s.StartWith(t, cr, cpool, cfg)
+	defer ge.Stop(t)
+	defer ce.Stop(t)
+	sp := engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}
+	p := runnertest.Prompt(9, tinyConfig(t).VocabSize, 5)
+	if g, c := ge.Generate(t, p, sp), ce.Generate(t, p, sp); fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens) {
+		t.Fatalf("GPU tokens %v, CPU %v", g.Tokens, c.Tokens)
 	}
 }
