@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/models/llama"
 )
@@ -17,7 +19,7 @@ import (
 // tiny is models/llama's config shrunk as its own tests shrink it (GQA, biases, q/k norm
 // and the tied head of the variant kept), with seeded random weights, through llama's
 // NewModel (which fuses the projections; the fields stay views of the same values).
-func tiny(t *testing.T) *llama.Model {
+func tiny(t testing.TB) *llama.Model {
 	c, err := llama.LoadConfig("../../../models/llama")
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +64,7 @@ func argmax(x []float32) int32 {
 	return int32(best)
 }
 
-// decode runs a 10-token prompt and 32 greedy steps through models/llama's own forward
+// decode runs a 10-token prompt and 64 greedy steps through models/llama's own forward
 // and, on the same plans, through tp with size in-process ranks, rank 0 choosing each
 // token and broadcasting it. It returns both models' logits per step and the two token
 // streams.
@@ -96,7 +98,7 @@ func decode(t *testing.T, size int) (want, got [][]float32, wantToks, gotToks []
 	}
 	seq := runnertest.OpenSeq(t, pool, runnertest.Prompt(10, c.VocabSize, 3))
 	n := len(seq.Tokens)
-	for step := 0; step <= 32; step++ {
+	for step := 0; step <= 64; step++ {
 		plan := runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{n}, false)
 		ref := make([]float32, c.VocabSize)
 		if err := m.Forward(plan, kv, ref); err != nil {
@@ -152,8 +154,8 @@ func decode(t *testing.T, size int) (want, got [][]float32, wantToks, gotToks []
 }
 
 // TestTPMatchesSingle: tensor-parallel decoding over 2 in-process ranks gives the logits
-// of models/llama's own forward within 1e-5 of the row's largest logit, and the same 33
-// greedy tokens (prefill + 32 steps); over 1 rank it gives exactly its bits; two TP=2
+// of models/llama's own forward within 1e-5 of the row's largest logit, and the same 65
+// greedy tokens (prefill + 64 steps); over 1 rank it gives exactly its bits; two TP=2
 // runs are bit-identical.
 func TestTPMatchesSingle(t *testing.T) {
 	want, got1, wt, gt := decode(t, 1)
@@ -164,11 +166,11 @@ func TestTPMatchesSingle(t *testing.T) {
 			}
 		}
 	}
-	if len(gt) != 33 || !equal(wt, gt) {
+	if len(gt) != 65 || !equal(wt, gt) {
 		t.Fatalf("tp=1 tokens %v, llama %v", gt, wt)
 	}
 	want, got2, wt, gt := decode(t, 2)
-	if !equal(wt, gt) || len(gt) != 33 {
+	if !equal(wt, gt) || len(gt) != 65 {
 		t.Fatalf("tp=2 tokens %v, llama %v", gt, wt)
 	}
 	worst := 0.0
@@ -219,4 +221,37 @@ func equal(a, b []int32) bool {
 		}
 	}
 	return true
+}
+
+// tpRunner is the tiny llama on a TP=2 in-process group behind cpurunner, bound to a pool
+// of llama's cache groups (whose page ids the shards' own caches follow).
+func tpRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
+	m := tiny(t)
+	r := llama.NewRunner(m, 4)
+	pool, err := r.NewPool(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rope, err := m.Config.RopeTable(m.MaxContext())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, w := fromLlama(m, rope)
+	g, err := tp.StartInProcess(d, w, 2, tp.CachePages(d, pool), pool.BlockTokens(), dist.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), pool
+}
+
+// TestTPConformance runs core/runnertest's suite (prefill equals decode, chunked prefill,
+// batch and page-layout invariance, reproducibility, prefix hits, aborts) on the TP=2
+// runner, rank 0's forward broadcasting each plan to rank 1.
+func TestTPConformance(t *testing.T) {
+	runnertest.Run(t, tpRunner, runnertest.Options{})
 }
