@@ -15,13 +15,36 @@ import (
 // select; here by sorting). It lets a test check the kernel's semantics against
 // engine.Sampler without a GPU; TestGPUSample checks the kernel itself.
 func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLogprob) {
-	best := int32(-1)
-	for i, v := range row {
-		if !math.IsNaN(float64(v)) && (best < 0 || v > row[best]) {
-			best = int32(i)
+	return sampleModelMasked(row, p, nil)
+}
+
+// sampleModelMasked is sampleModel under a token mask (nil: none): the choice reads the
+// logits with the refused tokens at -inf (resin_masked), lse and the alternatives the
+// raw ones.
+func sampleModelMasked(row []float32, p SampleParams, mask []uint32) (int32, float32, []engine.TopLogprob) {
+	argmax := func(vals []float32) int32 {
+		best := int32(-1)
+		for i, v := range vals {
+			if !math.IsNaN(float64(v)) && (best < 0 || v > vals[best]) {
+				best = int32(i)
+			}
+		}
+		return best
+	}
+	best := argmax(row)
+	mx := row[best]
+	vals := row // what the choice reads
+	if mask != nil {
+		vals = make([]float32, len(row))
+		for i, v := range row {
+			vals[i] = float32(math.Inf(-1))
+			if i/32 < len(mask) && mask[i/32]&(1<<(i%32)) != 0 {
+				vals[i] = v
+			}
 		}
 	}
-	mx := row[best]
+	cbest := argmax(vals)
+	cmx := vals[cbest]
 	var sum float32
 	for _, v := range row {
 		if !math.IsNaN(float64(v)) {
@@ -35,8 +58,8 @@ func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLog
 		if !sorted {
 			return uint64(i)
 		}
-		u := math.Float32bits(row[i])
-		if row[i] == 0 { // -0 and +0 are one logit
+		u := math.Float32bits(vals[i])
+		if vals[i] == 0 { // -0 and +0 are one logit
 			u = 0
 		}
 		asc := u | 0x80000000
@@ -51,8 +74,8 @@ func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLog
 	}
 	weight := func(i int) uint64 {
 		w := float32(1)
-		if row[i] != mx {
-			w = float32(math.Exp(float64((row[i] - mx) * invT)))
+		if vals[i] != cmx {
+			w = float32(math.Exp(float64((vals[i] - cmx) * invT)))
 		}
 		if w < p.MinP {
 			return 0
@@ -86,7 +109,7 @@ func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLog
 	}
 	one := func(int) uint64 { return 1 }
 
-	tok := best
+	tok := cbest
 	if p.Temperature != 0 && p.TopK != 1 {
 		bound := ^uint64(0)
 		if p.TopK > 0 && int(p.TopK) < len(row) {
@@ -110,7 +133,7 @@ func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLog
 	}
 	var top []engine.TopLogprob
 	if n := min(int(p.Logprobs), MaxSampleTop, len(row)); n > 0 {
-		sorted = true
+		sorted, vals = true, row
 		slices.SortFunc(order, func(a, b int) int {
 			if key(a) < key(b) {
 				return -1
@@ -137,11 +160,12 @@ func engineUniform(seed uint64, pos int) float64 {
 
 // TestSampleModelMatchesEngine checks that the device sampler's algorithm (sampleModel)
 // chooses what engine.Sampler chooses, with the same logprobs and alternatives, over
-// greedy, temperature-only (unsorted walk), top-k, top-p, min-p and their mixes.
+// greedy, temperature-only (unsorted walk), top-k, top-p, min-p and their mixes, a third
+// of the rows under random token masks.
 func TestSampleModelMatchesEngine(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	var s engine.Sampler
-	var n, draws int
+	var n, draws, masked int
 	for trial := range 400 {
 		vocab := 1 + r.IntN(3000)
 		row := make([]float32, vocab)
@@ -165,8 +189,18 @@ func TestSampleModelMatchesEngine(t *testing.T) {
 		} {
 			p.Seed, p.Pos = r.Uint64(), int32(r.IntN(100000))
 			er := engine.SamplingRow{Temperature: p.Temperature, TopP: p.TopP, TopK: int(p.TopK), MinP: p.MinP, Seed: p.Seed, Logprobs: int(p.Logprobs)}
+			if trial%3 == 1 { // a grammar's token mask: a random share of the tokens, at least one
+				er.Mask = make([]uint32, (vocab+31)/32)
+				keep := 1 + r.IntN(8)
+				for i := range vocab {
+					if r.IntN(keep) == 0 || i == trial%vocab {
+						er.Mask[i/32] |= 1 << (i % 32)
+					}
+				}
+				masked++
+			}
 			want, wantLP, wantTop := s.Sample(row, er, int(p.Pos), nil)
-			got, gotLP, gotTop := sampleModel(row, p)
+			got, gotLP, gotTop := sampleModelMasked(row, p, er.Mask)
 			n++
 			if p.Temperature != 0 && p.TopK != 1 {
 				draws++
@@ -187,5 +221,5 @@ func TestSampleModelMatchesEngine(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d rows, %d of them seeded draws, all equal to engine.Sampler", n, draws)
+	t.Logf("%d rows, %d of them seeded draws, %d under token masks, all equal to engine.Sampler", n, draws, masked)
 }
