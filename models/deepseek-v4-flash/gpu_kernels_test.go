@@ -518,3 +518,58 @@ func TestEmuSwap01(t *testing.T) {
 	}
 	sameBits(t, "swap01", got, want)
 }
+
+// TestEmuIndexerManyEntries runs indexer.cu past one block of entries: 700 and 520
+// visible entries with a top-k of 300 (the prefix sums carried across tiles of 256, the
+// picks past 256), 400 equal scores across two tile ends with the cut among them, and
+// 300 visible exactly; against indexerPick, the picks exactly.
+func TestEmuIndexerManyEntries(t *testing.T) {
+	d := newEmuDev(t)
+	m := tinyModel(t)
+	cfg := *m.Config
+	cfg.IndexTopK = 300
+	mk, err := NewModel(&cfg, m.W, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ih := cfg.IndexHeadDim, cfg.IndexNHeads
+	rng := rand.New(rand.NewPCG(13, 14))
+	const entries, ratio = 700, 4
+	st := &CompressorState{Ratio: ratio, Dim: id, Entries: &sliceRows{dim: id}}
+	keys := rnd(rng, entries*id, 1)
+	for e := 200; e < 600; e++ { // equal scores across two tiles' ends, the cut among them
+		copy(keys[e*id:(e+1)*id], keys[199*id:200*id])
+	}
+	for e := range entries {
+		copy(st.Entries.Row(e), keys[e*id:(e+1)*id])
+	}
+	pos := []int32{entries*ratio - 1, 520*ratio + 2, 300*ratio - 1}
+	rows := len(pos)
+	q, w := rnd(rng, rows*ih*id, 1), rnd(rng, rows*ih, 1)
+	ch := kernels.Chunk{Pos: d.i32(pos), RowSeq: d.i32(make([]int32, rows)), SeqStart: d.i32([]int32{0, int32(rows)}),
+		Len0: d.i32([]int32{0}), Rows: rows, Seqs: 1}
+	x := kernels.Indexer{Picks: d.alloc(4 * rows * cfg.IndexTopK), Counts: d.alloc(4 * rows), Scores: d.alloc(4 * rows * entries),
+		Q: d.f32(q), W: d.f32(w), Keys: d.f32(keys), KeyRow0: d.i32([]int32{0}), Ratio: ratio, Heads: ih, HeadDim: id,
+		TopK: cfg.IndexTopK, MaxVisible: entries}
+	l, err := x.Launch(ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.run("indexer 700 entries", l)
+	picks, counts := d.getI32(x.Picks, rows*cfg.IndexTopK), d.getI32(x.Counts, rows)
+	mk.MinTopKMargin = math.Inf(1)
+	for r := range rows {
+		want := mk.indexerPick(st, q[r*ih*id:(r+1)*ih*id], w[r*ih:(r+1)*ih], (int(pos[r])+1)/ratio)
+		if int(counts[r]) != len(want) {
+			t.Fatalf("row %d: %d picks, want %d", r, counts[r], len(want))
+		}
+		for i, e := range want {
+			if picks[r*cfg.IndexTopK+i] != int32(e) {
+				t.Fatalf("row %d: pick %d is %d, want %d", r, i, picks[r*cfg.IndexTopK+i], e)
+			}
+		}
+	}
+	if mk.MinTopKMargin != 0 {
+		t.Fatalf("no scores tie at the cut (smallest gap %g)", mk.MinTopKMargin)
+	}
+}
