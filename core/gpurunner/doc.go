@@ -32,8 +32,11 @@
 //     GEMM; then the final norm and the LM head on the LogitsIndices rows only, in
 //     float32.
 //  4. Rows the sampling kernel covers (greedy, temperature, top-k, top-p, min-p, seeded,
-//     up to 32 logprob alternatives) are sampled on the device, so only token ids and
-//     logprobs cross back. Steps that need more (drafts to verify, penalties, logit bias,
+//     up to 32 logprob alternatives, a grammar's token mask: RunnerInfo.TokenMasks) are
+//     sampled on the device, so only token ids and logprobs cross back. A step's masks
+//     (BatchPlan.TokenMask) go up from their own pair of pinned buffers into the
+//     workspace's TokenMask, a fixed buffer every step's sampling kernel (graphs too)
+//     reads where the plan's MaskStart points, so a step without masks uploads none. Steps that need more (drafts to verify, penalties, logit bias,
 //     min-tokens masks, prompt logprobs) bring their float32 logits rows back to
 //     core/cpurunner, which samples them as every CPU runner does.
 //
