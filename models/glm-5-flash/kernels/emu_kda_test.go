@@ -341,6 +341,8 @@ func TestKDALaunchShapes(t *testing.T) {
 	for _, l := range []Launcher{
 		KDAStep{Tokens: 0, Shape: KDAShape{1, 8, 8}},
 		KDAStep{Tokens: 1, Shape: KDAShape{1, 8000, 8}},
+		KDAStep{Tokens: 1, Seqs: 70000, Shape: KDAShape{1, 8, 8}},
+		CausalConvSiLU{Tokens: 1, Seqs: -1, Channels: 4, Kernel: 4},
 		KDAChunked{Tokens: 4, Chunk: 0, Shape: KDAShape{1, 8, 8}},
 		KDAChunked{Tokens: 64, Chunk: 64, Shape: KDAShape{1, 128, 128}},
 		CausalConvSiLU{Tokens: 1, Channels: 4, Kernel: 9},
@@ -358,4 +360,65 @@ func TestKDALaunchShapes(t *testing.T) {
 	if err := (KDAChunked{Tokens: 100, Chunk: 16, Shape: KDAShape{32, 128, 128}}).spec(&sp); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestEmuKDABatched runs three sequences in one launch of the recurrent form and one of
+// the conv, their states at slots 2, 0 and 3 of a pool of 4 (slot 1 belongs to no one and
+// must stay as it was), against the references run sequence by sequence, snapshots
+// included.
+func TestEmuKDABatched(t *testing.T) {
+	a := KDAShape{Heads: 2, DK: 12, DV: 20}
+	const seqCount, tokens, pool, channels, kernel = 3, 2, 4, 40, 4
+	slots := []int32{2, 0, 3}
+	r := rand.New(rand.NewPCG(13, 14))
+	q, k, v, g, beta := kdaInputs(r, seqCount*tokens, a)
+	per := a.Heads * a.DK * a.DV
+	states := make([]float32, pool*per)
+	for i := range states {
+		states[i] = float32(0.2 * r.NormFloat64())
+	}
+	wantStates, want := append([]float32(nil), states...), make([]float32, seqCount*tokens*a.Heads*a.DV)
+	wantSnaps := make([]float32, seqCount*tokens*per)
+	L, HV := a.Heads*a.DK, a.Heads*a.DV
+	for b, slot := range slots {
+		S := wantStates[int(slot)*per : int(slot+1)*per]
+		for tk := range tokens {
+			row := b*tokens + tk
+			if err := ref.KDAStep(want[row*HV:(row+1)*HV], S, q[row*L:(row+1)*L], k[row*L:(row+1)*L], v[row*HV:(row+1)*HV],
+				g[row*L:(row+1)*L], beta[row*a.Heads:(row+1)*a.Heads], 1, refShape(a)); err != nil {
+				t.Fatal(err)
+			}
+			copy(wantSnaps[row*per:], S)
+		}
+	}
+	out, snaps := make([]float32, len(want)), make([]float32, len(wantSnaps))
+	emuLaunch(t, KDAStep{Out: dptr(out), State: dptr(states), Slots: iptr(slots), Snapshots: dptr(snaps), Q: dptr(q), K: dptr(k),
+		V: dptr(v), G: dptr(g), Beta: dptr(beta), Tokens: tokens, Seqs: seqCount, Shape: a},
+		out, states, slots, snaps, q, k, v, g, beta)
+	closeTo(t, "batched out", out, want, 2e-6)
+	closeTo(t, "batched states", states, wantStates, 2e-6)
+	closeTo(t, "batched snapshots", snaps, wantSnaps, 2e-6)
+	closeTo(t, "the unused slot", states[per:2*per], wantStates[per:2*per], 0)
+
+	m := kernel - 1
+	x, w := make([]float32, seqCount*tokens*channels), make([]float32, channels*kernel)
+	cs := make([]float32, pool*channels*m)
+	for _, s := range [][]float32{x, w, cs} {
+		for i := range s {
+			s[i] = float32(r.NormFloat64())
+		}
+	}
+	wantCS, wantOut := append([]float32(nil), cs...), make([]float32, len(x))
+	for b, slot := range slots {
+		rows := x[b*tokens*channels : (b+1)*tokens*channels]
+		if err := CausalConvSiLURef(wantOut[b*tokens*channels:], wantCS[int(slot)*channels*m:int(slot+1)*channels*m], rows, w,
+			tokens, channels, kernel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	convOut := make([]float32, len(x))
+	emuLaunch(t, CausalConvSiLU{Out: dptr(convOut), State: dptr(cs), Slots: iptr(slots), X: dptr(x), W: dptr(w), Tokens: tokens,
+		Seqs: seqCount, Channels: channels, Kernel: kernel}, convOut, cs, slots, x, w)
+	closeTo(t, "batched conv out", convOut, wantOut, 1e-6)
+	closeTo(t, "batched conv states", cs, wantCS, 0)
 }

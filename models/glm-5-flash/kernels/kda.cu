@@ -11,9 +11,12 @@
 // ceil(dv / blockDim.x))) and only the per-token (or per-chunk) key-side terms are shared.
 //
 // glm5flash_kda_step is the recurrent form (decode, and verification of drafts): tokens
-// one after another; with snapshots non-null the state after token t is also written to
-// snapshots[t] ([tokens, heads, dk, dv]) so a runner can restore the state after the last
-// accepted draft. Dynamic shared memory: 3·dk floats. Reference: ref.KDAStep.
+// one after another, for seqs sequences at once (grid z; a batched decode is one launch).
+// Sequence b's tokens are rows b·tokens.. of q, k, v, g, beta and out, and its state is
+// state[slots[b]] (state[b] when slots is null) in a pool of [heads, dk, dv] states; with
+// snapshots non-null the state after its token t is also written to
+// snapshots[b·tokens + t] so a runner can restore the state after the last accepted
+// draft. Dynamic shared memory: 3·dk floats. Reference: ref.KDAStep.
 //
 // glm5flash_kda_chunked is the chunked form (prefill), chunk tokens at a time from the
 // chunk's start state S₀, with G_t the cumulative log-decay inside the chunk (fp64, as the
@@ -31,20 +34,24 @@
 #include "prelude.cuh"
 
 RESIN_KERNEL void glm5flash_kda_step(float* __restrict__ out, float* __restrict__ state,
-                                     float* __restrict__ snapshots, const float* __restrict__ q,
-                                     const float* __restrict__ k, const float* __restrict__ v,
-                                     const float* __restrict__ g, const float* __restrict__ beta,
-                                     int tokens, int heads, int dk, int dv) {
+                                     const int* __restrict__ slots, float* __restrict__ snapshots,
+                                     const float* __restrict__ q, const float* __restrict__ k,
+                                     const float* __restrict__ v, const float* __restrict__ g,
+                                     const float* __restrict__ beta, int tokens, int heads, int dk,
+                                     int dv) {
   extern __shared__ float kda_step_smem[];
   float* sq = kda_step_smem;
   float* sk = sq + dk;
   float* sd = sk + dk;
   int h = RESIN_BID_X;
   int j = RESIN_BID_Y * RESIN_NTID_X + RESIN_TID_X;
-  long long hs = (long long)h * dk * dv;
-  float* S = state + hs;
+  int b = RESIN_BID_Z;
+  long long slot = slots ? slots[b] : b;
+  long long hs = (long long)h * dk * dv, per = (long long)heads * dk * dv;
+  float* S = state + slot * per + hs;
   for (int t = 0; t < tokens; t++) {
-    long long o = (long long)t * heads + h;
+    long long row = (long long)b * tokens + t;
+    long long o = row * heads + h;
     resin_sync();  // the previous token's reads of sq, sk, sd are done
     for (int i = RESIN_TID_X; i < dk; i += RESIN_NTID_X) {
       sq[i] = q[o * dk + i];
@@ -61,7 +68,7 @@ RESIN_KERNEL void glm5flash_kda_step(float* __restrict__ out, float* __restrict_
     }
     float delta = beta[o] * (v[o * dv + j] - mem);
     float acc = 0.0f;
-    float* snap = snapshots ? snapshots + (long long)t * heads * dk * dv + hs : 0;
+    float* snap = snapshots ? snapshots + row * per + hs : 0;
     for (int i = 0; i < dk; i++) {
       float s = S[(long long)i * dv + j] + sk[i] * delta;
       S[(long long)i * dv + j] = s;

@@ -45,19 +45,37 @@ func columnTile(dv int) (threads, tiles int) {
 }
 
 // KDAStep is a launch of the recurrent form (kda.cu) over Tokens tokens, one after
-// another, from State (updated in place). Snapshots, when not 0, receives the state
-// after each token ([Tokens, Heads, DK, DV]), what a runner restores when drafts are
+// another, of each of Seqs sequences (0 means 1; a batched decode is one launch), from
+// their states (updated in place): sequence b's is State[Slots[b]] in a pool of [Heads,
+// DK, DV] states, State[b] when Slots is 0. Snapshots, when not 0, receives the state
+// after each token ([Seqs·Tokens, Heads, DK, DV]), what a runner restores when drafts are
 // rejected.
 //
-//	Q, K, G: [Tokens, Heads, DK]   V, Out: [Tokens, Heads, DV]   Beta: [Tokens, Heads]
+//	Q, K, G: [Seqs·Tokens, Heads, DK]   V, Out: [Seqs·Tokens, Heads, DV]   Beta: [Seqs·Tokens, Heads]
+//	Slots: [Seqs] int32
 type KDAStep struct {
-	Out, State, Snapshots, Q, K, V, G, Beta cudart.DevicePtr
-	Tokens                                  int
-	Shape                                   KDAShape
+	Out, State, Slots, Snapshots, Q, K, V, G, Beta cudart.DevicePtr
+	Tokens, Seqs                                   int
+	Shape                                          KDAShape
+}
+
+// seqs is n, 0 meaning 1, checked against the grid's 65535.
+func seqs(op string, n int) (int, error) {
+	if n == 0 {
+		n = 1
+	}
+	if n < 0 || n > 65535 {
+		return 0, fmt.Errorf("kernels: %s: %d sequences (1 to 65535)", op, n)
+	}
+	return n, nil
 }
 
 func (a KDAStep) spec(sp *spec) error {
 	if err := a.Shape.check("kda_step", a.Tokens); err != nil {
+		return err
+	}
+	n, err := seqs("kda_step", a.Seqs)
+	if err != nil {
 		return err
 	}
 	threads, tiles := columnTile(a.Shape.DV)
@@ -65,8 +83,8 @@ func (a KDAStep) spec(sp *spec) error {
 	if shared > MaxStaticShared {
 		return fmt.Errorf("kernels: kda_step: DK %d needs %d bytes of shared memory, over %d", a.Shape.DK, shared, MaxStaticShared)
 	}
-	sp.reset(KDAStepName, cudart.Dim3{X: uint32(a.Shape.Heads), Y: uint32(tiles), Z: 1}, cudart.D1(threads), shared)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.Snapshots).ptr(a.Q).ptr(a.K).ptr(a.V).ptr(a.G).ptr(a.Beta)
+	sp.reset(KDAStepName, cudart.Dim3{X: uint32(a.Shape.Heads), Y: uint32(tiles), Z: uint32(n)}, cudart.D1(threads), shared)
+	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.Snapshots).ptr(a.Q).ptr(a.K).ptr(a.V).ptr(a.G).ptr(a.Beta)
 	sp.i32(a.Tokens).i32(a.Shape.Heads).i32(a.Shape.DK).i32(a.Shape.DV)
 	return nil
 }
@@ -112,11 +130,13 @@ func (a KDAChunked) spec(sp *spec) error {
 //	Out: [Tokens, Channels], or with Split > 0 [Channels/Split, Tokens, Split]
 //
 // Snapshots, when not 0, receives the state after each token ([Tokens, Channels,
-// Kernel−1]), what a runner restores when drafts are rejected.
+// Kernel−1]), what a runner restores when drafts are rejected. Seqs sequences (0 means
+// 1) run in one launch as KDAStep's: rows b·Tokens.. of X and Out (Out, Snapshots:
+// Seqs·Tokens rows), state State[Slots[b]] in a pool of [Channels, Kernel−1] states.
 type CausalConvSiLU struct {
-	Out, State, Snapshots, X, W cudart.DevicePtr
-	Tokens, Channels, Kernel    int
-	Split                       int // channels per output block; 0: no split
+	Out, State, Slots, Snapshots, X, W cudart.DevicePtr
+	Tokens, Seqs, Channels, Kernel     int
+	Split                              int // channels per output block; 0: no split
 }
 
 func (a CausalConvSiLU) spec(sp *spec) error {
@@ -130,8 +150,15 @@ func (a CausalConvSiLU) spec(sp *spec) error {
 	if group < 0 || a.Channels%group != 0 || int64(a.Tokens)*int64(a.Channels) > maxI32 {
 		return fmt.Errorf("kernels: causal_conv_silu: %d channels split by %d for %d tokens", a.Channels, a.Split, a.Tokens)
 	}
-	sp.reset(CausalConvSiLUName, cudart.D1((a.Channels+255)/256), cudart.D1(256), 0)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.Snapshots).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group)
+	n, err := seqs("causal_conv_silu", a.Seqs)
+	if err != nil {
+		return err
+	}
+	if int64(n)*int64(a.Tokens)*int64(a.Channels) > maxI32 {
+		return fmt.Errorf("kernels: causal_conv_silu: %d sequences × %d tokens × %d channels", n, a.Tokens, a.Channels)
+	}
+	sp.reset(CausalConvSiLUName, cudart.Dim3{X: uint32((a.Channels + 255) / 256), Y: uint32(n), Z: 1}, cudart.D1(256), 0)
+	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.Snapshots).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group).i32(n)
 	return nil
 }
 

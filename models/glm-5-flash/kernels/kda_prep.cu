@@ -9,8 +9,11 @@
 //     split by channel groups, [channels/group, tokens, group] (KDA's [q; k; v] become
 //     three contiguous [tokens, L] blocks); group = channels is the plain layout. With
 //     snapshots non-null the state after each token t is also written to snapshots[t]
-//     ([tokens, channels, kernel−1]), for restoring after rejected drafts. Grid
-//     ceil(channels/256), block 256.
+//     ([tokens, channels, kernel−1]), for restoring after rejected drafts. seqs sequences
+//     run at once (grid y): sequence b's tokens are rows b·tokens.. of x and out (the
+//     split's blocks are [seqs·tokens, group]) and its state is state[slots[b]]
+//     (state[b] when slots is null) in a pool of [channels, kernel−1] states. Grid
+//     (ceil(channels/256), seqs), block 256.
 //   glm5flash_l2norm            x: [rows, dim] in place: x / sqrt(Σx² + 1e-6) · mul.
 //   glm5flash_kda_gate          g: [tokens, heads·dh] in place, with f = g + dt_bias[h·dh+j]
 //     and a = exp(A_log[h]): lower_bound·sigmoid(a·f) when has_lower_bound, else
@@ -25,25 +28,30 @@
 #define GLM5FLASH_CONV_MAX_KERNEL 8
 
 RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __restrict__ state,
-                                             float* __restrict__ snapshots,
+                                             const int* __restrict__ slots, float* __restrict__ snapshots,
                                              const float* __restrict__ x, const float* __restrict__ w,
-                                             int tokens, int channels, int kernel, int group) {
+                                             int tokens, int channels, int kernel, int group,
+                                             int seqs) {
   long long c = resin_global_tid();
   if (c >= channels) return;
+  int b = RESIN_BID_Y;
+  long long slot = slots ? slots[b] : b;
+  long long rows = (long long)seqs * tokens;
   int m = kernel - 1;
   float win[GLM5FLASH_CONV_MAX_KERNEL];
-  float* st = state + c * m;
+  float* st = state + (slot * channels + c) * m;
   const float* wc = w + c * kernel;
   for (int j = 0; j < m; j++) win[j] = st[j];
   for (int t = 0; t < tokens; t++) {
-    float xv = x[(long long)t * channels + c];
+    long long row = (long long)b * tokens + t;
+    float xv = x[row * channels + c];
     float s = wc[m] * xv;
     for (int j = 0; j < m; j++) s += wc[j] * win[j];
-    out[(c / group) * tokens * group + (long long)t * group + c % group] = s / (1.0f + resin_expf(-s));
+    out[(c / group) * rows * group + row * group + c % group] = s / (1.0f + resin_expf(-s));
     for (int j = 0; j + 1 < m; j++) win[j] = win[j + 1];
     if (m > 0) win[m - 1] = xv;
     if (snapshots)
-      for (int j = 0; j < m; j++) snapshots[((long long)t * channels + c) * m + j] = win[j];
+      for (int j = 0; j < m; j++) snapshots[(row * channels + c) * m + j] = win[j];
   }
   for (int j = 0; j < m; j++) st[j] = win[j];
 }
