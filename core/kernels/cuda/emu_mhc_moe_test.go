@@ -24,6 +24,7 @@ func TestEmuHyperConn(t *testing.T) {
 		{"hc4 dim 40 iters 20", 3, 4, 40, 20},
 		{"hc3 dim 300 iters 1", 2, 3, 300, 1},
 		{"hc4 dim 257 iters 0", 1, 4, 257, 0},
+		{"V4-Flash: hc4 dim 4096 iters 20", 2, 4, 4096, 20},
 	} {
 		rows, hc, dim := c.rows, c.hc, c.dim
 		const eps, normEps = 1e-6, 1e-6
@@ -195,6 +196,7 @@ func TestEmuMaskedMoE(t *testing.T) {
 		{"hash top-2 of 6", 9, 6, 2, 33, 16, true, ScoreSqrtSoftplus, 9},
 		{"sigmoid top-4 of 40", 5, 40, 4, 20, 8, false, ScoreSigmoidGate, 5},
 		{"300 tokens, layout tiles", 300, 8, 2, 8, 4, false, ScoreSqrtSoftplus, 300},
+		{"V4-Flash routing: top-6 of 256", 4, 256, 6, 16, 8, false, ScoreSqrtSoftplus, 4},
 	} {
 		n, e, k, h, in := c.tokens, c.experts, c.k, c.dim, c.inter
 		logits := emuRnd(uint64(n*e), n*e, 4)
