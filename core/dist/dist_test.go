@@ -276,3 +276,51 @@ func TestBadArguments(t *testing.T) {
 		t.Fatal("root outside the group accepted")
 	}
 }
+
+// TestLayout splits 8 ranks as dp=2 × cp=2 × tp=2 with ep=4: each group holds the ranks
+// the layout says, in rank order, and an all-gather over it sees exactly them.
+func TestLayout(t *testing.T) {
+	cs, _ := NewInProcess(8, Options{Timeout: 10 * time.Second})
+	type got struct{ tp, cp, dp, ep []int }
+	res := make([]got, 8)
+	_, errs := runAll(cs, func(c Communicator) ([]byte, error) {
+		l, err := NewLayout(c, 2, 2, 4)
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		members := func(g Communicator) []int {
+			all, err := g.AllGatherV([]byte{byte(c.Rank())})
+			if err != nil {
+				t.Error(err)
+				return nil
+			}
+			var out []int
+			for _, m := range all {
+				out = append(out, int(m[0]))
+			}
+			return out
+		}
+		res[c.Rank()] = got{members(l.TP), members(l.CP), members(l.DP), members(l.EP)}
+		return nil, nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r, g := range res {
+		want := got{
+			tp: []int{r &^ 1, r | 1},
+			cp: []int{r &^ 2, r | 2},
+			dp: []int{r &^ 4, r | 4},
+			ep: []int{r &^ 3, r&^3 + 1, r&^3 + 2, r&^3 + 3},
+		}
+		if fmt.Sprint(g) != fmt.Sprint(want) {
+			t.Fatalf("rank %d: groups %v, want %v", r, g, want)
+		}
+	}
+	if _, err := NewLayout(cs[0], 3, 1, 1); err == nil {
+		t.Fatal("tp=3 accepted for 8 ranks")
+	}
+}

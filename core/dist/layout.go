@@ -1,0 +1,54 @@
+package dist
+
+import "fmt"
+
+// Layout is one rank's groups in a world of dp × cp × tp ranks, tp fastest: world rank
+// = (dpRank·cp + cpRank)·tp + tpRank, so a TP group is tp consecutive ranks (one host's
+// GPUs, where the all-reduces are). EP groups are ep consecutive world ranks, as SGLang
+// lays out DP-attention + EP (ep = world: every rank holds a slice of the experts).
+type Layout struct {
+	World, TP, CP, DP, EP          Communicator
+	TPRank, CPRank, DPRank, EPRank int
+}
+
+// NewLayout splits world into its tp, cp, dp and ep groups (every rank calls it).
+// tp·cp must divide the world size (dp is the quotient) and ep must divide it too.
+func NewLayout(world Communicator, tp, cp, ep int) (*Layout, error) {
+	n, r := world.Size(), world.Rank()
+	if tp < 1 || cp < 1 || ep < 1 || n%(tp*cp) != 0 || n%ep != 0 {
+		return nil, fmt.Errorf("dist: layout tp=%d cp=%d ep=%d does not fit a world of %d ranks", tp, cp, ep, n)
+	}
+	l := &Layout{World: world, TPRank: r % tp, CPRank: r / tp % cp, DPRank: r / (tp * cp), EPRank: r % ep}
+	var err error
+	split := func(name string, color, key int) Communicator {
+		if err != nil {
+			return nil
+		}
+		var c Communicator
+		if c, err = world.Split(color, key); err != nil {
+			err = fmt.Errorf("dist: layout: %s group: %w", name, err)
+		}
+		return c
+	}
+	l.TP = split("tp", r/tp, r)
+	l.CP = split("cp", l.DPRank*tp+l.TPRank, r)
+	l.DP = split("dp", l.CPRank*tp+l.TPRank, r)
+	l.EP = split("ep", r/ep, r)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Close closes the subgroups (not World).
+func (l *Layout) Close() error {
+	var first error
+	for _, c := range []Communicator{l.TP, l.CP, l.DP, l.EP} {
+		if c != nil {
+			if err := c.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
