@@ -213,3 +213,71 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 	}
 	return mm(call.Y, g.o, l.o, T, L, D)
 }
+
+// gpuKDADecode is one decode step of Seqs sequences through a KDA layer in one launch per
+// kernel: X, Y [Seqs, D] (a token a sequence); sequence b's conv and recurrent states are
+// slot Slots[b] ([Seqs] int32) of the pools in States ([slots, 3L, K−1] and [slots, H, Dh,
+// Dh]).
+type gpuKDADecode struct {
+	X, Y   cudart.DevicePtr
+	Seqs   int
+	States gpuKDAState
+	Slots  cudart.DevicePtr
+}
+
+// decode runs a batched decode step through layer l on stream s.
+func (g *gpuKDA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, d gpuKDADecode) error {
+	cfg := g.cfg
+	D, H, Dh, K := cfg.HiddenSize, cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.LinearConvKernelDim
+	L, B := H*Dh, d.Seqs
+	if B <= 0 || B > g.maxTokens {
+		return fmt.Errorf("gpu kda: decode of %d sequences (workspace for %d)", B, g.maxTokens)
+	}
+	mm := func(out, x, w cudart.DevicePtr, m, k, n int) error {
+		return g.blas.MatMulT(c, s, cudart.F32, out, x, w, m, k, n)
+	}
+	for _, p := range []struct {
+		out, x, w cudart.DevicePtr
+		k, n      int
+	}{{g.mixed, d.X, l.qkv, D, 3 * L}, {g.low, d.X, l.fa, D, Dh}, {g.g, g.low, l.fb, Dh, L}, {g.beta, d.X, l.b, D, H}} {
+		if err := mm(p.out, p.x, p.w, B, p.k, p.n); err != nil {
+			return err
+		}
+	}
+	q, k, v := g.qkv, off(g.qkv, B*L), off(g.qkv, 2*B*L)
+	shape := kernels.KDAShape{Heads: H, DK: Dh, DV: Dh}
+	for _, launch := range []func() error{
+		func() error {
+			return kernels.Run(g.ks, c, s, kernels.KDAGate{G: g.g, ALog: l.aLog, DTBias: l.dtBias, Tokens: B, Heads: H, HeadDim: Dh,
+				LowerBound: cfg.LinearLowerBound})
+		},
+		func() error { return kernels.Run(g.ks, c, s, kernels.Sigmoid{X: g.beta, N: B * H}) },
+		func() error {
+			return kernels.Run(g.ks, c, s, kernels.CausalConvSiLU{Out: g.qkv, State: d.States.Conv, Slots: d.Slots, X: g.mixed,
+				W: l.conv, Tokens: 1, Seqs: B, Channels: 3 * L, Kernel: K, Split: L})
+		},
+		func() error {
+			return kernels.Run(g.ks, c, s, kernels.L2Norm{X: q, Rows: B * H, Dim: Dh, Mul: float32(1 / math.Sqrt(float64(Dh)))})
+		},
+		func() error { return kernels.Run(g.ks, c, s, kernels.L2Norm{X: k, Rows: B * H, Dim: Dh, Mul: 1}) },
+		func() error {
+			return kernels.Run(g.ks, c, s, kernels.KDAStep{Out: g.o, State: d.States.Recurrent, Slots: d.Slots, Q: q, K: k, V: v,
+				G: g.g, Beta: g.beta, Tokens: 1, Seqs: B, Shape: shape})
+		},
+	} {
+		if err := launch(); err != nil {
+			return fmt.Errorf("gpu kda: decode: %w", err)
+		}
+	}
+	if err := mm(g.low, d.X, l.ga, B, D, Dh); err != nil {
+		return err
+	}
+	if err := mm(g.gate, g.low, l.gb, B, Dh, L); err != nil {
+		return err
+	}
+	if err := kernels.Run(g.ks, c, s, kernels.GatedRMSNorm{Out: g.o, X: g.o, Gate: g.gate, W: l.oNorm, Rows: B * H, Dim: Dh,
+		Eps: float32(cfg.RMSNormEps)}); err != nil {
+		return fmt.Errorf("gpu kda: decode: %w", err)
+	}
+	return mm(d.Y, g.o, l.o, B, L, D)
+}

@@ -463,3 +463,132 @@ func TestEmulatedGPUKDAGraphReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEmulatedGPUKDABatchedDecode prefills three sequences of different lengths into slots
+// 2, 0 and 1 of the device's state pools, then decodes a token of each in one batched
+// step, against forward.go's kda run sequence by sequence: every row of the output and
+// every slot's states.
+func TestEmulatedGPUKDABatchedDecode(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	m := tinyTextModel(t)
+	c := m.Config
+	D := c.HiddenSize
+	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
+	w := m.W.layers[li].kda
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const tol = 2e-5
+	lengths, slots := []int{3, 5, 2}, []int32{2, 0, 1}
+	B := len(lengths)
+	refs := make([]*TextState, B)
+	for b := range refs {
+		refs[b] = m.NewTextState()
+	}
+	nc, nr := len(refs[0].Layers[li].Conv), len(refs[0].Layers[li].Recurrent)
+	r := rand.New(rand.NewPCG(2, 3))
+	err = dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		g, err := newGPUKDA(cx, c, blas, ks, 8)
+		if err != nil {
+			return err
+		}
+		defer g.close(cx)
+		l, err := g.upload(cx, w)
+		if err != nil {
+			return err
+		}
+		var pools gpuKDAState
+		var x, y, dslots cudart.DevicePtr
+		for _, b := range []struct {
+			p *cudart.DevicePtr
+			n int
+		}{{&pools.Conv, B * nc}, {&pools.Recurrent, B * nr}, {&x, 8 * D}, {&y, 8 * D}, {&dslots, B}} {
+			if *b.p, err = g.alloc(cx, b.n); err != nil {
+				return err
+			}
+			if err := cx.Memset(*b.p, 0, int64(4*b.n)); err != nil {
+				return err
+			}
+		}
+		if err := cudart.Upload(cx, dslots, slots); err != nil {
+			return err
+		}
+		slot := func(b int) gpuKDAState {
+			return gpuKDAState{Conv: off(pools.Conv, int(slots[b])*nc), Recurrent: off(pools.Recurrent, int(slots[b])*nr)}
+		}
+		for b, n := range lengths {
+			xs := randRows(r, n*D)
+			if _, err := m.kda(w, &refs[b].Layers[li], xs, n, 0, 0); err != nil {
+				return err
+			}
+			if err := cudart.Upload(cx, x, xs); err != nil {
+				return err
+			}
+			if err := g.forward(cx, nil, l, gpuKDACall{X: x, Y: y, T: n, State: slot(b)}); err != nil {
+				return err
+			}
+		}
+		xs := randRows(r, B*D)
+		want := make([]float32, 0, B*D)
+		for b, n := range lengths {
+			yb, err := m.kda(w, &refs[b].Layers[li], xs[b*D:(b+1)*D], 1, n, 0)
+			if err != nil {
+				return err
+			}
+			want = append(want, yb...)
+		}
+		if err := cudart.Upload(cx, x, xs); err != nil {
+			return err
+		}
+		if err := g.decode(cx, nil, l, gpuKDADecode{X: x, Y: y, Seqs: B, States: pools, Slots: dslots}); err != nil {
+			return err
+		}
+		if err := cx.Synchronize(); err != nil {
+			return err
+		}
+		got := make([]float32, B*D)
+		if err := cudart.Download(cx, got, y); err != nil {
+			return err
+		}
+		if err := diffRows("batched decode output", got, want, tol); err != nil {
+			return err
+		}
+		gc, gr := make([]float32, B*nc), make([]float32, B*nr)
+		if err := cudart.Download(cx, gc, pools.Conv); err != nil {
+			return err
+		}
+		if err := cudart.Download(cx, gr, pools.Recurrent); err != nil {
+			return err
+		}
+		for b, sl := range slots {
+			ls := &refs[b].Layers[li]
+			if err := diffRows(fmt.Sprintf("sequence %d conv state", b), gc[int(sl)*nc:int(sl+1)*nc], ls.Conv, tol); err != nil {
+				return err
+			}
+			if err := diffRows(fmt.Sprintf("sequence %d recurrent state", b), gr[int(sl)*nr:int(sl+1)*nr], ls.Recurrent, tol); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
