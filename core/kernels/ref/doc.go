@@ -11,7 +11,8 @@
 //   - without a BLAS library (core/blas: RESIN_BLAS), the package's own GEMM (sgemm.go):
 //     packed and cache-blocked, on 14×32 AVX-512 or 6×16 AVX2+FMA micro-kernels in
 //     assembly (sgemm_amd64.s), about as fast as OpenBLAS on the models' prefill shapes;
-//     a row's bits depend on k, not on the rows beside it or the number of workers;
+//     from 9 rows up a row's bits depend on k, not on the rows beside it or the number
+//     of workers; MatMulTBF16 runs it (and a GEMV kernel) on bfloat16 weights;
 //   - a worker pool of GOMAXPROCS-1 goroutines (parallel.go) that the caller and its idle
 //     workers share: large GEMMs split in one block per participant, PagedAttentionBatch
 //     (the models' attention, checked against PagedAttention) across sequences, kv heads,
