@@ -28,6 +28,7 @@ type gpuModel struct {
 	layers                                         []gpuLayer
 
 	slots, maxTokens int
+	maxRows          int // logits rows a step
 	used             []bool
 	w                gpuWork
 	moeW             *moeWork
@@ -62,17 +63,18 @@ type gpuWork struct {
 	ids, idsRep, pos, rowSeq, seqStart, len0, state, winRow0, entryRow0 cudart.DevicePtr
 	streams, next, mix, post, comb, x                                   cudart.DevicePtr
 	qres, q, kv, ckv, cgate, ikv, igate, iq, iw                         cudart.DevicePtr
-	out, grp, midg, mid, att, picks, counts, scores, ffn, y, logits     cudart.DevicePtr
+	out, grp, midg, mid, att, picks, counts, scores, ffn                cudart.DevicePtr
+	rowIdx, picked, headMix, y, logits                                  cudart.DevicePtr // the head's, maxRows rows
 }
 
 // newGPUModel uploads m's weights and allocates slots sequences of up to m.maxContext
-// tokens, with steps of up to maxTokens rows.
-func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, slots, maxTokens int) (_ *gpuModel, err error) {
+// tokens, with steps of up to maxTokens rows of which up to maxRows get logits.
+func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, slots, maxTokens, maxRows int) (_ *gpuModel, err error) {
 	cfg := m.Config
-	if slots <= 0 || maxTokens <= 0 {
-		return nil, fmt.Errorf("gpu: %d slots and %d rows a step must be positive", slots, maxTokens)
+	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens {
+		return nil, fmt.Errorf("gpu: %d slots, %d rows a step and %d logits rows (at most the rows) must be positive", slots, maxTokens, maxRows)
 	}
-	g := &gpuModel{m: m, kk: kk, vk: vk, blas: blas, slots: slots, maxTokens: maxTokens, used: make([]bool, slots)}
+	g := &gpuModel{m: m, kk: kk, vk: vk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, used: make([]bool, slots)}
 	defer func() {
 		if err != nil {
 			g.arena.free(c)
@@ -196,7 +198,8 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		{&x.iq, n * ih * id}, {&x.iw, n * ih}, {&x.out, n * nh * d}, {&x.grp, n * nh * d},
 		{&x.midg, n * og * olr}, {&x.mid, n * og * olr}, {&x.att, n * h},
 		{&x.picks, n * max(1, cfg.IndexTopK)}, {&x.counts, n}, {&x.scores, n * maxVisible},
-		{&x.ffn, n * h}, {&x.y, n * h}, {&x.logits, n * cfg.VocabSize},
+		{&x.ffn, n * h}, {&x.rowIdx, maxRows}, {&x.picked, maxRows * hc * h}, {&x.headMix, maxRows * hc},
+		{&x.y, maxRows * h}, {&x.logits, maxRows * cfg.VocabSize},
 	} {
 		if *b.dst, err = a.alloc(c, 4*b.n); err != nil {
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
@@ -257,9 +260,10 @@ func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim
 }
 
 // forward runs one chunk of new tokens for each sequence (any lengths, at least one row in
-// all) and returns the logits of every row ([ΣT, vocab], rows in sequence order), as
-// Model.Forward.
-func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32) ([]float32, error) {
+// all) and returns the logits of the rows named ([len(rows), vocab]; indices into the
+// step's rows, in sequence order; nil names every row), as Model.ForwardRows: only those
+// rows go through the head.
+func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32) ([]float32, error) {
 	cfg := g.m.Config
 	if len(seqs) != len(tokens) || len(seqs) > g.slots {
 		return nil, fmt.Errorf("gpu: %d sequences, %d chunks (at most %d)", len(seqs), len(tokens), g.slots)
@@ -291,6 +295,20 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32) ([]f
 	if n == 0 || n > g.maxTokens {
 		return nil, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
 	}
+	if rows == nil {
+		rows = make([]int32, n)
+		for i := range rows {
+			rows[i] = int32(i)
+		}
+	}
+	if len(rows) > g.maxRows {
+		return nil, fmt.Errorf("gpu: logits for %d rows, at most %d a step", len(rows), g.maxRows)
+	}
+	for _, r := range rows {
+		if r < 0 || int(r) >= n {
+			return nil, fmt.Errorf("gpu: logits row %d outside the %d rows of the step", r, n)
+		}
+	}
 	w := &g.w
 	for _, u := range []struct {
 		dst cudart.DevicePtr
@@ -313,25 +331,36 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32) ([]f
 	for i, s := range seqs {
 		s.Len += len(tokens[i])
 	}
-	// The head: hc_head's collapse, the final norm, the lm_head.
+	nr := len(rows)
+	if nr == 0 {
+		return nil, c.Synchronize() // a mid-prompt chunk: no row is sampled
+	}
+	// The head over the rows named: their streams gathered (the embedding kernel on the
+	// streams as a table), hc_head's collapse, the final norm, the lm_head.
 	eps := float32(cfg.RMSNormEps)
-	if err := g.gemm(c, w.mix, w.streams, g.hcFn, n, hc*h, hc); err != nil {
+	if err := cudart.Upload(c, w.rowIdx, rows); err != nil {
 		return nil, err
 	}
-	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Collapsed: w.y, Streams: w.streams, Mix: w.mix, Base: g.hcBase, Scale: g.hcScale,
-		Rows: n, HC: hc, Dim: h, Eps: float32(cfg.HCEps), NormEps: eps, Head: true}); err != nil {
+	if err := g.kk.Embedding(c, nil, w.picked, w.streams, w.rowIdx, nr, hc*h, n); err != nil {
 		return nil, err
 	}
-	if err := g.kk.RMSNorm(c, nil, w.y, w.y, g.norm, n, h, eps); err != nil {
+	if err := g.gemm(c, w.headMix, w.picked, g.hcFn, nr, hc*h, hc); err != nil {
 		return nil, err
 	}
-	if err := g.gemm(c, w.logits, w.y, g.head, n, h, cfg.VocabSize); err != nil {
+	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Collapsed: w.y, Streams: w.picked, Mix: w.headMix, Base: g.hcBase, Scale: g.hcScale,
+		Rows: nr, HC: hc, Dim: h, Eps: float32(cfg.HCEps), NormEps: eps, Head: true}); err != nil {
+		return nil, err
+	}
+	if err := g.kk.RMSNorm(c, nil, w.y, w.y, g.norm, nr, h, eps); err != nil {
+		return nil, err
+	}
+	if err := g.gemm(c, w.logits, w.y, g.head, nr, h, cfg.VocabSize); err != nil {
 		return nil, err
 	}
 	if err := c.Synchronize(); err != nil {
 		return nil, err
 	}
-	logits := make([]float32, n*cfg.VocabSize)
+	logits := make([]float32, nr*cfg.VocabSize)
 	return logits, cudart.Download(c, logits, w.logits)
 }
 

@@ -10,8 +10,9 @@ import (
 )
 
 // OpenGPU loads the model in dir (as Load) and serves it from GPU opts.Ordinal with
-// GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots and the step's rows (the
-// engine's MaxSeqs and MaxBatchTokens; zero: 256 and 8192, as core/gpurunner), opts.KernelCache
+// GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots, the step's rows and its logits rows
+// (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and MaxSeqs, as
+// core/gpurunner), opts.KernelCache
 // the compiled kernels; graphs, NUMA binding and a device KV cache are not used yet (see
 // doc.go). The host pool of cacheBytes (0 = 256 MiB) only keeps the engine's page
 // accounting. Closing the runner closes the device.
@@ -30,6 +31,10 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if seqs <= 0 {
 		seqs = min(256, tokens)
 	}
+	rows := opts.Limits.MaxRows
+	if rows <= 0 {
+		rows = seqs
+	}
 	cacheDir := opts.KernelCache
 	if cacheDir == "" {
 		if cacheDir, err = cudart.DefaultKernelCacheDir(); err != nil {
@@ -44,7 +49,7 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", Name, err)
 	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, seqs, tokens)
+	r, err := NewGPURunner(cpu.Model, dev, cache, seqs, tokens, rows)
 	if err != nil {
 		dev.Close()
 		return nil, nil, err

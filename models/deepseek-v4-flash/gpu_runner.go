@@ -33,8 +33,8 @@ type GPURunner struct {
 var _ engine.Runner = (*GPURunner)(nil)
 
 // NewGPURunner loads the kernels (through cache) and uploads m on dev, for up to slots
-// sequences at once and steps of up to maxTokens rows.
-func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens int) (*GPURunner, error) {
+// sequences at once and steps of up to maxTokens rows, maxRows of them sampled.
+func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows int) (*GPURunner, error) {
 	kk, err := cuda.Load(dev, cache)
 	if err != nil {
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
@@ -50,7 +50,7 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots
 		if err != nil {
 			return err
 		}
-		r.g, err = newGPUModel(c, m, kk, vk, blas, slots, maxTokens)
+		r.g, err = newGPUModel(c, m, kk, vk, blas, slots, maxTokens, maxRows)
 		return err
 	})
 	if err != nil {
@@ -129,13 +129,15 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 			seqs[i] = s
 			toks[i], _ = p.Seq(i)
 		}
-		rows, err := r.g.forward(c, seqs, toks)
+		want := p.LogitsIndices
+		if want == nil {
+			want = noRows // nil would ask for every row
+		}
+		rows, err := r.g.forward(c, seqs, toks, want)
 		if err != nil {
 			return err
 		}
-		for j, row := range p.LogitsIndices {
-			copy(logits[j*vocab:(j+1)*vocab], rows[int(row)*vocab:(int(row)+1)*vocab])
-		}
+		copy(logits, rows[:len(want)*vocab])
 		return nil
 	})
 }

@@ -98,7 +98,7 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device) {
 		if err != nil {
 			return err
 		}
-		g, err := newGPUModel(cx, m, kk, vk, blas, 3, 32)
+		g, err := newGPUModel(cx, m, kk, vk, blas, 3, 32, 32)
 		if err != nil {
 			return err
 		}
@@ -120,11 +120,22 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device) {
 				seqs, toks = append(seqs, gs[p.seq]), append(toks, p.tokens)
 				chunks = append(chunks, Chunk{State: cs[p.seq], Tokens: p.tokens})
 			}
-			got, err := g.forward(cx, seqs, toks)
+			// Odd steps ask for each sequence's last row only, in reverse order (as a plan's
+			// LogitsIndices may); even ones for every row.
+			var rows []int32
+			if si%2 == 1 {
+				rows = []int32{}
+				end := 0
+				for _, p := range st {
+					end += len(p.tokens)
+					rows = append([]int32{int32(end - 1)}, rows...)
+				}
+			}
+			got, err := g.forward(cx, seqs, toks, rows)
 			if err != nil {
 				return err
 			}
-			want, _, err := m.Forward(chunks)
+			want, _, err := m.ForwardRows(chunks, rows)
 			if err != nil {
 				return err
 			}
@@ -184,7 +195,7 @@ func TestEmulatedEngineMatchesCPU(t *testing.T) {
 		}
 	}
 	for ci, cfg := range []engine.Config{{MaxBatchTokens: 64}, {MaxBatchTokens: 7}} {
-		gr, err := NewGPURunner(tinyModel(t), dev, cache, 8, 64)
+		gr, err := NewGPURunner(tinyModel(t), dev, cache, 8, 64, 8)
 		if err != nil {
 			t.Fatal(err)
 		}
