@@ -41,19 +41,31 @@ RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __r
   float win[GLM5FLASH_CONV_MAX_KERNEL];
   float* st = state + (slot * channels + c) * m;
   const float* wc = w + c * kernel;
-  for (int j = 0; j < m; j++) win[j] = st[j];
+  // The window's loops run over the constant bound, guarded by m, so that win stays in
+  // registers (a loop to m indexes it at run time and puts it in local memory).
+#pragma unroll
+  for (int j = 0; j < GLM5FLASH_CONV_MAX_KERNEL; j++) win[j] = j < m ? st[j] : 0.0f;
   for (int t = 0; t < tokens; t++) {
     long long row = (long long)b * tokens + t;
     float xv = x[row * channels + c];
     float s = wc[m] * xv;
-    for (int j = 0; j < m; j++) s += wc[j] * win[j];
+#pragma unroll
+    for (int j = 0; j < GLM5FLASH_CONV_MAX_KERNEL; j++)
+      if (j < m) s += wc[j] * win[j];
     out[(c / group) * rows * group + row * group + c % group] = s / (1.0f + resin_expf(-s));
-    for (int j = 0; j + 1 < m; j++) win[j] = win[j + 1];
-    if (m > 0) win[m - 1] = xv;
+#pragma unroll
+    for (int j = 0; j < GLM5FLASH_CONV_MAX_KERNEL; j++) {
+      if (j + 1 < m) win[j] = win[j + 1];
+      else if (j + 1 == m) win[j] = xv;
+    }
     if (snapshots)
-      for (int j = 0; j < m; j++) snapshots[(row * channels + c) * m + j] = win[j];
+#pragma unroll
+      for (int j = 0; j < GLM5FLASH_CONV_MAX_KERNEL; j++)
+        if (j < m) snapshots[(row * channels + c) * m + j] = win[j];
   }
-  for (int j = 0; j < m; j++) st[j] = win[j];
+#pragma unroll
+  for (int j = 0; j < GLM5FLASH_CONV_MAX_KERNEL; j++)
+    if (j < m) st[j] = win[j];
 }
 
 RESIN_KERNEL void glm5flash_l2norm(float* __restrict__ x, int rows, int dim, float mul) {
