@@ -125,7 +125,8 @@ type transport interface {
 	rank() int
 	size() int
 	// exchange posts send and returns every rank's message for this round, indexed by
-	// rank; op names the collective in errors. The result is the caller's to keep.
+	// rank; op names the collective in errors. The messages are read-only (other ranks
+	// may share them) and stay valid after the next exchange.
 	exchange(op string, send []byte) ([][]byte, error)
 	// sub joins the subgroup tag whose members are the parent ranks members (in new-rank
 	// order); self is this rank's index in members.
@@ -161,7 +162,15 @@ func (g *group) AllReduce(buf []byte, t DType) error {
 }
 
 func (g *group) AllGatherV(send []byte) ([][]byte, error) {
-	return g.tr.exchange("all-gather", send)
+	msgs, err := g.tr.exchange("all-gather", send)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(msgs))
+	for r, m := range msgs {
+		out[r] = slices.Clone(m)
+	}
+	return out, nil
 }
 
 func (g *group) ReduceScatterV(send []byte, counts []int, t DType) ([]byte, error) {
@@ -227,7 +236,7 @@ func (g *group) AllToAllV(send [][]byte) ([][]byte, error) {
 		if off+l > len(m) {
 			return nil, fmt.Errorf("dist: all-to-all: rank %d's message is shorter than its lengths", q)
 		}
-		out[q] = m[off : off+l : off+l]
+		out[q] = slices.Clone(m[off : off+l])
 	}
 	return out, nil
 }
@@ -243,7 +252,7 @@ func (g *group) Broadcast(buf []byte, root int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return msgs[root], nil
+	return slices.Clone(msgs[root]), nil
 }
 
 func (g *group) Barrier() error {
@@ -339,8 +348,27 @@ func lenAll(ps [][]byte) int {
 }
 
 // reduceInto writes into out the sum over msgs of count elements starting at element off,
-// in rank order, in float32.
+// in rank order, in float32: out = ((m0 + m1) + m2) + …, each bf16 sum rounded once.
 func reduceInto(out []byte, msgs [][]byte, off, count int, t DType) {
+	if t == F32 {
+		o := f32View(out, count)
+		ins := make([][]float32, len(msgs))
+		ok := o != nil
+		for r, m := range msgs {
+			if ins[r] = f32View(m[4*off:], count); ins[r] == nil {
+				ok = false
+			}
+		}
+		if ok {
+			copy(o, ins[0])
+			for _, m := range ins[1:] {
+				for i, v := range m {
+					o[i] += v
+				}
+			}
+			return
+		}
+	}
 	le := binary.LittleEndian
 	for i := range count {
 		var acc float32
@@ -363,6 +391,16 @@ func reduceInto(out []byte, msgs [][]byte, off, count int, t DType) {
 			le.PutUint16(out[2*i:], toBF16(acc))
 		}
 	}
+}
+
+// f32View is the first n float32 of b without a copy, or nil when b is not 4-byte
+// aligned (then the caller takes the byte-wise path). The host is little-endian (amd64,
+// arm64), as the byte-wise path assumes too.
+func f32View(b []byte, n int) []float32 {
+	if n == 0 || len(b) < 4*n || uintptr(unsafe.Pointer(&b[0]))%4 != 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
 }
 
 // toBF16 rounds f to the nearest bfloat16, ties to even; NaN stays NaN.

@@ -99,10 +99,7 @@ func (p *inprocRank) exchange(op string, send []byte) ([][]byte, error) {
 		select {
 		case <-rd.done:
 			sh.mu.Lock()
-			out := make([][]byte, sh.n)
-			for r, m := range rd.msgs {
-				out[r] = append([]byte(nil), m...)
-			}
+			out := rd.msgs // read-only from here on: every rank reads the same messages
 			if rd.read++; rd.read == sh.n {
 				delete(sh.rounds, seq)
 			}
