@@ -332,6 +332,17 @@ func TestEmuKDAPrep(t *testing.T) {
 	SigmoidRef(want)
 	emuLaunch(t, Sigmoid{X: dptr(b), N: len(b)}, b)
 	closeTo(t, "sigmoid", b, want, 1e-6)
+
+	f := rnd(301, 3)
+	f[0], f[1] = 1+1.0/256, 1+3.0/256 // ties: to even, down and up
+	h := make([]int32, (len(f)+1)/2)  // 301 uint16 in int32 storage
+	emuLaunch(t, ToBF16{Out: iptr(h), X: dptr(f), N: len(f)}, h, f)
+	hb := unsafe.Slice((*uint16)(unsafe.Pointer(&h[0])), len(f))
+	for i, v := range f {
+		if hb[i] != ref.BF16(v) {
+			t.Fatalf("to_bf16(%g) = %#x, ref.BF16 %#x", v, hb[i], ref.BF16(v))
+		}
+	}
 }
 
 // TestKDALaunchShapes checks that the launchers refuse bad shapes with an error naming
@@ -350,6 +361,7 @@ func TestKDALaunchShapes(t *testing.T) {
 		L2Norm{Rows: 0, Dim: 4},
 		KDAGate{Tokens: 1, Heads: 0, HeadDim: 4},
 		Sigmoid{N: 0},
+		ToBF16{N: 0},
 		GatedRMSNorm{Rows: 1, Dim: 0},
 	} {
 		if err := l.spec(&sp); err == nil {

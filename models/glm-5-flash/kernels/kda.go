@@ -15,6 +15,7 @@ const (
 	KDAGateName        = "glm5flash_kda_gate"
 	SigmoidName        = "glm5flash_sigmoid"
 	GatedRMSNormName   = "glm5flash_gated_rmsnorm"
+	ToBF16Name         = "glm5flash_to_bf16"
 )
 
 // MaxStaticShared is the dynamic shared memory a block may take without opting in
@@ -235,5 +236,21 @@ func (a GatedRMSNorm) spec(sp *spec) error {
 	}
 	sp.reset(GatedRMSNormName, cudart.D1(a.Rows), cudart.D1(rowThreads(a.Dim)), 0)
 	sp.ptr(a.Out).ptr(a.X).ptr(a.Gate).ptr(a.W).i32(a.Rows).i32(a.Dim).f32(a.Eps)
+	return nil
+}
+
+// ToBF16 is a launch of Out[i] = bf16(X[i]) over N elements (round to nearest even, as
+// ref.BF16): Out holds N uint16.
+type ToBF16 struct {
+	Out, X cudart.DevicePtr
+	N      int
+}
+
+func (a ToBF16) spec(sp *spec) error {
+	if a.N <= 0 || a.N > maxI32 {
+		return fmt.Errorf("kernels: to_bf16: %d elements", a.N)
+	}
+	sp.reset(ToBF16Name, cudart.D1((a.N+255)/256), cudart.D1(256), 0)
+	sp.ptr(a.Out).ptr(a.X).i32(a.N)
 	return nil
 }

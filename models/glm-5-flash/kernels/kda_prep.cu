@@ -21,6 +21,8 @@
 //   glm5flash_sigmoid           x: [n] in place (β).
 //   glm5flash_gated_rmsnorm     x, gate: [rows, dim]  w: [dim]
 //     out = RMSNorm(x)·w·sigmoid(gate) (the per-head output norm; out may be x).
+//   glm5flash_to_bf16           out[i] = bf16(x[i]) (round to nearest even), n elements: a
+//     GEMM's bf16 operand from fp32 activations (KDA's projections are bf16 in checkpoints).
 // The per-row kernels run a block a row (blockDim a multiple of 32), the rest a thread an
 // element.
 #include "prelude.cuh"
@@ -119,4 +121,9 @@ RESIN_KERNEL void glm5flash_gated_rmsnorm(float* out, const float* x,
     float v = row[i] * inv * w[i];
     o[i] = v * (1.0f / (1.0f + resin_expf(-gr[i])));
   }
+}
+
+RESIN_KERNEL void glm5flash_to_bf16(resin_bf16* __restrict__ out, const float* __restrict__ x, int n) {
+  long long i = resin_global_tid();
+  if (i < n) out[i] = resin_f2bf(x[i]);
 }

@@ -41,7 +41,7 @@ type Launcher interface {
 // moduleFiles are the sources Kernels loads, with their entry points.
 var moduleFiles = map[string][]string{
 	"kda.cu":      {KDAStepName, KDAChunkedName},
-	"kda_prep.cu": {CausalConvSiLUName, L2NormName, KDAGateName, SigmoidName, GatedRMSNormName},
+	"kda_prep.cu": {CausalConvSiLUName, L2NormName, KDAGateName, SigmoidName, GatedRMSNormName, ToBF16Name},
 	"dsa.cu":      {IndexerKeysName, KPoolCompressName, IndexerScoresName, PoolTopKName, SparseMLAName},
 }
 
