@@ -68,6 +68,12 @@ type Communicator interface {
 type Options struct {
 	// Timeout bounds every wait: joining, and each collective. Zero means 30 s.
 	Timeout time.Duration
+	// JoinTimeout bounds joining alone (JoinShm's rendezvous); zero means Timeout. A
+	// control group that may idle for long sets a long Timeout and a short JoinTimeout.
+	JoinTimeout time.Duration
+	// Cancel, when closed, ends a JoinShm still waiting for its peers (a launcher closes
+	// it when a worker it started exits before joining).
+	Cancel <-chan struct{}
 	// SlotBytes is the shared-memory slot of each rank (JoinShm); a longer message goes in
 	// several rounds. Zero means 1 MiB.
 	SlotBytes int
@@ -79,6 +85,25 @@ func (o Options) timeout() time.Duration {
 	}
 	return o.Timeout
 }
+
+func (o Options) joinTimeout() time.Duration {
+	if o.JoinTimeout > 0 {
+		return o.JoinTimeout
+	}
+	return o.timeout()
+}
+
+func (o Options) canceled() bool {
+	select {
+	case <-o.Cancel:
+		return true
+	default:
+		return false
+	}
+}
+
+// ErrCanceled is wrapped by a join that Options.Cancel ended.
+var ErrCanceled = errors.New("canceled")
 
 // ErrTimeout is wrapped by the errors of waits that ran past their deadline.
 var ErrTimeout = errors.New("deadline exceeded")

@@ -79,7 +79,7 @@ func joinShm(name string, rank, size int, o Options) (*shmRank, error) {
 	}
 	sb = (sb + line - 1) / line * line
 	p := &shmRank{name: name, path: filepath.Join(ShmDir(), "resin-dist-"+name), me: rank, n: size, slotBytes: sb, o: o}
-	deadline := time.Now().Add(o.timeout())
+	deadline := time.Now().Add(o.joinTimeout())
 	if rank == 0 {
 		if err := p.create(); err != nil {
 			return nil, err
@@ -91,9 +91,13 @@ func joinShm(name string, rank, size int, o Options) (*shmRank, error) {
 		defer os.Remove(p.path)
 		for r := 1; r < size; r++ {
 			for atomic.LoadUint64(p.word(p.rankOff(r)+rkJoined)) == 0 {
+				if o.canceled() {
+					p.close()
+					return nil, &PeerError{Op: "join " + name, Peer: r, Err: fmt.Errorf("%w before it joined", ErrCanceled)}
+				}
 				if time.Now().After(deadline) {
 					p.close()
-					return nil, &PeerError{Op: "join " + name, Peer: r, Err: fmt.Errorf("%w: it never joined within %v", ErrTimeout, o.timeout())}
+					return nil, &PeerError{Op: "join " + name, Peer: r, Err: fmt.Errorf("%w: it never joined within %v", ErrTimeout, o.joinTimeout())}
 				}
 				time.Sleep(time.Millisecond)
 			}
@@ -154,8 +158,11 @@ func (p *shmRank) attach(deadline time.Time) error {
 		if !errors.Is(err, errNotYet) {
 			return err
 		}
+		if p.o.canceled() {
+			return &PeerError{Op: "join " + p.name, Peer: 0, Err: fmt.Errorf("%w before rank 0 created %s", ErrCanceled, p.path)}
+		}
 		if time.Now().After(deadline) {
-			return &PeerError{Op: "join " + p.name, Peer: 0, Err: fmt.Errorf("%w: rank 0 did not create %s within %v", ErrTimeout, p.path, p.o.timeout())}
+			return &PeerError{Op: "join " + p.name, Peer: 0, Err: fmt.Errorf("%w: rank 0 did not create %s within %v", ErrTimeout, p.path, p.o.joinTimeout())}
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -153,3 +153,15 @@ func TestShmDeadPeer(t *testing.T) {
 		})
 	}
 }
+
+// TestShmJoinCanceled: closing Options.Cancel ends rank 0's wait for a rank that will
+// never join, before the deadline.
+func TestShmJoinCanceled(t *testing.T) {
+	cancel := make(chan struct{})
+	close(cancel)
+	_, err := JoinShm(shmName(t), 0, 2, Options{Timeout: time.Hour, Cancel: cancel})
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Peer != 1 || !errors.Is(err, ErrCanceled) {
+		t.Fatalf("%v, want rank 1's join canceled", err)
+	}
+}
