@@ -5,23 +5,29 @@ import (
 	"math"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
 )
 
-// gpuKDA runs the model's KDA layers on one device, in fp32: the projections on cuBLASLt,
-// everything else on the model's kernels (models/glm-5-flash/kernels), over a workspace
-// sized for up to maxTokens tokens a call. It is forward.go's kda step for step, the
+// gpuKDA runs the model's KDA layers on one device: the projections on cuBLASLt with
+// weights in wt (F32, or BF16 as checkpoints ship KDA's projections even when FP8: their
+// activation operands are rounded to bf16 and the products accumulate and land in fp32),
+// everything else in fp32 on the model's kernels (models/glm-5-flash/kernels), over a
+// workspace sized for up to maxTokens tokens a call. It is forward.go's kda step for step, the
 // tokens cut at block ends (and, for verification, token by token) the same way.
 type gpuKDA struct {
 	cfg       *TextConfig
 	blas      *cudart.Blas
 	ks        *kernels.Kernels
 	maxTokens int
+	wt        cudart.DType
 	// Workspace: mixed [T, 3L] pre-conv q;k;v, qkv [3, T, L] after conv and SiLU (per
 	// segment [3, n, L] at 3·s0·L), g and gate [T, L], beta [T, H], o [T, L], low [T, Dh]
 	// the low-rank projections' middle.
 	mixed, qkv, g, gate, beta, o, low cudart.DevicePtr
-	bufs                              []cudart.Buffer
+	// With bf16 weights, the GEMMs' bf16 operands: x [T, D], low [T, Dh], o [T, L].
+	xb, lowb, ob cudart.DevicePtr
+	bufs         []cudart.Buffer
 }
 
 // gpuKDALayer is one KDA layer's weights on the device; qkv is q, k and v stacked
@@ -35,16 +41,26 @@ type gpuKDALayer struct {
 type gpuKDAState struct{ Conv, Recurrent cudart.DevicePtr }
 
 // newGPUKDA allocates the workspace for calls of up to maxTokens tokens.
-func newGPUKDA(c *cudart.Ctx, cfg *TextConfig, blas *cudart.Blas, ks *kernels.Kernels, maxTokens int) (*gpuKDA, error) {
+func newGPUKDA(c *cudart.Ctx, cfg *TextConfig, blas *cudart.Blas, ks *kernels.Kernels, maxTokens int, wt cudart.DType) (*gpuKDA, error) {
 	if maxTokens <= 0 {
 		return nil, fmt.Errorf("gpu kda: workspace for %d tokens", maxTokens)
 	}
-	g := &gpuKDA{cfg: cfg, blas: blas, ks: ks, maxTokens: maxTokens}
-	L, H, Dh := cfg.LinearDim(), cfg.LinearNumHeads, cfg.LinearHeadDim
-	for _, b := range []struct {
+	if wt != cudart.F32 && wt != cudart.BF16 {
+		return nil, fmt.Errorf("gpu kda: projection weights in %v (f32 or bf16)", wt)
+	}
+	g := &gpuKDA{cfg: cfg, blas: blas, ks: ks, maxTokens: maxTokens, wt: wt}
+	L, H, Dh, D := cfg.LinearDim(), cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.HiddenSize
+	bufs := []struct {
 		p *cudart.DevicePtr
 		n int
-	}{{&g.mixed, 3 * L}, {&g.qkv, 3 * L}, {&g.g, L}, {&g.gate, L}, {&g.beta, H}, {&g.o, L}, {&g.low, Dh}} {
+	}{{&g.mixed, 3 * L}, {&g.qkv, 3 * L}, {&g.g, L}, {&g.gate, L}, {&g.beta, H}, {&g.o, L}, {&g.low, Dh}}
+	if wt == cudart.BF16 { // halves, in floats rounded up
+		bufs = append(bufs, []struct {
+			p *cudart.DevicePtr
+			n int
+		}{{&g.xb, (D + 1) / 2}, {&g.lowb, (Dh + 1) / 2}, {&g.ob, (L + 1) / 2}}...)
+	}
+	for _, b := range bufs {
 		p, err := g.alloc(c, maxTokens*b.n)
 		if err != nil {
 			g.close(c)
@@ -72,25 +88,54 @@ func (g *gpuKDA) close(c *cudart.Ctx) {
 	g.bufs = nil
 }
 
-// upload copies a KDA layer's weights to the device (freed by close).
+// upload copies a KDA layer's weights to the device (freed by close): the projections'
+// in the workspace's weight type (bf16 rounded to nearest even), the rest in fp32.
 func (g *gpuKDA) upload(c *cudart.Ctx, w *kdaWeights) (*gpuKDALayer, error) {
 	l := &gpuKDALayer{}
 	qkv := append(append(append([]float32(nil), w.q...), w.k...), w.v...)
 	for _, t := range []struct {
-		p *cudart.DevicePtr
-		h []float32
-	}{{&l.qkv, qkv}, {&l.fa, w.fa}, {&l.fb, w.fb}, {&l.b, w.b}, {&l.ga, w.ga}, {&l.gb, w.gb}, {&l.o, w.o},
-		{&l.conv, w.conv}, {&l.dtBias, w.dtBias}, {&l.aLog, w.aLog}, {&l.oNorm, w.oNorm}} {
-		p, err := g.alloc(c, len(t.h))
-		if err != nil {
-			return nil, err
+		p    *cudart.DevicePtr
+		h    []float32
+		gemm bool
+	}{{&l.qkv, qkv, true}, {&l.fa, w.fa, true}, {&l.fb, w.fb, true}, {&l.b, w.b, true}, {&l.ga, w.ga, true},
+		{&l.gb, w.gb, true}, {&l.o, w.o, true}, {&l.conv, w.conv, false}, {&l.dtBias, w.dtBias, false},
+		{&l.aLog, w.aLog, false}, {&l.oNorm, w.oNorm, false}} {
+		var err error
+		if t.gemm && g.wt == cudart.BF16 {
+			h := make([]uint16, len(t.h))
+			for i, v := range t.h {
+				h[i] = ref.BF16(v)
+			}
+			if *t.p, err = g.alloc(c, (len(h)+1)/2); err == nil {
+				err = cudart.Upload(c, *t.p, h)
+			}
+		} else if *t.p, err = g.alloc(c, len(t.h)); err == nil {
+			err = cudart.Upload(c, *t.p, t.h)
 		}
-		if err := cudart.Upload(c, p, t.h); err != nil {
+		if err != nil {
 			return nil, fmt.Errorf("gpu kda: %w", err)
 		}
-		*t.p = p
 	}
 	return l, nil
+}
+
+// mm computes out [m, n] = a [m, k] · wᵀ (w [n, k] in the weight type, a in it too) in
+// fp32 on stream s.
+func (g *gpuKDA) mm(c *cudart.Ctx, s *cudart.Stream, out, a, w cudart.DevicePtr, m, k, n int) error {
+	return g.blas.Gemm(c, s, cudart.GemmSpec{M: m, N: n, K: k, TransB: true, AType: g.wt, BType: g.wt, OutType: cudart.F32, Alpha: 1},
+		a, w, 0, out)
+}
+
+// operand returns x [n] as a GEMM's activation operand: x itself with fp32 weights, else
+// x rounded into the bf16 buffer bf.
+func (g *gpuKDA) operand(c *cudart.Ctx, s *cudart.Stream, x, bf cudart.DevicePtr, n int) (cudart.DevicePtr, error) {
+	if g.wt == cudart.F32 {
+		return x, nil
+	}
+	if err := kernels.Run(g.ks, c, s, kernels.ToBF16{Out: bf, X: x, N: n}); err != nil {
+		return 0, fmt.Errorf("gpu kda: %w", err)
+	}
+	return bf, nil
 }
 
 // gpuKDACall is one forward of a KDA layer over T tokens of a sequence at positions
@@ -120,7 +165,7 @@ func off(p cudart.DevicePtr, n int) cudart.DevicePtr { return p + cudart.DeviceP
 // forward runs call through layer l on stream s.
 func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call gpuKDACall) error {
 	cfg := g.cfg
-	D, H, Dh, K := cfg.HiddenSize, cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.LinearConvKernelDim
+	H, Dh, K := cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.LinearConvKernelDim
 	L, T := H*Dh, call.T
 	if T <= 0 || T > g.maxTokens || call.Pos0 < 0 {
 		return fmt.Errorf("gpu kda: %d tokens at %d (workspace for %d)", T, call.Pos0, g.maxTokens)
@@ -128,19 +173,8 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 	if call.Snapshots != nil && (call.BlockTokens > 0 || call.BlockEnd != nil || call.AfterToken != nil) {
 		return fmt.Errorf("gpu kda: a call with snapshots runs as one segment: no block ends or per-token callbacks")
 	}
-	mm := func(out, x, w cudart.DevicePtr, m, k, n int) error {
-		return g.blas.MatMulT(c, s, cudart.F32, out, x, w, m, k, n)
-	}
-	if err := mm(g.mixed, call.X, l.qkv, T, D, 3*L); err != nil {
-		return err
-	}
-	if err := mm(g.low, call.X, l.fa, T, D, Dh); err != nil {
-		return err
-	}
-	if err := mm(g.g, g.low, l.fb, T, Dh, L); err != nil {
-		return err
-	}
-	if err := mm(g.beta, call.X, l.b, T, D, H); err != nil {
+	xa, err := g.projectIn(c, s, l, call.X, T)
+	if err != nil {
 		return err
 	}
 	if err := kernels.Run(g.ks, c, s, kernels.KDAGate{G: g.g, ALog: l.aLog, DTBias: l.dtBias, Tokens: T, Heads: H, HeadDim: Dh,
@@ -201,17 +235,62 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 		}
 		s0 = s1
 	}
-	if err := mm(g.low, call.X, l.ga, T, D, Dh); err != nil {
+	return g.projectOut(c, s, l, xa, call.Y, T)
+}
+
+// projectIn computes a call's input projections from x [T, D]: the conv's input rows
+// (mixed), the forget gate's pre-activation g and β's, through the low-rank middle; it
+// returns x as the GEMMs' operand (for projectOut).
+func (g *gpuKDA) projectIn(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, x cudart.DevicePtr, T int) (cudart.DevicePtr, error) {
+	cfg := g.cfg
+	D, H, Dh := cfg.HiddenSize, cfg.LinearNumHeads, cfg.LinearHeadDim
+	L := H * Dh
+	xa, err := g.operand(c, s, x, g.xb, T*D)
+	if err != nil {
+		return 0, err
+	}
+	if err := g.mm(c, s, g.mixed, xa, l.qkv, T, D, 3*L); err != nil {
+		return 0, err
+	}
+	if err := g.mm(c, s, g.low, xa, l.fa, T, D, Dh); err != nil {
+		return 0, err
+	}
+	low, err := g.operand(c, s, g.low, g.lowb, T*Dh)
+	if err != nil {
+		return 0, err
+	}
+	if err := g.mm(c, s, g.g, low, l.fb, T, Dh, L); err != nil {
+		return 0, err
+	}
+	return xa, g.mm(c, s, g.beta, xa, l.b, T, D, H)
+}
+
+// projectOut finishes a call from its recurrence output g.o: the output gate through the
+// low-rank middle, the gated per-head RMSNorm, and o_proj into y [T, D]; xa is
+// projectIn's operand.
+func (g *gpuKDA) projectOut(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, xa, y cudart.DevicePtr, T int) error {
+	cfg := g.cfg
+	D, H, Dh := cfg.HiddenSize, cfg.LinearNumHeads, cfg.LinearHeadDim
+	L := H * Dh
+	if err := g.mm(c, s, g.low, xa, l.ga, T, D, Dh); err != nil {
 		return err
 	}
-	if err := mm(g.gate, g.low, l.gb, T, Dh, L); err != nil {
+	low, err := g.operand(c, s, g.low, g.lowb, T*Dh)
+	if err != nil {
+		return err
+	}
+	if err := g.mm(c, s, g.gate, low, l.gb, T, Dh, L); err != nil {
 		return err
 	}
 	if err := kernels.Run(g.ks, c, s, kernels.GatedRMSNorm{Out: g.o, X: g.o, Gate: g.gate, W: l.oNorm, Rows: T * H, Dim: Dh,
 		Eps: float32(cfg.RMSNormEps)}); err != nil {
 		return fmt.Errorf("gpu kda: %w", err)
 	}
-	return mm(call.Y, g.o, l.o, T, L, D)
+	o, err := g.operand(c, s, g.o, g.ob, T*L)
+	if err != nil {
+		return err
+	}
+	return g.mm(c, s, y, o, l.o, T, L, D)
 }
 
 // gpuKDADecode is one decode step of Seqs sequences through a KDA layer in one launch per
@@ -228,21 +307,14 @@ type gpuKDADecode struct {
 // decode runs a batched decode step through layer l on stream s.
 func (g *gpuKDA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, d gpuKDADecode) error {
 	cfg := g.cfg
-	D, H, Dh, K := cfg.HiddenSize, cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.LinearConvKernelDim
+	H, Dh, K := cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.LinearConvKernelDim
 	L, B := H*Dh, d.Seqs
 	if B <= 0 || B > g.maxTokens {
 		return fmt.Errorf("gpu kda: decode of %d sequences (workspace for %d)", B, g.maxTokens)
 	}
-	mm := func(out, x, w cudart.DevicePtr, m, k, n int) error {
-		return g.blas.MatMulT(c, s, cudart.F32, out, x, w, m, k, n)
-	}
-	for _, p := range []struct {
-		out, x, w cudart.DevicePtr
-		k, n      int
-	}{{g.mixed, d.X, l.qkv, D, 3 * L}, {g.low, d.X, l.fa, D, Dh}, {g.g, g.low, l.fb, Dh, L}, {g.beta, d.X, l.b, D, H}} {
-		if err := mm(p.out, p.x, p.w, B, p.k, p.n); err != nil {
-			return err
-		}
+	xa, err := g.projectIn(c, s, l, d.X, B)
+	if err != nil {
+		return err
 	}
 	q, k, v := g.qkv, off(g.qkv, B*L), off(g.qkv, 2*B*L)
 	shape := kernels.KDAShape{Heads: H, DK: Dh, DV: Dh}
@@ -269,15 +341,5 @@ func (g *gpuKDA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, d gpuKD
 			return fmt.Errorf("gpu kda: decode: %w", err)
 		}
 	}
-	if err := mm(g.low, d.X, l.ga, B, D, Dh); err != nil {
-		return err
-	}
-	if err := mm(g.gate, g.low, l.gb, B, Dh, L); err != nil {
-		return err
-	}
-	if err := kernels.Run(g.ks, c, s, kernels.GatedRMSNorm{Out: g.o, X: g.o, Gate: g.gate, W: l.oNorm, Rows: B * H, Dim: Dh,
-		Eps: float32(cfg.RMSNormEps)}); err != nil {
-		return fmt.Errorf("gpu kda: decode: %w", err)
-	}
-	return mm(d.Y, g.o, l.o, B, L, D)
+	return g.projectOut(c, s, l, xa, d.Y, B)
 }

@@ -15,7 +15,8 @@ import (
 // (RESIN_CUDA=emulate: the real bindings, cuBLASLt's f32 GEMMs, the model's kernels)
 // against forward.go's kda over the same calls: a prefill and a decode step; a prefill
 // cut at block ends continued across a block end, the states at every block end; and a
-// verification of 3 tokens run token by token, the states after each. (Nothing inside
+// verification of 3 tokens run token by token, the states after each; and the prefill and
+// decode with bf16 projection weights. (Nothing inside
 // Device.Do calls t.Fatal: it runs on the device's thread, so failures are returned.)
 func TestEmulatedGPUKDALayer(t *testing.T) {
 	if emutest.Reexec(t) {
@@ -40,7 +41,6 @@ func TestEmulatedGPUKDALayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const tol = 2e-5
 	type call struct {
 		T, blockTokens int
 		perToken       bool
@@ -48,11 +48,18 @@ func TestEmulatedGPUKDALayer(t *testing.T) {
 	for _, sc := range []struct {
 		name  string
 		calls []call
+		wt    cudart.DType
+		tol   float64
 	}{
-		{"prefill+decode", []call{{T: 6}, {T: 1}}},
-		{"blocks of 4", []call{{T: 6, blockTokens: 4}, {T: 5, blockTokens: 4}}},
-		{"verify token by token", []call{{T: 5}, {T: 3, perToken: true}}},
+		{"prefill+decode", []call{{T: 6}, {T: 1}}, cudart.F32, 2e-5},
+		{"blocks of 4", []call{{T: 6, blockTokens: 4}, {T: 5, blockTokens: 4}}, cudart.F32, 2e-5},
+		{"verify token by token", []call{{T: 5}, {T: 3, perToken: true}}, cudart.F32, 2e-5},
+		// bf16 projections (weights and their three activation operands rounded, 2^-9
+		// relative each) against the fp32 reference: the worst element is off by 5e-3 to
+		// 1e-2·(1+|want|) here; 2e-2 states it with room, and a wrong operand is off by O(1).
+		{"bf16 prefill+decode", []call{{T: 6}, {T: 1}}, cudart.BF16, 2e-2},
 	} {
+		tol := sc.tol
 		t.Run(sc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(len(sc.name)), 1))
 			st := m.NewTextState()
@@ -62,7 +69,7 @@ func TestEmulatedGPUKDALayer(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				g, err := newGPUKDA(cx, c, blas, ks, 8)
+				g, err := newGPUKDA(cx, c, blas, ks, 8, sc.wt)
 				if err != nil {
 					return err
 				}
@@ -231,7 +238,7 @@ func TestEmulatedGPUKDAVerifySnapshots(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		g, err := newGPUKDA(cx, c, blas, ks, 8)
+		g, err := newGPUKDA(cx, c, blas, ks, 8, cudart.F32)
 		if err != nil {
 			return err
 		}
@@ -369,7 +376,7 @@ func TestEmulatedGPUKDAGraphReplay(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		g, err := newGPUKDA(cx, c, blas, ks, 8)
+		g, err := newGPUKDA(cx, c, blas, ks, 8, cudart.F32)
 		if err != nil {
 			return err
 		}
@@ -505,7 +512,7 @@ func TestEmulatedGPUKDABatchedDecode(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		g, err := newGPUKDA(cx, c, blas, ks, 8)
+		g, err := newGPUKDA(cx, c, blas, ks, 8, cudart.F32)
 		if err != nil {
 			return err
 		}
