@@ -21,6 +21,7 @@ type gpuModel struct {
 	kk    *cuda.Kernels
 	vk    *kernels.Kernels
 	blas  *cudart.Blas
+	lin   *gpuLinears
 	arena gpuArena
 
 	embed, head, norm, hcFn, hcBase, hcScale, ones cudart.DevicePtr
@@ -69,7 +70,7 @@ type gpuWork struct {
 
 // newGPUModel uploads m's weights and allocates slots sequences of up to m.maxContext
 // tokens, with steps of up to maxTokens rows of which up to maxRows get logits.
-func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, slots, maxTokens, maxRows int) (_ *gpuModel, err error) {
+func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, dt cudart.DType, slots, maxTokens, maxRows int) (_ *gpuModel, err error) {
 	cfg := m.Config
 	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens {
 		return nil, fmt.Errorf("gpu: %d slots, %d rows a step and %d logits rows (at most the rows) must be positive", slots, maxTokens, maxRows)
@@ -81,9 +82,19 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		}
 	}()
 	a := &g.arena
-	up := func(dst *cudart.DevicePtr, v []float32) {
+	h, hc, d, nh := cfg.HiddenSize, cfg.HCMult, cfg.HeadDim, cfg.NumAttentionHeads
+	maxIn := max(hc*h, nh*d, cfg.QLoraRank, h, cfg.MoEIntermediateSize, cfg.OGroups*cfg.OLoraRank)
+	if g.lin, err = newGPULinears(a, c, blas, vk, dt, maxTokens*maxIn); err != nil {
+		return nil, err
+	}
+	up := func(dst *cudart.DevicePtr, v []float32) { // float32: norms, biases, tables
 		if err == nil {
 			*dst, err = upload(a, c, v, 4)
+		}
+	}
+	upW := func(dst *cudart.DevicePtr, v []float32) { // a GEMM's weights
+		if err == nil {
+			*dst, err = g.lin.weights(a, c, v)
 		}
 	}
 	zeros := func(dst *cudart.DevicePtr, n int) {
@@ -94,11 +105,10 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		}
 	}
 	w := m.W
-	h, hc, d, nh := cfg.HiddenSize, cfg.HCMult, cfg.HeadDim, cfg.NumAttentionHeads
 	up(&g.embed, w.Embed)
-	up(&g.head, w.Head)
+	upW(&g.head, w.Head)
 	up(&g.norm, w.Norm)
-	up(&g.hcFn, w.HCFn)
+	upW(&g.hcFn, w.HCFn)
 	up(&g.hcBase, w.HCBase)
 	up(&g.hcScale, w.HCScale)
 	ones := make([]float32, max(d, cfg.IndexHeadDim))
@@ -126,17 +136,17 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			dst *gpuHC
 			src *HyperConn
 		}{{&gl.attnHC, &l.AttnHC}, {&gl.ffnHC, &l.FFNHC}} {
-			up(&p.dst.fn, p.src.Fn)
+			upW(&p.dst.fn, p.src.Fn)
 			up(&p.dst.base, p.src.Base)
 			up(&p.dst.scale, p.src.Scale)
 		}
-		up(&gl.qa, l.QA)
+		upW(&gl.qa, l.QA)
 		up(&gl.qaNorm, l.QANorm)
-		up(&gl.qb, l.QB)
-		up(&gl.kv, l.KV)
+		upW(&gl.qb, l.QB)
+		upW(&gl.kv, l.KV)
 		up(&gl.kvNorm, l.KVNorm)
-		up(&gl.oa, l.OA)
-		up(&gl.ob, l.OB)
+		upW(&gl.oa, l.OA)
+		upW(&gl.ob, l.OB)
 		up(&gl.sinks, l.Sinks[:nh])
 		zeros(&gl.ring, slots*cfg.SlidingWindow*d)
 		newComp := func(cw *Compressor, dim int, overlap bool) *kernels.Compressor {
@@ -156,25 +166,25 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			gl.maxEntries = max(1, m.maxContext/gl.ratio)
 			overlap := gl.kind == CompressedSparse
 			gl.comp = newComp(l.Compressor, d, overlap)
-			up(&gl.compKV, l.Compressor.KV)
-			up(&gl.compGate, l.Compressor.Gate)
+			upW(&gl.compKV, l.Compressor.KV)
+			upW(&gl.compGate, l.Compressor.Gate)
 		}
 		if l.Indexer != nil {
 			gl.idx = newComp(&l.Indexer.Compressor, cfg.IndexHeadDim, true)
-			up(&gl.idxKV, l.Indexer.KV)
-			up(&gl.idxGate, l.Indexer.Gate)
-			up(&gl.idxQB, l.Indexer.QB)
+			upW(&gl.idxKV, l.Indexer.KV)
+			upW(&gl.idxGate, l.Indexer.Gate)
+			upW(&gl.idxQB, l.Indexer.QB)
 			s := float32(math.Pow(float64(cfg.IndexNHeads), -0.5))
 			iw := make([]float32, len(l.Indexer.WeightsProj))
 			for i, v := range l.Indexer.WeightsProj {
 				iw[i] = v * s
 			}
-			up(&gl.idxW, iw)
+			upW(&gl.idxW, iw)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 		}
-		if gl.moe, err = newGPUMoE(a, c, cfg, l, cfg.MLPLayerTypes[li]); err != nil {
+		if gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, cfg.MLPLayerTypes[li]); err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 		}
 		g.layers = append(g.layers, gl)
@@ -256,7 +266,7 @@ func (g *gpuModel) runner(c *cudart.Ctx) func(kernels.Launch, error) error {
 }
 
 func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim int) error {
-	return g.blas.MatMulT(c, nil, cudart.F32, out, x, w, n, in, outDim)
+	return g.lin.matMulT(c, nil, out, x, w, n, in, outDim)
 }
 
 // forward runs one chunk of new tokens for each sequence (any lengths, at least one row in
@@ -405,7 +415,7 @@ func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs []*g
 	if err := g.hyper(c, l.ffnHC, l.ffnNorm, n); err != nil {
 		return err
 	}
-	if err := l.moe.forward(c, nil, g.kk, g.blas, g.moeW, w.ffn, w.x, w.ids, n); err != nil {
+	if err := l.moe.forward(c, nil, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, n); err != nil {
 		return err
 	}
 	return g.expand(c, w.ffn, n)
@@ -514,7 +524,7 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs 
 	}
 	for gi := range og {
 		if err := g.gemm(c, w.midg+cudart.DevicePtr(4*gi*n*olr), w.grp+cudart.DevicePtr(4*gi*n*gin),
-			l.oa+cudart.DevicePtr(4*gi*olr*gin), n, gin, olr); err != nil {
+			g.lin.at(l.oa, gi*olr*gin), n, gin, olr); err != nil {
 			return err
 		}
 	}

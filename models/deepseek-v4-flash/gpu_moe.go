@@ -37,9 +37,10 @@ func (a *gpuArena) free(c *cudart.Ctx) {
 	a.bufs = nil
 }
 
-// gpuMoE is one layer's MoE on the device: float32 weights (the checkpoint's FP8 and FP4
-// tensors dequantised at load by core/weights, 4 bytes a parameter: a first cut), routed
-// through core/kernels/cuda's masked layout so that no count leaves the device.
+// gpuMoE is one layer's MoE on the device: the GEMM weights in gpuLinears' element type
+// (the checkpoint's FP8 and FP4 tensors dequantised at load by core/weights, then stored
+// as float32 or bf16: a first cut), the router's bias in float32, routed through
+// core/kernels/cuda's masked layout so that no count leaves the device.
 type gpuMoE struct {
 	router, bias, tid2eid  cudart.DevicePtr // [experts, hidden], [experts] (learned), [vocab, k] int32 (hash)
 	gateUp, down           cudart.DevicePtr // [experts, 2·inter, hidden], [experts, hidden, inter]
@@ -51,7 +52,7 @@ type gpuMoE struct {
 
 // newGPUMoE uploads layer l's MoE. Hash routing's table is checked here, once: the
 // kernels take its ids as they are.
-func newGPUMoE(a *gpuArena, c *cudart.Ctx, cfg *Config, l *Layer, kind string) (*gpuMoE, error) {
+func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Layer, kind string) (*gpuMoE, error) {
 	e, k, h, in := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize, cfg.MoEIntermediateSize
 	g := &gpuMoE{experts: e, k: k, h: h, in: in, scale: float32(cfg.RoutedScalingFactor), limit: float32(cfg.SwigluLimit)}
 	if cfg.ScoringFunc == "sigmoid" {
@@ -63,7 +64,7 @@ func newGPUMoE(a *gpuArena, c *cudart.Ctx, cfg *Config, l *Layer, kind string) (
 	var err error
 	up := func(dst *cudart.DevicePtr, v []float32) {
 		if err == nil {
-			*dst, err = upload(a, c, v, 4)
+			*dst, err = lin.weights(a, c, v)
 		}
 	}
 	up(&g.router, l.Router)
@@ -81,7 +82,9 @@ func newGPUMoE(a *gpuArena, c *cudart.Ctx, cfg *Config, l *Layer, kind string) (
 			g.tid2eid, err = upload(a, c, l.Tid2Eid, 4)
 		}
 	} else {
-		up(&g.bias, l.RouteBias)
+		if err == nil {
+			g.bias, err = upload(a, c, l.RouteBias, 4)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("gpu moe: %w", err)
@@ -125,12 +128,12 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork,
 // device, each expert's gate_up and down GEMMs over its whole block of maxTokens rows, the
 // clamped SwiGLU, the shared expert, and the combine in the reference's order. The launch
 // sequence depends only on n, so it can be captured in a graph.
-func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *cudart.Blas, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
+func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
 	if n <= 0 || n > w.maxTokens {
 		return fmt.Errorf("gpu moe: %d rows for a workspace of %d", n, w.maxTokens)
 	}
 	e, k, h, in, mr := g.experts, g.k, g.h, g.in, w.maxTokens
-	if err := b.MatMulT(c, s, cudart.F32, w.logits, x, g.router, n, h, e); err != nil {
+	if err := b.matMulT(c, s, w.logits, x, g.router, n, h, e); err != nil {
 		return err
 	}
 	r := cuda.MoERoute{Weights: w.weights, IDs: w.ids, Logits: w.logits, Bias: g.bias, TID2EID: g.tid2eid, TokenIDs: tokens,
@@ -148,7 +151,7 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *c
 	}
 	for ex := range e {
 		xe, gu := w.xe+cudart.DevicePtr(4*ex*mr*h), w.gu+cudart.DevicePtr(4*ex*mr*2*in)
-		if err := b.MatMulT(c, s, cudart.F32, gu, xe, g.gateUp+cudart.DevicePtr(4*ex*2*in*h), mr, h, 2*in); err != nil {
+		if err := b.matMulT(c, s, gu, xe, b.at(g.gateUp, ex*2*in*h), mr, h, 2*in); err != nil {
 			return err
 		}
 	}
@@ -157,17 +160,17 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *c
 	}
 	for ex := range e {
 		act, ye := w.act+cudart.DevicePtr(4*ex*mr*in), w.ye+cudart.DevicePtr(4*ex*mr*h)
-		if err := b.MatMulT(c, s, cudart.F32, ye, act, g.down+cudart.DevicePtr(4*ex*h*in), mr, in, h); err != nil {
+		if err := b.matMulT(c, s, ye, act, b.at(g.down, ex*h*in), mr, in, h); err != nil {
 			return err
 		}
 	}
-	if err := b.MatMulT(c, s, cudart.F32, w.sgu, x, g.sharedGateUp, n, h, 2*in); err != nil {
+	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*in); err != nil {
 		return err
 	}
 	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, in, g.limit); err != nil {
 		return err
 	}
-	if err := b.MatMulT(c, s, cudart.F32, w.share, w.sact, g.sharedDn, n, in, h); err != nil {
+	if err := b.matMulT(c, s, w.share, w.sact, g.sharedDn, n, in, h); err != nil {
 		return err
 	}
 	return kk.MoECombine(c, s, m, out, w.ye, w.share)

@@ -13,7 +13,7 @@ import (
 // GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots, the step's rows and its logits rows
 // (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and MaxSeqs, as
 // core/gpurunner), opts.KernelCache
-// the compiled kernels; graphs, NUMA binding and a device KV cache are not used yet (see
+// the compiled kernels; the GEMM weights are float32 (NewGPURunner takes bf16 too); graphs, NUMA binding and a device KV cache are not used yet (see
 // doc.go). The host pool of cacheBytes (0 = 256 MiB) only keeps the engine's page
 // accounting. Closing the runner closes the device.
 func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
@@ -49,7 +49,7 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", Name, err)
 	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, seqs, tokens, rows)
+	r, err := NewGPURunner(cpu.Model, dev, cache, cudart.F32, seqs, tokens, rows)
 	if err != nil {
 		dev.Close()
 		return nil, nil, err

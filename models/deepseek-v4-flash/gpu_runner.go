@@ -32,9 +32,10 @@ type GPURunner struct {
 
 var _ engine.Runner = (*GPURunner)(nil)
 
-// NewGPURunner loads the kernels (through cache) and uploads m on dev, for up to slots
-// sequences at once and steps of up to maxTokens rows, maxRows of them sampled.
-func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows int) (*GPURunner, error) {
+// NewGPURunner loads the kernels (through cache) and uploads m on dev with its GEMM
+// weights in dt (cudart.F32 or cudart.BF16), for up to slots sequences at once and steps
+// of up to maxTokens rows, maxRows of them sampled.
+func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows int) (*GPURunner, error) {
 	kk, err := cuda.Load(dev, cache)
 	if err != nil {
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
@@ -50,7 +51,7 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots
 		if err != nil {
 			return err
 		}
-		r.g, err = newGPUModel(c, m, kk, vk, blas, slots, maxTokens, maxRows)
+		r.g, err = newGPUModel(c, m, kk, vk, blas, dt, slots, maxTokens, maxRows)
 		return err
 	})
 	if err != nil {

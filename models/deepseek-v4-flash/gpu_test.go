@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
@@ -13,13 +14,25 @@ import (
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/runnertest"
+	"github.com/resin-llm/resin/core/weights"
 	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
 )
 
-// gpuForwardTolerance bounds |gpu − cpu| <= tol·(1 + |cpu|) between a logit of gpuModel
-// (float32 weights and activations, cuBLASLt's GEMM order, the device's exp) and
-// Model.Forward's on the tiny model.
-const gpuForwardTolerance = 5e-5
+// forwardTolerance bounds the relative difference |gpu − cpu| / (1 + |cpu|) between the
+// logits of gpuModel and Model.ForwardRows over a step: worst for every logit, p90 for
+// nine in ten of them.
+type forwardTolerance struct{ worst, p90 float64 }
+
+// gpuForwardTolerance is float32 weights and activations (cuBLASLt's GEMM order, the
+// device's exp): every logit close. With bf16 GEMM weights (the CPU reference on the same
+// rounded weights) the GEMM inputs are rounded to bf16 too (2^-9 relative), which moves
+// the tiny random model's discrete choices (the indexer's top-k, the MoE's top-2 of 4)
+// for a few rows: nine logits in ten stay within gpuForwardToleranceBF16.p90, and no
+// logit is NaN or far off.
+var (
+	gpuForwardTolerance     = forwardTolerance{worst: 5e-5, p90: 5e-5}
+	gpuForwardToleranceBF16 = forwardTolerance{worst: 2, p90: 0.1}
+)
 
 // TestEmulatedForward runs gpuModel on the emulated CUDA device (RESIN_CUDA=emulate) and
 // Model.Forward on the same steps, comparing every row's logits: a prompt in two chunks
@@ -35,7 +48,21 @@ func TestEmulatedForward(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dev.Close()
-	gpuForwardParity(t, dev)
+	gpuForwardParity(t, dev, cudart.F32, gpuForwardTolerance)
+}
+
+// TestEmulatedForwardBF16 is TestEmulatedForward with the GEMM weights in bf16, within
+// gpuForwardToleranceBF16.
+func TestEmulatedForwardBF16(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	gpuForwardParity(t, dev, cudart.BF16, gpuForwardToleranceBF16)
 }
 
 // TestGPUForward is TestEmulatedForward on GPU 0 of a machine with a GPU (RESIN_GPU=1).
@@ -48,13 +75,16 @@ func TestGPUForward(t *testing.T) {
 		t.Fatalf("RESIN_GPU is set but GPU 0 does not open: %v", err)
 	}
 	defer dev.Close()
-	gpuForwardParity(t, dev)
+	gpuForwardParity(t, dev, cudart.F32, gpuForwardTolerance)
 }
 
 // gpuForwardParity runs gpuModel on dev and Model.Forward over the same steps.
-func gpuForwardParity(t *testing.T, dev *cudart.Device) {
+func gpuForwardParity(t *testing.T, dev *cudart.Device, dt cudart.DType, tol forwardTolerance) {
 	m := tinyModel(t)
 	c := m.Config
+	if dt == cudart.BF16 {
+		roundGEMMWeights(m.W)
+	}
 	dir := os.Getenv("RESIN_KERNEL_CACHE")
 	if dir == "" {
 		dir = t.TempDir()
@@ -98,7 +128,7 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device) {
 		if err != nil {
 			return err
 		}
-		g, err := newGPUModel(cx, m, kk, vk, blas, 3, 32, 32)
+		g, err := newGPUModel(cx, m, kk, vk, blas, dt, 3, 32, 32)
 		if err != nil {
 			return err
 		}
@@ -139,15 +169,20 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device) {
 			if err != nil {
 				return err
 			}
-			worst := 0.0
+			diffs := make([]float64, len(want))
 			for i := range want {
-				d := math.Abs(float64(got[i]-want[i])) / (1 + math.Abs(float64(want[i])))
-				if !(d <= gpuForwardTolerance) {
+				diffs[i] = math.Abs(float64(got[i]-want[i])) / (1 + math.Abs(float64(want[i])))
+				if math.IsNaN(diffs[i]) {
 					return fmt.Errorf("step %d: logit %d (row %d) = %g, the CPU reference %g", si, i, i/c.VocabSize, got[i], want[i])
 				}
-				worst = max(worst, d)
 			}
-			t.Logf("step %d: %d rows, worst relative difference %.2g", si, len(want)/c.VocabSize, worst)
+			slices.Sort(diffs)
+			worst, p90 := diffs[len(diffs)-1], diffs[len(diffs)*9/10]
+			t.Logf("step %d: %d rows, relative difference: worst %.2g, 90th percentile %.2g", si, len(want)/c.VocabSize, worst, p90)
+			if !(worst <= tol.worst && p90 <= tol.p90) {
+				return fmt.Errorf("step %d: logits differ from the CPU reference by up to %.3g (90th percentile %.3g), beyond %.3g (%.3g)",
+					si, worst, p90, tol.worst, tol.p90)
+			}
 		}
 		return nil
 	})
@@ -195,7 +230,7 @@ func TestEmulatedEngineMatchesCPU(t *testing.T) {
 		}
 	}
 	for ci, cfg := range []engine.Config{{MaxBatchTokens: 64}, {MaxBatchTokens: 7}} {
-		gr, err := NewGPURunner(tinyModel(t), dev, cache, 8, 64, 8)
+		gr, err := NewGPURunner(tinyModel(t), dev, cache, cudart.F32, 8, 64, 8)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -256,5 +291,31 @@ func TestEmulatedOpenGPU(t *testing.T) {
 	p := runnertest.Prompt(9, tinyConfig(t).VocabSize, 5)
 	if g, c := ge.Generate(t, p, sp), ce.Generate(t, p, sp); fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens) {
 		t.Fatalf("GPU tokens %v, CPU %v", g.Tokens, c.Tokens)
+	}
+}
+
+// roundGEMMWeights rounds the weights gpuModel stores in bf16 (its GEMMs') to bf16 in
+// place, so that the CPU reference runs on the same values.
+func roundGEMMWeights(w *Weights) {
+	r := func(vs ...[]float32) {
+		for _, v := range vs {
+			for i := range v {
+				v[i] = weights.BF16ToFloat32(weights.Float32ToBF16(v[i]))
+			}
+		}
+	}
+	r(w.HCFn)
+	if &w.Head[0] != &w.Embed[0] {
+		r(w.Head)
+	}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		r(l.AttnHC.Fn, l.FFNHC.Fn, l.QA, l.QB, l.KV, l.OA, l.OB, l.Router, l.GateUp, l.Down, l.SharedGate, l.SharedUp, l.SharedDown)
+		if l.Compressor != nil {
+			r(l.Compressor.KV, l.Compressor.Gate)
+		}
+		if l.Indexer != nil {
+			r(l.Indexer.KV, l.Indexer.Gate, l.Indexer.QB, l.Indexer.WeightsProj)
+		}
 	}
 }

@@ -1,7 +1,8 @@
-// groups.cu: the layout change around V4's grouped output projection (wo_a): the
-// attention output [rows, groups, group_dim] becomes [groups, rows, group_dim] so that each
-// group's block of wo_a is one contiguous GEMM, and the groups' results [groups, rows, rank]
-// go back to [rows, groups, rank] for wo_b.
+// groups.cu: the float32 → bf16 cast before a GEMM on bf16 weights, and the layout
+// change around V4's grouped output projection (wo_a): the attention output
+// [rows, groups, group_dim] becomes [groups, rows, group_dim] so that each group's block
+// of wo_a is one contiguous GEMM, and the groups' results [groups, rows, rank] go back to
+// [rows, groups, rank] for wo_b.
 //
 // deepseekv4flash_swap01_f32: dst[j, i, k] = src[i, j, k] for src [a, b, c]; one thread per
 // value.
@@ -17,4 +18,12 @@ RESIN_KERNEL void deepseekv4flash_swap01_f32(float* __restrict__ dst, const floa
     long long i = ij / b;
     dst[((long long)j * a + i) * c + k] = src[t];
   }
+}
+
+// deepseekv4flash_cast_bf16: dst[i] = src[i] rounded to bfloat16 (nearest even), the
+// input of a GEMM on bf16 weights; one thread per value.
+RESIN_KERNEL void deepseekv4flash_cast_bf16(resin_bf16* __restrict__ dst, const float* __restrict__ src,
+                                            long long n) {
+  for (long long t = resin_global_tid(); t < n; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X)
+    dst[t] = resin_f2bf(src[t]);
 }

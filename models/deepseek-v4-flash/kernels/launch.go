@@ -18,6 +18,7 @@ const (
 	SparseAttentionName  = "deepseekv4flash_sparse_attention_f32"
 	WindowStoreName      = "deepseekv4flash_window_store_f32"
 	Swap01Name           = "deepseekv4flash_swap01_f32"
+	CastBF16Name         = "deepseekv4flash_cast_bf16"
 	RopeInterleavedName  = "resin_rope_interleaved"
 	coreRotary           = "rotary.cu"
 	MaxDim               = 512 // compress.cu DSV4_MAX_DIM, attention.cu DSV4_ATTN_MAX_DIM
@@ -35,7 +36,20 @@ var Entries = map[string][]string{
 	"compress.cu":    {CompressName, CompressStateName},
 	"indexer.cu":     {IndexerTopKName},
 	"attention.cu":   {SparseAttentionName, WindowStoreName},
-	"groups.cu":      {Swap01Name},
+	"groups.cu":      {Swap01Name, CastBF16Name},
+}
+
+// CastBF16 is the launch that writes dst [n] bf16 = src [n] float32 rounded to nearest
+// even (a GEMM's input on bf16 weights).
+func CastBF16(dst, src cudart.DevicePtr, n int) (Launch, error) {
+	if err := positive("CastBF16", n); err != nil {
+		return Launch{}, err
+	}
+	l := Launch{File: "groups.cu", Entry: CastBF16Name}
+	l.Grid, l.Block = elementwise(n)
+	l.ptr(dst).ptr(src)
+	l.Args = append(l.Args, uint64(n))
+	return l, nil
 }
 
 // Swap01 is the launch that writes dst [b, a, c] = src [a, b, c] with its first two
