@@ -64,13 +64,15 @@
 //	gather, clamped SwiGLU,        cuda resin_moe_gather_f32,                 TestEmuMaskedMoE (exact, 1e-6);
 //	  weighted combine               resin_swiglu_clamped_f32, _combine_f32     TestEmulatedMoE: Model.moe (1e-5)
 //	routed and shared experts      cuBLASLt fp32, a GEMM per expert block     TestEmulatedMoE
-//	hc_head, final norm, head      cuda mhc.cu (head), rmsnorm, cuBLASLt      TestEmulatedForward: Model.Forward,
-//	                                                                            every logit within 5e-5
+//	hc_head, final norm, head      embedding.cu gathers the sampled rows;      TestEmulatedForward: Model.ForwardRows,
+//	                                 mhc.cu (head), rmsnorm, cuBLASLt           every logit within 5e-5
 //
-// What is a first cut: weights and activations are float32 (the checkpoint's FP8 and FP4
-// tensors dequantised by core/weights at load: 4 bytes a parameter, about 1.1 TB for the
-// full 284B model, so only the tiny configs run; bf16 and cuBLASLt's block-scaled FP8 and
-// a W4A16 expert GEMM are not written); each sequence's state sits in a device slot (ring,
+// What is a first cut: activations are float32 and the GEMM weights float32 or bf16
+// (gpu_linear.go: a bf16 GEMM's input rounded by groups.cu's cast; TestEmulatedLinearsBF16,
+// TestEmulatedForwardBF16). The checkpoint's FP8 and FP4 tensors are dequantised by
+// core/weights at load, so a parameter takes 4 or 2 bytes (about 1.1 TB or 570 GB for the
+// full 284B model, against 157 GB as shipped; only truncated configs fit a GPU), and
+// cuBLASLt's block-scaled FP8 and a W4A16 expert GEMM are not written; each sequence's state sits in a device slot (ring,
 // windows, entries) rather than kvslab pages, so there are no prefix hits on the GPU; the
 // MoE gives every expert room for all of a step's rows and runs one GEMM per expert;
 // attention reads the shared K=V head once per query head; launches are eager (no CUDA
