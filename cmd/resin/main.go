@@ -30,6 +30,7 @@ func newRootCmd() *cobra.Command {
 }
 
 func main() {
+	tpWorkerFromEnv() // a --tp-procs worker runs its rank and exits here
 	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "resin:", err)
 		os.Exit(1)

@@ -1,9 +1,25 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
+
+// children lists this process's child processes (Linux's /proc task children files);
+// empty where /proc is missing.
+func children(t *testing.T) string {
+	files, _ := filepath.Glob("/proc/self/task/*/children")
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.TrimSpace(string(b)) != "" {
+			out = append(out, strings.TrimSpace(string(b)))
+		}
+	}
+	return strings.Join(out, " ")
+}
 
 // TestGenerateTP: `resin generate --tp 2` on the tiny llama prints what --tp 1 prints
 // (the greedy tokens of the same model, its layers split over two in-process ranks); a
@@ -34,5 +50,30 @@ func TestGenerateTP(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error()+errOut, c.want) {
 			t.Fatalf("%v: %v (%s), want an error saying %q", c.args[:2], err, errOut, c.want)
 		}
+	}
+}
+
+// TestGenerateTPProcs: with --tp-procs rank 1 is a worker process of this binary meeting
+// rank 0 in shared memory; generate prints what --tp 1 prints, and the worker is stopped
+// and reaped when generate returns (its exit status is checked in the runner's close).
+func TestGenerateTPProcs(t *testing.T) {
+	args := []string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000",
+		"--max-tokens", "16", "--ignore-eos", "Once upon a time"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("%v (%s)", err, errOut)
+	}
+	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--tp-procs"}, args...)...)
+	if err != nil {
+		t.Fatalf("--tp 2 --tp-procs: %v (%s)", err, errOut)
+	}
+	if got != want {
+		t.Fatalf("--tp 2 --tp-procs printed %q, --tp 1 %q", got, want)
+	}
+	if kids := children(t); kids != "" {
+		t.Fatalf("generate returned with child processes left: %s", kids)
+	}
+	if _, _, err := runGenerate(t, append([]string{"--tp-procs"}, args...)...); err == nil || !strings.Contains(err.Error(), "--tp-procs needs --tp 2") {
+		t.Fatalf("--tp-procs alone: %v", err)
 	}
 }

@@ -74,10 +74,14 @@ func attachRunner(e *engine.Engine, r engine.Runner) {
 }
 
 // runnerCloser returns what ends an out-of-process runner's session (Shutdown, then an
-// exec runner's exit is waited for and reaped), or nil for a runner in this process.
+// exec runner's exit is waited for and reaped), or a tensor-parallel group's StopRanks
+// (which stops its other ranks and reaps its worker processes), or nil.
 func runnerCloser(r engine.Runner) func() error {
 	if rem, ok := r.(*wire.Remote); ok {
 		return rem.Close
+	}
+	if g, ok := r.(interface{ StopRanks() error }); ok {
+		return g.StopRanks
 	}
 	return nil
 }
