@@ -599,3 +599,143 @@ func TestEmulatedGPUKDABatchedDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEmulatedGPUKDAPrefixHit checkpoints a KDA layer's states on the device at every
+// block end of an 11-token prefill (blocks of 4: copies queued on the stream by the
+// BlockEnd callback, as a runner's CacheOps would), then serves a second sequence that
+// shares the first 10 tokens: it restores the checkpoint after token 7 (a hit between
+// checkpoints: 10 shared, the last checkpoint at 8) and prefills from token 8. The rows
+// it recomputes equal the first run's bit for bit (here; a GPU's cuBLASLt may choose
+// another algorithm for another row count), and its rows and final states equal
+// forward.go's kda over the whole second sequence.
+func TestEmulatedGPUKDAPrefixHit(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	m := tinyTextModel(t)
+	c := m.Config
+	D := c.HiddenSize
+	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
+	w := m.W.layers[li].kda
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const block, first, shared, second, tol = 4, 11, 10, 13, 2e-5
+	cpu := m.NewTextState()
+	nc, nr := len(cpu.Layers[li].Conv), len(cpu.Layers[li].Recurrent)
+	r := rand.New(rand.NewPCG(10, 10))
+	xs1 := randRows(r, first*D)
+	xs2 := append(slices.Clone(xs1[:shared*D]), randRows(r, (second-shared)*D)...)
+	err = dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		g, err := newGPUKDA(cx, c, blas, ks, 16, cudart.F32)
+		if err != nil {
+			return err
+		}
+		defer g.close(cx)
+		l, err := g.upload(cx, w)
+		if err != nil {
+			return err
+		}
+		s, err := cx.NewStream()
+		if err != nil {
+			return err
+		}
+		defer cx.DestroyStream(s)
+		var st gpuKDAState
+		var ckpt [first / block]gpuKDAState
+		var x, y cudart.DevicePtr
+		bufs := []struct {
+			p *cudart.DevicePtr
+			n int
+		}{{&st.Conv, nc}, {&st.Recurrent, nr}, {&x, 16 * D}, {&y, 16 * D}}
+		for i := range ckpt {
+			bufs = append(bufs, []struct {
+				p *cudart.DevicePtr
+				n int
+			}{{&ckpt[i].Conv, nc}, {&ckpt[i].Recurrent, nr}}...)
+		}
+		for _, b := range bufs {
+			if *b.p, err = g.alloc(cx, b.n); err != nil {
+				return err
+			}
+			if err := cx.Memset(*b.p, 0, int64(4*b.n)); err != nil {
+				return err
+			}
+		}
+		run := func(xs []float32, T, pos int, blockEnd func(int) error) ([]float32, error) {
+			if err := cudart.Upload(cx, x, xs); err != nil {
+				return nil, err
+			}
+			if err := g.forward(cx, s, l, gpuKDACall{X: x, Y: y, T: T, Pos0: pos, State: st, BlockTokens: block, BlockEnd: blockEnd}); err != nil {
+				return nil, err
+			}
+			out := make([]float32, T*D)
+			if err := cx.Sync(s); err != nil {
+				return nil, err
+			}
+			return out, cudart.Download(cx, out, y)
+		}
+		y1, err := run(xs1, first, 0, func(pos int) error {
+			k := pos / block
+			if err := cx.CopyDtoDAsync(ckpt[k].Conv, st.Conv, int64(4*nc), s); err != nil {
+				return err
+			}
+			return cx.CopyDtoDAsync(ckpt[k].Recurrent, st.Recurrent, int64(4*nr), s)
+		})
+		if err != nil {
+			return err
+		}
+		// The hit: 10 tokens shared, the last checkpoint within them after token 7.
+		hit := shared / block * block
+		k := hit/block - 1
+		if err := cx.CopyDtoDAsync(st.Conv, ckpt[k].Conv, int64(4*nc), s); err != nil {
+			return err
+		}
+		if err := cx.CopyDtoDAsync(st.Recurrent, ckpt[k].Recurrent, int64(4*nr), s); err != nil {
+			return err
+		}
+		y2, err := run(xs2[hit*D:], second-hit, hit, nil)
+		if err != nil {
+			return err
+		}
+		if err := diffRows("recomputed shared rows", y2[:(shared-hit)*D], y1[hit*D:shared*D], 0); err != nil {
+			return err
+		}
+		want, err := m.kda(w, &cpu.Layers[li], xs2, second, 0, block)
+		if err != nil {
+			return err
+		}
+		if err := diffRows("the second sequence's rows after the hit", y2, want[hit*D:], tol); err != nil {
+			return err
+		}
+		gc, gr := make([]float32, nc), make([]float32, nr)
+		if err := cudart.Download(cx, gc, st.Conv); err != nil {
+			return err
+		}
+		if err := cudart.Download(cx, gr, st.Recurrent); err != nil {
+			return err
+		}
+		if err := diffRows("final conv state", gc, cpu.Layers[li].Conv, tol); err != nil {
+			return err
+		}
+		return diffRows("final recurrent state", gr, cpu.Layers[li].Recurrent, tol)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
