@@ -92,9 +92,11 @@ func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Laye
 	return g, nil
 }
 
-// moeWork is the MoE's device workspace for up to maxTokens rows: every expert has room
-// for all of them (the masked layout drops nothing), so the xe, gate_up and ye blocks are
-// experts·maxTokens rows; a first cut that suits decode batches and small prefill chunks.
+// moeWork is the MoE's device workspace for steps of up to maxTokens rows: a step of n
+// rows gives every expert room for all n (the masked layout drops nothing), so the xe,
+// gate_up and ye blocks hold experts·maxTokens rows and a step's expert GEMMs run over
+// experts·n; a first cut that suits decode batches and small prefill chunks (a prefill of
+// n rows does experts/top-k times the routed work it needs).
 type moeWork struct {
 	maxTokens                                 int
 	logits, weights, ids, counts, pairOf      cudart.DevicePtr
@@ -125,14 +127,14 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork,
 
 // forward computes out [n, hidden] = the MoE of x [n, hidden] (tokens [n] int32, for hash
 // routing), as Model.moe: the router GEMM, the routing and the masked layout on the
-// device, each expert's gate_up and down GEMMs over its whole block of maxTokens rows, the
+// device, each expert's gate_up and down GEMMs over its whole block of n rows, the
 // clamped SwiGLU, the shared expert, and the combine in the reference's order. The launch
 // sequence depends only on n, so it can be captured in a graph.
 func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
 	if n <= 0 || n > w.maxTokens {
 		return fmt.Errorf("gpu moe: %d rows for a workspace of %d", n, w.maxTokens)
 	}
-	e, k, h, in, mr := g.experts, g.k, g.h, g.in, w.maxTokens
+	e, k, h, in, mr := g.experts, g.k, g.h, g.in, n // every expert has room for all n rows
 	if err := b.matMulT(c, s, w.logits, x, g.router, n, h, e); err != nil {
 		return err
 	}
