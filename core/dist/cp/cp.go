@@ -10,6 +10,7 @@
 package cp
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -25,16 +26,16 @@ type Shape struct {
 // Start returns the position of this rank's first token: the sum of the earlier ranks'
 // token counts, each rank passing its own n. Every rank must call it.
 func Start(c dist.Communicator, n int) (int, error) {
-	all, err := c.AllGatherV(dist.F32Bytes([]float32{float32(n)}))
+	all, err := c.AllGatherV(binary.LittleEndian.AppendUint64(nil, uint64(n)))
 	if err != nil {
 		return 0, fmt.Errorf("cp: token counts: %w", err)
 	}
 	start := 0
 	for r := range c.Rank() {
-		if len(all[r]) != 4 {
+		if len(all[r]) != 8 {
 			return 0, fmt.Errorf("cp: rank %d sent %d bytes for its count", r, len(all[r]))
 		}
-		start += int(math.Float32frombits(uint32(all[r][0]) | uint32(all[r][1])<<8 | uint32(all[r][2])<<16 | uint32(all[r][3])<<24))
+		start += int(binary.LittleEndian.Uint64(all[r]))
 	}
 	return start, nil
 }
