@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
@@ -317,5 +318,61 @@ func roundGEMMWeights(w *Weights) {
 		if l.Indexer != nil {
 			r(l.Indexer.KV, l.Indexer.Gate, l.Indexer.QB, l.Indexer.WeightsProj)
 		}
+	}
+}
+
+// TestEmulatedGPURunnerRefusals checks that GPURunner's forward refuses, naming the
+// reason, what its device slots cannot serve: a request that starts from a prefix hit,
+// one continuing at a length its slot does not hold, and draft tokens; and that a plan
+// it can serve still runs after them.
+func TestEmulatedGPURunnerRefusals(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewGPURunner(tinyModel(t), dev, cache, cudart.F32, 2, 16, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	vocab := r.Model.Config.VocabSize
+	plan := func(id uint64, computed int32, tokens []int32, drafts int32) *engine.BatchPlan {
+		pos := make([]int32, len(tokens))
+		for i := range pos {
+			pos[i] = computed + int32(i)
+		}
+		return &engine.BatchPlan{ReqIDs: []uint64{id}, Computed: []int32{computed}, Scheduled: []int32{int32(len(tokens))},
+			NumDrafts: []int32{drafts}, Tokens: tokens, Positions: pos, QueryStart: []int32{0, int32(len(tokens))},
+			LogitsIndices: []int32{int32(len(tokens) - 1)}}
+	}
+	logits := make([]float32, 2*vocab)
+	for _, c := range []struct {
+		name string
+		p    *engine.BatchPlan
+		want string
+	}{
+		{"prefix hit", plan(1, 5, []int32{3, 4}, 0), "prefix hits"},
+		{"drafts", plan(2, 0, []int32{3, 4}, 1), "draft tokens"},
+	} {
+		if err := r.forward(c.p, logits); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one naming %q", c.name, err, c.want)
+		}
+	}
+	if err := r.forward(plan(3, 0, []int32{3, 4, 5}, 0), logits); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.forward(plan(3, 2, []int32{6}, 0), logits); err == nil || !strings.Contains(err.Error(), "holds 3") {
+		t.Errorf("a request continuing at 2 tokens of 3: error %v", err)
+	}
+	if err := r.forward(plan(3, 3, []int32{6}, 0), logits); err != nil {
+		t.Fatal(err)
 	}
 }
