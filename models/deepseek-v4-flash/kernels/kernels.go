@@ -2,6 +2,15 @@
 // typed Go launchers over core/cudart, and the Go references each kernel is checked
 // against. Kernels compile at run time with NVRTC for the exact GPU, through the kernel
 // cache shared by every model and process.
+//
+// The V4 layer's own kernels (launch.go builds their launches; Kernels.Run queues them):
+// compress.cu (the CSA/HCA/indexer compressors and their carried window state),
+// indexer.cu (the lightning indexer's exact top-k), attention.cu (sparse attention with
+// per-head sinks, the sliding window's ring store), groups.cu (wo_a's layout change, the
+// bf16 cast before a GEMM), and PartialRope on the core's rotary.cu. Their references are
+// the model's own functions (compressInto, indexerPick, attendSeq, Rotary.Apply), so their
+// emulated tests live in the model's package (gpu_kernels_test.go); doc.go there lists
+// every step of the GPU path.
 package kernels
 
 import (
