@@ -19,7 +19,12 @@
 //     latent: [positions, R], q: [T, H, dn], out: [T, H, dv]. Dynamic shared memory:
 //     (2R + max_sel) floats.
 // Latents, keys, gates and pools are addressed by position (pool index) in one contiguous
-// buffer per sequence.
+// buffer per sequence. A batch of rows from several sequences (decode steps, ragged chunks)
+// gives each row its position (row_pos) and its sequence's slot (row_slot) in pools of such
+// buffers, slot_stride elements apart; null tables mean one sequence, rows at pos0..:
+//   glm5flash_scatter_rows   dst[slot][pos] = src[row] (a batch's new latents, keys, gates).
+//   glm5flash_kpool_close    for each row that completes a pool (pos + 1 ≡ 0 mod P), that
+//     pool of its slot, as glm5flash_kpool_compress computes it.
 #include "prelude.cuh"
 
 RESIN_KERNEL void glm5flash_indexer_keys(float* __restrict__ k, const float* __restrict__ w,
@@ -57,12 +62,16 @@ RESIN_KERNEL void glm5flash_kpool_compress(float* __restrict__ pools, const floa
 
 RESIN_KERNEL void glm5flash_indexer_scores(float* __restrict__ score, const float* __restrict__ q,
                                            const float* __restrict__ hw, const float* __restrict__ pools,
-                                           int tokens, int pos0, int pool, int heads, int dim, int stride,
-                                           float dscale) {
+                                           const int* __restrict__ row_pos, const int* __restrict__ row_slot,
+                                           long long pool_slot_stride, int tokens, int pos0, int pool,
+                                           int heads, int dim, int stride, float dscale) {
   int t = RESIN_BID_Y;
   int j = RESIN_BID_X * RESIN_NTID_X + RESIN_TID_X;
-  if (t >= tokens || j >= (pos0 + t + 1) / pool) return;
-  const float* pk = pools + (long long)j * dim;
+  if (t >= tokens) return;
+  int pos = row_pos ? row_pos[t] : pos0 + t;
+  if (j >= (pos + 1) / pool) return;
+  long long slot = row_slot ? row_slot[t] : 0;
+  const float* pk = pools + slot * pool_slot_stride + (long long)j * dim;
   float acc = 0.0f;
   for (int h = 0; h < heads; h++) {
     const float* qh = q + ((long long)t * heads + h) * dim;
@@ -98,14 +107,15 @@ RESIN_DEVICE int dsa_scan(int flag, int* scan, int* total) {
 }
 
 RESIN_KERNEL void glm5flash_pool_topk(int* __restrict__ sel, int* __restrict__ count,
-                                      const float* __restrict__ score, int tokens, int pos0, int pool,
-                                      int k, int tail, int stride, int max_sel) {
+                                      const float* __restrict__ score, const int* __restrict__ row_pos,
+                                      int tokens, int pos0, int pool, int k, int tail, int stride,
+                                      int max_sel) {
   __shared__ float scratch[32];
   __shared__ int scan[1024];
   int t = RESIN_BID_X;
   if (t >= tokens) return;
   int tid = RESIN_TID_X, nt = RESIN_NTID_X;
-  int pos = pos0 + t, visible = (pos + 1) / pool;
+  int pos = row_pos ? row_pos[t] : pos0 + t, visible = (pos + 1) / pool;
   const float* sc = score + (long long)t * stride;
   int* out = sel + (long long)t * max_sel;
   // The k-th largest key T: the largest with at least k keys ≥ T.
@@ -143,8 +153,9 @@ RESIN_KERNEL void glm5flash_pool_topk(int* __restrict__ sel, int* __restrict__ c
 }
 
 RESIN_KERNEL void glm5flash_sparse_mla(float* __restrict__ out, const float* __restrict__ q,
-                                       const float* __restrict__ kvb, const float* __restrict__ latent,
+                                       const float* __restrict__ kvb, const float* __restrict__ latents,
                                        const int* __restrict__ sel, const int* __restrict__ count,
+                                       const int* __restrict__ row_slot, long long latent_slot_stride,
                                        int tokens, int heads, int dn, int dv, int rank, int max_sel,
                                        float scale) {
   extern __shared__ float mla_smem[];
@@ -161,6 +172,7 @@ RESIN_KERNEL void glm5flash_sparse_mla(float* __restrict__ out, const float* __r
   const float* qh = q + ((long long)t * heads + h) * dn;
   const int* toks = sel + (long long)t * max_sel;
   int n = count[t];
+  const float* latent = latents + (row_slot ? (long long)row_slot[t] : 0) * latent_slot_stride;
   for (int r = tid; r < rank; r += nt) {
     float a = 0.0f;
     for (int d = 0; d < dn; d++) a += qh[d] * wuk[(long long)d * rank + r];
@@ -198,4 +210,38 @@ RESIN_KERNEL void glm5flash_sparse_mla(float* __restrict__ out, const float* __r
     s = resin_warp_sum(s);
     if (lane == 0) oh[d] = s;
   }
+}
+
+RESIN_KERNEL void glm5flash_scatter_rows(float* __restrict__ dst, const float* __restrict__ src,
+                                         const int* __restrict__ row_pos, const int* __restrict__ row_slot,
+                                         long long slot_stride, int rows, int dim) {
+  long long i = resin_global_tid();
+  if (i >= (long long)rows * dim) return;
+  int r = (int)(i / dim), c = (int)(i % dim);
+  dst[(long long)row_slot[r] * slot_stride + (long long)row_pos[r] * dim + c] = src[i];
+}
+
+RESIN_KERNEL void glm5flash_kpool_close(float* __restrict__ pools, const float* __restrict__ keys,
+                                        const float* __restrict__ gates, const float* __restrict__ ape,
+                                        const int* __restrict__ row_pos, const int* __restrict__ row_slot,
+                                        long long key_slot_stride, long long pool_slot_stride, int rows,
+                                        int pool, int dim) {
+  long long i = resin_global_tid();
+  if (i >= (long long)rows * dim) return;
+  int r = (int)(i / dim), c = (int)(i % dim);
+  int pos = row_pos[r];
+  if ((pos + 1) % pool != 0) return;
+  long long slot = row_slot[r];
+  const float* ks = keys + slot * key_slot_stride;
+  const float* gs = gates + slot * key_slot_stride;
+  long long base = (long long)(pos / pool) * pool;
+  float mx = -RESIN_INF;
+  for (int s = 0; s < pool; s++) mx = resin_fmaxf(mx, gs[(base + s) * dim + c] + ape[s * dim + c]);
+  float sum = 0.0f, acc = 0.0f;
+  for (int s = 0; s < pool; s++) {
+    float e = resin_expf(gs[(base + s) * dim + c] + ape[s * dim + c] - mx);
+    sum += e;
+    acc += e * ks[(base + s) * dim + c];
+  }
+  pools[slot * pool_slot_stride + (long long)(pos / pool) * dim + c] = acc / sum;
 }

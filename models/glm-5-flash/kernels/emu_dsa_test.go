@@ -140,6 +140,9 @@ func TestDSALaunchShapes(t *testing.T) {
 		IndexerScores{Tokens: 3, Pos0: 0, Pool: 4, Heads: 1, Dim: 8, Stride: 0, DScale: 1}.withPos(40),
 		PoolTopK{Tokens: 1, Pool: 4, K: 2, Stride: 1, MaxSel: 10, Tail: true},
 		SparseMLA{Tokens: 1, Heads: 1, DN: 8, DV: 8, Rank: 512, MaxSel: 20000},
+		ScatterRows{Rows: 2, Dim: 4, SlotStride: 8},                                                                   // no row table
+		KPoolClose{Rows: 2, Pool: 4, Dim: 4, Table: RowTable{RowPos: 0x100}},                                          // positions without slots
+		IndexerScores{Tokens: 1, Pool: 4, Heads: 1, Dim: 8, Stride: 4, Rows: RowTable{RowPos: 0x100, RowSlot: 0x200}}, // no MaxPos
 	} {
 		if err := l.spec(&sp); err == nil {
 			t.Errorf("%#v accepted", l)
@@ -148,3 +151,104 @@ func TestDSALaunchShapes(t *testing.T) {
 }
 
 func (a IndexerScores) withPos(p int) IndexerScores { a.Pos0 = p; return a }
+
+// TestEmuDSABatched runs one decode row of each of three sequences in one launch per
+// kernel, their state in slots 1, 2, 0 of pools of per-sequence buffers, against the
+// references sequence by sequence: the new latents, keys and gates scattered to their
+// positions, the pools the rows complete closed (one row completes one, the others do
+// not), scores, the selection (one sequence sees fewer pools than k, two more) and the
+// attention over each sequence's own latents.
+func TestEmuDSABatched(t *testing.T) {
+	const (
+		I, N, P, K, H, dn, dv, R = 12, 2, 4, 2, 2, 8, 8, 24
+		maxPos                   = 24
+		stride, maxSel           = maxPos / P, K*P + P - 1
+	)
+	hist := []int{5, 19, 11} // tokens before the row: rows at 5, 19 (completes pool 4) and 11 (completes pool 2)
+	slots := []int32{1, 2, 0}
+	B := len(hist)
+	r := rand.New(rand.NewPCG(15, 16))
+	rnd := func(n int, s float64) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(s * r.NormFloat64())
+		}
+		return x
+	}
+	ape, kvb := rnd(P*I, 0.5), rnd(H*(dn+dv)*R, 0.3)
+	// The pools of per-sequence state, filled with each sequence's history.
+	keys, gates, lats := rnd(3*maxPos*I, 1), rnd(3*maxPos*I, 1), rnd(3*maxPos*R, 1)
+	pools := make([]float32, 3*stride*I)
+	for b, n := range hist {
+		sl := int(slots[b])
+		if err := KPoolCompressRef(pools[sl*stride*I:(sl+1)*stride*I], keys[sl*maxPos*I:(sl+1)*maxPos*I],
+			gates[sl*maxPos*I:(sl+1)*maxPos*I], ape, 0, n/P, P, I); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newKeys, newGates, newLats := rnd(B*I, 1), rnd(B*I, 1), rnd(B*R, 1)
+	q, hw, mq := rnd(B*N*I, 1), rnd(B*N, 1), rnd(B*H*dn, 1)
+	pos := make([]int32, B)
+	for b, n := range hist {
+		pos[b] = int32(n)
+	}
+	dscale := float32(1 / math.Sqrt(I))
+
+	// The reference, sequence by sequence.
+	wantKeys, wantGates, wantLats, wantPools := slices.Clone(keys), slices.Clone(gates), slices.Clone(lats), slices.Clone(pools)
+	wantScore, wantOut := make([]float32, B*stride), make([]float32, B*H*dv)
+	wantSel := make([][]int32, B)
+	for b, n := range hist {
+		sl := int(slots[b])
+		ks, gs, ls := wantKeys[sl*maxPos*I:(sl+1)*maxPos*I], wantGates[sl*maxPos*I:(sl+1)*maxPos*I], wantLats[sl*maxPos*R:(sl+1)*maxPos*R]
+		ps := wantPools[sl*stride*I : (sl+1)*stride*I]
+		copy(ks[n*I:], newKeys[b*I:(b+1)*I])
+		copy(gs[n*I:], newGates[b*I:(b+1)*I])
+		copy(ls[n*R:], newLats[b*R:(b+1)*R])
+		if err := KPoolCompressRef(ps, ks, gs, ape, n/P, (n+1)/P, P, I); err != nil {
+			t.Fatal(err)
+		}
+		if err := IndexerScoresRef(wantScore[b*stride:(b+1)*stride], q[b*N*I:(b+1)*N*I], hw[b*N:(b+1)*N], ps, 1, n, P, N, I, stride, dscale); err != nil {
+			t.Fatal(err)
+		}
+		sel, err := PoolTopKRef(wantScore[b*stride:(b+1)*stride], 1, n, P, K, true, stride)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantSel[b] = sel[0]
+		if err := SparseMLARef(wantOut[b*H*dv:(b+1)*H*dv], mq[b*H*dn:(b+1)*H*dn], kvb, ls, sel, 1, H, dn, dv, R, 0.3); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	rows := RowTable{RowPos: iptr(pos), RowSlot: iptr(slots)}
+	emuLaunch(t, ScatterRows{Dst: dptr(keys), Src: dptr(newKeys), Table: rows, SlotStride: maxPos * I, Rows: B, Dim: I}, keys, newKeys, pos, slots)
+	emuLaunch(t, ScatterRows{Dst: dptr(gates), Src: dptr(newGates), Table: rows, SlotStride: maxPos * I, Rows: B, Dim: I}, gates, newGates, pos, slots)
+	emuLaunch(t, ScatterRows{Dst: dptr(lats), Src: dptr(newLats), Table: rows, SlotStride: maxPos * R, Rows: B, Dim: R}, lats, newLats, pos, slots)
+	closeTo(t, "scattered keys", keys, wantKeys, 0)
+	closeTo(t, "scattered gates", gates, wantGates, 0)
+	closeTo(t, "scattered latents", lats, wantLats, 0)
+	emuLaunch(t, KPoolClose{Pools: dptr(pools), Keys: dptr(keys), Gates: dptr(gates), APE: dptr(ape), Table: rows,
+		KeySlotStride: maxPos * I, PoolSlotStride: stride * I, Rows: B, Pool: P, Dim: I}, pools, keys, gates, ape, pos, slots)
+	closeTo(t, "pools", pools, wantPools, 2e-6)
+	score := make([]float32, B*stride)
+	emuLaunch(t, IndexerScores{Score: dptr(score), Q: dptr(q), HW: dptr(hw), Pools: dptr(pools), Tokens: B, Pool: P, Heads: N,
+		Dim: I, Stride: stride, DScale: dscale, Rows: rows, PoolSlotStride: stride * I, MaxPos: maxPos}, score, q, hw, pools, pos, slots)
+	closeTo(t, "scores", score, wantScore, 1e-6)
+	sel, count := make([]int32, B*maxSel), make([]int32, B)
+	emuLaunch(t, PoolTopK{Sel: iptr(sel), Count: iptr(count), Score: dptr(score), Tokens: B, Pool: P, K: K, Stride: stride,
+		MaxSel: maxSel, Tail: true, RowPos: iptr(pos), MaxPos: maxPos}, sel, count, score, pos)
+	for b := range B {
+		if got := sel[b*maxSel : b*maxSel+int(count[b])]; !slices.Equal(got, wantSel[b]) {
+			t.Fatalf("sequence %d selects %v, want %v", b, got, wantSel[b])
+		}
+	}
+	out := make([]float32, B*H*dv)
+	emuLaunch(t, SparseMLA{Out: dptr(out), Q: dptr(mq), KVB: dptr(kvb), Latent: dptr(lats), Sel: iptr(sel), Count: iptr(count),
+		Tokens: B, Heads: H, DN: dn, DV: dv, Rank: R, MaxSel: maxSel, Scale: 0.3, RowSlot: iptr(slots), LatentSlotStride: maxPos * R},
+		out, mq, kvb, lats, sel, count, slots)
+	closeTo(t, "sparse MLA", out, wantOut, 1e-5)
+	if visible := []int{(hist[0] + 1) / P, (hist[1] + 1) / P}; visible[0] >= K || visible[1] <= K {
+		t.Fatalf("visible pools %v: want one sequence below k = %d and one above", visible, K)
+	}
+}

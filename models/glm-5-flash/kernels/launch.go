@@ -31,6 +31,7 @@ func (s *spec) put(v uint64) *spec {
 func (s *spec) ptr(p cudart.DevicePtr) *spec { return s.put(uint64(p)) }
 func (s *spec) i32(v int) *spec              { return s.put(uint64(uint32(int32(v)))) }
 func (s *spec) f32(v float32) *spec          { return s.put(uint64(math.Float32bits(v))) }
+func (s *spec) i64(v int) *spec              { return s.put(uint64(int64(v))) }
 
 // Launcher is a launch of one of the model's kernels with its buffers and shape
 // (KDAStep, KDAChunked, CausalConvSiLU, ...); Run checks and launches it.
@@ -42,7 +43,8 @@ type Launcher interface {
 var moduleFiles = map[string][]string{
 	"kda.cu":      {KDAStepName, KDAChunkedName},
 	"kda_prep.cu": {CausalConvSiLUName, L2NormName, KDAGateName, SigmoidName, GatedRMSNormName, ToBF16Name},
-	"dsa.cu":      {IndexerKeysName, KPoolCompressName, IndexerScoresName, PoolTopKName, SparseMLAName},
+	"dsa.cu": {IndexerKeysName, KPoolCompressName, IndexerScoresName, PoolTopKName, SparseMLAName, ScatterRowsName,
+		KPoolCloseName},
 }
 
 // Kernels holds the model's loaded kernels for one device context.
