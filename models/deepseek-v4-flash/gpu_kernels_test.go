@@ -355,7 +355,7 @@ func TestEmuIndexerAttention(t *testing.T) {
 	d := newEmuDev(t)
 	m := tinyModel(t)
 	emuIndexerAttention(t, d, m, "")
-	// V4-Flash's head dim of 512 (4 output dimensions a thread), 2 heads.
+	// V4-Flash's head dim of 512 (4 output dimensions a thread), 2 heads (blocks of 2).
 	wide := *m.Config
 	wide.HeadDim, wide.NumAttentionHeads = 512, 2
 	mw, err := NewModel(&wide, m.W, m.maxContext)
@@ -363,6 +363,14 @@ func TestEmuIndexerAttention(t *testing.T) {
 		t.Fatal(err)
 	}
 	emuIndexerAttention(t, d, mw, "head dim 512 ")
+	// 3 heads: a block of one head each (4 heads make blocks of 4, 2 of 2).
+	odd := *m.Config
+	odd.NumAttentionHeads = 3
+	mo, err := NewModel(&odd, m.W, m.maxContext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emuIndexerAttention(t, d, mo, "3 heads ")
 }
 
 func emuIndexerAttention(t *testing.T, d *emuDev, m *Model, label string) {

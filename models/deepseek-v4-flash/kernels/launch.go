@@ -25,6 +25,7 @@ const (
 	MaxRatio             = 128 // compress.cu DSV4_MAX_RATIO
 	indexerThreads       = 256 // indexer.cu DSV4_IDX_THREADS
 	attnThreads          = 128 // attention.cu DSV4_ATTN_THREADS
+	attnGroup            = 4   // attention.cu DSV4_ATTN_GROUP: heads a block reads each key for
 	compressThreads      = 128
 	elementwiseThreads   = 256
 	maxElementwiseBlocks = 1 << 16
@@ -289,10 +290,14 @@ func (a *Attention) Launches(ch Chunk) ([2]Launch, error) {
 	var ls [2]Launch
 	l := &ls[0]
 	l.File, l.Entry = "attention.cu", SparseAttentionName
-	l.Grid, l.Block = cudart.Dim3{X: uint32(a.Heads), Y: uint32(ch.Rows), Z: 1}, cudart.D1(attnThreads)
+	group := attnGroup
+	for a.Heads%group != 0 {
+		group /= 2
+	}
+	l.Grid, l.Block = cudart.Dim3{X: uint32(a.Heads / group), Y: uint32(ch.Rows), Z: 1}, cudart.D1(attnThreads)
 	l.ptr(a.Out).ptr(a.Q).ptr(a.KV).ptr(a.WindowKV).ptr(a.Entries).ptr(a.Picks).ptr(a.Counts).ptr(a.Sinks).
 		ptr(ch.Pos).ptr(ch.RowSeq).ptr(ch.SeqStart).ptr(ch.Len0).ptr(a.WinRow0).ptr(a.EntryRow0).
-		i32(ch.Rows).i32(a.Heads).i32(a.HeadDim).i32(a.Window).i32(a.Ratio).i32(a.TopK).f32(a.Scale)
+		i32(ch.Rows).i32(a.Heads).i32(a.HeadDim).i32(a.Window).i32(a.Ratio).i32(a.TopK).f32(a.Scale).i32(group)
 	s := &ls[1]
 	s.File, s.Entry = "attention.cu", WindowStoreName
 	s.Grid, s.Block = elementwise(ch.Rows * a.HeadDim)
