@@ -75,7 +75,7 @@
 // cuBLASLt's block-scaled FP8 and a W4A16 expert GEMM are not written; each sequence's state sits in a device slot (ring,
 // windows, entries) rather than kvslab pages, so there are no prefix hits on the GPU; the
 // MoE gives every expert room for all of a step's rows and runs one GEMM per expert;
-// attention reads the shared K=V head once per query head; launches are eager (no CUDA
+// attention reads the shared K=V head once per block of 4 query heads; launches are eager (no CUDA
 // graphs yet); GPURunner refuses prefix hits and drafts (no MTP on the device), and
 // OpenGPU is not yet in cmd/resin's gpuOpeners, so --device cuda does not reach it. kernels.Load compiles every source above with NVRTC
 // (TestCompile checks them under NVRTC and ptxas).
