@@ -68,17 +68,18 @@
 //	                                 mhc.cu (head), rmsnorm, cuBLASLt           every logit within 5e-5
 //
 // What is a first cut: activations are float32 and the GEMM weights float32 or bf16
-// (gpu_linear.go: a bf16 GEMM's input rounded by groups.cu's cast; TestEmulatedLinearsBF16,
-// TestEmulatedForwardBF16). The checkpoint's FP8 and FP4 tensors are dequantised by
-// core/weights at load, so a parameter takes 4 or 2 bytes (about 1.1 TB or 570 GB for the
-// full 284B model, against 157 GB as shipped; only truncated configs fit a GPU), and
-// cuBLASLt's block-scaled FP8 and a W4A16 expert GEMM are not written; each sequence's state sits in a device slot (ring,
-// windows, entries) rather than kvslab pages, so there are no prefix hits on the GPU; the
-// MoE gives every expert room for all of a step's rows and runs one GEMM per expert;
-// attention reads the shared K=V head once per block of 4 query heads; launches are eager (no CUDA
-// graphs yet); GPURunner refuses prefix hits and drafts (no MTP on the device), and
-// OpenGPU is not yet in cmd/resin's gpuOpeners, so --device cuda does not reach it. kernels.Load compiles every source above with NVRTC
-// (TestCompile checks them under NVRTC and ptxas).
+// (gpu_linear.go: a bf16 GEMM's input rounded by groups.cu's cast;
+// TestEmulatedLinearsBF16, TestEmulatedForwardBF16). The checkpoint's FP8 and FP4 tensors
+// are dequantised by core/weights at load, so a parameter takes 4 or 2 bytes (about 1.1
+// TB or 570 GB for the full 284B model, against 157 GB as shipped; only truncated configs
+// fit a GPU), and cuBLASLt's block-scaled FP8 and a W4A16 expert GEMM are not written;
+// each sequence's state sits in a device slot (ring, windows, entries) rather than kvslab
+// pages, so there are no prefix hits on the GPU; the MoE gives every expert room for all
+// of a step's rows and runs one GEMM per expert; attention reads the shared K=V head once
+// per block of 4 query heads; launches are eager (no CUDA graphs yet); GPURunner refuses
+// prefix hits and drafts (no MTP on the device), and OpenGPU is not yet in cmd/resin's
+// gpuOpeners, so --device cuda does not reach it. kernels.Load compiles every source
+// above with NVRTC (TestCompile checks them under NVRTC and ptxas).
 //
 // scripts/deepseek-v4-goldens.sh writes the goldens testdata/ holds (transformers on the
 // CPU): TestConfigCases and TestTransformersParity check against them.
