@@ -4,7 +4,9 @@
 # and gonum, at the shapes of a ~120M llama, then end to end.
 #
 #   1. BenchmarkSGEMM (m=512 and 128 against each weight: qkv, o, gate+up, down, lm head),
-#      ROUNDS counts: the median GFLOP/s of each backend and own/OpenBLAS.
+#      ROUNDS counts: the median GFLOP/s of each backend and own/OpenBLAS, per second of
+#      wall clock and per second of the process's CPU time (which follows the load of a
+#      shared machine much less).
 #   2. `resin bench model --model llama --random-weights` on scripts/llama-cpu-bench.sh's
 #      ~120M config, batch sizes BATCHES, PROMPT_LEN-token prompts: own and OpenBLAS
 #      alternating for ROUNDS rounds (which goes first alternates too), each round's
@@ -52,14 +54,24 @@ if [ "$part" = all ] || [ "$part" = 1 ]; then
 		awk "$median"'
 			/^BenchmarkSGEMM\// {
 				split($1, p, "/"); shape = p[2] "/" p[3]; sub(/-[0-9]+$/, "", p[4])
-				for (i = 1; i <= NF; i++) if ($(i+1) == "GFLOP/s") g[shape, p[4]] = g[shape, p[4]] " " $i
+				for (i = 1; i < NF; i++) {
+					if ($(i+1) == "GFLOP/s") g[shape, p[4], "w"] = g[shape, p[4], "w"] " " $i
+					if ($(i+1) == "GFLOP/cpu-s") g[shape, p[4], "c"] = g[shape, p[4], "c"] " " $i
+				}
 				if (!(shape in seen)) { seen[shape] = 1; order[++n] = shape }
 			}
 			END {
-				printf "  %-32s %8s %8s %8s %9s\n", "shape", "own", "OpenBLAS", "gonum", "own/BLAS"
+				printf "  %-30s %24s   %s\n", "", "per second (wall clock)", "per CPU-second of the process"
+				printf "  %-30s %7s %8s %7s %6s   %7s %8s %7s %6s\n", "shape", "own", "OpenBLAS", "gonum", "own/B", "own", "OpenBLAS", "gonum", "own/B"
 				for (i = 1; i <= n; i++) {
-					s = order[i]; o = med(g[s, "own"]); b = med(g[s, "blas"]); q = g[s, "gonum"] == "" ? "-" : sprintf("%.1f", med(g[s, "gonum"]))
-					printf "  %-32s %8.1f %8.1f %8s %8.2fx\n", s, o, b, q, (b > 0 ? o / b : 0)
+					s = order[i]; line = sprintf("  %-30s", s)
+					for (c = 1; c <= 2; c++) {
+						u = c == 1 ? "w" : "c"
+						o = med(g[s, "own", u]); b = med(g[s, "blas", u])
+						q = g[s, "gonum", u] == "" ? "-" : sprintf("%.1f", med(g[s, "gonum", u]))
+						line = line sprintf(" %7.1f %8.1f %7s %5.2fx  ", o, b, q, (b > 0 ? o / b : 0))
+					}
+					print line
 				}
 			}'
 fi
