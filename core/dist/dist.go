@@ -291,19 +291,51 @@ func (g *group) Split(color, key int) (Communicator, error) {
 		return nil, err
 	}
 	g.splits++
+	var members []int
+	self := -1
+	if color >= 0 {
+		if members, self, err = splitMembers(msgs, color, g.Rank()); err != nil {
+			return nil, err
+		}
+	}
+	tag := fmt.Sprintf("%s.s%d.c%d", g.tag, g.splits, color)
+	if sp, ok := g.tr.(splitPreparer); ok {
+		// Every rank takes part in the exchange of the new leaders' contact details, a
+		// rank joining no group and a leader that failed to prepare too.
+		info, perr := sp.prepare(self == 0)
+		all, err := g.tr.exchange("split", info)
+		if err != nil {
+			return nil, err
+		}
+		if perr != nil {
+			return nil, fmt.Errorf("dist: split color %d: %w", color, perr)
+		}
+		if color < 0 {
+			return nil, nil
+		}
+		tr, err := sp.subWith(members, self, all[members[0]])
+		if err != nil {
+			return nil, fmt.Errorf("dist: split color %d: %w", color, err)
+		}
+		return &group{tr: tr, tag: tag}, nil
+	}
 	if color < 0 {
 		return nil, nil
 	}
-	members, self, err := splitMembers(msgs, color, g.Rank())
-	if err != nil {
-		return nil, err
-	}
-	tag := fmt.Sprintf("%s.s%d.c%d", g.tag, g.splits, color)
 	tr, err := g.tr.sub(tag, members, self)
 	if err != nil {
 		return nil, fmt.Errorf("dist: split color %d: %w", color, err)
 	}
 	return &group{tr: tr, tag: tag}, nil
+}
+
+// splitPreparer is a transport whose subgroups need their leader's contact details
+// (TCP: the address it listens on): prepare runs on every rank of a Split (leader says
+// whether it becomes a new group's rank 0), its results are all-gathered over the parent,
+// and subWith gets the message of the new group's leader.
+type splitPreparer interface {
+	prepare(leader bool) ([]byte, error)
+	subWith(members []int, self int, leaderInfo []byte) (transport, error)
 }
 
 // splitMembers reads the (color, key) pairs of every rank and returns the ranks of color

@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
+	osexec "os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,9 +24,16 @@ func shmName(t *testing.T) string {
 	return fmt.Sprintf("test%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_"))
 }
 
+// child is a child of the test binary running test with env added.
+func child(ctx context.Context, test string, env ...string) *osexec.Cmd {
+	cmd := osexec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
+	return cmd
+}
+
 // spawn starts rank of a group of size meeting at name, doing mode in TestShmWorker.
-func spawn(ctx context.Context, name string, rank, size int, mode string) (*exec.Cmd, *bytes.Buffer, error) {
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestShmWorker$", "-test.count=1", "-test.v")
+func spawn(ctx context.Context, name string, rank, size int, mode string) (*osexec.Cmd, *bytes.Buffer, error) {
+	cmd := osexec.CommandContext(ctx, os.Args[0], "-test.run=^TestShmWorker$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), "RESIN_DIST_NAME="+name, "RESIN_DIST_RANK="+strconv.Itoa(rank),
 		"RESIN_DIST_SIZE="+strconv.Itoa(size), "RESIN_DIST_MODE="+mode)
 	out := &bytes.Buffer{}
@@ -71,7 +78,7 @@ func TestShmCollectives(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		name := fmt.Sprintf("%s-%d", shmName(t), run)
-		var cmds []*exec.Cmd
+		var cmds []*osexec.Cmd
 		var outs []*bytes.Buffer
 		for r := range n {
 			cmd, out, err := spawn(ctx, name, r, n, "exercise")
