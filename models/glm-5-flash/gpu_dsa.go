@@ -20,8 +20,10 @@ type gpuDSA struct {
 	ks        *kernels.Kernels
 	maxTokens int
 	// Workspace for up to maxTokens tokens: qr [T, Q], q [T, H·nope], iq [T, N·I],
-	// hw [T, N], score [T, maxPos/P], out [T, H·v].
+	// hw [T, N], score [T, maxPos/P], out [T, H·v]; a batch's new latents [T, R], keys
+	// and gates [T, I] before they are scattered to their sequences.
 	qr, q, iq, hw, score, out cudart.DevicePtr
+	lat, key, gate            cudart.DevicePtr
 	maxPos                    int
 	bufs                      []cudart.Buffer
 }
@@ -56,7 +58,8 @@ func newGPUDSA(c *cudart.Ctx, cfg *TextConfig, blas *cudart.Blas, core *cuda.Ker
 		p *cudart.DevicePtr
 		n int
 	}{{&g.qr, cfg.QLoraRank}, {&g.q, cfg.NumAttentionHeads * cfg.QKNopeHeadDim}, {&g.iq, cfg.IndexNHeads * cfg.IndexHeadDim},
-		{&g.hw, cfg.IndexNHeads}, {&g.score, max(1, maxPos/cfg.IndexKPool)}, {&g.out, cfg.NumAttentionHeads * cfg.VHeadDim}} {
+		{&g.hw, cfg.IndexNHeads}, {&g.score, max(1, maxPos/cfg.IndexKPool)}, {&g.out, cfg.NumAttentionHeads * cfg.VHeadDim},
+		{&g.lat, cfg.KVLoraRank}, {&g.key, cfg.IndexHeadDim}, {&g.gate, cfg.IndexHeadDim}} {
 		p, err := g.alloc(c, maxTokens*b.n)
 		if err != nil {
 			g.close(c)
@@ -185,6 +188,103 @@ func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpu
 	}
 	if err := kernels.Run(g.ks, c, s, kernels.SparseMLA{Out: g.out, Q: g.q, KVB: l.kvb, Latent: st.Latent, Sel: sel.Sel, Count: sel.Count,
 		Tokens: T, Heads: H, DN: dn, DV: dv, Rank: R, MaxSel: sel.MaxSel, Scale: float32(1 / math.Sqrt(float64(cfg.QKHeadDim)))}); err != nil {
+		return fmt.Errorf("gpu dsa: %w", err)
+	}
+	return mm(y, g.out, l.o, T, H*dv, D, 1)
+}
+
+// slot returns sequence slot sl's state in pools of per-sequence states (pools' pointers
+// at slot 0, maxPos positions a slot).
+func (g *gpuDSA) slot(pools gpuDSAState, sl int) gpuDSAState {
+	c := g.cfg
+	R, I, P := c.KVLoraRank, c.IndexHeadDim, c.IndexKPool
+	return gpuDSAState{Latent: off(pools.Latent, sl*g.maxPos*R), IdxKey: off(pools.IdxKey, sl*g.maxPos*I),
+		IdxGate: off(pools.IdxGate, sl*g.maxPos*I), Pools: off(pools.Pools, sl*(g.maxPos/P)*I)}
+}
+
+// decode runs a batch of rows from several sequences (rows of x [T, D], one a sequence
+// for a decode step) through layer l into y [T, D] in one launch per kernel: rows gives
+// each row's position and its sequence's slot in pools (slot's layout); every position
+// must be below maxPos. A full-indexer layer writes the selection into sel, a shared one
+// reads it.
+func (g *gpuDSA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, pools gpuDSAState, rows kernels.RowTable, sel gpuDSASel, x, y cudart.DevicePtr, T int) error {
+	cfg := g.cfg
+	D, H, Q, R := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.QLoraRank, cfg.KVLoraRank
+	dn, dv, I, N, P := cfg.QKNopeHeadDim, cfg.VHeadDim, cfg.IndexHeadDim, cfg.IndexNHeads, cfg.IndexKPool
+	eps := float32(cfg.RMSNormEps)
+	if T <= 0 || T > g.maxTokens || rows.RowPos == 0 || rows.RowSlot == 0 {
+		return fmt.Errorf("gpu dsa: a batch of %d rows (workspace for %d) needs a row table", T, g.maxTokens)
+	}
+	if sel.MaxSel < g.maxSel() {
+		return fmt.Errorf("gpu dsa: selection rows of %d, want %d", sel.MaxSel, g.maxSel())
+	}
+	mm := func(out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
+		return g.blas.Gemm(c, s, cudart.GemmSpec{M: m, N: n, K: k, TransB: true, AType: cudart.F32, BType: cudart.F32,
+			OutType: cudart.F32, Alpha: alpha}, a, w, 0, out)
+	}
+	keyStride, poolStride := g.maxPos*I, (g.maxPos/P)*I
+	if err := mm(g.qr, x, l.qa, T, D, Q, 1); err != nil {
+		return err
+	}
+	if err := g.core.RMSNorm(c, s, g.qr, g.qr, l.qaNorm, T, Q, eps); err != nil {
+		return err
+	}
+	if err := mm(g.q, g.qr, l.qb, T, Q, H*dn, 1); err != nil {
+		return err
+	}
+	if err := mm(g.lat, x, l.kva, T, D, R, 1); err != nil {
+		return err
+	}
+	if err := g.core.RMSNorm(c, s, g.lat, g.lat, l.kvaNorm, T, R, eps); err != nil {
+		return err
+	}
+	if err := kernels.Run(g.ks, c, s, kernels.ScatterRows{Dst: pools.Latent, Src: g.lat, Table: rows, SlotStride: g.maxPos * R,
+		Rows: T, Dim: R}); err != nil {
+		return fmt.Errorf("gpu dsa: %w", err)
+	}
+	if l.full {
+		stride := g.maxPos / P
+		if err := mm(g.iq, g.qr, l.wqb, T, Q, N*I, 1); err != nil {
+			return err
+		}
+		if err := mm(g.key, x, l.wk, T, D, I, 1); err != nil {
+			return err
+		}
+		if err := mm(g.gate, x, l.gate, T, D, I, 1); err != nil {
+			return err
+		}
+		if err := mm(g.hw, x, l.wProj, T, D, N, float32(math.Pow(float64(N), -0.5))); err != nil {
+			return err
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.IndexerKeys{K: g.key, W: l.kNormW, B: l.kNormB, Rows: T, Dim: I}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.ScatterRows{Dst: pools.IdxKey, Src: g.key, Table: rows, SlotStride: keyStride,
+			Rows: T, Dim: I}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.ScatterRows{Dst: pools.IdxGate, Src: g.gate, Table: rows, SlotStride: keyStride,
+			Rows: T, Dim: I}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.KPoolClose{Pools: pools.Pools, Keys: pools.IdxKey, Gates: pools.IdxGate, APE: l.ape,
+			Table: rows, KeySlotStride: keyStride, PoolSlotStride: poolStride, Rows: T, Pool: P, Dim: I}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.IndexerScores{Score: g.score, Q: g.iq, HW: g.hw, Pools: pools.Pools, Tokens: T,
+			Pool: P, Heads: N, Dim: I, Stride: stride, DScale: float32(1 / math.Sqrt(float64(I))), Rows: rows,
+			PoolSlotStride: poolStride, MaxPos: g.maxPos}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
+		}
+		if err := kernels.Run(g.ks, c, s, kernels.PoolTopK{Sel: sel.Sel, Count: sel.Count, Score: g.score, Tokens: T, Pool: P,
+			K: cfg.IndexPools(), Stride: stride, MaxSel: sel.MaxSel, Tail: cfg.IndexKPoolSelectTail, RowPos: rows.RowPos,
+			MaxPos: g.maxPos}); err != nil {
+			return fmt.Errorf("gpu dsa: %w", err)
+		}
+	}
+	if err := kernels.Run(g.ks, c, s, kernels.SparseMLA{Out: g.out, Q: g.q, KVB: l.kvb, Latent: pools.Latent, Sel: sel.Sel,
+		Count: sel.Count, Tokens: T, Heads: H, DN: dn, DV: dv, Rank: R, MaxSel: sel.MaxSel,
+		Scale: float32(1 / math.Sqrt(float64(cfg.QKHeadDim))), RowSlot: rows.RowSlot, LatentSlotStride: g.maxPos * R}); err != nil {
 		return fmt.Errorf("gpu dsa: %w", err)
 	}
 	return mm(y, g.out, l.o, T, H*dv, D, 1)

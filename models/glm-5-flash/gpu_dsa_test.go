@@ -142,3 +142,155 @@ func TestEmulatedGPUDSALayers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEmulatedGPUDSABatchedDecode prefills three sequences of 3, 11 and 7 tokens into
+// slots 2, 0 and 1 of the device's state pools through the full-indexer layer and the
+// shared one after it, then decodes a token of each in one batched step per layer (rows
+// at 3, 11 and 7: below k pools, above, and completing the k-th), against forward.go's
+// mla sequence by sequence: every row's output and selection.
+func TestEmulatedGPUDSABatchedDecode(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	m := tinyTextModel(t)
+	c := m.Config
+	D := c.HiddenSize
+	first := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.mla != nil && l.mla.idx != nil })
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blas.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, err := cuda.Load(dev, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer core.Close()
+	const maxTokens, maxPos, tol = 12, 16, 2e-5
+	lengths, slots := []int{3, 11, 7}, []int32{2, 0, 1}
+	B := len(lengths)
+	cpu := make([]*TextState, B)
+	for b := range cpu {
+		cpu[b] = m.NewTextState()
+	}
+	r := rand.New(rand.NewPCG(12, 13))
+	err = dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+		if err != nil {
+			return err
+		}
+		g, err := newGPUDSA(cx, c, blas, core, ks, maxTokens, maxPos)
+		if err != nil {
+			return err
+		}
+		defer g.close(cx)
+		var layers [2]*gpuDSALayer
+		var pools [2]gpuDSAState
+		for i := range layers {
+			if layers[i], err = g.upload(cx, m.W.layers[first+i].mla); err != nil {
+				return err
+			}
+			for _, b := range []struct {
+				p *cudart.DevicePtr
+				n int
+			}{{&pools[i].Latent, B * maxPos * c.KVLoraRank}, {&pools[i].IdxKey, B * maxPos * c.IndexHeadDim},
+				{&pools[i].IdxGate, B * maxPos * c.IndexHeadDim}, {&pools[i].Pools, B * maxPos / c.IndexKPool * c.IndexHeadDim}} {
+				if *b.p, err = g.alloc(cx, b.n); err != nil {
+					return err
+				}
+			}
+		}
+		sel := gpuDSASel{MaxSel: g.maxSel()}
+		var x, y, rowPos, rowSlot cudart.DevicePtr
+		for _, b := range []struct {
+			p *cudart.DevicePtr
+			n int
+		}{{&sel.Sel, maxTokens * sel.MaxSel}, {&sel.Count, maxTokens}, {&x, maxTokens * D}, {&y, maxTokens * D}, {&rowPos, B}, {&rowSlot, B}} {
+			if *b.p, err = g.alloc(cx, b.n); err != nil {
+				return err
+			}
+		}
+		// Prefills, a sequence at a time into its slot; the selection passes from the full
+		// layer to the shared one.
+		for b, n := range lengths {
+			var prev [][]int32
+			for i := range layers {
+				xs := randRows(r, n*D)
+				if _, prev, err = m.mla(m.W.layers[first+i].mla, &cpu[b].Layers[first+i], xs, n, 0, prev); err != nil {
+					return err
+				}
+				if err := cudart.Upload(cx, x, xs); err != nil {
+					return err
+				}
+				if err := g.forward(cx, nil, layers[i], g.slot(pools[i], int(slots[b])), sel, x, y, n, 0); err != nil {
+					return err
+				}
+			}
+		}
+		pos := make([]int32, B)
+		for b, n := range lengths {
+			pos[b] = int32(n)
+		}
+		if err := cudart.Upload(cx, rowPos, pos); err != nil {
+			return err
+		}
+		if err := cudart.Upload(cx, rowSlot, slots); err != nil {
+			return err
+		}
+		prevs := make([][][]int32, B)
+		for i := range layers {
+			xs := randRows(r, B*D)
+			want := make([]float32, 0, B*D)
+			var wantSel [][]int32
+			for b, n := range lengths {
+				yb, sb, err := m.mla(m.W.layers[first+i].mla, &cpu[b].Layers[first+i], xs[b*D:(b+1)*D], 1, n, prevs[b])
+				if err != nil {
+					return err
+				}
+				prevs[b] = sb
+				want, wantSel = append(want, yb...), append(wantSel, sb[0])
+			}
+			if err := cudart.Upload(cx, x, xs); err != nil {
+				return err
+			}
+			if err := g.decode(cx, nil, layers[i], pools[i], kernels.RowTable{RowPos: rowPos, RowSlot: rowSlot}, sel, x, y, B); err != nil {
+				return err
+			}
+			if err := cx.Synchronize(); err != nil {
+				return err
+			}
+			got := make([]float32, B*D)
+			if err := cudart.Download(cx, got, y); err != nil {
+				return err
+			}
+			gotSel, gotCount := make([]int32, maxTokens*sel.MaxSel), make([]int32, maxTokens)
+			if err := cudart.Download(cx, gotSel, sel.Sel); err != nil {
+				return err
+			}
+			if err := cudart.Download(cx, gotCount, sel.Count); err != nil {
+				return err
+			}
+			for b := range B {
+				if s := gotSel[b*sel.MaxSel : b*sel.MaxSel+int(gotCount[b])]; !slices.Equal(s, wantSel[b]) {
+					return fmt.Errorf("layer %d, sequence %d: the device selects %v, the model %v", first+i, b, s, wantSel[b])
+				}
+			}
+			if err := diffRows(fmt.Sprintf("layer %d: batched decode output", first+i), got, want, tol); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
