@@ -227,7 +227,12 @@ type compressCase struct {
 	dim     int
 	overlap bool
 	w       *Compressor
+	steps   [][2]int // per step, each sequence's new rows (nil: compressSteps)
 }
+
+// compressSteps are the default steps of TestEmuCompressor: windows closing inside a
+// chunk, at its last row and across chunks, a chunk inside one window, decode rows.
+var compressSteps = [][2]int{{3, 9}, {6, 1}, {1, 0}, {9, 16}, {2, 1}, {1, 1}, {21, 3}, {17, 15}}
 
 func compressCases(m *Model) []compressCase {
 	c := m.Config
@@ -255,11 +260,14 @@ func compressCases(m *Model) []compressCase {
 		return &Compressor{PositionBias: rnd(rng, ratio*width, 0.5), Norm: norm}
 	}
 	return []compressCase{
-		{"CSA", c.CompressRates[CompressedSparse], c.HeadDim, true, csa.Compressor},
-		{"CSA indexer", c.CompressRates[CompressedSparse], c.IndexHeadDim, true, &csa.Indexer.Compressor},
-		{"HCA", c.CompressRates[HeavilyCompressed], c.HeadDim, false, hca.Compressor},
-		{"CSA head dim 512", 4, 512, true, synth(4, 512, true)},
-		{"HCA ratio 16 dim 200", 16, 200, false, synth(16, 200, false)},
+		{"CSA", c.CompressRates[CompressedSparse], c.HeadDim, true, csa.Compressor, nil},
+		{"CSA indexer", c.CompressRates[CompressedSparse], c.IndexHeadDim, true, &csa.Indexer.Compressor, nil},
+		{"HCA", c.CompressRates[HeavilyCompressed], c.HeadDim, false, hca.Compressor, nil},
+		{"CSA head dim 512", 4, 512, true, synth(4, 512, true), nil},
+		{"HCA ratio 16 dim 200", 16, 200, false, synth(16, 200, false), nil},
+		// V4-Flash's HCA: ratio 128 over 512 channels, one window closing across chunks
+		// and one inside the last.
+		{"HCA ratio 128 dim 512", 128, 512, false, synth(128, 512, false), [][2]int{{100, 130}, {60, 1}, {1, 0}, {100, 126}}},
 	}
 }
 
@@ -272,8 +280,11 @@ func TestEmuCompressor(t *testing.T) {
 	m := tinyModel(t)
 	eps := float32(m.Config.RMSNormEps)
 	rng := rand.New(rand.NewPCG(3, 4))
-	steps := [][2]int{{3, 9}, {6, 1}, {1, 0}, {9, 16}, {2, 1}, {1, 1}, {21, 3}, {17, 15}}
 	for _, cc := range compressCases(m) {
+		steps := compressSteps
+		if cc.steps != nil {
+			steps = cc.steps
+		}
 		ref := []*CompressorState{newLayerStateFor(cc), newLayerStateFor(cc)}
 		width := ref[0].Width()
 		const maxEntries = 40
