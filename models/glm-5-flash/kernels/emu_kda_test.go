@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"unsafe"
@@ -355,6 +356,7 @@ func TestKDALaunchShapes(t *testing.T) {
 		KDAStep{Tokens: 1, Seqs: 70000, Shape: KDAShape{1, 8, 8}},
 		CausalConvSiLU{Tokens: 1, Seqs: -1, Channels: 4, Kernel: 4},
 		KDAChunked{Tokens: 4, Chunk: 0, Shape: KDAShape{1, 8, 8}},
+		KDAChunked{Tokens: 4, Chunk: 4, Seqs: 2, Shape: KDAShape{1, 8, 8}}, // sequences without row offsets
 		KDAChunked{Tokens: 64, Chunk: 64, Shape: KDAShape{1, 128, 128}},
 		CausalConvSiLU{Tokens: 1, Channels: 4, Kernel: 9},
 		CausalConvSiLU{Tokens: 1, Channels: 10, Kernel: 4, Split: 4},
@@ -433,4 +435,62 @@ func TestEmuKDABatched(t *testing.T) {
 		Seqs: seqCount, Channels: channels, Kernel: kernel}, convOut, cs, slots, x, w)
 	closeTo(t, "batched conv out", convOut, wantOut, 1e-6)
 	closeTo(t, "batched conv states", cs, wantCS, 0)
+}
+
+// TestEmuKDARagged runs a ragged prefill, three sequences of 7, 20 and 3 tokens, in one
+// launch of the chunked form (chunk 8: a tail, two chunks and a tail, one short chunk)
+// and one of the conv, their states at slots 1, 2, 0, against the references sequence by
+// sequence.
+func TestEmuKDARagged(t *testing.T) {
+	a := KDAShape{Heads: 2, DK: 12, DV: 20}
+	lengths, slots := []int{7, 20, 3}, []int32{1, 2, 0}
+	const chunk, channels, kernel = 8, 40, 4
+	start := []int32{0}
+	for _, n := range lengths {
+		start = append(start, start[len(start)-1]+int32(n))
+	}
+	total := int(start[len(lengths)])
+	r := rand.New(rand.NewPCG(17, 18))
+	q, k, v, g, beta := kdaInputs(r, total, a)
+	per := a.Heads * a.DK * a.DV
+	states := make([]float32, len(slots)*per)
+	for i := range states {
+		states[i] = float32(0.2 * r.NormFloat64())
+	}
+	wantStates, want := slices.Clone(states), make([]float32, total*a.Heads*a.DV)
+	L, HV, H := a.Heads*a.DK, a.Heads*a.DV, a.Heads
+	for b, sl := range slots {
+		r0, r1 := int(start[b]), int(start[b+1])
+		if err := ref.KDAChunked(want[r0*HV:r1*HV], wantStates[int(sl)*per:int(sl+1)*per], q[r0*L:r1*L], k[r0*L:r1*L],
+			v[r0*HV:r1*HV], g[r0*L:r1*L], beta[r0*H:r1*H], r1-r0, chunk, refShape(a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := make([]float32, len(want))
+	emuLaunch(t, KDAChunked{Out: dptr(out), State: dptr(states), Q: dptr(q), K: dptr(k), V: dptr(v), G: dptr(g), Beta: dptr(beta),
+		Tokens: total, Chunk: chunk, Shape: a, SeqStart: iptr(start), Slots: iptr(slots), Seqs: len(lengths)},
+		out, states, q, k, v, g, beta, start, slots)
+	closeTo(t, "ragged out", out, want, 1e-5)
+	closeTo(t, "ragged states", states, wantStates, 1e-5)
+
+	m := kernel - 1
+	x, w, cs := make([]float32, total*channels), make([]float32, channels*kernel), make([]float32, len(slots)*channels*m)
+	for _, s := range [][]float32{x, w, cs} {
+		for i := range s {
+			s[i] = float32(r.NormFloat64())
+		}
+	}
+	wantCS, wantOut := slices.Clone(cs), make([]float32, len(x))
+	for b, sl := range slots {
+		r0, r1 := int(start[b]), int(start[b+1])
+		if err := CausalConvSiLURef(wantOut[r0*channels:r1*channels], wantCS[int(sl)*channels*m:int(sl+1)*channels*m],
+			x[r0*channels:r1*channels], w, r1-r0, channels, kernel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	convOut := make([]float32, len(x))
+	emuLaunch(t, CausalConvSiLU{Out: dptr(convOut), State: dptr(cs), Slots: iptr(slots), SeqStart: iptr(start), X: dptr(x), W: dptr(w),
+		Tokens: total, Seqs: len(lengths), Channels: channels, Kernel: kernel}, convOut, cs, slots, start, x, w)
+	closeTo(t, "ragged conv out", convOut, wantOut, 1e-6)
+	closeTo(t, "ragged conv states", cs, wantCS, 0)
 }

@@ -28,8 +28,11 @@
 //
 // Every block computes its head's G, Γ, the decays to the chunk end and the pair terms
 // A, W (each block of a head the same, by the same threads' loops), then its columns' u,
-// outputs and next state. Dynamic shared memory (GLM5FLASH_KDA_CHUNK_SHARED in the Go
-// launcher): chunk·dk doubles, then 2·chunk·dk + 2·chunk² + chunk·blockDim.x floats.
+// outputs and next state. Dynamic shared memory (KDAChunkShared in the Go launcher):
+// chunk·dk doubles, then 2·chunk·dk + 2·chunk² + chunk·blockDim.x floats. Several
+// sequences of different lengths run in one launch (grid z; a ragged prefill): with
+// seq_start non-null sequence b is rows seq_start[b] to seq_start[b+1] (tokens is then
+// their total) and its state is state[slots[b]] (state[b] when slots is null).
 // Reference: ref.KDAChunked.
 #include "prelude.cuh"
 
@@ -82,7 +85,8 @@ RESIN_KERNEL void glm5flash_kda_step(float* __restrict__ out, float* __restrict_
 RESIN_KERNEL void glm5flash_kda_chunked(float* __restrict__ out, float* __restrict__ state,
                                         const float* __restrict__ q, const float* __restrict__ k,
                                         const float* __restrict__ v, const float* __restrict__ g,
-                                        const float* __restrict__ beta, int tokens, int chunk,
+                                        const float* __restrict__ beta, const int* __restrict__ seq_start,
+                                        const int* __restrict__ slots, int tokens, int chunk,
                                         int heads, int dk, int dv) {
   extern __shared__ double kda_chunk_smem[];
   double* G = kda_chunk_smem;                 // [chunk, dk] cumulative log-decays
@@ -93,9 +97,20 @@ RESIN_KERNEL void glm5flash_kda_chunked(float* __restrict__ out, float* __restri
   float* u = W + chunk * chunk;               // [chunk, blockDim.x] this thread's column
   int h = RESIN_BID_X, tid = RESIN_TID_X, nt = RESIN_NTID_X;
   int j = RESIN_BID_Y * nt + tid;
-  float* S = state + (long long)h * dk * dv;
-  for (int t0 = 0; t0 < tokens; t0 += chunk) {
-    int C = tokens - t0 < chunk ? tokens - t0 : chunk;
+  int b = RESIN_BID_Z;
+  long long slot = slots ? slots[b] : b;
+  int first = seq_start ? seq_start[b] : 0;
+  int n = seq_start ? seq_start[b + 1] - first : tokens;
+  float* S = state + (slot * heads + h) * (long long)dk * dv;
+  // Rows of this sequence: t0 and t below are its own indices, first + t the batch's.
+  q += (long long)first * heads * dk;
+  k += (long long)first * heads * dk;
+  g += (long long)first * heads * dk;
+  v += (long long)first * heads * dv;
+  out += (long long)first * heads * dv;
+  beta += (long long)first * heads;
+  for (int t0 = 0; t0 < n; t0 += chunk) {
+    int C = n - t0 < chunk ? n - t0 : chunk;
     resin_sync();  // the previous chunk's reads of the shared terms are done
     for (int c = tid; c < dk; c += nt) {
       double acc = 0.0;

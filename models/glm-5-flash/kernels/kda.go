@@ -91,11 +91,16 @@ func (a KDAStep) spec(sp *spec) error {
 }
 
 // KDAChunked is a launch of the chunked form (kda.cu) over Tokens tokens, Chunk at a
-// time, from State (updated in place); the layouts are KDAStep's.
+// time, from State (updated in place); the layouts are KDAStep's. With SeqStart
+// ([Seqs+1] int32 row offsets) it runs Seqs sequences of different lengths in one launch
+// (a ragged prefill; Tokens is then their total), sequence b's state State[Slots[b]]
+// (State[b] when Slots is 0).
 type KDAChunked struct {
 	Out, State, Q, K, V, G, Beta cudart.DevicePtr
 	Tokens, Chunk                int
 	Shape                        KDAShape
+	SeqStart, Slots              cudart.DevicePtr
+	Seqs                         int
 }
 
 // KDAChunkShared is the dynamic shared memory of glm5flash_kda_chunked for a chunk, DK
@@ -118,8 +123,15 @@ func (a KDAChunked) spec(sp *spec) error {
 	if shared > MaxStaticShared {
 		return fmt.Errorf("kernels: kda_chunked: chunk %d, DK %d need %d bytes of shared memory, over %d", chunk, a.Shape.DK, shared, MaxStaticShared)
 	}
-	sp.reset(KDAChunkedName, cudart.Dim3{X: uint32(a.Shape.Heads), Y: uint32(tiles), Z: 1}, cudart.D1(threads), shared)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.Q).ptr(a.K).ptr(a.V).ptr(a.G).ptr(a.Beta)
+	n, err := seqs("kda_chunked", a.Seqs)
+	if err != nil {
+		return err
+	}
+	if a.SeqStart == 0 && n != 1 {
+		return fmt.Errorf("kernels: kda_chunked: %d sequences without their row offsets (SeqStart)", n)
+	}
+	sp.reset(KDAChunkedName, cudart.Dim3{X: uint32(a.Shape.Heads), Y: uint32(tiles), Z: uint32(n)}, cudart.D1(threads), shared)
+	sp.ptr(a.Out).ptr(a.State).ptr(a.Q).ptr(a.K).ptr(a.V).ptr(a.G).ptr(a.Beta).ptr(a.SeqStart).ptr(a.Slots)
 	sp.i32(a.Tokens).i32(chunk).i32(a.Shape.Heads).i32(a.Shape.DK).i32(a.Shape.DV)
 	return nil
 }
@@ -134,10 +146,13 @@ func (a KDAChunked) spec(sp *spec) error {
 // Kernel−1]), what a runner restores when drafts are rejected. Seqs sequences (0 means
 // 1) run in one launch as KDAStep's: rows b·Tokens.. of X and Out (Out, Snapshots:
 // Seqs·Tokens rows), state State[Slots[b]] in a pool of [Channels, Kernel−1] states.
+// With SeqStart ([Seqs+1] int32 row offsets) the sequences have their own lengths and
+// Tokens is their total.
 type CausalConvSiLU struct {
 	Out, State, Slots, Snapshots, X, W cudart.DevicePtr
 	Tokens, Seqs, Channels, Kernel     int
 	Split                              int // channels per output block; 0: no split
+	SeqStart                           cudart.DevicePtr
 }
 
 func (a CausalConvSiLU) spec(sp *spec) error {
@@ -155,11 +170,15 @@ func (a CausalConvSiLU) spec(sp *spec) error {
 	if err != nil {
 		return err
 	}
-	if int64(n)*int64(a.Tokens)*int64(a.Channels) > maxI32 {
+	rows := int64(n) * int64(a.Tokens)
+	if a.SeqStart != 0 {
+		rows = int64(a.Tokens)
+	}
+	if rows*int64(a.Channels) > maxI32 {
 		return fmt.Errorf("kernels: causal_conv_silu: %d sequences × %d tokens × %d channels", n, a.Tokens, a.Channels)
 	}
 	sp.reset(CausalConvSiLUName, cudart.Dim3{X: uint32((a.Channels + 255) / 256), Y: uint32(n), Z: 1}, cudart.D1(256), 0)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.Snapshots).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group).i32(n)
+	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.SeqStart).ptr(a.Snapshots).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group).i32(n)
 	return nil
 }
 

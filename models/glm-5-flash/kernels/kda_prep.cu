@@ -12,8 +12,9 @@
 //     ([tokens, channels, kernel−1]), for restoring after rejected drafts. seqs sequences
 //     run at once (grid y): sequence b's tokens are rows b·tokens.. of x and out (the
 //     split's blocks are [seqs·tokens, group]) and its state is state[slots[b]]
-//     (state[b] when slots is null) in a pool of [channels, kernel−1] states. Grid
-//     (ceil(channels/256), seqs), block 256.
+//     (state[b] when slots is null) in a pool of [channels, kernel−1] states; with
+//     seq_start non-null sequence b is rows seq_start[b] to seq_start[b+1] instead (tokens
+//     is then the rows' total). Grid (ceil(channels/256), seqs), block 256.
 //   glm5flash_l2norm            x: [rows, dim] in place: x / sqrt(Σx² + 1e-6) · mul.
 //   glm5flash_kda_gate          g: [tokens, heads·dh] in place, with f = g + dt_bias[h·dh+j]
 //     and a = exp(A_log[h]): lower_bound·sigmoid(a·f) when has_lower_bound, else
@@ -30,7 +31,8 @@
 #define GLM5FLASH_CONV_MAX_KERNEL 8
 
 RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __restrict__ state,
-                                             const int* __restrict__ slots, float* __restrict__ snapshots,
+                                             const int* __restrict__ slots, const int* __restrict__ seq_start,
+                                             float* __restrict__ snapshots,
                                              const float* __restrict__ x, const float* __restrict__ w,
                                              int tokens, int channels, int kernel, int group,
                                              int seqs) {
@@ -38,7 +40,9 @@ RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __r
   if (c >= channels) return;
   int b = RESIN_BID_Y;
   long long slot = slots ? slots[b] : b;
-  long long rows = (long long)seqs * tokens;
+  long long rows = seq_start ? (long long)tokens : (long long)seqs * tokens;
+  long long first = seq_start ? seq_start[b] : (long long)b * tokens;
+  int n = seq_start ? seq_start[b + 1] - seq_start[b] : tokens;
   int m = kernel - 1;
   float win[GLM5FLASH_CONV_MAX_KERNEL];
   float* st = state + (slot * channels + c) * m;
@@ -47,8 +51,8 @@ RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __r
   // registers (a loop to m indexes it at run time and puts it in local memory).
 #pragma unroll
   for (int j = 0; j < GLM5FLASH_CONV_MAX_KERNEL; j++) win[j] = j < m ? st[j] : 0.0f;
-  for (int t = 0; t < tokens; t++) {
-    long long row = (long long)b * tokens + t;
+  for (int t = 0; t < n; t++) {
+    long long row = first + t;
     float xv = x[row * channels + c];
     float s = wc[m] * xv;
 #pragma unroll
