@@ -74,6 +74,10 @@ type Options struct {
 	// Cancel, when closed, ends a JoinShm still waiting for its peers (a launcher closes
 	// it when a worker it started exits before joining).
 	Cancel <-chan struct{}
+	// Group names the group at a TCP rendezvous address that several groups use one
+	// after another (JoinTCP): a rank dialing the wrong group's rank 0 is turned away and
+	// dials again.
+	Group string
 	// SlotBytes is the shared-memory slot of each rank (JoinShm); a longer message goes in
 	// several rounds. Zero means 1 MiB.
 	SlotBytes int

@@ -46,6 +46,13 @@ func JoinTCP(addr string, rank, size int, o Options) (Communicator, error) {
 
 const tcpMagic = 0x52534e54 // "RSNT"
 
+// Rank 0's answers to a rank's hello.
+const (
+	joinOK      = 0
+	joinRefused = 1
+	joinRetry   = 2 // another group's rendezvous: dial again
+)
+
 type tcpRank struct {
 	me, n int
 	o     Options
@@ -123,13 +130,19 @@ func acceptTCP(ln net.Listener, host string, size int, o Options) (*tcpRank, err
 		pc := newConn(c)
 		c.SetDeadline(time.Now().Add(o.joinTimeout()))
 		hello, err := pc.readFrame()
-		if err != nil || len(hello) != 12 || binary.LittleEndian.Uint32(hello) != tcpMagic {
+		if err != nil || len(hello) < 12 || binary.LittleEndian.Uint32(hello) != tcpMagic {
 			c.Close() // not one of ours
 			continue
 		}
 		rank, n := int(binary.LittleEndian.Uint32(hello[4:])), int(binary.LittleEndian.Uint32(hello[8:]))
 		var why string
 		switch {
+		case string(hello[12:]) != o.Group:
+			// Another group's rank: it dials again (its rank 0 listens here next).
+			pc.writeFrame(append([]byte{joinRetry}, "another group's rendezvous"...))
+			pc.w.Flush()
+			c.Close()
+			continue
 		case n != size:
 			why = fmt.Sprintf("the group has %d ranks, rank %d expected %d", size, rank, n)
 		case rank < 1 || rank >= size:
@@ -137,7 +150,11 @@ func acceptTCP(ln net.Listener, host string, size int, o Options) (*tcpRank, err
 		case t.conns[rank] != nil:
 			why = fmt.Sprintf("rank %d has already joined", rank)
 		}
-		pc.writeFrame([]byte(why))
+		if why != "" {
+			pc.writeFrame(append([]byte{joinRefused}, why...))
+		} else {
+			pc.writeFrame([]byte{joinOK})
+		}
 		pc.w.Flush()
 		if why != "" {
 			c.Close()
@@ -182,23 +199,40 @@ func dialTCP(addr string, rank, size int, o Options) (*tcpRank, error) {
 		}
 		pc := newConn(c)
 		c.SetDeadline(deadline)
-		hello := make([]byte, 12)
+		hello := make([]byte, 12, 12+len(o.Group))
 		binary.LittleEndian.PutUint32(hello, tcpMagic)
 		binary.LittleEndian.PutUint32(hello[4:], uint32(rank))
 		binary.LittleEndian.PutUint32(hello[8:], uint32(size))
-		pc.writeFrame(hello)
+		pc.writeFrame(append(hello, o.Group...))
 		if err := pc.w.Flush(); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("dist: join %s: %w", addr, err)
 		}
 		why, err := pc.readFrame()
 		if err != nil {
+			// Dialed into a listener rank 0 was closing (a group before this one at the
+			// same address): dial again until the deadline.
 			c.Close()
-			return nil, &PeerError{Op: "join " + addr, Peer: 0, Err: fmt.Errorf("%w: %v", ErrPeerGone, err)}
+			if time.Now().After(deadline) {
+				return nil, &PeerError{Op: "join " + addr, Peer: 0, Err: fmt.Errorf("%w: %v", ErrPeerGone, err)}
+			}
+			time.Sleep(20 * time.Millisecond)
+			continue
 		}
-		if len(why) > 0 {
+		switch {
+		case len(why) == 0:
 			c.Close()
-			return nil, fmt.Errorf("dist: join %s: rank 0 refused: %s", addr, why)
+			return nil, fmt.Errorf("dist: join %s: an empty answer", addr)
+		case why[0] == joinRetry:
+			c.Close()
+			if time.Now().After(deadline) {
+				return nil, &PeerError{Op: "join " + addr, Peer: 0, Err: fmt.Errorf("%w: rank 0 of group %q did not answer within %v", ErrTimeout, o.Group, o.joinTimeout())}
+			}
+			time.Sleep(20 * time.Millisecond)
+			continue
+		case why[0] != joinOK:
+			c.Close()
+			return nil, fmt.Errorf("dist: join %s: rank 0 refused: %s", addr, why[1:])
 		}
 		c.SetDeadline(time.Time{})
 		host, _, _ := net.SplitHostPort(c.LocalAddr().String())

@@ -148,3 +148,40 @@ func TestTCPFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestTCPGroupsShareAddress: two groups formed one after the other at one address (a
+// control and a data group, as resin's multi-node TP does) both form, however the ranks
+// race: a rank dialing while the first group's rank 0 still listens is turned away and
+// dials again.
+func TestTCPGroupsShareAddress(t *testing.T) {
+	for range 5 {
+		addr := freeAddr(t)
+		const n = 3
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for r := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for _, name := range []string{"ctl", "data"} {
+					c, err := JoinTCP(addr, r, n, Options{Timeout: 10 * time.Second, Group: name})
+					if err != nil {
+						errs[r] = fmt.Errorf("%s: %w", name, err)
+						return
+					}
+					defer c.Close()
+					if err := c.Barrier(); err != nil {
+						errs[r] = fmt.Errorf("%s: %w", name, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", r, err)
+			}
+		}
+	}
+}
