@@ -33,8 +33,7 @@ type runtimeFlags struct {
 	maxContext    int
 	cachePages    int
 	specTokens    int
-	tp            int
-	tpProcs       bool
+	tp            tpFlags
 	device        cli.DeviceFlags
 	remote        cli.RemoteFlags
 }
@@ -55,8 +54,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl.IntVar(&f.maxContext, "max-context", 4096, "maximum context (prompt + output tokens) of the test runner")
 	fl.IntVar(&f.cachePages, "cache-pages", 8192, "cache pages of the test runner's pool (16 tokens each)")
 	fl.IntVar(&f.specTokens, "num-speculative-tokens", 0, "with --model: decode speculatively with this many draft tokens per step from the model's own draft head (MTP); 0 = off")
-	fl.IntVar(&f.tp, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many in-process ranks (core/dist/tp); heads, KV heads and the intermediate size must divide by it")
-	fl.BoolVar(&f.tpProcs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process)")
+	f.tp.register(cmd)
 	f.device.Register(cmd)
 }
 
@@ -142,18 +140,16 @@ func (f *runtimeFlags) check() error {
 			return errors.New("--cache-bytes sizes a --model runner's pool; the test runner's is --cache-pages")
 		case f.specTokens != 0:
 			return errors.New("--num-speculative-tokens needs --model NAME: drafts come from the model's own draft head")
-		case f.tp != 1:
+		case f.tp.size != 1:
 			return errors.New("--tp needs --model llama: the test runner is not split")
 		}
 		return nil
 	}
 	switch {
-	case f.tp < 1:
-		return fmt.Errorf("--tp %d: want 1 or more ranks", f.tp)
-	case f.tpProcs && f.tp < 2:
-		return errors.New("--tp-procs needs --tp 2 or more")
-	case f.tp > 1 && (f.device.CUDA() || f.specTokens > 0):
-		return fmt.Errorf("--tp %d runs the CPU reference forward only: not with --device cuda or --num-speculative-tokens", f.tp)
+	case f.tp.check() != nil:
+		return f.tp.check()
+	case f.tp.size > 1 && (f.device.CUDA() || f.specTokens > 0):
+		return fmt.Errorf("--tp %d runs the CPU reference forward only: not with --device cuda or --num-speculative-tokens", f.tp.size)
 	case f.specTokens < 0:
 		return fmt.Errorf("--num-speculative-tokens %d is negative", f.specTokens)
 	case f.runner != "test":
@@ -200,10 +196,10 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	var r engine.Runner
 	var pool *kvslab.Pool
 	switch {
-	case f.tp > 1 && m.Name != "llama":
-		return nil, nil, "", fmt.Errorf("--tp %d: tensor parallelism covers the llama family only so far, not %s", f.tp, m.Name)
-	case f.tp > 1:
-		r, pool, err = openTP(dir, f.cacheBytes, f.tp, f.tpProcs)
+	case f.tp.size > 1 && m.Name != "llama":
+		return nil, nil, "", fmt.Errorf("--tp %d: tensor parallelism covers the llama family only so far, not %s", f.tp.size, m.Name)
+	case f.tp.size > 1:
+		r, pool, err = openTP(dir, f.cacheBytes, &f.tp)
 	case f.device.CUDA() && f.specTokens > 0:
 		return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: the GPU runner does not decode speculatively yet; use --device cpu", f.specTokens)
 	case f.device.CUDA():

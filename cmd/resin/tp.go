@@ -4,10 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
@@ -16,6 +20,63 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models/llama"
 )
+
+// tpFlags choose the tensor-parallel layout: ranks in this process (--tp), worker
+// processes on this host (--tp-procs), or one rank per node (--dist-init-addr with
+// --nnodes and --node-rank, or torchrun's environment).
+type tpFlags struct {
+	size             int
+	procs            bool
+	initAddr         string
+	nnodes, nodeRank int
+}
+
+func (t *tpFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.IntVar(&t.size, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many ranks (core/dist/tp), in-process unless --tp-procs or --dist-init-addr; heads, KV heads and the intermediate size must divide by it")
+	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process)")
+	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = --tp); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
+	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
+	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
+}
+
+// check validates the flags and, for --tp above 1 without --dist-init-addr, takes a
+// multi-node layout from torchrun's environment.
+func (t *tpFlags) check() error {
+	switch {
+	case t.size < 1:
+		return fmt.Errorf("--tp %d: want 1 or more ranks", t.size)
+	case t.procs && t.size < 2:
+		return errors.New("--tp-procs needs --tp 2 or more")
+	}
+	if t.initAddr == "" && t.size > 1 && os.Getenv("MASTER_ADDR") != "" && os.Getenv("WORLD_SIZE") != "" {
+		port := os.Getenv("MASTER_PORT")
+		if port == "" {
+			port = "29500" // torchrun's default
+		}
+		world, err1 := strconv.Atoi(os.Getenv("WORLD_SIZE"))
+		rank, err2 := strconv.Atoi(os.Getenv("RANK"))
+		if err1 != nil || err2 != nil {
+			return fmt.Errorf("torchrun's environment: WORLD_SIZE=%q RANK=%q are not integers", os.Getenv("WORLD_SIZE"), os.Getenv("RANK"))
+		}
+		t.initAddr, t.nnodes, t.nodeRank = net.JoinHostPort(os.Getenv("MASTER_ADDR"), port), world, rank
+	}
+	if t.initAddr == "" {
+		if t.nnodes != 1 || t.nodeRank != 0 {
+			return errors.New("--nnodes and --node-rank need --dist-init-addr HOST:PORT")
+		}
+		return nil
+	}
+	switch {
+	case t.procs:
+		return errors.New("--tp-procs and --dist-init-addr are exclusive: one rank per node for now")
+	case t.nnodes != t.size:
+		return fmt.Errorf("--tp %d over --nnodes %d: one rank per node for now, so they must be equal", t.size, t.nnodes)
+	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
+		return fmt.Errorf("--node-rank %d outside [0, %d)", t.nodeRank, t.nnodes)
+	}
+	return nil
+}
 
 // tpRunner is rank 0's runner of a tensor-parallel group: the engine's runner, whose
 // StopRanks (core/cli calls it when the engine stops) ends the other ranks.
@@ -31,7 +92,8 @@ func (r *tpRunner) StopRanks() error { return r.close() }
 // broadcasts each plan to the others, which are goroutines of this process, or, with
 // procs, worker processes of this binary meeting rank 0 in shared memory. The engine's
 // pool keeps llama's cache groups, whose page ids the ranks' own caches follow.
-func openTP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, *kvslab.Pool, error) {
+func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	size, procs := f.size, f.procs
 	r, err := llama.Load(dir, llama.Options{})
 	if err != nil {
 		return nil, nil, err
@@ -45,6 +107,9 @@ func openTP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, 
 		return nil, nil, err
 	}
 	pages, pt := tp.CachePages(d, pool), pool.BlockTokens()
+	if f.initAddr != "" {
+		return openTPNodes(r, pool, d, w, f)
+	}
 	if !procs {
 		g, err := tp.StartInProcess(d, w, size, pages, pt, dist.Options{Timeout: time.Minute})
 		if err != nil {
@@ -62,6 +127,43 @@ func openTP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, 
 	}
 	forward := tp.Lead(g.ctl, g.data, s, s.NewCache(pages, pt))
 	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), g.close}, pool, nil
+}
+
+// openTPNodes joins the multi-node group at f.initAddr over TCP (a control group that
+// waits as long as the engine idles, then a data group). Node 0 returns the engine's
+// runner; the others run their rank until node 0 stops and then end the process.
+func openTPNodes(r *llama.Runner, pool *kvslab.Pool, d tp.Dense, w *tp.Weights, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	s, err := tp.NewShard(d, w, f.nodeRank, f.size)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--tp %d: %w", f.size, err)
+	}
+	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: 10 * time.Minute, Group: "tp-ctl"})
+	if err != nil {
+		return nil, nil, err
+	}
+	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: time.Minute, JoinTimeout: 10 * time.Minute, Group: "tp-data"})
+	if err != nil {
+		ctl.Close()
+		return nil, nil, err
+	}
+	kv := s.NewCache(tp.CachePages(d, pool), pool.BlockTokens())
+	if f.nodeRank != 0 {
+		err := tp.Follow(ctl, data, s, kv)
+		ctl.Close()
+		data.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "resin: tp worker:", err)
+			os.Exit(1)
+		}
+		os.Exit(0) // a worker node's work ends with rank 0's stop
+	}
+	stop := func() error {
+		err := tp.Stop(ctl)
+		ctl.Close()
+		data.Close()
+		return err
+	}
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(tp.Lead(ctl, data, s, kv))), stop}, pool, nil
 }
 
 // tpWorkerSpec is what a worker process reads from RESIN_TP_WORKER.

@@ -1,10 +1,16 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // children lists this process's child processes (Linux's /proc task children files);
@@ -75,5 +81,64 @@ func TestGenerateTPProcs(t *testing.T) {
 	}
 	if _, _, err := runGenerate(t, append([]string{"--tp-procs"}, args...)...); err == nil || !strings.Contains(err.Error(), "--tp-procs needs --tp 2") {
 		t.Fatalf("--tp-procs alone: %v", err)
+	}
+}
+
+// TestGenerateTPNodes: two "nodes" (this process as node 0, a child of this binary as
+// node 1 given torchrun's environment instead of the flags) meeting over TCP at
+// --dist-init-addr print what --tp 1 prints; node 1 ends when node 0 stops it. A
+// mismatched layout is refused by name.
+func TestGenerateTPNodes(t *testing.T) {
+	args := []string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000",
+		"--max-tokens", "16", "--ignore-eos", "Once upon a time"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("%v (%s)", err, errOut)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	host, port, _ := net.SplitHostPort(addr)
+	childArgs, _ := json.Marshal(append([]string{"generate", "--tp", "2"}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), "RESIN_TEST_RESIN_ARGS="+string(childArgs),
+		"MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	var childOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &childOut, &childOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr}, args...)...)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("node 0: %v (%s)\nnode 1: %s", err, errOut, childOut.String())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("node 1: %v\n%s", err, childOut.String())
+	}
+	if got != want {
+		t.Fatalf("two nodes printed %q, --tp 1 %q", got, want)
+	}
+	if childOut.Len() != 0 {
+		t.Fatalf("node 1 printed %q; a worker node prints nothing", childOut.String())
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tp", "2", "--nnodes", "3", "--dist-init-addr", addr}, "one rank per node"},
+		{[]string{"--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", addr}, "--node-rank 2"},
+		{[]string{"--tp", "2", "--tp-procs", "--nnodes", "2", "--dist-init-addr", addr}, "exclusive"},
+		{[]string{"--nnodes", "2"}, "need --dist-init-addr"},
+	} {
+		if _, _, err := runGenerate(t, append(c.args, args...)...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: %v, want an error saying %q", c.args, err, c.want)
+		}
 	}
 }
