@@ -3,12 +3,16 @@ package main
 import (
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	"github.com/resin-llm/resin/models/llama"
 )
 
 // gpuOpeners are the registered models that run on the GPU (`--device cuda`), by name.
 var gpuOpeners = map[string]cli.GPUOpener{
 	"llama": llama.OpenGPU,
+	// A first cut: float32 activations, FP8/FP4 weights dequantised at load, each
+	// sequence's state in a device slot (no prefix hits, no drafts), eager launches.
+	"deepseek-v4-flash": deepseekv4flash.OpenGPU,
 }
 
 // SetEngineLimits implements cli.EngineLimited: the GPU runner's workspace is sized for

@@ -1,0 +1,35 @@
+package main
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+)
+
+// TestGenerateOnTheEmulatedDevice: generate --device cuda-emu runs each model that has a
+// GPU runner through core/gpurunner's kit on the emulated CUDA device, and its greedy
+// tokens equal the CPU runner's (deepseek-v4-flash was not reachable from --device before:
+// its GPU runner had no entry in gpuOpeners).
+func TestGenerateOnTheEmulatedDevice(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	for _, c := range []struct{ model, cfg string }{
+		{"llama", filepath.Join("testdata", "tiny-llama", "config.json")},
+		{"deepseek-v4-flash", filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")},
+	} {
+		args := []string{"--model", c.model, "--random-weights", c.cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6"}
+		cpu, errOut, err := runGenerate(t, args...)
+		if err != nil {
+			t.Fatalf("%s on the CPU: %v\n%s", c.model, err, errOut)
+		}
+		gpu, errOut, err := runGenerate(t, append(args, "--device", "cuda-emu")...)
+		if err != nil {
+			t.Fatalf("%s --device cuda-emu: %v\n%s", c.model, err, errOut)
+		}
+		if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
+			t.Errorf("%s: emulated device %q, CPU %q", c.model, tokensLine(gpu), tokensLine(cpu))
+		}
+	}
+}
