@@ -16,13 +16,18 @@
 # skipped without): the emulator's kernel tests (core/kernels/cuda TestEmu*), the runner's
 # emulated tests (TestEmulated* of core/cudart and core/gpurunner, which run the TestGPU*
 # suite on the emulator) and `resin generate --device cuda-emu` on a tiny llama; their
-# lines are prefixed "emu|" and summarised apart. It ends with the parity lines and the
+# lines are prefixed "emu|" and summarised apart. The models with device code
+# (deepseek-v4-flash, glm-5-flash and their kernels) run their real-GPU tests with
+# RESIN_GPU=1 (V4's TestGPUForward, GLM-5's TestParityKDADSA, each model's kernel
+# TestParity) and, on the emulator, their TestEmu* and TestEmulated* tests. It ends with the parity lines and the
 # figures of both. The time budget is 480 s on an H100/H200: a lent GPU machine runs one
 # command for at most 10 minutes, and the machine's start and the copy back of the log come
 # out of the same allowance, so the check must end well inside it; each test binary is
 # limited to 5 minutes.
 #
 #   scripts/gpu-check.sh            build with the local Go toolchain, then run
+#   scripts/gpu-check.sh --emulated build, then run only the emulated device's part (no GPU
+#                                   needed: the CI's view, and a check of this script)
 #   scripts/gpu-check.sh --build    only build the binaries into .cache/gpu-bin (for a GPU
 #                                   machine without Go: carry .cache/gpu-bin there and run
 #                                   scripts/gpu-check.sh, which then uses them)
@@ -38,14 +43,34 @@ bin="$root/.cache/gpu-bin"
 log=${OUT:-$root/.cache}/gpu-check.log
 mkdir -p "$(dirname "$log")"
 
+# modelPkgs are the model packages with device code whose tests the check runs: on the
+# GPU only their real-GPU tests (gpuPattern, with RESIN_GPU=1), on the emulated device
+# their TestEmu* and TestEmulated* tests.
+modelPkgs="models/deepseek-v4-flash models/deepseek-v4-flash/kernels models/glm-5-flash models/glm-5-flash/kernels"
+
+# gpuPattern is the -test.run pattern of a package's GPU run: everything for core's
+# packages; for a model, its tests against the CPU reference on GPU 0 (TestGPUForward:
+# V4's whole forward; TestParity: a model's kernels; TestParityKDADSA: GLM-5's KDA and
+# DSA kernels), which skip without RESIN_GPU=1 and fail with it when GPU 0 does not open;
+# "-" for a model with no real-GPU test (glm-5-flash's layers run on the emulator only).
+gpuPattern() {
+	case "$1" in
+	models/deepseek-v4-flash) echo '^TestGPUForward$' ;;
+	models/*/kernels) echo '^TestParity' ;;
+	models/*) echo - ;;
+	*) echo . ;;
+	esac
+}
+
 build() {
 	echo "== build ($(go version))"
 	rm -rf "$bin" && mkdir -p "$bin"
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o "$bin/resin" ./cmd/resin || return 1
 	# Test binaries of every core package with gpu-tagged tests, plus the GPU packages
-	# (core/gpurunner's TestGPU* tests need no tag).
+	# (core/gpurunner's TestGPU* tests need no tag), plus the models with device code
+	# (their GPU tests are asked for with RESIN_GPU=1; see gpuPattern).
 	local pkgs
-	pkgs=$( (grep -rl --include='*_test.go' '^//go:build gpu' core | xargs -r -n1 dirname; echo core/cudart; echo core/kernels/cuda; echo core/gpurunner) | sort -u)
+	pkgs=$( (grep -rl --include='*_test.go' '^//go:build gpu' core | xargs -r -n1 dirname; echo core/cudart; echo core/kernels/cuda; echo core/gpurunner; printf '%s\n' $modelPkgs) | sort -u)
 	for dir in $pkgs; do
 		local name=${dir//\//_}
 		CGO_ENABLED=0 go test -c -tags gpu -ldflags='-s -w' -o "$bin/$name.test" "./$dir" || return 1
@@ -107,7 +132,11 @@ main() {
 		echo; echo "== go test -tags gpu ./$dir"
 		# core/gpurunner's figures (RESIN_GPU_FIGURES) run there, after its checks.
 		# stdin is the package list this loop reads: keep the tests off it.
-		(cd "$dir" && RESIN_GPU_FIGURES=1 timeout 300 "$bin/$name.test" -test.v -test.count=1 -test.timeout=290s </dev/null) || failed=1
+		local pattern
+		pattern=$(gpuPattern "$dir")
+		if [ "$pattern" = - ]; then echo "(no real-GPU tests: its emulated ones run below)"; continue; fi
+		[ "$pattern" = . ] || echo "(RESIN_GPU=1 -test.run $pattern)"
+		(cd "$dir" && RESIN_GPU=1 RESIN_GPU_FIGURES=1 timeout 300 "$bin/$name.test" -test.run "$pattern" -test.v -test.count=1 -test.timeout=290s </dev/null) || failed=1
 	done <"$bin/packages.txt"
 
 	# The same ~1.1B llama end to end: the engine, the GPU runner, device sampling.
@@ -172,6 +201,7 @@ emulated() {
 		case "$dir" in
 		core/kernels/cuda) pattern='^TestEmu' ;;
 		core/cudart | core/gpurunner) pattern='^TestEmulated' ;;
+		models/*) pattern='^TestEmu' ;; # TestEmu* (kernels) and TestEmulated* (layers, runner)
 		*) continue ;;
 		esac
 		echo "emu| == $dir -test.run $pattern"
@@ -190,10 +220,29 @@ emulated() {
 	[ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 }
 
+# emulatedOnly is --emulated: the build and the emulated device's part with its summary.
+emulatedOnly() {
+	local start=$SECONDS failed=0
+	build || { echo "BUILD FAILED"; return 1; }
+	if [ -f .cache/test.env ]; then set -a; . .cache/test.env; set +a; fi
+	export RESIN_KERNEL_CACHE=${RESIN_KERNEL_CACHE:-$root/.cache/gpu-kernel-cache}
+	emulated
+	echo; echo "== summary (emulated device only)"
+	echo "  tests: $(grep -c -- '^emu| --- PASS' "$log") passed, $(grep -c -- '^emu| --- FAIL' "$log") failed, $(grep -c -- '^emu| --- SKIP' "$log") skipped"
+	grep -- '^emu| --- FAIL' "$log" | sed 's/^emu| /  /'
+	echo "-- wall time: $((SECONDS - start)) s on $(nproc) CPUs"
+	[ $failed -eq 0 ] && echo "EMULATED CHECK PASSED" || echo "EMULATED CHECK FAILED"
+	return $failed
+}
+
 if [ "${1:-}" = "--build" ]; then
 	build
 	exit $?
 fi
 : >"$log"
+if [ "${1:-}" = "--emulated" ]; then
+	emulatedOnly 2>&1 | tee -a "$log"
+	exit "${PIPESTATUS[0]}"
+fi
 main 2>&1 | tee -a "$log"
 exit "${PIPESTATUS[0]}"
