@@ -11,8 +11,8 @@ import "unsafe"
 // Loops, for out [m, n] = a [m, k] · op(b), in one loop on the pool (no barrier inside a
 // product: on a loaded machine a preempted participant holds up the others at each):
 //
-//	per block of gemmNC columns of out (and of rows of panels when the columns are too
-//	    few to keep every participant busy), claimed on the pool:
+//	per block of about gemmMC rows and gemmNC columns of out (smaller blocks of rows when
+//	    there are too few to keep every participant busy), claimed on the pool:
 //	  per block of gemmKC steps of k, in order:
 //	    pack op(b)'s columns of the block as [kc][NR] panels (zeros past n) into the
 //	        participant's scratch, about 256 KiB: it stays in L2;
@@ -36,6 +36,10 @@ const gemmKC = 256
 
 // gemmNC is the most columns of out one block computes (a multiple of every NR).
 const gemmNC = 256
+
+// gemmMC is about the most rows of out one block computes: 512 rows of a (2 MiB at
+// k=1024) stay in L3 while the blocks of their columns run.
+const gemmMC = 512
 
 // ownTask is one ownGemm call split in blocks of rows and columns, a pool task.
 type ownTask struct {
@@ -74,9 +78,11 @@ func ownGemmOn(split, transB bool, out, a, b []float32, wb []uint16, m, k, n, mr
 	if split && m*n*k >= minParallelMACs {
 		p = parts()
 	}
-	// Rows too when there are fewer than two column blocks a participant.
-	rowBlocks := 1
-	if want := 2 * p; p > 1 && t.colBlocks < want {
+	// Rows in blocks of about gemmMC, and more when there are fewer than two blocks a
+	// participant. Blocks of the same rows are claimed one after the other, so their rows
+	// of a are read from L3 after the first.
+	rowBlocks := max(1, (m+gemmMC/2)/gemmMC)
+	if want := 2 * p; p > 1 && t.colBlocks*rowBlocks < want {
 		rowBlocks = min(t.panels, (want+t.colBlocks-1)/t.colBlocks)
 	}
 	t.rowPanels = (t.panels + rowBlocks - 1) / rowBlocks
