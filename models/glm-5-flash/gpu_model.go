@@ -1,0 +1,471 @@
+package glm5flash
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
+)
+
+// gpuModel is the text model's forward on one CUDA device, a first cut of the GPU path:
+// fp32 weights and activations, each sequence's state in a device slot of its own (KDA's
+// conv and recurrent states, MLA's latents and indexer rows by position) rather than
+// kvslab pages, eager launches on the default stream. The KDA and MLA layers are gpuKDA
+// and gpuDSA, run sequence by sequence; mHC, the MLPs and the MoE run over all the step's
+// rows on core/kernels/cuda (HyperPre/HyperPost, MoETopK and the masked MoE layout, the
+// clamped SwiGLU), every GEMM on cuBLASLt. It runs inside Device.Do of its device.
+type gpuModel struct {
+	m    *TextModel
+	kk   *cuda.Kernels
+	blas *cudart.Blas
+	kda  *gpuKDA
+	dsa  *gpuDSA
+	bufs []cudart.Buffer
+
+	embed, norm, head, ones cudart.DevicePtr // ones [hc]: hc_head's mean as a GEMM
+	layers                  []gpuLayer
+
+	slots, maxTokens, maxRows, maxPos int
+	blockTokens                       int // KDA's segments end at these block ends, as the CPU runner's
+	convFloats, recFloats             int // a slot's KDA states
+	used                              []bool
+	w                                 gpuWork
+}
+
+// gpuSeq is one sequence's device slot and length.
+type gpuSeq struct{ slot, Len int }
+
+// gpuHC is one mHC's weights on the device.
+type gpuHC struct{ fn, base, scale cudart.DevicePtr }
+
+// gpuMLP is a clamped SwiGLU MLP: gate and up stacked [2·width, D], down [D, width].
+type gpuMLP struct {
+	gateUp, down cudart.DevicePtr
+	width        int
+}
+
+// gpuMoE is a sparse layer's router (with its correction bias), routed experts
+// ([E, 2F, D] gate rows then up, [E, D, F]) and shared experts.
+type gpuMoE struct {
+	router, bias, gateUp, down cudart.DevicePtr
+	shared                     gpuMLP
+}
+
+// gpuLayer is one decoder layer on the device: weights and the slots' state pools.
+type gpuLayer struct {
+	kind             string
+	inNorm, postNorm cudart.DevicePtr
+	attnHC, ffnHC    gpuHC
+	kda              *gpuKDALayer
+	kdaPools         gpuKDAState // [slots, 3L·(K−1)], [slots, H·Dh·Dh]
+	dsa              *gpuDSALayer
+	dsaPools         gpuDSAState // gpuDSA.slot's layout
+	dense            *gpuMLP
+	moe              *gpuMoE
+}
+
+// gpuWork is the per-step device memory for up to maxTokens rows.
+type gpuWork struct {
+	idsRep, streams, next, mix, post, comb, x, att, ffn cudart.DevicePtr
+	sel, count                                          cudart.DevicePtr // the MLA selection, [maxTokens, maxSel], [maxTokens]
+	gu, act                                             cudart.DevicePtr // an MLP's, [maxTokens, 2·width], [maxTokens, width]
+	rlogits, rweights, rids, counts, pairOf, slotOf     cudart.DevicePtr // the MoE routing and layout
+	xe, egu, eact, ye, share                            cudart.DevicePtr // the experts' blocks of maxTokens rows
+	y, logits                                           cudart.DevicePtr // the head's, maxRows rows
+	maxSel                                              int
+}
+
+func (g *gpuModel) alloc(c *cudart.Ctx, floats int) (cudart.DevicePtr, error) {
+	b, err := c.Alloc(int64(4 * max(floats, 1)))
+	if err != nil {
+		return 0, fmt.Errorf("gpu: %w", err)
+	}
+	g.bufs = append(g.bufs, b)
+	return b.Ptr, nil
+}
+
+func (g *gpuModel) upload(c *cudart.Ctx, v []float32) (cudart.DevicePtr, error) {
+	p, err := g.alloc(c, len(v))
+	if err != nil || len(v) == 0 {
+		return p, err
+	}
+	return p, cudart.Upload(c, p, v)
+}
+
+// newGPUModel uploads m's weights and allocates slots sequences of up to maxPos tokens,
+// with steps of up to maxTokens rows of which up to maxRows get logits.
+func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kernels, blas *cudart.Blas, slots, maxTokens, maxRows, maxPos, blockTokens int) (_ *gpuModel, err error) {
+	cfg := m.Config
+	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens || maxPos < maxTokens {
+		return nil, fmt.Errorf("gpu: %d slots, %d rows a step, %d logits rows (at most the rows) and %d positions (at least the rows) must be positive",
+			slots, maxTokens, maxRows, maxPos)
+	}
+	g := &gpuModel{m: m, kk: kk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, maxPos: maxPos,
+		blockTokens: blockTokens, used: make([]bool, slots)}
+	defer func() {
+		if err != nil {
+			g.close(c)
+		}
+	}()
+	if g.kda, err = newGPUKDA(c, cfg, blas, ks, maxTokens, cudart.F32); err != nil {
+		return nil, err
+	}
+	if g.dsa, err = newGPUDSA(c, cfg, blas, kk, ks, maxTokens, maxPos); err != nil {
+		return nil, err
+	}
+	D, hc, E := cfg.HiddenSize, cfg.HCMult, cfg.NRoutedExperts
+	st := m.NewTextState()
+	up := func(dst *cudart.DevicePtr, v []float32) {
+		if err == nil {
+			*dst, err = g.upload(c, v)
+		}
+	}
+	zeros := func(dst *cudart.DevicePtr, n int) {
+		if err == nil {
+			if *dst, err = g.alloc(c, n); err == nil {
+				err = c.Memset(*dst, 0, int64(4*max(n, 1)))
+			}
+		}
+	}
+	mlp := func(w *mlpWeights) gpuMLP {
+		var p gpuMLP
+		up(&p.gateUp, append(append([]float32(nil), w.gate...), w.up...))
+		up(&p.down, w.down)
+		p.width = w.width
+		return p
+	}
+	W := m.W
+	up(&g.embed, W.embed)
+	up(&g.norm, W.norm)
+	up(&g.head, W.lmHead)
+	ones := make([]float32, hc)
+	for i := range ones {
+		ones[i] = 1
+	}
+	up(&g.ones, ones)
+	width := 1 // the widest MLP
+	for li := range W.layers {
+		l := &W.layers[li]
+		gl := gpuLayer{kind: l.kind}
+		up(&gl.inNorm, l.inNorm)
+		up(&gl.postNorm, l.postNorm)
+		for _, p := range []struct {
+			dst *gpuHC
+			src *hcWeights
+		}{{&gl.attnHC, &l.attnHC}, {&gl.ffnHC, &l.ffnHC}} {
+			up(&p.dst.fn, p.src.fn)
+			up(&p.dst.base, p.src.base)
+			up(&p.dst.scale, p.src.scale)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+		switch {
+		case l.kind == LinearAttention:
+			g.convFloats, g.recFloats = len(st.Layers[li].Conv), len(st.Layers[li].Recurrent)
+			if gl.kda, err = g.kda.upload(c, l.kda); err != nil {
+				return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+			}
+			zeros(&gl.kdaPools.Conv, slots*g.convFloats)
+			zeros(&gl.kdaPools.Recurrent, slots*g.recFloats)
+		default:
+			if gl.dsa, err = g.dsa.upload(c, l.mla); err != nil {
+				return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+			}
+			R, I, P := cfg.KVLoraRank, cfg.IndexHeadDim, cfg.IndexKPool
+			zeros(&gl.dsaPools.Latent, slots*maxPos*R)
+			if gl.dsa.full {
+				zeros(&gl.dsaPools.IdxKey, slots*maxPos*I)
+				zeros(&gl.dsaPools.IdxGate, slots*maxPos*I)
+				zeros(&gl.dsaPools.Pools, slots*(maxPos/P)*I)
+			}
+		}
+		if l.dense != nil {
+			d := mlp(l.dense)
+			gl.dense, width = &d, max(width, d.width)
+		} else {
+			e := &gpuMoE{shared: mlp(&l.moe.shared)}
+			up(&e.router, l.moe.router)
+			up(&e.bias, l.moe.bias)
+			up(&e.gateUp, l.moe.gateUp)
+			up(&e.down, l.moe.down)
+			gl.moe, width = e, max(width, e.shared.width)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+		g.layers = append(g.layers, gl)
+	}
+	n, K, F := maxTokens, cfg.NumExpertsPerTok, cfg.MoEIntermediateSize
+	x := &g.w
+	x.maxSel = g.dsa.maxSel()
+	for _, b := range []struct {
+		dst *cudart.DevicePtr
+		n   int
+	}{
+		{&x.idsRep, n * hc}, {&x.streams, n * hc * D}, {&x.next, n * hc * D}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
+		{&x.comb, n * hc * hc}, {&x.x, n * D}, {&x.att, n * D}, {&x.ffn, n * D}, {&x.sel, n * x.maxSel}, {&x.count, n},
+		{&x.gu, n * 2 * width}, {&x.act, n * width}, {&x.rlogits, n * E}, {&x.rweights, n * K}, {&x.rids, n * K},
+		{&x.counts, E}, {&x.pairOf, E * n}, {&x.slotOf, n * K}, {&x.xe, E * n * D}, {&x.egu, E * n * 2 * F},
+		{&x.eact, E * n * F}, {&x.ye, E * n * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
+	} {
+		if *b.dst, err = g.alloc(c, b.n); err != nil {
+			return nil, fmt.Errorf("gpu: workspace: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// close frees the device memory.
+func (g *gpuModel) close(c *cudart.Ctx) {
+	if g.kda != nil {
+		g.kda.close(c)
+	}
+	if g.dsa != nil {
+		g.dsa.close(c)
+	}
+	for _, b := range g.bufs {
+		c.Free(b)
+	}
+	g.bufs = nil
+}
+
+// newSeq returns a new sequence in a free slot, its KDA states cleared (the MLA rows are
+// read only where written).
+func (g *gpuModel) newSeq(c *cudart.Ctx) (*gpuSeq, error) {
+	for i, u := range g.used {
+		if u {
+			continue
+		}
+		for _, l := range g.layers {
+			if l.kda == nil {
+				continue
+			}
+			if err := c.Memset(off(l.kdaPools.Conv, i*g.convFloats), 0, int64(4*g.convFloats)); err != nil {
+				return nil, err
+			}
+			if err := c.Memset(off(l.kdaPools.Recurrent, i*g.recFloats), 0, int64(4*g.recFloats)); err != nil {
+				return nil, err
+			}
+		}
+		g.used[i] = true
+		return &gpuSeq{slot: i}, nil
+	}
+	return nil, fmt.Errorf("gpu: all %d sequence slots are in use", g.slots)
+}
+
+// free returns a sequence's slot.
+func (g *gpuModel) free(s *gpuSeq) { g.used[s.slot] = false }
+
+func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim int) error {
+	return g.blas.MatMulT(c, nil, cudart.F32, out, x, w, n, in, outDim)
+}
+
+// forward runs one chunk of new tokens for each sequence (any lengths, at least one row
+// in all) and returns the logits of the rows named ([len(rows), vocab]; indices into the
+// step's rows, in sequence order), as TextModel.ForwardBatch.
+func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32) ([]float32, error) {
+	cfg := g.m.Config
+	if len(seqs) != len(tokens) || len(seqs) > g.slots {
+		return nil, fmt.Errorf("gpu: %d sequences, %d chunks (at most %d)", len(seqs), len(tokens), g.slots)
+	}
+	D, hc := cfg.HiddenSize, cfg.HCMult
+	var idsRep []int32
+	start := make([]int, len(seqs)+1)
+	for i, s := range seqs {
+		for j, t := range tokens[i] {
+			if t < 0 || int(t) >= cfg.VocabSize {
+				return nil, fmt.Errorf("gpu: token id %d outside the vocabulary [0, %d)", t, cfg.VocabSize)
+			}
+			if s.Len+j >= g.maxPos {
+				return nil, fmt.Errorf("gpu: position %d outside the context of %d tokens", s.Len+j, g.maxPos)
+			}
+			for range hc {
+				idsRep = append(idsRep, t)
+			}
+		}
+		start[i+1] = start[i] + len(tokens[i])
+	}
+	n := start[len(seqs)]
+	if n == 0 || n > g.maxTokens {
+		return nil, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
+	}
+	if len(rows) > g.maxRows {
+		return nil, fmt.Errorf("gpu: logits for %d rows, at most %d a step", len(rows), g.maxRows)
+	}
+	for _, r := range rows {
+		if r < 0 || int(r) >= n {
+			return nil, fmt.Errorf("gpu: logits row %d outside the %d rows of the step", r, n)
+		}
+	}
+	w := &g.w
+	if err := cudart.Upload(c, w.idsRep, idsRep); err != nil {
+		return nil, err
+	}
+	if err := g.kk.Embedding(c, nil, w.streams, g.embed, w.idsRep, n*hc, D, cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	for li := range g.layers {
+		if err := g.layer(c, &g.layers[li], seqs, start); err != nil {
+			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+	}
+	for i, s := range seqs {
+		s.Len += len(tokens[i])
+	}
+	nr := len(rows)
+	if nr == 0 {
+		return nil, c.Synchronize() // a mid-prompt chunk: no row is sampled
+	}
+	// hc_head: each named row's mean of its streams (ones [1, hc] · streams [hc, D] / hc),
+	// the final norm, lm_head.
+	for i, r := range rows {
+		if err := g.blas.Gemm(c, nil, cudart.GemmSpec{M: 1, N: D, K: hc, AType: cudart.F32, BType: cudart.F32, OutType: cudart.F32,
+			Alpha: 1 / float32(hc)}, g.ones, off(w.streams, int(r)*hc*D), 0, off(w.y, i*D)); err != nil {
+			return nil, err
+		}
+	}
+	if err := g.kk.RMSNorm(c, nil, w.y, w.y, g.norm, nr, D, float32(cfg.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	if err := g.gemm(c, w.logits, w.y, g.head, nr, D, cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	if err := c.Synchronize(); err != nil {
+		return nil, err
+	}
+	logits := make([]float32, nr*cfg.VocabSize)
+	return logits, cudart.Download(c, logits, w.logits)
+}
+
+// hyper computes one mHC's post and comb and the collapsed, normed block input in w.x.
+func (g *gpuModel) hyper(c *cudart.Ctx, hw gpuHC, norm cudart.DevicePtr, n int) error {
+	cfg, w := g.m.Config, &g.w
+	D, hc := cfg.HiddenSize, cfg.HCMult
+	eps := float32(cfg.RMSNormEps)
+	if err := g.gemm(c, w.mix, w.streams, hw.fn, n, hc*D, (2+hc)*hc); err != nil {
+		return err
+	}
+	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Post: w.post, Comb: w.comb, Collapsed: w.x, Streams: w.streams, Mix: w.mix,
+		Base: hw.base, Scale: hw.scale, Rows: n, HC: hc, Dim: D, Iters: cfg.HCSinkhornIters, Eps: float32(cfg.HCEps), NormEps: eps}); err != nil {
+		return err
+	}
+	return g.kk.RMSNorm(c, nil, w.x, w.x, norm, n, D, eps)
+}
+
+// expand refreshes the streams from a block output.
+func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
+	cfg, w := g.m.Config, &g.w
+	if err := g.kk.HyperPost(c, nil, cuda.HyperPost{Out: w.next, Streams: w.streams, Block: out, Post: w.post, Comb: w.comb,
+		Rows: n, HC: cfg.HCMult, Dim: cfg.HiddenSize}); err != nil {
+		return err
+	}
+	w.streams, w.next = w.next, w.streams
+	return nil
+}
+
+// layer runs one decoder layer (mHC → KDA or MLA, sequence by sequence → mHC → MLP or
+// MoE) over the step's rows; start holds each sequence's first row.
+func (g *gpuModel) layer(c *cudart.Ctx, l *gpuLayer, seqs []*gpuSeq, start []int) error {
+	cfg, w := g.m.Config, &g.w
+	D, n := cfg.HiddenSize, start[len(seqs)]
+	if err := g.hyper(c, l.attnHC, l.inNorm, n); err != nil {
+		return err
+	}
+	for i, s := range seqs {
+		r0, T := start[i], start[i+1]-start[i]
+		if T == 0 {
+			continue
+		}
+		x, y := off(w.x, r0*D), off(w.att, r0*D)
+		var err error
+		if l.kda != nil {
+			err = g.kda.forward(c, nil, l.kda, gpuKDACall{X: x, Y: y, T: T, Pos0: s.Len, BlockTokens: g.blockTokens,
+				State: gpuKDAState{Conv: off(l.kdaPools.Conv, s.slot*g.convFloats), Recurrent: off(l.kdaPools.Recurrent, s.slot*g.recFloats)}})
+		} else {
+			// A shared-indexer layer reads the selection the full layer before it wrote at
+			// the same rows.
+			sel := gpuDSASel{Sel: off(w.sel, r0*w.maxSel), Count: off(w.count, r0), MaxSel: w.maxSel}
+			err = g.dsa.forward(c, nil, l.dsa, g.dsa.slot(l.dsaPools, s.slot), sel, x, y, T, s.Len)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := g.expand(c, w.att, n); err != nil {
+		return err
+	}
+	if err := g.hyper(c, l.ffnHC, l.postNorm, n); err != nil {
+		return err
+	}
+	var err error
+	if l.dense != nil {
+		err = g.mlp(c, l.dense, w.ffn, w.x, n)
+	} else {
+		err = g.moe(c, l.moe, w.ffn, w.x, n)
+	}
+	if err != nil {
+		return err
+	}
+	return g.expand(c, w.ffn, n)
+}
+
+// mlp computes out [n, D] = the clamped SwiGLU MLP p of x [n, D].
+func (g *gpuModel) mlp(c *cudart.Ctx, p *gpuMLP, out, x cudart.DevicePtr, n int) error {
+	cfg, w := g.m.Config, &g.w
+	D := cfg.HiddenSize
+	if err := g.gemm(c, w.gu, x, p.gateUp, n, D, 2*p.width); err != nil {
+		return err
+	}
+	if err := g.kk.SwiGLUClamped(c, nil, w.act, w.gu, n, p.width, float32(cfg.SwigluLimit)); err != nil {
+		return err
+	}
+	return g.gemm(c, out, w.act, p.down, n, p.width, D)
+}
+
+// moe computes out [n, D] = the MoE of x [n, D], as TextModel.moe: the router GEMM,
+// MoETopK's group-limited sigmoid routing, core/kernels/cuda's masked layout (every
+// expert has room for all n rows, so nothing is dropped and no count leaves the device),
+// each expert's gate_up and down GEMMs over its block, the clamped SwiGLU, the shared
+// experts, and the combine. The masked layout is the one V4's gpuMoE uses; only the
+// routing kernel and the shared experts' width differ.
+func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
+	cfg, w := g.m.Config, &g.w
+	E, K, D, F := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize, cfg.MoEIntermediateSize
+	limit := float32(cfg.SwigluLimit)
+	if err := g.gemm(c, w.rlogits, x, e.router, n, D, E); err != nil {
+		return err
+	}
+	if err := g.kk.MoETopK(c, nil, cuda.MoERouting{Weights: w.rweights, IDs: w.rids, Logits: w.rlogits, Bias: e.bias, Tokens: n,
+		Experts: E, TopK: K, Scoring: ref.ScoreSigmoid, Renormalize: cfg.NormTopKProb, Groups: cfg.NGroup, GroupTopK: cfg.TopKGroup,
+		Scale: float32(cfg.RoutedScalingFactor)}); err != nil {
+		return err
+	}
+	m := cuda.MaskedMoE{IDs: w.rids, Weights: w.rweights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf,
+		Tokens: n, TopK: K, Experts: E, MaxRows: n, Dim: D}
+	if err := g.kk.MoELayout(c, nil, m); err != nil {
+		return err
+	}
+	if err := g.kk.MoEGather(c, nil, m, w.xe, x); err != nil {
+		return err
+	}
+	for ex := range E {
+		if err := g.gemm(c, off(w.egu, ex*n*2*F), off(w.xe, ex*n*D), off(e.gateUp, ex*2*F*D), n, D, 2*F); err != nil {
+			return err
+		}
+	}
+	if err := g.kk.SwiGLUClamped(c, nil, w.eact, w.egu, E*n, F, limit); err != nil {
+		return err
+	}
+	for ex := range E {
+		if err := g.gemm(c, off(w.ye, ex*n*D), off(w.eact, ex*n*F), off(e.down, ex*D*F), n, F, D); err != nil {
+			return err
+		}
+	}
+	if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
+		return err
+	}
+	return g.kk.MoECombine(c, nil, m, out, w.ye, w.share)
+}

@@ -1,0 +1,182 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/runnertest"
+)
+
+// gpuLogprobTol bounds |gpu − cpu| / (1 + |cpu|) for a sampled token's log probability
+// between GPURunner (fp32 on the emulated device: cuBLASLt's summation order, the
+// kernels' exp) and TextRunner on the same tiny model.
+const gpuLogprobTol = 1e-4
+
+// TestEmulatedGPUEngineMatchesCPU runs requests through the real engine on GPURunner (the
+// emulated device) and on the CPU TextRunner of the same tiny model (KDA, full and
+// shared-indexer MLA, dense and MoE layers): one request alone, three of different
+// lengths decoding in one batch, and chunked prefill of 7 tokens a step; greedy tokens
+// equal and every log probability within gpuLogprobTol. Each prompt is new to its engine
+// (no prefix hit, which the GPU runner refuses).
+func TestEmulatedGPUEngineMatchesCPU(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vocab := tinyTextModel(t).Config.VocabSize
+	greedy := engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3}
+	same := func(what string, g, c runnertest.Output) {
+		t.Helper()
+		if len(g.Tokens) != len(c.Tokens) || len(g.Logprobs) != len(c.Logprobs) {
+			t.Fatalf("%s: %d tokens, the CPU runner %d", what, len(g.Tokens), len(c.Tokens))
+		}
+		for i := range c.Tokens {
+			if g.Tokens[i] != c.Tokens[i] {
+				t.Fatalf("%s: tokens %v, the CPU runner %v", what, g.Tokens, c.Tokens)
+			}
+			if d := math.Abs(float64(g.Logprobs[i].Logprob - c.Logprobs[i].Logprob)); !(d <= gpuLogprobTol*(1+math.Abs(float64(c.Logprobs[i].Logprob)))) {
+				t.Fatalf("%s: output %d: logprob %g, the CPU runner %g", what, i, g.Logprobs[i].Logprob, c.Logprobs[i].Logprob)
+			}
+		}
+	}
+	for ci, cfg := range []engine.Config{{MaxBatchTokens: 64}, {MaxBatchTokens: 7}} {
+		gr, err := NewGPURunner(tinyTextModel(t), dev, cache, 8, 64, 8, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpool, err := gr.NewPool(4 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cr := NewTextRunner(tinyTextModel(t), 0, 0)
+		cpool, err := cr.NewPool(4 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s runnertest.Suite
+		ge, ce := s.StartWith(t, gr, gpool, cfg), s.StartWith(t, cr, cpool, cfg)
+		salt := 10 * ci
+		// 23 tokens cross a 16-token KDA block end and several index pools.
+		p := runnertest.Prompt(23, vocab, salt+1)
+		same(fmt.Sprintf("config %d, one request", ci), ge.Generate(t, p, greedy), ce.Generate(t, p, greedy))
+		batch := [][]int32{runnertest.Prompt(3, vocab, salt+2), runnertest.Prompt(19, vocab, salt+3), runnertest.Prompt(30, vocab, salt+4)}
+		gAll, cAll := ge.GenerateAll(t, batch, greedy), ce.GenerateAll(t, batch, greedy)
+		for i := range batch {
+			same(fmt.Sprintf("config %d, request %d of a batch", ci, i), gAll[i], cAll[i])
+		}
+		ge.Stop(t)
+		ce.Stop(t)
+		if err := gr.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestEmulatedOpenGPU opens a tiny checkpoint directory (random weights) through OpenGPU,
+// the cli.GPUOpener, on the emulated device and checks one greedy request through the
+// engine against Open's CPU runner.
+func TestEmulatedOpenGPU(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tinyTextConfigJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gr, gpool, err := OpenGPU(dir, 4<<20, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4, MaxRows: 4},
+		KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gr.(*GPURunner).Close()
+	cr, cpool, err := Open(dir, 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s runnertest.Suite
+	cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
+	ge, ce := s.StartWith(t, gr, gpool, cfg), s.StartWith(t, cr, cpool, cfg)
+	defer ge.Stop(t)
+	defer ce.Stop(t)
+	sp := engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}
+	p := runnertest.Prompt(9, tinyTextModel(t).Config.VocabSize, 5)
+	if g, c := ge.Generate(t, p, sp), ce.Generate(t, p, sp); fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens) {
+		t.Fatalf("GPU tokens %v, CPU %v", g.Tokens, c.Tokens)
+	}
+}
+
+// TestEmulatedGPURunnerRefusals checks that GPURunner's forward refuses, naming the
+// reason, what its device slots cannot serve: a request that starts from a prefix hit,
+// one continuing at a length its slot does not hold, and draft tokens; and that a plan
+// it can serve still runs after them.
+func TestEmulatedGPURunnerRefusals(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewGPURunner(tinyTextModel(t), dev, cache, 2, 16, 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	vocab := r.Model.Config.VocabSize
+	plan := func(id uint64, computed int32, tokens []int32, drafts int32) *engine.BatchPlan {
+		pos := make([]int32, len(tokens))
+		for i := range pos {
+			pos[i] = computed + int32(i)
+		}
+		return &engine.BatchPlan{ReqIDs: []uint64{id}, Computed: []int32{computed}, Scheduled: []int32{int32(len(tokens))},
+			NumDrafts: []int32{drafts}, Tokens: tokens, Positions: pos, QueryStart: []int32{0, int32(len(tokens))},
+			LogitsIndices: []int32{int32(len(tokens) - 1)}}
+	}
+	logits := make([]float32, 2*vocab)
+	for _, c := range []struct {
+		name string
+		p    *engine.BatchPlan
+		want string
+	}{
+		{"prefix hit", plan(1, 5, []int32{3, 4}, 0), "prefix hits"},
+		{"drafts", plan(2, 0, []int32{3, 4}, 1), "draft tokens"},
+	} {
+		if err := r.forward(c.p, logits); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one naming %q", c.name, err, c.want)
+		}
+	}
+	if err := r.forward(plan(3, 0, []int32{3, 4, 5}, 0), logits); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.forward(plan(3, 2, []int32{6}, 0), logits); err == nil || !strings.Contains(err.Error(), "holds 3") {
+		t.Errorf("a request continuing at 2 tokens of 3: error %v", err)
+	}
+	if err := r.forward(plan(3, 3, []int32{6}, 0), logits); err != nil {
+		t.Fatal(err)
+	}
+}
