@@ -4,6 +4,7 @@ import (
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 	"github.com/resin-llm/resin/models/llama"
 )
 
@@ -13,6 +14,9 @@ var gpuOpeners = map[string]cli.GPUOpener{
 	// A first cut: float32 activations, FP8/FP4 weights dequantised at load, each
 	// sequence's state in a device slot (no prefix hits, no drafts), eager launches.
 	"deepseek-v4-flash": deepseekv4flash.OpenGPU,
+	// A first cut too: fp32, KDA and MLA state in device slots (no prefix hits, no
+	// drafts), eager launches.
+	"glm-5-flash": glm5flash.OpenGPU,
 }
 
 // SetEngineLimits implements cli.EngineLimited: the GPU runner's workspace is sized for

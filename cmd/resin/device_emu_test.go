@@ -10,7 +10,7 @@ import (
 // TestGenerateOnTheEmulatedDevice: generate --device cuda-emu runs each model that has a
 // GPU runner through core/gpurunner's kit on the emulated CUDA device, and its greedy
 // tokens equal the CPU runner's (deepseek-v4-flash was not reachable from --device before:
-// its GPU runner had no entry in gpuOpeners).
+// its GPU runner had no entry in gpuOpeners; glm-5-flash had no GPU runner).
 func TestGenerateOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -18,6 +18,7 @@ func TestGenerateOnTheEmulatedDevice(t *testing.T) {
 	for _, c := range []struct{ model, cfg string }{
 		{"llama", filepath.Join("testdata", "tiny-llama", "config.json")},
 		{"deepseek-v4-flash", filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")},
+		{"glm-5-flash", filepath.Join("..", "..", "models", "glm-5-flash", "config.json")},
 	} {
 		args := []string{"--model", c.model, "--random-weights", c.cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6"}
 		cpu, errOut, err := runGenerate(t, args...)
