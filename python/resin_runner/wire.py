@@ -563,7 +563,7 @@ def _validate(d: _Dec, B: int, T: int, L: int, kw: dict):
         if kw["scheduled"][i] != b - a or b == a:
             d.fail(f"sequence {i} schedules {kw['scheduled'][i]} tokens, offsets say {b - a}")
         c = int(kw["computed"][i])
-        if c + (b - a) > INT32_MAX:
+        if c + (b - a) - 1 > INT32_MAX:  # the last position, c + n - 1, must fit
             d.fail(f"sequence {i}: positions {c}..{c + b - a - 1} wrap int32")
         if c < 0 or not np.array_equal(kw["positions"][a:b], np.arange(c, c + b - a, dtype=np.int32)):
             d.fail(f"sequence {i}: positions are not {c}..{c + b - a - 1}")
