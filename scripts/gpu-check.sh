@@ -18,12 +18,14 @@
 # suite on the emulator) and `resin generate --device cuda-emu` on a tiny llama; their
 # lines are prefixed "emu|" and summarised apart. The models with device code
 # (deepseek-v4-flash, glm-5-flash and their kernels) run their real-GPU tests with
-# RESIN_GPU=1 (V4's TestGPUForward, GLM-5's TestParityKDADSA, each model's kernel
-# TestParity) and, on the emulator, their TestEmu* and TestEmulated* tests. It ends with the parity lines and the
-# figures of both. The time budget is 480 s on an H100/H200: a lent GPU machine runs one
-# command for at most 10 minutes, and the machine's start and the copy back of the log come
-# out of the same allowance, so the check must end well inside it; each test binary is
-# limited to 5 minutes.
+# RESIN_GPU=1 (V4's TestGPUForward, GLM-5's TestParityKDADSA and its GPU runner's
+# TestGPUEngineMatchesCPU, each model's kernel TestParity) and, on the emulator, their
+# TestEmu* and TestEmulated* tests. It ends with the parity lines and the figures of both.
+# The time budget is 480 s on an H100/H200: a lent GPU machine runs one command for at most
+# 10 minutes, and the machine's start and the copy back of the log come out of the same
+# allowance, so the check must end well inside it; each test binary is limited to 5
+# minutes. (The models' tests add about 20 s of CPU to the emulated part; their GPU tests
+# use tiny configs.)
 #
 #   scripts/gpu-check.sh            build with the local Go toolchain, then run
 #   scripts/gpu-check.sh --emulated build, then run only the emulated device's part (no GPU
@@ -50,12 +52,14 @@ modelPkgs="models/deepseek-v4-flash models/deepseek-v4-flash/kernels models/glm-
 
 # gpuPattern is the -test.run pattern of a package's GPU run: everything for core's
 # packages; for a model, its tests against the CPU reference on GPU 0 (TestGPUForward:
-# V4's whole forward; TestParity: a model's kernels; TestParityKDADSA: GLM-5's KDA and
-# DSA kernels), which skip without RESIN_GPU=1 and fail with it when GPU 0 does not open;
-# "-" for a model with no real-GPU test (glm-5-flash's layers run on the emulator only).
+# V4's whole forward; TestGPUEngineMatchesCPU: GLM-5's GPU runner through the engine;
+# TestParity: a model's kernels; TestParityKDADSA: GLM-5's KDA and DSA kernels), which
+# skip without RESIN_GPU=1 and fail with it when GPU 0 does not open; "-" for a model
+# with no real-GPU test.
 gpuPattern() {
 	case "$1" in
 	models/deepseek-v4-flash) echo '^TestGPUForward$' ;;
+	models/glm-5-flash) echo '^TestGPUEngineMatchesCPU$' ;;
 	models/*/kernels) echo '^TestParity' ;;
 	models/*) echo - ;;
 	*) echo . ;;

@@ -35,6 +35,25 @@ func TestEmulatedGPUEngineMatchesCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dev.Close()
+	engineMatchesCPU(t, dev)
+}
+
+// TestGPUEngineMatchesCPU is TestEmulatedGPUEngineMatchesCPU on GPU 0 of a machine with
+// a GPU (RESIN_GPU=1; scripts/gpu-check.sh sets it), within the same tolerance.
+func TestGPUEngineMatchesCPU(t *testing.T) {
+	if os.Getenv("RESIN_GPU") == "" {
+		t.Skip("set RESIN_GPU=1 on a machine with a GPU to run the GPU runner against the CPU runner")
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatalf("RESIN_GPU is set but GPU 0 does not open: %v", err)
+	}
+	defer dev.Close()
+	engineMatchesCPU(t, dev)
+}
+
+// engineMatchesCPU runs TestEmulatedGPUEngineMatchesCPU's requests on dev.
+func engineMatchesCPU(t *testing.T, dev *cudart.Device) {
 	dir := os.Getenv("RESIN_KERNEL_CACHE")
 	if dir == "" {
 		dir = t.TempDir()
