@@ -23,6 +23,9 @@ type Constraint interface {
 	Accept(tok int32) error
 	// Rollback undoes the last n accepted tokens.
 	Rollback(n int) error
+	// Ended reports whether the output ended (EOS accepted): nothing is allowed after it,
+	// so the request stops there even before its min_tokens.
+	Ended() bool
 }
 
 // checkConstraint refuses a constrained request the runner cannot serve.

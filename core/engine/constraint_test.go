@@ -197,3 +197,65 @@ func tokenBytes(v *grammar.Vocabulary, tok int32) []byte {
 	}
 	panic(fmt.Sprintf("token %d has no bytes", tok))
 }
+
+// TestGrammarEndOverridesMinTokens: with min_tokens longer than everything the grammar
+// allows, the grammar's end wins (as the sampler already lets it): regex "ab" under
+// MinTokens 8 yields a, b, EOS and finishes with "stop", greedy and sampled.
+func TestGrammarEndOverridesMinTokens(t *testing.T) {
+	const vocab, eos = 300, 299
+	g, err := grammar.Compile(byteVocab(t, vocab, eos), grammar.Regex, "ab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rc := range []enginetest.Config{
+		{VocabSize: vocab, EOS: []int32{eos}},
+		{VocabSize: vocab, EOS: []int32{eos}, Async: true},
+		{VocabSize: vocab, EOS: []int32{eos}, MaxDrafts: 2},
+	} {
+		r, err := enginetest.New(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		minTokensEngine(t, r, rc.Async, g, eos)
+	}
+}
+
+func minTokensEngine(t *testing.T, r *enginetest.Runner, async bool, g *grammar.Grammar, eos int32) {
+	t.Helper()
+	e, err := engine.New(r, engine.Config{Pool: r.Pool(), Async: async})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go e.Run(ctx)
+	defer e.Close()
+	for _, temp := range []float32{0, 1.5} {
+		m, err := g.NewMatcher()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp := engine.SamplingParams{MaxTokens: 20, MinTokens: 8, Temperature: temp, Seed: 3, HasSeed: true, Constraint: m}
+		st, err := e.Submit(ctx, engine.Request{Prompt: []int32{1, 2}, Sampling: sp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var toks []int32
+		for {
+			ev, err := st.Recv(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			toks = append(toks, ev.Tokens...)
+			if ev.Finish != engine.FinishNone {
+				if ev.Finish != engine.FinishStop || ev.Err != nil || fmt.Sprint(toks) != fmt.Sprint([]int32{'a', 'b', eos}) {
+					t.Fatalf("async %v, drafts %d, temperature %v: finish %v, err %v, tokens %v; want stop after [97 98 %d]", async, r.Info().MaxDrafts, temp, ev.Finish, ev.Err, toks, eos)
+				}
+				break
+			}
+		}
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -304,10 +304,16 @@ func (r *request) flush() {
 	}
 }
 
-// stopped finishes r when t is a stop token generated after min_tokens, or r reached its
-// last allowed token (max tokens; Add made sure that this is within the context).
+// stopped finishes r when t is a stop token generated after min_tokens, r's grammar
+// ended (it overrides min_tokens: the sampler let the grammar's EOS through, and nothing
+// may follow it), or r reached its last allowed token (max tokens; Add made sure that
+// this is within the context).
 func (s *Scheduler) stopped(r *request, t int32) bool {
 	if r.stops && len(r.tokens)-r.promptLen > int(r.minTokens) && (!r.ignoreEOS && slices.Contains(s.eos, t) || slices.Contains(r.stopIDs, t)) {
+		s.finish(r, FinishStop, nil)
+		return true
+	}
+	if r.constraint != nil && r.constraint.Ended() {
 		s.finish(r, FinishStop, nil)
 		return true
 	}
