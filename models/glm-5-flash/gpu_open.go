@@ -49,7 +49,7 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", Name, err)
 	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, seqs, tokens, rows, max(cpu.MaxContext, tokens))
+	r, err := NewGPURunner(cpu.Model, dev, cache, seqs, tokens, rows, cpu.MaxContext)
 	if err != nil {
 		dev.Close()
 		return nil, nil, err

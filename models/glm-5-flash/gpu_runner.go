@@ -60,7 +60,8 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 		if err != nil {
 			return err
 		}
-		r.g, err = newGPUModel(c, m, kk, ks, blas, slots, maxTokens, maxRows, maxContext, r.pt)
+		// gpuDSA's workspace takes a step's rows as positions: at least maxTokens of them.
+		r.g, err = newGPUModel(c, m, kk, ks, blas, slots, maxTokens, maxRows, max(maxContext, maxTokens), r.pt)
 		return err
 	})
 	if err != nil {

@@ -112,8 +112,9 @@ func engineMatchesCPU(t *testing.T, dev *cudart.Device) {
 }
 
 // TestEmulatedOpenGPU opens a tiny checkpoint directory (random weights) through OpenGPU,
-// the cli.GPUOpener, on the emulated device and checks one greedy request through the
-// engine against Open's CPU runner.
+// the cli.GPUOpener, on the emulated device with steps of more rows than the model's
+// context, and checks that it serves the CPU runner's context and one greedy request
+// through the engine as Open's CPU runner does.
 func TestEmulatedOpenGPU(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -122,7 +123,7 @@ func TestEmulatedOpenGPU(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tinyTextConfigJSON), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	gr, gpool, err := OpenGPU(dir, 4<<20, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4, MaxRows: 4},
+	gr, gpool, err := OpenGPU(dir, 4<<20, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 1024, MaxSeqs: 4, MaxRows: 4},
 		KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
 	if err != nil {
 		t.Fatal(err)
@@ -131,6 +132,9 @@ func TestEmulatedOpenGPU(t *testing.T) {
 	cr, cpool, err := Open(dir, 4<<20)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if g, c := gr.Info().MaxContext, cr.Info().MaxContext; g != c {
+		t.Errorf("the GPU runner serves %d tokens of context, the CPU runner %d", g, c)
 	}
 	var s runnertest.Suite
 	cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
