@@ -26,6 +26,9 @@ const (
 func Lead(ctl, data dist.Communicator, s *Shard, kv []ref.PagedKV) func(*engine.BatchPlan, []float32) error {
 	var msg []byte
 	return func(p *engine.BatchPlan, logits []float32) error {
+		if err := s.check(p, logits); err != nil {
+			return err // refused here, before the others see the plan
+		}
 		var err error
 		msg = append(msg[:0], msgStep)
 		if msg, err = p.AppendBinary(msg); err != nil {

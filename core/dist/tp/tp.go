@@ -166,16 +166,11 @@ func (s *Shard) Forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.Pa
 	if c.Size() != s.Size || c.Rank() != s.Rank {
 		return fmt.Errorf("tp: shard %d of %d on communicator rank %d of %d", s.Rank, s.Size, c.Rank(), c.Size())
 	}
-	if len(plan.Groups) < 1 || len(kv) != d.Layers {
-		return fmt.Errorf("tp: forward: %d cache groups, %d cache layers for %d", len(plan.Groups), len(kv), d.Layers)
+	if len(kv) != d.Layers {
+		return fmt.Errorf("tp: forward: %d cache layers for %d", len(kv), d.Layers)
 	}
-	for _, p := range plan.Positions {
-		if p < 0 || int(p) >= d.Rope.MaxPos {
-			return fmt.Errorf("tp: forward: position %d outside the context of %d tokens", p, d.Rope.MaxPos)
-		}
-	}
-	if r := len(plan.LogitsIndices); len(logits) != r*d.Vocab {
-		return fmt.Errorf("tp: forward: logits holds %d values, want %d rows × %d", len(logits), r, d.Vocab)
+	if err := s.check(plan, logits); err != nil {
+		return err
 	}
 	grow := func(b *[]float32, n int) []float32 {
 		if cap(*b) < n {
@@ -287,6 +282,38 @@ func (s *Shard) Forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.Pa
 				logits[j*d.Vocab+lo+i] = math.Float32frombits(uint32(p[off]) | uint32(p[off+1])<<8 | uint32(p[off+2])<<16 | uint32(p[off+3])<<24)
 			}
 		}
+	}
+	return nil
+}
+
+// check refuses what Forward would refuse before its first collective: every rank sees
+// the same plan, so they all refuse it alike, and rank 0 checks before broadcasting it.
+func (s *Shard) check(plan *engine.BatchPlan, logits []float32) error {
+	d := s.D
+	t := plan.NumTokens()
+	if len(plan.Groups) < 1 {
+		return fmt.Errorf("tp: forward: the plan has no cache group")
+	}
+	if len(plan.Positions) != t || len(plan.Groups[0].SlotMapping) != t {
+		return fmt.Errorf("tp: forward: %d tokens with %d positions and %d slots", t, len(plan.Positions), len(plan.Groups[0].SlotMapping))
+	}
+	for _, p := range plan.Positions {
+		if p < 0 || int(p) >= d.Rope.MaxPos {
+			return fmt.Errorf("tp: forward: position %d outside the context of %d tokens", p, d.Rope.MaxPos)
+		}
+	}
+	for _, id := range plan.Tokens {
+		if id < 0 || int(id) >= d.Vocab {
+			return fmt.Errorf("tp: forward: token %d outside the vocabulary of %d", id, d.Vocab)
+		}
+	}
+	for _, idx := range plan.LogitsIndices {
+		if idx < 0 || int(idx) >= t {
+			return fmt.Errorf("tp: forward: logits row %d outside the plan's %d tokens", idx, t)
+		}
+	}
+	if r := len(plan.LogitsIndices); len(logits) != r*d.Vocab {
+		return fmt.Errorf("tp: forward: logits holds %d values, want %d rows × %d", len(logits), r, d.Vocab)
 	}
 	return nil
 }

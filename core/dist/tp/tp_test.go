@@ -255,3 +255,49 @@ func tpRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
 func TestTPConformance(t *testing.T) {
 	runnertest.Run(t, tpRunner, runnertest.Options{})
 }
+
+// TestLeadRefusesBeforeBroadcast: a step rank 0 refuses (a logits buffer of the wrong
+// size, a token outside the vocabulary) is refused before the plan reaches the others, so
+// the next step runs at once instead of the group waiting out a deadline.
+func TestLeadRefusesBeforeBroadcast(t *testing.T) {
+	m := tiny(t)
+	rope, _ := m.Config.RopeTable(256)
+	d, w := fromLlama(m, rope)
+	pool, err := engine.NewHostPool(llama.CacheGroups(m.Config, 4), 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := tp.StartInProcess(d, w, 2, tp.CachePages(d, pool), 4, dist.Options{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := runnertest.OpenSeq(t, pool, runnertest.Prompt(5, m.Config.VocabSize, 1))
+	plan := runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{5}, false)
+	bad := *plan
+	bad.Tokens = append([]int32{int32(m.Config.VocabSize)}, plan.Tokens[1:]...)
+	done := make(chan string, 1)
+	go func() {
+		switch {
+		case g.Forward(plan, make([]float32, 3)) == nil:
+			done <- "a 3-value logits buffer accepted"
+		case g.Forward(&bad, make([]float32, m.Config.VocabSize)) == nil:
+			done <- "a token outside the vocabulary accepted"
+		default:
+			if err := g.Forward(plan, make([]float32, m.Config.VocabSize)); err != nil {
+				done <- err.Error()
+			}
+			done <- ""
+		}
+	}()
+	select {
+	case failed := <-done:
+		if failed != "" {
+			t.Fatal(failed)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the steps after a refused one hang") // (the group is left stuck, not closed)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
