@@ -80,7 +80,7 @@ if [ "$part" = all ] || [ "$part" = 2 ]; then
 	sed -n '/cat > "\$out\/config.json" <<.EOF./,/^EOF/p' scripts/llama-cpu-bench.sh | sed '1d;$d' > "$out/config.json"
 	go build -o "$out/resin" ./cmd/resin
 	echo "== resin bench model: llama, ~120M random weights, batch sizes $batches, $prompt-token prompts, $gen generated, GOMAXPROCS $(nproc)"
-	rm -f "$out"/e2e.*.txt
+	rm -f "$out"/e2e.*.txt "$out"/ratio.*.txt
 	for round in $(seq 1 "$rounds"); do
 		order="own blas"
 		[ $((round % 2)) = 0 ] && order="blas own"
