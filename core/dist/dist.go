@@ -39,8 +39,9 @@ func (t DType) String() string {
 
 // Communicator is one rank's view of a group of ranks. Every rank of the group must call
 // the same collectives in the same order; each call returns when all ranks have taken
-// part, or with an error once Options.Timeout has passed without them. Not safe for
-// concurrent use by one rank.
+// part, or with an error once Options.Timeout has passed without them. After an error
+// the ranks may be at different rounds: close the communicator and form a new group.
+// Not safe for concurrent use by one rank.
 type Communicator interface {
 	Rank() int
 	Size() int
