@@ -233,7 +233,9 @@ func TestInProcessCollectives(t *testing.T) {
 // TestInProcessMissingPeer: a rank that never calls the collective fails the others
 // within the deadline with an error naming it; a rank that closes fails them at once.
 func TestInProcessMissingPeer(t *testing.T) {
-	cs, _ := NewInProcess(3, Options{Timeout: 200 * time.Millisecond})
+	// Seconds, not milliseconds: rank 1's goroutine must post within the deadline of rank
+	// 0's, or rank 0 names rank 1, the first rank missing then.
+	cs, _ := NewInProcess(3, Options{Timeout: 2 * time.Second})
 	_, errs := runAll(cs[:2], func(c Communicator) ([]byte, error) { return nil, c.Barrier() })
 	for r, err := range errs {
 		var pe *PeerError

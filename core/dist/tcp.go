@@ -11,6 +11,9 @@ import (
 	"time"
 )
 
+// testHookJoined, when set (tests only), is called on rank 0 as each rank is admitted.
+var testHookJoined func(rank int)
+
 // JoinTCP joins rank of a group of size processes, on any hosts, that meet at addr
 // (HOST:PORT, SGLang's --dist-init-addr): rank 0 listens there and the others dial it,
 // retrying until o.JoinTimeout (or Timeout). The group is a star through rank 0: each
@@ -163,6 +166,9 @@ func acceptTCP(ln net.Listener, host string, size int, o Options) (*tcpRank, err
 		c.SetDeadline(time.Time{})
 		t.conns[rank] = pc
 		joined++
+		if testHookJoined != nil {
+			testHookJoined(rank)
+		}
 		if t.host == "" || t.host == "0.0.0.0" || t.host == "::" {
 			t.host, _, _ = net.SplitHostPort(c.LocalAddr().String())
 		}

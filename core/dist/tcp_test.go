@@ -119,10 +119,19 @@ func TestTCPFaults(t *testing.T) {
 	var wg sync.WaitGroup
 	var c0, c1 Communicator
 	var e0, e1 error
+	admitted := make(chan int, 3)
+	testHookJoined = func(rank int) { admitted <- rank }
+	defer func() { testHookJoined = nil }()
 	wg.Add(2)
 	go func() { defer wg.Done(); c0, e0 = JoinTCP(addr, 0, 3, Options{Timeout: 10 * time.Second}) }()
 	go func() { defer wg.Done(); c1, e1 = JoinTCP(addr, 1, 3, Options{Timeout: 10 * time.Second}) }()
-	time.Sleep(200 * time.Millisecond)
+	// The duplicate must come after rank 0 admitted the first rank 1 (a sleep let it race
+	// ahead on a loaded machine).
+	select {
+	case <-admitted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("rank 0 never admitted rank 1")
+	}
 	if _, err := JoinTCP(addr, 1, 3, Options{Timeout: 10 * time.Second}); err == nil || !strings.Contains(err.Error(), "already joined") {
 		t.Fatalf("a second rank 1: %v", err)
 	}
