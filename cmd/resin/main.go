@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -31,8 +32,15 @@ func newRootCmd() *cobra.Command {
 
 func main() {
 	tpWorkerFromEnv() // a --tp-procs worker runs its rank and exits here
-	if err := newRootCmd().Execute(); err != nil {
+	os.Exit(execute(newRootCmd()))
+}
+
+// execute runs root and returns the process's exit status: 1 after printing an error, 0
+// on success or when a --node-rank worker's rank ended with rank 0's stop.
+func execute(root *cobra.Command) int {
+	if err := root.Execute(); err != nil && !errors.Is(err, errWorkerDone) {
 		fmt.Fprintln(os.Stderr, "resin:", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

@@ -129,6 +129,10 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), g.close}, pool, nil
 }
 
+// errWorkerDone ends a worker node's command once its rank has followed rank 0 to the
+// end; main exits 0 on it.
+var errWorkerDone = errors.New("tp worker: rank 0 stopped the group")
+
 // openTPNodes joins the multi-node group at f.initAddr over TCP (a control group that
 // waits as long as the engine idles, then a data group). Node 0 returns the engine's
 // runner; the others run their rank until node 0 stops and then end the process.
@@ -152,10 +156,11 @@ func openTPNodes(r *llama.Runner, pool *kvslab.Pool, d tp.Dense, w *tp.Weights, 
 		ctl.Close()
 		data.Close()
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "resin: tp worker:", err)
-			os.Exit(1)
+			return nil, nil, fmt.Errorf("tp worker: %w", err)
 		}
-		os.Exit(0) // a worker node's work ends with rank 0's stop
+		// A worker node's work ends with rank 0's stop. Returning (not exiting here) lets
+		// the callers' defers run: openModel removes its --random-weights directory.
+		return nil, nil, errWorkerDone
 	}
 	stop := func() error {
 		err := tp.Stop(ctl)

@@ -21,11 +21,7 @@ func TestMain(m *testing.M) {
 		}
 		root := newRootCmd()
 		root.SetArgs(args)
-		if err := root.Execute(); err != nil {
-			fmt.Fprintln(os.Stderr, "resin:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		os.Exit(execute(root))
 	}
 	os.Exit(m.Run())
 }
