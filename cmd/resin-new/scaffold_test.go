@@ -11,7 +11,7 @@ import (
 	"github.com/resin-llm/resin/templates"
 )
 
-// TestRefusedBeforeWriting covers the refusals issue 9 found accepted: each is an error
+// TestRefusedBeforeWriting covers refusals an outside review found accepted: each is an error
 // naming the problem, and nothing is written.
 func TestRefusedBeforeWriting(t *testing.T) {
 	core := coreDir(t)

@@ -142,7 +142,7 @@ func TestEmuSample(t *testing.T) {
 		before := mod.Stats()
 		got := emuSample(t, name, logits, vocab, stride, params)
 		checkAgainstCPU(t, name, got, logits, stride, vocab, params)
-		// The cost the issue measured by reading: shared-memory atomics per logit.
+		// The cost a reading of sampling.cu predicted: shared-memory atomics per logit.
 		d := mod.Stats().Sub(before)
 		t.Logf("%s: %.1f shared-memory atomics per logit, %.1f barriers per row (%d rows, 4 schedules)", name,
 			float64(d.Atomics)/float64(4*rows*vocab), float64(d.Barriers)/float64(4*rows), rows)
