@@ -5,11 +5,14 @@
 package emutest
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/resin-llm/resin/core/cudart/emu"
 )
@@ -31,9 +34,7 @@ func Reexec(t *testing.T, env ...string) bool {
 	if testing.Short() {
 		args = append(args, "-test.short")
 	}
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(append(os.Environ(), env...), "RESIN_CUDA=emulate")
-	out, err := cmd.CombinedOutput()
+	out, err := runChild(t, args, append(env, "RESIN_CUDA=emulate"))
 	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		if strings.HasPrefix(line, "    ") {
 			t.Log(strings.TrimSpace(line))
@@ -61,9 +62,7 @@ func RunTests(t *testing.T, pattern string) {
 	if err := emu.Available(); err != nil {
 		t.Skipf("the emulated device needs a host C++ compiler: %v", err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run="+pattern, "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "RESIN_CUDA=emulate")
-	out, err := cmd.CombinedOutput()
+	out, err := runChild(t, []string{"-test.run=" + pattern, "-test.count=1", "-test.v"}, []string{"RESIN_CUDA=emulate"})
 	passed := 0
 	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		switch {
@@ -80,4 +79,28 @@ func RunTests(t *testing.T, pattern string) {
 	if passed == 0 {
 		t.Fatalf("no test matching %s passed on the emulated device:\n%s", pattern, out)
 	}
+}
+
+// runChild runs this test binary with args and env added to the environment and returns
+// its output. Under a test deadline (go test -timeout) the child gets -test.timeout of what
+// is left less a margin, so it panics with its goroutines' stacks before the parent's own
+// timeout; should it not end by then, it is killed and the parent still reports it.
+func runChild(t *testing.T, args, env []string) ([]byte, error) {
+	ctx := context.Background()
+	if deadline, ok := t.Deadline(); ok {
+		left := time.Until(deadline)
+		margin := min(left/10, 30*time.Second)
+		args = append(args, fmt.Sprintf("-test.timeout=%v", max(left-margin, time.Second)))
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-margin/2))
+		defer cancel()
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.WaitDelay = 5 * time.Second // a grandchild holding the output does not keep us waiting
+	out, err := cmd.CombinedOutput()
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("killed at the test's deadline (%w): %v", ctx.Err(), err)
+	}
+	return out, err
 }
