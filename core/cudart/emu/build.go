@@ -216,6 +216,7 @@ func build(source, name string, program, sanitize bool) (string, error) {
 	base := strings.TrimSuffix(filepath.Base(name), filepath.Ext(name))
 	out := filepath.Join(dir, base+"-"+key+ext)
 	if _, err := os.Stat(out); err == nil {
+		inUse.Store(out, true)
 		now := time.Now()
 		os.Chtimes(out, now, now) // recently used: pruned last
 		return out, nil
@@ -250,16 +251,36 @@ func build(source, name string, program, sanitize bool) (string, error) {
 	if err := os.Rename(obj, out); err != nil {
 		return "", fmt.Errorf("emu: %w", err)
 	}
+	inUse.Store(out, true)
 	prune(dir, out)
 	return out, nil
 }
 
-// MaxCached is how many built modules and programs CacheDir keeps; past it the least
+// MaxCached is how many built modules, programs and module images (the image-*.so files
+// the emulated cuModuleLoadData writes) CacheDir keeps by default; past it the least
 // recently used go.
 const MaxCached = 400
 
-// prune removes the least recently used entries of dir past MaxCached (never keep), and
-// build directories more than an hour old (left by a build that was killed).
+// maxCached is the limit prune applies (MaxCached; tests lower it).
+var maxCached = MaxCached
+
+// staleLibrary is how long an emulator library (libresin-emu-*.so, which core/cudart
+// builds and touches each time a process loads it) may go unused before a prune removes
+// it: one of another toolchain or source version. The emulator libraries are never counted
+// against maxCached.
+const staleLibrary = 7 * 24 * time.Hour
+
+// inUse holds the files this process built or found (Build): its prunes never remove them,
+// whatever their age, since a caller may be about to load one.
+var inUse sync.Map
+
+// prune removes the least recently used modules, programs and images of dir past maxCached
+// (never keep, nor a file this process uses), emulator libraries unused for staleLibrary,
+// and build directories and temporary files more than an hour old (left by a build that
+// was killed). A file is "used" when its modification time was last set: Build, the
+// emulator's library load and the emulated cuModuleLoadData refresh it on every use, so
+// another process's file in use is among the newest and pruned last; a load that finds
+// its file deleted anyway writes or builds it again.
 func prune(dir, keep string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -269,27 +290,41 @@ func prune(dir, keep string) {
 		path string
 		used time.Time
 	}
-	var built []entry
+	var removable []entry
+	count := 0
 	for _, e := range ents {
 		info, err := e.Info()
 		if err != nil {
 			continue
 		}
-		p := filepath.Join(dir, e.Name())
+		name, p := e.Name(), filepath.Join(dir, e.Name())
+		_, used := inUse.Load(p)
+		used = used || p == keep
 		switch {
-		case e.IsDir() && strings.HasPrefix(e.Name(), "build-"):
-			if time.Since(info.ModTime()) > time.Hour {
+		case e.IsDir():
+			if (strings.HasPrefix(name, "build-") || strings.HasPrefix(name, "lib-")) && time.Since(info.ModTime()) > time.Hour {
 				os.RemoveAll(p)
 			}
-		case !e.IsDir() && (strings.HasSuffix(e.Name(), ".so") || strings.HasSuffix(e.Name(), ".bin")) && p != keep:
-			built = append(built, entry{p, info.ModTime()})
+		case strings.Contains(name, ".tmp-"):
+			if time.Since(info.ModTime()) > time.Hour {
+				os.Remove(p)
+			}
+		case strings.HasPrefix(name, "libresin-emu-"):
+			if !used && time.Since(info.ModTime()) > staleLibrary {
+				os.Remove(p)
+			}
+		case strings.HasSuffix(name, ".so") || strings.HasSuffix(name, ".bin"):
+			count++
+			if !used {
+				removable = append(removable, entry{p, info.ModTime()})
+			}
 		}
 	}
-	if len(built)+1 <= MaxCached {
+	if count <= maxCached {
 		return
 	}
-	sort.Slice(built, func(i, j int) bool { return built[i].used.Before(built[j].used) })
-	for _, e := range built[:len(built)+1-MaxCached] {
+	sort.Slice(removable, func(i, j int) bool { return removable[i].used.Before(removable[j].used) })
+	for _, e := range removable[:min(count-maxCached, len(removable))] {
 		os.Remove(e.path) // a process that has it open keeps its mapping
 	}
 }

@@ -576,3 +576,45 @@ func TestParamSizes(t *testing.T) {
 		t.Error("a missing kernel has sizes")
 	}
 }
+
+// TestPruneCountsOnlyModules: the prune counts module builds, programs and images against
+// the limit, never the emulator's library (the oldest here, as a library reused without a
+// touch was) nor a file this process built or found; another toolchain's library unused
+// for a week goes, and so does a killed build's leftover.
+func TestPruneCountsOnlyModules(t *testing.T) {
+	dir := t.TempDir()
+	defer func(n int) { maxCached = n }(maxCached)
+	maxCached = 3
+	old := time.Now().Add(-2 * time.Hour)
+	files := []struct {
+		name string
+		age  time.Duration
+	}{
+		{"libresin-emu-current.so", 0}, {"libresin-emu-stale.so", -8 * 24 * time.Hour},
+		{"inuse-0.so", 1}, {"image-a.so", 2}, {"m-b.so", 3}, {"image-c.so", 4},
+		{"m-d.so", 5}, {"p-e.bin", 6}, {"image-f.so.tmp-XYZ", 0},
+	}
+	for _, f := range files {
+		p := filepath.Join(dir, f.name)
+		os.WriteFile(p, nil, 0o644)
+		at := old.Add(f.age * time.Second)
+		if f.age < 0 {
+			at = old.Add(f.age)
+		}
+		os.Chtimes(p, at, at)
+	}
+	inUse.Store(filepath.Join(dir, "inuse-0.so"), true)
+	defer inUse.Delete(filepath.Join(dir, "inuse-0.so"))
+	keep := filepath.Join(dir, "m-new.so")
+	os.WriteFile(keep, nil, 0o644)
+	prune(dir, keep)
+	var left []string
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	want := []string{"inuse-0.so", "libresin-emu-current.so", "m-new.so", "p-e.bin"} // 7 counted, the 4 oldest others gone
+	if strings.Join(left, " ") != strings.Join(want, " ") {
+		t.Errorf("left %v, want %v", left, want)
+	}
+}

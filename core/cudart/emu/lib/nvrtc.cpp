@@ -157,7 +157,15 @@ extern "C" int nvrtcCompileProgram(void* prog, int numOptions, const char* const
     return kCompilation;
   }
   if (arch.rfind("sm_", 0) == 0) {
-    if (!readFile(result, &p->cubin) || p->cubin.empty()) {
+    // Another process's cache prune may have deleted the module since it was built (or
+    // found): building again writes it back.
+    if ((!readFile(result, &p->cubin) || p->cubin.empty()) &&
+        build(source.c_str(), p->name.c_str(), out.data(), (long)out.size()) == 0) {
+      out.back() = 0;
+      result = out.data();
+      readFile(result, &p->cubin);
+    }
+    if (p->cubin.empty()) {
       p->log = "emulated NVRTC: cannot read the module " + result;
       return kInternalError;
     }
