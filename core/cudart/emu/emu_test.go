@@ -1,6 +1,7 @@
 package emu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -616,5 +617,28 @@ func TestPruneCountsOnlyModules(t *testing.T) {
 	want := []string{"inuse-0.so", "libresin-emu-current.so", "m-new.so", "p-e.bin"} // 7 counted, the 4 oldest others gone
 	if strings.Join(left, " ") != strings.Join(want, " ") {
 		t.Errorf("left %v, want %v", left, want)
+	}
+}
+
+// TestRunScriptTimeout: a program whose kernel never ends is killed at ScriptTimeout and
+// RunScript says so.
+func TestRunScriptTimeout(t *testing.T) {
+	need(t)
+	prog, err := BuildProgram(`
+extern "C" __global__ void spin(volatile int* flag) {
+  while (*flag == 0) {
+  }
+}
+`, "spin.cu", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func(d time.Duration) { ScriptTimeout = d }(ScriptTimeout)
+	ScriptTimeout = time.Second
+	var s Script
+	flag := s.Buffer(make([]byte, 4))
+	s.Launch("spin", [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, Forward, 0, BufferAt(flag, 0))
+	if _, err := RunScript(prog, &s); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a kernel that never ends: %v, want a timeout", err)
 	}
 }

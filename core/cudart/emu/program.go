@@ -2,12 +2,14 @@ package emu
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 )
 
 // A Script is a sequence of launches over host buffers, for running kernels in a process
@@ -83,10 +85,23 @@ func (s *Script) encode() ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// ScriptTimeout bounds a RunScript: a program still running after it (a kernel that
+// never ends, which the emulator does not catch under the sanitizers) is killed with its
+// process group and RunScript returns an error wrapping context.DeadlineExceeded.
+var ScriptTimeout = 10 * time.Minute
+
 // RunScript runs s in the program at path (BuildProgram) and returns the buffers as the
 // launches left them. An emulator error, a sanitizer report or a crash is an error
-// carrying the program's output.
+// carrying the program's output. It is RunScriptContext bounded by ScriptTimeout.
 func RunScript(path string, s *Script) ([][]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), ScriptTimeout)
+	defer cancel()
+	return RunScriptContext(ctx, path, s)
+}
+
+// RunScriptContext is RunScript ending when ctx does: the program and its process group
+// are killed and the error wraps ctx's.
+func RunScriptContext(ctx context.Context, path string, s *Script) ([][]byte, error) {
 	in, err := s.encode()
 	if err != nil {
 		return nil, err
@@ -100,11 +115,16 @@ func RunScript(path string, s *Script) ([][]byte, error) {
 	if err := os.WriteFile(inPath, in, 0o644); err != nil {
 		return nil, fmt.Errorf("emu: %w", err)
 	}
-	cmd := exec.Command(path, inPath, outPath)
+	cmd := exec.CommandContext(ctx, path, inPath, outPath)
+	ownGroup(cmd)
+	cmd.WaitDelay = 5 * time.Second // the output pipes are not waited on past the kill
 	// ASan's stack-use-after-return checks do not follow fibers; leaks are not the point.
 	cmd.Env = append(os.Environ(), "ASAN_OPTIONS=detect_leaks=0:detect_stack_use_after_return=0:abort_on_error=0",
 		"UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
 	msg, err := cmd.CombinedOutput()
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("emu: %s killed: %w\n%s", filepath.Base(path), context.Cause(ctx), trim(string(msg), 6000))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("emu: %s: %v\n%s", filepath.Base(path), err, trim(string(msg), 6000))
 	}
