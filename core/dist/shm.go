@@ -63,7 +63,6 @@ type shmRank struct {
 	slotBytes int
 	seq       uint64 // chunk rounds done
 	o         Options
-	pids      []int
 }
 
 func joinShm(name string, rank, size int, o Options) (*shmRank, error) {

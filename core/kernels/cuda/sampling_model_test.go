@@ -9,18 +9,13 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 )
 
-// sampleModel is sampling.cu's algorithm in Go, step for step: the same keys (logit order
-// then id, or id alone), fixed-point weights in units of 2^-40, and selections of "the
-// smallest key whose running sum reaches a target" (the kernel finds them by radix
+// sampleModelMasked is sampling.cu's algorithm in Go, step for step: the same keys (logit
+// order then id, or id alone), fixed-point weights in units of 2^-40, and selections of
+// "the smallest key whose running sum reaches a target" (the kernel finds them by radix
 // select; here by sorting). It lets a test check the kernel's semantics against
-// engine.Sampler without a GPU; TestGPUSample checks the kernel itself.
-func sampleModel(row []float32, p SampleParams) (int32, float32, []engine.TopLogprob) {
-	return sampleModelMasked(row, p, nil)
-}
-
-// sampleModelMasked is sampleModel under a token mask (nil: none): the choice reads the
-// logits with the refused tokens at -inf (resin_masked), lse and the alternatives the
-// raw ones.
+// engine.Sampler without a GPU; TestGPUSample checks the kernel itself. Under a token mask
+// (nil: none) the choice reads the logits with the refused tokens at -inf (resin_masked),
+// lse and the alternatives the raw ones.
 func sampleModelMasked(row []float32, p SampleParams, mask []uint32) (int32, float32, []engine.TopLogprob) {
 	argmax := func(vals []float32) int32 {
 		best := int32(-1)
