@@ -153,7 +153,7 @@ func engineUniform(seed uint64, pos int) float64 {
 	return float64(mix(seed^mix(uint64(pos)))>>11) / (1 << 53)
 }
 
-// TestSampleModelMatchesEngine checks that the device sampler's algorithm (sampleModel)
+// TestSampleModelMatchesEngine checks that the device sampler's algorithm (sampleModelMasked)
 // chooses what engine.Sampler chooses, with the same logprobs and alternatives, over
 // greedy, temperature-only (unsorted walk), top-k, top-p, min-p and their mixes, a third
 // of the rows under random token masks.
