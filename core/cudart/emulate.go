@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -130,6 +131,13 @@ var emuLib = sync.OnceValues(func() (*emuLibrary, error) {
 		return nil, err
 	}
 	h, err := dlopen(path)
+	if _, serr := os.Stat(path); err != nil && errors.Is(serr, fs.ErrNotExist) {
+		// Deleted since it was found (another process pruned it as stale): build it again.
+		if path, err = buildEmuLib(); err != nil {
+			return nil, err
+		}
+		h, err = dlopen(path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("emulated device: load %s: %w", path, err)
 	}
@@ -232,8 +240,12 @@ func emuConfig() ([][2]string, error) {
 
 // buildModule is the emulated NVRTC's builder: emu.Build of the C string src (with
 // paramSizesSource), the path of the module (or the error) written into out as a C
-// string; 0 on success.
+// string; 0 on success. With no room for a message (outLen < 1) it builds nothing and
+// returns 1: a panic in this callback would end the process.
 func buildModule(src, name, out *byte, outLen int64) int32 {
+	if out == nil || outLen < 1 {
+		return 1
+	}
 	source := goString(src)
 	path, err := emu.Build(source+paramSizesSource(source), goString(name))
 	msg, rc := path, int32(0)
@@ -336,8 +348,8 @@ func hostCompiler() (path, version string, err error) {
 }
 
 // buildEmuLib compiles the emulated libraries into emu.CacheDir, named by emuToolchain; a
-// library already there is used as it is. The file is written under a temporary name and
-// renamed into place.
+// library already there is used as it is, its modification time set (emu's cache prune
+// goes by it). The file is written under a temporary name and renamed into place.
 func buildEmuLib() (string, error) {
 	id, err := emuToolchain()
 	if err != nil {
@@ -349,6 +361,8 @@ func buildEmuLib() (string, error) {
 	}
 	out := filepath.Join(dir, "libresin-emu-"+id+".so")
 	if _, err := os.Stat(out); err == nil {
+		now := time.Now()
+		os.Chtimes(out, now, now) // used: emu's cache prune removes only a library unused for days
 		return out, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

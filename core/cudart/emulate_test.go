@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/kernels/ref"
@@ -575,4 +577,60 @@ extern "C" __global__ void halfbarrier(float* y) {
 		t.Fatalf("a kernel with a divergent barrier: %v, want CUDA_ERROR_LAUNCH_FAILED naming it", err)
 	}
 	t.Logf("reported: %v", err)
+}
+
+// TestEmulatedHostMemoryKinds: cuMemFreeHost refuses registered memory (the caller's, not
+// the driver's to free) with CUDA_ERROR_INVALID_VALUE, and cuMemHostUnregister refuses
+// memory cuMemAllocHost gave (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED), as the real driver
+// does; each is then released the right way.
+func TestEmulatedHostMemoryKinds(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	d, err := OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	err = d.Do(func(c *Ctx) error {
+		mem := make([]byte, 1<<16)
+		p := unsafe.Pointer(&mem[0])
+		if rc := c.api.cuMemHostRegister(p, uint64(len(mem)), 0); rc != 0 {
+			return fmt.Errorf("cuMemHostRegister: %d", rc)
+		}
+		if rc := c.api.cuMemFreeHost(p); rc != 1 {
+			return fmt.Errorf("cuMemFreeHost of registered memory: %d, want 1 (CUDA_ERROR_INVALID_VALUE)", rc)
+		}
+		if rc := c.api.cuMemHostUnregister(p); rc != 0 {
+			return fmt.Errorf("cuMemHostUnregister after the refused free: %d", rc)
+		}
+		runtime.KeepAlive(mem)
+		h, err := c.AllocHost(4096)
+		if err != nil {
+			return err
+		}
+		if rc := c.api.cuMemHostUnregister(h.ptr); rc != 713 {
+			return fmt.Errorf("cuMemHostUnregister of cuMemAllocHost memory: %d, want 713 (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)", rc)
+		}
+		return c.FreeHost(h)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBuildModuleNoRoom: the emulated NVRTC's builder callback, given no room for its
+// answer, returns an error code instead of panicking (which would end the process).
+func TestBuildModuleNoRoom(t *testing.T) {
+	src := append([]byte(emuKernels), 0)
+	name := []byte("saxpy.cu\x00")
+	var one [1]byte
+	for _, c := range []struct {
+		out *byte
+		n   int64
+	}{{nil, 0}, {&one[0], 0}, {&one[0], -1}, {nil, 16}} {
+		if rc := buildModule(&src[0], &name[0], c.out, c.n); rc != 1 {
+			t.Errorf("buildModule into %d bytes at %p: %d, want 1", c.n, c.out, rc)
+		}
+	}
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <utime.h>
 
 #include <chrono>
 #include <cstdio>
@@ -81,6 +82,7 @@ std::map<uintptr_t, int> g_owner;  // device allocation -> the device it counts 
 thread_local int tl_device = 0;    // the device of the context current on this thread
 std::map<uintptr_t, size_t> g_device;   // device allocations: start -> size
 std::map<uintptr_t, size_t> g_pinned;   // pinned or registered host memory
+std::set<uintptr_t> g_registered;       // the g_pinned entries cuMemHostRegister made
 std::map<uintptr_t, bool> g_mapped;     // device allocations made with mmap
 std::set<Module*> g_modules;
 std::set<Stream*> g_streams;
@@ -424,7 +426,8 @@ extern "C" int cuMemFreeHost(void* p) {
   NEED_INIT();
   std::lock_guard<std::mutex> l(Mu());
   auto it = g_pinned.find((uintptr_t)p);
-  if (it == g_pinned.end()) return kInvalidValue;
+  // Registered memory is the caller's (mmap'ed, Go's): the driver refuses to free it.
+  if (it == g_pinned.end() || g_registered.count(it->first)) return kInvalidValue;
   g_pinned.erase(it);
   free(p);
   return kSuccess;
@@ -437,6 +440,7 @@ extern "C" int cuMemHostRegister_v2(void* p, size_t n, unsigned flags) {
   std::lock_guard<std::mutex> l(Mu());
   if (inRange(g_pinned, (uintptr_t)p, 1)) return 712;  // CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
   g_pinned[(uintptr_t)p] = n;
+  g_registered.insert((uintptr_t)p);
   return kSuccess;
 }
 
@@ -444,7 +448,9 @@ extern "C" int cuMemHostUnregister(void* p) {
   NEED_INIT();
   std::lock_guard<std::mutex> l(Mu());
   auto it = g_pinned.find((uintptr_t)p);
-  if (it == g_pinned.end()) return 713;  // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+  // cuMemAllocHost'd memory was never registered: cuMemFreeHost is its release.
+  if (it == g_pinned.end() || !g_registered.count(it->first)) return 713;  // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+  g_registered.erase(it->first);
   g_pinned.erase(it);
   return kSuccess;
 }
@@ -719,6 +725,32 @@ std::string contentHash(const unsigned char* p, size_t n) {
   return buf;
 }
 
+// writeImage writes the n bytes of a module at p to path, under a temporary name renamed
+// into place.
+Result writeImage(const std::string& dir, const std::string& path, const unsigned char* p, size_t n) {
+  std::string tmpl = path + ".tmp-XXXXXX";
+  std::vector<char> tmp(tmpl.begin(), tmpl.end());
+  tmp.push_back(0);
+  int fd = mkstemp(tmp.data());
+  if (fd < 0) {
+    SetLaunchError("emulated device: cannot write a module into " + dir);
+    return kInvalidImage;
+  }
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = write(fd, p + done, n - done);
+    if (w <= 0) break;
+    done += (size_t)w;
+  }
+  close(fd);
+  if (done != n || rename(tmp.data(), path.c_str()) != 0) {
+    unlink(tmp.data());
+    SetLaunchError("emulated device: cannot write the module " + path);
+    return kInvalidImage;
+  }
+  return kSuccess;
+}
+
 Result openModule(const std::string& path, Module** out) {
   void* dl = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!dl) {
@@ -762,36 +794,27 @@ extern "C" int cuModuleLoadData(void** mod, const void* image) {
     if (n == 0) return kInvalidImage;
     std::string dir = Cfg().module_dir.empty() ? "/tmp" : Cfg().module_dir;
     std::string path = dir + "/image-" + contentHash(p, n) + ".so";
-    if (access(path.c_str(), R_OK) != 0) {
-      std::string tmpl = path + ".tmp-XXXXXX";
-      std::vector<char> tmp(tmpl.begin(), tmpl.end());
-      tmp.push_back(0);
-      int fd = mkstemp(tmp.data());
-      if (fd < 0) {
-        SetLaunchError("emulated device: cannot write a module into " + dir);
-        return kInvalidImage;
+    // Another process's cache prune may delete the file between the write (or the
+    // check that it is there) and the dlopen: then it is written again.
+    for (int attempt = 0;; attempt++) {
+      if (access(path.c_str(), R_OK) == 0) {
+        utime(path.c_str(), nullptr);  // recently used: pruned last
+      } else if (Result r = writeImage(dir, path, p, n)) {
+        return r;
       }
-      size_t done = 0;
-      while (done < n) {
-        ssize_t w = write(fd, p + done, n - done);
-        if (w <= 0) break;
-        done += (size_t)w;
+      Module* m = nullptr;
+      Result r = openModule(path, &m);
+      if (r == kSuccess) {
+        *mod = m;
+        return kSuccess;
       }
-      close(fd);
-      if (done != n || rename(tmp.data(), path.c_str()) != 0) {
-        unlink(tmp.data());
-        SetLaunchError("emulated device: cannot write the module " + path);
-        return kInvalidImage;
-      }
+      if (attempt > 0 || access(path.c_str(), F_OK) == 0) return r;
     }
-    Module* m = nullptr;
-    if (Result r = openModule(path, &m)) return r;
-    *mod = m;
-    return kSuccess;
   }
   if (memcmp(p, kRef, sizeof kRef - 1) == 0) {
     std::string path((const char*)p + sizeof kRef - 1);
     while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
+    utime(path.c_str(), nullptr);  // recently used: pruned last
     Module* m = nullptr;
     if (Result r = openModule(path, &m)) return r;
     *mod = m;
