@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
+	"github.com/resin-llm/resin/core/cudart/emu"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
@@ -632,5 +635,32 @@ func TestBuildModuleNoRoom(t *testing.T) {
 		if rc := buildModule(&src[0], &name[0], c.out, c.n); rc != 1 {
 			t.Errorf("buildModule into %d bytes at %p: %d, want 1", c.n, c.out, rc)
 		}
+	}
+}
+
+// TestEmulatorLibraryTouchedOnReuse: reusing the built emulator library sets its
+// modification time, which emu's cache prune goes by; untouched, the library in use
+// drifted to the oldest entry.
+func TestEmulatorLibraryTouchedOnReuse(t *testing.T) {
+	if err := emu.Available(); err != nil {
+		t.Skip(err)
+	}
+	p, err := buildEmuLib()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-3 * 24 * time.Hour) // under emu's staleLibrary: no prune removes it meanwhile
+	if err := os.Chtimes(p, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := buildEmuLib(); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.ModTime().After(old.Add(24 * time.Hour)) {
+		t.Fatalf("%s after its reuse: modified %v, as set before it", p, info.ModTime())
 	}
 }
