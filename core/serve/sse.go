@@ -95,15 +95,3 @@ func (s *sseWriter) abort(ctx context.Context, err error) error {
 	}
 	return nil
 }
-
-// end sends the chunk carrying the finish reason, then usage unless it is nil, then
-// [DONE]; it stops at the first write that fails.
-func (s *sseWriter) end(last, usage any) {
-	if s.send(last) != nil {
-		return
-	}
-	if usage != nil && s.send(usage) != nil {
-		return
-	}
-	_ = s.done()
-}
