@@ -31,6 +31,10 @@ func fanOut(prompts [][]int32, base *genRequest, candidates int) []*choiceGen {
 		for k := 0; k < candidates; k++ {
 			g := *base
 			g.prompt = ids
+			g.choices = 0
+			if k == 0 {
+				g.choices = candidates // counted once per prompt (vllm:request_params_n)
+			}
 			if g.sampling.HasSeed {
 				g.sampling.Seed += uint64(k)
 			}

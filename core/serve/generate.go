@@ -14,6 +14,9 @@ import (
 
 // genRequest is one generation, already tokenized and validated.
 type genRequest struct {
+	// choices, on a prompt's first candidate, is how many are generated for the prompt
+	// (n, or best_of when larger; vllm:request_params_n); 0 on the others.
+	choices     int
 	prompt      []int32
 	sampling    engine.SamplingParams
 	stops       []string
@@ -62,6 +65,9 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 	st, err := s.eng.Submit(ctx, engine.Request{Prompt: r.prompt, Sampling: sp})
 	if err != nil {
 		return genResult{}, fromEngine(err)
+	}
+	if r.choices > 0 {
+		s.metrics.paramsN.Observe(float64(r.choices))
 	}
 	s.metrics.inflight.Inc()
 	defer s.metrics.inflight.Dec()

@@ -106,6 +106,7 @@ type Server struct {
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	inflight prometheus.Gauge
+	paramsN  prometheus.Histogram // vllm:request_params_n (vllmmetrics.go)
 }
 
 // New builds the service and registers its HTTP metrics in the engine's registry.

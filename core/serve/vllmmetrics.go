@@ -7,11 +7,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// registerVLLMMetrics adds the vLLM-named metric only the server gives (the engine
-// gives the others, see core/engine's vllmDescs): vllm:cache_config_info, the cache's
-// layout as labels of a gauge set to 1. It carries vLLM's engine label; model_name
-// comes with modelLabeled.
+// registerVLLMMetrics adds the vLLM-named metrics only the server gives (the engine
+// gives the others, see core/engine's vllmDescs): vllm:request_params_n, the choices
+// generated per prompt (n, or best_of when larger; observed by generate), and
+// vllm:cache_config_info, the cache's layout as labels of a gauge set to 1. They carry
+// vLLM's engine label; model_name comes with modelLabeled.
 func (s *Server) registerVLLMMetrics(reg prometheus.Registerer) error {
+	s.metrics.paramsN = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "vllm:request_params_n", Help: "Histogram of the n request parameter.",
+		Buckets: []float64{1, 2, 5, 10, 20}, ConstLabels: prometheus.Labels{"engine": "0"},
+	})
 	pool := s.eng.Pool()
 	labels := prometheus.Labels{"engine": "0", "block_size": strconv.Itoa(pool.BlockTokens()),
 		"num_slabs": strconv.Itoa(pool.Slabs()), "slab_bytes": strconv.FormatInt(pool.SlabBytes(), 10)}
@@ -25,8 +30,10 @@ func (s *Server) registerVLLMMetrics(reg prometheus.Registerer) error {
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig", ConstLabels: labels,
 	})
 	info.Set(1)
-	if err := reg.Register(info); err != nil {
-		return fmt.Errorf("serve: register metrics: %w", err)
+	for _, c := range []prometheus.Collector{s.metrics.paramsN, info} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("serve: register metrics: %w", err)
+		}
 	}
 	return nil
 }

@@ -13,11 +13,7 @@ import (
 func TestMetricsHaveVLLMNames(t *testing.T) {
 	h := newHarness(t, harnessOpts{})
 	h.postJSON("/v1/completions", map[string]any{"prompt": "metrics", "max_tokens": 3, "ignore_eos": true}, 200, nil)
-	resp, err := http.Get(h.ts.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := readAll(t, resp)
+	text := scrape(t, h)
 	types := map[string]string{}
 	for line := range strings.Lines(text) {
 		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
@@ -40,6 +36,7 @@ func TestMetricsHaveVLLMNames(t *testing.T) {
 		"vllm:spec_decode_num_draft_tokens_total":    "counter",
 		"vllm:spec_decode_num_accepted_tokens_total": "counter",
 		"vllm:iteration_tokens_total":                "histogram",
+		"vllm:request_params_n":                      "histogram",
 		"vllm:request_params_max_tokens":             "histogram",
 		"vllm:request_prompt_tokens":                 "histogram",
 		"vllm:request_generation_tokens":             "histogram",
@@ -65,6 +62,8 @@ func TestMetricsHaveVLLMNames(t *testing.T) {
 		`vllm:prompt_tokens_total{engine="0",model_name="tiny-test"} ` + strconv.Itoa(len(prompt)),
 		`vllm:request_params_max_tokens_count{engine="0",model_name="tiny-test"} 1`,
 		`vllm:request_params_max_tokens_sum{engine="0",model_name="tiny-test"} 3`,
+		`vllm:request_params_n_count{engine="0",model_name="tiny-test"} 1`,
+		`vllm:request_params_n_sum{engine="0",model_name="tiny-test"} 1`,
 		`vllm:num_requests_running{engine="0",model_name="tiny-test"} 0`,
 		`vllm:kv_cache_usage_perc{engine="0",model_name="tiny-test"} 0`,
 		`vllm:iteration_tokens_total_count{engine="0",model_name="tiny-test"} `,
@@ -77,4 +76,26 @@ func TestMetricsHaveVLLMNames(t *testing.T) {
 	if !strings.Contains(text, `vllm:iteration_tokens_total_sum{engine="0",model_name="tiny-test"} `+strconv.Itoa(len(prompt)+2)) {
 		t.Errorf("iteration tokens do not add up to the prompt's %d and 2 decode steps", len(prompt))
 	}
+
+	// n is counted once per prompt, not once per choice.
+	h.postJSON("/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "user", "content": "n"}},
+		"max_tokens": 1, "n": 3}, 200, nil)
+	text = scrape(t, h)
+	for _, sample := range []string{
+		`vllm:request_params_n_count{engine="0",model_name="tiny-test"} 2`,
+		`vllm:request_params_n_sum{engine="0",model_name="tiny-test"} 4`,
+	} {
+		if !strings.Contains(text, sample) {
+			t.Errorf("after a request with n 3, /metrics lacks %s", sample)
+		}
+	}
+}
+
+func scrape(t *testing.T, h *harness) string {
+	t.Helper()
+	resp, err := http.Get(h.ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return readAll(t, resp)
 }
