@@ -623,3 +623,29 @@ func TestTagged(t *testing.T) {
 		t.Error("no structures compiled")
 	}
 }
+
+// TestJSONEscapedSlash: JSON's escape `\/` (RFC 8259) is accepted in strings, by the
+// json_object grammar and under a schema's string, and plain '/' still is.
+func TestJSONEscapedSlash(t *testing.T) {
+	v, _, eos := testVocab(t)
+	for _, c := range []struct {
+		kind Kind
+		src  string
+	}{{JSONObject, ""}, {JSONSchema, `{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}`}} {
+		g := compileT(t, v, c.kind, c.src)
+		for _, out := range []string{`{"a":"http:\/\/x/y"}`, `{"a":"\/"}`} {
+			m, err := g.NewMatcher()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < len(out); i++ {
+				if err := m.Accept(int32(out[i])); err != nil {
+					t.Fatalf("%s: %q at byte %d: %v", c.kind, out, i, err)
+				}
+			}
+			if err := m.Accept(eos); err != nil {
+				t.Fatalf("%s: %q: EOS: %v", c.kind, out, err)
+			}
+		}
+	}
+}

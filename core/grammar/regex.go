@@ -149,7 +149,8 @@ func (c *regexConv) class(rs []runeRange) *expr {
 	if c.mode == rawBytes {
 		return utf8Expr(rs)
 	}
-	// Inside a JSON string: ", \ and control characters escaped, the rest as UTF-8.
+	// Inside a JSON string: ", \ and control characters escaped, the rest as UTF-8 ('/'
+	// either way).
 	var plain []runeRange
 	var escaped []*expr
 	for _, r := range mergeRanges(rs) {
@@ -160,6 +161,9 @@ func (c *regexConv) class(rs []runeRange) *expr {
 			if r.lo <= ch && ch <= r.hi {
 				escaped = append(escaped, lit(jsonEscape(ch)))
 			}
+		}
+		if r.lo <= '/' && '/' <= r.hi {
+			escaped = append(escaped, lit(`\/`)) // JSON's optional escape of '/'
 		}
 		plain = append(plain, subtractSpecials(r)...)
 	}
