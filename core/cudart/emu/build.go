@@ -274,8 +274,13 @@ const staleLibrary = 7 * 24 * time.Hour
 // whatever their age, since a caller may be about to load one.
 var inUse sync.Map
 
+// started is when this process began: its prunes never remove a file used since (an image
+// this process's emulated driver loaded, which touches it, or another process's file of
+// now), so the limit is exceeded for a while rather than a file in use deleted.
+var started = time.Now()
+
 // prune removes the least recently used modules, programs and images of dir past maxCached
-// (never keep, nor a file this process uses), emulator libraries unused for staleLibrary,
+// (never keep, nor a file this process uses or one used since it started), emulator libraries unused for staleLibrary,
 // and build directories and temporary files more than an hour old (left by a build that
 // was killed). A file is "used" when its modification time was last set: Build, the
 // emulator's library load and the emulated cuModuleLoadData refresh it on every use, so
@@ -315,7 +320,7 @@ func prune(dir, keep string) {
 			}
 		case strings.HasSuffix(name, ".so") || strings.HasSuffix(name, ".bin"):
 			count++
-			if !used {
+			if !used && info.ModTime().Before(started) {
 				removable = append(removable, entry{p, info.ModTime()})
 			}
 		}

@@ -580,12 +580,12 @@ func TestParamSizes(t *testing.T) {
 
 // TestPruneCountsOnlyModules: the prune counts module builds, programs and images against
 // the limit, never the emulator's library (the oldest here, as a library reused without a
-// touch was) nor a file this process built or found; another toolchain's library unused
-// for a week goes, and so does a killed build's leftover.
+// touch was), a file this process built or found, or one used since it started; another
+// toolchain's library unused for a week goes, and so does a killed build's leftover.
 func TestPruneCountsOnlyModules(t *testing.T) {
 	dir := t.TempDir()
 	defer func(n int) { maxCached = n }(maxCached)
-	maxCached = 3
+	maxCached = 2
 	old := time.Now().Add(-2 * time.Hour)
 	files := []struct {
 		name string
@@ -608,13 +608,14 @@ func TestPruneCountsOnlyModules(t *testing.T) {
 	defer inUse.Delete(filepath.Join(dir, "inuse-0.so"))
 	keep := filepath.Join(dir, "m-new.so")
 	os.WriteFile(keep, nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "image-now.so"), nil, 0o644) // loaded since this process began
 	prune(dir, keep)
 	var left []string
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		left = append(left, e.Name())
 	}
-	want := []string{"inuse-0.so", "libresin-emu-current.so", "m-new.so", "p-e.bin"} // 7 counted, the 4 oldest others gone
+	want := []string{"image-now.so", "inuse-0.so", "libresin-emu-current.so", "m-new.so"} // 8 counted, limit 2: all 5 others gone, the limit exceeded
 	if strings.Join(left, " ") != strings.Join(want, " ") {
 		t.Errorf("left %v, want %v", left, want)
 	}
