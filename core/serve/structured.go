@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"weak"
 
 	"github.com/resin-llm/resin/core/grammar"
 	"github.com/resin-llm/resin/core/serve/toolparse"
@@ -105,8 +107,10 @@ func (c *structured) nativeFormat(format string) (*structured, error) {
 const maxGrammars = 64
 
 // grammarCaches holds each Server's grammar cache, built on first use (the vocabulary's
-// token trie takes a while on a large vocabulary).
-var grammarCaches sync.Map // *Server -> *grammarCache
+// token trie takes a while on a large vocabulary). It is keyed by a weak pointer and the
+// entry is deleted when its Server is collected, so that a process that builds servers
+// one after another (reloads, tests) does not keep every vocabulary and its grammars.
+var grammarCaches sync.Map // weak.Pointer[Server] -> *grammarCache
 
 type grammarCache struct {
 	once  sync.Once
@@ -115,7 +119,11 @@ type grammarCache struct {
 }
 
 func (s *Server) grammars() (*grammar.Cache, error) {
-	v, _ := grammarCaches.LoadOrStore(s, &grammarCache{})
+	key := weak.Make(s)
+	v, loaded := grammarCaches.LoadOrStore(key, &grammarCache{})
+	if !loaded {
+		runtime.AddCleanup(s, func(k weak.Pointer[Server]) { grammarCaches.Delete(k) }, key)
+	}
 	gc := v.(*grammarCache)
 	gc.once.Do(func() {
 		info := s.eng.Info()
