@@ -132,13 +132,17 @@ func compareBytes(a, b []byte) int {
 
 // FromTokenizer builds the vocabulary of t: each id's bytes (byte-level BPE decoded), its
 // special added tokens marked special, and eos the ids that end the output. size, when
-// larger than t's vocabulary, is the model's (padded) vocabulary: the ids past t's are
-// never allowed.
+// above 0, is the model's vocabulary, which the masks cover exactly: ids of a padded
+// vocabulary past t's are never allowed, and t's ids past the model's (added tokens
+// beyond the embedding, which the model can never sample) are dropped.
 func FromTokenizer(t *tokenizer.Tokenizer, eos []int32, size int) (*Vocabulary, error) {
-	n := max(t.VocabSize(), size)
+	n := t.VocabSize()
+	if size > 0 {
+		n = size
+	}
 	tokens := make([][]byte, n)
 	special := make([]bool, n)
-	for id := 0; id < t.VocabSize(); id++ {
+	for id := 0; id < min(t.VocabSize(), n); id++ {
 		if t.IsSpecial(int32(id)) {
 			special[id] = true
 			continue
