@@ -48,6 +48,7 @@ type structured struct {
 type forcedTools struct {
 	name  string // the named function; "" for tool_choice "required"
 	tools []json.RawMessage
+	one   bool // parallel_tool_calls false: exactly one call
 }
 
 // nativeFormats are the tool-call formats a forced call is written in: before the
@@ -84,7 +85,7 @@ func (c *structured) nativeFormat(format string) (*structured, error) {
 		Max        int         `json:"max"`
 	}
 	src.Separator, src.Min = nf.separator, 1
-	if c.forced.name != "" {
+	if c.forced.name != "" || c.forced.one {
 		src.Max = 1
 	}
 	for _, d := range defs {
@@ -328,11 +329,12 @@ func (r *chatRequest) chatStructured() (*structured, error) {
 		if len(r.Tools) == 0 {
 			return nil, invalid("tool_choice", `tool_choice "required" needs tools.`)
 		}
-		schema, err := requiredToolsSchema(r.Tools)
+		one := r.ParallelToolCalls != nil && !*r.ParallelToolCalls
+		schema, err := requiredToolsSchema(r.Tools, one)
 		if err != nil {
 			return nil, err
 		}
-		return pick(out, &structured{field: "tool_choice", kind: grammar.JSONSchema, source: schema, forced: &forcedTools{tools: r.Tools}})
+		return pick(out, &structured{field: "tool_choice", kind: grammar.JSONSchema, source: schema, forced: &forcedTools{tools: r.Tools, one: one}})
 	}
 	var named struct {
 		Type     string `json:"type"`
@@ -393,14 +395,19 @@ func toolParameters(tools []json.RawMessage, name string) (string, bool, error) 
 }
 
 // requiredToolsSchema is vLLM's schema for tool_choice "required": a non-empty array of
-// calls, each {"name": one of the tools, "parameters": that tool's arguments}.
-func requiredToolsSchema(tools []json.RawMessage) (string, error) {
+// calls, each {"name": one of the tools, "parameters": that tool's arguments}; one call
+// only when one (parallel_tool_calls false), so that no tokens go to calls dropped later.
+func requiredToolsSchema(tools []json.RawMessage, one bool) (string, error) {
 	defs, err := toolDefs(tools)
 	if err != nil {
 		return "", err
 	}
 	var b strings.Builder
-	b.WriteString(`{"type": "array", "minItems": 1, "items": {"anyOf": [`)
+	b.WriteString(`{"type": "array", "minItems": 1, `)
+	if one {
+		b.WriteString(`"maxItems": 1, `)
+	}
+	b.WriteString(`"items": {"anyOf": [`)
 	for i, d := range defs {
 		if i > 0 {
 			b.WriteString(", ")
