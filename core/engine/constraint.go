@@ -57,7 +57,10 @@ func checkConstraint(info RunnerInfo, sp *SamplingParams) error {
 // draft the previous mask refuses can never be accepted, so the rows after it repeat the
 // last mask. A constraint that fails (its grammar's state limit) finishes its request
 // with the error; the row then gets a mask allowing everything, its result ignored. The
-// rows' masks are computed in parallel, up to GOMAXPROCS at once.
+// rows' masks are computed in parallel, up to GOMAXPROCS at once, but only rows of
+// distinct grammars run at the same time: core/grammar's matchers of one compiled grammar
+// share its runtime, whose mutex is held for a whole mask walk, so the rows of requests
+// under one grammar (json_object, or many clients sending one schema) fill one by one.
 func (s *Scheduler) FillTokenMasks(p *BatchPlan) {
 	p.TokenMaskStart, p.TokenMask = p.TokenMaskStart[:0], p.TokenMask[:0]
 	idx := s.planIndex(p)
@@ -93,7 +96,8 @@ func (s *Scheduler) FillTokenMasks(p *BatchPlan) {
 		errs[k] = rowMasks(p, i, reqs[i].constraint, masks(i), words)
 	}
 	// Rows are independent (each constraint is one request's; grammars shared between
-	// requests lock their own state), so a batch's cold masks are walked in parallel.
+	// requests lock their own state, which serializes their rows), so a batch's cold
+	// masks of distinct grammars are walked in parallel.
 	if workers := min(len(rows), runtime.GOMAXPROCS(0)); workers <= 1 {
 		for k := range rows {
 			fill(k)
