@@ -6,6 +6,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
@@ -26,7 +27,7 @@ type GPURunner struct {
 	kk         *cuda.Kernels
 	blas       *cudart.Blas
 	g          *gpuModel
-	seqs       map[uint64]*gpuSeq
+	seqs       gpurunner.SeqSlots[*gpuSeq]
 	pt         int
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
@@ -53,8 +54,10 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 		kk.Close()
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
 	}
-	r := &GPURunner{Model: m, MaxContext: maxContext, dev: dev, kk: kk, blas: blas, seqs: map[uint64]*gpuSeq{},
+	r := &GPURunner{Model: m, MaxContext: maxContext, dev: dev, kk: kk, blas: blas,
 		pt: TextPageTokens(m.Config, 0)}
+	r.seqs = gpurunner.SeqSlots[*gpuSeq]{Name: Name, New: func(c *cudart.Ctx) (*gpuSeq, error) { return r.g.newSeq(c) },
+		Free: func(s *gpuSeq) { r.g.free(s) }, Len: func(s *gpuSeq) int { return s.Len }}
 	err = dev.Do(func(c *cudart.Ctx) error {
 		ks, err := kernels.Load(c, cache, dev.Info.Arch())
 		if err != nil {
@@ -111,39 +114,9 @@ func (r *GPURunner) Close() error {
 func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 	vocab := r.Model.Config.VocabSize
 	return r.dev.Do(func(c *cudart.Ctx) error {
-		for _, rel := range p.Released {
-			if s, ok := r.seqs[rel.ReqID]; ok {
-				r.g.free(s)
-				delete(r.seqs, rel.ReqID)
-			}
-		}
-		seqs, toks := make([]*gpuSeq, p.NumSeqs()), make([][]int32, p.NumSeqs())
-		for i := range seqs {
-			id, done := p.ReqIDs[i], int(p.Computed[i])
-			if p.NumDrafts != nil && p.NumDrafts[i] > 0 {
-				return fmt.Errorf("%s on the GPU: draft tokens (no MTP on the device yet)", Name)
-			}
-			s, ok := r.seqs[id]
-			if ok && done == 0 && s.Len > 0 { // restarted: begin again in its slot
-				r.g.free(s)
-				delete(r.seqs, id)
-				ok = false
-			}
-			if !ok {
-				if done != 0 {
-					return fmt.Errorf("%s on the GPU: request %d resumes at %d cached tokens (prefix hits are not on the device yet)", Name, id, done)
-				}
-				var err error
-				if s, err = r.g.newSeq(c); err != nil {
-					return err
-				}
-				r.seqs[id] = s
-			}
-			if s.Len != done {
-				return fmt.Errorf("%s on the GPU: request %d continues at %d tokens, its device state holds %d", Name, id, done, s.Len)
-			}
-			seqs[i] = s
-			toks[i], _ = p.Seq(i)
+		seqs, toks, err := r.seqs.Bind(c, p)
+		if err != nil {
+			return err
 		}
 		rows, err := r.g.forward(c, seqs, toks, p.LogitsIndices)
 		if err != nil {

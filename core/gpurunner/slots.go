@@ -1,0 +1,66 @@
+package gpurunner
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// SeqSlots ties each running request to the device state S of its sequence (a slot of a
+// first-cut runner's per-sequence caches, which hold the tokens computed so far). New
+// takes a free slot, Free returns one, Len says how many tokens a state holds; Name
+// prefixes the errors.
+type SeqSlots[S any] struct {
+	Name string
+	New  func(c *cudart.Ctx) (S, error)
+	Free func(s S)
+	Len  func(s S) int
+	seqs map[uint64]S
+}
+
+// Bind frees the slots of plan p's released requests and returns the state and the
+// tokens of each of its sequences, taking a slot for each new request and beginning a
+// restarted one again in its slot. It refuses draft tokens, a request that resumes past
+// its first token without a slot (a prefix hit), and one whose state holds a different
+// count of tokens than the plan has computed.
+func (sl *SeqSlots[S]) Bind(c *cudart.Ctx, p *engine.BatchPlan) ([]S, [][]int32, error) {
+	if sl.seqs == nil {
+		sl.seqs = map[uint64]S{}
+	}
+	for _, rel := range p.Released {
+		if s, ok := sl.seqs[rel.ReqID]; ok {
+			sl.Free(s)
+			delete(sl.seqs, rel.ReqID)
+		}
+	}
+	seqs, toks := make([]S, p.NumSeqs()), make([][]int32, p.NumSeqs())
+	for i := range seqs {
+		id, done := p.ReqIDs[i], int(p.Computed[i])
+		if p.NumDrafts != nil && p.NumDrafts[i] > 0 {
+			return nil, nil, fmt.Errorf("%s on the GPU: draft tokens (no MTP on the device yet)", sl.Name)
+		}
+		s, ok := sl.seqs[id]
+		if ok && done == 0 && sl.Len(s) > 0 { // restarted: begin again in its slot
+			sl.Free(s)
+			delete(sl.seqs, id)
+			ok = false
+		}
+		if !ok {
+			if done != 0 {
+				return nil, nil, fmt.Errorf("%s on the GPU: request %d resumes at %d cached tokens (prefix hits are not on the device yet)", sl.Name, id, done)
+			}
+			var err error
+			if s, err = sl.New(c); err != nil {
+				return nil, nil, err
+			}
+			sl.seqs[id] = s
+		}
+		if n := sl.Len(s); n != done {
+			return nil, nil, fmt.Errorf("%s on the GPU: request %d continues at %d tokens, its device state holds %d", sl.Name, id, done, n)
+		}
+		seqs[i] = s
+		toks[i], _ = p.Seq(i)
+	}
+	return seqs, toks, nil
+}
