@@ -64,3 +64,34 @@ func (sl *SeqSlots[S]) Bind(c *cudart.Ctx, p *engine.BatchPlan) ([]S, [][]int32,
 	}
 	return seqs, toks, nil
 }
+
+// OpenSlotDevice opens what a first-cut runner of model name needs from opts: its limits
+// (a field zero or negative: MaxTokens 8192, MaxSeqs min(256, MaxTokens), MaxRows
+// MaxSeqs), the kernel cache opts.KernelCache (empty: cudart's default) and GPU
+// opts.Ordinal, which the caller closes.
+func OpenSlotDevice(opts Options, name string) (Limits, *cudart.KernelCache, *cudart.Device, error) {
+	l := slotLimits(opts.Limits)
+	cache, err := cudart.OpenKernelCache(opts.KernelCache)
+	if err != nil {
+		return Limits{}, nil, nil, err
+	}
+	dev, err := cudart.OpenDevice(opts.Ordinal)
+	if err != nil {
+		return Limits{}, nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return l, cache, dev, nil
+}
+
+// slotLimits is l with each field zero or negative defaulted, as OpenSlotDevice says.
+func slotLimits(l Limits) Limits {
+	if l.MaxTokens <= 0 {
+		l.MaxTokens = 8192
+	}
+	if l.MaxSeqs <= 0 {
+		l.MaxSeqs = min(256, l.MaxTokens)
+	}
+	if l.MaxRows <= 0 {
+		l.MaxRows = l.MaxSeqs
+	}
+	return l
+}

@@ -94,3 +94,16 @@ func TestSeqSlotsBind(t *testing.T) {
 		}
 	}
 }
+
+func TestSlotLimits(t *testing.T) {
+	for _, c := range []struct{ in, want Limits }{
+		{Limits{}, Limits{MaxTokens: 8192, MaxSeqs: 256, MaxRows: 256}},
+		{Limits{MaxTokens: -1, MaxSeqs: -1, MaxRows: -1}, Limits{MaxTokens: 8192, MaxSeqs: 256, MaxRows: 256}},
+		{Limits{MaxTokens: 100}, Limits{MaxTokens: 100, MaxSeqs: 100, MaxRows: 100}},
+		{Limits{MaxTokens: 512, MaxSeqs: 8, MaxRows: 3}, Limits{MaxTokens: 512, MaxSeqs: 8, MaxRows: 3}},
+	} {
+		if got := slotLimits(c.in); got != c.want {
+			t.Errorf("slotLimits(%+v) = %+v, want %+v", c.in, got, c.want)
+		}
+	}
+}

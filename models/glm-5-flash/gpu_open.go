@@ -1,9 +1,6 @@
 package glm5flash
 
 import (
-	"fmt"
-
-	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -24,32 +21,11 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if err != nil {
 		return nil, nil, err
 	}
-	tokens, seqs := opts.Limits.MaxTokens, opts.Limits.MaxSeqs
-	if tokens <= 0 {
-		tokens = 8192
-	}
-	if seqs <= 0 {
-		seqs = min(256, tokens)
-	}
-	rows := opts.Limits.MaxRows
-	if rows <= 0 {
-		rows = seqs
-	}
-	cacheDir := opts.KernelCache
-	if cacheDir == "" {
-		if cacheDir, err = cudart.DefaultKernelCacheDir(); err != nil {
-			return nil, nil, err
-		}
-	}
-	cache, err := cudart.OpenKernelCache(cacheDir)
+	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
 	if err != nil {
 		return nil, nil, err
 	}
-	dev, err := cudart.OpenDevice(opts.Ordinal)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", Name, err)
-	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, seqs, tokens, rows, cpu.MaxContext)
+	r, err := NewGPURunner(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cpu.MaxContext)
 	if err != nil {
 		dev.Close()
 		return nil, nil, err
