@@ -78,6 +78,10 @@ func emuLaunch(t *testing.T, l Launcher, bufs ...any) {
 			if len(b) > 0 {
 				mem = append(mem, unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
 			}
+		case []int64:
+			if len(b) > 0 {
+				mem = append(mem, unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 8*len(b)))
+			}
 		default:
 			t.Fatalf("buffer of type %T", b)
 		}

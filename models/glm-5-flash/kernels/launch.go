@@ -45,6 +45,7 @@ var moduleFiles = map[string][]string{
 	"kda_prep.cu": {CausalConvSiLUName, L2NormName, KDAGateName, SigmoidName, GatedRMSNormName, ToBF16Name},
 	"dsa.cu": {IndexerKeysName, KPoolCompressName, IndexerScoresName, PoolTopKName, SparseMLAName, ScatterRowsName,
 		KPoolCloseName},
+	"pages.cu": {PageRowsName},
 }
 
 // Kernels holds the model's loaded kernels for one device context.
