@@ -28,7 +28,7 @@ func (a PageRows) spec(sp *spec) error {
 		toDense = 1
 	}
 	sp.reset(PageRowsName, cudart.D1((a.Rows*a.Dim+255)/256), cudart.D1(256), 0)
-	sp.ptr(a.Paged).ptr(a.Table).ptr(a.Dense).ptr(a.Table+cudart.DevicePtr(8*a.Rows)).i32(a.Rows).i32(a.Dim).i32(toDense)
+	sp.ptr(a.Paged).ptr(a.Table).ptr(a.Dense).ptr(a.Table + cudart.DevicePtr(8*a.Rows)).i32(a.Rows).i32(a.Dim).i32(toDense)
 	return nil
 }
 
