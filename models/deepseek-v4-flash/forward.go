@@ -23,6 +23,7 @@ type Model struct {
 	// make the pick depend on torch.topk's order. Tests read it.
 	MinTopKMargin float64
 
+	par     parallel    // this rank's part of a parallel layout (parallel.go)
 	moeBuf  moeScratch  // the MoE's buffers (moe.go)
 	attnBuf attnScratch // attendSeq's and indexerPick's buffers
 }
@@ -48,7 +49,7 @@ func NewModel(c *Config, w *Weights, maxContext int) (*Model, error) {
 		return nil, fmt.Errorf("model: maxContext must be positive, got %d", maxContext)
 	}
 	return &Model{
-		Config: c, W: w, maxContext: maxContext,
+		Config: c, W: w, maxContext: maxContext, par: wholeModel(c),
 		main: c.NewRotary("main", c.HeadDim), compress: c.NewRotary("compress", c.HeadDim),
 		MinTopKMargin: math.Inf(1),
 	}, nil
@@ -104,7 +105,7 @@ func (m *Model) ForwardRows(chunks []Chunk, rows []int32) (logits, streams []flo
 	}
 	n, h, hc := len(b.tokens), c.HiddenSize, c.HCMult
 	x := make([]float32, n*h)
-	if err := ref.Embedding(x, w.Embed, b.tokens, h); err != nil {
+	if err := m.embed(x, b.tokens); err != nil {
 		return nil, nil, err
 	}
 	streams = make([]float32, n*hc*h)
@@ -171,8 +172,7 @@ func (m *Model) head(streams []float32, n int, fn, base, scale, norm []float32) 
 	if err := ref.RMSNorm(y, y, norm, n, h, eps); err != nil {
 		return nil, err
 	}
-	logits := make([]float32, n*c.VocabSize)
-	return logits, ref.MatMulT(logits, y, m.W.Head, n, h, c.VocabSize)
+	return m.lmHead(y, n)
 }
 
 // hyper computes one mHC's weights for every row and the collapsed block input.
@@ -262,7 +262,7 @@ func linear(x, w []float32, n, in, out int) ([]float32, error) {
 // the grouped output projection. It extends each sequence's layer state.
 func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states []*LayerState) ([]float32, error) {
 	c := m.Config
-	n, h, d, nh, qr := len(b.tokens), c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.QLoraRank
+	n, h, d, nh, qr := len(b.tokens), c.HiddenSize, c.HeadDim, m.par.heads, c.QLoraRank
 	eps := float32(c.RMSNormEps)
 	rot := m.main
 	if kind != SlidingAttention {
@@ -351,7 +351,7 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 
 	// Grouped output projection: group g's heads (a contiguous [nh·d/og] slice) through
 	// its own [oLoraRank] block of o_a, then o_b over the concatenation.
-	og, olr := c.OGroups, c.OLoraRank
+	og, olr := m.par.groups, c.OLoraRank
 	gin := nh * d / og
 	mid := make([]float32, n*og*olr)
 	xg := make([]float32, n*gin)
@@ -367,7 +367,11 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 			copy(mid[t*og*olr+g*olr:t*og*olr+(g+1)*olr], yg[t*olr:(t+1)*olr])
 		}
 	}
-	return linear(mid, l.OB, n, og*olr, h)
+	o, err := linear(mid, l.OB, n, og*olr, h)
+	if err != nil {
+		return nil, err
+	}
+	return o, m.allReduce(o, "o_b")
 }
 
 // compressInto stores a sequence's new kv/gate projections (tokens at positions pos) in
@@ -461,7 +465,7 @@ func softmaxRows32(x []float32) {
 // iq/iw are the batch's indexer queries and head weights (CSA), row r0 on.
 func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, pos []int32, out []float32, iq, iw []float32, r0 int) {
 	c := m.Config
-	d, nh, win := c.HeadDim, c.NumAttentionHeads, c.SlidingWindow
+	d, nh, win := c.HeadDim, m.par.heads, c.SlidingWindow
 	id, ih := c.IndexHeadDim, c.IndexNHeads
 	scale := float32(1 / math.Sqrt(float64(d)))
 	ratio := 0

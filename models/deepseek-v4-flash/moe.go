@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
@@ -34,16 +36,17 @@ type expertCall struct {
 	x        []float32 // [n, hidden] the MoE's input
 	l        *Layer
 	k, h, in int
+	e0       int // the first expert this rank holds (experts [e0, e0+len) run)
 	lim      float32
 }
 
-// runExperts runs experts [lo, hi) as participant part of ref's pool: each expert's rows
+// runExperts runs experts e0+[lo, hi) as participant part of ref's pool: each expert's rows
 // gathered, its gate_up GEMM, the clamped SwiGLU and its down GEMM, whose rows go to s.y
 // at the expert's pairs.
 func (s *moeScratch) runExperts(part, lo, hi int) {
 	c, ps := &s.run, &s.parts[part]
 	h, in := c.h, c.in
-	for ex := lo; ex < hi && ps.err == nil; ex++ {
+	for ex := lo + c.e0; ex < hi+c.e0 && ps.err == nil; ex++ {
 		pairs := s.pairs[s.start[ex]:s.start[ex+1]]
 		rows := len(pairs)
 		if rows == 0 {
@@ -55,14 +58,15 @@ func (s *moeScratch) runExperts(part, lo, hi int) {
 			copy(ps.x[i*h:(i+1)*h], c.x[t*h:(t+1)*h])
 		}
 		ps.gateUp, ps.act = grow(ps.gateUp, rows*2*in), grow(ps.act, rows*in)
-		if ps.err = ref.MatMulT(ps.gateUp, ps.x, c.l.GateUp[ex*2*in*h:(ex+1)*2*in*h], rows, h, 2*in); ps.err != nil {
+		le := ex - c.e0 // the expert's index among those this rank holds
+		if ps.err = ref.MatMulT(ps.gateUp, ps.x, c.l.GateUp[le*2*in*h:(le+1)*2*in*h], rows, h, 2*in); ps.err != nil {
 			return
 		}
 		for r := range rows {
 			gu := ps.gateUp[r*2*in : (r+1)*2*in]
 			swiglu(ps.act[r*in:(r+1)*in], gu[:in], gu[in:], c.lim)
 		}
-		ps.err = ref.MatMulT(s.y[s.start[ex]*h:s.start[ex+1]*h], ps.act, c.l.Down[ex*h*in:(ex+1)*h*in], rows, in, h)
+		ps.err = ref.MatMulT(s.y[s.start[ex]*h:s.start[ex+1]*h], ps.act, c.l.Down[le*h*in:(le+1)*h*in], rows, in, h)
 	}
 }
 
@@ -92,7 +96,7 @@ func grow[T any](buf []T, n int) []T {
 // next call.
 func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float32, error) {
 	c, s := m.Config, &m.moeBuf
-	n, h, e, k, in := len(tokens), c.HiddenSize, c.NRoutedExperts, c.NumExpertsPerTok, c.MoEIntermediateSize
+	n, h, e, k, in := len(tokens), c.HiddenSize, c.NRoutedExperts, c.NumExpertsPerTok, m.par.inter
 	s.logits = grow(s.logits, n*e)
 	if err := ref.MatMulT(s.logits, x, l.Router, n, h, e); err != nil {
 		return nil, err
@@ -112,25 +116,38 @@ func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float
 	if s.runFn == nil {
 		s.runFn = s.runExperts // bound once: ParallelRange then allocates nothing
 	}
-	s.run = expertCall{x: x, l: l, k: k, h: h, in: in, lim: lim}
-	ref.ParallelRange(e, 1, s.runFn)
-	s.run = expertCall{}
-	var err error
-	for i := range s.parts {
-		err = cmp.Or(err, s.parts[i].err)
-		s.parts[i].err = nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	s.out = grow(s.out, n*h)
 	out := s.out
-	clear(out)
-	for i, p := range s.pairs {
-		t, w := int(p)/k, s.weights[p]
-		o, y := out[t*h:(t+1)*h], s.y[i*h:(i+1)*h]
-		for j := range o {
-			o[j] += y[j] * w
+	if m.par.ep > 1 && m.par.dispatch == DispatchAllToAll {
+		if err := m.allToAllExperts(l, x, out); err != nil {
+			return nil, err
+		}
+	} else {
+		// This rank's experts (all of them on one rank) over every row routed to them.
+		p := &m.par
+		s.run = expertCall{x: x, l: l, k: k, h: h, in: in, e0: p.expLo, lim: lim}
+		ref.ParallelRange(p.expHi-p.expLo, 1, s.runFn)
+		s.run = expertCall{}
+		var err error
+		for i := range s.parts {
+			err = cmp.Or(err, s.parts[i].err)
+			s.parts[i].err = nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		clear(out)
+		for i, pr := range s.pairs[s.start[p.expLo]:s.start[p.expHi]] {
+			t, w := int(pr)/k, s.weights[pr]
+			o, y := out[t*h:(t+1)*h], s.y[(s.start[p.expLo]+i)*h:(s.start[p.expLo]+i+1)*h]
+			for j := range o {
+				o[j] += y[j] * w
+			}
+		}
+		if p.ep > 1 {
+			if err := ep.CombineReplicated(p.comm, out, n, h); err != nil {
+				return nil, err
+			}
 		}
 	}
 
@@ -141,7 +158,52 @@ func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float
 	for i := range out {
 		out[i] += shared[i]
 	}
-	return out, nil
+	// Under TP each rank summed its columns of every expert: one all-reduce.
+	return out, m.allReduce(out, "moe")
+}
+
+// allToAllExperts computes the routed experts' sum of every row of x into out with the
+// experts spread over the ep group by all-to-all-v: this rank sends its share of the rows
+// (ep.RowShare) to the experts' ranks, runs its experts on what it receives (ep.AllToAll),
+// and the group all-gathers the shares' sums. The routes are m.moeBuf's.
+func (m *Model) allToAllExperts(l *Layer, x, out []float32) error {
+	c, s, p := m.Config, &m.moeBuf, &m.par
+	h, k, in := c.HiddenSize, c.NumExpertsPerTok, p.inter
+	n := len(x) / h
+	lo, hi := ep.RowShare(n, p.rank, p.ep)
+	lim := float32(c.SwigluLimit)
+	var gateUp, act []float32
+	run := func(e int, xe []float32, rows int, y []float32) error {
+		le := e - p.expLo
+		gateUp, act = grow(gateUp, rows*2*in), grow(act, rows*in)
+		if err := ref.MatMulT(gateUp, xe, l.GateUp[le*2*in*h:(le+1)*2*in*h], rows, h, 2*in); err != nil {
+			return err
+		}
+		for r := range rows {
+			gu := gateUp[r*2*in : (r+1)*2*in]
+			swiglu(act[r*in:(r+1)*in], gu[:in], gu[in:], lim)
+		}
+		return ref.MatMulT(y, act, l.Down[le*h*in:(le+1)*h*in], rows, in, h)
+	}
+	layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: h, TopK: k}
+	routes := ep.Routes{X: x[lo*h : hi*h], IDs: s.ids[lo*k : hi*k], Weights: s.weights[lo*k : hi*k]}
+	mine := make([]float32, (hi-lo)*h)
+	if err := ep.AllToAll(p.comm, layer, routes, run, mine); err != nil {
+		return err
+	}
+	all, err := p.comm.AllGatherV(dist.F32Bytes(mine))
+	if err != nil {
+		return fmt.Errorf("ep: gather the shares: %w", err)
+	}
+	off := 0
+	for q, b := range all {
+		ql, qh := ep.RowShare(n, q, p.ep)
+		if len(b) != 4*(qh-ql)*h {
+			return fmt.Errorf("ep: rank %d sent %d bytes of its share, want %d", q, len(b), 4*(qh-ql)*h)
+		}
+		off += copy(dist.F32Bytes(out)[off:], b)
+	}
+	return nil
 }
 
 // route picks each token's experts and their weights from the router logits in m's
@@ -207,7 +269,7 @@ func (s *moeScratch) groupByExpert(experts int) {
 // all n rows of x, as three GEMMs; the result is scratch of m.
 func (m *Model) sharedExpert(x []float32, l *Layer, n int) ([]float32, error) {
 	c, s := m.Config, &m.moeBuf
-	h, in := c.HiddenSize, c.MoEIntermediateSize
+	h, in := c.HiddenSize, m.par.inter
 	s.gate, s.up, s.shared = grow(s.gate, n*in), grow(s.up, n*in), grow(s.shared, n*h)
 	if err := ref.MatMulT(s.gate, x, l.SharedGate, n, h, in); err != nil {
 		return nil, err

@@ -132,14 +132,7 @@ func Load(dir string, opts Options) (*Runner, error) {
 	default:
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
-	maxCtx := opts.MaxContext
-	if maxCtx <= 0 {
-		maxCtx = min(c.MaxPositionEmbeddings, 4096)
-		if maxCtx <= 1 {
-			maxCtx = 4096
-		}
-	}
-	m, err := NewModel(c, w, maxCtx)
+	m, err := NewModel(c, w, maxContextOf(c, opts))
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +140,18 @@ func Load(dir string, opts Options) (*Runner, error) {
 		return NewMTPRunner(m, opts.PageTokens, opts.Drafts)
 	}
 	return NewRunner(m, opts.PageTokens), nil
+}
+
+// maxContextOf is opts.MaxContext, or by default min(max_position_embeddings, 4096).
+func maxContextOf(c *Config, opts Options) int {
+	maxCtx := opts.MaxContext
+	if maxCtx <= 0 {
+		maxCtx = min(c.MaxPositionEmbeddings, 4096)
+		if maxCtx <= 1 {
+			maxCtx = 4096
+		}
+	}
+	return maxCtx
 }
 
 // Open loads the model in dir and builds a host cache pool of cacheBytes bytes (0 = 256

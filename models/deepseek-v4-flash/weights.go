@@ -119,6 +119,9 @@ type param struct {
 	// experts: the packed tensor of module form, per-expert tensors in the others.
 	experts    int
 	expertLeaf [2]string // upstream leaves of the packed halves ("w1", "w3") or ("w2", "")
+	// keep, when set, is the range [lo, hi) of experts to keep (a rank of expert
+	// parallelism; possibly empty): per-expert tensors of the others are not read.
+	keep *[2]int
 }
 
 type initKind int
@@ -293,12 +296,21 @@ func hasMTP(ck *weights.Checkpoint) bool {
 // missing, unexpected or mis-shaped tensor is an error naming it. mtp.* tensors load
 // into the MTP head when present.
 func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
+	return loadWeights(c, ck, nil)
+}
+
+// loadWeights is LoadWeights keeping only the routed experts in keep ([lo, hi)) when it
+// is set: their per-expert tensors alone are read.
+func loadWeights(c *Config, ck *weights.Checkpoint, keep *[2]int) (*Weights, error) {
 	w := &Weights{}
 	ps := params(c, w, hasMTP(ck))
 	used := map[string]bool{}
 	form := detectForm(ck)
 	var missing []string
 	for _, p := range ps {
+		if p.experts > 0 {
+			p.keep = keep
+		}
 		name, err := loadParam(ck, c.Quant, p, used)
 		if err != nil {
 			return nil, err
@@ -427,6 +439,10 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 			return "", err
 		}
 		v, err := read(name, p.shape...)
+		if err == nil && p.keep != nil {
+			per := len(v) / p.experts
+			v = slices.Clone(v[p.keep[0]*per : p.keep[1]*per])
+		}
 		*p.dst = v
 		return "", err
 	}
@@ -445,7 +461,11 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 		if p.expertLeaf[1] != "" {
 			half[0] /= 2
 		}
-		out := make([]float32, 0, p.experts*per)
+		lo, hi := 0, p.experts
+		if p.keep != nil {
+			lo, hi = p.keep[0], p.keep[1]
+		}
+		out := make([]float32, 0, (hi-lo)*per)
 		for e := range p.experts {
 			for _, leaf := range p.expertLeaf {
 				if leaf == "" {
@@ -454,6 +474,13 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 				name := fmt.Sprintf(pat, e, leaf)
 				if !ck.Has(name) {
 					return "", fmt.Errorf("load weights: %s is missing (the other experts' tensors are there)", name)
+				}
+				if e < lo || e >= hi {
+					used[name] = true // another rank's expert: not read
+					if s, ok := ck.ScaleName(name); ok {
+						used[s] = true
+					}
+					continue
 				}
 				v, err := read(name, half...)
 				if err != nil {

@@ -1,0 +1,203 @@
+// Package lockstep runs the ranks of one model in lock step: rank 0, the engine's runner,
+// broadcasts each step's BatchPlan (its binary encoding) on a control communicator, and
+// every rank runs its own forward on it. It is the control layer of the layouts where
+// every rank sees every token: tensor parallelism, and expert parallelism over replicated
+// attention (models/deepseek-v4-flash, models/glm-5-flash). core/dist/tp has the same
+// protocol for its llama shards.
+//
+// The control communicator is apart from the data one (the collectives inside a step)
+// so that it can wait as long as the engine idles while the data one keeps a short
+// deadline. Rank 0 samples; the next plan carries the sampled tokens, so the other ranks
+// never need the logits.
+package lockstep
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// Forward is one rank's forward of a step: the plan's tokens through its part of the
+// model, the logits of plan.LogitsIndices into logits ([rows, vocab]).
+type Forward func(p *engine.BatchPlan, logits []float32) error
+
+const (
+	msgStop byte = 0
+	msgStep byte = 1
+)
+
+// Lead returns rank 0's forward: check (nil: none) refuses a plan before the others see
+// it, then the plan is broadcast on ctl and forward runs it with the others.
+func Lead(ctl dist.Communicator, check, forward Forward) Forward {
+	var msg []byte
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if check != nil {
+			if err := check(p, logits); err != nil {
+				return err
+			}
+		}
+		var err error
+		msg = append(msg[:0], msgStep)
+		if msg, err = p.AppendBinary(msg); err != nil {
+			return fmt.Errorf("lockstep: encode the plan: %w", err)
+		}
+		if _, err := ctl.Broadcast(msg, 0); err != nil {
+			return fmt.Errorf("lockstep: broadcast the plan: %w", err)
+		}
+		return forward(p, logits)
+	}
+}
+
+// Stop tells the followers of ctl to return.
+func Stop(ctl dist.Communicator) error {
+	_, err := ctl.Broadcast([]byte{msgStop}, 0)
+	return err
+}
+
+// Follow runs a rank other than 0: each plan rank 0 broadcasts on ctl through forward
+// (with logits of vocab columns per row, which it discards), until the stop message (then
+// nil) or an error (a dead rank 0 or peer, a bad plan, a failed forward).
+func Follow(ctl dist.Communicator, vocab int, forward Forward) error {
+	var p engine.BatchPlan
+	var logits []float32
+	for {
+		msg, err := ctl.Broadcast(nil, 0)
+		if err != nil {
+			return fmt.Errorf("rank %d: wait for a plan: %w", ctl.Rank(), err)
+		}
+		if len(msg) == 0 {
+			return fmt.Errorf("rank %d: an empty control message", ctl.Rank())
+		}
+		switch msg[0] {
+		case msgStop:
+			return nil
+		case msgStep:
+		default:
+			return fmt.Errorf("rank %d: control message %d", ctl.Rank(), msg[0])
+		}
+		if err := p.UnmarshalBinary(msg[1:]); err != nil {
+			return fmt.Errorf("rank %d: decode the plan: %w", ctl.Rank(), err)
+		}
+		n := len(p.LogitsIndices) * vocab
+		if cap(logits) < n {
+			logits = make([]float32, n)
+		}
+		if err := forward(&p, logits[:n]); err != nil {
+			return fmt.Errorf("rank %d: step %d: %w", ctl.Rank(), p.Step, err)
+		}
+	}
+}
+
+// WithCacheOps is a follower's forward over a cache pool of its own: the plan's CacheOps
+// (which the engine executed on rank 0's pool) executed on pool first.
+func WithCacheOps(pool *kvslab.Pool, forward Forward) Forward {
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if err := engine.ApplyCacheOps(pool, p.CacheOps); err != nil {
+			return err
+		}
+		return forward(p, logits)
+	}
+}
+
+// Rank is one rank's part of an in-process group, as its opener returns it.
+type Rank struct {
+	Forward Forward // this rank's forward on its own cache
+	Check   Forward // rank 0's: refuses a plan before it is broadcast (nil: none)
+	Vocab   int     // columns of a logits row
+}
+
+// InProcess is a group of ranks that are goroutines of this process: Forward is rank 0's
+// (for the engine), the other ranks follow in their own goroutines until Close.
+type InProcess struct {
+	forward  Forward
+	ctl      []dist.Communicator
+	data     []dist.Communicator
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	failures []error
+	closed   bool
+}
+
+// StartInProcess opens size ranks with open (rank r gets its data communicator; o bounds
+// its collectives) and starts ranks 1..size-1 following rank 0. Rank 0's forward is the
+// group's Forward. An opener's error closes the ranks opened so far.
+func StartInProcess(size int, o dist.Options, open func(rank int, data dist.Communicator) (Rank, error)) (*InProcess, error) {
+	ctl, err := dist.NewInProcess(size, dist.Options{Timeout: 1 << 62}) // the engine may idle
+	if err != nil {
+		return nil, err
+	}
+	data, err := dist.NewInProcess(size, o)
+	if err != nil {
+		return nil, err
+	}
+	// The ranks open concurrently: an opener may run collectives (a sharded load that
+	// checks its peers) on data.
+	ranks := make([]Rank, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := range size {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ranks[r], errs[r] = open(r, data[r]); errs[r] != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
+				data[r].Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range append(ctl, data...) {
+			c.Close()
+		}
+		return nil, err
+	}
+	g := &InProcess{ctl: ctl, data: data}
+	g.forward = Lead(ctl[0], ranks[0].Check, ranks[0].Forward)
+	for r := 1; r < size; r++ {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			if err := Follow(ctl[r], ranks[r].Vocab, ranks[r].Forward); err != nil {
+				g.mu.Lock()
+				g.failures = append(g.failures, err)
+				g.mu.Unlock()
+				ctl[r].Close()
+				data[r].Close()
+			}
+		}()
+	}
+	return g, nil
+}
+
+// Forward runs one step on every rank and writes rank 0's logits; a failure names the
+// ranks that failed with it.
+func (g *InProcess) Forward(p *engine.BatchPlan, logits []float32) error {
+	err := g.forward(p, logits)
+	if err != nil {
+		g.mu.Lock()
+		err = errors.Join(append([]error{err}, g.failures...)...)
+		g.mu.Unlock()
+	}
+	return err
+}
+
+// Close stops the followers and waits for them.
+func (g *InProcess) Close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	err := Stop(g.ctl[0])
+	g.wg.Wait()
+	for _, c := range append(g.ctl, g.data...) {
+		c.Close()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return errors.Join(append([]error{err}, g.failures...)...)
+}
