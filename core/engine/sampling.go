@@ -187,6 +187,27 @@ func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {
 	if row.Temperature == 0 || row.TopK == 1 {
 		return argmax(logits)
 	}
+	sum := s.candidates(logits, row)
+	u := uniform(row.Seed, pos) * sum
+	var acc float64
+	last := int32(-1)
+	for k, p := range s.probs {
+		if p == 0 {
+			continue
+		}
+		acc += float64(p)
+		last = s.idx[k]
+		if u < acc {
+			return last
+		}
+	}
+	return last
+}
+
+// candidates fills s.idx and s.probs with the tokens a sampled (not greedy) row may draw
+// and their unnormalized weights, after temperature, top-k, min-p and top-p, and returns
+// the weights' sum.
+func (s *Sampler) candidates(logits []float32, row SamplingRow) float64 {
 	n := len(logits)
 	s.idx = s.idx[:0]
 	for i := 0; i < n; i++ {
@@ -261,20 +282,7 @@ func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {
 			sum += float64(p)
 		}
 	}
-	u := uniform(row.Seed, pos) * sum
-	var acc float64
-	last := int32(-1)
-	for k, p := range s.probs {
-		if p == 0 {
-			continue
-		}
-		acc += float64(p)
-		last = s.idx[k]
-		if u < acc {
-			return last
-		}
-	}
-	return last
+	return sum
 }
 
 // uniform returns a number in [0, 1) that depends only on (seed, pos).
