@@ -10,20 +10,24 @@ import (
 // SeqSlots ties each running request to the device state S of its sequence (a slot of a
 // first-cut runner's per-sequence caches, which hold the tokens computed so far). New
 // takes a free slot, Free returns one, Len says how many tokens a state holds; Name
-// prefixes the errors.
+// prefixes the errors. Resume, when set, takes a slot for a request that resumes past its
+// first token without one (a prefix hit) and fills it from plan sequence i's cache pages;
+// Drafts, when set, lets plans carry draft tokens (the runner verifies them).
 type SeqSlots[S any] struct {
-	Name string
-	New  func(c *cudart.Ctx) (S, error)
-	Free func(s S)
-	Len  func(s S) int
-	seqs map[uint64]S
+	Name   string
+	New    func(c *cudart.Ctx) (S, error)
+	Free   func(s S)
+	Len    func(s S) int
+	Resume func(c *cudart.Ctx, p *engine.BatchPlan, i int) (S, error)
+	Drafts bool
+	seqs   map[uint64]S
 }
 
 // Bind frees the slots of plan p's released requests and returns the state and the
 // tokens of each of its sequences, taking a slot for each new request and beginning a
-// restarted one again in its slot. It refuses draft tokens, a request that resumes past
-// its first token without a slot (a prefix hit), and one whose state holds a different
-// count of tokens than the plan has computed.
+// restarted one again in its slot. It refuses draft tokens (unless Drafts), a request that
+// resumes past its first token without a slot (a prefix hit; unless Resume), and one whose
+// state holds a different count of tokens than the plan has computed.
 func (sl *SeqSlots[S]) Bind(c *cudart.Ctx, p *engine.BatchPlan) ([]S, [][]int32, error) {
 	if sl.seqs == nil {
 		sl.seqs = map[uint64]S{}
@@ -37,7 +41,7 @@ func (sl *SeqSlots[S]) Bind(c *cudart.Ctx, p *engine.BatchPlan) ([]S, [][]int32,
 	seqs, toks := make([]S, p.NumSeqs()), make([][]int32, p.NumSeqs())
 	for i := range seqs {
 		id, done := p.ReqIDs[i], int(p.Computed[i])
-		if p.NumDrafts != nil && p.NumDrafts[i] > 0 {
+		if !sl.Drafts && p.NumDrafts != nil && p.NumDrafts[i] > 0 {
 			return nil, nil, fmt.Errorf("%s on the GPU: draft tokens (no MTP on the device yet)", sl.Name)
 		}
 		s, ok := sl.seqs[id]
@@ -47,11 +51,16 @@ func (sl *SeqSlots[S]) Bind(c *cudart.Ctx, p *engine.BatchPlan) ([]S, [][]int32,
 			ok = false
 		}
 		if !ok {
-			if done != 0 {
+			var err error
+			switch {
+			case done == 0:
+				s, err = sl.New(c)
+			case sl.Resume != nil:
+				s, err = sl.Resume(c, p, i)
+			default:
 				return nil, nil, fmt.Errorf("%s on the GPU: request %d resumes at %d cached tokens (prefix hits are not on the device yet)", sl.Name, id, done)
 			}
-			var err error
-			if s, err = sl.New(c); err != nil {
+			if err != nil {
 				return nil, nil, err
 			}
 			sl.seqs[id] = s

@@ -95,6 +95,31 @@ func TestSeqSlotsBind(t *testing.T) {
 	}
 }
 
+// TestSeqSlotsResume checks that a Resume hook serves a prefix hit (a slot filled at the
+// cached length) and that Drafts lets draft tokens through.
+func TestSeqSlotsResume(t *testing.T) {
+	sl, used := testSlots(2)
+	var resumed []int
+	sl.Resume = func(c *cudart.Ctx, p *engine.BatchPlan, i int) (*testSeq, error) {
+		s, err := sl.New(c)
+		if err == nil {
+			s.n = int(p.Computed[i])
+			resumed = append(resumed, i)
+		}
+		return s, err
+	}
+	sl.Drafts = true
+	p := plan([]uint64{3, 4}, []int32{0, 5}, [][]int32{{1}, {2, 3}})
+	p.NumDrafts = []int32{0, 1}
+	seqs, _, err := sl.Bind(nil, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resumed) != 1 || resumed[0] != 1 || seqs[1].n != 5 || !used[0] || !used[1] {
+		t.Fatalf("resumed %v, states %+v %+v, used %v", resumed, seqs[0], seqs[1], used)
+	}
+}
+
 func TestSlotLimits(t *testing.T) {
 	for _, c := range []struct{ in, want Limits }{
 		{Limits{}, Limits{MaxTokens: 8192, MaxSeqs: 256, MaxRows: 256}},
