@@ -1,0 +1,149 @@
+#include "textflag.h"
+
+// The AVX-512 VNNI kernels of MatMulTInt8 (int8.go): dot products of activations
+// quantised in blocks of 32 (int8 values, a float32 scale each) with a weight group of
+// 16 rows in the same blocks (unsigned bytes q+128, a float32 scale each), laid out as
+// int8.go's Int8Matrix says.
+//
+// Per block b of 32 steps and x row r, VPDPBUSD adds, in lane i of an int32 vector, the
+// four products (q[i]+128)·xq of 4 steps: 8 of them (two accumulators of 4, so two
+// chains) cover the block for all 16 rows at once. The block's integer dot is that sum
+// less 128·Σxq (xc[b], the activation's part of the offset), converted to float32 and
+// added to the row's accumulator times ws[b][i]·xs[b] by an FMA: every block's sum is
+// exact in int32 and each row's float32 sum runs over the blocks in order, as the scalar
+// loop's (int8.go: q8DotScalar).
+
+// func q8Dot1VNNI(out *float32, xq *int8, xs *float32, xc *int32, w *uint8, ws *float32, nb int)
+//
+// out[i] = Σ_b ws[b*16+i]·xs[b]·(Σ_s (w[b*512 + s*64 + 4i..] · xq[b*32 + 4s..]) - xc[b])
+// for i < 16, b < nb: one activation row against one weight group.
+TEXT ·q8Dot1VNNI(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ xq+8(FP), SI
+	MOVQ xs+16(FP), R8
+	MOVQ xc+24(FP), R9
+	MOVQ w+32(FP), DX
+	MOVQ ws+40(FP), CX
+	MOVQ nb+48(FP), BX
+	VPXORD Z16, Z16, Z16
+
+block1:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VMOVDQU32 0(DX), Z8
+	VMOVDQU32 64(DX), Z9
+	VMOVDQU32 128(DX), Z10
+	VMOVDQU32 192(DX), Z11
+	VPDPBUSD.BCST 0(SI), Z8, Z0
+	VPDPBUSD.BCST 4(SI), Z9, Z1
+	VPDPBUSD.BCST 8(SI), Z10, Z0
+	VPDPBUSD.BCST 12(SI), Z11, Z1
+	VMOVDQU32 256(DX), Z8
+	VMOVDQU32 320(DX), Z9
+	VMOVDQU32 384(DX), Z10
+	VMOVDQU32 448(DX), Z11
+	VPDPBUSD.BCST 16(SI), Z8, Z0
+	VPDPBUSD.BCST 20(SI), Z9, Z1
+	VPDPBUSD.BCST 24(SI), Z10, Z0
+	VPDPBUSD.BCST 28(SI), Z11, Z1
+	VPADDD Z1, Z0, Z0
+	VPSUBD.BCST (R9), Z0, Z0
+	VCVTDQ2PS Z0, Z0
+	VMOVUPS (CX), Z12
+	VMULPS.BCST (R8), Z12, Z2
+	VFMADD231PS Z2, Z0, Z16
+	ADDQ $512, DX
+	ADDQ $64, CX
+	ADDQ $32, SI
+	ADDQ $4, R8
+	ADDQ $4, R9
+	DECQ BX
+	JNZ  block1
+	VMOVUPS Z16, (DI)
+	VZEROUPPER
+	RET
+
+// Q4STEP(off, wr) feeds the weights in wr (4 steps of 16 rows, at step s = off/4 of the
+// block) to the four rows' accumulators: rows' xq are 32 bytes apart, accumulators
+// Z0/Z1 (row 0) to Z6/Z7 (row 3), the first of each pair for steps 0..3 of the block.
+#define Q4STEP(off, acc0, acc1, acc2, acc3, wr) \
+	VPDPBUSD.BCST (off)(SI), wr, acc0 \
+	VPDPBUSD.BCST (32+off)(SI), wr, acc1 \
+	VPDPBUSD.BCST (64+off)(SI), wr, acc2 \
+	VPDPBUSD.BCST (96+off)(SI), wr, acc3
+
+// Q4ROW(r, acc, accb, sum) finishes row r's block: acc += accb, less xc[r], to float32,
+// sum += it · ws·xs[r] (ws, the block's 16 weight scales, in Z12).
+#define Q4ROW(r, acc, accb, sum) \
+	VPADDD accb, acc, acc \
+	VPSUBD.BCST (4*r)(R9), acc, acc \
+	VCVTDQ2PS acc, acc \
+	VMULPS.BCST (4*r)(R8), Z12, Z13 \
+	VFMADD231PS Z13, acc, sum
+
+// func q8Dot4VNNI(out *float32, ldo int, xq *int8, xs *float32, xc *int32, w *uint8, ws *float32, nb int)
+//
+// q8Dot1VNNI for 4 activation rows at once, sharing the weight loads: their blocks
+// interleaved (block b of row r at xq[(b*4 + r)*32], xs[b*4 + r], xc[b*4 + r]), row r's
+// 16 outputs stored at out[r*ldo].
+TEXT ·q8Dot4VNNI(SB), NOSPLIT, $0-64
+	MOVQ out+0(FP), DI
+	MOVQ ldo+8(FP), AX
+	MOVQ xq+16(FP), SI
+	MOVQ xs+24(FP), R8
+	MOVQ xc+32(FP), R9
+	MOVQ w+40(FP), DX
+	MOVQ ws+48(FP), CX
+	MOVQ nb+56(FP), BX
+	SHLQ $2, AX
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+
+block4:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	VMOVDQU32 0(DX), Z8
+	VMOVDQU32 64(DX), Z9
+	VMOVDQU32 128(DX), Z10
+	VMOVDQU32 192(DX), Z11
+	Q4STEP(0, Z0, Z2, Z4, Z6, Z8)
+	Q4STEP(4, Z1, Z3, Z5, Z7, Z9)
+	Q4STEP(8, Z0, Z2, Z4, Z6, Z10)
+	Q4STEP(12, Z1, Z3, Z5, Z7, Z11)
+	VMOVDQU32 256(DX), Z8
+	VMOVDQU32 320(DX), Z9
+	VMOVDQU32 384(DX), Z10
+	VMOVDQU32 448(DX), Z11
+	Q4STEP(16, Z0, Z2, Z4, Z6, Z8)
+	Q4STEP(20, Z1, Z3, Z5, Z7, Z9)
+	Q4STEP(24, Z0, Z2, Z4, Z6, Z10)
+	Q4STEP(28, Z1, Z3, Z5, Z7, Z11)
+	VMOVUPS (CX), Z12
+	Q4ROW(0, Z0, Z1, Z16)
+	Q4ROW(1, Z2, Z3, Z17)
+	Q4ROW(2, Z4, Z5, Z18)
+	Q4ROW(3, Z6, Z7, Z19)
+	ADDQ $512, DX
+	ADDQ $64, CX
+	ADDQ $128, SI
+	ADDQ $16, R8
+	ADDQ $16, R9
+	DECQ BX
+	JNZ  block4
+	VMOVUPS Z16, (DI)
+	ADDQ AX, DI
+	VMOVUPS Z17, (DI)
+	ADDQ AX, DI
+	VMOVUPS Z18, (DI)
+	ADDQ AX, DI
+	VMOVUPS Z19, (DI)
+	VZEROUPPER
+	RET

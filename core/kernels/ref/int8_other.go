@@ -1,0 +1,14 @@
+//go:build !amd64
+
+package ref
+
+// hasInt8VNNI is false where there is no vector form (only amd64 has one).
+var hasInt8VNNI = false
+
+func q8Dot1VNNI(out *float32, xq *int8, xs *float32, xc *int32, w *uint8, ws *float32, nb int) {
+	panic("ref: q8Dot1VNNI without a vector form")
+}
+
+func q8Dot4VNNI(out *float32, ldo int, xq *int8, xs *float32, xc *int32, w *uint8, ws *float32, nb int) {
+	panic("ref: q8Dot4VNNI without a vector form")
+}
