@@ -1,0 +1,126 @@
+package ref
+
+import (
+	"fmt"
+	"strings"
+)
+
+// DType is the form a model holds its projection weights in on the CPU, and multiplies
+// them in: float32 (MatMulT), bfloat16 widened to float32 as read (MatMulTBF16), or 8-bit
+// blocks of 32 with a scale each (MatMulTInt8). Activations, norms, embeddings and the
+// KV cache stay float32 in every one.
+type DType string
+
+const (
+	DTypeFP32 DType = "fp32"
+	DTypeBF16 DType = "bf16"
+	DTypeInt8 DType = "int8"
+)
+
+// DTypes lists the dtypes ParseDType accepts.
+var DTypes = []DType{DTypeFP32, DTypeBF16, DTypeInt8}
+
+// ParseDType reads a --dtype value: fp32 (or float32, f32; "" is fp32), bf16 (bfloat16)
+// or int8 (q8_0).
+func ParseDType(s string) (DType, error) {
+	switch strings.ToLower(s) {
+	case "", "fp32", "float32", "f32":
+		return DTypeFP32, nil
+	case "bf16", "bfloat16":
+		return DTypeBF16, nil
+	case "int8", "q8_0", "q8":
+		return DTypeInt8, nil
+	}
+	return "", fmt.Errorf("dtype %q: want fp32, bf16 or int8", s)
+}
+
+// Kernel says what runs a product with weights of dtype dt on this CPU, for logs and
+// `resin doctor`.
+func (dt DType) Kernel() string {
+	switch dt {
+	case DTypeBF16:
+		if mr, _ := gemmMicro(); mr > 0 {
+			return fmt.Sprintf("bf16 widened to fp32 as read: %s GEMV, own GEMM (%s micro-kernel)", gemvKernel(), GEMMKernel())
+		}
+		return "bf16 widened to fp32 in blocks, gonum GEMM (no AVX2+FMA)"
+	case DTypeInt8:
+		return fmt.Sprintf("int8 blocks of 32 (Q8_0×Q8_0, exact int32 block sums): %s", Int8Kernel())
+	}
+	if b := GEMMBackend(); b != "own" {
+		return "fp32: " + b + " GEMM"
+	}
+	return "fp32: own GEMM (" + GEMMKernel() + " micro-kernel)"
+}
+
+// gemvKernel names the lanes the GEMV kernels run in.
+func gemvKernel() string {
+	if hasSkinnyAVX512 {
+		return "AVX-512"
+	}
+	return "AVX2+FMA"
+}
+
+// Weight is a projection's weight [n, k] (row-major, as a Linear's) in a DType, the form
+// a model's forward multiplies by. Build one with NewWeight; the zero value holds nothing.
+type Weight struct {
+	DType DType
+	N, K  int
+	f32   []float32
+	bf16  []uint16
+	q8    *Int8Matrix
+}
+
+// NewWeight holds w [n, k] as dt: fp32 keeps w itself (no copy), bf16 rounds each value
+// to the nearest bfloat16 (exact for weights loaded from a bfloat16 checkpoint), int8
+// quantises it (QuantizeInt8). w is not kept by bf16 and int8 weights.
+func NewWeight(w []float32, n, k int, dt DType) (*Weight, error) {
+	if err := checkDims("NewWeight", n, k); err != nil {
+		return nil, err
+	}
+	if err := checkLen("NewWeight", "w", len(w), n*k); err != nil {
+		return nil, err
+	}
+	out := &Weight{DType: dt, N: n, K: k}
+	switch dt {
+	case DTypeFP32:
+		out.f32 = w[:n*k]
+	case DTypeBF16:
+		out.bf16 = make([]uint16, n*k)
+		for i, v := range w[:n*k] {
+			out.bf16[i] = BF16(v)
+		}
+	case DTypeInt8:
+		q, err := QuantizeInt8(w, n, k)
+		if err != nil {
+			return nil, err
+		}
+		out.q8 = q
+	default:
+		return nil, fmt.Errorf("ref.NewWeight: dtype %q: want fp32, bf16 or int8", dt)
+	}
+	return out, nil
+}
+
+// Bytes is the memory the weight's values take in its dtype.
+func (w *Weight) Bytes() int64 {
+	switch {
+	case w.q8 != nil:
+		return w.q8.Bytes()
+	case w.bf16 != nil:
+		return 2 * int64(len(w.bf16))
+	}
+	return 4 * int64(len(w.f32))
+}
+
+// MatMulT computes out = x·wᵀ: x [m, K], out [m, N], on the dtype's product.
+func (w *Weight) MatMulT(out, x []float32, m int) error {
+	switch {
+	case w == nil:
+		return fmt.Errorf("ref.Weight.MatMulT: no weight")
+	case w.q8 != nil:
+		return MatMulTInt8(out, x, w.q8, m)
+	case w.bf16 != nil:
+		return MatMulTBF16(out, x, w.bf16, m, w.K, w.N)
+	}
+	return MatMulT(out, x, w.f32, m, w.K, w.N)
+}
