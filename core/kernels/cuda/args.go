@@ -111,6 +111,12 @@ const (
 	kMoEGather
 	kSwiGLUClamped
 	kMoECombine
+	kFP8QuantF32
+	kFP8QuantBF16
+	kFP8GemmF32
+	kFP8GemmBF16
+	kMXFP4GemmF32
+	kMXFP4GemmBF16
 	numKernels
 )
 
@@ -136,4 +142,10 @@ var kernelNames = [numKernels]struct{ file, entry string }{
 	kMoEGather:        {"moe_masked.cu", "resin_moe_gather_f32"},
 	kSwiGLUClamped:    {"moe_masked.cu", "resin_swiglu_clamped_f32"},
 	kMoECombine:       {"moe_masked.cu", "resin_moe_combine_f32"},
+	kFP8QuantF32:      {"quant_linear.cu", "resin_fp8_quant_f32"},
+	kFP8QuantBF16:     {"quant_linear.cu", "resin_fp8_quant_bf16"},
+	kFP8GemmF32:       {"quant_linear.cu", "resin_fp8_block_gemm_f32"},
+	kFP8GemmBF16:      {"quant_linear.cu", "resin_fp8_block_gemm_bf16"},
+	kMXFP4GemmF32:     {"quant_linear.cu", "resin_mxfp4_gemm_f32"},
+	kMXFP4GemmBF16:    {"quant_linear.cu", "resin_mxfp4_gemm_bf16"},
 }

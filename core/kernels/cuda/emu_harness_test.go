@@ -120,6 +120,9 @@ func init() {
 		"mhc.cu:resin_mhc_pre_f32", "mhc.cu:resin_mhc_post_f32", "moe_masked.cu:resin_moe_route_f32",
 		"moe_masked.cu:resin_moe_masked_layout", "moe_masked.cu:resin_moe_gather_f32",
 		"moe_masked.cu:resin_swiglu_clamped_f32", "moe_masked.cu:resin_moe_combine_f32",
+		"quant_linear.cu:resin_fp8_quant_f32", "quant_linear.cu:resin_fp8_quant_bf16",
+		"quant_linear.cu:resin_fp8_block_gemm_f32", "quant_linear.cu:resin_fp8_block_gemm_bf16",
+		"quant_linear.cu:resin_mxfp4_gemm_f32", "quant_linear.cu:resin_mxfp4_gemm_bf16",
 	} {
 		emuCovered[e] = true
 	}

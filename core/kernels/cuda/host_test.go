@@ -78,6 +78,7 @@ func packAll(t testing.TB, k *Kernels) {
 	hn := testHeadNorm()
 	check(hn.pack(&k.specs[kHeadRMSNormBF16]))
 	packMHCMoE(t, k)
+	packQuantLinear(t, k)
 }
 
 // testHeadNorm is Qwen3-8B's q/k norm over its fused QKV rows.
