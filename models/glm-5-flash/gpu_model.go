@@ -6,16 +6,22 @@ import (
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
 )
 
 // gpuModel is the text model's forward on one CUDA device, a first cut of the GPU path:
-// fp32 weights and activations, each sequence's state in a device slot of its own (KDA's
-// conv and recurrent states, MLA's latents and indexer rows by position) rather than
-// kvslab pages, eager launches on the default stream. The KDA and MLA layers are gpuKDA
-// and gpuDSA, run sequence by sequence; mHC, the MLPs and the MoE run over all the step's
-// rows on core/kernels/cuda (HyperPre/HyperPost, MoETopK and the masked MoE layout, the
-// clamped SwiGLU), every GEMM on cuBLASLt. It runs inside Device.Do of its device.
+// fp32 weights and activations, eager launches on the default stream. The sequences' cache
+// lives in kvslab pages in device memory, in the CPU runner's layout (textLayout): the KDA
+// layers run on their conv and recurrent states in the sequence's live state page and
+// copy them into the block's checkpoint page at each block end; the MLA layers' latents,
+// indexer keys, gates and pooled keys are written through to their pages every step and
+// also kept by position in a device slot of the sequence (gpuDSA's contiguous layout,
+// which its kernels read), gathered from the pages for the tokens a slot lacks (a prefix
+// hit, a sequence resumed in a new slot). The KDA and MLA layers are gpuKDA and gpuDSA,
+// run sequence by sequence; mHC, the MLPs and the MoE run over all the step's rows on
+// core/kernels/cuda (HyperPre/HyperPost, MoETopK and the masked MoE layout, the clamped
+// SwiGLU), every GEMM on cuBLASLt. It runs inside Device.Do of its device.
 type gpuModel struct {
 	m    *TextModel
 	kk   *cuda.Kernels
@@ -29,13 +35,31 @@ type gpuModel struct {
 
 	slots, maxTokens, maxRows, maxPos int
 	blockTokens                       int // KDA's segments end at these block ends, as the CPU runner's
-	convFloats, recFloats             int // a slot's KDA states
+	convFloats, recFloats             int // a KDA layer's states
 	used                              []bool
 	w                                 gpuWork
+
+	// The paged cache: its layout, pool and arena (bind), and the device tables of
+	// page_rows (rowTab: up to max(maxPos, maxTokens) rows, poolTab: as many pools).
+	L               *textLayout
+	pool            *kvslab.Pool
+	arena           *cudart.DeviceArena
+	rowTab, poolTab cudart.DevicePtr
+	tabRows         int
+	tab             []int64
 }
 
-// gpuSeq is one sequence's device slot and length.
-type gpuSeq struct{ slot, Len int }
+// gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
+// in flight its pages: Done tokens computed before the step, the live KDA state page
+// (State, a device address) and each block's KDA checkpoint page (Ckpt, 0 where none),
+// and the MLA and pooled-key groups' page tables.
+type gpuSeq struct {
+	slot, Len           int
+	Done                int
+	State               cudart.DevicePtr
+	Ckpt                []cudart.DevicePtr
+	MLAPages, PoolPages []kvslab.PageID
+}
 
 // gpuHC is one mHC's weights on the device.
 type gpuHC struct{ fn, base, scale cudart.DevicePtr }
@@ -59,7 +83,6 @@ type gpuLayer struct {
 	inNorm, postNorm cudart.DevicePtr
 	attnHC, ffnHC    gpuHC
 	kda              *gpuKDALayer
-	kdaPools         gpuKDAState // [slots, 3L·(K−1)], [slots, H·Dh·Dh]
 	dsa              *gpuDSALayer
 	dsaPools         gpuDSAState // gpuDSA.slot's layout
 	dense            *gpuMLP
@@ -103,7 +126,7 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 			slots, maxTokens, maxRows, maxPos)
 	}
 	g := &gpuModel{m: m, kk: kk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, maxPos: maxPos,
-		blockTokens: blockTokens, used: make([]bool, slots)}
+		blockTokens: blockTokens, used: make([]bool, slots), L: newTextLayout(cfg, blockTokens, false)}
 	defer func() {
 		if err != nil {
 			g.close(c)
@@ -168,8 +191,6 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 			if gl.kda, err = g.kda.upload(c, l.kda); err != nil {
 				return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 			}
-			zeros(&gl.kdaPools.Conv, slots*g.convFloats)
-			zeros(&gl.kdaPools.Recurrent, slots*g.recFloats)
 		default:
 			if gl.dsa, err = g.dsa.upload(c, l.mla); err != nil {
 				return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
@@ -201,10 +222,12 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 	n, K, F := maxTokens, cfg.NumExpertsPerTok, cfg.MoEIntermediateSize
 	x := &g.w
 	x.maxSel = g.dsa.maxSel()
+	g.tabRows = max(maxPos, maxTokens)
 	for _, b := range []struct {
 		dst *cudart.DevicePtr
 		n   int
 	}{
+		{&g.rowTab, 4 * g.tabRows}, {&g.poolTab, 4 * (g.tabRows/cfg.IndexKPool + slots)},
 		{&x.idsRep, n * hc}, {&x.streams, n * hc * D}, {&x.next, n * hc * D}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
 		{&x.comb, n * hc * hc}, {&x.x, n * D}, {&x.att, n * D}, {&x.ffn, n * D}, {&x.sel, n * x.maxSel}, {&x.count, n},
 		{&x.gu, n * 2 * width}, {&x.act, n * width}, {&x.rlogits, n * E}, {&x.rweights, n * K}, {&x.rids, n * K},
@@ -232,26 +255,14 @@ func (g *gpuModel) close(c *cudart.Ctx) {
 	g.bufs = nil
 }
 
-// newSeq returns a new sequence in a free slot, its KDA states cleared (the MLA rows are
+// newSeq returns a new sequence in a free slot, holding no tokens (the slot's rows are
 // read only where written).
-func (g *gpuModel) newSeq(c *cudart.Ctx) (*gpuSeq, error) {
+func (g *gpuModel) newSeq() (*gpuSeq, error) {
 	for i, u := range g.used {
-		if u {
-			continue
+		if !u {
+			g.used[i] = true
+			return &gpuSeq{slot: i}, nil
 		}
-		for _, l := range g.layers {
-			if l.kda == nil {
-				continue
-			}
-			if err := c.Memset(off(l.kdaPools.Conv, i*g.convFloats), 0, int64(4*g.convFloats)); err != nil {
-				return nil, err
-			}
-			if err := c.Memset(off(l.kdaPools.Recurrent, i*g.recFloats), 0, int64(4*g.recFloats)); err != nil {
-				return nil, err
-			}
-		}
-		g.used[i] = true
-		return &gpuSeq{slot: i}, nil
 	}
 	return nil, fmt.Errorf("gpu: all %d sequence slots are in use", g.slots)
 }
@@ -264,12 +275,16 @@ func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim
 }
 
 // forward runs one chunk of new tokens for each sequence (any lengths, at least one row
-// in all) and returns the logits of the rows named ([len(rows), vocab]; indices into the
-// step's rows, in sequence order), as TextModel.ForwardBatch.
+// in all; each sequence's pages set by seqPages) and returns the logits of the rows named
+// ([len(rows), vocab]; indices into the step's rows, in sequence order), as
+// TextModel.ForwardBatch.
 func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32) ([]float32, error) {
 	cfg := g.m.Config
 	if len(seqs) != len(tokens) || len(seqs) > g.slots {
 		return nil, fmt.Errorf("gpu: %d sequences, %d chunks (at most %d)", len(seqs), len(tokens), g.slots)
+	}
+	if g.pool == nil {
+		return nil, fmt.Errorf("gpu: no cache pool bound")
 	}
 	D, hc := cfg.HiddenSize, cfg.HCMult
 	var idsRep []int32
@@ -300,6 +315,11 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, fmt.Errorf("gpu: logits row %d outside the %d rows of the step", r, n)
 		}
 	}
+	for _, s := range seqs {
+		if err := g.prepare(c, s); err != nil {
+			return nil, err
+		}
+	}
 	w := &g.w
 	if err := cudart.Upload(c, w.idsRep, idsRep); err != nil {
 		return nil, err
@@ -308,11 +328,14 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		return nil, err
 	}
 	for li := range g.layers {
-		if err := g.layer(c, &g.layers[li], seqs, start); err != nil {
+		if err := g.layer(c, li, seqs, start); err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 		}
 	}
 	for i, s := range seqs {
+		if err := g.pageRows(c, s, s.Len, s.Len+len(tokens[i]), false); err != nil {
+			return nil, err
+		}
 		s.Len += len(tokens[i])
 	}
 	nr := len(rows)
@@ -368,8 +391,8 @@ func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
 
 // layer runs one decoder layer (mHC → KDA or MLA, sequence by sequence → mHC → MLP or
 // MoE) over the step's rows; start holds each sequence's first row.
-func (g *gpuModel) layer(c *cudart.Ctx, l *gpuLayer, seqs []*gpuSeq, start []int) error {
-	cfg, w := g.m.Config, &g.w
+func (g *gpuModel) layer(c *cudart.Ctx, li int, seqs []*gpuSeq, start []int) error {
+	cfg, w, l := g.m.Config, &g.w, &g.layers[li]
 	D, n := cfg.HiddenSize, start[len(seqs)]
 	if err := g.hyper(c, l.attnHC, l.inNorm, n); err != nil {
 		return err
@@ -383,7 +406,7 @@ func (g *gpuModel) layer(c *cudart.Ctx, l *gpuLayer, seqs []*gpuSeq, start []int
 		var err error
 		if l.kda != nil {
 			err = g.kda.forward(c, nil, l.kda, gpuKDACall{X: x, Y: y, T: T, Pos0: s.Len, BlockTokens: g.blockTokens,
-				State: gpuKDAState{Conv: off(l.kdaPools.Conv, s.slot*g.convFloats), Recurrent: off(l.kdaPools.Recurrent, s.slot*g.recFloats)}})
+				State: g.kdaState(s, li), BlockEnd: func(pos int) error { return g.checkpoint(c, s, li, pos) }})
 		} else {
 			// A shared-indexer layer reads the selection the full layer before it wrote at
 			// the same rows.

@@ -10,9 +10,8 @@ import (
 // GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots, the step's rows and its
 // logits rows (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and
 // MaxSeqs, as core/gpurunner), opts.KernelCache the compiled kernels; the weights are
-// fp32 and the launches eager (a first cut, see GPURunner). The host pool of cacheBytes
-// (0 = 256 MiB) only keeps the engine's page accounting. Closing the runner closes the
-// device.
+// fp32 and the launches eager (a first cut, see GPURunner). The cache is a pool of
+// cacheBytes (0 = 256 MiB) in the device's memory. Closing the runner closes the device.
 func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return nil, nil, err

@@ -6,7 +6,6 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
-	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
@@ -14,11 +13,12 @@ import (
 
 // GPURunner serves the text model to core/engine from one CUDA device: gpuModel's
 // forward behind core/cpurunner's engine wiring (host sampling on the device's logits),
-// as deepseek-v4-flash's GPURunner. A first cut: each sequence's state lives in a device
-// slot, not in the kvslab pool, so a request the engine resumes from a prefix hit, or
-// continues at another length than the slot holds, is refused by name; drafts are
-// refused too (no MTP on the device yet). The pool it is given only satisfies the
-// engine's page accounting.
+// as deepseek-v4-flash's GPURunner. The cache is a kvslab pool in device memory (NewPool)
+// in the CPU runner's groups and layout, so prefix hits resume from its pages and KDA
+// checkpoints; the engine executes the plans' CacheOps on it (page copies on the device,
+// DeviceArena.Copy). Each running sequence also has a device slot holding its MLA rows by
+// position, which the attention kernels read. A first cut: fp32, eager, and draft tokens
+// are refused by name (no MTP on the device yet).
 type GPURunner struct {
 	*cpurunner.Runner
 	Model      *TextModel
@@ -27,7 +27,8 @@ type GPURunner struct {
 	kk         *cuda.Kernels
 	blas       *cudart.Blas
 	g          *gpuModel
-	seqs       gpurunner.SeqSlots[*gpuSeq]
+	seqs       map[uint64]*gpuSeq
+	arenas     []*cudart.DeviceArena // NewPool's, closed by Close
 	pt         int
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
@@ -55,9 +56,7 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
 	}
 	r := &GPURunner{Model: m, MaxContext: maxContext, dev: dev, kk: kk, blas: blas,
-		pt: TextPageTokens(m.Config, 0)}
-	r.seqs = gpurunner.SeqSlots[*gpuSeq]{Name: Name, New: func(c *cudart.Ctx) (*gpuSeq, error) { return r.g.newSeq(c) },
-		Free: func(s *gpuSeq) { r.g.free(s) }, Len: func(s *gpuSeq) int { return s.Len }}
+		pt: TextPageTokens(m.Config, 0), seqs: map[uint64]*gpuSeq{}}
 	err = dev.Do(func(c *cudart.Ctx) error {
 		ks, err := kernels.Load(c, cache, dev.Info.Arch())
 		if err != nil {
@@ -84,11 +83,33 @@ func (r *GPURunner) CheckPrompt(prompt []int32) error {
 	return r.Model.Config.RefuseVisionTokens(prompt)
 }
 
-// NewPool builds the host pool of bytes bytes (0 = 256 MiB) the engine schedules with.
+// NewPool builds a pool of bytes bytes (0 = 256 MiB) in the device's memory and binds the
+// runner to it (the sequences of an earlier pool are forgotten).
 func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
-	pool, err := engine.NewHostPool(TextCacheGroups(r.Model.Config, r.pt), bytes)
+	if bytes == 0 {
+		bytes = 256 << 20
+	}
+	cfg := kvslab.Config{Groups: TextCacheGroups(r.Model.Config, r.pt)}
+	z, err := kvslab.Size(cfg, bytes, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
+	}
+	arena, err := cudart.NewDeviceArena(r.dev, int64(z.Slabs)*z.SlabBytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
+	}
+	pool, err := kvslab.New(cfg, arena)
+	if err == nil {
+		err = r.g.bindPool(pool, arena)
+	}
+	if err != nil {
+		arena.Close()
+		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
+	}
+	r.arenas = append(r.arenas, arena)
+	for id, s := range r.seqs {
+		r.g.free(s)
+		delete(r.seqs, id)
 	}
 	return pool, nil
 }
@@ -102,6 +123,11 @@ func (r *GPURunner) Close() error {
 	})
 	r.blas.Close()
 	err := r.kk.Close()
+	for _, a := range r.arenas {
+		if e := a.Close(); err == nil {
+			err = e
+		}
+	}
 	if r.ownsDev {
 		if e := r.dev.Close(); err == nil {
 			err = e
@@ -114,7 +140,7 @@ func (r *GPURunner) Close() error {
 func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 	vocab := r.Model.Config.VocabSize
 	return r.dev.Do(func(c *cudart.Ctx) error {
-		seqs, toks, err := r.seqs.Bind(c, p)
+		seqs, toks, err := r.bind(p)
 		if err != nil {
 			return err
 		}
@@ -125,4 +151,37 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 		copy(logits, rows[:len(p.LogitsIndices)*vocab])
 		return nil
 	})
+}
+
+// bind frees the slots of plan p's released requests and returns the device sequence of
+// each of its sequences, with the step's pages (a new request takes a free slot), and
+// their tokens. Draft tokens are refused.
+func (r *GPURunner) bind(p *engine.BatchPlan) ([]*gpuSeq, [][]int32, error) {
+	for _, rel := range p.Released {
+		if s, ok := r.seqs[rel.ReqID]; ok {
+			r.g.free(s)
+			delete(r.seqs, rel.ReqID)
+		}
+	}
+	seqs, toks := make([]*gpuSeq, p.NumSeqs()), make([][]int32, p.NumSeqs())
+	for i := range seqs {
+		id := p.ReqIDs[i]
+		if p.NumDrafts != nil && p.NumDrafts[i] > 0 {
+			return nil, nil, fmt.Errorf("%s on the GPU: draft tokens (no MTP on the device yet)", Name)
+		}
+		s, ok := r.seqs[id]
+		if !ok {
+			var err error
+			if s, err = r.g.newSeq(); err != nil {
+				return nil, nil, err
+			}
+			r.seqs[id] = s
+		}
+		if err := r.g.seqPages(p, i, s); err != nil {
+			return nil, nil, err
+		}
+		seqs[i] = s
+		toks[i], _ = p.Seq(i)
+	}
+	return seqs, toks, nil
 }

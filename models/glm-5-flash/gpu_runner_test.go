@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -22,20 +21,16 @@ const gpuLogprobTol = 1e-4
 
 // TestEmulatedGPUEngineMatchesCPU runs requests through the real engine on GPURunner (the
 // emulated device) and on the CPU TextRunner of the same tiny model (KDA, full and
-// shared-indexer MLA, dense and MoE layers): one request alone, three of different
-// lengths decoding in one batch, and chunked prefill of 7 tokens a step; greedy tokens
-// equal and every log probability within gpuLogprobTol. Each prompt is new to its engine
-// (no prefix hit, which the GPU runner refuses).
+// shared-indexer MLA, dense and MoE layers), with one-shot and with chunked prefill (7
+// tokens a step): one request alone, three of different lengths decoding in one batch,
+// and prompts that resume from the prefix cache through a KDA checkpoint, one whose shared
+// part ends between two checkpoints; greedy tokens equal, every log probability within
+// gpuLogprobTol, and the GPU engine counts the prefix hits.
 func TestEmulatedGPUEngineMatchesCPU(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	engineMatchesCPU(t, dev)
+	engineMatchesCPU(t, openGPUTest(t))
 }
 
 // TestGPUEngineMatchesCPU is TestEmulatedGPUEngineMatchesCPU on GPU 0 of a machine with
@@ -44,45 +39,33 @@ func TestGPUEngineMatchesCPU(t *testing.T) {
 	if os.Getenv("RESIN_GPU") == "" {
 		t.Skip("set RESIN_GPU=1 on a machine with a GPU to run the GPU runner against the CPU runner")
 	}
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatalf("RESIN_GPU is set but GPU 0 does not open: %v", err)
-	}
-	defer dev.Close()
-	engineMatchesCPU(t, dev)
+	engineMatchesCPU(t, openGPUTest(t))
 }
 
-// engineMatchesCPU runs TestEmulatedGPUEngineMatchesCPU's requests on dev.
-func engineMatchesCPU(t *testing.T, dev *cudart.Device) {
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
+// sameOutput fails t unless g (the GPU runner's) has c's tokens and log probabilities
+// within gpuLogprobTol.
+func sameOutput(t *testing.T, what string, g, c runnertest.Output) {
+	t.Helper()
+	if len(g.Tokens) != len(c.Tokens) || len(g.Logprobs) != len(c.Logprobs) {
+		t.Fatalf("%s: %d tokens, the CPU runner %d", what, len(g.Tokens), len(c.Tokens))
 	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
+	for i := range c.Tokens {
+		if g.Tokens[i] != c.Tokens[i] {
+			t.Fatalf("%s: tokens %v, the CPU runner %v", what, g.Tokens, c.Tokens)
+		}
+		if d := math.Abs(float64(g.Logprobs[i].Logprob - c.Logprobs[i].Logprob)); !(d <= gpuLogprobTol*(1+math.Abs(float64(c.Logprobs[i].Logprob)))) {
+			t.Fatalf("%s: output %d: logprob %g, the CPU runner %g", what, i, g.Logprobs[i].Logprob, c.Logprobs[i].Logprob)
+		}
 	}
+}
+
+// engineMatchesCPU runs TestEmulatedGPUEngineMatchesCPU's requests on the kit's device.
+func engineMatchesCPU(t *testing.T, kit *gpuTestKit) {
 	vocab := tinyTextModel(t).Config.VocabSize
 	greedy := engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3}
-	same := func(what string, g, c runnertest.Output) {
-		t.Helper()
-		if len(g.Tokens) != len(c.Tokens) || len(g.Logprobs) != len(c.Logprobs) {
-			t.Fatalf("%s: %d tokens, the CPU runner %d", what, len(g.Tokens), len(c.Tokens))
-		}
-		for i := range c.Tokens {
-			if g.Tokens[i] != c.Tokens[i] {
-				t.Fatalf("%s: tokens %v, the CPU runner %v", what, g.Tokens, c.Tokens)
-			}
-			if d := math.Abs(float64(g.Logprobs[i].Logprob - c.Logprobs[i].Logprob)); !(d <= gpuLogprobTol*(1+math.Abs(float64(c.Logprobs[i].Logprob)))) {
-				t.Fatalf("%s: output %d: logprob %g, the CPU runner %g", what, i, g.Logprobs[i].Logprob, c.Logprobs[i].Logprob)
-			}
-		}
-	}
+	cat := func(a []int32, b ...int32) []int32 { return append(append([]int32(nil), a...), b...) }
 	for ci, cfg := range []engine.Config{{MaxBatchTokens: 64}, {MaxBatchTokens: 7}} {
-		gr, err := NewGPURunner(tinyTextModel(t), dev, cache, 8, 64, 8, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		gr := kit.runner(t, 8, 64, 8)
 		gpool, err := gr.NewPool(4 << 20)
 		if err != nil {
 			t.Fatal(err)
@@ -97,17 +80,33 @@ func engineMatchesCPU(t *testing.T, dev *cudart.Device) {
 		salt := 10 * ci
 		// 23 tokens cross a 16-token KDA block end and several index pools.
 		p := runnertest.Prompt(23, vocab, salt+1)
-		same(fmt.Sprintf("config %d, one request", ci), ge.Generate(t, p, greedy), ce.Generate(t, p, greedy))
+		sameOutput(t, fmt.Sprintf("config %d, one request", ci), ge.Generate(t, p, greedy), ce.Generate(t, p, greedy))
 		batch := [][]int32{runnertest.Prompt(3, vocab, salt+2), runnertest.Prompt(19, vocab, salt+3), runnertest.Prompt(30, vocab, salt+4)}
 		gAll, cAll := ge.GenerateAll(t, batch, greedy), ce.GenerateAll(t, batch, greedy)
 		for i := range batch {
-			same(fmt.Sprintf("config %d, request %d of a batch", ci, i), gAll[i], cAll[i])
+			sameOutput(t, fmt.Sprintf("config %d, request %d of a batch", ci, i), gAll[i], cAll[i])
+		}
+		// Prefix hits: a prompt of 70 tokens leaves KDA checkpoints at block ends 16 ...
+		// 64; one sharing its first 60 tokens resumes at 48 (between the checkpoints at 48
+		// and 64), one sharing 32 at the block end 32, and the same prompt again at 64.
+		a := runnertest.Prompt(70, vocab, salt+5)
+		sameOutput(t, fmt.Sprintf("config %d, a long prompt", ci), ge.Generate(t, a, greedy), ce.Generate(t, a, greedy))
+		for _, hit := range []struct {
+			name string
+			p    []int32
+		}{
+			{"sharing 60 tokens", cat(a[:60], 1, 2, 3)},
+			{"sharing 32 tokens", cat(a[:32], 4)},
+			{"the same prompt", a},
+		} {
+			before := ge.Counters().PrefixHits
+			sameOutput(t, fmt.Sprintf("config %d, a prompt %s", ci, hit.name), ge.Generate(t, hit.p, greedy), ce.Generate(t, hit.p, greedy))
+			if ge.Counters().PrefixHits <= before {
+				t.Errorf("config %d: a prompt %s got no prefix hit", ci, hit.name)
+			}
 		}
 		ge.Stop(t)
 		ce.Stop(t)
-		if err := gr.Close(); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -149,27 +148,17 @@ func TestEmulatedOpenGPU(t *testing.T) {
 }
 
 // TestEmulatedGPURunnerRefusals checks that GPURunner's forward refuses, naming the
-// reason, what its device slots cannot serve: a request that starts from a prefix hit,
-// one continuing at a length its slot does not hold, and draft tokens; and that a plan
-// it can serve still runs after them.
+// reason, draft tokens and a plan without the pool's pages, and that a plan of its pool
+// still runs after them.
 func TestEmulatedGPURunnerRefusals(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	dev, err := cudart.OpenDevice(0)
+	r := openGPUTest(t).runner(t, 2, 16, 2)
+	pool, err := r.NewPool(1 << 20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dev.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewGPURunner(tinyTextModel(t), dev, cache, 2, 16, 2, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
 	vocab := r.Model.Config.VocabSize
 	plan := func(id uint64, computed int32, tokens []int32, drafts int32) *engine.BatchPlan {
 		pos := make([]int32, len(tokens))
@@ -186,20 +175,15 @@ func TestEmulatedGPURunnerRefusals(t *testing.T) {
 		p    *engine.BatchPlan
 		want string
 	}{
-		{"prefix hit", plan(1, 5, []int32{3, 4}, 0), "prefix hits"},
 		{"drafts", plan(2, 0, []int32{3, 4}, 1), "draft tokens"},
+		{"no pages", plan(1, 0, []int32{3, 4}, 0), "cache groups"},
 	} {
 		if err := r.forward(c.p, logits); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one naming %q", c.name, err, c.want)
 		}
 	}
-	if err := r.forward(plan(3, 0, []int32{3, 4, 5}, 0), logits); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.forward(plan(3, 2, []int32{6}, 0), logits); err == nil || !strings.Contains(err.Error(), "holds 3") {
-		t.Errorf("a request continuing at 2 tokens of 3: error %v", err)
-	}
-	if err := r.forward(plan(3, 3, []int32{6}, 0), logits); err != nil {
+	seq := runnertest.OpenSeq(t, pool, runnertest.Prompt(5, vocab, 1))
+	if err := r.forward(runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{5}, false), logits); err != nil {
 		t.Fatal(err)
 	}
 }
