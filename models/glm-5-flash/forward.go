@@ -1,6 +1,7 @@
 package glm5flash
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -19,6 +20,7 @@ var vek gonum.Implementation
 type TextModel struct {
 	Config *TextConfig
 	W      *TextWeights
+	par    parallel // this rank's part of a parallel layout (parallel.go); zero: the whole model
 }
 
 // KDAChunk is the chunk length of the chunked KDA form used for prefill.
@@ -305,7 +307,32 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 		Scale: float32(c.RoutedScalingFactor)}); err != nil {
 		return nil, err
 	}
-	out := mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+	// Under expert parallelism with the gather exchange rank 0 holds the shared experts'
+	// output, the others start from zeros, and each adds its own experts (moeExperts
+	// combines them); all-to-all gives every rank the routed sum, added to its own.
+	par := m.par.comm != nil
+	var out []float32
+	if !par || m.par.rank == 0 || m.par.dispatch == DispatchAllToAll {
+		out = mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+	} else {
+		out = make([]float32, T*D)
+	}
+	e0, e1 := m.experts()
+	// expert runs held expert e (the model's index) on n rows of xe into y.
+	expert := func(e int, xe []float32, n int, y []float32) error {
+		le := e - e0
+		gu := dense(xe, w.gateUp[le*2*F*D:(le+1)*2*F*D], n, D, 2*F)
+		g, u := make([]float32, n*F), make([]float32, n*F)
+		for r := range n {
+			copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
+			copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
+		}
+		clampedSwiGLU(g, u, float32(c.SwigluLimit))
+		return ref.MatMulT(y, g, w.down[le*D*F:(le+1)*D*F], n, F, D)
+	}
+	if par && m.par.dispatch == DispatchAllToAll {
+		return out, m.moeExperts(x, out, ids, wts, T, expert)
+	}
 	// Group rows by expert and run each expert's rows as one GEMM.
 	rows := make([][]int, E)
 	for t := range T {
@@ -316,8 +343,9 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	// The experts run on ref's pool, a participant whole experts at a time; their rows are
 	// then added to their tokens expert by expert, in the order of the loop they came from.
 	ys := make([][]float32, E)
-	ref.ParallelRange(E, 1, func(_, lo, hi int) {
-		for e := lo; e < hi; e++ {
+	errs := make([]error, E)
+	ref.ParallelRange(e1-e0, 1, func(_, lo, hi int) {
+		for e := lo + e0; e < hi+e0; e++ {
 			rs := rows[e]
 			if len(rs) == 0 {
 				continue
@@ -326,25 +354,25 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 			for r, tk := range rs {
 				copy(xe[r*D:(r+1)*D], x[(tk/K)*D:(tk/K+1)*D])
 			}
-			gu := dense(xe, w.gateUp[e*2*F*D:(e+1)*2*F*D], len(rs), D, 2*F)
-			g, u := make([]float32, len(rs)*F), make([]float32, len(rs)*F)
-			for r := range rs {
-				copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
-				copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
-			}
-			clampedSwiGLU(g, u, float32(c.SwigluLimit))
-			ys[e] = dense(g, w.down[e*D*F:(e+1)*D*F], len(rs), F, D)
+			ys[e] = make([]float32, len(rs)*D)
+			errs[e] = expert(e, xe, len(rs), ys[e])
 		}
 	})
-	for e, rs := range rows {
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	for e := e0; e < e1; e++ {
 		y := ys[e]
-		for r, tk := range rs {
+		for r, tk := range rows[e] {
 			wt := wts[tk]
 			o := out[(tk/K)*D : (tk/K+1)*D]
 			for d := range D {
 				o[d] += wt * y[r*D+d]
 			}
 		}
+	}
+	if par {
+		return out, m.moeExperts(x, out, ids, wts, T, expert)
 	}
 	return out, nil
 }

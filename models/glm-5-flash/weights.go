@@ -115,6 +115,9 @@ type loader struct {
 	src  tensorSource
 	used map[string]bool
 	err  error
+	// keep, when set, is the range [lo, hi) of routed experts to keep (a rank of expert
+	// parallelism; possibly empty): per-expert tensors of the others are not read.
+	keep *[2]int
 }
 
 func (l *loader) get(shape []int, names ...string) []float32 {
@@ -141,7 +144,19 @@ func (l *loader) get(shape []int, names ...string) []float32 {
 // q/k/v_conv1d). A missing or mis-shaped tensor is an error naming it; so is a tensor the
 // model does not read, unless it belongs to the vision tower or the MTP layer.
 func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, error) {
-	l := &loader{src: src, used: map[string]bool{}}
+	w, notes, err := loadText(src, c, nil)
+	return w, notes, err
+}
+
+// loadTextShard is loadTextWeights keeping only the routed experts in keep ([lo, hi)):
+// their per-expert tensors alone are read (a fused experts tensor is read whole and cut).
+func loadTextShard(src tensorSource, c *TextConfig, keep *[2]int) (*TextWeights, error) {
+	w, _, err := loadText(src, c, keep)
+	return w, err
+}
+
+func loadText(src tensorSource, c *TextConfig, keep *[2]int) (*TextWeights, []string, error) {
+	l := &loader{src: src, used: map[string]bool{}, keep: keep}
 	D, V, hc := c.HiddenSize, c.VocabSize, c.HCMult
 	p := TextPrefix
 	w := &TextWeights{}
@@ -323,12 +338,26 @@ func (l *loader) moe(c *TextConfig, f string) *moeWeights {
 	m := &moeWeights{}
 	m.router = l.get([]int{E, D}, f+"gate.weight")
 	m.bias = l.get([]int{E}, f+"gate.e_score_correction_bias")
+	lo, hi := 0, E
+	if l.keep != nil {
+		lo, hi = l.keep[0], l.keep[1]
+	}
 	if l.src.Has(f + "experts.gate_up_proj") {
 		m.gateUp = l.get([]int{E, 2 * F, D}, f+"experts.gate_up_proj")
 		m.down = l.get([]int{E, D, F}, f+"experts.down_proj")
+		if l.keep != nil && l.err == nil {
+			m.gateUp = slices.Clone(m.gateUp[lo*2*F*D : hi*2*F*D])
+			m.down = slices.Clone(m.down[lo*D*F : hi*D*F])
+		}
 	} else {
 		for e := range E {
 			ep := fmt.Sprintf("%sexperts.%d.", f, e)
+			if e < lo || e >= hi {
+				for _, n := range []string{"gate_proj", "up_proj", "down_proj"} {
+					l.used[ep+n+".weight"] = true // another rank's expert: not read
+				}
+				continue
+			}
 			m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"gate_proj.weight")...)
 			m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"up_proj.weight")...)
 			m.down = append(m.down, l.get([]int{D, F}, ep+"down_proj.weight")...)
