@@ -272,8 +272,9 @@ func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim
 // forward runs one chunk of new tokens for each sequence (any lengths, at least one row in
 // all) and returns the logits of the rows named ([len(rows), vocab]; indices into the
 // step's rows, in sequence order; nil names every row), as Model.ForwardRows: only those
-// rows go through the head.
-func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32) ([]float32, error) {
+// rows go through the head. A non-nil mir gets the step's state written through to the
+// host pool (gpu_cache.go).
+func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32, mir *mirrorStep) ([]float32, error) {
 	cfg := g.m.Config
 	if len(seqs) != len(tokens) || len(seqs) > g.slots {
 		return nil, fmt.Errorf("gpu: %d sequences, %d chunks (at most %d)", len(seqs), len(tokens), g.slots)
@@ -336,6 +337,16 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	for li := range g.layers {
 		if err := g.block(c, &g.layers[li], ch, seqs); err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+		if mir != nil {
+			if err := mir.layer(c, g, li, n); err != nil {
+				return nil, fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
+			}
+		}
+	}
+	if mir != nil {
+		if err := mir.finish(c, g, seqs); err != nil {
+			return nil, fmt.Errorf("gpu: the host pool: %w", err)
 		}
 	}
 	for i, s := range seqs {

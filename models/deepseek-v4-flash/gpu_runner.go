@@ -14,10 +14,12 @@ import (
 
 // GPURunner serves the model to core/engine from one CUDA device: gpuModel's forward
 // (doc.go's GPU kernels) behind core/cpurunner's engine wiring (host sampling on the
-// device's logits). A first cut: each sequence's state lives in a device slot, not in the
-// kvslab pool, so a request the engine resumes from a prefix hit, or continues at another
-// length than the slot holds, is refused by name; drafts are refused too (no MTP on the
-// device yet). The pool it is given only satisfies the engine's page accounting.
+// device's logits). A first cut: each sequence's state lives in a device slot, and the
+// host pool NewPool binds (the CPU runner's layout) is kept equal to it, written through
+// after every step, so that a request the engine resumes from a prefix hit gets a slot
+// filled back from its pages (gpu_cache.go). Unbound (no NewPool), a prefix hit is
+// refused by name; so is a request continuing at another length than its slot holds, and
+// draft tokens (no MTP on the device yet).
 type GPURunner struct {
 	*cpurunner.Runner
 	Model *Model
@@ -27,6 +29,7 @@ type GPURunner struct {
 	g     *gpuModel
 	seqs  gpurunner.SeqSlots[*gpuSeq]
 	pt    int
+	kv    *KVCache // the host pool's views; nil until NewPool
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
 }
@@ -48,7 +51,7 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cu
 	}
 	r := &GPURunner{Model: m, dev: dev, kk: kk, blas: blas, pt: PageTokens(m.Config, 0)}
 	r.seqs = gpurunner.SeqSlots[*gpuSeq]{Name: Name, New: func(c *cudart.Ctx) (*gpuSeq, error) { return r.g.newSeq(c) },
-		Free: func(s *gpuSeq) { r.g.free(s) }, Len: func(s *gpuSeq) int { return s.Len }}
+		Free: func(s *gpuSeq) { r.g.free(s) }, Len: func(s *gpuSeq) int { return s.Len }, Resume: r.resume}
 	err = dev.Do(func(c *cudart.Ctx) error {
 		vk, err := kernels.Load(c, cache, dev.Info.Arch())
 		if err != nil {
@@ -69,13 +72,40 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cu
 	return r, nil
 }
 
-// NewPool builds the host pool of bytes bytes (0 = 256 MiB) the engine schedules with.
+// NewPool builds the host pool of bytes bytes (0 = 256 MiB) the engine schedules with and
+// binds the runner to it: the device slots' state is written through to its pages, from
+// which a prefix hit is restored.
 func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
 	pool, err := engine.NewHostPool(layout(r.Model.Config, r.pt, false).groups, bytes)
 	if err != nil {
 		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
 	}
+	if r.kv, err = newKVCache(r.Model.Config, pool, false); err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
 	return pool, nil
+}
+
+// resume takes a slot for plan sequence i, which resumes at its cached tokens, and fills
+// it from the pool's pages.
+func (r *GPURunner) resume(c *cudart.Ctx, p *engine.BatchPlan, i int) (*gpuSeq, error) {
+	done := int(p.Computed[i])
+	if r.kv == nil {
+		return nil, fmt.Errorf("%s on the GPU: request %d resumes at %d cached tokens, but the runner has no pool to restore them from (NewPool)", Name, p.ReqIDs[i], done)
+	}
+	st, err := r.kv.bind(p, i)
+	if err != nil {
+		return nil, err
+	}
+	s, err := r.g.newSeq(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.g.restore(c, s, st, p.PageTableOf(r.kv.L.swa, i), r.kv.pt, done); err != nil {
+		r.g.free(s)
+		return nil, err
+	}
+	return s, nil
 }
 
 // Close frees the device memory and the kernels (and closes the device OpenGPU opened);
@@ -107,7 +137,13 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 		if want == nil {
 			want = noRows // nil would ask for every row
 		}
-		rows, err := r.g.forward(c, seqs, toks, want)
+		var mir *mirrorStep
+		if r.kv != nil {
+			if mir, err = newMirrorStep(r.kv, p); err != nil {
+				return err
+			}
+		}
+		rows, err := r.g.forward(c, seqs, toks, want, mir)
 		if err != nil {
 			return err
 		}

@@ -162,7 +162,7 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device, dt cudart.DType, tol for
 					rows = append([]int32{int32(end - 1)}, rows...)
 				}
 			}
-			got, err := g.forward(cx, seqs, toks, rows)
+			got, err := g.forward(cx, seqs, toks, rows, nil)
 			if err != nil {
 				return err
 			}
@@ -195,8 +195,8 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device, dt cudart.DType, tol for
 // TestEmulatedEngineMatchesCPU runs requests through the real engine on GPURunner (the
 // emulated device) and on the CPU Runner of the same tiny model: one request alone, three
 // of different lengths decoding in one batch, and chunked prefill of 7 tokens a step;
-// greedy tokens equal and every log probability within 1e-4 of the CPU's. Each request's
-// prompt is new to its engine (no prefix hit, which the GPU runner refuses).
+// greedy tokens equal and every log probability within 1e-4 of the CPU's; then prompts
+// sharing a prefix, which the GPU runner restores from its pool's pages.
 func TestEmulatedEngineMatchesCPU(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -253,6 +253,21 @@ func TestEmulatedEngineMatchesCPU(t *testing.T) {
 		gAll, cAll := ge.GenerateAll(t, batch, greedy), ce.GenerateAll(t, batch, greedy)
 		for i := range batch {
 			same(fmt.Sprintf("config %d, request %d of a batch", ci, i), gAll[i], cAll[i])
+		}
+		// Prefix hits: a prompt sharing two blocks (and a part) with a finished one, the
+		// first again, and two at different lengths at once sharing it, each restored from
+		// the pool's pages (every block end a window end; blocks ending inside chunks).
+		prefix := runnertest.Prompt(37, vocab, salt+5)
+		with := func(n, s int) []int32 { return append(slices.Clone(prefix), runnertest.Prompt(n, vocab, s)...) }
+		for k, ps := range [][][]int32{{with(3, salt+6)}, {with(18, salt+7)}, {with(3, salt+6)}, {with(5, salt+8), with(22, salt+9)}} {
+			hits := ge.Counters().PrefixHits
+			gAll, cAll := ge.GenerateAll(t, ps, greedy), ce.GenerateAll(t, ps, greedy)
+			for i := range ps {
+				same(fmt.Sprintf("config %d, prefix round %d, request %d", ci, k, i), gAll[i], cAll[i])
+			}
+			if k > 0 && ge.Counters().PrefixHits <= hits {
+				t.Errorf("config %d, prefix round %d: no prefix-cache hit on the GPU runner", ci, k)
+			}
 		}
 		ge.Stop(t)
 		ce.Stop(t)
@@ -322,7 +337,8 @@ func roundGEMMWeights(w *Weights) {
 }
 
 // TestEmulatedGPURunnerRefusals checks that GPURunner's forward refuses, naming the
-// reason, what its device slots cannot serve: a request that starts from a prefix hit,
+// reason, what its device slots cannot serve: a request that starts from a prefix hit
+// with no pool bound,
 // one continuing at a length its slot does not hold, and draft tokens; and that a plan
 // it can serve still runs after them.
 func TestEmulatedGPURunnerRefusals(t *testing.T) {
@@ -359,7 +375,7 @@ func TestEmulatedGPURunnerRefusals(t *testing.T) {
 		p    *engine.BatchPlan
 		want string
 	}{
-		{"prefix hit", plan(1, 5, []int32{3, 4}, 0), "prefix hits"},
+		{"prefix hit without a pool", plan(1, 5, []int32{3, 4}, 0), "no pool to restore them from"},
 		{"drafts", plan(2, 0, []int32{3, 4}, 1), "draft tokens"},
 	} {
 		if err := r.forward(c.p, logits); err == nil || !strings.Contains(err.Error(), c.want) {
