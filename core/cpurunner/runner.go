@@ -43,8 +43,9 @@ type Runner struct {
 	allIdx  []int32
 	allSt   []int32
 
-	drafter Drafter // nil: the model proposes no drafts (spec.go)
-	hist    []int32 // a draft row's token history
+	drafter Drafter   // nil: the model proposes no drafts (spec.go)
+	hist    []int32   // a draft row's token history
+	p       []float32 // a sampled draft row's target distribution
 }
 
 var _ engine.Runner = (*Runner)(nil)
@@ -112,7 +113,11 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 			continue
 		}
 		if r.drafter != nil && plan.NumDrafts[i] > 0 {
-			res.Accepted[i] = r.verify(plan, i, lo, hi, anyLP)
+			a, err := r.verify(plan, i, lo, hi, anyLP)
+			if err != nil {
+				return engine.StepResult{}, fmt.Errorf("%s: %w", r.info.Name, err)
+			}
+			res.Accepted[i] = a
 			continue
 		}
 		// Without drafts a sequence has one logits row: its last scheduled token. While

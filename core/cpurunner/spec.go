@@ -1,11 +1,16 @@
 package cpurunner
 
-import "github.com/resin-llm/resin/core/engine"
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/engine"
+)
 
 // Drafter is a Forwarder whose model also proposes draft tokens for speculative decoding
 // (an MTP head, a draft model). Runner declares its MaxDrafts to the engine, verifies the
 // drafts a plan feeds against the tokens it samples from their logits rows, and then
-// hands the outcome to Draft.
+// hands the outcome to Draft. A Drafter that samples its drafts from a distribution of
+// its own also implements DraftSampler.
 //
 // Verification is vLLM's for greedy rows and exact for sampled ones: row j of a sequence
 // is sampled as usual (its random draw depends only on the request's seed and the
@@ -30,16 +35,51 @@ type Drafter interface {
 	Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 }
 
+// DraftSampler is a Drafter that samples its drafts from a draft distribution q (DSpark's
+// block with its Markov head) instead of proposing them greedily. Runner verifies such
+// drafts exactly at any temperature by rejection sampling (engine.VerifyDraft): on a
+// sampled row (temperature > 0, top-k not 1) draft j is accepted while u < min(1,
+// p(d_j)/q(d_j)), where p is the target's distribution after the request's sampling
+// transforms, penalties and grammar mask (engine.Sampler.Distribution), exactly what plain
+// decoding samples from; the first rejected draft is replaced by a draw from
+// normalize(max(0, p − q)); after the last accepted draft the bonus token is sampled from
+// p as without drafts. The draws depend only on the request's seed and the position, so a
+// request's tokens do not depend on its batch. Greedy rows keep the Drafter path (the
+// draft is accepted when it equals the argmax), so greedy output equals plain greedy
+// decoding whatever q is.
+//
+// A DraftSampler should draw draft d at position P from q with engine.DraftUniform(seed,
+// P), seed being plan.SamplingOf(i).Seed: that draw is a function of (seed, P) only and
+// independent of the verification's draws, which exactness needs.
+type DraftSampler interface {
+	Drafter
+	// DraftDistribution returns q for draft j (0-based) of plan's sequence i, the drafts
+	// the plan feeds (plan.Tokens[plan.QueryStart[i+1]-plan.NumDrafts[i]+j]), which an
+	// earlier Draft proposed for that request (plan.ReqIDs[i]): the probabilities over the
+	// vocabulary (length RunnerInfo.VocabSize, summing to 1) that draft was drawn from,
+	// given the drafts before it. Runner calls it during Execute, after Forward and before
+	// Draft, for j = 0, 1, ... up to the first rejected draft of a sampled row; it only
+	// reads the slice, which must stay valid until Draft is called. The engine may feed
+	// fewer drafts than Draft proposed (a prefix of them), never others. q[draft] must be
+	// positive; an error fails the step.
+	DraftDistribution(plan *engine.BatchPlan, i, j int) ([]float32, error)
+}
+
 // verify samples sequence i's logits rows lo..hi-1, the last fed token's and one per
 // draft, and appends the tokens it accepts to the result: each draft that equals the
 // token sampled before it, then the first sampled token that differs (or the one after
-// the last draft). It returns how many tokens it accepted.
-func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32 {
+// the last draft); with a DraftSampler a sampled row's drafts go through rejection
+// sampling instead (DraftSampler). It returns how many tokens it accepted.
+func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) (int32, error) {
 	vocab := r.info.VocabSize
 	k := int(plan.NumDrafts[i])
 	drafts := plan.Tokens[int(plan.QueryStart[i+1])-k : plan.QueryStart[i+1]]
 	row := plan.SamplingOf(i)
 	hist := row.History
+	qs, _ := r.drafter.(DraftSampler)
+	if row.Temperature == 0 || row.TopK == 1 {
+		qs = nil // greedy: the compare below is exact and equals plain decoding
+	}
 	var a int32
 	for j := lo; j < hi; j++ {
 		buf := j
@@ -58,7 +98,22 @@ func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32
 		}
 		pos := int(plan.Positions[plan.LogitsIndices[j]]) + 1
 		row.Mask = plan.TokenMaskOf(i, d) // the grammar's state after d drafts
-		tok, lp, top := r.sampler.Sample(r.logits[buf*vocab:(buf+1)*vocab], row, pos, r.top[:0])
+		logits := r.logits[buf*vocab : (buf+1)*vocab]
+		if qs != nil && d < k {
+			tok, ok, err := r.verifySampled(qs, plan, i, d, drafts[d], logits, row, pos)
+			if err != nil {
+				return 0, err
+			}
+			lp, top := r.sampler.Score(logits, tok, row.Logprobs, r.top[:0])
+			r.top = top
+			a++
+			r.appendSampled(tok, lp, top, anyLP)
+			if !ok {
+				break
+			}
+			continue
+		}
+		tok, lp, top := r.sampler.Sample(logits, row, pos, r.top[:0])
 		r.top = top
 		a++
 		r.appendSampled(tok, lp, top, anyLP)
@@ -66,5 +121,24 @@ func (r *Runner) verify(plan *engine.BatchPlan, i, lo, hi int, anyLP bool) int32
 			break
 		}
 	}
-	return a
+	return a, nil
+}
+
+// verifySampled runs rejection sampling on draft d (token draft) of plan's sequence i,
+// whose target logits row is logits: it returns the token to emit and whether it is the
+// draft.
+func (r *Runner) verifySampled(qs DraftSampler, plan *engine.BatchPlan, i, d int, draft int32, logits []float32, row engine.SamplingRow, pos int) (int32, bool, error) {
+	q, err := qs.DraftDistribution(plan, i, d)
+	if err != nil {
+		return 0, false, fmt.Errorf("draft %d of request %d: %w", d, plan.ReqIDs[i], err)
+	}
+	if len(q) != len(logits) {
+		return 0, false, fmt.Errorf("draft %d of request %d: draft distribution over %d tokens, the vocabulary has %d", d, plan.ReqIDs[i], len(q), len(logits))
+	}
+	if draft < 0 || int(draft) >= len(q) || !(q[draft] > 0) {
+		return 0, false, fmt.Errorf("draft %d of request %d: token %d has draft probability 0 (or is outside the vocabulary)", d, plan.ReqIDs[i], draft)
+	}
+	r.p = r.sampler.Distribution(logits, row, pos, r.p)
+	tok, ok := engine.VerifyDraft(r.p, q, draft, row.Seed, pos)
+	return tok, ok, nil
 }
