@@ -160,6 +160,11 @@ type BatchPlan struct {
 	// comes back is a new sequence, which continues from its prefix-cache hit.
 	Released []Release
 
+	// DP is the step of the plan's data-parallel group when the plan is a DP-attention
+	// rank's (core/dist/dp sets it on its copy of the scheduler's plan); the zero value
+	// otherwise. The scheduler never sets it.
+	DP DPStep
+
 	anyLogprobs bool
 
 	// What the scheduler's last build of this buffer left, which the next build of it
@@ -167,6 +172,21 @@ type BatchPlan struct {
 	// page tables of load tableGens[b] of its request.
 	decodeRows, lastDecodeRows int
 	tableGens                  []uint8
+}
+
+// DPStep is a DP-attention rank's view of one step of its dp group. The ranks step
+// together, a rank without work running an idle plan (no sequences, no tokens), so that
+// the collectives of the layers that mix the ranks' tokens (expert parallelism) always
+// meet, and each rank's forward sizes them from Tokens.
+type DPStep struct {
+	// Rank is the plan's rank in the dp group; Tokens[r] is rank r's token count in this
+	// step (Tokens[Rank] = the plan's NumTokens). Tokens is empty without DP.
+	Rank   int32
+	Tokens []int32
+	// Pad, when > 0, is the row count every rank pads its tokens to (the largest of
+	// Tokens, or the CUDA-graph bucket above it) with dummy rows: no cache slot, expert
+	// routes masked, outputs ignored. 0: each rank runs its own tokens only.
+	Pad int32
 }
 
 // CacheOpKind says what a CacheOp does.
@@ -370,6 +390,7 @@ func (p *BatchPlan) reset(groups int) {
 	p.LogitsIndices = p.LogitsIndices[:0]
 	p.CacheOps = p.CacheOps[:0]
 	p.Released = p.Released[:0]
+	p.DP = DPStep{Tokens: p.DP.Tokens[:0]}
 	if cap(p.Groups) < groups {
 		p.Groups = make([]GroupPlan, groups)
 	}
@@ -552,6 +573,9 @@ func (p *BatchPlan) Validate() error {
 	if err := p.validateCacheOps(); err != nil {
 		return err
 	}
+	if err := p.validateDP(); err != nil {
+		return err
+	}
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		if len(gp.SlotMapping) != t {
@@ -578,6 +602,31 @@ func (p *BatchPlan) Validate() error {
 // validateCacheOps checks the kinds and groups of the plan's cache ops and the reasons of
 // its releases. (Whether an op's pages lie inside the arena is for whoever executes it:
 // ApplyCacheOps checks them against the pool.)
+func (p *BatchPlan) validateDP() error {
+	d := &p.DP
+	if len(d.Tokens) == 0 {
+		if d.Rank != 0 || d.Pad != 0 {
+			return fmt.Errorf("engine: plan: dp rank %d, pad %d without the group's token counts", d.Rank, d.Pad)
+		}
+		return nil
+	}
+	if d.Rank < 0 || int(d.Rank) >= len(d.Tokens) {
+		return fmt.Errorf("engine: plan: dp rank %d of a group of %d", d.Rank, len(d.Tokens))
+	}
+	if int(d.Tokens[d.Rank]) != len(p.Tokens) {
+		return fmt.Errorf("engine: plan: dp rank %d counts %d tokens, the plan has %d", d.Rank, d.Tokens[d.Rank], len(p.Tokens))
+	}
+	for r, n := range d.Tokens {
+		if n < 0 || d.Pad > 0 && n > d.Pad {
+			return fmt.Errorf("engine: plan: dp rank %d has %d tokens (pad %d)", r, n, d.Pad)
+		}
+	}
+	if d.Pad < 0 {
+		return fmt.Errorf("engine: plan: dp pad %d", d.Pad)
+	}
+	return nil
+}
+
 func (p *BatchPlan) validateCacheOps() error {
 	for i, op := range p.CacheOps {
 		if op.Kind != OpCopyPage {

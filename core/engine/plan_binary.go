@@ -10,7 +10,7 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// The BatchPlan binary encoding, version 3, little endian throughout:
+// The BatchPlan binary encoding, version 4, little endian throughout:
 //
 //	magic "RSNP" | version u16 | reserved u16 (0)
 //	Step u64 | GraphBatch i32 | B u32 | T u32 | L u32 | G u32
@@ -18,6 +18,7 @@ import (
 //	  16 prompt logprobs, 32 token masks)
 //	NB u32 | NS u32 | NH u32 (logit-bias entries, stop ids, history tokens)
 //	NR u32 | NC u32 (releases, cache ops)
+//	DPRank i32 | DPPad i32 | ND u32 | DPTokens (ND) i32 (DP: the plan's data-parallel step)
 //	Released (NR): ReqID u64 | Reason u8 | reserved u8[3] (0)
 //	CacheOps (NC): Kind u8 | reserved u8[3] (0) | Group i32 | Src u32 | Dst u32
 //	per sequence (B each): ReqIDs u64, Computed i32, Scheduled i32, PromptLen i32,
@@ -38,7 +39,9 @@ import (
 // version 2: penalties, logit bias, min_tokens, prompt logprobs); version 2 lacked NR,
 // NC, Released and CacheOps. The token masks (X&32) came within version 3: a decoder
 // that predates them refuses a plan that has them as naming unknown optional arrays,
-// and a plan without constrained sequences encodes as before. A runner handles Released, then executes CacheOps in order,
+// and a plan without constrained sequences encodes as before. Version 3 lacked the DP
+// fields: a version-3 decoder refuses every version-4 plan, and this one refuses
+// version 3 (the ranks of one group run one build). A runner handles Released, then executes CacheOps in order,
 // then the step (see BatchPlan).
 //
 // A decoder rejects other versions, a non-zero reserved field, trailing bytes and any plan
@@ -46,8 +49,8 @@ import (
 
 const (
 	planMagic    = "RSNP"
-	planVersion  = 3
-	headerBytes  = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4 + 2*4
+	planVersion  = 4
+	headerBytes  = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4 + 2*4 + 3*4
 	releaseBytes = 12
 	cacheOpBytes = 16
 	maxGroups    = 1 << 10
@@ -65,7 +68,7 @@ func (p *BatchPlan) encodedLen() int {
 	b, t := len(p.ReqIDs), len(p.Tokens)
 	arrays, _ := ArraysSize(p.OptionalArrays(), int64(b), int64(t), int64(len(p.LogitsIndices)),
 		int64(len(p.LogitBiasTokens)), int64(len(p.StopIDs)), int64(len(p.History)))
-	n := headerBytes + releaseBytes*len(p.Released) + cacheOpBytes*len(p.CacheOps) + int(arrays)
+	n := headerBytes + 4*len(p.DP.Tokens) + releaseBytes*len(p.Released) + cacheOpBytes*len(p.CacheOps) + int(arrays)
 	for g := range p.Groups {
 		gp := &p.Groups[g]
 		n += 8 + 8*t + 4*(b+1) + 4*len(gp.PageTable) + 4*len(gp.StatePage)
@@ -142,6 +145,10 @@ func (p *BatchPlan) AppendBinary(dst []byte) ([]byte, error) {
 		len(p.LogitBiasTokens), len(p.StopIDs), len(p.History), len(p.Released), len(p.CacheOps)} {
 		dst = le.AppendUint32(dst, uint32(n))
 	}
+	dst = le.AppendUint32(dst, uint32(p.DP.Rank))
+	dst = le.AppendUint32(dst, uint32(p.DP.Pad))
+	dst = le.AppendUint32(dst, uint32(len(p.DP.Tokens)))
+	dst = binenc.AppendI32s(dst, p.DP.Tokens)
 	for _, r := range p.Released {
 		dst = le.AppendUint64(dst, r.ReqID)
 		dst = le.AppendUint32(dst, uint32(r.Reason))
@@ -349,6 +356,7 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 	b, t, l, g := int(r.U32()), int(r.U32()), int(r.U32()), int(r.U32())
 	x, nb, ns, nh := r.U32(), int64(r.U32()), int64(r.U32()), int64(r.U32())
 	nr, nc := int64(r.U32()), int64(r.U32())
+	dpRank, dpPad, nd := int32(r.U32()), int32(r.U32()), int64(r.U32())
 	if r.Err != nil {
 		return r.Err
 	}
@@ -357,12 +365,14 @@ func (p *BatchPlan) UnmarshalBinary(data []byte) error {
 		return fmt.Errorf("%w: %w", ErrPlanEncoding, err)
 	}
 	// Refuse counts the remaining bytes cannot hold before allocating anything.
-	need := releaseBytes*nr + cacheOpBytes*nc + arrays + int64(g)*(8+8*int64(t)+4*int64(b+1))
+	need := 4*nd + releaseBytes*nr + cacheOpBytes*nc + arrays + int64(g)*(8+8*int64(t)+4*int64(b+1))
 	if g > maxGroups || need > int64(r.Left()) {
 		return fmt.Errorf("%w: %d sequences, %d tokens, %d logits rows, %d groups do not fit in %d bytes", ErrPlanEncoding, b, t, l, g, r.Left())
 	}
 	p.reset(g)
 	p.Step, p.GraphBatch = step, graph
+	p.DP.Rank, p.DP.Pad = dpRank, dpPad
+	p.DP.Tokens = r.I32s(p.DP.Tokens, int(nd))
 	for range nr {
 		id, w := r.U64(), r.U32()
 		if w > 0xff {

@@ -162,7 +162,7 @@ func TestPlanDecodeRejectsMalformedBytes(t *testing.T) {
 		}
 	}
 	// Unknown cache-op kinds, release reasons and groups, and non-zero reserved bytes.
-	const opsAt = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4 + 2*4 + 2*12 // the first cache op
+	const opsAt = 4 + 2 + 2 + 8 + 4 + 4*4 + 4*4 + 2*4 + 3*4 + 2*12 // the first cache op (no DP tokens)
 	for name, at := range map[string]int{
 		"release reason": opsAt - 24 + 8, "release reserved": opsAt - 24 + 9, "op kind": opsAt, "op reserved": opsAt + 2,
 		"op group": opsAt + 4,
