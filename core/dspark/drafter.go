@@ -57,9 +57,9 @@ type Drafter struct {
 	W      *Weights
 	rope   *ref.RopeTable
 
-	feat, kv, x, h, q, k, v, att, o, gate, up, scores []float32
-	ids                                               []int32
-	pos                                               []int32
+	feat, x, h, q, k, v, att, o, gate, up, scores []float32
+	ids                                           []int32
+	pos                                           []int32
 }
 
 // New prepares a drafter for positions below maxContext.
