@@ -45,7 +45,9 @@ func TestParseConfigRefuses(t *testing.T) {
 		{"last layer tap", func(m map[string]any) { m["target_layer_ids"] = []int{-1, 3} }, "last target layer"},
 		{"below -1", func(m map[string]any) { m["target_layer_ids"] = []int{-2} }, "target_layer_ids[0] = -2"},
 		{"not increasing", func(m map[string]any) { m["target_layer_ids"] = []int{1, 1} }, "strictly increasing"},
-		{"rope", func(m map[string]any) { m["rope_parameters"] = map[string]any{"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4} }, `rope type "yarn"`},
+		{"rope", func(m map[string]any) {
+			m["rope_parameters"] = map[string]any{"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}
+		}, `rope type "yarn"`},
 		{"sliding", func(m map[string]any) { m["layer_types"] = []string{"full_attention", "sliding_attention"} }, "layer_types[1]"},
 		{"tied", func(m map[string]any) { m["tie_word_embeddings"] = true }, "tie_word_embeddings"},
 	}
