@@ -13,6 +13,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -228,4 +229,16 @@ func (s mapSource) Float32(name string, shape ...int) ([]float32, error) {
 		return v, nil
 	}
 	return s.fallback.Float32(name, shape...)
+}
+
+// TestParallelConformance runs core/runnertest's suite on rank 0's runner of EP=3 (an
+// expert-less rank) and EP=2 by all-to-all through the real engine.
+func TestParallelConformance(t *testing.T) {
+	for _, l := range []Layout{{EP: 3}, {EP: 2, Dispatch: DispatchAllToAll}} {
+		t.Run(fmt.Sprintf("tp%d-ep%d-dispatch%d", l.TP, l.EP, l.Dispatch), func(t *testing.T) {
+			runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) {
+				return inProcess(t, l)
+			}, runnertest.Options{})
+		})
+	}
 }
