@@ -102,29 +102,34 @@ func CublasLtVersion() (int, error) {
 // DType is an element type of a GEMM.
 type DType int
 
-// GEMM element types.
+// GEMM element types. E4M3 (OCP float8 e4m3fn) is an input type of the block-scaled FP8
+// GEMM only (Blas.MatMulFP8Block); GemmSpec takes F32, BF16 and F16.
 const (
 	F32 DType = iota
 	BF16
 	F16
+	E4M3
 )
 
 func (t DType) String() string {
-	if !t.valid() {
+	if !t.known() {
 		return fmt.Sprintf("dtype(%d)", int(t))
 	}
-	return [...]string{"f32", "bf16", "f16"}[t]
+	return [...]string{"f32", "bf16", "f16", "e4m3"}[t]
 }
 
+// valid reports a type GemmSpec takes.
 func (t DType) valid() bool { return t >= F32 && t <= F16 }
+
+func (t DType) known() bool { return t >= F32 && t <= E4M3 }
 
 // Size returns the bytes of one element (0 for an unknown type).
 func (t DType) Size() int {
-	if !t.valid() {
+	if !t.known() {
 		return 0
 	}
-	return [...]int{4, 2, 2}[t]
+	return [...]int{4, 2, 2, 1}[t]
 }
 
-// cudaType is the cudaDataType: CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F.
-func (t DType) cudaType() int32 { return [...]int32{0, 14, 2}[t] }
+// cudaType is the cudaDataType: CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F, CUDA_R_8F_E4M3.
+func (t DType) cudaType() int32 { return [...]int32{0, 14, 2, 28}[t] }

@@ -14,6 +14,10 @@ const (
 	scaleF32         = 0  // CUDA_R_32F, the type of alpha and beta
 	descTransA       = 3  // CUBLASLT_MATMUL_DESC_TRANSA
 	descTransB       = 4  // CUBLASLT_MATMUL_DESC_TRANSB
+	descAScalePtr    = 17 // CUBLASLT_MATMUL_DESC_A_SCALE_POINTER
+	descBScalePtr    = 18 // CUBLASLT_MATMUL_DESC_B_SCALE_POINTER
+	descAScaleMode   = 31 // CUBLASLT_MATMUL_DESC_A_SCALE_MODE (cuBLAS 12.8+)
+	descBScaleMode   = 32 // CUBLASLT_MATMUL_DESC_B_SCALE_MODE
 	prefMaxWorkspace = 1  // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
 	prefMinAlignA    = 5  // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; B, C, D follow
 	opN, opT         = int32(0), int32(1)
@@ -82,6 +86,7 @@ type gemmKey struct {
 	transA, transB                 bool
 	a, b, out                      DType
 	alignA, alignB, alignC, alignD uint16
+	scaleA, scaleB                 scaleMode // of cuBLASLt's A and B slots; 0 unscaled
 }
 
 // Alignment returns the largest power of two, up to 256 bytes, that divides p: what
@@ -151,6 +156,7 @@ type Blas struct {
 	plans *lru[gemmKey, *gemmPlan]
 
 	alpha, beta float32             // the scalars cublasLtMatmul reads, in the heap-allocated Blas
+	scalePtrs   [2]uintptr          // the A and B slots' scale pointers of a block-scaled GEMM
 	call        [matmulArgs]uintptr // its arguments, kept here so a call allocates nothing
 
 	hits, misses, evictions int64
@@ -288,6 +294,18 @@ func (b *Blas) newPlan(k gemmKey) (_ *gemmPlan, err error) {
 		v := attr.v
 		if err := api.check("cublasLtMatmulDescSetAttribute", api.cublasLtMatmulDescSetAttribute(p.op, attr.id, unsafe.Pointer(&v), 4)); err != nil {
 			return nil, fmt.Errorf("set transpose attribute %d: %w", attr.id, err)
+		}
+	}
+	for _, attr := range []struct {
+		id int32
+		v  scaleMode
+	}{{descAScaleMode, k.scaleA}, {descBScaleMode, k.scaleB}} {
+		if attr.v == 0 {
+			continue
+		}
+		v := int32(attr.v)
+		if err := api.check("cublasLtMatmulDescSetAttribute", api.cublasLtMatmulDescSetAttribute(p.op, attr.id, unsafe.Pointer(&v), 4)); err != nil {
+			return nil, fmt.Errorf("set scale mode attribute %d: %w", attr.id, err)
 		}
 	}
 	for _, l := range []struct {

@@ -1,8 +1,21 @@
-// cublaslt.cpp: the emulated cuBLASLt, the calls core/cudart binds (blas.go, gemm.go):
-// D = alpha·op(A)·op(B) + beta·C on column-major layouts, with A and B in f32, bf16 or
-// f16, float32 compute and scalars (CUBLAS_COMPUTE_32F), C and D in f32 or A's type.
-// Each output element is one float32 sum over k in order, then alpha and beta are
-// applied and the result rounded to D's type (to nearest even).
+// cublaslt.cpp: the emulated cuBLASLt, the calls core/cudart binds (blas.go, gemm.go,
+// gemm_fp8.go): D = alpha·op(A)·op(B) + beta·C on column-major layouts, with A and B in
+// f32, bf16 or f16, float32 compute and scalars (CUBLAS_COMPUTE_32F), C and D in f32 or
+// A's type. Each output element is one float32 sum over k in order, then alpha and beta
+// are applied and the result rounded to D's type (to nearest even).
+//
+// FP8 (CUDA_R_8F_E4M3 A and B, op(A) = Aᵀ and op(B) = B as cuBLASLt's FP8 GEMMs require,
+// C = D in bf16 or f32) takes each slot's scale mode and pointer (cuBLAS 12.9):
+//   SCALAR_32F (0): one float32, 1 when the pointer is null;
+//   VEC128_32F (4): one float32 per 128 consecutive k of each row i of op(A) (column j of
+//     op(B)), at scale[(p/128)·m + i] (n + j for B): the outer dimension fastest;
+//   BLK128x128_32F (5): one float32 per 128×128 block, at scale[(i/128)·ceil(k/128) + p/128]
+//     (j for B): the k blocks fastest, DeepSeek's weight_scale_inv [rows/128, k/128] as stored.
+// BLK128x128 on both slots is refused, as on sm_90. The product is, per output,
+//   Σ_g (Σ_{p in g} a·b) · (scaleB(g) · scaleA(g)) over the 128-wide groups g of k in order,
+// each group's sum in float32 over p in order; then alpha, beta and D's rounding as above.
+// Where real cuBLASLt reads these scale tensors in another order, this file is wrong with it:
+// the layouts are taken from cuBLAS's documentation and have not been run on a GPU here.
 #include <string.h>
 
 #include <cmath>
@@ -30,7 +43,8 @@ enum : int {
   kNotSupported = 15,
 };
 
-enum : int { kF32 = 0, kF16 = 2, kBF16 = 14 };
+enum : int { kF32 = 0, kF16 = 2, kBF16 = 14, kE4M3 = 28 };
+enum : int { kScaleScalar = 0, kScaleVec128 = 4, kScaleBlk128 = 5 };
 
 const int kCompute32F = 68;
 const int kScale32F = 0;
@@ -42,6 +56,9 @@ struct Handle {
 struct Desc {
   int compute = 0, scale = 0;
   int transA = 0, transB = 0;
+  int modeA = kScaleScalar, modeB = kScaleScalar;
+  const float* scaleA = nullptr;
+  const float* scaleB = nullptr;
 };
 
 struct Layout {
@@ -60,6 +77,7 @@ int elemSize(int t) {
   switch (t) {
     case kF32: return 4;
     case kF16: case kBF16: return 2;
+    case kE4M3: return 1;
   }
   return 0;
 }
@@ -123,8 +141,18 @@ uint16_t f32ToF16(float f) {
   return (uint16_t)(sign | h);
 }
 
+// e4m3ToF32 widens an OCP float8 e4m3fn byte (0x7f and 0xff are NaN).
+float e4m3ToF32(uint8_t v) {
+  float sign = v & 0x80 ? -1.0f : 1.0f;
+  int e = (v >> 3) & 0xf, m = v & 7;
+  if (e == 0xf && m == 7) return NAN;
+  if (e == 0) return sign * std::ldexp((float)m, -9);
+  return sign * std::ldexp(1.0f + (float)m / 8.0f, e - 7);
+}
+
 float load(const void* p, int t, size_t i) {
   switch (t) {
+    case kE4M3: return e4m3ToF32(((const uint8_t*)p)[i]);
     case kF32: return ((const float*)p)[i];
     case kBF16: return bf16ToF32(((const uint16_t*)p)[i]);
     case kF16: return f16ToF32(((const uint16_t*)p)[i]);
@@ -149,7 +177,16 @@ int shape(const Desc& d, const Layout& a, const Layout& b, const Layout& c, cons
     if (l->rows == 0 || l->cols == 0 || l->ld < (int64_t)l->rows) return kInvalidValue;
   }
   if (a.type != b.type) return kNotSupported;
-  if (dl.type != c.type || (dl.type != kF32 && dl.type != a.type)) return kNotSupported;
+  if (a.type == kE4M3) {
+    if (!d.transA || d.transB) return kNotSupported;  // FP8 is TN only
+    if (dl.type != c.type || (dl.type != kF32 && dl.type != kBF16)) return kNotSupported;
+    for (int mode : {d.modeA, d.modeB})
+      if (mode != kScaleScalar && mode != kScaleVec128 && mode != kScaleBlk128) return kNotSupported;
+    if (d.modeA == kScaleBlk128 && d.modeB == kScaleBlk128) return kNotSupported;
+  } else {
+    if (d.modeA != kScaleScalar || d.modeB != kScaleScalar) return kNotSupported;
+    if (dl.type != c.type || (dl.type != kF32 && dl.type != a.type)) return kNotSupported;
+  }
   *m = d.transA ? a.cols : a.rows;
   *k = d.transA ? a.rows : a.cols;
   uint64_t kb = d.transB ? b.cols : b.rows;
@@ -191,13 +228,20 @@ extern "C" int cublasLtMatmulDescDestroy(void* d) {
 extern "C" int cublasLtMatmulDescSetAttribute(void* d, int attr, const void* buf, size_t size) {
   if (!d || !buf) return kInvalidValue;
   Desc* x = (Desc*)d;
+  if (attr == 17 || attr == 18) {  // CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, B_SCALE_POINTER
+    if (size != sizeof(void*)) return kInvalidValue;
+    memcpy(attr == 17 ? (void*)&x->scaleA : (void*)&x->scaleB, buf, sizeof(void*));
+    return kOK;
+  }
   int v = 0;
   if (size != 4) return kInvalidValue;
   memcpy(&v, buf, 4);
   switch (attr) {
     case 3: x->transA = v; break;  // CUBLASLT_MATMUL_DESC_TRANSA
     case 4: x->transB = v; break;  // TRANSB
-    default: return kNotSupported;  // epilogues, scale pointers, ...: not emulated
+    case 31: x->modeA = v; return kOK;  // CUBLASLT_MATMUL_DESC_A_SCALE_MODE (checked at use)
+    case 32: x->modeB = v; return kOK;  // B_SCALE_MODE
+    default: return kNotSupported;  // epilogues, amax, ...: not emulated
   }
   if (v != 0 && v != 1) return kNotSupported;  // CUBLAS_OP_C on real types is op T; keep to N and T
   return kOK;
@@ -265,6 +309,26 @@ extern "C" int cublasLtMatmulAlgoGetHeuristic(void* h, void* op, void* a, void* 
 namespace {
 
 // gemm computes the product with the descriptors' values (copied at enqueue).
+// slotScale is the scale of row i (of op(A), or column of op(B)) in group g of k, for a
+// slot of the given mode over outer rows and groups of 128 k.
+float slotScale(int mode, const float* s, uint64_t outer, uint64_t groups, uint64_t i, uint64_t g) {
+  switch (mode) {
+    case kScaleVec128: return s[g * outer + i];
+    case kScaleBlk128: return s[(i / 128) * groups + g];
+  }
+  return s ? s[0] : 1.0f;
+}
+
+// scaleBytes is the size of a slot's scale tensor (0 when it has none to read).
+size_t scaleBytes(int mode, const float* s, uint64_t outer, uint64_t k) {
+  uint64_t groups = (k + 127) / 128;
+  switch (mode) {
+    case kScaleVec128: return groups * outer * 4;
+    case kScaleBlk128: return (outer + 127) / 128 * groups * 4;
+  }
+  return s ? 4 : 0;
+}
+
 int gemm(const Desc& d, const Layout& la, const Layout& lb, const Layout& lc, const Layout& ld, float alpha, float beta,
          const void* A, const void* B, const void* C, void* D) {
   uint64_t m, n, k;
@@ -278,12 +342,22 @@ int gemm(const Desc& d, const Layout& la, const Layout& lb, const Layout& lc, co
   for (uint64_t j = 0; j < n; j++)
     for (uint64_t p = 0; p < k; p++)
       b[j * k + p] = load(B, lb.type, d.transB ? j + p * lb.ld : p + j * lb.ld);
+  uint64_t groups = (k + 127) / 128;
+  bool fp8 = la.type == kE4M3;
   for (uint64_t j = 0; j < n; j++) {
     for (uint64_t i = 0; i < m; i++) {
       const float* x = &a[i * k];
       const float* y = &b[j * k];
       float acc = 0;
-      for (uint64_t p = 0; p < k; p++) acc += x[p] * y[p];
+      if (fp8) {
+        for (uint64_t g = 0; g < groups; g++) {
+          float part = 0;
+          for (uint64_t p = g * 128; p < k && p < (g + 1) * 128; p++) part += x[p] * y[p];
+          acc += part * (slotScale(d.modeB, d.scaleB, n, groups, j, g) * slotScale(d.modeA, d.scaleA, m, groups, i, g));
+        }
+      } else {
+        for (uint64_t p = 0; p < k; p++) acc += x[p] * y[p];
+      }
       float v = alpha * acc;
       if (beta != 0) v += beta * load(C, lc.type, i + j * lc.ld);
       store(D, ld.type, i + j * ld.ld, v);
@@ -308,13 +382,19 @@ extern "C" int cublasLtMatmul(void* h, void* op, const float* alpha, const void*
   uint64_t m, n, k;
   if (int r = shape(d, la, lb, lc, ld, &m, &n, &k)) return r;
   if (be != 0 && !C) return kInvalidValue;
+  if (la.type == kE4M3 && ((d.modeA != kScaleScalar && !d.scaleA) || (d.modeB != kScaleScalar && !d.scaleB)))
+    return kInvalidValue;  // a block-scaled slot without its scales
+  size_t sa = la.type == kE4M3 ? scaleBytes(d.modeA, d.scaleA, m, k) : 0;
+  size_t sb = la.type == kE4M3 ? scaleBytes(d.modeB, d.scaleB, n, k) : 0;
   Result r = Submit(stream, Op{"cublasLtMatmul", [=]() -> Result {
                                  auto span = [](const Layout& l) {
                                    return (size_t)((l.cols - 1) * l.ld + l.rows) * elemSize(l.type);
                                  };
                                  if (!DeviceRange((uintptr_t)A, span(la)) || !DeviceRange((uintptr_t)B, span(lb)) ||
                                      !DeviceRange((uintptr_t)D, span(ld)) ||
-                                     (be != 0 && !DeviceRange((uintptr_t)C, span(lc)))) {
+                                     (be != 0 && !DeviceRange((uintptr_t)C, span(lc))) ||
+                                     (sa && !DeviceRange((uintptr_t)d.scaleA, sa)) ||
+                                     (sb && !DeviceRange((uintptr_t)d.scaleB, sb))) {
                                    SetLaunchError("cublasLtMatmul: a matrix lies outside device memory");
                                    return 1;  // CUDA_ERROR_INVALID_VALUE
                                  }
