@@ -23,6 +23,9 @@ type ModelDir struct {
 	spec SpeculativeOpener
 	gpu  GPUOpener
 
+	dtypeOpen DTypeOpener
+	dtype     string
+
 	device DeviceFlags
 
 	specTokens    int
@@ -57,6 +60,9 @@ func (m *ModelDir) Register(cmd *cobra.Command) {
 	fl.StringVar(&m.tokPath, "tokenizer", "", "tokenizer.json, or a directory holding it (default: the one in --model, if any)")
 	fl.StringVar(&m.chatPath, "chat-template", "", "tokenizer_config.json holding the chat template (default: the one beside the tokenizer)")
 	fl.StringVar(&m.served, "served-model-name", "", "model name served in /v1/models and expected in requests (default: "+m.name+")")
+	if m.dtypeOpen != nil {
+		fl.StringVar(&m.dtype, "dtype", "fp32", "CPU weights: fp32, bf16 (half the bytes) or int8 (blocks of 32 quantised at load, as Q8_0)")
+	}
 	m.device.Register(cmd)
 }
 
@@ -113,7 +119,10 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 	if err := m.device.Check(); err != nil {
 		return nil, err
 	}
-	var err error
+	dt, err := m.checkDType()
+	if err != nil {
+		return nil, err
+	}
 	if m.device.CUDA() {
 		if m.specTokens > 0 {
 			return nil, fmt.Errorf("--num-speculative-tokens: the GPU runner does not decode speculatively yet; use --device cpu")
@@ -121,6 +130,11 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		rt.Runner, rt.Pool, err = m.device.OpenGPU(m.name, m.gpu, m.dir, m.cacheBytes)
 	} else if m.specTokens > 0 {
 		rt.Runner, rt.Pool, err = m.spec(m.dir, m.cacheBytes, m.specTokens)
+	} else if m.dtypeOpen != nil {
+		rt.Runner, rt.Pool, err = m.dtypeOpen(m.dir, m.cacheBytes, string(dt))
+		if err == nil {
+			noteDType(warn, dt)
+		}
 	} else {
 		rt.Runner, rt.Pool, err = m.open(m.dir, m.cacheBytes)
 	}

@@ -8,6 +8,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
 
@@ -16,6 +19,16 @@ import (
 // invariance, reproducibility, prefix-cache hits and aborts.
 func TestRunnerConformance(t *testing.T) {
 	runnertest.Run(t, testRunner, runnertest.Options{})
+}
+
+// TestRunnerConformanceDTypes runs the suite with the projections held in bf16 and int8
+// (ref.DType): batching, chunking and paging must not change what either computes.
+func TestRunnerConformanceDTypes(t *testing.T) {
+	for _, dt := range []ref.DType{ref.DTypeBF16, ref.DTypeInt8} {
+		t.Run(string(dt), func(t *testing.T) {
+			runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) { return testRunnerDType(t, dt) }, runnertest.Options{})
+		})
+	}
 }
 
 // BenchmarkExecute measures the runner on one decode step of 8 sequences with 32 tokens

@@ -14,7 +14,12 @@ import (
 type Model struct {
 	Config *Config
 	W      *Weights
-	rope   *ref.RopeTable
+	// DType is the form the projections (attention, MLP, head) are multiplied in: fp32,
+	// bf16 or int8 (ref.DType); embeddings, norms, activations and the cache stay fp32.
+	DType ref.DType
+	rope  *ref.RopeTable
+	proj  []projections
+	head  *ref.Weight
 
 	x, h, qkv, q, k, v, att, o, gateUp, act, rows []float32
 	batch                                         ref.AttentionBatch
@@ -22,17 +27,55 @@ type Model struct {
 	pages                                         []uint32
 }
 
-// NewModel prepares a model for contexts up to maxContext tokens. It lays w's projections
-// out as the forward's GEMMs read them (Layer.fuse): the values do not change.
+// projections are a layer's weights as the forward multiplies them, in the model's dtype.
+type projections struct {
+	qkv, o, gateUp, down *ref.Weight
+}
+
+// NewModel prepares a model for contexts up to maxContext tokens, multiplying in fp32. It
+// lays w's projections out as the forward's GEMMs read them (Layer.fuse): the values do
+// not change.
 func NewModel(c *Config, w *Weights, maxContext int) (*Model, error) {
+	return NewModelDType(c, w, maxContext, ref.DTypeFP32)
+}
+
+// NewModelDType is NewModel multiplying the projections in dt: fp32 reads w's slices, bf16
+// and int8 hold copies in their form (w's float32 projections stay, for tests that read
+// them; Load drops them).
+func NewModelDType(c *Config, w *Weights, maxContext int, dt ref.DType) (*Model, error) {
 	rope, err := c.RopeTable(maxContext)
 	if err != nil {
 		return nil, err
 	}
+	m := &Model{Config: c, W: w, DType: dt, rope: rope, proj: make([]projections, len(w.Layers))}
+	hd, d, inter := c.HiddenSize, c.HeadDim, c.IntermediateSize
+	qd, kvd := c.NumAttentionHeads*d, c.NumKeyValueHeads*d
 	for l := range w.Layers {
-		w.Layers[l].fuse()
+		lw, p := &w.Layers[l], &m.proj[l]
+		lw.fuse()
+		for _, x := range []struct {
+			dst  **ref.Weight
+			w    []float32
+			n, k int
+		}{{&p.qkv, lw.QKV, qd + 2*kvd, hd}, {&p.o, lw.O, hd, qd}, {&p.gateUp, lw.GateUp, 2 * inter, hd}, {&p.down, lw.Down, hd, inter}} {
+			if *x.dst, err = ref.NewWeight(x.w, x.n, x.k, dt); err != nil {
+				return nil, fmt.Errorf("layer %d: %w", l, err)
+			}
+		}
 	}
-	return &Model{Config: c, W: w, rope: rope}, nil
+	if m.head, err = ref.NewWeight(w.Head, c.VocabSize, hd, dt); err != nil {
+		return nil, fmt.Errorf("lm head: %w", err)
+	}
+	return m, nil
+}
+
+// WeightBytes is the memory the projections and head take in the model's dtype.
+func (m *Model) WeightBytes() int64 {
+	n := m.head.Bytes()
+	for _, p := range m.proj {
+		n += p.qkv.Bytes() + p.o.Bytes() + p.gateUp.Bytes() + p.down.Bytes()
+	}
+	return n
 }
 
 // MaxContext returns the longest sequence the model's rotary table covers.
@@ -79,11 +122,11 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 		return fmt.Errorf("forward: %w", err)
 	}
 	for l := range w.Layers {
-		lw := &w.Layers[l]
+		lw, p := &w.Layers[l], &m.proj[l]
 		// One GEMM for q, k and v of every token, then each row split three ways.
 		err := firstErr(
 			ref.RMSNorm(h, x, lw.AttnNorm, t, hd, eps),
-			ref.MatMulT(qkv, h, lw.QKV, t, hd, qd+2*kvd),
+			p.qkv.MatMulT(qkv, h, t),
 		)
 		if err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
@@ -112,16 +155,16 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 		if err := ref.PagedAttentionBatch(att, q, &kv.Layers[l], batch, attn); err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
 		}
-		if err := ref.MatMulT(o, att, lw.O, t, qd, hd); err != nil {
+		if err := p.o.MatMulT(o, att, t); err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
 		}
 		addBias(o, lw.OBias, t)
 		err = firstErr(
 			ref.Add(x, x, o),
 			ref.RMSNorm(h, x, lw.MLPNorm, t, hd, eps),
-			ref.MatMulT(gateUp, h, lw.GateUp, t, hd, 2*inter),
+			p.gateUp.MatMulT(gateUp, h, t),
 			ref.SiLUMul(act, gateUp, t, inter),
-			ref.MatMulT(o, act, lw.Down, t, inter, hd),
+			p.down.MatMulT(o, act, t),
 			ref.Add(x, x, o),
 		)
 		if err != nil {
@@ -136,7 +179,7 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 		}
 		copy(rows[j*hd:(j+1)*hd], x[int(idx)*hd:(int(idx)+1)*hd])
 	}
-	if err := firstErr(ref.RMSNorm(rows, rows, w.Norm, r, hd, eps), ref.MatMulT(logits, rows, w.Head, r, hd, c.VocabSize)); err != nil {
+	if err := firstErr(ref.RMSNorm(rows, rows, w.Norm, r, hd, eps), m.head.MatMulT(logits, rows, r)); err != nil {
 		return fmt.Errorf("forward: head: %w", err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/core/weights"
@@ -46,6 +47,12 @@ func tinyConfig(t testing.TB) *Config {
 // them back through the real loader.
 func tinyModel(t testing.TB, dt weights.DType) (*Config, *Weights, *Model) {
 	t.Helper()
+	return tinyModelDType(t, dt, ref.DTypeFP32)
+}
+
+// tinyModelDType is tinyModel multiplying the projections in mt (ref.DType).
+func tinyModelDType(t testing.TB, dt weights.DType, mt ref.DType) (*Config, *Weights, *Model) {
+	t.Helper()
 	c := tinyConfig(t)
 	dir := t.TempDir()
 	if err := RandomWeights(c, 7).Save(c, dir, dt); err != nil {
@@ -60,7 +67,7 @@ func tinyModel(t testing.TB, dt weights.DType) (*Config, *Weights, *Model) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewModel(c, w, 256)
+	m, err := NewModelDType(c, w, 256, mt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +103,13 @@ func step(t testing.TB, m *Model, pool *kvslab.Pool, kv *KVCache, seqs []*runner
 // (the scaffold's file) runs core/runnertest's suite and BenchmarkExecute on.
 func testRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
 	t.Helper()
-	_, _, m := tinyModel(t, weights.BF16)
+	return testRunnerDType(t, ref.DTypeFP32)
+}
+
+// testRunnerDType is testRunner with the projections in dt, for the suite on every dtype.
+func testRunnerDType(t testing.TB, dt ref.DType) (engine.Runner, *kvslab.Pool) {
+	t.Helper()
+	_, _, m := tinyModelDType(t, weights.BF16, dt)
 	r := NewRunner(m, 4)
 	pool, err := r.NewPool(4 << 20)
 	if err != nil {
@@ -472,5 +485,43 @@ func TestRandomWeightsThatDoNotFit(t *testing.T) {
 	}
 	if _, err := Load(dir, Options{}); !errors.Is(err, weights.ErrTooLarge) {
 		t.Fatalf("Load of a 4 TiB config: err = %v, want weights.ErrTooLarge", err)
+	}
+}
+
+// dtypeTol bounds |logit − fp32 logit| / max |fp32 logit| for each dtype the projections
+// run in: bf16 rounds a weight by at most 2^-9 of it (the tiny model's weights are bf16
+// already: exact), int8 each weight and activation by half its block's scale.
+var dtypeTol = map[ref.DType]float64{ref.DTypeBF16: 1e-5, ref.DTypeInt8: 0.05}
+
+// TestForwardDTypes: the tiny model's logits with its projections in bf16 and int8 are
+// within dtypeTol of fp32's, for a prefill and decode steps after it; and the dtypes hold
+// the projections in fewer bytes.
+func TestForwardDTypes(t *testing.T) {
+	c, _, m32 := tinyModel(t, weights.BF16)
+	toks := runnertest.Prompt(12, c.VocabSize, 3)
+	run := func(m *Model) []float32 {
+		pool, kv := newPool(t, c)
+		seq := runnertest.OpenSeq(t, pool, toks)
+		out := step(t, m, pool, kv, []*runnertest.Seq{seq}, []int{9}, true)
+		for range 3 {
+			out = append(out, step(t, m, pool, kv, []*runnertest.Seq{seq}, []int{1}, true)...)
+		}
+		return out
+	}
+	want := run(m32)
+	var scale float64
+	for _, v := range want {
+		scale = max(scale, math.Abs(float64(v)))
+	}
+	for _, dt := range []ref.DType{ref.DTypeBF16, ref.DTypeInt8} {
+		_, _, m := tinyModelDType(t, weights.BF16, dt)
+		if m.WeightBytes() >= m32.WeightBytes()*3/4 {
+			t.Errorf("%s: the projections take %d bytes, fp32 %d", dt, m.WeightBytes(), m32.WeightBytes())
+		}
+		diff, at := runnertest.MaxAbsDiff(run(m), want)
+		t.Logf("%s: max |logit − fp32| = %.3g (%.2g of the largest logit %.3g) at row %d", dt, diff, diff/scale, scale, at/c.VocabSize)
+		if !(diff <= dtypeTol[dt]*scale) {
+			t.Errorf("%s: logits differ from fp32's by %.3g > %g × %.3g", dt, diff, dtypeTol[dt], scale)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -22,6 +23,10 @@ type Options struct {
 	PageTokens int
 	// Seed seeds the random weights used when the directory holds no safetensors.
 	Seed uint64
+	// DType is the form the projections are held and multiplied in on the CPU: fp32 (the
+	// default), bf16 (exact for a bf16 checkpoint; rounded from fp32 ones) or int8 (blocks
+	// of 32 quantised at load). See ref.DType.
+	DType ref.DType
 }
 
 // Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
@@ -91,9 +96,16 @@ func Load(dir string, opts Options) (*Runner, error) {
 			maxCtx = 4096
 		}
 	}
-	m, err := NewModel(c, w, maxCtx)
+	dt := opts.DType
+	if dt == "" {
+		dt = ref.DTypeFP32
+	}
+	m, err := NewModelDType(c, w, maxCtx, dt)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("load %s as %s: %w", dir, dt, err)
+	}
+	if dt != ref.DTypeFP32 {
+		w.dropProjections()
 	}
 	return NewRunner(m, opts.PageTokens), nil
 }
@@ -102,6 +114,24 @@ func Load(dir string, opts Options) (*Runner, error) {
 // MiB) for it: the registry's entry point.
 func Open(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
 	r, err := Load(dir, Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := r.NewPool(cacheBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, pool, nil
+}
+
+// OpenDType is Open with the projections in dtype (fp32, bf16 or int8; see
+// ref.ParseDType): the entry point of `--dtype`.
+func OpenDType(dir string, cacheBytes int64, dtype string) (engine.Runner, *kvslab.Pool, error) {
+	dt, err := ref.ParseDType(dtype)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := Load(dir, Options{DType: dt})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -44,6 +44,19 @@ func (l *Layer) fuse() {
 	}
 }
 
+// dropProjections releases the layers' float32 projections and an untied head, once a
+// Model holds them in another dtype: the forward then reads only the embeddings and
+// norms here.
+func (w *Weights) dropProjections() {
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down, l.QKV, l.GateUp = nil, nil, nil, nil, nil, nil, nil, nil, nil
+	}
+	if len(w.Head) > 0 && len(w.Embed) > 0 && &w.Head[0] != &w.Embed[0] {
+		w.Head = nil
+	}
+}
+
 // Weights holds every parameter of the model.
 type Weights struct {
 	Embed  []float32 // [vocab, hidden]

@@ -1,18 +1,26 @@
 package demo
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/core/weights"
 )
 
 // parityTol is the largest |logit − transformers' logit| the parity test accepts.
 const parityTol = 1e-4
+
+// parityDTypeTol is, for projections in bf16 and int8 (ref.DType), the largest |logit −
+// transformers' fp32 logit| the parity test accepts, as a fraction of the largest
+// |logit|: what rounding each weight to 8 bits of mantissa (bf16), or each weight and
+// activation to its block's 8-bit grid (int8), makes of the goldens' random models.
+var parityDTypeTol = map[ref.DType]float64{ref.DTypeBF16: 0.01, ref.DTypeInt8: 0.05}
 
 // parityCommand makes goldens for TestTransformersParity from this model's config.json,
 // run from the runtime's root (see the script's --help for real checkpoints).
@@ -39,7 +47,7 @@ func TestTransformersParity(t *testing.T) {
 					t.Skipf("the checkpoint %s is not on this machine: %v", ckDir, err)
 				}
 			}
-			m := loadParityModel(t, ckDir)
+			m := loadParityModel(t, ckDir, ref.DTypeFP32)
 			toks, want := readParityGolden(t, golden, m.Config.VocabSize)
 			n := len(toks)
 			for _, chunks := range [][]int{{n}, decodeChunks(n)} {
@@ -52,12 +60,31 @@ func TestTransformersParity(t *testing.T) {
 						diff, parityTol, at/m.Config.VocabSize, at%m.Config.VocabSize, chunks)
 				}
 			}
+			var scale float64
+			for _, v := range want {
+				scale = max(scale, math.Abs(float64(v)))
+			}
+			for _, dt := range []ref.DType{ref.DTypeBF16, ref.DTypeInt8} {
+				t.Run(string(dt), func(t *testing.T) {
+					m := loadParityModel(t, ckDir, dt)
+					for _, chunks := range [][]int{{n}, decodeChunks(n)} {
+						diff, at := runnertest.MaxAbsDiff(parityLogits(t, m, toks, chunks), want)
+						t.Logf("max |logit − transformers| = %.3g (%.2g of the largest |logit| %.3g) at position %d (prefill chunks %v)",
+							diff, diff/scale, scale, at/m.Config.VocabSize, chunks)
+						if tol := parityDTypeTol[dt] * scale; !(diff <= tol) {
+							t.Errorf("logits differ from transformers' by %.3g > %.3g at position %d, vocab %d (prefill chunks %v)",
+								diff, tol, at/m.Config.VocabSize, at%m.Config.VocabSize, chunks)
+						}
+					}
+				})
+			}
 		})
 	}
 }
 
-// loadParityModel loads dir's checkpoint as Load does, for the whole golden sequence.
-func loadParityModel(t *testing.T, dir string) *Model {
+// loadParityModel loads dir's checkpoint as Load does, for the whole golden sequence, with
+// the projections in dt.
+func loadParityModel(t *testing.T, dir string, dt ref.DType) *Model {
 	t.Helper()
 	c, err := LoadConfig(dir)
 	if err != nil {
@@ -72,7 +99,7 @@ func loadParityModel(t *testing.T, dir string) *Model {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewModel(c, w, 1024)
+	m, err := NewModelDType(c, w, 1024, dt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cli.AddProfiling(root)
-	m := cli.NewModelDir(model.Name, model.Open).WithGPU(model.OpenGPU)
+	m := cli.NewModelDir(model.Name, model.Open).WithGPU(model.OpenGPU).WithDType(model.OpenDType)
 	root.AddCommand(
 		cli.GenerateCmd(m),
 		cli.ServeCmd(m),
