@@ -33,6 +33,16 @@
 #   scripts/gpu-check.sh --build    only build the binaries into .cache/gpu-bin (for a GPU
 #                                   machine without Go: carry .cache/gpu-bin there and run
 #                                   scripts/gpu-check.sh, which then uses them)
+#   scripts/gpu-check.sh --glm      build (where Go is), then only GLM-5.3-Flash at its real
+#                                   dimensions: the first 4 layers (3 KDA, 1 DSA+MoE;
+#                                   models/glm-5-flash/testdata/gpu-check/config.json), random
+#                                   fp32 weights (~68 GB on the host with the MTP layer, ~38 GB
+#                                   on the GPU): the GPU runner against the CPU runner through
+#                                   the engine (TestGPUTruncatedMatchesCPU, its parity line),
+#                                   then prefill and decode tokens/s at batch 1, 16 and 64
+#                                   (`resin bench model --device cuda`). Apart from the main
+#                                   check: building the random weights takes minutes in each
+#                                   of the two; allow about 10 minutes.
 #
 # Libraries: libcuda from the driver; NVRTC, cuBLASLt and NCCL from the CUDA toolkit or
 # NVIDIA's Python wheels (found automatically; RESIN_CUDA_LIB_DIR or RESIN_NVRTC_LIB
@@ -110,23 +120,7 @@ main() {
 		echo "no Go toolchain and no prebuilt $bin (run scripts/gpu-check.sh --build where Go is)"; return 1
 	fi
 
-	# .cache/test.env (from .ci/setup.d) names NVRTC and ptxas where the setup ran.
-	if [ -f .cache/test.env ]; then set -a; . .cache/test.env; set +a; fi
-	# Otherwise look for them in a CUDA toolkit or NVIDIA's Python wheels.
-	if [ -z "${RESIN_NVRTC_LIB:-}" ] && [ -z "${RESIN_CUDA_LIB_DIR:-}" ]; then
-		for f in /usr/local/cuda/lib64/libnvrtc.so /usr/local/cuda/lib64/libnvrtc.so.* \
-			/opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.* \
-			/usr/local/lib/python3*/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*; do
-			case "$f" in *builtins*|*alt*) continue;; esac
-			[ -e "$f" ] && { export RESIN_NVRTC_LIB=$f; break; }
-		done
-	fi
-	if [ -z "${RESIN_PTXAS:-}" ]; then
-		p=$(command -v ptxas || ls /usr/local/cuda/bin/ptxas 2>/dev/null || true)
-		[ -n "$p" ] && export RESIN_PTXAS=$p
-	fi
-	export RESIN_KERNEL_CACHE=${RESIN_KERNEL_CACHE:-$root/.cache/gpu-kernel-cache}
-	echo "RESIN_NVRTC_LIB=${RESIN_NVRTC_LIB:-} RESIN_PTXAS=${RESIN_PTXAS:-}"
+	toolEnv
 
 	echo; echo "== resin doctor"
 	"$bin/resin" doctor
@@ -191,6 +185,57 @@ JSON
 	return $failed
 }
 
+# toolEnv finds NVRTC and ptxas and sets the kernel cache.
+toolEnv() {
+	# .cache/test.env (from .ci/setup.d) names NVRTC and ptxas where the setup ran.
+	if [ -f .cache/test.env ]; then set -a; . .cache/test.env; set +a; fi
+	# Otherwise look for them in a CUDA toolkit or NVIDIA's Python wheels.
+	if [ -z "${RESIN_NVRTC_LIB:-}" ] && [ -z "${RESIN_CUDA_LIB_DIR:-}" ]; then
+		for f in /usr/local/cuda/lib64/libnvrtc.so /usr/local/cuda/lib64/libnvrtc.so.* \
+			/opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.* \
+			/usr/local/lib/python3*/dist-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.*; do
+			case "$f" in *builtins*|*alt*) continue;; esac
+			[ -e "$f" ] && { export RESIN_NVRTC_LIB=$f; break; }
+		done
+	fi
+	if [ -z "${RESIN_PTXAS:-}" ]; then
+		local p
+		p=$(command -v ptxas || ls /usr/local/cuda/bin/ptxas 2>/dev/null || true)
+		[ -n "$p" ] && export RESIN_PTXAS=$p
+	fi
+	export RESIN_KERNEL_CACHE=${RESIN_KERNEL_CACHE:-$root/.cache/gpu-kernel-cache}
+	echo "RESIN_NVRTC_LIB=${RESIN_NVRTC_LIB:-} RESIN_PTXAS=${RESIN_PTXAS:-}"
+}
+
+# glmOnly is --glm: GLM-5.3-Flash's first 4 layers at real dimensions on GPU 0 (see the
+# header), parity then figures, with its summary.
+glmOnly() {
+	local start=$SECONDS failed=0
+	local cfg=$root/models/glm-5-flash/testdata/gpu-check/config.json
+	echo "== machine"
+	date -u
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "nvidia-smi not available"
+	driver || return 1
+	if command -v go >/dev/null; then
+		build || { echo "BUILD FAILED"; return 1; }
+	elif [ ! -x "$bin/resin" ]; then
+		echo "no Go toolchain and no prebuilt $bin (run scripts/gpu-check.sh --build where Go is)"; return 1
+	fi
+	toolEnv
+	echo; echo "== glm-5-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU)"
+	(cd models/glm-5-flash && RESIN_GPU=1 RESIN_GLM_CONFIG=$cfg timeout 400 "$bin/models_glm-5-flash.test" \
+		-test.run '^TestGPUTruncatedMatchesCPU$' -test.v -test.count=1 -test.timeout=390s </dev/null) || failed=1
+	echo; echo "== resin bench model --model glm-5-flash --device cuda (4 layers at real dimensions, random weights)"
+	timeout 400 "$bin/resin" bench model --model glm-5-flash --random-weights "$cfg" --device cuda --cache-bytes 8589934592 \
+		--batch-sizes 1,16,64 --prompt-len 128 --gen-len 16 --repeat 1 --max-batch-tokens 1024 --max-seqs 64 || failed=1
+	echo; echo "== summary (glm-5-flash at real dimensions)"
+	echo "-- parity"; grep -hE '_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  /'
+	echo "-- figures (resin bench model --device cuda)"; grep -hE '^  batch +[0-9]+ +prefill' "$log"
+	echo "-- wall time: $((SECONDS - start)) s"
+	[ $failed -eq 0 ] && echo "GLM GPU CHECK PASSED" || echo "GLM GPU CHECK FAILED"
+	return $failed
+}
+
 # emulated runs the emulated device's tests and a generate on it, from the same binaries,
 # each output line prefixed "emu| " so that the GPU's summary counts only the GPU's lines.
 # A failure there fails the check too: the emulated run is the CI's view of the same code.
@@ -244,6 +289,10 @@ if [ "${1:-}" = "--build" ]; then
 	exit $?
 fi
 : >"$log"
+if [ "${1:-}" = "--glm" ]; then
+	glmOnly 2>&1 | tee -a "$log"
+	exit "${PIPESTATUS[0]}"
+fi
 if [ "${1:-}" = "--emulated" ]; then
 	emulatedOnly 2>&1 | tee -a "$log"
 	exit "${PIPESTATUS[0]}"
