@@ -117,6 +117,7 @@ const (
 	kFP8GemmBF16
 	kMXFP4GemmF32
 	kMXFP4GemmBF16
+	kCastBF16
 	numKernels
 )
 
@@ -148,4 +149,5 @@ var kernelNames = [numKernels]struct{ file, entry string }{
 	kFP8GemmBF16:      {"quant_linear.cu", "resin_fp8_block_gemm_bf16"},
 	kMXFP4GemmF32:     {"quant_linear.cu", "resin_mxfp4_gemm_f32"},
 	kMXFP4GemmBF16:    {"quant_linear.cu", "resin_mxfp4_gemm_bf16"},
+	kCastBF16:         {"quant_linear.cu", "resin_cast_bf16"},
 }

@@ -122,7 +122,7 @@ func init() {
 		"moe_masked.cu:resin_swiglu_clamped_f32", "moe_masked.cu:resin_moe_combine_f32",
 		"quant_linear.cu:resin_fp8_quant_f32", "quant_linear.cu:resin_fp8_quant_bf16",
 		"quant_linear.cu:resin_fp8_block_gemm_f32", "quant_linear.cu:resin_fp8_block_gemm_bf16",
-		"quant_linear.cu:resin_mxfp4_gemm_f32", "quant_linear.cu:resin_mxfp4_gemm_bf16",
+		"quant_linear.cu:resin_mxfp4_gemm_f32", "quant_linear.cu:resin_mxfp4_gemm_bf16", "quant_linear.cu:resin_cast_bf16",
 	} {
 		emuCovered[e] = true
 	}

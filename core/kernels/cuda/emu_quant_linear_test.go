@@ -323,4 +323,35 @@ func packQuantLinear(t testing.TB, k *Kernels) {
 		}
 		check(f.pack(&k.specs[id]))
 	}
+	check(packCastBF16(&k.specs[kCastBF16], 1, 2, 64*4096))
+}
+
+// TestEmuCastBF16 checks the cast against weights.Float32ToBF16, NaN and ties included.
+func TestEmuCastBF16(t *testing.T) {
+	x := emuRnd(51, 1000, 100)
+	x[3], x[4] = float32(math.NaN()), math.Float32frombits(0x3f808000) // a tie, to even
+	m := &emuMem{t: t}
+	out := m.alloc(2 * len(x))
+	var spec launchSpec
+	if err := packCastBF16(&spec, out, m.f32(x), len(x)); err != nil {
+		t.Fatal(err)
+	}
+	emuRun(t, "cast bf16", m, fromSpec(&spec))
+	got := make([]uint16, len(x))
+	m.get(out, got)
+	for i, v := range x {
+		want := weights.Float32ToBF16(v)
+		if math.IsNaN(float64(v)) {
+			if got[i]&0x7f80 != 0x7f80 || got[i]&0x7f == 0 {
+				t.Fatalf("NaN cast to %#04x", got[i])
+			}
+			continue
+		}
+		if got[i] != want {
+			t.Fatalf("cast of %g = %#04x, want %#04x", v, got[i], want)
+		}
+	}
+	if err := packCastBF16(new(launchSpec), 1, 2, 0); err == nil {
+		t.Error("an empty cast accepted")
+	}
 }

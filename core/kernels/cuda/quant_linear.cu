@@ -251,3 +251,9 @@ RESIN_KERNEL void resin_mxfp4_gemm_bf16(float* __restrict__ out, const resin_bf1
                                         const int* __restrict__ counts, int max_rows, int n, int k) {
   resin_mxfp4_gemm(out, x, w, scale, counts, max_rows, n, k);
 }
+
+// resin_cast_bf16: out[i] = bf16(x[i]) rounded to nearest even, for the bf16 linears'
+// float32 inputs. x: [n] float32   out: [n] bf16
+RESIN_KERNEL void resin_cast_bf16(resin_bf16* __restrict__ out, const float* __restrict__ x, long long n) {
+  for (long long i = resin_global_tid(); i < n; i += (long long)RESIN_NTID_X * RESIN_NCTAID_X) out[i] = resin_f2bf(x[i]);
+}

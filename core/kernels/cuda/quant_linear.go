@@ -174,6 +174,26 @@ func (k *Kernels) MXFP4Gemm(c *cudart.Ctx, s *cudart.Stream, g MXFP4Gemm) error 
 	return k.launch(c, s, spec)
 }
 
+func packCastBF16(spec *launchSpec, out, x cudart.DevicePtr, n int) error {
+	if err := positive("CastBF16", n); err != nil {
+		return err
+	}
+	spec.kernel = kCastBF16
+	spec.grid, spec.block = elementwise(n)
+	spec.shared = 0
+	spec.args.reset().ptr(out).ptr(x).i64(int64(n))
+	return nil
+}
+
+// CastBF16 launches out [n] bf16 = x [n] float32 rounded to nearest even (NaN stays NaN).
+func (k *Kernels) CastBF16(c *cudart.Ctx, s *cudart.Stream, out, x cudart.DevicePtr, n int) error {
+	spec := &k.specs[kCastBF16]
+	if err := packCastBF16(spec, out, x, n); err != nil {
+		return err
+	}
+	return k.launch(c, s, spec)
+}
+
 // Float32ToE4M3 rounds v to the nearest float8 e4m3fn byte (ties to even), saturating at
 // ±448 and NaN to 0x7f: resin_f32_to_e4m3 on the host, the inverse of
 // weights.F8E4M3ToFloat32 on its values.
