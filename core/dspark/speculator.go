@@ -1,0 +1,150 @@
+package dspark
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// TapForwarder is a target forward that can also hand over the hidden states of some of
+// its rows at the drafter's tapped layers: the optional interface a target implements to
+// be drafted for by DSpark. A nil tap must behave as the plain forward.
+type TapForwarder interface {
+	cpurunner.Forwarder
+	ForwardTap(plan *engine.BatchPlan, logits []float32, tap *FeatureTap) error
+}
+
+// Speculator runs a target with a DSpark drafter on core/cpurunner: a cpurunner.Forwarder
+// that is also a DraftSampler. Each step it taps the target's features for every row,
+// grows each sequence's draft context by the rows the step committed (prompt tokens, the
+// anchor and the accepted drafts), and proposes the next block from the token the step
+// emitted. Greedy rows draft greedily; sampled rows draw their drafts at the request's
+// temperature with engine.DraftUniform(seed, position) and keep q for exact verification.
+//
+// The draft context lives in the Speculator (one Context per request), not in a kvslab
+// cache group: a request that starts from a prefix-cache hit, or comes back after a
+// preemption, has no features for the positions it did not compute and proposes no drafts
+// (its output is unchanged; it only goes without speculation).
+type Speculator struct {
+	Target    TapForwarder
+	Drafter   *Drafter
+	Threshold float32 // the confidence cut (0: full blocks)
+	maxDrafts int
+
+	seqs map[uint64]*seqState
+	tap  FeatureTap
+	rows []int32
+}
+
+type seqState struct {
+	ctx     *Context
+	prop    *Proposal
+	noDraft bool // features are missing for some position: this request is not drafted
+}
+
+var _ cpurunner.DraftSampler = (*Speculator)(nil)
+
+// NewSpeculator returns a Speculator proposing at most maxDrafts drafts per block (≤ 0 or
+// more than the block: the block size).
+func NewSpeculator(target TapForwarder, d *Drafter, maxDrafts int, threshold float32) *Speculator {
+	if maxDrafts <= 0 || maxDrafts > d.Config.BlockSize {
+		maxDrafts = d.Config.BlockSize
+	}
+	return &Speculator{Target: target, Drafter: d, Threshold: threshold, maxDrafts: maxDrafts, seqs: map[uint64]*seqState{}}
+}
+
+// MaxDrafts is the most drafts a block proposes.
+func (s *Speculator) MaxDrafts() int { return s.maxDrafts }
+
+// Forward runs the target over plan, tapping the features of every row.
+func (s *Speculator) Forward(plan *engine.BatchPlan, logits []float32) error {
+	for _, r := range plan.Released {
+		delete(s.seqs, r.ReqID)
+	}
+	t := plan.NumTokens()
+	s.rows = s.rows[:0]
+	for r := range t {
+		s.rows = append(s.rows, int32(r))
+	}
+	c := s.Drafter.Config
+	s.tap.LayerIDs, s.tap.Rows, s.tap.Hidden = c.TargetLayerIDs, s.rows, c.Base.HiddenSize
+	s.tap.Features = grow(&s.tap.Features, t*c.FeatureDim())
+	return s.Target.ForwardTap(plan, logits, &s.tap)
+}
+
+// Draft grows every sequence's draft context by the rows this step committed and proposes
+// its next block.
+func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error {
+	d := s.Drafter
+	F := d.Config.FeatureDim()
+	tok := 0
+	for i, id := range plan.ReqIDs {
+		a := int(res.Accepted[i])
+		tok += a
+		st := s.seqs[id]
+		if st == nil {
+			st = &seqState{ctx: d.NewContext()}
+			s.seqs[id] = st
+		}
+		st.prop = nil
+		lo, hi := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
+		if a > 0 { // the rows up to the last logits row used: the anchor and accepted drafts
+			hi = int(plan.LogitsIndices[int(plan.LogitsStart[i])+a-1]) + 1
+		}
+		if st.noDraft || lo == hi {
+			continue
+		}
+		p0 := int(plan.Positions[lo])
+		switch {
+		case p0 > st.ctx.Len():
+			st.noDraft = true // a prefix hit or a resumed request: positions without features
+			continue
+		case p0 < st.ctx.Len():
+			if err := st.ctx.Truncate(p0); err != nil {
+				return err
+			}
+		}
+		if err := d.Extend(st.ctx, s.tap.Features[lo*F:hi*F], hi-lo); err != nil {
+			return fmt.Errorf("request %d: %w", id, err)
+		}
+		if a == 0 || st.ctx.Len()+d.Config.BlockSize > d.rope.MaxPos {
+			continue
+		}
+		blk, err := d.Block(st.ctx, res.Tokens[tok-1])
+		if err != nil {
+			return fmt.Errorf("request %d: %w", id, err)
+		}
+		row := plan.SamplingOf(i)
+		smp := Sampling{Threshold: s.Threshold, MaxDrafts: s.maxDrafts}
+		if row.Temperature > 0 && row.TopK != 1 {
+			smp.Temperature = row.Temperature
+			smp.Uniforms = make([]float64, d.Config.BlockSize)
+			for j := range smp.Uniforms { // slot j drafts position P+1+j
+				smp.Uniforms[j] = engine.DraftUniform(row.Seed, blk.Position+1+j)
+			}
+		}
+		p, err := d.Propose(blk, smp)
+		if err != nil {
+			return fmt.Errorf("request %d: %w", id, err)
+		}
+		st.prop = p
+		res.NumNextDrafts[i] = int32(len(p.Drafts))
+		res.Drafts = append(res.Drafts, p.Drafts...)
+	}
+	return nil
+}
+
+// DraftDistribution returns q of draft j of plan's sequence i, from its last proposal.
+func (s *Speculator) DraftDistribution(plan *engine.BatchPlan, i, j int) ([]float32, error) {
+	st := s.seqs[plan.ReqIDs[i]]
+	if st == nil || st.prop == nil || j >= len(st.prop.Drafts) {
+		return nil, fmt.Errorf("dspark: no draft %d proposed for request %d", j, plan.ReqIDs[i])
+	}
+	fed := plan.Tokens[int(plan.QueryStart[i+1])-int(plan.NumDrafts[i])+j]
+	if fed != st.prop.Drafts[j] {
+		return nil, fmt.Errorf("dspark: request %d feeds draft %d as token %d, proposed %d", plan.ReqIDs[i], j, fed, st.prop.Drafts[j])
+	}
+	V := s.Drafter.Config.Base.VocabSize
+	return st.prop.Q[j*V : (j+1)*V], nil
+}

@@ -1,0 +1,165 @@
+package dspark
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// toyTarget is a fake target over the test drafters' vocabulary (32) and hidden size (16):
+// the logits of a row are a hash of its token and position, with token 28 (the vanilla
+// drafter's favourite) pushed up at two positions in three, so that drafts are accepted in
+// part; its features at every layer are a smooth function of the token and position.
+type toyTarget struct{ vocab, hidden int }
+
+func (m toyTarget) rowLogits(dst []float32, tok, pos int32) {
+	for v := range dst {
+		x := uint64(tok)*0x9E3779B97F4A7C15 ^ uint64(pos)*0xBF58476D1CE4E5B9 ^ uint64(v)*0x94D049BB133111EB
+		x ^= x >> 29
+		x *= 0xBF58476D1CE4E5B9
+		dst[v] = float32(x>>40)/(1<<24)*4 - 2
+	}
+	if pos%3 != 0 {
+		dst[28] += 3
+	}
+}
+
+func (m toyTarget) Forward(p *engine.BatchPlan, logits []float32) error {
+	return m.ForwardTap(p, logits, nil)
+}
+
+func (m toyTarget) ForwardTap(p *engine.BatchPlan, logits []float32, tap *FeatureTap) error {
+	if len(logits) != len(p.LogitsIndices)*m.vocab {
+		return fmt.Errorf("logits buffer of %d for %d rows", len(logits), len(p.LogitsIndices))
+	}
+	for j, k := range p.LogitsIndices {
+		m.rowLogits(logits[j*m.vocab:(j+1)*m.vocab], p.Tokens[k], p.Positions[k])
+	}
+	x := make([]float32, p.NumTokens()*m.hidden)
+	for l := -1; l < 4; l++ {
+		for r := range p.NumTokens() {
+			for e := range m.hidden {
+				x[r*m.hidden+e] = float32(math.Sin(float64(p.Tokens[r])*0.37 + float64(p.Positions[r])*0.11 + float64(e+l)*0.7))
+			}
+		}
+		if err := tap.Capture(l, x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func toyInfo() engine.RunnerInfo {
+	return engine.RunnerInfo{
+		Name: "toy", VocabSize: 32, MaxContext: 64,
+		CacheGroups: []kvslab.GroupSpec{{Name: "kv", Kind: kvslab.Full, Layers: 1, BytesPerToken: 8, PageTokens: 4}},
+	}
+}
+
+// generate runs one request per prompt through an engine on r and returns their tokens.
+func generate(t *testing.T, r engine.Runner, prompts [][]int32, sp engine.SamplingParams) ([][]int32, engine.Counters) {
+	t.Helper()
+	e, err := engine.New(r, engine.Config{MaxBatchTokens: 256, MaxSeqs: 8, CacheBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() {
+		e.Close()
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("engine loop: %v", err)
+		}
+	}()
+	var streams []*engine.Stream
+	for _, p := range prompts {
+		s, err := e.Submit(context.Background(), engine.Request{Prompt: p, Sampling: sp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	out := make([][]int32, len(streams))
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	for i, s := range streams {
+		for {
+			ev, err := s.Recv(rctx)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.Err != nil {
+				t.Fatalf("request %d: %v", i, ev.Err)
+			}
+			out[i] = append(out[i], ev.Tokens...)
+		}
+	}
+	return out, e.Counters()
+}
+
+// TestSpeculatorGreedyLossless: greedy output with the DSpark drafter equals plain greedy
+// decoding of the target, for a batch of prompts of mixed lengths, with drafts accepted
+// in part; with a confidence cut and a lower draft cap too.
+func TestSpeculatorGreedyLossless(t *testing.T) {
+	d, err := Load("testdata/vanilla", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := toyTarget{vocab: 32, hidden: 16}
+	if err := d.Config.CheckTarget(32, 16, 4); err != nil {
+		t.Fatal(err)
+	}
+	prompts := [][]int32{{1, 2, 3}, {5}, {7, 8, 9, 10, 11, 12, 13}, {28, 28}}
+	sp := engine.SamplingParams{MaxTokens: 20, IgnoreEOS: true}
+	want, _ := generate(t, cpurunner.New(toyInfo(), target), prompts, sp)
+	for _, tc := range []struct {
+		max       int
+		threshold float32
+	}{{0, 0}, {3, 0}, {0, 0.5}} {
+		spec := NewSpeculator(target, d, tc.max, tc.threshold)
+		got, n := generate(t, cpurunner.New(toyInfo(), spec), prompts, sp)
+		for i := range want {
+			if !slices.Equal(got[i], want[i]) {
+				t.Errorf("max %d cut %g: request %d: %v with DSpark, %v without", tc.max, tc.threshold, i, got[i], want[i])
+			}
+		}
+		if n.DraftsAccepted == 0 || n.DraftsAccepted == n.DraftsProposed {
+			t.Errorf("max %d cut %g: %d of %d drafts accepted; the test wants some accepted and some not", tc.max, tc.threshold, n.DraftsAccepted, n.DraftsProposed)
+		}
+		t.Logf("max %d cut %g: %d of %d drafts accepted", tc.max, tc.threshold, n.DraftsAccepted, n.DraftsProposed)
+	}
+}
+
+// TestSpeculatorSampled: at temperature 1 sampled drafts go through cpurunner's rejection
+// sampling with the q the drafter drew from (DraftDistribution checks the fed drafts are
+// the proposed ones), and a request's tokens depend on its seed only, not on its batch.
+func TestSpeculatorSampled(t *testing.T) {
+	d, err := Load("testdata/rnn", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := toyTarget{vocab: 32, hidden: 16}
+	sp := engine.SamplingParams{MaxTokens: 16, IgnoreEOS: true, Temperature: 1, Seed: 7, HasSeed: true}
+	alone, _ := generate(t, cpurunner.New(toyInfo(), NewSpeculator(target, d, 0, 0)), [][]int32{{3, 4}}, sp)
+	batch, n := generate(t, cpurunner.New(toyInfo(), NewSpeculator(target, d, 0, 0)), [][]int32{{9, 9, 9, 9}, {3, 4}, {1}}, sp)
+	if !slices.Equal(alone[0], batch[1]) {
+		t.Errorf("a sampled request's tokens depend on its batch: %v alone, %v in a batch", alone[0], batch[1])
+	}
+	if n.DraftsProposed == 0 {
+		t.Errorf("no drafts proposed")
+	}
+}
