@@ -53,6 +53,18 @@ type Config struct {
 	// the engine's handling of several groups at once (slot mappings, page tables,
 	// windows released while the first group keeps its pages) is checked too.
 	Mirror bool
+	// Draft adds a cache group "draft" like a DSpark drafter's context cache, a full one,
+	// or a sliding window of DraftWindow tokens when DraftWindow > 0: it holds the same
+	// entries as the first group (the drafter's context row of a token depends on that
+	// token and the ones before it, as the target's does, so it is written in the step
+	// that feeds the token, at the token's own slot, mid-prompt chunks and drafts
+	// included). With MaxDrafts > 0, before proposing a sequence's drafts the runner reads
+	// the whole draft context the drafter attends to, every committed position (the last
+	// DraftWindow-1 of them for a window), and checks that the entries chain to the
+	// token just sampled: a prefix hit, a preemption or a rollback that left the draft
+	// context short or stale is reported by Err.
+	Draft       bool
+	DraftWindow int
 	// GraphBuckets are declared as is.
 	GraphBuckets []int
 	// MaxDrafts > 0 makes the runner propose drafts: the true greedy continuation, except
@@ -90,6 +102,7 @@ type Runner struct {
 	lastOut map[uint64]int32 // last token sampled per request (Async)
 	history []int32          // a row's token history, pending tokens and drafts filled in
 	stateG  int              // the recurrent group, or -1
+	draftG  int              // the draft context group, or -1
 	rowH    []uint64         // h after each token of the row being run
 	rowTok  []int32          // the row's tokens, pending tokens filled in
 
@@ -130,6 +143,15 @@ func New(cfg Config) (*Runner, error) {
 		groups = append(groups, kvslab.GroupSpec{Name: "mirror", Kind: kvslab.SlidingWindow, Layers: 1,
 			BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens, Window: 2 * cfg.BlockTokens})
 	}
+	draftG := -1
+	if cfg.Draft {
+		draftG = len(groups)
+		draft := kvslab.GroupSpec{Name: "draft", Kind: kvslab.Full, Layers: 1, BytesPerToken: entryBytes, PageTokens: cfg.BlockTokens}
+		if cfg.DraftWindow > 0 {
+			draft.Kind, draft.Window = kvslab.SlidingWindow, cfg.DraftWindow
+		}
+		groups = append(groups, draft)
+	}
 	stateG := -1
 	if cfg.Recurrent {
 		stateG = len(groups)
@@ -154,7 +176,7 @@ func New(cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enginetest: pool: %w", err)
 	}
-	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize), lastOut: map[uint64]int32{}, stateG: stateG}
+	r := &Runner{cfg: cfg, pool: pool, mem: arena, logits: make([]float32, cfg.VocabSize), lastOut: map[uint64]int32{}, stateG: stateG, draftG: draftG}
 	r.info = engine.RunnerInfo{
 		Name: "enginetest", VocabSize: cfg.VocabSize, MaxContext: cfg.MaxContext, EOS: cfg.EOS,
 		CacheGroups: groups, GraphBuckets: cfg.GraphBuckets, MaxDrafts: cfg.MaxDrafts,
@@ -374,6 +396,11 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 			last := res.Tokens[len(res.Tokens)-1]
 			lastPos := firstPos + accepted // position of the token just sampled
 			h := hs[accepted-1]
+			if r.draftG >= 0 {
+				if err := r.checkDraftContext(p.PageTableOf(r.draftG, i), lastPos, h); err != nil {
+					return engine.StepResult{}, r.fail(fmt.Errorf("enginetest: step %d, request %d: draft context: %w", p.Step, p.ReqIDs[i], err))
+				}
+			}
 			for j := 1; j <= r.cfg.MaxDrafts; j++ {
 				// Draft j continues greedily after the sampled token.
 				h = chain(h, last)
@@ -388,6 +415,33 @@ func (r *Runner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepR
 		}
 	}
 	return *res, nil
+}
+
+// checkDraftContext reads the draft group's entries the drafter of a sequence whose
+// token just sampled sits at pos attends to (positions before pos, the last
+// DraftWindow-1 of them for a window) and checks that they chain to h, the state after
+// position pos-1.
+func (r *Runner) checkDraftContext(table []kvslab.PageID, pos int, h uint64) error {
+	lo := 0
+	if w := r.cfg.DraftWindow; w > 0 {
+		lo = max(0, pos-w+1)
+	}
+	bt := r.pool.BlockTokens()
+	prev := uint64(seedHash)
+	for q := lo; q < pos; q++ {
+		tok, e, err := r.readEntry(r.draftG, table, q, bt)
+		if err != nil {
+			return err
+		}
+		if (q > lo || q == 0) && e != chain(prev, tok) {
+			return fmt.Errorf("the entry at position %d does not follow the one before it", q)
+		}
+		prev = e
+	}
+	if pos > lo && prev != h {
+		return fmt.Errorf("the entry at position %d is not the state the target computed", pos-1)
+	}
+	return nil
 }
 
 func anyLogprobs(p *engine.BatchPlan) bool {
@@ -436,18 +490,24 @@ func (r *Runner) readPage(g int, id kvslab.PageID, pos int) (uint64, error) {
 }
 
 func (r *Runner) read(g int, table []kvslab.PageID, pos, bt int) (uint64, error) {
+	_, h, err := r.readEntry(g, table, pos, bt)
+	return h, err
+}
+
+// readEntry returns the token and h of group g's entry at pos.
+func (r *Runner) readEntry(g int, table []kvslab.PageID, pos, bt int) (int32, uint64, error) {
 	if pos/bt >= len(table) {
-		return 0, fmt.Errorf("position %d beyond the page table (%d blocks)", pos, len(table))
+		return 0, 0, fmt.Errorf("position %d beyond the page table (%d blocks)", pos, len(table))
 	}
 	id := table[pos/bt]
 	if id == kvslab.NoPage {
-		return 0, fmt.Errorf("position %d has no page", pos)
+		return 0, 0, fmt.Errorf("position %d has no page", pos)
 	}
 	b := r.entry(g, id, pos%bt)
 	if got := int32(binary.LittleEndian.Uint32(b[0:])) - 1; got != int32(pos) {
-		return 0, fmt.Errorf("cache entry for position %d holds position %d", pos, got)
+		return 0, 0, fmt.Errorf("cache entry for position %d holds position %d", pos, got)
 	}
-	return binary.LittleEndian.Uint64(b[8:]), nil
+	return int32(binary.LittleEndian.Uint32(b[4:])), binary.LittleEndian.Uint64(b[8:]), nil
 }
 
 const seedHash = 0x5EED
