@@ -141,7 +141,7 @@ func (m *TextModel) ForwardHidden(chunks []TextChunk) (logits, hidden []float32,
 		return nil, nil, nil
 	}
 	x := make([]float32, T*D)
-	if err := ref.Embedding(x, m.W.embed, ids, D); err != nil {
+	if err := m.embed(x, ids); err != nil {
 		return nil, nil, err
 	}
 	streams := make([]float32, T*hc*D)
@@ -176,14 +176,16 @@ func (m *TextModel) ForwardHidden(chunks []TextChunk) (logits, hidden []float32,
 				}
 				copy(out[off[ci]*D:], y)
 			}
-			return out, nil
+			// Under TP each rank projected its heads: one all-reduce for every chunk.
+			return out, m.allReduce(out, "attention")
 		})
 		if err != nil {
 			return nil, nil, fmt.Errorf("layer %d attention: %w", i, err)
 		}
 		streams, err = m.hcBlock(streams, T, &ly.ffnHC, ly.postNorm, func(h []float32) ([]float32, error) {
 			if ly.dense != nil {
-				return mlp(ly.dense, h, T, D, float32(c.SwigluLimit)), nil
+				y := mlp(ly.dense, h, T, D, float32(c.SwigluLimit))
+				return y, m.allReduce(y, "mlp")
 			}
 			return m.moe(ly.moe, h, T)
 		})
@@ -222,7 +224,8 @@ func (m *TextModel) ForwardHidden(chunks []TextChunk) (logits, hidden []float32,
 	if n == 0 {
 		return nil, hidden, nil
 	}
-	return dense(picked, m.W.lmHead, n, D, c.VocabSize), hidden, nil
+	logits, err = m.lmHead(picked, n)
+	return logits, hidden, err
 }
 
 // hcBlock runs one mHC-wrapped block: weights from the normalised flattened streams,
@@ -296,7 +299,7 @@ func mlp(w *mlpWeights, x []float32, T, D int, limit float32) []float32 {
 // experts.
 func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	c := m.Config
-	D, E, F, K := c.HiddenSize, c.NRoutedExperts, c.MoEIntermediateSize, c.NumExpertsPerTok
+	D, E, F, K := c.HiddenSize, c.NRoutedExperts, m.moeInter(), c.NumExpertsPerTok
 	logits := dense(x, w.router, T, D, E)
 	if topKMargin != nil {
 		routerMargins(logits, w.bias, T, E, K, c.NGroup, c.TopKGroup)
@@ -310,7 +313,7 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	// Under expert parallelism with the gather exchange rank 0 holds the shared experts'
 	// output, the others start from zeros, and each adds its own experts (moeExperts
 	// combines them); all-to-all gives every rank the routed sum, added to its own.
-	par := m.par.comm != nil
+	par := m.expertParallel()
 	var out []float32
 	if !par || m.par.rank == 0 || m.par.dispatch == DispatchAllToAll {
 		out = mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
@@ -374,7 +377,7 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	if par {
 		return out, m.moeExperts(x, out, ids, wts, T, expert)
 	}
-	return out, nil
+	return out, m.allReduce(out, "moe")
 }
 
 // kda runs a Kimi Delta Attention layer over T tokens at positions pos0.., advancing the
@@ -382,8 +385,11 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 // With blockTokens > 0 the tokens are cut at block ends and BlockEnd sees the state there.
 func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0, blockTokens int) ([]float32, error) {
 	c := m.Config
-	D, H, Dh, K := c.HiddenSize, c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
+	D, Dh, K := c.HiddenSize, c.LinearHeadDim, c.LinearConvKernelDim
+	_, H := m.heads()
 	L := H * Dh
+	// Under TP the state holds this rank's heads in the room of the first ones.
+	convState, recState := ls.Conv[:3*L*(K-1)], ls.Recurrent[:H*Dh*Dh]
 	q, k, v := dense(x, w.q, T, D, L), dense(x, w.k, T, D, L), dense(x, w.v, T, D, L)
 	mixed := make([]float32, T*3*L)
 	for t := range T {
@@ -440,7 +446,7 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 			s1 = s0 + 1
 		}
 		n := s1 - s0
-		if err := ref.CausalConvStep(conv[s0*3*L:], ls.Conv, mixed[s0*3*L:s1*3*L], w.conv, n, 3*L, K); err != nil {
+		if err := ref.CausalConvStep(conv[s0*3*L:], convState, mixed[s0*3*L:s1*3*L], w.conv, n, 3*L, K); err != nil {
 			return nil, err
 		}
 		for t := s0; t < s1; t++ {
@@ -457,9 +463,9 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 		l2(ks, 1)
 		var err error
 		if n == 1 {
-			err = ref.KDAStep(o[s0*L:s1*L], ls.Recurrent, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, a)
+			err = ref.KDAStep(o[s0*L:s1*L], recState, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, a)
 		} else {
-			err = ref.KDAChunked(o[s0*L:s1*L], ls.Recurrent, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, KDAChunk, a)
+			err = ref.KDAChunked(o[s0*L:s1*L], recState, qs, ks, v[s0*L:s1*L], g[s0*L:s1*L], beta[s0*H:s1*H], n, KDAChunk, a)
 		}
 		if err != nil {
 			return nil, err
@@ -488,7 +494,8 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 // layer's selection, used when the layer shares its indexer.
 func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 int, prev [][]int32) ([]float32, [][]int32, error) {
 	c := m.Config
-	D, H, Q, R := c.HiddenSize, c.NumAttentionHeads, c.QLoraRank, c.KVLoraRank
+	D, Q, R := c.HiddenSize, c.QLoraRank, c.KVLoraRank
+	H, _ := m.heads()
 	dn, dv := c.QKNopeHeadDim, c.VHeadDim
 	eps := float32(c.RMSNormEps)
 	qr := dense(x, w.qa, T, D, Q)

@@ -11,7 +11,9 @@ import (
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -32,11 +34,22 @@ const (
 	DispatchAllToAll
 )
 
-// Layout is a rank's parallel layout of the text model, on the CPU reference forward.
-// EP ranks split the routed experts in contiguous ranges (ep.Layer.Range: the last ranks
-// may hold fewer, or none); everything else is replicated and every rank runs every
-// token. TP is not implemented for this model yet (Check refuses it). The MTP layer is
-// not split (a parallel runner does not draft).
+// Layout is a rank's parallel layout of the text model, on the CPU reference forward:
+//
+//   - TP ranks split the KDA heads (q/k/v, conv channels, forget and beta gates and
+//     their output gate rows, o_proj columns; each rank's recurrent state holds its
+//     heads), the MLA heads (q_b and kv_b rows, o_proj columns; the latent, its norm and
+//     the DSA indexer replicated, as vLLM and SGLang replicate MLA's latent), the dense
+//     MLPs', shared and every routed expert's intermediate columns, and the vocabulary
+//     (the embedding's rows, all-reduced lookups; the lm_head's rows, all-gathered
+//     logits). Each attention and MLP block ends in one all-reduce. Every rank keeps the
+//     cache layout of one rank (its KDA state uses the first heads' room).
+//   - EP ranks split the routed experts in contiguous ranges (ep.Layer.Range: the last
+//     ranks may hold fewer, or none); everything else is replicated and every rank runs
+//     every token, combined per Dispatch.
+//
+// TP and EP are not combined yet: one of them is 1. The MTP layer is not split (a
+// parallel runner does not draft).
 type Layout struct {
 	TP, EP   int
 	Dispatch Dispatch
@@ -47,13 +60,17 @@ func (l Layout) Size() int { return max(l.TP, 1) * max(l.EP, 1) }
 
 // Check refuses a layout the model does not run.
 func (l Layout) Check(c *TextConfig) error {
+	tpn := max(l.TP, 1)
 	switch {
 	case l.TP < 0 || l.EP < 0:
 		return fmt.Errorf("%s: layout tp=%d ep=%d", Name, l.TP, l.EP)
-	case l.TP > 1:
-		return fmt.Errorf("%s: tp=%d: tensor parallelism is not implemented for this model yet", Name, l.TP)
+	case l.TP > 1 && l.EP > 1:
+		return fmt.Errorf("%s: tp=%d with ep=%d: tensor and expert parallelism are not combined yet", Name, l.TP, l.EP)
 	case l.EP > c.NRoutedExperts:
 		return fmt.Errorf("%s: ep=%d for %d routed experts", Name, l.EP, c.NRoutedExperts)
+	case c.NumAttentionHeads%tpn != 0 || c.LinearNumHeads%tpn != 0 || c.IntermediateSize%tpn != 0 || c.MoEIntermediateSize%tpn != 0:
+		return fmt.Errorf("%s: %d MLA heads, %d KDA heads, intermediate sizes %d and %d do not all divide by tp=%d",
+			Name, c.NumAttentionHeads, c.LinearNumHeads, c.IntermediateSize, c.MoEIntermediateSize, tpn)
 	case l.Dispatch != DispatchGather && l.Dispatch != DispatchAllToAll:
 		return fmt.Errorf("%s: dispatch %d", Name, l.Dispatch)
 	}
@@ -63,10 +80,13 @@ func (l Layout) Check(c *TextConfig) error {
 // parallel is what a TextModel holds of its layout; the zero value is the whole model on
 // one rank (comm nil).
 type parallel struct {
-	comm         dist.Communicator
-	rank, ep     int
-	dispatch     Dispatch
-	expLo, expHi int // routed experts held
+	comm               dist.Communicator
+	rank, tp, ep       int
+	dispatch           Dispatch
+	expLo, expHi       int // routed experts held
+	mlaHeads, kdaHeads int // held under TP
+	moeInter           int // intermediate columns held of each routed expert
+	vocabLo, vocabHi   int // embedding and lm_head rows held
 }
 
 // experts returns the routed experts m holds.
@@ -77,10 +97,48 @@ func (m *TextModel) experts() (lo, hi int) {
 	return m.par.expLo, m.par.expHi
 }
 
+// tensorParallel reports whether m is a rank of a TP group.
+func (m *TextModel) tensorParallel() bool { return m.par.comm != nil && m.par.tp > 1 }
+
+// expertParallel reports whether m is a rank of an EP group.
+func (m *TextModel) expertParallel() bool { return m.par.comm != nil && m.par.ep > 1 }
+
+// heads returns the MLA and KDA heads m holds.
+func (m *TextModel) heads() (mla, kda int) {
+	if m.tensorParallel() {
+		return m.par.mlaHeads, m.par.kdaHeads
+	}
+	return m.Config.NumAttentionHeads, m.Config.LinearNumHeads
+}
+
+// moeInter returns the intermediate columns m holds of each routed expert.
+func (m *TextModel) moeInter() int {
+	if m.tensorParallel() {
+		return m.par.moeInter
+	}
+	return m.Config.MoEIntermediateSize
+}
+
+// allReduce sums x over the TP group (nothing otherwise).
+func (m *TextModel) allReduce(x []float32, what string) error {
+	if !m.tensorParallel() {
+		return nil
+	}
+	if err := dist.AllReduceF32(m.par.comm, x); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
 func rankPart(c *TextConfig, l Layout, rank int) parallel {
-	p := parallel{rank: rank, ep: max(l.EP, 1), dispatch: l.Dispatch, expHi: c.NRoutedExperts}
+	p := parallel{rank: rank, tp: max(l.TP, 1), ep: max(l.EP, 1), dispatch: l.Dispatch, expHi: c.NRoutedExperts,
+		mlaHeads: c.NumAttentionHeads, kdaHeads: c.LinearNumHeads, moeInter: c.MoEIntermediateSize, vocabHi: c.VocabSize}
 	if p.ep > 1 {
 		p.expLo, p.expHi = ep.Layer{Experts: c.NRoutedExperts}.Range(rank, p.ep)
+	}
+	if p.tp > 1 {
+		p.mlaHeads, p.kdaHeads, p.moeInter = c.NumAttentionHeads/p.tp, c.LinearNumHeads/p.tp, c.MoEIntermediateSize/p.tp
+		p.vocabLo, p.vocabHi = tp.VocabRange(c.VocabSize, rank, p.tp)
 	}
 	return p
 }
@@ -97,7 +155,10 @@ func NewRankModel(c *TextConfig, w *TextWeights, l Layout, comm dist.Communicato
 	}
 	p := rankPart(c, l, comm.Rank())
 	p.comm = comm
-	per := 2 * c.MoEIntermediateSize * c.HiddenSize
+	per := 2 * p.moeInter * c.HiddenSize
+	if len(w.embed) != (p.vocabHi-p.vocabLo)*c.HiddenSize {
+		return nil, fmt.Errorf("%s: rank %d: embedding of %d values, want vocabulary rows [%d, %d)", Name, p.rank, len(w.embed), p.vocabLo, p.vocabHi)
+	}
 	for i, ly := range w.layers {
 		if ly.moe != nil && len(ly.moe.gateUp) != (p.expHi-p.expLo)*per {
 			return nil, fmt.Errorf("%s: rank %d: layer %d holds %d experts, want [%d, %d)", Name, p.rank, i, len(ly.moe.gateUp)/per, p.expLo, p.expHi)
@@ -106,8 +167,8 @@ func NewRankModel(c *TextConfig, w *TextWeights, l Layout, comm dist.Communicato
 	return &TextModel{Config: c, W: w, par: p}, nil
 }
 
-// ShardTextWeights cuts rank's part of the whole model's weights w for layout l (the
-// routed experts copied: w may be dropped afterwards). The MTP layer is left out.
+// ShardTextWeights cuts rank's part of the whole model's weights w for layout l (copies:
+// w may be dropped afterwards). The MTP layer is left out.
 func ShardTextWeights(c *TextConfig, w *TextWeights, l Layout, rank int) (*TextWeights, error) {
 	if err := l.Check(c); err != nil {
 		return nil, err
@@ -123,17 +184,128 @@ func ShardTextWeights(c *TextConfig, w *TextWeights, l Layout, rank int) (*TextW
 func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int) *TextWeights {
 	D, F := c.HiddenSize, c.MoEIntermediateSize
 	out := &TextWeights{embed: w.embed, norm: w.norm, lmHead: w.lmHead, layers: slices.Clone(w.layers)}
+	if p.tp > 1 {
+		out.embed = slices.Clone(w.embed[p.vocabLo*D : p.vocabHi*D])
+		out.lmHead = out.embed
+		if !c.TieWordEmbeddings {
+			out.lmHead = slices.Clone(w.lmHead[p.vocabLo*D : p.vocabHi*D])
+		}
+	}
+	// rows and cols cut a row-major [r, c] matrix to this rank's share of its rows (in
+	// blocks of n) or columns.
+	share := func(n int) (int, int) { return p.rank * n / p.tp, (p.rank + 1) * n / p.tp }
+	rows := func(m []float32, r, cols int) []float32 {
+		a, b := share(r)
+		return slices.Clone(m[a*cols : b*cols])
+	}
+	colsOf := func(m []float32, r, cols int) []float32 {
+		a, b := share(cols)
+		o := make([]float32, 0, r*(b-a))
+		for i := range r {
+			o = append(o, m[i*cols+a:i*cols+b]...)
+		}
+		return o
+	}
+	mlpCut := func(m mlpWeights) mlpWeights {
+		if p.tp == 1 {
+			return m
+		}
+		return mlpWeights{gate: rows(m.gate, m.width, D), up: rows(m.up, m.width, D), down: colsOf(m.down, D, m.width), width: m.width / p.tp}
+	}
 	for i := range out.layers {
 		ly := &out.layers[i]
+		if p.tp > 1 && ly.kda != nil {
+			H, Dh, K := c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
+			L := H * Dh
+			k := *ly.kda
+			k.q, k.k, k.v = rows(k.q, L, D), rows(k.k, L, D), rows(k.v, L, D)
+			k.conv = slices.Concat(rows(k.conv[:L*K], L, K), rows(k.conv[L*K:2*L*K], L, K), rows(k.conv[2*L*K:], L, K))
+			k.dtBias, k.aLog = rows(k.dtBias, L, 1), rows(k.aLog, H, 1)
+			k.fb, k.b, k.gb = rows(k.fb, L, Dh), rows(k.b, H, D), rows(k.gb, L, Dh)
+			k.o = colsOf(k.o, D, L)
+			ly.kda = &k
+		}
+		if p.tp > 1 && ly.mla != nil {
+			H := c.NumAttentionHeads
+			a := *ly.mla
+			a.qb = rows(a.qb, H*c.QKHeadDim, c.QLoraRank)
+			a.kvb = rows(a.kvb, H*(c.QKNopeHeadDim+c.VHeadDim), c.KVLoraRank)
+			a.o = colsOf(a.o, D, H*c.VHeadDim)
+			ly.mla = &a
+		}
+		if ly.dense != nil {
+			d := mlpCut(*ly.dense)
+			ly.dense = &d
+		}
 		if ly.moe == nil {
 			continue
 		}
 		mw := *ly.moe
-		mw.gateUp = slices.Clone(mw.gateUp[(p.expLo-lo)*2*F*D : (p.expHi-lo)*2*F*D])
-		mw.down = slices.Clone(mw.down[(p.expLo-lo)*D*F : (p.expHi-lo)*D*F])
+		mw.shared = mlpCut(mw.shared)
+		var gu, down []float32
+		for e := p.expLo; e < p.expHi; e++ {
+			ge := mw.gateUp[(e-lo)*2*F*D : (e-lo+1)*2*F*D]
+			de := mw.down[(e-lo)*D*F : (e-lo+1)*D*F]
+			if p.tp == 1 {
+				gu, down = append(gu, ge...), append(down, de...)
+				continue
+			}
+			gu = append(gu, rows(ge[:F*D], F, D)...)
+			gu = append(gu, rows(ge[F*D:], F, D)...)
+			down = append(down, colsOf(de, D, F)...)
+		}
+		mw.gateUp, mw.down = gu, down
 		ly.moe = &mw
 	}
 	return out
+}
+
+// embed looks up ids into x ([T, D]): under TP this rank's vocabulary rows, zeros for the
+// others', summed over the group.
+func (m *TextModel) embed(x []float32, ids []int32) error {
+	D := m.Config.HiddenSize
+	if !m.tensorParallel() {
+		return ref.Embedding(x, m.W.embed, ids, D)
+	}
+	p := &m.par
+	for i, t := range ids {
+		if t < 0 || int(t) >= m.Config.VocabSize {
+			return fmt.Errorf("token id %d outside the vocabulary [0, %d)", t, m.Config.VocabSize)
+		}
+		if int(t) >= p.vocabLo && int(t) < p.vocabHi {
+			copy(x[i*D:(i+1)*D], m.W.embed[(int(t)-p.vocabLo)*D:])
+		}
+	}
+	return m.allReduce(x, "embedding")
+}
+
+// lmHead returns the logits of the n rows of y: under TP each rank's vocabulary rows,
+// all-gathered.
+func (m *TextModel) lmHead(y []float32, n int) ([]float32, error) {
+	c := m.Config
+	if !m.tensorParallel() {
+		return dense(y, m.W.lmHead, n, c.HiddenSize, c.VocabSize), nil
+	}
+	p := &m.par
+	part := dense(y, m.W.lmHead, n, c.HiddenSize, p.vocabHi-p.vocabLo)
+	parts, err := p.comm.AllGatherV(dist.F32Bytes(part))
+	if err != nil {
+		return nil, fmt.Errorf("lm_head: %w", err)
+	}
+	v := c.VocabSize
+	logits := make([]float32, n*v)
+	for q, b := range parts {
+		lo, hi := tp.VocabRange(v, q, p.tp)
+		if len(b) != 4*n*(hi-lo) {
+			return nil, fmt.Errorf("lm_head: rank %d sent %d bytes of logits, want %d", q, len(b), 4*n*(hi-lo))
+		}
+		src := make([]float32, n*(hi-lo))
+		copy(dist.F32Bytes(src), b)
+		for r := range n {
+			copy(logits[r*v+lo:r*v+hi], src[r*(hi-lo):(r+1)*(hi-lo)])
+		}
+	}
+	return logits, nil
 }
 
 // loadRankWeights reads the config in dir and rank's weights of layout l: its shard of

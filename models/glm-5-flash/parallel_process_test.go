@@ -106,14 +106,14 @@ func processGroup(t *testing.T, l Layout) (lockstep.Forward, *kvslab.Pool) {
 	return lockstep.Lead(ctl, lr.Check, lr.Forward), pool
 }
 
-// TestParallelProcesses: EP=3 (an expert-less rank) with the other ranks in child
-// processes, the plans broadcast through shared memory, gives the in-process layout's
+// TestParallelProcesses: EP=3 (an expert-less rank), EP=2 by all-to-all and TP=2 with
+// the other ranks in child processes, the plans broadcast through shared memory, gives the in-process layout's
 // logits bit for bit and one rank's greedy tokens over 64 steps; the workers then stop
 // cleanly.
 func TestParallelProcesses(t *testing.T) {
 	fwd, pool := oneRank(t)
 	_, wantToks := decode(t, fwd, pool, parSteps)
-	for _, l := range []Layout{{EP: 3}, {EP: 2, Dispatch: DispatchAllToAll}} {
+	for _, l := range []Layout{{EP: 3}, {EP: 2, Dispatch: DispatchAllToAll}, {TP: 2}} {
 		t.Run(fmt.Sprintf("tp%d-ep%d", l.TP, l.EP), func(t *testing.T) {
 			g, gpool := inProcess(t, l)
 			want, _ := decode(t, g.Forward, gpool, parSteps)
