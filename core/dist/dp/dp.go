@@ -1,0 +1,355 @@
+// Package dp is DP-attention's control: one engine and one kvslab pool per dp rank, each
+// rank attending its own requests, and the ranks stepping together so that the layers
+// that mix their tokens (expert parallelism: core/dist/ep) always meet.
+//
+// Each step goes as SGLang's DP-attention does: the ranks exchange their token counts
+// (an all-gather on the data communicator, which has a short deadline); every rank then
+// runs its forward, a rank whose engine has no plan ready an idle plan (no sequences, no
+// tokens), with the plan's DP field (engine.DPStep) saying every rank's count and, when
+// the step runs captured graphs, the row count every rank pads to. When no rank has work
+// the group pauses: rank 0 keeps the clock, broadcasting a tick on the control
+// communicator (which waits as long as the engines idle) only while some rank has a plan
+// pending, so the ranks pause and wake together.
+//
+// Limits: the ranks' engines live in one process (a Group's ranks are goroutines; the
+// communicators may be any dist implementation, NCCL included), since rank 0 learns
+// that a rank has work through this process's memory. Across processes a rank would have
+// to wake rank 0 by a message of its own; that, and routing requests to engines in other
+// processes, is not built.
+package dp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/engine"
+)
+
+// Forward is a rank's forward of one step: the plan's tokens through the rank's model,
+// the logits of plan.LogitsIndices into logits ([rows, vocab]). Under a Group, the plan
+// has DP set and may be an idle one (no tokens, no logits rows); the forward must still
+// take part in every collective that mixes the ranks' tokens.
+type Forward func(p *engine.BatchPlan, logits []float32) error
+
+// ErrClosed is returned by a rank's Forward after Close.
+var ErrClosed = errors.New("dp: group closed")
+
+const (
+	msgStop byte = 0
+	msgTick byte = 1
+)
+
+// Options tunes a Group.
+type Options struct {
+	// GraphBuckets lists, ascending, the token counts for which the ranks' forwards run
+	// captured graphs. A step in which every rank decodes or idles and the largest count
+	// fits a bucket pads every rank to the smallest such bucket (DPStep.Pad); other steps
+	// run eager, unpadded. Empty: never pad.
+	GraphBuckets []int
+}
+
+// Rank is one dp rank of a Group.
+type Rank struct {
+	// Forward runs the rank's steps, its engine's plans and idle plans.
+	Forward Forward
+	// CacheGroups is how many cache groups the rank's plans have (the runner's
+	// RunnerInfo.CacheGroups), which an idle plan has too.
+	CacheGroups int
+	// Ctl and Data are the rank's control and data communicators over the dp group (the
+	// same rank in both). Ctl waits as long as the engines idle; Data's deadline bounds
+	// the count exchange.
+	Ctl, Data dist.Communicator
+}
+
+// job is a step an engine hands its rank's stepper.
+type job struct {
+	plan   *engine.BatchPlan
+	logits []float32
+	done   chan error
+}
+
+// Group runs the dp ranks of one process in lock step. Rank r's engine runs through the
+// forward Forward(r) returns; Start runs the ranks' steppers.
+type Group struct {
+	ranks   []Rank
+	buckets []int
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	jobs    []*job
+	pending int
+	closing bool
+	err     error
+	done    chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+// NewGroup checks the ranks (rank r's communicators are rank r of size len(ranks)).
+func NewGroup(ranks []Rank, o Options) (*Group, error) {
+	if len(ranks) == 0 {
+		return nil, errors.New("dp: no ranks")
+	}
+	for r, rk := range ranks {
+		if rk.Forward == nil || rk.Ctl == nil || rk.Data == nil {
+			return nil, fmt.Errorf("dp: rank %d lacks its forward or a communicator", r)
+		}
+		for _, c := range []dist.Communicator{rk.Ctl, rk.Data} {
+			if c.Rank() != r || c.Size() != len(ranks) {
+				return nil, fmt.Errorf("dp: rank %d has a communicator of rank %d of %d", r, c.Rank(), c.Size())
+			}
+		}
+		if rk.CacheGroups < 0 {
+			return nil, fmt.Errorf("dp: rank %d has %d cache groups", r, rk.CacheGroups)
+		}
+	}
+	for i, b := range o.GraphBuckets {
+		if b <= 0 || i > 0 && b <= o.GraphBuckets[i-1] {
+			return nil, fmt.Errorf("dp: graph buckets %v must be positive and ascending", o.GraphBuckets)
+		}
+	}
+	g := &Group{ranks: ranks, buckets: o.GraphBuckets, jobs: make([]*job, len(ranks)), done: make(chan struct{})}
+	g.cond = sync.NewCond(&g.mu)
+	return g, nil
+}
+
+// Size returns the number of dp ranks.
+func (g *Group) Size() int { return len(g.ranks) }
+
+// Start runs every rank's stepper in its own goroutine.
+func (g *Group) Start() {
+	for r := range g.ranks {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			if err := g.step(r); err != nil {
+				g.fail(err)
+			}
+		}()
+	}
+}
+
+// Forward returns rank r's forward for its engine's runner (cpurunner.ForwardFunc): it
+// hands the plan to the rank's stepper, which runs it in the group's next step, and
+// returns when the step has run.
+func (g *Group) Forward(r int) Forward {
+	return func(p *engine.BatchPlan, logits []float32) error {
+		j := &job{plan: p, logits: logits, done: make(chan error, 1)}
+		g.mu.Lock()
+		switch {
+		case g.err != nil:
+			g.mu.Unlock()
+			return g.err
+		case g.closing:
+			g.mu.Unlock()
+			return ErrClosed
+		case g.jobs[r] != nil:
+			g.mu.Unlock()
+			return fmt.Errorf("dp: rank %d: a second step handed over while one is pending", r)
+		}
+		g.jobs[r] = j
+		g.pending++
+		g.cond.Broadcast()
+		g.mu.Unlock()
+		return <-j.done
+	}
+}
+
+// Done is closed when the group has failed (Err says why) or closed.
+func (g *Group) Done() <-chan struct{} { return g.done }
+
+// Err returns the error that broke the group, nil while it runs or after a clean Close.
+func (g *Group) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+// Close stops the steppers (rank 0 broadcasts the stop) and waits for them; steps still
+// pending fail with ErrClosed. It returns the error that broke the group, if one did.
+func (g *Group) Close() error {
+	g.mu.Lock()
+	g.closing = true
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	g.wg.Wait()
+	g.mu.Lock()
+	g.failJobs(ErrClosed)
+	err := g.err
+	g.mu.Unlock()
+	for _, rk := range g.ranks {
+		rk.Ctl.Close()
+		rk.Data.Close()
+	}
+	g.once.Do(func() { close(g.done) })
+	return err
+}
+
+// fail breaks the group: the first error stays, every pending step fails with it, and
+// every rank's communicators close so that the other ranks' waits end now.
+func (g *Group) fail(err error) {
+	g.mu.Lock()
+	if g.err == nil {
+		g.err = err
+	}
+	g.failJobs(g.err)
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	for _, rk := range g.ranks {
+		rk.Ctl.Close()
+		rk.Data.Close()
+	}
+	g.once.Do(func() { close(g.done) })
+}
+
+// failJobs fails every pending step with err (g.mu held).
+func (g *Group) failJobs(err error) {
+	for r, j := range g.jobs {
+		if j != nil {
+			j.done <- err
+			g.jobs[r] = nil
+			g.pending--
+		}
+	}
+}
+
+// step is rank r's stepper: per step, the clock (rank 0 ticks while some rank has work,
+// the others wait for the tick), the count exchange, then the rank's forward of its
+// engine's plan or an idle plan. It returns nil on the stop message.
+func (g *Group) step(r int) error {
+	rk := g.ranks[r]
+	n := len(g.ranks)
+	idle := engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, rk.CacheGroups)}
+	for i := range idle.Groups {
+		idle.Groups[i].PageTableStart = []int32{0}
+	}
+	counts := make([]int32, n)
+	var msg [5]byte
+	var steps uint64
+	for {
+		if err := g.clock(r); err != nil {
+			if errors.Is(err, errStop) {
+				return nil
+			}
+			return err
+		}
+		g.mu.Lock()
+		j := g.jobs[r]
+		if j != nil {
+			g.jobs[r] = nil
+			g.pending--
+		}
+		g.mu.Unlock()
+		tokens, decode := 0, true
+		if j != nil {
+			tokens, decode = j.plan.NumTokens(), j.plan.IsDecode()
+		}
+		binary.LittleEndian.PutUint32(msg[:], uint32(tokens))
+		msg[4] = 0
+		if decode {
+			msg[4] = 1
+		}
+		all, err := rk.Data.AllGatherV(msg[:])
+		if err != nil {
+			err = fmt.Errorf("dp rank %d: exchange the token counts: %w", r, err)
+			if j != nil {
+				j.done <- err
+			}
+			return err
+		}
+		most, allDecode := 0, true
+		for q, m := range all {
+			if len(m) != len(msg) {
+				err := fmt.Errorf("dp rank %d: rank %d sent a %d-byte count", r, q, len(m))
+				if j != nil {
+					j.done <- err
+				}
+				return err
+			}
+			counts[q] = int32(binary.LittleEndian.Uint32(m))
+			most = max(most, int(counts[q]))
+			allDecode = allDecode && m[4] == 1
+		}
+		if most == 0 && j == nil {
+			continue // nobody had work after all: back to the clock
+		}
+		steps++
+		var p engine.BatchPlan
+		var logits []float32
+		if j != nil {
+			p, logits = *j.plan, j.logits // a copy: the scheduler's plan stays as it built it
+		} else {
+			p = idle
+			p.Step = steps
+		}
+		p.DP = engine.DPStep{Rank: int32(r), Tokens: counts, Pad: int32(g.pad(most, allDecode))}
+		err = rk.Forward(&p, logits)
+		if err != nil {
+			err = fmt.Errorf("dp rank %d: step %d: %w", r, steps, err)
+		}
+		if j != nil {
+			j.done <- err
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+var errStop = errors.New("stop")
+
+// clock is one tick: rank 0 waits until some rank has a step pending (or the group
+// closes) and broadcasts a tick or the stop; the others receive it.
+func (g *Group) clock(r int) error {
+	ctl := g.ranks[r].Ctl
+	if r != 0 {
+		m, err := ctl.Broadcast(nil, 0)
+		if err != nil {
+			return fmt.Errorf("dp rank %d: wait for the clock: %w", r, err)
+		}
+		if len(m) != 1 || m[0] != msgTick && m[0] != msgStop {
+			return fmt.Errorf("dp rank %d: clock message %v", r, m)
+		}
+		if m[0] == msgStop {
+			return errStop
+		}
+		return nil
+	}
+	g.mu.Lock()
+	for g.pending == 0 && !g.closing && g.err == nil {
+		g.cond.Wait()
+	}
+	stop, broken := g.closing && g.pending == 0, g.err
+	g.mu.Unlock()
+	if broken != nil {
+		return broken
+	}
+	m := msgTick
+	if stop {
+		m = msgStop
+	}
+	if _, err := ctl.Broadcast([]byte{m}, 0); err != nil {
+		return fmt.Errorf("dp rank 0: broadcast the clock: %w", err)
+	}
+	if stop {
+		return errStop
+	}
+	return nil
+}
+
+// pad is the row count every rank pads to: the smallest graph bucket holding most when
+// every rank decodes or idles, else 0 (eager).
+func (g *Group) pad(most int, allDecode bool) int {
+	if !allDecode {
+		return 0
+	}
+	for _, b := range g.buckets {
+		if b >= most {
+			return b
+		}
+	}
+	return 0
+}
