@@ -35,16 +35,16 @@ func ParseDType(s string) (DType, error) {
 }
 
 // Kernel says what runs a product with weights of dtype dt on this CPU, for logs and
-// `resin doctor`.
+// `resin doctor`: "<dtype>: <kernel>".
 func (dt DType) Kernel() string {
 	switch dt {
 	case DTypeBF16:
 		if mr, _ := gemmMicro(); mr > 0 {
-			return fmt.Sprintf("bf16 widened to fp32 as read: %s GEMV, own GEMM (%s micro-kernel)", gemvKernel(), GEMMKernel())
+			return fmt.Sprintf("bf16: widened to fp32 as read; %s GEMV, own GEMM (%s micro-kernel)", gemvKernel(), GEMMKernel())
 		}
-		return "bf16 widened to fp32 in blocks, gonum GEMM (no AVX2+FMA)"
+		return "bf16: widened to fp32 in blocks; gonum GEMM (no AVX2+FMA)"
 	case DTypeInt8:
-		return fmt.Sprintf("int8 blocks of 32 (Q8_0×Q8_0, exact int32 block sums): %s", Int8Kernel())
+		return fmt.Sprintf("int8: blocks of 32, Q8_0×Q8_0 with exact int32 block sums; %s", Int8Kernel())
 	}
 	if b := GEMMBackend(); b != "own" {
 		return "fp32: " + b + " GEMM"

@@ -3,6 +3,7 @@ package ref
 import (
 	"fmt"
 	"math"
+	"sync"
 )
 
 // 8-bit block-quantised weights, in the way of llama.cpp's Q8_0: each row of a weight
@@ -61,24 +62,34 @@ func QuantizeInt8(w []float32, n, k int) (*Int8Matrix, error) {
 	for i := range m.q {
 		m.q[i] = 128 // q = 0, padding included
 	}
-	var blk [q8Block]float32
-	var q [q8Block]int8
-	for j := range n {
-		g, r := j/q8Group, j%q8Group
-		row := w[j*k : (j+1)*k]
-		for b := range nb {
-			clear(blk[:])
-			copy(blk[:], row[b*q8Block:min((b+1)*q8Block, k)])
-			d, ok := quantBlock(&q, &blk)
-			if !ok {
-				return nil, fmt.Errorf("ref.%s: row %d holds a value that is not finite in columns %d to %d", op, j, b*q8Block, min((b+1)*q8Block, k)-1)
+	var mu sync.Mutex
+	bad := n // the first row holding a value that is not finite
+	ParallelRange(ng, max(1, minParallelElems/max(1, q8Group*k)), func(_, lo, hi int) {
+		var blk [q8Block]float32
+		var q [q8Block]int8
+		for j := lo * q8Group; j < min(hi*q8Group, n); j++ {
+			g, r := j/q8Group, j%q8Group
+			row := w[j*k : (j+1)*k]
+			for b := range nb {
+				clear(blk[:])
+				copy(blk[:], row[b*q8Block:min((b+1)*q8Block, k)])
+				d, ok := quantBlock(&q, &blk)
+				if !ok {
+					mu.Lock()
+					bad = min(bad, j)
+					mu.Unlock()
+					return
+				}
+				base := (g*nb + b) * q8Group * q8Block
+				for l, v := range q {
+					m.q[base+(l/4*q8Group+r)*4+l%4] = uint8(int(v) + 128)
+				}
+				m.scales[(g*nb+b)*q8Group+r] = d
 			}
-			base := (g*nb + b) * q8Group * q8Block
-			for l, v := range q {
-				m.q[base+(l/4*q8Group+r)*4+l%4] = uint8(int(v) + 128)
-			}
-			m.scales[(g*nb+b)*q8Group+r] = d
 		}
+	})
+	if bad < n {
+		return nil, fmt.Errorf("ref.%s: row %d holds a value that is not finite", op, bad)
 	}
 	return m, nil
 }
@@ -99,7 +110,10 @@ func quantBlock(q *[q8Block]int8, v *[q8Block]float32) (float32, bool) {
 		id = 1 / d
 	}
 	for i, x := range v {
-		q[i] = int8(math.Round(float64(x * id)))
+		// Round half away from zero, as roundf: x·id is within ±127, so adding ±0.5 in
+		// float64 is exact and the conversion's truncation finishes the rounding.
+		f := float64(x * id)
+		q[i] = int8(int32(f + math.Copysign(0.5, f)))
 	}
 	return d, true
 }
@@ -196,10 +210,20 @@ func (t *int8Task) quantize(x []float32) {
 		t.xs, t.xc = make([]float32, m*nb), make([]int32, m*nb)
 	}
 	t.xq, t.xs, t.xc = t.xq[:m*nb*q8Block], t.xs[:m*nb], t.xc[:m*nb]
+	if m >= 16 && m*k >= minParallelElems {
+		ParallelRange(m, max(4, minParallelElems/k)&^3, func(_, lo, hi int) { t.quantizeRows(x, lo, hi) })
+		return
+	}
+	t.quantizeRows(x, 0, m)
+}
+
+// quantizeRows quantises rows [lo, hi) of x into t's buffers, sized by quantize.
+func (t *int8Task) quantizeRows(x []float32, lo, hi int) {
+	k, nb, m := t.w.k, t.w.nb, t.m
 	var blk [q8Block]float32
 	var q [q8Block]int8
 	m4 := m &^ 3
-	for i := range m {
+	for i := lo; i < hi; i++ {
 		rs, r := 4, i%4
 		if i >= m4 {
 			rs, r = 1, 0
