@@ -38,6 +38,7 @@ func doctor(w io.Writer, sysRoot string) {
 	fmt.Fprintf(w, "resin doctor: %s/%s, %s, %d CPUs, GOMAXPROCS %d\n", goruntime.GOOS, goruntime.GOARCH, goruntime.Version(),
 		goruntime.NumCPU(), goruntime.GOMAXPROCS(0))
 	doctorBLAS(w, blas.Info())
+	doctorCPUWeights(w)
 	gpus := doctorDriver(w)
 	top, topErr := cudart.ReadTopology(sysRoot)
 	doctorGPUs(w, gpus, top)

@@ -43,5 +43,5 @@ func (m *ModelDir) checkDType() (ref.DType, error) {
 
 // noteDType says which dtype and kernel the CPU runner's products run on, at startup.
 func noteDType(w io.Writer, dt ref.DType) {
-	fmt.Fprintf(w, "note: CPU weights %s: %s\n", dt, dt.Kernel())
+	fmt.Fprintf(w, "note: CPU weights %s\n", dt.Kernel())
 }
