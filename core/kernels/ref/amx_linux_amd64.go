@@ -16,14 +16,14 @@ const (
 // this process and checks that it was granted.
 func requestTileData(bit uint) error {
 	if _, _, e := syscall.RawSyscall(syscall.SYS_ARCH_PRCTL, archReqXcompPerm, uintptr(bit), 0); e != 0 {
-		return fmt.Errorf("Linux refused the tile data state: arch_prctl(ARCH_REQ_XCOMP_PERM, %d): %v", bit, e)
+		return fmt.Errorf("arch_prctl(ARCH_REQ_XCOMP_PERM, %d) refused the tile data state: %v", bit, e)
 	}
 	var perm uint64
 	if _, _, e := syscall.RawSyscall(syscall.SYS_ARCH_PRCTL, archGetXcompPerm, uintptr(unsafe.Pointer(&perm)), 0); e != 0 {
 		return fmt.Errorf("arch_prctl(ARCH_GET_XCOMP_PERM): %v", e)
 	}
 	if perm&(1<<bit) == 0 {
-		return fmt.Errorf("Linux did not grant the tile data state: the permitted XSAVE features %#x lack bit %d", perm, bit)
+		return fmt.Errorf("after arch_prctl(ARCH_REQ_XCOMP_PERM) the permitted XSAVE features %#x lack bit %d: the tile data state is not granted", perm, bit)
 	}
 	return nil
 }
