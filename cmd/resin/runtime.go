@@ -140,16 +140,16 @@ func (f *runtimeFlags) check() error {
 			return errors.New("--cache-bytes sizes a --model runner's pool; the test runner's is --cache-pages")
 		case f.specTokens != 0:
 			return errors.New("--num-speculative-tokens needs --model NAME: drafts come from the model's own draft head")
-		case f.tp.size != 1:
-			return errors.New("--tp needs --model llama: the test runner is not split")
+		case f.tp.size != 1 || f.tp.ep != 1:
+			return errors.New("--tp needs --model llama (or deepseek-v4-flash, glm-5-flash, which --ep needs too): the test runner is not split")
 		}
 		return nil
 	}
 	switch {
 	case f.tp.check() != nil:
 		return f.tp.check()
-	case f.tp.size > 1 && (f.device.CUDA() || f.specTokens > 0):
-		return fmt.Errorf("--tp %d runs the CPU reference forward only: not with --device cuda or --num-speculative-tokens", f.tp.size)
+	case (f.tp.size > 1 || f.tp.ep > 1) && (f.device.CUDA() || f.specTokens > 0):
+		return fmt.Errorf("--tp %d --ep %d run the CPU reference forward only: not with --device cuda or --num-speculative-tokens", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:
 		return fmt.Errorf("--num-speculative-tokens %d is negative", f.specTokens)
 	case f.runner != "test":
@@ -196,8 +196,12 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	var r engine.Runner
 	var pool *kvslab.Pool
 	switch {
+	case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
+		r, pool, err = openMoEParallel(m.Name, dir, f.cacheBytes, &f.tp)
+	case f.tp.ep > 1:
+		return nil, nil, "", fmt.Errorf("--ep %d: expert parallelism covers deepseek-v4-flash and glm-5-flash only, not %s", f.tp.ep, m.Name)
 	case f.tp.size > 1 && m.Name != "llama":
-		return nil, nil, "", fmt.Errorf("--tp %d: tensor parallelism covers the llama family only so far, not %s", f.tp.size, m.Name)
+		return nil, nil, "", fmt.Errorf("--tp %d: tensor parallelism covers the llama family, deepseek-v4-flash and glm-5-flash only so far, not %s", f.tp.size, m.Name)
 	case f.tp.size > 1:
 		r, pool, err = openTP(dir, f.cacheBytes, &f.tp)
 	case f.device.CUDA() && f.specTokens > 0:

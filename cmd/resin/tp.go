@@ -26,6 +26,8 @@ import (
 // --nnodes and --node-rank, or torchrun's environment).
 type tpFlags struct {
 	size             int
+	ep               int    // expert parallelism (the MoE models)
+	dispatch         string // its exchange
 	procs            bool
 	initAddr         string
 	nnodes, nodeRank int
@@ -34,6 +36,8 @@ type tpFlags struct {
 func (t *tpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&t.size, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many ranks (core/dist/tp), in-process unless --tp-procs or --dist-init-addr; heads, KV heads and the intermediate size must divide by it")
+	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; not combined with --tp yet")
+	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
 	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process)")
 	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = --tp); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
@@ -46,8 +50,10 @@ func (t *tpFlags) check() error {
 	switch {
 	case t.size < 1:
 		return fmt.Errorf("--tp %d: want 1 or more ranks", t.size)
-	case t.procs && t.size < 2:
-		return errors.New("--tp-procs needs --tp 2 or more")
+	case t.ep < 1:
+		return fmt.Errorf("--ep %d: want 1 or more ranks", t.ep)
+	case t.procs && t.size < 2 && t.ep < 2:
+		return errors.New("--tp-procs needs --tp 2 or more (or --ep 2 or more)")
 	}
 	if t.initAddr == "" && t.size > 1 && os.Getenv("MASTER_ADDR") != "" && os.Getenv("WORLD_SIZE") != "" {
 		port := os.Getenv("MASTER_PORT")
@@ -178,6 +184,10 @@ type tpWorkerSpec struct {
 	Dir        string // the model directory rank 0 opened
 	Pages      int    // cache capacity in pages, as rank 0's
 	PageTokens int
+	// A MoE model's layout (moe_parallel.go); Model empty: llama's TP.
+	Model            string
+	TP, EP, Dispatch int
+	CacheBytes       int64
 }
 
 // joinTP joins the control and data groups of spec (the control one waits as long as the
@@ -282,6 +292,9 @@ func runTPWorker(raw string) error {
 	var spec tpWorkerSpec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return fmt.Errorf("RESIN_TP_WORKER: %w", err)
+	}
+	if spec.Model != "" {
+		return runMoEWorker(spec)
 	}
 	r, err := llama.Load(spec.Dir, llama.Options{})
 	if err != nil {

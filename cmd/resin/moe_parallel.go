@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
+)
+
+// The MoE models' parallel layouts (--tp, --ep) on the CPU reference forward: every rank
+// runs every plan (core/dist/lockstep), as goroutines of this process or, with
+// --tp-procs, as worker processes of this binary meeting rank 0 in shared memory.
+
+// moeParallelModels are the models whose packages run parallel layouts themselves.
+var moeParallelModels = map[string]bool{deepseekv4flash.Name: true, glm5flash.Name: true}
+
+// dispatchOf maps --ep-dispatch to the models' Dispatch values (the same in both).
+func dispatchOf(s string) (int, error) {
+	switch s {
+	case "", "gather":
+		return 0, nil
+	case "all-to-all":
+		return 1, nil
+	}
+	return 0, fmt.Errorf("--ep-dispatch %q: want gather or all-to-all", s)
+}
+
+// openMoERank opens rank comm.Rank() of model name's layout (tp, ep, dispatch) from dir
+// with a pool of cacheBytes, as a lockstep rank; rank 0 also gets the engine's info.
+func openMoERank(name, dir string, tp, ep, dispatch int, cacheBytes int64, comm dist.Communicator) (lockstep.Rank, engine.RunnerInfo, *kvslab.Pool, error) {
+	switch name {
+	case deepseekv4flash.Name:
+		l := deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch)}
+		r, pool, err := deepseekv4flash.OpenRank(dir, deepseekv4flash.Options{}, l, comm, cacheBytes)
+		if err != nil {
+			return lockstep.Rank{}, engine.RunnerInfo{}, nil, err
+		}
+		return r.LockstepRank(comm.Rank(), pool), r.Info(), pool, nil
+	case glm5flash.Name:
+		l := glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch)}
+		r, pool, err := glm5flash.OpenRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, l, comm)
+		if err != nil {
+			return lockstep.Rank{}, engine.RunnerInfo{}, nil, err
+		}
+		return r.LockstepRank(comm.Rank(), pool), r.Info(), pool, nil
+	}
+	return lockstep.Rank{}, engine.RunnerInfo{}, nil, fmt.Errorf("model %s has no parallel layouts", name)
+}
+
+// openMoEParallel opens model name from dir over f's layout: in-process ranks, or worker
+// processes with --tp-procs. The returned runner's StopRanks ends the other ranks.
+func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	size := f.size * f.ep
+	what := fmt.Sprintf("--tp %d --ep %d", f.size, f.ep)
+	dispatch, err := dispatchOf(f.dispatch)
+	if err != nil {
+		return nil, nil, err
+	}
+	if f.initAddr != "" {
+		return nil, nil, fmt.Errorf("%s: --dist-init-addr (one rank per node) covers the llama family only so far, not %s", what, name)
+	}
+	if !f.procs {
+		var info engine.RunnerInfo
+		var pool *kvslab.Pool
+		g, err := lockstep.StartInProcess(size, dist.Options{Timeout: time.Minute}, func(rank int, data dist.Communicator) (lockstep.Rank, error) {
+			r, in, p, err := openMoERank(name, dir, f.size, f.ep, dispatch, cacheBytes, data)
+			if rank == 0 {
+				info, pool = in, p
+			}
+			return r, err
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		return &tpRunner{cpurunner.New(info, cpurunner.ForwardFunc(g.Forward)), g.Close}, pool, nil
+	}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d", os.Getpid()), Size: size, Dir: dir,
+		Model: name, TP: f.size, EP: f.ep, Dispatch: dispatch, CacheBytes: cacheBytes}
+	g, err := startWorkers(spec)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, cacheBytes, g.data)
+	if err == nil {
+		// Every rank has read dir (which the caller may remove once this returns).
+		err = g.data.Barrier()
+	}
+	if err != nil {
+		g.kill()
+		g.ctl.Close()
+		g.data.Close()
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	forward := lockstep.Lead(g.ctl, r.Check, r.Forward)
+	return &tpRunner{cpurunner.New(info, cpurunner.ForwardFunc(forward)), g.close}, pool, nil
+}
+
+// runMoEWorker is a --tp-procs worker of a MoE model's layout: it opens its rank and
+// follows rank 0 until it stops.
+func runMoEWorker(spec tpWorkerSpec) error {
+	ctl, data, err := joinTP(spec, nil)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	defer data.Close()
+	r, _, _, err := openMoERank(spec.Model, spec.Dir, spec.TP, spec.EP, spec.Dispatch, spec.CacheBytes, data)
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", spec.Rank, err)
+	}
+	if err := data.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
+		return fmt.Errorf("rank %d: %w", spec.Rank, err)
+	}
+	return lockstep.Follow(ctl, r.Vocab, r.Forward)
+}
