@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
@@ -85,6 +86,13 @@ func (m *Model) MaxContext() int { return m.rope.MaxPos }
 // at the plan's slots, and writes the logits of the rows listed in plan.LogitsIndices to
 // logits ([len(LogitsIndices), vocab]).
 func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) error {
+	return m.ForwardTap(plan, kv, logits, nil)
+}
+
+// ForwardTap is Forward that also hands tap (nil: none) the residual stream of its rows
+// after the embeddings (layer −1) and after each decoder layer: the features a DSpark
+// drafter reads (core/dspark).
+func (m *Model) ForwardTap(plan *engine.BatchPlan, kv *KVCache, logits []float32, tap *dspark.FeatureTap) error {
 	c, w := m.Config, m.W
 	t := plan.NumTokens()
 	hd, d, inter := c.HiddenSize, c.HeadDim, c.IntermediateSize
@@ -118,7 +126,7 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 	attn := ref.Attention{Heads: nh, Scale: float32(1 / math.Sqrt(float64(d))), Window: c.Window}
 	batch := m.attentionBatch(plan)
 
-	if err := ref.Embedding(x, w.Embed, plan.Tokens, hd); err != nil {
+	if err := firstErr(ref.Embedding(x, w.Embed, plan.Tokens, hd), tap.Capture(-1, x)); err != nil {
 		return fmt.Errorf("forward: %w", err)
 	}
 	for l := range w.Layers {
@@ -166,6 +174,7 @@ func (m *Model) Forward(plan *engine.BatchPlan, kv *KVCache, logits []float32) e
 			ref.SiLUMul(act, gateUp, t, inter),
 			p.down.MatMulT(o, act, t),
 			ref.Add(x, x, o),
+			tap.Capture(l, x),
 		)
 		if err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)

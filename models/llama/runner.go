@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -163,4 +164,33 @@ func (r *Runner) Bind(pool *kvslab.Pool) error {
 	}
 	r.kv = kv
 	return nil
+}
+
+// UseDSpark makes the runner draft with a DSpark drafter (core/dspark, loaded with
+// dspark.Load): each step the model's forward hands the drafter the features of its
+// tapped layers, and the drafts are verified exactly at any temperature (cpurunner's
+// DraftSampler). maxDrafts ≤ 0 drafts whole blocks; threshold is the confidence cut (0:
+// none). A drafter built for another vocabulary, hidden size or depth is refused. Call it
+// before the runner serves an engine.
+func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) error {
+	c := r.Model.Config
+	if err := d.Config.CheckTarget(c.VocabSize, c.HiddenSize, c.NumHiddenLayers); err != nil {
+		return fmt.Errorf("%s: %w", Name, err)
+	}
+	r.Runner = cpurunner.New(r.Runner.Info(), dspark.NewSpeculator(tapForward{r}, d, maxDrafts, threshold))
+	return nil
+}
+
+// tapForward is the runner's forward with DSpark's feature tap (dspark.TapForwarder).
+type tapForward struct{ r *Runner }
+
+func (f tapForward) Forward(p *engine.BatchPlan, logits []float32) error {
+	return f.ForwardTap(p, logits, nil)
+}
+
+func (f tapForward) ForwardTap(p *engine.BatchPlan, logits []float32, tap *dspark.FeatureTap) error {
+	if f.r.kv == nil {
+		return cpurunner.ErrNotBound
+	}
+	return f.r.Model.ForwardTap(p, f.r.kv, logits, tap)
 }

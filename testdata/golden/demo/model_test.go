@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -418,6 +419,126 @@ func TestEngineGreedy(t *testing.T) {
 			}
 		}
 	}
+}
+
+// tinyDrafter is a seeded random DSpark drafter (core/dspark) for the tiny config: one
+// draft layer, blocks of 4, taps on the embeddings and the first layer, a gated Markov
+// head and a confidence head.
+func tinyDrafter(t testing.TB, c *Config) *dspark.Drafter {
+	t.Helper()
+	cfg := map[string]any{
+		"architectures": []string{dspark.Architecture}, "vocab_size": c.VocabSize,
+		"hidden_size": c.HiddenSize, "intermediate_size": 64, "num_hidden_layers": 1,
+		"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "rope_theta": 10000,
+		"max_position_embeddings": 256, "target_layer_ids": []int{-1, 0}, "num_target_layers": c.NumHiddenLayers,
+		"block_size": 4, "mask_token_id": c.VocabSize - 1, "markov_rank": 8, "markov_head_type": "gated",
+		"enable_confidence_head": true, "confidence_head_with_markov": true,
+	}
+	data, _ := json.Marshal(cfg)
+	dc, err := dspark.ParseConfig(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dspark.New(dc, dspark.RandomWeights(dc, 3), 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestDSparkTap checks the feature tap DSpark reads: ForwardTap gives Forward's logits,
+// the embeddings at layer −1, and a drafter for another target is refused.
+func TestDSparkTap(t *testing.T) {
+	c, w, m := tinyModel(t, weights.F32)
+	pool, kv := newPool(t, c)
+	s := runnertest.OpenSeq(t, pool, runnertest.Prompt(6, c.VocabSize, 1))
+	p := runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{6}, true)
+	want := make([]float32, len(p.LogitsIndices)*c.VocabSize)
+	if err := m.Forward(p, kv, want); err != nil {
+		t.Fatal(err)
+	}
+	tap := dspark.NewFeatureTap([]int{-1, 0}, []int32{0, 5}, c.HiddenSize)
+	got := make([]float32, len(want))
+	if err := m.ForwardTap(p, kv, got, tap); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("logit %d: %g with the tap, %g without", i, got[i], want[i])
+		}
+	}
+	h := c.HiddenSize
+	for i, r := range tap.Rows {
+		emb := w.Embed[int(p.Tokens[r])*h : int(p.Tokens[r]+1)*h]
+		for e := range h {
+			if tap.Features[i*2*h+e] != emb[e] {
+				t.Fatalf("row %d: tap −1 is not the embedding", r)
+			}
+		}
+	}
+	d := tinyDrafter(t, c)
+	d.Config.NumTargetLayers = c.NumHiddenLayers + 1
+	if err := NewRunner(m, 4).UseDSpark(d, 0, 0); err == nil {
+		t.Fatal("a drafter built for another depth was accepted")
+	}
+}
+
+// TestDSparkGreedy: greedy decoding with a DSpark drafter through the engine equals the
+// reference greedy decoding, drafts rejected or accepted.
+func TestDSparkGreedy(t *testing.T) {
+	c, _, m := tinyModel(t, weights.F32)
+	r := NewRunner(m, 4)
+	if err := r.UseDSpark(tinyDrafter(t, c), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r.Info().MaxDrafts != 4 {
+		t.Fatalf("MaxDrafts %d, want the block size 4", r.Info().MaxDrafts)
+	}
+	pool, err := r.NewPool(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(r, engine.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done; e.Close() }()
+	prompts := [][]int32{runnertest.Prompt(7, c.VocabSize, 4), runnertest.Prompt(3, c.VocabSize, 5)}
+	var streams []*engine.Stream
+	for _, p := range prompts {
+		s, err := e.Submit(ctx, engine.Request{Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	for i, s := range streams {
+		got, ev, err := s.Collect(ctx)
+		if err != nil || ev.Err != nil {
+			t.Fatal(err, ev.Err)
+		}
+		if want := greedy(t, m, prompts[i], 8); !equalTokens(got, want) {
+			t.Fatalf("request %d: %v with DSpark, reference greedy %v", i, got, want)
+		}
+	}
+	if n := e.Counters(); n.DraftsProposed == 0 {
+		t.Fatal("no drafts proposed")
+	}
+}
+
+func equalTokens(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // greedy decodes n tokens by argmax on the reference forward alone.
