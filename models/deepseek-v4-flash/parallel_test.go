@@ -82,7 +82,7 @@ func decode(t testing.TB, forward cpurunner.ForwardFunc, pool *kvslab.Pool, step
 			t.Fatal(err)
 		}
 		all = append(all, logits)
-		ta, tb := argmax(logits[:v]), argmax(logits[v:])
+		ta, tb := argmaxID(logits[:v]), argmaxID(logits[v:])
 		a.Tokens, b.Tokens = append(a.Tokens, ta), append(b.Tokens, tb)
 		toks = append(toks, ta)
 		n = []int{1, 1}
@@ -90,7 +90,7 @@ func decode(t testing.TB, forward cpurunner.ForwardFunc, pool *kvslab.Pool, step
 	return all, toks
 }
 
-func argmax(x []float32) int32 {
+func argmaxID(x []float32) int32 {
 	best := 0
 	for i, v := range x {
 		if v > x[best] {
