@@ -47,6 +47,12 @@ type gpuModel struct {
 	rowTab, poolTab cudart.DevicePtr
 	tabRows         int
 	tab             []int64
+
+	// Drafts (gpu_verify.go): up to maxDrafts a sequence a step; undo [slots, maxDrafts,
+	// kdaFloats] holds the KDA states a rejection returns to (kdaFloats: the KDA part of a
+	// state page).
+	maxDrafts, kdaFloats int
+	undo                 cudart.DevicePtr
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -56,6 +62,7 @@ type gpuModel struct {
 type gpuSeq struct {
 	slot, Len           int
 	Done                int
+	Drafts              int // of the step's tokens, the last Drafts are drafts
 	State               cudart.DevicePtr
 	Ckpt                []cudart.DevicePtr
 	MLAPages, PoolPages []kvslab.PageID
@@ -118,21 +125,24 @@ func (g *gpuModel) upload(c *cudart.Ctx, v []float32) (cudart.DevicePtr, error) 
 }
 
 // newGPUModel uploads m's weights and allocates slots sequences of up to maxPos tokens,
-// with steps of up to maxTokens rows of which up to maxRows get logits.
-func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kernels, blas *cudart.Blas, slots, maxTokens, maxRows, maxPos, blockTokens int) (_ *gpuModel, err error) {
+// with steps of up to maxTokens rows of which up to maxRows get logits (opts: see
+// GPUOptions).
+func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kernels, blas *cudart.Blas, slots, maxTokens, maxRows, maxPos, blockTokens int, opts GPUOptions) (_ *gpuModel, err error) {
+	maxDrafts := opts.Drafts
 	cfg := m.Config
-	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens || maxPos < maxTokens {
-		return nil, fmt.Errorf("gpu: %d slots, %d rows a step, %d logits rows (at most the rows) and %d positions (at least the rows) must be positive",
-			slots, maxTokens, maxRows, maxPos)
+	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens || maxPos < maxTokens || maxDrafts < 0 || maxDrafts >= maxTokens {
+		return nil, fmt.Errorf("gpu: %d slots, %d rows a step, %d logits rows (at most the rows) and %d positions (at least the rows) must be positive, %d drafts below the rows",
+			slots, maxTokens, maxRows, maxPos, maxDrafts)
 	}
 	g := &gpuModel{m: m, kk: kk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, maxPos: maxPos,
-		blockTokens: blockTokens, used: make([]bool, slots), L: newTextLayout(cfg, blockTokens, false)}
+		blockTokens: blockTokens, used: make([]bool, slots), L: newTextLayout(cfg, blockTokens, false), maxDrafts: maxDrafts}
+	g.kdaFloats = g.L.stateFloats
 	defer func() {
 		if err != nil {
 			g.close(c)
 		}
 	}()
-	if g.kda, err = newGPUKDA(c, cfg, blas, ks, maxTokens, cudart.F32); err != nil {
+	if g.kda, err = newGPUKDA(c, cfg, blas, ks, maxTokens, opts.KDAWeights); err != nil {
 		return nil, err
 	}
 	if g.dsa, err = newGPUDSA(c, cfg, blas, kk, ks, maxTokens, maxPos); err != nil {
@@ -227,7 +237,7 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 		dst *cudart.DevicePtr
 		n   int
 	}{
-		{&g.rowTab, 4 * g.tabRows}, {&g.poolTab, 4 * (g.tabRows/cfg.IndexKPool + slots)},
+		{&g.undo, slots * maxDrafts * g.kdaFloats}, {&g.rowTab, 4 * g.tabRows}, {&g.poolTab, 4 * (g.tabRows/cfg.IndexKPool + slots)},
 		{&x.idsRep, n * hc}, {&x.streams, n * hc * D}, {&x.next, n * hc * D}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
 		{&x.comb, n * hc * hc}, {&x.x, n * D}, {&x.att, n * D}, {&x.ffn, n * D}, {&x.sel, n * x.maxSel}, {&x.count, n},
 		{&x.gu, n * 2 * width}, {&x.act, n * width}, {&x.rlogits, n * E}, {&x.rweights, n * K}, {&x.rids, n * K},
@@ -290,6 +300,9 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	var idsRep []int32
 	start := make([]int, len(seqs)+1)
 	for i, s := range seqs {
+		if s.Drafts < 0 || s.Drafts > g.maxDrafts || s.Drafts >= len(tokens[i]) {
+			return nil, fmt.Errorf("gpu: %d drafts among %d tokens (at most %d drafts)", s.Drafts, len(tokens[i]), g.maxDrafts)
+		}
 		for j, t := range tokens[i] {
 			if t < 0 || int(t) >= cfg.VocabSize {
 				return nil, fmt.Errorf("gpu: token id %d outside the vocabulary [0, %d)", t, cfg.VocabSize)
@@ -405,8 +418,12 @@ func (g *gpuModel) layer(c *cudart.Ctx, li int, seqs []*gpuSeq, start []int) err
 		x, y := off(w.x, r0*D), off(w.att, r0*D)
 		var err error
 		if l.kda != nil {
-			err = g.kda.forward(c, nil, l.kda, gpuKDACall{X: x, Y: y, T: T, Pos0: s.Len, BlockTokens: g.blockTokens,
-				State: g.kdaState(s, li), BlockEnd: func(pos int) error { return g.checkpoint(c, s, li, pos) }})
+			call := gpuKDACall{X: x, Y: y, T: T, Pos0: s.Len, BlockTokens: g.blockTokens, State: g.kdaState(s, li),
+				BlockEnd: func(pos int) error { return g.checkpoint(c, s, li, pos) }}
+			if s.Drafts > 0 {
+				call.AfterToken = func(t int) error { return g.keepDraftState(c, s, li, t, T) }
+			}
+			err = g.kda.forward(c, nil, l.kda, call)
 		} else {
 			// A shared-indexer layer reads the selection the full layer before it wrote at
 			// the same rows.

@@ -24,7 +24,7 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cpu.MaxContext)
+	r, err := NewGPURunner(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cpu.MaxContext, GPUOptions{})
 	if err != nil {
 		dev.Close()
 		return nil, nil, err

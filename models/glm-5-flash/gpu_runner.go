@@ -39,10 +39,22 @@ var (
 	_ engine.PromptChecker = (*GPURunner)(nil)
 )
 
-// NewGPURunner loads the kernels (through cache) and uploads m on dev in fp32, for up to
-// slots sequences of up to maxContext tokens (0: the CPU runner's default) at once and
-// steps of up to maxTokens rows, maxRows of them sampled.
-func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows, maxContext int) (*GPURunner, error) {
+// GPUOptions are NewGPURunner's choices besides its sizes; the zero value is fp32 without
+// drafts.
+type GPUOptions struct {
+	// Drafts is how many draft tokens a step may verify per sequence (gpu_verify.go):
+	// each sequence slot keeps room for the KDA states after as many tokens.
+	Drafts int
+	// KDAWeights is the KDA projections' weight type: cudart.F32 (the zero value) or
+	// cudart.BF16, as checkpoints ship them even when FP8 (their activations are rounded
+	// to bf16, the products accumulate in fp32); every other weight is fp32.
+	KDAWeights cudart.DType
+}
+
+// NewGPURunner loads the kernels (through cache) and uploads m on dev (fp32, but for
+// opts.KDAWeights), for up to slots sequences of up to maxContext tokens (0: the CPU
+// runner's default) at once and steps of up to maxTokens rows, maxRows of them sampled.
+func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows, maxContext int, opts GPUOptions) (*GPURunner, error) {
 	if maxContext <= 0 {
 		maxContext = min(m.Config.MaxPositionEmbeddings, 4096)
 	}
@@ -63,7 +75,7 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 			return err
 		}
 		// gpuDSA's workspace takes a step's rows as positions: at least maxTokens of them.
-		r.g, err = newGPUModel(c, m, kk, ks, blas, slots, maxTokens, maxRows, max(maxContext, maxTokens), r.pt)
+		r.g, err = newGPUModel(c, m, kk, ks, blas, slots, maxTokens, maxRows, max(maxContext, maxTokens), r.pt, opts)
 		return err
 	})
 	if err != nil {
@@ -154,8 +166,8 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 }
 
 // bind frees the slots of plan p's released requests and returns the device sequence of
-// each of its sequences, with the step's pages (a new request takes a free slot), and
-// their tokens. Draft tokens are refused.
+// each of its sequences, with the step's pages and drafts (a new request takes a free
+// slot), and their tokens. More draft tokens than GPUOptions.Drafts are refused.
 func (r *GPURunner) bind(p *engine.BatchPlan) ([]*gpuSeq, [][]int32, error) {
 	for _, rel := range p.Released {
 		if s, ok := r.seqs[rel.ReqID]; ok {
@@ -166,8 +178,12 @@ func (r *GPURunner) bind(p *engine.BatchPlan) ([]*gpuSeq, [][]int32, error) {
 	seqs, toks := make([]*gpuSeq, p.NumSeqs()), make([][]int32, p.NumSeqs())
 	for i := range seqs {
 		id := p.ReqIDs[i]
-		if p.NumDrafts != nil && p.NumDrafts[i] > 0 {
-			return nil, nil, fmt.Errorf("%s on the GPU: draft tokens (no MTP on the device yet)", Name)
+		drafts := 0
+		if p.NumDrafts != nil {
+			drafts = int(p.NumDrafts[i])
+		}
+		if drafts > r.g.maxDrafts {
+			return nil, nil, fmt.Errorf("%s on the GPU: %d draft tokens for request %d, room for %d (GPUOptions.Drafts)", Name, drafts, id, r.g.maxDrafts)
 		}
 		s, ok := r.seqs[id]
 		if !ok {
@@ -180,8 +196,27 @@ func (r *GPURunner) bind(p *engine.BatchPlan) ([]*gpuSeq, [][]int32, error) {
 		if err := r.g.seqPages(p, i, s); err != nil {
 			return nil, nil, err
 		}
+		s.Drafts = drafts
 		seqs[i] = s
 		toks[i], _ = p.Seq(i)
 	}
 	return seqs, toks, nil
+}
+
+// restoreDrafts puts back, for each sequence of plan p (the step just run) that was fed
+// drafts, the KDA states after the last of its tokens the sampler accepted (accepted[i]
+// tokens, as engine.StepResult.Accepted), where a draft was rejected.
+func (r *GPURunner) restoreDrafts(p *engine.BatchPlan, accepted []int32) error {
+	return r.dev.Do(func(c *cudart.Ctx) error {
+		for i, id := range p.ReqIDs {
+			s, ok := r.seqs[id]
+			if !ok || s.Drafts == 0 {
+				continue
+			}
+			if err := r.g.restoreDrafts(c, s, int(accepted[i])); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }

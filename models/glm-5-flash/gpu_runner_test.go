@@ -67,7 +67,7 @@ func TestGPUTruncatedMatchesCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	kit := openGPUTest(t)
-	gr, err := NewGPURunner(m, kit.dev, kit.cache, 4, 128, 4, 0)
+	gr, err := NewGPURunner(m, kit.dev, kit.cache, 4, 128, 4, 0, GPUOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func engineMatchesCPU(t *testing.T, kit *gpuTestKit) {
 	greedy := engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3}
 	cat := func(a []int32, b ...int32) []int32 { return append(append([]int32(nil), a...), b...) }
 	for ci, cfg := range []engine.Config{{MaxBatchTokens: 64}, {MaxBatchTokens: 7}} {
-		gr := kit.runner(t, 8, 64, 8)
+		gr := kit.runner(t, 8, 64, 8, GPUOptions{})
 		gpool, err := gr.NewPool(4 << 20)
 		if err != nil {
 			t.Fatal(err)
@@ -222,7 +222,7 @@ func TestEmulatedGPURunnerRefusals(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	r := openGPUTest(t).runner(t, 2, 16, 2)
+	r := openGPUTest(t).runner(t, 2, 16, 2, GPUOptions{})
 	pool, err := r.NewPool(1 << 20)
 	if err != nil {
 		t.Fatal(err)

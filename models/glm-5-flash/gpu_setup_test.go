@@ -63,11 +63,11 @@ func (k *gpuTestKit) modelKernels(cx *cudart.Ctx) (*kernels.Kernels, error) {
 	return kernels.Load(cx, k.cache, k.dev.Info.Arch())
 }
 
-// runner returns a GPURunner of the tiny model on the kit's device (closed when the test
-// ends).
-func (k *gpuTestKit) runner(t testing.TB, slots, maxTokens, maxRows int) *GPURunner {
+// runner returns a GPURunner of the tiny model on the kit's device with opts (closed when
+// the test ends).
+func (k *gpuTestKit) runner(t testing.TB, slots, maxTokens, maxRows int, opts GPUOptions) *GPURunner {
 	t.Helper()
-	r, err := NewGPURunner(tinyTextModel(t), k.dev, k.cache, slots, maxTokens, maxRows, 0)
+	r, err := NewGPURunner(tinyTextModel(t), k.dev, k.cache, slots, maxTokens, maxRows, 0, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
