@@ -5,6 +5,7 @@ package deepseekv4flash
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // The process tests run ranks 1.. as children of the test binary (TestParallelWorker with
@@ -52,14 +54,33 @@ func TestParallelWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	lr := r.LockstepRank(rank, pool)
+	if n, _ := strconv.Atoi(os.Getenv("RESIN_DSV4_DIE")); n > 0 {
+		ctl = &dieAfter{Communicator: ctl, n: n}
+	}
 	if err := lockstep.Follow(ctl, lr.Vocab, lr.Forward); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// dieAfter kills the process (SIGKILL) on its n-th broadcast: a rank dying mid-step.
+type dieAfter struct {
+	dist.Communicator
+	n int
+}
+
+func (d *dieAfter) Broadcast(buf []byte, root int) ([]byte, error) {
+	b, err := d.Communicator.Broadcast(buf, root)
+	if d.n--; d.n == 0 {
+		p, _ := os.FindProcess(os.Getpid())
+		p.Kill()
+		time.Sleep(time.Minute)
+	}
+	return b, err
+}
+
 // processGroup starts ranks 1.. of layout l as child processes and returns rank 0's
 // forward and pool; the children are stopped and reaped (their exit checked) at cleanup.
-func processGroup(t *testing.T, l Layout) (lockstep.Forward, *kvslab.Pool) {
+func processGroup(t *testing.T, l Layout, env ...string) (lockstep.Forward, *kvslab.Pool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	dir := tinyDir(t)
@@ -68,7 +89,7 @@ func processGroup(t *testing.T, l Layout) (lockstep.Forward, *kvslab.Pool) {
 	var outs []*bytes.Buffer
 	for rank := 1; rank < l.Size(); rank++ {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestParallelWorker$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "RESIN_DSV4_RANK="+strconv.Itoa(rank), "RESIN_DSV4_NAME="+name, "RESIN_DSV4_DIR="+dir,
+		cmd.Env = append(append(os.Environ(), env...), "RESIN_DSV4_RANK="+strconv.Itoa(rank), "RESIN_DSV4_NAME="+name, "RESIN_DSV4_DIR="+dir,
 			"RESIN_DSV4_TP="+strconv.Itoa(l.TP), "RESIN_DSV4_EP="+strconv.Itoa(l.EP), "RESIN_DSV4_DISPATCH="+strconv.Itoa(int(l.Dispatch)))
 		out := &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
@@ -92,11 +113,11 @@ func processGroup(t *testing.T, l Layout) (lockstep.Forward, *kvslab.Pool) {
 	lr := r.LockstepRank(0, pool)
 	t.Cleanup(func() {
 		defer cancel()
-		if err := lockstep.Stop(ctl); err != nil {
+		if err := lockstep.Stop(ctl); err != nil && len(env) == 0 {
 			t.Error(err)
 		}
 		for i, c := range cmds {
-			if err := c.Wait(); err != nil {
+			if err := c.Wait(); err != nil && len(env) == 0 {
 				t.Errorf("rank %d: %v\n%s", i+1, err, outs[i])
 			}
 		}
@@ -122,5 +143,27 @@ func TestParallelProcesses(t *testing.T) {
 			sameRunBits(t, "processes", got, want)
 			sameTokens(t, "processes", toks, wantToks)
 		})
+	}
+}
+
+// TestParallelRankKilled: EP=2 with rank 1 SIGKILLed on its third plan fails rank 0's step
+// with an error naming rank 1 as gone (ErrPeerGone, not the collectives' deadline), and
+// the worker is reaped.
+func TestParallelRankKilled(t *testing.T) {
+	forward, pool := processGroup(t, Layout{EP: 2}, "RESIN_DSV4_DIE=3")
+	v := tinyConfig(t).VocabSize
+	seq := runnertest.OpenSeq(t, pool, runnertest.Prompt(10, v, 3))
+	n := len(seq.Tokens)
+	var stepErr error
+	for step := 0; step < 10 && stepErr == nil; step++ {
+		plan := runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{n}, false)
+		logits := make([]float32, v)
+		stepErr = forward(plan, logits)
+		seq.Tokens = append(seq.Tokens, argmaxID(logits))
+		n = 1
+	}
+	var pe *dist.PeerError
+	if !errors.As(stepErr, &pe) || pe.Peer != 1 || !errors.Is(stepErr, dist.ErrPeerGone) {
+		t.Fatalf("%v, want rank 1 gone", stepErr)
 	}
 }
