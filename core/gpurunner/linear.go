@@ -95,6 +95,9 @@ type LinearOptions struct {
 	MaxRows, MaxIn int
 	FP8            FP8Path
 	Pow2Scales     bool
+	// Alloc, when set, provides the scratch (a runner's own arena, freed with it); Close
+	// then frees nothing.
+	Alloc func(c *cudart.Ctx, bytes int64) (cudart.DevicePtr, error)
 }
 
 // NewLinears returns the linears of one device: blas and k are the device's cuBLASLt
@@ -128,7 +131,13 @@ func NewLinears(c *cudart.Ctx, d *cudart.Device, blas *cudart.Blas, k *cuda.Kern
 		dst  *cudart.Buffer
 		size int64
 	}{{&l.xq, n}, {&l.xs, 4 * groups * int64(opt.MaxRows)}, {&l.xb, 2 * n}} {
-		if *b.dst, err = c.Alloc(b.size); err != nil {
+		if opt.Alloc != nil {
+			b.dst.Size = b.size
+			b.dst.Ptr, err = opt.Alloc(c, b.size)
+		} else {
+			*b.dst, err = c.Alloc(b.size)
+		}
+		if err != nil {
 			l.Close(c)
 			return nil, fmt.Errorf("gpurunner: linear scratch: %w", err)
 		}
@@ -136,8 +145,11 @@ func NewLinears(c *cudart.Ctx, d *cudart.Device, blas *cudart.Blas, k *cuda.Kern
 	return l, nil
 }
 
-// Close frees the scratch (inside Device.Do).
+// Close frees the scratch (inside Device.Do) unless LinearOptions.Alloc provided it.
 func (l *Linears) Close(c *cudart.Ctx) {
+	if l.opt.Alloc != nil {
+		return
+	}
 	for _, b := range []*cudart.Buffer{&l.xq, &l.xs, &l.xb} {
 		if b.Ptr != 0 {
 			c.Free(*b)
@@ -183,13 +195,18 @@ type Linear struct {
 	Out, In  int
 	Experts  int // 1 but for an MXFP4 bank
 	w, scale cudart.Buffer
+	borrowed bool // LinearAt's: the caller owns the memory
 }
 
 // Bytes is the device memory the weight takes, scales included.
 func (w *Linear) Bytes() int64 { return w.w.Size + w.scale.Size }
 
-// Free releases the weight (inside Device.Do).
+// Free releases the weight (inside Device.Do); a LinearAt's memory is the caller's.
 func (w *Linear) Free(c *cudart.Ctx) {
+	if w.borrowed {
+		*w = Linear{}
+		return
+	}
 	for _, b := range []*cudart.Buffer{&w.w, &w.scale} {
 		if b.Ptr != 0 {
 			c.Free(*b)
@@ -212,6 +229,45 @@ func upload[T any](c *cudart.Ctx, v []T, size int64) (cudart.Buffer, error) {
 		return cudart.Buffer{}, err
 	}
 	return b, nil
+}
+
+// LinearAt describes a weight the caller uploaded into memory of its own, laid out as the
+// Upload of its type lays it out: elems [experts, out, in] in the type's encoding (bf16
+// bits, e4m3 bytes, packed e2m1 pairs) and scales as PackedFP8's float32s or
+// PackedMXFP4's ue8m0 bytes (0 for f32 and bf16). Free leaves the memory alone.
+func (l *Linears) LinearAt(d LinearDType, out, in, experts int, elems, scales cudart.DevicePtr) (*Linear, error) {
+	if out <= 0 || in <= 0 || experts <= 0 || elems == 0 {
+		return nil, fmt.Errorf("gpurunner: %v weight %d × [%d, %d] at %#x", d, experts, out, in, uint64(elems))
+	}
+	if experts != 1 && d != LinearMXFP4 {
+		return nil, fmt.Errorf("gpurunner: a bank of %d %v experts (only MXFP4 banks run as one)", experts, d)
+	}
+	n := int64(experts) * int64(out) * int64(in)
+	var wb, sb int64
+	switch d {
+	case LinearF32:
+		wb = 4 * n
+	case LinearBF16:
+		wb = 2 * n
+	case LinearFP8Block:
+		wb, sb = n, 4*int64((out+127)/128)*int64((in+127)/128)
+	case LinearMXFP4:
+		if in%2 != 0 {
+			return nil, fmt.Errorf("gpurunner: mxfp4 weight of %d inputs (must be even)", in)
+		}
+		wb, sb = n/2, int64(experts)*int64(out)*int64((in+cuda.MXFP4Group-1)/cuda.MXFP4Group)
+	default:
+		return nil, fmt.Errorf("gpurunner: unknown linear type %v", d)
+	}
+	if sb > 0 && scales == 0 {
+		return nil, fmt.Errorf("gpurunner: %v weight without its scales", d)
+	}
+	if (d == LinearBF16 || d == LinearFP8Block) && in > l.opt.MaxIn {
+		return nil, fmt.Errorf("gpurunner: %v weight of %d inputs, the linears' scratch takes %d", d, in, l.opt.MaxIn)
+	}
+	l.used[d] = true
+	return &Linear{DType: d, Out: out, In: in, Experts: experts, w: cudart.Buffer{Ptr: elems, Size: wb},
+		scale: cudart.Buffer{Ptr: scales, Size: sb}, borrowed: true}, nil
 }
 
 // UploadF32 uploads a float32 weight [out, in].

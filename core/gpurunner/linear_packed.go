@@ -167,3 +167,14 @@ func (r *PackedReader) ReadMXFP4(name string, experts, out, in int) (PackedMXFP4
 	p := PackedMXFP4{Experts: experts, Out: out, In: in, W: raw, Scale: s}
 	return p, p.Check()
 }
+
+// Stored returns the stored element type of tensor name (F8_E4M3 for an FP8 linear, I8
+// or U8 for FP4 experts), and whether the checkpoint has it.
+func (r *PackedReader) Stored(name string) (weights.DType, bool) {
+	f := r.where[name]
+	if f == nil {
+		return "", false
+	}
+	info, ok := f.Info(name)
+	return info.DType, ok
+}
