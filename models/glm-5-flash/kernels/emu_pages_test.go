@@ -55,3 +55,20 @@ func TestEmuPageRows(t *testing.T) {
 }
 
 func i64ptr(s []int64) cudart.DevicePtr { return cudart.DevicePtr(uintptr(unsafe.Pointer(&s[0]))) }
+
+// TestEmuStreamMean checks hc_head's mean of 3 rows of 4 streams of 37 against
+// StreamMeanRef bit for bit (the same sum order).
+func TestEmuStreamMean(t *testing.T) {
+	const rows, hc, dim = 3, 4, 37
+	r := rand.New(rand.NewPCG(7, 8))
+	streams := make([]float32, rows*hc*dim)
+	for i := range streams {
+		streams[i] = float32(r.NormFloat64())
+	}
+	out, want := make([]float32, rows*dim), make([]float32, rows*dim)
+	if err := StreamMeanRef(want, streams, rows, hc, dim); err != nil {
+		t.Fatal(err)
+	}
+	emuLaunch(t, StreamMean{Out: dptr(out), Streams: dptr(streams), Rows: rows, HC: hc, Dim: dim}, out, streams)
+	closeTo(t, "mean", out, want, 0)
+}

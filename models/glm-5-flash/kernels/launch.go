@@ -46,6 +46,7 @@ var moduleFiles = map[string][]string{
 	"dsa.cu": {IndexerKeysName, KPoolCompressName, IndexerScoresName, PoolTopKName, SparseMLAName, ScatterRowsName,
 		KPoolCloseName},
 	"pages.cu": {PageRowsName},
+	"head.cu":  {StreamMeanName},
 }
 
 // Kernels holds the model's loaded kernels for one device context.
