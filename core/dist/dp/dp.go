@@ -127,6 +127,10 @@ func (g *Group) Start() {
 			defer g.wg.Done()
 			if err := g.step(r); err != nil {
 				g.fail(err)
+				// Its own communicators (a rank's are never used by two goroutines at
+				// once): the peers waiting on this rank learn at once that it is gone.
+				g.ranks[r].Ctl.Close()
+				g.ranks[r].Data.Close()
 			}
 		}()
 	}
@@ -189,7 +193,7 @@ func (g *Group) Close() error {
 }
 
 // fail breaks the group: the first error stays, every pending step fails with it, and
-// every rank's communicators close so that the other ranks' waits end now.
+// rank 0's clock stops waiting.
 func (g *Group) fail(err error) {
 	g.mu.Lock()
 	if g.err == nil {
@@ -198,10 +202,6 @@ func (g *Group) fail(err error) {
 	g.failJobs(g.err)
 	g.cond.Broadcast()
 	g.mu.Unlock()
-	for _, rk := range g.ranks {
-		rk.Ctl.Close()
-		rk.Data.Close()
-	}
 	g.once.Do(func() { close(g.done) })
 }
 
