@@ -1,0 +1,183 @@
+package launch
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+)
+
+// Spec is one worker process to start.
+type Spec struct {
+	Rank int      // the worker's rank, for errors
+	Path string   // the executable (os.Executable() for this binary)
+	Args []string // its arguments (not the program name)
+	Env  []string // added to this process's environment
+	// Binding, when set, adds its Env: the worker's GPU and NUMA node (ApplyEnv binds).
+	Binding        *Binding
+	Stdout, Stderr io.Writer // nil: this process's stderr for both
+}
+
+// ExitError is a worker that exited while its group ran.
+type ExitError struct {
+	Rank, Pid int
+	Err       error // what Wait said; nil for a clean exit before the group stopped
+}
+
+func (e *ExitError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("launch: worker rank %d (pid %d) exited before the group stopped", e.Rank, e.Pid)
+	}
+	return fmt.Sprintf("launch: worker rank %d (pid %d) exited: %v", e.Rank, e.Pid, e.Err)
+}
+
+func (e *ExitError) Unwrap() error { return e.Err }
+
+type proc struct {
+	rank int
+	cmd  *exec.Cmd
+	done chan struct{} // closed once reaped; err is Wait's
+	err  error
+}
+
+// Workers supervises the worker processes of one host's ranks. Each is started with
+// SIGKILL as its parent-death signal (Linux: the signal comes when the thread that
+// started it ends, which for Go's runtime threads is the process's end), so none
+// outlives a launcher that dies. The first to exit before Stop is recorded (Err) and
+// closes Exited. The collectives notice a dead peer themselves (shared memory by its
+// pid, TCP by the closed connection, the rest at their deadline): StepError puts the
+// worker's exit status on the step's error.
+type Workers struct {
+	procs  []*proc
+	exited chan struct{}
+
+	mu       sync.Mutex
+	first    *ExitError
+	stopping bool
+	once     sync.Once
+}
+
+// Start starts every spec's process. If one fails to start, those started are killed
+// and reaped.
+func Start(specs []Spec) (*Workers, error) {
+	w := &Workers{exited: make(chan struct{})}
+	for _, s := range specs {
+		cmd := exec.Command(s.Path, s.Args...)
+		cmd.Env = append(os.Environ(), s.Env...)
+		if s.Binding != nil {
+			cmd.Env = append(cmd.Env, s.Binding.Env()...)
+		}
+		cmd.Stdout, cmd.Stderr = s.Stdout, s.Stderr
+		if cmd.Stdout == nil {
+			cmd.Stdout = os.Stderr
+		}
+		if cmd.Stderr == nil {
+			cmd.Stderr = os.Stderr
+		}
+		cmd.SysProcAttr = sysProcAttr()
+		if err := cmd.Start(); err != nil {
+			w.Kill()
+			return nil, fmt.Errorf("launch: start worker rank %d: %w", s.Rank, err)
+		}
+		p := &proc{rank: s.Rank, cmd: cmd, done: make(chan struct{})}
+		w.procs = append(w.procs, p)
+		go w.wait(p)
+	}
+	return w, nil
+}
+
+func (w *Workers) wait(p *proc) {
+	p.err = p.cmd.Wait()
+	close(p.done)
+	w.mu.Lock()
+	if w.stopping || w.first != nil {
+		w.mu.Unlock()
+		return
+	}
+	w.first = &ExitError{Rank: p.rank, Pid: p.cmd.Process.Pid, Err: p.err}
+	w.mu.Unlock()
+	w.once.Do(func() { close(w.exited) })
+}
+
+// Exited is closed when a worker exits before Stop (dist.Options.Cancel of a join that
+// waits for the workers).
+func (w *Workers) Exited() <-chan struct{} { return w.exited }
+
+// Err returns the first worker that exited before Stop, as an *ExitError, or nil.
+func (w *Workers) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.first == nil {
+		return nil
+	}
+	return w.first
+}
+
+// StepError is err (a step that failed) with the exit of the worker behind it, when a
+// worker has exited: "launch: worker rank 1 (pid 812) exited: signal: killed: dist: …".
+func (w *Workers) StepError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if xe := w.Err(); xe != nil && !errors.Is(err, xe) {
+		return fmt.Errorf("%w; the step: %w", xe, err)
+	}
+	return err
+}
+
+// Pids returns the workers' process ids, in Spec order.
+func (w *Workers) Pids() []int {
+	out := make([]int, len(w.procs))
+	for i, p := range w.procs {
+		out[i] = p.cmd.Process.Pid
+	}
+	return out
+}
+
+// Stop waits up to grace for every worker to exit (after the group's stop message) and
+// kills those still running, then reaps all. It returns the first worker's exit error,
+// if one exited before Stop or badly after it, and names the workers it had to kill.
+func (w *Workers) Stop(grace time.Duration) error {
+	w.mu.Lock()
+	w.stopping = true
+	var errs []error
+	firstRank := -1
+	if w.first != nil {
+		errs, firstRank = append(errs, w.first), w.first.Rank
+	}
+	w.mu.Unlock()
+	expired := make(chan struct{})
+	t := time.AfterFunc(grace, func() { close(expired) })
+	defer t.Stop()
+	for _, p := range w.procs {
+		select {
+		case <-p.done:
+			if p.err != nil && p.rank != firstRank {
+				errs = append(errs, &ExitError{Rank: p.rank, Pid: p.cmd.Process.Pid, Err: p.err})
+			}
+		case <-expired:
+			p.cmd.Process.Kill()
+			<-p.done
+			errs = append(errs, fmt.Errorf("launch: worker rank %d (pid %d) did not stop within %v; killed", p.rank, p.cmd.Process.Pid, grace))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Kill kills every worker still running and reaps them all.
+func (w *Workers) Kill() {
+	w.mu.Lock()
+	w.stopping = true
+	w.mu.Unlock()
+	for _, p := range w.procs {
+		select {
+		case <-p.done:
+		default:
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+}
