@@ -42,6 +42,7 @@ func doctor(w io.Writer, sysRoot string) {
 	gpus := doctorDriver(w)
 	top, topErr := cudart.ReadTopology(sysRoot)
 	doctorGPUs(w, gpus, top)
+	doctorQuantLinears(w, gpus)
 	doctorCUDALibraries(w)
 	doctorNUMA(w, top, topErr)
 	doctorGPURuntime(w, gpus, top, sysRoot)

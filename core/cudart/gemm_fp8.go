@@ -30,6 +30,12 @@ func BlockScaledFP8(d *Device) (bool, string) {
 	if d == nil {
 		return false, "no device"
 	}
+	return BlockScaledFP8On(d.Info)
+}
+
+// BlockScaledFP8On is BlockScaledFP8 for a device described by info (Devices' list), for
+// reports that open no device (resin doctor).
+func BlockScaledFP8On(info DeviceInfo) (bool, string) {
 	v, err := CublasLtVersion()
 	if err != nil {
 		return false, fmt.Sprintf("no cuBLASLt: %v", err)
@@ -37,8 +43,8 @@ func BlockScaledFP8(d *Device) (bool, string) {
 	if v < BlockScaledFP8MinVersion {
 		return false, fmt.Sprintf("cuBLASLt %d predates the block-scaled FP8 modes of %d", v, BlockScaledFP8MinVersion)
 	}
-	if d.Info.Major != 9 || d.Info.Minor != 0 {
-		return false, fmt.Sprintf("cuBLASLt's VEC128/BLK128x128 FP8 modes need compute capability 9.0, the device is %d.%d", d.Info.Major, d.Info.Minor)
+	if info.Major != 9 || info.Minor != 0 {
+		return false, fmt.Sprintf("cuBLASLt's VEC128/BLK128x128 FP8 modes need compute capability 9.0, the device is %d.%d", info.Major, info.Minor)
 	}
 	return true, fmt.Sprintf("cuBLASLt %d on sm_90", v)
 }
