@@ -22,12 +22,14 @@ var wantKernels = map[string][]string{
 		"resin_swiglu_clamped_f32", "resin_moe_combine_f32"},
 	"moe_topk.cu":        {"resin_moe_topk"},
 	"paged_attention.cu": {"resin_paged_attention"},
-	"rmsnorm.cu":         {"resin_rmsnorm"},
-	"rope_kv.cu":         {"resin_rope_kv_f32", "resin_rope_kv_bf16"},
-	"rotary.cu":          {"resin_rope_neox", "resin_rope_interleaved"},
-	"sampling.cu":        {"resin_sample"},
-	"silu_mul.cu":        {"resin_silu_mul", "resin_silu_mul_split", "resin_silu_mul_bf16"},
-	"softmax.cu":         {"resin_softmax"},
+	"quant_linear.cu": {"resin_fp8_quant_f32", "resin_fp8_quant_bf16", "resin_fp8_block_gemm_f32", "resin_fp8_block_gemm_bf16",
+		"resin_mxfp4_gemm_f32", "resin_mxfp4_gemm_bf16", "resin_cast_bf16"},
+	"rmsnorm.cu":  {"resin_rmsnorm"},
+	"rope_kv.cu":  {"resin_rope_kv_f32", "resin_rope_kv_bf16"},
+	"rotary.cu":   {"resin_rope_neox", "resin_rope_interleaved"},
+	"sampling.cu": {"resin_sample"},
+	"silu_mul.cu": {"resin_silu_mul", "resin_silu_mul_split", "resin_silu_mul_bf16"},
+	"softmax.cu":  {"resin_softmax"},
 }
 
 // checkOptions are how the kernels compile: the prelude included, the core's flags.
