@@ -64,7 +64,7 @@ func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Run
 		return nil, nil, err
 	}
 	if f.initAddr != "" {
-		return nil, nil, fmt.Errorf("%s: --dist-init-addr (one rank per node) covers the llama family only so far, not %s", what, name)
+		return openMoENodes(name, dir, cacheBytes, f, dispatch)
 	}
 	if !f.procs {
 		var info engine.RunnerInfo
@@ -119,4 +119,45 @@ func runMoEWorker(spec tpWorkerSpec) error {
 		return fmt.Errorf("rank %d: %w", spec.Rank, err)
 	}
 	return lockstep.Follow(ctl, r.Vocab, r.Forward)
+}
+
+// openMoENodes joins the multi-node group at f.initAddr over TCP (one rank per node, as
+// openTPNodes does for llama): node 0 returns the engine's runner; the others run their
+// rank until node 0 stops it and then end the command (errWorkerDone).
+func openMoENodes(name, dir string, cacheBytes int64, f *tpFlags, dispatch int) (engine.Runner, *kvslab.Pool, error) {
+	size := f.size * f.ep
+	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: 10 * time.Minute, Group: "tp-ctl"})
+	if err != nil {
+		return nil, nil, err
+	}
+	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: time.Minute, JoinTimeout: 10 * time.Minute, Group: "tp-data"})
+	if err != nil {
+		ctl.Close()
+		return nil, nil, err
+	}
+	r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, cacheBytes, data)
+	if err == nil {
+		err = data.Barrier() // every node has read dir (a --random-weights copy is removed after)
+	}
+	if err != nil {
+		ctl.Close()
+		data.Close()
+		return nil, nil, fmt.Errorf("node %d: %w", f.nodeRank, err)
+	}
+	if f.nodeRank != 0 {
+		err := lockstep.Follow(ctl, r.Vocab, r.Forward)
+		ctl.Close()
+		data.Close()
+		if err != nil {
+			return nil, nil, fmt.Errorf("worker node: %w", err)
+		}
+		return nil, nil, errWorkerDone
+	}
+	stop := func() error {
+		err := lockstep.Stop(ctl)
+		ctl.Close()
+		data.Close()
+		return err
+	}
+	return &tpRunner{cpurunner.New(info, cpurunner.ForwardFunc(lockstep.Lead(ctl, r.Check, r.Forward))), stop}, pool, nil
 }

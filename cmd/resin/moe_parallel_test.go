@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"math"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -105,4 +111,49 @@ func withoutTiming(out string) string {
 		return out[:i]
 	}
 	return out
+}
+
+// TestGenerateMoENodes: deepseek-v4-flash with --ep 2 over two "nodes" (this process as
+// node 0, a child of this binary as node 1 given torchrun's environment) meeting over TCP
+// prints what one rank prints; node 1 prints nothing and ends when node 0 stops it.
+func TestGenerateMoENodes(t *testing.T) {
+	args := []string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json",
+		"--prompt-ids", "1,2,3", "--max-tokens", "12", "--ignore-eos"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("%v (%s)", err, errOut)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	host, port, _ := net.SplitHostPort(addr)
+	childArgs, _ := json.Marshal(append([]string{"generate", "--ep", "2"}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), "RESIN_TEST_RESIN_ARGS="+string(childArgs),
+		"MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	var childOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &childOut, &childOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got, errOut, err := runGenerate(t, append([]string{"--ep", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr}, args...)...)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("node 0: %v (%s)\nnode 1: %s", err, errOut, childOut.String())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("node 1: %v\n%s", err, childOut.String())
+	}
+	if withoutTiming(got) != withoutTiming(want) {
+		t.Fatalf("two nodes printed %q, one rank %q", got, want)
+	}
+	if childOut.Len() != 0 {
+		t.Fatalf("node 1 printed %q; a worker node prints nothing", childOut.String())
+	}
 }

@@ -39,7 +39,7 @@ func (t *tpFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; not combined with --tp yet")
 	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
 	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process)")
-	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = --tp); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
+	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = --tp × --ep); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
 }
@@ -55,7 +55,7 @@ func (t *tpFlags) check() error {
 	case t.procs && t.size < 2 && t.ep < 2:
 		return errors.New("--tp-procs needs --tp 2 or more (or --ep 2 or more)")
 	}
-	if t.initAddr == "" && t.size > 1 && os.Getenv("MASTER_ADDR") != "" && os.Getenv("WORLD_SIZE") != "" {
+	if t.initAddr == "" && (t.size > 1 || t.ep > 1) && os.Getenv("MASTER_ADDR") != "" && os.Getenv("WORLD_SIZE") != "" {
 		port := os.Getenv("MASTER_PORT")
 		if port == "" {
 			port = "29500" // torchrun's default
@@ -76,8 +76,8 @@ func (t *tpFlags) check() error {
 	switch {
 	case t.procs:
 		return errors.New("--tp-procs and --dist-init-addr are exclusive: one rank per node for now")
-	case t.nnodes != t.size:
-		return fmt.Errorf("--tp %d over --nnodes %d: one rank per node for now, so they must be equal", t.size, t.nnodes)
+	case t.nnodes != t.size*t.ep:
+		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: one rank per node for now, so the ranks and the nodes must be as many", t.size, t.ep, t.nnodes)
 	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
 		return fmt.Errorf("--node-rank %d outside [0, %d)", t.nodeRank, t.nnodes)
 	}

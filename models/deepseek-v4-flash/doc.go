@@ -32,6 +32,9 @@
 //   - runner.go: the engine.Runner on core/cpurunner; NewMTPRunner (OpenSpeculative,
 //     --num-speculative-tokens) proposes drafts from the MTP head and undoes rejected
 //     ones in every group
+//   - parallel.go: tensor and expert parallelism on the CPU (Layout; a rank's weights
+//     cut or read per rank; OpenRank, OpenInProcess, the ranks in lock step through
+//     core/dist/lockstep; docs/parallelism.md)
 //   - kernels/: the model's own CUDA kernels, with Go launchers and references
 //   - gpu.go: gpuModel, the forward on one CUDA device (a first cut, below); gpu_moe.go:
 //     gpuMoE, a layer's MoE there; gpu_runner.go: GPURunner, the engine.Runner on it;

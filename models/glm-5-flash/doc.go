@@ -41,6 +41,9 @@
 //   - runner.go: the engine.Runner on core/cpurunner, Open / OpenSpeculative (MTP drafts,
 //     verified the next step; rejected drafts restore the KDA states kept per token);
 //     prompts with image/video placeholders are refused per request (CheckPrompt)
+//   - parallel.go: tensor and expert parallelism on the CPU (Layout; a rank's weights
+//     cut or read per rank; OpenRank, OpenInProcess, the ranks in lock step through
+//     core/dist/lockstep; docs/parallelism.md)
 //   - kernels/: CUDA kernels scaffolded from the DeepSeek-V4 base (not GLM's yet)
 //
 // scripts/glm5-goldens.sh writes the goldens testdata/ holds (transformers on the CPU):
