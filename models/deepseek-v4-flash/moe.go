@@ -144,19 +144,35 @@ func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float
 				o[j] += y[j] * w
 			}
 		}
-		if p.ep > 1 {
-			if err := ep.CombineReplicated(p.comm, out, n, h); err != nil {
-				return nil, err
-			}
-		}
 	}
 
 	shared, err := m.sharedExpert(x, l, n)
 	if err != nil {
 		return nil, err
 	}
+	p := &m.par
+	switch {
+	case p.ep > 1 && p.dispatch == DispatchGather && p.tp > 1:
+		// TP × EP: this rank's experts and its columns of the shared one, summed at once.
+		for i := range out {
+			out[i] += shared[i]
+		}
+		return out, ep.CombineReplicated(p.comm, out, n, h)
+	case p.ep > 1 && p.dispatch == DispatchGather:
+		if err := ep.CombineReplicated(p.comm, out, n, h); err != nil {
+			return nil, err
+		}
+	case p.ep > 1 && p.tp > 1:
+		// All-to-all gave the routed sum; the shared expert's columns still need theirs.
+		if err := m.allReduce(shared, "shared expert"); err != nil {
+			return nil, err
+		}
+	}
 	for i := range out {
 		out[i] += shared[i]
+	}
+	if p.ep > 1 {
+		return out, nil
 	}
 	// Under TP each rank summed its columns of every expert: one all-reduce.
 	return out, m.allReduce(out, "moe")
@@ -269,7 +285,7 @@ func (s *moeScratch) groupByExpert(experts int) {
 // all n rows of x, as three GEMMs; the result is scratch of m.
 func (m *Model) sharedExpert(x []float32, l *Layer, n int) ([]float32, error) {
 	c, s := m.Config, &m.moeBuf
-	h, in := c.HiddenSize, m.par.inter
+	h, in := c.HiddenSize, m.par.sharedInter
 	s.gate, s.up, s.shared = grow(s.gate, n*in), grow(s.up, n*in), grow(s.shared, n*h)
 	if err := ref.MatMulT(s.gate, x, l.SharedGate, n, h, in); err != nil {
 		return nil, err

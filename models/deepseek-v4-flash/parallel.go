@@ -47,15 +47,21 @@ const (
 //     ranks may hold fewer, or none); everything else is replicated and every rank runs
 //     every token, combined per Dispatch.
 //
-// TP and EP are not combined yet: one of them is 1. The MTP head is not split (a
-// parallel runner does not draft).
+// TP and EP together must be equal: the same ranks then split the attention, the vocabulary
+// and the shared expert (TP) and the routed experts (EP, each expert whole), as SGLang's
+// --tp N --ep N. The MTP head is not split (a parallel runner does not draft).
 type Layout struct {
 	TP, EP   int
 	Dispatch Dispatch
 }
 
 // Size returns the ranks of the layout.
-func (l Layout) Size() int { return max(l.TP, 1) * max(l.EP, 1) }
+func (l Layout) Size() int {
+	if l.TP > 1 && l.EP > 1 {
+		return l.TP // == EP: the same ranks
+	}
+	return max(l.TP, 1) * max(l.EP, 1)
+}
 
 // Check refuses a layout the config does not divide into.
 func (l Layout) Check(c *Config) error {
@@ -63,8 +69,8 @@ func (l Layout) Check(c *Config) error {
 	switch {
 	case l.TP < 0 || l.EP < 0:
 		return fmt.Errorf("%s: layout tp=%d ep=%d", Name, l.TP, l.EP)
-	case tpn > 1 && epn > 1:
-		return fmt.Errorf("%s: tp=%d with ep=%d: tensor and expert parallelism are not combined yet", Name, tpn, epn)
+	case tpn > 1 && epn > 1 && tpn != epn:
+		return fmt.Errorf("%s: tp=%d with ep=%d: together they must be equal (the experts split over the tp ranks)", Name, tpn, epn)
 	case epn > c.NRoutedExperts:
 		// More ranks than experts would work (expert-less ranks are handled), but it is
 		// surely a mistake on the command line.
@@ -86,21 +92,25 @@ type parallel struct {
 	rank             int
 	dispatch         Dispatch
 	heads, groups    int // attention heads and o_groups held
-	inter            int // intermediate columns held of each expert and the shared one
+	inter            int // intermediate columns held of each routed expert
+	sharedInter      int // and of the shared one
 	expLo, expHi     int // routed experts held
 	vocabLo, vocabHi int // embedding and lm_head rows held
 }
 
 func wholeModel(c *Config) parallel {
 	return parallel{tp: 1, ep: 1, heads: c.NumAttentionHeads, groups: c.OGroups, inter: c.MoEIntermediateSize,
-		expHi: c.NRoutedExperts, vocabHi: c.VocabSize}
+		sharedInter: c.MoEIntermediateSize, expHi: c.NRoutedExperts, vocabHi: c.VocabSize}
 }
 
 func rankPart(c *Config, l Layout, rank int) parallel {
 	p := wholeModel(c)
 	p.tp, p.ep, p.rank, p.dispatch = max(l.TP, 1), max(l.EP, 1), rank, l.Dispatch
 	if p.tp > 1 {
-		p.heads, p.groups, p.inter = c.NumAttentionHeads/p.tp, c.OGroups/p.tp, c.MoEIntermediateSize/p.tp
+		p.heads, p.groups, p.sharedInter = c.NumAttentionHeads/p.tp, c.OGroups/p.tp, c.MoEIntermediateSize/p.tp
+		if p.ep == 1 {
+			p.inter = c.MoEIntermediateSize / p.tp // without EP every expert is split too
+		}
 		p.vocabLo, p.vocabHi = tp.VocabRange(c.VocabSize, rank, p.tp)
 	}
 	if p.ep > 1 {
@@ -142,7 +152,7 @@ func (p *parallel) checkWeights(c *Config, w *Weights) error {
 		l := &w.Layers[i]
 		ne := p.expHi - p.expLo
 		if len(l.QB) != p.heads*d*c.QLoraRank || len(l.Sinks) != p.heads || len(l.OB) != h*p.groups*c.OLoraRank ||
-			len(l.GateUp) != ne*2*in*h || len(l.Down) != ne*h*in || len(l.SharedGate) != in*h {
+			len(l.GateUp) != ne*2*in*h || len(l.Down) != ne*h*in || len(l.SharedGate) != p.sharedInter*h {
 			return fmt.Errorf("%s: rank %d: layer %d's weights are not this rank's slices (%d heads, experts [%d, %d), %d columns)",
 				Name, p.rank, i, p.heads, p.expLo, p.expHi, in)
 		}
@@ -209,8 +219,12 @@ func (p *parallel) shardLayer(c *Config, l *Layer, lo int) Layer {
 	h0, h1 := p.rank*p.heads, (p.rank+1)*p.heads
 	g0, g1 := p.rank*p.groups, (p.rank+1)*p.groups
 	i0, i1 := p.rank*p.inter, (p.rank+1)*p.inter
+	s0, s1 := p.rank*p.sharedInter, (p.rank+1)*p.sharedInter
 	if p.tp == 1 {
-		h0, h1, g0, g1, i0, i1 = 0, c.NumAttentionHeads, 0, c.OGroups, 0, in
+		h0, h1, g0, g1, s0, s1 = 0, c.NumAttentionHeads, 0, c.OGroups, 0, in
+	}
+	if p.inter == in {
+		i0, i1 = 0, in
 	}
 	out.QB = slices.Clone(l.QB[h0*d*qr : h1*d*qr])
 	out.Sinks = slices.Clone(l.Sinks[h0:h1])
@@ -225,9 +239,9 @@ func (p *parallel) shardLayer(c *Config, l *Layer, lo int) Layer {
 		down = append(down, columns(l.Down[(e-lo)*h*in:(e-lo+1)*h*in], h, in, i0, i1)...)
 	}
 	out.GateUp, out.Down = gu, down
-	out.SharedGate = slices.Clone(l.SharedGate[i0*h : i1*h])
-	out.SharedUp = slices.Clone(l.SharedUp[i0*h : i1*h])
-	out.SharedDown = columns(l.SharedDown, h, in, i0, i1)
+	out.SharedGate = slices.Clone(l.SharedGate[s0*h : s1*h])
+	out.SharedUp = slices.Clone(l.SharedUp[s0*h : s1*h])
+	out.SharedDown = columns(l.SharedDown, h, in, s0, s1)
 	return out
 }
 

@@ -176,8 +176,9 @@ func TestEPEqualsOneRank(t *testing.T) {
 }
 
 // TestRankWeights: a rank's shard holds only its experts (an expert-less rank none),
-// LoadShard from a saved checkpoint gives ShardWeights' slices, and a layout the config
-// does not divide is refused by name.
+// LoadShard from a saved checkpoint (per-expert and packed names) gives ShardWeights'
+// slices, and a layout the config does not divide, or TP and EP of different sizes, is
+// refused.
 func TestRankWeights(t *testing.T) {
 	c := tinyConfig(t)
 	w := RandomWeights(c, 7, false)
@@ -194,7 +195,7 @@ func TestRankWeights(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, l := range []Layout{{EP: 3}, {TP: 2}} {
+		for _, l := range []Layout{{EP: 3}, {TP: 2}, {TP: 2, EP: 2}} {
 			for rank := range l.Size() {
 				got, err := LoadShard(c, ck, l, rank)
 				if err != nil {
@@ -229,22 +230,31 @@ func TestRankWeights(t *testing.T) {
 	if _, err := ShardWeights(c, w, Layout{TP: 3}, 0); err == nil {
 		t.Fatal("tp=3 over 4 heads was accepted")
 	}
+	if _, err := ShardWeights(c, w, Layout{TP: 2, EP: 4}, 0); err == nil {
+		t.Fatal("tp=2 with ep=4 was accepted")
+	}
 }
 
 // TestTPEqualsOneRank: tensor parallelism over 2 ranks (2 heads, 1 o_group, 8 of the 16
-// intermediate columns of every expert and half the vocabulary each) gives one rank's
-// logits within 1e-5 of each row's largest and its greedy tokens over a prompt and 64
-// steps; two TP=2 runs are bit-identical.
+// intermediate columns of every expert and half the vocabulary each), and TP=2 with the
+// routed experts split over the same ranks (EP=2, each expert whole) by either exchange,
+// give one rank's logits within 1e-5 of each row's largest and its greedy tokens over a
+// prompt and 64 steps; two runs of each are bit-identical.
 func TestTPEqualsOneRank(t *testing.T) {
 	fwd, pool := oneRank(t)
 	want, wantToks := decode(t, fwd, pool, parSteps)
-	g, gpool := inProcess(t, Layout{TP: 2})
-	got, toks := decode(t, g.Forward, gpool, parSteps)
-	closeLogits(t, "tp2", got, want, tinyConfig(t).VocabSize, 1e-5)
-	sameTokens(t, "tp2", toks, wantToks)
-	g2, gpool2 := inProcess(t, Layout{TP: 2})
-	again, _ := decode(t, g2.Forward, gpool2, parSteps)
-	sameRunBits(t, "tp2 twice", again, got)
+	for _, l := range []Layout{{TP: 2}, {TP: 2, EP: 2}, {TP: 2, EP: 2, Dispatch: DispatchAllToAll}} {
+		name := fmt.Sprintf("tp%d-ep%d-dispatch%d", l.TP, l.EP, l.Dispatch)
+		t.Run(name, func(t *testing.T) {
+			g, gpool := inProcess(t, l)
+			got, toks := decode(t, g.Forward, gpool, parSteps)
+			closeLogits(t, name, got, want, tinyConfig(t).VocabSize, 1e-5)
+			sameTokens(t, name, toks, wantToks)
+			g2, gpool2 := inProcess(t, l)
+			again, _ := decode(t, g2.Forward, gpool2, parSteps)
+			sameRunBits(t, name+" twice", again, got)
+		})
+	}
 }
 
 // TestParallelConformance runs core/runnertest's suite on rank 0's runner of TP=2 and of
