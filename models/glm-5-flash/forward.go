@@ -311,11 +311,12 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 		return nil, err
 	}
 	// Under expert parallelism with the gather exchange rank 0 holds the shared experts'
-	// output, the others start from zeros, and each adds its own experts (moeExperts
-	// combines them); all-to-all gives every rank the routed sum, added to its own.
+	// output (under TP × EP each rank its columns of it), the others start from zeros,
+	// and each adds its own experts (moeExperts combines them); all-to-all gives every
+	// rank the routed sum, added to its own.
 	par := m.expertParallel()
 	var out []float32
-	if !par || m.par.rank == 0 || m.par.dispatch == DispatchAllToAll {
+	if !par || m.par.rank == 0 || m.par.dispatch == DispatchAllToAll || m.tensorParallel() {
 		out = mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
 	} else {
 		out = make([]float32, T*D)
@@ -334,6 +335,11 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 		return ref.MatMulT(y, g, w.down[le*D*F:(le+1)*D*F], n, F, D)
 	}
 	if par && m.par.dispatch == DispatchAllToAll {
+		// The exchange gives every rank the routed sum; under TP × EP the shared experts'
+		// columns are summed first.
+		if err := m.allReduce(out, "shared experts"); err != nil {
+			return nil, err
+		}
 		return out, m.moeExperts(x, out, ids, wts, T, expert)
 	}
 	// Group rows by expert and run each expert's rows as one GEMM.

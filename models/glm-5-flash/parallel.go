@@ -48,15 +48,22 @@ const (
 //     ranks may hold fewer, or none); everything else is replicated and every rank runs
 //     every token, combined per Dispatch.
 //
-// TP and EP are not combined yet: one of them is 1. The MTP layer is not split (a
-// parallel runner does not draft).
+// TP and EP together must be equal: the same ranks then split the attention, the
+// vocabulary, the dense and shared MLPs (TP) and the routed experts (EP, each expert
+// whole), as SGLang's --tp N --ep N. The MTP layer is not split (a parallel runner does
+// not draft).
 type Layout struct {
 	TP, EP   int
 	Dispatch Dispatch
 }
 
 // Size returns the ranks of the layout.
-func (l Layout) Size() int { return max(l.TP, 1) * max(l.EP, 1) }
+func (l Layout) Size() int {
+	if l.TP > 1 && l.EP > 1 {
+		return l.TP // == EP: the same ranks
+	}
+	return max(l.TP, 1) * max(l.EP, 1)
+}
 
 // Check refuses a layout the model does not run.
 func (l Layout) Check(c *TextConfig) error {
@@ -64,8 +71,8 @@ func (l Layout) Check(c *TextConfig) error {
 	switch {
 	case l.TP < 0 || l.EP < 0:
 		return fmt.Errorf("%s: layout tp=%d ep=%d", Name, l.TP, l.EP)
-	case l.TP > 1 && l.EP > 1:
-		return fmt.Errorf("%s: tp=%d with ep=%d: tensor and expert parallelism are not combined yet", Name, l.TP, l.EP)
+	case l.TP > 1 && l.EP > 1 && l.TP != l.EP:
+		return fmt.Errorf("%s: tp=%d with ep=%d: together they must be equal (the experts split over the tp ranks)", Name, l.TP, l.EP)
 	case l.EP > c.NRoutedExperts:
 		return fmt.Errorf("%s: ep=%d for %d routed experts", Name, l.EP, c.NRoutedExperts)
 	case c.NumAttentionHeads%tpn != 0 || c.LinearNumHeads%tpn != 0 || c.IntermediateSize%tpn != 0 || c.MoEIntermediateSize%tpn != 0:
@@ -113,7 +120,7 @@ func (m *TextModel) heads() (mla, kda int) {
 
 // moeInter returns the intermediate columns m holds of each routed expert.
 func (m *TextModel) moeInter() int {
-	if m.tensorParallel() {
+	if m.par.comm != nil {
 		return m.par.moeInter
 	}
 	return m.Config.MoEIntermediateSize
@@ -137,7 +144,10 @@ func rankPart(c *TextConfig, l Layout, rank int) parallel {
 		p.expLo, p.expHi = ep.Layer{Experts: c.NRoutedExperts}.Range(rank, p.ep)
 	}
 	if p.tp > 1 {
-		p.mlaHeads, p.kdaHeads, p.moeInter = c.NumAttentionHeads/p.tp, c.LinearNumHeads/p.tp, c.MoEIntermediateSize/p.tp
+		p.mlaHeads, p.kdaHeads = c.NumAttentionHeads/p.tp, c.LinearNumHeads/p.tp
+		if p.ep == 1 {
+			p.moeInter = c.MoEIntermediateSize / p.tp // without EP every expert is split too
+		}
 		p.vocabLo, p.vocabHi = tp.VocabRange(c.VocabSize, rank, p.tp)
 	}
 	return p
@@ -246,7 +256,7 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int) *TextWeights {
 		for e := p.expLo; e < p.expHi; e++ {
 			ge := mw.gateUp[(e-lo)*2*F*D : (e-lo+1)*2*F*D]
 			de := mw.down[(e-lo)*D*F : (e-lo+1)*D*F]
-			if p.tp == 1 {
+			if p.tp == 1 || p.ep > 1 {
 				gu, down = append(gu, ge...), append(down, de...)
 				continue
 			}

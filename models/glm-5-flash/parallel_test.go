@@ -244,17 +244,23 @@ func TestParallelConformance(t *testing.T) {
 }
 
 // TestTPEqualsOneRank: tensor parallelism over 2 ranks (one MLA and one KDA head, half of
-// every MLP's and expert's intermediate columns and of the vocabulary each) gives one
-// rank's logits within 1e-5 of each row's largest and its greedy tokens over a prompt
-// and 64 steps; two TP=2 runs are bit-identical.
+// every MLP's and expert's intermediate columns and of the vocabulary each), and TP=2
+// with the routed experts split over the same ranks (EP=2, each expert whole) by either
+// exchange, give one rank's logits within 1e-5 of each row's largest and its greedy
+// tokens over a prompt and 64 steps; two runs of each are bit-identical.
 func TestTPEqualsOneRank(t *testing.T) {
 	fwd, pool := oneRank(t)
 	want, wantToks := decode(t, fwd, pool, parSteps)
-	g, gpool := inProcess(t, Layout{TP: 2})
-	got, toks := decode(t, g.Forward, gpool, parSteps)
-	closeLogits(t, "tp2", got, want, tinyTextModel(t).Config.VocabSize, 1e-5)
-	sameTokens(t, "tp2", toks, wantToks)
-	g2, gpool2 := inProcess(t, Layout{TP: 2})
-	again, _ := decode(t, g2.Forward, gpool2, parSteps)
-	sameRunBits(t, "tp2 twice", again, got)
+	for _, l := range []Layout{{TP: 2}, {TP: 2, EP: 2}, {TP: 2, EP: 2, Dispatch: DispatchAllToAll}} {
+		name := fmt.Sprintf("tp%d-ep%d-dispatch%d", l.TP, l.EP, l.Dispatch)
+		t.Run(name, func(t *testing.T) {
+			g, gpool := inProcess(t, l)
+			got, toks := decode(t, g.Forward, gpool, parSteps)
+			closeLogits(t, name, got, want, tinyTextModel(t).Config.VocabSize, 1e-5)
+			sameTokens(t, name, toks, wantToks)
+			g2, gpool2 := inProcess(t, l)
+			again, _ := decode(t, g2.Forward, gpool2, parSteps)
+			sameRunBits(t, name+" twice", again, got)
+		})
+	}
 }
