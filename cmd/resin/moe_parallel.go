@@ -57,7 +57,7 @@ func openMoERank(name, dir string, tp, ep, dispatch int, cacheBytes int64, comm 
 // openMoEParallel opens model name from dir over f's layout: in-process ranks, or worker
 // processes with --tp-procs. The returned runner's StopRanks ends the other ranks.
 func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
-	size := f.size * f.ep
+	size := f.ranks()
 	what := fmt.Sprintf("--tp %d --ep %d", f.size, f.ep)
 	dispatch, err := dispatchOf(f.dispatch)
 	if err != nil {
@@ -125,7 +125,7 @@ func runMoEWorker(spec tpWorkerSpec) error {
 // openTPNodes does for llama): node 0 returns the engine's runner; the others run their
 // rank until node 0 stops it and then end the command (errWorkerDone).
 func openMoENodes(name, dir string, cacheBytes int64, f *tpFlags, dispatch int) (engine.Runner, *kvslab.Pool, error) {
-	size := f.size * f.ep
+	size := f.ranks()
 	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: 10 * time.Minute, Group: "tp-ctl"})
 	if err != nil {
 		return nil, nil, err

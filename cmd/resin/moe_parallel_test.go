@@ -35,7 +35,7 @@ func readLogits(t *testing.T, path string) ([]float32, []int) {
 
 // TestGenerateMoEParallel: `resin generate --model deepseek-v4-flash|glm-5-flash
 // --random-weights … --prompt-ids 1,2,3` prints with --ep 2, --ep 3 by all-to-all (the
-// in-tree configs' experts split unevenly), --tp 2 and, with --tp-procs, rank 1 a worker
+// in-tree configs' experts split unevenly), --tp 2, --tp 2 --ep 2 and, with --tp-procs, rank 1 a worker
 // process, what one rank prints, and their --logits-out files hold logits of the same shape
 // within 1e-5 of each row's largest; a split the heads do not divide and --ep on
 // llama are refused by name.
@@ -46,9 +46,9 @@ func TestGenerateMoEParallel(t *testing.T) {
 		refused []string
 		why     string
 	}{
-		{"deepseek-v4-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--ep", "2", "--tp-procs"}},
+		{"deepseek-v4-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--ep", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2"}},
 			[]string{"--tp", "3"}, "do not all divide by tp=3"},
-		{"glm-5-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--tp", "2", "--tp-procs"}},
+		{"glm-5-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--tp", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2", "--tp-procs"}},
 			[]string{"--tp", "3"}, "do not all divide by tp=3"},
 	} {
 		t.Run(c.model, func(t *testing.T) {

@@ -36,12 +36,21 @@ type tpFlags struct {
 func (t *tpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&t.size, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many ranks (core/dist/tp), in-process unless --tp-procs or --dist-init-addr; heads, KV heads and the intermediate size must divide by it")
-	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; not combined with --tp yet")
+	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; with --tp it must equal it (the experts split over the tp ranks, as SGLang's --tp N --ep N)")
 	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
 	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process)")
-	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = --tp × --ep); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
+	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = the ranks of --tp and --ep); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
+}
+
+// ranks returns the ranks of the layout: --tp and --ep together split the same ranks
+// (they must be equal; the models refuse them otherwise).
+func (t *tpFlags) ranks() int {
+	if t.size > 1 && t.ep > 1 {
+		return t.size
+	}
+	return t.size * t.ep
 }
 
 // check validates the flags and, for --tp above 1 without --dist-init-addr, takes a
@@ -76,7 +85,7 @@ func (t *tpFlags) check() error {
 	switch {
 	case t.procs:
 		return errors.New("--tp-procs and --dist-init-addr are exclusive: one rank per node for now")
-	case t.nnodes != t.size*t.ep:
+	case t.nnodes != t.ranks():
 		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: one rank per node for now, so the ranks and the nodes must be as many", t.size, t.ep, t.nnodes)
 	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
 		return fmt.Errorf("--node-rank %d outside [0, %d)", t.nodeRank, t.nnodes)
