@@ -6,57 +6,105 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// Coordinator routes requests over the engines of a Group's ranks (engine r runs on
-// rank r) and runs their loops. A request goes to the rank with the fewest waiting
-// requests, then the fewest running, then the lowest rank (SGLang's shortest-queue
-// routing), and stays there: its cache is that rank's pool.
+// Coordinator routes requests over the engines of the dp ranks (engine r runs on rank r)
+// and runs their loops. A request goes to the rank with the fewest waiting requests,
+// then the fewest running (SGLang's shortest-queue routing), ties taken in turn (the
+// n-th request prefers rank n mod N), and stays there: its cache is that rank's pool. It has the methods core/serve needs of an
+// engine, so a server runs over it as over one engine.
+//
+// With a Group the ranks step together (DP-attention); without one (nil) they are
+// replicas, each engine stepping on its own.
 type Coordinator struct {
 	g       *Group
 	engines []*engine.Engine
+	info    engine.RunnerInfo
 
 	mu     sync.Mutex
+	turn   int // the rank the next tie goes to
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
 	errs   []error
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
-// NewCoordinator pairs g's ranks with their engines, whose runners run through
-// g.Forward(r).
+// NewCoordinator pairs the engines with g's ranks (whose runners run through
+// g.Forward(r)), or with g nil makes them replicas. The engines must run one model:
+// the same vocabulary and end tokens.
 func NewCoordinator(g *Group, engines []*engine.Engine) (*Coordinator, error) {
-	if len(engines) != g.Size() {
+	if len(engines) == 0 {
+		return nil, errors.New("dp: no engines")
+	}
+	if g != nil && len(engines) != g.Size() {
 		return nil, fmt.Errorf("dp: %d engines for %d ranks", len(engines), g.Size())
 	}
-	return &Coordinator{g: g, engines: engines}, nil
+	info := engines[0].Info()
+	for r, e := range engines[1:] {
+		ri := e.Info()
+		if ri.VocabSize != info.VocabSize || fmt.Sprint(ri.EOS) != fmt.Sprint(info.EOS) || ri.TokenMasks != info.TokenMasks {
+			return nil, fmt.Errorf("dp: rank %d runs %s (vocabulary %d), rank 0 %s (vocabulary %d)", r+1, ri.Name, ri.VocabSize, info.Name, info.VocabSize)
+		}
+		info.MaxContext = min(info.MaxContext, ri.MaxContext)
+	}
+	return &Coordinator{g: g, engines: engines, info: info}, nil
 }
+
+// Size returns the number of ranks.
+func (c *Coordinator) Size() int { return len(c.engines) }
 
 // Engine returns rank r's engine.
 func (c *Coordinator) Engine(r int) *engine.Engine { return c.engines[r] }
 
-// Route returns the rank the next request goes to.
-func (c *Coordinator) Route() int {
-	best, bs := 0, c.engines[0].Stats()
-	for r, e := range c.engines[1:] {
-		s := e.Stats()
+// Info returns rank 0's runner description, MaxContext the smallest of the ranks'.
+func (c *Coordinator) Info() engine.RunnerInfo { return c.info }
+
+// Registry returns rank 0's engine's metrics registry. (Each engine keeps its own; the
+// other ranks' metrics are not exported yet.)
+func (c *Coordinator) Registry() *prometheus.Registry { return c.engines[0].Registry() }
+
+// Pool returns rank 0's cache pool (every rank has a pool of the same layout).
+func (c *Coordinator) Pool() *kvslab.Pool { return c.engines[0].Pool() }
+
+// route returns the rank the next request goes to (c.mu held).
+func (c *Coordinator) route() int {
+	n := len(c.engines)
+	best := c.turn % n
+	bs := c.engines[best].Stats()
+	for i := 1; i < n; i++ {
+		r := (best + i) % n
+		s := c.engines[r].Stats()
 		if s.Waiting < bs.Waiting || s.Waiting == bs.Waiting && s.Running < bs.Running {
-			best, bs = r+1, s
+			best, bs = r, s
 		}
 	}
+	c.turn++
 	return best
 }
 
-// Submit routes req to a rank (Route) and submits it there.
-func (c *Coordinator) Submit(ctx context.Context, req engine.Request) (*engine.Stream, int, error) {
-	if err := c.g.Err(); err != nil {
-		return nil, -1, err
+// SubmitRank routes req to a rank, submits it there and says which.
+func (c *Coordinator) SubmitRank(ctx context.Context, req engine.Request) (*engine.Stream, int, error) {
+	if c.g != nil {
+		if err := c.g.Err(); err != nil {
+			return nil, -1, err
+		}
 	}
 	c.mu.Lock()
-	r := c.Route()
+	r := c.route()
 	s, err := c.engines[r].Submit(ctx, req)
 	c.mu.Unlock()
 	return s, r, err
+}
+
+// Submit routes req to a rank and submits it there.
+func (c *Coordinator) Submit(ctx context.Context, req engine.Request) (*engine.Stream, error) {
+	s, _, err := c.SubmitRank(ctx, req)
+	return s, err
 }
 
 // Abort aborts the request with id on the rank that holds it.
@@ -67,6 +115,33 @@ func (c *Coordinator) Abort(id string) bool {
 		}
 	}
 	return false
+}
+
+// Stop ends the request with id (finish reason stop) on the rank that holds it.
+func (c *Coordinator) Stop(id string) bool {
+	for _, e := range c.engines {
+		if e.Stop(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// Drain refuses new requests on every rank and waits until every rank's are done.
+func (c *Coordinator) Drain(ctx context.Context) error {
+	errs := make([]error, len(c.engines))
+	var wg sync.WaitGroup
+	for r, e := range c.engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.Drain(ctx); err != nil {
+				errs[r] = fmt.Errorf("dp rank %d: %w", r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Stats sums the engines' queues.
@@ -87,7 +162,9 @@ func (c *Coordinator) Stats() engine.Stats {
 // stop.
 func (c *Coordinator) Start(ctx context.Context) {
 	ctx, c.cancel = context.WithCancel(ctx)
-	c.g.Start()
+	if c.g != nil {
+		c.g.Start()
+	}
 	for r, e := range c.engines {
 		c.wg.Add(1)
 		go func() {
@@ -102,17 +179,24 @@ func (c *Coordinator) Start(ctx context.Context) {
 }
 
 // Close closes the engines (their requests end), stops the group and waits for every
-// loop. It returns the error that broke the group or an engine loop, if any.
+// loop. It returns the error that broke the group or an engine loop, if any; calling it
+// again returns the same.
 func (c *Coordinator) Close() error {
-	for _, e := range c.engines {
-		e.Close()
-	}
-	gerr := c.g.Close()
-	if c.cancel != nil {
-		c.cancel()
-	}
-	c.wg.Wait()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return errors.Join(append([]error{gerr}, c.errs...)...)
+	c.closeOnce.Do(func() {
+		for _, e := range c.engines {
+			e.Close()
+		}
+		var gerr error
+		if c.g != nil {
+			gerr = c.g.Close()
+		}
+		if c.cancel != nil {
+			c.cancel()
+		}
+		c.wg.Wait()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.closeErr = errors.Join(append([]error{gerr}, c.errs...)...)
+	})
+	return c.closeErr
 }

@@ -239,7 +239,7 @@ func TestDPMatchesSingleEngine(t *testing.T) {
 			}
 			c, stats := dpEngines(t, 2, o, 30*time.Second, gate)
 			ctx := context.Background()
-			first, r0, err := c.Submit(ctx, reqs[0])
+			first, r0, err := c.SubmitRank(ctx, reqs[0])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -247,7 +247,7 @@ func TestDPMatchesSingleEngine(t *testing.T) {
 			streams := map[string]*engine.Stream{}
 			ranks := map[string]int{reqs[0].ID: r0}
 			for _, q := range reqs[1:] {
-				s, r, err := c.Submit(ctx, q)
+				s, r, err := c.SubmitRank(ctx, q)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -263,7 +263,7 @@ func TestDPMatchesSingleEngine(t *testing.T) {
 				}
 			}
 			// All done: the ranks pause (no step runs), and wake together for new work.
-			idle1 := stats[1].idle.Load()
+			idle0, idle1 := stats[0].idle.Load(), stats[1].idle.Load()
 			busy := stats[0].busy.Load() + stats[1].busy.Load()
 			time.Sleep(20 * time.Millisecond)
 			if stats[1].idle.Load() != idle1 || stats[0].busy.Load()+stats[1].busy.Load() != busy {
@@ -271,15 +271,15 @@ func TestDPMatchesSingleEngine(t *testing.T) {
 			}
 			again := reqs[2]
 			again.ID = "again"
-			s, r, err := c.Submit(ctx, again)
-			if err != nil || r != 0 {
-				t.Fatalf("submit after the pause: rank %d, %v", r, err)
+			s, r, err := c.SubmitRank(ctx, again)
+			if err != nil {
+				t.Fatalf("submit after the pause: %v", err)
 			}
 			if got := collect(t, s); !slices.Equal(got, want[reqs[2].ID]) {
 				t.Errorf("after the pause: %v, one engine %v", got, want[reqs[2].ID])
 			}
-			if stats[1].idle.Load() == idle1 {
-				t.Errorf("rank 1 did not wake with rank 0")
+			if woke := []bool{stats[0].idle.Load() > idle0, stats[1].idle.Load() > idle1}; !woke[1-r] {
+				t.Errorf("rank %d did not wake with rank %d", 1-r, r)
 			}
 			if err := c.Close(); err != nil {
 				t.Fatal(err)
@@ -309,7 +309,7 @@ func TestDPCollectiveDeadline(t *testing.T) {
 	skip := func(rank int, p *engine.BatchPlan) bool { return rank == 1 && p.Step >= 3 }
 	c, _ := dpEngines(t, 2, dp.Options{}, 300*time.Millisecond, skip)
 	q := requests(383)[0]
-	s, r, err := c.Submit(context.Background(), q)
+	s, r, err := c.SubmitRank(context.Background(), q)
 	if err != nil || r != 0 {
 		t.Fatalf("submit: rank %d, %v", r, err)
 	}
@@ -340,7 +340,7 @@ func TestDPCollectiveDeadline(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("Close hangs")
 	}
-	if _, _, err := c.Submit(context.Background(), q); err == nil {
+	if _, err := c.Submit(context.Background(), q); err == nil {
 		t.Fatal("a broken group accepted a request")
 	}
 }
@@ -361,5 +361,64 @@ func TestNewGroupRefuses(t *testing.T) {
 		if _, err := dp.NewGroup(c.ranks, c.o); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestReplicasMatchSingleEngine: without a group the ranks are replicas stepping on
+// their own; the coordinator spreads the requests over them and each request gets one
+// engine's tokens; Drain waits for them, and Close twice is fine.
+func TestReplicasMatchSingleEngine(t *testing.T) {
+	ref := single(t)
+	reqs := requests(ref.Info().VocabSize)
+	want := map[string][]int32{}
+	for _, q := range reqs {
+		s, err := ref.Submit(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[q.ID] = collect(t, s)
+	}
+	var engines []*engine.Engine
+	for range 2 {
+		r := llama.NewRunner(tiny(t), 4)
+		pool, err := r.NewPool(4 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.New(r, engine.Config{Pool: pool, MaxBatchTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	c, err := dp.NewCoordinator(nil, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Start(context.Background())
+	streams := map[string]*engine.Stream{}
+	used := map[int]bool{}
+	for _, q := range reqs {
+		s, r, err := c.SubmitRank(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams[q.ID], used[r] = s, true
+	}
+	for id, s := range streams {
+		if got := collect(t, s); !slices.Equal(got, want[id]) {
+			t.Errorf("%s: %v, one engine %v", id, got, want[id])
+		}
+	}
+	if !used[0] || !used[1] {
+		t.Errorf("requests went to ranks %v only", used)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(c.Close(), c.Close()); err != nil {
+		t.Fatal(err)
 	}
 }
