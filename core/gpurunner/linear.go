@@ -36,8 +36,8 @@ import (
 // For GLM-5.3-Flash's runner (issue 23): build a Linears with NewLinears once (MaxRows
 // the most tokens a forward takes, MaxIn the widest input of an FP8 or bf16 linear), read
 // each FP8 weight with a PackedReader (ReadFP8, with the model's Quant) and upload it with
-// UploadFP8; KDA projections, which the checkpoint keeps bf16, go through UploadBF16 (or
-// UploadF32). Routed experts in MXFP4 come from ReadMXFP4 → UploadMXFP4 and run with
+// UploadFP8; KDA projections, which the checkpoint keeps bf16, go through ReadBF16 and
+// UploadBF16 (or UploadF32). Routed experts in MXFP4 come from ReadMXFP4 → UploadMXFP4 and run with
 // Experts between cuda.MoEGather and cuda.MoECombine.
 type Linears struct {
 	blas *cudart.Blas

@@ -178,3 +178,24 @@ func (r *PackedReader) Stored(name string) (weights.DType, bool) {
 	info, ok := f.Info(name)
 	return info.DType, ok
 }
+
+// ReadBF16 reads the BF16 weight name [out, in] as its bits, for Linears.UploadBF16 (the
+// projections a checkpoint keeps unquantized, such as GLM-5.3-Flash's KDA ones). A
+// tensor with a scale tensor is refused: it is not unquantized.
+func (r *PackedReader) ReadBF16(name string, out, in int) ([]uint16, error) {
+	info, raw, err := r.raw(name)
+	if err != nil {
+		return nil, err
+	}
+	if info.DType != weights.BF16 || !slices.Equal(info.Shape, []int{out, in}) {
+		return nil, fmt.Errorf("tensor %q: %w: checkpoint has %v of %s, want [%d %d] of BF16", name, weights.ErrShape, info.Shape, info.DType, out, in)
+	}
+	if sname, ok := r.ck.ScaleName(name); ok {
+		return nil, fmt.Errorf("tensor %q: %w: a BF16 weight with a scale tensor %q", name, weights.ErrDType, sname)
+	}
+	h := make([]uint16, out*in)
+	for i := range h {
+		h[i] = uint16(raw[2*i]) | uint16(raw[2*i+1])<<8
+	}
+	return h, nil
+}

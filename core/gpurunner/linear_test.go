@@ -273,8 +273,9 @@ func TestEmulatedLinears(t *testing.T) {
 
 // TestPackedReader reads FP8 and MXFP4 weights as stored and checks them against
 // Checkpoint.Dequantize of the same tensors, with ue8m0 and float32 FP8 scales and
-// ue8m0 and power-of-two bf16 MXFP4 scales; a non-power-of-two MXFP4 scale and a shape
-// the model does not expect are refused.
+// ue8m0 and power-of-two bf16 MXFP4 scales, and a BF16 tensor as its bits; a
+// non-power-of-two MXFP4 scale, an FP8 tensor read as BF16 and a shape the model does not
+// expect are refused.
 func TestPackedReader(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
 	p := randFP8(r, 130, 256)
@@ -307,6 +308,7 @@ func TestPackedReader(t *testing.T) {
 		mk("experts.w2.scale", weights.BF16, []int{2, 3, 2}, bf),
 		{Name: "experts.w3.weight", DType: weights.I8, Shape: []int{2, 3, 32}, Data: bank.W},
 		mk("experts.w3.scale", weights.BF16, []int{2, 3, 2}, odd),
+		mk("kda.q.weight", weights.BF16, []int{2, 3}, []float32{1, -2, 0.5, 3, 1.5, -0.25}),
 	}
 	dir := t.TempDir()
 	if err := weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
@@ -369,6 +371,18 @@ func TestPackedReader(t *testing.T) {
 	}
 	if _, err := pr.ReadMXFP4("experts.w3.weight", 2, 3, 64); err == nil || !strings.Contains(err.Error(), "power of two") {
 		t.Errorf("a scale of 3 read as %v", err)
+	}
+	h, err := pr.ReadBF16("kda.q.weight", 2, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range []float32{1, -2, 0.5, 3, 1.5, -0.25} {
+		if h[i] != weights.Float32ToBF16(v) {
+			t.Fatalf("bf16 [%d] = %#04x, want %#04x", i, h[i], weights.Float32ToBF16(v))
+		}
+	}
+	if _, err := pr.ReadBF16("a.weight", 130, 256); err == nil {
+		t.Error("an FP8 tensor read as BF16")
 	}
 	if _, err := pr.ReadFP8("a.weight", 256, 130); err == nil {
 		t.Error("a transposed shape accepted")

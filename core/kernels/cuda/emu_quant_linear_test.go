@@ -61,6 +61,8 @@ func TestEmuFP8Quant(t *testing.T) {
 			x[cols+5] = float32(math.NaN())
 			x[2*cols+7] = 1e-6
 			x[2*cols+8] = 40
+			x[2*cols+9] = 0.01 * 40 / 448 // 0.01 after scaling: an e4m3 subnormal
+			x[2*cols+10] = -0.0035 * 40 / 448
 			var xp = m.f32(x)
 			if bf16 {
 				xp = m.bf16(emuRoundBF16(x))
@@ -93,6 +95,9 @@ func TestEmuFP8Quant(t *testing.T) {
 				if v := math.Float32bits(gotS[g*ld+rows]); v != 0xffffffff {
 					t.Fatalf("the padding of the scale stride was written (%#x)", v)
 				}
+			}
+			if c := wantQ[2*cols+9]; !pow2 && (c == 0 || c >= 0x08) {
+				t.Fatalf("the subnormal case quantised to %#02x", c)
 			}
 			if pow2 {
 				for _, s := range wantS[:rows] {
