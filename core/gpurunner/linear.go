@@ -37,8 +37,17 @@ import (
 // the most tokens a forward takes, MaxIn the widest input of an FP8 or bf16 linear), read
 // each FP8 weight with a PackedReader (ReadFP8, with the model's Quant) and upload it with
 // UploadFP8; KDA projections, which the checkpoint keeps bf16, go through ReadBF16 and
-// UploadBF16 (or UploadF32). Routed experts in MXFP4 come from ReadMXFP4 → UploadMXFP4 and run with
-// Experts between cuda.MoEGather and cuda.MoECombine.
+// UploadBF16 (or UploadF32). Routed experts in MXFP4 come from ReadMXFP4 → UploadMXFP4
+// and run with Experts between cuda.MoEGather and cuda.MoECombine. A runner that owns its
+// device memory (an arena) passes LinearOptions.Alloc and uploads into it, describing
+// each weight with LinearAt, as models/deepseek-v4-flash's gpu_linear.go does.
+//
+// Not yet checked on a GPU (none was lent): the scale tensor layouts handed to cuBLASLt
+// (activations' outer-dimension-major, the weight's [ceil(Out/128), ceil(In/128)] as the
+// checkpoint stores it) are read from cuBLAS's documentation, and the emulated cuBLASLt
+// implements that reading; scripts/gpu-check.sh should compare MatMulFP8Block with
+// cuda.FP8Gemm on sm_90 before the cuBLASLt path is trusted. The fallback and W4A16
+// kernels are plain tiled float32 FMA loops (no tensor cores): correct first cuts.
 type Linears struct {
 	blas *cudart.Blas
 	k    *cuda.Kernels
