@@ -16,7 +16,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/serve/toolparse"
 	"github.com/resin-llm/resin/core/tokenizer"
 )
@@ -24,7 +23,7 @@ import (
 // Config describes the service.
 type Config struct {
 	// Engine runs the requests; its Run loop is the caller's to start.
-	Engine *engine.Engine
+	Engine Engine
 	// Tokenizer turns text into the engine's token ids and back.
 	Tokenizer *tokenizer.Tokenizer
 	// ChatTemplate renders /v1/chat/completions messages; nil answers chat requests
@@ -85,7 +84,7 @@ type Config struct {
 // Server is the OpenAI-compatible HTTP service.
 type Server struct {
 	cfg      Config
-	eng      *engine.Engine
+	eng      Engine
 	tok      *tokenizer.Tokenizer
 	chat     *tokenizer.ChatTemplate
 	models   map[string]bool
