@@ -8,7 +8,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/serve"
 )
 
 // EngineFlags are the engine limits every command that runs the engine takes.
@@ -39,9 +42,12 @@ func (f *EngineFlags) Config() (engine.Config, error) {
 	return engine.Config{MaxBatchTokens: f.MaxBatchTokens, MaxSeqs: f.MaxSeqs, MaxQueue: f.MaxQueue}, nil
 }
 
-// Engine is an engine whose loop runs in its own goroutine until Stop.
+// Engine is an engine whose loop runs in its own goroutine until Stop. With --dp it is
+// rank 0's, and requests go through the coordinator of every rank's engine (Front).
 type Engine struct {
 	*engine.Engine
+	front  serve.Engine    // where requests go: the engine, or coord
+	coord  *dp.Coordinator // --dp: every rank's engine
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
@@ -64,8 +70,12 @@ func load(cmd *cobra.Command, l Loader, ef *EngineFlags) (*Runtime, engine.Confi
 	return rt, cfg, err
 }
 
-// Start builds the engine of rt (cfg.Pool is rt.Pool) and starts its loop.
+// Start builds the engine of rt (cfg.Pool is rt.Pool) and starts its loop; with rt.DP,
+// one engine per rank (each on its rank's pool) behind a dp.Coordinator.
 func Start(rt *Runtime, cfg engine.Config) (*Engine, error) {
+	if rt.DP != nil {
+		return startDP(rt, cfg)
+	}
 	cfg.Pool = rt.Pool
 	e, err := engine.New(rt.Runner, cfg)
 	if err != nil {
@@ -73,19 +83,72 @@ func Start(rt *Runtime, cfg engine.Config) (*Engine, error) {
 	}
 	attachRunner(e, rt.Runner)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Engine{Engine: e, cancel: cancel, done: make(chan error, 1), closeRunner: runnerCloser(rt.Runner)}
+	r := &Engine{Engine: e, front: e, cancel: cancel, done: make(chan error, 1), closeRunner: runnerCloser(rt.Runner)}
 	go func() { r.done <- e.Run(ctx) }()
 	return r, nil
+}
+
+func startDP(rt *Runtime, cfg engine.Config) (*Engine, error) {
+	runners := append([]engine.Runner{rt.Runner}, rt.DP.Runners...)
+	pools := append([]*kvslab.Pool{rt.Pool}, rt.DP.Pools...)
+	if len(pools) != len(runners) {
+		return nil, fmt.Errorf("--dp: %d runners and %d pools", len(runners), len(pools))
+	}
+	engines := make([]*engine.Engine, len(runners))
+	for r, run := range runners {
+		c := cfg
+		c.Pool, c.Registry = pools[r], nil // each rank's engine has its own metrics
+		e, err := engine.New(run, c)
+		if err != nil {
+			return nil, fmt.Errorf("start engine for %s, dp rank %d: %w", rt.RunnerName, r, err)
+		}
+		attachRunner(e, run)
+		engines[r] = e
+	}
+	coord, err := dp.NewCoordinator(rt.DP.Group, engines)
+	if err != nil {
+		return nil, err
+	}
+	coord.Start(context.Background())
+	var closers []func() error
+	for _, run := range runners {
+		if c := runnerCloser(run); c != nil {
+			closers = append(closers, c)
+		}
+	}
+	r := &Engine{Engine: engines[0], front: coord, coord: coord, closeRunner: func() error {
+		var errs []error
+		for _, c := range closers {
+			errs = append(errs, c())
+		}
+		return errors.Join(errs...)
+	}}
+	return r, nil
+}
+
+// Front is what requests go through: the engine, or with --dp the coordinator that
+// routes each to one rank's engine.
+func (e *Engine) Front() serve.Engine { return e.front }
+
+// Submit submits req through Front.
+func (e *Engine) Submit(ctx context.Context, req engine.Request) (*engine.Stream, error) {
+	return e.front.Submit(ctx, req)
 }
 
 // Stop closes the engine (requests still running end with an abort), waits for its loop
 // to return and reports the loop's error, if it failed. Calling it again returns the same.
 func (e *Engine) Stop() error {
 	e.once.Do(func() {
-		e.Engine.Close()
-		e.cancel()
-		if err := <-e.done; err != nil && !errors.Is(err, context.Canceled) {
-			e.err = fmt.Errorf("engine loop: %w", err)
+		if e.coord != nil {
+			if err := e.coord.Close(); err != nil {
+				e.err = fmt.Errorf("dp ranks: %w", err)
+			}
+		} else {
+			e.Engine.Close()
+			e.cancel()
+			if err := <-e.done; err != nil && !errors.Is(err, context.Canceled) {
+				e.err = fmt.Errorf("engine loop: %w", err)
+			}
 		}
 		if e.closeRunner != nil {
 			e.closeRunner()

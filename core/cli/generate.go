@@ -164,7 +164,7 @@ type counts struct{ prompt, completion int }
 
 // generateText streams the text generated for p to out.
 func generateText(ctx context.Context, rt *Runtime, e *Engine, p serve.GenerateParams, out io.Writer, stats bool, errOut io.Writer) (counts, error) {
-	srv, err := serve.New(serve.Config{Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served})
+	srv, err := serve.New(serve.Config{Engine: e.Front(), Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served})
 	if err != nil {
 		return counts{}, err
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/tokenizer"
@@ -32,6 +33,19 @@ type Runtime struct {
 	// Served is the model name the API serves; RunnerName says what runs, for logs.
 	Served     string
 	RunnerName string
+	// DP, when set (--dp N), holds the data-parallel ranks after rank 0, whose Runner
+	// and Pool are the fields above: Start runs one engine per rank behind a
+	// dp.Coordinator.
+	DP *DPRanks
+}
+
+// DPRanks are a Runtime's data-parallel ranks 1..N-1: a runner and a cache pool each.
+type DPRanks struct {
+	Runners []engine.Runner
+	Pools   []*kvslab.Pool
+	// Group, when set (--dp-attention), steps every rank's engine together; rank r's
+	// runner runs through Group.Forward(r). Nil: the ranks are replicas.
+	Group *dp.Group
 }
 
 // Loader chooses a model from command-line flags and loads it. Register adds its flags to

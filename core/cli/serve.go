@@ -76,7 +76,7 @@ func ServeCmd(l Loader) *cobra.Command {
 				stall = -1 // serve.Config: negative turns the stall deadline off
 			}
 			srv, err := serve.New(serve.Config{
-				Engine: e.Engine, Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served,
+				Engine: e.Front(), Tokenizer: rt.Tokenizer, ChatTemplate: rt.Chat, Model: rt.Served,
 				APIKey: apiKey, MaxBodyBytes: maxBody, DrainTimeout: drain, WriteStallTimeout: stall, Logger: log,
 				ReadTimeout: noLimit(lim.read), ReadHeaderTimeout: noLimit(lim.header), IdleTimeout: noLimit(lim.idle),
 				MaxHeaderBytes: lim.headerBytes, MaxConnections: noLimit(lim.conns),
