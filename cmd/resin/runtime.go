@@ -34,6 +34,8 @@ type runtimeFlags struct {
 	cachePages    int
 	specTokens    int
 	tp            tpFlags
+	dp            dpFlags
+	dpRanks       *cli.DPRanks // what openModel opened for --dp
 	device        cli.DeviceFlags
 	remote        cli.RemoteFlags
 }
@@ -55,6 +57,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl.IntVar(&f.cachePages, "cache-pages", 8192, "cache pages of the test runner's pool (16 tokens each)")
 	fl.IntVar(&f.specTokens, "num-speculative-tokens", 0, "with --model: decode speculatively with this many draft tokens per step from the model's own draft head (MTP); 0 = off")
 	f.tp.register(cmd)
+	f.dp.register(cmd)
 	f.device.Register(cmd)
 }
 
@@ -102,6 +105,7 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	} else if rt.Runner, rt.Pool, rt.RunnerName, err = f.openModel(); err != nil {
 		return nil, err
 	}
+	rt.DP = f.dpRanks
 	rt.Served = f.servedName
 	if rt.Served == "" {
 		rt.Served = "resin-test"
@@ -117,6 +121,9 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 // --weights DIR: the spelling of a scaffolded runtime's --model.
 func (f *runtimeFlags) check() error {
 	if err := f.device.Check(); err != nil {
+		return err
+	}
+	if err := f.dp.check(f); err != nil {
 		return err
 	}
 	if f.model != "" && f.model != "auto" && f.weights == "" && f.randomWeights == "" {
@@ -196,6 +203,8 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	var r engine.Runner
 	var pool *kvslab.Pool
 	switch {
+	case f.dp.size > 1:
+		r, pool, f.dpRanks, err = f.openDP(m, dir)
 	case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
 		r, pool, err = openMoEParallel(m.Name, dir, f.cacheBytes, &f.tp)
 	case f.tp.ep > 1:

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/cli"
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/models"
+	"github.com/resin-llm/resin/models/llama"
+)
+
+// dpFlags choose data parallelism: --dp N engines, each with its own copy of the model and
+// its own cache pool, behind a coordinator that routes each request to the rank with the
+// fewest waiting (then running) requests; with --dp-attention the ranks step together
+// (core/dist/dp's Group), as the layers that mix the ranks' tokens (expert parallelism
+// under DP-attention) need.
+type dpFlags struct {
+	size      int
+	attention bool
+}
+
+func (d *dpFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.IntVar(&d.size, "dp", 1, "with --model on the CPU: data parallelism over this many ranks of this process, each an engine with its own copy of the model and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests")
+	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama only so far")
+}
+
+// check refuses the layouts --dp does not cover yet.
+func (d *dpFlags) check(f *runtimeFlags) error {
+	switch {
+	case d.size < 1:
+		return fmt.Errorf("--dp %d: want 1 or more ranks", d.size)
+	case d.attention && d.size < 2:
+		return errors.New("--dp-attention needs --dp 2 or more")
+	case d.size == 1:
+		return nil
+	case f.model == "":
+		return errors.New("--dp needs --model: the test runner has one rank")
+	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != "":
+		return fmt.Errorf("--dp %d is not combined with --tp, --ep, --tp-procs or --dist-init-addr yet: its ranks are engines of this process", d.size)
+	case f.device.CUDA():
+		return fmt.Errorf("--dp %d runs on the CPU only so far (a rank per GPU is not wired)", d.size)
+	}
+	return nil
+}
+
+// openDP opens d.size ranks of model m from dir: rank 0's runner and pool, and the
+// others'. With --dp-attention (llama), every rank's forward runs through one dp.Group
+// over in-process communicators.
+func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	n := f.dp.size
+	runners := make([]engine.Runner, n)
+	pools := make([]*kvslab.Pool, n)
+	var group *dp.Group
+	if !f.dp.attention {
+		for r := range n {
+			var err error
+			if f.specTokens > 0 && m.OpenSpeculative != nil {
+				runners[r], pools[r], err = m.OpenSpeculative(dir, f.cacheBytes, f.specTokens)
+			} else if f.specTokens > 0 {
+				return nil, nil, nil, fmt.Errorf("--num-speculative-tokens %d: model %s has no draft head to propose drafts", f.specTokens, m.Name)
+			} else {
+				runners[r], pools[r], err = m.Open(dir, f.cacheBytes)
+			}
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("--dp rank %d: %w", r, err)
+			}
+		}
+		return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:]}, nil
+	}
+	if m.Name != "llama" {
+		return nil, nil, nil, fmt.Errorf("--dp-attention covers --model llama only so far, not %s (its forward does not read the plan's dp step yet)", m.Name)
+	}
+	if f.specTokens > 0 {
+		return nil, nil, nil, errors.New("--dp-attention does not decode speculatively yet")
+	}
+	ctl, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	data, err := dist.NewInProcess(n, dist.Options{Timeout: time.Minute})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ranks := make([]dp.Rank, n)
+	infos := make([]engine.RunnerInfo, n)
+	for r := range n {
+		lr, err := llama.Load(dir, llama.Options{})
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--dp rank %d: %w", r, err)
+		}
+		if pools[r], err = engine.NewHostPool(lr.CacheGroups(), f.cacheBytes); err != nil {
+			return nil, nil, nil, fmt.Errorf("--dp rank %d: %w", r, err)
+		}
+		kv, err := llama.NewKVCache(lr.Model.Config, pools[r])
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--dp rank %d: %w", r, err)
+		}
+		model := lr.Model
+		// llama mixes nothing across ranks: an idle plan has nothing to compute.
+		forward := func(p *engine.BatchPlan, logits []float32) error {
+			if p.NumTokens() == 0 {
+				return nil
+			}
+			return model.Forward(p, kv, logits)
+		}
+		ranks[r] = dp.Rank{Forward: forward, CacheGroups: len(lr.CacheGroups()), Ctl: ctl[r], Data: data[r]}
+		infos[r] = lr.Info()
+	}
+	if group, err = dp.NewGroup(ranks, dp.Options{}); err != nil {
+		return nil, nil, nil, err
+	}
+	for r := range n {
+		runners[r] = cpurunner.New(infos[r], cpurunner.ForwardFunc(group.Forward(r)))
+	}
+	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/cli/clitest"
+)
+
+// TestGenerateDP: `resin generate --dp 2` (with and without --dp-attention) prints what
+// one engine prints (generate's one request lands on rank 0 while rank 1 idles), and the
+// layouts --dp does not cover are refused by name.
+func TestGenerateDP(t *testing.T) {
+	args := []string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000",
+		"--max-tokens", "12", "--ignore-eos", "Once upon a time"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("%v (%s)", err, errOut)
+	}
+	for _, extra := range [][]string{{"--dp", "2"}, {"--dp", "2", "--dp-attention"}} {
+		got, errOut, err := runGenerate(t, append(extra, args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v (%s)", extra, err, errOut)
+		}
+		if got != want {
+			t.Fatalf("%v printed %q, one engine %q", extra, got, want)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append([]string{"--dp", "0"}, args...), "--dp 0"},
+		{append([]string{"--dp-attention"}, args...), "--dp-attention needs --dp 2 or more"},
+		{append([]string{"--dp", "2", "--tp", "2"}, args...), "not combined with --tp"},
+		{[]string{"--dp", "2", "--max-tokens", "2", "hi"}, "--dp needs --model"},
+	} {
+		_, errOut, err := runGenerate(t, c.args...)
+		if err == nil || !strings.Contains(err.Error()+errOut, c.want) {
+			t.Fatalf("%v: %v (%s), want an error saying %q", c.args[:2], err, errOut, c.want)
+		}
+	}
+}
+
+// TestServeDPAttention: `resin serve --dp 2 --dp-attention` answers concurrent
+// completions, spread over both ranks, each with the text one engine gives it.
+func TestServeDPAttention(t *testing.T) {
+	complete := func(base, prompt string) (string, error) {
+		body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
+		resp, err := http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var got struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if resp.StatusCode != 200 || json.Unmarshal(raw, &got) != nil || len(got.Choices) != 1 {
+			return "", fmt.Errorf("completion: %d %s", resp.StatusCode, raw)
+		}
+		return got.Choices[0].Text, nil
+	}
+	prompts := []string{"Hello", "Once upon a time", "The quick brown fox", "A", "In the beginning", "Far away"}
+	// rank0 is how many requests rank 0's engine finished (/metrics shows rank 0's).
+	rank0 := func(base string) int {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		n := 0
+		for _, line := range strings.Split(string(raw), "\n") {
+			if strings.HasPrefix(line, "vllm:request_success_total{") {
+				var v float64
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+				n += int(v)
+			}
+		}
+		return n
+	}
+	serveAll := func(extra ...string) (map[string]string, int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		srv := clitest.StartServe(t, ctx, newServeCmd(), append([]string{
+			"--model", "llama", "--random-weights", tinyLlama, "--port", "0", "--cache-bytes", "4000000"}, extra...)...)
+		out := map[string]string{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, p := range prompts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				text, err := complete(srv.URL, p)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					t.Errorf("%v %q: %v", extra, p, err)
+				}
+				out[p] = text
+			}()
+		}
+		wg.Wait()
+		finished := rank0(srv.URL)
+		cancel()
+		if err := srv.Wait(); err != nil {
+			t.Fatalf("serve %v: %v\n%s", extra, err, srv.Logs())
+		}
+		return out, finished
+	}
+	want, n := serveAll()
+	if n != len(prompts) {
+		t.Fatalf("one engine finished %d of %d requests", n, len(prompts))
+	}
+	got, n := serveAll("--dp", "2", "--dp-attention")
+	if n == 0 || n == len(prompts) {
+		t.Errorf("rank 0 finished %d of %d requests: they were not spread over the ranks", n, len(prompts))
+	}
+	for _, p := range prompts {
+		if got[p] != want[p] {
+			t.Errorf("%q: --dp 2 --dp-attention %q, one engine %q", p, got[p], want[p])
+		}
+	}
+}
