@@ -33,6 +33,7 @@ type gpuModel struct {
 	used             []bool
 	w                gpuWork
 	moeW             *moeWork
+	mtp              *gpuMTP // nil without the MTP head
 }
 
 // gpuSeq is one sequence's device slot and length.
@@ -68,9 +69,11 @@ type gpuWork struct {
 	rowIdx, picked, headMix, y, logits                                  cudart.DevicePtr // the head's, maxRows rows
 }
 
-// newGPUModel uploads m's weights and allocates slots sequences of up to m.maxContext
-// tokens, with steps of up to maxTokens rows of which up to maxRows get logits.
-func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, dt cudart.DType, slots, maxTokens, maxRows int) (_ *gpuModel, err error) {
+// newGPUModel uploads m's weights (with drafts > 0, the MTP head's too, with room to undo
+// that many drafts per sequence) and allocates slots
+// sequences of up to m.maxContext tokens, with steps of up to maxTokens rows of which up
+// to maxRows get logits.
+func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, dt cudart.DType, slots, maxTokens, maxRows, drafts int) (_ *gpuModel, err error) {
 	cfg := m.Config
 	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens {
 		return nil, fmt.Errorf("gpu: %d slots, %d rows a step and %d logits rows (at most the rows) must be positive", slots, maxTokens, maxRows)
@@ -97,13 +100,6 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			*dst, err = g.lin.weights(a, c, v)
 		}
 	}
-	zeros := func(dst *cudart.DevicePtr, n int) {
-		if err == nil {
-			if *dst, err = a.alloc(c, 4*n); err == nil {
-				err = c.Memset(*dst, 0, int64(4*max(n, 1)))
-			}
-		}
-	}
 	w := m.W
 	up(&g.embed, w.Embed)
 	upW(&g.head, w.Head)
@@ -127,9 +123,25 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 	}
 	g.main, g.comp = rope(m.main), rope(m.compress)
 	eps := float32(cfg.RMSNormEps)
-	for li := range w.Layers {
-		l := &w.Layers[li]
-		gl := gpuLayer{kind: cfg.LayerTypes[li]}
+	upLayer := func(l *Layer, kind, mlp string) (gl gpuLayer, err error) {
+		up := func(dst *cudart.DevicePtr, v []float32) {
+			if err == nil {
+				*dst, err = upload(a, c, v, 4)
+			}
+		}
+		upW := func(dst *cudart.DevicePtr, v []float32) {
+			if err == nil {
+				*dst, err = g.lin.weights(a, c, v)
+			}
+		}
+		zeros := func(dst *cudart.DevicePtr, n int) {
+			if err == nil {
+				if *dst, err = a.alloc(c, 4*n); err == nil {
+					err = c.Memset(*dst, 0, int64(4*max(n, 1)))
+				}
+			}
+		}
+		gl.kind = kind
 		up(&gl.attnNorm, l.AttnNorm)
 		up(&gl.ffnNorm, l.FFNNorm)
 		for _, p := range []struct {
@@ -182,12 +194,25 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			upW(&gl.idxW, iw)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+			return gl, err
 		}
-		if gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, cfg.MLPLayerTypes[li]); err != nil {
+		gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, mlp)
+		return gl, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	for li := range w.Layers {
+		gl, err := upLayer(&w.Layers[li], cfg.LayerTypes[li], cfg.MLPLayerTypes[li])
+		if err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 		}
 		g.layers = append(g.layers, gl)
+	}
+	if drafts > 0 {
+		if g.mtp, err = newGPUMTP(a, c, g, drafts, upLayer); err != nil {
+			return nil, err
+		}
 	}
 	if g.moeW, err = newMoEWork(a, c, g.layers[0].moe, maxTokens); err != nil {
 		return nil, err
@@ -356,8 +381,15 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	if nr == 0 {
 		return nil, c.Synchronize() // a mid-prompt chunk: no row is sampled
 	}
-	// The head over the rows named: their streams gathered (the embedding kernel on the
-	// streams as a table), hc_head's collapse, the final norm, the lm_head.
+	return g.headRows(c, n, rows, gpuHC{g.hcFn, g.hcBase, g.hcScale}, g.norm)
+}
+
+// headRows runs the head over the rows named of the step's n rows of streams: their
+// streams gathered into w.picked (the embedding kernel on the streams as a table), the
+// hc_head collapse of hw, the final norm, the lm_head; it returns their logits.
+func (g *gpuModel) headRows(c *cudart.Ctx, n int, rows []int32, hw gpuHC, norm cudart.DevicePtr) ([]float32, error) {
+	cfg, w := g.m.Config, &g.w
+	h, hc, nr := cfg.HiddenSize, cfg.HCMult, len(rows)
 	eps := float32(cfg.RMSNormEps)
 	if err := cudart.Upload(c, w.rowIdx, rows); err != nil {
 		return nil, err
@@ -365,14 +397,14 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	if err := g.kk.Embedding(c, nil, w.picked, w.streams, w.rowIdx, nr, hc*h, n); err != nil {
 		return nil, err
 	}
-	if err := g.gemm(c, w.headMix, w.picked, g.hcFn, nr, hc*h, hc); err != nil {
+	if err := g.gemm(c, w.headMix, w.picked, hw.fn, nr, hc*h, hc); err != nil {
 		return nil, err
 	}
-	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Collapsed: w.y, Streams: w.picked, Mix: w.headMix, Base: g.hcBase, Scale: g.hcScale,
+	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Collapsed: w.y, Streams: w.picked, Mix: w.headMix, Base: hw.base, Scale: hw.scale,
 		Rows: nr, HC: hc, Dim: h, Eps: float32(cfg.HCEps), NormEps: eps, Head: true}); err != nil {
 		return nil, err
 	}
-	if err := g.kk.RMSNorm(c, nil, w.y, w.y, g.norm, nr, h, eps); err != nil {
+	if err := g.kk.RMSNorm(c, nil, w.y, w.y, norm, nr, h, eps); err != nil {
 		return nil, err
 	}
 	if err := g.gemm(c, w.logits, w.y, g.head, nr, h, cfg.VocabSize); err != nil {

@@ -218,8 +218,9 @@ func (ms *mirrorStep) finish(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error {
 
 // restore fills slot s, fresh, with the state of plan sequence i from its pages (st, its
 // views; n cached tokens): the ring's rows the next query reads, every entry, the state
-// page's buffers.
-func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, st *SeqState, swa []kvslab.PageID, pt, n int) error {
+// page's buffers; with the MTP head, its ring's rows the next step's first MTP row reads
+// and the final streams of the last token (last, the state page's).
+func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, st *SeqState, last []float32, swa []kvslab.PageID, pt, n int) error {
 	cfg := g.m.Config
 	d, win := cfg.HeadDim, cfg.SlidingWindow
 	if n > g.m.maxContext {
@@ -256,6 +257,17 @@ func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, st *SeqState, swa []kvslab.
 					return err
 				}
 			}
+		}
+	}
+	if g.mtp != nil && n > 0 {
+		for q := max(0, n-win); q < n-1; q++ {
+			if err := cudart.Upload(c, g.mtp.layer.ring+cudart.DevicePtr(4*(s.slot*win+q%win)*d), st.MTP.Window.Row(q)); err != nil {
+				return err
+			}
+		}
+		sw := cfg.HCMult * cfg.HiddenSize
+		if err := cudart.Upload(c, g.mtp.last+cudart.DevicePtr(4*s.slot*sw), last); err != nil {
+			return err
 		}
 	}
 	s.Len = n

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"unsafe"
@@ -536,6 +537,30 @@ func TestEmuSwap01(t *testing.T) {
 		}
 	}
 	sameBits(t, "swap01", got, want)
+}
+
+// TestEmuAddRows checks groups.cu's broadcast add (the MTP head's e_proj output added to
+// each h_proj stream) against the Go loop of Model.mtpForward, bit-exact.
+func TestEmuAddRows(t *testing.T) {
+	d := newEmuDev(t)
+	rng := rand.New(rand.NewPCG(9, 10))
+	const rows, rep, dim = 7, 4, 300
+	x, y := rnd(rng, rows*rep*dim, 1), rnd(rng, rows*dim, 1)
+	xp := d.f32(x)
+	l, err := kernels.AddRows(xp, d.f32(y), rows, rep, dim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.run("add_rows", l)
+	want := slices.Clone(x)
+	for r := range rows {
+		for i := range rep {
+			for j := range dim {
+				want[(r*rep+i)*dim+j] += y[r*dim+j]
+			}
+		}
+	}
+	sameBits(t, "add_rows", d.getF32(xp, rows*rep*dim), want)
 }
 
 // TestEmuIndexerManyEntries runs indexer.cu past one block of entries: 700 and 520

@@ -30,6 +30,14 @@ type GPURunner struct {
 	seqs  gpurunner.SeqSlots[*gpuSeq]
 	pt    int
 	kv    *KVCache // the host pool's views; nil until NewPool
+	// With the MTP head (NewGPUMTPRunner): drafts per step, the host side of the undo log,
+	// and the step in flight (its slots and pool views) for draft.
+	drafts   int
+	undo     undoLog
+	stepSeqs []*gpuSeq
+	mir      *mirrorStep
+	// forceDraft, when set (tests), chooses each draft as Runner.forceDraft does.
+	forceDraft func(promptLen, pos int, logits []float32) int32
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
 }
@@ -40,6 +48,32 @@ var _ engine.Runner = (*GPURunner)(nil)
 // weights in dt (cudart.F32 or cudart.BF16), for up to slots sequences at once and steps
 // of up to maxTokens rows, maxRows of them sampled.
 func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows int) (*GPURunner, error) {
+	return newGPURunner(m, dev, cache, dt, slots, maxTokens, maxRows, 0)
+}
+
+// NewGPUMTPRunner is NewGPURunner for a runner that decodes speculatively with the
+// model's MTP head on the device, drafts tokens per sequence each step, as NewMTPRunner
+// does on the CPU (same drafts, same verification, rejected drafts put back in the
+// device slot and in the pool; gpu_mtp.go). Its pool has NewMTPRunner's layout; its
+// logits rows must hold (1+drafts) per sequence.
+func NewGPUMTPRunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows, drafts int) (*GPURunner, error) {
+	c := m.Config
+	if m.W.MTP == nil || c.NumNextNPredictLayers < 1 {
+		return nil, fmt.Errorf("%s: speculative decoding needs the MTP head (num_nextn_predict_layers %d, mtp.0.* loaded: %v)",
+			Name, c.NumNextNPredictLayers, m.W.MTP != nil)
+	}
+	if drafts < 1 {
+		return nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
+	}
+	for i := range c.LayerTypes {
+		if ratio := c.LayerRatio(i); ratio > 0 && ratio < 1+drafts {
+			return nil, fmt.Errorf("%s: %d drafts per step need compression ratios of at least %d, layer %d has %d", Name, drafts, 1+drafts, i, ratio)
+		}
+	}
+	return newGPURunner(m, dev, cache, dt, slots, maxTokens, maxRows, drafts)
+}
+
+func newGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows, drafts int) (*GPURunner, error) {
 	kk, err := cuda.Load(dev, cache)
 	if err != nil {
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
@@ -49,15 +83,19 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cu
 		kk.Close()
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
 	}
-	r := &GPURunner{Model: m, dev: dev, kk: kk, blas: blas, pt: PageTokens(m.Config, 0)}
+	r := &GPURunner{Model: m, dev: dev, kk: kk, blas: blas, pt: PageTokens(m.Config, 0), drafts: drafts}
 	r.seqs = gpurunner.SeqSlots[*gpuSeq]{Name: Name, New: func(c *cudart.Ctx) (*gpuSeq, error) { return r.g.newSeq(c) },
-		Free: func(s *gpuSeq) { r.g.free(s) }, Len: func(s *gpuSeq) int { return s.Len }, Resume: r.resume}
+		Free: func(s *gpuSeq) { r.g.free(s) }, Len: func(s *gpuSeq) int { return s.Len }, Resume: r.resume, Drafts: drafts > 0}
+	rows := maxTokens
+	if drafts > 0 {
+		rows += slots // the MTP head's rows: each sequence's fed tokens and one more
+	}
 	err = dev.Do(func(c *cudart.Ctx) error {
 		vk, err := kernels.Load(c, cache, dev.Info.Arch())
 		if err != nil {
 			return err
 		}
-		r.g, err = newGPUModel(c, m, kk, vk, blas, dt, slots, maxTokens, maxRows)
+		r.g, err = newGPUModel(c, m, kk, vk, blas, dt, slots, rows, maxRows, drafts)
 		return err
 	})
 	if err != nil {
@@ -67,8 +105,12 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cu
 	}
 	c := m.Config
 	info := engine.RunnerInfo{Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
-		CacheGroups: layout(c, r.pt, false).groups}
-	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(r.forward))
+		CacheGroups: layout(c, r.pt, drafts > 0).groups}
+	if drafts > 0 {
+		r.Runner = cpurunner.New(info, gpuDrafter{r})
+	} else {
+		r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(r.forward))
+	}
 	return r, nil
 }
 
@@ -76,11 +118,11 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cu
 // binds the runner to it: the device slots' state is written through to its pages, from
 // which a prefix hit is restored.
 func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
-	pool, err := engine.NewHostPool(layout(r.Model.Config, r.pt, false).groups, bytes)
+	pool, err := engine.NewHostPool(layout(r.Model.Config, r.pt, r.drafts > 0).groups, bytes)
 	if err != nil {
 		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
 	}
-	if r.kv, err = newKVCache(r.Model.Config, pool, false); err != nil {
+	if r.kv, err = newKVCache(r.Model.Config, pool, r.drafts > 0); err != nil {
 		return nil, fmt.Errorf("%s: %w", Name, err)
 	}
 	return pool, nil
@@ -101,7 +143,11 @@ func (r *GPURunner) resume(c *cudart.Ctx, p *engine.BatchPlan, i int) (*gpuSeq, 
 	if err != nil {
 		return nil, err
 	}
-	if err := r.g.restore(c, s, st, p.PageTableOf(r.kv.L.swa, i), r.kv.pt, done); err != nil {
+	var last []float32
+	if r.drafts > 0 {
+		last = r.kv.stream(p.Groups[r.kv.L.state].StatePage[i])
+	}
+	if err := r.g.restore(c, s, st, last, p.PageTableOf(r.kv.L.swa, i), r.kv.pt, done); err != nil {
 		r.g.free(s)
 		return nil, err
 	}
@@ -140,6 +186,12 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 		var mir *mirrorStep
 		if r.kv != nil {
 			if mir, err = newMirrorStep(r.kv, p); err != nil {
+				return err
+			}
+		}
+		if r.drafts > 0 {
+			r.stepSeqs, r.mir = seqs, mir
+			if err := r.saveDrafts(c, p, seqs, mir); err != nil {
 				return err
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/core/weights"
 	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
@@ -129,7 +130,7 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device, dt cudart.DType, tol for
 		if err != nil {
 			return err
 		}
-		g, err := newGPUModel(cx, m, kk, vk, blas, dt, 3, 32, 32)
+		g, err := newGPUModel(cx, m, kk, vk, blas, dt, 3, 32, 32, 0)
 		if err != nil {
 			return err
 		}
@@ -391,4 +392,168 @@ func TestEmulatedGPURunnerRefusals(t *testing.T) {
 	if err := r.forward(plan(3, 3, []int32{6}, 0), logits); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestEmulatedMTPGreedyEqualsPlain checks through the real engine that the GPU runner
+// decoding with MTP drafts on the (emulated) device gives what it gives without them,
+// token for token and log probabilities within 1e-4, for prompts whose lengths put the
+// drafts at every offset of the compression windows and blocks, in one-shot and chunked
+// prefill: with the head's own drafts, which must be the CPU MTP runner's (the same
+// positions, logits within 1e-4), and with drafts forced right except at
+// every third position, so that drafts are accepted and rejected everywhere (every cache
+// group rolled back on the device and in the pool). Each engine then serves the prompts
+// again, from the prefix cache.
+func TestEmulatedMTPGreedyEqualsPlain(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := tinyModel(t)
+	vocab := m.Config.VocabSize
+	prompts := specPrompts(vocab)
+	greedy := engine.SamplingParams{MaxTokens: 10, IgnoreEOS: true, Logprobs: true}
+	type run struct {
+		outs     []runnertest.Output
+		counters engine.Counters
+		hits     int
+	}
+	serve := func(r engine.Runner, pool *kvslab.Pool, budget int) run {
+		var s runnertest.Suite
+		h := s.StartWith(t, r, pool, engine.Config{MaxBatchTokens: budget, MaxSeqs: 8})
+		defer h.Stop(t)
+		outs := h.GenerateAll(t, prompts, greedy)
+		c := h.Counters()
+		again := h.GenerateAll(t, prompts, greedy)
+		for i := range prompts {
+			if !slices.Equal(again[i].Tokens, outs[i].Tokens) {
+				t.Fatalf("prompt %d from the prefix cache: %v, cold %v", i, again[i].Tokens, outs[i].Tokens)
+			}
+		}
+		return run{outs: outs, counters: c, hits: int(h.Counters().PrefixHits - c.PrefixHits)}
+	}
+	plainRuns := map[int]run{}
+	for _, tc := range []struct {
+		budget, drafts int
+		forced         bool
+	}{{64, 1, false}, {13, 1, true}, {13, 3, true}} {
+		budget := tc.budget
+		want, ok := plainRuns[budget]
+		if !ok {
+			plain, err := NewGPURunner(m, dev, cache, cudart.F32, 8, 64, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool, err := plain.NewPool(8 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = serve(plain, pool, budget)
+			plain.Close()
+			plainRuns[budget] = want
+		}
+		full := map[int][]int32{}
+		for i, p := range prompts {
+			full[len(p)] = append(slices.Clone(p), want.outs[i].Tokens...)
+		}
+		what := fmt.Sprintf("budget %d, %d drafts, forced %v", budget, tc.drafts, tc.forced)
+		r, err := NewGPUMTPRunner(m, dev, cache, cudart.F32, 8, 64, 8*(1+tc.drafts), tc.drafts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Unforced, the hook records the head's logits of each draft (the first serving
+		// only) and proposes their argmax, as the runner does without it.
+		type key struct{ promptLen, pos int }
+		record := func(into map[key][]float32) func(promptLen, pos int, logits []float32) int32 {
+			return func(promptLen, pos int, logits []float32) int32 {
+				if _, ok := into[key{promptLen, pos}]; !ok {
+					into[key{promptLen, pos}] = slices.Clone(logits)
+				}
+				return int32(max(0, argmax(logits)))
+			}
+		}
+		gpuDrafts, cpuDrafts := map[key][]float32{}, map[key][]float32{}
+		r.forceDraft = record(gpuDrafts)
+		if tc.forced {
+			r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
+				seq := full[promptLen]
+				if pos >= len(seq) || pos%3 == 0 {
+					return (int32(max(0, argmax(logits))) + 1) % int32(vocab)
+				}
+				return seq[pos]
+			}
+		}
+		pool, err := r.NewPool(8 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := serve(r, pool, budget)
+		r.Close()
+		for i := range prompts {
+			if !slices.Equal(got.outs[i].Tokens, want.outs[i].Tokens) {
+				t.Fatalf("%s: prompt of %d tokens: %v with MTP, %v without", what, len(prompts[i]), got.outs[i].Tokens, want.outs[i].Tokens)
+			}
+			for j, lp := range got.outs[i].Logprobs {
+				if d := math.Abs(float64(lp.Logprob - want.outs[i].Logprobs[j].Logprob)); d > 1e-4 {
+					t.Fatalf("%s: prompt %d token %d: logprob %g, without MTP %g", what, i, j, lp.Logprob, want.outs[i].Logprobs[j].Logprob)
+				}
+			}
+		}
+		c := got.counters
+		if c.DraftsProposed == 0 || tc.forced && (c.DraftsAccepted == 0 || c.DraftsAccepted == c.DraftsProposed) || got.hits == 0 {
+			t.Errorf("%s: %d drafts, %d accepted, %d prefix hits", what, c.DraftsProposed, c.DraftsAccepted, got.hits)
+		}
+		if !tc.forced {
+			// The device's MTP head against the CPU runner's: the same drafts proposed on the
+			// same schedule, from logits within 1e-4.
+			cpu, err := NewMTPRunner(m, 0, tc.drafts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cpu.forceDraft = record(cpuDrafts)
+			cpool, err := cpu.NewPool(8 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc := serve(cpu, cpool, budget).counters
+			if cc.DraftsProposed != c.DraftsProposed || cc.DraftsAccepted != c.DraftsAccepted || len(cpuDrafts) != len(gpuDrafts) || len(gpuDrafts) == 0 {
+				t.Errorf("%s: the device's MTP head: %d drafts (%d positions), %d accepted; the CPU runner's %d (%d), %d", what,
+					c.DraftsProposed, len(gpuDrafts), c.DraftsAccepted, cc.DraftsProposed, len(cpuDrafts), cc.DraftsAccepted)
+			}
+			for k, want := range cpuDrafts {
+				lg, ok := gpuDrafts[k]
+				if !ok {
+					t.Fatalf("%s: no draft on the device for position %d of the prompt of %d tokens", what, k.pos, k.promptLen)
+				}
+				for j := range want {
+					if d := math.Abs(float64(lg[j]-want[j])) / (1 + math.Abs(float64(want[j]))); !(d <= 1e-4) {
+						t.Fatalf("%s: position %d of the prompt of %d: MTP logit %d = %g, the CPU's %g", what, k.pos, k.promptLen, j, lg[j], want[j])
+					}
+				}
+			}
+		}
+		t.Logf("%s: %d drafts, %d accepted, %d prefix hits", what, c.DraftsProposed, c.DraftsAccepted, got.hits)
+	}
+}
+
+// argmax is the index of the largest of x (-1 when none is).
+func argmax(x []float32) int {
+	best := -1
+	for i, v := range x {
+		if best < 0 || v > x[best] {
+			best = i
+		}
+	}
+	return best
 }

@@ -4,6 +4,9 @@
 // of wo_a is one contiguous GEMM, and the groups' results [groups, rows, rank] go back to
 // [rows, groups, rank] for wo_b.
 //
+// deepseekv4flash_add_rows_f32: x[t, i, :] += y[t, :] for x [rows, rep, dim], y [rows, dim]
+// (the MTP head's e_proj output added to each of its h_proj streams); one thread per value.
+//
 // deepseekv4flash_swap01_f32: dst[j, i, k] = src[i, j, k] for src [a, b, c]; one thread per
 // value.
 #include "prelude.cuh"
@@ -26,4 +29,14 @@ RESIN_KERNEL void deepseekv4flash_cast_bf16(resin_bf16* __restrict__ dst, const 
                                             long long n) {
   for (long long t = resin_global_tid(); t < n; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X)
     dst[t] = resin_f2bf(src[t]);
+}
+
+RESIN_KERNEL void deepseekv4flash_add_rows_f32(float* __restrict__ x, const float* __restrict__ y, int rows,
+                                               int rep, int dim) {
+  long long total = (long long)rows * rep * dim;
+  for (long long t = resin_global_tid(); t < total; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X) {
+    int k = (int)(t % dim);
+    long long row = t / dim / rep;
+    x[t] += y[row * dim + k];
+  }
 }

@@ -19,6 +19,7 @@ const (
 	WindowStoreName      = "deepseekv4flash_window_store_f32"
 	Swap01Name           = "deepseekv4flash_swap01_f32"
 	CastBF16Name         = "deepseekv4flash_cast_bf16"
+	AddRowsName          = "deepseekv4flash_add_rows_f32"
 	RopeInterleavedName  = "resin_rope_interleaved"
 	coreRotary           = "rotary.cu"
 	MaxDim               = 512 // compress.cu DSV4_MAX_DIM, attention.cu DSV4_ATTN_MAX_DIM
@@ -37,7 +38,7 @@ var Entries = map[string][]string{
 	"compress.cu":    {CompressName, CompressStateName},
 	"indexer.cu":     {IndexerTopKName},
 	"attention.cu":   {SparseAttentionName, WindowStoreName},
-	"groups.cu":      {Swap01Name, CastBF16Name},
+	"groups.cu":      {Swap01Name, CastBF16Name, AddRowsName},
 }
 
 // CastBF16 is the launch that writes dst [n] bf16 = src [n] float32 rounded to nearest
@@ -50,6 +51,18 @@ func CastBF16(dst, src cudart.DevicePtr, n int) (Launch, error) {
 	l.Grid, l.Block = elementwise(n)
 	l.ptr(dst).ptr(src)
 	l.Args = append(l.Args, uint64(n))
+	return l, nil
+}
+
+// AddRows is the launch that adds y [rows, dim] to each of the rep rows of x
+// [rows, rep, dim] that share its row, in place.
+func AddRows(x, y cudart.DevicePtr, rows, rep, dim int) (Launch, error) {
+	if err := positive("AddRows", rows, rep, dim, rows*rep*dim); err != nil {
+		return Launch{}, err
+	}
+	l := Launch{File: "groups.cu", Entry: AddRowsName}
+	l.Grid, l.Block = elementwise(rows * rep * dim)
+	l.ptr(x).ptr(y).i32(rows).i32(rep).i32(dim)
 	return l, nil
 }
 

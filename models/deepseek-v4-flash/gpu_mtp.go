@@ -1,0 +1,436 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
+)
+
+// gpuMTP is the MTP head on the device (Model.mtpForward's): its block as a gpuLayer
+// (sliding attention with a ring of its own per slot, learned-routing MoE), e_proj and
+// h_proj with their norms, hc_head and the final norm; per slot the main model's final
+// streams of the last token the sequence holds (the head's input for that position, the
+// state page's streams); the head's input streams of a step; and the device undo log of
+// a verify step's drafts.
+type gpuMTP struct {
+	layer                            gpuLayer
+	eProj, hProj, eNorm, hNorm, norm cudart.DevicePtr
+	hc                               gpuHC
+	last, in                         cudart.DevicePtr // [slots, hc·hidden], [maxTokens, hc·hidden]
+	undo                             devUndo
+}
+
+// newGPUMTP uploads the MTP head of g's model with upLayer (newGPUModel's), with room
+// for drafts draft tokens per sequence in the undo log.
+func newGPUMTP(a *gpuArena, c *cudart.Ctx, g *gpuModel, drafts int, upLayer func(l *Layer, kind, mlp string) (gpuLayer, error)) (*gpuMTP, error) {
+	cfg, mt := g.m.Config, g.m.W.MTP
+	if mt == nil {
+		return nil, fmt.Errorf("gpu: the checkpoint has no MTP head (mtp.0.*)")
+	}
+	t := &gpuMTP{}
+	var err error
+	if t.layer, err = upLayer(&mt.Block, SlidingAttention, MoE); err != nil {
+		return nil, fmt.Errorf("gpu: mtp: %w", err)
+	}
+	sw := cfg.HCMult * cfg.HiddenSize
+	for _, u := range []struct {
+		dst    *cudart.DevicePtr
+		v      []float32
+		weight bool
+	}{{&t.eProj, mt.EProj, true}, {&t.hProj, mt.HProj, true}, {&t.hc.fn, mt.HCFn, true}, {&t.eNorm, mt.ENorm, false},
+		{&t.hNorm, mt.HNorm, false}, {&t.norm, mt.Norm, false}, {&t.hc.base, mt.HCBase, false}, {&t.hc.scale, mt.HCScale, false}} {
+		if u.weight {
+			*u.dst, err = g.lin.weights(a, c, u.v)
+		} else {
+			*u.dst, err = upload(a, c, u.v, 4)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gpu: mtp: %w", err)
+		}
+	}
+	if t.last, err = a.alloc(c, 4*g.slots*sw); err != nil {
+		return nil, err
+	}
+	if t.in, err = a.alloc(c, 4*g.maxTokens*sw); err != nil {
+		return nil, err
+	}
+	// Per draft position: every layer's ring row and, per compressor, its pending slot,
+	// the entry and the previous-window buffers a window close writes; and the MTP ring
+	// rows the chained drafts overwrite.
+	per := 0
+	for li := range g.layers {
+		per += cfg.HeadDim
+		for _, cp := range g.comps(li) {
+			kc := cp.dev
+			per += 2*kc.Width() + kc.Dim
+			if kc.Overlap {
+				per += 2 * kc.Ratio * kc.Dim
+			}
+		}
+	}
+	t.undo.floats = g.slots * drafts * (per + cfg.HeadDim)
+	if t.undo.buf, err = a.alloc(c, 4*t.undo.floats); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// devUndo keeps device rows a step overwrites so that they can be put back (the device
+// side of undoLog): each record a destination, its length and where its old values sit
+// in buf.
+type devUndo struct {
+	buf          cudart.DevicePtr
+	floats, used int
+	recs         []devRec
+}
+
+type devRec struct {
+	seq, pos, n, off int
+	dst              cudart.DevicePtr
+}
+
+func (u *devUndo) reset() { u.used, u.recs = 0, u.recs[:0] }
+
+func (u *devUndo) save(c *cudart.Ctx, seq, pos int, dst cudart.DevicePtr, n int) error {
+	if u.used+n > u.floats {
+		return fmt.Errorf("gpu: the draft undo log holds %d values, a step needs more", u.floats)
+	}
+	if err := c.CopyDtoD(u.buf+cudart.DevicePtr(4*u.used), dst, int64(4*n)); err != nil {
+		return err
+	}
+	u.recs = append(u.recs, devRec{seq: seq, pos: pos, n: n, off: u.used, dst: dst})
+	u.used += n
+	return nil
+}
+
+// restore puts back what sequence seq's positions from on overwrote, newest first.
+func (u *devUndo) restore(c *cudart.Ctx, seq, from int) error {
+	for k := len(u.recs) - 1; k >= 0; k-- {
+		if r := &u.recs[k]; r.seq == seq && r.pos >= from {
+			if err := c.CopyDtoD(r.dst, u.buf+cudart.DevicePtr(4*r.off), int64(4*r.n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// saveDrafts records in u what feeding positions [from, to) of slot s writes, as
+// undoLog.saveDrafts does for the host state: per layer the ring row, per compressor the
+// pending slot and, where the position closes a window, the entry and the previous
+// window's buffers.
+func (g *gpuModel) saveDrafts(c *cudart.Ctx, u *devUndo, seq int, s *gpuSeq, from, to int) error {
+	cfg := g.m.Config
+	d, win := cfg.HeadDim, cfg.SlidingWindow
+	at := func(base cudart.DevicePtr, i int) cudart.DevicePtr { return base + cudart.DevicePtr(4*i) }
+	for q := from; q < to; q++ {
+		for li := range g.layers {
+			l := &g.layers[li]
+			if err := u.save(c, seq, q, at(l.ring, (s.slot*win+q%win)*d), d); err != nil {
+				return err
+			}
+			for _, cp := range g.comps(li) {
+				kc := cp.dev
+				r, wd, dim, j := kc.Ratio, kc.Width(), kc.Dim, q%kc.Ratio
+				for _, b := range []cudart.DevicePtr{kc.PendingKV, kc.PendingGate} {
+					if err := u.save(c, seq, q, at(b, (s.slot*r+j)*wd), wd); err != nil {
+						return err
+					}
+				}
+				if j < r-1 {
+					continue
+				}
+				if err := u.save(c, seq, q, at(kc.Entries, (s.slot*l.maxEntries+q/r)*dim), dim); err != nil {
+					return err
+				}
+				if kc.Overlap {
+					for _, b := range []cudart.DevicePtr{kc.PrevKV, kc.PrevGate} {
+						if err := u.save(c, seq, q, at(b, s.slot*r*dim), r*dim); err != nil {
+							return err
+						}
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// gpuMTPChunk is one sequence's rows for the MTP head on the device: positions pos0,
+// pos0+1, ... and the token after each; their input streams lie in gpuMTP.in, the
+// chunks' rows back to back.
+type gpuMTPChunk struct {
+	seq  *gpuSeq
+	pos0 int
+	next []int32
+}
+
+// mtpForward runs the MTP head over the chunks' rows, as Model.mtpForward: the block's
+// sliding window rows before each chunk's pos0 come from the head's ring, and its rows go
+// there (p % window). It returns the logits of the rows named (flat indices); their
+// output streams are left in w.picked, and every row's K=V in w.kv.
+func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32) ([]float32, error) {
+	cfg, w, t := g.m.Config, &g.w, g.mtp
+	h, hc, win := cfg.HiddenSize, cfg.HCMult, cfg.SlidingWindow
+	var ids, pos, rowSeq, seqStart, len0, state, winRow0 []int32
+	seqs := make([]*gpuSeq, len(chunks))
+	for i, ch := range chunks {
+		seqs[i] = ch.seq
+		seqStart = append(seqStart, int32(len(ids)))
+		len0 = append(len0, int32(ch.pos0))
+		state = append(state, int32(ch.seq.slot))
+		winRow0 = append(winRow0, int32(ch.seq.slot*win))
+		for j, tk := range ch.next {
+			if tk < 0 || int(tk) >= cfg.VocabSize {
+				return nil, fmt.Errorf("gpu: mtp: token id %d outside the vocabulary [0, %d)", tk, cfg.VocabSize)
+			}
+			if ch.pos0+j >= g.m.maxContext {
+				return nil, fmt.Errorf("gpu: mtp: position %d outside the context of %d tokens", ch.pos0+j, g.m.maxContext)
+			}
+			ids = append(ids, tk)
+			pos = append(pos, int32(ch.pos0+j))
+			rowSeq = append(rowSeq, int32(i))
+		}
+	}
+	seqStart = append(seqStart, int32(len(ids)))
+	n := len(ids)
+	if n == 0 || n > g.maxTokens || len(rows) > g.maxRows {
+		return nil, fmt.Errorf("gpu: mtp: %d rows (1 to %d), %d of them with logits (at most %d)", n, g.maxTokens, len(rows), g.maxRows)
+	}
+	for _, u := range []struct {
+		dst cudart.DevicePtr
+		v   []int32
+	}{{w.ids, ids}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0}, {w.state, state}, {w.winRow0, winRow0}} {
+		if err := cudart.Upload(c, u.dst, u.v); err != nil {
+			return nil, err
+		}
+	}
+	eps := float32(cfg.RMSNormEps)
+	// x_i = e_proj(enorm(embed(next))) + h_proj(hnorm(stream_i)).
+	if err := g.kk.Embedding(c, nil, w.x, g.embed, w.ids, n, h, cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	if err := g.kk.RMSNorm(c, nil, w.x, w.x, t.eNorm, n, h, eps); err != nil {
+		return nil, err
+	}
+	if err := g.gemm(c, w.ffn, w.x, t.eProj, n, h, h); err != nil {
+		return nil, err
+	}
+	if err := g.kk.RMSNorm(c, nil, w.next, t.in, t.hNorm, n*hc, h, eps); err != nil {
+		return nil, err
+	}
+	if err := g.gemm(c, w.streams, w.next, t.hProj, n*hc, h, h); err != nil {
+		return nil, err
+	}
+	if err := g.runner(c)(kernels.AddRows(w.streams, w.ffn, n, hc, h)); err != nil {
+		return nil, err
+	}
+	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(chunks)}
+	if err := g.block(c, &t.layer, ch, seqs); err != nil {
+		return nil, fmt.Errorf("gpu: mtp: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, c.Synchronize()
+	}
+	return g.headRows(c, n, rows, t.hc, t.norm)
+}
+
+// gpuDrafter is GPURunner's forward with the MTP head on the device, as cpurunner's
+// Drafter (mtpDrafter's, on the device).
+type gpuDrafter struct{ r *GPURunner }
+
+func (d gpuDrafter) Forward(p *engine.BatchPlan, logits []float32) error { return d.r.forward(p, logits) }
+func (d gpuDrafter) MaxDrafts() int                                     { return d.r.drafts }
+func (d gpuDrafter) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
+	return d.r.dev.Do(func(c *cudart.Ctx) error { return d.r.draft(c, p, res) })
+}
+
+// saveDrafts records, before a verify forward, what plan p's draft tokens will overwrite:
+// on the device (gpuMTP.undo) and in the host pool (undoLog, over mir's views).
+func (r *GPURunner) saveDrafts(c *cudart.Ctx, p *engine.BatchPlan, seqs []*gpuSeq, mir *mirrorStep) error {
+	r.g.mtp.undo.reset()
+	r.undo.reset()
+	for i, s := range seqs {
+		k := int(p.NumDrafts[i])
+		if k == 0 {
+			continue
+		}
+		end := int(p.Computed[i] + p.Scheduled[i])
+		if err := r.g.saveDrafts(c, &r.g.mtp.undo, i, s, end-k, end); err != nil {
+			return err
+		}
+		if mir != nil {
+			r.undo.saveDrafts(i, mir.states[i], end-k, end)
+		}
+	}
+	return nil
+}
+
+// draft is Runner.draft on the device: for each sequence it puts back what rejected
+// drafts wrote (the device slot and the host pool), keeps the final streams of its last
+// accepted token (the slot's and the state page's, and each block end's in its
+// checkpoint), and runs the MTP head over every position whose next token is now known,
+// the last one reading the token just sampled, whose logits give the first draft
+// (greedy); further drafts chain the head. The head's K=V rows for positions whose next
+// token the pool has not reserved (the last row and the chained ones) go to its ring
+// only for the drafting and are put back after.
+func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepResult) error {
+	cfg, g, t := r.Model.Config, r.g, r.g.mtp
+	sw := cfg.HCMult * cfg.HiddenSize
+	d, win, pt := cfg.HeadDim, cfg.SlidingWindow, r.pt
+	mir := r.mir
+	row := func(base cudart.DevicePtr, i int) cudart.DevicePtr { return base + cudart.DevicePtr(4*i*sw) }
+	var chunks []gpuMTPChunk
+	var draftRows []int32
+	var draftSeqs, ends []int
+	var chunkSeq, committed []int // each chunk's plan index and how many of its rows go to the pool
+	in, tok := 0, 0
+	streams := make([]float32, sw)
+	for i, s := range r.stepSeqs {
+		at, q0 := int(p.Computed[i]), int(p.QueryStart[i])
+		n, k, a := int(p.Scheduled[i]), int(p.NumDrafts[i]), int(res.Accepted[i])
+		end := at + n
+		if a > 0 {
+			end = at + n - k + a - 1
+			if a-1 < k {
+				if err := t.undo.restore(c, i, end); err != nil {
+					return err
+				}
+				if mir != nil {
+					r.undo.restore(i, end)
+				}
+			}
+		}
+		s.Len = end
+		from := max(at-1, 0)
+		m0 := in
+		if from < at {
+			if err := c.CopyDtoD(row(t.in, in), row(t.last, s.slot), int64(4*sw)); err != nil {
+				return err
+			}
+			in++
+		}
+		fed := end - 1 - at // rows at..end-2, and end-1 when the sequence got a token
+		if a > 0 {
+			fed++
+		}
+		if fed > 0 {
+			if err := c.CopyDtoD(row(t.in, in), row(g.w.streams, q0), int64(4*fed*sw)); err != nil {
+				return err
+			}
+			in += fed
+		}
+		next := append([]int32(nil), p.Tokens[q0+from+1-at:q0+end-at]...)
+		if a > 0 {
+			next = append(next, res.Tokens[tok+a-1])
+		}
+		tok += a
+		if err := c.CopyDtoD(row(t.last, s.slot), row(g.w.streams, q0+end-1-at), int64(4*sw)); err != nil {
+			return err
+		}
+		if mir != nil {
+			if err := cudart.Download(c, r.kv.stream(p.Groups[r.kv.L.state].StatePage[i]), row(g.w.streams, q0+end-1-at)); err != nil {
+				return err
+			}
+			ckpt := p.PageTableOf(r.kv.L.state, i)
+			for q := at + pt - 1 - at%pt; q < end; q += pt {
+				if b := q / pt; b < len(ckpt) && ckpt[b] != kvslab.NoPage {
+					if err := cudart.Download(c, streams, row(g.w.streams, q0+q-at)); err != nil {
+						return err
+					}
+					copy(r.kv.stream(ckpt[b]), streams)
+				}
+			}
+		}
+		if len(next) == 0 {
+			in = m0
+			continue
+		}
+		cm := len(next)
+		if a > 0 {
+			cm--
+			draftRows = append(draftRows, int32(in-1))
+			draftSeqs = append(draftSeqs, i)
+			ends = append(ends, end)
+		}
+		chunks = append(chunks, gpuMTPChunk{seq: s, pos0: from, next: next})
+		chunkSeq, committed = append(chunkSeq, i), append(committed, cm)
+	}
+	if len(chunks) == 0 {
+		return nil
+	}
+	// The ring rows the chained drafts overwrite (positions end .. end+drafts−2 take the
+	// slots of end−window ...), put back once the drafts are made.
+	t.undo.reset()
+	for s, i := range draftSeqs {
+		for q := ends[s]; q < ends[s]+r.drafts-1; q++ {
+			if err := t.undo.save(c, i, 0, t.layer.ring+cudart.DevicePtr(4*(r.stepSeqs[i].slot*win+q%win)*d), d); err != nil {
+				return err
+			}
+		}
+	}
+	logits, err := g.mtpForward(c, chunks, draftRows)
+	if err != nil {
+		return err
+	}
+	if mir != nil {
+		kv := make([]float32, in*d)
+		if err := cudart.Download(c, kv, g.w.kv); err != nil {
+			return err
+		}
+		at := 0
+		for ci, ch := range chunks {
+			st := mir.states[chunkSeq[ci]]
+			for j := range committed[ci] {
+				copy(st.MTP.Window.Row(ch.pos0+j), kv[(at+j)*d:(at+j+1)*d])
+			}
+			at += len(ch.next)
+		}
+	}
+	// Draft j of each sequence lands at position end+1+j; the row that proposes it sits at
+	// end−1+j and reads the draft before it (the sampled token for j = 0).
+	v := cfg.VocabSize
+	nd := len(draftSeqs)
+	drafts := make([]int32, 0, nd*r.drafts)
+	for j := 0; ; j++ {
+		for s, i := range draftSeqs {
+			lg := logits[s*v : (s+1)*v]
+			dt := int32(max(ref.Argmax(lg), 0))
+			if r.forceDraft != nil {
+				dt = r.forceDraft(int(p.PromptLen[i]), ends[s]+1+j, lg)
+			}
+			drafts = append(drafts, dt)
+		}
+		if j+1 == r.drafts || nd == 0 {
+			break
+		}
+		if err := c.CopyDtoD(t.in, g.w.picked, int64(4*nd*sw)); err != nil {
+			return err
+		}
+		chunks = chunks[:0]
+		rows := make([]int32, nd)
+		for s, i := range draftSeqs {
+			rows[s] = int32(s)
+			chunks = append(chunks, gpuMTPChunk{seq: r.stepSeqs[i], pos0: ends[s] + j, next: drafts[len(drafts)-nd+s:][:1]})
+		}
+		if logits, err = g.mtpForward(c, chunks, rows); err != nil {
+			return err
+		}
+	}
+	for s := range draftSeqs {
+		if err := t.undo.restore(c, draftSeqs[s], 0); err != nil {
+			return err
+		}
+	}
+	for s, i := range draftSeqs {
+		res.NumNextDrafts[i] = int32(r.drafts)
+		for j := range r.drafts {
+			res.Drafts = append(res.Drafts, drafts[j*nd+s])
+		}
+	}
+	return nil
+}
