@@ -243,8 +243,10 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32)
 // Drafter (mtpDrafter's, on the device).
 type gpuDrafter struct{ r *GPURunner }
 
-func (d gpuDrafter) Forward(p *engine.BatchPlan, logits []float32) error { return d.r.forward(p, logits) }
-func (d gpuDrafter) MaxDrafts() int                                     { return d.r.drafts }
+func (d gpuDrafter) Forward(p *engine.BatchPlan, logits []float32) error {
+	return d.r.forward(p, logits)
+}
+func (d gpuDrafter) MaxDrafts() int { return d.r.drafts }
 func (d gpuDrafter) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
 	return d.r.dev.Do(func(c *cudart.Ctx) error { return d.r.draft(c, p, res) })
 }
