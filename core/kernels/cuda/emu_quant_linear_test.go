@@ -150,7 +150,8 @@ func dequantActs(q []byte, s []float32, rows, cols, ld int) []float32 {
 // TestEmuFP8Gemm runs the fallback block-scaled FP8 GEMM on shapes with partial row,
 // column and K blocks, float32 and bf16 outputs, against ref.MatMulT over the same
 // dequantised operands (weights.DequantFP8 for the weight): relative error ≤ 2e-5·(1+|ref|)
-// (the kernel sums each 128-wide group before scaling it, the reference element by element).
+// (the kernel sums each 128-wide group before scaling it, the reference element by element);
+// and the grouped form over a masked layout with an empty expert (zeros past each count).
 func TestEmuFP8Gemm(t *testing.T) {
 	for _, c := range []struct {
 		m, n, k int
@@ -194,6 +195,44 @@ func TestEmuFP8Gemm(t *testing.T) {
 			}
 		}
 	}
+	// Grouped over a masked layout: a full, an empty and a partial expert, the rows past
+	// each count holding NaN codes that must not be read.
+	const experts, maxRows, n, k = 3, 6, 72, 160
+	counts := []int32{6, 0, 3}
+	groups := (k + 127) / 128
+	x := emuRnd(33, experts*maxRows*k, 2)
+	xq, xs := make([]byte, len(x)), make([]float32, groups*experts*maxRows)
+	if err := QuantizeFP8Host(xq, xs, x, experts*maxRows, k, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	xd := dequantActs(xq, xs, experts*maxRows, k, experts*maxRows)
+	var wq []byte
+	var ws []float32
+	want := make([]float32, experts*maxRows*n)
+	for e := range experts {
+		w, s := fp8Case(uint64(34+e), n, k, true)
+		wd := make([]float32, n*k)
+		if err := weights.DequantFP8(wd, w, s, n, k, 128, 128); err != nil {
+			t.Fatal(err)
+		}
+		wq, ws = append(wq, w...), append(ws, s...)
+		rows := int(counts[e])
+		if err := ref.MatMulT(want[e*maxRows*n:(e*maxRows+rows)*n], xd[e*maxRows*k:(e*maxRows+rows)*k], wd, rows, k, n); err != nil {
+			t.Fatal(err)
+		}
+		for i := (e*maxRows + rows) * k; i < (e+1)*maxRows*k; i++ {
+			xq[i] = 0x7f
+		}
+	}
+	m := &emuMem{t: t}
+	g := FP8Gemm{Out: m.alloc(4 * experts * maxRows * n), XQ: m.bytes(xq), XScale: m.f32(xs), WQ: m.bytes(wq), WScale: m.f32(ws),
+		Counts: m.i32(counts), M: maxRows, N: n, K: k, Experts: experts}
+	var spec launchSpec
+	if err := g.pack(&spec); err != nil {
+		t.Fatal(err)
+	}
+	emuRun(t, "fp8 grouped gemm", m, fromSpec(&spec))
+	emuClose(t, "fp8 grouped gemm", m.getF32(g.Out, experts*maxRows*n), want, 2e-5)
 	if err := (&FP8Gemm{M: 4, N: 8, K: 128, XScaleLD: 2}).pack(new(launchSpec)); err == nil {
 		t.Error("an activation scale stride below the rows accepted")
 	}

@@ -12,12 +12,16 @@
 //   outer-dimension-major (row fastest), the layout of cuBLASLt's VEC128_32F operand.
 //
 // resin_fp8_block_gemm_{f32,bf16}: the fallback of cuBLASLt's block-scaled FP8 GEMM, for
-// GPUs and libraries without it. A block of 256 threads computes 16 rows × 64 columns.
-//   xq: [m, k] e4m3   xs: [ceil(k/128), xs_ld] float32 (resin_fp8_quant's)
-//   wq: [n, k] e4m3   ws: [ceil(n/128), ceil(k/128)] float32 (the checkpoint's
-//   weight_scale_inv, row-major)   out: [m, n] float32 or bf16
-//   out[i, j] = Σ_g (Σ_{k in g} e4m3(xq[i,k])·e4m3(wq[j,k])) · xs[g, i] · ws[j/128, g],
-//   each group's sum in float32 over k in order, the groups added in order.
+// GPUs and libraries without it, and the grouped FP8 experts over the masked layout. A
+// block of 256 threads computes 16 rows × 64 columns of expert blockIdx.z (one plain
+// linear: gridDim.z 1, counts null).
+//   xq: [experts·m, k] e4m3   xs: [ceil(k/128), xs_ld] float32 (resin_fp8_quant's over
+//   the experts·m rows)   wq: [experts, n, k] e4m3   ws: [experts, ceil(n/128),
+//   ceil(k/128)] float32 (the checkpoint's weight_scale_inv, row-major)
+//   counts: [experts] int32 or null   out: [experts·m, n] float32 or bf16
+//   out[e·m + i, j] = Σ_g (Σ_{k in g} e4m3(xq[e·m+i,k])·e4m3(wq[e,j,k])) · xs[g, e·m+i] ·
+//   ws[e, j/128, g] for i < counts[e] (every i without counts), 0 past it; each group's
+//   sum in float32 over k in order, the groups added in order.
 //
 // resin_mxfp4_gemm_{f32,bf16}: W4A16 over the masked expert layout (moe_masked.cu), or one
 // plain linear (experts 1, counts null). A block of 256 threads computes 16 rows × 64
@@ -106,14 +110,31 @@ template <typename T>
 RESIN_DEVICE void resin_fp8_block_gemm(T* __restrict__ out, const unsigned char* __restrict__ xq,
                                        const float* __restrict__ xs,
                                        const unsigned char* __restrict__ wq,
-                                       const float* __restrict__ ws, int m, int n, int k,
-                                       int xs_ld) {
+                                       const float* __restrict__ ws,
+                                       const int* __restrict__ counts, int max_rows, int n,
+                                       int k, int xs_ld) {
   __shared__ float xt[RESIN_QL_TM][RESIN_QL_GROUP + 1];
   __shared__ float wt[RESIN_QL_TN][RESIN_QL_GROUP + 1];
   int tid = RESIN_TID_X;
+  int e = RESIN_BID_Z;
   int r0 = RESIN_BID_Y * RESIN_QL_TM, c0 = RESIN_BID_X * RESIN_QL_TN;
   int tr = tid / RESIN_QL_TM, tc = tid % RESIN_QL_TM;  // row tr, columns tc + 16·j
   int groups = (k + RESIN_QL_GROUP - 1) / RESIN_QL_GROUP;
+  int m = counts ? counts[e] : max_rows;
+  m = m < 0 ? 0 : (m > max_rows ? max_rows : m);
+  long long row0 = (long long)e * max_rows;  // the expert's first row of xq, xs and out
+  out += row0 * n;
+  xq += row0 * k;
+  xs += row0;
+  wq += (long long)e * n * k;
+  ws += (long long)e * ((n + RESIN_QL_GROUP - 1) / RESIN_QL_GROUP) * groups;
+  if (r0 >= m) {  // an empty tile of the masked layout: zeros, no weights read
+    for (int j = 0; j < 4; j++) {
+      int gr = r0 + tr, gc = c0 + tc + RESIN_QL_TM * j;
+      if (gr < max_rows && gc < n) resin_store(out, (long long)gr * n + gc, 0.0f);
+    }
+    return;
+  }
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int g = 0; g < groups; g++) {
     int k0 = g * RESIN_QL_GROUP;
@@ -142,25 +163,27 @@ RESIN_DEVICE void resin_fp8_block_gemm(T* __restrict__ out, const unsigned char*
   int gr = r0 + tr;
   for (int j = 0; j < 4; j++) {
     int gc = c0 + tc + RESIN_QL_TM * j;
-    if (gr < m && gc < n) resin_store(out, (long long)gr * n + gc, acc[j]);
+    if (gr < max_rows && gc < n) resin_store(out, (long long)gr * n + gc, gr < m ? acc[j] : 0.0f);
   }
 }
 
 RESIN_KERNEL void resin_fp8_block_gemm_f32(float* __restrict__ out, const unsigned char* __restrict__ xq,
                                            const float* __restrict__ xs,
                                            const unsigned char* __restrict__ wq,
-                                           const float* __restrict__ ws, int m, int n, int k,
-                                           int xs_ld) {
-  resin_fp8_block_gemm(out, xq, xs, wq, ws, m, n, k, xs_ld);
+                                           const float* __restrict__ ws,
+                                           const int* __restrict__ counts, int max_rows, int n,
+                                           int k, int xs_ld) {
+  resin_fp8_block_gemm(out, xq, xs, wq, ws, counts, max_rows, n, k, xs_ld);
 }
 
 RESIN_KERNEL void resin_fp8_block_gemm_bf16(resin_bf16* __restrict__ out,
                                             const unsigned char* __restrict__ xq,
                                             const float* __restrict__ xs,
                                             const unsigned char* __restrict__ wq,
-                                            const float* __restrict__ ws, int m, int n, int k,
-                                            int xs_ld) {
-  resin_fp8_block_gemm(out, xq, xs, wq, ws, m, n, k, xs_ld);
+                                            const float* __restrict__ ws,
+                                            const int* __restrict__ counts, int max_rows, int n,
+                                            int k, int xs_ld) {
+  resin_fp8_block_gemm(out, xq, xs, wq, ws, counts, max_rows, n, k, xs_ld);
 }
 
 // resin_e2m1_to_f32 widens the FP4 code in the low four bits of v.

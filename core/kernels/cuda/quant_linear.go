@@ -77,34 +77,43 @@ func (k *Kernels) FP8Quant(c *cudart.Ctx, s *cudart.Stream, q FP8Quant) error {
 // float32 are the checkpoint's weight and weight_scale_inv as stored (ue8m0 scales widened
 // to float32). Each group's sum is float32 over k in order and the groups are added in
 // order; Out is [M, N] float32, or bf16 rounded to nearest even.
+//
+// With Experts > 1 it is the grouped GEMM of FP8 experts over the masked layout
+// (MaskedMoE): XQ [Experts·M, K] (FP8Quant over MoEGather's XE), WQ [Experts, N, K],
+// WScale [Experts, ceil(N/128), ceil(K/128)], Out [Experts·M, N]; expert e's rows past
+// Counts[e] (every row when Counts is 0) are zeros and read no weights.
 type FP8Gemm struct {
 	Out, XQ, XScale, WQ, WScale cudart.DevicePtr
-	M, N, K                     int
-	XScaleLD                    int // 0 means M
+	Counts                      cudart.DevicePtr // [Experts] int32, or 0
+	M, N, K                     int              // M: the rows of each expert
+	Experts                     int              // 0 means 1
+	XScaleLD                    int              // 0 means Experts·M
 	OutBF16                     bool
 }
 
 func (g *FP8Gemm) pack(spec *launchSpec) error {
-	if err := positive("FP8Gemm", g.M, g.N, g.K, g.M*g.K, g.N*g.K, g.M*g.N); err != nil {
+	experts := max(g.Experts, 1)
+	rows := experts * g.M
+	if err := positive("FP8Gemm", g.M, g.N, g.K, rows, rows*g.K, g.N*g.K, rows*g.N); err != nil {
 		return err
 	}
 	ld := g.XScaleLD
 	if ld == 0 {
-		ld = g.M
+		ld = rows
 	}
-	if ld < g.M {
-		return fmt.Errorf("cuda.FP8Gemm: activation scale leading dimension %d below %d rows", ld, g.M)
+	if ld < rows {
+		return fmt.Errorf("cuda.FP8Gemm: activation scale leading dimension %d below %d rows", ld, rows)
 	}
 	gx, gy := (g.N+qlTileCols-1)/qlTileCols, (g.M+qlTileRows-1)/qlTileRows
-	if gy > 1<<16-1 {
-		return fmt.Errorf("cuda.FP8Gemm: %d rows exceed the grid (%d)", g.M, (1<<16-1)*qlTileRows)
+	if gy > 1<<16-1 || experts > 1<<16-1 {
+		return fmt.Errorf("cuda.FP8Gemm: %d rows of %d experts exceed the grid", g.M, experts)
 	}
 	spec.kernel = kFP8GemmF32
 	if g.OutBF16 {
 		spec.kernel = kFP8GemmBF16
 	}
-	spec.grid, spec.block, spec.shared = cudart.Dim3{X: uint32(gx), Y: uint32(gy), Z: 1}, cudart.D1(qlThreads), 0
-	spec.args.reset().ptr(g.Out).ptr(g.XQ).ptr(g.XScale).ptr(g.WQ).ptr(g.WScale).i32(g.M).i32(g.N).i32(g.K).i32(ld)
+	spec.grid, spec.block, spec.shared = cudart.Dim3{X: uint32(gx), Y: uint32(gy), Z: uint32(experts)}, cudart.D1(qlThreads), 0
+	spec.args.reset().ptr(g.Out).ptr(g.XQ).ptr(g.XScale).ptr(g.WQ).ptr(g.WScale).ptr(g.Counts).i32(g.M).i32(g.N).i32(g.K).i32(ld)
 	return nil
 }
 
