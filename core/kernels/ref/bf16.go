@@ -15,9 +15,10 @@ import (
 //	x: [m, k]   w: [n, k] bfloat16 bits   out: [m, n]
 //
 // It runs on the package's own kernels wherever the CPU has them, whatever RESIN_BLAS
-// says (a library takes float32 weights only): one row on the GEMV kernel, more on the
-// own GEMM with the widening in its packing, to the bit what MatMulT computes on the own
-// GEMM for the widened weights from 9 rows up. Without AVX2+FMA, blocks of w widened into
+// says (a library takes float32 weights only): one row on the GEMV kernel; 2 to 8 (a
+// decode batch) on the skinny kernel, runs of w widened into cache, to the bit what
+// skinnyGemm computes on the widened weights; more on the own GEMM with the widening in
+// its packing, to the bit what MatMulT computes on the own GEMM for the widened weights. Without AVX2+FMA, blocks of w widened into
 // scratch go to gonum.
 func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 	const op = "MatMulTBF16"
@@ -42,6 +43,10 @@ func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 	}
 	if m == 1 && skinnyVector(k) {
 		gemvBF16Split(out, x, w, k, n)
+		return nil
+	}
+	if m <= skinnyRows && skinnyVector(k) {
+		skinnyBF16(out, x, w, m, k, n)
 		return nil
 	}
 	if mr, nr := gemmMicro(); mr > 0 {
@@ -95,6 +100,69 @@ func (t *gemvBF16Task) run(_, lo, hi int) {
 	for b := lo; b < hi; b++ {
 		j0, j1 := b*t.block, min((b+1)*t.block, t.n)
 		gemvBF16(t.out[j0:j1], t.x, t.k, t.w[j0*t.k:], t.k, j1-j0)
+	}
+}
+
+// skinnyBF16Task is a decode batch's rows against a bfloat16 weight, a pool task: runs of
+// w's rows widened into the participant's scratch, then the fp32 skinny kernel on them.
+type skinnyBF16Task struct {
+	loop    loop
+	xp, ct  []float32 // x in 8 rows (zeros below m), the product transposed; kept
+	w       []uint16
+	m, k, n int
+	block   int
+	scratch [][]float32 // per participant: a run of widened rows; kept
+}
+
+var skinnyBF16Tasks freeList[skinnyBF16Task]
+
+// skinnyBF16 computes out = x·wᵀ for 2 ≤ m ≤ skinnyRows as skinnyGemm does on the widened
+// weights, to the bit: w is read from memory once, each run of its rows widened to
+// float32 (about 64 KiB, in L2) for every row of x; skinnyVector(k) must hold.
+func skinnyBF16(out, x []float32, w []uint16, m, k, n int) {
+	t := skinnyBF16Tasks.get()
+	t.xp, t.ct = growFloat32s(t.xp, skinnyRows*k), growFloat32s(t.ct, n*skinnyRows)
+	copy(t.xp, x[:m*k])
+	clear(t.xp[m*k:])
+	t.w, t.m, t.k, t.n = w, m, k, n
+	p := parts()
+	for len(t.scratch) < p {
+		t.scratch = append(t.scratch, nil)
+	}
+	if p > 1 && m*n*k >= minParallelMACs {
+		t.block = roundUp((n+2*p-1)/(2*p), 8)
+		parallelFor(&t.loop, t, (n+t.block-1)/t.block, 1)
+	} else {
+		t.block = n
+		t.run(0, 0, 1)
+	}
+	for i := range m {
+		o := out[i*n : (i+1)*n]
+		for j := range o {
+			o[j] = t.ct[j*skinnyRows+i]
+		}
+	}
+	t.w = nil
+	skinnyBF16Tasks.put(t)
+}
+
+// run computes the product's columns of blocks [lo, hi), in runs of w's rows as
+// skinnyTask.rows does.
+func (t *skinnyBF16Task) run(part, lo, hi int) {
+	k := t.k
+	run := max(2, (64<<10)/(4*k))
+	wf := growFloat32s(t.scratch[part], run*k)
+	t.scratch[part] = wf
+	for b := lo; b < hi; b++ {
+		j0, j1 := b*t.block, min((b+1)*t.block, t.n)
+		for r0 := j0; r0 < j1; r0 += run {
+			r1 := min(r0+run, j1)
+			widenBF16(wf[:(r1-r0)*k], t.w[r0*k:r1*k])
+			skinny(t.ct[r0*skinnyRows:], t.xp, k, wf, k, r1-r0)
+			if t.m > 4 {
+				skinny(t.ct[r0*skinnyRows+4:], t.xp[4*k:], k, wf, k, r1-r0)
+			}
+		}
 	}
 }
 

@@ -40,7 +40,7 @@ func TestBF16(t *testing.T) {
 // (2⁻⁹ relative each) on top: 2⁻⁸·Σ|x||w| + the GEMM's bound.
 func TestMatMulTBF16(t *testing.T) {
 	rng := rand.New(rand.NewPCG(27, 4))
-	shapes := [][3]int{{1, 8, 7}, {1, 24, 33}, {1, 1024, 300}, {1, 300, 9}, {2, 256, 33}, {8, 24, 300}, {9, 300, 65}, {37, 1024, 100}, {5, 1, 3}}
+	shapes := [][3]int{{1, 8, 7}, {1, 24, 33}, {1, 1024, 300}, {1, 300, 9}, {2, 256, 33}, {8, 24, 300}, {5, 1024, 300}, {9, 300, 65}, {37, 1024, 100}, {5, 1, 3}}
 	check := func(kernel string) {
 		for _, s := range shapes {
 			m, k, n := s[0], s[1], s[2]
@@ -68,6 +68,15 @@ func TestMatMulTBF16(t *testing.T) {
 				tol := (1.0/256+float64(k+2)/(1<<24))*scale[i] + 1e-30
 				if d := math.Abs(float64(got[i]) - exact32[i]); !(d <= tol) {
 					t.Fatalf("%s: out[%d] = %v, %v with the float32 weights (off by %.3g, tolerance %.3g)", what, i, got[i], exact32[i], d, tol)
+				}
+			}
+			if m > 1 && m <= skinnyRows && skinnyVector(k) { // skinnyGemm's bits on the widened weights
+				want := make([]float32, m*n)
+				skinnyGemm(true, want, x, wf, m, k, n)
+				for i := range want {
+					if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+						t.Fatalf("%s: out[%d] = %v, skinnyGemm gives %v on the widened weights", what, i, got[i], want[i])
+					}
 				}
 			}
 			if mr, nr := gemmMicro(); mr > 0 && m > skinnyRows {
