@@ -10,12 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -80,11 +82,20 @@ func (d *dieAfter) Broadcast(buf []byte, root int) ([]byte, error) {
 
 // processGroup starts ranks 1.. of layout l as child processes and returns rank 0's
 // forward and pool; the children are stopped and reaped (their exit checked) at cleanup.
-func processGroup(t *testing.T, l Layout, env ...string) (lockstep.Forward, *kvslab.Pool) {
+func processGroup(t testing.TB, l Layout, env ...string) (lockstep.Forward, *kvslab.Pool) {
+	forward, pool, _ := processRunner(t, l, env...)
+	return forward, pool
+}
+
+// groups numbers the process groups of this test binary (their shared-memory names).
+var groups atomic.Int64
+
+// processRunner is processGroup that also returns rank 0's runner (for the engine).
+func processRunner(t testing.TB, l Layout, env ...string) (lockstep.Forward, *kvslab.Pool, engine.Runner) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	dir := tinyDir(t)
-	name := fmt.Sprintf("dsv4-%d-%d-%d", os.Getpid(), l.TP, l.EP)
+	name := fmt.Sprintf("dsv4-%d-%d", os.Getpid(), groups.Add(1))
 	var cmds []*exec.Cmd
 	var outs []*bytes.Buffer
 	for rank := 1; rank < l.Size(); rank++ {
@@ -124,7 +135,8 @@ func processGroup(t *testing.T, l Layout, env ...string) (lockstep.Forward, *kvs
 		ctl.Close()
 		data.Close()
 	})
-	return lockstep.Lead(ctl, lr.Check, lr.Forward), pool
+	lead := lockstep.Lead(ctl, lr.Check, lr.Forward)
+	return lead, pool, cpurunner.New(r.Info(), cpurunner.ForwardFunc(lead))
 }
 
 // TestParallelProcesses: EP=3 (an expert-less rank) and TP=2 with the other ranks in
@@ -166,4 +178,13 @@ func TestParallelRankKilled(t *testing.T) {
 	if !errors.As(stepErr, &pe) || pe.Peer != 1 || !errors.Is(stepErr, dist.ErrPeerGone) {
 		t.Fatalf("%v, want rank 1 gone", stepErr)
 	}
+}
+
+// TestParallelConformanceProcesses runs core/runnertest's suite on rank 0's runner of
+// TP=2 with rank 1 a child process (each runner the suite opens a fresh group).
+func TestParallelConformanceProcesses(t *testing.T) {
+	runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) {
+		_, pool, r := processRunner(t, Layout{TP: 2})
+		return r, pool
+	}, runnertest.Options{})
 }
