@@ -198,11 +198,11 @@ func (l *Linears) Describe() string {
 	return s
 }
 
-// Linear is one weight [Out, In] (Experts of them for an MXFP4 bank) on the device.
+// Linear is one weight [Out, In] (Experts of them for an MXFP4 or FP8 bank) on the device.
 type Linear struct {
 	DType    LinearDType
 	Out, In  int
-	Experts  int // 1 but for an MXFP4 bank
+	Experts  int // 1 but for a bank
 	w, scale cudart.Buffer
 	borrowed bool // LinearAt's: the caller owns the memory
 }
@@ -248,8 +248,8 @@ func (l *Linears) LinearAt(d LinearDType, out, in, experts int, elems, scales cu
 	if out <= 0 || in <= 0 || experts <= 0 || elems == 0 {
 		return nil, fmt.Errorf("gpurunner: %v weight %d × [%d, %d] at %#x", d, experts, out, in, uint64(elems))
 	}
-	if experts != 1 && d != LinearMXFP4 {
-		return nil, fmt.Errorf("gpurunner: a bank of %d %v experts (only MXFP4 banks run as one)", experts, d)
+	if experts != 1 && d != LinearMXFP4 && d != LinearFP8Block {
+		return nil, fmt.Errorf("gpurunner: a bank of %d %v experts (only MXFP4 and FP8 banks run as one)", experts, d)
 	}
 	n := int64(experts) * int64(out) * int64(in)
 	var wb, sb int64
@@ -259,7 +259,7 @@ func (l *Linears) LinearAt(d LinearDType, out, in, experts int, elems, scales cu
 	case LinearBF16:
 		wb = 2 * n
 	case LinearFP8Block:
-		wb, sb = n, 4*int64((out+127)/128)*int64((in+127)/128)
+		wb, sb = n, 4*int64(experts)*int64((out+127)/128)*int64((in+127)/128)
 	case LinearMXFP4:
 		if in%2 != 0 {
 			return nil, fmt.Errorf("gpurunner: mxfp4 weight of %d inputs (must be even)", in)
@@ -311,21 +311,25 @@ func (l *Linears) UploadBF16(c *cudart.Ctx, h []uint16, out, in int) (*Linear, e
 
 // PackedFP8 is a block-scaled FP8 weight as the checkpoint stores it: W [Out, In] e4m3
 // bytes, Scale [ceil(Out/128), ceil(In/128)] float32 (weight_scale_inv, ue8m0 or float
-// scales widened), row-major.
+// scales widened), row-major; a bank of Experts (> 1) is [Experts, Out, In] and [Experts,
+// ceil(Out/128), ceil(In/128)] (a fused experts tensor as stored).
 type PackedFP8 struct {
 	Out, In int
+	Experts int // 0 or 1: one linear
 	W       []byte
 	Scale   []float32
 }
 
 // Check validates the sizes.
 func (p *PackedFP8) Check() error {
-	if p.Out <= 0 || p.In <= 0 {
-		return fmt.Errorf("fp8 weight [%d, %d]: dimensions must be positive", p.Out, p.In)
+	e := max(p.Experts, 1)
+	if p.Out <= 0 || p.In <= 0 || p.Experts < 0 {
+		return fmt.Errorf("fp8 weight %d × [%d, %d]: dimensions must be positive", e, p.Out, p.In)
 	}
 	sr, sc := (p.Out+127)/128, (p.In+127)/128
-	if len(p.W) != p.Out*p.In || len(p.Scale) != sr*sc {
-		return fmt.Errorf("fp8 weight [%d, %d] needs %d bytes and %d scales ([%d, %d]), has %d and %d", p.Out, p.In, p.Out*p.In, sr*sc, sr, sc, len(p.W), len(p.Scale))
+	if len(p.W) != e*p.Out*p.In || len(p.Scale) != e*sr*sc {
+		return fmt.Errorf("fp8 weight %d × [%d, %d] needs %d bytes and %d scales (%d × [%d, %d]), has %d and %d", e, p.Out, p.In,
+			e*p.Out*p.In, e*sr*sc, e, sr, sc, len(p.W), len(p.Scale))
 	}
 	return nil
 }
@@ -349,7 +353,7 @@ func (l *Linears) UploadFP8(c *cudart.Ctx, p PackedFP8) (*Linear, error) {
 		return nil, err
 	}
 	l.used[LinearFP8Block] = true
-	return &Linear{DType: LinearFP8Block, Out: p.Out, In: p.In, Experts: 1, w: w, scale: s}, nil
+	return &Linear{DType: LinearFP8Block, Out: p.Out, In: p.In, Experts: max(p.Experts, 1), w: w, scale: s}, nil
 }
 
 // PackedMXFP4 is an MXFP4 weight bank as the checkpoint stores it: W [Experts, Out, In/2]
@@ -415,6 +419,9 @@ func (l *Linears) Forward(c *cudart.Ctx, s *cudart.Stream, w *Linear, out, x cud
 		g := cudart.GemmSpec{M: n, N: w.Out, K: w.In, TransB: true, AType: cudart.BF16, BType: cudart.BF16, OutType: cudart.F32, Alpha: 1}
 		return l.blas.Gemm(c, s, g, l.xb.Ptr, w.w.Ptr, 0, out)
 	case LinearFP8Block:
+		if w.Experts != 1 {
+			return fmt.Errorf("gpurunner: forward of an FP8 bank of %d experts (use Experts)", w.Experts)
+		}
 		q := cuda.FP8Quant{Q: l.xq.Ptr, Scale: l.xs.Ptr, X: x, Rows: n, Cols: w.In, Pow2: l.opt.Pow2Scales}
 		if err := l.k.FP8Quant(c, s, q); err != nil {
 			return err
@@ -433,15 +440,33 @@ func (l *Linears) Forward(c *cudart.Ctx, s *cudart.Stream, w *Linear, out, x cud
 	return fmt.Errorf("gpurunner: unknown linear type %v", w.DType)
 }
 
-// Experts runs an MXFP4 bank over the masked expert layout: ye [Experts, maxRows, Out]
-// float32 from xe [Experts, maxRows, In] float32 (cuda.MoEGather's), each expert's first
-// counts[e] rows (cuda.MaskedMoE.Counts, on the device), zeros past them.
+// Experts runs a bank over the masked expert layout: ye [Experts, maxRows, Out] float32
+// from xe [Experts, maxRows, In] float32 (cuda.MoEGather's), each expert's first
+// counts[e] rows (cuda.MaskedMoE.Counts, on the device), zeros past them. An MXFP4 bank
+// runs W4A16 (one launch); an FP8 bank quantises all Experts·maxRows rows of xe (the
+// linears' MaxRows must cover them) and runs cuda.FP8Gemm grouped over the experts (one
+// launch; cuBLASLt has no masked grouped form).
 func (l *Linears) Experts(c *cudart.Ctx, s *cudart.Stream, w *Linear, ye, xe, counts cudart.DevicePtr, maxRows int) error {
-	if w == nil || w.DType != LinearMXFP4 || w.w.Ptr == 0 {
-		return fmt.Errorf("gpurunner: masked experts need an uploaded MXFP4 bank")
+	if w == nil || w.w.Ptr == 0 || (w.DType != LinearMXFP4 && w.DType != LinearFP8Block) {
+		return fmt.Errorf("gpurunner: masked experts need an uploaded MXFP4 or FP8 bank")
 	}
-	return l.k.MXFP4Gemm(c, s, cuda.MXFP4Gemm{Out: ye, X: xe, W: w.w.Ptr, Scale: w.scale.Ptr, Counts: counts,
-		Experts: w.Experts, MaxRows: maxRows, N: w.Out, K: w.In})
+	if maxRows <= 0 {
+		return fmt.Errorf("gpurunner: masked experts of %d rows each", maxRows)
+	}
+	if w.DType == LinearMXFP4 {
+		return l.k.MXFP4Gemm(c, s, cuda.MXFP4Gemm{Out: ye, X: xe, W: w.w.Ptr, Scale: w.scale.Ptr, Counts: counts,
+			Experts: w.Experts, MaxRows: maxRows, N: w.Out, K: w.In})
+	}
+	rows := w.Experts * maxRows
+	if rows > l.opt.MaxRows {
+		return fmt.Errorf("gpurunner: an FP8 bank over %d×%d rows, the linears' scratch takes %d", w.Experts, maxRows, l.opt.MaxRows)
+	}
+	q := cuda.FP8Quant{Q: l.xq.Ptr, Scale: l.xs.Ptr, X: xe, Rows: rows, Cols: w.In, Pow2: l.opt.Pow2Scales}
+	if err := l.k.FP8Quant(c, s, q); err != nil {
+		return err
+	}
+	return l.k.FP8Gemm(c, s, cuda.FP8Gemm{Out: ye, XQ: l.xq.Ptr, XScale: l.xs.Ptr, WQ: w.w.Ptr, WScale: w.scale.Ptr, Counts: counts,
+		M: maxRows, N: w.Out, K: w.In, Experts: w.Experts})
 }
 
 // BF16Bits rounds float32 weights to bf16 bits, for UploadBF16.

@@ -93,17 +93,35 @@ func (r *PackedReader) scale(name string, shape []int) (weights.TensorInfo, []by
 // (scales widened to float32, which is exact for ue8m0). The checkpoint's blocks must be
 // 128×128, the blocks cuBLASLt's and the fallback kernel's scales cover.
 func (r *PackedReader) ReadFP8(name string, out, in int) (PackedFP8, error) {
+	return r.readFP8(name, 0, out, in)
+}
+
+// ReadFP8Bank reads a fused FP8 experts tensor name [experts, out, in] with its scales
+// [experts, ceil(out/128), ceil(in/128)] as one PackedFP8 bank, for Linears.Experts.
+func (r *PackedReader) ReadFP8Bank(name string, experts, out, in int) (PackedFP8, error) {
+	if experts <= 0 {
+		return PackedFP8{}, fmt.Errorf("tensor %q: %w: a bank of %d experts", name, weights.ErrShape, experts)
+	}
+	return r.readFP8(name, experts, out, in)
+}
+
+func (r *PackedReader) readFP8(name string, experts, out, in int) (PackedFP8, error) {
 	if r.q.BlockSize != [2]int{cuda.FP8Group, cuda.FP8Group} {
 		return PackedFP8{}, fmt.Errorf("tensor %q: %w: weight_block_size %v, the GPU's FP8 linears take [128, 128]", name, weights.ErrShape, r.q.BlockSize)
+	}
+	var lead []int
+	if experts > 0 {
+		lead = []int{experts}
 	}
 	info, raw, err := r.raw(name)
 	if err != nil {
 		return PackedFP8{}, err
 	}
-	if info.DType != weights.F8E4M3 || !slices.Equal(info.Shape, []int{out, in}) {
-		return PackedFP8{}, fmt.Errorf("tensor %q: %w: checkpoint has %v of %s, want [%d %d] of F8_E4M3", name, weights.ErrShape, info.Shape, info.DType, out, in)
+	want := append(slices.Clone(lead), out, in)
+	if info.DType != weights.F8E4M3 || !slices.Equal(info.Shape, want) {
+		return PackedFP8{}, fmt.Errorf("tensor %q: %w: checkpoint has %v of %s, want %v of F8_E4M3", name, weights.ErrShape, info.Shape, info.DType, want)
 	}
-	sinfo, sraw, dt, err := r.scale(name, []int{(out + 127) / 128, (in + 127) / 128})
+	sinfo, sraw, dt, err := r.scale(name, append(slices.Clone(lead), (out+127)/128, (in+127)/128))
 	if err != nil {
 		return PackedFP8{}, err
 	}
@@ -111,7 +129,7 @@ func (r *PackedReader) ReadFP8(name string, out, in int) (PackedFP8, error) {
 	if err := weights.DecodeFloat32(s, sraw, dt); err != nil {
 		return PackedFP8{}, fmt.Errorf("tensor %q: scale: %w", name, err)
 	}
-	p := PackedFP8{Out: out, In: in, W: raw, Scale: s}
+	p := PackedFP8{Out: out, In: in, Experts: experts, W: raw, Scale: s}
 	return p, p.Check()
 }
 

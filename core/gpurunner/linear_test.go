@@ -76,8 +76,8 @@ func absMatMulT(x, w []float32, n, in, out int) []float32 {
 // block-scaled modes and through the fallback kernel (inputs of 272, not a multiple of
 // 128, and of 200, not a multiple of 16, which cuBLASLt cannot take and the kernel runs),
 // tolerance 1e-5·(|ref| + Σ|terms|); bf16 against the bf16-rounded operands; an MXFP4
-// bank over a masked layout with an empty expert (zeros past each count). Describe names
-// what ran.
+// bank and an FP8 bank over a masked layout with an empty expert (zeros past each count).
+// Describe names what ran.
 func TestEmulatedLinears(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -180,7 +180,7 @@ func TestEmulatedLinears(t *testing.T) {
 		t.Logf("fp8 [5, 272] × [144, 272]ᵀ: the emulated cuBLASLt and the fallback kernel differ in %d of %d outputs", differ, len(outs[0][0]))
 
 		// bf16 and f32, and an MXFP4 bank.
-		l, err := gpurunner.NewLinears(c, d, blas, k, gpurunner.LinearOptions{MaxRows: 8, MaxIn: 96})
+		l, err := gpurunner.NewLinears(c, d, blas, k, gpurunner.LinearOptions{MaxRows: 18, MaxIn: 96})
 		if err != nil {
 			return err
 		}
@@ -258,10 +258,46 @@ func TestEmulatedLinears(t *testing.T) {
 		if err := l.Forward(c, nil, wm, yp, xp, n); err == nil {
 			t.Error("Forward of a bank of 3 experts accepted")
 		}
+
+		// An FP8 bank over the same layout: the rows of all experts quantised together.
+		fb := gpurunner.PackedFP8{Out: 40, In: 96, Experts: experts}
+		for range experts {
+			p := randFP8(r, 40, 96)
+			fb.W, fb.Scale = append(fb.W, p.W...), append(fb.Scale, p.Scale...)
+		}
+		wfb, err := l.UploadFP8(c, fb)
+		if err != nil {
+			return err
+		}
+		if err := l.Experts(c, nil, wfb, yp, xp, cp, maxRows); err != nil {
+			return err
+		}
+		cudart.Download(c, got, yp)
+		xq, xs := make([]byte, len(xe)), make([]float32, experts*maxRows)
+		if err := cuda.QuantizeFP8Host(xq, xs, xe, experts*maxRows, 96, 0, false); err != nil {
+			return err
+		}
+		for e := range experts {
+			wd := make([]float32, 40*96)
+			if err := weights.DequantFP8(wd, fb.W[e*40*96:(e+1)*40*96], fb.Scale[e:e+1], 40, 96, 128, 128); err != nil {
+				return err
+			}
+			rows := int(counts[e])
+			xd := make([]float32, maxRows*96)
+			for i := range rows * 96 {
+				xd[i] = weights.F8E4M3ToFloat32(xq[e*maxRows*96+i]) * xs[e*maxRows+i/96]
+			}
+			want := make([]float32, maxRows*40)
+			ref.MatMulT(want, xd, wd, maxRows, 96, 40)
+			within(t, "fp8 expert", got[e*maxRows*40:(e+1)*maxRows*40], want, absMatMulT(xd, wd, maxRows, 96, 40), 1e-5)
+		}
+		if err := l.Forward(c, nil, wfb, yp, xp, n); err == nil {
+			t.Error("Forward of an FP8 bank of 3 experts accepted")
+		}
 		if _, err := l.UploadBF16(c, make([]uint16, 40*200), 40, 200); err == nil {
 			t.Error("a bf16 weight wider than the scratch accepted")
 		}
-		if s := l.Describe(); !strings.Contains(s, "bf16: cuBLASLt bf16") || !strings.Contains(s, "mxfp4: resin_mxfp4_gemm") || strings.Contains(s, "fp8") {
+		if s := l.Describe(); !strings.Contains(s, "bf16: cuBLASLt bf16") || !strings.Contains(s, "mxfp4: resin_mxfp4_gemm") || !strings.Contains(s, "fp8-block128: resin_fp8_block_gemm (") {
 			t.Errorf("Describe = %q", s)
 		}
 		return nil
@@ -288,6 +324,10 @@ func TestPackedReader(t *testing.T) {
 	for i, b := range bank.Scale {
 		bf[i] = weights.E8M0ToFloat32(b)
 	}
+	doubled := make([]float32, len(p.Scale))
+	for i, s := range p.Scale {
+		doubled[i] = 2 * s
+	}
 	odd := append([]float32(nil), bf...)
 	odd[1] = 3
 	mk := func(name string, dt weights.DType, shape []int, v []float32) weights.Tensor {
@@ -309,6 +349,8 @@ func TestPackedReader(t *testing.T) {
 		{Name: "experts.w3.weight", DType: weights.I8, Shape: []int{2, 3, 32}, Data: bank.W},
 		mk("experts.w3.scale", weights.BF16, []int{2, 3, 2}, odd),
 		mk("kda.q.weight", weights.BF16, []int{2, 3}, []float32{1, -2, 0.5, 3, 1.5, -0.25}),
+		{Name: "experts.gate_up_proj", DType: weights.F8E4M3, Shape: []int{2, 130, 256}, Data: append(append([]byte(nil), p.W...), p.W...)},
+		mk("experts.gate_up_proj_scale_inv", weights.F32, []int{2, 2, 2}, append(append([]float32(nil), p.Scale...), doubled...)),
 	}
 	dir := t.TempDir()
 	if err := weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
@@ -372,6 +414,17 @@ func TestPackedReader(t *testing.T) {
 	if _, err := pr.ReadMXFP4("experts.w3.weight", 2, 3, 64); err == nil || !strings.Contains(err.Error(), "power of two") {
 		t.Errorf("a scale of 3 read as %v", err)
 	}
+	fb, err := pr.ReadFP8Bank("experts.gate_up_proj", 2, 130, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := make([]float32, 2*130*256)
+	for e := range 2 {
+		if err := weights.DequantFP8(d[e*130*256:(e+1)*130*256], fb.W[e*130*256:(e+1)*130*256], fb.Scale[e*4:(e+1)*4], 130, 256, 128, 128); err != nil {
+			t.Fatal(err)
+		}
+	}
+	same("experts.gate_up_proj", d, 2, 130, 256)
 	h, err := pr.ReadBF16("kda.q.weight", 2, 3)
 	if err != nil {
 		t.Fatal(err)
