@@ -46,7 +46,7 @@ func (w *Int8Matrix) Cols() int { return w.k }
 func (w *Int8Matrix) Bytes() int64 { return int64(len(w.q)) + 4*int64(len(w.scales)) }
 
 // QuantizeInt8 quantises the weight w [n, k] (row-major, float32) in blocks of 32 values
-// a scale (round to nearest, ties away from zero, as llama.cpp's Q8_0). A block of zeros
+// a scale (round to nearest, ties to even). A block of zeros
 // gets scale 0; values that are not finite are refused.
 func QuantizeInt8(w []float32, n, k int) (*Int8Matrix, error) {
 	const op = "QuantizeInt8"
@@ -95,7 +95,8 @@ func QuantizeInt8(w []float32, n, k int) (*Int8Matrix, error) {
 }
 
 // quantBlock sets q to the block's values over their scale d = max|v|/127, rounded to
-// nearest, and returns d; false when a value is not finite.
+// nearest even (llama.cpp rounds ties away from zero), and returns d; false when a value
+// is not finite.
 func quantBlock(q *[q8Block]int8, v *[q8Block]float32) (float32, bool) {
 	var amax float32
 	for _, x := range v {
@@ -110,10 +111,7 @@ func quantBlock(q *[q8Block]int8, v *[q8Block]float32) (float32, bool) {
 		id = 1 / d
 	}
 	for i, x := range v {
-		// Round half away from zero, as roundf: x·id is within ±127, so adding ±0.5 in
-		// float64 is exact and the conversion's truncation finishes the rounding.
-		f := float64(x * id)
-		q[i] = int8(int32(f + math.Copysign(0.5, f)))
+		q[i] = int8(math.RoundToEven(float64(x * id))) // as the vector kernel's conversion
 	}
 	return d, true
 }
@@ -230,7 +228,14 @@ func (t *int8Task) quantizeRows(x []float32, lo, hi int) {
 		}
 		g0 := i - r
 		row := x[i*k : (i+1)*k]
-		for b := range nb {
+		b0 := 0
+		if full := k / q8Block; hasInt8VNNI && full > 0 && finite(row) {
+			at := g0*nb + r
+			_, _, _ = t.xq[(at+(full-1)*rs)*q8Block+q8Block-1], t.xs[at+(full-1)*rs], t.xc[at+(full-1)*rs]
+			q8QuantAVX512(&t.xq[at*q8Block], &t.xs[at], &t.xc[at], &row[0], full, rs)
+			b0 = full
+		}
+		for b := b0; b < nb; b++ {
 			clear(blk[:])
 			copy(blk[:], row[b*q8Block:min((b+1)*q8Block, k)])
 			d, ok := quantBlock(&q, &blk)
@@ -247,6 +252,16 @@ func (t *int8Task) quantizeRows(x []float32, lo, hi int) {
 			t.xs[at], t.xc[at] = d, 128*s
 		}
 	}
+}
+
+// finite says whether every value of x is finite (the vector quantiser's precondition).
+func finite(x []float32) bool {
+	for _, v := range x {
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+			return false
+		}
+	}
+	return true
 }
 
 // run computes the output columns of w's groups [lo, hi) for every row.

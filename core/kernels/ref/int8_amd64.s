@@ -147,3 +147,80 @@ block4:
 	VMOVUPS Z19, (DI)
 	VZEROUPPER
 	RET
+
+DATA q8absmask<>+0(SB)/4, $0x7fffffff
+GLOBL q8absmask<>(SB), RODATA|NOPTR, $4
+DATA q8f127<>+0(SB)/4, $127.0
+GLOBL q8f127<>(SB), RODATA|NOPTR, $4
+DATA q8f1<>+0(SB)/4, $1.0
+GLOBL q8f1<>(SB), RODATA|NOPTR, $4
+
+// func q8QuantAVX512(xq *int8, xs *float32, xc *int32, x *float32, nb int, step int)
+//
+// Quantises nb blocks of 32 floats of x as quantBlock does (int8.go): d = max|x|/127,
+// q = x·(1/d) rounded to nearest even (0 for a block of zeros), block b's q at
+// xq[b*step*32], d at xs[b*step], 128·Σq at xc[b*step]. The values must be finite.
+TEXT ·q8QuantAVX512(SB), NOSPLIT, $0-48
+	MOVQ xq+0(FP), DI
+	MOVQ xs+8(FP), R8
+	MOVQ xc+16(FP), R9
+	MOVQ x+24(FP), SI
+	MOVQ nb+32(FP), CX
+	MOVQ step+40(FP), DX
+	MOVQ DX, BX
+	SHLQ $5, BX // xq bytes a block
+	SHLQ $2, DX // xs, xc bytes a block
+	VBROADCASTSS q8absmask<>(SB), Z31
+	VMOVSS q8f127<>(SB), X30
+	VMOVSS q8f1<>(SB), X29
+	VXORPS X28, X28, X28
+
+qblock:
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VANDPS  Z31, Z0, Z2
+	VANDPS  Z31, Z1, Z3
+	VMAXPS  Z3, Z2, Z2
+	VEXTRACTF32X8 $1, Z2, Y3
+	VMAXPS  Y3, Y2, Y2
+	VEXTRACTF128 $1, Y2, X3
+	VMAXPS  X3, X2, X2
+	VPERMILPS $0x4E, X2, X3
+	VMAXPS  X3, X2, X2
+	VPERMILPS $0xB1, X2, X3
+	VMAXPS  X3, X2, X2 // every lane: max|x|
+	VDIVSS  X30, X2, X4 // d
+	VMOVSS  X4, (R8)
+	VXORPS  X5, X5, X5
+	VUCOMISS X28, X4
+	JEQ     qzero
+	VDIVSS  X4, X29, X5 // 1/d
+
+qzero:
+	VBROADCASTSS X5, Z5
+	VMULPS  Z5, Z0, Z0
+	VMULPS  Z5, Z1, Z1
+	VCVTPS2DQ Z0, Z0
+	VCVTPS2DQ Z1, Z1
+	VPMOVDB Z0, (DI)
+	VPMOVDB Z1, 16(DI)
+	VPADDD  Z1, Z0, Z0
+	VEXTRACTI32X8 $1, Z0, Y1
+	VPADDD  Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD  X1, X0, X0
+	VPSHUFD $0x4E, X0, X1
+	VPADDD  X1, X0, X0
+	VPSHUFD $0xB1, X0, X1
+	VPADDD  X1, X0, X0
+	VMOVD   X0, AX
+	SHLL    $7, AX
+	MOVL    AX, (R9)
+	ADDQ    $128, SI
+	ADDQ    BX, DI
+	ADDQ    DX, R8
+	ADDQ    DX, R9
+	DECQ    CX
+	JNZ     qblock
+	VZEROUPPER
+	RET

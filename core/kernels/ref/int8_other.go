@@ -12,3 +12,7 @@ func q8Dot1VNNI(out *float32, xq *int8, xs *float32, xc *int32, w *uint8, ws *fl
 func q8Dot4VNNI(out *float32, ldo int, xq *int8, xs *float32, xc *int32, w *uint8, ws *float32, nb int) {
 	panic("ref: q8Dot4VNNI without a vector form")
 }
+
+func q8QuantAVX512(xq *int8, xs *float32, xc *int32, x *float32, nb int, step int) {
+	panic("ref: q8QuantAVX512 without a vector form")
+}

@@ -176,3 +176,38 @@ func TestInt8Errors(t *testing.T) {
 		t.Fatalf("nil weight: %v", err)
 	}
 }
+
+// TestQuantizeActivationsVector: the vector quantiser of activation rows gives quantBlock's
+// values, scales and sums to the bit (rows of 4 and 1, k with a partial last block, a
+// block of zeros, a row with a NaN left to the loops).
+func TestQuantizeActivationsVector(t *testing.T) {
+	if !hasInt8VNNI {
+		t.Skip("no AVX-512 VNNI: the loops are the only quantiser")
+	}
+	r := rand.New(rand.NewPCG(87, 88))
+	for _, k := range []int{32, 96, 100, 1024} {
+		const m = 6
+		x := randSlice(r, m*k)
+		clear(x[k : k+32])           // row 1's first block: zeros
+		x[2*k+5] = 1e-30             // a tiny value beside larger ones
+		x[5*k] = float32(math.NaN()) // row 5: the loops
+		w, err := QuantizeInt8(make([]float32, 16*k), 16, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vec, loops int8Task
+		vec.w, vec.m, loops.w, loops.m = w, m, w, m
+		vec.quantize(x)
+		withoutInt8VNNI(func() { loops.quantize(x) })
+		for i := range vec.xq {
+			if vec.xq[i] != loops.xq[i] {
+				t.Fatalf("k=%d: xq[%d] = %d vector, %d loops", k, i, vec.xq[i], loops.xq[i])
+			}
+		}
+		for i := range vec.xs {
+			if math.Float32bits(vec.xs[i]) != math.Float32bits(loops.xs[i]) || vec.xc[i] != loops.xc[i] {
+				t.Fatalf("k=%d: block %d: scale %v sum %d vector, %v %d loops", k, i, vec.xs[i], vec.xc[i], loops.xs[i], loops.xc[i])
+			}
+		}
+	}
+}
