@@ -12,7 +12,13 @@
 //     packed and cache-blocked, on 14×32 AVX-512 or 6×16 AVX2+FMA micro-kernels in
 //     assembly (sgemm_amd64.s), about as fast as OpenBLAS on the models' prefill shapes;
 //     from 9 rows up a row's bits depend on k, not on the rows beside it or the number
-//     of workers; MatMulTBF16 runs it (and a GEMV kernel) on bfloat16 weights;
+//     of workers; MatMulTBF16 runs it (and the GEMV and skinny kernels) on bfloat16
+//     weights;
+//   - weights in fewer bytes (dtype.go: DType, Weight, the forms a model's --dtype picks):
+//     bfloat16 (MatMulTBF16) and 8-bit blocks of 32 with a scale each (int8.go:
+//     QuantizeInt8, MatMulTInt8, Q8_0×Q8_0 with exact int32 block sums on AVX-512 VNNI,
+//     int8_amd64.s), a decode step reading a half or a bit over a quarter of fp32's bytes;
+//     AMX reports whether the OS grants AMX tiles (no kernel uses them yet);
 //   - a worker pool of GOMAXPROCS-1 goroutines (parallel.go) that the caller and its idle
 //     workers share: large GEMMs split in one block per participant, PagedAttentionBatch
 //     (the models' attention, checked against PagedAttention) across sequences, kv heads,
