@@ -24,9 +24,10 @@ import (
 //	                scales decoded in registers                           0.5 + 1/32 byte
 //
 // No weight is dequantised on the device: an FP8 linear of the checkpoint costs what it
-// weighs on disk (the scale tensor included), and so does an MXFP4 expert bank. Experts
-// runs an MXFP4 bank over the masked expert layout of cuda.MaskedMoE (XE in, YE out), so
-// routed experts stay packed and graph-safe (no host round trip).
+// weighs on disk (the scale tensor included), and so does an expert bank. Experts runs an
+// MXFP4 bank (W4A16) or an FP8 bank (the rows quantised, then cuda.FP8Gemm grouped over
+// the experts) over the masked expert layout of cuda.MaskedMoE (XE in, YE out), so routed
+// experts stay packed and graph-safe (no host round trip).
 //
 // Linears.Describe names the paths that run, for a runner's startup log or `resin doctor`:
 // for example "fp8-block128: cuBLASLt VEC128×BLK128x128 (cuBLASLt 120904 on sm_90)" or

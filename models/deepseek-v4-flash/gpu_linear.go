@@ -18,7 +18,8 @@ import (
 // Linears): fp8Weights uploads an FP8 e4m3 linear with its 128×128 scales (1 byte a
 // parameter plus 4 bytes per 16384, against 4 for float32: the float32 path's
 // dequantisation costs 4× an FP8 linear's size, the bf16 path's 2×), mxfp4Weights an
-// MXFP4 expert bank (half a byte a parameter plus one byte per 32, against 4: 7.5× less).
+// MXFP4 expert bank (half a byte a parameter plus one byte per 32, against 4: 7.5× less)
+// or an FP8 one.
 // Their addresses are matMulT's and expertsMatMulT's w as a dense weight's are, so a
 // caller swaps the upload and keeps its GEMM calls: matMulT runs a packed FP8 weight
 // through cuBLASLt's block-scaled FP8 GEMM on sm_90 with cuBLASLt 12.9+ (else the
@@ -70,12 +71,13 @@ func (l *gpuLinears) usePacked(a *gpuArena, c *cudart.Ctx, d *cudart.Device, kk 
 	return nil
 }
 
-// fp8Weights uploads an FP8 weight as the checkpoint ships it (see gpurunner.PackedFP8).
+// fp8Weights uploads an FP8 weight, or bank of experts, as the checkpoint ships it (see
+// gpurunner.PackedFP8).
 func (l *gpuLinears) fp8Weights(a *gpuArena, c *cudart.Ctx, p gpurunner.PackedFP8) (cudart.DevicePtr, error) {
 	if err := p.Check(); err != nil {
 		return 0, fmt.Errorf("gpu: %w", err)
 	}
-	return l.packedAt(a, c, gpurunner.LinearFP8Block, p.Out, p.In, 1, p.W, p.Scale, 4)
+	return l.packedAt(a, c, gpurunner.LinearFP8Block, p.Out, p.In, max(p.Experts, 1), p.W, p.Scale, 4)
 }
 
 // mxfp4Weights uploads an MXFP4 bank as the checkpoint ships it (see gpurunner.PackedMXFP4).
@@ -190,13 +192,14 @@ func (l *gpuLinears) matMulT(c *cudart.Ctx, s *cudart.Stream, out, x, w cudart.D
 
 // expertsMatMulT computes ye [experts, maxRows, outDim] float32 from xe [experts, maxRows,
 // in] (cuda.MoEGather's layout) with the expert weights at w ([experts, outDim, in]):
-// an MXFP4 bank (mxfp4Weights) in one W4A16 launch that reads counts (the masked
-// layout's, on the device) and writes zeros past each count; dense weights as one GEMM
-// per expert over its whole block of maxRows rows (rows past the count are the gather's
-// zeros).
+// an MXFP4 bank (mxfp4Weights) in one W4A16 launch, an FP8 bank (fp8Weights with Experts;
+// usePacked's maxRows must cover experts·maxRows) in one quantisation and one grouped FP8
+// launch, both reading counts (the masked layout's, on the device) and writing zeros past
+// each count; dense weights as one GEMM per expert over its whole block of maxRows rows
+// (rows past the count are the gather's zeros).
 func (l *gpuLinears) expertsMatMulT(c *cudart.Ctx, s *cudart.Stream, ye, xe, counts, w cudart.DevicePtr, experts, maxRows, in, outDim int) error {
 	if lw := l.packed[w]; lw != nil {
-		if lw.DType != gpurunner.LinearMXFP4 || lw.Experts != experts || lw.In != in || lw.Out != outDim {
+		if lw.Experts != experts || lw.In != in || lw.Out != outDim {
 			return fmt.Errorf("gpu: experts %d × [%d, %d] over a packed %v weight %d × [%d, %d]", experts, outDim, in, lw.DType, lw.Experts, lw.Out, lw.In)
 		}
 		return l.q.Experts(c, s, lw, ye, xe, counts, maxRows)

@@ -24,7 +24,7 @@ import (
 // as cuda.QuantizeFP8Host quantises them and Checkpoint.Dequantize's weights, within
 // 1e-5·(|ref| + Σ|terms|); an MXFP4 bank through expertsMatMulT over a masked layout with
 // an empty expert against weights.DequantFP4 and bf16-rounded inputs (zeros past each
-// count); dense experts through expertsMatMulT equal to matMulT expert by expert; and
+// count), and an FP8 bank over the same layout against weights.DequantFP8; dense experts through expertsMatMulT equal to matMulT expert by expert; and
 // describe naming the paths.
 func TestEmulatedPackedLinears(t *testing.T) {
 	if emutest.Reexec(t) {
@@ -158,7 +158,7 @@ func TestEmulatedPackedLinears(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if err := lin.usePacked(&a, c, dev, kk, n, in, path); err != nil {
+			if err := lin.usePacked(&a, c, dev, kk, max(n, experts*maxRows), in, path); err != nil {
 				return err
 			}
 			wp, err := lin.checkpointWeights(&a, c, pr, "layers.0.attn.wq_b.weight", out, in, nil)
@@ -205,6 +205,43 @@ func TestEmulatedPackedLinears(t *testing.T) {
 			for i := range wantE {
 				if d := math.Abs(float64(gotE[i] - wantE[i])); d > 1e-5*(math.Abs(float64(wantE[i]))+float64(magE[i])) || (magE[i] == 0 && gotE[i] != 0) {
 					t.Fatalf("mxfp4 experts [%d] = %g, want %g", i, gotE[i], wantE[i])
+				}
+			}
+			fb := gpurunner.PackedFP8{Out: eo, In: ei, Experts: experts, W: make([]byte, experts*eo*ei), Scale: []float32{0.5, 0.25, 0.125}}
+			for i := range fb.W {
+				if fb.W[i] = byte(rng.IntN(256)); fb.W[i]&0x7f == 0x7f {
+					fb.W[i] = 0
+				}
+			}
+			fp, err := lin.fp8Weights(&a, c, fb)
+			if err != nil {
+				return err
+			}
+			if err := lin.expertsMatMulT(c, nil, yp, xep, cp, fp, experts, maxRows, ei, eo); err != nil {
+				return err
+			}
+			gotF := get(yp, experts*maxRows*eo)
+			xq, xs := make([]byte, len(xe)), make([]float32, experts*maxRows)
+			if err := cuda.QuantizeFP8Host(xq, xs, xe, experts*maxRows, ei, 0, false); err != nil {
+				return err
+			}
+			for e := range experts {
+				wd := make([]float32, eo*ei)
+				if err := weights.DequantFP8(wd, fb.W[e*eo*ei:(e+1)*eo*ei], fb.Scale[e:e+1], eo, ei, 128, 128); err != nil {
+					return err
+				}
+				rows := int(counts[e])
+				xd := make([]float32, maxRows*ei)
+				for i := range rows * ei {
+					xd[i] = weights.F8E4M3ToFloat32(xq[e*maxRows*ei+i]) * xs[e*maxRows+i/ei]
+				}
+				want, mag := make([]float32, maxRows*eo), make([]float32, maxRows*eo)
+				ref.MatMulT(want, xd, wd, maxRows, ei, eo)
+				ref.MatMulT(mag, absOf(xd), absOf(wd), maxRows, ei, eo)
+				for i, v := range gotF[e*maxRows*eo : (e+1)*maxRows*eo] {
+					if d := math.Abs(float64(v - want[i])); d > 1e-5*(math.Abs(float64(want[i]))+float64(mag[i])) || (mag[i] == 0 && v != 0) {
+						t.Fatalf("fp8 experts: expert %d [%d] = %g, want %g", e, i, v, want[i])
+					}
 				}
 			}
 			ep, err := lin.weights(&a, c, denseE)
