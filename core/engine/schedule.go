@@ -76,6 +76,9 @@ func (s *Scheduler) Schedule() *BatchPlan {
 		if n <= 0 {
 			continue
 		}
+		if s.startedOver(r) {
+			n = min(n, s.loneChunk) // what the context cap counts (poolContext)
+		}
 		wait := false
 		for {
 			err := s.reserve(r, at+n)
@@ -95,7 +98,7 @@ func (s *Scheduler) Schedule() *BatchPlan {
 			if errors.Is(err, kvslab.ErrNoSpace) && n > 1 {
 				// Alone in the pool: a smaller chunk needs fewer pages (a sliding window
 				// holds the chunk's blocks besides the window; the context cap counts a
-				// chunk of one token).
+				// chunk of one token, poolContext).
 				n /= 2
 				continue
 			}
@@ -129,7 +132,7 @@ func (s *Scheduler) Schedule() *BatchPlan {
 	}
 
 admission:
-	for !preempted && budget > 0 && s.waiting.len() > 0 && len(s.running) < s.cfg.MaxSeqs && len(reqs) < s.cfg.MaxSeqs {
+	for !preempted && budget > 0 && s.waiting.len() > 0 && len(s.running) < s.cfg.MaxSeqs && len(reqs) < s.cfg.MaxSeqs && !s.startedOverRuns() {
 		r := s.waiting.front()
 		n, how := s.admit(r, budget)
 		switch how {
@@ -219,10 +222,13 @@ open:
 	}
 	s.opens++
 	// Pages pack while the pool is r's alone since it was emptied for it (see restartAlone).
-	s.pool.PackPages(s.emptiedFor == r && s.opens == s.emptiedAt+1)
+	s.pool.PackPages(s.startedOver(r))
 	r.seq, r.open, r.computed, r.committed, r.reserved = seq, true, hit, hit, hit
 	r.tablesGen = 0
 	n := min(len(r.tokens)-r.computed, budget)
+	if s.startedOver(r) {
+		n = min(n, s.loneChunk) // what the context cap counts (poolContext)
+	}
 	for {
 		err := s.reserve(r, r.computed+n)
 		if err == nil {

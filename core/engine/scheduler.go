@@ -171,6 +171,10 @@ type Scheduler struct {
 	opens, emptiedAt uint64
 	emptiedFor       *request
 	restarts         uint64
+	// loneChunk is the most tokens a request that starts over alone (restartAlone) gets
+	// per step, with at most as many in flight under Config.Async: what the context cap
+	// counts (poolContext).
+	loneChunk int
 }
 
 // maxStepTokens and maxStepSeqs bound Config.MaxBatchTokens and Config.MaxSeqs.
@@ -230,7 +234,8 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	// step's forward and after the step before it: never by the scheduler itself, which
 	// under Config.Async works while a step runs.
 	cfg.Pool.DeferCopies(true)
-	if c := s.poolContext(); c < s.info.MaxContext {
+	c := s.poolContext()
+	if c < s.info.MaxContext {
 		// As vLLM does when the cache cannot hold one sequence of the model's length: the
 		// context is capped, so requests beyond it are refused at Add (ErrContextTooLong)
 		// instead of failing with ErrCache after they were admitted. Engine.New logs it.
@@ -267,16 +272,54 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 
 // poolContext returns the longest sequence (in tokens, up to the runner's MaxContext)
 // whose pages fit in the whole pool at once, as kvslab.Size counts them for a batch of
-// one that reserves a step's chunk ahead (and, with Config.Async, the chunk of the step in
-// flight); 0 when not even one token fits.
+// one that reserves a chunk of one token ahead, and sets loneChunk to the largest chunk
+// (up to MaxBatchTokens) that fits as long a sequence, with as many tokens in flight
+// under Config.Async; 0 when not even one token fits.
+//
+// That is the lone-request guarantee: a request alone in the pool that cannot reserve
+// its step's chunk halves it, and as a last resort starts over in the pool emptied for
+// it (restartAlone), where its chunks and those in flight are at most loneChunk tokens:
+// its pages then never exceed what the cap counted, and packed (kvslab.Pool.PackPages)
+// they never spread over more slabs. Counting a whole MaxBatchTokens chunk instead made a
+// sliding window hold the chunk's blocks besides the window and cut the cap of a pool of
+// 32 sliding-window layers (a 4096-token window) and 4 full ones to a third.
 func (s *Scheduler) poolContext() int {
-	cfg := kvslab.Config{Groups: s.pool.Groups(), SlabBytes: s.pool.SlabBytes(),
-		ChunkTokens: s.cfg.MaxBatchTokens, InFlightTokens: s.cfg.MaxBatchTokens * b2i(s.cfg.Async)}
-	z, err := kvslab.Size(cfg, int64(s.pool.Slabs())*s.pool.SlabBytes(), 1)
-	if err != nil {
-		return 0
+	ctx := func(chunk int) int {
+		cfg := kvslab.Config{Groups: s.pool.Groups(), SlabBytes: s.pool.SlabBytes(),
+			ChunkTokens: chunk, InFlightTokens: chunk * b2i(s.cfg.Async)}
+		z, err := kvslab.Size(cfg, int64(s.pool.Slabs())*s.pool.SlabBytes(), 1)
+		if err != nil {
+			return 0
+		}
+		return min(z.ContextTokens, s.info.MaxContext)
 	}
-	return min(z.ContextTokens, s.info.MaxContext)
+	c := ctx(1)
+	// The context only falls as the chunk grows: the largest chunk that keeps c.
+	lo, hi := 1, s.cfg.MaxBatchTokens+1
+	for hi-lo > 1 {
+		if mid := lo + (hi-lo)/2; ctx(mid) >= c {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	s.loneChunk = lo
+	return c
+}
+
+// startedOver reports whether r runs alone in the pool emptied for it (restartAlone):
+// no other sequence was opened since. Its chunks are then at most loneChunk tokens.
+func (s *Scheduler) startedOver(r *request) bool {
+	return s.emptiedFor == r && s.opens == s.emptiedAt+1
+}
+
+// startedOverRuns reports whether a request that started over (restartAlone) is running
+// alone in the pool emptied for it. No other request is admitted until it ends: one that
+// ran beside it would end its guarantee (startedOver), and two requests too long to run
+// together would otherwise start over in turn for ever.
+func (s *Scheduler) startedOverRuns() bool {
+	r := s.emptiedFor
+	return r != nil && r.state == stateRunning && s.startedOver(r)
 }
 
 // MaxContext returns the longest sequence the scheduler accepts: the runner's maximum
