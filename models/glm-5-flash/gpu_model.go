@@ -30,8 +30,8 @@ type gpuModel struct {
 	dsa  *gpuDSA
 	bufs []cudart.Buffer
 
-	embed, norm, head, ones cudart.DevicePtr // ones [hc]: hc_head's mean as a GEMM
-	layers                  []gpuLayer
+	embed, norm, head cudart.DevicePtr
+	layers            []gpuLayer
 
 	slots, maxTokens, maxRows, maxPos int
 	blockTokens                       int // KDA's segments end at these block ends, as the CPU runner's
@@ -53,6 +53,7 @@ type gpuModel struct {
 	// state page).
 	maxDrafts, kdaFloats int
 	undo                 cudart.DevicePtr
+	mtp                  *gpuMTP // with drafts (gpu_mtp.go)
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -63,6 +64,7 @@ type gpuSeq struct {
 	slot, Len           int
 	Done                int
 	Drafts              int // of the step's tokens, the last Drafts are drafts
+	MTPLen              int // the MTP layer's rows the slot holds (positions below it)
 	State               cudart.DevicePtr
 	Ckpt                []cudart.DevicePtr
 	MLAPages, PoolPages []kvslab.PageID
@@ -104,6 +106,7 @@ type gpuWork struct {
 	rlogits, rweights, rids, counts, pairOf, slotOf     cudart.DevicePtr // the MoE routing and layout
 	xe, egu, eact, ye, share                            cudart.DevicePtr // the experts' blocks of maxTokens rows
 	y, logits                                           cudart.DevicePtr // the head's, maxRows rows
+	hidden                                              cudart.DevicePtr // every row's final hidden state [rows, D]
 	maxSel                                              int
 }
 
@@ -136,7 +139,20 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 	}
 	g := &gpuModel{m: m, kk: kk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, maxPos: maxPos,
 		blockTokens: blockTokens, used: make([]bool, slots), L: newTextLayout(cfg, blockTokens, false), maxDrafts: maxDrafts}
+	if maxDrafts > 0 {
+		if !m.HasMTP() {
+			return nil, fmt.Errorf("gpu: drafts: %w", ErrNoMTP)
+		}
+		// The MTP layer's state: in the pages, and its chained drafts' rows past the
+		// sequence's length in the slot.
+		g.L = newTextLayout(cfg, blockTokens, true)
+		maxPos = max(maxPos, g.workRows()) + maxDrafts + 1
+		g.maxPos = maxPos
+	}
 	g.kdaFloats = g.L.stateFloats
+	if g.L.hiddenOff >= 0 {
+		g.kdaFloats = g.L.hiddenOff
+	}
 	defer func() {
 		if err != nil {
 			g.close(c)
@@ -145,7 +161,7 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 	if g.kda, err = newGPUKDA(c, cfg, blas, ks, maxTokens, opts.KDAWeights); err != nil {
 		return nil, err
 	}
-	if g.dsa, err = newGPUDSA(c, cfg, blas, kk, ks, maxTokens, maxPos); err != nil {
+	if g.dsa, err = newGPUDSA(c, cfg, blas, kk, ks, g.workRows(), maxPos); err != nil {
 		return nil, err
 	}
 	D, hc, E := cfg.HiddenSize, cfg.HCMult, cfg.NRoutedExperts
@@ -173,11 +189,6 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 	up(&g.embed, W.embed)
 	up(&g.norm, W.norm)
 	up(&g.head, W.lmHead)
-	ones := make([]float32, hc)
-	for i := range ones {
-		ones[i] = 1
-	}
-	up(&g.ones, ones)
 	width := 1 // the widest MLP
 	for li := range W.layers {
 		l := &W.layers[li]
@@ -229,7 +240,15 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 		}
 		g.layers = append(g.layers, gl)
 	}
-	n, K, F := maxTokens, cfg.NumExpertsPerTok, cfg.MoEIntermediateSize
+	if maxDrafts > 0 {
+		if err = g.uploadMTP(c); err != nil {
+			return nil, err
+		}
+		width = max(width, g.mtp.moe.shared.width)
+	}
+	// The workspace's rows: a step's, and with drafts the MTP layer's (a step's and one
+	// more a sequence).
+	n, K, F := g.workRows(), cfg.NumExpertsPerTok, cfg.MoEIntermediateSize
 	x := &g.w
 	x.maxSel = g.dsa.maxSel()
 	g.tabRows = max(maxPos, maxTokens)
@@ -243,12 +262,21 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 		{&x.gu, n * 2 * width}, {&x.act, n * width}, {&x.rlogits, n * E}, {&x.rweights, n * K}, {&x.rids, n * K},
 		{&x.counts, E}, {&x.pairOf, E * n}, {&x.slotOf, n * K}, {&x.xe, E * n * D}, {&x.egu, E * n * 2 * F},
 		{&x.eact, E * n * F}, {&x.ye, E * n * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
+		{&x.hidden, n * D},
 	} {
 		if *b.dst, err = g.alloc(c, b.n); err != nil {
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
 		}
 	}
 	return g, nil
+}
+
+// workRows is the rows the workspace holds: a step's, and with drafts the MTP layer's.
+func (g *gpuModel) workRows() int {
+	if g.maxDrafts > 0 {
+		return g.maxTokens + g.slots
+	}
+	return g.maxTokens
 }
 
 // close frees the device memory.
@@ -351,20 +379,22 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		}
 		s.Len += len(tokens[i])
 	}
+	// hc_head: every row's mean of its streams and the final norm, the final hidden state
+	// (the MTP layer reads every row's), then lm_head on the rows named.
+	if err := kernels.Run(g.dsa.ks, c, nil, kernels.StreamMean{Out: w.hidden, Streams: w.streams, Rows: n, HC: hc, Dim: D}); err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	if err := g.kk.RMSNorm(c, nil, w.hidden, w.hidden, g.norm, n, D, float32(cfg.RMSNormEps)); err != nil {
+		return nil, err
+	}
 	nr := len(rows)
 	if nr == 0 {
 		return nil, c.Synchronize() // a mid-prompt chunk: no row is sampled
 	}
-	// hc_head: each named row's mean of its streams (ones [1, hc] · streams [hc, D] / hc),
-	// the final norm, lm_head.
 	for i, r := range rows {
-		if err := g.blas.Gemm(c, nil, cudart.GemmSpec{M: 1, N: D, K: hc, AType: cudart.F32, BType: cudart.F32, OutType: cudart.F32,
-			Alpha: 1 / float32(hc)}, g.ones, off(w.streams, int(r)*hc*D), 0, off(w.y, i*D)); err != nil {
+		if err := c.CopyDtoDAsync(off(w.y, i*D), off(w.hidden, int(r)*D), int64(4*D), nil); err != nil {
 			return nil, err
 		}
-	}
-	if err := g.kk.RMSNorm(c, nil, w.y, w.y, g.norm, nr, D, float32(cfg.RMSNormEps)); err != nil {
-		return nil, err
 	}
 	if err := g.gemm(c, w.logits, w.y, g.head, nr, D, cfg.VocabSize); err != nil {
 		return nil, err

@@ -116,17 +116,44 @@ func (g *gpuModel) checkpoint(c *cudart.Ctx, s *gpuSeq, li, pos int) error {
 	return c.CopyDtoDAsync(off(s.Ckpt[b], o), off(s.State, o), int64(4*(g.convFloats+g.recFloats)), nil)
 }
 
+// pagedLayer is one MLA layer as the pages hold it: its layer in the "mla" group and,
+// with a full indexer, in "kpool" (-1 without), and its slot buffers (gpuDSA's layout).
+type pagedLayer struct {
+	mla, pool int
+	dense     gpuDSAState
+}
+
+// mainLayers are the decoder's MLA layers as paged.
+func (g *gpuModel) mainLayers() []pagedLayer {
+	var out []pagedLayer
+	for li, l := range g.layers {
+		if mi := g.L.mlaIndex[li]; mi >= 0 {
+			out = append(out, pagedLayer{mla: mi, pool: g.L.poolIndex[li], dense: l.dsaPools})
+		}
+	}
+	return out
+}
+
 // pageRows copies the MLA rows of positions [from, to) of s, and the pooled keys of the
 // pools those positions complete, between the pages and s's slot (toDense: into the
-// slot), every MLA layer's.
+// slot), every decoder MLA layer's.
 func (g *gpuModel) pageRows(c *cudart.Ctx, s *gpuSeq, from, to int, toDense bool) error {
+	P := g.m.Config.IndexKPool
+	return g.pageSpan(c, s, g.mainLayers(), from, to, from/P, to/P, 0, toDense)
+}
+
+// pageSpan copies, for each of layers, s's rows of positions [from, to) and its pools
+// [j0, j1) between the pages and the slot (toDense: into the slot). The pages hold row p
+// at stored slot p+shift and pool j as stored pool j+shift (the MTP layer's shift is 1,
+// see textLayout); the slot holds them by position and pool index.
+func (g *gpuModel) pageSpan(c *cudart.Ctx, s *gpuSeq, layers []pagedLayer, from, to, j0, j1, shift int, toDense bool) error {
 	cfg, L := g.m.Config, g.L
-	if L.mla < 0 || to <= from {
+	if L.mla < 0 || len(layers) == 0 {
 		return nil
 	}
 	R, I, P, pt := cfg.KVLoraRank, cfg.IndexHeadDim, cfg.IndexKPool, g.blockTokens
-	if to-from > g.tabRows {
-		return fmt.Errorf("gpu: %d rows to page, room for %d", to-from, g.tabRows)
+	if to-from > g.tabRows || j1-j0 > g.tabRows/P+g.slots {
+		return fmt.Errorf("gpu: %d rows and %d pools to page, room for %d", to-from, j1-j0, g.tabRows)
 	}
 	table := func(n int, at func(k int) (int64, int64)) []int64 {
 		g.tab = append(g.tab[:0], make([]int64, 2*n)...)
@@ -135,22 +162,6 @@ func (g *gpuModel) pageRows(c *cudart.Ctx, s *gpuSeq, from, to int, toDense bool
 		}
 		return g.tab
 	}
-	var bad error
-	rows := table(to-from, func(k int) (int64, int64) {
-		p := from + k
-		if b := p / pt; b >= len(s.MLAPages) || s.MLAPages[b] == kvslab.NoPage {
-			bad = fmt.Errorf("gpu: position %d has no page of the mla group", p)
-			return 0, 0
-		}
-		return g.pool.PageOffset(L.mla, s.MLAPages[p/pt])/4 + int64((p%pt)*L.mlaStride), int64(s.slot*g.maxPos + p)
-	})
-	if bad != nil {
-		return bad
-	}
-	if err := cudart.Upload(c, g.rowTab, rows); err != nil {
-		return err
-	}
-	n := to - from
 	run := func(paged, dense, tab cudart.DevicePtr, rows, dim int) error {
 		if err := kernels.Run(g.dsa.ks, c, nil, kernels.PageRows{Paged: paged, Dense: dense, Table: tab, Rows: rows, Dim: dim,
 			ToDense: toDense}); err != nil {
@@ -158,34 +169,50 @@ func (g *gpuModel) pageRows(c *cudart.Ctx, s *gpuSeq, from, to int, toDense bool
 		}
 		return nil
 	}
-	for li, l := range g.layers {
-		if mi := L.mlaIndex[li]; mi >= 0 {
-			base := g.arena.Ptr(int64(4 * mi * g.layerFloats(L.mla)))
-			if err := run(base, l.dsaPools.Latent, g.rowTab, n, R); err != nil {
+	var bad error
+	if n := to - from; n > 0 {
+		rows := table(n, func(k int) (int64, int64) {
+			p := from + k
+			q := p + shift
+			if b := q / pt; b >= len(s.MLAPages) || s.MLAPages[b] == kvslab.NoPage {
+				bad = fmt.Errorf("gpu: position %d has no page of the mla group", p)
+				return 0, 0
+			}
+			return g.pool.PageOffset(L.mla, s.MLAPages[q/pt])/4 + int64((q%pt)*L.mlaStride), int64(s.slot*g.maxPos + p)
+		})
+		if bad != nil {
+			return bad
+		}
+		if err := cudart.Upload(c, g.rowTab, rows); err != nil {
+			return err
+		}
+		for _, l := range layers {
+			base := g.arena.Ptr(int64(4 * l.mla * g.layerFloats(L.mla)))
+			if err := run(base, l.dense.Latent, g.rowTab, n, R); err != nil {
 				return err
 			}
-			if L.poolIndex[li] >= 0 {
-				if err := run(off(base, R), l.dsaPools.IdxKey, g.rowTab, n, I); err != nil {
+			if l.pool >= 0 {
+				if err := run(off(base, R), l.dense.IdxKey, g.rowTab, n, I); err != nil {
 					return err
 				}
-				if err := run(off(base, R+I), l.dsaPools.IdxGate, g.rowTab, n, I); err != nil {
+				if err := run(off(base, R+I), l.dense.IdxGate, g.rowTab, n, I); err != nil {
 					return err
 				}
 			}
 		}
 	}
-	j0, j1 := from/P, to/P
 	if L.pool < 0 || j1 <= j0 {
 		return nil
 	}
 	perPage := pt / P
 	pools := table(j1-j0, func(k int) (int64, int64) {
 		j := j0 + k
-		if b := j / perPage; b >= len(s.PoolPages) || s.PoolPages[b] == kvslab.NoPage {
+		q := j + shift
+		if b := q / perPage; b >= len(s.PoolPages) || s.PoolPages[b] == kvslab.NoPage {
 			bad = fmt.Errorf("gpu: pool %d has no page of the kpool group", j)
 			return 0, 0
 		}
-		return g.pool.PageOffset(L.pool, s.PoolPages[j/perPage])/4 + int64((j%perPage)*I), int64(s.slot*(g.maxPos/P) + j)
+		return g.pool.PageOffset(L.pool, s.PoolPages[q/perPage])/4 + int64((q%perPage)*I), int64(s.slot*(g.maxPos/P) + j)
 	})
 	if bad != nil {
 		return bad
@@ -193,9 +220,9 @@ func (g *gpuModel) pageRows(c *cudart.Ctx, s *gpuSeq, from, to int, toDense bool
 	if err := cudart.Upload(c, g.poolTab, pools); err != nil {
 		return err
 	}
-	for li, l := range g.layers {
-		if pi := L.poolIndex[li]; pi >= 0 {
-			if err := run(g.arena.Ptr(int64(4*pi*g.layerFloats(L.pool))), l.dsaPools.Pools, g.poolTab, j1-j0, I); err != nil {
+	for _, l := range layers {
+		if l.pool >= 0 {
+			if err := run(g.arena.Ptr(int64(4*l.pool*g.layerFloats(L.pool))), l.dense.Pools, g.poolTab, j1-j0, I); err != nil {
 				return err
 			}
 		}

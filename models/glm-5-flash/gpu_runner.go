@@ -17,8 +17,10 @@ import (
 // in the CPU runner's groups and layout, so prefix hits resume from its pages and KDA
 // checkpoints; the engine executes the plans' CacheOps on it (page copies on the device,
 // DeviceArena.Copy). Each running sequence also has a device slot holding its MLA rows by
-// position, which the attention kernels read. A first cut: fp32, eager, and draft tokens
-// are refused by name (no MTP on the device yet).
+// position, which the attention kernels read. With GPUOptions.Drafts it decodes
+// speculatively with the MTP layer on the device, as NewMTPTextRunner does on the CPU
+// (gpu_verify.go, gpu_mtp.go): the same drafts, the same pool layout. A first cut: fp32
+// (but GPUOptions.KDAWeights), eager launches, no CUDA graphs.
 type GPURunner struct {
 	*cpurunner.Runner
 	Model      *TextModel
@@ -30,6 +32,9 @@ type GPURunner struct {
 	seqs       map[uint64]*gpuSeq
 	arenas     []*cudart.DeviceArena // NewPool's, closed by Close
 	pt         int
+	drafts     int // per step, from the MTP layer (0: no speculative decoding)
+	// forceDraft, when set (tests), chooses draft j as TextRunner.forceDraft.
+	forceDraft func(promptLen, pos, j int, logits []float32) int32
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
 }
@@ -42,8 +47,10 @@ var (
 // GPUOptions are NewGPURunner's choices besides its sizes; the zero value is fp32 without
 // drafts.
 type GPUOptions struct {
-	// Drafts is how many draft tokens a step may verify per sequence (gpu_verify.go):
-	// each sequence slot keeps room for the KDA states after as many tokens.
+	// Drafts is how many draft tokens the runner proposes per sequence and step with the
+	// model's MTP layer on the device (0: no speculative decoding; a checkpoint without
+	// the MTP layer is refused, ErrNoMTP): each sequence slot keeps room for the KDA states
+	// after as many tokens (gpu_verify.go), and the workspace for the MTP layer's rows.
 	Drafts int
 	// KDAWeights is the KDA projections' weight type: cudart.F32 (the zero value) or
 	// cudart.BF16, as checkpoints ship them even when FP8 (their activations are rounded
@@ -85,8 +92,12 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 	}
 	c := m.Config
 	info := engine.RunnerInfo{Name: Name, VocabSize: c.VocabSize, MaxContext: maxContext, EOS: c.EOSTokenID,
-		CacheGroups: TextCacheGroups(c, r.pt)}
-	r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(r.forward))
+		CacheGroups: r.g.L.groups}
+	if r.drafts = opts.Drafts; r.drafts > 0 {
+		r.Runner = cpurunner.New(info, gpuDrafter{r})
+	} else {
+		r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(r.forward))
+	}
 	return r, nil
 }
 
@@ -101,7 +112,7 @@ func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
 	if bytes == 0 {
 		bytes = 256 << 20
 	}
-	cfg := kvslab.Config{Groups: TextCacheGroups(r.Model.Config, r.pt)}
+	cfg := kvslab.Config{Groups: r.g.L.groups}
 	z, err := kvslab.Size(cfg, bytes, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
@@ -219,4 +230,16 @@ func (r *GPURunner) restoreDrafts(p *engine.BatchPlan, accepted []int32) error {
 		}
 		return nil
 	})
+}
+
+// gpuDrafter is the runner's forward with the MTP layer on the device as cpurunner's
+// Drafter (GPUOptions.Drafts > 0).
+type gpuDrafter struct{ r *GPURunner }
+
+func (d gpuDrafter) Forward(p *engine.BatchPlan, logits []float32) error {
+	return d.r.forward(p, logits)
+}
+func (d gpuDrafter) MaxDrafts() int { return d.r.drafts }
+func (d gpuDrafter) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
+	return d.r.mtpDraft(p, res)
 }
