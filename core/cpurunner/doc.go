@@ -5,7 +5,9 @@
 // StepResult with the tokens, their logprobs and the top alternatives asked for. It
 // reuses its buffers, so a step allocates nothing in steady state. A model that proposes
 // drafts (an MTP head) implements Drafter as well: Runner then verifies each plan's
-// drafts against the tokens it samples and asks the model for the next ones (spec.go).
+// drafts against the tokens it samples and asks the model for the next ones (spec.go);
+// one that samples its drafts from a distribution of its own (DSpark) implements
+// DraftSampler, and its sampled rows are verified by rejection sampling.
 //
 // A model runner keeps what is its own (loading config and weights, binding its cache to
 // the pool) and embeds a Runner built over a closure that reads its current cache, which

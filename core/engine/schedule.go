@@ -20,7 +20,8 @@ import (
 // When the pool runs out of pages a running request is preempted by recompute, and no
 // request is admitted in that step. A request alone in the pool gets a smaller chunk, waits
 // for a plan in flight to let go of its pages, and as a last resort starts over in an
-// emptied pool (see restartAlone) before it fails with ErrCache.
+// emptied pool (see restartAlone), where it runs alone in chunks the context cap counts
+// (poolContext) until it ends, before it fails with ErrCache.
 //
 // With a runner that proposes drafts, no plan is built ahead of a pending one that
 // samples (Schedule returns nil until it is updated): how many drafts that step accepts
