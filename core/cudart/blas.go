@@ -21,8 +21,9 @@ type cublasLtAPI struct {
 	cublasLtMatmulAlgoGetHeuristic       func(h, op, a, b, c, d, pref uintptr, requested int32, results unsafe.Pointer, count *int32) int32
 
 	// cublasLtMatmul is called through purego.SyscallN on the raw symbol, from arguments
-	// kept in the Blas, so a GEMM allocates nothing.
-	matmul uintptr
+	// kept in the Blas, so a GEMM allocates nothing; so is the descriptor attribute setter
+	// a block-scaled GEMM calls for its scale pointers each time.
+	matmul, setAttr uintptr
 }
 
 var (
@@ -59,6 +60,10 @@ func loadCublasLt() (*cublasLtAPI, error) {
 			return
 		}
 		if a.matmul, err = cublasLtLib.sym("cublasLtMatmul"); err != nil {
+			cublasLtErr = err
+			return
+		}
+		if a.setAttr, err = cublasLtLib.sym("cublasLtMatmulDescSetAttribute"); err != nil {
 			cublasLtErr = err
 			return
 		}

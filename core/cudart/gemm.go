@@ -157,6 +157,7 @@ type Blas struct {
 
 	alpha, beta float32             // the scalars cublasLtMatmul reads, in the heap-allocated Blas
 	scalePtrs   [2]uintptr          // the A and B slots' scale pointers of a block-scaled GEMM
+	attrCall    [4]uintptr          // cublasLtMatmulDescSetAttribute's arguments
 	call        [matmulArgs]uintptr // its arguments, kept here so a call allocates nothing
 
 	hits, misses, evictions int64

@@ -88,7 +88,7 @@ func (g FP8BlockGemm) check() error {
 
 // MatMulFP8Block computes g on stream s (see FP8BlockGemm) through cuBLASLt's block-scaled
 // FP8 modes, with a cached plan as Gemm has; each call sets the plan's two scale
-// pointers. Only the plan's first call allocates. It must run inside Device.Do of the
+// pointers. Only the plan's first call allocates (TestEmulatedFP8BlockGemm counts). It must run inside Device.Do of the
 // Blas's device and may be captured into a CUDA graph. Where BlockScaledFP8 is false,
 // cuBLASLt refuses the plan (CUBLAS_STATUS_NOT_SUPPORTED or no algorithm).
 func (b *Blas) MatMulFP8Block(c *Ctx, s *Stream, g FP8BlockGemm, out, x, xScale, w, wScale DevicePtr) error {
@@ -114,8 +114,11 @@ func (b *Blas) MatMulFP8Block(c *Ctx, s *Stream, g FP8BlockGemm, out, x, xScale,
 	}
 	b.scalePtrs = [2]uintptr{uintptr(wScale), uintptr(xScale)}
 	api := b.api
-	for i, id := range []int32{descAScalePtr, descBScalePtr} {
-		if err := api.check("cublasLtMatmulDescSetAttribute", api.cublasLtMatmulDescSetAttribute(p.op, id, unsafe.Pointer(&b.scalePtrs[i]), 8)); err != nil {
+	for i := range b.scalePtrs {
+		id := descAScalePtr + int32(i) // B_SCALE_POINTER follows A's
+		b.attrCall = [4]uintptr{p.op, uintptr(id), uintptr(unsafe.Pointer(&b.scalePtrs[i])), 8}
+		r, _, _ := purego.SyscallN(api.setAttr, b.attrCall[:]...)
+		if err := api.check("cublasLtMatmulDescSetAttribute", int32(r)); err != nil {
 			return fmt.Errorf("%v: set scale pointer attribute %d: %w", g, id, err)
 		}
 	}

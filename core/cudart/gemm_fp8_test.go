@@ -28,7 +28,8 @@ func fp8Operand(r *rand.Rand, rows, k int) []byte {
 // the dequantised operands, x scaled per row and 128 columns (outer-major), w per 128×128
 // block (row-major): error ≤ 8e-6·Σ|terms| (float32 sums of 128 terms), bf16 output the
 // float32 one rounded.
-// It also checks the refusals and that the emulated sm_80 device is not offered the path.
+// It also checks that a cached call allocates nothing, the refusals, and that the emulated
+// sm_80 device is not offered the path.
 func TestEmulatedFP8BlockGemm(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -92,6 +93,13 @@ func TestEmulatedFP8BlockGemm(t *testing.T) {
 		}
 		if hits, misses, _ := b.PlanStats(); hits != 1 || misses != 1 {
 			t.Errorf("plan stats: %d hits, %d misses, want 1 and 1", hits, misses)
+		}
+		if n := testing.AllocsPerRun(20, func() {
+			if err := b.MatMulFP8Block(c, nil, g, bufs[4].Ptr, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("a cached block-scaled GEMM allocates %v times", n)
 		}
 		got = make([]float32, m*n)
 		Download(c, got, bufs[4].Ptr)
