@@ -77,7 +77,7 @@ func absMatMulT(x, w []float32, n, in, out int) []float32 {
 // 128, and of 200, not a multiple of 16, which cuBLASLt cannot take and the kernel runs),
 // tolerance 1e-5·(|ref| + Σ|terms|); bf16 against the bf16-rounded operands; an MXFP4
 // bank and an FP8 bank over a masked layout with an empty expert (zeros past each count).
-// Describe names what ran.
+// Describe names what ran, and an FP8 Forward allocates nothing (graph-capturable).
 func TestEmulatedLinears(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -166,6 +166,14 @@ func TestEmulatedLinears(t *testing.T) {
 				ref.MatMulT(want, xd, wd, n, in, 144)
 				within(t, path.String(), got, want, absMatMulT(xd, wd, n, in, 144), 1e-5)
 				outs[pi] = append(outs[pi], got)
+				xp, op := alloc(4*len(x)), alloc(4*n*w.Out)
+				if allocs := testing.AllocsPerRun(5, func() {
+					if err := l.Forward(c, nil, w, op, xp, n); err != nil {
+						t.Fatal(err)
+					}
+				}); allocs != 0 {
+					t.Errorf("%v: an FP8 Forward allocates %v times", path, allocs)
+				}
 			}
 			if s := l.Describe(); !strings.Contains(s, "fp8-block128: "+path.String()) {
 				t.Errorf("Describe = %q, want the %v path named", s, path)
