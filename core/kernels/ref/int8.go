@@ -12,7 +12,7 @@ import (
 // standing for q·d. That is 36 bytes per 32 weights (1.125 bytes a weight, against Q8_0's
 // 34 with a float16 scale). MatMulTInt8 quantises the activations the same way, a block
 // of 32 of a row at a time, and sums each block's products in int32 exactly (Q8_0×Q8_0),
-// on AVX-512 VNNI where the CPU has it (int8_amd64.s), else in scalar loops.
+// on AVX-512 VNNI where the CPU has it (int8_amd64.s), else on AVX2, else in scalar loops.
 //
 // Error, against the float32 product on the original weights: each weight is off by at
 // most d_w/2 and each activation by at most d_x/2 (its block's scales), so an output is
@@ -295,7 +295,7 @@ func (t *int8Task) run(_, lo, hi int) {
 
 // q8Dot sets out[r*ldo + c] (r < rs, c < 16) to the dot products of rs quantised rows of
 // activations (rs = 4: interleaved by block; 1) with one group of 16 rows of w, on the
-// VNNI kernels where the CPU has them.
+// VNNI kernels where the CPU has them, else on the AVX2 one (a row at a time).
 func q8Dot(out []float32, ldo, rs int, xq []int8, xs []float32, xc []int32, wq []uint8, ws []float32, nb int) {
 	_, _ = out[(rs-1)*ldo+q8Group-1], xq[rs*nb*q8Block-1]
 	_, _, _, _ = xs[rs*nb-1], xc[rs*nb-1], wq[nb*q8Group*q8Block-1], ws[nb*q8Group-1]
@@ -304,6 +304,12 @@ func q8Dot(out []float32, ldo, rs int, xq []int8, xs []float32, xc []int32, wq [
 			q8Dot4VNNI(&out[0], ldo, &xq[0], &xs[0], &xc[0], &wq[0], &ws[0], nb)
 		} else {
 			q8Dot1VNNI(&out[0], &xq[0], &xs[0], &xc[0], &wq[0], &ws[0], nb)
+		}
+		return
+	}
+	if hasInt8AVX2 {
+		for r := range rs {
+			q8DotAVX2(&out[r*ldo], &xq[r*q8Block], &xs[r], rs*q8Block, &wq[0], &ws[0], nb)
 		}
 		return
 	}
@@ -334,11 +340,14 @@ func q8DotScalar(out []float32, ldo, rs int, xq []int8, xs []float32, xc []int32
 	}
 }
 
-// Int8Kernel names the kernel MatMulTInt8 runs on this CPU: "AVX-512 VNNI" or "scalar"
-// (loops; no AVX2 form yet).
+// Int8Kernel names the kernel MatMulTInt8 runs on this CPU: "AVX-512 VNNI", "AVX2" or
+// "scalar" (loops).
 func Int8Kernel() string {
-	if hasInt8VNNI {
+	switch {
+	case hasInt8VNNI:
 		return "AVX-512 VNNI"
+	case hasInt8AVX2:
+		return "AVX2"
 	}
 	return "scalar"
 }

@@ -224,3 +224,76 @@ qzero:
 	JNZ     qblock
 	VZEROUPPER
 	RET
+
+DATA q8b80<>+0(SB)/4, $0x80808080
+GLOBL q8b80<>(SB), RODATA|NOPTR, $4
+DATA q8w1<>+0(SB)/4, $0x00010001
+GLOBL q8w1<>(SB), RODATA|NOPTR, $4
+
+// Q8A2STEP(s) adds step s of a block (4 values of 16 rows) to Y0 (rows 0-7) and Y1 (rows
+// 8-15): q = byte ^ 0x80, signed by x and multiplied by |x| in pairs (VPMADDUBSW: at most
+// 2·127·127, no saturation), the pairs summed to int32 (VPMADDWD by ones).
+#define Q8A2STEP(s) \
+	VPBROADCASTD (4*s)(SI), Y2 \
+	VPABSB     Y2, Y3 \
+	VMOVDQU    (64*s)(DX), Y4 \
+	VMOVDQU    (64*s+32)(DX), Y5 \
+	VPXOR      Y15, Y4, Y4 \
+	VPXOR      Y15, Y5, Y5 \
+	VPSIGNB    Y2, Y4, Y4 \
+	VPSIGNB    Y2, Y5, Y5 \
+	VPMADDUBSW Y4, Y3, Y4 \
+	VPMADDUBSW Y5, Y3, Y5 \
+	VPMADDWD   Y14, Y4, Y4 \
+	VPMADDWD   Y14, Y5, Y5 \
+	VPADDD     Y4, Y0, Y0 \
+	VPADDD     Y5, Y1, Y1
+
+// func q8DotAVX2(out *float32, xq *int8, xs *float32, xstep int, w *uint8, ws *float32, nb int)
+//
+// q8Dot1VNNI on AVX2 (no VNNI): one activation row, its blocks xstep bytes apart in xq
+// (their scales xstep/8 bytes apart in xs), against one weight group; the block sums are
+// Σ q·xq exactly in int32, as the VNNI kernels' less their offset.
+TEXT ·q8DotAVX2(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ xq+8(FP), SI
+	MOVQ xs+16(FP), R8
+	MOVQ xstep+24(FP), AX
+	MOVQ w+32(FP), DX
+	MOVQ ws+40(FP), CX
+	MOVQ nb+48(FP), BX
+	MOVQ AX, R10
+	SHRQ $3, R10
+	VPBROADCASTD q8b80<>(SB), Y15
+	VPBROADCASTD q8w1<>(SB), Y14
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+
+a2block:
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	Q8A2STEP(0)
+	Q8A2STEP(1)
+	Q8A2STEP(2)
+	Q8A2STEP(3)
+	Q8A2STEP(4)
+	Q8A2STEP(5)
+	Q8A2STEP(6)
+	Q8A2STEP(7)
+	VCVTDQ2PS Y0, Y0
+	VCVTDQ2PS Y1, Y1
+	VBROADCASTSS (R8), Y8
+	VMULPS (CX), Y8, Y6
+	VMULPS 32(CX), Y8, Y7
+	VFMADD231PS Y6, Y0, Y10
+	VFMADD231PS Y7, Y1, Y11
+	ADDQ $512, DX
+	ADDQ $64, CX
+	ADDQ AX, SI
+	ADDQ R10, R8
+	DECQ BX
+	JNZ  a2block
+	VMOVUPS Y10, (DI)
+	VMOVUPS Y11, 32(DI)
+	VZEROUPPER
+	RET

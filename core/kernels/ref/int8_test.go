@@ -7,11 +7,13 @@ import (
 	"testing"
 )
 
-// withoutInt8VNNI runs f with MatMulTInt8's VNNI kernels off, as on a CPU without them.
-func withoutInt8VNNI(f func()) {
-	old := hasInt8VNNI
+// withoutInt8VNNI runs f with MatMulTInt8's VNNI kernels off, as on a CPU without them,
+// and its AVX2 kernel off too unless avx2.
+func withoutInt8VNNI(f func(), avx2 ...bool) {
+	old, old2 := hasInt8VNNI, hasInt8AVX2
 	hasInt8VNNI = false
-	defer func() { hasInt8VNNI = old }()
+	hasInt8AVX2 = hasInt8AVX2 && len(avx2) > 0 && avx2[0]
+	defer func() { hasInt8VNNI, hasInt8AVX2 = old, old2 }()
 	f()
 }
 
@@ -85,10 +87,15 @@ func TestMatMulTInt8(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, scalar := make([]float32, m*n), make([]float32, m*n)
+		got, scalar, avx2 := make([]float32, m*n), make([]float32, m*n), make([]float32, m*n)
 		if err := MatMulTInt8(got, x, q, m); err != nil {
 			t.Fatal(err)
 		}
+		withoutInt8VNNI(func() {
+			if err := MatMulTInt8(avx2, x, q, m); err != nil {
+				t.Fatal(err)
+			}
+		}, true)
 		withoutInt8VNNI(func() {
 			if err := MatMulTInt8(scalar, x, q, m); err != nil {
 				t.Fatal(err)
@@ -104,13 +111,16 @@ func TestMatMulTInt8(t *testing.T) {
 				for _, c := range []struct {
 					name string
 					v    float32
-				}{{Int8Kernel(), got[i*n+j]}, {"scalar", scalar[i*n+j]}} {
+				}{{Int8Kernel(), got[i*n+j]}, {"AVX2 or scalar", avx2[i*n+j]}, {"scalar", scalar[i*n+j]}} {
 					if e := math.Abs(float64(c.v) - exact); e > bound || math.IsNaN(e) {
 						t.Fatalf("%dx%dx%d %s: out[%d,%d] = %v, exact %v: off by %.3g, bound %.3g", m, k, n, c.name, i, j, c.v, exact, e, bound)
 					}
 				}
 				if d := math.Abs(float64(got[i*n+j] - scalar[i*n+j])); d > 1e-5*(math.Abs(exact)+1e-2) {
 					t.Fatalf("%dx%dx%d: out[%d,%d] = %v on %s, %v on the scalar loops", m, k, n, i, j, got[i*n+j], Int8Kernel(), scalar[i*n+j])
+				}
+				if d := math.Abs(float64(avx2[i*n+j] - scalar[i*n+j])); d > 1e-5*(math.Abs(exact)+1e-2) {
+					t.Fatalf("%dx%dx%d: out[%d,%d] = %v on AVX2, %v on the scalar loops", m, k, n, i, j, avx2[i*n+j], scalar[i*n+j])
 				}
 			}
 		}
@@ -129,20 +139,23 @@ func TestMatMulTInt8NaN(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := make([]float32, m*n)
-	for _, vnni := range []bool{true, false} {
+	for _, kernel := range []string{"vector", "avx2", "scalar"} {
 		f := func() {
 			if err := MatMulTInt8(out, x, q, m); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if vnni {
+		switch kernel {
+		case "vector":
 			f()
-		} else {
+		case "avx2":
+			withoutInt8VNNI(f, true)
+		default:
 			withoutInt8VNNI(f)
 		}
 		for j := range n {
 			if !math.IsNaN(float64(out[4*n+j])) || math.IsNaN(float64(out[3*n+j])) {
-				t.Fatalf("vnni %v: column %d: row 4 (a NaN in x) %v, row 3 %v", vnni, j, out[4*n+j], out[3*n+j])
+				t.Fatalf("%s: column %d: row 4 (a NaN in x) %v, row 3 %v", kernel, j, out[4*n+j], out[3*n+j])
 			}
 		}
 	}
