@@ -3,6 +3,8 @@ package main
 import (
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 	"github.com/resin-llm/resin/models/llama"
@@ -12,11 +14,18 @@ import (
 var gpuOpeners = map[string]cli.GPUOpener{
 	"llama": llama.OpenGPU,
 	// A first cut: float32 activations, FP8/FP4 weights dequantised at load, each
-	// sequence's state in a device slot (no prefix hits, no drafts), eager launches.
+	// sequence's state in a device slot written through to a host pool (prefix hits),
+	// eager launches.
 	"deepseek-v4-flash": deepseekv4flash.OpenGPU,
 	// A first cut too: fp32, KDA and MLA state in device slots (no prefix hits, no
 	// drafts), eager launches.
 	"glm-5-flash": glm5flash.OpenGPU,
+}
+
+// gpuSpecOpeners are the models whose GPU runner decodes speculatively with their own
+// draft head (`--device cuda --num-speculative-tokens N`), by name.
+var gpuSpecOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, drafts int) (engine.Runner, *kvslab.Pool, error){
+	"deepseek-v4-flash": deepseekv4flash.OpenGPUSpeculative,
 }
 
 // SetEngineLimits implements cli.EngineLimited: the GPU runner's workspace is sized for

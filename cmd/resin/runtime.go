@@ -12,6 +12,7 @@ import (
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/tokenizer"
 	"github.com/resin-llm/resin/core/tokenizer/tiny"
@@ -213,8 +214,13 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		return nil, nil, "", fmt.Errorf("--tp %d: tensor parallelism covers the llama family, deepseek-v4-flash and glm-5-flash only so far, not %s", f.tp.size, m.Name)
 	case f.tp.size > 1:
 		r, pool, err = openTP(dir, f.cacheBytes, &f.tp)
+	case f.device.CUDA() && f.specTokens > 0 && gpuSpecOpeners[m.Name] != nil:
+		spec := gpuSpecOpeners[m.Name]
+		r, pool, err = f.device.OpenGPU(m.Name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+			return spec(dir, cacheBytes, opts, f.specTokens)
+		}, dir, f.cacheBytes)
 	case f.device.CUDA() && f.specTokens > 0:
-		return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: the GPU runner does not decode speculatively yet; use --device cpu", f.specTokens)
+		return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: the GPU runner of %s does not decode speculatively yet; use --device cpu", f.specTokens, m.Name)
 	case f.device.CUDA():
 		r, pool, err = f.device.OpenGPU(m.Name, gpuOpeners[m.Name], dir, f.cacheBytes)
 	case f.specTokens <= 0:

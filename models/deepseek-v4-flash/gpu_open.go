@@ -11,10 +11,18 @@ import (
 // GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots, the step's rows and its logits rows
 // (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and MaxSeqs, as
 // core/gpurunner), opts.KernelCache
-// the compiled kernels; the GEMM weights are float32 (NewGPURunner takes bf16 too); graphs, NUMA binding and a device KV cache are not used yet (see
-// doc.go). The host pool of cacheBytes (0 = 256 MiB) only keeps the engine's page
-// accounting. Closing the runner closes the device.
+// the compiled kernels; the GEMM weights are float32 (NewGPURunner takes bf16 too);
+// graphs, NUMA binding and a device KV cache are not used yet (see doc.go). The host pool
+// of cacheBytes (0 = 256 MiB) is written through from the device slots, for prefix hits
+// (gpu_cache.go). Closing the runner closes the device.
 func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+	return OpenGPUSpeculative(dir, cacheBytes, opts, 0)
+}
+
+// OpenGPUSpeculative is OpenGPU with MTP speculative decoding on the device (drafts > 0:
+// NewGPUMTPRunner; 0 is OpenGPU). The logits rows default to MaxSeqs·(1+drafts), what a
+// verify step of every sequence asks.
+func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, drafts int) (engine.Runner, *kvslab.Pool, error) {
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return nil, nil, err
 	}
@@ -22,11 +30,20 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if err != nil {
 		return nil, nil, err
 	}
+	rowsSet := opts.Limits.MaxRows > 0
 	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, cudart.F32, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows)
+	if !rowsSet {
+		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
+	}
+	var r *GPURunner
+	if drafts > 0 {
+		r, err = NewGPUMTPRunner(cpu.Model, dev, cache, cudart.F32, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, drafts)
+	} else {
+		r, err = NewGPURunner(cpu.Model, dev, cache, cudart.F32, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows)
+	}
 	if err != nil {
 		dev.Close()
 		return nil, nil, err
