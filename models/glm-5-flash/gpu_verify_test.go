@@ -2,7 +2,9 @@ package glm5flash
 
 import (
 	"fmt"
+	"math"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -198,4 +200,70 @@ func BenchmarkGPUVerifyVsDecode(b *testing.B) {
 	b.ReportMetric(float64(tv.Microseconds())/float64(b.N), "verify-µs")
 	b.ReportMetric(float64(td.Microseconds())/float64(b.N), "4decode-µs")
 	b.ReportMetric(float64(tv)/float64(td), "verify/4decode")
+}
+
+// gpuBF16KDATol bounds |gpu − cpu| / (1 + |cpu|) for every logit of the tiny model with
+// its KDA projections in bf16 on the device (GPUOptions.KDAWeights: weights and their
+// activation operands rounded to bf16, 2^-9 relative each, fp32 accumulation) against the
+// fp32 CPU runner. One layer is off by 5e-3 to 1e-2 (TestEmulatedGPUKDALayer); through
+// this model's mHC streams and 5 layers of width 32 the largest is 0.12 (logged by
+// TestEmulatedGPUBF16KDA), so 0.25 states it with room; a wrong operand or layout is off
+// by O(1).
+const gpuBF16KDATol = 0.25
+
+// TestEmulatedGPUBF16KDA runs a prefill of 23 tokens and 3 decode steps on GPURunner with
+// bf16 KDA projections (the emulated device) and on the fp32 CPU TextRunner: every row's
+// logits within gpuBF16KDATol, and, so that the bound says something, the bf16 run is
+// not the fp32 device run (the rounding is applied).
+func TestEmulatedGPUBF16KDA(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	kit := openGPUTest(t)
+	vocab := tinyTextModel(t).Config.VocabSize
+	toks := runnertest.Prompt(26, vocab, 9)
+	run := func(r interface {
+		forward(*engine.BatchPlan, []float32) error
+	}, pool *kvslab.Pool) []float32 {
+		seq := runnertest.OpenSeq(t, pool, toks)
+		var out []float32
+		for _, n := range []int{23, 1, 1, 1} {
+			p := runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{n}, true)
+			logits := make([]float32, len(p.LogitsIndices)*vocab)
+			if err := r.forward(p, logits); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, logits...)
+		}
+		return out
+	}
+	cpu := NewTextRunner(tinyTextModel(t), 0, 0)
+	cpool, err := cpu.NewPool(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := run(cpu, cpool)
+	var got [2][]float32
+	for i, wt := range []cudart.DType{cudart.F32, cudart.BF16} {
+		r := kit.runner(t, 1, 32, 32, GPUOptions{KDAWeights: wt})
+		pool, err := r.NewPool(1 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[i] = run(r, pool)
+	}
+	worst := 0.0
+	for i := range want {
+		worst = max(worst, math.Abs(float64(got[1][i]-want[i]))/(1+math.Abs(float64(want[i]))))
+	}
+	t.Logf("bf16 KDA projections: max |Δ logit|/(1+|cpu|) %.3g (tolerance %g)", worst, gpuBF16KDATol)
+	if err := diffRows("bf16 KDA logits", got[1], want, gpuBF16KDATol); err != nil {
+		t.Error(err)
+	}
+	if err := diffRows("fp32 device logits", got[0], want, gpuLogprobTol); err != nil {
+		t.Error(err)
+	}
+	if slices.Equal(got[0], got[1]) {
+		t.Error("the bf16 run gave the fp32 run's logits")
+	}
 }
