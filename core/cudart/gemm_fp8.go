@@ -55,9 +55,13 @@ func BlockScaledFP8On(info DeviceInfo) (bool, string) {
 //	out[i, j] = Σ_g (Σ_{k in g} x[i,k]·w[j,k]) · xScale[g·XScaleLD + i] · wScale[(j/128)·ceil(K/128) + g]
 //
 // x is quantised per row and group g of 128 columns (core/kernels/cuda.FP8Quant), its
-// scales outer-dimension-major with a leading dimension XScaleLD ≥ M (0 means M); w and
-// wScale are the checkpoint's weight and weight_scale_inv as stored ([ceil(N/128),
-// ceil(K/128)] float32, row-major). In cuBLASLt's column-major terms w is the A slot,
+// scales outer-dimension-major (M contiguous, XScaleLD must be 0 or M); w and wScale are
+// the checkpoint's weight and weight_scale_inv as stored ([ceil(N/128), ceil(K/128)]
+// float32, row-major). These are the layouts PyTorch's _scaled_mm hands cuBLASLt for
+// 1x128 and 128x128 scaling ("outer-dim-major", and "near-inner-dim-major with 16-byte
+// aligned strides", aten/src/ATen/native/cuda/ScaledBlas.cpp is_blockwise_1x128_scaling
+// and is_blockwise_128x128_scaling): so ceil(K/128) must be a multiple of 4, as it is for
+// K a multiple of 512 (every DeepSeek-V4 and GLM-5 FP8 linear); K and N multiples of 16. In cuBLASLt's column-major terms w is the A slot,
 // transposed, with BLK128x128_32F, and x the B slot with VEC128_32F: the TN layout FP8
 // GEMMs require. OutType is BF16 or F32.
 type FP8BlockGemm struct {
@@ -76,6 +80,9 @@ func (g FP8BlockGemm) check() error {
 	}
 	if g.K%16 != 0 || g.N%16 != 0 {
 		return fmt.Errorf("%v: cuBLASLt's FP8 GEMMs need K and N multiples of 16 (16-byte rows)", g)
+	}
+	if kb := (g.K + 127) / 128; kb%4 != 0 {
+		return fmt.Errorf("%v: cuBLASLt reads BLK128x128 scales in rows padded to 16 bytes, and the checkpoint's rows of ceil(K/128) = %d scales are not", g, kb)
 	}
 	if g.XScaleLD != 0 && g.XScaleLD < g.M {
 		return fmt.Errorf("%v: activation scale leading dimension %d below M", g, g.XScaleLD)

@@ -24,7 +24,8 @@ func fp8Operand(r *rand.Rand, rows, k int) []byte {
 }
 
 // TestEmulatedFP8BlockGemm runs MatMulFP8Block on the emulated cuBLASLt (N and K not
-// multiples of 128, so both scale tensors have partial blocks) against a float64 sum of
+// multiples of 128, so both scale tensors have partial blocks; K = 400 has 4 groups, a
+// row of scales of 16 bytes, and K = 272, whose 3 do not fill one, is refused) against a float64 sum of
 // the dequantised operands, x scaled per row and 128 columns (outer-major), w per 128×128
 // block (row-major): error ≤ 8e-6·Σ|terms| (float32 sums of 128 terms), bf16 output the
 // float32 one rounded.
@@ -47,7 +48,7 @@ func TestEmulatedFP8BlockGemm(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	const m, n, k = 5, 144, 272
+	const m, n, k = 5, 144, 400
 	groups, nb := (k+127)/128, (n+127)/128
 	r := rand.New(rand.NewPCG(1, 2))
 	xq, wq := fp8Operand(r, m, k), fp8Operand(r, n, k)
@@ -109,7 +110,7 @@ func TestEmulatedFP8BlockGemm(t *testing.T) {
 		}
 		gotBF = make([]uint16, m*n)
 		Download(c, gotBF, bufs[5].Ptr)
-		for _, bad := range []FP8BlockGemm{{M: m, N: n, K: 100, OutType: F32}, {M: m, N: n, K: k, OutType: F16},
+		for _, bad := range []FP8BlockGemm{{M: m, N: n, K: 100, OutType: F32}, {M: m, N: n, K: 272, OutType: F32}, {M: m, N: n, K: k, OutType: F16},
 			{M: m, N: n, K: k, OutType: F32, XScaleLD: m + 3}} {
 			if err := b.MatMulFP8Block(c, nil, bad, bufs[4].Ptr, bufs[0].Ptr, bufs[1].Ptr, bufs[2].Ptr, bufs[3].Ptr); err == nil {
 				t.Errorf("%v (scale stride %d) accepted", bad, bad.XScaleLD)

@@ -336,7 +336,8 @@ func (p *PackedFP8) Check() error {
 }
 
 // UploadFP8 uploads an FP8 weight as it is: Out·In bytes and its scales. cuBLASLt's FP8
-// GEMMs need In and Out multiples of 16; a weight without them runs the fallback kernel.
+// GEMMs need In and Out multiples of 16 and rows of ceil(In/128) scales that fill 16 bytes
+// (cudart.FP8BlockGemm): a weight without them runs the fallback kernel.
 func (l *Linears) UploadFP8(c *cudart.Ctx, p PackedFP8) (*Linear, error) {
 	if err := p.Check(); err != nil {
 		return nil, fmt.Errorf("gpurunner: %w", err)
@@ -427,7 +428,7 @@ func (l *Linears) Forward(c *cudart.Ctx, s *cudart.Stream, w *Linear, out, x cud
 		if err := l.k.FP8Quant(c, s, q); err != nil {
 			return err
 		}
-		if l.fp8 == FP8CuBLASLt && w.In%16 == 0 && w.Out%16 == 0 {
+		if l.fp8 == FP8CuBLASLt && w.In%16 == 0 && w.Out%16 == 0 && (w.In+127)/128%4 == 0 {
 			g := cudart.FP8BlockGemm{M: n, N: w.Out, K: w.In, OutType: cudart.F32}
 			return l.blas.MatMulFP8Block(c, s, g, out, l.xq.Ptr, l.xs.Ptr, w.w.Ptr, w.scale.Ptr)
 		}

@@ -73,7 +73,7 @@ func absMatMulT(x, w []float32, n, in, out int) []float32 {
 // TestEmulatedLinears runs every Linear type on the emulated device against ref.MatMulT
 // over the same dequantised weights (weights.DequantFP8, DequantFP4) and, for FP8, the
 // activations as cuda.QuantizeFP8Host quantises them: FP8 through the emulated cuBLASLt's
-// block-scaled modes and through the fallback kernel (inputs of 272, not a multiple of
+// block-scaled modes and through the fallback kernel (inputs of 400, not a multiple of
 // 128, and of 200, not a multiple of 16, which cuBLASLt cannot take and the kernel runs),
 // tolerance 1e-5·(|ref| + Σ|terms|); bf16 against the bf16-rounded operands; an MXFP4
 // bank and an FP8 bank over a masked layout with an empty expert (zeros past each count).
@@ -126,7 +126,7 @@ func TestEmulatedLinears(t *testing.T) {
 			x []float32
 		}
 		var cases []fp8Case
-		for _, in := range []int{272, 200} {
+		for _, in := range []int{400, 200} {
 			x := make([]float32, n*in)
 			for i := range x {
 				x[i] = (r.Float32()*2 - 1) * 3
@@ -135,7 +135,7 @@ func TestEmulatedLinears(t *testing.T) {
 		}
 		var outs [2][][]float32
 		for pi, path := range []gpurunner.FP8Path{gpurunner.FP8CuBLASLt, gpurunner.FP8Kernel} {
-			l, err := gpurunner.NewLinears(c, d, blas, k, gpurunner.LinearOptions{MaxRows: 8, MaxIn: 300, FP8: path, Pow2Scales: true})
+			l, err := gpurunner.NewLinears(c, d, blas, k, gpurunner.LinearOptions{MaxRows: 8, MaxIn: 400, FP8: path, Pow2Scales: true})
 			if err != nil {
 				return err
 			}
@@ -185,7 +185,7 @@ func TestEmulatedLinears(t *testing.T) {
 				differ++
 			}
 		}
-		t.Logf("fp8 [5, 272] × [144, 272]ᵀ: the emulated cuBLASLt and the fallback kernel differ in %d of %d outputs", differ, len(outs[0][0]))
+		t.Logf("fp8 [5, 400] × [144, 400]ᵀ: the emulated cuBLASLt and the fallback kernel differ in %d of %d outputs", differ, len(outs[0][0]))
 
 		// bf16 and f32, and an MXFP4 bank.
 		l, err := gpurunner.NewLinears(c, d, blas, k, gpurunner.LinearOptions{MaxRows: 18, MaxIn: 96})

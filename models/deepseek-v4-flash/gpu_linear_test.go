@@ -30,7 +30,7 @@ func TestEmulatedPackedLinears(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	const n, out, in = 4, 144, 256
+	const n, out, in = 4, 144, 512
 	rng := rand.New(rand.NewPCG(21, 22))
 	codes := make([]byte, out*in)
 	for i := range codes {
@@ -38,14 +38,14 @@ func TestEmulatedPackedLinears(t *testing.T) {
 			codes[i] = 0x10
 		}
 	}
-	scales := make([]byte, 2*2) // ue8m0, [ceil(144/128), 256/128]
+	scales := make([]byte, 2*4) // ue8m0, [ceil(144/128), 512/128]
 	for i := range scales {
 		scales[i] = byte(117 + rng.IntN(6))
 	}
 	dense := rnd(rng, 8*in, 0.5)
 	ts := []weights.Tensor{
 		{Name: "layers.0.attn.wq_b.weight", DType: weights.F8E4M3, Shape: []int{out, in}, Data: codes},
-		{Name: "layers.0.attn.wq_b.scale", DType: weights.F8E8M0, Shape: []int{2, 2}, Data: scales},
+		{Name: "layers.0.attn.wq_b.scale", DType: weights.F8E8M0, Shape: []int{2, 4}, Data: scales},
 	}
 	bt, err := weights.NewTensor("layers.0.attn.compressor.wkv.weight", weights.BF16, []int{8, in}, dense)
 	if err != nil {
@@ -80,7 +80,7 @@ func TestEmulatedPackedLinears(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := rnd(rng, n*in, 1)
-	xq, xs := make([]byte, n*in), make([]float32, n*2)
+	xq, xs := make([]byte, n*in), make([]float32, n*4)
 	if err := cuda.QuantizeFP8Host(xq, xs, x, n, in, 0, false); err != nil {
 		t.Fatal(err)
 	}

@@ -9,13 +9,15 @@
 //   SCALAR_32F (0): one float32, 1 when the pointer is null;
 //   VEC128_32F (4): one float32 per 128 consecutive k of each row i of op(A) (column j of
 //     op(B)), at scale[(p/128)·m + i] (n + j for B): the outer dimension fastest;
-//   BLK128x128_32F (5): one float32 per 128×128 block, at scale[(i/128)·ceil(k/128) + p/128]
-//     (j for B): the k blocks fastest, DeepSeek's weight_scale_inv [rows/128, k/128] as stored.
+//   BLK128x128_32F (5): one float32 per 128×128 block, at scale[(i/128)·ld + p/128] (j for
+//     B), ld = ceil(k/128) rounded up to 4 (rows of 16 bytes): the k blocks fastest,
+//     DeepSeek's weight_scale_inv [rows/128, k/128] as stored when k/128 is a multiple of 4.
 // BLK128x128 on both slots is refused, as on sm_90. The product is, per output,
 //   Σ_g (Σ_{p in g} a·b) · (scaleB(g) · scaleA(g)) over the 128-wide groups g of k in order,
 // each group's sum in float32 over p in order; then alpha, beta and D's rounding as above.
-// Where real cuBLASLt reads these scale tensors in another order, this file is wrong with it:
-// the layouts are taken from cuBLAS's documentation and have not been run on a GPU here.
+// The layouts are those PyTorch's _scaled_mm checks before handing them to cuBLASLt
+// (ScaledBlas.cpp: 1x128 "outer-dim-major", 128x128 "near-inner-dim-major with 16-byte
+// aligned strides"); they have not been run against a GPU here.
 #include <string.h>
 
 #include <cmath>
@@ -314,7 +316,7 @@ namespace {
 float slotScale(int mode, const float* s, uint64_t outer, uint64_t groups, uint64_t i, uint64_t g) {
   switch (mode) {
     case kScaleVec128: return s[g * outer + i];
-    case kScaleBlk128: return s[(i / 128) * groups + g];
+    case kScaleBlk128: return s[(i / 128) * ((groups + 3) / 4 * 4) + g];
   }
   return s ? s[0] : 1.0f;
 }
@@ -324,7 +326,7 @@ size_t scaleBytes(int mode, const float* s, uint64_t outer, uint64_t k) {
   uint64_t groups = (k + 127) / 128;
   switch (mode) {
     case kScaleVec128: return groups * outer * 4;
-    case kScaleBlk128: return (outer + 127) / 128 * groups * 4;
+    case kScaleBlk128: return ((outer + 127) / 128 - 1) * ((groups + 3) / 4 * 4) * 4 + groups * 4;
   }
   return s ? 4 : 0;
 }
