@@ -9,6 +9,12 @@ differs: torch.multinomial is replaced by the inverse CDF over recorded uniforms
 distribution), so the Go side can replay the draws.
 
     .cache/torch-venv/bin/python scripts/dspark_goldens.py core/dspark/testdata
+    .cache/torch-venv/bin/python scripts/dspark_goldens.py --e2e models/llama/testdata/dspark
+
+The second form also builds a tiny seeded Qwen3 target (transformers' Qwen3ForCausalLM)
+and runs DeepSpec's whole greedy decoding loop (generate_decoding_sample with
+verify_draft_tokens, the target's hidden_states tapped by extract_context_feature) and
+records one trace line per verification and the output tokens.
 """
 
 import json
@@ -17,7 +23,7 @@ import sys
 
 import torch
 from torch import nn
-from transformers import DynamicCache, Qwen3Config
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3MLP,
     Qwen3PreTrainedModel,
@@ -368,7 +374,120 @@ def run(model, temperature, threshold, gen):
     return steps
 
 
+def crop_to(cache, n):
+    """DeepSpec's cache.crop(n) (keep n positions) on transformers 5.23's crop."""
+    extra = cache.get_seq_length() - n
+    if extra > 0:
+        cache.crop(-extra)
+
+
+# deepspec/modeling/dspark/common.py: extract_context_feature.
+def extract_context_feature(hidden_states, layer_ids):
+    return torch.cat([hidden_states[0 if l == -1 else l + 1] for l in layer_ids], dim=-1)
+
+
+@torch.inference_mode()
+def decode(target, drafter, prompt, max_new_tokens, threshold):
+    """deepspec/eval/base_evaluator.py generate_decoding_sample and verify_draft_tokens at
+    temperature 0 (target_probs one-hot, so a draft is accepted iff it is the target's
+    argmax; the residual of a rejection and the bonus token are the argmax too), with
+    deepspec/eval/dspark/evaluator.py's _init_context, _propose and _update."""
+    B = drafter.block_size
+    input_ids = torch.tensor([prompt])
+    n = len(prompt)
+    max_length = n + max_new_tokens
+    output_ids = torch.zeros((1, max_length + B + 1), dtype=torch.long)
+    position_ids = torch.arange(output_ids.shape[1]).unsqueeze(0)
+    cache_t = DynamicCache()
+    out = target(input_ids=input_ids, position_ids=position_ids[:, :n], past_key_values=cache_t, use_cache=True, output_hidden_states=True)
+    output_ids[:, :n] = input_ids
+    output_ids[0, n] = int(out.logits[0, -1].argmax())
+    cache_d = DynamicCache()
+    feats = extract_context_feature(out.hidden_states, drafter.target_layer_ids)
+    start, trace = n, []
+    while start < max_length:
+        ids = torch.full((1, B), drafter.mask_token_id, dtype=torch.long)
+        ids[0, 0] = output_ids[0, start]
+        hidden = forward_dspark_draft_block(drafter, ids, position_ids, cache_d, feats, start, B)
+        chain, _, _, k, _ = build_dspark_proposal(drafter, ids, hidden, B, 0.0, threshold, [0.0] * B)
+        verify = torch.cat([ids[:, :1], chain[:k].unsqueeze(0)], dim=1)
+        tout = target(input_ids=verify, position_ids=position_ids[:, start : start + k + 1], past_key_values=cache_t, use_cache=True, output_hidden_states=True)
+        best = tout.logits[0].argmax(-1)
+        a = 0
+        while a < k and int(verify[0, a + 1]) == int(best[a]):
+            a += 1
+        nxt = int(best[a])
+        trace.append({"anchor_position": start, "drafts": chain[:k].tolist(), "accepted": a, "next": nxt})
+        output_ids[0, start : start + a + 1] = verify[0, : a + 1]
+        output_ids[0, start + a + 1] = nxt
+        start += a + 1
+        crop_to(cache_t, start)
+        feats = extract_context_feature(tout.hidden_states, drafter.target_layer_ids)[:, : a + 1, :]
+    return output_ids[0, n:max_length].tolist(), trace
+
+
+E2E_DRAFTERS = [
+    # name, markov type, rank, confidence, with markov, block, taps
+    ("vanilla", "vanilla", 6, True, True, 4, [-1, 1, 2]),
+    ("rnn", "rnn", 6, True, False, 5, [0, 2]),
+]
+E2E_PROMPTS = [[1, 2, 3, 4], [7, 7], [5, 9, 11, 2, 6, 8, 3]]
+
+
+def e2e(out):
+    """A target, drafters that share its embeddings and head (DeepSpec's
+    initialize_embeddings_and_head), and traces of DeepSpec's loop."""
+    vocab = 16
+    tc = Qwen3Config(
+        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=32, num_hidden_layers=TARGET_LAYERS,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    tc.architectures = ["Qwen3ForCausalLM"]
+    tc._attn_implementation = "eager"
+    torch.manual_seed(100)
+    target = Qwen3ForCausalLM(tc).float().eval()
+    with torch.no_grad():
+        for pname, p in target.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif "embed" in pname:
+                p.copy_(torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    target.save_pretrained(os.path.join(out, "target"))
+    global VOCAB
+    VOCAB = vocab
+    cases = []
+    for name, kind, rank, conf, conf_markov, block, taps in E2E_DRAFTERS:
+        # Seeds are tried until the traces hold zero, partial and full acceptance.
+        for seed in range(200):
+            m = make_drafter(name, kind, rank, conf, conf_markov, block, taps, False, seed=seed)
+            with torch.no_grad():
+                m.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+                m.lm_head.weight.copy_(target.lm_head.weight)
+            runs = []
+            for threshold in (0.0, 0.5):
+                for i, prompt in enumerate(E2E_PROMPTS):
+                    tokens, trace = decode(target, m, prompt, 24, threshold)
+                    runs.append({"drafter": name, "threshold": threshold, "prompt": prompt, "tokens": tokens,
+                                 "trace": [dict(t, request=i) for t in trace]})
+            acc = [(len(t["drafts"]), t["accepted"]) for r in runs for t in r["trace"]]
+            if any(a == 0 and k > 0 for k, a in acc) and any(0 < a < k for k, a in acc) and any(a == k == block for k, a in acc):
+                break
+        else:
+            raise SystemExit(f"no seed gives zero, partial and full acceptance for {name}")
+        m.save_pretrained(os.path.join(out, name))
+        cases += runs
+        print(name, "seed", seed, "verifications", len(acc), "accepted", sum(a for _, a in acc), "of", sum(k for k, _ in acc))
+    with open(os.path.join(out, "trace.json"), "w") as f:
+        json.dump({"max_new_tokens": 24, "cases": cases}, f, separators=(",", ":"))
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--e2e":
+        e2e(sys.argv[2] if len(sys.argv) > 2 else "models/llama/testdata/dspark")
+        return
     out = sys.argv[1] if len(sys.argv) > 1 else "core/dspark/testdata"
     cases = []
     for seed, v in enumerate(VARIANTS):

@@ -2,6 +2,7 @@ package dspark
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/engine"
@@ -30,6 +31,8 @@ type Speculator struct {
 	Target    TapForwarder
 	Drafter   *Drafter
 	Threshold float32 // the confidence cut (0: full blocks)
+	// Trace, when set, is called once per verification per sequence, in plan order.
+	Trace     func(TraceEntry)
 	maxDrafts int
 
 	seqs map[uint64]*seqState
@@ -37,9 +40,22 @@ type Speculator struct {
 	rows []int32
 }
 
+// TraceEntry is one verification of one sequence: the drafts of the block anchored at
+// AnchorPosition that the target verified (those the engine fed: a prefix of the
+// proposal), how many it accepted, and the token it emitted after them. Its JSON is
+// `{"request": i, "anchor_position": P, "drafts": [...], "accepted": a, "next": t}`.
+type TraceEntry struct {
+	Request        uint64  `json:"request"`
+	AnchorPosition int     `json:"anchor_position"`
+	Drafts         []int32 `json:"drafts"`
+	Accepted       int     `json:"accepted"`
+	Next           int32   `json:"next"`
+}
+
 type seqState struct {
 	ctx     *Context
 	prop    *Proposal
+	anchor  int  // the position of prop's anchor
 	noDraft bool // features are missing for some position: this request is not drafted
 }
 
@@ -87,8 +103,12 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 			st = &seqState{ctx: d.NewContext()}
 			s.seqs[id] = st
 		}
-		st.prop = nil
 		lo, hi := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
+		if st.prop != nil && a > 0 && s.Trace != nil && lo < hi && int(plan.Positions[lo]) == st.anchor {
+			k := int(plan.NumDrafts[i])
+			s.Trace(TraceEntry{Request: id, AnchorPosition: st.anchor, Drafts: slices.Clone(plan.Tokens[hi-k : hi]), Accepted: a - 1, Next: res.Tokens[tok-1]})
+		}
+		st.prop = nil
 		if a > 0 { // the rows up to the last logits row used: the anchor and accepted drafts
 			hi = int(plan.LogitsIndices[int(plan.LogitsStart[i])+a-1]) + 1
 		}
@@ -128,7 +148,7 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 		if err != nil {
 			return fmt.Errorf("request %d: %w", id, err)
 		}
-		st.prop = p
+		st.prop, st.anchor = p, blk.Position
 		res.NumNextDrafts[i] = int32(len(p.Drafts))
 		res.Drafts = append(res.Drafts, p.Drafts...)
 	}

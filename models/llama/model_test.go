@@ -8,9 +8,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -478,7 +480,7 @@ func TestDSparkTap(t *testing.T) {
 	}
 	d := tinyDrafter(t, c)
 	d.Config.NumTargetLayers = c.NumHiddenLayers + 1
-	if err := NewRunner(m, 4).UseDSpark(d, 0, 0); err == nil {
+	if _, err := NewRunner(m, 4).UseDSpark(d, 0, 0); err == nil {
 		t.Fatal("a drafter built for another depth was accepted")
 	}
 }
@@ -488,7 +490,7 @@ func TestDSparkTap(t *testing.T) {
 func TestDSparkGreedy(t *testing.T) {
 	c, _, m := tinyModel(t, weights.F32)
 	r := NewRunner(m, 4)
-	if err := r.UseDSpark(tinyDrafter(t, c), 0, 0); err != nil {
+	if _, err := r.UseDSpark(tinyDrafter(t, c), 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	if r.Info().MaxDrafts != 4 {
@@ -526,6 +528,132 @@ func TestDSparkGreedy(t *testing.T) {
 	}
 	if n := e.Counters(); n.DraftsProposed == 0 {
 		t.Fatal("no drafts proposed")
+	}
+}
+
+// deepSpecTrace is testdata/dspark/trace.json (scripts/dspark_goldens.py --e2e): DeepSpec's
+// greedy decoding loop on a tiny Qwen3 target (testdata/dspark/target) with its drafters,
+// one trace line per verification.
+type deepSpecTrace struct {
+	MaxNewTokens int `json:"max_new_tokens"`
+	Cases        []struct {
+		Drafter   string              `json:"drafter"`
+		Threshold float32             `json:"threshold"`
+		Prompt    []int32             `json:"prompt"`
+		Tokens    []int32             `json:"tokens"`
+		Trace     []dspark.TraceEntry `json:"trace"`
+	} `json:"cases"`
+}
+
+// TestDSparkDeepSpecTrace runs DeepSpec's recorded decoding through the engine with the
+// same target and drafters and matches it verification by verification (the block's
+// anchor position, its drafts after the confidence cut, how many were accepted, the token
+// after them) and token by token. It skips where the goldens are absent (a new scaffold).
+func TestDSparkDeepSpecTrace(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "dspark", "trace.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("no DeepSpec goldens in testdata/dspark: make them with scripts/dspark_goldens.py --e2e")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g deepSpecTrace
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	type run struct {
+		drafter   string
+		threshold float32
+	}
+	runs := map[run][]int{}
+	var order []run
+	for i, c := range g.Cases {
+		k := run{c.Drafter, c.Threshold}
+		if runs[k] == nil {
+			order = append(order, k)
+		}
+		runs[k] = append(runs[k], i)
+	}
+	for _, k := range order {
+		r, err := Load(filepath.Join("testdata", "dspark", "target"), Options{MaxContext: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := dspark.Load(filepath.Join("testdata", "dspark", k.drafter), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec, err := r.UseDSpark(d, 0, k.threshold)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[uint64][]dspark.TraceEntry{}
+		spec.Trace = func(e dspark.TraceEntry) { got[e.Request] = append(got[e.Request], e) }
+		pool, err := r.NewPool(4 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.New(r, engine.Config{Pool: pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { e.Run(ctx); close(done) }()
+		var streams []*engine.Stream
+		for _, ci := range runs[k] {
+			// Room past DeepSpec's tokens, so the engine never feeds fewer drafts than
+			// proposed in the verifications DeepSpec recorded.
+			sp := engine.SamplingParams{MaxTokens: g.MaxNewTokens + d.Config.BlockSize + 1, IgnoreEOS: true}
+			s, err := e.Submit(ctx, engine.Request{Prompt: g.Cases[ci].Prompt, Sampling: sp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, s)
+		}
+		var outs [][]int32
+		for _, s := range streams {
+			toks, ev, err := s.Collect(ctx)
+			if err != nil || ev.Err != nil {
+				t.Fatal(k, err, ev.Err)
+			}
+			outs = append(outs, toks)
+		}
+		// The engine numbers requests in the order they were submitted.
+		var ids []uint64
+		for id := range got {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		if len(ids) != len(streams) {
+			t.Fatalf("%v: traces of %d requests, %d submitted", k, len(ids), len(streams))
+		}
+		for j := range streams {
+			c := &g.Cases[runs[k][j]]
+			name := fmt.Sprintf("%s cut %g prompt %v", k.drafter, k.threshold, c.Prompt)
+			toks := outs[j]
+			if len(toks) < len(c.Tokens) {
+				t.Fatalf("%s: %d tokens, DeepSpec %d", name, len(toks), len(c.Tokens))
+			}
+			if !equalTokens(toks[:len(c.Tokens)], c.Tokens) {
+				t.Errorf("%s: tokens %v, DeepSpec %v", name, toks[:len(c.Tokens)], c.Tokens)
+			}
+			tr := got[ids[j]]
+			for v, want := range c.Trace {
+				if v >= len(tr) {
+					t.Errorf("%s: %d verifications, DeepSpec %d", name, len(tr), len(c.Trace))
+					break
+				}
+				w := tr[v]
+				if w.AnchorPosition != want.AnchorPosition || !equalTokens(w.Drafts, want.Drafts) || w.Accepted != want.Accepted || w.Next != want.Next {
+					t.Errorf("%s: verification %d: %+v, DeepSpec %+v", name, v, w, want)
+					break
+				}
+			}
+		}
+		cancel()
+		<-done
+		e.Close()
 	}
 }
 

@@ -171,14 +171,15 @@ func (r *Runner) Bind(pool *kvslab.Pool) error {
 // tapped layers, and the drafts are verified exactly at any temperature (cpurunner's
 // DraftSampler). maxDrafts ≤ 0 drafts whole blocks; threshold is the confidence cut (0:
 // none). A drafter built for another vocabulary, hidden size or depth is refused. Call it
-// before the runner serves an engine.
-func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) error {
+// before the runner serves an engine; the Speculator it returns can trace verifications.
+func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) (*dspark.Speculator, error) {
 	c := r.Model.Config
 	if err := d.Config.CheckTarget(c.VocabSize, c.HiddenSize, c.NumHiddenLayers); err != nil {
-		return fmt.Errorf("%s: %w", Name, err)
+		return nil, fmt.Errorf("%s: %w", Name, err)
 	}
-	r.Runner = cpurunner.New(r.Runner.Info(), dspark.NewSpeculator(tapForward{r}, d, maxDrafts, threshold))
-	return nil
+	s := dspark.NewSpeculator(tapForward{r}, d, maxDrafts, threshold)
+	r.Runner = cpurunner.New(r.Runner.Info(), s)
+	return s, nil
 }
 
 // tapForward is the runner's forward with DSpark's feature tap (dspark.TapForwarder).
