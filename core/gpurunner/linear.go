@@ -45,9 +45,9 @@ import (
 //
 // Not yet checked on a GPU (none was lent): the scale tensor layouts handed to cuBLASLt
 // (activations' outer-dimension-major, the weight's [ceil(Out/128), ceil(In/128)] as the
-// checkpoint stores it) are read from cuBLAS's documentation, and the emulated cuBLASLt
-// implements that reading; scripts/gpu-check.sh should compare MatMulFP8Block with
-// cuda.FP8Gemm on sm_90 before the cuBLASLt path is trusted. The fallback and W4A16
+// checkpoint stores it) are those PyTorch's _scaled_mm checks before calling cuBLASLt,
+// and the emulated cuBLASLt implements them; scripts/gpu-check.sh should compare
+// MatMulFP8Block with cuda.FP8Gemm on sm_90 before the cuBLASLt path is trusted. The fallback and W4A16
 // kernels are plain tiled float32 FMA loops (no tensor cores): correct first cuts.
 type Linears struct {
 	blas *cudart.Blas
