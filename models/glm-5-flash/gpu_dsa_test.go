@@ -8,7 +8,6 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
-	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
 )
 
@@ -29,30 +28,13 @@ func TestEmulatedGPUDSALayers(t *testing.T) {
 	if first+1 >= len(m.W.layers) || m.W.layers[first+1].mla == nil || m.W.layers[first+1].mla.idx != nil {
 		t.Fatal("the tiny model has no shared-indexer layer after its first full one")
 	}
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	core, err := cuda.Load(dev, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer core.Close()
+	kit := openGPUTest(t)
+	dev, blas, core := kit.dev, kit.blas, kit.coreKernels(t)
 	const maxTokens, maxPos, tol = 10, 20, 2e-5
 	st := m.NewTextState()
 	r := rand.New(rand.NewPCG(8, 9))
-	err = dev.Do(func(cx *cudart.Ctx) error {
-		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+	err := dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kit.modelKernels(cx)
 		if err != nil {
 			return err
 		}
@@ -156,25 +138,8 @@ func TestEmulatedGPUDSABatchedDecode(t *testing.T) {
 	c := m.Config
 	D := c.HiddenSize
 	first := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.mla != nil && l.mla.idx != nil })
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	core, err := cuda.Load(dev, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer core.Close()
+	kit := openGPUTest(t)
+	dev, blas, core := kit.dev, kit.blas, kit.coreKernels(t)
 	const maxTokens, maxPos, tol = 12, 16, 2e-5
 	lengths, slots := []int{3, 11, 7}, []int32{2, 0, 1}
 	B := len(lengths)
@@ -183,8 +148,8 @@ func TestEmulatedGPUDSABatchedDecode(t *testing.T) {
 		cpu[b] = m.NewTextState()
 	}
 	r := rand.New(rand.NewPCG(12, 13))
-	err = dev.Do(func(cx *cudart.Ctx) error {
-		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+	err := dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kit.modelKernels(cx)
 		if err != nil {
 			return err
 		}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
-	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
 )
 
 // TestEmulatedGPUKDALayer runs a KDA layer of the tiny model on the emulated device
@@ -27,20 +26,8 @@ func TestEmulatedGPUKDALayer(t *testing.T) {
 	D := c.HiddenSize
 	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
 	w := m.W.layers[li].kda
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	kit := openGPUTest(t)
+	dev, blas := kit.dev, kit.blas
 	type call struct {
 		T, blockTokens int
 		perToken       bool
@@ -65,7 +52,7 @@ func TestEmulatedGPUKDALayer(t *testing.T) {
 			st := m.NewTextState()
 			ls := &st.Layers[li]
 			err := dev.Do(func(cx *cudart.Ctx) error {
-				ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+				ks, err := kit.modelKernels(cx)
 				if err != nil {
 					return err
 				}
@@ -214,27 +201,15 @@ func TestEmulatedGPUKDAVerifySnapshots(t *testing.T) {
 	D := c.HiddenSize
 	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
 	w := m.W.layers[li].kda
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	kit := openGPUTest(t)
+	dev, blas := kit.dev, kit.blas
 	const tol, drafts = 2e-5, 3
 	st := m.NewTextState()
 	ls := &st.Layers[li]
 	nc, nr := len(ls.Conv), len(ls.Recurrent)
 	r := rand.New(rand.NewPCG(4, 4))
-	err = dev.Do(func(cx *cudart.Ctx) error {
-		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+	err := dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kit.modelKernels(cx)
 		if err != nil {
 			return err
 		}
@@ -354,25 +329,13 @@ func TestEmulatedGPUKDAGraphReplay(t *testing.T) {
 	c := m.Config
 	D := c.HiddenSize
 	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	kit := openGPUTest(t)
+	dev, blas := kit.dev, kit.blas
 	st := m.NewTextState()
 	nc, nr := len(st.Layers[li].Conv), len(st.Layers[li].Recurrent)
 	r := rand.New(rand.NewPCG(6, 6))
-	err = dev.Do(func(cx *cudart.Ctx) error {
-		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+	err := dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kit.modelKernels(cx)
 		if err != nil {
 			return err
 		}
@@ -484,20 +447,8 @@ func TestEmulatedGPUKDABatchedDecode(t *testing.T) {
 	D := c.HiddenSize
 	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
 	w := m.W.layers[li].kda
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	kit := openGPUTest(t)
+	dev, blas := kit.dev, kit.blas
 	const tol = 2e-5
 	lengths, slots := []int{3, 5, 2}, []int32{2, 0, 1}
 	B := len(lengths)
@@ -507,8 +458,8 @@ func TestEmulatedGPUKDABatchedDecode(t *testing.T) {
 	}
 	nc, nr := len(refs[0].Layers[li].Conv), len(refs[0].Layers[li].Recurrent)
 	r := rand.New(rand.NewPCG(2, 3))
-	err = dev.Do(func(cx *cudart.Ctx) error {
-		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+	err := dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kit.modelKernels(cx)
 		if err != nil {
 			return err
 		}
@@ -617,28 +568,16 @@ func TestEmulatedGPUKDAPrefixHit(t *testing.T) {
 	D := c.HiddenSize
 	li := slices.IndexFunc(m.W.layers, func(l textLayer) bool { return l.kind == LinearAttention })
 	w := m.W.layers[li].kda
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
-	cache, err := cudart.OpenKernelCache(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	kit := openGPUTest(t)
+	dev, blas := kit.dev, kit.blas
 	const block, first, shared, second, tol = 4, 11, 10, 13, 2e-5
 	cpu := m.NewTextState()
 	nc, nr := len(cpu.Layers[li].Conv), len(cpu.Layers[li].Recurrent)
 	r := rand.New(rand.NewPCG(10, 10))
 	xs1 := randRows(r, first*D)
 	xs2 := append(slices.Clone(xs1[:shared*D]), randRows(r, (second-shared)*D)...)
-	err = dev.Do(func(cx *cudart.Ctx) error {
-		ks, err := kernels.Load(cx, cache, dev.Info.Arch())
+	err := dev.Do(func(cx *cudart.Ctx) error {
+		ks, err := kit.modelKernels(cx)
 		if err != nil {
 			return err
 		}
