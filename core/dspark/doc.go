@@ -51,13 +51,27 @@
 // not of the batch. DeepSpec draws with torch.multinomial; the golden script replaces that
 // with the same inverse CDF over recorded uniforms, which has the same distribution.
 //
+// # Running it
+//
+// Speculator puts a target forward that implements TapForwarder and a Drafter on
+// core/cpurunner as a DraftSampler: greedy rows are verified by compare, sampled ones by
+// rejection sampling with the drafts' q. The dense template's runners (models/llama) offer
+// ForwardTap and Runner.UseDSpark. Checks: TestGolden (the block, heads and cut against a
+// port of DeepSpec's code, scripts/dspark_goldens.py), and models/llama's
+// TestDSparkDeepSpecTrace (DeepSpec's whole greedy loop on a tiny Qwen3 target, verification
+// by verification, scripts/dspark_goldens.py --e2e).
+//
 // # What is not here
 //
-// The draft context lives in a per-sequence host buffer (Context), not yet in a kvslab
-// cache group; its rows are laid out as ref.PagedKV rows ([KVHeads·HeadDim] per token) so a
-// paged group can take them unchanged. The block runs one sequence at a time; batching the
-// blocks of several sequences (uniform B, as a GPU graph would) is not done. Only the
-// default rotary embedding and full-attention draft layers are implemented (DeepSpec's
-// Qwen3 drafters use both); other rope types and sliding layers are refused by name. The
-// DeepSeek-V4-Flash DSpark stages (mtp.0–2) are not read by this package.
+// The draft context lives in the Speculator (a per-request host buffer, Context), not in a
+// kvslab cache group: a request that starts from a prefix-cache hit, or comes back after a
+// preemption, has no features for the positions it did not compute and is not drafted. Its
+// rows are laid out as ref.PagedKV rows ([KVHeads·HeadDim] per token) so a paged group can
+// take them unchanged. The block runs one sequence at a time; batching the blocks of
+// several sequences (uniform B, as a GPU graph would) is not done, nor is the CUDA drafter.
+// FeatureTap holds the raw tapped rows (taps × hidden per row); folding fc into the tap
+// would cut that to hidden per row. Only the default rotary embedding and full-attention
+// draft layers are implemented (DeepSpec's Qwen3 drafters use both); other rope types and
+// sliding layers are refused by name. The DeepSeek-V4-Flash DSpark stages (mtp.0–2) are
+// not read by this package, and no CLI flag selects DSpark yet.
 package dspark

@@ -135,3 +135,30 @@ func maxDiff(a, b []float32) (int, float64) {
 
 func ftoa(f float32) string { b, _ := json.Marshal(f); return string(b) }
 func itoa(i int) string     { b, _ := json.Marshal(i); return string(b) }
+
+// BenchmarkBlock is one block forward and proposal of the vanilla test drafter over a
+// context of 48 positions.
+func BenchmarkBlock(b *testing.B) {
+	d, err := Load("testdata/vanilla", 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := d.NewContext()
+	feats := make([]float32, 48*d.Config.FeatureDim())
+	for i := range feats {
+		feats[i] = float32(i%7) / 7
+	}
+	if err := d.Extend(ctx, feats, 48); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		blk, err := d.Block(ctx, 3)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := d.Propose(blk, Sampling{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -35,9 +35,10 @@ type Speculator struct {
 	Trace     func(TraceEntry)
 	maxDrafts int
 
-	seqs map[uint64]*seqState
-	tap  FeatureTap
-	rows []int32
+	seqs     map[uint64]*seqState
+	tap      FeatureTap
+	rows     []int32 // the plan rows tapped
+	firstRow []int   // per sequence, the tap's row of its first plan row; −1: not tapped
 }
 
 // TraceEntry is one verification of one sequence: the drafts of the block anchored at
@@ -73,19 +74,35 @@ func NewSpeculator(target TapForwarder, d *Drafter, maxDrafts int, threshold flo
 // MaxDrafts is the most drafts a block proposes.
 func (s *Speculator) MaxDrafts() int { return s.maxDrafts }
 
-// Forward runs the target over plan, tapping the features of every row.
+// Forward runs the target over plan, tapping the features of the rows of every sequence
+// that drafts (not those of a request without features for its earlier positions).
 func (s *Speculator) Forward(plan *engine.BatchPlan, logits []float32) error {
 	for _, r := range plan.Released {
 		delete(s.seqs, r.ReqID)
 	}
-	t := plan.NumTokens()
-	s.rows = s.rows[:0]
-	for r := range t {
-		s.rows = append(s.rows, int32(r))
+	s.rows, s.firstRow = s.rows[:0], s.firstRow[:0]
+	for i, id := range plan.ReqIDs {
+		lo, hi := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
+		known := 0
+		if st := s.seqs[id]; st != nil {
+			if st.noDraft {
+				known = -1
+			} else {
+				known = st.ctx.Len()
+			}
+		}
+		if lo == hi || known < 0 || int(plan.Positions[lo]) > known {
+			s.firstRow = append(s.firstRow, -1)
+			continue
+		}
+		s.firstRow = append(s.firstRow, len(s.rows))
+		for r := lo; r < hi; r++ {
+			s.rows = append(s.rows, int32(r))
+		}
 	}
 	c := s.Drafter.Config
 	s.tap.LayerIDs, s.tap.Rows, s.tap.Hidden = c.TargetLayerIDs, s.rows, c.Base.HiddenSize
-	s.tap.Features = grow(&s.tap.Features, t*c.FeatureDim())
+	s.tap.Features = grow(&s.tap.Features, len(s.rows)*c.FeatureDim())
 	return s.Target.ForwardTap(plan, logits, &s.tap)
 }
 
@@ -117,7 +134,7 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 		}
 		p0 := int(plan.Positions[lo])
 		switch {
-		case p0 > st.ctx.Len():
+		case p0 > st.ctx.Len() || s.firstRow[i] < 0:
 			st.noDraft = true // a prefix hit or a resumed request: positions without features
 			continue
 		case p0 < st.ctx.Len():
@@ -125,7 +142,8 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 				return err
 			}
 		}
-		if err := d.Extend(st.ctx, s.tap.Features[lo*F:hi*F], hi-lo); err != nil {
+		at := s.firstRow[i] // the tap's row of the sequence's row lo
+		if err := d.Extend(st.ctx, s.tap.Features[at*F:(at+hi-lo)*F], hi-lo); err != nil {
 			return fmt.Errorf("request %d: %w", id, err)
 		}
 		if a == 0 || st.ctx.Len()+d.Config.BlockSize > d.rope.MaxPos {

@@ -163,3 +163,53 @@ func TestSpeculatorSampled(t *testing.T) {
 		t.Errorf("no drafts proposed")
 	}
 }
+
+// TestSpeculatorPrefixHit: a request that starts from a prefix-cache hit has no draft
+// context for the positions it did not compute; it decodes without drafts, its output
+// unchanged, and its features are not tapped.
+func TestSpeculatorPrefixHit(t *testing.T) {
+	d, err := Load("testdata/vanilla", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := toyTarget{vocab: 32, hidden: 16}
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	sp := engine.SamplingParams{MaxTokens: 10, IgnoreEOS: true}
+	want, _ := generate(t, cpurunner.New(toyInfo(), target), [][]int32{prompt}, sp)
+	spec := NewSpeculator(target, d, 0, 0)
+	var traced []uint64
+	spec.Trace = func(e TraceEntry) { traced = append(traced, e.Request) }
+	e, err := engine.New(cpurunner.New(toyInfo(), spec), engine.Config{MaxBatchTokens: 256, MaxSeqs: 8, CacheBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { e.Close(); cancel(); <-done }()
+	for round := range 2 {
+		s, err := e.Submit(ctx, engine.Request{Prompt: prompt, Sampling: sp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ev, err := s.Collect(ctx)
+		if err != nil || ev.Err != nil {
+			t.Fatal(err, ev.Err)
+		}
+		if !slices.Equal(got, want[0]) {
+			t.Fatalf("round %d: %v with DSpark, %v without", round, got, want[0])
+		}
+	}
+	n := e.Counters()
+	if n.PrefixHits == 0 {
+		t.Skip("the engine served no prefix hit; nothing to check")
+	}
+	for _, id := range traced {
+		if id != traced[0] {
+			t.Fatalf("the request served from the prefix cache was drafted (requests %v traced)", traced)
+		}
+	}
+	if len(spec.rows) != 0 {
+		t.Fatalf("the last step tapped %d rows of a request without a draft context", len(spec.rows))
+	}
+}
