@@ -43,6 +43,18 @@
 #                                   (`resin bench model --device cuda`). Apart from the main
 #                                   check: building the random weights takes minutes in each
 #                                   of the two; allow about 10 minutes.
+#   scripts/gpu-check.sh --v4       build (where Go is), then only DeepSeek-V4-Flash: its kernels
+#                                   against their references on GPU 0 (kernels TestParity, the
+#                                   whole forward's TestGPUForward), then its first 4 layers at
+#                                   real dimensions (window, CSA, HCA, CSA; experts of the real
+#                                   size, 32 of them; models/deepseek-v4-flash/testdata/gpu-check/
+#                                   config.json), random fp32 weights (~22 GB on the host and as
+#                                   much on the GPU, MTP layer included): the GPU runner against
+#                                   the CPU runner through the engine, prefix hit and MTP drafts
+#                                   included (TestGPUTruncatedMatchesCPU, its parity line), then
+#                                   prefill and decode tokens/s at batch 1, 16 and 64 (`resin bench
+#                                   model --device cuda`). Apart from the main check; allow about
+#                                   10 minutes.
 #
 # Libraries: libcuda from the driver; NVRTC, cuBLASLt and NCCL from the CUDA toolkit or
 # NVIDIA's Python wheels (found automatically; RESIN_CUDA_LIB_DIR or RESIN_NVRTC_LIB
@@ -236,6 +248,42 @@ glmOnly() {
 	return $failed
 }
 
+# v4Only is --v4: DeepSeek-V4-Flash's kernel parity and its first 4 layers at real
+# dimensions on GPU 0 (see the header), parity then figures, with its summary.
+v4Only() {
+	local start=$SECONDS failed=0
+	local cfg=$root/models/deepseek-v4-flash/testdata/gpu-check/config.json
+	echo "== machine"
+	date -u
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "nvidia-smi not available"
+	driver || return 1
+	if command -v go >/dev/null; then
+		build || { echo "BUILD FAILED"; return 1; }
+	elif [ ! -x "$bin/resin" ]; then
+		echo "no Go toolchain and no prebuilt $bin (run scripts/gpu-check.sh --build where Go is)"; return 1
+	fi
+	toolEnv
+	echo; echo "== deepseek-v4-flash kernels against their references (TestParity) and the tiny forward (TestGPUForward)"
+	(cd models/deepseek-v4-flash/kernels && RESIN_GPU=1 timeout 300 "$bin/models_deepseek-v4-flash_kernels.test" \
+		-test.run '^TestParity' -test.v -test.count=1 -test.timeout=290s </dev/null) || failed=1
+	(cd models/deepseek-v4-flash && RESIN_GPU=1 timeout 300 "$bin/models_deepseek-v4-flash.test" \
+		-test.run '^TestGPUForward$' -test.v -test.count=1 -test.timeout=290s </dev/null) || failed=1
+	echo; echo "== deepseek-v4-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU)"
+	(cd models/deepseek-v4-flash && RESIN_GPU=1 RESIN_V4_CONFIG=$cfg timeout 400 "$bin/models_deepseek-v4-flash.test" \
+		-test.run '^TestGPUTruncatedMatchesCPU$' -test.v -test.count=1 -test.timeout=390s </dev/null) || failed=1
+	echo; echo "== resin bench model --model deepseek-v4-flash --device cuda (4 layers at real dimensions, random weights)"
+	timeout 400 "$bin/resin" bench model --model deepseek-v4-flash --random-weights "$cfg" --device cuda --cache-bytes 8589934592 \
+		--batch-sizes 1,16,64 --prompt-len 128 --gen-len 16 --repeat 1 --max-batch-tokens 1024 --max-seqs 64 || failed=1
+	echo; echo "== summary (deepseek-v4-flash)"
+	echo "tests: $(grep -c -- '^--- PASS' "$log") passed, $(grep -c -- '^--- FAIL' "$log") failed, $(grep -c -- '^--- SKIP' "$log") skipped"
+	grep -- '^--- FAIL' "$log"
+	echo "-- parity"; grep -hE '_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  /'
+	echo "-- figures (resin bench model --device cuda)"; grep -hE '^  batch +[0-9]+ +prefill' "$log"
+	echo "-- wall time: $((SECONDS - start)) s"
+	[ $failed -eq 0 ] && echo "V4 GPU CHECK PASSED" || echo "V4 GPU CHECK FAILED"
+	return $failed
+}
+
 # emulated runs the emulated device's tests and a generate on it, from the same binaries,
 # each output line prefixed "emu| " so that the GPU's summary counts only the GPU's lines.
 # A failure there fails the check too: the emulated run is the CI's view of the same code.
@@ -291,6 +339,10 @@ fi
 : >"$log"
 if [ "${1:-}" = "--glm" ]; then
 	glmOnly 2>&1 | tee -a "$log"
+	exit "${PIPESTATUS[0]}"
+fi
+if [ "${1:-}" = "--v4" ]; then
+	v4Only 2>&1 | tee -a "$log"
 	exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = "--emulated" ]; then
