@@ -128,6 +128,12 @@ func ParseConfig(data []byte) (*Config, error) {
 			}
 		}
 	}
+	if v, ok := raw["draft_vocab_size"]; ok && string(v) != "null" {
+		var dv int
+		if err := json.Unmarshal(v, &dv); err != nil || (dv != 0 && dv != base.VocabSize) {
+			return nil, fmt.Errorf("dspark config: draft_vocab_size %s differs from vocab_size %d: a pruned draft vocabulary is not implemented", v, base.VocabSize)
+		}
+	}
 	if base.TieWordEmbeddings {
 		return nil, fmt.Errorf("dspark config: tie_word_embeddings is true; DeepSpec drafters keep their own lm_head (build_draft_config sets it false)")
 	}

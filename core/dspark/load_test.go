@@ -50,6 +50,7 @@ func TestParseConfigRefuses(t *testing.T) {
 		}, `rope type "yarn"`},
 		{"sliding", func(m map[string]any) { m["layer_types"] = []string{"full_attention", "sliding_attention"} }, "layer_types[1]"},
 		{"tied", func(m map[string]any) { m["tie_word_embeddings"] = true }, "tie_word_embeddings"},
+		{"pruned vocab", func(m map[string]any) { m["draft_vocab_size"] = 16 }, "draft_vocab_size 16"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
