@@ -18,9 +18,16 @@ type Model struct {
 	// DType is the form the projections (attention, MLP, head) are multiplied in: fp32,
 	// bf16 or int8 (ref.DType); embeddings, norms, activations and the cache stay fp32.
 	DType ref.DType
-	rope  *ref.RopeTable
-	proj  []projections
-	head  *ref.Weight
+	// Attend, when set, is each layer's attention in place of the cache's: it gets the
+	// layer's queries (q, [tokens, heads·headDim]), keys and values (k, v, [tokens,
+	// kvHeads·headDim]) of the plan's tokens, RoPE applied, writes att ([tokens,
+	// heads·headDim]) and keeps the keys and values where it wants (core/dist/cp's
+	// prefill runner sets it; Forward's kv is then not touched and may be nil). nil: the
+	// keys and values go into kv at the plan's slots and the queries attend the cache.
+	Attend func(layer int, q, k, v, att []float32) error
+	rope   *ref.RopeTable
+	proj   []projections
+	head   *ref.Weight
 
 	x, h, qkv, q, k, v, att, o, gateUp, act, rows []float32
 	batch                                         ref.AttentionBatch
@@ -153,14 +160,15 @@ func (m *Model) ForwardTap(plan *engine.BatchPlan, kv *KVCache, logits []float32
 				return fmt.Errorf("forward: layer %d: %w", l, err)
 			}
 		}
-		if err := firstErr(
-			m.rope.RoPENeoX(q, plan.Positions, t, nh, d),
-			m.rope.RoPENeoX(k, plan.Positions, t, nkv, d),
-			kv.Layers[l].StoreKV(k, v, slots),
-		); err != nil {
+		if err := firstErr(m.rope.RoPENeoX(q, plan.Positions, t, nh, d), m.rope.RoPENeoX(k, plan.Positions, t, nkv, d)); err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
 		}
-		if err := ref.PagedAttentionBatch(att, q, &kv.Layers[l], batch, attn); err != nil {
+		if m.Attend != nil {
+			err = m.Attend(l, q, k, v, att)
+		} else {
+			err = firstErr(kv.Layers[l].StoreKV(k, v, slots), ref.PagedAttentionBatch(att, q, &kv.Layers[l], batch, attn))
+		}
+		if err != nil {
 			return fmt.Errorf("forward: layer %d: %w", l, err)
 		}
 		if err := p.o.MatMulT(o, att, t); err != nil {
