@@ -55,8 +55,8 @@ func (s *Sampler) Distribution(logits []float32, row SamplingRow, pos int, dst [
 	}
 	sum := s.candidates(choose, row)
 	if !(sum > 0) || math.IsInf(sum, 1) {
-		// Every candidate weighs nothing (a row of NaN): choose then returns the
-		// last candidate; no distribution to speak of, so the argmax as greedy.
+		// Every candidate weighs nothing (a row of NaN): no distribution to speak
+		// of; choose takes the argmax as greedy does, and so does this.
 		dst[argmax(choose)] = 1
 		return dst
 	}

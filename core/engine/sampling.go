@@ -201,6 +201,11 @@ func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {
 			return last
 		}
 	}
+	if last < 0 {
+		// Every candidate weighs nothing (a row of NaN): the argmax, as greedy and
+		// Distribution take, instead of an index outside the row.
+		return argmax(logits)
+	}
 	return last
 }
 

@@ -40,3 +40,25 @@ func TestSamplerNaNAndInf(t *testing.T) {
 		t.Errorf("alternatives of a row of NaN: %+v, want ids 0, 1, 2", top)
 	}
 }
+
+// TestSampledRowOfNaN: a sampled row (temperature > 0, with top-k, top-p or neither) of
+// NaN logits gives token 0, the argmax greedy takes and the token Distribution gives
+// probability 1; it indexed the row at -1 and panicked.
+func TestSampledRowOfNaN(t *testing.T) {
+	nan := float32(math.NaN())
+	var s Sampler
+	for _, row := range []SamplingRow{
+		{Temperature: 1, Seed: 3},
+		{Temperature: 0.7, TopK: 2, Seed: 3},
+		{Temperature: 1, TopP: 0.9, MinP: 0.1, Seed: 3},
+	} {
+		logits := []float32{nan, nan, nan}
+		tok, _, _ := s.Sample(logits, row, 4, nil)
+		if tok != 0 {
+			t.Errorf("%+v over a row of NaN: token %d, want 0", row, tok)
+		}
+		if d := s.Distribution(logits, row, 4, nil); d[0] != 1 {
+			t.Errorf("%+v: distribution %v, want token 0 certain", row, d)
+		}
+	}
+}
