@@ -92,27 +92,39 @@ func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLo
 // applyMask sets the logits of the tokens row.Mask does not allow to -inf, in the
 // adjusted copy (made now if choose is logits itself). When the min-tokens gate masked
 // every token the grammar allows (the grammar can only end), the grammar wins: the
-// allowed tokens keep their logits.
+// allowed tokens keep their logits. When no allowed token has a usable logit even then
+// (every one -inf or NaN), the allowed tokens weigh alike: a draw stays within the
+// grammar (without it, the -inf of every masked token weighed as the maximum, and a
+// draw chose any token of the vocabulary).
 func (s *Sampler) applyMask(logits, choose []float32, row *SamplingRow) []float32 {
 	if &choose[0] == &logits[0] {
 		s.adj = append(s.adj[:0], logits...)
 		choose = s.adj
 	}
 	neg := float32(math.Inf(-1))
+	usable := func(l float32) bool { return l == l && l != neg }
+	allowed := func(t int) bool { w := t >> 5; return w < len(row.Mask) && row.Mask[w]&(1<<(t&31)) != 0 }
 	any := false
 	for t := range choose {
-		w := t >> 5
-		if w >= len(row.Mask) || row.Mask[w]&(1<<(t&31)) == 0 {
+		if !allowed(t) {
 			choose[t] = neg
-		} else if choose[t] != neg {
+		} else if usable(choose[t]) {
 			any = true
+		}
+	}
+	if any {
+		return choose
+	}
+	for t := range choose {
+		if allowed(t) {
+			choose[t] = logits[t]
+			any = any || usable(logits[t])
 		}
 	}
 	if !any {
 		for t := range choose {
-			w := t >> 5
-			if w < len(row.Mask) && row.Mask[w]&(1<<(t&31)) != 0 {
-				choose[t] = logits[t]
+			if allowed(t) {
+				choose[t] = 0
 			}
 		}
 	}

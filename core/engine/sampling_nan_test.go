@@ -62,3 +62,26 @@ func TestSampledRowOfNaN(t *testing.T) {
 		}
 	}
 }
+
+// TestMaskWithoutUsableLogits: when every token the grammar allows has a -inf or NaN
+// logit, greedy and sampled rows still choose an allowed token, and Distribution spreads
+// over the allowed ones only; a draw chose any token of the vocabulary (the masked -inf
+// weighed as the maximum).
+func TestMaskWithoutUsableLogits(t *testing.T) {
+	nan, ninf := float32(math.NaN()), float32(math.Inf(-1))
+	var s Sampler
+	for _, logits := range [][]float32{{0, ninf, ninf, 3, 1}, {0, nan, ninf, 3, 1}, {0, nan, nan, 3, 1}} {
+		for seed := range uint64(40) {
+			for _, row := range []SamplingRow{{Seed: seed}, {Temperature: 1, Seed: seed}, {Temperature: 0.8, TopK: 3, TopP: 0.9, Seed: seed}} {
+				row.Mask = []uint32{0b0110} // tokens 1 and 2
+				if tok, _, _ := s.Sample(logits, row, 2, nil); tok != 1 && tok != 2 {
+					t.Fatalf("%v, %+v: token %d outside the mask", logits, row, tok)
+				}
+				d := s.Distribution(logits, row, 2, nil)
+				if d[0] != 0 || d[3] != 0 || d[4] != 0 || d[1]+d[2] != 1 {
+					t.Fatalf("%v, %+v: distribution %v outside the mask", logits, row, d)
+				}
+			}
+		}
+	}
+}
