@@ -45,49 +45,70 @@ func Start(c dist.Communicator, n int) (int, error) {
 // the keys and values of every rank are all-gathered and this rank's queries attend the
 // first start+n of them. Every rank of c must call it, a rank without tokens too.
 func Attention(c dist.Communicator, s Shape, q, k, v, out []float32) error {
+	allK, allV, start, err := Gather(c, s, q, k, v, out)
+	if err != nil {
+		return err
+	}
+	return Attend(s, q, allK, allV, start, out)
+}
+
+// Gather all-gathers the keys and values of every rank's tokens (k, v: this rank's n,
+// [n, KVHeads, HeadDim]) and returns them in token order (the whole prompt's) with start,
+// this rank's first token. q and out, this rank's queries and output, are only checked
+// against the shape. Every rank of c must call it, a rank without tokens too.
+func Gather(c dist.Communicator, s Shape, q, k, v, out []float32) (allK, allV []float32, start int, err error) {
 	if s.Heads <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 || s.Heads%s.KVHeads != 0 {
-		return fmt.Errorf("cp: shape %+v", s)
+		return nil, nil, 0, fmt.Errorf("cp: shape %+v", s)
 	}
 	qd, kvd := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
 	n := len(q) / qd
 	if len(q) != n*qd || len(k) != n*kvd || len(v) != n*kvd || len(out) != n*qd {
-		return fmt.Errorf("cp: q %d, k %d, v %d, out %d values: not %d tokens of %d query and %d kv values", len(q), len(k), len(v), len(out), n, qd, kvd)
+		return nil, nil, 0, fmt.Errorf("cp: q %d, k %d, v %d, out %d values: not %d tokens of %d query and %d kv values", len(q), len(k), len(v), len(out), n, qd, kvd)
 	}
 	msg := append(append([]byte(nil), dist.F32Bytes(k)...), dist.F32Bytes(v)...)
 	all, err := c.AllGatherV(msg)
 	if err != nil {
-		return fmt.Errorf("cp: keys and values: %w", err)
+		return nil, nil, 0, fmt.Errorf("cp: keys and values: %w", err)
 	}
-	start := 0
-	for r := range c.Rank() {
-		if len(all[r])%(8*kvd) != 0 {
-			return fmt.Errorf("cp: rank %d sent %d bytes, not tokens of %d keys and values", r, len(all[r]), kvd)
+	total := 0
+	for r, m := range all {
+		if len(m)%(8*kvd) != 0 {
+			return nil, nil, 0, fmt.Errorf("cp: rank %d sent %d bytes, not tokens of %d keys and values", r, len(m), kvd)
 		}
-		start += len(all[r]) / (8 * kvd)
+		if r < c.Rank() {
+			start += len(m) / (8 * kvd)
+		}
+		total += len(m) / (8 * kvd)
 	}
-	if n == 0 {
-		return nil
-	}
-	ctx := start + n
-	const pt = 16
-	pages := (ctx + pt - 1) / pt
-	kv := ref.PagedKV{K: make([]float32, pages*pt*kvd), V: make([]float32, pages*pt*kvd), PageTokens: pt, KVHeads: s.KVHeads, HeadDim: s.HeadDim}
-	slot := int64(0)
-	for r := 0; r <= c.Rank(); r++ {
-		m := all[r]
+	allK, allV = make([]float32, 0, total*kvd), make([]float32, 0, total*kvd)
+	for _, m := range all {
 		t := len(m) / (8 * kvd)
 		kr, vr := make([]float32, t*kvd), make([]float32, t*kvd)
 		copy(dist.F32Bytes(kr), m[:4*t*kvd])
 		copy(dist.F32Bytes(vr), m[4*t*kvd:])
-		slots := make([]int64, t)
-		for i := range slots {
-			slots[i] = slot
-			slot++
-		}
-		if err := kv.StoreKV(kr, vr, slots); err != nil {
-			return fmt.Errorf("cp: %w", err)
-		}
+		allK, allV = append(allK, kr...), append(allV, vr...)
 	}
+	return allK, allV, start, nil
+}
+
+// Attend computes out ([n, Heads, HeadDim]) for the n queries q of the tokens at
+// start..start+n−1 of a prompt whose keys and values (from its first token) are allK and
+// allV: causal, within the window, on core/kernels/ref.
+func Attend(s Shape, q, allK, allV []float32, start int, out []float32) error {
+	qd, kvd := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
+	n := len(q) / qd
+	if n == 0 {
+		return nil
+	}
+	ctx := start + n
+	if len(allK) < ctx*kvd || len(allV) < ctx*kvd || len(out) != n*qd {
+		return fmt.Errorf("cp: %d keys and %d values for a context of %d tokens, out %d values for %d queries", len(allK)/kvd, len(allV)/kvd, ctx, len(out), n)
+	}
+	const pt = 16
+	pages := (ctx + pt - 1) / pt
+	kv := ref.PagedKV{K: make([]float32, pages*pt*kvd), V: make([]float32, pages*pt*kvd), PageTokens: pt, KVHeads: s.KVHeads, HeadDim: s.HeadDim}
+	copy(kv.K, allK[:ctx*kvd])
+	copy(kv.V, allV[:ctx*kvd])
 	table := make([]uint32, pages)
 	for i := range table {
 		table[i] = uint32(i)

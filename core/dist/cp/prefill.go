@@ -1,0 +1,244 @@
+package cp
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+)
+
+// A model's forward under prefill CP. Rank 0 runs the engine and holds the only cache.
+// A plan that is one sequence's prompt from its first token (Splits) is broadcast to the
+// cp group (core/dist/lockstep's protocol); each rank runs the model's layers on its
+// contiguous chunk of the tokens (Chunk: ceil(n/size) each, the last ranks shorter or
+// empty), every layer's attention through Gather and Attend, and rank 0 also writes the
+// gathered keys and values of every token into its cache at the plan's slots. The ranks'
+// logits rows are all-gathered to rank 0. Every other plan (decode, a later chunk of a
+// prompt, a prefix hit, several sequences) runs on rank 0 alone, on its cache, which then
+// holds the whole context: decode continues there with no exchange.
+//
+// Decode CP is not implemented: it would stripe the cache across the ranks by page, each
+// rank attending its stripe and returning its partial output with its log-sum-exp, merged
+// as o = Σ exp(lse_r − lse)·o_r with lse = log Σ exp(lse_r) (docs/parallelism.md).
+
+// ModelForward runs a plan through a model, with attend (non-nil) as every layer's
+// attention in place of its cache's (models/llama: Model.Attend), or with its own cache
+// when attend is nil (rank 0's plans that are not split).
+type ModelForward func(p *engine.BatchPlan, attend AttendFunc, logits []float32) error
+
+// AttendFunc is one layer's attention of a chunk's tokens: queries q, keys k and values
+// v in, out written (the shapes of Attention).
+type AttendFunc func(layer int, q, k, v, out []float32) error
+
+// Prefill is one rank's part of a model under prefill CP.
+type Prefill struct {
+	C       dist.Communicator // the cp group (the data communicator)
+	Shape   Shape
+	Vocab   int
+	Forward ModelForward
+	// Cache is rank 0's: each layer's paged keys and values, where the gathered keys and
+	// values of a split prompt go. The other ranks keep none (nil).
+	Cache []ref.PagedKV
+
+	sub    engine.BatchPlan
+	logits []float32
+	plan   *engine.BatchPlan
+	attend AttendFunc
+}
+
+// Splits reports whether plan runs over the cp group: one sequence, from the prompt's
+// first token, with more than one token. The others run on rank 0 alone.
+func Splits(p *engine.BatchPlan) bool {
+	return p.NumSeqs() == 1 && len(p.Computed) == 1 && p.Computed[0] == 0 && p.NumTokens() > 1 &&
+		len(p.Groups) > 0 && len(p.Groups[0].SlotMapping) == p.NumTokens() && len(p.Positions) == p.NumTokens()
+}
+
+// Chunk returns rank's tokens [lo, hi) of n split over size ranks: ceil(n/size) each in
+// rank order, the last ranks shorter or empty.
+func Chunk(n, rank, size int) (lo, hi int) {
+	per := (n + size - 1) / size
+	return min(rank*per, n), min((rank+1)*per, n)
+}
+
+// Step runs plan on this rank: its chunk when the plan Splits (every rank of C calling
+// it with the same plan), else, on rank 0, the whole plan on its own cache (the other
+// ranks never see such a plan). logits ([len(LogitsIndices), Vocab]) is written on rank
+// 0 only.
+func (r *Prefill) Step(p *engine.BatchPlan, logits []float32) error {
+	if !Splits(p) {
+		if r.C.Rank() != 0 {
+			return fmt.Errorf("cp rank %d: step %d is not a split prefill", r.C.Rank(), p.Step)
+		}
+		return r.Forward(p, nil, logits)
+	}
+	if r.C.Rank() == 0 && len(r.Cache) == 0 {
+		return errors.New("cp: rank 0 has no cache for the gathered keys and values")
+	}
+	rank, size := r.C.Rank(), r.C.Size()
+	n := p.NumTokens()
+	lo, hi := Chunk(n, rank, size)
+	// This rank's rows of the plan's logits, in the plan's order.
+	var mine []int32
+	for _, idx := range p.LogitsIndices {
+		if idx < 0 || int(idx) >= n {
+			return fmt.Errorf("cp: logits row %d outside the plan's %d tokens", idx, n)
+		}
+		if int(idx) >= lo && int(idx) < hi {
+			mine = append(mine, idx-int32(lo))
+		}
+	}
+	r.sub = engine.BatchPlan{
+		Step: p.Step, ReqIDs: p.ReqIDs[:1], Computed: []int32{0}, QueryStart: []int32{0, int32(hi - lo)},
+		Tokens: p.Tokens[lo:hi], Positions: p.Positions[lo:hi], LogitsIndices: mine,
+		Groups: []engine.GroupPlan{{SlotMapping: p.Groups[0].SlotMapping[lo:hi]}},
+	}
+	if m := len(mine) * r.Vocab; cap(r.logits) < m {
+		r.logits = make([]float32, m)
+	}
+	part := r.logits[:len(mine)*r.Vocab]
+	r.plan = p
+	if r.attend == nil {
+		r.attend = r.layerAttention
+	}
+	ferr := r.Forward(&r.sub, r.attend, part)
+	// The logits exchange is a collective: every rank joins it, a failed one with no rows,
+	// so that the others fail on the count rather than wait.
+	if ferr != nil {
+		part = nil
+	}
+	all, err := r.C.AllGatherV(dist.F32Bytes(part))
+	if ferr != nil {
+		return fmt.Errorf("cp rank %d: step %d: %w", rank, p.Step, ferr)
+	}
+	if err != nil {
+		return fmt.Errorf("cp rank %d: step %d: logits: %w", rank, p.Step, err)
+	}
+	if rank != 0 {
+		return nil
+	}
+	next := make([]int, size) // the next row of each rank's part
+	for j, idx := range p.LogitsIndices {
+		q := min(int(idx)/((n+size-1)/size), size-1)
+		off := next[q] * r.Vocab * 4
+		if len(all[q]) < off+r.Vocab*4 {
+			return fmt.Errorf("cp: step %d: rank %d sent %d bytes of logits, want at least %d", p.Step, q, len(all[q]), off+r.Vocab*4)
+		}
+		copy(dist.F32Bytes(logits[j*r.Vocab:(j+1)*r.Vocab]), all[q][off:off+r.Vocab*4])
+		next[q]++
+	}
+	return nil
+}
+
+// layerAttention is every layer's attention of the split plan r.plan: the chunks' keys
+// and values gathered, written whole into rank 0's cache, this rank's queries attended.
+func (r *Prefill) layerAttention(l int, q, k, v, out []float32) error {
+	allK, allV, start, err := Gather(r.C, r.Shape, q, k, v, out)
+	if err != nil {
+		return err
+	}
+	if r.C.Rank() == 0 {
+		if l >= len(r.Cache) {
+			return fmt.Errorf("cp: layer %d outside the cache's %d layers", l, len(r.Cache))
+		}
+		if err := r.Cache[l].StoreKV(allK, allV, r.plan.Groups[0].SlotMapping); err != nil {
+			return fmt.Errorf("cp: store the gathered keys and values: %w", err)
+		}
+	}
+	return Attend(r.Shape, q, allK, allV, start, out)
+}
+
+// Lead returns rank 0's forward for the engine's runner (cpurunner.ForwardFunc): a plan
+// that Splits is broadcast on ctl and run with the others (Follow), any other plan runs
+// on rank 0 alone without a message.
+func Lead(ctl dist.Communicator, r *Prefill) func(*engine.BatchPlan, []float32) error {
+	split := lockstep.Lead(ctl, nil, r.Step)
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if !Splits(p) {
+			return r.Step(p, logits)
+		}
+		return split(p, logits)
+	}
+}
+
+// Follow runs a rank other than 0 until rank 0's Stop (lockstep.Stop on ctl): each
+// broadcast plan through r.Step.
+func Follow(ctl dist.Communicator, r *Prefill) error {
+	return lockstep.Follow(ctl, r.Vocab, r.Step)
+}
+
+// InProcess is a cp group of goroutines: Forward is rank 0's (for the engine), the other
+// ranks follow in their own goroutines until Close.
+type InProcess struct {
+	forward  func(*engine.BatchPlan, []float32) error
+	ctl      []dist.Communicator
+	data     []dist.Communicator
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	failures []error
+	closed   bool
+}
+
+// StartInProcess starts a group of len(forwards) ranks, forwards[r] rank r's model (each
+// its own scratch: a Model per rank), cache rank 0's, o the data collectives' options.
+func StartInProcess(s Shape, vocab int, forwards []ModelForward, cache []ref.PagedKV, o dist.Options) (*InProcess, error) {
+	size := len(forwards)
+	if size < 1 {
+		return nil, errors.New("cp: a group of no ranks")
+	}
+	ctl, err := dist.NewInProcess(size, dist.Options{Timeout: 1 << 62}) // the engine may idle
+	if err != nil {
+		return nil, err
+	}
+	data, err := dist.NewInProcess(size, o)
+	if err != nil {
+		return nil, err
+	}
+	g := &InProcess{ctl: ctl, data: data}
+	g.forward = Lead(ctl[0], &Prefill{C: data[0], Shape: s, Vocab: vocab, Forward: forwards[0], Cache: cache})
+	for r := 1; r < size; r++ {
+		p := &Prefill{C: data[r], Shape: s, Vocab: vocab, Forward: forwards[r]}
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			if err := Follow(ctl[r], p); err != nil {
+				g.mu.Lock()
+				g.failures = append(g.failures, err)
+				g.mu.Unlock()
+				ctl[r].Close()
+				data[r].Close()
+			}
+		}()
+	}
+	return g, nil
+}
+
+// Forward runs one step (on every rank when it Splits) and writes rank 0's logits.
+func (g *InProcess) Forward(p *engine.BatchPlan, logits []float32) error {
+	err := g.forward(p, logits)
+	if err != nil {
+		g.mu.Lock()
+		err = errors.Join(append([]error{err}, g.failures...)...)
+		g.mu.Unlock()
+	}
+	return err
+}
+
+// Close stops the followers and waits for them.
+func (g *InProcess) Close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	err := lockstep.Stop(g.ctl[0])
+	g.wg.Wait()
+	for _, c := range append(g.ctl, g.data...) {
+		c.Close()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return errors.Join(append([]error{err}, g.failures...)...)
+}
