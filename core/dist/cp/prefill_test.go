@@ -160,4 +160,3 @@ func TestChunk(t *testing.T) {
 		t.Fatalf("4 tokens over 3 ranks: rank 2 has [%d, %d), want none", lo, hi)
 	}
 }
-
