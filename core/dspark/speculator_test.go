@@ -28,7 +28,7 @@ func (m toyTarget) rowLogits(dst []float32, tok, pos int32) {
 		x *= 0xBF58476D1CE4E5B9
 		dst[v] = float32(x>>40)/(1<<24)*4 - 2
 	}
-	if pos%3 != 0 {
+	if pos%3 != 0 && len(dst) > 28 {
 		dst[28] += 3
 	}
 }
@@ -211,5 +211,104 @@ func TestSpeculatorPrefixHit(t *testing.T) {
 	}
 	if len(spec.rows) != 0 {
 		t.Fatalf("the last step tapped %d rows of a request without a draft context", len(spec.rows))
+	}
+}
+
+// TestSpeculatorSampledDistribution: at temperature 1 on a vocabulary of 8, the joint
+// distribution of the first two generated tokens with a DSpark drafter (rnn Markov head,
+// confidence cut 0.3) is the target's: Pearson's statistic over the 64 cells stays under
+// the value a correct sampler exceeds with probability about 1e-6.
+func TestSpeculatorSampledDistribution(t *testing.T) {
+	const vocab, n = 8, 6000
+	cfg := fmt.Sprintf(`{"architectures": ["Qwen3DSparkModel"], "vocab_size": %d, "hidden_size": 16,
+		"intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+		"head_dim": 8, "max_position_embeddings": 64, "target_layer_ids": [-1, 1], "num_target_layers": 4,
+		"block_size": 3, "mask_token_id": 7, "markov_rank": 4, "markov_head_type": "rnn",
+		"enable_confidence_head": true, "confidence_head_with_markov": true}`, vocab)
+	c, err := ParseConfig([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(c, RandomWeights(c, 5), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := toyTarget{vocab: vocab, hidden: 16}
+	info := toyInfo()
+	info.VocabSize = vocab
+	spec := NewSpeculator(target, d, 0, 0.3)
+	prompts := make([][]int32, n)
+	for i := range prompts {
+		prompts[i] = []int32{1, 2}
+	}
+	e, err := engine.New(cpurunner.New(info, spec), engine.Config{MaxBatchTokens: 2048, MaxSeqs: 256, CacheBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { e.Close(); cancel(); <-done }()
+	counts := map[[2]int32]float64{}
+	sp := engine.SamplingParams{MaxTokens: 3, IgnoreEOS: true, Temperature: 1}
+	for lo := 0; lo < n; lo += 256 {
+		var streams []*engine.Stream
+		for range min(256, n-lo) {
+			s, err := e.Submit(ctx, engine.Request{Prompt: []int32{1, 2}, Sampling: sp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, s)
+		}
+		for _, s := range streams {
+			toks, ev, err := s.Collect(ctx)
+			if err != nil || ev.Err != nil || len(toks) != 3 {
+				t.Fatal(toks, err, ev.Err)
+			}
+			counts[[2]int32(toks[:2])]++
+		}
+	}
+	if nc := e.Counters(); nc.DraftsProposed == 0 || nc.DraftsAccepted == 0 {
+		t.Fatalf("%d drafts proposed, %d accepted: the test needs both", nc.DraftsProposed, nc.DraftsAccepted)
+	}
+	softmax := func(tok, pos int32) []float64 {
+		l := make([]float32, vocab)
+		target.rowLogits(l, tok, pos)
+		p := make([]float64, vocab)
+		var sum float64
+		for i, x := range l {
+			p[i] = math.Exp(float64(x))
+			sum += p[i]
+		}
+		for i := range p {
+			p[i] /= sum
+		}
+		return p
+	}
+	var x, poolE, poolGot float64
+	cells := 0
+	p1 := softmax(2, 1)
+	for a := range int32(vocab) {
+		p2 := softmax(a, 2)
+		for b := range int32(vocab) {
+			exp, got := p1[a]*p2[b]*n, counts[[2]int32{a, b}]
+			if exp < 5 {
+				poolE, poolGot = poolE+exp, poolGot+got
+				continue
+			}
+			x += (got - exp) * (got - exp) / exp
+			cells++
+		}
+	}
+	if poolE > 0 {
+		x += (poolGot - poolE) * (poolGot - poolE) / poolE
+		cells++
+	}
+	// Wilson-Hilferty: the chi-square quantile at 1 − 1e-6 (z = 4.75) for cells−1 degrees.
+	k := float64(cells - 1)
+	bound := k * math.Pow(1-2/(9*k)+4.75*math.Sqrt(2/(9*k)), 3)
+	t.Logf("chi-square %.1f over %d cells, bound %.1f", x, cells, bound)
+	if x > bound {
+		t.Fatalf("chi-square %.1f over %d cells exceeds %.1f: the output is not the target's distribution", x, cells, bound)
 	}
 }
