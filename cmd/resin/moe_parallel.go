@@ -54,6 +54,27 @@ func openMoERank(name, dir string, tp, ep, dispatch int, cacheBytes int64, comm 
 	return lockstep.Rank{}, engine.RunnerInfo{}, nil, fmt.Errorf("model %s has no parallel layouts", name)
 }
 
+// checkMoELayout refuses the layout (tp, ep, dispatch) for model name's config in dir
+// once, before any rank starts: each rank refused it, after --tp-procs had started every
+// worker process (999 for --ep 1000), and the message came once per rank.
+func checkMoELayout(name, dir string, tp, ep, dispatch int) error {
+	switch name {
+	case deepseekv4flash.Name:
+		c, err := deepseekv4flash.LoadConfig(dir)
+		if err != nil {
+			return err
+		}
+		return deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch)}.Check(c)
+	case glm5flash.Name:
+		c, err := glm5flash.LoadTextConfig(dir)
+		if err != nil {
+			return err
+		}
+		return glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch)}.Check(c)
+	}
+	return fmt.Errorf("model %s has no parallel layouts", name)
+}
+
 // openMoEParallel opens model name from dir over f's layout: in-process ranks, or worker
 // processes with --tp-procs. The returned runner's StopRanks ends the other ranks.
 func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
@@ -62,6 +83,9 @@ func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Run
 	dispatch, err := dispatchOf(f.dispatch)
 	if err != nil {
 		return nil, nil, err
+	}
+	if err := checkMoELayout(name, dir, f.size, f.ep, dispatch); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if f.initAddr != "" {
 		return openMoENodes(name, dir, cacheBytes, f, dispatch)

@@ -157,3 +157,31 @@ func TestGenerateMoENodes(t *testing.T) {
 		t.Fatalf("node 1 printed %q; a worker node prints nothing", childOut.String())
 	}
 }
+
+// TestMoELayoutRefusedOnce: a layout the config refuses (more expert ranks than routed
+// experts, a tp the heads do not divide) is refused once, naming the problem, before any
+// rank starts (also with --tp-procs, which started a worker process per rank first); the
+// message came once per rank.
+func TestMoELayoutRefusedOnce(t *testing.T) {
+	for _, c := range []struct {
+		model string
+		flags []string
+		why   string
+	}{
+		{"deepseek-v4-flash", []string{"--ep", "12"}, "ep=12 for 8 routed experts"},
+		{"deepseek-v4-flash", []string{"--ep", "12", "--tp-procs"}, "ep=12 for 8 routed experts"},
+		{"deepseek-v4-flash", []string{"--tp", "5"}, "do not all divide by tp=5"},
+		{"glm-5-flash", []string{"--ep", "40"}, "routed experts"},
+		{"glm-5-flash", []string{"--tp", "5", "--tp-procs"}, "do not all divide by tp=5"},
+	} {
+		args := append([]string{"--model", c.model, "--random-weights", filepath.Join("../../models", c.model, "config.json"),
+			"--prompt-ids", "1,2,3", "--max-tokens", "2"}, c.flags...)
+		_, errOut, err := runGenerate(t, args...)
+		if err == nil || !strings.Contains(err.Error(), c.why) {
+			t.Fatalf("%s %v: %v (%s), want an error saying %q", c.model, c.flags, err, errOut, c.why)
+		}
+		if strings.Count(err.Error(), c.why) != 1 || strings.Contains(err.Error(), "rank ") {
+			t.Fatalf("%s %v: %q: want the refusal once, before any rank", c.model, c.flags, err)
+		}
+	}
+}
