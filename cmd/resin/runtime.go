@@ -36,6 +36,7 @@ type runtimeFlags struct {
 	specTokens    int
 	tp            tpFlags
 	dp            dpFlags
+	cp            cpFlags
 	dpRanks       *cli.DPRanks // what openModel opened for --dp
 	device        cli.DeviceFlags
 	remote        cli.RemoteFlags
@@ -59,6 +60,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl.IntVar(&f.specTokens, "num-speculative-tokens", 0, "with --model: decode speculatively with this many draft tokens per step from the model's own draft head (MTP); 0 = off")
 	f.tp.register(cmd)
 	f.dp.register(cmd)
+	f.cp.register(cmd)
 	f.device.Register(cmd)
 }
 
@@ -125,6 +127,9 @@ func (f *runtimeFlags) check() error {
 		return err
 	}
 	if err := f.dp.check(f); err != nil {
+		return err
+	}
+	if err := f.cp.check(f); err != nil {
 		return err
 	}
 	if f.model != "" && f.model != "auto" && f.weights == "" && f.randomWeights == "" {
@@ -206,6 +211,10 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	switch {
 	case f.dp.size > 1:
 		r, pool, f.dpRanks, err = f.openDP(m, dir)
+	case f.cp.size > 1 && m.Name != "llama":
+		return nil, nil, "", fmt.Errorf("--cp %d: context parallelism covers the llama family only so far, not %s", f.cp.size, m.Name)
+	case f.cp.size > 1:
+		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size)
 	case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
 		r, pool, err = openMoEParallel(m.Name, dir, f.cacheBytes, &f.tp)
 	case f.tp.ep > 1:

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestGenerateCP: `resin generate --model llama --random-weights … --prompt-ids (37
+// tokens) --cp 2` and `--cp 3` print what one rank prints, and their --logits-out files
+// hold every prompt row's and step's logits within 1e-5 of the row's largest logit; the
+// layouts --cp does not cover are refused by name.
+func TestGenerateCP(t *testing.T) {
+	ids := make([]string, 37)
+	for i := range ids {
+		ids[i] = string(rune('0'+(i*7+3)%10)) + "1"
+	}
+	dir := t.TempDir()
+	args := func(sub string, extra ...string) []string {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return append([]string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000",
+			"--prompt-ids", strings.Join(ids, ","), "--max-tokens", "12", "--ignore-eos", "--logits-out", filepath.Join(dir, sub, "l.safetensors")}, extra...)
+	}
+	want, errOut, err := runGenerate(t, args("one")...)
+	if err != nil {
+		t.Fatalf("%v (%s)", err, errOut)
+	}
+	wantLg, wantShape := readLogits(t, filepath.Join(dir, "one", "l.safetensors"))
+	for _, n := range []string{"2", "3"} {
+		got, errOut, err := runGenerate(t, args("cp"+n, "--cp", n)...)
+		if err != nil {
+			t.Fatalf("--cp %s: %v (%s)", n, err, errOut)
+		}
+		if withoutTiming(got) != withoutTiming(want) {
+			t.Fatalf("--cp %s printed %q, one rank %q", n, got, want)
+		}
+		lg, shape := readLogits(t, filepath.Join(dir, "cp"+n, "l.safetensors"))
+		if !slices.Equal(shape, wantShape) || shape[0] < 37 {
+			t.Fatalf("--cp %s: logits %v, one rank %v", n, shape, wantShape)
+		}
+		v := shape[1]
+		for r := range shape[0] {
+			scale := 0.0
+			for _, x := range wantLg[r*v : (r+1)*v] {
+				scale = max(scale, math.Abs(float64(x)))
+			}
+			for j := r * v; j < (r+1)*v; j++ {
+				if d := math.Abs(float64(lg[j]-wantLg[j])) / scale; !(d <= 1e-5) {
+					t.Fatalf("--cp %s: logits row %d column %d: %g, one rank %g", n, r, j-r*v, lg[j], wantLg[j])
+				}
+			}
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{args("bad", "--cp", "0"), "--cp 0"},
+		{args("bad", "--cp", "2", "--tp", "2"), "not combined with --tp"},
+		{[]string{"--cp", "2", "--max-tokens", "2", "hi"}, "--cp needs --model llama"},
+	} {
+		_, errOut, err := runGenerate(t, c.args...)
+		if err == nil || !strings.Contains(err.Error()+errOut, c.want) {
+			t.Fatalf("%v: %v (%s), want an error saying %q", c.args, err, errOut, c.want)
+		}
+	}
+}
