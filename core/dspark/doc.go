@@ -67,8 +67,8 @@
 // kvslab cache group: a request that starts from a prefix-cache hit, or comes back after a
 // preemption, has no features for the positions it did not compute and is not drafted. Its
 // rows are laid out as ref.PagedKV rows ([KVHeads·HeadDim] per token) so a paged group can
-// take them unchanged. The block runs one sequence at a time; batching the blocks of
-// several sequences (uniform B, as a GPU graph would) is not done, nor is the CUDA drafter.
+// take them unchanged. Drafter.Blocks runs the blocks of a step's sequences together (uniform
+// B, GEMMs over all slots, attention per sequence); there is no CUDA drafter.
 // FeatureTap holds the raw tapped rows (taps × hidden per row); folding fc into the tap
 // would cut that to hidden per row. Only the default rotary embedding and full-attention
 // draft layers are implemented (DeepSpec's Qwen3 drafters use both); other rope types and

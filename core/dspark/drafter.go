@@ -200,68 +200,90 @@ type Block struct {
 // anchor, the others mask_token_id. Each slot attends to every context position and to
 // every slot of the block; the block's own K/V are scratch and do not enter ctx.
 func (d *Drafter) Block(ctx *Context, anchor int32) (*Block, error) {
+	bs, err := d.Blocks([]*Context{ctx}, []int32{anchor})
+	if err != nil {
+		return nil, err
+	}
+	return bs[0], nil
+}
+
+// Blocks is Block for several sequences at once: every sequence has B slots, so the
+// projections, MLPs and lm_head are GEMMs over S·B rows (the uniform shape a device graph
+// would capture); only the attention is per sequence, over its own context. A row's
+// values can differ from Block's by float32 rounding (see ref.GEMMBackend), so a sampled
+// draft can, with a probability of that order, depend on the batch; the output's
+// distribution does not, as verification is exact for any q.
+func (d *Drafter) Blocks(ctxs []*Context, anchors []int32) ([]*Block, error) {
 	c := d.Config
 	b := c.Base
-	B := c.BlockSize
+	B, S := c.BlockSize, len(ctxs)
 	hd, dd, nh, nkv, inter := b.HiddenSize, b.HeadDim, b.NumAttentionHeads, b.NumKeyValueHeads, b.IntermediateSize
 	qd, kvd := nh*dd, nkv*dd
 	eps := float32(b.RMSNormEps)
-	P := ctx.n
-	if P+B > d.rope.MaxPos {
-		return nil, fmt.Errorf("dspark: block at positions %d..%d past the drafter's %d", P, P+B-1, d.rope.MaxPos)
+	if len(anchors) != S || S == 0 {
+		return nil, fmt.Errorf("dspark: %d contexts and %d anchors", S, len(anchors))
 	}
-	if anchor < 0 || int(anchor) >= b.VocabSize {
-		return nil, fmt.Errorf("dspark: anchor token %d outside the vocabulary of %d", anchor, b.VocabSize)
+	R := S * B
+	if cap(d.ids) < R {
+		d.ids = make([]int32, R)
 	}
-	if cap(d.ids) < B {
-		d.ids = make([]int32, B)
+	ids, pos := d.ids[:R], d.positions(0, R)
+	for i, ctx := range ctxs {
+		P := ctx.n
+		if P+B > d.rope.MaxPos {
+			return nil, fmt.Errorf("dspark: block at positions %d..%d past the drafter's %d", P, P+B-1, d.rope.MaxPos)
+		}
+		if a := anchors[i]; a < 0 || int(a) >= b.VocabSize {
+			return nil, fmt.Errorf("dspark: anchor token %d outside the vocabulary of %d", a, b.VocabSize)
+		}
+		for j := range B {
+			ids[i*B+j], pos[i*B+j] = c.MaskTokenID, int32(P+j)
+		}
+		ids[i*B] = anchors[i]
 	}
-	ids := d.ids[:B]
-	ids[0] = anchor
-	for i := 1; i < B; i++ {
-		ids[i] = c.MaskTokenID
-	}
-	x, h := grow(&d.x, B*hd), grow(&d.h, B*hd)
-	q, k, v := grow(&d.q, B*qd), grow(&d.k, B*kvd), grow(&d.v, B*kvd)
-	att, o := grow(&d.att, B*qd), grow(&d.o, B*hd)
-	gate, up := grow(&d.gate, B*inter), grow(&d.up, B*inter)
-	pos := d.positions(P, B)
+	x, h := grow(&d.x, R*hd), grow(&d.h, R*hd)
+	q, k, v := grow(&d.q, R*qd), grow(&d.k, R*kvd), grow(&d.v, R*kvd)
+	att, o := grow(&d.att, R*qd), grow(&d.o, R*hd)
+	gate, up := grow(&d.gate, R*inter), grow(&d.up, R*inter)
 	if err := ref.Embedding(x, d.W.Embed, ids, hd); err != nil {
 		return nil, fmt.Errorf("dspark: block: %w", err)
 	}
 	for l := range d.W.Layers {
 		lw := &d.W.Layers[l]
 		err := firstErr(
-			ref.RMSNorm(h, x, lw.AttnNorm, B, hd, eps),
-			ref.MatMulT(q, h, lw.Q, B, hd, qd),
-			ref.MatMulT(k, h, lw.K, B, hd, kvd),
-			ref.MatMulT(v, h, lw.V, B, hd, kvd),
+			ref.RMSNorm(h, x, lw.AttnNorm, R, hd, eps),
+			ref.MatMulT(q, h, lw.Q, R, hd, qd),
+			ref.MatMulT(k, h, lw.K, R, hd, kvd),
+			ref.MatMulT(v, h, lw.V, R, hd, kvd),
 		)
 		if err == nil {
-			addBias(q, lw.QBias, B)
-			addBias(k, lw.KBias, B)
-			addBias(v, lw.VBias, B)
+			addBias(q, lw.QBias, R)
+			addBias(k, lw.KBias, R)
+			addBias(v, lw.VBias, R)
 			err = firstErr(
-				ref.RMSNorm(q, q, lw.QNorm, B*nh, dd, eps),
-				ref.RMSNorm(k, k, lw.KNorm, B*nkv, dd, eps),
-				d.rope.RoPENeoX(q, pos, B, nh, dd),
-				d.rope.RoPENeoX(k, pos, B, nkv, dd),
+				ref.RMSNorm(q, q, lw.QNorm, R*nh, dd, eps),
+				ref.RMSNorm(k, k, lw.KNorm, R*nkv, dd, eps),
+				d.rope.RoPENeoX(q, pos, R, nh, dd),
+				d.rope.RoPENeoX(k, pos, R, nkv, dd),
 			)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("dspark: block: layer %d: %w", l, err)
 		}
-		d.attend(att, q, ctx.K[l], ctx.V[l], k, v, P, B)
-		err = ref.MatMulT(o, att, lw.O, B, qd, hd)
+		for i, ctx := range ctxs {
+			lo, hi := i*B, (i+1)*B
+			d.attend(att[lo*qd:hi*qd], q[lo*qd:hi*qd], ctx.K[l], ctx.V[l], k[lo*kvd:hi*kvd], v[lo*kvd:hi*kvd], ctx.n, B)
+		}
+		err = ref.MatMulT(o, att, lw.O, R, qd, hd)
 		if err == nil {
-			addBias(o, lw.OBias, B)
+			addBias(o, lw.OBias, R)
 			err = firstErr(
 				ref.Add(x, x, o),
-				ref.RMSNorm(h, x, lw.MLPNorm, B, hd, eps),
-				ref.MatMulT(gate, h, lw.Gate, B, hd, inter),
-				ref.MatMulT(up, h, lw.Up, B, hd, inter),
-				ref.SiLUMulSplit(gate, gate, up, B, inter),
-				ref.MatMulT(o, gate, lw.Down, B, inter, hd),
+				ref.RMSNorm(h, x, lw.MLPNorm, R, hd, eps),
+				ref.MatMulT(gate, h, lw.Gate, R, hd, inter),
+				ref.MatMulT(up, h, lw.Up, R, hd, inter),
+				ref.SiLUMulSplit(gate, gate, up, R, inter),
+				ref.MatMulT(o, gate, lw.Down, R, inter, hd),
 				ref.Add(x, x, o),
 			)
 		}
@@ -269,9 +291,15 @@ func (d *Drafter) Block(ctx *Context, anchor int32) (*Block, error) {
 			return nil, fmt.Errorf("dspark: block: layer %d: %w", l, err)
 		}
 	}
-	out := &Block{Anchor: anchor, Position: P, Hidden: make([]float32, B*hd), Logits: make([]float32, B*b.VocabSize)}
-	if err := firstErr(ref.RMSNorm(out.Hidden, x, d.W.Norm, B, hd, eps), ref.MatMulT(out.Logits, out.Hidden, d.W.Head, B, hd, b.VocabSize)); err != nil {
+	hidden, logits := make([]float32, R*hd), make([]float32, R*b.VocabSize)
+	if err := firstErr(ref.RMSNorm(hidden, x, d.W.Norm, R, hd, eps), ref.MatMulT(logits, hidden, d.W.Head, R, hd, b.VocabSize)); err != nil {
 		return nil, fmt.Errorf("dspark: block: head: %w", err)
+	}
+	out := make([]*Block, S)
+	for i, ctx := range ctxs {
+		V := b.VocabSize
+		out[i] = &Block{Anchor: anchors[i], Position: ctx.n,
+			Hidden: hidden[i*B*hd : (i+1)*B*hd : (i+1)*B*hd], Logits: logits[i*B*V : (i+1)*B*V : (i+1)*B*V]}
 	}
 	return out, nil
 }

@@ -241,3 +241,45 @@ func TestContextTruncate(t *testing.T) {
 		t.Fatal("sampling without uniforms was accepted")
 	}
 }
+
+// TestBlocksMatchesBlock: the blocks of three sequences of different context lengths in
+// one Blocks call equal each one's Block, up to GEMM rounding.
+func TestBlocksMatchesBlock(t *testing.T) {
+	d, err := Load("testdata/gated", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	F := d.Config.FeatureDim()
+	var ctxs []*Context
+	for i, n := range []int{3, 9, 1} {
+		ctx := d.NewContext()
+		feats := make([]float32, n*F)
+		for j := range feats {
+			feats[j] = float32((j*(i+3))%13)/6 - 1
+		}
+		if err := d.Extend(ctx, feats, n); err != nil {
+			t.Fatal(err)
+		}
+		ctxs = append(ctxs, ctx)
+	}
+	anchors := []int32{4, 0, 30}
+	got, err := d.Blocks(ctxs, anchors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ctx := range ctxs {
+		want, err := d.Block(ctx, anchors[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, diff := maxDiff(got[i].Logits, want.Logits); diff > 1e-5 {
+			t.Errorf("sequence %d: logit %d differs by %g between Blocks and Block", i, j, diff)
+		}
+		if got[i].Position != ctx.Len() || got[i].Anchor != anchors[i] {
+			t.Errorf("sequence %d: block at %d anchored %d", i, got[i].Position, got[i].Anchor)
+		}
+	}
+	if _, err := d.Blocks(ctxs, anchors[:2]); err == nil {
+		t.Error("three contexts with two anchors were accepted")
+	}
+}

@@ -39,6 +39,10 @@ type Speculator struct {
 	tap      FeatureTap
 	rows     []int32 // the plan rows tapped
 	firstRow []int   // per sequence, the tap's row of its first plan row; −1: not tapped
+
+	draft   []int // the sequences proposing this step, with their contexts and anchors
+	ctxs    []*Context
+	anchors []int32
 }
 
 // TraceEntry is one verification of one sequence: the drafts of the block anchored at
@@ -107,11 +111,12 @@ func (s *Speculator) Forward(plan *engine.BatchPlan, logits []float32) error {
 }
 
 // Draft grows every sequence's draft context by the rows this step committed and proposes
-// its next block.
+// the next blocks, all sequences' in one Drafter.Blocks.
 func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error {
 	d := s.Drafter
 	F := d.Config.FeatureDim()
 	tok := 0
+	s.draft, s.ctxs, s.anchors = s.draft[:0], s.ctxs[:0], s.anchors[:0]
 	for i, id := range plan.ReqIDs {
 		a := int(res.Accepted[i])
 		tok += a
@@ -149,10 +154,19 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 		if a == 0 || st.ctx.Len()+d.Config.BlockSize > d.rope.MaxPos {
 			continue
 		}
-		blk, err := d.Block(st.ctx, res.Tokens[tok-1])
-		if err != nil {
-			return fmt.Errorf("request %d: %w", id, err)
-		}
+		s.draft = append(s.draft, i)
+		s.ctxs = append(s.ctxs, st.ctx)
+		s.anchors = append(s.anchors, res.Tokens[tok-1])
+	}
+	if len(s.draft) == 0 {
+		return nil
+	}
+	blks, err := d.Blocks(s.ctxs, s.anchors)
+	if err != nil {
+		return err
+	}
+	for n, i := range s.draft {
+		blk, id := blks[n], plan.ReqIDs[i]
 		row := plan.SamplingOf(i)
 		smp := Sampling{Threshold: s.Threshold, MaxDrafts: s.maxDrafts}
 		if row.Temperature > 0 && row.TopK != 1 {
@@ -166,6 +180,7 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 		if err != nil {
 			return fmt.Errorf("request %d: %w", id, err)
 		}
+		st := s.seqs[id]
 		st.prop, st.anchor = p, blk.Position
 		res.NumNextDrafts[i] = int32(len(p.Drafts))
 		res.Drafts = append(res.Drafts, p.Drafts...)
