@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"sync/atomic"
 )
 
 // Errors that callers test with errors.Is.
@@ -52,6 +53,8 @@ type File struct {
 	tensors  map[string]TensorInfo
 	names    []string
 	Metadata map[string]string
+
+	bytesRead atomic.Int64 // tensor data read so far (BytesRead)
 }
 
 type headerEntry struct {
@@ -200,11 +203,8 @@ func (f *File) ReadRaw(name string) (TensorInfo, []byte, error) {
 		return TensorInfo{}, nil, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	buf := make([]byte, t.Size)
-	if t.Size == 0 {
-		return t, buf, nil // some readers (bytes.Reader) answer EOF to an empty read at the end
-	}
-	if _, err := f.r.ReadAt(buf, f.data+t.Offset); err != nil {
-		return t, nil, fmt.Errorf("read tensor %q: %w", name, err)
+	if err := f.readAt(name, buf, 0); err != nil {
+		return t, nil, err
 	}
 	return t, buf, nil
 }
