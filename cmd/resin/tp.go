@@ -4,17 +4,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
+	"io"
 	"os"
-	"os/exec"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/launch"
 	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -53,8 +52,8 @@ func (t *tpFlags) ranks() int {
 	return t.size * t.ep
 }
 
-// check validates the flags and, for --tp above 1 without --dist-init-addr, takes a
-// multi-node layout from torchrun's environment.
+// check validates the flags and, for --tp or --ep above 1 without --dist-init-addr,
+// takes a multi-node layout from the environment (LeaderWorkerSet's, then torchrun's).
 func (t *tpFlags) check() error {
 	switch {
 	case t.size < 1:
@@ -64,17 +63,15 @@ func (t *tpFlags) check() error {
 	case t.procs && t.size < 2 && t.ep < 2:
 		return errors.New("--tp-procs needs --tp 2 or more (or --ep 2 or more)")
 	}
-	if t.initAddr == "" && (t.size > 1 || t.ep > 1) && os.Getenv("MASTER_ADDR") != "" && os.Getenv("WORLD_SIZE") != "" {
-		port := os.Getenv("MASTER_PORT")
-		if port == "" {
-			port = "29500" // torchrun's default
+	if t.initAddr == "" && (t.size > 1 || t.ep > 1) {
+		// Kubernetes LeaderWorkerSet's LWS_* variables, else torchrun's.
+		n, ok, err := launch.NodeFromEnv(os.Getenv)
+		if err != nil {
+			return err
 		}
-		world, err1 := strconv.Atoi(os.Getenv("WORLD_SIZE"))
-		rank, err2 := strconv.Atoi(os.Getenv("RANK"))
-		if err1 != nil || err2 != nil {
-			return fmt.Errorf("torchrun's environment: WORLD_SIZE=%q RANK=%q are not integers", os.Getenv("WORLD_SIZE"), os.Getenv("RANK"))
+		if ok {
+			t.initAddr, t.nnodes, t.nodeRank = n.InitAddr, n.NNodes, n.NodeRank
 		}
-		t.initAddr, t.nnodes, t.nodeRank = net.JoinHostPort(os.Getenv("MASTER_ADDR"), port), world, rank
 	}
 	if t.initAddr == "" {
 		if t.nnodes != 1 || t.nodeRank != 0 {
@@ -140,7 +137,7 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 	if err != nil {
 		return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 	}
-	forward := tp.Lead(g.ctl, g.data, s, s.NewCache(pages, pt))
+	forward := g.forward(tp.Lead(g.ctl, g.data, s, s.NewCache(pages, pt)))
 	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), g.close}, pool, nil
 }
 
@@ -216,72 +213,75 @@ func joinTP(spec tpWorkerSpec, cancel <-chan struct{}) (ctl, data dist.Communica
 
 type tpWorkers struct {
 	ctl, data dist.Communicator
-	cmds      []*exec.Cmd
-	exited    []chan error
+	w         *launch.Workers
 }
 
-// startWorkers starts ranks 1..Size-1 as children of this binary and joins them as rank
-// 0. A worker that exits before joining ends the wait; on any failure every child is
-// killed and reaped.
+// startWorkers starts ranks 1..Size-1 as children of this binary (core/dist/launch:
+// each bound to a NUMA node of this host, dying with this process) and joins them as
+// rank 0. A worker that exits before joining ends the wait; on any failure every child
+// is killed and reaped.
 func startWorkers(spec tpWorkerSpec) (*tpWorkers, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	g := &tpWorkers{}
-	cancel := make(chan struct{})
-	var once sync.Once
+	binds := cpuBindings(spec.Size)
+	var specs []launch.Spec
 	for rank := 1; rank < spec.Size; rank++ {
 		s := spec
 		s.Rank = rank
 		b, _ := json.Marshal(s)
-		cmd := exec.Command(exe)
-		cmd.Env = append(os.Environ(), "RESIN_TP_WORKER="+string(b))
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			g.kill()
-			return nil, fmt.Errorf("start rank %d: %w", rank, err)
+		ls := launch.Spec{Rank: rank, Path: exe, Env: []string{"RESIN_TP_WORKER=" + string(b)}, Stdout: io.Discard, Stderr: os.Stderr}
+		if binds != nil {
+			ls.Binding = &binds[rank]
 		}
-		done := make(chan error, 1)
-		go func() {
-			done <- cmd.Wait()
-			once.Do(func() { close(cancel) })
-		}()
-		g.cmds, g.exited = append(g.cmds, cmd), append(g.exited, done)
+		specs = append(specs, ls)
 	}
-	if g.ctl, g.data, err = joinTP(spec, cancel); err != nil {
-		g.kill()
+	w, err := launch.Start(specs)
+	if err != nil {
 		return nil, err
 	}
+	g := &tpWorkers{w: w}
+	if g.ctl, g.data, err = joinTP(spec, w.Exited()); err != nil {
+		w.Kill()
+		return nil, w.StepError(err)
+	}
 	return g, nil
+}
+
+// cpuBindings plans the NUMA node of each of n CPU ranks on this host (round-robin over
+// the nodes, as SGLang's CPU backend binds its TP ranks); nil when the topology cannot
+// be read (the workers then run unbound). Rank 0, this process, is not bound.
+func cpuBindings(n int) []launch.Binding {
+	top, err := cudart.ReadTopology("")
+	if err != nil {
+		return nil
+	}
+	top.GPUs = nil // --tp-procs ranks run on the CPU
+	allowed, _ := cudart.ProcessAffinity()
+	bs, err := launch.PlanBindings(top, n, nil, allowed)
+	if err != nil {
+		return nil
+	}
+	return bs
+}
+
+// forward is rank 0's forward with a dead worker's exit (rank, pid, signal) on the
+// error of the step it failed.
+func (g *tpWorkers) forward(f func(*engine.BatchPlan, []float32) error) func(*engine.BatchPlan, []float32) error {
+	return func(p *engine.BatchPlan, logits []float32) error { return g.w.StepError(f(p, logits)) }
 }
 
 // close stops the workers and waits for them (killing any still running after a while).
 func (g *tpWorkers) close() error {
 	err := tp.Stop(g.ctl)
-	for i, done := range g.exited {
-		select {
-		case werr := <-done:
-			if werr != nil && err == nil {
-				err = fmt.Errorf("tp rank %d: %w", i+1, werr)
-			}
-		case <-time.After(30 * time.Second):
-			g.cmds[i].Process.Kill()
-			<-done
-			err = errors.Join(err, fmt.Errorf("tp rank %d did not stop; killed", i+1))
-		}
-	}
+	err = errors.Join(err, g.w.Stop(30*time.Second))
 	g.ctl.Close()
 	g.data.Close()
 	return err
 }
 
-func (g *tpWorkers) kill() {
-	for i, cmd := range g.cmds {
-		cmd.Process.Kill()
-		<-g.exited[i]
-	}
-}
+func (g *tpWorkers) kill() { g.w.Kill() }
 
 // tpWorkerFromEnv runs this process as a TP worker when RESIN_TP_WORKER is set (a child
 // startWorkers started) and exits; otherwise it returns.
@@ -289,6 +289,9 @@ func tpWorkerFromEnv() {
 	raw := os.Getenv("RESIN_TP_WORKER")
 	if raw == "" {
 		return
+	}
+	if _, err := launch.ApplyEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, "resin: tp worker: running unbound:", err) // slower, still correct
 	}
 	if err := runTPWorker(raw); err != nil {
 		fmt.Fprintln(os.Stderr, "resin: tp worker:", err)
