@@ -31,9 +31,13 @@ type gpuModel struct {
 	slots, maxTokens int
 	maxRows          int // logits rows a step
 	used             []bool
+	s                *cudart.Stream // every launch's (graphs capture a stream)
 	w                gpuWork
 	moeW             *moeWork
-	mtp              *gpuMTP // nil without the MTP head
+	mtp              *gpuMTP    // nil without the MTP head
+	graphs           *gpuGraphs // nil: every step eager
+	// Stats count the steps by how they ran.
+	Stats struct{ Graph, Eager int }
 }
 
 // gpuSeq is one sequence's device slot and length.
@@ -55,18 +59,19 @@ type gpuLayer struct {
 	comp, idx                   *kernels.Compressor // nil on sliding (idx: non-CSA) layers
 	compKV, compGate            cudart.DevicePtr
 	idxKV, idxGate, idxQB, idxW cudart.DevicePtr // idxW: weights_proj · index_n_heads^-0.5
-	ring                        cudart.DevicePtr // [slots, window, headDim]
+	ring                        cudart.DevicePtr // [slots+1, window, headDim] (the last slot: graph padding's)
+	entryRow0                   cudart.DevicePtr // [rows] int32: each sequence's first entry (compressed layers)
 	maxEntries                  int
 	moe                         *gpuMoE
 }
 
 // gpuWork is the per-step device memory for up to maxTokens rows.
 type gpuWork struct {
-	ids, idsRep, pos, rowSeq, seqStart, len0, state, winRow0, entryRow0 cudart.DevicePtr
-	streams, next, mix, post, comb, x                                   cudart.DevicePtr
-	qres, q, kv, ckv, cgate, ikv, igate, iq, iw                         cudart.DevicePtr
-	out, grp, midg, mid, att, picks, counts, scores, ffn                cudart.DevicePtr
-	rowIdx, picked, headMix, y, logits                                  cudart.DevicePtr // the head's, maxRows rows
+	ids, idsRep, pos, rowSeq, seqStart, len0, state, winRow0 cudart.DevicePtr
+	streams, next, mix, post, comb, x                        cudart.DevicePtr
+	qres, q, kv, ckv, cgate, ikv, igate, iq, iw              cudart.DevicePtr
+	out, grp, midg, mid, att, picks, counts, scores, ffn     cudart.DevicePtr
+	rowIdx, picked, headMix, y, logits                       cudart.DevicePtr // the head's, maxRows rows
 }
 
 // newGPUModel uploads m's weights (with drafts > 0, the MTP head's too, with room to undo
@@ -81,9 +86,12 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 	g := &gpuModel{m: m, kk: kk, vk: vk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, used: make([]bool, slots)}
 	defer func() {
 		if err != nil {
-			g.arena.free(c)
+			g.close(c)
 		}
 	}()
+	if g.s, err = c.NewStream(); err != nil {
+		return nil, err
+	}
 	a := &g.arena
 	h, hc, d, nh := cfg.HiddenSize, cfg.HCMult, cfg.HeadDim, cfg.NumAttentionHeads
 	maxIn := max(hc*h, nh*d, cfg.QLoraRank, h, cfg.MoEIntermediateSize, cfg.OGroups*cfg.OLoraRank)
@@ -160,15 +168,15 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		upW(&gl.oa, l.OA)
 		upW(&gl.ob, l.OB)
 		up(&gl.sinks, l.Sinks[:nh])
-		zeros(&gl.ring, slots*cfg.SlidingWindow*d)
+		zeros(&gl.ring, (slots+1)*cfg.SlidingWindow*d)
 		newComp := func(cw *Compressor, dim int, overlap bool) *kernels.Compressor {
 			kc := &kernels.Compressor{Ratio: gl.ratio, Dim: dim, Overlap: overlap, Eps: eps}
 			wd := kc.Width()
-			zeros(&kc.PendingKV, slots*gl.ratio*wd)
-			zeros(&kc.PendingGate, slots*gl.ratio*wd)
-			zeros(&kc.PrevKV, slots*gl.ratio*dim)
-			zeros(&kc.PrevGate, slots*gl.ratio*dim)
-			zeros(&kc.Entries, slots*gl.maxEntries*dim)
+			zeros(&kc.PendingKV, (slots+1)*gl.ratio*wd)
+			zeros(&kc.PendingGate, (slots+1)*gl.ratio*wd)
+			zeros(&kc.PrevKV, (slots+1)*gl.ratio*dim)
+			zeros(&kc.PrevGate, (slots+1)*gl.ratio*dim)
+			zeros(&kc.Entries, (slots+1)*gl.maxEntries*dim)
 			up(&kc.Bias, cw.PositionBias)
 			up(&kc.Norm, cw.Norm)
 			return kc
@@ -178,6 +186,7 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			gl.maxEntries = max(1, m.maxContext/gl.ratio)
 			overlap := gl.kind == CompressedSparse
 			gl.comp = newComp(l.Compressor, d, overlap)
+			zeros(&gl.entryRow0, maxTokens)
 			upW(&gl.compKV, l.Compressor.KV)
 			upW(&gl.compGate, l.Compressor.Gate)
 		}
@@ -226,7 +235,7 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		n   int
 	}{
 		{&x.ids, n}, {&x.idsRep, n * hc}, {&x.pos, n}, {&x.rowSeq, n}, {&x.seqStart, slots + 1}, {&x.len0, slots},
-		{&x.state, slots}, {&x.winRow0, slots}, {&x.entryRow0, slots},
+		{&x.state, slots}, {&x.winRow0, slots},
 		{&x.streams, n * hc * h}, {&x.next, n * hc * h}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
 		{&x.comb, n * hc * hc}, {&x.x, n * h}, {&x.qres, n * qr}, {&x.q, n * nh * d}, {&x.kv, n * d},
 		{&x.ckv, n * 2 * d}, {&x.cgate, n * 2 * d}, {&x.ikv, n * 2 * id}, {&x.igate, n * 2 * id},
@@ -243,8 +252,16 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 	return g, nil
 }
 
-// close frees the device memory.
-func (g *gpuModel) close(c *cudart.Ctx) { g.arena.free(c) }
+// close frees the device memory and the stream.
+func (g *gpuModel) close(c *cudart.Ctx) {
+	if g.graphs != nil {
+		g.graphs.cache.Close(c)
+		g.graphs = nil
+	}
+	g.arena.free(c)
+	c.DestroyStream(g.s)
+	g.s = nil
+}
 
 // newSeq returns a new sequence in a free slot, its state cleared.
 func (g *gpuModel) newSeq(c *cudart.Ctx) (*gpuSeq, error) {
@@ -286,19 +303,21 @@ func (g *gpuModel) runner(c *cudart.Ctx) func(kernels.Launch, error) error {
 		if err != nil {
 			return err
 		}
-		return g.vk.Run(c, nil, &l)
+		return g.vk.Run(c, g.s, &l)
 	}
 }
 
 func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim int) error {
-	return g.lin.matMulT(c, nil, out, x, w, n, in, outDim)
+	return g.lin.matMulT(c, g.s, out, x, w, n, in, outDim)
 }
 
 // forward runs one chunk of new tokens for each sequence (any lengths, at least one row in
 // all) and returns the logits of the rows named ([len(rows), vocab]; indices into the
 // step's rows, in sequence order; nil names every row), as Model.ForwardRows: only those
 // rows go through the head. A non-nil mir gets the step's state written through to the
-// host pool (gpu_cache.go).
+// host pool (gpu_cache.go). With graphs on (g.graphs), a decode step (one token and one
+// logits row per sequence, in order) runs as the CUDA graph of its batch bucket, the
+// batch padded with rows of the spare slot (graph.go).
 func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32, mir *mirrorStep) ([]float32, error) {
 	cfg := g.m.Config
 	if len(seqs) != len(tokens) || len(seqs) > g.slots {
@@ -326,7 +345,6 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			}
 		}
 	}
-	seqStart = append(seqStart, int32(len(ids)))
 	n := len(ids)
 	if n == 0 || n > g.maxTokens {
 		return nil, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
@@ -345,31 +363,91 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, fmt.Errorf("gpu: logits row %d outside the %d rows of the step", r, n)
 		}
 	}
+	bucket := g.decodeBucket(seqs, tokens, rows)
+	want := len(rows)
+	if bucket > 0 {
+		// The padding: rows of the spare slot g.slots, at position 0 of token 0; its
+		// state is never read by a real sequence.
+		for i := len(seqs); i < bucket; i++ {
+			seqStart = append(seqStart, int32(len(ids)))
+			len0, state, winRow0 = append(len0, 0), append(state, int32(g.slots)), append(winRow0, int32(g.slots*win))
+			ids, pos, rowSeq, rows = append(ids, 0), append(pos, 0), append(rowSeq, int32(i)), append(rows, int32(i))
+			for range hc {
+				idsRep = append(idsRep, 0)
+			}
+		}
+		n = bucket
+	}
+	seqStart = append(seqStart, int32(len(ids)))
 	w := &g.w
-	for _, u := range []struct {
+	ups := []struct {
 		dst cudart.DevicePtr
 		v   []int32
 	}{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0},
-		{w.state, state}, {w.winRow0, winRow0}} {
+		{w.state, state}, {w.winRow0, winRow0}, {w.rowIdx, rows}}
+	for li := range g.layers {
+		if l := &g.layers[li]; l.comp != nil {
+			row0 := make([]int32, len(state))
+			for i, st := range state {
+				row0[i] = st * int32(l.maxEntries)
+			}
+			ups = append(ups, struct {
+				dst cudart.DevicePtr
+				v   []int32
+			}{l.entryRow0, row0})
+		}
+	}
+	for _, u := range ups {
+		if len(u.v) == 0 {
+			continue
+		}
 		if err := cudart.Upload(c, u.dst, u.v); err != nil {
 			return nil, err
 		}
 	}
-	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(seqs)}
-	if err := g.kk.Embedding(c, nil, w.streams, g.embed, w.idsRep, n*hc, h, cfg.VocabSize); err != nil {
+	if err := c.Synchronize(); err != nil { // the uploads, before the stream reads them
 		return nil, err
 	}
-	for li := range g.layers {
-		if err := g.block(c, &g.layers[li], ch, seqs); err != nil {
-			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
+	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(len0)}
+	nr := len(rows)
+	step := func(hook bool) error {
+		if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, n*hc, h, cfg.VocabSize); err != nil {
+			return err
 		}
-		if mir != nil {
-			if err := mir.layer(c, g, li, n); err != nil {
-				return nil, fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
+		for li := range g.layers {
+			if err := g.block(c, &g.layers[li], ch, seqs); err != nil {
+				return fmt.Errorf("gpu: layer %d: %w", li, err)
+			}
+			if hook && mir != nil {
+				if err := mir.layer(c, g, li, n); err != nil {
+					return fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
+				}
 			}
 		}
+		if nr == 0 {
+			return nil // a mid-prompt chunk: no row is sampled
+		}
+		return g.headLaunch(c, n, nr, gpuHC{g.hcFn, g.hcBase, g.hcScale}, g.norm)
+	}
+	if bucket > 0 {
+		if err := g.runGraph(c, bucket, func() error { return step(false) }); err != nil {
+			return nil, err
+		}
+	} else {
+		g.Stats.Eager++
+		if err := step(true); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.Synchronize(); err != nil {
+		return nil, err
 	}
 	if mir != nil {
+		if bucket > 0 {
+			if err := mir.decoded(c, g, seqs); err != nil {
+				return nil, fmt.Errorf("gpu: the host pool: %w", err)
+			}
+		}
 		if err := mir.finish(c, g, seqs); err != nil {
 			return nil, fmt.Errorf("gpu: the host pool: %w", err)
 		}
@@ -377,44 +455,35 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	for i, s := range seqs {
 		s.Len += len(tokens[i])
 	}
-	nr := len(rows)
-	if nr == 0 {
-		return nil, c.Synchronize() // a mid-prompt chunk: no row is sampled
+	if want == 0 {
+		return nil, nil
 	}
-	return g.headRows(c, n, rows, gpuHC{g.hcFn, g.hcBase, g.hcScale}, g.norm)
+	logits := make([]float32, want*cfg.VocabSize)
+	return logits, cudart.Download(c, logits, w.logits)
 }
 
-// headRows runs the head over the rows named of the step's n rows of streams: their
-// streams gathered into w.picked (the embedding kernel on the streams as a table), the
-// hc_head collapse of hw, the final norm, the lm_head; it returns their logits.
-func (g *gpuModel) headRows(c *cudart.Ctx, n int, rows []int32, hw gpuHC, norm cudart.DevicePtr) ([]float32, error) {
+// headLaunch queues the head over the rows w.rowIdx names (nr of them) of the step's n
+// rows of streams: their streams gathered into w.picked (the embedding kernel on the
+// streams as a table), the hc_head collapse of hw, the final norm, the lm_head into
+// w.logits.
+func (g *gpuModel) headLaunch(c *cudart.Ctx, n, nr int, hw gpuHC, norm cudart.DevicePtr) error {
 	cfg, w := g.m.Config, &g.w
-	h, hc, nr := cfg.HiddenSize, cfg.HCMult, len(rows)
+	h, hc := cfg.HiddenSize, cfg.HCMult
 	eps := float32(cfg.RMSNormEps)
-	if err := cudart.Upload(c, w.rowIdx, rows); err != nil {
-		return nil, err
-	}
-	if err := g.kk.Embedding(c, nil, w.picked, w.streams, w.rowIdx, nr, hc*h, n); err != nil {
-		return nil, err
+	if err := g.kk.Embedding(c, g.s, w.picked, w.streams, w.rowIdx, nr, hc*h, n); err != nil {
+		return err
 	}
 	if err := g.gemm(c, w.headMix, w.picked, hw.fn, nr, hc*h, hc); err != nil {
-		return nil, err
+		return err
 	}
-	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Collapsed: w.y, Streams: w.picked, Mix: w.headMix, Base: hw.base, Scale: hw.scale,
+	if err := g.kk.HyperPre(c, g.s, cuda.HyperPre{Collapsed: w.y, Streams: w.picked, Mix: w.headMix, Base: hw.base, Scale: hw.scale,
 		Rows: nr, HC: hc, Dim: h, Eps: float32(cfg.HCEps), NormEps: eps, Head: true}); err != nil {
-		return nil, err
+		return err
 	}
-	if err := g.kk.RMSNorm(c, nil, w.y, w.y, norm, nr, h, eps); err != nil {
-		return nil, err
+	if err := g.kk.RMSNorm(c, g.s, w.y, w.y, norm, nr, h, eps); err != nil {
+		return err
 	}
-	if err := g.gemm(c, w.logits, w.y, g.head, nr, h, cfg.VocabSize); err != nil {
-		return nil, err
-	}
-	if err := c.Synchronize(); err != nil {
-		return nil, err
-	}
-	logits := make([]float32, nr*cfg.VocabSize)
-	return logits, cudart.Download(c, logits, w.logits)
+	return g.gemm(c, w.logits, w.y, g.head, nr, h, cfg.VocabSize)
 }
 
 // hyper computes one mHC's post and comb and the collapsed, normed block input in w.x.
@@ -425,17 +494,17 @@ func (g *gpuModel) hyper(c *cudart.Ctx, hw gpuHC, norm cudart.DevicePtr, n int) 
 	if err := g.gemm(c, w.mix, w.streams, hw.fn, n, hc*h, (2+hc)*hc); err != nil {
 		return err
 	}
-	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Post: w.post, Comb: w.comb, Collapsed: w.x, Streams: w.streams, Mix: w.mix,
+	if err := g.kk.HyperPre(c, g.s, cuda.HyperPre{Post: w.post, Comb: w.comb, Collapsed: w.x, Streams: w.streams, Mix: w.mix,
 		Base: hw.base, Scale: hw.scale, Rows: n, HC: hc, Dim: h, Iters: cfg.HCSinkhornIters, Eps: float32(cfg.HCEps), NormEps: eps}); err != nil {
 		return err
 	}
-	return g.kk.RMSNorm(c, nil, w.x, w.x, norm, n, h, eps)
+	return g.kk.RMSNorm(c, g.s, w.x, w.x, norm, n, h, eps)
 }
 
 // expand refreshes the streams from a block output.
 func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
 	cfg, w := g.m.Config, &g.w
-	if err := g.kk.HyperPost(c, nil, cuda.HyperPost{Out: w.next, Streams: w.streams, Block: out, Post: w.post, Comb: w.comb,
+	if err := g.kk.HyperPost(c, g.s, cuda.HyperPost{Out: w.next, Streams: w.streams, Block: out, Post: w.post, Comb: w.comb,
 		Rows: n, HC: cfg.HCMult, Dim: cfg.HiddenSize}); err != nil {
 		return err
 	}
@@ -458,7 +527,7 @@ func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs []*g
 	if err := g.hyper(c, l.ffnHC, l.ffnNorm, n); err != nil {
 		return err
 	}
-	if err := l.moe.forward(c, nil, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, n); err != nil {
+	if err := l.moe.forward(c, g.s, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, n); err != nil {
 		return err
 	}
 	return g.expand(c, w.ffn, n)
@@ -478,25 +547,16 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs 
 	}
 	steps := []func() error{
 		func() error { return g.gemm(c, w.qres, w.x, l.qa, n, h, qr) },
-		func() error { return g.kk.RMSNorm(c, nil, w.qres, w.qres, l.qaNorm, n, qr, eps) },
+		func() error { return g.kk.RMSNorm(c, g.s, w.qres, w.qres, l.qaNorm, n, qr, eps) },
 		func() error { return g.gemm(c, w.q, w.qres, l.qb, n, qr, nh*d) },
-		func() error { return g.kk.RMSNorm(c, nil, w.q, w.q, g.ones, n*nh, d, eps) },
+		func() error { return g.kk.RMSNorm(c, g.s, w.q, w.q, g.ones, n*nh, d, eps) },
 		func() error { return run(kernels.PartialRope(w.q, w.pos, rot, n, nh, d, false)) },
 		func() error { return g.gemm(c, w.kv, w.x, l.kv, n, h, d) },
-		func() error { return g.kk.RMSNorm(c, nil, w.kv, w.kv, l.kvNorm, n, d, eps) },
+		func() error { return g.kk.RMSNorm(c, g.s, w.kv, w.kv, l.kvNorm, n, d, eps) },
 		func() error { return run(kernels.PartialRope(w.kv, w.pos, rot, n, 1, d, false)) },
 	}
 	for _, f := range steps {
 		if err := f(); err != nil {
-			return err
-		}
-	}
-	if l.comp != nil {
-		row0 := make([]int32, len(seqs))
-		for i, s := range seqs {
-			row0[i] = int32(s.slot * l.maxEntries)
-		}
-		if err := cudart.Upload(c, w.entryRow0, row0); err != nil {
 			return err
 		}
 	}
@@ -507,15 +567,15 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs 
 		if err := g.gemm(c, gate, w.x, gatew, n, h, kc.Width()); err != nil {
 			return err
 		}
-		kc.State, kc.EntryRow0 = w.state, w.entryRow0
+		kc.State, kc.EntryRow0 = w.state, l.entryRow0
 		ls, err := kc.Compress(ch, kv, gate, g.comp)
 		if err != nil {
 			return err
 		}
-		if err := g.vk.Run(c, nil, &ls[0]); err != nil {
+		if err := g.vk.Run(c, g.s, &ls[0]); err != nil {
 			return err
 		}
-		return g.vk.Run(c, nil, &ls[1])
+		return g.vk.Run(c, g.s, &ls[1])
 	}
 	if l.comp != nil {
 		if err := compress(l.comp, l.compKV, l.compGate, w.ckv, w.cgate); err != nil {
@@ -525,7 +585,7 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs 
 	a := kernels.Attention{Out: w.out, Q: w.q, KV: w.kv, WindowKV: l.ring, WinRow0: w.winRow0, Sinks: l.sinks,
 		Heads: nh, HeadDim: d, Window: cfg.SlidingWindow, Ratio: l.ratio, Scale: float32(1 / math.Sqrt(float64(d)))}
 	if l.comp != nil {
-		a.Entries, a.EntryRow0 = l.comp.Entries, w.entryRow0
+		a.Entries, a.EntryRow0 = l.comp.Entries, l.entryRow0
 	}
 	if l.idx != nil {
 		if err := compress(l.idx, l.idxKV, l.idxGate, w.ikv, w.igate); err != nil {
@@ -541,7 +601,7 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs 
 			return err
 		}
 		x := kernels.Indexer{Picks: w.picks, Counts: w.counts, Scores: w.scores, Q: w.iq, W: w.iw, Keys: l.idx.Entries,
-			KeyRow0: w.entryRow0, Ratio: l.ratio, Heads: ih, HeadDim: id, TopK: cfg.IndexTopK, MaxVisible: l.maxEntries}
+			KeyRow0: l.entryRow0, Ratio: l.ratio, Heads: ih, HeadDim: id, TopK: cfg.IndexTopK, MaxVisible: l.maxEntries}
 		if err := run(x.Launch(ch)); err != nil {
 			return err
 		}
@@ -552,7 +612,7 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs 
 		return err
 	}
 	for i := range ls {
-		if err := g.vk.Run(c, nil, &ls[i]); err != nil {
+		if err := g.vk.Run(c, g.s, &ls[i]); err != nil {
 			return err
 		}
 	}

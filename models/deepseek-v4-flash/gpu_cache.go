@@ -115,6 +115,9 @@ func (g *gpuModel) comps(li int) []gpuComp {
 // state page.
 func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int) error {
 	d := g.m.Config.HeadDim
+	if err := c.Synchronize(); err != nil { // the layer's launches on the stream
+		return err
+	}
 	kvRows := ms.scratch(rows * d)
 	if err := cudart.Download(c, kvRows, g.w.kv); err != nil {
 		return err

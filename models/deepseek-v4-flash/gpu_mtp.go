@@ -204,23 +204,29 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32)
 	for _, u := range []struct {
 		dst cudart.DevicePtr
 		v   []int32
-	}{{w.ids, ids}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0}, {w.state, state}, {w.winRow0, winRow0}} {
+	}{{w.ids, ids}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0}, {w.state, state}, {w.winRow0, winRow0}, {w.rowIdx, rows}} {
+		if len(u.v) == 0 {
+			continue
+		}
 		if err := cudart.Upload(c, u.dst, u.v); err != nil {
 			return nil, err
 		}
 	}
-	eps := float32(cfg.RMSNormEps)
-	// x_i = e_proj(enorm(embed(next))) + h_proj(hnorm(stream_i)).
-	if err := g.kk.Embedding(c, nil, w.x, g.embed, w.ids, n, h, cfg.VocabSize); err != nil {
+	if err := c.Synchronize(); err != nil { // the uploads and the input copies, before the stream reads them
 		return nil, err
 	}
-	if err := g.kk.RMSNorm(c, nil, w.x, w.x, t.eNorm, n, h, eps); err != nil {
+	eps := float32(cfg.RMSNormEps)
+	// x_i = e_proj(enorm(embed(next))) + h_proj(hnorm(stream_i)).
+	if err := g.kk.Embedding(c, g.s, w.x, g.embed, w.ids, n, h, cfg.VocabSize); err != nil {
+		return nil, err
+	}
+	if err := g.kk.RMSNorm(c, g.s, w.x, w.x, t.eNorm, n, h, eps); err != nil {
 		return nil, err
 	}
 	if err := g.gemm(c, w.ffn, w.x, t.eProj, n, h, h); err != nil {
 		return nil, err
 	}
-	if err := g.kk.RMSNorm(c, nil, w.next, t.in, t.hNorm, n*hc, h, eps); err != nil {
+	if err := g.kk.RMSNorm(c, g.s, w.next, t.in, t.hNorm, n*hc, h, eps); err != nil {
 		return nil, err
 	}
 	if err := g.gemm(c, w.streams, w.next, t.hProj, n*hc, h, h); err != nil {
@@ -236,7 +242,14 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32)
 	if len(rows) == 0 {
 		return nil, c.Synchronize()
 	}
-	return g.headRows(c, n, rows, t.hc, t.norm)
+	if err := g.headLaunch(c, n, len(rows), t.hc, t.norm); err != nil {
+		return nil, err
+	}
+	if err := c.Synchronize(); err != nil {
+		return nil, err
+	}
+	logits := make([]float32, len(rows)*cfg.VocabSize)
+	return logits, cudart.Download(c, logits, w.logits)
 }
 
 // gpuDrafter is GPURunner's forward with the MTP head on the device, as cpurunner's

@@ -12,7 +12,8 @@ import (
 // (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and MaxSeqs, as
 // core/gpurunner), opts.KernelCache
 // the compiled kernels; the GEMM weights are float32 (NewGPURunner takes bf16 too);
-// graphs, NUMA binding and a device KV cache are not used yet (see doc.go). The host pool
+// decode steps replay CUDA graphs unless opts.Eager (UseGraphs); NUMA binding and a
+// device KV cache are not used yet (see doc.go). The host pool
 // of cacheBytes (0 = 256 MiB) is written through from the device slots, for prefix hits
 // (gpu_cache.go). Closing the runner closes the device.
 func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
@@ -49,6 +50,12 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 		return nil, nil, err
 	}
 	r.ownsDev = true
+	if !opts.Eager {
+		if err := r.UseGraphs(true, opts.Log); err != nil {
+			r.Close()
+			return nil, nil, err
+		}
+	}
 	pool, err := r.NewPool(cacheBytes)
 	if err != nil {
 		r.Close()

@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
@@ -127,6 +128,16 @@ func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
 	}
 	return pool, nil
 }
+
+// UseGraphs turns CUDA graphs for decode steps on or off (gpu_graphs.go: one per batch
+// bucket; prefill and drafting steps stay eager); a failed capture is noted on log (nil:
+// dropped) and its shape runs eagerly. OpenGPU turns them on unless opts.Eager.
+func (r *GPURunner) UseGraphs(on bool, log io.Writer) error {
+	return r.dev.Do(func(c *cudart.Ctx) error { return r.g.useGraphs(c, on, log) })
+}
+
+// StepCounts returns how many forward steps replayed a graph and how many ran eagerly.
+func (r *GPURunner) StepCounts() (graph, eager int) { return r.g.Stats.Graph, r.g.Stats.Eager }
 
 // resume takes a slot for plan sequence i, which resumes at its cached tokens, and fills
 // it from the pool's pages.
