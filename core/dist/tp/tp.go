@@ -18,6 +18,7 @@ package tp
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/engine"
@@ -90,64 +91,167 @@ func VocabRange(vocab, rank, size int) (lo, hi int) {
 // NewShard cuts rank's slices of w (the whole model) for a group of size ranks. Heads,
 // KV heads and Inter must divide by size.
 func NewShard(d Dense, w *Weights, rank, size int) (*Shard, error) {
+	if len(w.Layers) != d.Layers {
+		return nil, fmt.Errorf("tp: %d layers of weights for %d", len(w.Layers), d.Layers)
+	}
+	return LoadShard(d, memorySource(w), rank, size)
+}
+
+// Source holds a llama-family model's tensors by their HF names (model.embed_tokens.weight,
+// model.layers.N.self_attn.q_proj.weight, …, lm_head.weight; a missing lm_head is tied to
+// the embeddings, missing biases are none) and reads a whole tensor, or rows or columns
+// of one, each checked against the tensor's whole shape. core/weights' Checkpoint is one:
+// it reads only the slice's bytes.
+type Source interface {
+	Has(name string) bool
+	Float32(name string, shape ...int) ([]float32, error)
+	Float32Rows(name string, lo, hi int, shape ...int) ([]float32, error)
+	Float32Cols(name string, lo, hi int, shape ...int) ([]float32, error)
+}
+
+// LoadShard reads rank's slices of the model in src for a group of size ranks: its rows
+// of q/k/v, gate/up, the embedding and the head, its columns of o and down, and the
+// norms whole, so a rank reads about 1/size of the projections. Heads, KV heads and Inter
+// must divide by size.
+func LoadShard(d Dense, src Source, rank, size int) (*Shard, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("tp: rank %d of %d", rank, size)
 	}
 	if d.Heads%size != 0 || d.KVHeads%size != 0 || d.Inter%size != 0 {
 		return nil, fmt.Errorf("tp: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", d.Heads, d.KVHeads, d.Inter, size)
 	}
-	if d.Rope == nil || len(w.Layers) != d.Layers {
-		return nil, fmt.Errorf("tp: %d layers of weights for %d, rope table %v", len(w.Layers), d.Layers, d.Rope != nil)
+	if d.Rope == nil {
+		return nil, fmt.Errorf("tp: no rope table")
 	}
 	hd, hdim := d.Hidden, d.HeadDim
 	s := &Shard{D: d, Rank: rank, Size: size, heads: d.Heads / size, kvHeads: d.KVHeads / size, inter: d.Inter / size}
 	s.vocabLo, s.vocabHi = VocabRange(d.Vocab, rank, size)
-	if len(w.Embed) != d.Vocab*hd || len(w.Head) != d.Vocab*hd {
-		return nil, fmt.Errorf("tp: embedding %d and head %d values, want %d×%d", len(w.Embed), len(w.Head), d.Vocab, hd)
-	}
-	s.embed = w.Embed[s.vocabLo*hd : s.vocabHi*hd]
-	s.head = w.Head[s.vocabLo*hd : s.vocabHi*hd]
-	s.norm = w.Norm
-	rowsOf := func(m []float32, lo, hi, cols int) []float32 { return m[lo*cols : hi*cols] }
-	colsOf := func(m []float32, rows, cols, lo, hi int) []float32 {
-		out := make([]float32, 0, rows*(hi-lo))
-		for r := range rows {
-			out = append(out, m[r*cols+lo:r*cols+hi]...)
+	var err error
+	// first keeps the first error; the reads after it return nil and are not used.
+	first := func(v []float32, e error) []float32 {
+		if err == nil {
+			err = e
 		}
-		return out
+		return v
 	}
-	sub := func(b []float32, lo, hi int) []float32 {
-		if b == nil {
+	optional := func(name string, lo, hi, n int) []float32 {
+		if !src.Has(name) {
 			return nil
 		}
-		return b[lo:hi]
+		return first(src.Float32Rows(name, lo, hi, n))
 	}
+	s.embed = first(src.Float32Rows("model.embed_tokens.weight", s.vocabLo, s.vocabHi, d.Vocab, hd))
+	if src.Has("lm_head.weight") {
+		s.head = first(src.Float32Rows("lm_head.weight", s.vocabLo, s.vocabHi, d.Vocab, hd))
+	} else {
+		s.head = s.embed // tied
+	}
+	s.norm = first(src.Float32("model.norm.weight", hd))
 	qd, kvd := d.Heads*hdim, d.KVHeads*hdim
 	ql, kl := s.heads*hdim, s.kvHeads*hdim
 	q0, k0, i0 := rank*ql, rank*kl, rank*s.inter
-	for l, lw := range w.Layers {
-		if len(lw.Q) != qd*hd || len(lw.K) != kvd*hd || len(lw.V) != kvd*hd || len(lw.O) != hd*qd ||
-			len(lw.Gate) != d.Inter*hd || len(lw.Up) != d.Inter*hd || len(lw.Down) != hd*d.Inter {
-			return nil, fmt.Errorf("tp: layer %d's projections do not match the shape %+v", l, d)
+	for l := range d.Layers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		lw := shardLayer{
+			attnNorm: first(src.Float32(p+"input_layernorm.weight", hd)),
+			mlpNorm:  first(src.Float32(p+"post_attention_layernorm.weight", hd)),
+			qBias:    optional(p+"self_attn.q_proj.bias", q0, q0+ql, qd),
+			kBias:    optional(p+"self_attn.k_proj.bias", k0, k0+kl, kvd),
+			vBias:    optional(p+"self_attn.v_proj.bias", k0, k0+kl, kvd),
+			o:        first(src.Float32Cols(p+"self_attn.o_proj.weight", q0, q0+ql, hd, qd)),
+			down:     first(src.Float32Cols(p+"mlp.down_proj.weight", i0, i0+s.inter, hd, d.Inter)),
 		}
-		var qkv []float32
-		qkv = append(qkv, rowsOf(lw.Q, q0, q0+ql, hd)...)
-		qkv = append(qkv, rowsOf(lw.K, k0, k0+kl, hd)...)
-		qkv = append(qkv, rowsOf(lw.V, k0, k0+kl, hd)...)
-		var gu []float32
-		gu = append(gu, rowsOf(lw.Gate, i0, i0+s.inter, hd)...)
-		gu = append(gu, rowsOf(lw.Up, i0, i0+s.inter, hd)...)
-		s.layers = append(s.layers, shardLayer{
-			attnNorm: lw.AttnNorm, mlpNorm: lw.MLPNorm,
-			qkv:   qkv,
-			qBias: sub(lw.QBias, q0, q0+ql), kBias: sub(lw.KBias, k0, k0+kl), vBias: sub(lw.VBias, k0, k0+kl),
-			oBias: lw.OBias, qNorm: lw.QNorm, kNorm: lw.KNorm,
-			o:      colsOf(lw.O, hd, qd, q0, q0+ql),
-			gateUp: gu,
-			down:   colsOf(lw.Down, hd, d.Inter, i0, i0+s.inter),
-		})
+		if src.Has(p + "self_attn.o_proj.bias") {
+			lw.oBias = first(src.Float32(p+"self_attn.o_proj.bias", hd))
+		}
+		if d.QKNorm {
+			lw.qNorm = first(src.Float32(p+"self_attn.q_norm.weight", hdim))
+			lw.kNorm = first(src.Float32(p+"self_attn.k_norm.weight", hdim))
+		}
+		lw.qkv = slices.Concat(
+			first(src.Float32Rows(p+"self_attn.q_proj.weight", q0, q0+ql, qd, hd)),
+			first(src.Float32Rows(p+"self_attn.k_proj.weight", k0, k0+kl, kvd, hd)),
+			first(src.Float32Rows(p+"self_attn.v_proj.weight", k0, k0+kl, kvd, hd)))
+		lw.gateUp = slices.Concat(
+			first(src.Float32Rows(p+"mlp.gate_proj.weight", i0, i0+s.inter, d.Inter, hd)),
+			first(src.Float32Rows(p+"mlp.up_proj.weight", i0, i0+s.inter, d.Inter, hd)))
+		if err != nil {
+			return nil, fmt.Errorf("tp: rank %d of %d: %w", rank, size, err)
+		}
+		s.layers = append(s.layers, lw)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tp: rank %d of %d: %w", rank, size, err)
 	}
 	return s, nil
+}
+
+// memory is a Source over a whole model in memory (Weights): rows are views of its
+// slices, columns copies.
+type memory map[string][]float32
+
+func memorySource(w *Weights) memory {
+	m := memory{"model.embed_tokens.weight": w.Embed, "model.norm.weight": w.Norm}
+	if len(w.Head) > 0 && (len(w.Embed) == 0 || &w.Head[0] != &w.Embed[0]) {
+		m["lm_head.weight"] = w.Head
+	}
+	for l, lw := range w.Layers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		for name, v := range map[string][]float32{
+			"input_layernorm.weight": lw.AttnNorm, "post_attention_layernorm.weight": lw.MLPNorm,
+			"self_attn.q_proj.weight": lw.Q, "self_attn.k_proj.weight": lw.K, "self_attn.v_proj.weight": lw.V,
+			"self_attn.o_proj.weight": lw.O, "self_attn.q_proj.bias": lw.QBias, "self_attn.k_proj.bias": lw.KBias,
+			"self_attn.v_proj.bias": lw.VBias, "self_attn.o_proj.bias": lw.OBias,
+			"self_attn.q_norm.weight": lw.QNorm, "self_attn.k_norm.weight": lw.KNorm,
+			"mlp.gate_proj.weight": lw.Gate, "mlp.up_proj.weight": lw.Up, "mlp.down_proj.weight": lw.Down,
+		} {
+			if v != nil {
+				m[p+name] = v
+			}
+		}
+	}
+	return m
+}
+
+func (m memory) Has(name string) bool { return m[name] != nil }
+
+func (m memory) get(name string, shape []int) ([]float32, error) {
+	v, ok := m[name]
+	if !ok {
+		return nil, fmt.Errorf("tensor %q missing", name)
+	}
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	if len(v) != n {
+		return nil, fmt.Errorf("tensor %q holds %d values, not the shape %v", name, len(v), shape)
+	}
+	return v, nil
+}
+
+func (m memory) Float32(name string, shape ...int) ([]float32, error) { return m.get(name, shape) }
+
+func (m memory) Float32Rows(name string, lo, hi int, shape ...int) ([]float32, error) {
+	v, err := m.get(name, shape)
+	if err != nil {
+		return nil, err
+	}
+	row := len(v) / max(1, shape[0])
+	return v[lo*row : hi*row], nil
+}
+
+func (m memory) Float32Cols(name string, lo, hi int, shape ...int) ([]float32, error) {
+	v, err := m.get(name, shape)
+	if err != nil {
+		return nil, err
+	}
+	rows, cols := shape[0], shape[1]
+	out := make([]float32, 0, rows*(hi-lo))
+	for r := range rows {
+		out = append(out, v[r*cols+lo:r*cols+hi]...)
+	}
+	return out, nil
 }
 
 // KVHeads returns the key/value heads this rank holds (its cache's KVHeads).
