@@ -38,8 +38,14 @@ func (l Layer) Owner(e, size int) int {
 	return e / per
 }
 
-// Routes are a rank's tokens: x [tokens, hidden], and for each token TopK expert ids and
-// their weights ([tokens, TopK] each).
+// Masked is the expert id of a route to no expert: it is sent nowhere and adds nothing,
+// so a token whose routes are all masked comes back as zeros. A DP-attention rank pads
+// its tokens with such dummy rows (engine.DPStep.Pad), so every rank's collectives have
+// the shape of the largest.
+const Masked int32 = -1
+
+// Routes are a rank's tokens: x [tokens, hidden], and for each token TopK expert ids
+// (or Masked) and their weights ([tokens, TopK] each).
 type Routes struct {
 	X       []float32
 	IDs     []int32
@@ -58,7 +64,7 @@ func (l Layer) check(r Routes) (int, error) {
 		return 0, fmt.Errorf("ep: %d tokens with %d ids and %d weights, want %d each", t, len(r.IDs), len(r.Weights), t*l.TopK)
 	}
 	for i, e := range r.IDs {
-		if e < 0 || int(e) >= l.Experts {
+		if e != Masked && (e < 0 || int(e) >= l.Experts) {
 			return 0, fmt.Errorf("ep: token %d routes to expert %d of %d", i/l.TopK, e, l.Experts)
 		}
 	}
@@ -80,6 +86,9 @@ func Serial(l Layer, r Routes, run ExpertFunc, out []float32) error {
 	y := make([]float32, h)
 	for i := range t {
 		for j := range l.TopK {
+			if r.IDs[i*l.TopK+j] == Masked {
+				continue
+			}
 			if err := run(int(r.IDs[i*l.TopK+j]), r.X[i*h:(i+1)*h], 1, y); err != nil {
 				return err
 			}
@@ -111,6 +120,9 @@ func AllToAll(c dist.Communicator, l Layer, r Routes, run ExpertFunc, out []floa
 	for i := range t {
 		for j := range k {
 			e := r.IDs[i*k+j]
+			if e == Masked {
+				continue
+			}
 			dst := l.Owner(int(e), size)
 			send[dst] = binary.LittleEndian.AppendUint32(send[dst], uint32(e))
 			send[dst] = append(send[dst], dist.F32Bytes(r.X[i*h:(i+1)*h])...)
@@ -165,6 +177,9 @@ func AllToAll(c dist.Communicator, l Layer, r Routes, run ExpertFunc, out []floa
 	clear(out)
 	for i := range t {
 		for j := range k {
+			if r.IDs[i*k+j] == Masked {
+				continue
+			}
 			dst := l.Owner(int(r.IDs[i*k+j]), size)
 			b := back[dst]
 			if (next[dst]+1)*4*h > len(b) {
@@ -224,11 +239,11 @@ func Gather(c dist.Communicator, l Layer, r Routes, run ExpertFunc, out []float3
 				x[d] = math.Float32frombits(binary.LittleEndian.Uint32(xs[(i*h+d)*4:]))
 			}
 			for j := range k {
-				e := int(binary.LittleEndian.Uint32(ids[(i*k+j)*4:]))
-				if e >= l.Experts {
+				e := int(int32(binary.LittleEndian.Uint32(ids[(i*k+j)*4:])))
+				if e != int(Masked) && (e < 0 || e >= l.Experts) {
 					return fmt.Errorf("ep: gather: rank %d routes to expert %d", src, e)
 				}
-				if l.Owner(e, size) != me {
+				if e == int(Masked) || l.Owner(e, size) != me {
 					continue
 				}
 				if err := run(e, x, 1, y); err != nil {

@@ -125,3 +125,79 @@ func TestEPBadRoutes(t *testing.T) {
 		t.Fatal("missing weights accepted")
 	}
 }
+
+// TestEPMaskedRoutes: routes to Masked are sent nowhere and add nothing, and dummy rows
+// whose routes are all masked (a DP-attention rank's padding) come back as zeros; both
+// exchanges agree with the serial reference, and no expert runs on a masked route.
+func TestEPMaskedRoutes(t *testing.T) {
+	l := Layer{Experts: 5, Hidden: hidden, TopK: 2}
+	masked := func(r int) Routes {
+		rt := routes(l, r)
+		for i := range rt.IDs {
+			if i%3 == 1 {
+				rt.IDs[i] = Masked
+			}
+		}
+		for range 2 { // dummy rows
+			rt.X = append(rt.X, make([]float32, l.Hidden)...)
+			rt.IDs = append(rt.IDs, Masked, Masked)
+			rt.Weights = append(rt.Weights, 0, 0)
+		}
+		return rt
+	}
+	const size = 3
+	for _, variant := range []struct {
+		name string
+		f    func(dist.Communicator, Layer, Routes, ExpertFunc, []float32) error
+		tol  float64
+	}{{"all-to-all", AllToAll, 0}, {"gather", Gather, 1e-6}} {
+		cs, _ := dist.NewInProcess(size, dist.Options{Timeout: 10 * time.Second})
+		calls := map[int]int{}
+		var mu sync.Mutex
+		got := make([][]float32, size)
+		errs := make([]error, size)
+		var wg sync.WaitGroup
+		for r := range size {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rt := masked(r)
+				got[r] = make([]float32, len(rt.X))
+				errs[r] = variant.f(cs[r], l, rt, expert(calls, &mu), got[r])
+			}()
+		}
+		wg.Wait()
+		routed := map[int]int{}
+		for r := range size {
+			if errs[r] != nil {
+				t.Fatalf("%s rank %d: %v", variant.name, r, errs[r])
+			}
+			rt := masked(r)
+			for _, e := range rt.IDs {
+				routed[int(e)]++
+			}
+			want := make([]float32, len(rt.X))
+			if err := Serial(l, rt, expert(nil, nil), want); err != nil {
+				t.Fatal(err)
+			}
+			for i := range want {
+				if d := math.Abs(float64(got[r][i] - want[i])); d > variant.tol*(1+math.Abs(float64(want[i]))) {
+					t.Fatalf("%s rank %d [%d] = %g, serial %g", variant.name, r, i, got[r][i], want[i])
+				}
+			}
+			for i := len(want) - 2*l.Hidden; i < len(want); i++ {
+				if got[r][i] != 0 {
+					t.Fatalf("%s rank %d: a dummy row's output %g, want 0", variant.name, r, got[r][i])
+				}
+			}
+		}
+		if calls[int(Masked)] != 0 {
+			t.Fatalf("%s: an expert ran on a masked route", variant.name)
+		}
+		for e := range l.Experts {
+			if calls[e] != routed[e] {
+				t.Fatalf("%s: expert %d ran on %d rows, %d routed to it", variant.name, e, calls[e], routed[e])
+			}
+		}
+	}
+}
