@@ -62,7 +62,7 @@ type rankStats struct {
 }
 
 // moeForward is rank's forward: llama on its own cache, then the expert layer over data
-// (the dp group) on the plan's tokens, padded with dummy rows (weight 0) to DP.Pad. hook
+// (the dp group) on the plan's tokens, padded with dummy rows (masked routes) to DP.Pad. hook
 // (nil: none) runs before the expert layer; true skips the layer.
 func moeForward(m *llama.Model, kv *llama.KVCache, data dist.Communicator, st *rankStats, hook func(*engine.BatchPlan) bool) dp.Forward {
 	return func(p *engine.BatchPlan, logits []float32) error {
@@ -87,11 +87,12 @@ func moeForward(m *llama.Model, kv *llama.KVCache, data dist.Communicator, st *r
 		}
 		r := ep.Routes{X: make([]float32, rows*moeHidden), IDs: make([]int32, 2*rows), Weights: make([]float32, 2*rows)}
 		for i := range rows {
-			tok := int32(0)
-			if i < p.NumTokens() {
-				tok = p.Tokens[i]
-				r.Weights[2*i], r.Weights[2*i+1] = 0.5, 0.5
-			} // a dummy row: weight 0, its output ignored
+			if i >= p.NumTokens() {
+				r.IDs[2*i], r.IDs[2*i+1] = ep.Masked, ep.Masked // a dummy row: no expert
+				continue
+			}
+			tok := p.Tokens[i]
+			r.Weights[2*i], r.Weights[2*i+1] = 0.5, 0.5
 			for d := range moeHidden {
 				r.X[i*moeHidden+d] = float32(tok) + float32(d)/8
 			}
