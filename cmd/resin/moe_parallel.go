@@ -122,7 +122,8 @@ func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Run
 		g.data.Close()
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	forward := lockstep.Lead(g.ctl, r.Check, r.Forward)
+	// A dead worker's rank, pid and signal go on the error of the step it failed.
+	forward := g.forward(lockstep.Lead(g.ctl, r.Check, r.Forward))
 	return &tpRunner{cpurunner.New(info, cpurunner.ForwardFunc(forward)), g.close}, pool, nil
 }
 
