@@ -69,6 +69,15 @@
 //	routed and shared experts      cuBLASLt fp32, a GEMM per expert block     TestEmulatedMoE
 //	hc_head, final norm, head      embedding.cu gathers the sampled rows;      TestEmulatedForward: Model.ForwardRows,
 //	                                 mhc.cu (head), rmsnorm, cuBLASLt           every logit within 5e-5
+//	MTP head: enorm/e_proj,        rmsnorm, cuBLASLt, kernels groups.cu       TestEmuAddRows (exact);
+//	  hnorm/h_proj, their sum,       add_rows, its block as above (ring of      TestEmulatedMTPGreedyEqualsPlain: the
+//	  block, hc_head                 its own), the head                         CPU head's logits within 1e-4
+//	rejected drafts rolled back    device undo log (D2D copies), undoLog on   TestEmulatedMTPGreedyEqualsPlain
+//	                                 the pool (gpu_mtp.go)                      (forced accepts and rejects)
+//	prefix cache                   the pool written through from the slots,   TestEmulatedEngineMatchesCPU (prefix
+//	                                 a hit restored into a slot (gpu_cache.go)  rounds), TestEmulatedGraphsEqualEager
+//	decode steps                   one CUDA graph per batch bucket            TestEmulatedGraphsEqualEager (bit
+//	                                 (gpu_graphs.go)                            for bit against eager)
 //
 // What is a first cut: activations are float32 and the GEMM weights float32 or bf16
 // (gpu_linear.go: a bf16 GEMM's input rounded by groups.cu's cast;
@@ -77,11 +86,13 @@
 // TB or 570 GB for the full 284B model, against 157 GB as shipped; only truncated configs
 // fit a GPU), and cuBLASLt's block-scaled FP8 and a W4A16 expert GEMM are not written;
 // each sequence's state sits in a device slot (ring, windows, entries) rather than kvslab
-// pages, so there are no prefix hits on the GPU; the MoE gives every expert room for all
+// pages; the host pool the engine schedules with is written through from the slots after
+// every step (device-to-host copies of every fed row, a sync per layer in eager steps) and
+// a prefix hit is copied back into a fresh slot; the MoE gives every expert room for all
 // of a step's rows and runs one GEMM per expert; attention reads the shared K=V head once
-// per block of 4 query heads; launches are eager (no CUDA graphs yet); GPURunner refuses
-// prefix hits and drafts (no MTP on the device), and OpenGPU is not yet in cmd/resin's
-// gpuOpeners, so --device cuda does not reach it. kernels.Load compiles every source
+// per block of 4 query heads; only decode steps replay CUDA graphs (prefill and MTP verify
+// steps are eager); the MTP draft argmax and the drafting loop run on the host over the
+// device's logits. kernels.Load compiles every source
 // above with NVRTC (TestCompile checks them under NVRTC and ptxas).
 //
 // scripts/deepseek-v4-goldens.sh writes the goldens testdata/ holds (transformers on the
