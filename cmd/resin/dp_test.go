@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +18,8 @@ import (
 )
 
 // TestGenerateDP: `resin generate --dp 2` (with and without --dp-attention) prints what
-// one engine prints (generate's one request lands on rank 0 while rank 1 idles), and the
+// one engine prints and writes the same --logits-out file (generate's one request lands on
+// rank 0 while rank 1 idles), and the
 // layouts --dp does not cover are refused by name.
 func TestGenerateDP(t *testing.T) {
 	args := []string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000",
@@ -33,6 +36,23 @@ func TestGenerateDP(t *testing.T) {
 		if got != want {
 			t.Fatalf("%v printed %q, one engine %q", extra, got, want)
 		}
+	}
+	// --logits-out: the one request's rows are rank 0's, the same as one engine's.
+	var files []string
+	for _, extra := range [][]string{nil, {"--dp", "2"}, {"--dp", "2", "--dp-attention"}} {
+		path := filepath.Join(t.TempDir(), "l.safetensors")
+		_, errOut, err := runGenerate(t, append(append(extra, "--logits-out", path), args...)...)
+		if err != nil {
+			t.Fatalf("%v --logits-out: %v (%s)", extra, err, errOut)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, string(b))
+	}
+	if files[1] != files[0] || files[2] != files[0] {
+		t.Fatal("--dp 2 --logits-out wrote other logits than one engine")
 	}
 	for _, c := range []struct {
 		args []string
