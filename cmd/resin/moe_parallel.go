@@ -32,6 +32,18 @@ func dispatchOf(s string) (int, error) {
 	return 0, fmt.Errorf("--ep-dispatch %q: want gather or all-to-all", s)
 }
 
+// checkDispatch refuses an --ep-dispatch that would be ignored or misspelled: the
+// exchange is read only when --ep is 2 or more, so a typo there went unnoticed.
+func checkDispatch(s string, epn int) error {
+	if _, err := dispatchOf(s); err != nil {
+		return err
+	}
+	if s != "" && s != "gather" && epn < 2 {
+		return fmt.Errorf("--ep-dispatch %s needs --ep 2 or more (the experts' exchange)", s)
+	}
+	return nil
+}
+
 // openMoERank opens rank comm.Rank() of model name's layout (tp, ep, dispatch) from dir
 // with a pool of cacheBytes, as a lockstep rank; rank 0 also gets the engine's info.
 func openMoERank(name, dir string, tp, ep, dispatch int, cacheBytes int64, comm dist.Communicator) (lockstep.Rank, engine.RunnerInfo, *kvslab.Pool, error) {

@@ -185,3 +185,26 @@ func TestMoELayoutRefusedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestEPDispatchChecked: a misspelled --ep-dispatch is refused by name with or without
+// --ep, and all-to-all without --ep 2 or more is refused as ignored; both ran silently
+// as the one-rank model.
+func TestEPDispatchChecked(t *testing.T) {
+	for _, c := range []struct {
+		flags []string
+		why   string
+	}{
+		{[]string{"--ep-dispatch", "all2all"}, `--ep-dispatch "all2all": want gather or all-to-all`},
+		{[]string{"--ep-dispatch", "all2all", "--tp", "2"}, `--ep-dispatch "all2all": want gather or all-to-all`},
+		{[]string{"--ep-dispatch", "all-to-all", "--tp", "2"}, "--ep-dispatch all-to-all needs --ep 2 or more"},
+	} {
+		args := append([]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json",
+			"--prompt-ids", "1,2,3", "--max-tokens", "2"}, c.flags...)
+		if _, errOut, err := runGenerate(t, args...); err == nil || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("%v: %v (%s), want an error saying %q", c.flags, err, errOut, c.why)
+		}
+	}
+	if _, errOut, err := runGenerate(t, "--ep-dispatch", "gatherr", "--prompt-ids", "1,2", "--max-tokens", "2"); err == nil || !strings.Contains(err.Error(), `"gatherr"`) {
+		t.Errorf("the test runner with --ep-dispatch gatherr: %v (%s)", err, errOut)
+	}
+}

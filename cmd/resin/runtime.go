@@ -132,6 +132,9 @@ func (f *runtimeFlags) check() error {
 	if err := f.cp.check(f); err != nil {
 		return err
 	}
+	if err := checkDispatch(f.tp.dispatch, f.tp.ep); err != nil {
+		return err
+	}
 	if f.model != "" && f.model != "auto" && f.weights == "" && f.randomWeights == "" {
 		if _, lerr := models.Lookup(f.model); lerr != nil {
 			if st, err := os.Stat(f.model); err == nil && st.IsDir() {
