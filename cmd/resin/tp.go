@@ -17,7 +17,6 @@ import (
 	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
-	"github.com/resin-llm/resin/models/llama"
 )
 
 // tpFlags choose the tensor-parallel layout: ranks in this process (--tp), worker
@@ -106,7 +105,7 @@ func (r *tpRunner) StopRanks() error { return r.close() }
 // pool keeps llama's cache groups, whose page ids the ranks' own caches follow.
 func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
 	size, procs := f.size, f.procs
-	r, err := llama.Load(dir, llama.Options{})
+	r, err := openLlamaTP(dir)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -114,22 +113,22 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 	if err != nil {
 		return nil, nil, err
 	}
-	d, w, err := llamaTP(r.Model)
-	if err != nil {
-		return nil, nil, err
-	}
-	pages, pt := tp.CachePages(d, pool), pool.BlockTokens()
+	pages, pt := tp.CachePages(r.d, pool), pool.BlockTokens()
 	if f.initAddr != "" {
-		return openTPNodes(r, pool, d, w, f)
+		return openTPNodes(r, pool, f)
 	}
 	if !procs {
-		g, err := tp.StartInProcess(d, w, size, pages, pt, dist.Options{Timeout: time.Minute})
+		shards, err := r.shards(size)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
+		}
+		g, err := tp.StartShards(shards, pages, pt, dist.Options{Timeout: time.Minute})
 		if err != nil {
 			return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 		}
 		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), g.Close}, pool, nil
 	}
-	s, err := tp.NewShard(d, w, 0, size)
+	s, err := r.shard(0, size)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 	}
@@ -148,8 +147,8 @@ var errWorkerDone = errors.New("tp worker: rank 0 stopped the group")
 // openTPNodes joins the multi-node group at f.initAddr over TCP (a control group that
 // waits as long as the engine idles, then a data group). Node 0 returns the engine's
 // runner; the others run their rank until node 0 stops and then end the process.
-func openTPNodes(r *llama.Runner, pool *kvslab.Pool, d tp.Dense, w *tp.Weights, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
-	s, err := tp.NewShard(d, w, f.nodeRank, f.size)
+func openTPNodes(r *llamaTPModel, pool *kvslab.Pool, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	s, err := r.shard(f.nodeRank, f.size)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--tp %d: %w", f.size, err)
 	}
@@ -162,7 +161,7 @@ func openTPNodes(r *llama.Runner, pool *kvslab.Pool, d tp.Dense, w *tp.Weights, 
 		ctl.Close()
 		return nil, nil, err
 	}
-	kv := s.NewCache(tp.CachePages(d, pool), pool.BlockTokens())
+	kv := s.NewCache(tp.CachePages(r.d, pool), pool.BlockTokens())
 	if f.nodeRank != 0 {
 		err := tp.Follow(ctl, data, s, kv)
 		ctl.Close()
@@ -308,15 +307,11 @@ func runTPWorker(raw string) error {
 	if spec.Model != "" {
 		return runMoEWorker(spec)
 	}
-	r, err := llama.Load(spec.Dir, llama.Options{})
+	r, err := openLlamaTP(spec.Dir)
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", spec.Rank, err)
 	}
-	d, w, err := llamaTP(r.Model)
-	if err != nil {
-		return err
-	}
-	s, err := tp.NewShard(d, w, spec.Rank, spec.Size)
+	s, err := r.shard(spec.Rank, spec.Size)
 	if err != nil {
 		return err
 	}
@@ -327,23 +322,4 @@ func runTPWorker(raw string) error {
 	defer ctl.Close()
 	defer data.Close()
 	return tp.Follow(ctl, data, s, s.NewCache(spec.Pages, spec.PageTokens))
-}
-
-// llamaTP describes a loaded llama model for core/dist/tp.
-func llamaTP(m *llama.Model) (tp.Dense, *tp.Weights, error) {
-	c := m.Config
-	rope, err := c.RopeTable(m.MaxContext())
-	if err != nil {
-		return tp.Dense{}, nil, err
-	}
-	d := tp.Dense{Hidden: c.HiddenSize, HeadDim: c.HeadDim, Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads,
-		Inter: c.IntermediateSize, Vocab: c.VocabSize, Layers: c.NumHiddenLayers, Eps: float32(c.RMSNormEps),
-		QKNorm: c.QKNorm, Window: c.Window, Rope: rope}
-	w := &tp.Weights{Embed: m.W.Embed, Norm: m.W.Norm, Head: m.W.Head}
-	for _, l := range m.W.Layers {
-		w.Layers = append(w.Layers, tp.Layer{AttnNorm: l.AttnNorm, MLPNorm: l.MLPNorm, Q: l.Q, K: l.K, V: l.V, O: l.O,
-			QBias: l.QBias, KBias: l.KBias, VBias: l.VBias, OBias: l.OBias, QNorm: l.QNorm, KNorm: l.KNorm,
-			Gate: l.Gate, Up: l.Up, Down: l.Down})
-	}
-	return d, w, nil
 }

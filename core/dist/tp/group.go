@@ -102,6 +102,25 @@ type InProcess struct {
 // StartInProcess shards w over size ranks, each with a cache of pages pages of
 // pageTokens tokens, and starts the followers.
 func StartInProcess(d Dense, w *Weights, size, pages, pageTokens int, o dist.Options) (*InProcess, error) {
+	shards := make([]*Shard, size)
+	for r := range size {
+		var err error
+		if shards[r], err = NewShard(d, w, r, size); err != nil {
+			return nil, err
+		}
+	}
+	return StartShards(shards, pages, pageTokens, o)
+}
+
+// StartShards is StartInProcess on shards already made (shards[r] rank r's, as LoadShard
+// reads them).
+func StartShards(shards []*Shard, pages, pageTokens int, o dist.Options) (*InProcess, error) {
+	size := len(shards)
+	for r, s := range shards {
+		if s.Rank != r || s.Size != size {
+			return nil, fmt.Errorf("tp: shard %d of %d given as rank %d of %d", s.Rank, s.Size, r, size)
+		}
+	}
 	ctl, err := dist.NewInProcess(size, dist.Options{Timeout: 1 << 62}) // the engine may idle
 	if err != nil {
 		return nil, err
@@ -109,12 +128,6 @@ func StartInProcess(d Dense, w *Weights, size, pages, pageTokens int, o dist.Opt
 	data, err := dist.NewInProcess(size, o)
 	if err != nil {
 		return nil, err
-	}
-	shards := make([]*Shard, size)
-	for r := range size {
-		if shards[r], err = NewShard(d, w, r, size); err != nil {
-			return nil, err
-		}
 	}
 	g := &InProcess{ctl: ctl, data: data}
 	g.forward = Lead(ctl[0], data[0], shards[0], shards[0].NewCache(pages, pageTokens))
