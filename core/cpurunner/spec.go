@@ -2,6 +2,7 @@ package cpurunner
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/resin-llm/resin/core/engine"
 )
@@ -61,7 +62,8 @@ type DraftSampler interface {
 	// Draft, for j = 0, 1, ... up to the first rejected draft of a sampled row; it only
 	// reads the slice, which must stay valid until Draft is called. The engine may feed
 	// fewer drafts than Draft proposed (a prefix of them), never others. q[draft] must be
-	// positive; an error fails the step.
+	// positive and q a distribution (no negative, NaN or infinite entry, summing to 1
+	// within 1e-2), else the step fails; so does an error.
 	DraftDistribution(plan *engine.BatchPlan, i, j int) ([]float32, error)
 }
 
@@ -138,7 +140,28 @@ func (r *Runner) verifySampled(qs DraftSampler, plan *engine.BatchPlan, i, d int
 	if draft < 0 || int(draft) >= len(q) || !(q[draft] > 0) {
 		return 0, false, fmt.Errorf("draft %d of request %d: token %d has draft probability 0 (or is outside the vocabulary)", d, plan.ReqIDs[i], draft)
 	}
+	if err := checkDistribution(q); err != nil {
+		return 0, false, fmt.Errorf("draft %d of request %d: %w", d, plan.ReqIDs[i], err)
+	}
 	r.p = r.sampler.Distribution(logits, row, pos, r.p)
 	tok, ok := engine.VerifyDraft(r.p, q, draft, row.Seed, pos)
 	return tok, ok, nil
+}
+
+// checkDistribution refuses a draft distribution VerifyDraft would misuse without a
+// sign: an entry negative, NaN or infinite, or a sum away from 1 (an unnormalized q
+// skews the accept test and the residual, and so the output distribution). The bound
+// leaves room for a float32 softmax over a large vocabulary.
+func checkDistribution(q []float32) error {
+	var sum float64
+	for t, v := range q {
+		if !(v >= 0) || math.IsInf(float64(v), 1) {
+			return fmt.Errorf("draft distribution q[%d] = %g", t, v)
+		}
+		sum += float64(v)
+	}
+	if math.Abs(sum-1) > 1e-2 {
+		return fmt.Errorf("draft distribution sums to %g, not 1", sum)
+	}
+	return nil
 }

@@ -358,8 +358,8 @@ type badQ struct {
 
 func (b *badQ) DraftDistribution(*engine.BatchPlan, int, int) ([]float32, error) { return b.q, nil }
 
-// TestSampledDraftsBadQ: a q of the wrong length, or one giving the draft probability 0,
-// fails the step with an error that says so.
+// TestSampledDraftsBadQ: a q of the wrong length, one giving the draft probability 0, or
+// one that does not sum to 1 fails the step with an error that says so.
 func TestSampledDraftsBadQ(t *testing.T) {
 	for _, tc := range []struct {
 		q    []float32
@@ -367,6 +367,8 @@ func TestSampledDraftsBadQ(t *testing.T) {
 	}{
 		{[]float32{0.5, 0.5}, "over 2 tokens"},
 		{[]float32{0, 0, 0, 0}, "draft probability 0"},
+		{[]float32{0.5, 0.5, 0.5, 0.5}, "sums to 2, not 1"},
+		{[]float32{0.3, 0.3, 0.3, 0.3}, "sums to 1.2"},
 	} {
 		r := cpurunner.New(smallInfo(), &badQ{q: tc.q})
 		e, stop := startEngine(t, r, engine.Config{})
