@@ -2,6 +2,7 @@ package wire
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -17,7 +18,8 @@ func TestStepCarriesEveryPlanField(t *testing.T) {
 			"Temperature", "TopP", "TopK", "MinP", "Seed", "Logprobs", "PresencePenalty", "FrequencyPenalty", "RepetitionPenalty",
 			"MinTokens", "LogitBiasStart", "LogitBiasTokens", "LogitBiasValues", "StopIDsStart", "StopIDs", "HistoryStart",
 			"History", "PromptLogprobs", "PromptNext", "TokenMaskStart", "TokenMask", "QueryStart", "LogitsStart", "Tokens", "Positions", "LogitsIndices",
-			"Groups", "CacheOps", "Released"},
+			"Groups", "CacheOps", "Released",
+			"DP"}, // not carried: AppendStep refuses a plan that has it (TestStepRefusesDP)
 		reflect.TypeFor[engine.GroupPlan](): {"SlotMapping", "PageTableStart", "PageTable", "StatePage"},
 		reflect.TypeFor[engine.StepResult](): {"Accepted", "Tokens", "NumNextDrafts", "Drafts", "Logprobs", "TopTokens",
 			"TopLogprobs", "PromptLogprobs", "PromptTopTokens", "PromptTopLogprobs"},
@@ -41,5 +43,16 @@ func TestStepCarriesEveryPlanField(t *testing.T) {
 				t.Errorf("%s.%s is not carried by the runner protocol", typ, f.Name)
 			}
 		}
+	}
+}
+
+// TestStepRefusesDP: a plan with a DP-attention step (BatchPlan.DP) is refused by name,
+// not sent without it.
+func TestStepRefusesDP(t *testing.T) {
+	p := &engine.BatchPlan{Step: 2, QueryStart: []int32{0}, LogitsStart: []int32{0},
+		DP: engine.DPStep{Rank: 0, Tokens: []int32{0, 3}}}
+	var x Encoder
+	if _, err := x.AppendStep(nil, p); err == nil || !strings.Contains(err.Error(), "BatchPlan.DP") {
+		t.Fatalf("AppendStep of a dp plan: %v", err)
 	}
 }

@@ -50,6 +50,10 @@ func (x *Encoder) AppendStep(dst []byte, p *engine.BatchPlan) ([]byte, error) {
 	if err := p.Validate(); err != nil {
 		return dst, fmt.Errorf("wire: encode step %d: %w", p.Step, err)
 	}
+	if len(p.DP.Tokens) > 0 {
+		// Not silently dropped: a remote runner cannot be a DP-attention rank yet.
+		return dst, fmt.Errorf("wire: encode step %d: the runner protocol does not carry a DP-attention step (BatchPlan.DP), so an out-of-process runner cannot be a dp rank yet", p.Step)
+	}
 	if x.shadows == nil {
 		x.shadows = make(map[uint64]*shadow)
 	}
