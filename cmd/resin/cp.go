@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,11 +19,13 @@ import (
 // cpFlags choose prefill context parallelism (core/dist/cp): a prompt's first plan split
 // over --cp in-process ranks, decode on rank 0.
 type cpFlags struct {
-	size int
+	size  int
+	procs bool
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's first plan split in contiguous chunks, keys and values all-gathered each layer, rank 0 keeping the whole cache and decoding alone")
+	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (default: goroutines of this process)")
 }
 
 // check refuses the layouts --cp does not cover yet.
@@ -30,6 +33,8 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 	switch {
 	case c.size < 1:
 		return fmt.Errorf("--cp %d: want 1 or more ranks", c.size)
+	case c.procs && c.size < 2:
+		return errors.New("--cp-procs needs --cp 2 or more")
 	case c.size == 1:
 		return nil
 	case f.model == "":
@@ -43,9 +48,10 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 }
 
 // openCP opens the llama checkpoint (or random-weights config) in dir with prefill CP over
-// size in-process ranks: one Model per rank on the same weights, rank 0's forward serving
-// the engine on the pool's cache.
-func openCP(dir string, cacheBytes int64, size int) (engine.Runner, *kvslab.Pool, error) {
+// size ranks: goroutines of this process (a Model each on the same weights) or, with
+// procs, worker processes of this binary meeting rank 0 in shared memory (each loading
+// the model). Rank 0's forward serves the engine on the pool's cache.
+func openCP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, *kvslab.Pool, error) {
 	r, err := llama.Load(dir, llama.Options{})
 	if err != nil {
 		return nil, nil, err
@@ -60,24 +66,56 @@ func openCP(dir string, cacheBytes int64, size int) (engine.Runner, *kvslab.Pool
 	if err != nil {
 		return nil, nil, err
 	}
-	forwards := make([]cp.ModelForward, size)
-	for rank := range size {
-		rm, cache := m, kv
-		if rank > 0 {
-			if rm, err = llama.NewModel(c, m.W, m.MaxContext()); err != nil {
-				return nil, nil, fmt.Errorf("--cp rank %d: %w", rank, err)
-			}
-			cache = nil
+	if procs {
+		g, err := startWorkers(tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: size, Dir: dir, CP: size})
+		if err != nil {
+			return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
 		}
-		forwards[rank] = func(p *engine.BatchPlan, attend cp.AttendFunc, logits []float32) error {
-			rm.Attend = attend
-			return rm.Forward(p, cache, logits)
-		}
+		lead := cp.Lead(g.ctl, &cp.Prefill{C: g.data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(m, kv), Cache: kv.Layers})
+		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.forward(lead))), g.close}, pool, nil
 	}
-	shape := cp.Shape{Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim, Window: c.Window}
-	g, err := cp.StartInProcess(shape, c.VocabSize, forwards, kv.Layers, dist.Options{Timeout: time.Minute})
+	forwards := make([]cp.ModelForward, size)
+	forwards[0] = cpForward(m, kv)
+	for rank := 1; rank < size; rank++ {
+		rm, err := llama.NewModel(c, m.W, m.MaxContext())
+		if err != nil {
+			return nil, nil, fmt.Errorf("--cp rank %d: %w", rank, err)
+		}
+		forwards[rank] = cpForward(rm, nil)
+	}
+	g, err := cp.StartInProcess(cpShape(c), c.VocabSize, forwards, kv.Layers, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
 	}
 	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), g.Close}, pool, nil
+}
+
+// cpForward is m's forward for cp: with attend as every layer's attention, or on kv (rank
+// 0's cache; nil on the others, which only run split plans).
+func cpForward(m *llama.Model, kv *llama.KVCache) cp.ModelForward {
+	return func(p *engine.BatchPlan, attend cp.AttendFunc, logits []float32) error {
+		m.Attend = attend
+		return m.Forward(p, kv, logits)
+	}
+}
+
+func cpShape(c *llama.Config) cp.Shape {
+	return cp.Shape{Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim, Window: c.Window}
+}
+
+// runCPWorker is a --cp-procs worker: it loads the model, joins rank 0 and runs its
+// chunk of each split prefill until rank 0 stops the group.
+func runCPWorker(spec tpWorkerSpec) error {
+	r, err := llama.Load(spec.Dir, llama.Options{})
+	if err != nil {
+		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
+	}
+	ctl, data, err := joinTP(spec, nil)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	defer data.Close()
+	c := r.Model.Config
+	return cp.Follow(ctl, &cp.Prefill{C: data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(r.Model, nil)})
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // TestGenerateCP: `resin generate --model llama --random-weights … --prompt-ids (37
-// tokens) --cp 2` and `--cp 3` print what one rank prints, and their --logits-out files
+// tokens) --cp 2`, `--cp 3` and `--cp 2 --cp-procs` (rank 1 a worker process) print what
+// one rank prints, and their --logits-out files
 // hold every prompt row's and step's logits within 1e-5 of the row's largest logit; the
 // layouts --cp does not cover are refused by name.
 func TestGenerateCP(t *testing.T) {
@@ -31,17 +32,19 @@ func TestGenerateCP(t *testing.T) {
 		t.Fatalf("%v (%s)", err, errOut)
 	}
 	wantLg, wantShape := readLogits(t, filepath.Join(dir, "one", "l.safetensors"))
-	for _, n := range []string{"2", "3"} {
-		got, errOut, err := runGenerate(t, args("cp"+n, "--cp", n)...)
+	for i, extra := range [][]string{{"--cp", "2"}, {"--cp", "3"}, {"--cp", "2", "--cp-procs"}} {
+		n := strings.Join(extra, " ")
+		sub := string(rune('a' + i))
+		got, errOut, err := runGenerate(t, args(sub, extra...)...)
 		if err != nil {
-			t.Fatalf("--cp %s: %v (%s)", n, err, errOut)
+			t.Fatalf("%s: %v (%s)", n, err, errOut)
 		}
 		if withoutTiming(got) != withoutTiming(want) {
-			t.Fatalf("--cp %s printed %q, one rank %q", n, got, want)
+			t.Fatalf("%s printed %q, one rank %q", n, got, want)
 		}
-		lg, shape := readLogits(t, filepath.Join(dir, "cp"+n, "l.safetensors"))
+		lg, shape := readLogits(t, filepath.Join(dir, sub, "l.safetensors"))
 		if !slices.Equal(shape, wantShape) || shape[0] < 37 {
-			t.Fatalf("--cp %s: logits %v, one rank %v", n, shape, wantShape)
+			t.Fatalf("%s: logits %v, one rank %v", n, shape, wantShape)
 		}
 		v := shape[1]
 		for r := range shape[0] {
@@ -51,7 +54,7 @@ func TestGenerateCP(t *testing.T) {
 			}
 			for j := r * v; j < (r+1)*v; j++ {
 				if d := math.Abs(float64(lg[j]-wantLg[j])) / scale; !(d <= 1e-5) {
-					t.Fatalf("--cp %s: logits row %d column %d: %g, one rank %g", n, r, j-r*v, lg[j], wantLg[j])
+					t.Fatalf("%s: logits row %d column %d: %g, one rank %g", n, r, j-r*v, lg[j], wantLg[j])
 				}
 			}
 		}
@@ -61,6 +64,7 @@ func TestGenerateCP(t *testing.T) {
 		want string
 	}{
 		{args("bad", "--cp", "0"), "--cp 0"},
+		{args("bad", "--cp-procs"), "--cp-procs needs --cp 2"},
 		{args("bad", "--cp", "2", "--tp", "2"), "not combined with --tp"},
 		{[]string{"--cp", "2", "--max-tokens", "2", "hi"}, "--cp needs --model llama"},
 	} {

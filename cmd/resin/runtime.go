@@ -217,7 +217,7 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	case f.cp.size > 1 && m.Name != "llama":
 		return nil, nil, "", fmt.Errorf("--cp %d: context parallelism covers the llama family only so far, not %s", f.cp.size, m.Name)
 	case f.cp.size > 1:
-		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size)
+		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size, f.cp.procs)
 	case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
 		r, pool, err = openMoEParallel(m.Name, dir, f.cacheBytes, &f.tp)
 	case f.tp.ep > 1:

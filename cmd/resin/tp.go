@@ -193,6 +193,8 @@ type tpWorkerSpec struct {
 	Model            string
 	TP, EP, Dispatch int
 	CacheBytes       int64
+	// CP above 1: a --cp-procs worker of llama's prefill CP (cp.go).
+	CP int
 }
 
 // joinTP joins the control and data groups of spec (the control one waits as long as the
@@ -306,6 +308,9 @@ func runTPWorker(raw string) error {
 	}
 	if spec.Model != "" {
 		return runMoEWorker(spec)
+	}
+	if spec.CP > 1 {
+		return runCPWorker(spec)
 	}
 	r, err := openLlamaTP(spec.Dir)
 	if err != nil {
