@@ -29,7 +29,7 @@ type dpFlags struct {
 
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.IntVar(&d.size, "dp", 1, "with --model on the CPU: data parallelism over this many ranks of this process, each an engine with its own copy of the model and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests")
+	fl.IntVar(&d.size, "dp", 1, "with --model on the CPU: data parallelism over this many ranks of this process, each an engine with its own copy of the model (its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests")
 	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama only so far")
 }
 
@@ -44,8 +44,10 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return nil
 	case f.model == "":
 		return errors.New("--dp needs --model: the test runner has one rank")
-	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != "":
-		return fmt.Errorf("--dp %d is not combined with --tp, --ep, --tp-procs or --dist-init-addr yet: its ranks are engines of this process", d.size)
+	case f.tp.procs || f.tp.initAddr != "":
+		return fmt.Errorf("--dp %d is not combined with --tp-procs or --dist-init-addr yet: its ranks are engines of this process", d.size)
+	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
+		return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (--dp %d --tp N without it runs replicas of the in-process TP group)", d.size)
 	case f.device.CUDA():
 		return fmt.Errorf("--dp %d runs on the CPU only so far (a rank per GPU is not wired)", d.size)
 	}
@@ -63,14 +65,28 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 	if !f.dp.attention {
 		for r := range n {
 			var err error
-			if f.specTokens > 0 && m.OpenSpeculative != nil {
+			switch {
+			case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
+				runners[r], pools[r], err = openMoEParallel(m.Name, dir, f.cacheBytes, &f.tp)
+			case f.tp.ep > 1:
+				return nil, nil, nil, fmt.Errorf("--ep %d: expert parallelism covers deepseek-v4-flash and glm-5-flash only, not %s", f.tp.ep, m.Name)
+			case f.tp.size > 1 && m.Name != "llama":
+				return nil, nil, nil, fmt.Errorf("--tp %d: tensor parallelism covers the llama family, deepseek-v4-flash and glm-5-flash only so far, not %s", f.tp.size, m.Name)
+			case f.tp.size > 1:
+				runners[r], pools[r], err = openTP(dir, f.cacheBytes, &f.tp) // an in-process TP group per dp rank
+			case f.specTokens > 0 && m.OpenSpeculative != nil:
 				runners[r], pools[r], err = m.OpenSpeculative(dir, f.cacheBytes, f.specTokens)
-			} else if f.specTokens > 0 {
+			case f.specTokens > 0:
 				return nil, nil, nil, fmt.Errorf("--num-speculative-tokens %d: model %s has no draft head to propose drafts", f.specTokens, m.Name)
-			} else {
+			default:
 				runners[r], pools[r], err = m.Open(dir, f.cacheBytes)
 			}
 			if err != nil {
+				for _, run := range runners[:r] {
+					if c, ok := run.(interface{ StopRanks() error }); ok {
+						c.StopRanks()
+					}
+				}
 				return nil, nil, nil, fmt.Errorf("--dp rank %d: %w", r, err)
 			}
 		}

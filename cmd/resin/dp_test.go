@@ -17,10 +17,10 @@ import (
 	"github.com/resin-llm/resin/core/cli/clitest"
 )
 
-// TestGenerateDP: `resin generate --dp 2` (with and without --dp-attention) prints what
-// one engine prints and writes the same --logits-out file (generate's one request lands on
-// rank 0 while rank 1 idles), and the
-// layouts --dp does not cover are refused by name.
+// TestGenerateDP: `resin generate --dp 2` (with and without --dp-attention, and over two
+// in-process TP=2 groups) prints what one engine prints and writes the same --logits-out
+// file (generate's one request lands on rank 0 while rank 1 idles), and the layouts --dp
+// does not cover are refused by name.
 func TestGenerateDP(t *testing.T) {
 	args := []string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000",
 		"--max-tokens", "12", "--ignore-eos", "Once upon a time"}
@@ -28,7 +28,7 @@ func TestGenerateDP(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v (%s)", err, errOut)
 	}
-	for _, extra := range [][]string{{"--dp", "2"}, {"--dp", "2", "--dp-attention"}} {
+	for _, extra := range [][]string{{"--dp", "2"}, {"--dp", "2", "--dp-attention"}, {"--dp", "2", "--tp", "2"}} {
 		got, errOut, err := runGenerate(t, append(extra, args...)...)
 		if err != nil {
 			t.Fatalf("%v: %v (%s)", extra, err, errOut)
@@ -60,7 +60,8 @@ func TestGenerateDP(t *testing.T) {
 	}{
 		{append([]string{"--dp", "0"}, args...), "--dp 0"},
 		{append([]string{"--dp-attention"}, args...), "--dp-attention needs --dp 2 or more"},
-		{append([]string{"--dp", "2", "--tp", "2"}, args...), "not combined with --tp"},
+		{append([]string{"--dp", "2", "--dp-attention", "--tp", "2"}, args...), "--dp-attention is not combined with --tp"},
+		{append([]string{"--dp", "2", "--tp", "2", "--tp-procs"}, args...), "not combined with --tp-procs"},
 		{[]string{"--dp", "2", "--max-tokens", "2", "hi"}, "--dp needs --model"},
 	} {
 		_, errOut, err := runGenerate(t, c.args...)
