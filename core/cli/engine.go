@@ -94,12 +94,29 @@ func startDP(rt *Runtime, cfg engine.Config) (*Engine, error) {
 	if len(pools) != len(runners) {
 		return nil, fmt.Errorf("--dp: %d runners and %d pools", len(runners), len(pools))
 	}
+	var closers []func() error
+	for _, run := range runners {
+		if c := runnerCloser(run); c != nil {
+			closers = append(closers, c)
+		}
+	}
+	closeRunners := func() error {
+		var errs []error
+		for _, c := range closers {
+			errs = append(errs, c())
+		}
+		if rt.DP.Group != nil {
+			errs = append(errs, rt.DP.Group.Close())
+		}
+		return errors.Join(errs...)
+	}
 	engines := make([]*engine.Engine, len(runners))
 	for r, run := range runners {
 		c := cfg
 		c.Pool, c.Registry = pools[r], nil // each rank's engine has its own metrics
 		e, err := engine.New(run, c)
 		if err != nil {
+			closeRunners()
 			return nil, fmt.Errorf("start engine for %s, dp rank %d: %w", rt.RunnerName, r, err)
 		}
 		attachRunner(e, run)
@@ -107,23 +124,11 @@ func startDP(rt *Runtime, cfg engine.Config) (*Engine, error) {
 	}
 	coord, err := dp.NewCoordinator(rt.DP.Group, engines)
 	if err != nil {
+		closeRunners()
 		return nil, err
 	}
 	coord.Start(context.Background())
-	var closers []func() error
-	for _, run := range runners {
-		if c := runnerCloser(run); c != nil {
-			closers = append(closers, c)
-		}
-	}
-	r := &Engine{Engine: engines[0], front: coord, coord: coord, closeRunner: func() error {
-		var errs []error
-		for _, c := range closers {
-			errs = append(errs, c())
-		}
-		return errors.Join(errs...)
-	}}
-	return r, nil
+	return &Engine{Engine: engines[0], front: coord, coord: coord, closeRunner: closeRunners}, nil
 }
 
 // Front is what requests go through: the engine, or with --dp the coordinator that

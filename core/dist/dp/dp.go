@@ -82,6 +82,7 @@ type Group struct {
 	jobs    []*job
 	pending int
 	closing bool
+	closed  bool // Close has closed the communicators
 	err     error
 	done    chan struct{}
 	wg      sync.WaitGroup
@@ -173,7 +174,8 @@ func (g *Group) Err() error {
 }
 
 // Close stops the steppers (rank 0 broadcasts the stop) and waits for them; steps still
-// pending fail with ErrClosed. It returns the error that broke the group, if one did.
+// pending fail with ErrClosed. It returns the error that broke the group, if one did,
+// and the same when called again.
 func (g *Group) Close() error {
 	g.mu.Lock()
 	g.closing = true
@@ -182,11 +184,14 @@ func (g *Group) Close() error {
 	g.wg.Wait()
 	g.mu.Lock()
 	g.failJobs(ErrClosed)
-	err := g.err
+	err, again := g.err, g.closed
+	g.closed = true
 	g.mu.Unlock()
-	for _, rk := range g.ranks {
-		rk.Ctl.Close()
-		rk.Data.Close()
+	if !again {
+		for _, rk := range g.ranks {
+			rk.Ctl.Close()
+			rk.Data.Close()
+		}
 	}
 	g.once.Do(func() { close(g.done) })
 	return err
