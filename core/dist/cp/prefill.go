@@ -151,11 +151,31 @@ func (r *Prefill) layerAttention(l int, q, k, v, out []float32) error {
 	return Attend(r.Shape, q, allK, allV, start, out)
 }
 
+// Check refuses a split plan the ranks' forwards would refuse (a logits buffer of the
+// wrong size, a token outside the vocabulary, a logits row outside the plan) before any
+// rank sees it: a rank refusing it alone would leave the others waiting in a collective.
+func (r *Prefill) Check(p *engine.BatchPlan, logits []float32) error {
+	if n := len(p.LogitsIndices) * r.Vocab; len(logits) != n {
+		return fmt.Errorf("cp: logits holds %d values, want %d rows × %d", len(logits), len(p.LogitsIndices), r.Vocab)
+	}
+	for _, id := range p.Tokens {
+		if id < 0 || int(id) >= r.Vocab {
+			return fmt.Errorf("cp: token %d outside the vocabulary of %d", id, r.Vocab)
+		}
+	}
+	for _, idx := range p.LogitsIndices {
+		if idx < 0 || int(idx) >= p.NumTokens() {
+			return fmt.Errorf("cp: logits row %d outside the plan's %d tokens", idx, p.NumTokens())
+		}
+	}
+	return nil
+}
+
 // Lead returns rank 0's forward for the engine's runner (cpurunner.ForwardFunc): a plan
-// that Splits is broadcast on ctl and run with the others (Follow), any other plan runs
-// on rank 0 alone without a message.
+// that Splits is checked (Check), broadcast on ctl and run with the others (Follow); any
+// other plan runs on rank 0 alone without a message.
 func Lead(ctl dist.Communicator, r *Prefill) func(*engine.BatchPlan, []float32) error {
-	split := lockstep.Lead(ctl, nil, r.Step)
+	split := lockstep.Lead(ctl, r.Check, r.Step)
 	return func(p *engine.BatchPlan, logits []float32) error {
 		if !Splits(p) {
 			return r.Step(p, logits)

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/cp"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/models/llama"
 )
@@ -158,5 +160,91 @@ func TestChunk(t *testing.T) {
 	}
 	if lo, hi := cp.Chunk(4, 2, 3); lo != hi {
 		t.Fatalf("4 tokens over 3 ranks: rank 2 has [%d, %d), want none", lo, hi)
+	}
+}
+
+// cpRunner is the engine's runner over a CP=3 group of llama models (rank 0's cache the
+// pool's).
+func cpRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
+	c, w := tiny(t)
+	m, err := llama.NewModel(c, w, 256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := llama.NewRunner(m, 4)
+	pool, err := r.NewPool(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := llama.NewKVCache(c, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shape := cp.Shape{Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim, Window: c.Window}
+	g, err := cp.StartInProcess(shape, c.VocabSize, forwards(t, c, w, 3, kv), kv.Layers, dist.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), pool
+}
+
+// TestCPConformance runs core/runnertest's suite (prefill equals decode, chunked prefill,
+// batch and page-layout invariance, reproducibility, prefix hits, aborts) on the CP=3
+// runner: the prompts' first plans split, the rest on rank 0.
+func TestCPConformance(t *testing.T) {
+	runnertest.Run(t, cpRunner, runnertest.Options{})
+}
+
+// TestLeadRefusesBeforeBroadcast: a split plan rank 0 refuses (a logits buffer of the
+// wrong size, a token outside the vocabulary) never reaches the others, so the next
+// plan runs at once rather than after the collectives' deadline.
+func TestLeadRefusesBeforeBroadcast(t *testing.T) {
+	c, w := tiny(t)
+	pool, err := engine.NewHostPool(llama.CacheGroups(c, 4), 4<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := llama.NewKVCache(c, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shape := cp.Shape{Heads: c.NumAttentionHeads, KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim, Window: c.Window}
+	g, err := cp.StartInProcess(shape, c.VocabSize, forwards(t, c, w, 2, kv), kv.Layers, dist.Options{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := runnertest.OpenSeq(t, pool, runnertest.Prompt(5, c.VocabSize, 1))
+	plan := runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{5}, false)
+	bad := *plan
+	bad.Tokens = append([]int32{int32(c.VocabSize)}, plan.Tokens[1:]...)
+	done := make(chan string, 1)
+	go func() {
+		switch {
+		case g.Forward(plan, make([]float32, 3)) == nil:
+			done <- "a 3-value logits buffer accepted"
+		case g.Forward(&bad, make([]float32, c.VocabSize)) == nil:
+			done <- "a token outside the vocabulary accepted"
+		default:
+			if err := g.Forward(plan, make([]float32, c.VocabSize)); err != nil {
+				done <- err.Error()
+			}
+			done <- ""
+		}
+	}()
+	select {
+	case failed := <-done:
+		if failed != "" {
+			t.Fatal(failed)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the group hung on a refused plan")
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
