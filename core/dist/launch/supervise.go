@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"sync"
 	"time"
+
+	"github.com/resin-llm/resin/core/dist"
 )
 
 // Spec is one worker process to start.
@@ -46,8 +48,8 @@ type proc struct {
 // Workers supervises the worker processes of one host's ranks. Each is started with
 // SIGKILL as its parent-death signal (Linux: the signal comes when the thread that
 // started it ends, which for Go's runtime threads is the process's end), so none
-// outlives a launcher that dies. The first to exit before Stop is recorded (Err) and
-// closes Exited. The collectives notice a dead peer themselves (shared memory by its
+// outlives a launcher that dies. Every worker that exits before Stop is recorded; the
+// first is Err and closes Exited. The collectives notice a dead peer themselves (shared memory by its
 // pid, TCP by the closed connection, the rest at their deadline): StepError puts the
 // worker's exit status on the step's error.
 type Workers struct {
@@ -56,6 +58,8 @@ type Workers struct {
 
 	mu       sync.Mutex
 	first    *ExitError
+	exits    map[int]*ExitError // every worker that exited before Stop, by rank
+	changed  chan struct{}      // closed and replaced when exits grows
 	stopping bool
 	once     sync.Once
 }
@@ -63,7 +67,7 @@ type Workers struct {
 // Start starts every spec's process. If one fails to start, those started are killed
 // and reaped.
 func Start(specs []Spec) (*Workers, error) {
-	w := &Workers{exited: make(chan struct{})}
+	w := &Workers{exited: make(chan struct{}), exits: map[int]*ExitError{}, changed: make(chan struct{})}
 	for _, s := range specs {
 		cmd := exec.Command(s.Path, s.Args...)
 		cmd.Env = append(os.Environ(), s.Env...)
@@ -93,13 +97,22 @@ func (w *Workers) wait(p *proc) {
 	p.err = p.cmd.Wait()
 	close(p.done)
 	w.mu.Lock()
-	if w.stopping || w.first != nil {
+	if w.stopping {
 		w.mu.Unlock()
 		return
 	}
-	w.first = &ExitError{Rank: p.rank, Pid: p.cmd.Process.Pid, Err: p.err}
+	xe := &ExitError{Rank: p.rank, Pid: p.cmd.Process.Pid, Err: p.err}
+	w.exits[p.rank] = xe
+	close(w.changed)
+	w.changed = make(chan struct{})
+	first := w.first == nil
+	if first {
+		w.first = xe
+	}
 	w.mu.Unlock()
-	w.once.Do(func() { close(w.exited) })
+	if first {
+		w.once.Do(func() { close(w.exited) })
+	}
 }
 
 // Exited is closed when a worker exits before Stop (dist.Options.Cancel of a join that
@@ -117,12 +130,48 @@ func (w *Workers) Err() error {
 }
 
 // StepError is err (a step that failed) with the exit of the worker behind it, when a
-// worker has exited: "launch: worker rank 1 (pid 812) exited: signal: killed: dist: …".
+// worker has exited: "launch: worker rank 1 (pid 812) exited: signal: killed; the step:
+// dist: …" — the worker of the rank the error names (a *dist.PeerError's Peer, the
+// worker's Spec.Rank being its rank in the group), else the first to exit. A collective
+// can see a dead peer (its pid gone) before this process has reaped it, so for an error
+// that says a peer is gone or late (dist.ErrPeerGone, dist.ErrTimeout) it waits up to a
+// second for that exit.
 func (w *Workers) StepError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if xe := w.Err(); xe != nil && !errors.Is(err, xe) {
+	want := -1
+	var pe *dist.PeerError
+	if errors.As(err, &pe) {
+		want = pe.Peer
+	}
+	exit := func() (*ExitError, <-chan struct{}) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if xe := w.exits[want]; xe != nil {
+			return xe, nil
+		}
+		return nil, w.changed
+	}
+	xe, changed := exit()
+	if xe == nil && (errors.Is(err, dist.ErrPeerGone) || errors.Is(err, dist.ErrTimeout)) {
+		timeout := time.After(time.Second)
+	wait:
+		for xe == nil {
+			select {
+			case <-changed:
+				xe, changed = exit()
+			case <-timeout:
+				break wait
+			}
+		}
+	}
+	if xe == nil {
+		w.mu.Lock()
+		xe = w.first
+		w.mu.Unlock()
+	}
+	if xe != nil && !errors.Is(err, xe) {
 		return fmt.Errorf("%w; the step: %w", xe, err)
 	}
 	return err

@@ -162,8 +162,9 @@ func TestWorkersRunAndStop(t *testing.T) {
 }
 
 // TestWorkerKilled: a worker killed (SIGKILL) between steps fails rank 0's next step at
-// once with an error naming its rank, pid and signal; Stop ends the other worker and
-// reaps both, leaving no process behind.
+// once with an error naming its rank, pid and signal (the killed one, even when the other
+// worker exits first on seeing it gone); Stop ends the other worker and reaps both,
+// leaving no process behind.
 func TestWorkerKilled(t *testing.T) {
 	w, ctl, data, _, outs := startGroup(t, fmt.Sprintf("launchkill%d", os.Getpid()))
 	defer ctl.Close()
@@ -188,8 +189,10 @@ func TestWorkerKilled(t *testing.T) {
 	go func() { done <- w.Stop(5 * time.Second) }()
 	select {
 	case err := <-done:
-		if !errors.As(err, &xe) || xe.Rank != 1 {
-			t.Fatalf("Stop: %v, want worker rank 1's exit first", err)
+		// The other worker may see rank 1 gone and exit (status 1) before rank 1 is reaped:
+		// both exits are reported, rank 1's with its signal.
+		if want := fmt.Sprintf("worker rank 1 (pid %d) exited: signal: killed", w.Pids()[0]); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Stop: %v, want %q", err, want)
 		}
 	case <-time.After(2 * time.Minute):
 		t.Fatal("Stop hangs")
