@@ -34,6 +34,7 @@ type runtimeFlags struct {
 	maxContext    int
 	cachePages    int
 	specTokens    int
+	spec          cli.SpeculativeFlags
 	tp            tpFlags
 	dp            dpFlags
 	cp            cpFlags
@@ -58,6 +59,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl.IntVar(&f.maxContext, "max-context", 4096, "maximum context (prompt + output tokens) of the test runner")
 	fl.IntVar(&f.cachePages, "cache-pages", 8192, "cache pages of the test runner's pool (16 tokens each)")
 	fl.IntVar(&f.specTokens, "num-speculative-tokens", 0, "with --model: decode speculatively with this many draft tokens per step from the model's own draft head (MTP); 0 = off")
+	f.spec.Register(cmd)
 	f.tp.register(cmd)
 	f.dp.register(cmd)
 	f.cp.register(cmd)
@@ -124,6 +126,9 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 // --weights DIR: the spelling of a scaffolded runtime's --model.
 func (f *runtimeFlags) check() error {
 	if err := f.device.Check(); err != nil {
+		return err
+	}
+	if err := f.checkSpeculative(); err != nil {
 		return err
 	}
 	if err := f.dp.check(f); err != nil {
@@ -212,6 +217,8 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	var r engine.Runner
 	var pool *kvslab.Pool
 	switch {
+	case f.spec.DSpark():
+		r, pool, err = f.openDSpark(m, dir)
 	case f.dp.size > 1:
 		r, pool, f.dpRanks, err = f.openDP(m, dir)
 	case f.cp.size > 1 && m.Name != "llama":

@@ -1,0 +1,64 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/spf13/cobra"
+)
+
+// Speculative methods (--speculative-method, vLLM's spelling).
+const (
+	SpecMTP    = "mtp"    // drafts from the model's own draft head
+	SpecDSpark = "dspark" // drafts from a DSpark block drafter (core/dspark) in --draft-model
+)
+
+// SpeculativeFlags choose how a model decodes speculatively beyond the number of drafts
+// (--num-speculative-tokens, which the loaders register themselves): --speculative-method,
+// --draft-model and --dspark-confidence. Without --speculative-method, drafts come from the
+// model's own draft head (MTP), as before the flag existed.
+type SpeculativeFlags struct {
+	Method     string  // "", SpecMTP or SpecDSpark
+	DraftModel string  // SpecDSpark: the drafter's directory (DeepSpec's save_pretrained)
+	Confidence float64 // SpecDSpark: the confidence cut (0: full blocks)
+}
+
+// Register adds --speculative-method, --draft-model and --dspark-confidence to cmd.
+func (f *SpeculativeFlags) Register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.Method, "speculative-method", "", "with --model: where drafts come from: mtp (the model's own draft head, what --num-speculative-tokens alone does) or dspark (a DeepSpec DSpark block drafter in --draft-model; --num-speculative-tokens then defaults to its block size)")
+	fl.StringVar(&f.DraftModel, "draft-model", "", "with --speculative-method dspark: the drafter's directory (config.json with architectures [\"Qwen3DSparkModel\"] and safetensors, as DeepSpec's save_pretrained writes it)")
+	fl.Float64Var(&f.Confidence, "dspark-confidence", 0, "with --speculative-method dspark: cut each block at the first draft whose confidence is below this (0 = full blocks)")
+}
+
+// DSpark reports whether the flags ask for a DSpark drafter.
+func (f *SpeculativeFlags) DSpark() bool { return f.Method == SpecDSpark }
+
+// Check refuses a method it does not know and flags the chosen method would ignore;
+// drafts is --num-speculative-tokens.
+func (f *SpeculativeFlags) Check(drafts int) error {
+	switch f.Method {
+	case "", SpecMTP:
+		switch {
+		case f.DraftModel != "":
+			return fmt.Errorf("--draft-model %s needs --speculative-method dspark (MTP drafts come from the model's own draft head)", f.DraftModel)
+		case f.Confidence != 0:
+			return errors.New("--dspark-confidence needs --speculative-method dspark")
+		case f.Method == SpecMTP && drafts <= 0:
+			return errors.New("--speculative-method mtp needs --num-speculative-tokens N (N >= 1): the number of draft tokens per step")
+		}
+	case SpecDSpark:
+		switch {
+		case f.DraftModel == "":
+			return errors.New("--speculative-method dspark needs --draft-model DIR: the DSpark drafter's directory")
+		case math.IsNaN(f.Confidence) || f.Confidence < 0 || f.Confidence > 1:
+			return fmt.Errorf("--dspark-confidence %v is not in [0, 1]", f.Confidence)
+		case drafts < 0:
+			return fmt.Errorf("--num-speculative-tokens %d is negative", drafts)
+		}
+	default:
+		return fmt.Errorf("--speculative-method %q is not known (mtp or dspark)", f.Method)
+	}
+	return nil
+}
