@@ -170,12 +170,15 @@ func ShardWeights(c *Config, w *Weights, l Layout, rank int) (*Weights, error) {
 		return nil, fmt.Errorf("%s: rank %d of a layout of %d", Name, rank, l.Size())
 	}
 	p := rankPart(c, l, rank)
-	return p.cut(c, w, 0), nil
+	return p.cut(c, w, 0, false), nil
 }
 
 // LoadShard is LoadWeights for rank of layout l: under EP only the per-expert tensors of
 // the rank's experts are read (a packed module-form tensor is read whole and cut); under
-// TP each tensor is read whole, then cut to the rank's slices. The MTP head is left out.
+// TP the rank's rows or columns of the attention's split tensors (q_b, sinks, o_a, o_b),
+// the shared experts' and the vocabulary's are read alone when the checkpoint stores them
+// unquantized (a quantized one is read whole and cut), and each routed expert is read
+// whole and cut. The MTP head is left out.
 func LoadShard(c *Config, ck *weights.Checkpoint, l Layout, rank int) (*Weights, error) {
 	if err := l.Check(c); err != nil {
 		return nil, err
@@ -188,31 +191,63 @@ func LoadShard(c *Config, ck *weights.Checkpoint, l Layout, rank int) (*Weights,
 	if p.ep > 1 {
 		keep = &[2]int{p.expLo, p.expHi}
 	}
-	w, err := loadWeights(c, ck, keep)
+	var parts func(*Weights) map[*[]float32]part
+	if p.tp > 1 {
+		parts = p.parts(c)
+	}
+	w, err := loadWeights(c, ck, keep, parts)
 	if err != nil {
 		return nil, err
 	}
-	return p.cut(c, w, p.expLo), nil
+	return p.cut(c, w, p.expLo, parts != nil), nil
 }
 
-// cut returns p's slices of w, whose routed experts start at the model's expert lo.
-func (p *parallel) cut(c *Config, w *Weights, lo int) *Weights {
+// parts maps the tensors TP splits outside the routed experts to p's slices of them:
+// what cut would cut, for the loader to read alone.
+func (p *parallel) parts(c *Config) func(*Weights) map[*[]float32]part {
+	return func(w *Weights) map[*[]float32]part {
+		d, olr := c.HeadDim, c.OLoraRank
+		h0, h1 := p.rank*p.heads, (p.rank+1)*p.heads
+		g0, g1 := p.rank*p.groups, (p.rank+1)*p.groups
+		s0, s1 := p.rank*p.sharedInter, (p.rank+1)*p.sharedInter
+		m := map[*[]float32]part{&w.Embed: {lo: p.vocabLo, hi: p.vocabHi}, &w.Head: {lo: p.vocabLo, hi: p.vocabHi}}
+		for i := range w.Layers {
+			l := &w.Layers[i]
+			m[&l.QB] = part{lo: h0 * d, hi: h1 * d}
+			m[&l.Sinks] = part{lo: h0, hi: h1}
+			m[&l.OA] = part{lo: g0 * olr, hi: g1 * olr}
+			m[&l.OB] = part{cols: true, lo: g0 * olr, hi: g1 * olr}
+			m[&l.SharedGate] = part{lo: s0, hi: s1}
+			m[&l.SharedUp] = part{lo: s0, hi: s1}
+			m[&l.SharedDown] = part{cols: true, lo: s0, hi: s1}
+		}
+		return m
+	}
+}
+
+// cut returns p's slices of w, whose routed experts start at the model's expert lo; with
+// read, w's tensors in parts are p's slices already (the loader read them alone).
+func (p *parallel) cut(c *Config, w *Weights, lo int, read bool) *Weights {
 	out := &Weights{HCFn: w.HCFn, HCBase: w.HCBase, HCScale: w.HCScale, Norm: w.Norm, Layers: make([]Layer, len(w.Layers))}
 	h := c.HiddenSize
-	out.Embed = slices.Clone(w.Embed[p.vocabLo*h : p.vocabHi*h])
-	out.Head = out.Embed
-	if !c.TieWordEmbeddings {
+	if read {
+		out.Embed, out.Head = w.Embed, w.Head
+	} else {
+		out.Embed = slices.Clone(w.Embed[p.vocabLo*h : p.vocabHi*h])
 		out.Head = slices.Clone(w.Head[p.vocabLo*h : p.vocabHi*h])
 	}
+	if c.TieWordEmbeddings {
+		out.Head = out.Embed
+	}
 	for i := range w.Layers {
-		out.Layers[i] = p.shardLayer(c, &w.Layers[i], lo)
+		out.Layers[i] = p.shardLayer(c, &w.Layers[i], lo, read)
 	}
 	return out
 }
 
 // shardLayer cuts p's slices of layer l, whose routed experts start at the model's expert
 // lo (0: all of them; p's own first when the loader read only p's).
-func (p *parallel) shardLayer(c *Config, l *Layer, lo int) Layer {
+func (p *parallel) shardLayer(c *Config, l *Layer, lo int, read bool) Layer {
 	h, d, qr, in, olr := c.HiddenSize, c.HeadDim, c.QLoraRank, c.MoEIntermediateSize, c.OLoraRank
 	gin := c.NumAttentionHeads * d / c.OGroups
 	out := *l
@@ -226,10 +261,15 @@ func (p *parallel) shardLayer(c *Config, l *Layer, lo int) Layer {
 	if p.inter == in {
 		i0, i1 = 0, in
 	}
-	out.QB = slices.Clone(l.QB[h0*d*qr : h1*d*qr])
-	out.Sinks = slices.Clone(l.Sinks[h0:h1])
-	out.OA = slices.Clone(l.OA[g0*olr*gin : g1*olr*gin])
-	out.OB = columns(l.OB, h, c.OGroups*olr, g0*olr, g1*olr)
+	if !read {
+		out.QB = slices.Clone(l.QB[h0*d*qr : h1*d*qr])
+		out.Sinks = slices.Clone(l.Sinks[h0:h1])
+		out.OA = slices.Clone(l.OA[g0*olr*gin : g1*olr*gin])
+		out.OB = columns(l.OB, h, c.OGroups*olr, g0*olr, g1*olr)
+		out.SharedGate = slices.Clone(l.SharedGate[s0*h : s1*h])
+		out.SharedUp = slices.Clone(l.SharedUp[s0*h : s1*h])
+		out.SharedDown = columns(l.SharedDown, h, in, s0, s1)
+	}
 	// Routed experts: p's range, each expert's gate and up rows [i0, i1) and down columns.
 	var gu, down []float32
 	for e := p.expLo; e < p.expHi; e++ {
@@ -239,9 +279,6 @@ func (p *parallel) shardLayer(c *Config, l *Layer, lo int) Layer {
 		down = append(down, columns(l.Down[(e-lo)*h*in:(e-lo+1)*h*in], h, in, i0, i1)...)
 	}
 	out.GateUp, out.Down = gu, down
-	out.SharedGate = slices.Clone(l.SharedGate[s0*h : s1*h])
-	out.SharedUp = slices.Clone(l.SharedUp[s0*h : s1*h])
-	out.SharedDown = columns(l.SharedDown, h, in, s0, s1)
 	return out
 }
 

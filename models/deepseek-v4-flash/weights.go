@@ -122,6 +122,16 @@ type param struct {
 	// keep, when set, is the range [lo, hi) of experts to keep (a rank of expert
 	// parallelism; possibly empty): per-expert tensors of the others are not read.
 	keep *[2]int
+	// part, when set, is the one slice of the tensor to read (a tensor-parallel rank's):
+	// rows, or with cols the columns, [lo, hi) of the [out, in] matrix (of a vector, its
+	// elements). An unquantized tensor is read in that range alone.
+	part *part
+}
+
+// part is a range of a tensor's rows or columns (parallel.go).
+type part struct {
+	cols   bool
+	lo, hi int
 }
 
 type initKind int
@@ -296,20 +306,30 @@ func hasMTP(ck *weights.Checkpoint) bool {
 // missing, unexpected or mis-shaped tensor is an error naming it. mtp.* tensors load
 // into the MTP head when present.
 func LoadWeights(c *Config, ck *weights.Checkpoint) (*Weights, error) {
-	return loadWeights(c, ck, nil)
+	return loadWeights(c, ck, nil, nil)
 }
 
 // loadWeights is LoadWeights keeping only the routed experts in keep ([lo, hi)) when it
-// is set: their per-expert tensors alone are read.
-func loadWeights(c *Config, ck *weights.Checkpoint, keep *[2]int) (*Weights, error) {
+// is set: their per-expert tensors alone are read. parts, when set, gives the slice to
+// read of the tensors it maps (by destination in the Weights being filled); the others
+// are read whole, and the result holds those slices (a rank's: its shapes are not the
+// model's, so w.check is left to the caller).
+func loadWeights(c *Config, ck *weights.Checkpoint, keep *[2]int, parts func(*Weights) map[*[]float32]part) (*Weights, error) {
 	w := &Weights{}
 	ps := params(c, w, hasMTP(ck))
+	var cut map[*[]float32]part
+	if parts != nil {
+		cut = parts(w)
+	}
 	used := map[string]bool{}
 	form := detectForm(ck)
 	var missing []string
 	for _, p := range ps {
 		if p.experts > 0 {
 			p.keep = keep
+		}
+		if pt, ok := cut[p.dst]; ok && p.dst != nil && p.experts == 0 {
+			p.part = &pt
 		}
 		name, err := loadParam(ck, c.Quant, p, used)
 		if err != nil {
@@ -325,7 +345,8 @@ func loadWeights(c *Config, ck *weights.Checkpoint, keep *[2]int) (*Weights, err
 	if c.TieWordEmbeddings {
 		w.Head = w.Embed
 	}
-	if err := checkSharedCopies(c, ck, w, used, len(missing) == 0); err != nil {
+	// A rank's cut embedding and head cannot be compared with a whole copy.
+	if err := checkSharedCopies(c, ck, w, used, len(missing) == 0 && cut == nil); err != nil {
 		return nil, err
 	}
 	var unexpected []string
@@ -339,6 +360,9 @@ func loadWeights(c *Config, ck *weights.Checkpoint, keep *[2]int) (*Weights, err
 	}
 	if len(missing) > 0 || len(unexpected) > 0 {
 		return nil, fmt.Errorf("load weights: DeepseekV4ForCausalLM LOAD REPORT: MISSING %v; UNEXPECTED %v", missing, unexpected)
+	}
+	if cut != nil {
+		return w, nil // a rank's slices: NewRankModel checks their shapes
 	}
 	if err := w.check(c); err != nil {
 		return nil, err
@@ -438,7 +462,13 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 			*p.ints = v
 			return "", err
 		}
-		v, err := read(name, p.shape...)
+		var v []float32
+		var err error
+		if p.part != nil {
+			v, err = readPart(ck, q, name, p, used)
+		} else {
+			v, err = read(name, p.shape...)
+		}
 		if err == nil && p.keep != nil {
 			per := len(v) / p.experts
 			v = slices.Clone(v[p.keep[0]*per : p.keep[1]*per])
@@ -493,6 +523,32 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 		return "", nil
 	}
 	return p.names[ModuleNames], nil
+}
+
+// readPart reads p.part of tensor name (p.shape whole): an unquantized matrix or vector
+// by its rows or columns alone (weights.Checkpoint's partial reads), a quantized one whole,
+// dequantized, then cut.
+func readPart(ck *weights.Checkpoint, q *weights.Quant, name string, p param, used map[string]bool) ([]float32, error) {
+	pt, shape := p.part, p.shape
+	used[name] = true
+	if s, ok := ck.ScaleName(name); ok {
+		used[s] = true
+		v, err := ck.Dequantize(name, q, shape...)
+		if err != nil {
+			return nil, err
+		}
+		if len(shape) != 2 {
+			return nil, fmt.Errorf("load weights: %s: a part of a quantized %v tensor", name, shape)
+		}
+		if !pt.cols {
+			return slices.Clone(v[pt.lo*shape[1] : pt.hi*shape[1]]), nil
+		}
+		return columns(v, shape[0], shape[1], pt.lo, pt.hi), nil
+	}
+	if pt.cols {
+		return ck.Float32Cols(name, pt.lo, pt.hi, shape...)
+	}
+	return ck.Float32Rows(name, pt.lo, pt.hi, shape...)
 }
 
 // readInts reads an integer tensor (tid2eid: I64 in transformers' checkpoints, I32
