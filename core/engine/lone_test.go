@@ -201,3 +201,71 @@ func TestLoneRequestStartsOverInAnEmptiedPool(t *testing.T) {
 		t.Fatalf("pool not whole: %+v", pool.Stats())
 	}
 }
+
+// TestStartedOverKeepsLongChunks: a request that starts over in an emptied pool
+// (restartAlone) is given the largest chunk with which its own length fits, not the one
+// the context cap needs: here 226 tokens in a pool whose 264-token cap needs chunks of
+// 3, while 226 fit with the whole 42-token step, so it prefills in 42-token chunks (it
+// took 3 at a time, and the queue waited behind it 14 times as many steps). (A case the
+// randomized harness above found.)
+func TestStartedOverKeepsLongChunks(t *testing.T) {
+	groups := []kvslab.GroupSpec{
+		{Name: "g0-sliding-window", Kind: kvslab.SlidingWindow, Layers: 2, BytesPerToken: 8, PageTokens: 8, Window: 39},
+		{Name: "g1-recurrent", Kind: kvslab.Recurrent, Layers: 3, BytesPerToken: 64, PageTokens: 8},
+		{Name: "g2-compressed", Kind: kvslab.Compressed, Layers: 1, BytesPerToken: 8, PageTokens: 8, Ratio: 1},
+		{Name: "g3-full", Kind: kvslab.Full, Layers: 2, BytesPerToken: 16, PageTokens: 8},
+	}
+	pool, err := kvslab.New(kvslab.Config{Groups: groups, SlabBytes: 768}, mustArena(t, 16*768))
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := &standIn{}
+	info := model.Info()
+	info.MaxContext, info.CacheGroups = 264, groups
+	s, err := engine.NewScheduler(info, engine.Config{Pool: pool, MaxBatchTokens: 42, MaxSeqs: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.MaxContext() != 264 {
+		t.Fatalf("max context %d, the case needs 264", s.MaxContext())
+	}
+	var outs []*recorder
+	longest := 0 // the most tokens the request that started over got in one step
+	for k, round := range [][]engine.Request{
+		{{Prompt: prompt(3360, 264)[:120], Sampling: engine.SamplingParams{MaxTokens: 87}},
+			{Prompt: prompt(3360001, 189), Sampling: engine.SamplingParams{MaxTokens: 21}}},
+		{{Prompt: prompt(3360010, 206), Sampling: engine.SamplingParams{MaxTokens: 20}}},
+	} {
+		for j, req := range round {
+			o := &recorder{}
+			req.ID = fmt.Sprint(k, j)
+			if err := s.Add(req, o); err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, o)
+		}
+		for p := s.Schedule(); p != nil; p = s.Schedule() {
+			if k == 1 && s.Counters().Restarts > 0 {
+				longest = max(longest, int(p.Scheduled[0]))
+			}
+			res, err := model.Execute(context.Background(), p)
+			if err := s.Update(p, res, err); err != nil {
+				t.Fatal(err)
+			}
+			if err := pool.Check(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i, o := range outs {
+		if len(o.finishes) != 1 || o.finishes[0] != engine.FinishLength {
+			t.Fatalf("request %d ended %v: %v", i, o.finishes, o.err)
+		}
+	}
+	if c := s.Counters(); c.Restarts == 0 {
+		t.Fatalf("no restart (%d preemptions): the case no longer fragments the pool", c.Preemptions)
+	}
+	if longest != 42 {
+		t.Fatalf("the request that started over got at most %d tokens a step, want the whole 42", longest)
+	}
+}

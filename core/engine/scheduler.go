@@ -172,8 +172,8 @@ type Scheduler struct {
 	emptiedFor       *request
 	restarts         uint64
 	// loneChunk is the most tokens a request that starts over alone (restartAlone) gets
-	// per step, with at most as many in flight under Config.Async: what the context cap
-	// counts (poolContext).
+	// per step, with at most as many in flight under Config.Async: the largest chunk with
+	// which its length fits as the context cap counts (poolContext, lonePlan).
 	loneChunk int
 }
 
@@ -272,39 +272,56 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 
 // poolContext returns the longest sequence (in tokens, up to the runner's MaxContext)
 // whose pages fit in the whole pool at once, as kvslab.Size counts them for a batch of
-// one that reserves a chunk of one token ahead, and sets loneChunk to the largest chunk
-// (up to MaxBatchTokens) that fits as long a sequence, with as many tokens in flight
-// under Config.Async; 0 when not even one token fits.
+// one that reserves a chunk of one token ahead; 0 when not even one token fits.
 //
 // That is the lone-request guarantee: a request alone in the pool that cannot reserve
 // its step's chunk halves it, and as a last resort starts over in the pool emptied for
-// it (restartAlone), where its chunks and those in flight are at most loneChunk tokens:
-// its pages then never exceed what the cap counted, and packed (kvslab.Pool.PackPages)
-// they never spread over more slabs. Counting a whole MaxBatchTokens chunk instead made a
-// sliding window hold the chunk's blocks besides the window and cut the cap of a pool of
-// 32 sliding-window layers (a 4096-token window) and 4 full ones to a third.
+// it (restartAlone), where its chunks and those in flight are at most loneChunk tokens,
+// the largest chunk with which a sequence of its length fits (lonePlan): its pages then
+// never exceed what the cap counted, and packed (kvslab.Pool.PackPages) they never
+// spread over more slabs. Counting a whole MaxBatchTokens chunk instead made a sliding
+// window hold the chunk's blocks besides the window and cut the cap of a pool of 32
+// sliding-window layers (a 4096-token window) and 4 full ones to a third.
 func (s *Scheduler) poolContext() int {
-	ctx := func(chunk int) int {
-		cfg := kvslab.Config{Groups: s.pool.Groups(), SlabBytes: s.pool.SlabBytes(),
-			ChunkTokens: chunk, InFlightTokens: chunk * b2i(s.cfg.Async)}
-		z, err := kvslab.Size(cfg, int64(s.pool.Slabs())*s.pool.SlabBytes(), 1)
-		if err != nil {
-			return 0
-		}
-		return min(z.ContextTokens, s.info.MaxContext)
+	c := s.contextWithChunk(1)
+	s.loneChunk = s.chunkFor(c)
+	return c
+}
+
+// contextWithChunk is the longest sequence (up to the runner's MaxContext) whose pages
+// fit in the whole pool for a batch of one reserving chunk tokens ahead, with as many in
+// flight under Config.Async.
+func (s *Scheduler) contextWithChunk(chunk int) int {
+	cfg := kvslab.Config{Groups: s.pool.Groups(), SlabBytes: s.pool.SlabBytes(),
+		ChunkTokens: chunk, InFlightTokens: chunk * b2i(s.cfg.Async)}
+	z, err := kvslab.Size(cfg, int64(s.pool.Slabs())*s.pool.SlabBytes(), 1)
+	if err != nil {
+		return 0
 	}
-	c := ctx(1)
-	// The context only falls as the chunk grows: the largest chunk that keeps c.
+	return min(z.ContextTokens, s.info.MaxContext)
+}
+
+// chunkFor returns the largest chunk (1 to MaxBatchTokens) with which a sequence of n
+// tokens fits alone in the pool (contextWithChunk(chunk) >= n; the context only falls as
+// the chunk grows); 1 when none does.
+func (s *Scheduler) chunkFor(n int) int {
 	lo, hi := 1, s.cfg.MaxBatchTokens+1
 	for hi-lo > 1 {
-		if mid := lo + (hi-lo)/2; ctx(mid) >= c {
+		if mid := lo + (hi-lo)/2; s.contextWithChunk(mid) >= n {
 			lo = mid
 		} else {
 			hi = mid
 		}
 	}
-	s.loneChunk = lo
-	return c
+	return lo
+}
+
+// lonePlan sets loneChunk for r, which starts over alone (restartAlone): the largest
+// chunk with which its longest sequence (its end, and the drafts a step may feed past
+// the tokens it has, up to MaxContext) fits, so that a request shorter than the cap keeps
+// chunks longer than the cap's.
+func (s *Scheduler) lonePlan(r *request) {
+	s.loneChunk = s.chunkFor(min(r.end+s.info.MaxDrafts, s.info.MaxContext))
 }
 
 // startedOver reports whether r runs alone in the pool emptied for it (restartAlone):
@@ -597,6 +614,7 @@ func (s *Scheduler) restartAlone(r *request) bool {
 	}
 	s.pool.ClearCache()
 	s.emptiedFor, s.emptiedAt = r, s.opens
+	s.lonePlan(r)
 	s.restarts++
 	return true
 }
