@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -59,7 +60,46 @@ func TestGenerateDSpark(t *testing.T) {
 			t.Errorf("%v: no drafts proposed:\n%s", c, out)
 		}
 		t.Logf("%v: %d drafts proposed, %d accepted", c, proposed, accepted)
+		// The vanilla drafter's block has 4 slots, 2 of them drafted here; rnn's has 5.
+		slots := 5
+		if slices.Contains(c, "2") {
+			slots = 2
+		}
+		if !strings.Contains(out, fmt.Sprintf("  %d: ", slots-1)) || strings.Contains(out, fmt.Sprintf("  %d: ", slots)) {
+			t.Errorf("%v: want %d draft slots in\n%s", c, slots, out)
+		}
 	}
+}
+
+// TestBenchDSpark: `bench model` with a DSpark drafter reports the drafts it verified and
+// accepted per draft slot and the mean accepted length.
+func TestBenchDSpark(t *testing.T) {
+	cmd := newBenchCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"model", "--model", "llama", "--weights", dsparkTarget, "--speculative-method", "dspark",
+		"--draft-model", filepath.Join(dsparkDir, "rnn"), "--requests", "4", "--concurrency", "2", "--prompt-len", "6", "--gen-len", "20"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	var proposed, accepted, pct, verifications int
+	var mean float64
+	i := strings.Index(out.String(), "speculative: ")
+	if i < 0 {
+		t.Fatalf("no speculative line in\n%s", out.String())
+	}
+	if _, err := fmt.Sscanf(out.String()[i:], "speculative: %d drafts proposed, %d accepted (%d%%), mean accepted length %g over %d verifications",
+		&proposed, &accepted, &pct, &mean, &verifications); err != nil {
+		t.Fatalf("%v in\n%s", err, out.String())
+	}
+	if proposed == 0 || verifications == 0 || fmt.Sprintf("%.2f", mean) != fmt.Sprintf("%.2f", float64(accepted)/float64(verifications)) {
+		t.Errorf("%d proposed, %d accepted, mean %g over %d verifications", proposed, accepted, mean, verifications)
+	}
+	if !strings.Contains(out.String(), "accepted per draft slot:  0: ") {
+		t.Errorf("no per-slot line in\n%s", out.String())
+	}
+	t.Log(out.String())
 }
 
 // TestDSparkBadInput: a drafter that does not fit the target, a missing or non-DSpark

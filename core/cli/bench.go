@@ -72,6 +72,7 @@ func BenchCmd(l Loader) *cobra.Command {
 			fmt.Fprintf(out, "  wall %.3fs  output %.1f tokens/s  total %.1f tokens/s  mean TTFT %.1f ms\n",
 				res.wall.Seconds(), float64(res.generated)/res.wall.Seconds(), float64(res.generated+requests*promptLen)/res.wall.Seconds(),
 				float64(res.ttft.Microseconds())/1000/float64(requests))
+			writeSpecStats(out, e.Engine)
 			return nil
 		},
 	}

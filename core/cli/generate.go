@@ -211,10 +211,7 @@ func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serv
 	fmt.Fprintf(out, "finish: %s, %d prompt + %d generated tokens in %v (%.1f tokens/s)\n",
 		ev.Finish, ev.Usage.PromptTokens, ev.Usage.CompletionTokens, el.Round(time.Millisecond),
 		float64(len(toks))/el.Seconds())
-	if c := e.Engine.Counters(); c.DraftsProposed > 0 {
-		fmt.Fprintf(out, "speculative: %d drafts proposed, %d accepted (%.0f%%)\n",
-			c.DraftsProposed, c.DraftsAccepted, 100*float64(c.DraftsAccepted)/float64(c.DraftsProposed))
-	}
+	writeSpecStats(out, e.Engine)
 	return counts{ev.Usage.PromptTokens, ev.Usage.CompletionTokens}, nil
 }
 

@@ -3,9 +3,12 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 
 	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/engine"
 )
 
 // Speculative methods (--speculative-method, vLLM's spelling).
@@ -61,4 +64,22 @@ func (f *SpeculativeFlags) Check(drafts int) error {
 		return fmt.Errorf("--speculative-method %q is not known (mtp or dspark)", f.Method)
 	}
 	return nil
+}
+
+// writeSpecStats prints what a run drafted, when it did: drafts proposed and accepted, the
+// mean accepted length (accepted drafts per verification) and per draft slot of a block
+// (0: the first draft after the anchor) the drafts accepted of those verified there.
+func writeSpecStats(out io.Writer, e *engine.Engine) {
+	c := e.Counters()
+	if c.DraftsProposed == 0 {
+		return
+	}
+	sc := e.SpecCounters()
+	fmt.Fprintf(out, "speculative: %d drafts proposed, %d accepted (%.0f%%), mean accepted length %.2f over %d verifications\n",
+		c.DraftsProposed, c.DraftsAccepted, 100*float64(c.DraftsAccepted)/float64(c.DraftsProposed), sc.MeanAcceptedLength(), sc.Verifications)
+	fmt.Fprint(out, "  accepted per draft slot:")
+	for j := range sc.DraftsAt {
+		fmt.Fprintf(out, "  %d: %d/%d (%.0f%%)", j, sc.AcceptedAt[j], sc.DraftsAt[j], 100*sc.AcceptanceRate(j))
+	}
+	fmt.Fprintln(out)
 }

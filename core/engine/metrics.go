@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,8 +18,12 @@ type metrics struct {
 	prefixQueries, prefixHits      uint64 // tokens offered to / served by the prefix cache
 	preemptions                    uint64
 	draftsProposed, draftsAccepted uint64
-	runnerErrors                   uint64
-	finished                       [FinishError + 1]uint64
+	// Per verification of at least one draft (vLLM's spec_decode_num_drafts), and per
+	// draft slot j of a block: drafts verified there and accepted there.
+	verifications        uint64
+	draftsAt, acceptedAt []uint64
+	runnerErrors         uint64
+	finished             [FinishError + 1]uint64
 
 	ttft, itl, e2e    hist
 	schedule, execute hist
@@ -72,6 +78,58 @@ func (m *metrics) observeFinish(r *request, now, epoch time.Time) {
 		m.prefill.observe(float64(r.firstTokenNs-r.scheduledNs) * 1e-9)
 		m.decode.observe(float64(r.lastToken-r.firstTokenNs) * 1e-9)
 	}
+}
+
+// observeDrafts records one verification of k drafts of which the first accepted were
+// accepted: the totals and the counts per draft slot.
+func (m *metrics) observeDrafts(k, accepted int) {
+	m.draftsProposed += uint64(k)
+	m.draftsAccepted += uint64(accepted)
+	m.verifications++
+	for len(m.draftsAt) < k {
+		m.draftsAt, m.acceptedAt = append(m.draftsAt, 0), append(m.acceptedAt, 0)
+	}
+	for j := range k {
+		m.draftsAt[j]++
+		if j < accepted {
+			m.acceptedAt[j]++
+		}
+	}
+}
+
+// SpecCounters are a scheduler's speculative-decoding totals per draft slot.
+type SpecCounters struct {
+	// Verifications counts the verifications of at least one draft (one sequence's step).
+	Verifications uint64
+	// DraftsAt[j] and AcceptedAt[j]: drafts verified in slot j of a block (the j+1-th
+	// draft after the anchor) and how many of them were accepted.
+	DraftsAt, AcceptedAt []uint64
+}
+
+// AcceptanceRate is AcceptedAt[j]/DraftsAt[j] (0 for a slot never verified).
+func (c SpecCounters) AcceptanceRate(j int) float64 {
+	if j >= len(c.DraftsAt) || c.DraftsAt[j] == 0 {
+		return 0
+	}
+	return float64(c.AcceptedAt[j]) / float64(c.DraftsAt[j])
+}
+
+// MeanAcceptedLength is the mean number of drafts accepted per verification.
+func (c SpecCounters) MeanAcceptedLength() float64 {
+	if c.Verifications == 0 {
+		return 0
+	}
+	var a uint64
+	for _, n := range c.AcceptedAt {
+		a += n
+	}
+	return float64(a) / float64(c.Verifications)
+}
+
+// SpecCounters returns the scheduler's speculative-decoding totals per draft slot.
+func (s *Scheduler) SpecCounters() SpecCounters {
+	m := s.metrics
+	return SpecCounters{Verifications: m.verifications, DraftsAt: slices.Clone(m.draftsAt), AcceptedAt: slices.Clone(m.acceptedAt)}
 }
 
 // sinceEpoch is the scheduler's clock in nanoseconds since its epoch, as request
@@ -138,6 +196,7 @@ type collector struct {
 	running, waiting, cache                    *prometheus.Desc
 	prompt, generation, queries, hits, preempt *prometheus.Desc
 	drafts, accepted, runnerErrors, finished   *prometheus.Desc
+	verifications, draftsAt, acceptedAt        *prometheus.Desc
 	ttft, itl, e2e, schedule, execute          *prometheus.Desc
 	queue, prefill, decode, inference          *prometheus.Desc
 	promptLen, generationLen                   *prometheus.Desc
@@ -152,6 +211,7 @@ type vllmDescs struct {
 	running, waiting, cache, gpuCache, queries, hits *prometheus.Desc
 	preempt, maxGeneration                           *prometheus.Desc
 	prompt, generation, success, drafts, accepted    *prometheus.Desc
+	verifications, acceptedAt                        *prometheus.Desc
 	promptLen, generationLen, iteration, maxTokens   *prometheus.Desc
 	ttft, tpot, itl, e2e, queue, inference, prefill  *prometheus.Desc
 	decode                                           *prometheus.Desc
@@ -175,6 +235,8 @@ func newVLLMDescs() vllmDescs {
 		success:       d("request_success_total", "Count of successfully processed requests.", "finished_reason"),
 		drafts:        d("spec_decode_num_draft_tokens_total", "Number of draft tokens."),
 		accepted:      d("spec_decode_num_accepted_tokens_total", "Number of accepted tokens."),
+		verifications: d("spec_decode_num_drafts_total", "Number of spec decoding drafts."),
+		acceptedAt:    d("spec_decode_num_accepted_tokens_per_pos_total", "Accepted tokens per draft's position in speculative sequences.", "position"),
 		promptLen:     d("request_prompt_tokens", "Number of prefill tokens processed."),
 		generationLen: d("request_generation_tokens", "Number of generation tokens processed."),
 		// The most tokens a choice of the request generated; each choice is an engine
@@ -195,7 +257,7 @@ func newVLLMDescs() vllmDescs {
 
 func (v *vllmDescs) all() []*prometheus.Desc {
 	return []*prometheus.Desc{v.running, v.waiting, v.cache, v.gpuCache, v.maxGeneration, v.queries, v.hits, v.preempt, v.prompt, v.generation,
-		v.success, v.drafts, v.accepted, v.promptLen, v.generationLen, v.iteration, v.maxTokens, v.ttft, v.tpot, v.itl,
+		v.success, v.drafts, v.accepted, v.verifications, v.acceptedAt, v.promptLen, v.generationLen, v.iteration, v.maxTokens, v.ttft, v.tpot, v.itl,
 		v.e2e, v.queue, v.inference, v.prefill, v.decode}
 }
 
@@ -215,6 +277,9 @@ func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
 		preempt:       d("preemptions_total", "Requests preempted by recompute."),
 		drafts:        d("spec_decode_draft_tokens_total", "Draft tokens scheduled for verification."),
 		accepted:      d("spec_decode_accepted_tokens_total", "Draft tokens the runner accepted."),
+		verifications: d("spec_decode_num_drafts_total", "Verifications of at least one draft token (one sequence's step)."),
+		draftsAt:      d("spec_decode_draft_tokens_per_pos_total", "Draft tokens verified per position in the block (0: the first draft after the anchor).", "position"),
+		acceptedAt:    d("spec_decode_accepted_tokens_per_pos_total", "Draft tokens accepted per position in the block (0: the first draft after the anchor).", "position"),
 		runnerErrors:  d("runner_errors_total", "Steps the runner failed."),
 		finished:      d("requests_finished_total", "Finished requests by finish reason.", "reason"),
 		ttft:          d("time_to_first_token_seconds", "Time from arrival to the first token."),
@@ -235,7 +300,7 @@ func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.cache, c.prompt, c.generation, c.queries, c.hits,
-		c.preempt, c.drafts, c.accepted, c.runnerErrors, c.finished, c.ttft, c.itl, c.e2e, c.schedule, c.execute,
+		c.preempt, c.drafts, c.accepted, c.verifications, c.draftsAt, c.acceptedAt, c.runnerErrors, c.finished, c.ttft, c.itl, c.e2e, c.schedule, c.execute,
 		c.queue, c.prefill, c.decode, c.inference, c.promptLen, c.generationLen} {
 		ch <- d
 	}
@@ -270,6 +335,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.preempt, m.preemptions)
 	counter(c.drafts, m.draftsProposed)
 	counter(c.accepted, m.draftsAccepted)
+	counter(c.verifications, m.verifications)
+	for j := range m.draftsAt {
+		pos := strconv.Itoa(j)
+		counter(c.draftsAt, m.draftsAt[j], pos)
+		counter(c.acceptedAt, m.acceptedAt[j], pos)
+	}
 	counter(c.runnerErrors, m.runnerErrors)
 	for r := FinishStop; r <= FinishError; r++ {
 		counter(c.finished, m.finished[r], r.String())
@@ -301,6 +372,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(v.drafts, m.draftsProposed)
 	counter(v.accepted, m.draftsAccepted)
+	counter(v.verifications, m.verifications)
+	for j, n := range m.acceptedAt {
+		counter(v.acceptedAt, n, strconv.Itoa(j))
+	}
 	ch <- m.promptLen.metric(v.promptLen)
 	ch <- m.generationLen.metric(v.generationLen)
 	ch <- m.generationLen.metric(v.maxGeneration)
@@ -314,4 +389,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m.inference.metric(v.inference)
 	ch <- m.prefill.metric(v.prefill)
 	ch <- m.decode.metric(v.decode)
+}
+
+// SpecCounters returns the engine's speculative-decoding totals per draft slot.
+func (e *Engine) SpecCounters() SpecCounters {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.s.SpecCounters()
 }

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,6 +110,84 @@ func TestAbortedWaitingRequestMetrics(t *testing.T) {
 	} {
 		if counts[name] != want {
 			t.Errorf("%s: %d samples, want %d", name, counts[name], want)
+		}
+	}
+}
+
+// The per-slot draft counts: with 3 drafts a block whose third draft is always wrong,
+// slots 0 and 1 accept every draft verified there and slot 2 none; the slots add up to the
+// totals, the mean accepted length is accepted drafts per verification, and /metrics
+// carries them per position under Resin's and vLLM's names.
+func TestSpecDecodePerPosition(t *testing.T) {
+	r, err := enginetest.New(enginetest.Config{MaxDrafts: 3, WrongDraft: func(_, j int) bool { return j == 3 }}) // j counts from 1
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	e, err := engine.New(r, engine.Config{Pool: r.Pool(), Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go e.Run(ctx)
+	defer e.Close()
+	for _, n := range []int{17, 30} {
+		st, err := e.Submit(ctx, engine.Request{Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: n, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ev, err := st.Collect(ctx); err != nil || ev.Err != nil {
+			t.Fatal(err, ev.Err)
+		}
+	}
+	c, sc := e.Counters(), e.SpecCounters()
+	if len(sc.DraftsAt) != 3 || sc.Verifications == 0 {
+		t.Fatalf("spec counters %+v", sc)
+	}
+	var drafts, accepted uint64
+	for j := range sc.DraftsAt {
+		drafts += sc.DraftsAt[j]
+		accepted += sc.AcceptedAt[j]
+	}
+	if drafts != c.DraftsProposed || accepted != c.DraftsAccepted {
+		t.Errorf("per slot %d drafts, %d accepted; totals %d, %d", drafts, accepted, c.DraftsProposed, c.DraftsAccepted)
+	}
+	if sc.AcceptedAt[0] != sc.DraftsAt[0] || sc.AcceptedAt[1] != sc.DraftsAt[1] || sc.AcceptedAt[2] != 0 || sc.DraftsAt[2] == 0 {
+		t.Errorf("slots: %v accepted of %v", sc.AcceptedAt, sc.DraftsAt)
+	}
+	if sc.AcceptanceRate(0) != 1 || sc.AcceptanceRate(2) != 0 || sc.AcceptanceRate(5) != 0 {
+		t.Errorf("acceptance rates %g %g %g", sc.AcceptanceRate(0), sc.AcceptanceRate(2), sc.AcceptanceRate(5))
+	}
+	if got, want := sc.MeanAcceptedLength(), float64(accepted)/float64(sc.Verifications); got != want || got <= 1 || got > 2 {
+		t.Errorf("mean accepted length %g, want %g (between 1 and 2)", got, want)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	perPos := map[string]map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "position" {
+					if perPos[mf.GetName()] == nil {
+						perPos[mf.GetName()] = map[string]float64{}
+					}
+					perPos[mf.GetName()][l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	for name, want := range map[string][]uint64{
+		"resin_spec_decode_draft_tokens_per_pos_total":       sc.DraftsAt,
+		"resin_spec_decode_accepted_tokens_per_pos_total":    sc.AcceptedAt,
+		"vllm:spec_decode_num_accepted_tokens_per_pos_total": sc.AcceptedAt,
+	} {
+		for j, n := range want {
+			if got := perPos[name][strconv.Itoa(j)]; got != float64(n) {
+				t.Errorf("%s{position=%d} = %g, want %d", name, j, got, n)
+			}
 		}
 	}
 }

@@ -158,8 +158,7 @@ func (u *stepUpdate) apply(i int, r *request) {
 			}
 		}
 		if k > 0 {
-			s.metrics.draftsProposed += uint64(k)
-			s.metrics.draftsAccepted += uint64(a - 1)
+			s.metrics.observeDrafts(k, a-1)
 		}
 	}
 	if r.computed >= r.committed+s.bt && !s.commit(r) {
