@@ -20,8 +20,8 @@ import (
 // When the pool runs out of pages a running request is preempted by recompute, and no
 // request is admitted in that step. A request alone in the pool gets a smaller chunk, waits
 // for a plan in flight to let go of its pages, and as a last resort starts over in an
-// emptied pool (see restartAlone), where it runs alone in chunks the context cap counts
-// (poolContext) until it ends, before it fails with ErrCache.
+// emptied pool (see restartAlone), where it runs alone, in chunks with which its length
+// fits (lonePlan), until it ends, before it fails with ErrCache.
 //
 // With a runner that proposes drafts, no plan is built ahead of a pending one that
 // samples (Schedule returns nil until it is updated): how many drafts that step accepts
@@ -78,7 +78,7 @@ func (s *Scheduler) Schedule() *BatchPlan {
 			continue
 		}
 		if s.startedOver(r) {
-			n = min(n, s.loneChunk) // what the context cap counts (poolContext)
+			n = min(n, s.loneChunk) // the chunk its length fits with (lonePlan)
 		}
 		wait := false
 		for {
@@ -228,7 +228,7 @@ open:
 	r.tablesGen = 0
 	n := min(len(r.tokens)-r.computed, budget)
 	if s.startedOver(r) {
-		n = min(n, s.loneChunk) // what the context cap counts (poolContext)
+		n = min(n, s.loneChunk) // the chunk its length fits with (lonePlan)
 	}
 	for {
 		err := s.reserve(r, r.computed+n)
