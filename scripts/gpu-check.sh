@@ -39,7 +39,9 @@
 #                                   fp32 weights (~68 GB on the host with the MTP layer, ~38 GB
 #                                   on the GPU): the GPU runner against the CPU runner through
 #                                   the engine (TestGPUTruncatedMatchesCPU, its parity line),
-#                                   then prefill and decode tokens/s at batch 1, 16 and 64
+#                                   a 4-token verify against 4 single decodes on the device
+#                                   (BenchmarkGPUVerifyVsDecode, after 196 tokens), then
+#                                   prefill and decode tokens/s at batch 1, 16 and 64
 #                                   (`resin bench model --device cuda`). Apart from the main
 #                                   check: building the random weights takes minutes in each
 #                                   of the two; allow about 10 minutes.
@@ -234,14 +236,16 @@ glmOnly() {
 		echo "no Go toolchain and no prebuilt $bin (run scripts/gpu-check.sh --build where Go is)"; return 1
 	fi
 	toolEnv
-	echo; echo "== glm-5-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU)"
+	echo; echo "== glm-5-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU), a 4-token verify against 4 decodes (BenchmarkGPUVerifyVsDecode)"
 	(cd models/glm-5-flash && RESIN_GPU=1 RESIN_GLM_CONFIG=$cfg timeout 400 "$bin/models_glm-5-flash.test" \
-		-test.run '^TestGPUTruncatedMatchesCPU$' -test.v -test.count=1 -test.timeout=390s </dev/null) || failed=1
+		-test.run '^TestGPUTruncatedMatchesCPU$' -test.bench '^BenchmarkGPUVerifyVsDecode$' -test.benchtime 20x \
+		-test.v -test.count=1 -test.timeout=390s </dev/null) || failed=1
 	echo; echo "== resin bench model --model glm-5-flash --device cuda (4 layers at real dimensions, random weights)"
 	timeout 400 "$bin/resin" bench model --model glm-5-flash --random-weights "$cfg" --device cuda --cache-bytes 8589934592 \
 		--batch-sizes 1,16,64 --prompt-len 128 --gen-len 16 --repeat 1 --max-batch-tokens 1024 --max-seqs 64 || failed=1
 	echo; echo "== summary (glm-5-flash at real dimensions)"
 	echo "-- parity"; grep -hE '_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  /'
+	echo "-- verify vs decode (BenchmarkGPUVerifyVsDecode)"; grep -hE '^BenchmarkGPUVerifyVsDecode' "$log" | sed 's/^/  /'
 	echo "-- figures (resin bench model --device cuda)"; grep -hE '^  batch +[0-9]+ +prefill' "$log"
 	echo "-- wall time: $((SECONDS - start)) s"
 	[ $failed -eq 0 ] && echo "GLM GPU CHECK PASSED" || echo "GLM GPU CHECK FAILED"

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
@@ -54,18 +55,8 @@ func TestGPUTruncatedMatchesCPU(t *testing.T) {
 	if os.Getenv("RESIN_GPU") == "" || path == "" {
 		t.Skip("set RESIN_GPU=1 and RESIN_GLM_CONFIG to a config.json (scripts/gpu-check.sh --glm) on a machine with a GPU")
 	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := ParseTextConfig(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := RandomTextModel(c, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := configModel(t, path)
+	c := m.Config
 	kit := openGPUTest(t)
 	gr, err := NewGPURunner(m, kit.dev, kit.cache, 4, 128, 4, 0, GPUOptions{})
 	if err != nil {
@@ -254,4 +245,32 @@ func TestEmulatedGPURunnerRefusals(t *testing.T) {
 	if err := r.forward(runnertest.Plan(t, pool, []*runnertest.Seq{seq}, []int{5}, false), logits); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// configModels holds the random-weight models configModel built, by config path: the
+// truncated real-dimension model takes minutes to build, and its test and benchmark share
+// it.
+var configModels sync.Map
+
+// configModel returns the model of the config.json at path with seeded random weights
+// (seed 1), built once per process.
+func configModel(tb testing.TB, path string) *TextModel {
+	tb.Helper()
+	if m, ok := configModels.Load(path); ok {
+		return m.(*TextModel)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c, err := ParseTextConfig(raw)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m, err := RandomTextModel(c, 1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	configModels.Store(path, m)
+	return m
 }

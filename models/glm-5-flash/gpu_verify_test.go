@@ -110,17 +110,7 @@ func BenchmarkGPUVerifyVsDecode(b *testing.B) {
 	}
 	m := tinyTextModel(b)
 	if path := os.Getenv("RESIN_GLM_CONFIG"); path != "" {
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			b.Fatal(err)
-		}
-		c, err := ParseTextConfig(raw)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if m, err = RandomTextModel(c, 1); err != nil {
-			b.Fatal(err)
-		}
+		m = configModel(b, path)
 	}
 	const pre, n = 196, 4
 	kit := openGPUTest(b)
