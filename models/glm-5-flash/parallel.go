@@ -187,14 +187,14 @@ func ShardTextWeights(c *TextConfig, w *TextWeights, l Layout, rank int) (*TextW
 		return nil, fmt.Errorf("%s: rank %d of a layout of %d", Name, rank, l.Size())
 	}
 	p := rankPart(c, l, rank)
-	return p.cut(c, w, 0), nil
+	return p.cut(c, w, 0, false), nil
 }
 
 // cut returns p's slices of w, whose routed experts start at the model's expert lo.
-func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int) *TextWeights {
+func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int, read bool) *TextWeights {
 	D, F := c.HiddenSize, c.MoEIntermediateSize
 	out := &TextWeights{embed: w.embed, norm: w.norm, lmHead: w.lmHead, layers: slices.Clone(w.layers)}
-	if p.tp > 1 {
+	if p.tp > 1 && !read {
 		out.embed = slices.Clone(w.embed[p.vocabLo*D : p.vocabHi*D])
 		out.lmHead = out.embed
 		if !c.TieWordEmbeddings {
@@ -220,6 +220,9 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int) *TextWeights {
 		if p.tp == 1 {
 			return m
 		}
+		if read {
+			return mlpWeights{gate: m.gate, up: m.up, down: m.down, width: m.width / p.tp}
+		}
 		return mlpWeights{gate: rows(m.gate, m.width, D), up: rows(m.up, m.width, D), down: colsOf(m.down, D, m.width), width: m.width / p.tp}
 	}
 	for i := range out.layers {
@@ -228,14 +231,16 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int) *TextWeights {
 			H, Dh, K := c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
 			L := H * Dh
 			k := *ly.kda
-			k.q, k.k, k.v = rows(k.q, L, D), rows(k.k, L, D), rows(k.v, L, D)
 			k.conv = slices.Concat(rows(k.conv[:L*K], L, K), rows(k.conv[L*K:2*L*K], L, K), rows(k.conv[2*L*K:], L, K))
-			k.dtBias, k.aLog = rows(k.dtBias, L, 1), rows(k.aLog, H, 1)
-			k.fb, k.b, k.gb = rows(k.fb, L, Dh), rows(k.b, H, D), rows(k.gb, L, Dh)
-			k.o = colsOf(k.o, D, L)
+			if !read {
+				k.q, k.k, k.v = rows(k.q, L, D), rows(k.k, L, D), rows(k.v, L, D)
+				k.dtBias, k.aLog = rows(k.dtBias, L, 1), rows(k.aLog, H, 1)
+				k.fb, k.b, k.gb = rows(k.fb, L, Dh), rows(k.b, H, D), rows(k.gb, L, Dh)
+				k.o = colsOf(k.o, D, L)
+			}
 			ly.kda = &k
 		}
-		if p.tp > 1 && ly.mla != nil {
+		if p.tp > 1 && ly.mla != nil && !read {
 			H := c.NumAttentionHeads
 			a := *ly.mla
 			a.qb = rows(a.qb, H*c.QKHeadDim, c.QLoraRank)
@@ -338,11 +343,11 @@ func loadRankWeights(dir string, seed uint64, l Layout, rank int, whole *TextWei
 		if c.Quant != nil {
 			src = dequantSource{ck, c.Quant}
 		}
-		w, err := loadTextShard(src, c, &[2]int{p.expLo, p.expHi})
+		w, err := loadTextShard(src, c, &[2]int{p.expLo, p.expHi}, &p)
 		if err != nil {
 			return nil, nil, fmt.Errorf("load %s: %w", dir, err)
 		}
-		return c, p.cut(c, w, p.expLo), nil
+		return c, p.cut(c, w, p.expLo, true), nil
 	case !errors.Is(err, weights.ErrNotFound):
 		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
 	}
@@ -351,7 +356,7 @@ func loadRankWeights(dir string, seed uint64, l Layout, rank int, whole *TextWei
 			return nil, nil, err
 		}
 	}
-	return c, p.cut(c, whole, 0), nil
+	return c, p.cut(c, whole, 0, false), nil
 }
 
 // randomWeights builds the seeded random weights of c (LoadText's), its memory checked.

@@ -192,7 +192,7 @@ func TestRankWeights(t *testing.T) {
 	src.fallback = randomSource{rand.New(rand.NewPCG(7, 7))}
 	src.m, src.layers = names, c.NumHiddenLayers
 	for rank := range 3 {
-		got, err := loadTextShard(src, c, &[2]int{[]int{0, 2, 4}[rank], []int{2, 4, 4}[rank]})
+		got, err := loadTextShard(src, c, &[2]int{[]int{0, 2, 4}[rank], []int{2, 4, 4}[rank]}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

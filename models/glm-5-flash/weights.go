@@ -118,6 +118,82 @@ type loader struct {
 	// keep, when set, is the range [lo, hi) of routed experts to keep (a rank of expert
 	// parallelism; possibly empty): per-expert tensors of the others are not read.
 	keep *[2]int
+	// tp, when set, is a tensor-parallel rank's part: the tensors TP splits (read through
+	// rows, cols and vocab) come back as its slices, read alone from a source with partial
+	// reads (weights.Checkpoint), else read whole and cut.
+	tp *parallel
+}
+
+// partialSource reads rows or columns of a tensor alone (weights.Checkpoint).
+type partialSource interface {
+	Float32Rows(name string, lo, hi int, shape ...int) ([]float32, error)
+	Float32Cols(name string, lo, hi int, shape ...int) ([]float32, error)
+}
+
+// rows reads a tensor TP splits by rows: under l.tp the rank's share of shape[0].
+func (l *loader) rows(shape []int, names ...string) []float32 {
+	if l.tp == nil || l.tp.tp == 1 {
+		return l.get(shape, names...)
+	}
+	return l.slice(false, l.tp.rank*shape[0]/l.tp.tp, (l.tp.rank+1)*shape[0]/l.tp.tp, shape, names)
+}
+
+// cols reads a matrix TP splits by columns: under l.tp the rank's share of shape[1].
+func (l *loader) cols(shape []int, names ...string) []float32 {
+	if l.tp == nil || l.tp.tp == 1 {
+		return l.get(shape, names...)
+	}
+	return l.slice(true, l.tp.rank*shape[1]/l.tp.tp, (l.tp.rank+1)*shape[1]/l.tp.tp, shape, names)
+}
+
+// vocab reads the embedding or the head: under l.tp the rank's vocabulary rows.
+func (l *loader) vocab(shape []int, names ...string) []float32 {
+	if l.tp == nil || l.tp.tp == 1 {
+		return l.get(shape, names...)
+	}
+	return l.slice(false, l.tp.vocabLo, l.tp.vocabHi, shape, names)
+}
+
+func (l *loader) slice(cols bool, lo, hi int, shape []int, names []string) []float32 {
+	if l.err != nil {
+		return nil
+	}
+	for _, n := range names {
+		if !l.src.Has(n) {
+			continue
+		}
+		l.used[n] = true
+		var v []float32
+		var err error
+		if ps, ok := l.src.(partialSource); ok && cols {
+			v, err = ps.Float32Cols(n, lo, hi, shape...)
+		} else if ok {
+			v, err = ps.Float32Rows(n, lo, hi, shape...)
+		} else if v, err = l.src.Float32(n, shape...); err == nil {
+			inner := len(v) / max(shape[0], 1)
+			if cols {
+				v = columnsOf(v, shape[0], shape[1], lo, hi)
+			} else {
+				v = slices.Clone(v[lo*inner : hi*inner])
+			}
+		}
+		if err != nil {
+			l.err = err
+			return nil
+		}
+		return v
+	}
+	l.err = fmt.Errorf("%w: tensor %s (shape %v) is missing", weights.ErrNotFound, names[0], shape)
+	return nil
+}
+
+// columnsOf returns columns [lo, hi) of the row-major [rows, cols] matrix m.
+func columnsOf(m []float32, rows, cols, lo, hi int) []float32 {
+	out := make([]float32, 0, rows*(hi-lo))
+	for r := range rows {
+		out = append(out, m[r*cols+lo:r*cols+hi]...)
+	}
+	return out
 }
 
 func (l *loader) get(shape []int, names ...string) []float32 {
@@ -144,31 +220,34 @@ func (l *loader) get(shape []int, names ...string) []float32 {
 // q/k/v_conv1d). A missing or mis-shaped tensor is an error naming it; so is a tensor the
 // model does not read, unless it belongs to the vision tower or the MTP layer.
 func loadTextWeights(src tensorSource, c *TextConfig) (*TextWeights, []string, error) {
-	w, notes, err := loadText(src, c, nil)
+	w, notes, err := loadText(src, c, nil, nil)
 	return w, notes, err
 }
 
 // loadTextShard is loadTextWeights keeping only the routed experts in keep ([lo, hi)):
 // their per-expert tensors alone are read (a fused experts tensor is read whole and cut).
-func loadTextShard(src tensorSource, c *TextConfig, keep *[2]int) (*TextWeights, error) {
-	w, _, err := loadText(src, c, keep)
+// With tp (a rank's part; nil: none) the tensors TP splits outside the routed experts and
+// the KDA convolution come back as the rank's slices (loader.rows, cols, vocab), and the
+// MTP layer is not read.
+func loadTextShard(src tensorSource, c *TextConfig, keep *[2]int, tp *parallel) (*TextWeights, error) {
+	w, _, err := loadText(src, c, keep, tp)
 	return w, err
 }
 
-func loadText(src tensorSource, c *TextConfig, keep *[2]int) (*TextWeights, []string, error) {
-	l := &loader{src: src, used: map[string]bool{}, keep: keep}
+func loadText(src tensorSource, c *TextConfig, keep *[2]int, tp *parallel) (*TextWeights, []string, error) {
+	l := &loader{src: src, used: map[string]bool{}, keep: keep, tp: tp}
 	D, V, hc := c.HiddenSize, c.VocabSize, c.HCMult
 	p := TextPrefix
 	w := &TextWeights{}
-	w.embed = l.get([]int{V, D}, p+"embed_tokens.weight")
+	w.embed = l.vocab([]int{V, D}, p+"embed_tokens.weight")
 	w.norm = l.get([]int{D}, p+"norm.weight")
 	if c.TieWordEmbeddings {
 		w.lmHead = w.embed
 		if src.Has("lm_head.weight") {
-			l.get([]int{V, D}, "lm_head.weight")
+			l.vocab([]int{V, D}, "lm_head.weight")
 		}
 	} else {
-		w.lmHead = l.get([]int{V, D}, "lm_head.weight")
+		w.lmHead = l.vocab([]int{V, D}, "lm_head.weight")
 	}
 	nMix := (2 + hc) * hc
 	for i := range c.NumHiddenLayers {
@@ -189,9 +268,9 @@ func loadText(src tensorSource, c *TextConfig, keep *[2]int) (*TextWeights, []st
 			H, Dh, K := c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
 			L := H * Dh
 			k := &kdaWeights{}
-			k.q = l.get([]int{L, D}, a+"q_proj.weight")
-			k.k = l.get([]int{L, D}, a+"k_proj.weight")
-			k.v = l.get([]int{L, D}, a+"v_proj.weight")
+			k.q = l.rows([]int{L, D}, a+"q_proj.weight")
+			k.k = l.rows([]int{L, D}, a+"k_proj.weight")
+			k.v = l.rows([]int{L, D}, a+"v_proj.weight")
 			if src.Has(a + "conv1d.weight") {
 				k.conv = l.get([]int{3 * L, 1, K}, a+"conv1d.weight")
 			} else {
@@ -199,15 +278,15 @@ func loadText(src tensorSource, c *TextConfig, keep *[2]int) (*TextWeights, []st
 					k.conv = append(k.conv, l.get([]int{L, 1, K}, a+n+"_conv1d.weight")...)
 				}
 			}
-			k.dtBias = l.get([]int{L}, a+"forget_gate.dt_bias", a+"dt_bias")
-			k.aLog = l.get([]int{H}, a+"forget_gate.A_log", a+"A_log")
+			k.dtBias = l.rows([]int{L}, a+"forget_gate.dt_bias", a+"dt_bias")
+			k.aLog = l.rows([]int{H}, a+"forget_gate.A_log", a+"A_log")
 			k.fa = l.get([]int{Dh, D}, a+"forget_gate.f_a_proj.weight", a+"f_a_proj.weight")
-			k.fb = l.get([]int{L, Dh}, a+"forget_gate.f_b_proj.weight", a+"f_b_proj.weight")
-			k.b = l.get([]int{H, D}, a+"b_proj.weight")
+			k.fb = l.rows([]int{L, Dh}, a+"forget_gate.f_b_proj.weight", a+"f_b_proj.weight")
+			k.b = l.rows([]int{H, D}, a+"b_proj.weight")
 			k.ga = l.get([]int{Dh, D}, a+"g_a_proj.weight")
-			k.gb = l.get([]int{L, Dh}, a+"g_b_proj.weight")
+			k.gb = l.rows([]int{L, Dh}, a+"g_b_proj.weight")
 			k.oNorm = l.get([]int{Dh}, a+"o_norm.weight")
-			k.o = l.get([]int{D, L}, a+"o_proj.weight")
+			k.o = l.cols([]int{D, L}, a+"o_proj.weight")
 			ly.kda = k
 		} else {
 			ly.mla = l.mla(c, a, c.IndexerTypes[i] != IndexerShared)
@@ -226,7 +305,15 @@ func loadText(src tensorSource, c *TextConfig, keep *[2]int) (*TextWeights, []st
 	if l.err != nil {
 		return nil, nil, l.err
 	}
-	w.mtp = l.mtpLayer(c, w)
+	if l.tp != nil { // a rank: the MTP layer is not split, nor read (marked used)
+		for _, n := range src.Names() {
+			if mtpTensor(n, c.NumHiddenLayers) {
+				l.used[n] = true
+			}
+		}
+	} else {
+		w.mtp = l.mtpLayer(c, w)
+	}
 	if l.err != nil {
 		return nil, nil, l.err
 	}
@@ -310,11 +397,11 @@ func (l *loader) mla(c *TextConfig, a string, indexed bool) *mlaWeights {
 	m := &mlaWeights{}
 	m.qa = l.get([]int{Q, D}, a+"q_a_proj.weight")
 	m.qaNorm = l.get([]int{Q}, a+"q_a_layernorm.weight")
-	m.qb = l.get([]int{H * c.QKHeadDim, Q}, a+"q_b_proj.weight")
+	m.qb = l.rows([]int{H * c.QKHeadDim, Q}, a+"q_b_proj.weight")
 	m.kva = l.get([]int{R + c.QKRopeHeadDim, D}, a+"kv_a_proj_with_mqa.weight")
 	m.kvaNorm = l.get([]int{R}, a+"kv_a_layernorm.weight")
-	m.kvb = l.get([]int{H * (c.QKNopeHeadDim + c.VHeadDim), R}, a+"kv_b_proj.weight")
-	m.o = l.get([]int{D, H * c.VHeadDim}, a+"o_proj.weight")
+	m.kvb = l.rows([]int{H * (c.QKNopeHeadDim + c.VHeadDim), R}, a+"kv_b_proj.weight")
+	m.o = l.cols([]int{D, H * c.VHeadDim}, a+"o_proj.weight")
 	if indexed {
 		x := a + "indexer."
 		I, N := c.IndexHeadDim, c.IndexNHeads
@@ -369,9 +456,9 @@ func (l *loader) moe(c *TextConfig, f string) *moeWeights {
 
 func (l *loader) mlp(prefix string, d, f int) *mlpWeights {
 	return &mlpWeights{
-		gate:  l.get([]int{f, d}, prefix+"gate_proj.weight"),
-		up:    l.get([]int{f, d}, prefix+"up_proj.weight"),
-		down:  l.get([]int{d, f}, prefix+"down_proj.weight"),
+		gate:  l.rows([]int{f, d}, prefix+"gate_proj.weight"),
+		up:    l.rows([]int{f, d}, prefix+"up_proj.weight"),
+		down:  l.cols([]int{d, f}, prefix+"down_proj.weight"),
 		width: f,
 	}
 }

@@ -1,0 +1,113 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// recordingSource records every tensor read through it, to be saved as a checkpoint.
+type recordingSource struct {
+	tensorSource
+	got map[string]weights.Tensor
+	err error
+}
+
+func (s *recordingSource) Float32(name string, shape ...int) ([]float32, error) {
+	v, err := s.tensorSource.Float32(name, shape...)
+	if err == nil {
+		t, terr := weights.NewTensor(name, weights.F32, shape, v)
+		if terr != nil && s.err == nil {
+			s.err = terr
+		}
+		s.got[name] = t
+	}
+	return v, err
+}
+
+// TestLoadShardReadsItsSlices: under TP=2 (and TP=2 × EP=2) a rank's shard read from an
+// f32 checkpoint (loadTextShard with the rank's part) reads fewer bytes than the whole
+// model (KDA's and MLA's split projections, the dense and shared MLPs and the vocabulary
+// by their rows or columns alone), and equals ShardTextWeights' cut in every field.
+func TestLoadShardReadsItsSlices(t *testing.T) {
+	m := tinyTextModel(t)
+	c := m.Config
+	names := map[string][]float32{}
+	for i, ly := range m.W.layers {
+		if ly.moe == nil {
+			continue
+		}
+		F, D := c.MoEIntermediateSize, c.HiddenSize
+		for e := range c.NRoutedExperts {
+			p := fmt.Sprintf("%slayers.%d.mlp.experts.%d.", TextPrefix, i, e)
+			gu := ly.moe.gateUp[e*2*F*D : (e+1)*2*F*D]
+			names[p+"gate_proj.weight"] = gu[:F*D]
+			names[p+"up_proj.weight"] = gu[F*D:]
+			names[p+"down_proj.weight"] = ly.moe.down[e*D*F : (e+1)*D*F]
+		}
+	}
+	rec := &recordingSource{tensorSource: mapSource{m: names, fallback: randomSource{rand.New(rand.NewPCG(7, 7))}, layers: c.NumHiddenLayers}, got: map[string]weights.Tensor{}}
+	whole, _, err := loadTextWeights(rec, c)
+	if err != nil || rec.err != nil {
+		t.Fatal(err, rec.err)
+	}
+	var ts []weights.Tensor
+	for _, x := range rec.got {
+		ts = append(ts, x)
+	}
+	dir := t.TempDir()
+	if err := weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tinyTextConfigJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *weights.Checkpoint {
+		ck, err := weights.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ck.SetProgress(nil)
+		return ck
+	}
+	ck := open()
+	if _, _, err := loadTextWeights(ck, c); err != nil {
+		t.Fatal(err)
+	}
+	all := ck.BytesRead()
+	ck.Close()
+	for _, l := range []Layout{{TP: 2}, {TP: 2, EP: 2}} {
+		for rank := range l.Size() {
+			p := rankPart(c, l, rank)
+			ck := open()
+			w, err := loadTextShard(ck, c, &[2]int{p.expLo, p.expHi}, &p)
+			read := ck.BytesRead()
+			ck.Close()
+			if err != nil {
+				t.Fatalf("%+v rank %d: %v", l, rank, err)
+			}
+			got := p.cut(c, w, p.expLo, true)
+			want, err := ShardTextWeights(c, whole, l, rank)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if read >= all {
+				t.Fatalf("%+v rank %d read %d bytes, the whole model %d", l, rank, read, all)
+			}
+			for i := range want.layers {
+				if !reflect.DeepEqual(got.layers[i], want.layers[i]) {
+					t.Fatalf("%+v rank %d layer %d differs from ShardTextWeights'", l, rank, i)
+				}
+			}
+			if !reflect.DeepEqual(got.embed, want.embed) || !reflect.DeepEqual(got.lmHead, want.lmHead) || !reflect.DeepEqual(got.norm, want.norm) {
+				t.Fatalf("%+v rank %d: embedding, head or norm differs", l, rank)
+			}
+			t.Logf("%+v rank %d: %d of %d bytes", l, rank, read, all)
+		}
+	}
+}
