@@ -104,6 +104,9 @@ func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float
 	if err := m.route(l, kind, tokens); err != nil {
 		return nil, err
 	}
+	if m.par.dp {
+		return m.moeDP(l, x, n) // DP-attention: this rank's rows only (dp.go)
+	}
 	s.groupByExpert(e)
 
 	// The experts run on ref's pool, a participant one expert at a time; their rows are

@@ -96,6 +96,11 @@ type parallel struct {
 	sharedInter      int // and of the shared one
 	expLo, expHi     int // routed experts held
 	vocabLo, vocabHi int // embedding and lm_head rows held
+
+	// DP-attention (dp.go): the ep group's ranks bring their own tokens, each padding its
+	// MoE rows to dpPad (0: none) with rows routed to no expert.
+	dp    bool
+	dpPad int
 }
 
 func wholeModel(c *Config) parallel {

@@ -1,0 +1,179 @@
+package deepseekv4flash
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/ep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// DP-attention on the CPU reference forward, as SGLang's --enable-dp-attention with
+// --ep N: each dp rank has an engine and a cache pool of its own and runs the attention
+// (replicated weights: embedding, attention, hyper-connections, shared expert, lm_head)
+// for its own plan's rows only; the MoE layers run expert-parallel over the dp group (the
+// ep group is the dp group, each rank holding its range of the routed experts), each rank
+// sending its rows' routes to the experts' ranks (ep.AllToAll) or all-gathering every
+// rank's routes (ep.Gather), per Dispatch. core/dist/dp's Group steps the ranks together;
+// a rank with no work runs an idle plan, which here runs only the MoE layers' exchanges,
+// so that the busy ranks' collectives meet. With DPStep.Pad set (graph buckets), every
+// rank pads its MoE rows to that count with dummy rows routed to no expert (ep.Masked).
+// The MTP head is not loaded: a dp rank does not draft.
+
+// OpenDPRanks opens len(data) dp ranks of the model in dir (Load's directory: a
+// checkpoint, of which each rank reads its experts, or a config for seeded random weights,
+// built once and cut per rank) for DP-attention with expert exchange d: rank r's runner
+// is bound to a host pool of cacheBytes bytes of its own, and its MoE layers exchange
+// rows with the other ranks over data[r]. Each rank's forward is its runner's DPForward,
+// run under a core/dist/dp Group whose data communicators may be data.
+func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator, cacheBytes int64) ([]*Runner, []*kvslab.Pool, error) {
+	if opts.Drafts > 0 {
+		return nil, nil, fmt.Errorf("%s: DP-attention does not draft (the MTP head is not loaded)", Name)
+	}
+	n := len(data)
+	if n < 2 {
+		return nil, nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
+	}
+	l := Layout{EP: n, Dispatch: d}
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := l.Check(c); err != nil {
+		return nil, nil, fmt.Errorf("DP-attention: %w", err)
+	}
+	var whole *Weights
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close() // each rank reads its shard
+	} else if errors.Is(err, weights.ErrNotFound) {
+		what := "seeded random weights of " + filepath.Join(dir, "config.json")
+		if err := weights.CheckMemory(WeightBytes(c, false), what); err != nil {
+			return nil, nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+		}
+		whole = RandomWeights(c, cmp.Or(opts.Seed, 1), c.NumNextNPredictLayers > 0)
+	} else {
+		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	runners := make([]*Runner, n)
+	pools := make([]*kvslab.Pool, n)
+	for r, comm := range data {
+		if comm.Rank() != r || comm.Size() != n {
+			return nil, nil, fmt.Errorf("%s: dp rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
+		}
+		c, w, err := loadRankWeights(dir, opts, l, r, whole)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+		}
+		m, err := NewRankModel(c, w, maxContextOf(c, opts), l, comm)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+		}
+		m.par.dp = true
+		runners[r] = NewRunner(m, opts.PageTokens)
+		if pools[r], err = runners[r].NewPool(cacheBytes); err != nil {
+			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+		}
+	}
+	return runners, pools, nil
+}
+
+// DPForward is the forward of a dp rank (a runner of OpenDPRanks) under core/dist/dp's
+// Group: p.DP must name this rank of the group. A plan with tokens runs as the runner's
+// forward does, its MoE layers exchanging its rows with the other ranks; an idle plan (no
+// tokens, no logits) runs only the MoE layers' exchanges, with DP.Pad dummy rows.
+func (r *Runner) DPForward(p *engine.BatchPlan, logits []float32) error {
+	m := r.Model
+	par := &m.par
+	switch {
+	case !par.dp:
+		return fmt.Errorf("%s: DPForward on a runner not opened for DP-attention", Name)
+	case len(p.DP.Tokens) != par.ep || int(p.DP.Rank) != par.rank:
+		return fmt.Errorf("%s: a plan of dp rank %d of %d on dp rank %d of %d", Name, p.DP.Rank, len(p.DP.Tokens), par.rank, par.ep)
+	case int(p.DP.Tokens[par.rank]) != p.NumTokens():
+		return fmt.Errorf("%s: dp rank %d's plan has %d tokens, its step says %d", Name, par.rank, p.NumTokens(), p.DP.Tokens[par.rank])
+	case p.DP.Pad < 0 || p.DP.Pad > 0 && int(p.DP.Pad) < p.NumTokens():
+		return fmt.Errorf("%s: dp rank %d pads %d tokens to %d rows", Name, par.rank, p.NumTokens(), p.DP.Pad)
+	}
+	par.dpPad = int(p.DP.Pad)
+	if p.NumTokens() > 0 {
+		return r.forward(p, logits)
+	}
+	if len(p.LogitsIndices) > 0 || len(logits) > 0 {
+		return fmt.Errorf("%s: an idle plan asks for %d logits rows", Name, len(p.LogitsIndices))
+	}
+	for li := range m.W.Layers {
+		if _, err := m.moeDP(&m.W.Layers[li], nil, 0); err != nil {
+			return fmt.Errorf("idle step: layer %d: %w", li, err)
+		}
+	}
+	return nil
+}
+
+// moeDP is moe under DP-attention, after the routing: the routed experts' sum of this
+// rank's n rows of x, by the exchange of m's dispatch over the dp group (padded with
+// m.par.dpPad−n dummy rows routed to no expert), plus the shared expert's output. n may be
+// 0 (an idle rank). The routes are m.moeBuf's.
+func (m *Model) moeDP(l *Layer, x []float32, n int) ([]float32, error) {
+	c, s, p := m.Config, &m.moeBuf, &m.par
+	h, k := c.HiddenSize, c.NumExpertsPerTok
+	routes := ep.Routes{X: x[:n*h], IDs: s.ids[:n*k], Weights: s.weights[:n*k]}
+	if rows := max(n, p.dpPad); rows > n {
+		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-n)*h)...)
+		routes.IDs = slices.Clone(routes.IDs)
+		for range (rows - n) * k {
+			routes.IDs = append(routes.IDs, ep.Masked)
+		}
+		routes.Weights = append(slices.Clone(routes.Weights), make([]float32, (rows-n)*k)...)
+	}
+	out := make([]float32, len(routes.X))
+	layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: h, TopK: k}
+	exchange := ep.Gather
+	if p.dispatch == DispatchAllToAll {
+		exchange = ep.AllToAll
+	}
+	if err := exchange(p.comm, layer, routes, m.expertFunc(l), out); err != nil {
+		return nil, err
+	}
+	out = out[:n*h]
+	if n == 0 {
+		return out, nil
+	}
+	shared, err := m.sharedExpert(x, l, n)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i] += shared[i]
+	}
+	return out, nil
+}
+
+// expertFunc runs this rank's routed expert e of layer l (gate_up GEMM, clamped SwiGLU,
+// down GEMM) for core/dist/ep.
+func (m *Model) expertFunc(l *Layer) ep.ExpertFunc {
+	c, p := m.Config, &m.par
+	h, in, lim := c.HiddenSize, p.inter, float32(c.SwigluLimit)
+	var gateUp, act []float32
+	return func(e int, xe []float32, rows int, y []float32) error {
+		le := e - p.expLo
+		if le < 0 || e >= p.expHi {
+			return fmt.Errorf("expert %d is not held by this rank (experts [%d, %d))", e, p.expLo, p.expHi)
+		}
+		gateUp, act = grow(gateUp, rows*2*in), grow(act, rows*in)
+		if err := ref.MatMulT(gateUp, xe, l.GateUp[le*2*in*h:(le+1)*2*in*h], rows, h, 2*in); err != nil {
+			return err
+		}
+		for r := range rows {
+			gu := gateUp[r*2*in : (r+1)*2*in]
+			swiglu(act[r*in:(r+1)*in], gu[:in], gu[in:], lim)
+		}
+		return ref.MatMulT(y, act, l.Down[le*h*in:(le+1)*h*in], rows, in, h)
+	}
+}
