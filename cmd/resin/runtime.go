@@ -137,7 +137,11 @@ func (f *runtimeFlags) check() error {
 	if err := f.cp.check(f); err != nil {
 		return err
 	}
-	if err := checkDispatch(f.tp.dispatch, f.tp.ep); err != nil {
+	epn := f.tp.ep
+	if f.dp.attention {
+		epn = f.dp.size // DP-attention's MoE layers run expert parallel over the dp ranks
+	}
+	if err := checkDispatch(f.tp.dispatch, epn); err != nil {
 		return err
 	}
 	if f.model != "" && f.model != "auto" && f.weights == "" && f.randomWeights == "" {

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cli"
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+)
+
+// dpAttentionMoEModels are the MoE models whose forwards read the plan's dp step: under
+// --dp N --dp-attention each rank attends its own requests and the MoE layers run expert
+// parallel over the N ranks (the ep group is the dp group), exchanging by --ep-dispatch.
+var dpAttentionMoEModels = map[string]bool{deepseekv4flash.Name: true}
+
+// openDPAttentionMoE opens the dp ranks of MoE model name from dir for --dp-attention,
+// each with a pool of cacheBytes, its MoE exchanges on data, under one dp.Group (ctl its
+// clock): rank 0's runner and pool, and the others'.
+func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	d, err := dispatchOf(dispatch)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	n := len(data)
+	ranks := make([]dp.Rank, n)
+	infos := make([]engine.RunnerInfo, n)
+	var pools []*kvslab.Pool
+	switch name {
+	case deepseekv4flash.Name:
+		var runners []*deepseekv4flash.Runner
+		runners, pools, err = deepseekv4flash.OpenDPRanks(dir, deepseekv4flash.Options{}, deepseekv4flash.Dispatch(d), data, cacheBytes)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
+		}
+		for r, run := range runners {
+			ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.CacheGroups()), Ctl: ctl[r], Data: data[r]}
+			infos[r] = run.Info()
+		}
+	default:
+		return nil, nil, nil, fmt.Errorf("--dp-attention: model %s's forward does not read the plan's dp step", name)
+	}
+	group, err := dp.NewGroup(ranks, dp.Options{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	runners := make([]engine.Runner, n)
+	for r := range n {
+		runners[r] = cpurunner.New(infos[r], cpurunner.ForwardFunc(group.Forward(r)))
+	}
+	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+}
