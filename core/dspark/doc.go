@@ -56,22 +56,34 @@
 // Speculator puts a target forward that implements TapForwarder and a Drafter on
 // core/cpurunner as a DraftSampler: greedy rows are verified by compare, sampled ones by
 // rejection sampling with the drafts' q. The dense template's runners (models/llama) offer
-// ForwardTap and Runner.UseDSpark. Checks: TestGolden (the block, heads and cut against a
+// ForwardTap and Runner.UseDSpark, and `resin generate|serve|bench model --model llama
+// --speculative-method dspark --draft-model DIR` runs it (cmd/resin/dspark.go).
+//
+// # The draft context cache
+//
+// Bound to a pool (Speculator.Bind), the draft context lives in one more kvslab group
+// (Drafter.CacheGroup: full, the draft layers' context K and V rows per token) that the
+// runner declares after its own: each step stores the context K/V of every fed row at the
+// plan's slots of that group, as the target stores its own, and a sequence that drafts
+// reads its context [0, anchor) back through its page table. The engine rolls rejected
+// drafts back, keeps a prefix's entries in the prefix cache and restores them on a hit, so
+// a prefix-hit or preempted request drafts from its first step (TestSpeculatorPagedPrefixHit,
+// models/llama's TestDSparkGreedy). Checks: TestGolden (the block, heads and cut against a
 // port of DeepSpec's code, scripts/dspark_goldens.py), and models/llama's
 // TestDSparkDeepSpecTrace (DeepSpec's whole greedy loop on a tiny Qwen3 target, verification
 // by verification, scripts/dspark_goldens.py --e2e).
 //
 // # What is not here
 //
-// The draft context lives in the Speculator (a per-request host buffer, Context), not in a
-// kvslab cache group: a request that starts from a prefix-cache hit, or comes back after a
-// preemption, has no features for the positions it did not compute and is not drafted. Its
-// rows are laid out as ref.PagedKV rows ([KVHeads·HeadDim] per token) so a paged group can
-// take them unchanged. Drafter.Blocks runs the blocks of a step's sequences together (uniform
+// An unbound Speculator keeps the draft context in a per-request host buffer (Context): a
+// request that starts from a prefix-cache hit, or comes back after a preemption, then has
+// no features for the positions it did not compute and is not drafted. Bound, the context
+// is gathered from the pages into a scratch Context every step (a copy of O(context) per
+// drafting sequence; attention straight over the pages would save it). Drafter.Blocks runs the blocks of a step's sequences together (uniform
 // B, GEMMs over all slots, attention per sequence); there is no CUDA drafter.
 // FeatureTap holds the raw tapped rows (taps × hidden per row); folding fc into the tap
 // would cut that to hidden per row. Only the default rotary embedding and full-attention
 // draft layers are implemented (DeepSpec's Qwen3 drafters use both); other rope types and
 // sliding layers are refused by name. The DeepSeek-V4-Flash DSpark stages (mtp.0–2) are
-// not read by this package, and no CLI flag selects DSpark yet.
+// not read by this package.
 package dspark

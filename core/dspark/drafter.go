@@ -140,10 +140,6 @@ func grow(b *[]float32, n int) []float32 {
 // every layer's k_proj (+ k_norm and RoPE) and v_proj (Qwen3DSparkAttention's k_ctx/v_ctx).
 func (d *Drafter) Extend(ctx *Context, features []float32, n int) error {
 	c := d.Config
-	b := c.Base
-	hd, dd, nkv := b.HiddenSize, b.HeadDim, b.NumKeyValueHeads
-	kvd := nkv * dd
-	eps := float32(b.RMSNormEps)
 	if n == 0 {
 		return nil
 	}
@@ -153,11 +149,31 @@ func (d *Drafter) Extend(ctx *Context, features []float32, n int) error {
 	if ctx.n+n > d.rope.MaxPos {
 		return fmt.Errorf("dspark: extend: context of %d positions past the drafter's %d", ctx.n+n, d.rope.MaxPos)
 	}
+	err := d.contextKV(features, d.positions(ctx.n, n), n, func(l int, k, v []float32) error {
+		ctx.K[l] = append(ctx.K[l], k...)
+		ctx.V[l] = append(ctx.V[l], v...)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("dspark: extend: %w", err)
+	}
+	ctx.n += n
+	return nil
+}
+
+// contextKV computes the context keys (k_norm and RoPE at pos applied) and values of n
+// rows of features and hands them to emit layer by layer ([n, KVHeads·HeadDim] each,
+// scratch reused for the next layer).
+func (d *Drafter) contextKV(features []float32, pos []int32, n int, emit func(l int, k, v []float32) error) error {
+	c := d.Config
+	b := c.Base
+	hd, dd, nkv := b.HiddenSize, b.HeadDim, b.NumKeyValueHeads
+	kvd := nkv * dd
+	eps := float32(b.RMSNormEps)
 	f := grow(&d.feat, n*hd)
 	k, v := grow(&d.k, n*kvd), grow(&d.v, n*kvd)
-	pos := d.positions(ctx.n, n)
 	if err := firstErr(ref.MatMulT(f, features, d.W.FC, n, c.FeatureDim(), hd), ref.RMSNorm(f, f, d.W.HiddenNorm, n, hd, eps)); err != nil {
-		return fmt.Errorf("dspark: extend: %w", err)
+		return err
 	}
 	for l := range d.W.Layers {
 		lw := &d.W.Layers[l]
@@ -167,13 +183,13 @@ func (d *Drafter) Extend(ctx *Context, features []float32, n int) error {
 			addBias(v, lw.VBias, n)
 			err = firstErr(ref.RMSNorm(k, k, lw.KNorm, n*nkv, dd, eps), d.rope.RoPENeoX(k, pos, n, nkv, dd))
 		}
-		if err != nil {
-			return fmt.Errorf("dspark: extend: layer %d: %w", l, err)
+		if err == nil {
+			err = emit(l, k, v)
 		}
-		ctx.K[l] = append(ctx.K[l], k...)
-		ctx.V[l] = append(ctx.V[l], v...)
+		if err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
 	}
-	ctx.n += n
 	return nil
 }
 

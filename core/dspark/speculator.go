@@ -23,9 +23,11 @@ type TapForwarder interface {
 // emitted. Greedy rows draft greedily; sampled rows draw their drafts at the request's
 // temperature with engine.DraftUniform(seed, position) and keep q for exact verification.
 //
-// The draft context lives in the Speculator (one Context per request), not in a kvslab
-// cache group: a request that starts from a prefix-cache hit, or comes back after a
-// preemption, has no features for the positions it did not compute and proposes no drafts
+// Bound to a pool's drafter group (Bind, CacheGroup), the draft context lives in the
+// pool: the engine keeps, rolls back and restores it with the target's cache, so a
+// request that starts from a prefix-cache hit or comes back after a preemption drafts from
+// its first step. Unbound, it lives in the Speculator (one Context per request): such a
+// request has no features for the positions it did not compute and proposes no drafts
 // (its output is unchanged; it only goes without speculation).
 type Speculator struct {
 	Target    TapForwarder
@@ -34,6 +36,7 @@ type Speculator struct {
 	// Trace, when set, is called once per verification per sequence, in plan order.
 	Trace     func(TraceEntry)
 	maxDrafts int
+	cache     *pagedContext // nil: the host contexts of seqState
 
 	seqs     map[uint64]*seqState
 	tap      FeatureTap
@@ -88,7 +91,9 @@ func (s *Speculator) Forward(plan *engine.BatchPlan, logits []float32) error {
 	for i, id := range plan.ReqIDs {
 		lo, hi := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
 		known := 0
-		if st := s.seqs[id]; st != nil {
+		if st := s.seqs[id]; s.cache != nil {
+			known = int(^uint(0) >> 1) // every row: the pool holds the earlier positions
+		} else if st != nil {
 			if st.noDraft {
 				known = -1
 			} else {
@@ -113,6 +118,9 @@ func (s *Speculator) Forward(plan *engine.BatchPlan, logits []float32) error {
 // Draft grows every sequence's draft context by the rows this step committed and proposes
 // the next blocks, all sequences' in one Drafter.Blocks.
 func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error {
+	if s.cache != nil {
+		return s.draftPaged(plan, res)
+	}
 	d := s.Drafter
 	F := d.Config.FeatureDim()
 	tok := 0
@@ -126,10 +134,7 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 			s.seqs[id] = st
 		}
 		lo, hi := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
-		if st.prop != nil && a > 0 && s.Trace != nil && lo < hi && int(plan.Positions[lo]) == st.anchor {
-			k := int(plan.NumDrafts[i])
-			s.Trace(TraceEntry{Request: id, AnchorPosition: st.anchor, Drafts: slices.Clone(plan.Tokens[hi-k : hi]), Accepted: a - 1, Next: res.Tokens[tok-1]})
-		}
+		s.trace(plan, res, i, st, a, tok)
 		st.prop = nil
 		if a > 0 { // the rows up to the last logits row used: the anchor and accepted drafts
 			hi = int(plan.LogitsIndices[int(plan.LogitsStart[i])+a-1]) + 1
@@ -158,6 +163,23 @@ func (s *Speculator) Draft(plan *engine.BatchPlan, res *engine.StepResult) error
 		s.ctxs = append(s.ctxs, st.ctx)
 		s.anchors = append(s.anchors, res.Tokens[tok-1])
 	}
+	return s.propose(plan, res)
+}
+
+// trace reports sequence i's verification of its last proposal, if it had one (a
+// accepted rows, tok the step's tokens up to its last).
+func (s *Speculator) trace(plan *engine.BatchPlan, res *engine.StepResult, i int, st *seqState, a, tok int) {
+	lo, hi := int(plan.QueryStart[i]), int(plan.QueryStart[i+1])
+	if st.prop != nil && a > 0 && s.Trace != nil && lo < hi && int(plan.Positions[lo]) == st.anchor {
+		k := int(plan.NumDrafts[i])
+		s.Trace(TraceEntry{Request: plan.ReqIDs[i], AnchorPosition: st.anchor, Drafts: slices.Clone(plan.Tokens[hi-k : hi]), Accepted: a - 1, Next: res.Tokens[tok-1]})
+	}
+}
+
+// propose runs the blocks of the sequences in s.draft (contexts s.ctxs, anchors
+// s.anchors) together and fills their next drafts.
+func (s *Speculator) propose(plan *engine.BatchPlan, res *engine.StepResult) error {
+	d := s.Drafter
 	if len(s.draft) == 0 {
 		return nil
 	}

@@ -38,7 +38,8 @@ type Runner struct {
 	*cpurunner.Runner // Info, Execute, CaptureLogits
 	Model             *Model
 	pageTokens        int
-	kv                *KVCache // nil until Bind
+	kv                *KVCache           // nil until Bind
+	spec              *dspark.Speculator // UseDSpark's; its draft context is the last group
 }
 
 var _ engine.Runner = (*Runner)(nil)
@@ -144,7 +145,14 @@ func OpenDType(dir string, cacheBytes int64, dtype string) (engine.Runner, *kvsl
 }
 
 // CacheGroups returns the groups the runner's pool must hold.
-func (r *Runner) CacheGroups() []kvslab.GroupSpec { return CacheGroups(r.Model.Config, r.pageTokens) }
+// With a DSpark drafter (UseDSpark) they end with the drafter's context group.
+func (r *Runner) CacheGroups() []kvslab.GroupSpec {
+	g := CacheGroups(r.Model.Config, r.pageTokens)
+	if r.spec != nil {
+		g = append(g, r.spec.Drafter.CacheGroup(r.pageTokens))
+	}
+	return g
+}
 
 // NewPool builds a host-memory pool of bytes bytes (0 = 256 MiB) for the model's cache
 // groups and binds the runner to it. Pass it to engine.New in engine.Config.Pool.
@@ -162,6 +170,11 @@ func (r *Runner) Bind(pool *kvslab.Pool) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", Name, err)
 	}
+	if r.spec != nil {
+		if err := r.spec.Bind(pool, len(CacheGroups(r.Model.Config, r.pageTokens))); err != nil {
+			return fmt.Errorf("%s: %w", Name, err)
+		}
+	}
 	r.kv = kv
 	return nil
 }
@@ -170,16 +183,23 @@ func (r *Runner) Bind(pool *kvslab.Pool) error {
 // dspark.Load): each step the model's forward hands the drafter the features of its
 // tapped layers, and the drafts are verified exactly at any temperature (cpurunner's
 // DraftSampler). maxDrafts ≤ 0 drafts whole blocks; threshold is the confidence cut (0:
-// none). A drafter built for another vocabulary, hidden size or depth is refused. Call it
-// before the runner serves an engine; the Speculator it returns can trace verifications.
+// none). A drafter built for another vocabulary, hidden size or depth is refused. The
+// draft context is kept in one more cache group (the drafter's CacheGroup), so that prefix
+// hits and preempted requests draft at once: call UseDSpark before NewPool or Bind. The
+// Speculator it returns can trace verifications.
 func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) (*dspark.Speculator, error) {
 	c := r.Model.Config
 	if err := d.Config.CheckTarget(c.VocabSize, c.HiddenSize, c.NumHiddenLayers); err != nil {
 		return nil, fmt.Errorf("%s: %w", Name, err)
 	}
-	s := dspark.NewSpeculator(tapForward{r}, d, maxDrafts, threshold)
-	r.Runner = cpurunner.New(r.Runner.Info(), s)
-	return s, nil
+	if r.kv != nil || r.spec != nil {
+		return nil, fmt.Errorf("%s: UseDSpark after Bind or a first UseDSpark: the pool would lack the drafter's cache group", Name)
+	}
+	r.spec = dspark.NewSpeculator(tapForward{r}, d, maxDrafts, threshold)
+	info := r.Runner.Info()
+	info.CacheGroups = r.CacheGroups()
+	r.Runner = cpurunner.New(info, r.spec)
+	return r.spec, nil
 }
 
 // tapForward is the runner's forward with DSpark's feature tap (dspark.TapForwarder).

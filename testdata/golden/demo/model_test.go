@@ -529,6 +529,32 @@ func TestDSparkGreedy(t *testing.T) {
 	if n := e.Counters(); n.DraftsProposed == 0 {
 		t.Fatal("no drafts proposed")
 	}
+	// The draft context is in the drafter's cache group: the same prompt again is a prefix
+	// hit that drafts from its first step, its output unchanged.
+	if g := r.Info().CacheGroups; len(g) != 2 || g[1].Name != dspark.CacheGroupName {
+		t.Fatalf("cache groups %+v: want the drafter's last", g)
+	}
+	long := runnertest.Prompt(5, c.VocabSize, 11)
+	want := greedy(t, m, long, 8)
+	for round := range 2 {
+		before := e.Counters()
+		s, err := e.Submit(ctx, engine.Request{Prompt: long, Sampling: engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ev, err := s.Collect(ctx)
+		if err != nil || ev.Err != nil {
+			t.Fatal(err, ev.Err)
+		}
+		if !equalTokens(got, want) {
+			t.Fatalf("round %d: %v with DSpark, reference greedy %v", round, got, want)
+		}
+		after := e.Counters()
+		if round == 1 && (after.PrefixHits == before.PrefixHits || after.DraftsProposed == before.DraftsProposed) {
+			t.Fatalf("round 1: %d prefix-hit tokens, %d drafts proposed: want a prefix hit that drafts",
+				after.PrefixHits-before.PrefixHits, after.DraftsProposed-before.DraftsProposed)
+		}
+	}
 }
 
 // deepSpecTrace is testdata/dspark/trace.json (scripts/dspark_goldens.py --e2e): DeepSpec's
