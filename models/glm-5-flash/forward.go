@@ -310,6 +310,9 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 		Scale: float32(c.RoutedScalingFactor)}); err != nil {
 		return nil, err
 	}
+	if m.par.dp {
+		return m.moeDP(w, x, T, ids, wts) // DP-attention: this rank's rows only (dp.go)
+	}
 	// Under expert parallelism with the gather exchange rank 0 holds the shared experts'
 	// output (under TP × EP each rank its columns of it), the others start from zeros,
 	// and each adds its own experts (moeExperts combines them); all-to-all gives every

@@ -94,6 +94,11 @@ type parallel struct {
 	mlaHeads, kdaHeads int // held under TP
 	moeInter           int // intermediate columns held of each routed expert
 	vocabLo, vocabHi   int // embedding and lm_head rows held
+
+	// DP-attention (dp.go): the ep group's ranks bring their own tokens, each padding its
+	// MoE rows to dpPad (0: none) with rows routed to no expert.
+	dp    bool
+	dpPad int
 }
 
 // experts returns the routed experts m holds.

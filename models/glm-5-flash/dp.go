@@ -1,0 +1,164 @@
+package glm5flash
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/ep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
+)
+
+// DP-attention on the CPU reference forward, as SGLang's --enable-dp-attention with
+// --ep N: each dp rank has an engine and a cache pool of its own and runs everything but
+// the routed experts (embedding, KDA and MLA attention, hyper-connections, dense and
+// shared MLPs, lm_head: replicated weights) for its own plan's rows only; the sparse
+// layers' routed experts run expert-parallel over the dp group (the ep group is the dp
+// group, each rank holding its range), each rank sending its rows' routes to the experts'
+// ranks (ep.AllToAll) or all-gathering every rank's routes (ep.Gather), per Dispatch.
+// core/dist/dp's Group steps the ranks together; a rank with no work runs an idle plan,
+// which here runs only the sparse layers' exchanges, so that the busy ranks' collectives
+// meet. With DPStep.Pad set (graph buckets), every rank pads its MoE rows to that count
+// with dummy rows routed to no expert (ep.Masked). A dp rank does not draft.
+//
+// The routed sum is added to the shared experts' output after the exchange, where one
+// rank adds expert by expert onto it: logits may differ from one engine's in the last
+// bits, greedy and seeded tokens do not on the tests' model.
+
+// OpenDPRanks opens len(data) dp ranks of the model in dir (LoadText's directory: a
+// checkpoint, of which each rank reads its experts, or a config for seeded random
+// weights, built once and cut per rank) for DP-attention with expert exchange d: rank r's
+// runner is bound to a host pool of o.CacheBytes of its own, and its MoE layers exchange
+// rows with the other ranks over data[r]. Each rank's forward is its runner's DPForward,
+// run under a core/dist/dp Group whose data communicators may be data.
+func OpenDPRanks(dir string, o RankOptions, d Dispatch, data []dist.Communicator) ([]*TextRunner, []*kvslab.Pool, error) {
+	n := len(data)
+	if n < 2 {
+		return nil, nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
+	}
+	l := Layout{EP: n, Dispatch: d}
+	c, err := LoadTextConfig(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := l.Check(c); err != nil {
+		return nil, nil, fmt.Errorf("DP-attention: %w", err)
+	}
+	var whole *TextWeights
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close() // each rank reads its shard
+	} else if errors.Is(err, weights.ErrNotFound) {
+		if whole, err = randomWeights(dir, c, o.Seed); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	runners := make([]*TextRunner, n)
+	pools := make([]*kvslab.Pool, n)
+	for r, comm := range data {
+		if comm.Rank() != r || comm.Size() != n {
+			return nil, nil, fmt.Errorf("%s: dp rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
+		}
+		if runners[r], pools[r], err = openRank(dir, o, l, comm, whole); err != nil {
+			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+		}
+		runners[r].Model.par.dp = true
+	}
+	return runners, pools, nil
+}
+
+// DPForward is the forward of a dp rank (a runner of OpenDPRanks) under core/dist/dp's
+// Group: p.DP must name this rank of the group. A plan with tokens runs as the runner's
+// forward does, its sparse layers exchanging its rows with the other ranks; an idle plan
+// (no tokens, no logits) runs only the sparse layers' exchanges, with DP.Pad dummy rows.
+func (r *TextRunner) DPForward(p *engine.BatchPlan, logits []float32) error {
+	m := r.Model
+	par := &m.par
+	switch {
+	case !par.dp:
+		return fmt.Errorf("%s: DPForward on a runner not opened for DP-attention", Name)
+	case len(p.DP.Tokens) != par.ep || int(p.DP.Rank) != par.rank:
+		return fmt.Errorf("%s: a plan of dp rank %d of %d on dp rank %d of %d", Name, p.DP.Rank, len(p.DP.Tokens), par.rank, par.ep)
+	case int(p.DP.Tokens[par.rank]) != p.NumTokens():
+		return fmt.Errorf("%s: dp rank %d's plan has %d tokens, its step says %d", Name, par.rank, p.NumTokens(), p.DP.Tokens[par.rank])
+	case p.DP.Pad < 0 || p.DP.Pad > 0 && int(p.DP.Pad) < p.NumTokens():
+		return fmt.Errorf("%s: dp rank %d pads %d tokens to %d rows", Name, par.rank, p.NumTokens(), p.DP.Pad)
+	}
+	par.dpPad = int(p.DP.Pad)
+	if p.NumTokens() > 0 {
+		return r.forward(p, logits)
+	}
+	if len(p.LogitsIndices) > 0 || len(logits) > 0 {
+		return fmt.Errorf("%s: an idle plan asks for %d logits rows", Name, len(p.LogitsIndices))
+	}
+	for i := range m.W.layers {
+		if ly := &m.W.layers[i]; ly.moe != nil {
+			if _, err := m.moeDP(ly.moe, nil, 0, nil, nil); err != nil {
+				return fmt.Errorf("idle step: layer %d mlp: %w", i, err)
+			}
+		}
+	}
+	return nil
+}
+
+// moeDP is moe under DP-attention, after the routing (ids, wts: [T, K]): the shared
+// experts' output of this rank's T rows of x plus the routed experts' sum, by the exchange
+// of m's dispatch over the dp group (padded with m.par.dpPad−T dummy rows routed to no
+// expert). T may be 0 (an idle rank).
+func (m *TextModel) moeDP(w *moeWeights, x []float32, T int, ids []int32, wts []float32) ([]float32, error) {
+	c, p := m.Config, &m.par
+	D, K := c.HiddenSize, c.NumExpertsPerTok
+	routes := ep.Routes{X: x[:T*D], IDs: ids[:T*K], Weights: wts[:T*K]}
+	if rows := max(T, p.dpPad); rows > T {
+		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-T)*D)...)
+		routes.IDs = slices.Clone(routes.IDs)
+		for range (rows - T) * K {
+			routes.IDs = append(routes.IDs, ep.Masked)
+		}
+		routes.Weights = append(slices.Clone(routes.Weights), make([]float32, (rows-T)*K)...)
+	}
+	routed := make([]float32, len(routes.X))
+	layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: D, TopK: K}
+	exchange := ep.Gather
+	if p.dispatch == DispatchAllToAll {
+		exchange = ep.AllToAll
+	}
+	if err := exchange(p.comm, layer, routes, m.expertFunc(w), routed); err != nil {
+		return nil, err
+	}
+	if T == 0 {
+		return nil, nil
+	}
+	out := mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+	for i := range out {
+		out[i] += routed[i]
+	}
+	return out, nil
+}
+
+// expertFunc runs this rank's routed expert e of w (gate_up GEMM, clamped SwiGLU, down
+// GEMM) for core/dist/ep.
+func (m *TextModel) expertFunc(w *moeWeights) ep.ExpertFunc {
+	c := m.Config
+	D, F := c.HiddenSize, m.moeInter()
+	e0, e1 := m.experts()
+	return func(e int, xe []float32, n int, y []float32) error {
+		le := e - e0
+		if le < 0 || e >= e1 {
+			return fmt.Errorf("expert %d is not held by this rank (experts [%d, %d))", e, e0, e1)
+		}
+		gu := dense(xe, w.gateUp[le*2*F*D:(le+1)*2*F*D], n, D, 2*F)
+		g, u := make([]float32, n*F), make([]float32, n*F)
+		for r := range n {
+			copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
+			copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
+		}
+		clampedSwiGLU(g, u, float32(c.SwigluLimit))
+		return ref.MatMulT(y, g, w.down[le*D*F:(le+1)*D*F], n, F, D)
+	}
+}
