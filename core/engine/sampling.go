@@ -102,19 +102,21 @@ func (s *Sampler) applyMask(logits, choose []float32, row *SamplingRow) []float3
 		choose = s.adj
 	}
 	neg := float32(math.Inf(-1))
-	usable := func(l float32) bool { return l == l && l != neg }
-	allowed := func(t int) bool { w := t >> 5; return w < len(row.Mask) && row.Mask[w]&(1<<(t&31)) != 0 }
 	any := false
 	for t := range choose {
-		if !allowed(t) {
+		w := t >> 5
+		if w >= len(row.Mask) || row.Mask[w]&(1<<(t&31)) == 0 {
 			choose[t] = neg
-		} else if usable(choose[t]) {
+		} else if l := choose[t]; l == l && l != neg {
 			any = true
 		}
 	}
 	if any {
 		return choose
 	}
+	// The rare rows left: every allowed token's logit is -inf or NaN.
+	usable := func(l float32) bool { return l == l && l != neg }
+	allowed := func(t int) bool { w := t >> 5; return w < len(row.Mask) && row.Mask[w]&(1<<(t&31)) != 0 }
 	for t := range choose {
 		if allowed(t) {
 			choose[t] = logits[t]
