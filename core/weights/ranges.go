@@ -134,3 +134,123 @@ func (c *Checkpoint) widen(t TensorInfo, raw []byte) ([]float32, error) {
 	c.progress.add(c, t.Name)
 	return out, nil
 }
+
+// DequantizeRows is Dequantize of rows [lo, hi) of the matrix name ([out, in], shape its
+// whole logical shape) alone: an unquantized one by Float32Rows, an F8_E4M3 or FP4 one by
+// reading only the block rows that hold the range and their scales' rows, then trimming.
+// Other forms (ModelOpt, a stacked [..., out, in] tensor) are dequantized whole and cut.
+func (c *Checkpoint) DequantizeRows(name string, q *Quant, lo, hi int, shape ...int) ([]float32, error) {
+	return c.dequantizePart(name, q, false, lo, hi, shape)
+}
+
+// DequantizeCols is DequantizeRows for columns [lo, hi) (one read per row of the weight
+// and of its scales, the column range widened to whole scale blocks, then trimmed).
+func (c *Checkpoint) DequantizeCols(name string, q *Quant, lo, hi int, shape ...int) ([]float32, error) {
+	return c.dequantizePart(name, q, true, lo, hi, shape)
+}
+
+func (c *Checkpoint) dequantizePart(name string, q *Quant, cols bool, lo, hi int, shape []int) ([]float32, error) {
+	info, ok := c.Info(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q in %s", ErrNotFound, name, c.Dir)
+	}
+	if len(shape) != 2 {
+		return nil, fmt.Errorf("tensor %q: %w: rows or columns of a matrix [out, in], model expects %v", name, ErrShape, shape)
+	}
+	rows, width := shape[0], shape[1]
+	n, what := rows, "rows"
+	if cols {
+		n, what = width, "columns"
+	}
+	if lo < 0 || hi < lo || hi > n {
+		return nil, fmt.Errorf("tensor %q: %w: %s [%d, %d) outside its %d (shape %v)", name, ErrShape, what, lo, hi, n, shape)
+	}
+	scaleName, scaled := c.ScaleName(name)
+	_, notConverted := q.NotConvertedBy(name)
+	var br, bc, pack int // a scale's block, and values per stored byte
+	switch {
+	case !scaled && unquantized(info.DType):
+		if cols {
+			return c.Float32Cols(name, lo, hi, shape...)
+		}
+		return c.Float32Rows(name, lo, hi, shape...)
+	case q != nil && q.Method != "modelopt" && !notConverted && scaled && info.DType == F8E4M3:
+		br, bc, pack = q.BlockSize[0], q.BlockSize[1], 1
+	case q != nil && q.Method != "modelopt" && !notConverted && scaled && (info.DType == I8 || info.DType == U8) && q.ExpertDType == ExpertFP4 && width%2 == 0:
+		br, bc, pack = 1, FP4Group, 2
+	default:
+		v, err := c.Dequantize(name, q, shape...)
+		if err != nil {
+			return nil, err
+		}
+		if cols {
+			out := make([]float32, 0, rows*(hi-lo))
+			for r := range rows {
+				out = append(out, v[r*width+lo:r*width+hi]...)
+			}
+			return out, nil
+		}
+		return v[lo*width : hi*width], nil
+	}
+	if !slices.Equal(info.Shape, []int{rows, width / pack}) {
+		return nil, fmt.Errorf("tensor %q: %w: checkpoint has %v of %s, model expects %v", name, ErrShape, info.Shape, info.DType, shape)
+	}
+	sinfo, _ := c.Info(scaleName)
+	if want := []int{ceilDiv(rows, br), ceilDiv(width, bc)}; !slices.Equal(sinfo.Shape, want) {
+		return nil, fmt.Errorf("tensor %q: %w: scale %q is %v, want %v (one per %d×%d block of %v)", name, ErrShape, scaleName, sinfo.Shape, want, br, bc, shape)
+	}
+	if hi == lo {
+		return []float32{}, nil
+	}
+	f, sf := c.where[name], c.where[scaleName]
+	var raw, sraw []byte
+	var err error
+	var subRows, subCols, trim int // the block-aligned sub-matrix read, and where the range starts in it
+	if !cols {
+		r0, r1 := lo/br*br, min(ceilDiv(hi, br)*br, rows)
+		subRows, subCols, trim = r1-r0, width, lo-r0
+		if _, raw, err = f.ReadRows(name, r0, r1); err == nil {
+			_, sraw, err = sf.ReadRows(scaleName, r0/br, ceilDiv(r1, br))
+		}
+	} else {
+		c0, c1 := lo/bc*bc, min(ceilDiv(hi, bc)*bc, width)
+		subRows, subCols, trim = rows, c1-c0, lo-c0
+		if _, raw, err = f.ReadCols(name, c0/pack, c1/pack); err == nil {
+			_, sraw, err = sf.ReadCols(scaleName, c0/bc, ceilDiv(c1, bc))
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	sdt := sinfo.DType
+	if sdt == U8 && q.ScaleFormat == ScaleUE8M0 {
+		sdt = F8E8M0
+	}
+	if !sdt.Float() {
+		return nil, fmt.Errorf("scale %q: %w: %s scales (want F32, BF16 or F8_E8M0)", scaleName, ErrDType, sinfo.DType)
+	}
+	scale := make([]float32, len(sraw)/sdt.Size())
+	if err := DecodeFloat32(scale, sraw, sdt); err != nil {
+		return nil, fmt.Errorf("scale %q: %w", scaleName, err)
+	}
+	sub := make([]float32, subRows*subCols)
+	if subRows*subCols > 0 {
+		if pack == 1 {
+			err = DequantFP8(sub, raw, scale, subRows, subCols, br, bc)
+		} else {
+			err = DequantFP4(sub, raw, scale, subRows, subCols, bc)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", name, err)
+		}
+	}
+	c.progress.add(c, name, scaleName)
+	if !cols {
+		return sub[trim*width : (trim+hi-lo)*width], nil
+	}
+	out := make([]float32, 0, rows*(hi-lo))
+	for r := range rows {
+		out = append(out, sub[r*subCols+trim:r*subCols+trim+hi-lo]...)
+	}
+	return out, nil
+}

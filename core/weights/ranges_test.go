@@ -155,3 +155,86 @@ func TestCheckpointRanges(t *testing.T) {
 		t.Fatalf("missing tensor: %v", err)
 	}
 }
+
+// TestDequantizeRowsCols: every row and column range of FP8 weights (F32, E8M0, ue8m0 U8
+// and BF16 scales in 2×2 blocks of a 3×5 matrix: partial blocks at both ends), an FP4
+// expert (2×68, groups of 32), an unquantized BF16 linear and a stacked experts tensor
+// (read whole) equals the slice of Dequantize's whole matrix; a strict row range of an
+// FP8 weight reads fewer bytes than the whole; bad ranges and shapes are refused.
+func TestDequantizeRowsCols(t *testing.T) {
+	ck := quantCheckpoint(t)
+	fp8, err := ParseQuantization([]byte(`{"quant_method":"fp8","fmt":"e4m3","weight_block_size":[2,2]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ue8m0 := *fp8
+	ue8m0.ScaleFormat = ScaleUE8M0
+	fp4, err := ParseQuantization([]byte(`{"quant_method":"fp8","scale_fmt":"ue8m0","weight_block_size":[2,2],"expert_dtype":"fp4"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		q     *Quant
+		shape []int
+	}{
+		{"a.weight", fp8, []int{3, 5}},
+		{"b.weight", fp8, []int{3, 5}},
+		{"c.weight", &ue8m0, []int{3, 5}},
+		{"d.weight", fp8, []int{3, 5}},
+		{"comp.weight", fp8, []int{1, 2}},
+		{"layers.0.ffn.experts.0.w1.weight", fp4, []int{2, 68}},
+	} {
+		whole, err := ck.Dequantize(c.name, c.q, c.shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, cols := c.shape[0], c.shape[1]
+		for lo := 0; lo <= rows; lo++ {
+			for hi := lo; hi <= rows; hi++ {
+				got, err := ck.DequantizeRows(c.name, c.q, lo, hi, c.shape...)
+				if err != nil {
+					t.Fatalf("%s rows [%d, %d): %v", c.name, lo, hi, err)
+				}
+				if !slices.Equal(got, whole[lo*cols:hi*cols]) {
+					t.Fatalf("%s rows [%d, %d) = %v, want %v", c.name, lo, hi, got, whole[lo*cols:hi*cols])
+				}
+			}
+		}
+		for lo := 0; lo <= cols; lo++ {
+			for hi := lo; hi <= cols; hi++ {
+				got, err := ck.DequantizeCols(c.name, c.q, lo, hi, c.shape...)
+				if err != nil {
+					t.Fatalf("%s columns [%d, %d): %v", c.name, lo, hi, err)
+				}
+				var want []float32
+				for r := range rows {
+					want = append(want, whole[r*cols+lo:r*cols+hi]...)
+				}
+				if !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+					t.Fatalf("%s columns [%d, %d) = %v, want %v", c.name, lo, hi, got, want)
+				}
+			}
+		}
+	}
+	before := ck.BytesRead()
+	if _, err := ck.DequantizeRows("a.weight", fp8, 2, 3, 3, 5); err != nil {
+		t.Fatal(err)
+	}
+	if n := ck.BytesRead() - before; n != 5+3*4 { // the last block row's 5 bytes and 3 F32 scales
+		t.Fatalf("row 2 of a.weight read %d bytes, want 17", n)
+	}
+	if _, err := ck.DequantizeRows("a.weight", fp8, 2, 4, 3, 5); !errors.Is(err, ErrShape) {
+		t.Fatalf("rows past the end: %v", err)
+	}
+	if _, err := ck.DequantizeCols("a.weight", fp8, 0, 1, 5, 3); !errors.Is(err, ErrShape) {
+		t.Fatalf("a wrong shape: %v", err)
+	}
+	if _, err := ck.DequantizeRows("noscale.weight", fp8, 0, 1, 3, 5); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a missing scale: %v", err)
+	}
+	got, err := ck.DequantizeRows("experts.gate_up_proj", fp8, 0, 1, 2, 3, 5)
+	if !errors.Is(err, ErrShape) {
+		t.Fatalf("a stacked tensor's rows: %v %v", got, err)
+	}
+}
