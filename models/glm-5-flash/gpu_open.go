@@ -1,6 +1,8 @@
 package glm5flash
 
 import (
+	"fmt"
+
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -13,6 +15,17 @@ import (
 // fp32 and the launches eager (a first cut, see GPURunner). The cache is a pool of
 // cacheBytes (0 = 256 MiB) in the device's memory. Closing the runner closes the device.
 func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+	return OpenGPUSpeculative(dir, cacheBytes, opts, 0)
+}
+
+// OpenGPUSpeculative is OpenGPU with MTP speculative decoding on the device (drafts > 0:
+// GPUOptions.Drafts; 0 is OpenGPU). The logits rows default to MaxSeqs·(1+drafts), what a
+// verify step of every sequence asks. A checkpoint without the MTP layer is refused
+// (ErrNoMTP).
+func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, drafts int) (engine.Runner, *kvslab.Pool, error) {
+	if drafts < 0 {
+		return nil, nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
+	}
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return nil, nil, err
 	}
@@ -20,11 +33,18 @@ func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runne
 	if err != nil {
 		return nil, nil, err
 	}
+	if drafts > 0 && !cpu.Model.HasMTP() {
+		return nil, nil, fmt.Errorf("%s: MTP speculative decoding: %w", Name, ErrNoMTP)
+	}
+	rowsSet := opts.Limits.MaxRows > 0
 	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cpu.MaxContext, GPUOptions{})
+	if !rowsSet {
+		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
+	}
+	r, err := NewGPURunner(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cpu.MaxContext, GPUOptions{Drafts: drafts})
 	if err != nil {
 		dev.Close()
 		return nil, nil, err

@@ -172,7 +172,8 @@ func engineMatchesCPU(t *testing.T, kit *gpuTestKit) {
 // TestEmulatedOpenGPU opens a tiny checkpoint directory (random weights) through OpenGPU,
 // the cli.GPUOpener, on the emulated device with steps of more rows than the model's
 // context, and checks that it serves the CPU runner's context and one greedy request
-// through the engine as Open's CPU runner does.
+// through the engine as Open's CPU runner does; and OpenGPUSpeculative with 2 MTP drafts
+// a step the same.
 func TestEmulatedOpenGPU(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -201,8 +202,25 @@ func TestEmulatedOpenGPU(t *testing.T) {
 	defer ce.Stop(t)
 	sp := engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}
 	p := runnertest.Prompt(9, tinyTextModel(t).Config.VocabSize, 5)
-	if g, c := ge.Generate(t, p, sp), ce.Generate(t, p, sp); fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens) {
-		t.Fatalf("GPU tokens %v, CPU %v", g.Tokens, c.Tokens)
+	want := ce.Generate(t, p, sp)
+	if g := ge.Generate(t, p, sp); fmt.Sprint(g.Tokens) != fmt.Sprint(want.Tokens) {
+		t.Fatalf("GPU tokens %v, CPU %v", g.Tokens, want.Tokens)
+	}
+	// OpenGPUSpeculative: 2 MTP drafts a step on the device, the same tokens; its logits
+	// rows default to a verify step's.
+	sr, spool, err := OpenGPUSpeculative(dir, 4<<20, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4},
+		KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sr.(*GPURunner).Close()
+	if d := sr.Info().MaxDrafts; d != 2 {
+		t.Errorf("OpenGPUSpeculative's runner proposes %d drafts, want 2", d)
+	}
+	se := s.StartWith(t, sr, spool, cfg)
+	defer se.Stop(t)
+	if g := se.Generate(t, p, sp); fmt.Sprint(g.Tokens) != fmt.Sprint(want.Tokens) {
+		t.Fatalf("GPU tokens with MTP drafts %v, CPU %v", g.Tokens, want.Tokens)
 	}
 }
 
