@@ -74,8 +74,9 @@ func (s *Sampler) Distribution(logits []float32, row SamplingRow, pos int, dst [
 // streams of their own. Accepted or not, the returned token is distributed as p when the
 // draft is distributed as q; the caller emits it and, if the draft was accepted and
 // another draft follows, verifies that one at pos+1, else samples the bonus token from
-// p at pos+1 as without drafts. q[draft] must be positive; a draft q gives no weight is
-// rejected.
+// p at pos+1 as without drafts. p and q must be as long (the vocabulary) and draft index
+// them, which VerifyDraft does not check (cpurunner's verification does); q[draft] must
+// be positive, and a draft q gives no weight is rejected.
 func VerifyDraft(p, q []float32, draft int32, seed uint64, pos int) (tok int32, accepted bool) {
 	pd, qd := float64(p[draft]), float64(q[draft])
 	if qd > 0 && uniformStream(seed, pos, streamAccept)*qd < pd {
