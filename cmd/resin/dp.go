@@ -30,7 +30,7 @@ type dpFlags struct {
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&d.size, "dp", 1, "with --model on the CPU: data parallelism over this many ranks of this process, each an engine with its own copy of the model (its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests")
-	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash with its experts split over the dp ranks (--ep-dispatch picks their exchange)")
+	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange)")
 }
 
 // check refuses the layouts --dp does not cover yet.
@@ -93,7 +93,7 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:]}, nil
 	}
 	if m.Name != "llama" && !dpAttentionMoEModels[m.Name] {
-		return nil, nil, nil, fmt.Errorf("--dp-attention covers --model llama and deepseek-v4-flash only so far, not %s (its forward does not read the plan's dp step yet)", m.Name)
+		return nil, nil, nil, fmt.Errorf("--dp-attention covers --model llama, deepseek-v4-flash and glm-5-flash only so far, not %s (its forward does not read the plan's dp step yet)", m.Name)
 	}
 	if f.specTokens > 0 {
 		return nil, nil, nil, errors.New("--dp-attention does not decode speculatively yet")

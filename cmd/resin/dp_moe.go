@@ -10,12 +10,13 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 )
 
 // dpAttentionMoEModels are the MoE models whose forwards read the plan's dp step: under
 // --dp N --dp-attention each rank attends its own requests and the MoE layers run expert
 // parallel over the N ranks (the ep group is the dp group), exchanging by --ep-dispatch.
-var dpAttentionMoEModels = map[string]bool{deepseekv4flash.Name: true}
+var dpAttentionMoEModels = map[string]bool{deepseekv4flash.Name: true, glm5flash.Name: true}
 
 // openDPAttentionMoE opens the dp ranks of MoE model name from dir for --dp-attention,
 // each with a pool of cacheBytes, its MoE exchanges on data, under one dp.Group (ctl its
@@ -33,6 +34,16 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, ctl
 	case deepseekv4flash.Name:
 		var runners []*deepseekv4flash.Runner
 		runners, pools, err = deepseekv4flash.OpenDPRanks(dir, deepseekv4flash.Options{}, deepseekv4flash.Dispatch(d), data, cacheBytes)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
+		}
+		for r, run := range runners {
+			ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.CacheGroups()), Ctl: ctl[r], Data: data[r]}
+			infos[r] = run.Info()
+		}
+	case glm5flash.Name:
+		var runners []*glm5flash.TextRunner
+		runners, pools, err = glm5flash.OpenDPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, glm5flash.Dispatch(d), data)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
 		}
