@@ -138,7 +138,8 @@ func (c *Checkpoint) widen(t TensorInfo, raw []byte) ([]float32, error) {
 // DequantizeRows is Dequantize of rows [lo, hi) of the matrix name ([out, in], shape its
 // whole logical shape) alone: an unquantized one by Float32Rows, an F8_E4M3 or FP4 one by
 // reading only the block rows that hold the range and their scales' rows, then trimming.
-// Other forms (ModelOpt, a stacked [..., out, in] tensor) are dequantized whole and cut.
+// A ModelOpt weight is dequantized whole and cut; a stacked [..., out, in] tensor is
+// refused (ErrShape).
 func (c *Checkpoint) DequantizeRows(name string, q *Quant, lo, hi int, shape ...int) ([]float32, error) {
 	return c.dequantizePart(name, q, false, lo, hi, shape)
 }

@@ -1,9 +1,11 @@
 package deepseekv4flash
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/weights"
@@ -65,6 +67,83 @@ func TestLoadShardReadsItsSlices(t *testing.T) {
 				}
 				t.Logf("%s form, %+v rank %d: %d of %d bytes", form, l, rank, read, whole)
 			}
+		}
+	}
+}
+
+// TestLoadShardFP8: with layer 1's q_b (split by rows) and o_b (by columns) stored as
+// float8 e4m3 in 3×3 blocks (ranges that cut blocks), each TP=2 rank's LoadShard equals
+// ShardWeights' cut of the whole dequantized model bit for bit and reads less than it.
+func TestLoadShardFP8(t *testing.T) {
+	cfgJSON := strings.Replace(tinyConfigJSON, `"model_type": "deepseek_v4",`,
+		`"model_type": "deepseek_v4", "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [3, 3]},`, 1)
+	c, err := ParseConfig([]byte(cfgJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := RandomWeights(c, 3, false)
+	ts, err := w.Tensors(c, weights.F32, UpstreamNames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, x := range ts {
+		if x.Name != "layers.1.attn.wq_b.weight" && x.Name != "layers.1.attn.wo_b.weight" {
+			continue
+		}
+		v := make([]float32, x.Shape[0]*x.Shape[1])
+		if err := weights.DecodeFloat32(v, x.Data, x.DType); err != nil {
+			t.Fatal(err)
+		}
+		rows, cols := x.Shape[0], x.Shape[1]
+		sr, sc := (rows+2)/3, (cols+2)/3
+		scale := make([]float32, sr*sc)
+		for r := range rows {
+			for j := range cols {
+				b := (r/3)*sc + j/3
+				scale[b] = max(scale[b], float32(math.Abs(float64(v[r*cols+j])))/448)
+			}
+		}
+		q := make([]byte, len(v))
+		for r := range rows {
+			for j := range cols {
+				q[r*cols+j] = nearestE4M3(v[r*cols+j] / scale[(r/3)*sc+j/3])
+			}
+		}
+		ts[i] = weights.Tensor{Name: x.Name, DType: weights.F8E4M3, Shape: x.Shape, Data: q}
+		s, _ := weights.NewTensor(strings.TrimSuffix(x.Name, ".weight")+".scale", weights.F32, []int{sr, sc}, scale)
+		ts = append(ts, s)
+	}
+	dir := t.TempDir()
+	if err := weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *weights.Checkpoint {
+		ck, err := weights.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ck.SetProgress(nil)
+		return ck
+	}
+	ck := open()
+	whole, err := LoadWeights(c, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := ck.BytesRead()
+	ck.Close()
+	l := Layout{TP: 2}
+	for rank := range 2 {
+		ck := open()
+		got, err := LoadShard(c, ck, l, rank)
+		read := ck.BytesRead()
+		ck.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := ShardWeights(c, whole, l, rank)
+		if !reflect.DeepEqual(got.Layers[1], want.Layers[1]) || read >= all {
+			t.Fatalf("rank %d: layer 1 equal %v, %d of %d bytes read", rank, reflect.DeepEqual(got.Layers[1], want.Layers[1]), read, all)
 		}
 	}
 }

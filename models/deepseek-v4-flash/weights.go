@@ -525,28 +525,30 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 	return p.names[ModuleNames], nil
 }
 
-// readPart reads p.part of tensor name (p.shape whole): an unquantized matrix or vector
-// by its rows or columns alone (weights.Checkpoint's partial reads), a quantized one whole,
-// dequantized, then cut.
+// readPart reads p.part of tensor name (p.shape whole) alone: a matrix by
+// weights.Checkpoint's DequantizeRows or DequantizeCols (a quantized one by the scale
+// blocks holding the range), an unquantized vector by Float32Rows; a quantized vector is
+// read whole (Dequantize refuses or widens it) and cut.
 func readPart(ck *weights.Checkpoint, q *weights.Quant, name string, p param, used map[string]bool) ([]float32, error) {
 	pt, shape := p.part, p.shape
 	used[name] = true
-	if s, ok := ck.ScaleName(name); ok {
+	s, scaled := ck.ScaleName(name)
+	if scaled {
 		used[s] = true
+	}
+	switch {
+	case len(shape) == 2 && pt.cols:
+		return ck.DequantizeCols(name, q, pt.lo, pt.hi, shape...)
+	case len(shape) == 2:
+		return ck.DequantizeRows(name, q, pt.lo, pt.hi, shape...)
+	case pt.cols || len(shape) != 1:
+		return nil, fmt.Errorf("load weights: %s: columns [%d, %d) of a %v tensor", name, pt.lo, pt.hi, shape)
+	case scaled:
 		v, err := ck.Dequantize(name, q, shape...)
 		if err != nil {
 			return nil, err
 		}
-		if len(shape) != 2 {
-			return nil, fmt.Errorf("load weights: %s: a part of a quantized %v tensor", name, shape)
-		}
-		if !pt.cols {
-			return slices.Clone(v[pt.lo*shape[1] : pt.hi*shape[1]]), nil
-		}
-		return columns(v, shape[0], shape[1], pt.lo, pt.hi), nil
-	}
-	if pt.cols {
-		return ck.Float32Cols(name, pt.lo, pt.hi, shape...)
+		return slices.Clone(v[pt.lo:pt.hi]), nil
 	}
 	return ck.Float32Rows(name, pt.lo, pt.hi, shape...)
 }

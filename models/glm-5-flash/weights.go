@@ -512,3 +512,24 @@ func (d dequantSource) Has(name string) bool { return d.ck.Has(name) }
 func (d dequantSource) Float32(name string, shape ...int) ([]float32, error) {
 	return d.ck.Dequantize(name, d.q, shape...)
 }
+
+// Float32Rows reads rows [lo, hi) of a matrix alone (weights.Checkpoint.DequantizeRows:
+// the scale blocks holding them); a vector is dequantized whole and cut.
+func (d dequantSource) Float32Rows(name string, lo, hi int, shape ...int) ([]float32, error) {
+	if len(shape) == 2 {
+		return d.ck.DequantizeRows(name, d.q, lo, hi, shape...)
+	}
+	v, err := d.ck.Dequantize(name, d.q, shape...)
+	if err != nil {
+		return nil, err
+	}
+	if len(shape) != 1 || lo < 0 || hi < lo || hi > shape[0] {
+		return nil, fmt.Errorf("tensor %s: rows [%d, %d) of a %v tensor", name, lo, hi, shape)
+	}
+	return v[lo:hi], nil
+}
+
+// Float32Cols reads columns [lo, hi) of a matrix alone (DequantizeCols).
+func (d dequantSource) Float32Cols(name string, lo, hi int, shape ...int) ([]float32, error) {
+	return d.ck.DequantizeCols(name, d.q, lo, hi, shape...)
+}
