@@ -197,7 +197,7 @@ func ParseConfig(data []byte) (*Config, error) {
 			return nil, fmt.Errorf("config: architecture %q is not implemented by this model (it implements %s)", a, strings.Join(Architectures, ", "))
 		}
 	}
-	if err := refuseDSpark(c.Raw, lg.CompressRatios, c.NumHiddenLayers); err != nil {
+	if err := refuseDSpark(c.Raw, lg.CompressRatios, c.NumHiddenLayers, c.VocabSize); err != nil {
 		return nil, err
 	}
 	if err := c.normalise(lg); err != nil {
@@ -223,8 +223,9 @@ func ParseConfig(data []byte) (*Config, error) {
 // compress_ratios that go on past the layers and the one MTP layer into the drafter's
 // stages, which the checkpoint holds in mtp.0–2). transformers 5.23.0 parses such a config
 // and drops what it does not know; this model would then fail on the drafter's tensors, so
-// it says what the checkpoint is at config time instead.
-func refuseDSpark(raw map[string]json.RawMessage, ratios []int, layers int) error {
+// it says what the checkpoint is at config time instead, after checking the dspark_* keys
+// (parseDSpark, dspark.go).
+func refuseDSpark(raw map[string]json.RawMessage, ratios []int, layers, vocab int) error {
 	var keys []string
 	for k, v := range raw {
 		if strings.HasPrefix(k, "dspark_") && string(v) != "null" {
@@ -232,9 +233,13 @@ func refuseDSpark(raw map[string]json.RawMessage, ratios []int, layers int) erro
 		}
 	}
 	slices.Sort(keys)
-	const not = "DSpark (DeepSeek-V4-Flash-0731's block drafter) is not implemented by this model yet"
+	const not = "DSpark (DeepSeek-V4-Flash-0731's block drafter) is not implemented by this model yet: its config is read, its stages' forward is not"
 	if len(keys) > 0 {
-		return fmt.Errorf("config: %s: a DSpark checkpoint; %s", strings.Join(keys, ", "), not)
+		d, err := parseDSpark(raw, ratios, layers, vocab)
+		if err != nil {
+			return fmt.Errorf("config: a DSpark checkpoint: %w", err)
+		}
+		return fmt.Errorf("config: %s: a DSpark checkpoint (%s); %s", strings.Join(keys, ", "), d, not)
 	}
 	if len(ratios) > layers+1 {
 		return fmt.Errorf("config: compress_ratios has %d entries for num_hidden_layers %d and one MTP layer: the %d more are drafter stages, as in a DSpark checkpoint; %s",
