@@ -225,6 +225,11 @@ func (p *parallel) parts(c *Config) func(*Weights) map[*[]float32]part {
 			m[&l.SharedGate] = part{lo: s0, hi: s1}
 			m[&l.SharedUp] = part{lo: s0, hi: s1}
 			m[&l.SharedDown] = part{cols: true, lo: s0, hi: s1}
+			if p.inter < c.MoEIntermediateSize { // every routed expert split too
+				i0, i1 := p.rank*p.inter, (p.rank+1)*p.inter
+				m[&l.GateUp] = part{lo: i0, hi: i1}
+				m[&l.Down] = part{cols: true, lo: i0, hi: i1}
+			}
 		}
 		return m
 	}
@@ -274,6 +279,9 @@ func (p *parallel) shardLayer(c *Config, l *Layer, lo int, read bool) Layer {
 		out.SharedGate = slices.Clone(l.SharedGate[s0*h : s1*h])
 		out.SharedUp = slices.Clone(l.SharedUp[s0*h : s1*h])
 		out.SharedDown = columns(l.SharedDown, h, in, s0, s1)
+	}
+	if read && p.inter < in {
+		return out // the loader read each expert's gate and up rows and down columns alone
 	}
 	// Routed experts: p's range, each expert's gate and up rows [i0, i1) and down columns.
 	var gu, down []float32

@@ -126,6 +126,9 @@ type param struct {
 	// rows, or with cols the columns, [lo, hi) of the [out, in] matrix (of a vector, its
 	// elements). An unquantized tensor is read in that range alone.
 	part *part
+	// expertPart, when set, is the intermediate range [lo, hi) of every routed expert to
+	// read (a tensor-parallel rank's): gate and up rows, down columns.
+	expertPart *part
 }
 
 // part is a range of a tensor's rows or columns (parallel.go).
@@ -330,6 +333,8 @@ func loadWeights(c *Config, ck *weights.Checkpoint, keep *[2]int, parts func(*We
 		}
 		if pt, ok := cut[p.dst]; ok && p.dst != nil && p.experts == 0 {
 			p.part = &pt
+		} else if ok && p.dst != nil {
+			p.expertPart = &pt
 		}
 		name, err := loadParam(ck, c.Quant, p, used)
 		if err != nil {
@@ -473,6 +478,9 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 			per := len(v) / p.experts
 			v = slices.Clone(v[p.keep[0]*per : p.keep[1]*per])
 		}
+		if err == nil && p.experts > 0 && p.expertPart != nil {
+			v = cutExperts(v, p) // a packed tensor is read whole
+		}
 		*p.dst = v
 		return "", err
 	}
@@ -512,7 +520,21 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 					}
 					continue
 				}
-				v, err := read(name, half...)
+				var v []float32
+				var err error
+				switch ep := p.expertPart; {
+				case ep == nil:
+					v, err = read(name, half...)
+				case p.expertLeaf[1] == "": // down [D, I]: its columns
+					used[name] = true
+					v, err = ck.DequantizeCols(name, q, ep.lo, ep.hi, half...)
+				default:
+					used[name] = true
+					v, err = ck.DequantizeRows(name, q, ep.lo, ep.hi, half...)
+				}
+				if s, ok := ck.ScaleName(name); ok {
+					used[s] = true
+				}
 				if err != nil {
 					return "", err
 				}
@@ -523,6 +545,25 @@ func loadParam(ck *weights.Checkpoint, q *weights.Quant, p param, used map[strin
 		return "", nil
 	}
 	return p.names[ModuleNames], nil
+}
+
+// cutExperts cuts every expert of a packed tensor v ([experts, 2I, D] gate then up rows,
+// or [experts, D, I]) to p.expertPart: gate and up rows, or down columns.
+func cutExperts(v []float32, p param) []float32 {
+	ep := p.expertPart
+	n := len(v) / max(1, p.shape[1]*p.shape[2])
+	var out []float32
+	for e := range n {
+		m := v[e*p.shape[1]*p.shape[2] : (e+1)*p.shape[1]*p.shape[2]]
+		if p.expertLeaf[1] == "" { // down [D, I]
+			out = append(out, columns(m, p.shape[1], p.shape[2], ep.lo, ep.hi)...)
+			continue
+		}
+		in, d := p.shape[1]/2, p.shape[2]
+		out = append(out, m[ep.lo*d:ep.hi*d]...)
+		out = append(out, m[(in+ep.lo)*d:(in+ep.hi)*d]...)
+	}
+	return out
 }
 
 // readPart reads p.part of tensor name (p.shape whole) alone: a matrix by
