@@ -94,7 +94,7 @@ func checkMaskedAgainstCPU(t testing.TB, name string, got sampleOut, logits []fl
 		if got.tokens[r] != want {
 			t.Errorf("%s row %d %+v: token %d, engine.Sampler %d", name, r, p, got.tokens[r], want)
 		}
-		if d := math.Abs(float64(got.lps[r] - wantLP)); !(d <= 2e-5*(1+math.Abs(float64(wantLP)))) && !(math.IsNaN(float64(wantLP)) && math.IsNaN(float64(got.lps[r]))) {
+		if d := math.Abs(float64(got.lps[r] - wantLP)); got.lps[r] != wantLP && !(d <= 2e-5*(1+math.Abs(float64(wantLP)))) && !(math.IsNaN(float64(wantLP)) && math.IsNaN(float64(got.lps[r]))) {
 			t.Errorf("%s row %d: logprob %g, engine.Sampler %g", name, r, got.lps[r], wantLP)
 		}
 		for j, w := range wantTop {
@@ -410,6 +410,72 @@ func TestEmuSampleTokenMasks(t *testing.T) {
 					t.Errorf("%s: row %d alternative %d is %d, without masks %d (the mask changed the model's alternatives)", name, row, j, got.topIDs[at], plain.topIDs[at])
 				}
 			}
+		}
+	}
+}
+
+// TestEmuSampleMaskWithoutUsableLogits: when every token a row's mask allows has a -inf
+// or NaN logit, the device draws among the allowed tokens alike (greedy: the first allowed),
+// as engine.Sampler's applyMask, bit for bit with it; the kernel returned tokens outside
+// the mask (0 greedy, 33, 55 and 2 sampled on this vocabulary: this test failed before the
+// fix). The logprob stays the raw logit's (-inf or NaN).
+func TestEmuSampleMaskWithoutUsableLogits(t *testing.T) {
+	emuKernels(t)
+	const vocab = 64
+	nan, ninf := float32(math.NaN()), float32(math.Inf(-1))
+	mask := make([]uint32, MaskWords(vocab))
+	allowed := []int{5, 9, 20, 40}
+	for _, tok := range allowed {
+		mask[tok/32] |= 1 << (tok % 32)
+	}
+	var logits []float32
+	var params []SampleParams
+	var masks [][]uint32
+	for k, fill := range [][]float32{{ninf}, {nan}, {ninf, nan}, {nan, ninf, ninf}} {
+		row := emuRnd(uint64(90+k), vocab, 4)
+		if k == 3 {
+			for i := range row { // a row of NaN but for the allowed tokens' -inf
+				row[i] = nan
+			}
+		}
+		for j, tok := range allowed {
+			row[tok] = fill[j%len(fill)]
+		}
+		for seed := range uint64(6) {
+			pos := int32(3 + seed)
+			for _, p := range []SampleParams{
+				{Temperature: 0, Seed: seed, Pos: pos, Logprobs: 2},
+				{Temperature: 1, Seed: seed, Pos: pos},
+				{Temperature: 0.8, TopK: 3, Seed: seed, Pos: pos},
+				{Temperature: 0.7, TopP: 0.6, Seed: seed, Pos: pos, Logprobs: 3},
+				{Temperature: 1.2, MinP: 0.5, Seed: seed, Pos: pos},
+				{Temperature: 0.9, TopK: 2, TopP: 0.9, MinP: 0.1, Seed: seed, Pos: pos},
+			} {
+				logits = append(logits, row...)
+				params = append(params, p)
+				masks = append(masks, mask)
+			}
+		}
+	}
+	name := "sample masks without usable logits"
+	got := emuSampleMasked(t, name, logits, vocab, vocab, params, masks)
+	seen := map[int32]bool{}
+	for r, tok := range got.tokens {
+		if !slices.Contains(allowed, int(tok)) {
+			t.Errorf("%s: row %d %+v sampled token %d outside the mask %v", name, r, params[r], tok, allowed)
+		}
+		seen[tok] = true
+	}
+	if len(seen) < 2 {
+		t.Errorf("%s: every row sampled %v: the allowed tokens do not weigh alike", name, seen)
+	}
+	// Rows 0..35 (-inf only) compare in full; with a NaN in the row, engine.Sampler's lse,
+	// logprobs and alternatives are NaN or undefined (TestEmuSampleNaNRows): the token only.
+	n := len(params) / 4
+	checkMaskedAgainstCPU(t, name, got, logits, vocab, vocab, params[:n], masks[:n])
+	for r := n; r < len(params); r++ {
+		if want, _, _ := cpuSampleMasked(logits[r*vocab:(r+1)*vocab], params[r], mask); got.tokens[r] != want {
+			t.Errorf("%s row %d %+v: token %d, engine.Sampler %d", name, r, params[r], got.tokens[r], want)
 		}
 	}
 }

@@ -29,7 +29,9 @@
 // token t may be sampled): the tokens it does not allow are -inf for the choice (greedy,
 // the candidates, their weights), as engine.Sampler's applyMask; lse, the logprobs and
 // the top-n stay those of the raw logits. mask_start[r] < 0, or no mask_start at all:
-// the row is not masked.
+// the row is not masked. When every token a mask allows has a -inf or NaN logit, the
+// allowed tokens weigh alike (each is 0 for the choice: greedy takes the first allowed,
+// a draw picks among them), as applyMask does: the draw stays within the grammar.
 // Logit bias, penalties and the min-tokens mask are not applied here: a runner adjusts
 // the logits before, or samples such rows on the CPU.
 //   logits: [rows, logits_stride] float32 (vocab used)  params: [rows] resin_sample_params
@@ -84,6 +86,7 @@ struct resin_sampler {
   const float* row;
   const unsigned* mask;   // the row's token mask, or null
   int mask_words;         // its words
+  int flat;               // the allowed tokens are 0 (none has a usable logit)
   int vocab;
   int sorted;             // keys are (desc_bits << 32 | id), else id
   float max_logit;        // the row's largest logit
@@ -97,10 +100,11 @@ struct resin_sampler {
 };
 
 // resin_masked is logit i of row for the choice: -inf where mask (words long, when not
-// null) does not allow token i; ids past the mask are not allowed (engine.Sampler's rule).
-RESIN_DEVICE float resin_masked(const float* row, const unsigned* mask, int words, int i) {
+// null) does not allow token i; ids past the mask are not allowed (engine.Sampler's rule);
+// 0 for an allowed token when flat (no allowed token has a usable logit).
+RESIN_DEVICE float resin_masked(const float* row, const unsigned* mask, int words, int flat, int i) {
   if (mask && ((i >> 5) >= words || !((mask[i >> 5] >> (i & 31)) & 1u))) return -RESIN_INF;
-  return row[i];
+  return flat ? 0.0f : row[i];
 }
 
 RESIN_DEVICE unsigned long long resin_key(const resin_sampler& s, int i, float v) {
@@ -136,7 +140,7 @@ RESIN_DEVICE unsigned long long resin_select(const resin_sampler& s, int mode,
     }
     resin_sync();
     for (int i = RESIN_TID_X; i < s.vocab; i += RESIN_NTID_X) {
-      float v = resin_masked(s.row, s.mask, s.mask_words, i);
+      float v = resin_masked(s.row, s.mask, s.mask_words, s.flat, i);
       unsigned long long k = resin_key(s, i, v);
       if (k > bound || (k & mask) != prefix) continue;
       unsigned long long val = mode == RESIN_MASS ? resin_weight(s, v) : 1ull;
@@ -186,7 +190,7 @@ RESIN_DEVICE unsigned long long resin_select(const resin_sampler& s, int mode,
     mask |= 255ull << shift;
     if (only != ~0ull || shift == 0) {
       *through = below + mass;
-      return only != ~0ull ? resin_key(s, (int)only, resin_masked(s.row, s.mask, s.mask_words, (int)only)) : prefix;
+      return only != ~0ull ? resin_key(s, (int)only, resin_masked(s.row, s.mask, s.mask_words, s.flat, (int)only)) : prefix;
     }
   }
   *through = below;  // not reached: the last pass returns
@@ -195,13 +199,13 @@ RESIN_DEVICE unsigned long long resin_select(const resin_sampler& s, int mode,
 
 // resin_block_argmax returns the first maximal logit's id (NaN skipped; -1 for a row of
 // NaN) and its value (-inf for a row of NaN) in every thread; with a mask (not null), of
-// the row as resin_masked gives it.
-RESIN_DEVICE int resin_block_argmax(const float* row, const unsigned* mask, int words, int vocab, float* sv,
-                                    int* si, float* best) {
+// the row as resin_masked gives it (flat too).
+RESIN_DEVICE int resin_block_argmax(const float* row, const unsigned* mask, int words, int flat, int vocab,
+                                    float* sv, int* si, float* best) {
   float bv = -RESIN_INF;
   int bi = 0x7fffffff;
   for (int i = RESIN_TID_X; i < vocab; i += RESIN_NTID_X) {
-    float v = resin_masked(row, mask, words, i);
+    float v = resin_masked(row, mask, words, flat, i);
     if (resin_better(v, i, bv, bi)) {
       bv = v;
       bi = i;
@@ -247,7 +251,7 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   if (mask_start && mask_start[r] >= 0) mask = token_mask + mask_start[r];
 
   float mx;
-  int best = resin_block_argmax(row, nullptr, 0, vocab, sv, si, &mx);
+  int best = resin_block_argmax(row, nullptr, 0, 0, vocab, sv, si, &mx);
   float sum = 0.0f;
   if (best >= 0)
     for (int i = RESIN_TID_X; i < vocab; i += RESIN_NTID_X)
@@ -256,14 +260,26 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   float lse = mx + resin_logf(sum);
 
   // The choice's maximum: the raw one, or the masked row's (its own argmax) with a mask.
+  // A mask whose allowed tokens are all -inf or NaN (cmx -inf): they weigh alike (flat).
   float cmx = mx;
   int cbest = best;
-  if (mask) cbest = resin_block_argmax(row, mask, mask_words, vocab, sv, si, &cmx);
+  int flat = 0;
+  if (mask) {
+    cbest = resin_block_argmax(row, mask, mask_words, 0, vocab, sv, si, &cmx);
+    float fmx = 0.0f;
+    int fbest = cmx == -RESIN_INF ? resin_block_argmax(row, mask, mask_words, 1, vocab, sv, si, &fmx) : -1;
+    if (fbest >= 0 && fmx == 0.0f) {  // (a mask allowing no token stays all -inf, as on the CPU)
+      flat = 1;
+      cbest = fbest;
+      cmx = 0.0f;
+    }
+  }
 
   resin_sampler s;
   s.row = row;
   s.mask = mask;
   s.mask_words = mask_words;
+  s.flat = flat;
   s.vocab = vocab;
   s.max_logit = cmx;
   // 1/T in double, capped: in float32 it overflows to +inf below T ~ 3e-39.
@@ -325,6 +341,7 @@ RESIN_KERNEL void resin_sample(int* __restrict__ tokens, float* __restrict__ log
   }
   s.sorted = 1;
   s.mask = nullptr;  // the alternatives are the model's, unmasked
+  s.flat = 0;
   unsigned long long dummy;
   unsigned long long bound = resin_select(s, RESIN_COUNT, ~0ull, (unsigned long long)n, &dummy);
   if (RESIN_TID_X == 0) top_n = 0;
