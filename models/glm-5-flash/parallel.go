@@ -262,6 +262,10 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int, read bool) *TextWe
 		}
 		mw := *ly.moe
 		mw.shared = mlpCut(mw.shared)
+		if read && p.tp > 1 && p.ep == 1 {
+			ly.moe = &mw // the loader read each expert's rows and columns alone
+			continue
+		}
 		var gu, down []float32
 		for e := p.expLo; e < p.expHi; e++ {
 			ge := mw.gateUp[(e-lo)*2*F*D : (e-lo+1)*2*F*D]

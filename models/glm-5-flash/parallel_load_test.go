@@ -35,6 +35,14 @@ func (s *recordingSource) Float32(name string, shape ...int) ([]float32, error) 
 // model (KDA's and MLA's split projections, the dense and shared MLPs and the vocabulary
 // by their rows or columns alone), and equals ShardTextWeights' cut in every field.
 func TestLoadShardReadsItsSlices(t *testing.T) {
+	for _, fused := range []bool{false, true} {
+		loadShardReadsItsSlices(t, fused)
+	}
+}
+
+// loadShardReadsItsSlices is the test on a checkpoint with per-expert tensors, or with
+// fused ones (experts.gate_up_proj, experts.down_proj: read whole, cut by the loader).
+func loadShardReadsItsSlices(t *testing.T, fused bool) {
 	m := tinyTextModel(t)
 	c := m.Config
 	names := map[string][]float32{}
@@ -43,6 +51,11 @@ func TestLoadShardReadsItsSlices(t *testing.T) {
 			continue
 		}
 		F, D := c.MoEIntermediateSize, c.HiddenSize
+		if fused {
+			names[fmt.Sprintf("%slayers.%d.mlp.experts.gate_up_proj", TextPrefix, i)] = ly.moe.gateUp
+			names[fmt.Sprintf("%slayers.%d.mlp.experts.down_proj", TextPrefix, i)] = ly.moe.down
+			continue
+		}
 		for e := range c.NRoutedExperts {
 			p := fmt.Sprintf("%slayers.%d.mlp.experts.%d.", TextPrefix, i, e)
 			gu := ly.moe.gateUp[e*2*F*D : (e+1)*2*F*D]
@@ -101,13 +114,13 @@ func TestLoadShardReadsItsSlices(t *testing.T) {
 			}
 			for i := range want.layers {
 				if !reflect.DeepEqual(got.layers[i], want.layers[i]) {
-					t.Fatalf("%+v rank %d layer %d differs from ShardTextWeights'", l, rank, i)
+					t.Fatalf("fused %v, %+v rank %d layer %d differs from ShardTextWeights'", fused, l, rank, i)
 				}
 			}
 			if !reflect.DeepEqual(got.embed, want.embed) || !reflect.DeepEqual(got.lmHead, want.lmHead) || !reflect.DeepEqual(got.norm, want.norm) {
 				t.Fatalf("%+v rank %d: embedding, head or norm differs", l, rank)
 			}
-			t.Logf("%+v rank %d: %d of %d bytes", l, rank, read, all)
+			t.Logf("fused %v, %+v rank %d: %d of %d bytes", fused, l, rank, read, all)
 		}
 	}
 }

@@ -124,6 +124,10 @@ type loader struct {
 	tp *parallel
 }
 
+// splitsExperts reports whether l.tp splits every routed expert's intermediate columns
+// (TP without EP; under TP × EP each rank's experts are whole).
+func (l *loader) splitsExperts() bool { return l.tp != nil && l.tp.tp > 1 && l.tp.ep == 1 }
+
 // partialSource reads rows or columns of a tensor alone (weights.Checkpoint).
 type partialSource interface {
 	Float32Rows(name string, lo, hi int, shape ...int) ([]float32, error)
@@ -436,6 +440,16 @@ func (l *loader) moe(c *TextConfig, f string) *moeWeights {
 			m.gateUp = slices.Clone(m.gateUp[lo*2*F*D : hi*2*F*D])
 			m.down = slices.Clone(m.down[lo*D*F : hi*D*F])
 		}
+		if l.splitsExperts() && l.err == nil { // cut here: the fused tensors are read whole
+			a, b := l.tp.rank*F/l.tp.tp, (l.tp.rank+1)*F/l.tp.tp
+			var gu, down []float32
+			for e := range len(m.down) / (D * F) {
+				ge, de := m.gateUp[e*2*F*D:(e+1)*2*F*D], m.down[e*D*F:(e+1)*D*F]
+				gu = append(append(gu, ge[a*D:b*D]...), ge[(F+a)*D:(F+b)*D]...)
+				down = append(down, columnsOf(de, D, F, a, b)...)
+			}
+			m.gateUp, m.down = gu, down
+		}
 	} else {
 		for e := range E {
 			ep := fmt.Sprintf("%sexperts.%d.", f, e)
@@ -443,6 +457,12 @@ func (l *loader) moe(c *TextConfig, f string) *moeWeights {
 				for _, n := range []string{"gate_proj", "up_proj", "down_proj"} {
 					l.used[ep+n+".weight"] = true // another rank's expert: not read
 				}
+				continue
+			}
+			if l.splitsExperts() { // this rank's intermediate rows and columns alone
+				m.gateUp = append(m.gateUp, l.rows([]int{F, D}, ep+"gate_proj.weight")...)
+				m.gateUp = append(m.gateUp, l.rows([]int{F, D}, ep+"up_proj.weight")...)
+				m.down = append(m.down, l.cols([]int{D, F}, ep+"down_proj.weight")...)
 				continue
 			}
 			m.gateUp = append(m.gateUp, l.get([]int{F, D}, ep+"gate_proj.weight")...)
