@@ -15,11 +15,11 @@ import (
 // equals decode, chunked prefill, batch and page-layout invariance, reproducibility,
 // prefix-cache hits, aborts; with drafts, against testRunner without them) on the GPU
 // runner on the emulated device, without drafts and with 2 MTP drafts a step. It takes
-// about 10 minutes on 2 CPUs, so it runs only with RESIN_GLM_CONFORMANCE=1 (go test
-// -timeout 30m).
+// 12 minutes on 2 CPUs (every check passes), so it runs only with RESIN_GLM_CONFORMANCE=1
+// (go test -timeout 30m).
 func TestEmulatedGPURunnerConformance(t *testing.T) {
 	if os.Getenv("RESIN_GLM_CONFORMANCE") == "" {
-		t.Skip("set RESIN_GLM_CONFORMANCE=1 to run core/runnertest's suite on the emulated GPU runner (about 10 minutes on 2 CPUs)")
+		t.Skip("set RESIN_GLM_CONFORMANCE=1 to run core/runnertest's suite on the emulated GPU runner (12 minutes on 2 CPUs)")
 	}
 	if emutest.Reexec(t) {
 		return
