@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
@@ -62,12 +64,43 @@ func (f *runtimeFlags) openDSpark(m models.Model, dir string) (engine.Runner, *k
 	if f.specTokens > d.Config.BlockSize {
 		return nil, nil, fmt.Errorf("--num-speculative-tokens %d: the drafter in %s proposes at most its block size, %d", f.specTokens, f.spec.DraftModel, d.Config.BlockSize)
 	}
-	if _, err := r.UseDSpark(d, f.specTokens, float32(f.spec.Confidence)); err != nil {
+	spec, err := r.UseDSpark(d, f.specTokens, float32(f.spec.Confidence))
+	if err != nil {
 		return nil, nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
+	}
+	if f.spec.Trace != "" {
+		if spec.Trace, err = traceTo(f.spec.Trace); err != nil {
+			return nil, nil, err
+		}
 	}
 	pool, err := r.NewPool(f.cacheBytes)
 	if err != nil {
 		return nil, nil, err
 	}
 	return r, pool, nil
+}
+
+// traceTo opens path for --spec-trace and returns the Speculator's trace hook writing one
+// JSON line per verification to it; the file stays open for the life of the process (each
+// line is one write, so what a run traced is there when it stops). A write that fails
+// stops the tracing and says so once on stderr.
+func traceTo(path string) (func(dspark.TraceEntry), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--spec-trace: %w", err)
+	}
+	var mu sync.Mutex
+	failed := false
+	return func(e dspark.TraceEntry) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed {
+			return
+		}
+		line, _ := json.Marshal(e)
+		if _, err := f.Write(append(line, '\n')); err != nil {
+			failed = true
+			fmt.Fprintf(os.Stderr, "resin: --spec-trace %s: %v; tracing stopped\n", path, err)
+		}
+	}, nil
 }

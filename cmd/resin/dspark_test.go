@@ -211,3 +211,44 @@ func TestServeDSparkSeeded(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 }
+
+// TestGenerateDSparkTrace: --spec-trace writes one JSON line per verification: anchors in
+// order, the drafts verified, how many were accepted and the token after them, which
+// together rebuild the printed tokens; without DSpark the flag is refused.
+func TestGenerateDSparkTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	out, errOut, err := runGenerate(t, "--model", "llama", "--weights", dsparkTarget, "--prompt-ids", "1,2,3,4", "--max-tokens", "24",
+		"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--spec-trace", path)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var toks []int32
+	next := 4 // the first anchor: the first generated token, at position 4
+	for i, l := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		var e struct {
+			Request        uint64  `json:"request"`
+			AnchorPosition int     `json:"anchor_position"`
+			Drafts         []int32 `json:"drafts"`
+			Accepted       int     `json:"accepted"`
+			Next           int32   `json:"next"`
+		}
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatalf("line %d %q: %v", i, l, err)
+		}
+		if e.AnchorPosition != next || e.Accepted > len(e.Drafts) {
+			t.Fatalf("line %d: %+v after anchor %d", i, e, next)
+		}
+		toks = append(append(toks, e.Drafts[:e.Accepted]...), e.Next)
+		next += e.Accepted + 1
+	}
+	if len(toks) == 0 || !strings.Contains(tokensLine(out), strings.Trim(fmt.Sprint(toks), "[]")) {
+		t.Errorf("trace rebuilds %v after the first token, printed %q", toks, tokensLine(out))
+	}
+	if _, _, err := runGenerate(t, "--model", "llama", "--weights", dsparkTarget, "--prompt-ids", "1,2", "--spec-trace", path); err == nil || !strings.Contains(err.Error(), "--spec-trace needs --speculative-method dspark") {
+		t.Errorf("--spec-trace without DSpark: err = %v", err)
+	}
+}

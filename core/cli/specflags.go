@@ -25,6 +25,7 @@ type SpeculativeFlags struct {
 	Method     string  // "", SpecMTP or SpecDSpark
 	DraftModel string  // SpecDSpark: the drafter's directory (DeepSpec's save_pretrained)
 	Confidence float64 // SpecDSpark: the confidence cut (0: full blocks)
+	Trace      string  // SpecDSpark: a JSON-lines file of every verification ("" = none)
 }
 
 // Register adds --speculative-method, --draft-model and --dspark-confidence to cmd.
@@ -33,6 +34,7 @@ func (f *SpeculativeFlags) Register(cmd *cobra.Command) {
 	fl.StringVar(&f.Method, "speculative-method", "", "with --model: where drafts come from: mtp (the model's own draft head, what --num-speculative-tokens alone does) or dspark (a DeepSpec DSpark block drafter in --draft-model; --num-speculative-tokens then defaults to its block size)")
 	fl.StringVar(&f.DraftModel, "draft-model", "", "with --speculative-method dspark: the drafter's directory (config.json with architectures [\"Qwen3DSparkModel\"] and safetensors, as DeepSpec's save_pretrained writes it)")
 	fl.Float64Var(&f.Confidence, "dspark-confidence", 0, "with --speculative-method dspark: cut each block at the first draft whose confidence is below this (0 = full blocks)")
+	fl.StringVar(&f.Trace, "spec-trace", "", `with --speculative-method dspark: write one JSON line per verification per sequence to this file: {"request": ID, "anchor_position": P, "drafts": [...], "accepted": A, "next": T}`)
 }
 
 // DSpark reports whether the flags ask for a DSpark drafter.
@@ -48,6 +50,8 @@ func (f *SpeculativeFlags) Check(drafts int) error {
 			return fmt.Errorf("--draft-model %s needs --speculative-method dspark (MTP drafts come from the model's own draft head)", f.DraftModel)
 		case f.Confidence != 0:
 			return errors.New("--dspark-confidence needs --speculative-method dspark")
+		case f.Trace != "":
+			return errors.New("--spec-trace needs --speculative-method dspark (MTP verifications are not traced)")
 		case f.Method == SpecMTP && drafts <= 0:
 			return errors.New("--speculative-method mtp needs --num-speculative-tokens N (N >= 1): the number of draft tokens per step")
 		}
