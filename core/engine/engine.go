@@ -83,6 +83,44 @@ type Engine struct {
 	wake    chan struct{}
 	closeCh chan struct{}
 	running atomic.Bool
+
+	// dead is closed, and deadErr set, at the first step error that is permanent (Err).
+	dead     chan struct{}
+	deadErr  atomic.Pointer[error]
+	deadOnce sync.Once
+}
+
+// ErrRunnerDead: the runner failed for good (a permanent step error, see Engine.Err);
+// Submit wraps it with the cause once that happened (HTTP 503).
+var ErrRunnerDead = errors.New("engine: the runner is dead")
+
+// Err returns the first step error that is permanent, nil while there is none. An error
+// is permanent when errors.As finds in it an error with a method Permanent() bool that
+// returns true: a rank of a tensor/expert-parallel group whose process died
+// (core/dist/launch's ExitError) cannot run another step, unlike a step that failed once.
+// From then on Submit refuses requests with ErrRunnerDead; the steps of those already
+// running fail as the runner makes them. A server should report itself unhealthy and stop
+// (core/serve does, through Dead), as vLLM does on its engine-dead error.
+func (e *Engine) Err() error {
+	if p := e.deadErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Dead is closed when Err becomes non-nil.
+func (e *Engine) Dead() <-chan struct{} { return e.dead }
+
+// notePermanent records err as Err if it is permanent (the first such only).
+func (e *Engine) notePermanent(err error) {
+	var p interface{ Permanent() bool }
+	if err == nil || !errors.As(err, &p) || !p.Permanent() {
+		return
+	}
+	e.deadOnce.Do(func() {
+		e.deadErr.Store(&err)
+		close(e.dead)
+	})
 }
 
 // New builds an engine for runner. The runner's description is validated, and the pool
@@ -119,6 +157,7 @@ func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
 		seeds:   uint64(o.now().UnixNano()),
 		wake:    make(chan struct{}, 1),
 		closeCh: make(chan struct{}),
+		dead:    make(chan struct{}),
 	}
 	s, err := NewScheduler(info, cfg)
 	if err != nil {
@@ -207,7 +246,7 @@ func (e *Engine) Counters() Counters {
 // Submit queues req and returns its stream. Cancelling ctx aborts the request. A runner
 // that is a PromptChecker may refuse the prompt (ErrInvalidRequest). Errors:
 // ErrInvalidRequest, ErrContextTooLong, ErrQueueFull, ErrDraining, ErrClosed,
-// ErrDuplicateID (all wrapped with detail).
+// ErrDuplicateID, ErrRunnerDead (all wrapped with detail).
 func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	if err := checkConstraint(e.info, &req.Sampling); err != nil {
 		return nil, err
@@ -216,6 +255,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		if err := pc.CheckPrompt(req.Prompt); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
+	}
+	if err := e.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRunnerDead, err)
 	}
 	e.mu.Lock()
 	switch {
@@ -464,7 +506,9 @@ func (e *Engine) execute(ctx context.Context, plan *BatchPlan) (res StepResult, 
 			return StepResult{}, err
 		}
 	}
-	return e.runner.Execute(ctx, plan)
+	res, err = e.runner.Execute(ctx, plan)
+	e.notePermanent(err)
+	return res, err
 }
 
 // Drain stops accepting requests (Submit returns ErrDraining) and waits until every

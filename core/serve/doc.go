@@ -42,4 +42,10 @@
 // requests get 503 on any connection, new or kept alive, while the running ones finish,
 // then the listener closes; streams still running at the drain deadline are aborted and
 // end with an error event.
+//
+// A runner that fails for good (engine.Engine.Err: a dead rank of a tensor/expert-parallel
+// group) shuts the server down as vLLM's engine-dead path does: from then on /health
+// answers 503 {"status":"unhealthy","error":...} naming the cause and new requests 503
+// (code runner_dead), the running requests drain, and Serve returns an error naming the
+// cause, so `resin serve` exits non-zero for its orchestrator to restart it.
 package serve

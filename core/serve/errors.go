@@ -91,8 +91,17 @@ func fromEngine(err error) *apiError {
 			message: "The server shut down before the request finished."}
 	case errors.Is(err, engine.ErrDraining):
 		return errDrainingHTTP
+	case errors.Is(err, engine.ErrRunnerDead):
+		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "runner_dead",
+			message: "The model runner failed for good and the server is shutting down: " + engineDetail(err, engine.ErrRunnerDead) + "."}
 	}
 	return internal(err)
+}
+
+// runnerDeadHTTP is the answer to a request once the engine's runner failed for good
+// with err (engine.Engine.Err): 503, code runner_dead, naming err.
+func runnerDeadHTTP(err error) *apiError {
+	return fromEngine(fmt.Errorf("%w: %w", engine.ErrRunnerDead, err))
 }
 
 // engineDetail is what err says after sentinel's own text: "2000 prompt tokens + 100 max

@@ -286,6 +286,10 @@ func (s *Server) api(route string, h func(http.ResponseWriter, *http.Request) er
 			refuse(w, r, errBadKey)
 			return
 		}
+		if err := s.runnerDead(); err != nil {
+			refuse(w, r, runnerDeadHTTP(err))
+			return
+		}
 		if s.draining.Load() {
 			refuse(w, r, errDrainingHTTP)
 			return
@@ -333,6 +337,10 @@ func (s *Server) checkModel(name string) error {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if err := s.runnerDead(); err != nil { // before draining: the reason it drains
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unhealthy", "error": err.Error()})
+		return
+	}
 	if s.draining.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
 		return
@@ -372,9 +380,27 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// deadEngine is an Engine that can fail for good (*engine.Engine: Err and Dead).
+type deadEngine interface {
+	Err() error
+	Dead() <-chan struct{}
+}
+
+// runnerDead is the engine's permanent runner failure (deadEngine), or nil.
+func (s *Server) runnerDead() error {
+	if de, ok := s.eng.(deadEngine); ok {
+		return de.Err()
+	}
+	return nil
+}
+
 // Serve answers HTTP on ln until ctx is done, then shuts down gracefully (see
 // Server.shutdown). The caller runs the engine's Run loop and closes the engine after
-// Serve returns.
+// Serve returns. An engine whose runner fails for good (engine.Engine.Err: a dead rank of
+// a parallel group) ends it too, as vLLM's engine-dead path does: /health answers 503
+// naming the error at once, new requests get 503 (code runner_dead), the running ones
+// drain (failing as their steps do), and Serve returns an error naming the cause, so that
+// the process exits non-zero and an orchestrator restarts it.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.cfg.MaxConnections > 0 {
 		cc := newConnCap(ln, s.cfg.MaxConnections)
@@ -384,10 +410,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := s.httpServer()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	var dead <-chan struct{} // nil: never
+	de, _ := s.eng.(deadEngine)
+	if de != nil {
+		dead = de.Dead()
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
+	case <-dead:
+		s.log.Error("the runner failed for good; shutting down", "error", de.Err())
+		if err := s.shutdown(hs); err != nil {
+			return fmt.Errorf("serve: the runner failed for good: %w (and %w)", de.Err(), err)
+		}
+		return fmt.Errorf("serve: the runner failed for good: %w", de.Err())
 	}
 	return s.shutdown(hs)
 }

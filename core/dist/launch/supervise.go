@@ -38,6 +38,10 @@ func (e *ExitError) Error() string {
 
 func (e *ExitError) Unwrap() error { return e.Err }
 
+// Permanent reports true: a group whose worker exited can run no more steps (an engine
+// that finds it in a step's error stops: engine.Engine.Err).
+func (e *ExitError) Permanent() bool { return true }
+
 type proc struct {
 	rank int
 	cmd  *exec.Cmd
