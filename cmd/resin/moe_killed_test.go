@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -89,6 +90,11 @@ func TestMoEWorkerKilledNamed(t *testing.T) {
 	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("step after the worker was killed: %v, want an error naming %q and the signal", err, want)
+	}
+	// The error is permanent (engine.Engine.Err: the server reports itself unhealthy and stops).
+	var p interface{ Permanent() bool }
+	if !errors.As(err, &p) || !p.Permanent() {
+		t.Fatalf("step after the worker was killed: %v is not permanent (the server would run on)", err)
 	}
 }
 
