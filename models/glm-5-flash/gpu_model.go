@@ -335,8 +335,8 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			if t < 0 || int(t) >= cfg.VocabSize {
 				return nil, fmt.Errorf("gpu: token id %d outside the vocabulary [0, %d)", t, cfg.VocabSize)
 			}
-			if s.Len+j >= g.maxPos {
-				return nil, fmt.Errorf("gpu: position %d outside the context of %d tokens", s.Len+j, g.maxPos)
+			if s.Done+j >= g.maxPos {
+				return nil, fmt.Errorf("gpu: position %d outside the context of %d tokens", s.Done+j, g.maxPos)
 			}
 			for range hc {
 				idsRep = append(idsRep, t)
