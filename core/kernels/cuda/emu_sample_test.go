@@ -208,8 +208,8 @@ func TestEmuSampleSignedZeros(t *testing.T) {
 // TestEmuSampleNaNRows: NaN logits are skipped: never drawn, no mass, ranked last among
 // the alternatives; the reference is engine.Sampler on the row with NaN made -inf (on NaN
 // itself its sort and sums are undefined). A row of NaN only samples token 0 in every
-// mode, with a NaN logprob and ids 0.. as its alternatives, as engine.Sampler's greedy
-// argmax and top-n give; sampling.cu returned token -1, which the runner handed to the
+// mode, with a NaN logprob and ids 0.. as its alternatives, as engine.Sampler gives in
+// every mode; sampling.cu returned token -1, which the runner handed to the
 // engine as a token (this test failed before the fix).
 func TestEmuSampleNaNRows(t *testing.T) {
 	emuKernels(t)
@@ -229,10 +229,8 @@ func TestEmuSampleNaNRows(t *testing.T) {
 		if got.tokens[r] != 0 || !math.IsNaN(float64(got.lps[r])) {
 			t.Errorf("all-NaN row %d %+v: token %d logprob %g, want 0 and NaN", r, p, got.tokens[r], got.lps[r])
 		}
-		if p.Temperature == 0 {
-			if want, _, _ := cpuSample(logits[r*vocab:(r+1)*vocab], p); got.tokens[r] != want {
-				t.Errorf("all-NaN greedy row: token %d, engine.Sampler %d", got.tokens[r], want)
-			}
+		if want, _, _ := cpuSample(logits[r*vocab:(r+1)*vocab], p); got.tokens[r] != want {
+			t.Errorf("all-NaN row %d %+v: token %d, engine.Sampler %d", r, p, got.tokens[r], want)
 		}
 		for j := range MaxSampleTop {
 			id, lp := got.topIDs[r*MaxSampleTop+j], got.topLPs[r*MaxSampleTop+j]
