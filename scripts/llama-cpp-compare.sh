@@ -25,7 +25,9 @@
 # REPEAT (3 runs per measurement, llama-bench -r / resin --repeat), ROUNDS (3), DTYPES
 # (fp32,bf16,int8), CONFIG (an HF config.json; default the ~120M llama of
 # llama-cpu-bench.sh), LLAMA_CPP_PYTHON (the sdist version, 0.3.36), LLAMA_CMAKE_FLAGS
-# (extra cmake flags, e.g. -DGGML_AMX_INT8=OFF where the AMX kernels die), VENV
+# (extra cmake flags, e.g. -DGGML_AMX_INT8=OFF where the AMX kernels die), LLAMA_ARGS
+# (extra flags for llama-bench and llama-batched-bench, e.g. `--poll 0`: on a loaded
+# machine llama.cpp's threads spin at each barrier by default and its decode collapses), VENV
 # (.cache/torch-venv: torch, transformers), OUT (.cache/llama-cpp-compare).
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
@@ -172,7 +174,7 @@ int main(void) {
 	return 0;
 }
 EOF
-gcc -O2 -march=native -fopenmp -o "$out/bw" "$out/bw.c"
+gcc -O3 -march=native -fopenmp -o "$out/bw" "$out/bw.c"
 bw=$(OMP_NUM_THREADS=$threads "$out/bw" | cut -d' ' -f1)
 
 cache_bytes=$("$py" - "$ck/config.json" "$batches" "$prompt" "$gen" <<'EOF'
@@ -206,13 +208,13 @@ llamacpp_run() { # dtype round
 	for b in ${batches//,/ }; do
 		if [ "$b" = 1 ]; then
 			local p d
-			p=$("$bin/llama-bench" -m "$f" -t "$threads" -p "$prompt" -n 0 -r "$repeat" -o jsonl 2>>"$out/llama.cpp-$1-$2.log" |
+			p=$("$bin/llama-bench" -m "$f" -t "$threads" ${LLAMA_ARGS:-} -p "$prompt" -n 0 -r "$repeat" -o jsonl 2>>"$out/llama.cpp-$1-$2.log" |
 				"$py" -c 'import json,sys; print([json.loads(l)["avg_ts"] for l in sys.stdin if l.startswith("{")][-1])')
-			d=$("$bin/llama-bench" -m "$f" -t "$threads" -p 0 -n "$gen" -d "$prompt" -r "$repeat" -o jsonl 2>>"$out/llama.cpp-$1-$2.log" |
+			d=$("$bin/llama-bench" -m "$f" -t "$threads" ${LLAMA_ARGS:-} -p 0 -n "$gen" -d "$prompt" -r "$repeat" -o jsonl 2>>"$out/llama.cpp-$1-$2.log" |
 				"$py" -c 'import json,sys; print([json.loads(l)["avg_ts"] for l in sys.stdin if l.startswith("{")][-1])')
 			printf "%s\t%s\t%s\tllama.cpp\t%s\t%s\n" "$2" "$1" "$b" "$p" "$d"
 		else
-			"$bin/llama-batched-bench" -m "$f" -t "$threads" -c $((b * (prompt + gen) + 64)) -b 2048 -ub 512 \
+			"$bin/llama-batched-bench" -m "$f" -t "$threads" ${LLAMA_ARGS:-} -c $((b * (prompt + gen) + 64)) -b 2048 -ub 512 \
 				-npp "$prompt" -ntg "$gen" -npl "$b" --output-format jsonl 2>>"$out/llama.cpp-$1-$2.log" |
 				"$py" -c '
 import json, sys
