@@ -42,6 +42,9 @@ func TestGenerateDSpark(t *testing.T) {
 		{"--draft-model", filepath.Join(dsparkDir, "rnn")},
 		{"--draft-model", filepath.Join(dsparkDir, "vanilla"), "--num-speculative-tokens", "2"},
 		{"--draft-model", filepath.Join(dsparkDir, "rnn"), "--dspark-confidence", "0.5"},
+		// Issue 24's spelling, alone and next to the same --draft-model.
+		{"--draft-weights", filepath.Join(dsparkDir, "rnn")},
+		{"--draft-weights", filepath.Join(dsparkDir, "rnn"), "--draft-model", filepath.Join(dsparkDir, "rnn")},
 	} {
 		out, errOut, err := runGenerate(t, append(append(args, "--speculative-method", "dspark"), c...)...)
 		if err != nil {
@@ -119,6 +122,8 @@ func TestDSparkBadInput(t *testing.T) {
 		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--dspark-confidence", "1.5"}, "not in [0, 1]"},
 		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--device", "cuda"}, "CPU only"},
 		{[]string{"--draft-model", filepath.Join(dsparkDir, "rnn")}, "needs --speculative-method dspark"},
+		{[]string{"--draft-weights", filepath.Join(dsparkDir, "rnn")}, "needs --speculative-method dspark"},
+		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--draft-weights", filepath.Join(dsparkDir, "vanilla")}, "and --draft-weights"},
 		{[]string{"--dspark-confidence", "0.5"}, "needs --speculative-method dspark"},
 		{[]string{"--speculative-method", "eagle"}, `"eagle" is not known`},
 		{[]string{"--speculative-method", "mtp"}, "needs --num-speculative-tokens"},

@@ -19,20 +19,23 @@ const (
 
 // SpeculativeFlags choose how a model decodes speculatively beyond the number of drafts
 // (--num-speculative-tokens, which the loaders register themselves): --speculative-method,
-// --draft-model and --dspark-confidence. Without --speculative-method, drafts come from the
-// model's own draft head (MTP), as before the flag existed.
+// --draft-model (or --draft-weights) and --dspark-confidence. Without --speculative-method,
+// drafts come from the model's own draft head (MTP), as before the flag existed.
 type SpeculativeFlags struct {
-	Method     string  // "", SpecMTP or SpecDSpark
-	DraftModel string  // SpecDSpark: the drafter's directory (DeepSpec's save_pretrained)
-	Confidence float64 // SpecDSpark: the confidence cut (0: full blocks)
-	Trace      string  // SpecDSpark: a JSON-lines file of every verification ("" = none)
+	Method       string  // "", SpecMTP or SpecDSpark
+	DraftModel   string  // SpecDSpark: the drafter's directory (DeepSpec's save_pretrained)
+	DraftWeights string  // --draft-weights, another spelling of --draft-model; Check folds it in
+	Confidence   float64 // SpecDSpark: the confidence cut (0: full blocks)
+	Trace        string  // SpecDSpark: a JSON-lines file of every verification ("" = none)
 }
 
-// Register adds --speculative-method, --draft-model and --dspark-confidence to cmd.
+// Register adds --speculative-method, --draft-model (alias --draft-weights),
+// --dspark-confidence and --spec-trace to cmd.
 func (f *SpeculativeFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.Method, "speculative-method", "", "with --model: where drafts come from: mtp (the model's own draft head, what --num-speculative-tokens alone does) or dspark (a DeepSpec DSpark block drafter in --draft-model; --num-speculative-tokens then defaults to its block size)")
 	fl.StringVar(&f.DraftModel, "draft-model", "", "with --speculative-method dspark: the drafter's directory (config.json with architectures [\"Qwen3DSparkModel\"] and safetensors, as DeepSpec's save_pretrained writes it)")
+	fl.StringVar(&f.DraftWeights, "draft-weights", "", "another spelling of --draft-model (the same directory; giving both with different values is refused)")
 	fl.Float64Var(&f.Confidence, "dspark-confidence", 0, "with --speculative-method dspark: cut each block at the first draft whose confidence is below this (0 = full blocks)")
 	fl.StringVar(&f.Trace, "spec-trace", "", `with --speculative-method dspark: write one JSON line per verification per sequence to this file: {"request": ID, "anchor_position": P, "drafts": [...], "accepted": A, "next": T}`)
 }
@@ -41,8 +44,12 @@ func (f *SpeculativeFlags) Register(cmd *cobra.Command) {
 func (f *SpeculativeFlags) DSpark() bool { return f.Method == SpecDSpark }
 
 // Check refuses a method it does not know and flags the chosen method would ignore;
-// drafts is --num-speculative-tokens.
+// drafts is --num-speculative-tokens. It folds --draft-weights into DraftModel first,
+// refusing the two spellings with different directories.
 func (f *SpeculativeFlags) Check(drafts int) error {
+	if err := f.foldDraftWeights(); err != nil {
+		return err
+	}
 	switch f.Method {
 	case "", SpecMTP:
 		switch {
@@ -66,6 +73,19 @@ func (f *SpeculativeFlags) Check(drafts int) error {
 		}
 	default:
 		return fmt.Errorf("--speculative-method %q is not known (mtp or dspark)", f.Method)
+	}
+	return nil
+}
+
+// foldDraftWeights makes --draft-weights set DraftModel, refusing it next to a different
+// --draft-model.
+func (f *SpeculativeFlags) foldDraftWeights() error {
+	switch {
+	case f.DraftWeights == "":
+	case f.DraftModel == "":
+		f.DraftModel = f.DraftWeights
+	case f.DraftModel != f.DraftWeights:
+		return fmt.Errorf("--draft-model %s and --draft-weights %s differ: they name the same flag, give one", f.DraftModel, f.DraftWeights)
 	}
 	return nil
 }
