@@ -498,3 +498,69 @@ func TestEmuKDARagged(t *testing.T) {
 	closeTo(t, "ragged conv out", convOut, wantOut, 1e-6)
 	closeTo(t, "ragged conv states", cs, wantCS, 0)
 }
+
+// TestEmuKDAOffsets runs the batched decode kernels (KDAStep and the conv update) with
+// their states by an offset table, as the GPU runner's graphs address kvslab pages: the
+// states at offsets that are not a multiple of a state's size, in reverse order, against
+// the same launch by slots (bit for bit), the floats between the states untouched.
+func TestEmuKDAOffsets(t *testing.T) {
+	a := KDAShape{Heads: 2, DK: 12, DV: 20}
+	const seqCount, channels, kernel, gap = 3, 40, 4, 7
+	slots := []int32{2, 0, 1}
+	r := rand.New(rand.NewPCG(15, 16))
+	q, k, v, g, beta := kdaInputs(r, seqCount, a)
+	per, m := a.Heads*a.DK*a.DV, kernel-1
+	cper := channels * m
+	pool, cpool := make([]float32, seqCount*per), make([]float32, seqCount*cper)
+	for _, s := range [][]float32{pool, cpool} {
+		for i := range s {
+			s[i] = float32(0.2 * r.NormFloat64())
+		}
+	}
+	// The same states, sequence b's at offset gap + (seqCount−1−b)·(per+gap).
+	spread, cspread := make([]float32, seqCount*(per+gap)+gap), make([]float32, seqCount*(cper+gap)+gap)
+	for i := range spread {
+		spread[i] = -7
+	}
+	for i := range cspread {
+		cspread[i] = -7
+	}
+	offs, coffs := make([]int64, seqCount), make([]int64, seqCount)
+	for b, sl := range slots {
+		offs[b] = int64(gap + (seqCount-1-b)*(per+gap))
+		coffs[b] = int64(gap + (seqCount-1-b)*(cper+gap))
+		copy(spread[offs[b]:], pool[int(sl)*per:int(sl+1)*per])
+		copy(cspread[coffs[b]:], cpool[int(sl)*cper:int(sl+1)*cper])
+	}
+	lptr := func(s []int64) cudart.DevicePtr { return cudart.DevicePtr(uintptr(unsafe.Pointer(&s[0]))) }
+	outA, outB := make([]float32, seqCount*a.Heads*a.DV), make([]float32, seqCount*a.Heads*a.DV)
+	emuLaunch(t, KDAStep{Out: dptr(outA), State: dptr(pool), Slots: iptr(slots), Q: dptr(q), K: dptr(k), V: dptr(v), G: dptr(g),
+		Beta: dptr(beta), Tokens: 1, Seqs: seqCount, Shape: a}, outA, pool, slots, q, k, v, g, beta)
+	emuLaunch(t, KDAStep{Out: dptr(outB), State: dptr(spread), Offsets: lptr(offs), Q: dptr(q), K: dptr(k), V: dptr(v), G: dptr(g),
+		Beta: dptr(beta), Tokens: 1, Seqs: seqCount, Shape: a}, outB, spread, offs, q, k, v, g, beta)
+	closeTo(t, "out by offsets", outB, outA, 0)
+	x, w := make([]float32, seqCount*channels), make([]float32, channels*kernel)
+	for _, s := range [][]float32{x, w} {
+		for i := range s {
+			s[i] = float32(r.NormFloat64())
+		}
+	}
+	cOutA, cOutB := make([]float32, len(x)), make([]float32, len(x))
+	emuLaunch(t, CausalConvSiLU{Out: dptr(cOutA), State: dptr(cpool), Slots: iptr(slots), X: dptr(x), W: dptr(w), Tokens: 1,
+		Seqs: seqCount, Channels: channels, Kernel: kernel}, cOutA, cpool, slots, x, w)
+	emuLaunch(t, CausalConvSiLU{Out: dptr(cOutB), State: dptr(cspread), Offsets: lptr(coffs), X: dptr(x), W: dptr(w), Tokens: 1,
+		Seqs: seqCount, Channels: channels, Kernel: kernel}, cOutB, cspread, coffs, x, w)
+	closeTo(t, "conv out by offsets", cOutB, cOutA, 0)
+	for b, sl := range slots {
+		closeTo(t, "state by offsets", spread[offs[b]:offs[b]+int64(per)], pool[int(sl)*per:int(sl+1)*per], 0)
+		closeTo(t, "conv state by offsets", cspread[coffs[b]:coffs[b]+int64(cper)], cpool[int(sl)*cper:int(sl+1)*cper], 0)
+	}
+	for i := 0; i < gap; i++ {
+		if spread[i] != -7 || cspread[i] != -7 {
+			t.Fatalf("float %d before the states written", i)
+		}
+	}
+	if err := (KDAStep{Slots: 1, Offsets: 1, Tokens: 1, Shape: a}).spec(&spec{}); err == nil {
+		t.Fatal("slots and offsets together accepted")
+	}
+}

@@ -13,7 +13,9 @@
 // glm5flash_kda_step is the recurrent form (decode, and verification of drafts): tokens
 // one after another, for seqs sequences at once (grid z; a batched decode is one launch).
 // Sequence b's tokens are rows b·tokens.. of q, k, v, g, beta and out, and its state is
-// state[slots[b]] (state[b] when slots is null) in a pool of [heads, dk, dv] states; with
+// state[slots[b]] (state[b] when slots is null) in a pool of [heads, dk, dv] states, or
+// with offsets non-null the state at state + offsets[b] floats (states anywhere, kvslab
+// pages say: a graph reads the table, uploaded before each replay); with
 // snapshots non-null the state after its token t is also written to
 // snapshots[b·tokens + t] so a runner can restore the state after the last accepted
 // draft. Dynamic shared memory: 3·dk floats. Reference: ref.KDAStep.
@@ -37,7 +39,8 @@
 #include "prelude.cuh"
 
 RESIN_KERNEL void glm5flash_kda_step(float* __restrict__ out, float* __restrict__ state,
-                                     const int* __restrict__ slots, float* __restrict__ snapshots,
+                                     const int* __restrict__ slots,
+                                     const long long* __restrict__ offsets, float* __restrict__ snapshots,
                                      const float* __restrict__ q, const float* __restrict__ k,
                                      const float* __restrict__ v, const float* __restrict__ g,
                                      const float* __restrict__ beta, int tokens, int heads, int dk,
@@ -51,7 +54,7 @@ RESIN_KERNEL void glm5flash_kda_step(float* __restrict__ out, float* __restrict_
   int b = RESIN_BID_Z;
   long long slot = slots ? slots[b] : b;
   long long hs = (long long)h * dk * dv, per = (long long)heads * dk * dv;
-  float* S = state + slot * per + hs;
+  float* S = (offsets ? state + offsets[b] : state + slot * per) + hs;
   for (int t = 0; t < tokens; t++) {
     long long row = (long long)b * tokens + t;
     long long o = row * heads + h;

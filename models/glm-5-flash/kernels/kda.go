@@ -48,14 +48,16 @@ func columnTile(dv int) (threads, tiles int) {
 // KDAStep is a launch of the recurrent form (kda.cu) over Tokens tokens, one after
 // another, of each of Seqs sequences (0 means 1; a batched decode is one launch), from
 // their states (updated in place): sequence b's is State[Slots[b]] in a pool of [Heads,
-// DK, DV] states, State[b] when Slots is 0. Snapshots, when not 0, receives the state
+// DK, DV] states, State[b] when Slots is 0, or with Offsets ([Seqs] int64) the state at
+// State + Offsets[b] floats (states anywhere: in kvslab pages, a table a CUDA graph reads).
+// Snapshots, when not 0, receives the state
 // after each token ([Seqs·Tokens, Heads, DK, DV]), what a runner restores when drafts are
 // rejected.
 //
 //	Q, K, G: [Seqs·Tokens, Heads, DK]   V, Out: [Seqs·Tokens, Heads, DV]   Beta: [Seqs·Tokens, Heads]
-//	Slots: [Seqs] int32
+//	Slots: [Seqs] int32   Offsets: [Seqs] int64
 type KDAStep struct {
-	Out, State, Slots, Snapshots, Q, K, V, G, Beta cudart.DevicePtr
+	Out, State, Slots, Offsets, Snapshots, Q, K, V, G, Beta cudart.DevicePtr
 	Tokens, Seqs                                   int
 	Shape                                          KDAShape
 }
@@ -85,7 +87,10 @@ func (a KDAStep) spec(sp *spec) error {
 		return fmt.Errorf("kernels: kda_step: DK %d needs %d bytes of shared memory, over %d", a.Shape.DK, shared, MaxStaticShared)
 	}
 	sp.reset(KDAStepName, cudart.Dim3{X: uint32(a.Shape.Heads), Y: uint32(tiles), Z: uint32(n)}, cudart.D1(threads), shared)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.Snapshots).ptr(a.Q).ptr(a.K).ptr(a.V).ptr(a.G).ptr(a.Beta)
+	if a.Slots != 0 && a.Offsets != 0 {
+		return fmt.Errorf("kernels: kda_step: states by slots or by offsets, not both")
+	}
+	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.Offsets).ptr(a.Snapshots).ptr(a.Q).ptr(a.K).ptr(a.V).ptr(a.G).ptr(a.Beta)
 	sp.i32(a.Tokens).i32(a.Shape.Heads).i32(a.Shape.DK).i32(a.Shape.DV)
 	return nil
 }
@@ -145,11 +150,12 @@ func (a KDAChunked) spec(sp *spec) error {
 // Snapshots, when not 0, receives the state after each token ([Tokens, Channels,
 // Kernel−1]), what a runner restores when drafts are rejected. Seqs sequences (0 means
 // 1) run in one launch as KDAStep's: rows b·Tokens.. of X and Out (Out, Snapshots:
-// Seqs·Tokens rows), state State[Slots[b]] in a pool of [Channels, Kernel−1] states.
+// Seqs·Tokens rows), state State[Slots[b]] in a pool of [Channels, Kernel−1] states, or
+// with Offsets ([Seqs] int64) the state at State + Offsets[b] floats, as KDAStep's.
 // With SeqStart ([Seqs+1] int32 row offsets) the sequences have their own lengths and
 // Tokens is their total.
 type CausalConvSiLU struct {
-	Out, State, Slots, Snapshots, X, W cudart.DevicePtr
+	Out, State, Slots, Offsets, Snapshots, X, W cudart.DevicePtr
 	Tokens, Seqs, Channels, Kernel     int
 	Split                              int // channels per output block; 0: no split
 	SeqStart                           cudart.DevicePtr
@@ -178,7 +184,10 @@ func (a CausalConvSiLU) spec(sp *spec) error {
 		return fmt.Errorf("kernels: causal_conv_silu: %d sequences × %d tokens × %d channels", n, a.Tokens, a.Channels)
 	}
 	sp.reset(CausalConvSiLUName, cudart.Dim3{X: uint32((a.Channels + 255) / 256), Y: uint32(n), Z: 1}, cudart.D1(256), 0)
-	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.SeqStart).ptr(a.Snapshots).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group).i32(n)
+	if a.Slots != 0 && a.Offsets != 0 {
+		return fmt.Errorf("kernels: causal_conv_silu: states by slots or by offsets, not both")
+	}
+	sp.ptr(a.Out).ptr(a.State).ptr(a.Slots).ptr(a.Offsets).ptr(a.SeqStart).ptr(a.Snapshots).ptr(a.X).ptr(a.W).i32(a.Tokens).i32(a.Channels).i32(a.Kernel).i32(group).i32(n)
 	return nil
 }
 

@@ -12,7 +12,8 @@
 //     ([tokens, channels, kernel−1]), for restoring after rejected drafts. seqs sequences
 //     run at once (grid y): sequence b's tokens are rows b·tokens.. of x and out (the
 //     split's blocks are [seqs·tokens, group]) and its state is state[slots[b]]
-//     (state[b] when slots is null) in a pool of [channels, kernel−1] states; with
+//     (state[b] when slots is null) in a pool of [channels, kernel−1] states, or with
+//     offsets non-null the state at state + offsets[b] floats (KDAStep's table); with
 //     seq_start non-null sequence b is rows seq_start[b] to seq_start[b+1] instead (tokens
 //     is then the rows' total). Grid (ceil(channels/256), seqs), block 256.
 //   glm5flash_l2norm            x: [rows, dim] in place: x / sqrt(Σx² + 1e-6) · mul.
@@ -31,7 +32,9 @@
 #define GLM5FLASH_CONV_MAX_KERNEL 8
 
 RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __restrict__ state,
-                                             const int* __restrict__ slots, const int* __restrict__ seq_start,
+                                             const int* __restrict__ slots,
+                                             const long long* __restrict__ offsets,
+                                             const int* __restrict__ seq_start,
                                              float* __restrict__ snapshots,
                                              const float* __restrict__ x, const float* __restrict__ w,
                                              int tokens, int channels, int kernel, int group,
@@ -45,7 +48,7 @@ RESIN_KERNEL void glm5flash_causal_conv_silu(float* __restrict__ out, float* __r
   int n = seq_start ? seq_start[b + 1] - seq_start[b] : tokens;
   int m = kernel - 1;
   float win[GLM5FLASH_CONV_MAX_KERNEL];
-  float* st = state + (slot * channels + c) * m;
+  float* st = (offsets ? state + offsets[b] : state + slot * channels * m) + (long long)c * m;
   const float* wc = w + c * kernel;
   // The window's loops run over the constant bound, guarded by m, so that win stays in
   // registers (a loop to m indexes it at run time and puts it in local memory).
