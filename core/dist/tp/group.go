@@ -29,16 +29,25 @@ func Lead(ctl, data dist.Communicator, s *Shard, kv []ref.PagedKV) func(*engine.
 		if err := s.check(p, logits); err != nil {
 			return err // refused here, before the others see the plan
 		}
-		var err error
-		msg = append(msg[:0], msgStep)
-		if msg, err = p.AppendBinary(msg); err != nil {
-			return fmt.Errorf("tp: encode the plan: %w", err)
-		}
-		if _, err := ctl.Broadcast(msg, 0); err != nil {
-			return fmt.Errorf("tp: broadcast the plan: %w", err)
+		if err := BroadcastPlan(ctl, p, &msg); err != nil {
+			return err
 		}
 		return s.Forward(data, p, kv, logits)
 	}
+}
+
+// BroadcastPlan sends p from rank 0 of ctl to its followers (FollowPlans), encoded into
+// *msg (reused between steps).
+func BroadcastPlan(ctl dist.Communicator, p *engine.BatchPlan, msg *[]byte) error {
+	var err error
+	*msg = append((*msg)[:0], msgStep)
+	if *msg, err = p.AppendBinary(*msg); err != nil {
+		return fmt.Errorf("tp: encode the plan: %w", err)
+	}
+	if _, err := ctl.Broadcast(*msg, 0); err != nil {
+		return fmt.Errorf("tp: broadcast the plan: %w", err)
+	}
+	return nil
 }
 
 // Stop tells the followers of ctl to return.
@@ -50,32 +59,42 @@ func Stop(ctl dist.Communicator) error {
 // Follow runs a rank other than 0: each plan rank 0 broadcasts on ctl through s, on data,
 // until the stop message (then nil) or an error (a dead rank 0 or peer, a bad plan).
 func Follow(ctl, data dist.Communicator, s *Shard, kv []ref.PagedKV) error {
-	var p engine.BatchPlan
 	var logits []float32
+	return FollowPlans(ctl, func(p *engine.BatchPlan) error {
+		n := len(p.LogitsIndices) * s.D.Vocab
+		if cap(logits) < n {
+			logits = make([]float32, n)
+		}
+		return s.Forward(data, p, kv, logits[:n])
+	})
+}
+
+// FollowPlans runs step on each plan rank 0 of ctl broadcasts (BroadcastPlan) until the
+// stop message (then nil) or an error: a dead rank 0, a bad message, or step's (the
+// follower's forward on its own shard, whatever runs it: this package's Shard, a GPU
+// runner's rank).
+func FollowPlans(ctl dist.Communicator, step func(*engine.BatchPlan) error) error {
+	var p engine.BatchPlan
 	for {
 		msg, err := ctl.Broadcast(nil, 0)
 		if err != nil {
-			return fmt.Errorf("tp rank %d: wait for a plan: %w", s.Rank, err)
+			return fmt.Errorf("tp rank %d: wait for a plan: %w", ctl.Rank(), err)
 		}
 		if len(msg) == 0 {
-			return fmt.Errorf("tp rank %d: an empty control message", s.Rank)
+			return fmt.Errorf("tp rank %d: an empty control message", ctl.Rank())
 		}
 		switch msg[0] {
 		case msgStop:
 			return nil
 		case msgStep:
 		default:
-			return fmt.Errorf("tp rank %d: control message %d", s.Rank, msg[0])
+			return fmt.Errorf("tp rank %d: control message %d", ctl.Rank(), msg[0])
 		}
 		if err := p.UnmarshalBinary(msg[1:]); err != nil {
-			return fmt.Errorf("tp rank %d: decode the plan: %w", s.Rank, err)
+			return fmt.Errorf("tp rank %d: decode the plan: %w", ctl.Rank(), err)
 		}
-		n := len(p.LogitsIndices) * s.D.Vocab
-		if cap(logits) < n {
-			logits = make([]float32, n)
-		}
-		if err := s.Forward(data, &p, kv, logits[:n]); err != nil {
-			return fmt.Errorf("tp rank %d: step %d: %w", s.Rank, p.Step, err)
+		if err := step(&p); err != nil {
+			return fmt.Errorf("tp rank %d: step %d: %w", ctl.Rank(), p.Step, err)
 		}
 	}
 }
