@@ -21,6 +21,10 @@ type Engine interface {
 	Stop(id string) bool
 	Drain(ctx context.Context) error
 	Close() error
+	// Err is the runner's permanent failure (a dead rank), nil while there is none; Dead
+	// is closed when it happens. The server then answers /health 503 and stops.
+	Err() error
+	Dead() <-chan struct{}
 }
 
 var _ Engine = (*engine.Engine)(nil)

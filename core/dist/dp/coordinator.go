@@ -32,6 +32,14 @@ type Coordinator struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// dead is closed, and deadErr set, when the first rank's engine fails for good (or
+	// the group breaks); stop ends the goroutines that watch for it.
+	dead     chan struct{}
+	deadErr  error // under mu
+	deadOnce sync.Once
+	stop     chan struct{}
+	watch    sync.WaitGroup
 }
 
 // NewCoordinator pairs the engines with g's ranks (whose runners run through
@@ -52,8 +60,75 @@ func NewCoordinator(g *Group, engines []*engine.Engine) (*Coordinator, error) {
 		}
 		info.MaxContext = min(info.MaxContext, ri.MaxContext)
 	}
-	return &Coordinator{g: g, engines: engines, info: info}, nil
+	c := &Coordinator{g: g, engines: engines, info: info, dead: make(chan struct{}), stop: make(chan struct{})}
+	c.watchDead()
+	return c, nil
 }
+
+// watchDead starts one goroutine per rank that records its engine's death (and one for
+// the group's break) until Close.
+func (c *Coordinator) watchDead() {
+	for r, e := range c.engines {
+		c.watch.Add(1)
+		go func() {
+			defer c.watch.Done()
+			select {
+			case <-e.Dead():
+				c.noteDead(fmt.Errorf("dp rank %d: %w", r, e.Err()))
+			case <-c.stop:
+			}
+		}()
+	}
+	if c.g == nil {
+		return
+	}
+	c.watch.Add(1)
+	go func() {
+		defer c.watch.Done()
+		select {
+		case <-c.g.Done():
+			if err := c.g.Err(); err != nil { // nil: a clean Close
+				c.noteDead(fmt.Errorf("dp group: %w", err))
+			}
+		case <-c.stop:
+		}
+	}()
+}
+
+// noteDead records err as Err (the first only) and closes Dead.
+func (c *Coordinator) noteDead(err error) {
+	c.deadOnce.Do(func() {
+		c.mu.Lock()
+		c.deadErr = err
+		c.mu.Unlock()
+		close(c.dead)
+	})
+}
+
+// Err returns the first permanent failure of a rank, naming it: a rank's engine whose
+// runner failed for good (engine.Engine.Err, e.g. a dead worker process), or with a Group
+// the error that broke it (no rank can step again). Nil while there is none. From then
+// on Submit refuses requests with engine.ErrRunnerDead; a server should report itself
+// unhealthy and stop (core/serve does, through Dead), as over one engine.
+func (c *Coordinator) Err() error {
+	for r, e := range c.engines { // a rank may be dead before its watcher has run
+		if err := e.Err(); err != nil {
+			c.noteDead(fmt.Errorf("dp rank %d: %w", r, err))
+			break
+		}
+	}
+	if c.g != nil {
+		if err := c.g.Err(); err != nil {
+			c.noteDead(fmt.Errorf("dp group: %w", err))
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deadErr
+}
+
+// Dead is closed when Err becomes non-nil.
+func (c *Coordinator) Dead() <-chan struct{} { return c.dead }
 
 // Size returns the number of ranks.
 func (c *Coordinator) Size() int { return len(c.engines) }
@@ -87,12 +162,11 @@ func (c *Coordinator) route() int {
 	return best
 }
 
-// SubmitRank routes req to a rank, submits it there and says which.
+// SubmitRank routes req to a rank, submits it there and says which. Once a rank is dead
+// (Err) it refuses every request with engine.ErrRunnerDead.
 func (c *Coordinator) SubmitRank(ctx context.Context, req engine.Request) (*engine.Stream, int, error) {
-	if c.g != nil {
-		if err := c.g.Err(); err != nil {
-			return nil, -1, err
-		}
+	if err := c.Err(); err != nil {
+		return nil, -1, fmt.Errorf("%w: %w", engine.ErrRunnerDead, err)
 	}
 	c.mu.Lock()
 	r := c.route()
@@ -158,8 +232,8 @@ func (c *Coordinator) Stats() engine.Stats {
 // Start starts the group's steppers and every engine's loop. When the group breaks (a
 // rank's step failed: a dead peer, a collective past its deadline), the step in flight
 // fails with that error, and so does every later step of every engine (its requests
-// end with it, FinishError); Submit refuses new requests. Group.Done tells a server to
-// stop.
+// end with it, FinishError); Submit refuses new requests, and Err and Dead report it,
+// as they report a rank whose engine's runner failed for good: a server stops.
 func (c *Coordinator) Start(ctx context.Context) {
 	ctx, c.cancel = context.WithCancel(ctx)
 	if c.g != nil {
@@ -194,6 +268,8 @@ func (c *Coordinator) Close() error {
 			c.cancel()
 		}
 		c.wg.Wait()
+		close(c.stop)
+		c.watch.Wait()
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.closeErr = errors.Join(append([]error{gerr}, c.errs...)...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -330,6 +331,14 @@ func TestDPCollectiveDeadline(t *testing.T) {
 	var pe *dist.PeerError
 	if !errors.As(reqErr, &pe) || pe.Peer != 1 || !errors.Is(reqErr, dist.ErrTimeout) {
 		t.Fatalf("the request ended with %v, want a deadline error naming rank 1", reqErr)
+	}
+	select { // the broken group makes the coordinator dead (a server over it stops)
+	case <-c.Dead():
+	case <-time.After(time.Minute):
+		t.Fatal("Dead is not closed after the group broke")
+	}
+	if err := c.Err(); !errors.As(err, &pe) || pe.Peer != 1 || !strings.Contains(err.Error(), "dp group") {
+		t.Fatalf("Err = %v, want the error that broke the group", err)
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
