@@ -28,6 +28,10 @@ type Dense struct {
 
 	cache  cudart.DevicePtr // the kvslab arena's start
 	layers []cuda.KVSlabLayout
+
+	// reduce sums a tensor-parallel rank's partial o and down projections (n bf16 values
+	// at buf) over its group on s, before any bias; nil on one GPU (tp.go).
+	reduce func(c *cudart.Ctx, s *cudart.Stream, buf cudart.DevicePtr, n int) error
 }
 
 // CacheGroups is the one full-attention group of a dense model's bf16 keys and values:
@@ -199,6 +203,9 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		if err == nil {
 			err = gemm(proj, attn, wt(lw.O), t, cfg.QDim(), h, false)
 		}
+		if err == nil && m.reduce != nil {
+			err = m.reduce(c, s, proj, t*h)
+		}
 		if err == nil && cfg.OBias {
 			err = k.AddBiasBF16(c, s, proj, wt(lw.OBias), t, h)
 		}
@@ -213,6 +220,9 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		}
 		if err == nil {
 			err = gemm(proj, ws(m.ws.Act), wt(lw.Down), t, cfg.Intermediate, h, false)
+		}
+		if err == nil && m.reduce != nil {
+			err = m.reduce(c, s, proj, t*h)
 		}
 		if err != nil {
 			return fmt.Errorf("layer %d: %w", i, err)

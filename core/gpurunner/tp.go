@@ -1,0 +1,257 @@
+package gpurunner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/tp"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// TP is a dense model split over several GPU runners in this process, one per rank, in
+// Megatron's layout as core/dist/tp's CPU shards are (ShardDense): q/k/v and gate/up
+// column-parallel (a rank holds Heads/size query heads, KVHeads/size key/value heads and
+// their cache, Inter/size MLP columns), o and down row-parallel, each rank's partial
+// product summed in bf16 by an NCCL all-reduce on the rank's stream before the bias.
+// Rank 0 runs the engine: Execute broadcasts the plan (core/dist/tp's control message)
+// to the other ranks, which run it on their runner in their own goroutine, and returns
+// rank 0's result; every rank computes the same logits, rank 0's are the ones sampled.
+//
+// Not done yet: the embedding and the LM head are replicated on every rank, not
+// vocab-parallel as core/dist/tp's (the head's gather would need a transposing kernel);
+// the ranks run eagerly (no CUDA graphs: NCCL inside a captured graph is untried on the
+// emulated device); ranks are goroutines of one process, not worker processes.
+type TP struct {
+	ranks []*Runner
+	comms []*cudart.Comm
+	ctl   []dist.Communicator
+	msg   []byte
+
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	failures []error
+	closed   bool
+}
+
+var (
+	_ engine.Runner            = (*TP)(nil)
+	_ cpurunner.LogitsCapturer = (*TP)(nil)
+)
+
+// ShardDense returns rank's part of a dense model for a group of size ranks: its config
+// (Heads, KVHeads and Intermediate divided by size) and its weights, the rows of q/k/v
+// (and their biases) and gate/up, the columns of o and down, the norms, the o bias, the
+// embedding and the head whole. Heads, KV heads and Intermediate must divide by size.
+func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig, *DenseWeights, error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d", rank, size)
+	}
+	if cfg.Heads%size != 0 || cfg.KVHeads%size != 0 || cfg.Intermediate%size != 0 {
+		return nil, nil, fmt.Errorf("gpurunner: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", cfg.Heads, cfg.KVHeads, cfg.Intermediate, size)
+	}
+	if err := w.Check(cfg); err != nil {
+		return nil, nil, err
+	}
+	sc := *cfg
+	sc.Heads, sc.KVHeads, sc.Intermediate = cfg.Heads/size, cfg.KVHeads/size, cfg.Intermediate/size
+	h, hd := cfg.Hidden, cfg.HeadDim
+	ql, kl, il := sc.Heads*hd, sc.KVHeads*hd, sc.Intermediate
+	rows := func(v []float32, lo, n, width int) []float32 {
+		if v == nil {
+			return nil
+		}
+		return v[lo*width : (lo+n)*width]
+	}
+	cols := func(v []float32, lo, n, width int) []float32 {
+		out := make([]float32, 0, len(v)/width*n)
+		for r := 0; r < len(v)/width; r++ {
+			out = append(out, v[r*width+lo:r*width+lo+n]...)
+		}
+		return out
+	}
+	sw := &DenseWeights{Embed: w.Embed, Norm: w.Norm, Head: w.Head, Layers: make([]DenseLayer, len(w.Layers))}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		sw.Layers[i] = DenseLayer{
+			AttnNorm: l.AttnNorm, MLPNorm: l.MLPNorm,
+			Q: rows(l.Q, rank*ql, ql, h), K: rows(l.K, rank*kl, kl, h), V: rows(l.V, rank*kl, kl, h),
+			O:     cols(l.O, rank*ql, ql, cfg.QDim()),
+			QBias: rows(l.QBias, rank*ql, ql, 1), KBias: rows(l.KBias, rank*kl, kl, 1), VBias: rows(l.VBias, rank*kl, kl, 1),
+			OBias: l.OBias, QNorm: l.QNorm, KNorm: l.KNorm,
+			Gate: rows(l.Gate, rank*il, il, h), Up: rows(l.Up, rank*il, il, h),
+			Down: cols(l.Down, rank*il, il, cfg.Intermediate),
+		}
+	}
+	return &sc, sw, nil
+}
+
+// NewDenseTP splits the dense model over len(ordinals) ranks, rank r a runner on GPU
+// ordinals[r] (the same ordinal twice puts two ranks on one GPU: NCCL ≥ 2.30 with
+// NCCL_MULTI_RANK_GPU_ENABLE=1), joined by one NCCL communicator. opts apply to every
+// rank (its Ordinal replaced; opts.CacheBytes is each rank's cache, which holds its
+// KVHeads/size heads); the pool is rank 0's, for engine.Config.Pool, and the others'
+// pools have its geometry, so its page ids address their caches alike.
+func NewDenseTP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
+	size := len(ordinals)
+	if size < 1 {
+		return nil, nil, errors.New("gpurunner: tensor parallelism over no GPU")
+	}
+	g := &TP{}
+	ok := false
+	defer func() {
+		if !ok {
+			g.Close()
+		}
+	}()
+	var pool *kvslab.Pool
+	for r, ord := range ordinals {
+		sc, sw, err := ShardDense(cfg, w, r, size)
+		if err != nil {
+			return nil, nil, err
+		}
+		o := opts
+		o.Ordinal, o.Eager = ord, true
+		rr, p, err := NewDense(sc, sw, o)
+		if err != nil {
+			return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d: %w", r, size, err)
+		}
+		g.ranks = append(g.ranks, rr)
+		if r == 0 {
+			pool = p
+			// The others' caches take rank 0's bytes, not what their GPU has left (two
+			// ranks on one GPU see different free memory).
+			opts.CacheBytes = int64(p.Slabs()) * p.SlabBytes()
+		} else if p.Slabs() != pool.Slabs() || p.SlabBytes() != pool.SlabBytes() {
+			return nil, nil, fmt.Errorf("gpurunner: tp rank %d's cache (%d slabs of %d bytes) is not rank 0's (%d of %d)", r, p.Slabs(), p.SlabBytes(), pool.Slabs(), pool.SlabBytes())
+		}
+	}
+	if size > 1 {
+		if err := g.join(); err != nil {
+			return nil, nil, err
+		}
+	}
+	var err error
+	if g.ctl, err = dist.NewInProcess(size, dist.Options{Timeout: 1 << 62}); err != nil { // the engine may idle
+		return nil, nil, err
+	}
+	for r := 1; r < size; r++ {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			err := tp.FollowPlans(g.ctl[r], func(p *engine.BatchPlan) error {
+				_, err := g.ranks[r].Execute(context.Background(), p)
+				return err
+			})
+			if err != nil {
+				g.mu.Lock()
+				g.failures = append(g.failures, err)
+				g.mu.Unlock()
+				g.ctl[r].Close() // rank 0's next broadcast fails instead of waiting
+			}
+		}()
+	}
+	ok = true
+	return g, pool, nil
+}
+
+// join makes the ranks' NCCL communicator, each rank joining from its device thread at
+// once, and gives each rank's model its all-reduce.
+func (g *TP) join() error {
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		return fmt.Errorf("gpurunner: tp: %w", err)
+	}
+	size := len(g.ranks)
+	g.comms = make([]*cudart.Comm, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r, rr := range g.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = rr.dev.Do(func(c *cudart.Ctx) error {
+				var err error
+				g.comms[r], err = cudart.InitComm(c, id, size, r)
+				return err
+			})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("gpurunner: tp: join the NCCL communicator: %w", err)
+	}
+	for r, rr := range g.ranks {
+		comm := g.comms[r]
+		rr.model.reduce = func(c *cudart.Ctx, s *cudart.Stream, buf cudart.DevicePtr, n int) error {
+			return comm.AllReduce(buf, buf, n, cudart.BF16, cudart.Sum, s)
+		}
+	}
+	return nil
+}
+
+// Info describes the runner to the engine: rank 0's.
+func (g *TP) Info() engine.RunnerInfo { return g.ranks[0].Info() }
+
+// Execute broadcasts plan to the other ranks and runs it on rank 0 with them.
+func (g *TP) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
+	if err := ctx.Err(); err != nil {
+		return engine.StepResult{}, err
+	}
+	if len(g.ranks) > 1 {
+		if err := tp.BroadcastPlan(g.ctl[0], plan, &g.msg); err != nil {
+			return engine.StepResult{}, g.failed(err)
+		}
+	}
+	res, err := g.ranks[0].Execute(ctx, plan)
+	if err != nil {
+		return res, g.failed(err)
+	}
+	return res, nil
+}
+
+// failed joins err with the followers' failures.
+func (g *TP) failed(err error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return errors.Join(append([]error{err}, g.failures...)...)
+}
+
+// CaptureLogits implements cpurunner.LogitsCapturer on rank 0 (every rank has the same
+// logits).
+func (g *TP) CaptureLogits(fn func(cpurunner.LogitsRow)) { g.ranks[0].CaptureLogits(fn) }
+
+// Close stops the followers, then frees the communicator and every rank's runner.
+func (g *TP) Close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	var errs []error
+	if len(g.ctl) > 0 {
+		if len(g.ranks) > 1 {
+			errs = append(errs, tp.Stop(g.ctl[0]))
+		}
+		g.wg.Wait()
+		for _, c := range g.ctl {
+			c.Close()
+		}
+	}
+	for r, comm := range g.comms {
+		if comm != nil {
+			errs = append(errs, g.ranks[r].dev.Do(func(*cudart.Ctx) error { return comm.Destroy() }))
+		}
+	}
+	for _, rr := range g.ranks {
+		errs = append(errs, rr.Close())
+	}
+	g.mu.Lock()
+	errs = append(errs, g.failures...)
+	g.mu.Unlock()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,118 @@
+package gpurunner_test
+
+import (
+	"math"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/runnertest"
+	"github.com/resin-llm/resin/models/llama"
+)
+
+// tpTolerance bounds the logits of TP=2 against TP=1 on the GPU runner,
+// |a-b| <= tpTolerance·max|b| per row: each rank's partial o and down projections are
+// rounded to bf16 before the all-reduce sums them (in bf16, as NCCL does), where one GPU
+// rounds the whole sum once, so the two differ by bf16 roundings, not float32 ones.
+const tpTolerance = 2e-2
+
+// tpRun generates greedily from prompt on the tiny llama split over ordinals (one rank
+// per entry) and returns the tokens and every step's logits rows.
+func tpRun(t *testing.T, dir string, ordinals []int, prompt []int32, steps int) ([]int32, [][]float32) {
+	t.Helper()
+	m, err := llama.Load(dir, llama.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := m.Model.Config.DenseConfig(m.Model.MaxContext(), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, pool, err := gpurunner.NewDenseTP(cfg, m.Model.W.DenseWeights(), ordinals, gpurunner.Options{CacheBytes: 4 << 20, KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logits [][]float32
+	g.CaptureLogits(func(row cpurunner.LogitsRow) { logits = append(logits, slices.Clone(row.Logits)) })
+	s := &runnertest.Suite{}
+	e := s.StartWith(t, g, pool, engine.Config{})
+	out := e.Generate(t, prompt, engine.SamplingParams{MaxTokens: steps, IgnoreEOS: true})
+	e.Stop(t)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Tokens, logits
+}
+
+// TestEmulatedTPEqualsOne runs the tiny llama's GPU runner on two emulated GPUs with
+// tensor parallelism (NewDenseTP: an NCCL all-reduce per o and down projection, rank 0
+// broadcasting the plans) and on one: the greedy tokens of 32 steps equal, every logits
+// row within tpTolerance, and two TP=2 runs bit-identical.
+func TestEmulatedTPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	tpEqualsOne(t, []int{0, 1})
+}
+
+// TestGPUTPEqualsOne is TestEmulatedTPEqualsOne on a real GPU, both ranks on GPU 0 (NCCL
+// ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1: scripts/gpu-check.sh), or on GPUs 0 and 1
+// where there are two.
+func TestGPUTPEqualsOne(t *testing.T) {
+	if cudart.Emulated() {
+		t.Skip("the emulated device runs TestEmulatedTPEqualsOne")
+	}
+	n, err := cudart.DeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	if _, err := cudart.NCCLVersion(); err != nil {
+		t.Skipf("no NCCL: %v", err)
+	}
+	ordinals := []int{0, 0}
+	if n > 1 && os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") != "1" {
+		ordinals = []int{0, 1}
+	}
+	tpEqualsOne(t, ordinals)
+}
+
+func tpEqualsOne(t *testing.T, ordinals []int) {
+	dir := tinyLlama(t)
+	prompt := runnertest.Prompt(9, 261, 4)
+	const steps = 32
+	one, oneLogits := tpRun(t, dir, ordinals[:1], prompt, steps)
+	two, twoLogits := tpRun(t, dir, ordinals, prompt, steps)
+	again, againLogits := tpRun(t, dir, ordinals, prompt, steps)
+	if len(one) != steps || !slices.Equal(one, two) {
+		t.Fatalf("greedy tokens: TP=1 %v, TP=2 %v", one, two)
+	}
+	if !slices.Equal(two, again) || len(twoLogits) != len(againLogits) {
+		t.Fatalf("two TP=2 runs: %v and %v", two, again)
+	}
+	for i := range twoLogits {
+		if !slices.Equal(twoLogits[i], againLogits[i]) {
+			t.Fatalf("two TP=2 runs: logits row %d differs", i)
+		}
+	}
+	if len(oneLogits) != len(twoLogits) {
+		t.Fatalf("%d logits rows at TP=1, %d at TP=2", len(oneLogits), len(twoLogits))
+	}
+	worst := 0.0
+	for i := range oneLogits {
+		scale, diff := 0.0, 0.0
+		for j, b := range oneLogits[i] {
+			scale = max(scale, math.Abs(float64(b)))
+			diff = max(diff, math.Abs(float64(twoLogits[i][j]-b)))
+		}
+		if diff > tpTolerance*scale {
+			t.Fatalf("logits row %d: TP=2 differs from TP=1 by %.3g of %.3g", i, diff, scale)
+		}
+		worst = max(worst, diff/scale)
+	}
+	t.Logf("parity tp=2 vs tp=1 on %v: %d greedy tokens equal, %d logits rows, max relative diff %.3g; two TP=2 runs bit-identical", ordinals, steps, len(oneLogits), worst)
+}
