@@ -28,6 +28,11 @@ const (
 // built on core/gpurunner.
 type GPUOpener func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error)
 
+// GPUSpeculativeOpener opens the checkpoint in dir on a GPU decoding speculatively with
+// drafts draft tokens per step from the model's draft head (MTP): a model package's
+// OpenGPUSpeculative.
+type GPUSpeculativeOpener func(dir string, cacheBytes int64, opts gpurunner.Options, drafts int) (engine.Runner, *kvslab.Pool, error)
+
 // DeviceFlags are --device cpu|cuda|cuda-emu and --numa auto|off|N: where a model runs. A
 // Loader registers them with its model flags and, with --device cuda or cuda-emu, opens
 // the model through its GPUOpener with GPUOptions.
@@ -116,6 +121,14 @@ type EngineLimited interface {
 // WithGPU gives the model's GPU opener: --device cuda then runs it.
 func (m *ModelDir) WithGPU(open GPUOpener) *ModelDir {
 	m.gpu = open
+	return m
+}
+
+// WithGPUSpeculative gives the model's GPU opener that decodes speculatively: --device
+// cuda with --num-speculative-tokens N then runs it (without one, that pair is refused).
+// It is also the GPU opener (drafts 0) unless WithGPU gave one.
+func (m *ModelDir) WithGPUSpeculative(open GPUSpeculativeOpener) *ModelDir {
+	m.gpuSpec = open
 	return m
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -127,5 +128,83 @@ func TestModelDirDeviceCUDA(t *testing.T) {
 	}
 	if _, err := m.Load(io.Discard); err == nil || !strings.Contains(err.Error(), "model moe has no GPU runner") {
 		t.Errorf("no GPU opener: %v", err)
+	}
+}
+
+// TestModelDirGPUSpeculative: a model with a GPU speculative opener (OpenGPUSpeculative)
+// decodes speculatively on the device: --device cuda --num-speculative-tokens N opens it
+// with N drafts, and the plain GPU opener without drafts; a model without one refuses the
+// pair by name, as before for every model. Before, ModelDir refused speculative decoding
+// on the GPU whatever the model had.
+func TestModelDirGPUSpeculative(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var opened string // which opener ran, and with how many drafts
+	runner := func(name string) (engine.Runner, *kvslab.Pool, error) {
+		opened = name
+		r, err := enginetest.New(enginetest.Config{VocabSize: tinyVocab, MaxContext: 64, Pages: 16})
+		if err != nil {
+			return nil, nil, err
+		}
+		return r, r.Pool(), nil
+	}
+	cpu := func(string, int64) (engine.Runner, *kvslab.Pool, error) { return runner("cpu") }
+	cpuSpec := func(_ string, _ int64, n int) (engine.Runner, *kvslab.Pool, error) {
+		return runner("cpu spec " + strconv.Itoa(n))
+	}
+	gpu := func(string, int64, gpurunner.Options) (engine.Runner, *kvslab.Pool, error) { return runner("gpu") }
+	var gotOpts gpurunner.Options
+	gpuSpec := func(_ string, _ int64, o gpurunner.Options, n int) (engine.Runner, *kvslab.Pool, error) {
+		gotOpts = o
+		return runner("gpu spec " + strconv.Itoa(n))
+	}
+	load := func(m *ModelDir, args ...string) (string, error) {
+		t.Helper()
+		opened = ""
+		cmd := &cobra.Command{Use: "x"}
+		m.Register(cmd)
+		if err := cmd.ParseFlags(append([]string{"--model", dir}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		m.SetEngineLimits(engine.Config{MaxBatchTokens: 256, MaxSeqs: 8})
+		_, err := m.Load(io.Discard)
+		return opened, err
+	}
+	full := func() *ModelDir {
+		return NewModelDir("mtp", cpu).WithSpeculative(cpuSpec).WithGPU(gpu).WithGPUSpeculative(gpuSpec)
+	}
+	for _, c := range []struct {
+		m    *ModelDir
+		args []string
+		want string
+	}{
+		{full(), []string{"--device", "cuda", "--num-speculative-tokens", "3"}, "gpu spec 3"},
+		{full(), []string{"--device", "cuda"}, "gpu"},
+		{full(), []string{"--num-speculative-tokens", "2"}, "cpu spec 2"},
+		{full(), nil, "cpu"},
+		// Only a speculative GPU opener: it is the GPU opener too, without drafts.
+		{NewModelDir("mtp", cpu).WithGPUSpeculative(gpuSpec), []string{"--device", "cuda"}, "gpu spec 0"},
+	} {
+		got, err := load(c.m, c.args...)
+		if err != nil || got != c.want {
+			t.Errorf("%v: opened %q, %v; want %q", c.args, got, err, c.want)
+		}
+	}
+	if _, err := load(full(), "--device", "cuda", "--num-speculative-tokens", "3", "--cuda-eager"); err != nil || !gotOpts.Eager || gotOpts.Limits.MaxTokens != 256 {
+		t.Errorf("GPU speculative options %+v, %v: want the flags' (eager) and the engine's limits", gotOpts, err)
+	}
+	for _, c := range []struct {
+		m    *ModelDir
+		args []string
+		want string
+	}{
+		{NewModelDir("dense", cpu).WithSpeculative(cpuSpec).WithGPU(gpu), []string{"--device", "cuda", "--num-speculative-tokens", "2"}, "the GPU runner of dense does not decode speculatively"},
+		{NewModelDir("gpuonly", cpu).WithGPUSpeculative(gpuSpec), []string{"--num-speculative-tokens", "2"}, "the CPU runner of gpuonly does not decode speculatively"},
+	} {
+		if got, err := load(c.m, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: opened %q, %v; want an error saying %q", c.args, got, err, c.want)
+		}
 	}
 }

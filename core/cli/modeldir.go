@@ -10,6 +10,10 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // ModelDir is the Loader of a runtime built for one model: --model DIR holds config.json
@@ -22,6 +26,9 @@ type ModelDir struct {
 	open Opener
 	spec SpeculativeOpener
 	gpu  GPUOpener
+	// gpuSpec opens the model on the GPU decoding speculatively (nil: the GPU runner does
+	// not draft).
+	gpuSpec GPUSpeculativeOpener
 
 	dtypeOpen DTypeOpener
 	dtype     string
@@ -48,10 +55,11 @@ func (m *ModelDir) WithSpeculative(open SpeculativeOpener) *ModelDir {
 }
 
 // Register adds --model, --cache-bytes, --tokenizer, --chat-template and
-// --served-model-name to cmd (and --num-speculative-tokens for a model with a draft head).
+// --served-model-name to cmd (and --num-speculative-tokens for a model with a draft head,
+// on the CPU or the GPU).
 func (m *ModelDir) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	if m.spec != nil {
+	if m.spec != nil || m.gpuSpec != nil {
 		fl.IntVar(&m.specTokens, "num-speculative-tokens", 0, "decode speculatively with this many draft tokens per step from the model's draft head (MTP); 0 = off")
 	}
 	fl.StringVar(&m.dir, "model", ".", "model directory: config.json and safetensors (none: seeded random weights)")
@@ -124,11 +132,11 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		return nil, err
 	}
 	if m.device.CUDA() {
-		if m.specTokens > 0 {
-			return nil, fmt.Errorf("--num-speculative-tokens: the GPU runner does not decode speculatively yet; use --device cpu")
-		}
-		rt.Runner, rt.Pool, err = m.device.OpenGPU(m.name, m.gpu, m.dir, m.cacheBytes)
+		rt.Runner, rt.Pool, err = m.openGPU()
 	} else if m.specTokens > 0 {
+		if m.spec == nil {
+			return nil, fmt.Errorf("--num-speculative-tokens: the CPU runner of %s does not decode speculatively; use --device cuda", m.name)
+		}
 		rt.Runner, rt.Pool, err = m.spec(m.dir, m.cacheBytes, m.specTokens)
 	} else if m.dtypeOpen != nil {
 		rt.Runner, rt.Pool, err = m.dtypeOpen(m.dir, m.cacheBytes, string(dt))
@@ -142,6 +150,22 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 		return nil, fmt.Errorf("open model %s in %s: %w", m.name, m.dir, err)
 	}
 	return rt, nil
+}
+
+// openGPU opens the model on the GPU: speculatively through gpuSpec with
+// --num-speculative-tokens, else through gpu (or gpuSpec with no drafts).
+func (m *ModelDir) openGPU() (engine.Runner, *kvslab.Pool, error) {
+	open := m.gpu
+	switch {
+	case m.specTokens > 0 && m.gpuSpec == nil:
+		return nil, nil, fmt.Errorf("--num-speculative-tokens: the GPU runner of %s does not decode speculatively yet; use --device cpu", m.name)
+	case m.specTokens > 0 || open == nil && m.gpuSpec != nil:
+		drafts := m.specTokens
+		open = func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+			return m.gpuSpec(dir, cacheBytes, opts, drafts)
+		}
+	}
+	return m.device.OpenGPU(m.name, open, m.dir, m.cacheBytes)
 }
 
 // foreignWeights are the patterns of weight files in formats Resin does not load.
