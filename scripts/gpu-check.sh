@@ -24,8 +24,9 @@
 # The time budget is 480 s on an H100/H200: a lent GPU machine runs one command for at most
 # 10 minutes, and the machine's start and the copy back of the log come out of the same
 # allowance, so the check must end well inside it; each test binary is limited to 5
-# minutes. (The models' tests add about 20 s of CPU to the emulated part; their GPU tests
-# use tiny configs.)
+# minutes. (The models' emulated tests add a few minutes on 2 CPUs to the emulated part:
+# GLM-5's TestEmulated* took 82 s there, V4's are slower; not measured on the GPU machine's
+# 16 cores. Their GPU tests use tiny configs.)
 #
 #   scripts/gpu-check.sh            build with the local Go toolchain, then run
 #   scripts/gpu-check.sh --emulated build, then run only the emulated device's part (no GPU
