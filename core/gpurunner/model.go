@@ -29,9 +29,11 @@ type Dense struct {
 	cache  cudart.DevicePtr // the kvslab arena's start
 	layers []cuda.KVSlabLayout
 
-	// reduce sums a tensor-parallel rank's partial o and down projections (n bf16 values
-	// at buf) over its group on s, before any bias; nil on one GPU (tp.go).
-	reduce func(c *cudart.Ctx, s *cudart.Stream, buf cudart.DevicePtr, n int) error
+	// reduce sums a tensor-parallel rank's partial o and down projections (n float32
+	// values at buf, the partial buffer) over its group on s, before the bf16 rounding
+	// and any bias; nil on one GPU (tp.go).
+	reduce  func(c *cudart.Ctx, s *cudart.Stream, buf cudart.DevicePtr, n int) error
+	partial cudart.DevicePtr
 }
 
 // CacheGroups is the one full-attention group of a dense model's bf16 keys and values:
@@ -144,6 +146,21 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		g := cudart.GemmSpec{M: rows, N: outDim, K: in, TransB: true, AType: cudart.BF16, BType: cudart.BF16, OutType: ot, Alpha: 1}
 		return m.blas.Gemm(c, s, g, x, w, 0, out)
 	}
+	// rowParallel is the o and down GEMMs into bf16 out; under tensor parallelism the
+	// rank's partial product is summed over the group in float32 first, so that it is
+	// rounded to bf16 once, as on one GPU.
+	rowParallel := func(out, x, w cudart.DevicePtr, rows, in, outDim int) error {
+		if m.reduce == nil {
+			return gemm(out, x, w, rows, in, outDim, false)
+		}
+		if err := gemm(m.partial, x, w, rows, in, outDim, true); err != nil {
+			return err
+		}
+		if err := m.reduce(c, s, m.partial, rows*outDim); err != nil {
+			return fmt.Errorf("tp all-reduce: %w", err)
+		}
+		return k.CastBF16(c, s, out, m.partial, rows*outDim)
+	}
 	h, eps := cfg.Hidden, cfg.RMSNormEps
 	residual, normed, qkv, attn, proj := ws(m.ws.Residual), ws(m.ws.Normed), ws(m.ws.QKV), ws(m.ws.Attn), ws(m.ws.Proj)
 	rope := cuda.Rope{Cos: m.rope.Ptr, Sin: m.rope.Ptr.Add(int64(len(cfg.RopeCos)) * 4), Dim: cfg.RopeDim, MaxPos: cfg.MaxContext}
@@ -201,10 +218,7 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 			err = k.PrefillAttention(c, s, batch, true)
 		}
 		if err == nil {
-			err = gemm(proj, attn, wt(lw.O), t, cfg.QDim(), h, false)
-		}
-		if err == nil && m.reduce != nil {
-			err = m.reduce(c, s, proj, t*h)
+			err = rowParallel(proj, attn, wt(lw.O), t, cfg.QDim(), h)
 		}
 		if err == nil && cfg.OBias {
 			err = k.AddBiasBF16(c, s, proj, wt(lw.OBias), t, h)
@@ -219,10 +233,7 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 			err = k.SiLUMulBF16(c, s, ws(m.ws.Act), ws(m.ws.GateUp), t, cfg.Intermediate)
 		}
 		if err == nil {
-			err = gemm(proj, ws(m.ws.Act), wt(lw.Down), t, cfg.Intermediate, h, false)
-		}
-		if err == nil && m.reduce != nil {
-			err = m.reduce(c, s, proj, t*h)
+			err = rowParallel(proj, ws(m.ws.Act), wt(lw.Down), t, cfg.Intermediate, h)
 		}
 		if err != nil {
 			return fmt.Errorf("layer %d: %w", i, err)

@@ -17,8 +17,11 @@ import (
 // TP is a dense model split over several GPU runners in this process, one per rank, in
 // Megatron's layout as core/dist/tp's CPU shards are (ShardDense): q/k/v and gate/up
 // column-parallel (a rank holds Heads/size query heads, KVHeads/size key/value heads and
-// their cache, Inter/size MLP columns), o and down row-parallel, each rank's partial
-// product summed in bf16 by an NCCL all-reduce on the rank's stream before the bias.
+// their cache, Inter/size MLP columns), o and down row-parallel: each rank's partial
+// product, in float32, summed by an NCCL all-reduce on the rank's stream, then rounded to
+// bf16 once (as one GPU's GEMM output is) before the bias. vLLM and SGLang all-reduce in
+// the model's dtype instead; summing float32 keeps TP=N closer to TP=1 for twice the
+// all-reduce bytes.
 // Rank 0 runs the engine: Execute broadcasts the plan (core/dist/tp's control message)
 // to the other ranks, which run it on their runner in their own goroutine, and returns
 // rank 0's result; every rank computes the same logits, rank 0's are the ones sampled.
@@ -30,8 +33,10 @@ import (
 type TP struct {
 	ranks []*Runner
 	comms []*cudart.Comm
-	ctl   []dist.Communicator
-	msg   []byte
+	// partials are each rank's float32 partial o and down products, summed in place.
+	partials []cudart.Buffer
+	ctl      []dist.Communicator
+	msg      []byte
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -186,10 +191,20 @@ func (g *TP) join() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("gpurunner: tp: join the NCCL communicator: %w", err)
 	}
+	g.partials = make([]cudart.Buffer, size)
 	for r, rr := range g.ranks {
 		comm := g.comms[r]
+		err := rr.dev.Do(func(c *cudart.Ctx) error {
+			var err error
+			g.partials[r], err = c.Alloc(int64(rr.limits.MaxTokens) * int64(rr.model.Config.Hidden) * 4)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("gpurunner: tp rank %d: the partial products' buffer: %w", r, err)
+		}
+		rr.model.partial = g.partials[r].Ptr
 		rr.model.reduce = func(c *cudart.Ctx, s *cudart.Stream, buf cudart.DevicePtr, n int) error {
-			return comm.AllReduce(buf, buf, n, cudart.BF16, cudart.Sum, s)
+			return comm.AllReduce(buf, buf, n, cudart.F32, cudart.Sum, s)
 		}
 	}
 	return nil
@@ -244,7 +259,12 @@ func (g *TP) Close() error {
 	}
 	for r, comm := range g.comms {
 		if comm != nil {
-			errs = append(errs, g.ranks[r].dev.Do(func(*cudart.Ctx) error { return comm.Destroy() }))
+			errs = append(errs, g.ranks[r].dev.Do(func(c *cudart.Ctx) error {
+				if r < len(g.partials) {
+					c.Free(g.partials[r])
+				}
+				return comm.Destroy()
+			}))
 		}
 	}
 	for _, rr := range g.ranks {

@@ -15,11 +15,17 @@ import (
 	"github.com/resin-llm/resin/models/llama"
 )
 
-// tpTolerance bounds the logits of TP=2 against TP=1 on the GPU runner,
-// |a-b| <= tpTolerance·max|b| per row: each rank's partial o and down projections are
-// rounded to bf16 before the all-reduce sums them (in bf16, as NCCL does), where one GPU
-// rounds the whole sum once, so the two differ by bf16 roundings, not float32 ones.
-const tpTolerance = 2e-2
+// The logits of TP=2 against TP=1 on the GPU runner, |a-b| <= tolerance·max|b| per row:
+// each rank's float32 partial o and down products are summed by the all-reduce and then
+// rounded to bf16 once, as one GPU's GEMM rounds its whole sum, so the two differ only
+// where the float32 sums' order moves a value across a bf16 rounding boundary. On the
+// emulated device that did not happen (the logits came out equal), so it is held to
+// 1e-5; a real GPU's cuBLASLt may order its sums differently by shape, so there one bf16
+// step of the hidden state (2e-2 relative) is allowed.
+const (
+	tpEmuTolerance = 1e-5
+	tpGPUTolerance = 2e-2
+)
 
 // tpRun generates greedily from prompt on the tiny llama split over ordinals (one rank
 // per entry) and returns the tokens and every step's logits rows.
@@ -52,12 +58,12 @@ func tpRun(t *testing.T, dir string, ordinals []int, prompt []int32, steps int) 
 // TestEmulatedTPEqualsOne runs the tiny llama's GPU runner on two emulated GPUs with
 // tensor parallelism (NewDenseTP: an NCCL all-reduce per o and down projection, rank 0
 // broadcasting the plans) and on one: the greedy tokens of 32 steps equal, every logits
-// row within tpTolerance, and two TP=2 runs bit-identical.
+// row within tpEmuTolerance, and two TP=2 runs bit-identical.
 func TestEmulatedTPEqualsOne(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
-	tpEqualsOne(t, []int{0, 1})
+	tpEqualsOne(t, []int{0, 1}, tpEmuTolerance)
 }
 
 // TestGPUTPEqualsOne is TestEmulatedTPEqualsOne on a real GPU, both ranks on GPU 0 (NCCL
@@ -78,10 +84,10 @@ func TestGPUTPEqualsOne(t *testing.T) {
 	if n > 1 && os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") != "1" {
 		ordinals = []int{0, 1}
 	}
-	tpEqualsOne(t, ordinals)
+	tpEqualsOne(t, ordinals, tpGPUTolerance)
 }
 
-func tpEqualsOne(t *testing.T, ordinals []int) {
+func tpEqualsOne(t *testing.T, ordinals []int, tolerance float64) {
 	dir := tinyLlama(t)
 	prompt := runnertest.Prompt(9, 261, 4)
 	const steps = 32
@@ -109,7 +115,7 @@ func tpEqualsOne(t *testing.T, ordinals []int) {
 			scale = max(scale, math.Abs(float64(b)))
 			diff = max(diff, math.Abs(float64(twoLogits[i][j]-b)))
 		}
-		if diff > tpTolerance*scale {
+		if diff > tolerance*scale {
 			t.Fatalf("logits row %d: TP=2 differs from TP=1 by %.3g of %.3g", i, diff, scale)
 		}
 		worst = max(worst, diff/scale)
