@@ -296,12 +296,13 @@ func (g *gpuKDA) projectOut(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, xa,
 // gpuKDADecode is one decode step of Seqs sequences through a KDA layer in one launch per
 // kernel: X, Y [Seqs, D] (a token a sequence); sequence b's conv and recurrent states are
 // slot Slots[b] ([Seqs] int32) of the pools in States ([slots, 3L, K−1] and [slots, H, Dh,
-// Dh]).
+// Dh]), or with Offsets ([Seqs] int64) the states at States' pointers + Offsets[b] floats
+// (kvslab state pages: a decode graph's table, see the kernels' Offsets).
 type gpuKDADecode struct {
-	X, Y   cudart.DevicePtr
-	Seqs   int
-	States gpuKDAState
-	Slots  cudart.DevicePtr
+	X, Y           cudart.DevicePtr
+	Seqs           int
+	States         gpuKDAState
+	Slots, Offsets cudart.DevicePtr
 }
 
 // decode runs a batched decode step through layer l on stream s.
@@ -325,7 +326,7 @@ func (g *gpuKDA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, d gpuKD
 		},
 		func() error { return kernels.Run(g.ks, c, s, kernels.Sigmoid{X: g.beta, N: B * H}) },
 		func() error {
-			return kernels.Run(g.ks, c, s, kernels.CausalConvSiLU{Out: g.qkv, State: d.States.Conv, Slots: d.Slots, X: g.mixed,
+			return kernels.Run(g.ks, c, s, kernels.CausalConvSiLU{Out: g.qkv, State: d.States.Conv, Slots: d.Slots, Offsets: d.Offsets, X: g.mixed,
 				W: l.conv, Tokens: 1, Seqs: B, Channels: 3 * L, Kernel: K, Split: L})
 		},
 		func() error {
@@ -333,7 +334,7 @@ func (g *gpuKDA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, d gpuKD
 		},
 		func() error { return kernels.Run(g.ks, c, s, kernels.L2Norm{X: k, Rows: B * H, Dim: Dh, Mul: 1}) },
 		func() error {
-			return kernels.Run(g.ks, c, s, kernels.KDAStep{Out: g.o, State: d.States.Recurrent, Slots: d.Slots, Q: q, K: k, V: v,
+			return kernels.Run(g.ks, c, s, kernels.KDAStep{Out: g.o, State: d.States.Recurrent, Slots: d.Slots, Offsets: d.Offsets, Q: q, K: k, V: v,
 				G: g.g, Beta: g.beta, Tokens: 1, Seqs: B, Shape: shape})
 		},
 	} {

@@ -11,7 +11,8 @@ import (
 )
 
 // gpuModel is the text model's forward on one CUDA device, a first cut of the GPU path:
-// fp32 weights and activations, eager launches on the default stream. The sequences' cache
+// fp32 weights and activations, eager launches on the default stream but for decode
+// steps as graphs (gpu_graphs.go, batched attention). The sequences' cache
 // lives in kvslab pages in device memory, in the CPU runner's layout (textLayout): the KDA
 // layers run on their conv and recurrent states in the sequence's live state page and
 // copy them into the block's checkpoint page at each block end; the MLA layers' latents,
@@ -54,6 +55,12 @@ type gpuModel struct {
 	maxDrafts, kdaFloats int
 	undo                 cudart.DevicePtr
 	mtp                  *gpuMTP // with drafts (gpu_mtp.go)
+
+	// s is the stream a step's launches go to: the default one (nil) but in a decode
+	// graph's step (gpu_graphs.go), graphs those (nil: every step eager).
+	s      *cudart.Stream
+	graphs *gpuGraphs
+	Stats  gpuStats
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -217,11 +224,12 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 				return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 			}
 			R, I, P := cfg.KVLoraRank, cfg.IndexHeadDim, cfg.IndexKPool
-			zeros(&gl.dsaPools.Latent, slots*maxPos*R)
+			// One slot more than the sequences': a decode graph's padding rows write there.
+			zeros(&gl.dsaPools.Latent, (slots+1)*maxPos*R)
 			if gl.dsa.full {
-				zeros(&gl.dsaPools.IdxKey, slots*maxPos*I)
-				zeros(&gl.dsaPools.IdxGate, slots*maxPos*I)
-				zeros(&gl.dsaPools.Pools, slots*(maxPos/P)*I)
+				zeros(&gl.dsaPools.IdxKey, (slots+1)*maxPos*I)
+				zeros(&gl.dsaPools.IdxGate, (slots+1)*maxPos*I)
+				zeros(&gl.dsaPools.Pools, (slots+1)*(maxPos/P)*I)
 			}
 		}
 		if l.dense != nil {
@@ -281,6 +289,7 @@ func (g *gpuModel) workRows() int {
 
 // close frees the device memory.
 func (g *gpuModel) close(c *cudart.Ctx) {
+	g.closeGraphs(c)
 	if g.kda != nil {
 		g.kda.close(c)
 	}
@@ -309,7 +318,7 @@ func (g *gpuModel) newSeq() (*gpuSeq, error) {
 func (g *gpuModel) free(s *gpuSeq) { g.used[s.slot] = false }
 
 func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim int) error {
-	return g.blas.MatMulT(c, nil, cudart.F32, out, x, w, n, in, outDim)
+	return g.blas.MatMulT(c, g.s, cudart.F32, out, x, w, n, in, outDim)
 }
 
 // forward runs one chunk of new tokens for each sequence (any lengths, at least one row
@@ -360,6 +369,9 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		if err := g.prepare(c, s); err != nil {
 			return nil, err
 		}
+	}
+	if b := g.decodeBucket(seqs, tokens, rows); b > 0 {
+		return g.forwardGraph(c, b, seqs, tokens)
 	}
 	w := &g.w
 	if err := cudart.Upload(c, w.idsRep, idsRep); err != nil {
@@ -414,17 +426,17 @@ func (g *gpuModel) hyper(c *cudart.Ctx, hw gpuHC, norm cudart.DevicePtr, n int) 
 	if err := g.gemm(c, w.mix, w.streams, hw.fn, n, hc*D, (2+hc)*hc); err != nil {
 		return err
 	}
-	if err := g.kk.HyperPre(c, nil, cuda.HyperPre{Post: w.post, Comb: w.comb, Collapsed: w.x, Streams: w.streams, Mix: w.mix,
+	if err := g.kk.HyperPre(c, g.s, cuda.HyperPre{Post: w.post, Comb: w.comb, Collapsed: w.x, Streams: w.streams, Mix: w.mix,
 		Base: hw.base, Scale: hw.scale, Rows: n, HC: hc, Dim: D, Iters: cfg.HCSinkhornIters, Eps: float32(cfg.HCEps), NormEps: eps}); err != nil {
 		return err
 	}
-	return g.kk.RMSNorm(c, nil, w.x, w.x, norm, n, D, eps)
+	return g.kk.RMSNorm(c, g.s, w.x, w.x, norm, n, D, eps)
 }
 
 // expand refreshes the streams from a block output.
 func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
 	cfg, w := g.m.Config, &g.w
-	if err := g.kk.HyperPost(c, nil, cuda.HyperPost{Out: w.next, Streams: w.streams, Block: out, Post: w.post, Comb: w.comb,
+	if err := g.kk.HyperPost(c, g.s, cuda.HyperPost{Out: w.next, Streams: w.streams, Block: out, Post: w.post, Comb: w.comb,
 		Rows: n, HC: cfg.HCMult, Dim: cfg.HiddenSize}); err != nil {
 		return err
 	}
@@ -437,32 +449,44 @@ func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
 func (g *gpuModel) layer(c *cudart.Ctx, li int, seqs []*gpuSeq, start []int) error {
 	cfg, w, l := g.m.Config, &g.w, &g.layers[li]
 	D, n := cfg.HiddenSize, start[len(seqs)]
+	return g.layerWith(c, li, n, func() error {
+		for i, s := range seqs {
+			r0, T := start[i], start[i+1]-start[i]
+			if T == 0 {
+				continue
+			}
+			x, y := off(w.x, r0*D), off(w.att, r0*D)
+			var err error
+			if l.kda != nil {
+				call := gpuKDACall{X: x, Y: y, T: T, Pos0: s.Len, BlockTokens: g.blockTokens, State: g.kdaState(s, li),
+					BlockEnd: func(pos int) error { return g.checkpoint(c, s, li, pos) }}
+				if s.Drafts > 0 {
+					call.AfterToken = func(t int) error { return g.keepDraftState(c, s, li, t, T) }
+				}
+				err = g.kda.forward(c, g.s, l.kda, call)
+			} else {
+				// A shared-indexer layer reads the selection the full layer before it wrote at
+				// the same rows.
+				sel := gpuDSASel{Sel: off(w.sel, r0*w.maxSel), Count: off(w.count, r0), MaxSel: w.maxSel}
+				err = g.dsa.forward(c, g.s, l.dsa, g.dsa.slot(l.dsaPools, s.slot), sel, x, y, T, s.Len)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// layerWith runs decoder layer li over n rows with attn the attention block (w.x in,
+// w.att out): mHC → attn → mHC → MLP or MoE.
+func (g *gpuModel) layerWith(c *cudart.Ctx, li, n int, attn func() error) error {
+	w, l := &g.w, &g.layers[li]
 	if err := g.hyper(c, l.attnHC, l.inNorm, n); err != nil {
 		return err
 	}
-	for i, s := range seqs {
-		r0, T := start[i], start[i+1]-start[i]
-		if T == 0 {
-			continue
-		}
-		x, y := off(w.x, r0*D), off(w.att, r0*D)
-		var err error
-		if l.kda != nil {
-			call := gpuKDACall{X: x, Y: y, T: T, Pos0: s.Len, BlockTokens: g.blockTokens, State: g.kdaState(s, li),
-				BlockEnd: func(pos int) error { return g.checkpoint(c, s, li, pos) }}
-			if s.Drafts > 0 {
-				call.AfterToken = func(t int) error { return g.keepDraftState(c, s, li, t, T) }
-			}
-			err = g.kda.forward(c, nil, l.kda, call)
-		} else {
-			// A shared-indexer layer reads the selection the full layer before it wrote at
-			// the same rows.
-			sel := gpuDSASel{Sel: off(w.sel, r0*w.maxSel), Count: off(w.count, r0), MaxSel: w.maxSel}
-			err = g.dsa.forward(c, nil, l.dsa, g.dsa.slot(l.dsaPools, s.slot), sel, x, y, T, s.Len)
-		}
-		if err != nil {
-			return err
-		}
+	if err := attn(); err != nil {
+		return err
 	}
 	if err := g.expand(c, w.att, n); err != nil {
 		return err
@@ -489,7 +513,7 @@ func (g *gpuModel) mlp(c *cudart.Ctx, p *gpuMLP, out, x cudart.DevicePtr, n int)
 	if err := g.gemm(c, w.gu, x, p.gateUp, n, D, 2*p.width); err != nil {
 		return err
 	}
-	if err := g.kk.SwiGLUClamped(c, nil, w.act, w.gu, n, p.width, float32(cfg.SwigluLimit)); err != nil {
+	if err := g.kk.SwiGLUClamped(c, g.s, w.act, w.gu, n, p.width, float32(cfg.SwigluLimit)); err != nil {
 		return err
 	}
 	return g.gemm(c, out, w.act, p.down, n, p.width, D)
@@ -508,17 +532,17 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.gemm(c, w.rlogits, x, e.router, n, D, E); err != nil {
 		return err
 	}
-	if err := g.kk.MoETopK(c, nil, cuda.MoERouting{Weights: w.rweights, IDs: w.rids, Logits: w.rlogits, Bias: e.bias, Tokens: n,
+	if err := g.kk.MoETopK(c, g.s, cuda.MoERouting{Weights: w.rweights, IDs: w.rids, Logits: w.rlogits, Bias: e.bias, Tokens: n,
 		Experts: E, TopK: K, Scoring: ref.ScoreSigmoid, Renormalize: cfg.NormTopKProb, Groups: cfg.NGroup, GroupTopK: cfg.TopKGroup,
 		Scale: float32(cfg.RoutedScalingFactor)}); err != nil {
 		return err
 	}
 	m := cuda.MaskedMoE{IDs: w.rids, Weights: w.rweights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf,
 		Tokens: n, TopK: K, Experts: E, MaxRows: n, Dim: D}
-	if err := g.kk.MoELayout(c, nil, m); err != nil {
+	if err := g.kk.MoELayout(c, g.s, m); err != nil {
 		return err
 	}
-	if err := g.kk.MoEGather(c, nil, m, w.xe, x); err != nil {
+	if err := g.kk.MoEGather(c, g.s, m, w.xe, x); err != nil {
 		return err
 	}
 	for ex := range E {
@@ -526,7 +550,7 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 			return err
 		}
 	}
-	if err := g.kk.SwiGLUClamped(c, nil, w.eact, w.egu, E*n, F, limit); err != nil {
+	if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, E*n, F, limit); err != nil {
 		return err
 	}
 	for ex := range E {
@@ -537,5 +561,5 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
 		return err
 	}
-	return g.kk.MoECombine(c, nil, m, out, w.ye, w.share)
+	return g.kk.MoECombine(c, g.s, m, out, w.ye, w.share)
 }

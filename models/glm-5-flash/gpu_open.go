@@ -12,7 +12,8 @@ import (
 // GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots, the step's rows and its
 // logits rows (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and
 // MaxSeqs, as core/gpurunner), opts.KernelCache the compiled kernels; the weights are
-// fp32 and the launches eager (a first cut, see GPURunner). The cache is a pool of
+// fp32 (a first cut, see GPURunner) and decode steps replay CUDA graphs unless opts.Eager
+// (UseGraphs; failed captures noted on opts.Log). The cache is a pool of
 // cacheBytes (0 = 256 MiB) in the device's memory. Closing the runner closes the device.
 func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
 	return OpenGPUSpeculative(dir, cacheBytes, opts, 0)
@@ -50,6 +51,12 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 		return nil, nil, err
 	}
 	r.ownsDev = true
+	if !opts.Eager {
+		if err := r.UseGraphs(true, opts.Log); err != nil {
+			r.Close()
+			return nil, nil, err
+		}
+	}
 	pool, err := r.NewPool(cacheBytes)
 	if err != nil {
 		r.Close()

@@ -2,6 +2,7 @@ package glm5flash
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
@@ -19,8 +20,9 @@ import (
 // DeviceArena.Copy). Each running sequence also has a device slot holding its MLA rows by
 // position, which the attention kernels read. With GPUOptions.Drafts it decodes
 // speculatively with the MTP layer on the device, as NewMTPTextRunner does on the CPU
-// (gpu_verify.go, gpu_mtp.go): the same drafts, the same pool layout. A first cut: fp32
-// (but GPUOptions.KDAWeights), eager launches, no CUDA graphs.
+// (gpu_verify.go, gpu_mtp.go): the same drafts, the same pool layout. Decode steps replay
+// CUDA graphs per batch bucket after UseGraphs (gpu_graphs.go; prefill and drafting steps
+// eager). A first cut: fp32 (but GPUOptions.KDAWeights).
 type GPURunner struct {
 	*cpurunner.Runner
 	Model      *TextModel
@@ -100,6 +102,19 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 	}
 	return r, nil
 }
+
+// UseGraphs turns CUDA graphs for decode steps on or off (gpu_graphs.go: one per batch
+// bucket; prefill steps and a runner with drafts stay eager); a failed capture is noted
+// on log (nil: dropped) and its shape runs eagerly. OpenGPU turns them on unless
+// opts.Eager.
+func (r *GPURunner) UseGraphs(on bool, log io.Writer) error {
+	return r.dev.Do(func(c *cudart.Ctx) error { return r.g.useGraphs(c, on, log) })
+}
+
+// StepCounts returns how many decode steps replayed a graph and how many ran a graph
+// bucket's launches eagerly (a bucket's first step, before its capture); other steps are
+// not counted.
+func (r *GPURunner) StepCounts() (graph, eager int) { return r.g.Stats.Graph, r.g.Stats.Eager }
 
 // CheckPrompt refuses image and video placeholder tokens, as TextRunner.CheckPrompt.
 func (r *GPURunner) CheckPrompt(prompt []int32) error {

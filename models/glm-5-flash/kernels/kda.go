@@ -58,8 +58,8 @@ func columnTile(dv int) (threads, tiles int) {
 //	Slots: [Seqs] int32   Offsets: [Seqs] int64
 type KDAStep struct {
 	Out, State, Slots, Offsets, Snapshots, Q, K, V, G, Beta cudart.DevicePtr
-	Tokens, Seqs                                   int
-	Shape                                          KDAShape
+	Tokens, Seqs                                            int
+	Shape                                                   KDAShape
 }
 
 // seqs is n, 0 meaning 1, checked against the grid's 65535.
@@ -156,9 +156,9 @@ func (a KDAChunked) spec(sp *spec) error {
 // Tokens is their total.
 type CausalConvSiLU struct {
 	Out, State, Slots, Offsets, Snapshots, X, W cudart.DevicePtr
-	Tokens, Seqs, Channels, Kernel     int
-	Split                              int // channels per output block; 0: no split
-	SeqStart                           cudart.DevicePtr
+	Tokens, Seqs, Channels, Kernel              int
+	Split                                       int // channels per output block; 0: no split
+	SeqStart                                    cudart.DevicePtr
 }
 
 func (a CausalConvSiLU) spec(sp *spec) error {

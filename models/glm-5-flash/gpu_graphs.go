@@ -1,0 +1,243 @@
+package glm5flash
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
+)
+
+// gpuGraphs are the CUDA graphs of decode steps, one per batch bucket
+// (gpurunner.DecodeBuckets), as core/gpurunner's dense path and deepseek-v4-flash keep
+// them. A decode step of b sequences (one token and one logits row each, no drafts) runs
+// batched (gpuKDA.decode, gpuDSA.decode: one launch per kernel for all its rows), padded
+// to the smallest bucket of at least b: the padding rows' KDA states are a spare state
+// (decodeTabs' spare), their MLA rows the spare slot (index slots of every dsaPools, at
+// position 0), which no real sequence reads. Every per-step value the graph reads is
+// uploaded to fixed buffers before the launch: the tokens, each row's position and slot
+// (the DSA row table) and the offset of its KDA state page in the arena (the KDA kernels'
+// Offsets table), so the launches depend only on the bucket. The first step of a bucket
+// runs eagerly (every cuBLASLt plan made, every module loaded outside the capture) and is
+// then captured; later ones replay it. What a step writes outside the launches runs after
+// it on the default stream, as the eager path: the new MLA rows written through to the
+// pages and, for a token ending a block, the KDA checkpoint copies. Prefill steps, steps
+// with drafts (the MTP runner) and steps naming other logits rows run eagerly.
+type gpuGraphs struct {
+	cache   *cudart.GraphCache
+	buckets []int
+	failed  map[cudart.GraphKey]bool
+	log     io.Writer
+	stream  *cudart.Stream // every launch of a decode step (graphs cannot capture the default stream)
+	// The step's tables, [bucket] each: positions and slots (int32), KDA state offsets
+	// (int64, floats from the arena's base).
+	rowPos, rowSlot, kdaOffs cudart.DevicePtr
+	spare                    cudart.DevicePtr // the padding rows' KDA states (a state page's floats)
+	bufs                     []cudart.Buffer
+}
+
+// gpuStats counts the forward steps that replayed a graph and those that ran eagerly.
+type gpuStats struct{ Graph, Eager int }
+
+// useGraphs turns decode graphs on (log: a capture that failed, its shape then eager) or
+// off.
+func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
+	g.closeGraphs(c)
+	if !on {
+		return nil
+	}
+	if g.maxDrafts > 0 {
+		return nil // the MTP runner's steps carry drafts: eager (see gpuGraphs)
+	}
+	b := gpurunner.DecodeBuckets(min(g.slots, g.maxRows))
+	cache, err := cudart.NewGraphCache(len(b))
+	if err != nil {
+		return err
+	}
+	if log == nil {
+		log = io.Discard
+	}
+	gr := &gpuGraphs{cache: cache, buckets: b, failed: map[cudart.GraphKey]bool{}, log: log}
+	g.graphs = gr
+	if gr.stream, err = c.NewStream(); err != nil {
+		g.closeGraphs(c)
+		return fmt.Errorf("gpu graphs: %w", err)
+	}
+	top := b[len(b)-1]
+	for _, t := range []struct {
+		p *cudart.DevicePtr
+		n int64
+	}{{&gr.rowPos, 4 * int64(top)}, {&gr.rowSlot, 4 * int64(top)}, {&gr.kdaOffs, 8 * int64(top)}, {&gr.spare, 4 * int64(max(g.L.stateFloats, 1))}} {
+		buf, err := c.Alloc(t.n)
+		if err != nil {
+			g.closeGraphs(c)
+			return fmt.Errorf("gpu graphs: %w", err)
+		}
+		gr.bufs = append(gr.bufs, buf)
+		*t.p = buf.Ptr
+	}
+	return nil
+}
+
+// closeGraphs destroys the graphs and their buffers.
+func (g *gpuModel) closeGraphs(c *cudart.Ctx) {
+	gr := g.graphs
+	if gr == nil {
+		return
+	}
+	gr.cache.Close(c)
+	for _, b := range gr.bufs {
+		c.Free(b)
+	}
+	if gr.stream != nil {
+		c.DestroyStream(gr.stream)
+	}
+	g.graphs = nil
+}
+
+// decodeBucket returns the bucket a step runs in as a graph, 0 for an eager one.
+func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) int {
+	if g.graphs == nil || g.pool == nil || g.L.kda < 0 || len(rows) != len(seqs) {
+		return 0
+	}
+	for i, s := range seqs {
+		if len(tokens[i]) != 1 || rows[i] != int32(i) || s.Drafts != 0 || s.State == 0 {
+			return 0
+		}
+	}
+	for _, b := range g.graphs.buckets {
+		if b >= len(seqs) {
+			return b
+		}
+	}
+	return 0
+}
+
+// forwardGraph runs a decode step (decodeBucket's bucket > 0; the tokens checked by
+// forward, each sequence prepared) as that bucket's graph and returns every real row's
+// logits.
+func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, tokens [][]int32) ([]float32, error) {
+	cfg, w, gr := g.m.Config, &g.w, g.graphs
+	hc, n := cfg.HCMult, len(seqs)
+	ids := make([]int32, bucket*hc) // the padding rows' token 0
+	pos, slot := make([]int32, bucket), make([]int32, bucket)
+	offs := make([]int64, bucket)
+	base := g.arena.Ptr(0)
+	spare := int64(gr.spare-base) / 4
+	for i := range bucket {
+		pos[i], slot[i], offs[i] = 0, int32(g.slots), spare
+		if i < n {
+			s := seqs[i]
+			for j := range hc {
+				ids[i*hc+j] = tokens[i][0]
+			}
+			pos[i], slot[i], offs[i] = int32(s.Len), int32(s.slot), int64(s.State-base)/4
+		}
+	}
+	for _, u := range []error{cudart.Upload(c, w.idsRep, ids), cudart.Upload(c, gr.rowPos, pos), cudart.Upload(c, gr.rowSlot, slot),
+		cudart.Upload(c, gr.kdaOffs, offs)} {
+		if u != nil {
+			return nil, u
+		}
+	}
+	// The eager path's work (prepare's clears and gathers) is on the default stream and
+	// the graph's on its own non-blocking one: wait between them.
+	if err := c.Synchronize(); err != nil {
+		return nil, err
+	}
+	g.s = gr.stream
+	err := g.runGraph(c, bucket, func() error { return g.decodeStep(c, bucket) })
+	g.s = nil
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Synchronize(); err != nil {
+		return nil, err
+	}
+	for _, s := range seqs {
+		if err := g.pageRows(c, s, s.Len, s.Len+1, false); err != nil {
+			return nil, err
+		}
+		if (s.Len+1)%g.blockTokens == 0 {
+			for li, l := range g.layers {
+				if l.kda != nil {
+					if err := g.checkpoint(c, s, li, s.Len); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
+		s.Len++
+	}
+	if err := c.Synchronize(); err != nil {
+		return nil, err
+	}
+	logits := make([]float32, n*cfg.VocabSize)
+	return logits, cudart.Download(c, logits, w.logits)
+}
+
+// runGraph runs step, the launches of a decode step of bucket rows on the graphs'
+// stream: the bucket's graph when it was captured, else eagerly and then captured.
+func (g *gpuModel) runGraph(c *cudart.Ctx, bucket int, step func() error) error {
+	gr := g.graphs
+	key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: bucket}
+	if !gr.failed[key] {
+		ok, err := gr.cache.Replay(c, gr.stream, key)
+		if err != nil {
+			return err
+		}
+		if ok {
+			g.Stats.Graph++
+			return nil
+		}
+	}
+	g.Stats.Eager++
+	if err := step(); err != nil {
+		return err
+	}
+	if gr.failed[key] {
+		return nil
+	}
+	// Capturing records the step without running it: the eager run above was this step.
+	if _, err := gr.cache.Capture(c, gr.stream, key, step); err != nil {
+		gr.failed[key] = true
+		fmt.Fprintf(gr.log, "gpu: %v; that shape runs eagerly\n", err)
+	}
+	return nil
+}
+
+// decodeStep queues a decode step of bucket rows on g.s, every value it reads already in
+// device memory (forwardGraph's tables, the tokens in w.idsRep): the embedding, the
+// layers (the attention batched over the rows), hc_head and lm_head into w.logits.
+func (g *gpuModel) decodeStep(c *cudart.Ctx, bucket int) error {
+	cfg, w, gr := g.m.Config, &g.w, g.graphs
+	D, hc := cfg.HiddenSize, cfg.HCMult
+	if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, bucket*hc, D, cfg.VocabSize); err != nil {
+		return err
+	}
+	base := g.arena.Ptr(0)
+	rows := kernels.RowTable{RowPos: gr.rowPos, RowSlot: gr.rowSlot}
+	for li := range g.layers {
+		l := &g.layers[li]
+		attn := func() error {
+			if l.kda != nil {
+				o := g.L.kdaOff[li]
+				return g.kda.decode(c, g.s, l.kda, gpuKDADecode{X: w.x, Y: w.att, Seqs: bucket, Offsets: gr.kdaOffs,
+					States: gpuKDAState{Conv: off(base, o), Recurrent: off(base, o+g.convFloats)}})
+			}
+			sel := gpuDSASel{Sel: w.sel, Count: w.count, MaxSel: w.maxSel}
+			return g.dsa.decode(c, g.s, l.dsa, l.dsaPools, rows, sel, w.x, w.att, bucket)
+		}
+		if err := g.layerWith(c, li, bucket, attn); err != nil {
+			return fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+	}
+	if err := kernels.Run(g.dsa.ks, c, g.s, kernels.StreamMean{Out: w.hidden, Streams: w.streams, Rows: bucket, HC: hc, Dim: D}); err != nil {
+		return fmt.Errorf("gpu: %w", err)
+	}
+	if err := g.kk.RMSNorm(c, g.s, w.hidden, w.hidden, g.norm, bucket, D, float32(cfg.RMSNormEps)); err != nil {
+		return err
+	}
+	return g.gemm(c, w.logits, w.hidden, g.head, bucket, D, cfg.VocabSize)
+}
