@@ -173,8 +173,10 @@ func (f *runtimeFlags) check() error {
 	switch {
 	case f.tp.check() != nil:
 		return f.tp.check()
-	case (f.tp.size > 1 || f.tp.ep > 1) && (f.device.CUDA() || f.specTokens > 0):
-		return fmt.Errorf("--tp %d --ep %d run the CPU reference forward only: not with --device cuda or --num-speculative-tokens", f.tp.size, f.tp.ep)
+	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0:
+		return fmt.Errorf("--tp %d --ep %d do not decode speculatively: not with --num-speculative-tokens", f.tp.size, f.tp.ep)
+	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && (f.model != "llama" || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != ""):
+		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama's in-process ranks only (no --ep, --tp-procs or --dist-init-addr); the others run on the CPU", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:
 		return fmt.Errorf("--num-speculative-tokens %d is negative", f.specTokens)
 	case f.runner != "test":
@@ -235,6 +237,8 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		return nil, nil, "", fmt.Errorf("--ep %d: expert parallelism covers deepseek-v4-flash and glm-5-flash only, not %s", f.tp.ep, m.Name)
 	case f.tp.size > 1 && m.Name != "llama":
 		return nil, nil, "", fmt.Errorf("--tp %d: tensor parallelism covers the llama family, deepseek-v4-flash and glm-5-flash only so far, not %s", f.tp.size, m.Name)
+	case f.tp.size > 1 && f.device.CUDA():
+		r, pool, err = f.openTPGPU(m.Name, dir)
 	case f.tp.size > 1:
 		r, pool, err = openTP(dir, f.cacheBytes, &f.tp)
 	case f.device.CUDA() && f.specTokens > 0 && gpuSpecOpeners[m.Name] != nil:

@@ -33,7 +33,7 @@ type tpFlags struct {
 
 func (t *tpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.IntVar(&t.size, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many ranks (core/dist/tp), in-process unless --tp-procs or --dist-init-addr; heads, KV heads and the intermediate size must divide by it")
+	fl.IntVar(&t.size, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many ranks (core/dist/tp), in-process unless --tp-procs or --dist-init-addr; with --device cuda|cuda-emu, llama's GPU runner over this many in-process ranks (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer: NCCL_MULTI_RANK_GPU_ENABLE=1); heads, KV heads and the intermediate size must divide by it")
 	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; with --tp it must equal it (the experts split over the tp ranks, as SGLang's --tp N --ep N)")
 	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
 	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process)")
