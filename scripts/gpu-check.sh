@@ -164,6 +164,8 @@ JSON
 	timeout 240 "$bin/resin" bench model --model llama --random-weights "$cfg" --device cuda --cache-bytes 17179869184 \
 		--batch-sizes 1,32,256 --prompt-len 512 --gen-len 64 --repeat 1 --max-batch-tokens 8192 --max-seqs 256 || failed=1
 
+	tpOneGPU
+
 	emulated
 
 	echo; echo "== summary"
@@ -287,6 +289,28 @@ v4Only() {
 	echo "-- wall time: $((SECONDS - start)) s"
 	[ $failed -eq 0 ] && echo "V4 GPU CHECK PASSED" || echo "V4 GPU CHECK FAILED"
 	return $failed
+}
+
+# tpOneGPU runs core/gpurunner's tensor parallelism with two ranks on GPU 0
+# (TestGPUNCCLTPEqualsOne: gpurunner.NewDenseTP, an NCCL float32 all-reduce per o and down
+# projection; TP=2's greedy tokens equal TP=1's over 32 steps, logits within 2e-2, two TP=2
+# runs bit-identical). Two ranks of one communicator on one GPU need NCCL >= 2.30 with
+# NCCL_MULTI_RANK_GPU_ENABLE=1 (PyPI's nvidia-nccl-cu12 / -cu13 ship it); the test skips,
+# and this section fails, where the NCCL found is older. Written without a GPU to run it
+# on: the same test passed on two emulated GPUs (TestEmulatedTPEqualsOne), not here.
+tpOneGPU() {
+	echo; echo "== tensor parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne)"
+	local out
+	out=$(cd core/gpurunner && NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 120 "$bin/core_gpurunner.test" \
+		-test.run '^TestGPUNCCLTPEqualsOne$' -test.v -test.count=1 -test.timeout=110s </dev/null 2>&1)
+	local rc=$?
+	echo "$out"
+	if [ $rc -ne 0 ]; then
+		failed=1
+	elif ! grep -q -- '^--- PASS: TestGPUNCCLTPEqualsOne' <<<"$out"; then
+		echo "TP on one GPU did not run (it needs NCCL >= 2.30: the skip above says which was found)"
+		failed=1
+	fi
 }
 
 # emulated runs the emulated device's tests and a generate on it, from the same binaries,

@@ -66,10 +66,11 @@ func TestEmulatedTPEqualsOne(t *testing.T) {
 	tpEqualsOne(t, []int{0, 1}, tpEmuTolerance)
 }
 
-// TestGPUTPEqualsOne is TestEmulatedTPEqualsOne on a real GPU, both ranks on GPU 0 (NCCL
-// ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1: scripts/gpu-check.sh), or on GPUs 0 and 1
-// where there are two.
-func TestGPUTPEqualsOne(t *testing.T) {
+// TestGPUNCCLTPEqualsOne is TestEmulatedTPEqualsOne on a real GPU: on GPUs 0 and 1 where
+// there are two, else both ranks on GPU 0, which needs NCCL >= 2.30 with
+// NCCL_MULTI_RANK_GPU_ENABLE=1 (scripts/gpu-check.sh's TP section sets it; without them
+// it skips, as the other NCCL tests do without NCCL).
+func TestGPUNCCLTPEqualsOne(t *testing.T) {
 	if cudart.Emulated() {
 		t.Skip("the emulated device runs TestEmulatedTPEqualsOne")
 	}
@@ -77,13 +78,18 @@ func TestGPUTPEqualsOne(t *testing.T) {
 	if err != nil || n == 0 {
 		t.Skipf("no GPU: %v", err)
 	}
-	if _, err := cudart.NCCLVersion(); err != nil {
+	v, err := cudart.NCCLVersion()
+	if err != nil {
 		t.Skipf("no NCCL: %v", err)
 	}
-	ordinals := []int{0, 0}
-	if n > 1 && os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") != "1" {
-		ordinals = []int{0, 1}
+	ordinals := []int{0, 1}
+	if n == 1 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") == "1" {
+		ordinals = []int{0, 0}
+		if v < 23000 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") != "1" {
+			t.Skipf("two ranks on one GPU need NCCL >= 2.30 (this is %d) with NCCL_MULTI_RANK_GPU_ENABLE=1", v)
+		}
 	}
+	t.Logf("NCCL %d, ranks on GPUs %v", v, ordinals)
 	tpEqualsOne(t, ordinals, tpGPUTolerance)
 }
 
