@@ -23,6 +23,9 @@ type Model struct {
 	// make the pick depend on torch.topk's order. Tests read it.
 	MinTopKMargin float64
 
+	dtype ref.DType   // the projections' form ("": fp32, the Weights' slices)
+	headW *ref.Weight // lm_head in dtype; nil in fp32
+
 	par     parallel    // this rank's part of a parallel layout (parallel.go)
 	moeBuf  moeScratch  // the MoE's buffers (moe.go)
 	attnBuf attnScratch // attendSeq's and indexerPick's buffers
@@ -268,14 +271,14 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 	if kind != SlidingAttention {
 		rot = m.compress
 	}
-	qres, err := linear(x, l.QA, n, h, qr)
+	qres, err := linearQ(x, l.QA, l.cpu.at(pQA), n, h, qr)
 	if err != nil {
 		return nil, err
 	}
 	if err := ref.RMSNorm(qres, qres, l.QANorm, n, qr, eps); err != nil {
 		return nil, err
 	}
-	q, err := linear(qres, l.QB, n, qr, nh*d)
+	q, err := linearQ(qres, l.QB, l.cpu.at(pQB), n, qr, nh*d)
 	if err != nil {
 		return nil, err
 	}
@@ -283,7 +286,7 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 		return nil, err
 	}
 	rot.Apply(q, b.pos, n, nh, d, false)
-	kv, err := linear(x, l.KV, n, h, d)
+	kv, err := linearQ(x, l.KV, l.cpu.at(pKV), n, h, d)
 	if err != nil {
 		return nil, err
 	}
@@ -295,27 +298,27 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 	// Compressor and indexer projections, for every row at once.
 	var ckv, cgate, ikv, igate, iq, iw []float32
 	if l.Compressor != nil {
-		width := len(l.Compressor.KV) / h
-		if ckv, err = linear(x, l.Compressor.KV, n, h, width); err != nil {
+		width := compressorWidth(l, h)
+		if ckv, err = linearQ(x, l.Compressor.KV, l.cpu.at(pCompKV), n, h, width); err != nil {
 			return nil, err
 		}
-		if cgate, err = linear(x, l.Compressor.Gate, n, h, width); err != nil {
+		if cgate, err = linearQ(x, l.Compressor.Gate, l.cpu.at(pCompGate), n, h, width); err != nil {
 			return nil, err
 		}
 	}
 	if l.Indexer != nil {
 		id, ih := c.IndexHeadDim, c.IndexNHeads
-		if ikv, err = linear(x, l.Indexer.KV, n, h, 2*id); err != nil {
+		if ikv, err = linearQ(x, l.Indexer.KV, l.cpu.at(pIdxKV), n, h, 2*id); err != nil {
 			return nil, err
 		}
-		if igate, err = linear(x, l.Indexer.Gate, n, h, 2*id); err != nil {
+		if igate, err = linearQ(x, l.Indexer.Gate, l.cpu.at(pIdxGate), n, h, 2*id); err != nil {
 			return nil, err
 		}
-		if iq, err = linear(qres, l.Indexer.QB, n, qr, ih*id); err != nil {
+		if iq, err = linearQ(qres, l.Indexer.QB, l.cpu.at(pIdxQB), n, qr, ih*id); err != nil {
 			return nil, err
 		}
 		m.compress.Apply(iq, b.pos, n, ih, id, false)
-		if iw, err = linear(x, l.Indexer.WeightsProj, n, h, ih); err != nil {
+		if iw, err = linearQ(x, l.Indexer.WeightsProj, l.cpu.at(pIdxW), n, h, ih); err != nil {
 			return nil, err
 		}
 		s := float32(math.Pow(float64(ih), -0.5))
@@ -360,14 +363,14 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 		for t := range n {
 			copy(xg[t*gin:(t+1)*gin], out[t*nh*d+g*gin:t*nh*d+(g+1)*gin])
 		}
-		if err := ref.MatMulT(yg, xg, l.OA[g*olr*gin:(g+1)*olr*gin], n, gin, olr); err != nil {
+		if err := matMulT(yg, xg, faceOA(l, g, olr*gin), l.cpu.group(g), n, gin, olr); err != nil {
 			return nil, err
 		}
 		for t := range n {
 			copy(mid[t*og*olr+g*olr:t*og*olr+(g+1)*olr], yg[t*olr:(t+1)*olr])
 		}
 	}
-	o, err := linear(mid, l.OB, n, og*olr, h)
+	o, err := linearQ(mid, l.OB, l.cpu.at(pOB), n, og*olr, h)
 	if err != nil {
 		return nil, err
 	}

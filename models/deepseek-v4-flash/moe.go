@@ -59,14 +59,14 @@ func (s *moeScratch) runExperts(part, lo, hi int) {
 		}
 		ps.gateUp, ps.act = grow(ps.gateUp, rows*2*in), grow(ps.act, rows*in)
 		le := ex - c.e0 // the expert's index among those this rank holds
-		if ps.err = ref.MatMulT(ps.gateUp, ps.x, c.l.GateUp[le*2*in*h:(le+1)*2*in*h], rows, h, 2*in); ps.err != nil {
+		if ps.err = matMulT(ps.gateUp, ps.x, expertSlice(c.l.GateUp, le, 2*in*h), c.l.cpu.expert(le, false), rows, h, 2*in); ps.err != nil {
 			return
 		}
 		for r := range rows {
 			gu := ps.gateUp[r*2*in : (r+1)*2*in]
 			swiglu(ps.act[r*in:(r+1)*in], gu[:in], gu[in:], c.lim)
 		}
-		ps.err = ref.MatMulT(s.y[s.start[ex]*h:s.start[ex+1]*h], ps.act, c.l.Down[le*h*in:(le+1)*h*in], rows, in, h)
+		ps.err = matMulT(s.y[s.start[ex]*h:s.start[ex+1]*h], ps.act, expertSlice(c.l.Down, le, h*in), c.l.cpu.expert(le, true), rows, in, h)
 	}
 }
 
@@ -195,14 +195,14 @@ func (m *Model) allToAllExperts(l *Layer, x, out []float32) error {
 	run := func(e int, xe []float32, rows int, y []float32) error {
 		le := e - p.expLo
 		gateUp, act = grow(gateUp, rows*2*in), grow(act, rows*in)
-		if err := ref.MatMulT(gateUp, xe, l.GateUp[le*2*in*h:(le+1)*2*in*h], rows, h, 2*in); err != nil {
+		if err := matMulT(gateUp, xe, expertSlice(l.GateUp, le, 2*in*h), l.cpu.expert(le, false), rows, h, 2*in); err != nil {
 			return err
 		}
 		for r := range rows {
 			gu := gateUp[r*2*in : (r+1)*2*in]
 			swiglu(act[r*in:(r+1)*in], gu[:in], gu[in:], lim)
 		}
-		return ref.MatMulT(y, act, l.Down[le*h*in:(le+1)*h*in], rows, in, h)
+		return matMulT(y, act, expertSlice(l.Down, le, h*in), l.cpu.expert(le, true), rows, in, h)
 	}
 	layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: h, TopK: k}
 	routes := ep.Routes{X: x[lo*h : hi*h], IDs: s.ids[lo*k : hi*k], Weights: s.weights[lo*k : hi*k]}
@@ -290,14 +290,14 @@ func (m *Model) sharedExpert(x []float32, l *Layer, n int) ([]float32, error) {
 	c, s := m.Config, &m.moeBuf
 	h, in := c.HiddenSize, m.par.sharedInter
 	s.gate, s.up, s.shared = grow(s.gate, n*in), grow(s.up, n*in), grow(s.shared, n*h)
-	if err := ref.MatMulT(s.gate, x, l.SharedGate, n, h, in); err != nil {
+	if err := matMulT(s.gate, x, l.SharedGate, l.cpu.at(pSharedGate), n, h, in); err != nil {
 		return nil, err
 	}
-	if err := ref.MatMulT(s.up, x, l.SharedUp, n, h, in); err != nil {
+	if err := matMulT(s.up, x, l.SharedUp, l.cpu.at(pSharedUp), n, h, in); err != nil {
 		return nil, err
 	}
 	swiglu(s.gate, s.gate, s.up, float32(c.SwigluLimit))
-	return s.shared, ref.MatMulT(s.shared, s.gate, l.SharedDown, n, in, h)
+	return s.shared, matMulT(s.shared, s.gate, l.SharedDown, l.cpu.at(pSharedDown), n, in, h)
 }
 
 // swiglu writes silu(min(gate, lim))·clamp(up, −lim, lim); out may alias gate.

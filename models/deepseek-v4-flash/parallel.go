@@ -328,7 +328,7 @@ func (m *Model) embed(x []float32, tokens []int32) error {
 func (m *Model) lmHead(y []float32, n int) ([]float32, error) {
 	c, p := m.Config, &m.par
 	vl := p.vocabHi - p.vocabLo
-	part, err := linear(y, m.W.Head, n, c.HiddenSize, vl)
+	part, err := linearQ(y, m.W.Head, m.headW, n, c.HiddenSize, vl)
 	if err != nil || p.tp == 1 {
 		return part, err
 	}

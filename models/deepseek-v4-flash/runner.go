@@ -27,6 +27,10 @@ type Options struct {
 	// Drafts > 0 makes the runner decode speculatively with that many draft tokens per
 	// step from the checkpoint's MTP head (see NewMTPRunner); 0 = off.
 	Drafts int
+	// DType is the form the projections are held and multiplied in on the CPU: fp32 (the
+	// default, ""), bf16 or int8 (see ref.DType and NewModelDType); the fp32 copies are
+	// then dropped. Not with Drafts (the MTP runner runs fp32).
+	DType ref.DType
 }
 
 // Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
@@ -132,10 +136,18 @@ func Load(dir string, opts Options) (*Runner, error) {
 	default:
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
-	m, err := NewModel(c, w, maxContextOf(c, opts))
-	if err != nil {
-		return nil, err
+	dt := opts.DType
+	if dt == "" {
+		dt = ref.DTypeFP32
 	}
+	if dt != ref.DTypeFP32 && opts.Drafts > 0 {
+		return nil, fmt.Errorf("load %s: --dtype %s: the MTP runner runs fp32 only", dir, dt)
+	}
+	m, err := NewModelDType(c, w, maxContextOf(c, opts), dt)
+	if err != nil {
+		return nil, fmt.Errorf("load %s as %s: %w", dir, dt, err)
+	}
+	m.dropFP32()
 	if opts.Drafts > 0 {
 		return NewMTPRunner(m, opts.PageTokens, opts.Drafts)
 	}
@@ -158,6 +170,24 @@ func maxContextOf(c *Config, opts Options) int {
 // MiB) for it: the registry's entry point.
 func Open(dir string, cacheBytes int64) (engine.Runner, *kvslab.Pool, error) {
 	r, err := Load(dir, Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := r.NewPool(cacheBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, pool, nil
+}
+
+// OpenDType is Open with the projections in dtype (fp32, bf16 or int8; see
+// ref.ParseDType): the entry point of `--dtype`.
+func OpenDType(dir string, cacheBytes int64, dtype string) (engine.Runner, *kvslab.Pool, error) {
+	dt, err := ref.ParseDType(dtype)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := Load(dir, Options{DType: dt})
 	if err != nil {
 		return nil, nil, err
 	}

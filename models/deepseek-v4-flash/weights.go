@@ -61,6 +61,8 @@ type Layer struct {
 	Down                 []float32 // [experts, hidden, moeInter]
 	SharedGate, SharedUp []float32 // [moeInter, hidden]
 	SharedDown           []float32 // [hidden, moeInter]
+
+	cpu *layerProj // the projections in the model's dtype (NewModelDType); nil: fp32
 }
 
 // MTP is the multi-token-prediction head (upstream layout mtp.0.*): the next token's
