@@ -11,6 +11,7 @@ import (
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/models/llama"
 )
@@ -127,4 +128,34 @@ func tpEqualsOne(t *testing.T, ordinals []int, tolerance float64) {
 		worst = max(worst, diff/scale)
 	}
 	t.Logf("parity tp=2 vs tp=1 on %v: %d greedy tokens equal, %d logits rows, max relative diff %.3g; two TP=2 runs bit-identical", ordinals, steps, len(oneLogits), worst)
+}
+
+// TestEmulatedTPConformance runs core/runnertest's suite on the GPU runner split over two
+// emulated GPUs (NewDenseTP), within the bf16 tolerance of TestEmulatedConformance
+// (every comparison came out equal). It took 160 s on 2 shared cores (load 8): skipped
+// with -short.
+func TestEmulatedTPConformance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the conformance suite on two emulated GPUs takes minutes")
+	}
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := tinyLlama(t)
+	runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) {
+		m, err := llama.Load(dir, llama.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := m.Model.Config.DenseConfig(m.Model.MaxContext(), 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, pool, err := gpurunner.NewDenseTP(cfg, m.Model.W.DenseWeights(), []int{0, 1}, gpurunner.Options{CacheBytes: 4 << 20, KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		return g, pool
+	}, runnertest.Options{Tolerance: emuTolerance, MaxTokens: 5})
 }
