@@ -239,5 +239,5 @@ func (g *gpuModel) decodeStep(c *cudart.Ctx, bucket int) error {
 	if err := g.kk.RMSNorm(c, g.s, w.hidden, w.hidden, g.norm, bucket, D, float32(cfg.RMSNormEps)); err != nil {
 		return err
 	}
-	return g.gemm(c, w.logits, w.hidden, g.head, bucket, D, cfg.VocabSize)
+	return g.linear(c, g.headL, w.logits, w.hidden, g.head, bucket, D, cfg.VocabSize)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -61,6 +62,12 @@ type gpuModel struct {
 	s      *cudart.Stream
 	graphs *gpuGraphs
 	Stats  gpuStats
+
+	// With GPUOptions.Weights bf16 (gpu_linears.go): the Linears, the weights uploaded
+	// through them, lm_head's.
+	lin     *gpurunner.Linears
+	linears []*gpurunner.Linear
+	headL   *gpurunner.Linear
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -82,8 +89,9 @@ type gpuHC struct{ fn, base, scale cudart.DevicePtr }
 
 // gpuMLP is a clamped SwiGLU MLP: gate and up stacked [2·width, D], down [D, width].
 type gpuMLP struct {
-	gateUp, down cudart.DevicePtr
-	width        int
+	gateUp, down   cudart.DevicePtr
+	width          int
+	gateUpL, downL *gpurunner.Linear // with bf16 weights (gpu_linears.go), else nil
 }
 
 // gpuMoE is a sparse layer's router (with its correction bias), routed experts
@@ -91,6 +99,7 @@ type gpuMLP struct {
 type gpuMoE struct {
 	router, bias, gateUp, down cudart.DevicePtr
 	shared                     gpuMLP
+	gateUpL, downL             []*gpurunner.Linear // each expert's, with bf16 weights
 }
 
 // gpuLayer is one decoder layer on the device: weights and the slots' state pools.
@@ -168,6 +177,16 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 	if g.kda, err = newGPUKDA(c, cfg, blas, ks, maxTokens, opts.KDAWeights); err != nil {
 		return nil, err
 	}
+	bf16 := opts.Weights == cudart.BF16
+	if opts.Weights != cudart.F32 && !bf16 {
+		return nil, fmt.Errorf("gpu: weights in %v (f32 or bf16)", opts.Weights)
+	}
+	if bf16 {
+		widest := max(cfg.HiddenSize, cfg.IntermediateSize, cfg.MoEIntermediateSize*max(1, cfg.NSharedExperts))
+		if err = g.newLinears(c, g.workRows(), widest); err != nil {
+			return nil, err
+		}
+	}
 	if g.dsa, err = newGPUDSA(c, cfg, blas, kk, ks, g.workRows(), maxPos); err != nil {
 		return nil, err
 	}
@@ -190,12 +209,20 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 		up(&p.gateUp, append(append([]float32(nil), w.gate...), w.up...))
 		up(&p.down, w.down)
 		p.width = w.width
+		if bf16 && err == nil {
+			if p.gateUpL, err = g.bf16Linear(c, append(append([]float32(nil), w.gate...), w.up...), 2*w.width, D); err == nil {
+				p.downL, err = g.bf16Linear(c, w.down, D, w.width)
+			}
+		}
 		return p
 	}
 	W := m.W
 	up(&g.embed, W.embed)
 	up(&g.norm, W.norm)
 	up(&g.head, W.lmHead)
+	if bf16 && err == nil {
+		g.headL, err = g.bf16Linear(c, W.lmHead, cfg.VocabSize, D)
+	}
 	width := 1 // the widest MLP
 	for li := range W.layers {
 		l := &W.layers[li]
@@ -242,6 +269,14 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 			up(&e.gateUp, l.moe.gateUp)
 			up(&e.down, l.moe.down)
 			gl.moe, width = e, max(width, e.shared.width)
+			F := cfg.MoEIntermediateSize
+			for ex := 0; bf16 && err == nil && ex < E; ex++ {
+				var gu, dn *gpurunner.Linear
+				if gu, err = g.bf16Linear(c, l.moe.gateUp[ex*2*F*D:(ex+1)*2*F*D], 2*F, D); err == nil {
+					dn, err = g.bf16Linear(c, l.moe.down[ex*D*F:(ex+1)*D*F], D, F)
+				}
+				e.gateUpL, e.downL = append(e.gateUpL, gu), append(e.downL, dn)
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
@@ -290,6 +325,7 @@ func (g *gpuModel) workRows() int {
 // close frees the device memory.
 func (g *gpuModel) close(c *cudart.Ctx) {
 	g.closeGraphs(c)
+	g.closeLinears(c)
 	if g.kda != nil {
 		g.kda.close(c)
 	}
@@ -408,7 +444,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, err
 		}
 	}
-	if err := g.gemm(c, w.logits, w.y, g.head, nr, D, cfg.VocabSize); err != nil {
+	if err := g.linear(c, g.headL, w.logits, w.y, g.head, nr, D, cfg.VocabSize); err != nil {
 		return nil, err
 	}
 	if err := c.Synchronize(); err != nil {
@@ -510,13 +546,13 @@ func (g *gpuModel) layerWith(c *cudart.Ctx, li, n int, attn func() error) error 
 func (g *gpuModel) mlp(c *cudart.Ctx, p *gpuMLP, out, x cudart.DevicePtr, n int) error {
 	cfg, w := g.m.Config, &g.w
 	D := cfg.HiddenSize
-	if err := g.gemm(c, w.gu, x, p.gateUp, n, D, 2*p.width); err != nil {
+	if err := g.linear(c, p.gateUpL, w.gu, x, p.gateUp, n, D, 2*p.width); err != nil {
 		return err
 	}
 	if err := g.kk.SwiGLUClamped(c, g.s, w.act, w.gu, n, p.width, float32(cfg.SwigluLimit)); err != nil {
 		return err
 	}
-	return g.gemm(c, out, w.act, p.down, n, p.width, D)
+	return g.linear(c, p.downL, out, w.act, p.down, n, p.width, D)
 }
 
 // moe computes out [n, D] = the MoE of x [n, D], as TextModel.moe: the router GEMM,
@@ -546,7 +582,7 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 		return err
 	}
 	for ex := range E {
-		if err := g.gemm(c, off(w.egu, ex*n*2*F), off(w.xe, ex*n*D), off(e.gateUp, ex*2*F*D), n, D, 2*F); err != nil {
+		if err := g.linear(c, expert(e.gateUpL, ex), off(w.egu, ex*n*2*F), off(w.xe, ex*n*D), off(e.gateUp, ex*2*F*D), n, D, 2*F); err != nil {
 			return err
 		}
 	}
@@ -554,7 +590,7 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 		return err
 	}
 	for ex := range E {
-		if err := g.gemm(c, off(w.ye, ex*n*D), off(w.eact, ex*n*F), off(e.down, ex*D*F), n, F, D); err != nil {
+		if err := g.linear(c, expert(e.downL, ex), off(w.ye, ex*n*D), off(w.eact, ex*n*F), off(e.down, ex*D*F), n, F, D); err != nil {
 			return err
 		}
 	}
@@ -562,4 +598,12 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 		return err
 	}
 	return g.kk.MoECombine(c, g.s, m, out, w.ye, w.share)
+}
+
+// expert is ls[ex], nil where ls is (fp32 experts).
+func expert(ls []*gpurunner.Linear, ex int) *gpurunner.Linear {
+	if ls == nil {
+		return nil
+	}
+	return ls[ex]
 }

@@ -58,6 +58,11 @@ type GPUOptions struct {
 	// cudart.BF16, as checkpoints ship them even when FP8 (their activations are rounded
 	// to bf16, the products accumulate in fp32); every other weight is fp32.
 	KDAWeights cudart.DType
+	// Weights is the MLPs', the shared and routed experts' and lm_head's weight type:
+	// cudart.F32 (the zero value) or cudart.BF16 through core/gpurunner's Linears
+	// (gpu_linears.go; activations cast to bf16, fp32 accumulation). The router, the mHC
+	// mixes, the MLA projections and the MTP layer stay fp32.
+	Weights cudart.DType
 }
 
 // NewGPURunner loads the kernels (through cache) and uploads m on dev (fp32, but for
