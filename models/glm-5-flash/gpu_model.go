@@ -12,7 +12,7 @@ import (
 )
 
 // gpuModel is the text model's forward on one CUDA device, a first cut of the GPU path:
-// fp32 weights and activations, eager launches on the default stream but for decode
+// fp32 activations and weights (but GPUOptions' bf16 choices, gpu_linears.go), eager launches on the default stream but for decode
 // steps as graphs (gpu_graphs.go, batched attention). The sequences' cache
 // lives in kvslab pages in device memory, in the CPU runner's layout (textLayout): the KDA
 // layers run on their conv and recurrent states in the sequence's live state page and

@@ -22,7 +22,7 @@ import (
 // speculatively with the MTP layer on the device, as NewMTPTextRunner does on the CPU
 // (gpu_verify.go, gpu_mtp.go): the same drafts, the same pool layout. Decode steps replay
 // CUDA graphs per batch bucket after UseGraphs (gpu_graphs.go; prefill and drafting steps
-// eager). A first cut: fp32 (but GPUOptions.KDAWeights).
+// eager). A first cut: fp32 (but GPUOptions.KDAWeights and Weights).
 type GPURunner struct {
 	*cpurunner.Runner
 	Model      *TextModel
