@@ -17,6 +17,27 @@ import (
 	"github.com/resin-llm/resin/core/weights"
 )
 
+// logitsClose fails t unless lg (of shape) is wantLg's shape with every row within 1e-5
+// of that row's largest |wantLg|.
+func logitsClose(t *testing.T, name string, lg []float32, shape []int, wantLg []float32, wantShape []int) {
+	t.Helper()
+	if !slices.Equal(shape, wantShape) {
+		t.Fatalf("%s: logits %v, one rank %v", name, shape, wantShape)
+	}
+	v := shape[1]
+	for r := range shape[0] {
+		scale := 0.0
+		for _, x := range wantLg[r*v : (r+1)*v] {
+			scale = max(scale, math.Abs(float64(x)))
+		}
+		for j := r * v; j < (r+1)*v; j++ {
+			if d := math.Abs(float64(lg[j]-wantLg[j])) / scale; !(d <= 1e-5) {
+				t.Fatalf("%s: logits row %d column %d: %g, one rank %g", name, r, j-r*v, lg[j], wantLg[j])
+			}
+		}
+	}
+}
+
 // readLogits reads the logits of generate's --logits-out file.
 func readLogits(t *testing.T, path string) ([]float32, []int) {
 	t.Helper()
@@ -76,21 +97,7 @@ func TestGenerateMoEParallel(t *testing.T) {
 					t.Fatalf("%s printed %q, one rank %q", name, got, want)
 				}
 				lg, shape := readLogits(t, filepath.Join(dir, sub, "l.safetensors"))
-				if !slices.Equal(shape, wantShape) {
-					t.Fatalf("%s: logits %v, one rank %v", name, shape, wantShape)
-				}
-				v := shape[1]
-				for r := range shape[0] {
-					scale := 0.0
-					for _, x := range wantLg[r*v : (r+1)*v] {
-						scale = max(scale, math.Abs(float64(x)))
-					}
-					for j := r * v; j < (r+1)*v; j++ {
-						if d := math.Abs(float64(lg[j]-wantLg[j])) / scale; !(d <= 1e-5) {
-							t.Fatalf("%s: logits row %d column %d: %g, one rank %g", name, r, j-r*v, lg[j], wantLg[j])
-						}
-					}
-				}
+				logitsClose(t, name, lg, shape, wantLg, wantShape)
 			}
 			_, errOut, err = runGenerate(t, args("bad", c.refused...)...)
 			if err == nil || !strings.Contains(err.Error()+errOut, c.why) {
