@@ -379,11 +379,10 @@ func (r *Runner) forwardLogits(plan *engine.BatchPlan, logits []float32) error {
 // step uploads plan, runs the forward (a graph when one fits; sampling on the device with
 // sample) and then fetch, and waits.
 func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.Ctx) error) error {
-	pd := PlanDims(plan)
-	if ld := r.model.ws.PlanLayout.Dims; pd.Tokens > r.limits.MaxTokens || pd.Seqs > r.limits.MaxSeqs || pd.Rows > r.limits.MaxRows || pd.PagesPerSeq > ld.PagesPerSeq {
-		return fmt.Errorf("gpurunner: a step of %d tokens, %d sequences, %d logits rows and %d pages per sequence exceeds the runner's limits %+v (%d pages)",
-			pd.Tokens, pd.Seqs, pd.Rows, pd.PagesPerSeq, r.limits, ld.PagesPerSeq)
+	if err := r.checkDims(plan); err != nil {
+		return err
 	}
+	pd := PlanDims(plan)
 	sh := r.buckets.Choose(plan, r.limits.MaxSeqs)
 	l, err := r.layout(sh)
 	if err != nil {
@@ -422,6 +421,16 @@ func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.
 		}
 		return c.Sync(r.stream)
 	})
+}
+
+// checkDims refuses a plan past the runner's limits (what step refuses before its upload).
+func (r *Runner) checkDims(plan *engine.BatchPlan) error {
+	pd := PlanDims(plan)
+	if ld := r.model.ws.PlanLayout.Dims; pd.Tokens > r.limits.MaxTokens || pd.Seqs > r.limits.MaxSeqs || pd.Rows > r.limits.MaxRows || pd.PagesPerSeq > ld.PagesPerSeq {
+		return fmt.Errorf("gpurunner: a step of %d tokens, %d sequences, %d logits rows and %d pages per sequence exceeds the runner's limits %+v (%d pages)",
+			pd.Tokens, pd.Seqs, pd.Rows, pd.PagesPerSeq, r.limits, ld.PagesPerSeq)
+	}
+	return nil
 }
 
 // packMasks copies plan's token masks into buf (the workspace's TokenMask as uploaded,

@@ -219,6 +219,11 @@ func (g *TP) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepRe
 		return engine.StepResult{}, err
 	}
 	if len(g.ranks) > 1 {
+		// Refused here, before the others see it: a rank that fails a step leaves the
+		// group (the others would wait in its collectives).
+		if err := g.ranks[0].checkDims(plan); err != nil {
+			return engine.StepResult{}, err
+		}
 		if err := tp.BroadcastPlan(g.ctl[0], plan, &g.msg); err != nil {
 			return engine.StepResult{}, g.failed(err)
 		}
@@ -238,8 +243,18 @@ func (g *TP) failed(err error) error {
 }
 
 // CaptureLogits implements cpurunner.LogitsCapturer on rank 0 (every rank has the same
-// logits).
-func (g *TP) CaptureLogits(fn func(cpurunner.LogitsRow)) { g.ranks[0].CaptureLogits(fn) }
+// logits); the other ranks capture and drop theirs, so that every rank takes the same
+// path through each step (host sampling for all).
+func (g *TP) CaptureLogits(fn func(cpurunner.LogitsRow)) {
+	g.ranks[0].CaptureLogits(fn)
+	for _, rr := range g.ranks[1:] {
+		if fn == nil {
+			rr.CaptureLogits(nil)
+		} else {
+			rr.CaptureLogits(func(cpurunner.LogitsRow) {})
+		}
+	}
+}
 
 // Close stops the followers, then frees the communicator and every rank's runner.
 func (g *TP) Close() error {

@@ -1,9 +1,11 @@
 package gpurunner_test
 
 import (
+	"context"
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -158,4 +160,41 @@ func TestEmulatedTPConformance(t *testing.T) {
 		t.Cleanup(func() { g.Close() })
 		return g, pool
 	}, runnertest.Options{Tolerance: emuTolerance, MaxTokens: 5})
+}
+
+// TestEmulatedTPRefusesOverLimit: a plan past the runner's limits is refused on rank 0
+// before the other ranks see it, so the group still runs the next steps (before, every
+// rank refused it and the followers left the group: the next step failed).
+func TestEmulatedTPRefusesOverLimit(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	m, err := llama.Load(tinyLlama(t), llama.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := m.Model.Config.DenseConfig(m.Model.MaxContext(), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, pool, err := gpurunner.NewDenseTP(cfg, m.Model.W.DenseWeights(), []int{0, 1}, gpurunner.Options{
+		CacheBytes: 4 << 20, Limits: gpurunner.Limits{MaxTokens: 32, MaxSeqs: 4}, KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	big := gpurunner.DecodePlanForTest(5, 8, 16)
+	if _, err := g.Execute(context.Background(), big); err == nil || !strings.Contains(err.Error(), "exceeds the runner's limits") {
+		t.Fatalf("a step of 5 sequences on a runner of 4: %v", err)
+	}
+	s := &runnertest.Suite{}
+	e := s.StartWith(t, g, pool, engine.Config{MaxBatchTokens: 32, MaxSeqs: 4})
+	out := e.Generate(t, runnertest.Prompt(5, 261, 1), engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true})
+	e.Stop(t)
+	if len(out.Tokens) != 6 {
+		t.Fatalf("after the refusal: %d tokens (finish %s), want 6", len(out.Tokens), out.Finish)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
