@@ -38,7 +38,8 @@
 //   - kernels/: the model's own CUDA kernels, with Go launchers and references
 //   - gpu.go: gpuModel, the forward on one CUDA device (a first cut, below); gpu_moe.go:
 //     gpuMoE, a layer's MoE there; gpu_runner.go: GPURunner, the engine.Runner on it;
-//     gpu_open.go: OpenGPU, its cli.GPUOpener
+//     gpu_open.go: OpenGPU, its cli.GPUOpener; gpu_packed.go: the checkpoint's FP8 and
+//     MXFP4 tensors read as stored for it (gpu_linear.go runs them)
 //
 // # GPU kernels
 //
@@ -67,6 +68,11 @@
 //	gather, clamped SwiGLU,        cuda resin_moe_gather_f32,                 TestEmuMaskedMoE (exact, 1e-6);
 //	  weighted combine               resin_swiglu_clamped_f32, _combine_f32     TestEmulatedMoE: Model.moe (1e-5)
 //	routed and shared experts      cuBLASLt fp32, a GEMM per expert block     TestEmulatedMoE
+//	FP8 linears as shipped         core/gpurunner Linears: cuBLASLt block-    TestEmulatedPackedLinears (the
+//	  (OpenGPU on a checkpoint)      scaled FP8 on sm_90, else the fallback     quantised-input reference);
+//	                                 kernel, inputs quantised per 128 cols      TestEmulatedOpenGPU (engine, 0.5)
+//	MXFP4 routed experts           resin_mxfp4_gemm W4A16, one launch per     TestEmulatedPackedLinears;
+//	  as shipped                     projection over the masked layout          TestEmulatedOpenGPU (engine, 0.02)
 //	hc_head, final norm, head      embedding.cu gathers the sampled rows;      TestEmulatedForward: Model.ForwardRows,
 //	                                 mhc.cu (head), rmsnorm, cuBLASLt           every logit within 5e-5
 //	MTP head: enorm/e_proj,        rmsnorm, cuBLASLt, kernels groups.cu       TestEmuAddRows (exact);
@@ -81,10 +87,19 @@
 //
 // What is a first cut: activations are float32 and the GEMM weights float32 or bf16
 // (gpu_linear.go: a bf16 GEMM's input rounded by groups.cu's cast;
-// TestEmulatedLinearsBF16, TestEmulatedForwardBF16). The checkpoint's FP8 and FP4 tensors
-// are dequantised by core/weights at load, so a parameter takes 4 or 2 bytes (about 1.1
-// TB or 570 GB for the full 284B model, against 157 GB as shipped; only truncated configs
-// fit a GPU), and cuBLASLt's block-scaled FP8 and a W4A16 expert GEMM are not written;
+// TestEmulatedLinearsBF16, TestEmulatedForwardBF16), except that OpenGPU on a checkpoint
+// whose quantization_config says FP8 keeps its FP8 linears and MXFP4 routed experts
+// packed on the device (gpu_packed.go; the startup log names the paths, GPURunner.Describe;
+// wo_a packed per output group when its groups cut into whole scale blocks, the shared
+// expert's gate and up stacked when the gate does, else those two in float32). Weights the
+// checkpoint ships in bf16 or f32 (the router, weights_proj, hc, the head) stay float32 on
+// the device, and the host still holds Load's float32 copy of every weight (the CPU
+// Model): dropping it, and bf16 for the unquantised GEMMs under OpenGPU, are not done. The
+// FP8 path quantises each GEMM input to e4m3 per 128 columns (DeepSeek's act_quant does
+// too), which the CPU reference does not: on the tiny random fixture the logprobs move by
+// up to ~0.35 and greedy tokens part after a few steps (TestEmulatedOpenGPU compares two);
+// only the fallback FP8 kernel has run through the model (the emulated device is an
+// sm_80, so FP8Auto picks it; the cuBLASLt block-scaled path is untried here);
 // each sequence's state sits in a device slot (ring, windows, entries) rather than kvslab
 // pages; the host pool the engine schedules with is written through from the slots after
 // every step (device-to-host copies of every fed row, a sync per layer in eager steps) and

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
 )
@@ -23,6 +24,7 @@ type gpuModel struct {
 	blas  *cudart.Blas
 	lin   *gpuLinears
 	arena gpuArena
+	pk    *gpuPacked // the checkpoint's packed tensors, while newGPUModel uploads
 
 	embed, head, norm, hcFn, hcBase, hcScale, ones cudart.DevicePtr
 	main, comp                                     kernels.Rope
@@ -55,6 +57,7 @@ type gpuLayer struct {
 	attnHC, ffnHC               gpuHC
 	qa, qaNorm, qb, kv, kvNorm  cudart.DevicePtr
 	oa, ob, sinks               cudart.DevicePtr
+	oaGroups                    []cudart.DevicePtr // wo_a per output group when packed (oa is then 0)
 	ratio                       int
 	comp, idx                   *kernels.Compressor // nil on sliding (idx: non-CSA) layers
 	compKV, compGate            cudart.DevicePtr
@@ -78,13 +81,18 @@ type gpuWork struct {
 // that many drafts per sequence) and allocates slots
 // sequences of up to m.maxContext tokens, with steps of up to maxTokens rows of which up
 // to maxRows get logits.
-func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, dt cudart.DType, slots, maxTokens, maxRows, drafts int) (_ *gpuModel, err error) {
+//
+// With pk (openGPUPacked's), the GEMM weights the checkpoint stores as FP8 and the routed
+// experts it stores as MXFP4 are uploaded as stored and run through gpurunner's Linears
+// on dev (gpuLinears.usePacked); the rest in dt.
+func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels, blas *cudart.Blas, dt cudart.DType, slots, maxTokens, maxRows, drafts int, dev *cudart.Device, pk *gpuPacked) (_ *gpuModel, err error) {
 	cfg := m.Config
 	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens {
 		return nil, fmt.Errorf("gpu: %d slots, %d rows a step and %d logits rows (at most the rows) must be positive", slots, maxTokens, maxRows)
 	}
-	g := &gpuModel{m: m, kk: kk, vk: vk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, used: make([]bool, slots)}
+	g := &gpuModel{m: m, kk: kk, vk: vk, blas: blas, slots: slots, maxTokens: maxTokens, maxRows: maxRows, used: make([]bool, slots), pk: pk}
 	defer func() {
+		g.pk = nil
 		if err != nil {
 			g.close(c)
 		}
@@ -98,21 +106,26 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 	if g.lin, err = newGPULinears(a, c, blas, vk, dt, maxTokens*maxIn); err != nil {
 		return nil, err
 	}
+	if pk != nil {
+		if err = g.lin.usePacked(a, c, dev, kk, maxTokens, maxIn, gpurunner.FP8Auto); err != nil {
+			return nil, err
+		}
+	}
 	up := func(dst *cudart.DevicePtr, v []float32) { // float32: norms, biases, tables
 		if err == nil {
 			*dst, err = upload(a, c, v, 4)
 		}
 	}
-	upW := func(dst *cudart.DevicePtr, v []float32) { // a GEMM's weights
+	upW := func(dst *cudart.DevicePtr, v *[]float32) { // a GEMM's weights
 		if err == nil {
-			*dst, err = g.lin.weights(a, c, v)
+			*dst, err = g.lin.fieldWeights(a, c, pk, v)
 		}
 	}
 	w := m.W
 	up(&g.embed, w.Embed)
-	upW(&g.head, w.Head)
+	upW(&g.head, &w.Head)
 	up(&g.norm, w.Norm)
-	upW(&g.hcFn, w.HCFn)
+	upW(&g.hcFn, &w.HCFn)
 	up(&g.hcBase, w.HCBase)
 	up(&g.hcScale, w.HCScale)
 	ones := make([]float32, max(d, cfg.IndexHeadDim))
@@ -137,9 +150,9 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 				*dst, err = upload(a, c, v, 4)
 			}
 		}
-		upW := func(dst *cudart.DevicePtr, v []float32) {
+		upW := func(dst *cudart.DevicePtr, v *[]float32) {
 			if err == nil {
-				*dst, err = g.lin.weights(a, c, v)
+				*dst, err = g.lin.fieldWeights(a, c, pk, v)
 			}
 		}
 		zeros := func(dst *cudart.DevicePtr, n int) {
@@ -156,17 +169,19 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			dst *gpuHC
 			src *HyperConn
 		}{{&gl.attnHC, &l.AttnHC}, {&gl.ffnHC, &l.FFNHC}} {
-			upW(&p.dst.fn, p.src.Fn)
+			upW(&p.dst.fn, &p.src.Fn)
 			up(&p.dst.base, p.src.Base)
 			up(&p.dst.scale, p.src.Scale)
 		}
-		upW(&gl.qa, l.QA)
+		upW(&gl.qa, &l.QA)
 		up(&gl.qaNorm, l.QANorm)
-		upW(&gl.qb, l.QB)
-		upW(&gl.kv, l.KV)
+		upW(&gl.qb, &l.QB)
+		upW(&gl.kv, &l.KV)
 		up(&gl.kvNorm, l.KVNorm)
-		upW(&gl.oa, l.OA)
-		upW(&gl.ob, l.OB)
+		if err == nil {
+			gl.oa, gl.oaGroups, err = g.upOA(a, c, pk, l)
+		}
+		upW(&gl.ob, &l.OB)
 		up(&gl.sinks, l.Sinks[:nh])
 		zeros(&gl.ring, (slots+1)*cfg.SlidingWindow*d)
 		newComp := func(cw *Compressor, dim int, overlap bool) *kernels.Compressor {
@@ -187,25 +202,27 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			overlap := gl.kind == CompressedSparse
 			gl.comp = newComp(l.Compressor, d, overlap)
 			zeros(&gl.entryRow0, maxTokens)
-			upW(&gl.compKV, l.Compressor.KV)
-			upW(&gl.compGate, l.Compressor.Gate)
+			upW(&gl.compKV, &l.Compressor.KV)
+			upW(&gl.compGate, &l.Compressor.Gate)
 		}
 		if l.Indexer != nil {
 			gl.idx = newComp(&l.Indexer.Compressor, cfg.IndexHeadDim, true)
-			upW(&gl.idxKV, l.Indexer.KV)
-			upW(&gl.idxGate, l.Indexer.Gate)
-			upW(&gl.idxQB, l.Indexer.QB)
+			upW(&gl.idxKV, &l.Indexer.KV)
+			upW(&gl.idxGate, &l.Indexer.Gate)
+			upW(&gl.idxQB, &l.Indexer.QB)
 			s := float32(math.Pow(float64(cfg.IndexNHeads), -0.5))
 			iw := make([]float32, len(l.Indexer.WeightsProj))
 			for i, v := range l.Indexer.WeightsProj {
 				iw[i] = v * s
 			}
-			upW(&gl.idxW, iw)
+			if err == nil {
+				gl.idxW, err = g.lin.weights(a, c, iw) // scaled here: not the checkpoint's tensor
+			}
 		}
 		if err != nil {
 			return gl, err
 		}
-		gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, mlp)
+		gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, mlp, pk)
 		return gl, err
 	}
 	if err != nil {
@@ -250,6 +267,29 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		}
 	}
 	return g, nil
+}
+
+// upOA uploads layer l's wo_a: as one matrix the groups slice, or, when the checkpoint
+// stores it as FP8 and its groups cut into whole scale blocks (splitFP8), one packed
+// weight per output group.
+func (g *gpuModel) upOA(a *gpuArena, c *cudart.Ctx, pk *gpuPacked, l *Layer) (cudart.DevicePtr, []cudart.DevicePtr, error) {
+	if g.lin.q != nil {
+		p, ok, err := pk.fp8(&l.OA)
+		if err != nil {
+			return 0, nil, err
+		}
+		if parts, split := splitFP8(p, g.m.Config.OGroups); ok && split {
+			ws := make([]cudart.DevicePtr, len(parts))
+			for i, q := range parts {
+				if ws[i], err = g.lin.fp8Weights(a, c, q); err != nil {
+					return 0, nil, err
+				}
+			}
+			return 0, ws, nil
+		}
+	}
+	w, err := g.lin.weights(a, c, l.OA)
+	return w, nil, err
 }
 
 // close frees the device memory and the stream.
@@ -626,8 +666,11 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs 
 		return err
 	}
 	for gi := range og {
-		if err := g.gemm(c, w.midg+cudart.DevicePtr(4*gi*n*olr), w.grp+cudart.DevicePtr(4*gi*n*gin),
-			g.lin.at(l.oa, gi*olr*gin), n, gin, olr); err != nil {
+		wg := g.lin.at(l.oa, gi*olr*gin)
+		if l.oaGroups != nil {
+			wg = l.oaGroups[gi]
+		}
+		if err := g.gemm(c, w.midg+cudart.DevicePtr(4*gi*n*olr), w.grp+cudart.DevicePtr(4*gi*n*gin), wg, n, gin, olr); err != nil {
 			return err
 		}
 	}

@@ -26,10 +26,8 @@ import (
 // fallback kernel, both after quantising the input per 128 columns), and expertsMatMulT
 // runs an MXFP4 bank as one W4A16 launch over the masked layout. describe says which ran.
 //
-// Not done here: gpu.go and gpu_moe.go still upload the float32 weights of Model (the
-// CPU path's, dequantised by core/weights at load); keeping the checkpoint's tensors
-// packed needs them to call checkpointWeights / mxfp4Weights with a gpurunner.PackedReader
-// over the checkpoint (and to drop the float32 copy), which is those files' change.
+// gpu.go and gpu_moe.go upload through fieldWeights and mxfp4Weights (gpu_packed.go) when
+// OpenGPU found the checkpoint's tensors packed; the host's float32 copy (Model) stays.
 type gpuLinears struct {
 	blas    *cudart.Blas
 	vk      *kernels.Kernels // the cast's (bf16 only)

@@ -52,7 +52,11 @@ type gpuMoE struct {
 
 // newGPUMoE uploads layer l's MoE. Hash routing's table is checked here, once: the
 // kernels take its ids as they are.
-func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Layer, kind string) (*gpuMoE, error) {
+//
+// With pk, routed experts the checkpoint stores as MXFP4 stay packed (one W4A16 bank per
+// projection), and FP8 linears (the shared expert's, its gate and up stacked when the
+// gate fills whole 128-row scale blocks) stay FP8.
+func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Layer, kind string, pk *gpuPacked) (*gpuMoE, error) {
 	e, k, h, in := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize, cfg.MoEIntermediateSize
 	g := &gpuMoE{experts: e, k: k, h: h, in: in, scale: float32(cfg.RoutedScalingFactor), limit: float32(cfg.SwigluLimit)}
 	if cfg.ScoringFunc == "sigmoid" {
@@ -62,16 +66,33 @@ func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Laye
 		return nil, fmt.Errorf("gpu moe: swiglu_limit %g must be positive", g.limit)
 	}
 	var err error
-	up := func(dst *cudart.DevicePtr, v []float32) {
+	up := func(dst *cudart.DevicePtr, v *[]float32) {
 		if err == nil {
-			*dst, err = lin.weights(a, c, v)
+			*dst, err = lin.fieldWeights(a, c, pk, v)
 		}
 	}
-	up(&g.router, l.Router)
-	up(&g.gateUp, l.GateUp)
-	up(&g.down, l.Down)
-	up(&g.sharedGateUp, append(append([]float32(nil), l.SharedGate...), l.SharedUp...))
-	up(&g.sharedDn, l.SharedDown)
+	bank := func(dst *cudart.DevicePtr, v *[]float32) {
+		if err != nil {
+			return
+		}
+		if lin.q != nil {
+			p, ok, perr := pk.mxfp4(v)
+			if err = perr; err == nil && ok {
+				*dst, err = lin.mxfp4Weights(a, c, p)
+				return
+			}
+		}
+		if err == nil {
+			*dst, err = lin.weights(a, c, *v)
+		}
+	}
+	up(&g.router, &l.Router)
+	bank(&g.gateUp, &l.GateUp)
+	bank(&g.down, &l.Down)
+	if err = g.upSharedGateUp(a, c, lin, pk, l); err != nil {
+		return nil, fmt.Errorf("gpu moe: %w", err)
+	}
+	up(&g.sharedDn, &l.SharedDown)
 	if kind == HashMoE {
 		for i, id := range l.Tid2Eid {
 			if id < 0 || int(id) >= e {
@@ -90,6 +111,28 @@ func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Laye
 		return nil, fmt.Errorf("gpu moe: %w", err)
 	}
 	return g, nil
+}
+
+// upSharedGateUp uploads the shared expert's gate and up as one [2·inter, hidden] weight:
+// FP8 as stored when both are and the gate fills whole scale blocks (stackFP8), else float.
+func (g *gpuMoE) upSharedGateUp(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, pk *gpuPacked, l *Layer) error {
+	var err error
+	if lin.q != nil {
+		gate, okG, err := pk.fp8(&l.SharedGate)
+		if err != nil {
+			return err
+		}
+		upw, okU, err := pk.fp8(&l.SharedUp)
+		if err != nil {
+			return err
+		}
+		if p, ok := stackFP8(gate, upw); okG && okU && ok {
+			g.sharedGateUp, err = lin.fp8Weights(a, c, p)
+			return err
+		}
+	}
+	g.sharedGateUp, err = lin.weights(a, c, append(append([]float32(nil), l.SharedGate...), l.SharedUp...))
+	return err
 }
 
 // moeWork is the MoE's device workspace for steps of up to maxTokens rows: a step of n
@@ -151,20 +194,14 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 	if err := kk.MoEGather(c, s, m, w.xe, x); err != nil {
 		return err
 	}
-	for ex := range e {
-		xe, gu := w.xe+cudart.DevicePtr(4*ex*mr*h), w.gu+cudart.DevicePtr(4*ex*mr*2*in)
-		if err := b.matMulT(c, s, gu, xe, b.at(g.gateUp, ex*2*in*h), mr, h, 2*in); err != nil {
-			return err
-		}
+	if err := b.expertsMatMulT(c, s, w.gu, w.xe, w.counts, g.gateUp, e, mr, h, 2*in); err != nil {
+		return err
 	}
 	if err := kk.SwiGLUClamped(c, s, w.act, w.gu, e*mr, in, g.limit); err != nil {
 		return err
 	}
-	for ex := range e {
-		act, ye := w.act+cudart.DevicePtr(4*ex*mr*in), w.ye+cudart.DevicePtr(4*ex*mr*h)
-		if err := b.matMulT(c, s, ye, act, b.at(g.down, ex*h*in), mr, in, h); err != nil {
-			return err
-		}
+	if err := b.expertsMatMulT(c, s, w.ye, w.act, w.counts, g.down, e, mr, in, h); err != nil {
+		return err
 	}
 	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*in); err != nil {
 		return err

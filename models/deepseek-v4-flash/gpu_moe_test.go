@@ -70,7 +70,7 @@ func TestEmulatedMoE(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				g, err := newGPUMoE(&a, cx, lin, c, l, kind)
+				g, err := newGPUMoE(&a, cx, lin, c, l, kind, nil)
 				if err != nil {
 					return err
 				}

@@ -39,14 +39,14 @@ func newGPUMTP(a *gpuArena, c *cudart.Ctx, g *gpuModel, drafts int, upLayer func
 	sw := cfg.HCMult * cfg.HiddenSize
 	for _, u := range []struct {
 		dst    *cudart.DevicePtr
-		v      []float32
+		v      *[]float32
 		weight bool
-	}{{&t.eProj, mt.EProj, true}, {&t.hProj, mt.HProj, true}, {&t.hc.fn, mt.HCFn, true}, {&t.eNorm, mt.ENorm, false},
-		{&t.hNorm, mt.HNorm, false}, {&t.norm, mt.Norm, false}, {&t.hc.base, mt.HCBase, false}, {&t.hc.scale, mt.HCScale, false}} {
+	}{{&t.eProj, &mt.EProj, true}, {&t.hProj, &mt.HProj, true}, {&t.hc.fn, &mt.HCFn, true}, {&t.eNorm, &mt.ENorm, false},
+		{&t.hNorm, &mt.HNorm, false}, {&t.norm, &mt.Norm, false}, {&t.hc.base, &mt.HCBase, false}, {&t.hc.scale, &mt.HCScale, false}} {
 		if u.weight {
-			*u.dst, err = g.lin.weights(a, c, u.v)
+			*u.dst, err = g.lin.fieldWeights(a, c, g.pk, u.v)
 		} else {
-			*u.dst, err = upload(a, c, u.v, 4)
+			*u.dst, err = upload(a, c, *u.v, 4)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gpu: mtp: %w", err)

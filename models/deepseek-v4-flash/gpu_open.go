@@ -1,6 +1,9 @@
 package deepseekv4flash
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -11,7 +14,13 @@ import (
 // GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots, the step's rows and its logits rows
 // (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and MaxSeqs, as
 // core/gpurunner), opts.KernelCache
-// the compiled kernels; the GEMM weights are float32 (NewGPURunner takes bf16 too);
+// the compiled kernels. The GEMM weights are as the checkpoint ships them where its
+// quantization_config says so: FP8 e4m3 linears with their 128×128 scales, MXFP4 routed
+// experts with their ue8m0 scales (gpu_packed.go), run by core/gpurunner's Linears; every
+// other GEMM weight (bf16 or f32 in the checkpoint, random weights) in float32 (NewGPURunner
+// takes bf16 too). Which path ran is written to opts.Log ("deepseek-v4-flash GPU GEMMs: ...",
+// GPURunner.Describe). The host still holds Load's float32 copy of every weight (Model,
+// which the runner's engine wiring reads): dropping it is not done;
 // decode steps replay CUDA graphs unless opts.Eager (UseGraphs); NUMA binding and a
 // device KV cache are not used yet (see doc.go). The host pool
 // of cacheBytes (0 = 256 MiB) is written through from the device slots, for prefix hits
@@ -39,17 +48,27 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 	if !rowsSet {
 		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
 	}
-	var r *GPURunner
 	if drafts > 0 {
-		r, err = NewGPUMTPRunner(cpu.Model, dev, cache, cudart.F32, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, drafts)
-	} else {
-		r, err = NewGPURunner(cpu.Model, dev, cache, cudart.F32, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows)
+		if err := checkMTP(cpu.Model, drafts); err != nil {
+			dev.Close()
+			return nil, nil, err
+		}
 	}
+	pk, err := openGPUPacked(dir, cpu.Model)
+	if err != nil {
+		dev.Close()
+		return nil, nil, fmt.Errorf("%s: packed weights of %s: %w", Name, dir, err)
+	}
+	r, err := newGPURunner(cpu.Model, pk, dev, cache, cudart.F32, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, drafts)
+	pk.close()
 	if err != nil {
 		dev.Close()
 		return nil, nil, err
 	}
 	r.ownsDev = true
+	if opts.Log != nil {
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs: %s\n", Name, strings.ReplaceAll(r.Describe(), "\n", "; "))
+	}
 	if !opts.Eager {
 		if err := r.UseGraphs(true, opts.Log); err != nil {
 			r.Close()

@@ -49,7 +49,7 @@ var _ engine.Runner = (*GPURunner)(nil)
 // weights in dt (cudart.F32 or cudart.BF16), for up to slots sequences at once and steps
 // of up to maxTokens rows, maxRows of them sampled.
 func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows int) (*GPURunner, error) {
-	return newGPURunner(m, dev, cache, dt, slots, maxTokens, maxRows, 0)
+	return newGPURunner(m, nil, dev, cache, dt, slots, maxTokens, maxRows, 0)
 }
 
 // NewGPUMTPRunner is NewGPURunner for a runner that decodes speculatively with the
@@ -58,23 +58,33 @@ func NewGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cu
 // device slot and in the pool; gpu_mtp.go). Its pool has NewMTPRunner's layout; its
 // logits rows must hold (1+drafts) per sequence.
 func NewGPUMTPRunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows, drafts int) (*GPURunner, error) {
+	if err := checkMTP(m, drafts); err != nil {
+		return nil, err
+	}
+	return newGPURunner(m, nil, dev, cache, dt, slots, maxTokens, maxRows, drafts)
+}
+
+// checkMTP refuses speculative decoding with drafts per step where m cannot run it.
+func checkMTP(m *Model, drafts int) error {
 	c := m.Config
 	if m.W.MTP == nil || c.NumNextNPredictLayers < 1 {
-		return nil, fmt.Errorf("%s: speculative decoding needs the MTP head (num_nextn_predict_layers %d, mtp.0.* loaded: %v)",
+		return fmt.Errorf("%s: speculative decoding needs the MTP head (num_nextn_predict_layers %d, mtp.0.* loaded: %v)",
 			Name, c.NumNextNPredictLayers, m.W.MTP != nil)
 	}
 	if drafts < 1 {
-		return nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
+		return fmt.Errorf("%s: %d drafts per step", Name, drafts)
 	}
 	for i := range c.LayerTypes {
 		if ratio := c.LayerRatio(i); ratio > 0 && ratio < 1+drafts {
-			return nil, fmt.Errorf("%s: %d drafts per step need compression ratios of at least %d, layer %d has %d", Name, drafts, 1+drafts, i, ratio)
+			return fmt.Errorf("%s: %d drafts per step need compression ratios of at least %d, layer %d has %d", Name, drafts, 1+drafts, i, ratio)
 		}
 	}
-	return newGPURunner(m, dev, cache, dt, slots, maxTokens, maxRows, drafts)
+	return nil
 }
 
-func newGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows, drafts int) (*GPURunner, error) {
+// newGPURunner is NewGPURunner (drafts > 0: NewGPUMTPRunner) with, when pk is not nil,
+// the checkpoint's FP8 linears and MXFP4 experts uploaded as stored (newGPUModel).
+func newGPURunner(m *Model, pk *gpuPacked, dev *cudart.Device, cache *cudart.KernelCache, dt cudart.DType, slots, maxTokens, maxRows, drafts int) (*GPURunner, error) {
 	kk, err := cuda.Load(dev, cache)
 	if err != nil {
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
@@ -96,7 +106,7 @@ func newGPURunner(m *Model, dev *cudart.Device, cache *cudart.KernelCache, dt cu
 		if err != nil {
 			return err
 		}
-		r.g, err = newGPUModel(c, m, kk, vk, blas, dt, slots, rows, maxRows, drafts)
+		r.g, err = newGPUModel(c, m, kk, vk, blas, dt, slots, rows, maxRows, drafts, dev, pk)
 		return err
 	})
 	if err != nil {
@@ -164,6 +174,11 @@ func (r *GPURunner) resume(c *cudart.Ctx, p *engine.BatchPlan, i int) (*gpuSeq, 
 	}
 	return s, nil
 }
+
+// Describe names the GEMM paths that run: the dense weights' element type and, for a
+// runner OpenGPU opened on a checkpoint with FP8 or FP4 tensors, each packed type's path
+// (gpurunner.Linears.Describe: "fp8-block128: ..." and "mxfp4: ...").
+func (r *GPURunner) Describe() string { return r.g.lin.describe() }
 
 // Close frees the device memory and the kernels (and closes the device OpenGPU opened);
 // it must not run inside Device.Do.

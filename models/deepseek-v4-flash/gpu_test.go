@@ -1,6 +1,7 @@
 package deepseekv4flash
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
@@ -130,7 +131,7 @@ func gpuForwardParity(t *testing.T, dev *cudart.Device, dt cudart.DType, tol for
 		if err != nil {
 			return err
 		}
-		g, err := newGPUModel(cx, m, kk, vk, blas, dt, 3, 32, 32, 0)
+		g, err := newGPUModel(cx, m, kk, vk, blas, dt, 3, 32, 32, 0, nil, nil)
 		if err != nil {
 			return err
 		}
@@ -278,36 +279,136 @@ func TestEmulatedEngineMatchesCPU(t *testing.T) {
 	}
 }
 
-// TestEmulatedOpenGPU opens a tiny checkpoint directory through OpenGPU (the
-// cli.GPUOpener) on the emulated device and checks one greedy request through the engine
-// against Open's CPU runner.
+// TestEmulatedOpenGPU opens checkpoint directories through OpenGPU (the cli.GPUOpener)
+// on the emulated device and checks one greedy request through the engine against Open's
+// CPU runner, and the GEMM paths OpenGPU logs: a tiny config with random weights (float32
+// GEMMs, tokens and logprobs equal within gpuForwardTolerance's order), and a checkpoint
+// in DeepSeek's published layout (published_test.go: FP8 e4m3 linears with ue8m0 128×128
+// scales, MXFP4 routed experts) whose FP8 linears and MXFP4 experts stay packed on the
+// device while the CPU runs the same values dequantised: greedy tokens equal, logprobs
+// within packedLogprobTolerance (the FP8 GEMMs quantise their inputs to e4m3 per 128
+// columns, a relative error of up to 2^-4 per value the CPU path does not make).
 func TestEmulatedOpenGPU(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tinyConfigJSON), 0o644); err != nil {
-		t.Fatal(err)
+	const (
+		packedLogprobTolerance = 0.5
+		mxfp4LogprobTolerance  = 0.02
+	)
+	for _, tc := range []struct {
+		name      string
+		dir       func(t *testing.T) (string, int)
+		describe  []string // what the logged GEMM paths must name
+		tokens    int      // greedy tokens compared
+		tolerance float64  // on every prompt and generated token's logprob
+	}{
+		{"random-fp32", func(t *testing.T) (string, int) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tinyConfigJSON), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return dir, tinyConfig(t).VocabSize
+		}, []string{"dense weights f32"}, 4, 1e-4},
+		{"published-fp8-mxfp4", func(t *testing.T) (string, int) {
+			dir, c, _ := publishedCheckpoint(t, publishedConfigJSON, nil)
+			return dir, c.VocabSize
+		}, []string{"dense weights f32", "fp8-block128", "mxfp4"}, 2, packedLogprobTolerance},
+		{"published-mxfp4", func(t *testing.T) (string, int) { // the FP8 linears stored as the BF16 values they encode
+			dir, c, _ := publishedCheckpoint(t, publishedConfigJSON, func(_ *Config, _ *Weights, ts []weights.Tensor) []weights.Tensor {
+				return unquantize(t, ts, func(string) bool { return true })
+			})
+			return dir, c.VocabSize
+		}, []string{"dense weights f32", "mxfp4"}, 4, mxfp4LogprobTolerance},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, vocab := tc.dir(t)
+			var log strings.Builder
+			const pool = 32 << 20 // the published config's 4096 positions need more than the tiny one's
+			gr, gpool, err := OpenGPU(dir, pool, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4, MaxRows: 16},
+				KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Log: &log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer gr.(*GPURunner).Close()
+			t.Logf("%s", log.String())
+			line := ""
+			for _, l := range strings.Split(log.String(), "\n") {
+				if strings.Contains(l, "GPU GEMMs:") {
+					line = l
+				}
+			}
+			for _, want := range tc.describe {
+				if !strings.Contains(line, want) {
+					t.Errorf("the GEMM paths logged (%q) do not name %q", line, want)
+				}
+			}
+			if packed := strings.Contains(line, "fp8") || strings.Contains(line, "mxfp4"); packed != (len(tc.describe) > 1) {
+				t.Errorf("the GEMM paths logged (%q): packed weights %v, want %v", line, packed, len(tc.describe) > 1)
+			}
+			cr, cpool, err := Open(dir, pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s runnertest.Suite
+			cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
+			ge, ce := s.StartWith(t, gr, gpool, cfg), s.StartWith(t, cr, cpool, cfg)
+			defer ge.Stop(t)
+			defer ce.Stop(t)
+			sp := engine.SamplingParams{MaxTokens: tc.tokens, IgnoreEOS: true, Logprobs: true, PromptLogprobs: true}
+			p := runnertest.Prompt(9, vocab, 3)
+			g, c := generateWithPrompt(t, ge, p, sp), generateWithPrompt(t, ce, p, sp)
+			if fmt.Sprint(g.tokens) != fmt.Sprint(c.tokens) {
+				t.Fatalf("GPU tokens %v, CPU %v", g.tokens, c.tokens)
+			}
+			if len(g.logprobs) != len(c.logprobs) || len(g.logprobs) != len(p)-1+len(g.tokens) {
+				t.Fatalf("%d GPU logprobs, %d CPU, for %d prompt and %d generated tokens", len(g.logprobs), len(c.logprobs), len(p), len(g.tokens))
+			}
+			worst := 0.0
+			for i := range g.logprobs {
+				worst = max(worst, math.Abs(float64(g.logprobs[i]-c.logprobs[i])))
+			}
+			t.Logf("tokens %v; %d logprobs differ by at most %.3g", g.tokens, len(g.logprobs), worst)
+			if !(worst <= tc.tolerance) {
+				t.Errorf("logprobs differ by %g, more than %g", worst, tc.tolerance)
+			}
+		})
 	}
-	gr, gpool, err := OpenGPU(dir, 4<<20, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4, MaxRows: 4},
-		KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+}
+
+// promptOutput is a request's greedy tokens and the logprobs of its prompt tokens after
+// the first (teacher-forced) then of its generated ones.
+type promptOutput struct {
+	tokens   []int32
+	logprobs []float32
+}
+
+func generateWithPrompt(t *testing.T, e *runnertest.Engine, prompt []int32, sp engine.SamplingParams) promptOutput {
+	t.Helper()
+	ctx := context.Background()
+	st, err := e.Submit(ctx, engine.Request{Prompt: prompt, Sampling: sp})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gr.(*GPURunner).Close()
-	cr, cpool, err := Open(dir, 4<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s runnertest.Suite
-	cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
-	ge, ce := s.StartWith(t, gr, gpool, cfg), s.StartWith(t, cr, cpool, cfg)
-	defer ge.Stop(t)
-	defer ce.Stop(t)
-	sp := engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}
-	p := runnertest.Prompt(9, tinyConfig(t).VocabSize, 5)
-	if g, c := ge.Generate(t, p, sp), ce.Generate(t, p, sp); fmt.Sprint(g.Tokens) != fmt.Sprint(c.Tokens) {
-		t.Fatalf("GPU tokens %v, CPU %v", g.Tokens, c.Tokens)
+	var o promptOutput
+	for {
+		ev, err := st.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range ev.PromptLogprobs {
+			o.logprobs = append(o.logprobs, l.Logprob)
+		}
+		for _, l := range ev.Logprobs {
+			o.logprobs = append(o.logprobs, l.Logprob)
+		}
+		o.tokens = append(o.tokens, ev.Tokens...)
+		if ev.Finish != engine.FinishNone {
+			if ev.Err != nil {
+				t.Fatal(ev.Err)
+			}
+			return o
+		}
 	}
 }
 
