@@ -372,6 +372,27 @@ func TestEmulatedOpenGPU(t *testing.T) {
 			if !(worst <= tc.tolerance) {
 				t.Errorf("logprobs differ by %g, more than %g", worst, tc.tolerance)
 			}
+			if len(tc.describe) == 1 {
+				return
+			}
+			// The MTP head's block and projections packed too: greedy with a draft per
+			// step equals greedy without, on the same packed weights.
+			mr, mpool, err := OpenGPUSpeculative(dir, pool, gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4},
+				KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mr.(*GPURunner).Close()
+			if d := mr.(*GPURunner).Describe(); !strings.Contains(d, "mxfp4") {
+				t.Errorf("the MTP runner's GEMM paths %q name no mxfp4", d)
+			}
+			me := s.StartWith(t, mr, mpool, cfg)
+			defer me.Stop(t)
+			sp.Logprobs, sp.PromptLogprobs, sp.MaxTokens = false, false, 4
+			plain, spec := ge.Generate(t, p, sp), me.Generate(t, p, sp)
+			if fmt.Sprint(spec.Tokens) != fmt.Sprint(plain.Tokens) {
+				t.Errorf("greedy with MTP drafts %v, without %v", spec.Tokens, plain.Tokens)
+			}
 		})
 	}
 }
