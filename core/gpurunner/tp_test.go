@@ -69,6 +69,16 @@ func TestEmulatedTPEqualsOne(t *testing.T) {
 	tpEqualsOne(t, []int{0, 1}, tpEmuTolerance)
 }
 
+// TestEmulatedTPOneDevice is TestEmulatedTPEqualsOne with both ranks on one emulated GPU,
+// the layout of scripts/gpu-check.sh's two ranks on GPU 0 (the emulated NCCL takes several
+// ranks on a device without NCCL_MULTI_RANK_GPU_ENABLE, which real NCCL needs).
+func TestEmulatedTPOneDevice(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	tpEqualsOne(t, []int{0, 0}, tpEmuTolerance)
+}
+
 // TestGPUNCCLTPEqualsOne is TestEmulatedTPEqualsOne on a real GPU: on GPUs 0 and 1 where
 // there are two, else both ranks on GPU 0, which needs NCCL >= 2.30 with
 // NCCL_MULTI_RANK_GPU_ENABLE=1 (scripts/gpu-check.sh's TP section sets it; without them
