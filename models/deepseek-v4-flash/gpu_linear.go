@@ -128,11 +128,18 @@ func (l *gpuLinears) checkpointWeights(a *gpuArena, c *cudart.Ctx, r *gpurunner.
 	return l.weights(a, c, v)
 }
 
-// describe names the GEMM paths: the dense element type, and the packed weights' paths.
+// describe names the GEMM paths: the dense element type, and the packed weights' count,
+// device bytes (against their float32 size) and paths, a line each.
 func (l *gpuLinears) describe() string {
 	s := fmt.Sprintf("dense weights %v", l.dt)
 	if l.q != nil && len(l.packed) > 0 {
-		s += "; " + l.q.Describe()
+		var bytes, f32 int64
+		for _, w := range l.packed {
+			bytes += w.Bytes()
+			f32 += 4 * int64(max(w.Experts, 1)*w.Out*w.In)
+		}
+		s += fmt.Sprintf("; %d weights packed, %.1f MiB on the device (%.1f MiB in float32)\n", len(l.packed), float64(bytes)/(1<<20), float64(f32)/(1<<20))
+		s += l.q.Describe()
 	}
 	return s
 }

@@ -313,13 +313,13 @@ func TestEmulatedOpenGPU(t *testing.T) {
 		{"published-fp8-mxfp4", func(t *testing.T) (string, int) {
 			dir, c, _ := publishedCheckpoint(t, publishedConfigJSON, nil)
 			return dir, c.VocabSize
-		}, []string{"dense weights f32", "fp8-block128", "mxfp4"}, 2, packedLogprobTolerance},
+		}, []string{"dense weights f32", "weights packed", "fp8-block128", "mxfp4"}, 2, packedLogprobTolerance},
 		{"published-mxfp4", func(t *testing.T) (string, int) { // the FP8 linears stored as the BF16 values they encode
 			dir, c, _ := publishedCheckpoint(t, publishedConfigJSON, func(_ *Config, _ *Weights, ts []weights.Tensor) []weights.Tensor {
 				return unquantize(t, ts, func(string) bool { return true })
 			})
 			return dir, c.VocabSize
-		}, []string{"dense weights f32", "mxfp4"}, 4, mxfp4LogprobTolerance},
+		}, []string{"dense weights f32", "weights packed", "mxfp4"}, 4, mxfp4LogprobTolerance},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, vocab := tc.dir(t)
