@@ -74,9 +74,10 @@ func (p *gpuPacked) stored(dst *[]float32) (string, weights.DType, param, bool) 
 }
 
 // fp8 reads field dst ([out, in]) as the checkpoint's FP8 weight; ok is false when it is
-// stored otherwise (bf16, f32, or not a matrix).
+// stored otherwise (bf16, f32, or not a matrix), or in scale blocks other than the 128×128
+// the GPU's FP8 linears take (then its float32 values are uploaded).
 func (p *gpuPacked) fp8(dst *[]float32) (_ gpurunner.PackedFP8, ok bool, err error) {
-	if p == nil {
+	if p == nil || p.q.BlockSize != [2]int{128, 128} {
 		return gpurunner.PackedFP8{}, false, nil
 	}
 	name, dt, pr, found := p.stored(dst)
