@@ -8,7 +8,6 @@ import (
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/engine"
-	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/weights"
 )
@@ -134,7 +133,7 @@ func (m *TextModel) moeDP(w *moeWeights, x []float32, T int, ids []int32, wts []
 	if T == 0 {
 		return nil, nil
 	}
-	out := mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+	out := m.mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
 	for i := range out {
 		out[i] += routed[i]
 	}
@@ -152,13 +151,13 @@ func (m *TextModel) expertFunc(w *moeWeights) ep.ExpertFunc {
 		if le < 0 || e >= e1 {
 			return fmt.Errorf("expert %d is not held by this rank (experts [%d, %d))", e, e0, e1)
 		}
-		gu := dense(xe, w.gateUp[le*2*F*D:(le+1)*2*F*D], n, D, 2*F)
+		gu := m.expertDense(xe, &w.gateUp, le, n, D, 2*F)
 		g, u := make([]float32, n*F), make([]float32, n*F)
 		for r := range n {
 			copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
 			copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
 		}
 		clampedSwiGLU(g, u, float32(c.SwigluLimit))
-		return ref.MatMulT(y, g, w.down[le*D*F:(le+1)*D*F], n, F, D)
+		return m.expertMatMulT(y, g, &w.down, le, n, F, D)
 	}
 }

@@ -21,6 +21,7 @@ type TextModel struct {
 	Config *TextConfig
 	W      *TextWeights
 	par    parallel // this rank's part of a parallel layout (parallel.go); zero: the whole model
+	held   *held    // the projections in another dtype (dtype.go); nil: fp32, W's slices
 }
 
 // KDAChunk is the chunk length of the chunked KDA form used for prefill.
@@ -184,7 +185,7 @@ func (m *TextModel) ForwardHidden(chunks []TextChunk) (logits, hidden []float32,
 		}
 		streams, err = m.hcBlock(streams, T, &ly.ffnHC, ly.postNorm, func(h []float32) ([]float32, error) {
 			if ly.dense != nil {
-				y := mlp(ly.dense, h, T, D, float32(c.SwigluLimit))
+				y := m.mlp(ly.dense, h, T, D, float32(c.SwigluLimit))
 				return y, m.allReduce(y, "mlp")
 			}
 			return m.moe(ly.moe, h, T)
@@ -287,11 +288,11 @@ func clampedSwiGLU(gate, up []float32, limit float32) {
 }
 
 // mlp is the clamped SwiGLU MLP (dense layers and shared experts).
-func mlp(w *mlpWeights, x []float32, T, D int, limit float32) []float32 {
-	g := dense(x, w.gate, T, D, w.width)
-	u := dense(x, w.up, T, D, w.width)
+func (m *TextModel) mlp(w *mlpWeights, x []float32, T, D int, limit float32) []float32 {
+	g := m.dense(x, &w.gate, T, D, w.width)
+	u := m.dense(x, &w.up, T, D, w.width)
 	clampedSwiGLU(g, u, limit)
-	return dense(g, w.down, T, w.width, D)
+	return m.dense(g, &w.down, T, w.width, D)
 }
 
 // moe routes each token to its top-k experts (sigmoid scores plus correction bias,
@@ -320,7 +321,7 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	par := m.expertParallel()
 	var out []float32
 	if !par || m.par.rank == 0 || m.par.dispatch == DispatchAllToAll || m.tensorParallel() {
-		out = mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+		out = m.mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
 	} else {
 		out = make([]float32, T*D)
 	}
@@ -328,14 +329,14 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	// expert runs held expert e (the model's index) on n rows of xe into y.
 	expert := func(e int, xe []float32, n int, y []float32) error {
 		le := e - e0
-		gu := dense(xe, w.gateUp[le*2*F*D:(le+1)*2*F*D], n, D, 2*F)
+		gu := m.expertDense(xe, &w.gateUp, le, n, D, 2*F)
 		g, u := make([]float32, n*F), make([]float32, n*F)
 		for r := range n {
 			copy(g[r*F:(r+1)*F], gu[r*2*F:r*2*F+F])
 			copy(u[r*F:(r+1)*F], gu[r*2*F+F:(r+1)*2*F])
 		}
 		clampedSwiGLU(g, u, float32(c.SwigluLimit))
-		return ref.MatMulT(y, g, w.down[le*D*F:(le+1)*D*F], n, F, D)
+		return m.expertMatMulT(y, g, &w.down, le, n, F, D)
 	}
 	if par && m.par.dispatch == DispatchAllToAll {
 		// The exchange gives every rank the routed sum; under TP × EP the shared experts'
@@ -399,7 +400,7 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 	L := H * Dh
 	// Under TP the state holds this rank's heads in the room of the first ones.
 	convState, recState := ls.Conv[:3*L*(K-1)], ls.Recurrent[:H*Dh*Dh]
-	q, k, v := dense(x, w.q, T, D, L), dense(x, w.k, T, D, L), dense(x, w.v, T, D, L)
+	q, k, v := m.dense(x, &w.q, T, D, L), m.dense(x, &w.k, T, D, L), m.dense(x, &w.v, T, D, L)
 	mixed := make([]float32, T*3*L)
 	for t := range T {
 		copy(mixed[t*3*L:], q[t*L:(t+1)*L])
@@ -407,7 +408,7 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 		copy(mixed[t*3*L+2*L:], v[t*L:(t+1)*L])
 	}
 	// Forget gate: per-channel log-decay.
-	g := dense(dense(x, w.fa, T, D, Dh), w.fb, T, Dh, L)
+	g := m.dense(m.dense(x, &w.fa, T, D, Dh), &w.fb, T, Dh, L)
 	for t := range T {
 		for h := range H {
 			a := math.Exp(float64(w.aLog[h]))
@@ -426,7 +427,7 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 			}
 		}
 	}
-	beta := dense(x, w.b, T, D, H)
+	beta := m.dense(x, &w.b, T, D, H)
 	for i := range beta {
 		beta[i] = sigmoid32(beta[i])
 	}
@@ -488,14 +489,14 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 		s0 = s1
 	}
 	// Gated output norm per head (fp32), then o_proj.
-	gate := dense(dense(x, w.ga, T, D, Dh), w.gb, T, Dh, L)
+	gate := m.dense(m.dense(x, &w.ga, T, D, Dh), &w.gb, T, Dh, L)
 	if err := ref.RMSNorm(o, o, w.oNorm, T*H, Dh, float32(c.RMSNormEps)); err != nil {
 		return nil, err
 	}
 	for i := range o {
 		o[i] *= sigmoid32(gate[i])
 	}
-	return dense(o, w.o, T, L, D), nil
+	return m.dense(o, &w.o, T, L, D), nil
 }
 
 // mla runs a NoPE MLA layer with DSA over T tokens at positions pos0.. and returns the
@@ -507,12 +508,12 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 	H, _ := m.heads()
 	dn, dv := c.QKNopeHeadDim, c.VHeadDim
 	eps := float32(c.RMSNormEps)
-	qr := dense(x, w.qa, T, D, Q)
+	qr := m.dense(x, &w.qa, T, D, Q)
 	if err := ref.RMSNorm(qr, qr, w.qaNorm, T, Q, eps); err != nil {
 		return nil, nil, err
 	}
-	q := dense(qr, w.qb, T, Q, H*dn)
-	lat := dense(x, w.kva, T, D, R)
+	q := m.dense(qr, &w.qb, T, Q, H*dn)
+	lat := m.dense(x, &w.kva, T, D, R)
 	if err := ref.RMSNorm(lat, lat, w.kvaNorm, T, R, eps); err != nil {
 		return nil, nil, err
 	}
@@ -585,7 +586,7 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 			}
 		}
 	})
-	return dense(out, w.o, T, H*dv, D), sel, nil
+	return m.dense(out, &w.o, T, H*dv, D), sel, nil
 }
 
 // mlaScratch is one participant's working memory in mla's per-token loop.
@@ -602,8 +603,8 @@ type mlaScratch struct {
 func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32, T, pos0 int) ([][]int32, error) {
 	c := m.Config
 	D, Q, I, N, P := c.HiddenSize, c.QLoraRank, c.IndexHeadDim, c.IndexNHeads, c.IndexKPool
-	q := dense(qr, w.wqb, T, Q, N*I)
-	k := dense(x, w.wk, T, D, I)
+	q := m.dense(qr, &w.wqb, T, Q, N*I)
+	k := m.dense(x, &w.wk, T, D, I)
 	for t := range T { // LayerNorm, eps 1e-6
 		r := k[t*I : (t+1)*I]
 		var mean, vr float64
@@ -620,8 +621,8 @@ func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32
 			r[j] = float32((float64(r[j])-mean)*inv)*w.kNormW[j] + w.kNormB[j]
 		}
 	}
-	gs := dense(x, w.gate, T, D, I)
-	hw := dense(x, w.wProj, T, D, N)
+	gs := m.dense(x, &w.gate, T, D, I)
+	hw := m.dense(x, &w.wProj, T, D, N)
 	hs := float32(math.Pow(float64(N), -0.5))
 	for i := range hw {
 		hw[i] *= hs

@@ -308,7 +308,7 @@ func (m *TextModel) embed(x []float32, ids []int32) error {
 func (m *TextModel) lmHead(y []float32, n int) ([]float32, error) {
 	c := m.Config
 	if !m.tensorParallel() {
-		return dense(y, m.W.lmHead, n, c.HiddenSize, c.VocabSize), nil
+		return m.dense(y, &m.W.lmHead, n, c.HiddenSize, c.VocabSize), nil
 	}
 	p := &m.par
 	part := dense(y, m.W.lmHead, n, c.HiddenSize, p.vocabHi-p.vocabLo)
