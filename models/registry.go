@@ -32,14 +32,18 @@ type Model struct {
 	// OpenSpeculative, for a model with a draft proposer (an MTP head), opens it decoding
 	// speculatively with drafts draft tokens per step; nil when the model has none.
 	OpenSpeculative func(dir string, cacheBytes int64, drafts int) (engine.Runner, *kvslab.Pool, error)
+	// OpenDType, for a model whose CPU runner holds its projections in another dtype, is
+	// Open with them in dtype (fp32, bf16 or int8: ref.ParseDType), the entry point of
+	// `--dtype`; nil when the model runs fp32 only.
+	OpenDType func(dir string, cacheBytes int64, dtype string) (engine.Runner, *kvslab.Pool, error)
 }
 
 // All returns every registered model, in registration order.
 func All() []Model {
 	return []Model{
-		{Name: "llama", Architectures: llama.Architectures, Open: llama.Open},
-		{Name: "deepseek-v4-flash", Architectures: deepseekv4flash.Architectures, Open: deepseekv4flash.Open, OpenSpeculative: deepseekv4flash.OpenSpeculative},
-		{Name: "glm-5-flash", Architectures: glm5flash.Architectures, Open: glm5flash.Open, OpenSpeculative: glm5flash.OpenSpeculative},
+		{Name: "llama", Architectures: llama.Architectures, Open: llama.Open, OpenDType: llama.OpenDType},
+		{Name: "deepseek-v4-flash", Architectures: deepseekv4flash.Architectures, Open: deepseekv4flash.Open, OpenSpeculative: deepseekv4flash.OpenSpeculative, OpenDType: deepseekv4flash.OpenDType},
+		{Name: "glm-5-flash", Architectures: glm5flash.Architectures, Open: glm5flash.Open, OpenSpeculative: glm5flash.OpenSpeculative, OpenDType: glm5flash.OpenDType},
 		// +resin:scaffold:models
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
 	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/tokenizer"
 	"github.com/resin-llm/resin/core/tokenizer/tiny"
@@ -41,6 +42,8 @@ type runtimeFlags struct {
 	dpRanks       *cli.DPRanks // what openModel opened for --dp
 	device        cli.DeviceFlags
 	remote        cli.RemoteFlags
+	dtype         string    // --dtype as given
+	dt            ref.DType // --dtype parsed (checkDType)
 }
 
 var _ cli.Loader = (*runtimeFlags)(nil)
@@ -64,6 +67,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	f.dp.register(cmd)
 	f.cp.register(cmd)
 	f.device.Register(cmd)
+	fl.StringVar(&f.dtype, "dtype", "fp32", "with --model on the CPU: the projections' weights in fp32, bf16 (half the bytes) or int8 (blocks of 32 quantised at load, as Q8_0)")
 }
 
 // Load loads the tokenizer and the runner. Notes (a fallback worth knowing about) go to
@@ -110,6 +114,9 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	} else if rt.Runner, rt.Pool, rt.RunnerName, err = f.openModel(); err != nil {
 		return nil, err
 	}
+	if f.model != "" && f.dt != "" && f.dt != ref.DTypeFP32 {
+		fmt.Fprintf(warn, "note: CPU weights %s\n", f.dt.Kernel())
+	}
 	rt.DP = f.dpRanks
 	rt.Served = f.servedName
 	if rt.Served == "" {
@@ -135,6 +142,9 @@ func (f *runtimeFlags) check() error {
 		return err
 	}
 	if err := f.cp.check(f); err != nil {
+		return err
+	}
+	if err := f.checkDType(); err != nil {
 		return err
 	}
 	epn := f.tp.ep
@@ -250,6 +260,10 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		return nil, nil, "", fmt.Errorf("--num-speculative-tokens %d: the GPU runner of %s does not decode speculatively yet; use --device cpu", f.specTokens, m.Name)
 	case f.device.CUDA():
 		r, pool, err = f.device.OpenGPU(m.Name, gpuOpeners[m.Name], dir, f.cacheBytes)
+	case f.dt != "" && f.dt != ref.DTypeFP32 && m.OpenDType == nil:
+		return nil, nil, "", fmt.Errorf("--dtype %s: model %s runs fp32 only", f.dt, m.Name)
+	case f.dt != "" && f.dt != ref.DTypeFP32:
+		r, pool, err = m.OpenDType(dir, f.cacheBytes, string(f.dt))
 	case f.specTokens <= 0:
 		r, pool, err = m.Open(dir, f.cacheBytes)
 	case m.OpenSpeculative == nil:
