@@ -35,6 +35,9 @@ type gpuGraphs struct {
 	rowPos, rowSlot, kdaOffs cudart.DevicePtr
 	spare                    cudart.DevicePtr // the padding rows' KDA states (a state page's floats)
 	bufs                     []cudart.Buffer
+	// arena is the pool's arena the graphs hold (the KDA states' base pointers): a new
+	// pool (NewPool) drops them.
+	arena *cudart.DeviceArena
 }
 
 // gpuStats counts the forward steps that replayed a graph and those that ran eagerly.
@@ -120,6 +123,13 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, tokens [][]int32) ([]float32, error) {
 	cfg, w, gr := g.m.Config, &g.w, g.graphs
 	hc, n := cfg.HCMult, len(seqs)
+	if gr.arena != g.arena {
+		if err := gr.cache.Close(c); err != nil {
+			return nil, err
+		}
+		clear(gr.failed)
+		gr.arena = g.arena
+	}
 	ids := make([]int32, bucket*hc) // the padding rows' token 0
 	pos, slot := make([]int32, bucket), make([]int32, bucket)
 	offs := make([]int64, bucket)

@@ -20,7 +20,7 @@ import (
 // request's prompt and output (a hit through the checkpoint the graph step wrote, where
 // the engine caches it). Every output equals the eager runner's bit for bit (tokens, log
 // probabilities and top log probabilities), the prefix hits are the same, and steps
-// replayed graphs.
+// replayed graphs; then, in new pools, one request again (the graphs captured anew).
 func TestEmulatedGPUGraphsEqualEager(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -42,8 +42,6 @@ func TestEmulatedGPUGraphsEqualEager(t *testing.T) {
 		return s.StartWith(t, r, pool, cfg)
 	}
 	ee, ge := start(eager), start(graphs)
-	defer ee.Stop(t)
-	defer ge.Stop(t)
 	greedy := engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3}
 	same := func(what string, g, e runnertest.Output) {
 		t.Helper()
@@ -89,6 +87,17 @@ func TestEmulatedGPUGraphsEqualEager(t *testing.T) {
 		t.Errorf("captures failed: %s", log.String())
 	}
 	t.Logf("%d decode steps replayed a graph, %d captured", replayed, captured)
+	// A new pool (another arena): the graphs, which hold the old one's state pointers,
+	// are captured again.
+	ee.Stop(t)
+	ge.Stop(t)
+	ee, ge = start(eager), start(graphs)
+	defer ee.Stop(t)
+	defer ge.Stop(t)
+	same("one request in a new pool", ge.Generate(t, first, greedy), ee.Generate(t, first, greedy))
+	if _, again := graphs.StepCounts(); again == captured {
+		t.Error("a new pool reused the graphs of the old one")
+	}
 }
 
 // TestEmulatedGPUGraphsEqualEagerBF16 is TestEmulatedGPUGraphsEqualEager's batch with
