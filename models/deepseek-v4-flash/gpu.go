@@ -11,12 +11,14 @@ import (
 )
 
 // gpuModel is the model's forward on one CUDA device, a first cut of the GPU path (see
-// doc.go's kernel list): float32 weights and activations (the checkpoint's FP8 and FP4
-// tensors dequantised at load, 4 bytes a parameter), each sequence's state in a device
-// slot of its own (the sliding window as a ring, the compressors' windows and entries)
-// rather than kvslab pages, eager launches on the default stream. Every GEMM is
-// cuBLASLt's; every other step is a kernel of core/kernels/cuda or of kernels/. It runs
-// inside Device.Do of its device.
+// doc.go's kernel list): float32 activations and GEMM weights in float32 or bf16 (the
+// checkpoint's FP8 and FP4 tensors dequantised at load, 4 or 2 bytes a parameter) unless
+// newGPUModel is given the checkpoint's packed tensors (gpu_packed.go: FP8 linears and
+// MXFP4 experts kept as shipped, run by core/gpurunner's Linears), each sequence's state
+// in a device slot of its own (the sliding window as a ring, the compressors' windows and
+// entries) rather than kvslab pages, eager launches on the default stream. Every dense
+// GEMM is cuBLASLt's; every other step is a kernel of core/kernels/cuda or of kernels/.
+// It runs inside Device.Do of its device.
 type gpuModel struct {
 	m     *Model
 	kk    *cuda.Kernels

@@ -39,7 +39,8 @@ func (a *gpuArena) free(c *cudart.Ctx) {
 
 // gpuMoE is one layer's MoE on the device: the GEMM weights in gpuLinears' element type
 // (the checkpoint's FP8 and FP4 tensors dequantised at load by core/weights, then stored
-// as float32 or bf16: a first cut), the router's bias in float32, routed through
+// as float32 or bf16: a first cut) or, from newGPUMoE's packed tensors, MXFP4 expert
+// banks and FP8 linears as shipped; the router's bias in float32, routed through
 // core/kernels/cuda's masked layout so that no count leaves the device.
 type gpuMoE struct {
 	router, bias, tid2eid  cudart.DevicePtr // [experts, hidden], [experts] (learned), [vocab, k] int32 (hash)
@@ -170,7 +171,8 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork,
 
 // forward computes out [n, hidden] = the MoE of x [n, hidden] (tokens [n] int32, for hash
 // routing), as Model.moe: the router GEMM, the routing and the masked layout on the
-// device, each expert's gate_up and down GEMMs over its whole block of n rows, the
+// device, the experts' gate_up and down GEMMs (expertsMatMulT: a GEMM per expert over
+// its whole block of n rows, or one W4A16 launch for an MXFP4 bank), the
 // clamped SwiGLU, the shared expert, and the combine in the reference's order. The launch
 // sequence depends only on n, so it can be captured in a graph.
 func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
