@@ -10,6 +10,8 @@
 #    GEMM-sensitive tests (core/kernels/ref, llama parity and conformance) on the gonum
 #    fallback with RESIN_BLAS=off, then go test -race on core/engine and core/kvslab (extra
 #    arguments are passed on to all of them, e.g. scripts/test.sh -run Pool).
+# The runner conformance suites on the emulated GPU (deepseek-v4-flash, glm-5-flash, TP=2
+# llama) take 3-12 minutes each on 2 CPUs and run only with RESIN_EMU_CONFORMANCE=1.
 # Each stage prints its time ("== go test (312 s)"). A test binary may run for
 # RESIN_TEST_TIMEOUT (default 30m; go test's own default, 10m, leaves little room for
 # cmd/resin-new, which builds scaffolds, on a cold build cache and 2 cores).

@@ -15,8 +15,15 @@ import (
 // engine on the GPU runner (the emulated device, decode graphs on): prefill equals decode,
 // chunked prefill, batch and page-layout invariance, reproducibility, prefix-cache hits
 // and aborts; then on the GPU runner drafting with the MTP head (two drafts a step), whose
-// Drafts check compares it with the plain GPU runner (not with -short: minutes of CPU).
+// Drafts check compares it with the plain GPU runner (not with -short). The plain suite
+// alone took over 4 minutes of CPU on 2 loaded cores, so the whole test runs only with
+// RESIN_EMU_CONFORMANCE=1 (go test -timeout 30m), as glm-5-flash's does; CI's suite runs
+// the equalities of TestEmulatedEngineMatchesCPU, TestEmulatedGraphsEqualEager and
+// TestEmulatedMTPGreedyEqualsPlain instead.
 func TestEmulatedGPUConformance(t *testing.T) {
+	if os.Getenv("RESIN_EMU_CONFORMANCE") == "" {
+		t.Skip("set RESIN_EMU_CONFORMANCE=1 to run core/runnertest's suite on the emulated GPU runner (minutes on 2 CPUs)")
+	}
 	if emutest.Reexec(t) {
 		return
 	}
