@@ -37,6 +37,9 @@ func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator,
 	if opts.Drafts > 0 {
 		return nil, nil, fmt.Errorf("%s: DP-attention does not draft (the MTP head is not loaded)", Name)
 	}
+	if opts.DType != "" && opts.DType != ref.DTypeFP32 {
+		return nil, nil, fmt.Errorf("%s: DP-attention ranks run fp32 only, not %s", Name, opts.DType)
+	}
 	n := len(data)
 	if n < 2 {
 		return nil, nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)

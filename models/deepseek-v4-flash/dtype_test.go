@@ -5,6 +5,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -203,4 +204,15 @@ func rowStats(got, want []float32, vocab int) (median float64, agree float64) {
 	}
 	slices.Sort(diffs)
 	return diffs[rows/2], float64(same) / float64(rows)
+}
+
+// TestDTypeRefusedSplit: the DP-attention ranks and the MTP runner run fp32; asking them
+// for another dtype is an error naming it, not a silent fp32 run.
+func TestDTypeRefusedSplit(t *testing.T) {
+	if _, _, err := OpenDPRanks(".", Options{DType: ref.DTypeInt8}, DispatchGather, nil, 0); err == nil || !strings.Contains(err.Error(), "int8") {
+		t.Errorf("OpenDPRanks with int8: error %v, want one naming int8", err)
+	}
+	if _, err := Load(".", Options{DType: ref.DTypeBF16, Drafts: 1}); err == nil || !strings.Contains(err.Error(), "bf16") {
+		t.Errorf("Load with bf16 and drafts: error %v, want one naming bf16", err)
+	}
 }
