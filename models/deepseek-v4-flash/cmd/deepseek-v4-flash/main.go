@@ -33,7 +33,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cli.AddProfiling(root)
-	m := cli.NewModelDir(model.Name, model.Open).WithSpeculative(model.OpenSpeculative)
+	m := cli.NewModelDir(model.Name, model.Open).WithSpeculative(model.OpenSpeculative).WithDType(model.OpenDType)
 	root.AddCommand(
 		cli.GenerateCmd(m),
 		cli.ServeCmd(m),
