@@ -33,7 +33,8 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cli.AddProfiling(root)
-	m := cli.NewModelDir(model.Name, model.Open).WithSpeculative(model.OpenSpeculative).WithDType(model.OpenDType)
+	m := cli.NewModelDir(model.Name, model.Open).WithSpeculative(model.OpenSpeculative).WithDType(model.OpenDType).
+		WithGPU(model.OpenGPU).WithGPUSpeculative(model.OpenGPUSpeculative)
 	root.AddCommand(
 		cli.GenerateCmd(m),
 		cli.ServeCmd(m),
