@@ -3,7 +3,6 @@ package cp
 import (
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/lockstep"
@@ -173,15 +172,9 @@ func (r *Prefill) Check(p *engine.BatchPlan, logits []float32) error {
 
 // Lead returns rank 0's forward for the engine's runner (cpurunner.ForwardFunc): a plan
 // that Splits is checked (Check), broadcast on ctl and run with the others (Follow); any
-// other plan runs on rank 0 alone without a message.
+// other plan runs on rank 0 alone without a message (lockstep.LeadSome).
 func Lead(ctl dist.Communicator, r *Prefill) func(*engine.BatchPlan, []float32) error {
-	split := lockstep.Lead(ctl, r.Check, r.Step)
-	return func(p *engine.BatchPlan, logits []float32) error {
-		if !Splits(p) {
-			return r.Step(p, logits)
-		}
-		return split(p, logits)
-	}
+	return lockstep.LeadSome(ctl, Splits, r.Check, r.Step)
 }
 
 // Follow runs a rank other than 0 until rank 0's Stop (lockstep.Stop on ctl): each
@@ -190,17 +183,10 @@ func Follow(ctl dist.Communicator, r *Prefill) error {
 	return lockstep.Follow(ctl, r.Vocab, r.Step)
 }
 
-// InProcess is a cp group of goroutines: Forward is rank 0's (for the engine), the other
-// ranks follow in their own goroutines until Close.
-type InProcess struct {
-	forward  func(*engine.BatchPlan, []float32) error
-	ctl      []dist.Communicator
-	data     []dist.Communicator
-	wg       sync.WaitGroup
-	mu       sync.Mutex
-	failures []error
-	closed   bool
-}
+// InProcess is a cp group of goroutines: Forward is rank 0's (for the engine; a plan runs
+// on every rank when it Splits), the other ranks follow in their own goroutines until
+// Close.
+type InProcess = lockstep.InProcess
 
 // StartInProcess starts a group of len(forwards) ranks, forwards[r] rank r's model (each
 // its own scratch: a Model per rank), cache rank 0's, o the data collectives' options.
@@ -209,56 +195,12 @@ func StartInProcess(s Shape, vocab int, forwards []ModelForward, cache []ref.Pag
 	if size < 1 {
 		return nil, errors.New("cp: a group of no ranks")
 	}
-	ctl, err := dist.NewInProcess(size, dist.Options{Timeout: 1 << 62}) // the engine may idle
-	if err != nil {
-		return nil, err
-	}
-	data, err := dist.NewInProcess(size, o)
-	if err != nil {
-		return nil, err
-	}
-	g := &InProcess{ctl: ctl, data: data}
-	g.forward = Lead(ctl[0], &Prefill{C: data[0], Shape: s, Vocab: vocab, Forward: forwards[0], Cache: cache})
-	for r := 1; r < size; r++ {
-		p := &Prefill{C: data[r], Shape: s, Vocab: vocab, Forward: forwards[r]}
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
-			if err := Follow(ctl[r], p); err != nil {
-				g.mu.Lock()
-				g.failures = append(g.failures, err)
-				g.mu.Unlock()
-				ctl[r].Close()
-				data[r].Close()
-			}
-		}()
-	}
-	return g, nil
-}
-
-// Forward runs one step (on every rank when it Splits) and writes rank 0's logits.
-func (g *InProcess) Forward(p *engine.BatchPlan, logits []float32) error {
-	err := g.forward(p, logits)
-	if err != nil {
-		g.mu.Lock()
-		err = errors.Join(append([]error{err}, g.failures...)...)
-		g.mu.Unlock()
-	}
-	return err
-}
-
-// Close stops the followers and waits for them.
-func (g *InProcess) Close() error {
-	if g.closed {
-		return nil
-	}
-	g.closed = true
-	err := lockstep.Stop(g.ctl[0])
-	g.wg.Wait()
-	for _, c := range append(g.ctl, g.data...) {
-		c.Close()
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return errors.Join(append([]error{err}, g.failures...)...)
+	return lockstep.StartInProcess(size, o, func(r int, data dist.Communicator) (lockstep.Rank, error) {
+		p := &Prefill{C: data, Shape: s, Vocab: vocab, Forward: forwards[r]}
+		if r > 0 {
+			return lockstep.Rank{Forward: p.Step, Vocab: vocab}, nil
+		}
+		p.Cache = cache
+		return lockstep.Rank{Forward: p.Step, Check: p.Check, Vocab: vocab, Broadcast: Splits}, nil
+	})
 }

@@ -2,8 +2,9 @@
 // broadcasts each step's BatchPlan (its binary encoding) on a control communicator, and
 // every rank runs its own forward on it. It is the control layer of the layouts where
 // every rank sees every token: tensor parallelism, and expert parallelism over replicated
-// attention (models/deepseek-v4-flash, models/glm-5-flash). core/dist/tp has the same
-// protocol for its llama shards.
+// attention (models/deepseek-v4-flash, models/glm-5-flash), llama's shards
+// (core/dist/tp) and prefill context parallelism (core/dist/cp), which broadcasts only the
+// plans that split (Rank.Broadcast).
 //
 // The control communicator is apart from the data one (the collectives inside a step)
 // so that it can wait as long as the engine idles while the data one keeps a short
@@ -31,7 +32,7 @@ const (
 )
 
 // Lead returns rank 0's forward: check (nil: none) refuses a plan before the others see
-// it, then the plan is broadcast on ctl and forward runs it with the others.
+// it, then the plan is broadcast on ctl (Broadcast) and forward runs it with the others.
 func Lead(ctl dist.Communicator, check, forward Forward) Forward {
 	var msg []byte
 	return func(p *engine.BatchPlan, logits []float32) error {
@@ -40,16 +41,40 @@ func Lead(ctl dist.Communicator, check, forward Forward) Forward {
 				return err
 			}
 		}
-		var err error
-		msg = append(msg[:0], msgStep)
-		if msg, err = p.AppendBinary(msg); err != nil {
-			return fmt.Errorf("lockstep: encode the plan: %w", err)
-		}
-		if _, err := ctl.Broadcast(msg, 0); err != nil {
-			return fmt.Errorf("lockstep: broadcast the plan: %w", err)
+		if err := Broadcast(ctl, p, &msg); err != nil {
+			return err
 		}
 		return forward(p, logits)
 	}
+}
+
+// LeadSome is Lead for the plans broadcasts accepts; the others run through forward on
+// rank 0 alone, unchecked and with no message. broadcasts nil is Lead.
+func LeadSome(ctl dist.Communicator, broadcasts func(*engine.BatchPlan) bool, check, forward Forward) Forward {
+	lead := Lead(ctl, check, forward)
+	if broadcasts == nil {
+		return lead
+	}
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if !broadcasts(p) {
+			return forward(p, logits)
+		}
+		return lead(p, logits)
+	}
+}
+
+// Broadcast sends p from rank 0 of ctl to its followers (Follow, FollowPlans), encoded
+// into *msg (reused between steps): the step message, then engine.BatchPlan.AppendBinary.
+func Broadcast(ctl dist.Communicator, p *engine.BatchPlan, msg *[]byte) error {
+	var err error
+	*msg = append((*msg)[:0], msgStep)
+	if *msg, err = p.AppendBinary(*msg); err != nil {
+		return fmt.Errorf("lockstep: encode the plan: %w", err)
+	}
+	if _, err := ctl.Broadcast(*msg, 0); err != nil {
+		return fmt.Errorf("lockstep: broadcast the plan: %w", err)
+	}
+	return nil
 }
 
 // Stop tells the followers of ctl to return.
@@ -62,8 +87,21 @@ func Stop(ctl dist.Communicator) error {
 // (with logits of vocab columns per row, which it discards), until the stop message (then
 // nil) or an error (a dead rank 0 or peer, a bad plan, a failed forward).
 func Follow(ctl dist.Communicator, vocab int, forward Forward) error {
-	var p engine.BatchPlan
 	var logits []float32
+	return FollowPlans(ctl, func(p *engine.BatchPlan) error {
+		n := len(p.LogitsIndices) * vocab
+		if cap(logits) < n {
+			logits = make([]float32, n)
+		}
+		return forward(p, logits[:n])
+	})
+}
+
+// FollowPlans runs step on each plan rank 0 of ctl broadcasts until the stop message
+// (then nil) or an error: a dead rank 0, a bad message, or step's (the follower's forward
+// on its own part, whatever runs it and wherever its logits go: a GPU runner's rank).
+func FollowPlans(ctl dist.Communicator, step func(*engine.BatchPlan) error) error {
+	var p engine.BatchPlan
 	for {
 		msg, err := ctl.Broadcast(nil, 0)
 		if err != nil {
@@ -82,11 +120,7 @@ func Follow(ctl dist.Communicator, vocab int, forward Forward) error {
 		if err := p.UnmarshalBinary(msg[1:]); err != nil {
 			return fmt.Errorf("rank %d: decode the plan: %w", ctl.Rank(), err)
 		}
-		n := len(p.LogitsIndices) * vocab
-		if cap(logits) < n {
-			logits = make([]float32, n)
-		}
-		if err := forward(&p, logits[:n]); err != nil {
+		if err := step(&p); err != nil {
 			return fmt.Errorf("rank %d: step %d: %w", ctl.Rank(), p.Step, err)
 		}
 	}
@@ -108,6 +142,9 @@ type Rank struct {
 	Forward Forward // this rank's forward on its own cache
 	Check   Forward // rank 0's: refuses a plan before it is broadcast (nil: none)
 	Vocab   int     // columns of a logits row
+	// Broadcast is rank 0's: which plans run on every rank (nil: all); the others run on
+	// rank 0 alone, unchecked (LeadSome).
+	Broadcast func(*engine.BatchPlan) bool
 }
 
 // InProcess is a group of ranks that are goroutines of this process: Forward is rank 0's
@@ -157,7 +194,7 @@ func StartInProcess(size int, o dist.Options, open func(rank int, data dist.Comm
 		return nil, err
 	}
 	g := &InProcess{ctl: ctl, data: data}
-	g.forward = Lead(ctl[0], ranks[0].Check, ranks[0].Forward)
+	g.forward = LeadSome(ctl[0], ranks[0].Broadcast, ranks[0].Check, ranks[0].Forward)
 	for r := 1; r < size; r++ {
 		g.wg.Add(1)
 		go func() {
@@ -174,8 +211,8 @@ func StartInProcess(size int, o dist.Options, open func(rank int, data dist.Comm
 	return g, nil
 }
 
-// Forward runs one step on every rank and writes rank 0's logits; a failure names the
-// ranks that failed with it.
+// Forward runs one step on every rank (on rank 0 alone when its Rank.Broadcast refuses
+// it) and writes rank 0's logits; a failure names the ranks that failed with it.
 func (g *InProcess) Forward(p *engine.BatchPlan, logits []float32) error {
 	err := g.forward(p, logits)
 	if err != nil {
