@@ -27,19 +27,7 @@ func TestEmulatedGPUConformance(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, cache := openTestGPU(t)
 	open := func(drafts int) runnertest.Opener {
 		return func(t testing.TB) (engine.Runner, *kvslab.Pool) {
 			var r *GPURunner

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
@@ -25,19 +24,7 @@ func TestEmulatedMoE(t *testing.T) {
 	}
 	m := tinyModel(t)
 	c := m.Config
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, cache := openTestGPU(t)
 	kk, err := cuda.Load(dev, cache)
 	if err != nil {
 		t.Fatal(err)

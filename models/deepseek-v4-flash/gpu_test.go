@@ -203,19 +203,7 @@ func TestEmulatedEngineMatchesCPU(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, cache := openTestGPU(t)
 	vocab := tinyConfig(t).VocabSize
 	greedy := engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3}
 	same := func(what string, g, c runnertest.Output) {
@@ -529,19 +517,7 @@ func TestEmulatedMTPGreedyEqualsPlain(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, cache := openTestGPU(t)
 	m := tinyModel(t)
 	vocab := m.Config.VocabSize
 	prompts := specPrompts(vocab)
@@ -690,19 +666,7 @@ func TestEmulatedGraphsEqualEager(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	dev, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, cache := openTestGPU(t)
 	m := tinyModel(t)
 	vocab := m.Config.VocabSize
 	sp := engine.SamplingParams{MaxTokens: 9, IgnoreEOS: true, Logprobs: true, TopLogprobs: 2}
@@ -753,4 +717,24 @@ func TestEmulatedGraphsEqualEager(t *testing.T) {
 		t.Fatal("the graph runner replayed no graph")
 	}
 	t.Logf("%d decode steps replayed a graph", graphSteps)
+}
+
+// openTestGPU opens GPU 0 (the emulated device under emutest.Reexec), closed when t ends,
+// and the kernel cache in RESIN_KERNEL_CACHE or a temporary directory.
+func openTestGPU(t *testing.T) (*cudart.Device, *cudart.KernelCache) {
+	t.Helper()
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev, cache
 }
