@@ -163,11 +163,11 @@ func runMoEWorker(spec tpWorkerSpec) error {
 // rank until node 0 stops it and then end the command (errWorkerDone).
 func openMoENodes(name, dir string, cacheBytes int64, f *tpFlags, dispatch int) (engine.Runner, *kvslab.Pool, error) {
 	size := f.ranks()
-	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: 10 * time.Minute, Group: "tp-ctl"})
+	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-ctl"})
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: time.Minute, JoinTimeout: 10 * time.Minute, Group: "tp-data"})
+	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: time.Minute, JoinTimeout: f.joinTimeout(), Group: "tp-data"})
 	if err != nil {
 		ctl.Close()
 		return nil, nil, err

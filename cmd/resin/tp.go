@@ -29,6 +29,7 @@ type tpFlags struct {
 	procs            bool
 	initAddr         string
 	nnodes, nodeRank int
+	distTimeout      time.Duration // how long a multi-node rendezvous waits for every rank
 }
 
 func (t *tpFlags) register(cmd *cobra.Command) {
@@ -40,6 +41,15 @@ func (t *tpFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = the ranks of --tp and --ep); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
+	fl.DurationVar(&t.distTimeout, "dist-timeout", 10*time.Minute, "with --dist-init-addr: how long the rendezvous waits for every node to join before it fails naming the missing ranks (SGLang's --dist-timeout)")
+}
+
+// joinTimeout is --dist-timeout, or its default for flags not registered on a command.
+func (t *tpFlags) joinTimeout() time.Duration {
+	if t.distTimeout <= 0 {
+		return 10 * time.Minute
+	}
+	return t.distTimeout
 }
 
 // ranks returns the ranks of the layout: --tp and --ep together split the same ranks
@@ -61,6 +71,8 @@ func (t *tpFlags) check() error {
 		return fmt.Errorf("--ep %d: want 1 or more ranks", t.ep)
 	case t.procs && t.size < 2 && t.ep < 2:
 		return errors.New("--tp-procs needs --tp 2 or more (or --ep 2 or more)")
+	case t.distTimeout <= 0:
+		return fmt.Errorf("--dist-timeout %v: want a positive duration", t.distTimeout)
 	}
 	if t.initAddr == "" && (t.size > 1 || t.ep > 1) {
 		// Kubernetes LeaderWorkerSet's LWS_* variables, else torchrun's.
@@ -152,11 +164,11 @@ func openTPNodes(r *llamaTPModel, pool *kvslab.Pool, f *tpFlags) (engine.Runner,
 	if err != nil {
 		return nil, nil, fmt.Errorf("--tp %d: %w", f.size, err)
 	}
-	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: 10 * time.Minute, Group: "tp-ctl"})
+	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-ctl"})
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: time.Minute, JoinTimeout: 10 * time.Minute, Group: "tp-data"})
+	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: time.Minute, JoinTimeout: f.joinTimeout(), Group: "tp-data"})
 	if err != nil {
 		ctl.Close()
 		return nil, nil, err

@@ -92,6 +92,9 @@ func TestGenerateTPProcs(t *testing.T) {
 	if _, _, err := runGenerate(t, append([]string{"--tp-procs"}, args...)...); err == nil || !strings.Contains(err.Error(), "--tp-procs needs --tp 2") {
 		t.Fatalf("--tp-procs alone: %v", err)
 	}
+	if _, _, err := runGenerate(t, append([]string{"--tp", "2", "--dist-timeout", "0s"}, args...)...); err == nil || !strings.Contains(err.Error(), "--dist-timeout 0s: want a positive duration") {
+		t.Fatalf("--dist-timeout 0s: %v", err)
+	}
 }
 
 // TestGenerateTPNodes: two "nodes" (this process as node 0, a child of this binary as
@@ -123,7 +126,9 @@ func TestGenerateTPNodes(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr}, args...)...)
+	// --dist-timeout as the child's own deadline: a child that never joins (its port taken
+	// by another test's listener meanwhile) fails node 0 in 2 minutes, not the default 10.
+	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...)...)
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
