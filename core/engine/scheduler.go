@@ -234,8 +234,7 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 	// step's forward and after the step before it: never by the scheduler itself, which
 	// under Config.Async works while a step runs.
 	cfg.Pool.DeferCopies(true)
-	c := s.poolContext()
-	if c < s.info.MaxContext {
+	if c := s.poolContext(); c < s.info.MaxContext {
 		// As vLLM does when the cache cannot hold one sequence of the model's length: the
 		// context is capped, so requests beyond it are refused at Add (ErrContextTooLong)
 		// instead of failing with ErrCache after they were admitted. Engine.New logs it.
@@ -282,11 +281,7 @@ func NewScheduler(info RunnerInfo, cfg Config) (*Scheduler, error) {
 // spread over more slabs. Counting a whole MaxBatchTokens chunk instead made a sliding
 // window hold the chunk's blocks besides the window and cut the cap of a pool of 32
 // sliding-window layers (a 4096-token window) and 4 full ones to a third.
-func (s *Scheduler) poolContext() int {
-	c := s.contextWithChunk(1)
-	s.loneChunk = s.chunkFor(c)
-	return c
-}
+func (s *Scheduler) poolContext() int { return s.contextWithChunk(1) }
 
 // contextWithChunk is the longest sequence (up to the runner's MaxContext) whose pages
 // fit in the whole pool for a batch of one reserving chunk tokens ahead, with as many in
