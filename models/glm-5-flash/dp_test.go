@@ -3,7 +3,6 @@ package glm5flash
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/engine"
 )
 
@@ -28,17 +28,6 @@ func dpRequests(vocab int) []engine.Request {
 		{ID: "seeded", Prompt: prompt(6, 2), Sampling: engine.SamplingParams{MaxTokens: 7, Temperature: 0.9, Seed: 11, HasSeed: true, IgnoreEOS: true}},
 		{ID: "greedy2", Prompt: prompt(13, 3), Sampling: engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}},
 	}
-}
-
-func dpCollect(t *testing.T, s *engine.Stream) []int32 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	toks, ev, err := s.Collect(ctx)
-	if err != nil || ev.Err != nil {
-		t.Fatalf("%s: %v %v", s.ID(), err, ev.Err)
-	}
-	return toks
 }
 
 // dpWant is what one engine on the tiny model gives each request, run one after another.
@@ -63,7 +52,7 @@ func dpWant(t *testing.T, reqs []engine.Request) map[string][]int32 {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want[q.ID] = dpCollect(t, s)
+		want[q.ID] = dptest.Collect(t, s)
 	}
 	return want
 }
@@ -136,30 +125,8 @@ func TestDPAttentionMatchesSingleEngine(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.Start(context.Background())
-			ctx := context.Background()
-			first, r0, err := c.SubmitRank(ctx, reqs[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-reached
-			streams := map[string]*engine.Stream{}
-			on := map[string]int{reqs[0].ID: r0}
-			for _, q := range reqs[1:] {
-				s, r, err := c.SubmitRank(ctx, q)
-				if err != nil {
-					t.Fatal(err)
-				}
-				streams[q.ID], on[q.ID] = s, r
-			}
-			close(release)
-			if got := dpCollect(t, first); !slices.Equal(got, want[reqs[0].ID]) {
-				t.Errorf("%s on rank %d: %v, one engine %v", reqs[0].ID, r0, got, want[reqs[0].ID])
-			}
-			for id, s := range streams {
-				if got := dpCollect(t, s); !slices.Equal(got, want[id]) {
-					t.Errorf("%s on rank %d: %v, one engine %v", id, on[id], got, want[id])
-				}
-			}
+			on := dptest.RunHeld(t, c, reqs, reached, release, want)
+			r0 := on[reqs[0].ID]
 			if err := c.Close(); err != nil {
 				t.Fatal(err)
 			}

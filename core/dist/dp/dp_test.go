@@ -13,6 +13,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -200,17 +201,6 @@ func requests(vocab int) []engine.Request {
 	}
 }
 
-func collect(t *testing.T, s *engine.Stream) []int32 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	toks, ev, err := s.Collect(ctx)
-	if err != nil || ev.Err != nil {
-		t.Fatalf("%s: %v %v", s.ID(), err, ev.Err)
-	}
-	return toks
-}
-
 // TestDPMatchesSingleEngine: DP=2 gives every request exactly the tokens one engine
 // gives (greedy and seeded), with rank 1 idle while the first request runs alone and
 // rank 0 idle once it is done; with graph buckets, decode steps pad every rank to the
@@ -226,7 +216,7 @@ func TestDPMatchesSingleEngine(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want[q.ID] = collect(t, s)
+				want[q.ID] = dptest.Collect(t, s)
 			}
 
 			// Rank 0's fourth step waits until the other requests are in: the first
@@ -241,29 +231,8 @@ func TestDPMatchesSingleEngine(t *testing.T) {
 			}
 			c, stats := dpEngines(t, 2, o, 30*time.Second, gate)
 			ctx := context.Background()
-			first, r0, err := c.SubmitRank(ctx, reqs[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-reached
-			streams := map[string]*engine.Stream{}
-			ranks := map[string]int{reqs[0].ID: r0}
-			for _, q := range reqs[1:] {
-				s, r, err := c.SubmitRank(ctx, q)
-				if err != nil {
-					t.Fatal(err)
-				}
-				streams[q.ID], ranks[q.ID] = s, r
-			}
-			close(release)
-			if got := collect(t, first); !slices.Equal(got, want[reqs[0].ID]) {
-				t.Errorf("%s on rank %d: %v, one engine %v", reqs[0].ID, r0, got, want[reqs[0].ID])
-			}
-			for id, s := range streams {
-				if got := collect(t, s); !slices.Equal(got, want[id]) {
-					t.Errorf("%s on rank %d: %v, one engine %v", id, ranks[id], got, want[id])
-				}
-			}
+			ranks := dptest.RunHeld(t, c, reqs, reached, release, want)
+			r0 := ranks[reqs[0].ID]
 			// All done: the ranks pause (no step runs), and wake together for new work.
 			idle0, idle1 := stats[0].idle.Load(), stats[1].idle.Load()
 			busy := stats[0].busy.Load() + stats[1].busy.Load()
@@ -277,7 +246,7 @@ func TestDPMatchesSingleEngine(t *testing.T) {
 			if err != nil {
 				t.Fatalf("submit after the pause: %v", err)
 			}
-			if got := collect(t, s); !slices.Equal(got, want[reqs[2].ID]) {
+			if got := dptest.Collect(t, s); !slices.Equal(got, want[reqs[2].ID]) {
 				t.Errorf("after the pause: %v, one engine %v", got, want[reqs[2].ID])
 			}
 			if woke := []bool{stats[0].idle.Load() > idle0, stats[1].idle.Load() > idle1}; !woke[1-r] {
@@ -386,7 +355,7 @@ func TestReplicasMatchSingleEngine(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want[q.ID] = collect(t, s)
+		want[q.ID] = dptest.Collect(t, s)
 	}
 	var engines []*engine.Engine
 	for range 2 {
@@ -416,7 +385,7 @@ func TestReplicasMatchSingleEngine(t *testing.T) {
 		streams[q.ID], used[r] = s, true
 	}
 	for id, s := range streams {
-		if got := collect(t, s); !slices.Equal(got, want[id]) {
+		if got := dptest.Collect(t, s); !slices.Equal(got, want[id]) {
 			t.Errorf("%s: %v, one engine %v", id, got, want[id])
 		}
 	}
