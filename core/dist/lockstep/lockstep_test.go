@@ -2,6 +2,8 @@ package lockstep
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -95,5 +97,103 @@ func TestOpenFails(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "rank 1: no weights") {
 		t.Fatalf("%v, want rank 1's error", err)
+	}
+}
+
+// TestDraftResult: with drafting ranks, rank 0's Draft broadcasts the step's result and
+// every follower's Draft gets it, for the plan it belongs to, and meets rank 0 in a
+// collective; rank 0's NumNextDrafts are its own.
+func TestDraftResult(t *testing.T) {
+	const size = 3
+	var mu sync.Mutex
+	got := make([][]string, size)
+	g, err := StartInProcess(size, dist.Options{Timeout: 5 * time.Second}, func(rank int, data dist.Communicator) (Rank, error) {
+		fwd := func(p *engine.BatchPlan, logits []float32) error { return data.Barrier() }
+		draft := func(p *engine.BatchPlan, res *engine.StepResult) error {
+			mu.Lock()
+			got[rank] = append(got[rank], fmt.Sprintf("step %d of %d tokens: accepted %v tokens %v", p.Step, len(p.Tokens), res.Accepted, res.Tokens))
+			mu.Unlock()
+			res.NumNextDrafts[0] = int32(rank + 1)
+			return data.Barrier()
+		}
+		return Rank{Forward: fwd, Draft: draft, MaxDrafts: 2, Vocab: 4}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := g.Leader()
+	if l.MaxDrafts() != 2 {
+		t.Fatalf("MaxDrafts %d, want 2", l.MaxDrafts())
+	}
+	logits := make([]float32, 4)
+	for step := uint64(1); step <= 3; step++ {
+		if err := l.Forward(plan(step, int(step)), logits); err != nil {
+			t.Fatal(err)
+		}
+		res := engine.StepResult{}
+		res.Reset(1)
+		res.Accepted[0] = int32(step)
+		for k := range step {
+			res.Tokens = append(res.Tokens, int32(10*step+k))
+		}
+		if err := l.Draft(plan(step, int(step)), &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.NumNextDrafts[0] != 1 {
+			t.Fatalf("rank 0's result holds NumNextDrafts %d, want its own 1", res.NumNextDrafts[0])
+		}
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"step 1 of 1 tokens: accepted [1] tokens [10]", "step 2 of 2 tokens: accepted [2] tokens [20 21]", "step 3 of 3 tokens: accepted [3] tokens [30 31 32]"}
+	for r := range size {
+		if !slices.Equal(got[r], want) {
+			t.Errorf("rank %d drafted %q, want %q", r, got[r], want)
+		}
+	}
+}
+
+// TestResultRefused: a step result reaches a follower that does not draft, or arrives
+// without its plan, or garbled: a clear error, not a silent step.
+func TestResultRefused(t *testing.T) {
+	res := engine.StepResult{Accepted: []int32{1}, Tokens: []int32{5}}
+	for _, tc := range []struct {
+		name  string
+		plan  bool
+		draft Draft
+		msg   []byte
+		want  string
+	}{
+		{"no drafter", true, nil, appendResult(nil, 1, &res), "cannot use"},
+		{"no plan", false, func(*engine.BatchPlan, *engine.StepResult) error { return nil }, appendResult(nil, 1, &res), "cannot use"},
+		{"another step", true, func(*engine.BatchPlan, *engine.StepResult) error { return nil }, appendResult(nil, 2, &res), "result of step 2 after the plan of step 1"},
+		{"truncated", true, func(*engine.BatchPlan, *engine.StepResult) error { return nil }, appendResult(nil, 1, &res)[:12], "truncated"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms, err := dist.NewInProcess(2, dist.Options{Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer comms[0].Close()
+			defer comms[1].Close()
+			done := make(chan error, 1)
+			go func() {
+				done <- follow(comms[1], func(*engine.BatchPlan) error { return nil }, tc.draft)
+			}()
+			if tc.plan {
+				var msg []byte
+				if err := Broadcast(comms[0], plan(1, 1), &msg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := comms[0].Broadcast(tc.msg, 0); err != nil {
+				t.Fatal(err)
+			}
+			err = <-done
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("follower returned %v, want an error saying %q", err, tc.want)
+			}
+		})
 	}
 }
