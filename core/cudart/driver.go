@@ -35,6 +35,7 @@ type driverAPI struct {
 	cuMemcpyHtoDAsync         func(dst uintptr, src unsafe.Pointer, n uint64, s uintptr) int32
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uintptr, n uint64, s uintptr) int32
 	cuMemcpyDtoDAsync         func(dst, src uintptr, n uint64, s uintptr) int32
+	cuMemcpy2DAsync           func(p *memcpy2D, s uintptr) int32
 	cuStreamCreate            func(s *uintptr, flags uint32) int32
 	cuStreamDestroy           func(s uintptr) int32
 	cuStreamSynchronize       func(s uintptr) int32
@@ -110,6 +111,7 @@ func bindDriver(lib *library) (*driverAPI, error) {
 		{&d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
 		{&d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"},
 		{&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
+		{&d.cuMemcpy2DAsync, "cuMemcpy2DAsync_v2"},
 		{&d.cuStreamCreate, "cuStreamCreate"},
 		{&d.cuStreamDestroy, "cuStreamDestroy_v2"},
 		{&d.cuStreamSynchronize, "cuStreamSynchronize"},

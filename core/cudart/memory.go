@@ -168,6 +168,46 @@ func (c *Ctx) CopyDtoDAsync(dst, src DevicePtr, n int64, s *Stream) error {
 	return c.api.check("cuMemcpyDtoDAsync_v2", c.api.cuMemcpyDtoDAsync(uintptr(dst), uintptr(src), uint64(n), s.handle()))
 }
 
+// memcpy2D is the driver's CUDA_MEMCPY2D (cuda.h): a copy of Height rows of WidthInBytes
+// each, rows Pitch bytes apart at the source and at the destination.
+type memcpy2D struct {
+	srcXInBytes, srcY uint64
+	srcMemoryType     uint32 // CUmemorytype: 2 = device
+	_                 uint32
+	srcHost           uintptr
+	srcDevice         uintptr
+	srcArray          uintptr
+	srcPitch          uint64
+	dstXInBytes, dstY uint64
+	dstMemoryType     uint32
+	_                 uint32
+	dstHost           uintptr
+	dstDevice         uintptr
+	dstArray          uintptr
+	dstPitch          uint64
+	widthInBytes      uint64
+	height            uint64
+}
+
+// CopyDtoD2DAsync queues a strided device-to-device copy on s: height rows of width bytes,
+// row i from src+i·srcPitch to dst+i·dstPitch (cuMemcpy2DAsync; a memcpy node when s is
+// capturing). Each pitch must be at least width.
+func (c *Ctx) CopyDtoD2DAsync(dst DevicePtr, dstPitch int64, src DevicePtr, srcPitch int64, width, height int64, s *Stream) error {
+	if width < 0 || height < 0 || dstPitch < width || srcPitch < width {
+		return fmt.Errorf("cuda: 2D copy of %d rows of %d bytes with pitches %d (dst) and %d (src): a pitch below the width, or a negative size", height, width, dstPitch, srcPitch)
+	}
+	if width == 0 || height == 0 {
+		return nil
+	}
+	const device = 2
+	p := memcpy2D{
+		srcMemoryType: device, srcDevice: uintptr(src), srcPitch: uint64(srcPitch),
+		dstMemoryType: device, dstDevice: uintptr(dst), dstPitch: uint64(dstPitch),
+		widthInBytes: uint64(width), height: uint64(height),
+	}
+	return c.api.check("cuMemcpy2DAsync_v2", c.api.cuMemcpy2DAsync(&p, s.handle()))
+}
+
 // UploadAsync queues a copy of a typed host slice to dst on s (see CopyHtoDAsync).
 func UploadAsync[T any](c *Ctx, dst DevicePtr, src []T, s *Stream) error {
 	return c.CopyHtoDAsync(dst, asBytes(src), s)

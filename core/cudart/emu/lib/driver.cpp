@@ -570,6 +570,49 @@ extern "C" int cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, 
   return Submit(s, copyOp("memcpy DtoD", (void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n, true, true));
 }
 
+// CUDA_MEMCPY2D as cuda.h lays it out; the emulation copies between device memory only
+// (memory type 2), as core/cudart's CopyDtoD2DAsync asks.
+struct Memcpy2D {
+  size_t srcXInBytes, srcY;
+  int srcMemoryType;
+  const void* srcHost;
+  CUdeviceptr srcDevice;
+  void* srcArray;
+  size_t srcPitch;
+  size_t dstXInBytes, dstY;
+  int dstMemoryType;
+  void* dstHost;
+  CUdeviceptr dstDevice;
+  void* dstArray;
+  size_t dstPitch;
+  size_t WidthInBytes, Height;
+};
+
+// cuMemcpy2DAsync_v2: Height rows of WidthInBytes, each row's bytes checked to lie in one
+// device allocation. The parameters are copied at the call, so a captured memcpy node
+// replays the addresses of the capture, as a GPU's does.
+extern "C" int cuMemcpy2DAsync_v2(const Memcpy2D* p, void* s) {
+  NEED_INIT();
+  if (!p) return kInvalidValue;
+  const int kDevice = 2;
+  if (p->srcMemoryType != kDevice || p->dstMemoryType != kDevice) {
+    SetLaunchError("emulated device: cuMemcpy2DAsync copies between device memory only");
+    return kNotSupported;
+  }
+  if (p->srcPitch < p->WidthInBytes + p->srcXInBytes || p->dstPitch < p->WidthInBytes + p->dstXInBytes) return kInvalidValue;
+  char* dst = (char*)(uintptr_t)p->dstDevice + p->dstY * p->dstPitch + p->dstXInBytes;
+  const char* src = (const char*)(uintptr_t)p->srcDevice + p->srcY * p->srcPitch + p->srcXInBytes;
+  size_t w = p->WidthInBytes, h = p->Height, dp = p->dstPitch, sp = p->srcPitch;
+  return Submit(s, Op{"memcpy 2D DtoD", [=]() -> Result {
+                        for (size_t i = 0; i < h; i++) {
+                          if (!DeviceRange((uintptr_t)(dst + i * dp), w) || !DeviceRange((uintptr_t)(src + i * sp), w))
+                            return kInvalidValue;
+                        }
+                        for (size_t i = 0; i < h; i++) memmove(dst + i * dp, src + i * sp, w);
+                        return kSuccess;
+                      }});
+}
+
 // ---- streams and events ----
 
 namespace {

@@ -1,0 +1,215 @@
+package cudart
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+)
+
+// TestEmulatedCopy2D: CopyDtoD2DAsync moves height rows of width bytes between pitched
+// rows, leaves the bytes between the rows alone, refuses a pitch below the width, and
+// captured into a graph replays the addresses of the capture on the bytes there at replay.
+func TestEmulatedCopy2D(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	d, err := OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	err = d.Do(func(c *Ctx) error {
+		s, err := c.NewStream()
+		if err != nil {
+			return err
+		}
+		defer c.DestroyStream(s)
+		// src: 3 rows of 5 float32 (pitch 20 bytes); dst: 3 rows of 7 (pitch 28), columns
+		// [2, 5) get src's columns [1, 4).
+		src, _ := c.Alloc(3 * 5 * 4)
+		dst, _ := c.Alloc(3 * 7 * 4)
+		defer c.Free(src)
+		defer c.Free(dst)
+		in := make([]float32, 15)
+		for i := range in {
+			in[i] = float32(i)
+		}
+		fill := make([]float32, 21)
+		for i := range fill {
+			fill[i] = -1
+		}
+		want := func(in []float32) []float32 {
+			w := slices.Clone(fill)
+			for r := range 3 {
+				copy(w[r*7+2:r*7+5], in[r*5+1:r*5+4])
+			}
+			return w
+		}
+		copy2D := func() error { return c.CopyDtoD2DAsync(dst.Ptr.Add(2*4), 7*4, src.Ptr.Add(4), 5*4, 3*4, 3, s) }
+		if err := firstNonNil(Upload(c, src.Ptr, in), Upload(c, dst.Ptr, fill), copy2D(), c.Sync(s)); err != nil {
+			return err
+		}
+		got := make([]float32, 21)
+		if err := Download(c, got, dst.Ptr); err != nil {
+			return err
+		}
+		if !slices.Equal(got, want(in)) {
+			t.Errorf("2D copy: %v, want %v", got, want(in))
+		}
+		if err := c.CopyDtoD2DAsync(dst.Ptr, 8, src.Ptr, 20, 12, 3, s); err == nil {
+			t.Error("a destination pitch of 8 bytes for rows of 12: no error")
+		}
+		g, err := c.Capture(s, copy2D)
+		if err != nil {
+			return err
+		}
+		defer c.DestroyGraphExec(g)
+		for i := range in {
+			in[i] = float32(100 + i)
+		}
+		if err := firstNonNil(Upload(c, src.Ptr, in), Upload(c, dst.Ptr, fill), c.LaunchGraph(g, s), c.Sync(s)); err != nil {
+			return err
+		}
+		if err := Download(c, got, dst.Ptr); err != nil {
+			return err
+		}
+		if !slices.Equal(got, want(in)) {
+			t.Errorf("2D copy replayed: %v, want %v", got, want(in))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEmulatedNCCLInGraph: NCCL collectives are captured into a CUDA graph, as on a GPU
+// (NCCL ≥ 2.9 records its kernels into the capturing stream): capturing runs nothing (the
+// other rank is not waited for, the output keeps its bytes), and each rank's replay
+// meets the other's, an all-reduce and an in-place all-gather computing on the bytes
+// the buffers hold at replay, equal to the eager collectives.
+func TestEmulatedNCCLInGraph(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	const ranks, n = 2, 4
+	id, err := NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		captured, eager, replay [][]float32
+		err                     error
+	}
+	res := make([]result, ranks)
+	done := make(chan struct{}, ranks)
+	for r := range ranks {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			d, err := OpenDevice(r)
+			if err != nil {
+				res[r].err = err
+				return
+			}
+			defer d.Close()
+			res[r].err = d.Do(func(c *Ctx) error {
+				comm, err := InitComm(c, id, ranks, r)
+				if err != nil {
+					return err
+				}
+				defer comm.Destroy()
+				s, err := c.NewStream()
+				if err != nil {
+					return err
+				}
+				defer c.DestroyStream(s)
+				sum, _ := c.Alloc(4 * n)
+				gather, _ := c.Alloc(4 * n * ranks)
+				defer c.Free(sum)
+				defer c.Free(gather)
+				mine := gather.Ptr.Add(int64(4 * n * r))
+				load := func(base float32) error {
+					v := make([]float32, n)
+					for i := range v {
+						v[i] = base + float32(10*r+i)
+					}
+					return firstNonNil(Upload(c, sum.Ptr, v), Upload(c, gather.Ptr, make([]float32, n*ranks)), Upload(c, mine, v))
+				}
+				step := func() error {
+					return firstNonNil(comm.AllReduce(sum.Ptr, sum.Ptr, n, F32, Sum, s), comm.AllGather(mine, gather.Ptr, n, F32, s))
+				}
+				read := func() ([]float32, error) {
+					out := make([]float32, n+n*ranks)
+					err := firstNonNil(c.Sync(s), Download(c, out[:n], sum.Ptr), Download(c, out[n:], gather.Ptr))
+					return out, err
+				}
+				out := &res[r]
+				if err := load(0); err != nil {
+					return err
+				}
+				g, err := c.Capture(s, step)
+				if err != nil {
+					return err
+				}
+				defer c.DestroyGraphExec(g)
+				v, err := read()
+				if err != nil {
+					return err
+				}
+				out.captured = append(out.captured, v)
+				for _, base := range []float32{0, 1000} {
+					if err := firstNonNil(load(base), step()); err != nil {
+						return err
+					}
+					if v, err = read(); err != nil {
+						return err
+					}
+					out.eager = append(out.eager, v)
+					if err := firstNonNil(load(base), c.LaunchGraph(g, s)); err != nil {
+						return err
+					}
+					if v, err = read(); err != nil {
+						return err
+					}
+					out.replay = append(out.replay, v)
+				}
+				return nil
+			})
+		}()
+	}
+	for range ranks {
+		<-done
+	}
+	for r := range ranks {
+		if res[r].err != nil {
+			t.Fatalf("rank %d: %v", r, res[r].err)
+		}
+		if got := res[r].captured[0]; got[0] != float32(10*r) {
+			t.Errorf("rank %d: the capture ran the all-reduce: %v", r, got)
+		}
+		for k, base := range []float32{0, 1000} {
+			want := make([]float32, 0, n+n*ranks)
+			for i := range n {
+				want = append(want, 2*base+float32(10+2*i))
+			}
+			for q := range ranks {
+				for i := range n {
+					want = append(want, base+float32(10*q+i))
+				}
+			}
+			if !slices.Equal(res[r].eager[k], want) || !slices.Equal(res[r].replay[k], want) {
+				t.Errorf("rank %d, inputs +%g: eager %v, replay %v, want %v", r, base, res[r].eager[k], res[r].replay[k], want)
+			}
+		}
+	}
+}
+
+func firstNonNil(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
