@@ -158,8 +158,15 @@ func writeError(w http.ResponseWriter, err error) {
 	writeJSON(w, ae.status, ae.body())
 }
 
+// writeJSON answers v as JSON with status. v is encoded before the status is written, so
+// a value JSON cannot hold is answered 500 naming the failure, not 200 with an empty body.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		data, _ = json.Marshal(internal(fmt.Errorf("serve: the response could not be encoded: %w", err)).body())
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(append(data, '\n'))
 }

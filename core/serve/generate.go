@@ -85,6 +85,10 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 			return genResult{}, fmt.Errorf("client went away: %w", err)
 		}
 		d = delta{promptLogprobs: ev.PromptLogprobs}
+		if err := errors.Join(checkLogprobs(ev.Logprobs, "a"), checkLogprobs(ev.PromptLogprobs, "a prompt")); err != nil {
+			s.eng.Abort(st.ID())
+			return genResult{}, internal(err)
+		}
 		if ev.PromptLogprobs != nil {
 			promptLps = ev.PromptLogprobs
 		}

@@ -1,11 +1,42 @@
 package serve
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 
 	"github.com/resin-llm/resin/core/engine"
 )
+
+// minLogprob is what a -inf logprob is written as, as vLLM clamps it: JSON has no
+// infinity (a model that masks tokens, or padded vocabulary rows, give -inf).
+const minLogprob = -9999
+
+// shownLogprob is lp as a response writes it: -inf as minLogprob.
+func shownLogprob(lp float32) float32 {
+	if math.IsInf(float64(lp), -1) {
+		return minLogprob
+	}
+	return lp
+}
+
+// checkLogprobs fails on a logprob no distribution gives, NaN or above 0 (a runner whose
+// logits were not finite): JSON cannot hold NaN, and a made-up number would be silently
+// wrong, so the request fails naming it.
+func checkLogprobs(lps []engine.TokenLogprob, what string) error {
+	bad := func(lp float32) bool { return !(lp <= 0) } // NaN, +inf, > 0
+	for i, lp := range lps {
+		if bad(lp.Logprob) {
+			return fmt.Errorf("the runner returned %s logprob %v for token %d (entry %d): its logits were not finite", what, lp.Logprob, lp.Token, i)
+		}
+		for _, t := range lp.Top {
+			if bad(t.Logprob) {
+				return fmt.Errorf("the runner returned %s top logprob %v for token %d (entry %d): its logits were not finite", what, t.Logprob, t.Token, i)
+			}
+		}
+	}
+	return nil
+}
 
 // logprobView is how a response shows logprobs: how many alternatives each token lists
 // (the engine computes one count for a request's prompt and its answer, the larger of
@@ -76,10 +107,10 @@ func (s *Server) chatLogprobs(lps []engine.TokenLogprob, v logprobView) *chatLog
 	for i, lp := range lps {
 		text, b := s.shown(v, lp.Token)
 		top := v.tops(lp)
-		e := chatLogprob{Token: text, Logprob: lp.Logprob, Bytes: b, TopLogprobs: make([]chatTopLogprob, len(top))}
+		e := chatLogprob{Token: text, Logprob: shownLogprob(lp.Logprob), Bytes: b, TopLogprobs: make([]chatTopLogprob, len(top))}
 		for j, t := range top {
 			tt, tb := s.shown(v, t.Token)
-			e.TopLogprobs[j] = chatTopLogprob{Token: tt, Logprob: t.Logprob, Bytes: tb}
+			e.TopLogprobs[j] = chatTopLogprob{Token: tt, Logprob: shownLogprob(t.Logprob), Bytes: tb}
 		}
 		out.Content[i] = e
 	}
@@ -104,14 +135,15 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v log
 		if v.asIDs {
 			shown, _ = s.shown(v, lp.Token)
 		}
-		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = shown, &lp.Logprob, offset
+		value := shownLogprob(lp.Logprob)
+		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = shown, &value, offset
 		offset += len(text)
 		if withTop {
 			top := v.tops(lp)
 			m := make(map[string]float32, len(top))
 			for _, t := range top {
 				tt, _ := s.shown(v, t.Token)
-				m[tt] = t.Logprob
+				m[tt] = shownLogprob(t.Logprob)
 			}
 			out.TopLogprobs[i] = m
 		}
@@ -145,8 +177,7 @@ type promptLogprob struct {
 
 // promptLogprobsOf is vLLM's prompt_logprobs for prompt: null for its first token, then
 // for each later one a map from token id to promptLogprob holding the prompt's token
-// and top alternatives. A -inf logprob is written as -9999, as vLLM clamps it (JSON has
-// no infinity).
+// and top alternatives (a -inf logprob written as minLogprob).
 func (s *Server) promptLogprobsOf(prompt []int32, plps []engine.TokenLogprob, top int) []map[string]promptLogprob {
 	if len(prompt) == 0 {
 		return nil
@@ -154,10 +185,7 @@ func (s *Server) promptLogprobsOf(prompt []int32, plps []engine.TokenLogprob, to
 	out := make([]map[string]promptLogprob, 1, len(prompt))
 	entry := func(id int32, lp float32, rank *int) (string, promptLogprob) {
 		text, _ := s.tokenText(id)
-		if math.IsInf(float64(lp), -1) {
-			lp = -9999
-		}
-		return strconv.Itoa(int(id)), promptLogprob{Logprob: lp, Rank: rank, DecodedToken: text}
+		return strconv.Itoa(int(id)), promptLogprob{Logprob: shownLogprob(lp), Rank: rank, DecodedToken: text}
 	}
 	for _, lp := range plps {
 		alts := lp.Top[:min(top, len(lp.Top))]
