@@ -397,11 +397,14 @@ func toolParameters(tools []json.RawMessage, name string) (string, bool, error) 
 // requiredToolsSchema is vLLM's schema for tool_choice "required": a non-empty array of
 // calls, each {"name": one of the tools, "parameters": that tool's arguments}; one call
 // only when one (parallel_tool_calls false), so that no tokens go to calls dropped later.
+// The tools' schema definitions ($defs, and draft-07's definitions) move to its root, as
+// vLLM does, where their "#/$defs/..." references (pydantic's nested models) resolve.
 func requiredToolsSchema(tools []json.RawMessage, one bool) (string, error) {
 	defs, err := toolDefs(tools)
 	if err != nil {
 		return "", err
 	}
+	hoisted := map[string]map[string]json.RawMessage{}
 	var b strings.Builder
 	b.WriteString(`{"type": "array", "minItems": 1, `)
 	if one {
@@ -412,11 +415,73 @@ func requiredToolsSchema(tools []json.RawMessage, one bool) (string, error) {
 		if i > 0 {
 			b.WriteString(", ")
 		}
+		params, err := hoistDefinitions(d.parameters(), i, hoisted)
+		if err != nil {
+			return "", err
+		}
 		name, _ := json.Marshal(d.Function.Name)
-		fmt.Fprintf(&b, `{"type": "object", "properties": {"name": {"const": %s}, "parameters": %s}, "required": ["name", "parameters"], "additionalProperties": false}`, name, d.parameters())
+		fmt.Fprintf(&b, `{"type": "object", "properties": {"name": {"const": %s}, "parameters": %s}, "required": ["name", "parameters"], "additionalProperties": false}`, name, params)
 	}
-	b.WriteString(`]}}`)
+	b.WriteString(`]}`)
+	for _, key := range definitionKeys {
+		if len(hoisted[key]) > 0 {
+			raw, err := json.Marshal(hoisted[key])
+			if err != nil {
+				return "", invalid("tools", "tools: %s: %v", key, err)
+			}
+			fmt.Fprintf(&b, `, %q: %s`, key, raw)
+		}
+	}
+	b.WriteString(`}`)
 	return b.String(), nil
+}
+
+// definitionKeys are the keywords under which a JSON Schema keeps definitions that
+// references point into.
+var definitionKeys = []string{"$defs", "definitions"}
+
+// hoistDefinitions takes tool i's definitions out of its parameter schema into into
+// (keyword -> name -> schema) and returns the schema without them. A name two tools
+// define differently is refused: one root cannot hold both.
+func hoistDefinitions(params string, i int, into map[string]map[string]json.RawMessage) (string, error) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal([]byte(params), &top) != nil {
+		return params, nil // not an object: nothing to hoist (the compiler judges it)
+	}
+	moved := false
+	for _, key := range definitionKeys {
+		raw, ok := top[key]
+		if !ok {
+			continue
+		}
+		var named map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &named); err != nil {
+			return "", invalid("tools", "tools[%d].function.parameters.%s must be an object of schemas.", i, key)
+		}
+		if into[key] == nil {
+			into[key] = map[string]json.RawMessage{}
+		}
+		for name, schema := range named {
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, schema); err != nil {
+				return "", invalid("tools", "tools[%d].function.parameters.%s.%s: %v", i, key, name, err)
+			}
+			if prev, ok := into[key][name]; ok && !bytes.Equal(prev, compact.Bytes()) {
+				return "", invalid("tools", `tools[%d].function.parameters.%s defines %q differently from an earlier tool: tool_choice "required" needs one definition per name.`, i, key, name)
+			}
+			into[key][name] = compact.Bytes()
+		}
+		delete(top, key)
+		moved = true
+	}
+	if !moved {
+		return params, nil
+	}
+	out, err := json.Marshal(top)
+	if err != nil {
+		return "", invalid("tools", "tools[%d].function.parameters: %v", i, err)
+	}
+	return string(out), nil
 }
 
 // toolCalls turns a forced tool call's generated JSON into tool calls; ok is false when the
