@@ -76,7 +76,7 @@ func (m *Model) mtpForward(chunks []mtpChunk, rows []int) (logits, outStreams []
 	n := len(b.tokens)
 	eps := float32(c.RMSNormEps)
 	e := make([]float32, n*h)
-	if err := ref.Embedding(e, w.Embed, b.tokens, h); err != nil {
+	if err := m.embed(e, b.tokens); err != nil { // under TP: this rank's rows, all-reduced
 		return nil, nil, fmt.Errorf("mtp: %w", err)
 	}
 	if err := ref.RMSNorm(e, e, mt.ENorm, n, h, eps); err != nil {

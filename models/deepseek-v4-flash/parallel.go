@@ -49,7 +49,9 @@ const (
 //
 // TP and EP together must be equal: the same ranks then split the attention, the vocabulary
 // and the shared expert (TP) and the routed experts (EP, each expert whole), as SGLang's
-// --tp N --ep N. The MTP head is not split (a parallel runner does not draft).
+// --tp N --ep N. The MTP head's block is split like a layer (its e_proj, h_proj, norms
+// and hc_head replicated) and reads the split embedding and lm_head, so every rank runs
+// the drafts of every step (Runner.LockstepRank) and they come out equal on every rank.
 type Layout struct {
 	TP, EP   int
 	Dispatch Dispatch
@@ -153,20 +155,28 @@ func (p *parallel) checkWeights(c *Config, w *Weights) error {
 	if len(w.Embed) != (p.vocabHi-p.vocabLo)*h || len(w.Head) != (p.vocabHi-p.vocabLo)*h {
 		return fmt.Errorf("%s: rank %d: embedding of %d values, want vocabulary rows [%d, %d)", Name, p.rank, len(w.Embed), p.vocabLo, p.vocabHi)
 	}
-	for i := range w.Layers {
-		l := &w.Layers[i]
+	layers := w.Layers
+	if w.MTP != nil {
+		layers = append(slices.Clip(layers), w.MTP.Block)
+	}
+	for i := range layers {
+		l := &layers[i]
 		ne := p.expHi - p.expLo
 		if len(l.QB) != p.heads*d*c.QLoraRank || len(l.Sinks) != p.heads || len(l.OB) != h*p.groups*c.OLoraRank ||
 			len(l.GateUp) != ne*2*in*h || len(l.Down) != ne*h*in || len(l.SharedGate) != p.sharedInter*h {
-			return fmt.Errorf("%s: rank %d: layer %d's weights are not this rank's slices (%d heads, experts [%d, %d), %d columns)",
-				Name, p.rank, i, p.heads, p.expLo, p.expHi, in)
+			what := fmt.Sprintf("layer %d's", i)
+			if i == len(w.Layers) {
+				what = "the MTP block's"
+			}
+			return fmt.Errorf("%s: rank %d: %s weights are not this rank's slices (%d heads, experts [%d, %d), %d columns)",
+				Name, p.rank, what, p.heads, p.expLo, p.expHi, in)
 		}
 	}
 	return nil
 }
 
 // ShardWeights cuts rank's part of the whole model w for layout l (copies: w may be
-// dropped afterwards). The MTP head is left out.
+// dropped afterwards), the MTP head's when w has one.
 func ShardWeights(c *Config, w *Weights, l Layout, rank int) (*Weights, error) {
 	if err := l.Check(c); err != nil {
 		return nil, err
@@ -183,7 +193,7 @@ func ShardWeights(c *Config, w *Weights, l Layout, rank int) (*Weights, error) {
 // TP the rank's rows or columns of the attention's split tensors (q_b, sinks, o_a, o_b),
 // the shared experts' and the vocabulary's are read alone when the checkpoint stores them
 // unquantized (a quantized one is read whole and cut), and each routed expert is read
-// whole and cut. The MTP head is left out.
+// whole and cut. The MTP head, when the checkpoint has one, is read and cut the same way.
 func LoadShard(c *Config, ck *weights.Checkpoint, l Layout, rank int) (*Weights, error) {
 	if err := l.Check(c); err != nil {
 		return nil, err
@@ -216,8 +226,14 @@ func (p *parallel) parts(c *Config) func(*Weights) map[*[]float32]part {
 		g0, g1 := p.rank*p.groups, (p.rank+1)*p.groups
 		s0, s1 := p.rank*p.sharedInter, (p.rank+1)*p.sharedInter
 		m := map[*[]float32]part{&w.Embed: {lo: p.vocabLo, hi: p.vocabHi}, &w.Head: {lo: p.vocabLo, hi: p.vocabHi}}
+		layers := make([]*Layer, 0, len(w.Layers)+1)
 		for i := range w.Layers {
-			l := &w.Layers[i]
+			layers = append(layers, &w.Layers[i])
+		}
+		if w.MTP != nil {
+			layers = append(layers, &w.MTP.Block)
+		}
+		for _, l := range layers {
 			m[&l.QB] = part{lo: h0 * d, hi: h1 * d}
 			m[&l.Sinks] = part{lo: h0, hi: h1}
 			m[&l.OA] = part{lo: g0 * olr, hi: g1 * olr}
@@ -251,6 +267,11 @@ func (p *parallel) cut(c *Config, w *Weights, lo int, read bool) *Weights {
 	}
 	for i := range w.Layers {
 		out.Layers[i] = p.shardLayer(c, &w.Layers[i], lo, read)
+	}
+	if w.MTP != nil {
+		mtp := *w.MTP // e_proj, h_proj, the norms and hc_head replicated
+		mtp.Block = p.shardLayer(c, &w.MTP.Block, lo, read)
+		out.MTP = &mtp
 	}
 	return out
 }
@@ -455,18 +476,26 @@ func OpenRank(dir string, opts Options, l Layout, comm dist.Communicator, cacheB
 }
 
 func openRank(dir string, opts Options, l Layout, comm dist.Communicator, cacheBytes int64, whole *Weights) (*Runner, *kvslab.Pool, error) {
-	if opts.Drafts > 0 {
-		return nil, nil, fmt.Errorf("%s: a parallel layout does not draft (the MTP head is not split)", Name)
+	if opts.DType != "" && opts.DType != ref.DTypeFP32 {
+		return nil, nil, fmt.Errorf("%s: a parallel layout runs fp32, not %s", Name, opts.DType)
 	}
 	c, w, err := loadRankWeights(dir, opts, l, comm.Rank(), whole)
 	if err != nil {
 		return nil, nil, err
+	}
+	if opts.Drafts == 0 {
+		w.MTP = nil // not drafting: the head is not needed
 	}
 	m, err := NewRankModel(c, w, maxContextOf(c, opts), l, comm)
 	if err != nil {
 		return nil, nil, err
 	}
 	r := NewRunner(m, opts.PageTokens)
+	if opts.Drafts > 0 {
+		if r, err = NewMTPRunner(m, opts.PageTokens, opts.Drafts); err != nil {
+			return nil, nil, err
+		}
+	}
 	pool, err := r.NewPool(cacheBytes)
 	if err != nil {
 		return nil, nil, err
@@ -475,12 +504,21 @@ func openRank(dir string, opts Options, l Layout, comm dist.Communicator, cacheB
 }
 
 // LockstepRank is r as a rank of core/dist/lockstep's group: rank 0 checks each plan
-// before it is broadcast, the others execute its CacheOps on their own pool first.
+// before it is broadcast, the others execute its CacheOps on their own pool first. A
+// runner that drafts (NewMTPRunner) drafts on every rank: rank 0 broadcasts each step's
+// result after sampling, every rank puts back its rejected drafts and runs the split MTP
+// head, whose logits (all-gathered) and so whose drafts are the same on every rank.
 func (r *Runner) LockstepRank(rank int, pool *kvslab.Pool) lockstep.Rank {
+	lr := lockstep.Rank{Forward: r.RankForward, Vocab: r.Model.Config.VocabSize}
 	if rank == 0 {
-		return lockstep.Rank{Forward: r.RankForward, Check: r.CheckPlan, Vocab: r.Model.Config.VocabSize}
+		lr.Check = r.CheckPlan
+	} else {
+		lr.Forward = lockstep.WithCacheOps(pool, r.RankForward)
 	}
-	return lockstep.Rank{Forward: lockstep.WithCacheOps(pool, r.RankForward), Vocab: r.Model.Config.VocabSize}
+	if r.drafts > 0 {
+		lr.Draft, lr.MaxDrafts = r.draft, r.drafts
+	}
+	return lr
 }
 
 // Group is the ranks of a parallel layout as goroutines of this process; its Runner is
@@ -538,5 +576,5 @@ func OpenInProcess(dir string, opts Options, l Layout, cacheBytes int64, o dist.
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Group{Runner: cpurunner.New(r0.Info(), cpurunner.ForwardFunc(g.Forward)), ranks: g}, pool0, nil
+	return &Group{Runner: cpurunner.New(r0.Info(), g.Leader()), ranks: g}, pool0, nil
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func joinShm(name string, rank, size int) (ctl, data dist.Communicator, err erro
 }
 
 // TestParallelWorker is a rank of a process test when RESIN_DSV4_RANK is set (with
-// RESIN_DSV4_NAME, _DIR, _TP, _EP, _DISPATCH).
+// RESIN_DSV4_NAME, _DIR, _TP, _EP, _DISPATCH, and _DRAFTS when the ranks draft).
 func TestParallelWorker(t *testing.T) {
 	rank, err := strconv.Atoi(os.Getenv("RESIN_DSV4_RANK"))
 	if err != nil {
@@ -51,7 +52,9 @@ func TestParallelWorker(t *testing.T) {
 	}
 	defer ctl.Close()
 	defer data.Close()
-	r, pool, err := OpenRank(os.Getenv("RESIN_DSV4_DIR"), tinyOpts, l, data, 8<<20)
+	opts := tinyOpts
+	opts.Drafts = num("RESIN_DSV4_DRAFTS")
+	r, pool, err := OpenRank(os.Getenv("RESIN_DSV4_DIR"), opts, l, data, 8<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +62,7 @@ func TestParallelWorker(t *testing.T) {
 	if n, _ := strconv.Atoi(os.Getenv("RESIN_DSV4_DIE")); n > 0 {
 		ctl = &dieAfter{Communicator: ctl, n: n}
 	}
-	if err := lockstep.Follow(ctl, lr.Vocab, lr.Forward); err != nil {
+	if err := lockstep.FollowRank(ctl, lr); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -90,9 +93,18 @@ func processGroup(t testing.TB, l Layout, env ...string) (lockstep.Forward, *kvs
 // groups numbers the process groups of this test binary (their shared-memory names).
 var groups atomic.Int64
 
-// processRunner is processGroup that also returns rank 0's runner (for the engine).
+// processRunner is processGroup that also returns rank 0's runner (for the engine). With
+// RESIN_DSV4_DRAFTS=N in env every rank drafts N tokens per step; with RESIN_DSV4_DIE a
+// child is meant to die, and its exit is not checked.
 func processRunner(t testing.TB, l Layout, env ...string) (lockstep.Forward, *kvslab.Pool, engine.Runner) {
 	t.Helper()
+	opts, faulty := tinyOpts, false
+	for _, e := range env {
+		if n, ok := strings.CutPrefix(e, "RESIN_DSV4_DRAFTS="); ok {
+			opts.Drafts, _ = strconv.Atoi(n)
+		}
+		faulty = faulty || strings.HasPrefix(e, "RESIN_DSV4_DIE=")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	dir := tinyDir(t)
 	name := fmt.Sprintf("dsv4-%d-%d", os.Getpid(), groups.Add(1))
@@ -117,26 +129,26 @@ func processRunner(t testing.TB, l Layout, env ...string) (lockstep.Forward, *kv
 		}
 		t.Fatal(err)
 	}
-	r, pool, err := OpenRank(dir, tinyOpts, l, data, 8<<20)
+	r, pool, err := OpenRank(dir, opts, l, data, 8<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lr := r.LockstepRank(0, pool)
 	t.Cleanup(func() {
 		defer cancel()
-		if err := lockstep.Stop(ctl); err != nil && len(env) == 0 {
+		if err := lockstep.Stop(ctl); err != nil && !faulty {
 			t.Error(err)
 		}
 		for i, c := range cmds {
-			if err := c.Wait(); err != nil && len(env) == 0 {
+			if err := c.Wait(); err != nil && !faulty {
 				t.Errorf("rank %d: %v\n%s", i+1, err, outs[i])
 			}
 		}
 		ctl.Close()
 		data.Close()
 	})
-	lead := lockstep.Lead(ctl, lr.Check, lr.Forward)
-	return lead, pool, cpurunner.New(r.Info(), cpurunner.ForwardFunc(lead))
+	lead := lockstep.LeadRank(ctl, lr)
+	return lead.Lead, pool, cpurunner.New(r.Info(), lead)
 }
 
 // TestParallelProcesses: EP=3 (an expert-less rank) and TP=2 with the other ranks in
