@@ -3,6 +3,7 @@ package deepseekv4flash
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -40,8 +41,10 @@ type gpuModel struct {
 	moeW             *moeWork
 	mtp              *gpuMTP    // nil without the MTP head
 	graphs           *gpuGraphs // nil: every step eager
-	// Stats count the steps by how they ran.
-	Stats struct{ Graph, Eager int }
+	stash            *gpuStash  // prefill graphs' copies of each layer's rows (allocated with them)
+	// Stats count the steps by how they ran: graph replays (PrefillGraph of them prefill
+	// graphs) and eager steps.
+	Stats struct{ Graph, PrefillGraph, Eager int }
 }
 
 // gpuSeq is one sequence's device slot and length.
@@ -203,7 +206,7 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			gl.maxEntries = max(1, m.maxContext/gl.ratio)
 			overlap := gl.kind == CompressedSparse
 			gl.comp = newComp(l.Compressor, d, overlap)
-			zeros(&gl.entryRow0, maxTokens)
+			zeros(&gl.entryRow0, max(maxTokens, slots+1))
 			upW(&gl.compKV, &l.Compressor.KV)
 			upW(&gl.compGate, &l.Compressor.Gate)
 		}
@@ -253,8 +256,8 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		dst *cudart.DevicePtr
 		n   int
 	}{
-		{&x.ids, n}, {&x.idsRep, n * hc}, {&x.pos, n}, {&x.rowSeq, n}, {&x.seqStart, slots + 1}, {&x.len0, slots},
-		{&x.state, slots}, {&x.winRow0, slots},
+		{&x.ids, n}, {&x.idsRep, n * hc}, {&x.pos, n}, {&x.rowSeq, n}, {&x.seqStart, slots + 2}, {&x.len0, slots + 1},
+		{&x.state, slots + 1}, {&x.winRow0, slots + 1}, // a prefill graph's padding sequence beside slots real ones
 		{&x.streams, n * hc * h}, {&x.next, n * hc * h}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
 		{&x.comb, n * hc * hc}, {&x.x, n * h}, {&x.qres, n * qr}, {&x.q, n * nh * d}, {&x.kv, n * d},
 		{&x.ckv, n * 2 * d}, {&x.cgate, n * 2 * d}, {&x.ikv, n * 2 * id}, {&x.igate, n * 2 * id},
@@ -359,7 +362,9 @@ func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim
 // rows go through the head. A non-nil mir gets the step's state written through to the
 // host pool (gpu_cache.go). With graphs on (g.graphs), a decode step (one token and one
 // logits row per sequence, in order) runs as the CUDA graph of its batch bucket, the
-// batch padded with rows of the spare slot (graph.go).
+// batch padded with rows of the spare slot, and any other step of fewer rows than the
+// largest prefill bucket as the graph of its token bucket and sequence count, padded with
+// a sequence of the spare slot (gpu_graphs.go).
 func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32, mir *mirrorStep) ([]float32, error) {
 	cfg := g.m.Config
 	if len(seqs) != len(tokens) || len(seqs) > g.slots {
@@ -397,6 +402,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			rows[i] = int32(i)
 		}
 	}
+	rows = slices.Clip(rows) // the graphs' padding appends to it
 	if len(rows) > g.maxRows {
 		return nil, fmt.Errorf("gpu: logits for %d rows, at most %d a step", len(rows), g.maxRows)
 	}
@@ -407,7 +413,9 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	}
 	bucket := g.decodeBucket(seqs, tokens, rows)
 	want := len(rows)
+	var key cudart.GraphKey
 	if bucket > 0 {
+		key = cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: bucket, Variant: 1}
 		// The padding: rows of the spare slot g.slots, at position 0 of token 0; its
 		// state is never read by a real sequence.
 		for i := len(seqs); i < bucket; i++ {
@@ -419,6 +427,22 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			}
 		}
 		n = bucket
+	} else if t := g.prefillBucket(seqs, n, want); t > 0 {
+		// The padding: one more sequence, in the spare slot, of t−n tokens 0 at positions
+		// 0, 1, ...; the logits rows repeat the last one named up to one per sequence.
+		key = g.prefillKey(t, len(seqs), want)
+		seqStart = append(seqStart, int32(len(ids)))
+		len0, state, winRow0 = append(len0, 0), append(state, int32(g.slots)), append(winRow0, int32(g.slots*win))
+		for j := range t - n {
+			ids, pos, rowSeq = append(ids, 0), append(pos, int32(j)), append(rowSeq, int32(len(seqs)))
+			for range hc {
+				idsRep = append(idsRep, 0)
+			}
+		}
+		for want > 0 && len(rows) < len(seqs) {
+			rows = append(rows, rows[len(rows)-1])
+		}
+		bucket, n = t, t
 	}
 	seqStart = append(seqStart, int32(len(ids)))
 	w := &g.w
@@ -452,7 +476,22 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	}
 	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(len0)}
 	nr := len(rows)
-	step := func(hook bool) error {
+	// after runs after each layer's block: eagerly, the write-through of its rows from the
+	// work buffers; in a prefill graph, their copy into the stash (read back after the
+	// replay); in a decode graph, nothing (mirrorStep.decoded reads the slots after it).
+	prefill := key.Kind == cudart.GraphPrefill
+	after := func(li int) error {
+		switch {
+		case prefill:
+			return g.stashRows(c, li, n)
+		case bucket == 0 && mir != nil:
+			if err := mir.layer(c, g, li, n, g.workRows(li)); err != nil {
+				return fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
+			}
+		}
+		return nil
+	}
+	step := func() error {
 		if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, n*hc, h, cfg.VocabSize); err != nil {
 			return err
 		}
@@ -460,10 +499,8 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			if err := g.block(c, &g.layers[li], ch, seqs); err != nil {
 				return fmt.Errorf("gpu: layer %d: %w", li, err)
 			}
-			if hook && mir != nil {
-				if err := mir.layer(c, g, li, n); err != nil {
-					return fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
-				}
+			if err := after(li); err != nil {
+				return err
 			}
 		}
 		if nr == 0 {
@@ -472,12 +509,12 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		return g.headLaunch(c, n, nr, gpuHC{g.hcFn, g.hcBase, g.hcScale}, g.norm)
 	}
 	if bucket > 0 {
-		if err := g.runGraph(c, bucket, func() error { return step(false) }); err != nil {
+		if err := g.runGraph(c, key, step); err != nil {
 			return nil, err
 		}
 	} else {
 		g.Stats.Eager++
-		if err := step(true); err != nil {
+		if err := step(); err != nil {
 			return nil, err
 		}
 	}
@@ -485,7 +522,13 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		return nil, err
 	}
 	if mir != nil {
-		if bucket > 0 {
+		if prefill {
+			for li := range g.layers {
+				if err := mir.layer(c, g, li, n, g.stashed(li)); err != nil {
+					return nil, fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
+				}
+			}
+		} else if bucket > 0 {
 			if err := mir.decoded(c, g, seqs); err != nil {
 				return nil, fmt.Errorf("gpu: the host pool: %w", err)
 			}

@@ -109,17 +109,34 @@ func (g *gpuModel) comps(li int) []gpuComp {
 	return out
 }
 
+// layerRows is where one layer's rows of a step are on the device once its block ran:
+// its K=V rows and, per compressor (gpuModel.comps' order), the kv and gate projections.
+type layerRows struct {
+	kv   cudart.DevicePtr
+	proj [][2]cudart.DevicePtr
+}
+
+// workRows is layer li's rows in the work buffers, which hold them until the next
+// layer's block.
+func (g *gpuModel) workRows(li int) layerRows {
+	lr := layerRows{kv: g.w.kv}
+	for _, cp := range g.comps(li) {
+		lr.proj = append(lr.proj, [2]cudart.DevicePtr{cp.kv, cp.gate})
+	}
+	return lr
+}
+
 // layer writes layer li's sliding-window rows of the step and the checkpoints of the
-// block ends it reached; it runs after the layer's attention, while the work buffers hold
-// the layer's K=V rows and compressor projections, and before finish has updated the host
-// state page.
-func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int) error {
+// block ends it reached from src, the layer's rows (rows of them): the work buffers right
+// after the layer's block (eager steps), or a prefill graph's stash of them
+// (gpu_graphs.go); it runs before finish has updated the host state page.
+func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src layerRows) error {
 	d := g.m.Config.HeadDim
 	if err := c.Synchronize(); err != nil { // the layer's launches on the stream
 		return err
 	}
 	kvRows := ms.scratch(rows * d)
-	if err := cudart.Download(c, kvRows, g.w.kv); err != nil {
+	if err := cudart.Download(c, kvRows, src.kv); err != nil {
 		return err
 	}
 	for i, st := range ms.states {
@@ -128,9 +145,10 @@ func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int) error 
 		}
 	}
 	pt := ms.kv.pt
-	for _, cp := range g.comps(li) {
+	for ci, cp := range g.comps(li) {
 		kc := cp.dev
 		r, wd, dim := kc.Ratio, kc.Width(), kc.Dim
+		kvSrc, gateSrc := src.proj[ci][0], src.proj[ci][1]
 		for i, st := range ms.states {
 			l0, end := ms.len0[i], ms.len0[i]+ms.ns[i]
 			hs := cp.host(st, li)
@@ -147,10 +165,10 @@ func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int) error 
 				nr := pos + 1 - first
 				proj := ms.scratch(2 * nr * wd)
 				at := cudart.DevicePtr(4 * (ms.row0[i] + first - l0) * wd)
-				if err := cudart.Download(c, proj[:nr*wd], cp.kv+at); err != nil {
+				if err := cudart.Download(c, proj[:nr*wd], kvSrc+at); err != nil {
 					return err
 				}
-				if err := cudart.Download(c, proj[nr*wd:], cp.gate+at); err != nil {
+				if err := cudart.Download(c, proj[nr*wd:], gateSrc+at); err != nil {
 					return err
 				}
 				for j := range r {

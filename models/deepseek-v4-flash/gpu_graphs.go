@@ -9,26 +9,39 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// gpuGraphs are the CUDA graphs of decode steps, one per batch bucket
-// (gpurunner.DecodeBuckets), as core/gpurunner's dense path keeps them: a decode step of
-// b sequences (one token and one logits row each) runs padded to the smallest bucket of at
-// least b, the padding rows in the spare slot (index slots, allocated beside the real
-// ones: it holds only their writes, at position 0, and no real sequence reads it). The
-// first step of a bucket runs eagerly (every cuBLASLt plan made and every module loaded
-// outside the capture) and is then captured; the later ones replay it. Every per-step
-// value the graph reads (tokens, positions, slots, row offsets, the logits rows) is
-// uploaded to fixed buffers before the launch, and the launches depend only on the
-// bucket. Prefill steps, steps with drafts (the MTP runner) and steps naming other logits
-// rows run eagerly.
+// gpuGraphs are the CUDA graphs of the forward's steps, as core/gpurunner's dense path
+// keeps them:
+//
+//   - decode steps, one graph per batch bucket (gpurunner.DecodeBuckets): a decode step of
+//     b sequences (one token and one logits row each) runs padded to the smallest bucket
+//     of at least b, the padding rows in the spare slot (index slots, allocated beside the
+//     real ones: it holds only their writes, at position 0, and no real sequence reads it);
+//   - every other step (prefill, chunked prefill, prefill beside decode rows) of fewer rows
+//     than the largest token bucket (gpurunner.PrefillBuckets), one graph per token bucket
+//     and number of sequences (and whether any row is sampled): the step runs padded to
+//     the smallest bucket of more rows than it has, the padding one more sequence of the
+//     spare slot from position 0, and the head runs over one row per real sequence (the
+//     rows the step names, the last repeated). A step naming more logits rows than it has
+//     sequences runs eagerly.
+//
+// The first step of a shape runs eagerly (every cuBLASLt plan made and every module
+// loaded outside the capture) and is then captured; the later ones replay it. Every
+// per-step value the graph reads (tokens, positions, slots, row offsets, the logits rows)
+// is uploaded to fixed buffers before the launch, and the launches depend only on the
+// shape. What the host pool's write-through reads between layers (mirrorStep.layer: each
+// layer's K=V rows and compressor projections) a prefill graph copies on the device into
+// a stash of its own after each block, read back after the replay. Steps of the MTP
+// runner (drafts, the head's chains) run eagerly.
 type gpuGraphs struct {
 	cache   *cudart.GraphCache
-	buckets []int
+	buckets []int // decode batch sizes
+	prefill []int // prefill token counts
 	failed  map[cudart.GraphKey]bool
 	log     io.Writer
 }
 
-// useGraphs turns decode graphs on (log: a capture that failed, its shape then eager) or
-// off (nil log and off).
+// useGraphs turns graphs on (log: a capture that failed, its shape then eager) or off
+// (nil log and off).
 func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
 	if g.graphs != nil {
 		g.graphs.cache.Close(c)
@@ -38,18 +51,24 @@ func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
 		return nil
 	}
 	b := gpurunner.DecodeBuckets(min(g.slots, g.maxRows))
-	cache, err := cudart.NewGraphCache(len(b))
+	pb := gpurunner.PrefillBuckets(g.maxTokens)
+	if err := g.allocStash(c, pb); err != nil {
+		return err
+	}
+	// Room for every decode bucket and a few sequence counts per token bucket; the least
+	// recently used graph goes first.
+	cache, err := cudart.NewGraphCache(len(b) + 4*len(pb))
 	if err != nil {
 		return err
 	}
 	if log == nil {
 		log = io.Discard
 	}
-	g.graphs = &gpuGraphs{cache: cache, buckets: b, failed: map[cudart.GraphKey]bool{}, log: log}
+	g.graphs = &gpuGraphs{cache: cache, buckets: b, prefill: pb, failed: map[cudart.GraphKey]bool{}, log: log}
 	return nil
 }
 
-// decodeBucket returns the bucket a step runs in as a graph, 0 for an eager one.
+// decodeBucket returns the bucket a step runs in as a decode graph, 0 for none.
 func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) int {
 	if g.graphs == nil || g.mtp != nil || len(rows) != len(seqs) {
 		return 0
@@ -67,11 +86,90 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 	return 0
 }
 
-// runGraph runs step, the launches of a decode step of bucket sequences: the bucket's
-// graph when it was captured, else eagerly and then captured.
-func (g *gpuModel) runGraph(c *cudart.Ctx, bucket int, step func() error) error {
+// prefillBucket returns the token bucket a step of n rows over seqs, want of them
+// sampled, runs in as a prefill graph: the smallest of more than n rows (the padding
+// sequence has at least one), 0 for none.
+func (g *gpuModel) prefillBucket(seqs []*gpuSeq, n, want int) int {
+	if g.graphs == nil || g.mtp != nil || want > len(seqs) || len(seqs) > g.slots || (want > 0 && len(seqs) > g.maxRows) {
+		return 0
+	}
+	for _, t := range g.graphs.prefill {
+		if t > n && t <= g.maxTokens && t-n <= g.m.maxContext && t <= g.stash.rows {
+			return t
+		}
+	}
+	return 0
+}
+
+// prefillKey names the prefill graph of t rows over seqs real sequences, with the head
+// when want > 0.
+func (g *gpuModel) prefillKey(t, seqs, want int) cudart.GraphKey {
+	v := seqs
+	if want == 0 {
+		v |= 1 << 16 // no row sampled: the graph has no head
+	}
+	return cudart.GraphKey{Kind: cudart.GraphPrefill, Bucket: t, Variant: v}
+}
+
+// gpuStash is where a prefill graph leaves each layer's rows (layerRows) for the host
+// pool's write-through: rows rows per layer.
+type gpuStash struct {
+	rows   int
+	layers []layerRows
+}
+
+// allocStash allocates the stash for the largest of the token buckets pb, once.
+func (g *gpuModel) allocStash(c *cudart.Ctx, pb []int) error {
+	if len(pb) == 0 || (g.stash != nil && g.stash.rows >= pb[len(pb)-1]) {
+		return nil
+	}
+	st := &gpuStash{rows: pb[len(pb)-1]}
+	d := g.m.Config.HeadDim
+	for li := range g.layers {
+		var lr layerRows
+		var err error
+		if lr.kv, err = g.arena.alloc(c, 4*st.rows*d); err != nil {
+			return fmt.Errorf("gpu: prefill graphs' stash: %w", err)
+		}
+		for _, cp := range g.comps(li) {
+			var p [2]cudart.DevicePtr
+			for k := range p {
+				if p[k], err = g.arena.alloc(c, 4*st.rows*cp.dev.Width()); err != nil {
+					return fmt.Errorf("gpu: prefill graphs' stash: %w", err)
+				}
+			}
+			lr.proj = append(lr.proj, p)
+		}
+		st.layers = append(st.layers, lr)
+	}
+	g.stash = st
+	return nil
+}
+
+// stashRows queues the copy of layer li's n rows from the work buffers into the stash.
+func (g *gpuModel) stashRows(c *cudart.Ctx, li, n int) error {
+	dst, src := g.stash.layers[li], g.workRows(li)
+	d := g.m.Config.HeadDim
+	if err := c.CopyDtoDAsync(dst.kv, src.kv, int64(4*n*d), g.s); err != nil {
+		return err
+	}
+	for ci, cp := range g.comps(li) {
+		for k := range 2 {
+			if err := c.CopyDtoDAsync(dst.proj[ci][k], src.proj[ci][k], int64(4*n*cp.dev.Width()), g.s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// stashed is layer li's rows in the stash.
+func (g *gpuModel) stashed(li int) layerRows { return g.stash.layers[li] }
+
+// runGraph runs step, the launches of the step of shape key: its graph when it was
+// captured, else eagerly and then captured.
+func (g *gpuModel) runGraph(c *cudart.Ctx, key cudart.GraphKey, step func() error) error {
 	gr := g.graphs
-	key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: bucket, Variant: 1}
 	if !gr.failed[key] {
 		ok, err := gr.cache.Replay(c, g.s, key)
 		if err != nil {
@@ -79,6 +177,9 @@ func (g *gpuModel) runGraph(c *cudart.Ctx, bucket int, step func() error) error 
 		}
 		if ok {
 			g.Stats.Graph++
+			if key.Kind == cudart.GraphPrefill {
+				g.Stats.PrefillGraph++
+			}
 			return nil
 		}
 	}

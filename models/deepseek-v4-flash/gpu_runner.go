@@ -139,9 +139,10 @@ func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
 	return pool, nil
 }
 
-// UseGraphs turns CUDA graphs for decode steps on or off (gpu_graphs.go: one per batch
-// bucket; prefill and drafting steps stay eager); a failed capture is noted on log (nil:
-// dropped) and its shape runs eagerly. OpenGPU turns them on unless opts.Eager.
+// UseGraphs turns CUDA graphs on or off (gpu_graphs.go: decode steps one per batch
+// bucket, prefill steps one per token bucket and sequence count; the MTP runner's steps
+// stay eager); a failed capture is noted on log (nil: dropped) and its shape runs
+// eagerly. OpenGPU turns them on unless opts.Eager.
 func (r *GPURunner) UseGraphs(on bool, log io.Writer) error {
 	return r.dev.Do(func(c *cudart.Ctx) error { return r.g.useGraphs(c, on, log) })
 }

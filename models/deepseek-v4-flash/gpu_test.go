@@ -657,11 +657,16 @@ func argmax(x []float32) int {
 }
 
 // TestEmulatedGraphsEqualEager runs the same requests through the real engine on a GPU
-// runner that replays decode graphs (one per batch bucket, batches padded with the spare
-// slot) and on an eager one: three prompts of different lengths decoding together past a
-// block end, then a prompt extending the first request's whole output (a prefix hit at
-// the checkpoint a graph step wrote) beside a fresh one. Tokens equal and every log
-// probability bit for bit; the graph runner must have replayed graphs.
+// runner that replays graphs (decode graphs per batch bucket, batches padded with the
+// spare slot; prefill graphs per token bucket and sequence count, padded with a sequence
+// of the spare slot) and on an eager one, with one-shot prefill (64 tokens a step) and
+// chunked prefill (7 a step: windows closing inside chunks, chunks without a sampled row,
+// prefill chunks beside decode rows): three prompts of different lengths decoding
+// together past a block end, then a prompt extending the first request's whole output (a
+// prefix hit at the checkpoint a graph step wrote) beside a fresh one, then three fresh
+// prompts of the first round's shape (its prefill graph replayed). Tokens equal and every
+// log probability bit for bit; the graph runner must have replayed decode and prefill
+// graphs.
 func TestEmulatedGraphsEqualEager(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -670,53 +675,56 @@ func TestEmulatedGraphsEqualEager(t *testing.T) {
 	m := tinyModel(t)
 	vocab := m.Config.VocabSize
 	sp := engine.SamplingParams{MaxTokens: 9, IgnoreEOS: true, Logprobs: true, TopLogprobs: 2}
-	var outs [2][][]runnertest.Output
-	var graphSteps int
-	for k := range outs {
-		r, err := NewGPURunner(m, dev, cache, cudart.F32, 8, 64, 8)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if k == 1 {
-			if err := r.UseGraphs(true, nil); err != nil {
+	for _, batchTokens := range []int{64, 7} {
+		var outs [2][][]runnertest.Output
+		var graphSteps, prefillSteps int
+		for k := range outs {
+			r, err := NewGPURunner(m, dev, cache, cudart.F32, 8, 64, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k == 1 {
+				if err := r.UseGraphs(true, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pool, err := r.NewPool(4 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s runnertest.Suite
+			e := s.StartWith(t, r, pool, engine.Config{MaxBatchTokens: batchTokens, MaxSeqs: 8})
+			first := e.GenerateAll(t, [][]int32{runnertest.Prompt(10, vocab, 1), runnertest.Prompt(13, vocab, 2), runnertest.Prompt(4, vocab, 3)}, sp)
+			ext := append(append(runnertest.Prompt(10, vocab, 1), first[0].Tokens...), 5, 6)
+			second := e.GenerateAll(t, [][]int32{ext, runnertest.Prompt(7, vocab, 4)}, sp)
+			third := e.GenerateAll(t, [][]int32{runnertest.Prompt(10, vocab, 5), runnertest.Prompt(13, vocab, 6), runnertest.Prompt(4, vocab, 7)}, sp)
+			e.Stop(t)
+			outs[k] = [][]runnertest.Output{first, second, third}
+			if k == 1 {
+				graphSteps, prefillSteps = r.g.Stats.Graph, r.g.Stats.PrefillGraph
+			}
+			if err := r.Close(); err != nil {
 				t.Fatal(err)
 			}
 		}
-		pool, err := r.NewPool(4 << 20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var s runnertest.Suite
-		e := s.StartWith(t, r, pool, engine.Config{MaxBatchTokens: 64, MaxSeqs: 8})
-		first := e.GenerateAll(t, [][]int32{runnertest.Prompt(10, vocab, 1), runnertest.Prompt(13, vocab, 2), runnertest.Prompt(4, vocab, 3)}, sp)
-		ext := append(append(runnertest.Prompt(10, vocab, 1), first[0].Tokens...), 5, 6)
-		second := e.GenerateAll(t, [][]int32{ext, runnertest.Prompt(7, vocab, 4)}, sp)
-		e.Stop(t)
-		outs[k] = [][]runnertest.Output{first, second}
-		if k == 1 {
-			graphSteps, _ = r.StepCounts()
-		}
-		if err := r.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for round := range outs[0] {
-		for i, want := range outs[0][round] {
-			got := outs[1][round][i]
-			if !slices.Equal(got.Tokens, want.Tokens) || len(got.Logprobs) != len(want.Logprobs) {
-				t.Fatalf("round %d, request %d: graphs %v, eager %v", round, i, got.Tokens, want.Tokens)
-			}
-			for j := range want.Logprobs {
-				if g, e := got.Logprobs[j], want.Logprobs[j]; math.Float32bits(g.Logprob) != math.Float32bits(e.Logprob) || fmt.Sprint(g.Top) != fmt.Sprint(e.Top) {
-					t.Fatalf("round %d, request %d, token %d: graphs %+v, eager %+v", round, i, j, g, e)
+		for round := range outs[0] {
+			for i, want := range outs[0][round] {
+				got := outs[1][round][i]
+				if !slices.Equal(got.Tokens, want.Tokens) || len(got.Logprobs) != len(want.Logprobs) {
+					t.Fatalf("%d tokens a step, round %d, request %d: graphs %v, eager %v", batchTokens, round, i, got.Tokens, want.Tokens)
+				}
+				for j := range want.Logprobs {
+					if g, e := got.Logprobs[j], want.Logprobs[j]; math.Float32bits(g.Logprob) != math.Float32bits(e.Logprob) || fmt.Sprint(g.Top) != fmt.Sprint(e.Top) {
+						t.Fatalf("%d tokens a step, round %d, request %d, token %d: graphs %+v, eager %+v", batchTokens, round, i, j, g, e)
+					}
 				}
 			}
 		}
+		if graphSteps == prefillSteps || prefillSteps == 0 {
+			t.Fatalf("%d tokens a step: %d steps replayed a graph, %d of them prefill graphs: want both kinds", batchTokens, graphSteps, prefillSteps)
+		}
+		t.Logf("%d tokens a step: %d steps replayed a graph, %d of them prefill graphs", batchTokens, graphSteps, prefillSteps)
 	}
-	if graphSteps == 0 {
-		t.Fatal("the graph runner replayed no graph")
-	}
-	t.Logf("%d decode steps replayed a graph", graphSteps)
 }
 
 // openTestGPU opens GPU 0 (the emulated device under emutest.Reexec), closed when t ends,
