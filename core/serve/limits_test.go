@@ -390,3 +390,35 @@ func TestRefusedBodyAnsweredNotReset(t *testing.T) {
 		t.Fatalf("oversize body: %d close=%v %s, want 413 closing the connection", resp.StatusCode, resp.Close, body)
 	}
 }
+
+// TestStopTokenIDsCapped: stop_token_ids beyond maxStopTokenIDs get 400 naming the field,
+// on both endpoints; as many as the cap are served. Before, any number the body could hold
+// was taken (a million ids made every step's plan megabytes).
+func TestStopTokenIDsCapped(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	ids := func(n int) []int32 {
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = int32(i % 200)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 2}},
+		{"/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "max_tokens": 2}},
+	} {
+		tc.body["stop_token_ids"] = ids(maxStopTokenIDs + 1)
+		code, raw := h.post(tc.path, tc.body)
+		var e errorResp
+		if code != 400 || json.Unmarshal(raw, &e) != nil || e.Error.Param == nil || *e.Error.Param != "stop_token_ids" {
+			t.Fatalf("%s with %d stop_token_ids: %d %s, want 400 naming stop_token_ids", tc.path, maxStopTokenIDs+1, code, raw)
+		}
+		tc.body["stop_token_ids"] = ids(maxStopTokenIDs)
+		if code, raw := h.post(tc.path, tc.body); code != 200 {
+			t.Fatalf("%s with %d stop_token_ids: %d %s", tc.path, maxStopTokenIDs, code, raw)
+		}
+	}
+}

@@ -366,6 +366,9 @@ func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string
 	if p.Seed != nil {
 		s.Seed, s.HasSeed = uint64(*p.Seed), true
 	}
+	if len(p.StopTokenIDs) > maxStopTokenIDs {
+		return s, nil, invalid("stop_token_ids", "stop_token_ids holds %d ids; at most %d are allowed.", len(p.StopTokenIDs), maxStopTokenIDs)
+	}
 	s.StopTokenIDs = p.StopTokenIDs
 	s.IgnoreEOS = p.IgnoreEOS
 	stops, err := parseStop(p.Stop)
@@ -376,6 +379,12 @@ func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string
 }
 
 const maxStops = 16
+
+// maxStopTokenIDs caps stop_token_ids. Every step of a request that has min_tokens to go
+// carries its stop ids to the runner, and the engine checks each generated token against
+// them: a body of a million ids made each step's plan megabytes (a runner protocol frame
+// over its limit fails every request batched with it) and one request tens of times slower.
+const maxStopTokenIDs = 1024
 
 func parseStop(raw json.RawMessage) ([]string, error) {
 	if absent(raw) {
