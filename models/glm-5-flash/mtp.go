@@ -67,7 +67,7 @@ func (m *TextModel) MTPForward(chunks []MTPChunk) (logits, out []float32, err er
 		return nil, nil, nil
 	}
 	e := make([]float32, T*D)
-	if err := ref.Embedding(e, m.W.embed, next, D); err != nil {
+	if err := m.embed(e, next); err != nil { // under TP: this rank's rows, all-reduced
 		return nil, nil, fmt.Errorf("mtp: %w", err)
 	}
 	if err := ref.RMSNorm(e, e, mt.eNorm, T, D, eps); err != nil {
@@ -87,6 +87,7 @@ func (m *TextModel) MTPForward(chunks []MTPChunk) (logits, out []float32, err er
 	if err := ref.RMSNorm(a, x, mt.inNorm, T, D, eps); err != nil {
 		return nil, nil, err
 	}
+	att := make([]float32, T*D)
 	for ci, ch := range chunks {
 		n := off[ci+1] - off[ci]
 		if n == 0 {
@@ -96,9 +97,14 @@ func (m *TextModel) MTPForward(chunks []MTPChunk) (logits, out []float32, err er
 		if err != nil {
 			return nil, nil, fmt.Errorf("mtp attention: %w", err)
 		}
-		for j, v := range y {
-			x[off[ci]*D+j] += v
-		}
+		copy(att[off[ci]*D:], y)
+	}
+	// Under TP each rank projected its heads: one all-reduce for every chunk.
+	if err := m.allReduce(att, "mtp attention"); err != nil {
+		return nil, nil, err
+	}
+	for j, v := range att {
+		x[j] += v
 	}
 	if err := ref.RMSNorm(a, x, mt.postNorm, T, D, eps); err != nil {
 		return nil, nil, err
@@ -125,6 +131,10 @@ func (m *TextModel) MTPForward(chunks []MTPChunk) (logits, out []float32, err er
 	}
 	if err := ref.RMSNorm(picked, picked, mt.norm, n, D, eps); err != nil {
 		return nil, nil, err
+	}
+	if m.tensorParallel() {
+		logits, err := m.vocabParallel(picked, mt.head, n) // this rank's rows of the head
+		return logits, x, err
 	}
 	return dense(picked, mt.head, n, D, c.VocabSize), x, nil
 }

@@ -50,8 +50,10 @@ const (
 //
 // TP and EP together must be equal: the same ranks then split the attention, the
 // vocabulary, the dense and shared MLPs (TP) and the routed experts (EP, each expert
-// whole), as SGLang's --tp N --ep N. The MTP layer is not split (a parallel runner does
-// not draft).
+// whole), as SGLang's --tp N --ep N. The MTP layer's attention and MoE are split like a
+// layer's (eh_proj and the norms replicated), its head by vocabulary rows like the
+// lm_head, so every rank runs the drafts of every step (TextRunner.LockstepRank) and they
+// come out equal on every rank.
 type Layout struct {
 	TP, EP   int
 	Dispatch Dispatch
@@ -179,11 +181,14 @@ func NewRankModel(c *TextConfig, w *TextWeights, l Layout, comm dist.Communicato
 			return nil, fmt.Errorf("%s: rank %d: layer %d holds %d experts, want [%d, %d)", Name, p.rank, i, len(ly.moe.gateUp)/per, p.expLo, p.expHi)
 		}
 	}
+	if w.mtp != nil && w.mtp.moe != nil && len(w.mtp.moe.gateUp) != (p.expHi-p.expLo)*per {
+		return nil, fmt.Errorf("%s: rank %d: the MTP layer holds %d experts, want [%d, %d)", Name, p.rank, len(w.mtp.moe.gateUp)/per, p.expLo, p.expHi)
+	}
 	return &TextModel{Config: c, W: w, par: p}, nil
 }
 
 // ShardTextWeights cuts rank's part of the whole model's weights w for layout l (copies:
-// w may be dropped afterwards). The MTP layer is left out.
+// w may be dropped afterwards), the MTP layer's when w has one.
 func ShardTextWeights(c *TextConfig, w *TextWeights, l Layout, rank int) (*TextWeights, error) {
 	if err := l.Check(c); err != nil {
 		return nil, err
@@ -230,8 +235,7 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int, read bool) *TextWe
 		}
 		return mlpWeights{gate: rows(m.gate, m.width, D), up: rows(m.up, m.width, D), down: colsOf(m.down, D, m.width), width: m.width / p.tp}
 	}
-	for i := range out.layers {
-		ly := &out.layers[i]
+	cutLayer := func(ly *textLayer) {
 		if p.tp > 1 && ly.kda != nil {
 			H, Dh, K := c.LinearNumHeads, c.LinearHeadDim, c.LinearConvKernelDim
 			L := H * Dh
@@ -258,13 +262,13 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int, read bool) *TextWe
 			ly.dense = &d
 		}
 		if ly.moe == nil {
-			continue
+			return
 		}
 		mw := *ly.moe
 		mw.shared = mlpCut(mw.shared)
 		if read && p.tp > 1 && p.ep == 1 {
 			ly.moe = &mw // the loader read each expert's rows and columns alone
-			continue
+			return
 		}
 		var gu, down []float32
 		for e := p.expLo; e < p.expHi; e++ {
@@ -280,6 +284,19 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int, read bool) *TextWe
 		}
 		mw.gateUp, mw.down = gu, down
 		ly.moe = &mw
+	}
+	for i := range out.layers {
+		cutLayer(&out.layers[i])
+	}
+	if w.mtp != nil {
+		mt := *w.mtp // eh_proj and the norms replicated
+		ly := textLayer{mla: mt.mla, moe: mt.moe}
+		cutLayer(&ly)
+		mt.mla, mt.moe = ly.mla, ly.moe
+		if p.tp > 1 && len(mt.head) == c.VocabSize*D { // whole: not the loader's rows of lm_head
+			mt.head = slices.Clone(mt.head[p.vocabLo*D : p.vocabHi*D])
+		}
+		out.mtp = &mt
 	}
 	return out
 }
@@ -310,8 +327,14 @@ func (m *TextModel) lmHead(y []float32, n int) ([]float32, error) {
 	if !m.tensorParallel() {
 		return m.dense(y, &m.W.lmHead, n, c.HiddenSize, c.VocabSize), nil
 	}
-	p := &m.par
-	part := dense(y, m.W.lmHead, n, c.HiddenSize, p.vocabHi-p.vocabLo)
+	return m.vocabParallel(y, m.W.lmHead, n)
+}
+
+// vocabParallel returns the logits of the n rows of y under TP: this rank's vocabulary
+// rows of head ([vocabHi−vocabLo, hidden]), all-gathered.
+func (m *TextModel) vocabParallel(y, head []float32, n int) ([]float32, error) {
+	c, p := m.Config, &m.par
+	part := dense(y, head, n, c.HiddenSize, p.vocabHi-p.vocabLo)
 	parts, err := p.comm.AllGatherV(dist.F32Bytes(part))
 	if err != nil {
 		return nil, fmt.Errorf("lm_head: %w", err)
@@ -385,6 +408,9 @@ type RankOptions struct {
 	PageTokens, MaxContext int
 	Seed                   uint64 // of the random weights (0 = 1, as LoadText)
 	CacheBytes             int64  // each rank's pool (0 = 256 MiB)
+	// Drafts > 0: every rank drafts that many tokens per step from its part of the MTP
+	// layer (NewMTPTextRunner); 0 = off.
+	Drafts int
 }
 
 // OpenRank opens rank comm.Rank() of layout l of the model in dir (LoadText's directory)
@@ -400,11 +426,19 @@ func openRank(dir string, o RankOptions, l Layout, comm dist.Communicator, whole
 	if err != nil {
 		return nil, nil, err
 	}
+	if o.Drafts == 0 {
+		w.mtp = nil // not drafting: the layer is not needed
+	}
 	m, err := NewRankModel(c, w, l, comm)
 	if err != nil {
 		return nil, nil, err
 	}
 	r := NewTextRunner(m, o.PageTokens, o.MaxContext)
+	if o.Drafts > 0 {
+		if r, err = NewMTPTextRunner(m, o.PageTokens, o.MaxContext, o.Drafts); err != nil {
+			return nil, nil, err
+		}
+	}
 	pool, err := r.NewPool(o.CacheBytes)
 	if err != nil {
 		return nil, nil, err
@@ -451,13 +485,22 @@ func (r *TextRunner) CheckPlan(p *engine.BatchPlan, logits []float32) error {
 }
 
 // LockstepRank is r as a rank of core/dist/lockstep's group: rank 0 checks each plan
-// before it is broadcast, the others execute its CacheOps on their own pool first.
+// before it is broadcast, the others execute its CacheOps on their own pool first. A
+// runner that drafts (NewMTPTextRunner) drafts on every rank: rank 0 broadcasts each
+// step's result after sampling, every rank puts back its own KDA heads' states for the
+// rejected drafts and runs its part of the MTP layer, whose logits (all-gathered) and so
+// whose drafts are the same on every rank.
 func (r *TextRunner) LockstepRank(rank int, pool *kvslab.Pool) lockstep.Rank {
-	v := r.Model.Config.VocabSize
+	lr := lockstep.Rank{Forward: r.RankForward, Vocab: r.Model.Config.VocabSize}
 	if rank == 0 {
-		return lockstep.Rank{Forward: r.RankForward, Check: r.CheckPlan, Vocab: v}
+		lr.Check = r.CheckPlan
+	} else {
+		lr.Forward = lockstep.WithCacheOps(pool, r.RankForward)
 	}
-	return lockstep.Rank{Forward: lockstep.WithCacheOps(pool, r.RankForward), Vocab: v}
+	if r.drafts > 0 {
+		lr.Draft, lr.MaxDrafts = r.draft, r.drafts
+	}
+	return lr
 }
 
 // Group is the ranks of a parallel layout as goroutines of this process; its Runner is
@@ -511,7 +554,7 @@ func OpenInProcess(dir string, o RankOptions, l Layout, do dist.Options) (*Group
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Group{Runner: cpurunner.New(r0.Info(), cpurunner.ForwardFunc(g.Forward)), ranks: g}, pool0, nil
+	return &Group{Runner: cpurunner.New(r0.Info(), g.Leader()), ranks: g}, pool0, nil
 }
 
 // moeExperts adds into out ([T, D], rank 0's holding the shared experts' output) the

@@ -15,6 +15,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
@@ -33,7 +34,7 @@ func joinShm(name string, rank, size int) (ctl, data dist.Communicator, err erro
 }
 
 // TestParallelWorker is a rank of a process test when RESIN_GLM5_RANK is set (with
-// RESIN_GLM5_NAME, _DIR, _TP, _EP, _DISPATCH).
+// RESIN_GLM5_NAME, _DIR, _TP, _EP, _DISPATCH, and _DRAFTS when the ranks draft).
 func TestParallelWorker(t *testing.T) {
 	rank, err := strconv.Atoi(os.Getenv("RESIN_GLM5_RANK"))
 	if err != nil {
@@ -47,29 +48,47 @@ func TestParallelWorker(t *testing.T) {
 	}
 	defer ctl.Close()
 	defer data.Close()
-	r, pool, err := OpenRank(os.Getenv("RESIN_GLM5_DIR"), tinyOpts, l, data)
+	r, pool, err := OpenRank(os.Getenv("RESIN_GLM5_DIR"), draftOpts(num("RESIN_GLM5_DRAFTS")), l, data)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lr := r.LockstepRank(rank, pool)
-	if err := lockstep.Follow(ctl, lr.Vocab, lr.Forward); err != nil {
+	if err := lockstep.FollowRank(ctl, lr); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// draftOpts is tinyOpts drafting drafts tokens per step (0: none).
+func draftOpts(drafts int) RankOptions {
+	o := tinyOpts
+	if drafts > 0 {
+		o.Drafts, o.CacheBytes = drafts, 16<<20
+	}
+	return o
 }
 
 // processGroup starts ranks 1.. of layout l as child processes and returns rank 0's
 // forward and pool; the children are stopped and reaped (their exit checked) at cleanup.
 func processGroup(t *testing.T, l Layout) (lockstep.Forward, *kvslab.Pool) {
 	t.Helper()
+	lead, pool, _ := processLeader(t, l, 0)
+	return lead.Lead, pool
+}
+
+// processLeader is processGroup for ranks that draft drafts tokens per step (0: none),
+// returning rank 0's lockstep.Leader (a cpurunner.Drafter when they draft) and its info.
+func processLeader(t *testing.T, l Layout, drafts int) (lockstep.Leader, *kvslab.Pool, engine.RunnerInfo) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	dir := tinyDir(t)
-	name := fmt.Sprintf("glm5-%d-%d-%d", os.Getpid(), l.TP, l.EP)
+	name := fmt.Sprintf("glm5-%d-%d-%d-%d", os.Getpid(), l.TP, l.EP, drafts)
 	var cmds []*exec.Cmd
 	var outs []*bytes.Buffer
 	for rank := 1; rank < l.Size(); rank++ {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestParallelWorker$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), "RESIN_GLM5_RANK="+strconv.Itoa(rank), "RESIN_GLM5_NAME="+name, "RESIN_GLM5_DIR="+dir,
-			"RESIN_GLM5_TP="+strconv.Itoa(l.TP), "RESIN_GLM5_EP="+strconv.Itoa(l.EP), "RESIN_GLM5_DISPATCH="+strconv.Itoa(int(l.Dispatch)))
+			"RESIN_GLM5_TP="+strconv.Itoa(l.TP), "RESIN_GLM5_EP="+strconv.Itoa(l.EP), "RESIN_GLM5_DISPATCH="+strconv.Itoa(int(l.Dispatch)),
+			"RESIN_GLM5_DRAFTS="+strconv.Itoa(drafts))
 		out := &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -85,7 +104,7 @@ func processGroup(t *testing.T, l Layout) (lockstep.Forward, *kvslab.Pool) {
 		}
 		t.Fatal(err)
 	}
-	r, pool, err := OpenRank(dir, tinyOpts, l, data)
+	r, pool, err := OpenRank(dir, draftOpts(drafts), l, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +122,7 @@ func processGroup(t *testing.T, l Layout) (lockstep.Forward, *kvslab.Pool) {
 		ctl.Close()
 		data.Close()
 	})
-	return lockstep.Lead(ctl, lr.Check, lr.Forward), pool
+	return lockstep.LeadRank(ctl, lr), pool, r.Info()
 }
 
 // TestParallelProcesses: EP=3 (an expert-less rank), EP=2 by all-to-all and TP=2 with
