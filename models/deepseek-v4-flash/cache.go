@@ -159,6 +159,12 @@ func NewKVCache(c *Config, pool *kvslab.Pool) (*KVCache, error) { return newKVCa
 
 // newKVCache is NewKVCache for the layout with or without the MTP head's state.
 func newKVCache(c *Config, pool *kvslab.Pool, mtp bool) (*KVCache, error) {
+	return newKVCacheExtra(c, pool, mtp, 0)
+}
+
+// newKVCacheExtra is newKVCache for a pool whose last extra groups are not the model's
+// (a DSpark drafter's context group).
+func newKVCacheExtra(c *Config, pool *kvslab.Pool, mtp bool, extra int) (*KVCache, error) {
 	hm, ok := pool.Arena().(kvslab.HostMemory)
 	if !ok {
 		return nil, fmt.Errorf("kv cache: the reference forward needs a host-memory arena, got %T", pool.Arena())
@@ -166,7 +172,7 @@ func newKVCache(c *Config, pool *kvslab.Pool, mtp bool) (*KVCache, error) {
 	pt := pool.BlockTokens()
 	L := layout(c, pt, mtp)
 	got := pool.Groups()
-	if len(got) != len(L.groups) {
+	if len(got) != len(L.groups)+extra {
 		return nil, fmt.Errorf("kv cache: the pool has %d groups, the model needs %d (%+v)", len(got), len(L.groups), L.groups)
 	}
 	for i, want := range L.groups {

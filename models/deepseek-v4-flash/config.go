@@ -126,6 +126,9 @@ type Config struct {
 	Rope map[string]RopeParams `json:"-"`
 	// Raw keeps every config.json field.
 	Raw map[string]json.RawMessage `json:"-"`
+	// dspark is set by ParseDSparkConfig: the checkpoint's mtp.* tensors are then DSpark
+	// drafter stages, which LoadWeights leaves to LoadDSparkStages.
+	dspark *DSparkConfig
 }
 
 // defaultConfig is DeepseekV4Config's dataclass defaults.
@@ -233,7 +236,7 @@ func refuseDSpark(raw map[string]json.RawMessage, ratios []int, layers, vocab in
 		}
 	}
 	slices.Sort(keys)
-	const not = "DSpark (DeepSeek-V4-Flash-0731's block drafter) is not implemented by this model yet: its config is read, its stages' forward is not"
+	const not = "ParseConfig reads the base model's config only: read a DSpark checkpoint's with ParseDSparkConfig (LoadConfig and Load do)"
 	if len(keys) > 0 {
 		d, err := parseDSpark(raw, ratios, layers, vocab)
 		if err != nil {
@@ -468,7 +471,12 @@ func LoadConfig(dir string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
 	}
-	c, err := ParseConfig(data)
+	var c *Config
+	if isDSparkConfig(data) {
+		c, _, err = ParseDSparkConfig(data)
+	} else {
+		c, err = ParseConfig(data)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", filepath.Join(dir, "config.json"), err)
 	}

@@ -16,11 +16,9 @@ import (
 // vllm/models/deepseek_v4/nvidia/dspark.py): the dspark_* keys and the stage count that
 // compress_ratios implies (its entries past the main layers).
 //
-// LoadDSparkStages reads the config and the stages' tensors; the V4 DSpark forward
-// (main_proj/main_norm over the tapped hiddens, the stages' sliding-window draft cache, the
-// last stage's norm, hc head, Markov and confidence heads) is not implemented, so
-// ParseConfig still refuses such a checkpoint, after checking these keys, and nothing
-// runs the stages.
+// ParseDSparkConfig reads it (ParseConfig refuses such a config, naming it),
+// LoadDSparkStages the stages' tensors, and DSpark (dspark_forward.go) runs them; Load
+// with Options.DSpark drafts with them.
 type DSparkConfig struct {
 	BlockSize      int   // dspark_block_size: slots per block
 	NoiseTokenID   int   // dspark_noise_token_id: the id of the block's non-anchor slots
@@ -104,7 +102,7 @@ func (d *DSparkConfig) String() string {
 
 // DSparkStages are a V4-DSpark checkpoint's drafter stages as read from mtp.0..S-1 (vLLM's
 // names: stage i's decoder block under mtp.i., main_proj/main_norm on mtp.0, the heads on
-// the last stage). Nothing runs them yet.
+// the last stage); DSpark runs them.
 type DSparkStages struct {
 	Blocks             []Layer   // per stage, a sliding-attention, learned-routing MoE decoder block
 	MainProj, MainNorm []float32 // [hidden, hidden·taps], [hidden]
@@ -198,6 +196,8 @@ func ParseDSparkConfig(data []byte) (*Config, *DSparkConfig, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// The mtp.* namespace holds the drafter's stages, not an MTP head.
+	c.NumNextNPredictLayers, c.dspark = 0, d
 	return c, d, nil
 }
 
@@ -232,4 +232,18 @@ func dsparkParams(c *Config, d *DSparkConfig, st *DSparkStages) []param {
 		)
 	}
 	return ps
+}
+
+// isDSparkConfig reports whether config.json data sets any dspark_* key.
+func isDSparkConfig(data []byte) bool {
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(data, &raw) != nil {
+		return false
+	}
+	for k, v := range raw {
+		if strings.HasPrefix(k, "dspark_") && string(v) != "null" {
+			return true
+		}
+	}
+	return false
 }

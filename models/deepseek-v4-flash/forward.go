@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"fmt"
+	"github.com/resin-llm/resin/core/dspark"
 	"math"
 	"slices"
 
@@ -86,6 +87,13 @@ func (m *Model) Forward(chunks []Chunk) (logits, streams []float32, err error) {
 // 129k vocabulary is the largest GEMM of a prefill, and a step samples one row per
 // sequence.
 func (m *Model) ForwardRows(chunks []Chunk, rows []int32) (logits, streams []float32, err error) {
+	return m.forwardRows(chunks, rows, nil)
+}
+
+// forwardRows is ForwardRows handing tap (nil: none) the DSpark features of its rows: at
+// each tapped main layer l, the mean over the hc copies of the streams entering layer l
+// (dsparkTap).
+func (m *Model) forwardRows(chunks []Chunk, rows []int32, tap *dspark.FeatureTap) (logits, streams []float32, err error) {
 	c, w := m.Config, m.W
 	var b batch
 	b.start = append(b.start, 0)
@@ -118,6 +126,9 @@ func (m *Model) ForwardRows(chunks []Chunk, rows []int32) (logits, streams []flo
 		}
 	}
 	for li := range w.Layers {
+		if err := m.dsparkTap(tap, li, streams, n); err != nil {
+			return nil, nil, fmt.Errorf("forward: layer %d: %w", li, err)
+		}
 		states := make([]*LayerState, len(chunks))
 		for i, ch := range chunks {
 			states[i] = &ch.State.Layers[li]
@@ -151,6 +162,19 @@ func (m *Model) ForwardRows(chunks []Chunk, rows []int32) (logits, streams []flo
 
 // head collapses the streams with hc_head, applies the final norm and the lm_head.
 func (m *Model) head(streams []float32, n int, fn, base, scale, norm []float32) ([]float32, error) {
+	y, err := m.collapse(streams, n, fn, base, scale)
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.RMSNorm(y, y, norm, n, m.Config.HiddenSize, float32(m.Config.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	return m.lmHead(y, n)
+}
+
+// collapse reduces each row's hc streams to one hidden state with hc_head (fn, base,
+// scale): [n, hc, hidden] → [n, hidden], before the final norm.
+func (m *Model) collapse(streams []float32, n int, fn, base, scale []float32) ([]float32, error) {
 	c := m.Config
 	h, hc := c.HiddenSize, c.HCMult
 	eps := float32(c.RMSNormEps)
@@ -172,10 +196,7 @@ func (m *Model) head(streams []float32, n int, fn, base, scale, norm []float32) 
 			return nil, err
 		}
 	}
-	if err := ref.RMSNorm(y, y, norm, n, h, eps); err != nil {
-		return nil, err
-	}
-	return m.lmHead(y, n)
+	return y, nil
 }
 
 // hyper computes one mHC's weights for every row and the collapsed block input.
@@ -220,8 +241,16 @@ func (m *Model) expand(streams, out, post, comb []float32, n int) ([]float32, er
 
 // block runs one decoder block (mHC → attention → mHC → MoE) over every row.
 func (m *Model) block(l *Layer, kind, mlpKind string, streams []float32, b *batch, states []*LayerState) ([]float32, error) {
+	return m.blockWith(l, mlpKind, streams, b.tokens, func(x []float32) ([]float32, error) {
+		return m.attention(l, kind, x, b, states)
+	})
+}
+
+// blockWith is block with the attention given as attend (normed input → output, [n,
+// hidden] each): the DSpark stages run the same block over their own attention.
+func (m *Model) blockWith(l *Layer, mlpKind string, streams []float32, tokens []int32, attend func(x []float32) ([]float32, error)) ([]float32, error) {
 	c := m.Config
-	n, h := len(b.tokens), c.HiddenSize
+	n, h := len(tokens), c.HiddenSize
 	eps := float32(c.RMSNormEps)
 	post, comb, x, err := m.hyper(&l.AttnHC, streams, n)
 	if err != nil {
@@ -230,7 +259,7 @@ func (m *Model) block(l *Layer, kind, mlpKind string, streams []float32, b *batc
 	if err := ref.RMSNorm(x, x, l.AttnNorm, n, h, eps); err != nil {
 		return nil, err
 	}
-	att, err := m.attention(l, kind, x, b, states)
+	att, err := attend(x)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +273,7 @@ func (m *Model) block(l *Layer, kind, mlpKind string, streams []float32, b *batc
 	if err := ref.RMSNorm(x, x, l.FFNNorm, n, h, eps); err != nil {
 		return nil, err
 	}
-	ffn, err := m.moe(l, mlpKind, x, b.tokens)
+	ffn, err := m.moe(l, mlpKind, x, tokens)
 	if err != nil {
 		return nil, err
 	}
@@ -266,34 +295,18 @@ func linear(x, w []float32, n, in, out int) ([]float32, error) {
 func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states []*LayerState) ([]float32, error) {
 	c := m.Config
 	n, h, d, nh, qr := len(b.tokens), c.HiddenSize, c.HeadDim, m.par.heads, c.QLoraRank
-	eps := float32(c.RMSNormEps)
 	rot := m.main
 	if kind != SlidingAttention {
 		rot = m.compress
 	}
-	qres, err := linearQ(x, l.QA, l.cpu.at(pQA), n, h, qr)
+	q, qres, err := m.attnQuery(l, x, b.pos, rot)
 	if err != nil {
 		return nil, err
 	}
-	if err := ref.RMSNorm(qres, qres, l.QANorm, n, qr, eps); err != nil {
-		return nil, err
-	}
-	q, err := linearQ(qres, l.QB, l.cpu.at(pQB), n, qr, nh*d)
+	kv, err := m.attnKV(l, x, b.pos, rot)
 	if err != nil {
 		return nil, err
 	}
-	if err := ref.RMSNormUnweighted(q, q, n*nh, d, eps); err != nil {
-		return nil, err
-	}
-	rot.Apply(q, b.pos, n, nh, d, false)
-	kv, err := linearQ(x, l.KV, l.cpu.at(pKV), n, h, d)
-	if err != nil {
-		return nil, err
-	}
-	if err := ref.RMSNorm(kv, kv, l.KVNorm, n, d, eps); err != nil {
-		return nil, err
-	}
-	rot.Apply(kv, b.pos, n, 1, d, false)
 
 	// Compressor and indexer projections, for every row at once.
 	var ckv, cgate, ikv, igate, iq, iw []float32
@@ -350,7 +363,54 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 			f.ForgetBefore(int(pos[len(pos)-1]) - c.SlidingWindow + 2) // the next query reads from here on
 		}
 	}
-	rot.Apply(out, b.pos, n, nh, d, true)
+	return m.attnOut(l, out, b.pos, rot)
+}
+
+// attnQuery computes the queries of x's rows ([n, hidden], at positions pos): the low-rank
+// q path, the unweighted per-head norm and rot. It returns q ([n, heads, headDim]) and the
+// normed q_a output ([n, q_lora_rank], the indexer's input).
+func (m *Model) attnQuery(l *Layer, x []float32, pos []int32, rot Rotary) (q, qres []float32, err error) {
+	c := m.Config
+	n, h, d, nh, qr := len(pos), c.HiddenSize, c.HeadDim, m.par.heads, c.QLoraRank
+	eps := float32(c.RMSNormEps)
+	if qres, err = linearQ(x, l.QA, l.cpu.at(pQA), n, h, qr); err != nil {
+		return nil, nil, err
+	}
+	if err := ref.RMSNorm(qres, qres, l.QANorm, n, qr, eps); err != nil {
+		return nil, nil, err
+	}
+	if q, err = linearQ(qres, l.QB, l.cpu.at(pQB), n, qr, nh*d); err != nil {
+		return nil, nil, err
+	}
+	if err := ref.RMSNormUnweighted(q, q, n*nh, d, eps); err != nil {
+		return nil, nil, err
+	}
+	rot.Apply(q, pos, n, nh, d, false)
+	return q, qres, nil
+}
+
+// attnKV computes the shared K=V row of x's rows ([n, hidden], at positions pos):
+// kv_norm(wkv·x), rotated by rot ([n, headDim]).
+func (m *Model) attnKV(l *Layer, x []float32, pos []int32, rot Rotary) ([]float32, error) {
+	c := m.Config
+	n, d := len(pos), c.HeadDim
+	kv, err := linearQ(x, l.KV, l.cpu.at(pKV), n, c.HiddenSize, d)
+	if err != nil {
+		return nil, err
+	}
+	if err := ref.RMSNorm(kv, kv, l.KVNorm, n, d, float32(c.RMSNormEps)); err != nil {
+		return nil, err
+	}
+	rot.Apply(kv, pos, n, 1, d, false)
+	return kv, nil
+}
+
+// attnOut de-rotates the rope slice of the attention output out ([n, heads, headDim], the
+// rows at pos) and applies the grouped output projection ([n, hidden]).
+func (m *Model) attnOut(l *Layer, out []float32, pos []int32, rot Rotary) ([]float32, error) {
+	c := m.Config
+	n, h, d, nh := len(pos), c.HiddenSize, c.HeadDim, m.par.heads
+	rot.Apply(out, pos, n, nh, d, true)
 
 	// Grouped output projection: group g's heads (a contiguous [nh·d/og] slice) through
 	// its own [oLoraRank] block of o_a, then o_b over the concatenation.
@@ -468,9 +528,8 @@ func softmaxRows32(x []float32) {
 // iq/iw are the batch's indexer queries and head weights (CSA), row r0 on.
 func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, pos []int32, out []float32, iq, iw []float32, r0 int) {
 	c := m.Config
-	d, nh, win := c.HeadDim, m.par.heads, c.SlidingWindow
+	win := c.SlidingWindow
 	id, ih := c.IndexHeadDim, c.IndexNHeads
-	scale := float32(1 / math.Sqrt(float64(d)))
 	ratio := 0
 	if st.Compressor != nil {
 		ratio = st.Compressor.Ratio
@@ -501,13 +560,23 @@ func (m *Model) attendSeq(l *Layer, kind string, st *LayerState, q []float32, po
 		}
 		buf.keys[t] = keys
 	}
+	m.attendKeys(l, q, out, len(pos))
+}
+
+// attendKeys computes the attention outputs of n queries whose keys (= values) are in
+// m.attnBuf.keys[:n]: q, out [n, heads, headDim].
+func (m *Model) attendKeys(l *Layer, q, out []float32, n int) {
+	c := m.Config
+	d, nh := c.HeadDim, m.par.heads
+	scale := float32(1 / math.Sqrt(float64(d)))
+	buf := &m.attnBuf
 	for len(buf.parts) < ref.Parts() {
 		buf.parts = append(buf.parts, headScratch{})
 	}
 	// Per query, as transformers' eager attention: the scores of all heads against the
 	// query's keys in one GEMM, the softmax with the head's sink as one more logit, and
 	// the weighted sum of the keys (K = V) in another.
-	ref.ParallelRange(len(pos), 1, func(part, lo, hi int) {
+	ref.ParallelRange(n, 1, func(part, lo, hi int) {
 		hs := &buf.parts[part]
 		for t := lo; t < hi; t++ {
 			keys := buf.keys[t]

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -31,6 +32,16 @@ type Options struct {
 	// default, ""), bf16 or int8 (see ref.DType and NewModelDType); the fp32 copies are
 	// then dropped. Not with Drafts (the MTP runner runs fp32).
 	DType ref.DType
+	// DSpark, for a DeepSeek-V4-Flash-DSpark checkpoint (dspark_* keys), makes the runner
+	// draft with its drafter stages (UseDSpark); nil runs the main model alone.
+	DSpark *DSparkOptions
+}
+
+// DSparkOptions tune a DSpark runner (see UseDSpark).
+type DSparkOptions struct {
+	MaxDrafts  int     // drafts per block (0: the block size)
+	Confidence float32 // the confidence cut (0: full blocks)
+	Trace      func(dspark.TraceEntry)
 }
 
 // Runner serves the model to core/engine. The engine wiring (sampling, logprobs, the step
@@ -43,8 +54,10 @@ type Runner struct {
 	*cpurunner.Runner // Info, Execute, CaptureLogits
 	Model             *Model
 	pageTokens        int
-	drafts            int      // per step, from the MTP head (0: no speculative decoding)
-	kv                *KVCache // nil until Bind
+	drafts            int            // per step, from the MTP head (0: no speculative decoding)
+	kv                *KVCache       // nil until Bind
+	dspark            *dsparkSampler // UseDSpark's; its context is the pool's last group
+	dsparkGroup       int
 
 	// The step in flight, for Draft: each sequence's bound state, the final streams of
 	// every row, and what the forward overwrote for draft tokens.
@@ -113,13 +126,22 @@ func Load(dir string, opts Options) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.DSpark != nil && c.dspark == nil {
+		return nil, fmt.Errorf("load %s: DSpark: config.json has no dspark_* keys: not a DeepSeek-V4-Flash-DSpark checkpoint", dir)
+	}
 	var w *Weights
+	var stages *DSparkStages
 	ck, err := weights.Open(dir)
 	switch {
 	case err == nil:
 		defer ck.Close()
 		if w, err = LoadWeights(c, ck); err != nil {
 			return nil, fmt.Errorf("load %s: %w", dir, err)
+		}
+		if opts.DSpark != nil {
+			if _, _, stages, err = LoadDSparkStages(dir); err != nil {
+				return nil, fmt.Errorf("load %s: %w", dir, err)
+			}
 		}
 	case errors.Is(err, weights.ErrNotFound):
 		// A full-size config's random weights get an error naming both figures instead of
@@ -133,6 +155,9 @@ func Load(dir string, opts Options) (*Runner, error) {
 			seed = 1
 		}
 		w = RandomWeights(c, seed, c.NumNextNPredictLayers > 0)
+		if opts.DSpark != nil {
+			stages = RandomDSparkStages(c, c.dspark, seed)
+		}
 	default:
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
@@ -140,8 +165,11 @@ func Load(dir string, opts Options) (*Runner, error) {
 	if dt == "" {
 		dt = ref.DTypeFP32
 	}
-	if dt != ref.DTypeFP32 && opts.Drafts > 0 {
-		return nil, fmt.Errorf("load %s: --dtype %s: the MTP runner runs fp32 only", dir, dt)
+	if dt != ref.DTypeFP32 && (opts.Drafts > 0 || opts.DSpark != nil) {
+		return nil, fmt.Errorf("load %s: --dtype %s: the MTP and DSpark runners run fp32 only", dir, dt)
+	}
+	if opts.Drafts > 0 && opts.DSpark != nil {
+		return nil, fmt.Errorf("load %s: MTP drafts and DSpark: one speculative method at a time", dir)
 	}
 	m, err := NewModelDType(c, w, maxContextOf(c, opts), dt)
 	if err != nil {
@@ -151,7 +179,17 @@ func Load(dir string, opts Options) (*Runner, error) {
 	if opts.Drafts > 0 {
 		return NewMTPRunner(m, opts.PageTokens, opts.Drafts)
 	}
-	return NewRunner(m, opts.PageTokens), nil
+	r := NewRunner(m, opts.PageTokens)
+	if opts.DSpark != nil {
+		d, err := NewDSpark(m, c.dspark, stages)
+		if err != nil {
+			return nil, fmt.Errorf("load %s: %w", dir, err)
+		}
+		if err := r.UseDSpark(d, opts.DSpark.MaxDrafts, opts.DSpark.Confidence, opts.DSpark.Trace); err != nil {
+			return nil, fmt.Errorf("load %s: %w", dir, err)
+		}
+	}
+	return r, nil
 }
 
 // maxContextOf is opts.MaxContext, or by default min(max_position_embeddings, 4096).
@@ -218,7 +256,11 @@ func OpenSpeculative(dir string, cacheBytes int64, drafts int) (engine.Runner, *
 // CacheGroups returns the groups the runner's pool must hold: CacheGroups', with the MTP
 // head's state when the runner drafts.
 func (r *Runner) CacheGroups() []kvslab.GroupSpec {
-	return layout(r.Model.Config, r.pageTokens, r.drafts > 0).groups
+	gs := layout(r.Model.Config, r.pageTokens, r.drafts > 0).groups
+	if r.dspark != nil {
+		gs = append(gs, DSparkCacheGroup(r.Model.Config, r.dspark.d.Config, r.pageTokens))
+	}
+	return gs
 }
 
 // NewPool builds a host-memory pool of bytes bytes (0 = 256 MiB) for the model's cache
@@ -233,7 +275,16 @@ func (r *Runner) NewPool(bytes int64) (*kvslab.Pool, error) {
 
 // Bind makes the runner read and write its cache in pool.
 func (r *Runner) Bind(pool *kvslab.Pool) error {
-	kv, err := newKVCache(r.Model.Config, pool, r.drafts > 0)
+	extra := 0
+	if r.dspark != nil {
+		extra = 1
+		r.dsparkGroup = len(pool.Groups()) - 1
+		want := DSparkCacheGroup(r.Model.Config, r.dspark.d.Config, pool.BlockTokens())
+		if got := pool.Groups()[r.dsparkGroup]; got.Name != want.Name || got.Kind != want.Kind || got.Layers != want.Layers || got.BytesPerToken != want.BytesPerToken {
+			return fmt.Errorf("%s: pool group %d %+v is not the DSpark drafter's %+v", Name, r.dsparkGroup, got, want)
+		}
+	}
+	kv, err := newKVCacheExtra(r.Model.Config, pool, r.drafts > 0, extra)
 	if err != nil {
 		return fmt.Errorf("%s: %w", Name, err)
 	}
@@ -246,6 +297,11 @@ func (r *Runner) Bind(pool *kvslab.Pool) error {
 // records what the plan's draft tokens will overwrite (undoLog) and keeps the states and
 // streams for draft.
 func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
+	return r.forwardTap(p, logits, nil)
+}
+
+// forwardTap is forward handing tap (nil: none) the DSpark features of the plan's rows.
+func (r *Runner) forwardTap(p *engine.BatchPlan, logits []float32, tap *dspark.FeatureTap) error {
 	if r.kv == nil {
 		return cpurunner.ErrNotBound
 	}
@@ -259,7 +315,7 @@ func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
 		}
 		toks, _ := p.Seq(i)
 		chunks[i] = Chunk{State: st, Tokens: toks}
-		if r.drafts > 0 {
+		if r.drafts > 0 || r.dspark != nil {
 			r.states = append(r.states, st)
 			if k := int(p.NumDrafts[i]); k > 0 {
 				end := st.Len + len(toks)
@@ -271,7 +327,7 @@ func (r *Runner) forward(p *engine.BatchPlan, logits []float32) error {
 	if want == nil {
 		want = noRows // nil would ask for every row
 	}
-	rows, streams, err := r.Model.ForwardRows(chunks, want)
+	rows, streams, err := r.Model.forwardRows(chunks, want, tap)
 	if err != nil {
 		return err
 	}

@@ -358,6 +358,9 @@ func loadWeights(c *Config, ck *weights.Checkpoint, keep *[2]int, parts func(*We
 	}
 	var unexpected []string
 	for _, n := range ck.Names() {
+		if c.dspark != nil && strings.HasPrefix(n, "mtp.") {
+			continue // a DSpark checkpoint's drafter stages: LoadDSparkStages reads them
+		}
 		if !used[n] {
 			if c.TieWordEmbeddings && (n == "lm_head.weight" || n == "head.weight") {
 				return nil, fmt.Errorf("load weights: %s is in the checkpoint but tie_word_embeddings is true", n)
@@ -664,31 +667,37 @@ func RandomWeights(c *Config, seed uint64, withMTP bool) *Weights {
 			*p.ints = v
 			continue
 		}
-		v := make([]float32, n)
-		std := 0.02
-		if len(p.shape) >= 2 && p.kind == initNormal {
-			// Linear weights scaled to their fan-in so activations stay O(1) in tiny models.
-			std = 1 / math.Sqrt(float64(p.shape[len(p.shape)-1]))
-		}
-		for i := range v {
-			g := rng.NormFloat64()
-			switch p.kind {
-			case initNorm:
-				v[i] = float32(1 + 0.1*g)
-			case initBias:
-				v[i] = float32(0.1 * g)
-			case initScale:
-				v[i] = float32(1 + 0.3*g)
-			default:
-				v[i] = float32(std * g)
-			}
-		}
-		*p.dst = v
+		*p.dst = randomValues(rng, p, n)
 	}
 	if c.TieWordEmbeddings {
 		w.Head = w.Embed
 	}
 	return w
+}
+
+// randomValues returns n seeded random values for p by its kind: norms near 1, biases
+// and scales small around 0 and 1, weights normal (linear ones scaled to their fan-in).
+func randomValues(rng *rand.Rand, p param, n int) []float32 {
+	v := make([]float32, n)
+	std := 0.02
+	if len(p.shape) >= 2 && p.kind == initNormal {
+		// Linear weights scaled to their fan-in so activations stay O(1) in tiny models.
+		std = 1 / math.Sqrt(float64(p.shape[len(p.shape)-1]))
+	}
+	for i := range v {
+		g := rng.NormFloat64()
+		switch p.kind {
+		case initNorm:
+			v[i] = float32(1 + 0.1*g)
+		case initBias:
+			v[i] = float32(0.1 * g)
+		case initScale:
+			v[i] = float32(1 + 0.3*g)
+		default:
+			v[i] = float32(std * g)
+		}
+	}
+	return v
 }
 
 // WeightBytes is the size of the weights RandomWeights builds for c (fp32, tid2eid as
