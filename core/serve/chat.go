@@ -71,7 +71,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if promptTop >= 0 {
 		sp.PromptLogprobs, sp.Logprobs, sp.TopLogprobs = true, true, max(sp.TopLogprobs, promptTop)
 	}
-	msgs, err := chatMessages(req.Messages)
+	msgs, err := s.templateMessages(req.Messages)
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) error {
 		if s.chat == nil {
 			return invalid("messages", "The model %q has no chat template; send a prompt.", s.cfg.Model)
 		}
-		msgs, err := chatMessages(req.Messages)
+		msgs, err := s.templateMessages(req.Messages)
 		if err != nil {
 			return err
 		}

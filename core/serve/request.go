@@ -410,6 +410,26 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	return many, nil
 }
 
+// templateMessages is chatMessages for the server's chat template: OpenAI's "developer"
+// role, which OpenAI's newer clients send in place of "system", becomes "system" unless
+// the template names it (as llama.cpp and vLLM map it). A template that does not know the
+// role renders it as a turn the model never saw in training, and one that looks for a
+// system message first adds its default system prompt beside it.
+func (s *Server) templateMessages(in []map[string]json.RawMessage) ([]map[string]any, error) {
+	msgs, err := chatMessages(in)
+	if err != nil {
+		return nil, err
+	}
+	if !s.developerRole {
+		for _, m := range msgs {
+			if m["role"] == "developer" {
+				m["role"] = "system"
+			}
+		}
+	}
+	return msgs, nil
+}
+
 // chatMessages converts OpenAI messages into the maps chat templates read: content
 // becomes a string (text parts joined), other fields pass through as decoded JSON.
 func chatMessages(in []map[string]json.RawMessage) ([]map[string]any, error) {

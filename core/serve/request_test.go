@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/tokenizer"
@@ -35,5 +36,45 @@ func TestChatMessagesKeepJSONOrderForTemplates(t *testing.T) {
 b][assistant:]{"z": 1, "a": 2}{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}`
 	if out != want {
 		t.Fatalf("rendered\n%s\nwant\n%s", out, want)
+	}
+}
+
+// TestDeveloperRoleIsSystem: a "developer" message (what OpenAI's newer clients send for
+// the system prompt) renders as the system message unless the chat template names the
+// role. Before, the tiny (ChatML) template got a "developer" turn, which its models never
+// saw, and added its default system prompt beside it.
+func TestDeveloperRoleIsSystem(t *testing.T) {
+	rendered := func(h *harness, role string) string {
+		t.Helper()
+		var out struct {
+			Tokens []int32 `json:"tokens"`
+		}
+		h.postJSON("/tokenize", map[string]any{"messages": []any{
+			map[string]any{"role": role, "content": "Answer in French."}, map[string]any{"role": "user", "content": "hi"}}}, 200, &out)
+		return h.tok.Decode(out.Tokens, false)
+	}
+	h := newHarness(t, harnessOpts{})
+	dev, sys := rendered(h, "developer"), rendered(h, "system")
+	if dev != sys || strings.Contains(dev, "developer") {
+		t.Fatalf("developer message rendered\n%q\nwant it as the system message\n%q", dev, sys)
+	}
+	var chat struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	h.postJSON("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "developer", "content": "Answer in French."},
+		map[string]any{"role": "user", "content": "hi"}}, "max_tokens": 1}, 200, &chat)
+	if n, err := h.tok.Encode(sys, false); err != nil || chat.Usage.PromptTokens != len(n) {
+		t.Fatalf("chat prompt of a developer message: %d tokens, want the system message's %d (%v)", chat.Usage.PromptTokens, len(n), err)
+	}
+
+	tmpl, err := tokenizer.NewChatTemplate(`{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{# roles: system, developer, user #}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h = newHarness(t, harnessOpts{cfg: func(c *Config) { c.ChatTemplate = tmpl }})
+	if got := rendered(h, "developer"); got != "<developer>Answer in French.<user>hi" {
+		t.Fatalf("a template that names the developer role rendered %q", got)
 	}
 }

@@ -100,6 +100,9 @@ type Server struct {
 	encode func(text string, addSpecial bool) ([]int32, error)
 	// parser reads tool calls and reasoning out of chat generations (chattools.go).
 	parser *toolparse.Parser
+	// developerRole: the chat template names the "developer" role, which messages then
+	// keep (templateMessages).
+	developerRole bool
 }
 
 type httpMetrics struct {
@@ -171,6 +174,7 @@ func New(cfg Config) (*Server, error) {
 			}),
 		},
 	}
+	s.developerRole = cfg.ChatTemplate != nil && strings.Contains(cfg.ChatTemplate.Source(), "developer")
 	for _, a := range cfg.Aliases {
 		s.models[a] = true
 	}
