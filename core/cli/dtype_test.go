@@ -8,8 +8,8 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// TestDTypeFlag: --dtype reaches the model's dtype opener parsed (int8, bf16; fp32 by
-// default), the startup note names the dtype and its kernel, and a dtype that is not one,
+// TestDTypeFlag: --dtype reaches the model's dtype opener parsed (int8, bf16, fp8; fp32
+// by default), the startup note names the dtype and its kernel, and a dtype that is not one,
 // or one for the GPU runner, is refused before anything opens.
 func TestDTypeFlag(t *testing.T) {
 	for _, c := range []struct {
@@ -20,7 +20,8 @@ func TestDTypeFlag(t *testing.T) {
 		{want: "fp32"},
 		{flags: []string{"--dtype", "int8"}, want: "int8"},
 		{flags: []string{"--dtype", "BF16"}, want: "bf16"},
-		{flags: []string{"--dtype", "fp8"}, err: `--dtype: dtype "fp8": want fp32, bf16 or int8`},
+		{flags: []string{"--dtype", "fp8"}, want: "fp8"},
+		{flags: []string{"--dtype", "fp4"}, err: `--dtype: dtype "fp4": want fp32, bf16, int8 or fp8`},
 		{flags: []string{"--dtype", "int8", "--device", "cuda"}, err: "only the CPU runner"},
 	} {
 		var got string

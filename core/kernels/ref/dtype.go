@@ -6,22 +6,28 @@ import (
 )
 
 // DType is the form a model holds its projection weights in on the CPU, and multiplies
-// them in: float32 (MatMulT), bfloat16 widened to float32 as read (MatMulTBF16), or 8-bit
-// blocks of 32 with a scale each (MatMulTInt8). Activations, norms, embeddings and the
-// KV cache stay float32 in every one.
+// them in: float32 (MatMulT), bfloat16 widened to float32 as read (MatMulTBF16), 8-bit
+// blocks of 32 with a scale each (MatMulTInt8), or float8 e4m3 in blocks of 128×128 with
+// a scale each (MatMulTFP8: a checkpoint's FP8 linears as stored, others quantised at
+// load by QuantizeFP8; a model keeps MXFP4 routed experts as stored, MatMulTFP4, dtype
+// "fp4"). Activations, norms, embeddings and the KV cache stay float32 in every one.
 type DType string
 
 const (
 	DTypeFP32 DType = "fp32"
 	DTypeBF16 DType = "bf16"
 	DTypeInt8 DType = "int8"
+	DTypeFP8  DType = "fp8"
+	// DTypeFP4 is a Weight's dtype for a checkpoint's MXFP4 experts (WeightFP4), kept so
+	// under --dtype fp8; not a --dtype of its own.
+	DTypeFP4 DType = "fp4"
 )
 
 // DTypes lists the dtypes ParseDType accepts.
-var DTypes = []DType{DTypeFP32, DTypeBF16, DTypeInt8}
+var DTypes = []DType{DTypeFP32, DTypeBF16, DTypeInt8, DTypeFP8}
 
-// ParseDType reads a --dtype value: fp32 (or float32, f32; "" is fp32), bf16 (bfloat16)
-// or int8 (q8_0).
+// ParseDType reads a --dtype value: fp32 (or float32, f32; "" is fp32), bf16 (bfloat16),
+// int8 (q8_0) or fp8 (e4m3).
 func ParseDType(s string) (DType, error) {
 	switch strings.ToLower(s) {
 	case "", "fp32", "float32", "f32":
@@ -30,8 +36,10 @@ func ParseDType(s string) (DType, error) {
 		return DTypeBF16, nil
 	case "int8", "q8_0", "q8":
 		return DTypeInt8, nil
+	case "fp8", "e4m3", "float8_e4m3fn":
+		return DTypeFP8, nil
 	}
-	return "", fmt.Errorf("dtype %q: want fp32, bf16 or int8", s)
+	return "", fmt.Errorf("dtype %q: want fp32, bf16, int8 or fp8", s)
 }
 
 // Kernel says what runs a product with weights of dtype dt on this CPU, for logs and
@@ -45,11 +53,18 @@ func (dt DType) Kernel() string {
 		return "bf16: widened to fp32 in blocks; gonum GEMM (no AVX2+FMA)"
 	case DTypeInt8:
 		return fmt.Sprintf("int8: blocks of 32, Q8_0×Q8_0 with exact int32 block sums; %s", Int8Kernel())
+	case DTypeFP8:
+		return fmt.Sprintf("fp8: e4m3 in 128×128 blocks (a checkpoint's FP8 as stored, else quantised at load), MXFP4 experts as stored; %s dot products, batches widened in runs for the %s", PackedKernel(), fp32Kernel())
 	}
+	return "fp32: " + fp32Kernel()
+}
+
+// fp32Kernel names the float32 GEMM.
+func fp32Kernel() string {
 	if b := GEMMBackend(); b != "own" {
-		return "fp32: " + b + " GEMM"
+		return b + " GEMM"
 	}
-	return "fp32: own GEMM (" + GEMMKernel() + " micro-kernel)"
+	return "own GEMM (" + GEMMKernel() + " micro-kernel)"
 }
 
 // gemvKernel names the lanes the GEMV kernels run in.
@@ -68,11 +83,30 @@ type Weight struct {
 	f32   []float32
 	bf16  []uint16
 	q8    *Int8Matrix
+	f8    *FP8Matrix
+	f4    *FP4Matrix
+}
+
+// WeightFP8 holds a checkpoint's FP8 weight as stored (not copied), dtype fp8.
+func WeightFP8(w *FP8Matrix) (*Weight, error) {
+	if err := w.check(); err != nil {
+		return nil, err
+	}
+	return &Weight{DType: DTypeFP8, N: w.N, K: w.K, f8: w}, nil
+}
+
+// WeightFP4 holds a checkpoint's FP4 weight as stored (not copied), dtype fp4.
+func WeightFP4(w *FP4Matrix) (*Weight, error) {
+	if err := w.check(); err != nil {
+		return nil, err
+	}
+	return &Weight{DType: DTypeFP4, N: w.N, K: w.K, f4: w}, nil
 }
 
 // NewWeight holds w [n, k] as dt: fp32 keeps w itself (no copy), bf16 rounds each value
 // to the nearest bfloat16 (exact for weights loaded from a bfloat16 checkpoint), int8
-// quantises it (QuantizeInt8). w is not kept by bf16 and int8 weights.
+// quantises it (QuantizeInt8), fp8 quantises it to e4m3 in 128×128 blocks (QuantizeFP8).
+// w is not kept by bf16, int8 and fp8 weights.
 func NewWeight(w []float32, n, k int, dt DType) (*Weight, error) {
 	if err := checkDims("NewWeight", n, k); err != nil {
 		return nil, err
@@ -95,8 +129,14 @@ func NewWeight(w []float32, n, k int, dt DType) (*Weight, error) {
 			return nil, err
 		}
 		out.q8 = q
+	case DTypeFP8:
+		q, err := QuantizeFP8(w, n, k)
+		if err != nil {
+			return nil, err
+		}
+		out.f8 = q
 	default:
-		return nil, fmt.Errorf("ref.NewWeight: dtype %q: want fp32, bf16 or int8", dt)
+		return nil, fmt.Errorf("ref.NewWeight: dtype %q: want fp32, bf16, int8 or fp8", dt)
 	}
 	return out, nil
 }
@@ -104,6 +144,10 @@ func NewWeight(w []float32, n, k int, dt DType) (*Weight, error) {
 // Bytes is the memory the weight's values take in its dtype.
 func (w *Weight) Bytes() int64 {
 	switch {
+	case w.f8 != nil:
+		return w.f8.Bytes()
+	case w.f4 != nil:
+		return w.f4.Bytes()
 	case w.q8 != nil:
 		return w.q8.Bytes()
 	case w.bf16 != nil:
@@ -117,6 +161,10 @@ func (w *Weight) MatMulT(out, x []float32, m int) error {
 	switch {
 	case w == nil:
 		return fmt.Errorf("ref.Weight.MatMulT: no weight")
+	case w.f8 != nil:
+		return MatMulTFP8(out, x, w.f8, m)
+	case w.f4 != nil:
+		return MatMulTFP4(out, x, w.f4, m)
 	case w.q8 != nil:
 		return MatMulTInt8(out, x, w.q8, m)
 	case w.bf16 != nil:
