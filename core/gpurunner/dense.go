@@ -22,6 +22,35 @@ type DenseConfig struct {
 	RopeDim                 int // rotary dims per head (= HeadDim for the dense family)
 	EOS                     []int32
 	Name                    string
+	// VocabStart and VocabShard make the embedding and the LM head vocab-parallel (a
+	// tensor-parallel rank's, VocabParallel): the model holds rows [VocabStart,
+	// VocabStart+VocabShard) of both, zero past Vocab. VocabShard 0 holds all Vocab rows.
+	VocabStart, VocabShard int
+}
+
+// VocabRows is the rows of the embedding and the head the model holds.
+func (c *DenseConfig) VocabRows() int {
+	if c.VocabShard > 0 {
+		return c.VocabShard
+	}
+	return c.Vocab
+}
+
+// vocabPadding is what the vocabulary is padded to before it is split, as vLLM's
+// VocabParallelEmbedding pads (DEFAULT_VOCAB_PADDING_SIZE).
+const vocabPadding = 64
+
+// VocabParallel returns the shard of a vocabulary of vocab tokens that rank of size holds
+// under tensor parallelism, vLLM's layout: the vocabulary padded to a multiple of 64,
+// split in size equal shards of rows (ceil-sized when size does not divide it), rank r
+// the rows [r·rows, (r+1)·rows) of which those below vocab are real: lo and hi (hi-lo may
+// be 0 for a late rank of a small vocabulary). Every rank's head computes rows logits; the
+// rows past vocab are zeros, dropped when the shards' logits are gathered.
+func VocabParallel(vocab, rank, size int) (start, rows, lo, hi int) {
+	padded := (vocab + vocabPadding - 1) / vocabPadding * vocabPadding
+	rows = (padded + size - 1) / size
+	start = rank * rows
+	return start, rows, min(start, vocab), min(start+rows, vocab)
 }
 
 // Check reports the first size the GPU model cannot take.
@@ -47,6 +76,9 @@ func (c *DenseConfig) Check() error {
 	}
 	if c.Window < 0 {
 		return fmt.Errorf("gpurunner: dense config: negative window %d", c.Window)
+	}
+	if c.VocabShard < 0 || c.VocabStart < 0 || (c.VocabShard == 0 && c.VocabStart != 0) {
+		return fmt.Errorf("gpurunner: dense config: vocab shard of %d rows from %d for a vocabulary of %d", c.VocabShard, c.VocabStart, c.Vocab)
 	}
 	if c.RopeDim <= 0 || c.RopeDim > c.HeadDim || c.RopeDim%2 != 0 {
 		return fmt.Errorf("gpurunner: dense config: rotary dim %d must be even, positive and at most head dim %d", c.RopeDim, c.HeadDim)
@@ -83,9 +115,9 @@ func (c *DenseConfig) WeightBytes() int64 {
 	if c.QKNorm {
 		layer += 2 * int64(c.HeadDim)
 	}
-	n := int64(c.Layers)*layer + int64(c.Vocab)*h + h
+	n := int64(c.Layers)*layer + int64(c.VocabRows())*h + h
 	if !c.TiedEmbeddings {
-		n += int64(c.Vocab) * h
+		n += int64(c.VocabRows()) * h
 	}
 	return 2 * n
 }

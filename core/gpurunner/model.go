@@ -29,11 +29,20 @@ type Dense struct {
 	cache  cudart.DevicePtr // the kvslab arena's start
 	layers []cuda.KVSlabLayout
 
-	// reduce sums a tensor-parallel rank's partial o and down projections (n float32
-	// values at buf, the partial buffer) over its group on s, before the bf16 rounding
-	// and any bias; nil on one GPU (tp.go).
-	reduce  func(c *cudart.Ctx, s *cudart.Stream, buf cudart.DevicePtr, n int) error
+	// tp is the model's rank of a tensor-parallel group (tp.go); nil on one GPU.
+	tp *tpRank
+}
+
+// tpRank is what a tensor-parallel rank's forward adds to one GPU's: the communicator its
+// collectives run on and their buffers.
+type tpRank struct {
+	comm *cudart.Comm
+	// partial holds the rank's float32 partial o and down products ([T, hidden]), summed
+	// over the group before the bf16 rounding and any bias.
 	partial cudart.DevicePtr
+	// gathered holds every rank's head output of the step ([size][R, VocabShard] f32,
+	// rank r's at r·R·VocabShard), all-gathered in place.
+	gathered cudart.DevicePtr
 }
 
 // CacheGroups is the one full-attention group of a dense model's bf16 keys and values:
@@ -150,16 +159,16 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 	// rank's partial product is summed over the group in float32 first, so that it is
 	// rounded to bf16 once, as on one GPU.
 	rowParallel := func(out, x, w cudart.DevicePtr, rows, in, outDim int) error {
-		if m.reduce == nil {
+		if m.tp == nil {
 			return gemm(out, x, w, rows, in, outDim, false)
 		}
-		if err := gemm(m.partial, x, w, rows, in, outDim, true); err != nil {
+		if err := gemm(m.tp.partial, x, w, rows, in, outDim, true); err != nil {
 			return err
 		}
-		if err := m.reduce(c, s, m.partial, rows*outDim); err != nil {
+		if err := m.tp.comm.AllReduce(m.tp.partial, m.tp.partial, rows*outDim, cudart.F32, cudart.Sum, s); err != nil {
 			return fmt.Errorf("tp all-reduce: %w", err)
 		}
-		return k.CastBF16(c, s, out, m.partial, rows*outDim)
+		return k.CastBF16(c, s, out, m.tp.partial, rows*outDim)
 	}
 	h, eps := cfg.Hidden, cfg.RMSNormEps
 	residual, normed, qkv, attn, proj := ws(m.ws.Residual), ws(m.ws.Normed), ws(m.ws.QKV), ws(m.ws.Attn), ws(m.ws.Proj)
@@ -171,8 +180,16 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 	if need := cuda.DecodeWorkspaceBytes(b, cfg.Heads, cfg.HeadDim, split.Parts); need > m.ws.Partials.Len {
 		return fmt.Errorf("gpurunner: decode split %+v of %d sequences needs %d bytes of partials, the workspace has %d", split, b, need, m.ws.Partials.Len)
 	}
-	if err := k.EmbeddingBF16(c, s, residual, wt(m.wl.Embed), in(l.Tokens), t, h, cfg.Vocab); err != nil {
+	// A vocab-parallel rank's token ids arrive shifted to its shard (shardTokens), an id
+	// outside it as -1, which the gather turns into a zero row; the ranks' rows summed
+	// are the embeddings (x + 0 is exact in any order).
+	if err := k.EmbeddingBF16(c, s, residual, wt(m.wl.Embed), in(l.Tokens), t, h, cfg.VocabRows()); err != nil {
 		return fmt.Errorf("embedding: %w", err)
+	}
+	if m.tp != nil && cfg.VocabShard > 0 {
+		if err := m.tp.comm.AllReduce(residual, residual, t*h, cudart.BF16, cudart.Sum, s); err != nil {
+			return fmt.Errorf("embedding: tp all-reduce: %w", err)
+		}
 	}
 	kvOff := int64(cfg.QDim()) * 2
 	for i := range m.wl.Layers {
@@ -249,7 +266,7 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		k.EmbeddingBF16(c, s, ws(m.ws.Rows), normed, in(l.LogitsIndices), r, h, t),
 	)
 	if err == nil {
-		err = gemm(ws(m.ws.Logits), ws(m.ws.Rows), wt(m.wl.Head), r, h, cfg.Vocab, true)
+		err = m.head(c, s, ws(m.ws.Logits), ws(m.ws.Rows), wt(m.wl.Head), r, gemm)
 	}
 	if err == nil && sample {
 		err = k.Sample(c, s, cuda.Sample{
@@ -260,6 +277,37 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 	}
 	if err != nil {
 		return fmt.Errorf("head: %w", err)
+	}
+	return nil
+}
+
+// head computes the float32 logits [r, Vocab] of the r normed rows into logits. A
+// vocab-parallel rank computes its shard's [r, VocabShard] into its part of the gathered
+// buffer, all-gathers the group's shards there in place ([size][r, VocabShard]) and
+// copies each shard's real columns into its columns of logits, one strided copy per
+// rank, as vLLM's ParallelLMHead gathers and drops the padding: every rank then holds the
+// whole logits, bit for bit the same.
+func (m *Dense) head(c *cudart.Ctx, s *cudart.Stream, logits, rows, head cudart.DevicePtr, r int,
+	gemm func(out, x, w cudart.DevicePtr, rows, in, outDim int, f32 bool) error) error {
+	cfg := m.Config
+	if m.tp == nil || cfg.VocabShard == 0 {
+		return gemm(logits, rows, head, r, cfg.Hidden, cfg.Vocab, true)
+	}
+	size, shard := m.tp.comm.Ranks, int64(cfg.VocabShard)
+	block := int64(r) * shard * 4 // one rank's [r, VocabShard] float32
+	mine := m.tp.gathered.Add(int64(m.tp.comm.Rank) * block)
+	if err := gemm(mine, rows, head, r, cfg.Hidden, cfg.VocabShard, true); err != nil {
+		return err
+	}
+	if err := m.tp.comm.AllGather(mine, m.tp.gathered, r*cfg.VocabShard, cudart.F32, s); err != nil {
+		return fmt.Errorf("tp all-gather: %w", err)
+	}
+	for q := range size {
+		_, _, lo, hi := VocabParallel(cfg.Vocab, q, size)
+		err := c.CopyDtoD2DAsync(logits.Add(int64(lo)*4), int64(cfg.Vocab)*4, m.tp.gathered.Add(int64(q)*block), shard*4, int64(hi-lo)*4, int64(r), s)
+		if err != nil {
+			return fmt.Errorf("tp logits of rank %d: %w", q, err)
+		}
 	}
 	return nil
 }

@@ -89,8 +89,12 @@ type Runner struct {
 	// NUMA is what the NUMA binding decided.
 	NUMA cudart.NUMADecision
 	// Stats count the steps by how they ran.
-	Stats struct{ Graph, Eager, DeviceSampled, HostSampled int }
+	Stats StepStats
 }
+
+// StepStats count a runner's steps by how they ran: replaying a graph or eagerly, sampled
+// on the device or on the host.
+type StepStats struct{ Graph, Eager, DeviceSampled, HostSampled int }
 
 var (
 	_ engine.Runner            = (*Runner)(nil)
@@ -393,6 +397,7 @@ func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.
 	if err := l.Pack(host.Bytes, plan); err != nil {
 		return err
 	}
+	r.model.shardTokens(host.Bytes, l)
 	nmask := 0
 	if sample {
 		var err error

@@ -21,22 +21,27 @@ import (
 // product, in float32, summed by an NCCL all-reduce on the rank's stream, then rounded to
 // bf16 once (as one GPU's GEMM output is) before the bias. vLLM and SGLang all-reduce in
 // the model's dtype instead; summing float32 keeps TP=N closer to TP=1 for twice the
-// all-reduce bytes.
+// all-reduce bytes. The embedding and the LM head are vocab-parallel as vLLM's
+// VocabParallelEmbedding and ParallelLMHead are (VocabParallel: the vocabulary padded to a
+// multiple of 64 and split in equal shards): a rank looks up only its shard's tokens
+// (zero rows for the others'), the rows summed by an all-reduce; its head computes its
+// shard's logits, all-gathered, the padding dropped (Dense.head).
 // Rank 0 runs the engine: Execute broadcasts the plan (core/dist/tp's control message)
 // to the other ranks, which run it on their runner in their own goroutine, and returns
 // rank 0's result; every rank computes the same logits, rank 0's are the ones sampled.
+// Decode steps replay CUDA graphs as on one GPU, the NCCL collectives captured inside
+// them (NCCL records its kernels into a capturing stream); every rank captures and
+// replays the same shapes in the same order, so their collectives meet.
 //
-// Not done yet: the embedding and the LM head are replicated on every rank, not
-// vocab-parallel as core/dist/tp's (the head's gather would need a transposing kernel);
-// the ranks run eagerly (no CUDA graphs: NCCL inside a captured graph is untried on the
-// emulated device); ranks are goroutines of one process, not worker processes.
+// Not done yet: ranks are goroutines of one process, not worker processes.
 type TP struct {
 	ranks []*Runner
 	comms []*cudart.Comm
-	// partials are each rank's float32 partial o and down products, summed in place.
-	partials []cudart.Buffer
-	ctl      []dist.Communicator
-	msg      []byte
+	// partials are each rank's float32 partial o and down products, summed in place;
+	// gathered each rank's buffer of the group's head outputs (tpRank).
+	partials, gathered []cudart.Buffer
+	ctl                []dist.Communicator
+	msg                []byte
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -50,9 +55,10 @@ var (
 )
 
 // ShardDense returns rank's part of a dense model for a group of size ranks: its config
-// (Heads, KVHeads and Intermediate divided by size) and its weights, the rows of q/k/v
-// (and their biases) and gate/up, the columns of o and down, the norms, the o bias, the
-// embedding and the head whole. Heads, KV heads and Intermediate must divide by size.
+// (Heads, KVHeads and Intermediate divided by size, its vocab shard when size > 1) and its
+// weights, the rows of q/k/v (and their biases) and gate/up, the columns of o and down,
+// the rows of its vocab shard of the embedding and the head (zero rows for the padding),
+// the norms and the o bias whole. Heads, KV heads and Intermediate must divide by size.
 func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig, *DenseWeights, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d", rank, size)
@@ -81,6 +87,15 @@ func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig
 		return out
 	}
 	sw := &DenseWeights{Embed: w.Embed, Norm: w.Norm, Head: w.Head, Layers: make([]DenseLayer, len(w.Layers))}
+	if size > 1 {
+		var lo, hi int
+		sc.VocabStart, sc.VocabShard, lo, hi = VocabParallel(cfg.Vocab, rank, size)
+		sw.Embed = padRows(w.Embed[lo*h:hi*h], sc.VocabShard*h)
+		sw.Head = sw.Embed
+		if !cfg.TiedEmbeddings {
+			sw.Head = padRows(w.Head[lo*h:hi*h], sc.VocabShard*h)
+		}
+	}
 	for i := range w.Layers {
 		l := &w.Layers[i]
 		sw.Layers[i] = DenseLayer{
@@ -96,6 +111,32 @@ func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig
 	return &sc, sw, nil
 }
 
+// padRows returns v followed by zeros to n values.
+func padRows(v []float32, n int) []float32 {
+	out := make([]float32, n)
+	copy(out, v)
+	return out
+}
+
+// shardTokens rewrites the token ids packed in buf (laid out by l) for a vocab-parallel
+// rank's embedding (Forward): an id of its shard becomes its row there, id−VocabStart, any
+// other id −1, a zero row. A model that holds the whole vocabulary leaves them.
+func (m *Dense) shardTokens(buf []byte, l *PlanLayout) {
+	cfg := m.Config
+	if m.tp == nil || cfg.VocabShard == 0 {
+		return
+	}
+	lo, hi := int32(cfg.VocabStart), int32(min(cfg.VocabStart+cfg.VocabShard, cfg.Vocab))
+	ids := view[int32](buf, l.Tokens)
+	for i, id := range ids {
+		if id >= lo && id < hi {
+			ids[i] = id - lo
+		} else {
+			ids[i] = -1
+		}
+	}
+}
+
 // NewDenseTP splits the dense model over len(ordinals) ranks, rank r a runner on GPU
 // ordinals[r] (the same ordinal twice puts two ranks on one GPU: NCCL ≥ 2.30 with
 // NCCL_MULTI_RANK_GPU_ENABLE=1), joined by one NCCL communicator. opts apply to every
@@ -103,6 +144,12 @@ func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig
 // KVHeads/size heads); the pool is rank 0's, for engine.Config.Pool, and the others'
 // pools have its geometry, so its page ids address their caches alike.
 func NewDenseTP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
+	return NewDenseTPShards(CutDense(cfg, w), ordinals, opts)
+}
+
+// NewDenseTPShards is NewDenseTP with each rank's part of the model from shard: ReadDense
+// reads only the rank's slices of a checkpoint.
+func NewDenseTPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
 	size := len(ordinals)
 	if size < 1 {
 		return nil, nil, errors.New("gpurunner: tensor parallelism over no GPU")
@@ -116,12 +163,12 @@ func NewDenseTP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options)
 	}()
 	var pool *kvslab.Pool
 	for r, ord := range ordinals {
-		sc, sw, err := ShardDense(cfg, w, r, size)
+		sc, sw, err := shard(r, size)
 		if err != nil {
 			return nil, nil, err
 		}
 		o := opts
-		o.Ordinal, o.Eager = ord, true
+		o.Ordinal = ord
 		rr, p, err := NewDense(sc, sw, o)
 		if err != nil {
 			return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d: %w", r, size, err)
@@ -192,20 +239,23 @@ func (g *TP) join() error {
 		return fmt.Errorf("gpurunner: tp: join the NCCL communicator: %w", err)
 	}
 	g.partials = make([]cudart.Buffer, size)
+	g.gathered = make([]cudart.Buffer, size)
 	for r, rr := range g.ranks {
-		comm := g.comms[r]
+		cfg := rr.model.Config
 		err := rr.dev.Do(func(c *cudart.Ctx) error {
 			var err error
-			g.partials[r], err = c.Alloc(int64(rr.limits.MaxTokens) * int64(rr.model.Config.Hidden) * 4)
-			return err
+			if g.partials[r], err = c.Alloc(int64(rr.limits.MaxTokens) * int64(cfg.Hidden) * 4); err != nil {
+				return fmt.Errorf("the partial products' buffer: %w", err)
+			}
+			if g.gathered[r], err = c.Alloc(int64(size) * int64(rr.limits.MaxRows) * int64(cfg.VocabRows()) * 4); err != nil {
+				return fmt.Errorf("the gathered logits' buffer: %w", err)
+			}
+			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("gpurunner: tp rank %d: the partial products' buffer: %w", r, err)
+			return fmt.Errorf("gpurunner: tp rank %d: %w", r, err)
 		}
-		rr.model.partial = g.partials[r].Ptr
-		rr.model.reduce = func(c *cudart.Ctx, s *cudart.Stream, buf cudart.DevicePtr, n int) error {
-			return comm.AllReduce(buf, buf, n, cudart.F32, cudart.Sum, s)
-		}
+		rr.model.tp = &tpRank{comm: g.comms[r], partial: g.partials[r].Ptr, gathered: g.gathered[r].Ptr}
 	}
 	return nil
 }
@@ -233,6 +283,16 @@ func (g *TP) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepRe
 		return res, g.failed(err)
 	}
 	return res, nil
+}
+
+// RankStats returns each rank's Runner.Stats. A follower may still be finishing the step
+// rank 0 has returned, so the counts are final only after Close.
+func (g *TP) RankStats() []StepStats {
+	out := make([]StepStats, len(g.ranks))
+	for r, rr := range g.ranks {
+		out[r] = rr.Stats
+	}
+	return out
 }
 
 // failed joins err with the followers' failures.
@@ -277,6 +337,7 @@ func (g *TP) Close() error {
 			errs = append(errs, g.ranks[r].dev.Do(func(c *cudart.Ctx) error {
 				if r < len(g.partials) {
 					c.Free(g.partials[r])
+					c.Free(g.gathered[r])
 				}
 				return comm.Destroy()
 			}))

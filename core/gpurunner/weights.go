@@ -21,10 +21,10 @@ type DenseLayer struct {
 
 // DenseWeights are a dense model's parameters on the host.
 type DenseWeights struct {
-	Embed  []float32 // [vocab, hidden]
+	Embed  []float32 // [vocab, hidden]; a vocab-parallel rank's [VocabShard, hidden] (DenseConfig)
 	Layers []DenseLayer
 	Norm   []float32 // [hidden]
-	Head   []float32 // [vocab, hidden]; the embeddings when tied
+	Head   []float32 // as Embed; the embeddings when tied
 }
 
 // LayerWeights are where one layer's bf16 parameters sit in the device weights. QKV is the
@@ -55,7 +55,7 @@ func NewWeightLayout(c *DenseConfig) WeightLayout {
 		return s
 	}
 	h := c.Hidden
-	w := WeightLayout{Embed: next(c.Vocab * h), Layers: make([]LayerWeights, c.Layers)}
+	w := WeightLayout{Embed: next(c.VocabRows() * h), Layers: make([]LayerWeights, c.Layers)}
 	for l := range w.Layers {
 		lw := &w.Layers[l]
 		*lw = LayerWeights{
@@ -76,7 +76,7 @@ func NewWeightLayout(c *DenseConfig) WeightLayout {
 	if c.TiedEmbeddings {
 		w.Head = w.Embed
 	} else {
-		w.Head = next(c.Vocab * h)
+		w.Head = next(c.VocabRows() * h)
 	}
 	w.Size = off
 	return w
@@ -94,7 +94,7 @@ func (w *DenseWeights) Check(c *DenseConfig) error {
 		name string
 		v    []float32
 		n    int
-	}{{"embed", w.Embed, c.Vocab * h}, {"norm", w.Norm, h}, {"head", w.Head, c.Vocab * h}}
+	}{{"embed", w.Embed, c.VocabRows() * h}, {"norm", w.Norm, h}, {"head", w.Head, c.VocabRows() * h}}
 	for i, l := range w.Layers {
 		p := fmt.Sprintf("layer %d ", i)
 		sizes = append(sizes, []struct {
