@@ -67,7 +67,7 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 			var err error
 			switch {
 			case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
-				runners[r], pools[r], err = openMoEParallel(m.Name, dir, f.cacheBytes, &f.tp)
+				runners[r], pools[r], err = openMoEParallel(m.Name, dir, f.cacheBytes, f.specTokens, &f.tp)
 			case f.tp.ep > 1:
 				return nil, nil, nil, fmt.Errorf("--ep %d: expert parallelism covers deepseek-v4-flash and glm-5-flash only, not %s", f.tp.ep, m.Name)
 			case f.tp.size > 1 && m.Name != "llama":

@@ -57,7 +57,7 @@ func TestMoEWorkerKilledNamed(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r, pool, err := openMoEParallel(deepseekv4flash.Name, dir, 32<<20, &tpFlags{size: 1, ep: 2, procs: true})
+	r, pool, err := openMoEParallel(deepseekv4flash.Name, dir, 32<<20, 0, &tpFlags{size: 1, ep: 2, procs: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,19 +45,20 @@ func checkDispatch(s string, epn int) error {
 }
 
 // openMoERank opens rank comm.Rank() of model name's layout (tp, ep, dispatch) from dir
-// with a pool of cacheBytes, as a lockstep rank; rank 0 also gets the engine's info.
-func openMoERank(name, dir string, tp, ep, dispatch int, cacheBytes int64, comm dist.Communicator) (lockstep.Rank, engine.RunnerInfo, *kvslab.Pool, error) {
+// with a pool of cacheBytes, drafting drafts tokens per step from the split MTP head (0:
+// none), as a lockstep rank; rank 0 also gets the engine's info.
+func openMoERank(name, dir string, tp, ep, dispatch, drafts int, cacheBytes int64, comm dist.Communicator) (lockstep.Rank, engine.RunnerInfo, *kvslab.Pool, error) {
 	switch name {
 	case deepseekv4flash.Name:
 		l := deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch)}
-		r, pool, err := deepseekv4flash.OpenRank(dir, deepseekv4flash.Options{}, l, comm, cacheBytes)
+		r, pool, err := deepseekv4flash.OpenRank(dir, deepseekv4flash.Options{Drafts: drafts}, l, comm, cacheBytes)
 		if err != nil {
 			return lockstep.Rank{}, engine.RunnerInfo{}, nil, err
 		}
 		return r.LockstepRank(comm.Rank(), pool), r.Info(), pool, nil
 	case glm5flash.Name:
 		l := glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch)}
-		r, pool, err := glm5flash.OpenRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, l, comm)
+		r, pool, err := glm5flash.OpenRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, l, comm)
 		if err != nil {
 			return lockstep.Rank{}, engine.RunnerInfo{}, nil, err
 		}
@@ -88,8 +89,9 @@ func checkMoELayout(name, dir string, tp, ep, dispatch int) error {
 }
 
 // openMoEParallel opens model name from dir over f's layout: in-process ranks, or worker
-// processes with --tp-procs. The returned runner's StopRanks ends the other ranks.
-func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+// processes with --tp-procs, every rank drafting drafts tokens per step (0: none). The
+// returned runner's StopRanks ends the other ranks.
+func openMoEParallel(name, dir string, cacheBytes int64, drafts int, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
 	size := f.ranks()
 	what := fmt.Sprintf("--tp %d --ep %d", f.size, f.ep)
 	dispatch, err := dispatchOf(f.dispatch)
@@ -100,13 +102,13 @@ func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Run
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if f.initAddr != "" {
-		return openMoENodes(name, dir, cacheBytes, f, dispatch)
+		return openMoENodes(name, dir, cacheBytes, drafts, f, dispatch)
 	}
 	if !f.procs {
 		var info engine.RunnerInfo
 		var pool *kvslab.Pool
 		g, err := lockstep.StartInProcess(size, dist.Options{Timeout: time.Minute}, func(rank int, data dist.Communicator) (lockstep.Rank, error) {
-			r, in, p, err := openMoERank(name, dir, f.size, f.ep, dispatch, cacheBytes, data)
+			r, in, p, err := openMoERank(name, dir, f.size, f.ep, dispatch, drafts, cacheBytes, data)
 			if rank == 0 {
 				info, pool = in, p
 			}
@@ -115,15 +117,15 @@ func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Run
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
-		return &tpRunner{cpurunner.New(info, cpurunner.ForwardFunc(g.Forward)), g.Close}, pool, nil
+		return &tpRunner{cpurunner.New(info, g.Leader()), g.Close}, pool, nil
 	}
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d", os.Getpid()), Size: size, Dir: dir,
-		Model: name, TP: f.size, EP: f.ep, Dispatch: dispatch, CacheBytes: cacheBytes}
+		Model: name, TP: f.size, EP: f.ep, Dispatch: dispatch, Drafts: drafts, CacheBytes: cacheBytes}
 	g, err := startWorkers(spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, cacheBytes, g.data)
+	r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, drafts, cacheBytes, g.data)
 	if err == nil {
 		// Every rank has read dir (which the caller may remove once this returns).
 		err = g.data.Barrier()
@@ -134,9 +136,14 @@ func openMoEParallel(name, dir string, cacheBytes int64, f *tpFlags) (engine.Run
 		g.data.Close()
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	// A dead worker's rank, pid and signal go on the error of the step it failed.
-	forward := g.forward(lockstep.Lead(g.ctl, r.Check, r.Forward))
-	return &tpRunner{cpurunner.New(info, cpurunner.ForwardFunc(forward)), g.close}, pool, nil
+	// A dead worker's rank, pid and signal go on the error of the step (or draft) it failed.
+	lead := lockstep.LeadRank(g.ctl, r)
+	lead.Lead = g.forward(lead.Lead)
+	if lead.LeadDraft != nil {
+		draft := lead.LeadDraft
+		lead.LeadDraft = func(p *engine.BatchPlan, res *engine.StepResult) error { return g.w.StepError(draft(p, res)) }
+	}
+	return &tpRunner{cpurunner.New(info, lead), g.close}, pool, nil
 }
 
 // runMoEWorker is a --tp-procs worker of a MoE model's layout: it opens its rank and
@@ -148,20 +155,20 @@ func runMoEWorker(spec tpWorkerSpec) error {
 	}
 	defer ctl.Close()
 	defer data.Close()
-	r, _, _, err := openMoERank(spec.Model, spec.Dir, spec.TP, spec.EP, spec.Dispatch, spec.CacheBytes, data)
+	r, _, _, err := openMoERank(spec.Model, spec.Dir, spec.TP, spec.EP, spec.Dispatch, spec.Drafts, spec.CacheBytes, data)
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", spec.Rank, err)
 	}
 	if err := data.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
 		return fmt.Errorf("rank %d: %w", spec.Rank, err)
 	}
-	return lockstep.Follow(ctl, r.Vocab, r.Forward)
+	return lockstep.FollowRank(ctl, r)
 }
 
 // openMoENodes joins the multi-node group at f.initAddr over TCP (one rank per node, as
 // openTPNodes does for llama): node 0 returns the engine's runner; the others run their
 // rank until node 0 stops it and then end the command (errWorkerDone).
-func openMoENodes(name, dir string, cacheBytes int64, f *tpFlags, dispatch int) (engine.Runner, *kvslab.Pool, error) {
+func openMoENodes(name, dir string, cacheBytes int64, drafts int, f *tpFlags, dispatch int) (engine.Runner, *kvslab.Pool, error) {
 	size := f.ranks()
 	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-ctl"})
 	if err != nil {
@@ -172,7 +179,7 @@ func openMoENodes(name, dir string, cacheBytes int64, f *tpFlags, dispatch int) 
 		ctl.Close()
 		return nil, nil, err
 	}
-	r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, cacheBytes, data)
+	r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, drafts, cacheBytes, data)
 	if err == nil {
 		err = data.Barrier() // every node has read dir (a --random-weights copy is removed after)
 	}
@@ -182,7 +189,7 @@ func openMoENodes(name, dir string, cacheBytes int64, f *tpFlags, dispatch int) 
 		return nil, nil, fmt.Errorf("node %d: %w", f.nodeRank, err)
 	}
 	if f.nodeRank != 0 {
-		err := lockstep.Follow(ctl, r.Vocab, r.Forward)
+		err := lockstep.FollowRank(ctl, r)
 		ctl.Close()
 		data.Close()
 		if err != nil {
@@ -196,5 +203,5 @@ func openMoENodes(name, dir string, cacheBytes int64, f *tpFlags, dispatch int) 
 		data.Close()
 		return err
 	}
-	return &tpRunner{cpurunner.New(info, cpurunner.ForwardFunc(lockstep.Lead(ctl, r.Check, r.Forward))), stop}, pool, nil
+	return &tpRunner{cpurunner.New(info, lockstep.LeadRank(ctl, r)), stop}, pool, nil
 }

@@ -183,8 +183,8 @@ func (f *runtimeFlags) check() error {
 	switch {
 	case f.tp.check() != nil:
 		return f.tp.check()
-	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0:
-		return fmt.Errorf("--tp %d --ep %d do not decode speculatively: not with --num-speculative-tokens", f.tp.size, f.tp.ep)
+	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
+		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && (f.model != "llama" || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != ""):
 		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama's in-process ranks only (no --ep, --tp-procs or --dist-init-addr); the others run on the CPU", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:
@@ -242,7 +242,7 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	case f.cp.size > 1:
 		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size, f.cp.procs)
 	case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
-		r, pool, err = openMoEParallel(m.Name, dir, f.cacheBytes, &f.tp)
+		r, pool, err = openMoEParallel(m.Name, dir, f.cacheBytes, f.specTokens, &f.tp)
 	case f.tp.ep > 1:
 		return nil, nil, "", fmt.Errorf("--ep %d: expert parallelism covers deepseek-v4-flash and glm-5-flash only, not %s", f.tp.ep, m.Name)
 	case f.tp.size > 1 && m.Name != "llama":

@@ -204,6 +204,7 @@ type tpWorkerSpec struct {
 	// A MoE model's layout (moe_parallel.go); Model empty: llama's TP.
 	Model            string
 	TP, EP, Dispatch int
+	Drafts           int // MTP drafts per step, every rank drafting (0: none)
 	CacheBytes       int64
 	// CP above 1: a --cp-procs worker of llama's prefill CP (cp.go).
 	CP int
