@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -24,11 +26,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err := req.refuseOutputs(); err != nil {
 		return err
 	}
-	ignored := req.sent()
-	if !absent(req.ReasoningEffort) {
-		ignored = append(ignored, "reasoning_effort")
-	}
-	s.warnIgnored(r, ignored)
+	s.warnIgnored(r, req.sent())
 	con, err := req.chatStructured()
 	if err != nil {
 		return err
@@ -80,6 +78,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	}
 	opts := chatOptions(req.Tools, req.ChatTemplateKwargs, addGenerationPrompt)
 	opts.ContinueFinalMessage = req.ContinueFinalMessage
+	if err := reasoningEffort(&opts, req.ReasoningEffort); err != nil {
+		return err
+	}
 	prompt, err := s.chat.Render(msgs, opts)
 	if err != nil {
 		return invalid("messages", "The chat template rejected the messages: %v.", err)
@@ -270,6 +271,30 @@ func firstCallOnly(d *chatDelta) bool {
 	}
 	d.ToolCalls = kept
 	return d.Content != nil || d.ReasoningContent != nil || len(d.ToolCalls) > 0
+}
+
+// reasoningEfforts are the values reasoning_effort takes (OpenAI's and vLLM's).
+var reasoningEfforts = []string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
+
+// reasoningEffort hands reasoning_effort to the chat template as vLLM does: as the
+// variable reasoning_effort, and as enable_thinking (false for "none", else true); a
+// variable chat_template_kwargs sets wins. The templates that read them (DeepSeek V4's,
+// GLM 5's) then think as asked; others ignore them.
+func reasoningEffort(opts *tokenizer.ChatOptions, raw json.RawMessage) error {
+	if absent(raw) {
+		return nil
+	}
+	var effort string
+	if json.Unmarshal(raw, &effort) != nil || !slices.Contains(reasoningEfforts, effort) {
+		return invalid("reasoning_effort", "reasoning_effort must be one of %s; got %s.", strings.Join(reasoningEfforts, ", "), raw)
+	}
+	if _, ok := opts.Extra["reasoning_effort"]; !ok {
+		opts.Extra["reasoning_effort"] = effort
+	}
+	if _, ok := opts.Extra["enable_thinking"]; !ok {
+		opts.Extra["enable_thinking"] = effort != "none"
+	}
+	return nil
 }
 
 // chatOptions are the chat template's options for a request's tools and

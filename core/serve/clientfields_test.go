@@ -302,7 +302,7 @@ func TestClientFields(t *testing.T) {
 		{name: "service_tier", path: chat, want: "ignored", body: map[string]any{"service_tier": "auto"}},
 		{name: "prompt_cache_key", path: chat, want: "ignored", body: map[string]any{"prompt_cache_key": "k1"}},
 		{name: "safety_identifier", path: cmpl, want: "ignored", body: map[string]any{"safety_identifier": "u-1"}},
-		{name: "reasoning_effort", path: chat, want: "ignored", body: map[string]any{"reasoning_effort": "low"}},
+		{name: "reasoning_effort", path: chat, want: "implemented", body: map[string]any{"reasoning_effort": "low"}},
 		// What the server does anyway: accepted, nothing to warn about.
 		{name: "prediction", path: chat, want: "implemented", body: map[string]any{"prediction": nil}},
 		{name: "audio", path: chat, want: "implemented", body: map[string]any{"audio": nil}},

@@ -20,9 +20,10 @@
 // outputs (structured.go: response_format json_object and json_schema, tool_choice
 // "required" and a named function, guided_json, guided_regex, guided_grammar,
 // guided_choice, structured_outputs), enforced by grammar-constrained decoding on a
-// runner that applies token masks. Fields that change nothing this server answers
-// (store, metadata, service_tier, prompt_cache_key, safety_identifier,
-// reasoning_effort) are accepted and named in a warning; fields it does not serve (a
+// runner that applies token masks. reasoning_effort reaches the chat template as vLLM
+// passes it (reasoning_effort and enable_thinking). Fields that change nothing this
+// server answers (store, metadata, service_tier, prompt_cache_key, safety_identifier)
+// are accepted and named in a warning; fields it does not serve (a
 // prediction, audio, the legacy functions, a schema feature the grammar compiler cannot
 // enforce) and unknown ones are refused with 400 naming them.
 //

@@ -191,9 +191,9 @@ type chatRequest struct {
 	Echo                 bool  `json:"echo"`
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage bool  `json:"continue_final_message"`
-	// ReasoningEffort is accepted and ignored (no reasoning control here). The others
-	// are accepted only as what this server does anyway (null, text output) and
-	// refused otherwise: see refuseOutputs.
+	// ReasoningEffort goes to the chat template (reasoningEffort). The others are
+	// accepted only as what this server does anyway (null, text output) and refused
+	// otherwise: see refuseOutputs.
 	ReasoningEffort json.RawMessage `json:"reasoning_effort"`
 	Prediction      json.RawMessage `json:"prediction"`
 	Audio           json.RawMessage `json:"audio"`

@@ -78,3 +78,56 @@ func TestDeveloperRoleIsSystem(t *testing.T) {
 		t.Fatalf("a template that names the developer role rendered %q", got)
 	}
 }
+
+// TestReasoningEffortReachesTemplate: reasoning_effort becomes the chat template's
+// reasoning_effort and enable_thinking (false for "none"), as vLLM passes it, unless
+// chat_template_kwargs sets them; a value outside OpenAI's and vLLM's is 400 naming the
+// field. Before, it was accepted and ignored: DeepSeek V4's and GLM 5's templates, which
+// read it, thought at their default effort whatever the client asked.
+func TestReasoningEffortReachesTemplate(t *testing.T) {
+	tmpl, err := tokenizer.NewChatTemplate(`{% for m in messages %}{{ m.content }}{% endfor %}<{{ reasoning_effort }}/{{ enable_thinking }}>`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{cfg: func(c *Config) { c.ChatTemplate = tmpl }})
+	// prompt rebuilds the rendered prompt from its prompt logprobs (every token but the
+	// first, which has none).
+	prompt := func(extra map[string]any) string {
+		t.Helper()
+		body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi there"}}, "max_tokens": 1, "prompt_logprobs": 0}
+		for k, v := range extra {
+			body[k] = v
+		}
+		var out struct {
+			PromptLogprobs []map[string]struct {
+				DecodedToken string `json:"decoded_token"`
+			} `json:"prompt_logprobs"`
+		}
+		h.postJSON("/v1/chat/completions", body, 200, &out)
+		var b strings.Builder
+		for _, m := range out.PromptLogprobs {
+			for _, e := range m {
+				b.WriteString(e.DecodedToken)
+			}
+		}
+		return b.String()
+	}
+	for _, c := range []struct {
+		extra map[string]any
+		want  string
+	}{
+		{nil, "</>"},
+		{map[string]any{"reasoning_effort": "high"}, "<high/True>"},
+		{map[string]any{"reasoning_effort": "none"}, "<none/False>"},
+		{map[string]any{"reasoning_effort": "low", "chat_template_kwargs": map[string]any{"enable_thinking": false}}, "<low/False>"},
+	} {
+		if got := prompt(c.extra); !strings.HasSuffix(got, c.want) {
+			t.Errorf("%v: the prompt ends %q, want %q", c.extra, got, c.want)
+		}
+	}
+	code, raw := h.post("/v1/chat/completions", map[string]any{"messages": []any{map[string]any{"role": "user", "content": "hi"}}, "reasoning_effort": "extreme", "max_tokens": 1})
+	var e errorResp
+	if code != 400 || json.Unmarshal(raw, &e) != nil || e.Error.Param == nil || *e.Error.Param != "reasoning_effort" {
+		t.Fatalf("reasoning_effort extreme: %d %s, want 400 naming reasoning_effort", code, raw)
+	}
+}
