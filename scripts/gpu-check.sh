@@ -291,25 +291,35 @@ v4Only() {
 	return $failed
 }
 
-# tpOneGPU runs core/gpurunner's tensor parallelism with two ranks on GPU 0
-# (TestGPUNCCLTPEqualsOne: gpurunner.NewDenseTP, an NCCL float32 all-reduce per o and down
-# projection; TP=2's greedy tokens equal TP=1's over 32 steps, logits within 2e-2, two TP=2
-# runs bit-identical). Two ranks of one communicator on one GPU need NCCL >= 2.30 with
-# NCCL_MULTI_RANK_GPU_ENABLE=1 (PyPI's nvidia-nccl-cu12 / -cu13 ship it); the test skips,
-# and this section fails, where the NCCL found is older. Written without a GPU to run it
-# on: the same test passed on two emulated GPUs (TestEmulatedTPEqualsOne), not here.
+# tpOneGPU runs core/gpurunner's tensor parallelism with two ranks on GPU 0:
+# TestGPUNCCLTPEqualsOne (gpurunner.NewDenseTP: an NCCL float32 all-reduce per o and down
+# projection, the vocab-parallel embedding's bf16 all-reduce and LM head's all-gather over
+# the tiny llama's 261 tokens, padded to 320 and split unevenly, decode steps replaying CUDA
+# graphs with the collectives captured; TP=2's greedy tokens equal TP=1's over 32 steps,
+# logits within 2e-2, two TP=2 runs bit-identical) and TestGPUNCCLTPGraphsEqualEager (TP=2
+# with graphs equals TP=2 eager bit for bit: tokens and logprobs sampled on the device, and
+# every logits row brought back as --logits-out does; each rank replayed graphs). Two ranks
+# of one communicator on one GPU need NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (PyPI's
+# nvidia-nccl-cu12 / -cu13 ship it); the tests skip, and this section fails, where the NCCL
+# found is older. Written without a GPU to run it on: the same tests passed on two emulated
+# GPUs (TestEmulatedTPEqualsOne, TestEmulatedTPGraphsEqualEager), not here.
 tpOneGPU() {
-	echo; echo "== tensor parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne)"
+	echo; echo "== tensor parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne, TestGPUNCCLTPGraphsEqualEager)"
 	local out
-	out=$(cd core/gpurunner && NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 120 "$bin/core_gpurunner.test" \
-		-test.run '^TestGPUNCCLTPEqualsOne$' -test.v -test.count=1 -test.timeout=110s </dev/null 2>&1)
+	out=$(cd core/gpurunner && NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 170 "$bin/core_gpurunner.test" \
+		-test.run '^(TestGPUNCCLTPEqualsOne|TestGPUNCCLTPGraphsEqualEager)$' -test.v -test.count=1 -test.timeout=160s </dev/null 2>&1)
 	local rc=$?
 	echo "$out"
 	if [ $rc -ne 0 ]; then
 		failed=1
-	elif ! grep -q -- '^--- PASS: TestGPUNCCLTPEqualsOne' <<<"$out"; then
-		echo "TP on one GPU did not run (it needs NCCL >= 2.30: the skip above says which was found)"
-		failed=1
+	else
+		local name
+		for name in TestGPUNCCLTPEqualsOne TestGPUNCCLTPGraphsEqualEager; do
+			if ! grep -q -- "^--- PASS: $name" <<<"$out"; then
+				echo "$name did not run (it needs NCCL >= 2.30: the skip above says which was found)"
+				failed=1
+			fi
+		done
 	fi
 }
 

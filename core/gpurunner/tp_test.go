@@ -84,8 +84,16 @@ func TestEmulatedTPOneDevice(t *testing.T) {
 // NCCL_MULTI_RANK_GPU_ENABLE=1 (scripts/gpu-check.sh's TP section sets it; without them
 // it skips, as the other NCCL tests do without NCCL).
 func TestGPUNCCLTPEqualsOne(t *testing.T) {
+	tpEqualsOne(t, gpuTPOrdinals(t), tpGPUTolerance)
+}
+
+// gpuTPOrdinals returns the GPUs of a real GPU's two TP ranks: 0 and 1 where there are
+// two, else 0 twice, which needs NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (the test
+// skips otherwise, and on the emulated device, which runs the TestEmulated* forms).
+func gpuTPOrdinals(t *testing.T) []int {
+	t.Helper()
 	if cudart.Emulated() {
-		t.Skip("the emulated device runs TestEmulatedTPEqualsOne")
+		t.Skip("the emulated device runs the TestEmulated* form of this test")
 	}
 	n, err := cudart.DeviceCount()
 	if err != nil || n == 0 {
@@ -103,7 +111,7 @@ func TestGPUNCCLTPEqualsOne(t *testing.T) {
 		}
 	}
 	t.Logf("NCCL %d, ranks on GPUs %v", v, ordinals)
-	tpEqualsOne(t, ordinals, tpGPUTolerance)
+	return ordinals
 }
 
 func tpEqualsOne(t *testing.T, ordinals []int, tolerance float64) {

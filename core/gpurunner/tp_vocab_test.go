@@ -221,12 +221,24 @@ func TestEmulatedTPGraphsEqualEager(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
+	tpGraphsEqualEager(t, []int{0, 1})
+}
+
+// TestGPUNCCLTPGraphsEqualEager is TestEmulatedTPGraphsEqualEager on a real GPU, its ranks
+// placed as TestGPUNCCLTPEqualsOne's (scripts/gpu-check.sh's TP section runs both). Bit
+// for bit still: a graph replays the kernels and cuBLASLt algorithms the eager step
+// launched, and a sum of two ranks is the same in either order.
+func TestGPUNCCLTPGraphsEqualEager(t *testing.T) {
+	tpGraphsEqualEager(t, gpuTPOrdinals(t))
+}
+
+func tpGraphsEqualEager(t *testing.T, ordinals []int) {
 	cfg, w := denseModel(t, tinyLlama(t))
 	prompt := runnertest.Prompt(9, cfg.Vocab, 5)
 	const steps = 12
 	for _, capture := range []bool{false, true} {
-		eager := runTP(t, gpurunner.CutDense(cfg, w), []int{0, 1}, true, capture, prompt, steps)
-		graphs := runTP(t, gpurunner.CutDense(cfg, w), []int{0, 1}, false, capture, prompt, steps)
+		eager := runTP(t, gpurunner.CutDense(cfg, w), ordinals, true, capture, prompt, steps)
+		graphs := runTP(t, gpurunner.CutDense(cfg, w), ordinals, false, capture, prompt, steps)
 		for r, st := range graphs.stats {
 			if st.Graph == 0 || eager.stats[r].Graph != 0 {
 				t.Fatalf("capture %v, rank %d: %d graph replays with graphs, %d eager-only", capture, r, st.Graph, eager.stats[r].Graph)
@@ -246,7 +258,7 @@ func TestEmulatedTPGraphsEqualEager(t *testing.T) {
 				t.Fatalf("logits row %d: graphs differ from eager", i)
 			}
 		}
-		t.Logf("capture %v: %d tokens, %d logits rows equal; graph replays per rank %v", capture, steps, len(eager.logits), graphs.stats)
+		t.Logf("parity tp=2 graphs vs eager on %v (logits captured %v): %d tokens, logprobs and %d logits rows bit-identical; steps per rank %+v", ordinals, capture, steps, len(eager.logits), graphs.stats)
 	}
 }
 
