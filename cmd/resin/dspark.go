@@ -9,13 +9,16 @@ import (
 
 	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	"github.com/resin-llm/resin/models/llama"
 )
 
 // checkSpeculative checks --speculative-method and its flags against the rest: DSpark
-// runs on the CPU reference forward of one llama-family target, so not with --device cuda,
+// runs on one llama-family target, on the CPU reference forward or on the GPU runner
+// (--device cuda|cuda-emu: the target on the device, the drafter on the CPU), so not with
 // --tp, --ep, --dp or --cp, and it needs --model.
 func (f *runtimeFlags) checkSpeculative() error {
 	if err := f.spec.Check(f.specTokens); err != nil {
@@ -27,12 +30,12 @@ func (f *runtimeFlags) checkSpeculative() error {
 	switch {
 	case f.model == "":
 		return errors.New("--speculative-method dspark needs --model llama (a Qwen3 target) with --weights DIR: the test runner has no features to draft from")
-	case f.device.CUDA():
-		return errors.New("--speculative-method dspark runs on the CPU only so far: no CUDA drafter; drop --device cuda")
 	case f.tp.size > 1 || f.tp.ep > 1 || f.dp.size > 1 || f.cp.size > 1:
-		return errors.New("--speculative-method dspark runs on one CPU rank only: not with --tp, --ep, --dp or --cp")
+		return errors.New("--speculative-method dspark runs on one rank only: not with --tp, --ep, --dp or --cp")
 	}
-	if st, err := os.Stat(f.spec.DraftModel); err != nil {
+	if f.spec.DraftModel == "" {
+		return nil // deepseek-v4-flash's stages are in its checkpoint; openDSpark asks the others for one
+	} else if st, err := os.Stat(f.spec.DraftModel); err != nil {
 		return fmt.Errorf("--draft-model: %w", err)
 	} else if !st.IsDir() {
 		return fmt.Errorf("--draft-model %s is not a directory (it holds the drafter's config.json and safetensors)", f.spec.DraftModel)
@@ -45,39 +48,76 @@ func (f *runtimeFlags) checkSpeculative() error {
 // (0: the block size) and the confidence cut of --dspark-confidence. A drafter built for
 // another vocabulary, hidden size or depth is refused by name.
 func (f *runtimeFlags) openDSpark(m models.Model, dir string) (engine.Runner, *kvslab.Pool, error) {
+	if m.Name == deepseekv4flash.Name {
+		return f.openDSparkV4(dir)
+	}
 	if m.Name != "llama" {
 		return nil, nil, fmt.Errorf("--speculative-method dspark: only the llama family (Qwen3 targets) taps its features for a drafter so far, not %s", m.Name)
+	}
+	if f.spec.DraftModel == "" {
+		return nil, nil, errors.New("--speculative-method dspark needs --draft-model DIR: the DSpark drafter's directory")
+	}
+	if f.device.CUDA() {
+		return f.device.OpenGPU(m.Name, f.openDSparkGPU, dir, f.cacheBytes)
 	}
 	r, err := llama.Load(dir, llama.Options{})
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := dspark.LoadConfig(f.spec.DraftModel)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
-	}
-	// Room for a block anchored at the target's last position.
-	d, err := dspark.Load(f.spec.DraftModel, r.Model.MaxContext()+c.BlockSize)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
-	}
-	if f.specTokens > d.Config.BlockSize {
-		return nil, nil, fmt.Errorf("--num-speculative-tokens %d: the drafter in %s proposes at most its block size, %d", f.specTokens, f.spec.DraftModel, d.Config.BlockSize)
-	}
-	spec, err := r.UseDSpark(d, f.specTokens, float32(f.spec.Confidence))
-	if err != nil {
-		return nil, nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
-	}
-	if f.spec.Trace != "" {
-		if spec.Trace, err = traceTo(f.spec.Trace); err != nil {
-			return nil, nil, err
-		}
+	if _, err := f.loadDSpark(r.Model.MaxContext(), r.UseDSpark); err != nil {
+		return nil, nil, err
 	}
 	pool, err := r.NewPool(f.cacheBytes)
 	if err != nil {
 		return nil, nil, err
 	}
 	return r, pool, nil
+}
+
+// loadDSpark loads the drafter of --draft-model for a target of maxContext positions and
+// hands it to use (a runner's UseDSpark) with --num-speculative-tokens and
+// --dspark-confidence, then sets --spec-trace's hook on the Speculator.
+func (f *runtimeFlags) loadDSpark(maxContext int, use func(*dspark.Drafter, int, float32) (*dspark.Speculator, error)) (*dspark.Speculator, error) {
+	c, err := dspark.LoadConfig(f.spec.DraftModel)
+	if err != nil {
+		return nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
+	}
+	// Room for a block anchored at the target's last position.
+	d, err := dspark.Load(f.spec.DraftModel, maxContext+c.BlockSize)
+	if err != nil {
+		return nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
+	}
+	if f.specTokens > d.Config.BlockSize {
+		return nil, fmt.Errorf("--num-speculative-tokens %d: the drafter in %s proposes at most its block size, %d", f.specTokens, f.spec.DraftModel, d.Config.BlockSize)
+	}
+	spec, err := use(d, f.specTokens, float32(f.spec.Confidence))
+	if err != nil {
+		return nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
+	}
+	if f.spec.Trace != "" {
+		if spec.Trace, err = traceTo(f.spec.Trace); err != nil {
+			return nil, err
+		}
+	}
+	return spec, nil
+}
+
+// openDSparkGPU is openDSpark on the GPU runner (core/gpurunner's UseDSpark): the target
+// and its feature tap on the device, the drafter of --draft-model on the CPU.
+func (f *runtimeFlags) openDSparkGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+	r, pool, err := llama.OpenGPU(dir, cacheBytes, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	gr, ok := r.(*gpurunner.Runner)
+	if !ok {
+		return nil, nil, fmt.Errorf("--speculative-method dspark: the llama GPU opener returned a %T, not core/gpurunner's Runner", r)
+	}
+	if _, err := f.loadDSpark(gr.Info().MaxContext, gr.UseDSpark); err != nil {
+		gr.Close()
+		return nil, nil, err
+	}
+	return gr, pool, nil
 }
 
 // traceTo opens path for --spec-trace and returns the Speculator's trace hook writing one

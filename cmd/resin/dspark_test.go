@@ -120,7 +120,7 @@ func TestDSparkBadInput(t *testing.T) {
 		{[]string{"--speculative-method", "dspark"}, "needs --draft-model DIR"},
 		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--num-speculative-tokens", "99"}, "at most its block size"},
 		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--dspark-confidence", "1.5"}, "not in [0, 1]"},
-		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--device", "cuda"}, "CPU only"},
+		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--device", "cuda", "--tp", "2"}, "one rank only"},
 		{[]string{"--draft-model", filepath.Join(dsparkDir, "rnn")}, "needs --speculative-method dspark"},
 		{[]string{"--draft-weights", filepath.Join(dsparkDir, "rnn")}, "needs --speculative-method dspark"},
 		{[]string{"--speculative-method", "dspark", "--draft-model", filepath.Join(dsparkDir, "rnn"), "--draft-weights", filepath.Join(dsparkDir, "vanilla")}, "and --draft-weights"},

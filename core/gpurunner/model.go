@@ -31,6 +31,11 @@ type Dense struct {
 
 	// tp is the model's rank of a tensor-parallel group (tp.go); nil on one GPU.
 	tp *tpRank
+
+	// tap, when set, is given the residual stream ([tokens, hidden] bf16) after the
+	// embeddings (layer −1) and after each decoder layer but the last: DSpark's feature
+	// tap (dspark.go).
+	tap func(c *cudart.Ctx, s *cudart.Stream, layer int, residual cudart.DevicePtr, tokens int) error
 }
 
 // tpRank is what a tensor-parallel rank's forward adds to one GPU's: the communicator its
@@ -191,6 +196,9 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 			return fmt.Errorf("embedding: tp all-reduce: %w", err)
 		}
 	}
+	if err := m.tapAt(c, s, -1, residual, t); err != nil {
+		return err
+	}
 	kvOff := int64(cfg.QDim()) * 2
 	for i := range m.wl.Layers {
 		lw := &m.wl.Layers[i]
@@ -205,6 +213,9 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 			err = k.RMSNormBF16(c, s, normed, residual, wt(lw.AttnNorm), t, h, eps)
 		} else {
 			err = k.AddRMSNorm(c, s, cuda.BF16, normed, residual, proj, wt(lw.AttnNorm), t, h, eps)
+			if err == nil { // residual is now layer i−1's output
+				err = m.tapAt(c, s, i-1, residual, t)
+			}
 		}
 		if err == nil {
 			err = gemm(qkv, normed, wt(lw.QKV), t, h, cfg.QKVDim(), false)

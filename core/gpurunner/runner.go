@@ -85,6 +85,7 @@ type Runner struct {
 	capture bool
 	log     io.Writer
 	res     engine.StepResult
+	dspark  *dsparkTap // UseDSpark's: every step is sampled on the host, then drafted
 
 	// NUMA is what the NUMA binding decided.
 	NUMA cudart.NUMADecision
@@ -260,7 +261,7 @@ func (r *Runner) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 	if err := r.cacheOps(plan); err != nil {
 		return engine.StepResult{}, err
 	}
-	if r.capture || !deviceSamples(plan) {
+	if r.capture || r.dspark != nil || !deviceSamples(plan) {
 		r.Stats.HostSampled++
 		return r.cpu.Execute(ctx, plan)
 	}
@@ -533,6 +534,7 @@ func (r *Runner) Close() error {
 			c.FreeHost(r.masks[i])
 		}
 		c.FreeHost(r.out)
+		r.dspark.free(c)
 		return c.DestroyStream(r.stream)
 	})
 	if r.blas != nil {
