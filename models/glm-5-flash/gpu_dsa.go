@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
 )
@@ -26,6 +27,10 @@ type gpuDSA struct {
 	lat, key, gate            cudart.DevicePtr
 	maxPos                    int
 	bufs                      []cudart.Buffer
+	// lin runs the projections the checkpoint stores as FP8 (fp8, by the address the
+	// layer holds for them; gpu_fp8.go); nil without.
+	lin *gpurunner.Linears
+	fp8 map[cudart.DevicePtr]*gpurunner.Linear
 }
 
 // gpuDSALayer is one MLA layer's weights on the device; the indexer's are 0 for a layer
@@ -92,21 +97,42 @@ func (g *gpuDSA) maxSel() int {
 	return kernels.PoolTopKSel(c.IndexPools(), c.IndexKPool, c.IndexKPoolSelectTail)
 }
 
-// upload copies an MLA layer's weights to the device (freed by close).
-func (g *gpuDSA) upload(c *cudart.Ctx, w *mlaWeights) (*gpuDSALayer, error) {
+// upload copies an MLA layer's weights to the device (freed by close). fp8, when not nil,
+// returns the FP8 linear of a projection (its module name under self_attn, [out, in]) or
+// nil where the checkpoint does not store it so; those are not uploaded in fp32.
+func (g *gpuDSA) upload(c *cudart.Ctx, w *mlaWeights, fp8 func(module string, out, in int) (*gpurunner.Linear, error)) (*gpuDSALayer, error) {
+	cfg := g.cfg
+	D, Q := cfg.HiddenSize, cfg.QLoraRank
 	l := &gpuDSALayer{full: w.idx != nil}
-	ts := []struct {
-		p *cudart.DevicePtr
-		h []float32
-	}{{&l.qa, w.qa}, {&l.qaNorm, w.qaNorm}, {&l.qb, w.qb}, {&l.kva, w.kva}, {&l.kvaNorm, w.kvaNorm}, {&l.kvb, w.kvb}, {&l.o, w.o}}
+	type tensor struct {
+		p       *cudart.DevicePtr
+		h       []float32
+		module  string // the FP8-capable projections' name
+		out, in int
+	}
+	ts := []tensor{{&l.qa, w.qa, "q_a_proj", Q, D}, {&l.qaNorm, w.qaNorm, "", 0, 0}, {&l.qb, w.qb, "q_b_proj", len(w.qb) / Q, Q},
+		{&l.kva, w.kva, "kv_a_proj_with_mqa", len(w.kva) / D, D}, {&l.kvaNorm, w.kvaNorm, "", 0, 0}, {&l.kvb, w.kvb, "", 0, 0},
+		{&l.o, w.o, "o_proj", D, len(w.o) / D}}
 	if w.idx != nil {
-		ts = append(ts, []struct {
-			p *cudart.DevicePtr
-			h []float32
-		}{{&l.wqb, w.idx.wqb}, {&l.wk, w.idx.wk}, {&l.kNormW, w.idx.kNormW}, {&l.kNormB, w.idx.kNormB},
-			{&l.wProj, w.idx.wProj}, {&l.ape, w.idx.ape}, {&l.gate, w.idx.gate}}...)
+		ts = append(ts, []tensor{{&l.wqb, w.idx.wqb, "indexer.wq_b", len(w.idx.wqb) / Q, Q}, {&l.wk, w.idx.wk, "indexer.wk", len(w.idx.wk) / D, D},
+			{&l.kNormW, w.idx.kNormW, "", 0, 0}, {&l.kNormB, w.idx.kNormB, "", 0, 0}, {&l.wProj, w.idx.wProj, "", 0, 0},
+			{&l.ape, w.idx.ape, "", 0, 0}, {&l.gate, w.idx.gate, "", 0, 0}}...)
 	}
 	for _, t := range ts {
+		if fp8 != nil && t.module != "" {
+			lw, err := fp8(t.module, t.out, t.in)
+			if err != nil {
+				return nil, err
+			}
+			if lw != nil {
+				if g.fp8 == nil {
+					g.fp8 = map[cudart.DevicePtr]*gpurunner.Linear{}
+				}
+				*t.p, _ = lw.Weight()
+				g.fp8[*t.p] = lw
+				continue
+			}
+		}
 		p, err := g.alloc(c, len(t.h))
 		if err != nil {
 			return nil, err
@@ -134,8 +160,7 @@ func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpu
 		return fmt.Errorf("gpu dsa: selection rows of %d, want %d", sel.MaxSel, g.maxSel())
 	}
 	mm := func(out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
-		return g.blas.Gemm(c, s, cudart.GemmSpec{M: m, N: n, K: k, TransB: true, AType: cudart.F32, BType: cudart.F32,
-			OutType: cudart.F32, Alpha: alpha}, a, w, 0, out)
+		return g.matMul(c, s, out, a, w, m, k, n, alpha)
 	}
 	if err := mm(g.qr, x, l.qa, T, D, Q, 1); err != nil {
 		return err
@@ -193,6 +218,19 @@ func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpu
 	return mm(y, g.out, l.o, T, H*dv, D, 1)
 }
 
+// matMul computes out [m, n] = alpha · a [m, k] · wᵀ: an FP8 linear's (g.fp8, alpha 1)
+// through the Linears, else the fp32 GEMM on w [n, k].
+func (g *gpuDSA) matMul(c *cudart.Ctx, s *cudart.Stream, out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
+	if lw := g.fp8[w]; lw != nil {
+		if lw.In != k || lw.Out != n || alpha != 1 {
+			return fmt.Errorf("gpu dsa: a GEMM of %d×%d (alpha %g) over an fp8 weight [%d, %d]", n, k, alpha, lw.Out, lw.In)
+		}
+		return g.lin.Forward(c, s, lw, out, a, m)
+	}
+	return g.blas.Gemm(c, s, cudart.GemmSpec{M: m, N: n, K: k, TransB: true, AType: cudart.F32, BType: cudart.F32,
+		OutType: cudart.F32, Alpha: alpha}, a, w, 0, out)
+}
+
 // slot returns sequence slot sl's state in pools of per-sequence states (pools' pointers
 // at slot 0, maxPos positions a slot).
 func (g *gpuDSA) slot(pools gpuDSAState, sl int) gpuDSAState {
@@ -219,8 +257,7 @@ func (g *gpuDSA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, pools g
 		return fmt.Errorf("gpu dsa: selection rows of %d, want %d", sel.MaxSel, g.maxSel())
 	}
 	mm := func(out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
-		return g.blas.Gemm(c, s, cudart.GemmSpec{M: m, N: n, K: k, TransB: true, AType: cudart.F32, BType: cudart.F32,
-			OutType: cudart.F32, Alpha: alpha}, a, w, 0, out)
+		return g.matMul(c, s, out, a, w, m, k, n, alpha)
 	}
 	keyStride, poolStride := g.maxPos*I, (g.maxPos/P)*I
 	if err := mm(g.qr, x, l.qa, T, D, Q, 1); err != nil {

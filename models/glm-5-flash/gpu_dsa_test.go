@@ -46,7 +46,7 @@ func TestEmulatedGPUDSALayers(t *testing.T) {
 		var layers [2]*gpuDSALayer
 		var states [2]gpuDSAState
 		for i := range layers {
-			if layers[i], err = g.upload(cx, m.W.layers[first+i].mla); err != nil {
+			if layers[i], err = g.upload(cx, m.W.layers[first+i].mla, nil); err != nil {
 				return err
 			}
 			for _, b := range []struct {
@@ -161,7 +161,7 @@ func TestEmulatedGPUDSABatchedDecode(t *testing.T) {
 		var layers [2]*gpuDSALayer
 		var pools [2]gpuDSAState
 		for i := range layers {
-			if layers[i], err = g.upload(cx, m.W.layers[first+i].mla); err != nil {
+			if layers[i], err = g.upload(cx, m.W.layers[first+i].mla, nil); err != nil {
 				return err
 			}
 			for _, b := range []struct {

@@ -16,10 +16,10 @@ import (
 // mHC mixes, the MLA projections (gpuDSA) and the MTP layer stay fp32; the KDA projections
 // follow GPUOptions.KDAWeights.
 
-// newLinears makes the model's Linears for steps of rows rows and inputs up to maxIn
-// (the kernel FP8 path named: no FP8 weight is uploaded, and no device is asked).
-func (g *gpuModel) newLinears(c *cudart.Ctx, rows, maxIn int) error {
-	lin, err := gpurunner.NewLinears(c, nil, g.blas, g.kk, gpurunner.LinearOptions{MaxRows: rows, MaxIn: maxIn, FP8: gpurunner.FP8Kernel})
+// newLinears makes the model's Linears for steps of rows rows and inputs up to maxIn, the
+// FP8 linears (gpu_fp8.go) on path (gpurunner.FP8Auto: cuBLASLt where dev has it).
+func (g *gpuModel) newLinears(c *cudart.Ctx, dev *cudart.Device, rows, maxIn int, path gpurunner.FP8Path) error {
+	lin, err := gpurunner.NewLinears(c, dev, g.blas, g.kk, gpurunner.LinearOptions{MaxRows: rows, MaxIn: maxIn, FP8: path})
 	if err != nil {
 		return fmt.Errorf("gpu: bf16 weights: %w", err)
 	}

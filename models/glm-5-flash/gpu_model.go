@@ -68,6 +68,10 @@ type gpuModel struct {
 	lin     *gpurunner.Linears
 	linears []*gpurunner.Linear
 	headL   *gpurunner.Linear
+	// With GPUOptions.Checkpoint's FP8 linears (gpu_fp8.go): the linears uploaded packed,
+	// the checkpoint's FP8 tensors and how many of them were read packed, or why none.
+	fp8Count, fp8Stored, fp8Read int
+	fp8Why                       string
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -146,7 +150,7 @@ func (g *gpuModel) upload(c *cudart.Ctx, v []float32) (cudart.DevicePtr, error) 
 // newGPUModel uploads m's weights and allocates slots sequences of up to maxPos tokens,
 // with steps of up to maxTokens rows of which up to maxRows get logits (opts: see
 // GPUOptions).
-func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kernels, blas *cudart.Blas, slots, maxTokens, maxRows, maxPos, blockTokens int, opts GPUOptions) (_ *gpuModel, err error) {
+func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kernels, ks *kernels.Kernels, blas *cudart.Blas, slots, maxTokens, maxRows, maxPos, blockTokens int, opts GPUOptions) (_ *gpuModel, err error) {
 	maxDrafts := opts.Drafts
 	cfg := m.Config
 	if slots <= 0 || maxTokens <= 0 || maxRows <= 0 || maxRows > maxTokens || maxPos < maxTokens || maxDrafts < 0 || maxDrafts >= maxTokens {
@@ -181,14 +185,25 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 	if opts.Weights != cudart.F32 && !bf16 {
 		return nil, fmt.Errorf("gpu: weights in %v (f32 or bf16)", opts.Weights)
 	}
-	if bf16 {
-		widest := max(cfg.HiddenSize, cfg.IntermediateSize, cfg.MoEIntermediateSize*max(1, cfg.NSharedExperts))
-		if err = g.newLinears(c, g.workRows(), widest); err != nil {
+	pk, why, err := openGPUFP8(opts.Checkpoint, cfg.Quant)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: fp8 weights: %w", err)
+	}
+	defer pk.close()
+	g.fp8Why = why
+	if bf16 || pk != nil {
+		widest := max(cfg.HiddenSize, cfg.IntermediateSize, cfg.MoEIntermediateSize*max(1, cfg.NSharedExperts),
+			cfg.QLoraRank, cfg.NumAttentionHeads*cfg.VHeadDim)
+		if err = g.newLinears(c, dev, g.workRows(), widest, opts.FP8); err != nil {
 			return nil, err
 		}
 	}
 	if g.dsa, err = newGPUDSA(c, cfg, blas, kk, ks, g.workRows(), maxPos); err != nil {
 		return nil, err
+	}
+	g.dsa.lin = g.lin
+	if pk != nil {
+		g.fp8Stored = pk.fp8Stored()
 	}
 	D, hc, E := cfg.HiddenSize, cfg.HCMult, cfg.NRoutedExperts
 	st := m.NewTextState()
@@ -204,13 +219,22 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 			}
 		}
 	}
-	mlp := func(w *mlpWeights) gpuMLP {
-		var p gpuMLP
-		up(&p.gateUp, append(append([]float32(nil), w.gate...), w.up...))
-		up(&p.down, w.down)
-		p.width = w.width
-		if bf16 && err == nil {
-			if p.gateUpL, err = g.bf16Linear(c, append(append([]float32(nil), w.gate...), w.up...), 2*w.width, D); err == nil {
+	// mlp uploads an MLP: its FP8 linears as stored (prefix names them in the checkpoint),
+	// the others in bf16 or fp32.
+	mlp := func(w *mlpWeights, prefix string) gpuMLP {
+		p := gpuMLP{width: w.width}
+		if err == nil && pk != nil {
+			p.gateUpL, p.downL, err = g.fp8MLP(c, pk, prefix, D, w.width)
+		}
+		if gu := append(append([]float32(nil), w.gate...), w.up...); p.gateUpL == nil {
+			up(&p.gateUp, gu)
+			if bf16 && err == nil {
+				p.gateUpL, err = g.bf16Linear(c, gu, 2*w.width, D)
+			}
+		}
+		if p.downL == nil {
+			up(&p.down, w.down)
+			if bf16 && err == nil {
 				p.downL, err = g.bf16Linear(c, w.down, D, w.width)
 			}
 		}
@@ -219,14 +243,18 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 	W := m.W
 	up(&g.embed, W.embed)
 	up(&g.norm, W.norm)
-	up(&g.head, W.lmHead)
-	if bf16 && err == nil {
+	up(&g.head, W.lmHead) // the MTP layer's head when it shares lm_head
+	if err == nil && pk != nil {
+		g.headL, err = g.fp8Tensor(c, pk, "lm_head.weight", cfg.VocabSize, D)
+	}
+	if bf16 && err == nil && g.headL == nil {
 		g.headL, err = g.bf16Linear(c, W.lmHead, cfg.VocabSize, D)
 	}
 	width := 1 // the widest MLP
 	for li := range W.layers {
 		l := &W.layers[li]
 		gl := gpuLayer{kind: l.kind}
+		lp := fmt.Sprintf("%slayers.%d.", TextPrefix, li)
 		up(&gl.inNorm, l.inNorm)
 		up(&gl.postNorm, l.postNorm)
 		for _, p := range []struct {
@@ -247,7 +275,13 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 				return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 			}
 		default:
-			if gl.dsa, err = g.dsa.upload(c, l.mla); err != nil {
+			var fp8 func(string, int, int) (*gpurunner.Linear, error)
+			if pk != nil {
+				fp8 = func(module string, out, in int) (*gpurunner.Linear, error) {
+					return g.fp8Tensor(c, pk, lp+"self_attn."+module+".weight", out, in)
+				}
+			}
+			if gl.dsa, err = g.dsa.upload(c, l.mla, fp8); err != nil {
 				return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 			}
 			R, I, P := cfg.KVLoraRank, cfg.IndexHeadDim, cfg.IndexKPool
@@ -260,28 +294,41 @@ func newGPUModel(c *cudart.Ctx, m *TextModel, kk *cuda.Kernels, ks *kernels.Kern
 			}
 		}
 		if l.dense != nil {
-			d := mlp(l.dense)
+			d := mlp(l.dense, lp+"mlp.")
 			gl.dense, width = &d, max(width, d.width)
 		} else {
-			e := &gpuMoE{shared: mlp(&l.moe.shared)}
+			e := &gpuMoE{shared: mlp(&l.moe.shared, lp+"mlp.shared_experts.")}
 			up(&e.router, l.moe.router)
 			up(&e.bias, l.moe.bias)
-			up(&e.gateUp, l.moe.gateUp)
-			up(&e.down, l.moe.down)
+			if err == nil && pk != nil {
+				e.gateUpL, e.downL, err = g.fp8Experts(c, pk, lp+"mlp.")
+			}
 			gl.moe, width = e, max(width, e.shared.width)
 			F := cfg.MoEIntermediateSize
-			for ex := 0; bf16 && err == nil && ex < E; ex++ {
-				var gu, dn *gpurunner.Linear
-				if gu, err = g.bf16Linear(c, l.moe.gateUp[ex*2*F*D:(ex+1)*2*F*D], 2*F, D); err == nil {
-					dn, err = g.bf16Linear(c, l.moe.down[ex*D*F:(ex+1)*D*F], D, F)
+			if e.gateUpL == nil {
+				up(&e.gateUp, l.moe.gateUp)
+				for ex := 0; bf16 && err == nil && ex < E; ex++ {
+					var gu *gpurunner.Linear
+					gu, err = g.bf16Linear(c, l.moe.gateUp[ex*2*F*D:(ex+1)*2*F*D], 2*F, D)
+					e.gateUpL = append(e.gateUpL, gu)
 				}
-				e.gateUpL, e.downL = append(e.gateUpL, gu), append(e.downL, dn)
+			}
+			if e.downL == nil {
+				up(&e.down, l.moe.down)
+				for ex := 0; bf16 && err == nil && ex < E; ex++ {
+					var dn *gpurunner.Linear
+					dn, err = g.bf16Linear(c, l.moe.down[ex*D*F:(ex+1)*D*F], D, F)
+					e.downL = append(e.downL, dn)
+				}
 			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 		}
 		g.layers = append(g.layers, gl)
+	}
+	if pk != nil {
+		g.fp8Read = pk.reads
 	}
 	if maxDrafts > 0 {
 		if err = g.uploadMTP(c); err != nil {

@@ -67,7 +67,7 @@ func (g *gpuModel) uploadMTP(c *cudart.Ctx) (err error) {
 	if mt.mla.idx == nil {
 		return fmt.Errorf("gpu: mtp: the MTP layer's attention has no indexer of its own")
 	}
-	if p.mla, err = g.dsa.upload(c, mt.mla); err != nil {
+	if p.mla, err = g.dsa.upload(c, mt.mla, nil); err != nil {
 		return fmt.Errorf("gpu: mtp: %w", err)
 	}
 	e := &gpuMoE{}

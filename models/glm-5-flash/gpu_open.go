@@ -12,7 +12,9 @@ import (
 // GPURunner, a cli.GPUOpener: opts.Limits size the sequence slots, the step's rows and its
 // logits rows (the engine's MaxSeqs and MaxBatchTokens, and MaxRows; zero: 256, 8192 and
 // MaxSeqs, as core/gpurunner), opts.KernelCache the compiled kernels; the weights are
-// fp32 (a first cut, see GPURunner) and decode steps replay CUDA graphs unless opts.Eager
+// fp32 (a first cut, see GPURunner) but for the linears the checkpoint stores as FP8
+// (uploaded as stored, gpu_fp8.go) and KDA projections it ships in bf16, the GEMM paths
+// named on opts.Log (Describe); decode steps replay CUDA graphs unless opts.Eager
 // (UseGraphs; failed captures noted on opts.Log). The cache is a pool of
 // cacheBytes (0 = 256 MiB) in the device's memory. Closing the runner closes the device.
 func OpenGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
@@ -45,12 +47,16 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 	if !rowsSet {
 		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
 	}
-	r, err := NewGPURunner(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cpu.MaxContext, GPUOptions{Drafts: drafts})
+	gopts := GPUOptions{Drafts: drafts, Checkpoint: dir, KDAWeights: shippedKDAType(dir, cpu.Model.Config)}
+	r, err := NewGPURunner(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cpu.MaxContext, gopts)
 	if err != nil {
 		dev.Close()
 		return nil, nil, err
 	}
 	r.ownsDev = true
+	if opts.Log != nil {
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs: %s\n", Name, r.Describe())
+	}
 	if !opts.Eager {
 		if err := r.UseGraphs(true, opts.Log); err != nil {
 			r.Close()

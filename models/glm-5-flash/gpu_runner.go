@@ -7,6 +7,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models/glm-5-flash/kernels"
@@ -39,6 +40,7 @@ type GPURunner struct {
 	forceDraft func(promptLen, pos, j int, logits []float32) int32
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
+	opts    GPUOptions
 }
 
 var (
@@ -61,8 +63,15 @@ type GPUOptions struct {
 	// Weights is the MLPs', the shared and routed experts' and lm_head's weight type:
 	// cudart.F32 (the zero value) or cudart.BF16 through core/gpurunner's Linears
 	// (gpu_linears.go; activations cast to bf16, fp32 accumulation). The router, the mHC
-	// mixes, the MLA projections and the MTP layer stay fp32.
+	// mixes, the MLA projections and the MTP layer stay fp32 (but Checkpoint's FP8).
 	Weights cudart.DType
+	// Checkpoint, when set, is m's checkpoint directory: the linears it stores as FP8 with
+	// 128×128 blocks are uploaded as stored and run block-scaled FP8 GEMMs (gpu_fp8.go;
+	// the others as Weights says). OpenGPU sets it.
+	Checkpoint string
+	// FP8 chooses the FP8 GEMM path (gpurunner.FP8Auto, the zero value: cuBLASLt's
+	// block-scaled FP8 where the device and library have it, else the fallback kernel).
+	FP8 gpurunner.FP8Path
 }
 
 // NewGPURunner loads the kernels (through cache) and uploads m on dev (fp32, but for
@@ -82,14 +91,14 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 		return nil, fmt.Errorf("%s on the GPU: %w", Name, err)
 	}
 	r := &GPURunner{Model: m, MaxContext: maxContext, dev: dev, kk: kk, blas: blas,
-		pt: TextPageTokens(m.Config, 0), seqs: map[uint64]*gpuSeq{}}
+		pt: TextPageTokens(m.Config, 0), seqs: map[uint64]*gpuSeq{}, opts: opts}
 	err = dev.Do(func(c *cudart.Ctx) error {
 		ks, err := kernels.Load(c, cache, dev.Info.Arch())
 		if err != nil {
 			return err
 		}
 		// gpuDSA's workspace takes a step's rows as positions: at least maxTokens of them.
-		r.g, err = newGPUModel(c, m, kk, ks, blas, slots, maxTokens, maxRows, max(maxContext, maxTokens), r.pt, opts)
+		r.g, err = newGPUModel(c, dev, m, kk, ks, blas, slots, maxTokens, maxRows, max(maxContext, maxTokens), r.pt, opts)
 		return err
 	})
 	if err != nil {
