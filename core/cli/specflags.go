@@ -23,7 +23,7 @@ const (
 // drafts come from the model's own draft head (MTP), as before the flag existed.
 type SpeculativeFlags struct {
 	Method       string  // "", SpecMTP or SpecDSpark
-	DraftModel   string  // SpecDSpark: the drafter's directory (DeepSpec's save_pretrained)
+	DraftModel   string  // SpecDSpark: the drafter's directory (DeepSpec's save_pretrained); "" for a target holding its own stages (DeepSeek-V4-Flash-DSpark)
 	DraftWeights string  // --draft-weights, another spelling of --draft-model; Check folds it in
 	Confidence   float64 // SpecDSpark: the confidence cut (0: full blocks)
 	Trace        string  // SpecDSpark: a JSON-lines file of every verification ("" = none)
@@ -34,7 +34,7 @@ type SpeculativeFlags struct {
 func (f *SpeculativeFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.Method, "speculative-method", "", "with --model: where drafts come from: mtp (the model's own draft head, what --num-speculative-tokens alone does) or dspark (a DeepSpec DSpark block drafter in --draft-model; --num-speculative-tokens then defaults to its block size)")
-	fl.StringVar(&f.DraftModel, "draft-model", "", "with --speculative-method dspark: the drafter's directory (config.json with architectures [\"Qwen3DSparkModel\"] and safetensors, as DeepSpec's save_pretrained writes it)")
+	fl.StringVar(&f.DraftModel, "draft-model", "", "with --speculative-method dspark: the drafter's directory (config.json with architectures [\"Qwen3DSparkModel\"] and safetensors, as DeepSpec's save_pretrained writes it); not for deepseek-v4-flash, whose DSpark checkpoints hold their drafter stages (mtp.0-2)")
 	fl.StringVar(&f.DraftWeights, "draft-weights", "", "another spelling of --draft-model (the same directory; giving both with different values is refused)")
 	fl.Float64Var(&f.Confidence, "dspark-confidence", 0, "with --speculative-method dspark: cut each block at the first draft whose confidence is below this (0 = full blocks)")
 	fl.StringVar(&f.Trace, "spec-trace", "", `with --speculative-method dspark: write one JSON line per verification per sequence to this file: {"request": ID, "anchor_position": P, "drafts": [...], "accepted": A, "next": T}`)
@@ -64,8 +64,6 @@ func (f *SpeculativeFlags) Check(drafts int) error {
 		}
 	case SpecDSpark:
 		switch {
-		case f.DraftModel == "":
-			return errors.New("--speculative-method dspark needs --draft-model DIR: the DSpark drafter's directory")
 		case math.IsNaN(f.Confidence) || f.Confidence < 0 || f.Confidence > 1:
 			return fmt.Errorf("--dspark-confidence %v is not in [0, 1]", f.Confidence)
 		case drafts < 0:

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+)
+
+// openDSparkV4 opens the DeepSeek-V4-Flash-DSpark checkpoint (or random-weights config)
+// in dir drafting with its own drafter stages (mtp.0-2; no --draft-model) on the CPU
+// runner: --num-speculative-tokens drafts per block (0: as many as the block and the
+// compression ratios allow), the confidence cut of --dspark-confidence, --spec-trace.
+func (f *runtimeFlags) openDSparkV4(dir string) (engine.Runner, *kvslab.Pool, error) {
+	switch {
+	case f.spec.DraftModel != "":
+		return nil, nil, fmt.Errorf("--draft-model %s: deepseek-v4-flash's DSpark drafter is in its checkpoint (mtp.0-2 with the dspark_* config keys): drop --draft-model", f.spec.DraftModel)
+	case f.device.CUDA():
+		return nil, nil, fmt.Errorf("--speculative-method dspark: deepseek-v4-flash drafts on the CPU runner only so far; drop --device")
+	}
+	opts := &deepseekv4flash.DSparkOptions{MaxDrafts: f.specTokens, Confidence: float32(f.spec.Confidence)}
+	if f.spec.Trace != "" {
+		var err error
+		if opts.Trace, err = traceTo(f.spec.Trace); err != nil {
+			return nil, nil, err
+		}
+	}
+	r, err := deepseekv4flash.Load(dir, deepseekv4flash.Options{DSpark: opts})
+	if err != nil {
+		return nil, nil, err
+	}
+	if n := r.DSparkMaxDrafts(); f.specTokens > n {
+		return nil, nil, fmt.Errorf("--num-speculative-tokens %d: the DSpark drafter in %s proposes at most %d per block (its block size, and one less than the smallest compression ratio)", f.specTokens, dir, n)
+	}
+	pool, err := r.NewPool(f.cacheBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, pool, nil
+}
