@@ -1,11 +1,16 @@
 package main
 
 import (
+	"math"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/weights"
+	"github.com/resin-llm/resin/models/llama"
 )
 
 // TestGenerateTPOnTheEmulatedDevice: generate --device cuda-emu --tp 2 runs llama's GPU
@@ -33,4 +38,61 @@ func TestGenerateTPOnTheEmulatedDevice(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error()+errOut, "in-process ranks only") {
 		t.Errorf("--tp 2 --tp-procs --device cuda-emu: %v %s, want a refusal naming in-process ranks", err, errOut)
 	}
+}
+
+// TestGenerateTPGPUCheckpointLogitsOut: from a bf16 checkpoint, generate --device cuda-emu
+// --tp 2 (each rank reading only its slices, gpurunner.ReadDense; the tiny llama's 1025
+// tokens split 544 + 481 over the vocab-parallel embedding and head, decode graphs on)
+// prints --tp 1's tokens, and its --logits-out file holds --tp 1's logits within 1e-5 of
+// the largest (on the emulated device they came out bit-identical).
+func TestGenerateTPGPUCheckpointLogitsOut(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	cfg, err := os.ReadFile(tinyLlama)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := llama.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := llama.RandomWeights(c, 3).Save(c, dir, weights.BF16); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	run := func(tp string) (string, []float32, []int) {
+		path := filepath.Join(out, "tp"+tp, "l.safetensors")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		got, errOut, err := runGenerate(t, "--model", "llama", "--weights", dir, "--device", "cuda-emu", "--tp", tp, "--cache-bytes", "4000000",
+			"--prompt-ids", "5,9,17,33,2,8", "--max-tokens", "12", "--ignore-eos", "--logits-out", path)
+		if err != nil {
+			t.Fatalf("--tp %s: %v\n%s", tp, err, errOut)
+		}
+		lg, shape := readLogits(t, path)
+		return got, lg, shape
+	}
+	oneOut, one, oneShape := run("1")
+	twoOut, two, twoShape := run("2")
+	if tokensLine(twoOut) == "" || tokensLine(twoOut) != tokensLine(oneOut) {
+		t.Fatalf("--tp 2 %q, --tp 1 %q", tokensLine(twoOut), tokensLine(oneOut))
+	}
+	if !slices.Equal(oneShape, twoShape) || len(oneShape) != 2 || oneShape[1] != c.VocabSize {
+		t.Fatalf("--logits-out shapes: --tp 1 %v, --tp 2 %v (vocab %d)", oneShape, twoShape, c.VocabSize)
+	}
+	scale, diff := 0.0, 0.0
+	for i, b := range one {
+		scale = max(scale, math.Abs(float64(b)))
+		diff = max(diff, math.Abs(float64(two[i]-b)))
+	}
+	if diff > 1e-5*scale {
+		t.Fatalf("--logits-out: --tp 2 differs from --tp 1 by %.3g of %.3g", diff, scale)
+	}
+	t.Logf("--tp 2 on 2 emulated GPUs from a bf16 checkpoint: tokens equal, %v logits within %.3g of %.3g", twoShape, diff, scale)
 }

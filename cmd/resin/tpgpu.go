@@ -10,13 +10,16 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
 	"github.com/resin-llm/resin/models/llama"
 )
 
 // openTPGPU opens llama's GPU runner split over --tp ranks in this process
-// (gpurunner.NewDenseTP): rank r on GPU --gpu+r where the driver sees that many, else
-// every rank on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1). With --device
-// cuda-emu the emulator shows --tp GPUs unless RESIN_EMU_DEVICES says otherwise.
+// (gpurunner.NewDenseTPShards): rank r on GPU --gpu+r where the driver sees that many, else
+// every rank on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1). From a checkpoint
+// each rank reads only its slices (gpurunner.ReadDense); seeded random weights are built
+// whole, as llama.Load builds them, and cut. With --device cuda-emu the emulator shows
+// --tp GPUs unless RESIN_EMU_DEVICES says otherwise.
 func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool, error) {
 	size := f.tp.size
 	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
@@ -26,13 +29,28 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 		if err := gpurunner.Available(opts.Ordinal); err != nil {
 			return nil, nil, fmt.Errorf("%s on the GPU: %w", llama.Name, err)
 		}
-		m, err := llama.Load(dir, llama.Options{})
+		m, err := openLlamaTP(dir)
 		if err != nil {
 			return nil, nil, err
 		}
-		cfg, err := m.Model.Config.DenseConfig(m.Model.MaxContext(), 0)
+		cfg, err := m.c.DenseConfig(m.info.MaxContext, 0)
 		if err != nil {
 			return nil, nil, err
+		}
+		var shard gpurunner.DenseShard
+		if m.w != nil {
+			w := &gpurunner.DenseWeights{Embed: m.w.Embed, Norm: m.w.Norm, Head: m.w.Head}
+			for _, l := range m.w.Layers {
+				w.Layers = append(w.Layers, gpurunner.DenseLayer(l))
+			}
+			shard = gpurunner.CutDense(cfg, w)
+		} else {
+			ck, err := weights.Open(m.dir)
+			if err != nil {
+				return nil, nil, fmt.Errorf("load %s: %w", m.dir, err)
+			}
+			defer ck.Close()
+			shard = gpurunner.ReadDense(cfg, ck)
 		}
 		n, err := cudart.DeviceCount()
 		if err != nil {
@@ -46,7 +64,7 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			}
 		}
 		opts.CacheBytes = cacheBytes
-		g, pool, err := gpurunner.NewDenseTP(cfg, m.Model.W.DenseWeights(), ordinals, opts)
+		g, pool, err := gpurunner.NewDenseTPShards(shard, ordinals, opts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--tp %d on GPUs %v: %w", size, ordinals, err)
 		}
