@@ -11,6 +11,12 @@
 // communicator (which waits as long as the engines idle) only while some rank has a plan
 // pending, so the ranks pause and wake together.
 //
+// Ranks that draft (an MTP head whose MoE layer is expert-parallel over the dp group too)
+// also step their drafts together: after each step's sampling, a busy rank's engine hands
+// its result to the rank's stepper (Group.Runner's Draft), which runs the rank's Draft,
+// while an idle rank runs its Draft on its idle plan with an empty result, so that the
+// draft head's exchanges meet as the forward's do.
+//
 // Limits: the ranks' engines live in one process (a Group's ranks are goroutines; the
 // communicators may be any dist implementation, NCCL included), since rank 0 learns
 // that a rank has work through this process's memory. Across processes a rank would have
@@ -62,6 +68,18 @@ type Rank struct {
 	// same rank in both). Ctl waits as long as the engines idle; Data's deadline bounds
 	// the count exchange.
 	Ctl, Data dist.Communicator
+	// Draft, when the ranks draft (every rank's set, or none), is the rank's draft step
+	// after each step: on its engine's plan with the sampled result, or on its idle plan
+	// with an empty result, taking part in every collective the draft head mixes the
+	// ranks' rows in. MaxDrafts is the most drafts per sequence it proposes.
+	Draft     func(p *engine.BatchPlan, res *engine.StepResult) error
+	MaxDrafts int
+}
+
+// draftJob is a step's result an engine hands its rank's stepper to draft on.
+type draftJob struct {
+	res  *engine.StepResult
+	done chan error
 }
 
 // job is a step an engine hands its rank's stepper.
@@ -80,6 +98,7 @@ type Group struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	jobs    []*job
+	drafts  []*draftJob // handed over by Runner(r).Draft, taken by rank r's stepper
 	pending int
 	closing bool
 	closed  bool // Close has closed the communicators
@@ -106,13 +125,16 @@ func NewGroup(ranks []Rank, o Options) (*Group, error) {
 		if rk.CacheGroups < 0 {
 			return nil, fmt.Errorf("dp: rank %d has %d cache groups", r, rk.CacheGroups)
 		}
+		if (rk.Draft != nil) != (ranks[0].Draft != nil) {
+			return nil, fmt.Errorf("dp: rank %d drafts (%v) and rank 0 does (%v): all ranks or none", r, rk.Draft != nil, ranks[0].Draft != nil)
+		}
 	}
 	for i, b := range o.GraphBuckets {
 		if b <= 0 || i > 0 && b <= o.GraphBuckets[i-1] {
 			return nil, fmt.Errorf("dp: graph buckets %v must be positive and ascending", o.GraphBuckets)
 		}
 	}
-	g := &Group{ranks: ranks, buckets: o.GraphBuckets, jobs: make([]*job, len(ranks)), done: make(chan struct{})}
+	g := &Group{ranks: ranks, buckets: o.GraphBuckets, jobs: make([]*job, len(ranks)), drafts: make([]*draftJob, len(ranks)), done: make(chan struct{})}
 	g.cond = sync.NewCond(&g.mu)
 	return g, nil
 }
@@ -161,6 +183,72 @@ func (g *Group) Forward(r int) Forward {
 		g.mu.Unlock()
 		return <-j.done
 	}
+}
+
+// RankRunner is rank r's end of the group for core/cpurunner: Forward is Group.Forward(r)
+// and, when the rank drafts, it is a cpurunner.Drafter whose Draft hands the step's
+// result to the rank's stepper and returns when the rank has drafted.
+type RankRunner struct {
+	g *Group
+	r int
+}
+
+// Runner returns rank r's RankRunner (cpurunner.New(info, g.Runner(r))).
+func (g *Group) Runner(r int) RankRunner { return RankRunner{g, r} }
+
+// Forward runs plan p in the group's next step (Group.Forward).
+func (rr RankRunner) Forward(p *engine.BatchPlan, logits []float32) error {
+	return rr.g.Forward(rr.r)(p, logits)
+}
+
+// MaxDrafts is the most drafts per sequence the rank proposes (0: it does not draft).
+func (rr RankRunner) MaxDrafts() int {
+	if rr.g.ranks[rr.r].Draft == nil {
+		return 0
+	}
+	return rr.g.ranks[rr.r].MaxDrafts
+}
+
+// Draft hands the result of the step just run to the rank's stepper, which drafts with
+// the other ranks.
+func (rr RankRunner) Draft(_ *engine.BatchPlan, res *engine.StepResult) error {
+	g, r := rr.g, rr.r
+	if g.ranks[r].Draft == nil {
+		return fmt.Errorf("dp: rank %d does not draft", r)
+	}
+	j := &draftJob{res: res, done: make(chan error, 1)}
+	g.mu.Lock()
+	switch {
+	case g.err != nil:
+		g.mu.Unlock()
+		return g.err
+	case g.closing:
+		g.mu.Unlock()
+		return ErrClosed
+	case g.drafts[r] != nil:
+		g.mu.Unlock()
+		return fmt.Errorf("dp: rank %d: a second draft handed over while one is pending", r)
+	}
+	g.drafts[r] = j
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	return <-j.done
+}
+
+// awaitDraft waits for rank r's engine to hand over the result of the step its stepper
+// just ran; nil when the group closes (or fails: err) first.
+func (g *Group) awaitDraft(r int) (*draftJob, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.drafts[r] == nil && !g.closing && g.err == nil {
+		g.cond.Wait()
+	}
+	j := g.drafts[r]
+	g.drafts[r] = nil
+	if j == nil {
+		return nil, g.err
+	}
+	return j, nil
 }
 
 // Done is closed when the group has failed (Err says why) or closed.
@@ -219,6 +307,12 @@ func (g *Group) failJobs(err error) {
 			g.pending--
 		}
 	}
+	for r, j := range g.drafts {
+		if j != nil {
+			j.done <- err
+			g.drafts[r] = nil
+		}
+	}
 }
 
 // step is rank r's stepper: per step, the clock (rank 0 ticks while some rank has work,
@@ -232,6 +326,7 @@ func (g *Group) step(r int) error {
 		idle.Groups[i].PageTableStart = []int32{0}
 	}
 	counts := make([]int32, n)
+	var none engine.StepResult // an idle rank's result, for its draft
 	var msg [5]byte
 	var steps uint64
 	for {
@@ -297,6 +392,30 @@ func (g *Group) step(r int) error {
 		}
 		if j != nil {
 			j.done <- err
+		}
+		if err != nil {
+			return err
+		}
+		if rk.Draft == nil {
+			continue
+		}
+		// The draft step: the engine's result once it has sampled (an idle rank's is
+		// empty), every rank drafting together.
+		res := &none
+		var dj *draftJob
+		if j != nil {
+			if dj, err = g.awaitDraft(r); dj == nil {
+				return err // closed (nil) or broken
+			}
+			res = dj.res
+		} else {
+			none.Reset(0)
+		}
+		if err = rk.Draft(&p, res); err != nil {
+			err = fmt.Errorf("dp rank %d: draft of step %d: %w", r, steps, err)
+		}
+		if dj != nil {
+			dj.done <- err
 		}
 		if err != nil {
 			return err
