@@ -85,5 +85,7 @@
 // would cut that to hidden per row. Only the default rotary embedding and full-attention
 // draft layers are implemented (DeepSpec's Qwen3 drafters use both); other rope types and
 // sliding layers are refused by name. The DeepSeek-V4-Flash DSpark stages (mtp.0–2) are
-// not read by this package.
+// not read by this package: models/deepseek-v4-flash runs them (its DSpark, a V4 block
+// forward over the model's own layers) and uses this package's FeatureTap, Propose
+// (heads.go, with a vanilla Markov head and a zero confidence bias) and TraceEntry.
 package dspark

@@ -12,12 +12,15 @@
 //     mixing) around every block and an hc_head collapse before the final norm;
 //   - MoE with sqrt-softplus scores, a correction bias for selection (or hash routing by
 //     token id on hash_moe layers), a shared expert, and clamped SwiGLU;
-//   - the MTP head of the upstream checkpoint (mtp.0.*), which transformers drops.
+//   - the MTP head of the upstream checkpoint (mtp.0.*), which transformers drops;
+//   - a DeepSeek-V4-Flash-DSpark checkpoint's block drafter (dspark_* keys, stages in
+//     mtp.0-2), which transformers drops too (below).
 //
 // Files:
 //
 //   - config.go: config.json → Config, as DeepseekV4Config normalises it (legacy fields,
-//     quantization_config); a DSpark checkpoint (V4-Flash-0731) is refused by name
+//     quantization_config); dspark.go: a DSpark checkpoint's keys (ParseDSparkConfig,
+//     which LoadConfig uses; ParseConfig refuses them by name) and stages
 //   - weights.go: the tensor list in its three name forms (module; upstream, as DeepSeek
 //     publishes it, attn.kv_norm included; hybrid), loading (bf16, FP8 block-scaled, FP4
 //     experts, dequantised by core/weights; the mtp.0 copies of the embedding and head
@@ -32,6 +35,8 @@
 //   - runner.go: the engine.Runner on core/cpurunner; NewMTPRunner (OpenSpeculative,
 //     --num-speculative-tokens) proposes drafts from the MTP head and undoes rejected
 //     ones in every group
+//   - dspark_forward.go: DSpark, the drafter's forward (features, context rows, the
+//     block, the heads); dspark_runner.go: Runner.UseDSpark, its drafter group and step
 //   - parallel.go: tensor and expert parallelism on the CPU (Layout; a rank's weights
 //     cut or read per rank; OpenRank, OpenInProcess, the ranks in lock step through
 //     core/dist/lockstep; docs/parallelism.md)
@@ -40,6 +45,41 @@
 //     gpuMoE, a layer's MoE there; gpu_runner.go: GPURunner, the engine.Runner on it;
 //     gpu_open.go: OpenGPU, its cli.GPUOpener; gpu_packed.go: the checkpoint's FP8 and
 //     MXFP4 tensors read as stored for it (gpu_linear.go runs them)
+//
+// # DSpark (DeepSeek-V4-Flash-DSpark)
+//
+// Load with Options.DSpark (resin generate|serve|bench model --speculative-method dspark,
+// no --draft-model) drafts with the checkpoint's stages; DSpark's doc comment gives the
+// math, after vLLM's reader (vllm/models/deepseek_v4/nvidia/dspark.py) and DeepSeek's
+// reference DSparkAttention/DSparkBlock, with DeepSpec's semantics as core/dspark ports
+// them (slot 0 the anchor, B slots give B drafts, the context grows by the anchor and the
+// accepted drafts, the Markov head's previous token, the confidence cut). The runner taps
+// every row's features (the forward's dsparkTap), writes the context rows of the kept
+// positions into the pool's last group ("dspark": sliding-window, a layer per stage),
+// proposes from the next anchor, and cpurunner verifies (greedy by compare, sampled by
+// rejection sampling with q); rejected drafts are undone in the main model's state by the
+// MTP runner's undoLog, which is why a block drafts at most the smallest compression ratio
+// less one (3 on V4's CSA ratio of 4; dspark_block_size 5 asks for 5).
+//
+// Checked: greedy output with DSpark equals the main model's alone through the engine,
+// with prefix hits, batches of mixed lengths and chunked steps, with forced drafts
+// accepted and rejected at every offset (TestDSparkGreedyEqualsPlain); core/runnertest's
+// suite but its token-exact sampled Drafts check (TestDSparkRunnerConformance); the
+// trace and the confidence cut (TestDSparkSampledAndTrace); a checkpoint's stages load
+// and draft, bad input is refused by name (TestDSparkCheckpoint, TestLoadDSparkStages,
+// TestConfigDSparkKeys); the block reads exactly its window and is non-causal
+// (TestDSparkBlockAttention).
+//
+// Not checked against a reference: no torch is installed here and no DSpark checkpoint
+// or trace of one exists, so the drafts themselves (the stages' numbers) are compared
+// with nothing. Read from the sources and not confirmed: the tap is the hc-mean of the
+// streams entering main layer l (DeepSeek's reference; vLLM's V4.1 reader agrees), the
+// stages use the main RoPE of sliding layers, the block attends the context of positions
+// [P−sliding_window, P) plus its own B slots with the same keys for every slot, the
+// confidence head reads the pre-norm hc_head output and has no bias, and the Markov head
+// is vanilla. Not implemented: DSpark on the GPU runner, with TP/EP/DP, with --dtype
+// other than fp32, and the confidence head's calibration (sts_temperatures in some
+// readers). vLLM's own CPU reader of V4 DSpark is a stub that raises.
 //
 // # GPU kernels
 //
