@@ -84,11 +84,13 @@ func TestEmulatedCopy2D(t *testing.T) {
 	}
 }
 
-// TestEmulatedNCCLInGraph: NCCL collectives are captured into a CUDA graph, as on a GPU
-// (NCCL ≥ 2.9 records its kernels into the capturing stream): capturing runs nothing (the
-// other rank is not waited for, the output keeps its bytes), and each rank's replay
-// meets the other's, an all-reduce and an in-place all-gather computing on the bytes
-// the buffers hold at replay, equal to the eager collectives.
+// TestEmulatedNCCLInGraph: NCCL collectives and grouped sends and receives are captured
+// into a CUDA graph, as on a GPU (NCCL ≥ 2.9 records its kernels into the capturing
+// stream): capturing runs nothing (the other rank is not waited for, the outputs keep
+// their bytes), and each rank's replay meets the other's, an all-reduce, an in-place
+// all-gather and an exchange (each rank's receive queued before its send: a group's ops
+// launch together, in any order) computing on the bytes the buffers hold at replay,
+// equal to the eager ones.
 func TestEmulatedNCCLInGraph(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -126,22 +128,28 @@ func TestEmulatedNCCLInGraph(t *testing.T) {
 				defer c.DestroyStream(s)
 				sum, _ := c.Alloc(4 * n)
 				gather, _ := c.Alloc(4 * n * ranks)
+				got, _ := c.Alloc(4 * n)
 				defer c.Free(sum)
 				defer c.Free(gather)
+				defer c.Free(got)
 				mine := gather.Ptr.Add(int64(4 * n * r))
 				load := func(base float32) error {
 					v := make([]float32, n)
 					for i := range v {
 						v[i] = base + float32(10*r+i)
 					}
-					return firstNonNil(Upload(c, sum.Ptr, v), Upload(c, gather.Ptr, make([]float32, n*ranks)), Upload(c, mine, v))
+					return firstNonNil(Upload(c, sum.Ptr, v), Upload(c, gather.Ptr, make([]float32, n*ranks)), Upload(c, mine, v), Upload(c, got.Ptr, make([]float32, n)))
 				}
 				step := func() error {
-					return firstNonNil(comm.AllReduce(sum.Ptr, sum.Ptr, n, F32, Sum, s), comm.AllGather(mine, gather.Ptr, n, F32, s))
+					peer := 1 - r
+					exchange := comm.Group(func() error {
+						return firstNonNil(comm.Recv(got.Ptr, n, F32, peer, s), comm.Send(mine, n, F32, peer, s))
+					})
+					return firstNonNil(comm.AllReduce(sum.Ptr, sum.Ptr, n, F32, Sum, s), comm.AllGather(mine, gather.Ptr, n, F32, s), exchange)
 				}
 				read := func() ([]float32, error) {
-					out := make([]float32, n+n*ranks)
-					err := firstNonNil(c.Sync(s), Download(c, out[:n], sum.Ptr), Download(c, out[n:], gather.Ptr))
+					out := make([]float32, 2*n+n*ranks)
+					err := firstNonNil(c.Sync(s), Download(c, out[:n], sum.Ptr), Download(c, out[n:n+n*ranks], gather.Ptr), Download(c, out[n+n*ranks:], got.Ptr))
 					return out, err
 				}
 				out := &res[r]
@@ -185,11 +193,11 @@ func TestEmulatedNCCLInGraph(t *testing.T) {
 		if res[r].err != nil {
 			t.Fatalf("rank %d: %v", r, res[r].err)
 		}
-		if got := res[r].captured[0]; got[0] != float32(10*r) {
-			t.Errorf("rank %d: the capture ran the all-reduce: %v", r, got)
+		if got := res[r].captured[0]; got[0] != float32(10*r) || slices.ContainsFunc(got[n+n*ranks:], func(v float32) bool { return v != 0 }) {
+			t.Errorf("rank %d: the capture ran the all-reduce or the exchange: %v", r, got)
 		}
 		for k, base := range []float32{0, 1000} {
-			want := make([]float32, 0, n+n*ranks)
+			want := make([]float32, 0, 2*n+n*ranks)
 			for i := range n {
 				want = append(want, 2*base+float32(10+2*i))
 			}
@@ -197,6 +205,9 @@ func TestEmulatedNCCLInGraph(t *testing.T) {
 				for i := range n {
 					want = append(want, base+float32(10*q+i))
 				}
+			}
+			for i := range n {
+				want = append(want, base+float32(10*(1-r)+i))
 			}
 			if !slices.Equal(res[r].eager[k], want) || !slices.Equal(res[r].replay[k], want) {
 				t.Errorf("rank %d, inputs +%g: eager %v, replay %v, want %v", r, base, res[r].eager[k], res[r].replay[k], want)

@@ -270,36 +270,74 @@ extern "C" int ncclBroadcast(const void* send, void* recv, size_t count, int typ
   return submit(stream, "broadcast", (Comm*)comm, send, recv, count, type, root);
 }
 
-// ncclSend and ncclRecv: a send copies its message at once; a receive waits for the
-// peer's next message to it (within a group a rank may send to itself first, then
-// receive).
+namespace {
+
+// Point-to-point ops, as NCCL runs them: each is stream work (recorded by a capture and
+// replayed by its graph like the collectives), and the ops queued between ncclGroupStart
+// and the outermost ncclGroupEnd are launched together at the end, so their order within
+// the group does not matter: the group's sends go to their streams first, then its
+// receives. A send copies its message when its stream reaches it (the sender may reuse its
+// buffer once the receiver has it, which here is at once); a receive waits for the peer's
+// next message to it.
+struct P2P {
+  void* stream;
+  bool send;
+  std::string what;
+  std::function<int()> run;
+};
+
+thread_local std::vector<P2P> tl_group_ops;
+
+int submitP2P(P2P op) {
+  auto rc = std::make_shared<int>(kSuccess);
+  auto run = op.run;
+  Result r = Submit(op.stream, Op{op.what, [=]() -> Result {
+                                   *rc = run();
+                                   return *rc == kSuccess ? 0 : 1;
+                                 }});
+  if (r != 0 && *rc == kSuccess) return kUnhandledCudaError;
+  return *rc;
+}
+
+int queueP2P(P2P op) {
+  if (tl_group_depth > 0) {
+    tl_group_ops.push_back(std::move(op));
+    return kSuccess;
+  }
+  return submitP2P(std::move(op));
+}
+
+}  // namespace
+
 extern "C" int ncclSend(const void* buf, size_t count, int type, int peer, void* comm, void* stream) {
-  (void)stream;
   Comm* c = (Comm*)comm;
   if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->g->ranks) return kInvalidArgument;
-  std::lock_guard<std::mutex> l(c->g->mu);
-  // The message is copied now: the stream has reached the send, and the sender may reuse
-  // its buffer once the receiver has it, which here is at once.
-  const char* p = (const char*)buf;
-  c->g->sends[{c->rank, peer}].emplace_back(p, p + count * typeSize(type));
-  c->g->cv.notify_all();
-  return kSuccess;
+  size_t n = count * typeSize(type);
+  return queueP2P(P2P{stream, true, "nccl send", [=]() -> int {
+                        std::lock_guard<std::mutex> l(c->g->mu);
+                        const char* p = (const char*)buf;
+                        c->g->sends[{c->rank, peer}].emplace_back(p, p + n);
+                        c->g->cv.notify_all();
+                        return kSuccess;
+                      }});
 }
 
 extern "C" int ncclRecv(void* buf, size_t count, int type, int peer, void* comm, void* stream) {
-  (void)stream;
   Comm* c = (Comm*)comm;
   if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->g->ranks) return kInvalidArgument;
-  Group* g = c->g.get();
-  std::unique_lock<std::mutex> l(g->mu);
-  auto key = std::make_pair(peer, c->rank);
-  if (peer == c->rank && g->sends[key].empty()) return kInvalidUsage;  // a self-receive needs its send first
-  g->cv.wait(l, [&] { return !g->sends[key].empty(); });
-  std::vector<char> msg = std::move(g->sends[key].front());
-  g->sends[key].erase(g->sends[key].begin());
-  if (msg.size() != count * typeSize(type)) return kInvalidUsage;
-  memcpy(buf, msg.data(), msg.size());
-  return kSuccess;
+  size_t n = count * typeSize(type);
+  return queueP2P(P2P{stream, false, "nccl recv", [=]() -> int {
+                        Group* g = c->g.get();
+                        std::unique_lock<std::mutex> l(g->mu);
+                        auto key = std::make_pair(peer, c->rank);
+                        if (peer == c->rank && g->sends[key].empty()) return kInvalidUsage;  // a self-receive needs its send
+                        g->cv.wait(l, [&] { return !g->sends[key].empty(); });
+                        std::vector<char> msg = std::move(g->sends[key].front());
+                        g->sends[key].erase(g->sends[key].begin());
+                        if (msg.size() != n) return kInvalidUsage;
+                        memcpy(buf, msg.data(), msg.size());
+                        return kSuccess;
+                      }});
 }
 
 extern "C" int ncclGroupStart() {
@@ -309,8 +347,18 @@ extern "C" int ncclGroupStart() {
 
 extern "C" int ncclGroupEnd() {
   if (tl_group_depth == 0) return kInvalidUsage;
-  tl_group_depth--;
-  return kSuccess;
+  if (--tl_group_depth > 0) return kSuccess;
+  std::vector<P2P> ops;
+  ops.swap(tl_group_ops);
+  int rc = kSuccess;
+  for (int pass = 0; pass < 2; pass++) {
+    for (P2P& op : ops) {
+      if (op.send != (pass == 0)) continue;
+      int r = submitP2P(std::move(op));
+      if (rc == kSuccess) rc = r;
+    }
+  }
+  return rc;
 }
 
 extern "C" const char* ncclGetErrorString(int r) {
