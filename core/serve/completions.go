@@ -41,7 +41,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	view := logprobView{asIDs: req.ReturnTokensAsTokenIDs}
+	view := logprobView{asIDs: req.ReturnTokensAsTokenIDs, skipSpecial: req.skipSpecial()}
 	if req.Logprobs != nil {
 		if *req.Logprobs < 0 || *req.Logprobs > 5 {
 			return invalid("logprobs", "logprobs must be in [0, 5]; got %d.", *req.Logprobs)
@@ -121,9 +121,10 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 		if out.logprobs {
 			var echoLps *completionLogprobs
 			if req.Echo {
-				echoLps = s.echoLogprobs(c.g.prompt, c.res.promptLogprobs, view)
+				echoLps = s.echoLogprobs(c.g.prompt, e, c.res.promptLogprobs, view)
 			}
-			choices[i].Logprobs = echoLps.join(s.completionLogprobs(c.lps, len(e), view))
+			lps, _ := s.completionLogprobs(c.lps, len(e), view)
+			choices[i].Logprobs = echoLps.join(lps)
 		}
 		if promptTop >= 0 {
 			choices[i].PromptLogprobs = s.promptLogprobsOf(c.g.prompt, c.res.promptLogprobs, promptTop)
@@ -199,11 +200,14 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, gens [
 			var lp *completionLogprobs
 			if out.logprobs {
 				if d.promptLogprobs != nil {
-					lp = s.echoLogprobs(c.g.prompt, d.promptLogprobs, out.view)
+					lp = s.echoLogprobs(c.g.prompt, e, d.promptLogprobs, out.view)
 				}
-				lp = lp.join(s.completionLogprobs(d.logprobs, offset, out.view))
+				var lps *completionLogprobs
+				// The offset follows the tokens, not the text sent so far: a token
+				// holding part of a character is sent before its text is.
+				lps, offset = s.completionLogprobs(d.logprobs, offset, out.view)
+				lp = lp.join(lps)
 			}
-			offset += len(d.text)
 			return cs.send(chunk(c, index, text, lp, nil, generated))
 		})
 		if err != nil {

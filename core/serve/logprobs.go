@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/resin-llm/resin/core/engine"
 )
@@ -45,6 +46,9 @@ func checkLogprobs(lps []engine.TokenLogprob, what string) error {
 type logprobView struct {
 	top   int
 	asIDs bool
+	// skipSpecial: the text leaves special tokens out, so their text offsets do not
+	// advance (completions' text_offset).
+	skipSpecial bool
 }
 
 // shown is token id as v shows it, with its bytes.
@@ -117,9 +121,12 @@ func (s *Server) chatLogprobs(lps []engine.TokenLogprob, v logprobView) *chatLog
 	return out
 }
 
-// completionLogprobs formats lps; offset is the text offset of the first token. Offsets
-// count the tokens' text, also when they are shown as ids.
-func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v logprobView) *completionLogprobs {
+// completionLogprobs formats lps; offset is the text offset of the first token, end the
+// offset after the last. Offsets
+// are byte offsets into the choice's text, advanced by the bytes each token adds to it
+// (a token holding part of a character adds its bytes, not the U+FFFD it shows as),
+// also when tokens are shown as ids.
+func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v logprobView) (_ *completionLogprobs, end int) {
 	withTop := v.top > 0
 	out := &completionLogprobs{
 		Tokens:        make([]string, len(lps)),
@@ -129,15 +136,13 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v log
 	if withTop {
 		out.TopLogprobs = make([]map[string]float32, len(lps))
 	}
+	var raw []byte
 	for i, lp := range lps {
-		text, _ := s.tokenText(lp.Token)
-		shown := text
-		if v.asIDs {
-			shown, _ = s.shown(v, lp.Token)
-		}
+		shown, _ := s.shown(v, lp.Token)
 		value := shownLogprob(lp.Logprob)
 		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = shown, &value, offset
-		offset += len(text)
+		raw = s.tok.AppendBytes(raw[:0], lp.Token, v.skipSpecial)
+		offset += len(raw)
 		if withTop {
 			top := v.tops(lp)
 			m := make(map[string]float32, len(top))
@@ -148,23 +153,41 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v log
 			out.TopLogprobs[i] = m
 		}
 	}
-	return out
+	return out, offset
 }
 
 // echoLogprobs is the logprobs object of an echoed prompt: its first token with null
 // logprob and top_logprobs, then each later token with its prompt logprob (plps[k]
-// scores prompt[k+1]), text offsets from 0.
-func (s *Server) echoLogprobs(prompt []int32, plps []engine.TokenLogprob, v logprobView) *completionLogprobs {
-	first, _ := s.tokenText(prompt[0])
-	shown := first
-	if v.asIDs {
-		shown, _ = s.shown(v, prompt[0])
-	}
+// scores prompt[k+1]), text offsets into text, the echoed prompt (echoOffsets).
+func (s *Server) echoLogprobs(prompt []int32, text string, plps []engine.TokenLogprob, v logprobView) *completionLogprobs {
+	offsets := s.echoOffsets(prompt, text)
+	shown, _ := s.shown(v, prompt[0])
 	out := &completionLogprobs{Tokens: []string{shown}, TokenLogprobs: []*float32{nil}, TextOffset: []int{0}}
 	if v.top > 0 {
 		out.TopLogprobs = []map[string]float32{nil}
 	}
-	return out.join(s.completionLogprobs(plps, len(first), v))
+	rest, _ := s.completionLogprobs(plps, 0, v)
+	for k := range rest.TextOffset {
+		rest.TextOffset[k] = offsets[min(k+1, len(offsets)-1)]
+	}
+	return out.join(rest)
+}
+
+// echoOffsets is where each prompt token's bytes start in text, the echoed prompt. A
+// token whose bytes text does not hold there (the BOS the tokenizer added to a text
+// prompt) takes no room: it sits at the offset of the next.
+func (s *Server) echoOffsets(prompt []int32, text string) []int {
+	out := make([]int, len(prompt))
+	off := 0
+	var raw []byte
+	for i, id := range prompt {
+		out[i] = off
+		raw = s.tok.AppendBytes(raw[:0], id, false)
+		if strings.HasPrefix(text[off:], string(raw)) {
+			off += len(raw)
+		}
+	}
+	return out
 }
 
 // promptLogprob is one entry of vLLM's prompt_logprobs: a token's logprob, its rank
