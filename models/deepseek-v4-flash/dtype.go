@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/weights"
 )
 
 // The projections a layer's forward multiplies by, held as ref.Weight in the model's
@@ -80,20 +81,41 @@ func linearQ(x, w []float32, q *ref.Weight, n, in, out int) ([]float32, error) {
 }
 
 // NewModelDType is NewModel holding the projections (attention, compressor, indexer,
-// shared and routed experts, lm_head) in dt: fp32 reads w's slices; bf16 and int8 keep
-// their own form (w's fp32 projections stay, for tests that read them; dropFP32 frees
-// them). The whole model only: a tensor- or expert-parallel rank runs fp32.
+// shared and routed experts, lm_head) in dt: fp32 reads w's slices; bf16, int8 and fp8
+// keep their own form (fp8 quantised from w, as no checkpoint is at hand: Load keeps a
+// checkpoint's FP8 and MXFP4 tensors as stored); w's fp32 projections stay, for tests that
+// read them (dropFP32 frees them). The whole model only: a tensor- or expert-parallel rank
+// runs fp32.
 func NewModelDType(c *Config, w *Weights, maxContext int, dt ref.DType) (*Model, error) {
+	return newModelPacked(c, w, maxContext, dt, "")
+}
+
+// newModelPacked is NewModelDType reading, for dt fp8, the projections dir's checkpoint
+// stores as FP8 (128×128 blocks) or, routed experts, MXFP4 as stored (holdPacked);
+// dir "" or one without safetensors quantises every projection at load.
+func newModelPacked(c *Config, w *Weights, maxContext int, dt ref.DType, dir string) (*Model, error) {
 	m, err := NewModel(c, w, maxContext)
 	if err != nil || dt == ref.DTypeFP32 || dt == "" {
 		return m, err
 	}
-	return m, m.hold(dt)
+	var pk *gpuPacked
+	if dt == ref.DTypeFP8 && dir != "" {
+		if pk, err = openGPUPacked(dir, m); err != nil {
+			return nil, fmt.Errorf("fp8: %w", err)
+		}
+		defer pk.close()
+	}
+	return m, m.hold(dt, pk)
 }
 
 // hold makes the model multiply its layers' projections and lm_head as ref.Weight in dt
-// (fp32 too: the tests check the wiring on it).
-func (m *Model) hold(dt ref.DType) error {
+// (fp32 too: the tests check the wiring on it). With pk (dt fp8, a checkpoint whose
+// quantization_config is FP8), a projection the checkpoint stores as FP8 in 128×128
+// blocks is held as its bytes and scales, routed experts stored as MXFP4 as their nibbles
+// and scales (ref.WeightFP8, WeightFP4), and the others as DeepSeek ships them: bf16 (the
+// compressors', the indexer's weights_proj) in bf16, float32 (lm_head) in fp32; no tensor
+// is rounded again. Without pk, fp8 quantises every projection (QuantizeFP8).
+func (m *Model) hold(dt ref.DType, pk *gpuPacked) error {
 	c, w := m.Config, m.W
 	var err error
 	m.dtype = dt
@@ -101,50 +123,98 @@ func (m *Model) hold(dt ref.DType) error {
 	in, si := m.par.inter, m.par.sharedInter
 	og, olr := m.par.groups, c.OLoraRank
 	gin := m.par.heads * d / og
+	w.packed = PackedWeights{}
 	for li := range w.Layers {
 		l, p := &w.Layers[li], &layerProj{}
 		type job struct {
 			dst  **ref.Weight
+			src  *[]float32 // the field w is (whole) or a part of, as the checkpoint names it
+			part bool
 			w    []float32
 			n, k int
 		}
 		jobs := []job{
-			{&p.w[pQA], l.QA, qr, h}, {&p.w[pQB], l.QB, hd, qr}, {&p.w[pKV], l.KV, d, h},
-			{&p.w[pOB], l.OB, h, og * olr},
-			{&p.w[pSharedGate], l.SharedGate, si, h}, {&p.w[pSharedUp], l.SharedUp, si, h},
-			{&p.w[pSharedDown], l.SharedDown, h, si},
+			{&p.w[pQA], &l.QA, false, l.QA, qr, h}, {&p.w[pQB], &l.QB, false, l.QB, hd, qr},
+			{&p.w[pKV], &l.KV, false, l.KV, d, h}, {&p.w[pOB], &l.OB, false, l.OB, h, og * olr},
+			{&p.w[pSharedGate], &l.SharedGate, false, l.SharedGate, si, h},
+			{&p.w[pSharedUp], &l.SharedUp, false, l.SharedUp, si, h},
+			{&p.w[pSharedDown], &l.SharedDown, false, l.SharedDown, h, si},
 		}
 		if cp := l.Compressor; cp != nil {
 			width := len(cp.KV) / h
-			jobs = append(jobs, job{&p.w[pCompKV], cp.KV, width, h}, job{&p.w[pCompGate], cp.Gate, width, h})
+			jobs = append(jobs, job{&p.w[pCompKV], &cp.KV, false, cp.KV, width, h},
+				job{&p.w[pCompGate], &cp.Gate, false, cp.Gate, width, h})
 		}
 		if ix := l.Indexer; ix != nil {
 			id, ih := c.IndexHeadDim, c.IndexNHeads
-			jobs = append(jobs, job{&p.w[pIdxKV], ix.KV, 2 * id, h}, job{&p.w[pIdxGate], ix.Gate, 2 * id, h},
-				job{&p.w[pIdxQB], ix.QB, ih * id, qr}, job{&p.w[pIdxW], ix.WeightsProj, ih, h})
+			jobs = append(jobs, job{&p.w[pIdxKV], &ix.KV, false, ix.KV, 2 * id, h},
+				job{&p.w[pIdxGate], &ix.Gate, false, ix.Gate, 2 * id, h},
+				job{&p.w[pIdxQB], &ix.QB, false, ix.QB, ih * id, qr},
+				job{&p.w[pIdxW], &ix.WeightsProj, false, ix.WeightsProj, ih, h})
 		}
 		p.oa = make([]*ref.Weight, og)
+		oaPacked, err := m.packedOA(pk, l, p.oa)
+		if err != nil {
+			return fmt.Errorf("layer %d: wo_a: %w", li, err)
+		}
 		for g := range og {
-			jobs = append(jobs, job{&p.oa[g], l.OA[g*olr*gin : (g+1)*olr*gin], olr, gin})
+			if !oaPacked {
+				jobs = append(jobs, job{&p.oa[g], &l.OA, true, l.OA[g*olr*gin : (g+1)*olr*gin], olr, gin})
+			}
 		}
 		ne := len(l.GateUp) / (2 * in * h)
 		p.gateUp, p.down = make([]*ref.Weight, ne), make([]*ref.Weight, ne)
-		for e := range ne {
-			jobs = append(jobs, job{&p.gateUp[e], l.GateUp[e*2*in*h : (e+1)*2*in*h], 2 * in, h},
-				job{&p.down[e], l.Down[e*h*in : (e+1)*h*in], h, in})
+		for _, bank := range []struct {
+			src  *[]float32
+			dst  []*ref.Weight
+			n, k int
+		}{{&l.GateUp, p.gateUp, 2 * in, h}, {&l.Down, p.down, h, in}} {
+			ok, err := m.packedExperts(pk, bank.src, bank.dst, bank.n, bank.k)
+			if err != nil {
+				return fmt.Errorf("layer %d: routed experts: %w", li, err)
+			}
+			for e := range ne {
+				if !ok {
+					jobs = append(jobs, job{&bank.dst[e], bank.src, true, (*bank.src)[e*bank.n*bank.k : (e+1)*bank.n*bank.k], bank.n, bank.k})
+				}
+			}
 		}
 		for _, j := range jobs {
-			if *j.dst, err = ref.NewWeight(j.w, j.n, j.k, dt); err != nil {
+			if !j.part {
+				ok, err := m.packedFP8(pk, j.src, j.dst, j.n, j.k)
+				if err != nil {
+					return fmt.Errorf("layer %d: %w", li, err)
+				}
+				if ok {
+					continue
+				}
+			}
+			if *j.dst, err = ref.NewWeight(j.w, j.n, j.k, storedDType(pk, j.src, dt)); err != nil {
 				return fmt.Errorf("layer %d: %w", li, err)
 			}
 		}
 		l.cpu = p
 	}
 	vl := len(w.Head) / h
-	if m.headW, err = ref.NewWeight(w.Head, vl, h, dt); err != nil {
+	if ok, err := m.packedFP8(pk, &w.Head, &m.headW, vl, h); err != nil || ok {
+		return err
+	}
+	if m.headW, err = ref.NewWeight(w.Head, vl, h, storedDType(pk, &w.Head, dt)); err != nil {
 		return fmt.Errorf("lm head: %w", err)
 	}
 	return nil
+}
+
+// storedDType is the dtype hold keeps field src in when pk does not hold it packed: dt
+// without pk; with it, bf16 for a tensor the checkpoint stores in bf16, else fp32.
+func storedDType(pk *gpuPacked, src *[]float32, dt ref.DType) ref.DType {
+	if pk == nil {
+		return dt
+	}
+	if _, sdt, _, ok := pk.stored(src); ok && sdt == weights.BF16 {
+		return ref.DTypeBF16
+	}
+	return ref.DTypeFP32
 }
 
 // DType is the form the model's projections are multiplied in.

@@ -30,6 +30,7 @@ var dtypeTol = map[ref.DType]dtypeBound{
 	ref.DTypeFP32: {1e-6, 1e-6, 1},
 	ref.DTypeBF16: {0.01, 0.25, 0.9},
 	ref.DTypeInt8: {0.05, 0.5, 0.85},
+	ref.DTypeFP8:  {1e-4, 1e-4, 1}, // a checkpoint's FP8/MXFP4/bf16 as stored (TestLoadFP8Packed)
 }
 
 // checkDTypeLogits applies dtypeTol[dt] to got against want.
@@ -128,19 +129,19 @@ func checkDTypeBytes(t *testing.T, m *Model) {
 }
 
 // TestForwardDTypesRandom: on the tiny random model, the projections held as ref.Weight
-// in fp32 give fp32's logits exactly (the wiring); bf16 and int8 run a prefill and decode
-// steps in fewer bytes, their argmax mostly fp32's; and a dtype NewModelDType does not know is an
+// in fp32 give fp32's logits exactly (the wiring); bf16, int8 and fp8 (quantised at load)
+// run a prefill and decode steps in fewer bytes, their argmax mostly fp32's; and a dtype NewModelDType does not know is an
 // error naming it.
 func TestForwardDTypesRandom(t *testing.T) {
 	c := tinyConfig(t)
 	toks := runnertest.Prompt(40, c.VocabSize, 3)
 	want, _ := runChunks(t, tinyModel(t), toks, []int{30, 1, 1, 8})
-	for _, dt := range []ref.DType{ref.DTypeFP32, ref.DTypeBF16, ref.DTypeInt8} {
+	for _, dt := range []ref.DType{ref.DTypeFP32, ref.DTypeBF16, ref.DTypeInt8, ref.DTypeFP8} {
 		m, err := NewModel(c, RandomWeights(c, 7, true), 512)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := m.hold(dt); err != nil {
+		if err := m.hold(dt, nil); err != nil {
 			t.Fatal(err)
 		}
 		if dt != ref.DTypeFP32 {
@@ -160,15 +161,16 @@ func TestForwardDTypesRandom(t *testing.T) {
 			t.Errorf("%s: logits far from fp32's: max |Δ| %.3g, argmax agrees %.3f", dt, diff, agree)
 		}
 	}
-	if _, err := NewModelDType(c, RandomWeights(c, 7, false), 512, "fp8"); err == nil {
-		t.Error("dtype fp8: no error")
+	if _, err := NewModelDType(c, RandomWeights(c, 7, false), 512, "fp4"); err == nil {
+		t.Error("dtype fp4: no error")
 	}
 }
 
-// TestRunnerConformanceDTypes runs the suite with the projections in bf16 and int8:
+// TestRunnerConformanceDTypes runs the suite with the projections in bf16, int8 and fp8
+// (quantised at load):
 // batching, chunking and paging must not change what either computes.
 func TestRunnerConformanceDTypes(t *testing.T) {
-	for _, dt := range []ref.DType{ref.DTypeBF16, ref.DTypeInt8} {
+	for _, dt := range []ref.DType{ref.DTypeBF16, ref.DTypeInt8, ref.DTypeFP8} {
 		t.Run(string(dt), func(t *testing.T) {
 			runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) {
 				c := tinyConfig(t)

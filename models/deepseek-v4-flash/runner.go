@@ -29,8 +29,9 @@ type Options struct {
 	// step from the checkpoint's MTP head (see NewMTPRunner); 0 = off.
 	Drafts int
 	// DType is the form the projections are held and multiplied in on the CPU: fp32 (the
-	// default, ""), bf16 or int8 (see ref.DType and NewModelDType); the fp32 copies are
-	// then dropped. Not with Drafts (the MTP runner runs fp32).
+	// default, ""), bf16, int8 or fp8 (see ref.DType and NewModelDType; fp8 keeps an FP8
+	// checkpoint's FP8 linears and MXFP4 experts as stored); the fp32 copies are then
+	// dropped. Not with Drafts (the MTP runner runs fp32).
 	DType ref.DType
 	// DSpark, for a DeepSeek-V4-Flash-DSpark checkpoint (dspark_* keys), makes the runner
 	// draft with its drafter stages (UseDSpark); nil runs the main model alone.
@@ -171,7 +172,7 @@ func Load(dir string, opts Options) (*Runner, error) {
 	if opts.Drafts > 0 && opts.DSpark != nil {
 		return nil, fmt.Errorf("load %s: MTP drafts and DSpark: one speculative method at a time", dir)
 	}
-	m, err := NewModelDType(c, w, maxContextOf(c, opts), dt)
+	m, err := newModelPacked(c, w, maxContextOf(c, opts), dt, dir)
 	if err != nil {
 		return nil, fmt.Errorf("load %s as %s: %w", dir, dt, err)
 	}

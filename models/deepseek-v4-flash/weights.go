@@ -87,6 +87,8 @@ type Weights struct {
 	Norm    []float32 // [hidden]
 	Head    []float32 // [vocab, hidden]; aliases Embed when tied
 	MTP     *MTP      // nil when the checkpoint has no mtp.* tensors
+
+	packed PackedWeights // the projections held as the checkpoint stores them (--dtype fp8)
 }
 
 // NameForm is one of the three tensor naming schemes transformers 5.23.0 loads.
