@@ -49,12 +49,20 @@ func (b *badRunner) Execute(ctx context.Context, p *engine.BatchPlan) (engine.St
 		if len(res.Tokens) > 0 {
 			res.Tokens[0] = 1 << 20
 		}
+	case "top": // an alternative outside the vocabulary
+		if len(res.TopTokens) > 0 {
+			res.TopTokens[0] = -3
+		}
+	case "prompt top":
+		if len(res.PromptTopTokens) > 0 {
+			res.PromptTopTokens[0] = 1 << 20
+		}
 	}
 	return res, err
 }
 
 func TestBadRunnerResultsFailTheStepNotTheEngine(t *testing.T) {
-	for _, mode := range []string{"panic", "short", "token"} {
+	for _, mode := range []string{"panic", "short", "token", "top", "prompt top"} {
 		r, err := enginetest.New(enginetest.Config{})
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +75,7 @@ func TestBadRunnerResultsFailTheStepNotTheEngine(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- e.Run(ctx) }()
-		st, err := e.Submit(ctx, engine.Request{Prompt: prompt(1, 10), Sampling: engine.SamplingParams{MaxTokens: 3}})
+		st, err := e.Submit(ctx, engine.Request{Prompt: prompt(1, 10), Sampling: engine.SamplingParams{MaxTokens: 3, Logprobs: true, TopLogprobs: 2, PromptLogprobs: true}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -175,6 +175,18 @@ func (r *StepResult) check(p *BatchPlan, maxDrafts int, vocab int) error {
 			return fmt.Errorf("%w: draft %d outside the vocabulary", ErrBadResult, t)
 		}
 	}
+	// Alternatives reach clients as token text: one outside the vocabulary would show as
+	// an empty token.
+	for _, tops := range [...]struct {
+		what string
+		ids  []int32
+	}{{"top logprob", r.TopTokens}, {"prompt top logprob", r.PromptTopTokens}} {
+		for _, t := range tops.ids {
+			if uint32(t) >= uint32(vocab) {
+				return fmt.Errorf("%w: %s token %d outside the vocabulary", ErrBadResult, tops.what, t)
+			}
+		}
+	}
 	if len(p.PromptLogprobs) > 0 {
 		rows, top := 0, 0
 		for i := 0; i < b; i++ {
