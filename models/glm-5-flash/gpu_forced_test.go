@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -49,8 +50,8 @@ func forcedLogprobs(t *testing.T, e *runnertest.Engine, seq []int32) []float32 {
 }
 
 // forcedWorst returns the largest |g's logprob − the CPU engine's forced logprob| over
-// g's tokens after prompt.
-func forcedWorst(t *testing.T, ce *runnertest.Engine, prompt []int32, g runnertest.Output) float64 {
+// g's tokens after prompt, appending each difference to diffs.
+func forcedWorst(t *testing.T, ce *runnertest.Engine, prompt []int32, g runnertest.Output, diffs *[]float64) float64 {
 	t.Helper()
 	if len(g.Logprobs) != len(g.Tokens) || len(g.Tokens) == 0 {
 		t.Fatalf("%d tokens, %d logprobs", len(g.Tokens), len(g.Logprobs))
@@ -63,14 +64,15 @@ func forcedWorst(t *testing.T, ce *runnertest.Engine, prompt []int32, g runnerte
 			d = math.Inf(1)
 		}
 		worst = max(worst, d)
+		*diffs = append(*diffs, d)
 	}
 	return worst
 }
 
 // forcedCheck fails t where forcedWorst is above tol, and returns it.
-func forcedCheck(t *testing.T, what string, ce *runnertest.Engine, prompt []int32, g runnertest.Output, tol float64) float64 {
+func forcedCheck(t *testing.T, what string, ce *runnertest.Engine, prompt []int32, g runnertest.Output, tol float64, diffs *[]float64) float64 {
 	t.Helper()
-	w := forcedWorst(t, ce, prompt, g)
+	w := forcedWorst(t, ce, prompt, g, diffs)
 	if !(w <= tol) {
 		t.Errorf("%s: a logprob %.3g from the CPU's teacher-forced one (tolerance %g)", what, w, tol)
 	}
@@ -79,7 +81,7 @@ func forcedCheck(t *testing.T, what string, ce *runnertest.Engine, prompt []int3
 
 // promptWorst returns the largest difference between the two engines' teacher-forced
 // logprobs over prompt (every prefill row, in the engines' chunking).
-func promptWorst(t *testing.T, ge, ce *runnertest.Engine, prompt []int32) float64 {
+func promptWorst(t *testing.T, ge, ce *runnertest.Engine, prompt []int32, diffs *[]float64) float64 {
 	t.Helper()
 	g, c := forcedLogprobs(t, ge, prompt), forcedLogprobs(t, ce, prompt)
 	worst := 0.0
@@ -89,6 +91,7 @@ func promptWorst(t *testing.T, ge, ce *runnertest.Engine, prompt []int32) float6
 			d = math.Inf(1)
 		}
 		worst = max(worst, d)
+		*diffs = append(*diffs, d)
 	}
 	return worst
 }
@@ -97,33 +100,47 @@ func promptWorst(t *testing.T, ge, ce *runnertest.Engine, prompt []int32) float6
 // fresh pool) against ce (the CPU reference): a prefill's rows (teacher-forced), one
 // request alone, a batch of three of different lengths decoding together, and prompts
 // that resume from the prefix cache through a KDA checkpoint and between two; every GPU
-// logprob within tol of the CPU's forced one (without full, the long prompt and its
-// prefix hits are left out). It returns the largest difference.
-func endToEnd(t *testing.T, what string, ge, ce *runnertest.Engine, vocab, salt int, tol float64, full bool) float64 {
+// logprob within tol of the CPU's forced one and the median difference within
+// medianTol (without full, the long prompt and its prefix hits are left out). It returns
+// the largest difference and the median.
+func endToEnd(t *testing.T, what string, ge, ce *runnertest.Engine, vocab, salt int, tol, medianTol float64, full bool) (float64, float64) {
 	t.Helper()
+	var diffs []float64
+	defer func() {
+		slices.Sort(diffs)
+		if m := diffs[len(diffs)/2]; !(m <= medianTol) {
+			t.Errorf("%s: median |Δ logprob| %.3g over %d rows (tolerance %g)", what, m, len(diffs), medianTol)
+		}
+	}()
 	greedy := engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true, Logprobs: true}
 	p := runnertest.Prompt(37, vocab, salt+1)
-	worst := promptWorst(t, ge, ce, p)
+	worst := promptWorst(t, ge, ce, p, &diffs)
 	if !(worst <= tol) {
 		t.Errorf("%s: prefill rows: a logprob %.3g from the CPU's (tolerance %g)", what, worst, tol)
 	}
-	worst = max(worst, forcedCheck(t, what+", one request", ce, p, ge.Generate(t, p, greedy), tol))
+	worst = max(worst, forcedCheck(t, what+", one request", ce, p, ge.Generate(t, p, greedy), tol, &diffs))
 	batch := [][]int32{runnertest.Prompt(3, vocab, salt+2), runnertest.Prompt(19, vocab, salt+3), runnertest.Prompt(30, vocab, salt+4)}
 	for i, g := range ge.GenerateAll(t, batch, greedy) {
-		worst = max(worst, forcedCheck(t, fmt.Sprintf("%s, request %d of a batch", what, i), ce, batch[i], g, tol))
+		worst = max(worst, forcedCheck(t, fmt.Sprintf("%s, request %d of a batch", what, i), ce, batch[i], g, tol, &diffs))
 	}
 	if !full {
-		return worst
+		return worst, median(diffs)
 	}
 	long := runnertest.Prompt(70, vocab, salt+5)
-	worst = max(worst, forcedCheck(t, what+", a long prompt", ce, long, ge.Generate(t, long, greedy), tol))
+	worst = max(worst, forcedCheck(t, what+", a long prompt", ce, long, ge.Generate(t, long, greedy), tol, &diffs))
 	for _, n := range []int{60, 32} { // between the checkpoints at 48 and 64; at 32
 		hit := append(append([]int32(nil), long[:n]...), 1, 2, 3)
 		before := ge.Counters().PrefixHits
-		worst = max(worst, forcedCheck(t, fmt.Sprintf("%s, a prompt sharing %d tokens", what, n), ce, hit, ge.Generate(t, hit, greedy), tol))
+		worst = max(worst, forcedCheck(t, fmt.Sprintf("%s, a prompt sharing %d tokens", what, n), ce, hit, ge.Generate(t, hit, greedy), tol, &diffs))
 		if ge.Counters().PrefixHits <= before {
 			t.Errorf("%s: a prompt sharing %d tokens got no prefix hit", what, n)
 		}
 	}
-	return worst
+	return worst, median(diffs)
+}
+
+// median is the middle of v (sorted in a copy).
+func median(v []float64) float64 {
+	s := slices.Sorted(slices.Values(v))
+	return s[len(s)/2]
 }

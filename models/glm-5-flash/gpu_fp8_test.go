@@ -334,6 +334,12 @@ func TestEmulatedGPUFP8Linears(t *testing.T) {
 // output wrong moves every row), not rounding.
 const gpuFP8LogprobTol = 3.5
 
+// gpuFP8MedianTol bounds the median of those differences over a run's rows (measured 0.16
+// chunked, 0.20 one-shot, 71 rows each:
+// see the log): most rows keep their routing and top-k choices, so the median is the
+// rounding's own effect.
+const gpuFP8MedianTol = 0.3
+
 // TestEmulatedOpenGPUFP8 opens the FP8 fixture through OpenGPU on the emulated device
 // (which sets the checkpoint and the bf16 KDA projections it ships) and Open's CPU runner
 // on the same directory (dequantised), and runs endToEnd's requests (prefill rows, one
@@ -374,7 +380,9 @@ func TestEmulatedOpenGPUFP8(t *testing.T) {
 			t.Fatal(err)
 		}
 		ge, ce := s.StartWith(t, gr, gpool, cfg), s.StartWith(t, cr, cpool, cfg)
-		worst = max(worst, endToEnd(t, fmt.Sprintf("config %d", ci), ge, ce, gr.Info().VocabSize, 10*ci, gpuFP8LogprobTol, full))
+		w, med := endToEnd(t, fmt.Sprintf("config %d", ci), ge, ce, gr.Info().VocabSize, 10*ci, gpuFP8LogprobTol, gpuFP8MedianTol, full)
+		t.Logf("config %d: largest |Δ logprob| %.3g, median %.3g", ci, w, med)
+		worst = max(worst, w)
 		ge.Stop(t)
 		ce.Stop(t)
 	}
