@@ -171,22 +171,22 @@ func (c *Ctx) CopyDtoDAsync(dst, src DevicePtr, n int64, s *Stream) error {
 // memcpy2D is the driver's CUDA_MEMCPY2D (cuda.h): a copy of Height rows of WidthInBytes
 // each, rows Pitch bytes apart at the source and at the destination.
 type memcpy2D struct {
-	srcXInBytes, srcY uint64
-	srcMemoryType     uint32 // CUmemorytype: 2 = device
-	_                 uint32
-	srcHost           uintptr
-	srcDevice         uintptr
-	srcArray          uintptr
-	srcPitch          uint64
-	dstXInBytes, dstY uint64
-	dstMemoryType     uint32
-	_                 uint32
-	dstHost           uintptr
-	dstDevice         uintptr
-	dstArray          uintptr
-	dstPitch          uint64
-	widthInBytes      uint64
-	height            uint64
+	_, _          uint64 // srcXInBytes, srcY: 0
+	srcMemoryType uint32 // CUmemorytype: 2 = device
+	_             uint32
+	_             uintptr // srcHost
+	srcDevice     uintptr
+	_             uintptr // srcArray
+	srcPitch      uint64
+	_, _          uint64 // dstXInBytes, dstY: 0
+	dstMemoryType uint32
+	_             uint32
+	_             uintptr // dstHost
+	dstDevice     uintptr
+	_             uintptr // dstArray
+	dstPitch      uint64
+	widthInBytes  uint64
+	height        uint64
 }
 
 // CopyDtoD2DAsync queues a strided device-to-device copy on s: height rows of width bytes,

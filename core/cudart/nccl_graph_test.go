@@ -3,6 +3,7 @@ package cudart
 import (
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
 )
@@ -223,4 +224,24 @@ func firstNonNil(errs ...error) error {
 		}
 	}
 	return nil
+}
+
+// TestMemcpy2DLayout: memcpy2D is cuda.h's CUDA_MEMCPY2D on a 64-bit host, 128 bytes, its
+// fields where the driver reads them.
+func TestMemcpy2DLayout(t *testing.T) {
+	var p memcpy2D
+	for _, f := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"size", unsafe.Sizeof(p), 128}, {"srcMemoryType", unsafe.Offsetof(p.srcMemoryType), 16},
+		{"srcDevice", unsafe.Offsetof(p.srcDevice), 32}, {"srcPitch", unsafe.Offsetof(p.srcPitch), 48},
+		{"dstMemoryType", unsafe.Offsetof(p.dstMemoryType), 72}, {"dstDevice", unsafe.Offsetof(p.dstDevice), 88},
+		{"dstPitch", unsafe.Offsetof(p.dstPitch), 104}, {"WidthInBytes", unsafe.Offsetof(p.widthInBytes), 112},
+		{"Height", unsafe.Offsetof(p.height), 120},
+	} {
+		if f.got != f.want {
+			t.Errorf("CUDA_MEMCPY2D %s at %d, want %d", f.name, f.got, f.want)
+		}
+	}
 }
