@@ -59,8 +59,9 @@ func tpRun(t *testing.T, dir string, ordinals []int, prompt []int32, steps int) 
 }
 
 // TestEmulatedTPEqualsOne runs the tiny llama's GPU runner on two emulated GPUs with
-// tensor parallelism (NewDenseTP: an NCCL all-reduce per o and down projection, rank 0
-// broadcasting the plans) and on one: the greedy tokens of 32 steps equal, every logits
+// tensor parallelism (NewDenseTP: an NCCL all-reduce per o and down projection, the
+// embedding's all-reduce and the head's all-gather over the 261 tokens split 160 + 101,
+// decode graphs, rank 0 broadcasting the plans) and on one: the greedy tokens of 32 steps equal, every logits
 // row within tpEmuTolerance, and two TP=2 runs bit-identical.
 func TestEmulatedTPEqualsOne(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
@@ -151,8 +152,9 @@ func tpEqualsOne(t *testing.T, ordinals []int, tolerance float64) {
 }
 
 // TestEmulatedTPConformance runs core/runnertest's suite on the GPU runner split over two
-// emulated GPUs (NewDenseTP), within the bf16 tolerance of TestEmulatedConformance
-// (every comparison came out equal). It took 160 s on 2 shared cores (load 8), so it runs
+// emulated GPUs (NewDenseTP: vocab-parallel embedding and head, decode graphs on), within
+// the bf16 tolerance of TestEmulatedConformance (every comparison came out equal). It took
+// 77 s on 2 shared cores (load 7; 160 s at load 8 before the graphs), so it runs
 // only with RESIN_EMU_CONFORMANCE=1, as the reference models' emulated suites do; CI runs
 // TestEmulatedTPEqualsOne's equalities instead.
 func TestEmulatedTPConformance(t *testing.T) {
