@@ -117,8 +117,13 @@ func hangUp(w http.ResponseWriter, ae *apiError) {
 // Anything else gets 415: a web page may send a cross-origin text/plain (or
 // untyped) POST without asking the browser's permission first, but not a JSON one, so
 // refusing the others keeps pages from starting generations on a server without an API
-// key.
+// key. A Content-Encoding other than identity gets 415 too (the body is not decoded).
 func checkContentType(r *http.Request) error {
+	if ce := strings.TrimSpace(r.Header.Get("Content-Encoding")); ce != "" && !strings.EqualFold(ce, "identity") {
+		// Read as JSON, a compressed body failed as "invalid character '\x1f'".
+		return &apiError{status: http.StatusUnsupportedMediaType, typ: "invalid_request_error", code: "unsupported_media_type",
+			message: fmt.Sprintf("Content-Encoding %q is not supported: send the JSON body uncompressed.", ce)}
+	}
 	ct := r.Header.Get("Content-Type")
 	mt, _, err := mime.ParseMediaType(ct)
 	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {

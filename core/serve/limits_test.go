@@ -230,6 +230,19 @@ func TestContentTypeAndBodyShape(t *testing.T) {
 			t.Errorf("415 does not say what to send: %s", body)
 		}
 	}
+	// A compressed body is refused naming its encoding, not read as broken JSON.
+	for _, ce := range []string{"gzip", "br"} {
+		req, _ := http.NewRequest(http.MethodPost, h.ts.URL+"/v1/completions", strings.NewReader("\x1f\x8b\x08\x00"))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", ce)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != 415 || !strings.Contains(body, "Content-Encoding") || !strings.Contains(body, ce) {
+			t.Errorf("Content-Encoding %s: status %d %s, want 415 naming it", ce, resp.StatusCode, body)
+		}
+	}
 	for body, want := range map[string]string{
 		`[{"prompt":"x"}]`:                   "must be a JSON object; got an array",
 		`"x"`:                                "must be a JSON object; got a string",
