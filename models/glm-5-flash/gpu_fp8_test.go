@@ -153,14 +153,28 @@ func TestEmulatedGPUFP8Linears(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
+	fp8Linears(t, openGPUTest(t), gpurunner.FP8Kernel)
+}
+
+// TestGPUFP8Linears is TestEmulatedGPUFP8Linears on GPU 0 of a machine with a GPU
+// (RESIN_GPU=1; scripts/gpu-check.sh --glm runs it) with the path the device picks
+// (gpurunner.FP8Auto), within the same bounds.
+func TestGPUFP8Linears(t *testing.T) {
+	if os.Getenv("RESIN_GPU") == "" {
+		t.Skip("set RESIN_GPU=1 on a machine with a GPU to run the FP8 linears against their specification")
+	}
+	fp8Linears(t, openGPUTest(t), gpurunner.FP8Auto)
+}
+
+// fp8Linears is TestEmulatedGPUFP8Linears on kit's device with the FP8 path.
+func fp8Linears(t *testing.T, kit *gpuTestKit, path gpurunner.FP8Path) {
 	dir, _ := fp8Checkpoint(t)
 	cpu, err := LoadText(dir, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := cpu.Model
-	kit := openGPUTest(t)
-	gr, err := NewGPURunner(m, kit.dev, kit.cache, 1, 16, 4, 0, GPUOptions{Checkpoint: dir, FP8: gpurunner.FP8Kernel})
+	gr, err := NewGPURunner(m, kit.dev, kit.cache, 1, 16, 4, 0, GPUOptions{Checkpoint: dir, FP8: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +205,7 @@ func TestEmulatedGPUFP8Linears(t *testing.T) {
 	}
 	desc := gr.Describe()
 	t.Log(desc)
-	if !strings.Contains(desc, fmt.Sprintf("fp8-block128: %d linears packed", wantCount)) || !strings.Contains(desc, "resin_fp8_block_gemm") ||
+	if p, _ := g.lin.FP8Path(); !strings.Contains(desc, fmt.Sprintf("fp8-block128: %d linears packed", wantCount)) || !strings.Contains(desc, p.String()) ||
 		!strings.Contains(desc, "KDA projections f32") {
 		t.Errorf("startup line %q", desc)
 	}
@@ -283,8 +297,8 @@ func TestEmulatedGPUFP8Linears(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d FP8 linears: largest |Δ|/Σ|x̂w| against the specification %.3g, |Δ|/Σ|xw| against the CPU path %.3g (bound 2^-4 = %.3g plus the subnormal term)",
-		checked, worstSpec, worstCPU, math.Pow(2, -4))
+	t.Logf("parity glm-5-flash fp8 linears (%v): %d FP8 linears: largest |Δ|/Σ|x̂w| against the specification %.3g, |Δ|/Σ|xw| against the CPU path %.3g (bound 2^-4 = %.3g plus the subnormal term)",
+		path, checked, worstSpec, worstCPU, math.Pow(2, -4))
 	if checked != wantCount {
 		t.Errorf("checked %d FP8 linears, want %d", checked, wantCount)
 	}
