@@ -67,16 +67,24 @@ func heldDense(x []float32, q *ref.Weight, rows, in, out int) []float32 {
 // o; MLA's q_a, q_b, kv_a, o; the indexer's wq_b, wk, gate, weights_proj; the dense MLPs
 // and shared experts; every routed expert; lm_head) as ref.Weight in dt; fp32 too (the
 // tests check the wiring on it). The fp32 slices stay until dropFP32. The whole model
-// only: a tensor- or expert-parallel rank runs fp32.
-func (m *TextModel) hold(dt ref.DType) error {
+// only: a tensor- or expert-parallel rank runs fp32. With pk (dt fp8 on a fine-grained
+// FP8 checkpoint), a projection the checkpoint stores as FP8 is held as its bytes and
+// 128×128-block scales (ref.WeightFP8, every routed expert's too), and the others as
+// stored: bf16 (the KDA projections GLM ships so) in bf16, the rest fp32; no tensor is
+// rounded again. Without pk, fp8 quantises every projection (ref.QuantizeFP8).
+func (m *TextModel) hold(dt ref.DType, pk *gpuFP8) error {
 	c, w := m.Config, m.W
 	h := &held{dtype: dt, proj: map[*[]float32]*ref.Weight{}, experts: map[*[]float32][]*ref.Weight{}}
 	D := c.HiddenSize
+	w.packed = PackedWeights{}
 	put := func(f *[]float32, n, k int) error {
 		if len(*f) == 0 {
 			return nil
 		}
-		q, err := ref.NewWeight(*f, n, k, dt)
+		q, err := m.packedFP8(pk, *f, n, k)
+		if err == nil && q == nil {
+			q, err = ref.NewWeight(*f, n, k, storedDType(pk, w, *f, dt))
+		}
 		if err != nil {
 			return err
 		}
@@ -111,11 +119,20 @@ func (m *TextModel) hold(dt ref.DType) error {
 			err = mlp(&e.shared)
 			F := m.moeInter()
 			ne := len(e.gateUp) / (2 * F * D)
-			gu, dn := make([]*ref.Weight, ne), make([]*ref.Weight, ne)
-			for x := 0; x < ne && err == nil; x++ {
-				gu[x], err = ref.NewWeight(e.gateUp[x*2*F*D:(x+1)*2*F*D], 2*F, D, dt)
-				if err == nil {
-					dn[x], err = ref.NewWeight(e.down[x*D*F:(x+1)*D*F], D, F, dt)
+			var gu, dn []*ref.Weight
+			if err == nil {
+				gu, dn, err = m.packedExperts(pk, e, ne, F)
+			}
+			if gu == nil && err == nil {
+				gu = make([]*ref.Weight, ne)
+				for x := 0; x < ne && err == nil; x++ {
+					gu[x], err = ref.NewWeight(e.gateUp[x*2*F*D:(x+1)*2*F*D], 2*F, D, storedDType(pk, w, e.gateUp, dt))
+				}
+			}
+			if dn == nil && err == nil {
+				dn = make([]*ref.Weight, ne)
+				for x := 0; x < ne && err == nil; x++ {
+					dn[x], err = ref.NewWeight(e.down[x*D*F:(x+1)*D*F], D, F, storedDType(pk, w, e.down, dt))
 				}
 			}
 			h.experts[&e.gateUp], h.experts[&e.down] = gu, dn
@@ -187,13 +204,21 @@ func (m *TextModel) dropFP32() {
 }
 
 // LoadTextDType is LoadText with the projections held and multiplied in dt and their fp32
-// copies dropped (fp32 or "": LoadText).
+// copies dropped (fp32 or "": LoadText); fp8 keeps a fine-grained FP8 checkpoint's FP8
+// linears as stored (hold).
 func LoadTextDType(dir string, pageTokens int, seed uint64, dt ref.DType) (*TextRunner, error) {
 	r, err := LoadText(dir, pageTokens, seed)
 	if err != nil || dt == "" || dt == ref.DTypeFP32 {
 		return r, err
 	}
-	if err := r.Model.hold(dt); err != nil {
+	var pk *gpuFP8
+	if dt == ref.DTypeFP8 {
+		if pk, _, err = openGPUFP8(dir, r.Model.Config.Quant); err != nil {
+			return nil, fmt.Errorf("load %s as %s: %w", dir, dt, err)
+		}
+		defer pk.close()
+	}
+	if err := r.Model.hold(dt, pk); err != nil {
 		return nil, fmt.Errorf("load %s as %s: %w", dir, dt, err)
 	}
 	r.Model.dropFP32()

@@ -103,7 +103,7 @@ func TestTransformersParityDTypes(t *testing.T) {
 						fp32 += 4 * int64(len(ly.moe.gateUp)+len(ly.moe.down))
 					}
 				}
-				if err := m.hold(dt); err != nil {
+				if err := m.hold(dt, nil); err != nil {
 					t.Fatal(err)
 				}
 				if dt != ref.DTypeFP32 {
@@ -132,15 +132,16 @@ func TestTransformersParityDTypes(t *testing.T) {
 	}
 }
 
-// TestRunnerConformanceDTypes runs the suite with the projections in bf16 and int8 and the
-// fp32 copies dropped: batching, chunking and paging must not change what either computes.
+// TestRunnerConformanceDTypes runs the suite with the projections in bf16, int8, fp8 and the
+// fp32 copies dropped (fp8: quantised at load): batching, chunking and paging must not
+// change what any computes.
 // int8 runs at a log-probability tolerance of 5e-3 instead of 1e-4: KDA's chunked form and
 // its token-by-token recurrence differ in fp32 rounding (~1e-7), and int8 quantises each
 // projection's input per block of 32, so such a difference can move a value across a
 // quantisation step (1/127 of its block's largest), which measured 8.6e-4 (relative) on a
 // logprob of a chunked prefill; the tokens must still agree.
 func TestRunnerConformanceDTypes(t *testing.T) {
-	for _, dt := range []ref.DType{ref.DTypeBF16, ref.DTypeInt8} {
+	for _, dt := range []ref.DType{ref.DTypeBF16, ref.DTypeInt8, ref.DTypeFP8} {
 		opts := runnertest.Options{}
 		if dt == ref.DTypeInt8 {
 			opts.Tolerance = 5e-3
@@ -148,7 +149,7 @@ func TestRunnerConformanceDTypes(t *testing.T) {
 		t.Run(string(dt), func(t *testing.T) {
 			runnertest.Run(t, func(t testing.TB) (engine.Runner, *kvslab.Pool) {
 				m := tinyTextModel(t)
-				if err := m.hold(dt); err != nil {
+				if err := m.hold(dt, nil); err != nil {
 					t.Fatal(err)
 				}
 				m.dropFP32()
@@ -165,7 +166,7 @@ func TestRunnerConformanceDTypes(t *testing.T) {
 
 // TestHoldUnknownDType: a dtype ref does not know is an error naming it.
 func TestHoldUnknownDType(t *testing.T) {
-	if err := tinyTextModel(t).hold("fp8"); err == nil {
-		t.Error("dtype fp8: no error")
+	if err := tinyTextModel(t).hold("fp4", nil); err == nil {
+		t.Error("dtype fp4: no error")
 	}
 }

@@ -68,6 +68,11 @@ type moeWeights struct {
 	gateUp       []float32 // experts.gate_up_proj [E, 2F, D] (rows: gate then up)
 	down         []float32 // experts.down_proj [E, D, F]
 	shared       mlpWeights
+	// perExpert is the prefix ("…mlp.") of the checkpoint's per-expert tensors
+	// (experts.N.gate_proj …) when it stores every expert so and all were read; "" for
+	// the fused banks (TextWeights.names has their names), an expert-parallel or
+	// tensor-parallel rank's share.
+	perExpert string
 }
 
 // hcWeights are one mHC module's: fn [(2+hc)·hc, hc·D], base [(2+hc)·hc], scale [3].
@@ -89,6 +94,11 @@ type TextWeights struct {
 	embed, norm, lmHead []float32
 	layers              []textLayer
 	mtp                 *mtpWeights
+	// names is the checkpoint tensor each tensor read whole came from, by its first
+	// value's address: how --dtype fp8 finds a field's packed form (LoadTextDType).
+	names map[*float32]string
+	// packed counts the projections held as the checkpoint stores them (--dtype fp8).
+	packed PackedWeights
 }
 
 // tensorSource is what loadTextWeights reads from: a safetensors checkpoint or a map.
@@ -122,6 +132,8 @@ type loader struct {
 	// rows, cols and vocab) come back as its slices, read alone from a source with partial
 	// reads (weights.Checkpoint), else read whole and cut.
 	tp *parallel
+	// names records, for each tensor read whole (get), the name it was read under.
+	names map[*float32]string
 }
 
 // splitsExperts reports whether l.tp splits every routed expert's intermediate columns
@@ -212,6 +224,9 @@ func (l *loader) get(shape []int, names ...string) []float32 {
 				return nil
 			}
 			l.used[n] = true
+			if len(v) > 0 && l.names != nil {
+				l.names[&v[0]] = n
+			}
 			return v
 		}
 	}
@@ -239,10 +254,10 @@ func loadTextShard(src tensorSource, c *TextConfig, keep *[2]int, tp *parallel) 
 }
 
 func loadText(src tensorSource, c *TextConfig, keep *[2]int, tp *parallel) (*TextWeights, []string, error) {
-	l := &loader{src: src, used: map[string]bool{}, keep: keep, tp: tp}
+	l := &loader{src: src, used: map[string]bool{}, keep: keep, tp: tp, names: map[*float32]string{}}
 	D, V, hc := c.HiddenSize, c.VocabSize, c.HCMult
 	p := TextPrefix
-	w := &TextWeights{}
+	w := &TextWeights{names: l.names}
 	w.embed = l.vocab([]int{V, D}, p+"embed_tokens.weight")
 	w.norm = l.get([]int{D}, p+"norm.weight")
 	if c.TieWordEmbeddings {
@@ -451,6 +466,9 @@ func (l *loader) moe(c *TextConfig, f string) *moeWeights {
 			m.gateUp, m.down = gu, down
 		}
 	} else {
+		if l.keep == nil && !l.splitsExperts() {
+			m.perExpert = f
+		}
 		for e := range E {
 			ep := fmt.Sprintf("%sexperts.%d.", f, e)
 			if e < lo || e >= hi {
