@@ -1,12 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 
+	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -95,7 +94,7 @@ func (f *runtimeFlags) loadDSpark(maxContext int, use func(*dspark.Drafter, int,
 		return nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
 	}
 	if f.spec.Trace != "" {
-		if spec.Trace, err = traceTo(f.spec.Trace); err != nil {
+		if spec.Trace, err = cli.SpecTrace(f.spec.Trace); err != nil {
 			return nil, err
 		}
 	}
@@ -120,27 +119,3 @@ func (f *runtimeFlags) openDSparkGPU(dir string, cacheBytes int64, opts gpurunne
 	return gr, pool, nil
 }
 
-// traceTo opens path for --spec-trace and returns the Speculator's trace hook writing one
-// JSON line per verification to it; the file stays open for the life of the process (each
-// line is one write, so what a run traced is there when it stops). A write that fails
-// stops the tracing and says so once on stderr.
-func traceTo(path string) (func(dspark.TraceEntry), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("--spec-trace: %w", err)
-	}
-	var mu sync.Mutex
-	failed := false
-	return func(e dspark.TraceEntry) {
-		mu.Lock()
-		defer mu.Unlock()
-		if failed {
-			return
-		}
-		line, _ := json.Marshal(e)
-		if _, err := f.Write(append(line, '\n')); err != nil {
-			failed = true
-			fmt.Fprintf(os.Stderr, "resin: --spec-trace %s: %v; tracing stopped\n", path, err)
-		}
-	}, nil
-}

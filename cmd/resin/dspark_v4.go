@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
@@ -22,7 +23,7 @@ func (f *runtimeFlags) openDSparkV4(dir string) (engine.Runner, *kvslab.Pool, er
 	opts := &deepseekv4flash.DSparkOptions{MaxDrafts: f.specTokens, Confidence: float32(f.spec.Confidence)}
 	if f.spec.Trace != "" {
 		var err error
-		if opts.Trace, err = traceTo(f.spec.Trace); err != nil {
+		if opts.Trace, err = cli.SpecTrace(f.spec.Trace); err != nil {
 			return nil, nil, err
 		}
 	}

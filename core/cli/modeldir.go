@@ -29,6 +29,9 @@ type ModelDir struct {
 	// gpuSpec opens the model on the GPU decoding speculatively (nil: the GPU runner does
 	// not draft).
 	gpuSpec GPUSpeculativeOpener
+	// dspark opens the model drafting with its own DSpark stages (nil: none; dspark.go).
+	dspark    DSparkOpener
+	specFlags SpeculativeFlags
 
 	dtypeOpen DTypeOpener
 	dtype     string
@@ -70,6 +73,9 @@ func (m *ModelDir) Register(cmd *cobra.Command) {
 	fl.StringVar(&m.served, "served-model-name", "", "model name served in /v1/models and expected in requests (default: "+m.name+")")
 	if m.dtypeOpen != nil {
 		fl.StringVar(&m.dtype, "dtype", "fp32", "CPU weights: fp32, bf16 (half the bytes) or int8 (blocks of 32 quantised at load, as Q8_0)")
+	}
+	if m.dspark != nil {
+		m.specFlags.Register(cmd)
 	}
 	m.device.Register(cmd)
 }
@@ -131,7 +137,14 @@ func (m *ModelDir) Load(warn io.Writer) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	if m.device.CUDA() {
+	if m.dspark != nil {
+		if err := m.specFlags.Check(m.specTokens); err != nil {
+			return nil, err
+		}
+	}
+	if m.specFlags.DSpark() {
+		rt.Runner, rt.Pool, err = m.openDSpark()
+	} else if m.device.CUDA() {
 		rt.Runner, rt.Pool, err = m.openGPU()
 	} else if m.specTokens > 0 {
 		if m.spec == nil {

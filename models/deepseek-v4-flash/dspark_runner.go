@@ -228,3 +228,21 @@ func RandomDSparkStages(c *Config, d *DSparkConfig, seed uint64) *DSparkStages {
 	}
 	return st
 }
+
+// OpenDSpark is Open for a DeepSeek-V4-Flash-DSpark checkpoint drafting with its own
+// stages (UseDSpark: drafts per block, the confidence cut, trace): the model binary's
+// cli.DSparkOpener. More drafts than a block holds are refused.
+func OpenDSpark(dir string, cacheBytes int64, drafts int, confidence float32, trace func(dspark.TraceEntry)) (engine.Runner, *kvslab.Pool, error) {
+	r, err := Load(dir, Options{DSpark: &DSparkOptions{MaxDrafts: drafts, Confidence: confidence, Trace: trace}})
+	if err != nil {
+		return nil, nil, err
+	}
+	if n := r.DSparkMaxDrafts(); drafts > n {
+		return nil, nil, fmt.Errorf("%d drafts per block: the DSpark drafter in %s proposes at most %d (its block size, and one less than the smallest compression ratio)", drafts, dir, n)
+	}
+	pool, err := r.NewPool(cacheBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, pool, nil
+}

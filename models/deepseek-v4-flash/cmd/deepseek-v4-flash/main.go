@@ -34,7 +34,7 @@ func newRootCmd() *cobra.Command {
 	}
 	cli.AddProfiling(root)
 	m := cli.NewModelDir(model.Name, model.Open).WithSpeculative(model.OpenSpeculative).WithDType(model.OpenDType).
-		WithGPU(model.OpenGPU).WithGPUSpeculative(model.OpenGPUSpeculative)
+		WithGPU(model.OpenGPU).WithGPUSpeculative(model.OpenGPUSpeculative).WithDSpark(model.OpenDSpark)
 	root.AddCommand(
 		cli.GenerateCmd(m),
 		cli.ServeCmd(m),
