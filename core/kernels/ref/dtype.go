@@ -54,7 +54,7 @@ func (dt DType) Kernel() string {
 	case DTypeInt8:
 		return fmt.Sprintf("int8: blocks of 32, Q8_0×Q8_0 with exact int32 block sums; %s", Int8Kernel())
 	case DTypeFP8:
-		return fmt.Sprintf("fp8: e4m3 in 128×128 blocks (a checkpoint's FP8 as stored, else quantised at load), MXFP4 experts as stored; %s dot products, batches widened in runs for the %s", PackedKernel(), fp32Kernel())
+		return fmt.Sprintf("fp8: an FP8 checkpoint's tensors as stored (FP8 e4m3 in 128×128 blocks, MXFP4 experts, bf16 and fp32 the rest), else every projection quantised to e4m3 in 128×128 blocks at load; %s dot products, batches widened in runs for the %s", PackedKernel(), fp32Kernel())
 	}
 	return "fp32: " + fp32Kernel()
 }
