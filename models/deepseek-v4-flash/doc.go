@@ -64,7 +64,9 @@
 // Checked: greedy output with DSpark equals the main model's alone through the engine,
 // with prefix hits, batches of mixed lengths and chunked steps, with forced drafts
 // accepted and rejected at every offset (TestDSparkGreedyEqualsPlain); core/runnertest's
-// suite but its token-exact sampled Drafts check (TestDSparkRunnerConformance); the
+// suite but its token-exact sampled Drafts check (TestDSparkRunnerConformance); a
+// request after a prefix hit proposes the blocks it proposes alone, from its first step
+// (TestDSparkPrefixHitDrafts: the pool restores the draft context); the
 // trace and the confidence cut (TestDSparkSampledAndTrace); a checkpoint's stages load
 // and draft, bad input is refused by name (TestDSparkCheckpoint, TestLoadDSparkStages,
 // TestConfigDSparkKeys); the block reads exactly its window and is non-causal

@@ -301,3 +301,43 @@ func runnertestFloats(n int, seed uint64) []float32 {
 	}
 	return out
 }
+
+// TestDSparkPrefixHitDrafts: a request that starts from a prefix-cache hit drafts from
+// its first step with the draft context the pool restored: its blocks, verification by
+// verification, are the ones it proposes when it computes the whole prompt itself.
+func TestDSparkPrefixHitDrafts(t *testing.T) {
+	dir := dsparkRandomDir(t, 3)
+	prefix := runnertest.Prompt(20, 96, 50)
+	a := append(slices.Clone(prefix), runnertest.Prompt(2, 96, 51)...)
+	b := append(slices.Clone(prefix), runnertest.Prompt(5, 96, 52)...)
+	sp := engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}
+	run := func(prompts ...[]int32) ([]dspark.TraceEntry, engine.Counters) {
+		var trace []dspark.TraceEntry
+		r, pool := openDSpark(t, dir, &DSparkOptions{Trace: func(e dspark.TraceEntry) { trace = append(trace, e) }})
+		s := runnertest.New(t, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
+		h := s.StartWith(t, r, pool, engine.Config{})
+		for _, p := range prompts {
+			trace = trace[:0]
+			h.GenerateAll(t, [][]int32{p}, sp)
+		}
+		c := h.Counters()
+		h.Stop(t)
+		return trace, c
+	}
+	hit, c := run(a, b)
+	alone, _ := run(b)
+	if c.PrefixHits == 0 {
+		t.Fatal("the second request got no prefix-cache hit")
+	}
+	if len(hit) == 0 || len(hit) != len(alone) {
+		t.Fatalf("%d verifications after a prefix hit, %d alone", len(hit), len(alone))
+	}
+	if hit[0].AnchorPosition != len(b) {
+		t.Errorf("the first verification after the hit is of the block anchored at %d, want %d (the first step drafts)", hit[0].AnchorPosition, len(b))
+	}
+	for i := range hit {
+		if hit[i].AnchorPosition != alone[i].AnchorPosition || !slices.Equal(hit[i].Drafts, alone[i].Drafts) {
+			t.Fatalf("verification %d: after a prefix hit %+v, alone %+v", i, hit[i], alone[i])
+		}
+	}
+}
