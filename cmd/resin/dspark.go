@@ -17,7 +17,7 @@ import (
 
 // checkSpeculative checks --speculative-method and its flags against the rest: DSpark
 // runs on one llama-family target, on the CPU reference forward or on the GPU runner
-// (--device cuda|cuda-emu: the target on the device, the drafter on the CPU), so not with
+// (--device cuda|cuda-emu: the target and the block forward on the device), so not with
 // --tp, --ep, --dp or --cp, and it needs --model.
 func (f *runtimeFlags) checkSpeculative() error {
 	if err := f.spec.Check(f.specTokens); err != nil {
@@ -101,8 +101,9 @@ func (f *runtimeFlags) loadDSpark(maxContext int, use func(*dspark.Drafter, int,
 	return spec, nil
 }
 
-// openDSparkGPU is openDSpark on the GPU runner (core/gpurunner's UseDSpark): the target
-// and its feature tap on the device, the drafter of --draft-model on the CPU.
+// openDSparkGPU is openDSpark on the GPU runner (core/gpurunner's UseDSpark): the target,
+// its feature tap and the drafter's block forward on the device, the draft context and
+// the Markov head on the CPU.
 func (f *runtimeFlags) openDSparkGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
 	r, pool, err := llama.OpenGPU(dir, cacheBytes, opts)
 	if err != nil {

@@ -8,8 +8,8 @@ import (
 )
 
 // TestGenerateDSparkEmulated: `generate --device cuda-emu --speculative-method dspark
-// --draft-model DIR` runs the target on the emulated device with its feature tap and the
-// drafter on the CPU; its greedy tokens equal the emulated device's without DSpark, and
+// --draft-model DIR` runs the target with its feature tap and the drafter's block forward
+// on the emulated device; its greedy tokens equal the emulated device's without DSpark, and
 // drafts are proposed and reported.
 func TestGenerateDSparkEmulated(t *testing.T) {
 	if emutest.Reexec(t) {

@@ -80,7 +80,9 @@
 // no features for the positions it did not compute and is not drafted. Bound, the context
 // is gathered from the pages into a scratch Context every step (a copy of O(context) per
 // drafting sequence; attention straight over the pages would save it). Drafter.Blocks runs the blocks of a step's sequences together (uniform
-// B, GEMMs over all slots, attention per sequence); there is no CUDA drafter.
+// B, GEMMs over all slots, attention per sequence); core/gpurunner runs the same blocks on
+// the device (DSparkBlocks, through Speculator.BlockForward) for targets on the GPU
+// runner, with Extend and Propose on the CPU.
 // FeatureTap holds the raw tapped rows (taps × hidden per row); folding fc into the tap
 // would cut that to hidden per row. Only the default rotary embedding and full-attention
 // draft layers are implemented (DeepSpec's Qwen3 drafters use both); other rope types and

@@ -34,9 +34,12 @@ type Speculator struct {
 	Drafter   *Drafter
 	Threshold float32 // the confidence cut (0: full blocks)
 	// Trace, when set, is called once per verification per sequence, in plan order.
-	Trace     func(TraceEntry)
-	maxDrafts int
-	cache     *pagedContext // nil: the host contexts of seqState
+	Trace func(TraceEntry)
+	// BlockForward, when set, runs the blocks instead of Drafter.Blocks (a device's block
+	// forward: core/gpurunner's DSparkBlocks); it must return what Drafter.Blocks does.
+	BlockForward func(ctxs []*Context, anchors []int32) ([]*Block, error)
+	maxDrafts    int
+	cache        *pagedContext // nil: the host contexts of seqState
 
 	seqs     map[uint64]*seqState
 	tap      FeatureTap
@@ -183,7 +186,11 @@ func (s *Speculator) propose(plan *engine.BatchPlan, res *engine.StepResult) err
 	if len(s.draft) == 0 {
 		return nil
 	}
-	blks, err := d.Blocks(s.ctxs, s.anchors)
+	blocks := d.Blocks
+	if s.BlockForward != nil {
+		blocks = s.BlockForward
+	}
+	blks, err := blocks(s.ctxs, s.anchors)
 	if err != nil {
 		return err
 	}

@@ -57,6 +57,16 @@
 // the others by core/dist/tp's control message (`resin generate --device cuda|cuda-emu
 // --tp N`).
 //
-// Not on the GPU path yet: drafts proposed on the device (an MTP head), and the engine's
+// DSpark (UseDSpark, dspark.go and dspark_block.go): the forward copies the residual
+// stream at the drafter's tapped layers on the device, the drafting rows come back as
+// features, core/dspark extends each request's draft context on the CPU, and the block
+// forward (DSparkBlocks: float32, uniform B per sequence, one query per slot over its
+// context and block by the paged attention kernel) runs on the device; the Markov head,
+// the confidence cut and the verification run on the host (`--device cuda|cuda-emu
+// --speculative-method dspark`). Its draft context is per request on the host, uploaded
+// each step (not the kvslab drafter group the CPU runner has), so prefix hits and
+// preempted requests are not drafted; the block forward is not captured as a graph.
+//
+// Not on the GPU path yet: drafts proposed on the device by an MTP head, and the engine's
 // Async mode (AsyncTokens is not declared).
 package gpurunner

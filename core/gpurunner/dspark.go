@@ -24,6 +24,7 @@ type dsparkTap struct {
 	feats     cudart.Buffer
 	host      *cudart.HostBuffer
 	spec      *dspark.Speculator
+	blocks    *DSparkBlocks // the block forward on the device
 }
 
 func (d *dsparkTap) tapBytes() int64 { return int64(d.maxTokens) * int64(d.hidden) * 2 }
@@ -54,14 +55,17 @@ func (m *Dense) tapAt(c *cudart.Ctx, s *cudart.Stream, layer int, residual cudar
 
 // UseDSpark makes the runner draft with a DSpark drafter (core/dspark): every step's
 // forward copies the residual stream at the drafter's tapped layers on the device, the
-// rows of the drafting sequences come back to the host as the drafter's features, and
-// core/dspark's drafter proposes the next blocks on the CPU, its draft context kept per
-// request on the host (an unbound Speculator: a request that starts from a prefix hit or
-// resumes after a preemption is not drafted). Every step with DSpark is sampled on the
-// host by core/cpurunner, which verifies the drafts exactly (greedy by comparison,
-// sampled rows by rejection sampling). maxDrafts ≤ 0 drafts whole blocks; threshold is
-// the confidence cut (0: none). Call it before the first step, on a one-GPU runner. A
-// drafter built for another vocabulary, hidden size or depth is refused by name.
+// rows of the drafting sequences come back to the host as the drafter's features, the
+// CPU extends each request's draft context with them (core/dspark's Extend: fc,
+// hidden_norm, context K/V), and the block forward runs on the device (DSparkBlocks);
+// the Markov head and the confidence cut then draw the drafts on the host
+// (Drafter.Propose). The draft context is kept per request on the host (an unbound
+// Speculator: a request that starts from a prefix hit or resumes after a preemption is
+// not drafted). Every step with DSpark is sampled on the host by core/cpurunner, which
+// verifies the drafts exactly (greedy by comparison, sampled rows by rejection
+// sampling). maxDrafts ≤ 0 drafts whole blocks; threshold is the confidence cut (0:
+// none). Call it before the first step, on a one-GPU runner. A drafter built for another
+// vocabulary, hidden size or depth is refused by name.
 func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) (*dspark.Speculator, error) {
 	cfg := r.model.Config
 	if err := d.Config.CheckTarget(cfg.Vocab, cfg.Hidden, cfg.Layers); err != nil {
@@ -87,7 +91,12 @@ func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) 
 		r.dev.Do(func(c *cudart.Ctx) error { t.free(c); return nil })
 		return nil, fmt.Errorf("gpurunner: DSpark feature buffers of %d bytes: %w", n, err)
 	}
+	if t.blocks, err = r.NewDSparkBlocks(d, r.info.MaxContext+d.Config.BlockSize); err != nil {
+		r.dev.Do(func(c *cudart.Ctx) error { t.free(c); return nil })
+		return nil, err
+	}
 	t.spec = dspark.NewSpeculator(gpuTapForward{r}, d, maxDrafts, threshold)
+	t.spec.BlockForward = t.blocks.Blocks
 	r.dspark = t
 	r.model.tap = t.capture
 	r.cpu = cpurunner.New(r.info, t.spec)
@@ -99,6 +108,7 @@ func (d *dsparkTap) free(c *cudart.Ctx) {
 	if d == nil {
 		return
 	}
+	d.blocks.free(c)
 	c.Free(d.feats)
 	d.feats = cudart.Buffer{}
 	if d.host != nil {

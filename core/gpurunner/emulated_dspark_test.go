@@ -8,6 +8,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/dspark"
+	"github.com/resin-llm/resin/core/dspark/fixture"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/runnertest"
@@ -110,7 +111,7 @@ func TestEmulatedDSparkGreedy(t *testing.T) {
 		return
 	}
 	prompts := [][]int32{{1, 2, 3, 4}, {5, 6, 7, 8, 9, 10, 11}, {12, 3}}
-	sp := engine.SamplingParams{MaxTokens: 20, IgnoreEOS: true}
+	sp := engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}
 	_, _, plain := openEmulatedDSpark(t, "", false)
 	want := plain.GenerateAll(t, prompts, sp)
 	plain.Stop(t)
@@ -129,6 +130,130 @@ func TestEmulatedDSparkGreedy(t *testing.T) {
 		t.Logf("%s: %d drafts proposed, %d accepted; steps %+v", drafter, c.DraftsProposed, c.DraftsAccepted, gr.Stats)
 		if c.DraftsProposed == 0 || c.DraftsAccepted == 0 {
 			t.Errorf("%s: %d drafts proposed, %d accepted: want drafting that is sometimes right", drafter, c.DraftsProposed, c.DraftsAccepted)
+		}
+		e.Stop(t)
+	}
+}
+
+// TestEmulatedDSparkBlocks: the device's block forward (DSparkBlocks) gives what
+// core/dspark's Drafter.Blocks gives on the CPU for three sequences of context lengths 0,
+// 13 and 30 (pages of 16: blocks within and across a page boundary), each slot's final
+// hidden state and logits within 1e-4·(1 + the row's largest magnitude) (float32 on both
+// sides, sums in another order; the worst is logged), and the same greedy drafts, for the
+// vanilla and the rnn drafter.
+func TestEmulatedDSparkBlocks(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	r, _ := openEmulatedGPU(t, filepath.Join(dsparkTestdata, "target"), 4<<20, true)
+	gr := r.(*gpurunner.Runner)
+	for _, name := range []string{"vanilla", "rnn"} {
+		d, err := dspark.Load(filepath.Join(dsparkTestdata, name), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := gr.NewDSparkBlocks(d, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		F := d.Config.FeatureDim()
+		var ctxs []*dspark.Context
+		for i, n := range []int{0, 13, 30} {
+			ctx := d.NewContext()
+			feat := make([]float32, n*F)
+			for j := range feat {
+				feat[j] = float32(math.Sin(float64(j*7+i*3))) * 2
+			}
+			if err := d.Extend(ctx, feat, n); err != nil {
+				t.Fatal(err)
+			}
+			ctxs = append(ctxs, ctx)
+		}
+		anchors := []int32{3, 15, 7}
+		want, err := d.Blocks(ctxs, anchors)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := g.Blocks(ctxs, anchors)
+		if err != nil {
+			t.Fatal(err)
+		}
+		worst := 0.0
+		for i := range want {
+			for _, part := range []struct {
+				what      string
+				got, want []float32
+				width     int
+			}{{"hidden", got[i].Hidden, want[i].Hidden, d.Config.Base.HiddenSize}, {"logits", got[i].Logits, want[i].Logits, d.Config.Base.VocabSize}} {
+				for row := 0; row < len(part.want)/part.width; row++ {
+					gw, ww := part.got[row*part.width:(row+1)*part.width], part.want[row*part.width:(row+1)*part.width]
+					big, diff := 0.0, 0.0
+					for e := range ww {
+						big = math.Max(big, math.Abs(float64(ww[e])))
+						diff = math.Max(diff, math.Abs(float64(gw[e]-ww[e])))
+					}
+					worst = math.Max(worst, diff/(1+big))
+					if diff > 1e-4*(1+big) {
+						t.Errorf("%s, sequence %d, slot %d: %s differ by %.3g (row max %.3g): device %v, CPU %v", name, i, row, part.what, diff, big, gw, ww)
+					}
+				}
+			}
+			pg, err := d.Propose(got[i], dspark.Sampling{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pw, err := d.Propose(want[i], dspark.Sampling{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(pg.Drafts, pw.Drafts) {
+				t.Errorf("%s, sequence %d: drafts %v from the device's block, %v from the CPU's", name, i, pg.Drafts, pw.Drafts)
+			}
+		}
+		t.Logf("%s: worst |device − CPU| / (1 + row max) %.3g", name, worst)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestEmulatedDSparkForced: on core/dspark/fixture's target (greedy next t+1) with its
+// forced-right drafter, every draft verified on the emulated device is accepted: the
+// drafts the device's block forward and the host's Markov head propose reach the engine
+// and its verification whole. With the random drafter almost none is.
+func TestEmulatedDSparkForced(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	p, err := fixture.Write(t.TempDir(), fixture.Tiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		drafter string
+		forced  bool
+	}{{p.Forced, true}, {p.Random, false}} {
+		r, pool := openEmulatedGPU(t, p.Target, 4<<20, false)
+		gr := r.(*gpurunner.Runner)
+		d, err := dspark.Load(c.drafter, gr.Info().MaxContext+fixture.Tiny.BlockSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := gr.UseDSpark(d, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		e := (&runnertest.Suite{}).StartWith(t, gr, pool, engine.Config{})
+		outs := e.GenerateAll(t, [][]int32{{30, 3}, {7}}, engine.SamplingParams{MaxTokens: 14, IgnoreEOS: true})
+		if want := []int32{4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}; !slices.Equal(outs[0].Tokens, want) {
+			t.Fatalf("%s: %v, want %v (t+1 after t)", c.drafter, outs[0].Tokens, want)
+		}
+		n := e.Counters()
+		t.Logf("%s: %d drafts proposed, %d accepted", filepath.Base(c.drafter), n.DraftsProposed, n.DraftsAccepted)
+		switch {
+		case c.forced && (n.DraftsProposed < 8 || n.DraftsAccepted != n.DraftsProposed):
+			t.Errorf("forced-right drafter: %d proposed, %d accepted, want all", n.DraftsProposed, n.DraftsAccepted)
+		case !c.forced && (n.DraftsProposed == 0 || n.DraftsAccepted*10 > n.DraftsProposed):
+			t.Errorf("random drafter: %d proposed, %d accepted, want under 10%%", n.DraftsProposed, n.DraftsAccepted)
 		}
 		e.Stop(t)
 	}

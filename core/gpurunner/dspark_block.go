@@ -1,0 +1,364 @@
+package gpurunner
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dspark"
+	"github.com/resin-llm/resin/core/kernels/cuda"
+	"github.com/resin-llm/resin/core/kernels/ref"
+)
+
+// dsparkPageTokens is the page size of the block forward's packed K/V buffers.
+const dsparkPageTokens = 16
+
+// DSparkBlocks is DSpark's block forward on the device (core/dspark's Drafter.Blocks):
+// the drafter's layers, final norm and lm_head over S·B slots in float32, uniform B per
+// sequence, so the projections, norms, MLPs and head are single launches over all slots;
+// the attention is the paged kernel with one query per slot over its sequence's context
+// K/V followed by its block's K/V (no mask: every slot sees every context position and
+// every slot of its block). The context K/V come from each sequence's dspark.Context (the
+// CPU's Extend computes them: fc, hidden_norm, k/v projections, k_norm, RoPE) and are
+// uploaded every call, packed in pages, with the block's own K/V written after them on
+// the device by slot mapping. Every launch reads its per-call values (ids, positions,
+// slots, context lengths, page tables) from device arrays and its shape from S, B and the
+// page-table width only, so that a graph per such shape could replay it; none is
+// captured yet (every call launches its kernels). The Markov head and the confidence cut run on the host (Drafter.Propose)
+// over the Hidden and Logits this returns.
+type DSparkBlocks struct {
+	d     *dspark.Drafter
+	r     *Runner
+	w     dsparkWeights
+	rope  cudart.Buffer // cos then sin, float32
+	ropeT ref.RopeTable
+
+	bufs    []cudart.Buffer // grown as needed: see ensure
+	sizes   []int64
+	kvHost  []float32
+	idsHost []int32
+	posHost []int32
+	lenHost []int32
+	ptHost  []uint32
+	slots   []int64
+}
+
+// dsparkWeights are the drafter's float32 weights on the device.
+type dsparkWeights struct {
+	all          cudart.Buffer
+	embed, norm  cudart.DevicePtr
+	head         cudart.DevicePtr
+	layers       []dsparkLayerWeights
+	totalFloat32 int64
+}
+
+type dsparkLayerWeights struct {
+	attnNorm, q, k, v, o, qNorm, kNorm, mlpNorm, gate, up, down cudart.DevicePtr
+}
+
+// The scratch buffers of a call, by index into DSparkBlocks.bufs.
+const (
+	bufIDs = iota
+	bufPos
+	bufX
+	bufH
+	bufQ
+	bufK
+	bufV
+	bufAtt
+	bufO
+	bufGate
+	bufUp
+	bufLogits
+	bufKV // [layers][pages][K|V][PageTokens][kvHeads·headDim]
+	bufLens
+	bufPages
+	bufSlots
+	bufCount
+)
+
+// NewDSparkBlocks uploads the drafter's weights to the runner's device for block forwards
+// at positions below maxPos. Drafters with attention biases are refused (DeepSpec's Qwen3
+// drafters have none).
+func (r *Runner) NewDSparkBlocks(d *dspark.Drafter, maxPos int) (*DSparkBlocks, error) {
+	c := d.Config
+	b := c.Base
+	if len(d.W.Layers) > 0 && (d.W.Layers[0].QBias != nil || d.W.Layers[0].OBias != nil) {
+		return nil, fmt.Errorf("gpurunner: DSpark drafter with attention biases: not on the device yet")
+	}
+	if b.NumAttentionHeads%b.NumKeyValueHeads != 0 || b.HeadDim > cuda.MaxHeadDim {
+		return nil, fmt.Errorf("gpurunner: DSpark drafter of %d heads over %d kv heads, head dim %d: the paged attention kernel takes a multiple and at most %d",
+			b.NumAttentionHeads, b.NumKeyValueHeads, b.HeadDim, cuda.MaxHeadDim)
+	}
+	rope, err := ref.NewRopeTable(b.HeadDim, maxPos, b.RopeTheta)
+	if err != nil {
+		return nil, fmt.Errorf("gpurunner: DSpark drafter: %w", err)
+	}
+	g := &DSparkBlocks{d: d, r: r, ropeT: *rope, bufs: make([]cudart.Buffer, bufCount), sizes: make([]int64, bufCount)}
+	var host [][]float32
+	add := func(v []float32) int64 {
+		off := g.w.totalFloat32
+		host = append(host, v)
+		g.w.totalFloat32 += int64(len(v))
+		return off
+	}
+	type layerOffs struct{ attnNorm, q, k, v, o, qNorm, kNorm, mlpNorm, gate, up, down int64 }
+	embed := add(d.W.Embed)
+	lo := make([]layerOffs, len(d.W.Layers))
+	for i := range d.W.Layers {
+		l := &d.W.Layers[i]
+		lo[i] = layerOffs{add(l.AttnNorm), add(l.Q), add(l.K), add(l.V), add(l.O), add(l.QNorm), add(l.KNorm), add(l.MLPNorm), add(l.Gate), add(l.Up), add(l.Down)}
+	}
+	norm, head := add(d.W.Norm), add(d.W.Head)
+	err = r.dev.Do(func(cx *cudart.Ctx) error {
+		var err error
+		if g.w.all, err = cx.Alloc(4 * g.w.totalFloat32); err != nil {
+			return err
+		}
+		off := int64(0)
+		for _, v := range host {
+			if len(v) > 0 {
+				if err := cudart.Upload(cx, g.w.all.Ptr.Add(4*off), v); err != nil {
+					return err
+				}
+			}
+			off += int64(len(v))
+		}
+		n := len(rope.Cos)
+		if g.rope, err = cx.Alloc(int64(8 * n)); err != nil {
+			return err
+		}
+		return firstErr(cudart.Upload(cx, g.rope.Ptr, rope.Cos), cudart.Upload(cx, g.rope.Ptr.Add(int64(4*n)), rope.Sin))
+	})
+	if err != nil {
+		g.Close()
+		return nil, fmt.Errorf("gpurunner: DSpark drafter weights (%d float32): %w", g.w.totalFloat32, err)
+	}
+	at := func(off int64) cudart.DevicePtr { return g.w.all.Ptr.Add(4 * off) }
+	g.w.embed, g.w.norm, g.w.head = at(embed), at(norm), at(head)
+	for _, o := range lo {
+		g.w.layers = append(g.w.layers, dsparkLayerWeights{at(o.attnNorm), at(o.q), at(o.k), at(o.v), at(o.o), at(o.qNorm), at(o.kNorm), at(o.mlpNorm), at(o.gate), at(o.up), at(o.down)})
+	}
+	return g, nil
+}
+
+// Close frees the drafter's device memory (UseDSpark's is freed by the runner's Close).
+func (g *DSparkBlocks) Close() error {
+	return g.r.dev.Do(func(c *cudart.Ctx) error { g.free(c); return nil })
+}
+
+func (g *DSparkBlocks) free(c *cudart.Ctx) {
+	if g == nil {
+		return
+	}
+	for i := range g.bufs {
+		c.Free(g.bufs[i])
+		g.bufs[i], g.sizes[i] = cudart.Buffer{}, 0
+	}
+	c.Free(g.w.all)
+	c.Free(g.rope)
+	g.w.all, g.rope = cudart.Buffer{}, cudart.Buffer{}
+}
+
+// ensure grows scratch buffer i to at least n bytes (keeping none of its contents).
+func (g *DSparkBlocks) ensure(c *cudart.Ctx, i int, n int64) (cudart.DevicePtr, error) {
+	if g.sizes[i] < n {
+		c.Free(g.bufs[i])
+		g.bufs[i], g.sizes[i] = cudart.Buffer{}, 0
+		b, err := c.Alloc(n)
+		if err != nil {
+			return 0, fmt.Errorf("gpurunner: DSpark scratch of %d bytes: %w", n, err)
+		}
+		g.bufs[i], g.sizes[i] = b, n
+	}
+	return g.bufs[i].Ptr, nil
+}
+
+// Blocks runs the block forward of each sequence's context with its anchor: what
+// dspark.Drafter.Blocks returns, computed on the device (float32 throughout; GEMM and
+// attention sums in another order, so values differ from the CPU's by float32 rounding).
+func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspark.Block, error) {
+	c := g.d.Config
+	b := c.Base
+	B, S := c.BlockSize, len(ctxs)
+	if len(anchors) != S || S == 0 {
+		return nil, fmt.Errorf("gpurunner: DSpark blocks: %d contexts and %d anchors", S, len(anchors))
+	}
+	hd, dd, nh, nkv, inter, V := b.HiddenSize, b.HeadDim, b.NumAttentionHeads, b.NumKeyValueHeads, b.IntermediateSize, b.VocabSize
+	qd, kvd := nh*dd, nkv*dd
+	L := len(g.w.layers)
+	R := S * B
+	PT := dsparkPageTokens
+	// Sequence i's keys fill pages first[i].. of every layer's K (and V) buffer: token j
+	// at row first[i]·PT + j, so the page table of each of its slots is first[i], +1, ...
+	first := make([]int, S+1)
+	maxPages := 0
+	for i, ctx := range ctxs {
+		n := ctx.Len()
+		if n+B > g.ropeT.MaxPos {
+			return nil, fmt.Errorf("gpurunner: DSpark block at positions %d..%d past the drafter's %d", n, n+B-1, g.ropeT.MaxPos)
+		}
+		if a := anchors[i]; a < 0 || int(a) >= V {
+			return nil, fmt.Errorf("gpurunner: DSpark anchor token %d outside the vocabulary of %d", a, V)
+		}
+		pages := (n + B + PT - 1) / PT
+		first[i+1] = first[i] + pages
+		maxPages = max(maxPages, pages)
+	}
+	totalPages := first[S]
+	if totalPages > cuda.PageSlotMask {
+		return nil, fmt.Errorf("gpurunner: DSpark blocks over %d pages of context: more than one slab's %d", totalPages, cuda.PageSlotMask)
+	}
+	pageKV := int64(2 * PT * kvd)         // float32 per page: K then V of PageTokens tokens
+	layerKV := int64(totalPages) * pageKV // float32 per layer
+	// Host side: ids, positions, context lengths, page tables and the packed context K/V.
+	g.idsHost, g.posHost = resizeI32(g.idsHost, R), resizeI32(g.posHost, R)
+	g.lenHost = resizeI32(g.lenHost, R)
+	if cap(g.slots) < R {
+		g.slots = make([]int64, R)
+	}
+	g.slots = g.slots[:R]
+	if cap(g.ptHost) < R*maxPages {
+		g.ptHost = make([]uint32, R*maxPages)
+	}
+	g.ptHost = g.ptHost[:R*maxPages]
+	if int64(cap(g.kvHost)) < int64(L)*layerKV {
+		g.kvHost = make([]float32, int64(L)*layerKV)
+	}
+	g.kvHost = g.kvHost[:int64(L)*layerKV]
+	for i, ctx := range ctxs {
+		n := ctx.Len()
+		for j := range B {
+			r := i*B + j
+			g.idsHost[r], g.posHost[r], g.lenHost[r] = c.MaskTokenID, int32(n+j), int32(n+B)
+			g.slots[r] = int64(first[i]*PT + n + j) // page first[i] + (n+j)/PT, token (n+j)%PT
+			for p := range maxPages {
+				g.ptHost[r*maxPages+p] = uint32(first[i] + min(p, first[i+1]-first[i]-1))
+			}
+		}
+		g.idsHost[i*B] = anchors[i]
+		for l := range L {
+			for j := range n {
+				at := int64(l)*layerKV + int64(first[i]+j/PT)*pageKV + int64(j%PT*kvd)
+				copy(g.kvHost[at:at+int64(kvd)], ctx.K[l][j*kvd:(j+1)*kvd])
+				copy(g.kvHost[at+int64(PT*kvd):at+int64(PT*kvd+kvd)], ctx.V[l][j*kvd:(j+1)*kvd])
+			}
+		}
+	}
+	hidden, logits := make([]float32, R*hd), make([]float32, R*V)
+	r := g.r
+	err := r.dev.Do(func(cx *cudart.Ctx) error {
+		s := r.stream
+		var p [bufCount]cudart.DevicePtr
+		for i, n := range [bufCount]int64{
+			bufIDs: 4 * int64(R), bufPos: 4 * int64(R), bufX: 4 * int64(R*hd), bufH: 4 * int64(R*hd),
+			bufQ: 4 * int64(R*qd), bufK: 4 * int64(R*kvd), bufV: 4 * int64(R*kvd), bufAtt: 4 * int64(R*qd),
+			bufO: 4 * int64(R*hd), bufGate: 4 * int64(R*inter), bufUp: 4 * int64(R*inter), bufLogits: 4 * int64(R*V),
+			bufKV: 4 * int64(L) * layerKV, bufLens: 4 * int64(R), bufPages: 4 * int64(R*maxPages), bufSlots: 8 * int64(R),
+		} {
+			var err error
+			if p[i], err = g.ensure(cx, i, n); err != nil {
+				return err
+			}
+		}
+		err := firstErr(
+			cudart.UploadAsync(cx, p[bufIDs], g.idsHost, s), cudart.UploadAsync(cx, p[bufPos], g.posHost, s),
+			cudart.UploadAsync(cx, p[bufLens], g.lenHost, s), cudart.UploadAsync(cx, p[bufPages], g.ptHost, s),
+			cudart.UploadAsync(cx, p[bufKV], g.kvHost, s), cudart.UploadAsync(cx, p[bufSlots], g.slots, s),
+		)
+		if err != nil {
+			return err
+		}
+		if err := g.forward(cx, s, p, R, layerKV, maxPages); err != nil {
+			return err
+		}
+		err = firstErr(cudart.DownloadAsync(cx, hidden, p[bufH], s), cudart.DownloadAsync(cx, logits, p[bufLogits], s))
+		if err != nil {
+			return err
+		}
+		return cx.Sync(s)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gpurunner: DSpark blocks: %w", err)
+	}
+	out := make([]*dspark.Block, S)
+	for i, ctx := range ctxs {
+		out[i] = &dspark.Block{Anchor: anchors[i], Position: ctx.Len(),
+			Hidden: hidden[i*B*hd : (i+1)*B*hd : (i+1)*B*hd], Logits: logits[i*B*V : (i+1)*B*V : (i+1)*B*V]}
+	}
+	return out, nil
+}
+
+// forward launches the block forward of R slots over the uploaded inputs; p holds the
+// scratch. Nothing in it depends on the call's contexts but through device arrays.
+//
+//	x, h, o: [R, hidden]   q, att: [R, heads·hd]   k, v: [R, kv·hd]   gate, up: [R, inter]
+//	kv: per layer (layerKV float32) the pages, each [K|V][PageTokens][kv·hd]
+func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cudart.DevicePtr, R int, layerKV int64, maxPages int) error {
+	b := g.d.Config.Base
+	k, blas := g.r.kern, g.r.blas
+	hd, dd, nh, nkv, inter, V := b.HiddenSize, b.HeadDim, b.NumAttentionHeads, b.NumKeyValueHeads, b.IntermediateSize, b.VocabSize
+	qd, kvd := nh*dd, nkv*dd
+	PT := dsparkPageTokens
+	eps := float32(b.RMSNormEps)
+	gemm := func(out, x, w cudart.DevicePtr, rows, in, n int) error {
+		return blas.MatMulT(c, s, cudart.F32, out, x, w, rows, in, n)
+	}
+	rope := cuda.Rope{Cos: g.rope.Ptr, Sin: g.rope.Ptr.Add(int64(len(g.ropeT.Cos)) * 4), Dim: g.ropeT.Dim, MaxPos: g.ropeT.MaxPos}
+	pageElems := int64(2 * PT * kvd)
+	layout := cuda.KVSlabLayout{SlabElems: pageElems << cuda.PageSlotBits, PageElems: pageElems, KOffset: 0, VOffset: int64(PT * kvd)}
+	x, h, o := p[bufX], p[bufH], p[bufO]
+	q, kk, v, att := p[bufQ], p[bufK], p[bufV], p[bufAtt]
+	if err := k.Embedding(c, s, x, g.w.embed, p[bufIDs], R, hd, V); err != nil {
+		return fmt.Errorf("embedding: %w", err)
+	}
+	for l, lw := range g.w.layers {
+		var err error
+		if l == 0 {
+			err = k.RMSNorm(c, s, h, x, lw.attnNorm, R, hd, eps)
+		} else { // x += the last MLP's output; h = attn_norm(x)
+			err = k.AddRMSNorm(c, s, cuda.F32, h, x, o, lw.attnNorm, R, hd, eps)
+		}
+		cache := p[bufKV].Add(4 * int64(l) * layerKV)
+		err = firstErr(err,
+			gemm(q, h, lw.q, R, hd, qd), gemm(kk, h, lw.k, R, hd, kvd), gemm(v, h, lw.v, R, hd, kvd),
+			k.RMSNorm(c, s, q, q, lw.qNorm, R*nh, dd, eps), k.RMSNorm(c, s, kk, kk, lw.kNorm, R*nkv, dd, eps),
+		)
+		if err == nil { // rotary on q and k; the block's K/V into its pages after the context's
+			err = k.RopeKV(c, s, cuda.RopeKV{
+				Q: q, K: kk, V: v, Cache: cache, Positions: p[bufPos], Slots: p[bufSlots], Rope: rope, Layout: layout,
+				DType: cuda.F32, Tokens: R, Heads: nh, KVHeads: nkv, HeadDim: dd, QStride: qd, KVStride: kvd, PageTokens: PT,
+			})
+		}
+		if err == nil {
+			err = k.PagedAttention(c, s, cuda.PagedAttention{
+				Out: att, Q: q, KCache: cache, VCache: cache, PageTable: p[bufPages], CtxLens: p[bufLens], Layout: layout,
+				Batch: R, NQ: 1, Heads: nh, KVHeads: nkv, HeadDim: dd, PageTokens: PT, MaxPages: maxPages,
+				Scale: float32(1 / math.Sqrt(float64(dd))),
+			})
+		}
+		err = firstErr(err,
+			gemm(o, att, lw.o, R, qd, hd),
+			k.AddRMSNorm(c, s, cuda.F32, h, x, o, lw.mlpNorm, R, hd, eps),
+			gemm(p[bufGate], h, lw.gate, R, hd, inter), gemm(p[bufUp], h, lw.up, R, hd, inter),
+			k.SiLUMulSplit(c, s, p[bufGate], p[bufGate], p[bufUp], R*inter),
+			gemm(o, p[bufGate], lw.down, R, inter, hd),
+		)
+		if err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
+	}
+	// h = norm(x + the last MLP's output): the block's hidden states; then the head.
+	err := firstErr(k.AddRMSNorm(c, s, cuda.F32, h, x, o, g.w.norm, R, hd, eps), gemm(p[bufLogits], h, g.w.head, R, hd, V))
+	if err != nil {
+		return fmt.Errorf("head: %w", err)
+	}
+	return nil
+}
+
+func resizeI32(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
+	}
+	return b[:n]
+}
