@@ -360,8 +360,8 @@ func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim
 // all) and returns the logits of the rows named ([len(rows), vocab]; indices into the
 // step's rows, in sequence order; nil names every row), as Model.ForwardRows: only those
 // rows go through the head. A non-nil mir gets the step's state written through to the
-// host pool (gpu_cache.go). With graphs on (g.graphs), a decode step (one token and one
-// logits row per sequence, in order) runs as the CUDA graph of its batch bucket, the
+// pool on the device (gpu_cache.go). With graphs on (g.graphs), a decode step (one token
+// and one logits row per sequence, in order) runs as the CUDA graph of its batch bucket, the
 // batch padded with rows of the spare slot, and any other step of fewer rows than the
 // largest prefill bucket as the graph of its token bucket and sequence count, padded with
 // a sequence of the spare slot (gpu_graphs.go).
@@ -486,7 +486,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return g.stashRows(c, li, n)
 		case bucket == 0 && mir != nil:
 			if err := mir.layer(c, g, li, n, g.workRows(li)); err != nil {
-				return fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
+				return fmt.Errorf("gpu: layer %d: the pool: %w", li, err)
 			}
 		}
 		return nil
@@ -525,16 +525,19 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		if prefill {
 			for li := range g.layers {
 				if err := mir.layer(c, g, li, n, g.stashed(li)); err != nil {
-					return nil, fmt.Errorf("gpu: layer %d: the host pool: %w", li, err)
+					return nil, fmt.Errorf("gpu: layer %d: the pool: %w", li, err)
 				}
 			}
 		} else if bucket > 0 {
 			if err := mir.decoded(c, g, seqs); err != nil {
-				return nil, fmt.Errorf("gpu: the host pool: %w", err)
+				return nil, fmt.Errorf("gpu: the pool: %w", err)
 			}
 		}
 		if err := mir.finish(c, g, seqs); err != nil {
-			return nil, fmt.Errorf("gpu: the host pool: %w", err)
+			return nil, fmt.Errorf("gpu: the pool: %w", err)
+		}
+		if err := c.Sync(g.s); err != nil { // the write-through's copies
+			return nil, err
 		}
 	}
 	for i, s := range seqs {

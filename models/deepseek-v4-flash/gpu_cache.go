@@ -12,80 +12,66 @@ import (
 // The GPU runner's prefix cache. The forward reads and writes each sequence's state in a
 // device slot (gpu.go: the sliding window as a ring, each compressor's pending window,
 // previous-window half and entries). The engine's prefix cache, though, shares kvslab
-// pages, so GPURunner keeps its host pool, the CPU runner's layout (cache.go: "swa",
-// "csa", "hca", "state"), equal to what the CPU runner would hold there, written through
-// from the device after every step:
+// pages, so GPURunner keeps its pool (gpu_pages.go: in device memory, the CPU runner's
+// layout, cache.go: "swa", "csa", "hca", "state") equal to what the CPU runner would hold
+// there, written through from the slots on the device after every step, as copies queued
+// on the forward's stream (no host round trip):
 //
-//   - "swa": every layer's K=V row of each position the step fed (the step's rows, read
-//     back once per layer, since a chunk longer than the window overwrites the ring);
+//   - "swa": every layer's K=V row of each position the step fed (the step's rows, copied
+//     after each layer's block, since a chunk longer than the window overwrites the
+//     ring);
 //   - "csa"/"hca": the entries of the windows the step closed (the compressor's and, on
 //     CSA layers, the indexer's keys beside them);
 //   - "state": the pending slots the step wrote and, when a window closed, the previous
 //     window's Ca half; at each block end the step reached, its checkpoint page gets the
 //     buffers as they were right after that position (the window that closed there, from
-//     the step's projections and the state before the step), as the CPU runner's
-//     WindowClosed copies them.
+//     the step's projections and the live state page before the step), as the CPU
+//     runner's WindowClosed copies them.
 //
 // A request the engine resumes at L cached tokens without a slot (a prefix hit, or a
-// preempted request) gets a fresh slot filled back from its pages (restore): the ring's
-// last sliding_window−1 rows, every entry, the live state page (which the engine's cache
-// ops restored from the checkpoint). What is not paged: the device slots themselves (one
-// per running sequence, sized for the whole context) and the step's work buffers. The
-// cost is device-to-host copies of every fed row per layer and a device sync per layer,
-// a first cut that suits the emulated device and small batches; paging the device state
-// itself (kernels that address kvslab pages) is the next step.
+// preempted request) gets a fresh slot filled back from its pages on the device
+// (restore): the ring's last sliding_window−1 rows, every entry, the live state page
+// (which the engine's cache ops restored from the checkpoint). What is not paged: the
+// device slots themselves (one per running sequence, sized for the whole context) and the
+// step's work buffers. The cost is one device copy per page run of rows, per entry and
+// per state buffer, a first cut: kernels that address kvslab pages directly would drop
+// the slots and the copies.
 
-// mirrorStep is one step's write-through: each sequence's host views of its pages, where
-// its rows start and how many tokens it had and adds.
+// mirrorStep is one step's write-through: each sequence's pages, where its rows start and
+// how many tokens it had and adds; its copies go on stream s.
 type mirrorStep struct {
-	kv             *KVCache
-	states         []*SeqState
-	ckpt           [][]kvslab.PageID
+	kv             *devPages
+	seqs           []seqPages
 	len0, row0, ns []int
-	buf            []float32
+	s              *cudart.Stream
 }
 
 // newMirrorStep binds plan p's sequences to their pages.
-func newMirrorStep(kv *KVCache, p *engine.BatchPlan) (*mirrorStep, error) {
-	ms := &mirrorStep{kv: kv}
+func newMirrorStep(kv *devPages, p *engine.BatchPlan, s *cudart.Stream) (*mirrorStep, error) {
+	ms := &mirrorStep{kv: kv, s: s}
 	for i := range p.NumSeqs() {
-		st, err := kv.bind(p, i)
+		sp, err := kv.seq(p, i)
 		if err != nil {
 			return nil, err
 		}
-		var ck []kvslab.PageID
-		if kv.L.state >= 0 {
-			ck = p.PageTableOf(kv.L.state, i)
-		}
 		toks, _ := p.Seq(i)
-		ms.states, ms.ckpt = append(ms.states, st), append(ms.ckpt, ck)
+		ms.seqs = append(ms.seqs, sp)
 		ms.len0, ms.row0, ms.ns = append(ms.len0, int(p.Computed[i])), append(ms.row0, int(p.QueryStart[i])), append(ms.ns, len(toks))
 	}
 	return ms, nil
 }
 
-// scratch returns a host buffer of n floats.
-func (ms *mirrorStep) scratch(n int) []float32 {
-	if cap(ms.buf) < n {
-		ms.buf = make([]float32, n)
-	}
-	return ms.buf[:n]
+// copy queues the copy of n floats from src to dst.
+func (ms *mirrorStep) copy(c *cudart.Ctx, dst, src cudart.DevicePtr, n int) error {
+	return c.CopyDtoDAsync(dst, src, int64(4*n), ms.s)
 }
 
-// gpuComp pairs one device compressor with its host state, its projections in the step's
-// work buffers and its offset in the state page.
+// gpuComp pairs one device compressor with its projections in the step's work buffers
+// and its offset in the state page.
 type gpuComp struct {
 	dev      *kernels.Compressor
 	kv, gate cudart.DevicePtr
 	indexer  bool
-}
-
-// host is the compressor's state in a sequence's host views of layer li.
-func (cp gpuComp) host(st *SeqState, li int) *CompressorState {
-	if cp.indexer {
-		return st.Layers[li].Indexer
-	}
-	return st.Layers[li].Compressor
 }
 
 // offset is where its buffers start in the state page.
@@ -129,19 +115,24 @@ func (g *gpuModel) workRows(li int) layerRows {
 // layer writes layer li's sliding-window rows of the step and the checkpoints of the
 // block ends it reached from src, the layer's rows (rows of them): the work buffers right
 // after the layer's block (eager steps), or a prefill graph's stash of them
-// (gpu_graphs.go); it runs before finish has updated the host state page.
+// (gpu_graphs.go); it is queued before finish updates the live state page.
 func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src layerRows) error {
 	d := g.m.Config.HeadDim
-	if err := c.Synchronize(); err != nil { // the layer's launches on the stream
-		return err
-	}
-	kvRows := ms.scratch(rows * d)
-	if err := cudart.Download(c, kvRows, src.kv); err != nil {
-		return err
-	}
-	for i, st := range ms.states {
-		for j := range ms.ns[i] {
-			copy(st.Layers[li].Window.Row(ms.len0[i]+j), kvRows[(ms.row0[i]+j)*d:])
+	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
+	for i := range ms.seqs {
+		if ms.row0[i]+ms.ns[i] > rows {
+			return fmt.Errorf("gpu: sequence %d's rows end past the step's %d", i, rows)
+		}
+		for j := 0; j < ms.ns[i]; {
+			dst, run, err := ms.kv.window(&ms.seqs[i], li, ms.len0[i]+j)
+			if err != nil {
+				return err
+			}
+			k := min(run, ms.ns[i]-j)
+			if err := ms.copy(c, dst, f(src.kv, (ms.row0[i]+j)*d), k*d); err != nil {
+				return err
+			}
+			j += k
 		}
 	}
 	pt := ms.kv.pt
@@ -149,40 +140,40 @@ func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src la
 		kc := cp.dev
 		r, wd, dim := kc.Ratio, kc.Width(), kc.Dim
 		kvSrc, gateSrc := src.proj[ci][0], src.proj[ci][1]
-		for i, st := range ms.states {
+		off := cp.offset(ms.kv.L, li)
+		for i := range ms.seqs {
+			sp := &ms.seqs[i]
 			l0, end := ms.len0[i], ms.len0[i]+ms.ns[i]
-			hs := cp.host(st, li)
+			live := ms.kv.state(sp.state, off)
 			for pos := l0 + pt - 1 - l0%pt; pos < end; pos += pt {
 				b := pos / pt
-				if b >= len(ms.ckpt[i]) || ms.ckpt[i][b] == kvslab.NoPage {
+				if b >= len(sp.ckpt) || sp.ckpt[b] == kvslab.NoPage {
 					continue
 				}
-				o := int(ms.kv.pool.PageOffset(ms.kv.L.state, ms.ckpt[i][b])/4) + cp.offset(ms.kv.L, li)
-				dst := ms.kv.mem[o:]
+				dst := ms.kv.state(sp.ckpt[b], off)
 				// The window that closed at pos: positions pos−r+1..pos, those of the step
-				// in its projections, the earlier ones in the state before the step.
-				first := max(pos-r+1, l0)
-				nr := pos + 1 - first
-				proj := ms.scratch(2 * nr * wd)
-				at := cudart.DevicePtr(4 * (ms.row0[i] + first - l0) * wd)
-				if err := cudart.Download(c, proj[:nr*wd], kvSrc+at); err != nil {
-					return err
-				}
-				if err := cudart.Download(c, proj[nr*wd:], gateSrc+at); err != nil {
-					return err
-				}
+				// in its projections, the earlier ones in the live page before the step.
 				for j := range r {
 					q := pos - r + 1 + j
-					kvRow, gRow := hs.PendingKV[j*wd:(j+1)*wd], hs.PendingGate[j*wd:(j+1)*wd]
+					kvRow, gRow := f(live, j*wd), f(live, r*wd+j*wd)
 					if q >= l0 {
-						k := q - first
-						kvRow, gRow = proj[k*wd:(k+1)*wd], proj[(nr+k)*wd:(nr+k+1)*wd]
+						row := ms.row0[i] + q - l0
+						kvRow, gRow = f(kvSrc, row*wd), f(gateSrc, row*wd)
 					}
-					copy(dst[j*wd:], kvRow)
-					copy(dst[r*wd+j*wd:], gRow)
-					if kc.Overlap {
-						copy(dst[2*r*wd+j*dim:(2*r*wd)+(j+1)*dim], kvRow[:dim])
-						copy(dst[2*r*wd+r*dim+j*dim:2*r*wd+r*dim+(j+1)*dim], gRow[:dim])
+					if err := ms.copy(c, f(dst, j*wd), kvRow, wd); err != nil {
+						return err
+					}
+					if err := ms.copy(c, f(dst, r*wd+j*wd), gRow, wd); err != nil {
+						return err
+					}
+					if !kc.Overlap {
+						continue
+					}
+					if err := ms.copy(c, f(dst, 2*r*wd+j*dim), kvRow, dim); err != nil {
+						return err
+					}
+					if err := ms.copy(c, f(dst, 2*r*wd+r*dim+j*dim), gRow, dim); err != nil {
+						return err
 					}
 				}
 			}
@@ -194,40 +185,41 @@ func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src la
 // finish writes what the step left in the device slots: the entries of the windows it
 // closed and the state buffers it changed.
 func (ms *mirrorStep) finish(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error {
+	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
 	for li := range g.layers {
 		l := &g.layers[li]
 		for _, cp := range g.comps(li) {
 			kc := cp.dev
 			r, wd, dim := kc.Ratio, kc.Width(), kc.Dim
-			for i, st := range ms.states {
-				hs, slot := cp.host(st, li), seqs[i].slot
+			off := cp.offset(ms.kv.L, li)
+			for i := range ms.seqs {
+				sp, slot := &ms.seqs[i], seqs[i].slot
 				l0, end := ms.len0[i], ms.len0[i]+ms.ns[i]
+				live := ms.kv.state(sp.state, off)
 				w0, w1 := l0/r, end/r // windows [w0, w1) closed in the step
-				if w1 > w0 {
-					e := ms.scratch((w1 - w0) * dim)
-					if err := cudart.Download(c, e, kc.Entries+cudart.DevicePtr(4*(slot*l.maxEntries+w0)*dim)); err != nil {
+				for w := w0; w < w1; w++ {
+					dst, err := ms.kv.entry(sp, li, cp.indexer, w)
+					if err != nil {
 						return err
 					}
-					for w := w0; w < w1; w++ {
-						copy(hs.Entries.Row(w), e[(w-w0)*dim:])
+					if err := ms.copy(c, dst, f(kc.Entries, (slot*l.maxEntries+w)*dim), dim); err != nil {
+						return err
 					}
-					if kc.Overlap {
-						at := cudart.DevicePtr(4 * slot * r * dim)
-						if err := cudart.Download(c, hs.PrevKV, kc.PrevKV+at); err != nil {
-							return err
-						}
-						if err := cudart.Download(c, hs.PrevGate, kc.PrevGate+at); err != nil {
-							return err
-						}
+				}
+				if w1 > w0 && kc.Overlap {
+					if err := ms.copy(c, f(live, 2*r*wd), f(kc.PrevKV, slot*r*dim), r*dim); err != nil {
+						return err
+					}
+					if err := ms.copy(c, f(live, 2*r*wd+r*dim), f(kc.PrevGate, slot*r*dim), r*dim); err != nil {
+						return err
 					}
 				}
 				for q := max(l0, end-r); q < end; q++ {
 					j := q % r
-					at := cudart.DevicePtr(4 * (slot*r + j) * wd)
-					if err := cudart.Download(c, hs.PendingKV[j*wd:(j+1)*wd], kc.PendingKV+at); err != nil {
+					if err := ms.copy(c, f(live, j*wd), f(kc.PendingKV, (slot*r+j)*wd), wd); err != nil {
 						return err
 					}
-					if err := cudart.Download(c, hs.PendingGate[j*wd:(j+1)*wd], kc.PendingGate+at); err != nil {
+					if err := ms.copy(c, f(live, r*wd+j*wd), f(kc.PendingGate, (slot*r+j)*wd), wd); err != nil {
 						return err
 					}
 				}
@@ -237,44 +229,57 @@ func (ms *mirrorStep) finish(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error {
 	return nil
 }
 
-// restore fills slot s, fresh, with the state of plan sequence i from its pages (st, its
-// views; n cached tokens): the ring's rows the next query reads, every entry, the state
-// page's buffers; with the MTP head, its ring's rows the next step's first MTP row reads
-// and the final streams of the last token (last, the state page's).
-func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, st *SeqState, last []float32, swa []kvslab.PageID, pt, n int) error {
+// restore fills slot s, fresh, with the state of a sequence from its pages (sp; n cached
+// tokens), device to device: the ring's rows the next query reads, every entry, the live
+// state page's buffers; with the MTP head, its ring's rows the next step's first MTP row
+// reads and the final streams of the last token (the state page's).
+func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, kv *devPages, sp *seqPages, n int) error {
 	cfg := g.m.Config
 	d, win := cfg.HeadDim, cfg.SlidingWindow
 	if n > g.m.maxContext {
 		return fmt.Errorf("gpu: a prefix of %d tokens outside the context of %d", n, g.m.maxContext)
 	}
+	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
+	cp := func(dst, src cudart.DevicePtr, floats int) error { return c.CopyDtoD(dst, src, int64(4*floats)) }
 	for li := range g.layers {
 		l := &g.layers[li]
 		for q := max(0, n-win+1); q < n; q++ {
-			if b := q / pt; b >= len(swa) || swa[b] == kvslab.NoPage {
-				return fmt.Errorf("gpu: the prefix of %d tokens has no page for its window row %d", n, q)
+			row, _, err := kv.window(sp, li, q)
+			if err != nil {
+				return fmt.Errorf("gpu: the prefix of %d tokens: %w", n, err)
 			}
-			if err := cudart.Upload(c, l.ring+cudart.DevicePtr(4*(s.slot*win+q%win)*d), st.Layers[li].Window.Row(q)); err != nil {
+			if err := cp(f(l.ring, (s.slot*win+q%win)*d), row, d); err != nil {
 				return err
 			}
 		}
-		for _, cp := range g.comps(li) {
-			kc := cp.dev
+		for _, comp := range g.comps(li) {
+			kc := comp.dev
 			r, wd, dim := kc.Ratio, kc.Width(), kc.Dim
-			hs := cp.host(st, li)
 			for w := range n / r {
-				if err := cudart.Upload(c, kc.Entries+cudart.DevicePtr(4*(s.slot*l.maxEntries+w)*dim), hs.Entries.Row(w)); err != nil {
+				e, err := kv.entry(sp, li, comp.indexer, w)
+				if err != nil {
+					return fmt.Errorf("gpu: the prefix of %d tokens: %w", n, err)
+				}
+				if err := cp(f(kc.Entries, (s.slot*l.maxEntries+w)*dim), e, dim); err != nil {
 					return err
 				}
 			}
-			for _, b := range []struct {
-				dst cudart.DevicePtr
-				src []float32
-				n   int
-			}{{kc.PendingKV, hs.PendingKV, r * wd}, {kc.PendingGate, hs.PendingGate, r * wd}, {kc.PrevKV, hs.PrevKV, r * dim}, {kc.PrevGate, hs.PrevGate, r * dim}} {
-				if b.src == nil {
-					continue
-				}
-				if err := cudart.Upload(c, b.dst+cudart.DevicePtr(4*s.slot*b.n), b.src); err != nil {
+			live := kv.state(sp.state, comp.offset(kv.L, li))
+			bufs := []struct {
+				dst       cudart.DevicePtr
+				off, size int
+			}{{kc.PendingKV, 0, r * wd}, {kc.PendingGate, r * wd, r * wd}}
+			if kc.Overlap {
+				bufs = append(bufs, struct {
+					dst       cudart.DevicePtr
+					off, size int
+				}{kc.PrevKV, 2 * r * wd, r * dim}, struct {
+					dst       cudart.DevicePtr
+					off, size int
+				}{kc.PrevGate, 2*r*wd + r*dim, r * dim})
+			}
+			for _, b := range bufs {
+				if err := cp(f(b.dst, s.slot*b.size), f(live, b.off), b.size); err != nil {
 					return err
 				}
 			}
@@ -282,12 +287,16 @@ func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, st *SeqState, last []float3
 	}
 	if g.mtp != nil && n > 0 {
 		for q := max(0, n-win); q < n-1; q++ {
-			if err := cudart.Upload(c, g.mtp.layer.ring+cudart.DevicePtr(4*(s.slot*win+q%win)*d), st.MTP.Window.Row(q)); err != nil {
+			row, _, err := kv.window(sp, cfg.NumHiddenLayers, q)
+			if err != nil {
+				return fmt.Errorf("gpu: the prefix of %d tokens: %w", n, err)
+			}
+			if err := cp(f(g.mtp.layer.ring, (s.slot*win+q%win)*d), row, d); err != nil {
 				return err
 			}
 		}
 		sw := cfg.HCMult * cfg.HiddenSize
-		if err := cudart.Upload(c, g.mtp.last+cudart.DevicePtr(4*s.slot*sw), last); err != nil {
+		if err := cp(f(g.mtp.last, s.slot*sw), kv.stream(sp.state), sw); err != nil {
 			return err
 		}
 	}

@@ -198,48 +198,48 @@ func (g *gpuModel) runGraph(c *cudart.Ctx, key cudart.GraphKey, step func() erro
 	return nil
 }
 
-// decoded writes what a graph step (one token per sequence) left in the device slots and
-// the per-layer hook (mirrorStep.layer) did not see: each layer's sliding-window row of the
-// position fed, from the ring, and, where that position ends a block, the checkpoint of
-// every compressor: its buffers right after it, which are the slot's now.
+// decoded writes what a decode graph step (one token per sequence) left in the device
+// slots and the per-layer hook (mirrorStep.layer) did not see: each layer's
+// sliding-window row of the position fed, from the ring, and, where that position ends a
+// block, the checkpoint of every compressor: its buffers right after it, which are the
+// slot's now.
 func (ms *mirrorStep) decoded(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error {
 	cfg := g.m.Config
 	d, win, pt := cfg.HeadDim, cfg.SlidingWindow, ms.kv.pt
+	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
 	for li := range g.layers {
 		l := &g.layers[li]
-		for i, st := range ms.states {
-			p, slot := ms.len0[i], seqs[i].slot
-			if err := cudart.Download(c, st.Layers[li].Window.Row(p), l.ring+cudart.DevicePtr(4*(slot*win+p%win)*d)); err != nil {
+		for i := range ms.seqs {
+			sp, p, slot := &ms.seqs[i], ms.len0[i], seqs[i].slot
+			row, _, err := ms.kv.window(sp, li, p)
+			if err != nil {
+				return err
+			}
+			if err := ms.copy(c, row, f(l.ring, (slot*win+p%win)*d), d); err != nil {
 				return err
 			}
 			b := p / pt
-			if (p+1)%pt != 0 || b >= len(ms.ckpt[i]) || ms.ckpt[i][b] == kvslab.NoPage {
+			if (p+1)%pt != 0 || b >= len(sp.ckpt) || sp.ckpt[b] == kvslab.NoPage {
 				continue
 			}
 			for _, cp := range g.comps(li) {
 				kc := cp.dev
 				r, wd, dim := kc.Ratio, kc.Width(), kc.Dim
-				o := int(ms.kv.pool.PageOffset(ms.kv.L.state, ms.ckpt[i][b])/4) + cp.offset(ms.kv.L, li)
-				dst := ms.kv.mem[o:]
-				parts := []struct {
-					src cudart.DevicePtr
-					n   int
-				}{{kc.PendingKV + cudart.DevicePtr(4*slot*r*wd), r * wd}, {kc.PendingGate + cudart.DevicePtr(4*slot*r*wd), r * wd}}
-				if kc.Overlap {
-					parts = append(parts, struct {
-						src cudart.DevicePtr
-						n   int
-					}{kc.PrevKV + cudart.DevicePtr(4*slot*r*dim), r * dim}, struct {
-						src cudart.DevicePtr
-						n   int
-					}{kc.PrevGate + cudart.DevicePtr(4*slot*r*dim), r * dim})
+				dst := ms.kv.state(sp.ckpt[b], cp.offset(ms.kv.L, li))
+				if err := ms.copy(c, dst, f(kc.PendingKV, slot*r*wd), r*wd); err != nil {
+					return err
 				}
-				at := 0
-				for _, pp := range parts {
-					if err := cudart.Download(c, dst[at:at+pp.n], pp.src); err != nil {
-						return err
-					}
-					at += pp.n
+				if err := ms.copy(c, f(dst, r*wd), f(kc.PendingGate, slot*r*wd), r*wd); err != nil {
+					return err
+				}
+				if !kc.Overlap {
+					continue
+				}
+				if err := ms.copy(c, f(dst, 2*r*wd), f(kc.PrevKV, slot*r*dim), r*dim); err != nil {
+					return err
+				}
+				if err := ms.copy(c, f(dst, 2*r*wd+r*dim), f(kc.PrevGate, slot*r*dim), r*dim); err != nil {
+					return err
 				}
 			}
 		}

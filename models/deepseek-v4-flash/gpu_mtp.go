@@ -14,14 +14,15 @@ import (
 // (sliding attention with a ring of its own per slot, learned-routing MoE), e_proj and
 // h_proj with their norms, hc_head and the final norm; per slot the main model's final
 // streams of the last token the sequence holds (the head's input for that position, the
-// state page's streams); the head's input streams of a step; and the device undo log of
-// a verify step's drafts.
+// state page's streams); the head's input streams of a step; and the device undo logs of
+// a verify step's drafts (the slots' and the pool pages').
 type gpuMTP struct {
 	layer                            gpuLayer
 	eProj, hProj, eNorm, hNorm, norm cudart.DevicePtr
 	hc                               gpuHC
 	last, in                         cudart.DevicePtr // [slots, hc·hidden], [maxTokens, hc·hidden]
 	undo                             devUndo
+	pages                            devUndo // the same, for the pool's pages (savePageDrafts)
 }
 
 // newGPUMTP uploads the MTP head of g's model with upLayer (newGPUModel's), with room
@@ -74,6 +75,10 @@ func newGPUMTP(a *gpuArena, c *cudart.Ctx, g *gpuModel, drafts int, upLayer func
 	}
 	t.undo.floats = g.slots * drafts * (per + cfg.HeadDim)
 	if t.undo.buf, err = a.alloc(c, 4*t.undo.floats); err != nil {
+		return nil, err
+	}
+	t.pages.floats = g.slots * drafts * per // the same records in the pool's pages
+	if t.pages.buf, err = a.alloc(c, 4*t.pages.floats); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -265,10 +270,10 @@ func (d gpuDrafter) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
 }
 
 // saveDrafts records, before a verify forward, what plan p's draft tokens will overwrite:
-// on the device (gpuMTP.undo) and in the host pool (undoLog, over mir's views).
+// in the device slots (gpuMTP.undo) and in the pool's pages (gpuMTP.pages, over mir's).
 func (r *GPURunner) saveDrafts(c *cudart.Ctx, p *engine.BatchPlan, seqs []*gpuSeq, mir *mirrorStep) error {
 	r.g.mtp.undo.reset()
-	r.undo.reset()
+	r.g.mtp.pages.reset()
 	for i, s := range seqs {
 		k := int(p.NumDrafts[i])
 		if k == 0 {
@@ -279,7 +284,9 @@ func (r *GPURunner) saveDrafts(c *cudart.Ctx, p *engine.BatchPlan, seqs []*gpuSe
 			return err
 		}
 		if mir != nil {
-			r.undo.saveDrafts(i, mir.states[i], end-k, end)
+			if err := r.g.savePageDrafts(c, &r.g.mtp.pages, mir.kv, i, &mir.seqs[i], end-k, end); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -304,7 +311,6 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 	var draftSeqs, ends []int
 	var chunkSeq, committed []int // each chunk's plan index and how many of its rows go to the pool
 	in, tok := 0, 0
-	streams := make([]float32, sw)
 	for i, s := range r.stepSeqs {
 		at, q0 := int(p.Computed[i]), int(p.QueryStart[i])
 		n, k, a := int(p.Scheduled[i]), int(p.NumDrafts[i]), int(res.Accepted[i])
@@ -316,7 +322,9 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 					return err
 				}
 				if mir != nil {
-					r.undo.restore(i, end)
+					if err := t.pages.restore(c, i, end); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -348,16 +356,15 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 			return err
 		}
 		if mir != nil {
-			if err := cudart.Download(c, r.kv.stream(p.Groups[r.kv.L.state].StatePage[i]), row(g.w.streams, q0+end-1-at)); err != nil {
+			sp := &mir.seqs[i]
+			if err := c.CopyDtoD(mir.kv.stream(sp.state), row(g.w.streams, q0+end-1-at), int64(4*sw)); err != nil {
 				return err
 			}
-			ckpt := p.PageTableOf(r.kv.L.state, i)
 			for q := at + pt - 1 - at%pt; q < end; q += pt {
-				if b := q / pt; b < len(ckpt) && ckpt[b] != kvslab.NoPage {
-					if err := cudart.Download(c, streams, row(g.w.streams, q0+q-at)); err != nil {
+				if b := q / pt; b < len(sp.ckpt) && sp.ckpt[b] != kvslab.NoPage {
+					if err := c.CopyDtoD(mir.kv.stream(sp.ckpt[b]), row(g.w.streams, q0+q-at), int64(4*sw)); err != nil {
 						return err
 					}
-					copy(r.kv.stream(ckpt[b]), streams)
 				}
 			}
 		}
@@ -393,15 +400,17 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 		return err
 	}
 	if mir != nil {
-		kv := make([]float32, in*d)
-		if err := cudart.Download(c, kv, g.w.kv); err != nil {
-			return err
-		}
 		at := 0
 		for ci, ch := range chunks {
-			st := mir.states[chunkSeq[ci]]
+			sp := &mir.seqs[chunkSeq[ci]]
 			for j := range committed[ci] {
-				copy(st.MTP.Window.Row(ch.pos0+j), kv[(at+j)*d:(at+j+1)*d])
+				dst, _, err := mir.kv.window(sp, cfg.NumHiddenLayers, ch.pos0+j)
+				if err != nil {
+					return err
+				}
+				if err := c.CopyDtoD(dst, g.w.kv+cudart.DevicePtr(4*(at+j)*d), int64(4*d)); err != nil {
+					return err
+				}
 			}
 			at += len(ch.next)
 		}

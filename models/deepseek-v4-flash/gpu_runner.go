@@ -15,12 +15,12 @@ import (
 
 // GPURunner serves the model to core/engine from one CUDA device: gpuModel's forward
 // (doc.go's GPU kernels) behind core/cpurunner's engine wiring (host sampling on the
-// device's logits). A first cut: each sequence's state lives in a device slot, and the
-// host pool NewPool binds (the CPU runner's layout) is kept equal to it, written through
-// after every step, so that a request the engine resumes from a prefix hit gets a slot
-// filled back from its pages (gpu_cache.go). Unbound (no NewPool), a prefix hit is
-// refused by name; so is a request continuing at another length than its slot holds, and
-// draft tokens (no MTP on the device yet).
+// device's logits). Each sequence's state lives in a device slot, and the pool NewPool
+// binds (in device memory, the CPU runner's layout; gpu_pages.go) is kept equal to it,
+// written through on the device after every step, so that a request the engine resumes
+// from a prefix hit gets a slot filled back from its pages (gpu_cache.go). Unbound (no
+// NewPool), a prefix hit is refused by name; so is a request continuing at another length
+// than its slot holds.
 type GPURunner struct {
 	*cpurunner.Runner
 	Model *Model
@@ -30,11 +30,11 @@ type GPURunner struct {
 	g     *gpuModel
 	seqs  gpurunner.SeqSlots[*gpuSeq]
 	pt    int
-	kv    *KVCache // the host pool's views; nil until NewPool
-	// With the MTP head (NewGPUMTPRunner): drafts per step, the host side of the undo log,
-	// and the step in flight (its slots and pool views) for draft.
+	kv    *devPages // the pool's pages; nil until NewPool
+	arena *cudart.DeviceArena
+	// With the MTP head (NewGPUMTPRunner): drafts per step and the step in flight (its
+	// slots and pages) for draft.
 	drafts   int
-	undo     undoLog
 	stepSeqs []*gpuSeq
 	mir      *mirrorStep
 	// forceDraft, when set (tests), chooses each draft as Runner.forceDraft does.
@@ -125,17 +125,36 @@ func newGPURunner(m *Model, pk *gpuPacked, dev *cudart.Device, cache *cudart.Ker
 	return r, nil
 }
 
-// NewPool builds the host pool of bytes bytes (0 = 256 MiB) the engine schedules with and
-// binds the runner to it: the device slots' state is written through to its pages, from
-// which a prefix hit is restored.
+// NewPool builds the pool of bytes bytes (0 = 256 MiB) the engine schedules with, in the
+// device's memory, and binds the runner to it (an earlier pool's memory is freed): the
+// device slots' state is written through to its pages, from which a prefix hit is
+// restored. The engine's cache ops copy its pages on the device (DeviceArena.Copy).
 func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
-	pool, err := engine.NewHostPool(layout(r.Model.Config, r.pt, r.drafts > 0).groups, bytes)
+	if bytes == 0 {
+		bytes = 256 << 20
+	}
+	cfg := kvslab.Config{Groups: layout(r.Model.Config, r.pt, r.drafts > 0).groups}
+	z, err := kvslab.Size(cfg, bytes, 1)
 	if err != nil {
 		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
 	}
-	if r.kv, err = newKVCache(r.Model.Config, pool, r.drafts > 0); err != nil {
-		return nil, fmt.Errorf("%s: %w", Name, err)
+	arena, err := cudart.NewDeviceArena(r.dev, int64(z.Slabs)*z.SlabBytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
 	}
+	pool, err := kvslab.New(cfg, arena)
+	var kv *devPages
+	if err == nil {
+		kv, err = newDevPages(r.Model.Config, pool, arena, r.drafts > 0)
+	}
+	if err != nil {
+		arena.Close()
+		return nil, fmt.Errorf("%s: cache pool: %w", Name, err)
+	}
+	if r.arena != nil {
+		r.arena.Close()
+	}
+	r.kv, r.arena = kv, arena
 	return pool, nil
 }
 
@@ -157,7 +176,7 @@ func (r *GPURunner) resume(c *cudart.Ctx, p *engine.BatchPlan, i int) (*gpuSeq, 
 	if r.kv == nil {
 		return nil, fmt.Errorf("%s on the GPU: request %d resumes at %d cached tokens, but the runner has no pool to restore them from (NewPool)", Name, p.ReqIDs[i], done)
 	}
-	st, err := r.kv.bind(p, i)
+	sp, err := r.kv.seq(p, i)
 	if err != nil {
 		return nil, err
 	}
@@ -165,11 +184,7 @@ func (r *GPURunner) resume(c *cudart.Ctx, p *engine.BatchPlan, i int) (*gpuSeq, 
 	if err != nil {
 		return nil, err
 	}
-	var last []float32
-	if r.drafts > 0 {
-		last = r.kv.stream(p.Groups[r.kv.L.state].StatePage[i])
-	}
-	if err := r.g.restore(c, s, st, last, p.PageTableOf(r.kv.L.swa, i), r.kv.pt, done); err != nil {
+	if err := r.g.restore(c, s, r.kv, &sp, done); err != nil {
 		r.g.free(s)
 		return nil, err
 	}
@@ -190,6 +205,12 @@ func (r *GPURunner) Close() error {
 	})
 	r.blas.Close()
 	err := r.kk.Close()
+	if r.arena != nil {
+		if e := r.arena.Close(); err == nil {
+			err = e
+		}
+		r.arena, r.kv = nil, nil
+	}
 	if r.ownsDev {
 		if e := r.dev.Close(); err == nil {
 			err = e
@@ -212,7 +233,7 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 		}
 		var mir *mirrorStep
 		if r.kv != nil {
-			if mir, err = newMirrorStep(r.kv, p); err != nil {
+			if mir, err = newMirrorStep(r.kv, p, r.g.s); err != nil {
 				return err
 			}
 		}
