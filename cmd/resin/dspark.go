@@ -119,4 +119,3 @@ func (f *runtimeFlags) openDSparkGPU(dir string, cacheBytes int64, opts gpurunne
 	}
 	return gr, pool, nil
 }
-

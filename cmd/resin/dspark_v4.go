@@ -11,8 +11,8 @@ import (
 
 // openDSparkV4 opens the DeepSeek-V4-Flash-DSpark checkpoint (or random-weights config)
 // in dir drafting with its own drafter stages (mtp.0-2; no --draft-model) on the CPU
-// runner: --num-speculative-tokens drafts per block (0: as many as the block and the
-// compression ratios allow), the confidence cut of --dspark-confidence, --spec-trace.
+// runner: --num-speculative-tokens drafts per block (0: the block size), the confidence
+// cut of --dspark-confidence, --spec-trace.
 func (f *runtimeFlags) openDSparkV4(dir string) (engine.Runner, *kvslab.Pool, error) {
 	switch {
 	case f.spec.DraftModel != "":
@@ -32,7 +32,7 @@ func (f *runtimeFlags) openDSparkV4(dir string) (engine.Runner, *kvslab.Pool, er
 		return nil, nil, err
 	}
 	if n := r.DSparkMaxDrafts(); f.specTokens > n {
-		return nil, nil, fmt.Errorf("--num-speculative-tokens %d: the DSpark drafter in %s proposes at most %d per block (its block size, and one less than the smallest compression ratio)", f.specTokens, dir, n)
+		return nil, nil, fmt.Errorf("--num-speculative-tokens %d: the DSpark drafter in %s proposes at most its block size, %d", f.specTokens, dir, n)
 	}
 	pool, err := r.NewPool(f.cacheBytes)
 	if err != nil {

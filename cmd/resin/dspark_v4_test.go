@@ -39,7 +39,7 @@ func TestGenerateDSparkV4(t *testing.T) {
 		want string
 	}{
 		{append(args, "--speculative-method", "dspark", "--draft-model", t.TempDir()), "drafter is in its checkpoint"},
-		{append(args, "--speculative-method", "dspark", "--num-speculative-tokens", "4"), "proposes at most 3 per block"},
+		{append(args, "--speculative-method", "dspark", "--num-speculative-tokens", "4"), "proposes at most its block size, 3"},
 		{[]string{"--model", "deepseek-v4-flash", "--random-weights", base, "--prompt-ids", "1,2", "--speculative-method", "dspark"}, "no dspark_* keys"},
 	} {
 		if _, _, err := runGenerate(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -58,13 +58,16 @@
 // positions into the pool's last group ("dspark": sliding-window, a layer per stage),
 // proposes from the next anchor, and cpurunner verifies (greedy by compare, sampled by
 // rejection sampling with q); rejected drafts are undone in the main model's state by the
-// MTP runner's undoLog, which is why a block drafts at most the smallest compression ratio
-// less one (3 on V4's CSA ratio of 4; dspark_block_size 5 asks for 5).
+// undo log, recorded as the forward writes the compressors' buffers and entries
+// (CompressorState.BeforeWrite), so a block of 5 on V4's CSA ratio of 4 (slots shared,
+// two windows closed in one verification) is undone exactly too.
 //
 // Checked: greedy output with DSpark equals the main model's alone through the engine,
 // with prefix hits, batches of mixed lengths and chunked steps, with forced drafts
-// accepted and rejected at every offset (TestDSparkGreedyEqualsPlain); core/runnertest's
-// suite but its token-exact sampled Drafts check (TestDSparkRunnerConformance); a
+// accepted and rejected at every offset, for blocks of 3, 5 and 9 on ratios 4 and 8
+// (TestDSparkGreedyEqualsPlain; the MTP runner's pre-forward undo fails it at 5 and 9);
+// core/runnertest's suite but its token-exact sampled Drafts check
+// (TestDSparkRunnerConformance); a
 // request after a prefix hit proposes the blocks it proposes alone, from its first step
 // (TestDSparkPrefixHitDrafts: the pool restores the draft context); the
 // trace and the confidence cut (TestDSparkSampledAndTrace); a checkpoint's stages load

@@ -65,7 +65,16 @@ func dsparkPrompts(vocab int) [][]int32 {
 // every fifth position (none, some and all of a block accepted, at every block offset).
 // The engine's counters and metrics see the drafts.
 func TestDSparkGreedyEqualsPlain(t *testing.T) {
-	dir := dsparkRandomDir(t, 3)
+	for _, block := range []int{3, 5, 9} {
+		t.Run(fmt.Sprintf("block=%d", block), func(t *testing.T) { testDSparkGreedy(t, block) })
+	}
+}
+
+// testDSparkGreedy is TestDSparkGreedyEqualsPlain for one block size: 3 feeds at most a
+// CSA window (ratio 4) per verification, 5 shares its slots and closes two of its
+// windows, 9 closes two HCA windows (ratio 8), which the undo log must all restore.
+func testDSparkGreedy(t *testing.T, block int) {
+	dir := dsparkRandomDir(t, block)
 	plainR, _ := openDSpark(t, dir, nil)
 	v := plainR.Model.Config.VocabSize
 	prompts := dsparkPrompts(v)
@@ -79,8 +88,8 @@ func TestDSparkGreedyEqualsPlain(t *testing.T) {
 		}
 		for _, forced := range []bool{false, true} {
 			r, pool := openDSpark(t, dir, &DSparkOptions{})
-			if r.DSparkMaxDrafts() != 3 {
-				t.Fatalf("block 3 on ratios 4 and 8: %d drafts per block, want 3", r.DSparkMaxDrafts())
+			if r.DSparkMaxDrafts() != block {
+				t.Fatalf("block %d: %d drafts per block", block, r.DSparkMaxDrafts())
 			}
 			if forced {
 				r.forceDraft = func(promptLen, pos int, logits []float32) int32 {

@@ -29,8 +29,9 @@ func DSparkCacheGroup(c *Config, d *DSparkConfig, pageTokens int) kvslab.GroupSp
 // dsparkSampler is a runner's forward with a DSpark drafter as core/cpurunner's
 // DraftSampler: each step taps the features of every row, stores the context rows of the
 // rows the step kept in the pool's drafter group, and proposes the next block of every
-// sequence that got a token. The main model's state is undone for rejected drafts as the
-// MTP runner's is (undoLog).
+// sequence that got a token. The main model's state is undone for rejected drafts by the
+// undo log, recorded as the forward writes (recordDrafts), so a block may hold more drafts
+// than a compression ratio.
 type dsparkSampler struct {
 	r         *Runner
 	d         *DSpark
@@ -49,13 +50,11 @@ type dsparkProposal struct {
 
 var _ cpurunner.DraftSampler = (*dsparkSampler)(nil)
 
-// UseDSpark makes the runner draft with d, at most maxDrafts drafts per block (≤ 0: the
-// block size; never more than the smallest compression ratio less one, which the undo
-// log of rejected drafts needs), cut by confidence at threshold (0: full blocks). Its
+// UseDSpark makes the runner draft with d, at most maxDrafts drafts per block (≤ 0 or
+// more than the block: the block size), cut by confidence at threshold (0: full blocks). Its
 // pool then ends with the drafter's group (DSparkCacheGroup): call it before NewPool or
 // Bind. trace, when set, is called once per verification per sequence.
 func (r *Runner) UseDSpark(d *DSpark, maxDrafts int, threshold float32, trace func(dspark.TraceEntry)) error {
-	c := r.Model.Config
 	switch {
 	case r.kv != nil || r.dspark != nil:
 		return fmt.Errorf("%s: UseDSpark after Bind or a first UseDSpark: the pool would lack the drafter's group", Name)
@@ -68,14 +67,6 @@ func (r *Runner) UseDSpark(d *DSpark, maxDrafts int, threshold float32, trace fu
 	}
 	if maxDrafts <= 0 || maxDrafts > d.Config.BlockSize {
 		maxDrafts = d.Config.BlockSize
-	}
-	for i := range c.LayerTypes {
-		if ratio := c.LayerRatio(i); ratio > 0 && ratio-1 < maxDrafts {
-			maxDrafts = ratio - 1
-		}
-	}
-	if maxDrafts < 1 {
-		return fmt.Errorf("%s: a compression ratio of 1 leaves no room for a draft", Name)
 	}
 	s := &dsparkSampler{r: r, d: d, maxDrafts: maxDrafts, threshold: threshold, trace: trace, props: map[uint64]*dsparkProposal{}}
 	r.dspark = s
@@ -238,11 +229,36 @@ func OpenDSpark(dir string, cacheBytes int64, drafts int, confidence float32, tr
 		return nil, nil, err
 	}
 	if n := r.DSparkMaxDrafts(); drafts > n {
-		return nil, nil, fmt.Errorf("%d drafts per block: the DSpark drafter in %s proposes at most %d (its block size, and one less than the smallest compression ratio)", drafts, dir, n)
+		return nil, nil, fmt.Errorf("%d drafts per block: the DSpark drafter in %s proposes at most its block size, %d", drafts, dir, n)
 	}
 	pool, err := r.NewPool(cacheBytes)
 	if err != nil {
 		return nil, nil, err
 	}
 	return r, pool, nil
+}
+
+// recordDrafts is saveDrafts for any number of draft positions [from, to) of plan
+// sequence seq: the window rows are saved now (one per position), the compressors'
+// buffers and entries as the forward overwrites them (CompressorState.BeforeWrite), so
+// that restoring the rejected positions newest first is exact even when several of them
+// share a window slot or close windows (more drafts than a compression ratio less one).
+func (u *undoLog) recordDrafts(seq int, st *SeqState, from, to int) {
+	for q := from; q < to; q++ {
+		for li := range st.Layers {
+			u.save(seq, q, st.Layers[li].Window.Row(q))
+		}
+	}
+	hook := func(pos int, dst []float32) {
+		if pos >= from {
+			u.save(seq, pos, dst)
+		}
+	}
+	for li := range st.Layers {
+		for _, cs := range []*CompressorState{st.Layers[li].Compressor, st.Layers[li].Indexer} {
+			if cs != nil {
+				cs.BeforeWrite = hook
+			}
+		}
+	}
 }

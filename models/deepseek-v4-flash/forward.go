@@ -444,6 +444,10 @@ func (m *Model) compressInto(s *CompressorState, bias, norm, kv, gate []float32,
 	for t, p32 := range pos {
 		p := int(p32)
 		slot := p % r
+		if s.BeforeWrite != nil {
+			s.BeforeWrite(p, s.PendingKV[slot*wd:(slot+1)*wd])
+			s.BeforeWrite(p, s.PendingGate[slot*wd:(slot+1)*wd])
+		}
 		copy(s.PendingKV[slot*wd:(slot+1)*wd], kv[t*wd:(t+1)*wd])
 		copy(s.PendingGate[slot*wd:(slot+1)*wd], gate[t*wd:(t+1)*wd])
 		if slot < r-1 {
@@ -451,6 +455,13 @@ func (m *Model) compressInto(s *CompressorState, bias, norm, kv, gate []float32,
 		}
 		w := p / r
 		entry := s.Entries.Row(w)
+		if s.BeforeWrite != nil {
+			s.BeforeWrite(p, entry)
+			if s.Overlap {
+				s.BeforeWrite(p, s.PrevKV)
+				s.BeforeWrite(p, s.PrevGate)
+			}
+		}
 		m.compressWindow(entry, s, w > 0, bias, norm)
 		// Compress-RoPE at the window's first position.
 		m.compress.Apply(entry, []int32{int32(w * r)}, 1, 1, d, false)

@@ -318,7 +318,10 @@ func (r *Runner) forwardTap(p *engine.BatchPlan, logits []float32, tap *dspark.F
 		chunks[i] = Chunk{State: st, Tokens: toks}
 		if r.drafts > 0 || r.dspark != nil {
 			r.states = append(r.states, st)
-			if k := int(p.NumDrafts[i]); k > 0 {
+			if k := int(p.NumDrafts[i]); k > 0 && r.dspark != nil {
+				end := st.Len + len(toks)
+				r.undo.recordDrafts(i, st, end-k, end)
+			} else if k > 0 {
 				end := st.Len + len(toks)
 				r.undo.saveDrafts(i, st, end-k, end)
 			}

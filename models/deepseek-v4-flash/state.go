@@ -58,6 +58,11 @@ type CompressorState struct {
 	// its entry is stored; the runner checkpoints the buffers at kvslab block ends (every
 	// ratio divides the block size, so a window closes there) for prefix reuse.
 	WindowClosed func(pos int)
+	// BeforeWrite, when set, is called with the position being fed and each buffer or
+	// entry compressInto is about to overwrite for it (dst holds the old values): the
+	// DSpark runner's undo log records them, which stays exact however many of a step's
+	// positions share a window slot.
+	BeforeWrite func(pos int, dst []float32)
 }
 
 // Width is the per-token projection width: 2·Dim (Ca‖Cb) for the overlapping kind.
