@@ -104,13 +104,13 @@ func TestEmulatedDSparkTap(t *testing.T) {
 
 // TestEmulatedDSparkGreedy: greedy decoding through the engine on the emulated device with
 // a DSpark drafter (target features from the device's tap, blocks drafted by core/dspark)
-// equals greedy decoding on the device without it, prompts of mixed lengths batched, with
-// CUDA graphs on; drafts are proposed and some accepted.
+// equals greedy decoding on the device without it, prompts of mixed lengths batched and
+// one again as a prefix hit, with CUDA graphs on; drafts are proposed and some accepted.
 func TestEmulatedDSparkGreedy(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	prompts := [][]int32{{1, 2, 3, 4}, {5, 6, 7, 8, 9, 10, 11}, {12, 3}}
+	prompts := [][]int32{{1, 2, 3, 4}, {5, 6, 7, 8, 9, 10, 11}, runnertest.Prompt(20, 16, 3)}
 	sp := engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}
 	_, _, plain := openEmulatedDSpark(t, "", false)
 	want := plain.GenerateAll(t, prompts, sp)
@@ -125,6 +125,15 @@ func TestEmulatedDSparkGreedy(t *testing.T) {
 			if !slices.Equal(got[i].Tokens, want[i].Tokens) {
 				t.Errorf("%s, prompt %d: %v with DSpark, %v without", drafter, i, got[i].Tokens, want[i].Tokens)
 			}
+		}
+		// The 20-token prompt again: a prefix hit on its first page, a request that is not
+		// drafted (no features for the positions it did not compute) and decodes as before.
+		hits := e.Counters().PrefixHits
+		if out := e.Generate(t, prompts[2], sp); !slices.Equal(out.Tokens, want[2].Tokens) {
+			t.Errorf("%s, prompt 2 again: %v with DSpark, %v without", drafter, out.Tokens, want[2].Tokens)
+		}
+		if e.Counters().PrefixHits == hits {
+			t.Errorf("%s: the repeated prompt made no prefix hit", drafter)
 		}
 		c := e.Counters()
 		t.Logf("%s: %d drafts proposed, %d accepted; steps %+v", drafter, c.DraftsProposed, c.DraftsAccepted, gr.Stats)
