@@ -100,13 +100,27 @@ func Load(dir string, maxContext int) (*Drafter, error) {
 type Context struct {
 	K, V [][]float32 // per layer: [Len, KVHeads·HeadDim]
 	n    int
+	cut  int // the lowest length a Truncate left since MarkSynced; -1: none
 }
 
 // NewContext returns an empty draft context.
 func (d *Drafter) NewContext() *Context {
 	l := d.Config.Base.NumHiddenLayers
-	return &Context{K: make([][]float32, l), V: make([][]float32, l)}
+	return &Context{K: make([][]float32, l), V: make([][]float32, l), cut: -1}
 }
+
+// SyncedBelow is where a copy of the context taken at the last MarkSynced (a device's)
+// may differ from it: the lowest length a Truncate left since then, or Len() when there
+// was none. Rows below it are unchanged; rows from it on were dropped or appended.
+func (x *Context) SyncedBelow() int {
+	if x.cut >= 0 {
+		return min(x.cut, x.n)
+	}
+	return x.n
+}
+
+// MarkSynced records that a copy of the context now holds all of it.
+func (x *Context) MarkSynced() { x.cut = -1 }
 
 // Len is the number of context positions cached.
 func (x *Context) Len() int { return x.n }
@@ -115,6 +129,9 @@ func (x *Context) Len() int { return x.n }
 func (x *Context) Truncate(n int) error {
 	if n < 0 || n > x.n {
 		return fmt.Errorf("dspark: truncate a draft context of %d positions to %d", x.n, n)
+	}
+	if x.cut < 0 || n < x.cut {
+		x.cut = n
 	}
 	if x.n == 0 {
 		return nil

@@ -38,8 +38,11 @@ type Speculator struct {
 	// BlockForward, when set, runs the blocks instead of Drafter.Blocks (a device's block
 	// forward: core/gpurunner's DSparkBlocks); it must return what Drafter.Blocks does.
 	BlockForward func(ctxs []*Context, anchors []int32) ([]*Block, error)
-	maxDrafts    int
-	cache        *pagedContext // nil: the host contexts of seqState
+	// Released, when set, is told of each draft context the Speculator drops (its request
+	// finished), so that a copy kept elsewhere (BlockForward's) can be freed.
+	Released  func(*Context)
+	maxDrafts int
+	cache     *pagedContext // nil: the host contexts of seqState
 
 	seqs     map[uint64]*seqState
 	tap      FeatureTap
@@ -88,6 +91,9 @@ func (s *Speculator) MaxDrafts() int { return s.maxDrafts }
 // that drafts (not those of a request without features for its earlier positions).
 func (s *Speculator) Forward(plan *engine.BatchPlan, logits []float32) error {
 	for _, r := range plan.Released {
+		if st := s.seqs[r.ReqID]; st != nil && s.Released != nil {
+			s.Released(st.ctx)
+		}
 		delete(s.seqs, r.ReqID)
 	}
 	s.rows, s.firstRow = s.rows[:0], s.firstRow[:0]

@@ -63,9 +63,10 @@
 // forward (DSparkBlocks: float32, uniform B per sequence, one query per slot over its
 // context and block by the paged attention kernel) runs on the device; the Markov head,
 // the confidence cut and the verification run on the host (`--device cuda|cuda-emu
-// --speculative-method dspark`). Its draft context is per request on the host, uploaded
-// each step (not the kvslab drafter group the CPU runner has), so prefix hits and
-// preempted requests are not drafted; the block forward is not captured as a graph.
+// --speculative-method dspark`). Its draft context is per request on the host, its K/V
+// mirrored in pages on the device (each step uploads the new positions), not in a kvslab
+// drafter group as on the CPU runner: prefix hits and preempted requests are not
+// drafted. The block forward is not captured as a graph.
 //
 // Not on the GPU path yet: drafts proposed on the device by an MTP head, and the engine's
 // Async mode (AsyncTokens is not declared).

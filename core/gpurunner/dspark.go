@@ -61,7 +61,8 @@ func (m *Dense) tapAt(c *cudart.Ctx, s *cudart.Stream, layer int, residual cudar
 // the Markov head and the confidence cut then draw the drafts on the host
 // (Drafter.Propose). The draft context is kept per request on the host (an unbound
 // Speculator: a request that starts from a prefix hit or resumes after a preemption is
-// not drafted). Every step with DSpark is sampled on the host by core/cpurunner, which
+// not drafted), its K/V mirrored on the device by DSparkBlocks, which uploads the new
+// positions each step. Every step with DSpark is sampled on the host by core/cpurunner, which
 // verifies the drafts exactly (greedy by comparison, sampled rows by rejection
 // sampling). maxDrafts ≤ 0 drafts whole blocks; threshold is the confidence cut (0:
 // none). Call it before the first step, on a one-GPU runner. A drafter built for another
@@ -96,7 +97,7 @@ func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) 
 		return nil, err
 	}
 	t.spec = dspark.NewSpeculator(gpuTapForward{r}, d, maxDrafts, threshold)
-	t.spec.BlockForward = t.blocks.Blocks
+	t.spec.BlockForward, t.spec.Released = t.blocks.Blocks, t.blocks.Release
 	r.dspark = t
 	r.model.tap = t.capture
 	r.cpu = cpurunner.New(r.info, t.spec)

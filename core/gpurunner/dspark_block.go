@@ -3,6 +3,7 @@ package gpurunner
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dspark"
@@ -20,8 +21,10 @@ const dsparkPageTokens = 16
 // K/V followed by its block's K/V (no mask: every slot sees every context position and
 // every slot of its block). The context K/V come from each sequence's dspark.Context (the
 // CPU's Extend computes them: fc, hidden_norm, k/v projections, k_norm, RoPE) and are
-// uploaded every call, packed in pages, with the block's own K/V written after them on
-// the device by slot mapping. Every launch reads its per-call values (ids, positions,
+// kept on the device, in pages of an arena DSparkBlocks owns: each call uploads only the
+// positions a context gained (or had rewritten by a Truncate) since the last (Release
+// frees a context's pages), and the block's own K/V are written after them on the device
+// by slot mapping. Every launch reads its per-call values (ids, positions,
 // slots, context lengths, page tables) from device arrays and its shape from S, B and the
 // page-table width only, so that a graph per such shape could replay it; none is
 // captured yet (every call launches its kernels). The Markov head and the confidence cut run on the host (Drafter.Propose)
@@ -35,12 +38,24 @@ type DSparkBlocks struct {
 
 	bufs    []cudart.Buffer // grown as needed: see ensure
 	sizes   []int64
-	kvHost  []float32
 	idsHost []int32
 	posHost []int32
 	lenHost []int32
 	ptHost  []uint32
 	slots   []int64
+
+	// The draft contexts' K/V on the device, in pages of an arena that grows as needed.
+	arena      cudart.Buffer
+	arenaPages int
+	freePages  []uint32
+	ctxs       map[*dspark.Context]*deviceContext
+}
+
+// deviceContext is one draft context's copy on the device: its pages (each holding
+// dsparkPageTokens positions of every layer's K and V) and the positions uploaded.
+type deviceContext struct {
+	pages  []uint32
+	synced int
 }
 
 // dsparkWeights are the drafter's float32 weights on the device.
@@ -70,7 +85,6 @@ const (
 	bufGate
 	bufUp
 	bufLogits
-	bufKV // [layers][pages][K|V][PageTokens][kvHeads·headDim]
 	bufLens
 	bufPages
 	bufSlots
@@ -94,7 +108,8 @@ func (r *Runner) NewDSparkBlocks(d *dspark.Drafter, maxPos int) (*DSparkBlocks, 
 	if err != nil {
 		return nil, fmt.Errorf("gpurunner: DSpark drafter: %w", err)
 	}
-	g := &DSparkBlocks{d: d, r: r, ropeT: *rope, bufs: make([]cudart.Buffer, bufCount), sizes: make([]int64, bufCount)}
+	g := &DSparkBlocks{d: d, r: r, ropeT: *rope, bufs: make([]cudart.Buffer, bufCount), sizes: make([]int64, bufCount),
+		ctxs: map[*dspark.Context]*deviceContext{}}
 	var host [][]float32
 	add := func(v []float32) int64 {
 		off := g.w.totalFloat32
@@ -157,7 +172,58 @@ func (g *DSparkBlocks) free(c *cudart.Ctx) {
 	}
 	c.Free(g.w.all)
 	c.Free(g.rope)
-	g.w.all, g.rope = cudart.Buffer{}, cudart.Buffer{}
+	c.Free(g.arena)
+	g.w.all, g.rope, g.arena = cudart.Buffer{}, cudart.Buffer{}, cudart.Buffer{}
+	g.arenaPages, g.freePages, g.ctxs = 0, nil, map[*dspark.Context]*deviceContext{}
+}
+
+// Release frees the device copy of ctx (the Speculator's Released hook).
+func (g *DSparkBlocks) Release(ctx *dspark.Context) {
+	if dc := g.ctxs[ctx]; dc != nil {
+		g.freePages = append(g.freePages, dc.pages...)
+		delete(g.ctxs, ctx)
+	}
+}
+
+// pageElems is the float32 of one arena page: [layers][K|V][PageTokens][kv·hd].
+func (g *DSparkBlocks) pageElems() int64 {
+	b := g.d.Config.Base
+	return int64(len(g.w.layers)) * 2 * dsparkPageTokens * int64(b.NumKeyValueHeads*b.HeadDim)
+}
+
+// layerLayout is where layer l's keys and values sit in the arena's pages.
+func (g *DSparkBlocks) layerLayout(l int) cuda.KVSlabLayout {
+	pe, half := g.pageElems(), int64(dsparkPageTokens*g.d.Config.Base.NumKeyValueHeads*g.d.Config.Base.HeadDim)
+	return cuda.KVSlabLayout{SlabElems: pe << cuda.PageSlotBits, PageElems: pe, KOffset: int64(l) * 2 * half, VOffset: int64(l)*2*half + half}
+}
+
+// allocPages takes n pages from the arena, growing it (a copy of its pages into one
+// twice as large, at least) when too few are free.
+func (g *DSparkBlocks) allocPages(c *cudart.Ctx, s *cudart.Stream, n int) ([]uint32, error) {
+	if len(g.freePages) < n {
+		grown := max(2*g.arenaPages, g.arenaPages+n-len(g.freePages), 64)
+		if grown > cuda.PageSlotMask {
+			return nil, fmt.Errorf("gpurunner: DSpark draft contexts need %d pages of %d positions, more than one slab's %d", grown, dsparkPageTokens, cuda.PageSlotMask)
+		}
+		buf, err := c.Alloc(4 * int64(grown) * g.pageElems())
+		if err != nil {
+			return nil, fmt.Errorf("gpurunner: DSpark draft contexts of %d pages: %w", grown, err)
+		}
+		if g.arenaPages > 0 {
+			if err := firstErr(c.CopyDtoDAsync(buf.Ptr, g.arena.Ptr, 4*int64(g.arenaPages)*g.pageElems(), s), c.Sync(s)); err != nil {
+				c.Free(buf)
+				return nil, err
+			}
+			c.Free(g.arena)
+		}
+		for p := g.arenaPages; p < grown; p++ {
+			g.freePages = append(g.freePages, uint32(p))
+		}
+		g.arena, g.arenaPages = buf, grown
+	}
+	out := slices.Clone(g.freePages[len(g.freePages)-n:])
+	g.freePages = g.freePages[:len(g.freePages)-n]
+	return out, nil
 }
 
 // ensure grows scratch buffer i to at least n bytes (keeping none of its contents).
@@ -186,12 +252,7 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 	}
 	hd, dd, nh, nkv, inter, V := b.HiddenSize, b.HeadDim, b.NumAttentionHeads, b.NumKeyValueHeads, b.IntermediateSize, b.VocabSize
 	qd, kvd := nh*dd, nkv*dd
-	L := len(g.w.layers)
-	R := S * B
-	PT := dsparkPageTokens
-	// Sequence i's keys fill pages first[i].. of every layer's K (and V) buffer: token j
-	// at row first[i]·PT + j, so the page table of each of its slots is first[i], +1, ...
-	first := make([]int, S+1)
+	R, PT := S*B, dsparkPageTokens
 	maxPages := 0
 	for i, ctx := range ctxs {
 		n := ctx.Len()
@@ -201,19 +262,9 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 		if a := anchors[i]; a < 0 || int(a) >= V {
 			return nil, fmt.Errorf("gpurunner: DSpark anchor token %d outside the vocabulary of %d", a, V)
 		}
-		pages := (n + B + PT - 1) / PT
-		first[i+1] = first[i] + pages
-		maxPages = max(maxPages, pages)
+		maxPages = max(maxPages, (n+B+PT-1)/PT)
 	}
-	totalPages := first[S]
-	if totalPages > cuda.PageSlotMask {
-		return nil, fmt.Errorf("gpurunner: DSpark blocks over %d pages of context: more than one slab's %d", totalPages, cuda.PageSlotMask)
-	}
-	pageKV := int64(2 * PT * kvd)         // float32 per page: K then V of PageTokens tokens
-	layerKV := int64(totalPages) * pageKV // float32 per layer
-	// Host side: ids, positions, context lengths, page tables and the packed context K/V.
-	g.idsHost, g.posHost = resizeI32(g.idsHost, R), resizeI32(g.posHost, R)
-	g.lenHost = resizeI32(g.lenHost, R)
+	g.idsHost, g.posHost, g.lenHost = resizeI32(g.idsHost, R), resizeI32(g.posHost, R), resizeI32(g.lenHost, R)
 	if cap(g.slots) < R {
 		g.slots = make([]int64, R)
 	}
@@ -222,39 +273,64 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 		g.ptHost = make([]uint32, R*maxPages)
 	}
 	g.ptHost = g.ptHost[:R*maxPages]
-	if int64(cap(g.kvHost)) < int64(L)*layerKV {
-		g.kvHost = make([]float32, int64(L)*layerKV)
-	}
-	g.kvHost = g.kvHost[:int64(L)*layerKV]
-	for i, ctx := range ctxs {
-		n := ctx.Len()
-		for j := range B {
-			r := i*B + j
-			g.idsHost[r], g.posHost[r], g.lenHost[r] = c.MaskTokenID, int32(n+j), int32(n+B)
-			g.slots[r] = int64(first[i]*PT + n + j) // page first[i] + (n+j)/PT, token (n+j)%PT
-			for p := range maxPages {
-				g.ptHost[r*maxPages+p] = uint32(first[i] + min(p, first[i+1]-first[i]-1))
-			}
-		}
-		g.idsHost[i*B] = anchors[i]
-		for l := range L {
-			for j := range n {
-				at := int64(l)*layerKV + int64(first[i]+j/PT)*pageKV + int64(j%PT*kvd)
-				copy(g.kvHost[at:at+int64(kvd)], ctx.K[l][j*kvd:(j+1)*kvd])
-				copy(g.kvHost[at+int64(PT*kvd):at+int64(PT*kvd+kvd)], ctx.V[l][j*kvd:(j+1)*kvd])
-			}
-		}
-	}
 	hidden, logits := make([]float32, R*hd), make([]float32, R*V)
 	r := g.r
 	err := r.dev.Do(func(cx *cudart.Ctx) error {
 		s := r.stream
+		// Every context's pages, for its positions and its block's (the arena may grow).
+		dcs := make([]*deviceContext, S)
+		for i, ctx := range ctxs {
+			dc := g.ctxs[ctx]
+			if dc == nil {
+				dc = &deviceContext{}
+				g.ctxs[ctx] = dc
+			}
+			if need := (ctx.Len() + B + PT - 1) / PT; len(dc.pages) < need {
+				pages, err := g.allocPages(cx, s, need-len(dc.pages))
+				if err != nil {
+					return err
+				}
+				dc.pages = append(dc.pages, pages...)
+			}
+			dcs[i] = dc
+		}
+		// The positions each context gained or had rewritten since its last upload.
+		pe := g.pageElems()
+		for i, ctx := range ctxs {
+			dc, n := dcs[i], ctx.Len()
+			for j := min(dc.synced, ctx.SyncedBelow()); j < n; {
+				page, row := dc.pages[j/PT], j%PT
+				end := min(n, (j/PT+1)*PT) // this page's run of positions
+				for l := range g.w.layers {
+					lay := g.layerLayout(l)
+					at := g.arena.Ptr.Add(4 * (int64(page)*pe + int64(row*kvd)))
+					k, v := ctx.K[l][j*kvd:end*kvd], ctx.V[l][j*kvd:end*kvd]
+					if err := firstErr(cudart.UploadAsync(cx, at.Add(4*lay.KOffset), k, s), cudart.UploadAsync(cx, at.Add(4*lay.VOffset), v, s)); err != nil {
+						return err
+					}
+				}
+				j = end
+			}
+			dc.synced = n
+		}
+		for i, ctx := range ctxs {
+			n, dc := ctx.Len(), dcs[i]
+			for j := range B {
+				r := i*B + j
+				g.idsHost[r], g.posHost[r], g.lenHost[r] = c.MaskTokenID, int32(n+j), int32(n+B)
+				g.slots[r] = int64(dc.pages[(n+j)/PT])*int64(PT) + int64((n+j)%PT)
+				for p := range maxPages {
+					g.ptHost[r*maxPages+p] = dc.pages[min(p, len(dc.pages)-1)]
+				}
+			}
+			g.idsHost[i*B] = anchors[i]
+		}
 		var p [bufCount]cudart.DevicePtr
 		for i, n := range [bufCount]int64{
 			bufIDs: 4 * int64(R), bufPos: 4 * int64(R), bufX: 4 * int64(R*hd), bufH: 4 * int64(R*hd),
 			bufQ: 4 * int64(R*qd), bufK: 4 * int64(R*kvd), bufV: 4 * int64(R*kvd), bufAtt: 4 * int64(R*qd),
 			bufO: 4 * int64(R*hd), bufGate: 4 * int64(R*inter), bufUp: 4 * int64(R*inter), bufLogits: 4 * int64(R*V),
-			bufKV: 4 * int64(L) * layerKV, bufLens: 4 * int64(R), bufPages: 4 * int64(R*maxPages), bufSlots: 8 * int64(R),
+			bufLens: 4 * int64(R), bufPages: 4 * int64(R*maxPages), bufSlots: 8 * int64(R),
 		} {
 			var err error
 			if p[i], err = g.ensure(cx, i, n); err != nil {
@@ -264,12 +340,12 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 		err := firstErr(
 			cudart.UploadAsync(cx, p[bufIDs], g.idsHost, s), cudart.UploadAsync(cx, p[bufPos], g.posHost, s),
 			cudart.UploadAsync(cx, p[bufLens], g.lenHost, s), cudart.UploadAsync(cx, p[bufPages], g.ptHost, s),
-			cudart.UploadAsync(cx, p[bufKV], g.kvHost, s), cudart.UploadAsync(cx, p[bufSlots], g.slots, s),
+			cudart.UploadAsync(cx, p[bufSlots], g.slots, s),
 		)
 		if err != nil {
 			return err
 		}
-		if err := g.forward(cx, s, p, R, layerKV, maxPages); err != nil {
+		if err := g.forward(cx, s, p, R, maxPages); err != nil {
 			return err
 		}
 		err = firstErr(cudart.DownloadAsync(cx, hidden, p[bufH], s), cudart.DownloadAsync(cx, logits, p[bufLogits], s))
@@ -280,6 +356,9 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gpurunner: DSpark blocks: %w", err)
+	}
+	for _, ctx := range ctxs {
+		ctx.MarkSynced()
 	}
 	out := make([]*dspark.Block, S)
 	for i, ctx := range ctxs {
@@ -293,8 +372,8 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 // scratch. Nothing in it depends on the call's contexts but through device arrays.
 //
 //	x, h, o: [R, hidden]   q, att: [R, heads·hd]   k, v: [R, kv·hd]   gate, up: [R, inter]
-//	kv: per layer (layerKV float32) the pages, each [K|V][PageTokens][kv·hd]
-func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cudart.DevicePtr, R int, layerKV int64, maxPages int) error {
+//	the arena's pages: [layers][K|V][PageTokens][kv·hd] each (layerLayout)
+func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cudart.DevicePtr, R int, maxPages int) error {
 	b := g.d.Config.Base
 	k, blas := g.r.kern, g.r.blas
 	hd, dd, nh, nkv, inter, V := b.HiddenSize, b.HeadDim, b.NumAttentionHeads, b.NumKeyValueHeads, b.IntermediateSize, b.VocabSize
@@ -305,8 +384,6 @@ func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cuda
 		return blas.MatMulT(c, s, cudart.F32, out, x, w, rows, in, n)
 	}
 	rope := cuda.Rope{Cos: g.rope.Ptr, Sin: g.rope.Ptr.Add(int64(len(g.ropeT.Cos)) * 4), Dim: g.ropeT.Dim, MaxPos: g.ropeT.MaxPos}
-	pageElems := int64(2 * PT * kvd)
-	layout := cuda.KVSlabLayout{SlabElems: pageElems << cuda.PageSlotBits, PageElems: pageElems, KOffset: 0, VOffset: int64(PT * kvd)}
 	x, h, o := p[bufX], p[bufH], p[bufO]
 	q, kk, v, att := p[bufQ], p[bufK], p[bufV], p[bufAtt]
 	if err := k.Embedding(c, s, x, g.w.embed, p[bufIDs], R, hd, V); err != nil {
@@ -319,7 +396,7 @@ func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cuda
 		} else { // x += the last MLP's output; h = attn_norm(x)
 			err = k.AddRMSNorm(c, s, cuda.F32, h, x, o, lw.attnNorm, R, hd, eps)
 		}
-		cache := p[bufKV].Add(4 * int64(l) * layerKV)
+		cache, layout := g.arena.Ptr, g.layerLayout(l)
 		err = firstErr(err,
 			gemm(q, h, lw.q, R, hd, qd), gemm(kk, h, lw.k, R, hd, kvd), gemm(v, h, lw.v, R, hd, kvd),
 			k.RMSNorm(c, s, q, q, lw.qNorm, R*nh, dd, eps), k.RMSNorm(c, s, kk, kk, lw.kNorm, R*nkv, dd, eps),

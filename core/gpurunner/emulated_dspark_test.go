@@ -1,6 +1,7 @@
 package gpurunner_test
 
 import (
+	"fmt"
 	"math"
 	"path/filepath"
 	"slices"
@@ -146,7 +147,9 @@ func TestEmulatedDSparkGreedy(t *testing.T) {
 
 // TestEmulatedDSparkBlocks: the device's block forward (DSparkBlocks) gives what
 // core/dspark's Drafter.Blocks gives on the CPU for three sequences of context lengths 0,
-// 13 and 30 (pages of 16: blocks within and across a page boundary), each slot's final
+// 13 and 30 (pages of 16: blocks within and across a page boundary), then after the
+// contexts grew, one was truncated and rewritten and one released and replaced (the
+// device copy updated by what changed only), each slot's final
 // hidden state and logits within 1e-4·(1 + the row's largest magnitude) (float32 on both
 // sides, sums in another order; the worst is logged), and the same greedy drafts, for the
 // vanilla and the rnn drafter.
@@ -178,16 +181,58 @@ func TestEmulatedDSparkBlocks(t *testing.T) {
 			}
 			ctxs = append(ctxs, ctx)
 		}
+		grow := func(ctx *dspark.Context, n, salt int) {
+			feat := make([]float32, n*F)
+			for j := range feat {
+				feat[j] = float32(math.Cos(float64(j*5+salt))) * 2
+			}
+			if err := d.Extend(ctx, feat, n); err != nil {
+				t.Fatal(err)
+			}
+		}
 		anchors := []int32{3, 15, 7}
-		want, err := d.Blocks(ctxs, anchors)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := g.Blocks(ctxs, anchors)
-		if err != nil {
-			t.Fatal(err)
-		}
 		worst := 0.0
+		// Round 0 uploads the contexts whole; then they change as a Speculator changes
+		// them (appended positions across page boundaries; a Truncate and different rows
+		// after it; a released context and a new one in its pages) and only what changed
+		// is uploaded again.
+		for round := range 3 {
+			switch round {
+			case 1:
+				grow(ctxs[0], 20, 1)
+				grow(ctxs[1], 5, 2)
+				if err := ctxs[2].Truncate(10); err != nil {
+					t.Fatal(err)
+				}
+				grow(ctxs[2], 7, 3)
+			case 2:
+				g.Release(ctxs[0])
+				ctxs[0] = d.NewContext()
+				grow(ctxs[0], 40, 4)
+			}
+			worst = math.Max(worst, compareBlocks(t, fmt.Sprintf("%s, round %d", name, round), d, g, ctxs, anchors))
+		}
+		t.Logf("%s: worst |device − CPU| / (1 + row max) %.3g", name, worst)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// compareBlocks checks g's blocks against d's on the CPU (see TestEmulatedDSparkBlocks)
+// and returns the worst relative difference.
+func compareBlocks(t *testing.T, name string, d *dspark.Drafter, g *gpurunner.DSparkBlocks, ctxs []*dspark.Context, anchors []int32) float64 {
+	t.Helper()
+	want, err := d.Blocks(ctxs, anchors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := g.Blocks(ctxs, anchors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worst := 0.0
+	{
 		for i := range want {
 			for _, part := range []struct {
 				what      string
@@ -219,11 +264,8 @@ func TestEmulatedDSparkBlocks(t *testing.T) {
 				t.Errorf("%s, sequence %d: drafts %v from the device's block, %v from the CPU's", name, i, pg.Drafts, pw.Drafts)
 			}
 		}
-		t.Logf("%s: worst |device − CPU| / (1 + row max) %.3g", name, worst)
-		if err := g.Close(); err != nil {
-			t.Fatal(err)
-		}
 	}
+	return worst
 }
 
 // TestEmulatedDSparkForced: on core/dspark/fixture's target (greedy next t+1) with its
