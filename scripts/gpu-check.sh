@@ -166,7 +166,7 @@ JSON
 	timeout 240 "$bin/resin" bench model --model llama --random-weights "$cfg" --device cuda --cache-bytes 17179869184 \
 		--batch-sizes 1,32,256 --prompt-len 512 --gen-len 64 --repeat 1 --max-batch-tokens 8192 --max-seqs 256 || failed=1
 
-	tpOneGPU
+	tpOneGPU "$cfg"
 
 	emulated
 
@@ -304,7 +304,8 @@ v4Only() {
 # of one communicator on one GPU need NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (PyPI's
 # nvidia-nccl-cu12 / -cu13 ship it); the tests skip, and this section fails, where the NCCL
 # found is older. Written without a GPU to run it on: the same tests passed on two emulated
-# GPUs (TestEmulatedTPEqualsOne, TestEmulatedTPGraphsEqualEager), not here.
+# GPUs (TestEmulatedTPEqualsOne, TestEmulatedTPGraphsEqualEager), not here. Then the
+# llama bench at --tp 2 (its config is $1).
 tpOneGPU() {
 	echo; echo "== tensor parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne, TestGPUNCCLTPGraphsEqualEager)"
 	local out
@@ -323,6 +324,12 @@ tpOneGPU() {
 			fi
 		done
 	fi
+	# The ~1.1B llama of the section above ($1) at --tp 2, both ranks on GPU 0: the figures
+	# against --tp 1's show what the collectives cost (two ranks sharing one GPU are not
+	# faster); decode replays graphs with the collectives inside.
+	echo; echo "== resin bench model --model llama --device cuda --tp 2 (~1.1B random weights, 2 ranks on GPU 0)"
+	NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 300 "$bin/resin" bench model --model llama --random-weights "$1" --device cuda --tp 2 \
+		--cache-bytes 8589934592 --batch-sizes 1,32,256 --prompt-len 512 --gen-len 64 --repeat 1 --max-batch-tokens 8192 --max-seqs 256 || failed=1
 }
 
 # emulated runs the emulated device's tests and a generate on it, from the same binaries,
