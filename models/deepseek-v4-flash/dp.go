@@ -25,7 +25,10 @@ import (
 // a rank with no work runs an idle plan, which here runs only the MoE layers' exchanges,
 // so that the busy ranks' collectives meet. With DPStep.Pad set (graph buckets), every
 // rank pads its MoE rows to that count with dummy rows routed to no expert (ep.Masked).
-// The MTP head is not loaded: a dp rank does not draft.
+// With Options.Drafts each dp rank drafts with the MTP head, its block's routed experts
+// split over the dp group like a layer's: the ranks draft together (core/dist/dp's
+// Rank.Draft, Runner.DPDraft), each running the head's rounds for its own rows, an idle
+// rank running the rounds' exchanges alone.
 
 // OpenDPRanks opens len(data) dp ranks of the model in dir (Load's directory: a
 // checkpoint, of which each rank reads its experts, or a config for seeded random weights,
@@ -34,9 +37,6 @@ import (
 // rows with the other ranks over data[r]. Each rank's forward is its runner's DPForward,
 // run under a core/dist/dp Group whose data communicators may be data.
 func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator, cacheBytes int64) ([]*Runner, []*kvslab.Pool, error) {
-	if opts.Drafts > 0 {
-		return nil, nil, fmt.Errorf("%s: DP-attention does not draft (the MTP head is not loaded)", Name)
-	}
 	if opts.DType != "" && opts.DType != ref.DTypeFP32 {
 		return nil, nil, fmt.Errorf("%s: DP-attention ranks run fp32 only, not %s", Name, opts.DType)
 	}
@@ -74,12 +74,20 @@ func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator,
 		if err != nil {
 			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
 		}
+		if opts.Drafts == 0 {
+			w.MTP = nil
+		}
 		m, err := NewRankModel(c, w, maxContextOf(c, opts), l, comm)
 		if err != nil {
 			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
 		}
 		m.par.dp = true
 		runners[r] = NewRunner(m, opts.PageTokens)
+		if opts.Drafts > 0 {
+			if runners[r], err = NewMTPRunner(m, opts.PageTokens, opts.Drafts); err != nil {
+				return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+			}
+		}
 		if pools[r], err = runners[r].NewPool(cacheBytes); err != nil {
 			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
 		}
@@ -119,6 +127,36 @@ func (r *Runner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	return nil
 }
 
+// DPDraft is the draft step of a dp rank that drafts (OpenDPRanks with Options.Drafts),
+// for core/dist/dp's Rank.Draft: on a busy rank's plan and result the MTP step as on one
+// rank (rejected drafts put back, the next drafts proposed), its MTP block's MoE
+// exchanging this rank's rows with the other ranks'; every rank then runs exactly as many
+// of those exchanges per step (one per draft), an idle rank or one without draft rows
+// running the missing ones with no rows, so that the exchanges always meet.
+func (r *Runner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
+	m := r.Model
+	par := &m.par
+	if !par.dp || r.drafts == 0 {
+		return fmt.Errorf("%s: DPDraft on a runner not opened for DP-attention with drafts", Name)
+	}
+	before := par.dpExchanges
+	if p.NumSeqs() > 0 {
+		if err := r.draft(p, res); err != nil {
+			return err
+		}
+	}
+	ran := par.dpExchanges - before
+	if ran > r.drafts {
+		return fmt.Errorf("%s: the draft step ran %d MTP exchanges, want at most %d", Name, ran, r.drafts)
+	}
+	for ; ran < r.drafts; ran++ {
+		if _, err := m.moeDP(&m.W.MTP.Block, nil, 0); err != nil {
+			return fmt.Errorf("draft step: mtp: %w", err)
+		}
+	}
+	return nil
+}
+
 // moeDP is moe under DP-attention, after the routing: the routed experts' sum of this
 // rank's n rows of x, by the exchange of m's dispatch over the dp group (padded with
 // m.par.dpPad−n dummy rows routed to no expert), plus the shared expert's output. n may be
@@ -126,6 +164,7 @@ func (r *Runner) DPForward(p *engine.BatchPlan, logits []float32) error {
 func (m *Model) moeDP(l *Layer, x []float32, n int) ([]float32, error) {
 	c, s, p := m.Config, &m.moeBuf, &m.par
 	h, k := c.HiddenSize, c.NumExpertsPerTok
+	p.dpExchanges++
 	routes := ep.Routes{X: x[:n*h], IDs: s.ids[:n*k], Weights: s.weights[:n*k]}
 	if rows := max(n, p.dpPad); rows > n {
 		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-n)*h)...)

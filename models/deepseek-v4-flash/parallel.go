@@ -103,6 +103,9 @@ type parallel struct {
 	// MoE rows to dpPad (0: none) with rows routed to no expert.
 	dp    bool
 	dpPad int
+	// dpExchanges counts the MoE exchanges run under DP-attention (DPDraft evens out a
+	// step's draft rounds with it).
+	dpExchanges int
 }
 
 func wholeModel(c *Config) parallel {

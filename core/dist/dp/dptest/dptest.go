@@ -34,7 +34,15 @@ func RunHeld(t testing.TB, c *dp.Coordinator, reqs []engine.Request, reached <-c
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-reached
+	// The group dies instead (a broken exchange, a failed step): fail with its error
+	// rather than wait for a gate the held rank never reaches.
+	select {
+	case <-reached:
+	case <-c.Dead():
+		t.Fatalf("the dp group died before the held step: %v", c.Err())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the held rank did not reach its gate in 2 minutes (group error: %v)", c.Err())
+	}
 	streams := map[string]*engine.Stream{reqs[0].ID: first}
 	ranks := map[string]int{reqs[0].ID: r0}
 	for _, q := range reqs[1:] {
