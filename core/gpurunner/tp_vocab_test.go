@@ -47,13 +47,18 @@ func TestVocabParallel(t *testing.T) {
 // tinyTPLlama writes a llama config of vocab tokens, heads query and kv key/value heads
 // (the others tinyLlama's) and, with save, its seeded random weights as a checkpoint.
 func tinyTPLlama(t *testing.T, vocab, heads, kv int, save bool) string {
+	return tinyTPModel(t, `"architectures": ["LlamaForCausalLM"], "model_type": "llama", "tie_word_embeddings": false`, vocab, heads, kv, save)
+}
+
+// tinyTPModel is tinyTPLlama for the llama-family variant head names (its architectures,
+// model_type and variant keys, JSON members).
+func tinyTPModel(t *testing.T, head string, vocab, heads, kv int, save bool) string {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := `{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": ` + strconv.Itoa(vocab) + `,
+	cfg := `{` + head + `, "vocab_size": ` + strconv.Itoa(vocab) + `,
  "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": ` + strconv.Itoa(heads) + `,
  "num_key_value_heads": ` + strconv.Itoa(kv) + `, "head_dim": 16, "hidden_act": "silu", "rms_norm_eps": 1e-5,
- "rope_theta": 10000, "max_position_embeddings": 128, "tie_word_embeddings": false,
- "bos_token_id": 1, "eos_token_id": 2}`
+ "rope_theta": 10000, "max_position_embeddings": 128, "bos_token_id": 1, "eos_token_id": 2}`
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -302,4 +307,67 @@ func TestEmulatedTPUnevenVocab(t *testing.T) {
 		}
 	}
 	t.Logf("TP=4 over vocab 65: %d tokens, %d logits rows within %g of TP=1", steps, len(one.logits), tpEmuTolerance)
+}
+
+// TestEmulatedTPVariants: the Qwen-style variants at TP=2, each rank reading its slices of
+// a checkpoint (LoadDenseShard's bias, q/k-norm and tied-head paths): llama with q/k/v and
+// o biases and tied embeddings (the head is the embedding's vocab shard), and Qwen3 with
+// per-head q/k norms. Each rank's part equals ShardDense's cut, and TP=2 gives TP=1's
+// greedy tokens with logits within tpEmuTolerance.
+func TestEmulatedTPVariants(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	for _, v := range []struct{ name, head string }{
+		{"llama biased tied", `"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": true, "tie_word_embeddings": true`},
+		{"qwen3", `"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "tie_word_embeddings": false`},
+	} {
+		dir := tinyTPModel(t, v.head, 261, 4, 2, true)
+		cfg, w := denseModel(t, dir)
+		if v.name == "qwen3" && !cfg.QKNorm || v.name != "qwen3" && (!cfg.QKVBias || !cfg.OBias || !cfg.TiedEmbeddings) {
+			t.Fatalf("%s: config %+v lacks the variant", v.name, cfg)
+		}
+		ck := mustOpen(t, dir)
+		for r := range 2 {
+			_, lw, err := gpurunner.LoadDenseShard(cfg, ck, r, 2)
+			if err != nil {
+				t.Fatalf("%s: %v", v.name, err)
+			}
+			_, sw, err := gpurunner.ShardDense(cfg, w, r, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(lw.Head, sw.Head) || (cfg.TiedEmbeddings && &lw.Head[0] != &lw.Embed[0]) {
+				t.Fatalf("%s rank %d: the head is not ShardDense's (or not the embedding when tied)", v.name, r)
+			}
+			for i := range sw.Layers {
+				a, b := lw.Layers[i], sw.Layers[i]
+				for _, p := range [][2][]float32{{a.QBias, b.QBias}, {a.KBias, b.KBias}, {a.VBias, b.VBias}, {a.OBias, b.OBias}, {a.QNorm, b.QNorm}, {a.KNorm, b.KNorm}} {
+					if !slices.Equal(p[0], p[1]) {
+						t.Fatalf("%s rank %d layer %d: a bias or norm differs from ShardDense's", v.name, r, i)
+					}
+				}
+			}
+		}
+		prompt := runnertest.Prompt(9, cfg.Vocab, 3)
+		const steps = 8
+		one := runTP(t, gpurunner.ReadDense(cfg, ck), []int{0}, false, true, prompt, steps)
+		two := runTP(t, gpurunner.ReadDense(cfg, ck), []int{0, 1}, false, true, prompt, steps)
+		if len(one.tokens) != steps || !slices.Equal(one.tokens, two.tokens) || len(one.logits) != len(two.logits) {
+			t.Fatalf("%s: greedy tokens TP=1 %v, TP=2 %v (%d and %d logits rows)", v.name, one.tokens, two.tokens, len(one.logits), len(two.logits))
+		}
+		worst := 0.0
+		for i := range one.logits {
+			scale, diff := 0.0, 0.0
+			for j, b := range one.logits[i] {
+				scale = max(scale, math.Abs(float64(b)))
+				diff = max(diff, math.Abs(float64(two.logits[i][j]-b)))
+			}
+			if diff > tpEmuTolerance*scale {
+				t.Fatalf("%s logits row %d: TP=2 differs from TP=1 by %.3g of %.3g", v.name, i, diff, scale)
+			}
+			worst = max(worst, diff/scale)
+		}
+		t.Logf("%s: TP=2 from its checkpoint slices equals TP=1 (%d tokens, max relative logits diff %.3g)", v.name, steps, worst)
+	}
 }
