@@ -67,7 +67,9 @@
 // accepted and rejected at every offset, for blocks of 3, 5 and 9 on ratios 4 and 8
 // (TestDSparkGreedyEqualsPlain; the MTP runner's pre-forward undo fails it at 5 and 9);
 // core/runnertest's suite but its token-exact sampled Drafts check
-// (TestDSparkRunnerConformance); a
+// (TestDSparkRunnerConformance); at temperature 1 on a vocabulary of 8 the first two
+// tokens' joint distribution is the main model's (TestDSparkSampledDistribution, a
+// chi-square bound a correct sampler exceeds with probability ~1e-6; a wrong q fails it); a
 // request after a prefix hit proposes the blocks it proposes alone, from its first step
 // (TestDSparkPrefixHitDrafts: the pool restores the draft context); the
 // trace and the confidence cut (TestDSparkSampledAndTrace); a checkpoint's stages load
