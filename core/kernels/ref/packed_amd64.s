@@ -4,17 +4,29 @@
 // float32 in registers as they are read, for a dot product with a row of activations
 // (decode) or into scratch for the float32 GEMM (batches).
 //
-// e4m3 to float32 (fp8 kernels): the byte sign-extended to 32 bits and shifted up by 20
-// puts its exponent and mantissa in bits 20–26 and its sign in bits 27–31; masked with
-// 0x87f00000 it is a float32 whose value is the e4m3's over 2^120 (subnormals included:
-// float32's exponent field 0 is then a subnormal too), and one multiply by 2^120 (exact)
-// gives the e4m3 value. The NaN codes 0x7f and 0xff read as ±480 (a checkpoint holds none).
+// e4m3 to float32 (fp8 kernels): the byte sign-extended to 16 bits and shifted up by 7
+// puts its exponent and mantissa in bits 7–13 and its sign in bits 14–15; masked with
+// 0xbf80 it is the float16 whose value is the e4m3's over 2^8 (e4m3's subnormals are
+// float16 subnormals), which VCVTPH2PS widens exactly. The 2^8 goes into the scales (the
+// dot kernels multiply their sum by 256 once, the widening kernel its scale). No float32
+// subnormal arises: on this path they cost the CPU a microcode assist per vector. The NaN
+// codes 0x7f and 0xff read as ±480 (a checkpoint holds none).
 //
 // e2m1 to float32 (fp4 kernels): a nibble indexes a 16-entry table (VPERMPS uses an
 // index's low 4 bits); on AVX2 an 8-entry table of magnitudes, the nibble's bit 3 the sign.
 
-#define E4M3MASK $0x87f00000
-#define POW2_120 $0x7b800000
+#define E4M3MASK $0xbf80bf80
+#define F32_256 $0x43800000
+
+// func cpuid1ECX() uint32
+//
+// CPUID leaf 1's ECX (bit 29: F16C).
+TEXT ·cpuid1ECX(SB), NOSPLIT, $0-4
+	MOVL  $1, AX
+	XORL  CX, CX
+	CPUID
+	MOVL  CX, ret+0(FP)
+	RET
 
 // func fp8DotAVX512(x *float32, w *uint8, s *float32, nb, bc int) float32
 //
@@ -27,9 +39,8 @@ TEXT ·fp8DotAVX512(SB), NOSPLIT, $0-44
 	MOVQ         nb+24(FP), CX
 	MOVQ         bc+32(FP), DX
 	MOVL         E4M3MASK, AX
-	VPBROADCASTD AX, Z30
-	MOVL         POW2_120, AX
-	VPBROADCASTD AX, Z31
+	MOVQ         AX, X14
+	VPBROADCASTD X14, Y14
 	VXORPS       Z0, Z0, Z0
 
 fp8b512:
@@ -40,14 +51,14 @@ fp8b512:
 fp8l512:
 	CMPQ        R8, $32
 	JLT         fp8t512
-	VPMOVSXBD   (SI), Z8
-	VPMOVSXBD   16(SI), Z9
-	VPSLLD      $20, Z8, Z8
-	VPSLLD      $20, Z9, Z9
-	VPANDD      Z30, Z8, Z8
-	VPANDD      Z30, Z9, Z9
-	VMULPS      Z31, Z8, Z8
-	VMULPS      Z31, Z9, Z9
+	VPMOVSXBW   (SI), Y8
+	VPMOVSXBW   16(SI), Y9
+	VPSLLW      $7, Y8, Y8
+	VPSLLW      $7, Y9, Y9
+	VPAND       Y14, Y8, Y8
+	VPAND       Y14, Y9, Y9
+	VCVTPH2PS   Y8, Z8
+	VCVTPH2PS   Y9, Z9
 	VFMADD231PS (DI), Z8, Z1
 	VFMADD231PS 64(DI), Z9, Z2
 	ADDQ        $32, SI
@@ -58,10 +69,10 @@ fp8l512:
 fp8t512:
 	TESTQ       R8, R8
 	JZ          fp8d512
-	VPMOVSXBD   (SI), Z8
-	VPSLLD      $20, Z8, Z8
-	VPANDD      Z30, Z8, Z8
-	VMULPS      Z31, Z8, Z8
+	VPMOVSXBW   (SI), Y8
+	VPSLLW      $7, Y8, Y8
+	VPAND       Y14, Y8, Y8
+	VCVTPH2PS   Y8, Z8
 	VFMADD231PS (DI), Z8, Z1
 	ADDQ        $16, SI
 	ADDQ        $64, DI
@@ -80,9 +91,22 @@ fp8d512:
 	VADDPS        X1, X0, X0
 	VHADDPS       X0, X0, X0
 	VHADDPS       X0, X0, X0
+	MOVL          F32_256, AX
+	MOVQ          AX, X1
+	VMULSS        X1, X0, X0
 	MOVSS         X0, ret+40(FP)
 	VZEROUPPER
 	RET
+
+// FP8X16 sets a and b (Y registers) to the float32 of the 16 e4m3 bytes at off(SI), over
+// 2^8: a the first 8. Y14 holds the mask; b is scratch first, xb its X register.
+#define FP8X16(off, a, b, xb) \
+	VPMOVSXBW    off(SI), b; \
+	VPSLLW       $7, b, b; \
+	VPAND        Y14, b, b; \
+	VCVTPH2PS    xb, a; \
+	VEXTRACTI128 $1, b, xb; \
+	VCVTPH2PS    xb, b
 
 // func fp8DotAVX2(x *float32, w *uint8, s *float32, nb, bc int) float32
 //
@@ -96,9 +120,6 @@ TEXT ·fp8DotAVX2(SB), NOSPLIT, $0-44
 	MOVL         E4M3MASK, AX
 	MOVQ         AX, X14
 	VPBROADCASTD X14, Y14
-	MOVL         POW2_120, AX
-	MOVQ         AX, X15
-	VPBROADCASTD X15, Y15
 	VXORPS       Y0, Y0, Y0
 
 fp8b2:
@@ -107,14 +128,7 @@ fp8b2:
 	MOVQ   DX, R8
 
 fp8l2:
-	VPMOVSXBD   (SI), Y8
-	VPMOVSXBD   8(SI), Y9
-	VPSLLD      $20, Y8, Y8
-	VPSLLD      $20, Y9, Y9
-	VPAND       Y14, Y8, Y8
-	VPAND       Y14, Y9, Y9
-	VMULPS      Y15, Y8, Y8
-	VMULPS      Y15, Y9, Y9
+	FP8X16(0, Y8, Y9, X9)
 	VFMADD231PS (DI), Y8, Y1
 	VFMADD231PS 32(DI), Y9, Y2
 	ADDQ        $16, SI
@@ -133,6 +147,9 @@ fp8l2:
 	VADDPS       X1, X0, X0
 	VHADDPS      X0, X0, X0
 	VHADDPS      X0, X0, X0
+	MOVL         F32_256, AX
+	MOVQ         AX, X1
+	VMULSS       X1, X0, X0
 	MOVSS        X0, ret+40(FP)
 	VZEROUPPER
 	RET
@@ -140,7 +157,8 @@ fp8l2:
 // func fp8WidenAVX2(dst *float32, w *uint8, s *float32, nb, bc int)
 //
 // dst[b·bc+j] = e4m3(w[b·bc+j])·s[b] for nb > 0 blocks of bc columns, bc a positive
-// multiple of 16: the float32 product, as weights.DequantFP8 rounds it.
+// multiple of 16: the float32 product, as weights.DequantFP8 rounds it (the e4m3 over 2^8
+// times the scale times 2^8, both exact).
 TEXT ·fp8WidenAVX2(SB), NOSPLIT, $0-40
 	MOVQ         dst+0(FP), DI
 	MOVQ         w+8(FP), SI
@@ -150,31 +168,25 @@ TEXT ·fp8WidenAVX2(SB), NOSPLIT, $0-40
 	MOVL         E4M3MASK, AX
 	MOVQ         AX, X14
 	VPBROADCASTD X14, Y14
-	MOVL         POW2_120, AX
+	MOVL         F32_256, AX
 	MOVQ         AX, X15
 	VPBROADCASTD X15, Y15
 
 fp8wb:
 	VBROADCASTSS (BX), Y3
+	VMULPS       Y15, Y3, Y3
 	MOVQ         DX, R8
 
 fp8wl:
-	VPMOVSXBD (SI), Y8
-	VPMOVSXBD 8(SI), Y9
-	VPSLLD    $20, Y8, Y8
-	VPSLLD    $20, Y9, Y9
-	VPAND     Y14, Y8, Y8
-	VPAND     Y14, Y9, Y9
-	VMULPS    Y15, Y8, Y8
-	VMULPS    Y15, Y9, Y9
-	VMULPS    Y3, Y8, Y8
-	VMULPS    Y3, Y9, Y9
-	VMOVUPS   Y8, (DI)
-	VMOVUPS   Y9, 32(DI)
-	ADDQ      $16, SI
-	ADDQ      $64, DI
-	SUBQ      $16, R8
-	JNZ       fp8wl
+	FP8X16(0, Y8, Y9, X9)
+	VMULPS  Y3, Y8, Y8
+	VMULPS  Y3, Y9, Y9
+	VMOVUPS Y8, (DI)
+	VMOVUPS Y9, 32(DI)
+	ADDQ    $16, SI
+	ADDQ    $64, DI
+	SUBQ    $16, R8
+	JNZ     fp8wl
 
 	ADDQ $4, BX
 	DECQ CX

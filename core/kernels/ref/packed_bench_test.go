@@ -7,7 +7,7 @@ import (
 )
 
 // BenchmarkMatMulTPacked measures the FP8 (128×128 blocks) and MXFP4 products against the
-// fp32 one on a 4096×11008 weight (every form larger than this machine's 32 MiB L3), for a decode row (m=1: weight bytes streamed, reported
+// fp32, bf16 and int8 ones on a 4096×11008 weight (every form larger than this machine's 32 MiB L3), for a decode row (m=1: weight bytes streamed, reported
 // as GB/s of weight read), a decode batch (8) and a prefill (128).
 func BenchmarkMatMulTPacked(b *testing.B) {
 	const n, k = 4096, 11008
@@ -27,6 +27,14 @@ func BenchmarkMatMulTPacked(b *testing.B) {
 		f4.Scale[i] = 0.01
 	}
 	f32 := randSlice(r, n*k)
+	b16 := make([]uint16, n*k)
+	for i, v := range f32 {
+		b16[i] = BF16(v)
+	}
+	q8, err := QuantizeInt8(f32, n, k)
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, m := range []int{1, 8, 128} {
 		x, out := randSlice(r, m*k), make([]float32, m*n)
 		for _, c := range []struct {
@@ -35,6 +43,8 @@ func BenchmarkMatMulTPacked(b *testing.B) {
 			run   func() error
 		}{
 			{"fp32", 4 * n * k, func() error { return MatMulT(out, x, f32, m, k, n) }},
+			{"bf16", 2 * n * k, func() error { return MatMulTBF16(out, x, b16, m, k, n) }},
+			{"int8", q8.Bytes(), func() error { return MatMulTInt8(out, x, q8, m) }},
 			{"fp8", f8.Bytes(), func() error { return MatMulTFP8(out, x, f8, m) }},
 			{"fp4", f4.Bytes(), func() error { return MatMulTFP4(out, x, f4, m) }},
 		} {
