@@ -22,8 +22,10 @@ import (
 // runs eagerly (every cuBLASLt plan made, every module loaded outside the capture) and is
 // then captured; later ones replay it. What a step writes outside the launches runs after
 // it on the default stream, as the eager path: the new MLA rows written through to the
-// pages and, for a token ending a block, the KDA checkpoint copies. Prefill steps, steps
-// with drafts (the MTP runner) and steps naming other logits rows run eagerly.
+// pages and, for a token ending a block, the KDA checkpoint copies. Prefill steps of one
+// sequence and a bucket's tokens replay prefill graphs (gpu_prefill_graphs.go); other
+// prefill steps, steps with drafts (the MTP runner) and steps naming other logits rows
+// run eagerly.
 type gpuGraphs struct {
 	cache   *cudart.GraphCache
 	buckets []int
@@ -38,10 +40,15 @@ type gpuGraphs struct {
 	// arena is the pool's arena the graphs hold (the KDA states' base pointers): a new
 	// pool (NewPool) drops them.
 	arena *cudart.DeviceArena
+	// prefill is the prefill graphs' (gpu_prefill_graphs.go; nil without KDA layers);
+	// rowPos32 and rowSlot32 the host side of the row table, sized as rowPos.
+	prefill             *gpuPrefillGraphs
+	rowPos32, rowSlot32 []int32
 }
 
-// gpuStats counts the forward steps that replayed a graph and those that ran eagerly.
-type gpuStats struct{ Graph, Eager int }
+// gpuStats counts the decode steps that replayed a graph and those that ran a graph
+// bucket eagerly (its first), and the same for prefill graphs.
+type gpuStats struct{ Graph, Eager, PrefillGraph, PrefillEager int }
 
 // useGraphs turns decode graphs on (log: a capture that failed, its shape then eager) or
 // off.
@@ -54,7 +61,9 @@ func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
 		return nil // the MTP runner's steps carry drafts: eager (see gpuGraphs)
 	}
 	b := gpurunner.DecodeBuckets(min(g.slots, g.maxRows))
-	cache, err := cudart.NewGraphCache(len(b))
+	pb := gpurunner.PrefillBuckets(g.maxTokens)
+	// Decode graphs and, per prefill bucket, a few positions in the KDA block.
+	cache, err := cudart.NewGraphCache(len(b) + 4*len(pb))
 	if err != nil {
 		return err
 	}
@@ -68,6 +77,10 @@ func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
 		return fmt.Errorf("gpu graphs: %w", err)
 	}
 	top := b[len(b)-1]
+	if len(pb) > 0 {
+		top = max(top, pb[len(pb)-1])
+	}
+	gr.rowPos32, gr.rowSlot32 = make([]int32, top), make([]int32, top)
 	for _, t := range []struct {
 		p *cudart.DevicePtr
 		n int64
@@ -79,6 +92,10 @@ func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
 		}
 		gr.bufs = append(gr.bufs, buf)
 		*t.p = buf.Ptr
+	}
+	if err := g.usePrefillGraphs(c, gr); err != nil {
+		g.closeGraphs(c)
+		return err
 	}
 	return nil
 }
@@ -190,19 +207,27 @@ func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, token
 // runGraph runs step, the launches of a decode step of bucket rows on the graphs'
 // stream: the bucket's graph when it was captured, else eagerly and then captured.
 func (g *gpuModel) runGraph(c *cudart.Ctx, bucket int, step func() error) error {
+	return g.runGraphKey(c, cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: bucket}, step)
+}
+
+// runGraphKey is runGraph for the graph of key (a decode or a prefill step).
+func (g *gpuModel) runGraphKey(c *cudart.Ctx, key cudart.GraphKey, step func() error) error {
 	gr := g.graphs
-	key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: bucket}
+	graphs, eager := &g.Stats.Graph, &g.Stats.Eager
+	if key.Kind == cudart.GraphPrefill {
+		graphs, eager = &g.Stats.PrefillGraph, &g.Stats.PrefillEager
+	}
 	if !gr.failed[key] {
 		ok, err := gr.cache.Replay(c, gr.stream, key)
 		if err != nil {
 			return err
 		}
 		if ok {
-			g.Stats.Graph++
+			*graphs++
 			return nil
 		}
 	}
-	g.Stats.Eager++
+	*eager++
 	if err := step(); err != nil {
 		return err
 	}

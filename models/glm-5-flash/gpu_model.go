@@ -456,6 +456,9 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	if b := g.decodeBucket(seqs, tokens, rows); b > 0 {
 		return g.forwardGraph(c, b, seqs, tokens)
 	}
+	if g.prefillBucket(seqs, tokens, rows) {
+		return g.forwardPrefillGraph(c, seqs[0], tokens[0], rows)
+	}
 	w := &g.w
 	if err := cudart.Upload(c, w.idsRep, idsRep); err != nil {
 		return nil, err

@@ -130,6 +130,12 @@ func (r *GPURunner) UseGraphs(on bool, log io.Writer) error {
 // not counted.
 func (r *GPURunner) StepCounts() (graph, eager int) { return r.g.Stats.Graph, r.g.Stats.Eager }
 
+// PrefillStepCounts is StepCounts for prefill graphs (gpu_prefill_graphs.go): the prefill
+// steps that replayed one and those that ran a prefill graph's shape eagerly (its first).
+func (r *GPURunner) PrefillStepCounts() (graph, eager int) {
+	return r.g.Stats.PrefillGraph, r.g.Stats.PrefillEager
+}
+
 // CheckPrompt refuses image and video placeholder tokens, as TextRunner.CheckPrompt.
 func (r *GPURunner) CheckPrompt(prompt []int32) error {
 	return r.Model.Config.RefuseVisionTokens(prompt)
