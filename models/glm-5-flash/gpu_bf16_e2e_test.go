@@ -1,7 +1,6 @@
 package glm5flash
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -77,5 +76,5 @@ func TestEmulatedGPUBF16EndToEnd(t *testing.T) {
 		ge.Stop(t)
 		ce.Stop(t)
 	}
-	t.Log(fmt.Sprintf("largest |Δ logprob| bf16 GPU against fp32 CPU: %.3g (tolerance %g)", worst, gpuBF16LogprobTol))
+	t.Logf("largest |Δ logprob| bf16 GPU against fp32 CPU: %.3g (tolerance %g)", worst, gpuBF16LogprobTol)
 }
