@@ -266,6 +266,7 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int, read bool) *TextWe
 		}
 		mw := *ly.moe
 		mw.shared = mlpCut(mw.shared)
+		mw.perExpert = "" // a rank's share is not the checkpoint's every expert
 		if read && p.tp > 1 && p.ep == 1 {
 			ly.moe = &mw // the loader read each expert's rows and columns alone
 			return
