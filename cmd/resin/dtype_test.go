@@ -46,7 +46,7 @@ func TestGenerateDType(t *testing.T) {
 		want string
 	}{
 		{[]string{"--prompt-ids", "1,2", "--dtype", "int8"}, "needs --model"},
-		{append(ds, "--dtype", "fp8"), `dtype "fp8"`},
+		{append(ds, "--dtype", "fp4"), `dtype "fp4"`},
 		{append(ds, "--dtype", "int8", "--device", "cuda"), "only the CPU runner"},
 		{append(ds, "--dtype", "bf16", "--num-speculative-tokens", "1"), "speculative runners run fp32 only"},
 		{append(ds, "--dtype", "int8", "--tp", "2"), "split runners"},

@@ -62,7 +62,9 @@ func TestOperatorsWithoutVectorKernels(t *testing.T) {
 		t.Fatal(err)
 	}
 	withoutVector(t, func() { _ = MatMulT(pOff, x, w, m, k, n) })
-	near(t, "MatMulT of 6 rows", pOn, pOff, 1e-5)
+	// the two paths sum k=256 products (|p| up to ~12) in different orders: fp32
+	// rounding apart, up to a few ulps of the partial sums (1.1e-5 seen once)
+	near(t, "MatMulT of 6 rows", pOn, pOff, 5e-5)
 
 	bc := randomBatch(r, []int{40, 300, 17}, []int{1, 1, 2}, 16, 2, 8, 64)
 	a := Attention{Heads: 8, Scale: 0.125}
