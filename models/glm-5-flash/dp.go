@@ -39,6 +39,10 @@ func OpenDPRanks(dir string, o RankOptions, d Dispatch, data []dist.Communicator
 	if n < 2 {
 		return nil, nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
 	}
+	if o.Drafts > 0 {
+		// the dp ranks would draft apart: their MTP heads' expert exchanges would not meet
+		return nil, nil, fmt.Errorf("%s: DP-attention with %d MTP drafts: not supported yet (the dp ranks have no joint draft step)", Name, o.Drafts)
+	}
 	l := Layout{EP: n, Dispatch: d}
 	c, err := LoadTextConfig(dir)
 	if err != nil {

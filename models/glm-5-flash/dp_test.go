@@ -3,6 +3,7 @@ package glm5flash
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,5 +172,10 @@ func TestDPForwardRefuses(t *testing.T) {
 	}
 	if _, _, err := OpenDPRanks(tinyDir(t), tinyOpts, DispatchGather, data[:1]); err == nil {
 		t.Error("one dp rank accepted")
+	}
+	drafting := tinyOpts
+	drafting.Drafts = 1
+	if _, _, err := OpenDPRanks(tinyDir(t), drafting, DispatchGather, data); err == nil || !strings.Contains(err.Error(), "MTP drafts") {
+		t.Errorf("drafting dp ranks: error %v, want one naming MTP drafts", err)
 	}
 }
