@@ -19,8 +19,9 @@ import (
 
 // mtpGroup opens the tiny model drafting drafts tokens per step in layout l over
 // goroutine ranks (the random weights built once), and returns the engine's runner and
-// every rank's runner and pool (rank 0's first).
-func mtpGroup(t *testing.T, l Layout, drafts int) (engine.Runner, []*Runner, []*kvslab.Pool) {
+// every rank's runner and pool (rank 0's first), and stop, which closes the group once
+// every rank has run its last step and draft (the test's cleanup calls it too).
+func mtpGroup(t *testing.T, l Layout, drafts int) (engine.Runner, []*Runner, []*kvslab.Pool, func()) {
 	t.Helper()
 	c := tinyConfig(t)
 	whole := RandomWeights(c, 7, true)
@@ -39,12 +40,13 @@ func mtpGroup(t *testing.T, l Layout, drafts int) (engine.Runner, []*Runner, []*
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	stop := func() {
 		if err := g.Close(); err != nil {
 			t.Error(err)
 		}
-	})
-	return cpurunner.New(rs[0].Info(), g.Leader()), rs, pools
+	}
+	t.Cleanup(stop) // Close is idempotent
+	return cpurunner.New(rs[0].Info(), g.Leader()), rs, pools, stop
 }
 
 // generateOn is generate for any engine runner.
@@ -144,7 +146,7 @@ func TestMTPParallelEqualsOneRank(t *testing.T) {
 		name := fmt.Sprintf("tp=%d ep=%d dispatch=%d drafts=%d forced=%v T=%g", tc.l.TP, tc.l.EP, tc.l.Dispatch, tc.drafts, tc.forced, tc.sp.Temperature)
 		t.Run(name, func(t *testing.T) {
 			want := plain[tc.sp.Temperature]
-			g, rs, pools := mtpGroup(t, tc.l, tc.drafts)
+			g, rs, pools, stop := mtpGroup(t, tc.l, tc.drafts)
 			seen := make([]map[at]int32, len(rs))
 			for k, r := range rs {
 				if tc.forced {
@@ -171,6 +173,7 @@ func TestMTPParallelEqualsOneRank(t *testing.T) {
 			case tc.forced && (c.DraftsAccepted == 0 || c.DraftsAccepted == c.DraftsProposed):
 				t.Fatalf("forced drafts: %d of %d accepted, want some rejected", c.DraftsAccepted, c.DraftsProposed)
 			}
+			stop() // every follower has run its last draft once the group is closed
 			for k := range seen {
 				if seen[k] != nil && !maps.Equal(seen[k], oneRankDrafts[tc.drafts]) {
 					t.Fatalf("rank %d proposed %d drafts %v, one rank's MTP runner %d: %v", k, len(seen[k]), seen[k], len(oneRankDrafts[tc.drafts]), oneRankDrafts[tc.drafts])
