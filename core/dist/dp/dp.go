@@ -165,24 +165,36 @@ func (g *Group) Start() {
 func (g *Group) Forward(r int) Forward {
 	return func(p *engine.BatchPlan, logits []float32) error {
 		j := &job{plan: p, logits: logits, done: make(chan error, 1)}
-		g.mu.Lock()
-		switch {
-		case g.err != nil:
-			g.mu.Unlock()
-			return g.err
-		case g.closing:
-			g.mu.Unlock()
-			return ErrClosed
-		case g.jobs[r] != nil:
-			g.mu.Unlock()
-			return fmt.Errorf("dp: rank %d: a second step handed over while one is pending", r)
-		}
-		g.jobs[r] = j
-		g.pending++
-		g.cond.Broadcast()
-		g.mu.Unlock()
-		return <-j.done
+		return g.handOver(r, "step", j.done, func() bool {
+			if g.jobs[r] != nil {
+				return false
+			}
+			g.jobs[r] = j
+			g.pending++
+			return true
+		})
 	}
+}
+
+// handOver gives rank r's stepper a job and waits until it has run (done): under g.mu,
+// put stores the job in the rank's slot, false when a job of its kind (what) is already
+// pending there; a failed or closing group takes none.
+func (g *Group) handOver(r int, what string, done <-chan error, put func() bool) error {
+	g.mu.Lock()
+	switch {
+	case g.err != nil:
+		g.mu.Unlock()
+		return g.err
+	case g.closing:
+		g.mu.Unlock()
+		return ErrClosed
+	case !put():
+		g.mu.Unlock()
+		return fmt.Errorf("dp: rank %d: a second %s handed over while one is pending", r, what)
+	}
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	return <-done
 }
 
 // RankRunner is rank r's end of the group for core/cpurunner: Forward is Group.Forward(r)
@@ -217,22 +229,13 @@ func (rr RankRunner) Draft(_ *engine.BatchPlan, res *engine.StepResult) error {
 		return fmt.Errorf("dp: rank %d does not draft", r)
 	}
 	j := &draftJob{res: res, done: make(chan error, 1)}
-	g.mu.Lock()
-	switch {
-	case g.err != nil:
-		g.mu.Unlock()
-		return g.err
-	case g.closing:
-		g.mu.Unlock()
-		return ErrClosed
-	case g.drafts[r] != nil:
-		g.mu.Unlock()
-		return fmt.Errorf("dp: rank %d: a second draft handed over while one is pending", r)
-	}
-	g.drafts[r] = j
-	g.cond.Broadcast()
-	g.mu.Unlock()
-	return <-j.done
+	return g.handOver(r, "draft", j.done, func() bool {
+		if g.drafts[r] != nil {
+			return false
+		}
+		g.drafts[r] = j
+		return true
+	})
 }
 
 // awaitDraft waits for rank r's engine to hand over the result of the step its stepper
