@@ -160,14 +160,20 @@ func Stop(ctl dist.Communicator) error {
 // (with logits of vocab columns per row, which it discards), until the stop message (then
 // nil) or an error (a dead rank 0 or peer, a bad plan, a failed forward).
 func Follow(ctl dist.Communicator, vocab int, forward Forward) error {
+	return FollowPlans(ctl, discardLogits(vocab, forward))
+}
+
+// discardLogits is a follower's step: forward on each plan, its logits (vocab columns
+// per row) into a buffer reused and never read.
+func discardLogits(vocab int, forward Forward) func(*engine.BatchPlan) error {
 	var logits []float32
-	return FollowPlans(ctl, func(p *engine.BatchPlan) error {
+	return func(p *engine.BatchPlan) error {
 		n := len(p.LogitsIndices) * vocab
 		if cap(logits) < n {
 			logits = make([]float32, n)
 		}
 		return forward(p, logits[:n])
-	})
+	}
 }
 
 // FollowPlans runs step on each plan rank 0 of ctl broadcasts until the stop message
@@ -180,14 +186,7 @@ func FollowPlans(ctl dist.Communicator, step func(*engine.BatchPlan) error) erro
 // FollowRank is Follow for r: its forward on each plan and, when r drafts (r.Draft set),
 // its draft on each step result rank 0 broadcasts after a plan (LeadDraft).
 func FollowRank(ctl dist.Communicator, r Rank) error {
-	var logits []float32
-	return follow(ctl, func(p *engine.BatchPlan) error {
-		n := len(p.LogitsIndices) * r.Vocab
-		if cap(logits) < n {
-			logits = make([]float32, n)
-		}
-		return r.Forward(p, logits[:n])
-	}, r.Draft)
+	return follow(ctl, discardLogits(r.Vocab, r.Forward), r.Draft)
 }
 
 // follow runs step on each plan and draft (nil: a result message is an error) on each
@@ -293,7 +292,6 @@ func LeadRank(ctl dist.Communicator, r Rank) Leader {
 // InProcess is a group of ranks that are goroutines of this process: Forward is rank 0's
 // (for the engine), the other ranks follow in their own goroutines until Close.
 type InProcess struct {
-	forward  Forward
 	leader   Leader
 	ctl      []dist.Communicator
 	data     []dist.Communicator
@@ -339,7 +337,6 @@ func StartInProcess(size int, o dist.Options, open func(rank int, data dist.Comm
 	}
 	g := &InProcess{ctl: ctl, data: data}
 	g.leader = LeadRank(ctl[0], ranks[0])
-	g.forward = g.leader.Lead
 	for r := 1; r < size; r++ {
 		g.wg.Add(1)
 		go func() {
@@ -359,7 +356,7 @@ func StartInProcess(size int, o dist.Options, open func(rank int, data dist.Comm
 // Forward runs one step on every rank (on rank 0 alone when its Rank.Broadcast refuses
 // it) and writes rank 0's logits; a failure names the ranks that failed with it.
 func (g *InProcess) Forward(p *engine.BatchPlan, logits []float32) error {
-	return g.failed(g.forward(p, logits))
+	return g.failed(g.leader.Lead(p, logits))
 }
 
 // Leader is rank 0's end of the group for core/cpurunner (a Drafter when rank 0's Rank
