@@ -18,6 +18,26 @@
 #define E4M3MASK $0xbf80bf80
 #define F32_256 $0x43800000
 
+// BCAST32 sets every dword of vec to the 32-bit constant imm (through AX and x, vec's X
+// register).
+#define BCAST32(imm, x, vec) \
+	MOVL         imm, AX; \
+	MOVQ         AX, x; \
+	VPBROADCASTD x, vec
+
+// HSUM8 sums Y0's 8 lanes into X0's lowest (X1 is scratch).
+#define HSUM8 \
+	VEXTRACTF128 $1, Y0, X1; \
+	VADDPS       X1, X0, X0; \
+	VHADDPS      X0, X0, X0; \
+	VHADDPS      X0, X0, X0
+
+// MUL256 multiplies X0's lowest by 2^8 (the fp8 dot products' sum; X1 is scratch).
+#define MUL256 \
+	MOVL   F32_256, AX; \
+	MOVQ   AX, X1; \
+	VMULSS X1, X0, X0
+
 // func cpuid1ECX() uint32
 //
 // CPUID leaf 1's ECX (bit 29: F16C).
@@ -38,9 +58,7 @@ TEXT ·fp8DotAVX512(SB), NOSPLIT, $0-44
 	MOVQ         s+16(FP), BX
 	MOVQ         nb+24(FP), CX
 	MOVQ         bc+32(FP), DX
-	MOVL         E4M3MASK, AX
-	MOVQ         AX, X14
-	VPBROADCASTD X14, Y14
+	BCAST32(E4M3MASK, X14, Y14)
 	VXORPS       Z0, Z0, Z0
 
 fp8b512:
@@ -87,14 +105,9 @@ fp8d512:
 
 	VEXTRACTF64X4 $1, Z0, Y1
 	VADDPS        Y1, Y0, Y0
-	VEXTRACTF128  $1, Y0, X1
-	VADDPS        X1, X0, X0
-	VHADDPS       X0, X0, X0
-	VHADDPS       X0, X0, X0
-	MOVL          F32_256, AX
-	MOVQ          AX, X1
-	VMULSS        X1, X0, X0
-	MOVSS         X0, ret+40(FP)
+	HSUM8
+	MUL256
+	MOVSS X0, ret+40(FP)
 	VZEROUPPER
 	RET
 
@@ -117,9 +130,7 @@ TEXT ·fp8DotAVX2(SB), NOSPLIT, $0-44
 	MOVQ         s+16(FP), BX
 	MOVQ         nb+24(FP), CX
 	MOVQ         bc+32(FP), DX
-	MOVL         E4M3MASK, AX
-	MOVQ         AX, X14
-	VPBROADCASTD X14, Y14
+	BCAST32(E4M3MASK, X14, Y14)
 	VXORPS       Y0, Y0, Y0
 
 fp8b2:
@@ -143,14 +154,9 @@ fp8l2:
 	DECQ         CX
 	JNZ          fp8b2
 
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS       X1, X0, X0
-	VHADDPS      X0, X0, X0
-	VHADDPS      X0, X0, X0
-	MOVL         F32_256, AX
-	MOVQ         AX, X1
-	VMULSS       X1, X0, X0
-	MOVSS        X0, ret+40(FP)
+	HSUM8
+	MUL256
+	MOVSS X0, ret+40(FP)
 	VZEROUPPER
 	RET
 
@@ -165,12 +171,8 @@ TEXT ·fp8WidenAVX2(SB), NOSPLIT, $0-40
 	MOVQ         s+16(FP), BX
 	MOVQ         nb+24(FP), CX
 	MOVQ         bc+32(FP), DX
-	MOVL         E4M3MASK, AX
-	MOVQ         AX, X14
-	VPBROADCASTD X14, Y14
-	MOVL         F32_256, AX
-	MOVQ         AX, X15
-	VPBROADCASTD X15, Y15
+	BCAST32(E4M3MASK, X14, Y14)
+	BCAST32(F32_256, X15, Y15)
 
 fp8wb:
 	VBROADCASTSS (BX), Y3
@@ -251,10 +253,7 @@ fp4d512:
 	VADDPS        Z1, Z0, Z0
 	VEXTRACTF64X4 $1, Z0, Y1
 	VADDPS        Y1, Y0, Y0
-	VEXTRACTF128  $1, Y0, X1
-	VADDPS        X1, X0, X0
-	VHADDPS       X0, X0, X0
-	VHADDPS       X0, X0, X0
+	HSUM8
 	MOVSS         X0, ret+40(FP)
 	VZEROUPPER
 	RET
@@ -278,9 +277,7 @@ TEXT ·fp4DotAVX2(SB), NOSPLIT, $0-44
 	MOVQ         ng+24(FP), CX
 	MOVQ         lut+32(FP), AX
 	VMOVUPS      (AX), Y13
-	MOVL         $0x80000000, AX
-	MOVQ         AX, X14
-	VPBROADCASTD X14, Y14
+	BCAST32($0x80000000, X14, Y14)
 	VXORPS       Y0, Y0, Y0
 
 fp4l2:
@@ -305,10 +302,7 @@ fp4l2:
 	DECQ         CX
 	JNZ          fp4l2
 
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS       X1, X0, X0
-	VHADDPS      X0, X0, X0
-	VHADDPS      X0, X0, X0
+	HSUM8
 	MOVSS        X0, ret+40(FP)
 	VZEROUPPER
 	RET
@@ -325,12 +319,8 @@ TEXT ·fp4WidenAVX2(SB), NOSPLIT, $0-40
 	MOVQ         ng+24(FP), CX
 	MOVQ         lut+32(FP), AX
 	VMOVUPS      (AX), Y13
-	MOVL         $0x80000000, AX
-	MOVQ         AX, X14
-	VPBROADCASTD X14, Y14
-	MOVL         $0x0f0f0f0f, AX
-	MOVQ         AX, X15
-	VPBROADCASTD X15, X15
+	BCAST32($0x80000000, X14, Y14)
+	BCAST32($0x0f0f0f0f, X15, X15)
 
 fp4w2:
 	VMOVDQU      (SI), X8
