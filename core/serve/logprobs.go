@@ -56,12 +56,20 @@ func (s *Server) shown(v logprobView, id int32) (string, []int) {
 	if !v.asIDs {
 		return s.tokenText(id)
 	}
-	t := "token_id:" + strconv.Itoa(int(id))
+	t := s.label(v, id)
 	b := make([]int, len(t))
 	for i := range len(t) {
 		b[i] = int(t[i])
 	}
 	return t, b
+}
+
+// label is token id as v shows it, without the bytes (completions' logprobs list none).
+func (s *Server) label(v logprobView, id int32) string {
+	if v.asIDs {
+		return "token_id:" + strconv.Itoa(int(id))
+	}
+	return s.tok.Decode([]int32{id}, false)
 }
 
 // tops is lp's alternatives, as many as v shows.
@@ -138,7 +146,7 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v log
 	}
 	var raw []byte
 	for i, lp := range lps {
-		shown, _ := s.shown(v, lp.Token)
+		shown := s.label(v, lp.Token)
 		value := shownLogprob(lp.Logprob)
 		out.Tokens[i], out.TokenLogprobs[i], out.TextOffset[i] = shown, &value, offset
 		raw = s.tok.AppendBytes(raw[:0], lp.Token, v.skipSpecial)
@@ -147,8 +155,7 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v log
 			top := v.tops(lp)
 			m := make(map[string]float32, len(top))
 			for _, t := range top {
-				tt, _ := s.shown(v, t.Token)
-				m[tt] = shownLogprob(t.Logprob)
+				m[s.label(v, t.Token)] = shownLogprob(t.Logprob)
 			}
 			out.TopLogprobs[i] = m
 		}
@@ -161,8 +168,7 @@ func (s *Server) completionLogprobs(lps []engine.TokenLogprob, offset int, v log
 // scores prompt[k+1]), text offsets into text, the echoed prompt (echoOffsets).
 func (s *Server) echoLogprobs(prompt []int32, text string, plps []engine.TokenLogprob, v logprobView) *completionLogprobs {
 	offsets := s.echoOffsets(prompt, text)
-	shown, _ := s.shown(v, prompt[0])
-	out := &completionLogprobs{Tokens: []string{shown}, TokenLogprobs: []*float32{nil}, TextOffset: []int{0}}
+	out := &completionLogprobs{Tokens: []string{s.label(v, prompt[0])}, TokenLogprobs: []*float32{nil}, TextOffset: []int{0}}
 	if v.top > 0 {
 		out.TopLogprobs = []map[string]float32{nil}
 	}
@@ -207,8 +213,7 @@ func (s *Server) promptLogprobsOf(prompt []int32, plps []engine.TokenLogprob, to
 	}
 	out := make([]map[string]promptLogprob, 1, len(prompt))
 	entry := func(id int32, lp float32, rank *int) (string, promptLogprob) {
-		text, _ := s.tokenText(id)
-		return strconv.Itoa(int(id)), promptLogprob{Logprob: shownLogprob(lp), Rank: rank, DecodedToken: text}
+		return strconv.Itoa(int(id)), promptLogprob{Logprob: shownLogprob(lp), Rank: rank, DecodedToken: s.label(logprobView{}, id)}
 	}
 	for _, lp := range plps {
 		alts := lp.Top[:min(top, len(lp.Top))]
