@@ -95,11 +95,13 @@ func (m *TextModel) packedExperts(pk *gpuFP8, e *moeWeights, ne, F int) (gateUp,
 			if err != nil {
 				return nil, err
 			}
-			per := len(b.Scale) / ne
 			ws := make([]*ref.Weight, ne)
 			for x := range ne {
-				p := gpurunner.PackedFP8{Out: out, In: in, W: b.W[x*out*in : (x+1)*out*in], Scale: b.Scale[x*per : (x+1)*per]}
-				if ws[x], err = holdFP8(p, fmt.Sprintf("%s expert %d", name, x)); err != nil {
+				p, err := b.Expert(x)
+				if err == nil {
+					ws[x], err = holdFP8(p, fmt.Sprintf("%s expert %d", name, x))
+				}
+				if err != nil {
 					return nil, err
 				}
 			}
@@ -124,8 +126,11 @@ func (m *TextModel) packedExperts(pk *gpuFP8, e *moeWeights, ne, F int) (gateUp,
 			return nil, nil, err
 		}
 		if okG && okU && F%128 == 0 && gateUp != nil {
-			s := gpurunner.PackedFP8{Out: 2 * F, In: D, W: append(gate.W, up.W...), Scale: append(gate.Scale, up.Scale...)}
-			if gateUp[x], err = holdFP8(s, ep+"gate_up"); err != nil {
+			s, err := gpurunner.StackFP8(gate, up)
+			if err == nil {
+				gateUp[x], err = holdFP8(s, ep+"gate_up")
+			}
+			if err != nil {
 				return nil, nil, err
 			}
 		} else {
