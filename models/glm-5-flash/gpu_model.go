@@ -226,7 +226,8 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		if err == nil && pk != nil {
 			p.gateUpL, p.downL, err = g.fp8MLP(c, pk, prefix, D, w.width)
 		}
-		if gu := append(append([]float32(nil), w.gate...), w.up...); p.gateUpL == nil {
+		if p.gateUpL == nil {
+			gu := append(append([]float32(nil), w.gate...), w.up...)
 			up(&p.gateUp, gu)
 			if bf16 && err == nil {
 				p.gateUpL, err = g.bf16Linear(c, gu, 2*w.width, D)
