@@ -134,18 +134,29 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 	return 0
 }
 
+// graphsOnArena drops the captured graphs (decode and prefill) when the pool's arena is
+// not the one they were captured on (NewPool): they hold its KDA states' pointers.
+func (g *gpuModel) graphsOnArena(c *cudart.Ctx) error {
+	gr := g.graphs
+	if gr.arena == g.arena {
+		return nil
+	}
+	if err := gr.cache.Close(c); err != nil {
+		return err
+	}
+	clear(gr.failed)
+	gr.arena = g.arena
+	return nil
+}
+
 // forwardGraph runs a decode step (decodeBucket's bucket > 0; the tokens checked by
 // forward, each sequence prepared) as that bucket's graph and returns every real row's
 // logits.
 func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, tokens [][]int32) ([]float32, error) {
 	cfg, w, gr := g.m.Config, &g.w, g.graphs
 	hc, n := cfg.HCMult, len(seqs)
-	if gr.arena != g.arena {
-		if err := gr.cache.Close(c); err != nil {
-			return nil, err
-		}
-		clear(gr.failed)
-		gr.arena = g.arena
+	if err := g.graphsOnArena(c); err != nil {
+		return nil, err
 	}
 	ids := make([]int32, bucket*hc) // the padding rows' token 0
 	pos, slot := make([]int32, bucket), make([]int32, bucket)

@@ -458,7 +458,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		return g.forwardGraph(c, b, seqs, tokens)
 	}
 	if g.prefillBucket(seqs, tokens, rows) {
-		return g.forwardPrefillGraph(c, seqs[0], tokens[0], rows)
+		return g.forwardPrefillGraph(c, seqs[0], n, idsRep, rows)
 	}
 	w := &g.w
 	if err := cudart.Upload(c, w.idsRep, idsRep); err != nil {

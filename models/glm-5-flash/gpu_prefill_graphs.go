@@ -102,24 +102,15 @@ func blockEnds(pos0, T, block int) []int {
 	return out
 }
 
-// forwardPrefillGraph runs a prefill step of one sequence (prefillBucket's) as its
-// bucket's graph and returns the logits of the rows asked (none or the last).
-func (g *gpuModel) forwardPrefillGraph(c *cudart.Ctx, s *gpuSeq, toks []int32, rows []int32) ([]float32, error) {
+// forwardPrefillGraph runs a prefill step of one sequence (prefillBucket's) of T tokens,
+// each hc times in idsRep (forward's), as its bucket's graph and returns the logits of
+// the rows asked (none or the last).
+func (g *gpuModel) forwardPrefillGraph(c *cudart.Ctx, s *gpuSeq, T int, idsRep []int32, rows []int32) ([]float32, error) {
 	cfg, w, gr := g.m.Config, &g.w, g.graphs
 	p := gr.prefill
-	hc, T, pos0 := cfg.HCMult, len(toks), s.Len
-	if gr.arena != g.arena {
-		if err := gr.cache.Close(c); err != nil {
-			return nil, err
-		}
-		clear(gr.failed)
-		gr.arena = g.arena
-	}
-	ids := make([]int32, T*hc)
-	for i, t := range toks {
-		for j := range hc {
-			ids[i*hc+j] = t
-		}
+	pos0 := s.Len
+	if err := g.graphsOnArena(c); err != nil {
+		return nil, err
 	}
 	for i := range T {
 		gr.rowPos32[i], gr.rowSlot32[i] = int32(pos0+i), int32(s.slot)
@@ -143,7 +134,7 @@ func (g *gpuModel) forwardPrefillGraph(c *cudart.Ctx, s *gpuSeq, toks []int32, r
 			}
 		}
 	}
-	for _, u := range []error{cudart.Upload(c, w.idsRep, ids), cudart.Upload(c, gr.rowPos, gr.rowPos32[:T]),
+	for _, u := range []error{cudart.Upload(c, w.idsRep, idsRep), cudart.Upload(c, gr.rowPos, gr.rowPos32[:T]),
 		cudart.Upload(c, gr.rowSlot, gr.rowSlot32[:T]), cudart.Upload(c, p.ckptTab, p.tab),
 		c.CopyDtoDAsync(p.staging, s.State, int64(4*g.kdaFloats), nil)} {
 		if u != nil {
