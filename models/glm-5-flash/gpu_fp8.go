@@ -162,9 +162,6 @@ func (g *gpuModel) fp8Experts(c *cudart.Ctx, pk *gpuFP8, prefix string) (gateUp,
 		}
 		return ls, nil
 	}
-	if pk.r == nil {
-		return nil, nil, nil
-	}
 	if _, ok := pk.r.Stored(prefix + "experts.gate_up_proj"); ok {
 		if gateUp, err = bank(prefix+"experts.gate_up_proj", 2*F, D); err == nil {
 			down, err = bank(prefix+"experts.down_proj", D, F)
