@@ -123,17 +123,23 @@ func (m *TextModel) hold(dt ref.DType, pk *gpuFP8) error {
 			if err == nil {
 				gu, dn, err = m.packedExperts(pk, e, ne, F)
 			}
-			if gu == nil && err == nil {
-				gu = make([]*ref.Weight, ne)
-				for x := 0; x < ne && err == nil; x++ {
-					gu[x], err = ref.NewWeight(e.gateUp[x*2*F*D:(x+1)*2*F*D], 2*F, D, storedDType(pk, w, e.gateUp, dt))
+			// split holds each of the ne experts [n, k] of bank f in the bank's dtype.
+			split := func(f []float32, n, k int) ([]*ref.Weight, error) {
+				sdt := storedDType(pk, w, f, dt)
+				ws := make([]*ref.Weight, ne)
+				for x := range ws {
+					var err error
+					if ws[x], err = ref.NewWeight(f[x*n*k:(x+1)*n*k], n, k, sdt); err != nil {
+						return nil, err
+					}
 				}
+				return ws, nil
+			}
+			if gu == nil && err == nil {
+				gu, err = split(e.gateUp, 2*F, D)
 			}
 			if dn == nil && err == nil {
-				dn = make([]*ref.Weight, ne)
-				for x := 0; x < ne && err == nil; x++ {
-					dn[x], err = ref.NewWeight(e.down[x*D*F:(x+1)*D*F], D, F, storedDType(pk, w, e.down, dt))
-				}
+				dn, err = split(e.down, D, F)
 			}
 			h.experts[&e.gateUp], h.experts[&e.down] = gu, dn
 		}
