@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 )
 
@@ -115,7 +116,7 @@ func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Laye
 }
 
 // upSharedGateUp uploads the shared expert's gate and up as one [2·inter, hidden] weight:
-// FP8 as stored when both are and the gate fills whole scale blocks (stackFP8), else float.
+// FP8 as stored when both are and the gate fills whole scale blocks (gpurunner.StackFP8), else float.
 func (g *gpuMoE) upSharedGateUp(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, pk *gpuPacked, l *Layer) error {
 	var err error
 	if lin.q != nil {
@@ -127,9 +128,11 @@ func (g *gpuMoE) upSharedGateUp(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, pk 
 		if err != nil {
 			return err
 		}
-		if p, ok := stackFP8(gate, upw); okG && okU && ok {
-			g.sharedGateUp, err = lin.fp8Weights(a, c, p)
-			return err
+		if okG && okU {
+			if p, serr := gpurunner.StackFP8(gate, upw); serr == nil {
+				g.sharedGateUp, err = lin.fp8Weights(a, c, p)
+				return err
+			}
 		}
 	}
 	g.sharedGateUp, err = lin.weights(a, c, append(append([]float32(nil), l.SharedGate...), l.SharedUp...))

@@ -139,22 +139,6 @@ func (p *gpuPacked) mxfp4(dst *[]float32) (_ gpurunner.PackedMXFP4, ok bool, err
 	return gpurunner.PackedMXFP4{}, false, nil
 }
 
-// stackFP8 stacks FP8 weights of the same input size by rows (the shared expert's gate
-// and up into one GEMM); ok is false unless every part but the last fills whole 128-row
-// scale blocks.
-func stackFP8(parts ...gpurunner.PackedFP8) (gpurunner.PackedFP8, bool) {
-	s := gpurunner.PackedFP8{In: parts[0].In}
-	for i, p := range parts {
-		if p.In != s.In || p.Experts != 0 || (i < len(parts)-1 && p.Out%128 != 0) {
-			return gpurunner.PackedFP8{}, false
-		}
-		s.Out += p.Out
-		s.W = append(s.W, p.W...)
-		s.Scale = append(s.Scale, p.Scale...)
-	}
-	return s, true
-}
-
 // splitFP8 cuts an FP8 weight [groups·rows, in] into groups weights [rows, in] (wo_a's
 // output groups), each with scale blocks of its own rows; ok is false when a group's
 // 128-row blocks would straddle the checkpoint's (rows neither a multiple nor a divisor

@@ -31,7 +31,7 @@ func dequantFP8(t *testing.T, p gpurunner.PackedFP8) []float32 {
 }
 
 // TestSplitStackFP8: wo_a cut into its output groups (splitFP8) and the shared expert's
-// gate and up stacked (stackFP8) encode the same values as the checkpoint's weights,
+// gate and up stacked (gpurunner.StackFP8) encode the same values as the checkpoint's weights,
 // blocks that would straddle the checkpoint's scale blocks are refused.
 func TestSplitStackFP8(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
@@ -59,11 +59,11 @@ func TestSplitStackFP8(t *testing.T) {
 		ok       bool
 	}{{128, 48, 192, true}, {256, 256, 64, true}, {48, 48, 192, false}} {
 		a, b := randFP8(r, tc.a, tc.in), randFP8(r, tc.b, tc.in)
-		s, ok := stackFP8(a, b)
-		if ok != tc.ok {
-			t.Fatalf("stack %d and %d rows: %v, want %v", tc.a, tc.b, ok, tc.ok)
+		s, err := gpurunner.StackFP8(a, b)
+		if ok := err == nil; ok != tc.ok {
+			t.Fatalf("stack %d and %d rows: %v (%v), want %v", tc.a, tc.b, ok, err, tc.ok)
 		}
-		if !ok {
+		if err != nil {
 			continue
 		}
 		if err := s.Check(); err != nil {
