@@ -8,7 +8,6 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
-	"github.com/resin-llm/resin/core/kernels/cuda"
 )
 
 // TestEmulatedMoEGraph checks that the MoE survives graph capture with its expert counts
@@ -25,17 +24,7 @@ func TestEmulatedMoEGraph(t *testing.T) {
 	}
 	m := tinyModel(t)
 	c := m.Config
-	dev, cache := openTestGPU(t)
-	kk, err := cuda.Load(dev, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kk.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
+	dev, kk, blas := openTestKernels(t)
 	const n = 7
 	rng := rand.New(rand.NewPCG(21, 22))
 	for li, kind := range c.MLPLayerTypes[:2] {

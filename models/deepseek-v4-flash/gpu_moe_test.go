@@ -8,7 +8,6 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
-	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/weights"
 	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
@@ -24,17 +23,7 @@ func TestEmulatedMoE(t *testing.T) {
 	}
 	m := tinyModel(t)
 	c := m.Config
-	dev, cache := openTestGPU(t)
-	kk, err := cuda.Load(dev, cache)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer kk.Close()
-	blas, err := cudart.NewBlas(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blas.Close()
+	dev, kk, blas := openTestKernels(t)
 	rng := rand.New(rand.NewPCG(11, 12))
 	for li, kind := range c.MLPLayerTypes[:2] {
 		l := &m.W.Layers[li]

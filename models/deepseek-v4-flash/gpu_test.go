@@ -746,3 +746,21 @@ func openTestGPU(t *testing.T) (*cudart.Device, *cudart.KernelCache) {
 	}
 	return dev, cache
 }
+
+// openTestKernels opens the device as openTestGPU does with core/kernels/cuda's kernels
+// and a cuBLASLt handle on it, all closed when the test ends.
+func openTestKernels(t *testing.T) (*cudart.Device, *cuda.Kernels, *cudart.Blas) {
+	t.Helper()
+	dev, cache := openTestGPU(t)
+	kk, err := cuda.Load(dev, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kk.Close() })
+	blas, err := cudart.NewBlas(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { blas.Close() })
+	return dev, kk, blas
+}
