@@ -2,13 +2,9 @@ package deepseekv4flash
 
 import (
 	"fmt"
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/resin-llm/resin/core/engine"
-	"github.com/resin-llm/resin/core/kernels/ref"
-	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
 
@@ -29,10 +25,7 @@ func BenchmarkDSparkDecode(b *testing.B) {
 		}
 		plain, pool := openDSpark(b, dir, nil)
 		outs, _ := generateB(b, plain, pool, prompts, sp)
-		full := map[int][]int32{}
-		for i, p := range prompts {
-			full[len(p)] = append(slices.Clone(p), outs[i].Tokens...)
-		}
+		full := greedyFull(prompts, outs)
 		for _, mode := range []struct {
 			name           string
 			dspark, oracle bool
@@ -44,35 +37,9 @@ func BenchmarkDSparkDecode(b *testing.B) {
 				}
 				r, pool := openDSpark(b, dir, opts)
 				if mode.oracle {
-					r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
-						if seq := full[promptLen]; pos < len(seq) {
-							return seq[pos]
-						}
-						return int32(ref.Argmax(logits))
-					}
+					r.forceDraft = oracleDraft(full)
 				}
-				s := runnertest.New(b, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
-				h := s.StartWith(b, r, pool, engine.Config{})
-				b.ResetTimer()
-				var decode time.Duration
-				for range b.N {
-					start := time.Now()
-					got := h.GenerateAll(b, prompts, sp)
-					decode += time.Since(start)
-					for i := range got {
-						if !slices.Equal(got[i].Tokens, outs[i].Tokens) {
-							b.Fatalf("prompt %d: %v, plain decoding gives %v", i, got[i].Tokens, outs[i].Tokens)
-						}
-					}
-				}
-				b.StopTimer()
-				drafts := specMetric(b, h.Engine, "resin_spec_decode_draft_tokens_total")
-				acc := specMetric(b, h.Engine, "resin_spec_decode_accepted_tokens_total")
-				h.Stop(b)
-				b.ReportMetric(float64(b.N*batch*gen)/decode.Seconds(), "tok/s")
-				if drafts > 0 {
-					b.ReportMetric(acc/drafts, "accept")
-				}
+				benchDecode(b, r, pool, prompts, sp, outs)
 			})
 		}
 	}

@@ -37,10 +37,7 @@ func BenchmarkMTPDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		outs, _ := generateB(b, plain, pool, prompts, sp)
-		full := map[int][]int32{}
-		for i, p := range prompts {
-			full[len(p)] = append(slices.Clone(p), outs[i].Tokens...)
-		}
+		full := greedyFull(prompts, outs)
 		for _, mode := range []struct {
 			name   string
 			drafts int
@@ -54,46 +51,72 @@ func BenchmarkMTPDecode(b *testing.B) {
 					}
 				}
 				if mode.oracle {
-					r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
-						if seq := full[promptLen]; pos < len(seq) {
-							return seq[pos]
-						}
-						return int32(ref.Argmax(logits))
-					}
+					r.forceDraft = oracleDraft(full)
 				}
 				pool, err := r.NewPool(32 << 20)
 				if err != nil {
 					b.Fatal(err)
 				}
-				s := runnertest.New(b, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
-				h := s.StartWith(b, r, pool, engine.Config{})
-				b.ResetTimer()
-				var decode time.Duration
-				for range b.N {
-					// Time the decode: the prompts are prefilled in the first step.
-					start := time.Now()
-					got := h.GenerateAll(b, prompts, sp)
-					decode += time.Since(start)
-					for i := range got {
-						if !slices.Equal(got[i].Tokens, outs[i].Tokens) {
-							b.Fatalf("prompt %d: %v, plain decoding gives %v", i, got[i].Tokens, outs[i].Tokens)
-						}
-					}
-				}
-				b.StopTimer()
-				c := h.Counters()
-				steps := specMetric(b, h.Engine, "resin_spec_decode_draft_tokens_total")
-				acc := specMetric(b, h.Engine, "resin_spec_decode_accepted_tokens_total")
-				if acc != float64(c.DraftsAccepted) || steps != float64(c.DraftsProposed) {
-					b.Fatalf("metrics say %g/%g drafts accepted, counters %d/%d", acc, steps, c.DraftsAccepted, c.DraftsProposed)
-				}
-				h.Stop(b)
-				b.ReportMetric(float64(b.N*batch*gen)/decode.Seconds(), "tok/s")
-				if steps > 0 {
-					b.ReportMetric(acc/steps, "accept")
-				}
+				benchDecode(b, r, pool, prompts, sp, outs)
 			})
 		}
+	}
+}
+
+// greedyFull maps each prompt's length to the prompt followed by its greedy continuation
+// (prompts of distinct lengths), for oracleDraft.
+func greedyFull(prompts [][]int32, outs []runnertest.Output) map[int][]int32 {
+	full := map[int][]int32{}
+	for i, p := range prompts {
+		full[len(p)] = append(slices.Clone(p), outs[i].Tokens...)
+	}
+	return full
+}
+
+// oracleDraft is a forceDraft that drafts the greedy continuation in full (the ceiling
+// at 100% acceptance), the main model's argmax past its end.
+func oracleDraft(full map[int][]int32) func(promptLen, pos int, logits []float32) int32 {
+	return func(promptLen, pos int, logits []float32) int32 {
+		if seq := full[promptLen]; pos < len(seq) {
+			return seq[pos]
+		}
+		return int32(ref.Argmax(logits))
+	}
+}
+
+// benchDecode generates the prompts together through a fresh engine on r b.N times, each
+// run equal to outs (plain greedy decoding), and reports generated tokens per second of
+// the timed generation (the prompts are prefilled in its first step) and the acceptance
+// rate from the engine's metrics, which must agree with its counters.
+func benchDecode(b *testing.B, r *Runner, pool *kvslab.Pool, prompts [][]int32, sp engine.SamplingParams, outs []runnertest.Output) {
+	b.Helper()
+	s := runnertest.New(b, func(testing.TB) (engine.Runner, *kvslab.Pool) { return r, pool }, runnertest.Options{})
+	h := s.StartWith(b, r, pool, engine.Config{})
+	b.ResetTimer()
+	var decode time.Duration
+	tokens := 0
+	for range b.N {
+		start := time.Now()
+		got := h.GenerateAll(b, prompts, sp)
+		decode += time.Since(start)
+		for i := range got {
+			if !slices.Equal(got[i].Tokens, outs[i].Tokens) {
+				b.Fatalf("prompt %d: %v, plain decoding gives %v", i, got[i].Tokens, outs[i].Tokens)
+			}
+			tokens += len(got[i].Tokens)
+		}
+	}
+	b.StopTimer()
+	c := h.Counters()
+	drafts := specMetric(b, h.Engine, "resin_spec_decode_draft_tokens_total")
+	acc := specMetric(b, h.Engine, "resin_spec_decode_accepted_tokens_total")
+	if acc != float64(c.DraftsAccepted) || drafts != float64(c.DraftsProposed) {
+		b.Fatalf("metrics say %g/%g drafts accepted, counters %d/%d", acc, drafts, c.DraftsAccepted, c.DraftsProposed)
+	}
+	h.Stop(b)
+	b.ReportMetric(float64(tokens)/decode.Seconds(), "tok/s")
+	if drafts > 0 {
+		b.ReportMetric(acc/drafts, "accept")
 	}
 }
 
