@@ -39,6 +39,21 @@ func tinyLlamaDir(t *testing.T) string {
 	return dir
 }
 
+// tinyLlamaCheckpoint is a fresh directory holding the tiny config.json and its llama
+// weights drawn from seed, saved as safetensors of dt, and its config.
+func tinyLlamaCheckpoint(t *testing.T, seed uint64, dt weights.DType) (string, *llama.Config) {
+	t.Helper()
+	dir := tinyLlamaDir(t)
+	c, err := llama.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := llama.RandomWeights(c, seed).Save(c, dir, dt); err != nil {
+		t.Fatal(err)
+	}
+	return dir, c
+}
+
 // tinyLlamaModel loads the model `--random-weights tinyLlama` runs: the registry opens a
 // directory holding only the config, where models/llama builds its default-seed weights.
 func tinyLlamaModel(t *testing.T) *llama.Model {

@@ -47,21 +47,7 @@ func runnerPython(t *testing.T) string {
 // weights as float32 safetensors, so the Go runner and the Python one load the same checkpoint.
 func llamaCheckpoint(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	cfg, err := os.ReadFile(tinyLlama)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := llama.LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := llama.RandomWeights(c, 7).Save(c, dir, weights.F32); err != nil {
-		t.Fatal(err)
-	}
+	dir, _ := tinyLlamaCheckpoint(t, 7, weights.F32)
 	return dir
 }
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/weights"
-	"github.com/resin-llm/resin/models/llama"
 )
 
 // TestGenerateTPOnTheEmulatedDevice: generate --device cuda-emu --tp 2 runs llama's GPU
@@ -49,21 +48,7 @@ func TestGenerateTPGPUCheckpointLogitsOut(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
-	cfg, err := os.ReadFile(tinyLlama)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := llama.LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := llama.RandomWeights(c, 3).Save(c, dir, weights.BF16); err != nil {
-		t.Fatal(err)
-	}
+	dir, c := tinyLlamaCheckpoint(t, 3, weights.BF16)
 	out := t.TempDir()
 	run := func(tp string) (string, []float32, []int) {
 		path := filepath.Join(out, "tp"+tp, "l.safetensors")

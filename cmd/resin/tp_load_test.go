@@ -1,12 +1,9 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/resin-llm/resin/core/weights"
-	"github.com/resin-llm/resin/models/llama"
 )
 
 // TestGenerateTPCheckpoint: on a saved llama checkpoint (bf16, so the rows and columns
@@ -14,21 +11,7 @@ import (
 // rank reading only its slices: core/dist/tp's TestLoadShardReadsItsSlices counts them)
 // prints what one rank prints.
 func TestGenerateTPCheckpoint(t *testing.T) {
-	cfg, err := os.ReadFile(tinyLlama)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := llama.LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := llama.RandomWeights(c, 3).Save(c, dir, weights.BF16); err != nil {
-		t.Fatal(err)
-	}
+	dir, _ := tinyLlamaCheckpoint(t, 3, weights.BF16)
 	args := []string{"--model", "llama", "--weights", dir, "--cache-bytes", "4000000",
 		"--prompt-ids", "5,9,17,33,2,8", "--max-tokens", "16", "--ignore-eos"}
 	want, errOut, err := runGenerate(t, args...)
