@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // TestDSparkSampledDistribution: at temperature 1 on a vocabulary of 8, the joint
@@ -73,30 +74,18 @@ func TestDSparkSampledDistribution(t *testing.T) {
 	if c := e.Counters(); c.DraftsProposed == 0 || c.DraftsAccepted == 0 {
 		t.Fatalf("%d drafts proposed, %d accepted: the test needs both", c.DraftsProposed, c.DraftsAccepted)
 	}
-	var x, poolE, poolGot float64
-	cells := 0
+	var exp, got []float64
 	p1 := softmax(prompt)
 	for a := range int32(vocab) {
 		p2 := softmax(append(append([]int32{}, prompt...), a))
 		for b := range int32(vocab) {
-			exp, got := p1[a]*p2[b]*n, counts[[2]int32{a, b}]
-			if exp < 5 {
-				poolE, poolGot = poolE+exp, poolGot+got
-				continue
-			}
-			x += (got - exp) * (got - exp) / exp
-			cells++
+			exp = append(exp, p1[a]*p2[b]*n)
+			got = append(got, counts[[2]int32{a, b}])
 		}
 	}
-	if poolE > 0 {
-		x += (poolGot - poolE) * (poolGot - poolE) / poolE
-		cells++
-	}
-	// Wilson-Hilferty: the chi-square quantile at 1 − 1e-6 (z = 4.75) for cells−1 degrees.
-	k := float64(cells - 1)
-	bound := k * math.Pow(1-2/(9*k)+4.75*math.Sqrt(2/(9*k)), 3)
-	t.Logf("chi-square %.1f over %d cells, bound %.1f; %+v", x, cells, bound, e.Counters())
+	x, bound := runnertest.ChiSquare(t, exp, got)
+	t.Logf("chi-square %.1f, bound %.1f; %+v", x, bound, e.Counters())
 	if x > bound {
-		t.Fatalf("chi-square %.1f over %d cells exceeds %.1f: the output is not the main model's distribution", x, cells, bound)
+		t.Fatalf("chi-square %.1f exceeds %.1f: the output is not the main model's distribution", x, bound)
 	}
 }
