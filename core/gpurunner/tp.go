@@ -60,17 +60,13 @@ var (
 // the rows of its vocab shard of the embedding and the head (zero rows for the padding),
 // the norms and the o bias whole. Heads, KV heads and Intermediate must divide by size.
 func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig, *DenseWeights, error) {
-	if size < 1 || rank < 0 || rank >= size {
-		return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d", rank, size)
-	}
-	if cfg.Heads%size != 0 || cfg.KVHeads%size != 0 || cfg.Intermediate%size != 0 {
-		return nil, nil, fmt.Errorf("gpurunner: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", cfg.Heads, cfg.KVHeads, cfg.Intermediate, size)
+	sc, lo, hi, err := shardConfig(cfg, rank, size)
+	if err != nil {
+		return nil, nil, err
 	}
 	if err := w.Check(cfg); err != nil {
 		return nil, nil, err
 	}
-	sc := *cfg
-	sc.Heads, sc.KVHeads, sc.Intermediate = cfg.Heads/size, cfg.KVHeads/size, cfg.Intermediate/size
 	h, hd := cfg.Hidden, cfg.HeadDim
 	ql, kl, il := sc.Heads*hd, sc.KVHeads*hd, sc.Intermediate
 	rows := func(v []float32, lo, n, width int) []float32 {
@@ -88,8 +84,6 @@ func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig
 	}
 	sw := &DenseWeights{Embed: w.Embed, Norm: w.Norm, Head: w.Head, Layers: make([]DenseLayer, len(w.Layers))}
 	if size > 1 {
-		var lo, hi int
-		sc.VocabStart, sc.VocabShard, lo, hi = VocabParallel(cfg.Vocab, rank, size)
 		sw.Embed = padRows(w.Embed[lo*h:hi*h], sc.VocabShard*h)
 		sw.Head = sw.Embed
 		if !cfg.TiedEmbeddings {
@@ -109,6 +103,25 @@ func ShardDense(cfg *DenseConfig, w *DenseWeights, rank, size int) (*DenseConfig
 		}
 	}
 	return &sc, sw, nil
+}
+
+// shardConfig is rank's config in a group of size ranks: Heads, KVHeads and Intermediate
+// divided by size (each must divide) and, when size > 1, its vocab shard (VocabParallel),
+// of which the real rows are [lo, hi) (the whole vocabulary on one rank).
+func shardConfig(cfg *DenseConfig, rank, size int) (sc DenseConfig, lo, hi int, err error) {
+	if size < 1 || rank < 0 || rank >= size {
+		return sc, 0, 0, fmt.Errorf("gpurunner: tp rank %d of %d", rank, size)
+	}
+	if cfg.Heads%size != 0 || cfg.KVHeads%size != 0 || cfg.Intermediate%size != 0 {
+		return sc, 0, 0, fmt.Errorf("gpurunner: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", cfg.Heads, cfg.KVHeads, cfg.Intermediate, size)
+	}
+	sc = *cfg
+	sc.Heads, sc.KVHeads, sc.Intermediate = cfg.Heads/size, cfg.KVHeads/size, cfg.Intermediate/size
+	lo, hi = 0, cfg.Vocab
+	if size > 1 {
+		sc.VocabStart, sc.VocabShard, lo, hi = VocabParallel(cfg.Vocab, rank, size)
+	}
+	return sc, lo, hi, nil
 }
 
 // padRows returns v followed by zeros to n values.

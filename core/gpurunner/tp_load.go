@@ -30,29 +30,20 @@ func ReadDense(cfg *DenseConfig, src tp.Source) DenseShard {
 // and the head padded with zero rows (VocabParallel), the norms and the o bias whole.
 // What it returns is what ShardDense cuts from the whole model.
 func LoadDenseShard(cfg *DenseConfig, src tp.Source, rank, size int) (*DenseConfig, *DenseWeights, error) {
-	if size < 1 || rank < 0 || rank >= size {
-		return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d", rank, size)
+	sc, lo, hi, err := shardConfig(cfg, rank, size)
+	if err != nil {
+		return nil, nil, err
 	}
-	if cfg.Heads%size != 0 || cfg.KVHeads%size != 0 || cfg.Intermediate%size != 0 {
-		return nil, nil, fmt.Errorf("gpurunner: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", cfg.Heads, cfg.KVHeads, cfg.Intermediate, size)
-	}
-	sc := *cfg
-	sc.Heads, sc.KVHeads, sc.Intermediate = cfg.Heads/size, cfg.KVHeads/size, cfg.Intermediate/size
 	h, hd, v := cfg.Hidden, cfg.HeadDim, cfg.Vocab
 	qd, kvd := cfg.QDim(), cfg.KVDim()
 	ql, kl, il := sc.Heads*hd, sc.KVHeads*hd, sc.Intermediate
 	q0, k0, i0 := rank*ql, rank*kl, rank*il
-	var err error
 	// read keeps the first error; the reads after it are not used.
 	read := func(x []float32, e error) []float32 {
 		if err == nil && e != nil {
 			err = e
 		}
 		return x
-	}
-	lo, hi := 0, v
-	if size > 1 {
-		sc.VocabStart, sc.VocabShard, lo, hi = VocabParallel(v, rank, size)
 	}
 	vocab := func(name string) []float32 {
 		x := read(src.Float32Rows(name, lo, hi, v, h))
