@@ -143,6 +143,9 @@ func (f gpuTapForward) ForwardTap(plan *engine.BatchPlan, logits []float32, tap 
 				return fmt.Errorf("gpurunner: feature tap row %d outside the step's %d rows", row, tokens)
 			}
 		}
+		if w := len(d.layers) * d.hidden; len(tap.Features) != len(tap.Rows)*w {
+			return fmt.Errorf("gpurunner: feature tap holds %d values, want %d rows × %d", len(tap.Features), len(tap.Rows), w)
+		}
 	}
 	err := r.step(plan, false, func(c *cudart.Ctx) error {
 		if n := len(logits); n > 0 {
@@ -167,9 +170,6 @@ func (f gpuTapForward) ForwardTap(plan *engine.BatchPlan, logits []float32, tap 
 		return err
 	}
 	h, w := d.hidden, len(d.layers)*d.hidden
-	if len(tap.Features) != len(tap.Rows)*w {
-		return fmt.Errorf("gpurunner: feature tap holds %d values, want %d rows × %d", len(tap.Features), len(tap.Rows), w)
-	}
 	for j := range d.layers {
 		base := int64(j) * d.tapBytes()
 		for i, row := range tap.Rows {
