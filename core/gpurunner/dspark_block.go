@@ -264,15 +264,9 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 		}
 		maxPages = max(maxPages, (n+B+PT-1)/PT)
 	}
-	g.idsHost, g.posHost, g.lenHost = resizeI32(g.idsHost, R), resizeI32(g.posHost, R), resizeI32(g.lenHost, R)
-	if cap(g.slots) < R {
-		g.slots = make([]int64, R)
-	}
-	g.slots = g.slots[:R]
-	if cap(g.ptHost) < R*maxPages {
-		g.ptHost = make([]uint32, R*maxPages)
-	}
-	g.ptHost = g.ptHost[:R*maxPages]
+	// Host staging reused across calls; every element is written below.
+	g.idsHost, g.posHost, g.lenHost = slices.Grow(g.idsHost[:0], R)[:R], slices.Grow(g.posHost[:0], R)[:R], slices.Grow(g.lenHost[:0], R)[:R]
+	g.slots, g.ptHost = slices.Grow(g.slots[:0], R)[:R], slices.Grow(g.ptHost[:0], R*maxPages)[:R*maxPages]
 	hidden, logits := make([]float32, R*hd), make([]float32, R*V)
 	r := g.r
 	err := r.dev.Do(func(cx *cudart.Ctx) error {
@@ -431,11 +425,4 @@ func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cuda
 		return fmt.Errorf("head: %w", err)
 	}
 	return nil
-}
-
-func resizeI32(b []int32, n int) []int32 {
-	if cap(b) < n {
-		return make([]int32, n)
-	}
-	return b[:n]
 }
