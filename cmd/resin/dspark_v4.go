@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 
-	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
@@ -14,19 +13,11 @@ import (
 // runner: --num-speculative-tokens drafts per block (0: the block size), the confidence
 // cut of --dspark-confidence, --spec-trace.
 func (f *runtimeFlags) openDSparkV4(dir string) (engine.Runner, *kvslab.Pool, error) {
-	switch {
-	case f.spec.DraftModel != "":
-		return nil, nil, fmt.Errorf("--draft-model %s: deepseek-v4-flash's DSpark drafter is in its checkpoint (mtp.0-2 with the dspark_* config keys): drop --draft-model", f.spec.DraftModel)
-	case f.device.CUDA():
-		return nil, nil, fmt.Errorf("--speculative-method dspark: deepseek-v4-flash drafts on the CPU runner only so far; drop --device")
+	trace, err := f.spec.OwnDrafter(deepseekv4flash.Name, f.device)
+	if err != nil {
+		return nil, nil, err
 	}
-	opts := &deepseekv4flash.DSparkOptions{MaxDrafts: f.specTokens, Confidence: float32(f.spec.Confidence)}
-	if f.spec.Trace != "" {
-		var err error
-		if opts.Trace, err = cli.SpecTrace(f.spec.Trace); err != nil {
-			return nil, nil, err
-		}
-	}
+	opts := &deepseekv4flash.DSparkOptions{MaxDrafts: f.specTokens, Confidence: float32(f.spec.Confidence), Trace: trace}
 	r, err := deepseekv4flash.Load(dir, deepseekv4flash.Options{DSpark: opts})
 	if err != nil {
 		return nil, nil, err

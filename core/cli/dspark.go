@@ -28,22 +28,29 @@ func (m *ModelDir) WithDSpark(open DSparkOpener) *ModelDir {
 
 // openDSpark opens the model through its DSparkOpener after checking the flags.
 func (m *ModelDir) openDSpark() (engine.Runner, *kvslab.Pool, error) {
-	switch {
-	case m.dspark == nil:
+	if m.dspark == nil {
 		return nil, nil, fmt.Errorf("--speculative-method dspark: %s has no DSpark drafter", m.name)
-	case m.specFlags.DraftModel != "":
-		return nil, nil, fmt.Errorf("--draft-model %s: %s's DSpark drafter is in its checkpoint: drop --draft-model", m.specFlags.DraftModel, m.name)
-	case m.device.CUDA():
-		return nil, nil, fmt.Errorf("--speculative-method dspark: %s drafts on the CPU runner only so far; drop --device", m.name)
 	}
-	var trace func(dspark.TraceEntry)
-	if m.specFlags.Trace != "" {
-		var err error
-		if trace, err = SpecTrace(m.specFlags.Trace); err != nil {
-			return nil, nil, err
-		}
+	trace, err := m.specFlags.OwnDrafter(m.name, m.device)
+	if err != nil {
+		return nil, nil, err
 	}
 	return m.dspark(m.dir, m.cacheBytes, m.specTokens, float32(m.specFlags.Confidence), trace)
+}
+
+// OwnDrafter checks --speculative-method dspark for model name, whose checkpoint holds its
+// own DSpark drafter stages and which drafts on the CPU runner only: a --draft-model or a
+// CUDA device is refused by name. It returns the --spec-trace hook (nil without the flag).
+func (f *SpeculativeFlags) OwnDrafter(name string, device DeviceFlags) (func(dspark.TraceEntry), error) {
+	switch {
+	case f.DraftModel != "":
+		return nil, fmt.Errorf("--draft-model %s: %s's DSpark drafter is in its checkpoint: drop --draft-model", f.DraftModel, name)
+	case device.CUDA():
+		return nil, fmt.Errorf("--speculative-method dspark: %s drafts on the CPU runner only so far; drop --device", name)
+	case f.Trace == "":
+		return nil, nil
+	}
+	return SpecTrace(f.Trace)
 }
 
 // SpecTrace opens path for --spec-trace and returns a DSpark trace hook writing one JSON
