@@ -169,24 +169,39 @@ func newKVCacheExtra(c *Config, pool *kvslab.Pool, mtp bool, extra int) (*KVCach
 	if !ok {
 		return nil, fmt.Errorf("kv cache: the reference forward needs a host-memory arena, got %T", pool.Arena())
 	}
-	pt := pool.BlockTokens()
-	L := layout(c, pt, mtp)
-	got := pool.Groups()
-	if len(got) != len(L.groups)+extra {
-		return nil, fmt.Errorf("kv cache: the pool has %d groups, the model needs %d (%+v)", len(got), len(L.groups), L.groups)
-	}
-	for i, want := range L.groups {
-		g := got[i]
-		if g.Name != want.Name || g.Kind != want.Kind || g.Layers != want.Layers || g.BytesPerToken != want.BytesPerToken || g.Ratio != want.Ratio {
-			return nil, fmt.Errorf("kv cache: pool group %d %+v does not match the model's %+v", i, g, want)
-		}
+	L, err := poolLayout(c, pool, mtp, extra)
+	if err != nil {
+		return nil, fmt.Errorf("kv cache: %w", err)
 	}
 	raw := hm.Bytes(0, hm.Size())
 	if len(raw) < 4 {
 		return nil, fmt.Errorf("kv cache: arena of %d bytes", len(raw))
 	}
 	mem := unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), len(raw)/4)
-	return &KVCache{c: c, pool: pool, L: L, mem: mem, pt: pt}, nil
+	return &KVCache{c: c, pool: pool, L: L, mem: mem, pt: pool.BlockTokens()}, nil
+}
+
+// poolLayout returns c's page layout (with the MTP head's state when mtp) for pool, whose
+// groups must be the layout's followed by extra groups that are not the model's (a DSpark
+// drafter's context group).
+func poolLayout(c *Config, pool *kvslab.Pool, mtp bool, extra int) (*cacheLayout, error) {
+	L := layout(c, pool.BlockTokens(), mtp)
+	got := pool.Groups()
+	if len(got) != len(L.groups)+extra {
+		return nil, fmt.Errorf("the pool has %d groups, the model needs %d (%+v)", len(got), len(L.groups), L.groups)
+	}
+	for i, want := range L.groups {
+		if g := got[i]; g.Name != want.Name || g.Kind != want.Kind || g.Layers != want.Layers || g.BytesPerToken != want.BytesPerToken || g.Ratio != want.Ratio {
+			return nil, fmt.Errorf("pool group %d %+v does not match the model's %+v", i, g, want)
+		}
+	}
+	return L, nil
+}
+
+// layerFloats returns the floats of one layer's block in a page of group g.
+func (L *cacheLayout) layerFloats(g int) int {
+	spec := L.groups[g]
+	return int(spec.PageBytes() / int64(spec.Layers) / 4)
 }
 
 // pagedRows is Rows over a group's pages: row i lives at slot j = i+shift, in block
@@ -212,12 +227,6 @@ func (r *pagedRows) Row(i int) []float32 {
 	return r.kv.mem[off : off+r.dim]
 }
 
-// layerFloats returns the floats of one layer's block in a page of group g.
-func (kv *KVCache) layerFloats(g int) int {
-	spec := kv.L.groups[g]
-	return int(spec.PageBytes() / int64(spec.Layers) / 4)
-}
-
 // bind returns the state of plan sequence i as views of its pages.
 func (kv *KVCache) bind(p *engine.BatchPlan, i int) (*SeqState, error) {
 	c, L := kv.c, kv.L
@@ -237,7 +246,7 @@ func (kv *KVCache) bind(p *engine.BatchPlan, i int) (*SeqState, error) {
 	for li := range st.Layers {
 		ls := &st.Layers[li]
 		ls.Window = &pagedRows{kv: kv, g: L.swa, pages: swa, perPage: kv.pt,
-			layerOff: li * kv.layerFloats(L.swa), stride: c.HeadDim, dim: c.HeadDim}
+			layerOff: li * kv.L.layerFloats(L.swa), stride: c.HeadDim, dim: c.HeadDim}
 		kind := c.LayerTypes[li]
 		if kind == SlidingAttention {
 			continue
@@ -250,7 +259,7 @@ func (kv *KVCache) bind(p *engine.BatchPlan, i int) (*SeqState, error) {
 		pages := p.PageTableOf(g, i)
 		entries := func(inner, dim int) Rows {
 			return &pagedRows{kv: kv, g: g, pages: pages, perPage: kv.pt / r,
-				layerOff: L.index[li] * kv.layerFloats(g), stride: stride, inner: inner, dim: dim}
+				layerOff: L.index[li] * kv.L.layerFloats(g), stride: stride, inner: inner, dim: dim}
 		}
 		ls.Compressor = kv.compressor(live, ckpt, L.compOff[li], r, c.HeadDim, kind == CompressedSparse, entries(0, c.HeadDim))
 		if kind == CompressedSparse {
@@ -260,7 +269,7 @@ func (kv *KVCache) bind(p *engine.BatchPlan, i int) (*SeqState, error) {
 	if L.mtp {
 		li := c.NumHiddenLayers
 		st.MTP = &LayerState{Window: &pagedRows{kv: kv, g: L.swa, pages: swa, perPage: kv.pt,
-			layerOff: li * kv.layerFloats(L.swa), stride: c.HeadDim, dim: c.HeadDim, shift: 1}}
+			layerOff: li * kv.L.layerFloats(L.swa), stride: c.HeadDim, dim: c.HeadDim, shift: 1}}
 	}
 	return st, nil
 }

@@ -27,29 +27,16 @@ func newDevPages(c *Config, pool *kvslab.Pool, arena *cudart.DeviceArena, mtp bo
 	if pool.Arena() != kvslab.Arena(arena) {
 		return nil, fmt.Errorf("device pages: the pool's arena is %T, not the runner's device arena", pool.Arena())
 	}
-	pt := pool.BlockTokens()
-	L := layout(c, pt, mtp)
-	got := pool.Groups()
-	if len(got) != len(L.groups) {
-		return nil, fmt.Errorf("device pages: the pool has %d groups, the model needs %d (%+v)", len(got), len(L.groups), L.groups)
+	L, err := poolLayout(c, pool, mtp, 0)
+	if err != nil {
+		return nil, fmt.Errorf("device pages: %w", err)
 	}
-	for i, want := range L.groups {
-		if g := got[i]; g.Name != want.Name || g.Kind != want.Kind || g.Layers != want.Layers || g.BytesPerToken != want.BytesPerToken || g.Ratio != want.Ratio {
-			return nil, fmt.Errorf("device pages: pool group %d %+v does not match the model's %+v", i, g, want)
-		}
-	}
-	return &devPages{c: c, pool: pool, arena: arena, L: L, pt: pt}, nil
+	return &devPages{c: c, pool: pool, arena: arena, L: L, pt: pool.BlockTokens()}, nil
 }
 
 // at is the address of float off in page id of group g.
 func (kv *devPages) at(g int, id kvslab.PageID, off int) cudart.DevicePtr {
 	return kv.arena.Ptr(kv.pool.PageOffset(g, id) + int64(4*off))
-}
-
-// layerFloats is the floats one layer's block takes in a page of group g.
-func (kv *devPages) layerFloats(g int) int {
-	spec := kv.L.groups[g]
-	return int(spec.PageBytes() / int64(spec.Layers) / 4)
 }
 
 // seqPages is one plan sequence's page tables and live state page (NoPage without a
@@ -94,7 +81,7 @@ func (kv *devPages) window(sp *seqPages, li, q int) (cudart.DevicePtr, int, erro
 		return 0, 0, fmt.Errorf("device pages: layer %d's window row %d has no page", li, q)
 	}
 	d := kv.c.HeadDim
-	return kv.at(kv.L.swa, sp.swa[b], li*kv.layerFloats(kv.L.swa)+(j%kv.pt)*d), kv.pt - j%kv.pt, nil
+	return kv.at(kv.L.swa, sp.swa[b], li*kv.L.layerFloats(kv.L.swa)+(j%kv.pt)*d), kv.pt - j%kv.pt, nil
 }
 
 // entry returns the address of layer li's compressed entry w: the compressor's, or with
@@ -114,7 +101,7 @@ func (kv *devPages) entry(sp *seqPages, li int, indexer bool, w int) (cudart.Dev
 	if g < 0 || b >= len(pages) || pages[b] == kvslab.NoPage {
 		return 0, fmt.Errorf("device pages: layer %d's entry %d has no page", li, w)
 	}
-	return kv.at(g, pages[b], kv.L.index[li]*kv.layerFloats(g)+(w%per)*stride+inner), nil
+	return kv.at(g, pages[b], kv.L.index[li]*kv.L.layerFloats(g)+(w%per)*stride+inner), nil
 }
 
 // state returns the address of float off in state page id.
