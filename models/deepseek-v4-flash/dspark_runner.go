@@ -137,12 +137,12 @@ func (s *dsparkSampler) Draft(p *engine.BatchPlan, res *engine.StepResult) error
 			s.trace(dspark.TraceEntry{Request: id, AnchorPosition: prev.anchor, Drafts: slices.Clone(p.Tokens[q0+n-k : q0+n]),
 				Accepted: a - 1, Next: res.Tokens[tok+a-1]})
 		}
+		ctx := s.contextRows(p, i)
 		if end > at {
 			rows, err := d.ContextRows(s.tap.Features[q0*F:(q0+end-at)*F], p.Positions[q0:q0+end-at])
 			if err != nil {
 				return fmt.Errorf("request %d: %w", id, err)
 			}
-			ctx := s.contextRows(p, i)
 			for st, kv := range rows {
 				for t := range end - at {
 					copy(ctx[st].Row(at+t), kv[t*hd:(t+1)*hd])
@@ -152,7 +152,7 @@ func (s *dsparkSampler) Draft(p *engine.BatchPlan, res *engine.StepResult) error
 		tok += a
 		// Drafts at positions end+1.. are verified at rows end..: all inside the context.
 		if nd := min(s.maxDrafts, r.Model.MaxContext()-1-end); a > 0 && nd > 0 {
-			seqs = append(seqs, BlockInput{Anchor: res.Tokens[tok-1], Position: end, Context: s.contextRows(p, i)})
+			seqs = append(seqs, BlockInput{Anchor: res.Tokens[tok-1], Position: end, Context: ctx})
 			drafting, limit = append(drafting, i), append(limit, nd)
 		}
 	}
