@@ -2,10 +2,10 @@ package deepseekv4flash
 
 import (
 	"fmt"
-	"github.com/resin-llm/resin/core/dspark"
 	"math"
 	"slices"
 
+	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"gonum.org/v1/gonum/blas/blas32"
 )
