@@ -34,14 +34,10 @@ extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
 // (an allocation, a copy into pageable memory) fails it and leaves the stream usable.
 // Launch shapes a GPU refuses are refused.
 func TestEmulatedLaunchAndGraph(t *testing.T) {
-	if emutest.Reexec(t) {
+	d, ok := openEmulated(t)
+	if !ok {
 		return
 	}
-	d, err := OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
 	if !strings.Contains(d.Info.Name, "emulated") {
 		t.Fatalf("device %q is not the emulated one", d.Info.Name)
 	}
@@ -189,14 +185,10 @@ func TestEmulatedLaunchAndGraph(t *testing.T) {
 // TestEmulatedGemmAndNCCL runs cuBLASLt GEMMs (f32, and bf16 with bf16 and f32 outputs)
 // against ref.MatMulT and a one-rank all-reduce.
 func TestEmulatedGemmAndNCCL(t *testing.T) {
-	if emutest.Reexec(t) {
+	d, ok := openEmulated(t)
+	if !ok {
 		return
 	}
-	d, err := OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
 	b, err := NewBlasWith(d, BlasConfig{WorkspaceBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -454,14 +446,10 @@ func TestEmulatedNCCLRanks(t *testing.T) {
 // memory reads the buffer when the stream reaches it (a buffer reused too early shows),
 // and an upload from pageable memory is staged at the call.
 func TestEmulatedStreamsDeferWork(t *testing.T) {
-	if emutest.Reexec(t, "RESIN_EMU_DEFER=1") {
+	d, ok := openEmulated(t, "RESIN_EMU_DEFER=1")
+	if !ok {
 		return
 	}
-	d, err := OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
 	var failed string
 	check := func(what string, got []byte, want byte) {
 		for _, b := range got {
@@ -470,7 +458,7 @@ func TestEmulatedStreamsDeferWork(t *testing.T) {
 			}
 		}
 	}
-	err = d.Do(func(c *Ctx) error {
+	err := d.Do(func(c *Ctx) error {
 		s, err := c.NewStream()
 		if err != nil {
 			return err
@@ -587,15 +575,11 @@ extern "C" __global__ void halfbarrier(float* y) {
 // memory cuMemAllocHost gave (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED), as the real driver
 // does; each is then released the right way.
 func TestEmulatedHostMemoryKinds(t *testing.T) {
-	if emutest.Reexec(t) {
+	d, ok := openEmulated(t)
+	if !ok {
 		return
 	}
-	d, err := OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	err = d.Do(func(c *Ctx) error {
+	err := d.Do(func(c *Ctx) error {
 		mem := make([]byte, 1<<16)
 		p := unsafe.Pointer(&mem[0])
 		if rc := c.api.cuMemHostRegister(p, uint64(len(mem)), 0); rc != 0 {

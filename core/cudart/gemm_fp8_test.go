@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/weights"
 )
 
@@ -32,14 +31,10 @@ func fp8Operand(r *rand.Rand, rows, k int) []byte {
 // It also checks that a cached call allocates nothing, the refusals, and that the emulated
 // sm_80 device is not offered the path.
 func TestEmulatedFP8BlockGemm(t *testing.T) {
-	if emutest.Reexec(t) {
+	d, ok := openEmulated(t)
+	if !ok {
 		return
 	}
-	d, err := OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
 	if ok, why := BlockScaledFP8(d); ok || !strings.Contains(why, "9.0") {
 		t.Errorf("BlockScaledFP8 on the emulated %d.%d device = %v (%s)", d.Info.Major, d.Info.Minor, ok, why)
 	}

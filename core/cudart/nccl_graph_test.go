@@ -8,19 +8,30 @@ import (
 	"github.com/resin-llm/resin/core/cudart/emutest"
 )
 
-// TestEmulatedCopy2D: CopyDtoD2DAsync moves height rows of width bytes between pitched
-// rows, leaves the bytes between the rows alone, refuses a pitch below the width, and
-// captured into a graph replays the addresses of the capture on the bytes there at replay.
-func TestEmulatedCopy2D(t *testing.T) {
-	if emutest.Reexec(t) {
-		return
+// openEmulated opens emulated GPU 0 in the child emutest.Reexec starts (with env), closed
+// when the test ends; in the parent, which only waits for that child, ok is false.
+func openEmulated(t *testing.T, env ...string) (d *Device, ok bool) {
+	t.Helper()
+	if emutest.Reexec(t, env...) {
+		return nil, false
 	}
 	d, err := OpenDevice(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
-	err = d.Do(func(c *Ctx) error {
+	t.Cleanup(func() { d.Close() })
+	return d, true
+}
+
+// TestEmulatedCopy2D: CopyDtoD2DAsync moves height rows of width bytes between pitched
+// rows, leaves the bytes between the rows alone, refuses a pitch below the width, and
+// captured into a graph replays the addresses of the capture on the bytes there at replay.
+func TestEmulatedCopy2D(t *testing.T) {
+	d, ok := openEmulated(t)
+	if !ok {
+		return
+	}
+	err := d.Do(func(c *Ctx) error {
 		s, err := c.NewStream()
 		if err != nil {
 			return err
