@@ -27,9 +27,9 @@ func TestGenerateDSparkEmulated(t *testing.T) {
 	if tokensLine(out) == "" || tokensLine(out) != tokensLine(plain) {
 		t.Errorf("DSpark on the emulated device %q, without %q", tokensLine(out), tokensLine(plain))
 	}
-	proposed, accepted, _, ok := specLine(t, out)
-	if !ok || proposed == 0 {
+	f, ok := specLine(t, out)
+	if !ok || f.proposed == 0 {
 		t.Errorf("no drafts proposed:\n%s", out)
 	}
-	t.Logf("%d drafts proposed, %d accepted", proposed, accepted)
+	t.Logf("%d drafts proposed, %d accepted", f.proposed, f.accepted)
 }

@@ -9,21 +9,25 @@ import (
 	"github.com/resin-llm/resin/core/dspark/fixture"
 )
 
-// specLine parses bench's or generate's "speculative:" line: drafts proposed and accepted
-// and the verifications; ok false when there is none.
-func specLine(t *testing.T, out string) (proposed, accepted, verifications int, ok bool) {
+// specFigures are the figures of bench's or generate's "speculative:" line.
+type specFigures struct {
+	proposed, accepted, verifications int
+	mean                              float64 // accepted drafts per verification
+}
+
+// specLine parses out's "speculative:" line; ok false when there is none.
+func specLine(t *testing.T, out string) (f specFigures, ok bool) {
 	t.Helper()
 	i := strings.Index(out, "speculative: ")
 	if i < 0 {
-		return 0, 0, 0, false
+		return f, false
 	}
 	var pct int
-	var mean float64
 	if _, err := fmt.Sscanf(out[i:], "speculative: %d drafts proposed, %d accepted (%d%%), mean accepted length %g over %d verifications",
-		&proposed, &accepted, &pct, &mean, &verifications); err != nil {
+		&f.proposed, &f.accepted, &pct, &f.mean, &f.verifications); err != nil {
 		t.Fatalf("%v in\n%s", err, out)
 	}
-	return proposed, accepted, verifications, true
+	return f, true
 }
 
 // TestBenchDSparkFixture runs `bench model` on core/dspark/fixture's checkpoints (the
@@ -62,7 +66,8 @@ func TestBenchDSparkFixture(t *testing.T) {
 		t.Errorf("bench without DSpark:\n%s", out)
 	}
 	out = bench("--speculative-method", "dspark", "--draft-model", p.Forced)
-	proposed, accepted, verifications, ok := specLine(t, out)
+	f, ok := specLine(t, out)
+	proposed, accepted, verifications := f.proposed, f.accepted, f.verifications
 	// 21 tokens: the prefill's, then 4 blocks of 4 drafts and a bonus token, drafts fed
 	// only while tokens remain: at least 3 whole blocks per request.
 	if !ok || proposed == 0 || accepted != proposed || accepted < 3*3*s.BlockSize {
@@ -70,7 +75,8 @@ func TestBenchDSparkFixture(t *testing.T) {
 			proposed, accepted, verifications, 3*3*s.BlockSize, out)
 	}
 	out = bench("--speculative-method", "dspark", "--draft-model", p.Random)
-	proposed, accepted, _, ok = specLine(t, out)
+	f, ok = specLine(t, out)
+	proposed, accepted = f.proposed, f.accepted
 	if !ok || proposed < 3*20 || accepted*10 > proposed {
 		t.Errorf("random drafter: %d proposed, %d accepted, want drafting on every step and under 10%% accepted:\n%s", proposed, accepted, out)
 	}

@@ -86,18 +86,12 @@ func TestBenchDSpark(t *testing.T) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatalf("%v\n%s", err, errOut.String())
 	}
-	var proposed, accepted, pct, verifications int
-	var mean float64
-	i := strings.Index(out.String(), "speculative: ")
-	if i < 0 {
+	f, ok := specLine(t, out.String())
+	if !ok {
 		t.Fatalf("no speculative line in\n%s", out.String())
 	}
-	if _, err := fmt.Sscanf(out.String()[i:], "speculative: %d drafts proposed, %d accepted (%d%%), mean accepted length %g over %d verifications",
-		&proposed, &accepted, &pct, &mean, &verifications); err != nil {
-		t.Fatalf("%v in\n%s", err, out.String())
-	}
-	if proposed == 0 || verifications == 0 || fmt.Sprintf("%.2f", mean) != fmt.Sprintf("%.2f", float64(accepted)/float64(verifications)) {
-		t.Errorf("%d proposed, %d accepted, mean %g over %d verifications", proposed, accepted, mean, verifications)
+	if f.proposed == 0 || f.verifications == 0 || fmt.Sprintf("%.2f", f.mean) != fmt.Sprintf("%.2f", float64(f.accepted)/float64(f.verifications)) {
+		t.Errorf("%d proposed, %d accepted, mean %g over %d verifications", f.proposed, f.accepted, f.mean, f.verifications)
 	}
 	if !strings.Contains(out.String(), "accepted per draft slot:  0: ") {
 		t.Errorf("no per-slot line in\n%s", out.String())
