@@ -132,7 +132,7 @@ type BlockInput struct {
 func (d *DSpark) Blocks(seqs []BlockInput) ([]*dspark.Block, error) {
 	m, st, c := d.m, d.Stages, d.m.Config
 	B, S := d.Config.BlockSize, len(seqs)
-	h, hc, v := c.HiddenSize, c.HCMult, c.VocabSize
+	h, v := c.HiddenSize, c.VocabSize
 	R := S * B
 	ids, pos := make([]int32, R), make([]int32, R)
 	for i, s := range seqs {
@@ -147,17 +147,10 @@ func (d *DSpark) Blocks(seqs []BlockInput) ([]*dspark.Block, error) {
 		}
 		ids[i*B] = s.Anchor
 	}
-	x := make([]float32, R*h)
-	if err := m.embed(x, ids); err != nil {
+	streams, err := m.embedStreams(ids)
+	if err != nil {
 		return nil, fmt.Errorf("dspark: %w", err)
 	}
-	streams := make([]float32, R*hc*h)
-	for t := range R {
-		for i := range hc {
-			copy(streams[(t*hc+i)*h:(t*hc+i+1)*h], x[t*h:(t+1)*h])
-		}
-	}
-	var err error
 	for s := range st.Blocks {
 		l := &st.Blocks[s]
 		streams, err = m.blockWith(l, MoE, streams, ids, func(x []float32) ([]float32, error) {

@@ -114,16 +114,9 @@ func (m *Model) forwardRows(chunks []Chunk, rows []int32, tap *dspark.FeatureTap
 		}
 		b.start = append(b.start, len(b.tokens))
 	}
-	n, h, hc := len(b.tokens), c.HiddenSize, c.HCMult
-	x := make([]float32, n*h)
-	if err := m.embed(x, b.tokens); err != nil {
+	n := len(b.tokens)
+	if streams, err = m.embedStreams(b.tokens); err != nil {
 		return nil, nil, err
-	}
-	streams = make([]float32, n*hc*h)
-	for t := range n {
-		for i := range hc {
-			copy(streams[(t*hc+i)*h:(t*hc+i+1)*h], x[t*h:(t+1)*h])
-		}
 	}
 	for li := range w.Layers {
 		if err := m.dsparkTap(tap, li, streams, n); err != nil {
@@ -148,7 +141,7 @@ func (m *Model) forwardRows(chunks []Chunk, rows []int32, tap *dspark.FeatureTap
 	if len(rows) == 0 {
 		return nil, streams, nil // a mid-prompt chunk: no row is sampled
 	}
-	row := hc * h
+	row := c.HCMult * c.HiddenSize
 	picked := make([]float32, len(rows)*row)
 	for j, r := range rows {
 		if r < 0 || int(r) >= n {
@@ -158,6 +151,23 @@ func (m *Model) forwardRows(chunks []Chunk, rows []int32, tap *dspark.FeatureTap
 	}
 	logits, err = m.head(picked, len(rows), w.HCFn, w.HCBase, w.HCScale, w.Norm)
 	return logits, streams, err
+}
+
+// embedStreams embeds tokens and expands each row to the hc copies of the residual
+// streams: [n, hc, hidden].
+func (m *Model) embedStreams(tokens []int32) ([]float32, error) {
+	n, h, hc := len(tokens), m.Config.HiddenSize, m.Config.HCMult
+	x := make([]float32, n*h)
+	if err := m.embed(x, tokens); err != nil {
+		return nil, err
+	}
+	streams := make([]float32, n*hc*h)
+	for t := range n {
+		for i := range hc {
+			copy(streams[(t*hc+i)*h:(t*hc+i+1)*h], x[t*h:(t+1)*h])
+		}
+	}
+	return streams, nil
 }
 
 // head collapses the streams with hc_head, applies the final norm and the lm_head.
