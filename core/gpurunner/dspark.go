@@ -157,10 +157,13 @@ func (f gpuTapForward) ForwardTap(plan *engine.BatchPlan, logits []float32, tap 
 		if !want {
 			return nil
 		}
-		rows := int64(tokens) * int64(d.hidden) * 2
+		// only the span of rows the tap asks for comes back (a prefill's every row, a
+		// verification's few at its end)
+		lo, hi := int64(slices.Min(tap.Rows)), int64(slices.Max(tap.Rows))+1
+		rowBytes := int64(d.hidden) * 2
 		for j := range d.layers {
-			off := int64(j) * d.tapBytes()
-			if err := c.CopyDtoHAsync(d.host.Bytes[off:off+rows], d.feats.Ptr.Add(off), r.stream); err != nil {
+			off := int64(j)*d.tapBytes() + lo*rowBytes
+			if err := c.CopyDtoHAsync(d.host.Bytes[off:off+(hi-lo)*rowBytes], d.feats.Ptr.Add(off), r.stream); err != nil {
 				return err
 			}
 		}
