@@ -66,6 +66,9 @@ func (ms *mirrorStep) copy(c *cudart.Ctx, dst, src cudart.DevicePtr, n int) erro
 	return c.CopyDtoDAsync(dst, src, int64(4*n), ms.s)
 }
 
+// floatAt is the address of float i from p.
+func floatAt(p cudart.DevicePtr, i int) cudart.DevicePtr { return p.Add(4 * int64(i)) }
+
 // gpuComp pairs one device compressor with its projections in the step's work buffers
 // and its offset in the state page.
 type gpuComp struct {
@@ -118,7 +121,6 @@ func (g *gpuModel) workRows(li int) layerRows {
 // (gpu_graphs.go); it is queued before finish updates the live state page.
 func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src layerRows) error {
 	d := g.m.Config.HeadDim
-	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
 	for i := range ms.seqs {
 		if ms.row0[i]+ms.ns[i] > rows {
 			return fmt.Errorf("gpu: sequence %d's rows end past the step's %d", i, rows)
@@ -129,7 +131,7 @@ func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src la
 				return err
 			}
 			k := min(run, ms.ns[i]-j)
-			if err := ms.copy(c, dst, f(src.kv, (ms.row0[i]+j)*d), k*d); err != nil {
+			if err := ms.copy(c, dst, floatAt(src.kv, (ms.row0[i]+j)*d), k*d); err != nil {
 				return err
 			}
 			j += k
@@ -155,24 +157,24 @@ func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src la
 				// in its projections, the earlier ones in the live page before the step.
 				for j := range r {
 					q := pos - r + 1 + j
-					kvRow, gRow := f(live, j*wd), f(live, r*wd+j*wd)
+					kvRow, gRow := floatAt(live, j*wd), floatAt(live, r*wd+j*wd)
 					if q >= l0 {
 						row := ms.row0[i] + q - l0
-						kvRow, gRow = f(kvSrc, row*wd), f(gateSrc, row*wd)
+						kvRow, gRow = floatAt(kvSrc, row*wd), floatAt(gateSrc, row*wd)
 					}
-					if err := ms.copy(c, f(dst, j*wd), kvRow, wd); err != nil {
+					if err := ms.copy(c, floatAt(dst, j*wd), kvRow, wd); err != nil {
 						return err
 					}
-					if err := ms.copy(c, f(dst, r*wd+j*wd), gRow, wd); err != nil {
+					if err := ms.copy(c, floatAt(dst, r*wd+j*wd), gRow, wd); err != nil {
 						return err
 					}
 					if !kc.Overlap {
 						continue
 					}
-					if err := ms.copy(c, f(dst, 2*r*wd+j*dim), kvRow, dim); err != nil {
+					if err := ms.copy(c, floatAt(dst, 2*r*wd+j*dim), kvRow, dim); err != nil {
 						return err
 					}
-					if err := ms.copy(c, f(dst, 2*r*wd+r*dim+j*dim), gRow, dim); err != nil {
+					if err := ms.copy(c, floatAt(dst, 2*r*wd+r*dim+j*dim), gRow, dim); err != nil {
 						return err
 					}
 				}
@@ -185,7 +187,6 @@ func (ms *mirrorStep) layer(c *cudart.Ctx, g *gpuModel, li int, rows int, src la
 // finish writes what the step left in the device slots: the entries of the windows it
 // closed and the state buffers it changed.
 func (ms *mirrorStep) finish(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error {
-	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
 	for li := range g.layers {
 		l := &g.layers[li]
 		for _, cp := range g.comps(li) {
@@ -202,24 +203,24 @@ func (ms *mirrorStep) finish(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error {
 					if err != nil {
 						return err
 					}
-					if err := ms.copy(c, dst, f(kc.Entries, (slot*l.maxEntries+w)*dim), dim); err != nil {
+					if err := ms.copy(c, dst, floatAt(kc.Entries, (slot*l.maxEntries+w)*dim), dim); err != nil {
 						return err
 					}
 				}
 				if w1 > w0 && kc.Overlap {
-					if err := ms.copy(c, f(live, 2*r*wd), f(kc.PrevKV, slot*r*dim), r*dim); err != nil {
+					if err := ms.copy(c, floatAt(live, 2*r*wd), floatAt(kc.PrevKV, slot*r*dim), r*dim); err != nil {
 						return err
 					}
-					if err := ms.copy(c, f(live, 2*r*wd+r*dim), f(kc.PrevGate, slot*r*dim), r*dim); err != nil {
+					if err := ms.copy(c, floatAt(live, 2*r*wd+r*dim), floatAt(kc.PrevGate, slot*r*dim), r*dim); err != nil {
 						return err
 					}
 				}
 				for q := max(l0, end-r); q < end; q++ {
 					j := q % r
-					if err := ms.copy(c, f(live, j*wd), f(kc.PendingKV, (slot*r+j)*wd), wd); err != nil {
+					if err := ms.copy(c, floatAt(live, j*wd), floatAt(kc.PendingKV, (slot*r+j)*wd), wd); err != nil {
 						return err
 					}
-					if err := ms.copy(c, f(live, r*wd+j*wd), f(kc.PendingGate, (slot*r+j)*wd), wd); err != nil {
+					if err := ms.copy(c, floatAt(live, r*wd+j*wd), floatAt(kc.PendingGate, (slot*r+j)*wd), wd); err != nil {
 						return err
 					}
 				}
@@ -239,7 +240,6 @@ func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, kv *devPages, sp *seqPages,
 	if n > g.m.maxContext {
 		return fmt.Errorf("gpu: a prefix of %d tokens outside the context of %d", n, g.m.maxContext)
 	}
-	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
 	cp := func(dst, src cudart.DevicePtr, floats int) error { return c.CopyDtoD(dst, src, int64(4*floats)) }
 	for li := range g.layers {
 		l := &g.layers[li]
@@ -248,7 +248,7 @@ func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, kv *devPages, sp *seqPages,
 			if err != nil {
 				return fmt.Errorf("gpu: the prefix of %d tokens: %w", n, err)
 			}
-			if err := cp(f(l.ring, (s.slot*win+q%win)*d), row, d); err != nil {
+			if err := cp(floatAt(l.ring, (s.slot*win+q%win)*d), row, d); err != nil {
 				return err
 			}
 		}
@@ -260,7 +260,7 @@ func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, kv *devPages, sp *seqPages,
 				if err != nil {
 					return fmt.Errorf("gpu: the prefix of %d tokens: %w", n, err)
 				}
-				if err := cp(f(kc.Entries, (s.slot*l.maxEntries+w)*dim), e, dim); err != nil {
+				if err := cp(floatAt(kc.Entries, (s.slot*l.maxEntries+w)*dim), e, dim); err != nil {
 					return err
 				}
 			}
@@ -279,7 +279,7 @@ func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, kv *devPages, sp *seqPages,
 				}{kc.PrevGate, 2*r*wd + r*dim, r * dim})
 			}
 			for _, b := range bufs {
-				if err := cp(f(b.dst, s.slot*b.size), f(live, b.off), b.size); err != nil {
+				if err := cp(floatAt(b.dst, s.slot*b.size), floatAt(live, b.off), b.size); err != nil {
 					return err
 				}
 			}
@@ -291,12 +291,12 @@ func (g *gpuModel) restore(c *cudart.Ctx, s *gpuSeq, kv *devPages, sp *seqPages,
 			if err != nil {
 				return fmt.Errorf("gpu: the prefix of %d tokens: %w", n, err)
 			}
-			if err := cp(f(g.mtp.layer.ring, (s.slot*win+q%win)*d), row, d); err != nil {
+			if err := cp(floatAt(g.mtp.layer.ring, (s.slot*win+q%win)*d), row, d); err != nil {
 				return err
 			}
 		}
 		sw := cfg.HCMult * cfg.HiddenSize
-		if err := cp(f(g.mtp.last, s.slot*sw), kv.stream(sp.state), sw); err != nil {
+		if err := cp(floatAt(g.mtp.last, s.slot*sw), kv.stream(sp.state), sw); err != nil {
 			return err
 		}
 	}

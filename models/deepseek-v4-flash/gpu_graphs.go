@@ -206,7 +206,6 @@ func (g *gpuModel) runGraph(c *cudart.Ctx, key cudart.GraphKey, step func() erro
 func (ms *mirrorStep) decoded(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error {
 	cfg := g.m.Config
 	d, win, pt := cfg.HeadDim, cfg.SlidingWindow, ms.kv.pt
-	f := func(p cudart.DevicePtr, i int) cudart.DevicePtr { return p + cudart.DevicePtr(4*i) }
 	for li := range g.layers {
 		l := &g.layers[li]
 		for i := range ms.seqs {
@@ -215,7 +214,7 @@ func (ms *mirrorStep) decoded(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error 
 			if err != nil {
 				return err
 			}
-			if err := ms.copy(c, row, f(l.ring, (slot*win+p%win)*d), d); err != nil {
+			if err := ms.copy(c, row, floatAt(l.ring, (slot*win+p%win)*d), d); err != nil {
 				return err
 			}
 			b := p / pt
@@ -226,19 +225,19 @@ func (ms *mirrorStep) decoded(c *cudart.Ctx, g *gpuModel, seqs []*gpuSeq) error 
 				kc := cp.dev
 				r, wd, dim := kc.Ratio, kc.Width(), kc.Dim
 				dst := ms.kv.state(sp.ckpt[b], cp.offset(ms.kv.L, li))
-				if err := ms.copy(c, dst, f(kc.PendingKV, slot*r*wd), r*wd); err != nil {
+				if err := ms.copy(c, dst, floatAt(kc.PendingKV, slot*r*wd), r*wd); err != nil {
 					return err
 				}
-				if err := ms.copy(c, f(dst, r*wd), f(kc.PendingGate, slot*r*wd), r*wd); err != nil {
+				if err := ms.copy(c, floatAt(dst, r*wd), floatAt(kc.PendingGate, slot*r*wd), r*wd); err != nil {
 					return err
 				}
 				if !kc.Overlap {
 					continue
 				}
-				if err := ms.copy(c, f(dst, 2*r*wd), f(kc.PrevKV, slot*r*dim), r*dim); err != nil {
+				if err := ms.copy(c, floatAt(dst, 2*r*wd), floatAt(kc.PrevKV, slot*r*dim), r*dim); err != nil {
 					return err
 				}
-				if err := ms.copy(c, f(dst, 2*r*wd+r*dim), f(kc.PrevGate, slot*r*dim), r*dim); err != nil {
+				if err := ms.copy(c, floatAt(dst, 2*r*wd+r*dim), floatAt(kc.PrevGate, slot*r*dim), r*dim); err != nil {
 					return err
 				}
 			}
