@@ -157,8 +157,8 @@ func (m *Model) hold(dt ref.DType, pk *gpuPacked) error {
 		if err != nil {
 			return fmt.Errorf("layer %d: wo_a: %w", li, err)
 		}
-		for g := range og {
-			if !oaPacked {
+		if !oaPacked {
+			for g := range og {
 				jobs = append(jobs, job{&p.oa[g], &l.OA, true, l.OA[g*olr*gin : (g+1)*olr*gin], olr, gin})
 			}
 		}
@@ -173,10 +173,11 @@ func (m *Model) hold(dt ref.DType, pk *gpuPacked) error {
 			if err != nil {
 				return fmt.Errorf("layer %d: routed experts: %w", li, err)
 			}
+			if ok {
+				continue
+			}
 			for e := range ne {
-				if !ok {
-					jobs = append(jobs, job{&bank.dst[e], bank.src, true, (*bank.src)[e*bank.n*bank.k : (e+1)*bank.n*bank.k], bank.n, bank.k})
-				}
+				jobs = append(jobs, job{&bank.dst[e], bank.src, true, (*bank.src)[e*bank.n*bank.k : (e+1)*bank.n*bank.k], bank.n, bank.k})
 			}
 		}
 		for _, j := range jobs {
