@@ -82,11 +82,8 @@ func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator,
 			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
 		}
 		m.par.dp = true
-		runners[r] = NewRunner(m, opts.PageTokens)
-		if opts.Drafts > 0 {
-			if runners[r], err = NewMTPRunner(m, opts.PageTokens, opts.Drafts); err != nil {
-				return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
-			}
+		if runners[r], err = rankRunner(m, opts); err != nil {
+			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
 		}
 		if pools[r], err = runners[r].NewPool(cacheBytes); err != nil {
 			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)

@@ -493,17 +493,23 @@ func openRank(dir string, opts Options, l Layout, comm dist.Communicator, cacheB
 	if err != nil {
 		return nil, nil, err
 	}
-	r := NewRunner(m, opts.PageTokens)
-	if opts.Drafts > 0 {
-		if r, err = NewMTPRunner(m, opts.PageTokens, opts.Drafts); err != nil {
-			return nil, nil, err
-		}
+	r, err := rankRunner(m, opts)
+	if err != nil {
+		return nil, nil, err
 	}
 	pool, err := r.NewPool(cacheBytes)
 	if err != nil {
 		return nil, nil, err
 	}
 	return r, pool, nil
+}
+
+// rankRunner is a rank's runner of m: drafting with the MTP head when opts asks for drafts.
+func rankRunner(m *Model, opts Options) (*Runner, error) {
+	if opts.Drafts > 0 {
+		return NewMTPRunner(m, opts.PageTokens, opts.Drafts)
+	}
+	return NewRunner(m, opts.PageTokens), nil
 }
 
 // LockstepRank is r as a rank of core/dist/lockstep's group: rank 0 checks each plan
