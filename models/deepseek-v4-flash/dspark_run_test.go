@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -255,7 +256,7 @@ func TestDSparkBlockAttention(t *testing.T) {
 	rows := func(seed uint64) []Rows {
 		var out []Rows
 		for s := range d.Config.Stages {
-			m := &memRows{dim: c.HeadDim, rows: runnertestFloats(P*c.HeadDim, seed+uint64(s))}
+			m := &memRows{dim: c.HeadDim, rows: rnd(rand.New(rand.NewPCG(seed, uint64(s))), P*c.HeadDim, 1)}
 			out = append(out, m)
 		}
 		return out
@@ -283,7 +284,6 @@ func TestDSparkBlockAttention(t *testing.T) {
 		t.Error("the block did not read the first row of its window")
 	}
 	d.Config.NoiseTokenID = 3 // other noise tokens: slot 0 must see them
-	defer func() { d.Config.NoiseTokenID = 95 }()
 	v := c.VocabSize
 	if slices.Equal(run(rows(1)).Logits[:v], base.Logits[:v]) {
 		t.Error("slot 0's logits do not depend on the other slots: the attention is causal")
@@ -297,19 +297,6 @@ type memRows struct {
 }
 
 func (m *memRows) Row(i int) []float32 { return m.rows[i*m.dim : (i+1)*m.dim] }
-
-// runnertestFloats returns n seeded values in [-1, 1).
-func runnertestFloats(n int, seed uint64) []float32 {
-	out := make([]float32, n)
-	x := seed*0x9e3779b97f4a7c15 + 1
-	for i := range out {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		out[i] = float32(x>>40)/float32(1<<24)*2 - 1
-	}
-	return out
-}
 
 // TestDSparkPrefixHitDrafts: a request that starts from a prefix-cache hit drafts from
 // its first step with the draft context the pool restored: its blocks, verification by
