@@ -13,7 +13,6 @@ import (
 	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/engine"
-	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
 // TestDPAttentionMTP: DP-attention 2 × EP 2 with every rank drafting 2 tokens per step
@@ -29,7 +28,7 @@ func TestDPAttentionMTP(t *testing.T) {
 	for _, q := range reqs {
 		full[len(q.Prompt)] = append(slices.Clone(q.Prompt), want[q.ID]...)
 	}
-	v := int32(tinyConfig(t).VocabSize)
+	v := tinyConfig(t).VocabSize
 	for _, tc := range []struct {
 		d      Dispatch
 		forced bool
@@ -58,13 +57,7 @@ func TestDPAttentionMTP(t *testing.T) {
 					t.Fatalf("rank %d holds experts [%d, %d): not split", r, e.expLo, e.expHi)
 				}
 				if tc.forced {
-					run.forceDraft = func(promptLen, pos int, logits []float32) int32 {
-						seq := full[promptLen]
-						if pos >= len(seq) || pos%3 == 0 {
-							return (int32(ref.Argmax(logits)) + 1) % v
-						}
-						return seq[pos]
-					}
+					run.forceDraft = forcedDraft(full, 3, v)
 				}
 				forward := func(p *engine.BatchPlan, logits []float32) error {
 					if r == 0 && p.Step == 4 && p.NumTokens() > 0 {

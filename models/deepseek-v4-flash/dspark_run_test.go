@@ -93,13 +93,7 @@ func testDSparkGreedy(t *testing.T, block int) {
 				t.Fatalf("block %d: %d drafts per block", block, r.DSparkMaxDrafts())
 			}
 			if forced {
-				r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
-					seq := full[promptLen]
-					if pos >= len(seq) || pos%5 == 0 {
-						return (int32(ref.Argmax(logits)) + 1) % int32(v)
-					}
-					return seq[pos]
-				}
+				r.forceDraft = forcedDraft(full, 5, v)
 			}
 			got, c := generate(t, r, pool, prompts, sp, budget)
 			what := fmt.Sprintf("budget %d forced %v", budget, forced)

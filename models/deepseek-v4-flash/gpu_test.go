@@ -584,13 +584,7 @@ func TestEmulatedMTPGreedyEqualsPlain(t *testing.T) {
 		gpuDrafts, cpuDrafts := map[key][]float32{}, map[key][]float32{}
 		r.forceDraft = record(gpuDrafts)
 		if tc.forced {
-			r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
-				seq := full[promptLen]
-				if pos >= len(seq) || pos%3 == 0 {
-					return (int32(max(0, argmax(logits))) + 1) % int32(vocab)
-				}
-				return seq[pos]
-			}
+			r.forceDraft = forcedDraft(full, 3, vocab)
 		}
 		pool, err := r.NewPool(8 << 20)
 		if err != nil {

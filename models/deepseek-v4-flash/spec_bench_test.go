@@ -84,6 +84,18 @@ func oracleDraft(full map[int][]int32) func(promptLen, pos int, logits []float32
 	}
 }
 
+// forcedDraft is a forceDraft that drafts the greedy continuation but a wrong token (the
+// argmax's successor in a vocabulary of vocab) at every every-th position and past the
+// continuation's end, so that drafts are accepted and rejected at every offset.
+func forcedDraft(full map[int][]int32, every, vocab int) func(promptLen, pos int, logits []float32) int32 {
+	return func(promptLen, pos int, logits []float32) int32 {
+		if seq := full[promptLen]; pos < len(seq) && pos%every != 0 {
+			return seq[pos]
+		}
+		return (int32(ref.Argmax(logits)) + 1) % int32(vocab)
+	}
+}
+
 // benchDecode generates the prompts together through a fresh engine on r b.N times, each
 // run equal to outs (plain greedy decoding), and reports generated tokens per second of
 // the timed generation (the prompts are prefilled in its first step) and the acceptance

@@ -102,13 +102,7 @@ func TestMTPGreedyEqualsPlain(t *testing.T) {
 				forced := tc.forced
 				r, pool := mtpRunner(t, tc.drafts)
 				if forced {
-					r.forceDraft = func(promptLen, pos int, logits []float32) int32 {
-						seq := full[promptLen]
-						if pos >= len(seq) || pos%3 == 0 {
-							return (int32(ref.Argmax(logits)) + 1) % int32(m.Config.VocabSize)
-						}
-						return seq[pos]
-					}
+					r.forceDraft = forcedDraft(full, 3, m.Config.VocabSize)
 				}
 				got, c := generate(t, r, pool, prompts, sp, budget)
 				what := fmt.Sprintf("T=%g budget %d drafts %d forced %v", sp.Temperature, budget, tc.drafts, forced)
