@@ -210,14 +210,15 @@ func dialTCP(addr string, rank, size int, o Options) (*tcpRank, error) {
 		binary.LittleEndian.PutUint32(hello[4:], uint32(rank))
 		binary.LittleEndian.PutUint32(hello[8:], uint32(size))
 		pc.writeFrame(append(hello, o.Group...))
-		if err := pc.w.Flush(); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("dist: join %s: %w", addr, err)
+		err = pc.w.Flush()
+		var why []byte
+		if err == nil {
+			why, err = pc.readFrame()
 		}
-		why, err := pc.readFrame()
 		if err != nil {
 			// Dialed into a listener rank 0 was closing (a group before this one at the
-			// same address): dial again until the deadline.
+			// same address): the hello's write is reset or the answer never comes. Dial
+			// again until the deadline.
 			c.Close()
 			if time.Now().After(deadline) {
 				return nil, &PeerError{Op: "join " + addr, Peer: 0, Err: fmt.Errorf("%w: %v", ErrPeerGone, err)}

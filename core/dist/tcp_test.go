@@ -194,3 +194,44 @@ func TestTCPGroupsShareAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestTCPJoinRetriesAResetHello: a rank that dials into a listener which resets the
+// connection (rank 0 closing the listener of a group before this one at the same
+// address) has its hello's write fail, and dials again until the real rank 0 answers,
+// as it does when the answer never comes. The group name is 8 MiB so that the hello
+// outlasts the socket buffers and its write, not only the read, meets the reset.
+func TestTCPJoinRetriesAResetHello(t *testing.T) {
+	addr := freeAddr(t)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := strings.Repeat("g", 8<<20)
+	joined := make(chan error, 1)
+	go func() {
+		c, err := JoinTCP(addr, 1, 2, Options{Timeout: 20 * time.Second, Group: group})
+		if err == nil {
+			err = c.Barrier()
+			c.Close()
+		}
+		joined <- err
+	}()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.(*net.TCPConn).SetLinger(0) // close with a reset, unread hello and all
+	c.Close()
+	ln.Close()
+	rank0, err := JoinTCP(addr, 0, 2, Options{Timeout: 20 * time.Second, Group: group})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rank0.Close()
+	if err := rank0.Barrier(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-joined; err != nil {
+		t.Fatalf("rank 1: %v", err)
+	}
+}
