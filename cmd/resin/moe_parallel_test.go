@@ -148,7 +148,9 @@ func TestGenerateMoENodes(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	got, errOut, err := runGenerate(t, append([]string{"--ep", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr}, args...)...)
+	// --dist-timeout bounds node 0's wait for a child that never joins (go test's own
+	// 10-minute default would end the whole package first)
+	got, errOut, err := runGenerate(t, append([]string{"--ep", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...)...)
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
