@@ -79,6 +79,22 @@ func StartInProcess(d Dense, w *Weights, size, pages, pageTokens int, o dist.Opt
 // StartShards is StartInProcess on shards already made (shards[r] rank r's, as LoadShard
 // reads them).
 func StartShards(shards []*Shard, pages, pageTokens int, o dist.Options) (*InProcess, error) {
+	return startShards(shards, pages, pageTokens, o, nil)
+}
+
+// StartShardsTimed is StartShards with rank 0's data communicator counted: the returned
+// dist.Timed, for lockstep.Stats.Wrap over the group's Forward (the communication share
+// of rank 0's steps). The plan's hand-over to the goroutines is not counted.
+func StartShardsTimed(shards []*Shard, pages, pageTokens int, o dist.Options) (*InProcess, *dist.Timed, error) {
+	var timed *dist.Timed
+	g, err := startShards(shards, pages, pageTokens, o, func(c dist.Communicator) dist.Communicator {
+		timed = dist.NewTimed(c)
+		return timed
+	})
+	return g, timed, err
+}
+
+func startShards(shards []*Shard, pages, pageTokens int, o dist.Options, wrap0 func(dist.Communicator) dist.Communicator) (*InProcess, error) {
 	size := len(shards)
 	for r, s := range shards {
 		if s.Rank != r || s.Size != size {
@@ -87,6 +103,9 @@ func StartShards(shards []*Shard, pages, pageTokens int, o dist.Options) (*InPro
 	}
 	return lockstep.StartInProcess(size, o, func(r int, data dist.Communicator) (lockstep.Rank, error) {
 		s := shards[r]
+		if r == 0 && wrap0 != nil {
+			data = wrap0(data)
+		}
 		rank := lockstep.Rank{Forward: shardForward(data, s, s.NewCache(pages, pageTokens)), Vocab: s.D.Vocab}
 		if r == 0 {
 			rank.Check = s.check
