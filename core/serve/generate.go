@@ -106,7 +106,9 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 				break // the stop token ends the text; it is not part of it
 			}
 			var text string
-			text, hit = stop.add(det.Add(tok))
+			// The text of the first min_tokens tokens can hold no stop string's end
+			// (vLLM's rule): a stop string there would end the request early.
+			text, hit = stop.add(det.Add(tok), generated > r.sampling.MinTokens)
 			d.text += text
 			if hit {
 				if r.includeStop {
@@ -141,7 +143,7 @@ func (s *Server) generate(ctx context.Context, r *genRequest, emit func(delta) e
 		}
 		switch ev.Finish {
 		case engine.FinishStop, engine.FinishLength:
-			tail, hit := stop.add(det.Flush())
+			tail, hit := stop.add(det.Flush(), generated > r.sampling.MinTokens)
 			d.text += tail
 			if !hit {
 				d.text += stop.flush()
@@ -195,6 +197,9 @@ type stopMatcher struct {
 	stops   []string
 	hold    int // longest stop - 1 bytes stay pending
 	pending string
+	// floor is how many bytes of pending came from text a stop string may not end in
+	// (that of the first min_tokens tokens): a match must end past it.
+	floor   int
 	matched string // the stop string found
 }
 
@@ -206,23 +211,30 @@ func newStopMatcher(stops []string) *stopMatcher {
 	return m
 }
 
-// add takes new text and returns the text that is now final. When a stop string
-// appears, it returns the text before it and true.
-func (m *stopMatcher) add(text string) (string, bool) {
+// add takes new text and returns the text that is now final. When search is set and a
+// stop string ends in the new text (it may begin in text before it), add returns the
+// text before the stop string and true. Text added without search is never the end of
+// a match: vLLM looks for stop strings only once min_tokens tokens are generated.
+func (m *stopMatcher) add(text string, search bool) (string, bool) {
 	if len(m.stops) == 0 {
 		return text, false
 	}
 	m.pending += text
-	cut := -1
-	for _, s := range m.stops {
-		if i := strings.Index(m.pending, s); i >= 0 && (cut < 0 || i < cut) {
-			cut, m.matched = i, s
+	if !search {
+		m.floor = len(m.pending)
+	} else {
+		cut := -1
+		for _, s := range m.stops {
+			from := max(0, m.floor-len(s)+1)
+			if i := strings.Index(m.pending[from:], s); i >= 0 && (cut < 0 || from+i < cut) {
+				cut, m.matched = from+i, s
+			}
 		}
-	}
-	if cut >= 0 {
-		out := m.pending[:cut]
-		m.pending = ""
-		return out, true
+		if cut >= 0 {
+			out := m.pending[:cut]
+			m.pending, m.floor = "", 0
+			return out, true
+		}
 	}
 	n := len(m.pending) - m.hold
 	for n > 0 && n < len(m.pending) && !utf8.RuneStart(m.pending[n]) {
@@ -233,6 +245,7 @@ func (m *stopMatcher) add(text string) (string, bool) {
 	}
 	out := m.pending[:n]
 	m.pending = m.pending[n:]
+	m.floor = max(0, m.floor-n)
 	return out, false
 }
 
