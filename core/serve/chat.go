@@ -51,6 +51,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkTokenIDs(&sp); err != nil {
+		return err
+	}
 	view := logprobView{asIDs: req.ReturnTokensAsTokenIDs}
 	if req.TopLogprobs != nil {
 		if !req.Logprobs {

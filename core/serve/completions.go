@@ -41,6 +41,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
+	if err := s.checkTokenIDs(&sp); err != nil {
+		return err
+	}
 	view := logprobView{asIDs: req.ReturnTokensAsTokenIDs, skipSpecial: req.skipSpecial()}
 	if req.Logprobs != nil {
 		if *req.Logprobs < 0 || *req.Logprobs > 5 {
@@ -146,9 +149,16 @@ type completionOutput struct {
 }
 
 // promptIDs tokenizes a text prompt (adding the tokenizer's special tokens, BOS, when
-// addSpecial), or, for token ids, decodes the text echo needs.
+// addSpecial), or, for token ids, checks them against the vocabulary and decodes the
+// text echo needs.
 func (s *Server) promptIDs(p *promptInput, echo, addSpecial bool) ([]int32, error) {
 	if p.ids != nil {
+		vocab := s.eng.Info().VocabSize
+		for i, id := range p.ids {
+			if id < 0 || int(id) >= vocab {
+				return nil, invalid("prompt", "The token-id prompt's token %d at position %d is outside the vocabulary [0, %d).", id, i, vocab)
+			}
+		}
 		if echo {
 			p.text = s.tok.Decode(p.ids, false)
 		}

@@ -378,6 +378,24 @@ func (p *commonParams) sampling(defaultMax int) (engine.SamplingParams, []string
 	return s, stops, nil
 }
 
+// checkTokenIDs refuses, naming the field, the token ids of logit_bias and
+// stop_token_ids outside the runner's vocabulary. The engine refuses them too, but its
+// error cannot say which request field held them.
+func (s *Server) checkTokenIDs(sp *engine.SamplingParams) error {
+	vocab := s.eng.Info().VocabSize
+	for id := range sp.LogitBias {
+		if id < 0 || int(id) >= vocab {
+			return invalid("logit_bias", "logit_bias token %d is outside the vocabulary [0, %d).", id, vocab)
+		}
+	}
+	for i, id := range sp.StopTokenIDs {
+		if id < 0 || int(id) >= vocab {
+			return invalid("stop_token_ids", "stop_token_ids[%d] = %d is outside the vocabulary [0, %d).", i, id, vocab)
+		}
+	}
+	return nil
+}
+
 const maxStops = 16
 
 // maxStopTokenIDs caps stop_token_ids. Every step of a request that has min_tokens to go
