@@ -95,6 +95,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if len(ids) == 0 {
 		return invalid("messages", "The rendered prompt is empty.")
 	}
+	// Without max_tokens the answer may fill the context; min_tokens must fit in it.
+	if room := s.prompts.maxContext - len(ids); sp.MaxTokens == 0 && sp.MinTokens > room {
+		return invalid("min_tokens", "min_tokens %d exceeds the %d tokens the context leaves after the %d-token prompt.", sp.MinTokens, room, len(ids))
+	}
 	n, _, err := req.choices(nil)
 	if err != nil {
 		return err

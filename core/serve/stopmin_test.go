@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -86,4 +87,27 @@ func TestMinTokensHoldsOffStopStrings(t *testing.T) {
 		t.Fatalf("stop %q without min_tokens: %q, want \"\"", stop, got)
 	}
 	h.stopAndCheck("min_tokens with stop strings")
+}
+
+// TestChatMinTokensPastTheContext: a chat request without max_tokens whose min_tokens
+// exceeds what the context leaves is a 400 naming min_tokens (the engine's refusal came
+// back with param null); one that fits is served with at least min_tokens tokens.
+func TestChatMinTokensPastTheContext(t *testing.T) {
+	h := newHarness(t, harnessOpts{runner: smallRunner()})
+	chat := []any{map[string]any{"role": "user", "content": "x"}}
+	code, raw := h.post("/v1/chat/completions", map[string]any{"messages": chat, "min_tokens": 1000})
+	var e errorResp
+	if err := json.Unmarshal(raw, &e); err != nil || code != 400 || e.Error.Param == nil || *e.Error.Param != "min_tokens" {
+		t.Fatalf("min_tokens 1000 in a context of 256: status %d, %s; want 400 naming min_tokens", code, raw)
+	}
+	var out struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	h.postJSON("/v1/chat/completions", map[string]any{"messages": chat, "min_tokens": 20}, 200, &out)
+	if out.Usage.CompletionTokens < 20 {
+		t.Fatalf("min_tokens 20: %d tokens", out.Usage.CompletionTokens)
+	}
+	h.stopAndCheck("chat min_tokens")
 }
