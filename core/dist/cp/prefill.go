@@ -11,14 +11,19 @@ import (
 )
 
 // A model's forward under prefill CP. Rank 0 runs the engine and holds the only cache.
-// A plan that is one sequence's prompt from its first token (Splits) is broadcast to the
-// cp group (core/dist/lockstep's protocol); each rank runs the model's layers on its
-// contiguous chunk of the tokens (Chunk: ceil(n/size) each, the last ranks shorter or
-// empty), every layer's attention through Gather and Attend, and rank 0 also writes the
-// gathered keys and values of every token into its cache at the plan's slots. The ranks'
-// logits rows are all-gathered to rank 0. Every other plan (decode, a later chunk of a
-// prompt, a prefix hit, several sequences) runs on rank 0 alone, on its cache, which then
-// holds the whole context: decode continues there with no exchange.
+// A plan that is one sequence with more than one new token (Splits: a prompt's first
+// plan, a later chunk of a prompt the engine split, the rest of a prompt after a prefix
+// hit) is broadcast to the cp group (core/dist/lockstep's protocol); each rank runs the
+// model's layers on its contiguous chunk of the new tokens (Chunk: ceil(n/size) each, the
+// last ranks shorter or empty), and every layer's attention all-gathers the chunks' keys
+// and values, rank 0's message also carrying the keys and values of the tokens already
+// in its cache (those within the window of the first new token; none for a prompt's
+// first plan), so that each rank's queries attend every key a single rank's would. Rank 0
+// writes the new tokens' gathered keys and values into its cache at the plan's slots.
+// The ranks' logits rows are all-gathered to rank 0. Every other plan (decode, several
+// sequences) runs on rank 0 alone, on its cache, which then holds the whole context:
+// decode continues there with no exchange, and the other ranks keep no state between
+// plans.
 //
 // Decode CP is not implemented: it would stripe the cache across the ranks by page, each
 // rank attending its stripe and returning its partial output with its log-sum-exp, merged
@@ -49,11 +54,16 @@ type Prefill struct {
 	attend AttendFunc
 }
 
-// Splits reports whether plan runs over the cp group: one sequence, from the prompt's
-// first token, with more than one token. The others run on rank 0 alone.
+// Splits reports whether plan runs over the cp group: one sequence with more than one new
+// token, after any number of cached ones (Computed; a plan with cached tokens must carry
+// the sequence's page table, where rank 0 reads their keys and values). The others run
+// on rank 0 alone.
 func Splits(p *engine.BatchPlan) bool {
-	return p.NumSeqs() == 1 && len(p.Computed) == 1 && p.Computed[0] == 0 && p.NumTokens() > 1 &&
-		len(p.Groups) > 0 && len(p.Groups[0].SlotMapping) == p.NumTokens() && len(p.Positions) == p.NumTokens()
+	if p.NumSeqs() != 1 || len(p.Computed) != 1 || p.Computed[0] < 0 || p.NumTokens() <= 1 ||
+		len(p.Groups) == 0 || len(p.Groups[0].SlotMapping) != p.NumTokens() || len(p.Positions) != p.NumTokens() {
+		return false
+	}
+	return p.Computed[0] == 0 || len(p.Groups[0].PageTableStart) == 2
 }
 
 // Chunk returns rank's tokens [lo, hi) of n split over size ranks: ceil(n/size) each in
@@ -91,7 +101,7 @@ func (r *Prefill) Step(p *engine.BatchPlan, logits []float32) error {
 		}
 	}
 	r.sub = engine.BatchPlan{
-		Step: p.Step, ReqIDs: p.ReqIDs[:1], Computed: []int32{0}, QueryStart: []int32{0, int32(hi - lo)},
+		Step: p.Step, ReqIDs: p.ReqIDs[:1], Computed: []int32{p.Computed[0] + int32(lo)}, QueryStart: []int32{0, int32(hi - lo)},
 		Tokens: p.Tokens[lo:hi], Positions: p.Positions[lo:hi], LogitsIndices: mine,
 		Groups: []engine.GroupPlan{{SlotMapping: p.Groups[0].SlotMapping[lo:hi]}},
 	}
@@ -133,9 +143,25 @@ func (r *Prefill) Step(p *engine.BatchPlan, logits []float32) error {
 }
 
 // layerAttention is every layer's attention of the split plan r.plan: the chunks' keys
-// and values gathered, written whole into rank 0's cache, this rank's queries attended.
+// and values gathered after the cached ones rank 0 sends (GatherCached), the new tokens'
+// written into rank 0's cache, this rank's queries attended.
 func (r *Prefill) layerAttention(l int, q, k, v, out []float32) error {
-	allK, allV, start, err := Gather(r.C, r.Shape, q, k, v, out)
+	cached := int(r.plan.Computed[0])
+	var from int
+	var prefixK, prefixV []float32
+	if cached > 0 {
+		from = CachedFrom(cached, r.Shape.Window)
+		if r.C.Rank() == 0 {
+			if l >= len(r.Cache) {
+				return fmt.Errorf("cp: layer %d outside the cache's %d layers", l, len(r.Cache))
+			}
+			var err error
+			if prefixK, prefixV, err = ReadKV(&r.Cache[l], r.plan.PageTableOf(0, 0), from, cached); err != nil {
+				return fmt.Errorf("cp: layer %d: the cached keys and values: %w", l, err)
+			}
+		}
+	}
+	allK, allV, start, err := GatherCached(r.C, r.Shape, cached, from, prefixK, prefixV, q, k, v, out)
 	if err != nil {
 		return err
 	}
@@ -143,7 +169,8 @@ func (r *Prefill) layerAttention(l int, q, k, v, out []float32) error {
 		if l >= len(r.Cache) {
 			return fmt.Errorf("cp: layer %d outside the cache's %d layers", l, len(r.Cache))
 		}
-		if err := r.Cache[l].StoreKV(allK, allV, r.plan.Groups[0].SlotMapping); err != nil {
+		kvd := r.Shape.KVHeads * r.Shape.HeadDim
+		if err := r.Cache[l].StoreKV(allK[cached*kvd:], allV[cached*kvd:], r.plan.Groups[0].SlotMapping); err != nil {
 			return fmt.Errorf("cp: store the gathered keys and values: %w", err)
 		}
 	}
