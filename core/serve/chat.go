@@ -26,6 +26,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) error {
 	if err := req.refuseOutputs(); err != nil {
 		return err
 	}
+	if _, err := toolDefs(req.Tools); err != nil {
+		return err
+	}
 	s.warnIgnored(r, req.sent())
 	con, err := req.chatStructured()
 	if err != nil {

@@ -371,14 +371,34 @@ func (t *toolDef) parameters() string {
 	return string(t.Function.Parameters)
 }
 
+// toolDefs reads the tools of a request: each a function tool (type "function", or no
+// type, vLLM's default) with a name and, when it has parameters, a schema object. What
+// else a request sends as a tool is refused naming it: the chat template would render a
+// tool without a name or with a string for its schema as nonsense the model is prompted
+// with, and a "custom" tool (free-form input) is one no tool-call parser here returns.
 func toolDefs(tools []json.RawMessage) ([]toolDef, error) {
 	defs := make([]toolDef, len(tools))
 	for i, raw := range tools {
-		if err := json.Unmarshal(raw, &defs[i]); err != nil || defs[i].Function.Name == "" {
-			return nil, invalid("tools", "tools[%d] is not a function tool with a name.", i)
+		d := &defs[i]
+		if err := json.Unmarshal(raw, d); err != nil {
+			return nil, invalid(fmt.Sprintf("tools[%d]", i), "tools[%d] is not a function tool: %v.", i, err)
+		}
+		switch {
+		case d.Type != "" && d.Type != "function":
+			return nil, invalid(fmt.Sprintf("tools[%d].type", i), "tools[%d] has type %q; only function tools are supported.", i, d.Type)
+		case d.Function.Name == "":
+			return nil, invalid(fmt.Sprintf("tools[%d].function.name", i), "tools[%d] has no function name.", i)
+		case !absent(d.Function.Parameters) && !isObject(d.Function.Parameters):
+			return nil, invalid(fmt.Sprintf("tools[%d].function.parameters", i), "tools[%d].function.parameters must be a JSON Schema object.", i)
 		}
 	}
 	return defs, nil
+}
+
+// isObject reports whether raw is a JSON object.
+func isObject(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) > 0 && raw[0] == '{'
 }
 
 func toolParameters(tools []json.RawMessage, name string) (string, bool, error) {
