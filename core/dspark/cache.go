@@ -30,6 +30,23 @@ type pagedContext struct {
 	g      int
 	layers []ref.PagedKV
 	scr    []*Context // per drafting sequence of a step: the context gathered from the pages
+
+	dev    PagedDevice       // BindDevice's: the group lives there (layers and scr unused)
+	tables [][]kvslab.PageID // per drafting sequence of a step: its pages of the group
+	lens   []int             // and its context length
+}
+
+// PagedDevice holds the drafter's group where the host cannot address it (a GPU runner's
+// device pool: BindDevice). The Speculator computes the context K/V of every fed row on
+// the host and hands them to StoreKV; the block forward then reads each sequence's
+// context through its page table of the group.
+type PagedDevice interface {
+	// StoreKV writes draft layer l's context K and V rows ([len(slots), KVHeads·HeadDim]
+	// float32 each, valid only until it returns) at slots of the group.
+	StoreKV(l int, k, v []float32, slots []int64) error
+	// Blocks is Drafter.Blocks for sequences whose draft contexts are the first lens[i]
+	// positions of the group, read through tables[i], anchored at anchors[i].
+	Blocks(tables [][]kvslab.PageID, lens []int, anchors []int32) ([]*Block, error)
 }
 
 // Bind makes the Speculator keep the draft context in group g of pool (CacheGroup's spec,
@@ -40,13 +57,9 @@ type pagedContext struct {
 // them on a prefix hit, so a request that starts from a prefix hit or comes back after a
 // preemption drafts from its first step. Call it before the runner serves an engine.
 func (s *Speculator) Bind(pool *kvslab.Pool, g int) error {
-	groups := pool.Groups()
-	want := s.Drafter.CacheGroup(pool.BlockTokens())
-	if g < 0 || g >= len(groups) {
-		return fmt.Errorf("dspark: bind: pool has %d groups, no group %d", len(groups), g)
-	}
-	if got := groups[g]; got.Kind != want.Kind || got.Layers != want.Layers || got.BytesPerToken != want.BytesPerToken {
-		return fmt.Errorf("dspark: bind: pool group %d %+v is not the drafter's %+v", g, got, want)
+	want, err := s.checkGroup(pool, g)
+	if err != nil {
+		return err
 	}
 	hm, ok := pool.Arena().(kvslab.HostMemory)
 	if !ok {
@@ -72,10 +85,40 @@ func (s *Speculator) Bind(pool *kvslab.Pool, g int) error {
 	return nil
 }
 
+// BindDevice is Bind for a pool whose arena is not host memory: group g of pool
+// (CacheGroup's spec) holds the draft context, and dev writes it and runs the blocks over
+// it. As with Bind, prefix hits and preempted requests draft from their first step.
+func (s *Speculator) BindDevice(pool *kvslab.Pool, g int, dev PagedDevice) error {
+	if _, err := s.checkGroup(pool, g); err != nil {
+		return err
+	}
+	if dev == nil {
+		return fmt.Errorf("dspark: bind: no device for group %d", g)
+	}
+	s.cache = &pagedContext{g: g, dev: dev}
+	return nil
+}
+
+// checkGroup checks that group g of pool is the drafter's CacheGroup and returns its spec.
+func (s *Speculator) checkGroup(pool *kvslab.Pool, g int) (kvslab.GroupSpec, error) {
+	groups := pool.Groups()
+	want := s.Drafter.CacheGroup(pool.BlockTokens())
+	if g < 0 || g >= len(groups) {
+		return want, fmt.Errorf("dspark: bind: pool has %d groups, no group %d", len(groups), g)
+	}
+	if got := groups[g]; got.Kind != want.Kind || got.Layers != want.Layers || got.BytesPerToken != want.BytesPerToken {
+		return want, fmt.Errorf("dspark: bind: pool group %d %+v is not the drafter's %+v", g, got, want)
+	}
+	return want, nil
+}
+
 // store writes the context K/V of n fed rows (features [n, FeatureDim] at positions pos)
 // at their slots of the group.
 func (s *Speculator) store(features []float32, pos []int32, slots []int64) error {
 	return s.Drafter.contextKV(features, pos, len(slots), func(l int, k, v []float32) error {
+		if s.cache.dev != nil {
+			return s.cache.dev.StoreKV(l, k, v, slots)
+		}
 		return s.cache.layers[l].StoreKV(k, v, slots)
 	})
 }
@@ -114,6 +157,7 @@ func (s *Speculator) draftPaged(plan *engine.BatchPlan, res *engine.StepResult) 
 	slots := plan.Groups[pc.g].SlotMapping
 	tok := 0
 	s.draft, s.ctxs, s.anchors = s.draft[:0], s.ctxs[:0], s.anchors[:0]
+	pc.tables, pc.lens = pc.tables[:0], pc.lens[:0]
 	for i, id := range plan.ReqIDs {
 		a := int(res.Accepted[i])
 		tok += a
@@ -140,16 +184,27 @@ func (s *Speculator) draftPaged(plan *engine.BatchPlan, res *engine.StepResult) 
 		if n+d.Config.BlockSize > d.rope.MaxPos {
 			continue
 		}
-		k := len(s.draft)
-		for len(pc.scr) <= k {
-			pc.scr = append(pc.scr, d.NewContext())
-		}
-		if err := s.gather(pc.scr[k], plan.PageTableOf(pc.g, i), n); err != nil {
-			return fmt.Errorf("request %d: %w", id, err)
+		if pc.dev != nil {
+			pc.tables, pc.lens = append(pc.tables, plan.PageTableOf(pc.g, i)), append(pc.lens, n)
+		} else {
+			k := len(s.draft)
+			for len(pc.scr) <= k {
+				pc.scr = append(pc.scr, d.NewContext())
+			}
+			if err := s.gather(pc.scr[k], plan.PageTableOf(pc.g, i), n); err != nil {
+				return fmt.Errorf("request %d: %w", id, err)
+			}
+			s.ctxs = append(s.ctxs, pc.scr[k])
 		}
 		s.draft = append(s.draft, i)
-		s.ctxs = append(s.ctxs, pc.scr[k])
 		s.anchors = append(s.anchors, res.Tokens[tok-1])
 	}
-	return s.propose(plan, res)
+	if pc.dev == nil || len(s.draft) == 0 {
+		return s.propose(plan, res)
+	}
+	blks, err := pc.dev.Blocks(pc.tables, pc.lens, s.anchors)
+	if err != nil {
+		return err
+	}
+	return s.fill(plan, res, blks)
 }

@@ -23,8 +23,8 @@ type TapForwarder interface {
 // emitted. Greedy rows draft greedily; sampled rows draw their drafts at the request's
 // temperature with engine.DraftUniform(seed, position) and keep q for exact verification.
 //
-// Bound to a pool's drafter group (Bind, CacheGroup), the draft context lives in the
-// pool: the engine keeps, rolls back and restores it with the target's cache, so a
+// Bound to a pool's drafter group (Bind, CacheGroup; BindDevice for a device's pool), the
+// draft context lives in the pool: the engine keeps, rolls back and restores it with the target's cache, so a
 // request that starts from a prefix-cache hit or comes back after a preemption drafts from
 // its first step. Unbound, it lives in the Speculator (one Context per request): such a
 // request has no features for the positions it did not compute and proposes no drafts
@@ -199,6 +199,16 @@ func (s *Speculator) propose(plan *engine.BatchPlan, res *engine.StepResult) err
 	blks, err := blocks(s.ctxs, s.anchors)
 	if err != nil {
 		return err
+	}
+	return s.fill(plan, res, blks)
+}
+
+// fill draws the drafts of the sequences in s.draft from their blocks blks (in order)
+// with the Markov head and the confidence cut, and fills their next drafts.
+func (s *Speculator) fill(plan *engine.BatchPlan, res *engine.StepResult, blks []*Block) error {
+	d := s.Drafter
+	if len(blks) != len(s.draft) {
+		return fmt.Errorf("dspark: %d blocks for %d drafting sequences", len(blks), len(s.draft))
 	}
 	for n, i := range s.draft {
 		blk, id := blks[n], plan.ReqIDs[i]

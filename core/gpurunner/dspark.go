@@ -56,13 +56,19 @@ func (m *Dense) tapAt(c *cudart.Ctx, s *cudart.Stream, layer int, residual cudar
 // UseDSpark makes the runner draft with a DSpark drafter (core/dspark): every step's
 // forward copies the residual stream at the drafter's tapped layers on the device, the
 // rows of the drafting sequences come back to the host as the drafter's features, the
-// CPU extends each request's draft context with them (core/dspark's Extend: fc,
-// hidden_norm, context K/V), and the block forward runs on the device (DSparkBlocks);
-// the Markov head and the confidence cut then draw the drafts on the host
-// (Drafter.Propose). The draft context is kept per request on the host (an unbound
-// Speculator: a request that starts from a prefix hit or resumes after a preemption is
-// not drafted), its K/V mirrored on the device by DSparkBlocks, which uploads the new
-// positions each step. Every step with DSpark is sampled on the host by core/cpurunner, which
+// CPU computes their draft context K/V (fc, hidden_norm, k/v projections, k_norm, RoPE),
+// and the block forward runs on the device (DSparkBlocks); the Markov head and the
+// confidence cut then draw the drafts on the host (Drafter.Propose).
+//
+// Where the runner was opened with Options.DSpark, the pool holds the drafter's cache
+// group and the draft context lives there, in device pages (dsparkPool): each fed row's
+// K/V are written at its slots of that group, and the block's attention reads them
+// through the sequence's page table, so the engine's rollback, copy-on-write and prefix
+// cache cover it, and a request that starts from a prefix hit or resumes after a
+// preemption is drafted from its first step. Otherwise the draft context is kept per
+// request on the host (an unbound Speculator: such a request is not drafted), its K/V
+// mirrored on the device by DSparkBlocks, which uploads the new positions each step.
+// Every step with DSpark is sampled on the host by core/cpurunner, which
 // verifies the drafts exactly (greedy by comparison, sampled rows by rejection
 // sampling). maxDrafts ≤ 0 drafts whole blocks; threshold is the confidence cut (0:
 // none). Call it before the first step, on a one-GPU runner. A drafter built for another
@@ -98,6 +104,17 @@ func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) 
 	}
 	t.spec = dspark.NewSpeculator(gpuTapForward{r}, d, maxDrafts, threshold)
 	t.spec.BlockForward, t.spec.Released = t.blocks.Blocks, t.blocks.Release
+	if g := len(r.pool.Groups()) - 1; g > 0 && r.pool.Groups()[g].Name == dspark.CacheGroupName {
+		scratch := int((r.arena.Size() - int64(r.pool.Slabs())*r.pool.SlabBytes()) / r.pool.SlabBytes())
+		dp, err := r.newDSparkPool(t.blocks, g, scratch)
+		if err == nil {
+			err = t.spec.BindDevice(r.pool, g, dp)
+		}
+		if err != nil {
+			r.dev.Do(func(c *cudart.Ctx) error { t.free(c); return nil })
+			return nil, fmt.Errorf("gpurunner: %w", err)
+		}
+	}
 	r.dspark = t
 	r.model.tap = t.capture
 	r.cpu = cpurunner.New(r.info, t.spec)

@@ -250,23 +250,17 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 	if len(anchors) != S || S == 0 {
 		return nil, fmt.Errorf("gpurunner: DSpark blocks: %d contexts and %d anchors", S, len(anchors))
 	}
-	hd, dd, nh, nkv, inter, V := b.HiddenSize, b.HeadDim, b.NumAttentionHeads, b.NumKeyValueHeads, b.IntermediateSize, b.VocabSize
-	qd, kvd := nh*dd, nkv*dd
+	hd, kvd, V := b.HiddenSize, b.NumKeyValueHeads*b.HeadDim, b.VocabSize
 	R, PT := S*B, dsparkPageTokens
 	maxPages := 0
 	for i, ctx := range ctxs {
 		n := ctx.Len()
-		if n+B > g.ropeT.MaxPos {
-			return nil, fmt.Errorf("gpurunner: DSpark block at positions %d..%d past the drafter's %d", n, n+B-1, g.ropeT.MaxPos)
-		}
-		if a := anchors[i]; a < 0 || int(a) >= V {
-			return nil, fmt.Errorf("gpurunner: DSpark anchor token %d outside the vocabulary of %d", a, V)
+		if err := g.check(n, anchors[i]); err != nil {
+			return nil, err
 		}
 		maxPages = max(maxPages, (n+B+PT-1)/PT)
 	}
-	// Host staging reused across calls; every element is written below.
-	g.idsHost, g.posHost, g.lenHost = slices.Grow(g.idsHost[:0], R)[:R], slices.Grow(g.posHost[:0], R)[:R], slices.Grow(g.lenHost[:0], R)[:R]
-	g.slots, g.ptHost = slices.Grow(g.slots[:0], R)[:R], slices.Grow(g.ptHost[:0], R*maxPages)[:R*maxPages]
+	g.grow(R, maxPages)
 	hidden, logits := make([]float32, R*hd), make([]float32, R*V)
 	r := g.r
 	err := r.dev.Do(func(cx *cudart.Ctx) error {
@@ -309,57 +303,112 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 		}
 		for i, ctx := range ctxs {
 			n, dc := ctx.Len(), dcs[i]
-			for j := range B {
-				r := i*B + j
-				g.idsHost[r], g.posHost[r], g.lenHost[r] = c.MaskTokenID, int32(n+j), int32(n+B)
-				g.slots[r] = int64(dc.pages[(n+j)/PT])*int64(PT) + int64((n+j)%PT)
-				for p := range maxPages {
-					g.ptHost[r*maxPages+p] = dc.pages[min(p, len(dc.pages)-1)]
-				}
-			}
-			g.idsHost[i*B] = anchors[i]
+			g.stage(i, n, anchors[i], dc.pages, len(dc.pages), maxPages, PT)
 		}
-		var p [bufCount]cudart.DevicePtr
-		for i, n := range [bufCount]int64{
-			bufIDs: 4 * int64(R), bufPos: 4 * int64(R), bufX: 4 * int64(R*hd), bufH: 4 * int64(R*hd),
-			bufQ: 4 * int64(R*qd), bufK: 4 * int64(R*kvd), bufV: 4 * int64(R*kvd), bufAtt: 4 * int64(R*qd),
-			bufO: 4 * int64(R*hd), bufGate: 4 * int64(R*inter), bufUp: 4 * int64(R*inter), bufLogits: 4 * int64(R*V),
-			bufLens: 4 * int64(R), bufPages: 4 * int64(R*maxPages), bufSlots: 8 * int64(R),
-		} {
-			var err error
-			if p[i], err = g.ensure(cx, i, n); err != nil {
-				return err
-			}
-		}
-		err := firstErr(
-			cudart.UploadAsync(cx, p[bufIDs], g.idsHost, s), cudart.UploadAsync(cx, p[bufPos], g.posHost, s),
-			cudart.UploadAsync(cx, p[bufLens], g.lenHost, s), cudart.UploadAsync(cx, p[bufPages], g.ptHost, s),
-			cudart.UploadAsync(cx, p[bufSlots], g.slots, s),
-		)
-		if err != nil {
-			return err
-		}
-		if err := g.forward(cx, s, p, R, maxPages); err != nil {
-			return err
-		}
-		err = firstErr(cudart.DownloadAsync(cx, hidden, p[bufH], s), cudart.DownloadAsync(cx, logits, p[bufLogits], s))
-		if err != nil {
-			return err
-		}
-		return cx.Sync(s)
+		return g.run(cx, S, maxPages, blockCache{g.arena.Ptr, g.layerLayout, PT}, hidden, logits)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gpurunner: DSpark blocks: %w", err)
 	}
-	for _, ctx := range ctxs {
-		ctx.MarkSynced()
-	}
-	out := make([]*dspark.Block, S)
+	lens := make([]int, S)
 	for i, ctx := range ctxs {
-		out[i] = &dspark.Block{Anchor: anchors[i], Position: ctx.Len(),
+		ctx.MarkSynced()
+		lens[i] = ctx.Len()
+	}
+	return g.blocks(lens, anchors, hidden, logits), nil
+}
+
+// check refuses a block at context length n past the drafter's positions or anchored at
+// a token outside its vocabulary.
+func (g *DSparkBlocks) check(n int, anchor int32) error {
+	c := g.d.Config
+	if B := c.BlockSize; n+B > g.ropeT.MaxPos {
+		return fmt.Errorf("gpurunner: DSpark block at positions %d..%d past the drafter's %d", n, n+B-1, g.ropeT.MaxPos)
+	}
+	if V := c.Base.VocabSize; anchor < 0 || int(anchor) >= V {
+		return fmt.Errorf("gpurunner: DSpark anchor token %d outside the vocabulary of %d", anchor, V)
+	}
+	return nil
+}
+
+// grow sizes the host staging for R slots of maxPages pages each (reused across calls;
+// stage writes every element).
+func (g *DSparkBlocks) grow(R, maxPages int) {
+	g.idsHost, g.posHost, g.lenHost = slices.Grow(g.idsHost[:0], R)[:R], slices.Grow(g.posHost[:0], R)[:R], slices.Grow(g.lenHost[:0], R)[:R]
+	g.slots, g.ptHost = slices.Grow(g.slots[:0], R)[:R], slices.Grow(g.ptHost[:0], R*maxPages)[:R*maxPages]
+}
+
+// stage writes the host staging of sequence i's block: context length n, anchor, and the
+// first np of pages (page ids of the cache the forward reads, pageTokens positions each)
+// holding positions [0, n+B), the block's own at n…n+B−1 by slot.
+func (g *DSparkBlocks) stage(i, n int, anchor int32, pages []uint32, np, maxPages, pageTokens int) {
+	c := g.d.Config
+	B := c.BlockSize
+	for j := range B {
+		r := i*B + j
+		g.idsHost[r], g.posHost[r], g.lenHost[r] = c.MaskTokenID, int32(n+j), int32(n+B)
+		g.slots[r] = int64(pages[(n+j)/pageTokens])*int64(pageTokens) + int64((n+j)%pageTokens)
+		for p := range maxPages {
+			g.ptHost[r*maxPages+p] = pages[min(p, np-1)]
+		}
+	}
+	g.idsHost[i*B] = anchor
+}
+
+// blockCache is the cache a block forward's attention reads: the context K/V and the
+// block's own, in pages of pageTokens positions at ptr, layer l's laid out as layout(l).
+type blockCache struct {
+	ptr        cudart.DevicePtr
+	layout     func(l int) cuda.KVSlabLayout
+	pageTokens int
+}
+
+// run uploads the staged inputs of S blocks (stage), runs their forward over cache and
+// brings the hidden states and logits back. It runs inside Do.
+func (g *DSparkBlocks) run(cx *cudart.Ctx, S, maxPages int, cache blockCache, hidden, logits []float32) error {
+	b := g.d.Config.Base
+	hd, qd, kvd, inter, V := b.HiddenSize, b.NumAttentionHeads*b.HeadDim, b.NumKeyValueHeads*b.HeadDim, b.IntermediateSize, b.VocabSize
+	R, s := S*g.d.Config.BlockSize, g.r.stream
+	var p [bufCount]cudart.DevicePtr
+	for i, n := range [bufCount]int64{
+		bufIDs: 4 * int64(R), bufPos: 4 * int64(R), bufX: 4 * int64(R*hd), bufH: 4 * int64(R*hd),
+		bufQ: 4 * int64(R*qd), bufK: 4 * int64(R*kvd), bufV: 4 * int64(R*kvd), bufAtt: 4 * int64(R*qd),
+		bufO: 4 * int64(R*hd), bufGate: 4 * int64(R*inter), bufUp: 4 * int64(R*inter), bufLogits: 4 * int64(R*V),
+		bufLens: 4 * int64(R), bufPages: 4 * int64(R*maxPages), bufSlots: 8 * int64(R),
+	} {
+		var err error
+		if p[i], err = g.ensure(cx, i, n); err != nil {
+			return err
+		}
+	}
+	err := firstErr(
+		cudart.UploadAsync(cx, p[bufIDs], g.idsHost, s), cudart.UploadAsync(cx, p[bufPos], g.posHost, s),
+		cudart.UploadAsync(cx, p[bufLens], g.lenHost, s), cudart.UploadAsync(cx, p[bufPages], g.ptHost, s),
+		cudart.UploadAsync(cx, p[bufSlots], g.slots, s),
+	)
+	if err != nil {
+		return err
+	}
+	if err := g.forward(cx, s, p, R, maxPages, cache); err != nil {
+		return err
+	}
+	err = firstErr(cudart.DownloadAsync(cx, hidden, p[bufH], s), cudart.DownloadAsync(cx, logits, p[bufLogits], s))
+	if err != nil {
+		return err
+	}
+	return cx.Sync(s)
+}
+
+// blocks wraps the hidden states and logits of S blocks at context lengths lens.
+func (g *DSparkBlocks) blocks(lens []int, anchors []int32, hidden, logits []float32) []*dspark.Block {
+	b := g.d.Config.Base
+	B, hd, V := g.d.Config.BlockSize, b.HiddenSize, b.VocabSize
+	out := make([]*dspark.Block, len(lens))
+	for i, n := range lens {
+		out[i] = &dspark.Block{Anchor: anchors[i], Position: n,
 			Hidden: hidden[i*B*hd : (i+1)*B*hd : (i+1)*B*hd], Logits: logits[i*B*V : (i+1)*B*V : (i+1)*B*V]}
 	}
-	return out, nil
+	return out
 }
 
 // forward launches the block forward of R slots over the uploaded inputs; p holds the
@@ -367,12 +416,12 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 //
 //	x, h, o: [R, hidden]   q, att: [R, heads·hd]   k, v: [R, kv·hd]   gate, up: [R, inter]
 //	the arena's pages: [layers][K|V][PageTokens][kv·hd] each (layerLayout)
-func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cudart.DevicePtr, R int, maxPages int) error {
+func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cudart.DevicePtr, R int, maxPages int, bc blockCache) error {
 	b := g.d.Config.Base
 	k, blas := g.r.kern, g.r.blas
 	hd, dd, nh, nkv, inter, V := b.HiddenSize, b.HeadDim, b.NumAttentionHeads, b.NumKeyValueHeads, b.IntermediateSize, b.VocabSize
 	qd, kvd := nh*dd, nkv*dd
-	PT := dsparkPageTokens
+	PT := bc.pageTokens
 	eps := float32(b.RMSNormEps)
 	gemm := func(out, x, w cudart.DevicePtr, rows, in, n int) error {
 		return blas.MatMulT(c, s, cudart.F32, out, x, w, rows, in, n)
@@ -390,7 +439,7 @@ func (g *DSparkBlocks) forward(c *cudart.Ctx, s *cudart.Stream, p [bufCount]cuda
 		} else { // x += the last MLP's output; h = attn_norm(x)
 			err = k.AddRMSNorm(c, s, cuda.F32, h, x, o, lw.attnNorm, R, hd, eps)
 		}
-		cache, layout := g.arena.Ptr, g.layerLayout(l)
+		cache, layout := bc.ptr, bc.layout(l)
 		err = firstErr(err,
 			gemm(q, h, lw.q, R, hd, qd), gemm(kk, h, lw.k, R, hd, kvd), gemm(v, h, lw.v, R, hd, kvd),
 			k.RMSNorm(c, s, q, q, lw.qNorm, R*nh, dd, eps), k.RMSNorm(c, s, kk, kk, lw.kNorm, R*nkv, dd, eps),

@@ -1,8 +1,10 @@
 package gpurunner_test
 
 import (
+	"context"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/resin-llm/resin/core/dspark/fixture"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 	"github.com/resin-llm/resin/models/llama"
 )
@@ -305,6 +308,179 @@ func TestEmulatedDSparkForced(t *testing.T) {
 			t.Errorf("forced-right drafter: %d proposed, %d accepted, want all", n.DraftsProposed, n.DraftsAccepted)
 		case !c.forced && (n.DraftsProposed == 0 || n.DraftsAccepted*10 > n.DraftsProposed):
 			t.Errorf("random drafter: %d proposed, %d accepted, want under 10%%", n.DraftsProposed, n.DraftsAccepted)
+		}
+		e.Stop(t)
+	}
+}
+
+// openPooledDSpark opens the GPU runner of target on the emulated device with the drafter
+// in dir declared up front (Options.DSpark): the pool holds its context group.
+func openPooledDSpark(t *testing.T, target, drafter string, cacheBytes int64) (*gpurunner.Runner, *dspark.Speculator, *kvslab.Pool) {
+	t.Helper()
+	d, err := dspark.Load(drafter, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, pool, err := llama.OpenGPU(target, cacheBytes, gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), DSpark: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr := r.(*gpurunner.Runner)
+	t.Cleanup(func() { gr.Close() })
+	if g := gr.Info().CacheGroups; len(g) != 2 || g[1].Name != dspark.CacheGroupName || len(pool.Groups()) != 2 {
+		t.Fatalf("cache groups %+v: want the model's, then the drafter's", g)
+	}
+	spec, err := gr.UseDSpark(d, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gr, spec, pool
+}
+
+// TestEmulatedDSparkPooledForced: with the draft context in the pool's drafter group on
+// the emulated device, a request that starts from a prefix hit is drafted from its first
+// step: on core/dspark/fixture's target (greedy next t+1) with the forced-right drafter,
+// the second run of a 36-token prompt hits two pages and proposes drafts, every one
+// accepted, and both runs give t+1 after t.
+func TestEmulatedDSparkPooledForced(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	p, err := fixture.Write(t.TempDir(), fixture.Tiny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, _, pool := openPooledDSpark(t, p.Target, p.Forced, 4<<20)
+	e := (&runnertest.Suite{}).StartWith(t, gr, pool, engine.Config{})
+	prompt := append(runnertest.Prompt(35, fixture.Tiny.Vocab, 1), 2)
+	sp := engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}
+	want := []int32{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+	for round := range 2 {
+		before := e.Counters()
+		if out := e.Generate(t, prompt, sp); !slices.Equal(out.Tokens, want) {
+			t.Fatalf("round %d: %v, want %v", round, out.Tokens, want)
+		}
+		n := e.Counters()
+		hits, proposed, accepted := n.PrefixHits-before.PrefixHits, n.DraftsProposed-before.DraftsProposed, n.DraftsAccepted-before.DraftsAccepted
+		t.Logf("round %d: %d prefix-hit tokens, %d drafts proposed, %d accepted", round, hits, proposed, accepted)
+		if round == 1 && hits < 32 {
+			t.Errorf("round 1: %d prefix-hit tokens, want the prompt's two full pages", hits)
+		}
+		if proposed == 0 || accepted != proposed {
+			t.Errorf("round %d: %d drafts proposed, %d accepted: want drafting, every draft right", round, proposed, accepted)
+		}
+	}
+	e.Stop(t)
+}
+
+// TestEmulatedDSparkPooledGreedy: greedy decoding with the draft context in the pool's
+// drafter group on the emulated device equals plain greedy decoding on it, for the
+// vanilla and the rnn drafter: prompts of mixed lengths batched; one again as a prefix hit
+// that drafts from its first step, its verifications (anchor, drafts, accepted, next) equal
+// to its first run's (the draft context the pool restored is the one it computed); six long requests in a pool too small for them
+// together (two slabs: 16 target pages for up to 24; preemptions, each request resumed
+// from its recomputed or cached prefix); and a request
+// after two aborts (one running, one waiting).
+func TestEmulatedDSparkPooledGreedy(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	prompts := [][]int32{{1, 2, 3, 4}, {5, 6, 7, 8, 9, 10, 11}, runnertest.Prompt(20, 16, 3)}
+	var many [][]int32 // six requests of up to four pages each
+	for i, n := range []int{18, 9, 14, 5, 21, 11} {
+		many = append(many, runnertest.Prompt(n, 16, 4+i))
+	}
+	sp := engine.SamplingParams{MaxTokens: 12, IgnoreEOS: true}
+	long := engine.SamplingParams{MaxTokens: 40, IgnoreEOS: true}
+	_, _, plain := openEmulatedDSpark(t, "", false)
+	want := plain.GenerateAll(t, prompts, sp)
+	var wantMany []runnertest.Output
+	for _, p := range many {
+		wantMany = append(wantMany, plain.Generate(t, p, long))
+	}
+	plain.Stop(t)
+	ctx := context.Background()
+	for _, drafter := range []string{"vanilla", "rnn"} {
+		dir := filepath.Join(dsparkTestdata, drafter)
+		gr, spec, pool := openPooledDSpark(t, filepath.Join(dsparkTestdata, "target"), dir, 4<<20)
+		// prompt 2's verifications (the others end below its length): the prefix hit must
+		// draft what the first run drafted, from the draft context the pool restored
+		var trace [2][]dspark.TraceEntry
+		run := 0
+		spec.Trace = func(te dspark.TraceEntry) {
+			if te.AnchorPosition >= len(prompts[2]) {
+				te.Request = 0
+				trace[run] = append(trace[run], te)
+			}
+		}
+		e := (&runnertest.Suite{}).StartWith(t, gr, pool, engine.Config{})
+		got := e.GenerateAll(t, prompts, sp)
+		run = 1
+		for i := range prompts {
+			if !slices.Equal(got[i].Tokens, want[i].Tokens) {
+				t.Errorf("%s, prompt %d: %v with DSpark, %v without", drafter, i, got[i].Tokens, want[i].Tokens)
+			}
+		}
+		before := e.Counters()
+		if out := e.Generate(t, prompts[2], sp); !slices.Equal(out.Tokens, want[2].Tokens) {
+			t.Errorf("%s, prompt 2 again: %v with DSpark, %v without", drafter, out.Tokens, want[2].Tokens)
+		}
+		n := e.Counters()
+		if n.PrefixHits == before.PrefixHits || n.DraftsProposed == before.DraftsProposed {
+			t.Errorf("%s, prompt 2 again: %d prefix-hit tokens, %d drafts proposed: want a prefix hit that drafts",
+				drafter, n.PrefixHits-before.PrefixHits, n.DraftsProposed-before.DraftsProposed)
+		}
+		if len(trace[0]) == 0 || fmt.Sprint(trace[0]) != fmt.Sprint(trace[1]) {
+			t.Errorf("%s, prompt 2: verifications %v in the batch, %v again from the prefix hit", drafter, trace[0], trace[1])
+		}
+		t.Logf("%s: %d drafts proposed, %d accepted; prompt 2's %d verifications equal from the prefix hit", drafter, n.DraftsProposed, n.DraftsAccepted, len(trace[1]))
+		if n.DraftsAccepted == 0 {
+			t.Errorf("%s: no draft accepted", drafter)
+		}
+		e.Stop(t)
+
+		// Preemption and aborts in a small pool.
+		gr, _, pool = openPooledDSpark(t, filepath.Join(dsparkTestdata, "target"), dir, 64<<10)
+		e = (&runnertest.Suite{}).StartWith(t, gr, pool, engine.Config{MaxSeqs: len(many)})
+		size := fmt.Sprintf("%d slabs of %d bytes", pool.Slabs(), pool.SlabBytes())
+		gotMany := e.GenerateAll(t, many, long)
+		for i := range many {
+			if !slices.Equal(gotMany[i].Tokens, wantMany[i].Tokens) {
+				t.Errorf("%s, request %d of %d in a pool of %s: %v with DSpark, %v without", drafter, i, len(many), size, gotMany[i].Tokens, wantMany[i].Tokens)
+			}
+		}
+		n = e.Counters()
+		t.Logf("%s, a pool of %s: %d preemptions, %d drafts proposed, %d accepted", drafter, size, n.Preemptions, n.DraftsProposed, n.DraftsAccepted)
+		if n.Preemptions == 0 {
+			t.Errorf("%s: a pool of %s preempted nothing", drafter, size)
+		}
+		st, err := e.Submit(ctx, engine.Request{ID: "running", Prompt: many[0], Sampling: long})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		waiting, err := e.Submit(wctx, engine.Request{Prompt: many[1], Sampling: long})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		e.Abort("running")
+		for _, s := range []*engine.Stream{st, waiting} {
+			for {
+				ev, err := s.Recv(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ev.Finish != engine.FinishNone {
+					break
+				}
+			}
+		}
+		if out := e.Generate(t, many[2], long); !slices.Equal(out.Tokens, wantMany[2].Tokens) {
+			t.Errorf("%s, request after two aborts: %v with DSpark, %v without", drafter, out.Tokens, wantMany[2].Tokens)
 		}
 		e.Stop(t)
 	}

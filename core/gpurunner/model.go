@@ -59,12 +59,12 @@ func CacheGroups(c *DenseConfig) []kvslab.GroupSpec {
 	}}
 }
 
-// cacheLayouts places each layer of c in a pool built on CacheGroups(c), in bf16
-// elements from the arena's start.
+// cacheLayouts places each layer of c in a pool built on CacheGroups(c) (its first
+// group; a DSpark drafter's may follow), in bf16 elements from the arena's start.
 func cacheLayouts(c *DenseConfig, pool *kvslab.Pool) ([]cuda.KVSlabLayout, error) {
 	want := CacheGroups(c)[0]
 	g := pool.Groups()
-	if len(g) != 1 || g[0].Kind != want.Kind || g[0].Layers != want.Layers || g[0].BytesPerToken != want.BytesPerToken || pool.BlockTokens() != c.PageTokens {
+	if len(g) < 1 || g[0].Kind != want.Kind || g[0].Layers != want.Layers || g[0].BytesPerToken != want.BytesPerToken || pool.BlockTokens() != c.PageTokens {
 		return nil, fmt.Errorf("gpurunner: pool groups %+v (block %d) are not the dense model's %+v", g, pool.BlockTokens(), want)
 	}
 	pageBytes := int64(c.PageTokens) * int64(want.BytesPerToken) * int64(c.Layers)

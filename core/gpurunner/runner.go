@@ -9,6 +9,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dspark"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -37,6 +38,10 @@ type Options struct {
 	Progress weights.ProgressFunc
 	// Log receives one-line notes: the NUMA choice, graph captures that failed.
 	Log io.Writer
+	// DSpark is the drafter UseDSpark will be given, when known before the pool is cut:
+	// the pool then holds its context group (dspark.Drafter.CacheGroup) after the model's,
+	// so that prefix hits and preempted requests are drafted at once (see UseDSpark).
+	DSpark *dspark.Drafter
 }
 
 func (o *Options) limits() Limits {
@@ -193,14 +198,22 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 			cacheBytes, max(left, 0), opts.Ordinal, NewWeightLayout(cfg).Size, ws.Size)
 	}
 	groups := CacheGroups(cfg)
+	if opts.DSpark != nil {
+		groups = append(groups, opts.DSpark.CacheGroup(cfg.PageTokens))
+	}
 	z, err := kvslab.Size(kvslab.Config{Groups: groups}, cacheBytes, 1)
 	if err != nil {
 		return nil, nil, err
 	}
-	if r.arena, err = cudart.NewDeviceArena(r.dev, int64(z.Slabs)*z.SlabBytes); err != nil {
+	// DSpark's block pages follow the pool's slabs in the arena (dsparkScratchSlabs).
+	scratch, err := dsparkScratchSlabs(opts.DSpark, groups, z, lim.MaxSeqs)
+	if err != nil {
 		return nil, nil, err
 	}
-	pool, err := kvslab.New(kvslab.Config{Groups: groups}, r.arena)
+	if r.arena, err = cudart.NewDeviceArena(r.dev, int64(z.Slabs+scratch)*z.SlabBytes); err != nil {
+		return nil, nil, err
+	}
+	pool, err := kvslab.New(kvslab.Config{Groups: groups}, poolArena{r.arena, int64(z.Slabs) * z.SlabBytes})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -384,6 +397,11 @@ func (r *Runner) forwardLogits(plan *engine.BatchPlan, logits []float32) error {
 // step uploads plan, runs the forward (a graph when one fits; sampling on the device with
 // sample) and then fetch, and waits.
 func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.Ctx) error) error {
+	if len(plan.Groups) > 1 { // the forward reads the model's group; DSpark's is dspark.go's
+		v := *plan
+		v.Groups = plan.Groups[:1]
+		plan = &v
+	}
 	if err := r.checkDims(plan); err != nil {
 		return err
 	}
