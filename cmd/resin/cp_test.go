@@ -10,8 +10,10 @@ import (
 )
 
 // TestGenerateCP: `resin generate --model llama --random-weights … --prompt-ids (37
-// tokens) --cp 2`, `--cp 3` and `--cp 2 --cp-procs` (rank 1 a worker process) print what
-// one rank prints, and their --logits-out files
+// tokens) --cp 2`, `--cp 3` and `--cp 2 --cp-procs` (rank 1 a worker process), and the
+// last two with --max-batch-tokens 16 (the prompt in chunks of 16, 16 and 5 tokens, the
+// later ones continuing over the cp group from rank 0's cache), print what one rank
+// prints, and their --logits-out files
 // hold every prompt row's and step's logits within 1e-5 of the row's largest logit; the
 // layouts --cp does not cover are refused by name.
 func TestGenerateCP(t *testing.T) {
@@ -32,7 +34,8 @@ func TestGenerateCP(t *testing.T) {
 		t.Fatalf("%v (%s)", err, errOut)
 	}
 	wantLg, wantShape := readLogits(t, filepath.Join(dir, "one", "l.safetensors"))
-	for i, extra := range [][]string{{"--cp", "2"}, {"--cp", "3"}, {"--cp", "2", "--cp-procs"}} {
+	for i, extra := range [][]string{{"--cp", "2"}, {"--cp", "3"}, {"--cp", "2", "--cp-procs"},
+		{"--cp", "3", "--max-batch-tokens", "16"}, {"--cp", "2", "--cp-procs", "--max-batch-tokens", "16"}} {
 		n := strings.Join(extra, " ")
 		sub := string(rune('a' + i))
 		got, errOut, err := runGenerate(t, args(sub, extra...)...)

@@ -76,6 +76,7 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	if err := f.check(); err != nil {
 		return nil, err
 	}
+	f.tp.statsOut = warn
 	rt := &cli.Runtime{}
 	tokDir := f.tokenizerDir
 	if tokDir == "" && f.weights != "" {
@@ -233,6 +234,8 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	var r engine.Runner
 	var pool *kvslab.Pool
 	switch {
+	case f.tp.stats && (m.Name != "llama" || f.device.CUDA() || f.dp.size > 1 || f.cp.size > 1 || f.spec.DSpark()):
+		return nil, nil, "", fmt.Errorf("--dist-stats covers --model llama's CPU tensor parallelism only (not %s, --device cuda, --dp, --cp or DSpark)", m.Name)
 	case f.spec.DSpark():
 		r, pool, err = f.openDSpark(m, dir)
 	case f.dp.size > 1:

@@ -14,6 +14,7 @@ import (
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/launch"
+	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -30,6 +31,8 @@ type tpFlags struct {
 	initAddr         string
 	nnodes, nodeRank int
 	distTimeout      time.Duration // how long a multi-node rendezvous waits for every rank
+	stats            bool          // --dist-stats: print rank 0's step figures when the engine stops
+	statsOut         io.Writer     // where (the command's stderr; nil: os.Stderr)
 }
 
 func (t *tpFlags) register(cmd *cobra.Command) {
@@ -41,6 +44,7 @@ func (t *tpFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = the ranks of --tp and --ep); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
+	fl.BoolVar(&t.stats, "dist-stats", false, "with --model llama --tp 2 or more on the CPU: when the engine stops, print rank 0's prefill and decode steps to stderr with the time spent inside collectives (waiting for the other ranks included) and its share of the steps")
 	fl.DurationVar(&t.distTimeout, "dist-timeout", 10*time.Minute, "with --dist-init-addr: how long the rendezvous waits for every node to join before it fails naming the missing ranks (SGLang's --dist-timeout)")
 }
 
@@ -71,6 +75,8 @@ func (t *tpFlags) check() error {
 		return fmt.Errorf("--ep %d: want 1 or more ranks", t.ep)
 	case t.procs && t.size < 2 && t.ep < 2:
 		return errors.New("--tp-procs needs --tp 2 or more (or --ep 2 or more)")
+	case t.stats && (t.size < 2 || t.ep > 1):
+		return fmt.Errorf("--dist-stats times llama's tensor-parallel ranks: it needs --tp 2 or more without --ep (got --tp %d --ep %d)", t.size, t.ep)
 	case t.distTimeout <= 0:
 		return fmt.Errorf("--dist-timeout %v: want a positive duration", t.distTimeout)
 	}
@@ -134,11 +140,12 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 		if err != nil {
 			return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 		}
-		g, err := tp.StartShards(shards, pages, pt, dist.Options{Timeout: time.Minute})
+		g, data, err := tp.StartShardsTimed(shards, pages, pt, dist.Options{Timeout: time.Minute})
 		if err != nil {
 			return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 		}
-		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), g.Close}, pool, nil
+		forward, stop := f.timed(g.Forward, g.Close, data)
+		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop}, pool, nil
 	}
 	s, err := r.shard(0, size)
 	if err != nil {
@@ -148,8 +155,28 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 	if err != nil {
 		return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 	}
-	forward := g.forward(tp.Lead(g.ctl, g.data, s, s.NewCache(pages, pt)))
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), g.close}, pool, nil
+	ctl, data := dist.NewTimed(g.ctl), dist.NewTimed(g.data)
+	forward, stop := f.timed(g.forward(tp.Lead(ctl, data, s, s.NewCache(pages, pt))), g.close, ctl, data)
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop}, pool, nil
+}
+
+// timed returns forward and stop as they are without --dist-stats; with it, forward
+// counted into a lockstep.Stats over comms (rank 0's communicators) and a stop that
+// prints the figures to stderr once the other ranks stopped.
+func (t *tpFlags) timed(forward lockstep.Forward, stop func() error, comms ...*dist.Timed) (lockstep.Forward, func() error) {
+	if !t.stats {
+		return forward, stop
+	}
+	var st lockstep.Stats
+	return st.Wrap(forward, comms...), func() error {
+		err := stop()
+		w := t.statsOut
+		if w == nil {
+			w = os.Stderr
+		}
+		st.Print(w, fmt.Sprintf("resin: --tp %d rank 0", t.size))
+		return err
+	}
 }
 
 // errWorkerDone ends a worker node's command once its rank has followed rank 0 to the
@@ -191,7 +218,9 @@ func openTPNodes(r *llamaTPModel, pool *kvslab.Pool, f *tpFlags) (engine.Runner,
 		data.Close()
 		return err
 	}
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(tp.Lead(ctl, data, s, kv))), stop}, pool, nil
+	tctl, tdata := dist.NewTimed(ctl), dist.NewTimed(data)
+	forward, stop := f.timed(tp.Lead(tctl, tdata, s, kv), stop, tctl, tdata)
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop}, pool, nil
 }
 
 // tpWorkerSpec is what a worker process reads from RESIN_TP_WORKER.
