@@ -66,6 +66,9 @@ type Config struct {
 // protocol. Build it with Dial, then Attach it to the engine built over it.
 type Remote struct {
 	cfg Config
+	// name is the runner in errors, /health and logs: the spec with the values of an
+	// exec command line's leading VAR=value words hidden (see redactSpec).
+	name string
 
 	mu        sync.Mutex // serializes Execute, restarts and Close
 	sess      *session   // nil while down
@@ -120,7 +123,7 @@ func Dial(ctx context.Context, cfg Config) (*Remote, error) {
 	if _, _, err := ParseSpec(cfg.Spec); err != nil {
 		return nil, err
 	}
-	r := &Remote{cfg: cfg}
+	r := &Remote{cfg: cfg, name: redactSpec(cfg.Spec)}
 	r.enc.WholeTables = cfg.WholeTables
 	r.bg, r.bgCancel = context.WithCancel(context.Background())
 	s, err := r.start(ctx)
@@ -298,14 +301,14 @@ func (r *Remote) died(err error) error {
 	if exit := s.kill(); exit != "" {
 		err = fmt.Errorf("%w (%s)", err, exit)
 	}
-	err = fmt.Errorf("%w: %s: %w", ErrRunnerDied, r.cfg.Spec, err)
+	err = fmt.Errorf("%w: %s: %w", ErrRunnerDied, r.name, err)
 	r.needReset = r.forget != nil
 	if r.cfg.NoRestart || r.forget == nil {
 		r.setHealth(fmt.Errorf("%w: %w", ErrRunnerDown, err))
 	} else {
 		r.setHealth(fmt.Errorf("%w (restarting): %w", ErrRunnerDown, err))
 	}
-	r.cfg.Logger.Error("runner died", "runner", r.cfg.Spec, "error", err, "restart", !r.cfg.NoRestart && r.forget != nil)
+	r.cfg.Logger.Error("runner died", "runner", r.name, "error", err, "restart", !r.cfg.NoRestart && r.forget != nil)
 	r.restartInBackground()
 	return err
 }
@@ -383,13 +386,13 @@ func (r *Remote) restart(ctx context.Context) error {
 	if err != nil {
 		err = fmt.Errorf("%w: restart: %w", ErrRunnerDown, err)
 		r.setHealth(err)
-		r.cfg.Logger.Error("runner restart failed", "runner", r.cfg.Spec, "error", err)
+		r.cfg.Logger.Error("runner restart failed", "runner", r.name, "error", err)
 		return err
 	}
 	r.sess = s
 	r.watch(s)
 	r.restarts++
-	r.cfg.Logger.Info("runner restarted", "runner", r.cfg.Spec, "restarts", r.restarts)
+	r.cfg.Logger.Info("runner restarted", "runner", r.name, "restarts", r.restarts)
 	return nil
 }
 
@@ -429,6 +432,56 @@ func (r *Remote) Close() error {
 
 // envPrefix matches a command line that starts with an environment assignment.
 var envPrefix = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_]*=`)
+
+// redactSpec is spec with the value of each VAR=value word that starts an exec command
+// line replaced by "***". Such words are how a runner is given credentials (an access
+// token for its weights' hub, say), and the runner's name reaches clients: the errors of
+// the requests a dead runner fails, and /health, which no API key guards.
+func redactSpec(spec string) string {
+	scheme, rest, err := ParseSpec(spec)
+	if err != nil || scheme != "exec" {
+		return spec
+	}
+	var b strings.Builder
+	b.WriteString("exec:")
+	for {
+		loc := envPrefix.FindStringIndex(rest)
+		if loc == nil {
+			break
+		}
+		b.WriteString(rest[:loc[1]])
+		b.WriteString("***")
+		rest = rest[loc[1]+shellWordLen(rest[loc[1]:]):]
+	}
+	b.WriteString(rest)
+	return b.String()
+}
+
+// shellWordLen is the length of the shell word at the start of s: up to the first
+// whitespace outside quotes ('...', "...", and backslash escapes).
+func shellWordLen(s string) int {
+	var quote byte
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case quote == '\'':
+			if c == '\'' {
+				quote = 0
+			}
+		case c == '\\':
+			i++
+		case quote == '"':
+			if c == '"' {
+				quote = 0
+			}
+		case c == '\'' || c == '"':
+			quote = c
+		case c == ' ' || c == '\t' || c == '\n':
+			return i
+		}
+	}
+	return len(s)
+}
 
 // session is one connection to one runner process.
 type session struct {
@@ -477,7 +530,7 @@ func (r *Remote) start(ctx context.Context) (*session, error) {
 		if err != nil {
 			inW.Close()
 			outR.Close()
-			return nil, fmt.Errorf("start runner %q: %w", rest, err)
+			return nil, fmt.Errorf("start runner %s: %w", r.name, err)
 		}
 		s.cmd, s.exited = cmd, make(chan struct{})
 		go func() { s.exit = cmd.Wait(); close(s.exited) }()
@@ -524,7 +577,7 @@ func (r *Remote) startFailed(s *session, err error) error {
 	if exit := s.kill(); exit != "" {
 		err = fmt.Errorf("%w (%s)", err, exit)
 	}
-	return fmt.Errorf("runner %s: %w", r.cfg.Spec, err)
+	return fmt.Errorf("runner %s: %w", r.name, err)
 }
 
 type writeDeadliner interface {
