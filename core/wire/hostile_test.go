@@ -109,3 +109,46 @@ func TestServeSurvivesHostileSteps(t *testing.T) {
 		t.Errorf("the malformed step's answer: %+v, want code %d", errs[1], CodeProtocol)
 	}
 }
+
+// TestServeKeepsTheEnginesMaxFrame: with its own MaxFrame larger than the engine's
+// (Hello's max_frame), Serve answers a result over the engine's limit with a failed step
+// instead of a frame the engine would refuse, taking the runner for dead. Before, only
+// a Serve without its own MaxFrame took the engine's limit.
+func TestServeKeepsTheEnginesMaxFrame(t *testing.T) {
+	// A result of 100 tokens (Serve does not check it against the plan) against an
+	// engine limit of 300 bytes.
+	res := engine.StepResult{Tokens: make([]int32, 100), Accepted: []int32{1}, NumNextDrafts: []int32{0}}
+	const limit = 300
+	if n := len(AppendResult(nil, 1, &res)) - 4; n <= limit {
+		t.Fatalf("the result's frame is %d bytes, within the limit", n)
+	}
+	hello := AppendHello(nil, Hello{Version: Version, MaxFrame: limit, Caps: CapCacheOps | CapReleases})
+	step, _ := (&Encoder{}).AppendStep(nil, onePlan(1, 4, 1, []kvslab.PageID{7}))
+	var in, out bytes.Buffer
+	in.Write(hello)
+	in.Write(step)
+	if err := Serve(context.Background(), &in, &out, &fixedResult{res: res}, ServeOptions{MaxFrame: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	fr := NewFrameReader(&out, 0)
+	if k, _, err := fr.Read(); err != nil || k != KindInfo {
+		t.Fatalf("first answer %v, %v; want info", k, err)
+	}
+	k, payload, err := fr.Read()
+	if err != nil || k != KindError || len(payload)+1 > limit {
+		t.Fatalf("the step's answer: %v (%d bytes), %v; want an error frame within the engine's %d bytes", k, len(payload)+1, err, limit)
+	}
+	if e, err := DecodeError(payload); err != nil || e.Code != CodeStepFailed || e.Step != 1 || !strings.Contains(e.Message, "over the limit") {
+		t.Fatalf("the step's answer: %+v, %v; want a failed step 1 naming the limit", e, err)
+	}
+}
+
+// fixedResult answers every step with res.
+type fixedResult struct {
+	panicky
+	res engine.StepResult
+}
+
+func (f *fixedResult) Execute(context.Context, *engine.BatchPlan) (engine.StepResult, error) {
+	return f.res, nil
+}

@@ -44,8 +44,10 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 			if err != nil {
 				return protocolErr(err)
 			}
-			if opts.MaxFrame <= 0 && h.MaxFrame > 0 {
-				fr.Max = int(h.MaxFrame) // the engine's limit holds both ways
+			if h.MaxFrame > 0 && (opts.MaxFrame <= 0 || int64(h.MaxFrame) < int64(fr.Max)) {
+				// The engine's limit holds both ways: a larger result would be refused
+				// and the runner taken for dead. A smaller opts.MaxFrame stays.
+				fr.Max = int(h.MaxFrame)
 			}
 			hello = true
 			out = AppendInfo(out[:0], Info{Version: Version, Caps: CapCacheOps | CapReleases, Runner: runner.Info()})
@@ -80,7 +82,8 @@ func Serve(ctx context.Context, r io.Reader, w io.Writer, runner engine.Runner, 
 
 // ServeOptions configure Serve.
 type ServeOptions struct {
-	// MaxFrame caps the frames accepted and sent (default: the engine's, from its Hello).
+	// MaxFrame caps the frames accepted and sent (default: the engine's, from its Hello);
+	// the engine's limit still holds when it is smaller.
 	MaxFrame int
 	// Pool is the runner's cache pool, on which Serve applies each step's cache ops when
 	// the runner does not declare ExecutesCacheOps.
