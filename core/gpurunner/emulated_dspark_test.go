@@ -375,7 +375,8 @@ func TestEmulatedDSparkPooledForced(t *testing.T) {
 
 // TestEmulatedDSparkPooledGreedy: greedy decoding with the draft context in the pool's
 // drafter group on the emulated device equals plain greedy decoding on it, for the
-// vanilla and the rnn drafter: prompts of mixed lengths batched; one again as a prefix hit
+// vanilla and the rnn drafter: prompts of mixed lengths batched, verification by
+// verification as with the host's draft contexts; one again as a prefix hit
 // that drafts from its first step, its verifications (anchor, drafts, accepted, next) equal
 // to its first run's (the draft context the pool restored is the one it computed); six long requests in a pool too small for them
 // together (two slabs: 16 target pages for up to 24; preemptions, each request resumed
@@ -402,19 +403,34 @@ func TestEmulatedDSparkPooledGreedy(t *testing.T) {
 	ctx := context.Background()
 	for _, drafter := range []string{"vanilla", "rnn"} {
 		dir := filepath.Join(dsparkTestdata, drafter)
+		// The batch's verifications with the host's draft contexts (an unbound Speculator,
+		// each context's K/V mirrored in DSparkBlocks's own pages: TestEmulatedDSparkBlocks)
+		// are those with the pool's: the same K/V, read through the pool's pages.
+		_, uspec, ue := openEmulatedDSpark(t, drafter, false)
+		var unbound []dspark.TraceEntry
+		uspec.Trace = func(te dspark.TraceEntry) { unbound = append(unbound, te) }
+		ue.GenerateAll(t, prompts, sp)
+		ue.Stop(t)
 		gr, spec, pool := openPooledDSpark(t, filepath.Join(dsparkTestdata, "target"), dir, 4<<20)
-		// prompt 2's verifications (the others end below its length): the prefix hit must
-		// draft what the first run drafted, from the draft context the pool restored
-		var trace [2][]dspark.TraceEntry
+		// trace[0]: the batch's; trace[1], trace[2]: prompt 2's in the batch (the others end
+		// below its length) and again from a prefix hit, which must draft the same from the
+		// draft context the pool restored.
+		var trace [3][]dspark.TraceEntry
 		run := 0
 		spec.Trace = func(te dspark.TraceEntry) {
+			if run == 0 {
+				trace[0] = append(trace[0], te)
+			}
 			if te.AnchorPosition >= len(prompts[2]) {
 				te.Request = 0
-				trace[run] = append(trace[run], te)
+				trace[1+run] = append(trace[1+run], te)
 			}
 		}
 		e := (&runnertest.Suite{}).StartWith(t, gr, pool, engine.Config{})
 		got := e.GenerateAll(t, prompts, sp)
+		if len(unbound) == 0 || fmt.Sprint(trace[0]) != fmt.Sprint(unbound) {
+			t.Errorf("%s: the batch's verifications %v with the pool's draft contexts, %v with the host's", drafter, trace[0], unbound)
+		}
 		run = 1
 		for i := range prompts {
 			if !slices.Equal(got[i].Tokens, want[i].Tokens) {
@@ -430,10 +446,11 @@ func TestEmulatedDSparkPooledGreedy(t *testing.T) {
 			t.Errorf("%s, prompt 2 again: %d prefix-hit tokens, %d drafts proposed: want a prefix hit that drafts",
 				drafter, n.PrefixHits-before.PrefixHits, n.DraftsProposed-before.DraftsProposed)
 		}
-		if len(trace[0]) == 0 || fmt.Sprint(trace[0]) != fmt.Sprint(trace[1]) {
-			t.Errorf("%s, prompt 2: verifications %v in the batch, %v again from the prefix hit", drafter, trace[0], trace[1])
+		if len(trace[1]) == 0 || fmt.Sprint(trace[1]) != fmt.Sprint(trace[2]) {
+			t.Errorf("%s, prompt 2: verifications %v in the batch, %v again from the prefix hit", drafter, trace[1], trace[2])
 		}
-		t.Logf("%s: %d drafts proposed, %d accepted; prompt 2's %d verifications equal from the prefix hit", drafter, n.DraftsProposed, n.DraftsAccepted, len(trace[1]))
+		t.Logf("%s: %d drafts proposed, %d accepted; the batch's %d verifications equal the host contexts', prompt 2's %d equal from the prefix hit",
+			drafter, n.DraftsProposed, n.DraftsAccepted, len(trace[0]), len(trace[2]))
 		if n.DraftsAccepted == 0 {
 			t.Errorf("%s: no draft accepted", drafter)
 		}
