@@ -125,12 +125,20 @@
 //	MTP head: enorm/e_proj,        rmsnorm, cuBLASLt, kernels groups.cu       TestEmuAddRows (exact);
 //	  hnorm/h_proj, their sum,       add_rows, its block as above (ring of      TestEmulatedMTPGreedyEqualsPlain: the
 //	  block, hc_head                 its own), the head                         CPU head's logits within 1e-4
+//	MTP drafts: argmax, chained    cuda argmax.cu resin_argmax on the head's  TestEmulatedMTPDeviceDrafts: every
+//	  steps                          logits; each draft fed to the next step    draft equal to the host argmax's
+//	                                 on the device (gpu_mtp.go draftChain),     (exact), greedy equal to plain
+//	                                 the drafts copied back once a step
 //	rejected drafts rolled back    device undo log (D2D copies), undoLog on   TestEmulatedMTPGreedyEqualsPlain
 //	                                 the pool (gpu_mtp.go)                      (forced accepts and rejects)
 //	prefix cache                   the pool written through from the slots,   TestEmulatedEngineMatchesCPU (prefix
 //	                                 a hit restored into a slot (gpu_cache.go)  rounds), TestEmulatedGraphsEqualEager
 //	decode steps                   one CUDA graph per batch bucket            TestEmulatedGraphsEqualEager (bit
 //	                                 (gpu_graphs.go)                            for bit against eager)
+//	prefill steps                  one graph per token bucket and sequence    TestEmulatedGraphsEqualEager
+//	                                 count (gpu_graphs.go)
+//	MTP drafting chain             one graph per count of drafting            TestEmulatedMTPDeviceDrafts (the
+//	                                 sequences (gpu_graphs.go)                  drafts equal the eager chain's)
 //
 // What is a first cut: activations are float32 and the GEMM weights float32 or bf16
 // (gpu_linear.go: a bf16 GEMM's input rounded by groups.cu's cast;
@@ -152,9 +160,10 @@
 // every step (device-to-host copies of every fed row, a sync per layer in eager steps) and
 // a prefix hit is copied back into a fresh slot; the MoE gives every expert room for all
 // of a step's rows and runs one GEMM per expert; attention reads the shared K=V head once
-// per block of 4 query heads; only decode steps replay CUDA graphs (prefill and MTP verify
-// steps are eager); the MTP draft argmax and the drafting loop run on the host over the
-// device's logits. kernels.Load compiles every source
+// per block of 4 query heads; the MTP runner's forward steps (verification, prefill) and
+// the first MTP step of each drafting run eagerly (only the chained draft steps replay a
+// graph), and the verification samples on the host over the logits copied back
+// (core/cpurunner), as every runner here does. kernels.Load compiles every source
 // above with NVRTC (TestCompile checks them under NVRTC and ptxas).
 //
 // scripts/deepseek-v4-goldens.sh writes the goldens testdata/ holds (transformers on the

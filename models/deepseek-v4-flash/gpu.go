@@ -43,8 +43,9 @@ type gpuModel struct {
 	graphs           *gpuGraphs // nil: every step eager
 	stash            *gpuStash  // prefill graphs' copies of each layer's rows (allocated with them)
 	// Stats count the steps by how they ran: graph replays (PrefillGraph of them prefill
-	// graphs) and eager steps.
-	Stats struct{ Graph, PrefillGraph, Eager int }
+	// graphs) and eager steps; DraftGraph counts the MTP drafting chains replayed as
+	// graphs (gpuModel.draftChain).
+	Stats struct{ Graph, PrefillGraph, Eager, DraftGraph int }
 }
 
 // gpuSeq is one sequence's device slot and length.
@@ -496,7 +497,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return err
 		}
 		for li := range g.layers {
-			if err := g.block(c, &g.layers[li], ch, seqs); err != nil {
+			if err := g.block(c, &g.layers[li], ch); err != nil {
 				return fmt.Errorf("gpu: layer %d: %w", li, err)
 			}
 			if err := after(li); err != nil {
@@ -601,12 +602,12 @@ func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
 }
 
 // block runs one decoder block (mHC → attention → mHC → MoE) over the step's rows.
-func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs []*gpuSeq) error {
+func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
 	w, n := &g.w, ch.Rows
 	if err := g.hyper(c, l.attnHC, l.attnNorm, n); err != nil {
 		return err
 	}
-	if err := g.attention(c, l, ch, seqs); err != nil {
+	if err := g.attention(c, l, ch); err != nil {
 		return err
 	}
 	if err := g.expand(c, w.att, n); err != nil {
@@ -623,7 +624,7 @@ func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs []*g
 
 // attention runs one layer's attention over the step's rows into w.att, as
 // Model.attention.
-func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk, seqs []*gpuSeq) error {
+func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
 	cfg, w, n := g.m.Config, &g.w, ch.Rows
 	h, d, nh, qr := cfg.HiddenSize, cfg.HeadDim, cfg.NumAttentionHeads, cfg.QLoraRank
 	id, ih := cfg.IndexHeadDim, cfg.IndexNHeads

@@ -30,8 +30,14 @@ import (
 // is uploaded to fixed buffers before the launch, and the launches depend only on the
 // shape. What the host pool's write-through reads between layers (mirrorStep.layer: each
 // layer's K=V rows and compressor projections) a prefill graph copies on the device into
-// a stash of its own after each block, read back after the replay. Steps of the MTP
-// runner (drafts, the head's chains) run eagerly.
+// a stash of its own after each block, read back after the replay. The MTP runner's
+// forward steps (verification, prefill) and the first MTP step of its drafting run
+// eagerly; the drafting chain after it (gpuModel.draftChain: argmax, the next step's
+// inputs, the head, for every further draft) is one graph per count of drafting
+// sequences (GraphDecode, Variant draftChainGraph | drafts), unpadded.
+// draftChainGraph marks the Variant of a drafting chain's graph key.
+const draftChainGraph = 1 << 20
+
 type gpuGraphs struct {
 	cache   *cudart.GraphCache
 	buckets []int // decode batch sizes
@@ -170,20 +176,28 @@ func (g *gpuModel) stashed(li int) layerRows { return g.stash.layers[li] }
 // captured, else eagerly and then captured.
 func (g *gpuModel) runGraph(c *cudart.Ctx, key cudart.GraphKey, step func() error) error {
 	gr := g.graphs
+	chain := key.Kind == cudart.GraphDecode && key.Variant&draftChainGraph != 0
 	if !gr.failed[key] {
 		ok, err := gr.cache.Replay(c, g.s, key)
 		if err != nil {
 			return err
 		}
 		if ok {
-			g.Stats.Graph++
-			if key.Kind == cudart.GraphPrefill {
+			switch {
+			case chain:
+				g.Stats.DraftGraph++
+			case key.Kind == cudart.GraphPrefill:
 				g.Stats.PrefillGraph++
+				fallthrough
+			default:
+				g.Stats.Graph++
 			}
 			return nil
 		}
 	}
-	g.Stats.Eager++
+	if !chain {
+		g.Stats.Eager++
+	}
 	if err := step(); err != nil {
 		return err
 	}

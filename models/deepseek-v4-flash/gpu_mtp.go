@@ -5,7 +5,6 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
-	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
 )
@@ -23,6 +22,9 @@ type gpuMTP struct {
 	last, in                         cudart.DevicePtr // [slots, hc·hidden], [maxTokens, hc·hidden]
 	undo                             devUndo
 	pages                            devUndo // the same, for the pool's pages (savePageDrafts)
+	// The drafting chain (draftChain): each step's drafts, [drafts, slots] int32, and the
+	// chained steps' indices ([drafts−1, slots] positions, then 5·slots+1 more).
+	tok, chain cudart.DevicePtr
 }
 
 // newGPUMTP uploads the MTP head of g's model with upLayer (newGPUModel's), with room
@@ -57,6 +59,12 @@ func newGPUMTP(a *gpuArena, c *cudart.Ctx, g *gpuModel, drafts int, upLayer func
 		return nil, err
 	}
 	if t.in, err = a.alloc(c, 4*g.maxTokens*sw); err != nil {
+		return nil, err
+	}
+	if t.tok, err = a.alloc(c, 4*g.slots*drafts); err != nil {
+		return nil, err
+	}
+	if t.chain, err = a.alloc(c, 4*(g.slots*(drafts-1)+5*g.slots+1)); err != nil {
 		return nil, err
 	}
 	// Per draft position: every layer's ring row and, per compressor, its pending slot,
@@ -174,27 +182,27 @@ type gpuMTPChunk struct {
 	next []int32
 }
 
-// mtpForward runs the MTP head over the chunks' rows, as Model.mtpForward: the block's
-// sliding window rows before each chunk's pos0 come from the head's ring, and its rows go
-// there (p % window). It returns the logits of the rows named (flat indices); their
-// output streams are left in w.picked, and every row's K=V in w.kv.
-func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32) ([]float32, error) {
-	cfg, w, t := g.m.Config, &g.w, g.mtp
-	h, hc, win := cfg.HiddenSize, cfg.HCMult, cfg.SlidingWindow
+// mtpForward queues the MTP head over the chunks' rows on g.s, as Model.mtpForward: the
+// block's sliding window rows before each chunk's pos0 come from the head's ring, and its
+// rows go there (p % window). The rows named (flat indices) go through the head: their
+// logits are left in w.logits, their output streams in w.picked, and every row's K=V in
+// w.kv. It uploads the step's indices and waits for the uploads (and for any copy into
+// gpuMTP.in queued before) but not for the head.
+func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32) error {
+	cfg, w := g.m.Config, &g.w
+	win := cfg.SlidingWindow
 	var ids, pos, rowSeq, seqStart, len0, state, winRow0 []int32
-	seqs := make([]*gpuSeq, len(chunks))
 	for i, ch := range chunks {
-		seqs[i] = ch.seq
 		seqStart = append(seqStart, int32(len(ids)))
 		len0 = append(len0, int32(ch.pos0))
 		state = append(state, int32(ch.seq.slot))
 		winRow0 = append(winRow0, int32(ch.seq.slot*win))
 		for j, tk := range ch.next {
 			if tk < 0 || int(tk) >= cfg.VocabSize {
-				return nil, fmt.Errorf("gpu: mtp: token id %d outside the vocabulary [0, %d)", tk, cfg.VocabSize)
+				return fmt.Errorf("gpu: mtp: token id %d outside the vocabulary [0, %d)", tk, cfg.VocabSize)
 			}
 			if ch.pos0+j >= g.m.maxContext {
-				return nil, fmt.Errorf("gpu: mtp: position %d outside the context of %d tokens", ch.pos0+j, g.m.maxContext)
+				return fmt.Errorf("gpu: mtp: position %d outside the context of %d tokens", ch.pos0+j, g.m.maxContext)
 			}
 			ids = append(ids, tk)
 			pos = append(pos, int32(ch.pos0+j))
@@ -204,7 +212,7 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32)
 	seqStart = append(seqStart, int32(len(ids)))
 	n := len(ids)
 	if n == 0 || n > g.maxTokens || len(rows) > g.maxRows {
-		return nil, fmt.Errorf("gpu: mtp: %d rows (1 to %d), %d of them with logits (at most %d)", n, g.maxTokens, len(rows), g.maxRows)
+		return fmt.Errorf("gpu: mtp: %d rows (1 to %d), %d of them with logits (at most %d)", n, g.maxTokens, len(rows), g.maxRows)
 	}
 	for _, u := range []struct {
 		dst cudart.DevicePtr
@@ -214,47 +222,50 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []gpuMTPChunk, rows []int32)
 			continue
 		}
 		if err := cudart.Upload(c, u.dst, u.v); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := c.Synchronize(); err != nil { // the uploads and the input copies, before the stream reads them
-		return nil, err
+		return err
 	}
+	return g.mtpLaunch(c, n, len(chunks), len(rows))
+}
+
+// mtpLaunch queues the MTP head on g.s over n rows of seqs sequences whose indices
+// (w.ids, w.pos, w.rowSeq, w.seqStart, w.len0, w.state, w.winRow0, w.rowIdx) and input
+// streams (gpuMTP.in) the stream finds on the device, nr of them through the head
+// (mtpForward's outputs).
+func (g *gpuModel) mtpLaunch(c *cudart.Ctx, n, seqs, nr int) error {
+	cfg, w, t := g.m.Config, &g.w, g.mtp
+	h, hc := cfg.HiddenSize, cfg.HCMult
 	eps := float32(cfg.RMSNormEps)
 	// x_i = e_proj(enorm(embed(next))) + h_proj(hnorm(stream_i)).
 	if err := g.kk.Embedding(c, g.s, w.x, g.embed, w.ids, n, h, cfg.VocabSize); err != nil {
-		return nil, err
+		return err
 	}
 	if err := g.kk.RMSNorm(c, g.s, w.x, w.x, t.eNorm, n, h, eps); err != nil {
-		return nil, err
+		return err
 	}
 	if err := g.gemm(c, w.ffn, w.x, t.eProj, n, h, h); err != nil {
-		return nil, err
+		return err
 	}
 	if err := g.kk.RMSNorm(c, g.s, w.next, t.in, t.hNorm, n*hc, h, eps); err != nil {
-		return nil, err
+		return err
 	}
 	if err := g.gemm(c, w.streams, w.next, t.hProj, n*hc, h, h); err != nil {
-		return nil, err
+		return err
 	}
 	if err := g.runner(c)(kernels.AddRows(w.streams, w.ffn, n, hc, h)); err != nil {
-		return nil, err
+		return err
 	}
-	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(chunks)}
-	if err := g.block(c, &t.layer, ch, seqs); err != nil {
-		return nil, fmt.Errorf("gpu: mtp: %w", err)
+	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: seqs}
+	if err := g.block(c, &t.layer, ch); err != nil {
+		return fmt.Errorf("gpu: mtp: %w", err)
 	}
-	if len(rows) == 0 {
-		return nil, c.Synchronize()
+	if nr == 0 {
+		return nil
 	}
-	if err := g.headLaunch(c, n, len(rows), t.hc, t.norm); err != nil {
-		return nil, err
-	}
-	if err := c.Synchronize(); err != nil {
-		return nil, err
-	}
-	logits := make([]float32, len(rows)*cfg.VocabSize)
-	return logits, cudart.Download(c, logits, w.logits)
+	return g.headLaunch(c, n, nr, t.hc, t.norm)
 }
 
 // gpuDrafter is GPURunner's forward with the MTP head on the device, as cpurunner's
@@ -395,8 +406,41 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 			}
 		}
 	}
-	logits, err := g.mtpForward(c, chunks, draftRows)
-	if err != nil {
+	// The chained steps' indices, uploaded with the first step's: for the step after draft
+	// j (j < drafts−1) the positions ends+j (each sequence one row, so len0 = pos too),
+	// then the rows' sequences, sequence starts, slots, window rows and logits rows, the
+	// same every step.
+	nd, win32 := len(draftSeqs), int32(win)
+	if nd > 0 && r.drafts > 1 {
+		idx := make([]int32, 0, (r.drafts-1)*nd+5*nd+1)
+		for j := range r.drafts - 1 {
+			for s := range draftSeqs {
+				if ends[s]+j >= r.Model.maxContext {
+					return fmt.Errorf("gpu: mtp: position %d outside the context of %d tokens", ends[s]+j, r.Model.maxContext)
+				}
+				idx = append(idx, int32(ends[s]+j))
+			}
+		}
+		for k := range 5 {
+			for s, i := range draftSeqs {
+				switch k {
+				case 0, 1, 4: // rowSeq, seqStart, rowIdx
+					idx = append(idx, int32(s))
+				case 2:
+					idx = append(idx, int32(r.stepSeqs[i].slot))
+				case 3:
+					idx = append(idx, int32(r.stepSeqs[i].slot)*win32)
+				}
+			}
+			if k == 1 {
+				idx = append(idx, int32(nd))
+			}
+		}
+		if err := cudart.Upload(c, t.chain, idx); err != nil {
+			return err
+		}
+	}
+	if err := g.mtpForward(c, chunks, draftRows); err != nil {
 		return err
 	}
 	if mir != nil {
@@ -408,42 +452,37 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 				if err != nil {
 					return err
 				}
-				if err := c.CopyDtoD(dst, g.w.kv+cudart.DevicePtr(4*(at+j)*d), int64(4*d)); err != nil {
+				if err := c.CopyDtoDAsync(dst, g.w.kv+cudart.DevicePtr(4*(at+j)*d), int64(4*d), g.s); err != nil {
 					return err
 				}
 			}
 			at += len(ch.next)
 		}
 	}
+	if nd == 0 {
+		return c.Sync(g.s)
+	}
 	// Draft j of each sequence lands at position end+1+j; the row that proposes it sits at
-	// end−1+j and reads the draft before it (the sampled token for j = 0).
-	v := cfg.VocabSize
-	nd := len(draftSeqs)
-	drafts := make([]int32, 0, nd*r.drafts)
-	for j := 0; ; j++ {
-		for s, i := range draftSeqs {
-			lg := logits[s*v : (s+1)*v]
-			dt := int32(max(ref.Argmax(lg), 0))
-			if r.forceDraft != nil {
-				dt = r.forceDraft(int(p.PromptLen[i]), ends[s]+1+j, lg)
-			}
-			drafts = append(drafts, dt)
+	// end−1+j and reads the draft before it (the sampled token for j = 0). The whole chain
+	// is queued on g.s: each step's argmax (resin_argmax) writes its drafts to t.tok, the
+	// next step reads them as its tokens and the head's output streams as its input, and
+	// only the final drafts come back to the host. With r.forceDraft (tests) each step's
+	// logits come to the host instead and its choice goes back to t.tok.
+	var pick func(j int) (bool, error)
+	if r.forceDraft != nil {
+		pick = func(j int) (bool, error) {
+			return true, r.forcedDrafts(c, p, draftSeqs, ends, j)
 		}
-		if j+1 == r.drafts || nd == 0 {
-			break
-		}
-		if err := c.CopyDtoD(t.in, g.w.picked, int64(4*nd*sw)); err != nil {
-			return err
-		}
-		chunks = chunks[:0]
-		rows := make([]int32, nd)
-		for s, i := range draftSeqs {
-			rows[s] = int32(s)
-			chunks = append(chunks, gpuMTPChunk{seq: r.stepSeqs[i], pos0: ends[s] + j, next: drafts[len(drafts)-nd+s:][:1]})
-		}
-		if logits, err = g.mtpForward(c, chunks, rows); err != nil {
-			return err
-		}
+	}
+	if err := g.draftChain(c, nd, r.drafts, pick); err != nil {
+		return err
+	}
+	drafts := make([]int32, nd*r.drafts)
+	if err := c.Sync(g.s); err != nil {
+		return err
+	}
+	if err := cudart.Download(c, drafts, t.tok); err != nil {
+		return err
 	}
 	for s := range draftSeqs {
 		if err := t.undo.restore(c, draftSeqs[s], 0); err != nil {
@@ -453,8 +492,96 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 	for s, i := range draftSeqs {
 		res.NumNextDrafts[i] = int32(r.drafts)
 		for j := range r.drafts {
-			res.Drafts = append(res.Drafts, drafts[j*nd+s])
+			// resin_argmax gives −1 for a row of NaNs (its chained step then embeds a row of
+			// zeros); the host path proposed token 0 there.
+			res.Drafts = append(res.Drafts, max(drafts[j*nd+s], 0))
 		}
 	}
 	return nil
+}
+
+// forcedDrafts is draft j of each drafting sequence chosen by r.forceDraft (tests) on the
+// host: the head's logits copied back, the choices queued into gpuMTP.tok on g.s.
+func (r *GPURunner) forcedDrafts(c *cudart.Ctx, p *engine.BatchPlan, draftSeqs, ends []int, j int) error {
+	g, v, nd := r.g, r.Model.Config.VocabSize, len(draftSeqs)
+	logits := make([]float32, nd*v)
+	if err := c.Sync(g.s); err != nil {
+		return err
+	}
+	if err := cudart.Download(c, logits, g.w.logits); err != nil {
+		return err
+	}
+	dt := make([]int32, nd)
+	for s, i := range draftSeqs {
+		dt[s] = r.forceDraft(int(p.PromptLen[i]), ends[s]+1+j, logits[s*v:(s+1)*v])
+		if dt[s] < 0 || int(dt[s]) >= v {
+			return fmt.Errorf("gpu: mtp: forced draft %d outside the vocabulary [0, %d)", dt[s], v)
+		}
+	}
+	return cudart.UploadAsync(c, g.mtp.tok+cudart.DevicePtr(4*j*nd), dt, g.s)
+}
+
+// draftChain queues on g.s, after an MTP step whose nd logits rows are in w.logits, the
+// drafts of nd sequences (each one row; the indices draft put in gpuMTP.chain): step j's
+// drafts go to t.tok[j·nd:], by the device argmax (resin_argmax) unless pick(j) reports it
+// queued them itself, and for j+1 < drafts the MTP head runs over them, with the head's
+// output streams (w.picked) as its input streams, for the next step's logits. Nothing
+// between the steps waits for the device. Without pick and with graphs on, the chain
+// replays as a CUDA graph (captured after its first eager run for that nd and drafts).
+func (g *gpuModel) draftChain(c *cudart.Ctx, nd, drafts int, pick func(j int) (bool, error)) error {
+	cfg, w, t := g.m.Config, &g.w, g.mtp
+	sw := 4 * int64(cfg.HCMult*cfg.HiddenSize)
+	i32 := func(p cudart.DevicePtr, k int) cudart.DevicePtr { return p + cudart.DevicePtr(4*k) }
+	if nd > g.maxRows || nd > g.slots {
+		return fmt.Errorf("gpu: mtp: %d drafting sequences, at most %d", nd, min(g.maxRows, g.slots))
+	}
+	cst := i32(t.chain, (drafts-1)*nd) // rowSeq, seqStart (nd+1 values), state, winRow0, rowIdx
+	n4 := int64(4 * nd)
+	chain := func(pick func(j int) (bool, error)) error {
+		for j := 0; ; j++ {
+			tok := i32(t.tok, j*nd)
+			queued := false
+			if pick != nil {
+				var err error
+				if queued, err = pick(j); err != nil {
+					return err
+				}
+			}
+			if !queued {
+				if err := g.kk.Argmax(c, g.s, tok, w.logits, nd, cfg.VocabSize); err != nil {
+					return err
+				}
+			}
+			if j+1 == drafts {
+				return nil
+			}
+			pos := i32(t.chain, j*nd)
+			copies := []struct {
+				dst, src cudart.DevicePtr
+				n        int64
+			}{{w.ids, tok, n4}, {w.pos, pos, n4}, {w.len0, pos, n4}, {t.in, w.picked, int64(nd) * sw}}
+			if j == 0 {
+				copies = append(copies, []struct {
+					dst, src cudart.DevicePtr
+					n        int64
+				}{{w.rowSeq, cst, n4}, {w.seqStart, i32(cst, nd), n4 + 4}, {w.state, i32(cst, 2*nd+1), n4},
+					{w.winRow0, i32(cst, 3*nd+1), n4}, {w.rowIdx, i32(cst, 4*nd+1), n4}}...)
+			}
+			for _, cp := range copies {
+				if err := c.CopyDtoDAsync(cp.dst, cp.src, cp.n, g.s); err != nil {
+					return err
+				}
+			}
+			if err := g.mtpLaunch(c, nd, nd, nd); err != nil {
+				return err
+			}
+		}
+	}
+	if pick == nil && g.graphs != nil {
+		// Every value the chain reads is on the device at fixed addresses (t.chain, t.tok,
+		// the work buffers): its launches depend on nd and drafts only.
+		key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: nd, Variant: draftChainGraph | drafts}
+		return g.runGraph(c, key, func() error { return chain(nil) })
+	}
+	return chain(pick)
 }
