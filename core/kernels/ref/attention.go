@@ -234,7 +234,13 @@ type AttentionBatch struct {
 //
 // A unit of at most attnVecQueries queries (decode, a few drafts) runs on the AVX2
 // kernels where the CPU has them (attnVector), whatever the BLAS: keys and values read in
-// place from their pages, so a decode step gathers nothing.
+// place from their pages, so a decode step gathers nothing. Such a sequence's units each
+// take every kv head over a block of attnVecSplitKeys keys (all of them when there are
+// fewer) instead of one kv head over all of them: a page holds its tokens' keys of every
+// head side by side (1 KiB a token at 4 kv heads of 64), and a unit that reads one head's
+// 256 bytes of each reads memory as a strided stream at a fraction of its bandwidth
+// (BenchmarkPagedAttentionDecodeLayers: 2-4 GB/s against 20), where one that reads every
+// head's streams the pages whole.
 var (
 	attnGEMMUnits         = true
 	attnUnitGEMMKeys      = 64
@@ -245,6 +251,7 @@ var (
 	attnSplitQueries      = 4
 	attnSplitKeys         = 512
 	attnVecQueries        = 4
+	attnVecSplitKeys      = 128
 )
 
 // PagedAttentionBatch is PagedAttention for every sequence of a batch at once, split across
@@ -316,7 +323,11 @@ type attnUnit struct {
 	seq, kvh, q0, q1      int
 	split, splits, k0, k1 int
 	partial               int
+	kvhs                  int // kv heads kvh, kvh+1, ... the unit covers; 0 is 1
 }
+
+// heads returns the kv heads [kvh, kvh1) the unit covers.
+func (u *attnUnit) heads() (kvh0, kvh1 int) { return u.kvh, u.kvh + max(u.kvhs, 1) }
 
 // keys returns the keys [lo, hi) the unit's query at position p reads: causal, within
 // the window (when window > 0), within the unit's split.
@@ -413,6 +424,21 @@ func (j *attnJob) plan(op string, out, q []float32, c *PagedKV, b *AttentionBatc
 					j.units = append(j.units, attnUnit{seq: i, kvh: kvh, q0: q0, q1: min(q0+attnGEMMTile, nq), split: -1})
 				}
 			}
+			continue
+		}
+		if nq <= attnVecQueries && attnVector(c.HeadDim) {
+			// Every kv head a unit, over blocks of keys (see attnVecSplitKeys).
+			bs := max(attnVecSplitKeys, 1)
+			splits := (ctxLen - lo + bs - 1) / bs
+			if splits <= 1 {
+				j.units = append(j.units, attnUnit{seq: i, q0: 0, q1: nq, split: -1, kvhs: c.KVHeads})
+				continue
+			}
+			for s := range splits {
+				j.units = append(j.units, attnUnit{seq: i, q0: 0, q1: nq, split: s, splits: splits, kvhs: c.KVHeads,
+					k0: lo + s*bs, k1: min(lo+(s+1)*bs, ctxLen), partial: partials})
+			}
+			partials += nq * a.Heads * splits
 			continue
 		}
 		splits := 1
@@ -530,58 +556,76 @@ func (j *attnJob) unitGEMM(part int, u *attnUnit, klo, khi int) error {
 }
 
 // unitVec computes unit u one query at a time with the AVX2 kernels, reading keys and
-// values in place from their pages (no gather): the scores of the kv head's group of
-// query heads against the query's keys (attnDots, a page's run of tokens at a time), each
-// head's softmax (rowMax, softmaxExpSum), and the weighted sum of the values (attnAxpys)
-// into the output rows, or for a split into its partial (max, sum, unnormalised output).
+// values in place from their pages (no gather): the scores of its kv heads' query heads
+// against the query's keys (attnDots, a page's run of tokens at a time, every kv head of
+// the run before the next run, so the page's rows are read in order), each head's
+// softmax (rowMax, softmaxExpSum), and the weighted sum of the values (attnAxpys, in the
+// same order) into the output rows, or for a split into its partial (max, sum,
+// unnormalised output).
 func (j *attnJob) unitVec(part int, u *attnUnit) {
 	c, a, b := j.c, j.a, j.b
 	d, pt, group := c.HeadDim, c.PageTokens, a.Heads/c.KVHeads
 	row0, nq, ctxLen := int(b.QueryStart[u.seq]), int(b.QueryStart[u.seq+1]-b.QueryStart[u.seq]), int(b.CtxLen[u.seq])
 	kBase, vBase := j.kBase[b.PageStart[u.seq]:], j.vBase[b.PageStart[u.seq]:]
-	kvStride, kvOff := c.KVHeads*d, u.kvh*d
+	kvStride := c.KVHeads * d
+	kvh0, kvh1 := u.heads()
+	nh := (kvh1 - kvh0) * group // the unit's query heads
 	tl := &j.tiles[part]
-	tl.mx, tl.sum = growFloat32s(tl.mx, group), growFloat64s(tl.sum, group)
+	tl.mx, tl.sum = growFloat32s(tl.mx, nh), growFloat64s(tl.sum, nh)
 	for qi := u.q0; qi < u.q1; qi++ {
 		lo, hi := u.keys(ctxLen-nq+qi, a.Window)
 		n := max(hi-lo, 0)
-		first := (row0+qi)*a.Heads + u.kvh*group // the group's first query head row
+		first := (row0+qi)*a.Heads + kvh0*group // the unit's first query head row
 		// Head h's output is obuf[ob+h*ostride:][:d]: its out row or its partial.
 		obuf, ob, ostride, at := j.out, first*d, d, 0
 		if u.split >= 0 {
-			at = u.partial + (qi*a.Heads+u.kvh*group)*u.splits + u.split
+			at = u.partial + (qi*a.Heads+kvh0*group)*u.splits + u.split
 			obuf, ob, ostride = j.po, at*d, u.splits*d
 		}
-		for h := range group {
+		for h := range nh {
 			clear(obuf[ob+h*ostride : ob+h*ostride+d])
 		}
 		if n == 0 { // a split none of whose keys this query sees
-			for h := range group {
+			for h := range nh {
 				j.pm[at+h*u.splits], j.pl[at+h*u.splits] = math.Inf(-1), 0
 			}
 			continue
 		}
-		tl.s = growFloat32s(tl.s, group*n)
+		tl.s = growFloat32s(tl.s, nh*n)
 		sc := tl.s
-		q := j.q[first*d : (first+group)*d]
+		q := j.q[first*d : (first+nh)*d]
 		for t := lo; t < hi; { // a page's run of tokens at a time
 			run := min(hi, (t/pt+1)*pt) - t
-			ko := kBase[t/pt] + (t%pt)*kvStride + kvOff
-			attnDots(sc[t-lo:], n, q, group, d, c.K[ko:], kvStride, run)
+			ko := kBase[t/pt] + (t%pt)*kvStride
+			// The run's values, for the weighted sum after the softmax, and the next
+			// run's keys: the pages lie apart, so the hardware's prefetchers stop at
+			// each one's end (BenchmarkPagedAttentionDecodeLayers).
+			vo := vBase[t/pt] + (t%pt)*kvStride
+			prefetch(c.V[vo+kvh0*d : vo+(run-1)*kvStride+kvh1*d])
+			if next := t + run; next < hi {
+				nrun := min(hi, (next/pt+1)*pt) - next
+				nko := kBase[next/pt] + (next%pt)*kvStride
+				prefetch(c.K[nko+kvh0*d : nko+(nrun-1)*kvStride+kvh1*d])
+			}
+			for g := range kvh1 - kvh0 {
+				attnDots(sc[g*group*n+t-lo:], n, q[g*group*d:], group, d, c.K[ko+(kvh0+g)*d:], kvStride, run)
+			}
 			t += run
 		}
-		for h := range group {
+		for h := range nh {
 			row := sc[h*n : (h+1)*n]
 			tl.mx[h] = rowMax(row, a.Scale)
 			tl.sum[h] = softmaxExpSum(row, a.Scale, tl.mx[h])
 		}
 		for t := lo; t < hi; {
 			run := min(hi, (t/pt+1)*pt) - t
-			vo := vBase[t/pt] + (t%pt)*kvStride + kvOff
-			attnAxpys(obuf[ob:], ostride, sc[t-lo:], n, group, d, c.V[vo:], kvStride, run)
+			vo := vBase[t/pt] + (t%pt)*kvStride
+			for g := range kvh1 - kvh0 {
+				attnAxpys(obuf[ob+g*group*ostride:], ostride, sc[g*group*n+t-lo:], n, group, d, c.V[vo+(kvh0+g)*d:], kvStride, run)
+			}
 			t += run
 		}
-		for h := range group {
+		for h := range nh {
 			if u.split >= 0 {
 				j.pm[at+h*u.splits], j.pl[at+h*u.splits] = float64(tl.mx[h]), tl.sum[h]
 				continue

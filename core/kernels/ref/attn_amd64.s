@@ -185,3 +185,19 @@ nexthead:
 adone:
 	VZEROUPPER
 	RET
+
+// func prefetchT1(p *float32, n int)
+//
+// Asks for the n > 0 bytes at p into L2, a cache line at a time (PREFETCHT1: a hint; it
+// neither faults nor waits).
+TEXT ·prefetchT1(SB), NOSPLIT, $0-16
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	LEAQ (SI)(CX*1), CX
+
+prefetcht1_line:
+	PREFETCHT1 (SI)
+	ADDQ $64, SI
+	CMPQ SI, CX
+	JB   prefetcht1_line
+	RET

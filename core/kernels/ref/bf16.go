@@ -73,7 +73,7 @@ func FromBF16(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 // gemvBF16Task is one row against a bfloat16 weight in blocks of w's rows, a pool task.
 type gemvBF16Task struct {
 	loop        loop
-	out, x      []float32
+	out, x, xp  []float32 // xp: x in evenOdd's layout, or nil; kept
 	w           []uint16
 	k, n, block int
 }
@@ -83,23 +83,42 @@ var gemvBF16Tasks freeList[gemvBF16Task]
 // gemvBF16Split computes out[j] = x·w[j] for j < n, split across the pool in two blocks
 // of w's rows a participant when large; skinnyVector(k) must hold.
 func gemvBF16Split(out, x []float32, w []uint16, k, n int) {
-	p := parts()
-	if p == 1 || n*k < minParallelMACs {
-		gemvBF16(out, x, k, w, k, n)
-		return
-	}
 	t := gemvBF16Tasks.get()
 	t.out, t.x, t.w, t.k, t.n = out, x, w, k, n
-	t.block = roundUp((n+2*p-1)/(2*p), 8)
-	parallelFor(&t.loop, t, (n+t.block-1)/t.block, 1)
+	xp := []float32(nil)
+	if gemvBF16EvenOdd(k) {
+		t.xp = growFloat32s(t.xp, k)
+		evenOdd(t.xp, x[:k])
+		xp = t.xp
+	}
+	if p := parts(); p == 1 || n*k < minParallelMACs {
+		gemvBF16(out, x, xp, k, w, k, n)
+	} else {
+		t.block = roundUp((n+2*p-1)/(2*p), 8)
+		parallelFor(&t.loop, t, (n+t.block-1)/t.block, 1)
+	}
 	t.out, t.x, t.w = nil, nil, nil
 	gemvBF16Tasks.put(t)
 }
 
 func (t *gemvBF16Task) run(_, lo, hi int) {
+	xp := []float32(nil)
+	if gemvBF16EvenOdd(t.k) {
+		xp = t.xp
+	}
 	for b := lo; b < hi; b++ {
 		j0, j1 := b*t.block, min((b+1)*t.block, t.n)
-		gemvBF16(t.out[j0:j1], t.x, t.k, t.w[j0*t.k:], t.k, j1-j0)
+		gemvBF16(t.out[j0:j1], t.x, xp, t.k, t.w[j0*t.k:], t.k, j1-j0)
+	}
+}
+
+// evenOdd lays x (a multiple of 32 values) out as gemvBF16's even-odd kernel reads it: in
+// each block of 32, the 16 values at even steps, then the 16 at odd ones.
+func evenOdd(xp, x []float32) {
+	for b := 0; b+32 <= len(x); b += 32 {
+		for i := range 16 {
+			xp[b+i], xp[b+16+i] = x[b+2*i], x[b+2*i+1]
+		}
 	}
 }
 

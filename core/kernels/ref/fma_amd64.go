@@ -20,6 +20,18 @@ func attnAxpysAVX2(o *float32, ostride int, w *float32, wstride, heads, dim int,
 // and FMA, and d a multiple of 8.
 func attnVector(d int) bool { return hasAttnAVX2 && d > 0 && d%8 == 0 }
 
+// prefetchT1 is in attn_amd64.s.
+//
+//go:noescape
+func prefetchT1(p *float32, n int)
+
+// prefetch asks for s's memory into L2 (a hint: it does not wait for it).
+func prefetch(s []float32) {
+	if len(s) > 0 {
+		prefetchT1(&s[0], 4*len(s))
+	}
+}
+
 // attnDots sets s[h*sstride + i] = q[h*d:(h+1)*d]·k[i*kstride:][:d] for h < g, i < n;
 // attnVector(d) must hold.
 func attnDots(s []float32, sstride int, q []float32, g, d int, k []float32, kstride, n int) {
@@ -122,14 +134,28 @@ func gemvBF16AVX2(out *float32, x *float32, k int, w *uint16, ldw int, n8 int)
 //go:noescape
 func gemvBF16AVX512(out *float32, x *float32, k int, w *uint16, ldw int, n8 int)
 
+// gemvBF16EOAVX512 is in skinny_amd64.s.
+//
+//go:noescape
+func gemvBF16EOAVX512(out *float32, xp *float32, k int, w *uint16, ldw int, n8 int)
+
+// gemvBF16EvenOdd says whether gemvBF16 runs its even-odd kernel for inner dimension k
+// (AVX-512, k a multiple of 32), given x in evenOdd's layout.
+func gemvBF16EvenOdd(k int) bool { return hasSkinnyAVX512 && k > 0 && k%32 == 0 }
+
 // gemvBF16 is gemv on a bfloat16 w, widened to float32 as it is read; skinnyVector(k)
-// must hold.
-func gemvBF16(out, x []float32, k int, w []uint16, ldw, n int) {
+// must hold. xp is x in evenOdd's layout where gemvBF16EvenOdd(k), for its kernel; nil
+// runs the others.
+func gemvBF16(out, x, xp []float32, k int, w []uint16, ldw, n int) {
 	if n8 := n / 8; n8 > 0 {
 		_, _, _ = out[n8*8-1], x[k-1], w[(n8*8-1)*ldw+k-1]
-		if hasSkinnyAVX512 && k%16 == 0 {
+		switch {
+		case xp != nil && gemvBF16EvenOdd(k):
+			_ = xp[k-1]
+			gemvBF16EOAVX512(&out[0], &xp[0], k, &w[0], ldw, n8)
+		case hasSkinnyAVX512 && k%16 == 0:
 			gemvBF16AVX512(&out[0], &x[0], k, &w[0], ldw, n8)
-		} else {
+		default:
 			gemvBF16AVX2(&out[0], &x[0], k, &w[0], ldw, n8)
 		}
 	}

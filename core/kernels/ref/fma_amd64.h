@@ -1,4 +1,4 @@
-// Macros shared by attn_amd64.s and skinny_amd64.s.
+// Macros shared by attn_amd64.s, skinny_amd64.s and int8_amd64.s.
 
 // ZERO8 clears the eight accumulators Y0–Y7.
 #define ZERO8 \
@@ -88,3 +88,21 @@
 	VFMADD231PS (R9)(AX*1), W0, A1; \
 	VFMADD231PS (R10)(AX*1), W0, A2; \
 	VFMADD231PS (R11)(AX*1), W0, A3
+
+// PREFETCH512(R) asks for the 512 bytes at R into L2 and steps R past them: the AVX-512
+// GEMVs run R along the rows after the ones they read (8 rows, or int8's next group of
+// 16; contiguous in a weight), one step's bytes a step, so those rows are in cache when their turn comes. Left to the
+// hardware's prefetchers, each row of a weight is a stream of its own that ends after a
+// row's bytes (2 KiB of bfloat16 at k = 1024), too short for them to run ahead: the
+// streams then wait on memory at ~10 GB/s a core where the prefetched ones read at 16-18
+// (BenchmarkDecodeWeights with -cpu 1).
+#define PREFETCH512(R) \
+	PREFETCHT1 (R); \
+	PREFETCHT1 64(R); \
+	PREFETCHT1 128(R); \
+	PREFETCHT1 192(R); \
+	PREFETCHT1 256(R); \
+	PREFETCHT1 320(R); \
+	PREFETCHT1 384(R); \
+	PREFETCHT1 448(R); \
+	ADDQ       $512, R

@@ -6,6 +6,9 @@ package ref
 // units run on the GEMM and scalar paths.
 func attnVector(d int) bool { return false }
 
+// prefetch does nothing where there is no vector form.
+func prefetch(s []float32) {}
+
 func attnDots(s []float32, sstride int, q []float32, g, d int, k []float32, kstride, n int) {
 	panic("ref: attnDots without a vector form")
 }
@@ -33,6 +36,8 @@ func gemv(out, x []float32, k int, w []float32, ldw, n int) {
 	panic("ref: gemv without a vector form")
 }
 
-func gemvBF16(out, x []float32, k int, w []uint16, ldw, n int) {
+func gemvBF16EvenOdd(k int) bool { return false }
+
+func gemvBF16(out, x, xp []float32, k int, w []uint16, ldw, n int) {
 	panic("ref: gemvBF16 without a vector form")
 }

@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "fma_amd64.h"
 
 // The AVX-512 VNNI kernels of MatMulTInt8 (int8.go): dot products of activations
 // quantised in blocks of 32 (int8 values, a float32 scale each) with a weight group of
@@ -26,8 +27,17 @@ TEXT ·q8Dot1VNNI(SB), NOSPLIT, $0-56
 	MOVQ ws+40(FP), CX
 	MOVQ nb+48(FP), BX
 	VPXORD Z16, Z16, Z16
+	MOVQ BX, R10
+	SHLQ $9, R10
+	LEAQ (DX)(R10*1), R10 // the next group's weights and scales, prefetched along
+	MOVQ BX, R11
+	SHLQ $6, R11
+	ADDQ CX, R11
 
 block1:
+	PREFETCH512(R10)
+	PREFETCHT1 (R11)
+	ADDQ $64, R11
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VMOVDQU32 0(DX), Z8
@@ -100,8 +110,17 @@ TEXT ·q8Dot4VNNI(SB), NOSPLIT, $0-64
 	VPXORD Z17, Z17, Z17
 	VPXORD Z18, Z18, Z18
 	VPXORD Z19, Z19, Z19
+	MOVQ BX, R10
+	SHLQ $9, R10
+	LEAQ (DX)(R10*1), R10 // the next group's weights and scales, prefetched along
+	MOVQ BX, R11
+	SHLQ $6, R11
+	ADDQ CX, R11
 
 block4:
+	PREFETCH512(R10)
+	PREFETCHT1 (R11)
+	ADDQ $64, R11
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
