@@ -56,10 +56,12 @@
 #                                   config.json), random fp32 weights (~22 GB on the host and as
 #                                   much on the GPU, MTP layer included): the GPU runner against
 #                                   the CPU runner through the engine, prefix hit and MTP drafts
-#                                   included (TestGPUTruncatedMatchesCPU, its parity line), then
-#                                   prefill and decode tokens/s at batch 1, 16 and 64 (`resin bench
-#                                   model --device cuda`). Apart from the main check; allow about
-#                                   10 minutes.
+#                                   included (TestGPUTruncatedMatchesCPU, its parity line), its
+#                                   decode steps at batch 1, 16 and 64 against the HBM roofline
+#                                   (TestGPUTruncatedFigures, on the same weights), then prefill
+#                                   and decode tokens/s at batch 1, 16 and 64 through the engine
+#                                   (`resin bench model --device cuda`). Apart from the main check;
+#                                   allow about 10 minutes (not yet run on a GPU machine).
 #
 # Libraries: libcuda from the driver; NVRTC, cuBLASLt and NCCL from the CUDA toolkit or
 # NVIDIA's Python wheels (found automatically; RESIN_CUDA_LIB_DIR or RESIN_NVRTC_LIB
@@ -277,9 +279,9 @@ v4Only() {
 		-test.run '^TestParity' -test.v -test.count=1 -test.timeout=290s </dev/null) || failed=1
 	(cd models/deepseek-v4-flash && RESIN_GPU=1 timeout 300 "$bin/models_deepseek-v4-flash.test" \
 		-test.run '^TestGPUForward$' -test.v -test.count=1 -test.timeout=290s </dev/null) || failed=1
-	echo; echo "== deepseek-v4-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU)"
-	(cd models/deepseek-v4-flash && RESIN_GPU=1 RESIN_V4_CONFIG=$cfg timeout 400 "$bin/models_deepseek-v4-flash.test" \
-		-test.run '^TestGPUTruncatedMatchesCPU$' -test.v -test.count=1 -test.timeout=390s </dev/null) || failed=1
+	echo; echo "== deepseek-v4-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU), then its figures against the HBM roofline (TestGPUTruncatedFigures)"
+	(cd models/deepseek-v4-flash && RESIN_GPU=1 RESIN_GPU_FIGURES=1 RESIN_V4_CONFIG=$cfg timeout 400 "$bin/models_deepseek-v4-flash.test" \
+		-test.run '^(TestGPUTruncatedMatchesCPU|TestGPUTruncatedFigures)$' -test.v -test.count=1 -test.timeout=390s </dev/null) || failed=1
 	echo; echo "== resin bench model --model deepseek-v4-flash --device cuda (4 layers at real dimensions, random weights)"
 	timeout 400 "$bin/resin" bench model --model deepseek-v4-flash --random-weights "$cfg" --device cuda --cache-bytes 8589934592 \
 		--batch-sizes 1,16,64 --prompt-len 128 --gen-len 16 --repeat 1 --max-batch-tokens 1024 --max-seqs 64 || failed=1
@@ -287,6 +289,7 @@ v4Only() {
 	echo "tests: $(grep -c -- '^--- PASS' "$log") passed, $(grep -c -- '^--- FAIL' "$log") failed, $(grep -c -- '^--- SKIP' "$log") skipped"
 	grep -- '^--- FAIL' "$log"
 	echo "-- parity"; grep -hE '_test.go:[0-9]+: parity' "$log" | sed 's/^.*: parity /  /'
+	echo "-- figures (TestGPUTruncatedFigures: decode steps against the HBM roofline)"; grep -hE 'FIGURE deepseek-v4-flash' "$log" | sed 's/^.*FIGURE /  /'
 	echo "-- figures (resin bench model --device cuda)"; grep -hE '^  batch +[0-9]+ +prefill' "$log"
 	echo "-- wall time: $((SECONDS - start)) s"
 	[ $failed -eq 0 ] && echo "V4 GPU CHECK PASSED" || echo "V4 GPU CHECK FAILED"

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart"
@@ -62,6 +63,24 @@ func TestTruncatedConfig(t *testing.T) {
 	}
 }
 
+// truncatedModel is the model of the config.json at path with seeded random weights (MTP
+// head included) and a context of 1024, built once per test binary: TestGPUTruncatedMatchesCPU
+// and TestGPUTruncatedFigures share its ~22 GB (minutes to build).
+var truncatedModel = func() func(path string) (*Model, error) {
+	var once sync.Once
+	var m *Model
+	var err error
+	return func(path string) (*Model, error) {
+		once.Do(func() {
+			var c *Config
+			if c, err = LoadConfig(filepath.Dir(path)); err == nil {
+				m, err = NewModel(c, RandomWeights(c, 1, true), 1024)
+			}
+		})
+		return m, err
+	}
+}()
+
 // gpuTruncatedLogprobTol is TestGPUTruncatedMatchesCPU's bound: float32 on both sides,
 // but sums of up to 32768 terms in another order than the Go reference's.
 const gpuTruncatedLogprobTol = 1e-3
@@ -78,14 +97,11 @@ func TestGPUTruncatedMatchesCPU(t *testing.T) {
 	if os.Getenv("RESIN_GPU") == "" || path == "" {
 		t.Skip("set RESIN_GPU=1 and RESIN_V4_CONFIG to a config.json (scripts/gpu-check.sh --v4) on a machine with a GPU")
 	}
-	c, err := LoadConfig(filepath.Dir(path))
+	m, err := truncatedModel(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewModel(c, RandomWeights(c, 1, true), 1024)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := m.Config
 	dev, err := cudart.OpenDevice(0)
 	if err != nil {
 		t.Fatalf("RESIN_GPU is set but GPU 0 does not open: %v", err)
