@@ -1,12 +1,15 @@
 package glm5flash
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/kernels/ref"
 	"github.com/resin-llm/resin/core/runnertest"
+	"github.com/resin-llm/resin/core/weights"
 )
 
 // TestLoadFP8Packed: on the module golden stored as GLM-5.3-Flash's FP8 checkpoint ships
@@ -95,4 +98,135 @@ func TestLoadFP8Packed(t *testing.T) {
 		t.Fatalf("LoadTextDType as fp8: packed %+v, want %+v", got, pw)
 	}
 	checkDTypeLogits(t, "packed fp8", ref.DTypeFP8, runSplits(t, r.Model, toks, 20, 1, 1, 2), want, m.Config.VocabSize, dtypeTol[ref.DTypeFP32])
+}
+
+// perExpertFP8Checkpoints writes one random model (tinyTextConfigJSON with 128-wide routed
+// experts, so each expert's gate fills whole 128-row scale blocks) twice as a fine-grained
+// FP8 checkpoint: with per-expert tensors (experts.E.{gate,up,down}_proj.weight, each
+// quantised on its own) and with the fused banks (experts.gate_up_proj [E, 2F, D],
+// experts.down_proj [E, D, F]) quantised from the same values; every MLP projection is
+// FP8, the rest fp32. Since F = 128, a fused gate_up block holds either gate or up rows
+// only, so both store the same bytes and scales.
+func perExpertFP8Checkpoints(t *testing.T) (perExpert, fused string) {
+	t.Helper()
+	cfgJSON := strings.Replace(tinyTextConfigJSON, `"moe_intermediate_size": 16`, `"moe_intermediate_size": 128`, 1)
+	c, err := ParseTextConfig([]byte(cfgJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := RandomTextModel(c, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	E, D, F := c.NRoutedExperts, c.HiddenSize, c.MoEIntermediateSize
+	if F%128 != 0 {
+		t.Fatalf("moe_intermediate_size %d: the fixture needs whole 128-row blocks", F)
+	}
+	names := map[string][]float32{}
+	for i, ly := range m.W.layers {
+		if ly.moe == nil {
+			continue
+		}
+		for e := range E {
+			p := fmt.Sprintf("%slayers.%d.mlp.experts.%d.", TextPrefix, i, e)
+			gu := ly.moe.gateUp[e*2*F*D : (e+1)*2*F*D]
+			names[p+"gate_proj.weight"] = gu[:F*D]
+			names[p+"up_proj.weight"] = gu[F*D:]
+			names[p+"down_proj.weight"] = ly.moe.down[e*D*F : (e+1)*D*F]
+		}
+	}
+	rec := &recordingSource{tensorSource: mapSource{m: names, fallback: randomSource{rand.New(rand.NewPCG(11, 12))}, layers: c.NumHiddenLayers},
+		got: map[string]weights.Tensor{}}
+	if _, _, err := loadTextWeights(rec, c); err != nil || rec.err != nil {
+		t.Fatal(err, rec.err)
+	}
+	per, fu := map[string]weights.Tensor{}, map[string]weights.Tensor{}
+	quant := func(into map[string]weights.Tensor, x weights.Tensor) {
+		q, s := quantizeBlocks(t, x)
+		into[q.Name], into[s.Name] = q, s
+	}
+	for name, x := range rec.got {
+		switch {
+		case strings.Contains(name, ".mlp.") && strings.HasSuffix(name, "_proj.weight"):
+			quant(per, x)
+			if !strings.Contains(name, ".experts.") {
+				quant(fu, x)
+			}
+		default:
+			per[name], fu[name] = x, x
+		}
+	}
+	for i, ly := range m.W.layers {
+		if ly.moe == nil {
+			continue
+		}
+		p := fmt.Sprintf("%slayers.%d.mlp.experts.", TextPrefix, i)
+		gu, err := weights.NewTensor(p+"gate_up_proj", weights.F32, []int{E, 2 * F, D}, ly.moe.gateUp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dn, err := weights.NewTensor(p+"down_proj", weights.F32, []int{E, D, F}, ly.moe.down)
+		if err != nil {
+			t.Fatal(err)
+		}
+		quant(fu, gu)
+		quant(fu, dn)
+	}
+	qcfg := []byte(strings.Replace(cfgJSON, `"architectures"`, `"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}, "architectures"`, 1))
+	return writeCheckpoint(t, per, qcfg), writeCheckpoint(t, fu, qcfg)
+}
+
+// TestLoadFP8PackedPerExpert: --dtype fp8 on a checkpoint whose routed experts are stored
+// per expert in FP8 (perExpertFP8Checkpoints) holds every expert's gate and up stacked
+// into one FP8 weight (packedExperts' per-expert path) and its down as stored: every
+// routed expert is held FP8, the packed weights count and weigh what the fused banks of
+// the same bytes give, the logits equal the fused checkpoint's bit for bit (gate and up
+// stacked in the fused order, each expert its own) and stay within the fp32 parity bound
+// of the dequantised fp32 model on the same checkpoint.
+func TestLoadFP8PackedPerExpert(t *testing.T) {
+	perDir, fusedDir := perExpertFP8Checkpoints(t)
+	want32, err := LoadText(perDir, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	per, err := LoadTextDType(perDir, 0, 0, ref.DTypeFP8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fused, err := LoadTextDType(fusedDir, 0, 0, ref.DTypeFP8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := per.Model.Config
+	if per.Model.W.layers[1].moe.perExpert == "" {
+		t.Fatal("the per-expert checkpoint did not load as per-expert tensors")
+	}
+	experts := 0
+	for _, ly := range per.Model.W.layers {
+		if e := ly.moe; e != nil {
+			for _, f := range []*[]float32{&e.gateUp, &e.down} {
+				qs := per.Model.held.experts[f]
+				if len(qs) != c.NRoutedExperts {
+					t.Fatalf("%d experts held, want %d", len(qs), c.NRoutedExperts)
+				}
+				for x, q := range qs {
+					if q.DType != ref.DTypeFP8 {
+						t.Fatalf("expert %d held in %s, want fp8 as stored", x, q.DType)
+					}
+					experts++
+				}
+			}
+		}
+	}
+	pp, pf := per.Model.PackedWeights(), fused.Model.PackedWeights()
+	t.Logf("per-expert: %d FP8 weights (%d routed), %d bytes against %d in fp32; fused: %+v", pp.FP8, experts, pp.Bytes, pp.FP32Bytes, pf)
+	if pp != pf || pp.FP8 < experts {
+		t.Fatalf("per-expert packed %+v, fused %+v (%d routed experts' weights)", pp, pf, experts)
+	}
+	toks := runnertest.Prompt(24, c.VocabSize, 5)
+	got := runSplits(t, per.Model, toks, 20, 1, 1, 2)
+	if d, at := runnertest.MaxAbsDiff(got, runSplits(t, fused.Model, toks, 20, 1, 1, 2)); d != 0 {
+		t.Fatalf("per-expert FP8 logits differ from the fused banks' by %g at %d", d, at)
+	}
+	checkDTypeLogits(t, "per-expert fp8", ref.DTypeFP8, got, runSplits(t, want32.Model, toks, 20, 1, 1, 2), c.VocabSize, dtypeTol[ref.DTypeFP32])
 }
