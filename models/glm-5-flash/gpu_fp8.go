@@ -18,13 +18,15 @@ import (
 // models/deepseek-v4-flash runs. Which linears: the MLA projections q_a, q_b, kv_a and o
 // and the indexer's wq_b and wk (gpuDSA), the dense MLPs and shared experts (gate and up
 // stacked when the gate fills whole 128-row blocks, else both dequantised), each routed
-// expert's gate_up and down (a fused bank or per-expert tensors; one linear an expert over
-// the masked layout, as the bf16 path) and lm_head. The rest is uploaded from the
-// dequantised float32 values (Model's): kv_b (absorbed into the sparse MLA kernel),
-// weights_proj (scaled by N^-½ in its GEMM), the KPool gate, the router, the mHC mixes
-// and the whole MTP layer; the KDA projections follow GPUOptions.KDAWeights (OpenGPU sets
-// bf16 when the checkpoint ships them so). No float32 copy of an FP8 linear goes to the
-// device.
+// expert's gate_up and down (a fused bank or per-expert tensors, laid out as one bank of
+// every expert and run grouped over the masked layout by Linears.Experts: one activation
+// quantisation and one launch a bank, the layout's counts read on the device, so graphs
+// capture it), lm_head, and the same linears of the MTP layer (with its eh_proj and own
+// head when FP8). The rest is uploaded from the dequantised float32 values (Model's):
+// kv_b (absorbed into the sparse MLA kernel), weights_proj (scaled by N^-½ in its GEMM),
+// the KPool gate, the router and the mHC mixes; the KDA projections follow
+// GPUOptions.KDAWeights (OpenGPU sets bf16 when the checkpoint ships them so). No float32
+// copy of an FP8 linear goes to the device.
 
 // gpuFP8 reads a checkpoint's FP8 linears as stored.
 type gpuFP8 struct {
@@ -96,7 +98,7 @@ func (g *gpuModel) fp8Linear(c *cudart.Ctx, w gpurunner.PackedFP8) (*gpurunner.L
 		return nil, fmt.Errorf("gpu: fp8 weights: %w", err)
 	}
 	g.linears = append(g.linears, l)
-	g.fp8Count++
+	g.fp8Count += l.Experts // a bank counts its experts
 	return l, nil
 }
 
@@ -134,58 +136,118 @@ func (g *gpuModel) fp8MLP(c *cudart.Ctx, pk *gpuFP8, prefix string, d, width int
 	return gateUp, down, err
 }
 
-// fp8Experts uploads the routed experts under prefix ("…mlp.") in FP8, one linear an
-// expert: gate_up [2F, D] and down [D, F] from the fused banks (experts.gate_up_proj,
-// experts.down_proj) or the per-expert tensors (gate and up stacked, as fp8MLP). A slice is
-// nil when its experts are not all FP8 (or, per expert, their gate ends mid-block).
-func (g *gpuModel) fp8Experts(c *cudart.Ctx, pk *gpuFP8, prefix string) (gateUp, down []*gpurunner.Linear, err error) {
-	cfg := g.m.Config
-	E, D, F := cfg.NRoutedExperts, cfg.HiddenSize, cfg.MoEIntermediateSize
-	bank := func(name string, out, in int) ([]*gpurunner.Linear, error) {
-		if !pk.stored(name) {
-			return nil, nil
-		}
-		b, err := pk.r.ReadFP8Bank(name, E, out, in)
-		pk.reads++
-		if err != nil {
-			return nil, err
-		}
-		ls := make([]*gpurunner.Linear, E)
-		for e := range E {
-			w, err := b.Expert(e)
-			if err == nil {
-				ls[e], err = g.fp8Linear(c, w)
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		return ls, nil
+// fp8Experts uploads e's routed experts under prefix ("…mlp.") as the checkpoint stores
+// them, when every expert of a part is FP8: gate_up [E, 2F, D] and down [E, D, F] from the
+// fused banks (experts.gate_up_proj, experts.down_proj) or the per-expert tensors (each
+// expert's gate and up stacked by gpurunner.StackFP8, which needs the gate to fill whole
+// 128-row blocks, then the experts laid end to end as a bank). Each part goes up as one
+// bank run grouped over the masked layout (e.gateUpBank, e.downBank), or with perExpert
+// one linear an expert (e.gateUpL, e.downL); a part not all FP8 stays unset (nothing of
+// it uploaded) and runs from the dequantised values.
+func (g *gpuModel) fp8Experts(c *cudart.Ctx, pk *gpuFP8, e *gpuMoE, prefix string, perExpert bool) error {
+	gateUp, down, err := readFP8Experts(pk, g.m.Config, prefix)
+	if err != nil {
+		return err
 	}
+	put := func(b *gpurunner.PackedFP8, bank **gpurunner.Linear, ls *[]*gpurunner.Linear) error {
+		if b == nil {
+			return nil
+		}
+		if !perExpert {
+			l, err := g.fp8Linear(c, *b)
+			*bank, g.banks = l, g.banks || err == nil
+			return err
+		}
+		for x := range b.Experts {
+			w, err := b.Expert(x)
+			if err != nil {
+				return err
+			}
+			l, err := g.fp8Linear(c, w)
+			if err != nil {
+				return err
+			}
+			*ls = append(*ls, l)
+		}
+		return nil
+	}
+	if err := put(gateUp, &e.gateUpBank, &e.gateUpL); err != nil {
+		return err
+	}
+	return put(down, &e.downBank, &e.downL)
+}
+
+// readFP8Experts reads the routed experts under prefix as banks of cfg's experts (see
+// fp8Experts); a part is nil when not every expert of it is stored FP8 (or a gate ends
+// mid-block).
+func readFP8Experts(pk *gpuFP8, cfg *TextConfig, prefix string) (gateUp, down *gpurunner.PackedFP8, err error) {
+	E, D, F := cfg.NRoutedExperts, cfg.HiddenSize, cfg.MoEIntermediateSize
 	if _, ok := pk.r.Stored(prefix + "experts.gate_up_proj"); ok {
+		bank := func(name string, out, in int) (*gpurunner.PackedFP8, error) {
+			if !pk.stored(name) {
+				return nil, nil
+			}
+			b, err := pk.r.ReadFP8Bank(name, E, out, in)
+			pk.reads++
+			return &b, err
+		}
 		if gateUp, err = bank(prefix+"experts.gate_up_proj", 2*F, D); err == nil {
 			down, err = bank(prefix+"experts.down_proj", D, F)
 		}
 		return gateUp, down, err
 	}
-	var gu, dn []*gpurunner.Linear
-	for e := range E {
-		ep := fmt.Sprintf("%sexperts.%d.", prefix, e)
-		a, b, err := g.fp8MLP(c, pk, ep, D, F)
+	var gus, dns []gpurunner.PackedFP8
+	for x := range E {
+		ep := fmt.Sprintf("%sexperts.%d.", prefix, x)
+		gate, okG, err := pk.read(ep+"gate_proj.weight", F, D)
 		if err != nil {
 			return nil, nil, err
 		}
-		gu, dn = append(gu, a), append(dn, b)
+		up, okU, err := pk.read(ep+"up_proj.weight", F, D)
+		if err != nil {
+			return nil, nil, err
+		}
+		if okG && okU && F%128 == 0 && len(gus) == x {
+			s, err := gpurunner.StackFP8(gate, up)
+			if err != nil {
+				return nil, nil, err
+			}
+			gus = append(gus, s)
+		}
+		dn, ok, err := pk.read(ep+"down_proj.weight", D, F)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok && len(dns) == x {
+			dns = append(dns, dn)
+		}
 	}
-	// Mixed storage (some experts FP8, some not) runs every expert dequantised; the FP8
-	// ones uploaded stay unused until close.
-	if !slices.Contains(gu, nil) {
-		gateUp = gu
+	if len(gus) == E {
+		if gateUp, err = bankFP8(gus); err != nil {
+			return nil, nil, err
+		}
 	}
-	if !slices.Contains(dn, nil) {
-		down = dn
+	if len(dns) == E {
+		down, err = bankFP8(dns)
 	}
-	return gateUp, down, nil
+	return gateUp, down, err
+}
+
+// bankFP8 lays FP8 weights of one shape end to end as a bank of len(ws) experts (the
+// fused experts tensor's layout: PackedFP8.Expert takes them apart again).
+func bankFP8(ws []gpurunner.PackedFP8) (*gpurunner.PackedFP8, error) {
+	b := &gpurunner.PackedFP8{Out: ws[0].Out, In: ws[0].In, Experts: len(ws)}
+	for i, w := range ws {
+		if err := w.Check(); err != nil {
+			return nil, fmt.Errorf("bank expert %d: %w", i, err)
+		}
+		if w.Out != b.Out || w.In != b.In || w.Experts > 1 {
+			return nil, fmt.Errorf("bank expert %d is %d × [%d, %d], want one [%d, %d]", i, max(w.Experts, 1), w.Out, w.In, b.Out, b.In)
+		}
+		b.W = append(b.W, w.W...)
+		b.Scale = append(b.Scale, w.Scale...)
+	}
+	return b, nil
 }
 
 // fp8Stored counts the checkpoint's F8_E4M3 tensors (the MTP layer's included).
@@ -212,11 +274,11 @@ func (g *gpuModel) describeFP8() string {
 	for _, l := range g.linears {
 		if l.DType == gpurunner.LinearFP8Block {
 			bytes += l.Bytes()
-			f32 += 4 * int64(l.Out) * int64(l.In)
+			f32 += 4 * int64(l.Out) * int64(l.In) * int64(l.Experts)
 		}
 	}
 	path, why := g.lin.FP8Path()
-	return fmt.Sprintf("fp8-block128: %d linears packed, %.1f MiB on the device (%.1f MiB in float32), %v (%s); %d of the checkpoint's %d FP8 tensors dequantised (kv_b, weights_proj, the MTP layer, unstackable gate/up)",
+	return fmt.Sprintf("fp8-block128: %d linears packed, %.1f MiB on the device (%.1f MiB in float32), %v (%s); %d of the checkpoint's %d FP8 tensors dequantised (kv_b, weights_proj, unstackable gate/up; the MTP layer's without drafts)",
 		g.fp8Count, float64(bytes)/(1<<20), float64(f32)/(1<<20), path, why, g.fp8Stored-g.fp8Read, g.fp8Stored)
 }
 
@@ -249,7 +311,7 @@ func shippedKDAType(dir string, c *TextConfig) cudart.DType {
 // dequantised instead).
 func (r *GPURunner) Describe() string {
 	g := r.g
-	s := fmt.Sprintf("KDA projections %v; MLPs, experts and lm_head %v; MLA, router, mHC and MTP f32", g.kda.wt, r.opts.Weights)
+	s := fmt.Sprintf("KDA projections %v; MLPs, experts and lm_head %v (the MTP layer's eh_proj, MoE and head too); MLA, router and mHC f32", g.kda.wt, r.opts.Weights)
 	if f := g.describeFP8(); f != "" {
 		s += "; " + f
 	}

@@ -174,7 +174,7 @@ func fp8Linears(t *testing.T, kit *gpuTestKit, path gpurunner.FP8Path) {
 		t.Fatal(err)
 	}
 	m := cpu.Model
-	gr, err := NewGPURunner(m, kit.dev, kit.cache, 1, 16, 4, 0, GPUOptions{Checkpoint: dir, FP8: path})
+	gr, err := NewGPURunner(m, kit.dev, kit.cache, 1, 16, 4, 0, GPUOptions{Checkpoint: dir, FP8: path, perExpertFP8: true})
 	if err != nil {
 		t.Fatal(err)
 	}

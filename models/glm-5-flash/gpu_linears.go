@@ -12,9 +12,10 @@ import (
 // Linears: each weight rounded to bf16 (nearest even) and uploaded with UploadBF16, the
 // activation cast to bf16 by Linears.Forward, fp32 accumulation and output. The routed
 // experts are one bf16 linear each, run over their blocks of the masked layout as the
-// fp32 path runs them (Linears runs only MXFP4 and FP8 banks as one). The router, the
-// mHC mixes, the MLA projections (gpuDSA) and the MTP layer stay fp32; the KDA projections
-// follow GPUOptions.KDAWeights.
+// fp32 path runs them (Linears runs only MXFP4 and FP8 banks as one). The MTP layer's
+// eh_proj, MoE and own head (if any) follow the same choice. The router, the mHC mixes and
+// the MLA projections (gpuDSA, the MTP layer's too) stay fp32; the KDA projections follow
+// GPUOptions.KDAWeights.
 
 // newLinears makes the model's Linears for steps of rows rows and inputs up to maxIn, the
 // FP8 linears (gpu_fp8.go) on path (gpurunner.FP8Auto: cuBLASLt where dev has it).
@@ -60,5 +61,9 @@ func (g *gpuModel) closeLinears(c *cudart.Ctx) {
 	if g.lin != nil {
 		g.lin.Close(c)
 		g.lin = nil
+	}
+	if g.elin != nil {
+		g.elin.Close(c)
+		g.elin = nil
 	}
 }

@@ -72,6 +72,10 @@ type gpuModel struct {
 	// the checkpoint's FP8 tensors and how many of them were read packed, or why none.
 	fp8Count, fp8Stored, fp8Read int
 	fp8Why                       string
+	// With FP8 expert banks (banks): the Linears whose scratch quantises every expert's
+	// block of the masked layout (E·workRows rows).
+	banks bool
+	elin  *gpurunner.Linears
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -103,7 +107,8 @@ type gpuMLP struct {
 type gpuMoE struct {
 	router, bias, gateUp, down cudart.DevicePtr
 	shared                     gpuMLP
-	gateUpL, downL             []*gpurunner.Linear // each expert's, with bf16 weights
+	gateUpL, downL             []*gpurunner.Linear // each expert's, with bf16 weights (or FP8 ones, GPUOptions.perExpertFP8)
+	gateUpBank, downBank       *gpurunner.Linear   // FP8 banks of every expert ([E, 2F, D], [E, D, F]), run grouped
 }
 
 // gpuLayer is one decoder layer on the device: weights and the slots' state pools.
@@ -194,6 +199,9 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	if bf16 || pk != nil {
 		widest := max(cfg.HiddenSize, cfg.IntermediateSize, cfg.MoEIntermediateSize*max(1, cfg.NSharedExperts),
 			cfg.QLoraRank, cfg.NumAttentionHeads*cfg.VHeadDim)
+		if maxDrafts > 0 {
+			widest = max(widest, 2*cfg.HiddenSize) // the MTP layer's eh_proj
+		}
 		if err = g.newLinears(c, dev, g.workRows(), widest, opts.FP8); err != nil {
 			return nil, err
 		}
@@ -218,28 +226,6 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 				err = c.Memset(*dst, 0, int64(4*max(n, 1)))
 			}
 		}
-	}
-	// mlp uploads an MLP: its FP8 linears as stored (prefix names them in the checkpoint),
-	// the others in bf16 or fp32.
-	mlp := func(w *mlpWeights, prefix string) gpuMLP {
-		p := gpuMLP{width: w.width}
-		if err == nil && pk != nil {
-			p.gateUpL, p.downL, err = g.fp8MLP(c, pk, prefix, D, w.width)
-		}
-		if p.gateUpL == nil {
-			gu := append(append([]float32(nil), w.gate...), w.up...)
-			up(&p.gateUp, gu)
-			if bf16 && err == nil {
-				p.gateUpL, err = g.bf16Linear(c, gu, 2*w.width, D)
-			}
-		}
-		if p.downL == nil {
-			up(&p.down, w.down)
-			if bf16 && err == nil {
-				p.downL, err = g.bf16Linear(c, w.down, D, w.width)
-			}
-		}
-		return p
 	}
 	W := m.W
 	up(&g.embed, W.embed)
@@ -295,47 +281,34 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 			}
 		}
 		if l.dense != nil {
-			d := mlp(l.dense, lp+"mlp.")
-			gl.dense, width = &d, max(width, d.width)
-		} else {
-			e := &gpuMoE{shared: mlp(&l.moe.shared, lp+"mlp.shared_experts.")}
-			up(&e.router, l.moe.router)
-			up(&e.bias, l.moe.bias)
-			if err == nil && pk != nil {
-				e.gateUpL, e.downL, err = g.fp8Experts(c, pk, lp+"mlp.")
+			var d gpuMLP
+			if d, err = g.uploadMLP(c, pk, l.dense, lp+"mlp.", bf16); err == nil {
+				gl.dense, width = &d, max(width, d.width)
 			}
-			gl.moe, width = e, max(width, e.shared.width)
-			F := cfg.MoEIntermediateSize
-			if e.gateUpL == nil {
-				up(&e.gateUp, l.moe.gateUp)
-				for ex := 0; bf16 && err == nil && ex < E; ex++ {
-					var gu *gpurunner.Linear
-					gu, err = g.bf16Linear(c, l.moe.gateUp[ex*2*F*D:(ex+1)*2*F*D], 2*F, D)
-					e.gateUpL = append(e.gateUpL, gu)
-				}
-			}
-			if e.downL == nil {
-				up(&e.down, l.moe.down)
-				for ex := 0; bf16 && err == nil && ex < E; ex++ {
-					var dn *gpurunner.Linear
-					dn, err = g.bf16Linear(c, l.moe.down[ex*D*F:(ex+1)*D*F], D, F)
-					e.downL = append(e.downL, dn)
-				}
-			}
+		} else if gl.moe, err = g.uploadMoE(c, pk, l.moe, lp+"mlp.", bf16, opts.perExpertFP8); err == nil {
+			width = max(width, gl.moe.shared.width)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gpu: layer %d: %w", li, err)
 		}
 		g.layers = append(g.layers, gl)
 	}
-	if pk != nil {
-		g.fp8Read = pk.reads
-	}
 	if maxDrafts > 0 {
-		if err = g.uploadMTP(c); err != nil {
+		if err = g.uploadMTP(c, pk, bf16, opts.perExpertFP8); err != nil {
 			return nil, err
 		}
 		width = max(width, g.mtp.moe.shared.width)
+	}
+	if pk != nil {
+		g.fp8Read = pk.reads
+	}
+	if g.banks {
+		// The FP8 banks' own scratch: every expert's block of the masked layout quantised.
+		g.elin, err = gpurunner.NewLinears(c, dev, g.blas, g.kk, gpurunner.LinearOptions{MaxRows: E * g.workRows(),
+			MaxIn: max(D, cfg.MoEIntermediateSize), FP8: opts.FP8})
+		if err != nil {
+			return nil, fmt.Errorf("gpu: fp8 expert banks: %w", err)
+		}
 	}
 	// The workspace's rows: a step's, and with drafts the MTP layer's (a step's and one
 	// more a sequence).
@@ -360,6 +333,84 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		}
 	}
 	return g, nil
+}
+
+// uploadMLP uploads an MLP: its FP8 linears as stored (prefix names them in pk's
+// checkpoint), the others in bf16 (bf16) or fp32.
+func (g *gpuModel) uploadMLP(c *cudart.Ctx, pk *gpuFP8, w *mlpWeights, prefix string, bf16 bool) (p gpuMLP, err error) {
+	D := g.m.Config.HiddenSize
+	p.width = w.width
+	if pk != nil {
+		if p.gateUpL, p.downL, err = g.fp8MLP(c, pk, prefix, D, w.width); err != nil {
+			return p, err
+		}
+	}
+	if p.gateUpL == nil {
+		gu := append(append([]float32(nil), w.gate...), w.up...)
+		if p.gateUp, err = g.upload(c, gu); err == nil && bf16 {
+			p.gateUpL, err = g.bf16Linear(c, gu, 2*w.width, D)
+		}
+		if err != nil {
+			return p, err
+		}
+	}
+	if p.downL == nil {
+		if p.down, err = g.upload(c, w.down); err == nil && bf16 {
+			p.downL, err = g.bf16Linear(c, w.down, D, w.width)
+		}
+	}
+	return p, err
+}
+
+// uploadMoE uploads a sparse layer under prefix ("…mlp."): the router and its bias in
+// fp32, the shared experts as uploadMLP, and the routed experts as pk's checkpoint stores
+// them when all are FP8 (one bank for gate_up and one for down, run grouped over the
+// masked layout; perExpert: one linear an expert, the first cut kept to check the banks
+// against), else in bf16 (bf16, one linear an expert) or fp32.
+func (g *gpuModel) uploadMoE(c *cudart.Ctx, pk *gpuFP8, w *moeWeights, prefix string, bf16, perExpert bool) (*gpuMoE, error) {
+	cfg := g.m.Config
+	E, D, F := cfg.NRoutedExperts, cfg.HiddenSize, cfg.MoEIntermediateSize
+	e := &gpuMoE{}
+	var err error
+	if e.shared, err = g.uploadMLP(c, pk, &w.shared, prefix+"shared_experts.", bf16); err != nil {
+		return nil, err
+	}
+	if e.router, err = g.upload(c, w.router); err != nil {
+		return nil, err
+	}
+	if e.bias, err = g.upload(c, w.bias); err != nil {
+		return nil, err
+	}
+	if pk != nil {
+		if err = g.fp8Experts(c, pk, e, prefix, perExpert); err != nil {
+			return nil, err
+		}
+	}
+	if e.gateUpL == nil && e.gateUpBank == nil {
+		if e.gateUp, err = g.upload(c, w.gateUp); err != nil {
+			return nil, err
+		}
+		for ex := 0; bf16 && ex < E; ex++ {
+			gu, err := g.bf16Linear(c, w.gateUp[ex*2*F*D:(ex+1)*2*F*D], 2*F, D)
+			if err != nil {
+				return nil, err
+			}
+			e.gateUpL = append(e.gateUpL, gu)
+		}
+	}
+	if e.downL == nil && e.downBank == nil {
+		if e.down, err = g.upload(c, w.down); err != nil {
+			return nil, err
+		}
+		for ex := 0; bf16 && ex < E; ex++ {
+			dn, err := g.bf16Linear(c, w.down[ex*D*F:(ex+1)*D*F], D, F)
+			if err != nil {
+				return nil, err
+			}
+			e.downL = append(e.downL, dn)
+		}
+	}
+	return e, nil
 }
 
 // workRows is the rows the workspace holds: a step's, and with drafts the MTP layer's.
@@ -632,23 +683,36 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.kk.MoEGather(c, g.s, m, w.xe, x); err != nil {
 		return err
 	}
-	for ex := range E {
-		if err := g.linear(c, expert(e.gateUpL, ex), off(w.egu, ex*n*2*F), off(w.xe, ex*n*D), off(e.gateUp, ex*2*F*D), n, D, 2*F); err != nil {
-			return err
-		}
+	if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, n, D, 2*F); err != nil {
+		return err
 	}
 	if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, E*n, F, limit); err != nil {
 		return err
 	}
-	for ex := range E {
-		if err := g.linear(c, expert(e.downL, ex), off(w.ye, ex*n*D), off(w.eact, ex*n*F), off(e.down, ex*D*F), n, F, D); err != nil {
-			return err
-		}
+	if err := g.experts(c, e.downBank, e.downL, e.down, w.ye, w.eact, n, F, D); err != nil {
+		return err
 	}
 	if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
 		return err
 	}
 	return g.kk.MoECombine(c, g.s, m, out, w.ye, w.share)
+}
+
+// experts computes ye [E, n, out] from xe [E, n, in] (the masked layout, every expert's
+// block n rows): an FP8 bank grouped over the experts in one quantisation and one launch,
+// reading the layout's counts on the device (rows past an expert's count come out zero),
+// else one linear an expert over its whole block (ls, or the fp32 bank w), whose rows past
+// the count are the gather's zeros.
+func (g *gpuModel) experts(c *cudart.Ctx, bank *gpurunner.Linear, ls []*gpurunner.Linear, w, ye, xe cudart.DevicePtr, n, in, out int) error {
+	if bank != nil {
+		return g.elin.Experts(c, g.s, bank, ye, xe, g.w.counts, n)
+	}
+	for ex := range g.m.Config.NRoutedExperts {
+		if err := g.linear(c, expert(ls, ex), off(ye, ex*n*out), off(xe, ex*n*in), off(w, ex*out*in), n, in, out); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // expert is ls[ex], nil where ls is (fp32 experts).

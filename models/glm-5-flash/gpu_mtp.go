@@ -5,22 +5,29 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
 // gpuMTP is the MTP layer on the device (TextModel.MTPForward step for step): its weights,
 // its attention state by position in each sequence slot (gpuDSA's layout; the pages hold
-// row p at slot p+1, see textLayout), and its workspace for up to rows rows a call.
+// row p at slot p+1, see textLayout), and its workspace for up to rows rows a call. Its
+// weights follow the run's as the decoder layers' do: eh_proj, the MoE's shared and routed
+// experts and its own head (if not lm_head) in bf16 with GPUOptions.Weights bf16, each
+// linear the checkpoint stores FP8 as stored (GPUOptions.Checkpoint; the MLA projections,
+// the experts as banks), the router, norms and kv_b / weights_proj / KPool gate in fp32.
 type gpuMTP struct {
-	eNorm, hNorm, ehE, ehH, inNorm, postNorm, norm, head cudart.DevicePtr // eh_proj split: [D, D] on enorm(embed), on hnorm(hidden)
-	mla                                                  *gpuDSALayer
-	moe                                                  *gpuMoE
-	pools                                                gpuDSAState // [slots, ...] as a decoder layer's
+	eNorm, hNorm, eh, inNorm, postNorm, norm, head cudart.DevicePtr  // eh_proj [D, 2D] on [enorm(embed); hnorm(hidden)]
+	ehL, headL                                     *gpurunner.Linear // bf16 or FP8 (nil: fp32 at eh, head)
+	mla                                            *gpuDSALayer
+	moe                                            *gpuMoE
+	pools                                          gpuDSAState // [slots, ...] as a decoder layer's
 	// Workspace: ids [rows], e, h (hnorm'd input hidden), x (the layer's output), a
-	// [rows, D]; y [slots, D] and logits [slots, V], the drafting rows'.
-	ids, e, h, x, a, y, logits cudart.DevicePtr
-	rows                       int
+	// [rows, D]; in [rows, 2D] (eh_proj's input); y [slots, D] and logits [slots, V], the
+	// drafting rows'.
+	ids, e, h, x, a, in, y, logits cudart.DevicePtr
+	rows                           int
 }
 
 // mtpChunk is one sequence's rows for gpuMTP.forward: the positions Pos0.., each row's
@@ -34,32 +41,50 @@ type mtpChunk struct {
 	Draft  bool
 }
 
-// uploadMTP uploads the MTP layer of m (freed with the model).
-func (g *gpuModel) uploadMTP(c *cudart.Ctx) (err error) {
+// uploadMTP uploads the MTP layer of m (freed with the model): its linears FP8 where pk's
+// checkpoint stores them so, else bf16 (bf16) or fp32, as the decoder layers'.
+func (g *gpuModel) uploadMTP(c *cudart.Ctx, pk *gpuFP8, bf16, perExpert bool) (err error) {
 	cfg, mt := g.m.Config, g.m.W.mtp
 	D := cfg.HiddenSize
 	p := &gpuMTP{rows: g.workRows()}
+	// The layer's names in the checkpoint (either of the MTP layer's prefixes).
+	prefix := mtpPrefixes(cfg.NumHiddenLayers)[0]
+	if pk != nil {
+		for _, q := range mtpPrefixes(cfg.NumHiddenLayers) {
+			if _, ok := pk.r.Stored(q + "eh_proj.weight"); ok {
+				prefix = q
+			}
+		}
+	}
 	up := func(dst *cudart.DevicePtr, v []float32) {
 		if err == nil {
 			*dst, err = g.upload(c, v)
 		}
 	}
-	ehE, ehH := make([]float32, D*D), make([]float32, D*D)
-	for r := range D {
-		copy(ehE[r*D:], mt.ehProj[r*2*D:r*2*D+D])
-		copy(ehH[r*D:], mt.ehProj[r*2*D+D:(r+1)*2*D])
-	}
 	for _, t := range []struct {
 		dst *cudart.DevicePtr
 		v   []float32
-	}{{&p.eNorm, mt.eNorm}, {&p.hNorm, mt.hNorm}, {&p.ehE, ehE}, {&p.ehH, ehH}, {&p.inNorm, mt.inNorm},
-		{&p.postNorm, mt.postNorm}, {&p.norm, mt.norm}} {
+	}{{&p.eNorm, mt.eNorm}, {&p.hNorm, mt.hNorm}, {&p.inNorm, mt.inNorm}, {&p.postNorm, mt.postNorm}, {&p.norm, mt.norm}} {
 		up(t.dst, t.v)
 	}
+	// linear uploads w [out, in] (tensor name): FP8 as stored, else bf16 or fp32.
+	linear := func(dst *cudart.DevicePtr, l **gpurunner.Linear, w []float32, name string, out, in int) {
+		if err == nil && pk != nil {
+			*l, err = g.fp8Tensor(c, pk, name, out, in)
+		}
+		if err != nil || *l != nil {
+			return
+		}
+		up(dst, w)
+		if bf16 && err == nil {
+			*l, err = g.bf16Linear(c, w, out, in)
+		}
+	}
+	linear(&p.eh, &p.ehL, mt.ehProj, prefix+"eh_proj.weight", D, 2*D)
 	if len(mt.head) > 0 && len(g.m.W.lmHead) > 0 && &mt.head[0] == &g.m.W.lmHead[0] {
-		p.head = g.head
+		p.head, p.headL = g.head, g.headL
 	} else {
-		up(&p.head, mt.head)
+		linear(&p.head, &p.headL, mt.head, prefix+"shared_head.head.weight", cfg.VocabSize, D)
 	}
 	if err != nil {
 		return fmt.Errorf("gpu: mtp: %w", err)
@@ -67,25 +92,25 @@ func (g *gpuModel) uploadMTP(c *cudart.Ctx) (err error) {
 	if mt.mla.idx == nil {
 		return fmt.Errorf("gpu: mtp: the MTP layer's attention has no indexer of its own")
 	}
-	if p.mla, err = g.dsa.upload(c, mt.mla, nil); err != nil {
+	var fp8 func(string, int, int) (*gpurunner.Linear, error)
+	if pk != nil {
+		fp8 = func(module string, out, in int) (*gpurunner.Linear, error) {
+			return g.fp8Tensor(c, pk, prefix+"self_attn."+module+".weight", out, in)
+		}
+	}
+	if p.mla, err = g.dsa.upload(c, mt.mla, fp8); err != nil {
 		return fmt.Errorf("gpu: mtp: %w", err)
 	}
-	e := &gpuMoE{}
-	up(&e.shared.gateUp, append(append([]float32(nil), mt.moe.shared.gate...), mt.moe.shared.up...))
-	up(&e.shared.down, mt.moe.shared.down)
-	e.shared.width = mt.moe.shared.width
-	up(&e.router, mt.moe.router)
-	up(&e.bias, mt.moe.bias)
-	up(&e.gateUp, mt.moe.gateUp)
-	up(&e.down, mt.moe.down)
-	p.moe = e
+	if p.moe, err = g.uploadMoE(c, pk, mt.moe, prefix+"mlp.", bf16, perExpert); err != nil {
+		return fmt.Errorf("gpu: mtp mlp: %w", err)
+	}
 	R, I, P := cfg.KVLoraRank, cfg.IndexHeadDim, cfg.IndexKPool
 	for _, b := range []struct {
 		dst *cudart.DevicePtr
 		n   int
 	}{{&p.pools.Latent, g.slots * g.maxPos * R}, {&p.pools.IdxKey, g.slots * g.maxPos * I}, {&p.pools.IdxGate, g.slots * g.maxPos * I},
 		{&p.pools.Pools, g.slots * (g.maxPos / P) * I}, {&p.ids, p.rows}, {&p.e, p.rows * D}, {&p.h, p.rows * D}, {&p.x, p.rows * D},
-		{&p.a, p.rows * D}, {&p.y, g.slots * D}, {&p.logits, g.slots * cfg.VocabSize}} {
+		{&p.a, p.rows * D}, {&p.in, p.rows * 2 * D}, {&p.y, g.slots * D}, {&p.logits, g.slots * cfg.VocabSize}} {
 		if err == nil {
 			*b.dst, err = g.alloc(c, b.n)
 		}
@@ -160,11 +185,13 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, erro
 	if err := g.kk.RMSNorm(c, nil, p.h, p.h, p.hNorm, T, D, eps); err != nil {
 		return nil, err
 	}
-	if err := g.gemm(c, p.x, p.e, p.ehE, T, D, D); err != nil {
-		return nil, err
+	// eh_proj over [enorm(e) | hnorm(h)], each row's two halves laid side by side.
+	for i, src := range []cudart.DevicePtr{p.e, p.h} {
+		if err := c.CopyDtoD2DAsync(off(p.in, i*D), int64(8*D), src, int64(4*D), int64(4*D), int64(T), nil); err != nil {
+			return nil, err
+		}
 	}
-	if err := g.blas.Gemm(c, nil, cudart.GemmSpec{M: T, N: D, K: D, TransB: true, AType: cudart.F32, BType: cudart.F32,
-		OutType: cudart.F32, Alpha: 1, Beta: 1}, p.h, p.ehH, p.x, p.x); err != nil {
+	if err := g.linear(c, p.ehL, p.x, p.in, p.eh, T, 2*D, D); err != nil {
 		return nil, err
 	}
 	if err := g.kk.RMSNorm(c, nil, p.a, p.x, p.inNorm, T, D, eps); err != nil {
@@ -202,7 +229,7 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, erro
 	if nd == 0 {
 		return nil, nil
 	}
-	if err := g.gemm(c, p.logits, p.y, p.head, nd, D, V); err != nil {
+	if err := g.linear(c, p.headL, p.logits, p.y, p.head, nd, D, V); err != nil {
 		return nil, err
 	}
 	if err := c.Synchronize(); err != nil {

@@ -62,8 +62,9 @@ type GPUOptions struct {
 	KDAWeights cudart.DType
 	// Weights is the MLPs', the shared and routed experts' and lm_head's weight type:
 	// cudart.F32 (the zero value) or cudart.BF16 through core/gpurunner's Linears
-	// (gpu_linears.go; activations cast to bf16, fp32 accumulation). The router, the mHC
-	// mixes, the MLA projections and the MTP layer stay fp32 (but Checkpoint's FP8).
+	// (gpu_linears.go; activations cast to bf16, fp32 accumulation), and the MTP layer's
+	// eh_proj, MoE and own head alike. The router, the mHC mixes and the MLA projections
+	// stay fp32 (but Checkpoint's FP8).
 	Weights cudart.DType
 	// Checkpoint, when set, is m's checkpoint directory: the linears it stores as FP8 with
 	// 128×128 blocks are uploaded as stored and run block-scaled FP8 GEMMs (gpu_fp8.go;
@@ -72,6 +73,9 @@ type GPUOptions struct {
 	// FP8 chooses the FP8 GEMM path (gpurunner.FP8Auto, the zero value: cuBLASLt's
 	// block-scaled FP8 where the device and library have it, else the fallback kernel).
 	FP8 gpurunner.FP8Path
+	// perExpertFP8 runs FP8 routed experts one linear an expert (the first cut) instead
+	// of as banks grouped over the experts: the tests check the banks against it.
+	perExpertFP8 bool
 }
 
 // NewGPURunner loads the kernels (through cache) and uploads m on dev (fp32, but for
