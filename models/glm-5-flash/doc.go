@@ -44,7 +44,25 @@
 //   - parallel.go: tensor and expert parallelism on the CPU (Layout; a rank's weights
 //     cut or read per rank; OpenRank, OpenInProcess, the ranks in lock step through
 //     core/dist/lockstep; docs/parallelism.md)
-//   - kernels/: CUDA kernels scaffolded from the DeepSeek-V4 base (not GLM's yet)
+//   - kernels/: the model's own CUDA kernels, each with a typed launcher and a Go
+//     reference (kernels/README.md tabulates them against forward.go and names their
+//     emulated tests): KDA's CausalConvSiLU (prefill and the one-token update), L2Norm,
+//     KDAGate, Sigmoid, GatedRMSNorm and ToBF16 (kda_prep.cu), the recurrence as KDAChunked
+//     (prefill) and KDAStep (decode and draft verification, snapshots after each token)
+//     (kda.cu); DSA's IndexerKeys, KPoolCompress, IndexerScores, PoolTopK (the pool top-k
+//     plus the incomplete tail), SparseMLA (absorbed NoPE MLA over the latent), ScatterRows
+//     and KPoolClose (dsa.cu); PageRows (pages.cu), StreamMean (head.cu) and AddRMSNorm
+//     (add_rmsnorm.cu)
+//   - the GPU runner (--device cuda|cuda-emu; GPURunner, OpenGPU, OpenGPUSpeculative) on
+//     those kernels, core/kernels/cuda's shared mHC, routing, masked-MoE and FP8 kernels
+//     and cuBLASLt: gpu_kda.go and gpu_dsa.go (the attention layers), gpu_model.go (the
+//     forward: mHC, MLPs, the MoE over the masked layout), gpu_linears.go and gpu_fp8.go
+//     (bf16 weights through core/gpurunner's Linears; a checkpoint's FP8 block-scaled
+//     linears as stored, routed experts as banks grouped over the masked layout),
+//     gpu_pages.go (the kvslab pages in device memory), gpu_verify.go and gpu_mtp.go (draft
+//     verification with exact KDA restores, the MTP layer in the run's dtype),
+//     gpu_graphs.go and gpu_prefill_graphs.go (CUDA graphs of decode and prefill buckets),
+//     gpu_runner.go and gpu_open.go (the engine.Runner and its opening)
 //
 // scripts/glm5-goldens.sh writes the goldens testdata/ holds (transformers on the CPU):
 // TestConfigCases, TestTransformersParity, TestPagedTextParity and TestMTPParity check
