@@ -3,7 +3,9 @@ package glm5flash
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -267,6 +269,43 @@ func TestLinearAttnLayers(t *testing.T) {
 		_, err := parse(tc.edit)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: want an error naming %q, got %v", tc.edit, tc.want, err)
+		}
+	}
+}
+
+// TestGPUCheckConfig: scripts/gpu-check.sh --glm's model (testdata/gpu-check/config.json)
+// is GLM-5.3-Flash's published text config (testdata/hf-configs/glm-5.3-flash.json) cut
+// to its first 4 layers, 3 KDA and 1 DSA with the MoE: every other field normalised the
+// same (the real dimensions; it caught index_kpool 16 where the model has 4), but for
+// what the check's random fp32 weights and short requests choose: no quantization_config,
+// max_position_embeddings 4096 (the device slots' context), an EOS id, the raw fields.
+func TestGPUCheckConfig(t *testing.T) {
+	pub, err := LoadTextConfig("../../testdata/hf-configs/glm-5.3-flash.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadTextConfig(filepath.Join("testdata", "gpu-check"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	want := *pub
+	want.NumHiddenLayers = n
+	want.LayerTypes, want.MLPLayerTypes, want.IndexerTypes = pub.LayerTypes[:n], pub.MLPLayerTypes[:n], pub.IndexerTypes[:n]
+	want.Quant, want.Notes, want.Raw = nil, nil, nil
+	g := *got
+	g.Quant, g.Notes, g.Raw = nil, nil, nil
+	if g.MaxPositionEmbeddings != 4096 || len(g.EOSTokenID) != 1 {
+		t.Errorf("max_position_embeddings %d, eos %v: want 4096 and one id", g.MaxPositionEmbeddings, g.EOSTokenID)
+	}
+	g.MaxPositionEmbeddings, g.EOSTokenID = want.MaxPositionEmbeddings, want.EOSTokenID
+	if !slices.Equal(g.LayerTypes, []string{LinearAttention, LinearAttention, LinearAttention, IndexedAttention}) || g.MLPLayerTypes[n-1] != "sparse" {
+		t.Errorf("layers %v, MLPs %v: want 3 KDA then 1 DSA with the MoE", g.LayerTypes, g.MLPLayerTypes)
+	}
+	wv, gv := reflect.ValueOf(want), reflect.ValueOf(g)
+	for i := range wv.NumField() {
+		if f := wv.Type().Field(i); f.IsExported() && !reflect.DeepEqual(wv.Field(i).Interface(), gv.Field(i).Interface()) {
+			t.Errorf("%s: gpu-check %v, the published config's first %d layers %v", f.Name, gv.Field(i).Interface(), n, wv.Field(i).Interface())
 		}
 	}
 }

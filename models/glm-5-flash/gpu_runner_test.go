@@ -46,8 +46,8 @@ func TestGPUEngineMatchesCPU(t *testing.T) {
 // TestGPUTruncatedMatchesCPU runs the model of RESIN_GLM_CONFIG (scripts/gpu-check.sh
 // --glm: testdata/gpu-check/config.json, the first 4 layers of GLM-5.3-Flash at its real
 // dimensions, 3 KDA and 1 DSA+MoE; seeded random weights) on GPU 0 (RESIN_GPU=1) and on
-// the CPU runner through the engine: a prompt of 40 tokens (two KDA blocks, two index
-// pools) and 4 greedy tokens, then a prompt sharing its first 36 tokens (a prefix hit
+// the CPU runner through the engine: a prompt of 40 tokens (two KDA blocks, ten index
+// pools of 4) and 4 greedy tokens, then a prompt sharing its first 36 tokens (a prefix hit
 // through the checkpoint at 32); tokens equal, log probabilities within
 // gpuTruncatedLogprobTol, the largest difference logged as a parity line.
 func TestGPUTruncatedMatchesCPU(t *testing.T) {
