@@ -42,6 +42,8 @@
 #                                   the engine (TestGPUTruncatedMatchesCPU, its parity line),
 #                                   the FP8 block-scaled linears of a small FP8 fixture against
 #                                   their specification and the CPU path (TestGPUFP8Linears),
+#                                   its expert banks against one linear an expert and graph
+#                                   replay against eager (TestGPUFP8ExpertBanks),
 #                                   a 4-token verify against 4 single decodes on the device
 #                                   (BenchmarkGPUVerifyVsDecode, after 196 tokens), then
 #                                   prefill and decode tokens/s at batch 1, 16 and 64
@@ -243,9 +245,9 @@ glmOnly() {
 		echo "no Go toolchain and no prebuilt $bin (run scripts/gpu-check.sh --build where Go is)"; return 1
 	fi
 	toolEnv
-	echo; echo "== glm-5-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU), the FP8 block-scaled linears against their specification and the CPU path (TestGPUFP8Linears, the path the device picks), a 4-token verify against 4 decodes (BenchmarkGPUVerifyVsDecode)"
+	echo; echo "== glm-5-flash, 4 layers at real dimensions: the GPU runner against the CPU runner (TestGPUTruncatedMatchesCPU), the FP8 block-scaled linears against their specification and the CPU path (TestGPUFP8Linears, the path the device picks), the FP8 expert banks against one linear an expert and graphs against eager (TestGPUFP8ExpertBanks), a 4-token verify against 4 decodes (BenchmarkGPUVerifyVsDecode)"
 	(cd models/glm-5-flash && RESIN_GPU=1 RESIN_GLM_CONFIG=$cfg timeout 400 "$bin/models_glm-5-flash.test" \
-		-test.run '^(TestGPUTruncatedMatchesCPU|TestGPUFP8Linears)$' -test.bench '^BenchmarkGPUVerifyVsDecode$' -test.benchtime 20x \
+		-test.run '^(TestGPUTruncatedMatchesCPU|TestGPUFP8Linears|TestGPUFP8ExpertBanks)$' -test.bench '^BenchmarkGPUVerifyVsDecode$' -test.benchtime 20x \
 		-test.v -test.count=1 -test.timeout=390s </dev/null) || failed=1
 	echo; echo "== resin bench model --model glm-5-flash --device cuda (4 layers at real dimensions, random weights)"
 	timeout 400 "$bin/resin" bench model --model glm-5-flash --random-weights "$cfg" --device cuda --cache-bytes 8589934592 \
