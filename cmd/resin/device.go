@@ -26,6 +26,7 @@ var gpuOpeners = map[string]cli.GPUOpener{
 // draft head (`--device cuda --num-speculative-tokens N`), by name.
 var gpuSpecOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, drafts int) (engine.Runner, *kvslab.Pool, error){
 	"deepseek-v4-flash": deepseekv4flash.OpenGPUSpeculative,
+	"glm-5-flash":       glm5flash.OpenGPUSpeculative,
 }
 
 // SetEngineLimits implements cli.EngineLimited: the GPU runner's workspace is sized for

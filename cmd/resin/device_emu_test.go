@@ -10,7 +10,8 @@ import (
 // TestGenerateOnTheEmulatedDevice: generate --device cuda-emu runs each model that has a
 // GPU runner through core/gpurunner's kit on the emulated CUDA device, and its greedy
 // tokens equal the CPU runner's (deepseek-v4-flash was not reachable from --device before:
-// its GPU runner had no entry in gpuOpeners; glm-5-flash had no GPU runner).
+// its GPU runner had no entry in gpuOpeners; glm-5-flash had no GPU runner), with MTP
+// drafts on the device too for the two MoE models.
 func TestGenerateOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -31,6 +32,18 @@ func TestGenerateOnTheEmulatedDevice(t *testing.T) {
 		}
 		if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
 			t.Errorf("%s: emulated device %q, CPU %q", c.model, tokensLine(gpu), tokensLine(cpu))
+		}
+		if c.model == "llama" {
+			continue
+		}
+		// The MoE models' own MTP heads draft on the device; greedy output is unchanged
+		// (glm-5-flash had no entry in gpuSpecOpeners and was refused).
+		spec, errOut, err := runGenerate(t, append(args, "--device", "cuda-emu", "--num-speculative-tokens", "2")...)
+		if err != nil {
+			t.Fatalf("%s --device cuda-emu --num-speculative-tokens 2: %v\n%s", c.model, err, errOut)
+		}
+		if tokensLine(spec) != tokensLine(cpu) {
+			t.Errorf("%s with MTP on the emulated device %q, CPU without %q", c.model, tokensLine(spec), tokensLine(cpu))
 		}
 	}
 }
