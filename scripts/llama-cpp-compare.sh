@@ -50,7 +50,8 @@ py=$venv/bin/python
 if ! "$py" -c 'import torch, transformers, numpy, yaml, tqdm, sentencepiece' 2>/dev/null; then
 	echo "== installing CPU torch, transformers and gguf-py's needs into $venv"
 	[ -x "$py" ] || python3 -m venv "$venv"
-	"$venv/bin/pip" install -q --index-url https://download.pytorch.org/whl/cpu torch
+	# CPU torch from its own index where it is reachable, else PyPI's (CUDA) build.
+	"$venv/bin/pip" install -q --index-url https://download.pytorch.org/whl/cpu torch || "$venv/bin/pip" install -q torch
 	"$venv/bin/pip" install -q transformers numpy pyyaml tqdm sentencepiece # convert_hf_to_gguf.py imports sentencepiece before looking for tokenizer.model
 fi
 
