@@ -38,6 +38,12 @@ type Speculator struct {
 	// BlockForward, when set, runs the blocks instead of Drafter.Blocks (a device's block
 	// forward: core/gpurunner's DSparkBlocks); it must return what Drafter.Blocks does.
 	BlockForward func(ctxs []*Context, anchors []int32) ([]*Block, error)
+	// ProposeBlocks, when set, draws the drafts of the blocks BlockForward (or the
+	// device's PagedDevice) just returned, all at once, instead of Drafter.Propose on
+	// each (a device's Markov head and confidence cut: core/gpurunner's
+	// DSparkBlocks.Propose); it must return what Drafter.Propose does for each block
+	// under smps[i], the Proposals' Logits aside.
+	ProposeBlocks func(blks []*Block, smps []Sampling) ([]*Proposal, error)
 	// Released, when set, is told of each draft context the Speculator drops (its request
 	// finished), so that a copy kept elsewhere (BlockForward's) can be freed.
 	Released  func(*Context)
@@ -210,20 +216,38 @@ func (s *Speculator) fill(plan *engine.BatchPlan, res *engine.StepResult, blks [
 	if len(blks) != len(s.draft) {
 		return fmt.Errorf("dspark: %d blocks for %d drafting sequences", len(blks), len(s.draft))
 	}
+	smps := make([]Sampling, len(s.draft))
 	for n, i := range s.draft {
-		blk, id := blks[n], plan.ReqIDs[i]
 		row := plan.SamplingOf(i)
-		smp := Sampling{Threshold: s.Threshold, MaxDrafts: s.maxDrafts}
+		smps[n] = Sampling{Threshold: s.Threshold, MaxDrafts: s.maxDrafts}
 		if row.Temperature > 0 && row.TopK != 1 {
-			smp.Temperature = row.Temperature
-			smp.Uniforms = make([]float64, d.Config.BlockSize)
-			for j := range smp.Uniforms { // slot j drafts position P+1+j
-				smp.Uniforms[j] = engine.DraftUniform(row.Seed, blk.Position+1+j)
+			smps[n].Temperature = row.Temperature
+			smps[n].Uniforms = make([]float64, d.Config.BlockSize)
+			for j := range smps[n].Uniforms { // slot j drafts position P+1+j
+				smps[n].Uniforms[j] = engine.DraftUniform(row.Seed, blks[n].Position+1+j)
 			}
 		}
-		p, err := d.Propose(blk, smp)
-		if err != nil {
-			return fmt.Errorf("request %d: %w", id, err)
+	}
+	var props []*Proposal
+	if s.ProposeBlocks != nil {
+		var err error
+		if props, err = s.ProposeBlocks(blks, smps); err != nil {
+			return err
+		}
+		if len(props) != len(blks) {
+			return fmt.Errorf("dspark: %d proposals for %d blocks", len(props), len(blks))
+		}
+	}
+	for n, i := range s.draft {
+		blk, id := blks[n], plan.ReqIDs[i]
+		var p *Proposal
+		if props != nil {
+			p = props[n]
+		} else {
+			var err error
+			if p, err = d.Propose(blk, smps[n]); err != nil {
+				return fmt.Errorf("request %d: %w", id, err)
+			}
 		}
 		st := s.seqs[id]
 		st.prop, st.anchor = p, blk.Position

@@ -57,8 +57,9 @@ func (m *Dense) tapAt(c *cudart.Ctx, s *cudart.Stream, layer int, residual cudar
 // forward copies the residual stream at the drafter's tapped layers on the device, the
 // rows of the drafting sequences come back to the host as the drafter's features, the
 // CPU computes their draft context K/V (fc, hidden_norm, k/v projections, k_norm, RoPE),
-// and the block forward runs on the device (DSparkBlocks); the Markov head and the
-// confidence cut then draw the drafts on the host (Drafter.Propose).
+// and the block forward runs on the device (DSparkBlocks), then the Markov head and the
+// confidence cut (DSparkBlocks.Propose, dspark_heads.cu): of a block only its chain,
+// confidences, cut and, for sampled rows, its drafts' distributions come back.
 //
 // Where the runner was opened with Options.DSpark, the pool holds the drafter's cache
 // group and the draft context lives there, in device pages (dsparkPool): each fed row's
@@ -104,6 +105,9 @@ func (r *Runner) UseDSpark(d *dspark.Drafter, maxDrafts int, threshold float32) 
 	}
 	t.spec = dspark.NewSpeculator(gpuTapForward{r}, d, maxDrafts, threshold)
 	t.spec.BlockForward, t.spec.Released = t.blocks.Blocks, t.blocks.Release
+	// the Markov head and the confidence cut on the device: the blocks' hidden states and
+	// logits stay there
+	t.blocks.HostOutputs, t.spec.ProposeBlocks = false, t.blocks.Propose
 	if g := len(r.pool.Groups()) - 1; g > 0 && r.pool.Groups()[g].Name == dspark.CacheGroupName {
 		scratch := int((r.arena.Size() - int64(r.pool.Slabs())*r.pool.SlabBytes()) / r.pool.SlabBytes())
 		dp, err := r.newDSparkPool(t.blocks, g, scratch)

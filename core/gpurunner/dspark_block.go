@@ -44,6 +44,13 @@ type DSparkBlocks struct {
 	ptHost  []uint32
 	slots   []int64
 
+	heads *dsparkHeads // the Markov head and confidence cut (Propose)
+	// HostOutputs makes Blocks bring every slot's hidden state and logits back (Block's
+	// Hidden and Logits); without it they stay on the device for Propose, and the
+	// Blocks' are nil.
+	HostOutputs bool
+	last        []*dspark.Block // the last Blocks call's, until Propose
+
 	// The draft contexts' K/V on the device, in pages of an arena that grows as needed.
 	arena      cudart.Buffer
 	arenaPages int
@@ -65,6 +72,10 @@ type dsparkWeights struct {
 	head         cudart.DevicePtr
 	layers       []dsparkLayerWeights
 	totalFloat32 int64
+	// the Markov head's (markov_w1, markov_w2; gated gate_proj, rnn joint_proj) and the
+	// confidence head's; 0 where the drafter has none
+	w1, w2, gw, gb, jw, jb, cw, cb cudart.DevicePtr
+	table                          cudart.Buffer // those eight pointers, for dspark_heads.cu
 }
 
 type dsparkLayerWeights struct {
@@ -88,6 +99,16 @@ const (
 	bufLens
 	bufPages
 	bufSlots
+	// Propose's (dspark_heads.go)
+	bufQOut
+	bufChain
+	bufConf
+	bufN
+	bufTemps
+	bufThr
+	bufMaxD
+	bufUnif
+	bufAnchors
 	bufCount
 )
 
@@ -108,7 +129,7 @@ func (r *Runner) NewDSparkBlocks(d *dspark.Drafter, maxPos int) (*DSparkBlocks, 
 	if err != nil {
 		return nil, fmt.Errorf("gpurunner: DSpark drafter: %w", err)
 	}
-	g := &DSparkBlocks{d: d, r: r, ropeT: *rope, bufs: make([]cudart.Buffer, bufCount), sizes: make([]int64, bufCount),
+	g := &DSparkBlocks{d: d, r: r, ropeT: *rope, HostOutputs: true, bufs: make([]cudart.Buffer, bufCount), sizes: make([]int64, bufCount),
 		ctxs: map[*dspark.Context]*deviceContext{}}
 	var host [][]float32
 	add := func(v []float32) int64 {
@@ -125,6 +146,17 @@ func (r *Runner) NewDSparkBlocks(d *dspark.Drafter, maxPos int) (*DSparkBlocks, 
 		lo[i] = layerOffs{add(l.AttnNorm), add(l.Q), add(l.K), add(l.V), add(l.O), add(l.QNorm), add(l.KNorm), add(l.MLPNorm), add(l.Gate), add(l.Up), add(l.Down)}
 	}
 	norm, head := add(d.W.Norm), add(d.W.Head)
+	hw := []*[]float32{&d.W.MarkovW1, &d.W.MarkovW2, &d.W.GateW, &d.W.GateB, &d.W.JointW, &d.W.JointB, &d.W.ConfW, &d.W.ConfB}
+	heads := make([]int64, len(hw))
+	for i, v := range hw {
+		heads[i] = -1
+		if len(*v) > 0 {
+			heads[i] = add(*v)
+		}
+	}
+	if c.MarkovRank > dsparkMaxRank {
+		return nil, fmt.Errorf("gpurunner: DSpark Markov rank %d: the device's head takes at most %d", c.MarkovRank, dsparkMaxRank)
+	}
 	err = r.dev.Do(func(cx *cudart.Ctx) error {
 		var err error
 		if g.w.all, err = cx.Alloc(4 * g.w.totalFloat32); err != nil {
@@ -139,6 +171,9 @@ func (r *Runner) NewDSparkBlocks(d *dspark.Drafter, maxPos int) (*DSparkBlocks, 
 			}
 			off += int64(len(v))
 		}
+		if g.heads, err = loadDSparkHeads(cx, r.kcache); err != nil {
+			return err
+		}
 		n := len(rope.Cos)
 		if g.rope, err = cx.Alloc(int64(8 * n)); err != nil {
 			return err
@@ -151,6 +186,24 @@ func (r *Runner) NewDSparkBlocks(d *dspark.Drafter, maxPos int) (*DSparkBlocks, 
 	}
 	at := func(off int64) cudart.DevicePtr { return g.w.all.Ptr.Add(4 * off) }
 	g.w.embed, g.w.norm, g.w.head = at(embed), at(norm), at(head)
+	table := make([]uint64, len(heads))
+	for i, dst := range []*cudart.DevicePtr{&g.w.w1, &g.w.w2, &g.w.gw, &g.w.gb, &g.w.jw, &g.w.jb, &g.w.cw, &g.w.cb} {
+		if heads[i] >= 0 {
+			*dst = at(heads[i])
+			table[i] = uint64(*dst)
+		}
+	}
+	err = r.dev.Do(func(cx *cudart.Ctx) error {
+		var err error
+		if g.w.table, err = cx.Alloc(int64(8 * len(table))); err != nil {
+			return err
+		}
+		return cudart.Upload(cx, g.w.table.Ptr, table)
+	})
+	if err != nil {
+		g.Close()
+		return nil, fmt.Errorf("gpurunner: DSpark heads' weight table: %w", err)
+	}
 	for _, o := range lo {
 		g.w.layers = append(g.w.layers, dsparkLayerWeights{at(o.attnNorm), at(o.q), at(o.k), at(o.v), at(o.o), at(o.qNorm), at(o.kNorm), at(o.mlpNorm), at(o.gate), at(o.up), at(o.down)})
 	}
@@ -170,7 +223,13 @@ func (g *DSparkBlocks) free(c *cudart.Ctx) {
 		c.Free(g.bufs[i])
 		g.bufs[i], g.sizes[i] = cudart.Buffer{}, 0
 	}
+	if g.heads != nil {
+		c.UnloadModule(g.heads.mod)
+		g.heads = nil
+	}
 	c.Free(g.w.all)
+	c.Free(g.w.table)
+	g.w.table = cudart.Buffer{}
 	c.Free(g.rope)
 	c.Free(g.arena)
 	g.w.all, g.rope, g.arena = cudart.Buffer{}, cudart.Buffer{}, cudart.Buffer{}
@@ -250,7 +309,7 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 	if len(anchors) != S || S == 0 {
 		return nil, fmt.Errorf("gpurunner: DSpark blocks: %d contexts and %d anchors", S, len(anchors))
 	}
-	hd, kvd, V := b.HiddenSize, b.NumKeyValueHeads*b.HeadDim, b.VocabSize
+	kvd := b.NumKeyValueHeads * b.HeadDim
 	R, PT := S*B, dsparkPageTokens
 	maxPages := 0
 	for i, ctx := range ctxs {
@@ -261,7 +320,7 @@ func (g *DSparkBlocks) Blocks(ctxs []*dspark.Context, anchors []int32) ([]*dspar
 		maxPages = max(maxPages, (n+B+PT-1)/PT)
 	}
 	g.grow(R, maxPages)
-	hidden, logits := make([]float32, R*hd), make([]float32, R*V)
+	hidden, logits := g.outputs(R)
 	r := g.r
 	err := r.dev.Do(func(cx *cudart.Ctx) error {
 		s := r.stream
@@ -364,7 +423,8 @@ type blockCache struct {
 }
 
 // run uploads the staged inputs of S blocks (stage), runs their forward over cache and
-// brings the hidden states and logits back. It runs inside Do.
+// brings the hidden states and logits back (nil: they stay on the device). It runs
+// inside Do.
 func (g *DSparkBlocks) run(cx *cudart.Ctx, S, maxPages int, cache blockCache, hidden, logits []float32) error {
 	b := g.d.Config.Base
 	hd, qd, kvd, inter, V := b.HiddenSize, b.NumAttentionHeads*b.HeadDim, b.NumKeyValueHeads*b.HeadDim, b.IntermediateSize, b.VocabSize
@@ -392,22 +452,38 @@ func (g *DSparkBlocks) run(cx *cudart.Ctx, S, maxPages int, cache blockCache, hi
 	if err := g.forward(cx, s, p, R, maxPages, cache); err != nil {
 		return err
 	}
-	err = firstErr(cudart.DownloadAsync(cx, hidden, p[bufH], s), cudart.DownloadAsync(cx, logits, p[bufLogits], s))
-	if err != nil {
-		return err
+	if hidden != nil {
+		err = firstErr(cudart.DownloadAsync(cx, hidden, p[bufH], s), cudart.DownloadAsync(cx, logits, p[bufLogits], s))
+		if err != nil {
+			return err
+		}
 	}
 	return cx.Sync(s)
 }
 
-// blocks wraps the hidden states and logits of S blocks at context lengths lens.
+// outputs returns the host buffers of R slots' hidden states and logits, nil without
+// HostOutputs.
+func (g *DSparkBlocks) outputs(R int) (hidden, logits []float32) {
+	if !g.HostOutputs {
+		return nil, nil
+	}
+	b := g.d.Config.Base
+	return make([]float32, R*b.HiddenSize), make([]float32, R*b.VocabSize)
+}
+
+// blocks wraps the hidden states and logits of S blocks at context lengths lens (nil
+// without HostOutputs) and keeps them as the last call's, for Propose.
 func (g *DSparkBlocks) blocks(lens []int, anchors []int32, hidden, logits []float32) []*dspark.Block {
 	b := g.d.Config.Base
 	B, hd, V := g.d.Config.BlockSize, b.HiddenSize, b.VocabSize
 	out := make([]*dspark.Block, len(lens))
 	for i, n := range lens {
-		out[i] = &dspark.Block{Anchor: anchors[i], Position: n,
-			Hidden: hidden[i*B*hd : (i+1)*B*hd : (i+1)*B*hd], Logits: logits[i*B*V : (i+1)*B*V : (i+1)*B*V]}
+		out[i] = &dspark.Block{Anchor: anchors[i], Position: n}
+		if hidden != nil {
+			out[i].Hidden, out[i].Logits = hidden[i*B*hd:(i+1)*B*hd:(i+1)*B*hd], logits[i*B*V:(i+1)*B*V:(i+1)*B*V]
+		}
 	}
+	g.last = out
 	return out
 }
 

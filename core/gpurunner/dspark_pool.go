@@ -158,10 +158,9 @@ func (p *dsparkPool) Blocks(tables [][]kvslab.PageID, lens []int, anchors []int3
 		}
 		maxPages = max(maxPages, (n+B+PT-1)/PT)
 	}
-	b := c.Base
 	R := S * B
 	g.grow(R, maxPages)
-	hidden, logits := make([]float32, R*b.HiddenSize), make([]float32, R*b.VocabSize)
+	hidden, logits := g.outputs(R)
 	pageBytes := p.pool.Groups()[p.group].PageBytes()
 	r := g.r
 	err := r.dev.Do(func(cx *cudart.Ctx) error {

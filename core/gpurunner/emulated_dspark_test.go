@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -501,4 +502,132 @@ func TestEmulatedDSparkPooledGreedy(t *testing.T) {
 		}
 		e.Stop(t)
 	}
+}
+
+// TestEmulatedDSparkHeads: the Markov head and the confidence cut on the emulated device
+// (DSparkBlocks.Propose, dspark_heads.cu) draw what core/dspark's Drafter.Propose draws
+// from the same blocks (the device's block forward, brought back), for the vanilla, gated
+// and rnn heads, the confidence head with and without the Markov embedding, and a
+// drafter with neither: greedy and at temperature 0.8 (seeded uniforms), thresholds 0 and
+// 0.5, a MaxDrafts below the block. Chains and drafts are equal, confidences within
+// 1e-5·(1+|c|) and the sampled drafts' q within 1e-5 (the device's softmax sums in float32
+// and another order; the worst is logged).
+func TestEmulatedDSparkHeads(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	r, _ := openEmulatedGPU(t, filepath.Join(dsparkTestdata, "target"), 4<<20, true)
+	gr := r.(*gpurunner.Runner)
+	core := filepath.Join("..", "dspark", "testdata")
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, dir := range []string{
+		filepath.Join(core, "vanilla"), filepath.Join(core, "gated"), filepath.Join(core, "rnn"), filepath.Join(core, "plain"),
+		filepath.Join(dsparkTestdata, "rnn"),
+	} {
+		d, err := dspark.Load(dir, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The gated drafter has attention biases, which the device's block forward lacks:
+		// dropped, as the reference draws from the device's blocks anyway.
+		for i := range d.W.Layers {
+			l := &d.W.Layers[i]
+			l.QBias, l.KBias, l.VBias, l.OBias = nil, nil, nil, nil
+		}
+		c := d.Config
+		name := fmt.Sprintf("%s (%s head, confidence %v, with the Markov embedding %v)", dir, c.MarkovHead, c.Confidence, c.ConfidenceMarkov)
+		g, err := gr.NewDSparkBlocks(d, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		F := c.FeatureDim()
+		var ctxs []*dspark.Context
+		for i, n := range []int{0, 13, 30} {
+			ctx := d.NewContext()
+			feat := make([]float32, n*F)
+			for j := range feat {
+				feat[j] = float32(math.Sin(float64(j*7+i*3))) * 2
+			}
+			if err := d.Extend(ctx, feat, n); err != nil {
+				t.Fatal(err)
+			}
+			ctxs = append(ctxs, ctx)
+		}
+		anchors := []int32{3, 15, 7}
+		B, V := c.BlockSize, c.Base.VocabSize
+		worstQ, worstC := 0.0, 0.0
+		cut := 0
+		for _, temp := range []float32{0, 0.8} {
+			for _, thr := range []float32{0, 0.5} {
+				for _, maxd := range []int{0, 2} {
+					smps := make([]dspark.Sampling, len(ctxs))
+					for i := range smps {
+						smps[i] = dspark.Sampling{Temperature: temp, Threshold: thr, MaxDrafts: maxd}
+						if temp > 0 {
+							for range B {
+								smps[i].Uniforms = append(smps[i].Uniforms, rng.Float64())
+							}
+						}
+					}
+					blks, err := g.Blocks(ctxs, anchors)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := g.Propose(blks, smps)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := g.Propose(blks, smps); err == nil {
+						t.Fatal("a second Propose of the same blocks was accepted")
+					}
+					for i, blk := range blks {
+						what := fmt.Sprintf("%s, T %g, threshold %g, max drafts %d, sequence %d", name, temp, thr, maxd, i)
+						want, err := d.Propose(blk, smps[i])
+						if err != nil {
+							t.Fatal(err)
+						}
+						if !slices.Equal(got[i].Chain, want.Chain) || !slices.Equal(got[i].Drafts, want.Drafts) {
+							t.Errorf("%s: chain %v, drafts %v on the device; %v, %v on the host", what, got[i].Chain, got[i].Drafts, want.Chain, want.Drafts)
+							continue
+						}
+						if limit := min(B, max(maxd, B*boolInt(maxd == 0))); len(want.Drafts) < limit {
+							cut++ // the confidence cut
+						}
+						if len(got[i].Confidence) != len(want.Confidence) {
+							t.Errorf("%s: %d confidences on the device, %d on the host", what, len(got[i].Confidence), len(want.Confidence))
+						}
+						for j := range want.Confidence {
+							dc := math.Abs(float64(got[i].Confidence[j] - want.Confidence[j]))
+							worstC = math.Max(worstC, dc/(1+math.Abs(float64(want.Confidence[j]))))
+							if dc > 1e-5*(1+math.Abs(float64(want.Confidence[j]))) {
+								t.Errorf("%s, slot %d: confidence %g on the device, %g on the host", what, j, got[i].Confidence[j], want.Confidence[j])
+							}
+						}
+						if len(got[i].Q) != len(want.Q) || len(want.Q) != len(want.Drafts)*V {
+							t.Fatalf("%s: q of %d values on the device, %d on the host", what, len(got[i].Q), len(want.Q))
+						}
+						dq, _ := runnertest.MaxAbsDiff(got[i].Q, want.Q)
+						worstQ = math.Max(worstQ, dq)
+						if dq > 1e-5 {
+							t.Errorf("%s: q differs by %.3g", what, dq)
+						}
+					}
+				}
+			}
+		}
+		t.Logf("%s: worst q difference %.3g, confidence %.3g; %d blocks cut by confidence", name, worstQ, worstC, cut)
+		if c.Confidence && cut == 0 {
+			t.Errorf("%s: no block cut by confidence at threshold 0.5", name)
+		}
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

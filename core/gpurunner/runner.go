@@ -91,6 +91,7 @@ type Runner struct {
 	log     io.Writer
 	res     engine.StepResult
 	dspark  *dsparkTap // UseDSpark's: every step is sampled on the host, then drafted
+	kcache  *cudart.KernelCache
 
 	// NUMA is what the NUMA binding decided.
 	NUMA cudart.NUMADecision
@@ -174,6 +175,7 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	if err != nil {
 		return nil, nil, err
 	}
+	r.kcache = kc
 	if r.kern, err = cuda.Load(r.dev, kc); err != nil {
 		return nil, nil, fmt.Errorf("gpurunner: kernels: %w", err)
 	}
