@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -524,7 +525,8 @@ func (r *Remote) start(ctx context.Context) (*session, error) {
 		cmd := exec.Command("/bin/sh", "-c", line)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, r.cfg.Stderr
 		ownGroup(cmd)
-		err = cmd.Start()
+		s.exited = make(chan struct{})
+		err = startSupervised(cmd, func(err error) { s.exit = err; close(s.exited) })
 		inR.Close()
 		outW.Close()
 		if err != nil {
@@ -532,8 +534,7 @@ func (r *Remote) start(ctx context.Context) (*session, error) {
 			outR.Close()
 			return nil, fmt.Errorf("start runner %s: %w", r.name, err)
 		}
-		s.cmd, s.exited = cmd, make(chan struct{})
-		go func() { s.exit = cmd.Wait(); close(s.exited) }()
+		s.cmd = cmd
 		s.fr, s.w, s.rd, s.wd = NewFrameReader(outR, r.cfg.MaxFrame), inW, outR, inW
 		s.closer = []io.Closer{inW, outR}
 	case "unix":
@@ -663,4 +664,26 @@ func (s *session) kill() string {
 		return "exited with status 0"
 	}
 	return s.exit.Error()
+}
+
+// startSupervised starts cmd and waits for it on one goroutine that holds its OS thread
+// from before the start until the runner has exited, then calls done with Wait's error.
+// Linux sends the parent-death signal (dieWithEngine) when the thread that started the
+// child ends, not the process: Go ends a thread when a goroutine locked to it exits, so
+// a runner started from any thread could be killed the day another goroutine (a cgo
+// library's) locked that thread and returned. This thread is locked to a goroutine that
+// only returns after the runner, so it ends with the engine's process alone.
+func startSupervised(cmd *exec.Cmd, done func(error)) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		done(cmd.Wait())
+	}()
+	return <-started
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -66,7 +67,35 @@ func (w *lineWatch) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// engineEnv makes this test binary an engine for TestRunnerDiesWithTheEngine: it starts
+// the helper runner, which stalls in its first step, prints the runner's pid once the
+// runner stalls, and waits to be killed.
+const engineEnv = "RESIN_WIRE_TEST_ENGINE"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(engineEnv) == "1" {
+		os.Unsetenv(engineEnv)
+		os.Setenv(helperEnv, "1")
+		os.Setenv(stallEnv, "1")
+		self, _ := os.Executable()
+		stalled := &lineWatch{line: stallLine, seen: make(chan struct{})}
+		r, err := wire.Dial(context.Background(), wire.Config{Spec: "exec:" + self, Stderr: stalled, NoRestart: true})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		pid := r.Pid() // before the step: Pid waits for the step in flight, and that one stalls
+		go r.Execute(context.Background(), bigPlan(16))
+		select {
+		case <-stalled.seen:
+		case <-time.After(time.Minute):
+			fmt.Fprintln(os.Stderr, "the runner never stalled")
+			os.Exit(2)
+		}
+		fmt.Println(pid)
+		time.Sleep(2 * time.Minute)
+		os.Exit(3)
+	}
 	if os.Getenv(helperEnv) == "1" {
 		tr, err := enginetest.New(enginetest.Config{VocabSize: 100, Pages: 64})
 		if err != nil {
@@ -445,4 +474,53 @@ func TestRemoteExecDiesUnderLoad(t *testing.T) {
 	if failed, done := collectAfterDeath(t, streams, prompts, cfg.VocabSize, 150); failed != 3 || done != 2 {
 		t.Fatalf("%d requests failed and %d completed; want the 3 of the step in flight failed, the 2 queued completed", failed, done)
 	}
+}
+
+// TestRunnerDiesWithTheEngine: an exec runner busy in a step (so not reading its stdin)
+// dies with the engine's process when that is killed without closing the session
+// (SIGKILL, the OOM killer). Before, it went on running, holding its memory.
+func TestRunnerDiesWithTheEngine(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the parent-death signal is Linux's")
+	}
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("needs /proc")
+	}
+	self, _ := os.Executable()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, self)
+	cmd.Env = append(os.Environ(), engineEnv+"=1")
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := make(chan int, 1)
+	go func() {
+		var p int
+		fmt.Fscan(out, &p)
+		pid <- p
+	}()
+	var runner int
+	select {
+	case runner = <-pid:
+	case <-time.After(90 * time.Second):
+	}
+	if runner <= 0 {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("the engine process printed no runner pid: %s", errOut.String())
+	}
+	t.Cleanup(func() { syscall.Kill(runner, syscall.SIGKILL) })
+	if !alive(t, runner) {
+		t.Fatalf("the runner %d is not running", runner)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	waitFor(t, fmt.Sprintf("the runner %d to die with its engine", runner), func() bool { return !alive(t, runner) })
 }
