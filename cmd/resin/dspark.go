@@ -77,11 +77,20 @@ func (f *runtimeFlags) openDSpark(m models.Model, dir string) (engine.Runner, *k
 // hands it to use (a runner's UseDSpark) with --num-speculative-tokens and
 // --dspark-confidence, then sets --spec-trace's hook on the Speculator.
 func (f *runtimeFlags) loadDSpark(maxContext int, use func(*dspark.Drafter, int, float32) (*dspark.Speculator, error)) (*dspark.Speculator, error) {
+	d, err := f.loadDrafter(maxContext)
+	if err != nil {
+		return nil, err
+	}
+	return f.useDrafter(d, use)
+}
+
+// loadDrafter loads --draft-model with room for a block anchored at the target's last
+// position of a context of maxContext tokens.
+func (f *runtimeFlags) loadDrafter(maxContext int) (*dspark.Drafter, error) {
 	c, err := dspark.LoadConfig(f.spec.DraftModel)
 	if err != nil {
 		return nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
 	}
-	// Room for a block anchored at the target's last position.
 	d, err := dspark.Load(f.spec.DraftModel, maxContext+c.BlockSize)
 	if err != nil {
 		return nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
@@ -89,6 +98,12 @@ func (f *runtimeFlags) loadDSpark(maxContext int, use func(*dspark.Drafter, int,
 	if f.specTokens > d.Config.BlockSize {
 		return nil, fmt.Errorf("--num-speculative-tokens %d: the drafter in %s proposes at most its block size, %d", f.specTokens, f.spec.DraftModel, d.Config.BlockSize)
 	}
+	return d, nil
+}
+
+// useDrafter hands the loaded drafter to the runner's use (UseDSpark) with the flags'
+// draft count, confidence threshold and trace.
+func (f *runtimeFlags) useDrafter(d *dspark.Drafter, use func(*dspark.Drafter, int, float32) (*dspark.Speculator, error)) (*dspark.Speculator, error) {
 	spec, err := use(d, f.specTokens, float32(f.spec.Confidence))
 	if err != nil {
 		return nil, fmt.Errorf("--draft-model %s: %w", f.spec.DraftModel, err)
@@ -102,9 +117,19 @@ func (f *runtimeFlags) loadDSpark(maxContext int, use func(*dspark.Drafter, int,
 }
 
 // openDSparkGPU is openDSpark on the GPU runner (core/gpurunner's UseDSpark): the target,
-// its feature tap and the drafter's block forward on the device, the draft context and
-// the Markov head on the CPU.
+// its feature tap, the drafter's block forward and its Markov head on the device. The
+// drafter is loaded first and declared to the runner (Options.DSpark), so the pool holds
+// its context group: a prefix hit or a preempted request is drafted from its first step.
 func (f *runtimeFlags) openDSparkGPU(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+	c, err := llama.LoadConfig(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := f.loadDrafter(llama.DefaultMaxContext(c))
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.DSpark = d
 	r, pool, err := llama.OpenGPU(dir, cacheBytes, opts)
 	if err != nil {
 		return nil, nil, err
@@ -113,7 +138,7 @@ func (f *runtimeFlags) openDSparkGPU(dir string, cacheBytes int64, opts gpurunne
 	if !ok {
 		return nil, nil, fmt.Errorf("--speculative-method dspark: the llama GPU opener returned a %T, not core/gpurunner's Runner", r)
 	}
-	if _, err := f.loadDSpark(gr.Info().MaxContext, gr.UseDSpark); err != nil {
+	if _, err := f.useDrafter(d, gr.UseDSpark); err != nil {
 		gr.Close()
 		return nil, nil, err
 	}

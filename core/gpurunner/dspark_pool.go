@@ -27,8 +27,9 @@ func dsparkBlockPages(B, pageTokens int) int { return (B-1)/pageTokens + 2 }
 // (the pages of positions past the committed ones are not the sequence's, or not yet), so
 // that the paged attention reads a sequence's context from the pool's pages of the
 // drafter's group (the last of groups) and its block from those, through one page table.
-// There is room for every sequence of a step at once.
-func dsparkScratchSlabs(d *dspark.Drafter, groups []kvslab.GroupSpec, z kvslab.Sizing, maxSeqs int) (int, error) {
+// There is room for every sequence of a step at once; a pool at the most slabs a page id
+// addresses shrinks to make room for them in the id space.
+func dsparkScratchSlabs(d *dspark.Drafter, groups []kvslab.GroupSpec, z *kvslab.Sizing, maxSeqs int) (int, error) {
 	if d == nil {
 		return 0, nil
 	}
@@ -39,9 +40,12 @@ func dsparkScratchSlabs(d *dspark.Drafter, groups []kvslab.GroupSpec, z kvslab.S
 	}
 	pages := maxSeqs * dsparkBlockPages(d.Config.BlockSize, g.PageTokens)
 	n := (pages + slots - 1) / slots
-	if z.Slabs+n > kvslab.MaxSlabs {
-		return 0, fmt.Errorf("gpurunner: %d slabs and %d more for DSpark's blocks exceed the %d a page id addresses", z.Slabs, n, kvslab.MaxSlabs)
+	if n >= kvslab.MaxSlabs {
+		return 0, fmt.Errorf("gpurunner: %d slabs for DSpark's blocks exceed the %d a page id addresses", n, kvslab.MaxSlabs)
 	}
+	// A pool sized to the most slabs a page id addresses (a small model in a large cache)
+	// gives the blocks' slabs up from its own: they sit in the same id space.
+	z.Slabs = min(z.Slabs, kvslab.MaxSlabs-n)
 	return n, nil
 }
 

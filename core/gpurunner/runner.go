@@ -208,7 +208,7 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 		return nil, nil, err
 	}
 	// DSpark's block pages follow the pool's slabs in the arena (dsparkScratchSlabs).
-	scratch, err := dsparkScratchSlabs(opts.DSpark, groups, z, lim.MaxSeqs)
+	scratch, err := dsparkScratchSlabs(opts.DSpark, groups, &z, lim.MaxSeqs)
 	if err != nil {
 		return nil, nil, err
 	}

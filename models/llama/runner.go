@@ -93,10 +93,7 @@ func Load(dir string, opts Options) (*Runner, error) {
 	}
 	maxCtx := opts.MaxContext
 	if maxCtx <= 0 {
-		maxCtx = min(c.MaxPositionEmbeddings, 4096)
-		if maxCtx <= 1 {
-			maxCtx = 4096
-		}
+		maxCtx = DefaultMaxContext(c)
 	}
 	dt := opts.DType
 	if dt == "" {
@@ -214,4 +211,14 @@ func (f tapForward) ForwardTap(p *engine.BatchPlan, logits []float32, tap *dspar
 		return cpurunner.ErrNotBound
 	}
 	return f.r.Model.ForwardTap(p, f.r.kv, logits, tap)
+}
+
+// DefaultMaxContext is the context a runner loaded without Options.MaxContext covers:
+// min(max_position_embeddings, 4096), or 4096 where the config gives none. A drafter
+// sized before the runner is opened (Options.DSpark on the GPU) reads it here.
+func DefaultMaxContext(c *Config) int {
+	if n := min(c.MaxPositionEmbeddings, 4096); n > 1 {
+		return n
+	}
+	return 4096
 }
