@@ -7,7 +7,7 @@
 #      ROUNDS counts: the median GFLOP/s of each backend and own/OpenBLAS, per second of
 #      wall clock and per second of the process's CPU time (which follows the load of a
 #      shared machine much less).
-#   2. `resin bench model --model llama --random-weights` on scripts/llama-cpu-bench.sh's
+#   2. `resin bench model --model llama --random-weights` on scripts/llama-bench-config.json's
 #      ~120M config, batch sizes BATCHES, PROMPT_LEN-token prompts: own and OpenBLAS
 #      alternating for ROUNDS rounds (which goes first alternates too), each round's
 #      prefill and decode tokens/s and own/OpenBLAS ratios, then the medians.
@@ -77,7 +77,7 @@ if [ "$part" = all ] || [ "$part" = 1 ]; then
 fi
 
 if [ "$part" = all ] || [ "$part" = 2 ]; then
-	sed -n '/cat > "\$out\/config.json" <<.EOF./,/^EOF/p' scripts/llama-cpu-bench.sh | sed '1d;$d' > "$out/config.json"
+	cp scripts/llama-bench-config.json "$out/config.json"
 	go build -o "$out/resin" ./cmd/resin
 	echo "== resin bench model: llama, ~120M random weights, batch sizes $batches, $prompt-token prompts, $gen generated, GOMAXPROCS $(nproc)"
 	rm -f "$out"/e2e.*.txt "$out"/ratio.*.txt

@@ -34,32 +34,8 @@ venv=${VENV:-$root/.cache/torch-venv}
 out=${OUT:-$root/.cache/llama-cpu-bench}
 mkdir -p "$out"
 
-if [ -n "${CONFIG:-}" ]; then
-	cp "$CONFIG" "$out/config.json"
-else
-	cat > "$out/config.json" <<'EOF'
-{
-  "architectures": ["LlamaForCausalLM"],
-  "model_type": "llama",
-  "vocab_size": 32000,
-  "hidden_size": 1024,
-  "intermediate_size": 2816,
-  "num_hidden_layers": 8,
-  "num_attention_heads": 16,
-  "num_key_value_heads": 4,
-  "head_dim": 64,
-  "hidden_act": "silu",
-  "rms_norm_eps": 1e-05,
-  "rope_theta": 10000,
-  "max_position_embeddings": 2048,
-  "tie_word_embeddings": true,
-  "attention_bias": false,
-  "bos_token_id": 1,
-  "eos_token_id": 2,
-  "torch_dtype": "float32"
-}
-EOF
-fi
+# The llama bench config (scripts/llama-bench-config.json) unless CONFIG names another.
+cp "${CONFIG:-$root/scripts/llama-bench-config.json}" "$out/config.json"
 rm -f "$out"/*.safetensors # random weights on both sides
 
 if ! "$venv/bin/python" -c 'import torch, transformers' 2>/dev/null; then

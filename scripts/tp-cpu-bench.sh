@@ -38,32 +38,8 @@ out=${OUT:-$root/.cache/tp-cpu-bench}
 export GOMAXPROCS=${GOMAXPROCS:-$(nproc)}
 mkdir -p "$out"
 
-if [ -n "${CONFIG:-}" ]; then
-	cp "$CONFIG" "$out/config.json"
-else
-	cat > "$out/config.json" <<'EOF'
-{
-  "architectures": ["LlamaForCausalLM"],
-  "model_type": "llama",
-  "vocab_size": 32000,
-  "hidden_size": 1024,
-  "intermediate_size": 2816,
-  "num_hidden_layers": 8,
-  "num_attention_heads": 16,
-  "num_key_value_heads": 4,
-  "head_dim": 64,
-  "hidden_act": "silu",
-  "rms_norm_eps": 1e-05,
-  "rope_theta": 10000,
-  "max_position_embeddings": 2048,
-  "tie_word_embeddings": true,
-  "attention_bias": false,
-  "bos_token_id": 1,
-  "eos_token_id": 2,
-  "torch_dtype": "float32"
-}
-EOF
-fi
+# The llama bench config (scripts/llama-bench-config.json) unless CONFIG names another.
+cp "${CONFIG:-$root/scripts/llama-bench-config.json}" "$out/config.json"
 
 if [ -z "${RESIN_BLAS_LIB:-}" ] && [ -f "$root/.cache/test.env" ]; then
 	lib=$(sed -n 's/^RESIN_BLAS_LIB=//p' "$root/.cache/test.env" | tail -n1)
