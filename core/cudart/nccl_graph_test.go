@@ -1,6 +1,7 @@
 package cudart
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"unsafe"
@@ -254,5 +255,35 @@ func TestMemcpy2DLayout(t *testing.T) {
 		if f.got != f.want {
 			t.Errorf("CUDA_MEMCPY2D %s at %d, want %d", f.name, f.got, f.want)
 		}
+	}
+}
+
+// TestEmulatedCopyBandwidth: CopyBandwidth times its copies by events and gives a positive,
+// finite rate (the roofline figures divide by it); a size it cannot allocate is an error.
+func TestEmulatedCopyBandwidth(t *testing.T) {
+	d, ok := openEmulated(t)
+	if !ok {
+		return
+	}
+	err := d.Do(func(c *Ctx) error {
+		s, err := c.NewStream()
+		if err != nil {
+			return err
+		}
+		defer c.DestroyStream(s)
+		bw, err := c.CopyBandwidth(1<<20, s)
+		if err != nil {
+			return err
+		}
+		if !(bw > 0) || math.IsInf(bw, 0) {
+			t.Errorf("bandwidth %g bytes/s, want positive and finite", bw)
+		}
+		if _, err := c.CopyBandwidth(0, s); err == nil {
+			t.Error("a 0-byte copy measured a bandwidth, want an error")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,6 +1,9 @@
 package cudart
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Stream is a CUDA stream. A nil *Stream is the legacy default stream, which does not order
 // against the non-blocking streams NewStream makes: a runner queues all its work (launches,
@@ -114,4 +117,43 @@ func (c *Ctx) DestroyEvent(e *Event) error {
 	err := c.api.check("cuEventDestroy_v2", c.api.cuEventDestroy(e.h))
 	e.h = 0
 	return err
+}
+
+// CopyBandwidth measures the device's memory bandwidth in bytes per second: an n-byte
+// device-to-device copy on s reads and writes every byte (2n bytes moved), timed by
+// events, the best of 5. The roofline figures of the GPU checks divide by it.
+func (c *Ctx) CopyBandwidth(n int64, s *Stream) (float64, error) {
+	a, err := c.Alloc(2 * n)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Free(a)
+	start, err := c.NewEvent()
+	if err != nil {
+		return 0, err
+	}
+	defer c.DestroyEvent(start)
+	end, err := c.NewEvent()
+	if err != nil {
+		return 0, err
+	}
+	defer c.DestroyEvent(end)
+	best := float32(math.MaxFloat32)
+	for range 5 {
+		if err := c.Record(start, s); err != nil {
+			return 0, err
+		}
+		if err := c.CopyDtoDAsync(a.Ptr.Add(n), a.Ptr, n, s); err != nil {
+			return 0, err
+		}
+		if err := c.Record(end, s); err != nil {
+			return 0, err
+		}
+		ms, err := c.Elapsed(start, end)
+		if err != nil {
+			return 0, err
+		}
+		best = min(best, ms)
+	}
+	return 2 * float64(n) / (float64(max(best, 1e-6)) / 1e3), nil
 }

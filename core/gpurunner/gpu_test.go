@@ -323,40 +323,13 @@ func TestGPUFigures(t *testing.T) {
 	}
 }
 
-// copyBandwidth measures device memory bandwidth: a 1 GiB device-to-device copy reads and
-// writes every byte, so it moves 2 GiB.
+// copyBandwidth measures device memory bandwidth with a 1 GiB device-to-device copy on
+// the runner's stream (cudart's CopyBandwidth).
 func copyBandwidth(t testing.TB, r *Runner) float64 {
-	const n = 1 << 30
 	var bw float64
-	err := r.dev.Do(func(c *cudart.Ctx) error {
-		a, err := c.Alloc(2 * n)
-		if err != nil {
-			return err
-		}
-		defer c.Free(a)
-		start, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(start)
-		end, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(end)
-		best := float32(math.MaxFloat32)
-		for range 5 {
-			if err := firstErr(c.Record(start, r.stream), c.CopyDtoDAsync(a.Ptr.Add(n), a.Ptr, n, r.stream), c.Record(end, r.stream)); err != nil {
-				return err
-			}
-			ms, err := c.Elapsed(start, end)
-			if err != nil {
-				return err
-			}
-			best = min(best, ms)
-		}
-		bw = 2 * n / (float64(best) / 1e3)
-		return nil
+	err := r.dev.Do(func(c *cudart.Ctx) (err error) {
+		bw, err = c.CopyBandwidth(1<<30, r.stream)
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)

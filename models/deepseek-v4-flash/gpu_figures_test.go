@@ -181,49 +181,18 @@ func v4Figures(t *testing.T, dev *cudart.Device, cache *cudart.KernelCache, m *M
 }
 
 // deviceCopyBandwidth measures device memory bandwidth with an n-byte device-to-device
-// copy (it reads and writes every byte: 2n bytes moved), the best of 5, timed by events.
+// copy on a stream of its own (cudart's CopyBandwidth).
 func deviceCopyBandwidth(t *testing.T, dev *cudart.Device, n int64) float64 {
 	t.Helper()
 	var bw float64
 	err := dev.Do(func(c *cudart.Ctx) error {
-		a, err := c.Alloc(2 * n)
-		if err != nil {
-			return err
-		}
-		defer c.Free(a)
 		s, err := c.NewStream()
 		if err != nil {
 			return err
 		}
 		defer c.DestroyStream(s)
-		start, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(start)
-		end, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(end)
-		best := float32(math.MaxFloat32)
-		for range 5 {
-			for _, err := range []error{c.Record(start, s), c.CopyDtoDAsync(a.Ptr.Add(n), a.Ptr, n, s), c.Record(end, s)} {
-				if err != nil {
-					return err
-				}
-			}
-			if err := c.SyncEvent(end); err != nil {
-				return err
-			}
-			ms, err := c.Elapsed(start, end)
-			if err != nil {
-				return err
-			}
-			best = min(best, ms)
-		}
-		bw = 2 * float64(n) / (float64(max(best, 1e-6)) / 1e3)
-		return nil
+		bw, err = c.CopyBandwidth(n, s)
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
