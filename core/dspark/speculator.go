@@ -24,11 +24,11 @@ type TapForwarder interface {
 // temperature with engine.DraftUniform(seed, position) and keep q for exact verification.
 //
 // Bound to a pool's drafter group (Bind, CacheGroup; BindDevice for a device's pool), the
-// draft context lives in the pool: the engine keeps, rolls back and restores it with the target's cache, so a
-// request that starts from a prefix-cache hit or comes back after a preemption drafts from
-// its first step. Unbound, it lives in the Speculator (one Context per request): such a
-// request has no features for the positions it did not compute and proposes no drafts
-// (its output is unchanged; it only goes without speculation).
+// draft context lives in the pool: the engine keeps, rolls back and restores it with the
+// target's cache, so a request that starts from a prefix-cache hit or comes back after a
+// preemption drafts from its first step. Unbound, it lives in the Speculator (one Context
+// per request): such a request has no features for the positions it did not compute and
+// proposes no drafts (its output is unchanged; it only goes without speculation).
 type Speculator struct {
 	Target    TapForwarder
 	Drafter   *Drafter
