@@ -21,7 +21,8 @@ responses' tool_calls and reasoning_content, as vLLM's do.
 --read-timeout, --idle-timeout, --max-connections, --max-body-bytes and
 --tokenize-budget-bytes bound what one client can hold; /tokenize, /detokenize,
 /tokenizer_info and /version are served as vLLM serves them, and --enable-pprof adds Go
-profiles under /debug/pprof/.
+profiles under /debug/pprof/. Browser pages of any origin may call the API, as vLLM's
+--allowed-origins '*' lets them; --allowed-origins narrows that to a list ("" for none).
 
 ` + cli.ServeConnectionsHelp
 	return cmd

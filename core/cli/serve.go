@@ -81,6 +81,7 @@ func ServeCmd(l Loader) *cobra.Command {
 				ReadTimeout: noLimit(lim.read), ReadHeaderTimeout: noLimit(lim.header), IdleTimeout: noLimit(lim.idle),
 				MaxHeaderBytes: lim.headerBytes, MaxConnections: noLimit(lim.conns),
 				TokenizeBudgetBytes: lim.tokenize, EnablePprof: lim.pprof,
+				AllowedOrigins: nonNil(lim.origins), AllowCredentials: lim.credentials,
 				ToolCallParser: toolParser, ReasoningParser: reasoningParser, Health: runnerHealth(rt.Runner),
 			})
 			if err != nil {

@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// connLimits are serve's connection-safety flags. On the command line 0 turns a limit
+// connLimits are serve's connection-safety flags (and the CORS ones). On the command line 0 turns a limit
 // off; serve.Config takes a negative value for that.
 type connLimits struct {
 	read, header, idle time.Duration
@@ -14,6 +14,8 @@ type connLimits struct {
 	conns              int
 	tokenize           int64
 	pprof              bool
+	origins            []string
+	credentials        bool
 }
 
 func (l *connLimits) register(cmd *cobra.Command) {
@@ -24,6 +26,8 @@ func (l *connLimits) register(cmd *cobra.Command) {
 	f.IntVar(&l.headerBytes, "max-header-bytes", 64<<10, "largest request line and headers accepted")
 	f.IntVar(&l.conns, "max-connections", 1024, "connections open at once; at the cap a new one replaces the connection idle longest, or gets 503 when all are serving requests (0 = no cap)")
 	f.Int64Var(&l.tokenize, "tokenize-budget-bytes", 32<<20, "prompt bytes tokenized at once, all requests together; more get 429 (raised to the largest prompt the context allows)")
+	f.StringSliceVar(&l.origins, "allowed-origins", []string{"*"}, "origins (scheme://host[:port], comma-separated) whose browser pages may call the API, as vLLM's; \"*\" for any, \"\" for none (CORS off)")
+	f.BoolVar(&l.credentials, "allow-credentials", false, "answer credentialed cross-origin requests (cookies, HTTP auth) from the allowed origins")
 	f.BoolVar(&l.pprof, "enable-pprof", false, "serve Go profiles under /debug/pprof/ (behind --api-key when set)")
 }
 
@@ -33,4 +37,13 @@ func noLimit[T time.Duration | int](v T) T {
 		return -1
 	}
 	return v
+}
+
+// nonNil keeps an empty --allowed-origins list meaning "none" (serve.Config reads nil as
+// the default, any origin).
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

@@ -15,14 +15,15 @@ import (
 
 // The connection-limit flags reach the server: --enable-pprof serves profiles (behind
 // the key), --max-connections 0 leaves connections uncounted, --idle-timeout closes an
-// idle kept-alive connection, and /version names the served model.
+// idle kept-alive connection, /version names the served model, and --allowed-origins
+// lists the origins CORS answers.
 func TestServeLimitFlags(t *testing.T) {
 	dir := modelDir(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv := clitest.StartServe(t, ctx, ServeCmd(NewModelDir("test", testOpener)),
 		"--model", dir, "--port", "0", "--served-model-name", "tiny", "--api-key", "k",
-		"--enable-pprof", "--max-connections", "0", "--idle-timeout", "100ms")
+		"--enable-pprof", "--max-connections", "0", "--idle-timeout", "100ms", "--allowed-origins", "http://a.example,http://b.example")
 	get := func(path string) (int, string) {
 		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
 		req.Header.Set("Authorization", "Bearer k")
@@ -39,6 +40,13 @@ func TestServeLimitFlags(t *testing.T) {
 	}
 	if code, body := get("/version"); code != 200 || !strings.Contains(body, `"model":"tiny"`) {
 		t.Errorf("/version: %d %s", code, body)
+	}
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/version", nil)
+	req.Header.Set("Origin", "http://b.example")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.Header.Get("Access-Control-Allow-Origin") != "http://b.example" {
+		t.Errorf("--allowed-origins: Access-Control-Allow-Origin %q, want the listed origin echoed", resp.Header.Get("Access-Control-Allow-Origin"))
 	}
 	if _, body := get("/metrics"); !strings.Contains(body, `resin_http_connections_open{model_name="tiny"} 0`) {
 		t.Errorf("--max-connections 0 still counts connections")

@@ -11,7 +11,9 @@
 // status a client expects: 400 invalid, 401 bad key (with WWW-Authenticate), 404
 // unknown model or path, 405 a known path with the wrong method (with an Allow header),
 // 408 body too slow, 413 body too large, 415 a body that is not JSON, 429 queue full or
-// tokenizer busy (with Retry-After), 503 draining.
+// tokenizer busy (with Retry-After), 503 draining. Browsers' cross-origin calls are
+// answered as vLLM answers them (cors.go: any origin by default, Config.AllowedOrigins to
+// narrow or turn that off; a preflight from an origin not allowed gets 403).
 //
 // Request fields are OpenAI's and vLLM's extensions (top_k, min_p, repetition_penalty,
 // min_tokens, ignore_eos, stop_token_ids, echo and prompt_logprobs,

@@ -54,7 +54,7 @@ func orDefault(v, d time.Duration) time.Duration {
 // does not cut a long response.
 func (s *Server) httpServer() *http.Server {
 	return &http.Server{
-		Handler:           s.mux,
+		Handler:           s.Handler(),
 		ReadTimeout:       s.cfg.ReadTimeout,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,

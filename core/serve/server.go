@@ -79,6 +79,12 @@ type Config struct {
 	// Health, when set, is asked by /health: an error (an out-of-process runner that is
 	// down) answers 503 with the error.
 	Health func() error
+	// AllowedOrigins are the origins whose browser pages may call the API (CORS, see
+	// cors.go): "*" for any, as vLLM's default; nil means {"*"}; an empty, non-nil list (or
+	// only "") turns CORS off. AllowCredentials answers credentialed requests too (the
+	// origin is then echoed, never "*").
+	AllowedOrigins   []string
+	AllowCredentials bool
 }
 
 // Server is the OpenAI-compatible HTTP service.
@@ -103,6 +109,7 @@ type Server struct {
 	// developerRole: the chat template names the "developer" role, which messages then
 	// keep (templateMessages).
 	developerRole bool
+	corsPolicy    corsPolicy
 }
 
 type httpMetrics struct {
@@ -174,6 +181,10 @@ func New(cfg Config) (*Server, error) {
 			}),
 		},
 	}
+	if cfg.AllowedOrigins == nil {
+		cfg.AllowedOrigins = []string{"*"}
+	}
+	s.corsPolicy = newCORSPolicy(cfg.AllowedOrigins, cfg.AllowCredentials)
 	s.developerRole = cfg.ChatTemplate != nil && strings.Contains(cfg.ChatTemplate.Source(), "developer")
 	for _, a := range cfg.Aliases {
 		s.models[a] = true
@@ -230,7 +241,7 @@ func (s *Server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
 }
 
 // Handler returns the service's routes.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.cors(s.mux) }
 
 // statusRecorder remembers the status a handler wrote.
 type statusRecorder struct {
