@@ -57,12 +57,12 @@ for seed in range(3):
 print(json.dumps(out))
 `
 
-// TestServeStructuredOutputsWithPythonClients: against resin serve (the built-in test
-// runner, random text), Python's openai SDK (parse() with a pydantic response_format,
-// tool_choice "required") and LangChain (with_structured_output of a pydantic model,
-// bind_tools with a named tool_choice) all return parsed results that validate against
-// the model's schema. The clients come from .ci/setup.d/41-python-openai.sh.
-func TestServeStructuredOutputsWithPythonClients(t *testing.T) {
+// runPythonClients runs script with the Python from .ci/setup.d/41-python-openai.sh
+// (openai, langchain-openai, pydantic) against a fresh resin serve of the built-in test
+// runner (served as "e2e", API key "e2e-key", BASE_URL in the script's environment) and
+// returns what it printed; it skips without that Python.
+func runPythonClients(t *testing.T, script string) []byte {
+	t.Helper()
 	py := os.Getenv("RESIN_OPENAI_PYTHON")
 	if py == "" {
 		py = filepath.Join("..", "..", ".cache", "openai-venv", "bin", "python")
@@ -85,11 +85,11 @@ func TestServeStructuredOutputsWithPythonClients(t *testing.T) {
 		for logs.Scan() {
 		}
 	}()
-	script := filepath.Join(dir, "structured.py")
-	if err := os.WriteFile(script, []byte(structuredPythonScript), 0o644); err != nil {
+	file := filepath.Join(dir, "clients.py")
+	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, py, script)
+	cmd := exec.CommandContext(ctx, py, file)
 	// No proxy and no telemetry: the clients talk to the local server only.
 	cmd.Env = append(os.Environ(), "BASE_URL="+base, "NO_PROXY=127.0.0.1,localhost", "LANGCHAIN_TRACING_V2=false", "LANGSMITH_TRACING=false")
 	out, err := cmd.Output()
@@ -100,6 +100,16 @@ func TestServeStructuredOutputsWithPythonClients(t *testing.T) {
 		}
 		t.Fatalf("python clients: %v\n%s\n%s", err, out, stderr)
 	}
+	return out
+}
+
+// TestServeStructuredOutputsWithPythonClients: against resin serve (the built-in test
+// runner, random text), Python's openai SDK (parse() with a pydantic response_format,
+// tool_choice "required") and LangChain (with_structured_output of a pydantic model,
+// bind_tools with a named tool_choice) all return parsed results that validate against
+// the model's schema. The clients come from .ci/setup.d/41-python-openai.sh.
+func TestServeStructuredOutputsWithPythonClients(t *testing.T) {
+	out := runPythonClients(t, structuredPythonScript)
 	type call struct {
 		Name string      `json:"name"`
 		Args weatherCall `json:"args"`

@@ -3,7 +3,9 @@
 //
 // Endpoints: POST /v1/completions and /v1/chat/completions (JSON or Server-Sent Events
 // streaming, usage, finish_reason, logprobs, stop strings and token ids, seed,
-// max_tokens / max_completion_tokens, token-id prompts), GET /v1/models; vLLM's POST
+// max_tokens / max_completion_tokens, token-id prompts), POST /v1/responses (OpenAI's
+// Responses API without a response store, translated to and from a chat completion:
+// responses.go), GET /v1/models; vLLM's POST
 // /tokenize and /detokenize and GET /tokenizer_info and /version; /health and /metrics
 // (the engine's Prometheus registry: resin_ metrics, the same under vLLM's vllm: names
 // for vLLM's dashboards, all labelled with model_name, process and Go metrics);

@@ -203,6 +203,7 @@ func New(cfg Config) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/completions", s.api("/v1/completions", s.handleCompletions))
 	mux.Handle("POST /v1/chat/completions", s.api("/v1/chat/completions", s.handleChat))
+	mux.Handle("POST /v1/responses", s.api("/v1/responses", s.handleResponses))
 	mux.Handle("GET /v1/models", s.api("/v1/models", s.handleModels))
 	mux.Handle("GET /v1/models/{id...}", s.api("/v1/models/{id}", s.handleModel))
 	mux.Handle("GET /health", s.counted("/health", http.HandlerFunc(s.handleHealth)))

@@ -1,0 +1,714 @@
+package serve
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/resin-llm/resin/core/serve/toolparse"
+)
+
+// POST /v1/responses, OpenAI's Responses API, as vLLM serves it without a response store:
+// a request is translated into the chat completion it means (instructions as the system
+// message, input items as messages, function tools and tool_choice, text.format as
+// response_format, reasoning.effort, max_output_tokens as max_tokens) and answered by the
+// chat route's own code, whose answer (or event stream) is translated back into a
+// response object (or the response.* events). The chat route's checks therefore apply
+// unchanged; an error naming a chat field is renamed to the Responses field that sent it.
+//
+// Not served: previous_response_id and background (both need stored responses; store is
+// accepted and ignored, and every response says store false), built-in tools (web
+// search, file search, computer use: only function tools), input images and files.
+
+type responsesRequest struct {
+	Model             string            `json:"model"`
+	Input             json.RawMessage   `json:"input"`
+	Instructions      *string           `json:"instructions"`
+	MaxOutputTokens   *int              `json:"max_output_tokens"`
+	Temperature       *float64          `json:"temperature"`
+	TopP              *float64          `json:"top_p"`
+	Stream            bool              `json:"stream"`
+	Tools             []json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage   `json:"tool_choice"`
+	ParallelToolCalls *bool             `json:"parallel_tool_calls"`
+	Text              *struct {
+		Format    json.RawMessage `json:"format"`
+		Verbosity json.RawMessage `json:"verbosity"`
+	} `json:"text"`
+	Reasoning *struct {
+		Effort  json.RawMessage `json:"effort"`
+		Summary json.RawMessage `json:"summary"`
+	} `json:"reasoning"`
+	TopLogprobs        *int            `json:"top_logprobs"`
+	Include            []string        `json:"include"`
+	Truncation         *string         `json:"truncation"`
+	User               string          `json:"user"`
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	Background         *bool           `json:"background"`
+	MaxToolCalls       json.RawMessage `json:"max_tool_calls"`
+	StreamOptions      json.RawMessage `json:"stream_options"`
+	// vLLM's sampling extensions on this route, passed to the chat request as they are.
+	TopK              *int     `json:"top_k"`
+	MinP              *float64 `json:"min_p"`
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	Seed              *int64   `json:"seed"`
+	ignoredFields
+}
+
+// responsesParams maps the chat request's field names, as errors name them, to the
+// Responses fields they came from.
+var responsesParams = map[string]string{
+	"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
+	"reasoning_effort": "reasoning.effort", "top_logprobs": "top_logprobs",
+}
+
+func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) error {
+	var req responsesRequest
+	if err := decodeBody(r.Body, &req); err != nil {
+		return err
+	}
+	chat, err := req.chatRequest()
+	if err != nil {
+		return err
+	}
+	body, err := json.Marshal(chat)
+	if err != nil {
+		return err
+	}
+	cr := r.Clone(r.Context())
+	cr.Body, cr.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	rs := &responseState{req: &req, id: newID("resp_"), created: time.Now().Unix(), model: s.modelName(req.Model)}
+	if req.Stream {
+		st := &responsesStream{out: newSSE(w), state: rs, header: http.Header{}}
+		if err := s.handleChat(st, cr); err != nil {
+			return renameParam(err)
+		}
+		return st.err
+	}
+	rec := &bufferedWriter{header: http.Header{}}
+	if err := s.handleChat(rec, cr); err != nil {
+		return renameParam(err)
+	}
+	var resp chatResponse
+	if err := json.Unmarshal(rec.buf.Bytes(), &resp); err != nil || len(resp.Choices) != 1 {
+		return fmt.Errorf("serve: responses: the chat answer did not parse (%v): %.200s", err, rec.buf.String())
+	}
+	c := resp.Choices[0]
+	rs.text = c.Message.Content
+	if c.Message.ReasoningContent != nil {
+		rs.reasoning = *c.Message.ReasoningContent
+	}
+	rs.calls = c.Message.ToolCalls
+	rs.finish = c.FinishReason
+	rs.usage = resp.Usage
+	writeJSON(w, http.StatusOK, rs.object("completed"))
+	return nil
+}
+
+// renameParam gives an error from the chat route the Responses field its param came from.
+func renameParam(err error) error {
+	if ae, ok := err.(*apiError); ok {
+		if p, ok := responsesParams[ae.param]; ok {
+			c := *ae
+			c.param = p
+			c.message = strings.ReplaceAll(c.message, ae.param, p)
+			return &c
+		}
+	}
+	return err
+}
+
+// chatRequest is the chat completion request r means.
+func (r *responsesRequest) chatRequest() (map[string]any, error) {
+	switch {
+	case !absent(r.PreviousResponseID):
+		return nil, invalid("previous_response_id", "previous_response_id needs stored responses, which this server does not keep; send the conversation in input.")
+	case r.Background != nil && *r.Background:
+		return nil, invalid("background", "background responses need stored responses, which this server does not keep.")
+	case r.Truncation != nil && *r.Truncation != "disabled" && *r.Truncation != "auto":
+		return nil, invalid("truncation", "truncation must be \"disabled\" or \"auto\"; got %q.", *r.Truncation)
+	case !absent(r.StreamOptions):
+		return nil, unsupported("stream_options", "stream_options on /v1/responses (usage is in response.completed)")
+	}
+	for _, inc := range r.Include {
+		if inc != "message.output_text.logprobs" && inc != "reasoning.encrypted_content" {
+			return nil, invalid("include", "include %q is not served; only message.output_text.logprobs is.", inc)
+		}
+	}
+	msgs, err := r.messages()
+	if err != nil {
+		return nil, err
+	}
+	c := map[string]any{"model": r.Model, "messages": msgs}
+	put := func(k string, v any, ok bool) {
+		if ok {
+			c[k] = v
+		}
+	}
+	put("max_tokens", r.MaxOutputTokens, r.MaxOutputTokens != nil)
+	put("temperature", r.Temperature, r.Temperature != nil)
+	put("top_p", r.TopP, r.TopP != nil)
+	put("top_k", r.TopK, r.TopK != nil)
+	put("min_p", r.MinP, r.MinP != nil)
+	put("repetition_penalty", r.RepetitionPenalty, r.RepetitionPenalty != nil)
+	put("seed", r.Seed, r.Seed != nil)
+	put("user", r.User, r.User != "")
+	put("parallel_tool_calls", r.ParallelToolCalls, r.ParallelToolCalls != nil)
+	if r.Stream {
+		c["stream"], c["stream_options"] = true, map[string]any{"include_usage": true}
+	}
+	if r.TopLogprobs != nil || includes(r.Include, "message.output_text.logprobs") {
+		c["logprobs"] = true
+		put("top_logprobs", r.TopLogprobs, r.TopLogprobs != nil)
+	}
+	if len(r.Tools) > 0 {
+		tools := make([]any, len(r.Tools))
+		for i, raw := range r.Tools {
+			var t map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &t); err != nil {
+				return nil, invalid(fmt.Sprintf("tools[%d]", i), "A tool must be an object.")
+			}
+			var typ string
+			_ = json.Unmarshal(t["type"], &typ)
+			if typ != "function" {
+				return nil, invalid(fmt.Sprintf("tools[%d].type", i), "Only function tools are served; got %q.", typ)
+			}
+			fn := map[string]json.RawMessage{}
+			for k, v := range t {
+				if k != "type" {
+					fn[k] = v
+				}
+			}
+			tools[i] = map[string]any{"type": "function", "function": fn}
+		}
+		c["tools"] = tools
+	}
+	if !absent(r.ToolChoice) {
+		var mode string
+		if json.Unmarshal(r.ToolChoice, &mode) == nil {
+			c["tool_choice"] = mode
+		} else {
+			var named struct {
+				Type, Name string
+			}
+			if err := json.Unmarshal(r.ToolChoice, &named); err != nil || named.Type != "function" || named.Name == "" {
+				return nil, invalid("tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}.")
+			}
+			c["tool_choice"] = map[string]any{"type": "function", "function": map[string]string{"name": named.Name}}
+		}
+	}
+	if r.Text != nil && !absent(r.Text.Format) {
+		var f map[string]json.RawMessage
+		if err := json.Unmarshal(r.Text.Format, &f); err != nil {
+			return nil, invalid("text.format", "text.format must be an object.")
+		}
+		var typ string
+		_ = json.Unmarshal(f["type"], &typ)
+		switch typ {
+		case "text":
+		case "json_object":
+			c["response_format"] = map[string]string{"type": "json_object"}
+		case "json_schema":
+			js := map[string]json.RawMessage{}
+			for k, v := range f {
+				if k != "type" {
+					js[k] = v
+				}
+			}
+			c["response_format"] = map[string]any{"type": "json_schema", "json_schema": js}
+		default:
+			return nil, invalid("text.format.type", "text.format.type must be text, json_object or json_schema; got %q.", typ)
+		}
+	}
+	if r.Reasoning != nil && !absent(r.Reasoning.Effort) {
+		c["reasoning_effort"] = r.Reasoning.Effort
+	}
+	if r.Store != nil {
+		c["store"] = r.Store
+	}
+	if r.Metadata != nil {
+		c["metadata"] = r.Metadata
+	}
+	return c, nil
+}
+
+func includes(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// messages turns instructions and input into chat messages: a string input is one user
+// message; items are messages (role and content, a string or input_text/output_text
+// parts), function_call items (the assistant's calls) and function_call_output items
+// (tool results).
+func (r *responsesRequest) messages() ([]map[string]any, error) {
+	var msgs []map[string]any
+	if r.Instructions != nil && *r.Instructions != "" {
+		msgs = append(msgs, map[string]any{"role": "system", "content": *r.Instructions})
+	}
+	if absent(r.Input) {
+		return nil, invalid("input", "input is required.")
+	}
+	var text string
+	if json.Unmarshal(r.Input, &text) == nil {
+		return append(msgs, map[string]any{"role": "user", "content": text}), nil
+	}
+	var items []map[string]json.RawMessage
+	if err := json.Unmarshal(r.Input, &items); err != nil {
+		return nil, invalid("input", "input must be a string or a list of items.")
+	}
+	str := func(m map[string]json.RawMessage, k string) string {
+		var v string
+		_ = json.Unmarshal(m[k], &v)
+		return v
+	}
+	for i, it := range items {
+		param := "input[" + strconv.Itoa(i) + "]"
+		switch typ := str(it, "type"); typ {
+		case "", "message":
+			role := str(it, "role")
+			switch role {
+			case "user", "assistant", "system", "developer":
+			default:
+				return nil, invalid(param+".role", "A message's role must be user, assistant, system or developer; got %q.", role)
+			}
+			content, err := itemText(it["content"], param+".content")
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, map[string]any{"role": role, "content": content})
+		case "function_call":
+			call := map[string]any{"id": str(it, "call_id"), "type": "function",
+				"function": map[string]string{"name": str(it, "name"), "arguments": str(it, "arguments")}}
+			if n := len(msgs); n > 0 && msgs[n-1]["role"] == "assistant" && msgs[n-1]["tool_calls"] != nil {
+				msgs[n-1]["tool_calls"] = append(msgs[n-1]["tool_calls"].([]any), call)
+			} else {
+				msgs = append(msgs, map[string]any{"role": "assistant", "content": "", "tool_calls": []any{call}})
+			}
+		case "function_call_output":
+			out, err := itemText(it["output"], param+".output")
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": str(it, "call_id"), "content": out})
+		case "reasoning":
+			// A previous turn's reasoning, sent back by clients that keep the output whole:
+			// chat templates drop earlier turns' reasoning, so it is dropped here too.
+		default:
+			return nil, invalid(param+".type", "Input items of type %q are not served (message, function_call, function_call_output and reasoning are).", typ)
+		}
+	}
+	if len(msgs) == 0 {
+		return nil, invalid("input", "input has no messages.")
+	}
+	return msgs, nil
+}
+
+// itemText is a message's content: a string, or its text parts joined.
+func itemText(raw json.RawMessage, param string) (string, error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", invalid(param, "Content must be a string or a list of parts.")
+	}
+	var b strings.Builder
+	for j, p := range parts {
+		switch p.Type {
+		case "input_text", "output_text", "text", "summary_text", "reasoning_text":
+			b.WriteString(p.Text)
+		default:
+			return "", invalid(param+"["+strconv.Itoa(j)+"].type", "Content parts of type %q are not served (only text).", p.Type)
+		}
+	}
+	return b.String(), nil
+}
+
+// responseState is what a response object is built from.
+type responseState struct {
+	req       *responsesRequest
+	id, model string
+	created   int64
+	text      string
+	reasoning string
+	calls     []toolparse.ToolCall
+	finish    string
+	usage     *usageJSON
+	msgID     string
+}
+
+// output is the response's items: reasoning, the message (unless the answer is only tool
+// calls), then the function calls.
+func (rs *responseState) output(status string) []any {
+	var out []any
+	if rs.reasoning != "" {
+		out = append(out, map[string]any{"type": "reasoning", "id": "rs_" + rs.id[5:], "summary": []any{},
+			"content": []any{map[string]any{"type": "reasoning_text", "text": rs.reasoning}}, "status": status})
+	}
+	if rs.text != "" || len(rs.calls) == 0 {
+		out = append(out, rs.message(status))
+	}
+	for i, c := range rs.calls {
+		out = append(out, functionCallItem(rs.id, i, c.ID, c.Function.Name, c.Function.Arguments, status))
+	}
+	return out
+}
+
+func (rs *responseState) message(status string) map[string]any {
+	if rs.msgID == "" {
+		rs.msgID = "msg_" + rs.id[5:]
+	}
+	return map[string]any{"type": "message", "id": rs.msgID, "status": status, "role": "assistant",
+		"content": []any{outputText(rs.text)}}
+}
+
+func outputText(text string) map[string]any {
+	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
+}
+
+func functionCallItem(respID string, i int, callID, name, args, status string) map[string]any {
+	return map[string]any{"type": "function_call", "id": "fc_" + respID[5:] + "_" + strconv.Itoa(i), "call_id": callID,
+		"name": name, "arguments": args, "status": status}
+}
+
+// object is the response object, status "in_progress" while streaming, else completed or,
+// when the answer ran into max_output_tokens, incomplete.
+func (rs *responseState) object(status string) map[string]any {
+	r := rs.req
+	var incomplete any
+	if status == "completed" && rs.finish == "length" {
+		status, incomplete = "incomplete", map[string]string{"reason": "max_output_tokens"}
+	}
+	o := map[string]any{
+		"id": rs.id, "object": "response", "created_at": rs.created, "status": status, "error": nil,
+		"incomplete_details": incomplete, "model": rs.model, "output": []any{},
+		"instructions": r.Instructions, "max_output_tokens": r.MaxOutputTokens,
+		"temperature": orOne(r.Temperature), "top_p": orOne(r.TopP), "parallel_tool_calls": r.ParallelToolCalls == nil || *r.ParallelToolCalls,
+		"tool_choice": toolChoiceOf(r.ToolChoice), "tools": toolsOf(r.Tools), "text": textOf(r), "reasoning": reasoningOf(r),
+		"truncation": "disabled", "store": false, "previous_response_id": nil, "metadata": map[string]any{}, "user": nil,
+		"background": false, "service_tier": "auto",
+	}
+	if status != "in_progress" {
+		o["output"] = rs.output("completed")
+		if rs.usage != nil {
+			reasoning := 0
+			o["usage"] = map[string]any{
+				"input_tokens": rs.usage.PromptTokens, "output_tokens": rs.usage.CompletionTokens, "total_tokens": rs.usage.TotalTokens,
+				"input_tokens_details":  map[string]int{"cached_tokens": cachedOf(rs.usage)},
+				"output_tokens_details": map[string]int{"reasoning_tokens": reasoning},
+			}
+		}
+	}
+	return o
+}
+
+func cachedOf(u *usageJSON) int {
+	if u.PromptTokensDetails == nil {
+		return 0
+	}
+	return u.PromptTokensDetails.CachedTokens
+}
+
+func orOne(v *float64) float64 {
+	if v == nil {
+		return 1
+	}
+	return *v
+}
+
+func toolChoiceOf(raw json.RawMessage) any {
+	if absent(raw) {
+		return "auto"
+	}
+	return raw
+}
+
+func toolsOf(tools []json.RawMessage) []json.RawMessage {
+	if tools == nil {
+		return []json.RawMessage{}
+	}
+	return tools
+}
+
+func textOf(r *responsesRequest) any {
+	if r.Text == nil || absent(r.Text.Format) {
+		return map[string]any{"format": map[string]string{"type": "text"}}
+	}
+	return map[string]any{"format": r.Text.Format}
+}
+
+func reasoningOf(r *responsesRequest) any {
+	if r.Reasoning == nil {
+		return map[string]any{"effort": nil, "summary": nil}
+	}
+	return map[string]any{"effort": r.Reasoning.Effort, "summary": r.Reasoning.Summary}
+}
+
+// bufferedWriter keeps a handler's answer in memory.
+type bufferedWriter struct {
+	header http.Header
+	status int
+	buf    bytes.Buffer
+}
+
+func (b *bufferedWriter) Header() http.Header         { return b.header }
+func (b *bufferedWriter) WriteHeader(code int)        { b.status = code }
+func (b *bufferedWriter) Write(p []byte) (int, error) { return b.buf.Write(p) }
+
+// responsesStream is the ResponseWriter the chat route streams into: it reads the chat
+// chunks it is sent ("data: {json}\n\n") and writes the Responses events they mean to out,
+// with sequence numbers, as the chat stream goes.
+type responsesStream struct {
+	out    *sseWriter
+	state  *responseState
+	header http.Header
+	buf    []byte
+	seq    int
+	err    error
+	// What is open: the message item and its text part, the reasoning item, the calls.
+	started, msgOpen, reasoningOpen bool
+	items                           int // output items added so far
+	msgIndex, reasoningIndex        int
+	calls                           []*streamCall
+}
+
+type streamCall struct {
+	index       int // output index
+	id, name    string
+	args        strings.Builder
+	callID      string
+	chatIndex   int
+	initialised bool
+}
+
+func (s *responsesStream) Header() http.Header { return s.header }
+func (s *responsesStream) WriteHeader(int)     {}
+func (s *responsesStream) Flush()              {}
+
+func (s *responsesStream) Write(p []byte) (int, error) {
+	if s.out.broken {
+		return 0, errSSEBroken
+	}
+	s.buf = append(s.buf, p...)
+	for {
+		i := bytes.Index(s.buf, []byte("\n\n"))
+		if i < 0 {
+			break
+		}
+		ev := s.buf[:i]
+		s.buf = s.buf[i+2:]
+		data, ok := bytes.CutPrefix(ev, []byte("data: "))
+		if !ok {
+			continue
+		}
+		if err := s.chunk(data); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (s *responsesStream) emit(typ string, fields map[string]any) error {
+	fields["type"] = typ
+	fields["sequence_number"] = s.seq
+	s.seq++
+	return s.out.send(fields)
+}
+
+// chunk translates one chat stream chunk.
+func (s *responsesStream) chunk(data []byte) error {
+	if string(data) == "[DONE]" {
+		return nil
+	}
+	rs := s.state
+	if !s.started {
+		s.started = true
+		if err := s.emit("response.created", map[string]any{"response": rs.object("in_progress")}); err != nil {
+			return err
+		}
+		if err := s.emit("response.in_progress", map[string]any{"response": rs.object("in_progress")}); err != nil {
+			return err
+		}
+	}
+	var c struct {
+		chatChunk
+		Error *errorDetail `json:"error"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return err
+	}
+	if c.Error != nil {
+		// The chat stream failed after it began: the response failed.
+		o := rs.object("failed")
+		o["status"], o["error"] = "failed", map[string]any{"code": c.Error.Code, "message": c.Error.Message}
+		_ = s.emit("error", map[string]any{"code": c.Error.Code, "message": c.Error.Message, "param": c.Error.Param})
+		return s.emit("response.failed", map[string]any{"response": o})
+	}
+	if c.Usage != nil {
+		rs.usage = c.Usage
+		if err := s.closeAll(); err != nil {
+			return err
+		}
+		return s.emit("response.completed", map[string]any{"response": rs.object("completed")})
+	}
+	for _, ch := range c.Choices {
+		d := ch.Delta
+		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
+			if !s.reasoningOpen {
+				s.reasoningOpen, s.reasoningIndex = true, s.items
+				s.items++
+				item := map[string]any{"type": "reasoning", "id": "rs_" + rs.id[5:], "summary": []any{}, "content": []any{}, "status": "in_progress"}
+				if err := s.emit("response.output_item.added", map[string]any{"output_index": s.reasoningIndex, "item": item}); err != nil {
+					return err
+				}
+			}
+			rs.reasoning += *d.ReasoningContent
+			if err := s.emit("response.reasoning_text.delta", map[string]any{"item_id": "rs_" + rs.id[5:], "output_index": s.reasoningIndex,
+				"content_index": 0, "delta": *d.ReasoningContent}); err != nil {
+				return err
+			}
+		}
+		if d.Content != nil && *d.Content != "" {
+			if err := s.openMessage(); err != nil {
+				return err
+			}
+			rs.text += *d.Content
+			if err := s.emit("response.output_text.delta", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex,
+				"content_index": 0, "delta": *d.Content, "logprobs": []any{}}); err != nil {
+				return err
+			}
+		}
+		for _, tc := range d.ToolCalls {
+			if err := s.callDelta(tc); err != nil {
+				return err
+			}
+		}
+		if ch.FinishReason != nil {
+			rs.finish = *ch.FinishReason
+		}
+	}
+	return nil
+}
+
+func (s *responsesStream) openMessage() error {
+	if s.msgOpen {
+		return nil
+	}
+	rs := s.state
+	s.msgOpen, s.msgIndex = true, s.items
+	s.items++
+	item := rs.message("in_progress")
+	item["content"] = []any{}
+	if err := s.emit("response.output_item.added", map[string]any{"output_index": s.msgIndex, "item": item}); err != nil {
+		return err
+	}
+	return s.emit("response.content_part.added", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex,
+		"content_index": 0, "part": outputText("")})
+}
+
+// callDelta adds a tool call's delta: a new call opens its function_call item, its
+// arguments stream as response.function_call_arguments.delta.
+func (s *responsesStream) callDelta(tc toolparse.ToolCallDelta) error {
+	rs := s.state
+	var c *streamCall
+	for _, x := range s.calls {
+		if x.chatIndex == tc.Index {
+			c = x
+		}
+	}
+	if c == nil {
+		c = &streamCall{index: s.items, chatIndex: tc.Index}
+		s.items++
+		s.calls = append(s.calls, c)
+	}
+	if tc.ID != "" {
+		c.callID = tc.ID
+	}
+	if tc.Function.Name != "" {
+		c.name = tc.Function.Name
+	}
+	if !c.initialised {
+		c.initialised = true
+		c.id = "fc_" + rs.id[5:] + "_" + strconv.Itoa(len(s.calls)-1)
+		item := functionCallItem(rs.id, len(s.calls)-1, c.callID, c.name, "", "in_progress")
+		if err := s.emit("response.output_item.added", map[string]any{"output_index": c.index, "item": item}); err != nil {
+			return err
+		}
+	}
+	if tc.Function.Arguments != "" {
+		c.args.WriteString(tc.Function.Arguments)
+		return s.emit("response.function_call_arguments.delta", map[string]any{"item_id": c.id, "output_index": c.index, "delta": tc.Function.Arguments})
+	}
+	return nil
+}
+
+// closeAll ends every open item, in output order, once the answer is complete.
+func (s *responsesStream) closeAll() error {
+	rs := s.state
+	if len(s.calls) == 0 && !s.msgOpen {
+		if err := s.openMessage(); err != nil { // an empty answer is still one message
+			return err
+		}
+	}
+	rs.calls = rs.calls[:0]
+	for _, c := range s.calls {
+		rs.calls = append(rs.calls, toolparse.ToolCall{ID: c.callID, Type: "function", Function: toolparse.Function{Name: c.name, Arguments: c.args.String()}})
+	}
+	type closer struct {
+		index int
+		fn    func() error
+	}
+	var cs []closer
+	if s.reasoningOpen {
+		cs = append(cs, closer{s.reasoningIndex, func() error {
+			if err := s.emit("response.reasoning_text.done", map[string]any{"item_id": "rs_" + rs.id[5:], "output_index": s.reasoningIndex, "content_index": 0, "text": rs.reasoning}); err != nil {
+				return err
+			}
+			return s.emit("response.output_item.done", map[string]any{"output_index": s.reasoningIndex, "item": rs.output("completed")[0]})
+		}})
+	}
+	if s.msgOpen {
+		cs = append(cs, closer{s.msgIndex, func() error {
+			if err := s.emit("response.output_text.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "text": rs.text, "logprobs": []any{}}); err != nil {
+				return err
+			}
+			if err := s.emit("response.content_part.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "part": outputText(rs.text)}); err != nil {
+				return err
+			}
+			return s.emit("response.output_item.done", map[string]any{"output_index": s.msgIndex, "item": rs.message("completed")})
+		}})
+	}
+	for i, c := range s.calls {
+		cs = append(cs, closer{c.index, func() error {
+			args := c.args.String()
+			if err := s.emit("response.function_call_arguments.done", map[string]any{"item_id": c.id, "output_index": c.index, "arguments": args}); err != nil {
+				return err
+			}
+			return s.emit("response.output_item.done", map[string]any{"output_index": c.index, "item": functionCallItem(rs.id, i, c.callID, c.name, args, "completed")})
+		}})
+	}
+	for idx := 0; idx < s.items; idx++ {
+		for _, c := range cs {
+			if c.index == idx {
+				if err := c.fn(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}

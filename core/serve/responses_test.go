@@ -1,0 +1,189 @@
+package serve
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// respObject is the part of a response object the tests read.
+type respObject struct {
+	ID                string `json:"id"`
+	Object            string `json:"object"`
+	Status            string `json:"status"`
+	IncompleteDetails *struct {
+		Reason string `json:"reason"`
+	} `json:"incomplete_details"`
+	Output []struct {
+		Type    string `json:"type"`
+		ID      string `json:"id"`
+		Role    string `json:"role"`
+		Status  string `json:"status"`
+		Name    string `json:"name"`
+		CallID  string `json:"call_id"`
+		Args    string `json:"arguments"`
+		Content []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"content"`
+	} `json:"output"`
+	Usage struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+		TotalTokens  int `json:"total_tokens"`
+	} `json:"usage"`
+}
+
+// /v1/responses answers what the equivalent chat completion answers: instructions as the
+// system message and input items as the turns, max_output_tokens as max_tokens (a cut
+// answer is "incomplete" with reason max_output_tokens), the same text and usage.
+func TestResponsesMatchChat(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	var chat chatAnswer
+	var chatUsage struct {
+		Usage usageJSON `json:"usage"`
+	}
+	msgs := []any{map[string]any{"role": "system", "content": "Be brief."}, map[string]any{"role": "user", "content": "Hello there"},
+		map[string]any{"role": "assistant", "content": "Hi."}, map[string]any{"role": "user", "content": "And now?"}}
+	req := map[string]any{"messages": msgs, "max_tokens": 6, "temperature": 0.8, "seed": 7}
+	h.postJSON("/v1/chat/completions", req, 200, &chat)
+	_, raw := h.post("/v1/chat/completions", req)
+	_ = json.Unmarshal(raw, &chatUsage)
+
+	var r respObject
+	h.postJSON("/v1/responses", map[string]any{"instructions": "Be brief.", "max_output_tokens": 6, "temperature": 0.8, "seed": 7,
+		"input": []any{
+			map[string]any{"role": "user", "content": "Hello there"},
+			map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": "Hi."}}},
+			map[string]any{"role": "user", "content": []any{map[string]any{"type": "input_text", "text": "And "}, map[string]any{"type": "input_text", "text": "now?"}}},
+		}}, 200, &r)
+	if r.Object != "response" || !strings.HasPrefix(r.ID, "resp_") || len(r.Output) != 1 || r.Output[0].Type != "message" ||
+		r.Output[0].Role != "assistant" || len(r.Output[0].Content) != 1 || r.Output[0].Content[0].Type != "output_text" {
+		t.Fatalf("response shape: %+v", r)
+	}
+	if got, want := r.Output[0].Content[0].Text, *chat.Choices[0].Message.Content; got != want {
+		t.Errorf("text %q, chat gave %q", got, want)
+	}
+	if r.Usage.InputTokens != chatUsage.Usage.PromptTokens || r.Usage.OutputTokens != chatUsage.Usage.CompletionTokens || r.Usage.TotalTokens != chatUsage.Usage.TotalTokens {
+		t.Errorf("usage %+v, chat's %+v", r.Usage, chatUsage.Usage)
+	}
+	if chat.Choices[0].FinishReason == "length" && (r.Status != "incomplete" || r.IncompleteDetails == nil || r.IncompleteDetails.Reason != "max_output_tokens") {
+		t.Errorf("cut answer: status %q, details %+v", r.Status, r.IncompleteDetails)
+	}
+	// A string input is one user turn.
+	var s respObject
+	h.postJSON("/v1/responses", map[string]any{"input": "What is the weather?", "max_output_tokens": 4, "temperature": 0}, 200, &s)
+	h.postJSON("/v1/chat/completions", map[string]any{"messages": userMsg, "max_tokens": 4, "temperature": 0}, 200, &chat)
+	if s.Output[0].Content[0].Text != *chat.Choices[0].Message.Content {
+		t.Errorf("string input: %q, chat %q", s.Output[0].Content[0].Text, *chat.Choices[0].Message.Content)
+	}
+	h.stopAndCheck("responses")
+}
+
+// A forced function tool answers with a function_call item whose arguments validate;
+// tools are the Responses API's flat {type, name, parameters}.
+func TestResponsesFunctionCall(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	tools := []any{map[string]any{"type": "function", "name": "get_weather", "description": "Weather at a place", "parameters": json.RawMessage(weatherParams)}}
+	var r respObject
+	h.postJSON("/v1/responses", map[string]any{"input": "What is the weather?", "tools": tools, "temperature": 1, "seed": 3,
+		"tool_choice": map[string]any{"type": "function", "name": "get_weather"}, "max_output_tokens": 400}, 200, &r)
+	if len(r.Output) != 1 || r.Output[0].Type != "function_call" || r.Output[0].Name != "get_weather" || r.Output[0].CallID == "" || r.Status != "completed" {
+		t.Fatalf("forced call: %+v", r)
+	}
+	checkWeather(t, r.Output[0].Args)
+	// The call and its output sent back as items reach the template as the assistant's call
+	// and a tool turn.
+	code, raw := h.post("/v1/responses", map[string]any{"tools": tools, "max_output_tokens": 3, "input": []any{
+		map[string]any{"role": "user", "content": "What is the weather?"},
+		map[string]any{"type": "function_call", "call_id": r.Output[0].CallID, "name": "get_weather", "arguments": r.Output[0].Args},
+		map[string]any{"type": "function_call_output", "call_id": r.Output[0].CallID, "output": "Sunny"},
+	}})
+	if code != 200 {
+		t.Errorf("tool round trip: %d %s", code, raw)
+	}
+	h.stopAndCheck("responses tools")
+}
+
+// Streamed, the events are the Responses API's, in order, with increasing sequence
+// numbers; the deltas add up to the text the unstreamed answer gives, and
+// response.completed carries the whole response with its usage.
+func TestResponsesStream(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	body := map[string]any{"input": "Tell me a story", "max_output_tokens": 12, "temperature": 0.7, "seed": 11}
+	var plain respObject
+	h.postJSON("/v1/responses", body, 200, &plain)
+	body["stream"] = true
+	code, raw := h.post("/v1/responses", body)
+	if code != 200 {
+		t.Fatalf("stream: %d %s", code, raw)
+	}
+	var types []string
+	var text strings.Builder
+	var done respObject
+	for i, ev := range sseEvents(t, raw) {
+		var e struct {
+			Type     string          `json:"type"`
+			Seq      int             `json:"sequence_number"`
+			Delta    string          `json:"delta"`
+			Response json.RawMessage `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(ev), &e); err != nil {
+			t.Fatalf("event %d %q: %v", i, ev, err)
+		}
+		if e.Seq != i {
+			t.Errorf("event %d has sequence_number %d", i, e.Seq)
+		}
+		if len(types) == 0 || types[len(types)-1] != e.Type {
+			types = append(types, e.Type)
+		}
+		switch e.Type {
+		case "response.output_text.delta":
+			text.WriteString(e.Delta)
+		case "response.completed":
+			if err := json.Unmarshal(e.Response, &done); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+		"response.output_text.delta", "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed"}
+	if strings.Join(types, " ") != strings.Join(want, " ") {
+		t.Errorf("events\n %v\nwant\n %v", types, want)
+	}
+	if text.String() != plain.Output[0].Content[0].Text || done.Output[0].Content[0].Text != text.String() {
+		t.Errorf("streamed %q, completed %q, unstreamed %q", text.String(), done.Output[0].Content[0].Text, plain.Output[0].Content[0].Text)
+	}
+	if done.Usage != plain.Usage || done.Status != plain.Status {
+		t.Errorf("completed usage %+v status %q, unstreamed %+v %q", done.Usage, done.Status, plain.Usage, plain.Status)
+	}
+	h.stopAndCheck("responses stream")
+}
+
+// What the route cannot serve is a 400 naming the Responses field, not the chat field it
+// maps to.
+func TestResponsesRefused(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	for _, c := range []struct {
+		body  map[string]any
+		param string
+	}{
+		{map[string]any{"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"},
+		{map[string]any{"input": "hi", "background": true}, "background"},
+		{map[string]any{}, "input"},
+		{map[string]any{"input": 3}, "input"},
+		{map[string]any{"input": "hi", "max_output_tokens": -2}, "max_output_tokens"},
+		{map[string]any{"input": "hi", "tools": []any{map[string]any{"type": "web_search"}}}, "tools[0].type"},
+		{map[string]any{"input": []any{map[string]any{"role": "user", "content": []any{map[string]any{"type": "input_image", "image_url": "x"}}}}}, "input[0].content[0].type"},
+		{map[string]any{"input": []any{map[string]any{"role": "robot", "content": "x"}}}, "input[0].role"},
+		{map[string]any{"input": "hi", "text": map[string]any{"format": map[string]any{"type": "yaml"}}}, "text.format.type"},
+		{map[string]any{"input": "hi", "frobnicate": 1}, "frobnicate"},
+	} {
+		code, raw := h.post("/v1/responses", c.body)
+		var e errorResp
+		if err := json.Unmarshal(raw, &e); code != 400 || err != nil || e.Error.Param == nil || *e.Error.Param != c.param {
+			t.Errorf("%v: %d %s, want 400 naming %s", c.body, code, raw, c.param)
+		}
+	}
+	h.stopAndCheck("responses refused")
+}
