@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/runnertest"
 )
 
@@ -19,7 +21,8 @@ import (
 // prefill beside decode rows; drafts forced right except at every third position, so that
 // drafts are accepted, rejected first or later, and rolled back on the device after
 // either path; then the same requests again from the prefix cache, then two with a logit
-// bias (sampled on the host by both runners). The device-verified tokens equal the host
+// bias (sampled on the host by both runners), then two under a grammar's token masks
+// (parity: each verifying row under the mask after its drafts, on the device). The device-verified tokens equal the host
 // path's and plain decoding's (itself sampled on the device), logprobs within 1e-4; the
 // device runner copied no logits back but for the biased steps, the host runner did.
 func TestEmulatedMTPDeviceVerify(t *testing.T) {
@@ -29,18 +32,21 @@ func TestEmulatedMTPDeviceVerify(t *testing.T) {
 	dev, cache := openTestGPU(t)
 	m := tinyModel(t)
 	vocab := m.Config.VocabSize
-	prompts := specPrompts(vocab)[:4]
+	prompts, cprompts := specPrompts(vocab)[:4], specPrompts(vocab)[4:6] // cprompts: under a grammar
 	greedy := engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true, Logprobs: true, TopLogprobs: 2}
 	seeded := engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true, Temperature: 0.8, Seed: 7, HasSeed: true, Logprobs: true}
 	sps := []engine.SamplingParams{greedy, seeded, seeded, greedy}
 	const budget, drafts = 16, 2
 	type run struct {
-		cold, hit, biased []runnertest.Output
-		c                 engine.Counters
-		hits              uint64
-		device, host      int // steps sampled on the device and on the host
-		copies            int // steps whose logits came back (forward)
-		biasedHost        int // host steps of the biased requests
+		cold, hit, biased   []runnertest.Output
+		c                   engine.Counters
+		hits                uint64
+		device, host        int // steps sampled on the device and on the host
+		copies              int // steps whose logits came back (forward)
+		biasedHost          int // host steps of the biased requests
+		constrained         []runnertest.Output
+		constrainedHost     int // host steps of the constrained requests
+		constrainedAccepted uint64
 	}
 	serve := func(r *GPURunner) run {
 		pool, err := r.NewPool(8 << 20)
@@ -63,13 +69,22 @@ func TestEmulatedMTPDeviceVerify(t *testing.T) {
 		}
 		out.biased = generateEach(t, h, prompts[:2], biased)
 		out.biasedHost = r.Stats.HostSampled - out.host
+		host, before := r.Stats.HostSampled, h.Counters().DraftsAccepted
+		var constrained []engine.SamplingParams
+		for _, sp := range sps[:2] {
+			sp.IgnoreEOS, sp.Constraint = false, &parity{words: cuda.MaskWords(vocab), eos: m.Config.EOSTokenID}
+			constrained = append(constrained, sp)
+		}
+		out.constrained = generateEach(t, h, cprompts, constrained)
+		out.constrainedHost = r.Stats.HostSampled - host
+		out.constrainedAccepted = h.Counters().DraftsAccepted - before
 		return out
 	}
 	same := func(what string, got, want []runnertest.Output) {
 		t.Helper()
 		for i := range want {
 			if !slices.Equal(got[i].Tokens, want[i].Tokens) {
-				t.Fatalf("%s: prompt of %d tokens: %v, the host path %v", what, len(prompts[i]), got[i].Tokens, want[i].Tokens)
+				t.Fatalf("%s: request %d: %v, the host path %v", what, i, got[i].Tokens, want[i].Tokens)
 			}
 			if len(got[i].Logprobs) != len(want[i].Logprobs) {
 				t.Fatalf("%s: prompt %d: %d logprobs, the host path %d", what, i, len(got[i].Logprobs), len(want[i].Logprobs))
@@ -97,6 +112,9 @@ func TestEmulatedMTPDeviceVerify(t *testing.T) {
 	for i, p := range prompts {
 		full[len(p)] = append(slices.Clone(p), want.cold[i].Tokens...)
 	}
+	for i, p := range cprompts { // drafts the masks allow: the rows after them get masks of their own
+		full[len(p)] = append(slices.Clone(p), want.constrained[i].Tokens...)
+	}
 	var runs [2]run // the device path, the host path
 	for k := range runs {
 		r, err := NewGPUMTPRunner(m, dev, cache, cudart.F32, 8, 64, 8*(1+drafts), drafts)
@@ -113,6 +131,18 @@ func TestEmulatedMTPDeviceVerify(t *testing.T) {
 	same("device-verified from the prefix cache", dr.hit, hr.hit)
 	same("with a logit bias", dr.biased, hr.biased)
 	same("host-verified, against plain decoding", hr.cold, want.cold)
+	same("under a token mask", dr.constrained, hr.constrained)
+	same("host-verified under a token mask, against plain decoding", hr.constrained, want.constrained)
+	for i, o := range dr.constrained {
+		for j, tok := range o.Tokens {
+			if int(tok)%2 != j%2 {
+				t.Fatalf("constrained request %d: token %d is %d, the mask allows only tokens of parity %d", i, j, tok, j%2)
+			}
+		}
+	}
+	if dr.constrainedHost != 0 || dr.constrainedAccepted == 0 {
+		t.Errorf("constrained requests: %d steps sampled on the host, %d drafts accepted", dr.constrainedHost, dr.constrainedAccepted)
+	}
 	if c := dr.c; c.DraftsAccepted == 0 || c.DraftsAccepted == c.DraftsProposed || dr.hits == 0 {
 		t.Errorf("%d drafts, %d accepted, %d prefix hits: want some of each, and rejections", c.DraftsProposed, c.DraftsAccepted, dr.hits)
 	}
@@ -131,6 +161,33 @@ func TestEmulatedMTPDeviceVerify(t *testing.T) {
 	t.Logf("%d drafts, %d accepted, %d prefix hits; device path %d steps on the device, %d logits copies; host path %d steps, %d copies",
 		dr.c.DraftsProposed, dr.c.DraftsAccepted, dr.hits, dr.device, dr.copies, hr.host, hr.copies)
 }
+
+// parity is a grammar that allows only even tokens at even output positions and odd ones
+// at odd positions, never an EOS id.
+type parity struct {
+	words, n int
+	eos      []int32
+}
+
+func (c *parity) Words() int { return c.words }
+func (c *parity) FillMask(mask []uint32) error {
+	clear(mask)
+	for t := c.n % 2; t < 32*c.words; t += 2 {
+		if !slices.Contains(c.eos, int32(t)) {
+			mask[t/32] |= 1 << (t % 32)
+		}
+	}
+	return nil
+}
+func (c *parity) Accept(tok int32) error {
+	if int(tok)%2 != c.n%2 {
+		return fmt.Errorf("parity: token %d at output position %d", tok, c.n)
+	}
+	c.n++
+	return nil
+}
+func (c *parity) Rollback(n int) error { c.n -= n; return nil }
+func (c *parity) Ended() bool          { return false }
 
 // generateEach submits prompt i with sps[i], all at once so that they share batches, and
 // collects them.
