@@ -128,9 +128,16 @@
 //	MTP drafts: argmax, chained    cuda argmax.cu resin_argmax on the head's  TestEmulatedMTPDeviceDrafts: every
 //	  steps                          logits; each draft fed to the next step    draft equal to the host argmax's
 //	                                 on the device (gpu_mtp.go draftChain),     (exact), greedy equal to plain
-//	                                 the drafts copied back once a step
+//	                                 the drafts copied back once a step; a      TestEmuArgmax: a row of NaN gives
+//	                                 row of NaN drafts token 0, as the host     token 0
+//	sampling, MTP verification     cuda sampling.cu resin_sample over every   TestEmuVerifyDrafts (engine.Sampler,
+//	                                 logits row, verify.cu resin_verify_drafts  engine.VerifyDraft greedy);
+//	                                 counts the accepted drafts; the counts,    TestEmulatedMTPDeviceVerify (the
+//	                                 tokens and logprobs copied back once       host path's tokens, no logits back)
+//	                                 (gpu_sample.go)
 //	rejected drafts rolled back    device undo log (D2D copies), undoLog on   TestEmulatedMTPGreedyEqualsPlain
-//	                                 the pool (gpu_mtp.go)                      (forced accepts and rejects)
+//	                                 the pool (gpu_mtp.go), by the device's     (forced accepts and rejects)
+//	                                 accepted counts
 //	prefix cache                   the pool written through from the slots,   TestEmulatedEngineMatchesCPU (prefix
 //	                                 a hit restored into a slot (gpu_cache.go)  rounds), TestEmulatedGraphsEqualEager
 //	decode steps                   one CUDA graph per batch bucket            TestEmulatedGraphsEqualEager (bit
@@ -162,8 +169,12 @@
 // of a step's rows and runs one GEMM per expert; attention reads the shared K=V head once
 // per block of 4 query heads; the MTP runner's forward steps (verification, prefill) and
 // the first MTP step of each drafting run eagerly (only the chained draft steps replay a
-// graph), and the verification samples on the host over the logits copied back
-// (core/cpurunner), as every runner here does. kernels.Load compiles every source
+// graph), and a step the device kernels do not cover (a logit bias, penalties, a
+// min-tokens gate, prompt logprobs, more than 32 alternatives, logits capture) is sampled
+// and verified on the host over the logits copied back (core/cpurunner), as the CPU
+// runners do; the rest sample and verify on the device, a drafting step then copying back
+// the tokens the MTP head reads next and feeding them up again (the accepted counts decide
+// the rollback on the host). kernels.Load compiles every source
 // above with NVRTC (TestCompile checks them under NVRTC and ptxas).
 //
 // scripts/deepseek-v4-goldens.sh writes the goldens testdata/ holds (transformers on the

@@ -39,13 +39,15 @@ type gpuModel struct {
 	s                *cudart.Stream // every launch's (graphs capture a stream)
 	w                gpuWork
 	moeW             *moeWork
-	mtp              *gpuMTP    // nil without the MTP head
+	mtp              *gpuMTP // nil without the MTP head
+	smp              *gpuSampling
 	graphs           *gpuGraphs // nil: every step eager
 	stash            *gpuStash  // prefill graphs' copies of each layer's rows (allocated with them)
 	// Stats count the steps by how they ran: graph replays (PrefillGraph of them prefill
 	// graphs) and eager steps; DraftGraph counts the MTP drafting chains replayed as
-	// graphs (gpuModel.draftChain).
-	Stats struct{ Graph, PrefillGraph, Eager, DraftGraph int }
+	// graphs (gpuModel.draftChain); LogitsCopies the steps whose logits rows were copied
+	// back to the host (forward; a step sampled on the device copies none).
+	Stats struct{ Graph, PrefillGraph, Eager, DraftGraph, LogitsCopies int }
 }
 
 // gpuSeq is one sequence's device slot and length.
@@ -272,6 +274,9 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
 		}
 	}
+	if g.smp, err = newGPUSampling(a, c, slots, maxRows, cfg.VocabSize); err != nil {
+		return nil, err
+	}
 	return g, nil
 }
 
@@ -367,9 +372,22 @@ func (g *gpuModel) gemm(c *cudart.Ctx, out, x, w cudart.DevicePtr, n, in, outDim
 // largest prefill bucket as the graph of its token bucket and sequence count, padded with
 // a sequence of the spare slot (gpu_graphs.go).
 func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32, mir *mirrorStep) ([]float32, error) {
+	want, err := g.run(c, seqs, tokens, rows, mir)
+	if err != nil || want == 0 {
+		return nil, err
+	}
+	g.Stats.LogitsCopies++
+	logits := make([]float32, want*g.m.Config.VocabSize)
+	return logits, cudart.Download(c, logits, g.w.logits)
+}
+
+// run is forward leaving the logits of the rows named on the device, in w.logits (row k
+// the k-th named), for the sampling kernels (gpu_sample.go); it returns how many rows
+// have logits.
+func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []int32, mir *mirrorStep) (int, error) {
 	cfg := g.m.Config
 	if len(seqs) != len(tokens) || len(seqs) > g.slots {
-		return nil, fmt.Errorf("gpu: %d sequences, %d chunks (at most %d)", len(seqs), len(tokens), g.slots)
+		return 0, fmt.Errorf("gpu: %d sequences, %d chunks (at most %d)", len(seqs), len(tokens), g.slots)
 	}
 	h, hc, win := cfg.HiddenSize, cfg.HCMult, cfg.SlidingWindow
 	var ids, idsRep, pos, rowSeq, seqStart, len0, state, winRow0 []int32
@@ -380,10 +398,10 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		winRow0 = append(winRow0, int32(s.slot*win))
 		for j, t := range tokens[i] {
 			if t < 0 || int(t) >= cfg.VocabSize {
-				return nil, fmt.Errorf("gpu: token id %d outside the vocabulary [0, %d)", t, cfg.VocabSize)
+				return 0, fmt.Errorf("gpu: token id %d outside the vocabulary [0, %d)", t, cfg.VocabSize)
 			}
 			if s.Len+j >= g.m.maxContext {
-				return nil, fmt.Errorf("gpu: position %d outside the context of %d tokens", s.Len+j, g.m.maxContext)
+				return 0, fmt.Errorf("gpu: position %d outside the context of %d tokens", s.Len+j, g.m.maxContext)
 			}
 			ids = append(ids, t)
 			pos = append(pos, int32(s.Len+j))
@@ -395,7 +413,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	}
 	n := len(ids)
 	if n == 0 || n > g.maxTokens {
-		return nil, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
+		return 0, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
 	}
 	if rows == nil {
 		rows = make([]int32, n)
@@ -405,11 +423,11 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	}
 	rows = slices.Clip(rows) // the graphs' padding appends to it
 	if len(rows) > g.maxRows {
-		return nil, fmt.Errorf("gpu: logits for %d rows, at most %d a step", len(rows), g.maxRows)
+		return 0, fmt.Errorf("gpu: logits for %d rows, at most %d a step", len(rows), g.maxRows)
 	}
 	for _, r := range rows {
 		if r < 0 || int(r) >= n {
-			return nil, fmt.Errorf("gpu: logits row %d outside the %d rows of the step", r, n)
+			return 0, fmt.Errorf("gpu: logits row %d outside the %d rows of the step", r, n)
 		}
 	}
 	bucket := g.decodeBucket(seqs, tokens, rows)
@@ -469,11 +487,11 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			continue
 		}
 		if err := cudart.Upload(c, u.dst, u.v); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
 	if err := c.Synchronize(); err != nil { // the uploads, before the stream reads them
-		return nil, err
+		return 0, err
 	}
 	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(len0)}
 	nr := len(rows)
@@ -511,44 +529,40 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	}
 	if bucket > 0 {
 		if err := g.runGraph(c, key, step); err != nil {
-			return nil, err
+			return 0, err
 		}
 	} else {
 		g.Stats.Eager++
 		if err := step(); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
 	if err := c.Synchronize(); err != nil {
-		return nil, err
+		return 0, err
 	}
 	if mir != nil {
 		if prefill {
 			for li := range g.layers {
 				if err := mir.layer(c, g, li, n, g.stashed(li)); err != nil {
-					return nil, fmt.Errorf("gpu: layer %d: the pool: %w", li, err)
+					return 0, fmt.Errorf("gpu: layer %d: the pool: %w", li, err)
 				}
 			}
 		} else if bucket > 0 {
 			if err := mir.decoded(c, g, seqs); err != nil {
-				return nil, fmt.Errorf("gpu: the pool: %w", err)
+				return 0, fmt.Errorf("gpu: the pool: %w", err)
 			}
 		}
 		if err := mir.finish(c, g, seqs); err != nil {
-			return nil, fmt.Errorf("gpu: the pool: %w", err)
+			return 0, fmt.Errorf("gpu: the pool: %w", err)
 		}
 		if err := c.Sync(g.s); err != nil { // the write-through's copies
-			return nil, err
+			return 0, err
 		}
 	}
 	for i, s := range seqs {
 		s.Len += len(tokens[i])
 	}
-	if want == 0 {
-		return nil, nil
-	}
-	logits := make([]float32, want*cfg.VocabSize)
-	return logits, cudart.Download(c, logits, w.logits)
+	return want, nil
 }
 
 // headLaunch queues the head over the rows w.rowIdx names (nr of them) of the step's n

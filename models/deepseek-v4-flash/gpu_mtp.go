@@ -492,9 +492,9 @@ func (r *GPURunner) draft(c *cudart.Ctx, p *engine.BatchPlan, res *engine.StepRe
 	for s, i := range draftSeqs {
 		res.NumNextDrafts[i] = int32(r.drafts)
 		for j := range r.drafts {
-			// resin_argmax gives −1 for a row of NaNs (its chained step then embeds a row of
-			// zeros); the host path proposed token 0 there.
-			res.Drafts = append(res.Drafts, max(drafts[j*nd+s], 0))
+			// resin_argmax gives token 0 for a row of NaNs, as the host path proposes (and its
+			// chained step embeds that token).
+			res.Drafts = append(res.Drafts, drafts[j*nd+s])
 		}
 	}
 	return nil

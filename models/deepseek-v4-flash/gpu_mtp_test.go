@@ -103,7 +103,7 @@ func TestEmulatedMTPDeviceDrafts(t *testing.T) {
 				}
 			}
 			logs[k] = &draftLog{gpuDrafter: gpuDrafter{r}, drafts: map[draftKey]int32{}}
-			r.Runner = cpurunner.New(r.Info(), logs[k])
+			r.Runner, r.drafter = cpurunner.New(r.Info(), logs[k]), logs[k]
 			outs[k] = serveGPU(t, r, prompts, greedy, budget)
 			if k == 2 {
 				chainGraphs = r.g.Stats.DraftGraph

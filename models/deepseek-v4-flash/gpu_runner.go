@@ -14,8 +14,10 @@ import (
 )
 
 // GPURunner serves the model to core/engine from one CUDA device: gpuModel's forward
-// (doc.go's GPU kernels) behind core/cpurunner's engine wiring (host sampling on the
-// device's logits). Each sequence's state lives in a device slot, and the pool NewPool
+// (doc.go's GPU kernels) with its steps sampled, and MTP drafts verified, on the device
+// where the kernels cover every row (gpu_sample.go), else through core/cpurunner's engine
+// wiring (host sampling on a copy of the device's logits). Each sequence's state lives
+// in a device slot, and the pool NewPool
 // binds (in device memory, the CPU runner's layout; gpu_pages.go) is kept equal to it,
 // written through on the device after every step, so that a request the engine resumes
 // from a prefix hit gets a slot filled back from its pages (gpu_cache.go). Unbound (no
@@ -39,6 +41,15 @@ type GPURunner struct {
 	mir      *mirrorStep
 	// forceDraft, when set (tests), chooses each draft as Runner.forceDraft does.
 	forceDraft func(promptLen, pos int, logits []float32) int32
+	// The steps sampled on the device (gpu_sample.go): their result, the drafter their
+	// drafts go to (gpuDrafter; a test's wrapper of it), and what sends a step to the host
+	// instead (hostSampling: tests; capturing: CaptureLogits).
+	res                     engine.StepResult
+	drafter                 cpurunner.Drafter
+	hostSampling, capturing bool
+	// Stats count the steps by where they were sampled: on the device (no logits copied
+	// back) or on the host, through cpurunner.
+	Stats struct{ DeviceSampled, HostSampled int }
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
 }
@@ -118,7 +129,8 @@ func newGPURunner(m *Model, pk *gpuPacked, dev *cudart.Device, cache *cudart.Ker
 	info := engine.RunnerInfo{Name: Name, VocabSize: c.VocabSize, MaxContext: m.MaxContext(), EOS: c.EOSTokenID,
 		CacheGroups: layout(c, r.pt, drafts > 0).groups}
 	if drafts > 0 {
-		r.Runner = cpurunner.New(info, gpuDrafter{r})
+		r.drafter = gpuDrafter{r}
+		r.Runner = cpurunner.New(info, r.drafter)
 	} else {
 		r.Runner = cpurunner.New(info, cpurunner.ForwardFunc(r.forward))
 	}

@@ -1,5 +1,6 @@
-// argmax.cu: row argmax, as ref.ArgmaxRows: the first maximum, NaNs skipped, -1 for a row
-// of NaNs.
+// argmax.cu: row argmax, as ref.ArgmaxRows: the first maximum, NaNs skipped, 0 for a row
+// of NaNs (engine's argmax, sampling.cu's greedy token: an MTP draft chained on the device
+// is then the token the host's sampler would pick, never an id outside the vocabulary).
 //   x: [rows, n]  out: [rows]
 // Grid: rows blocks; block: a multiple of 32 threads.
 #include "prelude.cuh"
@@ -30,6 +31,6 @@ RESIN_KERNEL void resin_argmax(int* out, const float* x, int rows, int n) {
     bv = lane < warps ? sv[lane] : -RESIN_INF;
     bi = lane < warps ? si[lane] : 0x7fffffff;
     resin_warp_argmax(&bv, &bi);
-    if (lane == 0) out[r] = bi == 0x7fffffff ? -1 : bi;
+    if (lane == 0) out[r] = bi == 0x7fffffff ? 0 : bi;
   }
 }

@@ -118,6 +118,7 @@ const (
 	kMXFP4GemmF32
 	kMXFP4GemmBF16
 	kCastBF16
+	kVerifyDrafts
 	numKernels
 )
 
@@ -150,4 +151,5 @@ var kernelNames = [numKernels]struct{ file, entry string }{
 	kMXFP4GemmF32:     {"quant_linear.cu", "resin_mxfp4_gemm_f32"},
 	kMXFP4GemmBF16:    {"quant_linear.cu", "resin_mxfp4_gemm_bf16"},
 	kCastBF16:         {"quant_linear.cu", "resin_cast_bf16"},
+	kVerifyDrafts:     {"verify.cu", "resin_verify_drafts"},
 }

@@ -60,6 +60,8 @@ func TestPackedArgsByName(t *testing.T) {
 	check(pb.packDecode(&k.specs[kDecodeAttention], &k.specs[kDecodeReduce], split, work))
 	check(rk.pack(&k.specs[kRopeKVBF16]))
 	check(sm.pack(&k.specs[kSample]))
+	vd := VerifyDrafts{Accepted: 0x3900, Sampled: 0x3a00, Drafts: 0x3b00, LogitsStart: 0x3c00, Seqs: 7}
+	check(vd.pack(&k.specs[kVerifyDrafts]))
 	check(packAddRMSNorm(&k.specs[kAddRMSNormBF16], BF16, 0x4100, 0x4200, 0x4300, 0x4400, 11, 4096, 1e-5))
 	check(packRMSNormBF16(&k.specs[kRMSNormBF16], 0x4500, 0x4600, 0x4700, 13, 2048, 1e-6))
 	check(packSiLUMulBF16(&k.specs[kSiLUMulBF16], 0x4800, 0x4900, 17, 11008))
@@ -80,6 +82,7 @@ func TestPackedArgsByName(t *testing.T) {
 		kSample: {"tokens": 0x3100, "logprobs": 0x3200, "top_ids": 0x3300, "top_logprobs": 0x3400,
 			"logits": 0x3500, "params": 0x3600, "vocab": 1000, "logits_stride": 1024, "max_top": 20,
 			"token_mask": 0x3700, "mask_start": 0x3800, "mask_words": 32},
+		kVerifyDrafts: {"accepted": 0x3900, "sampled": 0x3a00, "drafts": 0x3b00, "logits_start": 0x3c00, "seqs": 7},
 		kAddRMSNormBF16: {"out": 0x4100, "residual": 0x4200, "x": 0x4300, "w": 0x4400, "rows": 11, "dim": 4096,
 			"eps": uint64(math.Float32bits(1e-5))},
 		kRMSNormBF16: {"out": 0x4500, "x": 0x4600, "w": 0x4700, "rows": 13, "dim": 2048,

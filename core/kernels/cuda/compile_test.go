@@ -30,6 +30,7 @@ var wantKernels = map[string][]string{
 	"sampling.cu": {"resin_sample"},
 	"silu_mul.cu": {"resin_silu_mul", "resin_silu_mul_split", "resin_silu_mul_bf16"},
 	"softmax.cu":  {"resin_softmax"},
+	"verify.cu":   {"resin_verify_drafts"},
 }
 
 // checkOptions are how the kernels compile: the prelude included, the core's flags.

@@ -123,6 +123,7 @@ func init() {
 		"quant_linear.cu:resin_fp8_quant_f32", "quant_linear.cu:resin_fp8_quant_bf16",
 		"quant_linear.cu:resin_fp8_block_gemm_f32", "quant_linear.cu:resin_fp8_block_gemm_bf16",
 		"quant_linear.cu:resin_mxfp4_gemm_f32", "quant_linear.cu:resin_mxfp4_gemm_bf16", "quant_linear.cu:resin_cast_bf16",
+		"verify.cu:resin_verify_drafts",
 	} {
 		emuCovered[e] = true
 	}

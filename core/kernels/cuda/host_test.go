@@ -74,6 +74,8 @@ func packAll(t testing.TB, k *Kernels) {
 	check(p.packDecode(&k.specs[kDecodeAttention], &k.specs[kDecodeReduce], DecodeSplit{Parts: 4, PartLen: 256}, 0x7000))
 	s := Sample{Tokens: 1, Logprobs: 2, TopIDs: 3, TopLogprobs: 4, Logits: 5, Params: 6, Rows: 3, Vocab: 151936, MaxTop: 20}
 	check(s.pack(&k.specs[kSample]))
+	vd := VerifyDrafts{Accepted: 1, Sampled: 2, Drafts: 3, LogitsStart: 4, Seqs: 5}
+	check(vd.pack(&k.specs[kVerifyDrafts]))
 	check(packAddBiasBF16(&k.specs[kAddBiasBF16], 1, 2, 7, 6144))
 	hn := testHeadNorm()
 	check(hn.pack(&k.specs[kHeadRMSNormBF16]))

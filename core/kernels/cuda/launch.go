@@ -304,7 +304,7 @@ func (k *Kernels) MoETopK(c *cudart.Ctx, s *cudart.Stream, r MoERouting) error {
 	return c.Launch(k.moeTopK, cudart.D1(r.Tokens), cudart.D1(32), 0, s, a)
 }
 
-// Argmax launches ref.ArgmaxRows: x [rows, n] → out [rows] int32.
+// Argmax launches ref.ArgmaxRows: x [rows, n] → out [rows] int32 (0 for a row of NaNs).
 func (k *Kernels) Argmax(c *cudart.Ctx, s *cudart.Stream, out, x cudart.DevicePtr, rows, n int) error {
 	if err := positive("Argmax", rows, n); err != nil {
 		return err

@@ -13,6 +13,7 @@
 //	PrefillAttention            ragged paged attention: prompts, chunks, decode rows in one launch
 //	DecodeAttention             split-K paged decode, a GQA group per block, LSE reduce (flash_attention.cu)
 //	Sample                      greedy/temperature/top-k/top-p/min-p, seeded, logprobs (sampling.cu)
+//	VerifyDrafts                speculative drafts accepted against the sampled rows (verify.cu)
 //	FP8Quant, FP8Gemm           e4m3 activations per 128 columns, block-scaled FP8 GEMM (quant_linear.cu)
 //	MXFP4Gemm, CastBF16         W4A16 over packed MXFP4 experts (masked layout), float32 → bf16
 //

@@ -299,7 +299,8 @@ func Argmax(x []float32) int {
 	return best
 }
 
-// ArgmaxRows writes the Argmax of each row of x into out.
+// ArgmaxRows writes the Argmax of each row of x into out, 0 for a row of NaNs (engine's
+// sampler takes token 0 there; argmax.cu's spec).
 //
 //	x: [rows, n]   out: [rows]
 func ArgmaxRows(out []int32, x []float32, rows, n int) error {
@@ -313,7 +314,7 @@ func ArgmaxRows(out []int32, x []float32, rows, n int) error {
 		return err
 	}
 	for r := 0; r < rows; r++ {
-		out[r] = int32(Argmax(x[r*n : (r+1)*n]))
+		out[r] = int32(max(Argmax(x[r*n:(r+1)*n]), 0))
 	}
 	return nil
 }

@@ -158,11 +158,11 @@ func TestEmbeddingAndArgmax(t *testing.T) {
 	if got := Argmax(nil); got != -1 {
 		t.Fatalf("Argmax(nil) = %d, want -1", got)
 	}
-	ids := make([]int32, 2)
-	if err := ArgmaxRows(ids, []float32{0, 5, 1, 7, 2, 3}, 2, 3); err != nil {
+	ids := make([]int32, 3)
+	if err := ArgmaxRows(ids, []float32{0, 5, 1, 7, 2, 3, nan, nan, nan}, 3, 3); err != nil {
 		t.Fatal(err)
 	}
-	if ids[0] != 1 || ids[1] != 0 {
-		t.Fatalf("ArgmaxRows = %v, want [1 0]", ids)
+	if ids[0] != 1 || ids[1] != 0 || ids[2] != 0 {
+		t.Fatalf("ArgmaxRows = %v, want [1 0 0] (a row of NaN: 0)", ids)
 	}
 }
