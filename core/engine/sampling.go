@@ -68,13 +68,15 @@ type Sampler struct {
 const inPrompt = 1 << 30
 
 // Sample picks the token for logits (one row, length = vocabulary) of a sequence whose
-// sampled token lands at position pos. It returns the token and its log probability under
-// the model's distribution (log-softmax of the raw logits, before biases and penalties).
-// When row.Logprobs > 0 the most likely alternatives are appended to top, which is
-// returned. logits is not modified: a row with a bias, a penalty or an active min-tokens
-// gate is adjusted in a copy; one without costs nothing more.
+// sampled token lands at position pos. When the row asks for logprobs (row.Logprobs >= 0)
+// it returns the token's log probability under the model's distribution (log-softmax of
+// the raw logits, before biases and penalties), and when row.Logprobs > 0 appends the most
+// likely alternatives to top, which is returned; a row that asks for none gets 0 for the
+// logprob, and its normalizer, a pass of exp over the whole vocabulary, is not computed
+// (a greedy row then costs one argmax). logits is not modified: a row with a bias, a
+// penalty or an active min-tokens gate is adjusted in a copy; one without costs nothing
+// more.
 func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLogprob) (int32, float32, []TopLogprob) {
-	lse := logSumExp(logits)
 	choose := logits
 	if row.adjusts(pos) {
 		choose = s.adjust(logits, &row, pos)
@@ -83,6 +85,10 @@ func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLo
 		choose = s.applyMask(logits, choose, &row)
 	}
 	tok := s.choose(choose, row, pos)
+	if row.Logprobs < 0 {
+		return tok, 0, top
+	}
+	lse := logSumExp(logits)
 	if row.Logprobs > 0 {
 		top = s.topLogprobs(logits, lse, row.Logprobs, top)
 	}
