@@ -60,6 +60,7 @@ func penalizes(presence, frequency, repetition float32) bool {
 type Sampler struct {
 	idx   []int32
 	probs []float32
+	w     []float32 // nucleus's weights of the whole vocabulary
 	adj   []float32 // the logits after bias, min-tokens mask and penalties
 	count []int32   // per token: output count, plus inPrompt for a prompt token
 }
@@ -243,6 +244,11 @@ func (s *Sampler) candidates(logits []float32, row SamplingRow) float64 {
 	switch {
 	case row.TopK > 0 && row.TopK <= n/8:
 		s.selectTop(logits, row.TopK)
+	case topP && (row.TopK <= 0 || row.TopK >= n):
+		if sum, ok := s.nucleus(logits, row); ok {
+			return sum
+		}
+		fallthrough // the rare row the shortcut does not settle: the whole vocabulary sorted
 	case row.TopK > 0 || topP:
 		s.idx = s.idx[:0]
 		for i := 0; i < n; i++ {
@@ -259,6 +265,56 @@ func (s *Sampler) candidates(logits []float32, row SamplingRow) float64 {
 		}
 	}
 	return s.weigh(logits, row)
+}
+
+// nucleus is candidates for a top-p row without top-k, sorting only the tokens that can
+// be in the nucleus instead of the whole vocabulary: every token's weight (temperature,
+// min-p) in vocabulary order, then the tokens weighing at least (1−TopP)·sum/(2n) sorted.
+// The tokens below that bound hold less than half of the 1−TopP the cut leaves out, so
+// the cut falls among the tokens above it, and those come first in sampling order (a
+// weight never grows as the logit falls): the nucleus, its order and its sum are those
+// of the whole sort. The one difference is the sum the cut compares with, added here in
+// vocabulary order rather than in sampling order, which can move the cut only when it
+// lands within float64 rounding of a boundary. It reports false, leaving the row to the
+// whole sort, when the weights sum to nothing usable or the bound did not hold.
+func (s *Sampler) nucleus(logits []float32, row SamplingRow) (float64, bool) {
+	n := len(logits)
+	s.idx = s.idx[:0]
+	for i := 0; i < n; i++ {
+		s.idx = append(s.idx, int32(i))
+	}
+	plain := row
+	plain.TopP = 0
+	sum := s.weigh(logits, plain) // s.probs[i] is token i's weight
+	if !(sum > 0) || math.IsInf(sum, 1) {
+		return 0, false
+	}
+	s.w, s.probs = s.probs, s.w[:0]
+	w := s.w
+	thr := (1 - float64(row.TopP)) * sum / float64(2*n)
+	s.idx = s.idx[:0]
+	for i, p := range w {
+		if p > 0 && float64(p) >= thr {
+			s.idx = append(s.idx, int32(i))
+		}
+	}
+	sortCandidates(s.idx, logits)
+	target := float64(row.TopP) * sum
+	var acc float64
+	for k, i := range s.idx {
+		acc += float64(w[i])
+		if acc < target {
+			continue
+		}
+		s.idx = s.idx[:k+1]
+		sum = 0
+		for _, i := range s.idx {
+			s.probs = append(s.probs, w[i])
+			sum += float64(w[i])
+		}
+		return sum, true
+	}
+	return 0, false
 }
 
 // ranks reports whether token a comes before token b in sampling order: a higher logit,
