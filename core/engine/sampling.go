@@ -3,6 +3,8 @@ package engine
 import (
 	"math"
 	"slices"
+
+	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
 // SamplingRow is one sequence's sampling parameters as a runner sees them in a BatchPlan.
@@ -61,6 +63,7 @@ type Sampler struct {
 	idx   []int32
 	probs []float32
 	w     []float32 // nucleus's weights of the whole vocabulary
+	exps  []float32 // logSumExp's exponentials
 	adj   []float32 // the logits after bias, min-tokens mask and penalties
 	count []int32   // per token: output count, plus inPrompt for a prompt token
 }
@@ -89,7 +92,7 @@ func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLo
 	if row.Logprobs < 0 {
 		return tok, 0, top
 	}
-	lse := logSumExp(logits)
+	lse := s.logSumExp(logits)
 	if row.Logprobs > 0 {
 		top = s.topLogprobs(logits, lse, row.Logprobs, top)
 	}
@@ -269,11 +272,11 @@ func (s *Sampler) candidates(logits []float32, row SamplingRow) float64 {
 
 // nucleus is candidates for a top-p row without top-k, sorting only the tokens that can
 // be in the nucleus instead of the whole vocabulary: every token's weight (temperature,
-// min-p) in vocabulary order, then the tokens weighing at least (1−TopP)·sum/(2n) sorted.
-// The tokens below that bound hold less than half of the 1−TopP the cut leaves out, so
-// the cut falls among the tokens above it, and those come first in sampling order (a
-// weight never grows as the logit falls): the nucleus, its order and its sum are those
-// of the whole sort. The one difference is the sum the cut compares with, added here in
+// min-p) in vocabulary order, then the tokens from the best down to the lowest logit
+// weighing at least (1−TopP)·sum/(2n) sorted. The tokens below that bound hold less than
+// half of the 1−TopP the cut leaves out, so the cut falls among those sorted, which come
+// first in sampling order: the nucleus, its order and its sum are those of the whole
+// sort. The one difference is the sum the cut compares with, added here in
 // vocabulary order rather than in sampling order, which can move the cut only when it
 // lands within float64 rounding of a boundary. It reports false, leaving the row to the
 // whole sort, when the weights sum to nothing usable or the bound did not hold.
@@ -291,10 +294,18 @@ func (s *Sampler) nucleus(logits []float32, row SamplingRow) (float64, bool) {
 	}
 	s.w, s.probs = s.probs, s.w[:0]
 	w := s.w
+	// The tokens at or above the lowest logit that weighs at least thr: a prefix of
+	// sampling order even where float32 weights are not monotone to the last ulp.
 	thr := (1 - float64(row.TopP)) * sum / float64(2*n)
-	s.idx = s.idx[:0]
+	low := float32(math.Inf(1))
 	for i, p := range w {
 		if p > 0 && float64(p) >= thr {
+			low = min(low, logits[i])
+		}
+	}
+	s.idx = s.idx[:0]
+	for i, l := range logits {
+		if l >= low {
 			s.idx = append(s.idx, int32(i))
 		}
 	}
@@ -383,13 +394,30 @@ func (s *Sampler) weigh(logits []float32, row SamplingRow) float64 {
 	// Softmax with temperature over the candidates.
 	inv := 1 / float64(row.Temperature)
 	maxL := math.Inf(-1)
-	for _, i := range s.idx {
-		if l := float64(logits[i]); l > maxL {
-			maxL = l
+	if len(s.idx) == len(logits) { // every token, in some order
+		maxL = float64(ref.Max(logits))
+	} else {
+		for _, i := range s.idx {
+			if l := float64(logits[i]); l > maxL {
+				maxL = l
+			}
 		}
 	}
 	s.probs = s.probs[:0]
 	var sum float64
+	if len(s.idx) >= minVectorExp {
+		// Many candidates: their weights in float32, 8 at a time (ref.ExpSum), from
+		// arguments computed as below. A NaN or an infinity among them (a NaN logit, a
+		// +Inf one, a temperature so small that 1/T is +Inf) makes the sum NaN or
+		// infinite, and the row is weighed again one candidate at a time, as the few are.
+		for _, i := range s.idx {
+			s.probs = append(s.probs, float32((float64(logits[i])-maxL)*inv))
+		}
+		if sum = ref.ExpSum(s.probs); sum <= math.MaxFloat64 {
+			return s.cut(row, sum)
+		}
+		s.probs, sum = s.probs[:0], 0
+	}
 	for _, i := range s.idx {
 		// The best candidate weighs 1, also when it is +inf (inf - inf is NaN); a NaN
 		// logit weighs nothing (sampling.cu does the same).
@@ -403,6 +431,17 @@ func (s *Sampler) weigh(logits []float32, row SamplingRow) float64 {
 		s.probs = append(s.probs, float32(p))
 		sum += p
 	}
+	return s.cut(row, sum)
+}
+
+// minVectorExp is the fewest candidates weigh computes the weights of with ref.ExpSum
+// (float32, 8 at a time, several times faster than math.Exp's float64): a top-k row's
+// few keep the float64 form.
+const minVectorExp = 64
+
+// cut applies min-p and top-p to the weighed candidates (s.idx, s.probs, summing to sum),
+// in that order, and returns the sum of those left.
+func (s *Sampler) cut(row SamplingRow, sum float64) float64 {
 	// Min-p: drop candidates below MinP times the best one's probability.
 	if row.MinP > 0 {
 		var best float32
@@ -447,7 +486,7 @@ func uniform(seed uint64, pos int) float64 {
 // Score returns the log probability of tok under logits (log-softmax, as a runner scores
 // a prompt row) and appends the k most likely alternatives to top.
 func (s *Sampler) Score(logits []float32, tok int32, k int, top []TopLogprob) (float32, []TopLogprob) {
-	lse := logSumExp(logits)
+	lse := s.logSumExp(logits)
 	if k > 0 {
 		top = s.topLogprobs(logits, lse, k, top)
 	}
@@ -483,21 +522,28 @@ func better(a, b float32) bool {
 
 // argmax returns the first maximal element's index, NaN skipped; 0 for a row of NaN (as
 // sampling.cu).
+//
+// The maximum comes from ref.Max (8 at a time), then the first index holding it: a greedy
+// token is this one pass and a half over the vocabulary.
 func argmax(x []float32) int32 {
-	best := -1
+	m := ref.Max(x)
 	for i, v := range x {
-		if v == v && (best < 0 || v > x[best]) {
-			best = i
+		if v == m {
+			return int32(i)
 		}
 	}
-	return int32(max(best, 0))
+	return 0
 }
 
-func logSumExp(x []float32) float32 {
+// logSumExp returns log Σ e^x, the log-softmax's normalizer: max(x) + log Σ e^(x−max),
+// the exponentials in float32 (ref.ExpSum, 8 at a time; within 2 ulp of float64's) and
+// their sum in float64, in the sampler's scratch.
+func (s *Sampler) logSumExp(x []float32) float32 {
 	m := x[argmax(x)]
-	var sum float64
+	e := s.exps[:0]
 	for _, v := range x {
-		sum += math.Exp(float64(v - m))
+		e = append(e, v-m)
 	}
-	return m + float32(math.Log(sum))
+	s.exps = e
+	return m + float32(math.Log(ref.ExpSum(e)))
 }
