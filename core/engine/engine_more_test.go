@@ -214,12 +214,25 @@ func TestCloseAbortsInFlight(t *testing.T) {
 }
 
 func TestContextCancelAborts(t *testing.T) {
-	h := start(t, enginetest.Config{}, engine.Config{})
+	// The steps after the first few wait until the cancel has ended the request: a greedy
+	// step of the test runner takes microseconds, and on a loaded machine the request
+	// could otherwise reach its 4000 tokens before the cancel's callback runs.
+	var watched atomic.Pointer[engine.Stream]
+	h := start(t, enginetest.Config{Fail: func(step uint64) bool {
+		for step > 2 {
+			if st := watched.Load(); st != nil && st.Done() {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return false
+	}}, engine.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := h.e.Submit(ctx, engine.Request{Prompt: prompt(1, 10), Sampling: engine.SamplingParams{MaxTokens: 4000}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	watched.Store(st)
 	if _, err := st.Recv(context.Background()); err != nil { // at least one token
 		t.Fatal(err)
 	}

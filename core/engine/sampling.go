@@ -3,6 +3,8 @@ package engine
 import (
 	"math"
 	"slices"
+
+	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
 // SamplingRow is one sequence's sampling parameters as a runner sees them in a BatchPlan.
@@ -60,6 +62,8 @@ func penalizes(presence, frequency, repetition float32) bool {
 type Sampler struct {
 	idx   []int32
 	probs []float32
+	w     []float32 // nucleus's weights of the whole vocabulary
+	exps  []float32 // logSumExp's exponentials
 	adj   []float32 // the logits after bias, min-tokens mask and penalties
 	count []int32   // per token: output count, plus inPrompt for a prompt token
 }
@@ -68,13 +72,15 @@ type Sampler struct {
 const inPrompt = 1 << 30
 
 // Sample picks the token for logits (one row, length = vocabulary) of a sequence whose
-// sampled token lands at position pos. It returns the token and its log probability under
-// the model's distribution (log-softmax of the raw logits, before biases and penalties).
-// When row.Logprobs > 0 the most likely alternatives are appended to top, which is
-// returned. logits is not modified: a row with a bias, a penalty or an active min-tokens
-// gate is adjusted in a copy; one without costs nothing more.
+// sampled token lands at position pos. When the row asks for logprobs (row.Logprobs >= 0)
+// it returns the token's log probability under the model's distribution (log-softmax of
+// the raw logits, before biases and penalties), and when row.Logprobs > 0 appends the most
+// likely alternatives to top, which is returned; a row that asks for none gets 0 for the
+// logprob, and its normalizer, a pass of exp over the whole vocabulary, is not computed
+// (a greedy row then costs one argmax). logits is not modified: a row with a bias, a
+// penalty or an active min-tokens gate is adjusted in a copy; one without costs nothing
+// more.
 func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLogprob) (int32, float32, []TopLogprob) {
-	lse := logSumExp(logits)
 	choose := logits
 	if row.adjusts(pos) {
 		choose = s.adjust(logits, &row, pos)
@@ -83,6 +89,10 @@ func (s *Sampler) Sample(logits []float32, row SamplingRow, pos int, top []TopLo
 		choose = s.applyMask(logits, choose, &row)
 	}
 	tok := s.choose(choose, row, pos)
+	if row.Logprobs < 0 {
+		return tok, 0, top
+	}
+	lse := s.logSumExp(logits)
 	if row.Logprobs > 0 {
 		top = s.topLogprobs(logits, lse, row.Logprobs, top)
 	}
@@ -226,36 +236,188 @@ func (s *Sampler) choose(logits []float32, row SamplingRow, pos int) int32 {
 // candidates fills s.idx and s.probs with the tokens a sampled (not greedy) row may draw
 // and their unnormalized weights, after temperature, top-k, min-p and top-p, and returns
 // the weights' sum.
+//
+// The candidates of a top-k or top-p row are in sampling order: logits descending (NaN
+// last), ties by id. A top-k row with k well below the vocabulary has its k selected
+// with a heap rather than the whole vocabulary sorted (the same tokens in the same order,
+// for a fraction of the cost: a sort of 32000 logits took most of a sampled step).
 func (s *Sampler) candidates(logits []float32, row SamplingRow) float64 {
+	n := len(logits)
+	topP := row.TopP > 0 && row.TopP < 1
+	switch {
+	case row.TopK > 0 && row.TopK <= n/8:
+		s.selectTop(logits, row.TopK)
+	case topP && (row.TopK <= 0 || row.TopK >= n):
+		if sum, ok := s.nucleus(logits, row); ok {
+			return sum
+		}
+		fallthrough // the rare row the shortcut does not settle: the whole vocabulary sorted
+	case row.TopK > 0 || topP:
+		s.idx = s.idx[:0]
+		for i := 0; i < n; i++ {
+			s.idx = append(s.idx, int32(i))
+		}
+		sortCandidates(s.idx, logits)
+		if row.TopK > 0 && row.TopK < n {
+			s.idx = s.idx[:row.TopK]
+		}
+	default:
+		s.idx = s.idx[:0]
+		for i := 0; i < n; i++ {
+			s.idx = append(s.idx, int32(i))
+		}
+	}
+	return s.weigh(logits, row)
+}
+
+// nucleus is candidates for a top-p row without top-k, sorting only the tokens that can
+// be in the nucleus instead of the whole vocabulary: every token's weight (temperature,
+// min-p) in vocabulary order, then the tokens from the best down to the lowest logit
+// weighing at least (1−TopP)·sum/(2n) sorted. The tokens below that bound hold less than
+// half of the 1−TopP the cut leaves out, so the cut falls among those sorted, which come
+// first in sampling order: the nucleus, its order and its sum are those of the whole
+// sort. The one difference is the sum the cut compares with, added here in
+// vocabulary order rather than in sampling order, which can move the cut only when it
+// lands within float64 rounding of a boundary. It reports false, leaving the row to the
+// whole sort, when the weights sum to nothing usable or the bound did not hold.
+func (s *Sampler) nucleus(logits []float32, row SamplingRow) (float64, bool) {
 	n := len(logits)
 	s.idx = s.idx[:0]
 	for i := 0; i < n; i++ {
 		s.idx = append(s.idx, int32(i))
 	}
-	if row.TopK > 0 || (row.TopP > 0 && row.TopP < 1) {
-		slices.SortFunc(s.idx, func(a, b int32) int {
-			switch {
-			case better(logits[a], logits[b]):
-				return -1
-			case better(logits[b], logits[a]):
-				return 1
-			}
-			return int(a - b)
-		})
-		if row.TopK > 0 && row.TopK < n {
-			s.idx = s.idx[:row.TopK]
+	plain := row
+	plain.TopP = 0
+	sum := s.weigh(logits, plain) // s.probs[i] is token i's weight
+	if !(sum > 0) || math.IsInf(sum, 1) {
+		return 0, false
+	}
+	s.w, s.probs = s.probs, s.w[:0]
+	w := s.w
+	// The tokens at or above the lowest logit that weighs at least thr: a prefix of
+	// sampling order even where float32 weights are not monotone to the last ulp.
+	thr := (1 - float64(row.TopP)) * sum / float64(2*n)
+	low := float32(math.Inf(1))
+	for i, p := range w {
+		if p > 0 && float64(p) >= thr {
+			low = min(low, logits[i])
 		}
 	}
+	s.idx = s.idx[:0]
+	for i, l := range logits {
+		if l >= low {
+			s.idx = append(s.idx, int32(i))
+		}
+	}
+	sortCandidates(s.idx, logits)
+	target := float64(row.TopP) * sum
+	var acc float64
+	for k, i := range s.idx {
+		acc += float64(w[i])
+		if acc < target {
+			continue
+		}
+		s.idx = s.idx[:k+1]
+		sum = 0
+		for _, i := range s.idx {
+			s.probs = append(s.probs, w[i])
+			sum += float64(w[i])
+		}
+		return sum, true
+	}
+	return 0, false
+}
+
+// ranks reports whether token a comes before token b in sampling order: a higher logit,
+// NaN below everything, ties by lower id.
+func ranks(logits []float32, a, b int32) bool {
+	return better(logits[a], logits[b]) || !better(logits[b], logits[a]) && a < b
+}
+
+// sortCandidates sorts idx in sampling order.
+func sortCandidates(idx []int32, logits []float32) {
+	slices.SortFunc(idx, func(a, b int32) int {
+		switch {
+		case better(logits[a], logits[b]):
+			return -1
+		case better(logits[b], logits[a]):
+			return 1
+		}
+		return int(a - b)
+	})
+}
+
+// selectTop sets s.idx to the k tokens first in sampling order, in that order: a heap of
+// the k best so far, its root the last of them, then a sort of the k. Sampling order is a
+// strict total order, so these are exactly the first k of the whole vocabulary sorted.
+func (s *Sampler) selectTop(logits []float32, k int) {
+	h := s.idx[:0]
+	for i := range int32(k) {
+		h = append(h, i)
+		// Sift up: the root is the one ranked last.
+		for c := len(h) - 1; c > 0; {
+			p := (c - 1) / 2
+			if !ranks(logits, h[p], h[c]) {
+				break
+			}
+			h[p], h[c] = h[c], h[p]
+			c = p
+		}
+	}
+	for i := int32(k); int(i) < len(logits); i++ {
+		if !ranks(logits, i, h[0]) {
+			continue
+		}
+		h[0] = i
+		for p := 0; ; {
+			c := 2*p + 1
+			if c >= k {
+				break
+			}
+			if c+1 < k && ranks(logits, h[c], h[c+1]) {
+				c++
+			}
+			if !ranks(logits, h[p], h[c]) {
+				break
+			}
+			h[p], h[c] = h[c], h[p]
+			p = c
+		}
+	}
+	sortCandidates(h, logits)
+	s.idx = h
+}
+
+// weigh fills s.probs with the weights of the candidates in s.idx (temperature, then
+// min-p, then top-p over them in their order, which cuts s.idx too) and returns their sum.
+func (s *Sampler) weigh(logits []float32, row SamplingRow) float64 {
 	// Softmax with temperature over the candidates.
 	inv := 1 / float64(row.Temperature)
 	maxL := math.Inf(-1)
-	for _, i := range s.idx {
-		if l := float64(logits[i]); l > maxL {
-			maxL = l
+	if len(s.idx) == len(logits) { // every token, in some order
+		maxL = float64(ref.Max(logits))
+	} else {
+		for _, i := range s.idx {
+			if l := float64(logits[i]); l > maxL {
+				maxL = l
+			}
 		}
 	}
 	s.probs = s.probs[:0]
 	var sum float64
+	if len(s.idx) >= minVectorExp {
+		// Many candidates: their weights in float32, 8 at a time (ref.ExpSum), from
+		// arguments computed as below. A NaN or an infinity among them (a NaN logit, a
+		// +Inf one, a temperature so small that 1/T is +Inf) makes the sum NaN or
+		// infinite, and the row is weighed again one candidate at a time, as the few are.
+		for _, i := range s.idx {
+			s.probs = append(s.probs, float32((float64(logits[i])-maxL)*inv))
+		}
+		if sum = ref.ExpSum(s.probs); sum <= math.MaxFloat64 {
+			return s.cut(row, sum)
+		}
+		s.probs, sum = s.probs[:0], 0
+	}
 	for _, i := range s.idx {
 		// The best candidate weighs 1, also when it is +inf (inf - inf is NaN); a NaN
 		// logit weighs nothing (sampling.cu does the same).
@@ -269,6 +431,17 @@ func (s *Sampler) candidates(logits []float32, row SamplingRow) float64 {
 		s.probs = append(s.probs, float32(p))
 		sum += p
 	}
+	return s.cut(row, sum)
+}
+
+// minVectorExp is the fewest candidates weigh computes the weights of with ref.ExpSum
+// (float32, 8 at a time, several times faster than math.Exp's float64): a top-k row's
+// few keep the float64 form.
+const minVectorExp = 64
+
+// cut applies min-p and top-p to the weighed candidates (s.idx, s.probs, summing to sum),
+// in that order, and returns the sum of those left.
+func (s *Sampler) cut(row SamplingRow, sum float64) float64 {
 	// Min-p: drop candidates below MinP times the best one's probability.
 	if row.MinP > 0 {
 		var best float32
@@ -313,7 +486,7 @@ func uniform(seed uint64, pos int) float64 {
 // Score returns the log probability of tok under logits (log-softmax, as a runner scores
 // a prompt row) and appends the k most likely alternatives to top.
 func (s *Sampler) Score(logits []float32, tok int32, k int, top []TopLogprob) (float32, []TopLogprob) {
-	lse := logSumExp(logits)
+	lse := s.logSumExp(logits)
 	if k > 0 {
 		top = s.topLogprobs(logits, lse, k, top)
 	}
@@ -349,21 +522,28 @@ func better(a, b float32) bool {
 
 // argmax returns the first maximal element's index, NaN skipped; 0 for a row of NaN (as
 // sampling.cu).
+//
+// The maximum comes from ref.Max (8 at a time), then the first index holding it: a greedy
+// token is this one pass and a half over the vocabulary.
 func argmax(x []float32) int32 {
-	best := -1
+	m := ref.Max(x)
 	for i, v := range x {
-		if v == v && (best < 0 || v > x[best]) {
-			best = i
+		if v == m {
+			return int32(i)
 		}
 	}
-	return int32(max(best, 0))
+	return 0
 }
 
-func logSumExp(x []float32) float32 {
+// logSumExp returns log Σ e^x, the log-softmax's normalizer: max(x) + log Σ e^(x−max),
+// the exponentials in float32 (ref.ExpSum, 8 at a time; within 2 ulp of float64's) and
+// their sum in float64, in the sampler's scratch.
+func (s *Sampler) logSumExp(x []float32) float32 {
 	m := x[argmax(x)]
-	var sum float64
+	e := s.exps[:0]
 	for _, v := range x {
-		sum += math.Exp(float64(v - m))
+		e = append(e, v-m)
 	}
-	return m + float32(math.Log(sum))
+	s.exps = e
+	return m + float32(math.Log(ref.ExpSum(e)))
 }

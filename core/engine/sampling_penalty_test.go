@@ -52,6 +52,7 @@ func TestLogitBiasAndMinTokens(t *testing.T) {
 
 	row := greedyRow
 	row.BiasTokens, row.BiasValues = []int32{0}, []float32{100}
+	row.Logprobs = 0 // the token's logprob, no alternatives
 	tok, lp, _ := s.Sample(logits, row, 0, nil)
 	if tok != 0 {
 		t.Fatalf("a +100 bias did not force token 0: got %d", tok)

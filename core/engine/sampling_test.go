@@ -11,6 +11,10 @@ func TestSamplerGreedyAndFilters(t *testing.T) {
 	logits := []float32{1, 3, 2, 0.5, 2.9}
 	var s engine.Sampler
 	tok, lp, _ := s.Sample(logits, engine.SamplingRow{Logprobs: -1}, 0, nil)
+	if tok != 1 || lp != 0 {
+		t.Fatalf("greedy without logprobs: token %d logprob %v, want 1 and 0 (not computed)", tok, lp)
+	}
+	tok, lp, _ = s.Sample(logits, engine.SamplingRow{Logprobs: 0}, 0, nil)
 	if tok != 1 {
 		t.Fatalf("greedy picked %d", tok)
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	cblas "github.com/resin-llm/resin/core/blas"
 )
@@ -211,4 +212,72 @@ func TestParallelRangeAllocatesNothing(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { ParallelRange(64, 1, fn) }); n != 0 {
 		t.Fatalf("ParallelRange allocates %v times a call", n)
 	}
+}
+
+// BenchmarkParallelForDispatch measures what the pool costs a batch-1 decode, which runs
+// some 40 parallel loops a token (each GEMV and each layer's attention): "empty" is a loop
+// of two chunks that do nothing (the caller usually claims both before a worker wakes),
+// beside the same loop on the caller alone; "join" is a loop of 64 chunks of about a
+// microsecond each, as a GEMV is cut, and reports how long after the loop opens a worker
+// runs its first chunk (join-µs: the wake-up latency, during which the caller works
+// alone) and in what share of the loops a worker joins at all. CPU time per loop is the
+// process's.
+func BenchmarkParallelForDispatch(b *testing.B) {
+	var done atomic.Int64
+	empty := func(_, lo, hi int) { done.Add(int64(hi - lo)) }
+	for _, c := range []struct {
+		name  string
+		grain int
+	}{{"empty-caller-only", 2}, {"empty", 1}} {
+		b.Run(c.name, func(b *testing.B) {
+			ParallelRange(2, c.grain, empty)
+			cpu0 := processCPU()
+			b.ResetTimer()
+			for range b.N {
+				ParallelRange(2, c.grain, empty)
+			}
+			b.StopTimer()
+			if cpu := processCPU() - cpu0; cpu > 0 {
+				b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-µs/op")
+			}
+		})
+	}
+	b.Run("join", func(b *testing.B) {
+		if Parts() < 2 {
+			b.Skip("GOMAXPROCS 1: no worker")
+		}
+		var start, first atomic.Int64 // UnixNano of the loop's start, then of a worker's first chunk
+		var sink atomic.Uint64
+		work := func(part, _, _ int) {
+			if part != 0 {
+				first.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			x := uint64(part)
+			for i := range 300 { // about a microsecond
+				x = x*6364136223846793005 + uint64(i)
+			}
+			sink.Add(x)
+		}
+		var waited time.Duration
+		joined := 0
+		cpu0 := processCPU()
+		b.ResetTimer()
+		for range b.N {
+			first.Store(0)
+			start.Store(time.Now().UnixNano())
+			ParallelRange(64, 1, work)
+			if f := first.Load(); f != 0 {
+				waited += time.Duration(f - start.Load())
+				joined++
+			}
+		}
+		b.StopTimer()
+		if cpu := processCPU() - cpu0; cpu > 0 {
+			b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-µs/op")
+		}
+		if joined > 0 {
+			b.ReportMetric(float64(waited.Nanoseconds())/1e3/float64(joined), "join-µs")
+		}
+		b.ReportMetric(100*float64(joined)/float64(b.N), "joined-%")
+	})
 }
