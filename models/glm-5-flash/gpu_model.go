@@ -76,6 +76,9 @@ type gpuModel struct {
 	// block of the masked layout (E·workRows rows).
 	banks bool
 	elin  *gpurunner.Linears
+
+	// ep is this rank's part of expert parallelism (gpu_ep.go); nil on one device.
+	ep *gpuEP
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -178,6 +181,9 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	if g.L.hiddenOff >= 0 {
 		g.kdaFloats = g.L.hiddenOff
 	}
+	if g.ep, err = newGPUEP(m, opts); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			g.close(c)
@@ -196,6 +202,9 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	}
 	defer pk.close()
 	g.fp8Why = why
+	if pk != nil && g.ep != nil {
+		return nil, fmt.Errorf("gpu: expert parallelism over a checkpoint's FP8 linears (GPUOptions.Checkpoint): not done yet, load them dequantized")
+	}
 	if bf16 || pk != nil {
 		widest := max(cfg.HiddenSize, cfg.IntermediateSize, cfg.MoEIntermediateSize*max(1, cfg.NSharedExperts),
 			cfg.QLoraRank, cfg.NumAttentionHeads*cfg.VHeadDim)
@@ -369,7 +378,8 @@ func (g *gpuModel) uploadMLP(c *cudart.Ctx, pk *gpuFP8, w *mlpWeights, prefix st
 // against), else in bf16 (bf16, one linear an expert) or fp32.
 func (g *gpuModel) uploadMoE(c *cudart.Ctx, pk *gpuFP8, w *moeWeights, prefix string, bf16, perExpert bool) (*gpuMoE, error) {
 	cfg := g.m.Config
-	E, D, F := cfg.NRoutedExperts, cfg.HiddenSize, cfg.MoEIntermediateSize
+	D, F := cfg.HiddenSize, cfg.MoEIntermediateSize
+	E := len(w.gateUp) / (2 * F * D) // the experts held: all of them but under expert parallelism
 	e := &gpuMoE{}
 	var err error
 	if e.shared, err = g.uploadMLP(c, pk, &w.shared, prefix+"shared_experts.", bf16); err != nil {
@@ -683,6 +693,9 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.kk.MoEGather(c, g.s, m, w.xe, x); err != nil {
 		return err
 	}
+	if err := g.zeroOthersExperts(c, n); err != nil {
+		return err
+	}
 	if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, n, D, 2*F); err != nil {
 		return err
 	}
@@ -692,23 +705,33 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.experts(c, e.downBank, e.downL, e.down, w.ye, w.eact, n, F, D); err != nil {
 		return err
 	}
-	if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
+	share := w.share
+	if g.ep == nil || g.ep.rank == 0 {
+		if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
+			return err
+		}
+	} else {
+		share = 0 // the shared experts run on rank 0 alone
+	}
+	if err := g.kk.MoECombine(c, g.s, m, out, w.ye, share); err != nil {
 		return err
 	}
-	return g.kk.MoECombine(c, g.s, m, out, w.ye, w.share)
+	return g.sumOverRanks(c, out, n)
 }
 
 // experts computes ye [E, n, out] from xe [E, n, in] (the masked layout, every expert's
 // block n rows): an FP8 bank grouped over the experts in one quantisation and one launch,
 // reading the layout's counts on the device (rows past an expert's count come out zero),
 // else one linear an expert over its whole block (ls, or the fp32 bank w), whose rows past
-// the count are the gather's zeros.
+// the count are the gather's zeros. Under expert parallelism only the rank's experts run,
+// ls and w holding theirs alone (the others' blocks of ye are zeroOthersExperts').
 func (g *gpuModel) experts(c *cudart.Ctx, bank *gpurunner.Linear, ls []*gpurunner.Linear, w, ye, xe cudart.DevicePtr, n, in, out int) error {
 	if bank != nil {
 		return g.elin.Experts(c, g.s, bank, ye, xe, g.w.counts, n)
 	}
-	for ex := range g.m.Config.NRoutedExperts {
-		if err := g.linear(c, expert(ls, ex), off(ye, ex*n*out), off(xe, ex*n*in), off(w, ex*out*in), n, in, out); err != nil {
+	lo, hi := g.heldExperts()
+	for ex := lo; ex < hi; ex++ {
+		if err := g.linear(c, expert(ls, ex-lo), off(ye, ex*n*out), off(xe, ex*n*in), off(w, (ex-lo)*out*in), n, in, out); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,185 @@
+package glm5flash
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
+)
+
+// gpuEPTol bounds |ep − one| / max|one| per logits row between GPUEP and one GPURunner
+// on the emulated device: fp32 both, the same kernels, but each rank's partial sum of its
+// experts' weighted rows (rank 0's with the shared experts) added by the all-reduce
+// instead of every expert in one MoECombine, so the sums round in another order.
+const gpuEPTol = 1e-5
+
+// epForward returns the tiny model's GPU runner over size emulated GPUs by expert
+// parallelism (NewGPUEP; size 1: one GPURunner, the reference, ep nil) with decode graphs
+// on: its forward (rank 0 broadcasting each plan to the others) and rank 0's pool.
+func epForward(t *testing.T, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUEP) {
+	t.Helper()
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := tinyTextModel(t)
+	var devs []*cudart.Device
+	for r := range size {
+		d, err := cudart.OpenDevice(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs = append(devs, d)
+	}
+	if size == 1 {
+		r, err := NewGPURunner(m, devs[0], cache, 4, 32, 4, 0, GPUOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		if err := r.UseGraphs(true, nil); err != nil {
+			t.Fatal(err)
+		}
+		pool, err := r.NewPool(8 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.forward, pool, nil
+	}
+	l := Layout{EP: size}
+	g, pool, err := NewGPUEP(m.Config, func(rank int) (*TextWeights, error) { return ShardTextWeights(m.Config, m.W, l, rank) },
+		devs, cache, 4, 32, 4, 0, GPUOptions{}, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := g.UseGraphs(true, nil); err != nil {
+		t.Fatal(err)
+	}
+	return g.group.Forward, pool, g
+}
+
+// TestEmulatedEPEqualsOne runs the tiny model (4 routed experts, top-2, on 3 sparse
+// layers) on GPUEP over 2 and 3 emulated GPUs and on one GPURunner, through decode (a
+// prefill step of two prompts, 19 rows, then 6 decode steps of both, replayed as CUDA
+// graphs with the all-reduces inside): EP=2 holds experts 2 + 2, EP=3 2 + 2 + 0 (uneven,
+// rank 2 expert-less, still in every all-reduce). Greedy tokens equal, every logits row
+// within gpuEPTol, and two EP=2 runs bit-identical. (The tiny config routes a token's two
+// experts within one group of two, n_group 2 and topk_group 1, which is one rank's range
+// under EP=2 and EP=3: its logits come out equal, as x + 0 is x; the other rank's experts
+// get no rows whenever a step's tokens all pick the same group.) New allocations read NaN
+// (RESIN_EMU_POISON), so a rank that added stale rows of the other ranks' experts' blocks
+// (zeroOthersExperts skipped) fails, as does one whose partial sums are not all-reduced.
+func TestEmulatedEPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
+		return
+	}
+	const steps = 6
+	f1, p1, _ := epForward(t, 1)
+	wantLogits, wantToks := decode(t, f1, p1, steps)
+	var first [][]float32
+	for _, c := range []struct {
+		size    int
+		experts string
+	}{{2, "[[0 2] [2 4]]"}, {2, "[[0 2] [2 4]]"}, {3, "[[0 2] [2 4] [4 4]]"}} {
+		f, p, g := epForward(t, c.size)
+		if got := fmt.Sprint(g.Experts()); got != c.experts {
+			t.Fatalf("ep=%d: the ranks hold experts %s, want %s", c.size, got, c.experts)
+		}
+		logits, toks := decode(t, f, p, steps)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("ep=%d: greedy tokens %v, one GPU %v", c.size, toks, wantToks)
+		}
+		worst := 0.0
+		for s := range logits {
+			d := relDiff(logits[s], wantLogits[s])
+			if worst = max(worst, d); !(d <= gpuEPTol) {
+				t.Errorf("ep=%d, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", c.size, s, d, gpuEPTol)
+			}
+		}
+		t.Logf("ep=%d: logits within %.3g of one GPU's (relative to each row's largest)", c.size, worst)
+		if graph, _ := g.StepCounts(); graph == 0 {
+			t.Errorf("ep=%d: no decode step replayed a graph", c.size)
+		}
+		if c.size == 2 {
+			if first == nil {
+				first = logits
+			} else if !slices.EqualFunc(first, logits, slices.Equal[[]float32]) {
+				t.Errorf("ep=2: two runs' logits differ")
+			}
+		}
+	}
+}
+
+// relDiff is max|a−b| / max|b|.
+func relDiff(a, b []float32) float64 {
+	var d, m float64
+	for i := range b {
+		d = max(d, math.Abs(float64(a[i]-b[i])))
+		m = max(m, math.Abs(float64(b[i])))
+	}
+	return d / m
+}
+
+// TestEmulatedOpenGPUEP opens a tiny checkpoint directory (random weights) through
+// OpenGPUEP over 2 emulated GPUs, with and without 2 MTP drafts a step (the MTP layer's
+// MoE split too, every rank drafting on each step's result), and checks that the engine's
+// greedy tokens equal OpenGPU's on one.
+func TestEmulatedOpenGPUEP(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := tinyDir(t)
+	opts := gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4}, KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}
+	cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
+	sp := engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}
+	vocab := tinyTextModel(t).Config.VocabSize
+	prompts := [][]int32{runnertest.Prompt(9, vocab, 5), runnertest.Prompt(20, vocab, 6)}
+	var s runnertest.Suite
+	one, pool, err := OpenGPU(dir, 4<<20, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.(*GPURunner).Close()
+	e := s.StartWith(t, one, pool, cfg)
+	want := e.GenerateAll(t, prompts, sp)
+	e.Stop(t)
+	for _, drafts := range []int{0, 2} {
+		g, pool, err := OpenGPUEP(dir, 4<<20, opts, 2, drafts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := g.Info().MaxDrafts; d != drafts {
+			t.Errorf("OpenGPUEP's runner proposes %d drafts, want %d", d, drafts)
+		}
+		e := s.StartWith(t, g, pool, cfg)
+		got := e.GenerateAll(t, prompts, sp)
+		e.Stop(t)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range prompts {
+			if fmt.Sprint(got[i].Tokens) != fmt.Sprint(want[i].Tokens) {
+				t.Errorf("ep=2 with %d drafts, prompt %d: tokens %v, one GPU %v", drafts, i, got[i].Tokens, want[i].Tokens)
+			}
+		}
+	}
+}
