@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -22,10 +23,10 @@ import (
 // instead of every expert in one MoECombine, so the sums round in another order.
 const gpuEPTol = 1e-5
 
-// epForward returns the tiny model's GPU runner over size emulated GPUs by expert
-// parallelism (NewGPUEP; size 1: one GPURunner, the reference, ep nil) with decode graphs
-// on: its forward (rank 0 broadcasting each plan to the others) and rank 0's pool.
-func epForward(t *testing.T, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUEP) {
+// epForward returns m's GPU runner over size emulated GPUs by expert parallelism
+// (NewGPUEP; size 1: one GPURunner, the reference, ep nil) with decode graphs on: its
+// forward (rank 0 broadcasting each plan to the others) and rank 0's pool.
+func epForward(t *testing.T, m *TextModel, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUEP) {
 	t.Helper()
 	dir := os.Getenv("RESIN_KERNEL_CACHE")
 	if dir == "" {
@@ -35,7 +36,6 @@ func epForward(t *testing.T, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GP
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := tinyTextModel(t)
 	var devs []*cudart.Device
 	for r := range size {
 		d, err := cudart.OpenDevice(r)
@@ -77,15 +77,30 @@ func epForward(t *testing.T, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GP
 	return g.group.Forward, pool, g
 }
 
-// TestEmulatedEPEqualsOne runs the tiny model (4 routed experts, top-2, on 3 sparse
+// ungroupedTiny is the tiny model with its routing ungrouped (n_group 1): a token's two
+// experts may then sit on two ranks.
+func ungroupedTiny(t *testing.T) *TextModel {
+	t.Helper()
+	js := strings.Replace(tinyTextConfigJSON, `"n_group": 2, "topk_group": 1`, `"n_group": 1, "topk_group": 1`, 1)
+	c, err := ParseTextConfig([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := RandomTextModel(c, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestEmulatedEPEqualsOne runs a tiny model (4 routed experts, top-2, on 3 sparse
 // layers) on GPUEP over 2 and 3 emulated GPUs and on one GPURunner, through decode (a
 // prefill step of two prompts, 19 rows, then 6 decode steps of both, replayed as CUDA
 // graphs with the all-reduces inside): EP=2 holds experts 2 + 2, EP=3 2 + 2 + 0 (uneven,
 // rank 2 expert-less, still in every all-reduce). Greedy tokens equal, every logits row
-// within gpuEPTol, and two EP=2 runs bit-identical. (The tiny config routes a token's two
-// experts within one group of two, n_group 2 and topk_group 1, which is one rank's range
-// under EP=2 and EP=3: its logits come out equal, as x + 0 is x; the other rank's experts
-// get no rows whenever a step's tokens all pick the same group.) New allocations read NaN
+// within gpuEPTol, and two EP=2 runs bit-identical. The model is ungroupedTiny, whose
+// tokens split their experts over the ranks (the tiny config's grouped routing puts both
+// on one rank, and its logits came out equal to one GPU's: x + 0 is x). New allocations read NaN
 // (RESIN_EMU_POISON), so a rank that added stale rows of the other ranks' experts' blocks
 // (zeroOthersExperts skipped) fails, as does one whose partial sums are not all-reduced.
 func TestEmulatedEPEqualsOne(t *testing.T) {
@@ -93,14 +108,15 @@ func TestEmulatedEPEqualsOne(t *testing.T) {
 		return
 	}
 	const steps = 6
-	f1, p1, _ := epForward(t, 1)
+	m := ungroupedTiny(t)
+	f1, p1, _ := epForward(t, m, 1)
 	wantLogits, wantToks := decode(t, f1, p1, steps)
 	var first [][]float32
 	for _, c := range []struct {
 		size    int
 		experts string
 	}{{2, "[[0 2] [2 4]]"}, {2, "[[0 2] [2 4]]"}, {3, "[[0 2] [2 4] [4 4]]"}} {
-		f, p, g := epForward(t, c.size)
+		f, p, g := epForward(t, m, c.size)
 		if got := fmt.Sprint(g.Experts()); got != c.experts {
 			t.Fatalf("ep=%d: the ranks hold experts %s, want %s", c.size, got, c.experts)
 		}
