@@ -110,7 +110,13 @@ type GPUEP struct {
 	closed bool
 }
 
-var _ engine.Runner = (*GPUEP)(nil)
+var (
+	_ engine.Runner        = (*GPUEP)(nil)
+	_ engine.PromptChecker = (*GPUEP)(nil)
+)
+
+// CheckPrompt is GPURunner.CheckPrompt (image and video placeholders refused).
+func (g *GPUEP) CheckPrompt(prompt []int32) error { return g.ranks[0].CheckPrompt(prompt) }
 
 // NewGPUEP splits the model of config c over len(devs) ranks by expert parallelism, rank
 // r a GPURunner (NewGPURunner's sizes and opts) on devs[r] with the weights rankWeights

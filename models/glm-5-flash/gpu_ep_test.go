@@ -98,7 +98,8 @@ func ungroupedTiny(t *testing.T) *TextModel {
 // prefill step of two prompts, 19 rows, then 6 decode steps of both, replayed as CUDA
 // graphs with the all-reduces inside): EP=2 holds experts 2 + 2, EP=3 2 + 2 + 0 (uneven,
 // rank 2 expert-less, still in every all-reduce). Greedy tokens equal, every logits row
-// within gpuEPTol, and two EP=2 runs bit-identical. The model is ungroupedTiny, whose
+// within gpuEPTol, and two EP=2 runs bit-identical, the second after a plan rank 0
+// refused (a token outside the vocabulary) before any rank saw it. The model is ungroupedTiny, whose
 // tokens split their experts over the ranks (the tiny config's grouped routing puts both
 // on one rank, and its logits came out equal to one GPU's: x + 0 is x). New allocations read NaN
 // (RESIN_EMU_POISON), so a rank that added stale rows of the other ranks' experts' blocks
@@ -119,6 +120,14 @@ func TestEmulatedEPEqualsOne(t *testing.T) {
 		f, p, g := epForward(t, m, c.size)
 		if got := fmt.Sprint(g.Experts()); got != c.experts {
 			t.Fatalf("ep=%d: the ranks hold experts %s, want %s", c.size, got, c.experts)
+		}
+		if first != nil {
+			// A plan rank 0 refuses before broadcasting it leaves the group whole: the
+			// run after it must still equal the first.
+			bad := runnertest.Plan(t, p, []*runnertest.Seq{runnertest.OpenSeq(t, p, []int32{3, int32(m.Config.VocabSize)})}, []int{2}, false)
+			if err := f(bad, make([]float32, m.Config.VocabSize)); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
+				t.Fatalf("ep=%d: a plan with token id %d: %v, want it refused", c.size, m.Config.VocabSize, err)
+			}
 		}
 		logits, toks := decode(t, f, p, steps)
 		if !slices.Equal(toks, wantToks) {
@@ -158,7 +167,8 @@ func relDiff(a, b []float32) float64 {
 // TestEmulatedOpenGPUEP opens a tiny checkpoint directory (random weights) through
 // OpenGPUEP over 2 emulated GPUs, with and without 2 MTP drafts a step (the MTP layer's
 // MoE split too, every rank drafting on each step's result), and checks that the engine's
-// greedy tokens equal OpenGPU's on one.
+// greedy tokens equal OpenGPU's on one, for two prompts in one batch and a third that
+// resumes from the second's cached prefix.
 func TestEmulatedOpenGPUEP(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -169,6 +179,9 @@ func TestEmulatedOpenGPUEP(t *testing.T) {
 	sp := engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}
 	vocab := tinyTextModel(t).Config.VocabSize
 	prompts := [][]int32{runnertest.Prompt(9, vocab, 5), runnertest.Prompt(20, vocab, 6)}
+	// A prompt sharing 18 tokens of the second: a prefix hit through its pages on every
+	// rank (each holds what it wrote there itself).
+	hit := append(slices.Clone(prompts[1][:18]), 7, 8)
 	var s runnertest.Suite
 	one, pool, err := OpenGPU(dir, 4<<20, opts)
 	if err != nil {
@@ -176,7 +189,7 @@ func TestEmulatedOpenGPUEP(t *testing.T) {
 	}
 	defer one.(*GPURunner).Close()
 	e := s.StartWith(t, one, pool, cfg)
-	want := e.GenerateAll(t, prompts, sp)
+	want := append(e.GenerateAll(t, prompts, sp), e.Generate(t, hit, sp))
 	e.Stop(t)
 	for _, drafts := range []int{0, 2} {
 		g, pool, err := OpenGPUEP(dir, 4<<20, opts, 2, drafts)
@@ -188,11 +201,16 @@ func TestEmulatedOpenGPUEP(t *testing.T) {
 		}
 		e := s.StartWith(t, g, pool, cfg)
 		got := e.GenerateAll(t, prompts, sp)
+		before := e.Counters().PrefixHits
+		got = append(got, e.Generate(t, hit, sp))
+		if e.Counters().PrefixHits <= before {
+			t.Errorf("ep=2 with %d drafts: the prompt sharing 18 tokens got no prefix hit", drafts)
+		}
 		e.Stop(t)
 		if err := g.Close(); err != nil {
 			t.Fatal(err)
 		}
-		for i := range prompts {
+		for i := range want {
 			if fmt.Sprint(got[i].Tokens) != fmt.Sprint(want[i].Tokens) {
 				t.Errorf("ep=2 with %d drafts, prompt %d: tokens %v, one GPU %v", drafts, i, got[i].Tokens, want[i].Tokens)
 			}
