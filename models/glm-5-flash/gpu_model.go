@@ -322,6 +322,8 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	// The workspace's rows: a step's, and with drafts the MTP layer's (a step's and one
 	// more a sequence).
 	n, K, F := g.workRows(), cfg.NumExpertsPerTok, cfg.MoEIntermediateSize
+	lo, hi := g.heldExperts()
+	H := hi - lo // the experts whose blocks xe, egu and eact hold (ye holds every expert's)
 	x := &g.w
 	x.maxSel = g.dsa.maxSel()
 	g.tabRows = max(maxPos, maxTokens)
@@ -333,8 +335,8 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		{&x.idsRep, n * hc}, {&x.streams, n * hc * D}, {&x.next, n * hc * D}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
 		{&x.comb, n * hc * hc}, {&x.x, n * D}, {&x.att, n * D}, {&x.ffn, n * D}, {&x.sel, n * x.maxSel}, {&x.count, n},
 		{&x.gu, n * 2 * width}, {&x.act, n * width}, {&x.rlogits, n * E}, {&x.rweights, n * K}, {&x.rids, n * K},
-		{&x.counts, E}, {&x.pairOf, E * n}, {&x.slotOf, n * K}, {&x.xe, E * n * D}, {&x.egu, E * n * 2 * F},
-		{&x.eact, E * n * F}, {&x.ye, E * n * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
+		{&x.counts, E}, {&x.pairOf, E * n}, {&x.slotOf, n * K}, {&x.xe, H * n * D}, {&x.egu, H * n * 2 * F},
+		{&x.eact, H * n * F}, {&x.ye, E * n * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
 		{&x.hidden, n * D},
 	} {
 		if *b.dst, err = g.alloc(c, b.n); err != nil {
@@ -690,20 +692,27 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.kk.MoELayout(c, g.s, m); err != nil {
 		return err
 	}
-	if err := g.kk.MoEGather(c, g.s, m, w.xe, x); err != nil {
-		return err
-	}
+	// The held experts' blocks (all but under expert parallelism): xe, egu and eact hold
+	// theirs alone, ye every expert's, the others' zeroed.
+	lo, hi := g.heldExperts()
 	if err := g.zeroOthersExperts(c, n); err != nil {
 		return err
 	}
-	if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, n, D, 2*F); err != nil {
-		return err
-	}
-	if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, E*n, F, limit); err != nil {
-		return err
-	}
-	if err := g.experts(c, e.downBank, e.downL, e.down, w.ye, w.eact, n, F, D); err != nil {
-		return err
+	if hi > lo {
+		held := m
+		held.PairOf, held.Experts = off(w.pairOf, lo*n), hi-lo
+		if err := g.kk.MoEGather(c, g.s, held, w.xe, x); err != nil {
+			return err
+		}
+		if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, n, D, 2*F); err != nil {
+			return err
+		}
+		if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, (hi-lo)*n, F, limit); err != nil {
+			return err
+		}
+		if err := g.experts(c, e.downBank, e.downL, e.down, off(w.ye, lo*n*D), w.eact, n, F, D); err != nil {
+			return err
+		}
 	}
 	share := w.share
 	if g.ep == nil || g.ep.rank == 0 {
@@ -719,19 +728,19 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	return g.sumOverRanks(c, out, n)
 }
 
-// experts computes ye [E, n, out] from xe [E, n, in] (the masked layout, every expert's
-// block n rows): an FP8 bank grouped over the experts in one quantisation and one launch,
-// reading the layout's counts on the device (rows past an expert's count come out zero),
-// else one linear an expert over its whole block (ls, or the fp32 bank w), whose rows past
-// the count are the gather's zeros. Under expert parallelism only the rank's experts run,
-// ls and w holding theirs alone (the others' blocks of ye are zeroOthersExperts').
+// experts computes ye [H, n, out] from xe [H, n, in] for the H experts held (the masked
+// layout's blocks of those experts, n rows each; all E but under expert parallelism, ls
+// and w holding theirs alone): an FP8 bank grouped over the experts in one quantisation
+// and one launch, reading the layout's counts on the device (rows past an expert's count
+// come out zero), else one linear an expert over its whole block (ls, or the fp32 bank
+// w), whose rows past the count are the gather's zeros.
 func (g *gpuModel) experts(c *cudart.Ctx, bank *gpurunner.Linear, ls []*gpurunner.Linear, w, ye, xe cudart.DevicePtr, n, in, out int) error {
 	if bank != nil {
 		return g.elin.Experts(c, g.s, bank, ye, xe, g.w.counts, n)
 	}
 	lo, hi := g.heldExperts()
-	for ex := lo; ex < hi; ex++ {
-		if err := g.linear(c, expert(ls, ex-lo), off(ye, ex*n*out), off(xe, ex*n*in), off(w, (ex-lo)*out*in), n, in, out); err != nil {
+	for ex := range hi - lo {
+		if err := g.linear(c, expert(ls, ex), off(ye, ex*n*out), off(xe, ex*n*in), off(w, ex*out*in), n, in, out); err != nil {
 			return err
 		}
 	}
