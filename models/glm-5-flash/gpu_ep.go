@@ -14,38 +14,69 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// gpuEP is a rank's part of expert parallelism on the device: the routed experts it
-// holds, [lo, hi) of the model's (ep.Layer.Range: the last ranks may hold fewer, or
-// none), and the NCCL communicator its MoE partial sums are all-reduced on (joined by
-// NewGPUEP once every rank has uploaded its weights).
-type gpuEP struct {
-	rank, size, lo, hi int
-	comm               *cudart.Comm
+// gpuPar is a rank's part of a parallel layout on the device: its rank, the layout's tp
+// and ep, the routed experts it holds, [lo, hi) of the model's (ep.Layer.Range under EP:
+// the last ranks may hold fewer, or none; all of them otherwise), and the NCCL
+// communicator its partial sums are all-reduced on (joined by NewGPULayout once every rank
+// has uploaded its weights). Under TP the rank's model has a rank config (gpuRankConfig):
+// its heads, and its columns of the MLPs, are what the forward's shapes read.
+type gpuPar struct {
+	rank, tp, ep, lo, hi int
+	comm                 *cudart.Comm
 }
 
-// newGPUEP returns the expert-parallel part of a rank model (NewRankModel) for the GPU,
-// nil for the whole model on one device. Tensor parallelism and the all-to-all dispatch
-// are refused: the GPU runs every token on every rank and sums the partials.
-func newGPUEP(m *TextModel, opts GPUOptions) (*gpuEP, error) {
+// newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout),
+// nil for the whole model on one device. The all-to-all dispatch and DP-attention are
+// refused: the GPU runs every token on every rank and sums the partials.
+func newGPUPar(m *TextModel, opts GPUOptions) (*gpuPar, error) {
 	switch {
-	case m.tensorParallel():
-		return nil, fmt.Errorf("gpu: tensor parallelism (tp=%d) on the GPU runner: not done yet", m.par.tp)
-	case !m.expertParallel():
+	case m.par.comm == nil || (m.par.tp <= 1 && m.par.ep <= 1):
 		return nil, nil
 	case m.par.dispatch != DispatchGather || m.par.dp:
-		return nil, fmt.Errorf("gpu: expert parallelism on the GPU runs the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
+		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
 	}
 	lo, hi := m.experts()
-	return &gpuEP{rank: m.par.rank, size: m.par.ep, lo: lo, hi: hi}, nil
+	return &gpuPar{rank: m.par.rank, tp: m.par.tp, ep: m.par.ep, lo: lo, hi: hi}, nil
+}
+
+// gpuRankConfig is the config a rank of layout part p runs on the GPU: c with, under TP,
+// its MLA and KDA heads, its columns of the dense MLPs and (without EP) of each routed
+// expert; the latents, the indexer, the vocabulary and the hidden size whole.
+func gpuRankConfig(c *TextConfig, p parallel) *TextConfig {
+	rc := *c
+	rc.NumAttentionHeads, rc.LinearNumHeads, rc.MoEIntermediateSize = p.mlaHeads, p.kdaHeads, p.moeInter
+	rc.IntermediateSize = c.IntermediateSize / p.tp
+	return &rc
+}
+
+// sumTP sums x ([n, D], a rank's partial output of a block whose heads or columns TP
+// splits: attention's o_proj, a dense MLP's down) over the ranks in place, an NCCL
+// all-reduce on the step's stream; nothing without TP.
+func (g *gpuModel) sumTP(c *cudart.Ctx, x cudart.DevicePtr, n int, what string) error {
+	if g.par == nil || g.par.tp <= 1 {
+		return nil
+	}
+	return g.allReduce(c, x, n, what)
+}
+
+// allReduce sums x ([n, D]) over the ranks in place on the step's stream.
+func (g *gpuModel) allReduce(c *cudart.Ctx, x cudart.DevicePtr, n int, what string) error {
+	if g.par.comm == nil {
+		return errors.New("gpu: the ranks' NCCL communicator is not joined (NewGPULayout)")
+	}
+	if err := g.par.comm.AllReduce(x, x, n*g.m.Config.HiddenSize, cudart.F32, cudart.Sum, g.s); err != nil {
+		return fmt.Errorf("gpu: sum the ranks' %s: %w", what, err)
+	}
+	return nil
 }
 
 // heldExperts returns the routed experts the model's device holds: all, but a rank's
 // range under expert parallelism.
 func (g *gpuModel) heldExperts() (lo, hi int) {
-	if g.ep == nil {
+	if g.par == nil {
 		return 0, g.m.Config.NRoutedExperts
 	}
-	return g.ep.lo, g.ep.hi
+	return g.par.lo, g.par.hi
 }
 
 // zeroOthersExperts zeroes, under expert parallelism, the blocks of the masked layout's
@@ -53,12 +84,12 @@ func (g *gpuModel) heldExperts() (lo, hi int) {
 // only its own (experts), so MoECombine adds zero for a token's other experts and the
 // rank's output is its partial sum. The blocks move with n, so they are zeroed each call.
 func (g *gpuModel) zeroOthersExperts(c *cudart.Ctx, n int) error {
-	if g.ep == nil {
+	if g.par == nil {
 		return nil
 	}
 	cfg := g.m.Config
 	E, D := cfg.NRoutedExperts, cfg.HiddenSize
-	for _, b := range [2][2]int{{0, g.ep.lo}, {g.ep.hi, E}} {
+	for _, b := range [2][2]int{{0, g.par.lo}, {g.par.hi, E}} {
 		if b[1] > b[0] {
 			if err := c.MemsetAsync(off(g.w.ye, b[0]*n*D), 0, int64(4*(b[1]-b[0])*n*D), g.s); err != nil {
 				return fmt.Errorf("gpu: ep: zero the other ranks' experts: %w", err)
@@ -69,40 +100,44 @@ func (g *gpuModel) zeroOthersExperts(c *cudart.Ctx, n int) error {
 }
 
 // sumOverRanks sums out ([n, D], each rank's partial MoE output: its experts' weighted
-// rows, rank 0's with the shared experts) over the expert-parallel ranks in place, an
-// NCCL all-reduce on the step's stream (captured into a decode graph as the dense TP's
-// are). The emulated NCCL adds the ranks in rank order and a real one in a fixed ring
-// order for a fixed size, so every rank has the same bits and runs are reproducible.
+// rows, or its columns of every expert under TP, with the shared experts' rows on rank 0
+// under EP alone, else each rank's columns of them) over the ranks in place, an NCCL
+// all-reduce on the step's stream (captured into a decode graph as the dense TP's are).
+// The emulated NCCL adds the ranks in rank order and a real one in a fixed ring order for
+// a fixed size, so every rank has the same bits and runs are reproducible.
 func (g *gpuModel) sumOverRanks(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
-	if g.ep == nil {
+	if g.par == nil {
 		return nil
 	}
-	if g.ep.comm == nil {
-		return errors.New("gpu: ep: the ranks' NCCL communicator is not joined (NewGPUEP)")
-	}
-	if err := g.ep.comm.AllReduce(out, out, n*g.m.Config.HiddenSize, cudart.F32, cudart.Sum, g.s); err != nil {
-		return fmt.Errorf("gpu: ep: sum the experts' partials: %w", err)
-	}
-	return nil
+	return g.allReduce(c, out, n, "MoE partials")
 }
 
-// GPUEP is the text model served from several CUDA devices of this process by expert
-// parallelism, one GPURunner a rank: attention, the dense layers, mHC, the router and the
-// head replicated, the routed experts split in contiguous ranges (Layout{EP: size}, each
-// rank uploading only its experts' weights), the shared experts on rank 0. Every rank runs
-// every token: each computes its experts' weighted rows of the masked layout (the other
-// ranks' blocks zeroed) and the partial sums are all-reduced on the device
-// (gpuModel.sumOverRanks) after each MoE, so every rank holds the same hidden states.
-// The ranks run in lock step (core/dist/lockstep, as OpenInProcess's CPU ranks): rank 0
-// serves the engine, checks each plan and broadcasts it; the others execute its CacheOps on
-// their own pools and run it. Rank 0 samples. Decode steps replay CUDA graphs with the
-// all-reduces captured inside; every rank captures the same shapes in the same order. With
-// drafts every rank runs the MTP layer on each step's result (lockstep.LeadDraft), whose
-// MoE is split the same way, so the drafts agree.
+// GPUGroup is the text model served from several CUDA devices of this process in a
+// parallel layout (NewGPULayout), one GPURunner a rank, every rank running every token:
 //
-// Not done yet: tensor parallelism of the attention heads, the all-to-all dispatch, a
-// checkpoint's FP8 linears (OpenGPUEP loads them dequantized to fp32), ranks as processes.
-type GPUEP struct {
+//   - EP splits the routed experts in contiguous ranges (ep.Layer.Range), each rank
+//     uploading only its experts' weights; attention, the dense layers, mHC, the router
+//     and the shared experts (run on rank 0 alone) replicated. A rank runs its experts'
+//     blocks of the masked layout (the other ranks' output blocks zeroed) and the partial
+//     sums are all-reduced on the device after each MoE (gpuModel.sumOverRanks).
+//   - TP splits the MLA and KDA heads and the dense, shared and (without EP) every routed
+//     expert's intermediate columns as the CPU's Layout does, the rank's model running on
+//     its rank config (gpuRankConfig); each attention block and dense MLP ends in an
+//     all-reduce of its partial output (gpuModel.sumTP), each MoE in one of its routed and
+//     shared partials. TP × EP (equal) splits the same ranks both ways.
+//
+// The vocabulary is whole on every rank (not split on the GPU yet). The partials are
+// float32, summed in place by NCCL on the step's stream, so every rank holds the same
+// hidden states. The ranks run in lock step (core/dist/lockstep, as OpenInProcess's CPU
+// ranks): rank 0 serves the engine, checks each plan and broadcasts it; the others execute
+// its CacheOps on their own pools and run it. Rank 0 samples. Decode graphs capture the
+// all-reduces; every rank captures the same shapes in the same order. With drafts every
+// rank runs the MTP layer (split like a layer) on each step's result (lockstep.LeadDraft),
+// so the drafts agree.
+//
+// Not done yet: the vocabulary split, the all-to-all dispatch, a checkpoint's FP8 linears
+// (OpenGPULayout loads them dequantized to fp32), ranks as processes.
+type GPUGroup struct {
 	*cpurunner.Runner
 	ranks  []*GPURunner
 	group  *lockstep.InProcess
@@ -111,30 +146,34 @@ type GPUEP struct {
 }
 
 var (
-	_ engine.Runner        = (*GPUEP)(nil)
-	_ engine.PromptChecker = (*GPUEP)(nil)
+	_ engine.Runner        = (*GPUGroup)(nil)
+	_ engine.PromptChecker = (*GPUGroup)(nil)
 )
 
 // CheckPrompt is GPURunner.CheckPrompt (image and video placeholders refused).
-func (g *GPUEP) CheckPrompt(prompt []int32) error { return g.ranks[0].CheckPrompt(prompt) }
+func (g *GPUGroup) CheckPrompt(prompt []int32) error { return g.ranks[0].CheckPrompt(prompt) }
 
-// NewGPUEP splits the model of config c over len(devs) ranks by expert parallelism, rank
-// r a GPURunner (NewGPURunner's sizes and opts) on devs[r] with the weights rankWeights
-// returns for it (ShardTextWeights of Layout{EP: len(devs)}, or loadRankWeights': only the
-// rank's experts) and a cache pool of cacheBytes (0 = 256 MiB) of its own, all of one
-// geometry so that rank 0's page ids address them alike. It returns rank 0's pool, for the
-// engine. The devices stay the caller's.
-func NewGPUEP(c *TextConfig, rankWeights func(rank int) (*TextWeights, error), devs []*cudart.Device, cache *cudart.KernelCache,
-	slots, maxTokens, maxRows, maxContext int, opts GPUOptions, cacheBytes int64) (*GPUEP, *kvslab.Pool, error) {
+// NewGPULayout splits the model of config c over len(devs) ranks in layout l (its Size
+// must be len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes and
+// opts) on devs[r] with the weights rankWeights returns for it and a cache pool of
+// cacheBytes (0 = 256 MiB) of its own, all of one geometry so that rank 0's page ids
+// address them alike. A rank's weights are its part of l (ShardTextWeights, or
+// loadRankWeights': only its experts) but for the vocabulary, which the GPU ranks hold
+// whole (gpuRankWeights): the embedding, lm_head and the MTP layer's head are not split
+// on the GPU yet. It returns rank 0's pool, for the engine. The devices stay the caller's.
+func NewGPULayout(c *TextConfig, l Layout, rankWeights func(rank int) (*TextWeights, error), devs []*cudart.Device, cache *cudart.KernelCache,
+	slots, maxTokens, maxRows, maxContext int, opts GPUOptions, cacheBytes int64) (*GPUGroup, *kvslab.Pool, error) {
 	size := len(devs)
-	l := Layout{EP: size}
 	if size < 1 {
-		return nil, nil, fmt.Errorf("%s: expert parallelism over no GPU", Name)
+		return nil, nil, fmt.Errorf("%s: a parallel layout over no GPU", Name)
 	}
 	if err := l.Check(c); err != nil {
 		return nil, nil, err
 	}
-	g := &GPUEP{ranks: make([]*GPURunner, size)}
+	if l.Size() != size {
+		return nil, nil, fmt.Errorf("%s: layout tp=%d ep=%d of %d ranks over %d GPUs", Name, l.TP, l.EP, l.Size(), size)
+	}
+	g := &GPUGroup{ranks: make([]*GPURunner, size)}
 	pools := make([]*kvslab.Pool, size)
 	ok := false
 	defer func() {
@@ -142,19 +181,24 @@ func NewGPUEP(c *TextConfig, rankWeights func(rank int) (*TextWeights, error), d
 			g.Close()
 		}
 	}()
-	// The data communicators are the rank models' (NewRankModel); the GPU forward's
-	// collectives run on NCCL instead.
+	// The data communicators are the rank models'; the GPU forward's collectives run on
+	// NCCL instead.
 	group, err := lockstep.StartInProcess(size, dist.Options{}, func(rank int, data dist.Communicator) (lockstep.Rank, error) {
 		w, err := rankWeights(rank)
 		if err != nil {
 			return lockstep.Rank{}, err
 		}
-		m, err := NewRankModel(c, w, l, data)
-		if err != nil {
+		p := gpuRankPart(c, l, rank)
+		p.comm = data
+		if err := checkGPURankWeights(c, w, &p); err != nil {
 			return lockstep.Rank{}, err
 		}
-		if m.W.mtp == nil && opts.Drafts > 0 {
+		if w.mtp == nil && opts.Drafts > 0 {
 			return lockstep.Rank{}, fmt.Errorf("%s: MTP speculative decoding: %w", Name, ErrNoMTP)
+		}
+		m := &TextModel{Config: c, W: w, par: p}
+		if size > 1 {
+			m.Config = gpuRankConfig(c, p)
 		}
 		r, err := NewGPURunner(m, devs[rank], cache, slots, maxTokens, maxRows, maxContext, opts)
 		if err != nil {
@@ -181,7 +225,7 @@ func NewGPUEP(c *TextConfig, rankWeights func(rank int) (*TextWeights, error), d
 	g.group = group
 	for r, p := range pools[1:] {
 		if p.Slabs() != pools[0].Slabs() || p.SlabBytes() != pools[0].SlabBytes() {
-			return nil, nil, fmt.Errorf("%s: ep rank %d's cache (%d slabs of %d bytes) is not rank 0's (%d of %d)", Name, r+1, p.Slabs(), p.SlabBytes(), pools[0].Slabs(), pools[0].SlabBytes())
+			return nil, nil, fmt.Errorf("%s: rank %d's cache (%d slabs of %d bytes) is not rank 0's (%d of %d)", Name, r+1, p.Slabs(), p.SlabBytes(), pools[0].Slabs(), pools[0].SlabBytes())
 		}
 	}
 	if size > 1 {
@@ -194,12 +238,51 @@ func NewGPUEP(c *TextConfig, rankWeights func(rank int) (*TextWeights, error), d
 	return g, pools[0], nil
 }
 
+// checkGPURankWeights refuses weights w that are not rank p's part of c on the GPU: its
+// routed experts (and their columns) in every sparse layer and the MTP layer, the whole
+// vocabulary.
+func checkGPURankWeights(c *TextConfig, w *TextWeights, p *parallel) error {
+	D, V := c.HiddenSize, c.VocabSize
+	if len(w.embed) != V*D || len(w.lmHead) != V*D || (w.mtp != nil && len(w.mtp.head) != V*D) {
+		return fmt.Errorf("%s: rank %d: the GPU ranks hold the whole vocabulary (%d rows of the embedding and heads), got %d embedding values", Name, p.rank, V, len(w.embed))
+	}
+	per := 2 * p.moeInter * D
+	moes := []*moeWeights{}
+	for _, ly := range w.layers {
+		moes = append(moes, ly.moe)
+	}
+	if w.mtp != nil {
+		moes = append(moes, w.mtp.moe)
+	}
+	for i, mw := range moes {
+		if mw != nil && len(mw.gateUp) != (p.expHi-p.expLo)*per {
+			return fmt.Errorf("%s: rank %d: MoE %d holds %d values of routed experts, want experts [%d, %d) of %d intermediate columns", Name, p.rank, i, len(mw.gateUp), p.expLo, p.expHi, p.moeInter)
+		}
+	}
+	return nil
+}
+
+// gpuRankPart is rankPart for a GPU rank: the vocabulary whole (embedding, lm_head and
+// the MTP layer's head are not split on the GPU yet).
+func gpuRankPart(c *TextConfig, l Layout, rank int) parallel {
+	p := rankPart(c, l, rank)
+	p.vocabLo, p.vocabHi = 0, c.VocabSize
+	return p
+}
+
+// gpuRankWeights is rank's part of the whole model's weights for layout l on the GPU
+// (gpuRankPart's; copies, as ShardTextWeights').
+func gpuRankWeights(c *TextConfig, whole *TextWeights, l Layout, rank int) *TextWeights {
+	p := gpuRankPart(c, l, rank)
+	return p.cut(c, whole, 0, false)
+}
+
 // join makes the ranks' NCCL communicator, each rank joining from its device thread at
 // once, and gives each rank's model its end.
-func (g *GPUEP) join() error {
+func (g *GPUGroup) join() error {
 	id, err := cudart.NewNCCLUniqueID()
 	if err != nil {
-		return fmt.Errorf("%s: ep: %w", Name, err)
+		return fmt.Errorf("%s: %w", Name, err)
 	}
 	size := len(g.ranks)
 	g.comms = make([]*cudart.Comm, size)
@@ -218,33 +301,33 @@ func (g *GPUEP) join() error {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%s: ep: join the NCCL communicator: %w", Name, err)
+		return fmt.Errorf("%s: join the NCCL communicator: %w", Name, err)
 	}
 	for r, rr := range g.ranks {
-		rr.g.ep.comm = g.comms[r]
+		rr.g.par.comm = g.comms[r]
 	}
 	return nil
 }
 
 // UseGraphs turns decode graphs on or off on every rank (GPURunner.UseGraphs): the ranks
 // must capture alike, or their captured all-reduces would not meet.
-func (g *GPUEP) UseGraphs(on bool, log io.Writer) error {
+func (g *GPUGroup) UseGraphs(on bool, log io.Writer) error {
 	for r, rr := range g.ranks {
 		if err := rr.UseGraphs(on, log); err != nil {
-			return fmt.Errorf("%s: ep rank %d: %w", Name, r, err)
+			return fmt.Errorf("%s: rank %d: %w", Name, r, err)
 		}
 	}
 	return nil
 }
 
 // StepCounts returns rank 0's GPURunner.StepCounts.
-func (g *GPUEP) StepCounts() (graph, eager int) { return g.ranks[0].StepCounts() }
+func (g *GPUGroup) StepCounts() (graph, eager int) { return g.ranks[0].StepCounts() }
 
 // Describe is rank 0's GPURunner.Describe.
-func (g *GPUEP) Describe() string { return g.ranks[0].Describe() }
+func (g *GPUGroup) Describe() string { return g.ranks[0].Describe() }
 
 // Experts returns the routed experts each rank holds, [lo, hi).
-func (g *GPUEP) Experts() [][2]int {
+func (g *GPUGroup) Experts() [][2]int {
 	out := make([][2]int, len(g.ranks))
 	for r, rr := range g.ranks {
 		lo, hi := rr.g.heldExperts()
@@ -254,7 +337,7 @@ func (g *GPUEP) Experts() [][2]int {
 }
 
 // StopRanks stops the other ranks (core/cli calls it when the engine stops).
-func (g *GPUEP) StopRanks() error {
+func (g *GPUGroup) StopRanks() error {
 	if g.group == nil {
 		return nil
 	}
@@ -262,8 +345,8 @@ func (g *GPUEP) StopRanks() error {
 }
 
 // Close stops the followers, then frees the communicator and every rank's runner (and
-// the devices OpenGPUEP opened).
-func (g *GPUEP) Close() error {
+// the devices OpenGPULayout opened).
+func (g *GPUGroup) Close() error {
 	if g.closed {
 		return nil
 	}

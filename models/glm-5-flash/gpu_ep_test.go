@@ -17,16 +17,22 @@ import (
 	"github.com/resin-llm/resin/core/runnertest"
 )
 
-// gpuEPTol bounds |ep − one| / max|one| per logits row between GPUEP and one GPURunner
+// gpuEPTol bounds |ep − one| / max|one| per logits row between GPUGroup and one GPURunner
 // on the emulated device: fp32 both, the same kernels, but each rank's partial sum of its
 // experts' weighted rows (rank 0's with the shared experts) added by the all-reduce
 // instead of every expert in one MoECombine, so the sums round in another order.
 const gpuEPTol = 1e-5
 
 // epForward returns m's GPU runner over size emulated GPUs by expert parallelism
-// (NewGPUEP; size 1: one GPURunner, the reference, ep nil) with decode graphs on: its
+// (NewGPULayout; size 1: one GPURunner, the reference, ep nil) with decode graphs on: its
 // forward (rank 0 broadcasting each plan to the others) and rank 0's pool.
-func epForward(t *testing.T, m *TextModel, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUEP) {
+func epForward(t *testing.T, m *TextModel, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
+	return layoutForward(t, m, Layout{EP: size})
+}
+
+// layoutForward is epForward for any layout l the GPU runs.
+func layoutForward(t *testing.T, m *TextModel, l Layout) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
+	size := l.Size()
 	t.Helper()
 	dir := os.Getenv("RESIN_KERNEL_CACHE")
 	if dir == "" {
@@ -60,8 +66,7 @@ func epForward(t *testing.T, m *TextModel, size int) (cpurunner.ForwardFunc, *kv
 		}
 		return r.forward, pool, nil
 	}
-	l := Layout{EP: size}
-	g, pool, err := NewGPUEP(m.Config, func(rank int) (*TextWeights, error) { return ShardTextWeights(m.Config, m.W, l, rank) },
+	g, pool, err := NewGPULayout(m.Config, l, func(rank int) (*TextWeights, error) { return gpuRankWeights(m.Config, m.W, l, rank), nil },
 		devs, cache, 4, 32, 4, 0, GPUOptions{}, 8<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +99,7 @@ func ungroupedTiny(t *testing.T) *TextModel {
 }
 
 // TestEmulatedEPEqualsOne runs a tiny model (4 routed experts, top-2, on 3 sparse
-// layers) on GPUEP over 2 and 3 emulated GPUs and on one GPURunner, through decode (a
+// layers) on GPUGroup over 2 and 3 emulated GPUs and on one GPURunner, through decode (a
 // prefill step of two prompts, 19 rows, then 6 decode steps of both, replayed as CUDA
 // graphs with the all-reduces inside): EP=2 holds experts 2 + 2, EP=3 2 + 2 + 0 (uneven,
 // rank 2 expert-less, still in every all-reduce). Greedy tokens equal, every logits row
@@ -164,12 +169,12 @@ func relDiff(a, b []float32) float64 {
 	return d / m
 }
 
-// TestEmulatedOpenGPUEP opens a tiny checkpoint directory (random weights) through
-// OpenGPUEP over 2 emulated GPUs, with and without 2 MTP drafts a step (the MTP layer's
-// MoE split too, every rank drafting on each step's result), and checks that the engine's
-// greedy tokens equal OpenGPU's on one, for two prompts in one batch and a third that
-// resumes from the second's cached prefix.
-func TestEmulatedOpenGPUEP(t *testing.T) {
+// TestEmulatedOpenGPULayout opens a tiny checkpoint directory (random weights) through
+// OpenGPULayout over 2 emulated GPUs, EP=2 without drafts and EP=2, TP=2 and TP=2 × EP=2
+// with 2 MTP drafts a step (the MTP layer split like a layer, every rank drafting on each
+// step's result), and checks that the engine's greedy tokens equal OpenGPU's on one, for
+// two prompts in one batch and a third that resumes from the second's cached prefix.
+func TestEmulatedOpenGPULayout(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
@@ -191,20 +196,24 @@ func TestEmulatedOpenGPUEP(t *testing.T) {
 	e := s.StartWith(t, one, pool, cfg)
 	want := append(e.GenerateAll(t, prompts, sp), e.Generate(t, hit, sp))
 	e.Stop(t)
-	for _, drafts := range []int{0, 2} {
-		g, pool, err := OpenGPUEP(dir, 4<<20, opts, 2, drafts)
+	for _, c := range []struct {
+		l      Layout
+		drafts int
+	}{{Layout{EP: 2}, 0}, {Layout{EP: 2}, 2}, {Layout{TP: 2}, 2}, {Layout{TP: 2, EP: 2}, 2}} {
+		drafts := c.drafts
+		g, pool, err := OpenGPULayout(dir, 4<<20, opts, c.l, drafts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if d := g.Info().MaxDrafts; d != drafts {
-			t.Errorf("OpenGPUEP's runner proposes %d drafts, want %d", d, drafts)
+			t.Errorf("tp=%d ep=%d: the runner proposes %d drafts, want %d", c.l.TP, c.l.EP, d, drafts)
 		}
 		e := s.StartWith(t, g, pool, cfg)
 		got := e.GenerateAll(t, prompts, sp)
 		before := e.Counters().PrefixHits
 		got = append(got, e.Generate(t, hit, sp))
 		if e.Counters().PrefixHits <= before {
-			t.Errorf("ep=2 with %d drafts: the prompt sharing 18 tokens got no prefix hit", drafts)
+			t.Errorf("tp=%d ep=%d with %d drafts: the prompt sharing 18 tokens got no prefix hit", c.l.TP, c.l.EP, drafts)
 		}
 		e.Stop(t)
 		if err := g.Close(); err != nil {
@@ -212,8 +221,42 @@ func TestEmulatedOpenGPUEP(t *testing.T) {
 		}
 		for i := range want {
 			if fmt.Sprint(got[i].Tokens) != fmt.Sprint(want[i].Tokens) {
-				t.Errorf("ep=2 with %d drafts, prompt %d: tokens %v, one GPU %v", drafts, i, got[i].Tokens, want[i].Tokens)
+				t.Errorf("tp=%d ep=%d with %d drafts, prompt %d: tokens %v, one GPU %v", c.l.TP, c.l.EP, drafts, i, got[i].Tokens, want[i].Tokens)
 			}
 		}
+	}
+}
+
+// TestEmulatedTPEqualsOne is TestEmulatedEPEqualsOne for tensor parallelism on the GPU
+// (NewGPULayout): TP=2 splits the tiny model's MLA and KDA heads (one each a rank), the
+// dense MLPs' and every expert's intermediate columns, each attention and MLP block ending
+// in an all-reduce; TP=2 × EP=2 splits the attention and the dense and shared MLPs by TP
+// and the routed experts whole by EP. The vocabulary is whole on every rank. Greedy tokens
+// equal one GPU's and every logits row is within gpuEPTol of it.
+func TestEmulatedTPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	const steps = 6
+	m := ungroupedTiny(t)
+	f1, p1, _ := epForward(t, m, 1)
+	wantLogits, wantToks := decode(t, f1, p1, steps)
+	for _, l := range []Layout{{TP: 2}, {TP: 2, EP: 2}} {
+		f, p, g := layoutForward(t, m, l)
+		logits, toks := decode(t, f, p, steps)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("tp=%d ep=%d: greedy tokens %v, one GPU %v", l.TP, l.EP, toks, wantToks)
+		}
+		worst := 0.0
+		for s := range logits {
+			d := relDiff(logits[s], wantLogits[s])
+			if worst = max(worst, d); !(d <= gpuEPTol) {
+				t.Errorf("tp=%d ep=%d, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", l.TP, l.EP, s, d, gpuEPTol)
+			}
+		}
+		if graph, _ := g.StepCounts(); graph == 0 {
+			t.Errorf("tp=%d ep=%d: no decode step replayed a graph", l.TP, l.EP)
+		}
+		t.Logf("tp=%d ep=%d: logits within %.3g of one GPU's (relative to each row's largest)", l.TP, max(l.EP, 1), worst)
 	}
 }

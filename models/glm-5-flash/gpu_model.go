@@ -77,8 +77,8 @@ type gpuModel struct {
 	banks bool
 	elin  *gpurunner.Linears
 
-	// ep is this rank's part of expert parallelism (gpu_ep.go); nil on one device.
-	ep *gpuEP
+	// par is this rank's part of a parallel layout (gpu_ep.go); nil on one device.
+	par *gpuPar
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -181,7 +181,7 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	if g.L.hiddenOff >= 0 {
 		g.kdaFloats = g.L.hiddenOff
 	}
-	if g.ep, err = newGPUEP(m, opts); err != nil {
+	if g.par, err = newGPUPar(m, opts); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -202,7 +202,7 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	}
 	defer pk.close()
 	g.fp8Why = why
-	if pk != nil && g.ep != nil {
+	if pk != nil && g.par != nil {
 		return nil, fmt.Errorf("gpu: expert parallelism over a checkpoint's FP8 linears (GPUOptions.Checkpoint): not done yet, load them dequantized")
 	}
 	if bf16 || pk != nil {
@@ -638,6 +638,9 @@ func (g *gpuModel) layerWith(c *cudart.Ctx, li, n int, attn func() error) error 
 	if err := attn(); err != nil {
 		return err
 	}
+	if err := g.sumTP(c, w.att, n, "attention"); err != nil {
+		return err
+	}
 	if err := g.expand(c, w.att, n); err != nil {
 		return err
 	}
@@ -646,7 +649,9 @@ func (g *gpuModel) layerWith(c *cudart.Ctx, li, n int, attn func() error) error 
 	}
 	var err error
 	if l.dense != nil {
-		err = g.mlp(c, l.dense, w.ffn, w.x, n)
+		if err = g.mlp(c, l.dense, w.ffn, w.x, n); err == nil {
+			err = g.sumTP(c, w.ffn, n, "mlp")
+		}
 	} else {
 		err = g.moe(c, l.moe, w.ffn, w.x, n)
 	}
@@ -715,12 +720,12 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 		}
 	}
 	share := w.share
-	if g.ep == nil || g.ep.rank == 0 {
+	if g.par == nil || g.par.tp > 1 || g.par.rank == 0 {
 		if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
 			return err
 		}
 	} else {
-		share = 0 // the shared experts run on rank 0 alone
+		share = 0 // expert parallelism alone: the shared experts run on rank 0
 	}
 	if err := g.kk.MoECombine(c, g.s, m, out, w.ye, share); err != nil {
 		return err

@@ -207,6 +207,9 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, erro
 			return nil, fmt.Errorf("gpu: mtp attention: %w", err)
 		}
 	}
+	if err := g.sumTP(c, p.e, T, "mtp attention"); err != nil {
+		return nil, err
+	}
 	// x += attention; a = post_attention_layernorm(x); x += MoE(a); a = shared_head.norm(x).
 	if err := g.kk.AddRMSNorm(c, nil, cuda.F32, p.a, p.x, p.e, p.postNorm, T, D, eps); err != nil {
 		return nil, err

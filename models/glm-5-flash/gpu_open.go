@@ -74,16 +74,18 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 	return r, pool, nil
 }
 
-// OpenGPUEP is OpenGPUSpeculative (drafts 0: OpenGPU) split over size ranks by expert
-// parallelism (GPUEP): rank r on GPU opts.Ordinal+r where the driver sees that many, else
-// every rank on opts.Ordinal. Each rank reads only its experts of a checkpoint
-// (loadRankWeights; seeded random weights are built once and cut), every weight in fp32
-// (a checkpoint's FP8 linears dequantized, not uploaded as stored as OpenGPU's are) but
-// the KDA projections it ships in bf16. opts.Limits and opts.CacheBytes apply to every
-// rank; the pool returned is rank 0's. Closing the runner closes the devices.
-func OpenGPUEP(dir string, cacheBytes int64, opts gpurunner.Options, size, drafts int) (*GPUEP, *kvslab.Pool, error) {
-	if drafts < 0 || size < 1 {
-		return nil, nil, fmt.Errorf("%s: %d drafts per step over %d ranks", Name, drafts, size)
+// OpenGPULayout is OpenGPUSpeculative (drafts 0: OpenGPU) split over l.Size() ranks of
+// layout l (GPUGroup: EP, TP, or both equal; the gather dispatch): rank r on GPU
+// opts.Ordinal+r where the driver sees that many, else every rank on opts.Ordinal. Each
+// rank reads only its part of a checkpoint (its experts, its TP slices; the vocabulary
+// whole), seeded random weights are built once and cut; every weight is fp32 (a
+// checkpoint's FP8 linears dequantized, not uploaded as stored as OpenGPU's are) but the
+// KDA projections it ships in bf16. opts.Limits and cacheBytes apply to every rank; the
+// pool returned is rank 0's. Closing the runner closes the devices.
+func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layout, drafts int) (*GPUGroup, *kvslab.Pool, error) {
+	size := l.Size()
+	if drafts < 0 {
+		return nil, nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
 	}
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return nil, nil, err
@@ -92,20 +94,19 @@ func OpenGPUEP(dir string, cacheBytes int64, opts gpurunner.Options, size, draft
 	if err != nil {
 		return nil, nil, err
 	}
-	l := Layout{EP: size}
 	if err := l.Check(c); err != nil {
 		return nil, nil, err
 	}
 	var whole *TextWeights
 	if ck, err := weights.Open(dir); err == nil {
-		ck.Close() // each rank reads its shard
+		ck.Close() // each rank reads its part
 	} else if !errors.Is(err, weights.ErrNotFound) {
 		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
 	} else if whole, err = randomWeights(dir, c, 0); err != nil {
 		return nil, nil, err
 	}
 	rankWeights := func(rank int) (*TextWeights, error) {
-		_, w, err := loadRankWeights(dir, 0, l, rank, whole)
+		w, err := loadPartWeights(dir, c, 0, gpuRankPart(c, l, rank), whole)
 		if err == nil && drafts == 0 {
 			w.mtp = nil // not drafting: the layer is not needed
 		}
@@ -138,21 +139,21 @@ func OpenGPUEP(dir string, cacheBytes int64, opts gpurunner.Options, size, draft
 		d, err := cudart.OpenDevice(ord)
 		if err != nil {
 			closeDevs()
-			return nil, nil, fmt.Errorf("%s: ep rank %d: %w", Name, r, err)
+			return nil, nil, fmt.Errorf("%s: rank %d: %w", Name, r, err)
 		}
 		devs = append(devs, d)
 	}
 	gopts := GPUOptions{Drafts: drafts, KDAWeights: shippedKDAType(dir, c)}
-	g, pool, err := NewGPUEP(c, rankWeights, devs, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, min(c.MaxPositionEmbeddings, 4096), gopts, cacheBytes)
+	g, pool, err := NewGPULayout(c, l, rankWeights, devs, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, min(c.MaxPositionEmbeddings, 4096), gopts, cacheBytes)
 	if err != nil {
 		closeDevs()
-		return nil, nil, fmt.Errorf("--ep %d: %w", size, err)
+		return nil, nil, fmt.Errorf("tp=%d ep=%d on GPUs: %w", l.TP, l.EP, err)
 	}
 	for _, r := range g.ranks {
 		r.ownsDev = true
 	}
 	if opts.Log != nil {
-		fmt.Fprintf(opts.Log, "%s GPU GEMMs (ep=%d, every rank): %s\n", Name, size, g.Describe())
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), g.Describe())
 	}
 	if !opts.Eager {
 		if err := g.UseGraphs(true, opts.Log); err != nil {
