@@ -77,7 +77,7 @@ type gpuModel struct {
 	banks bool
 	elin  *gpurunner.Linears
 
-	// par is this rank's part of a parallel layout (gpu_ep.go); nil on one device.
+	// par is this rank's part of a parallel layout (gpu_parallel.go); nil on one device.
 	par *gpuPar
 }
 
