@@ -181,7 +181,7 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	if g.L.hiddenOff >= 0 {
 		g.kdaFloats = g.L.hiddenOff
 	}
-	if g.par, err = newGPUPar(m, opts); err != nil {
+	if g.par, err = newGPUPar(m); err != nil {
 		return nil, err
 	}
 	defer func() {

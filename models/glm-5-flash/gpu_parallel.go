@@ -14,21 +14,21 @@ import (
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
-// gpuPar is a rank's part of a parallel layout on the device: its rank, the layout's tp
-// and ep, the routed experts it holds, [lo, hi) of the model's (ep.Layer.Range under EP:
+// gpuPar is a rank's part of a parallel layout on the device: its rank, the layout's tp,
+// the routed experts it holds, [lo, hi) of the model's (ep.Layer.Range under EP:
 // the last ranks may hold fewer, or none; all of them otherwise), and the NCCL
 // communicator its partial sums are all-reduced on (joined by NewGPULayout once every rank
 // has uploaded its weights). Under TP the rank's model has a rank config (gpuRankConfig):
 // its heads, and its columns of the MLPs, are what the forward's shapes read.
 type gpuPar struct {
-	rank, tp, ep, lo, hi int
-	comm                 *cudart.Comm
+	rank, tp, lo, hi int
+	comm             *cudart.Comm
 }
 
 // newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout),
 // nil for the whole model on one device. The all-to-all dispatch and DP-attention are
 // refused: the GPU runs every token on every rank and sums the partials.
-func newGPUPar(m *TextModel, opts GPUOptions) (*gpuPar, error) {
+func newGPUPar(m *TextModel) (*gpuPar, error) {
 	switch {
 	case m.par.comm == nil || (m.par.tp <= 1 && m.par.ep <= 1):
 		return nil, nil
@@ -36,7 +36,7 @@ func newGPUPar(m *TextModel, opts GPUOptions) (*gpuPar, error) {
 		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
 	}
 	lo, hi := m.experts()
-	return &gpuPar{rank: m.par.rank, tp: m.par.tp, ep: m.par.ep, lo: lo, hi: hi}, nil
+	return &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi}, nil
 }
 
 // gpuRankConfig is the config a rank of layout part p runs on the GPU: c with, under TP,
