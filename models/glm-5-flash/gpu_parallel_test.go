@@ -27,13 +27,19 @@ const gpuEPTol = 1e-5
 // (NewGPULayout; size 1: one GPURunner, the reference, ep nil) with decode graphs on: its
 // forward (rank 0 broadcasting each plan to the others) and rank 0's pool.
 func epForward(t *testing.T, m *TextModel, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
-	return layoutForward(t, m, Layout{EP: size})
+	return layoutForward(t, m, Layout{EP: size}, nil)
 }
 
-// layoutForward is epForward for any layout l the GPU runs.
-func layoutForward(t *testing.T, m *TextModel, l Layout) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
+// layoutForward is epForward for any layout l the GPU runs, rank r on GPU ordinals[r]
+// (nil: GPU r).
+func layoutForward(t *testing.T, m *TextModel, l Layout, ordinals []int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
 	size := l.Size()
 	t.Helper()
+	if ordinals == nil {
+		for r := range size {
+			ordinals = append(ordinals, r)
+		}
+	}
 	dir := os.Getenv("RESIN_KERNEL_CACHE")
 	if dir == "" {
 		dir = t.TempDir()
@@ -44,7 +50,7 @@ func layoutForward(t *testing.T, m *TextModel, l Layout) (cpurunner.ForwardFunc,
 	}
 	var devs []*cudart.Device
 	for r := range size {
-		d, err := cudart.OpenDevice(r)
+		d, err := cudart.OpenDevice(ordinals[r])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,12 +243,50 @@ func TestEmulatedTPEqualsOne(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
 		return
 	}
+	layoutsEqualOne(t, []Layout{{TP: 2}, {TP: 2, EP: 2}}, nil, gpuEPTol)
+}
+
+// gpuNCCLTol is TestGPUNCCLLayoutEqualsOne's bound: fp32, but cuBLASLt may pick another
+// algorithm, so another summation order, for a rank's narrower GEMMs.
+const gpuNCCLTol = 1e-3
+
+// TestGPUNCCLLayoutEqualsOne is TestEmulatedTPEqualsOne with EP=2, TP=2 and TP=2 × EP=2 on
+// a real GPU (RESIN_GPU=1): on GPUs 0 and 1 where there are two, else both ranks on GPU 0,
+// which needs NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (it skips otherwise, as
+// core/gpurunner's TestGPUNCCLTPEqualsOne does); logits within gpuNCCLTol.
+func TestGPUNCCLLayoutEqualsOne(t *testing.T) {
+	if os.Getenv("RESIN_GPU") == "" || cudart.Emulated() {
+		t.Skip("set RESIN_GPU=1 on a machine with a GPU and NCCL (the emulated device runs TestEmulatedTPEqualsOne and TestEmulatedEPEqualsOne)")
+	}
+	n, err := cudart.DeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no GPU: %v", err)
+	}
+	v, err := cudart.NCCLVersion()
+	if err != nil {
+		t.Skipf("no NCCL: %v", err)
+	}
+	ordinals := []int{0, 1}
+	if n == 1 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") == "1" {
+		ordinals = []int{0, 0}
+		if v < 23000 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") != "1" {
+			t.Skipf("two ranks on one GPU need NCCL >= 2.30 (this is %d) with NCCL_MULTI_RANK_GPU_ENABLE=1", v)
+		}
+	}
+	t.Logf("NCCL %d, ranks on GPUs %v", v, ordinals)
+	layoutsEqualOne(t, []Layout{{EP: 2}, {TP: 2}, {TP: 2, EP: 2}}, ordinals, gpuNCCLTol)
+}
+
+// layoutsEqualOne runs ungroupedTiny through decode on each layout (ranks on ordinals,
+// nil: GPU r) and on one GPU (ordinals[0], or 0): greedy tokens equal, every logits row
+// within tol of one GPU's relative to its largest, and a decode step replayed a graph.
+func layoutsEqualOne(t *testing.T, layouts []Layout, ordinals []int, tol float64) {
 	const steps = 6
 	m := ungroupedTiny(t)
-	f1, p1, _ := epForward(t, m, 1)
+	f1, p1, _ := layoutForward(t, m, Layout{}, ordinals[:min(1, len(ordinals))])
 	wantLogits, wantToks := decode(t, f1, p1, steps)
-	for _, l := range []Layout{{TP: 2}, {TP: 2, EP: 2}} {
-		f, p, g := layoutForward(t, m, l)
+	for _, l := range layouts {
+		f, p, g := layoutForward(t, m, l, ordinals)
 		logits, toks := decode(t, f, p, steps)
 		if !slices.Equal(toks, wantToks) {
 			t.Fatalf("tp=%d ep=%d: greedy tokens %v, one GPU %v", l.TP, l.EP, toks, wantToks)
@@ -250,13 +294,13 @@ func TestEmulatedTPEqualsOne(t *testing.T) {
 		worst := 0.0
 		for s := range logits {
 			d := relDiff(logits[s], wantLogits[s])
-			if worst = max(worst, d); !(d <= gpuEPTol) {
-				t.Errorf("tp=%d ep=%d, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", l.TP, l.EP, s, d, gpuEPTol)
+			if worst = max(worst, d); !(d <= tol) {
+				t.Errorf("tp=%d ep=%d, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", l.TP, l.EP, s, d, tol)
 			}
 		}
 		if graph, _ := g.StepCounts(); graph == 0 {
 			t.Errorf("tp=%d ep=%d: no decode step replayed a graph", l.TP, l.EP)
 		}
-		t.Logf("tp=%d ep=%d: logits within %.3g of one GPU's (relative to each row's largest)", l.TP, max(l.EP, 1), worst)
+		t.Logf("tp=%d ep=%d: logits within %.3g of one GPU's (relative to each row's largest)", max(l.TP, 1), max(l.EP, 1), worst)
 	}
 }
