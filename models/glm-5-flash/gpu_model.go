@@ -237,14 +237,14 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		}
 	}
 	W := m.W
-	up(&g.embed, W.embed)
+	up(&g.embed, g.vocabTable(W.embed))
 	up(&g.norm, W.norm)
-	up(&g.head, W.lmHead) // the MTP layer's head when it shares lm_head
+	up(&g.head, g.vocabTable(W.lmHead)) // the MTP layer's head when it shares lm_head
 	if err == nil && pk != nil {
 		g.headL, err = g.fp8Tensor(c, pk, "lm_head.weight", cfg.VocabSize, D)
 	}
 	if bf16 && err == nil && g.headL == nil {
-		g.headL, err = g.bf16Linear(c, W.lmHead, cfg.VocabSize, D)
+		g.headL, err = g.bf16Linear(c, g.vocabTable(W.lmHead), g.vocabRows(), D)
 	}
 	width := 1 // the widest MLP
 	for li := range W.layers {
@@ -340,6 +340,17 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		{&x.hidden, n * D},
 	} {
 		if *b.dst, err = g.alloc(c, b.n); err != nil {
+			return nil, fmt.Errorf("gpu: workspace: %w", err)
+		}
+	}
+	if p := g.par; p != nil && p.tp > 1 {
+		// A TP rank's head output and the ranks' gathered: a step's logits rows, or the
+		// MTP layer's (one a sequence).
+		R := max(maxRows, slots)
+		if p.shard, err = g.alloc(c, R*p.vrows); err == nil {
+			p.gathered, err = g.alloc(c, p.tp*R*p.vrows)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
 		}
 	}
@@ -517,6 +528,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, err
 		}
 	}
+	g.localIDs(idsRep)
 	if b := g.decodeBucket(seqs, tokens, rows); b > 0 {
 		return g.forwardGraph(c, b, seqs, tokens)
 	}
@@ -527,7 +539,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	if err := cudart.Upload(c, w.idsRep, idsRep); err != nil {
 		return nil, err
 	}
-	if err := g.kk.Embedding(c, nil, w.streams, g.embed, w.idsRep, n*hc, D, cfg.VocabSize); err != nil {
+	if err := g.embedRows(c, nil, w.streams, w.idsRep, n*hc); err != nil {
 		return nil, err
 	}
 	for li := range g.layers {
@@ -558,14 +570,13 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, err
 		}
 	}
-	if err := g.linear(c, g.headL, w.logits, w.y, g.head, nr, D, cfg.VocabSize); err != nil {
+	if err := g.vocabHead(c, g.headL, w.logits, w.y, g.head, nr); err != nil {
 		return nil, err
 	}
 	if err := c.Synchronize(); err != nil {
 		return nil, err
 	}
-	logits := make([]float32, nr*cfg.VocabSize)
-	return logits, cudart.Download(c, logits, w.logits)
+	return g.downloadLogits(c, w.logits, nr, nr)
 }
 
 // hyper computes one mHC's post and comb and the collapsed, normed block input in w.x.

@@ -11,6 +11,7 @@ import (
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
@@ -23,6 +24,12 @@ import (
 type gpuPar struct {
 	rank, tp, lo, hi int
 	comm             *cudart.Comm
+	// Under TP the vocabulary is split as gpurunner.VocabParallel splits it: the rank's
+	// embedding and heads hold vrows rows from token vstart, of which [vlo, vhi) are real
+	// (the others zeros). A head's rows land in shard ([R, vrows], R = max(maxRows,
+	// slots)) and are all-gathered into gathered ([tp, R, vrows]).
+	vstart, vrows, vlo, vhi int
+	shard, gathered         cudart.DevicePtr
 }
 
 // newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout),
@@ -36,12 +43,103 @@ func newGPUPar(m *TextModel) (*gpuPar, error) {
 		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
 	}
 	lo, hi := m.experts()
-	return &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi}, nil
+	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi}
+	if p.tp > 1 {
+		p.vstart, p.vrows, p.vlo, p.vhi = gpurunner.VocabParallel(m.Config.VocabSize, p.rank, p.tp)
+	}
+	return p, nil
+}
+
+// vocabRows returns the rows of the embedding and heads the device holds: the
+// vocabulary's, or a TP rank's shard's (padded).
+func (g *gpuModel) vocabRows() int {
+	if g.par == nil || g.par.tp <= 1 {
+		return g.m.Config.VocabSize
+	}
+	return g.par.vrows
+}
+
+// vocabTable returns the rows of an embedding or head table v for the device: v itself,
+// or under TP the rank's shard (v holds its real rows, [vlo, vhi)) padded with zero rows.
+func (g *gpuModel) vocabTable(v []float32) []float32 {
+	if g.par == nil || g.par.tp <= 1 {
+		return v
+	}
+	out := make([]float32, g.par.vrows*g.m.Config.HiddenSize)
+	copy(out, v)
+	return out
+}
+
+// localIDs rewrites token ids in place for the device's embedding: under TP an id of the
+// rank's shard becomes its row there, any other id −1 (the kernel's zero row; the rows are
+// summed over the ranks by embedRows).
+func (g *gpuModel) localIDs(ids []int32) {
+	if g.par == nil || g.par.tp <= 1 {
+		return
+	}
+	for i, id := range ids {
+		if int(id) >= g.par.vlo && int(id) < g.par.vhi {
+			ids[i] = id - int32(g.par.vstart)
+		} else {
+			ids[i] = -1
+		}
+	}
+}
+
+// embedRows looks up rows ids (localIDs') in the embedding into out ([rows, D]) on s:
+// under TP each rank its shard's rows, zeros for the others', summed over the ranks.
+func (g *gpuModel) embedRows(c *cudart.Ctx, s *cudart.Stream, out, ids cudart.DevicePtr, rows int) error {
+	if err := g.kk.Embedding(c, s, out, g.embed, ids, rows, g.m.Config.HiddenSize, g.vocabRows()); err != nil {
+		return err
+	}
+	return g.sumTP(c, out, rows, "embedding")
+}
+
+// vocabHead computes the logits of rows rows of y ([rows, D]) with a head (l, or the fp32
+// table w) on g.s: into out ([rows, vocab]) on one device; under TP the rank's shard into
+// par.shard, all-gathered into par.gathered (downloadLogits puts them in order).
+func (g *gpuModel) vocabHead(c *cudart.Ctx, l *gpurunner.Linear, out, y, w cudart.DevicePtr, rows int) error {
+	D := g.m.Config.HiddenSize
+	if g.par == nil || g.par.tp <= 1 {
+		return g.linear(c, l, out, y, w, rows, D, g.m.Config.VocabSize)
+	}
+	if err := g.linear(c, l, g.par.shard, y, w, rows, D, g.par.vrows); err != nil {
+		return err
+	}
+	if err := g.par.comm.AllGather(g.par.shard, g.par.gathered, rows*g.par.vrows, cudart.F32, g.s); err != nil {
+		return fmt.Errorf("gpu: gather the ranks' logits: %w", err)
+	}
+	return nil
+}
+
+// downloadLogits returns the first rows of the logits of a vocabHead of headRows rows
+// whose output was out, [rows, vocab]: out's, or under TP each rank's shard of each row
+// from par.gathered with the padding dropped. The device must have finished the head.
+func (g *gpuModel) downloadLogits(c *cudart.Ctx, out cudart.DevicePtr, headRows, rows int) ([]float32, error) {
+	V := g.m.Config.VocabSize
+	logits := make([]float32, rows*V)
+	if g.par == nil || g.par.tp <= 1 {
+		return logits, cudart.Download(c, logits, out)
+	}
+	p := g.par
+	all := make([]float32, p.tp*headRows*p.vrows)
+	if err := cudart.Download(c, all, p.gathered); err != nil {
+		return nil, err
+	}
+	for q := range p.tp {
+		start, _, lo, hi := gpurunner.VocabParallel(V, q, p.tp)
+		for r := range rows {
+			src := all[(q*headRows+r)*p.vrows:]
+			copy(logits[r*V+lo:r*V+hi], src[lo-start:hi-start])
+		}
+	}
+	return logits, nil
 }
 
 // gpuRankConfig is the config a rank of layout part p runs on the GPU: c with, under TP,
 // its MLA and KDA heads, its columns of the dense MLPs and (without EP) of each routed
-// expert; the latents, the indexer, the vocabulary and the hidden size whole.
+// expert; the latents, the indexer, the vocabulary (split apart: gpuPar's shard) and the
+// hidden size whole.
 func gpuRankConfig(c *TextConfig, p parallel) *TextConfig {
 	rc := *c
 	rc.NumAttentionHeads, rc.LinearNumHeads, rc.MoEIntermediateSize = p.mlaHeads, p.kdaHeads, p.moeInter
@@ -126,7 +224,10 @@ func (g *gpuModel) sumOverRanks(c *cudart.Ctx, out cudart.DevicePtr, n int) erro
 //     all-reduce of its partial output (gpuModel.sumTP), each MoE in one of its routed and
 //     shared partials. TP × EP (equal) splits the same ranks both ways.
 //
-// The vocabulary is whole on every rank (not split on the GPU yet). The partials are
+// Under TP the vocabulary is split too, as gpurunner.TP splits it (gpurunner.VocabParallel:
+// equal padded shards): a rank looks up its shard's tokens (zero rows for the others',
+// all-reduced) and its heads (lm_head's, the MTP layer's) compute its shard's logits,
+// all-gathered on the device and put in order on the host. The partials are
 // float32, summed in place by NCCL on the step's stream, so every rank holds the same
 // hidden states. The ranks run in lock step (core/dist/lockstep, as OpenInProcess's CPU
 // ranks): rank 0 serves the engine, checks each plan and broadcasts it; the others execute
@@ -135,7 +236,7 @@ func (g *gpuModel) sumOverRanks(c *cudart.Ctx, out cudart.DevicePtr, n int) erro
 // rank runs the MTP layer (split like a layer) on each step's result (lockstep.LeadDraft),
 // so the drafts agree.
 //
-// Not done yet: the vocabulary split, the all-to-all dispatch, a checkpoint's FP8 linears
+// Not done yet: the all-to-all dispatch, a checkpoint's FP8 linears
 // (OpenGPULayout loads them dequantized to fp32), ranks as processes.
 type GPUGroup struct {
 	*cpurunner.Runner
@@ -157,10 +258,10 @@ func (g *GPUGroup) CheckPrompt(prompt []int32) error { return g.ranks[0].CheckPr
 // must be len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes and
 // opts) on devs[r] with the weights rankWeights returns for it and a cache pool of
 // cacheBytes (0 = 256 MiB) of its own, all of one geometry so that rank 0's page ids
-// address them alike. A rank's weights are its part of l (ShardTextWeights, or
-// loadRankWeights': only its experts) but for the vocabulary, which the GPU ranks hold
-// whole (gpuRankWeights): the embedding, lm_head and the MTP layer's head are not split
-// on the GPU yet. It returns rank 0's pool, for the engine. The devices stay the caller's.
+// address them alike. A rank's weights are its part of l as gpuRankPart cuts it
+// (gpuRankWeights, or loadPartWeights' reading only its experts and slices): the CPU
+// layout's, but for the vocabulary rows under TP (gpurunner.VocabParallel's shard). It
+// returns rank 0's pool, for the engine. The devices stay the caller's.
 func NewGPULayout(c *TextConfig, l Layout, rankWeights func(rank int) (*TextWeights, error), devs []*cudart.Device, cache *cudart.KernelCache,
 	slots, maxTokens, maxRows, maxContext int, opts GPUOptions, cacheBytes int64) (*GPUGroup, *kvslab.Pool, error) {
 	size := len(devs)
@@ -242,9 +343,9 @@ func NewGPULayout(c *TextConfig, l Layout, rankWeights func(rank int) (*TextWeig
 // routed experts (and their columns) in every sparse layer and the MTP layer, the whole
 // vocabulary.
 func checkGPURankWeights(c *TextConfig, w *TextWeights, p *parallel) error {
-	D, V := c.HiddenSize, c.VocabSize
+	D, V := c.HiddenSize, (p.vocabHi - p.vocabLo)
 	if len(w.embed) != V*D || len(w.lmHead) != V*D || (w.mtp != nil && len(w.mtp.head) != V*D) {
-		return fmt.Errorf("%s: rank %d: the GPU ranks hold the whole vocabulary (%d rows of the embedding and heads), got %d embedding values", Name, p.rank, V, len(w.embed))
+		return fmt.Errorf("%s: rank %d: the embedding and heads hold %d values, want vocabulary rows [%d, %d)", Name, p.rank, len(w.embed), p.vocabLo, p.vocabHi)
 	}
 	per := 2 * p.moeInter * D
 	moes := []*moeWeights{}
@@ -262,11 +363,14 @@ func checkGPURankWeights(c *TextConfig, w *TextWeights, p *parallel) error {
 	return nil
 }
 
-// gpuRankPart is rankPart for a GPU rank: the vocabulary whole (embedding, lm_head and
-// the MTP layer's head are not split on the GPU yet).
+// gpuRankPart is rankPart for a GPU rank: under TP its vocabulary rows are
+// gpurunner.VocabParallel's shard (equal padded shards, which the head's all-gather needs)
+// rather than core/dist/tp's.
 func gpuRankPart(c *TextConfig, l Layout, rank int) parallel {
 	p := rankPart(c, l, rank)
-	p.vocabLo, p.vocabHi = 0, c.VocabSize
+	if p.tp > 1 {
+		_, _, p.vocabLo, p.vocabHi = gpurunner.VocabParallel(c.VocabSize, rank, p.tp)
+	}
 	return p
 }
 

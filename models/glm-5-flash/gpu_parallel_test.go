@@ -237,7 +237,8 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 // (NewGPULayout): TP=2 splits the tiny model's MLA and KDA heads (one each a rank), the
 // dense MLPs' and every expert's intermediate columns, each attention and MLP block ending
 // in an all-reduce; TP=2 × EP=2 splits the attention and the dense and shared MLPs by TP
-// and the routed experts whole by EP. The vocabulary is whole on every rank. Greedy tokens
+// and the routed experts whole by EP. The vocabulary (96 tokens) splits 64 + 32, padded to
+// 64 + 64: the embedding's lookups all-reduced, the heads' shards all-gathered. Greedy tokens
 // equal one GPU's and every logits row is within gpuEPTol of it.
 func TestEmulatedTPEqualsOne(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
