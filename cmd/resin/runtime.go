@@ -186,8 +186,8 @@ func (f *runtimeFlags) check() error {
 		return f.tp.check()
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
 		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
-	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && (f.model != "llama" || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != ""):
-		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama's in-process ranks only (no --ep, --tp-procs or --dist-init-addr); the others run on the CPU", f.tp.size, f.tp.ep)
+	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel():
+		return fmt.Errorf("--tp %d --ep %d with --device cuda cover in-process ranks only (no --tp-procs or --dist-init-addr), of --model llama (--tp) and glm-5-flash (--tp, --ep, --ep-dispatch gather); the others run on the CPU", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:
 		return fmt.Errorf("--num-speculative-tokens %d is negative", f.specTokens)
 	case f.runner != "test":
@@ -244,6 +244,8 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		return nil, nil, "", fmt.Errorf("--cp %d: context parallelism covers the llama family only so far, not %s", f.cp.size, m.Name)
 	case f.cp.size > 1:
 		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size, f.cp.procs)
+	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[m.Name] != nil:
+		r, pool, err = f.openLayoutGPU(m.Name, dir)
 	case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
 		r, pool, err = openMoEParallel(m.Name, dir, f.cacheBytes, f.specTokens, &f.tp)
 	case f.tp.ep > 1:

@@ -173,6 +173,7 @@ func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, token
 			pos[i], slot[i], offs[i] = int32(s.Len), int32(s.slot), int64(s.State-base)/4
 		}
 	}
+	g.localIDs(ids)
 	for _, u := range []error{cudart.Upload(c, w.idsRep, ids), cudart.Upload(c, gr.rowPos, pos), cudart.Upload(c, gr.rowSlot, slot),
 		cudart.Upload(c, gr.kdaOffs, offs)} {
 		if u != nil {
@@ -211,8 +212,7 @@ func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, token
 	if err := c.Synchronize(); err != nil {
 		return nil, err
 	}
-	logits := make([]float32, n*cfg.VocabSize)
-	return logits, cudart.Download(c, logits, w.logits)
+	return g.downloadLogits(c, w.logits, bucket, n)
 }
 
 // runGraph runs step, the launches of a decode step of bucket rows on the graphs'
@@ -259,7 +259,7 @@ func (g *gpuModel) runGraphKey(c *cudart.Ctx, key cudart.GraphKey, step func() e
 func (g *gpuModel) decodeStep(c *cudart.Ctx, bucket int) error {
 	cfg, w, gr := g.m.Config, &g.w, g.graphs
 	D, hc := cfg.HiddenSize, cfg.HCMult
-	if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, bucket*hc, D, cfg.VocabSize); err != nil {
+	if err := g.embedRows(c, g.s, w.streams, w.idsRep, bucket*hc); err != nil {
 		return err
 	}
 	base := g.arena.Ptr(0)
@@ -285,5 +285,5 @@ func (g *gpuModel) decodeStep(c *cudart.Ctx, bucket int) error {
 	if err := g.kk.RMSNorm(c, g.s, w.hidden, w.hidden, g.norm, bucket, D, float32(cfg.RMSNormEps)); err != nil {
 		return err
 	}
-	return g.linear(c, g.headL, w.logits, w.hidden, g.head, bucket, D, cfg.VocabSize)
+	return g.vocabHead(c, g.headL, w.logits, w.hidden, g.head, bucket)
 }

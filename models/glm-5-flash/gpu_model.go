@@ -76,6 +76,9 @@ type gpuModel struct {
 	// block of the masked layout (E·workRows rows).
 	banks bool
 	elin  *gpurunner.Linears
+
+	// par is this rank's part of a parallel layout (gpu_parallel.go); nil on one device.
+	par *gpuPar
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step
@@ -178,6 +181,9 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	if g.L.hiddenOff >= 0 {
 		g.kdaFloats = g.L.hiddenOff
 	}
+	if g.par, err = newGPUPar(m); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			g.close(c)
@@ -196,6 +202,9 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	}
 	defer pk.close()
 	g.fp8Why = why
+	if pk != nil && g.par != nil {
+		return nil, fmt.Errorf("gpu: expert parallelism over a checkpoint's FP8 linears (GPUOptions.Checkpoint): not done yet, load them dequantized")
+	}
 	if bf16 || pk != nil {
 		widest := max(cfg.HiddenSize, cfg.IntermediateSize, cfg.MoEIntermediateSize*max(1, cfg.NSharedExperts),
 			cfg.QLoraRank, cfg.NumAttentionHeads*cfg.VHeadDim)
@@ -228,14 +237,14 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		}
 	}
 	W := m.W
-	up(&g.embed, W.embed)
+	up(&g.embed, g.vocabTable(W.embed))
 	up(&g.norm, W.norm)
-	up(&g.head, W.lmHead) // the MTP layer's head when it shares lm_head
+	up(&g.head, g.vocabTable(W.lmHead)) // the MTP layer's head when it shares lm_head
 	if err == nil && pk != nil {
 		g.headL, err = g.fp8Tensor(c, pk, "lm_head.weight", cfg.VocabSize, D)
 	}
 	if bf16 && err == nil && g.headL == nil {
-		g.headL, err = g.bf16Linear(c, W.lmHead, cfg.VocabSize, D)
+		g.headL, err = g.bf16Linear(c, g.vocabTable(W.lmHead), g.vocabRows(), D)
 	}
 	width := 1 // the widest MLP
 	for li := range W.layers {
@@ -313,6 +322,8 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	// The workspace's rows: a step's, and with drafts the MTP layer's (a step's and one
 	// more a sequence).
 	n, K, F := g.workRows(), cfg.NumExpertsPerTok, cfg.MoEIntermediateSize
+	lo, hi := g.heldExperts()
+	H := hi - lo // the experts whose blocks xe, egu and eact hold (ye holds every expert's)
 	x := &g.w
 	x.maxSel = g.dsa.maxSel()
 	g.tabRows = max(maxPos, maxTokens)
@@ -324,11 +335,22 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		{&x.idsRep, n * hc}, {&x.streams, n * hc * D}, {&x.next, n * hc * D}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
 		{&x.comb, n * hc * hc}, {&x.x, n * D}, {&x.att, n * D}, {&x.ffn, n * D}, {&x.sel, n * x.maxSel}, {&x.count, n},
 		{&x.gu, n * 2 * width}, {&x.act, n * width}, {&x.rlogits, n * E}, {&x.rweights, n * K}, {&x.rids, n * K},
-		{&x.counts, E}, {&x.pairOf, E * n}, {&x.slotOf, n * K}, {&x.xe, E * n * D}, {&x.egu, E * n * 2 * F},
-		{&x.eact, E * n * F}, {&x.ye, E * n * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
+		{&x.counts, E}, {&x.pairOf, E * n}, {&x.slotOf, n * K}, {&x.xe, H * n * D}, {&x.egu, H * n * 2 * F},
+		{&x.eact, H * n * F}, {&x.ye, E * n * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
 		{&x.hidden, n * D},
 	} {
 		if *b.dst, err = g.alloc(c, b.n); err != nil {
+			return nil, fmt.Errorf("gpu: workspace: %w", err)
+		}
+	}
+	if p := g.par; p != nil && p.tp > 1 {
+		// A TP rank's head output and the ranks' gathered: a step's logits rows, or the
+		// MTP layer's (one a sequence).
+		R := max(maxRows, slots)
+		if p.shard, err = g.alloc(c, R*p.vrows); err == nil {
+			p.gathered, err = g.alloc(c, p.tp*R*p.vrows)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
 		}
 	}
@@ -369,7 +391,8 @@ func (g *gpuModel) uploadMLP(c *cudart.Ctx, pk *gpuFP8, w *mlpWeights, prefix st
 // against), else in bf16 (bf16, one linear an expert) or fp32.
 func (g *gpuModel) uploadMoE(c *cudart.Ctx, pk *gpuFP8, w *moeWeights, prefix string, bf16, perExpert bool) (*gpuMoE, error) {
 	cfg := g.m.Config
-	E, D, F := cfg.NRoutedExperts, cfg.HiddenSize, cfg.MoEIntermediateSize
+	D, F := cfg.HiddenSize, cfg.MoEIntermediateSize
+	E := len(w.gateUp) / (2 * F * D) // the experts held: all of them but under expert parallelism
 	e := &gpuMoE{}
 	var err error
 	if e.shared, err = g.uploadMLP(c, pk, &w.shared, prefix+"shared_experts.", bf16); err != nil {
@@ -505,6 +528,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, err
 		}
 	}
+	g.localIDs(idsRep)
 	if b := g.decodeBucket(seqs, tokens, rows); b > 0 {
 		return g.forwardGraph(c, b, seqs, tokens)
 	}
@@ -515,7 +539,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	if err := cudart.Upload(c, w.idsRep, idsRep); err != nil {
 		return nil, err
 	}
-	if err := g.kk.Embedding(c, nil, w.streams, g.embed, w.idsRep, n*hc, D, cfg.VocabSize); err != nil {
+	if err := g.embedRows(c, nil, w.streams, w.idsRep, n*hc); err != nil {
 		return nil, err
 	}
 	for li := range g.layers {
@@ -546,14 +570,13 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, err
 		}
 	}
-	if err := g.linear(c, g.headL, w.logits, w.y, g.head, nr, D, cfg.VocabSize); err != nil {
+	if err := g.vocabHead(c, g.headL, w.logits, w.y, g.head, nr); err != nil {
 		return nil, err
 	}
 	if err := c.Synchronize(); err != nil {
 		return nil, err
 	}
-	logits := make([]float32, nr*cfg.VocabSize)
-	return logits, cudart.Download(c, logits, w.logits)
+	return g.downloadLogits(c, w.logits, nr, nr)
 }
 
 // hyper computes one mHC's post and comb and the collapsed, normed block input in w.x.
@@ -626,6 +649,9 @@ func (g *gpuModel) layerWith(c *cudart.Ctx, li, n int, attn func() error) error 
 	if err := attn(); err != nil {
 		return err
 	}
+	if err := g.sumTP(c, w.att, n, "attention"); err != nil {
+		return err
+	}
 	if err := g.expand(c, w.att, n); err != nil {
 		return err
 	}
@@ -634,7 +660,9 @@ func (g *gpuModel) layerWith(c *cudart.Ctx, li, n int, attn func() error) error 
 	}
 	var err error
 	if l.dense != nil {
-		err = g.mlp(c, l.dense, w.ffn, w.x, n)
+		if err = g.mlp(c, l.dense, w.ffn, w.x, n); err == nil {
+			err = g.sumTP(c, w.ffn, n, "mlp")
+		}
 	} else {
 		err = g.moe(c, l.moe, w.ffn, w.x, n)
 	}
@@ -680,34 +708,54 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.kk.MoELayout(c, g.s, m); err != nil {
 		return err
 	}
-	if err := g.kk.MoEGather(c, g.s, m, w.xe, x); err != nil {
+	// The held experts' blocks (all but under expert parallelism): xe, egu and eact hold
+	// theirs alone, ye every expert's, the others' zeroed.
+	lo, hi := g.heldExperts()
+	if err := g.zeroOthersExperts(c, n); err != nil {
 		return err
 	}
-	if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, n, D, 2*F); err != nil {
+	if hi > lo {
+		held := m
+		held.PairOf, held.Experts = off(w.pairOf, lo*n), hi-lo
+		if err := g.kk.MoEGather(c, g.s, held, w.xe, x); err != nil {
+			return err
+		}
+		if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, n, D, 2*F); err != nil {
+			return err
+		}
+		if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, (hi-lo)*n, F, limit); err != nil {
+			return err
+		}
+		if err := g.experts(c, e.downBank, e.downL, e.down, off(w.ye, lo*n*D), w.eact, n, F, D); err != nil {
+			return err
+		}
+	}
+	share := w.share
+	if g.par == nil || g.par.tp > 1 || g.par.rank == 0 {
+		if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
+			return err
+		}
+	} else {
+		share = 0 // expert parallelism alone: the shared experts run on rank 0
+	}
+	if err := g.kk.MoECombine(c, g.s, m, out, w.ye, share); err != nil {
 		return err
 	}
-	if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, E*n, F, limit); err != nil {
-		return err
-	}
-	if err := g.experts(c, e.downBank, e.downL, e.down, w.ye, w.eact, n, F, D); err != nil {
-		return err
-	}
-	if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
-		return err
-	}
-	return g.kk.MoECombine(c, g.s, m, out, w.ye, w.share)
+	return g.sumOverRanks(c, out, n)
 }
 
-// experts computes ye [E, n, out] from xe [E, n, in] (the masked layout, every expert's
-// block n rows): an FP8 bank grouped over the experts in one quantisation and one launch,
-// reading the layout's counts on the device (rows past an expert's count come out zero),
-// else one linear an expert over its whole block (ls, or the fp32 bank w), whose rows past
-// the count are the gather's zeros.
+// experts computes ye [H, n, out] from xe [H, n, in] for the H experts held (the masked
+// layout's blocks of those experts, n rows each; all E but under expert parallelism, ls
+// and w holding theirs alone): an FP8 bank grouped over the experts in one quantisation
+// and one launch, reading the layout's counts on the device (rows past an expert's count
+// come out zero), else one linear an expert over its whole block (ls, or the fp32 bank
+// w), whose rows past the count are the gather's zeros.
 func (g *gpuModel) experts(c *cudart.Ctx, bank *gpurunner.Linear, ls []*gpurunner.Linear, w, ye, xe cudart.DevicePtr, n, in, out int) error {
 	if bank != nil {
 		return g.elin.Experts(c, g.s, bank, ye, xe, g.w.counts, n)
 	}
-	for ex := range g.m.Config.NRoutedExperts {
+	lo, hi := g.heldExperts()
+	for ex := range hi - lo {
 		if err := g.linear(c, expert(ls, ex), off(ye, ex*n*out), off(xe, ex*n*in), off(w, ex*out*in), n, in, out); err != nil {
 			return err
 		}

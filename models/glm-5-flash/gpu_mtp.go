@@ -84,7 +84,7 @@ func (g *gpuModel) uploadMTP(c *cudart.Ctx, pk *gpuFP8, bf16, perExpert bool) (e
 	if len(mt.head) > 0 && len(g.m.W.lmHead) > 0 && &mt.head[0] == &g.m.W.lmHead[0] {
 		p.head, p.headL = g.head, g.headL
 	} else {
-		linear(&p.head, &p.headL, mt.head, prefix+"shared_head.head.weight", cfg.VocabSize, D)
+		linear(&p.head, &p.headL, g.vocabTable(mt.head), prefix+"shared_head.head.weight", g.vocabRows(), D)
 	}
 	if err != nil {
 		return fmt.Errorf("gpu: mtp: %w", err)
@@ -150,7 +150,7 @@ func (g *gpuModel) mtpResume(c *cudart.Ctx, s *gpuSeq, done int) error {
 // after chunk, which a chained draft reads as its hidden state.
 func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, error) {
 	cfg, p, w := g.m.Config, g.mtp, &g.w
-	D, V := cfg.HiddenSize, cfg.VocabSize
+	D := cfg.HiddenSize
 	eps := float32(cfg.RMSNormEps)
 	var ids []int32
 	start := make([]int, len(chunks)+1)
@@ -173,10 +173,11 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, erro
 	if T > p.rows {
 		return nil, fmt.Errorf("gpu: mtp: %d rows, room for %d", T, p.rows)
 	}
+	g.localIDs(ids)
 	if err := cudart.Upload(c, p.ids, ids); err != nil {
 		return nil, err
 	}
-	if err := g.kk.Embedding(c, nil, p.e, g.embed, p.ids, T, D, V); err != nil {
+	if err := g.embedRows(c, nil, p.e, p.ids, T); err != nil {
 		return nil, err
 	}
 	if err := g.kk.RMSNorm(c, nil, p.e, p.e, p.eNorm, T, D, eps); err != nil {
@@ -207,6 +208,9 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, erro
 			return nil, fmt.Errorf("gpu: mtp attention: %w", err)
 		}
 	}
+	if err := g.sumTP(c, p.e, T, "mtp attention"); err != nil {
+		return nil, err
+	}
 	// x += attention; a = post_attention_layernorm(x); x += MoE(a); a = shared_head.norm(x).
 	if err := g.kk.AddRMSNorm(c, nil, cuda.F32, p.a, p.x, p.e, p.postNorm, T, D, eps); err != nil {
 		return nil, err
@@ -229,14 +233,13 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, erro
 	if nd == 0 {
 		return nil, nil
 	}
-	if err := g.linear(c, p.headL, p.logits, p.y, p.head, nd, D, V); err != nil {
+	if err := g.vocabHead(c, p.headL, p.logits, p.y, p.head, nd); err != nil {
 		return nil, err
 	}
 	if err := c.Synchronize(); err != nil {
 		return nil, err
 	}
-	logits := make([]float32, nd*V)
-	return logits, cudart.Download(c, logits, p.logits)
+	return g.downloadLogits(c, p.logits, nd, nd)
 }
 
 // hiddenAt is the device address of the final hidden state kept in a state page.

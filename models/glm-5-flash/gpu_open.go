@@ -1,11 +1,14 @@
 package glm5flash
 
 import (
+	"errors"
 	"fmt"
 
+	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
 )
 
 // OpenGPU loads the model in dir (as LoadText) and serves it from GPU opts.Ordinal with
@@ -69,4 +72,94 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 		return nil, nil, err
 	}
 	return r, pool, nil
+}
+
+// OpenGPULayout is OpenGPUSpeculative (drafts 0: OpenGPU) split over l.Size() ranks of
+// layout l (GPUGroup: EP, TP, or both equal; the gather dispatch): rank r on GPU
+// opts.Ordinal+r where the driver sees that many, else every rank on opts.Ordinal. Each
+// rank reads only its part of a checkpoint (its experts, its TP slices; the vocabulary
+// whole), seeded random weights are built once and cut; every weight is fp32 (a
+// checkpoint's FP8 linears dequantized, not uploaded as stored as OpenGPU's are) but the
+// KDA projections it ships in bf16. opts.Limits and cacheBytes apply to every rank; the
+// pool returned is rank 0's. Closing the runner closes the devices.
+func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layout, drafts int) (*GPUGroup, *kvslab.Pool, error) {
+	size := l.Size()
+	if drafts < 0 {
+		return nil, nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
+	}
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return nil, nil, err
+	}
+	c, err := LoadTextConfig(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := l.Check(c); err != nil {
+		return nil, nil, err
+	}
+	var whole *TextWeights
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close() // each rank reads its part
+	} else if !errors.Is(err, weights.ErrNotFound) {
+		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
+	} else if whole, err = randomWeights(dir, c, 0); err != nil {
+		return nil, nil, err
+	}
+	rankWeights := func(rank int) (*TextWeights, error) {
+		w, err := loadPartWeights(dir, c, 0, gpuRankPart(c, l, rank), whole)
+		if err == nil && drafts == 0 {
+			w.mtp = nil // not drafting: the layer is not needed
+		}
+		return w, err
+	}
+	rowsSet := opts.Limits.MaxRows > 0
+	lim, cache, dev0, err := gpurunner.OpenSlotDevice(opts, Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !rowsSet {
+		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
+	}
+	n, err := cudart.DeviceCount()
+	if err != nil {
+		dev0.Close()
+		return nil, nil, err
+	}
+	devs := []*cudart.Device{dev0}
+	closeDevs := func() {
+		for _, d := range devs {
+			d.Close()
+		}
+	}
+	for r := 1; r < size; r++ {
+		ord := opts.Ordinal
+		if opts.Ordinal+size <= n {
+			ord += r
+		}
+		d, err := cudart.OpenDevice(ord)
+		if err != nil {
+			closeDevs()
+			return nil, nil, fmt.Errorf("%s: rank %d: %w", Name, r, err)
+		}
+		devs = append(devs, d)
+	}
+	gopts := GPUOptions{Drafts: drafts, KDAWeights: shippedKDAType(dir, c)}
+	g, pool, err := NewGPULayout(c, l, rankWeights, devs, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, min(c.MaxPositionEmbeddings, 4096), gopts, cacheBytes)
+	if err != nil {
+		closeDevs()
+		return nil, nil, fmt.Errorf("tp=%d ep=%d on GPUs: %w", l.TP, l.EP, err)
+	}
+	for _, r := range g.ranks {
+		r.ownsDev = true
+	}
+	if opts.Log != nil {
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), g.Describe())
+	}
+	if !opts.Eager {
+		if err := g.UseGraphs(true, opts.Log); err != nil {
+			g.Close()
+			return nil, nil, err
+		}
+	}
+	return g, pool, nil
 }

@@ -106,7 +106,7 @@ func blockEnds(pos0, T, block int) []int {
 // each hc times in idsRep (forward's), as its bucket's graph and returns the logits of
 // the rows asked (none or the last).
 func (g *gpuModel) forwardPrefillGraph(c *cudart.Ctx, s *gpuSeq, T int, idsRep []int32, rows []int32) ([]float32, error) {
-	cfg, w, gr := g.m.Config, &g.w, g.graphs
+	w, gr := &g.w, g.graphs
 	p := gr.prefill
 	pos0 := s.Len
 	if err := g.graphsOnArena(c); err != nil {
@@ -167,8 +167,7 @@ func (g *gpuModel) forwardPrefillGraph(c *cudart.Ctx, s *gpuSeq, T int, idsRep [
 	if len(rows) == 0 {
 		return nil, nil
 	}
-	logits := make([]float32, cfg.VocabSize)
-	return logits, cudart.Download(c, logits, w.logits)
+	return g.downloadLogits(c, w.logits, 1, 1)
 }
 
 // prefillStep queues a prefill step of T rows at pos0 on g.s, every value it reads in
@@ -182,7 +181,7 @@ func (g *gpuModel) prefillStep(c *cudart.Ctx, T, pos0, ends int) error {
 	if ends > p.maxEnds {
 		return fmt.Errorf("gpu graphs: %d block ends in a prefill of %d tokens, room for %d", ends, T, p.maxEnds)
 	}
-	if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, T*hc, D, cfg.VocabSize); err != nil {
+	if err := g.embedRows(c, g.s, w.streams, w.idsRep, T*hc); err != nil {
 		return err
 	}
 	base := g.arena.Ptr(0)
@@ -220,5 +219,5 @@ func (g *gpuModel) prefillStep(c *cudart.Ctx, T, pos0, ends int) error {
 	if err := c.CopyDtoDAsync(w.y, off(w.hidden, (T-1)*D), int64(4*D), g.s); err != nil {
 		return err
 	}
-	return g.linear(c, g.headL, w.logits, w.y, g.head, 1, D, cfg.VocabSize)
+	return g.vocabHead(c, g.headL, w.logits, w.y, g.head, 1)
 }

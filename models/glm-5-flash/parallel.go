@@ -367,7 +367,13 @@ func loadRankWeights(dir string, seed uint64, l Layout, rank int, whole *TextWei
 	if err := l.Check(c); err != nil {
 		return nil, nil, err
 	}
-	p := rankPart(c, l, rank)
+	w, err := loadPartWeights(dir, c, seed, rankPart(c, l, rank), whole)
+	return c, w, err
+}
+
+// loadPartWeights reads layout part p's weights of the model of config c in dir, as
+// loadRankWeights.
+func loadPartWeights(dir string, c *TextConfig, seed uint64, p parallel, whole *TextWeights) (*TextWeights, error) {
 	ck, err := weights.Open(dir)
 	switch {
 	case err == nil:
@@ -378,18 +384,18 @@ func loadRankWeights(dir string, seed uint64, l Layout, rank int, whole *TextWei
 		}
 		w, err := loadTextShard(src, c, &[2]int{p.expLo, p.expHi}, &p)
 		if err != nil {
-			return nil, nil, fmt.Errorf("load %s: %w", dir, err)
+			return nil, fmt.Errorf("load %s: %w", dir, err)
 		}
-		return c, p.cut(c, w, p.expLo, true), nil
+		return p.cut(c, w, p.expLo, true), nil
 	case !errors.Is(err, weights.ErrNotFound):
-		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
+		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	if whole == nil {
 		if whole, err = randomWeights(dir, c, seed); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
-	return c, p.cut(c, whole, 0, false), nil
+	return p.cut(c, whole, 0, false), nil
 }
 
 // randomWeights builds the seeded random weights of c (LoadText's), its memory checked.

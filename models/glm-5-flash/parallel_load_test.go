@@ -33,7 +33,8 @@ func (s *recordingSource) Float32(name string, shape ...int) ([]float32, error) 
 // TestLoadShardReadsItsSlices: under TP=2 (and TP=2 × EP=2) a rank's shard read from an
 // f32 checkpoint (loadTextShard with the rank's part) reads fewer bytes than the whole
 // model (KDA's and MLA's split projections, the dense and shared MLPs and the vocabulary
-// by their rows or columns alone), and equals ShardTextWeights' cut in every field.
+// by their rows or columns alone), and equals ShardTextWeights' cut in every field; a GPU
+// rank's part (its gpurunner.VocabParallel rows) read equals gpuRankWeights' cut.
 func TestLoadShardReadsItsSlices(t *testing.T) {
 	for _, fused := range []bool{false, true} {
 		loadShardReadsItsSlices(t, fused)
@@ -121,6 +122,19 @@ func loadShardReadsItsSlices(t *testing.T, fused bool) {
 				t.Fatalf("%+v rank %d: embedding, head or norm differs", l, rank)
 			}
 			t.Logf("fused %v, %+v rank %d: %d of %d bytes", fused, l, rank, read, all)
+			// A GPU rank's part (gpuRankPart: gpurunner.VocabParallel's vocabulary shard)
+			// read from the checkpoint equals the one cut from the whole model.
+			gp := gpuRankPart(c, l, rank)
+			gw, err := loadPartWeights(dir, c, 0, gp, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gwant := gpuRankWeights(c, whole, l, rank)
+			D := c.HiddenSize
+			if !reflect.DeepEqual(gw.layers, gwant.layers) || !reflect.DeepEqual(gw.embed, gwant.embed) || !reflect.DeepEqual(gw.lmHead, gwant.lmHead) ||
+				!reflect.DeepEqual(gw.embed, whole.embed[gp.vocabLo*D:gp.vocabHi*D]) {
+				t.Fatalf("fused %v, %+v rank %d: the GPU rank's weights read differ from the cut ones (or from its vocabulary rows [%d, %d))", fused, l, rank, gp.vocabLo, gp.vocabHi)
+			}
 		}
 	}
 }

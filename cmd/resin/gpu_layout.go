@@ -1,0 +1,53 @@
+package main
+
+import (
+	"os"
+	"strconv"
+
+	"github.com/resin-llm/resin/core/cli"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
+)
+
+// gpuLayoutOpeners are the models whose GPU runner splits over in-process ranks on NCCL
+// by --tp and --ep (`--device cuda --ep N`, `--tp N`, `--tp N --ep N`), by name: tp and ep
+// ranks (1: not split that way), drafts MTP drafts a step (0: none).
+var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error){
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep}, drafts)
+		if err != nil {
+			return nil, nil, err
+		}
+		return g, pool, nil
+	},
+}
+
+// gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
+// runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
+// (with the gather dispatch; the model checks the sizes), in-process either way.
+func (f *runtimeFlags) gpuParallel() bool {
+	t := &f.tp
+	switch {
+	case t.procs || t.initAddr != "":
+		return false
+	case gpuLayoutOpeners[f.model] != nil:
+		return t.dispatch == "gather"
+	}
+	return f.model == "llama" && t.ep == 1
+}
+
+// openLayoutGPU opens model name's GPU runner split over --tp and --ep in-process ranks
+// (rank r on GPU --gpu+r where the driver sees that many, else every rank on --gpu),
+// drafting --num-speculative-tokens a step. With --device cuda-emu the emulator shows as
+// many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
+func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.Pool, error) {
+	open := gpuLayoutOpeners[name]
+	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
+		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(f.tp.ranks()))
+	}
+	return f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, f.specTokens)
+	}, dir, f.cacheBytes)
+}

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+)
+
+// TestGenerateParallelOnTheEmulatedDevice: generate --model glm-5-flash --device cuda-emu --ep 3
+// runs its GPU runner over three emulated GPUs (the package config's 8 routed experts split
+// 3 + 3 + 2, the all-reduces on the emulated NCCL), and its greedy tokens equal the CPU
+// runner's, with 2 MTP drafts a step too, and so do --tp 2 and --tp 2 --ep 2 with drafts
+// (the heads and columns split); --ep with all-to-all dispatch is refused on the device
+// (before this, any --ep with --device cuda was, and --tp for every model but llama).
+func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	cfg := filepath.Join("..", "..", "models", "glm-5-flash", "config.json")
+	args := []string{"--model", "glm-5-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6"}
+	cpu, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("on the CPU: %v\n%s", err, errOut)
+	}
+	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "3", "--num-speculative-tokens", "2"},
+		{"--tp", "2", "--num-speculative-tokens", "2"}, {"--tp", "2", "--ep", "2", "--num-speculative-tokens", "2"}} {
+		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
+		if err != nil {
+			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)
+		}
+		if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
+			t.Errorf("--device cuda-emu %s: %q, CPU %q", strings.Join(extra, " "), tokensLine(gpu), tokensLine(cpu))
+		}
+		if n := os.Getenv("RESIN_EMU_DEVICES"); n != "3" {
+			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3)", strings.Join(extra, " "), n)
+		}
+	}
+	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--ep", "2", "--ep-dispatch", "all-to-all")...); err == nil || !strings.Contains(err.Error(), "--ep-dispatch gather") {
+		t.Errorf("--ep 2 --ep-dispatch all-to-all on the device: %v, want a refusal naming --ep-dispatch gather", err)
+	}
+}
