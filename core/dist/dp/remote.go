@@ -1,0 +1,178 @@
+package dp
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// Ranks in worker processes. The Group, the engines and the Coordinator stay in rank 0's
+// process: a dp rank r ≥ 1 whose model runs in a worker process of the same host has
+// RemoteForward as its Rank.Forward, which sends each of its steps' plans (its engine's
+// plans and its idle plans, DP set) to the worker over a control communicator of two
+// ranks (this process rank 0, the worker rank 1) and waits for the worker's logits rows;
+// the worker (ServeForward) runs the plan through its model, whose expert exchanges meet
+// the other ranks' on a data communicator across the processes (JoinShm's). The engine
+// of rank r keeps its pool's page bookkeeping in rank 0's process (LedgerPool), the
+// worker the cache itself, on which it executes each plan's CacheOps first.
+
+const (
+	replyLogits byte = 1
+	replyError  byte = 2
+)
+
+// RemoteForward is the Forward of dp rank rank, run by a worker process behind ctl (rank
+// 0 of two; the worker, rank 1, runs ServeForward): the plan goes out by lockstep's plan
+// message, and the worker replies with the logits rows or the error its forward returned.
+// ctl's failures (the worker gone, its deadline) come back as a *dist.PeerError naming
+// rank, not the pair's rank 1, so that a launcher can put the worker's exit on them.
+func RemoteForward(ctl dist.Communicator, rank int) Forward {
+	var msg []byte
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if err := lockstep.Broadcast(ctl, p, &msg); err != nil {
+			return peerAs(fmt.Sprintf("dp rank %d: send the plan of step %d to its worker", rank, p.Step), err, rank)
+		}
+		reply, err := ctl.Broadcast(nil, 1)
+		if err != nil {
+			return peerAs(fmt.Sprintf("dp rank %d: wait for its worker's step %d", rank, p.Step), err, rank)
+		}
+		if len(reply) == 0 {
+			return fmt.Errorf("dp rank %d: an empty reply from its worker for step %d", rank, p.Step)
+		}
+		switch reply[0] {
+		case replyError:
+			return fmt.Errorf("dp rank %d's worker: %s", rank, reply[1:])
+		case replyLogits:
+			if len(reply)-1 != 4*len(logits) {
+				return fmt.Errorf("dp rank %d: its worker replied %d bytes of logits for step %d, want %d", rank, len(reply)-1, p.Step, 4*len(logits))
+			}
+			copy(dist.F32Bytes(logits), reply[1:]) // the same host: the same byte order
+			return nil
+		}
+		return fmt.Errorf("dp rank %d: reply kind %d from its worker", rank, reply[0])
+	}
+}
+
+// peerAs is err wrapped in what, a *dist.PeerError within it renamed to rank.
+func peerAs(what string, err error, rank int) error {
+	var pe *dist.PeerError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", what, &dist.PeerError{Op: pe.Op, Peer: rank, Err: pe.Err})
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// ServeForward is a worker's end of RemoteForward: ctl is rank 1 of the pair, forward the
+// dp rank's forward (over its own cache, CacheOps executed: lockstep.WithCacheOps), vocab
+// the columns of a logits row. It runs every plan rank 0 sends and replies with its
+// logits, or with the error (after which it returns it), until lockstep.Stop (then nil) or
+// rank 0 is gone.
+func ServeForward(ctl dist.Communicator, vocab int, forward Forward) error {
+	var logits []float32
+	var reply []byte
+	return lockstep.FollowPlans(ctl, func(p *engine.BatchPlan) error {
+		n := len(p.LogitsIndices) * vocab
+		if cap(logits) < n {
+			logits = make([]float32, n)
+		}
+		ferr := forward(p, logits[:n])
+		if ferr != nil {
+			reply = append(append(reply[:0], replyError), ferr.Error()...)
+		} else {
+			reply = append(append(reply[:0], replyLogits), dist.F32Bytes(logits[:n])...)
+		}
+		if _, err := ctl.Broadcast(reply, 1); err != nil {
+			return errors.Join(ferr, fmt.Errorf("reply to rank 0: %w", err))
+		}
+		return ferr
+	})
+}
+
+// StopRemote ends the workers behind ctl (the pairs of RemoteForward; nil entries are
+// skipped) and closes the pairs; it returns the failures to tell a worker, naming its
+// rank (a worker already gone fails so).
+func StopRemote(ctl []dist.Communicator) error {
+	var errs []error
+	for r, c := range ctl {
+		if c == nil {
+			continue
+		}
+		if err := lockstep.Stop(c); err != nil {
+			errs = append(errs, fmt.Errorf("dp rank %d: stop its worker: %w", r, err))
+		}
+		c.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// JoinShm joins the shared-memory groups of a host's dp ranks, one process each, that
+// meet at name: data, rank of size (the models' expert exchanges, each wait bounded by
+// o.Timeout), and the control pairs of RemoteForward, which wait as long as the engines
+// idle: rank 0 gets ctl[r] for each worker r (ctl[0] nil), a worker r ctl[0], its pair.
+// Rank 0 joins the pairs in rank order, then data, as the workers do theirs; o.Cancel
+// ends a join whose peer will never come (a launcher closes it when a worker exits).
+func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicator, data dist.Communicator, err error) {
+	if size < 2 || rank < 0 || rank >= size {
+		return nil, nil, fmt.Errorf("dp: join rank %d of %d processes", rank, size)
+	}
+	fail := func(err error) ([]dist.Communicator, dist.Communicator, error) {
+		for _, c := range ctl {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, nil, err
+	}
+	po := o
+	po.Timeout, po.JoinTimeout = 100*365*24*time.Hour, o.JoinTimeout
+	if po.JoinTimeout <= 0 {
+		po.JoinTimeout = o.Timeout
+	}
+	pair := func(r int) string { return fmt.Sprintf("%s-ctl%d", name, r) }
+	if rank == 0 {
+		ctl = make([]dist.Communicator, size)
+		for r := 1; r < size; r++ {
+			if ctl[r], err = dist.JoinShm(pair(r), 0, 2, po); err != nil {
+				return fail(fmt.Errorf("dp rank 0: join rank %d's control pair: %w", r, peerAs("join", err, r)))
+			}
+		}
+	} else {
+		c, err := dist.JoinShm(pair(rank), 1, 2, po)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dp rank %d: join its control pair: %w", rank, err)
+		}
+		ctl = []dist.Communicator{c}
+	}
+	if data, err = dist.JoinShm(name+"-data", rank, size, o); err != nil {
+		return fail(fmt.Errorf("dp rank %d: join the data group: %w", rank, err))
+	}
+	return ctl, data, nil
+}
+
+// LedgerPool is a pool with like's cache groups and geometry (the same slabs, so the same
+// page ids) whose arena holds no bytes: the page bookkeeping of a dp rank whose cache
+// lives in a worker process (opened there with like's size), for that rank's engine in
+// rank 0's process. The engine's page copies on it do nothing; the worker executes them
+// from the plan's CacheOps.
+func LedgerPool(like *kvslab.Pool) (*kvslab.Pool, error) {
+	p, err := kvslab.New(kvslab.Config{Groups: like.Groups(), SlabBytes: like.SlabBytes()}, ledger(like.Arena().Size()))
+	if err != nil {
+		return nil, fmt.Errorf("dp: a ledger pool: %w", err)
+	}
+	if p.Slabs() != like.Slabs() || p.BlockTokens() != like.BlockTokens() {
+		return nil, fmt.Errorf("dp: a ledger pool of %d slabs of %d-token pages for a pool of %d of %d", p.Slabs(), p.BlockTokens(), like.Slabs(), like.BlockTokens())
+	}
+	return p, nil
+}
+
+// ledger is an arena of its size that stores nothing (LedgerPool).
+type ledger int64
+
+func (a ledger) Size() int64 { return int64(a) }
+
+func (ledger) Copy(dst, src, n int64) error { return nil }
