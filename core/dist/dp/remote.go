@@ -1,6 +1,8 @@
 package dp
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -46,7 +48,11 @@ func RemoteForward(ctl dist.Communicator, rank int) Forward {
 		}
 		switch reply[0] {
 		case replyError:
-			return fmt.Errorf("dp rank %d's worker: %s", rank, reply[1:])
+			re, err := decodeError(reply[1:])
+			if err != nil {
+				return fmt.Errorf("dp rank %d: its worker's reply to step %d: %w", rank, p.Step, err)
+			}
+			return fmt.Errorf("dp rank %d's worker: %w", rank, re)
 		case replyLogits:
 			if len(reply)-1 != 4*len(logits) {
 				return fmt.Errorf("dp rank %d: its worker replied %d bytes of logits for step %d, want %d", rank, len(reply)-1, p.Step, 4*len(logits))
@@ -70,27 +76,99 @@ func peerAs(what string, err error, rank int) error {
 // ServeForward is a worker's end of RemoteForward: ctl is rank 1 of the pair, forward the
 // dp rank's forward (over its own cache, CacheOps executed: lockstep.WithCacheOps), vocab
 // the columns of a logits row. It runs every plan rank 0 sends and replies with its
-// logits, or with the error (after which it returns it), until lockstep.Stop (then nil) or
-// rank 0 is gone.
+// logits, or with its error, until lockstep.Stop or rank 0 is gone. A failed forward does
+// not end it: the worker stays until rank 0 has read the reply and stops it (a worker
+// that exited at once could be seen gone before its reply was read), then returns the
+// first forward's error.
 func ServeForward(ctl dist.Communicator, vocab int, forward Forward) error {
 	var logits []float32
 	var reply []byte
-	return lockstep.FollowPlans(ctl, func(p *engine.BatchPlan) error {
+	var failed error
+	err := lockstep.FollowPlans(ctl, func(p *engine.BatchPlan) error {
 		n := len(p.LogitsIndices) * vocab
 		if cap(logits) < n {
 			logits = make([]float32, n)
 		}
 		ferr := forward(p, logits[:n])
 		if ferr != nil {
-			reply = append(append(reply[:0], replyError), ferr.Error()...)
+			reply = appendError(reply[:0], ferr)
+			failed = cmp.Or(failed, fmt.Errorf("step %d: %w", p.Step, ferr))
 		} else {
 			reply = append(append(reply[:0], replyLogits), dist.F32Bytes(logits[:n])...)
 		}
 		if _, err := ctl.Broadcast(reply, 1); err != nil {
-			return errors.Join(ferr, fmt.Errorf("reply to rank 0: %w", err))
+			return fmt.Errorf("reply to rank 0: %w", err)
 		}
-		return ferr
+		return nil
 	})
+	return errors.Join(failed, err)
+}
+
+// appendError encodes a forward's error reply: replyError; the *dist.PeerError within it,
+// if any, as its kind (0: none, 1: ErrPeerGone, 2: ErrTimeout, 3: another), its rank (i32)
+// and its collective (u16 length and bytes); then the error's text. Rank 0 rebuilds the
+// PeerError (remoteError), so that a rank the worker saw gone is named as a peer there
+// too: the data group's ranks are the dp ranks.
+func appendError(b []byte, err error) []byte {
+	b = append(b, replyError)
+	var pe *dist.PeerError
+	if !errors.As(err, &pe) {
+		return append(append(b, 0), err.Error()...)
+	}
+	kind := byte(3)
+	switch {
+	case errors.Is(pe.Err, dist.ErrPeerGone):
+		kind = 1
+	case errors.Is(pe.Err, dist.ErrTimeout):
+		kind = 2
+	}
+	b = append(b, kind)
+	b = binary.LittleEndian.AppendUint32(b, uint32(int32(pe.Peer)))
+	b = binary.LittleEndian.AppendUint16(b, uint16(min(len(pe.Op), 1<<16-1)))
+	b = append(b, pe.Op[:min(len(pe.Op), 1<<16-1)]...)
+	return append(b, err.Error()...)
+}
+
+// remoteError is a worker's forward error at rank 0: its text, and the PeerError it held.
+type remoteError struct {
+	text string
+	peer *dist.PeerError // nil: none
+}
+
+func (e *remoteError) Error() string { return e.text }
+
+func (e *remoteError) Unwrap() error {
+	if e.peer == nil {
+		return nil
+	}
+	return e.peer
+}
+
+// decodeError decodes an error reply (after its first byte).
+func decodeError(b []byte) (*remoteError, error) {
+	if len(b) < 1 {
+		return nil, errors.New("a truncated error reply")
+	}
+	kind, b := b[0], b[1:]
+	if kind == 0 {
+		return &remoteError{text: string(b)}, nil
+	}
+	if len(b) < 6 {
+		return nil, errors.New("a truncated error reply")
+	}
+	peer, n := int(int32(binary.LittleEndian.Uint32(b))), int(binary.LittleEndian.Uint16(b[4:]))
+	if b = b[6:]; len(b) < n {
+		return nil, errors.New("a truncated error reply")
+	}
+	op, text := string(b[:n]), string(b[n:])
+	cause := errors.New("failed")
+	switch kind {
+	case 1:
+		cause = dist.ErrPeerGone
+	case 2:
+		cause = dist.ErrTimeout
+	}
+	return &remoteError{text: text, peer: &dist.PeerError{Op: op, Peer: peer, Err: cause}}, nil
 }
 
 // StopRemote ends the workers behind ctl (the pairs of RemoteForward; nil entries are
@@ -176,3 +254,32 @@ type ledger int64
 func (a ledger) Size() int64 { return int64(a) }
 
 func (ledger) Copy(dst, src, n int64) error { return nil }
+
+// RemoteRanks are the Group ranks of rank 0's process when every dp rank has a process of
+// its own on this host: rank 0's forward runs here, rank r's in the worker behind ctl[r]
+// (RemoteForward; ctl as JoinShm gives rank 0), each rank's plans having cacheGroups cache
+// groups. The steppers' clock and count exchange are communicators of this process (o
+// bounds the count exchange), since every engine is here.
+func RemoteRanks(forward0 Forward, ctl []dist.Communicator, cacheGroups int, o dist.Options) ([]Rank, error) {
+	n := len(ctl)
+	if n < 2 || ctl[0] != nil {
+		return nil, fmt.Errorf("dp: remote ranks want rank 0's control pairs (ctl[0] nil, one per worker), got %d", n)
+	}
+	clock, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
+	if err != nil {
+		return nil, err
+	}
+	counts, err := dist.NewInProcess(n, o)
+	if err != nil {
+		return nil, err
+	}
+	ranks := make([]Rank, n)
+	for r := range n {
+		f := forward0
+		if r > 0 {
+			f = RemoteForward(ctl[r], r)
+		}
+		ranks[r] = Rank{Forward: f, CacheGroups: cacheGroups, Ctl: clock[r], Data: counts[r]}
+	}
+	return ranks, nil
+}

@@ -2,6 +2,7 @@ package dp_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -9,13 +10,15 @@ import (
 
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // TestRemoteForward: a plan sent by RemoteForward reaches ServeForward's forward intact
 // (DP step and all), its logits rows come back, a forward's error comes back as the step's
-// error naming the rank, and a worker gone fails the next step with a *dist.PeerError
+// error naming the rank (a PeerError within it rebuilt, naming the peer the worker saw
+// gone), the worker serves on until stopped, and a worker gone fails the next step with a *dist.PeerError
 // naming the dp rank (not the pair's rank 1).
 func TestRemoteForward(t *testing.T) {
 	const vocab, rank = 3, 2
@@ -26,8 +29,11 @@ func TestRemoteForward(t *testing.T) {
 	served := make(chan error, 1)
 	go func() {
 		served <- dp.ServeForward(pair[1], vocab, func(p *engine.BatchPlan, logits []float32) error {
-			if p.Step == 3 {
+			switch p.Step {
+			case 3:
 				return errors.New("boom")
+			case 4: // the worker saw dp rank 0 gone in an expert exchange
+				return fmt.Errorf("layer 1: %w", &dist.PeerError{Op: "all-to-all", Peer: 0, Err: fmt.Errorf("%w: its process exited", dist.ErrPeerGone)})
 			}
 			if p.DP.Rank != rank || !slices.Equal(p.DP.Tokens, []int32{1, 0, 2}) {
 				return errors.New("the DP step did not arrive")
@@ -60,12 +66,21 @@ func TestRemoteForward(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "dp rank 2's worker: boom") {
 		t.Fatalf("step 3: %v, want the worker's error naming dp rank 2", err)
 	}
-	if err := <-served; err == nil || !strings.HasSuffix(err.Error(), "step 3: boom") {
-		t.Fatalf("ServeForward returned %v, want its forward's error", err)
-	}
-	pair[1].Close() // the worker is gone
 	err = forward(plan(4), make([]float32, vocab))
 	var pe *dist.PeerError
+	if !errors.As(err, &pe) || pe.Peer != 0 || pe.Op != "all-to-all" || !errors.Is(err, dist.ErrPeerGone) || !strings.Contains(err.Error(), "dp rank 2's worker: layer 1: dist: all-to-all: rank 0: peer gone: its process exited") {
+		t.Fatalf("step 4: %v, want the worker's PeerError naming rank 0", err)
+	}
+	// The failed steps did not end the worker (its replies must be read first): it ends
+	// on the stop, with the first failure.
+	if err := lockstep.Stop(pair[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err == nil || !strings.Contains(err.Error(), "step 3: boom") {
+		t.Fatalf("ServeForward returned %v, want its first forward's error", err)
+	}
+	pair[1].Close() // the worker is gone
+	err = forward(plan(5), make([]float32, vocab))
 	if !errors.As(err, &pe) || pe.Peer != rank || !errors.Is(err, dist.ErrPeerGone) {
 		t.Fatalf("step after the worker left: %v, want dp rank %d gone", err, rank)
 	}
