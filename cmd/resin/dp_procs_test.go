@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
@@ -75,8 +76,10 @@ func TestDPProcsWorkerKilled(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("the request after the worker was killed: %v, want an error naming %q and the signal", err, want)
 	}
-	c.Close()
-	stop()
+	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
+		c.Close()
+		stop()
+	})
 	if left := childWorkers(t); len(left) > 0 {
 		t.Fatalf("worker processes %v left after the ranks stopped", left)
 	}

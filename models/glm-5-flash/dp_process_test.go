@@ -149,8 +149,10 @@ func TestDPAttentionProcesses(t *testing.T) {
 			c := dpEngines(t, g, run, pool)
 			c.Start(context.Background())
 			on := dptest.RunHeld(t, c, reqs, reached, release, want)
-			if err := c.Close(); err != nil {
-				t.Fatal(err)
+			var err2 error
+			dptest.Within(t, time.Minute, "the group's Close", func() { err2 = c.Close() })
+			if err2 != nil {
+				t.Fatal(err2)
 			}
 			procs.Stop(t, false)
 			if on[reqs[0].ID] != 0 || on["seeded"] != 1 {
@@ -201,7 +203,7 @@ func TestDPAttentionWorkerKilled(t *testing.T) {
 		t.Fatal("the coordinator did not die")
 	}
 	gerr := c.Err()
-	c.Close() // the group's error again
+	dptest.Within(t, time.Minute, "the dead group's Close", func() { c.Close() })
 	procs.Stop(t, true)
 	var pe *dist.PeerError
 	if !errors.As(gerr, &pe) || pe.Peer != 1 || !errors.Is(gerr, dist.ErrPeerGone) {
