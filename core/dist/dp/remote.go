@@ -77,9 +77,10 @@ func peerAs(what string, err error, rank int) error {
 // dp rank's forward (over its own cache, CacheOps executed: lockstep.WithCacheOps), vocab
 // the columns of a logits row. It runs every plan rank 0 sends and replies with its
 // logits, or with its error, until lockstep.Stop or rank 0 is gone. A failed forward does
-// not end it: the worker stays until rank 0 has read the reply and stops it (a worker
-// that exited at once could be seen gone before its reply was read), then returns the
-// first forward's error.
+// not end it: rank 0 ends the group and stops the workers, so that a worker process exits
+// before the stop only when it dies, and the exit a launcher puts on the step's error
+// (core/dist/launch: the first worker to exit, when the error names none) is the dead
+// one's. At the stop it returns the first forward's error.
 func ServeForward(ctl dist.Communicator, vocab int, forward Forward) error {
 	var logits []float32
 	var reply []byte
