@@ -25,11 +25,13 @@ import (
 type dpFlags struct {
 	size      int
 	attention bool
+	procs     bool // --dp-procs: ranks 1..N-1 in worker processes (dp_procs.go)
 }
 
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&d.size, "dp", 1, "with --model on the CPU: data parallelism over this many ranks of this process, each an engine with its own copy of the model (its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests")
+	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash on the CPU: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory (default: engines of this process)")
 	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange)")
 }
 
@@ -40,6 +42,8 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d: want 1 or more ranks", d.size)
 	case d.attention && d.size < 2:
 		return errors.New("--dp-attention needs --dp 2 or more")
+	case d.procs && !d.attention:
+		return fmt.Errorf("--dp-procs needs --dp 2 or more with --dp-attention (replicas in worker processes are not built: --dp %d without it runs engines of this process)", d.size)
 	case d.size == 1:
 		return nil
 	case f.model == "":
@@ -97,6 +101,12 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 	}
 	if f.specTokens > 0 {
 		return nil, nil, nil, errors.New("--dp-attention does not decode speculatively yet")
+	}
+	if f.dp.procs {
+		if !dpAttentionMoEModels[m.Name] {
+			return nil, nil, nil, fmt.Errorf("--dp-procs covers deepseek-v4-flash and glm-5-flash only so far, not %s (llama's dp ranks mix nothing: --dp %d without --dp-attention runs them as engines of this process)", m.Name, n)
+		}
+		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n) // dp_procs.go
 	}
 	ctl, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
 	if err != nil {

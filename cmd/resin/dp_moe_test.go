@@ -10,7 +10,8 @@ import (
 // MoE models (the routed experts split over the two dp ranks, both exchanges) prints the
 // tokens one engine prints: the one request runs on rank 0 while rank 1 idles every step,
 // its idle plans meeting rank 0's MoE exchanges, and its --logits-out within 1e-5 of one
-// engine's. Not bit for bit: glm-5-flash adds its routed sum to the shared experts' output
+// engine's. With --dp-procs, rank 1 is a worker process (its attention, its experts and
+// its cache there, its engine here) whose idle plans cross shared memory. Not bit for bit: glm-5-flash adds its routed sum to the shared experts' output
 // in another order, and one loaded full-suite run of deepseek-v4-flash also differed in
 // the last bits (not reproduced in 8 runs since, -race included).
 func TestGenerateDPAttentionMoE(t *testing.T) {
@@ -20,7 +21,8 @@ func TestGenerateDPAttentionMoE(t *testing.T) {
 		var want string
 		var wantLg []float32
 		var wantShape []int
-		for i, extra := range [][]string{nil, {"--dp", "2", "--dp-attention"}, {"--dp", "2", "--dp-attention", "--ep-dispatch", "all-to-all"}} {
+		for i, extra := range [][]string{nil, {"--dp", "2", "--dp-attention"}, {"--dp", "2", "--dp-attention", "--ep-dispatch", "all-to-all"},
+			{"--dp", "2", "--dp-attention", "--dp-procs"}, {"--dp", "2", "--dp-attention", "--dp-procs", "--ep-dispatch", "all-to-all"}} {
 			path := filepath.Join(t.TempDir(), "l.safetensors")
 			got, errOut, err := runGenerate(t, append(append(extra, "--logits-out", path), args...)...)
 			if err != nil {

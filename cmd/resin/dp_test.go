@@ -62,6 +62,8 @@ func TestGenerateDP(t *testing.T) {
 		{append([]string{"--dp-attention"}, args...), "--dp-attention needs --dp 2 or more"},
 		{append([]string{"--dp", "2", "--dp-attention", "--tp", "2"}, args...), "--dp-attention is not combined with --tp"},
 		{append([]string{"--dp", "2", "--tp", "2", "--tp-procs"}, args...), "not combined with --tp-procs"},
+		{append([]string{"--dp", "2", "--dp-procs"}, args...), "--dp-procs needs --dp 2 or more with --dp-attention"},
+		{append([]string{"--dp", "2", "--dp-attention", "--dp-procs"}, args...), "--dp-procs covers deepseek-v4-flash and glm-5-flash only"},
 		{[]string{"--dp", "2", "--max-tokens", "2", "hi"}, "--dp needs --model"},
 	} {
 		_, errOut, err := runGenerate(t, c.args...)
@@ -72,10 +74,11 @@ func TestGenerateDP(t *testing.T) {
 }
 
 // TestServeDPAttention: `resin serve --dp 2 --dp-attention` answers concurrent
-// completions, spread over both ranks, each with the text one engine gives it.
+// completions, spread over both ranks, each with the text one engine gives it; so does
+// glm-5-flash's with --dp-procs (rank 1 a worker process, its experts split over both).
 func TestServeDPAttention(t *testing.T) {
-	complete := func(base, prompt string) (string, error) {
-		body, _ := json.Marshal(map[string]any{"model": "llama", "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
+	complete := func(base, model, prompt string) (string, error) {
+		body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
 		resp, err := http.Post(base+"/v1/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
 			return "", err
@@ -111,11 +114,10 @@ func TestServeDPAttention(t *testing.T) {
 		}
 		return n
 	}
-	serveAll := func(extra ...string) (map[string]string, int) {
+	serveAll := func(model []string, extra ...string) (map[string]string, int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		srv := clitest.StartServe(t, ctx, newServeCmd(), append([]string{
-			"--model", "llama", "--random-weights", tinyLlama, "--port", "0", "--cache-bytes", "4000000"}, extra...)...)
+		srv := clitest.StartServe(t, ctx, newServeCmd(), append(append([]string{"--port", "0"}, model...), extra...)...)
 		out := map[string]string{}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -123,7 +125,7 @@ func TestServeDPAttention(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				text, err := complete(srv.URL, p)
+				text, err := complete(srv.URL, model[1], p)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -140,17 +142,22 @@ func TestServeDPAttention(t *testing.T) {
 		}
 		return out, finished
 	}
-	want, n := serveAll()
-	if n != len(prompts) {
-		t.Fatalf("one engine finished %d of %d requests", n, len(prompts))
-	}
-	got, n := serveAll("--dp", "2", "--dp-attention")
-	if n == 0 || n == len(prompts) {
-		t.Errorf("rank 0 finished %d of %d requests: they were not spread over the ranks", n, len(prompts))
-	}
-	for _, p := range prompts {
-		if got[p] != want[p] {
-			t.Errorf("%q: --dp 2 --dp-attention %q, one engine %q", p, got[p], want[p])
+	for _, tc := range []struct{ model, extra []string }{
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000"}, []string{"--dp", "2", "--dp-attention"}},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--dp-procs"}},
+	} {
+		want, n := serveAll(tc.model)
+		if n != len(prompts) {
+			t.Fatalf("%s: one engine finished %d of %d requests", tc.model[1], n, len(prompts))
+		}
+		got, n := serveAll(tc.model, tc.extra...)
+		if n == 0 || n == len(prompts) {
+			t.Errorf("%s %v: rank 0 finished %d of %d requests: they were not spread over the ranks", tc.model[1], tc.extra, n, len(prompts))
+		}
+		for _, p := range prompts {
+			if got[p] != want[p] {
+				t.Errorf("%q: %s %v %q, one engine %q", p, tc.model[1], tc.extra, got[p], want[p])
+			}
 		}
 	}
 }

@@ -237,6 +237,9 @@ type tpWorkerSpec struct {
 	CacheBytes       int64
 	// CP above 1: a --cp-procs worker of llama's prefill CP (cp.go).
 	CP int
+	// DPAttention: a --dp-procs worker, dp rank Rank of Size of a MoE model's
+	// DP-attention (dp_procs.go).
+	DPAttention bool
 }
 
 // joinTP joins the control and data groups of spec (the control one waits as long as the
@@ -264,6 +267,22 @@ type tpWorkers struct {
 // rank 0. A worker that exits before joining ends the wait; on any failure every child
 // is killed and reaped.
 func startWorkers(spec tpWorkerSpec) (*tpWorkers, error) {
+	w, err := launchWorkers(spec)
+	if err != nil {
+		return nil, err
+	}
+	g := &tpWorkers{w: w}
+	if g.ctl, g.data, err = joinTP(spec, w.Exited()); err != nil {
+		w.Kill()
+		return nil, w.StepError(err)
+	}
+	return g, nil
+}
+
+// launchWorkers starts ranks 1..Size-1 of spec as children of this binary, each reading
+// its spec (its Rank set) from RESIN_TP_WORKER, bound to a NUMA node where the topology
+// is known.
+func launchWorkers(spec tpWorkerSpec) (*launch.Workers, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -280,16 +299,7 @@ func startWorkers(spec tpWorkerSpec) (*tpWorkers, error) {
 		}
 		specs = append(specs, ls)
 	}
-	w, err := launch.Start(specs)
-	if err != nil {
-		return nil, err
-	}
-	g := &tpWorkers{w: w}
-	if g.ctl, g.data, err = joinTP(spec, w.Exited()); err != nil {
-		w.Kill()
-		return nil, w.StepError(err)
-	}
-	return g, nil
+	return launch.Start(specs)
 }
 
 // cpuBindings plans the NUMA node of each of n CPU ranks on this host (round-robin over
@@ -347,6 +357,9 @@ func runTPWorker(raw string) error {
 	var spec tpWorkerSpec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return fmt.Errorf("RESIN_TP_WORKER: %w", err)
+	}
+	if spec.DPAttention {
+		return runDPWorker(spec)
 	}
 	if spec.Model != "" {
 		return runMoEWorker(spec)

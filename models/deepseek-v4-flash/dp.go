@@ -37,32 +37,10 @@ import (
 // rows with the other ranks over data[r]. Each rank's forward is its runner's DPForward,
 // run under a core/dist/dp Group whose data communicators may be data.
 func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator, cacheBytes int64) ([]*Runner, []*kvslab.Pool, error) {
-	if opts.DType != "" && opts.DType != ref.DTypeFP32 {
-		return nil, nil, fmt.Errorf("%s: DP-attention ranks run fp32 only, not %s", Name, opts.DType)
-	}
 	n := len(data)
-	if n < 2 {
-		return nil, nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
-	}
-	l := Layout{EP: n, Dispatch: d}
-	c, err := LoadConfig(dir)
+	whole, err := dpWeights(dir, opts, d, n)
 	if err != nil {
 		return nil, nil, err
-	}
-	if err := l.Check(c); err != nil {
-		return nil, nil, fmt.Errorf("DP-attention: %w", err)
-	}
-	var whole *Weights
-	if ck, err := weights.Open(dir); err == nil {
-		ck.Close() // each rank reads its shard
-	} else if errors.Is(err, weights.ErrNotFound) {
-		what := "seeded random weights of " + filepath.Join(dir, "config.json")
-		if err := weights.CheckMemory(WeightBytes(c, false), what); err != nil {
-			return nil, nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
-		}
-		whole = RandomWeights(c, cmp.Or(opts.Seed, 1), c.NumNextNPredictLayers > 0)
-	} else {
-		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	runners := make([]*Runner, n)
 	pools := make([]*kvslab.Pool, n)
@@ -70,26 +48,81 @@ func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator,
 		if comm.Rank() != r || comm.Size() != n {
 			return nil, nil, fmt.Errorf("%s: dp rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
 		}
-		c, w, err := loadRankWeights(dir, opts, l, r, whole)
-		if err != nil {
-			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
-		}
-		if opts.Drafts == 0 {
-			w.MTP = nil
-		}
-		m, err := NewRankModel(c, w, maxContextOf(c, opts), l, comm)
-		if err != nil {
-			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
-		}
-		m.par.dp = true
-		if runners[r], err = rankRunner(m, opts); err != nil {
-			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
-		}
-		if pools[r], err = runners[r].NewPool(cacheBytes); err != nil {
-			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+		if runners[r], pools[r], err = openDPRank(dir, opts, d, comm, cacheBytes, whole); err != nil {
+			return nil, nil, err
 		}
 	}
 	return runners, pools, nil
+}
+
+// OpenDPRank opens dp rank comm.Rank() of comm.Size() alone, as OpenDPRanks opens each:
+// the rank of a process of its own (core/dist/dp's ServeForward in a worker, or rank 0's
+// process), which reads its experts from a checkpoint or builds the seeded random
+// weights whole and cuts its part.
+func OpenDPRank(dir string, opts Options, d Dispatch, comm dist.Communicator, cacheBytes int64) (*Runner, *kvslab.Pool, error) {
+	whole, err := dpWeights(dir, opts, d, comm.Size())
+	if err != nil {
+		return nil, nil, err
+	}
+	return openDPRank(dir, opts, d, comm, cacheBytes, whole)
+}
+
+// dpWeights checks DP-attention over n ranks with exchange d for the model in dir and
+// returns the whole seeded random weights to cut the ranks from, or nil for a checkpoint
+// (each rank reads its shard).
+func dpWeights(dir string, opts Options, d Dispatch, n int) (*Weights, error) {
+	if opts.DType != "" && opts.DType != ref.DTypeFP32 {
+		return nil, fmt.Errorf("%s: DP-attention ranks run fp32 only, not %s", Name, opts.DType)
+	}
+	if n < 2 {
+		return nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
+	}
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := (Layout{EP: n, Dispatch: d}).Check(c); err != nil {
+		return nil, fmt.Errorf("DP-attention: %w", err)
+	}
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close() // each rank reads its shard
+		return nil, nil
+	} else if !errors.Is(err, weights.ErrNotFound) {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	what := "seeded random weights of " + filepath.Join(dir, "config.json")
+	if err := weights.CheckMemory(WeightBytes(c, false), what); err != nil {
+		return nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+	}
+	return RandomWeights(c, cmp.Or(opts.Seed, 1), c.NumNextNPredictLayers > 0), nil
+}
+
+// openDPRank opens dp rank comm.Rank() of comm.Size(), cut from whole (nil: read from
+// dir's checkpoint), with a pool of cacheBytes.
+func openDPRank(dir string, opts Options, d Dispatch, comm dist.Communicator, cacheBytes int64, whole *Weights) (*Runner, *kvslab.Pool, error) {
+	r := comm.Rank()
+	l := Layout{EP: comm.Size(), Dispatch: d}
+	c, w, err := loadRankWeights(dir, opts, l, r, whole)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+	}
+	if opts.Drafts == 0 {
+		w.MTP = nil
+	}
+	m, err := NewRankModel(c, w, maxContextOf(c, opts), l, comm)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+	}
+	m.par.dp = true
+	run, err := rankRunner(m, opts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+	}
+	pool, err := run.NewPool(cacheBytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+	}
+	return run, pool, nil
 }
 
 // DPForward is the forward of a dp rank (a runner of OpenDPRanks) under core/dist/dp's

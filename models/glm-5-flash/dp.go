@@ -36,30 +36,9 @@ import (
 // run under a core/dist/dp Group whose data communicators may be data.
 func OpenDPRanks(dir string, o RankOptions, d Dispatch, data []dist.Communicator) ([]*TextRunner, []*kvslab.Pool, error) {
 	n := len(data)
-	if n < 2 {
-		return nil, nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
-	}
-	if o.Drafts > 0 {
-		// the dp ranks would draft apart: their MTP heads' expert exchanges would not meet
-		return nil, nil, fmt.Errorf("%s: DP-attention with %d MTP drafts: not supported yet (the dp ranks have no joint draft step)", Name, o.Drafts)
-	}
-	l := Layout{EP: n, Dispatch: d}
-	c, err := LoadTextConfig(dir)
+	whole, err := dpWeights(dir, o, d, n)
 	if err != nil {
 		return nil, nil, err
-	}
-	if err := l.Check(c); err != nil {
-		return nil, nil, fmt.Errorf("DP-attention: %w", err)
-	}
-	var whole *TextWeights
-	if ck, err := weights.Open(dir); err == nil {
-		ck.Close() // each rank reads its shard
-	} else if errors.Is(err, weights.ErrNotFound) {
-		if whole, err = randomWeights(dir, c, o.Seed); err != nil {
-			return nil, nil, err
-		}
-	} else {
-		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	runners := make([]*TextRunner, n)
 	pools := make([]*kvslab.Pool, n)
@@ -67,12 +46,61 @@ func OpenDPRanks(dir string, o RankOptions, d Dispatch, data []dist.Communicator
 		if comm.Rank() != r || comm.Size() != n {
 			return nil, nil, fmt.Errorf("%s: dp rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
 		}
-		if runners[r], pools[r], err = openRank(dir, o, l, comm, whole); err != nil {
-			return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
+		if runners[r], pools[r], err = openDPRank(dir, o, d, comm, whole); err != nil {
+			return nil, nil, err
 		}
-		runners[r].Model.par.dp = true
 	}
 	return runners, pools, nil
+}
+
+// OpenDPRank opens dp rank comm.Rank() of comm.Size() alone, as OpenDPRanks opens each:
+// the rank of a process of its own (core/dist/dp's ServeForward in a worker, or rank 0's
+// process), which reads its experts from a checkpoint or builds the seeded random
+// weights whole and cuts its part.
+func OpenDPRank(dir string, o RankOptions, d Dispatch, comm dist.Communicator) (*TextRunner, *kvslab.Pool, error) {
+	whole, err := dpWeights(dir, o, d, comm.Size())
+	if err != nil {
+		return nil, nil, err
+	}
+	return openDPRank(dir, o, d, comm, whole)
+}
+
+// dpWeights checks DP-attention over n ranks with exchange d for the model in dir and
+// returns the whole seeded random weights to cut the ranks from, or nil for a checkpoint
+// (each rank reads its shard).
+func dpWeights(dir string, o RankOptions, d Dispatch, n int) (*TextWeights, error) {
+	if n < 2 {
+		return nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
+	}
+	if o.Drafts > 0 {
+		// the dp ranks would draft apart: their MTP heads' expert exchanges would not meet
+		return nil, fmt.Errorf("%s: DP-attention with %d MTP drafts: not supported yet (the dp ranks have no joint draft step)", Name, o.Drafts)
+	}
+	c, err := LoadTextConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := (Layout{EP: n, Dispatch: d}).Check(c); err != nil {
+		return nil, fmt.Errorf("DP-attention: %w", err)
+	}
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close() // each rank reads its shard
+		return nil, nil
+	} else if !errors.Is(err, weights.ErrNotFound) {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	return randomWeights(dir, c, o.Seed)
+}
+
+// openDPRank opens dp rank comm.Rank() of comm.Size(), cut from whole (nil: read from
+// dir's checkpoint), with a pool of o.CacheBytes.
+func openDPRank(dir string, o RankOptions, d Dispatch, comm dist.Communicator, whole *TextWeights) (*TextRunner, *kvslab.Pool, error) {
+	run, pool, err := openRank(dir, o, Layout{EP: comm.Size(), Dispatch: d}, comm, whole)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dp rank %d: %w", comm.Rank(), err)
+	}
+	run.Model.par.dp = true
+	return run, pool, nil
 }
 
 // DPForward is the forward of a dp rank (a runner of OpenDPRanks) under core/dist/dp's

@@ -19,9 +19,10 @@
 //
 // Limits: the ranks' engines live in one process (a Group's ranks are goroutines; the
 // communicators may be any dist implementation, NCCL included), since rank 0 learns
-// that a rank has work through this process's memory. Across processes a rank would have
-// to wake rank 0 by a message of its own; that, and routing requests to engines in other
-// processes, is not built.
+// that a rank has work through this process's memory. A rank's forward may run in a
+// worker process (RemoteForward, ServeForward: one process per dp rank on a host, its
+// engine still here); engines in other processes (a scheduler per process, woken by a
+// message of its own, requests routed to it) are not built.
 package dp
 
 import (

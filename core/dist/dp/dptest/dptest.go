@@ -60,3 +60,19 @@ func RunHeld(t testing.TB, c *dp.Coordinator, reqs []engine.Request, reached <-c
 	}
 	return ranks
 }
+
+// Within runs f and fails t when it has not returned after d (a close or stop that hangs:
+// the goroutine is left behind, the test ends).
+func Within(t testing.TB, d time.Duration, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v", what, d)
+	}
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/resin-llm/resin/core/cli"
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
+)
+
+// --dp N --dp-attention --dp-procs: one process per dp rank on this host. The
+// coordinator, the dp.Group and every rank's engine stay in this process (rank 0); dp
+// rank r ≥ 1's forward (its attention on its rows, its range of the routed experts) and
+// its cache run in worker process r, which gets each of its rank's plans (idle ones too)
+// from rank r's stepper here (dp.RemoteForward) and returns the logits rows. The expert
+// exchanges meet across the processes in shared memory (dp.JoinShm's data group). Rank
+// r's engine here allocates pages from a ledger pool of the worker's geometry
+// (dp.LedgerPool); the worker executes each plan's CacheOps on its own pool.
+
+// dpRank is one dp rank of a MoE model opened in this process: its forward over its own
+// cache, the engine's info, its plans' cache groups and its pool.
+type dpRank struct {
+	forward     dp.Forward
+	info        engine.RunnerInfo
+	cacheGroups int
+	pool        *kvslab.Pool
+}
+
+// openDPRank opens dp rank comm.Rank() of comm.Size() of MoE model name from dir, its
+// expert exchange d, with a pool of cacheBytes.
+func openDPRank(name, dir string, cacheBytes int64, d int, comm dist.Communicator) (dpRank, error) {
+	switch name {
+	case deepseekv4flash.Name:
+		run, pool, err := deepseekv4flash.OpenDPRank(dir, deepseekv4flash.Options{}, deepseekv4flash.Dispatch(d), comm, cacheBytes)
+		if err != nil {
+			return dpRank{}, err
+		}
+		return dpRank{run.DPForward, run.Info(), len(run.CacheGroups()), pool}, nil
+	case glm5flash.Name:
+		run, pool, err := glm5flash.OpenDPRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, glm5flash.Dispatch(d), comm)
+		if err != nil {
+			return dpRank{}, err
+		}
+		return dpRank{run.DPForward, run.Info(), len(run.CacheGroups()), pool}, nil
+	}
+	return dpRank{}, fmt.Errorf("--dp-procs: model %s has no DP-attention ranks (deepseek-v4-flash, glm-5-flash)", name)
+}
+
+// dpJoinOptions are the data group's (each expert exchange waits up to a minute) and,
+// for the rendezvous, how long the processes wait for each other to start.
+func dpJoinOptions(cancel <-chan struct{}) dist.Options {
+	return dist.Options{Timeout: time.Minute, JoinTimeout: 10 * time.Minute, Cancel: cancel}
+}
+
+// openDPProcs opens --dp n --dp-attention --dp-procs for MoE model name from dir: it
+// starts dp ranks 1..n-1 as worker processes, opens rank 0 here, and returns rank 0's
+// runner (whose StopRanks stops and reaps the workers) and pool, and the other ranks'
+// runners and ledger pools under one dp.Group. A dead worker's rank, pid and signal go
+// on the error of every step it failed.
+func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	what := fmt.Sprintf("--dp %d --dp-attention --dp-procs", n)
+	d, err := dispatchOf(dispatch)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	// Refused here once, before any worker starts (each would refuse it again).
+	if err := checkMoELayout(name, dir, 1, n, d); err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-dp", os.Getpid()), Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true}
+	w, err := launchWorkers(spec)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	ctl, data, err := dp.JoinShm(spec.Name, 0, n, dpJoinOptions(w.Exited()))
+	if err != nil {
+		w.Kill()
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
+	}
+	fail := func(err error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+		w.Kill()
+		for _, c := range ctl[1:] {
+			c.Close()
+		}
+		data.Close()
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
+	}
+	r0, err := openDPRank(name, dir, cacheBytes, d, data)
+	if err == nil {
+		// Every rank has read dir (which the caller may remove once this returns).
+		err = data.Barrier()
+	}
+	if err != nil {
+		return fail(err)
+	}
+	ranks, err := dp.RemoteRanks(r0.forward, ctl, r0.cacheGroups, dist.Options{Timeout: time.Minute})
+	if err != nil {
+		return fail(err)
+	}
+	group, err := dp.NewGroup(ranks, dp.Options{})
+	if err != nil {
+		return fail(err)
+	}
+	runners := make([]engine.Runner, n)
+	pools := make([]*kvslab.Pool, n)
+	pools[0] = r0.pool
+	for r := range n {
+		if r > 0 {
+			if pools[r], err = dp.LedgerPool(r0.pool); err != nil {
+				return fail(err)
+			}
+		}
+		forward := group.Forward(r)
+		runners[r] = cpurunner.New(r0.info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
+			return w.StepError(forward(p, logits))
+		}))
+	}
+	stop := func() error {
+		// The steppers end first (core/cli's Stop has closed the group already; on a
+		// failed start none ran), so that no step uses a pair while it is stopped.
+		err := errors.Join(group.Close(), dp.StopRemote(ctl))
+		err = errors.Join(err, w.Stop(30*time.Second))
+		data.Close()
+		return err
+	}
+	runners[0] = &tpRunner{runners[0].(*cpurunner.Runner), stop}
+	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+}
+
+// runDPWorker is a --dp-procs worker: dp rank spec.Rank's forward, over its own cache, on
+// every plan rank 0's stepper for it sends, until rank 0 stops it.
+func runDPWorker(spec tpWorkerSpec) error {
+	ctl, data, err := dp.JoinShm(spec.Name, spec.Rank, spec.Size, dpJoinOptions(nil))
+	if err != nil {
+		return err
+	}
+	defer ctl[0].Close()
+	defer data.Close()
+	r, err := openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, data)
+	if err != nil {
+		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
+	}
+	if err := data.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
+		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
+	}
+	return dp.ServeForward(ctl[0], r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))))
+}

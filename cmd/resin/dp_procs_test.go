@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
+)
+
+// TestDPProcsWorkerKilled: glm-5-flash under --dp 2 --dp-attention --dp-procs whose
+// worker was SIGKILLed fails the next request's step naming the worker's rank, pid and
+// signal (launch's exit on the dp group's error), within the test's deadline; stopping
+// the ranks then returns and leaves no worker process behind.
+func TestDPProcsWorkerKilled(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := os.ReadFile("../../models/glm-5-flash/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			r0.(*tpRunner).StopRanks()
+		}
+	}
+	defer stop()
+	pids := childWorkers(t)
+	if len(pids) != 1 {
+		t.Fatalf("worker processes %v, want one", pids)
+	}
+	runners := append([]engine.Runner{r0}, ranks.Runners...)
+	pools := append([]*kvslab.Pool{pool0}, ranks.Pools...)
+	engines := make([]*engine.Engine, len(runners))
+	for r := range runners {
+		if engines[r], err = engine.New(runners[r], engine.Config{Pool: pools[r]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := dp.NewCoordinator(ranks.Group, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Start(context.Background())
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ev, err := s.Collect(ctx)
+	if err == nil {
+		err = ev.Err
+	}
+	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("the request after the worker was killed: %v, want an error naming %q and the signal", err, want)
+	}
+	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
+		c.Close()
+		stop()
+	})
+	if left := childWorkers(t); len(left) > 0 {
+		t.Fatalf("worker processes %v left after the ranks stopped", left)
+	}
+}

@@ -1,0 +1,286 @@
+package dp
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// Ranks in worker processes. The Group, the engines and the Coordinator stay in rank 0's
+// process: a dp rank r ≥ 1 whose model runs in a worker process of the same host has
+// RemoteForward as its Rank.Forward, which sends each of its steps' plans (its engine's
+// plans and its idle plans, DP set) to the worker over a control communicator of two
+// ranks (this process rank 0, the worker rank 1) and waits for the worker's logits rows;
+// the worker (ServeForward) runs the plan through its model, whose expert exchanges meet
+// the other ranks' on a data communicator across the processes (JoinShm's). The engine
+// of rank r keeps its pool's page bookkeeping in rank 0's process (LedgerPool), the
+// worker the cache itself, on which it executes each plan's CacheOps first.
+
+const (
+	replyLogits byte = 1
+	replyError  byte = 2
+)
+
+// RemoteForward is the Forward of dp rank rank, run by a worker process behind ctl (rank
+// 0 of two; the worker, rank 1, runs ServeForward): the plan goes out by lockstep's plan
+// message, and the worker replies with the logits rows or the error its forward returned.
+// ctl's failures (the worker gone, its deadline) come back as a *dist.PeerError naming
+// rank, not the pair's rank 1, so that a launcher can put the worker's exit on them.
+func RemoteForward(ctl dist.Communicator, rank int) Forward {
+	var msg []byte
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if err := lockstep.Broadcast(ctl, p, &msg); err != nil {
+			return peerAs(fmt.Sprintf("dp rank %d: send the plan of step %d to its worker", rank, p.Step), err, rank)
+		}
+		reply, err := ctl.Broadcast(nil, 1)
+		if err != nil {
+			return peerAs(fmt.Sprintf("dp rank %d: wait for its worker's step %d", rank, p.Step), err, rank)
+		}
+		if len(reply) == 0 {
+			return fmt.Errorf("dp rank %d: an empty reply from its worker for step %d", rank, p.Step)
+		}
+		switch reply[0] {
+		case replyError:
+			re, err := decodeError(reply[1:])
+			if err != nil {
+				return fmt.Errorf("dp rank %d: its worker's reply to step %d: %w", rank, p.Step, err)
+			}
+			return fmt.Errorf("dp rank %d's worker: %w", rank, re)
+		case replyLogits:
+			if len(reply)-1 != 4*len(logits) {
+				return fmt.Errorf("dp rank %d: its worker replied %d bytes of logits for step %d, want %d", rank, len(reply)-1, p.Step, 4*len(logits))
+			}
+			copy(dist.F32Bytes(logits), reply[1:]) // the same host: the same byte order
+			return nil
+		}
+		return fmt.Errorf("dp rank %d: reply kind %d from its worker", rank, reply[0])
+	}
+}
+
+// peerAs is err wrapped in what, a *dist.PeerError within it renamed to rank.
+func peerAs(what string, err error, rank int) error {
+	var pe *dist.PeerError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", what, &dist.PeerError{Op: pe.Op, Peer: rank, Err: pe.Err})
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// ServeForward is a worker's end of RemoteForward: ctl is rank 1 of the pair, forward the
+// dp rank's forward (over its own cache, CacheOps executed: lockstep.WithCacheOps), vocab
+// the columns of a logits row. It runs every plan rank 0 sends and replies with its
+// logits, or with its error, until lockstep.Stop or rank 0 is gone. A failed forward does
+// not end it: rank 0 ends the group and stops the workers, so that a worker process exits
+// before the stop only when it dies, and the exit a launcher puts on the step's error
+// (core/dist/launch: the first worker to exit, when the error names none) is the dead
+// one's. At the stop it returns the first forward's error.
+func ServeForward(ctl dist.Communicator, vocab int, forward Forward) error {
+	var logits []float32
+	var reply []byte
+	var failed error
+	err := lockstep.FollowPlans(ctl, func(p *engine.BatchPlan) error {
+		n := len(p.LogitsIndices) * vocab
+		if cap(logits) < n {
+			logits = make([]float32, n)
+		}
+		ferr := forward(p, logits[:n])
+		if ferr != nil {
+			reply = appendError(reply[:0], ferr)
+			failed = cmp.Or(failed, fmt.Errorf("step %d: %w", p.Step, ferr))
+		} else {
+			reply = append(append(reply[:0], replyLogits), dist.F32Bytes(logits[:n])...)
+		}
+		if _, err := ctl.Broadcast(reply, 1); err != nil {
+			return fmt.Errorf("reply to rank 0: %w", err)
+		}
+		return nil
+	})
+	return errors.Join(failed, err)
+}
+
+// appendError encodes a forward's error reply: replyError; the *dist.PeerError within it,
+// if any, as its kind (0: none, 1: ErrPeerGone, 2: ErrTimeout, 3: another), its rank (i32)
+// and its collective (u16 length and bytes); then the error's text. Rank 0 rebuilds the
+// PeerError (remoteError), so that a rank the worker saw gone is named as a peer there
+// too: the data group's ranks are the dp ranks.
+func appendError(b []byte, err error) []byte {
+	b = append(b, replyError)
+	var pe *dist.PeerError
+	if !errors.As(err, &pe) {
+		return append(append(b, 0), err.Error()...)
+	}
+	kind := byte(3)
+	switch {
+	case errors.Is(pe.Err, dist.ErrPeerGone):
+		kind = 1
+	case errors.Is(pe.Err, dist.ErrTimeout):
+		kind = 2
+	}
+	b = append(b, kind)
+	b = binary.LittleEndian.AppendUint32(b, uint32(int32(pe.Peer)))
+	b = binary.LittleEndian.AppendUint16(b, uint16(min(len(pe.Op), 1<<16-1)))
+	b = append(b, pe.Op[:min(len(pe.Op), 1<<16-1)]...)
+	return append(b, err.Error()...)
+}
+
+// remoteError is a worker's forward error at rank 0: its text, and the PeerError it held.
+type remoteError struct {
+	text string
+	peer *dist.PeerError // nil: none
+}
+
+func (e *remoteError) Error() string { return e.text }
+
+func (e *remoteError) Unwrap() error {
+	if e.peer == nil {
+		return nil
+	}
+	return e.peer
+}
+
+// decodeError decodes an error reply (after its first byte).
+func decodeError(b []byte) (*remoteError, error) {
+	if len(b) < 1 {
+		return nil, errors.New("a truncated error reply")
+	}
+	kind, b := b[0], b[1:]
+	if kind == 0 {
+		return &remoteError{text: string(b)}, nil
+	}
+	if len(b) < 6 {
+		return nil, errors.New("a truncated error reply")
+	}
+	peer, n := int(int32(binary.LittleEndian.Uint32(b))), int(binary.LittleEndian.Uint16(b[4:]))
+	if b = b[6:]; len(b) < n {
+		return nil, errors.New("a truncated error reply")
+	}
+	op, text := string(b[:n]), string(b[n:])
+	cause := errors.New("failed")
+	switch kind {
+	case 1:
+		cause = dist.ErrPeerGone
+	case 2:
+		cause = dist.ErrTimeout
+	}
+	return &remoteError{text: text, peer: &dist.PeerError{Op: op, Peer: peer, Err: cause}}, nil
+}
+
+// StopRemote ends the workers behind ctl (the pairs of RemoteForward; nil entries are
+// skipped) and closes the pairs; it returns the failures to tell a worker, naming its
+// rank (a worker already gone fails so).
+func StopRemote(ctl []dist.Communicator) error {
+	var errs []error
+	for r, c := range ctl {
+		if c == nil {
+			continue
+		}
+		if err := lockstep.Stop(c); err != nil {
+			errs = append(errs, fmt.Errorf("dp rank %d: stop its worker: %w", r, err))
+		}
+		c.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// JoinShm joins the shared-memory groups of a host's dp ranks, one process each, that
+// meet at name: data, rank of size (the models' expert exchanges, each wait bounded by
+// o.Timeout), and the control pairs of RemoteForward, which wait as long as the engines
+// idle: rank 0 gets ctl[r] for each worker r (ctl[0] nil), a worker r ctl[0], its pair.
+// Rank 0 joins the pairs in rank order, then data, as the workers do theirs; o.Cancel
+// ends a join whose peer will never come (a launcher closes it when a worker exits).
+func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicator, data dist.Communicator, err error) {
+	if size < 2 || rank < 0 || rank >= size {
+		return nil, nil, fmt.Errorf("dp: join rank %d of %d processes", rank, size)
+	}
+	fail := func(err error) ([]dist.Communicator, dist.Communicator, error) {
+		for _, c := range ctl {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, nil, err
+	}
+	po := o
+	po.Timeout, po.JoinTimeout = 100*365*24*time.Hour, o.JoinTimeout
+	if po.JoinTimeout <= 0 {
+		po.JoinTimeout = o.Timeout
+	}
+	pair := func(r int) string { return fmt.Sprintf("%s-ctl%d", name, r) }
+	if rank == 0 {
+		ctl = make([]dist.Communicator, size)
+		for r := 1; r < size; r++ {
+			if ctl[r], err = dist.JoinShm(pair(r), 0, 2, po); err != nil {
+				return fail(fmt.Errorf("dp rank 0: join rank %d's control pair: %w", r, peerAs("join", err, r)))
+			}
+		}
+	} else {
+		c, err := dist.JoinShm(pair(rank), 1, 2, po)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dp rank %d: join its control pair: %w", rank, err)
+		}
+		ctl = []dist.Communicator{c}
+	}
+	if data, err = dist.JoinShm(name+"-data", rank, size, o); err != nil {
+		return fail(fmt.Errorf("dp rank %d: join the data group: %w", rank, err))
+	}
+	return ctl, data, nil
+}
+
+// LedgerPool is a pool with like's cache groups and geometry (the same slabs, so the same
+// page ids) whose arena holds no bytes: the page bookkeeping of a dp rank whose cache
+// lives in a worker process (opened there with like's size), for that rank's engine in
+// rank 0's process. The engine's page copies on it do nothing; the worker executes them
+// from the plan's CacheOps.
+func LedgerPool(like *kvslab.Pool) (*kvslab.Pool, error) {
+	p, err := kvslab.New(kvslab.Config{Groups: like.Groups(), SlabBytes: like.SlabBytes()}, ledger(like.Arena().Size()))
+	if err != nil {
+		return nil, fmt.Errorf("dp: a ledger pool: %w", err)
+	}
+	if p.Slabs() != like.Slabs() || p.BlockTokens() != like.BlockTokens() {
+		return nil, fmt.Errorf("dp: a ledger pool of %d slabs of %d-token pages for a pool of %d of %d", p.Slabs(), p.BlockTokens(), like.Slabs(), like.BlockTokens())
+	}
+	return p, nil
+}
+
+// ledger is an arena of its size that stores nothing (LedgerPool).
+type ledger int64
+
+func (a ledger) Size() int64 { return int64(a) }
+
+func (ledger) Copy(dst, src, n int64) error { return nil }
+
+// RemoteRanks are the Group ranks of rank 0's process when every dp rank has a process of
+// its own on this host: rank 0's forward runs here, rank r's in the worker behind ctl[r]
+// (RemoteForward; ctl as JoinShm gives rank 0), each rank's plans having cacheGroups cache
+// groups. The steppers' clock and count exchange are communicators of this process (o
+// bounds the count exchange), since every engine is here.
+func RemoteRanks(forward0 Forward, ctl []dist.Communicator, cacheGroups int, o dist.Options) ([]Rank, error) {
+	n := len(ctl)
+	if n < 2 || ctl[0] != nil {
+		return nil, fmt.Errorf("dp: remote ranks want rank 0's control pairs (ctl[0] nil, one per worker), got %d", n)
+	}
+	clock, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
+	if err != nil {
+		return nil, err
+	}
+	counts, err := dist.NewInProcess(n, o)
+	if err != nil {
+		return nil, err
+	}
+	ranks := make([]Rank, n)
+	for r := range n {
+		f := forward0
+		if r > 0 {
+			f = RemoteForward(ctl[r], r)
+		}
+		ranks[r] = Rank{Forward: f, CacheGroups: cacheGroups, Ctl: clock[r], Data: counts[r]}
+	}
+	return ranks, nil
+}
