@@ -329,6 +329,20 @@ tpOneGPU() {
 			fi
 		done
 	fi
+	# glm-5-flash's GPU layouts, EP=2, TP=2 and TP=2 x EP=2 on GPU 0 (TestGPUNCCLLayoutEqualsOne:
+	# the tiny config with ungrouped routing, greedy tokens equal one GPU's, logits within
+	# gpuNCCLTol, a decode step replayed a graph with the all-reduces inside). Written without
+	# a GPU: the same layouts passed on the emulated NCCL (TestEmulatedEPEqualsOne,
+	# TestEmulatedTPEqualsOne), not here.
+	echo; echo "== glm-5-flash GPU layouts: EP=2, TP=2, TP=2 x EP=2 on GPU 0 (TestGPUNCCLLayoutEqualsOne)"
+	out=$(cd models/glm-5-flash && RESIN_GPU=1 NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/models_glm-5-flash.test" \
+		-test.run '^TestGPUNCCLLayoutEqualsOne$' -test.v -test.count=1 -test.timeout=190s </dev/null 2>&1)
+	rc=$?
+	echo "$out"
+	if [ $rc -ne 0 ] || ! grep -q -- '^--- PASS: TestGPUNCCLLayoutEqualsOne' <<<"$out"; then
+		echo "TestGPUNCCLLayoutEqualsOne failed or did not run (it needs NCCL >= 2.30: the skip above says which was found)"
+		failed=1
+	fi
 	# The ~1.1B llama of the section above ($1) at --tp 2, both ranks on GPU 0: the figures
 	# against --tp 1's show what the collectives cost (two ranks sharing one GPU are not
 	# faster); decode replays graphs with the collectives inside.
