@@ -186,8 +186,8 @@ func (f *runtimeFlags) check() error {
 		return f.tp.check()
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
 		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
-	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && (f.model != "llama" || f.tp.ep > 1 || f.tp.initAddr != ""):
-		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama's ranks on this host only, in-process or --tp-procs workers (no --ep or --dist-init-addr); the others run on the CPU", f.tp.size, f.tp.ep)
+	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && (f.model != "llama" || f.tp.ep > 1):
+		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama's tensor parallelism only (no --ep); the others run on the CPU", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:
 		return fmt.Errorf("--num-speculative-tokens %d is negative", f.specTokens)
 	case f.runner != "test":

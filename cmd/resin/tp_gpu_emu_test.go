@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"math"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -144,5 +148,53 @@ func TestGenerateTPGPUCheckpointLogitsOut(t *testing.T) {
 			t.Fatalf("--logits-out: --tp 2 %v differs from --tp 1 by %.3g of %.3g", extra, diff, scale)
 		}
 		t.Logf("--tp 2 %v on 2 emulated GPUs from a bf16 checkpoint: tokens equal, %v logits within %.3g of %.3g", extra, twoShape, diff, scale)
+	}
+}
+
+// TestGenerateTPGPUNodes: generate --device cuda-emu --tp 2 over two "nodes" (this
+// process node 0, a child of this binary node 1 with torchrun's environment) meeting over
+// TCP at --dist-init-addr, rank 0 handing the NCCL id to rank 1 on that control
+// communicator (the emulated NCCL then meets them in this host's shared memory, as real
+// NCCL's bootstrap would across hosts), prints --tp 1's tokens; node 1 ends when node 0
+// stops it.
+func TestGenerateTPGPUNodes(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=1") {
+		return
+	}
+	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"), "--device", "cuda-emu",
+		"--prompt-ids", "1,2,3", "--max-tokens", "16", "--ignore-eos"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("--tp 1: %v\n%s", err, errOut)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	host, port, _ := net.SplitHostPort(addr)
+	childArgs, _ := json.Marshal(append([]string{"generate", "--tp", "2"}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), "RESIN_TEST_RESIN_ARGS="+string(childArgs),
+		"MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	var childOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &childOut, &childOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...)...)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("node 0: %v (%s)\nnode 1: %s", err, errOut, childOut.String())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("node 1: %v\n%s", err, childOut.String())
+	}
+	if tokensLine(got) == "" || tokensLine(got) != tokensLine(want) {
+		t.Fatalf("two nodes %q, --tp 1 %q", tokensLine(got), tokensLine(want))
 	}
 }

@@ -25,7 +25,8 @@ import (
 // GPU --gpu+r where the driver sees that many, else every rank on --gpu (NCCL ≥ 2.30 with
 // NCCL_MULTI_RANK_GPU_ENABLE=1). The ranks are goroutines of this process
 // (gpurunner.NewDenseTPShards), or with --tp-procs ranks 1..N-1 are worker processes of
-// this binary (startGPUWorkers). From a checkpoint each rank reads only its slices
+// this binary (startGPUWorkers), or with --dist-init-addr one rank per node, each on its
+// --gpu (openTPGPUNode). From a checkpoint each rank reads only its slices
 // (gpurunner.ReadDense); seeded random weights are built whole, as llama.Load builds
 // them, and cut. With --device cuda-emu the emulator shows --tp GPUs unless
 // RESIN_EMU_DEVICES says otherwise.
@@ -55,6 +56,9 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			}
 		}
 		opts.CacheBytes = cacheBytes
+		if f.tp.initAddr != "" {
+			return openTPGPUNode(shard, opts, &f.tp)
+		}
 		if f.tp.procs {
 			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu)
 			if err != nil {
@@ -184,6 +188,46 @@ func (g *tpGPUWorkers) Execute(ctx context.Context, plan *engine.BatchPlan) (eng
 func (g *tpGPUWorkers) StopRanks() error {
 	err := g.TPRank.Stop()
 	err = errors.Join(err, g.w.Stop(30*time.Second))
+	g.ctl.Close()
+	return errors.Join(err, g.TPRank.Close())
+}
+
+// openTPGPUNode joins the multi-node group at --dist-init-addr over TCP as this node's
+// rank, on GPU --gpu: the control communicator waits as long as the engine idles, and
+// rank 0 hands the NCCL id to the others on it (gpurunner.JoinDenseTP; NCCL's own
+// bootstrap then connects the ranks). Node 0 returns the engine's runner; the others
+// follow rank 0's plans until it stops and then end the command (errWorkerDone).
+func openTPGPUNode(shard gpurunner.DenseShard, opts gpurunner.Options, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-gpu-ctl"})
+	if err != nil {
+		return nil, nil, err
+	}
+	g, pool, err := gpurunner.JoinDenseTP(shard, ctl, opts)
+	if err != nil {
+		ctl.Close()
+		return nil, nil, err
+	}
+	if f.nodeRank != 0 {
+		err := errors.Join(g.Follow(), g.Close())
+		ctl.Close()
+		if err != nil {
+			return nil, nil, fmt.Errorf("tp worker: %w", err)
+		}
+		return nil, nil, errWorkerDone
+	}
+	return &tpGPUNode{TPRank: g, ctl: ctl}, pool, nil
+}
+
+// tpGPUNode is node 0 of a multi-node GPU TP group: the engine's runner, whose StopRanks
+// ends the other nodes' ranks.
+type tpGPUNode struct {
+	*gpurunner.TPRank
+	ctl dist.Communicator
+}
+
+// StopRanks stops the other nodes' ranks, then frees this node's runner.
+func (g *tpGPUNode) StopRanks() error {
+	err := g.TPRank.Stop()
 	g.ctl.Close()
 	return errors.Join(err, g.TPRank.Close())
 }
