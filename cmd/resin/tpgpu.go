@@ -133,13 +133,18 @@ func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opt
 	}
 	size := len(ordinals)
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir}
+	binds := liveGPUBindings(ordinals, opts.NUMA)
 	var specs []launch.Spec
 	for rank := 1; rank < size; rank++ {
 		s := spec
 		s.Rank = rank
 		s.GPU = &gpuWorkerSpec{Ordinal: ordinals[rank], Emulate: emulate, NUMA: opts.NUMA, Limits: opts.Limits, Eager: opts.Eager, KernelCache: opts.KernelCache}
 		b, _ := json.Marshal(s)
-		specs = append(specs, launch.Spec{Rank: rank, Path: exe, Env: []string{"RESIN_TP_WORKER=" + string(b)}, Stdout: io.Discard, Stderr: os.Stderr})
+		ls := launch.Spec{Rank: rank, Path: exe, Env: []string{"RESIN_TP_WORKER=" + string(b)}, Stdout: io.Discard, Stderr: os.Stderr}
+		if binds != nil && binds[rank].Node >= 0 {
+			ls.Binding = &binds[rank]
+		}
+		specs = append(specs, ls)
 	}
 	w, err := launch.Start(specs)
 	if err != nil {
@@ -159,6 +164,44 @@ func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opt
 		return nil, nil, err
 	}
 	return &tpGPUWorkers{TPRank: g, ctl: ctl, w: w}, pool, nil
+}
+
+// liveGPUBindings is gpuBindings on this host's topology and GPUs; nil when either cannot
+// be read (the workers then bind when their runner opens, gpurunner.Options.NUMA).
+func liveGPUBindings(ordinals []int, mode cudart.NUMAMode) []launch.Binding {
+	top, err := cudart.ReadTopology("")
+	if err != nil {
+		return nil
+	}
+	devs, err := cudart.Devices()
+	if err != nil {
+		return nil
+	}
+	busIDs := make([]string, len(ordinals))
+	for r, o := range ordinals {
+		if o >= 0 && o < len(devs) {
+			busIDs[r] = devs[o].PCIBusID
+		}
+	}
+	allowed, _ := cudart.ProcessAffinity()
+	return gpuBindings(top, busIDs, mode, allowed)
+}
+
+// gpuBindings plans where each GPU rank's worker process starts: the NUMA node that mode
+// picks for its GPU (busIDs[r], the GPU's PCI address; cudart.PlanNUMA: the GPU's own
+// node under auto), with that node's CPUs the process may use, so that the worker's
+// weights are read into its GPU's node's memory before its runner opens (which binds it
+// again, the same way). Node −1: not bound, the reason said.
+func gpuBindings(top *cudart.Topology, busIDs []string, mode cudart.NUMAMode, allowed []int) []launch.Binding {
+	out := make([]launch.Binding, len(busIDs))
+	for r, bus := range busIDs {
+		d, err := cudart.PlanNUMA(top, mode, bus, allowed)
+		out[r] = launch.Binding{LocalRank: r, BusID: bus, Node: d.Node, CPUs: d.CPUs, Reason: d.Reason}
+		if err != nil {
+			out[r].Node, out[r].CPUs, out[r].Reason = -1, nil, err.Error()
+		}
+	}
+	return out
 }
 
 // workerError is err with the exit of the worker behind it (launch.Workers.StepError).
