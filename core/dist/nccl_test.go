@@ -175,6 +175,9 @@ func TestEmulatedNCCLPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if os.Getenv("RESIN_NCCL_PEER_STALL") != "" {
+		time.Sleep(5 * time.Minute) // joined, never arrives: rank 0 kills it when done
+	}
 	if os.Getenv("RESIN_NCCL_PEER_DIE") != "" {
 		if err := AllReduceF32(c, make([]float32, 8)); err != nil {
 			t.Fatal(err)
@@ -237,22 +240,7 @@ func TestEmulatedNCCLProcesses(t *testing.T) {
 		cs[r].Close()
 	}
 
-	peer := func(env ...string) (*cudart.NCCLUniqueID, *exec.Cmd, *bytes.Buffer) {
-		id, err := cudart.NewNCCLUniqueID()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		t.Cleanup(cancel)
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestEmulatedNCCLPeer$", "-test.v")
-		cmd.Env = append(os.Environ(), append(env, "RESIN_NCCL_PEER_ID="+hex.EncodeToString(id.Internal[:]))...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return &id, cmd, &out
-	}
+	peer := func(env ...string) (*cudart.NCCLUniqueID, *exec.Cmd, *bytes.Buffer) { return startPeer(t, env...) }
 
 	// Across two processes.
 	pid, cmd, out := peer()
@@ -299,4 +287,53 @@ func TestEmulatedNCCLProcesses(t *testing.T) {
 		t.Error("the communicator that lost a rank ran another all-reduce")
 	}
 	c.Close()
+}
+
+// startPeer starts rank 1 of a new communicator as a child of the test binary
+// (TestEmulatedNCCLPeer) with env added, and returns the communicator's id.
+func startPeer(t *testing.T, env ...string) (*cudart.NCCLUniqueID, *exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestEmulatedNCCLPeer$", "-test.v")
+	cmd.Env = append(os.Environ(), append(env, "RESIN_NCCL_PEER_ID="+hex.EncodeToString(id.Internal[:]))...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return &id, cmd, &out
+}
+
+// TestEmulatedNCCLLatePeer: a peer in another process that joined but never arrives at
+// the collective fails rank 0's after RESIN_EMU_NCCL_TIMEOUT (2 s here), the error naming
+// rank 1 and the deadline, rather than hanging.
+func TestEmulatedNCCLLatePeer(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_TIMEOUT=2") {
+		return
+	}
+	d, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	id, cmd, out := startPeer(t, "RESIN_NCCL_PEER_STALL=1")
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	c, err := NewNCCL(d, *id, 2, 0, Options{Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer c.Close()
+	err = AllReduceF32(c, make([]float32, 8))
+	if err == nil || !strings.Contains(err.Error(), "waiting for rank 1 to arrive") || !strings.Contains(err.Error(), "within 2 s") {
+		t.Fatalf("all-reduce with rank 1 stalled: %v, want an error naming rank 1 and the 2 s deadline", err)
+	}
+	t.Logf("with rank 1 stalled: %v", err)
 }
