@@ -26,12 +26,13 @@ var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurun
 
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
-// (with the gather dispatch; the model checks the sizes), in-process either way.
+// (with the gather dispatch; the model checks the sizes), in-process ranks; llama's --tp
+// also in worker processes (--tp-procs) or across nodes (--dist-init-addr).
 func (f *runtimeFlags) gpuParallel() bool {
 	t := &f.tp
 	switch {
-	case t.procs || t.initAddr != "":
-		return false
+	case t.procs || t.initAddr != "": // worker processes or nodes: llama's GPU TP only
+		return f.model == "llama" && t.ep == 1
 	case gpuLayoutOpeners[f.model] != nil:
 		return t.dispatch == "gather"
 	}

@@ -37,10 +37,10 @@ type tpFlags struct {
 
 func (t *tpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.IntVar(&t.size, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many ranks (core/dist/tp), in-process unless --tp-procs or --dist-init-addr; with --device cuda|cuda-emu, llama's (or glm-5-flash's) GPU runner over this many in-process ranks (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer: NCCL_MULTI_RANK_GPU_ENABLE=1); heads, KV heads and the intermediate size must divide by it")
+	fl.IntVar(&t.size, "tp", 1, "with --model llama on the CPU: tensor parallelism over this many ranks (core/dist/tp), in-process unless --tp-procs or --dist-init-addr; with --device cuda|cuda-emu, llama's GPU runner over this many ranks, in-process unless --tp-procs or --dist-init-addr (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer: NCCL_MULTI_RANK_GPU_ENABLE=1), or glm-5-flash's over in-process ranks; heads, KV heads and the intermediate size must divide by it")
 	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; with --tp it must equal it (the experts split over the tp ranks, as SGLang's --tp N --ep N); with --device cuda|cuda-emu and --model glm-5-flash, its GPU runner over this many in-process ranks on NCCL (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer), with --tp too")
 	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
-	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process)")
+	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process); with --device cuda|cuda-emu each worker runs on its GPU and its GPU's NUMA node, rank 0 handing it the NCCL id")
 	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = the ranks of --tp and --ep); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
@@ -240,6 +240,8 @@ type tpWorkerSpec struct {
 	// DPAttention: a --dp-procs worker, dp rank Rank of Size of a MoE model's
 	// DP-attention (dp_procs.go).
 	DPAttention bool
+	// GPU set: a worker of llama's GPU TP (tpgpu.go).
+	GPU *gpuWorkerSpec `json:",omitempty"`
 }
 
 // joinTP joins the control and data groups of spec (the control one waits as long as the
@@ -366,6 +368,9 @@ func runTPWorker(raw string) error {
 	}
 	if spec.CP > 1 {
 		return runCPWorker(spec)
+	}
+	if spec.GPU != nil {
+		return runGPUTPWorker(spec)
 	}
 	r, err := openLlamaTP(spec.Dir)
 	if err != nil {

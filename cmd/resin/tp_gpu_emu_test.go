@@ -1,21 +1,33 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"math"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/weights"
 )
 
 // TestGenerateTPOnTheEmulatedDevice: generate --device cuda-emu --tp 2 runs llama's GPU
-// runner split over two emulated GPUs (gpurunner.NewDenseTP) and its greedy tokens equal
-// --tp 1's; the layouts the GPU path does not cover are refused by name (before, every
-// --tp with --device cuda was).
+// runner split over two emulated GPUs, its ranks goroutines of this process
+// (gpurunner.NewDenseTP) or, with --tp-procs, rank 1 a worker process of this binary
+// (gpurunner.JoinDenseTP, the NCCL id over the shared-memory control communicator, the
+// emulated NCCL's ranks meeting across the processes); the greedy tokens of both equal
+// --tp 1's.
 func TestGenerateTPOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -26,16 +38,70 @@ func TestGenerateTPOnTheEmulatedDevice(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--tp 1: %v\n%s", err, errOut)
 	}
-	two, errOut, err := runGenerate(t, append(args, "--tp", "2")...)
+	for _, extra := range [][]string{{"--tp", "2"}, {"--tp", "2", "--tp-procs"}} {
+		two, errOut, err := runGenerate(t, append(args, extra...)...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", extra, err, errOut)
+		}
+		if tokensLine(two) == "" || tokensLine(two) != tokensLine(one) {
+			t.Errorf("%v %q, --tp 1 %q", extra, tokensLine(two), tokensLine(one))
+		}
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after --tp-procs", pids)
+	}
+}
+
+// TestGPUTPWorkerKilled: with --device cuda-emu --tp 2 --tp-procs, rank 1's worker
+// SIGKILLed fails rank 0's next step (in the emulated NCCL's first collective, which sees
+// the worker's process gone) with an error naming the worker's rank, pid and signal, long
+// before the collectives' deadline; StopRanks then leaves no child process.
+func TestGPUTPWorkerKilled(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_TIMEOUT=900") {
+		return
+	}
+	dir := t.TempDir()
+	cfg, err := os.ReadFile(filepath.Join("testdata", "tiny-llama", "config.json"))
 	if err != nil {
-		t.Fatalf("--tp 2: %v\n%s", err, errOut)
+		t.Fatal(err)
 	}
-	if tokensLine(two) == "" || tokensLine(two) != tokensLine(one) {
-		t.Errorf("--tp 2 %q, --tp 1 %q", tokensLine(two), tokensLine(one))
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	_, errOut, err = runGenerate(t, append(args, "--tp", "2", "--tp-procs")...)
-	if err == nil || !strings.Contains(err.Error()+errOut, "in-process ranks only") {
-		t.Errorf("--tp 2 --tp-procs --device cuda-emu: %v %s, want a refusal naming in-process ranks", err, errOut)
+	f := &runtimeFlags{tp: tpFlags{size: 2, procs: true}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu}, cacheBytes: 4 << 20}
+	r, pool, err := f.openTPGPU("llama", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := r.(*tpGPUWorkers)
+	pids := childWorkers(t)
+	if len(pids) != 1 {
+		g.StopRanks()
+		t.Fatalf("worker processes %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = r.Execute(context.Background(), s.Schedule())
+	took := time.Since(start)
+	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("step after the worker was killed: %v, want an error naming %q and the signal", err, want)
+	}
+	t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+	if err := g.StopRanks(); err == nil {
+		t.Error("StopRanks after a worker was killed reported no error")
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after StopRanks", pids)
 	}
 }
 
@@ -43,20 +109,21 @@ func TestGenerateTPOnTheEmulatedDevice(t *testing.T) {
 // --tp 2 (each rank reading only its slices, gpurunner.ReadDense; the tiny llama's 1025
 // tokens split 544 + 481 over the vocab-parallel embedding and head, decode graphs on)
 // prints --tp 1's tokens, and its --logits-out file holds --tp 1's logits within 1e-5 of
-// the largest (on the emulated device they came out bit-identical).
+// the largest (on the emulated device they came out bit-identical); with --tp-procs (rank
+// 1 reading its slices in its worker process) too.
 func TestGenerateTPGPUCheckpointLogitsOut(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
 	dir, c := tinyLlamaCheckpoint(t, 3, weights.BF16)
 	out := t.TempDir()
-	run := func(tp string) (string, []float32, []int) {
-		path := filepath.Join(out, "tp"+tp, "l.safetensors")
+	run := func(tp string, extra ...string) (string, []float32, []int) {
+		path := filepath.Join(out, "tp"+tp+strings.Join(extra, ""), "l.safetensors")
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		got, errOut, err := runGenerate(t, "--model", "llama", "--weights", dir, "--device", "cuda-emu", "--tp", tp, "--cache-bytes", "4000000",
-			"--prompt-ids", "5,9,17,33,2,8", "--max-tokens", "12", "--ignore-eos", "--logits-out", path)
+		got, errOut, err := runGenerate(t, append([]string{"--model", "llama", "--weights", dir, "--device", "cuda-emu", "--tp", tp, "--cache-bytes", "4000000",
+			"--prompt-ids", "5,9,17,33,2,8", "--max-tokens", "12", "--ignore-eos", "--logits-out", path}, extra...)...)
 		if err != nil {
 			t.Fatalf("--tp %s: %v\n%s", tp, err, errOut)
 		}
@@ -64,20 +131,70 @@ func TestGenerateTPGPUCheckpointLogitsOut(t *testing.T) {
 		return got, lg, shape
 	}
 	oneOut, one, oneShape := run("1")
-	twoOut, two, twoShape := run("2")
-	if tokensLine(twoOut) == "" || tokensLine(twoOut) != tokensLine(oneOut) {
-		t.Fatalf("--tp 2 %q, --tp 1 %q", tokensLine(twoOut), tokensLine(oneOut))
+	for _, extra := range [][]string{nil, {"--tp-procs"}} {
+		twoOut, two, twoShape := run("2", extra...)
+		if tokensLine(twoOut) == "" || tokensLine(twoOut) != tokensLine(oneOut) {
+			t.Fatalf("--tp 2 %v %q, --tp 1 %q", extra, tokensLine(twoOut), tokensLine(oneOut))
+		}
+		if !slices.Equal(oneShape, twoShape) || len(oneShape) != 2 || oneShape[1] != c.VocabSize {
+			t.Fatalf("--logits-out shapes: --tp 1 %v, --tp 2 %v %v (vocab %d)", oneShape, extra, twoShape, c.VocabSize)
+		}
+		scale, diff := 0.0, 0.0
+		for i, b := range one {
+			scale = max(scale, math.Abs(float64(b)))
+			diff = max(diff, math.Abs(float64(two[i]-b)))
+		}
+		if diff > 1e-5*scale {
+			t.Fatalf("--logits-out: --tp 2 %v differs from --tp 1 by %.3g of %.3g", extra, diff, scale)
+		}
+		t.Logf("--tp 2 %v on 2 emulated GPUs from a bf16 checkpoint: tokens equal, %v logits within %.3g of %.3g", extra, twoShape, diff, scale)
 	}
-	if !slices.Equal(oneShape, twoShape) || len(oneShape) != 2 || oneShape[1] != c.VocabSize {
-		t.Fatalf("--logits-out shapes: --tp 1 %v, --tp 2 %v (vocab %d)", oneShape, twoShape, c.VocabSize)
+}
+
+// TestGenerateTPGPUNodes: generate --device cuda-emu --tp 2 over two "nodes" (this
+// process node 0, a child of this binary node 1 with torchrun's environment) meeting over
+// TCP at --dist-init-addr, rank 0 handing the NCCL id to rank 1 on that control
+// communicator (the emulated NCCL then meets them in this host's shared memory, as real
+// NCCL's bootstrap would across hosts), prints --tp 1's tokens; node 1 ends when node 0
+// stops it.
+func TestGenerateTPGPUNodes(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=1") {
+		return
 	}
-	scale, diff := 0.0, 0.0
-	for i, b := range one {
-		scale = max(scale, math.Abs(float64(b)))
-		diff = max(diff, math.Abs(float64(two[i]-b)))
+	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"), "--device", "cuda-emu",
+		"--prompt-ids", "1,2,3", "--max-tokens", "16", "--ignore-eos"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("--tp 1: %v\n%s", err, errOut)
 	}
-	if diff > 1e-5*scale {
-		t.Fatalf("--logits-out: --tp 2 differs from --tp 1 by %.3g of %.3g", diff, scale)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("--tp 2 on 2 emulated GPUs from a bf16 checkpoint: tokens equal, %v logits within %.3g of %.3g", twoShape, diff, scale)
+	addr := ln.Addr().String()
+	ln.Close()
+	host, port, _ := net.SplitHostPort(addr)
+	childArgs, _ := json.Marshal(append([]string{"generate", "--tp", "2"}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0])
+	cmd.Env = append(os.Environ(), "RESIN_TEST_RESIN_ARGS="+string(childArgs),
+		"MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	var childOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &childOut, &childOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...)...)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("node 0: %v (%s)\nnode 1: %s", err, errOut, childOut.String())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("node 1: %v\n%s", err, childOut.String())
+	}
+	if tokensLine(got) == "" || tokensLine(got) != tokensLine(want) {
+		t.Fatalf("two nodes %q, --tp 1 %q", tokensLine(got), tokensLine(want))
+	}
 }

@@ -1,12 +1,19 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/launch"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -14,44 +21,29 @@ import (
 	"github.com/resin-llm/resin/models/llama"
 )
 
-// openTPGPU opens llama's GPU runner split over --tp ranks in this process
-// (gpurunner.NewDenseTPShards): rank r on GPU --gpu+r where the driver sees that many, else
-// every rank on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1). From a checkpoint
-// each rank reads only its slices (gpurunner.ReadDense); seeded random weights are built
-// whole, as llama.Load builds them, and cut. With --device cuda-emu the emulator shows
-// --tp GPUs unless RESIN_EMU_DEVICES says otherwise.
+// openTPGPU opens llama's GPU runner split over --tp ranks (gpurunner.TPRank): rank r on
+// GPU --gpu+r where the driver sees that many, else every rank on --gpu (NCCL ≥ 2.30 with
+// NCCL_MULTI_RANK_GPU_ENABLE=1). The ranks are goroutines of this process
+// (gpurunner.NewDenseTPShards), or with --tp-procs ranks 1..N-1 are worker processes of
+// this binary (startGPUWorkers), or with --dist-init-addr one rank per node, each on its
+// --gpu (openTPGPUNode). From a checkpoint each rank reads only its slices
+// (gpurunner.ReadDense); seeded random weights are built whole, as llama.Load builds
+// them, and cut. With --device cuda-emu the emulator shows --tp GPUs unless
+// RESIN_EMU_DEVICES says otherwise.
 func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool, error) {
 	size := f.tp.size
 	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
-		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(size))
+		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(size)) // the workers inherit it
 	}
 	open := func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
 		if err := gpurunner.Available(opts.Ordinal); err != nil {
 			return nil, nil, fmt.Errorf("%s on the GPU: %w", llama.Name, err)
 		}
-		m, err := openLlamaTP(dir)
+		shard, done, err := llamaGPUShard(dir)
 		if err != nil {
 			return nil, nil, err
 		}
-		cfg, err := m.c.DenseConfig(m.info.MaxContext, 0)
-		if err != nil {
-			return nil, nil, err
-		}
-		var shard gpurunner.DenseShard
-		if m.w != nil {
-			w := &gpurunner.DenseWeights{Embed: m.w.Embed, Norm: m.w.Norm, Head: m.w.Head}
-			for _, l := range m.w.Layers {
-				w.Layers = append(w.Layers, gpurunner.DenseLayer(l))
-			}
-			shard = gpurunner.CutDense(cfg, w)
-		} else {
-			ck, err := weights.Open(m.dir)
-			if err != nil {
-				return nil, nil, fmt.Errorf("load %s: %w", m.dir, err)
-			}
-			defer ck.Close()
-			shard = gpurunner.ReadDense(cfg, ck)
-		}
+		defer done()
 		n, err := cudart.DeviceCount()
 		if err != nil {
 			return nil, nil, err
@@ -64,6 +56,16 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			}
 		}
 		opts.CacheBytes = cacheBytes
+		if f.tp.initAddr != "" {
+			return openTPGPUNode(shard, opts, &f.tp)
+		}
+		if f.tp.procs {
+			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu)
+			if err != nil {
+				return nil, nil, fmt.Errorf("--tp %d --tp-procs on GPUs %v: %w", size, ordinals, err)
+			}
+			return g, pool, nil
+		}
 		g, pool, err := gpurunner.NewDenseTPShards(shard, ordinals, opts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--tp %d on GPUs %v: %w", size, ordinals, err)
@@ -71,4 +73,232 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 		return g, pool, nil
 	}
 	return f.device.OpenGPU(name, open, dir, f.cacheBytes)
+}
+
+// llamaGPUShard returns the ranks' parts of the llama model in dir: cut from the seeded
+// random weights, or read from the checkpoint (done closes it, after the last read).
+func llamaGPUShard(dir string) (shard gpurunner.DenseShard, done func(), err error) {
+	m, err := openLlamaTP(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := m.c.DenseConfig(m.info.MaxContext, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	if m.w != nil {
+		w := &gpurunner.DenseWeights{Embed: m.w.Embed, Norm: m.w.Norm, Head: m.w.Head}
+		for _, l := range m.w.Layers {
+			w.Layers = append(w.Layers, gpurunner.DenseLayer(l))
+		}
+		return gpurunner.CutDense(cfg, w), func() {}, nil
+	}
+	ck, err := weights.Open(m.dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load %s: %w", m.dir, err)
+	}
+	return gpurunner.ReadDense(cfg, ck), func() { ck.Close() }, nil
+}
+
+// gpuWorkerSpec is what a --tp-procs GPU worker needs besides tpWorkerSpec's model and
+// group: rank 0's runner options (the cache's bytes come from rank 0 at the rendezvous).
+type gpuWorkerSpec struct {
+	Ordinal     int
+	Emulate     bool // --device cuda-emu
+	NUMA        cudart.NUMAMode
+	Limits      gpurunner.Limits
+	Eager       bool
+	KernelCache string
+}
+
+// tpGPUWorkers is rank 0 of a GPU TP group whose other ranks are worker processes: the
+// engine's runner, whose failed steps carry the dead worker's exit, and whose StopRanks
+// (core/cli calls it when the engine stops) stops and reaps the workers.
+type tpGPUWorkers struct {
+	*gpurunner.TPRank
+	ctl dist.Communicator
+	w   *launch.Workers
+}
+
+// startGPUWorkers starts ranks 1..N-1 as children of this binary (core/dist/launch: each
+// dies with this process; each binds to its GPU's NUMA node as gpurunner.Options.NUMA
+// says, cudart.BindNUMA, from the GPU's PCI address) and joins them as rank 0 over a
+// shared-memory control communicator, on which rank 0 hands out the NCCL id
+// (gpurunner.JoinDenseTP). A worker that exits before the group has formed ends the
+// wait; on any failure every child is killed and reaped.
+func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opts gpurunner.Options, emulate bool) (*tpGPUWorkers, *kvslab.Pool, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	size := len(ordinals)
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir}
+	binds := liveGPUBindings(ordinals, opts.NUMA)
+	var specs []launch.Spec
+	for rank := 1; rank < size; rank++ {
+		s := spec
+		s.Rank = rank
+		s.GPU = &gpuWorkerSpec{Ordinal: ordinals[rank], Emulate: emulate, NUMA: opts.NUMA, Limits: opts.Limits, Eager: opts.Eager, KernelCache: opts.KernelCache}
+		b, _ := json.Marshal(s)
+		ls := launch.Spec{Rank: rank, Path: exe, Env: []string{"RESIN_TP_WORKER=" + string(b)}, Stdout: io.Discard, Stderr: os.Stderr}
+		if binds != nil && binds[rank].Node >= 0 {
+			ls.Binding = &binds[rank]
+		}
+		specs = append(specs, ls)
+	}
+	w, err := launch.Start(specs)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctl, err := dist.JoinShm(spec.Name+"-ctl", 0, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: 10 * time.Minute, Cancel: w.Exited()})
+	if err != nil {
+		w.Kill()
+		return nil, nil, w.StepError(err)
+	}
+	opts.Ordinal = ordinals[0]
+	g, pool, err := gpurunner.JoinDenseTP(shard, ctl, opts)
+	if err != nil {
+		err = workerError(w, err)
+		ctl.Close()
+		w.Kill()
+		return nil, nil, err
+	}
+	return &tpGPUWorkers{TPRank: g, ctl: ctl, w: w}, pool, nil
+}
+
+// liveGPUBindings is gpuBindings on this host's topology and GPUs; nil when either cannot
+// be read (the workers then bind when their runner opens, gpurunner.Options.NUMA).
+func liveGPUBindings(ordinals []int, mode cudart.NUMAMode) []launch.Binding {
+	top, err := cudart.ReadTopology("")
+	if err != nil {
+		return nil
+	}
+	devs, err := cudart.Devices()
+	if err != nil {
+		return nil
+	}
+	busIDs := make([]string, len(ordinals))
+	for r, o := range ordinals {
+		if o >= 0 && o < len(devs) {
+			busIDs[r] = devs[o].PCIBusID
+		}
+	}
+	allowed, _ := cudart.ProcessAffinity()
+	return gpuBindings(top, busIDs, mode, allowed)
+}
+
+// gpuBindings plans where each GPU rank's worker process starts: the NUMA node that mode
+// picks for its GPU (busIDs[r], the GPU's PCI address; cudart.PlanNUMA: the GPU's own
+// node under auto), with that node's CPUs the process may use, so that the worker's
+// weights are read into its GPU's node's memory before its runner opens (which binds it
+// again, the same way). Node −1: not bound, the reason said.
+func gpuBindings(top *cudart.Topology, busIDs []string, mode cudart.NUMAMode, allowed []int) []launch.Binding {
+	out := make([]launch.Binding, len(busIDs))
+	for r, bus := range busIDs {
+		d, err := cudart.PlanNUMA(top, mode, bus, allowed)
+		out[r] = launch.Binding{LocalRank: r, BusID: bus, Node: d.Node, CPUs: d.CPUs, Reason: d.Reason}
+		if err != nil {
+			out[r].Node, out[r].CPUs, out[r].Reason = -1, nil, err.Error()
+		}
+	}
+	return out
+}
+
+// workerError is err with the exit of the worker behind it (launch.Workers.StepError).
+// The emulated NCCL sees a peer's process gone before this process has reaped it, and
+// its error is no dist.ErrPeerGone, so the exit is waited for here, up to a second.
+func workerError(w *launch.Workers, err error) error {
+	if w.Err() == nil {
+		select {
+		case <-w.Exited():
+		case <-time.After(time.Second):
+		}
+	}
+	return w.StepError(err)
+}
+
+// Execute is rank 0's step, with a dead worker's exit (rank, pid, signal) on its error.
+func (g *tpGPUWorkers) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
+	res, err := g.TPRank.Execute(ctx, plan)
+	if err != nil {
+		return res, workerError(g.w, err)
+	}
+	return res, nil
+}
+
+// StopRanks stops the workers, waits for them (killing any still running after a
+// while), then frees rank 0's runner.
+func (g *tpGPUWorkers) StopRanks() error {
+	err := g.TPRank.Stop()
+	err = errors.Join(err, g.w.Stop(30*time.Second))
+	g.ctl.Close()
+	return errors.Join(err, g.TPRank.Close())
+}
+
+// openTPGPUNode joins the multi-node group at --dist-init-addr over TCP as this node's
+// rank, on GPU --gpu: the control communicator waits as long as the engine idles, and
+// rank 0 hands the NCCL id to the others on it (gpurunner.JoinDenseTP; NCCL's own
+// bootstrap then connects the ranks). Node 0 returns the engine's runner; the others
+// follow rank 0's plans until it stops and then end the command (errWorkerDone).
+func openTPGPUNode(shard gpurunner.DenseShard, opts gpurunner.Options, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-gpu-ctl"})
+	if err != nil {
+		return nil, nil, err
+	}
+	g, pool, err := gpurunner.JoinDenseTP(shard, ctl, opts)
+	if err != nil {
+		ctl.Close()
+		return nil, nil, err
+	}
+	if f.nodeRank != 0 {
+		err := errors.Join(g.Follow(), g.Close())
+		ctl.Close()
+		if err != nil {
+			return nil, nil, fmt.Errorf("tp worker: %w", err)
+		}
+		return nil, nil, errWorkerDone
+	}
+	return &tpGPUNode{TPRank: g, ctl: ctl}, pool, nil
+}
+
+// tpGPUNode is node 0 of a multi-node GPU TP group: the engine's runner, whose StopRanks
+// ends the other nodes' ranks.
+type tpGPUNode struct {
+	*gpurunner.TPRank
+	ctl dist.Communicator
+}
+
+// StopRanks stops the other nodes' ranks, then frees this node's runner.
+func (g *tpGPUNode) StopRanks() error {
+	err := g.TPRank.Stop()
+	g.ctl.Close()
+	return errors.Join(err, g.TPRank.Close())
+}
+
+// runGPUTPWorker is a --tp-procs worker of llama's GPU TP: it opens its rank's part of
+// the model on its GPU, joins rank 0 (the NCCL id comes over the control communicator)
+// and follows rank 0's plans until it stops.
+func runGPUTPWorker(spec tpWorkerSpec) error {
+	gs := spec.GPU
+	if gs.Emulate {
+		if err := cudart.Emulate(); err != nil {
+			return fmt.Errorf("rank %d: --device cuda-emu: %w", spec.Rank, err)
+		}
+	}
+	shard, done, err := llamaGPUShard(spec.Dir)
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", spec.Rank, err)
+	}
+	defer done()
+	ctl, err := dist.JoinShm(spec.Name+"-ctl", spec.Rank, spec.Size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: 10 * time.Minute})
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache, Log: os.Stderr}
+	g, _, err := gpurunner.JoinDenseTP(shard, ctl, opts)
+	if err != nil {
+		return err
+	}
+	return errors.Join(g.Follow(), g.Close())
 }

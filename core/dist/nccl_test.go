@@ -2,6 +2,13 @@ package dist
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,4 +74,266 @@ func TestEmulatedNCCL(t *testing.T) {
 			}
 		}
 	}
+}
+
+// collectives runs the collectives the emulated NCCL covers across processes (all-reduce
+// in f32 and bf16, all-gather-v, reduce-scatter-v, broadcast; not the point-to-point ones
+// all-to-all-v is made of) and returns a digest of their results. The 5000-element
+// all-reduce spans several of the shared-memory chunks the test makes small.
+func collectives(c Communicator) ([]byte, error) {
+	n, me := c.Size(), c.Rank()
+	h := sha256.New()
+	x := make([]float32, 5000)
+	for i := range x {
+		x[i] = in(me, i)
+	}
+	if err := AllReduceF32(c, x); err != nil {
+		return nil, err
+	}
+	for i, v := range x {
+		want := in(0, i)
+		for q := 1; q < n; q++ {
+			want += in(q, i)
+		}
+		if v != want {
+			return nil, fmt.Errorf("all-reduce f32 [%d] = %g, want %g", i, v, want)
+		}
+	}
+	h.Write(F32Bytes(x))
+	xb := make([]uint16, 3001)
+	for i := range xb {
+		xb[i] = toBF16(in(me, i) * 3)
+	}
+	if err := c.AllReduce(BF16Bytes(xb), BF16); err != nil {
+		return nil, err
+	}
+	h.Write(BF16Bytes(xb))
+	got, err := c.AllGatherV(bytes.Repeat([]byte{byte(me + 1)}, 700*(me+1)))
+	if err != nil {
+		return nil, err
+	}
+	for q := range n {
+		if !bytes.Equal(got[q], bytes.Repeat([]byte{byte(q + 1)}, 700*(q+1))) {
+			return nil, fmt.Errorf("all-gather-v from rank %d: %d bytes, want %d of %d", q, len(got[q]), 700*(q+1), q+1)
+		}
+		h.Write(got[q])
+	}
+	counts := make([]int, n)
+	total := 0
+	for q := range counts {
+		counts[q] = 1500 + 7*q
+		total += counts[q]
+	}
+	rs := make([]float32, total)
+	for i := range rs {
+		rs[i] = in(me, i)
+	}
+	part, err := c.ReduceScatterV(F32Bytes(rs), counts, F32)
+	if err != nil {
+		return nil, err
+	}
+	h.Write(part)
+	big := make([]byte, 10000)
+	for i := range big {
+		big[i] = byte(i*7 + 1)
+	}
+	var mine []byte
+	if me == n-1 {
+		mine = big
+	}
+	b, err := c.Broadcast(mine, n-1)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(b, big) {
+		return nil, fmt.Errorf("broadcast: got %d bytes, not the root's %d", len(b), len(big))
+	}
+	return h.Sum(nil), nil
+}
+
+// TestEmulatedNCCLPeer is rank 1 of TestEmulatedNCCLProcesses when RESIN_NCCL_PEER_ID is
+// set: it joins that communicator on emulated GPU 1, runs collectives and prints its
+// digest; with RESIN_NCCL_PEER_DIE it exits after its first all-reduce instead, a peer
+// dying while rank 0 waits in the next collective.
+func TestEmulatedNCCLPeer(t *testing.T) {
+	raw := os.Getenv("RESIN_NCCL_PEER_ID")
+	if raw == "" {
+		t.Skip("rank 1 of TestEmulatedNCCLProcesses")
+	}
+	var id cudart.NCCLUniqueID
+	if b, err := hex.DecodeString(raw); err != nil || len(b) != len(id.Internal) {
+		t.Fatalf("RESIN_NCCL_PEER_ID %q: %v", raw, err)
+	} else {
+		copy(id.Internal[:], b)
+	}
+	d, err := cudart.OpenDevice(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	c, err := NewNCCL(d, id, 2, 1, Options{Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("RESIN_NCCL_PEER_STALL") != "" {
+		time.Sleep(5 * time.Minute) // joined, never arrives: rank 0 kills it when done
+	}
+	if os.Getenv("RESIN_NCCL_PEER_DIE") != "" {
+		if err := AllReduceF32(c, make([]float32, 8)); err != nil {
+			t.Fatal(err)
+		}
+		os.Exit(3)
+	}
+	digest, err := collectives(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("digest %x\n", digest)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEmulatedNCCLProcesses: two ranks of one emulated NCCL communicator in two processes
+// (rank 1 a child of the test binary, meeting rank 0 in the id's shared-memory segment,
+// the collectives split in 4 KiB chunks) give the same bits as the two ranks in one
+// process; a peer that exits while rank 0 waits in a collective fails it with an error
+// naming rank 1 and its exit, rather than hanging until RESIN_EMU_NCCL_TIMEOUT.
+func TestEmulatedNCCLProcesses(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_CHUNK=4096", "RESIN_EMU_NCCL_TIMEOUT=600") {
+		return
+	}
+	devs := make([]*cudart.Device, 2)
+	for i := range devs {
+		d, err := cudart.OpenDevice(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		devs[i] = d
+	}
+	o := Options{Timeout: 2 * time.Minute}
+	// In one process.
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := make([]Communicator, 2)
+	errs := make(chan error, 2)
+	for r := range cs {
+		go func() {
+			c, err := NewNCCL(devs[r], id, 2, r, o)
+			cs[r] = c
+			errs <- err
+		}()
+	}
+	for range cs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	local, lerrs := runAll(cs, collectives)
+	for r, err := range lerrs {
+		if err != nil {
+			t.Fatalf("in one process, rank %d: %v", r, err)
+		}
+		cs[r].Close()
+	}
+
+	peer := func(env ...string) (*cudart.NCCLUniqueID, *exec.Cmd, *bytes.Buffer) { return startPeer(t, env...) }
+
+	// Across two processes.
+	pid, cmd, out := peer()
+	c, err := NewNCCL(devs[0], *pid, 2, 0, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest, err := collectives(c)
+	if err != nil {
+		t.Fatalf("rank 0 across processes: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("rank 1's process: %v\n%s", err, out)
+	}
+	if !bytes.Equal(digest, local[0]) {
+		t.Errorf("rank 0 across processes: digest %x, in one process %x", digest, local[0])
+	}
+	if want := fmt.Sprintf("digest %x\n", local[1]); !strings.Contains(out.String(), want) {
+		t.Errorf("rank 1 across processes printed\n%s\nwant %q (its result in one process)", out, want)
+	}
+	if _, err := os.Stat("/dev/shm/" + strings.TrimRight(string(pid.Internal[:]), "\x00")); !os.IsNotExist(err) {
+		t.Errorf("the communicator's shared-memory segment is still there: %v", err)
+	}
+
+	// A peer that exits: rank 0's next collective fails naming it.
+	pid, cmd, out = peer("RESIN_NCCL_PEER_DIE=1")
+	go cmd.Wait() // reaped while rank 0 waits: a zombie or a gone process, both count as exited
+	c, err = NewNCCL(devs[0], *pid, 2, 0, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := AllReduceF32(c, make([]float32, 8)); err != nil {
+		t.Fatalf("the first all-reduce: %v\n%s", err, out)
+	}
+	err = AllReduceF32(c, make([]float32, 8))
+	if err == nil || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "exited") {
+		t.Fatalf("all-reduce with rank 1's process gone: %v, want an error naming rank 1 and its exit", err)
+	}
+	t.Logf("with rank 1 gone: %v", err)
+	if err := AllReduceF32(c, make([]float32, 8)); err == nil {
+		t.Error("the communicator that lost a rank ran another all-reduce")
+	}
+	c.Close()
+}
+
+// startPeer starts rank 1 of a new communicator as a child of the test binary
+// (TestEmulatedNCCLPeer) with env added, and returns the communicator's id.
+func startPeer(t *testing.T, env ...string) (*cudart.NCCLUniqueID, *exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestEmulatedNCCLPeer$", "-test.v")
+	cmd.Env = append(os.Environ(), append(env, "RESIN_NCCL_PEER_ID="+hex.EncodeToString(id.Internal[:]))...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return &id, cmd, &out
+}
+
+// TestEmulatedNCCLLatePeer: a peer in another process that joined but never arrives at
+// the collective fails rank 0's after RESIN_EMU_NCCL_TIMEOUT (2 s here), the error naming
+// rank 1 and the deadline, rather than hanging.
+func TestEmulatedNCCLLatePeer(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_TIMEOUT=2") {
+		return
+	}
+	d, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	id, cmd, out := startPeer(t, "RESIN_NCCL_PEER_STALL=1")
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	c, err := NewNCCL(d, *id, 2, 0, Options{Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer c.Close()
+	err = AllReduceF32(c, make([]float32, 8))
+	if err == nil || !strings.Contains(err.Error(), "waiting for rank 1 to arrive") || !strings.Contains(err.Error(), "within 2 s") {
+		t.Fatalf("all-reduce with rank 1 stalled: %v, want an error naming rank 1 and the 2 s deadline", err)
+	}
+	t.Logf("with rank 1 stalled: %v", err)
 }

@@ -47,15 +47,15 @@
 // and skip by name where no driver is found; scripts/gpu-check.sh runs them and prints
 // their parity lines and figures.
 //
-// Tensor parallelism (NewDenseTP, NewDenseTPShards, tp.go): one Runner per rank in this
-// process, each on its GPU with its slices (ShardDense cuts them from a whole model,
-// LoadDenseShard reads only them from a checkpoint: q/k/v and gate/up by columns, o and
-// down by rows, the embedding and head by vocab shards, VocabParallel), the o and down
-// partial products summed in float32 by an NCCL all-reduce on the rank's stream, the
-// embedding's rows by a bf16 all-reduce, the head's shards all-gathered; decode steps
-// replay CUDA graphs with the collectives captured inside; rank 0 broadcasts each plan to
-// the others by core/dist/tp's control message (`resin generate --device cuda|cuda-emu
-// --tp N`).
+// Tensor parallelism (NewDenseTP, NewDenseTPShards, tp.go; JoinDenseTP, tp_rank.go, for
+// one rank per process): one Runner per rank (a TPRank), each on its GPU with its slices
+// (ShardDense cuts them from a whole model, LoadDenseShard reads only them from a
+// checkpoint: q/k/v and gate/up by columns, o and down by rows, the embedding and head
+// by vocab shards, VocabParallel), the o and down partial products summed in float32 by
+// an NCCL all-reduce on the rank's stream, the embedding's rows by a bf16 all-reduce, the
+// head's shards all-gathered; decode steps replay CUDA graphs with the collectives
+// captured inside; rank 0 broadcasts each plan to the others by core/dist/tp's control
+// message (`resin generate --device cuda|cuda-emu --tp N [--tp-procs]`).
 //
 // DSpark (UseDSpark, dspark.go and dspark_block.go): the forward copies the residual
 // stream at the drafter's tapped layers on the device, the drafting rows come back as

@@ -7,9 +7,7 @@ import (
 	"sync"
 
 	"github.com/resin-llm/resin/core/cpurunner"
-	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
-	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 )
@@ -33,15 +31,12 @@ import (
 // them (NCCL records its kernels into a capturing stream); every rank captures and
 // replays the same shapes in the same order, so their collectives meet.
 //
-// Not done yet: ranks are goroutines of one process, not worker processes.
+// TP's ranks are goroutines of one process, each a TPRank over an in-process control
+// communicator; JoinDenseTP makes the same TPRank in a process of its own (a worker per
+// rank, the control communicator across processes), so both run one step code.
 type TP struct {
-	ranks []*Runner
-	comms []*cudart.Comm
-	// partials are each rank's float32 partial o and down products, summed in place;
-	// gathered each rank's buffer of the group's head outputs (tpRank).
-	partials, gathered []cudart.Buffer
-	ctl                []dist.Communicator
-	msg                []byte
+	ranks []*TPRank
+	ctl   []dist.Communicator
 
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -161,59 +156,59 @@ func NewDenseTP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options)
 }
 
 // NewDenseTPShards is NewDenseTP with each rank's part of the model from shard: ReadDense
-// reads only the rank's slices of a checkpoint.
+// reads only the rank's slices of a checkpoint. Each rank joins as JoinDenseTP's does,
+// in its own goroutine over an in-process control communicator; shard and the uploads
+// run one rank at a time (a checkpoint is read by one goroutine, and rank r's weights are
+// on its GPU before rank r+1's are read).
 func NewDenseTPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
 	size := len(ordinals)
 	if size < 1 {
 		return nil, nil, errors.New("gpurunner: tensor parallelism over no GPU")
 	}
-	g := &TP{}
-	ok := false
-	defer func() {
-		if !ok {
-			g.Close()
-		}
-	}()
-	var pool *kvslab.Pool
-	for r, ord := range ordinals {
-		sc, sw, err := shard(r, size)
-		if err != nil {
-			return nil, nil, err
-		}
-		o := opts
-		o.Ordinal = ord
-		rr, p, err := NewDense(sc, sw, o)
-		if err != nil {
-			return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d: %w", r, size, err)
-		}
-		g.ranks = append(g.ranks, rr)
-		if r == 0 {
-			pool = p
-			// The others' caches take rank 0's bytes, not what their GPU has left (two
-			// ranks on one GPU see different free memory).
-			opts.CacheBytes = int64(p.Slabs()) * p.SlabBytes()
-		} else if p.Slabs() != pool.Slabs() || p.SlabBytes() != pool.SlabBytes() {
-			return nil, nil, fmt.Errorf("gpurunner: tp rank %d's cache (%d slabs of %d bytes) is not rank 0's (%d of %d)", r, p.Slabs(), p.SlabBytes(), pool.Slabs(), pool.SlabBytes())
-		}
-	}
-	if size > 1 {
-		if err := g.join(); err != nil {
-			return nil, nil, err
-		}
-	}
+	g := &TP{ranks: make([]*TPRank, size)}
 	var err error
 	if g.ctl, err = dist.NewInProcess(size, dist.Options{Timeout: 1 << 62}); err != nil { // the engine may idle
+		return nil, nil, err
+	}
+	var one sync.Mutex
+	serial := func(fn func() error) error {
+		one.Lock()
+		defer one.Unlock()
+		return fn()
+	}
+	var pool *kvslab.Pool
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r, ord := range ordinals {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := opts
+			o.Ordinal = ord
+			rank, p, err := joinDenseTP(shard, g.ctl[r], o, serial)
+			g.ranks[r], errs[r] = rank, err
+			if r == 0 {
+				pool = p
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, rr := range g.ranks {
+			if rr != nil {
+				rr.Close()
+			}
+		}
+		for _, c := range g.ctl {
+			c.Close()
+		}
 		return nil, nil, err
 	}
 	for r := 1; r < size; r++ {
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
-			err := tp.FollowPlans(g.ctl[r], func(p *engine.BatchPlan) error {
-				_, err := g.ranks[r].Execute(context.Background(), p)
-				return err
-			})
-			if err != nil {
+			if err := g.ranks[r].Follow(); err != nil {
 				g.mu.Lock()
 				g.failures = append(g.failures, err)
 				g.mu.Unlock()
@@ -221,56 +216,7 @@ func NewDenseTPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvs
 			}
 		}()
 	}
-	ok = true
 	return g, pool, nil
-}
-
-// join makes the ranks' NCCL communicator, each rank joining from its device thread at
-// once, and gives each rank's model its all-reduce.
-func (g *TP) join() error {
-	id, err := cudart.NewNCCLUniqueID()
-	if err != nil {
-		return fmt.Errorf("gpurunner: tp: %w", err)
-	}
-	size := len(g.ranks)
-	g.comms = make([]*cudart.Comm, size)
-	errs := make([]error, size)
-	var wg sync.WaitGroup
-	for r, rr := range g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = rr.dev.Do(func(c *cudart.Ctx) error {
-				var err error
-				g.comms[r], err = cudart.InitComm(c, id, size, r)
-				return err
-			})
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("gpurunner: tp: join the NCCL communicator: %w", err)
-	}
-	g.partials = make([]cudart.Buffer, size)
-	g.gathered = make([]cudart.Buffer, size)
-	for r, rr := range g.ranks {
-		cfg := rr.model.Config
-		err := rr.dev.Do(func(c *cudart.Ctx) error {
-			var err error
-			if g.partials[r], err = c.Alloc(int64(rr.limits.MaxTokens) * int64(cfg.Hidden) * 4); err != nil {
-				return fmt.Errorf("the partial products' buffer: %w", err)
-			}
-			if g.gathered[r], err = c.Alloc(int64(size) * int64(rr.limits.MaxRows) * int64(cfg.VocabRows()) * 4); err != nil {
-				return fmt.Errorf("the gathered logits' buffer: %w", err)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("gpurunner: tp rank %d: %w", r, err)
-		}
-		rr.model.tp = &tpRank{comm: g.comms[r], partial: g.partials[r].Ptr, gathered: g.gathered[r].Ptr}
-	}
-	return nil
 }
 
 // Info describes the runner to the engine: rank 0's.
@@ -278,19 +224,6 @@ func (g *TP) Info() engine.RunnerInfo { return g.ranks[0].Info() }
 
 // Execute broadcasts plan to the other ranks and runs it on rank 0 with them.
 func (g *TP) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
-	if err := ctx.Err(); err != nil {
-		return engine.StepResult{}, err
-	}
-	if len(g.ranks) > 1 {
-		// Refused here, before the others see it: a rank that fails a step leaves the
-		// group (the others would wait in its collectives).
-		if err := g.ranks[0].checkDims(plan); err != nil {
-			return engine.StepResult{}, err
-		}
-		if err := tp.BroadcastPlan(g.ctl[0], plan, &g.msg); err != nil {
-			return engine.StepResult{}, g.failed(err)
-		}
-	}
 	res, err := g.ranks[0].Execute(ctx, plan)
 	if err != nil {
 		return res, g.failed(err)
@@ -303,7 +236,7 @@ func (g *TP) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepRe
 func (g *TP) RankStats() []StepStats {
 	out := make([]StepStats, len(g.ranks))
 	for r, rr := range g.ranks {
-		out[r] = rr.Stats
+		out[r] = rr.Stats()
 	}
 	return out
 }
@@ -316,18 +249,8 @@ func (g *TP) failed(err error) error {
 }
 
 // CaptureLogits implements cpurunner.LogitsCapturer on rank 0 (every rank has the same
-// logits); the other ranks capture and drop theirs, so that every rank takes the same
-// path through each step (host sampling for all).
-func (g *TP) CaptureLogits(fn func(cpurunner.LogitsRow)) {
-	g.ranks[0].CaptureLogits(fn)
-	for _, rr := range g.ranks[1:] {
-		if fn == nil {
-			rr.CaptureLogits(nil)
-		} else {
-			rr.CaptureLogits(func(cpurunner.LogitsRow) {})
-		}
-	}
-}
+// logits); the other ranks capture and drop theirs (TPRank.CaptureLogits).
+func (g *TP) CaptureLogits(fn func(cpurunner.LogitsRow)) { g.ranks[0].CaptureLogits(fn) }
 
 // Close stops the followers, then frees the communicator and every rank's runner.
 func (g *TP) Close() error {
@@ -335,26 +258,10 @@ func (g *TP) Close() error {
 		return nil
 	}
 	g.closed = true
-	var errs []error
-	if len(g.ctl) > 0 {
-		if len(g.ranks) > 1 {
-			errs = append(errs, tp.Stop(g.ctl[0]))
-		}
-		g.wg.Wait()
-		for _, c := range g.ctl {
-			c.Close()
-		}
-	}
-	for r, comm := range g.comms {
-		if comm != nil {
-			errs = append(errs, g.ranks[r].dev.Do(func(c *cudart.Ctx) error {
-				if r < len(g.partials) {
-					c.Free(g.partials[r])
-					c.Free(g.gathered[r])
-				}
-				return comm.Destroy()
-			}))
-		}
+	errs := []error{g.ranks[0].Stop()}
+	g.wg.Wait()
+	for _, c := range g.ctl {
+		c.Close()
 	}
 	for _, rr := range g.ranks {
 		errs = append(errs, rr.Close())

@@ -2,6 +2,8 @@ package gpurunner_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"os"
 	"slices"
@@ -217,5 +219,40 @@ func TestEmulatedTPRefusesOverLimit(t *testing.T) {
 	}
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEmulatedTPRankFailsNamed: a rank that cannot open its part (here rank 1's shard, or
+// rank 0's, failing) fails every rank's JoinDenseTP with the failed rank named, instead of
+// leaving the others waiting for it at the NCCL join.
+func TestEmulatedTPRankFailsNamed(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	m, err := llama.Load(tinyLlama(t), llama.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := m.Model.Config.DenseConfig(m.Model.MaxContext(), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := gpurunner.CutDense(cfg, m.Model.W.DenseWeights())
+	for _, bad := range []int{1, 0} {
+		shard := func(rank, size int) (*gpurunner.DenseConfig, *gpurunner.DenseWeights, error) {
+			if rank == bad {
+				return nil, nil, errors.New("no weights here")
+			}
+			return cut(rank, size)
+		}
+		_, _, err := gpurunner.NewDenseTPShards(shard, []int{0, 1}, gpurunner.Options{CacheBytes: 4 << 20, KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+		// Both ranks' errors are joined: the failed rank's own and the other's naming it.
+		want := []string{fmt.Sprintf("tp rank %d of 2: no weights here", bad), fmt.Sprintf("rank %d failed", bad)}
+		for _, w := range want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("rank %d's shard failing: %v, want %q", bad, err, w)
+			}
+		}
+		t.Logf("rank %d's shard failing: %v", bad, err)
 	}
 }

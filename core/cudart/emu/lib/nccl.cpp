@@ -1,13 +1,31 @@
-// nccl.cpp: the emulated NCCL, the calls core/cudart binds (nccl.go), for communicators
-// whose ranks all live in this process (one rank per device thread). A collective blocks
-// its rank's thread until every rank has queued it, then the last to arrive computes it
-// for all (in rank order, so sums are reproducible) and releases the others. With one
-// rank a collective is a copy.
+// nccl.cpp: the emulated NCCL, the calls core/cudart binds (nccl.go). Ranks whose
+// communicator lives in one process (one rank per device thread) meet in a Group: a
+// collective blocks its rank's thread until every rank has queued it, then the last to
+// arrive computes it for all (in rank order, so sums are reproducible) and releases the
+// others. Ranks in different processes (a --tp-procs worker each) meet in a shared-memory
+// segment named after the unique id (Shm below): each rank copies its part into its own
+// slot, and once every rank's has arrived each computes the result from the slots in rank
+// order, the same sums the Group computes, so the results are bit-identical. A rank
+// waiting for a peer that exited, or that does not arrive within RESIN_EMU_NCCL_TIMEOUT
+// seconds (default 300), fails the collective with ncclSystemError and a message naming
+// the rank, instead of hanging. With one rank a collective is a copy.
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
+#include <random>
 
 #include "emu_lib.h"
 
@@ -64,10 +82,26 @@ struct Group {
   std::map<std::pair<int, int>, std::vector<std::vector<char>>> sends;
 };
 
+struct Shm;
+
 struct Comm {
-  std::shared_ptr<Group> g;
+  std::shared_ptr<Group> g;  // ranks all in this process
+  Shm* shm = nullptr;        // ranks in several processes
+  size_t shm_bytes = 0;      // the mapping's length
+  unsigned long long seq = 0;  // this rank's collectives through shm so far
+  std::string broken;        // why the shm communicator failed (it is out of step since)
   int rank = 0;
+  int ranks = 0;
 };
+
+// The last failure's detail on this thread, for ncclGetErrorString.
+thread_local std::string tl_nccl_error;
+
+int systemError(const std::string& msg) {
+  tl_nccl_error = msg;
+  SetLaunchError(msg);
+  return kSystemError;
+}
 
 std::mutex g_mu;
 std::map<std::string, std::shared_ptr<Group>> g_groups;  // by unique id
@@ -121,9 +155,12 @@ int reduce(const std::vector<const void*>& in, void* out, size_t count, int type
   return kSuccess;
 }
 
+int shmCollective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op);
+
 // collective runs one collective of rank c: it waits for every rank, and the last rank to
 // arrive computes the results of all of them.
 int collective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op) {
+  if (c->shm) return shmCollective(c, kind, send, recv, count, type, op);
   Group* g = c->g.get();
   size_t es = typeSize(type);
   if (es == 0) return kInvalidArgument;
@@ -184,6 +221,301 @@ int collective(Comm* c, const std::string& kind, const void* send, void* recv, s
   return rc;
 }
 
+// ---- ranks in several processes: a shared-memory segment per communicator ----
+//
+// The segment /dev/shm/<unique id> is created by the first rank to open it and mapped by
+// the others (rank 0 unlinks the name once all have joined). Each rank owns a slot: its
+// pid, two sequence counters and a data area. Collective number k of rank r writes its
+// part (a chunk of at most the data area's bytes; longer collectives go in several
+// chunks, each its own k) into slot r once every rank is done reading the slots of k−1,
+// then publishes arrive=k; once every rank has arrived at k it reads all the slots,
+// computes its own result in rank order and publishes done=k.
+
+constexpr uint32_t kShmMagic = 0x4e43434cu;  // "NCCL"
+constexpr size_t kShmHeader = 4096;
+constexpr size_t kSlotHeader = 256;
+
+enum Kind : int32_t { kAllReduce = 1, kAllGather = 2, kBroadcast = 3, kReduceScatter = 4 };
+
+const char* kindName(int32_t k) {
+  switch (k) {
+    case kAllReduce: return "all-reduce";
+    case kAllGather: return "all-gather";
+    case kBroadcast: return "broadcast";
+    case kReduceScatter: return "reduce-scatter";
+  }
+  return "collective";
+}
+
+int32_t kindCode(const std::string& kind) {
+  if (kind == "allreduce") return kAllReduce;
+  if (kind == "allgather") return kAllGather;
+  if (kind == "broadcast") return kBroadcast;
+  return kReduceScatter;
+}
+
+struct Shm {
+  uint32_t magic;
+  int32_t nranks;
+  uint32_t joined;
+  uint32_t pad;
+  uint64_t data_bytes;  // each slot's data area
+};
+
+struct Slot {
+  int32_t pid;
+  int32_t kind, type, op;
+  uint64_t arrive, done;
+  uint64_t count, offset, n;  // the collective's count, and this chunk's offset and elements
+};
+
+size_t slotStride(uint64_t data_bytes) { return kSlotHeader + data_bytes; }
+
+Slot* slotOf(Shm* s, int r) {
+  return (Slot*)((char*)s + kShmHeader + (size_t)r * slotStride(s->data_bytes));
+}
+
+char* dataOf(Shm* s, int r) { return (char*)slotOf(s, r) + kSlotHeader; }
+
+double timeoutSeconds() {
+  const char* e = getenv("RESIN_EMU_NCCL_TIMEOUT");
+  if (e && *e) {
+    double v = atof(e);
+    if (v > 0) return v;
+  }
+  return 300;
+}
+
+// chunkBytes is each slot's data area: RESIN_EMU_NCCL_CHUNK bytes (tests make it small to
+// split collectives), else 4 MiB.
+uint64_t chunkBytes() {
+  const char* e = getenv("RESIN_EMU_NCCL_CHUNK");
+  if (e && *e) {
+    long long v = atoll(e);
+    if (v >= 64) return (uint64_t)v;
+  }
+  return 4ull << 20;
+}
+
+// exited reports whether process pid has ended (gone, or a zombie its parent has not
+// reaped yet).
+bool exited(int pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (!f) return false;
+  char buf[512];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char* p = strrchr(buf, ')');
+  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+// waitFor waits until *word >= want: it spins a little, then yields, then sleeps (up to
+// a millisecond), checking every few milliseconds whether process pid (the word's owner;
+// 0: unknown yet) exited and whether the deadline passed. It returns "" or why it failed.
+std::string waitFor(const uint64_t* word, uint64_t want, int pid, double deadline_s, const std::string& what) {
+  for (int i = 0; i < 256; i++) {
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return "";
+  }
+  auto start = std::chrono::steady_clock::now();
+  auto last_check = start;
+  long sleep_ns = 1000;
+  for (int i = 0;; i++) {
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return "";
+    if (i < 64) {
+      sched_yield();
+      continue;
+    }
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, nullptr);
+    sleep_ns = sleep_ns * 2 > 1000000 ? 1000000 : sleep_ns * 2;
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_check < std::chrono::milliseconds(5)) continue;
+    last_check = now;
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return "";
+    if (exited(pid)) return what + ": the process exited (pid " + std::to_string(pid) + ")";
+    double waited = std::chrono::duration<double>(now - start).count();
+    if (waited > deadline_s) {
+      char buf[64];
+      snprintf(buf, sizeof buf, "%.0f", deadline_s);
+      return what + ": not there within " + buf + " s (RESIN_EMU_NCCL_TIMEOUT)";
+    }
+  }
+}
+
+// shmJoin joins rank of nranks to the segment of key. It sets *local when every rank is
+// in this process (the segment is then dropped: the ranks meet in a Group).
+int shmJoin(Comm* c, const std::string& key, int nranks, int rank, bool* local) {
+  *local = false;
+  std::string path = "/dev/shm/" + key;
+  uint64_t data = chunkBytes();
+  size_t bytes = kShmHeader + (size_t)nranks * slotStride(data);
+  int fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);
+  if (fd < 0) return systemError("emulated NCCL: open " + path + ": " + strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || ((size_t)st.st_size < bytes && ftruncate(fd, bytes) != 0)) {
+    int e = errno;
+    close(fd);
+    return systemError("emulated NCCL: size " + path + ": " + strerror(e));
+  }
+  if ((size_t)st.st_size > bytes) {
+    close(fd);
+    return kInvalidUsage;  // another rank's group has more ranks or bigger slots
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) return systemError("emulated NCCL: map " + path + ": " + strerror(e));
+  Shm* s = (Shm*)p;
+  // The first rank stamps the geometry; the others must agree with it.
+  uint64_t zero64 = 0;
+  __atomic_compare_exchange_n(&s->data_bytes, &zero64, data, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  int32_t zero = 0;
+  __atomic_compare_exchange_n(&s->nranks, &zero, nranks, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  uint32_t zerou = 0;
+  __atomic_compare_exchange_n(&s->magic, &zerou, kShmMagic, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&s->nranks, __ATOMIC_ACQUIRE) != nranks || __atomic_load_n(&s->data_bytes, __ATOMIC_ACQUIRE) != data ||
+      __atomic_load_n(&s->magic, __ATOMIC_ACQUIRE) != kShmMagic) {
+    munmap(p, bytes);
+    return kInvalidUsage;
+  }
+  int32_t none = 0;
+  if (!__atomic_compare_exchange_n(&slotOf(s, rank)->pid, &none, (int32_t)getpid(), false, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE)) {
+    munmap(p, bytes);
+    return kInvalidUsage;  // the rank joined twice
+  }
+  __atomic_add_fetch(&s->joined, 1, __ATOMIC_ACQ_REL);
+  // Wait for the others: each registered rank's pid is watched, an unregistered one only
+  // times out.
+  double deadline = timeoutSeconds();
+  auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (__atomic_load_n(&s->joined, __ATOMIC_ACQUIRE) >= (uint32_t)nranks) break;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, nullptr);
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string missing;
+    for (int r = 0; r < nranks; r++) {
+      int pid = __atomic_load_n(&slotOf(s, r)->pid, __ATOMIC_ACQUIRE);
+      if (pid != 0 && exited(pid)) {
+        munmap(p, bytes);
+        if (rank == 0) unlink(path.c_str());
+        return systemError("emulated NCCL: ncclCommInitRank: rank " + std::to_string(r) + " (pid " + std::to_string(pid) +
+                           ") exited before every rank joined");
+      }
+      if (pid == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (waited > deadline) {
+      munmap(p, bytes);
+      if (rank == 0) unlink(path.c_str());
+      return systemError("emulated NCCL: ncclCommInitRank: rank(s) " + missing + " did not join " + key + " within " +
+                         std::to_string((int)deadline) + " s (RESIN_EMU_NCCL_TIMEOUT)");
+    }
+  }
+  if (rank == 0) unlink(path.c_str());  // every rank has it mapped
+  bool all = true;
+  for (int r = 0; r < nranks; r++) all = all && slotOf(s, r)->pid == (int32_t)getpid();
+  if (all) {
+    munmap(p, bytes);
+    *local = true;
+    return kSuccess;
+  }
+  c->shm = s;
+  c->shm_bytes = bytes;
+  return kSuccess;
+}
+
+// shmWait waits until every rank's counter (arrive, or done) reaches want.
+int shmWait(Comm* c, bool arrive, uint64_t want, int32_t kind) {
+  Shm* s = c->shm;
+  for (int r = 0; r < c->ranks; r++) {
+    if (r == c->rank) continue;
+    Slot* sl = slotOf(s, r);
+    std::string what = std::string("emulated NCCL ") + kindName(kind) + " #" + std::to_string(c->seq) + " of rank " +
+                       std::to_string(c->rank) + ": waiting for rank " + std::to_string(r) +
+                       (arrive ? " to arrive" : " to finish the previous collective");
+    std::string err = waitFor(arrive ? &sl->arrive : &sl->done, want, sl->pid, timeoutSeconds(), what);
+    if (!err.empty()) {
+      c->broken = err;
+      return systemError(err);
+    }
+  }
+  return kSuccess;
+}
+
+// shmCollective is collective() for ranks in several processes.
+int shmCollective(Comm* c, const std::string& kindStr, const void* send, void* recv, size_t count, int type, int op) {
+  if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
+  size_t es = typeSize(type);
+  int n = c->ranks;
+  int32_t kind = kindCode(kindStr);
+  if (kind == kBroadcast && (op < 0 || op >= n)) return kInvalidArgument;
+  Shm* s = c->shm;
+  // Elements per chunk: a reduce-scatter's chunk takes that many of each rank's block.
+  uint64_t per = s->data_bytes / (es * (kind == kReduceScatter ? n : 1));
+  if (per == 0) return kInvalidArgument;
+  const char* in = (const char*)send;
+  char* out = (char*)recv;
+  int rc = kSuccess;
+  size_t off = 0;
+  do {
+    size_t m = count - off < per ? count - off : per;
+    uint64_t k = ++c->seq;
+    // Our slot is free once every rank has read the previous collective's.
+    if ((rc = shmWait(c, false, k - 1, kind)) != kSuccess) return rc;
+    Slot* mine = slotOf(s, c->rank);
+    char* d = dataOf(s, c->rank);
+    mine->kind = kind;
+    mine->type = type;
+    mine->op = op;
+    mine->count = count;
+    mine->offset = off;
+    mine->n = m;
+    if (kind == kReduceScatter) {
+      for (int b = 0; b < n; b++) memcpy(d + b * m * es, in + (b * count + off) * es, m * es);
+    } else if (kind != kBroadcast || op == c->rank) {
+      memcpy(d, in + off * es, m * es);
+    }
+    __atomic_store_n(&mine->arrive, k, __ATOMIC_RELEASE);
+    if ((rc = shmWait(c, true, k, kind)) != kSuccess) return rc;
+    for (int r = 0; r < n && rc == kSuccess; r++) {
+      Slot* sl = slotOf(s, r);
+      if (sl->kind != kind || sl->type != type || sl->op != op || sl->count != count || sl->offset != off) {
+        c->broken = std::string("emulated NCCL: rank ") + std::to_string(r) + " called " + kindName(sl->kind) +
+                    " where rank " + std::to_string(c->rank) + " called " + kindName(kind);
+        rc = kInvalidUsage;  // the ranks called different collectives
+      }
+    }
+    if (rc == kSuccess) {
+      std::vector<const void*> parts(n);
+      switch (kind) {
+        case kAllReduce:
+          for (int r = 0; r < n; r++) parts[r] = dataOf(s, r);
+          rc = reduce(parts, out + off * es, m, type, op, 0);
+          break;
+        case kAllGather:
+          for (int r = 0; r < n; r++) memcpy(out + (r * count + off) * es, dataOf(s, r), m * es);
+          break;
+        case kBroadcast:
+          memcpy(out + off * es, dataOf(s, op), m * es);
+          break;
+        case kReduceScatter:
+          for (int r = 0; r < n; r++) parts[r] = dataOf(s, r) + c->rank * m * es;
+          rc = reduce(parts, out + off * es, m, type, op, 0);
+          break;
+      }
+    }
+    __atomic_store_n(&mine->done, k, __ATOMIC_RELEASE);
+    off += m;
+  } while (off < count && rc == kSuccess);
+  return rc;
+}
+
 thread_local int tl_group_depth = 0;
 
 }  // namespace
@@ -194,18 +526,37 @@ extern "C" int ncclGetVersion(int* v) {
   return kSuccess;
 }
 
+// ncclGetUniqueId names a communicator uniquely across the processes of this host: the
+// pid, a counter and 64 random bits (the name of its shared-memory segment too).
 extern "C" int ncclGetUniqueId(UniqueID* id) {
   if (!id) return kInvalidArgument;
   memset(id, 0, sizeof *id);
+  static std::random_device rd;
   std::lock_guard<std::mutex> l(g_mu);
-  snprintf(id->internal, sizeof id->internal, "resin-emu-nccl-%llu", g_next_id++);
+  unsigned long long rnd = ((unsigned long long)rd() << 32) ^ rd();
+  snprintf(id->internal, sizeof id->internal, "resin-emu-nccl-%d-%llu-%016llx", (int)getpid(), g_next_id++, rnd);
   return kSuccess;
 }
 
+// ncclCommInitRank blocks until every rank has joined, as NCCL's does. The ranks first
+// meet in the id's shared-memory segment; when they all turn out to be in this process
+// they meet in a Group instead.
 extern "C" int ncclCommInitRank(void** comm, int nranks, UniqueID id, int rank) {
   if (!comm || nranks < 1 || rank < 0 || rank >= nranks) return kInvalidArgument;
   std::string key(id.internal, strnlen(id.internal, sizeof id.internal));
-  if (key.rfind("resin-emu-nccl-", 0) != 0) return kInvalidArgument;
+  if (key.rfind("resin-emu-nccl-", 0) != 0 || key.find('/') != std::string::npos) return kInvalidArgument;
+  std::unique_ptr<Comm> c(new Comm());
+  c->rank = rank;
+  c->ranks = nranks;
+  if (nranks > 1) {
+    bool local = false;
+    int rc = shmJoin(c.get(), key, nranks, rank, &local);
+    if (rc != kSuccess) return rc;
+    if (!local) {
+      *comm = c.release();
+      return kSuccess;
+    }
+  }
   std::shared_ptr<Group> g;
   {
     std::lock_guard<std::mutex> l(g_mu);
@@ -217,22 +568,21 @@ extern "C" int ncclCommInitRank(void** comm, int nranks, UniqueID id, int rank) 
     g = slot;
   }
   if (g->ranks != nranks) return kInvalidUsage;
-  // Every rank blocks until all have joined, as ncclCommInitRank does.
   std::unique_lock<std::mutex> l(g->mu);
   g->joined++;
   if (g->joined > nranks) return kInvalidUsage;
   g->cv.notify_all();
   g->cv.wait(l, [&] { return g->joined >= nranks; });
-  Comm* c = new Comm();
   c->g = g;
-  c->rank = rank;
-  *comm = c;
+  *comm = c.release();
   return kSuccess;
 }
 
 extern "C" int ncclCommDestroy(void* comm) {
   if (!comm) return kInvalidArgument;
-  delete (Comm*)comm;
+  Comm* c = (Comm*)comm;
+  if (c->shm) munmap(c->shm, c->shm_bytes);
+  delete c;
   return kSuccess;
 }
 
@@ -240,11 +590,14 @@ namespace {
 int submit(void* stream, const std::string& kind, Comm* c, const void* send, void* recv, size_t count, int type, int op) {
   if (!c) return kInvalidArgument;
   if (typeSize(type) == 0) return kInvalidArgument;
-  if (kind != "allgather" && kind != "broadcast" && (type != 7 && type != 9) && c->g->ranks > 1) return kInvalidArgument;
+  if (kind != "allgather" && kind != "broadcast" && (type != 7 && type != 9) && c->ranks > 1) return kInvalidArgument;
   // The op's own result, kept apart from the stream's so a graph replay has its own.
   auto rc = std::make_shared<int>(kSuccess);
   Result r = Submit(stream, Op{"nccl " + kind, [=]() -> Result {
                                  *rc = collective(c, kind, send, recv, count, type, op);
+                                 // A dead or missing peer's message comes back with
+                                 // cuGetErrorString's when the op ran deferred.
+                                 if (*rc == kSystemError) return resin_emu::kLaunchFailed;
                                  return *rc == kSuccess ? 0 : 1;
                                }});
   if (r != 0 && *rc == kSuccess) return kUnhandledCudaError;
@@ -311,7 +664,8 @@ int queueP2P(P2P op) {
 
 extern "C" int ncclSend(const void* buf, size_t count, int type, int peer, void* comm, void* stream) {
   Comm* c = (Comm*)comm;
-  if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->g->ranks) return kInvalidArgument;
+  if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->ranks) return kInvalidArgument;
+  if (c->shm) return systemError("emulated NCCL: ncclSend between processes is not emulated (collectives only)");
   size_t n = count * typeSize(type);
   return queueP2P(P2P{stream, true, "nccl send", [=]() -> int {
                         std::lock_guard<std::mutex> l(c->g->mu);
@@ -324,7 +678,8 @@ extern "C" int ncclSend(const void* buf, size_t count, int type, int peer, void*
 
 extern "C" int ncclRecv(void* buf, size_t count, int type, int peer, void* comm, void* stream) {
   Comm* c = (Comm*)comm;
-  if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->g->ranks) return kInvalidArgument;
+  if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->ranks) return kInvalidArgument;
+  if (c->shm) return systemError("emulated NCCL: ncclRecv between processes is not emulated (collectives only)");
   size_t n = count * typeSize(type);
   return queueP2P(P2P{stream, false, "nccl recv", [=]() -> int {
                         Group* g = c->g.get();
@@ -365,7 +720,13 @@ extern "C" const char* ncclGetErrorString(int r) {
   switch (r) {
     case kSuccess: return "no error";
     case kUnhandledCudaError: return "unhandled cuda error (emulated device)";
-    case kSystemError: return "unhandled system error";
+    case kSystemError:
+      if (!tl_nccl_error.empty()) {
+        static thread_local std::string text;
+        text = "unhandled system error: " + tl_nccl_error;
+        return text.c_str();
+      }
+      return "unhandled system error";
     case kInternalError: return "internal error";
     case kInvalidArgument: return "invalid argument";
     case kInvalidUsage: return "invalid usage";
