@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -165,43 +166,68 @@ func runMoEWorker(spec tpWorkerSpec) error {
 	return lockstep.FollowRank(ctl, r)
 }
 
-// openMoENodes joins the multi-node group at f.initAddr over TCP (one rank per node, as
-// openTPNodes does for llama): node 0 returns the engine's runner; the others run their
-// rank until node 0 stops it and then end the command (errWorkerDone).
+// openMoENodes joins the multi-node group at f.initAddr over TCP, this node's ranks
+// (tpFlags.nodeRanks; the first here, the others on goroutines, as openTPNodes does for
+// llama): node 0 returns the engine's runner; the others run their ranks until node 0
+// stops them and then end the command (errWorkerDone).
 func openMoENodes(name, dir string, cacheBytes int64, drafts int, f *tpFlags, dispatch int) (engine.Runner, *kvslab.Pool, error) {
 	size := f.ranks()
-	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-ctl"})
-	if err != nil {
-		return nil, nil, err
+	type rank struct {
+		r         lockstep.Rank
+		info      engine.RunnerInfo
+		pool      *kvslab.Pool
+		ctl, data dist.Communicator
 	}
-	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, size, dist.Options{Timeout: time.Minute, JoinTimeout: f.joinTimeout(), Group: "tp-data"})
-	if err != nil {
-		ctl.Close()
-		return nil, nil, err
-	}
-	r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, drafts, cacheBytes, data)
-	if err == nil {
-		err = data.Barrier() // every node has read dir (a --random-weights copy is removed after)
-	}
-	if err != nil {
-		ctl.Close()
-		data.Close()
-		return nil, nil, fmt.Errorf("node %d: %w", f.nodeRank, err)
-	}
-	if f.nodeRank != 0 {
-		err := lockstep.FollowRank(ctl, r)
-		ctl.Close()
-		data.Close()
+	open := func(n int) (*rank, error) {
+		ctl, err := dist.JoinTCP(f.initAddr, n, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-ctl"})
 		if err != nil {
-			return nil, nil, fmt.Errorf("worker node: %w", err)
+			return nil, err
+		}
+		data, err := dist.JoinTCP(f.initAddr, n, size, dist.Options{Timeout: time.Minute, JoinTimeout: f.joinTimeout(), Group: "tp-data"})
+		if err != nil {
+			ctl.Close()
+			return nil, err
+		}
+		r, info, pool, err := openMoERank(name, dir, f.size, f.ep, dispatch, drafts, cacheBytes, data)
+		if err == nil {
+			err = data.Barrier() // every rank has read dir (a --random-weights copy is removed after)
+		}
+		if err != nil {
+			ctl.Close()
+			data.Close()
+			return nil, err
+		}
+		return &rank{r, info, pool, ctl, data}, nil
+	}
+	follow := func(n int) error {
+		k, err := open(n)
+		if err != nil {
+			return err
+		}
+		defer k.ctl.Close()
+		defer k.data.Close()
+		return lockstep.FollowRank(k.ctl, k.r)
+	}
+	first, n := f.nodeRanks()
+	wait := withLocalRanks(first, n, follow)
+	if first != 0 {
+		if err := follow(first); err != nil {
+			return nil, nil, fmt.Errorf("worker node %d: rank %d: %w", f.nodeRank, first, err)
+		}
+		if err := wait(); err != nil {
+			return nil, nil, fmt.Errorf("worker node %d: %w", f.nodeRank, err)
 		}
 		return nil, nil, errWorkerDone
 	}
-	stop := func() error {
-		err := lockstep.Stop(ctl)
-		ctl.Close()
-		data.Close()
-		return err
+	k, err := open(0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("node 0: %w", err)
 	}
-	return &tpRunner{cpurunner.New(info, lockstep.LeadRank(ctl, r)), stop}, pool, nil
+	stop := func() error {
+		err := lockstep.Stop(k.ctl)
+		k.ctl.Close()
+		k.data.Close()
+		return errors.Join(err, wait())
+	}
+	return &tpRunner{cpurunner.New(k.info, lockstep.LeadRank(k.ctl, k.r)), stop}, k.pool, nil
 }

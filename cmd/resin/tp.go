@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,8 +22,8 @@ import (
 )
 
 // tpFlags choose the tensor-parallel layout: ranks in this process (--tp), worker
-// processes on this host (--tp-procs), or one rank per node (--dist-init-addr with
-// --nnodes and --node-rank, or torchrun's environment).
+// processes on this host (--tp-procs), or nodes (--dist-init-addr with --nnodes and
+// --node-rank, or torchrun's environment), each holding its share of the ranks.
 type tpFlags struct {
 	size             int
 	ep               int    // expert parallelism (the MoE models)
@@ -30,6 +31,7 @@ type tpFlags struct {
 	procs            bool
 	initAddr         string
 	nnodes, nodeRank int
+	localRank        int           // torchrun's LOCAL_RANK: the first GPU of this node's ranks is --gpu+localRank
 	distTimeout      time.Duration // how long a multi-node rendezvous waits for every rank
 	stats            bool          // --dist-stats: print rank 0's step figures when the engine stops
 	statsOut         io.Writer     // where (the command's stderr; nil: os.Stderr)
@@ -41,8 +43,8 @@ func (t *tpFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; with --tp it must equal it (the experts split over the tp ranks, as SGLang's --tp N --ep N); with --device cuda|cuda-emu and --model glm-5-flash, its GPU runner over this many in-process ranks on NCCL (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer), with --tp too")
 	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
 	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process); with --device cuda|cuda-emu each worker runs on its GPU and its GPU's NUMA node, rank 0 handing it the NCCL id")
-	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), one rank per node (--nnodes = the ranks of --tp and --ep); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
-	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (ranks)")
+	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), the ranks of --tp and --ep split evenly over --nnodes (node k holds ranks k·n ... k·n+n−1, on GPUs --gpu ... --gpu+n−1); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
+	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (processes; each holds ranks/nnodes ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
 	fl.BoolVar(&t.stats, "dist-stats", false, "with --model llama --tp 2 or more on the CPU: when the engine stops, print rank 0's prefill and decode steps to stderr with the time spent inside collectives (waiting for the other ranks included) and its share of the steps")
 	fl.DurationVar(&t.distTimeout, "dist-timeout", 10*time.Minute, "with --dist-init-addr: how long the rendezvous waits for every node to join before it fails naming the missing ranks (SGLang's --dist-timeout)")
@@ -87,7 +89,7 @@ func (t *tpFlags) check() error {
 			return err
 		}
 		if ok {
-			t.initAddr, t.nnodes, t.nodeRank = n.InitAddr, n.NNodes, n.NodeRank
+			t.initAddr, t.nnodes, t.nodeRank, t.localRank = n.InitAddr, n.NNodes, n.NodeRank, n.LocalRank
 		}
 	}
 	if t.initAddr == "" {
@@ -98,13 +100,43 @@ func (t *tpFlags) check() error {
 	}
 	switch {
 	case t.procs:
-		return errors.New("--tp-procs and --dist-init-addr are exclusive: one rank per node for now")
-	case t.nnodes != t.ranks():
-		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: one rank per node for now, so the ranks and the nodes must be as many", t.size, t.ep, t.nnodes)
+		return errors.New("--tp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process")
+	case t.nnodes < 1 || t.ranks()%t.nnodes != 0:
+		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: the %d ranks must split evenly over the nodes", t.size, t.ep, t.nnodes, t.ranks())
 	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
 		return fmt.Errorf("--node-rank %d outside [0, %d)", t.nodeRank, t.nnodes)
 	}
 	return nil
+}
+
+// nodeRanks is this node's share of a multi-node group's ranks: the ranks (--tp, --ep)
+// split evenly over --nnodes, node k holding ranks [k·n, (k+1)·n), as SGLang places a
+// node's tp ranks. The first runs on this goroutine (on node 0 it is rank 0, the
+// engine's); the others, on goroutines of this process (withLocalRanks), join the group
+// over the same rendezvous as ranks of their own, each on its own GPU when there are GPUs.
+func (t *tpFlags) nodeRanks() (first, n int) {
+	n = t.ranks() / t.nnodes
+	return t.nodeRank * n, n
+}
+
+// withLocalRanks runs follow for ranks first+1 ... first+n−1 on goroutines and returns
+// wait, which returns once they have all ended, with their errors naming their ranks.
+func withLocalRanks(first, n int, follow func(rank int) error) (wait func() error) {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := follow(first + i); err != nil {
+				errs[i] = fmt.Errorf("rank %d: %w", first+i, err)
+			}
+		}()
+	}
+	return func() error {
+		wg.Wait()
+		return errors.Join(errs...)
+	}
 }
 
 // tpRunner is rank 0's runner of a tensor-parallel group: the engine's runner, whose
@@ -187,36 +219,52 @@ var errWorkerDone = errors.New("tp worker: rank 0 stopped the group")
 // waits as long as the engine idles, then a data group). Node 0 returns the engine's
 // runner; the others run their rank until node 0 stops and then end the process.
 func openTPNodes(r *llamaTPModel, pool *kvslab.Pool, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
-	s, err := r.shard(f.nodeRank, f.size)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--tp %d: %w", f.size, err)
+	join := func(rank int) (s *tp.Shard, ctl, data dist.Communicator, err error) {
+		if s, err = r.shard(rank, f.size); err != nil {
+			return nil, nil, nil, fmt.Errorf("--tp %d: %w", f.size, err)
+		}
+		if ctl, err = dist.JoinTCP(f.initAddr, rank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-ctl"}); err != nil {
+			return nil, nil, nil, err
+		}
+		if data, err = dist.JoinTCP(f.initAddr, rank, f.size, dist.Options{Timeout: time.Minute, JoinTimeout: f.joinTimeout(), Group: "tp-data"}); err != nil {
+			ctl.Close()
+			return nil, nil, nil, err
+		}
+		return s, ctl, data, nil
 	}
-	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-ctl"})
-	if err != nil {
-		return nil, nil, err
+	follow := func(rank int) error {
+		s, ctl, data, err := join(rank)
+		if err != nil {
+			return err
+		}
+		defer ctl.Close()
+		defer data.Close()
+		return tp.Follow(ctl, data, s, s.NewCache(tp.CachePages(r.d, pool), pool.BlockTokens()))
 	}
-	data, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: time.Minute, JoinTimeout: f.joinTimeout(), Group: "tp-data"})
+	first, n := f.nodeRanks()
+	wait := withLocalRanks(first, n, follow)
+	if first != 0 {
+		// A worker node's work ends with rank 0's stop. Returning (not exiting here) lets
+		// the callers' defers run: openModel removes its --random-weights directory.
+		// A failed rank returns at once (the process ends; its goroutine ranks with it).
+		if err := follow(first); err != nil {
+			return nil, nil, fmt.Errorf("tp worker: rank %d: %w", first, err)
+		}
+		if err := wait(); err != nil {
+			return nil, nil, fmt.Errorf("tp worker: %w", err)
+		}
+		return nil, nil, errWorkerDone
+	}
+	s, ctl, data, err := join(0)
 	if err != nil {
-		ctl.Close()
 		return nil, nil, err
 	}
 	kv := s.NewCache(tp.CachePages(r.d, pool), pool.BlockTokens())
-	if f.nodeRank != 0 {
-		err := tp.Follow(ctl, data, s, kv)
-		ctl.Close()
-		data.Close()
-		if err != nil {
-			return nil, nil, fmt.Errorf("tp worker: %w", err)
-		}
-		// A worker node's work ends with rank 0's stop. Returning (not exiting here) lets
-		// the callers' defers run: openModel removes its --random-weights directory.
-		return nil, nil, errWorkerDone
-	}
 	stop := func() error {
 		err := tp.Stop(ctl)
 		ctl.Close()
 		data.Close()
-		return err
+		return errors.Join(err, wait())
 	}
 	tctl, tdata := dist.NewTimed(ctl), dist.NewTimed(data)
 	forward, stop := f.timed(tp.Lead(tctl, tdata, s, kv), stop, tctl, tdata)

@@ -198,3 +198,25 @@ func TestGenerateTPGPUNodes(t *testing.T) {
 		t.Fatalf("two nodes %q, --tp 1 %q", tokensLine(got), tokensLine(want))
 	}
 }
+
+// TestGenerateTPGPUOneNodeTwoRanks: with --dist-init-addr a node runs its share of the
+// GPU ranks, each on its own GPU (--gpu + its index on the node): --tp 2 on one node, both
+// ranks of this process joining over the TCP rendezvous and NCCL, prints --tp 1's tokens.
+func TestGenerateTPGPUOneNodeTwoRanks(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"), "--device", "cuda-emu",
+		"--prompt-ids", "1,2,3", "--max-tokens", "12", "--ignore-eos"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("--tp 1: %v\n%s", err, errOut)
+	}
+	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--nnodes", "1", "--dist-init-addr", rendezvousAddr(t), "--dist-timeout", "2m"}, args...)...)
+	if err != nil {
+		t.Fatalf("--tp 2 on one node: %v\n%s", err, errOut)
+	}
+	if tokensLine(got) == "" || tokensLine(got) != tokensLine(want) {
+		t.Fatalf("--tp 2 on one node %q, --tp 1 %q", tokensLine(got), tokensLine(want))
+	}
+}

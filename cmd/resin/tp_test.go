@@ -147,7 +147,7 @@ func TestGenerateTPNodes(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--tp", "2", "--nnodes", "3", "--dist-init-addr", addr}, "one rank per node"},
+		{[]string{"--tp", "2", "--nnodes", "3", "--dist-init-addr", addr}, "the 2 ranks must split evenly over the nodes"},
 		{[]string{"--tp", "2", "--nnodes", "2", "--node-rank", "2", "--dist-init-addr", addr}, "--node-rank 2"},
 		{[]string{"--tp", "2", "--tp-procs", "--nnodes", "2", "--dist-init-addr", addr}, "exclusive"},
 		{[]string{"--nnodes", "2"}, "need --dist-init-addr"},

@@ -25,8 +25,8 @@ import (
 // GPU --gpu+r where the driver sees that many, else every rank on --gpu (NCCL ≥ 2.30 with
 // NCCL_MULTI_RANK_GPU_ENABLE=1). The ranks are goroutines of this process
 // (gpurunner.NewDenseTPShards), or with --tp-procs ranks 1..N-1 are worker processes of
-// this binary (startGPUWorkers), or with --dist-init-addr one rank per node, each on its
-// --gpu (openTPGPUNode). From a checkpoint each rank reads only its slices
+// this binary (startGPUWorkers), or with --dist-init-addr a node's share of the ranks,
+// each on its GPU (openTPGPUNode). From a checkpoint each rank reads only its slices
 // (gpurunner.ReadDense); seeded random weights are built whole, as llama.Load builds
 // them, and cut. With --device cuda-emu the emulator shows --tp GPUs unless
 // RESIN_EMU_DEVICES says otherwise.
@@ -235,44 +235,68 @@ func (g *tpGPUWorkers) StopRanks() error {
 	return errors.Join(err, g.TPRank.Close())
 }
 
-// openTPGPUNode joins the multi-node group at --dist-init-addr over TCP as this node's
-// rank, on GPU --gpu: the control communicator waits as long as the engine idles, and
-// rank 0 hands the NCCL id to the others on it (gpurunner.JoinDenseTP; NCCL's own
-// bootstrap then connects the ranks). Node 0 returns the engine's runner; the others
-// follow rank 0's plans until it stops and then end the command (errWorkerDone).
+// openTPGPUNode joins the multi-node group at --dist-init-addr over TCP with this node's
+// ranks (tpFlags.nodeRanks: the first here, the others on goroutines), local rank i on
+// GPU --gpu+i (+ torchrun's LOCAL_RANK): the control communicator waits as long as the
+// engine idles, and rank 0 hands the NCCL id to the others on it (gpurunner.JoinDenseTP;
+// NCCL's own bootstrap then connects the ranks). Node 0 returns the engine's runner; the
+// others follow rank 0's plans until it stops and then end the command (errWorkerDone).
 func openTPGPUNode(shard gpurunner.DenseShard, opts gpurunner.Options, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
-	ctl, err := dist.JoinTCP(f.initAddr, f.nodeRank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-gpu-ctl"})
-	if err != nil {
-		return nil, nil, err
-	}
-	g, pool, err := gpurunner.JoinDenseTP(shard, ctl, opts)
-	if err != nil {
-		ctl.Close()
-		return nil, nil, err
-	}
-	if f.nodeRank != 0 {
-		err := errors.Join(g.Follow(), g.Close())
-		ctl.Close()
+	first, n := f.nodeRanks()
+	join := func(rank int) (*gpurunner.TPRank, *kvslab.Pool, dist.Communicator, error) {
+		ctl, err := dist.JoinTCP(f.initAddr, rank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-gpu-ctl"})
 		if err != nil {
+			return nil, nil, nil, err
+		}
+		o := opts
+		if c, err := cudart.DeviceCount(); err == nil && opts.Ordinal+f.localRank+n <= c {
+			o.Ordinal += f.localRank + rank - first
+		} // else every rank of this node on --gpu (NCCL_MULTI_RANK_GPU_ENABLE=1), as in-process ranks are
+		g, pool, err := gpurunner.JoinDenseTP(shard, ctl, o)
+		if err != nil {
+			ctl.Close()
+			return nil, nil, nil, fmt.Errorf("on GPU %d: %w", o.Ordinal, err)
+		}
+		return g, pool, ctl, nil
+	}
+	follow := func(rank int) error {
+		g, _, ctl, err := join(rank)
+		if err != nil {
+			return err
+		}
+		defer ctl.Close()
+		return errors.Join(g.Follow(), g.Close())
+	}
+	wait := withLocalRanks(first, n, follow)
+	if first != 0 {
+		if err := follow(first); err != nil {
+			return nil, nil, fmt.Errorf("tp worker: rank %d: %w", first, err)
+		}
+		if err := wait(); err != nil {
 			return nil, nil, fmt.Errorf("tp worker: %w", err)
 		}
 		return nil, nil, errWorkerDone
 	}
-	return &tpGPUNode{TPRank: g, ctl: ctl}, pool, nil
+	g, pool, ctl, err := join(0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &tpGPUNode{TPRank: g, ctl: ctl, wait: wait}, pool, nil
 }
 
 // tpGPUNode is node 0 of a multi-node GPU TP group: the engine's runner, whose StopRanks
 // ends the other nodes' ranks.
 type tpGPUNode struct {
 	*gpurunner.TPRank
-	ctl dist.Communicator
+	ctl  dist.Communicator
+	wait func() error // this node's other ranks (withLocalRanks)
 }
 
 // StopRanks stops the other nodes' ranks, then frees this node's runner.
 func (g *tpGPUNode) StopRanks() error {
 	err := g.TPRank.Stop()
 	g.ctl.Close()
-	return errors.Join(err, g.TPRank.Close())
+	return errors.Join(err, g.wait(), g.TPRank.Close())
 }
 
 // runGPUTPWorker is a --tp-procs worker of llama's GPU TP: it opens its rank's part of

@@ -24,6 +24,10 @@ type Node struct {
 	InitAddr string
 	NNodes   int
 	NodeRank int
+	// LocalRank is torchrun's LOCAL_RANK, the process's index on its machine (0 when unset
+	// or not torchrun's): a GPU rank runs on GPU --gpu+LocalRank, as torchrun's processes
+	// of one machine each take their own GPU.
+	LocalRank int
 	// From says where it came from: "flags", "torchrun" or "leaderworkerset".
 	From string
 }
@@ -31,7 +35,8 @@ type Node struct {
 // NodeFromEnv reads a multi-node layout from getenv (os.Getenv): Kubernetes'
 // LeaderWorkerSet (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX, the port from
 // RESIN_DIST_PORT, else MASTER_PORT, else DefaultPort) first, then torchrun's
-// (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK). ok is false when neither is set; a layout
+// (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, and LOCAL_RANK when set: one process per
+// rank, each a "node" of one rank here). ok is false when neither is set; a layout
 // that is set but malformed is an error naming the variable.
 func NodeFromEnv(getenv func(string) string) (n Node, ok bool, err error) {
 	port := func() string {
@@ -67,6 +72,14 @@ func NodeFromEnv(getenv func(string) string) (n Node, ok bool, err error) {
 		}
 		if n.NodeRank, err = atoi("RANK"); err != nil {
 			return n, true, err
+		}
+		if getenv("LOCAL_RANK") != "" {
+			if n.LocalRank, err = atoi("LOCAL_RANK"); err != nil {
+				return n, true, err
+			}
+			if n.LocalRank < 0 {
+				return n, true, fmt.Errorf("launch: LOCAL_RANK=%d is negative", n.LocalRank)
+			}
 		}
 		p := getenv("MASTER_PORT")
 		if p == "" {

@@ -32,6 +32,8 @@ func TestNodeFromEnv(t *testing.T) {
 			launch.Node{InitAddr: "lead:29500", NNodes: 2, NodeRank: 1, From: "leaderworkerset"}},
 		{"torchrun", env("MASTER_ADDR", "node0", "MASTER_PORT", "29400", "WORLD_SIZE", "2", "RANK", "1"),
 			launch.Node{InitAddr: "node0:29400", NNodes: 2, NodeRank: 1, From: "torchrun"}},
+		{"torchrun, 4 processes a machine", env("MASTER_ADDR", "node0", "WORLD_SIZE", "8", "RANK", "6", "LOCAL_RANK", "2"),
+			launch.Node{InitAddr: "node0:29500", NNodes: 8, NodeRank: 6, LocalRank: 2, From: "torchrun"}},
 		{"ipv6", env("MASTER_ADDR", "fd00::1", "WORLD_SIZE", "2", "RANK", "0"),
 			launch.Node{InitAddr: "[fd00::1]:29500", NNodes: 2, NodeRank: 0, From: "torchrun"}},
 	} {
@@ -52,6 +54,8 @@ func TestNodeFromEnv(t *testing.T) {
 		{env("LWS_LEADER_ADDRESS", "lead", "LWS_GROUP_SIZE", "2", "LWS_WORKER_INDEX", "2"), "node rank 2 outside [0, 2) (leaderworkerset)"},
 		{env("MASTER_ADDR", "a", "WORLD_SIZE", "2", "RANK", "0", "MASTER_PORT", "http"), `port "http"`},
 		{env("MASTER_ADDR", "a", "WORLD_SIZE", "0", "RANK", "0"), "0 nodes (torchrun)"},
+		{env("MASTER_ADDR", "a", "WORLD_SIZE", "2", "RANK", "0", "LOCAL_RANK", "x"), `LOCAL_RANK="x"`},
+		{env("MASTER_ADDR", "a", "WORLD_SIZE", "2", "RANK", "0", "LOCAL_RANK", "-1"), "LOCAL_RANK=-1 is negative"},
 	} {
 		if _, ok, err := launch.NodeFromEnv(c.env); !ok || err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ok %v, %v, want an error with %q", ok, err, c.want)
