@@ -187,9 +187,9 @@ func (p *parallel) epGroup() dist.Communicator {
 	return p.epComm
 }
 
-// groups sets p's tp and ep groups on comm (every rank of the layout): comm itself where
+// join sets p's tp and ep groups on comm (every rank of the layout): comm itself where
 // a group spans every rank, else dist.NewLayout's split (every rank must call it).
-func (p *parallel) groups(comm dist.Communicator) error {
+func (p *parallel) join(comm dist.Communicator) error {
 	p.comm, p.tpComm, p.epComm = comm, comm, comm
 	if p.tp == 1 || p.ep == 1 || p.tp == p.ep {
 		return nil
@@ -213,7 +213,7 @@ func NewRankModel(c *TextConfig, w *TextWeights, l Layout, comm dist.Communicato
 		return nil, fmt.Errorf("%s: layout of %d ranks on a group of %d", Name, l.Size(), comm.Size())
 	}
 	p := rankPart(c, l, comm.Rank())
-	if err := p.groups(comm); err != nil { // first: every rank splits comm, even one whose weights are refused
+	if err := p.join(comm); err != nil { // first: every rank splits comm, even one whose weights are refused
 		return nil, err
 	}
 	per := 2 * p.moeInter * c.HiddenSize
