@@ -190,6 +190,7 @@ func TestMoELayoutRefusedOnce(t *testing.T) {
 		{"deepseek-v4-flash", []string{"--tp", "5"}, "do not all divide by tp=5"},
 		{"glm-5-flash", []string{"--ep", "40"}, "routed experts"},
 		{"glm-5-flash", []string{"--tp", "5", "--tp-procs"}, "do not all divide by tp=5"},
+		{"deepseek-v4-flash", []string{"--tp", "2", "--ep", "3", "--tp-procs"}, "the smaller must divide the larger"},
 	} {
 		args := append([]string{"--model", c.model, "--random-weights", filepath.Join("../../models", c.model, "config.json"),
 			"--prompt-ids", "1,2,3", "--max-tokens", "2"}, c.flags...)
