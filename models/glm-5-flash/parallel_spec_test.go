@@ -66,7 +66,8 @@ func arena(t *testing.T, pool *kvslab.Pool) []byte {
 }
 
 // TestMTPParallelEqualsOneRank runs MTP speculative decoding through the engine under
-// TP=2, EP=2 (all-to-all), TP=2 × EP=2 and TP=2 × EP=4 (own drafts), with the split MTP layer's own drafts and with
+// TP=2, EP=2 (all-to-all), TP=2 × EP=2 and TP=2 × EP=4 (own drafts only), with the
+// split MTP layer's own drafts and with
 // drafts forced right but at every third position (accepted and rejected drafts at every
 // offset of the pools and blocks, chained three deep): every request's greedy tokens
 // equal plain greedy decoding on one rank, with log probabilities within 1e-5 (a
