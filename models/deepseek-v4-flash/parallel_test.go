@@ -195,7 +195,7 @@ func TestRankWeights(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, l := range []Layout{{EP: 3}, {TP: 2}, {TP: 2, EP: 2}} {
+		for _, l := range []Layout{{EP: 3}, {TP: 2}, {TP: 2, EP: 2}, {TP: 2, EP: 4}} {
 			for rank := range l.Size() {
 				got, err := LoadShard(c, ck, l, rank)
 				if err != nil {
