@@ -56,9 +56,11 @@ func readLogits(t *testing.T, path string) ([]float32, []int) {
 
 // TestGenerateMoEParallel: `resin generate --model deepseek-v4-flash|glm-5-flash
 // --random-weights … --prompt-ids 1,2,3` prints with --ep 2, --ep 3 by all-to-all (the
-// in-tree configs' experts split unevenly), --tp 2, --tp 2 --ep 2 and, with --tp-procs, rank 1 a worker
-// process, what one rank prints, and their --logits-out files hold logits of the same shape
-// within 1e-5 of each row's largest; a split the heads do not divide and --ep on
+// in-tree configs' experts split unevenly), --tp 2, --tp 2 --ep 2, TP and EP of different
+// sizes (--tp 2 --ep 4, glm-5-flash's --tp 4 --ep 2 too) and, with --tp-procs, the other
+// ranks worker processes, what one rank prints, and their --logits-out files hold logits
+// of the same shape within 1e-5 of each row's largest; a split the heads do not divide,
+// TP and EP neither of which divides the other, different sizes on the GPU and --ep on
 // llama are refused by name.
 func TestGenerateMoEParallel(t *testing.T) {
 	for _, c := range []struct {
@@ -67,10 +69,12 @@ func TestGenerateMoEParallel(t *testing.T) {
 		refused []string
 		why     string
 	}{
-		{"deepseek-v4-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--ep", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2"}},
+		{"deepseek-v4-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--ep", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2"},
+			{"--tp", "2", "--ep", "4"}},
 			[]string{"--tp", "3"}, "do not all divide by tp=3"},
-		{"glm-5-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--tp", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2", "--tp-procs"}},
-			[]string{"--tp", "3"}, "do not all divide by tp=3"},
+		{"glm-5-flash", [][]string{{"--ep", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--tp", "2"}, {"--tp", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2", "--tp-procs"},
+			{"--tp", "2", "--ep", "4", "--tp-procs"}, {"--tp", "4", "--ep", "2", "--ep-dispatch", "all-to-all"}},
+			[]string{"--tp", "2", "--ep", "3"}, "tp=2 with ep=3: the smaller must divide the larger"},
 	} {
 		t.Run(c.model, func(t *testing.T) {
 			dir := t.TempDir()
@@ -104,6 +108,10 @@ func TestGenerateMoEParallel(t *testing.T) {
 				t.Fatalf("%v: %v (%s), want an error saying %q", c.refused, err, errOut, c.why)
 			}
 		})
+	}
+	if _, _, err := runGenerate(t, "--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--device", "cuda-emu",
+		"--tp", "2", "--ep", "4", "--max-tokens", "2", "hi"); err == nil || !strings.Contains(err.Error(), "--tp and --ep must be equal there") {
+		t.Fatalf("--tp 2 --ep 4 on the GPU: %v", err)
 	}
 	if _, _, err := runGenerate(t, "--model", "llama", "--random-weights", tinyLlama, "--ep", "2", "--max-tokens", "2", "hi"); err == nil ||
 		!strings.Contains(err.Error(), "expert parallelism covers deepseek-v4-flash and glm-5-flash only") {
@@ -182,6 +190,7 @@ func TestMoELayoutRefusedOnce(t *testing.T) {
 		{"deepseek-v4-flash", []string{"--tp", "5"}, "do not all divide by tp=5"},
 		{"glm-5-flash", []string{"--ep", "40"}, "routed experts"},
 		{"glm-5-flash", []string{"--tp", "5", "--tp-procs"}, "do not all divide by tp=5"},
+		{"deepseek-v4-flash", []string{"--tp", "2", "--ep", "3", "--tp-procs"}, "the smaller must divide the larger"},
 	} {
 		args := append([]string{"--model", c.model, "--random-weights", filepath.Join("../../models", c.model, "config.json"),
 			"--prompt-ids", "1,2,3", "--max-tokens", "2"}, c.flags...)

@@ -155,18 +155,24 @@ func (m *Model) moe(l *Layer, kind string, x []float32, tokens []int32) ([]float
 	}
 	p := &m.par
 	switch {
-	case p.ep > 1 && p.dispatch == DispatchGather && p.tp > 1:
-		// TP × EP: this rank's experts and its columns of the shared one, summed at once.
-		for i := range out {
-			out[i] += shared[i]
+	case p.ep > 1 && p.dispatch == DispatchGather && p.tp > 1 && p.tp <= p.ep:
+		// TP × EP with the tp group inside the ep group: this rank's experts and, on the
+		// ep group's first tp group (every rank when equal), its columns of the shared
+		// one, summed at once.
+		if p.epRank < p.tp {
+			for i := range out {
+				out[i] += shared[i]
+			}
 		}
-		return out, ep.CombineReplicated(p.comm, out, n, h)
+		return out, ep.CombineReplicated(p.epGroup(), out, n, h)
 	case p.ep > 1 && p.dispatch == DispatchGather:
-		if err := ep.CombineReplicated(p.comm, out, n, h); err != nil {
+		if err := ep.CombineReplicated(p.epGroup(), out, n, h); err != nil {
 			return nil, err
 		}
-	case p.ep > 1 && p.tp > 1:
-		// All-to-all gave the routed sum; the shared expert's columns still need theirs.
+	}
+	if p.ep > 1 && p.tp > 1 {
+		// All-to-all gave the routed sum, or the ep group's combine did not span the tp
+		// group (EP < TP): the shared expert's columns still need theirs.
 		if err := m.allReduce(shared, "shared expert"); err != nil {
 			return nil, err
 		}
@@ -189,7 +195,7 @@ func (m *Model) allToAllExperts(l *Layer, x, out []float32) error {
 	c, s, p := m.Config, &m.moeBuf, &m.par
 	h, k, in := c.HiddenSize, c.NumExpertsPerTok, p.inter
 	n := len(x) / h
-	lo, hi := ep.RowShare(n, p.rank, p.ep)
+	lo, hi := ep.RowShare(n, p.epRank, p.ep)
 	lim := float32(c.SwigluLimit)
 	var gateUp, act []float32
 	run := func(e int, xe []float32, rows int, y []float32) error {
@@ -207,10 +213,10 @@ func (m *Model) allToAllExperts(l *Layer, x, out []float32) error {
 	layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: h, TopK: k}
 	routes := ep.Routes{X: x[lo*h : hi*h], IDs: s.ids[lo*k : hi*k], Weights: s.weights[lo*k : hi*k]}
 	mine := make([]float32, (hi-lo)*h)
-	if err := ep.AllToAll(p.comm, layer, routes, run, mine); err != nil {
+	if err := ep.AllToAll(p.epGroup(), layer, routes, run, mine); err != nil {
 		return err
 	}
-	all, err := p.comm.AllGatherV(dist.F32Bytes(mine))
+	all, err := p.epGroup().AllGatherV(dist.F32Bytes(mine))
 	if err != nil {
 		return fmt.Errorf("ep: gather the shares: %w", err)
 	}

@@ -47,9 +47,14 @@ const (
 //     ranks may hold fewer, or none); everything else is replicated and every rank runs
 //     every token, combined per Dispatch.
 //
-// TP and EP together must be equal: the same ranks then split the attention, the vocabulary
-// and the shared expert (TP) and the routed experts (EP, each expert whole), as SGLang's
-// --tp N --ep N. The MTP head's block is split like a layer (its e_proj, h_proj, norms
+// TP and EP together run over max(TP, EP) ranks, the smaller dividing the larger, in
+// dist.NewLayout's groups (tp groups and ep groups of consecutive ranks, tp rank = rank
+// mod TP, ep rank = rank mod EP): each tp group splits the attention, the vocabulary and
+// the shared expert TP ways, and every tp group runs the same tokens (replicated, as
+// SGLang's attention DP within the ep group); the routed experts (each whole) split over
+// the ep group, and with EP < TP the ep groups hold the same experts (replicated) and each
+// reduces its own partials. Equal sizes are SGLang's --tp N --ep N: the same ranks split
+// both ways. The MTP head's block is split like a layer (its e_proj, h_proj, norms
 // and hc_head replicated) and reads the split embedding and lm_head, so every rank runs
 // the drafts of every step (Runner.LockstepRank) and they come out equal on every rank.
 type Layout struct {
@@ -60,7 +65,7 @@ type Layout struct {
 // Size returns the ranks of the layout.
 func (l Layout) Size() int {
 	if l.TP > 1 && l.EP > 1 {
-		return l.TP // == EP: the same ranks
+		return max(l.TP, l.EP) // the smaller's groups within the larger's
 	}
 	return max(l.TP, 1) * max(l.EP, 1)
 }
@@ -71,8 +76,8 @@ func (l Layout) Check(c *Config) error {
 	switch {
 	case l.TP < 0 || l.EP < 0:
 		return fmt.Errorf("%s: layout tp=%d ep=%d", Name, l.TP, l.EP)
-	case tpn > 1 && epn > 1 && tpn != epn:
-		return fmt.Errorf("%s: tp=%d with ep=%d: together they must be equal (the experts split over the tp ranks)", Name, tpn, epn)
+	case tpn > 1 && epn > 1 && max(tpn, epn)%min(tpn, epn) != 0:
+		return fmt.Errorf("%s: tp=%d with ep=%d: the smaller must divide the larger (they run over max(tp, ep) ranks, the smaller's groups within the larger's)", Name, tpn, epn)
 	case epn > c.NRoutedExperts:
 		// More ranks than experts would work (expert-less ranks are handled), but it is
 		// surely a mistake on the command line.
@@ -89,9 +94,13 @@ func (l Layout) Check(c *Config) error {
 // parallel is what a Model holds of its layout; the zero layout (one rank) is filled by
 // NewModel.
 type parallel struct {
-	comm             dist.Communicator // the tp or the ep group; nil on one rank
-	tp, ep           int               // group sizes, 1 when off
-	rank             int
+	comm   dist.Communicator // every rank of the layout; nil on one rank
+	tp, ep int               // group sizes, 1 when off
+	rank   int               // in comm
+	// The tp and ep groups (NewRankModel: comm itself where one spans every rank; nil
+	// where comm was set alone: tpGroup, epGroup) and this rank's place in them.
+	tpComm, epComm   dist.Communicator
+	tpRank, epRank   int
 	dispatch         Dispatch
 	heads, groups    int // attention heads and o_groups held
 	inter            int // intermediate columns held of each routed expert
@@ -116,17 +125,49 @@ func wholeModel(c *Config) parallel {
 func rankPart(c *Config, l Layout, rank int) parallel {
 	p := wholeModel(c)
 	p.tp, p.ep, p.rank, p.dispatch = max(l.TP, 1), max(l.EP, 1), rank, l.Dispatch
+	p.tpRank, p.epRank = rank%p.tp, rank%p.ep // dist.NewLayout's
 	if p.tp > 1 {
 		p.heads, p.groups, p.sharedInter = c.NumAttentionHeads/p.tp, c.OGroups/p.tp, c.MoEIntermediateSize/p.tp
 		if p.ep == 1 {
 			p.inter = c.MoEIntermediateSize / p.tp // without EP every expert is split too
 		}
-		p.vocabLo, p.vocabHi = tp.VocabRange(c.VocabSize, rank, p.tp)
+		p.vocabLo, p.vocabHi = tp.VocabRange(c.VocabSize, p.tpRank, p.tp)
 	}
 	if p.ep > 1 {
-		p.expLo, p.expHi = ep.Layer{Experts: c.NRoutedExperts}.Range(rank, p.ep)
+		p.expLo, p.expHi = ep.Layer{Experts: c.NRoutedExperts}.Range(p.epRank, p.ep)
 	}
 	return p
+}
+
+// tpGroup returns the communicator of p's tp group.
+func (p *parallel) tpGroup() dist.Communicator {
+	if p.tpComm == nil {
+		return p.comm
+	}
+	return p.tpComm
+}
+
+// epGroup returns the communicator of p's ep group.
+func (p *parallel) epGroup() dist.Communicator {
+	if p.epComm == nil {
+		return p.comm
+	}
+	return p.epComm
+}
+
+// join sets p's tp and ep groups on comm (every rank of the layout): comm itself where
+// a group spans every rank, else dist.NewLayout's split (every rank must call it).
+func (p *parallel) join(comm dist.Communicator) error {
+	p.comm, p.tpComm, p.epComm = comm, comm, comm
+	if p.tp == 1 || p.ep == 1 || p.tp == p.ep {
+		return nil
+	}
+	l, err := dist.NewLayout(comm, p.tp, 1, p.ep)
+	if err != nil {
+		return fmt.Errorf("%s: rank %d: %w", Name, p.rank, err)
+	}
+	p.tpComm, p.epComm = l.TP, l.EP
+	return nil
 }
 
 // NewRankModel is NewModel for rank comm.Rank() of layout l: w must be that rank's
@@ -144,7 +185,9 @@ func NewRankModel(c *Config, w *Weights, maxContext int, l Layout, comm dist.Com
 		return nil, err
 	}
 	m.par = rankPart(c, l, comm.Rank())
-	m.par.comm = comm
+	if err := m.par.join(comm); err != nil { // first: every rank splits comm, even one whose weights are refused
+		return nil, err
+	}
 	if err := m.par.checkWeights(c, w); err != nil {
 		return nil, err
 	}
@@ -225,9 +268,9 @@ func LoadShard(c *Config, ck *weights.Checkpoint, l Layout, rank int) (*Weights,
 func (p *parallel) parts(c *Config) func(*Weights) map[*[]float32]part {
 	return func(w *Weights) map[*[]float32]part {
 		d, olr := c.HeadDim, c.OLoraRank
-		h0, h1 := p.rank*p.heads, (p.rank+1)*p.heads
-		g0, g1 := p.rank*p.groups, (p.rank+1)*p.groups
-		s0, s1 := p.rank*p.sharedInter, (p.rank+1)*p.sharedInter
+		h0, h1 := p.tpRank*p.heads, (p.tpRank+1)*p.heads
+		g0, g1 := p.tpRank*p.groups, (p.tpRank+1)*p.groups
+		s0, s1 := p.tpRank*p.sharedInter, (p.tpRank+1)*p.sharedInter
 		m := map[*[]float32]part{&w.Embed: {lo: p.vocabLo, hi: p.vocabHi}, &w.Head: {lo: p.vocabLo, hi: p.vocabHi}}
 		layers := make([]*Layer, 0, len(w.Layers)+1)
 		for i := range w.Layers {
@@ -245,7 +288,7 @@ func (p *parallel) parts(c *Config) func(*Weights) map[*[]float32]part {
 			m[&l.SharedUp] = part{lo: s0, hi: s1}
 			m[&l.SharedDown] = part{cols: true, lo: s0, hi: s1}
 			if p.inter < c.MoEIntermediateSize { // every routed expert split too
-				i0, i1 := p.rank*p.inter, (p.rank+1)*p.inter
+				i0, i1 := p.tpRank*p.inter, (p.tpRank+1)*p.inter
 				m[&l.GateUp] = part{lo: i0, hi: i1}
 				m[&l.Down] = part{cols: true, lo: i0, hi: i1}
 			}
@@ -285,10 +328,10 @@ func (p *parallel) shardLayer(c *Config, l *Layer, lo int, read bool) Layer {
 	h, d, qr, in, olr := c.HiddenSize, c.HeadDim, c.QLoraRank, c.MoEIntermediateSize, c.OLoraRank
 	gin := c.NumAttentionHeads * d / c.OGroups
 	out := *l
-	h0, h1 := p.rank*p.heads, (p.rank+1)*p.heads
-	g0, g1 := p.rank*p.groups, (p.rank+1)*p.groups
-	i0, i1 := p.rank*p.inter, (p.rank+1)*p.inter
-	s0, s1 := p.rank*p.sharedInter, (p.rank+1)*p.sharedInter
+	h0, h1 := p.tpRank*p.heads, (p.tpRank+1)*p.heads
+	g0, g1 := p.tpRank*p.groups, (p.tpRank+1)*p.groups
+	i0, i1 := p.tpRank*p.inter, (p.tpRank+1)*p.inter
+	s0, s1 := p.tpRank*p.sharedInter, (p.tpRank+1)*p.sharedInter
 	if p.tp == 1 {
 		h0, h1, g0, g1, s0, s1 = 0, c.NumAttentionHeads, 0, c.OGroups, 0, in
 	}
@@ -341,7 +384,7 @@ func (m *Model) embed(x []float32, tokens []int32) error {
 			copy(x[i*h:(i+1)*h], m.W.Embed[(int(t)-p.vocabLo)*h:])
 		}
 	}
-	if err := dist.AllReduceF32(p.comm, x); err != nil {
+	if err := dist.AllReduceF32(p.tpGroup(), x); err != nil {
 		return fmt.Errorf("embedding: %w", err)
 	}
 	return nil
@@ -356,7 +399,7 @@ func (m *Model) lmHead(y []float32, n int) ([]float32, error) {
 	if err != nil || p.tp == 1 {
 		return part, err
 	}
-	parts, err := p.comm.AllGatherV(dist.F32Bytes(part))
+	parts, err := p.tpGroup().AllGatherV(dist.F32Bytes(part))
 	if err != nil {
 		return nil, fmt.Errorf("lm_head: %w", err)
 	}
@@ -380,7 +423,7 @@ func (m *Model) allReduce(x []float32, what string) error {
 	if m.par.tp == 1 {
 		return nil
 	}
-	if err := dist.AllReduceF32(m.par.comm, x); err != nil {
+	if err := dist.AllReduceF32(m.par.tpGroup(), x); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil

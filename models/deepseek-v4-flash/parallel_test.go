@@ -177,8 +177,8 @@ func TestEPEqualsOneRank(t *testing.T) {
 
 // TestRankWeights: a rank's shard holds only its experts (an expert-less rank none),
 // LoadShard from a saved checkpoint (per-expert and packed names) gives ShardWeights'
-// slices, and a layout the config does not divide, or TP and EP of different sizes, is
-// refused.
+// slices, and a layout the config does not divide, or TP and EP of sizes neither of
+// which divides the other, is refused.
 func TestRankWeights(t *testing.T) {
 	c := tinyConfig(t)
 	w := RandomWeights(c, 7, false)
@@ -195,7 +195,7 @@ func TestRankWeights(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, l := range []Layout{{EP: 3}, {TP: 2}, {TP: 2, EP: 2}} {
+		for _, l := range []Layout{{EP: 3}, {TP: 2}, {TP: 2, EP: 2}, {TP: 2, EP: 4}} {
 			for rank := range l.Size() {
 				got, err := LoadShard(c, ck, l, rank)
 				if err != nil {
@@ -230,8 +230,8 @@ func TestRankWeights(t *testing.T) {
 	if _, err := ShardWeights(c, w, Layout{TP: 3}, 0); err == nil {
 		t.Fatal("tp=3 over 4 heads was accepted")
 	}
-	if _, err := ShardWeights(c, w, Layout{TP: 2, EP: 4}, 0); err == nil {
-		t.Fatal("tp=2 with ep=4 was accepted")
+	if _, err := ShardWeights(c, w, Layout{TP: 2, EP: 3}, 0); err == nil {
+		t.Fatal("tp=2 with ep=3 was accepted")
 	}
 }
 

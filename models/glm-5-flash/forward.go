@@ -314,13 +314,16 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 	if m.par.dp {
 		return m.moeDP(w, x, T, ids, wts) // DP-attention: this rank's rows only (dp.go)
 	}
-	// Under expert parallelism with the gather exchange rank 0 holds the shared experts'
-	// output (under TP × EP each rank its columns of it), the others start from zeros,
-	// and each adds its own experts (moeExperts combines them); all-to-all gives every
-	// rank the routed sum, added to its own.
-	par := m.expertParallel()
+	// Under expert parallelism with the gather exchange the ranks whose sum over the ep
+	// group is the shared experts' output once hold it, the others start from zeros, and
+	// each adds its own experts (moeExperts combines them): rank 0 alone (EP), or the ep
+	// group's first tp group with its columns (TP × EP, TP ≤ EP: every rank when equal).
+	// With EP < TP the ep group does not span the tp group, so the columns are summed over
+	// the tp group first and ep rank 0 holds the sum. All-to-all gives every rank the
+	// routed sum, added to its own (the columns summed first under TP).
+	par, p := m.expertParallel(), &m.par
 	var out []float32
-	if !par || m.par.rank == 0 || m.par.dispatch == DispatchAllToAll || m.tensorParallel() {
+	if !par || p.dispatch == DispatchAllToAll || p.epRank < p.tp || p.ep < p.tp {
 		out = m.mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
 	} else {
 		out = make([]float32, T*D)
@@ -338,13 +341,18 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 		clampedSwiGLU(g, u, float32(c.SwigluLimit))
 		return m.expertMatMulT(y, g, &w.down, le, n, F, D)
 	}
-	if par && m.par.dispatch == DispatchAllToAll {
-		// The exchange gives every rank the routed sum; under TP × EP the shared experts'
-		// columns are summed first.
+	if par && (p.dispatch == DispatchAllToAll || p.ep < p.tp) {
+		// The exchange does not span the tp group (or gives every rank the routed sum):
+		// the shared experts' columns are summed over it first.
 		if err := m.allReduce(out, "shared experts"); err != nil {
 			return nil, err
 		}
-		return out, m.moeExperts(x, out, ids, wts, T, expert)
+		if p.dispatch == DispatchAllToAll {
+			return out, m.moeExperts(x, out, ids, wts, T, expert)
+		}
+		if p.epRank != 0 {
+			clear(out) // ep rank 0's sum counts once in the combine
+		}
 	}
 	// Group rows by expert and run each expert's rows as one GEMM.
 	rows := make([][]int, E)

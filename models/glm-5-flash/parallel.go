@@ -48,9 +48,14 @@ const (
 //     ranks may hold fewer, or none); everything else is replicated and every rank runs
 //     every token, combined per Dispatch.
 //
-// TP and EP together must be equal: the same ranks then split the attention, the
-// vocabulary, the dense and shared MLPs (TP) and the routed experts (EP, each expert
-// whole), as SGLang's --tp N --ep N. The MTP layer's attention and MoE are split like a
+// TP and EP together run over max(TP, EP) ranks, the smaller dividing the larger, in
+// dist.NewLayout's groups (tp groups and ep groups of consecutive ranks, tp rank = rank
+// mod TP, ep rank = rank mod EP): each tp group splits the attention, the vocabulary and
+// the dense and shared MLPs TP ways, and every tp group runs the same tokens (replicated,
+// as SGLang's attention DP within the ep group); the routed experts (each whole) split
+// over the ep group, and with EP < TP the ep groups hold the same experts (replicated)
+// and each reduces its own partials. Equal sizes are SGLang's --tp N --ep N: the same
+// ranks split both ways. The MTP layer's attention and MoE are split like a
 // layer's (eh_proj and the norms replicated), its head by vocabulary rows like the
 // lm_head, so every rank runs the drafts of every step (TextRunner.LockstepRank) and they
 // come out equal on every rank.
@@ -62,7 +67,7 @@ type Layout struct {
 // Size returns the ranks of the layout.
 func (l Layout) Size() int {
 	if l.TP > 1 && l.EP > 1 {
-		return l.TP // == EP: the same ranks
+		return max(l.TP, l.EP) // the smaller's groups within the larger's
 	}
 	return max(l.TP, 1) * max(l.EP, 1)
 }
@@ -73,8 +78,8 @@ func (l Layout) Check(c *TextConfig) error {
 	switch {
 	case l.TP < 0 || l.EP < 0:
 		return fmt.Errorf("%s: layout tp=%d ep=%d", Name, l.TP, l.EP)
-	case l.TP > 1 && l.EP > 1 && l.TP != l.EP:
-		return fmt.Errorf("%s: tp=%d with ep=%d: together they must be equal (the experts split over the tp ranks)", Name, l.TP, l.EP)
+	case l.TP > 1 && l.EP > 1 && max(l.TP, l.EP)%min(l.TP, l.EP) != 0:
+		return fmt.Errorf("%s: tp=%d with ep=%d: the smaller must divide the larger (they run over max(tp, ep) ranks, the smaller's groups within the larger's)", Name, l.TP, l.EP)
 	case l.EP > c.NRoutedExperts:
 		return fmt.Errorf("%s: ep=%d for %d routed experts", Name, l.EP, c.NRoutedExperts)
 	case c.NumAttentionHeads%tpn != 0 || c.LinearNumHeads%tpn != 0 || c.IntermediateSize%tpn != 0 || c.MoEIntermediateSize%tpn != 0:
@@ -89,8 +94,13 @@ func (l Layout) Check(c *TextConfig) error {
 // parallel is what a TextModel holds of its layout; the zero value is the whole model on
 // one rank (comm nil).
 type parallel struct {
-	comm               dist.Communicator
-	rank, tp, ep       int
+	comm         dist.Communicator // every rank of the layout
+	rank, tp, ep int               // rank in comm, group sizes
+	// The tp and ep groups (NewRankModel: comm itself where one spans every rank; nil
+	// where comm was set alone, as the GPU layout's equal sizes do: tpGroup, epGroup) and
+	// this rank's place in them.
+	tpComm, epComm     dist.Communicator
+	tpRank, epRank     int
 	dispatch           Dispatch
 	expLo, expHi       int // routed experts held
 	mlaHeads, kdaHeads int // held under TP
@@ -138,7 +148,7 @@ func (m *TextModel) allReduce(x []float32, what string) error {
 	if !m.tensorParallel() {
 		return nil
 	}
-	if err := dist.AllReduceF32(m.par.comm, x); err != nil {
+	if err := dist.AllReduceF32(m.par.tpGroup(), x); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
@@ -147,17 +157,49 @@ func (m *TextModel) allReduce(x []float32, what string) error {
 func rankPart(c *TextConfig, l Layout, rank int) parallel {
 	p := parallel{rank: rank, tp: max(l.TP, 1), ep: max(l.EP, 1), dispatch: l.Dispatch, expHi: c.NRoutedExperts,
 		mlaHeads: c.NumAttentionHeads, kdaHeads: c.LinearNumHeads, moeInter: c.MoEIntermediateSize, vocabHi: c.VocabSize}
+	p.tpRank, p.epRank = rank%p.tp, rank%p.ep // dist.NewLayout's
 	if p.ep > 1 {
-		p.expLo, p.expHi = ep.Layer{Experts: c.NRoutedExperts}.Range(rank, p.ep)
+		p.expLo, p.expHi = ep.Layer{Experts: c.NRoutedExperts}.Range(p.epRank, p.ep)
 	}
 	if p.tp > 1 {
 		p.mlaHeads, p.kdaHeads = c.NumAttentionHeads/p.tp, c.LinearNumHeads/p.tp
 		if p.ep == 1 {
 			p.moeInter = c.MoEIntermediateSize / p.tp // without EP every expert is split too
 		}
-		p.vocabLo, p.vocabHi = tp.VocabRange(c.VocabSize, rank, p.tp)
+		p.vocabLo, p.vocabHi = tp.VocabRange(c.VocabSize, p.tpRank, p.tp)
 	}
 	return p
+}
+
+// tpGroup returns the communicator of p's tp group.
+func (p *parallel) tpGroup() dist.Communicator {
+	if p.tpComm == nil {
+		return p.comm
+	}
+	return p.tpComm
+}
+
+// epGroup returns the communicator of p's ep group.
+func (p *parallel) epGroup() dist.Communicator {
+	if p.epComm == nil {
+		return p.comm
+	}
+	return p.epComm
+}
+
+// join sets p's tp and ep groups on comm (every rank of the layout): comm itself where
+// a group spans every rank, else dist.NewLayout's split (every rank must call it).
+func (p *parallel) join(comm dist.Communicator) error {
+	p.comm, p.tpComm, p.epComm = comm, comm, comm
+	if p.tp == 1 || p.ep == 1 || p.tp == p.ep {
+		return nil
+	}
+	l, err := dist.NewLayout(comm, p.tp, 1, p.ep)
+	if err != nil {
+		return fmt.Errorf("%s: rank %d: %w", Name, p.rank, err)
+	}
+	p.tpComm, p.epComm = l.TP, l.EP
+	return nil
 }
 
 // NewRankModel returns rank comm.Rank() of layout l: w must be that rank's weights
@@ -171,7 +213,9 @@ func NewRankModel(c *TextConfig, w *TextWeights, l Layout, comm dist.Communicato
 		return nil, fmt.Errorf("%s: layout of %d ranks on a group of %d", Name, l.Size(), comm.Size())
 	}
 	p := rankPart(c, l, comm.Rank())
-	p.comm = comm
+	if err := p.join(comm); err != nil { // first: every rank splits comm, even one whose weights are refused
+		return nil, err
+	}
 	per := 2 * p.moeInter * c.HiddenSize
 	if len(w.embed) != (p.vocabHi-p.vocabLo)*c.HiddenSize {
 		return nil, fmt.Errorf("%s: rank %d: embedding of %d values, want vocabulary rows [%d, %d)", Name, p.rank, len(w.embed), p.vocabLo, p.vocabHi)
@@ -213,7 +257,7 @@ func (p *parallel) cut(c *TextConfig, w *TextWeights, lo int, read bool) *TextWe
 	}
 	// rows and cols cut a row-major [r, c] matrix to this rank's share of its rows (in
 	// blocks of n) or columns.
-	share := func(n int) (int, int) { return p.rank * n / p.tp, (p.rank + 1) * n / p.tp }
+	share := func(n int) (int, int) { return p.tpRank * n / p.tp, (p.tpRank + 1) * n / p.tp }
 	rows := func(m []float32, r, cols int) []float32 {
 		a, b := share(r)
 		return slices.Clone(m[a*cols : b*cols])
@@ -336,7 +380,7 @@ func (m *TextModel) lmHead(y []float32, n int) ([]float32, error) {
 func (m *TextModel) vocabParallel(y, head []float32, n int) ([]float32, error) {
 	c, p := m.Config, &m.par
 	part := dense(y, head, n, c.HiddenSize, p.vocabHi-p.vocabLo)
-	parts, err := p.comm.AllGatherV(dist.F32Bytes(part))
+	parts, err := p.tpGroup().AllGatherV(dist.F32Bytes(part))
 	if err != nil {
 		return nil, fmt.Errorf("lm_head: %w", err)
 	}
@@ -566,18 +610,19 @@ func OpenInProcess(dir string, o RankOptions, l Layout, do dist.Options) (*Group
 
 // moeExperts adds into out ([T, D], rank 0's holding the shared experts' output) the
 // routed experts' weighted outputs of every token (ids, wts: [T, K]) with the experts
-// spread over the ep group, per the layout's Dispatch. run computes one held expert.
+// spread over the ep group, per the layout's Dispatch (the tp group's shared experts
+// already summed, or held by ranks whose sum over the ep group is them once: moe). run computes one held expert.
 func (m *TextModel) moeExperts(x, out []float32, ids []int32, wts []float32, T int, run ep.ExpertFunc) error {
 	c, p := m.Config, &m.par
 	D, K := c.HiddenSize, c.NumExpertsPerTok
 	if p.dispatch == DispatchAllToAll {
-		lo, hi := ep.RowShare(T, p.rank, p.ep)
+		lo, hi := ep.RowShare(T, p.epRank, p.ep)
 		layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: D, TopK: K}
 		mine := make([]float32, (hi-lo)*D)
-		if err := ep.AllToAll(p.comm, layer, ep.Routes{X: x[lo*D : hi*D], IDs: ids[lo*K : hi*K], Weights: wts[lo*K : hi*K]}, run, mine); err != nil {
+		if err := ep.AllToAll(p.epGroup(), layer, ep.Routes{X: x[lo*D : hi*D], IDs: ids[lo*K : hi*K], Weights: wts[lo*K : hi*K]}, run, mine); err != nil {
 			return err
 		}
-		all, err := p.comm.AllGatherV(dist.F32Bytes(mine))
+		all, err := p.epGroup().AllGatherV(dist.F32Bytes(mine))
 		if err != nil {
 			return fmt.Errorf("ep: gather the shares: %w", err)
 		}
@@ -595,5 +640,5 @@ func (m *TextModel) moeExperts(x, out []float32, ids []int32, wts []float32, T i
 		}
 		return nil
 	}
-	return ep.CombineReplicated(p.comm, out, T, D)
+	return ep.CombineReplicated(p.epGroup(), out, T, D)
 }

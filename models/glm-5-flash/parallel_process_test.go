@@ -125,14 +125,15 @@ func processLeader(t *testing.T, l Layout, drafts int) (lockstep.Leader, *kvslab
 	return lockstep.LeadRank(ctl, lr), pool, r.Info()
 }
 
-// TestParallelProcesses: EP=3 (an expert-less rank), EP=2 by all-to-all and TP=2 with
-// the other ranks in child processes, the plans broadcast through shared memory, gives the in-process layout's
-// logits bit for bit and one rank's greedy tokens over 64 steps; the workers then stop
-// cleanly.
+// TestParallelProcesses: EP=3 (an expert-less rank), EP=2 by all-to-all, TP=2 and TP=2 ×
+// EP=4 (its tp and ep groups split from the shared-memory group) with the other ranks in
+// child processes, the plans broadcast through shared memory, gives the in-process
+// layout's logits bit for bit and one rank's greedy tokens over 64 steps; the workers
+// then stop cleanly.
 func TestParallelProcesses(t *testing.T) {
 	fwd, pool := oneRank(t)
 	_, wantToks := decode(t, fwd, pool, parSteps)
-	for _, l := range []Layout{{EP: 3}, {EP: 2, Dispatch: DispatchAllToAll}, {TP: 2}} {
+	for _, l := range []Layout{{EP: 3}, {EP: 2, Dispatch: DispatchAllToAll}, {TP: 2}, {TP: 2, EP: 4}} {
 		t.Run(fmt.Sprintf("tp%d-ep%d", l.TP, l.EP), func(t *testing.T) {
 			g, gpool := inProcess(t, l)
 			want, _ := decode(t, g.Forward, gpool, parSteps)

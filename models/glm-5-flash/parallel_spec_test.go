@@ -66,7 +66,8 @@ func arena(t *testing.T, pool *kvslab.Pool) []byte {
 }
 
 // TestMTPParallelEqualsOneRank runs MTP speculative decoding through the engine under
-// TP=2, EP=2 (all-to-all) and TP=2 × EP=2, with the split MTP layer's own drafts and with
+// TP=2, EP=2 (all-to-all), TP=2 × EP=2 and TP=2 × EP=4 (own drafts only), with the
+// split MTP layer's own drafts and with
 // drafts forced right but at every third position (accepted and rejected drafts at every
 // offset of the pools and blocks, chained three deep): every request's greedy tokens
 // equal plain greedy decoding on one rank, with log probabilities within 1e-5 (a
@@ -136,6 +137,7 @@ func TestMTPParallelEqualsOneRank(t *testing.T) {
 		{Layout{EP: 2, Dispatch: DispatchAllToAll}, 3, false, greedy},
 		{Layout{EP: 2, Dispatch: DispatchAllToAll}, 3, true, greedy},
 		{Layout{TP: 2, EP: 2}, 3, true, greedy},
+		{Layout{TP: 2, EP: 4}, 3, false, greedy}, // two tp groups drafting the same tokens
 	} {
 		name := fmt.Sprintf("tp=%d ep=%d dispatch=%d drafts=%d forced=%v T=%g", tc.l.TP, tc.l.EP, tc.l.Dispatch, tc.drafts, tc.forced, tc.sp.Temperature)
 		t.Run(name, func(t *testing.T) {

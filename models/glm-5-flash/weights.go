@@ -151,7 +151,7 @@ func (l *loader) rows(shape []int, names ...string) []float32 {
 	if l.tp == nil || l.tp.tp == 1 {
 		return l.get(shape, names...)
 	}
-	return l.slice(false, l.tp.rank*shape[0]/l.tp.tp, (l.tp.rank+1)*shape[0]/l.tp.tp, shape, names)
+	return l.slice(false, l.tp.tpRank*shape[0]/l.tp.tp, (l.tp.tpRank+1)*shape[0]/l.tp.tp, shape, names)
 }
 
 // cols reads a matrix TP splits by columns: under l.tp the rank's share of shape[1].
@@ -159,7 +159,7 @@ func (l *loader) cols(shape []int, names ...string) []float32 {
 	if l.tp == nil || l.tp.tp == 1 {
 		return l.get(shape, names...)
 	}
-	return l.slice(true, l.tp.rank*shape[1]/l.tp.tp, (l.tp.rank+1)*shape[1]/l.tp.tp, shape, names)
+	return l.slice(true, l.tp.tpRank*shape[1]/l.tp.tp, (l.tp.tpRank+1)*shape[1]/l.tp.tp, shape, names)
 }
 
 // vocab reads the embedding or the head: under l.tp the rank's vocabulary rows.
@@ -456,7 +456,7 @@ func (l *loader) moe(c *TextConfig, f string) *moeWeights {
 			m.down = slices.Clone(m.down[lo*D*F : hi*D*F])
 		}
 		if l.splitsExperts() && l.err == nil { // cut here: the fused tensors are read whole
-			a, b := l.tp.rank*F/l.tp.tp, (l.tp.rank+1)*F/l.tp.tp
+			a, b := l.tp.tpRank*F/l.tp.tp, (l.tp.tpRank+1)*F/l.tp.tp
 			var gu, down []float32
 			for e := range len(m.down) / (D * F) {
 				ge, de := m.gateUp[e*2*F*D:(e+1)*2*F*D], m.down[e*D*F:(e+1)*D*F]
