@@ -83,9 +83,6 @@ func gemvBF16EOAVX512(out *float32, xp *float32, k int, w *uint16, ldw int, n8 i
 //go:noescape
 func gemvBF16EOAVX2(out *float32, xp *float32, k int, w *uint16, ldw int, n8 int)
 
-//go:noescape
-func gemvBF16EO1AVX2(out *float32, xp *float32, k int, w *uint16, ldw int, n int)
-
 // gemvBF16EvenOdd says whether gemvBF16 runs an even-odd kernel for inner dimension k (AVX2
 // and FMA, k a multiple of 32), given x in evenOdd's layout.
 func gemvBF16EvenOdd(k int) bool { return hasAttnAVX2 && k > 0 && k%32 == 0 }
@@ -94,11 +91,6 @@ func gemvBF16EvenOdd(k int) bool { return hasAttnAVX2 && k > 0 && k%32 == 0 }
 // must hold. xp is x in evenOdd's layout where gemvBF16EvenOdd(k), for its kernel; nil
 // runs the others.
 func gemvBF16(out, x, xp []float32, k int, w []uint16, ldw, n int) {
-	if xp != nil && gemvBF16EvenOdd(k) && !hasSkinnyAVX512 && k%64 == 0 && n > 0 {
-		_, _, _ = out[n-1], xp[k-1], w[(n-1)*ldw+k-1]
-		gemvBF16EO1AVX2(&out[0], &xp[0], k, &w[0], ldw, n)
-		return
-	}
 	if n8 := n / 8; n8 > 0 {
 		_, _, _ = out[n8*8-1], x[k-1], w[(n8*8-1)*ldw+k-1]
 		switch {
