@@ -308,6 +308,10 @@ func q8Dot(out []float32, ldo, rs int, xq []int8, xs []float32, xc []int32, wq [
 		return
 	}
 	if hasInt8AVX2 {
+		if rs == 4 {
+			q8Dot4AVX2(&out[0], ldo, &xq[0], &xs[0], &wq[0], &ws[0], nb)
+			return
+		}
 		for r := range rs {
 			q8DotAVX2(&out[r*ldo], &xq[r*q8Block], &xs[r], rs*q8Block, &wq[0], &ws[0], nb)
 		}

@@ -21,3 +21,6 @@ func q8QuantAVX512(xq *int8, xs *float32, xc *int32, x *float32, nb int, step in
 
 //go:noescape
 func q8DotAVX2(out *float32, xq *int8, xs *float32, xstep int, w *uint8, ws *float32, nb int)
+
+//go:noescape
+func q8Dot4AVX2(out *float32, ldo int, xq *int8, xs *float32, w *uint8, ws *float32, nb int)

@@ -316,3 +316,131 @@ a2block:
 	VMOVUPS Y11, 32(DI)
 	VZEROUPPER
 	RET
+
+// Q8A4ROW(s, r, A0, A1) is row r's part of step s of q8Dot4AVX2: its 4 values at
+// (32r + 4s)(SI) broadcast, signing the step's weights (Y8, Y9, already q) and multiplied
+// by their magnitudes in pairs as in Q8A2STEP, into A0 and A1.
+#define Q8A4ROW(s, r, A0, A1) \
+	VPBROADCASTD (32*r+4*s)(SI), Y10 \
+	VPABSB     Y10, Y11 \
+	VPSIGNB    Y10, Y8, Y12 \
+	VPSIGNB    Y10, Y9, Y13 \
+	VPMADDUBSW Y12, Y11, Y12 \
+	VPMADDUBSW Y13, Y11, Y13 \
+	VPMADDWD   Y14, Y12, Y12 \
+	VPMADDWD   Y14, Y13, Y13 \
+	VPADDD     Y12, A0, A0 \
+	VPADDD     Y13, A1, A1
+
+// Q8A4STEP(s) is step s of a block of q8Dot4AVX2: the 64 bytes of weights loaded and
+// made q once, then each of the 4 rows against them.
+#define Q8A4STEP(s) \
+	VMOVDQU (64*s)(DX), Y8 \
+	VMOVDQU (64*s+32)(DX), Y9 \
+	VPXOR   Y15, Y8, Y8 \
+	VPXOR   Y15, Y9, Y9 \
+	Q8A4ROW(s, 0, Y0, Y1) \
+	Q8A4ROW(s, 1, Y2, Y3) \
+	Q8A4ROW(s, 2, Y4, Y5) \
+	Q8A4ROW(s, 3, Y6, Y7)
+
+// func q8Dot4AVX2(out *float32, ldo int, xq *int8, xs *float32, w *uint8, ws *float32, nb int)
+//
+// q8DotAVX2 on 4 activation rows at once (interleaved by block, as q8Dot4VNNI takes
+// them), out's rows ldo apart: each step's weights are loaded and offset once for the 4
+// rows, in place of once a row. The block sums of a row are its int32 accumulators
+// (Y0–Y7, two a row); its float32 sums are kept in out itself, each block's added by the
+// same FMA of the same values as q8DotAVX2's, so a row's results are q8DotAVX2's to the
+// bit.
+TEXT ·q8Dot4AVX2(SB), NOSPLIT, $0-56
+	MOVQ out+0(FP), DI
+	MOVQ ldo+8(FP), R9
+	SHLQ $2, R9
+	MOVQ xq+16(FP), SI
+	MOVQ xs+24(FP), R8
+	MOVQ w+32(FP), DX
+	MOVQ ws+40(FP), CX
+	MOVQ nb+48(FP), BX
+	LEAQ (R9)(R9*2), R10
+	ADDQ DI, R10 // out's row 3
+	VPBROADCASTD q8b80<>(SB), Y15
+	VPBROADCASTD q8w1<>(SB), Y14
+	VXORPS  Y0, Y0, Y0
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y0, 32(DI)
+	VMOVUPS Y0, (DI)(R9*1)
+	VMOVUPS Y0, 32(DI)(R9*1)
+	VMOVUPS Y0, (DI)(R9*2)
+	VMOVUPS Y0, 32(DI)(R9*2)
+	VMOVUPS Y0, (R10)
+	VMOVUPS Y0, 32(R10)
+
+a4block:
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	Q8A4STEP(0)
+	Q8A4STEP(1)
+	Q8A4STEP(2)
+	Q8A4STEP(3)
+	Q8A4STEP(4)
+	Q8A4STEP(5)
+	Q8A4STEP(6)
+	Q8A4STEP(7)
+	VCVTDQ2PS    Y0, Y0
+	VCVTDQ2PS    Y1, Y1
+	VBROADCASTSS 0(R8), Y8
+	VMULPS       (CX), Y8, Y9
+	VMULPS       32(CX), Y8, Y10
+	VMOVUPS      (DI), Y11
+	VMOVUPS      32(DI), Y12
+	VFMADD231PS  Y9, Y0, Y11
+	VFMADD231PS  Y10, Y1, Y12
+	VMOVUPS      Y11, (DI)
+	VMOVUPS      Y12, 32(DI)
+	VCVTDQ2PS    Y2, Y2
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS 4(R8), Y8
+	VMULPS       (CX), Y8, Y9
+	VMULPS       32(CX), Y8, Y10
+	VMOVUPS      (DI)(R9*1), Y11
+	VMOVUPS      32(DI)(R9*1), Y12
+	VFMADD231PS  Y9, Y2, Y11
+	VFMADD231PS  Y10, Y3, Y12
+	VMOVUPS      Y11, (DI)(R9*1)
+	VMOVUPS      Y12, 32(DI)(R9*1)
+	VCVTDQ2PS    Y4, Y4
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS 8(R8), Y8
+	VMULPS       (CX), Y8, Y9
+	VMULPS       32(CX), Y8, Y10
+	VMOVUPS      (DI)(R9*2), Y11
+	VMOVUPS      32(DI)(R9*2), Y12
+	VFMADD231PS  Y9, Y4, Y11
+	VFMADD231PS  Y10, Y5, Y12
+	VMOVUPS      Y11, (DI)(R9*2)
+	VMOVUPS      Y12, 32(DI)(R9*2)
+	VCVTDQ2PS    Y6, Y6
+	VCVTDQ2PS    Y7, Y7
+	VBROADCASTSS 12(R8), Y8
+	VMULPS       (CX), Y8, Y9
+	VMULPS       32(CX), Y8, Y10
+	VMOVUPS      (R10), Y11
+	VMOVUPS      32(R10), Y12
+	VFMADD231PS  Y9, Y6, Y11
+	VFMADD231PS  Y10, Y7, Y12
+	VMOVUPS      Y11, (R10)
+	VMOVUPS      Y12, 32(R10)
+	ADDQ $512, DX
+	ADDQ $64, CX
+	ADDQ $128, SI
+	ADDQ $16, R8
+	DECQ BX
+	JNZ  a4block
+	VZEROUPPER
+	RET

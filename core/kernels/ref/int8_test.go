@@ -224,3 +224,36 @@ func TestQuantizeActivationsVector(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulTInt8RowsIndependent: on the AVX2 kernels a row's outputs are the same bits
+// whether it goes through the weight alone (q8DotAVX2) or with 3 others (q8Dot4AVX2), as
+// both sum the same block products in the same order.
+func TestMatMulTInt8RowsIndependent(t *testing.T) {
+	if !hasInt8AVX2 {
+		t.Skip("no AVX2 kernel on this CPU")
+	}
+	r := rand.New(rand.NewPCG(85, 86))
+	const m, k, n = 9, 320, 40 // two groups of 4 rows and one alone; a group of w past n
+	x, w := randSlice(r, m*k), randSlice(r, n*k)
+	q, err := QuantizeInt8(w, n, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withoutInt8VNNI(func() {
+		all := make([]float32, m*n)
+		if err := MatMulTInt8(all, x, q, m); err != nil {
+			t.Fatal(err)
+		}
+		one := make([]float32, n)
+		for i := range m {
+			if err := MatMulTInt8(one, x[i*k:(i+1)*k], q, 1); err != nil {
+				t.Fatal(err)
+			}
+			for j, v := range one {
+				if math.Float32bits(v) != math.Float32bits(all[i*n+j]) {
+					t.Fatalf("row %d: out[%d] = %v alone, %v among %d rows", i, j, v, all[i*n+j], m)
+				}
+			}
+		}
+	}, true)
+}

@@ -64,3 +64,21 @@ func packT8BF16(dst []float32, width int, src []uint16, ld, kc8 int) bool {
 	}
 	return true
 }
+
+// packT6AVX2 is in sgemm_amd64.s.
+//
+//go:noescape
+func packT6AVX2(dst *float32, src *float32, ld int, kc int)
+
+// packT6 sets dst[l*6 + i] = src[i*ld + l] for i < 6, l < kc8 (a multiple of 8) and
+// returns true, on a CPU with AVX2; it returns false, doing nothing, on others.
+func packT6(dst []float32, src []float32, ld, kc8 int) bool {
+	if !hasAttnAVX2 {
+		return false
+	}
+	if kc8 > 0 {
+		_, _ = dst[kc8*6-1], src[5*ld+kc8-1]
+		packT6AVX2(&dst[0], &src[0], ld, kc8)
+	}
+	return true
+}

@@ -29,6 +29,18 @@
 	VFMADD231PS  BC, Y12, A0; \
 	VFMADD231PS  BC, Y13, A1
 
+// STEP4_S(aoff, boff) is one step of sgemmAVX2: b's two registers at boff(DI), a's 6
+// values from aoff(SI), into Y0–Y11.
+#define STEP4_S(aoff, boff) \
+	VMOVUPS boff(DI), Y12; \
+	VMOVUPS (boff+32)(DI), Y13; \
+	STEP_S(aoff, Y14, Y0, Y1); \
+	STEP_S(aoff+4, Y15, Y2, Y3); \
+	STEP_S(aoff+8, Y14, Y4, Y5); \
+	STEP_S(aoff+12, Y15, Y6, Y7); \
+	STEP_S(aoff+16, Y14, Y8, Y9); \
+	STEP_S(aoff+20, Y15, Y10, Y11)
+
 // ADD_S adds a row's accumulators A0, A1 to c's row at R8 and steps R8 to the next row.
 #define ADD_S(A0, A1) \
 	VADDPS  (R8), A0, A0; \
@@ -71,19 +83,32 @@ TEXT ·sgemmAVX2(SB), NOSPLIT, $0-48
 	VXORPS Y4, Y4, Y4; VXORPS Y5, Y5, Y5; VXORPS Y6, Y6, Y6; VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8; VXORPS Y9, Y9, Y9; VXORPS Y10, Y10, Y10; VXORPS Y11, Y11, Y11
 
+	CMPQ CX, $4
+	JB   sgemmavx2_step
+
+sgemmavx2_step4: // four steps a pass, b's panel prefetched 8 steps ahead into L1
+	PREFETCHT0 512(DI)
+	STEP4_S(0, 0)
+	STEP4_S(24, 64)
+	PREFETCHT0 640(DI)
+	STEP4_S(48, 128)
+	STEP4_S(72, 192)
+	ADDQ $96, SI
+	ADDQ $256, DI
+	SUBQ $4, CX
+	CMPQ CX, $4
+	JAE  sgemmavx2_step4
+	TESTQ CX, CX
+	JZ   sgemmavx2_done
+
 sgemmavx2_step:
-	VMOVUPS (DI), Y12
-	VMOVUPS 32(DI), Y13
-	STEP_S(0, Y14, Y0, Y1)
-	STEP_S(4, Y15, Y2, Y3)
-	STEP_S(8, Y14, Y4, Y5)
-	STEP_S(12, Y15, Y6, Y7)
-	STEP_S(16, Y14, Y8, Y9)
-	STEP_S(20, Y15, Y10, Y11)
+	STEP4_S(0, 0)
 	ADDQ $24, SI
 	ADDQ $64, DI
 	DECQ CX
 	JNZ  sgemmavx2_step
+
+sgemmavx2_done:
 
 	TESTQ R10, R10
 	JZ    sgemmavx2_store
@@ -243,6 +268,72 @@ packt8_step:
 	ADDQ    $32, R12
 	DECQ    CX
 	JNZ     packt8_step
+	VZEROUPPER
+	RET
+
+// func packT6AVX2(dst *float32, src *float32, ld int, kc int)
+//
+// dst[l*6 + i] = src[i*ld + l] for i < 6, l < kc (kc a positive multiple of 8): packT8AVX2
+// for the AVX2 micro-kernel's panel of a (MR = 6), whose 8 columns of a block are 48
+// contiguous values. The block is transposed as an 8×8 one (its rows 6 and 7 whatever Y6
+// and Y7 hold), each column stored as 8 values 6 apart, in order, so the next column's
+// store overwrites the 2 that do not belong; the last column is stored as 6.
+TEXT ·packT6AVX2(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ ld+16(FP), BX
+	SHLQ $2, BX
+	MOVQ kc+24(FP), CX
+	SHRQ $3, CX
+	LEAQ (BX)(BX*2), R11 // 3·ld
+	LEAQ (SI)(BX*4), R12 // row 4
+
+packt6_step:
+	VMOVUPS (SI), Y0
+	VMOVUPS (SI)(BX*1), Y1
+	VMOVUPS (SI)(BX*2), Y2
+	VMOVUPS (SI)(R11*1), Y3
+	VMOVUPS (R12), Y4
+	VMOVUPS (R12)(BX*1), Y5
+	VUNPCKLPS Y1, Y0, Y8
+	VUNPCKHPS Y1, Y0, Y9
+	VUNPCKLPS Y3, Y2, Y10
+	VUNPCKHPS Y3, Y2, Y11
+	VUNPCKLPS Y5, Y4, Y12
+	VUNPCKHPS Y5, Y4, Y13
+	VUNPCKLPS Y7, Y6, Y14
+	VUNPCKHPS Y7, Y6, Y15
+	VSHUFPS $0x44, Y10, Y8, Y0
+	VSHUFPS $0xEE, Y10, Y8, Y1
+	VSHUFPS $0x44, Y11, Y9, Y2
+	VSHUFPS $0xEE, Y11, Y9, Y3
+	VSHUFPS $0x44, Y14, Y12, Y4
+	VSHUFPS $0xEE, Y14, Y12, Y5
+	VSHUFPS $0x44, Y15, Y13, Y6
+	VSHUFPS $0xEE, Y15, Y13, Y7
+	VPERM2F128 $0x20, Y4, Y0, Y8  // column 0
+	VPERM2F128 $0x20, Y5, Y1, Y9  // column 1
+	VPERM2F128 $0x20, Y6, Y2, Y10 // column 2
+	VPERM2F128 $0x20, Y7, Y3, Y11 // column 3
+	VPERM2F128 $0x31, Y4, Y0, Y12 // column 4
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y15
+	VMOVUPS Y8, (DI)
+	VMOVUPS Y9, 24(DI)
+	VMOVUPS Y10, 48(DI)
+	VMOVUPS Y11, 72(DI)
+	VMOVUPS Y12, 96(DI)
+	VMOVUPS Y13, 120(DI)
+	VMOVUPS Y14, 144(DI)
+	VMOVUPS X15, 168(DI)
+	VEXTRACTF128 $1, Y15, X15
+	VMOVLPS X15, 184(DI)
+	ADDQ    $192, DI
+	ADDQ    $32, SI
+	ADDQ    $32, R12
+	DECQ    CX
+	JNZ     packt6_step
 	VZEROUPPER
 	RET
 

@@ -54,3 +54,35 @@ func BenchmarkSGEMM(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMicroKernel runs the own GEMM's micro-kernel alone on one kc=256 panel of a
+// and, in turn, the 16 panels of b of a packed block (256 KiB, in L2), as ownTask.block
+// calls it: the ceiling of the own GEMM on this CPU, with no packing and no split
+// (BenchmarkSGEMM's own, against it, shows what those cost).
+func BenchmarkMicroKernel(b *testing.B) {
+	mr, nr := gemmMicro()
+	if mr == 0 {
+		b.Skip("no micro-kernel on this CPU")
+	}
+	const kc = gemmKC
+	a, bp, c := make([]float32, kc*mr), make([]float32, kc*gemmNC), make([]float32, mr*nr)
+	for i := range a {
+		a[i] = float32(i%7) * 0.1
+	}
+	for i := range bp {
+		bp[i] = float32(i%5) * 0.01
+	}
+	cpu0 := processCPU()
+	calls := 0
+	for b.Loop() {
+		for p := range gemmNC / nr {
+			micro(mr, kc, &a[0], &bp[p*kc*nr], &c[0], nr, 1)
+			calls++
+		}
+	}
+	flops := 2 * float64(mr*nr*kc) * float64(calls)
+	b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	if cpu := processCPU() - cpu0; cpu > 0 {
+		b.ReportMetric(flops/cpu.Seconds()/1e9, "GFLOP/cpu-s")
+	}
+}

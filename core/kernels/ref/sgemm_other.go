@@ -13,3 +13,5 @@ func micro(mr, kc int, a, b, c *float32, ldc, acc int) {
 func packT8(dst []float32, width int, src []float32, ld, kc8 int) bool { return false }
 
 func packT8BF16(dst []float32, width int, src []uint16, ld, kc8 int) bool { return false }
+
+func packT6(dst []float32, src []float32, ld, kc8 int) bool { return false }

@@ -120,3 +120,41 @@ func TestGemv(t *testing.T) {
 		}
 	})
 }
+
+// TestPackRows checks packRows, on its transposing kernels (8 rows; 6 rows into a panel 6
+// wide) and its loops, against the definition: dst[l*width + i] = src[i*ld + l], zeros
+// for rows ≤ i < width, and nothing written past kc·width.
+func TestPackRows(t *testing.T) {
+	const ld = 37
+	src := make([]float32, 16*ld)
+	for i := range src {
+		src[i] = float32(i + 1)
+	}
+	for _, width := range []int{6, 14, 16} {
+		for rows := 1; rows <= width; rows++ {
+			for _, kc := range []int{1, 7, 8, 19, 32} {
+				dst := make([]float32, kc*width+8)
+				for i := range dst {
+					dst[i] = -1
+				}
+				packRows(dst, src, ld, rows, width, kc)
+				for l := range kc {
+					for i := range width {
+						want := float32(0)
+						if i < rows {
+							want = src[i*ld+l]
+						}
+						if got := dst[l*width+i]; got != want {
+							t.Fatalf("width %d rows %d kc %d: dst[%d*%d + %d] = %v, want %v", width, rows, kc, l, width, i, got, want)
+						}
+					}
+				}
+				for i := kc * width; i < len(dst); i++ {
+					if dst[i] != -1 {
+						t.Fatalf("width %d rows %d kc %d: dst[%d] past the panel written (%v)", width, rows, kc, i, dst[i])
+					}
+				}
+			}
+		}
+	}
+}

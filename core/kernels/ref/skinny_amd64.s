@@ -159,6 +159,7 @@ gemv8:
 	ZERO8
 	MOVQ SI, R13
 	LEAQ (SI)(BX*4), R12
+	LEAQ (SI)(BX*8), R14 // the next 8 rows, prefetched along (PREFETCH512's note)
 	MOVQ R8, R9
 	MOVQ CX, R10
 
@@ -274,6 +275,7 @@ gemvbf16_8:
 	ZERO8
 	MOVQ SI, R13
 	LEAQ (SI)(BX*4), R12
+	LEAQ (SI)(BX*8), R14 // the next 8 rows, prefetched along
 	MOVQ R8, R9
 	MOVQ CX, R10
 
@@ -396,7 +398,6 @@ zgemvbf16eo_8:
 	MOVQ   CX, R10
 
 zgemvbf16eo_8_step:
-	PREFETCH512(R14)
 	VMOVUPS (R9), Z8
 	VMOVUPS 64(R9), Z9
 	GEMVBF16EO_ROW((SI), Z0, Z16)
@@ -427,5 +428,77 @@ zgemvbf16eo_8_step:
 	LEAQ    (R13)(BX*8), SI
 	DECQ    DX
 	JNZ     zgemvbf16eo_8
+	VZEROUPPER
+	RET
+
+// GEMVBF16EO_ROW2(off, A) is one row's step of gemvBF16EOAVX2: its 32 bfloat16 at off(R)
+// as two registers of 8 dwords, the even values (the low halves) shifted up into float32,
+// the odd ones (the high halves) masked by Y12, each times its x lanes (Y8, Y9 even; Y10,
+// Y11 odd) into the row's one accumulator A; Y13–Y15 are scratch.
+#define GEMVBF16EO_ROW2(mem0, mem1, A) \
+	VMOVDQU     mem0, Y13; \
+	VMOVDQU     mem1, Y14; \
+	VPSLLD      $16, Y13, Y15; \
+	VFMADD231PS Y15, Y8, A; \
+	VPAND       Y13, Y12, Y13; \
+	VFMADD231PS Y13, Y10, A; \
+	VPSLLD      $16, Y14, Y15; \
+	VFMADD231PS Y15, Y9, A; \
+	VPAND       Y14, Y12, Y14; \
+	VFMADD231PS Y14, Y11, A
+
+// func gemvBF16EOAVX2(out *float32, xp *float32, k int, w *uint16, ldw int, n8 int)
+//
+// gemvBF16EOAVX512 in 8-lane registers, on the same even-odd layout of x (k a positive
+// multiple of 32): a step reads 64 bytes of each of 8 rows, widened with one shift and
+// one mask a register in place of gemvBF16AVX2's zero-extending load and shift for every
+// 8 values, which on Zen 3 both go to the two shuffle-and-shift pipes: half the
+// instructions a byte, and the FMAs' two pipes the bound. Each row sums in one accumulator
+// (Y0–Y7: 8 chains of 4 FMAs a step, as many as the FMAs' latency needs), x's step in
+// Y8–Y11; the next 8 rows are prefetched along as in gemvAVX512.
+TEXT ·gemvBF16EOAVX2(SB), NOSPLIT, $0-48
+	MOVQ out+0(FP), DI
+	MOVQ xp+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHRQ $5, CX // steps of 32
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $1, BX
+	LEAQ (BX)(BX*2), R11 // 3·ldw
+	MOVQ n8+40(FP), DX
+	VPBROADCASTD bf16hi<>(SB), Y12
+
+gemvbf16eo_8:
+	ZERO8
+	MOVQ SI, R13
+	LEAQ (SI)(BX*4), R12
+	LEAQ (SI)(BX*8), R14 // the next 8 rows, prefetched along
+	MOVQ R8, R9
+	MOVQ CX, R10
+
+gemvbf16eo_8_step:
+	VMOVUPS (R9), Y8
+	VMOVUPS 32(R9), Y9
+	VMOVUPS 64(R9), Y10
+	VMOVUPS 96(R9), Y11
+	GEMVBF16EO_ROW2((SI), 32(SI), Y0)
+	GEMVBF16EO_ROW2((SI)(BX*1), 32(SI)(BX*1), Y1)
+	GEMVBF16EO_ROW2((SI)(BX*2), 32(SI)(BX*2), Y2)
+	GEMVBF16EO_ROW2((SI)(R11*1), 32(SI)(R11*1), Y3)
+	GEMVBF16EO_ROW2((R12), 32(R12), Y4)
+	GEMVBF16EO_ROW2((R12)(BX*1), 32(R12)(BX*1), Y5)
+	GEMVBF16EO_ROW2((R12)(BX*2), 32(R12)(BX*2), Y6)
+	GEMVBF16EO_ROW2((R12)(R11*1), 32(R12)(R11*1), Y7)
+	ADDQ $64, SI
+	ADDQ $64, R12
+	ADDQ $128, R9
+	DECQ R10
+	JNZ  gemvbf16eo_8_step
+	HSUM8
+	VMOVUPS Y1, (DI)
+	ADDQ    $32, DI
+	LEAQ    (R13)(BX*8), SI
+	DECQ    DX
+	JNZ     gemvbf16eo_8
 	VZEROUPPER
 	RET
