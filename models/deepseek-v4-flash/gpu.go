@@ -42,6 +42,7 @@ type gpuModel struct {
 	mtp              *gpuMTP // nil without the MTP head
 	smp              *gpuSampling
 	graphs           *gpuGraphs // nil: every step eager
+	par              *gpuPar    // this rank's part of an expert-parallel layout (gpu_parallel.go); nil on one device
 	stash            *gpuStash  // prefill graphs' copies of each layer's rows (allocated with them)
 	// Stats count the steps by how they ran: graph replays (PrefillGraph of them prefill
 	// graphs) and eager steps; DraftGraph counts the MTP drafting chains replayed as
@@ -105,6 +106,12 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			g.close(c)
 		}
 	}()
+	if g.par, err = newGPUPar(m); err != nil {
+		return nil, err
+	}
+	if g.par != nil && pk != nil {
+		return nil, fmt.Errorf("gpu: expert parallelism over a checkpoint's packed FP8 and MXFP4 tensors: not done yet, load them dequantized")
+	}
 	if g.s, err = c.NewStream(); err != nil {
 		return nil, err
 	}
@@ -230,7 +237,7 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		if err != nil {
 			return gl, err
 		}
-		gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, mlp, pk)
+		gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, mlp, pk, g.par)
 		return gl, err
 	}
 	if err != nil {
