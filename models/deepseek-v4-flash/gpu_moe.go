@@ -50,8 +50,9 @@ type gpuMoE struct {
 	experts, k, h, in      int
 	scoring                cuda.RouteScoring
 	scale, limit           float32
-	// par, under expert parallelism, is the rank's part: gateUp and down then hold its
-	// experts alone (held), the routing and the shared expert all of the model's.
+	// par, in a parallel layout, is the rank's part: under EP gateUp and down hold its
+	// experts alone (held), the routing and the shared expert the model's; under TP every
+	// expert's and the shared expert's columns of the rank (in is the rank config's).
 	par *gpuPar
 }
 
@@ -229,8 +230,9 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 			return err
 		}
 	}
-	if g.par != nil && g.par.rank > 0 {
-		// Expert parallelism: the shared expert runs on rank 0 alone.
+	if g.par != nil && g.par.tp <= 1 && g.par.rank > 0 {
+		// Expert parallelism alone: the shared expert runs on rank 0 alone (under TP each
+		// rank runs its columns of it).
 		if err := kk.MoECombine(c, s, m, out, w.ye, 0); err != nil {
 			return err
 		}

@@ -86,21 +86,18 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 	return r, pool, nil
 }
 
-// OpenGPULayout is OpenGPUSpeculative (drafts 0: OpenGPU) split over l.Size() ranks by
-// expert parallelism (GPUGroup: l.EP, the gather dispatch; TP is refused): rank r on GPU
+// OpenGPULayout is OpenGPUSpeculative (drafts 0: OpenGPU) split over l.Size() ranks of
+// layout l (GPUGroup: EP or TP, the gather dispatch; drafts under EP only): rank r on GPU
 // opts.Ordinal+r where the driver sees that many, else every rank on opts.Ordinal. Each
-// rank reads only its experts of a checkpoint (LoadShard); seeded random weights are
-// built once and cut (ShardWeights). Every GEMM weight is fp32 (a checkpoint's FP8 and
-// MXFP4 tensors dequantized, not uploaded as stored as OpenGPU's are). opts.Limits and
-// cacheBytes apply to every rank; the pool returned is rank 0's. Closing the runner
-// closes the devices.
+// rank reads only its part of a checkpoint (loadGPURankWeights: its experts, its TP
+// slices); seeded random weights are built once and cut. Every GEMM weight is fp32 (a
+// checkpoint's FP8 and MXFP4 tensors dequantized, not uploaded as stored as OpenGPU's
+// are). opts.Limits and cacheBytes apply to every rank; the pool returned is rank 0's.
+// Closing the runner closes the devices.
 func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layout, drafts int) (*GPUGroup, *kvslab.Pool, error) {
 	size := l.Size()
 	if drafts < 0 {
 		return nil, nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
-	}
-	if l.TP > 1 {
-		return nil, nil, fmt.Errorf("%s: tp=%d on the GPU: tensor parallelism is not done yet there (expert parallelism is: ep)", Name, l.TP)
 	}
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return nil, nil, err
@@ -125,8 +122,7 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		whole = RandomWeights(c, 1, c.NumNextNPredictLayers > 0) // Load's seed, so OpenGPU's weights
 	}
 	rankWeights := func(rank int) (*Weights, error) {
-		_, w, err := loadRankWeights(dir, Options{}, l, rank, whole)
-		return w, err
+		return loadGPURankWeights(dir, c, l, rank, whole)
 	}
 	rowsSet := opts.Limits.MaxRows > 0
 	lim, cache, dev0, err := gpurunner.OpenSlotDevice(opts, Name)
@@ -162,13 +158,13 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 	g, pool, err := NewGPULayout(c, l, rankWeights, devs, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, maxContextOf(c, Options{}), drafts, cacheBytes)
 	if err != nil {
 		closeDevs()
-		return nil, nil, fmt.Errorf("ep=%d on GPUs: %w", l.EP, err)
+		return nil, nil, fmt.Errorf("tp=%d ep=%d on GPUs: %w", l.TP, l.EP, err)
 	}
 	for _, r := range g.ranks {
 		r.ownsDev = true
 	}
 	if opts.Log != nil {
-		fmt.Fprintf(opts.Log, "%s GPU GEMMs (ep=%d, every rank): %s\n", Name, max(l.EP, 1), strings.ReplaceAll(g.Describe(), "\n", "; "))
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), strings.ReplaceAll(g.Describe(), "\n", "; "))
 	}
 	if !opts.Eager {
 		if err := g.UseGraphs(true, opts.Log); err != nil {

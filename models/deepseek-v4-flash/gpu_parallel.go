@@ -1,6 +1,7 @@
 package deepseekv4flash
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
@@ -11,31 +12,200 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
 )
 
-// gpuPar is a rank's part of an expert-parallel layout on the device: its rank, the
-// routed experts it holds, [lo, hi) of the model's (ep.Layer.Range: the last ranks may
-// hold fewer, or none), and the NCCL communicator its MoE partial sums are all-reduced on
-// (joined by NewGPULayout once every rank has uploaded its weights).
+// gpuPar is a rank's part of a parallel layout on the device: its rank, the layout's tp,
+// the routed experts it holds, [lo, hi) of the model's (ep.Layer.Range under EP: the
+// last ranks may hold fewer, or none; all of them otherwise), and the NCCL communicator
+// its partial sums are all-reduced on (joined by NewGPULayout once every rank has
+// uploaded its weights). Under TP the rank's model runs on its rank config
+// (gpuRankConfig: its heads, output groups and expert columns).
 type gpuPar struct {
-	rank, lo, hi int
-	comm         *cudart.Comm
+	rank, tp, lo, hi int
+	comm             *cudart.Comm
+	// Under TP the vocabulary is split as gpurunner.VocabParallel splits it: the rank's
+	// embedding and lm_head hold vrows rows from token vstart, of which [vlo, vhi) are
+	// real (the others zeros). The head's rows land in shard ([maxRows, vrows]) and are
+	// all-gathered into gathered ([tp, maxRows, vrows]).
+	vstart, vrows, vlo, vhi int
+	shard, gathered         cudart.DevicePtr
+	headRows                int // the rows of the step's head (run's, padding included)
 }
 
 // newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout), nil
-// for the whole model on one device. TP, the all-to-all dispatch and DP-attention are
-// refused: the GPU runs every token on every rank and sums the experts' partials.
+// for the whole model on one device. TP × EP, the all-to-all dispatch and DP-attention
+// are refused: the GPU runs every token on every rank and sums the partials.
 func newGPUPar(m *Model) (*gpuPar, error) {
 	p := &m.par
 	switch {
 	case p.comm == nil || (p.tp <= 1 && p.ep <= 1):
 		return nil, nil
-	case p.tp > 1:
-		return nil, fmt.Errorf("gpu: tensor parallelism on the GPU is not done yet (expert parallelism is: --ep)")
+	case p.tp > 1 && p.ep > 1:
+		return nil, fmt.Errorf("gpu: tp × ep on the GPU is not done yet (tp or ep alone is)")
 	case p.dispatch != DispatchGather || p.dp:
-		return nil, fmt.Errorf("gpu: expert parallelism on the GPU runs the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
+		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
 	}
-	return &gpuPar{rank: p.rank, lo: p.expLo, hi: p.expHi}, nil
+	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi}
+	if g.tp > 1 {
+		g.vstart, g.vrows, g.vlo, g.vhi = gpurunner.VocabParallel(m.Config.VocabSize, p.rank, p.tp)
+	}
+	return g, nil
+}
+
+// gpuRankPart is rankPart for a GPU rank: under TP its vocabulary rows are
+// gpurunner.VocabParallel's real rows (equal padded shards, which the head's all-gather
+// needs) rather than core/dist/tp's.
+func gpuRankPart(c *Config, l Layout, rank int) parallel {
+	p := rankPart(c, l, rank)
+	if p.tp > 1 {
+		_, _, p.vocabLo, p.vocabHi = gpurunner.VocabParallel(c.VocabSize, rank, p.tp)
+	}
+	return p
+}
+
+// gpuRankWeights is rank's part of the whole model's weights w for layout l on the GPU
+// (gpuRankPart's; copies, as ShardWeights').
+func gpuRankWeights(c *Config, w *Weights, l Layout, rank int) *Weights {
+	p := gpuRankPart(c, l, rank)
+	return p.cut(c, w, 0, false)
+}
+
+// loadGPURankWeights reads rank's part of layout l of the model of config c in dir for
+// the GPU (gpuRankPart's, as LoadShard reads rankPart's: only its experts under EP, its
+// slices of the split tensors under TP), or cuts it from whole, the seeded random
+// weights, when dir holds no checkpoint.
+func loadGPURankWeights(dir string, c *Config, l Layout, rank int, whole *Weights) (*Weights, error) {
+	p := gpuRankPart(c, l, rank)
+	ck, err := weights.Open(dir)
+	switch {
+	case errors.Is(err, weights.ErrNotFound) && whole != nil:
+		return p.cut(c, whole, 0, false), nil
+	case err != nil:
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	defer ck.Close()
+	var keep *[2]int
+	if p.ep > 1 {
+		keep = &[2]int{p.expLo, p.expHi}
+	}
+	var parts func(*Weights) map[*[]float32]part
+	if p.tp > 1 {
+		parts = p.parts(c)
+	}
+	w, err := loadWeights(c, ck, keep, parts)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	return p.cut(c, w, p.expLo, parts != nil), nil
+}
+
+// gpuRankConfig is the config a rank of part p runs on the GPU: c with, under TP, its
+// attention heads, output groups and intermediate columns (of the shared and every routed
+// expert: TP alone); the latents, the compressors, the indexer, the vocabulary (split
+// apart: gpuPar's shard) and the hidden size whole.
+func gpuRankConfig(c *Config, p *parallel) *Config {
+	if p.tp <= 1 {
+		return c
+	}
+	rc := *c
+	rc.NumAttentionHeads, rc.OGroups, rc.MoEIntermediateSize = p.heads, p.groups, p.inter
+	return &rc
+}
+
+// vocabRows returns the rows of the embedding and lm_head the device holds: the
+// vocabulary's, or a TP rank's shard's (padded).
+func (g *gpuModel) vocabRows() int {
+	if g.par == nil || g.par.tp <= 1 {
+		return g.m.Config.VocabSize
+	}
+	return g.par.vrows
+}
+
+// vocabTable returns the rows of an embedding or head table v for the device: v itself,
+// or under TP the rank's shard (v holds its real rows) padded with zero rows.
+func (g *gpuModel) vocabTable(v []float32) []float32 {
+	if g.par == nil || g.par.tp <= 1 {
+		return v
+	}
+	out := make([]float32, g.par.vrows*g.m.Config.HiddenSize)
+	copy(out, v)
+	return out
+}
+
+// localIDs rewrites token ids in place for the device's embedding: under TP an id of the
+// rank's shard becomes its row there, any other id −1 (the kernel's zero row; the rows
+// are summed over the ranks by sumTP).
+func (g *gpuModel) localIDs(ids []int32) {
+	if g.par == nil || g.par.tp <= 1 {
+		return
+	}
+	for i, id := range ids {
+		if int(id) >= g.par.vlo && int(id) < g.par.vhi {
+			ids[i] = id - int32(g.par.vstart)
+		} else {
+			ids[i] = -1
+		}
+	}
+}
+
+// sumTP sums x ([n, hidden], a rank's partial output of a block whose heads or columns TP
+// splits: the embedding's lookups, attention's wo_b) over the ranks in place, an NCCL
+// all-reduce on the step's stream; nothing without TP.
+func (g *gpuModel) sumTP(c *cudart.Ctx, x cudart.DevicePtr, n int, what string) error {
+	if g.par == nil || g.par.tp <= 1 {
+		return nil
+	}
+	if g.par.comm == nil {
+		return fmt.Errorf("gpu: the ranks' NCCL communicator is not joined (NewGPULayout)")
+	}
+	if err := g.par.comm.AllReduce(x, x, n*g.m.Config.HiddenSize, cudart.F32, cudart.Sum, g.s); err != nil {
+		return fmt.Errorf("gpu: sum the ranks' %s: %w", what, err)
+	}
+	return nil
+}
+
+// vocabHead computes the logits of nr rows of w.y with lm_head on g.s: into w.logits
+// ([nr, vocab]) on one device; under TP the rank's shard into par.shard, all-gathered
+// into par.gathered (downloadLogits puts them in order).
+func (g *gpuModel) vocabHead(c *cudart.Ctx, nr int) error {
+	w, h := &g.w, g.m.Config.HiddenSize
+	p := g.par
+	if p == nil || p.tp <= 1 {
+		return g.gemm(c, w.logits, w.y, g.head, nr, h, g.m.Config.VocabSize)
+	}
+	if err := g.gemm(c, p.shard, w.y, g.head, nr, h, p.vrows); err != nil {
+		return err
+	}
+	if err := p.comm.AllGather(p.shard, p.gathered, nr*p.vrows, cudart.F32, g.s); err != nil {
+		return fmt.Errorf("gpu: gather the ranks' logits: %w", err)
+	}
+	return nil
+}
+
+// downloadLogits returns the logits of a head of rows rows (vocabHead's): w.logits', or
+// under TP each rank's shard of each row from par.gathered with the padding dropped. The
+// device must have finished the head.
+func (g *gpuModel) downloadLogits(c *cudart.Ctx, rows int) ([]float32, error) {
+	V := g.m.Config.VocabSize
+	logits := make([]float32, rows*V)
+	p := g.par
+	if p == nil || p.tp <= 1 {
+		return logits, cudart.Download(c, logits, g.w.logits)
+	}
+	R := p.headRows
+	all := make([]float32, p.tp*R*p.vrows)
+	if err := cudart.Download(c, all, p.gathered); err != nil {
+		return nil, err
+	}
+	for q := range p.tp {
+		start, _, lo, hi := gpurunner.VocabParallel(V, q, p.tp)
+		for r := range rows {
+			src := all[(q*R+r)*p.vrows:]
+			copy(logits[r*V+lo:r*V+hi], src[lo-start:hi-start])
+		}
+	}
+	return logits, nil
 }
 
 // held returns the routed experts the MoE's device holds: all, but a rank's range under
@@ -83,22 +253,38 @@ func (g *gpuMoE) sumOverRanks(s *cudart.Stream, out cudart.DevicePtr, n int) err
 	return nil
 }
 
-// GPUGroup is the model served from several CUDA devices of this process by expert
-// parallelism (NewGPULayout), one GPURunner a rank on core/gpurunner's Group, every rank
-// running every token: the routed experts split in contiguous ranges (ep.Layer.Range, the
-// CPU layout's; ranks may hold none), each rank uploading only its experts' weights;
-// attention, the compressors and the indexer, mHC, the router (hash routing's table too)
-// and the shared expert (run on rank 0 alone) replicated. A rank runs its experts' blocks
-// of the masked layout (the other ranks' output blocks zeroed) and the partial sums are
-// all-reduced in float32 by NCCL on the step's stream after each MoE (decode graphs
-// capture it), so every rank holds the same hidden states. Each rank keeps the whole
-// cache in its own device pool, written through as one GPURunner's is; rank 0 serves the
-// engine, checks each plan and broadcasts it, the others execute its CacheOps on their
-// pools and run it. Rank 0 samples, on the host. With drafts every rank runs the MTP head
-// (its block's experts split like a layer's) on each step's result, so the drafts agree.
+// GPUGroup is the model served from several CUDA devices of this process in a parallel
+// layout (NewGPULayout), one GPURunner a rank on core/gpurunner's Group, every rank
+// running every token:
 //
-// Not done yet: TP, the all-to-all dispatch, a checkpoint's FP8 and MXFP4 tensors kept
-// packed (OpenGPULayout loads them dequantized to fp32), sampling on the device, ranks as
+//   - EP splits the routed experts in contiguous ranges (ep.Layer.Range, the CPU
+//     layout's; ranks may hold none), each rank uploading only its experts' weights;
+//     attention, the compressors and the indexer, mHC, the router (hash routing's table
+//     too) and the shared expert (run on rank 0 alone) replicated. A rank runs its
+//     experts' blocks of the masked layout (the other ranks' output blocks zeroed) and
+//     the partial sums are all-reduced after each MoE (gpuMoE.sumOverRanks).
+//   - TP splits the attention heads and output groups (q_b rows, sinks, wo_a, wo_b
+//     columns) and the shared and every routed expert's intermediate columns as the CPU's
+//     Layout does, the rank's model running on its rank config (gpuRankConfig); each
+//     attention ends in an all-reduce after wo_b (gpuModel.sumTP), each MoE in one of its
+//     partials. The single K=V head, q_a, the compressors, the indexer, the router and
+//     mHC are replicated, so every rank keeps the whole cache. The vocabulary is split as
+//     gpurunner.TP splits it (gpurunner.VocabParallel: equal padded shards): a rank looks
+//     up its shard's tokens (zero rows for the others', all-reduced) and its lm_head
+//     computes its shard's logits, all-gathered on the device and put in order on the
+//     host.
+//
+// The partials are float32, summed in place by NCCL on the step's stream (decode graphs
+// capture the collectives), so every rank holds the same hidden states. Each rank keeps
+// the whole cache in its own device pool, written through as one GPURunner's is; rank 0
+// serves the engine, checks each plan and broadcasts it, the others execute its CacheOps
+// on their pools and run it. Rank 0 samples, on the host. Under EP with drafts every rank
+// runs the MTP head (its block's experts split like a layer's) on each step's result, so
+// the drafts agree.
+//
+// Not done yet: TP × EP, drafts under TP (the drafts' argmax reads the whole logits on
+// the device), the all-to-all dispatch, a checkpoint's FP8 and MXFP4 tensors kept packed
+// (OpenGPULayout loads them dequantized to fp32), sampling on the device, ranks as
 // processes.
 type GPUGroup struct {
 	*cpurunner.Runner
@@ -106,10 +292,11 @@ type GPUGroup struct {
 	group *gpurunner.Group
 }
 
-// NewGPULayout splits the model of config c over len(devs) ranks by expert parallelism
-// (l: EP only, its Size len(devs), the gather dispatch), rank r a GPURunner (NewGPURunner's
-// sizes in float32; with drafts > 0 NewGPUMTPRunner's) on devs[r] with the weights
-// rankWeights returns for it (ShardWeights' or LoadShard's: its experts alone) and a
+// NewGPULayout splits the model of config c over len(devs) ranks in layout l (EP or TP;
+// its Size len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes in
+// float32; with drafts > 0, EP only, NewGPUMTPRunner's) on devs[r] with the weights
+// rankWeights returns for it (gpuRankWeights' or loadGPURankWeights': the CPU layout's
+// part, but for the vocabulary rows under TP, gpurunner.VocabParallel's shard) and a
 // device cache pool of cacheBytes (0 = 256 MiB) of its own, all of one geometry so that
 // rank 0's page ids address them alike. It returns rank 0's pool, for the engine. The
 // devices stay the caller's.
@@ -133,10 +320,17 @@ func NewGPULayout(c *Config, l Layout, rankWeights func(rank int) (*Weights, err
 		if drafts == 0 {
 			w.MTP = nil // not drafting: the head is not needed
 		}
-		m, err := NewRankModel(c, w, maxContext, l, data)
+		p := gpuRankPart(c, l, rank)
+		p.comm = data
+		if err := p.checkWeights(c, w); err != nil {
+			return gpurunner.GroupRank{}, err
+		}
+		m, err := NewModel(c, w, maxContext)
 		if err != nil {
 			return gpurunner.GroupRank{}, err
 		}
+		m.par = p
+		m.Config = gpuRankConfig(c, &p)
 		if drafts > 0 {
 			if err := checkMTP(m, drafts); err != nil {
 				return gpurunner.GroupRank{}, err

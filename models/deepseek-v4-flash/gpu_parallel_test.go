@@ -27,6 +27,17 @@ const gpuEPTol = 1e-5
 // graphs on: its forward (rank 0 broadcasting each plan to the others) and rank 0's pool.
 func epForward(t *testing.T, m *Model, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
 	t.Helper()
+	if size == 1 {
+		return layoutForward(t, m, Layout{})
+	}
+	return layoutForward(t, m, Layout{EP: size})
+}
+
+// layoutForward is epForward for any layout l the GPU runs (the zero layout: one
+// GPURunner).
+func layoutForward(t *testing.T, m *Model, l Layout) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
+	t.Helper()
+	size := l.Size()
 	dir := os.Getenv("RESIN_KERNEL_CACHE")
 	if dir == "" {
 		dir = t.TempDir()
@@ -59,8 +70,7 @@ func epForward(t *testing.T, m *Model, size int) (cpurunner.ForwardFunc, *kvslab
 		}
 		return r.forward, pool, nil
 	}
-	l := Layout{EP: size}
-	g, pool, err := NewGPULayout(m.Config, l, func(rank int) (*Weights, error) { return ShardWeights(m.Config, m.W, l, rank) },
+	g, pool, err := NewGPULayout(m.Config, l, func(rank int) (*Weights, error) { return gpuRankWeights(m.Config, m.W, l, rank), nil },
 		devs, cache, 4, 32, 4, m.maxContext, 0, 8<<20)
 	if err != nil {
 		t.Fatal(err)
@@ -134,13 +144,13 @@ func TestEmulatedEPEqualsOne(t *testing.T) {
 }
 
 // TestEmulatedOpenGPULayout opens a tiny config directory (seeded random weights)
-// through OpenGPULayout, EP=3 without drafts (rank 2 expert-less) and EP=2 with 2 MTP
-// drafts a step (the MTP block's experts split like a layer's, every rank drafting on
-// each step's result), and checks that the engine's greedy tokens equal OpenGPU's on one
-// GPU, for two prompts in one batch and a third that resumes from the second's cached
-// prefix (a prefix hit through each rank's own device pool); TP is refused by name.
+// through OpenGPULayout, EP=2 with 2 MTP drafts a step (the MTP block's experts split like
+// a layer's, every rank drafting on each step's result) and TP=2, and checks that the engine's greedy tokens equal OpenGPU's on
+// one GPU, for two prompts in one batch and a third that resumes from the second's cached
+// prefix (a prefix hit through each rank's own device pool); drafts under TP and TP × EP
+// are refused by name.
 func TestEmulatedOpenGPULayout(t *testing.T) {
-	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3") {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
 	dir := tinyDir(t)
@@ -159,20 +169,23 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 	e := s.StartWith(t, one, pool, cfg)
 	want := append(e.GenerateAll(t, prompts, sp), e.Generate(t, hit, sp))
 	e.Stop(t)
-	for _, c := range []struct{ ep, drafts int }{{3, 0}, {2, 2}} {
-		g, pool, err := OpenGPULayout(dir, 4<<20, opts, Layout{EP: c.ep}, c.drafts)
+	for _, c := range []struct {
+		l      Layout
+		drafts int
+	}{{Layout{EP: 2}, 2}, {Layout{TP: 2}, 0}} {
+		g, pool, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if d := g.Info().MaxDrafts; d != c.drafts {
-			t.Errorf("ep=%d: the runner proposes %d drafts, want %d", c.ep, d, c.drafts)
+			t.Errorf("%+v: the runner proposes %d drafts, want %d", c.l, d, c.drafts)
 		}
 		e := s.StartWith(t, g, pool, cfg)
 		got := e.GenerateAll(t, prompts, sp)
 		before := e.Counters().PrefixHits
 		got = append(got, e.Generate(t, hit, sp))
 		if e.Counters().PrefixHits <= before {
-			t.Errorf("ep=%d with %d drafts: the prompt sharing 18 tokens got no prefix hit", c.ep, c.drafts)
+			t.Errorf("%+v with %d drafts: the prompt sharing 18 tokens got no prefix hit", c.l, c.drafts)
 		}
 		e.Stop(t)
 		if err := g.Close(); err != nil {
@@ -180,11 +193,48 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 		}
 		for i := range want {
 			if fmt.Sprint(got[i].Tokens) != fmt.Sprint(want[i].Tokens) {
-				t.Errorf("ep=%d with %d drafts, prompt %d: tokens %v, one GPU %v", c.ep, c.drafts, i, got[i].Tokens, want[i].Tokens)
+				t.Errorf("%+v with %d drafts, prompt %d: tokens %v, one GPU %v", c.l, c.drafts, i, got[i].Tokens, want[i].Tokens)
 			}
 		}
 	}
-	if _, _, err := OpenGPULayout(dir, 4<<20, opts, Layout{TP: 2}, 0); err == nil || !strings.Contains(err.Error(), "tensor parallelism") {
-		t.Errorf("tp=2 on the GPU: %v, want a refusal naming tensor parallelism", err)
+	for _, c := range []struct {
+		l      Layout
+		drafts int
+		want   string
+	}{{Layout{TP: 2}, 2, "drafts under tensor parallelism"}, {Layout{TP: 2, EP: 2}, 0, "tp × ep"}} {
+		if _, _, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v with %d drafts on the GPU: %v, want a refusal naming %q", c.l, c.drafts, err, c.want)
+		}
+	}
+}
+
+// TestEmulatedTPEqualsOne is TestEmulatedEPEqualsOne for tensor parallelism on the GPU:
+// TP=2 splits the tiny model's 4 heads and 2 output groups (2 and 1 a rank), the shared
+// and every routed expert's 16 intermediate columns, and the 96-token vocabulary (64 + 32
+// real rows, padded to 64 + 64: the embedding's lookups all-reduced, lm_head's shards
+// all-gathered and put in order on the host); each attention ends in an all-reduce after
+// wo_b, each MoE in one of its partials. Greedy tokens equal one GPU's, every logits row
+// within gpuEPTol of it, with decode graphs replayed. RESIN_EMU_POISON makes a missing
+// all-reduce or zero row show.
+func TestEmulatedTPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	const steps = 4
+	c := tinyConfig(t)
+	m, err := NewModel(c, RandomWeights(c, 7, false), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, p1, _ := layoutForward(t, m, Layout{})
+	wantLogits, wantToks := decode(t, f1, p1, steps)
+	f, p, g := layoutForward(t, m, Layout{TP: 2})
+	logits, toks := decode(t, f, p, steps)
+	if !slices.Equal(toks, wantToks) {
+		t.Fatalf("tp=2: greedy tokens %v, one GPU %v", toks, wantToks)
+	}
+	closeLogits(t, "tp=2", logits, wantLogits, c.VocabSize, gpuEPTol)
+	if graph, _ := g.StepCounts(); graph == 0 {
+		t.Errorf("tp=2: no decode step replayed a graph")
 	}
 }
