@@ -14,8 +14,8 @@ import (
 
 // gpuLayoutOpeners are the models whose GPU runner splits over in-process ranks on NCCL
 // by --tp and --ep (`--device cuda --ep N`, `--tp N`, `--tp N --ep N`; deepseek-v4-flash
-// --ep alone, gpuEPOnly), by name: tp and ep ranks (1: not split that way), drafts MTP
-// drafts a step (0: none).
+// --tp or --ep, drafting under --ep alone: the model refuses the rest by name), by name:
+// tp and ep ranks (1: not split that way), drafts MTP drafts a step (0: none).
 var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error){
 	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error) {
 		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep}, drafts)
@@ -33,21 +33,16 @@ var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurun
 	},
 }
 
-// gpuEPOnly are the models of gpuLayoutOpeners whose GPU runner splits by --ep alone
-// (tensor parallelism there is not done yet).
-var gpuEPOnly = map[string]bool{deepseekv4flash.Name: true}
-
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
-// (--ep alone for gpuEPOnly's; with the gather dispatch; the model checks the sizes),
-// in-process either way.
+// (with the gather dispatch; the model checks the sizes), in-process either way.
 func (f *runtimeFlags) gpuParallel() bool {
 	t := &f.tp
 	switch {
 	case t.procs || t.initAddr != "":
 		return false
 	case gpuLayoutOpeners[f.model] != nil:
-		return t.dispatch == "gather" && (t.size <= 1 || !gpuEPOnly[f.model])
+		return t.dispatch == "gather"
 	}
 	return f.model == "llama" && t.ep == 1
 }

@@ -45,10 +45,10 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 
 // TestGenerateV4ParallelOnTheEmulatedDevice: generate --model deepseek-v4-flash --device
 // cuda-emu --ep 3 runs its GPU runner over three emulated GPUs (the package config's 8
-// routed experts split 3 + 3 + 2, the MoE all-reduces on the emulated NCCL) and --ep 2
-// with 2 MTP drafts a step, and their greedy tokens equal the CPU runner's; --tp 2 is
-// refused on the device (its GPU runner splits by --ep alone; before this, any --ep with
-// --device cuda was, for deepseek-v4-flash).
+// routed experts split 3 + 3 + 2, the MoE all-reduces on the emulated NCCL), --ep 2 with 2
+// MTP drafts a step and --tp 2 (heads, columns and vocabulary split), and their greedy
+// tokens equal the CPU runner's; --tp 2 with drafts is refused on the device by name
+// (before this, any --tp or --ep with --device cuda was, for deepseek-v4-flash).
 func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -59,7 +59,7 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	if err != nil {
 		t.Fatalf("on the CPU: %v\n%s", err, errOut)
 	}
-	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "2", "--num-speculative-tokens", "2"}} {
+	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "2", "--num-speculative-tokens", "2"}, {"--tp", "2"}} {
 		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
 		if err != nil {
 			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)
@@ -71,7 +71,7 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3: the GPU layout ran)", strings.Join(extra, " "), n)
 		}
 	}
-	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--tp", "2")...); err == nil || !strings.Contains(err.Error(), "deepseek-v4-flash (--ep") {
-		t.Errorf("--tp 2 on the device: %v, want a refusal naming deepseek-v4-flash's --ep", err)
+	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--tp", "2", "--num-speculative-tokens", "2")...); err == nil || !strings.Contains(err.Error(), "drafts under tensor parallelism") {
+		t.Errorf("--tp 2 --num-speculative-tokens 2 on the device: %v, want a refusal naming drafts under tensor parallelism", err)
 	}
 }
