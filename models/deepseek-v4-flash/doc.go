@@ -45,10 +45,11 @@
 //     gpuMoE, a layer's MoE there; gpu_runner.go: GPURunner, the engine.Runner on it;
 //     gpu_open.go: OpenGPU, its cli.GPUOpener, and OpenGPULayout; gpu_packed.go: the
 //     checkpoint's FP8 and MXFP4 tensors read as stored for it (gpu_linear.go runs them)
-//   - gpu_parallel.go: expert parallelism on the GPU (NewGPULayout, GPUGroup: a GPURunner a
-//     rank on core/gpurunner's Group, each rank running its experts' blocks of the masked
-//     layout, the shared expert on rank 0, the MoE output all-reduced by NCCL on the step's
-//     stream; TP there is not done yet; docs/parallelism.md)
+//   - gpu_parallel.go: TP and EP on the GPU (NewGPULayout, GPUGroup: a GPURunner a rank on
+//     core/gpurunner's Group; EP runs a rank's experts' blocks of the masked layout, the
+//     shared expert on rank 0; TP a rank config's heads, groups and columns with the
+//     vocabulary split; partials all-reduced by NCCL on the step's stream; TP × EP and
+//     drafts under TP not yet; docs/parallelism.md)
 //
 // # DSpark (DeepSeek-V4-Flash-DSpark)
 //
