@@ -46,9 +46,9 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 // TestGenerateV4ParallelOnTheEmulatedDevice: generate --model deepseek-v4-flash --device
 // cuda-emu --ep 3 runs its GPU runner over three emulated GPUs (the package config's 8
 // routed experts split 3 + 3 + 2, the MoE all-reduces on the emulated NCCL), --ep 2 with 2
-// MTP drafts a step and --tp 2 (heads, columns and vocabulary split), and their greedy
-// tokens equal the CPU runner's; --tp 2 with drafts is refused on the device by name
-// (before this, any --tp or --ep with --device cuda was, for deepseek-v4-flash).
+// MTP drafts a step, --tp 2 (heads, columns and vocabulary split) and --tp 2 --ep 2, and
+// their greedy tokens equal the CPU runner's; --tp 2 with drafts is refused on the device
+// by name (before this, any --tp or --ep with --device cuda was, for deepseek-v4-flash).
 func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -59,7 +59,7 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	if err != nil {
 		t.Fatalf("on the CPU: %v\n%s", err, errOut)
 	}
-	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "2", "--num-speculative-tokens", "2"}, {"--tp", "2"}} {
+	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "2", "--num-speculative-tokens", "2"}, {"--tp", "2"}, {"--tp", "2", "--ep", "2"}} {
 		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
 		if err != nil {
 			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)

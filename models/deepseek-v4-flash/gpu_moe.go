@@ -48,11 +48,13 @@ type gpuMoE struct {
 	gateUp, down           cudart.DevicePtr // [experts, 2·inter, hidden], [experts, hidden, inter]
 	sharedGateUp, sharedDn cudart.DevicePtr // [2·inter, hidden] (gate rows then up), [hidden, inter]
 	experts, k, h, in      int
+	sin                    int // the shared expert's intermediate columns (in but under TP × EP)
 	scoring                cuda.RouteScoring
 	scale, limit           float32
 	// par, in a parallel layout, is the rank's part: under EP gateUp and down hold its
 	// experts alone (held), the routing and the shared expert the model's; under TP every
-	// expert's and the shared expert's columns of the rank (in is the rank config's).
+	// expert's and the shared expert's columns of the rank (in is the rank config's);
+	// under TP × EP its experts whole and its columns of the shared expert (sin).
 	par *gpuPar
 }
 
@@ -65,9 +67,13 @@ type gpuMoE struct {
 // the rank's experts alone.
 func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Layer, kind string, pk *gpuPacked, par *gpuPar) (*gpuMoE, error) {
 	e, k, h, in := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize, cfg.MoEIntermediateSize
-	g := &gpuMoE{experts: e, k: k, h: h, in: in, scale: float32(cfg.RoutedScalingFactor), limit: float32(cfg.SwigluLimit), par: par}
-	if lo, hi := g.held(); len(l.GateUp) != (hi-lo)*2*in*h || len(l.Down) != (hi-lo)*h*in {
-		return nil, fmt.Errorf("gpu moe: %d and %d values of routed experts, want experts [%d, %d)", len(l.GateUp), len(l.Down), lo, hi)
+	g := &gpuMoE{experts: e, k: k, h: h, in: in, sin: in, scale: float32(cfg.RoutedScalingFactor), limit: float32(cfg.SwigluLimit), par: par}
+	if par != nil {
+		// A rank's part (no packed tensors under a layout: the host copies are its).
+		g.sin = len(l.SharedGate) / h
+		if lo, hi := g.held(); len(l.GateUp) != (hi-lo)*2*in*h || len(l.Down) != (hi-lo)*h*in {
+			return nil, fmt.Errorf("gpu moe: %d and %d values of routed experts, want experts [%d, %d)", len(l.GateUp), len(l.Down), lo, hi)
+		}
 	}
 	if cfg.ScoringFunc == "sigmoid" {
 		g.scoring = cuda.ScoreSigmoidGate
@@ -170,7 +176,7 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork,
 	}{
 		{&w.logits, 4 * n * e}, {&w.weights, 4 * n * k}, {&w.ids, 4 * n * k}, {&w.counts, 4 * e},
 		{&w.pairOf, 4 * e * n}, {&w.slotOf, 4 * n * k}, {&w.xe, 4 * he * n * h}, {&w.gu, 4 * he * n * 2 * in},
-		{&w.act, 4 * he * n * in}, {&w.ye, 4 * e * n * h}, {&w.sgu, 4 * n * 2 * in}, {&w.sact, 4 * n * in},
+		{&w.act, 4 * he * n * in}, {&w.ye, 4 * e * n * h}, {&w.sgu, 4 * n * 2 * g.sin}, {&w.sact, 4 * n * g.sin},
 		{&w.share, 4 * n * h},
 	}
 	for _, s := range sizes {
@@ -238,13 +244,13 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 		}
 		return g.sumOverRanks(s, out, n)
 	}
-	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*in); err != nil {
+	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*g.sin); err != nil {
 		return err
 	}
-	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, in, g.limit); err != nil {
+	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, g.sin, g.limit); err != nil {
 		return err
 	}
-	if err := b.matMulT(c, s, w.share, w.sact, g.sharedDn, n, in, h); err != nil {
+	if err := b.matMulT(c, s, w.share, w.sact, g.sharedDn, n, g.sin, h); err != nil {
 		return err
 	}
 	if err := kk.MoECombine(c, s, m, out, w.ye, w.share); err != nil {

@@ -34,15 +34,13 @@ type gpuPar struct {
 }
 
 // newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout), nil
-// for the whole model on one device. TP × EP, the all-to-all dispatch and DP-attention
-// are refused: the GPU runs every token on every rank and sums the partials.
+// for the whole model on one device. The all-to-all dispatch and DP-attention are
+// refused: the GPU runs every token on every rank and sums the partials.
 func newGPUPar(m *Model) (*gpuPar, error) {
 	p := &m.par
 	switch {
 	case p.comm == nil || (p.tp <= 1 && p.ep <= 1):
 		return nil, nil
-	case p.tp > 1 && p.ep > 1:
-		return nil, fmt.Errorf("gpu: tp × ep on the GPU is not done yet (tp or ep alone is)")
 	case p.dispatch != DispatchGather || p.dp:
 		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
 	}
@@ -101,8 +99,9 @@ func loadGPURankWeights(dir string, c *Config, l Layout, rank int, whole *Weight
 }
 
 // gpuRankConfig is the config a rank of part p runs on the GPU: c with, under TP, its
-// attention heads, output groups and intermediate columns (of the shared and every routed
-// expert: TP alone); the latents, the compressors, the indexer, the vocabulary (split
+// attention heads, output groups and routed experts' intermediate columns (all of them
+// under TP × EP, each expert whole; the shared expert's columns are read off its weights,
+// gpuMoE.sin); the latents, the compressors, the indexer, the vocabulary (split
 // apart: gpuPar's shard) and the hidden size whole.
 func gpuRankConfig(c *Config, p *parallel) *Config {
 	if p.tp <= 1 {

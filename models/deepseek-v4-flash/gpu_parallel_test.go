@@ -147,8 +147,8 @@ func TestEmulatedEPEqualsOne(t *testing.T) {
 // through OpenGPULayout, EP=2 with 2 MTP drafts a step (the MTP block's experts split like
 // a layer's, every rank drafting on each step's result) and TP=2, and checks that the engine's greedy tokens equal OpenGPU's on
 // one GPU, for two prompts in one batch and a third that resumes from the second's cached
-// prefix (a prefix hit through each rank's own device pool); drafts under TP and TP × EP
-// are refused by name.
+// prefix (a prefix hit through each rank's own device pool); drafts under TP and TP and
+// EP of different sizes are refused by name.
 func TestEmulatedOpenGPULayout(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -201,7 +201,7 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 		l      Layout
 		drafts int
 		want   string
-	}{{Layout{TP: 2}, 2, "drafts under tensor parallelism"}, {Layout{TP: 2, EP: 2}, 0, "tp × ep"}} {
+	}{{Layout{TP: 2}, 2, "drafts under tensor parallelism"}, {Layout{TP: 2, EP: 3}, 0, "must be equal"}} {
 		if _, _, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v with %d drafts on the GPU: %v, want a refusal naming %q", c.l, c.drafts, err, c.want)
 		}
@@ -214,8 +214,9 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 // real rows, padded to 64 + 64: the embedding's lookups all-reduced, lm_head's shards
 // all-gathered and put in order on the host); each attention ends in an all-reduce after
 // wo_b, each MoE in one of its partials. Greedy tokens equal one GPU's, every logits row
-// within gpuEPTol of it, with decode graphs replayed. RESIN_EMU_POISON makes a missing
-// all-reduce or zero row show.
+// within gpuEPTol of it, with decode graphs replayed. TP=2 × EP=2 splits the attention,
+// the vocabulary and the shared expert by TP and the routed experts whole by EP (2 + 2).
+// RESIN_EMU_POISON makes a missing all-reduce or zero row show.
 func TestEmulatedTPEqualsOne(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
 		return
@@ -228,13 +229,16 @@ func TestEmulatedTPEqualsOne(t *testing.T) {
 	}
 	f1, p1, _ := layoutForward(t, m, Layout{})
 	wantLogits, wantToks := decode(t, f1, p1, steps)
-	f, p, g := layoutForward(t, m, Layout{TP: 2})
-	logits, toks := decode(t, f, p, steps)
-	if !slices.Equal(toks, wantToks) {
-		t.Fatalf("tp=2: greedy tokens %v, one GPU %v", toks, wantToks)
-	}
-	closeLogits(t, "tp=2", logits, wantLogits, c.VocabSize, gpuEPTol)
-	if graph, _ := g.StepCounts(); graph == 0 {
-		t.Errorf("tp=2: no decode step replayed a graph")
+	for _, l := range []Layout{{TP: 2}, {TP: 2, EP: 2}} {
+		what := fmt.Sprintf("tp=%d ep=%d", l.TP, max(l.EP, 1))
+		f, p, g := layoutForward(t, m, l)
+		logits, toks := decode(t, f, p, steps)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("%s: greedy tokens %v, one GPU %v", what, toks, wantToks)
+		}
+		closeLogits(t, what, logits, wantLogits, c.VocabSize, gpuEPTol)
+		if graph, _ := g.StepCounts(); graph == 0 {
+			t.Errorf("%s: no decode step replayed a graph", what)
+		}
 	}
 }
