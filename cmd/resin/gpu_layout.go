@@ -14,7 +14,7 @@ import (
 
 // gpuLayoutOpeners are the models whose GPU runner splits over in-process ranks on NCCL
 // by --tp and --ep (`--device cuda --ep N`, `--tp N`, `--tp N --ep N`; deepseek-v4-flash
-// --tp or --ep, drafting under --ep alone: the model refuses the rest by name), by name:
+// drafts without --tp only, the model refusing the rest by name), by name:
 // tp and ep ranks (1: not split that way), drafts MTP drafts a step (0: none).
 var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error){
 	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error) {

@@ -187,7 +187,7 @@ func (f *runtimeFlags) check() error {
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
 		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel():
-		return fmt.Errorf("--tp %d --ep %d with --device cuda cover in-process ranks only (no --tp-procs or --dist-init-addr), of --model llama (--tp), glm-5-flash (--tp, --ep, --ep-dispatch gather) and deepseek-v4-flash (--tp or --ep, --ep-dispatch gather); the others run on the CPU", f.tp.size, f.tp.ep)
+		return fmt.Errorf("--tp %d --ep %d with --device cuda cover in-process ranks only (no --tp-procs or --dist-init-addr), of --model llama (--tp), glm-5-flash (--tp, --ep, --ep-dispatch gather) and deepseek-v4-flash (--tp, --ep, --ep-dispatch gather); the others run on the CPU", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:
 		return fmt.Errorf("--num-speculative-tokens %d is negative", f.specTokens)
 	case f.runner != "test":

@@ -48,7 +48,7 @@
 //   - gpu_parallel.go: TP and EP on the GPU (NewGPULayout, GPUGroup: a GPURunner a rank on
 //     core/gpurunner's Group; EP runs a rank's experts' blocks of the masked layout, the
 //     shared expert on rank 0; TP a rank config's heads, groups and columns with the
-//     vocabulary split; partials all-reduced by NCCL on the step's stream; TP × EP and
+//     vocabulary split; TP × EP equal; partials all-reduced by NCCL on the step's stream;
 //     drafts under TP not yet; docs/parallelism.md)
 //
 // # DSpark (DeepSeek-V4-Flash-DSpark)

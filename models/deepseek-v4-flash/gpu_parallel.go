@@ -281,8 +281,11 @@ func (g *gpuMoE) sumOverRanks(s *cudart.Stream, out cudart.DevicePtr, n int) err
 // runs the MTP head (its block's experts split like a layer's) on each step's result, so
 // the drafts agree.
 //
-// Not done yet: TP × EP, drafts under TP (the drafts' argmax reads the whole logits on
-// the device), the all-to-all dispatch, a checkpoint's FP8 and MXFP4 tensors kept packed
+// TP × EP (equal) splits the same ranks both ways: the routed experts whole by EP, the
+// attention, the vocabulary and the shared expert by TP.
+//
+// Not done yet: drafts under TP (the drafts' argmax reads the whole logits on the
+// device), the all-to-all dispatch, a checkpoint's FP8 and MXFP4 tensors kept packed
 // (OpenGPULayout loads them dequantized to fp32), sampling on the device, ranks as
 // processes.
 type GPUGroup struct {
@@ -291,8 +294,8 @@ type GPUGroup struct {
 	group *gpurunner.Group
 }
 
-// NewGPULayout splits the model of config c over len(devs) ranks in layout l (EP or TP;
-// its Size len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes in
+// NewGPULayout splits the model of config c over len(devs) ranks in layout l (EP, TP or
+// both equal; its Size len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes in
 // float32; with drafts > 0, EP only, NewGPUMTPRunner's) on devs[r] with the weights
 // rankWeights returns for it (gpuRankWeights' or loadGPURankWeights': the CPU layout's
 // part, but for the vocabulary rows under TP, gpurunner.VocabParallel's shard) and a
