@@ -8,15 +8,24 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 )
 
 // gpuLayoutOpeners are the models whose GPU runner splits over in-process ranks on NCCL
-// by --tp and --ep (`--device cuda --ep N`, `--tp N`, `--tp N --ep N`), by name: tp and ep
-// ranks (1: not split that way), drafts MTP drafts a step (0: none).
+// by --tp and --ep (`--device cuda --ep N`, `--tp N`, `--tp N --ep N`; deepseek-v4-flash
+// drafts without --tp only, the model refusing the rest by name), by name:
+// tp and ep ranks (1: not split that way), drafts MTP drafts a step (0: none).
 var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error){
 	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error) {
 		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep}, drafts)
+		if err != nil {
+			return nil, nil, err
+		}
+		return g, pool, nil
+	},
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := deepseekv4flash.OpenGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep}, drafts)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -42,3 +42,36 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 		t.Errorf("--ep 2 --ep-dispatch all-to-all on the device: %v, want a refusal naming --ep-dispatch gather", err)
 	}
 }
+
+// TestGenerateV4ParallelOnTheEmulatedDevice: generate --model deepseek-v4-flash --device
+// cuda-emu --ep 3 runs its GPU runner over three emulated GPUs (the package config's 8
+// routed experts split 3 + 3 + 2, the MoE all-reduces on the emulated NCCL), --ep 2 with 2
+// MTP drafts a step, --tp 2 (heads, columns and vocabulary split) and --tp 2 --ep 2, and
+// their greedy tokens equal the CPU runner's; --tp 2 with drafts is refused on the device
+// by name (before this, any --tp or --ep with --device cuda was, for deepseek-v4-flash).
+func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
+	args := []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6"}
+	cpu, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("on the CPU: %v\n%s", err, errOut)
+	}
+	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "2", "--num-speculative-tokens", "2"}, {"--tp", "2"}, {"--tp", "2", "--ep", "2"}} {
+		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
+		if err != nil {
+			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)
+		}
+		if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
+			t.Errorf("--device cuda-emu %s: %q, CPU %q", strings.Join(extra, " "), tokensLine(gpu), tokensLine(cpu))
+		}
+		if n := os.Getenv("RESIN_EMU_DEVICES"); n != "3" {
+			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3: the GPU layout ran)", strings.Join(extra, " "), n)
+		}
+	}
+	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--tp", "2", "--num-speculative-tokens", "2")...); err == nil || !strings.Contains(err.Error(), "drafts under tensor parallelism") {
+		t.Errorf("--tp 2 --num-speculative-tokens 2 on the device: %v, want a refusal naming drafts under tensor parallelism", err)
+	}
+}

@@ -74,6 +74,13 @@ func (sl *SeqSlots[S]) Bind(c *cudart.Ctx, p *engine.BatchPlan) ([]S, [][]int32,
 	return seqs, toks, nil
 }
 
+// Has reports whether request id holds a slot (a plan check counting the free slots
+// before Bind asks).
+func (sl *SeqSlots[S]) Has(id uint64) bool {
+	_, ok := sl.seqs[id]
+	return ok
+}
+
 // OpenSlotDevice opens what a first-cut runner of model name needs from opts: its limits
 // (a field zero or negative: MaxTokens 8192, MaxSeqs min(256, MaxTokens), MaxRows
 // MaxSeqs), the kernel cache opts.KernelCache (empty: cudart's default) and GPU

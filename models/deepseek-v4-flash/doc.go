@@ -43,8 +43,13 @@
 //   - kernels/: the model's own CUDA kernels, with Go launchers and references
 //   - gpu.go: gpuModel, the forward on one CUDA device (a first cut, below); gpu_moe.go:
 //     gpuMoE, a layer's MoE there; gpu_runner.go: GPURunner, the engine.Runner on it;
-//     gpu_open.go: OpenGPU, its cli.GPUOpener; gpu_packed.go: the checkpoint's FP8 and
-//     MXFP4 tensors read as stored for it (gpu_linear.go runs them)
+//     gpu_open.go: OpenGPU, its cli.GPUOpener, and OpenGPULayout; gpu_packed.go: the
+//     checkpoint's FP8 and MXFP4 tensors read as stored for it (gpu_linear.go runs them)
+//   - gpu_parallel.go: TP and EP on the GPU (NewGPULayout, GPUGroup: a GPURunner a rank on
+//     core/gpurunner's Group; EP runs a rank's experts' blocks of the masked layout, the
+//     shared expert on rank 0; TP a rank config's heads, groups and columns with the
+//     vocabulary split; TP × EP equal; partials all-reduced by NCCL on the step's stream;
+//     drafts under TP not yet; docs/parallelism.md)
 //
 // # DSpark (DeepSeek-V4-Flash-DSpark)
 //

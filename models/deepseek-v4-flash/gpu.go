@@ -42,6 +42,7 @@ type gpuModel struct {
 	mtp              *gpuMTP // nil without the MTP head
 	smp              *gpuSampling
 	graphs           *gpuGraphs // nil: every step eager
+	par              *gpuPar    // this rank's part of an expert-parallel layout (gpu_parallel.go); nil on one device
 	stash            *gpuStash  // prefill graphs' copies of each layer's rows (allocated with them)
 	// Stats count the steps by how they ran: graph replays (PrefillGraph of them prefill
 	// graphs) and eager steps; DraftGraph counts the MTP drafting chains replayed as
@@ -105,6 +106,15 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			g.close(c)
 		}
 	}()
+	if g.par, err = newGPUPar(m); err != nil {
+		return nil, err
+	}
+	if g.par != nil && g.par.tp > 1 && drafts > 0 {
+		return nil, fmt.Errorf("gpu: MTP drafts under tensor parallelism on the GPU: not done yet (the drafts' argmax reads the whole logits on the device; under ep they run)")
+	}
+	if g.par != nil && pk != nil {
+		return nil, fmt.Errorf("gpu: expert parallelism over a checkpoint's packed FP8 and MXFP4 tensors: not done yet, load them dequantized")
+	}
 	if g.s, err = c.NewStream(); err != nil {
 		return nil, err
 	}
@@ -130,8 +140,13 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		}
 	}
 	w := m.W
-	up(&g.embed, w.Embed)
-	upW(&g.head, &w.Head)
+	up(&g.embed, g.vocabTable(w.Embed))
+	if g.par != nil && g.par.tp > 1 {
+		head := g.vocabTable(w.Head)
+		upW(&g.head, &head)
+	} else {
+		upW(&g.head, &w.Head)
+	}
 	up(&g.norm, w.Norm)
 	upW(&g.hcFn, &w.HCFn)
 	up(&g.hcBase, w.HCBase)
@@ -230,7 +245,7 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		if err != nil {
 			return gl, err
 		}
-		gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, mlp, pk)
+		gl.moe, err = newGPUMoE(a, c, g.lin, cfg, l, mlp, pk, g.par)
 		return gl, err
 	}
 	if err != nil {
@@ -276,6 +291,15 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 	}
 	if g.smp, err = newGPUSampling(a, c, slots, maxRows, cfg.VocabSize); err != nil {
 		return nil, err
+	}
+	if p := g.par; p != nil && p.tp > 1 {
+		// A TP rank's head output and the ranks' gathered, a step's logits rows.
+		if p.shard, err = a.alloc(c, 4*maxRows*p.vrows); err == nil {
+			p.gathered, err = a.alloc(c, 4*p.tp*maxRows*p.vrows)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gpu: workspace: %w", err)
+		}
 	}
 	return g, nil
 }
@@ -377,8 +401,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 		return nil, err
 	}
 	g.Stats.LogitsCopies++
-	logits := make([]float32, want*g.m.Config.VocabSize)
-	return logits, cudart.Download(c, logits, g.w.logits)
+	return g.downloadLogits(c, want)
 }
 
 // run is forward leaving the logits of the rows named on the device, in w.logits (row k
@@ -464,6 +487,7 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		bucket, n = t, t
 	}
 	seqStart = append(seqStart, int32(len(ids)))
+	g.localIDs(idsRep)
 	w := &g.w
 	ups := []struct {
 		dst cudart.DevicePtr
@@ -495,6 +519,9 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 	}
 	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(len0)}
 	nr := len(rows)
+	if g.par != nil {
+		g.par.headRows = nr // the stride of the gathered logits (downloadLogits)
+	}
 	// after runs after each layer's block: eagerly, the write-through of its rows from the
 	// work buffers; in a prefill graph, their copy into the stash (read back after the
 	// replay); in a decode graph, nothing (mirrorStep.decoded reads the slots after it).
@@ -511,7 +538,10 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		return nil
 	}
 	step := func() error {
-		if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, n*hc, h, cfg.VocabSize); err != nil {
+		if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, n*hc, h, g.vocabRows()); err != nil {
+			return err
+		}
+		if err := g.sumTP(c, w.streams, n*hc, "embedding"); err != nil {
 			return err
 		}
 		for li := range g.layers {
@@ -586,7 +616,7 @@ func (g *gpuModel) headLaunch(c *cudart.Ctx, n, nr int, hw gpuHC, norm cudart.De
 	if err := g.kk.RMSNorm(c, g.s, w.y, w.y, norm, nr, h, eps); err != nil {
 		return err
 	}
-	return g.gemm(c, w.logits, w.y, g.head, nr, h, cfg.VocabSize)
+	return g.vocabHead(c, nr)
 }
 
 // hyper computes one mHC's post and comb and the collapsed, normed block input in w.x.
@@ -740,5 +770,8 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error
 	if err := run(kernels.Swap01(w.mid, w.midg, og, n, olr)); err != nil {
 		return err
 	}
-	return g.gemm(c, w.att, w.mid, l.ob, n, og*olr, h)
+	if err := g.gemm(c, w.att, w.mid, l.ob, n, og*olr, h); err != nil {
+		return err
+	}
+	return g.sumTP(c, w.att, n, "attention")
 }

@@ -48,8 +48,14 @@ type gpuMoE struct {
 	gateUp, down           cudart.DevicePtr // [experts, 2·inter, hidden], [experts, hidden, inter]
 	sharedGateUp, sharedDn cudart.DevicePtr // [2·inter, hidden] (gate rows then up), [hidden, inter]
 	experts, k, h, in      int
+	sin                    int // the shared expert's intermediate columns (in but under TP × EP)
 	scoring                cuda.RouteScoring
 	scale, limit           float32
+	// par, in a parallel layout, is the rank's part: under EP gateUp and down hold its
+	// experts alone (held), the routing and the shared expert the model's; under TP every
+	// expert's and the shared expert's columns of the rank (in is the rank config's);
+	// under TP × EP its experts whole and its columns of the shared expert (sin).
+	par *gpuPar
 }
 
 // newGPUMoE uploads layer l's MoE. Hash routing's table is checked here, once: the
@@ -57,10 +63,18 @@ type gpuMoE struct {
 //
 // With pk, routed experts the checkpoint stores as MXFP4 stay packed (one W4A16 bank per
 // projection), and FP8 linears (the shared expert's, its gate and up stacked when the
-// gate fills whole 128-row scale blocks) stay FP8.
-func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Layer, kind string, pk *gpuPacked) (*gpuMoE, error) {
+// gate fills whole 128-row scale blocks) stay FP8. With par (expert parallelism), l holds
+// the rank's experts alone.
+func newGPUMoE(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, cfg *Config, l *Layer, kind string, pk *gpuPacked, par *gpuPar) (*gpuMoE, error) {
 	e, k, h, in := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize, cfg.MoEIntermediateSize
-	g := &gpuMoE{experts: e, k: k, h: h, in: in, scale: float32(cfg.RoutedScalingFactor), limit: float32(cfg.SwigluLimit)}
+	g := &gpuMoE{experts: e, k: k, h: h, in: in, sin: in, scale: float32(cfg.RoutedScalingFactor), limit: float32(cfg.SwigluLimit), par: par}
+	if par != nil {
+		// A rank's part (no packed tensors under a layout: the host copies are its).
+		g.sin = len(l.SharedGate) / h
+		if lo, hi := g.held(); len(l.GateUp) != (hi-lo)*2*in*h || len(l.Down) != (hi-lo)*h*in {
+			return nil, fmt.Errorf("gpu moe: %d and %d values of routed experts, want experts [%d, %d)", len(l.GateUp), len(l.Down), lo, hi)
+		}
+	}
 	if cfg.ScoringFunc == "sigmoid" {
 		g.scoring = cuda.ScoreSigmoidGate
 	}
@@ -141,7 +155,8 @@ func (g *gpuMoE) upSharedGateUp(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, pk 
 
 // moeWork is the MoE's device workspace for steps of up to maxTokens rows: a step of n
 // rows gives every expert room for all n (the masked layout drops nothing), so the xe,
-// gate_up and ye blocks hold experts·maxTokens rows and a step's expert GEMMs run over
+// gate_up and ye blocks hold experts·maxTokens rows (xe, gate_up and act those of the
+// experts held under expert parallelism; ye every expert's, the others' zeroed) and a step's expert GEMMs run over
 // experts·n; a first cut that suits decode batches and small prefill chunks (a prefill of
 // n rows does experts/top-k times the routed work it needs).
 type moeWork struct {
@@ -152,14 +167,16 @@ type moeWork struct {
 
 func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork, error) {
 	e, k, h, in, n := g.experts, g.k, g.h, g.in, maxTokens
+	lo, hi := g.held()
+	he := hi - lo
 	w := &moeWork{maxTokens: n}
 	sizes := []struct {
 		dst   *cudart.DevicePtr
 		bytes int
 	}{
 		{&w.logits, 4 * n * e}, {&w.weights, 4 * n * k}, {&w.ids, 4 * n * k}, {&w.counts, 4 * e},
-		{&w.pairOf, 4 * e * n}, {&w.slotOf, 4 * n * k}, {&w.xe, 4 * e * n * h}, {&w.gu, 4 * e * n * 2 * in},
-		{&w.act, 4 * e * n * in}, {&w.ye, 4 * e * n * h}, {&w.sgu, 4 * n * 2 * in}, {&w.sact, 4 * n * in},
+		{&w.pairOf, 4 * e * n}, {&w.slotOf, 4 * n * k}, {&w.xe, 4 * he * n * h}, {&w.gu, 4 * he * n * 2 * in},
+		{&w.act, 4 * he * n * in}, {&w.ye, 4 * e * n * h}, {&w.sgu, 4 * n * 2 * g.sin}, {&w.sact, 4 * n * g.sin},
 		{&w.share, 4 * n * h},
 	}
 	for _, s := range sizes {
@@ -196,26 +213,48 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 	if err := kk.MoELayout(c, s, m); err != nil {
 		return err
 	}
-	if err := kk.MoEGather(c, s, m, w.xe, x); err != nil {
+	// The held experts' blocks (all but under expert parallelism): xe, gu and act hold
+	// theirs alone, ye every expert's, the other ranks' zeroed; counts offset to them.
+	lo, hi := g.held()
+	if err := g.zeroOthers(c, s, w.ye, mr); err != nil {
 		return err
 	}
-	if err := b.expertsMatMulT(c, s, w.gu, w.xe, w.counts, g.gateUp, e, mr, h, 2*in); err != nil {
+	if hi > lo {
+		held := m
+		held.PairOf, held.Experts = w.pairOf+cudart.DevicePtr(4*lo*mr), hi-lo
+		counts := w.counts + cudart.DevicePtr(4*lo)
+		if err := kk.MoEGather(c, s, held, w.xe, x); err != nil {
+			return err
+		}
+		if err := b.expertsMatMulT(c, s, w.gu, w.xe, counts, g.gateUp, hi-lo, mr, h, 2*in); err != nil {
+			return err
+		}
+		if err := kk.SwiGLUClamped(c, s, w.act, w.gu, (hi-lo)*mr, in, g.limit); err != nil {
+			return err
+		}
+		if err := b.expertsMatMulT(c, s, w.ye+cudart.DevicePtr(4*lo*mr*h), w.act, counts, g.down, hi-lo, mr, in, h); err != nil {
+			return err
+		}
+	}
+	if g.par != nil && g.par.tp <= 1 && g.par.rank > 0 {
+		// Expert parallelism alone: the shared expert runs on rank 0 alone (under TP each
+		// rank runs its columns of it).
+		if err := kk.MoECombine(c, s, m, out, w.ye, 0); err != nil {
+			return err
+		}
+		return g.sumOverRanks(s, out, n)
+	}
+	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*g.sin); err != nil {
 		return err
 	}
-	if err := kk.SwiGLUClamped(c, s, w.act, w.gu, e*mr, in, g.limit); err != nil {
+	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, g.sin, g.limit); err != nil {
 		return err
 	}
-	if err := b.expertsMatMulT(c, s, w.ye, w.act, w.counts, g.down, e, mr, in, h); err != nil {
+	if err := b.matMulT(c, s, w.share, w.sact, g.sharedDn, n, g.sin, h); err != nil {
 		return err
 	}
-	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*in); err != nil {
+	if err := kk.MoECombine(c, s, m, out, w.ye, w.share); err != nil {
 		return err
 	}
-	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, in, g.limit); err != nil {
-		return err
-	}
-	if err := b.matMulT(c, s, w.share, w.sact, g.sharedDn, n, in, h); err != nil {
-		return err
-	}
-	return kk.MoECombine(c, s, m, out, w.ye, w.share)
+	return g.sumOverRanks(s, out, n)
 }

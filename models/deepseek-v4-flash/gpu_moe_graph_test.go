@@ -56,7 +56,7 @@ func TestEmulatedMoEGraph(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			g, err := newGPUMoE(&a, cx, lin, c, l, kind, nil)
+			g, err := newGPUMoE(&a, cx, lin, c, l, kind, nil, nil)
 			if err != nil {
 				return err
 			}

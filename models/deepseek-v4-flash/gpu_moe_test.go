@@ -46,7 +46,7 @@ func TestEmulatedMoE(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				g, err := newGPUMoE(&a, cx, lin, c, l, kind, nil)
+				g, err := newGPUMoE(&a, cx, lin, c, l, kind, nil, nil)
 				if err != nil {
 					return err
 				}

@@ -1,13 +1,16 @@
 package deepseekv4flash
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/weights"
 )
 
 // OpenGPU loads the model in dir (as Load) and serves it from GPU opts.Ordinal with
@@ -81,4 +84,93 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 		return nil, nil, err
 	}
 	return r, pool, nil
+}
+
+// OpenGPULayout is OpenGPUSpeculative (drafts 0: OpenGPU) split over l.Size() ranks of
+// layout l (GPUGroup: EP or TP, the gather dispatch; drafts under EP only): rank r on GPU
+// opts.Ordinal+r where the driver sees that many, else every rank on opts.Ordinal. Each
+// rank reads only its part of a checkpoint (loadGPURankWeights: its experts, its TP
+// slices); seeded random weights are built once and cut. Every GEMM weight is fp32 (a
+// checkpoint's FP8 and MXFP4 tensors dequantized, not uploaded as stored as OpenGPU's
+// are). opts.Limits and cacheBytes apply to every rank; the pool returned is rank 0's.
+// Closing the runner closes the devices.
+func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layout, drafts int) (*GPUGroup, *kvslab.Pool, error) {
+	size := l.Size()
+	if drafts < 0 {
+		return nil, nil, fmt.Errorf("%s: %d drafts per step", Name, drafts)
+	}
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return nil, nil, err
+	}
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := l.Check(c); err != nil {
+		return nil, nil, err
+	}
+	var whole *Weights
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close() // each rank reads its experts
+	} else if !errors.Is(err, weights.ErrNotFound) {
+		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
+	} else {
+		what := "seeded random weights of " + filepath.Join(dir, "config.json")
+		if err := weights.CheckMemory(WeightBytes(c, c.NumNextNPredictLayers > 0), what); err != nil {
+			return nil, nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+		}
+		whole = RandomWeights(c, 1, c.NumNextNPredictLayers > 0) // Load's seed, so OpenGPU's weights
+	}
+	rankWeights := func(rank int) (*Weights, error) {
+		return loadGPURankWeights(dir, c, l, rank, whole)
+	}
+	rowsSet := opts.Limits.MaxRows > 0
+	lim, cache, dev0, err := gpurunner.OpenSlotDevice(opts, Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !rowsSet {
+		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
+	}
+	n, err := cudart.DeviceCount()
+	if err != nil {
+		dev0.Close()
+		return nil, nil, err
+	}
+	devs := []*cudart.Device{dev0}
+	closeDevs := func() {
+		for _, d := range devs {
+			d.Close()
+		}
+	}
+	for r := 1; r < size; r++ {
+		ord := opts.Ordinal
+		if opts.Ordinal+size <= n {
+			ord += r
+		}
+		d, err := cudart.OpenDevice(ord)
+		if err != nil {
+			closeDevs()
+			return nil, nil, fmt.Errorf("%s: rank %d: %w", Name, r, err)
+		}
+		devs = append(devs, d)
+	}
+	g, pool, err := NewGPULayout(c, l, rankWeights, devs, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, maxContextOf(c, Options{}), drafts, cacheBytes)
+	if err != nil {
+		closeDevs()
+		return nil, nil, fmt.Errorf("tp=%d ep=%d on GPUs: %w", l.TP, l.EP, err)
+	}
+	for _, r := range g.ranks {
+		r.ownsDev = true
+	}
+	if opts.Log != nil {
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), strings.ReplaceAll(g.Describe(), "\n", "; "))
+	}
+	if !opts.Eager {
+		if err := g.UseGraphs(true, opts.Log); err != nil {
+			g.Close()
+			return nil, nil, err
+		}
+	}
+	return g, pool, nil
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
@@ -240,10 +239,8 @@ func (g *gpuModel) sumOverRanks(c *cudart.Ctx, out cudart.DevicePtr, n int) erro
 // (OpenGPULayout loads them dequantized to fp32), ranks as processes.
 type GPUGroup struct {
 	*cpurunner.Runner
-	ranks  []*GPURunner
-	group  *lockstep.InProcess
-	comms  []*cudart.Comm
-	closed bool
+	ranks []*GPURunner
+	group *gpurunner.Group
 }
 
 var (
@@ -275,27 +272,20 @@ func NewGPULayout(c *TextConfig, l Layout, rankWeights func(rank int) (*TextWeig
 		return nil, nil, fmt.Errorf("%s: layout tp=%d ep=%d of %d ranks over %d GPUs", Name, l.TP, l.EP, l.Size(), size)
 	}
 	g := &GPUGroup{ranks: make([]*GPURunner, size)}
-	pools := make([]*kvslab.Pool, size)
-	ok := false
-	defer func() {
-		if !ok {
-			g.Close()
-		}
-	}()
 	// The data communicators are the rank models'; the GPU forward's collectives run on
-	// NCCL instead.
-	group, err := lockstep.StartInProcess(size, dist.Options{}, func(rank int, data dist.Communicator) (lockstep.Rank, error) {
+	// NCCL instead (gpurunner.Group joins it).
+	group, err := gpurunner.StartGroup(Name, size, func(rank int, data dist.Communicator) (gpurunner.GroupRank, error) {
 		w, err := rankWeights(rank)
 		if err != nil {
-			return lockstep.Rank{}, err
+			return gpurunner.GroupRank{}, err
 		}
 		p := gpuRankPart(c, l, rank)
 		p.comm = data
 		if err := checkGPURankWeights(c, w, &p); err != nil {
-			return lockstep.Rank{}, err
+			return gpurunner.GroupRank{}, err
 		}
 		if w.mtp == nil && opts.Drafts > 0 {
-			return lockstep.Rank{}, fmt.Errorf("%s: MTP speculative decoding: %w", Name, ErrNoMTP)
+			return gpurunner.GroupRank{}, fmt.Errorf("%s: MTP speculative decoding: %w", Name, ErrNoMTP)
 		}
 		m := &TextModel{Config: c, W: w, par: p}
 		if size > 1 {
@@ -303,40 +293,23 @@ func NewGPULayout(c *TextConfig, l Layout, rankWeights func(rank int) (*TextWeig
 		}
 		r, err := NewGPURunner(m, devs[rank], cache, slots, maxTokens, maxRows, maxContext, opts)
 		if err != nil {
-			return lockstep.Rank{}, err
+			return gpurunner.GroupRank{}, err
 		}
 		g.ranks[rank] = r
-		if pools[rank], err = r.NewPool(cacheBytes); err != nil {
-			return lockstep.Rank{}, err
-		}
-		lr := lockstep.Rank{Forward: r.forward, Vocab: c.VocabSize}
-		if rank == 0 {
-			lr.Check = r.checkPlan
-		} else {
-			lr.Forward = lockstep.WithCacheOps(pools[rank], r.forward)
-		}
+		gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
+			Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) { r.g.par.comm = comm }}
 		if r.drafts > 0 {
-			lr.Draft, lr.MaxDrafts = r.mtpDraft, r.drafts
+			gr.Draft, gr.MaxDrafts = r.mtpDraft, r.drafts
 		}
-		return lr, nil
+		gr.Pool, err = r.NewPool(cacheBytes)
+		return gr, err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
 	g.group = group
-	for r, p := range pools[1:] {
-		if p.Slabs() != pools[0].Slabs() || p.SlabBytes() != pools[0].SlabBytes() {
-			return nil, nil, fmt.Errorf("%s: rank %d's cache (%d slabs of %d bytes) is not rank 0's (%d of %d)", Name, r+1, p.Slabs(), p.SlabBytes(), pools[0].Slabs(), pools[0].SlabBytes())
-		}
-	}
-	if size > 1 {
-		if err := g.join(); err != nil {
-			return nil, nil, err
-		}
-	}
 	g.Runner = cpurunner.New(g.ranks[0].Info(), group.Leader())
-	ok = true
-	return g, pools[0], nil
+	return g, group.Pool(), nil
 }
 
 // checkGPURankWeights refuses weights w that are not rank p's part of c on the GPU: its
@@ -381,38 +354,6 @@ func gpuRankWeights(c *TextConfig, whole *TextWeights, l Layout, rank int) *Text
 	return p.cut(c, whole, 0, false)
 }
 
-// join makes the ranks' NCCL communicator, each rank joining from its device thread at
-// once, and gives each rank's model its end.
-func (g *GPUGroup) join() error {
-	id, err := cudart.NewNCCLUniqueID()
-	if err != nil {
-		return fmt.Errorf("%s: %w", Name, err)
-	}
-	size := len(g.ranks)
-	g.comms = make([]*cudart.Comm, size)
-	errs := make([]error, size)
-	var wg sync.WaitGroup
-	for r, rr := range g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = rr.dev.Do(func(c *cudart.Ctx) error {
-				var err error
-				g.comms[r], err = cudart.InitComm(c, id, size, r)
-				return err
-			})
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%s: join the NCCL communicator: %w", Name, err)
-	}
-	for r, rr := range g.ranks {
-		rr.g.par.comm = g.comms[r]
-	}
-	return nil
-}
-
 // UseGraphs turns decode graphs on or off on every rank (GPURunner.UseGraphs): the ranks
 // must capture alike, or their captured all-reduces would not meet.
 func (g *GPUGroup) UseGraphs(on bool, log io.Writer) error {
@@ -441,33 +382,11 @@ func (g *GPUGroup) Experts() [][2]int {
 }
 
 // StopRanks stops the other ranks (core/cli calls it when the engine stops).
-func (g *GPUGroup) StopRanks() error {
-	if g.group == nil {
-		return nil
-	}
-	return g.group.Close()
-}
+func (g *GPUGroup) StopRanks() error { return g.group.StopRanks() }
 
 // Close stops the followers, then frees the communicator and every rank's runner (and
 // the devices OpenGPULayout opened).
-func (g *GPUGroup) Close() error {
-	if g.closed {
-		return nil
-	}
-	g.closed = true
-	errs := []error{g.StopRanks()}
-	for r, comm := range g.comms {
-		if comm != nil {
-			errs = append(errs, g.ranks[r].dev.Do(func(*cudart.Ctx) error { return comm.Destroy() }))
-		}
-	}
-	for _, rr := range g.ranks {
-		if rr != nil {
-			errs = append(errs, rr.Close())
-		}
-	}
-	return errors.Join(errs...)
-}
+func (g *GPUGroup) Close() error { return g.group.Close() }
 
 // checkPlan refuses, before rank 0 broadcasts p, what the ranks' forward would refuse of
 // it, so that no rank leaves the group over a plan the engine should not have sent: tokens

@@ -1,0 +1,164 @@
+package gpurunner
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// GroupRank is one rank of a Group as its opener returns it: its lockstep part (Forward
+// on its own device and pool; rank 0's Check; Draft and MaxDrafts when the ranks draft,
+// every rank running the drafts so that their caches stay alike), the device it runs on,
+// its cache pool, how its model takes its end of the NCCL communicator, and how it is
+// closed.
+type GroupRank struct {
+	lockstep.Rank
+	Device  *cudart.Device
+	Pool    *kvslab.Pool
+	SetComm func(*cudart.Comm)
+	Close   func() error
+}
+
+// Group is a model's GPU runner split over in-process ranks, one device each (or several
+// on one device where the driver allows it), that run every plan in lock step
+// (core/dist/lockstep): rank 0 checks each plan and broadcasts it, the followers execute
+// its CacheOps on their own pools (lockstep.WithCacheOps) and run it, and the ranks'
+// partial sums meet in NCCL collectives their models issue on their step's streams
+// (captured in decode graphs alike on every rank). It is model-agnostic: glm-5-flash's
+// and deepseek-v4-flash's GPU layouts (their NewGPULayout) are built on it.
+type Group struct {
+	name   string
+	ranks  []GroupRank
+	group  *lockstep.InProcess
+	comms  []*cudart.Comm
+	closed bool
+}
+
+// StartGroup opens size ranks with open (concurrently; rank r gets the in-process data
+// communicator lockstep hands it, for models whose CPU part wants one), checks that every
+// pool has rank 0's geometry (rank 0's page ids address them alike), joins the NCCL
+// communicator (size > 1) and hands each rank its end. name prefixes the errors. On an
+// error every rank opened is closed.
+func StartGroup(name string, size int, open func(rank int, data dist.Communicator) (GroupRank, error)) (*Group, error) {
+	if size < 1 {
+		return nil, fmt.Errorf("%s: a parallel layout over no GPU", name)
+	}
+	g := &Group{name: name, ranks: make([]GroupRank, size)}
+	ok := false
+	defer func() {
+		if !ok {
+			g.Close()
+		}
+	}()
+	group, err := lockstep.StartInProcess(size, dist.Options{}, func(rank int, data dist.Communicator) (lockstep.Rank, error) {
+		r, err := open(rank, data)
+		g.ranks[rank] = r // closed with the group on an error (a nil Close is skipped)
+		if err != nil {
+			return lockstep.Rank{}, err
+		}
+		if r.Pool == nil || r.Device == nil || r.Forward == nil {
+			return lockstep.Rank{}, fmt.Errorf("%s: rank %d opened without a device, a pool or a forward", name, rank)
+		}
+		lr := r.Rank
+		if rank > 0 {
+			lr.Forward, lr.Check = lockstep.WithCacheOps(r.Pool, r.Forward), nil
+		}
+		return lr, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.group = group
+	p0 := g.ranks[0].Pool
+	for r, rr := range g.ranks[1:] {
+		if p := rr.Pool; p.Slabs() != p0.Slabs() || p.SlabBytes() != p0.SlabBytes() {
+			return nil, fmt.Errorf("%s: rank %d's cache (%d slabs of %d bytes) is not rank 0's (%d of %d)", name, r+1, p.Slabs(), p.SlabBytes(), p0.Slabs(), p0.SlabBytes())
+		}
+	}
+	if size > 1 {
+		if err := g.join(); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return g, nil
+}
+
+// join makes the ranks' NCCL communicator, each rank joining from its device thread at
+// once, and gives each rank its end.
+func (g *Group) join() error {
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		return fmt.Errorf("%s: %w", g.name, err)
+	}
+	size := len(g.ranks)
+	g.comms = make([]*cudart.Comm, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r, rr := range g.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = rr.Device.Do(func(c *cudart.Ctx) error {
+				var err error
+				g.comms[r], err = cudart.InitComm(c, id, size, r)
+				return err
+			})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: join the NCCL communicator: %w", g.name, err)
+	}
+	for r, rr := range g.ranks {
+		if rr.SetComm != nil {
+			rr.SetComm(g.comms[r])
+		}
+	}
+	return nil
+}
+
+// Leader is rank 0's end of the group for core/cpurunner (a Drafter when the ranks draft).
+func (g *Group) Leader() lockstep.Leader { return g.group.Leader() }
+
+// Forward runs one plan on every rank and writes rank 0's logits (lockstep.InProcess's).
+func (g *Group) Forward(p *engine.BatchPlan, logits []float32) error {
+	return g.group.Forward(p, logits)
+}
+
+// Pool returns rank 0's pool, the one the engine schedules with.
+func (g *Group) Pool() *kvslab.Pool { return g.ranks[0].Pool }
+
+// StopRanks stops the followers (core/cli calls it when the engine stops).
+func (g *Group) StopRanks() error {
+	if g.group == nil {
+		return nil
+	}
+	return g.group.Close()
+}
+
+// Close stops the followers, then frees the communicator and closes every rank.
+func (g *Group) Close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	errs := []error{g.StopRanks()}
+	for r, comm := range g.comms {
+		if comm != nil {
+			errs = append(errs, g.ranks[r].Device.Do(func(*cudart.Ctx) error { return comm.Destroy() }))
+		}
+	}
+	for _, rr := range g.ranks {
+		if rr.Close != nil {
+			errs = append(errs, rr.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,244 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
+)
+
+// gpuEPTol bounds |ep − one| / max|one| per logits row between GPUGroup and one GPURunner
+// on the emulated device: fp32 both, the same kernels, but each rank's partial sum of its
+// experts' weighted rows (rank 0's with the shared expert) added by the all-reduce instead
+// of every expert in one MoECombine, so the sums round in another order.
+const gpuEPTol = 1e-5
+
+// epForward returns the tiny model's GPU runner over size emulated GPUs by expert
+// parallelism (NewGPULayout; size 1: one GPURunner, the reference, g nil) with decode
+// graphs on: its forward (rank 0 broadcasting each plan to the others) and rank 0's pool.
+func epForward(t *testing.T, m *Model, size int) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
+	t.Helper()
+	if size == 1 {
+		return layoutForward(t, m, Layout{})
+	}
+	return layoutForward(t, m, Layout{EP: size})
+}
+
+// layoutForward is epForward for any layout l the GPU runs (the zero layout: one
+// GPURunner).
+func layoutForward(t *testing.T, m *Model, l Layout) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
+	t.Helper()
+	size := l.Size()
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []*cudart.Device
+	for r := range size {
+		d, err := cudart.OpenDevice(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs = append(devs, d)
+	}
+	if size == 1 {
+		r, err := NewGPURunner(m, devs[0], cache, cudart.F32, 4, 32, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		if err := r.UseGraphs(true, nil); err != nil {
+			t.Fatal(err)
+		}
+		pool, err := r.NewPool(8 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.forward, pool, nil
+	}
+	g, pool, err := NewGPULayout(m.Config, l, func(rank int) (*Weights, error) { return gpuRankWeights(m.Config, m.W, l, rank), nil },
+		devs, cache, 4, 32, 4, m.maxContext, 0, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := g.UseGraphs(true, nil); err != nil {
+		t.Fatal(err)
+	}
+	return g.group.Forward, pool, g
+}
+
+// TestEmulatedEPEqualsOne runs the tiny model (4 routed experts, top-2; a hash-routed
+// layer and three learned ones) on GPUGroup over 2 and 3 emulated GPUs and on one
+// GPURunner, through decode (a prefill step of two prompts, 19 rows, then 4 decode steps
+// of both, replayed as CUDA graphs with the all-reduces inside): EP=2 holds experts 2 + 2,
+// EP=3 2 + 2 + 0 (uneven, rank 2 expert-less, still in every all-reduce). Greedy tokens
+// equal, every logits row within gpuEPTol, and two EP=2 runs bit-identical, the second
+// after a plan rank 0 refused (a token outside the vocabulary) before any rank saw it.
+// New allocations read NaN (RESIN_EMU_POISON), so a rank that adds stale rows of the
+// other ranks' experts' blocks (zeroOthers skipped) fails, as does one whose partial sums
+// are not all-reduced.
+func TestEmulatedEPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
+		return
+	}
+	const steps = 4
+	c := tinyConfig(t)
+	m, err := NewModel(c, RandomWeights(c, 7, false), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, p1, _ := epForward(t, m, 1)
+	wantLogits, wantToks := decode(t, f1, p1, steps)
+	var first [][]float32
+	for _, tc := range []struct {
+		size    int
+		experts string
+	}{{2, "[[0 2] [2 4]]"}, {2, "[[0 2] [2 4]]"}, {3, "[[0 2] [2 4] [4 4]]"}} {
+		f, p, g := epForward(t, m, tc.size)
+		if got := fmt.Sprint(g.Experts()); got != tc.experts {
+			t.Fatalf("ep=%d: the ranks hold experts %s, want %s", tc.size, got, tc.experts)
+		}
+		if first != nil {
+			// A plan rank 0 refuses before broadcasting it leaves the group whole: the
+			// run after it must still equal the first.
+			bad := runnertest.Plan(t, p, []*runnertest.Seq{runnertest.OpenSeq(t, p, []int32{3, int32(c.VocabSize)})}, []int{2}, false)
+			if err := f(bad, make([]float32, c.VocabSize)); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
+				t.Fatalf("ep=%d: a plan with token id %d: %v, want it refused", tc.size, c.VocabSize, err)
+			}
+		}
+		logits, toks := decode(t, f, p, steps)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("ep=%d: greedy tokens %v, one GPU %v", tc.size, toks, wantToks)
+		}
+		closeLogits(t, fmt.Sprintf("ep=%d", tc.size), logits, wantLogits, c.VocabSize, gpuEPTol)
+		if graph, _ := g.StepCounts(); graph == 0 {
+			t.Errorf("ep=%d: no decode step replayed a graph", tc.size)
+		}
+		if tc.size == 2 {
+			if first == nil {
+				first = logits
+			} else if !slices.EqualFunc(first, logits, slices.Equal[[]float32]) {
+				t.Errorf("ep=2: two runs' logits differ")
+			}
+		}
+	}
+}
+
+// TestEmulatedOpenGPULayout opens a tiny config directory (seeded random weights)
+// through OpenGPULayout, EP=2 with 2 MTP drafts a step (the MTP block's experts split like
+// a layer's, every rank drafting on each step's result) and TP=2, and checks that the engine's greedy tokens equal OpenGPU's on
+// one GPU, for two prompts in one batch and a third that resumes from the second's cached
+// prefix (a prefix hit through each rank's own device pool); drafts under TP and TP and
+// EP of different sizes are refused by name.
+func TestEmulatedOpenGPULayout(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := tinyDir(t)
+	opts := gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4}, KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Eager: true}
+	cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
+	sp := engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}
+	vocab := tinyConfig(t).VocabSize
+	prompts := [][]int32{runnertest.Prompt(9, vocab, 5), runnertest.Prompt(20, vocab, 6)}
+	hit := append(slices.Clone(prompts[1][:18]), 7, 8)
+	var s runnertest.Suite
+	one, pool, err := OpenGPU(dir, 4<<20, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.(*GPURunner).Close()
+	e := s.StartWith(t, one, pool, cfg)
+	want := append(e.GenerateAll(t, prompts, sp), e.Generate(t, hit, sp))
+	e.Stop(t)
+	for _, c := range []struct {
+		l      Layout
+		drafts int
+	}{{Layout{EP: 2}, 2}, {Layout{TP: 2}, 0}} {
+		g, pool, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := g.Info().MaxDrafts; d != c.drafts {
+			t.Errorf("%+v: the runner proposes %d drafts, want %d", c.l, d, c.drafts)
+		}
+		e := s.StartWith(t, g, pool, cfg)
+		got := e.GenerateAll(t, prompts, sp)
+		before := e.Counters().PrefixHits
+		got = append(got, e.Generate(t, hit, sp))
+		if e.Counters().PrefixHits <= before {
+			t.Errorf("%+v with %d drafts: the prompt sharing 18 tokens got no prefix hit", c.l, c.drafts)
+		}
+		e.Stop(t)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if fmt.Sprint(got[i].Tokens) != fmt.Sprint(want[i].Tokens) {
+				t.Errorf("%+v with %d drafts, prompt %d: tokens %v, one GPU %v", c.l, c.drafts, i, got[i].Tokens, want[i].Tokens)
+			}
+		}
+	}
+	for _, c := range []struct {
+		l      Layout
+		drafts int
+		want   string
+	}{{Layout{TP: 2}, 2, "drafts under tensor parallelism"}, {Layout{TP: 2, EP: 3}, 0, "must be equal"}} {
+		if _, _, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v with %d drafts on the GPU: %v, want a refusal naming %q", c.l, c.drafts, err, c.want)
+		}
+	}
+}
+
+// TestEmulatedTPEqualsOne is TestEmulatedEPEqualsOne for tensor parallelism on the GPU:
+// TP=2 splits the tiny model's 4 heads and 2 output groups (2 and 1 a rank), the shared
+// and every routed expert's 16 intermediate columns, and the 96-token vocabulary (64 + 32
+// real rows, padded to 64 + 64: the embedding's lookups all-reduced, lm_head's shards
+// all-gathered and put in order on the host); each attention ends in an all-reduce after
+// wo_b, each MoE in one of its partials. Greedy tokens equal one GPU's, every logits row
+// within gpuEPTol of it, with decode graphs replayed. TP=2 × EP=2 splits the attention,
+// the vocabulary and the shared expert by TP and the routed experts whole by EP (2 + 2).
+// RESIN_EMU_POISON makes a missing all-reduce or zero row show.
+func TestEmulatedTPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	const steps = 4
+	c := tinyConfig(t)
+	m, err := NewModel(c, RandomWeights(c, 7, false), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, p1, _ := layoutForward(t, m, Layout{})
+	wantLogits, wantToks := decode(t, f1, p1, steps)
+	for _, l := range []Layout{{TP: 2}, {TP: 2, EP: 2}} {
+		what := fmt.Sprintf("tp=%d ep=%d", l.TP, max(l.EP, 1))
+		f, p, g := layoutForward(t, m, l)
+		logits, toks := decode(t, f, p, steps)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("%s: greedy tokens %v, one GPU %v", what, toks, wantToks)
+		}
+		closeLogits(t, what, logits, wantLogits, c.VocabSize, gpuEPTol)
+		if graph, _ := g.StepCounts(); graph == 0 {
+			t.Errorf("%s: no decode step replayed a graph", what)
+		}
+	}
+}
