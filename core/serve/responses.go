@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -266,16 +267,39 @@ func (r *responsesRequest) messages() ([]map[string]any, error) {
 	if err := json.Unmarshal(r.Input, &items); err != nil {
 		return nil, invalid("input", "input must be a string or a list of items.")
 	}
-	str := func(m map[string]json.RawMessage, k string) string {
-		var v string
-		_ = json.Unmarshal(m[k], &v)
-		return v
-	}
+	calls := map[string]bool{} // the call_ids of the function_call items so far
 	for i, it := range items {
 		param := "input[" + strconv.Itoa(i) + "]"
-		switch typ := str(it, "type"); typ {
+		if it == nil {
+			return nil, invalid(param, "An input item must be an object; got null.")
+		}
+		// str is it[k], a string; required says a missing or empty one is an error. A value
+		// of another type is one, rather than read as "": a function_call whose arguments
+		// are an object would otherwise reach the model with no arguments.
+		var bad error
+		str := func(k string, required bool) string {
+			var v string
+			raw, ok := it[k]
+			if ok && !absent(raw) && bad == nil {
+				if te, isType := errors.AsType[*json.UnmarshalTypeError](json.Unmarshal(raw, &v)); isType {
+					bad = typeMismatch(param+"."+k, te)
+				}
+			}
+			if required && v == "" && bad == nil {
+				bad = invalid(param+"."+k, "Missing required parameter: %s.%s.", param, k)
+			}
+			return v
+		}
+		typ := str("type", false)
+		if bad != nil {
+			return nil, bad
+		}
+		switch typ {
 		case "", "message":
-			role := str(it, "role")
+			role := str("role", false)
+			if bad != nil {
+				return nil, bad
+			}
 			switch role {
 			case "user", "assistant", "system", "developer":
 			default:
@@ -287,19 +311,38 @@ func (r *responsesRequest) messages() ([]map[string]any, error) {
 			}
 			msgs = append(msgs, map[string]any{"role": role, "content": content})
 		case "function_call":
-			call := map[string]any{"id": str(it, "call_id"), "type": "function",
-				"function": map[string]string{"name": str(it, "name"), "arguments": str(it, "arguments")}}
+			id, name, args := str("call_id", true), str("name", true), str("arguments", false)
+			if _, ok := it["arguments"]; !ok && bad == nil {
+				bad = invalid(param+".arguments", "Missing required parameter: %s.arguments.", param)
+			}
+			if bad != nil {
+				return nil, bad
+			}
+			calls[id] = true
+			call := map[string]any{"id": id, "type": "function",
+				"function": map[string]string{"name": name, "arguments": args}}
 			if n := len(msgs); n > 0 && msgs[n-1]["role"] == "assistant" && msgs[n-1]["tool_calls"] != nil {
 				msgs[n-1]["tool_calls"] = append(msgs[n-1]["tool_calls"].([]any), call)
 			} else {
 				msgs = append(msgs, map[string]any{"role": "assistant", "content": "", "tool_calls": []any{call}})
 			}
 		case "function_call_output":
+			id := str("call_id", true)
+			if bad != nil {
+				return nil, bad
+			}
+			if !calls[id] {
+				// With no stored responses the call must be in this input, as OpenAI requires.
+				return nil, invalid(param+".call_id", "No function_call item before %s has call_id %q.", param, id)
+			}
+			if absent(it["output"]) {
+				return nil, invalid(param+".output", "Missing required parameter: %s.output.", param)
+			}
 			out, err := itemText(it["output"], param+".output")
 			if err != nil {
 				return nil, err
 			}
-			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": str(it, "call_id"), "content": out})
+			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": id, "content": out})
 		case "reasoning":
 			// A previous turn's reasoning, sent back by clients that keep the output whole:
 			// chat templates drop earlier turns' reasoning, so it is dropped here too.
@@ -406,9 +449,12 @@ func (rs *responseState) object(status string) map[string]any {
 		o["output"] = rs.output("completed")
 		if rs.usage != nil {
 			reasoning := 0
+			// cache_write_tokens, which the openai SDK's InputTokensDetails requires, counts
+			// the tokens written to OpenAI's prompt cache with a retention (its details are
+			// per TTL); the prefix cache here keeps blocks with none, so it writes 0 such.
 			o["usage"] = map[string]any{
 				"input_tokens": rs.usage.PromptTokens, "output_tokens": rs.usage.CompletionTokens, "total_tokens": rs.usage.TotalTokens,
-				"input_tokens_details":  map[string]int{"cached_tokens": cachedOf(rs.usage)},
+				"input_tokens_details":  map[string]int{"cached_tokens": cachedOf(rs.usage), "cache_write_tokens": 0},
 				"output_tokens_details": map[string]int{"reasoning_tokens": reasoning},
 			}
 		}

@@ -187,3 +187,64 @@ func TestResponsesRefused(t *testing.T) {
 	}
 	h.stopAndCheck("responses refused")
 }
+
+// Input items are checked as OpenAI checks them: a function_call needs its call_id, name
+// and arguments, a function_call_output the call_id of a function_call before it (no
+// response is stored to find it in) and its output, and a field of the wrong type is a
+// 400 naming it. Before, each was read as "" and the model saw a call with no id or no
+// arguments, or a tool result answering no call.
+func TestResponsesInputItemsChecked(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	call := map[string]any{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+	for _, c := range []struct {
+		input []any
+		param string
+	}{
+		{[]any{map[string]any{"type": "function_call", "name": "f", "arguments": "{}"}}, "input[0].call_id"},
+		{[]any{map[string]any{"type": "function_call", "call_id": "c1", "arguments": "{}"}}, "input[0].name"},
+		{[]any{map[string]any{"type": "function_call", "call_id": "c1", "name": "f"}}, "input[0].arguments"},
+		{[]any{map[string]any{"type": "function_call", "call_id": "c1", "name": "f", "arguments": map[string]any{"x": 1}}}, "input[0].arguments"},
+		{[]any{call, map[string]any{"type": "function_call_output", "output": "3"}}, "input[1].call_id"},
+		{[]any{call, map[string]any{"type": "function_call_output", "call_id": "c2", "output": "3"}}, "input[1].call_id"},
+		{[]any{call, map[string]any{"type": "function_call_output", "call_id": "c1"}}, "input[1].output"},
+		{[]any{map[string]any{"role": 5, "content": "x"}}, "input[0].role"},
+		{[]any{map[string]any{"type": 5, "role": "user", "content": "x"}}, "input[0].type"},
+		{[]any{nil}, "input[0]"},
+	} {
+		code, raw := h.post("/v1/responses", map[string]any{"input": c.input, "max_output_tokens": 2})
+		var e errorResp
+		if err := json.Unmarshal(raw, &e); code != 400 || err != nil || e.Error.Param == nil || *e.Error.Param != c.param {
+			t.Errorf("%v: %d %s, want 400 naming %s", c.input, code, raw, c.param)
+		}
+	}
+	// The well-formed turn is served.
+	code, raw := h.post("/v1/responses", map[string]any{"max_output_tokens": 2, "input": []any{map[string]any{"role": "user", "content": "Weather?"},
+		call, map[string]any{"type": "function_call_output", "call_id": "c1", "output": "sunny"}}})
+	if code != 200 {
+		t.Errorf("a call and its output: %d %s", code, raw)
+	}
+	h.stopAndCheck("responses input items")
+}
+
+// The usage block has every field the openai SDK's ResponseUsage requires, among them
+// input_tokens_details.cache_write_tokens (openai-python 3.57 validates it as required).
+func TestResponsesUsageShape(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	var r struct {
+		Usage map[string]json.RawMessage `json:"usage"`
+	}
+	h.postJSON("/v1/responses", map[string]any{"input": "hi", "max_output_tokens": 2}, 200, &r)
+	var in map[string]*int
+	_ = json.Unmarshal(r.Usage["input_tokens_details"], &in)
+	var out map[string]*int
+	_ = json.Unmarshal(r.Usage["output_tokens_details"], &out)
+	for _, k := range []string{"input_tokens", "output_tokens", "total_tokens"} {
+		if _, ok := r.Usage[k]; !ok {
+			t.Errorf("usage has no %s: %v", k, r.Usage)
+		}
+	}
+	if in["cached_tokens"] == nil || in["cache_write_tokens"] == nil || out["reasoning_tokens"] == nil {
+		t.Errorf("usage details: input %s, output %s", r.Usage["input_tokens_details"], r.Usage["output_tokens_details"])
+	}
+	h.stopAndCheck("responses usage")
+}
