@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -22,10 +24,31 @@ type corsPolicy struct {
 	credentials bool
 }
 
+// CheckOrigins reports the first of origins that no browser's Origin header can equal:
+// one without a scheme or host ("ui.example"), or with a path, query or credentials,
+// which would otherwise be accepted and never match, so that its pages fail their
+// preflight with no sign why. "*", "" and "null" (sandboxed pages' origin) pass.
+func CheckOrigins(origins []string) error {
+	for _, o := range origins {
+		o = strings.TrimRight(strings.TrimSpace(o), "/")
+		if o == "" || o == "*" || o == "null" {
+			continue
+		}
+		u, err := url.Parse(o)
+		if err != nil || u.Scheme == "" || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil || u.Opaque != "" {
+			return fmt.Errorf("allowed origin %q is not an origin: write scheme://host[:port], as browsers send it in the Origin header (e.g. https://ui.example or http://localhost:3000)", o)
+		}
+	}
+	return nil
+}
+
 func newCORSPolicy(origins []string, credentials bool) corsPolicy {
 	p := corsPolicy{credentials: credentials}
 	for _, o := range origins {
 		o = strings.TrimRight(strings.TrimSpace(o), "/")
+		if o != "*" {
+			o = strings.ToLower(o) // browsers send scheme and host in lower case
+		}
 		switch o {
 		case "":
 		case "*":

@@ -3,6 +3,7 @@ package serve
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -104,5 +105,25 @@ func TestCORSAllowedOrigins(t *testing.T) {
 	}
 	if code, _, _ = corsDo(t, off, http.MethodOptions, "/v1/models", "https://ui.example", preflightHeaders, ""); code != http.StatusForbidden {
 		t.Errorf("CORS off: preflight %d, want 403", code)
+	}
+}
+
+// CheckOrigins takes what browsers send as Origin ("*", "null", scheme://host[:port], a
+// trailing slash forgiven) and refuses what none sends; an origin configured in upper case
+// matches the lower-case one browsers send.
+func TestCORSOriginsChecked(t *testing.T) {
+	for _, ok := range []string{"*", "", "null", "https://ui.example", "http://localhost:3000/", "https://UI.example"} {
+		if err := CheckOrigins([]string{ok}); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"ui.example", "localhost:3000", "https://ui.example/app", "https://ui.example?x=1", "https://u:p@ui.example", `["*"]`} {
+		if err := CheckOrigins([]string{"https://fine.example", bad}); err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("%q: %v, want an error naming it", bad, err)
+		}
+	}
+	h := newHarness(t, harnessOpts{cfg: func(c *Config) { c.AllowedOrigins = []string{"https://UI.example"} }})
+	if code, hdr, body := corsDo(t, h, http.MethodOptions, "/v1/models", "https://ui.example", preflightHeaders, ""); code != http.StatusNoContent || hdr.Get("Access-Control-Allow-Origin") != "https://ui.example" {
+		t.Errorf("upper-case configured origin: %d %v %s", code, hdr, body)
 	}
 }

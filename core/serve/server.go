@@ -184,6 +184,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.AllowedOrigins == nil {
 		cfg.AllowedOrigins = []string{"*"}
 	}
+	if err := CheckOrigins(cfg.AllowedOrigins); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
 	s.corsPolicy = newCORSPolicy(cfg.AllowedOrigins, cfg.AllowCredentials)
 	s.developerRole = cfg.ChatTemplate != nil && strings.Contains(cfg.ChatTemplate.Source(), "developer")
 	for _, a := range cfg.Aliases {
