@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -111,18 +112,31 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// renameParam gives an error from the chat route the Responses field its param came from.
+// renameParam gives an error from the chat route the Responses field its param came from,
+// and its message the Responses names of the chat fields it mentions, whatever its param:
+// a prompt too long for max_tokens is param "prompt", and its message named max_tokens,
+// which a Responses client never sent. A tool's chat field tools[i].function.x is the
+// Responses tool's tools[i].x.
 func renameParam(err error) error {
-	if ae, ok := err.(*apiError); ok {
-		if p, ok := responsesParams[ae.param]; ok {
-			c := *ae
-			c.param = p
-			c.message = strings.ReplaceAll(c.message, ae.param, p)
-			return &c
-		}
+	ae, ok := err.(*apiError)
+	if !ok {
+		return err
 	}
-	return err
+	c := *ae
+	if p, ok := responsesParams[ae.param]; ok {
+		c.param = p
+		c.message = strings.ReplaceAll(c.message, ae.param, p)
+	}
+	c.param = toolField.ReplaceAllString(c.param, "$1.")
+	c.message = toolField.ReplaceAllString(c.message, "$1.")
+	for _, f := range [...]string{"max_tokens", "response_format", "reasoning_effort"} {
+		c.message = strings.ReplaceAll(c.message, f, responsesParams[f])
+	}
+	return &c
 }
+
+// toolField matches the chat tool's function object in a field name: tools[i].function.
+var toolField = regexp.MustCompile(`(tools\[\d+\])\.function\.`)
 
 // chatRequest is the chat completion request r means.
 func (r *responsesRequest) chatRequest() (map[string]any, error) {

@@ -248,3 +248,25 @@ func TestResponsesUsageShape(t *testing.T) {
 	}
 	h.stopAndCheck("responses usage")
 }
+
+// An error the chat route raises names the Responses fields the client sent, whatever its
+// param: a prompt too long for max_output_tokens does not name max_tokens, and a tool with
+// no name is tools[0].name, not the chat tool's tools[0].function.name.
+func TestResponsesErrorsNameResponsesFields(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	for _, c := range []struct {
+		body        map[string]any
+		param, word string
+	}{
+		{map[string]any{"input": "hi", "max_output_tokens": 100000000}, "prompt", "max_output_tokens"},
+		{map[string]any{"input": "hi", "tools": []any{map[string]any{"type": "function"}}}, "tools[0].name", "tools[0]"},
+	} {
+		code, raw := h.post("/v1/responses", c.body)
+		var e errorResp
+		if err := json.Unmarshal(raw, &e); code != 400 || err != nil || e.Error.Param == nil || *e.Error.Param != c.param ||
+			!strings.Contains(e.Error.Message, c.word) || strings.Contains(e.Error.Message, "max_tokens") || strings.Contains(e.Error.Message, ".function.") {
+			t.Errorf("%v: %d %s, want 400 naming %s (%s) and no chat field", c.body, code, raw, c.param, c.word)
+		}
+	}
+	h.stopAndCheck("responses error names")
+}
