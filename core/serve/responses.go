@@ -147,8 +147,26 @@ func (r *responsesRequest) chatRequest() (map[string]any, error) {
 		return nil, invalid("background", "background responses need stored responses, which this server does not keep.")
 	case r.Truncation != nil && *r.Truncation != "disabled" && *r.Truncation != "auto":
 		return nil, invalid("truncation", "truncation must be \"disabled\" or \"auto\"; got %q.", *r.Truncation)
-	case !absent(r.StreamOptions):
-		return nil, unsupported("stream_options", "stream_options on /v1/responses (usage is in response.completed)")
+	}
+	if !absent(r.StreamOptions) {
+		// include_obfuscation, the Responses stream's one option, pads events against
+		// side channels; this server never pads, so false and true both get what it sends.
+		var o map[string]json.RawMessage
+		if json.Unmarshal(r.StreamOptions, &o) != nil {
+			return nil, invalid("stream_options", "stream_options must be an object.")
+		}
+		for k, v := range o {
+			var b bool
+			if k != "include_obfuscation" || (!absent(v) && json.Unmarshal(v, &b) != nil) {
+				return nil, unsupported("stream_options."+k, "stream_options."+k+" on /v1/responses (only include_obfuscation, a boolean; usage is in response.completed)")
+			}
+		}
+	}
+	if !absent(r.Metadata) {
+		var m map[string]string
+		if json.Unmarshal(r.Metadata, &m) != nil {
+			return nil, invalid("metadata", "metadata must be an object of string values.")
+		}
 	}
 	for _, inc := range r.Include {
 		if inc != "message.output_text.logprobs" && inc != "reasoning.encrypted_content" {
@@ -456,7 +474,7 @@ func (rs *responseState) object(status string) map[string]any {
 		"instructions": r.Instructions, "max_output_tokens": r.MaxOutputTokens,
 		"temperature": orOne(r.Temperature), "top_p": orOne(r.TopP), "parallel_tool_calls": r.ParallelToolCalls == nil || *r.ParallelToolCalls,
 		"tool_choice": toolChoiceOf(r.ToolChoice), "tools": toolsOf(r.Tools), "text": textOf(r), "reasoning": reasoningOf(r),
-		"truncation": "disabled", "store": false, "previous_response_id": nil, "metadata": map[string]any{}, "user": nil,
+		"truncation": "disabled", "store": false, "previous_response_id": nil, "metadata": metadataOf(r.Metadata), "user": userOf(r.User),
 		"background": false, "service_tier": "auto",
 	}
 	if status != "in_progress" {
@@ -474,6 +492,21 @@ func (rs *responseState) object(status string) map[string]any {
 		}
 	}
 	return o
+}
+
+// metadataOf is the request's metadata, echoed as OpenAI echoes it ({} when none was sent).
+func metadataOf(raw json.RawMessage) any {
+	if absent(raw) {
+		return map[string]any{}
+	}
+	return raw
+}
+
+func userOf(u string) any {
+	if u == "" {
+		return nil
+	}
+	return u
 }
 
 func cachedOf(u *usageJSON) int {

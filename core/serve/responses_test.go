@@ -270,3 +270,39 @@ func TestResponsesErrorsNameResponsesFields(t *testing.T) {
 	}
 	h.stopAndCheck("responses error names")
 }
+
+// Fields real SDKs send are served as OpenAI serves them: metadata and user are echoed in
+// the response (they were {} and null whatever was sent), stream_options'
+// include_obfuscation (openai-python's stream_options) and prompt_cache_retention are
+// accepted (both were 400), and metadata that is not an object of strings is a 400.
+func TestResponsesClientFields(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	var r struct {
+		Metadata map[string]string `json:"metadata"`
+		User     *string           `json:"user"`
+	}
+	h.postJSON("/v1/responses", map[string]any{"input": "hi", "max_output_tokens": 2, "metadata": map[string]any{"team": "a"}, "user": "u-1",
+		"store": true, "prompt_cache_retention": "24h"}, 200, &r)
+	if r.Metadata["team"] != "a" || r.User == nil || *r.User != "u-1" {
+		t.Errorf("echoed metadata %v, user %v", r.Metadata, r.User)
+	}
+	code, raw := h.post("/v1/responses", map[string]any{"input": "hi", "max_output_tokens": 2, "stream": true, "stream_options": map[string]any{"include_obfuscation": false}})
+	if code != 200 || !strings.Contains(string(raw), "response.completed") {
+		t.Errorf("stream_options include_obfuscation: %d %.300s", code, raw)
+	}
+	for _, c := range []struct {
+		body  map[string]any
+		param string
+	}{
+		{map[string]any{"input": "hi", "metadata": "x"}, "metadata"},
+		{map[string]any{"input": "hi", "metadata": map[string]any{"n": 1}}, "metadata"},
+		{map[string]any{"input": "hi", "stream": true, "stream_options": map[string]any{"include_usage": true}}, "stream_options.include_usage"},
+	} {
+		code, raw := h.post("/v1/responses", c.body)
+		var e errorResp
+		if err := json.Unmarshal(raw, &e); code != 400 || err != nil || e.Error.Param == nil || *e.Error.Param != c.param {
+			t.Errorf("%v: %d %s, want 400 naming %s", c.body, code, raw, c.param)
+		}
+	}
+	h.stopAndCheck("responses client fields")
+}
