@@ -198,3 +198,25 @@ func TestGenerateTPGPUNodes(t *testing.T) {
 		t.Fatalf("two nodes %q, --tp 1 %q", tokensLine(got), tokensLine(want))
 	}
 }
+
+// TestGPUTPRefusedOnce: a --tp llama's heads do not divide is refused once, naming the
+// sizes, before any rank starts: each rank's runner refused it, the message printed once
+// per rank, and with --tp-procs only after the worker processes had started (their exit
+// was the error).
+func TestGPUTPRefusedOnce(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3") {
+		return
+	}
+	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"),
+		"--prompt-ids", "1,2,3", "--max-tokens", "2", "--device", "cuda-emu", "--tp", "3"}
+	const why = "do not all divide by tp=3"
+	for _, extra := range [][]string{nil, {"--tp-procs"}} {
+		_, errOut, err := runGenerate(t, append(args, extra...)...)
+		if err == nil || strings.Count(err.Error(), why) != 1 || strings.Contains(err.Error()+errOut, "rank ") {
+			t.Errorf("%v: %v (%s), want %q once, before any rank", extra, err, errOut, why)
+		}
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left", pids)
+	}
+}
