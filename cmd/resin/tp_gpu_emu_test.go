@@ -220,3 +220,16 @@ func TestGPUTPRefusedOnce(t *testing.T) {
 		t.Errorf("worker processes %v left", pids)
 	}
 }
+
+// TestGPUProcsLayoutNamed: --tp-procs or --dist-init-addr on the GPU with a model or --ep
+// only in-process ranks serve is refused naming the flag to drop; the message listed what
+// --device cuda covers, naming neither.
+func TestGPUProcsLayoutNamed(t *testing.T) {
+	glm := []string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cuda-emu"}
+	for _, extra := range [][]string{{"--tp", "2", "--tp-procs"}, {"--ep", "2", "--tp-procs"}, {"--tp", "2", "--dist-init-addr", "127.0.0.1:1", "--nnodes", "2"}} {
+		_, errOut, err := runGenerate(t, append(glm, extra...)...)
+		if err == nil || !strings.Contains(err.Error(), "--tp-procs and --dist-init-addr") || !strings.Contains(err.Error(), "glm-5-flash") {
+			t.Errorf("%v: %v (%s), want the refusal naming --tp-procs and glm-5-flash", extra, err, errOut)
+		}
+	}
+}
