@@ -117,7 +117,7 @@ func openMoEParallel(name, dir string, cacheBytes int64, drafts int, f *tpFlags)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
-		return &tpRunner{cpurunner.New(info, g.Leader()), g.Close}, pool, nil
+		return &tpRunner{cpurunner.New(info, g.Leader()), g.Close, nil}, pool, nil
 	}
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d", os.Getpid()), Size: size, Dir: dir,
 		Model: name, TP: f.size, EP: f.ep, Dispatch: dispatch, Drafts: drafts, CacheBytes: cacheBytes}
@@ -143,7 +143,7 @@ func openMoEParallel(name, dir string, cacheBytes int64, drafts int, f *tpFlags)
 		draft := lead.LeadDraft
 		lead.LeadDraft = func(p *engine.BatchPlan, res *engine.StepResult) error { return g.w.StepError(draft(p, res)) }
 	}
-	return &tpRunner{cpurunner.New(info, lead), g.close}, pool, nil
+	return &tpRunner{cpurunner.New(info, lead), g.close, g.w}, pool, nil
 }
 
 // runMoEWorker is a --tp-procs worker of a MoE model's layout: it opens its rank and
@@ -203,5 +203,5 @@ func openMoENodes(name, dir string, cacheBytes int64, drafts int, f *tpFlags, di
 		data.Close()
 		return err
 	}
-	return &tpRunner{cpurunner.New(info, lockstep.LeadRank(ctl, r)), stop}, pool, nil
+	return &tpRunner{cpurunner.New(info, lockstep.LeadRank(ctl, r)), stop, nil}, pool, nil
 }

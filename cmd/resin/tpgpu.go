@@ -126,6 +126,10 @@ type tpGPUWorkers struct {
 	w   *launch.Workers
 }
 
+// Health is the first worker process that exited, or nil: serve's /health reports it,
+// where only the next request's step found it.
+func (g *tpGPUWorkers) Health() error { return g.w.Err() }
+
 // startGPUWorkers starts ranks 1..N-1 as children of this binary (core/dist/launch: each
 // dies with this process; each binds to its GPU's NUMA node as gpurunner.Options.NUMA
 // says, cudart.BindNUMA, from the GPU's PCI address) and joins them as rank 0 over a
