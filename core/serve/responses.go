@@ -107,6 +107,9 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) error {
 	}
 	rs.calls = c.Message.ToolCalls
 	rs.finish = c.FinishReason
+	if c.Logprobs != nil {
+		rs.logprobs = c.Logprobs.Content
+	}
 	rs.usage = resp.Usage
 	writeJSON(w, http.StatusOK, rs.object("completed"))
 	return nil
@@ -421,6 +424,7 @@ type responseState struct {
 	text      string
 	reasoning string
 	calls     []toolparse.ToolCall
+	logprobs  []chatLogprob // the text's tokens', when asked for
 	finish    string
 	usage     *usageJSON
 	msgID     string
@@ -448,11 +452,21 @@ func (rs *responseState) message(status string) map[string]any {
 		rs.msgID = "msg_" + rs.id[5:]
 	}
 	return map[string]any{"type": "message", "id": rs.msgID, "status": status, "role": "assistant",
-		"content": []any{outputText(rs.text)}}
+		"content": []any{outputText(rs.text, rs.logprobs)}}
 }
 
-func outputText(text string) map[string]any {
-	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
+// outputText is an output_text part; lp are its tokens' logprobs (include
+// message.output_text.logprobs, or top_logprobs), in the chat route's shape, which is the
+// Responses one: token, logprob, bytes, top_logprobs.
+func outputText(text string, lp []chatLogprob) map[string]any {
+	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": logprobsOf(lp)}
+}
+
+func logprobsOf(lp []chatLogprob) any {
+	if lp == nil {
+		return []any{}
+	}
+	return lp
 }
 
 func functionCallItem(respID string, i int, callID, name, args, status string) map[string]any {
@@ -577,6 +591,9 @@ type responsesStream struct {
 	items                           int // output items added so far
 	msgIndex, reasoningIndex        int
 	calls                           []*streamCall
+	// pendingLP are logprobs of tokens whose text has not been sent yet: the next text
+	// delta carries them.
+	pendingLP []chatLogprob
 }
 
 type streamCall struct {
@@ -660,6 +677,10 @@ func (s *responsesStream) chunk(data []byte) error {
 	}
 	for _, ch := range c.Choices {
 		d := ch.Delta
+		if ch.Logprobs != nil {
+			s.pendingLP = append(s.pendingLP, ch.Logprobs.Content...)
+			rs.logprobs = append(rs.logprobs, ch.Logprobs.Content...)
+		}
 		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
 			if !s.reasoningOpen {
 				s.reasoningOpen, s.reasoningIndex = true, s.items
@@ -681,9 +702,10 @@ func (s *responsesStream) chunk(data []byte) error {
 			}
 			rs.text += *d.Content
 			if err := s.emit("response.output_text.delta", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex,
-				"content_index": 0, "delta": *d.Content, "logprobs": []any{}}); err != nil {
+				"content_index": 0, "delta": *d.Content, "logprobs": logprobsOf(s.pendingLP)}); err != nil {
 				return err
 			}
+			s.pendingLP = nil
 		}
 		for _, tc := range d.ToolCalls {
 			if err := s.callDelta(tc); err != nil {
@@ -710,7 +732,7 @@ func (s *responsesStream) openMessage() error {
 		return err
 	}
 	return s.emit("response.content_part.added", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex,
-		"content_index": 0, "part": outputText("")})
+		"content_index": 0, "part": outputText("", nil)})
 }
 
 // callDelta adds a tool call's delta: a new call opens its function_call item, its
@@ -776,10 +798,10 @@ func (s *responsesStream) closeAll() error {
 	}
 	if s.msgOpen {
 		cs = append(cs, closer{s.msgIndex, func() error {
-			if err := s.emit("response.output_text.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "text": rs.text, "logprobs": []any{}}); err != nil {
+			if err := s.emit("response.output_text.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "text": rs.text, "logprobs": logprobsOf(rs.logprobs)}); err != nil {
 				return err
 			}
-			if err := s.emit("response.content_part.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "part": outputText(rs.text)}); err != nil {
+			if err := s.emit("response.content_part.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "part": outputText(rs.text, rs.logprobs)}); err != nil {
 				return err
 			}
 			return s.emit("response.output_item.done", map[string]any{"output_index": s.msgIndex, "item": rs.message("completed")})

@@ -306,3 +306,38 @@ func TestResponsesClientFields(t *testing.T) {
 	}
 	h.stopAndCheck("responses client fields")
 }
+
+// Logprobs asked for (include message.output_text.logprobs, top_logprobs) are in the
+// output_text part, as the chat route computes them, and streamed with the text deltas;
+// they were always [] though the route said it served them.
+func TestResponsesLogprobs(t *testing.T) {
+	h := newHarness(t, harnessOpts{})
+	body := map[string]any{"input": "hi", "max_output_tokens": 3, "temperature": 0, "include": []string{"message.output_text.logprobs"}, "top_logprobs": 2}
+	var r struct {
+		Output []struct {
+			Content []struct {
+				Logprobs []chatLogprob `json:"logprobs"`
+			} `json:"content"`
+		} `json:"output"`
+	}
+	h.postJSON("/v1/responses", body, 200, &r)
+	if len(r.Output) != 1 || len(r.Output[0].Content) != 1 || len(r.Output[0].Content[0].Logprobs) != 3 || len(r.Output[0].Content[0].Logprobs[0].TopLogprobs) != 2 {
+		t.Fatalf("output logprobs: %+v", r.Output)
+	}
+	body["stream"] = true
+	_, raw := h.post("/v1/responses", body)
+	var streamed int
+	for _, line := range strings.Split(string(raw), "\n") {
+		var ev struct {
+			Type     string        `json:"type"`
+			Logprobs []chatLogprob `json:"logprobs"`
+		}
+		if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev) == nil && ev.Type == "response.output_text.delta" {
+			streamed += len(ev.Logprobs)
+		}
+	}
+	if streamed != 3 {
+		t.Errorf("streamed %d logprobs with the deltas, want 3:\n%s", streamed, raw)
+	}
+	h.stopAndCheck("responses logprobs")
+}
