@@ -128,6 +128,7 @@ func renameParam(err error) error {
 	c := *ae
 	if p, ok := responsesParams[ae.param]; ok {
 		c.param = p
+		c.message = strings.ReplaceAll(c.message, "messages'", "input's") // not "input'"
 		c.message = strings.ReplaceAll(c.message, ae.param, p)
 	}
 	c.param = toolField.ReplaceAllString(c.param, "$1.")

@@ -260,6 +260,7 @@ func TestResponsesErrorsNameResponsesFields(t *testing.T) {
 	}{
 		{map[string]any{"input": "hi", "max_output_tokens": 100000000}, "prompt", "max_output_tokens"},
 		{map[string]any{"input": "hi", "tools": []any{map[string]any{"type": "function"}}}, "tools[0].name", "tools[0]"},
+		{map[string]any{"input": []any{map[string]any{"role": "user", "content": strings.Repeat("a", 100000)}}}, "input", "The input's content"},
 	} {
 		code, raw := h.post("/v1/responses", c.body)
 		var e errorResp
