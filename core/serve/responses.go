@@ -493,7 +493,11 @@ func (rs *responseState) object(status string) map[string]any {
 		"background": false, "service_tier": "auto",
 	}
 	if status != "in_progress" {
-		o["output"] = rs.output("completed")
+		items := "completed"
+		if status == "failed" {
+			items = "incomplete" // what was generated before the failure
+		}
+		o["output"] = rs.output(items)
 		if rs.usage != nil {
 			reasoning := 0
 			// cache_write_tokens, which the openai SDK's InputTokensDetails requires, counts
@@ -664,8 +668,14 @@ func (s *responsesStream) chunk(data []byte) error {
 	}
 	if c.Error != nil {
 		// The chat stream failed after it began: the response failed.
+		// The response's error code is one of the Responses API's list (openai-python's
+		// ResponseError takes no other): the chat error's own code stays on the error event.
+		code := "server_error"
+		if c.Error.Code != nil && *c.Error.Code == "rate_limit_exceeded" {
+			code = *c.Error.Code
+		}
 		o := rs.object("failed")
-		o["status"], o["error"] = "failed", map[string]any{"code": c.Error.Code, "message": c.Error.Message}
+		o["status"], o["error"] = "failed", map[string]any{"code": code, "message": c.Error.Message}
 		_ = s.emit("error", map[string]any{"code": c.Error.Code, "message": c.Error.Message, "param": c.Error.Param})
 		return s.emit("response.failed", map[string]any{"response": o})
 	}

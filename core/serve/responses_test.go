@@ -1,9 +1,17 @@
 package serve
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/tokenizer"
 )
 
 // respObject is the part of a response object the tests read.
@@ -341,4 +349,57 @@ func TestResponsesLogprobs(t *testing.T) {
 		t.Errorf("streamed %d logprobs with the deltas, want 3:\n%s", streamed, raw)
 	}
 	h.stopAndCheck("responses logprobs")
+}
+
+// A stream whose generation fails ends with the error event and response.failed whose
+// error has a code the Responses API defines ("server_error"; openai-python's
+// ResponseError takes only its list) and whose items are "incomplete": it carried the
+// chat error's code, null, and items "completed".
+func TestResponsesStreamFailedCode(t *testing.T) {
+	var dr *dyingRunner
+	h := newHarness(t, harnessOpts{runner: slowRunner(time.Millisecond), wrap: func(r *enginetest.Runner, _ *tokenizer.Tokenizer, _ int32) engine.Runner {
+		dr = &dyingRunner{Runner: r}
+		return dr
+	}})
+	body, _ := json.Marshal(map[string]any{"input": "hi", "max_output_tokens": 1000, "temperature": 0, "stream": true})
+	resp, err := http.Post(h.ts.URL+"/v1/responses", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var raw strings.Builder
+	failed := false
+	for sc := bufio.NewScanner(resp.Body); sc.Scan(); {
+		line := sc.Text()
+		raw.WriteString(line + "\n")
+		if strings.Contains(line, `"response.output_text.delta"`) {
+			dr.once.Store(true) // the generation fails after its text began
+			dr.die.Store(true)
+		}
+		var ev struct {
+			Type     string `json:"type"`
+			Response struct {
+				Status string `json:"status"`
+				Error  *struct {
+					Code    *string `json:"code"`
+					Message string  `json:"message"`
+				} `json:"error"`
+				Output []struct {
+					Status string `json:"status"`
+				} `json:"output"`
+			} `json:"response"`
+		}
+		if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev) != nil || ev.Type != "response.failed" {
+			continue
+		}
+		failed = true
+		if e := ev.Response.Error; ev.Response.Status != "failed" || e == nil || e.Code == nil || *e.Code != "server_error" || e.Message == "" ||
+			len(ev.Response.Output) == 0 || ev.Response.Output[0].Status != "incomplete" {
+			t.Errorf("response.failed: %s", line)
+		}
+	}
+	if !failed {
+		t.Errorf("no response.failed in:\n%s", raw.String())
+	}
+	h.stopAndCheck("responses failed")
 }
