@@ -439,7 +439,7 @@ func (rs *responseState) output(status string) []any {
 		out = append(out, map[string]any{"type": "reasoning", "id": "rs_" + rs.id[5:], "summary": []any{},
 			"content": []any{map[string]any{"type": "reasoning_text", "text": rs.reasoning}}, "status": status})
 	}
-	if rs.text != "" || len(rs.calls) == 0 {
+	if strings.TrimSpace(rs.text) != "" || len(rs.calls) == 0 { // white space beside calls is no message
 		out = append(out, rs.message(status))
 	}
 	for i, c := range rs.calls {
@@ -599,6 +599,7 @@ type responsesStream struct {
 	// pendingLP are logprobs of tokens whose text has not been sent yet: the next text
 	// delta carries them.
 	pendingLP []chatLogprob
+	heldText  string // white space before the message opened (textDelta)
 }
 
 type streamCall struct {
@@ -708,15 +709,10 @@ func (s *responsesStream) chunk(data []byte) error {
 			}
 		}
 		if d.Content != nil && *d.Content != "" {
-			if err := s.openMessage(); err != nil {
-				return err
-			}
 			rs.text += *d.Content
-			if err := s.emit("response.output_text.delta", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex,
-				"content_index": 0, "delta": *d.Content, "logprobs": logprobsOf(s.pendingLP)}); err != nil {
+			if err := s.textDelta(*d.Content); err != nil {
 				return err
 			}
-			s.pendingLP = nil
 		}
 		for _, tc := range d.ToolCalls {
 			if err := s.callDelta(tc); err != nil {
@@ -728,6 +724,25 @@ func (s *responsesStream) chunk(data []byte) error {
 		}
 	}
 	return nil
+}
+
+// textDelta streams text of the message, which opens at the first text that is not
+// only white space: the blank lines a template puts between the reasoning and a tool
+// call (<think>...</think>\n\n<tool_call>) are no message of their own. The held white
+// space goes out with the next text, or at the end when the answer has no calls.
+func (s *responsesStream) textDelta(text string) error {
+	if !s.msgOpen && strings.TrimSpace(text) == "" {
+		s.heldText += text
+		return nil
+	}
+	if err := s.openMessage(); err != nil {
+		return err
+	}
+	text, s.heldText = s.heldText+text, ""
+	err := s.emit("response.output_text.delta", map[string]any{"item_id": s.state.msgID, "output_index": s.msgIndex,
+		"content_index": 0, "delta": text, "logprobs": logprobsOf(s.pendingLP)})
+	s.pendingLP = nil
+	return err
 }
 
 func (s *responsesStream) openMessage() error {
@@ -788,6 +803,11 @@ func (s *responsesStream) closeAll() error {
 	if len(s.calls) == 0 && !s.msgOpen {
 		if err := s.openMessage(); err != nil { // an empty answer is still one message
 			return err
+		}
+		if s.heldText != "" {
+			if err := s.textDelta(""); err != nil {
+				return err
+			}
 		}
 	}
 	rs.calls = rs.calls[:0]

@@ -403,3 +403,54 @@ func TestResponsesStreamFailedCode(t *testing.T) {
 	}
 	h.stopAndCheck("responses failed")
 }
+
+// The white space a template puts between the reasoning and a tool call is no message
+// item: the answer is the reasoning and the call, unstreamed and streamed (where the
+// message item opened at the first "\n\n" and was never taken back). Text that is only
+// white space with no call is still the message.
+func TestResponsesNoBlankMessageBesideCalls(t *testing.T) {
+	h := newToolHarness(t, qwenToolOutput, "hermes", "qwen3")
+	tools := []any{map[string]any{"type": "function", "name": "get_weather", "parameters": map[string]any{"type": "object"}}}
+	body := map[string]any{"input": "Weather?", "max_output_tokens": 200, "tools": tools}
+	var r respObject
+	h.postJSON("/v1/responses", body, 200, &r)
+	if len(r.Output) != 2 || r.Output[0].Type != "reasoning" || r.Output[1].Type != "function_call" {
+		t.Errorf("unstreamed output: %+v", r.Output)
+	}
+	body["stream"] = true
+	_, raw := h.post("/v1/responses", body)
+	var added []string
+	var final respObject
+	for _, line := range strings.Split(string(raw), "\n") {
+		var ev struct {
+			Type     string                `json:"type"`
+			Item     struct{ Type string } `json:"item"`
+			Response json.RawMessage       `json:"response"`
+		}
+		if json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev) != nil {
+			continue
+		}
+		switch ev.Type {
+		case "response.output_item.added":
+			added = append(added, ev.Item.Type)
+		case "response.completed":
+			_ = json.Unmarshal(ev.Response, &final)
+		}
+	}
+	if strings.Join(added, ",") != "reasoning,function_call" || len(final.Output) != 2 {
+		t.Errorf("streamed items %v, final %+v", added, final.Output)
+	}
+	h.stopAndCheck("responses blank message")
+
+	blank := newToolHarness(t, "\n\n", "hermes", "")
+	var b respObject
+	blank.postJSON("/v1/responses", map[string]any{"input": "hi", "max_output_tokens": 5, "stream": false}, 200, &b)
+	if len(b.Output) != 1 || b.Output[0].Type != "message" {
+		t.Errorf("white space alone: %+v", b.Output)
+	}
+	_, raw = blank.post("/v1/responses", map[string]any{"input": "hi", "max_output_tokens": 5, "stream": true})
+	if !strings.Contains(string(raw), `"delta":"\n\n"`) || !strings.Contains(string(raw), "response.output_text.done") {
+		t.Errorf("white space alone, streamed:\n%s", raw)
+	}
+	blank.stopAndCheck("responses white space")
+}
