@@ -72,12 +72,19 @@ func (s *Server) cors(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		preflight := r.Method == http.MethodOptions && origin != "" && r.Header.Get("Access-Control-Request-Method") != ""
+		hdr := w.Header()
+		if !p.off() && (p.credentials || !p.any) {
+			// The answer depends on the Origin, also when none was sent: a cache must not
+			// hand a browser page the copy fetched without one (no Allow-Origin).
+			hdr.Add("Vary", "Origin")
+		}
 		if origin == "" || (p.off() && !preflight) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		hdr := w.Header()
-		hdr.Add("Vary", "Origin")
+		if p.off() || (p.any && !p.credentials) {
+			hdr.Add("Vary", "Origin")
+		}
 		if !p.allows(origin) {
 			if preflight {
 				s.metrics.requests.WithLabelValues("preflight", "403").Inc()
