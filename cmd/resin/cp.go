@@ -72,7 +72,7 @@ func openCP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, 
 			return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
 		}
 		lead := cp.Lead(g.ctl, &cp.Prefill{C: g.data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(m, kv), Cache: kv.Layers})
-		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.forward(lead))), g.close}, pool, nil
+		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.forward(lead))), g.close, g.w}, pool, nil
 	}
 	forwards := make([]cp.ModelForward, size)
 	forwards[0] = cpForward(m, kv)
@@ -87,7 +87,7 @@ func openCP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, 
 	if err != nil {
 		return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
 	}
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), g.Close}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), g.Close, nil}, pool, nil
 }
 
 // cpForward is m's forward for cp: with attend as every layer's attention, or on kv (rank

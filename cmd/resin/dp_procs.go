@@ -132,7 +132,7 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int) (en
 		data.Close()
 		return err
 	}
-	runners[0] = &tpRunner{runners[0].(*cpurunner.Runner), stop}
+	runners[0] = &tpRunner{runners[0].(*cpurunner.Runner), stop, w}
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
 }
 

@@ -19,7 +19,8 @@ import (
 
 // TestDPProcsWorkerKilled: glm-5-flash under --dp 2 --dp-attention --dp-procs whose
 // worker was SIGKILLed fails the next request's step naming the worker's rank, pid and
-// signal (launch's exit on the dp group's error), within the test's deadline; stopping
+// signal (launch's exit on the dp group's error), within the test's deadline, and rank
+// 0's Health (serve's /health) reports it before that request; stopping
 // the ranks then returns and leaves no worker process behind.
 func TestDPProcsWorkerKilled(t *testing.T) {
 	dir := t.TempDir()
@@ -59,8 +60,22 @@ func TestDPProcsWorkerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Start(context.Background())
+	// Health (serve's /health) reports the dead worker before any request steps: it said
+	// ok until the next request's step failed.
+	h, ok := r0.(interface{ Health() error })
+	if !ok || h.Health() != nil {
+		t.Fatalf("rank 0's runner %T: no Health, or unhealthy before the kill", r0)
+	}
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
+	}
+	dptest.Within(t, time.Minute, "Health to report the killed worker", func() {
+		for h.Health() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	if err := h.Health(); !strings.Contains(err.Error(), "pid "+strconv.Itoa(pids[0])) {
+		t.Fatalf("Health after the kill: %v, want the worker's pid", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -145,9 +145,20 @@ func withLocalRanks(first, n int, follow func(rank int) error) (wait func() erro
 type tpRunner struct {
 	*cpurunner.Runner
 	close func() error
+	// workers, when the ranks are worker processes, is their supervisor: Health reports
+	// one that exited (serve's /health), where only the next request's step found it.
+	workers *launch.Workers
 }
 
 func (r *tpRunner) StopRanks() error { return r.close() }
+
+// Health is the first worker process that exited, or nil (also when no rank is a process).
+func (r *tpRunner) Health() error {
+	if r.workers == nil {
+		return nil
+	}
+	return r.workers.Err()
+}
 
 // openTP opens the llama checkpoint (or random-weights config) in dir with tensor
 // parallelism over size ranks (core/dist/tp): rank 0's forward serves the engine and
@@ -178,7 +189,7 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 			return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 		}
 		forward, stop := f.timed(g.Forward, g.Close, data)
-		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop}, pool, nil
+		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil}, pool, nil
 	}
 	s, err := r.shard(0, size)
 	if err != nil {
@@ -190,7 +201,7 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 	}
 	ctl, data := dist.NewTimed(g.ctl), dist.NewTimed(g.data)
 	forward, stop := f.timed(g.forward(tp.Lead(ctl, data, s, s.NewCache(pages, pt))), g.close, ctl, data)
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, g.w}, pool, nil
 }
 
 // timed returns forward and stop as they are without --dist-stats; with it, forward
@@ -269,7 +280,7 @@ func openTPNodes(r *llamaTPModel, pool *kvslab.Pool, f *tpFlags) (engine.Runner,
 	}
 	tctl, tdata := dist.NewTimed(ctl), dist.NewTimed(data)
 	forward, stop := f.timed(tp.Lead(tctl, tdata, s, kv), stop, tctl, tdata)
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil}, pool, nil
 }
 
 // tpWorkerSpec is what a worker process reads from RESIN_TP_WORKER.

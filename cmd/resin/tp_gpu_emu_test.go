@@ -220,3 +220,38 @@ func TestGenerateTPGPUOneNodeTwoRanks(t *testing.T) {
 		t.Fatalf("--tp 2 on one node %q, --tp 1 %q", tokensLine(got), tokensLine(want))
 	}
 }
+
+// TestGPUTPRefusedOnce: a --tp llama's heads do not divide is refused once, naming the
+// sizes, before any rank starts: each rank's runner refused it, the message printed once
+// per rank, and with --tp-procs only after the worker processes had started (their exit
+// was the error).
+func TestGPUTPRefusedOnce(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3") {
+		return
+	}
+	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"),
+		"--prompt-ids", "1,2,3", "--max-tokens", "2", "--device", "cuda-emu", "--tp", "3"}
+	const why = "do not all divide by tp=3"
+	for _, extra := range [][]string{nil, {"--tp-procs"}} {
+		_, errOut, err := runGenerate(t, append(args, extra...)...)
+		if err == nil || strings.Count(err.Error(), why) != 1 || strings.Contains(err.Error()+errOut, "rank ") {
+			t.Errorf("%v: %v (%s), want %q once, before any rank", extra, err, errOut, why)
+		}
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left", pids)
+	}
+}
+
+// TestGPUProcsLayoutNamed: --tp-procs or --dist-init-addr on the GPU with a model or --ep
+// only in-process ranks serve is refused naming the flag to drop; the message listed what
+// --device cuda covers, naming neither.
+func TestGPUProcsLayoutNamed(t *testing.T) {
+	glm := []string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cuda-emu"}
+	for _, extra := range [][]string{{"--tp", "2", "--tp-procs"}, {"--ep", "2", "--tp-procs"}, {"--tp", "2", "--dist-init-addr", "127.0.0.1:1", "--nnodes", "2"}} {
+		_, errOut, err := runGenerate(t, append(glm, extra...)...)
+		if err == nil || !strings.Contains(err.Error(), "--tp-procs and --dist-init-addr") || !strings.Contains(err.Error(), "glm-5-flash") {
+			t.Errorf("%v: %v (%s), want the refusal naming --tp-procs and glm-5-flash", extra, err, errOut)
+		}
+	}
+}

@@ -39,7 +39,7 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 		if err := gpurunner.Available(opts.Ordinal); err != nil {
 			return nil, nil, fmt.Errorf("%s on the GPU: %w", llama.Name, err)
 		}
-		shard, done, err := llamaGPUShard(dir)
+		shard, done, err := llamaGPUShard(dir, size)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -76,8 +76,11 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 }
 
 // llamaGPUShard returns the ranks' parts of the llama model in dir: cut from the seeded
-// random weights, or read from the checkpoint (done closes it, after the last read).
-func llamaGPUShard(dir string) (shard gpurunner.DenseShard, done func(), err error) {
+// random weights, or read from the checkpoint (done closes it, after the last read). A
+// size the heads, KV heads or intermediate size do not divide is refused here, once,
+// before rank 0 starts any rank: each rank's runner refused it (every message printed once
+// per rank), after --tp-procs had started its worker processes.
+func llamaGPUShard(dir string, size int) (shard gpurunner.DenseShard, done func(), err error) {
 	m, err := openLlamaTP(dir)
 	if err != nil {
 		return nil, nil, err
@@ -85,6 +88,9 @@ func llamaGPUShard(dir string) (shard gpurunner.DenseShard, done func(), err err
 	cfg, err := m.c.DenseConfig(m.info.MaxContext, 0)
 	if err != nil {
 		return nil, nil, err
+	}
+	if cfg.Heads%size != 0 || cfg.KVHeads%size != 0 || cfg.Intermediate%size != 0 {
+		return nil, nil, fmt.Errorf("--tp %d: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", size, cfg.Heads, cfg.KVHeads, cfg.Intermediate, size)
 	}
 	if m.w != nil {
 		w := &gpurunner.DenseWeights{Embed: m.w.Embed, Norm: m.w.Norm, Head: m.w.Head}
@@ -119,6 +125,10 @@ type tpGPUWorkers struct {
 	ctl dist.Communicator
 	w   *launch.Workers
 }
+
+// Health is the first worker process that exited, or nil: serve's /health reports it,
+// where only the next request's step found it.
+func (g *tpGPUWorkers) Health() error { return g.w.Err() }
 
 // startGPUWorkers starts ranks 1..N-1 as children of this binary (core/dist/launch: each
 // dies with this process; each binds to its GPU's NUMA node as gpurunner.Options.NUMA
@@ -309,7 +319,7 @@ func runGPUTPWorker(spec tpWorkerSpec) error {
 			return fmt.Errorf("rank %d: --device cuda-emu: %w", spec.Rank, err)
 		}
 	}
-	shard, done, err := llamaGPUShard(spec.Dir)
+	shard, done, err := llamaGPUShard(spec.Dir, spec.Size)
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", spec.Rank, err)
 	}

@@ -329,3 +329,18 @@ func TestGenerateMaxTokensUnlimited(t *testing.T) {
 		t.Errorf("--max-tokens -1 printed\n%s\nwant a line with %q", out, want)
 	}
 }
+
+// TestGenerateInterrupted: generate whose context ends (Ctrl-C) fails saying it was
+// interrupted; it said "context canceled".
+func TestGenerateInterrupted(t *testing.T) {
+	dir := modelDir(t, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	cmd := GenerateCmd(NewModelDir("test", testOpener))
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"--model", dir, "--max-tokens", "8", "--prompt-ids", "40,41"})
+	if err := cmd.ExecuteContext(ctx); err == nil || err.Error() != "interrupted" {
+		t.Fatalf("generate with its context ended: %v, want \"interrupted\"", err)
+	}
+}

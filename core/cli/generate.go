@@ -116,6 +116,10 @@ func GenerateCmd(l Loader) *cobra.Command {
 			} else {
 				n, err = generateIDs(ctx, rt, e, in, p, out)
 			}
+			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+				// Ctrl-C (or the caller's context): say so, not "context canceled".
+				err = errors.New("interrupted")
+			}
 			if serr := e.Stop(); err == nil {
 				err = serr
 			}

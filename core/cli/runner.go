@@ -87,10 +87,14 @@ func runnerCloser(r engine.Runner) func() error {
 }
 
 // runnerHealth returns what /health asks besides draining: an out-of-process runner's
-// state, or nil for a runner in this process.
+// state, or whether the worker processes of its ranks still run (a Health method), or
+// nil for a runner wholly in this process.
 func runnerHealth(r engine.Runner) func() error {
 	if rem, ok := r.(*wire.Remote); ok {
 		return rem.Health
+	}
+	if h, ok := r.(interface{ Health() error }); ok { // ranks in worker processes
+		return h.Health
 	}
 	return nil
 }

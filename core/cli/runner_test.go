@@ -55,3 +55,28 @@ func TestStopClosesRemoteRunner(t *testing.T) {
 		t.Fatalf("the runner's session ended with %v, want a clean Shutdown", err)
 	}
 }
+
+// healthyRunner is a runner whose ranks' worker processes report through Health.
+type healthyRunner struct {
+	engine.Runner
+	err error
+}
+
+func (r *healthyRunner) Health() error { return r.err }
+
+// TestRunnerHealthAsksWorkers: /health asks a runner with a Health method (ranks in worker
+// processes) whether they still run; it asked only remote runners, so a killed worker
+// left /health ok until the next request failed.
+func TestRunnerHealthAsksWorkers(t *testing.T) {
+	r, err := enginetest.New(enginetest.Config{VocabSize: tinyVocab, MaxContext: 64, Pages: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runnerHealth(r) != nil {
+		t.Error("a runner in this process has a health check")
+	}
+	dead := &healthyRunner{Runner: r, err: errors.New("worker rank 1 exited")}
+	if h := runnerHealth(dead); h == nil || h() == nil {
+		t.Error("a runner with Health: /health does not ask it")
+	}
+}

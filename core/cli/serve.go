@@ -53,6 +53,9 @@ func ServeCmd(l Loader) *cobra.Command {
 			if _, err := toolparse.New(toolParser, reasoningParser); err != nil {
 				return err // before loading the model
 			}
+			if err := serve.CheckOrigins(lim.origins); err != nil {
+				return fmt.Errorf("--allowed-origins: %w", err)
+			}
 			if apiKey == "" {
 				apiKey = os.Getenv("RESIN_API_KEY")
 			}

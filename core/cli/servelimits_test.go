@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -72,5 +73,17 @@ func TestServeLimitFlags(t *testing.T) {
 	cancel()
 	if err := srv.Wait(); err != nil {
 		t.Fatalf("serve: %v", err)
+	}
+}
+
+// An --allowed-origins value no browser's Origin header can equal (no scheme, a path) is
+// refused naming the flag, before the model loads (the model here does not exist), where it
+// was taken and silently failed every preflight from the page it was meant to admit.
+func TestServeAllowedOriginsChecked(t *testing.T) {
+	for _, o := range []string{"ui.example", "https://ui.example/app", "localhost:3000"} {
+		_, _, err := run(t, ServeCmd(NewModelDir("test", testOpener)), "--model", filepath.Join(t.TempDir(), "absent"), "--port", "0", "--allowed-origins", o)
+		if err == nil || !strings.Contains(err.Error(), "--allowed-origins") || !strings.Contains(err.Error(), o) {
+			t.Errorf("--allowed-origins %s: %v", o, err)
+		}
 	}
 }

@@ -301,6 +301,7 @@ func TestClientFields(t *testing.T) {
 		{name: "metadata", path: cmpl, want: "ignored", body: map[string]any{"metadata": map[string]any{"team": "a"}}},
 		{name: "service_tier", path: chat, want: "ignored", body: map[string]any{"service_tier": "auto"}},
 		{name: "prompt_cache_key", path: chat, want: "ignored", body: map[string]any{"prompt_cache_key": "k1"}},
+		{name: "prompt_cache_retention", path: chat, want: "ignored", body: map[string]any{"prompt_cache_retention": "24h"}},
 		{name: "safety_identifier", path: cmpl, want: "ignored", body: map[string]any{"safety_identifier": "u-1"}},
 		{name: "reasoning_effort", path: chat, want: "implemented", body: map[string]any{"reasoning_effort": "low"}},
 		// What the server does anyway: accepted, nothing to warn about.

@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -22,10 +24,31 @@ type corsPolicy struct {
 	credentials bool
 }
 
+// CheckOrigins reports the first of origins that no browser's Origin header can equal:
+// one without a scheme or host ("ui.example"), or with a path, query or credentials,
+// which would otherwise be accepted and never match, so that its pages fail their
+// preflight with no sign why. "*", "" and "null" (sandboxed pages' origin) pass.
+func CheckOrigins(origins []string) error {
+	for _, o := range origins {
+		o = strings.TrimRight(strings.TrimSpace(o), "/")
+		if o == "" || o == "*" || o == "null" {
+			continue
+		}
+		u, err := url.Parse(o)
+		if err != nil || u.Scheme == "" || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil || u.Opaque != "" {
+			return fmt.Errorf("allowed origin %q is not an origin: write scheme://host[:port], as browsers send it in the Origin header (e.g. https://ui.example or http://localhost:3000)", o)
+		}
+	}
+	return nil
+}
+
 func newCORSPolicy(origins []string, credentials bool) corsPolicy {
 	p := corsPolicy{credentials: credentials}
 	for _, o := range origins {
 		o = strings.TrimRight(strings.TrimSpace(o), "/")
+		if o != "*" {
+			o = strings.ToLower(o) // browsers send scheme and host in lower case
+		}
 		switch o {
 		case "":
 		case "*":
@@ -49,12 +72,19 @@ func (s *Server) cors(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		origin := r.Header.Get("Origin")
 		preflight := r.Method == http.MethodOptions && origin != "" && r.Header.Get("Access-Control-Request-Method") != ""
+		hdr := w.Header()
+		if !p.off() && (p.credentials || !p.any) {
+			// The answer depends on the Origin, also when none was sent: a cache must not
+			// hand a browser page the copy fetched without one (no Allow-Origin).
+			hdr.Add("Vary", "Origin")
+		}
 		if origin == "" || (p.off() && !preflight) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		hdr := w.Header()
-		hdr.Add("Vary", "Origin")
+		if p.off() || (p.any && !p.credentials) {
+			hdr.Add("Vary", "Origin")
+		}
 		if !p.allows(origin) {
 			if preflight {
 				s.metrics.requests.WithLabelValues("preflight", "403").Inc()

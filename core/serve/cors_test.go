@@ -3,6 +3,8 @@ package serve
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -104,5 +106,44 @@ func TestCORSAllowedOrigins(t *testing.T) {
 	}
 	if code, _, _ = corsDo(t, off, http.MethodOptions, "/v1/models", "https://ui.example", preflightHeaders, ""); code != http.StatusForbidden {
 		t.Errorf("CORS off: preflight %d, want 403", code)
+	}
+}
+
+// CheckOrigins takes what browsers send as Origin ("*", "null", scheme://host[:port], a
+// trailing slash forgiven) and refuses what none sends; an origin configured in upper case
+// matches the lower-case one browsers send.
+func TestCORSOriginsChecked(t *testing.T) {
+	for _, ok := range []string{"*", "", "null", "https://ui.example", "http://localhost:3000/", "https://UI.example"} {
+		if err := CheckOrigins([]string{ok}); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"ui.example", "localhost:3000", "https://ui.example/app", "https://ui.example?x=1", "https://u:p@ui.example", `["*"]`} {
+		if err := CheckOrigins([]string{"https://fine.example", bad}); err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("%q: %v, want an error naming it", bad, err)
+		}
+	}
+	h := newHarness(t, harnessOpts{cfg: func(c *Config) { c.AllowedOrigins = []string{"https://UI.example"} }})
+	if code, hdr, body := corsDo(t, h, http.MethodOptions, "/v1/models", "https://ui.example", preflightHeaders, ""); code != http.StatusNoContent || hdr.Get("Access-Control-Allow-Origin") != "https://ui.example" {
+		t.Errorf("upper-case configured origin: %d %v %s", code, hdr, body)
+	}
+}
+
+// With a list of origins (or credentials) an answer depends on the Origin, so it says
+// Vary: Origin also to a request that sent none: a shared cache would otherwise hand the
+// copy without Access-Control-Allow-Origin to an allowed page, which the browser then
+// withholds. Any origin without credentials ("*") answers the same to all and needs none.
+func TestCORSVaryWithoutOrigin(t *testing.T) {
+	list := newHarness(t, harnessOpts{cfg: func(c *Config) { c.AllowedOrigins = []string{"https://ui.example"} }})
+	code, hdr, _ := corsDo(t, list, http.MethodGet, "/v1/models", "", nil, "")
+	if code != 200 || !slices.Contains(hdr.Values("Vary"), "Origin") {
+		t.Errorf("list of origins, no Origin sent: %d, Vary %q", code, hdr.Values("Vary"))
+	}
+	if _, hdr, _ = corsDo(t, list, http.MethodGet, "/v1/models", "https://ui.example", nil, ""); strings.Count(strings.Join(hdr.Values("Vary"), ","), "Origin") != 1 {
+		t.Errorf("allowed origin: Vary %q, want Origin once", hdr.Values("Vary"))
+	}
+	anyOrigin := newHarness(t, harnessOpts{})
+	if _, hdr, _ = corsDo(t, anyOrigin, http.MethodGet, "/v1/models", "", nil, ""); len(hdr.Values("Vary")) != 0 {
+		t.Errorf("any origin, no Origin sent: Vary %q, want none", hdr.Values("Vary"))
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/engine/enginetest"
+	"github.com/resin-llm/resin/core/tokenizer/tiny"
 )
 
 // slowRunner makes every engine step take a little while, so that requests are still
@@ -279,5 +280,27 @@ func TestRunnerFailureIsReported(t *testing.T) {
 	}
 	if s := h.eng.Stats(); s.Running+s.Waiting != 0 {
 		t.Fatalf("failed requests still in the engine: %+v", s)
+	}
+}
+
+// A tokenizer larger than the model's vocabulary is refused saying what to do (give the
+// model's own tokenizer, --tokenizer), not only the two sizes: resin serve of random
+// weights with a vocabulary under the built-in tokenizer's 1025 failed naming neither.
+func TestNewRefusesForeignTokenizer(t *testing.T) {
+	tok, _, err := tiny.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner, err := enginetest.New(enginetest.Config{VocabSize: 512, MaxContext: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(runner, engine.Config{Pool: runner.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(Config{Engine: eng, Tokenizer: tok, Model: "m"})
+	if err == nil || !strings.Contains(err.Error(), "512") || !strings.Contains(err.Error(), "--tokenizer") {
+		t.Fatalf("New with a 1025-token tokenizer over 512 logits: %v", err)
 	}
 }

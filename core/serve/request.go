@@ -69,6 +69,9 @@ type ignoredFields struct {
 	ServiceTier      json.RawMessage `json:"service_tier"`
 	PromptCacheKey   json.RawMessage `json:"prompt_cache_key"`
 	SafetyIdentifier json.RawMessage `json:"safety_identifier"`
+	// prompt_cache_retention asks OpenAI to keep the prompt's cache longer; the prefix
+	// cache here keeps blocks as long as the pool has room, whatever it says.
+	PromptCacheRetention json.RawMessage `json:"prompt_cache_retention"`
 }
 
 // warnIgnored logs, in one line, the fields of r that were accepted and ignored.
@@ -85,7 +88,8 @@ func (f *ignoredFields) sent() []string {
 		name string
 		raw  json.RawMessage
 	}{{"store", f.Store}, {"metadata", f.Metadata}, {"service_tier", f.ServiceTier},
-		{"prompt_cache_key", f.PromptCacheKey}, {"safety_identifier", f.SafetyIdentifier}} {
+		{"prompt_cache_key", f.PromptCacheKey}, {"safety_identifier", f.SafetyIdentifier},
+		{"prompt_cache_retention", f.PromptCacheRetention}} {
 		if !absent(x.raw) {
 			names = append(names, x.name)
 		}

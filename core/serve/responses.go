@@ -3,9 +3,11 @@ package serve
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -105,23 +107,40 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) error {
 	}
 	rs.calls = c.Message.ToolCalls
 	rs.finish = c.FinishReason
+	if c.Logprobs != nil {
+		rs.logprobs = c.Logprobs.Content
+	}
 	rs.usage = resp.Usage
 	writeJSON(w, http.StatusOK, rs.object("completed"))
 	return nil
 }
 
-// renameParam gives an error from the chat route the Responses field its param came from.
+// renameParam gives an error from the chat route the Responses field its param came from,
+// and its message the Responses names of the chat fields it mentions, whatever its param:
+// a prompt too long for max_tokens is param "prompt", and its message named max_tokens,
+// which a Responses client never sent. A tool's chat field tools[i].function.x is the
+// Responses tool's tools[i].x.
 func renameParam(err error) error {
-	if ae, ok := err.(*apiError); ok {
-		if p, ok := responsesParams[ae.param]; ok {
-			c := *ae
-			c.param = p
-			c.message = strings.ReplaceAll(c.message, ae.param, p)
-			return &c
-		}
+	ae, ok := err.(*apiError)
+	if !ok {
+		return err
 	}
-	return err
+	c := *ae
+	if p, ok := responsesParams[ae.param]; ok {
+		c.param = p
+		c.message = strings.ReplaceAll(c.message, "messages'", "input's") // not "input'"
+		c.message = strings.ReplaceAll(c.message, ae.param, p)
+	}
+	c.param = toolField.ReplaceAllString(c.param, "$1.")
+	c.message = toolField.ReplaceAllString(c.message, "$1.")
+	for _, f := range [...]string{"max_tokens", "response_format", "reasoning_effort"} {
+		c.message = strings.ReplaceAll(c.message, f, responsesParams[f])
+	}
+	return &c
 }
+
+// toolField matches the chat tool's function object in a field name: tools[i].function.
+var toolField = regexp.MustCompile(`(tools\[\d+\])\.function\.`)
 
 // chatRequest is the chat completion request r means.
 func (r *responsesRequest) chatRequest() (map[string]any, error) {
@@ -132,8 +151,26 @@ func (r *responsesRequest) chatRequest() (map[string]any, error) {
 		return nil, invalid("background", "background responses need stored responses, which this server does not keep.")
 	case r.Truncation != nil && *r.Truncation != "disabled" && *r.Truncation != "auto":
 		return nil, invalid("truncation", "truncation must be \"disabled\" or \"auto\"; got %q.", *r.Truncation)
-	case !absent(r.StreamOptions):
-		return nil, unsupported("stream_options", "stream_options on /v1/responses (usage is in response.completed)")
+	}
+	if !absent(r.StreamOptions) {
+		// include_obfuscation, the Responses stream's one option, pads events against
+		// side channels; this server never pads, so false and true both get what it sends.
+		var o map[string]json.RawMessage
+		if json.Unmarshal(r.StreamOptions, &o) != nil {
+			return nil, invalid("stream_options", "stream_options must be an object.")
+		}
+		for k, v := range o {
+			var b bool
+			if k != "include_obfuscation" || (!absent(v) && json.Unmarshal(v, &b) != nil) {
+				return nil, unsupported("stream_options."+k, "stream_options."+k+" on /v1/responses (only include_obfuscation, a boolean; usage is in response.completed)")
+			}
+		}
+	}
+	if !absent(r.Metadata) {
+		var m map[string]string
+		if json.Unmarshal(r.Metadata, &m) != nil {
+			return nil, invalid("metadata", "metadata must be an object of string values.")
+		}
 	}
 	for _, inc := range r.Include {
 		if inc != "message.output_text.logprobs" && inc != "reasoning.encrypted_content" {
@@ -266,16 +303,39 @@ func (r *responsesRequest) messages() ([]map[string]any, error) {
 	if err := json.Unmarshal(r.Input, &items); err != nil {
 		return nil, invalid("input", "input must be a string or a list of items.")
 	}
-	str := func(m map[string]json.RawMessage, k string) string {
-		var v string
-		_ = json.Unmarshal(m[k], &v)
-		return v
-	}
+	calls := map[string]bool{} // the call_ids of the function_call items so far
 	for i, it := range items {
 		param := "input[" + strconv.Itoa(i) + "]"
-		switch typ := str(it, "type"); typ {
+		if it == nil {
+			return nil, invalid(param, "An input item must be an object; got null.")
+		}
+		// str is it[k], a string; required says a missing or empty one is an error. A value
+		// of another type is one, rather than read as "": a function_call whose arguments
+		// are an object would otherwise reach the model with no arguments.
+		var bad error
+		str := func(k string, required bool) string {
+			var v string
+			raw, ok := it[k]
+			if ok && !absent(raw) && bad == nil {
+				if te, isType := errors.AsType[*json.UnmarshalTypeError](json.Unmarshal(raw, &v)); isType {
+					bad = typeMismatch(param+"."+k, te)
+				}
+			}
+			if required && v == "" && bad == nil {
+				bad = invalid(param+"."+k, "Missing required parameter: %s.%s.", param, k)
+			}
+			return v
+		}
+		typ := str("type", false)
+		if bad != nil {
+			return nil, bad
+		}
+		switch typ {
 		case "", "message":
-			role := str(it, "role")
+			role := str("role", false)
+			if bad != nil {
+				return nil, bad
+			}
 			switch role {
 			case "user", "assistant", "system", "developer":
 			default:
@@ -287,19 +347,38 @@ func (r *responsesRequest) messages() ([]map[string]any, error) {
 			}
 			msgs = append(msgs, map[string]any{"role": role, "content": content})
 		case "function_call":
-			call := map[string]any{"id": str(it, "call_id"), "type": "function",
-				"function": map[string]string{"name": str(it, "name"), "arguments": str(it, "arguments")}}
+			id, name, args := str("call_id", true), str("name", true), str("arguments", false)
+			if _, ok := it["arguments"]; !ok && bad == nil {
+				bad = invalid(param+".arguments", "Missing required parameter: %s.arguments.", param)
+			}
+			if bad != nil {
+				return nil, bad
+			}
+			calls[id] = true
+			call := map[string]any{"id": id, "type": "function",
+				"function": map[string]string{"name": name, "arguments": args}}
 			if n := len(msgs); n > 0 && msgs[n-1]["role"] == "assistant" && msgs[n-1]["tool_calls"] != nil {
 				msgs[n-1]["tool_calls"] = append(msgs[n-1]["tool_calls"].([]any), call)
 			} else {
 				msgs = append(msgs, map[string]any{"role": "assistant", "content": "", "tool_calls": []any{call}})
 			}
 		case "function_call_output":
+			id := str("call_id", true)
+			if bad != nil {
+				return nil, bad
+			}
+			if !calls[id] {
+				// With no stored responses the call must be in this input, as OpenAI requires.
+				return nil, invalid(param+".call_id", "No function_call item before %s has call_id %q.", param, id)
+			}
+			if absent(it["output"]) {
+				return nil, invalid(param+".output", "Missing required parameter: %s.output.", param)
+			}
 			out, err := itemText(it["output"], param+".output")
 			if err != nil {
 				return nil, err
 			}
-			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": str(it, "call_id"), "content": out})
+			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": id, "content": out})
 		case "reasoning":
 			// A previous turn's reasoning, sent back by clients that keep the output whole:
 			// chat templates drop earlier turns' reasoning, so it is dropped here too.
@@ -346,6 +425,7 @@ type responseState struct {
 	text      string
 	reasoning string
 	calls     []toolparse.ToolCall
+	logprobs  []chatLogprob // the text's tokens', when asked for
 	finish    string
 	usage     *usageJSON
 	msgID     string
@@ -359,7 +439,7 @@ func (rs *responseState) output(status string) []any {
 		out = append(out, map[string]any{"type": "reasoning", "id": "rs_" + rs.id[5:], "summary": []any{},
 			"content": []any{map[string]any{"type": "reasoning_text", "text": rs.reasoning}}, "status": status})
 	}
-	if rs.text != "" || len(rs.calls) == 0 {
+	if strings.TrimSpace(rs.text) != "" || len(rs.calls) == 0 { // white space beside calls is no message
 		out = append(out, rs.message(status))
 	}
 	for i, c := range rs.calls {
@@ -373,11 +453,21 @@ func (rs *responseState) message(status string) map[string]any {
 		rs.msgID = "msg_" + rs.id[5:]
 	}
 	return map[string]any{"type": "message", "id": rs.msgID, "status": status, "role": "assistant",
-		"content": []any{outputText(rs.text)}}
+		"content": []any{outputText(rs.text, rs.logprobs)}}
 }
 
-func outputText(text string) map[string]any {
-	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
+// outputText is an output_text part; lp are its tokens' logprobs (include
+// message.output_text.logprobs, or top_logprobs), in the chat route's shape, which is the
+// Responses one: token, logprob, bytes, top_logprobs.
+func outputText(text string, lp []chatLogprob) map[string]any {
+	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": logprobsOf(lp)}
+}
+
+func logprobsOf(lp []chatLogprob) any {
+	if lp == nil {
+		return []any{}
+	}
+	return lp
 }
 
 func functionCallItem(respID string, i int, callID, name, args, status string) map[string]any {
@@ -399,21 +489,43 @@ func (rs *responseState) object(status string) map[string]any {
 		"instructions": r.Instructions, "max_output_tokens": r.MaxOutputTokens,
 		"temperature": orOne(r.Temperature), "top_p": orOne(r.TopP), "parallel_tool_calls": r.ParallelToolCalls == nil || *r.ParallelToolCalls,
 		"tool_choice": toolChoiceOf(r.ToolChoice), "tools": toolsOf(r.Tools), "text": textOf(r), "reasoning": reasoningOf(r),
-		"truncation": "disabled", "store": false, "previous_response_id": nil, "metadata": map[string]any{}, "user": nil,
+		"truncation": "disabled", "store": false, "previous_response_id": nil, "metadata": metadataOf(r.Metadata), "user": userOf(r.User),
 		"background": false, "service_tier": "auto",
 	}
 	if status != "in_progress" {
-		o["output"] = rs.output("completed")
+		items := "completed"
+		if status == "failed" {
+			items = "incomplete" // what was generated before the failure
+		}
+		o["output"] = rs.output(items)
 		if rs.usage != nil {
 			reasoning := 0
+			// cache_write_tokens, which the openai SDK's InputTokensDetails requires, counts
+			// the tokens written to OpenAI's prompt cache with a retention (its details are
+			// per TTL); the prefix cache here keeps blocks with none, so it writes 0 such.
 			o["usage"] = map[string]any{
 				"input_tokens": rs.usage.PromptTokens, "output_tokens": rs.usage.CompletionTokens, "total_tokens": rs.usage.TotalTokens,
-				"input_tokens_details":  map[string]int{"cached_tokens": cachedOf(rs.usage)},
+				"input_tokens_details":  map[string]int{"cached_tokens": cachedOf(rs.usage), "cache_write_tokens": 0},
 				"output_tokens_details": map[string]int{"reasoning_tokens": reasoning},
 			}
 		}
 	}
 	return o
+}
+
+// metadataOf is the request's metadata, echoed as OpenAI echoes it ({} when none was sent).
+func metadataOf(raw json.RawMessage) any {
+	if absent(raw) {
+		return map[string]any{}
+	}
+	return raw
+}
+
+func userOf(u string) any {
+	if u == "" {
+		return nil
+	}
+	return u
 }
 
 func cachedOf(u *usageJSON) int {
@@ -484,6 +596,10 @@ type responsesStream struct {
 	items                           int // output items added so far
 	msgIndex, reasoningIndex        int
 	calls                           []*streamCall
+	// pendingLP are logprobs of tokens whose text has not been sent yet: the next text
+	// delta carries them.
+	pendingLP []chatLogprob
+	heldText  string // white space before the message opened (textDelta)
 }
 
 type streamCall struct {
@@ -553,8 +669,14 @@ func (s *responsesStream) chunk(data []byte) error {
 	}
 	if c.Error != nil {
 		// The chat stream failed after it began: the response failed.
+		// The response's error code is one of the Responses API's list (openai-python's
+		// ResponseError takes no other): the chat error's own code stays on the error event.
+		code := "server_error"
+		if c.Error.Code != nil && *c.Error.Code == "rate_limit_exceeded" {
+			code = *c.Error.Code
+		}
 		o := rs.object("failed")
-		o["status"], o["error"] = "failed", map[string]any{"code": c.Error.Code, "message": c.Error.Message}
+		o["status"], o["error"] = "failed", map[string]any{"code": code, "message": c.Error.Message}
 		_ = s.emit("error", map[string]any{"code": c.Error.Code, "message": c.Error.Message, "param": c.Error.Param})
 		return s.emit("response.failed", map[string]any{"response": o})
 	}
@@ -567,6 +689,10 @@ func (s *responsesStream) chunk(data []byte) error {
 	}
 	for _, ch := range c.Choices {
 		d := ch.Delta
+		if ch.Logprobs != nil {
+			s.pendingLP = append(s.pendingLP, ch.Logprobs.Content...)
+			rs.logprobs = append(rs.logprobs, ch.Logprobs.Content...)
+		}
 		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
 			if !s.reasoningOpen {
 				s.reasoningOpen, s.reasoningIndex = true, s.items
@@ -583,12 +709,8 @@ func (s *responsesStream) chunk(data []byte) error {
 			}
 		}
 		if d.Content != nil && *d.Content != "" {
-			if err := s.openMessage(); err != nil {
-				return err
-			}
 			rs.text += *d.Content
-			if err := s.emit("response.output_text.delta", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex,
-				"content_index": 0, "delta": *d.Content, "logprobs": []any{}}); err != nil {
+			if err := s.textDelta(*d.Content); err != nil {
 				return err
 			}
 		}
@@ -604,6 +726,25 @@ func (s *responsesStream) chunk(data []byte) error {
 	return nil
 }
 
+// textDelta streams text of the message, which opens at the first text that is not
+// only white space: the blank lines a template puts between the reasoning and a tool
+// call (<think>...</think>\n\n<tool_call>) are no message of their own. The held white
+// space goes out with the next text, or at the end when the answer has no calls.
+func (s *responsesStream) textDelta(text string) error {
+	if !s.msgOpen && strings.TrimSpace(text) == "" {
+		s.heldText += text
+		return nil
+	}
+	if err := s.openMessage(); err != nil {
+		return err
+	}
+	text, s.heldText = s.heldText+text, ""
+	err := s.emit("response.output_text.delta", map[string]any{"item_id": s.state.msgID, "output_index": s.msgIndex,
+		"content_index": 0, "delta": text, "logprobs": logprobsOf(s.pendingLP)})
+	s.pendingLP = nil
+	return err
+}
+
 func (s *responsesStream) openMessage() error {
 	if s.msgOpen {
 		return nil
@@ -617,7 +758,7 @@ func (s *responsesStream) openMessage() error {
 		return err
 	}
 	return s.emit("response.content_part.added", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex,
-		"content_index": 0, "part": outputText("")})
+		"content_index": 0, "part": outputText("", nil)})
 }
 
 // callDelta adds a tool call's delta: a new call opens its function_call item, its
@@ -663,6 +804,11 @@ func (s *responsesStream) closeAll() error {
 		if err := s.openMessage(); err != nil { // an empty answer is still one message
 			return err
 		}
+		if s.heldText != "" {
+			if err := s.textDelta(""); err != nil {
+				return err
+			}
+		}
 	}
 	rs.calls = rs.calls[:0]
 	for _, c := range s.calls {
@@ -683,10 +829,10 @@ func (s *responsesStream) closeAll() error {
 	}
 	if s.msgOpen {
 		cs = append(cs, closer{s.msgIndex, func() error {
-			if err := s.emit("response.output_text.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "text": rs.text, "logprobs": []any{}}); err != nil {
+			if err := s.emit("response.output_text.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "text": rs.text, "logprobs": logprobsOf(rs.logprobs)}); err != nil {
 				return err
 			}
-			if err := s.emit("response.content_part.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "part": outputText(rs.text)}); err != nil {
+			if err := s.emit("response.content_part.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "part": outputText(rs.text, rs.logprobs)}); err != nil {
 				return err
 			}
 			return s.emit("response.output_item.done", map[string]any{"output_index": s.msgIndex, "item": rs.message("completed")})

@@ -129,7 +129,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("serve: Config.Model is empty")
 	}
 	if cfg.Tokenizer.VocabSize() > cfg.Engine.Info().VocabSize {
-		return nil, fmt.Errorf("serve: tokenizer has %d tokens but the runner's vocabulary has %d", cfg.Tokenizer.VocabSize(), cfg.Engine.Info().VocabSize)
+		return nil, fmt.Errorf("serve: the tokenizer has %d tokens but the model's vocabulary has %d, so it is not the model's tokenizer: give the model's own (resin: --tokenizer DIR; with --random-weights the built-in tiny tokenizer serves unless one is given)", cfg.Tokenizer.VocabSize(), cfg.Engine.Info().VocabSize)
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
@@ -183,6 +183,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.AllowedOrigins == nil {
 		cfg.AllowedOrigins = []string{"*"}
+	}
+	if err := CheckOrigins(cfg.AllowedOrigins); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.corsPolicy = newCORSPolicy(cfg.AllowedOrigins, cfg.AllowCredentials)
 	s.developerRole = cfg.ChatTemplate != nil && strings.Contains(cfg.ChatTemplate.Source(), "developer")
