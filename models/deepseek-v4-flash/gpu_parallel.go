@@ -308,6 +308,11 @@ func NewGPULayout(c *Config, l Layout, rankWeights func(rank int) (*Weights, err
 	if err := l.Check(c); err != nil {
 		return nil, nil, err
 	}
+	if l.TP > 1 && l.EP > 1 && l.TP != l.EP {
+		// Layout.Check takes different sizes for the CPU's groups; a GPU rank's world rank
+		// is its tp rank, so the GPU layout splits the same ranks both ways.
+		return nil, nil, fmt.Errorf("%s: GPU layout tp=%d with ep=%d: on the GPU they must be equal (different sizes run on the CPU)", Name, l.TP, l.EP)
+	}
 	if l.Size() != size {
 		return nil, nil, fmt.Errorf("%s: layout tp=%d ep=%d of %d ranks over %d GPUs", Name, l.TP, l.EP, l.Size(), size)
 	}
