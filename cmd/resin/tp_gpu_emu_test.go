@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"math"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -167,33 +164,15 @@ func TestGenerateTPGPUNodes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--tp 1: %v\n%s", err, errOut)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := rendezvousAddr(t)
 	host, port, _ := net.SplitHostPort(addr)
-	childArgs, _ := json.Marshal(append([]string{"generate", "--tp", "2"}, args...))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0])
-	cmd.Env = append(os.Environ(), "RESIN_TEST_RESIN_ARGS="+string(childArgs),
-		"MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
-	var childOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &childOut, &childOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	kill, wait := startNode(t, append([]string{"--tp", "2"}, args...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
 	got, errOut, err := runGenerate(t, append([]string{"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...)...)
 	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("node 0: %v (%s)\nnode 1: %s", err, errOut, childOut.String())
+		kill()
+		t.Fatalf("node 0: %v (%s)", err, errOut)
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("node 1: %v\n%s", err, childOut.String())
-	}
+	wait()
 	if tokensLine(got) == "" || tokensLine(got) != tokensLine(want) {
 		t.Fatalf("two nodes %q, --tp 1 %q", tokensLine(got), tokensLine(want))
 	}
