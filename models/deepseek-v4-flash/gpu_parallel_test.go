@@ -201,7 +201,7 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 		l      Layout
 		drafts int
 		want   string
-	}{{Layout{TP: 2}, 2, "drafts under tensor parallelism"}, {Layout{TP: 2, EP: 3}, 0, "must be equal"}} {
+	}{{Layout{TP: 2}, 2, "drafts under tensor parallelism"}, {Layout{TP: 2, EP: 4}, 0, "must be equal"}} {
 		if _, _, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v with %d drafts on the GPU: %v, want a refusal naming %q", c.l, c.drafts, err, c.want)
 		}
