@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/resin-llm/resin/core/engine"
@@ -29,6 +30,12 @@ func TestDraftContextGroup(t *testing.T) {
 		for _, async := range []bool{false, true} {
 			t.Run(name+map[bool]string{false: "", true: ", async"}[async], func(t *testing.T) {
 				rc.MaxDrafts, rc.WrongDraft, rc.BlockTokens, rc.Pages, rc.Async = 3, wrong, 8, 16, async
+				// The first plan waits until all 16 requests are in, so the pool is
+				// contended (and preempts) however slowly this machine submits: under
+				// -race on 2 cores the early requests could finish before the later came.
+				submitted := make(chan struct{})
+				var once sync.Once
+				rc.OnPlan = func(*engine.BatchPlan) { once.Do(func() { <-submitted }) }
 				h := start(t, rc, engine.Config{Async: async, MaxBatchTokens: 40, MaxSeqs: 8})
 				shared := prompt(77, 29)
 				var prompts [][]int32
@@ -44,6 +51,7 @@ func TestDraftContextGroup(t *testing.T) {
 					}
 					prompts, streams = append(prompts, p), append(streams, st)
 				}
+				close(submitted)
 				for i, st := range streams {
 					toks, ev, err := st.Collect(context.Background())
 					if err != nil || ev.Finish != engine.FinishLength {
