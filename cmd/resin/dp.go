@@ -26,12 +26,15 @@ type dpFlags struct {
 	size      int
 	attention bool
 	procs     bool // --dp-procs: ranks 1..N-1 in worker processes (dp_procs.go)
+	// stepTimeout bounds rank 0's wait for a --dp-procs worker's answer to one step.
+	stepTimeout time.Duration
 }
 
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&d.size, "dp", 1, "with --model on the CPU: data parallelism over this many ranks of this process, each an engine with its own copy of the model (its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests")
 	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash on the CPU: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory (default: engines of this process)")
+	fl.DurationVar(&d.stepTimeout, "step-timeout", 5*time.Minute, "with --dp-procs: how long rank 0 waits for a worker's answer to one step before failing it naming the worker's rank (a worker alive but stuck; vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); each expert exchange waits up to a minute on its own")
 	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange)")
 }
 
@@ -40,6 +43,8 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 	switch {
 	case d.size < 1:
 		return fmt.Errorf("--dp %d: want 1 or more ranks", d.size)
+	case d.stepTimeout <= 0:
+		return fmt.Errorf("--step-timeout %v: want a positive duration", d.stepTimeout)
 	case d.attention && d.size < 2:
 		return errors.New("--dp-attention needs --dp 2 or more")
 	case d.procs && !d.attention:
@@ -106,7 +111,7 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		if !dpAttentionMoEModels[m.Name] {
 			return nil, nil, nil, fmt.Errorf("--dp-procs covers deepseek-v4-flash and glm-5-flash only so far, not %s (llama's dp ranks mix nothing: --dp %d without --dp-attention runs them as engines of this process)", m.Name, n)
 		}
-		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n) // dp_procs.go
+		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n, f.dp.stepTimeout) // dp_procs.go
 	}
 	ctl, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
 	if err != nil {

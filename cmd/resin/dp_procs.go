@@ -55,10 +55,12 @@ func openDPRank(name, dir string, cacheBytes int64, d int, comm dist.Communicato
 	return dpRank{}, fmt.Errorf("--dp-procs: model %s has no DP-attention ranks (deepseek-v4-flash, glm-5-flash)", name)
 }
 
-// dpJoinOptions are the data group's (each expert exchange waits up to a minute) and,
-// for the rendezvous, how long the processes wait for each other to start.
-func dpJoinOptions(cancel <-chan struct{}) dist.Options {
-	return dist.Options{Timeout: time.Minute, JoinTimeout: 10 * time.Minute, Cancel: cancel}
+// dpJoinOptions are the data group's (each expert exchange waits up to a minute), rank
+// 0's bound on a worker's answer to one step (--step-timeout; a worker's own wait for its
+// next plan has none) and, for the rendezvous, how long the processes wait for each
+// other to start.
+func dpJoinOptions(cancel <-chan struct{}, step time.Duration) dist.Options {
+	return dist.Options{Timeout: time.Minute, StepTimeout: step, JoinTimeout: 10 * time.Minute, Cancel: cancel}
 }
 
 // openDPProcs opens --dp n --dp-attention --dp-procs for MoE model name from dir: it
@@ -66,7 +68,7 @@ func dpJoinOptions(cancel <-chan struct{}) dist.Options {
 // runner (whose StopRanks stops and reaps the workers) and pool, and the other ranks'
 // runners and ledger pools under one dp.Group. A dead worker's rank, pid and signal go
 // on the error of every step it failed.
-func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int, stepTimeout time.Duration) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	what := fmt.Sprintf("--dp %d --dp-attention --dp-procs", n)
 	d, err := dispatchOf(dispatch)
 	if err != nil {
@@ -81,7 +83,7 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int) (en
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	ctl, data, err := dp.JoinShm(spec.Name, 0, n, dpJoinOptions(w.Exited()))
+	ctl, data, err := dp.JoinShm(spec.Name, 0, n, dpJoinOptions(w.Exited(), stepTimeout))
 	if err != nil {
 		w.Kill()
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
@@ -139,7 +141,7 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int) (en
 // runDPWorker is a --dp-procs worker: dp rank spec.Rank's forward, over its own cache, on
 // every plan rank 0's stepper for it sends, until rank 0 stops it.
 func runDPWorker(spec tpWorkerSpec) error {
-	ctl, data, err := dp.JoinShm(spec.Name, spec.Rank, spec.Size, dpJoinOptions(nil))
+	ctl, data, err := dp.JoinShm(spec.Name, spec.Rank, spec.Size, dpJoinOptions(nil, 0))
 	if err != nil {
 		return err
 	}

@@ -59,6 +59,7 @@ func TestGenerateDP(t *testing.T) {
 		want string
 	}{
 		{append([]string{"--dp", "0"}, args...), "--dp 0"},
+		{append([]string{"--dp", "2", "--step-timeout", "0s"}, args...), "--step-timeout 0s: want a positive duration"},
 		{append([]string{"--dp-attention"}, args...), "--dp-attention needs --dp 2 or more"},
 		{append([]string{"--dp", "2", "--dp-attention", "--tp", "2"}, args...), "--dp-attention is not combined with --tp"},
 		{append([]string{"--dp", "2", "--tp", "2", "--tp-procs"}, args...), "not combined with --tp-procs"},

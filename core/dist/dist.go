@@ -82,6 +82,19 @@ type Options struct {
 	// SlotBytes is the shared-memory slot of each rank (JoinShm); a longer message goes in
 	// several rounds. Zero means 1 MiB.
 	SlotBytes int
+	// StepTimeout bounds, in a request/reply control group whose worker idles between
+	// requests without a deadline (core/dist/dp's JoinShm), the requester's wait for the
+	// answer to one request: one step's forward in the worker. Zero means 5 minutes (vLLM's
+	// VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS). Timeout stays the bound of each collective.
+	StepTimeout time.Duration
+}
+
+// StepTimeoutOr is o.StepTimeout, or 5 minutes when it is not set.
+func (o Options) StepTimeoutOr() time.Duration {
+	if o.StepTimeout <= 0 {
+		return 5 * time.Minute
+	}
+	return o.StepTimeout
 }
 
 func (o Options) timeout() time.Duration {

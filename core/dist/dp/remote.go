@@ -191,8 +191,11 @@ func StopRemote(ctl []dist.Communicator) error {
 
 // JoinShm joins the shared-memory groups of a host's dp ranks, one process each, that
 // meet at name: data, rank of size (the models' expert exchanges, each wait bounded by
-// o.Timeout), and the control pairs of RemoteForward, which wait as long as the engines
-// idle: rank 0 gets ctl[r] for each worker r (ctl[0] nil), a worker r ctl[0], its pair.
+// o.Timeout), and the control pairs of RemoteForward: a worker waits there for its next
+// plan as long as the engines idle, rank 0 for a worker's reply to one plan up to
+// o.StepTimeout (StepTimeoutOr: a worker alive but stuck outside any collective fails the
+// step naming its rank instead of hanging the group). Rank 0 gets ctl[r] for each worker
+// r (ctl[0] nil), a worker r ctl[0], its pair.
 // Rank 0 joins the pairs in rank order, then data, as the workers do theirs; o.Cancel
 // ends a join whose peer will never come (a launcher closes it when a worker exits).
 func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicator, data dist.Communicator, err error) {
@@ -214,9 +217,11 @@ func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicat
 	}
 	pair := func(r int) string { return fmt.Sprintf("%s-ctl%d", name, r) }
 	if rank == 0 {
+		ro := po
+		ro.Timeout = o.StepTimeoutOr() // rank 0 waits on its pairs only within a step
 		ctl = make([]dist.Communicator, size)
 		for r := 1; r < size; r++ {
-			if ctl[r], err = dist.JoinShm(pair(r), 0, 2, po); err != nil {
+			if ctl[r], err = dist.JoinShm(pair(r), 0, 2, ro); err != nil {
 				return fail(fmt.Errorf("dp rank 0: join rank %d's control pair: %w", r, peerAs("join", err, r)))
 			}
 		}

@@ -3,6 +3,7 @@ package dp_test
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -104,4 +105,71 @@ func TestLedgerPool(t *testing.T) {
 	if _, ok := p.Arena().(kvslab.HostMemory); ok {
 		t.Fatal("the ledger's arena is host memory")
 	}
+}
+
+// TestJoinShmStuckWorker: a worker that is alive but never answers a plan (stuck outside
+// any collective, where its peers' deadlines cannot see it) fails rank 0's step within
+// the pairs' StepTimeout with a deadline error naming the dp rank, while the same
+// worker's wait for its next plan, between steps, has no deadline: it idles past the
+// StepTimeout and still serves the next plan. Before, rank 0 waited on its reply forever.
+func TestJoinShmStuckWorker(t *testing.T) {
+	const vocab = 2
+	name := fmt.Sprintf("resin-dptest-%d-stuck", os.Getpid())
+	o := dist.Options{Timeout: 10 * time.Second, StepTimeout: 300 * time.Millisecond}
+	type joined struct {
+		ctl  []dist.Communicator
+		data dist.Communicator
+		err  error
+	}
+	worker := make(chan joined, 1)
+	go func() {
+		ctl, data, err := dp.JoinShm(name, 1, 2, o)
+		worker <- joined{ctl, data, err}
+	}()
+	ctl, data, err := dp.JoinShm(name, 0, 2, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Close()
+	w := <-worker
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	defer w.data.Close()
+	release := make(chan struct{})
+	served := make(chan error, 1)
+	go func() {
+		served <- dp.ServeForward(w.ctl[0], vocab, func(p *engine.BatchPlan, logits []float32) error {
+			if p.Step == 2 {
+				<-release // stuck
+			}
+			logits[0], logits[1] = float32(p.Step), 1
+			return nil
+		})
+	}()
+	forward := dp.RemoteForward(ctl[1], 1)
+	plan := func(step uint64) *engine.BatchPlan {
+		return &engine.BatchPlan{Step: step, QueryStart: []int32{0, 1}, LogitsStart: []int32{0, 1}, ReqIDs: []uint64{1},
+			Computed: []int32{0}, Scheduled: []int32{1}, PromptLen: []int32{1}, NumDrafts: []int32{0},
+			Temperature: []float32{0}, TopP: []float32{0}, TopK: []int32{0}, MinP: []float32{0}, Seed: []uint64{0}, Logprobs: []int32{-1},
+			Tokens: []int32{5}, Positions: []int32{0}, LogitsIndices: []int32{0}}
+	}
+	logits := make([]float32, vocab)
+	if err := forward(plan(1), logits); err != nil || logits[0] != 1 {
+		t.Fatalf("step 1: %v, logits %v", err, logits)
+	}
+	time.Sleep(2 * o.StepTimeout) // idle between steps: the worker waits on, no deadline
+	err = forward(plan(2), logits)
+	var pe *dist.PeerError
+	if !errors.As(err, &pe) || pe.Peer != 1 || !errors.Is(err, dist.ErrTimeout) {
+		t.Fatalf("a stuck worker's step: %v, want a deadline naming dp rank 1", err)
+	}
+	close(release)
+	ctl[1].Close()
+	select {
+	case <-served: // the worker sees rank 0 gone once it replies
+	case <-time.After(time.Minute):
+		t.Fatal("the worker did not end once rank 0 closed its pair")
+	}
+	w.ctl[0].Close()
 }
