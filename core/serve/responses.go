@@ -494,8 +494,8 @@ func (rs *responseState) object(status string) map[string]any {
 	}
 	if status != "in_progress" {
 		items := "completed"
-		if status == "failed" {
-			items = "incomplete" // what was generated before the failure
+		if status == "failed" || status == "incomplete" {
+			items = "incomplete" // what was generated before the failure or the limit
 		}
 		o["output"] = rs.output(items)
 		if rs.usage != nil {
@@ -685,6 +685,10 @@ func (s *responsesStream) chunk(data []byte) error {
 		if err := s.closeAll(); err != nil {
 			return err
 		}
+		// A response cut at max_output_tokens ends with response.completed too, its status
+		// incomplete: OpenAI sends response.incomplete there, but the openai SDK's
+		// stream.get_final_response() raises without a response.completed, and vLLM sends
+		// it whatever the status.
 		return s.emit("response.completed", map[string]any{"response": rs.object("completed")})
 	}
 	for _, ch := range c.Choices {
@@ -818,13 +822,17 @@ func (s *responsesStream) closeAll() error {
 		index int
 		fn    func() error
 	}
+	done := "completed" // each item's status; cut at max_output_tokens, incomplete
+	if rs.finish == "length" {
+		done = "incomplete"
+	}
 	var cs []closer
 	if s.reasoningOpen {
 		cs = append(cs, closer{s.reasoningIndex, func() error {
 			if err := s.emit("response.reasoning_text.done", map[string]any{"item_id": "rs_" + rs.id[5:], "output_index": s.reasoningIndex, "content_index": 0, "text": rs.reasoning}); err != nil {
 				return err
 			}
-			return s.emit("response.output_item.done", map[string]any{"output_index": s.reasoningIndex, "item": rs.output("completed")[0]})
+			return s.emit("response.output_item.done", map[string]any{"output_index": s.reasoningIndex, "item": rs.output(done)[0]})
 		}})
 	}
 	if s.msgOpen {
@@ -835,7 +843,7 @@ func (s *responsesStream) closeAll() error {
 			if err := s.emit("response.content_part.done", map[string]any{"item_id": rs.msgID, "output_index": s.msgIndex, "content_index": 0, "part": outputText(rs.text, rs.logprobs)}); err != nil {
 				return err
 			}
-			return s.emit("response.output_item.done", map[string]any{"output_index": s.msgIndex, "item": rs.message("completed")})
+			return s.emit("response.output_item.done", map[string]any{"output_index": s.msgIndex, "item": rs.message(done)})
 		}})
 	}
 	for i, c := range s.calls {
@@ -844,7 +852,7 @@ func (s *responsesStream) closeAll() error {
 			if err := s.emit("response.function_call_arguments.done", map[string]any{"item_id": c.id, "output_index": c.index, "arguments": args}); err != nil {
 				return err
 			}
-			return s.emit("response.output_item.done", map[string]any{"output_index": c.index, "item": functionCallItem(rs.id, i, c.callID, c.name, args, "completed")})
+			return s.emit("response.output_item.done", map[string]any{"output_index": c.index, "item": functionCallItem(rs.id, i, c.callID, c.name, args, done)})
 		}})
 	}
 	for idx := 0; idx < s.items; idx++ {

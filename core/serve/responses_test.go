@@ -129,12 +129,14 @@ func TestResponsesStream(t *testing.T) {
 	var types []string
 	var text strings.Builder
 	var done respObject
+	var doneItem string
 	for i, ev := range sseEvents(t, raw) {
 		var e struct {
 			Type     string          `json:"type"`
 			Seq      int             `json:"sequence_number"`
 			Delta    string          `json:"delta"`
 			Response json.RawMessage `json:"response"`
+			Item     struct{ Status string }
 		}
 		if err := json.Unmarshal([]byte(ev), &e); err != nil {
 			t.Fatalf("event %d %q: %v", i, ev, err)
@@ -148,6 +150,8 @@ func TestResponsesStream(t *testing.T) {
 		switch e.Type {
 		case "response.output_text.delta":
 			text.WriteString(e.Delta)
+		case "response.output_item.done":
+			doneItem = e.Item.Status
 		case "response.completed":
 			if err := json.Unmarshal(e.Response, &done); err != nil {
 				t.Fatal(err)
@@ -162,8 +166,12 @@ func TestResponsesStream(t *testing.T) {
 	if text.String() != plain.Output[0].Content[0].Text || done.Output[0].Content[0].Text != text.String() {
 		t.Errorf("streamed %q, completed %q, unstreamed %q", text.String(), done.Output[0].Content[0].Text, plain.Output[0].Content[0].Text)
 	}
-	if done.Usage != plain.Usage || done.Status != plain.Status {
-		t.Errorf("completed usage %+v status %q, unstreamed %+v %q", done.Usage, done.Status, plain.Usage, plain.Status)
+	if done.Usage != plain.Usage || done.Status != plain.Status || done.Status != "incomplete" {
+		t.Errorf("completed usage %+v status %q, unstreamed %+v %q; want incomplete (cut at max_output_tokens)", done.Usage, done.Status, plain.Usage, plain.Status)
+	}
+	// The message cut at the limit is incomplete too, streamed or not.
+	if done.Output[0].Status != "incomplete" || plain.Output[0].Status != "incomplete" || doneItem != "incomplete" {
+		t.Errorf("message status: completed %q, unstreamed %q, output_item.done %q; want incomplete", done.Output[0].Status, plain.Output[0].Status, doneItem)
 	}
 	h.stopAndCheck("responses stream")
 }
