@@ -14,6 +14,7 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	"github.com/resin-llm/resin/models/llama"
 )
 
@@ -104,8 +105,11 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 	if m.Name != "llama" && !dpAttentionMoEModels[m.Name] {
 		return nil, nil, nil, fmt.Errorf("--dp-attention covers --model llama, deepseek-v4-flash and glm-5-flash only so far, not %s (its forward does not read the plan's dp step yet)", m.Name)
 	}
-	if f.specTokens > 0 {
-		return nil, nil, nil, errors.New("--dp-attention does not decode speculatively yet")
+	switch {
+	case f.specTokens > 0 && m.Name != deepseekv4flash.Name:
+		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks cover deepseek-v4-flash's MTP head only so far, not %s", f.specTokens, m.Name)
+	case f.specTokens > 0 && f.dp.procs:
+		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks run in this process only so far, not with --dp-procs", f.specTokens)
 	}
 	if f.dp.procs {
 		if !dpAttentionMoEModels[m.Name] {
@@ -122,7 +126,7 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		return nil, nil, nil, err
 	}
 	if dpAttentionMoEModels[m.Name] {
-		return openDPAttentionMoE(m.Name, dir, f.cacheBytes, f.tp.dispatch, ctl, data) // dp_moe.go
+		return openDPAttentionMoE(m.Name, dir, f.cacheBytes, f.tp.dispatch, f.specTokens, ctl, data) // dp_moe.go
 	}
 	ranks := make([]dp.Rank, n)
 	infos := make([]engine.RunnerInfo, n)

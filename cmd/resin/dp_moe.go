@@ -20,8 +20,11 @@ var dpAttentionMoEModels = map[string]bool{deepseekv4flash.Name: true, glm5flash
 
 // openDPAttentionMoE opens the dp ranks of MoE model name from dir for --dp-attention,
 // each with a pool of cacheBytes, its MoE exchanges on data, under one dp.Group (ctl its
-// clock): rank 0's runner and pool, and the others'.
-func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+// clock): rank 0's runner and pool, and the others'. With drafts above 0
+// (--num-speculative-tokens; deepseek-v4-flash) every rank drafts that many tokens per
+// step with its MTP head, the head's routed experts split over the ranks too, an idle
+// rank running its draft step's exchanges with no rows (Runner.DPDraft).
+func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, drafts int, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	d, err := dispatchOf(dispatch)
 	if err != nil {
 		return nil, nil, nil, err
@@ -33,15 +36,21 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, ctl
 	switch name {
 	case deepseekv4flash.Name:
 		var runners []*deepseekv4flash.Runner
-		runners, pools, err = deepseekv4flash.OpenDPRanks(dir, deepseekv4flash.Options{}, deepseekv4flash.Dispatch(d), data, cacheBytes)
+		runners, pools, err = deepseekv4flash.OpenDPRanks(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), data, cacheBytes)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
 		}
 		for r, run := range runners {
 			ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.CacheGroups()), Ctl: ctl[r], Data: data[r]}
+			if drafts > 0 {
+				ranks[r].Draft, ranks[r].MaxDrafts = run.DPDraft, drafts
+			}
 			infos[r] = run.Info()
 		}
 	case glm5flash.Name:
+		if drafts > 0 {
+			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --num-speculative-tokens %d: %s's dp ranks do not draft yet (its MTP head has no joint draft step across the ranks)", n, drafts, name)
+		}
 		var runners []*glm5flash.TextRunner
 		runners, pools, err = glm5flash.OpenDPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, glm5flash.Dispatch(d), data)
 		if err != nil {
@@ -60,7 +69,7 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, ctl
 	}
 	runners := make([]engine.Runner, n)
 	for r := range n {
-		runners[r] = cpurunner.New(infos[r], cpurunner.ForwardFunc(group.Forward(r)))
+		runners[r] = cpurunner.New(infos[r], group.Runner(r)) // a cpurunner.Drafter when the ranks draft
 	}
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
 }

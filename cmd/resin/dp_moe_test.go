@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -40,3 +41,44 @@ func TestGenerateDPAttentionMoE(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerateDPAttentionMTP: `resin generate --model deepseek-v4-flash --dp 2
+// --dp-attention --num-speculative-tokens 2` (every dp rank drafting with its MTP head,
+// the head's experts split over the ranks, rank 1 idle throughout) prints the tokens one
+// engine prints without drafts, by either exchange, and proposes drafts; glm-5-flash and
+// --dp-procs, whose ranks do not draft yet, are refused by name. Before, the CLI refused
+// drafts under --dp-attention for every model.
+func TestGenerateDPAttentionMTP(t *testing.T) {
+	args := []string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json",
+		"--prompt-ids", "1,2,3", "--max-tokens", "12", "--ignore-eos"}
+	want, errOut, err := runGenerate(t, args...)
+	if err != nil {
+		t.Fatalf("one engine: %v (%s)", err, errOut)
+	}
+	for _, extra := range [][]string{{"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2"},
+		{"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2", "--ep-dispatch", "all-to-all"}} {
+		got, errOut, err := runGenerate(t, append(extra, args...)...)
+		if err != nil {
+			t.Fatalf("%v: %v (%s)", extra, err, errOut)
+		}
+		if tokensLine(got) != tokensLine(want) {
+			t.Errorf("%v printed %q, one engine without drafts %q", extra, tokensLine(got), tokensLine(want))
+		}
+		if !strings.Contains(got+errOut, "drafts proposed") || strings.Contains(got+errOut, " 0 drafts proposed") {
+			t.Errorf("%v proposed no drafts:\n%s%s", extra, got, errOut)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append([]string{"--dp", "2", "--dp-attention", "--dp-procs", "--num-speculative-tokens", "2"}, args...), "not with --dp-procs"},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2"}, "not glm-5-flash"},
+	} {
+		if _, errOut, err := runGenerate(t, c.args...); err == nil || !strings.Contains(err.Error()+errOut, c.want) {
+			t.Errorf("%v: %v (%s), want an error saying %q", c.args, err, errOut, c.want)
+		}
+	}
+}
+
