@@ -14,7 +14,6 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models"
-	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	"github.com/resin-llm/resin/models/llama"
 )
 
@@ -106,8 +105,8 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		return nil, nil, nil, fmt.Errorf("--dp-attention covers --model llama, deepseek-v4-flash and glm-5-flash only so far, not %s (its forward does not read the plan's dp step yet)", m.Name)
 	}
 	switch {
-	case f.specTokens > 0 && m.Name != deepseekv4flash.Name:
-		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks cover deepseek-v4-flash's MTP head only so far, not %s", f.specTokens, m.Name)
+	case f.specTokens > 0 && !dpAttentionMoEModels[m.Name]:
+		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks cover the MTP heads of deepseek-v4-flash and glm-5-flash only, not %s", f.specTokens, m.Name)
 	case f.specTokens > 0 && f.dp.procs:
 		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks run in this process only so far, not with --dp-procs", f.specTokens)
 	}

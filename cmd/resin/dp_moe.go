@@ -21,9 +21,9 @@ var dpAttentionMoEModels = map[string]bool{deepseekv4flash.Name: true, glm5flash
 // openDPAttentionMoE opens the dp ranks of MoE model name from dir for --dp-attention,
 // each with a pool of cacheBytes, its MoE exchanges on data, under one dp.Group (ctl its
 // clock): rank 0's runner and pool, and the others'. With drafts above 0
-// (--num-speculative-tokens; deepseek-v4-flash) every rank drafts that many tokens per
-// step with its MTP head, the head's routed experts split over the ranks too, an idle
-// rank running its draft step's exchanges with no rows (Runner.DPDraft).
+// (--num-speculative-tokens) every rank drafts that many tokens per step with its MTP
+// head, the head's routed experts split over the ranks too, an idle rank running its
+// draft step's exchanges with no rows (the models' DPDraft).
 func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, drafts int, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	d, err := dispatchOf(dispatch)
 	if err != nil {
@@ -48,16 +48,16 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 			infos[r] = run.Info()
 		}
 	case glm5flash.Name:
-		if drafts > 0 {
-			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --num-speculative-tokens %d: %s's dp ranks do not draft yet (its MTP head has no joint draft step across the ranks)", n, drafts, name)
-		}
 		var runners []*glm5flash.TextRunner
-		runners, pools, err = glm5flash.OpenDPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, glm5flash.Dispatch(d), data)
+		runners, pools, err = glm5flash.OpenDPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), data)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
 		}
 		for r, run := range runners {
 			ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.CacheGroups()), Ctl: ctl[r], Data: data[r]}
+			if drafts > 0 {
+				ranks[r].Draft, ranks[r].MaxDrafts = run.DPDraft, drafts
+			}
 			infos[r] = run.Info()
 		}
 	default:

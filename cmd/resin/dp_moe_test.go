@@ -42,30 +42,33 @@ func TestGenerateDPAttentionMoE(t *testing.T) {
 	}
 }
 
-// TestGenerateDPAttentionMTP: `resin generate --model deepseek-v4-flash --dp 2
-// --dp-attention --num-speculative-tokens 2` (every dp rank drafting with its MTP head,
-// the head's experts split over the ranks, rank 1 idle throughout) prints the tokens one
-// engine prints without drafts, by either exchange, and proposes drafts; glm-5-flash and
-// --dp-procs, whose ranks do not draft yet, are refused by name. Before, the CLI refused
-// drafts under --dp-attention for every model.
+// TestGenerateDPAttentionMTP: `resin generate --model M --dp 2 --dp-attention
+// --num-speculative-tokens 2` for both MoE models (every dp rank drafting with its MTP
+// head, the head's experts split over the ranks, rank 1 idle throughout) prints the
+// tokens one engine prints without drafts, by either exchange, and proposes drafts;
+// --dp-procs, whose ranks do not draft yet, and llama, which has no MTP head, are refused
+// by name. Before, the CLI refused drafts under --dp-attention for every model.
 func TestGenerateDPAttentionMTP(t *testing.T) {
-	args := []string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json",
-		"--prompt-ids", "1,2,3", "--max-tokens", "12", "--ignore-eos"}
-	want, errOut, err := runGenerate(t, args...)
-	if err != nil {
-		t.Fatalf("one engine: %v (%s)", err, errOut)
-	}
-	for _, extra := range [][]string{{"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2"},
-		{"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2", "--ep-dispatch", "all-to-all"}} {
-		got, errOut, err := runGenerate(t, append(extra, args...)...)
+	var args []string
+	for _, model := range []string{"deepseek-v4-flash", "glm-5-flash"} {
+		args = []string{"--model", model, "--random-weights", "../../models/" + model + "/config.json",
+			"--prompt-ids", "1,2,3", "--max-tokens", "12", "--ignore-eos"}
+		want, errOut, err := runGenerate(t, args...)
 		if err != nil {
-			t.Fatalf("%v: %v (%s)", extra, err, errOut)
+			t.Fatalf("%s, one engine: %v (%s)", model, err, errOut)
 		}
-		if tokensLine(got) != tokensLine(want) {
-			t.Errorf("%v printed %q, one engine without drafts %q", extra, tokensLine(got), tokensLine(want))
-		}
-		if !strings.Contains(got+errOut, "drafts proposed") || strings.Contains(got+errOut, " 0 drafts proposed") {
-			t.Errorf("%v proposed no drafts:\n%s%s", extra, got, errOut)
+		for _, extra := range [][]string{{"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2"},
+			{"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2", "--ep-dispatch", "all-to-all"}} {
+			got, errOut, err := runGenerate(t, append(extra, args...)...)
+			if err != nil {
+				t.Fatalf("%s %v: %v (%s)", model, extra, err, errOut)
+			}
+			if tokensLine(got) != tokensLine(want) {
+				t.Errorf("%s %v printed %q, one engine without drafts %q", model, extra, tokensLine(got), tokensLine(want))
+			}
+			if !strings.Contains(got+errOut, "drafts proposed") || strings.Contains(got+errOut, " 0 drafts proposed") {
+				t.Errorf("%s %v proposed no drafts:\n%s%s", model, extra, got, errOut)
+			}
 		}
 	}
 	for _, c := range []struct {
@@ -73,8 +76,8 @@ func TestGenerateDPAttentionMTP(t *testing.T) {
 		want string
 	}{
 		{append([]string{"--dp", "2", "--dp-attention", "--dp-procs", "--num-speculative-tokens", "2"}, args...), "not with --dp-procs"},
-		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
-			"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2"}, "not glm-5-flash"},
+		{[]string{"--model", "llama", "--random-weights", "testdata/tiny-llama/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2"}, "not llama"},
 	} {
 		if _, errOut, err := runGenerate(t, c.args...); err == nil || !strings.Contains(err.Error()+errOut, c.want) {
 			t.Errorf("%v: %v (%s), want an error saying %q", c.args, err, errOut, c.want)

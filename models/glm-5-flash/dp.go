@@ -22,7 +22,11 @@ import (
 // core/dist/dp's Group steps the ranks together; a rank with no work runs an idle plan,
 // which here runs only the sparse layers' exchanges, so that the busy ranks' collectives
 // meet. With DPStep.Pad set (graph buckets), every rank pads its MoE rows to that count
-// with dummy rows routed to no expert (ep.Masked). A dp rank does not draft.
+// with dummy rows routed to no expert (ep.Masked). With RankOptions.Drafts each dp rank
+// drafts with the MTP layer, its routed experts split over the dp group like a sparse
+// layer's: the ranks draft together (core/dist/dp's Rank.Draft, TextRunner.DPDraft), each
+// running the layer's rounds for its own rows, an idle rank running the rounds' exchanges
+// alone.
 //
 // The routed sum is added to the shared experts' output after the exchange, where one
 // rank adds expert by expert onto it: logits may differ from one engine's in the last
@@ -71,10 +75,6 @@ func OpenDPRank(dir string, o RankOptions, d Dispatch, comm dist.Communicator) (
 func dpWeights(dir string, o RankOptions, d Dispatch, n int) (*TextWeights, error) {
 	if n < 2 {
 		return nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
-	}
-	if o.Drafts > 0 {
-		// the dp ranks would draft apart: their MTP heads' expert exchanges would not meet
-		return nil, fmt.Errorf("%s: DP-attention with %d MTP drafts: not supported yet (the dp ranks have no joint draft step)", Name, o.Drafts)
 	}
 	c, err := LoadTextConfig(dir)
 	if err != nil {
@@ -137,6 +137,38 @@ func (r *TextRunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	return nil
 }
 
+// DPDraft is the draft step of a dp rank that drafts (OpenDPRanks with
+// RankOptions.Drafts), for core/dist/dp's Rank.Draft: on a busy rank's plan and result
+// the MTP step as on one rank (KDA states of rejected drafts put back, the next drafts
+// proposed), its MTP layer's MoE exchanging this rank's rows with the other ranks'; every
+// rank then runs exactly as many of those exchanges per step (one per draft: the first
+// round, which also fills the MTP cache of mid-prompt chunks, and each chained one), an
+// idle rank or one whose sequences do not draft this step running the missing ones with
+// no rows, so that the exchanges always meet.
+func (r *TextRunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
+	m := r.Model
+	par := &m.par
+	if !par.dp || r.drafts == 0 {
+		return fmt.Errorf("%s: DPDraft on a runner not opened for DP-attention with drafts", Name)
+	}
+	before := par.dpExchanges
+	if p.NumSeqs() > 0 {
+		if err := r.draft(p, res); err != nil {
+			return err
+		}
+	}
+	ran := par.dpExchanges - before
+	if ran > r.drafts {
+		return fmt.Errorf("%s: the draft step ran %d MTP exchanges, want at most %d", Name, ran, r.drafts)
+	}
+	for ; ran < r.drafts; ran++ {
+		if _, err := m.moeDP(m.W.mtp.moe, nil, 0, nil, nil); err != nil {
+			return fmt.Errorf("draft step: mtp: %w", err)
+		}
+	}
+	return nil
+}
+
 // moeDP is moe under DP-attention, after the routing (ids, wts: [T, K]): the shared
 // experts' output of this rank's T rows of x plus the routed experts' sum, by the exchange
 // of m's dispatch over the dp group (padded with m.par.dpPad−T dummy rows routed to no
@@ -144,6 +176,7 @@ func (r *TextRunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 func (m *TextModel) moeDP(w *moeWeights, x []float32, T int, ids []int32, wts []float32) ([]float32, error) {
 	c, p := m.Config, &m.par
 	D, K := c.HiddenSize, c.NumExpertsPerTok
+	p.dpExchanges++
 	routes := ep.Routes{X: x[:T*D], IDs: ids[:T*K], Weights: wts[:T*K]}
 	if rows := max(T, p.dpPad); rows > T {
 		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-T)*D)...)

@@ -148,7 +148,8 @@ func TestDPAttentionMatchesSingleEngine(t *testing.T) {
 }
 
 // TestDPForwardRefuses: a plan of another dp rank, or whose step miscounts its tokens, is
-// refused before any collective; OpenDPRanks refuses one rank.
+// refused before any collective; OpenDPRanks refuses one rank, DPDraft a rank opened
+// without drafts.
 func TestDPForwardRefuses(t *testing.T) {
 	data, err := dist.NewInProcess(2, dist.Options{Timeout: time.Second})
 	if err != nil {
@@ -173,9 +174,8 @@ func TestDPForwardRefuses(t *testing.T) {
 	if _, _, err := OpenDPRanks(tinyDir(t), tinyOpts, DispatchGather, data[:1]); err == nil {
 		t.Error("one dp rank accepted")
 	}
-	drafting := tinyOpts
-	drafting.Drafts = 1
-	if _, _, err := OpenDPRanks(tinyDir(t), drafting, DispatchGather, data); err == nil || !strings.Contains(err.Error(), "MTP drafts") {
-		t.Errorf("drafting dp ranks: error %v, want one naming MTP drafts", err)
+	// Ranks opened without drafts have no draft step (TestDPAttentionMTP: with them).
+	if err := runners[0].DPDraft(&idle, &engine.StepResult{}); err == nil || !strings.Contains(err.Error(), "not opened for DP-attention with drafts") {
+		t.Errorf("DPDraft on a rank without drafts: %v", err)
 	}
 }

@@ -111,6 +111,9 @@ type parallel struct {
 	// MoE rows to dpPad (0: none) with rows routed to no expert.
 	dp    bool
 	dpPad int
+	// dpExchanges counts the MoE exchanges run under DP-attention (DPDraft evens out a
+	// step's draft rounds across the ranks by it).
+	dpExchanges int
 }
 
 // experts returns the routed experts m holds.
