@@ -84,4 +84,3 @@ func TestGenerateDPAttentionMTP(t *testing.T) {
 		}
 	}
 }
-
