@@ -107,14 +107,12 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 	switch {
 	case f.specTokens > 0 && !dpAttentionMoEModels[m.Name]:
 		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks cover the MTP heads of deepseek-v4-flash and glm-5-flash only, not %s", f.specTokens, m.Name)
-	case f.specTokens > 0 && f.dp.procs:
-		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks run in this process only so far, not with --dp-procs", f.specTokens)
 	}
 	if f.dp.procs {
 		if !dpAttentionMoEModels[m.Name] {
 			return nil, nil, nil, fmt.Errorf("--dp-procs covers deepseek-v4-flash and glm-5-flash only so far, not %s (llama's dp ranks mix nothing: --dp %d without --dp-attention runs them as engines of this process)", m.Name, n)
 		}
-		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n, f.dp.stepTimeout) // dp_procs.go
+		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n, f.specTokens, f.dp.stepTimeout) // dp_procs.go
 	}
 	ctl, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/launch"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -27,30 +28,41 @@ import (
 // (dp.LedgerPool); the worker executes each plan's CacheOps on its own pool.
 
 // dpRank is one dp rank of a MoE model opened in this process: its forward over its own
-// cache, the engine's info, its plans' cache groups and its pool.
+// cache, its draft step (nil: it does not draft), the engine's info, its plans' cache
+// groups and its pool.
 type dpRank struct {
 	forward     dp.Forward
+	draft       dp.Draft
 	info        engine.RunnerInfo
 	cacheGroups int
 	pool        *kvslab.Pool
 }
 
 // openDPRank opens dp rank comm.Rank() of comm.Size() of MoE model name from dir, its
-// expert exchange d, with a pool of cacheBytes.
-func openDPRank(name, dir string, cacheBytes int64, d int, comm dist.Communicator) (dpRank, error) {
+// expert exchange d, with a pool of cacheBytes, drafting drafts tokens a step with the
+// model's MTP head (0: none).
+func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Communicator) (dpRank, error) {
 	switch name {
 	case deepseekv4flash.Name:
-		run, pool, err := deepseekv4flash.OpenDPRank(dir, deepseekv4flash.Options{}, deepseekv4flash.Dispatch(d), comm, cacheBytes)
+		run, pool, err := deepseekv4flash.OpenDPRank(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), comm, cacheBytes)
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{run.DPForward, run.Info(), len(run.CacheGroups()), pool}, nil
+		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool}
+		if drafts > 0 {
+			r.draft = run.DPDraft
+		}
+		return r, nil
 	case glm5flash.Name:
-		run, pool, err := glm5flash.OpenDPRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, glm5flash.Dispatch(d), comm)
+		run, pool, err := glm5flash.OpenDPRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), comm)
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{run.DPForward, run.Info(), len(run.CacheGroups()), pool}, nil
+		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool}
+		if drafts > 0 {
+			r.draft = run.DPDraft
+		}
+		return r, nil
 	}
 	return dpRank{}, fmt.Errorf("--dp-procs: model %s has no DP-attention ranks (deepseek-v4-flash, glm-5-flash)", name)
 }
@@ -68,7 +80,7 @@ func dpJoinOptions(cancel <-chan struct{}, step time.Duration) dist.Options {
 // runner (whose StopRanks stops and reaps the workers) and pool, and the other ranks'
 // runners and ledger pools under one dp.Group. A dead worker's rank, pid and signal go
 // on the error of every step it failed.
-func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int, stepTimeout time.Duration) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts int, stepTimeout time.Duration) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	what := fmt.Sprintf("--dp %d --dp-attention --dp-procs", n)
 	d, err := dispatchOf(dispatch)
 	if err != nil {
@@ -78,7 +90,7 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int, ste
 	if err := checkMoELayout(name, dir, 1, n, d); err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-dp", os.Getpid()), Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-dp", os.Getpid()), Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: drafts}
 	w, err := launchWorkers(spec)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
@@ -96,7 +108,7 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int, ste
 		data.Close()
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
 	}
-	r0, err := openDPRank(name, dir, cacheBytes, d, data)
+	r0, err := openDPRank(name, dir, cacheBytes, d, drafts, data)
 	if err == nil {
 		// Every rank has read dir (which the caller may remove once this returns).
 		err = data.Barrier()
@@ -107,6 +119,14 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int, ste
 	ranks, err := dp.RemoteRanks(r0.forward, ctl, r0.cacheGroups, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return fail(err)
+	}
+	if drafts > 0 { // every rank drafts: rank 0 here, the others in their workers
+		for r := range ranks {
+			ranks[r].Draft, ranks[r].MaxDrafts = r0.draft, drafts
+			if r > 0 {
+				ranks[r].Draft = dp.RemoteDraft(ctl[r], r)
+			}
+		}
 	}
 	group, err := dp.NewGroup(ranks, dp.Options{})
 	if err != nil {
@@ -121,10 +141,7 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int, ste
 				return fail(err)
 			}
 		}
-		forward := group.Forward(r)
-		runners[r] = cpurunner.New(r0.info, cpurunner.ForwardFunc(func(p *engine.BatchPlan, logits []float32) error {
-			return w.StepError(forward(p, logits))
-		}))
+		runners[r] = cpurunner.New(r0.info, workerErrors{group.Runner(r), w})
 	}
 	stop := func() error {
 		// The steppers end first (core/cli's Stop has closed the group already; on a
@@ -138,6 +155,21 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n int, ste
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
 }
 
+// workerErrors is a dp rank's runner whose step errors carry the exit of the worker
+// process that died (launch.Workers.StepError), its drafts (when the rank drafts) too.
+type workerErrors struct {
+	dp.RankRunner
+	w *launch.Workers
+}
+
+func (r workerErrors) Forward(p *engine.BatchPlan, logits []float32) error {
+	return r.w.StepError(r.RankRunner.Forward(p, logits))
+}
+
+func (r workerErrors) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
+	return r.w.StepError(r.RankRunner.Draft(p, res))
+}
+
 // runDPWorker is a --dp-procs worker: dp rank spec.Rank's forward, over its own cache, on
 // every plan rank 0's stepper for it sends, until rank 0 stops it.
 func runDPWorker(spec tpWorkerSpec) error {
@@ -147,12 +179,12 @@ func runDPWorker(spec tpWorkerSpec) error {
 	}
 	defer ctl[0].Close()
 	defer data.Close()
-	r, err := openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, data)
+	r, err := openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, data)
 	if err != nil {
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
 	}
 	if err := data.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
 	}
-	return dp.ServeForward(ctl[0], r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))))
+	return dp.ServeRank(ctl[0], r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))), r.draft)
 }

@@ -31,7 +31,7 @@ func TestDPProcsWorkerKilled(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "", 2, 5*time.Minute)
+	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "", 2, 0, 5*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

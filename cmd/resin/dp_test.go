@@ -76,7 +76,8 @@ func TestGenerateDP(t *testing.T) {
 
 // TestServeDPAttention: `resin serve --dp 2 --dp-attention` answers concurrent
 // completions, spread over both ranks, each with the text one engine gives it; so does
-// glm-5-flash's with --dp-procs (rank 1 a worker process, its experts split over both).
+// glm-5-flash's with --dp-procs (rank 1 a worker process, its experts split over both),
+// and with --dp-procs drafting with MTP on every rank.
 func TestServeDPAttention(t *testing.T) {
 	complete := func(base, model, prompt string) (string, error) {
 		body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
@@ -146,6 +147,8 @@ func TestServeDPAttention(t *testing.T) {
 	for _, tc := range []struct{ model, extra []string }{
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000"}, []string{"--dp", "2", "--dp-attention"}},
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--dp-procs"}},
+		// Every rank drafting with its MTP head, rank 1's in its worker (dp.RemoteDraft).
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--dp-procs", "--num-speculative-tokens", "2"}},
 	} {
 		want, n := serveAll(tc.model)
 		if n != len(prompts) {

@@ -41,6 +41,10 @@ import (
 // take part in every collective that mixes the ranks' tokens.
 type Forward func(p *engine.BatchPlan, logits []float32) error
 
+// Draft is a dp rank's draft step on the result of the step it ran (Rank.Draft): it puts
+// back what rejected drafts wrote and fills res.NumNextDrafts and res.Drafts.
+type Draft func(p *engine.BatchPlan, res *engine.StepResult) error
+
 // ErrClosed is returned by a rank's Forward after Close.
 var ErrClosed = errors.New("dp: group closed")
 

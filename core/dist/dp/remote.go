@@ -26,6 +26,7 @@ import (
 const (
 	replyLogits byte = 1
 	replyError  byte = 2
+	replyDrafts byte = 3
 )
 
 // RemoteForward is the Forward of dp rank rank, run by a worker process behind ctl (rank
@@ -73,19 +74,125 @@ func peerAs(what string, err error, rank int) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// ServeForward is a worker's end of RemoteForward: ctl is rank 1 of the pair, forward the
-// dp rank's forward (over its own cache, CacheOps executed: lockstep.WithCacheOps), vocab
-// the columns of a logits row. It runs every plan rank 0 sends and replies with its
-// logits, or with its error, until lockstep.Stop or rank 0 is gone. A failed forward does
-// not end it: rank 0 ends the group and stops the workers, so that a worker process exits
-// before the stop only when it dies, and the exit a launcher puts on the step's error
-// (core/dist/launch: the first worker to exit, when the error names none) is the dead
-// one's. At the stop it returns the first forward's error.
+// RemoteDraft is the Draft of dp rank rank whose worker process drafts behind ctl (its
+// RemoteForward's pair; the worker runs ServeRank with its draft step): the step's result
+// goes out by lockstep's result message, and the worker replies with the drafts it
+// proposes, which fill res (NumNextDrafts, Drafts) for this rank's engine, or with its
+// draft step's error. Failures of ctl come back as RemoteForward's do.
+func RemoteDraft(ctl dist.Communicator, rank int) Draft {
+	return Draft(lockstep.LeadDraft(ctl, func(p *engine.BatchPlan, res *engine.StepResult) error {
+		reply, err := ctl.Broadcast(nil, 1)
+		if err != nil {
+			return peerAs(fmt.Sprintf("dp rank %d: wait for its worker's drafts of step %d", rank, p.Step), err, rank)
+		}
+		if len(reply) == 0 {
+			return fmt.Errorf("dp rank %d: an empty draft reply from its worker for step %d", rank, p.Step)
+		}
+		switch reply[0] {
+		case replyError:
+			re, err := decodeError(reply[1:])
+			if err != nil {
+				return fmt.Errorf("dp rank %d: its worker's draft reply to step %d: %w", rank, p.Step, err)
+			}
+			return fmt.Errorf("dp rank %d's worker: draft: %w", rank, re)
+		case replyDrafts:
+			if err := decodeDrafts(reply[1:], p, res); err != nil {
+				return fmt.Errorf("dp rank %d: its worker's drafts of step %d: %w", rank, p.Step, err)
+			}
+			return nil
+		}
+		return fmt.Errorf("dp rank %d: draft reply kind %d from its worker", rank, reply[0])
+	}))
+}
+
+// appendDrafts encodes a draft reply: replyDrafts, then res.NumNextDrafts (one per
+// sequence) and res.Drafts, each a u32 count and int32s, little-endian.
+func appendDrafts(b []byte, res *engine.StepResult) []byte {
+	b = append(b, replyDrafts)
+	for _, xs := range [2][]int32{res.NumNextDrafts, res.Drafts} {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(xs)))
+		for _, x := range xs {
+			b = binary.LittleEndian.AppendUint32(b, uint32(x))
+		}
+	}
+	return b
+}
+
+// decodeDrafts decodes a draft reply (without its first byte) into res for plan p: one
+// count per sequence, none negative, and as many drafts as they add up to.
+func decodeDrafts(b []byte, p *engine.BatchPlan, res *engine.StepResult) error {
+	var lists [2][]int32
+	for k := range lists {
+		if len(b) < 4 {
+			return errors.New("a truncated draft reply")
+		}
+		m := int(binary.LittleEndian.Uint32(b))
+		b = b[4:]
+		if m < 0 || len(b) < 4*m {
+			return errors.New("a truncated draft reply")
+		}
+		for i := range m {
+			lists[k] = append(lists[k], int32(binary.LittleEndian.Uint32(b[4*i:])))
+		}
+		b = b[4*m:]
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("%d bytes after the drafts", len(b))
+	}
+	counts, drafts := lists[0], lists[1]
+	if len(counts) != p.NumSeqs() {
+		return fmt.Errorf("draft counts for %d sequences, the plan has %d", len(counts), p.NumSeqs())
+	}
+	total := 0
+	for i, c := range counts {
+		if c < 0 {
+			return fmt.Errorf("sequence %d: %d drafts", i, c)
+		}
+		total += int(c)
+	}
+	if total != len(drafts) {
+		return fmt.Errorf("counts adding up to %d drafts, %d sent", total, len(drafts))
+	}
+	res.NumNextDrafts = append(res.NumNextDrafts[:0], counts...)
+	res.Drafts = append(res.Drafts[:0], drafts...)
+	return nil
+}
+
+// ServeForward is ServeRank for a dp rank that does not draft.
 func ServeForward(ctl dist.Communicator, vocab int, forward Forward) error {
+	return ServeRank(ctl, vocab, forward, nil)
+}
+
+// ServeRank is a worker's end of RemoteForward and, when draft is set, RemoteDraft: ctl
+// is rank 1 of the pair, forward the dp rank's forward (over its own cache, CacheOps
+// executed: lockstep.WithCacheOps), vocab the columns of a logits row, draft its draft
+// step (it fills res.NumNextDrafts and res.Drafts). It runs every plan rank 0 sends and
+// replies with its logits, and every step result with the drafts, or either with its
+// error, until lockstep.Stop or rank 0 is gone. A failed forward or draft does not end
+// it: rank 0 ends the group and stops the workers, so that a worker process exits before
+// the stop only when it dies, and the exit a launcher puts on the step's error
+// (core/dist/launch: the first worker to exit, when the error names none) is the dead
+// one's. At the stop it returns the first error.
+func ServeRank(ctl dist.Communicator, vocab int, forward Forward, draft Draft) error {
 	var logits []float32
 	var reply []byte
 	var failed error
-	err := lockstep.FollowPlans(ctl, func(p *engine.BatchPlan) error {
+	var drafts lockstep.Draft
+	if draft != nil {
+		drafts = func(p *engine.BatchPlan, res *engine.StepResult) error {
+			if derr := draft(p, res); derr != nil {
+				reply = appendError(reply[:0], derr)
+				failed = cmp.Or(failed, fmt.Errorf("draft of step %d: %w", p.Step, derr))
+			} else {
+				reply = appendDrafts(reply[:0], res)
+			}
+			if _, err := ctl.Broadcast(reply, 1); err != nil {
+				return fmt.Errorf("reply to rank 0: %w", err)
+			}
+			return nil
+		}
+	}
+	err := lockstep.FollowSteps(ctl, func(p *engine.BatchPlan) error {
 		n := len(p.LogitsIndices) * vocab
 		if cap(logits) < n {
 			logits = make([]float32, n)
@@ -101,7 +208,7 @@ func ServeForward(ctl dist.Communicator, vocab int, forward Forward) error {
 			return fmt.Errorf("reply to rank 0: %w", err)
 		}
 		return nil
-	})
+	}, drafts)
 	return errors.Join(failed, err)
 }
 

@@ -173,3 +173,72 @@ func TestJoinShmStuckWorker(t *testing.T) {
 	}
 	w.ctl[0].Close()
 }
+
+// TestRemoteDraft: a step's result sent by RemoteDraft reaches ServeRank's draft intact
+// (accepted counts and tokens, after its plan), the drafts the worker proposes fill rank
+// 0's result (counts per sequence and the drafts), a draft step's error comes back naming
+// the dp rank, and a worker whose reply miscounts its drafts is refused by name.
+func TestRemoteDraft(t *testing.T) {
+	const vocab, rank = 2, 1
+	pair, err := dist.NewInProcess(2, dist.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		served <- dp.ServeRank(pair[1], vocab, func(p *engine.BatchPlan, logits []float32) error { return nil },
+			func(p *engine.BatchPlan, res *engine.StepResult) error {
+				switch p.Step {
+				case 2:
+					return errors.New("no head")
+				case 3: // a count that the drafts do not add up to
+					res.NumNextDrafts[0] = 3
+					res.Drafts = append(res.Drafts, 1)
+					return nil
+				}
+				if !slices.Equal(res.Accepted, []int32{2}) || !slices.Equal(res.Tokens, []int32{7, 8}) {
+					return fmt.Errorf("result %v %v", res.Accepted, res.Tokens)
+				}
+				res.NumNextDrafts[0] = 2
+				res.Drafts = append(res.Drafts, 40, 41)
+				return nil
+			})
+	}()
+	forward, draft := dp.RemoteForward(pair[0], rank), dp.RemoteDraft(pair[0], rank)
+	plan := func(step uint64) *engine.BatchPlan {
+		return &engine.BatchPlan{Step: step, QueryStart: []int32{0, 1}, LogitsStart: []int32{0, 1}, ReqIDs: []uint64{1},
+			Computed: []int32{0}, Scheduled: []int32{1}, PromptLen: []int32{1}, NumDrafts: []int32{0},
+			Temperature: []float32{0}, TopP: []float32{0}, TopK: []int32{0}, MinP: []float32{0}, Seed: []uint64{0}, Logprobs: []int32{-1},
+			Tokens: []int32{5}, Positions: []int32{0}, LogitsIndices: []int32{0}}
+	}
+	for step := uint64(1); step <= 3; step++ {
+		p := plan(step)
+		if err := forward(p, make([]float32, vocab)); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		var res engine.StepResult
+		res.Reset(1)
+		res.Accepted, res.Tokens = []int32{2}, []int32{7, 8}
+		err := draft(p, &res)
+		switch step {
+		case 1:
+			if err != nil || !slices.Equal(res.NumNextDrafts, []int32{2}) || !slices.Equal(res.Drafts, []int32{40, 41}) {
+				t.Fatalf("step 1: %v, drafts %v %v", err, res.NumNextDrafts, res.Drafts)
+			}
+		case 2:
+			if err == nil || !strings.Contains(err.Error(), "dp rank 1's worker: draft: no head") {
+				t.Fatalf("step 2: %v, want the worker's draft error naming dp rank 1", err)
+			}
+		case 3:
+			if err == nil || !strings.Contains(err.Error(), "counts adding up to 3 drafts, 1 sent") {
+				t.Fatalf("step 3: %v, want the miscount refused", err)
+			}
+		}
+	}
+	if err := dp.StopRemote([]dist.Communicator{nil, pair[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err == nil || !strings.Contains(err.Error(), "no head") {
+		t.Fatalf("the worker's end: %v, want its first draft error", err)
+	}
+}

@@ -183,6 +183,13 @@ func FollowPlans(ctl dist.Communicator, step func(*engine.BatchPlan) error) erro
 	return follow(ctl, step, nil)
 }
 
+// FollowSteps is FollowPlans that also runs draft (nil: a result message is an error) on
+// each step result rank 0 broadcasts after a plan (LeadDraft): a follower that answers
+// each plan and each result itself (core/dist/dp's ServeRank).
+func FollowSteps(ctl dist.Communicator, step func(*engine.BatchPlan) error, draft Draft) error {
+	return follow(ctl, step, draft)
+}
+
 // FollowRank is Follow for r: its forward on each plan and, when r drafts (r.Draft set),
 // its draft on each step result rank 0 broadcasts after a plan (LeadDraft).
 func FollowRank(ctl dist.Communicator, r Rank) error {
