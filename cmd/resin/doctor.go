@@ -77,6 +77,8 @@ func doctorBLAS(w io.Writer, b blas.Backend) {
 		fmt.Fprintf(w, "  warning: %s\n", warn)
 	}
 	fmt.Fprintf(w, "  kernels   %s (core/kernels/ref's vector forms around the GEMMs; scalar loops otherwise)\n", ref.CPUKernels())
+	fmt.Fprintf(w, "  pool      %d participants a loop (GOMAXPROCS); idle ones poll %v for the next loop before they sleep (%s)\n",
+		goruntime.GOMAXPROCS(0), ref.PoolSpinDuration(), ref.PoolSpinSource())
 }
 
 // doctorDriver reports the CUDA driver and returns the GPUs it lists.

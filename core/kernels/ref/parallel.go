@@ -2,9 +2,12 @@ package ref
 
 import (
 	"cmp"
+	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	cblas "github.com/resin-llm/resin/core/blas"
 )
@@ -33,10 +36,10 @@ type loop struct {
 	n, grain int
 	next     atomic.Int64
 	// Guarded by pool.mu:
-	joined int       // participant numbers handed out (the caller's 0 included)
-	active int       // workers inside work
-	closed bool      // the caller found nothing left to claim: no worker joins any more
-	done   sync.Cond // signalled when the last active worker leaves a closed loop
+	joined int          // participant numbers handed out (the caller's 0 included)
+	active atomic.Int32 // workers inside work (changed under pool.mu; the caller polls it)
+	closed bool         // the caller found nothing left to claim: no worker joins any more
+	done   sync.Cond    // signalled when the last active worker leaves a closed loop
 }
 
 var (
@@ -46,6 +49,9 @@ var (
 		mu   sync.Mutex
 		wake sync.Cond // signalled when a loop opens
 		open []*loop   // loops that may have chunks left, newest last
+		// opened counts the loops opened (a polling worker watches it); sleeps, the times a
+		// worker went to sleep on wake.
+		opened, sleeps atomic.Uint64
 	}
 )
 
@@ -61,12 +67,20 @@ func workers() int {
 	return poolWorkers
 }
 
-// worker joins open loops, newest first, for as long as the process runs.
+// worker joins open loops, newest first, for as long as the process runs. Idle, it polls
+// for the next loop for up to the pool's spin (SetPoolSpin) before it sleeps.
 func worker() {
 	pool.mu.Lock()
 	for {
 		if len(pool.open) == 0 {
-			pool.wake.Wait()
+			gen := pool.opened.Load()
+			pool.mu.Unlock()
+			opened := spin(func() bool { return pool.opened.Load() != gen })
+			pool.mu.Lock()
+			if !opened && len(pool.open) == 0 {
+				pool.sleeps.Add(1)
+				pool.wake.Wait()
+			}
 			continue
 		}
 		l := pool.open[len(pool.open)-1]
@@ -76,12 +90,11 @@ func worker() {
 		}
 		part := l.joined
 		l.joined++
-		l.active++
+		l.active.Add(1)
 		pool.mu.Unlock()
 		l.work(part)
 		pool.mu.Lock()
-		l.active--
-		if l.active == 0 && l.closed {
+		if l.active.Add(-1) == 0 && l.closed {
 			l.done.Signal()
 		}
 	}
@@ -119,9 +132,11 @@ func parallelFor(l *loop, t task, n, grain int) {
 		return
 	}
 	pool.mu.Lock()
-	l.joined, l.active, l.closed = 1, 0, false
+	l.joined, l.closed = 1, false
+	l.active.Store(0)
 	l.done.L = &pool.mu
 	pool.open = append(pool.open, l)
+	pool.opened.Add(1)
 	pool.mu.Unlock()
 	for range helpers {
 		pool.wake.Signal()
@@ -135,11 +150,83 @@ func parallelFor(l *loop, t task, n, grain int) {
 			break
 		}
 	}
-	for l.active > 0 {
+	if l.active.Load() > 0 { // the workers that joined finish their last chunks
+		pool.mu.Unlock()
+		spin(func() bool { return l.active.Load() == 0 })
+		pool.mu.Lock()
+	}
+	for l.active.Load() > 0 {
 		l.done.Wait()
 	}
 	pool.mu.Unlock()
 	l.t = nil
+}
+
+// defaultPoolSpin is the pool's spin where RESIN_POOL_SPIN is unset (SetPoolSpin).
+const defaultPoolSpin = 100 * time.Microsecond
+
+// SetPoolSpin sets how long the worker pool's goroutines poll before they sleep (negative:
+// 0, sleep at once) and returns the previous value: an idle worker polls for the next
+// loop, a loop's caller for the workers still on its last chunks. Waking a sleeping
+// goroutine costs tens of microseconds on a virtual machine (a futex wake and an IPI),
+// once or twice per loop, and a batch-1 decode step runs about fifty loops of a few
+// hundred microseconds each; polling spends that time on the core instead, yielding to
+// the process's other goroutines as it polls, and stops after the spin, so a core left
+// idle for longer goes back to the machine. A worker polls only while it is idle: no
+// loop waits for it. It is read as the goroutines poll, so it may be set at any time;
+// the default, 100µs, is RESIN_POOL_SPIN's (a Go duration) when that is set.
+func SetPoolSpin(d time.Duration) time.Duration {
+	return time.Duration(poolSpin.Swap(int64(max(d, 0))))
+}
+
+// PoolSpinDuration returns the pool's spin (SetPoolSpin).
+func PoolSpinDuration() time.Duration { return time.Duration(poolSpin.Load()) }
+
+var (
+	poolSpin    atomic.Int64 // nanoseconds
+	poolSpinEnv string       // how RESIN_POOL_SPIN set the spin (PoolSpinSource)
+)
+
+func init() {
+	d := defaultPoolSpin
+	poolSpinEnv = "the default; RESIN_POOL_SPIN sets it"
+	if v, ok := os.LookupEnv("RESIN_POOL_SPIN"); ok {
+		p, err := time.ParseDuration(v)
+		switch {
+		case err != nil:
+			poolSpinEnv = fmt.Sprintf("RESIN_POOL_SPIN=%q is not a Go duration such as 100us or 0, so the default runs", v)
+		case p < 0:
+			poolSpinEnv = fmt.Sprintf("RESIN_POOL_SPIN=%s is negative: no spin", v)
+			d = 0
+		default:
+			poolSpinEnv, d = "RESIN_POOL_SPIN="+v, p
+		}
+	}
+	SetPoolSpin(d)
+}
+
+// PoolSpinSource says where the pool's spin at start-up came from: the default,
+// RESIN_POOL_SPIN, or why RESIN_POOL_SPIN was not taken (`resin doctor` prints it).
+func PoolSpinSource() string { return poolSpinEnv }
+
+// spin polls done for up to the pool's spin (SetPoolSpin), yielding to the process's other goroutines between
+// polls, and reports whether it held.
+func spin(done func() bool) bool {
+	if poolSpin.Load() <= 0 {
+		return done()
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		if done() {
+			return true
+		}
+		if i%64 == 63 {
+			if time.Since(start) >= time.Duration(poolSpin.Load()) {
+				return done()
+			}
+			runtime.Gosched()
+		}
+	}
 }
 
 // minParallelElems is the fewest elements an elementwise operator splits across the pool:

@@ -281,3 +281,57 @@ func BenchmarkParallelForDispatch(b *testing.B) {
 		b.ReportMetric(100*float64(joined)/float64(b.N), "joined-%")
 	})
 }
+
+// partsTask records which participants ran a chunk, each chunk taking about 20µs so
+// that an idle worker has time to join.
+type partsTask struct{ ran []atomic.Int32 }
+
+func (p *partsTask) run(part, lo, hi int) {
+	p.ran[part].Add(1)
+	for t0 := time.Now(); time.Since(t0) < 20*time.Microsecond; {
+	}
+}
+
+// TestPoolSpin: with a long spin an idle worker polls for the next loop instead of
+// sleeping, so loops run back to back never put a worker to sleep and the workers join
+// them; with no spin a worker sleeps after its loop. (SetPoolSpin's claim; the speed it
+// buys is BenchmarkParallelForDispatch's and the decode benchmarks'.)
+func TestPoolSpin(t *testing.T) {
+	if parts() < 2 {
+		t.Skip("GOMAXPROCS 1: the pool has no workers")
+	}
+	defer SetPoolSpin(SetPoolSpin(time.Hour))
+	var l loop
+	run := func() *partsTask {
+		p := &partsTask{ran: make([]atomic.Int32, parts())}
+		parallelFor(&l, p, 64, 1)
+		return p
+	}
+	run() // wakes the workers; from here they spin
+	sleeps := pool.sleeps.Load()
+	joined := 0
+	for range 20 {
+		p := run()
+		for part := 1; part < len(p.ran); part++ {
+			if p.ran[part].Load() > 0 {
+				joined++
+				break
+			}
+		}
+	}
+	if d := pool.sleeps.Load() - sleeps; d != 0 {
+		t.Errorf("workers went to sleep %d times between loops under an hour's spin", d)
+	}
+	if joined == 0 {
+		t.Errorf("no worker joined any of 20 loops")
+	}
+	SetPoolSpin(0)
+	sleeps = pool.sleeps.Load()
+	run()
+	for deadline := time.Now().Add(10 * time.Second); pool.sleeps.Load() == sleeps; {
+		if time.Now().After(deadline) {
+			t.Fatal("with no spin no worker went to sleep within 10 s of its loop")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
