@@ -44,16 +44,9 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			return nil, nil, err
 		}
 		defer done()
-		n, err := cudart.DeviceCount()
+		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal, size)
 		if err != nil {
 			return nil, nil, err
-		}
-		ordinals := make([]int, size)
-		for r := range ordinals {
-			ordinals[r] = opts.Ordinal
-			if opts.Ordinal+size <= n {
-				ordinals[r] += r
-			}
 		}
 		opts.CacheBytes = cacheBytes
 		if f.tp.initAddr != "" {

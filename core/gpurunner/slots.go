@@ -111,3 +111,53 @@ func slotLimits(l Limits) Limits {
 	}
 	return l
 }
+
+// RankOrdinals returns the GPU ordinals of size ranks from GPU first: first+r for rank r
+// where the machine shows that many GPUs, else first for every rank (several ranks on one
+// GPU, as NCCL_MULTI_RANK_GPU_ENABLE=1 allows).
+func RankOrdinals(first, size int) ([]int, error) {
+	n, err := cudart.DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	ords := make([]int, size)
+	for r := range ords {
+		ords[r] = first
+		if first+size <= n {
+			ords[r] += r
+		}
+	}
+	return ords, nil
+}
+
+// OpenRankDevices is OpenSlotDevice for a layout of size ranks of model name: the limits,
+// the kernel cache, and rank r's GPU at devs[r] (RankOrdinals from opts.Ordinal), which
+// the caller closes (CloseDevices) until a layout owns them.
+func OpenRankDevices(opts Options, name string, size int) (Limits, *cudart.KernelCache, []*cudart.Device, error) {
+	lim, cache, dev0, err := OpenSlotDevice(opts, name)
+	if err != nil {
+		return Limits{}, nil, nil, err
+	}
+	devs := []*cudart.Device{dev0}
+	ords, err := RankOrdinals(opts.Ordinal, size)
+	if err != nil {
+		dev0.Close()
+		return Limits{}, nil, nil, err
+	}
+	for r := 1; r < size; r++ {
+		d, err := cudart.OpenDevice(ords[r])
+		if err != nil {
+			CloseDevices(devs)
+			return Limits{}, nil, nil, fmt.Errorf("%s: rank %d: %w", name, r, err)
+		}
+		devs = append(devs, d)
+	}
+	return lim, cache, devs, nil
+}
+
+// CloseDevices closes every device of devs.
+func CloseDevices(devs []*cudart.Device) {
+	for _, d := range devs {
+		d.Close()
+	}
+}

@@ -140,9 +140,9 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 		}
 	}
 	w := m.W
-	up(&g.embed, g.vocabTable(w.Embed))
+	up(&g.embed, g.vocab().Table(w.Embed, g.m.Config.HiddenSize))
 	if g.par != nil && g.par.tp > 1 {
-		head := g.vocabTable(w.Head)
+		head := g.vocab().Table(w.Head, g.m.Config.HiddenSize)
 		upW(&g.head, &head)
 	} else {
 		upW(&g.head, &w.Head)
@@ -294,8 +294,8 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 	}
 	if p := g.par; p != nil && p.tp > 1 {
 		// A TP rank's head output and the ranks' gathered, a step's logits rows.
-		if p.shard, err = a.alloc(c, 4*maxRows*p.vrows); err == nil {
-			p.gathered, err = a.alloc(c, 4*p.tp*maxRows*p.vrows)
+		if p.shard, err = a.alloc(c, 4*maxRows*p.vocab.Rows); err == nil {
+			p.gathered, err = a.alloc(c, 4*p.tp*maxRows*p.vocab.Rows)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
@@ -487,7 +487,7 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		bucket, n = t, t
 	}
 	seqStart = append(seqStart, int32(len(ids)))
-	g.localIDs(idsRep)
+	g.vocab().LocalIDs(idsRep)
 	w := &g.w
 	ups := []struct {
 		dst cudart.DevicePtr
@@ -538,7 +538,7 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		return nil
 	}
 	step := func() error {
-		if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, n*hc, h, g.vocabRows()); err != nil {
+		if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, n*hc, h, g.vocab().Rows); err != nil {
 			return err
 		}
 		if err := g.sumTP(c, w.streams, n*hc, "embedding"); err != nil {

@@ -125,39 +125,16 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		return loadGPURankWeights(dir, c, l, rank, whole)
 	}
 	rowsSet := opts.Limits.MaxRows > 0
-	lim, cache, dev0, err := gpurunner.OpenSlotDevice(opts, Name)
+	lim, cache, devs, err := gpurunner.OpenRankDevices(opts, Name, size)
 	if err != nil {
 		return nil, nil, err
 	}
 	if !rowsSet {
 		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
 	}
-	n, err := cudart.DeviceCount()
-	if err != nil {
-		dev0.Close()
-		return nil, nil, err
-	}
-	devs := []*cudart.Device{dev0}
-	closeDevs := func() {
-		for _, d := range devs {
-			d.Close()
-		}
-	}
-	for r := 1; r < size; r++ {
-		ord := opts.Ordinal
-		if opts.Ordinal+size <= n {
-			ord += r
-		}
-		d, err := cudart.OpenDevice(ord)
-		if err != nil {
-			closeDevs()
-			return nil, nil, fmt.Errorf("%s: rank %d: %w", Name, r, err)
-		}
-		devs = append(devs, d)
-	}
 	g, pool, err := NewGPULayout(c, l, rankWeights, devs, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, maxContextOf(c, Options{}), drafts, cacheBytes)
 	if err != nil {
-		closeDevs()
+		gpurunner.CloseDevices(devs)
 		return nil, nil, fmt.Errorf("tp=%d ep=%d on GPUs: %w", l.TP, l.EP, err)
 	}
 	for _, r := range g.ranks {

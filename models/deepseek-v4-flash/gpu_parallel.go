@@ -24,13 +24,12 @@ import (
 type gpuPar struct {
 	rank, tp, lo, hi int
 	comm             *cudart.Comm
-	// Under TP the vocabulary is split as gpurunner.VocabParallel splits it: the rank's
-	// embedding and lm_head hold vrows rows from token vstart, of which [vlo, vhi) are
-	// real (the others zeros). The head's rows land in shard ([maxRows, vrows]) and are
-	// all-gathered into gathered ([tp, maxRows, vrows]).
-	vstart, vrows, vlo, vhi int
-	shard, gathered         cudart.DevicePtr
-	headRows                int // the rows of the step's head (run's, padding included)
+	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). The head's
+	// rows land in shard ([maxRows, vocab.Rows]) and are all-gathered into gathered ([tp,
+	// maxRows, vocab.Rows]).
+	vocab           gpurunner.VocabShard
+	shard, gathered cudart.DevicePtr
+	headRows        int // the rows of the step's head (run's, padding included)
 }
 
 // newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout), nil
@@ -45,9 +44,7 @@ func newGPUPar(m *Model) (*gpuPar, error) {
 		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
 	}
 	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi}
-	if g.tp > 1 {
-		g.vstart, g.vrows, g.vlo, g.vhi = gpurunner.VocabParallel(m.Config.VocabSize, p.rank, p.tp)
-	}
+	g.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return g, nil
 }
 
@@ -112,40 +109,12 @@ func gpuRankConfig(c *Config, p *parallel) *Config {
 	return &rc
 }
 
-// vocabRows returns the rows of the embedding and lm_head the device holds: the
-// vocabulary's, or a TP rank's shard's (padded).
-func (g *gpuModel) vocabRows() int {
-	if g.par == nil || g.par.tp <= 1 {
-		return g.m.Config.VocabSize
+// vocab returns the vocabulary rows the device holds: a TP rank's shard, or the whole.
+func (g *gpuModel) vocab() gpurunner.VocabShard {
+	if g.par == nil {
+		return gpurunner.NewVocabShard(g.m.Config.VocabSize, 0, 1)
 	}
-	return g.par.vrows
-}
-
-// vocabTable returns the rows of an embedding or head table v for the device: v itself,
-// or under TP the rank's shard (v holds its real rows) padded with zero rows.
-func (g *gpuModel) vocabTable(v []float32) []float32 {
-	if g.par == nil || g.par.tp <= 1 {
-		return v
-	}
-	out := make([]float32, g.par.vrows*g.m.Config.HiddenSize)
-	copy(out, v)
-	return out
-}
-
-// localIDs rewrites token ids in place for the device's embedding: under TP an id of the
-// rank's shard becomes its row there, any other id −1 (the kernel's zero row; the rows
-// are summed over the ranks by sumTP).
-func (g *gpuModel) localIDs(ids []int32) {
-	if g.par == nil || g.par.tp <= 1 {
-		return
-	}
-	for i, id := range ids {
-		if int(id) >= g.par.vlo && int(id) < g.par.vhi {
-			ids[i] = id - int32(g.par.vstart)
-		} else {
-			ids[i] = -1
-		}
-	}
+	return g.par.vocab
 }
 
 // sumTP sums x ([n, hidden], a rank's partial output of a block whose heads or columns TP
@@ -173,10 +142,10 @@ func (g *gpuModel) vocabHead(c *cudart.Ctx, nr int) error {
 	if p == nil || p.tp <= 1 {
 		return g.gemm(c, w.logits, w.y, g.head, nr, h, g.m.Config.VocabSize)
 	}
-	if err := g.gemm(c, p.shard, w.y, g.head, nr, h, p.vrows); err != nil {
+	if err := g.gemm(c, p.shard, w.y, g.head, nr, h, p.vocab.Rows); err != nil {
 		return err
 	}
-	if err := p.comm.AllGather(p.shard, p.gathered, nr*p.vrows, cudart.F32, g.s); err != nil {
+	if err := p.comm.AllGather(p.shard, p.gathered, nr*p.vocab.Rows, cudart.F32, g.s); err != nil {
 		return fmt.Errorf("gpu: gather the ranks' logits: %w", err)
 	}
 	return nil
@@ -193,17 +162,11 @@ func (g *gpuModel) downloadLogits(c *cudart.Ctx, rows int) ([]float32, error) {
 		return logits, cudart.Download(c, logits, g.w.logits)
 	}
 	R := p.headRows
-	all := make([]float32, p.tp*R*p.vrows)
+	all := make([]float32, p.tp*R*p.vocab.Rows)
 	if err := cudart.Download(c, all, p.gathered); err != nil {
 		return nil, err
 	}
-	for q := range p.tp {
-		start, _, lo, hi := gpurunner.VocabParallel(V, q, p.tp)
-		for r := range rows {
-			src := all[(q*R+r)*p.vrows:]
-			copy(logits[r*V+lo:r*V+hi], src[lo-start:hi-start])
-		}
-	}
+	p.vocab.Unshard(logits, all, R, rows)
 	return logits, nil
 }
 

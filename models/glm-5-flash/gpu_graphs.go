@@ -173,7 +173,7 @@ func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, token
 			pos[i], slot[i], offs[i] = int32(s.Len), int32(s.slot), int64(s.State-base)/4
 		}
 	}
-	g.localIDs(ids)
+	g.vocab().LocalIDs(ids)
 	for _, u := range []error{cudart.Upload(c, w.idsRep, ids), cudart.Upload(c, gr.rowPos, pos), cudart.Upload(c, gr.rowSlot, slot),
 		cudart.Upload(c, gr.kdaOffs, offs)} {
 		if u != nil {

@@ -237,14 +237,14 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		}
 	}
 	W := m.W
-	up(&g.embed, g.vocabTable(W.embed))
+	up(&g.embed, g.vocab().Table(W.embed, g.m.Config.HiddenSize))
 	up(&g.norm, W.norm)
-	up(&g.head, g.vocabTable(W.lmHead)) // the MTP layer's head when it shares lm_head
+	up(&g.head, g.vocab().Table(W.lmHead, g.m.Config.HiddenSize)) // the MTP layer's head when it shares lm_head
 	if err == nil && pk != nil {
 		g.headL, err = g.fp8Tensor(c, pk, "lm_head.weight", cfg.VocabSize, D)
 	}
 	if bf16 && err == nil && g.headL == nil {
-		g.headL, err = g.bf16Linear(c, g.vocabTable(W.lmHead), g.vocabRows(), D)
+		g.headL, err = g.bf16Linear(c, g.vocab().Table(W.lmHead, g.m.Config.HiddenSize), g.vocab().Rows, D)
 	}
 	width := 1 // the widest MLP
 	for li := range W.layers {
@@ -347,8 +347,8 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		// A TP rank's head output and the ranks' gathered: a step's logits rows, or the
 		// MTP layer's (one a sequence).
 		R := max(maxRows, slots)
-		if p.shard, err = g.alloc(c, R*p.vrows); err == nil {
-			p.gathered, err = g.alloc(c, p.tp*R*p.vrows)
+		if p.shard, err = g.alloc(c, R*p.vocab.Rows); err == nil {
+			p.gathered, err = g.alloc(c, p.tp*R*p.vocab.Rows)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
@@ -528,7 +528,7 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 			return nil, err
 		}
 	}
-	g.localIDs(idsRep)
+	g.vocab().LocalIDs(idsRep)
 	if b := g.decodeBucket(seqs, tokens, rows); b > 0 {
 		return g.forwardGraph(c, b, seqs, tokens)
 	}

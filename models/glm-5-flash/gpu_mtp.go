@@ -84,7 +84,7 @@ func (g *gpuModel) uploadMTP(c *cudart.Ctx, pk *gpuFP8, bf16, perExpert bool) (e
 	if len(mt.head) > 0 && len(g.m.W.lmHead) > 0 && &mt.head[0] == &g.m.W.lmHead[0] {
 		p.head, p.headL = g.head, g.headL
 	} else {
-		linear(&p.head, &p.headL, g.vocabTable(mt.head), prefix+"shared_head.head.weight", g.vocabRows(), D)
+		linear(&p.head, &p.headL, g.vocab().Table(mt.head, g.m.Config.HiddenSize), prefix+"shared_head.head.weight", g.vocab().Rows, D)
 	}
 	if err != nil {
 		return fmt.Errorf("gpu: mtp: %w", err)
@@ -173,7 +173,7 @@ func (g *gpuModel) mtpForward(c *cudart.Ctx, chunks []mtpChunk) ([]float32, erro
 	if T > p.rows {
 		return nil, fmt.Errorf("gpu: mtp: %d rows, room for %d", T, p.rows)
 	}
-	g.localIDs(ids)
+	g.vocab().LocalIDs(ids)
 	if err := cudart.Upload(c, p.ids, ids); err != nil {
 		return nil, err
 	}

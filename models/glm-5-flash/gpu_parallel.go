@@ -23,12 +23,11 @@ import (
 type gpuPar struct {
 	rank, tp, lo, hi int
 	comm             *cudart.Comm
-	// Under TP the vocabulary is split as gpurunner.VocabParallel splits it: the rank's
-	// embedding and heads hold vrows rows from token vstart, of which [vlo, vhi) are real
-	// (the others zeros). A head's rows land in shard ([R, vrows], R = max(maxRows,
-	// slots)) and are all-gathered into gathered ([tp, R, vrows]).
-	vstart, vrows, vlo, vhi int
-	shard, gathered         cudart.DevicePtr
+	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). A head's rows
+	// land in shard ([R, vocab.Rows], R = max(maxRows, slots)) and are all-gathered into
+	// gathered ([tp, R, vocab.Rows]).
+	vocab           gpurunner.VocabShard
+	shard, gathered cudart.DevicePtr
 }
 
 // newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout),
@@ -43,52 +42,22 @@ func newGPUPar(m *TextModel) (*gpuPar, error) {
 	}
 	lo, hi := m.experts()
 	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi}
-	if p.tp > 1 {
-		p.vstart, p.vrows, p.vlo, p.vhi = gpurunner.VocabParallel(m.Config.VocabSize, p.rank, p.tp)
-	}
+	p.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return p, nil
 }
 
-// vocabRows returns the rows of the embedding and heads the device holds: the
-// vocabulary's, or a TP rank's shard's (padded).
-func (g *gpuModel) vocabRows() int {
-	if g.par == nil || g.par.tp <= 1 {
-		return g.m.Config.VocabSize
+// vocab returns the vocabulary rows the device holds: a TP rank's shard, or the whole.
+func (g *gpuModel) vocab() gpurunner.VocabShard {
+	if g.par == nil {
+		return gpurunner.NewVocabShard(g.m.Config.VocabSize, 0, 1)
 	}
-	return g.par.vrows
-}
-
-// vocabTable returns the rows of an embedding or head table v for the device: v itself,
-// or under TP the rank's shard (v holds its real rows, [vlo, vhi)) padded with zero rows.
-func (g *gpuModel) vocabTable(v []float32) []float32 {
-	if g.par == nil || g.par.tp <= 1 {
-		return v
-	}
-	out := make([]float32, g.par.vrows*g.m.Config.HiddenSize)
-	copy(out, v)
-	return out
-}
-
-// localIDs rewrites token ids in place for the device's embedding: under TP an id of the
-// rank's shard becomes its row there, any other id −1 (the kernel's zero row; the rows are
-// summed over the ranks by embedRows).
-func (g *gpuModel) localIDs(ids []int32) {
-	if g.par == nil || g.par.tp <= 1 {
-		return
-	}
-	for i, id := range ids {
-		if int(id) >= g.par.vlo && int(id) < g.par.vhi {
-			ids[i] = id - int32(g.par.vstart)
-		} else {
-			ids[i] = -1
-		}
-	}
+	return g.par.vocab
 }
 
 // embedRows looks up rows ids (localIDs') in the embedding into out ([rows, D]) on s:
 // under TP each rank its shard's rows, zeros for the others', summed over the ranks.
 func (g *gpuModel) embedRows(c *cudart.Ctx, s *cudart.Stream, out, ids cudart.DevicePtr, rows int) error {
-	if err := g.kk.Embedding(c, s, out, g.embed, ids, rows, g.m.Config.HiddenSize, g.vocabRows()); err != nil {
+	if err := g.kk.Embedding(c, s, out, g.embed, ids, rows, g.m.Config.HiddenSize, g.vocab().Rows); err != nil {
 		return err
 	}
 	return g.sumTP(c, out, rows, "embedding")
@@ -102,10 +71,10 @@ func (g *gpuModel) vocabHead(c *cudart.Ctx, l *gpurunner.Linear, out, y, w cudar
 	if g.par == nil || g.par.tp <= 1 {
 		return g.linear(c, l, out, y, w, rows, D, g.m.Config.VocabSize)
 	}
-	if err := g.linear(c, l, g.par.shard, y, w, rows, D, g.par.vrows); err != nil {
+	if err := g.linear(c, l, g.par.shard, y, w, rows, D, g.par.vocab.Rows); err != nil {
 		return err
 	}
-	if err := g.par.comm.AllGather(g.par.shard, g.par.gathered, rows*g.par.vrows, cudart.F32, g.s); err != nil {
+	if err := g.par.comm.AllGather(g.par.shard, g.par.gathered, rows*g.par.vocab.Rows, cudart.F32, g.s); err != nil {
 		return fmt.Errorf("gpu: gather the ranks' logits: %w", err)
 	}
 	return nil
@@ -121,17 +90,11 @@ func (g *gpuModel) downloadLogits(c *cudart.Ctx, out cudart.DevicePtr, headRows,
 		return logits, cudart.Download(c, logits, out)
 	}
 	p := g.par
-	all := make([]float32, p.tp*headRows*p.vrows)
+	all := make([]float32, p.tp*headRows*p.vocab.Rows)
 	if err := cudart.Download(c, all, p.gathered); err != nil {
 		return nil, err
 	}
-	for q := range p.tp {
-		start, _, lo, hi := gpurunner.VocabParallel(V, q, p.tp)
-		for r := range rows {
-			src := all[(q*headRows+r)*p.vrows:]
-			copy(logits[r*V+lo:r*V+hi], src[lo-start:hi-start])
-		}
-	}
+	p.vocab.Unshard(logits, all, headRows, rows)
 	return logits, nil
 }
 
