@@ -1,5 +1,11 @@
 package gpurunner
 
+import (
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cudart"
+)
+
 // VocabShard is the part of the vocabulary the embedding and the LM head of one
 // tensor-parallel rank hold on its device (VocabParallel's shard), or the whole
 // vocabulary (TP ≤ 1). A model's rank uploads Table of each table, looks up LocalIDs'
@@ -64,4 +70,24 @@ func (v VocabShard) Unshard(logits, all []float32, headRows, rows int) {
 			copy(logits[r*V+lo:r*V+hi], src[lo-start:hi-start])
 		}
 	}
+}
+
+// UnshardOnDevice is Unshard on the device: it queues on s the copies that put the first
+// rows rows of the ranks' head shards, all-gathered at all ([TP, headRows, Rows] float32),
+// into logits ([rows, Vocab] float32) in vocabulary order, the padding dropped. Copies
+// only, so a CUDA graph captures them (a drafting chain's argmax then reads the whole
+// logits on the device).
+func (v VocabShard) UnshardOnDevice(c *cudart.Ctx, s *cudart.Stream, logits, all cudart.DevicePtr, headRows, rows int) error {
+	block := int64(headRows) * int64(v.Rows) * 4 // one rank's [headRows, Rows]
+	for q := range v.TP {
+		start, _, lo, hi := VocabParallel(v.Vocab, q, v.TP)
+		if hi == lo {
+			continue
+		}
+		src := all + cudart.DevicePtr(int64(q)*block+int64(lo-start)*4)
+		if err := c.CopyDtoD2DAsync(logits+cudart.DevicePtr(int64(lo)*4), int64(v.Vocab)*4, src, int64(v.Rows)*4, int64(hi-lo)*4, int64(rows), s); err != nil {
+			return fmt.Errorf("gpurunner: the logits of tp rank %d: %w", q, err)
+		}
+	}
+	return nil
 }

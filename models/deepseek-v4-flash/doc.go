@@ -49,7 +49,7 @@
 //     core/gpurunner's Group; EP runs a rank's experts' blocks of the masked layout, the
 //     shared expert on rank 0; TP a rank config's heads, groups and columns with the
 //     vocabulary split; TP × EP equal; partials all-reduced by NCCL on the step's stream;
-//     drafts under TP not yet; docs/parallelism.md)
+//     MTP drafts under TP and EP; docs/parallelism.md)
 //
 // # DSpark (DeepSeek-V4-Flash-DSpark)
 //

@@ -109,9 +109,6 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 	if g.par, err = newGPUPar(m); err != nil {
 		return nil, err
 	}
-	if g.par != nil && g.par.tp > 1 && drafts > 0 {
-		return nil, fmt.Errorf("gpu: MTP drafts under tensor parallelism on the GPU: not done yet (the drafts' argmax reads the whole logits on the device; under ep they run)")
-	}
 	if g.par != nil && pk != nil {
 		return nil, fmt.Errorf("gpu: expert parallelism over a checkpoint's packed FP8 and MXFP4 tensors: not done yet, load them dequantized")
 	}
@@ -519,9 +516,6 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 	}
 	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(len0)}
 	nr := len(rows)
-	if g.par != nil {
-		g.par.headRows = nr // the stride of the gathered logits (downloadLogits)
-	}
 	// after runs after each layer's block: eagerly, the write-through of its rows from the
 	// work buffers; in a prefill graph, their copy into the stash (read back after the
 	// replay); in a decode graph, nothing (mirrorStep.decoded reads the slots after it).

@@ -11,6 +11,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emu"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
 )
@@ -561,6 +562,31 @@ func TestEmuAddRows(t *testing.T) {
 		}
 	}
 	sameBits(t, "add_rows", d.getF32(xp, rows*rep*dim), want)
+}
+
+// TestEmuShardIDs checks groups.cu's id rewrite for a TP rank's embedding shard against
+// gpurunner.VocabShard.LocalIDs, for each rank of a 130-token vocabulary over 3 ranks
+// (the last holding 2 real tokens) and ids on every side of each shard's bounds.
+func TestEmuShardIDs(t *testing.T) {
+	d := newEmuDev(t)
+	ids := []int32{0, 1, 63, 64, 65, 127, 128, 129, 130, 500, -1}
+	for r := range 3 {
+		v := gpurunner.NewVocabShard(130, r, 3)
+		in := d.i32(ids)
+		l, err := kernels.ShardIDs(in, in, len(ids), v.Start, v.Lo, v.Hi)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.run("shard_ids", l)
+		want := slices.Clone(ids)
+		v.LocalIDs(want)
+		if got := d.getI32(in, len(ids)); !slices.Equal(got, want) {
+			t.Errorf("rank %d: %v, want %v", r, got, want)
+		}
+	}
+	if _, err := kernels.ShardIDs(0, 0, 4, 64, 10, 20); err == nil {
+		t.Errorf("ShardIDs took ids below the shard's start")
+	}
 }
 
 // TestEmuIndexerManyEntries runs indexer.cu past one block of entries: 700 and 520

@@ -239,8 +239,20 @@ func (g *gpuModel) mtpLaunch(c *cudart.Ctx, n, seqs, nr int) error {
 	cfg, w, t := g.m.Config, &g.w, g.mtp
 	h, hc := cfg.HiddenSize, cfg.HCMult
 	eps := float32(cfg.RMSNormEps)
-	// x_i = e_proj(enorm(embed(next))) + h_proj(hnorm(stream_i)).
-	if err := g.kk.Embedding(c, g.s, w.x, g.embed, w.ids, n, h, cfg.VocabSize); err != nil {
+	// x_i = e_proj(enorm(embed(next))) + h_proj(hnorm(stream_i)). Under TP each rank looks
+	// up its shard's rows (the ids, drafted on the device too, rewritten there into
+	// w.idsRep, which the head does not read) and the rows are summed over the ranks.
+	ids := w.ids
+	if v := g.vocab(); v.Split() {
+		if err := g.runner(c)(kernels.ShardIDs(w.idsRep, w.ids, n, v.Start, v.Lo, v.Hi)); err != nil {
+			return err
+		}
+		ids = w.idsRep
+	}
+	if err := g.kk.Embedding(c, g.s, w.x, g.embed, ids, n, h, g.vocab().Rows); err != nil {
+		return err
+	}
+	if err := g.sumTP(c, w.x, n, "mtp embedding"); err != nil {
 		return err
 	}
 	if err := g.kk.RMSNorm(c, g.s, w.x, w.x, t.eNorm, n, h, eps); err != nil {

@@ -87,7 +87,7 @@ func OpenGPUSpeculative(dir string, cacheBytes int64, opts gpurunner.Options, dr
 }
 
 // OpenGPULayout is OpenGPUSpeculative (drafts 0: OpenGPU) split over l.Size() ranks of
-// layout l (GPUGroup: EP or TP, the gather dispatch; drafts under EP only): rank r on GPU
+// layout l (GPUGroup: EP, TP or both equal, the gather dispatch, drafts in each): rank r on GPU
 // opts.Ordinal+r where the driver sees that many, else every rank on opts.Ordinal. Each
 // rank reads only its part of a checkpoint (loadGPURankWeights: its experts, its TP
 // slices); seeded random weights are built once and cut. Every GEMM weight is fp32 (a

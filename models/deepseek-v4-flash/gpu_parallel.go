@@ -29,7 +29,6 @@ type gpuPar struct {
 	// maxRows, vocab.Rows]).
 	vocab           gpurunner.VocabShard
 	shard, gathered cudart.DevicePtr
-	headRows        int // the rows of the step's head (run's, padding included)
 }
 
 // newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout), nil
@@ -133,9 +132,10 @@ func (g *gpuModel) sumTP(c *cudart.Ctx, x cudart.DevicePtr, n int, what string) 
 	return nil
 }
 
-// vocabHead computes the logits of nr rows of w.y with lm_head on g.s: into w.logits
-// ([nr, vocab]) on one device; under TP the rank's shard into par.shard, all-gathered
-// into par.gathered (downloadLogits puts them in order).
+// vocabHead computes the logits of nr rows of w.y with lm_head on g.s into w.logits ([nr,
+// vocab]): on one device the product; under TP the rank's shard into par.shard, the
+// ranks' shards all-gathered into par.gathered and put in vocabulary order in w.logits on
+// the device (so the drafts' argmax reads them there, in a graph too).
 func (g *gpuModel) vocabHead(c *cudart.Ctx, nr int) error {
 	w, h := &g.w, g.m.Config.HiddenSize
 	p := g.par
@@ -148,26 +148,14 @@ func (g *gpuModel) vocabHead(c *cudart.Ctx, nr int) error {
 	if err := p.comm.AllGather(p.shard, p.gathered, nr*p.vocab.Rows, cudart.F32, g.s); err != nil {
 		return fmt.Errorf("gpu: gather the ranks' logits: %w", err)
 	}
-	return nil
+	return p.vocab.UnshardOnDevice(c, g.s, w.logits, p.gathered, nr, nr)
 }
 
-// downloadLogits returns the logits of a head of rows rows (vocabHead's): w.logits', or
-// under TP each rank's shard of each row from par.gathered with the padding dropped. The
+// downloadLogits returns the logits of a head of rows rows (vocabHead's, in w.logits). The
 // device must have finished the head.
 func (g *gpuModel) downloadLogits(c *cudart.Ctx, rows int) ([]float32, error) {
-	V := g.m.Config.VocabSize
-	logits := make([]float32, rows*V)
-	p := g.par
-	if p == nil || p.tp <= 1 {
-		return logits, cudart.Download(c, logits, g.w.logits)
-	}
-	R := p.headRows
-	all := make([]float32, p.tp*R*p.vocab.Rows)
-	if err := cudart.Download(c, all, p.gathered); err != nil {
-		return nil, err
-	}
-	p.vocab.Unshard(logits, all, R, rows)
-	return logits, nil
+	logits := make([]float32, rows*g.m.Config.VocabSize)
+	return logits, cudart.Download(c, logits, g.w.logits)
 }
 
 // held returns the routed experts the MoE's device holds: all, but a rank's range under
@@ -242,13 +230,15 @@ func (g *gpuMoE) sumOverRanks(s *cudart.Stream, out cudart.DevicePtr, n int) err
 // serves the engine, checks each plan and broadcasts it, the others execute its CacheOps
 // on their pools and run it. Rank 0 samples, on the host. Under EP with drafts every rank
 // runs the MTP head (its block's experts split like a layer's) on each step's result, so
-// the drafts agree.
+// the drafts agree. Under TP the MTP head's block is split like a layer, its input tokens
+// looked up in each rank's vocabulary shard (kernels.ShardIDs on the device: drafted
+// tokens stay there) and summed over the ranks, and the head's shards are put in
+// vocabulary order on the device, where the drafts' argmax reads them.
 //
 // TP × EP (equal) splits the same ranks both ways: the routed experts whole by EP, the
 // attention, the vocabulary and the shared expert by TP.
 //
-// Not done yet: drafts under TP (the drafts' argmax reads the whole logits on the
-// device), the all-to-all dispatch, a checkpoint's FP8 and MXFP4 tensors kept packed
+// Not done yet: the all-to-all dispatch, a checkpoint's FP8 and MXFP4 tensors kept packed
 // (OpenGPULayout loads them dequantized to fp32), sampling on the device, ranks as
 // processes.
 type GPUGroup struct {
@@ -259,7 +249,7 @@ type GPUGroup struct {
 
 // NewGPULayout splits the model of config c over len(devs) ranks in layout l (EP, TP or
 // both equal; its Size len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes in
-// float32; with drafts > 0, EP only, NewGPUMTPRunner's) on devs[r] with the weights
+// float32; with drafts > 0 NewGPUMTPRunner's) on devs[r] with the weights
 // rankWeights returns for it (gpuRankWeights' or loadGPURankWeights': the CPU layout's
 // part, but for the vocabulary rows under TP, gpurunner.VocabParallel's shard) and a
 // device cache pool of cacheBytes (0 = 256 MiB) of its own, all of one geometry so that

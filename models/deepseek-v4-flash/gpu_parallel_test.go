@@ -1,7 +1,9 @@
 package deepseekv4flash
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -145,10 +147,13 @@ func TestEmulatedEPEqualsOne(t *testing.T) {
 
 // TestEmulatedOpenGPULayout opens a tiny config directory (seeded random weights)
 // through OpenGPULayout, EP=2 with 2 MTP drafts a step (the MTP block's experts split like
-// a layer's, every rank drafting on each step's result) and TP=2, and checks that the engine's greedy tokens equal OpenGPU's on
-// one GPU, for two prompts in one batch and a third that resumes from the second's cached
-// prefix (a prefix hit through each rank's own device pool); drafts under TP and TP and
-// EP of different sizes are refused by name.
+// a layer's, every rank drafting on each step's result), TP=2 without and with 2 drafts (the
+// MTP block's heads split like a layer's, its input tokens looked up in each rank's
+// vocabulary shard on the device, the drafts' argmax on the logits put in order on the
+// device) and TP=2 × EP=2 with drafts, and checks that the engine's greedy tokens equal
+// OpenGPU's on one GPU, for two prompts in one batch and a third that resumes from the
+// second's cached prefix (a prefix hit through each rank's own device pool); TP and EP of
+// different sizes are refused by name.
 func TestEmulatedOpenGPULayout(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -169,10 +174,25 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 	e := s.StartWith(t, one, pool, cfg)
 	want := append(e.GenerateAll(t, prompts, sp), e.Generate(t, hit, sp))
 	e.Stop(t)
+	// One GPU drafting 2 tokens a step: the drafts every layout's ranks must propose.
+	spec, pool, err := OpenGPUSpeculative(dir, 4<<20, opts, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &draftRecorder{Runner: spec, drafts: map[draftKey]int32{}}
+	e = s.StartWith(t, ref, pool, cfg)
+	e.GenerateAll(t, prompts, sp)
+	e.Generate(t, hit, sp)
+	e.Stop(t)
+	spec.(*GPURunner).Close()
+	wantDrafts := ref.drafts
+	if distinct := slices.Compact(slices.Sorted(maps.Values(wantDrafts))); len(distinct) < 2 {
+		t.Fatalf("one GPU's drafts %v: fewer than two distinct tokens, the comparison shows nothing", wantDrafts)
+	}
 	for _, c := range []struct {
 		l      Layout
 		drafts int
-	}{{Layout{EP: 2}, 2}, {Layout{TP: 2}, 0}} {
+	}{{Layout{EP: 2}, 2}, {Layout{TP: 2}, 0}, {Layout{TP: 2}, 2}, {Layout{TP: 2, EP: 2}, 2}} {
 		g, pool, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts)
 		if err != nil {
 			t.Fatal(err)
@@ -180,7 +200,8 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 		if d := g.Info().MaxDrafts; d != c.drafts {
 			t.Errorf("%+v: the runner proposes %d drafts, want %d", c.l, d, c.drafts)
 		}
-		e := s.StartWith(t, g, pool, cfg)
+		rec := &draftRecorder{Runner: g, drafts: map[draftKey]int32{}}
+		e := s.StartWith(t, rec, pool, cfg)
 		got := e.GenerateAll(t, prompts, sp)
 		before := e.Counters().PrefixHits
 		got = append(got, e.Generate(t, hit, sp))
@@ -196,16 +217,50 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 				t.Errorf("%+v with %d drafts, prompt %d: tokens %v, one GPU %v", c.l, c.drafts, i, got[i].Tokens, want[i].Tokens)
 			}
 		}
+		if c.drafts > 0 && !maps.Equal(rec.drafts, wantDrafts) {
+			t.Errorf("%+v: drafts %v, one GPU's %v", c.l, rec.drafts, wantDrafts)
+		}
 	}
 	for _, c := range []struct {
 		l      Layout
 		drafts int
 		want   string
-	}{{Layout{TP: 2}, 2, "drafts under tensor parallelism"}, {Layout{TP: 2, EP: 4}, 0, "must be equal"}} {
+	}{{Layout{TP: 2, EP: 4}, 0, "must be equal"}} {
 		if _, _, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v with %d drafts on the GPU: %v, want a refusal naming %q", c.l, c.drafts, err, c.want)
 		}
 	}
+}
+
+// draftRecorder records the drafts a runner proposes, keyed as draftLog keys them (the
+// prompt's length, the length drafted after, the index): the same for any schedule.
+type draftRecorder struct {
+	engine.Runner
+	drafts map[draftKey]int32
+}
+
+func (d *draftRecorder) Execute(ctx context.Context, p *engine.BatchPlan) (engine.StepResult, error) {
+	res, err := d.Runner.Execute(ctx, p)
+	if err != nil || len(res.NumNextDrafts) == 0 {
+		return res, err
+	}
+	at := 0
+	for i := range p.ReqIDs {
+		k := int(res.NumNextDrafts[i])
+		var drafted, accepted int32
+		if p.NumDrafts != nil {
+			drafted = p.NumDrafts[i]
+		}
+		if res.Accepted != nil {
+			accepted = res.Accepted[i]
+		}
+		end := int(p.Computed[i]+p.Scheduled[i]-drafted+accepted) - 1
+		for j, t := range res.Drafts[at : at+k] {
+			d.drafts[draftKey{int(p.PromptLen[i]), end, j}] = t
+		}
+		at += k
+	}
+	return res, nil
 }
 
 // TestEmulatedTPEqualsOne is TestEmulatedEPEqualsOne for tensor parallelism on the GPU:

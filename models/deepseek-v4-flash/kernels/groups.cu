@@ -9,6 +9,10 @@
 //
 // deepseekv4flash_swap01_f32: dst[j, i, k] = src[i, j, k] for src [a, b, c]; one thread per
 // value.
+//
+// deepseekv4flash_shard_ids: out[i] = in[i] - start where lo <= in[i] < hi, else -1: token
+// ids as a tensor-parallel rank's embedding shard looks them up (the MTP head's input
+// tokens, drafted on the device); one thread per id.
 #include "prelude.cuh"
 
 RESIN_KERNEL void deepseekv4flash_swap01_f32(float* __restrict__ dst, const float* __restrict__ src,
@@ -38,5 +42,13 @@ RESIN_KERNEL void deepseekv4flash_add_rows_f32(float* __restrict__ x, const floa
     int k = (int)(t % dim);
     long long row = t / dim / rep;
     x[t] += y[row * dim + k];
+  }
+}
+
+RESIN_KERNEL void deepseekv4flash_shard_ids(int* __restrict__ out, const int* __restrict__ in, int n, int start,
+                                            int lo, int hi) {
+  for (long long t = resin_global_tid(); t < n; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X) {
+    int id = in[t];
+    out[t] = (id >= lo && id < hi) ? id - start : -1;
   }
 }

@@ -20,6 +20,7 @@ const (
 	Swap01Name           = "deepseekv4flash_swap01_f32"
 	CastBF16Name         = "deepseekv4flash_cast_bf16"
 	AddRowsName          = "deepseekv4flash_add_rows_f32"
+	ShardIDsName         = "deepseekv4flash_shard_ids"
 	RopeInterleavedName  = "resin_rope_interleaved"
 	coreRotary           = "rotary.cu"
 	MaxDim               = 512 // compress.cu DSV4_MAX_DIM, attention.cu DSV4_ATTN_MAX_DIM
@@ -38,7 +39,7 @@ var Entries = map[string][]string{
 	"compress.cu":    {CompressName, CompressStateName},
 	"indexer.cu":     {IndexerTopKName},
 	"attention.cu":   {SparseAttentionName, WindowStoreName},
-	"groups.cu":      {Swap01Name, CastBF16Name, AddRowsName},
+	"groups.cu":      {Swap01Name, CastBF16Name, AddRowsName, ShardIDsName},
 }
 
 // CastBF16 is the launch that writes dst [n] bf16 = src [n] float32 rounded to nearest
@@ -63,6 +64,22 @@ func AddRows(x, y cudart.DevicePtr, rows, rep, dim int) (Launch, error) {
 	l := Launch{File: "groups.cu", Entry: AddRowsName}
 	l.Grid, l.Block = elementwise(rows * rep * dim)
 	l.ptr(x).ptr(y).i32(rows).i32(rep).i32(dim)
+	return l, nil
+}
+
+// ShardIDs is the launch that writes out [n] = in [n] - start for the ids in [lo, hi) and
+// -1 (the embedding's zero row) for the others, in place when out = in: token ids as a
+// tensor-parallel rank's embedding shard (gpurunner.VocabShard: Start, Lo, Hi) holds them.
+func ShardIDs(out, in cudart.DevicePtr, n, start, lo, hi int) (Launch, error) {
+	if err := positive("ShardIDs", n); err != nil {
+		return Launch{}, err
+	}
+	if start < 0 || lo < start || hi < lo {
+		return Launch{}, fmt.Errorf("kernels.ShardIDs: shard start %d, ids [%d, %d)", start, lo, hi)
+	}
+	l := Launch{File: "groups.cu", Entry: ShardIDsName}
+	l.Grid, l.Block = elementwise(n)
+	l.ptr(out).ptr(in).i32(n).i32(start).i32(lo).i32(hi)
 	return l, nil
 }
 
