@@ -192,8 +192,11 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 	for _, c := range []struct {
 		l      Layout
 		drafts int
-	}{{Layout{EP: 2}, 2}, {Layout{TP: 2}, 0}, {Layout{TP: 2}, 2}, {Layout{TP: 2, EP: 2}, 2}} {
-		g, pool, err := OpenGPULayout(dir, 4<<20, opts, c.l, c.drafts)
+		graphs bool // decode steps and the drafting chain replayed as CUDA graphs
+	}{{Layout{EP: 2}, 2, false}, {Layout{TP: 2}, 0, false}, {Layout{TP: 2}, 2, false}, {Layout{TP: 2, EP: 2}, 2, false}, {Layout{TP: 2}, 2, true}} {
+		o := opts
+		o.Eager = !c.graphs
+		g, pool, err := OpenGPULayout(dir, 4<<20, o, c.l, c.drafts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,6 +212,7 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 			t.Errorf("%+v with %d drafts: the prompt sharing 18 tokens got no prefix hit", c.l, c.drafts)
 		}
 		e.Stop(t)
+		chains := g.ranks[0].g.Stats.DraftGraph
 		if err := g.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +222,10 @@ func TestEmulatedOpenGPULayout(t *testing.T) {
 			}
 		}
 		if c.drafts > 0 && !maps.Equal(rec.drafts, wantDrafts) {
-			t.Errorf("%+v: drafts %v, one GPU's %v", c.l, rec.drafts, wantDrafts)
+			t.Errorf("%+v (graphs %v): drafts %v, one GPU's %v", c.l, c.graphs, rec.drafts, wantDrafts)
+		}
+		if c.graphs && chains == 0 {
+			t.Errorf("%+v with graphs: no drafting chain replayed a graph", c.l)
 		}
 	}
 	for _, c := range []struct {
