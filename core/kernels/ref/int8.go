@@ -229,10 +229,14 @@ func (t *int8Task) quantizeRows(x []float32, lo, hi int) {
 		g0 := i - r
 		row := x[i*k : (i+1)*k]
 		b0 := 0
-		if full := k / q8Block; hasInt8VNNI && full > 0 && finite(row) {
+		if full := k / q8Block; (hasInt8VNNI || hasInt8AVX2) && full > 0 && finite(row) {
 			at := g0*nb + r
 			_, _, _ = t.xq[(at+(full-1)*rs)*q8Block+q8Block-1], t.xs[at+(full-1)*rs], t.xc[at+(full-1)*rs]
-			q8QuantAVX512(&t.xq[at*q8Block], &t.xs[at], &t.xc[at], &row[0], full, rs)
+			if hasInt8VNNI {
+				q8QuantAVX512(&t.xq[at*q8Block], &t.xs[at], &t.xc[at], &row[0], full, rs)
+			} else {
+				q8QuantAVX2(&t.xq[at*q8Block], &t.xs[at], &t.xc[at], &row[0], full, rs)
+			}
 			b0 = full
 		}
 		for b := b0; b < nb; b++ {

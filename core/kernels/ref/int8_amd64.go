@@ -20,6 +20,9 @@ func q8Dot4VNNI(out *float32, ldo int, xq *int8, xs *float32, xc *int32, w *uint
 func q8QuantAVX512(xq *int8, xs *float32, xc *int32, x *float32, nb int, step int)
 
 //go:noescape
+func q8QuantAVX2(xq *int8, xs *float32, xc *int32, x *float32, nb int, step int)
+
+//go:noescape
 func q8DotAVX2(out *float32, xq *int8, xs *float32, xstep int, w *uint8, ws *float32, nb int)
 
 //go:noescape

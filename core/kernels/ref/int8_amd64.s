@@ -244,6 +244,99 @@ qzero:
 	VZEROUPPER
 	RET
 
+DATA q8perm<>+0(SB)/4, $0
+DATA q8perm<>+4(SB)/4, $4
+DATA q8perm<>+8(SB)/4, $1
+DATA q8perm<>+12(SB)/4, $5
+DATA q8perm<>+16(SB)/4, $2
+DATA q8perm<>+20(SB)/4, $6
+DATA q8perm<>+24(SB)/4, $3
+DATA q8perm<>+28(SB)/4, $7
+GLOBL q8perm<>(SB), RODATA|NOPTR, $32
+
+// func q8QuantAVX2(xq *int8, xs *float32, xc *int32, x *float32, nb int, step int)
+//
+// q8QuantAVX512 in 8-lane registers (AVX2, no VPMOVDB): each block's 32 values as four
+// registers, their int32s packed to int8 with saturation (VPACKSSDW, VPACKSSWB: the values
+// are within ±127, so nothing saturates) and put back in order by VPERMD (the packs
+// interleave the 128-bit lanes: dwords 0 4 1 5 2 6 3 7 hold values 0-3, 4-7, ...).
+TEXT ·q8QuantAVX2(SB), NOSPLIT, $0-48
+	MOVQ xq+0(FP), DI
+	MOVQ xs+8(FP), R8
+	MOVQ xc+16(FP), R9
+	MOVQ x+24(FP), SI
+	MOVQ nb+32(FP), CX
+	MOVQ step+40(FP), DX
+	MOVQ DX, BX
+	SHLQ $5, BX // xq bytes a block
+	SHLQ $2, DX // xs, xc bytes a block
+	VBROADCASTSS q8absmask<>(SB), Y15
+	VMOVDQU q8perm<>(SB), Y14
+	VMOVSS q8f127<>(SB), X13
+	VMOVSS q8f1<>(SB), X12
+	VXORPS X11, X11, X11
+
+q2block:
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VANDPS  Y15, Y0, Y4
+	VANDPS  Y15, Y1, Y5
+	VANDPS  Y15, Y2, Y6
+	VANDPS  Y15, Y3, Y7
+	VMAXPS  Y5, Y4, Y4
+	VMAXPS  Y7, Y6, Y6
+	VMAXPS  Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X5
+	VMAXPS  X5, X4, X4
+	VPERMILPS $0x4E, X4, X5
+	VMAXPS  X5, X4, X4
+	VPERMILPS $0xB1, X4, X5
+	VMAXPS  X5, X4, X4 // every lane: max|x|
+	VDIVSS  X13, X4, X6 // d
+	VMOVSS  X6, (R8)
+	VXORPS  X7, X7, X7
+	VUCOMISS X11, X6
+	JEQ     q2zero
+	VDIVSS  X6, X12, X7 // 1/d
+
+q2zero:
+	VBROADCASTSS X7, Y7
+	VMULPS  Y7, Y0, Y0
+	VMULPS  Y7, Y1, Y1
+	VMULPS  Y7, Y2, Y2
+	VMULPS  Y7, Y3, Y3
+	VCVTPS2DQ Y0, Y0
+	VCVTPS2DQ Y1, Y1
+	VCVTPS2DQ Y2, Y2
+	VCVTPS2DQ Y3, Y3
+	VPACKSSDW Y1, Y0, Y4
+	VPACKSSDW Y3, Y2, Y5
+	VPACKSSWB Y5, Y4, Y6
+	VPERMD  Y6, Y14, Y6
+	VMOVDQU Y6, (DI)
+	VPADDD  Y1, Y0, Y0
+	VPADDD  Y3, Y2, Y2
+	VPADDD  Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD  X1, X0, X0
+	VPSHUFD $0x4E, X0, X1
+	VPADDD  X1, X0, X0
+	VPSHUFD $0xB1, X0, X1
+	VPADDD  X1, X0, X0
+	VMOVD   X0, AX
+	SHLL    $7, AX
+	MOVL    AX, (R9)
+	ADDQ    $128, SI
+	ADDQ    BX, DI
+	ADDQ    DX, R8
+	ADDQ    DX, R9
+	DECQ    CX
+	JNZ     q2block
+	VZEROUPPER
+	RET
+
 DATA q8b80<>+0(SB)/4, $0x80808080
 GLOBL q8b80<>(SB), RODATA|NOPTR, $4
 DATA q8w1<>+0(SB)/4, $0x00010001

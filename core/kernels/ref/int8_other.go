@@ -20,6 +20,10 @@ func q8QuantAVX512(xq *int8, xs *float32, xc *int32, x *float32, nb int, step in
 	panic("ref: q8QuantAVX512 without a vector form")
 }
 
+func q8QuantAVX2(xq *int8, xs *float32, xc *int32, x *float32, nb int, step int) {
+	panic("ref: q8QuantAVX2 without a vector form")
+}
+
 func q8DotAVX2(out *float32, xq *int8, xs *float32, xstep int, w *uint8, ws *float32, nb int) {
 	panic("ref: q8DotAVX2 without a vector form")
 }

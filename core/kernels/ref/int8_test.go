@@ -190,12 +190,13 @@ func TestInt8Errors(t *testing.T) {
 	}
 }
 
-// TestQuantizeActivationsVector: the vector quantiser of activation rows gives quantBlock's
-// values, scales and sums to the bit (rows of 4 and 1, k with a partial last block, a
-// block of zeros, a row with a NaN left to the loops).
+// TestQuantizeActivationsVector: each vector quantiser of activation rows this CPU has
+// (AVX-512, AVX2) gives quantBlock's values, scales and sums to the bit (rows of 4 and 1,
+// k with a partial last block, a block of zeros, a row with a NaN left to the loops,
+// values that round to a tie).
 func TestQuantizeActivationsVector(t *testing.T) {
-	if !hasInt8VNNI {
-		t.Skip("no AVX-512 VNNI: the loops are the only quantiser")
+	if !hasInt8VNNI && !hasInt8AVX2 {
+		t.Skip("no AVX2 or AVX-512 VNNI: the loops are the only quantiser")
 	}
 	r := rand.New(rand.NewPCG(87, 88))
 	for _, k := range []int{32, 96, 100, 1024} {
@@ -208,18 +209,32 @@ func TestQuantizeActivationsVector(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var vec, loops int8Task
-		vec.w, vec.m, loops.w, loops.m = w, m, w, m
-		vec.quantize(x)
-		withoutInt8VNNI(func() { loops.quantize(x) })
-		for i := range vec.xq {
-			if vec.xq[i] != loops.xq[i] {
-				t.Fatalf("k=%d: xq[%d] = %d vector, %d loops", k, i, vec.xq[i], loops.xq[i])
-			}
+		for i := range 32 { // row 3's first block: 127·(i-16)/16 and its max 127: ties at ±0.5
+			x[3*k+i] = float32(i-16) / 16 * 127 / 127 * 8.5
 		}
-		for i := range vec.xs {
-			if math.Float32bits(vec.xs[i]) != math.Float32bits(loops.xs[i]) || vec.xc[i] != loops.xc[i] {
-				t.Fatalf("k=%d: block %d: scale %v sum %d vector, %v %d loops", k, i, vec.xs[i], vec.xc[i], loops.xs[i], loops.xc[i])
+		var loops int8Task
+		loops.w, loops.m = w, m
+		withoutInt8VNNI(func() { loops.quantize(x) })
+		forms := map[string]func(*int8Task){}
+		if hasInt8VNNI {
+			forms["AVX-512"] = func(v *int8Task) { v.quantize(x) }
+		}
+		if hasInt8AVX2 {
+			forms["AVX2"] = func(v *int8Task) { withoutInt8VNNI(func() { v.quantize(x) }, true) }
+		}
+		for name, quantize := range forms {
+			var vec int8Task
+			vec.w, vec.m = w, m
+			quantize(&vec)
+			for i := range vec.xq {
+				if vec.xq[i] != loops.xq[i] {
+					t.Fatalf("%s, k=%d: xq[%d] = %d vector, %d loops", name, k, i, vec.xq[i], loops.xq[i])
+				}
+			}
+			for i := range vec.xs {
+				if math.Float32bits(vec.xs[i]) != math.Float32bits(loops.xs[i]) || vec.xc[i] != loops.xc[i] {
+					t.Fatalf("%s, k=%d: block %d: scale %v sum %d vector, %v %d loops", name, k, i, vec.xs[i], vec.xc[i], loops.xs[i], loops.xc[i])
+				}
 			}
 		}
 	}
