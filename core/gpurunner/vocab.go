@@ -65,6 +65,9 @@ func (v VocabShard) Unshard(logits, all []float32, headRows, rows int) {
 	V := v.Vocab
 	for q := range v.TP {
 		start, _, lo, hi := VocabParallel(V, q, v.TP)
+		if hi == lo { // a shard of padding only
+			continue
+		}
 		for r := range rows {
 			src := all[(q*headRows+r)*v.Rows:]
 			copy(logits[r*V+lo:r*V+hi], src[lo-start:hi-start])

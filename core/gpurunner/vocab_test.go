@@ -40,6 +40,15 @@ func TestVocabShard(t *testing.T) {
 			t.Fatalf("logit of token %d is %v, want %d", tok, l, tok)
 		}
 	}
+	// One token over 4 ranks: ranks 1-3 hold padding only (their ids start past the
+	// vocabulary), which Unshard skips.
+	tiny := make([]float32, 4*16)
+	tiny[0] = 7
+	one := make([]float32, 1)
+	NewVocabShard(1, 2, 4).Unshard(one, tiny, 1, 1)
+	if one[0] != 7 {
+		t.Errorf("a 1-token vocabulary over 4 ranks unshards to %v, want 7", one[0])
+	}
 	whole := NewVocabShard(vocab, 0, 1)
 	got := slices.Clone(ids)
 	whole.LocalIDs(got)

@@ -96,7 +96,8 @@ func QuantizeInt8(w []float32, n, k int) (*Int8Matrix, error) {
 
 // quantBlock sets q to the block's values over their scale d = max|v|/127, rounded to
 // nearest even (llama.cpp rounds ties away from zero), and returns d; false when a value
-// is not finite.
+// is not finite. A block whose d is below the smallest normal float32 (max|v| < ~1.5e-36,
+// 1/d would overflow) quantises to zeros, as a block of zeros does.
 func quantBlock(q *[q8Block]int8, v *[q8Block]float32) (float32, bool) {
 	var amax float32
 	for _, x := range v {
@@ -107,7 +108,7 @@ func quantBlock(q *[q8Block]int8, v *[q8Block]float32) (float32, bool) {
 	}
 	d := amax / 127
 	var id float32
-	if d != 0 {
+	if d >= minNormal32 {
 		id = 1 / d
 	}
 	for i, x := range v {
@@ -115,6 +116,9 @@ func quantBlock(q *[q8Block]int8, v *[q8Block]float32) (float32, bool) {
 	}
 	return d, true
 }
+
+// minNormal32 is the smallest normal float32, 2^-126: 1/d is finite for d at or above it.
+const minNormal32 = 0x1p-126
 
 func abs32(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
 

@@ -173,11 +173,13 @@ DATA q8f127<>+0(SB)/4, $127.0
 GLOBL q8f127<>(SB), RODATA|NOPTR, $4
 DATA q8f1<>+0(SB)/4, $1.0
 GLOBL q8f1<>(SB), RODATA|NOPTR, $4
+DATA q8minnormal<>+0(SB)/4, $0x00800000
+GLOBL q8minnormal<>(SB), RODATA|NOPTR, $4
 
 // func q8QuantAVX512(xq *int8, xs *float32, xc *int32, x *float32, nb int, step int)
 //
 // Quantises nb blocks of 32 floats of x as quantBlock does (int8.go): d = max|x|/127,
-// q = x·(1/d) rounded to nearest even (0 for a block of zeros), block b's q at
+// q = x·(1/d) rounded to nearest even (0 where d is below the smallest normal float32), block b's q at
 // xq[b*step*32], d at xs[b*step], 128·Σq at xc[b*step]. The values must be finite.
 TEXT ·q8QuantAVX512(SB), NOSPLIT, $0-48
 	MOVQ xq+0(FP), DI
@@ -192,7 +194,7 @@ TEXT ·q8QuantAVX512(SB), NOSPLIT, $0-48
 	VBROADCASTSS q8absmask<>(SB), Z31
 	VMOVSS q8f127<>(SB), X30
 	VMOVSS q8f1<>(SB), X29
-	VXORPS X28, X28, X28
+	VMOVSS q8minnormal<>(SB), X28
 
 qblock:
 	VMOVUPS (SI), Z0
@@ -212,7 +214,7 @@ qblock:
 	VMOVSS  X4, (R8)
 	VXORPS  X5, X5, X5
 	VUCOMISS X28, X4
-	JEQ     qzero
+	JCS     qzero // d below the smallest normal (0 included): 1/d would overflow; zeros
 	VDIVSS  X4, X29, X5 // 1/d
 
 qzero:
@@ -274,7 +276,7 @@ TEXT ·q8QuantAVX2(SB), NOSPLIT, $0-48
 	VMOVDQU q8perm<>(SB), Y14
 	VMOVSS q8f127<>(SB), X13
 	VMOVSS q8f1<>(SB), X12
-	VXORPS X11, X11, X11
+	VMOVSS q8minnormal<>(SB), X11
 
 q2block:
 	VMOVUPS (SI), Y0
@@ -298,7 +300,7 @@ q2block:
 	VMOVSS  X6, (R8)
 	VXORPS  X7, X7, X7
 	VUCOMISS X11, X6
-	JEQ     q2zero
+	JCS     q2zero // d below the smallest normal (0 included): zeros, as quantBlock
 	VDIVSS  X6, X12, X7 // 1/d
 
 q2zero:

@@ -209,6 +209,9 @@ func TestQuantizeActivationsVector(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		for i := range min(32, k-32) { // row 4's second block: d subnormal, 1/d would overflow: zeros
+			x[4*k+32+i] = float32(i%5) * 1e-38
+		}
 		for i := range 32 { // row 3's first block: 127·(i-16)/16 and its max 127: ties at ±0.5
 			x[3*k+i] = float32(i-16) / 16 * 127 / 127 * 8.5
 		}
