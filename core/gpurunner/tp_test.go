@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/resin-llm/resin/core/cpurunner"
-	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -87,34 +86,7 @@ func TestEmulatedTPOneDevice(t *testing.T) {
 // NCCL_MULTI_RANK_GPU_ENABLE=1 (scripts/gpu-check.sh's TP section sets it; without them
 // it skips, as the other NCCL tests do without NCCL).
 func TestGPUNCCLTPEqualsOne(t *testing.T) {
-	tpEqualsOne(t, gpuTPOrdinals(t), tpGPUTolerance)
-}
-
-// gpuTPOrdinals returns the GPUs of a real GPU's two TP ranks: 0 and 1 where there are
-// two, else 0 twice, which needs NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (the test
-// skips otherwise, and on the emulated device, which runs the TestEmulated* forms).
-func gpuTPOrdinals(t *testing.T) []int {
-	t.Helper()
-	if cudart.Emulated() {
-		t.Skip("the emulated device runs the TestEmulated* form of this test")
-	}
-	n, err := cudart.DeviceCount()
-	if err != nil || n == 0 {
-		t.Skipf("no GPU: %v", err)
-	}
-	v, err := cudart.NCCLVersion()
-	if err != nil {
-		t.Skipf("no NCCL: %v", err)
-	}
-	ordinals := []int{0, 1}
-	if n == 1 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") == "1" {
-		ordinals = []int{0, 0}
-		if v < 23000 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") != "1" {
-			t.Skipf("two ranks on one GPU need NCCL >= 2.30 (this is %d) with NCCL_MULTI_RANK_GPU_ENABLE=1", v)
-		}
-	}
-	t.Logf("NCCL %d, ranks on GPUs %v", v, ordinals)
-	return ordinals
+	tpEqualsOne(t, emutest.TwoRankGPUs(t), tpGPUTolerance)
 }
 
 func tpEqualsOne(t *testing.T, ordinals []int, tolerance float64) {

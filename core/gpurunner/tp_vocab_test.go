@@ -234,7 +234,7 @@ func TestEmulatedTPGraphsEqualEager(t *testing.T) {
 // for bit still: a graph replays the kernels and cuBLASLt algorithms the eager step
 // launched, and a sum of two ranks is the same in either order.
 func TestGPUNCCLTPGraphsEqualEager(t *testing.T) {
-	tpGraphsEqualEager(t, gpuTPOrdinals(t))
+	tpGraphsEqualEager(t, emutest.TwoRankGPUs(t))
 }
 
 func tpGraphsEqualEager(t *testing.T, ordinals []int) {

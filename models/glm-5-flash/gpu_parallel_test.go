@@ -256,25 +256,10 @@ const gpuNCCLTol = 1e-3
 // which needs NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (it skips otherwise, as
 // core/gpurunner's TestGPUNCCLTPEqualsOne does); logits within gpuNCCLTol.
 func TestGPUNCCLLayoutEqualsOne(t *testing.T) {
-	if os.Getenv("RESIN_GPU") == "" || cudart.Emulated() {
+	if os.Getenv("RESIN_GPU") == "" {
 		t.Skip("set RESIN_GPU=1 on a machine with a GPU and NCCL (the emulated device runs TestEmulatedTPEqualsOne and TestEmulatedEPEqualsOne)")
 	}
-	n, err := cudart.DeviceCount()
-	if err != nil || n == 0 {
-		t.Skipf("no GPU: %v", err)
-	}
-	v, err := cudart.NCCLVersion()
-	if err != nil {
-		t.Skipf("no NCCL: %v", err)
-	}
-	ordinals := []int{0, 1}
-	if n == 1 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") == "1" {
-		ordinals = []int{0, 0}
-		if v < 23000 || os.Getenv("NCCL_MULTI_RANK_GPU_ENABLE") != "1" {
-			t.Skipf("two ranks on one GPU need NCCL >= 2.30 (this is %d) with NCCL_MULTI_RANK_GPU_ENABLE=1", v)
-		}
-	}
-	t.Logf("NCCL %d, ranks on GPUs %v", v, ordinals)
+	ordinals := emutest.TwoRankGPUs(t)
 	layoutsEqualOne(t, []Layout{{EP: 2}, {TP: 2}, {TP: 2, EP: 2}}, ordinals, gpuNCCLTol)
 }
 
