@@ -12,6 +12,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/cudart/gputest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -86,7 +87,7 @@ func TestEmulatedTPOneDevice(t *testing.T) {
 // NCCL_MULTI_RANK_GPU_ENABLE=1 (scripts/gpu-check.sh's TP section sets it; without them
 // it skips, as the other NCCL tests do without NCCL).
 func TestGPUNCCLTPEqualsOne(t *testing.T) {
-	tpEqualsOne(t, emutest.TwoRankGPUs(t), tpGPUTolerance)
+	tpEqualsOne(t, gputest.TwoRankGPUs(t), tpGPUTolerance)
 }
 
 func tpEqualsOne(t *testing.T, ordinals []int, tolerance float64) {

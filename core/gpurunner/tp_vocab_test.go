@@ -10,6 +10,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/cudart/gputest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/runnertest"
@@ -234,7 +235,7 @@ func TestEmulatedTPGraphsEqualEager(t *testing.T) {
 // for bit still: a graph replays the kernels and cuBLASLt algorithms the eager step
 // launched, and a sum of two ranks is the same in either order.
 func TestGPUNCCLTPGraphsEqualEager(t *testing.T) {
-	tpGraphsEqualEager(t, emutest.TwoRankGPUs(t))
+	tpGraphsEqualEager(t, gputest.TwoRankGPUs(t))
 }
 
 func tpGraphsEqualEager(t *testing.T, ordinals []int) {

@@ -11,6 +11,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/cudart/gputest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -259,7 +260,7 @@ func TestGPUNCCLLayoutEqualsOne(t *testing.T) {
 	if os.Getenv("RESIN_GPU") == "" {
 		t.Skip("set RESIN_GPU=1 on a machine with a GPU and NCCL (the emulated device runs TestEmulatedTPEqualsOne and TestEmulatedEPEqualsOne)")
 	}
-	ordinals := emutest.TwoRankGPUs(t)
+	ordinals := gputest.TwoRankGPUs(t)
 	layoutsEqualOne(t, []Layout{{EP: 2}, {TP: 2}, {TP: 2, EP: 2}}, ordinals, gpuNCCLTol)
 }
 

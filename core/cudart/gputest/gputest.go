@@ -1,4 +1,7 @@
-package emutest
+// Package gputest holds what the real-GPU tests share: which GPUs a multi-rank test runs
+// on, and the skips where the machine cannot run it. (core/cudart/emutest is the emulated
+// device's; cudart's own tests import that, so this cannot live there.)
+package gputest
 
 import (
 	"os"
