@@ -3,7 +3,6 @@ package deepseekv4flash
 import (
 	"testing"
 
-	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
 )
 
@@ -16,27 +15,5 @@ import (
 func TestDPAttentionMTP(t *testing.T) {
 	v := tinyConfig(t).VocabSize
 	reqs := dpRequests(v)
-	dir := tinyDir(t)
-	dptest.CheckMTP(t, dptest.DraftModel{
-		Drafts:     2,
-		Dispatches: []int{int(DispatchGather), int(DispatchAllToAll)},
-		Open: func(d int, forced func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.DraftRank, error) {
-			opts := tinyOpts
-			opts.Drafts = 2
-			runners, pools, err := OpenDPRanks(dir, opts, Dispatch(d), data, 8<<20)
-			if err != nil {
-				return nil, err
-			}
-			ranks := make([]dptest.DraftRank, len(runners))
-			for r, run := range runners {
-				if forced != nil {
-					run.forceDraft = forced
-				}
-				e := run.Model.par
-				ranks[r] = dptest.DraftRank{Forward: run.DPForward, Draft: run.DPDraft, Pool: pools[r], Info: run.Info(),
-					Groups: len(run.CacheGroups()), Split: e.expHi-e.expLo < run.Model.Config.NRoutedExperts}
-			}
-			return ranks, nil
-		},
-	}, v, reqs, dpWant(t, reqs))
+	dptest.CheckMTP(t, dpInProcess(t), v, reqs, dpWant(t, reqs))
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 )
 
 // Collect returns s's tokens, failing t on a stream error or after 2 minutes.
@@ -75,4 +76,49 @@ func Within(t testing.TB, d time.Duration, what string, f func()) {
 	case <-time.After(d):
 		t.Fatalf("%s did not return within %v", what, d)
 	}
+}
+
+// Requests are the DP tests' requests over a vocabulary of vocab tokens: greedy, seeded
+// and greedy again, prompts of uneven lengths (9, 6 and 13 tokens). CheckProcesses and
+// CheckMatchesSingleEngine route the second, "seeded", to the rank without work.
+func Requests(vocab int) []engine.Request {
+	prompt := func(n, seed int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32((seed*31 + i*17) % vocab)
+		}
+		return p
+	}
+	return []engine.Request{
+		{ID: "greedy", Prompt: prompt(9, 1), Sampling: engine.SamplingParams{MaxTokens: 10, IgnoreEOS: true}},
+		{ID: "seeded", Prompt: prompt(6, 2), Sampling: engine.SamplingParams{MaxTokens: 7, Temperature: 0.9, Seed: 11, HasSeed: true, IgnoreEOS: true}},
+		{ID: "greedy2", Prompt: prompt(13, 3), Sampling: engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}},
+	}
+}
+
+// Want is what one engine on r and pool gives each of reqs, run one after another: the
+// tokens every DP layout must give.
+func Want(t testing.TB, r engine.Runner, pool *kvslab.Pool, reqs []engine.Request) map[string][]int32 {
+	t.Helper()
+	e, err := engine.New(r, engine.Config{Pool: pool, MaxBatchTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() {
+		e.Close()
+		cancel()
+		<-done
+	}()
+	want := map[string][]int32{}
+	for _, q := range reqs {
+		s, err := e.Submit(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[q.ID] = Collect(t, s)
+	}
+	return want
 }

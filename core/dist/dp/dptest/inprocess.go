@@ -1,0 +1,201 @@
+package dptest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kernels/ref"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// InProcessRank is one dp rank of a MoE model opened in this process, drafting or not.
+type InProcessRank struct {
+	Forward dp.Forward // the model's DPForward
+	Draft   dp.Draft   // the model's DPDraft; nil without drafts
+	Pool    *kvslab.Pool
+	Info    engine.RunnerInfo
+	Groups  int // the runner's cache groups
+	// Split reports whether the rank holds fewer than all the routed experts.
+	Split bool
+}
+
+// InProcessModel is what a model gives CheckMatchesSingleEngine and CheckMTP.
+type InProcessModel struct {
+	// Dispatches are the model's exchanges (gather, then all-to-all).
+	Dispatches []int
+	// Open opens the model's len(data) dp ranks, each drafting drafts tokens a step (0:
+	// none) with exchange dispatch over data; forced, when not nil, chooses the drafts of
+	// a greedy request (the model's test hook) instead of the MTP head.
+	Open func(dispatch, drafts int, forced func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]InProcessRank, error)
+}
+
+// inProcessRun is what one run of the DP group did.
+type inProcessRun struct {
+	on                 map[string]int // the rank each request ran on
+	idle, busy, padded [2]int32       // plans of no tokens, of some, padded to a graph bucket
+	idleDrafts         [2]int32       // draft steps of no sequence
+	proposed, accepted uint64
+}
+
+// runInProcess runs reqs through DP-attention 2 × EP 2 of m's ranks in goroutines
+// (exchange d, drafts a step, forced drafts or the head's, options o), with rank 0's
+// fourth step held until every request is in, so that reqs[0] runs alone for several
+// steps with rank 1 idle; every request must give want.
+func runInProcess(t *testing.T, m InProcessModel, d, drafts int, forced func(promptLen, pos int, logits []float32) int32, o dp.Options, reqs []engine.Request, want map[string][]int32) inProcessRun {
+	const size = 2
+	ctl, err := dist.NewInProcess(size, dist.Options{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := dist.NewInProcess(size, dist.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runners, err := m.Open(d, drafts, forced, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reached, release := make(chan struct{}), make(chan struct{})
+	var idle, busy, padded, idleDrafts [size]atomic.Int32
+	ranks := make([]dp.Rank, size)
+	for r, run := range runners {
+		if !run.Split {
+			t.Fatalf("rank %d holds every routed expert: not split", r)
+		}
+		forward := func(p *engine.BatchPlan, logits []float32) error {
+			if r == 0 && p.Step == 4 && p.NumTokens() > 0 {
+				close(reached)
+				<-release
+			}
+			if p.NumTokens() == 0 {
+				idle[r].Add(1)
+			} else {
+				busy[r].Add(1)
+			}
+			if p.DP.Pad > 0 {
+				padded[r].Add(1)
+			}
+			return run.Forward(p, logits)
+		}
+		ranks[r] = dp.Rank{Forward: forward, CacheGroups: run.Groups, Ctl: ctl[r], Data: data[r]}
+		if drafts > 0 {
+			ranks[r].MaxDrafts = drafts
+			ranks[r].Draft = func(p *engine.BatchPlan, res *engine.StepResult) error {
+				if p.NumSeqs() == 0 {
+					idleDrafts[r].Add(1)
+				}
+				return run.Draft(p, res)
+			}
+		}
+	}
+	g, err := dp.NewGroup(ranks, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engines := make([]*engine.Engine, size)
+	for r, run := range runners {
+		cr := cpurunner.New(run.Info, g.Runner(r))
+		if cr.Info().MaxDrafts != drafts {
+			t.Fatalf("rank %d's runner drafts %d, want %d", r, cr.Info().MaxDrafts, drafts)
+		}
+		if engines[r], err = engine.New(cr, engine.Config{Pool: run.Pool, MaxBatchTokens: 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := dp.NewCoordinator(g, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Start(context.Background())
+	var res inProcessRun
+	res.on = RunHeld(t, c, reqs, reached, release, want)
+	for _, e := range engines {
+		res.proposed += e.Counters().DraftsProposed
+		res.accepted += e.Counters().DraftsAccepted
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for r := range size {
+		res.idle[r], res.busy[r], res.padded[r], res.idleDrafts[r] = idle[r].Load(), busy[r].Load(), padded[r].Load(), idleDrafts[r].Load()
+	}
+	return res
+}
+
+// CheckMatchesSingleEngine checks DP-attention 2 × EP 2 (each rank attending its own
+// requests, the routed experts split over the two ranks), by each exchange and the
+// all-to-all one with graph-bucket padding too: reqs (at least two) give want, the tokens
+// one engine gives (greedy and seeded), reqs[1] routed to the rank without work, rank 1
+// idle for several steps while reqs[0] runs alone (its idle plans run the MoE exchanges
+// with rank 0's rows), and steps padded exactly when there are graph buckets.
+func CheckMatchesSingleEngine(t *testing.T, m InProcessModel, reqs []engine.Request, want map[string][]int32) {
+	gather, all := m.Dispatches[0], m.Dispatches[len(m.Dispatches)-1]
+	for _, tc := range []struct {
+		d int
+		o dp.Options
+	}{{gather, dp.Options{}}, {all, dp.Options{}}, {all, dp.Options{GraphBuckets: []int{1, 2, 4}}}} {
+		t.Run(fmt.Sprintf("dispatch%d-buckets%v", tc.d, tc.o.GraphBuckets), func(t *testing.T) {
+			res := runInProcess(t, m, tc.d, 0, nil, tc.o, reqs, want)
+			if res.on[reqs[0].ID] != 0 || res.on[reqs[1].ID] != 1 {
+				t.Errorf("routed to ranks %v: the second request should go to the rank without work", res.on)
+			}
+			if res.idle[1] < 3 {
+				t.Errorf("rank 1 ran %d idle plans while the first request ran alone, want at least 3", res.idle[1])
+			}
+			if res.busy[0] == 0 || res.busy[1] == 0 {
+				t.Errorf("busy steps: rank 0 %d, rank 1 %d", res.busy[0], res.busy[1])
+			}
+			if p := res.padded[0] + res.padded[1]; (len(tc.o.GraphBuckets) > 0) != (p > 0) {
+				t.Errorf("%d padded steps with graph buckets %v", p, tc.o.GraphBuckets)
+			}
+		})
+	}
+}
+
+// CheckMTP checks DP-attention 2 × EP 2 with every rank drafting 2 tokens per step from
+// its MTP head (the head's routed experts split over the ranks too), by either exchange,
+// with the head's own drafts and with drafts forced right but at every third position:
+// reqs give want, the tokens one engine gives without drafts (greedy and seeded), with
+// rank 1 idle for several steps while reqs[0] runs alone; its idle draft steps run the
+// MTP head's exchanges with rank 0's rows (without them the busy rank's draft rounds wait
+// for it until the data group's deadline).
+func CheckMTP(t *testing.T, m InProcessModel, vocab int, reqs []engine.Request, want map[string][]int32) {
+	full := map[int][]int32{}
+	for _, q := range reqs {
+		full[len(q.Prompt)] = append(slices.Clone(q.Prompt), want[q.ID]...)
+	}
+	forced := func(promptLen, pos int, logits []float32) int32 {
+		if seq := full[promptLen]; pos < len(seq) && pos%3 != 0 {
+			return seq[pos]
+		}
+		return (int32(ref.Argmax(logits)) + 1) % int32(vocab)
+	}
+	gather, all := m.Dispatches[0], m.Dispatches[len(m.Dispatches)-1]
+	for _, tc := range []struct {
+		d      int
+		forced bool
+	}{{gather, false}, {all, true}, {gather, true}} {
+		t.Run(fmt.Sprintf("dispatch%d-forced%v", tc.d, tc.forced), func(t *testing.T) {
+			var f func(promptLen, pos int, logits []float32) int32
+			if tc.forced {
+				f = forced
+			}
+			res := runInProcess(t, m, tc.d, 2, f, dp.Options{}, reqs, want)
+			if res.idleDrafts[1] < 3 {
+				t.Errorf("rank 1 drafted idle %d times while the first request ran alone, want at least 3", res.idleDrafts[1])
+			}
+			if res.proposed == 0 || tc.forced && (res.accepted == 0 || res.accepted == res.proposed) {
+				t.Errorf("%d drafts proposed, %d accepted", res.proposed, res.accepted)
+			}
+			t.Logf("%d drafts proposed, %d accepted; rank 1 drafted idle %d times", res.proposed, res.accepted, res.idleDrafts[1])
+		})
+	}
+}
