@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	goruntime "runtime"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -77,8 +78,7 @@ func doctorBLAS(w io.Writer, b blas.Backend) {
 		fmt.Fprintf(w, "  warning: %s\n", warn)
 	}
 	fmt.Fprintf(w, "  kernels   %s (core/kernels/ref's vector forms around the GEMMs; scalar loops otherwise)\n", ref.CPUKernels())
-	fmt.Fprintf(w, "  pool      %d participants a loop (GOMAXPROCS); idle ones poll %v for the next loop before they sleep (%s)\n",
-		goruntime.GOMAXPROCS(0), ref.PoolSpinDuration(), ref.PoolSpinSource())
+	fmt.Fprintf(w, "  pool      %d participants a loop (GOMAXPROCS); %s (%s)\n", goruntime.GOMAXPROCS(0), poolSpinLine(ref.PoolSpinDuration()), ref.PoolSpinSource())
 }
 
 // doctorDriver reports the CUDA driver and returns the GPUs it lists.
@@ -193,4 +193,12 @@ func short(err error) string {
 		}
 	}
 	return err.Error()
+}
+
+// poolSpinLine says what the CPU kernels' idle workers do between loops.
+func poolSpinLine(spin time.Duration) string {
+	if spin <= 0 {
+		return "idle ones sleep at once"
+	}
+	return fmt.Sprintf("idle ones poll %v for the next loop before they sleep", spin)
 }

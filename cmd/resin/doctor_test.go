@@ -35,7 +35,7 @@ func TestDoctorWithoutGPU(t *testing.T) {
 	if want := "kernels   " + ref.CPUKernels(); !strings.Contains(got, want) {
 		t.Errorf("doctor output lacks %q:\n%s", want, got)
 	}
-	if want := fmt.Sprintf("poll %v for the next loop before they sleep (%s)", ref.PoolSpinDuration(), ref.PoolSpinSource()); !strings.Contains(got, want) {
+	if want := fmt.Sprintf("%s (%s)", poolSpinLine(ref.PoolSpinDuration()), ref.PoolSpinSource()); !strings.Contains(got, want) {
 		t.Errorf("doctor output lacks the worker pool's spin %q:\n%s", want, got)
 	}
 	if b := blas.Info(); b.Loaded() && !strings.Contains(got, b.Vendor+"  "+b.Path) {

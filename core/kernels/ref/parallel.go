@@ -165,6 +165,9 @@ func parallelFor(l *loop, t task, n, grain int) {
 // defaultPoolSpin is the pool's spin where RESIN_POOL_SPIN is unset (SetPoolSpin).
 const defaultPoolSpin = 100 * time.Microsecond
 
+// maxEnvPoolSpin is the longest spin RESIN_POOL_SPIN sets.
+const maxEnvPoolSpin = 10 * time.Millisecond
+
 // SetPoolSpin sets how long the worker pool's goroutines poll before they sleep (negative:
 // 0, sleep at once) and returns the previous value: an idle worker polls for the next
 // loop, a loop's caller for the workers still on its last chunks. Waking a sleeping
@@ -188,21 +191,28 @@ var (
 )
 
 func init() {
-	d := defaultPoolSpin
-	poolSpinEnv = "the default; RESIN_POOL_SPIN sets it"
-	if v, ok := os.LookupEnv("RESIN_POOL_SPIN"); ok {
-		p, err := time.ParseDuration(v)
-		switch {
-		case err != nil:
-			poolSpinEnv = fmt.Sprintf("RESIN_POOL_SPIN=%q is not a Go duration such as 100us or 0, so the default runs", v)
-		case p < 0:
-			poolSpinEnv = fmt.Sprintf("RESIN_POOL_SPIN=%s is negative: no spin", v)
-			d = 0
-		default:
-			poolSpinEnv, d = "RESIN_POOL_SPIN="+v, p
-		}
-	}
+	v, set := os.LookupEnv("RESIN_POOL_SPIN")
+	var d time.Duration
+	d, poolSpinEnv = parsePoolSpin(v, set)
 	SetPoolSpin(d)
+}
+
+// parsePoolSpin is the pool's spin for RESIN_POOL_SPIN=v (set: whether it is set) and
+// where it came from, or why v was not taken.
+func parsePoolSpin(v string, set bool) (time.Duration, string) {
+	if !set {
+		return defaultPoolSpin, "the default; RESIN_POOL_SPIN sets it"
+	}
+	p, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		return defaultPoolSpin, fmt.Sprintf("RESIN_POOL_SPIN=%q is not a Go duration such as 100us or 0, so the default runs", v)
+	case p < 0:
+		return 0, fmt.Sprintf("RESIN_POOL_SPIN=%s is negative: no spin", v)
+	case p > maxEnvPoolSpin:
+		return maxEnvPoolSpin, fmt.Sprintf("RESIN_POOL_SPIN=%s is above %v, which runs instead (an idle worker would burn its core that long after every loop)", v, maxEnvPoolSpin)
+	}
+	return p, "RESIN_POOL_SPIN=" + v
 }
 
 // PoolSpinSource says where the pool's spin at start-up came from: the default,

@@ -3,6 +3,7 @@ package ref
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -333,5 +334,27 @@ func TestPoolSpin(t *testing.T) {
 			t.Fatal("with no spin no worker went to sleep within 10 s of its loop")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestParsePoolSpin: RESIN_POOL_SPIN's values, and the refusals doctor prints.
+func TestParsePoolSpin(t *testing.T) {
+	for _, tc := range []struct {
+		v    string
+		set  bool
+		want time.Duration
+		says string
+	}{
+		{"", false, defaultPoolSpin, "the default"},
+		{"250us", true, 250 * time.Microsecond, "RESIN_POOL_SPIN=250us"},
+		{"0", true, 0, "RESIN_POOL_SPIN=0"},
+		{"-1ms", true, 0, "negative"},
+		{"1h", true, maxEnvPoolSpin, "above 10ms"},
+		{"fast", true, defaultPoolSpin, `"fast" is not a Go duration`},
+	} {
+		d, says := parsePoolSpin(tc.v, tc.set)
+		if d != tc.want || !strings.Contains(says, tc.says) {
+			t.Errorf("RESIN_POOL_SPIN=%q (set %v): %v, %q; want %v and %q", tc.v, tc.set, d, says, tc.want, tc.says)
+		}
 	}
 }
