@@ -78,7 +78,7 @@ func doctorBLAS(w io.Writer, b blas.Backend) {
 		fmt.Fprintf(w, "  warning: %s\n", warn)
 	}
 	fmt.Fprintf(w, "  kernels   %s (core/kernels/ref's vector forms around the GEMMs; scalar loops otherwise)\n", ref.CPUKernels())
-	fmt.Fprintf(w, "  pool      %d participants a loop (GOMAXPROCS); %s (%s)\n", goruntime.GOMAXPROCS(0), poolSpinLine(ref.PoolSpinDuration()), ref.PoolSpinSource())
+	fmt.Fprintf(w, "  pool      GOMAXPROCS %d goroutines share each parallel loop; %s (%s)\n", goruntime.GOMAXPROCS(0), poolSpinLine(ref.PoolSpinDuration()), ref.PoolSpinSource())
 }
 
 // doctorDriver reports the CUDA driver and returns the GPUs it lists.

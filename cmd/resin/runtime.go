@@ -67,7 +67,7 @@ func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	f.dp.register(cmd)
 	f.cp.register(cmd)
 	f.device.Register(cmd)
-	fl.StringVar(&f.dtype, "dtype", "fp32", "with --model on the CPU: the projections' weights in fp32, bf16 (half the bytes) or int8 (blocks of 32 quantised at load, as Q8_0)")
+	fl.StringVar(&f.dtype, "dtype", "fp32", "with --model on the CPU: the projections' weights in fp32, bf16 (half the bytes), int8 (blocks of 32 quantised at load, as Q8_0) or fp8 (e4m3 in 128×128 blocks; the MoE models' FP8 and MXFP4 tensors as shipped)")
 }
 
 // Load loads the tokenizer and the runner. Notes (a fallback worth knowing about) go to

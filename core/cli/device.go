@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	"github.com/spf13/cobra"
 
@@ -104,6 +105,9 @@ func (f *DeviceFlags) OpenGPU(name string, open GPUOpener, dir string, cacheByte
 		if err := cudart.Emulate(); err != nil {
 			return nil, nil, fmt.Errorf("--device cuda-emu: %w", err)
 		}
+		emuNote.Do(func() {
+			fmt.Fprintln(os.Stderr, "note: --device cuda-emu: the emulated CUDA device (the .cu kernels built as host C++ and run on the CPU) checks the GPU path; it is not a GPU and says nothing of a GPU's speed")
+		})
 	}
 	r, pool, err := open(dir, cacheBytes, f.GPUOptions(os.Stderr))
 	if errors.Is(err, gpurunner.ErrNoDevice) {
@@ -111,6 +115,9 @@ func (f *DeviceFlags) OpenGPU(name string, open GPUOpener, dir string, cacheByte
 	}
 	return r, pool, err
 }
+
+// emuNote prints, once a process, what --device cuda-emu is.
+var emuNote sync.Once
 
 // EngineLimited is a Loader that sizes what it loads by the engine's limits (a GPU
 // runner's workspace): the commands call SetEngineLimits before Load.

@@ -72,7 +72,7 @@ func (m *ModelDir) Register(cmd *cobra.Command) {
 	fl.StringVar(&m.chatPath, "chat-template", "", "tokenizer_config.json holding the chat template (default: the one beside the tokenizer)")
 	fl.StringVar(&m.served, "served-model-name", "", "model name served in /v1/models and expected in requests (default: "+m.name+")")
 	if m.dtypeOpen != nil {
-		fl.StringVar(&m.dtype, "dtype", "fp32", "CPU weights: fp32, bf16 (half the bytes) or int8 (blocks of 32 quantised at load, as Q8_0)")
+		fl.StringVar(&m.dtype, "dtype", "fp32", "CPU weights: fp32, bf16 (half the bytes), int8 (blocks of 32 quantised at load, as Q8_0) or fp8 (e4m3 in 128×128 blocks; the MoE models' FP8 and MXFP4 tensors as shipped)")
 	}
 	if m.dspark != nil {
 		m.specFlags.Register(cmd)

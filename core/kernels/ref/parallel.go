@@ -210,7 +210,7 @@ func parsePoolSpin(v string, set bool) (time.Duration, string) {
 	case p < 0:
 		return 0, fmt.Sprintf("RESIN_POOL_SPIN=%s is negative: no spin", v)
 	case p > maxEnvPoolSpin:
-		return maxEnvPoolSpin, fmt.Sprintf("RESIN_POOL_SPIN=%s is above %v, which runs instead (an idle worker would burn its core that long after every loop)", v, maxEnvPoolSpin)
+		return maxEnvPoolSpin, fmt.Sprintf("RESIN_POOL_SPIN=%s is above the %v cap, which runs instead: an idle worker would burn its core that long after every loop", v, maxEnvPoolSpin)
 	}
 	return p, "RESIN_POOL_SPIN=" + v
 }

@@ -349,7 +349,7 @@ func TestParsePoolSpin(t *testing.T) {
 		{"250us", true, 250 * time.Microsecond, "RESIN_POOL_SPIN=250us"},
 		{"0", true, 0, "RESIN_POOL_SPIN=0"},
 		{"-1ms", true, 0, "negative"},
-		{"1h", true, maxEnvPoolSpin, "above 10ms"},
+		{"1h", true, maxEnvPoolSpin, "above the 10ms cap"},
 		{"fast", true, defaultPoolSpin, `"fast" is not a Go duration`},
 	} {
 		d, says := parsePoolSpin(tc.v, tc.set)
