@@ -313,14 +313,7 @@ func (m *Dense) head(c *cudart.Ctx, s *cudart.Stream, logits, rows, head cudart.
 	if err := m.tp.comm.AllGather(mine, m.tp.gathered, r*cfg.VocabShard, cudart.F32, s); err != nil {
 		return fmt.Errorf("tp all-gather: %w", err)
 	}
-	for q := range size {
-		_, _, lo, hi := VocabParallel(cfg.Vocab, q, size)
-		err := c.CopyDtoD2DAsync(logits.Add(int64(lo)*4), int64(cfg.Vocab)*4, m.tp.gathered.Add(int64(q)*block), shard*4, int64(hi-lo)*4, int64(r), s)
-		if err != nil {
-			return fmt.Errorf("tp logits of rank %d: %w", q, err)
-		}
-	}
-	return nil
+	return NewVocabShard(cfg.Vocab, m.tp.comm.Rank, size).UnshardOnDevice(c, s, logits, m.tp.gathered, r, r)
 }
 
 // decodeSplit is the decode attention's split of a step of b sequences on a GPU of sms

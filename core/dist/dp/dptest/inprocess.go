@@ -37,6 +37,30 @@ type InProcessModel struct {
 	Open func(dispatch, drafts int, forced func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]InProcessRank, error)
 }
 
+// stepCounts counts one rank's plans: without tokens, with some, padded to a graph bucket.
+type stepCounts struct{ idle, busy, padded atomic.Int32 }
+
+// held is rank r's forward counted in n, rank 0's fourth plan with tokens held (reached
+// closed, then a wait for release) so that the checks can submit the other requests while
+// the first runs alone.
+func held(r int, forward dp.Forward, reached, release chan struct{}, n *stepCounts) dp.Forward {
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if r == 0 && p.Step == 4 && p.NumTokens() > 0 {
+			close(reached)
+			<-release
+		}
+		if p.NumTokens() == 0 {
+			n.idle.Add(1)
+		} else {
+			n.busy.Add(1)
+		}
+		if p.DP.Pad > 0 {
+			n.padded.Add(1)
+		}
+		return forward(p, logits)
+	}
+}
+
 // inProcessRun is what one run of the DP group did.
 type inProcessRun struct {
 	on                 map[string]int // the rank each request ran on
@@ -64,27 +88,14 @@ func runInProcess(t *testing.T, m InProcessModel, d, drafts int, forced func(pro
 		t.Fatal(err)
 	}
 	reached, release := make(chan struct{}), make(chan struct{})
-	var idle, busy, padded, idleDrafts [size]atomic.Int32
+	var steps [size]stepCounts
+	var idleDrafts [size]atomic.Int32
 	ranks := make([]dp.Rank, size)
 	for r, run := range runners {
 		if !run.Split {
 			t.Fatalf("rank %d holds every routed expert: not split", r)
 		}
-		forward := func(p *engine.BatchPlan, logits []float32) error {
-			if r == 0 && p.Step == 4 && p.NumTokens() > 0 {
-				close(reached)
-				<-release
-			}
-			if p.NumTokens() == 0 {
-				idle[r].Add(1)
-			} else {
-				busy[r].Add(1)
-			}
-			if p.DP.Pad > 0 {
-				padded[r].Add(1)
-			}
-			return run.Forward(p, logits)
-		}
+		forward := held(r, run.Forward, reached, release, &steps[r])
 		ranks[r] = dp.Rank{Forward: forward, CacheGroups: run.Groups, Ctl: ctl[r], Data: data[r]}
 		if drafts > 0 {
 			ranks[r].MaxDrafts = drafts
@@ -125,7 +136,7 @@ func runInProcess(t *testing.T, m InProcessModel, d, drafts int, forced func(pro
 		t.Fatal(err)
 	}
 	for r := range size {
-		res.idle[r], res.busy[r], res.padded[r], res.idleDrafts[r] = idle[r].Load(), busy[r].Load(), padded[r].Load(), idleDrafts[r].Load()
+		res.idle[r], res.busy[r], res.padded[r], res.idleDrafts[r] = steps[r].idle.Load(), steps[r].busy.Load(), steps[r].padded.Load(), idleDrafts[r].Load()
 	}
 	return res
 }

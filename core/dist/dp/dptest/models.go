@@ -9,7 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,21 +154,9 @@ func CheckProcesses(t *testing.T, m Model, reqs []engine.Request, want map[strin
 			const size = 2
 			ranks, r0, procs := processes(t, m, size, d)
 			reached, release := make(chan struct{}), make(chan struct{})
-			var idle, busy [size]atomic.Int32
+			var steps [size]stepCounts
 			for r := range ranks {
-				forward := ranks[r].Forward
-				ranks[r].Forward = func(p *engine.BatchPlan, logits []float32) error {
-					if r == 0 && p.Step == 4 && p.NumTokens() > 0 {
-						close(reached)
-						<-release
-					}
-					if p.NumTokens() == 0 {
-						idle[r].Add(1)
-					} else {
-						busy[r].Add(1)
-					}
-					return forward(p, logits)
-				}
+				ranks[r].Forward = held(r, ranks[r].Forward, reached, release, &steps[r])
 			}
 			g, err := dp.NewGroup(ranks, o)
 			if err != nil {
@@ -187,11 +174,11 @@ func CheckProcesses(t *testing.T, m Model, reqs []engine.Request, want map[strin
 			if on[reqs[0].ID] != 0 || on[reqs[1].ID] != 1 {
 				t.Errorf("routed to ranks %v: the second request should go to the rank without work", on)
 			}
-			if n := idle[1].Load(); n < 3 {
+			if n := steps[1].idle.Load(); n < 3 {
 				t.Errorf("rank 1 ran %d idle plans while the first request ran alone, want at least 3", n)
 			}
-			if busy[0].Load() == 0 || busy[1].Load() == 0 {
-				t.Errorf("busy steps: rank 0 %d, rank 1 %d", busy[0].Load(), busy[1].Load())
+			if steps[0].busy.Load() == 0 || steps[1].busy.Load() == 0 {
+				t.Errorf("busy steps: rank 0 %d, rank 1 %d", steps[0].busy.Load(), steps[1].busy.Load())
 			}
 		})
 	}
