@@ -339,6 +339,8 @@ q2zero:
 	VZEROUPPER
 	RET
 
+#define Q8PF 2048
+
 DATA q8b80<>+0(SB)/4, $0x80808080
 GLOBL q8b80<>(SB), RODATA|NOPTR, $4
 DATA q8w1<>+0(SB)/4, $0x00010001
@@ -348,6 +350,7 @@ GLOBL q8w1<>(SB), RODATA|NOPTR, $4
 // 8-15): q = byte ^ 0x80, signed by x and multiplied by |x| in pairs (VPMADDUBSW: at most
 // 2·127·127, no saturation), the pairs summed to int32 (VPMADDWD by ones).
 #define Q8A2STEP(s) \
+	PREFETCHT0 (64*s+Q8PF)(DX) \
 	VPBROADCASTD (4*s)(SI), Y2 \
 	VPABSB     Y2, Y3 \
 	VMOVDQU    (64*s)(DX), Y4 \
@@ -430,6 +433,7 @@ a2block:
 // Q8A4STEP(s) is step s of a block of q8Dot4AVX2: the 64 bytes of weights loaded and
 // made q once, then each of the 4 rows against them.
 #define Q8A4STEP(s) \
+	PREFETCHT0 (64*s+Q8PF)(DX) \
 	VMOVDQU (64*s)(DX), Y8 \
 	VMOVDQU (64*s+32)(DX), Y9 \
 	VPXOR   Y15, Y8, Y8 \

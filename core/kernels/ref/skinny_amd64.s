@@ -477,6 +477,7 @@ gemvbf16eo_8:
 	MOVQ CX, R10
 
 gemvbf16eo_8_step:
+	PREFETCH512(R14)
 	VMOVUPS (R9), Y8
 	VMOVUPS 32(R9), Y9
 	VMOVUPS 64(R9), Y10
