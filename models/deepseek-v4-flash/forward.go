@@ -304,52 +304,11 @@ func linear(x, w []float32, n, in, out int) ([]float32, error) {
 // the grouped output projection. It extends each sequence's layer state.
 func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states []*LayerState) ([]float32, error) {
 	c := m.Config
-	n, h, d, nh, qr := len(b.tokens), c.HiddenSize, c.HeadDim, m.par.heads, c.QLoraRank
-	rot := m.main
-	if kind != SlidingAttention {
-		rot = m.compress
-	}
-	q, qres, err := m.attnQuery(l, x, b.pos, rot)
+	n, d, nh := len(b.tokens), c.HeadDim, m.par.heads
+	a, rot, err := m.attnProject(l, kind, x, b.pos)
 	if err != nil {
 		return nil, err
 	}
-	kv, err := m.attnKV(l, x, b.pos, rot)
-	if err != nil {
-		return nil, err
-	}
-
-	// Compressor and indexer projections, for every row at once.
-	var ckv, cgate, ikv, igate, iq, iw []float32
-	if l.Compressor != nil {
-		width := compressorWidth(l, h)
-		if ckv, err = linearQ(x, l.Compressor.KV, l.cpu.at(pCompKV), n, h, width); err != nil {
-			return nil, err
-		}
-		if cgate, err = linearQ(x, l.Compressor.Gate, l.cpu.at(pCompGate), n, h, width); err != nil {
-			return nil, err
-		}
-	}
-	if l.Indexer != nil {
-		id, ih := c.IndexHeadDim, c.IndexNHeads
-		if ikv, err = linearQ(x, l.Indexer.KV, l.cpu.at(pIdxKV), n, h, 2*id); err != nil {
-			return nil, err
-		}
-		if igate, err = linearQ(x, l.Indexer.Gate, l.cpu.at(pIdxGate), n, h, 2*id); err != nil {
-			return nil, err
-		}
-		if iq, err = linearQ(qres, l.Indexer.QB, l.cpu.at(pIdxQB), n, qr, ih*id); err != nil {
-			return nil, err
-		}
-		m.compress.Apply(iq, b.pos, n, ih, id, false)
-		if iw, err = linearQ(x, l.Indexer.WeightsProj, l.cpu.at(pIdxW), n, h, ih); err != nil {
-			return nil, err
-		}
-		s := float32(math.Pow(float64(ih), -0.5))
-		for i := range iw {
-			iw[i] *= s
-		}
-	}
-
 	out := make([]float32, n*nh*d)
 	for si, st := range states {
 		r0, r1 := b.start[si], b.start[si+1]
@@ -357,23 +316,93 @@ func (m *Model) attention(l *Layer, kind string, x []float32, b *batch, states [
 			continue
 		}
 		pos := b.pos[r0:r1]
-		if l.Compressor != nil {
-			w := st.Compressor.Width()
-			m.compressInto(st.Compressor, l.Compressor.PositionBias, l.Compressor.Norm, ckv[r0*w:r1*w], cgate[r0*w:r1*w], pos)
-		}
-		if l.Indexer != nil {
-			w := st.Indexer.Width()
-			m.compressInto(st.Indexer, l.Indexer.PositionBias, l.Indexer.Norm, ikv[r0*w:r1*w], igate[r0*w:r1*w], pos)
-		}
-		for t, p := range pos {
-			copy(st.Window.Row(int(p)), kv[(r0+t)*d:(r0+t+1)*d])
-		}
-		m.attendSeq(l, kind, st, q[r0*nh*d:r1*nh*d], pos, out[r0*nh*d:r1*nh*d], iq, iw, r0)
-		if f, ok := st.Window.(interface{ ForgetBefore(int) }); ok {
-			f.ForgetBefore(int(pos[len(pos)-1]) - c.SlidingWindow + 2) // the next query reads from here on
-		}
+		m.attnStore(l, st, &a, r0, pos)
+		m.attendSeq(l, kind, st, a.q[r0*nh*d:r1*nh*d], pos, out[r0*nh*d:r1*nh*d], a.iq, a.iw, r0)
+		m.forgetWindow(st, pos[len(pos)-1])
 	}
 	return m.attnOut(l, out, b.pos, rot)
+}
+
+// attnProj is one layer's projections of a batch's rows for attention: the query side
+// (q, the normed q_a output qres, the indexer's queries iq and head weights iw) and the
+// KV side, what the sequences' states keep (the K=V rows kv; the compressor's and the
+// indexer's kv and gate projections, when the layer has them).
+type attnProj struct {
+	q, qres, iq, iw            []float32
+	kv, ckv, cgate, ikv, igate []float32
+}
+
+// attnProject computes the projections of x's rows ([n, hidden], at positions pos) and
+// returns them with the layer's rotary embedding.
+func (m *Model) attnProject(l *Layer, kind string, x []float32, pos []int32) (a attnProj, rot Rotary, err error) {
+	c := m.Config
+	n, h, qr := len(pos), c.HiddenSize, c.QLoraRank
+	rot = m.main
+	if kind != SlidingAttention {
+		rot = m.compress
+	}
+	if a.q, a.qres, err = m.attnQuery(l, x, pos, rot); err != nil {
+		return a, rot, err
+	}
+	if a.kv, err = m.attnKV(l, x, pos, rot); err != nil {
+		return a, rot, err
+	}
+	if l.Compressor != nil {
+		width := compressorWidth(l, h)
+		if a.ckv, err = linearQ(x, l.Compressor.KV, l.cpu.at(pCompKV), n, h, width); err != nil {
+			return a, rot, err
+		}
+		if a.cgate, err = linearQ(x, l.Compressor.Gate, l.cpu.at(pCompGate), n, h, width); err != nil {
+			return a, rot, err
+		}
+	}
+	if l.Indexer != nil {
+		id, ih := c.IndexHeadDim, c.IndexNHeads
+		if a.ikv, err = linearQ(x, l.Indexer.KV, l.cpu.at(pIdxKV), n, h, 2*id); err != nil {
+			return a, rot, err
+		}
+		if a.igate, err = linearQ(x, l.Indexer.Gate, l.cpu.at(pIdxGate), n, h, 2*id); err != nil {
+			return a, rot, err
+		}
+		if a.iq, err = linearQ(a.qres, l.Indexer.QB, l.cpu.at(pIdxQB), n, qr, ih*id); err != nil {
+			return a, rot, err
+		}
+		m.compress.Apply(a.iq, pos, n, ih, id, false)
+		if a.iw, err = linearQ(x, l.Indexer.WeightsProj, l.cpu.at(pIdxW), n, h, ih); err != nil {
+			return a, rot, err
+		}
+		s := float32(math.Pow(float64(ih), -0.5))
+		for i := range a.iw {
+			a.iw[i] *= s
+		}
+	}
+	return a, rot, nil
+}
+
+// attnStore writes the KV side of a's rows r0, r0+1, ... (one a position of pos, in
+// order) into a sequence's layer state: the compressor's and the indexer's windows (and
+// the entries of every window that closes), and the K=V rows of the sliding window.
+func (m *Model) attnStore(l *Layer, st *LayerState, a *attnProj, r0 int, pos []int32) {
+	d, r1 := m.Config.HeadDim, r0+len(pos)
+	if l.Compressor != nil {
+		w := st.Compressor.Width()
+		m.compressInto(st.Compressor, l.Compressor.PositionBias, l.Compressor.Norm, a.ckv[r0*w:r1*w], a.cgate[r0*w:r1*w], pos)
+	}
+	if l.Indexer != nil {
+		w := st.Indexer.Width()
+		m.compressInto(st.Indexer, l.Indexer.PositionBias, l.Indexer.Norm, a.ikv[r0*w:r1*w], a.igate[r0*w:r1*w], pos)
+	}
+	for t, p := range pos {
+		copy(st.Window.Row(int(p)), a.kv[(r0+t)*d:(r0+t+1)*d])
+	}
+}
+
+// forgetWindow lets a sequence's sliding window drop the rows no query after position
+// last reads (a window in Go memory; paged ones are the pool's).
+func (m *Model) forgetWindow(st *LayerState, last int32) {
+	if f, ok := st.Window.(interface{ ForgetBefore(int) }); ok {
+		f.ForgetBefore(int(last) - m.Config.SlidingWindow + 2) // the next query reads from here on
+	}
 }
 
 // attnQuery computes the queries of x's rows ([n, hidden], at positions pos): the low-rank

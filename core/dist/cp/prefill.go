@@ -90,15 +90,9 @@ func (r *Prefill) Step(p *engine.BatchPlan, logits []float32) error {
 	rank, size := r.C.Rank(), r.C.Size()
 	n := p.NumTokens()
 	lo, hi := Chunk(n, rank, size)
-	// This rank's rows of the plan's logits, in the plan's order.
-	var mine []int32
-	for _, idx := range p.LogitsIndices {
-		if idx < 0 || int(idx) >= n {
-			return fmt.Errorf("cp: logits row %d outside the plan's %d tokens", idx, n)
-		}
-		if int(idx) >= lo && int(idx) < hi {
-			mine = append(mine, idx-int32(lo))
-		}
+	mine, err := LocalRows(p, lo, hi)
+	if err != nil {
+		return err
 	}
 	r.sub = engine.BatchPlan{
 		Step: p.Step, ReqIDs: p.ReqIDs[:1], Computed: []int32{p.Computed[0] + int32(lo)}, QueryStart: []int32{0, int32(hi - lo)},
@@ -114,12 +108,34 @@ func (r *Prefill) Step(p *engine.BatchPlan, logits []float32) error {
 		r.attend = r.layerAttention
 	}
 	ferr := r.Forward(&r.sub, r.attend, part)
-	// The logits exchange is a collective: every rank joins it, a failed one with no rows,
-	// so that the others fail on the count rather than wait.
+	return GatherLogits(r.C, p, r.Vocab, part, ferr, logits)
+}
+
+// LocalRows returns the rows of p's logits that fall in this rank's tokens [lo, hi) of
+// the plan, in the plan's order, counted from lo.
+func LocalRows(p *engine.BatchPlan, lo, hi int) ([]int32, error) {
+	var mine []int32
+	for _, idx := range p.LogitsIndices {
+		if idx < 0 || int(idx) >= p.NumTokens() {
+			return nil, fmt.Errorf("cp: logits row %d outside the plan's %d tokens", idx, p.NumTokens())
+		}
+		if int(idx) >= lo && int(idx) < hi {
+			mine = append(mine, idx-int32(lo))
+		}
+	}
+	return mine, nil
+}
+
+// GatherLogits all-gathers the ranks' logits rows of split plan p (part: this rank's, of
+// LocalRows over its Chunk; ferr: this rank's forward's error) into rank 0's logits, in
+// the plan's order. Every rank joins the exchange, a failed one with no rows, so that the
+// others fail on the count rather than wait; the failure is then this rank's error.
+func GatherLogits(c dist.Communicator, p *engine.BatchPlan, vocab int, part []float32, ferr error, logits []float32) error {
+	rank, size, n := c.Rank(), c.Size(), p.NumTokens()
 	if ferr != nil {
 		part = nil
 	}
-	all, err := r.C.AllGatherV(dist.F32Bytes(part))
+	all, err := c.AllGatherV(dist.F32Bytes(part))
 	if ferr != nil {
 		return fmt.Errorf("cp rank %d: step %d: %w", rank, p.Step, ferr)
 	}
@@ -132,11 +148,11 @@ func (r *Prefill) Step(p *engine.BatchPlan, logits []float32) error {
 	next := make([]int, size) // the next row of each rank's part
 	for j, idx := range p.LogitsIndices {
 		q := min(int(idx)/((n+size-1)/size), size-1)
-		off := next[q] * r.Vocab * 4
-		if len(all[q]) < off+r.Vocab*4 {
-			return fmt.Errorf("cp: step %d: rank %d sent %d bytes of logits, want at least %d", p.Step, q, len(all[q]), off+r.Vocab*4)
+		off := next[q] * vocab * 4
+		if len(all[q]) < off+vocab*4 {
+			return fmt.Errorf("cp: step %d: rank %d sent %d bytes of logits, want at least %d", p.Step, q, len(all[q]), off+vocab*4)
 		}
-		copy(dist.F32Bytes(logits[j*r.Vocab:(j+1)*r.Vocab]), all[q][off:off+r.Vocab*4])
+		copy(dist.F32Bytes(logits[j*vocab:(j+1)*vocab]), all[q][off:off+vocab*4])
 		next[q]++
 	}
 	return nil
