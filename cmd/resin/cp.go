@@ -11,8 +11,10 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/cp"
+	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	"github.com/resin-llm/resin/models/llama"
 )
 
@@ -24,7 +26,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's first plan split in contiguous chunks, keys and values all-gathered each layer, rank 0 keeping the whole cache and decoding alone")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama or deepseek-v4-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, keys and values (deepseek-v4-flash: the KV side of its compressed attention) all-gathered each layer, rank 0 keeping the whole cache and decoding alone")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (default: goroutines of this process)")
 }
 
@@ -38,7 +40,7 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 	case c.size == 1:
 		return nil
 	case f.model == "":
-		return errors.New("--cp needs --model llama: the test runner is not split")
+		return errors.New("--cp needs --model llama or deepseek-v4-flash: the test runner is not split")
 	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != "" || f.dp.size > 1:
 		return fmt.Errorf("--cp %d is not combined with --tp, --ep, --tp-procs, --dist-init-addr or --dp yet", c.size)
 	case f.device.CUDA() || f.specTokens > 0:
@@ -106,6 +108,9 @@ func cpShape(c *llama.Config) cp.Shape {
 // runCPWorker is a --cp-procs worker: it loads the model, joins rank 0 and runs its
 // chunk of each split prefill until rank 0 stops the group.
 func runCPWorker(spec tpWorkerSpec) error {
+	if spec.Model == deepseekv4flash.Name {
+		return runCPWorkerDeepSeekV4(spec)
+	}
 	r, err := llama.Load(spec.Dir, llama.Options{})
 	if err != nil {
 		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
@@ -118,4 +123,71 @@ func runCPWorker(spec tpWorkerSpec) error {
 	defer data.Close()
 	c := r.Model.Config
 	return cp.Follow(ctl, &cp.Prefill{C: data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(r.Model, nil)})
+}
+
+// openCPDeepSeekV4 is openCP for deepseek-v4-flash (deepseekv4flash.CPRank): goroutine
+// ranks of this process on one set of weights, or with procs worker processes of this
+// binary (each loading the model) meeting rank 0 in shared memory.
+func openCPDeepSeekV4(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, *kvslab.Pool, error) {
+	what := fmt.Sprintf("--cp %d", size)
+	if !procs {
+		g, pool, err := deepseekv4flash.OpenCPInProcess(dir, deepseekv4flash.Options{}, size, cacheBytes, dist.Options{Timeout: time.Minute})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		return &tpRunner{g.Runner, g.StopRanks, nil}, pool, nil
+	}
+	g, err := startWorkers(tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: size, Dir: dir, CP: size, Model: deepseekv4flash.Name})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	r, pool, cr, err := openCPRankDeepSeekV4(dir, cacheBytes, g.data)
+	if err == nil {
+		err = g.data.Barrier() // every rank has read dir, which the caller may remove
+	}
+	if err != nil {
+		g.kill()
+		g.ctl.Close()
+		g.data.Close()
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	lead := lockstep.LeadRank(g.ctl, cr.LockstepRank())
+	lead.Lead = g.forward(lead.Lead)
+	return &tpRunner{cpurunner.New(r.Info(), lead), g.close, g.w}, pool, nil
+}
+
+// openCPRankDeepSeekV4 loads deepseek-v4-flash from dir as rank data.Rank() of a cp
+// group: rank 0's runner bound to a pool of cacheBytes (nil pool on the others).
+func openCPRankDeepSeekV4(dir string, cacheBytes int64, data dist.Communicator) (*deepseekv4flash.Runner, *kvslab.Pool, *deepseekv4flash.CPRank, error) {
+	r, err := deepseekv4flash.Load(dir, deepseekv4flash.Options{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var pool *kvslab.Pool
+	if data.Rank() == 0 {
+		if pool, err = r.NewPool(cacheBytes); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	cr, err := deepseekv4flash.NewCPRank(r, data)
+	return r, pool, cr, err
+}
+
+// runCPWorkerDeepSeekV4 is a deepseek-v4-flash --cp-procs worker: it loads the model,
+// joins rank 0 and runs its chunk of each split prefill until rank 0 stops the group.
+func runCPWorkerDeepSeekV4(spec tpWorkerSpec) error {
+	ctl, data, err := joinTP(spec, nil)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	defer data.Close()
+	_, _, cr, err := openCPRankDeepSeekV4(spec.Dir, 0, data)
+	if err == nil {
+		err = data.Barrier()
+	}
+	if err != nil {
+		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
+	}
+	return lockstep.FollowRank(ctl, cr.LockstepRank())
 }

@@ -9,14 +9,38 @@ import (
 	"testing"
 )
 
-// TestGenerateCP: `resin generate --model llama --random-weights … --prompt-ids (37
-// tokens) --cp 2`, `--cp 3` and `--cp 2 --cp-procs` (rank 1 a worker process), and the
-// last two with --max-batch-tokens 16 (the prompt in chunks of 16, 16 and 5 tokens, the
-// later ones continuing over the cp group from rank 0's cache), print what one rank
-// prints, and their --logits-out files
-// hold every prompt row's and step's logits within 1e-5 of the row's largest logit; the
-// layouts --cp does not cover are refused by name.
+// TestGenerateCP: `resin generate --model M --random-weights … --prompt-ids (37 tokens)
+// --cp 2`, `--cp 3` and `--cp 2 --cp-procs` (rank 1 a worker process), and the last two
+// with --max-batch-tokens 16 (the prompt in chunks of 16, 16 and 5 tokens, the later ones
+// continuing over the cp group), print what one rank prints, and their --logits-out files
+// hold every prompt row's and step's logits within 1e-5 of the row's largest logit, for
+// llama and deepseek-v4-flash; the layouts --cp does not cover are refused by name.
 func TestGenerateCP(t *testing.T) {
+	for _, m := range []struct{ name, config string }{
+		{"llama", tinyLlama},
+		{"deepseek-v4-flash", "../../models/deepseek-v4-flash/config.json"},
+	} {
+		t.Run(m.name, func(t *testing.T) { checkGenerateCP(t, m.name, m.config) })
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "0", "hi"}, "--cp 0"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp-procs", "hi"}, "--cp-procs needs --cp 2"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "2", "--tp", "2", "hi"}, "not combined with --tp"},
+		{[]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json", "--cp", "2", "--num-speculative-tokens", "1", "--prompt-ids", "1,2"}, "not with --device cuda or --num-speculative-tokens"},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--cp", "2", "--prompt-ids", "1,2"}, "not glm-5-flash"},
+		{[]string{"--cp", "2", "--max-tokens", "2", "hi"}, "--cp needs --model llama"},
+	} {
+		_, errOut, err := runGenerate(t, c.args...)
+		if err == nil || !strings.Contains(err.Error()+errOut, c.want) {
+			t.Fatalf("%v: %v (%s), want an error saying %q", c.args, err, errOut, c.want)
+		}
+	}
+}
+
+func checkGenerateCP(t *testing.T, model, config string) {
 	ids := make([]string, 37)
 	for i := range ids {
 		ids[i] = string(rune('0'+(i*7+3)%10)) + "1"
@@ -26,7 +50,7 @@ func TestGenerateCP(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		return append([]string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000",
+		return append([]string{"--model", model, "--random-weights", config, "--cache-bytes", "4000000",
 			"--prompt-ids", strings.Join(ids, ","), "--max-tokens", "12", "--ignore-eos", "--logits-out", filepath.Join(dir, sub, "l.safetensors")}, extra...)
 	}
 	want, errOut, err := runGenerate(t, args("one")...)
@@ -60,20 +84,6 @@ func TestGenerateCP(t *testing.T) {
 					t.Fatalf("%s: logits row %d column %d: %g, one rank %g", n, r, j-r*v, lg[j], wantLg[j])
 				}
 			}
-		}
-	}
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{args("bad", "--cp", "0"), "--cp 0"},
-		{args("bad", "--cp-procs"), "--cp-procs needs --cp 2"},
-		{args("bad", "--cp", "2", "--tp", "2"), "not combined with --tp"},
-		{[]string{"--cp", "2", "--max-tokens", "2", "hi"}, "--cp needs --model llama"},
-	} {
-		_, errOut, err := runGenerate(t, c.args...)
-		if err == nil || !strings.Contains(err.Error()+errOut, c.want) {
-			t.Fatalf("%v: %v (%s), want an error saying %q", c.args, err, errOut, c.want)
 		}
 	}
 }

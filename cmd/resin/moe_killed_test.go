@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 )
 
@@ -49,6 +50,23 @@ func childWorkers(t *testing.T) []int {
 // SIGKILLed fails the next step naming the worker's rank, pid and signal, as llama's
 // --tp-procs does (the MoE path's step error lacked them).
 func TestMoEWorkerKilledNamed(t *testing.T) {
+	checkWorkerKilledNamed(t, func(dir string) (engine.Runner, *kvslab.Pool, error) {
+		return openMoEParallel(deepseekv4flash.Name, dir, 32<<20, 0, &tpFlags{size: 1, ep: 2, procs: true})
+	})
+}
+
+// TestCPWorkerKilledNamed: the same for deepseek-v4-flash's --cp 2 --cp-procs, the step
+// a prompt's prefill split over the two ranks.
+func TestCPWorkerKilledNamed(t *testing.T) {
+	checkWorkerKilledNamed(t, func(dir string) (engine.Runner, *kvslab.Pool, error) {
+		return openCPDeepSeekV4(dir, 32<<20, 2, true)
+	})
+}
+
+// checkWorkerKilledNamed opens the tiny deepseek-v4-flash through open (one worker
+// process), SIGKILLs the worker and checks that the next step, a 3-token prompt's, fails
+// with a permanent error naming its rank, pid and signal.
+func checkWorkerKilledNamed(t *testing.T, open func(dir string) (engine.Runner, *kvslab.Pool, error)) {
 	dir := t.TempDir()
 	cfg, err := os.ReadFile("../../models/deepseek-v4-flash/config.json")
 	if err != nil {
@@ -57,7 +75,7 @@ func TestMoEWorkerKilledNamed(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r, pool, err := openMoEParallel(deepseekv4flash.Name, dir, 32<<20, 0, &tpFlags{size: 1, ep: 2, procs: true})
+	r, pool, err := open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -423,11 +423,11 @@ func runTPWorker(raw string) error {
 	if spec.DPAttention {
 		return runDPWorker(spec)
 	}
-	if spec.Model != "" {
-		return runMoEWorker(spec)
-	}
 	if spec.CP > 1 {
 		return runCPWorker(spec)
+	}
+	if spec.Model != "" {
+		return runMoEWorker(spec)
 	}
 	if spec.GPU != nil {
 		return runGPUTPWorker(spec)
