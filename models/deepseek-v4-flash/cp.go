@@ -37,18 +37,8 @@ import (
 // pool, which always holds the whole context. The other ranks hold one prompt's state at
 // most, dropped with its last chunk (or when a step fails or another prompt starts).
 
-// CPRank is one rank of a cp group: its runner (rank 0's bound to the engine's pool; the
-// others' never bound), its data communicator, and the prompt the other ranks hold.
-type CPRank struct {
-	r *Runner
-	c dist.Communicator
-
-	heldReq uint64    // the prompt the other ranks hold the state of (held: one is)
-	heldLen int32     // its tokens
-	held    bool      //
-	state   *SeqState // ranks > 0: that prompt's state
-	splits  int       // the split plans this rank has run
-}
+// CPRank is one rank of a cp group (core/dist/cp.Stateful over this model's state).
+type CPRank = cp.Stateful[*SeqState]
 
 // NewCPRank makes r rank c.Rank() of a cp group over c. r must be a plain runner (no MTP
 // drafts, no DSpark); rank 0's must be bound to the engine's pool.
@@ -59,116 +49,17 @@ func NewCPRank(r *Runner, c dist.Communicator) (*CPRank, error) {
 	if c.Rank() == 0 && r.kv == nil {
 		return nil, fmt.Errorf("%s: cp rank 0 is not bound to a pool", Name)
 	}
-	return &CPRank{r: r, c: c}, nil
-}
-
-// Splits reports whether rank 0 runs p over the group: one sequence with more than one
-// new token and no drafts, which starts a prompt (no token computed) or continues the
-// prompt the other ranks hold at its length. Rank 0's answer is the one that counts.
-func (cr *CPRank) Splits(p *engine.BatchPlan) bool {
-	if p.NumSeqs() != 1 || p.NumTokens() < 2 || len(p.Positions) != p.NumTokens() || len(p.Computed) != 1 {
-		return false
-	}
-	if len(p.NumDrafts) > 0 && p.NumDrafts[0] > 0 {
-		return false
-	}
-	return p.Computed[0] == 0 || (cr.held && cr.heldReq == p.ReqIDs[0] && cr.heldLen == p.Computed[0])
-}
-
-// Check is rank 0's refusal of a plan before it is broadcast (Runner.CheckPlan).
-func (cr *CPRank) Check(p *engine.BatchPlan, logits []float32) error {
-	return cr.r.CheckPlan(p, logits)
-}
-
-// Step runs p on this rank: its chunk when p splits (every rank calling it with the same
-// plan), else, on rank 0, the whole plan on its pool.
-func (cr *CPRank) Step(p *engine.BatchPlan, logits []float32) error {
-	rank := cr.c.Rank()
-	if rank == 0 && !cr.Splits(p) {
-		return cr.r.forward(p, logits)
-	}
-	err := cr.split(p, logits)
-	cr.splits++
-	end := int(p.Computed[0]) + p.NumTokens()
-	last := len(p.LogitsIndices) > 0 // a chunk that samples ends its prompt, unless the plan says where it ends
-	if len(p.PromptLen) == 1 {
-		last = end >= int(p.PromptLen[0])
-	}
-	var refused refusedError
-	switch {
-	case errors.As(err, &refused) && rank > 0:
-		// Every rank knows the step failed, and rank 0 reports it: this one follows on.
-		cr.held, cr.state = false, nil
-		return nil
-	case err != nil || last:
-		cr.held, cr.state = false, nil
-	default:
-		cr.held, cr.heldReq, cr.heldLen = true, p.ReqIDs[0], p.Computed[0]+int32(p.NumTokens())
-	}
-	return err
-}
-
-// split runs this rank's chunk of split plan p.
-func (cr *CPRank) split(p *engine.BatchPlan, logits []float32) error {
-	rank, size := cr.c.Rank(), cr.c.Size()
-	n := p.NumTokens()
-	lo, hi := cp.Chunk(n, rank, size)
-	mine, err := cp.LocalRows(p, lo, hi)
-	if err != nil {
-		return err
-	}
-	var st *SeqState
-	var ferr error
-	switch {
-	case rank == 0:
-		st, ferr = cr.r.kv.bind(p, 0)
-	case p.Computed[0] == 0:
-		st = cr.r.Model.NewSeqState()
-	case cr.held && cr.heldReq == p.ReqIDs[0] && cr.state != nil && cr.state.Len == int(p.Computed[0]):
-		st = cr.state
-	default:
-		ferr = fmt.Errorf("step %d continues request %d at %d tokens, and this rank holds no state of it", p.Step, p.ReqIDs[0], p.Computed[0])
-	}
-	// Every rank says whether it can run its chunk before the layers' exchanges, so a rank
-	// that cannot fails every rank's step at once, with its reason.
-	status, err := cr.c.AllGatherV(errBytes(ferr))
-	if err != nil {
-		return fmt.Errorf("cp rank %d: step %d: %w", rank, p.Step, err)
-	}
-	for q, m := range status {
-		if len(m) > 0 {
-			return refusedError{fmt.Errorf("cp rank %d: step %d: %s", q, p.Step, m)}
-		}
-	}
-	part, ferr := cr.r.Model.forwardCP(cr.c, st, p.Tokens, lo, hi, mine)
-	if rank > 0 {
-		cr.state = st
-	}
-	return cp.GatherLogits(cr.c, p, cr.r.Model.Config.VocabSize, part, ferr, logits)
-}
-
-// refusedError is a split step that some rank could not start, which every rank knew
-// before the layers ran: the group stays whole.
-type refusedError struct{ error }
-
-func (e refusedError) Unwrap() error { return e.error }
-
-// errBytes is err's message, or nothing for nil.
-func errBytes(err error) []byte {
-	if err == nil {
-		return nil
-	}
-	return []byte(err.Error())
-}
-
-// LockstepRank is cr as a rank of core/dist/lockstep's group: rank 0 broadcasts the plans
-// that split (checked first) and runs the others alone.
-func (cr *CPRank) LockstepRank() lockstep.Rank {
-	lr := lockstep.Rank{Forward: cr.Step, Vocab: cr.r.Model.Config.VocabSize}
-	if cr.c.Rank() == 0 {
-		lr.Check, lr.Broadcast = cr.Check, cr.Splits
-	}
-	return lr
+	m := r.Model
+	return &CPRank{
+		C: c, Vocab: m.Config.VocabSize,
+		Bind:  func(p *engine.BatchPlan) (*SeqState, error) { return r.kv.bind(p, 0) },
+		New:   m.NewSeqState,
+		Len:   func(st *SeqState) int { return st.Len },
+		Whole: r.forward, Check: r.CheckPlan,
+		Forward: func(st *SeqState, tokens []int32, lo, hi int, rows []int32) ([]float32, error) {
+			return m.forwardCP(c, st, tokens, lo, hi, rows)
+		},
+	}, nil
 }
 
 // forwardCP runs this rank's tokens [lo, hi) of a split plan's tokens, which continue st
@@ -244,46 +135,13 @@ func (m *Model) attentionCP(comm dist.Communicator, l *Layer, kind string, x []f
 
 // gatherKVSide all-gathers the KV side of every rank's rows of a (kv, ckv, cgate, ikv,
 // igate; the layer's widths of a row of each, 0 for those it has not) and returns it for
-// all n rows, in rank order (the ranks' chunks are contiguous, in order).
+// all n rows, in rank order.
 func gatherKVSide(comm dist.Communicator, a *attnProj, widths [5]int, n int) (attnProj, error) {
-	mine := []*[]float32{&a.kv, &a.ckv, &a.cgate, &a.ikv, &a.igate}
-	row := 0
-	for _, w := range widths {
-		row += w
-	}
-	var msg []byte
-	for _, f := range mine {
-		msg = append(msg, dist.F32Bytes(*f)...)
-	}
-	got, err := comm.AllGatherV(msg)
+	all, err := cp.GatherRows(comm, widths[:], n, a.kv, a.ckv, a.cgate, a.ikv, a.igate)
 	if err != nil {
-		return attnProj{}, fmt.Errorf("cp: the KV side: %w", err)
+		return attnProj{}, fmt.Errorf("the KV side: %w", err)
 	}
-	var all attnProj
-	fields := []*[]float32{&all.kv, &all.ckv, &all.cgate, &all.ikv, &all.igate}
-	for i, w := range widths {
-		*fields[i] = make([]float32, 0, n*w)
-	}
-	total := 0
-	for r, m := range got {
-		if len(m)%(4*row) != 0 {
-			return attnProj{}, fmt.Errorf("cp: rank %d sent %d bytes of the KV side, not rows of %d floats", r, len(m), row)
-		}
-		t := len(m) / (4 * row)
-		total += t
-		if total > n {
-			return attnProj{}, fmt.Errorf("cp: the ranks sent the KV side of more than the plan's %d tokens", n)
-		}
-		at := 0
-		for i, w := range widths {
-			*fields[i] = append(*fields[i], asF32(m[at:at+4*t*w])...)
-			at += 4 * t * w
-		}
-	}
-	if total != n {
-		return attnProj{}, fmt.Errorf("cp: the ranks sent the KV side of %d tokens, the plan has %d", total, n)
-	}
-	return all, nil
+	return attnProj{kv: all[0], ckv: all[1], cgate: all[2], ikv: all[3], igate: all[4]}, nil
 }
 
 // kvSideWidths is the width of a row of each of attnProj's KV-side fields on layer l.

@@ -83,8 +83,8 @@ func TestCPEqualsOneRank(t *testing.T) {
 			sameTokens(t, what, toks, wantToks)
 			// The 37-token prompt's 3 chunks, the 5- and 2-token prompts; not the plan of
 			// two sequences, nor the continuation after it, nor any decode step.
-			if g.cp.splits != 5 {
-				t.Errorf("%s: %d plans split, want 5", what, g.cp.splits)
+			if g.cp.SplitSteps() != 5 {
+				t.Errorf("%s: %d plans split, want 5", what, g.cp.SplitSteps())
 			}
 			runs = append(runs, got)
 		}
@@ -113,7 +113,7 @@ func TestCPRefusals(t *testing.T) {
 	// Rank 0 believes the other ranks hold request 9 at 6 tokens; they hold request 1.
 	p = runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{6}, false)
 	p.ReqIDs[0] = 9
-	g.cp.heldReq = 9
+	g.cp.Hold(9, 6)
 	err = g.Forward(p, make([]float32, len(p.LogitsIndices)*v))
 	if err == nil || !strings.Contains(err.Error(), "cp rank 1") || !strings.Contains(err.Error(), "holds no state") {
 		t.Fatalf("a continuation the other ranks do not hold: %v", err)
