@@ -15,6 +15,7 @@ import (
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 	"github.com/resin-llm/resin/models/llama"
 )
 
@@ -26,7 +27,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama or deepseek-v4-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, keys and values (deepseek-v4-flash: the KV side of its compressed attention) all-gathered each layer, rank 0 keeping the whole cache and decoding alone")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (default: goroutines of this process)")
 }
 
@@ -40,7 +41,7 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 	case c.size == 1:
 		return nil
 	case f.model == "":
-		return errors.New("--cp needs --model llama or deepseek-v4-flash: the test runner is not split")
+		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
 	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != "" || f.dp.size > 1:
 		return fmt.Errorf("--cp %d is not combined with --tp, --ep, --tp-procs, --dist-init-addr or --dp yet", c.size)
 	case f.device.CUDA() || f.specTokens > 0:
@@ -108,8 +109,8 @@ func cpShape(c *llama.Config) cp.Shape {
 // runCPWorker is a --cp-procs worker: it loads the model, joins rank 0 and runs its
 // chunk of each split prefill until rank 0 stops the group.
 func runCPWorker(spec tpWorkerSpec) error {
-	if spec.Model == deepseekv4flash.Name {
-		return runCPWorkerDeepSeekV4(spec)
+	if spec.Model != "" {
+		return runCPModelWorker(spec)
 	}
 	r, err := llama.Load(spec.Dir, llama.Options{})
 	if err != nil {
@@ -125,23 +126,87 @@ func runCPWorker(spec tpWorkerSpec) error {
 	return cp.Follow(ctl, &cp.Prefill{C: data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(r.Model, nil)})
 }
 
-// openCPDeepSeekV4 is openCP for deepseek-v4-flash (deepseekv4flash.CPRank): goroutine
-// ranks of this process on one set of weights, or with procs worker processes of this
-// binary (each loading the model) meeting rank 0 in shared memory.
-func openCPDeepSeekV4(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, *kvslab.Pool, error) {
+// cpModel is a model's prefill CP beside llama's (core/dist/cp.Stateful): its ranks as
+// goroutines of this process, and one rank (rank 0 with a pool of cacheBytes for the
+// engine, the others without) over data, for worker processes.
+type cpModel struct {
+	inProcess func(dir string, cacheBytes int64, size int) (*tpRunner, *kvslab.Pool, error)
+	rank      func(dir string, cacheBytes int64, data dist.Communicator) (engine.RunnerInfo, *kvslab.Pool, lockstep.Rank, error)
+}
+
+var cpModels = map[string]cpModel{
+	deepseekv4flash.Name: {
+		inProcess: func(dir string, cacheBytes int64, size int) (*tpRunner, *kvslab.Pool, error) {
+			g, pool, err := deepseekv4flash.OpenCPInProcess(dir, deepseekv4flash.Options{}, size, cacheBytes, dist.Options{Timeout: time.Minute})
+			if err != nil {
+				return nil, nil, err
+			}
+			return &tpRunner{g.Runner, g.StopRanks, nil}, pool, nil
+		},
+		rank: func(dir string, cacheBytes int64, data dist.Communicator) (engine.RunnerInfo, *kvslab.Pool, lockstep.Rank, error) {
+			r, err := deepseekv4flash.Load(dir, deepseekv4flash.Options{})
+			if err != nil {
+				return engine.RunnerInfo{}, nil, lockstep.Rank{}, err
+			}
+			var pool *kvslab.Pool
+			if data.Rank() == 0 {
+				if pool, err = r.NewPool(cacheBytes); err != nil {
+					return engine.RunnerInfo{}, nil, lockstep.Rank{}, err
+				}
+			}
+			cr, err := deepseekv4flash.NewCPRank(r, data)
+			if err != nil {
+				return engine.RunnerInfo{}, nil, lockstep.Rank{}, err
+			}
+			return r.Info(), pool, cr.LockstepRank(), nil
+		},
+	},
+	glm5flash.Name: {
+		inProcess: func(dir string, cacheBytes int64, size int) (*tpRunner, *kvslab.Pool, error) {
+			g, pool, err := glm5flash.OpenCPInProcess(dir, glm5flash.RankOptions{CacheBytes: cacheBytes}, size, dist.Options{Timeout: time.Minute})
+			if err != nil {
+				return nil, nil, err
+			}
+			return &tpRunner{g.Runner, g.StopRanks, nil}, pool, nil
+		},
+		rank: func(dir string, cacheBytes int64, data dist.Communicator) (engine.RunnerInfo, *kvslab.Pool, lockstep.Rank, error) {
+			r, err := glm5flash.LoadText(dir, 0, 0)
+			if err != nil {
+				return engine.RunnerInfo{}, nil, lockstep.Rank{}, err
+			}
+			var pool *kvslab.Pool
+			if data.Rank() == 0 {
+				if pool, err = r.NewPool(cacheBytes); err != nil {
+					return engine.RunnerInfo{}, nil, lockstep.Rank{}, err
+				}
+			}
+			cr, err := glm5flash.NewCPRank(r.Model, r, data)
+			if err != nil {
+				return engine.RunnerInfo{}, nil, lockstep.Rank{}, err
+			}
+			return r.Info(), pool, cr.LockstepRank(), nil
+		},
+	},
+}
+
+// openCPModel is openCP for a model of cpModels: goroutine ranks of this process on one
+// set of weights, or with procs worker processes of this binary (each loading the
+// model) meeting rank 0 in shared memory.
+func openCPModel(name, dir string, cacheBytes int64, size int, procs bool) (engine.Runner, *kvslab.Pool, error) {
 	what := fmt.Sprintf("--cp %d", size)
+	m := cpModels[name]
 	if !procs {
-		g, pool, err := deepseekv4flash.OpenCPInProcess(dir, deepseekv4flash.Options{}, size, cacheBytes, dist.Options{Timeout: time.Minute})
+		r, pool, err := m.inProcess(dir, cacheBytes, size)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
-		return &tpRunner{g.Runner, g.StopRanks, nil}, pool, nil
+		return r, pool, nil
 	}
-	g, err := startWorkers(tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: size, Dir: dir, CP: size, Model: deepseekv4flash.Name})
+	g, err := startWorkers(tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: size, Dir: dir, CP: size, Model: name})
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	r, pool, cr, err := openCPRankDeepSeekV4(dir, cacheBytes, g.data)
+	info, pool, rank, err := m.rank(dir, cacheBytes, g.data)
 	if err == nil {
 		err = g.data.Barrier() // every rank has read dir, which the caller may remove
 	}
@@ -151,43 +216,30 @@ func openCPDeepSeekV4(dir string, cacheBytes int64, size int, procs bool) (engin
 		g.data.Close()
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	lead := lockstep.LeadRank(g.ctl, cr.LockstepRank())
+	lead := lockstep.LeadRank(g.ctl, rank)
 	lead.Lead = g.forward(lead.Lead)
-	return &tpRunner{cpurunner.New(r.Info(), lead), g.close, g.w}, pool, nil
+	return &tpRunner{cpurunner.New(info, lead), g.close, g.w}, pool, nil
 }
 
-// openCPRankDeepSeekV4 loads deepseek-v4-flash from dir as rank data.Rank() of a cp
-// group: rank 0's runner bound to a pool of cacheBytes (nil pool on the others).
-func openCPRankDeepSeekV4(dir string, cacheBytes int64, data dist.Communicator) (*deepseekv4flash.Runner, *kvslab.Pool, *deepseekv4flash.CPRank, error) {
-	r, err := deepseekv4flash.Load(dir, deepseekv4flash.Options{})
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	var pool *kvslab.Pool
-	if data.Rank() == 0 {
-		if pool, err = r.NewPool(cacheBytes); err != nil {
-			return nil, nil, nil, err
-		}
-	}
-	cr, err := deepseekv4flash.NewCPRank(r, data)
-	return r, pool, cr, err
-}
-
-// runCPWorkerDeepSeekV4 is a deepseek-v4-flash --cp-procs worker: it loads the model,
+// runCPModelWorker is a --cp-procs worker of a model of cpModels: it loads the model,
 // joins rank 0 and runs its chunk of each split prefill until rank 0 stops the group.
-func runCPWorkerDeepSeekV4(spec tpWorkerSpec) error {
+func runCPModelWorker(spec tpWorkerSpec) error {
+	m, ok := cpModels[spec.Model]
+	if !ok {
+		return fmt.Errorf("cp rank %d: model %q has no prefill CP", spec.Rank, spec.Model)
+	}
 	ctl, data, err := joinTP(spec, nil)
 	if err != nil {
 		return err
 	}
 	defer ctl.Close()
 	defer data.Close()
-	_, _, cr, err := openCPRankDeepSeekV4(spec.Dir, 0, data)
+	_, _, rank, err := m.rank(spec.Dir, 0, data)
 	if err == nil {
 		err = data.Barrier()
 	}
 	if err != nil {
 		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
 	}
-	return lockstep.FollowRank(ctl, cr.LockstepRank())
+	return lockstep.FollowRank(ctl, rank)
 }

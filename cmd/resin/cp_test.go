@@ -14,11 +14,12 @@ import (
 // with --max-batch-tokens 16 (the prompt in chunks of 16, 16 and 5 tokens, the later ones
 // continuing over the cp group), print what one rank prints, and their --logits-out files
 // hold every prompt row's and step's logits within 1e-5 of the row's largest logit, for
-// llama and deepseek-v4-flash; the layouts --cp does not cover are refused by name.
+// llama, deepseek-v4-flash and glm-5-flash; the layouts --cp does not cover are refused by name.
 func TestGenerateCP(t *testing.T) {
 	for _, m := range []struct{ name, config string }{
 		{"llama", tinyLlama},
 		{"deepseek-v4-flash", "../../models/deepseek-v4-flash/config.json"},
+		{"glm-5-flash", "../../models/glm-5-flash/config.json"},
 	} {
 		t.Run(m.name, func(t *testing.T) { checkGenerateCP(t, m.name, m.config) })
 	}
@@ -30,7 +31,7 @@ func TestGenerateCP(t *testing.T) {
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp-procs", "hi"}, "--cp-procs needs --cp 2"},
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "2", "--tp", "2", "hi"}, "not combined with --tp"},
 		{[]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json", "--cp", "2", "--num-speculative-tokens", "1", "--prompt-ids", "1,2"}, "not with --device cuda or --num-speculative-tokens"},
-		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--cp", "2", "--prompt-ids", "1,2"}, "not glm-5-flash"},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--cp", "2", "--dtype", "int8", "--prompt-ids", "1,2"}, "run fp32 only"},
 		{[]string{"--cp", "2", "--max-tokens", "2", "hi"}, "--cp needs --model llama"},
 	} {
 		_, errOut, err := runGenerate(t, c.args...)

@@ -244,10 +244,10 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		r, pool, err = f.openDSpark(m, dir)
 	case f.dp.size > 1:
 		r, pool, f.dpRanks, err = f.openDP(m, dir)
-	case f.cp.size > 1 && m.Name == "deepseek-v4-flash":
-		r, pool, err = openCPDeepSeekV4(dir, f.cacheBytes, f.cp.size, f.cp.procs)
+	case f.cp.size > 1 && cpModels[m.Name].rank != nil:
+		r, pool, err = openCPModel(m.Name, dir, f.cacheBytes, f.cp.size, f.cp.procs)
 	case f.cp.size > 1 && m.Name != "llama":
-		return nil, nil, "", fmt.Errorf("--cp %d: context parallelism covers the llama family and deepseek-v4-flash only so far, not %s", f.cp.size, m.Name)
+		return nil, nil, "", fmt.Errorf("--cp %d: context parallelism covers the llama family, deepseek-v4-flash and glm-5-flash only so far, not %s", f.cp.size, m.Name)
 	case f.cp.size > 1:
 		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size, f.cp.procs)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[m.Name] != nil:

@@ -402,21 +402,30 @@ func (m *TextModel) moe(w *moeWeights, x []float32, T int) ([]float32, error) {
 // conv and recurrent state: the chunked form for several tokens, the step form for one.
 // With blockTokens > 0 the tokens are cut at block ends and BlockEnd sees the state there.
 func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0, blockTokens int) ([]float32, error) {
+	mixed, g, beta := m.kdaInputs(w, x, T)
+	o, err := m.kdaCore(w, ls, mixed, g, beta, T, pos0, blockTokens)
+	if err != nil {
+		return nil, err
+	}
+	return m.kdaOut(w, x, o, T)
+}
+
+// kdaInputs computes what a KDA layer's recurrence reads of x's T rows: the causal conv's
+// input q‖k‖v ([T, 3L]), the per-channel log-decay g ([T, L]) and beta ([T, H]).
+func (m *TextModel) kdaInputs(w *kdaWeights, x []float32, T int) (mixed, g, beta []float32) {
 	c := m.Config
-	D, Dh, K := c.HiddenSize, c.LinearHeadDim, c.LinearConvKernelDim
+	D, Dh := c.HiddenSize, c.LinearHeadDim
 	_, H := m.heads()
 	L := H * Dh
-	// Under TP the state holds this rank's heads in the room of the first ones.
-	convState, recState := ls.Conv[:3*L*(K-1)], ls.Recurrent[:H*Dh*Dh]
 	q, k, v := m.dense(x, &w.q, T, D, L), m.dense(x, &w.k, T, D, L), m.dense(x, &w.v, T, D, L)
-	mixed := make([]float32, T*3*L)
+	mixed = make([]float32, T*3*L)
 	for t := range T {
 		copy(mixed[t*3*L:], q[t*L:(t+1)*L])
 		copy(mixed[t*3*L+L:], k[t*L:(t+1)*L])
 		copy(mixed[t*3*L+2*L:], v[t*L:(t+1)*L])
 	}
 	// Forget gate: per-channel log-decay.
-	g := m.dense(m.dense(x, &w.fa, T, D, Dh), &w.fb, T, Dh, L)
+	g = m.dense(m.dense(x, &w.fa, T, D, Dh), &w.fb, T, Dh, L)
 	for t := range T {
 		for h := range H {
 			a := math.Exp(float64(w.aLog[h]))
@@ -435,10 +444,24 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 			}
 		}
 	}
-	beta := m.dense(x, &w.b, T, D, H)
+	beta = m.dense(x, &w.b, T, D, H)
 	for i := range beta {
 		beta[i] = sigmoid32(beta[i])
 	}
+	return mixed, g, beta
+}
+
+// kdaCore runs the causal conv and the KDA recurrence of T tokens at positions pos0..
+// (kdaInputs' mixed, g and beta) from ls's state, advancing it, and returns the
+// recurrence's output ([T, L]).
+func (m *TextModel) kdaCore(w *kdaWeights, ls *TextLayerState, mixed, g, beta []float32, T, pos0, blockTokens int) ([]float32, error) {
+	c := m.Config
+	Dh, K := c.LinearHeadDim, c.LinearConvKernelDim
+	_, H := m.heads()
+	L := H * Dh
+	// Under TP the state holds this rank's heads in the room of the first ones.
+	convState, recState := ls.Conv[:3*L*(K-1)], ls.Recurrent[:H*Dh*Dh]
+	q, k, v := make([]float32, T*L), make([]float32, T*L), make([]float32, T*L)
 	scale := float32(1 / math.Sqrt(float64(Dh)))
 	l2 := func(x []float32, mul float32) {
 		for o := 0; o < len(x); o += Dh {
@@ -496,7 +519,16 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 		}
 		s0 = s1
 	}
-	// Gated output norm per head (fp32), then o_proj.
+	return o, nil
+}
+
+// kdaOut is a KDA layer's output of x's T rows from the recurrence's o ([T, L], written):
+// the gated norm per head (fp32), then o_proj.
+func (m *TextModel) kdaOut(w *kdaWeights, x, o []float32, T int) ([]float32, error) {
+	c := m.Config
+	D, Dh := c.HiddenSize, c.LinearHeadDim
+	_, H := m.heads()
+	L := H * Dh
 	gate := m.dense(m.dense(x, &w.ga, T, D, Dh), &w.gb, T, Dh, L)
 	if err := ref.RMSNorm(o, o, w.oNorm, T*H, Dh, float32(c.RMSNormEps)); err != nil {
 		return nil, err
@@ -511,35 +543,60 @@ func (m *TextModel) kda(w *kdaWeights, ls *TextLayerState, x []float32, T, pos0,
 // output and the per-query selection (token indices) it attended to; prev is the previous
 // layer's selection, used when the layer shares its indexer.
 func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 int, prev [][]int32) ([]float32, [][]int32, error) {
-	c := m.Config
-	D, Q, R := c.HiddenSize, c.QLoraRank, c.KVLoraRank
-	H, _ := m.heads()
-	dn, dv := c.QKNopeHeadDim, c.VHeadDim
-	eps := float32(c.RMSNormEps)
-	qr := m.dense(x, &w.qa, T, D, Q)
-	if err := ref.RMSNorm(qr, qr, w.qaNorm, T, Q, eps); err != nil {
+	qr, q, lat, err := m.mlaProject(w, x, T)
+	if err != nil {
 		return nil, nil, err
 	}
-	q := m.dense(qr, &w.qb, T, Q, H*dn)
-	lat := m.dense(x, &w.kva, T, D, R)
-	if err := ref.RMSNorm(lat, lat, w.kvaNorm, T, R, eps); err != nil {
-		return nil, nil, err
-	}
-	for t := range T {
-		copy(ls.Latent.Row(pos0+t), lat[t*R:(t+1)*R])
-	}
+	m.storeLatents(ls, lat, pos0, T)
 	var sel [][]int32
 	if w.idx != nil {
-		var err error
-		if sel, err = m.index(w.idx, ls, x, qr, T, pos0); err != nil {
-			return nil, nil, err
-		}
+		k, gs := m.indexKeys(w.idx, x, T)
+		m.storeIndexKeys(w.idx, ls, k, gs, pos0, T)
+		sel = m.indexSelect(w.idx, ls, x, qr, T, pos0)
 	} else {
 		if len(prev) != T {
 			return nil, nil, fmt.Errorf("shared DSA layer without a preceding full indexer layer")
 		}
 		sel = prev
 	}
+	return m.mlaAttend(w, ls, q, sel, T), sel, nil
+}
+
+// mlaProject computes an MLA layer's projections of x's T rows: the normed q_a output qr
+// ([T, q_lora_rank], the indexer's input), the queries q ([T, heads, nope]) and the
+// normed latents lat ([T, kv_lora_rank]).
+func (m *TextModel) mlaProject(w *mlaWeights, x []float32, T int) (qr, q, lat []float32, err error) {
+	c := m.Config
+	D, Q, R := c.HiddenSize, c.QLoraRank, c.KVLoraRank
+	H, _ := m.heads()
+	eps := float32(c.RMSNormEps)
+	qr = m.dense(x, &w.qa, T, D, Q)
+	if err := ref.RMSNorm(qr, qr, w.qaNorm, T, Q, eps); err != nil {
+		return nil, nil, nil, err
+	}
+	q = m.dense(qr, &w.qb, T, Q, H*c.QKNopeHeadDim)
+	lat = m.dense(x, &w.kva, T, D, R)
+	if err := ref.RMSNorm(lat, lat, w.kvaNorm, T, R, eps); err != nil {
+		return nil, nil, nil, err
+	}
+	return qr, q, lat, nil
+}
+
+// storeLatents writes the latents of T tokens at positions pos0.. into ls.
+func (m *TextModel) storeLatents(ls *TextLayerState, lat []float32, pos0, T int) {
+	R := m.Config.KVLoraRank
+	for t := range T {
+		copy(ls.Latent.Row(pos0+t), lat[t*R:(t+1)*R])
+	}
+}
+
+// mlaAttend computes the output of T queries q over the latents sel selects for each
+// (absorbed MLA), through o_proj.
+func (m *TextModel) mlaAttend(w *mlaWeights, ls *TextLayerState, q []float32, sel [][]int32, T int) []float32 {
+	c := m.Config
+	D, R := c.HiddenSize, c.KVLoraRank
+	H, _ := m.heads()
+	dn, dv := c.QKNopeHeadDim, c.VHeadDim
 	// Absorbed MLA: with kv_b_proj's per-head blocks W_uk [nope, R] and W_uv [v, R],
 	// q·k_j = (W_ukᵀq)·latent_j and Σ_j p_j·v_j = W_uv·(Σ_j p_j·latent_j), so only the
 	// selected tokens' latents are read.
@@ -594,7 +651,7 @@ func (m *TextModel) mla(w *mlaWeights, ls *TextLayerState, x []float32, T, pos0 
 			}
 		}
 	})
-	return m.dense(out, &w.o, T, H*dv, D), sel, nil
+	return m.dense(out, &w.o, T, H*dv, D)
 }
 
 // mlaScratch is one participant's working memory in mla's per-token loop.
@@ -609,10 +666,17 @@ type mlaScratch struct {
 // visible complete pools (by Σ_h w_h·ReLU(q_h·pool_key·I^-0.5)) followed by the visible
 // incomplete tail, in ascending order.
 func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32, T, pos0 int) ([][]int32, error) {
+	k, gs := m.indexKeys(w, x, T)
+	m.storeIndexKeys(w, ls, k, gs, pos0, T)
+	return m.indexSelect(w, ls, x, qr, T, pos0), nil
+}
+
+// indexKeys computes the indexer's keys k (k_norm(wk·x)) and gate scores gs of x's T rows
+// ([T, index_head_dim] each).
+func (m *TextModel) indexKeys(w *indexerWeights, x []float32, T int) (k, gs []float32) {
 	c := m.Config
-	D, Q, I, N, P := c.HiddenSize, c.QLoraRank, c.IndexHeadDim, c.IndexNHeads, c.IndexKPool
-	q := m.dense(qr, &w.wqb, T, Q, N*I)
-	k := m.dense(x, &w.wk, T, D, I)
+	D, I := c.HiddenSize, c.IndexHeadDim
+	k = m.dense(x, &w.wk, T, D, I)
 	for t := range T { // LayerNorm, eps 1e-6
 		r := k[t*I : (t+1)*I]
 		var mean, vr float64
@@ -629,12 +693,14 @@ func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32
 			r[j] = float32((float64(r[j])-mean)*inv)*w.kNormW[j] + w.kNormB[j]
 		}
 	}
-	gs := m.dense(x, &w.gate, T, D, I)
-	hw := m.dense(x, &w.wProj, T, D, N)
-	hs := float32(math.Pow(float64(N), -0.5))
-	for i := range hw {
-		hw[i] *= hs
-	}
+	return k, m.dense(x, &w.gate, T, D, I)
+}
+
+// storeIndexKeys writes the indexer's keys and gate scores of T tokens at positions pos0..
+// into ls and closes the pools they complete.
+func (m *TextModel) storeIndexKeys(w *indexerWeights, ls *TextLayerState, k, gs []float32, pos0, T int) {
+	c := m.Config
+	I, P := c.IndexHeadDim, c.IndexKPool
 	for t := range T {
 		copy(ls.IdxKey.Row(pos0+t), k[t*I:(t+1)*I])
 		copy(ls.IdxGate.Row(pos0+t), gs[t*I:(t+1)*I])
@@ -659,6 +725,20 @@ func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32
 			}
 			pk[ch] = float32(acc / sum)
 		}
+	}
+}
+
+// indexSelect returns, per query of x's T rows at positions pos0.., the tokens of its top
+// index_topk/index_kpool visible complete pools followed by the visible incomplete tail,
+// in ascending order (ls holds every pool those positions see).
+func (m *TextModel) indexSelect(w *indexerWeights, ls *TextLayerState, x, qr []float32, T, pos0 int) [][]int32 {
+	c := m.Config
+	D, Q, I, N, P := c.HiddenSize, c.QLoraRank, c.IndexHeadDim, c.IndexNHeads, c.IndexKPool
+	q := m.dense(qr, &w.wqb, T, Q, N*I)
+	hw := m.dense(x, &w.wProj, T, D, N)
+	hs := float32(math.Pow(float64(N), -0.5))
+	for i := range hw {
+		hw[i] *= hs
 	}
 	K := c.IndexPools()
 	dscale := float32(1 / math.Sqrt(float64(I)))
@@ -711,7 +791,7 @@ func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32
 		}
 		sel[t] = toks
 	}
-	return sel, nil
+	return sel
 }
 
 // topKMargin, when set (by tests), receives the score gap at every top-k cut: the indexer's

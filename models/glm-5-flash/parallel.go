@@ -562,6 +562,7 @@ func (r *TextRunner) LockstepRank(rank int, pool *kvslab.Pool) lockstep.Rank {
 type Group struct {
 	*cpurunner.Runner
 	ranks *lockstep.InProcess
+	cp    *CPRank // rank 0's, under prefill CP (OpenCPInProcess)
 }
 
 var _ engine.Runner = (*Group)(nil)
