@@ -35,12 +35,17 @@ var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurun
 
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
-// (with the gather dispatch; the model checks the sizes), in-process ranks; llama's --tp
-// also in worker processes (--tp-procs) or across nodes (--dist-init-addr).
+// (with the gather dispatch; the model checks the sizes), in-process ranks, or for a model
+// of gpuLayoutJoiners in worker processes (--tp-procs); llama's --tp also in worker
+// processes or across nodes (--dist-init-addr).
 func (f *runtimeFlags) gpuParallel() bool {
 	t := &f.tp
 	switch {
-	case t.procs || t.initAddr != "": // worker processes or nodes: llama's GPU TP only
+	case t.initAddr != "": // nodes: llama's GPU TP only
+		return f.model == "llama" && t.ep == 1
+	case t.procs && gpuLayoutJoiners[f.model] != nil: // worker processes
+		return t.dispatch == "gather"
+	case t.procs:
 		return f.model == "llama" && t.ep == 1
 	case gpuLayoutOpeners[f.model] != nil:
 		return t.dispatch == "gather"
@@ -58,6 +63,9 @@ func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.P
 		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(f.tp.ranks()))
 	}
 	return f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		if f.tp.procs {
+			return f.openLayoutGPUProcs(name, dir, cacheBytes, opts)
+		}
 		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, f.specTokens)
 	}, dir, f.cacheBytes)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -71,5 +72,52 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 		if n := os.Getenv("RESIN_EMU_DEVICES"); n != "3" {
 			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3: the GPU layout ran)", strings.Join(extra, " "), n)
 		}
+	}
+}
+
+// TestGenerateV4LayoutProcsOnTheEmulatedDevice: deepseek-v4-flash's GPU layouts with
+// --tp-procs (rank 1 a worker process of this binary on its own emulated GPU: the NCCL id
+// and rank 0's pool geometry over the shared-memory control communicator,
+// gpurunner.JoinGroup; the emulated NCCL's ranks meeting across the processes) print the
+// in-process layout's tokens (the CPU's) and write its --logits-out bit for bit: --ep 2,
+// --tp 2, --tp 2 --ep 2 and --ep 2 with 2 MTP drafts a step; no worker is left after.
+func TestGenerateV4LayoutProcsOnTheEmulatedDevice(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
+	out := t.TempDir()
+	run := func(extra ...string) (string, []float32) {
+		path := filepath.Join(out, strings.Join(extra, ""), "l.safetensors")
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6",
+			"--device", "cuda-emu", "--logits-out", path}, extra...)
+		got, errOut, err := runGenerate(t, args...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(extra, " "), err, errOut)
+		}
+		lg, _ := readLogits(t, path)
+		return tokensLine(got), lg
+	}
+	for _, layout := range [][]string{{"--ep", "2"}, {"--tp", "2"}, {"--tp", "2", "--ep", "2"}, {"--ep", "2", "--num-speculative-tokens", "2"}} {
+		what := strings.Join(layout, " ")
+		wantToks, want := run(layout...)
+		gotToks, got := run(append(layout, "--tp-procs")...)
+		if gotToks == "" || gotToks != wantToks {
+			t.Errorf("%s --tp-procs: %q, in-process %q", what, gotToks, wantToks)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s --tp-procs: %d logits, in-process %d", what, len(got), len(want))
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s --tp-procs: logit %d = %g, in-process %g", what, i, got[i], want[i])
+			}
+		}
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after --tp-procs", pids)
 	}
 }

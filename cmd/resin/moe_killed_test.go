@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/resin-llm/resin/core/cli"
+	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
@@ -120,3 +122,15 @@ type discard struct{}
 
 func (discard) Token(int32, *engine.TokenLogprob)               {}
 func (discard) Finish(engine.FinishReason, error, engine.Usage) {}
+
+// TestGPULayoutWorkerKilledNamed: the same for deepseek-v4-flash's GPU layout --ep 2
+// --tp-procs on the emulated device (rank 1 a worker process on its own emulated GPU).
+func TestGPULayoutWorkerKilledNamed(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_NCCL_TIMEOUT=900") {
+		return
+	}
+	checkWorkerKilledNamed(t, func(dir string) (engine.Runner, *kvslab.Pool, error) {
+		f := &runtimeFlags{tp: tpFlags{size: 1, ep: 2, procs: true, dispatch: "gather"}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu}, cacheBytes: 4 << 20}
+		return f.openLayoutGPU(deepseekv4flash.Name, dir)
+	})
+}

@@ -42,7 +42,7 @@ func (t *tpFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&t.size, "tp", 1, "on the CPU: tensor parallelism over this many ranks, for --model llama (core/dist/tp) and deepseek-v4-flash and glm-5-flash (heads, output groups and expert columns split; with --ep too), in-process unless --tp-procs or --dist-init-addr; with --device cuda|cuda-emu, llama's GPU runner over this many ranks, in-process unless --tp-procs or --dist-init-addr (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer: NCCL_MULTI_RANK_GPU_ENABLE=1), or glm-5-flash's and deepseek-v4-flash's over in-process ranks; heads, KV heads and the intermediate size must divide by it")
 	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; with --tp they run over max(--tp, --ep) ranks, the smaller dividing the larger: tp groups of --tp consecutive ranks each split the attention and run every token, and the experts split over ep groups of --ep consecutive ranks (equal: the same ranks split both ways, as SGLang's --tp N --ep N; on the GPU they must be equal); with --device cuda|cuda-emu and --model glm-5-flash or deepseek-v4-flash, its GPU runner over this many in-process ranks on NCCL (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer), with --tp too")
 	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
-	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp: run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process); with --device cuda|cuda-emu each worker runs on its GPU and its GPU's NUMA node, rank 0 handing it the NCCL id")
+	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp (or --ep): run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process); with --device cuda|cuda-emu (llama; deepseek-v4-flash's --tp/--ep layouts) each worker runs on its GPU and its GPU's NUMA node, rank 0 handing it the NCCL id")
 	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), the ranks of --tp and --ep split evenly over --nnodes (node k holds ranks k·n ... k·n+n−1, on GPUs --gpu ... --gpu+n−1); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (processes; each holds ranks/nnodes ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
@@ -425,6 +425,9 @@ func runTPWorker(raw string) error {
 	}
 	if spec.CP > 1 {
 		return runCPWorker(spec)
+	}
+	if spec.GPU != nil && spec.Model != "" {
+		return runGPULayoutWorker(spec)
 	}
 	if spec.Model != "" {
 		return runMoEWorker(spec)

@@ -136,20 +136,7 @@ func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opt
 	}
 	size := len(ordinals)
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir}
-	binds := liveGPUBindings(ordinals, opts.NUMA)
-	var specs []launch.Spec
-	for rank := 1; rank < size; rank++ {
-		s := spec
-		s.Rank = rank
-		s.GPU = &gpuWorkerSpec{Ordinal: ordinals[rank], Emulate: emulate, NUMA: opts.NUMA, Limits: opts.Limits, Eager: opts.Eager, KernelCache: opts.KernelCache}
-		b, _ := json.Marshal(s)
-		ls := launch.Spec{Rank: rank, Path: exe, Env: []string{"RESIN_TP_WORKER=" + string(b)}, Stdout: io.Discard, Stderr: os.Stderr}
-		if binds != nil && binds[rank].Node >= 0 {
-			ls.Binding = &binds[rank]
-		}
-		specs = append(specs, ls)
-	}
-	w, err := launch.Start(specs)
+	w, err := launchGPUWorkers(exe, spec, ordinals, opts, emulate)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -167,6 +154,26 @@ func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opt
 		return nil, nil, err
 	}
 	return &tpGPUWorkers{TPRank: g, ctl: ctl, w: w}, pool, nil
+}
+
+// launchGPUWorkers starts ranks 1..len(ordinals)-1 of spec as children exe (this binary),
+// rank r on GPU ordinals[r] with opts' limits, NUMA mode and kernel cache, bound to its
+// GPU's NUMA node where the topology is known.
+func launchGPUWorkers(exe string, spec tpWorkerSpec, ordinals []int, opts gpurunner.Options, emulate bool) (*launch.Workers, error) {
+	binds := liveGPUBindings(ordinals, opts.NUMA)
+	var specs []launch.Spec
+	for rank := 1; rank < len(ordinals); rank++ {
+		s := spec
+		s.Rank = rank
+		s.GPU = &gpuWorkerSpec{Ordinal: ordinals[rank], Emulate: emulate, NUMA: opts.NUMA, Limits: opts.Limits, Eager: opts.Eager, KernelCache: opts.KernelCache}
+		b, _ := json.Marshal(s)
+		ls := launch.Spec{Rank: rank, Path: exe, Env: []string{"RESIN_TP_WORKER=" + string(b)}, Stdout: io.Discard, Stderr: os.Stderr}
+		if binds != nil && binds[rank].Node >= 0 {
+			ls.Binding = &binds[rank]
+		}
+		specs = append(specs, ls)
+	}
+	return launch.Start(specs)
 }
 
 // liveGPUBindings is gpuBindings on this host's topology and GPUs; nil when either cannot

@@ -178,24 +178,8 @@ func joinDenseTP(shard DenseShard, ctl dist.Communicator, opts Options, serial f
 	return g, pool, nil
 }
 
-// report all-gathers each rank's outcome of opening its runner (mine: nil, opened) and
-// returns the first failed rank's error, naming it.
-func (g *TPRank) report(mine error) error {
-	var msg []byte
-	if mine != nil {
-		msg = []byte(mine.Error())
-	}
-	all, err := g.ctl.AllGatherV(msg)
-	if err != nil {
-		return fmt.Errorf("gather the ranks' outcomes: %w", err)
-	}
-	for r, m := range all {
-		if len(m) > 0 && r != g.rank {
-			return fmt.Errorf("rank %d failed: %s", r, m)
-		}
-	}
-	return nil
-}
+// report is reportOpened on the rank's control communicator.
+func (g *TPRank) report(mine error) error { return reportOpened(g.ctl, mine) }
 
 // join joins the NCCL communicator of id from the rank's device thread (blocking until
 // every rank has) and gives its model the all-reduce and all-gather buffers.

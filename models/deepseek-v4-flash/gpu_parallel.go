@@ -277,37 +277,8 @@ func NewGPULayout(c *Config, l Layout, rankWeights func(rank int) (*Weights, err
 		if err != nil {
 			return gpurunner.GroupRank{}, err
 		}
-		if drafts == 0 {
-			w.MTP = nil // not drafting: the head is not needed
-		}
-		p := gpuRankPart(c, l, rank)
-		p.comm = data
-		if err := p.checkWeights(c, w); err != nil {
-			return gpurunner.GroupRank{}, err
-		}
-		m, err := NewModel(c, w, maxContext)
-		if err != nil {
-			return gpurunner.GroupRank{}, err
-		}
-		m.par = p
-		m.Config = gpuRankConfig(c, &p)
-		if drafts > 0 {
-			if err := checkMTP(m, drafts); err != nil {
-				return gpurunner.GroupRank{}, err
-			}
-		}
-		r, err := newGPURunner(m, nil, devs[rank], cache, cudart.F32, slots, maxTokens, maxRows, drafts)
-		if err != nil {
-			return gpurunner.GroupRank{}, err
-		}
+		r, gr, err := openGPURank(c, l, rank, w, data, devs[rank], cache, slots, maxTokens, maxRows, maxContext, drafts, cacheBytes)
 		g.ranks[rank] = r
-		gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
-			Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) { r.g.par.comm = comm }}
-		if drafts > 0 {
-			d := gpuDrafter{r}
-			gr.Draft, gr.MaxDrafts = d.Draft, drafts
-		}
-		gr.Pool, err = r.NewPool(cacheBytes)
 		return gr, err
 	})
 	if err != nil {
@@ -316,6 +287,45 @@ func NewGPULayout(c *Config, l Layout, rankWeights func(rank int) (*Weights, err
 	g.group = group
 	g.Runner = cpurunner.New(g.ranks[0].Info(), group.Leader())
 	return g, group.Pool(), nil
+}
+
+// openGPURank opens rank rank of layout l of the model of config c on dev: its weights
+// w (the rank's part), its model's CPU part on data (the rank's data communicator), its
+// GPURunner with the layout's sizes and its pool of cacheBytes, as a gpurunner.GroupRank
+// whose SetComm hands the runner its end of the NCCL communicator.
+func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache,
+	slots, maxTokens, maxRows, maxContext, drafts int, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
+	if drafts == 0 {
+		w.MTP = nil // not drafting: the head is not needed
+	}
+	p := gpuRankPart(c, l, rank)
+	p.comm = data
+	if err := p.checkWeights(c, w); err != nil {
+		return nil, gpurunner.GroupRank{}, err
+	}
+	m, err := NewModel(c, w, maxContext)
+	if err != nil {
+		return nil, gpurunner.GroupRank{}, err
+	}
+	m.par = p
+	m.Config = gpuRankConfig(c, &p)
+	if drafts > 0 {
+		if err := checkMTP(m, drafts); err != nil {
+			return nil, gpurunner.GroupRank{}, err
+		}
+	}
+	r, err := newGPURunner(m, nil, dev, cache, cudart.F32, slots, maxTokens, maxRows, drafts)
+	if err != nil {
+		return nil, gpurunner.GroupRank{}, err
+	}
+	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) { r.g.par.comm = comm }}
+	if drafts > 0 {
+		d := gpuDrafter{r}
+		gr.Draft, gr.MaxDrafts = d.Draft, drafts
+	}
+	gr.Pool, err = r.NewPool(cacheBytes)
+	return r, gr, err
 }
 
 // checkPlan refuses, before rank 0 broadcasts p, what the ranks' forward would refuse of

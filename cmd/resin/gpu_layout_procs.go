@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/resin-llm/resin/core/cli"
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+)
+
+// gpuLayoutJoiners are the models of gpuLayoutOpeners whose GPU layout also runs as a
+// worker process per rank (--tp-procs): rank ctl.Rank() of tp × ep ranks joining the
+// others over ctl (the NCCL id, the plans) and data (the model's CPU part).
+var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return deepseekv4flash.JoinGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep}, drafts, ctl, data)
+	},
+}
+
+// openLayoutGPUProcs is openLayoutGPU with ranks 1..N-1 as worker processes of this
+// binary, rank r on GPU --gpu+r (all on --gpu where fewer are seen), each bound to its
+// GPU's NUMA node, meeting rank 0 (this process, the engine's) in shared memory; the
+// step of a dead worker fails naming its rank, pid and signal.
+func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+	join := gpuLayoutJoiners[name]
+	size := f.tp.ranks()
+	what := fmt.Sprintf("--tp %d --ep %d --tp-procs", f.tp.size, f.tp.ep)
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return nil, nil, fmt.Errorf("%s on the GPU: %w", name, err)
+	}
+	ordinals, err := gpurunner.RankOrdinals(opts.Ordinal, size)
+	if err != nil {
+		return nil, nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir, Model: name, TP: f.tp.size, EP: f.tp.ep, Drafts: f.specTokens}
+	w, err := launchGPUWorkers(exe, spec, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	ctl, data, err := joinTP(spec, w.Exited())
+	if err != nil {
+		w.Kill()
+		return nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
+	}
+	opts.Ordinal = ordinals[0]
+	g, info, err := join(dir, cacheBytes, opts, f.tp.size, f.tp.ep, f.specTokens, ctl, data)
+	if err != nil {
+		err = workerError(w, err)
+		ctl.Close()
+		data.Close()
+		w.Kill()
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	ws := &tpWorkers{ctl: ctl, data: data, w: w}
+	lead := g.Leader()
+	lead.Lead = ws.forward(lead.Lead)
+	if lead.LeadDraft != nil {
+		draft := lead.LeadDraft
+		lead.LeadDraft = func(p *engine.BatchPlan, res *engine.StepResult) error { return w.StepError(draft(p, res)) }
+	}
+	closeAll := func() error {
+		return errors.Join(g.Close(), w.Stop(30*time.Second), ctl.Close(), data.Close())
+	}
+	return &tpRunner{cpurunner.New(info, lead), closeAll, w}, g.Pool(), nil
+}
+
+// runGPULayoutWorker is a --tp-procs worker of a MoE model's GPU layout: it joins rank 0,
+// opens its rank on its GPU and follows rank 0's plans until it stops.
+func runGPULayoutWorker(spec tpWorkerSpec) error {
+	gs := spec.GPU
+	join := gpuLayoutJoiners[spec.Model]
+	if join == nil {
+		return fmt.Errorf("rank %d: model %q has no GPU layout in worker processes", spec.Rank, spec.Model)
+	}
+	if gs.Emulate {
+		if err := cudart.Emulate(); err != nil {
+			return fmt.Errorf("rank %d: --device cuda-emu: %w", spec.Rank, err)
+		}
+	}
+	ctl, data, err := joinTP(spec, nil)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	defer data.Close()
+	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache}
+	g, _, err := join(spec.Dir, 0, opts, spec.TP, spec.EP, spec.Drafts, ctl, data)
+	if err != nil {
+		return err
+	}
+	return errors.Join(g.Follow(), g.Close())
+}

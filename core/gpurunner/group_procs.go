@@ -1,0 +1,185 @@
+package gpurunner
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// ProcRank is one rank of a model's GPU layout whose ranks are processes of their own (a
+// worker per GPU on this host, or ranks on other nodes): Group's ranks, but joined over
+// a control communicator across processes (dist.JoinShm, dist.JoinTCP) instead of
+// started as goroutines. Rank 0 leads the plans (Leader, for the engine's runner); the
+// others Follow until rank 0 Stops them.
+type ProcRank struct {
+	name    string
+	r       GroupRank
+	ctl     dist.Communicator
+	comm    *cudart.Comm
+	stopped bool
+	closed  bool
+}
+
+// JoinGroup opens rank ctl.Rank() of a GPU layout over ctl.Size() processes through open
+// (its runner, device and pool; cacheBytes the pool's bytes) and joins the others: rank
+// 0 opens first, creates the NCCL id and broadcasts it on ctl with its pool's geometry,
+// which the others' pools take (rank 0's page ids then address them alike; their GPUs'
+// free memory does not decide); every rank reports on ctl whether it opened, so a failure
+// anywhere fails every rank naming the failed one; then all join the NCCL communicator
+// and each rank's model takes its end (SetComm). name prefixes the errors.
+func JoinGroup(name string, ctl dist.Communicator, cacheBytes int64, open func(cacheBytes int64) (GroupRank, error)) (*ProcRank, error) {
+	rank, size := ctl.Rank(), ctl.Size()
+	g := &ProcRank{name: name, ctl: ctl}
+	fail := func(err error) (*ProcRank, error) {
+		if g.r.Close != nil {
+			g.r.Close()
+		}
+		return nil, fmt.Errorf("%s: rank %d of %d: %w", name, rank, size, err)
+	}
+	opened := func(bytes int64) error {
+		r, err := open(bytes)
+		g.r = r // closed on a later failure (a nil Close is skipped)
+		if err == nil && (r.Pool == nil || r.Device == nil || r.Forward == nil) {
+			err = errors.New("opened without a device, a pool or a forward")
+		}
+		return err
+	}
+	var hello tpHello
+	var id cudart.NCCLUniqueID
+	if rank == 0 {
+		err := opened(cacheBytes)
+		if err == nil && size > 1 {
+			id, err = cudart.NewNCCLUniqueID()
+		}
+		if err != nil {
+			hello.Err = err.Error()
+		} else {
+			p := g.r.Pool
+			hello = tpHello{ID: id.Internal[:], CacheBytes: int64(p.Slabs()) * p.SlabBytes(), Slabs: p.Slabs(), SlabBytes: p.SlabBytes()}
+		}
+		if size > 1 {
+			b, _ := json.Marshal(hello)
+			if _, berr := ctl.Broadcast(b, 0); berr != nil && err == nil {
+				err = fmt.Errorf("hand the NCCL id to the other ranks: %w", berr)
+			}
+		}
+		if err != nil {
+			return fail(err)
+		}
+	} else {
+		b, err := ctl.Broadcast(nil, 0)
+		if err != nil {
+			return fail(fmt.Errorf("wait for rank 0's NCCL id: %w", err))
+		}
+		if err := json.Unmarshal(b, &hello); err != nil {
+			return fail(fmt.Errorf("rank 0's first message: %w", err))
+		}
+		if hello.Err != "" {
+			return fail(fmt.Errorf("rank 0 failed: %s", hello.Err))
+		}
+		if len(hello.ID) != len(id.Internal) {
+			return fail(fmt.Errorf("rank 0 sent a %d-byte NCCL id", len(hello.ID)))
+		}
+		copy(id.Internal[:], hello.ID)
+		err = opened(hello.CacheBytes)
+		if p := g.r.Pool; err == nil && (p.Slabs() != hello.Slabs || p.SlabBytes() != hello.SlabBytes) {
+			err = fmt.Errorf("its cache (%d slabs of %d bytes) is not rank 0's (%d of %d)", p.Slabs(), p.SlabBytes(), hello.Slabs, hello.SlabBytes)
+		}
+		if err != nil {
+			reportOpened(ctl, err) // rank 0 and the others learn of it there
+			return fail(err)
+		}
+	}
+	if size == 1 {
+		return g, nil
+	}
+	if err := reportOpened(ctl, nil); err != nil {
+		return fail(err)
+	}
+	err := g.r.Device.Do(func(c *cudart.Ctx) error {
+		var err error
+		g.comm, err = cudart.InitComm(c, id, size, rank)
+		return err
+	})
+	if err != nil {
+		return fail(fmt.Errorf("join the NCCL communicator: %w", err))
+	}
+	if g.r.SetComm != nil {
+		g.r.SetComm(g.comm)
+	}
+	return g, nil
+}
+
+// reportOpened all-gathers each rank's outcome of opening its runner on ctl (mine: nil,
+// opened) and returns the first other rank's failure, naming it.
+func reportOpened(ctl dist.Communicator, mine error) error {
+	var msg []byte
+	if mine != nil {
+		msg = []byte(mine.Error())
+	}
+	all, err := ctl.AllGatherV(msg)
+	if err != nil {
+		return fmt.Errorf("gather the ranks' outcomes: %w", err)
+	}
+	for r, m := range all {
+		if len(m) > 0 && r != ctl.Rank() {
+			return fmt.Errorf("rank %d failed: %s", r, m)
+		}
+	}
+	return nil
+}
+
+// Rank is this rank's GroupRank (its device, pool and lockstep part).
+func (g *ProcRank) Rank() GroupRank { return g.r }
+
+// Pool returns the rank's pool (rank 0's is the one the engine schedules with).
+func (g *ProcRank) Pool() *kvslab.Pool { return g.r.Pool }
+
+// Leader is rank 0's end of the group for core/cpurunner: each plan checked, broadcast on
+// the control communicator and run with the others (a Drafter when the ranks draft).
+func (g *ProcRank) Leader() lockstep.Leader { return lockstep.LeadRank(g.ctl, g.r.Rank) }
+
+// Follow runs a rank other than 0: each plan rank 0 broadcasts, its CacheOps executed on
+// this rank's pool first, until rank 0's Stop (then nil) or an error.
+func (g *ProcRank) Follow() error {
+	if g.ctl.Rank() == 0 {
+		return fmt.Errorf("%s: rank 0 leads; it does not follow", g.name)
+	}
+	r := g.r.Rank
+	r.Forward, r.Check = lockstep.WithCacheOps(g.r.Pool, r.Forward), nil
+	if err := lockstep.FollowRank(g.ctl, r); err != nil {
+		return fmt.Errorf("%s: %w", g.name, err)
+	}
+	return nil
+}
+
+// Stop tells the followers to return from Follow (rank 0; once, and a no-op elsewhere).
+func (g *ProcRank) Stop() error {
+	if g.ctl.Rank() != 0 || g.ctl.Size() == 1 || g.stopped {
+		return nil
+	}
+	g.stopped = true
+	return lockstep.Stop(g.ctl)
+}
+
+// Close stops the followers (rank 0), then frees the NCCL communicator and the rank's
+// runner.
+func (g *ProcRank) Close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	errs := []error{g.Stop()}
+	if g.comm != nil {
+		errs = append(errs, g.r.Device.Do(func(*cudart.Ctx) error { return g.comm.Destroy() }))
+	}
+	if g.r.Close != nil {
+		errs = append(errs, g.r.Close())
+	}
+	return errors.Join(errs...)
+}
