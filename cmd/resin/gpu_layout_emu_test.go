@@ -75,36 +75,47 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	}
 }
 
-// TestGenerateV4LayoutProcsOnTheEmulatedDevice: deepseek-v4-flash's GPU layouts with
+// TestGenerateLayoutProcsOnTheEmulatedDevice: the MoE models' GPU layouts with
 // --tp-procs (rank 1 a worker process of this binary on its own emulated GPU: the NCCL id
 // and rank 0's pool geometry over the shared-memory control communicator,
 // gpurunner.JoinGroup; the emulated NCCL's ranks meeting across the processes) print the
-// in-process layout's tokens (the CPU's) and write its --logits-out bit for bit: --ep 2,
-// --tp 2, --tp 2 --ep 2 and --ep 2 with 2 MTP drafts a step; no worker is left after.
-func TestGenerateV4LayoutProcsOnTheEmulatedDevice(t *testing.T) {
+// in-process layout's tokens and write its --logits-out bit for bit: deepseek-v4-flash
+// --ep 2, --tp 2, --tp 2 --ep 2 and --ep 2 with 2 MTP drafts a step, glm-5-flash --ep 2
+// and --tp 2 with 2 drafts; no worker is left after.
+func TestGenerateLayoutProcsOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
 	out := t.TempDir()
-	run := func(extra ...string) (string, []float32) {
-		path := filepath.Join(out, strings.Join(extra, ""), "l.safetensors")
+	run := func(model string, extra ...string) (string, []float32) {
+		path := filepath.Join(out, model+strings.Join(extra, ""), "l.safetensors")
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		args := append([]string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6",
+		cfg := filepath.Join("..", "..", "models", model, "config.json")
+		args := append([]string{"--model", model, "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6",
 			"--device", "cuda-emu", "--logits-out", path}, extra...)
 		got, errOut, err := runGenerate(t, args...)
 		if err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(extra, " "), err, errOut)
+			t.Fatalf("%s %s: %v\n%s", model, strings.Join(extra, " "), err, errOut)
 		}
 		lg, _ := readLogits(t, path)
 		return tokensLine(got), lg
 	}
-	for _, layout := range [][]string{{"--ep", "2"}, {"--tp", "2"}, {"--tp", "2", "--ep", "2"}, {"--ep", "2", "--num-speculative-tokens", "2"}} {
-		what := strings.Join(layout, " ")
-		wantToks, want := run(layout...)
-		gotToks, got := run(append(layout, "--tp-procs")...)
+	for _, c := range []struct {
+		model  string
+		layout []string
+	}{
+		{"deepseek-v4-flash", []string{"--ep", "2"}},
+		{"deepseek-v4-flash", []string{"--tp", "2"}},
+		{"deepseek-v4-flash", []string{"--tp", "2", "--ep", "2"}},
+		{"deepseek-v4-flash", []string{"--ep", "2", "--num-speculative-tokens", "2"}},
+		{"glm-5-flash", []string{"--ep", "2"}},
+		{"glm-5-flash", []string{"--tp", "2", "--num-speculative-tokens", "2"}},
+	} {
+		what := c.model + " " + strings.Join(c.layout, " ")
+		wantToks, want := run(c.model, c.layout...)
+		gotToks, got := run(c.model, append(c.layout, "--tp-procs")...)
 		if gotToks == "" || gotToks != wantToks {
 			t.Errorf("%s --tp-procs: %q, in-process %q", what, gotToks, wantToks)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 )
 
 // gpuLayoutJoiners are the models of gpuLayoutOpeners whose GPU layout also runs as a
@@ -22,6 +23,9 @@ import (
 var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
 	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
 		return deepseekv4flash.JoinGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep}, drafts, ctl, data)
+	},
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return glm5flash.JoinGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep}, drafts, ctl, data)
 	},
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -138,4 +139,87 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		}
 	}
 	return g, pool, nil
+}
+
+// JoinGPULayout opens rank ctl.Rank() of layout l (OpenGPULayout's: EP, TP or both equal,
+// over ctl.Size() ranks) of the model in dir as a process of its own on GPU opts.Ordinal
+// (cmd/resin's --tp-procs workers: a process per GPU), joining the other ranks over ctl
+// (gpurunner.JoinGroup: rank 0's NCCL id and pool geometry, every rank's outcome, the NCCL
+// join) and data (the model's CPU part). It reads its own part of a checkpoint, or cuts
+// the seeded random weights every rank builds alike; it captures decode graphs unless
+// opts.Eager, as every rank must alike. Rank 0 returns the engine's RunnerInfo and leads
+// with the ProcRank's Leader; the others Follow. Closing the ProcRank closes the device.
+func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layout, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+	rank, size := ctl.Rank(), ctl.Size()
+	fail := func(err error) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return nil, engine.RunnerInfo{}, fmt.Errorf("%s: tp=%d ep=%d rank %d: %w", Name, l.TP, l.EP, rank, err)
+	}
+	switch {
+	case drafts < 0:
+		return fail(fmt.Errorf("%d drafts per step", drafts))
+	case l.Size() != size:
+		return fail(fmt.Errorf("a layout of %d ranks over a group of %d", l.Size(), size))
+	case l.TP > 1 && l.EP > 1 && l.TP != l.EP:
+		return fail(fmt.Errorf("on the GPU tp and ep must be equal (different sizes run on the CPU)"))
+	}
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return fail(err)
+	}
+	c, err := LoadTextConfig(dir)
+	if err != nil {
+		return fail(err)
+	}
+	if err := l.Check(c); err != nil {
+		return fail(err)
+	}
+	var whole *TextWeights
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close() // the rank reads its part
+	} else if !errors.Is(err, weights.ErrNotFound) {
+		return fail(fmt.Errorf("load %s: %w", dir, err))
+	} else if whole, err = randomWeights(dir, c, 0); err != nil {
+		return fail(err)
+	}
+	w, err := loadPartWeights(dir, c, 0, gpuRankPart(c, l, rank), whole)
+	if err != nil {
+		return fail(err)
+	}
+	if drafts == 0 {
+		w.mtp = nil // not drafting: the layer is not needed
+	}
+	rowsSet := opts.Limits.MaxRows > 0
+	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
+	if err != nil {
+		return fail(err)
+	}
+	if !rowsSet {
+		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
+	}
+	gopts := GPUOptions{Drafts: drafts, KDAWeights: shippedKDAType(dir, c)}
+	var r *GPURunner
+	g, err := gpurunner.JoinGroup(Name, ctl, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
+		var gr gpurunner.GroupRank
+		var err error
+		r, gr, err = openGPURank(c, l, rank, w, data, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, min(c.MaxPositionEmbeddings, 4096), gopts, bytes)
+		if r != nil {
+			r.ownsDev = true // closed with the runner from here on
+		}
+		return gr, err
+	})
+	if err != nil {
+		if r == nil {
+			dev.Close()
+		}
+		return nil, engine.RunnerInfo{}, err
+	}
+	if !opts.Eager {
+		if err := r.UseGraphs(true, opts.Log); err != nil {
+			g.Close()
+			return fail(err)
+		}
+	}
+	if opts.Log != nil && rank == 0 {
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), r.Describe())
+	}
+	return g, r.Info(), nil
 }

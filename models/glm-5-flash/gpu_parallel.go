@@ -247,29 +247,8 @@ func NewGPULayout(c *TextConfig, l Layout, rankWeights func(rank int) (*TextWeig
 		if err != nil {
 			return gpurunner.GroupRank{}, err
 		}
-		p := gpuRankPart(c, l, rank)
-		p.comm = data
-		if err := checkGPURankWeights(c, w, &p); err != nil {
-			return gpurunner.GroupRank{}, err
-		}
-		if w.mtp == nil && opts.Drafts > 0 {
-			return gpurunner.GroupRank{}, fmt.Errorf("%s: MTP speculative decoding: %w", Name, ErrNoMTP)
-		}
-		m := &TextModel{Config: c, W: w, par: p}
-		if size > 1 {
-			m.Config = gpuRankConfig(c, p)
-		}
-		r, err := NewGPURunner(m, devs[rank], cache, slots, maxTokens, maxRows, maxContext, opts)
-		if err != nil {
-			return gpurunner.GroupRank{}, err
-		}
+		r, gr, err := openGPURank(c, l, rank, w, data, devs[rank], cache, slots, maxTokens, maxRows, maxContext, opts, cacheBytes)
 		g.ranks[rank] = r
-		gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
-			Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) { r.g.par.comm = comm }}
-		if r.drafts > 0 {
-			gr.Draft, gr.MaxDrafts = r.mtpDraft, r.drafts
-		}
-		gr.Pool, err = r.NewPool(cacheBytes)
 		return gr, err
 	})
 	if err != nil {
@@ -278,6 +257,37 @@ func NewGPULayout(c *TextConfig, l Layout, rankWeights func(rank int) (*TextWeig
 	g.group = group
 	g.Runner = cpurunner.New(g.ranks[0].Info(), group.Leader())
 	return g, group.Pool(), nil
+}
+
+// openGPURank opens rank rank of layout l of the model of config c on dev: its weights w
+// (the rank's part), its model's CPU part on data (the rank's data communicator), its
+// GPURunner with the layout's sizes and opts and its pool of cacheBytes, as a
+// gpurunner.GroupRank whose SetComm hands the runner its end of the NCCL communicator.
+func openGPURank(c *TextConfig, l Layout, rank int, w *TextWeights, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache,
+	slots, maxTokens, maxRows, maxContext int, opts GPUOptions, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
+	p := gpuRankPart(c, l, rank)
+	p.comm = data
+	if err := checkGPURankWeights(c, w, &p); err != nil {
+		return nil, gpurunner.GroupRank{}, err
+	}
+	if w.mtp == nil && opts.Drafts > 0 {
+		return nil, gpurunner.GroupRank{}, fmt.Errorf("%s: MTP speculative decoding: %w", Name, ErrNoMTP)
+	}
+	m := &TextModel{Config: c, W: w, par: p}
+	if l.Size() > 1 {
+		m.Config = gpuRankConfig(c, p)
+	}
+	r, err := NewGPURunner(m, dev, cache, slots, maxTokens, maxRows, maxContext, opts)
+	if err != nil {
+		return nil, gpurunner.GroupRank{}, err
+	}
+	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) { r.g.par.comm = comm }}
+	if r.drafts > 0 {
+		gr.Draft, gr.MaxDrafts = r.mtpDraft, r.drafts
+	}
+	gr.Pool, err = r.NewPool(cacheBytes)
+	return r, gr, err
 }
 
 // checkGPURankWeights refuses weights w that are not rank p's part of c on the GPU: its
