@@ -36,15 +36,15 @@ var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurun
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
 // (with the gather dispatch; the model checks the sizes), in-process ranks, or for a model
-// of gpuLayoutJoiners in worker processes (--tp-procs); llama's --tp also in worker
-// processes or across nodes (--dist-init-addr).
+// of gpuLayoutJoiners in worker processes (--tp-procs) or across nodes (--dist-init-addr);
+// llama's --tp too.
 func (f *runtimeFlags) gpuParallel() bool {
 	t := &f.tp
 	switch {
+	case (t.procs || t.initAddr != "") && gpuLayoutJoiners[f.model] != nil: // worker processes or nodes
+		return t.dispatch == "gather" && !(t.procs && t.initAddr != "")
 	case t.initAddr != "": // nodes: llama's GPU TP only
 		return f.model == "llama" && t.ep == 1
-	case t.procs && gpuLayoutJoiners[f.model] != nil: // worker processes
-		return t.dispatch == "gather"
 	case t.procs:
 		return f.model == "llama" && t.ep == 1
 	case gpuLayoutOpeners[f.model] != nil:
@@ -63,6 +63,9 @@ func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.P
 		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(f.tp.ranks()))
 	}
 	return f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		if f.tp.initAddr != "" {
+			return f.openLayoutGPUNodes(name, dir, cacheBytes, opts)
+		}
 		if f.tp.procs {
 			return f.openLayoutGPUProcs(name, dir, cacheBytes, opts)
 		}

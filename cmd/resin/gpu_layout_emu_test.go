@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,4 +132,62 @@ func TestGenerateLayoutProcsOnTheEmulatedDevice(t *testing.T) {
 	if pids := childWorkers(t); len(pids) > 0 {
 		t.Errorf("worker processes %v left after --tp-procs", pids)
 	}
+}
+
+// TestGenerateLayoutGPUNodes: deepseek-v4-flash's GPU layout --ep 2 over two "nodes" (this
+// process node 0, a child of this binary node 1 with torchrun's environment) meeting over
+// TCP at --dist-init-addr, rank 0 handing out the NCCL id there (gpurunner.JoinGroup; the
+// emulated NCCL meets the ranks in this host's shared memory), prints the in-process
+// layout's tokens and writes its --logits-out bit for bit; and --ep 2 on one node (both
+// ranks of this process joining over the rendezvous) too. Node 1 ends when node 0 stops it.
+func TestGenerateLayoutGPUNodes(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
+	out := t.TempDir()
+	path := func(name string) string { return filepath.Join(out, name, "l.safetensors") }
+	args := func(name string) []string {
+		if err := os.MkdirAll(filepath.Dir(path(name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--device", "cuda-emu", "--prompt-ids", "1,2,3,4,5",
+			"--max-tokens", "6", "--ep", "2", "--logits-out", path(name)}
+	}
+	want, errOut, err := runGenerate(t, args("in-process")...)
+	if err != nil {
+		t.Fatalf("in-process: %v\n%s", err, errOut)
+	}
+	wantLg, _ := readLogits(t, path("in-process"))
+	same := func(what, got string) {
+		t.Helper()
+		if tokensLine(got) == "" || tokensLine(got) != tokensLine(want) {
+			t.Fatalf("%s %q, in-process %q", what, tokensLine(got), tokensLine(want))
+		}
+		lg, _ := readLogits(t, path(what))
+		if len(lg) != len(wantLg) {
+			t.Fatalf("%s: %d logits, in-process %d", what, len(lg), len(wantLg))
+		}
+		for i := range wantLg {
+			if math.Float32bits(lg[i]) != math.Float32bits(wantLg[i]) {
+				t.Fatalf("%s: logit %d = %g, in-process %g", what, i, lg[i], wantLg[i])
+			}
+		}
+	}
+	addr := rendezvousAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	node1 := args("node1")
+	kill, wait := startNode(t, node1[:len(node1)-2], "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	got, errOut, err := runGenerate(t, append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args("two-nodes")...)...)
+	if err != nil {
+		kill()
+		t.Fatalf("node 0: %v (%s)", err, errOut)
+	}
+	wait()
+	same("two-nodes", got)
+	got, errOut, err = runGenerate(t, append([]string{"--nnodes", "1", "--dist-init-addr", rendezvousAddr(t), "--dist-timeout", "2m"}, args("one-node")...)...)
+	if err != nil {
+		t.Fatalf("one node: %v (%s)", err, errOut)
+	}
+	same("one-node", got)
 }

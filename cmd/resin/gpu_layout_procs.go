@@ -106,3 +106,78 @@ func runGPULayoutWorker(spec tpWorkerSpec) error {
 	}
 	return errors.Join(g.Follow(), g.Close())
 }
+
+// openLayoutGPUNodes is openLayoutGPU across nodes (--dist-init-addr, --nnodes,
+// --node-rank or torchrun's environment): this node's share of the tp × ep ranks, each on
+// GPU --gpu + its index on the node (all on --gpu where fewer are seen), joining the
+// others over TCP control and data communicators at the rendezvous, rank 0 handing out
+// the NCCL id there (gpurunner.JoinGroup). Node 0's first rank serves the engine; the
+// other nodes follow until it stops them (errWorkerDone).
+func (f *runtimeFlags) openLayoutGPUNodes(name, dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+	join, t := gpuLayoutJoiners[name], &f.tp
+	size := t.ranks()
+	first, n := t.nodeRanks()
+	type rank struct {
+		g         *gpurunner.ProcRank
+		info      engine.RunnerInfo
+		ctl, data dist.Communicator
+	}
+	open := func(r int) (*rank, error) {
+		ctl, err := dist.JoinTCP(t.initAddr, r, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: t.joinTimeout(), Group: "gpu-layout-ctl"})
+		if err != nil {
+			return nil, err
+		}
+		data, err := dist.JoinTCP(t.initAddr, r, size, dist.Options{Timeout: time.Minute, JoinTimeout: t.joinTimeout(), Group: "gpu-layout-data"})
+		if err != nil {
+			ctl.Close()
+			return nil, err
+		}
+		o := opts
+		if c, err := cudart.DeviceCount(); err == nil && opts.Ordinal+t.localRank+n <= c {
+			o.Ordinal += t.localRank + r - first
+		} // else every rank of this node on --gpu (NCCL_MULTI_RANK_GPU_ENABLE=1), as in-process ranks are
+		g, info, err := join(dir, cacheBytes, o, t.size, t.ep, f.specTokens, ctl, data)
+		if err == nil {
+			err = data.Barrier() // every rank has read dir (a --random-weights copy is removed after)
+			if err != nil {
+				g.Close()
+			}
+		}
+		if err != nil {
+			ctl.Close()
+			data.Close()
+			return nil, fmt.Errorf("on GPU %d: %w", o.Ordinal, err)
+		}
+		return &rank{g, info, ctl, data}, nil
+	}
+	follow := func(r int) error {
+		k, err := open(r)
+		if err != nil {
+			return err
+		}
+		defer k.ctl.Close()
+		defer k.data.Close()
+		return errors.Join(k.g.Follow(), k.g.Close())
+	}
+	wait := withLocalRanks(first, n, follow)
+	if first != 0 {
+		if err := follow(first); err != nil {
+			return nil, nil, fmt.Errorf("worker node %d: rank %d: %w", t.nodeRank, first, err)
+		}
+		if err := wait(); err != nil {
+			return nil, nil, fmt.Errorf("worker node %d: %w", t.nodeRank, err)
+		}
+		return nil, nil, errWorkerDone
+	}
+	k, err := open(0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("node 0: %w", err)
+	}
+	stop := func() error {
+		err := k.g.Close() // stops the followers first
+		k.ctl.Close()
+		k.data.Close()
+		return errors.Join(err, wait())
+	}
+	return &tpRunner{cpurunner.New(k.info, k.g.Leader()), stop, nil}, k.g.Pool(), nil
+}

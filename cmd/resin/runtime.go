@@ -186,10 +186,12 @@ func (f *runtimeFlags) check() error {
 		return f.tp.check()
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
 		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
+	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[f.model] != nil && f.tp.dispatch != "gather":
+		return fmt.Errorf("--ep-dispatch %s with --device cuda: the GPU layouts dispatch by gather only (the all-to-all dispatch runs on the CPU)", f.tp.dispatch)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel() && (f.tp.procs || f.tp.initAddr != ""):
-		return fmt.Errorf("--tp-procs and --dist-init-addr with --device cuda run --model llama's --tp ranks only (not --ep, not %s, whose GPU ranks run in this process: drop the flag)", f.model)
+		return fmt.Errorf("--tp %d --ep %d with --device cuda and --tp-procs or --dist-init-addr: %s has no such GPU layout (llama: --tp; deepseek-v4-flash, glm-5-flash: --tp, --ep or both equal)", f.tp.size, f.tp.ep, f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel():
-		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama (--tp: in-process ranks, --tp-procs or --dist-init-addr) and glm-5-flash and deepseek-v4-flash (--tp, --ep, --ep-dispatch gather: in-process ranks); the others run on the CPU", f.tp.size, f.tp.ep)
+		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama (--tp) and glm-5-flash and deepseek-v4-flash (--tp, --ep, --ep-dispatch gather), in-process ranks, --tp-procs or --dist-init-addr; the others run on the CPU", f.tp.size, f.tp.ep)
 	case f.tp.size > 1 && f.tp.ep > 1 && f.tp.size != f.tp.ep && f.device.CUDA():
 		return fmt.Errorf("--tp %d --ep %d with --device cuda: the GPU layout splits the same ranks both ways, so --tp and --ep must be equal there; different sizes run on the CPU", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:

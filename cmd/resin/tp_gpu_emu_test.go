@@ -222,15 +222,22 @@ func TestGPUTPRefusedOnce(t *testing.T) {
 	}
 }
 
-// TestGPUProcsLayoutNamed: --tp-procs or --dist-init-addr on the GPU with a model or --ep
-// only in-process ranks serve is refused naming the flag to drop; the message listed what
-// --device cuda covers, naming neither.
+// TestGPUProcsLayoutNamed: --tp-procs or --dist-init-addr on the GPU with a layout the
+// model has no GPU ranks for (llama's --ep) is refused naming the model and what runs; the
+// MoE models' GPU layouts with the all-to-all dispatch are refused naming the dispatch.
 func TestGPUProcsLayoutNamed(t *testing.T) {
+	llama := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"), "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cuda-emu"}
+	for _, extra := range [][]string{{"--ep", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2", "--dist-init-addr", "127.0.0.1:1", "--nnodes", "2"}} {
+		_, errOut, err := runGenerate(t, append(llama, extra...)...)
+		if err == nil || !strings.Contains(err.Error(), "llama has no such GPU layout") {
+			t.Errorf("%v: %v (%s), want the refusal naming llama's GPU layouts", extra, err, errOut)
+		}
+	}
 	glm := []string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cuda-emu"}
-	for _, extra := range [][]string{{"--tp", "2", "--tp-procs"}, {"--ep", "2", "--tp-procs"}, {"--tp", "2", "--dist-init-addr", "127.0.0.1:1", "--nnodes", "2"}} {
+	for _, extra := range [][]string{{"--ep", "2", "--tp-procs", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all"}} {
 		_, errOut, err := runGenerate(t, append(glm, extra...)...)
-		if err == nil || !strings.Contains(err.Error(), "--tp-procs and --dist-init-addr") || !strings.Contains(err.Error(), "glm-5-flash") {
-			t.Errorf("%v: %v (%s), want the refusal naming --tp-procs and glm-5-flash", extra, err, errOut)
+		if err == nil || !strings.Contains(err.Error(), "dispatch by gather only") {
+			t.Errorf("%v: %v (%s), want the refusal naming the dispatch", extra, err, errOut)
 		}
 	}
 }
