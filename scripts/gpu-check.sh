@@ -343,6 +343,21 @@ tpOneGPU() {
 		echo "TestGPUNCCLLayoutEqualsOne failed or did not run (it needs NCCL >= 2.30: the skip above says which was found)"
 		failed=1
 	fi
+	# deepseek-v4-flash's GPU layout EP=2 with rank 1 a worker process (--tp-procs: the NCCL id
+	# over the shared-memory control communicator, gpurunner.JoinGroup), both ranks on GPU 0,
+	# against the in-process EP=2: the same tokens. Written without a GPU: on the emulated
+	# device the two are bit-identical (TestGenerateLayoutProcsOnTheEmulatedDevice), not here.
+	echo; echo "== deepseek-v4-flash GPU layout EP=2: worker processes against in-process ranks, GPU 0"
+	local inproc procs
+	inproc=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate --model deepseek-v4-flash --random-weights models/deepseek-v4-flash/config.json \
+		--device cuda --ep 2 --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
+	procs=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate --model deepseek-v4-flash --random-weights models/deepseek-v4-flash/config.json \
+		--device cuda --ep 2 --tp-procs --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
+	echo "in-process: $inproc"; echo "--tp-procs: $procs"
+	if [ -z "$inproc" ] || [ "$inproc" != "$procs" ]; then
+		echo "the worker-process layout did not print the in-process tokens"
+		failed=1
+	fi
 	# The ~1.1B llama of the section above ($1) at --tp 2, both ranks on GPU 0: the figures
 	# against --tp 1's show what the collectives cost (two ranks sharing one GPU are not
 	# faster); decode replays graphs with the collectives inside.
