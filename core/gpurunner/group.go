@@ -90,38 +90,65 @@ func StartGroup(name string, size int, open func(rank int, data dist.Communicato
 	return g, nil
 }
 
-// join makes the ranks' NCCL communicator, each rank joining from its device thread at
-// once, and gives each rank its end.
+// join makes the ranks' NCCL communicator (JoinComms) and gives each rank its end.
 func (g *Group) join() error {
-	id, err := cudart.NewNCCLUniqueID()
-	if err != nil {
-		return fmt.Errorf("%s: %w", g.name, err)
-	}
-	size := len(g.ranks)
-	g.comms = make([]*cudart.Comm, size)
-	errs := make([]error, size)
-	var wg sync.WaitGroup
+	devs := make([]*cudart.Device, len(g.ranks))
 	for r, rr := range g.ranks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = rr.Device.Do(func(c *cudart.Ctx) error {
-				var err error
-				g.comms[r], err = cudart.InitComm(c, id, size, r)
-				return err
-			})
-		}()
+		devs[r] = rr.Device
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%s: join the NCCL communicator: %w", g.name, err)
+	comms, err := JoinComms(g.name, devs)
+	if err != nil {
+		return err
 	}
+	g.comms = comms
 	for r, rr := range g.ranks {
 		if rr.SetComm != nil {
 			rr.SetComm(g.comms[r])
 		}
 	}
 	return nil
+}
+
+// JoinComms makes an NCCL communicator of len(devs) in-process ranks, rank r on devs[r],
+// each joining from its device thread at once; name prefixes the error. Destroy each end
+// on its device (DestroyComms) when done.
+func JoinComms(name string, devs []*cudart.Device) ([]*cudart.Comm, error) {
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	size := len(devs)
+	comms := make([]*cudart.Comm, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r, d := range devs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = d.Do(func(c *cudart.Ctx) error {
+				var err error
+				comms[r], err = cudart.InitComm(c, id, size, r)
+				return err
+			})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		DestroyComms(devs, comms)
+		return nil, fmt.Errorf("%s: join the NCCL communicator: %w", name, err)
+	}
+	return comms, nil
+}
+
+// DestroyComms destroys each communicator of comms (those not nil) on its device.
+func DestroyComms(devs []*cudart.Device, comms []*cudart.Comm) error {
+	var errs []error
+	for r, comm := range comms {
+		if comm != nil {
+			errs = append(errs, devs[r].Do(func(*cudart.Ctx) error { return comm.Destroy() }))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Leader is rank 0's end of the group for core/cpurunner (a Drafter when the ranks draft).
@@ -150,10 +177,12 @@ func (g *Group) Close() error {
 	}
 	g.closed = true
 	errs := []error{g.StopRanks()}
-	for r, comm := range g.comms {
-		if comm != nil {
-			errs = append(errs, g.ranks[r].Device.Do(func(*cudart.Ctx) error { return comm.Destroy() }))
+	if g.comms != nil {
+		devs := make([]*cudart.Device, len(g.ranks))
+		for r, rr := range g.ranks {
+			devs[r] = rr.Device
 		}
+		errs = append(errs, DestroyComms(devs, g.comms))
 	}
 	for _, rr := range g.ranks {
 		if rr.Close != nil {

@@ -260,7 +260,11 @@ func newGPUModel(c *cudart.Ctx, m *Model, kk *cuda.Kernels, vk *kernels.Kernels,
 			return nil, err
 		}
 	}
-	if g.moeW, err = newMoEWork(a, c, g.layers[0].moe, maxTokens); err != nil {
+	ranks := 1
+	if g.par != nil && g.par.dp {
+		ranks = g.par.size // the masked layout runs over every dp rank's rows
+	}
+	if g.moeW, err = newMoEWork(a, c, g.layers[0].moe, maxTokens, ranks); err != nil {
 		return nil, err
 	}
 	n, og, olr, qr := maxTokens, cfg.OGroups, cfg.OLoraRank, cfg.QLoraRank

@@ -159,14 +159,22 @@ func (g *gpuMoE) upSharedGateUp(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, pk 
 // experts held under expert parallelism; ye every expert's, the others' zeroed) and a step's expert GEMMs run over
 // experts·n; a first cut that suits decode batches and small prefill chunks (a prefill of
 // n rows does experts/top-k times the routed work it needs).
+//
+// Under DP-attention (gpu_dp.go) the masked layout runs over every rank's rows, gathered:
+// up to ranks·maxTokens of them, in xAll, idsAll and wAll, with each rank's partial
+// output in outAll and its shared expert's rows, in its own block, in shareAll.
 type moeWork struct {
 	maxTokens                                 int
 	logits, weights, ids, counts, pairOf      cudart.DevicePtr
 	slotOf, xe, gu, act, ye, sgu, sact, share cudart.DevicePtr
+	xAll, idsAll, wAll, outAll, shareAll      cudart.DevicePtr
 }
 
-func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork, error) {
+// newMoEWork allocates g's workspace for steps of up to maxTokens rows of each of ranks
+// ranks (1 but under DP-attention).
+func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens, ranks int) (*moeWork, error) {
 	e, k, h, in, n := g.experts, g.k, g.h, g.in, maxTokens
+	all := n * ranks // the masked layout's rows
 	lo, hi := g.held()
 	he := hi - lo
 	w := &moeWork{maxTokens: n}
@@ -175,9 +183,15 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens int) (*moeWork,
 		bytes int
 	}{
 		{&w.logits, 4 * n * e}, {&w.weights, 4 * n * k}, {&w.ids, 4 * n * k}, {&w.counts, 4 * e},
-		{&w.pairOf, 4 * e * n}, {&w.slotOf, 4 * n * k}, {&w.xe, 4 * he * n * h}, {&w.gu, 4 * he * n * 2 * in},
-		{&w.act, 4 * he * n * in}, {&w.ye, 4 * e * n * h}, {&w.sgu, 4 * n * 2 * g.sin}, {&w.sact, 4 * n * g.sin},
+		{&w.pairOf, 4 * e * all}, {&w.slotOf, 4 * all * k}, {&w.xe, 4 * he * all * h}, {&w.gu, 4 * he * all * 2 * in},
+		{&w.act, 4 * he * all * in}, {&w.ye, 4 * e * all * h}, {&w.sgu, 4 * n * 2 * g.sin}, {&w.sact, 4 * n * g.sin},
 		{&w.share, 4 * n * h},
+	}
+	if ranks > 1 {
+		sizes = append(sizes, []struct {
+			dst   *cudart.DevicePtr
+			bytes int
+		}{{&w.xAll, 4 * all * h}, {&w.idsAll, 4 * all * k}, {&w.wAll, 4 * all * k}, {&w.outAll, 4 * all * h}, {&w.shareAll, 4 * all * h}}...)
 	}
 	for _, s := range sizes {
 		p, err := a.alloc(c, s.bytes)
@@ -199,7 +213,10 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 	if n <= 0 || n > w.maxTokens {
 		return fmt.Errorf("gpu moe: %d rows for a workspace of %d", n, w.maxTokens)
 	}
-	e, k, h, in, mr := g.experts, g.k, g.h, g.in, n // every expert has room for all n rows
+	if g.par != nil && g.par.dp {
+		return g.forwardDP(c, s, kk, b, w, out, x, tokens, n)
+	}
+	e, k, h, mr := g.experts, g.k, g.h, n // every expert has room for all n rows
 	if err := b.matMulT(c, s, w.logits, x, g.router, n, h, e); err != nil {
 		return err
 	}
@@ -213,28 +230,8 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 	if err := kk.MoELayout(c, s, m); err != nil {
 		return err
 	}
-	// The held experts' blocks (all but under expert parallelism): xe, gu and act hold
-	// theirs alone, ye every expert's, the other ranks' zeroed; counts offset to them.
-	lo, hi := g.held()
-	if err := g.zeroOthers(c, s, w.ye, mr); err != nil {
+	if err := g.runHeld(c, s, kk, b, w, m, x); err != nil {
 		return err
-	}
-	if hi > lo {
-		held := m
-		held.PairOf, held.Experts = w.pairOf+cudart.DevicePtr(4*lo*mr), hi-lo
-		counts := w.counts + cudart.DevicePtr(4*lo)
-		if err := kk.MoEGather(c, s, held, w.xe, x); err != nil {
-			return err
-		}
-		if err := b.expertsMatMulT(c, s, w.gu, w.xe, counts, g.gateUp, hi-lo, mr, h, 2*in); err != nil {
-			return err
-		}
-		if err := kk.SwiGLUClamped(c, s, w.act, w.gu, (hi-lo)*mr, in, g.limit); err != nil {
-			return err
-		}
-		if err := b.expertsMatMulT(c, s, w.ye+cudart.DevicePtr(4*lo*mr*h), w.act, counts, g.down, hi-lo, mr, in, h); err != nil {
-			return err
-		}
 	}
 	if g.par != nil && g.par.tp <= 1 && g.par.rank > 0 {
 		// Expert parallelism alone: the shared expert runs on rank 0 alone (under TP each
@@ -257,4 +254,32 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 		return err
 	}
 	return g.sumOverRanks(s, out, n)
+}
+
+// runHeld runs the held experts (all but under expert parallelism) over the masked
+// layout m of x, after MoELayout: their blocks gathered into xe, gate_up, the clamped
+// SwiGLU, down into their blocks of ye. xe, gu and act hold the held experts' blocks
+// alone, ye every expert's, the other ranks' zeroed; counts are offset to them.
+func (g *gpuMoE) runHeld(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, m cuda.MaskedMoE, x cudart.DevicePtr) error {
+	h, in, mr := g.h, g.in, m.MaxRows
+	lo, hi := g.held()
+	if err := g.zeroOthers(c, s, w.ye, mr); err != nil {
+		return err
+	}
+	if hi == lo {
+		return nil
+	}
+	held := m
+	held.PairOf, held.Experts = w.pairOf+cudart.DevicePtr(4*lo*mr), hi-lo
+	counts := w.counts + cudart.DevicePtr(4*lo)
+	if err := kk.MoEGather(c, s, held, w.xe, x); err != nil {
+		return err
+	}
+	if err := b.expertsMatMulT(c, s, w.gu, w.xe, counts, g.gateUp, hi-lo, mr, h, 2*in); err != nil {
+		return err
+	}
+	if err := kk.SwiGLUClamped(c, s, w.act, w.gu, (hi-lo)*mr, in, g.limit); err != nil {
+		return err
+	}
+	return b.expertsMatMulT(c, s, w.ye+cudart.DevicePtr(4*lo*mr*h), w.act, counts, g.down, hi-lo, mr, in, h)
 }

@@ -60,7 +60,7 @@ func TestEmulatedMoEGraph(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			w, err := newMoEWork(&a, cx, g, n)
+			w, err := newMoEWork(&a, cx, g, n, 1)
 			if err != nil {
 				return err
 			}

@@ -50,7 +50,7 @@ func TestEmulatedMoE(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				w, err := newMoEWork(&a, cx, g, 8)
+				w, err := newMoEWork(&a, cx, g, 8, 1)
 				if err != nil {
 					return err
 				}

@@ -24,6 +24,11 @@ import (
 type gpuPar struct {
 	rank, tp, lo, hi int
 	comm             *cudart.Comm
+	// Under DP-attention (gpu_dp.go) the ranks bring their own rows: size is the dp
+	// group's, and dpRows the rows every rank's MoE exchanges this step (the most any
+	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
+	dp           bool
+	size, dpRows int
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). The head's
 	// rows land in shard ([maxRows, vocab.Rows]) and are all-gathered into gathered ([tp,
 	// maxRows, vocab.Rows]).
@@ -31,18 +36,22 @@ type gpuPar struct {
 	shard, gathered cudart.DevicePtr
 }
 
-// newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout), nil
-// for the whole model on one device. The all-to-all dispatch and DP-attention are
-// refused: the GPU runs every token on every rank and sums the partials.
+// newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout and,
+// under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. The
+// all-to-all dispatch is refused: the GPU exchanges rows by all-gather and
+// reduce-scatter (every rank running every token, or under DP-attention every rank's
+// rows gathered).
 func newGPUPar(m *Model) (*gpuPar, error) {
 	p := &m.par
 	switch {
 	case p.comm == nil || (p.tp <= 1 && p.ep <= 1):
 		return nil, nil
-	case p.dispatch != DispatchGather || p.dp:
-		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
+	case p.dispatch != DispatchGather:
+		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one is not built on the GPU")
+	case p.dp && p.tp > 1:
+		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", p.tp)
 	}
-	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi}
+	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi, dp: p.dp, size: p.ep}
 	g.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return g, nil
 }
@@ -295,26 +304,7 @@ func NewGPULayout(c *Config, l Layout, rankWeights func(rank int) (*Weights, err
 // whose SetComm hands the runner its end of the NCCL communicator.
 func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache,
 	slots, maxTokens, maxRows, maxContext, drafts int, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
-	if drafts == 0 {
-		w.MTP = nil // not drafting: the head is not needed
-	}
-	p := gpuRankPart(c, l, rank)
-	p.comm = data
-	if err := p.checkWeights(c, w); err != nil {
-		return nil, gpurunner.GroupRank{}, err
-	}
-	m, err := NewModel(c, w, maxContext)
-	if err != nil {
-		return nil, gpurunner.GroupRank{}, err
-	}
-	m.par = p
-	m.Config = gpuRankConfig(c, &p)
-	if drafts > 0 {
-		if err := checkMTP(m, drafts); err != nil {
-			return nil, gpurunner.GroupRank{}, err
-		}
-	}
-	r, err := newGPURunner(m, nil, dev, cache, cudart.F32, slots, maxTokens, maxRows, drafts)
+	r, err := newGPURankRunner(c, l, rank, w, data, dev, cache, slots, maxTokens, maxRows, maxContext, drafts, false)
 	if err != nil {
 		return nil, gpurunner.GroupRank{}, err
 	}
@@ -326,6 +316,32 @@ func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicat
 	}
 	gr.Pool, err = r.NewPool(cacheBytes)
 	return r, gr, err
+}
+
+// newGPURankRunner is the GPURunner of rank rank of layout l (openGPURank's, dp: a
+// DP-attention rank's, OpenGPUDPRanks') over weights w, the rank's part.
+func newGPURankRunner(c *Config, l Layout, rank int, w *Weights, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache,
+	slots, maxTokens, maxRows, maxContext, drafts int, dp bool) (*GPURunner, error) {
+	if drafts == 0 {
+		w.MTP = nil // not drafting: the head is not needed
+	}
+	p := gpuRankPart(c, l, rank)
+	p.comm, p.dp = data, dp
+	if err := p.checkWeights(c, w); err != nil {
+		return nil, err
+	}
+	m, err := NewModel(c, w, maxContext)
+	if err != nil {
+		return nil, err
+	}
+	m.par = p
+	m.Config = gpuRankConfig(c, &p)
+	if drafts > 0 {
+		if err := checkMTP(m, drafts); err != nil {
+			return nil, err
+		}
+	}
+	return newGPURunner(m, nil, dev, cache, cudart.F32, slots, maxTokens, maxRows, drafts)
 }
 
 // checkPlan refuses, before rank 0 broadcasts p, what the ranks' forward would refuse of

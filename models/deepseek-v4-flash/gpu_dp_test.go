@@ -1,0 +1,168 @@
+package deepseekv4flash
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+)
+
+// gpuDPOpts are the emulated DP ranks' sizes: room for every request of dptest's at once.
+func gpuDPOpts() gpurunner.Options {
+	return gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 32, MaxSeqs: 4}, KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Eager: true}
+}
+
+// TestEmulatedDPAttentionMatchesSingleEngine runs DP-attention 2 × EP 2 on two emulated
+// GPUs (OpenGPUDPRanks: each rank attending its own requests on its own device and pool,
+// the routed experts split 2 + 2, the rows exchanged by NCCL all-gather and
+// reduce-scatter) under dptest.CheckMatchesSingleEngine: every request gets the tokens one
+// GPU's engine gives (greedy and seeded), with rank 1 idle for several steps while the
+// first request runs alone (its idle plans run the MoE collectives with padding rows),
+// with and without graph-bucket padding. New allocations read NaN (RESIN_EMU_POISON), so
+// a padding row left unset, or a rank adding another rank's stale expert blocks, fails;
+// so does a reduce-scatter that hands a rank another's rows.
+func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	dir := tinyDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := one.(*GPURunner)
+	r.hostSampling = true // the dp ranks' engines sample on the host, through core/cpurunner
+	reqs := dptest.Requests(tinyConfig(t).VocabSize)
+	want := dptest.Want(t, r, pool, reqs)
+	r.Close()
+	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir), reqs, want)
+}
+
+// gpuDPInProcess is the tiny model's GPU dp ranks in this process, for dptest's checks.
+func gpuDPInProcess(t *testing.T, dir string) dptest.InProcessModel {
+	return dptest.InProcessModel{
+		Dispatches: []int{int(DispatchGather)},
+		Open: func(d, drafts int, _ func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
+			g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), Dispatch(d), data)
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() {
+				if err := g.Close(); err != nil {
+					t.Error(err)
+				}
+			})
+			ranks := make([]dptest.InProcessRank, len(g.Runners))
+			for r, run := range g.Runners {
+				e := g.Experts()[r]
+				ranks[r] = dptest.InProcessRank{Forward: run.DPForward, Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
+					Split: e[1]-e[0] < run.Model.Config.NRoutedExperts}
+			}
+			return ranks, nil
+		},
+	}
+}
+
+// TestEmulatedDPRefusals: what the GPU's DP-attention does not run is refused by name
+// before any device is touched (the all-to-all dispatch, one rank), and a dp rank's
+// forward refuses a plan of another rank, a step that miscounts its tokens, or one of
+// more rows a rank than its steps hold, from the step's counts alone (so every rank
+// refuses alike and none waits in a collective); decode graphs are refused.
+func TestEmulatedDPRefusals(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := tinyDir(t)
+	data, err := dist.NewInProcess(2, dist.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchAllToAll, data); err == nil || !strings.Contains(err.Error(), "--ep-dispatch gather") {
+		t.Errorf("the all-to-all dispatch: %v, want it refused naming --ep-dispatch gather", err)
+	}
+	if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data[:1]); err == nil || !strings.Contains(err.Error(), "2 or more") {
+		t.Errorf("one rank: %v", err)
+	}
+	g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	run := g.Runners[1]
+	if err := run.UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "eagerly") {
+		t.Errorf("graphs under DP-attention: %v", err)
+	}
+	idle := func(rank int32, tokens ...int32) *engine.BatchPlan {
+		return &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, DP: engine.DPStep{Rank: rank, Tokens: tokens}}
+	}
+	for _, tc := range []struct {
+		p    *engine.BatchPlan
+		want string
+	}{
+		{idle(0, 0, 3), "a plan of dp rank 0"},
+		{idle(1, 0, 3), "has 0 tokens, its step says 3"},
+		{idle(1, 100, 0), "100 rows a rank"},
+		{idle(1, 0, 0), "0 rows a rank"},
+	} {
+		if err := run.DPForward(tc.p, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("DP %+v: %v, want %q", tc.p.DP, err, tc.want)
+		}
+	}
+}
+
+// TestEmulatedDPRankEqualsOne: a DP-attention rank on an emulated GPU that runs the steps
+// alone (prefill of two prompts, 19 rows, then 3 decode steps) while the other rank
+// idles gives one GPU's logits within gpuEPTol, rank 0 busy and rank 1 busy: the idle
+// rank's padding rows are routed to no expert, so they take none of a routed expert's
+// rows from the busy rank (routed to expert 0 instead, as a first cut had them, rank 0's
+// padding filled expert 0's rows and rank 1's tokens lost it).
+func TestEmulatedDPRankEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := tinyDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := decode(t, one.(*GPURunner).forward, pool, 3)
+	one.(*GPURunner).Close()
+	v := tinyConfig(t).VocabSize
+	for busy := range 2 {
+		data, err := dist.NewInProcess(2, dist.Options{Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := func(p *engine.BatchPlan, logits []float32) error {
+			n := int32(p.NumTokens())
+			toks := []int32{0, 0}
+			toks[busy] = n
+			idle := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(p.Groups)), DP: engine.DPStep{Rank: int32(1 - busy), Tokens: toks}}
+			for i := range idle.Groups {
+				idle.Groups[i].PageTableStart = []int32{0}
+			}
+			q := *p
+			q.DP = engine.DPStep{Rank: int32(busy), Tokens: toks}
+			idled := make(chan error, 1)
+			go func() { idled <- g.Runners[1-busy].DPForward(idle, nil) }()
+			return errors.Join(g.Runners[busy].DPForward(&q, logits), <-idled)
+		}
+		got, _ := decode(t, f, g.Pools[busy], 3)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		closeLogits(t, fmt.Sprintf("rank %d busy", busy), got, want, v, gpuEPTol)
+	}
+}
