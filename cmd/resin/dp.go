@@ -57,8 +57,8 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d is not combined with --tp-procs or --dist-init-addr yet: its ranks are engines of this process", d.size)
 	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
 		return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (--dp %d --tp N without it runs replicas of the in-process TP group)", d.size)
-	case f.device.CUDA():
-		return fmt.Errorf("--dp %d runs on the CPU only so far (a rank per GPU is not wired)", d.size)
+	case f.device.CUDA() && (!d.attention || d.procs):
+		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention, as dp ranks of this process, only so far (replicas and --dp-procs on GPUs are not wired)", d.size)
 	}
 	return nil
 }
@@ -121,6 +121,9 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 	data, err := dist.NewInProcess(n, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	if f.device.CUDA() {
+		return f.openDPAttentionGPU(m.Name, dir, ctl, data) // dp_moe.go
 	}
 	if dpAttentionMoEModels[m.Name] {
 		return openDPAttentionMoE(m.Name, dir, f.cacheBytes, f.tp.dispatch, f.specTokens, ctl, data) // dp_moe.go

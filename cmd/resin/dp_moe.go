@@ -2,12 +2,15 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
@@ -72,4 +75,51 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 		runners[r] = cpurunner.New(infos[r], group.Runner(r)) // a cpurunner.Drafter when the ranks draft
 	}
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+}
+
+// openDPAttentionGPU opens --dp n --dp-attention on GPUs for model name (deepseek-v4-flash
+// so far): dp rank r a GPU runner of this process on GPU --gpu+r (every rank on --gpu
+// where the driver sees fewer), each with its own engine and device pool of cacheBytes,
+// the routed experts split over the ranks and exchanged over NCCL by the gather dispatch
+// (deepseekv4flash.OpenGPUDPRanks), under one dp.Group (ctl its clock). With --device
+// cuda-emu the emulator shows as many GPUs as ranks unless RESIN_EMU_DEVICES says
+// otherwise.
+func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	n := len(data)
+	switch {
+	case name != deepseekv4flash.Name:
+		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s: DP-attention on the GPU covers deepseek-v4-flash only so far, not %s (--device cpu runs it for glm-5-flash and llama)", n, f.device.Device, name)
+	case f.specTokens > 0:
+		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", n, f.device.Device, f.specTokens)
+	}
+	d, err := dispatchOf(f.tp.dispatch)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
+		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(n))
+	}
+	var g *deepseekv4flash.GPUDPRanks
+	_, _, err = f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		var err error
+		g, err = deepseekv4flash.OpenGPUDPRanks(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), data)
+		return nil, nil, err
+	}, dir, f.cacheBytes)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
+	}
+	ranks := make([]dp.Rank, n)
+	for r, run := range g.Runners {
+		ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.Info().CacheGroups), Ctl: ctl[r], Data: data[r]}
+	}
+	group, err := dp.NewGroup(ranks, dp.Options{})
+	if err != nil {
+		g.Close()
+		return nil, nil, nil, err
+	}
+	runners := make([]engine.Runner, n)
+	for r, run := range g.Runners {
+		runners[r] = cpurunner.New(run.Info(), group.Runner(r))
+	}
+	return runners[0], g.Pools[0], &cli.DPRanks{Runners: runners[1:], Pools: g.Pools[1:], Group: group}, nil
 }
