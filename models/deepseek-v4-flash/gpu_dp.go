@@ -136,26 +136,13 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	if par == nil || !par.dp {
 		return fmt.Errorf("%s on the GPU: DPForward on a runner not opened for DP-attention (OpenGPUDPRanks)", Name)
 	}
-	most := int(p.DP.Pad)
-	for _, t := range p.DP.Tokens {
-		most = max(most, int(t))
+	rows, err := gpurunner.DPRows(Name, p, logits, par.rank, par.size, r.g.maxTokens)
+	if err != nil {
+		return err
 	}
-	switch {
-	case len(p.DP.Tokens) != par.size || int(p.DP.Rank) != par.rank:
-		return fmt.Errorf("%s on the GPU: a plan of dp rank %d of %d on dp rank %d of %d", Name, p.DP.Rank, len(p.DP.Tokens), par.rank, par.size)
-	case int(p.DP.Tokens[par.rank]) != p.NumTokens():
-		return fmt.Errorf("%s on the GPU: dp rank %d's plan has %d tokens, its step says %d", Name, par.rank, p.NumTokens(), p.DP.Tokens[par.rank])
-	case p.DP.Pad < 0 || p.DP.Pad > 0 && int(p.DP.Pad) < p.NumTokens():
-		return fmt.Errorf("%s on the GPU: dp rank %d pads %d tokens to %d rows", Name, par.rank, p.NumTokens(), p.DP.Pad)
-	case most < 1 || most > r.g.maxTokens:
-		return fmt.Errorf("%s on the GPU: a dp step of %d rows a rank, for steps of 1 to %d", Name, most, r.g.maxTokens)
-	}
-	par.dpRows = most
+	par.dpRows = rows
 	if p.NumTokens() > 0 {
 		return r.forward(p, logits)
-	}
-	if len(p.LogitsIndices) > 0 || len(logits) > 0 {
-		return fmt.Errorf("%s on the GPU: an idle plan asks for %d logits rows", Name, len(p.LogitsIndices))
 	}
 	return r.dev.Do(r.g.idleDP)
 }
@@ -163,10 +150,7 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 // GPUDPRanks are the dp ranks OpenGPUDPRanks opens, one GPURunner and device pool each,
 // and the NCCL communicator their MoE layers exchange rows on.
 type GPUDPRanks struct {
-	Runners []*GPURunner
-	Pools   []*kvslab.Pool
-	devs    []*cudart.Device
-	comms   []*cudart.Comm
+	*gpurunner.DPRanks[*GPURunner]
 }
 
 // OpenGPUDPRanks opens len(data) dp ranks of the model in dir (OpenGPULayout's
@@ -216,41 +200,28 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 		}
 		whole = RandomWeights(c, 1, false) // Load's seed, so OpenGPU's weights
 	}
-	lim, cache, devs, err := gpurunner.OpenRankDevices(opts, Name, size)
+	ranks, err := gpurunner.OpenDPRanks(Name, opts, size, func(r int, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits) (*GPURunner, *kvslab.Pool, error) {
+		w, err := loadGPURankWeights(dir, c, l, r, whole)
+		if err != nil {
+			return nil, nil, err
+		}
+		run, err := newGPURankRunner(c, l, r, w, data[r], dev, cache, lim.MaxSeqs, lim.MaxTokens, min(lim.MaxRows, lim.MaxTokens), maxContextOf(c, Options{}), 0, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		pool, err := run.NewPool(cmp.Or(cacheBytes, 256<<20))
+		if err != nil {
+			run.Close()
+		}
+		return run, pool, err
+	}, func(run *GPURunner, comm *cudart.Comm) { run.g.par.comm = comm })
 	if err != nil {
 		return fail(err)
 	}
-	g := &GPUDPRanks{Runners: make([]*GPURunner, size), Pools: make([]*kvslab.Pool, size), devs: devs}
-	ok := false
-	defer func() {
-		if !ok {
-			g.Close()
-		}
-	}()
-	for r := range size {
-		w, err := loadGPURankWeights(dir, c, l, r, whole)
-		if err != nil {
-			return fail(fmt.Errorf("rank %d: %w", r, err))
-		}
-		run, err := newGPURankRunner(c, l, r, w, data[r], devs[r], cache, lim.MaxSeqs, lim.MaxTokens, min(lim.MaxRows, lim.MaxTokens), maxContextOf(c, Options{}), 0, true)
-		if err != nil {
-			return fail(fmt.Errorf("rank %d: %w", r, err))
-		}
-		g.Runners[r] = run
-		if g.Pools[r], err = run.NewPool(cmp.Or(cacheBytes, 256<<20)); err != nil {
-			return fail(fmt.Errorf("rank %d: %w", r, err))
-		}
-	}
-	if g.comms, err = gpurunner.JoinComms(Name, devs); err != nil {
-		return fail(err)
-	}
-	for r, run := range g.Runners {
-		run.g.par.comm = g.comms[r]
-	}
+	g := &GPUDPRanks{ranks}
 	if opts.Log != nil {
 		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v), eager steps: %s\n", Name, size, g.Experts(), g.Runners[0].Describe())
 	}
-	ok = true
 	return g, nil
 }
 
@@ -261,18 +232,4 @@ func (g *GPUDPRanks) Experts() [][2]int {
 		out[r] = [2]int{run.g.par.lo, run.g.par.hi}
 	}
 	return out
-}
-
-// Close frees the communicator, every rank's runner and the devices.
-func (g *GPUDPRanks) Close() error {
-	errs := []error{gpurunner.DestroyComms(g.devs, g.comms)}
-	g.comms = nil
-	for _, run := range g.Runners {
-		if run != nil {
-			errs = append(errs, run.Close())
-		}
-	}
-	gpurunner.CloseDevices(g.devs)
-	g.Runners, g.devs = nil, nil
-	return errors.Join(errs...)
 }

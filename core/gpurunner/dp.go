@@ -1,0 +1,92 @@
+package gpurunner
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
+)
+
+// DPRows checks plan p of a DP-attention rank (core/dist/dp's step: p.DP set) for dp rank
+// rank of size whose steps hold up to maxTokens rows, and returns the rows every rank's
+// MoE exchanges this step: the most any rank has, or DP.Pad (a graph bucket) when larger.
+// What it refuses it refuses from the step's counts, which every rank has alike, so that
+// the ranks refuse together and none is left waiting in a collective. An idle plan (no
+// tokens) must ask for no logits. name prefixes the errors.
+func DPRows(name string, p *engine.BatchPlan, logits []float32, rank, size, maxTokens int) (int, error) {
+	most := int(p.DP.Pad)
+	for _, t := range p.DP.Tokens {
+		most = max(most, int(t))
+	}
+	switch {
+	case len(p.DP.Tokens) != size || int(p.DP.Rank) != rank:
+		return 0, fmt.Errorf("%s on the GPU: a plan of dp rank %d of %d on dp rank %d of %d", name, p.DP.Rank, len(p.DP.Tokens), rank, size)
+	case int(p.DP.Tokens[rank]) != p.NumTokens():
+		return 0, fmt.Errorf("%s on the GPU: dp rank %d's plan has %d tokens, its step says %d", name, rank, p.NumTokens(), p.DP.Tokens[rank])
+	case p.DP.Pad < 0 || p.DP.Pad > 0 && int(p.DP.Pad) < p.NumTokens():
+		return 0, fmt.Errorf("%s on the GPU: dp rank %d pads %d tokens to %d rows", name, rank, p.NumTokens(), p.DP.Pad)
+	case most < 1 || most > maxTokens:
+		return 0, fmt.Errorf("%s on the GPU: a dp step of %d rows a rank, for steps of 1 to %d", name, most, maxTokens)
+	case p.NumTokens() == 0 && (len(p.LogitsIndices) > 0 || len(logits) > 0):
+		return 0, fmt.Errorf("%s on the GPU: an idle plan asks for %d logits rows", name, len(p.LogitsIndices))
+	}
+	return most, nil
+}
+
+// DPRanks are the ranks of a model's DP-attention on GPUs of this process (OpenDPRanks):
+// one runner and device pool each, on its own device, and the NCCL communicator their
+// layers exchange rows on.
+type DPRanks[R interface{ Close() error }] struct {
+	Runners []R
+	Pools   []*kvslab.Pool
+	devs    []*cudart.Device
+	comms   []*cudart.Comm
+}
+
+// OpenDPRanks opens size dp ranks of model name with open: rank r on GPU
+// opts.Ordinal+r where the driver sees that many, else every rank on opts.Ordinal
+// (OpenRankDevices), each opened with the device, the kernel cache and the limits; then
+// joins their NCCL communicator and hands each runner its end through setComm. On an
+// error every rank opened is closed, and the devices.
+func OpenDPRanks[R interface{ Close() error }](name string, opts Options, size int,
+	open func(rank int, dev *cudart.Device, cache *cudart.KernelCache, lim Limits) (R, *kvslab.Pool, error), setComm func(R, *cudart.Comm)) (*DPRanks[R], error) {
+	lim, cache, devs, err := OpenRankDevices(opts, name, size)
+	if err != nil {
+		return nil, err
+	}
+	g := &DPRanks[R]{devs: devs}
+	ok := false
+	defer func() {
+		if !ok {
+			g.Close()
+		}
+	}()
+	for r := range size {
+		run, pool, err := open(r, devs[r], cache, lim)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+		g.Runners, g.Pools = append(g.Runners, run), append(g.Pools, pool)
+	}
+	if g.comms, err = JoinComms(name, devs); err != nil {
+		return nil, err
+	}
+	for r, run := range g.Runners {
+		setComm(run, g.comms[r])
+	}
+	ok = true
+	return g, nil
+}
+
+// Close frees the communicator, closes every rank's runner, then the devices.
+func (g *DPRanks[R]) Close() error {
+	errs := []error{DestroyComms(g.devs, g.comms)}
+	for _, run := range g.Runners {
+		errs = append(errs, run.Close())
+	}
+	CloseDevices(g.devs)
+	g.comms, g.Runners, g.devs = nil, nil, nil
+	return errors.Join(errs...)
+}
