@@ -77,18 +77,52 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
 }
 
-// openDPAttentionGPU opens --dp n --dp-attention on GPUs for model name (deepseek-v4-flash
-// so far): dp rank r a GPU runner of this process on GPU --gpu+r (every rank on --gpu
-// where the driver sees fewer), each with its own engine and device pool of cacheBytes,
-// the routed experts split over the ranks and exchanged over NCCL by the gather dispatch
-// (deepseekv4flash.OpenGPUDPRanks), under one dp.Group (ctl its clock). With --device
-// cuda-emu the emulator shows as many GPUs as ranks unless RESIN_EMU_DEVICES says
-// otherwise.
+// gpuDPRank is one dp rank of a model's DP-attention on a GPU: its forward (the
+// model's GPURunner.DPForward) and runner info.
+type gpuDPRank struct {
+	forward dp.Forward
+	info    engine.RunnerInfo
+}
+
+// gpuDPOpeners open the dp ranks of the MoE models whose GPU runners read the plan's dp
+// step (their OpenGPUDPRanks): the ranks, their pools and what closes them all.
+var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) ([]gpuDPRank, []*kvslab.Pool, func() error, error){
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) ([]gpuDPRank, []*kvslab.Pool, func() error, error) {
+		g, err := deepseekv4flash.OpenGPUDPRanks(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), data)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var ranks []gpuDPRank
+		for _, run := range g.Runners {
+			ranks = append(ranks, gpuDPRank{run.DPForward, run.Info()})
+		}
+		return ranks, g.Pools, g.Close, nil
+	},
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) ([]gpuDPRank, []*kvslab.Pool, func() error, error) {
+		g, err := glm5flash.OpenGPUDPRanks(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var ranks []gpuDPRank
+		for _, run := range g.Runners {
+			ranks = append(ranks, gpuDPRank{run.DPForward, run.Info()})
+		}
+		return ranks, g.Pools, g.Close, nil
+	},
+}
+
+// openDPAttentionGPU opens --dp n --dp-attention on GPUs for MoE model name
+// (gpuDPOpeners): dp rank r a GPU runner of this process on GPU --gpu+r (every rank on
+// --gpu where the driver sees fewer), each with its own engine and device pool of
+// cacheBytes, the routed experts split over the ranks and exchanged over NCCL by the
+// gather dispatch, under one dp.Group (ctl its clock). With --device cuda-emu the
+// emulator shows as many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
 func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	n := len(data)
+	open := gpuDPOpeners[name]
 	switch {
-	case name != deepseekv4flash.Name:
-		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s: DP-attention on the GPU covers deepseek-v4-flash only so far, not %s (--device cpu runs it for glm-5-flash and llama)", n, f.device.Device, name)
+	case open == nil:
+		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s (--device cpu runs llama's)", n, f.device.Device, name)
 	case f.specTokens > 0:
 		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", n, f.device.Device, f.specTokens)
 	}
@@ -99,27 +133,29 @@ func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Com
 	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
 		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(n))
 	}
-	var g *deepseekv4flash.GPUDPRanks
+	var gpus []gpuDPRank
+	var pools []*kvslab.Pool
+	var closeAll func() error
 	_, _, err = f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
 		var err error
-		g, err = deepseekv4flash.OpenGPUDPRanks(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), data)
+		gpus, pools, closeAll, err = open(dir, cacheBytes, opts, d, data)
 		return nil, nil, err
 	}, dir, f.cacheBytes)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
 	}
 	ranks := make([]dp.Rank, n)
-	for r, run := range g.Runners {
-		ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.Info().CacheGroups), Ctl: ctl[r], Data: data[r]}
+	for r, g := range gpus {
+		ranks[r] = dp.Rank{Forward: g.forward, CacheGroups: len(g.info.CacheGroups), Ctl: ctl[r], Data: data[r]}
 	}
 	group, err := dp.NewGroup(ranks, dp.Options{})
 	if err != nil {
-		g.Close()
+		closeAll()
 		return nil, nil, nil, err
 	}
 	runners := make([]engine.Runner, n)
-	for r, run := range g.Runners {
-		runners[r] = cpurunner.New(run.Info(), group.Runner(r))
+	for r, g := range gpus {
+		runners[r] = cpurunner.New(g.info, group.Runner(r))
 	}
-	return runners[0], g.Pools[0], &cli.DPRanks{Runners: runners[1:], Pools: g.Pools[1:], Group: group}, nil
+	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
 }

@@ -193,46 +193,51 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 	same("one-node", got)
 }
 
-// TestGenerateDPAttentionOnTheEmulatedDevice: generate --model deepseek-v4-flash --device
-// cuda-emu --dp 2 --dp-attention runs two dp ranks on two emulated GPUs (the routed
+// TestGenerateDPAttentionOnTheEmulatedDevice: generate --model M --device cuda-emu --dp 2
+// --dp-attention, for both MoE models, runs two dp ranks on two emulated GPUs (the routed
 // experts split over them, exchanged over the emulated NCCL; the one request on rank 0,
 // rank 1 idling every step through the MoE collectives): the CPU's greedy tokens and
 // --logits-out within 1e-5. What the GPU's DP-attention does not run is refused by name:
-// the all-to-all dispatch, drafts, --dp-procs, glm-5-flash.
+// the all-to-all dispatch, drafts, --dp-procs, llama.
 func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
-	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
-	args := []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6", "--ignore-eos"}
-	cpuLg := filepath.Join(t.TempDir(), "cpu.safetensors")
-	cpu, errOut, err := runGenerate(t, append(args, "--logits-out", cpuLg)...)
-	if err != nil {
-		t.Fatalf("on the CPU: %v\n%s", err, errOut)
-	}
-	gpuLg := filepath.Join(t.TempDir(), "gpu.safetensors")
-	gpu, errOut, err := runGenerate(t, append(args, "--device", "cuda-emu", "--dp", "2", "--dp-attention", "--logits-out", gpuLg)...)
-	if err != nil {
-		t.Fatalf("--device cuda-emu --dp 2 --dp-attention: %v\n%s", err, errOut)
-	}
-	if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
-		t.Errorf("--device cuda-emu --dp 2 --dp-attention: %q, CPU %q", tokensLine(gpu), tokensLine(cpu))
-	}
-	lg, shape := readLogits(t, gpuLg)
-	wantLg, wantShape := readLogits(t, cpuLg)
-	logitsClose(t, "--device cuda-emu --dp 2 --dp-attention", lg, shape, wantLg, wantShape)
-	for _, tc := range []struct {
-		extra []string
-		want  string
-	}{
-		{[]string{"--ep-dispatch", "all-to-all"}, "--ep-dispatch gather"},
-		{[]string{"--num-speculative-tokens", "2"}, "drafting dp ranks run on the CPU only"},
-		{[]string{"--dp-procs"}, "--dp-procs on GPUs are not wired"},
-		{[]string{"--model", "glm-5-flash", "--random-weights", filepath.Join("..", "..", "models", "glm-5-flash", "config.json")}, "covers deepseek-v4-flash only"},
-	} {
-		a := append(append(slices.Clone(args), "--device", "cuda-emu", "--dp", "2", "--dp-attention"), tc.extra...)
-		if _, _, err := runGenerate(t, a...); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("--dp 2 --dp-attention %v on the device: %v, want a refusal naming %q", tc.extra, err, tc.want)
+	for _, model := range []string{"deepseek-v4-flash", "glm-5-flash"} {
+		cfg := filepath.Join("..", "..", "models", model, "config.json")
+		args := []string{"--model", model, "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6", "--ignore-eos"}
+		cpuLg := filepath.Join(t.TempDir(), "cpu.safetensors")
+		cpu, errOut, err := runGenerate(t, append(args, "--logits-out", cpuLg)...)
+		if err != nil {
+			t.Fatalf("%s on the CPU: %v\n%s", model, err, errOut)
 		}
+		gpuLg := filepath.Join(t.TempDir(), "gpu.safetensors")
+		gpu, errOut, err := runGenerate(t, append(args, "--device", "cuda-emu", "--dp", "2", "--dp-attention", "--logits-out", gpuLg)...)
+		if err != nil {
+			t.Fatalf("%s --device cuda-emu --dp 2 --dp-attention: %v\n%s", model, err, errOut)
+		}
+		if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
+			t.Errorf("%s --device cuda-emu --dp 2 --dp-attention: %q, CPU %q", model, tokensLine(gpu), tokensLine(cpu))
+		}
+		lg, shape := readLogits(t, gpuLg)
+		wantLg, wantShape := readLogits(t, cpuLg)
+		logitsClose(t, model+" --device cuda-emu --dp 2 --dp-attention", lg, shape, wantLg, wantShape)
+		for _, tc := range []struct {
+			extra []string
+			want  string
+		}{
+			{[]string{"--ep-dispatch", "all-to-all"}, "--ep-dispatch gather"},
+			{[]string{"--num-speculative-tokens", "2"}, "drafting dp ranks run on the CPU only"},
+			{[]string{"--dp-procs"}, "--dp-procs on GPUs are not wired"},
+		} {
+			a := append(append(slices.Clone(args), "--device", "cuda-emu", "--dp", "2", "--dp-attention"), tc.extra...)
+			if _, _, err := runGenerate(t, a...); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s --dp 2 --dp-attention %v on the device: %v, want a refusal naming %q", model, tc.extra, err, tc.want)
+			}
+		}
+	}
+	if _, _, err := runGenerate(t, "--model", "llama", "--random-weights", filepath.Join("..", "..", "models", "llama", "config.json"), "--prompt-ids", "1,2",
+		"--max-tokens", "2", "--device", "cuda-emu", "--dp", "2", "--dp-attention"); err == nil || !strings.Contains(err.Error(), "covers deepseek-v4-flash and glm-5-flash only") {
+		t.Errorf("llama --dp 2 --dp-attention on the device: %v", err)
 	}
 }

@@ -133,6 +133,10 @@ type gpuWork struct {
 	gu, act                                             cudart.DevicePtr // an MLP's, [maxTokens, 2·width], [maxTokens, width]
 	rlogits, rweights, rids, counts, pairOf, slotOf     cudart.DevicePtr // the MoE routing and layout
 	xe, egu, eact, ye, share                            cudart.DevicePtr // the experts' blocks of maxTokens rows
+	// Under DP-attention (gpu_dp.go) the masked layout's buffers above hold every dp
+	// rank's rows (ranks·maxTokens), gathered into xAll, idsAll and wAll, each rank's
+	// partial output in outAll and its shared experts' rows, in its block, in shareAll.
+	xAll, idsAll, wAll, outAll, shareAll cudart.DevicePtr
 	y, logits                                           cudart.DevicePtr // the head's, maxRows rows
 	hidden                                              cudart.DevicePtr // every row's final hidden state [rows, D]
 	maxSel                                              int
@@ -324,6 +328,21 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	n, K, F := g.workRows(), cfg.NumExpertsPerTok, cfg.MoEIntermediateSize
 	lo, hi := g.heldExperts()
 	H := hi - lo // the experts whose blocks xe, egu and eact hold (ye holds every expert's)
+	all := n     // the masked layout's rows: every dp rank's under DP-attention
+	if p := g.par; p != nil && p.dp {
+		all = n * p.size
+		x := &g.w
+		for _, b := range []*cudart.DevicePtr{&x.xAll, &x.outAll, &x.shareAll} {
+			if *b, err = g.alloc(c, all*D); err != nil {
+				return nil, fmt.Errorf("gpu: workspace: %w", err)
+			}
+		}
+		for _, b := range []*cudart.DevicePtr{&x.idsAll, &x.wAll} {
+			if *b, err = g.alloc(c, all*K); err != nil {
+				return nil, fmt.Errorf("gpu: workspace: %w", err)
+			}
+		}
+	}
 	x := &g.w
 	x.maxSel = g.dsa.maxSel()
 	g.tabRows = max(maxPos, maxTokens)
@@ -335,8 +354,8 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		{&x.idsRep, n * hc}, {&x.streams, n * hc * D}, {&x.next, n * hc * D}, {&x.mix, n * (2 + hc) * hc}, {&x.post, n * hc},
 		{&x.comb, n * hc * hc}, {&x.x, n * D}, {&x.att, n * D}, {&x.ffn, n * D}, {&x.sel, n * x.maxSel}, {&x.count, n},
 		{&x.gu, n * 2 * width}, {&x.act, n * width}, {&x.rlogits, n * E}, {&x.rweights, n * K}, {&x.rids, n * K},
-		{&x.counts, E}, {&x.pairOf, E * n}, {&x.slotOf, n * K}, {&x.xe, H * n * D}, {&x.egu, H * n * 2 * F},
-		{&x.eact, H * n * F}, {&x.ye, E * n * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
+		{&x.counts, E}, {&x.pairOf, E * all}, {&x.slotOf, all * K}, {&x.xe, H * all * D}, {&x.egu, H * all * 2 * F},
+		{&x.eact, H * all * F}, {&x.ye, E * all * D}, {&x.share, n * D}, {&x.y, maxRows * D}, {&x.logits, maxRows * cfg.VocabSize},
 		{&x.hidden, n * D},
 	} {
 		if *b.dst, err = g.alloc(c, b.n); err != nil {
@@ -692,15 +711,12 @@ func (g *gpuModel) mlp(c *cudart.Ctx, p *gpuMLP, out, x cudart.DevicePtr, n int)
 // experts, and the combine. The masked layout is the one V4's gpuMoE uses; only the
 // routing kernel and the shared experts' width differ.
 func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
-	cfg, w := g.m.Config, &g.w
-	E, K, D, F := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize, cfg.MoEIntermediateSize
-	limit := float32(cfg.SwigluLimit)
-	if err := g.gemm(c, w.rlogits, x, e.router, n, D, E); err != nil {
-		return err
+	if g.par != nil && g.par.dp {
+		return g.moeDP(c, e, out, x, n) // gpu_dp.go
 	}
-	if err := g.kk.MoETopK(c, g.s, cuda.MoERouting{Weights: w.rweights, IDs: w.rids, Logits: w.rlogits, Bias: e.bias, Tokens: n,
-		Experts: E, TopK: K, Scoring: ref.ScoreSigmoid, Renormalize: cfg.NormTopKProb, Groups: cfg.NGroup, GroupTopK: cfg.TopKGroup,
-		Scale: float32(cfg.RoutedScalingFactor)}); err != nil {
+	cfg, w := g.m.Config, &g.w
+	E, K, D := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize
+	if err := g.route(c, e, x, n); err != nil {
 		return err
 	}
 	m := cuda.MaskedMoE{IDs: w.rids, Weights: w.rweights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf,
@@ -708,27 +724,8 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 	if err := g.kk.MoELayout(c, g.s, m); err != nil {
 		return err
 	}
-	// The held experts' blocks (all but under expert parallelism): xe, egu and eact hold
-	// theirs alone, ye every expert's, the others' zeroed.
-	lo, hi := g.heldExperts()
-	if err := g.zeroOthersExperts(c, n); err != nil {
+	if err := g.runHeld(c, e, m, x); err != nil {
 		return err
-	}
-	if hi > lo {
-		held := m
-		held.PairOf, held.Experts = off(w.pairOf, lo*n), hi-lo
-		if err := g.kk.MoEGather(c, g.s, held, w.xe, x); err != nil {
-			return err
-		}
-		if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, n, D, 2*F); err != nil {
-			return err
-		}
-		if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, (hi-lo)*n, F, limit); err != nil {
-			return err
-		}
-		if err := g.experts(c, e.downBank, e.downL, e.down, off(w.ye, lo*n*D), w.eact, n, F, D); err != nil {
-			return err
-		}
 	}
 	share := w.share
 	if g.par == nil || g.par.tp > 1 || g.par.rank == 0 {
@@ -742,6 +739,46 @@ func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int)
 		return err
 	}
 	return g.sumOverRanks(c, out, n)
+}
+
+// route computes the routes of x's n rows (the router GEMM, MoETopK's group-limited
+// sigmoid routing) into w.rids and w.rweights.
+func (g *gpuModel) route(c *cudart.Ctx, e *gpuMoE, x cudart.DevicePtr, n int) error {
+	cfg, w := g.m.Config, &g.w
+	E, K, D := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize
+	if err := g.gemm(c, w.rlogits, x, e.router, n, D, E); err != nil {
+		return err
+	}
+	return g.kk.MoETopK(c, g.s, cuda.MoERouting{Weights: w.rweights, IDs: w.rids, Logits: w.rlogits, Bias: e.bias, Tokens: n,
+		Experts: E, TopK: K, Scoring: ref.ScoreSigmoid, Renormalize: cfg.NormTopKProb, Groups: cfg.NGroup, GroupTopK: cfg.TopKGroup,
+		Scale: float32(cfg.RoutedScalingFactor)})
+}
+
+// runHeld runs the held experts (all but under expert parallelism) of e over the masked
+// layout m of x (m.MaxRows rows an expert), after MoELayout: xe, egu and eact hold their
+// blocks alone, ye every expert's, the others' zeroed.
+func (g *gpuModel) runHeld(c *cudart.Ctx, e *gpuMoE, m cuda.MaskedMoE, x cudart.DevicePtr) error {
+	cfg, w, mr := g.m.Config, &g.w, m.MaxRows
+	D, F := cfg.HiddenSize, cfg.MoEIntermediateSize
+	lo, hi := g.heldExperts()
+	if err := g.zeroOthersExperts(c, mr); err != nil {
+		return err
+	}
+	if hi == lo {
+		return nil
+	}
+	held := m
+	held.PairOf, held.Experts = off(w.pairOf, lo*mr), hi-lo
+	if err := g.kk.MoEGather(c, g.s, held, w.xe, x); err != nil {
+		return err
+	}
+	if err := g.experts(c, e.gateUpBank, e.gateUpL, e.gateUp, w.egu, w.xe, mr, D, 2*F); err != nil {
+		return err
+	}
+	if err := g.kk.SwiGLUClamped(c, g.s, w.eact, w.egu, (hi-lo)*mr, F, float32(cfg.SwigluLimit)); err != nil {
+		return err
+	}
+	return g.experts(c, e.downBank, e.downL, e.down, off(w.ye, lo*mr*D), w.eact, mr, F, D)
 }
 
 // experts computes ye [H, n, out] from xe [H, n, in] for the H experts held (the masked

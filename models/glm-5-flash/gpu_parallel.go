@@ -23,6 +23,11 @@ import (
 type gpuPar struct {
 	rank, tp, lo, hi int
 	comm             *cudart.Comm
+	// Under DP-attention (gpu_dp.go) the ranks bring their own rows: size is the dp
+	// group's, and dpRows the rows every rank's MoE exchanges this step (the most any
+	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
+	dp           bool
+	size, dpRows int
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). A head's rows
 	// land in shard ([R, vocab.Rows], R = max(maxRows, slots)) and are all-gathered into
 	// gathered ([tp, R, vocab.Rows]).
@@ -30,18 +35,22 @@ type gpuPar struct {
 	shard, gathered cudart.DevicePtr
 }
 
-// newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout),
-// nil for the whole model on one device. The all-to-all dispatch and DP-attention are
-// refused: the GPU runs every token on every rank and sums the partials.
+// newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout and,
+// under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. The
+// all-to-all dispatch is refused: the GPU exchanges rows by all-gather and
+// reduce-scatter (every rank running every token, or under DP-attention every rank's
+// rows gathered).
 func newGPUPar(m *TextModel) (*gpuPar, error) {
 	switch {
 	case m.par.comm == nil || (m.par.tp <= 1 && m.par.ep <= 1):
 		return nil, nil
-	case m.par.dispatch != DispatchGather || m.par.dp:
-		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the replicated tokens' dispatch (DispatchGather) only, without DP-attention")
+	case m.par.dispatch != DispatchGather:
+		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one is not built on the GPU")
+	case m.par.dp && m.par.tp > 1:
+		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", m.par.tp)
 	}
 	lo, hi := m.experts()
-	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi}
+	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi, dp: m.par.dp, size: m.par.ep}
 	p.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return p, nil
 }

@@ -126,6 +126,11 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 // on log (nil: dropped) and its shape runs eagerly. OpenGPU turns them on unless
 // opts.Eager.
 func (r *GPURunner) UseGraphs(on bool, log io.Writer) error {
+	if on && r.g.par != nil && r.g.par.dp {
+		// A captured graph would fix the row count the dp ranks exchange, which each
+		// step sets.
+		return fmt.Errorf("%s on the GPU: CUDA graphs under DP-attention are not built (the dp steps run eagerly)", Name)
+	}
 	return r.dev.Do(func(c *cudart.Ctx) error { return r.g.useGraphs(c, on, log) })
 }
 

@@ -1,0 +1,156 @@
+package glm5flash
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+)
+
+// gpuDPOpts are the emulated DP ranks' sizes: room for every request of dptest's at once.
+func gpuDPOpts() gpurunner.Options {
+	return gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 32, MaxSeqs: 4}, KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Eager: true}
+}
+
+// ungroupedDir is a checkpoint directory of ungroupedTiny's config (seeded random
+// weights): a token's two experts may sit on two ranks, so the exchange carries rows
+// both ways (the tiny config's grouped routing puts both on one rank).
+func ungroupedDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	js := strings.Replace(tinyTextConfigJSON, `"n_group": 2, "topk_group": 1`, `"n_group": 1, "topk_group": 1`, 1)
+	if js == tinyTextConfigJSON {
+		t.Fatal("the tiny config's routing groups moved: ungroup it here")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(js), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestEmulatedDPAttentionMatchesSingleEngine runs DP-attention 2 × EP 2 on two emulated
+// GPUs (OpenGPUDPRanks: each rank attending its own requests on its own device and pool,
+// the routed experts split 2 + 2, the rows exchanged by NCCL all-gather and
+// reduce-scatter) under dptest.CheckMatchesSingleEngine: every request gets the tokens one
+// GPU's engine gives (greedy and seeded), with rank 1 idle for several steps while the
+// first request runs alone, with and without graph-bucket padding. New allocations read
+// NaN (RESIN_EMU_POISON), so a padding row left unset fails.
+func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	dir := ungroupedDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := dptest.Requests(tinyTextModel(t).Config.VocabSize)
+	want := dptest.Want(t, one, pool, reqs)
+	one.(*GPURunner).Close()
+	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir), reqs, want)
+}
+
+// gpuDPInProcess is the model in dir's GPU dp ranks in this process, for dptest's checks.
+func gpuDPInProcess(t *testing.T, dir string) dptest.InProcessModel {
+	return dptest.InProcessModel{
+		Dispatches: []int{int(DispatchGather)},
+		Open: func(d, drafts int, _ func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
+			g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), Dispatch(d), data)
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() {
+				if err := g.Close(); err != nil {
+					t.Error(err)
+				}
+			})
+			ranks := make([]dptest.InProcessRank, len(g.Runners))
+			for r, run := range g.Runners {
+				e := g.Experts()[r]
+				ranks[r] = dptest.InProcessRank{Forward: run.DPForward, Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
+					Split: e[1]-e[0] < run.Model.Config.NRoutedExperts}
+			}
+			return ranks, nil
+		},
+	}
+}
+
+// TestEmulatedDPRankEqualsOne: a DP-attention rank on an emulated GPU that runs the steps
+// alone (a prefill of two prompts, 19 rows, then decode steps) while the other rank idles
+// gives one GPU's logits within gpuEPTol, rank 0 busy and rank 1 busy: the idle rank's
+// padding rows are routed to no expert, so they take none of an expert's rows from the
+// busy rank's tokens. What the GPU's DP-attention does not run is refused by name.
+func TestEmulatedDPRankEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := ungroupedDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := decode(t, one.(*GPURunner).forward, pool, 3)
+	one.(*GPURunner).Close()
+	for busy := range 2 {
+		data, err := dist.NewInProcess(2, dist.Options{Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if busy == 0 {
+			if err := g.Runners[0].UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "eagerly") {
+				t.Errorf("graphs under DP-attention: %v", err)
+			}
+		}
+		f := func(p *engine.BatchPlan, logits []float32) error {
+			toks := []int32{0, 0}
+			toks[busy] = int32(p.NumTokens())
+			idle := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(p.Groups)), DP: engine.DPStep{Rank: int32(1 - busy), Tokens: toks}}
+			for i := range idle.Groups {
+				idle.Groups[i].PageTableStart = []int32{0}
+			}
+			q := *p
+			q.DP = engine.DPStep{Rank: int32(busy), Tokens: toks}
+			idled := make(chan error, 1)
+			go func() { idled <- g.Runners[1-busy].DPForward(idle, nil) }()
+			return errors.Join(g.Runners[busy].DPForward(&q, logits), <-idled)
+		}
+		got, _ := decode(t, f, g.Pools[busy], 3)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		worst := 0.0
+		for s := range want {
+			d := relDiff(got[s], want[s])
+			if worst = max(worst, d); !(d <= gpuEPTol) {
+				t.Errorf("rank %d busy, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", busy, s, d, gpuEPTol)
+			}
+		}
+		t.Logf("rank %d busy: logits within %.3g of one GPU's", busy, worst)
+	}
+	data, err := dist.NewInProcess(2, dist.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		d    Dispatch
+		data []dist.Communicator
+		want string
+	}{{DispatchAllToAll, data, "--ep-dispatch gather"}, {DispatchGather, data[:1], "2 or more"}} {
+		if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, tc.data); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a refusal naming %q", fmt.Sprint(tc.d, len(tc.data)), err, tc.want)
+		}
+	}
+}
