@@ -137,9 +137,9 @@ type gpuWork struct {
 	// rank's rows (ranks·maxTokens), gathered into xAll, idsAll and wAll, each rank's
 	// partial output in outAll and its shared experts' rows, in its block, in shareAll.
 	xAll, idsAll, wAll, outAll, shareAll cudart.DevicePtr
-	y, logits                                           cudart.DevicePtr // the head's, maxRows rows
-	hidden                                              cudart.DevicePtr // every row's final hidden state [rows, D]
-	maxSel                                              int
+	y, logits                            cudart.DevicePtr // the head's, maxRows rows
+	hidden                               cudart.DevicePtr // every row's final hidden state [rows, D]
+	maxSel                               int
 }
 
 func (g *gpuModel) alloc(c *cudart.Ctx, floats int) (cudart.DevicePtr, error) {
