@@ -358,6 +358,24 @@ tpOneGPU() {
 		echo "the worker-process layout did not print the in-process tokens"
 		failed=1
 	fi
+	# DP-attention 2 x EP 2 on GPU 0 for both MoE models (a GPU per dp rank where there are
+	# two, here both on GPU 0: the rows exchanged by NCCL all-gather and reduce-scatter,
+	# rank 1 idling through the MoE collectives) against one GPU: the same greedy tokens.
+	# Written without a GPU: on the emulated device they equal the CPU's
+	# (TestGenerateDPAttentionOnTheEmulatedDevice), not here.
+	local model one dpt
+	for model in deepseek-v4-flash glm-5-flash; do
+		echo; echo "== $model --dp 2 --dp-attention on GPU 0 against one GPU"
+		one=$(timeout 200 "$bin/resin" generate --model $model --random-weights models/$model/config.json \
+			--device cuda --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
+		dpt=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate --model $model --random-weights models/$model/config.json \
+			--device cuda --dp 2 --dp-attention --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
+		echo "one GPU: $one"; echo "--dp 2 --dp-attention: $dpt"
+		if [ -z "$one" ] || [ "$one" != "$dpt" ]; then
+			echo "$model: DP-attention did not print one GPU's tokens"
+			failed=1
+		fi
+	done
 	# The ~1.1B llama of the section above ($1) at --tp 2, both ranks on GPU 0: the figures
 	# against --tp 1's show what the collectives cost (two ranks sharing one GPU are not
 	# faster); decode replays graphs with the collectives inside.
