@@ -114,8 +114,8 @@ var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 // openDPAttentionGPU opens --dp n --dp-attention on GPUs for MoE model name
 // (gpuDPOpeners): dp rank r a GPU runner of this process on GPU --gpu+r (every rank on
 // --gpu where the driver sees fewer), each with its own engine and device pool of
-// cacheBytes, the routed experts split over the ranks and exchanged over NCCL by the
-// gather dispatch, under one dp.Group (ctl its clock). With --device cuda-emu the
+// cacheBytes, the routed experts split over the ranks and exchanged over NCCL by
+// --ep-dispatch, under one dp.Group (ctl its clock). With --device cuda-emu the
 // emulator shows as many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
 func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	n := len(data)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -197,8 +198,9 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 // --dp-attention, for both MoE models, runs two dp ranks on two emulated GPUs (the routed
 // experts split over them, exchanged over the emulated NCCL; the one request on rank 0,
 // rank 1 idling every step through the MoE collectives): the CPU's greedy tokens and
-// --logits-out within 1e-5. What the GPU's DP-attention does not run is refused by name:
-// the all-to-all dispatch, drafts, --dp-procs, llama.
+// --logits-out within 1e-5, by either exchange (all-gather and reduce-scatter, or
+// all-to-all: each row to its experts' ranks alone). What the GPU's DP-attention does not
+// run is refused by name: drafts, --dp-procs, llama.
 func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -211,22 +213,24 @@ func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s on the CPU: %v\n%s", model, err, errOut)
 		}
-		gpuLg := filepath.Join(t.TempDir(), "gpu.safetensors")
-		gpu, errOut, err := runGenerate(t, append(args, "--device", "cuda-emu", "--dp", "2", "--dp-attention", "--logits-out", gpuLg)...)
-		if err != nil {
-			t.Fatalf("%s --device cuda-emu --dp 2 --dp-attention: %v\n%s", model, err, errOut)
-		}
-		if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
-			t.Errorf("%s --device cuda-emu --dp 2 --dp-attention: %q, CPU %q", model, tokensLine(gpu), tokensLine(cpu))
-		}
-		lg, shape := readLogits(t, gpuLg)
 		wantLg, wantShape := readLogits(t, cpuLg)
-		logitsClose(t, model+" --device cuda-emu --dp 2 --dp-attention", lg, shape, wantLg, wantShape)
+		for _, dispatch := range []string{"gather", "all-to-all"} {
+			gpuLg := filepath.Join(t.TempDir(), "gpu.safetensors")
+			what := fmt.Sprintf("%s --device cuda-emu --dp 2 --dp-attention --ep-dispatch %s", model, dispatch)
+			gpu, errOut, err := runGenerate(t, append(args, "--device", "cuda-emu", "--dp", "2", "--dp-attention", "--ep-dispatch", dispatch, "--logits-out", gpuLg)...)
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", what, err, errOut)
+			}
+			if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
+				t.Errorf("%s: %q, CPU %q", what, tokensLine(gpu), tokensLine(cpu))
+			}
+			lg, shape := readLogits(t, gpuLg)
+			logitsClose(t, what, lg, shape, wantLg, wantShape)
+		}
 		for _, tc := range []struct {
 			extra []string
 			want  string
 		}{
-			{[]string{"--ep-dispatch", "all-to-all"}, "--ep-dispatch gather"},
 			{[]string{"--num-speculative-tokens", "2"}, "drafting dp ranks run on the CPU only"},
 			{[]string{"--dp-procs"}, "--dp-procs on GPUs are not wired"},
 		} {

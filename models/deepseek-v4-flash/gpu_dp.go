@@ -35,6 +35,9 @@ import (
 // par.dpRows rows a rank.
 func (g *gpuMoE) forwardDP(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
 	p := g.par
+	if p.allToAll {
+		return g.forwardA2A(c, s, kk, b, w, out, x, tokens, n)
+	}
 	rows := p.dpRows
 	switch {
 	case rows < max(n, 1) || rows > w.maxTokens:
@@ -113,6 +116,119 @@ func (g *gpuMoE) forwardDP(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b 
 	return nil
 }
 
+// forwardA2A is forwardDP by the all-to-all dispatch (gpurunner.PlanAllToAll): the
+// rank routes its n rows, copies their routes back to plan which rows go to which rank
+// (a row once to each rank holding one of its experts) and exchanges the counts over the
+// host communicator; the rows, their routes and weights then go to those ranks (NCCL
+// sends and receives), each rank runs its experts over the rows it received in the
+// masked layout (the other ranks' experts' blocks zeroed, so a row's partial is its
+// experts' weighted sum there) and sends the partials back, and the rank sums each row's
+// partials and its shared expert with MoECombine, the returned rows as its "experts".
+// An idle rank (n 0) sends nothing and still serves the rows it receives.
+func (g *gpuMoE) forwardA2A(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
+	p := g.par
+	e, k, h := g.experts, g.k, g.h
+	if n > w.maxTokens {
+		return fmt.Errorf("gpu moe: dp rank %d: %d rows for a workspace of %d", p.rank, n, w.maxTokens)
+	}
+	ids := make([]int32, n*k)
+	if n > 0 {
+		if err := b.matMulT(c, s, w.logits, x, g.router, n, h, e); err != nil {
+			return err
+		}
+		r := cuda.MoERoute{Weights: w.weights, IDs: w.ids, Logits: w.logits, Bias: g.bias, TID2EID: g.tid2eid, TokenIDs: tokens,
+			Tokens: n, Experts: e, TopK: k, Scoring: g.scoring, Scale: g.scale}
+		if err := kk.MoERoute(c, s, r); err != nil {
+			return err
+		}
+	}
+	// The stream's work done (the routes, and every earlier reader of the tables below).
+	if err := c.Sync(s); err != nil {
+		return err
+	}
+	if n > 0 {
+		if err := cudart.Download(c, ids, w.ids); err != nil {
+			return err
+		}
+	}
+	plan, err := gpurunner.PlanAllToAll(p.rank, ids, n, k, p.ranges)
+	if err != nil {
+		return err
+	}
+	if err := plan.ExchangeCounts(p.host); err != nil {
+		return fmt.Errorf("gpu moe: dp rank %d: %w", p.rank, err)
+	}
+	sent, recvd, all := plan.Sent(), plan.Received(), p.size*w.maxTokens
+	if sent > all || recvd > all {
+		return fmt.Errorf("gpu moe: dp rank %d: the all-to-all sends %d rows and receives %d, room for %d", p.rank, sent, recvd, all)
+	}
+	for _, u := range []struct {
+		dst cudart.DevicePtr
+		v   []int32
+	}{{w.sendIdx, plan.SendIdx}, {w.combIDs, plan.CombineIDs}, {w.combSlots, plan.CombineSlots}} {
+		if len(u.v) > 0 {
+			if err := cudart.Upload(c, u.dst, u.v); err != nil {
+				return err
+			}
+		}
+	}
+	if n > 0 {
+		if err := cudart.Upload(c, w.combW, plan.CombineWeights); err != nil {
+			return err
+		}
+	}
+	if sent > 0 {
+		// The rows to send, gathered by index (the embedding kernel, x and the routes
+		// as its tables; ids travel as their bits).
+		for _, gt := range []struct {
+			dst, table cudart.DevicePtr
+			dim        int
+		}{{w.xs, x, h}, {w.idsS, w.ids, k}, {w.wS, w.weights, k}} {
+			if err := kk.Embedding(c, s, gt.dst, gt.table, w.sendIdx, sent, gt.dim, n); err != nil {
+				return err
+			}
+		}
+	}
+	for _, ex := range []struct {
+		send, recv cudart.DevicePtr
+		width      int
+	}{{w.xs, w.xAll, h}, {w.idsS, w.idsAll, k}, {w.wS, w.wAll, k}} {
+		if err := gpurunner.ExchangeRows(p.comm, c, s, ex.send, ex.recv, plan.SendCounts, plan.RecvCounts, 4*ex.width); err != nil {
+			return fmt.Errorf("gpu moe: dp rank %d: send the rows to their experts' ranks: %w", p.rank, err)
+		}
+	}
+	if recvd > 0 {
+		m := cuda.MaskedMoE{IDs: w.idsAll, Weights: w.wAll, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf,
+			Tokens: recvd, TopK: k, Experts: e, MaxRows: recvd, Dim: h}
+		if err := kk.MoELayout(c, s, m); err != nil {
+			return err
+		}
+		if err := g.runHeld(c, s, kk, b, w, m, w.xAll); err != nil {
+			return err
+		}
+		if err := kk.MoECombine(c, s, m, w.outAll, w.ye, 0); err != nil {
+			return err
+		}
+	}
+	if err := gpurunner.ExchangeRows(p.comm, c, s, w.outAll, w.back, plan.RecvCounts, plan.SendCounts, 4*h); err != nil {
+		return fmt.Errorf("gpu moe: dp rank %d: return the partials: %w", p.rank, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*g.sin); err != nil {
+		return err
+	}
+	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, g.sin, g.limit); err != nil {
+		return err
+	}
+	if err := b.matMulT(c, s, w.share, w.sact, g.sharedDn, n, g.sin, h); err != nil {
+		return err
+	}
+	back := cuda.MaskedMoE{IDs: w.combIDs, Weights: w.combW, SlotOf: w.combSlots, Tokens: n, TopK: p.size, Experts: max(sent, 1), MaxRows: 1, Dim: h}
+	return kk.MoECombine(c, s, back, out, w.back, w.share)
+}
+
 // idleDP is an idle dp rank's step: every MoE layer's exchange with padding rows alone.
 func (g *gpuModel) idleDP(c *cudart.Ctx) error {
 	w := &g.w
@@ -169,8 +285,8 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	switch {
 	case size < 2:
 		return fail(fmt.Errorf("want 2 or more ranks"))
-	case d != DispatchGather:
-		return fail(fmt.Errorf("the all-to-all dispatch is not built on the GPU; use --ep-dispatch gather"))
+	case d != DispatchGather && d != DispatchAllToAll:
+		return fail(fmt.Errorf("dispatch %d", d))
 	}
 	for r, comm := range data {
 		if comm.Rank() != r || comm.Size() != size {

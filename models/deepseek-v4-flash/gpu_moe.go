@@ -168,6 +168,10 @@ type moeWork struct {
 	logits, weights, ids, counts, pairOf      cudart.DevicePtr
 	slotOf, xe, gu, act, ye, sgu, sact, share cudart.DevicePtr
 	xAll, idsAll, wAll, outAll, shareAll      cudart.DevicePtr
+	// With the all-to-all dispatch: the rows sent (sendIdx's, gathered into xs, idsS and
+	// wS), the partials returned for them (back), and the combine's tables of them.
+	sendIdx, xs, idsS, wS, back cudart.DevicePtr
+	combIDs, combSlots, combW   cudart.DevicePtr
 }
 
 // newMoEWork allocates g's workspace for steps of up to maxTokens rows of each of ranks
@@ -192,6 +196,14 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens, ranks int) (*m
 			dst   *cudart.DevicePtr
 			bytes int
 		}{{&w.xAll, 4 * all * h}, {&w.idsAll, 4 * all * k}, {&w.wAll, 4 * all * k}, {&w.outAll, 4 * all * h}, {&w.shareAll, 4 * all * h}}...)
+	}
+	if g.par != nil && g.par.allToAll {
+		// A row goes to each rank at most once: all rows sent at most.
+		sizes = append(sizes, []struct {
+			dst   *cudart.DevicePtr
+			bytes int
+		}{{&w.sendIdx, 4 * all}, {&w.xs, 4 * all * h}, {&w.idsS, 4 * all * k}, {&w.wS, 4 * all * k}, {&w.back, 4 * all * h},
+			{&w.combIDs, 4 * all}, {&w.combSlots, 4 * all}, {&w.combW, 4 * all}}...)
 	}
 	for _, s := range sizes {
 		p, err := a.alloc(c, s.bytes)

@@ -8,6 +8,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -29,6 +30,12 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
+	// With the all-to-all dispatch under DP-attention (gpu_dp.go's forwardA2A): every
+	// rank's experts, [lo, hi) each, and the dp group's host communicator the send counts
+	// are exchanged on.
+	allToAll bool
+	ranges   [][2]int
+	host     dist.Communicator
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). The head's
 	// rows land in shard ([maxRows, vocab.Rows]) and are all-gathered into gathered ([tp,
 	// maxRows, vocab.Rows]).
@@ -46,12 +53,19 @@ func newGPUPar(m *Model) (*gpuPar, error) {
 	switch {
 	case p.comm == nil || (p.tp <= 1 && p.ep <= 1):
 		return nil, nil
-	case p.dispatch != DispatchGather:
-		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one is not built on the GPU")
+	case p.dispatch != DispatchGather && !p.dp:
+		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one runs under DP-attention alone (every rank runs every token here)")
 	case p.dp && p.tp > 1:
 		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", p.tp)
 	}
 	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi, dp: p.dp, size: p.ep}
+	if p.dp && p.dispatch == DispatchAllToAll {
+		g.allToAll, g.host = true, p.comm
+		for q := range p.ep {
+			lo, hi := ep.Layer{Experts: m.Config.NRoutedExperts}.Range(q, p.ep)
+			g.ranges = append(g.ranges, [2]int{lo, hi})
+		}
+	}
 	g.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return g, nil
 }

@@ -22,15 +22,18 @@ import (
 // most any rank has, or DPStep.Pad) with zero rows routed to no expert, the ranks
 // all-gather their rows, routes and weights, each runs its experts over every rank's
 // rows in the masked layout (its own rows' shared experts in its block), and a
-// reduce-scatter hands each rank the sum of the ranks' partials for its own rows. A rank
-// with no work (an idle plan) runs the MoE layers' collectives alone. Steps run eagerly;
-// the all-to-all dispatch and MTP drafts under DP-attention are not built on the GPU (the
-// CPU runs both: dp.go).
+// reduce-scatter hands each rank the sum of the ranks' partials for its own rows (or, by
+// the all-to-all dispatch, moeA2A, a row goes only to its experts' ranks). A rank with no
+// work (an idle plan) runs the MoE layers' collectives alone. Steps run eagerly; MTP
+// drafts under DP-attention are not built on the GPU (the CPU runs them: dp.go).
 
 // moeDP is moe under DP-attention: out [n, D] for this rank's n rows of x (0 on an idle
 // rank), exchanged with the other ranks' at par.dpRows rows a rank.
 func (g *gpuModel) moeDP(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
 	cfg, w, p := g.m.Config, &g.w, g.par
+	if p.allToAll {
+		return g.moeA2A(c, e, out, x, n)
+	}
 	E, K, D := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize
 	rows := p.dpRows
 	switch {
@@ -98,6 +101,106 @@ func (g *gpuModel) moeDP(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n in
 	return nil
 }
 
+// moeA2A is moeDP by the all-to-all dispatch, as deepseek-v4-flash's forwardA2A
+// (gpurunner.PlanAllToAll): the rank routes its n rows and copies their routes back to
+// plan which rows go to which rank, the counts exchanged over the host communicator; the
+// rows, routes and weights go to their experts' ranks over NCCL, each rank runs its
+// experts over the rows it received and sends the partials back, and MoECombine sums each
+// row's partials (the returned rows as its "experts") and its shared experts. An idle
+// rank (n 0) sends nothing and still serves the rows it receives.
+func (g *gpuModel) moeA2A(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
+	cfg, w, p := g.m.Config, &g.w, g.par
+	E, K, D := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize
+	if n > g.workRows() {
+		return fmt.Errorf("gpu: dp rank %d: %d rows for a workspace of %d", p.rank, n, g.workRows())
+	}
+	ids := make([]int32, n*K)
+	if n > 0 {
+		if err := g.route(c, e, x, n); err != nil {
+			return err
+		}
+	}
+	// The stream's work done (the routes, and every earlier reader of the tables below).
+	if err := c.Sync(g.s); err != nil {
+		return err
+	}
+	if n > 0 {
+		if err := cudart.Download(c, ids, w.rids); err != nil {
+			return err
+		}
+	}
+	plan, err := gpurunner.PlanAllToAll(p.rank, ids, n, K, p.ranges)
+	if err != nil {
+		return err
+	}
+	if err := plan.ExchangeCounts(p.host); err != nil {
+		return fmt.Errorf("gpu: dp rank %d: %w", p.rank, err)
+	}
+	sent, recvd, all := plan.Sent(), plan.Received(), p.size*g.workRows()
+	if sent > all || recvd > all {
+		return fmt.Errorf("gpu: dp rank %d: the all-to-all sends %d rows and receives %d, room for %d", p.rank, sent, recvd, all)
+	}
+	for _, u := range []struct {
+		dst cudart.DevicePtr
+		v   []int32
+	}{{w.sendIdx, plan.SendIdx}, {w.combIDs, plan.CombineIDs}, {w.combSlots, plan.CombineSlots}} {
+		if len(u.v) > 0 {
+			if err := cudart.Upload(c, u.dst, u.v); err != nil {
+				return err
+			}
+		}
+	}
+	if n > 0 {
+		if err := cudart.Upload(c, w.combW, plan.CombineWeights); err != nil {
+			return err
+		}
+	}
+	if sent > 0 {
+		// The rows to send, gathered by index (the embedding kernel, x and the routes as
+		// its tables; ids travel as their bits).
+		for _, gt := range []struct {
+			dst, table cudart.DevicePtr
+			dim        int
+		}{{w.xs, x, D}, {w.idsS, w.rids, K}, {w.wS, w.rweights, K}} {
+			if err := g.kk.Embedding(c, g.s, gt.dst, gt.table, w.sendIdx, sent, gt.dim, n); err != nil {
+				return err
+			}
+		}
+	}
+	for _, ex := range []struct {
+		send, recv cudart.DevicePtr
+		width      int
+	}{{w.xs, w.xAll, D}, {w.idsS, w.idsAll, K}, {w.wS, w.wAll, K}} {
+		if err := gpurunner.ExchangeRows(p.comm, c, g.s, ex.send, ex.recv, plan.SendCounts, plan.RecvCounts, 4*ex.width); err != nil {
+			return fmt.Errorf("gpu: dp rank %d: send the rows to their experts' ranks: %w", p.rank, err)
+		}
+	}
+	if recvd > 0 {
+		m := cuda.MaskedMoE{IDs: w.idsAll, Weights: w.wAll, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf,
+			Tokens: recvd, TopK: K, Experts: E, MaxRows: recvd, Dim: D}
+		if err := g.kk.MoELayout(c, g.s, m); err != nil {
+			return err
+		}
+		if err := g.runHeld(c, e, m, w.xAll); err != nil {
+			return err
+		}
+		if err := g.kk.MoECombine(c, g.s, m, w.outAll, w.ye, 0); err != nil {
+			return err
+		}
+	}
+	if err := gpurunner.ExchangeRows(p.comm, c, g.s, w.outAll, w.back, plan.RecvCounts, plan.SendCounts, 4*D); err != nil {
+		return fmt.Errorf("gpu: dp rank %d: return the partials: %w", p.rank, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := g.mlp(c, &e.shared, w.share, x, n); err != nil {
+		return err
+	}
+	back := cuda.MaskedMoE{IDs: w.combIDs, Weights: w.combW, SlotOf: w.combSlots, Tokens: n, TopK: p.size, Experts: max(sent, 1), MaxRows: 1, Dim: D}
+	return g.kk.MoECombine(c, g.s, back, out, w.back, w.share)
+}
+
 // idleDP is an idle dp rank's step: every MoE layer's exchange with padding rows alone
 // (the dense layers have no collective under DP-attention).
 func (g *gpuModel) idleDP(c *cudart.Ctx) error {
@@ -156,8 +259,8 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	switch {
 	case size < 2:
 		return fail(errors.New("want 2 or more ranks"))
-	case d != DispatchGather:
-		return fail(errors.New("the all-to-all dispatch is not built on the GPU; use --ep-dispatch gather"))
+	case d != DispatchGather && d != DispatchAllToAll:
+		return fail(fmt.Errorf("dispatch %d", d))
 	}
 	for r, comm := range data {
 		if comm.Rank() != r || comm.Size() != size {

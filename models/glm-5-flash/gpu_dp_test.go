@@ -62,7 +62,7 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 // gpuDPInProcess is the model in dir's GPU dp ranks in this process, for dptest's checks.
 func gpuDPInProcess(t *testing.T, dir string) dptest.InProcessModel {
 	return dptest.InProcessModel{
-		Dispatches: []int{int(DispatchGather)},
+		Dispatches: []int{int(DispatchGather), int(DispatchAllToAll)},
 		Open: func(d, drafts int, _ func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
 			g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), Dispatch(d), data)
 			if err != nil {
@@ -100,12 +100,16 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 	}
 	want, _ := decode(t, one.(*GPURunner).forward, pool, 3)
 	one.(*GPURunner).Close()
-	for busy := range 2 {
+	for _, tc := range []struct {
+		busy int
+		d    Dispatch
+	}{{0, DispatchGather}, {1, DispatchGather}, {0, DispatchAllToAll}, {1, DispatchAllToAll}} {
+		busy := tc.busy
 		data, err := dist.NewInProcess(2, dist.Options{Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data)
+		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,10 +139,10 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		for s := range want {
 			d := relDiff(got[s], want[s])
 			if worst = max(worst, d); !(d <= gpuEPTol) {
-				t.Errorf("rank %d busy, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", busy, s, d, gpuEPTol)
+				t.Errorf("dispatch %d, rank %d busy, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", tc.d, busy, s, d, gpuEPTol)
 			}
 		}
-		t.Logf("rank %d busy: logits within %.3g of one GPU's", busy, worst)
+		t.Logf("dispatch %d, rank %d busy: logits within %.3g of one GPU's", tc.d, busy, worst)
 	}
 	data, err := dist.NewInProcess(2, dist.Options{Timeout: time.Second})
 	if err != nil {
@@ -148,7 +152,7 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		d    Dispatch
 		data []dist.Communicator
 		want string
-	}{{DispatchAllToAll, data, "--ep-dispatch gather"}, {DispatchGather, data[:1], "2 or more"}} {
+	}{{DispatchGather, data[:1], "2 or more"}} {
 		if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, tc.data); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a refusal naming %q", fmt.Sprint(tc.d, len(tc.data)), err, tc.want)
 		}

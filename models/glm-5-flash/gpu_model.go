@@ -137,9 +137,13 @@ type gpuWork struct {
 	// rank's rows (ranks·maxTokens), gathered into xAll, idsAll and wAll, each rank's
 	// partial output in outAll and its shared experts' rows, in its block, in shareAll.
 	xAll, idsAll, wAll, outAll, shareAll cudart.DevicePtr
-	y, logits                            cudart.DevicePtr // the head's, maxRows rows
-	hidden                               cudart.DevicePtr // every row's final hidden state [rows, D]
-	maxSel                               int
+	// With the all-to-all dispatch: the rows sent (sendIdx's, gathered into xs, idsS and
+	// wS), the partials returned for them (back), and the combine's tables of them.
+	sendIdx, xs, idsS, wS, back cudart.DevicePtr
+	combIDs, combSlots, combW   cudart.DevicePtr
+	y, logits                   cudart.DevicePtr // the head's, maxRows rows
+	hidden                      cudart.DevicePtr // every row's final hidden state [rows, D]
+	maxSel                      int
 }
 
 func (g *gpuModel) alloc(c *cudart.Ctx, floats int) (cudart.DevicePtr, error) {
@@ -340,6 +344,18 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		for _, b := range []*cudart.DevicePtr{&x.idsAll, &x.wAll} {
 			if *b, err = g.alloc(c, all*K); err != nil {
 				return nil, fmt.Errorf("gpu: workspace: %w", err)
+			}
+		}
+		if p.allToAll {
+			// A row goes to each rank at most once: all rows sent at most.
+			for _, b := range []struct {
+				dst *cudart.DevicePtr
+				n   int
+			}{{&x.sendIdx, all}, {&x.xs, all * D}, {&x.idsS, all * K}, {&x.wS, all * K}, {&x.back, all * D},
+				{&x.combIDs, all}, {&x.combSlots, all}, {&x.combW, all}} {
+				if *b.dst, err = g.alloc(c, b.n); err != nil {
+					return nil, fmt.Errorf("gpu: workspace: %w", err)
+				}
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -28,6 +29,12 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
+	// With the all-to-all dispatch under DP-attention (gpu_dp.go's moeA2A): every rank's
+	// experts, [lo, hi) each, and the dp group's host communicator the send counts are
+	// exchanged on.
+	allToAll bool
+	ranges   [][2]int
+	host     dist.Communicator
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). A head's rows
 	// land in shard ([R, vocab.Rows], R = max(maxRows, slots)) and are all-gathered into
 	// gathered ([tp, R, vocab.Rows]).
@@ -44,13 +51,20 @@ func newGPUPar(m *TextModel) (*gpuPar, error) {
 	switch {
 	case m.par.comm == nil || (m.par.tp <= 1 && m.par.ep <= 1):
 		return nil, nil
-	case m.par.dispatch != DispatchGather:
-		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one is not built on the GPU")
+	case m.par.dispatch != DispatchGather && !m.par.dp:
+		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one runs under DP-attention alone (every rank runs every token here)")
 	case m.par.dp && m.par.tp > 1:
 		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", m.par.tp)
 	}
 	lo, hi := m.experts()
 	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi, dp: m.par.dp, size: m.par.ep}
+	if m.par.dp && m.par.dispatch == DispatchAllToAll {
+		p.allToAll, p.host = true, m.par.comm
+		for q := range m.par.ep {
+			qlo, qhi := ep.Layer{Experts: m.Config.NRoutedExperts}.Range(q, m.par.ep)
+			p.ranges = append(p.ranges, [2]int{qlo, qhi})
+		}
+	}
 	p.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return p, nil
 }
