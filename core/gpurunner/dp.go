@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 )
@@ -43,6 +44,20 @@ type DPRanks[R interface{ Close() error }] struct {
 	Pools   []*kvslab.Pool
 	devs    []*cudart.Device
 	comms   []*cudart.Comm
+}
+
+// CheckDPGroup refuses a dp group of fewer than 2 ranks, or whose communicators are not
+// rank r of len(data) in turn.
+func CheckDPGroup(data []dist.Communicator) error {
+	if len(data) < 2 {
+		return fmt.Errorf("DP-attention over %d ranks: want 2 or more", len(data))
+	}
+	for r, comm := range data {
+		if comm.Rank() != r || comm.Size() != len(data) {
+			return fmt.Errorf("dp rank %d has a communicator of rank %d of %d", r, comm.Rank(), comm.Size())
+		}
+	}
+	return nil
 }
 
 // OpenDPRanks opens size dp ranks of model name with open: rank r on GPU

@@ -1,7 +1,6 @@
 package deepseekv4flash
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -145,20 +145,7 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := func(p *engine.BatchPlan, logits []float32) error {
-			n := int32(p.NumTokens())
-			toks := []int32{0, 0}
-			toks[busy] = n
-			idle := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(p.Groups)), DP: engine.DPStep{Rank: int32(1 - busy), Tokens: toks}}
-			for i := range idle.Groups {
-				idle.Groups[i].PageTableStart = []int32{0}
-			}
-			q := *p
-			q.DP = engine.DPStep{Rank: int32(busy), Tokens: toks}
-			idled := make(chan error, 1)
-			go func() { idled <- g.Runners[1-busy].DPForward(idle, nil) }()
-			return errors.Join(g.Runners[busy].DPForward(&q, logits), <-idled)
-		}
+		f := dptest.Alone(busy, []dp.Forward{g.Runners[0].DPForward, g.Runners[1].DPForward})
 		got, _ := decode(t, f, g.Pools[busy], 3)
 		if err := g.Close(); err != nil {
 			t.Fatal(err)

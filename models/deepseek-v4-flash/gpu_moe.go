@@ -160,18 +160,14 @@ func (g *gpuMoE) upSharedGateUp(a *gpuArena, c *cudart.Ctx, lin *gpuLinears, pk 
 // experts·n; a first cut that suits decode batches and small prefill chunks (a prefill of
 // n rows does experts/top-k times the routed work it needs).
 //
-// Under DP-attention (gpu_dp.go) the masked layout runs over every rank's rows, gathered:
-// up to ranks·maxTokens of them, in xAll, idsAll and wAll, with each rank's partial
-// output in outAll and its shared expert's rows, in its own block, in shareAll.
+// Under DP-attention (gpu_dp.go) the masked layout runs over the rows of every rank
+// (up to ranks·maxTokens of them), exchanged by dp (gpurunner.DPMoE, which holds the
+// exchange's own buffers).
 type moeWork struct {
 	maxTokens                                 int
 	logits, weights, ids, counts, pairOf      cudart.DevicePtr
 	slotOf, xe, gu, act, ye, sgu, sact, share cudart.DevicePtr
-	xAll, idsAll, wAll, outAll, shareAll      cudart.DevicePtr
-	// With the all-to-all dispatch: the rows sent (sendIdx's, gathered into xs, idsS and
-	// wS), the partials returned for them (back), and the combine's tables of them.
-	sendIdx, xs, idsS, wS, back cudart.DevicePtr
-	combIDs, combSlots, combW   cudart.DevicePtr
+	dp                                        *gpurunner.DPMoE
 }
 
 // newMoEWork allocates g's workspace for steps of up to maxTokens rows of each of ranks
@@ -191,26 +187,21 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens, ranks int) (*m
 		{&w.act, 4 * he * all * in}, {&w.ye, 4 * e * all * h}, {&w.sgu, 4 * n * 2 * g.sin}, {&w.sact, 4 * n * g.sin},
 		{&w.share, 4 * n * h},
 	}
-	if ranks > 1 {
-		sizes = append(sizes, []struct {
-			dst   *cudart.DevicePtr
-			bytes int
-		}{{&w.xAll, 4 * all * h}, {&w.idsAll, 4 * all * k}, {&w.wAll, 4 * all * k}, {&w.outAll, 4 * all * h}, {&w.shareAll, 4 * all * h}}...)
-	}
-	if g.par != nil && g.par.allToAll {
-		// A row goes to each rank at most once: all rows sent at most.
-		sizes = append(sizes, []struct {
-			dst   *cudart.DevicePtr
-			bytes int
-		}{{&w.sendIdx, 4 * all}, {&w.xs, 4 * all * h}, {&w.idsS, 4 * all * k}, {&w.wS, 4 * all * k}, {&w.back, 4 * all * h},
-			{&w.combIDs, 4 * all}, {&w.combSlots, 4 * all}, {&w.combW, 4 * all}}...)
-	}
 	for _, s := range sizes {
 		p, err := a.alloc(c, s.bytes)
 		if err != nil {
 			return nil, fmt.Errorf("gpu moe workspace: %w", err)
 		}
 		*s.dst = p
+	}
+	if p := g.par; p != nil && p.dp {
+		var err error
+		w.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: e, TopK: k, Hidden: h, MaxRows: n,
+			IDs: w.ids, Weights: w.weights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf, YE: w.ye},
+			p.allToAll, p.host, func(bytes int) (cudart.DevicePtr, error) { return a.alloc(c, bytes) })
+		if err != nil {
+			return nil, err
+		}
 	}
 	return w, nil
 }
@@ -229,12 +220,7 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 		return g.forwardDP(c, s, kk, b, w, out, x, tokens, n)
 	}
 	e, k, h, mr := g.experts, g.k, g.h, n // every expert has room for all n rows
-	if err := b.matMulT(c, s, w.logits, x, g.router, n, h, e); err != nil {
-		return err
-	}
-	r := cuda.MoERoute{Weights: w.weights, IDs: w.ids, Logits: w.logits, Bias: g.bias, TID2EID: g.tid2eid, TokenIDs: tokens,
-		Tokens: n, Experts: e, TopK: k, Scoring: g.scoring, Scale: g.scale}
-	if err := kk.MoERoute(c, s, r); err != nil {
+	if err := g.route(c, s, kk, b, w, x, tokens, n); err != nil {
 		return err
 	}
 	m := cuda.MaskedMoE{IDs: w.ids, Weights: w.weights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf,
@@ -253,19 +239,34 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 		}
 		return g.sumOverRanks(s, out, n)
 	}
-	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, h, 2*g.sin); err != nil {
-		return err
-	}
-	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, g.sin, g.limit); err != nil {
-		return err
-	}
-	if err := b.matMulT(c, s, w.share, w.sact, g.sharedDn, n, g.sin, h); err != nil {
+	if err := g.shared(c, s, kk, b, w, w.share, x, n); err != nil {
 		return err
 	}
 	if err := kk.MoECombine(c, s, m, out, w.ye, w.share); err != nil {
 		return err
 	}
 	return g.sumOverRanks(s, out, n)
+}
+
+// route computes the routes of x's n rows (tokens [n] int32, for hash routing) into
+// w.ids and w.weights: the router GEMM and MoERoute.
+func (g *gpuMoE) route(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, x, tokens cudart.DevicePtr, n int) error {
+	if err := b.matMulT(c, s, w.logits, x, g.router, n, g.h, g.experts); err != nil {
+		return err
+	}
+	return kk.MoERoute(c, s, cuda.MoERoute{Weights: w.weights, IDs: w.ids, Logits: w.logits, Bias: g.bias, TID2EID: g.tid2eid, TokenIDs: tokens,
+		Tokens: n, Experts: g.experts, TopK: g.k, Scoring: g.scoring, Scale: g.scale})
+}
+
+// shared computes the shared expert of x's n rows into dst ([n, hidden]).
+func (g *gpuMoE) shared(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, dst, x cudart.DevicePtr, n int) error {
+	if err := b.matMulT(c, s, w.sgu, x, g.sharedGateUp, n, g.h, 2*g.sin); err != nil {
+		return err
+	}
+	if err := kk.SwiGLUClamped(c, s, w.sact, w.sgu, n, g.sin, g.limit); err != nil {
+		return err
+	}
+	return b.matMulT(c, s, dst, w.sact, g.sharedDn, n, g.sin, g.h)
 }
 
 // runHeld runs the held experts (all but under expert parallelism) over the masked

@@ -8,7 +8,6 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
-	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -30,11 +29,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
-	// With the all-to-all dispatch under DP-attention (gpu_dp.go's forwardA2A): every
-	// rank's experts, [lo, hi) each, and the dp group's host communicator the send counts
-	// are exchanged on.
+	// With the all-to-all dispatch under DP-attention: the dp group's host communicator,
+	// which the send counts are exchanged on (gpurunner.DPMoE).
 	allToAll bool
-	ranges   [][2]int
 	host     dist.Communicator
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). The head's
 	// rows land in shard ([maxRows, vocab.Rows]) and are all-gathered into gathered ([tp,
@@ -61,10 +58,6 @@ func newGPUPar(m *Model) (*gpuPar, error) {
 	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi, dp: p.dp, size: p.ep}
 	if p.dp && p.dispatch == DispatchAllToAll {
 		g.allToAll, g.host = true, p.comm
-		for q := range p.ep {
-			lo, hi := ep.Layer{Experts: m.Config.NRoutedExperts}.Range(q, p.ep)
-			g.ranges = append(g.ranges, [2]int{lo, hi})
-		}
 	}
 	g.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return g, nil

@@ -1,7 +1,6 @@
 package glm5flash
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,8 +10,8 @@ import (
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
-	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 )
 
@@ -118,19 +117,7 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 				t.Errorf("graphs under DP-attention: %v", err)
 			}
 		}
-		f := func(p *engine.BatchPlan, logits []float32) error {
-			toks := []int32{0, 0}
-			toks[busy] = int32(p.NumTokens())
-			idle := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(p.Groups)), DP: engine.DPStep{Rank: int32(1 - busy), Tokens: toks}}
-			for i := range idle.Groups {
-				idle.Groups[i].PageTableStart = []int32{0}
-			}
-			q := *p
-			q.DP = engine.DPStep{Rank: int32(busy), Tokens: toks}
-			idled := make(chan error, 1)
-			go func() { idled <- g.Runners[1-busy].DPForward(idle, nil) }()
-			return errors.Join(g.Runners[busy].DPForward(&q, logits), <-idled)
-		}
+		f := dptest.Alone(busy, []dp.Forward{g.Runners[0].DPForward, g.Runners[1].DPForward})
 		got, _ := decode(t, f, g.Pools[busy], 3)
 		if err := g.Close(); err != nil {
 			t.Fatal(err)

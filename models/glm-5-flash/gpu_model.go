@@ -134,16 +134,11 @@ type gpuWork struct {
 	rlogits, rweights, rids, counts, pairOf, slotOf     cudart.DevicePtr // the MoE routing and layout
 	xe, egu, eact, ye, share                            cudart.DevicePtr // the experts' blocks of maxTokens rows
 	// Under DP-attention (gpu_dp.go) the masked layout's buffers above hold every dp
-	// rank's rows (ranks·maxTokens), gathered into xAll, idsAll and wAll, each rank's
-	// partial output in outAll and its shared experts' rows, in its block, in shareAll.
-	xAll, idsAll, wAll, outAll, shareAll cudart.DevicePtr
-	// With the all-to-all dispatch: the rows sent (sendIdx's, gathered into xs, idsS and
-	// wS), the partials returned for them (back), and the combine's tables of them.
-	sendIdx, xs, idsS, wS, back cudart.DevicePtr
-	combIDs, combSlots, combW   cudart.DevicePtr
-	y, logits                   cudart.DevicePtr // the head's, maxRows rows
-	hidden                      cudart.DevicePtr // every row's final hidden state [rows, D]
-	maxSel                      int
+	// rank's rows (ranks·maxTokens), exchanged by dp (which holds the exchange's own).
+	dp        *gpurunner.DPMoE
+	y, logits cudart.DevicePtr // the head's, maxRows rows
+	hidden    cudart.DevicePtr // every row's final hidden state [rows, D]
+	maxSel    int
 }
 
 func (g *gpuModel) alloc(c *cudart.Ctx, floats int) (cudart.DevicePtr, error) {
@@ -335,29 +330,6 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	all := n     // the masked layout's rows: every dp rank's under DP-attention
 	if p := g.par; p != nil && p.dp {
 		all = n * p.size
-		x := &g.w
-		for _, b := range []*cudart.DevicePtr{&x.xAll, &x.outAll, &x.shareAll} {
-			if *b, err = g.alloc(c, all*D); err != nil {
-				return nil, fmt.Errorf("gpu: workspace: %w", err)
-			}
-		}
-		for _, b := range []*cudart.DevicePtr{&x.idsAll, &x.wAll} {
-			if *b, err = g.alloc(c, all*K); err != nil {
-				return nil, fmt.Errorf("gpu: workspace: %w", err)
-			}
-		}
-		if p.allToAll {
-			// A row goes to each rank at most once: all rows sent at most.
-			for _, b := range []struct {
-				dst *cudart.DevicePtr
-				n   int
-			}{{&x.sendIdx, all}, {&x.xs, all * D}, {&x.idsS, all * K}, {&x.wS, all * K}, {&x.back, all * D},
-				{&x.combIDs, all}, {&x.combSlots, all}, {&x.combW, all}} {
-				if *b.dst, err = g.alloc(c, b.n); err != nil {
-					return nil, fmt.Errorf("gpu: workspace: %w", err)
-				}
-			}
-		}
 	}
 	x := &g.w
 	x.maxSel = g.dsa.maxSel()
@@ -376,6 +348,14 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 	} {
 		if *b.dst, err = g.alloc(c, b.n); err != nil {
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
+		}
+	}
+	if p := g.par; p != nil && p.dp {
+		x.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: E, TopK: K, Hidden: D, MaxRows: n,
+			IDs: x.rids, Weights: x.rweights, Counts: x.counts, PairOf: x.pairOf, SlotOf: x.slotOf, YE: x.ye},
+			p.allToAll, p.host, func(bytes int) (cudart.DevicePtr, error) { return g.alloc(c, (bytes+3)/4) })
+		if err != nil {
+			return nil, err
 		}
 	}
 	if p := g.par; p != nil && p.tp > 1 {

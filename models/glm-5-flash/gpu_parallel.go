@@ -8,7 +8,6 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
-	"github.com/resin-llm/resin/core/dist/ep"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -29,11 +28,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
-	// With the all-to-all dispatch under DP-attention (gpu_dp.go's moeA2A): every rank's
-	// experts, [lo, hi) each, and the dp group's host communicator the send counts are
-	// exchanged on.
+	// With the all-to-all dispatch under DP-attention: the dp group's host communicator,
+	// which the send counts are exchanged on (gpurunner.DPMoE).
 	allToAll bool
-	ranges   [][2]int
 	host     dist.Communicator
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). A head's rows
 	// land in shard ([R, vocab.Rows], R = max(maxRows, slots)) and are all-gathered into
@@ -60,10 +57,6 @@ func newGPUPar(m *TextModel) (*gpuPar, error) {
 	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi, dp: m.par.dp, size: m.par.ep}
 	if m.par.dp && m.par.dispatch == DispatchAllToAll {
 		p.allToAll, p.host = true, m.par.comm
-		for q := range m.par.ep {
-			qlo, qhi := ep.Layer{Experts: m.Config.NRoutedExperts}.Range(q, m.par.ep)
-			p.ranges = append(p.ranges, [2]int{qlo, qhi})
-		}
 	}
 	p.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return p, nil

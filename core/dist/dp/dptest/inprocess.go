@@ -2,6 +2,7 @@ package dptest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -208,5 +209,36 @@ func CheckMTP(t *testing.T, m InProcessModel, vocab int, reqs []engine.Request, 
 			}
 			t.Logf("%d drafts proposed, %d accepted; rank 1 drafted idle %d times", res.proposed, res.accepted, res.idleDrafts[1])
 		})
+	}
+}
+
+// Alone returns a forward that runs each plan on dp rank busy of len(ranks) (its
+// DPStep saying that rank has the plan's tokens and every other rank none) while every
+// other rank runs an idle plan at the same time, as core/dist/dp's Group would step
+// them: for checking that a rank running alone gives one rank's logits, its idle peers
+// meeting its exchanges.
+func Alone(busy int, ranks []dp.Forward) func(p *engine.BatchPlan, logits []float32) error {
+	return func(p *engine.BatchPlan, logits []float32) error {
+		toks := make([]int32, len(ranks))
+		toks[busy] = int32(p.NumTokens())
+		errs := make(chan error, len(ranks))
+		for r, forward := range ranks {
+			if r == busy {
+				continue
+			}
+			idle := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(p.Groups)),
+				DP: engine.DPStep{Rank: int32(r), Tokens: toks}}
+			for i := range idle.Groups {
+				idle.Groups[i].PageTableStart = []int32{0}
+			}
+			go func() { errs <- forward(idle, nil) }()
+		}
+		q := *p
+		q.DP = engine.DPStep{Rank: int32(busy), Tokens: toks}
+		err := ranks[busy](&q, logits)
+		for range len(ranks) - 1 {
+			err = errors.Join(err, <-errs)
+		}
+		return err
 	}
 }
