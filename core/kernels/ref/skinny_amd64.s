@@ -393,11 +393,12 @@ zgemvbf16eo_8:
 	VPXORD Z23, Z23, Z23
 	MOVQ   SI, R13
 	LEAQ   (SI)(BX*4), R12
-	LEAQ   (SI)(BX*8), R14 // the next 8 rows, prefetched along
+	LEAQ   (SI)(BX*8), R14 // the next 8 rows, prefetched along (PREFETCH512's note)
 	MOVQ   R8, R9
 	MOVQ   CX, R10
 
 zgemvbf16eo_8_step:
+	PREFETCH512(R14)
 	VMOVUPS (R9), Z8
 	VMOVUPS 64(R9), Z9
 	GEMVBF16EO_ROW((SI), Z0, Z16)
