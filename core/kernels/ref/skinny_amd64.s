@@ -61,9 +61,13 @@ done:
 //
 // skinnyAVX2 with 16-lane registers, for k a positive multiple of 16: the same two rows of
 // w against 4 rows of x, 8 accumulators of 16 lanes, each halved into 8 lanes before the
-// transposing horizontal sum.
+// transposing horizontal sum. The pair after the one it reads is prefetched along (R13,
+// one step's 128 bytes a step: with ldw = k, a pair's bytes by its end), as the GEMVs
+// prefetch their next rows: each pair of rows is otherwise two short streams the
+// hardware's prefetchers do not run ahead of.
 TEXT ·skinnyAVX512(SB), NOSPLIT, $0-48
 	SKINNY_ARGS
+	LEAQ (SI)(BX*2), R13 // the next pair of rows, prefetched along (PREFETCH512's note)
 
 zpair:
 	CMPQ DX, $2
@@ -79,6 +83,9 @@ zpair:
 	XORQ AX, AX
 
 zpcol:
+	PREFETCHT1 (R13)
+	PREFETCHT1 64(R13)
+	ADDQ       $128, R13
 	SKINNY_PAIR_STEP(Z8, Z9, Z10, Z11, Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7)
 	ADDQ $64, AX
 	CMPQ AX, CX
