@@ -157,5 +157,5 @@ func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Com
 	for r, g := range gpus {
 		runners[r] = cpurunner.New(g.info, group.Runner(r))
 	}
-	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group, Close: closeAll}, nil
 }

@@ -108,6 +108,9 @@ func startDP(rt *Runtime, cfg engine.Config) (*Engine, error) {
 		if rt.DP.Group != nil {
 			errs = append(errs, rt.DP.Group.Close())
 		}
+		if rt.DP.Close != nil {
+			errs = append(errs, rt.DP.Close())
+		}
 		return errors.Join(errs...)
 	}
 	engines := make([]*engine.Engine, len(runners))

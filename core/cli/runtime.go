@@ -46,6 +46,9 @@ type DPRanks struct {
 	// Group, when set (--dp-attention), steps every rank's engine together; rank r's
 	// runner runs through Group.Forward(r). Nil: the ranks are replicas.
 	Group *dp.Group
+	// Close, when set, frees what the ranks hold (their GPU runners, devices and NCCL
+	// communicator) once the group is closed.
+	Close func() error
 }
 
 // Loader chooses a model from command-line flags and loads it. Register adds its flags to

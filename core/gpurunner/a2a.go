@@ -85,7 +85,7 @@ func (p *AllToAllPlan) ExchangeCounts(c dist.Communicator) error {
 	return nil
 }
 
-// Sent and Received are the rows this rank sends and receives.
+// Sent returns the rows this rank sends (a row once to each rank it sends to).
 func (p *AllToAllPlan) Sent() int { return len(p.SendIdx) }
 
 // Received returns the rows this rank receives, its experts' rows of every rank.

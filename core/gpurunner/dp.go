@@ -13,9 +13,10 @@ import (
 // DPRows checks plan p of a DP-attention rank (core/dist/dp's step: p.DP set) for dp rank
 // rank of size whose steps hold up to maxTokens rows, and returns the rows every rank's
 // MoE exchanges this step: the most any rank has, or DP.Pad (a graph bucket) when larger.
-// What it refuses it refuses from the step's counts, which every rank has alike, so that
-// the ranks refuse together and none is left waiting in a collective. An idle plan (no
-// tokens) must ask for no logits. name prefixes the errors.
+// Its checks of the counts every rank has alike refuse on every rank; those of this
+// rank's own plan (its count, its padding, an idle plan asking for logits) on this rank
+// alone, so a rank hands its refusal to AgreeDP before any collective. name prefixes the
+// errors.
 func DPRows(name string, p *engine.BatchPlan, logits []float32, rank, size, maxTokens int) (int, error) {
 	most := int(p.DP.Pad)
 	for _, t := range p.DP.Tokens {
@@ -104,4 +105,29 @@ func (g *DPRanks[R]) Close() error {
 	CloseDevices(g.devs)
 	g.comms, g.Runners, g.devs = nil, nil, nil
 	return errors.Join(errs...)
+}
+
+// AgreeDP has the dp ranks agree, over the group's host communicator c, that every one of
+// them runs this step: mine is this rank's refusal of its plan (nil: it runs), checked
+// before any collective of the step. It returns mine, or an error naming a rank that
+// refused, so that a step one rank refuses is refused by all of them and none waits in a
+// collective the refusing one never calls (NCCL's wait has no deadline).
+func AgreeDP(c dist.Communicator, mine error) error {
+	ok := []byte{1}
+	if mine != nil {
+		ok[0] = 0
+	}
+	all, err := c.AllGatherV(ok)
+	if err != nil {
+		return errors.Join(mine, fmt.Errorf("dp rank %d: agree on the step: %w", c.Rank(), err))
+	}
+	if mine != nil {
+		return mine
+	}
+	for q, m := range all {
+		if len(m) != 1 || m[0] != 1 {
+			return fmt.Errorf("dp rank %d refused the step, so every rank does", q)
+		}
+	}
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // gpuDPOpts are the emulated DP ranks' sizes: room for every request of dptest's at once.
@@ -71,16 +72,16 @@ func gpuDPInProcess(t *testing.T, dir string) dptest.InProcessModel {
 	}
 }
 
-// TestEmulatedDPRefusals: one rank is refused before any device is touched, and a dp rank's
-// forward refuses a plan of another rank, a step that miscounts its tokens, or one of
-// more rows a rank than its steps hold, from the step's counts alone (so every rank
-// refuses alike and none waits in a collective); decode graphs are refused.
+// TestEmulatedDPRefusals: one rank is refused before any device is touched, decode
+// graphs are refused, and a step one dp rank refuses (a plan of another rank, one that
+// miscounts its tokens, a token outside the vocabulary) is refused by both ranks, the idle one naming the other, with neither
+// left waiting in a collective (dptest.CheckRefusalAgreed); the group still runs after.
 func TestEmulatedDPRefusals(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
 	dir := tinyDir(t)
-	data, err := dist.NewInProcess(2, dist.Options{Timeout: 5 * time.Second})
+	data, err := dist.NewInProcess(2, dist.Options{Timeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,12 +93,13 @@ func TestEmulatedDPRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	run := g.Runners[1]
-	if err := run.UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "eagerly") {
+	if err := g.Runners[1].UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "eagerly") {
 		t.Errorf("graphs under DP-attention: %v", err)
 	}
+	forwards := []dp.Forward{g.Runners[0].DPForward, g.Runners[1].DPForward}
 	idle := func(rank int32, tokens ...int32) *engine.BatchPlan {
-		return &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, DP: engine.DPStep{Rank: rank, Tokens: tokens}}
+		return &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(g.Runners[1].Info().CacheGroups)),
+			DP: engine.DPStep{Rank: rank, Tokens: tokens}}
 	}
 	for _, tc := range []struct {
 		p    *engine.BatchPlan
@@ -105,13 +107,22 @@ func TestEmulatedDPRefusals(t *testing.T) {
 	}{
 		{idle(0, 0, 3), "a plan of dp rank 0"},
 		{idle(1, 0, 3), "has 0 tokens, its step says 3"},
-		{idle(1, 100, 0), "100 rows a rank"},
-		{idle(1, 0, 0), "0 rows a rank"},
 	} {
-		if err := run.DPForward(tc.p, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("DP %+v: %v, want %q", tc.p.DP, err, tc.want)
-		}
+		dptest.CheckRefusalAgreed(t, forwards, tc.p, nil, tc.want)
 	}
+	v := tinyConfig(t).VocabSize
+	bad := runnertest.Plan(t, g.Pools[1], []*runnertest.Seq{runnertest.OpenSeq(t, g.Pools[1], []int32{3, int32(v)})}, []int{2}, false)
+	bad.DP = engine.DPStep{Rank: 1, Tokens: []int32{0, 2}}
+	dptest.CheckRefusalAgreed(t, forwards, bad, make([]float32, len(bad.LogitsIndices)*v), "outside the vocabulary")
+	// The group still runs: rank 1 alone gives one GPU's logits.
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := decode(t, one.(*GPURunner).forward, pool, 1)
+	one.(*GPURunner).Close()
+	got, _ := decode(t, dptest.Alone(1, forwards), g.Pools[1], 1)
+	closeLogits(t, "after the refusals", got, want, v, gpuEPTol)
 }
 
 // TestEmulatedDPRankEqualsOne: a DP-attention rank on an emulated GPU that runs the steps

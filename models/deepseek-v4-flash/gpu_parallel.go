@@ -29,8 +29,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
-	// With the all-to-all dispatch under DP-attention: the dp group's host communicator,
-	// which the send counts are exchanged on (gpurunner.DPMoE).
+	// Under DP-attention: the dp group's host communicator, which the ranks agree on each
+	// step over (gpurunner.AgreeDP) and, with the all-to-all dispatch (allToAll), exchange
+	// the send counts on (gpurunner.DPMoE).
 	allToAll bool
 	host     dist.Communicator
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). The head's
@@ -42,9 +43,8 @@ type gpuPar struct {
 
 // newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout and,
 // under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. The
-// all-to-all dispatch is refused: the GPU exchanges rows by all-gather and
-// reduce-scatter (every rank running every token, or under DP-attention every rank's
-// rows gathered).
+// all-to-all dispatch runs under DP-attention alone (gpurunner.DPMoE): without it every
+// rank runs every token and the partials are summed.
 func newGPUPar(m *Model) (*gpuPar, error) {
 	p := &m.par
 	switch {
@@ -56,8 +56,8 @@ func newGPUPar(m *Model) (*gpuPar, error) {
 		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", p.tp)
 	}
 	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi, dp: p.dp, size: p.ep}
-	if p.dp && p.dispatch == DispatchAllToAll {
-		g.allToAll, g.host = true, p.comm
+	if p.dp {
+		g.host, g.allToAll = p.comm, p.dispatch == DispatchAllToAll
 	}
 	g.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return g, nil

@@ -54,14 +54,19 @@ func (g *gpuModel) idleDP(c *cudart.Ctx) error {
 // Group, as TextRunner.DPForward on the CPU: p.DP must name this rank of the group
 // (gpurunner.DPRows). A plan with tokens runs as the runner's forward does, its MoE
 // layers exchanging its rows with the other ranks'; an idle plan runs only the MoE
-// layers' exchanges.
+// layers' exchanges. A step one rank refuses every rank refuses (gpurunner.AgreeDP).
 func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	par := r.g.par
 	if par == nil || !par.dp {
 		return fmt.Errorf("%s on the GPU: DPForward on a runner not opened for DP-attention (OpenGPUDPRanks)", Name)
 	}
-	rows, err := gpurunner.DPRows(Name, p, logits, par.rank, par.size, r.g.maxTokens)
-	if err != nil {
+	// What this rank refuses, every rank refuses (gpurunner.AgreeDP): the step's counts,
+	// then what its forward would refuse of its own plan.
+	rows, mine := gpurunner.DPRows(Name, p, logits, par.rank, par.size, r.g.maxTokens)
+	if mine == nil && p.NumTokens() > 0 {
+		mine = r.checkPlan(p, logits)
+	}
+	if err := gpurunner.AgreeDP(par.host, mine); err != nil {
 		return err
 	}
 	par.dpRows = rows

@@ -12,7 +12,9 @@ import (
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/runnertest"
 )
 
 // gpuDPOpts are the emulated DP ranks' sizes: room for every request of dptest's at once.
@@ -87,7 +89,7 @@ func gpuDPInProcess(t *testing.T, dir string) dptest.InProcessModel {
 // alone (a prefill of two prompts, 19 rows, then decode steps) while the other rank idles
 // gives one GPU's logits within gpuEPTol, rank 0 busy and rank 1 busy: the idle rank's
 // padding rows are routed to no expert, so they take none of an expert's rows from the
-// busy rank's tokens. What the GPU's DP-attention does not run is refused by name.
+// busy rank's tokens. A step one rank refuses is refused by both; one rank is refused.
 func TestEmulatedDPRankEqualsOne(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -131,8 +133,21 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		}
 		t.Logf("dispatch %d, rank %d busy: logits within %.3g of one GPU's", tc.d, busy, worst)
 	}
-	data, err := dist.NewInProcess(2, dist.Options{Timeout: time.Second})
+	// A step rank 1 refuses (a token outside the vocabulary) is refused by both ranks, the
+	// idle one naming it, neither left waiting in a collective.
+	data, err := dist.NewInProcess(2, dist.Options{Timeout: 30 * time.Second})
 	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := tinyTextModel(t).Config.VocabSize
+	bad := runnertest.Plan(t, g.Pools[1], []*runnertest.Seq{runnertest.OpenSeq(t, g.Pools[1], []int32{3, int32(v)})}, []int{2}, false)
+	bad.DP = engine.DPStep{Rank: 1, Tokens: []int32{0, 2}}
+	dptest.CheckRefusalAgreed(t, []dp.Forward{g.Runners[0].DPForward, g.Runners[1].DPForward}, bad, make([]float32, len(bad.LogitsIndices)*v), "outside the vocabulary")
+	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

@@ -28,8 +28,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
-	// With the all-to-all dispatch under DP-attention: the dp group's host communicator,
-	// which the send counts are exchanged on (gpurunner.DPMoE).
+	// Under DP-attention: the dp group's host communicator, which the ranks agree on each
+	// step over (gpurunner.AgreeDP) and, with the all-to-all dispatch (allToAll), exchange
+	// the send counts on (gpurunner.DPMoE).
 	allToAll bool
 	host     dist.Communicator
 	// The rank's vocabulary rows (under TP its shard, padded to vocab.Rows). A head's rows
@@ -41,9 +42,8 @@ type gpuPar struct {
 
 // newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout and,
 // under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. The
-// all-to-all dispatch is refused: the GPU exchanges rows by all-gather and
-// reduce-scatter (every rank running every token, or under DP-attention every rank's
-// rows gathered).
+// all-to-all dispatch runs under DP-attention alone (gpurunner.DPMoE): without it every
+// rank runs every token and the partials are summed.
 func newGPUPar(m *TextModel) (*gpuPar, error) {
 	switch {
 	case m.par.comm == nil || (m.par.tp <= 1 && m.par.ep <= 1):
@@ -55,8 +55,8 @@ func newGPUPar(m *TextModel) (*gpuPar, error) {
 	}
 	lo, hi := m.experts()
 	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi, dp: m.par.dp, size: m.par.ep}
-	if m.par.dp && m.par.dispatch == DispatchAllToAll {
-		p.allToAll, p.host = true, m.par.comm
+	if m.par.dp {
+		p.host, p.allToAll = m.par.comm, m.par.dispatch == DispatchAllToAll
 	}
 	p.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
 	return p, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -240,5 +241,32 @@ func Alone(busy int, ranks []dp.Forward) func(p *engine.BatchPlan, logits []floa
 			err = errors.Join(err, <-errs)
 		}
 		return err
+	}
+}
+
+// CheckRefusalAgreed runs bad (a plan rank 1 refuses: p.DP as the test sets it; its
+// logits rows into logits) on rank 1 of ranks while rank 0 runs an idle plan of the same step (DPStep{0, bad.DP.Tokens}),
+// and checks that both return within a deadline, rank 1's error containing want and rank
+// 0's naming rank 1's refusal: one rank refusing a step makes every rank refuse it, so
+// none waits in a collective the other never calls.
+func CheckRefusalAgreed(t *testing.T, ranks []dp.Forward, bad *engine.BatchPlan, logits []float32, want string) {
+	t.Helper()
+	idle := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(bad.Groups)),
+		DP: engine.DPStep{Rank: 0, Tokens: bad.DP.Tokens, Pad: bad.DP.Pad}}
+	for i := range idle.Groups {
+		idle.Groups[i].PageTableStart = []int32{0}
+	}
+	var errs [2]error
+	Within(t, time.Minute, "a step rank 1 refuses", func() {
+		done := make(chan error, 1)
+		go func() { done <- ranks[0](idle, nil) }()
+		errs[1] = ranks[1](bad, logits)
+		errs[0] = <-done
+	})
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), want) {
+		t.Errorf("rank 1's plan (DP %+v): %v, want an error containing %q", bad.DP, errs[1], want)
+	}
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "dp rank 1 refused") {
+		t.Errorf("rank 0, idle while rank 1 refused: %v, want rank 1's refusal named", errs[0])
 	}
 }
