@@ -17,9 +17,10 @@ import (
 // It runs on the package's own kernels wherever the CPU has them, whatever RESIN_BLAS
 // says (a library takes float32 weights only): one row on the GEMV kernel; 2 to 8 (a
 // decode batch) on the skinny kernel, runs of w widened into cache, to the bit what
-// skinnyGemm computes on the widened weights; more on the own GEMM with the widening in
-// its packing, to the bit what MatMulT computes on the own GEMM for the widened weights. Without AVX2+FMA, blocks of w widened into
-// scratch go to gonum.
+// skinnyGemm computes on the widened weights; more (a prefill), with RESIN_BF16_DOT=on
+// where the CPU has AVX512_BF16, on its dot products, x rounded to bfloat16 as llama.cpp's
+// BF16 path rounds it (bf16DotGemm), else on the own GEMM with the widening in its packing, to the bit what MatMulT computes on the own GEMM for the
+// widened weights. Without AVX2+FMA, blocks of w widened into scratch go to gonum.
 func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 	const op = "MatMulTBF16"
 	if err := checkDims(op, m, k, n); err != nil {
@@ -47,6 +48,9 @@ func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 	}
 	if m <= skinnyRows && skinnyVector(k) {
 		skinnyBF16(out, x, w, m, k, n)
+		return nil
+	}
+	if m > skinnyRows && hasBF16Dot && bf16DotGemm(out, x, w, m, k, n) {
 		return nil
 	}
 	if mr, nr := gemmMicro(); mr > 0 {

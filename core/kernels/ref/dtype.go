@@ -47,8 +47,15 @@ func ParseDType(s string) (DType, error) {
 func (dt DType) Kernel() string {
 	switch dt {
 	case DTypeBF16:
+		if mr, _ := gemmMicro(); mr > 0 && hasBF16Dot {
+			return fmt.Sprintf("bf16: decode widened to fp32 as read (%s GEMV); prefill on AVX-512 BF16 dot products, activations rounded to bf16 (RESIN_BF16_DOT=on)", gemvKernel())
+		}
 		if mr, _ := gemmMicro(); mr > 0 {
-			return fmt.Sprintf("bf16: widened to fp32 as read; %s GEMV, own GEMM (%s micro-kernel)", gemvKernel(), GEMMKernel())
+			dot := ""
+			if canBF16Dot {
+				dot = "; RESIN_BF16_DOT=on runs prefill on AVX-512 BF16 dot products (activations rounded to bf16)"
+			}
+			return fmt.Sprintf("bf16: widened to fp32 as read; %s GEMV, own GEMM (%s micro-kernel)%s", gemvKernel(), GEMMKernel(), dot)
 		}
 		return "bf16: widened to fp32 in blocks; gonum GEMM (no AVX2+FMA)"
 	case DTypeInt8:

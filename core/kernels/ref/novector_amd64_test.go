@@ -11,9 +11,9 @@ import (
 // FMA: every operator then takes its scalar, BLAS or gonum path.
 func withoutVector(t *testing.T, f func()) {
 	t.Helper()
-	oldExp, oldAttn := hasExpfAVX2, hasAttnAVX2
-	hasExpfAVX2, hasAttnAVX2 = false, false
-	defer func() { hasExpfAVX2, hasAttnAVX2 = oldExp, oldAttn }()
+	oldExp, oldAttn, oldDot := hasExpfAVX2, hasAttnAVX2, hasBF16Dot
+	hasExpfAVX2, hasAttnAVX2, hasBF16Dot = false, false, false
+	defer func() { hasExpfAVX2, hasAttnAVX2, hasBF16Dot = oldExp, oldAttn, oldDot }()
 	f()
 }
 
