@@ -23,7 +23,8 @@
 #
 # Environment: THREADS (default: nproc), BATCHES (1,8), PROMPT_LEN (512), GEN_LEN (32),
 # REPEAT (3 runs per measurement, llama-bench -r / resin --repeat), ROUNDS (3), DTYPES
-# (fp32,bf16,int8), CONFIG (an HF config.json; default the ~120M llama of
+# (fp32,bf16,int8; bf16dot is resin's bf16 with RESIN_BF16_DOT=on, prefill on AVX-512 BF16
+# dot products, against BF16 again), CONFIG (an HF config.json; default the ~120M llama of
 # llama-cpu-bench.sh), LLAMA_CPP_PYTHON (the sdist version, 0.3.36), LLAMA_CMAKE_FLAGS
 # (extra cmake flags, e.g. -DGGML_AMX_INT8=OFF where the AMX kernels die), LLAMA_ARGS
 # (extra flags for llama-bench and llama-batched-bench, e.g. `--poll 0`: on a loaded
@@ -113,8 +114,8 @@ fi
 # fallback is not one Resin's tokenizer loads; the benchmark feeds token ids).
 mkdir -p "$out/resin"
 ln -sf "$ck/config.json" "$ck/model.safetensors" "$out/resin/"
-declare -A gguf_type=([fp32]=f32 [bf16]=bf16 [int8]=q8_0)
-declare -A gguf_name=([fp32]=F32 [bf16]=BF16 [int8]=Q8_0)
+declare -A gguf_type=([fp32]=f32 [bf16]=bf16 [bf16dot]=bf16 [int8]=q8_0)
+declare -A gguf_name=([fp32]=F32 [bf16]=BF16 [bf16dot]=BF16 [int8]=Q8_0)
 for dt in ${dtypes//,/ }; do
 	f=$out/model-${gguf_name[$dt]}.gguf
 	if [ ! -f "$f" ]; then
@@ -174,7 +175,9 @@ res=$out/results.tsv
 : > "$res" # round dtype batch side prefill decode
 
 resin_run() { # dtype round
-	GOMAXPROCS=$threads "$out/llama" bench --model "$out/resin" --dtype "$1" --cache-bytes "$cache_bytes" \
+	local dt=$1 dot=
+	if [ "$dt" = bf16dot ]; then dt=bf16 dot=on; fi
+	RESIN_BF16_DOT=$dot GOMAXPROCS=$threads "$out/llama" bench --model "$out/resin" --dtype "$dt" --cache-bytes "$cache_bytes" \
 		--max-batch-tokens $((prompt * maxb + 64)) --batch-sizes "$batches" --prompt-len "$prompt" --gen-len "$gen" --repeat "$repeat" 2>&1 |
 		tee "$out/resin-$1-$2.log" | awk -v r="$2" -v dt="$1" '/^note: CPU weights/ { sub(/^note: CPU weights /, ""); print "  resin " $0 > "/dev/stderr" }
 			/batch [0-9]+ +prefill/ { printf "%s\t%s\t%s\tresin\t%s\t%s\n", r, dt, $2, $4, $7 }'
@@ -229,8 +232,8 @@ h, inter, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_l
 hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
 qd, kvd = cfg["num_attention_heads"] * hd, cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * hd
 params = L * (h * (qd + 2 * kvd) + qd * h + 3 * h * inter) + V * h  # projections and head: what a decode step streams
-per = {"fp32": 4, "bf16": 2, "int8": 36 / 32}  # resin int8: a float32 scale per 32 (Q8_0: 34/32)
-name = {"fp32": "F32", "bf16": "BF16", "int8": "Q8_0"}
+per = {"fp32": 4, "bf16": 2, "bf16dot": 2, "int8": 36 / 32}  # resin int8: a float32 scale per 32 (Q8_0: 34/32)
+name = {"fp32": "F32", "bf16": "BF16", "bf16dot": "BF16", "int8": "Q8_0"}
 for dt in dtypes:
     bs = sorted({b for (d, b, _, _) in v if d == dt})
     bound = bw * 1e9 / (params * per[dt])
@@ -241,7 +244,7 @@ for dt in dtypes:
             common = sorted(set(rs) & set(ls))
             ratio = statistics.median(rs[r] / ls[r] for r in common) if common else float("nan")
             out.append(f"{what} resin {statistics.median(rs.values()):7.1f} llama.cpp {statistics.median(ls.values()):7.1f}  {ratio:.2f}x")
-        line = f"  {dt:4} vs {name[dt]:4} batch {b}  " + "   ".join(out)
+        line = f"  {dt:7} vs {name[dt]:4} batch {b}  " + "   ".join(out)
         if b == 1:
             rd, ld = statistics.median(v[dt, 1, "resin", "d"].values()), statistics.median(v[dt, 1, "llama.cpp", "d"].values())
             line += f"   bound {bound:.1f} tok/s ({params * per[dt] / 1e6:.0f} MB a token): resin {100 * rd / bound:.0f}%, llama.cpp {100 * ld / bound:.0f}%"
