@@ -145,7 +145,13 @@ var skinnyBF16Tasks freeList[skinnyBF16Task]
 func skinnyBF16(out, x []float32, w []uint16, m, k, n int) {
 	t := skinnyBF16Tasks.get()
 	t.xp, t.ct = growFloat32s(t.xp, skinnyRows*k), growFloat32s(t.ct, n*skinnyRows)
-	copy(t.xp, x[:m*k])
+	if skinnyBF16Direct(k) {
+		for i := range m { // each row in evenOdd's layout
+			evenOdd(t.xp[i*k:(i+1)*k], x[i*k:(i+1)*k])
+		}
+	} else {
+		copy(t.xp, x[:m*k])
+	}
 	clear(t.xp[m*k:])
 	t.w, t.m, t.k, t.n = w, m, k, n
 	p := parts()
@@ -178,6 +184,18 @@ func (t *skinnyBF16Task) run(part, lo, hi int) {
 	t.scratch[part] = wf
 	for b := lo; b < hi; b++ {
 		j0, j1 := b*t.block, min((b+1)*t.block, t.n)
+		if skinnyBF16Direct(k) {
+			// w as stored, in runs of 32 KiB (in L1 and L2 for the second 4 rows of x).
+			run := max(2, (32<<10)/(2*k))
+			for r0 := j0; r0 < j1; r0 += run {
+				r1 := min(r0+run, j1)
+				skinnyBF16EO(t.ct[r0*skinnyRows:], t.xp, k, t.w[r0*k:], k, r1-r0)
+				if t.m > 4 {
+					skinnyBF16EO(t.ct[r0*skinnyRows+4:], t.xp[4*k:], k, t.w[r0*k:], k, r1-r0)
+				}
+			}
+			continue
+		}
 		for r0 := j0; r0 < j1; r0 += run {
 			r1 := min(r0+run, j1)
 			widenBF16(wf[:(r1-r0)*k], t.w[r0*k:r1*k])

@@ -114,3 +114,25 @@ func gemvBF16(out, x, xp []float32, k int, w []uint16, ldw, n int) {
 		out[j] = s
 	}
 }
+
+// skinnyBF16EOAVX512 is in skinny_amd64.s.
+//
+//go:noescape
+func skinnyBF16EOAVX512(ct *float32, xp *float32, k int, w *uint16, ldw int, n int)
+
+// skinnyBF16Direct says whether skinnyBF16 multiplies w's bfloat16 rows as stored
+// (skinnyBF16EOAVX512, x in evenOdd's layout) instead of widening runs of them into
+// scratch: AVX-512, k a multiple of 32.
+func skinnyBF16Direct(k int) bool { return hasAttnAVX2 && hasSkinnyAVX512 && k > 0 && k%32 == 0 }
+
+// skinnyBF16EO is skinny on a bfloat16 w read as stored, x's 4 rows (xp) in evenOdd's
+// layout; skinnyBF16Direct(k) must hold.
+func skinnyBF16EO(ct, xp []float32, k int, w []uint16, ldw, n int) {
+	if n == 0 {
+		return
+	}
+	_ = ct[(n-1)*8+3]
+	_ = xp[4*k-1]
+	_ = w[(n-1)*ldw+k-1]
+	skinnyBF16EOAVX512(&ct[0], &xp[0], k, &w[0], ldw, n)
+}

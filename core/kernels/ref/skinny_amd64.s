@@ -511,3 +511,135 @@ gemvbf16eo_8_step:
 	JNZ     gemvbf16eo_8
 	VZEROUPPER
 	RET
+
+// func skinnyBF16EOAVX512(ct *float32, xp *float32, k int, w *uint16, ldw int, n int)
+//
+// skinnyAVX512 on a bfloat16 w, read as stored: ct[j*8 + i] = x_i·w[j*ldw:][:k] for i < 4,
+// j < n, x's 4 rows (k values each, contiguous) in gemvBF16's even-odd layout (evenOdd: in
+// each block of 32, the even steps then the odd ones), k a positive multiple of 32. A
+// step reads 64 bytes of each of two rows of w and widens them with one shift and one
+// mask a row (as gemvBF16EOAVX512), each times x's even and odd lanes into the rows'
+// accumulators; no widened copy of w is written or read back. The next pair of rows is
+// prefetched along (R13), as skinnyAVX512's.
+TEXT ·skinnyBF16EOAVX512(SB), NOSPLIT, $0-48
+	MOVQ ct+0(FP), DI
+	MOVQ xp+8(FP), R8
+	MOVQ k+16(FP), CX
+	SHLQ $2, CX // a row of x in bytes
+	LEAQ (R8)(CX*1), R9
+	LEAQ (R9)(CX*1), R10
+	LEAQ (R10)(CX*1), R11
+	MOVQ w+24(FP), SI
+	MOVQ ldw+32(FP), BX
+	SHLQ $1, BX // a row of w in bytes
+	LEAQ (SI)(BX*1), R12
+	MOVQ n+40(FP), DX
+	LEAQ (SI)(BX*2), R13 // the next pair of rows, prefetched along
+	VPBROADCASTD bf16hi<>(SB), Z14
+
+bpair:
+	CMPQ DX, $2
+	JB   bsingle
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	XORQ AX, AX  // x's offset
+	XORQ R14, R14 // w's
+
+bpcol:
+	PREFETCHT1 (R13)
+	PREFETCHT1 64(R13)
+	ADDQ       $128, R13
+	VMOVUPS    (SI)(R14*1), Z15
+	VPSLLD     $16, Z15, Z8
+	VPANDD     Z15, Z14, Z9
+	VMOVUPS    (R12)(R14*1), Z15
+	VPSLLD     $16, Z15, Z10
+	VPANDD     Z15, Z14, Z11
+	VMOVUPS     (R8)(AX*1), Z12
+	VMOVUPS     64(R8)(AX*1), Z13
+	VFMADD231PS Z12, Z8, Z0
+	VFMADD231PS Z12, Z10, Z4
+	VFMADD231PS Z13, Z9, Z0
+	VFMADD231PS Z13, Z11, Z4
+	VMOVUPS     (R9)(AX*1), Z12
+	VMOVUPS     64(R9)(AX*1), Z13
+	VFMADD231PS Z12, Z8, Z1
+	VFMADD231PS Z12, Z10, Z5
+	VFMADD231PS Z13, Z9, Z1
+	VFMADD231PS Z13, Z11, Z5
+	VMOVUPS     (R10)(AX*1), Z12
+	VMOVUPS     64(R10)(AX*1), Z13
+	VFMADD231PS Z12, Z8, Z2
+	VFMADD231PS Z12, Z10, Z6
+	VFMADD231PS Z13, Z9, Z2
+	VFMADD231PS Z13, Z11, Z6
+	VMOVUPS     (R11)(AX*1), Z12
+	VMOVUPS     64(R11)(AX*1), Z13
+	VFMADD231PS Z12, Z8, Z3
+	VFMADD231PS Z12, Z10, Z7
+	VFMADD231PS Z13, Z9, Z3
+	VFMADD231PS Z13, Z11, Z7
+	ADDQ $128, AX
+	ADDQ $64, R14
+	CMPQ AX, CX
+	JB   bpcol
+	HALVE8
+	HSUM8 // Y1 = (row j of w: x0..x3 | row j+1: x0..x3)
+	VMOVUPS      X1, (DI)
+	VEXTRACTF128 $1, Y1, 32(DI)
+	ADDQ         $64, DI
+	LEAQ         (SI)(BX*2), SI
+	LEAQ         (R12)(BX*2), R12
+	SUBQ         $2, DX
+	JMP          bpair
+
+bsingle:
+	TESTQ DX, DX
+	JZ    bdone
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ AX, AX
+	XORQ R14, R14
+
+bscol:
+	VMOVUPS (SI)(R14*1), Z15
+	VPSLLD  $16, Z15, Z8
+	VPANDD  Z15, Z14, Z9
+	VFMADD231PS (R8)(AX*1), Z8, Z0
+	VFMADD231PS 64(R8)(AX*1), Z9, Z0
+	VFMADD231PS (R9)(AX*1), Z8, Z1
+	VFMADD231PS 64(R9)(AX*1), Z9, Z1
+	VFMADD231PS (R10)(AX*1), Z8, Z2
+	VFMADD231PS 64(R10)(AX*1), Z9, Z2
+	VFMADD231PS (R11)(AX*1), Z8, Z3
+	VFMADD231PS 64(R11)(AX*1), Z9, Z3
+	ADDQ $128, AX
+	ADDQ $64, R14
+	CMPQ AX, CX
+	JB   bscol
+	VEXTRACTF64X4 $1, Z0, Y16
+	VADDPS        Y16, Y0, Y0
+	VEXTRACTF64X4 $1, Z1, Y16
+	VADDPS        Y16, Y1, Y1
+	VEXTRACTF64X4 $1, Z2, Y16
+	VADDPS        Y16, Y2, Y2
+	VEXTRACTF64X4 $1, Z3, Y16
+	VADDPS        Y16, Y3, Y3
+	VHADDPS       Y1, Y0, Y0
+	VHADDPS       Y3, Y2, Y2
+	VHADDPS       Y2, Y0, Y0
+	VEXTRACTF128  $1, Y0, X1
+	VADDPS        X1, X0, X0
+	VMOVUPS       X0, (DI)
+
+bdone:
+	VZEROUPPER
+	RET

@@ -22,3 +22,9 @@ func gemvBF16EvenOdd(k int) bool { return false }
 func gemvBF16(out, x, xp []float32, k int, w []uint16, ldw, n int) {
 	panic("ref: gemvBF16 without a vector form")
 }
+
+func skinnyBF16Direct(k int) bool { return false }
+
+func skinnyBF16EO(ct, xp []float32, k int, w []uint16, ldw, n int) {
+	panic("ref: skinnyBF16EO without a vector form")
+}
