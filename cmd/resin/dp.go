@@ -32,10 +32,10 @@ type dpFlags struct {
 
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.IntVar(&d.size, "dp", 1, "with --model on the CPU: data parallelism over this many ranks of this process, each an engine with its own copy of the model (its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests")
+	fl.IntVar(&d.size, "dp", 1, "with --model: data parallelism over this many ranks of this process, each an engine with its own copy of the model (on the CPU its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests (with --device cuda|cuda-emu only with --dp-attention)")
 	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash on the CPU: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory (default: engines of this process)")
 	fl.DurationVar(&d.stepTimeout, "step-timeout", 5*time.Minute, "with --dp-procs: how long rank 0 waits for a worker's answer to one step before failing it naming the worker's rank (a worker alive but stuck; vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); each expert exchange waits up to a minute on its own")
-	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange; with --device cuda a GPU per dp rank, --gpu+r)")
+	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange); with --device cuda|cuda-emu those two, a GPU per dp rank (--gpu+r)")
 }
 
 // check refuses the layouts --dp does not cover yet.
@@ -56,6 +56,9 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 	case f.tp.procs || f.tp.initAddr != "":
 		return fmt.Errorf("--dp %d is not combined with --tp-procs or --dist-init-addr yet: its ranks are engines of this process", d.size)
 	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
+		if f.device.CUDA() {
+			return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks)", d.size)
+		}
 		return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (--dp %d --tp N without it runs replicas of the in-process TP group)", d.size)
 	case f.device.CUDA() && (!d.attention || d.procs):
 		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention, as dp ranks of this process, only so far (replicas and --dp-procs on GPUs are not wired)", d.size)

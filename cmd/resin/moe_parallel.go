@@ -40,7 +40,7 @@ func checkDispatch(s string, epn int) error {
 		return err
 	}
 	if s != "" && s != "gather" && epn < 2 {
-		return fmt.Errorf("--ep-dispatch %s needs --ep 2 or more (the experts' exchange)", s)
+		return fmt.Errorf("--ep-dispatch %s needs --ep 2 or more, or --dp 2 or more with --dp-attention (the experts' exchange)", s)
 	}
 	return nil
 }

@@ -661,16 +661,6 @@ type mlaScratch struct {
 	p       []float32   // their attention weights
 }
 
-// index is the DSA indexer: it appends the new tokens' keys and gate scores, closes the
-// pools they complete, and returns per query the tokens of its top index_topk/index_kpool
-// visible complete pools (by Σ_h w_h·ReLU(q_h·pool_key·I^-0.5)) followed by the visible
-// incomplete tail, in ascending order.
-func (m *TextModel) index(w *indexerWeights, ls *TextLayerState, x, qr []float32, T, pos0 int) ([][]int32, error) {
-	k, gs := m.indexKeys(w, x, T)
-	m.storeIndexKeys(w, ls, k, gs, pos0, T)
-	return m.indexSelect(w, ls, x, qr, T, pos0), nil
-}
-
 // indexKeys computes the indexer's keys k (k_norm(wk·x)) and gate scores gs of x's T rows
 // ([T, index_head_dim] each).
 func (m *TextModel) indexKeys(w *indexerWeights, x []float32, T int) (k, gs []float32) {

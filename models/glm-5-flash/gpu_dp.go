@@ -149,7 +149,11 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	}
 	g := &GPUDPRanks{ranks}
 	if opts.Log != nil {
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v), eager steps: %s\n", Name, size, g.Experts(), g.Runners[0].Describe())
+		dispatch := "gather"
+		if d == DispatchAllToAll {
+			dispatch = "all-to-all"
+		}
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), dispatch, g.Runners[0].Describe())
 	}
 	return g, nil
 }
