@@ -92,23 +92,27 @@ var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		var ranks []gpuDPRank
-		for _, run := range g.Runners {
-			ranks = append(ranks, gpuDPRank{run.DPForward, run.Info()})
-		}
-		return ranks, g.Pools, g.Close, nil
+		return gpuDPRanksOf(g.Runners), g.Pools, g.Close, nil
 	},
 	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) ([]gpuDPRank, []*kvslab.Pool, func() error, error) {
 		g, err := glm5flash.OpenGPUDPRanks(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		var ranks []gpuDPRank
-		for _, run := range g.Runners {
-			ranks = append(ranks, gpuDPRank{run.DPForward, run.Info()})
-		}
-		return ranks, g.Pools, g.Close, nil
+		return gpuDPRanksOf(g.Runners), g.Pools, g.Close, nil
 	},
+}
+
+// gpuDPRanksOf is each runner's forward and info.
+func gpuDPRanksOf[R interface {
+	DPForward(p *engine.BatchPlan, logits []float32) error
+	Info() engine.RunnerInfo
+}](runners []R) []gpuDPRank {
+	ranks := make([]gpuDPRank, len(runners))
+	for r, run := range runners {
+		ranks[r] = gpuDPRank{run.DPForward, run.Info()}
+	}
+	return ranks
 }
 
 // openDPAttentionGPU opens --dp n --dp-attention on GPUs for MoE model name

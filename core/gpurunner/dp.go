@@ -131,3 +131,31 @@ func AgreeDP(c dist.Communicator, mine error) error {
 	}
 	return nil
 }
+
+// DPRank is what a model's GPU runner gives DPStep: its place in the dp group, its
+// steps' rows at most, and its host communicator.
+type DPRank struct {
+	Name             string
+	Rank, Size, Rows int
+	Host             dist.Communicator
+}
+
+// DPStep is a dp rank's forward of plan p under core/dist/dp's Group (a model's
+// GPURunner.DPForward): the step's rows (DPRows) and, for a plan with tokens, check's
+// refusal of it (what the forward would refuse) agreed on with every rank (AgreeDP);
+// then setRows with the rows every rank exchanges, and forward for a plan with tokens or
+// idle for an idle one.
+func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error, setRows func(int), forward, idle func() error) error {
+	rows, mine := DPRows(d.Name, p, logits, d.Rank, d.Size, d.Rows)
+	if mine == nil && p.NumTokens() > 0 {
+		mine = check()
+	}
+	if err := AgreeDP(d.Host, mine); err != nil {
+		return err
+	}
+	setRows(rows)
+	if p.NumTokens() > 0 {
+		return forward()
+	}
+	return idle()
+}

@@ -60,20 +60,9 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	if par == nil || !par.dp {
 		return fmt.Errorf("%s on the GPU: DPForward on a runner not opened for DP-attention (OpenGPUDPRanks)", Name)
 	}
-	// What this rank refuses, every rank refuses (gpurunner.AgreeDP): the step's counts,
-	// then what its forward would refuse of its own plan.
-	rows, mine := gpurunner.DPRows(Name, p, logits, par.rank, par.size, r.g.maxTokens)
-	if mine == nil && p.NumTokens() > 0 {
-		mine = r.checkPlan(p, logits)
-	}
-	if err := gpurunner.AgreeDP(par.host, mine); err != nil {
-		return err
-	}
-	par.dpRows = rows
-	if p.NumTokens() > 0 {
-		return r.forward(p, logits)
-	}
-	return r.dev.Do(r.g.idleDP)
+	return gpurunner.DPStep(gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host}, p, logits,
+		func() error { return r.checkPlan(p, logits) }, func(rows int) { par.dpRows = rows },
+		func() error { return r.forward(p, logits) }, func() error { return r.dev.Do(r.g.idleDP) })
 }
 
 // GPUDPRanks are the dp ranks OpenGPUDPRanks opens, one GPURunner and device pool each,
