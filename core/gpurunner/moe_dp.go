@@ -31,11 +31,8 @@ import (
 // experts and its shared experts (DPMoEFuncs); the buffers are its workspace's and
 // NewDPMoE's.
 type DPMoE struct {
-	Comm *cudart.Comm
-	// Host (the dp group's host communicator) and Ranges (every rank's experts) serve the
-	// all-to-all dispatch.
-	Host                                 dist.Communicator
-	Ranges                               [][2]int
+	// Comm is the dp ranks' NCCL communicator, set once they have joined it.
+	Comm                                 *cudart.Comm
 	Rank, Size, Experts, TopK, Hidden    int
 	MaxRows                              int // a rank's rows at most
 	IDs, Weights                         cudart.DevicePtr
@@ -43,7 +40,11 @@ type DPMoE struct {
 	xAll, idsAll, wAll, outAll, shareAll cudart.DevicePtr
 	sendIdx, xs, idsS, wS, back          cudart.DevicePtr
 	combIDs, combSlots, combW            cudart.DevicePtr
-	allToAll                             bool
+	// With the all-to-all dispatch: the dp group's host communicator, which the send
+	// counts are exchanged on, and every rank's experts.
+	allToAll bool
+	host     dist.Communicator
+	ranges   [][2]int
 }
 
 // DPMoEFuncs are a model's parts of a MoE layer under DPMoE.
@@ -72,10 +73,10 @@ func NewDPMoE(d DPMoE, allToAll bool, host dist.Communicator, alloc func(bytes i
 		// A row goes to each rank at most once: all rows sent at most.
 		bufs = append(bufs, buf{&d.sendIdx, 4 * all}, buf{&d.xs, 4 * all * h}, buf{&d.idsS, 4 * all * k}, buf{&d.wS, 4 * all * k},
 			buf{&d.back, 4 * all * h}, buf{&d.combIDs, 4 * all}, buf{&d.combSlots, 4 * all}, buf{&d.combW, 4 * all})
-		d.allToAll, d.Host = true, host
+		d.allToAll, d.host = true, host
 		for q := range d.Size {
 			lo, hi := ep.Layer{Experts: d.Experts}.Range(q, d.Size)
-			d.Ranges = append(d.Ranges, [2]int{lo, hi})
+			d.ranges = append(d.ranges, [2]int{lo, hi})
 		}
 	}
 	for _, b := range bufs {
@@ -196,11 +197,11 @@ func (d *DPMoE) allToAllForward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernel
 			return err
 		}
 	}
-	plan, err := PlanAllToAll(d.Rank, ids, n, k, d.Ranges)
+	plan, err := PlanAllToAll(d.Rank, ids, n, k, d.ranges)
 	if err != nil {
 		return err
 	}
-	if err := plan.ExchangeCounts(d.Host); err != nil {
+	if err := plan.ExchangeCounts(d.host); err != nil {
 		return fmt.Errorf("gpu moe: dp rank %d: %w", d.Rank, err)
 	}
 	sent, recvd, all := plan.Sent(), plan.Received(), d.Size*d.MaxRows

@@ -2,9 +2,7 @@ package deepseekv4flash
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
@@ -12,7 +10,6 @@ import (
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kernels/cuda"
 	"github.com/resin-llm/resin/core/kvslab"
-	"github.com/resin-llm/resin/core/weights"
 )
 
 // DP-attention on the GPU, as SGLang's --enable-dp-attention with --ep N on one node:
@@ -35,7 +32,6 @@ func (g *gpuMoE) forwardDP(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b 
 		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, s, kk, b, w, m, x) },
 		Shared:  func(dst cudart.DevicePtr, n int) error { return g.shared(c, s, kk, b, w, dst, x, n) },
 	}
-	w.dp.Comm = g.par.comm
 	return w.dp.Forward(c, s, kk, f, out, x, n, g.par.dpRows)
 }
 
@@ -102,17 +98,9 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	if err := l.Check(c); err != nil {
 		return fail(err)
 	}
-	var whole *Weights
-	if ck, err := weights.Open(dir); err == nil {
-		ck.Close() // each rank reads its experts
-	} else if !errors.Is(err, weights.ErrNotFound) {
-		return fail(fmt.Errorf("load %s: %w", dir, err))
-	} else {
-		what := "seeded random weights of " + filepath.Join(dir, "config.json")
-		if err := weights.CheckMemory(WeightBytes(c, false), what); err != nil {
-			return fail(fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err))
-		}
-		whole = RandomWeights(c, 1, false) // Load's seed, so OpenGPU's weights
+	whole, err := layoutWeights(dir, c, false)
+	if err != nil {
+		return fail(err)
 	}
 	ranks, err := gpurunner.OpenDPRanks(Name, opts, size, func(r int, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits) (*GPURunner, *kvslab.Pool, error) {
 		w, err := loadGPURankWeights(dir, c, l, r, whole)
@@ -128,17 +116,13 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 			run.Close()
 		}
 		return run, pool, err
-	}, func(run *GPURunner, comm *cudart.Comm) { run.g.par.comm = comm })
+	}, func(run *GPURunner, comm *cudart.Comm) { run.g.par.comm, run.g.moeW.dp.Comm = comm, comm })
 	if err != nil {
 		return fail(err)
 	}
 	g := &GPUDPRanks{ranks}
 	if opts.Log != nil {
-		dispatch := "gather"
-		if d == DispatchAllToAll {
-			dispatch = "all-to-all"
-		}
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), dispatch, g.Runners[0].Describe())
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), d, g.Runners[0].Describe())
 	}
 	return g, nil
 }

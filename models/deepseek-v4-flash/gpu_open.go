@@ -110,17 +110,9 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 	if err := l.Check(c); err != nil {
 		return nil, nil, err
 	}
-	var whole *Weights
-	if ck, err := weights.Open(dir); err == nil {
-		ck.Close() // each rank reads its experts
-	} else if !errors.Is(err, weights.ErrNotFound) {
-		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
-	} else {
-		what := "seeded random weights of " + filepath.Join(dir, "config.json")
-		if err := weights.CheckMemory(WeightBytes(c, c.NumNextNPredictLayers > 0), what); err != nil {
-			return nil, nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
-		}
-		whole = RandomWeights(c, 1, c.NumNextNPredictLayers > 0) // Load's seed, so OpenGPU's weights
+	whole, err := layoutWeights(dir, c, c.NumNextNPredictLayers > 0)
+	if err != nil {
+		return nil, nil, err
 	}
 	rankWeights := func(rank int) (*Weights, error) {
 		return loadGPURankWeights(dir, c, l, rank, whole)
@@ -186,17 +178,9 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 	if err := l.Check(c); err != nil {
 		return fail(err)
 	}
-	var whole *Weights
-	if ck, err := weights.Open(dir); err == nil {
-		ck.Close() // the rank reads its part
-	} else if !errors.Is(err, weights.ErrNotFound) {
-		return fail(fmt.Errorf("load %s: %w", dir, err))
-	} else {
-		what := "seeded random weights of " + filepath.Join(dir, "config.json")
-		if err := weights.CheckMemory(WeightBytes(c, c.NumNextNPredictLayers > 0), what); err != nil {
-			return fail(fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err))
-		}
-		whole = RandomWeights(c, 1, c.NumNextNPredictLayers > 0) // every rank's alike
+	whole, err := layoutWeights(dir, c, c.NumNextNPredictLayers > 0) // every rank's alike
+	if err != nil {
+		return fail(err)
 	}
 	w, err := loadGPURankWeights(dir, c, l, rank, whole)
 	if err != nil {
@@ -236,4 +220,22 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), strings.ReplaceAll(r.Describe(), "\n", "; "))
 	}
 	return g, r.Info(), nil
+}
+
+// layoutWeights is what the GPU layouts' ranks cut their weights from, for the model of
+// config c in dir: nil when dir holds a checkpoint (each rank reads its part), else the
+// seeded random weights (Load's seed, so OpenGPU's weights; the MTP head with mtp), built
+// whole once they are known to fit in memory.
+func layoutWeights(dir string, c *Config, mtp bool) (*Weights, error) {
+	if ck, err := weights.Open(dir); err == nil {
+		ck.Close()
+		return nil, nil
+	} else if !errors.Is(err, weights.ErrNotFound) {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	what := "seeded random weights of " + filepath.Join(dir, "config.json")
+	if err := weights.CheckMemory(WeightBytes(c, mtp), what); err != nil {
+		return nil, fmt.Errorf("load %s: %w (put the checkpoint's safetensors there, or shrink the config)", dir, err)
+	}
+	return RandomWeights(c, 1, mtp), nil
 }

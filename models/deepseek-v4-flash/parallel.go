@@ -33,6 +33,17 @@ const (
 	DispatchAllToAll
 )
 
+// String is the exchange's --ep-dispatch name.
+func (d Dispatch) String() string {
+	switch d {
+	case DispatchGather:
+		return "gather"
+	case DispatchAllToAll:
+		return "all-to-all"
+	}
+	return fmt.Sprintf("dispatch(%d)", int(d))
+}
+
 // Layout is a rank's parallel layout of the model, on the CPU reference forward:
 //
 //   - TP ranks split the attention heads (q_b rows, sinks) and the o_groups of the

@@ -32,7 +32,6 @@ func (g *gpuModel) moeDP(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n in
 		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, e, m, x) },
 		Shared:  func(dst cudart.DevicePtr, n int) error { return g.mlp(c, &e.shared, dst, x, n) },
 	}
-	g.w.dp.Comm = g.par.comm
 	return g.w.dp.Forward(c, g.s, g.kk, f, out, x, n, g.par.dpRows)
 }
 
@@ -132,17 +131,13 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 			run.Close()
 		}
 		return run, pool, err
-	}, func(run *GPURunner, comm *cudart.Comm) { run.g.par.comm = comm })
+	}, func(run *GPURunner, comm *cudart.Comm) { run.g.par.comm, run.g.w.dp.Comm = comm, comm })
 	if err != nil {
 		return fail(err)
 	}
 	g := &GPUDPRanks{ranks}
 	if opts.Log != nil {
-		dispatch := "gather"
-		if d == DispatchAllToAll {
-			dispatch = "all-to-all"
-		}
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), dispatch, g.Runners[0].Describe())
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), d, g.Runners[0].Describe())
 	}
 	return g, nil
 }

@@ -16,11 +16,13 @@ import (
 //
 // It runs on the package's own kernels wherever the CPU has them, whatever RESIN_BLAS
 // says (a library takes float32 weights only): one row on the GEMV kernel; 2 to 8 (a
-// decode batch) on the skinny kernel, runs of w widened into cache, to the bit what
-// skinnyGemm computes on the widened weights; more (a prefill), with RESIN_BF16_DOT=on
-// where the CPU has AVX512_BF16, on its dot products, x rounded to bfloat16 as llama.cpp's
-// BF16 path rounds it (bf16DotGemm), else on the own GEMM with the widening in its packing, to the bit what MatMulT computes on the own GEMM for the
-// widened weights. Without AVX2+FMA, blocks of w widened into scratch go to gonum.
+// decode batch) on the skinny kernel (skinnyBF16: on AVX-512 the rows as stored, else
+// runs of w widened into cache, to the bit what skinnyGemm computes on the widened
+// weights); more (a prefill), with RESIN_BF16_DOT=on where the CPU has AVX512_BF16, on
+// its dot products, x rounded to bfloat16 as llama.cpp's BF16 path rounds it
+// (bf16DotGemm), else on the own GEMM with the widening in its packing, to the bit what
+// MatMulT computes on the own GEMM for the widened weights. Without AVX2+FMA, blocks of w
+// widened into scratch go to gonum.
 func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 	const op = "MatMulTBF16"
 	if err := checkDims(op, m, k, n); err != nil {
@@ -139,9 +141,11 @@ type skinnyBF16Task struct {
 
 var skinnyBF16Tasks freeList[skinnyBF16Task]
 
-// skinnyBF16 computes out = x·wᵀ for 2 ≤ m ≤ skinnyRows as skinnyGemm does on the widened
-// weights, to the bit: w is read from memory once, each run of its rows widened to
-// float32 (about 64 KiB, in L2) for every row of x; skinnyVector(k) must hold.
+// skinnyBF16 computes out = x·wᵀ for 2 ≤ m ≤ skinnyRows, w read from memory once: on
+// AVX-512 (skinnyBF16Direct) by skinnyBF16EOAVX512 on the rows as stored, x in evenOdd's
+// layout (its even and odd steps summed apart, as the even-odd GEMV's); else each run of
+// w's rows widened to float32 (about 64 KiB, in L2) for every row of x, to the bit what
+// skinnyGemm computes on the widened weights. skinnyVector(k) must hold.
 func skinnyBF16(out, x []float32, w []uint16, m, k, n int) {
 	t := skinnyBF16Tasks.get()
 	t.xp, t.ct = growFloat32s(t.xp, skinnyRows*k), growFloat32s(t.ct, n*skinnyRows)
@@ -176,28 +180,32 @@ func skinnyBF16(out, x []float32, w []uint16, m, k, n int) {
 }
 
 // run computes the product's columns of blocks [lo, hi), in runs of w's rows as
-// skinnyTask.rows does.
+// skinnyTask.rows does: on AVX-512 (skinnyBF16Direct) the bfloat16 rows as stored, in
+// runs of 32 KiB (in cache for x's second 4 rows), else each run widened into the
+// participant's scratch first.
 func (t *skinnyBF16Task) run(part, lo, hi int) {
 	k := t.k
-	run := max(2, (64<<10)/(4*k))
-	wf := growFloat32s(t.scratch[part], run*k)
-	t.scratch[part] = wf
+	direct := skinnyBF16Direct(k)
+	var run int
+	var wf []float32
+	if direct {
+		run = max(2, (32<<10)/(2*k))
+	} else {
+		run = max(2, (64<<10)/(4*k))
+		wf = growFloat32s(t.scratch[part], run*k)
+		t.scratch[part] = wf
+	}
 	for b := lo; b < hi; b++ {
 		j0, j1 := b*t.block, min((b+1)*t.block, t.n)
-		if skinnyBF16Direct(k) {
-			// w as stored, in runs of 32 KiB (in L1 and L2 for the second 4 rows of x).
-			run := max(2, (32<<10)/(2*k))
-			for r0 := j0; r0 < j1; r0 += run {
-				r1 := min(r0+run, j1)
+		for r0 := j0; r0 < j1; r0 += run {
+			r1 := min(r0+run, j1)
+			if direct {
 				skinnyBF16EO(t.ct[r0*skinnyRows:], t.xp, k, t.w[r0*k:], k, r1-r0)
 				if t.m > 4 {
 					skinnyBF16EO(t.ct[r0*skinnyRows+4:], t.xp[4*k:], k, t.w[r0*k:], k, r1-r0)
 				}
+				continue
 			}
-			continue
-		}
-		for r0 := j0; r0 < j1; r0 += run {
-			r1 := min(r0+run, j1)
 			widenBF16(wf[:(r1-r0)*k], t.w[r0*k:r1*k])
 			skinny(t.ct[r0*skinnyRows:], t.xp, k, wf, k, r1-r0)
 			if t.m > 4 {
