@@ -31,8 +31,9 @@ var (
 )
 
 // AMX checks, once a process, whether AMX tile instructions may run here, requesting the
-// tile data state from the OS if the CPU and OS have it. No kernel of this package uses
-// AMX yet: the bf16 and int8 products run on AVX-512 (DType.Kernel says which).
+// tile data state from the OS if the CPU and OS have it. MatMulTBF16's prefill runs on
+// AMX tiles where it is granted (amxBF16Gemm); the int8 products run on AVX-512 VNNI
+// (DType.Kernel says which).
 func AMX() AMXStatus {
 	amxOnce.Do(func() { amxStatus = checkAMX() })
 	return amxStatus

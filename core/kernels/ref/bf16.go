@@ -7,22 +7,29 @@ import (
 	"gonum.org/v1/gonum/blas/blas32"
 )
 
-// MatMulTBF16 computes out = x·wᵀ for a weight stored in bfloat16, computing in float32:
-// each weight is widened to the float32 it stands for (its 16 bits as the upper half of
-// the float32's) as it is read, so the product is MatMulT's on those float32 weights, in
-// half the bytes of weight read (a decode step streams the weights: half the time).
+// MatMulTBF16 computes out = x·wᵀ for a weight stored in bfloat16, in half the bytes of
+// weight read that float32 weights take (a decode step streams the weights: half the
+// time). Where the OS grants AMX (and k is a multiple of 32) every product, decode and
+// prefill alike, runs on its tiles (amxBF16Gemm), as llama.cpp's BF16 and torch's
+// bfloat16 products compute: each value of x rounded to the nearest bfloat16 (ties to
+// even) and each product of two bfloat16s summed in float32, each output's sum the same
+// whichever rows share its tile, so a prefill, a decode step and a decode batch agree to
+// the bit as the float32 paths agree. Elsewhere it computes in float32: each weight is
+// widened to the float32 it stands for (its 16 bits as the upper half of the float32's)
+// as it is read, so the product is MatMulT's on those float32 weights.
 //
 //	x: [m, k]   w: [n, k] bfloat16 bits   out: [m, n]
 //
 // It runs on the package's own kernels wherever the CPU has them, whatever RESIN_BLAS
-// says (a library takes float32 weights only): one row on the GEMV kernel; 2 to 8 (a
-// decode batch) on the skinny kernel (skinnyBF16: on AVX-512 the rows as stored, else
-// runs of w widened into cache, to the bit what skinnyGemm computes on the widened
-// weights); more (a prefill), with RESIN_BF16_DOT=on where the CPU has AVX512_BF16, on
-// its dot products, x rounded to bfloat16 as llama.cpp's BF16 path rounds it
-// (bf16DotGemm), else on the own GEMM with the widening in its packing, to the bit what
-// MatMulT computes on the own GEMM for the widened weights. Without AVX2+FMA, blocks of w
-// widened into scratch go to gonum.
+// says (a library takes float32 weights only): AMX tiles where granted (RESIN_AMX=off
+// declines); else one row on the GEMV kernel; 2 to 8 (a decode batch) on the skinny
+// kernel (skinnyBF16: on AVX-512 the rows as stored, else runs of w widened into cache,
+// to the bit what skinnyGemm computes on the widened weights); more (a prefill), with
+// RESIN_BF16_DOT=on where the CPU has AVX512_BF16, on its dot products, x rounded to
+// bfloat16 (bf16DotGemm: off by default, because its prefill then differs from the
+// decode's float32 by that rounding), else on the own GEMM with the widening in its
+// packing, to the bit what MatMulT computes on the own GEMM for the widened weights.
+// Without AVX2+FMA, blocks of w widened into scratch go to gonum.
 func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 	const op = "MatMulTBF16"
 	if err := checkDims(op, m, k, n); err != nil {
@@ -44,6 +51,9 @@ func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 		clear(out[:m*n])
 		return nil
 	}
+	if amxBF16Gemm(out, x, w, m, k, n) {
+		return nil
+	}
 	if m == 1 && skinnyVector(k) {
 		gemvBF16Split(out, x, w, k, n)
 		return nil
@@ -62,6 +72,10 @@ func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
 	widenedGemm(out, x, w, m, k, n)
 	return nil
 }
+
+// BF16RoundsActivations reports whether MatMulTBF16 rounds x to bfloat16 on this CPU for
+// a k that is a multiple of 32 (AMX tiles run it), not computing in float32.
+func BF16RoundsActivations() bool { return hasAMXBF16 }
 
 // BF16 returns the bfloat16 nearest f (ties to even; NaN stays NaN), as the bits
 // MatMulTBF16 reads.

@@ -50,11 +50,23 @@ func TestMatMulTBF16(t *testing.T) {
 				wb[i] = BF16(v)
 				wf[i] = FromBF16(wb[i])
 			}
+			// AMX rounds x to bfloat16 (every m: amxBF16Gemm, checked against the float64
+			// product in TestAMXBF16Gemm), as the opt-in AVX-512 BF16 prefill does; the
+			// float32 paths compute on x as given.
+			amx := hasAMXBF16 && k%32 == 0
+			tiles := amx || hasBF16Dot && m > skinnyRows && k%2 == 0
+			xr := x
+			if tiles {
+				xr = make([]float32, len(x))
+				for i, v := range x {
+					xr[i] = FromBF16(BF16(v))
+				}
+			}
 			exact := make([]float64, m*n)
 			for i := range m {
 				for j := range n {
 					for l := range k {
-						exact[i*n+j] += float64(x[i*k+l]) * float64(wf[j*k+l])
+						exact[i*n+j] += float64(xr[i*k+l]) * float64(wf[j*k+l])
 					}
 				}
 			}
@@ -63,20 +75,29 @@ func TestMatMulTBF16(t *testing.T) {
 			if err := MatMulTBF16(got, x, wb, m, k, n); err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
-			// A prefill on AVX-512 BF16 rounds x to bfloat16 too (bf16DotGemm: checked
-			// against that product in TestBF16DotGemm): 2⁻⁹ of each term more.
-			dot := hasBF16Dot && m > skinnyRows && k%2 == 0
-			if !dot {
-				checkProduct(t, what+" (widened weights)", got, exact, scale, k)
-			}
+			checkProduct(t, what+" (widened weights)", got, exact, scale, k)
 			for i := range exact32 {
 				tol := (1.0/256+float64(k+2)/(1<<24))*scale[i] + 1e-30
-				if dot {
-					tol += scale[i] / 256
+				if tiles {
+					tol += scale[i] / 256 // x's rounding: 2⁻⁹ of each term more
 				}
 				if d := math.Abs(float64(got[i]) - exact32[i]); !(d <= tol) {
 					t.Fatalf("%s: out[%d] = %v, %v with the float32 weights (off by %.3g, tolerance %.3g)", what, i, got[i], exact32[i], d, tol)
 				}
+			}
+			if amx { // each row's bits whichever rows share its tiles
+				for _, i := range []int{0, m - 1} {
+					row := nanFilled(n)
+					if err := MatMulTBF16(row, x[i*k:(i+1)*k], wb, 1, k, n); err != nil {
+						t.Fatal(err)
+					}
+					for j := range row {
+						if math.Float32bits(row[j]) != math.Float32bits(got[i*n+j]) {
+							t.Fatalf("%s: row %d alone gives out[%d] = %v, among %d rows %v", what, i, j, row[j], m, got[i*n+j])
+						}
+					}
+				}
+				continue
 			}
 			// skinnyGemm's bits on the widened weights, but where the AVX-512 kernel reads
 			// the bfloat16 rows as stored (skinnyBF16Direct: even and odd steps summed
@@ -90,7 +111,7 @@ func TestMatMulTBF16(t *testing.T) {
 					}
 				}
 			}
-			if mr, nr := gemmMicro(); mr > 0 && m > skinnyRows && !dot {
+			if mr, nr := gemmMicro(); mr > 0 && m > skinnyRows && !tiles {
 				want := make([]float32, m*n)
 				ownGemm(true, true, want, x, wf, m, k, n, mr, nr)
 				for i := range want {
@@ -102,7 +123,9 @@ func TestMatMulTBF16(t *testing.T) {
 		}
 	}
 	if mr, _ := gemmMicro(); mr > 0 {
-		ownKernels(t, func(kernel string, _, _ int) { check(kernel) })
+		ownKernels(t, func(kernel string, _, _ int) {
+			bf16Paths(func(path string) { check(kernel + " " + path) })
+		})
 	}
 	withoutVector(t, func() { check("no vector kernels") })
 }

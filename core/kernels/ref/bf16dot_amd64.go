@@ -16,12 +16,12 @@ func bf16DotKernel(c *float32, ldc int, a *uint32, b *uint32, kp int)
 // products a lane, twice the fp32 FMA's), with the OS saving the registers.
 var canBF16Dot = hasSkinnyAVX512 && cpu.X86.HasAVX512BF16
 
-// hasBF16Dot says whether MatMulTBF16's prefill runs on it: canBF16Dot and
-// RESIN_BF16_DOT=on. Off by default, because it rounds the activations to bfloat16 too
-// (as llama.cpp's BF16 path does): a prefill's logits then differ from the decode's and
-// from transformers' bf16-weight forward by that rounding, which the runner conformance
-// suite's invariances (prefill equals decode, chunked equals one-shot, batch invariance)
-// and the bf16 parity goldens do not allow.
+// hasBF16Dot says whether MatMulTBF16's prefill runs on it where AMX does not:
+// canBF16Dot and RESIN_BF16_DOT=on. Off by default, because it rounds the activations to
+// bfloat16 too (as llama.cpp's BF16 path does) where the decode's GEMV computes in
+// float32: a prefill's logits then differ from the decode's by that rounding, which the
+// runner conformance suite's invariances (prefill equals decode, chunked equals one-shot,
+// batch invariance) do not allow. AMX runs every product alike (amxBF16Gemm).
 var hasBF16Dot = canBF16Dot && os.Getenv("RESIN_BF16_DOT") == "on"
 
 const (

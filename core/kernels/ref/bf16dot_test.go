@@ -60,7 +60,8 @@ func TestBF16DotGemm(t *testing.T) {
 }
 
 // BenchmarkBF16DotGemm: a 512-token prefill's gate_up product of the bench llama (k
-// 1024, n 5632) on the AVX-512 BF16 path and on the widening own GEMM, in GFLOP/s.
+// 1024, n 5632) on AMX tiles, on the AVX-512 BF16 path and on the widening own GEMM, in
+// GFLOP/s.
 func BenchmarkBF16DotGemm(b *testing.B) {
 	const m, k, n = 512, 1024, 5632
 	x, w, out := make([]float32, m*k), make([]uint16, n*k), make([]float32, m*n)
@@ -77,6 +78,15 @@ func BenchmarkBF16DotGemm(b *testing.B) {
 		}
 		for b.Loop() {
 			bf16DotGemm(out, x, w, m, k, n)
+		}
+		flops(b)
+	})
+	b.Run("amx", func(b *testing.B) {
+		if !hasAMXBF16 {
+			b.Skip("no AMX-BF16 granted")
+		}
+		for b.Loop() {
+			amxBF16Gemm(out, x, w, m, k, n)
 		}
 		flops(b)
 	})

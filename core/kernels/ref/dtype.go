@@ -47,17 +47,24 @@ func ParseDType(s string) (DType, error) {
 func (dt DType) Kernel() string {
 	switch dt {
 	case DTypeBF16:
-		if mr, _ := gemmMicro(); mr > 0 && hasBF16Dot {
-			return fmt.Sprintf("bf16: decode widened to fp32 as read (%s GEMV); prefill on AVX-512 BF16 dot products, activations rounded to bf16 (RESIN_BF16_DOT=on)", gemvKernel())
+		mr, _ := gemmMicro()
+		switch {
+		case hasAMXBF16:
+			return "bf16: AMX tiles (TDPBF16PS) for decode and prefill, activations rounded to bf16, products summed in fp32 (RESIN_AMX=off computes in fp32 instead)"
+		case mr == 0:
+			return "bf16: widened to fp32 in blocks; gonum GEMM (no AVX2+FMA)"
 		}
-		if mr, _ := gemmMicro(); mr > 0 {
-			dot := ""
-			if canBF16Dot {
-				dot = "; RESIN_BF16_DOT=on runs prefill on AVX-512 BF16 dot products (activations rounded to bf16)"
-			}
-			return fmt.Sprintf("bf16: widened to fp32 as read; %s GEMV, own GEMM (%s micro-kernel)%s", gemvKernel(), GEMMKernel(), dot)
+		amx := "no AMX: " + AMX().Reason
+		if a := AMX(); a.Granted && a.BF16 {
+			amx = "AMX granted but not used (RESIN_AMX=off, or no AVX-512 for its packing)"
 		}
-		return "bf16: widened to fp32 in blocks; gonum GEMM (no AVX2+FMA)"
+		prefill := fmt.Sprintf("own GEMM (%s micro-kernel)", GEMMKernel())
+		if hasBF16Dot {
+			prefill = "prefill on AVX-512 BF16 dot products, activations rounded to bf16 (RESIN_BF16_DOT=on)"
+		} else if canBF16Dot {
+			prefill += "; RESIN_BF16_DOT=on runs prefill on AVX-512 BF16 dot products (activations rounded to bf16)"
+		}
+		return fmt.Sprintf("bf16: widened to fp32 as read; %s GEMV, %s; %s", gemvKernel(), prefill, amx)
 	case DTypeInt8:
 		return fmt.Sprintf("int8: blocks of 32, Q8_0×Q8_0 with exact int32 block sums; %s", Int8Kernel())
 	case DTypeFP8:

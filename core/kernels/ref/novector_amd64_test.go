@@ -11,10 +11,28 @@ import (
 // FMA: every operator then takes its scalar, BLAS or gonum path.
 func withoutVector(t *testing.T, f func()) {
 	t.Helper()
-	oldExp, oldAttn, oldDot := hasExpfAVX2, hasAttnAVX2, hasBF16Dot
-	hasExpfAVX2, hasAttnAVX2, hasBF16Dot = false, false, false
-	defer func() { hasExpfAVX2, hasAttnAVX2, hasBF16Dot = oldExp, oldAttn, oldDot }()
+	oldExp, oldAttn, oldDot, oldAMX := hasExpfAVX2, hasAttnAVX2, hasBF16Dot, hasAMXBF16
+	hasExpfAVX2, hasAttnAVX2, hasBF16Dot, hasAMXBF16 = false, false, false, false
+	defer func() { hasExpfAVX2, hasAttnAVX2, hasBF16Dot, hasAMXBF16 = oldExp, oldAttn, oldDot, oldAMX }()
 	f()
+}
+
+// bf16Paths runs f once per path of MatMulTBF16 this CPU has, named: AMX tiles, float32
+// with the opt-in AVX-512 BF16 prefill, float32 (each run with the ones before it
+// switched off).
+func bf16Paths(f func(path string)) {
+	oldDot, oldAMX := hasBF16Dot, hasAMXBF16
+	defer func() { hasBF16Dot, hasAMXBF16 = oldDot, oldAMX }()
+	if hasAMXBF16 {
+		f("amx")
+	}
+	hasAMXBF16 = false
+	if canBF16Dot {
+		hasBF16Dot = true
+		f("bf16dot")
+	}
+	hasBF16Dot = false
+	f("fp32")
 }
 
 // TestOperatorsWithoutVectorKernels: with the vector kernels off, SiLUMul, the softmax,

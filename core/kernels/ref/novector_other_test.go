@@ -10,3 +10,6 @@ func withoutVector(t *testing.T, f func()) {
 	t.Helper()
 	f()
 }
+
+// bf16Paths runs f on the one path of MatMulTBF16 off amd64.
+func bf16Paths(f func(path string)) { f("fp32") }
