@@ -764,9 +764,10 @@ func TestRandomWeightsThatDoNotFit(t *testing.T) {
 }
 
 // dtypeTol bounds |logit − fp32 logit| / max |fp32 logit| for each dtype the projections
-// run in: bf16 rounds a weight by at most 2^-9 of it (the tiny model's weights are bf16
-// already: exact), int8 each weight and activation by half its block's scale.
-var dtypeTol = map[ref.DType]float64{ref.DTypeBF16: 1e-5, ref.DTypeInt8: 0.05}
+// run in: bf16 rounds each projection's input by at most 2^-9 of it, as llama.cpp's BF16
+// does (the tiny model's weights are bf16 already: exact), int8 each weight and
+// activation by half its block's scale.
+var dtypeTol = map[ref.DType]float64{ref.DTypeBF16: 0.01, ref.DTypeInt8: 0.05}
 
 // TestForwardDTypes: the tiny model's logits with its projections in bf16 and int8 are
 // within dtypeTol of fp32's, for a prefill and decode steps after it; and the dtypes hold
