@@ -31,6 +31,8 @@ type Dense struct {
 
 	// tp is the model's rank of a tensor-parallel group (tp.go); nil on one GPU.
 	tp *tpRank
+	// cp is its rank of a context-parallel group (cp.go); nil on one GPU.
+	cp *cpRank
 
 	// tap, when set, is given the residual stream ([tokens, hidden] bf16) after the
 	// embeddings (layer −1) and after each decoder layer but the last: DSpark's feature
@@ -144,22 +146,27 @@ func (m *Dense) planPtr() cudart.DevicePtr { return m.work.Ptr.Add(m.ws.Plan.Off
 // one query, so the prefill attention kernel is skipped.
 func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOnly, sample bool) error {
 	cfg, k := m.Config, m.k
-	t, b, r := l.Dims.Tokens, l.Dims.Seqs, l.Dims.Rows
+	plan := m.planPtr()
+	in := func(sec Section) cudart.DevicePtr { return plan.Add(sec.Off) }
+	// The whole step's layout and inputs: l's, but for a context-parallel split step
+	// (cp.go), where l is the rank's chunk and the whole plan is the group's upload.
+	full, fin := l, in
+	var cps *cpStep
+	if m.cp != nil && m.cp.step != nil {
+		cps = m.cp.step
+		full = cps.full
+		fin = func(sec Section) cudart.DevicePtr { return cps.plan.Add(sec.Off) }
+		if cps.local == 0 {
+			return m.cpIdle(c, s, sample)
+		}
+	}
+	t, b, r := l.Dims.Tokens, l.Dims.Seqs, full.Dims.Rows
 	if t > m.ws.PlanLayout.Dims.Tokens || b > m.ws.PlanLayout.Dims.Seqs || r > m.ws.PlanLayout.Dims.Rows || l.Size > m.ws.Plan.Len {
 		return fmt.Errorf("gpurunner: step of %+v exceeds the workspace sized for %+v", l.Dims, m.ws.PlanLayout.Dims)
 	}
-	plan := m.planPtr()
-	in := func(sec Section) cudart.DevicePtr { return plan.Add(sec.Off) }
 	ws := func(sec Section) cudart.DevicePtr { return m.work.Ptr.Add(sec.Off) }
 	wt := func(sec Section) cudart.DevicePtr { return m.weights.Ptr.Add(sec.Off) }
-	gemm := func(out, x, w cudart.DevicePtr, rows, in, outDim int, f32 bool) error {
-		ot := cudart.BF16
-		if f32 {
-			ot = cudart.F32
-		}
-		g := cudart.GemmSpec{M: rows, N: outDim, K: in, TransB: true, AType: cudart.BF16, BType: cudart.BF16, OutType: ot, Alpha: 1}
-		return m.blas.Gemm(c, s, g, x, w, 0, out)
-	}
+	gemm := m.gemmOn(c, s)
 	// rowParallel is the o and down GEMMs into bf16 out; under tensor parallelism the
 	// rank's partial product is summed over the group in float32 first, so that it is
 	// rounded to bf16 once, as on one GPU.
@@ -177,7 +184,7 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 	}
 	h, eps := cfg.Hidden, cfg.RMSNormEps
 	residual, normed, qkv, attn, proj := ws(m.ws.Residual), ws(m.ws.Normed), ws(m.ws.QKV), ws(m.ws.Attn), ws(m.ws.Proj)
-	rope := cuda.Rope{Cos: m.rope.Ptr, Sin: m.rope.Ptr.Add(int64(len(cfg.RopeCos)) * 4), Dim: cfg.RopeDim, MaxPos: cfg.MaxContext}
+	rope := m.ropeTable()
 	split, err := decodeSplit(cfg, b, m.sms)
 	if err != nil {
 		return err
@@ -200,6 +207,9 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 		return err
 	}
 	kvOff := int64(cfg.QDim()) * 2
+	if cps != nil { // the rank's q/k/v rows go to its place in the gathered buffer
+		qkv = m.cp.qkv.Ptr.Add(int64(m.cp.rank) * int64(cps.tmax) * int64(cfg.QKVDim()) * 2)
+	}
 	for i := range m.wl.Layers {
 		lw := &m.wl.Layers[i]
 		batch := cuda.PagedBatch{
@@ -231,7 +241,12 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 				HeadDim: cfg.HeadDim, Stride: cfg.QKVDim(), Eps: eps,
 			})
 		}
-		if err == nil {
+		if err == nil && cps != nil {
+			err = m.cpGather(s, m.cp.qkv.Ptr, cfg.QKVDim())
+			if err == nil {
+				err = m.cpRope(c, s, i, rope)
+			}
+		} else if err == nil {
 			err = k.RopeKV(c, s, cuda.RopeKV{
 				Q: qkv, K: qkv.Add(kvOff), V: qkv.Add(kvOff + int64(cfg.KVDim())*2), Cache: m.cache,
 				Positions: in(l.Positions), Slots: in(l.Slots[0]), Rope: rope, Layout: m.layers[i], DType: cuda.BF16,
@@ -272,24 +287,88 @@ func (m *Dense) Forward(c *cudart.Ctx, s *cudart.Stream, l *PlanLayout, decodeOn
 	}
 	// The last MLP's output joins the residual and the final norm runs over every row (one
 	// fused pass); only the logits rows, gathered, go through the head.
-	err = firstErr(
-		k.AddRMSNorm(c, s, cuda.BF16, normed, residual, proj, wt(m.wl.Norm), t, h, eps),
-		k.EmbeddingBF16(c, s, ws(m.ws.Rows), normed, in(l.LogitsIndices), r, h, t),
-	)
+	if cps == nil {
+		err = firstErr(
+			k.AddRMSNorm(c, s, cuda.BF16, normed, residual, proj, wt(m.wl.Norm), t, h, eps),
+			k.EmbeddingBF16(c, s, ws(m.ws.Rows), normed, in(l.LogitsIndices), r, h, t),
+		)
+	} else { // every rank's normed rows gathered, the plan's logits rows taken from them
+		err = k.AddRMSNorm(c, s, cuda.BF16, m.cp.hidden.Ptr.Add(int64(m.cp.rank)*int64(cps.tmax)*int64(h)*2), residual, proj, wt(m.wl.Norm), t, h, eps)
+	}
+	if err != nil {
+		return fmt.Errorf("head: %w", err)
+	}
+	return m.logitsOf(c, s, full, fin, gemm, sample)
+}
+
+// ropeTable is the model's rotary table on the device.
+func (m *Dense) ropeTable() cuda.Rope {
+	cfg := m.Config
+	return cuda.Rope{Cos: m.rope.Ptr, Sin: m.rope.Ptr.Add(int64(len(cfg.RopeCos)) * 4), Dim: cfg.RopeDim, MaxPos: cfg.MaxContext}
+}
+
+// gemmOn returns the model's GEMM on s: out [rows, outDim] = x [rows, in] · w [outDim,
+// in]ᵀ, bf16 in, bf16 out (float32 with f32).
+func (m *Dense) gemmOn(c *cudart.Ctx, s *cudart.Stream) func(out, x, w cudart.DevicePtr, rows, in, outDim int, f32 bool) error {
+	return func(out, x, w cudart.DevicePtr, rows, in, outDim int, f32 bool) error {
+		ot := cudart.BF16
+		if f32 {
+			ot = cudart.F32
+		}
+		g := cudart.GemmSpec{M: rows, N: outDim, K: in, TransB: true, AType: cudart.BF16, BType: cudart.BF16, OutType: ot, Alpha: 1}
+		return m.blas.Gemm(c, s, g, x, w, 0, out)
+	}
+}
+
+// logitsOf computes the logits rows of the step laid out by full (inputs at fin) into
+// the workspace's Logits, from the normed rows in Rows (one GPU) or, for a split step,
+// from every rank's normed rows gathered in the cp group's hidden buffer; then, with
+// sample, samples them.
+func (m *Dense) logitsOf(c *cudart.Ctx, s *cudart.Stream, full *PlanLayout, fin func(Section) cudart.DevicePtr,
+	gemm func(out, x, w cudart.DevicePtr, rows, in, outDim int, f32 bool) error, sample bool) error {
+	cfg, k, r := m.Config, m.k, full.Dims.Rows
+	ws := func(sec Section) cudart.DevicePtr { return m.work.Ptr.Add(sec.Off) }
+	var err error
+	if m.cp != nil && m.cp.step != nil {
+		st := m.cp.step
+		err = m.cpGather(s, m.cp.hidden.Ptr, cfg.Hidden)
+		if err == nil {
+			err = k.EmbeddingBF16(c, s, ws(m.ws.Rows), m.cp.hidden.Ptr, fin(full.LogitsIndices), r, cfg.Hidden, st.tokens)
+		}
+	}
 	if err == nil {
-		err = m.head(c, s, ws(m.ws.Logits), ws(m.ws.Rows), wt(m.wl.Head), r, gemm)
+		err = m.head(c, s, ws(m.ws.Logits), ws(m.ws.Rows), m.weights.Ptr.Add(m.wl.Head.Off), r, gemm)
 	}
 	if err == nil && sample {
 		err = k.Sample(c, s, cuda.Sample{
 			Tokens: ws(m.ws.Sampled), Logprobs: ws(m.ws.Logprobs), TopIDs: ws(m.ws.TopIDs), TopLogprobs: ws(m.ws.TopLogprobs),
-			Logits: ws(m.ws.Logits), Params: in(l.Sampling), Rows: r, Vocab: cfg.Vocab, MaxTop: cuda.MaxSampleTop,
-			TokenMask: ws(m.ws.TokenMask), MaskStart: in(l.MaskStart), MaskWords: cuda.MaskWords(cfg.Vocab),
+			Logits: ws(m.ws.Logits), Params: fin(full.Sampling), Rows: r, Vocab: cfg.Vocab, MaxTop: cuda.MaxSampleTop,
+			TokenMask: ws(m.ws.TokenMask), MaskStart: fin(full.MaskStart), MaskWords: cuda.MaskWords(cfg.Vocab),
 		})
 	}
 	if err != nil {
 		return fmt.Errorf("head: %w", err)
 	}
 	return nil
+}
+
+// cpIdle is the forward of a context-parallel rank whose chunk of a split step is empty:
+// it joins every layer's gather (sending no rows of its own) and writes the plan's keys
+// and values into its cache, then the head's gather, and computes and samples the
+// logits as the others do.
+func (m *Dense) cpIdle(c *cudart.Ctx, s *cudart.Stream, sample bool) error {
+	cfg, st := m.Config, m.cp.step
+	rope := m.ropeTable()
+	for i := range m.wl.Layers {
+		if err := m.cpGather(s, m.cp.qkv.Ptr, cfg.QKVDim()); err != nil {
+			return fmt.Errorf("layer %d: %w", i, err)
+		}
+		if err := m.cpRope(c, s, i, rope); err != nil {
+			return fmt.Errorf("layer %d: %w", i, err)
+		}
+	}
+	fin := func(sec Section) cudart.DevicePtr { return st.plan.Add(sec.Off) }
+	return m.logitsOf(c, s, st.full, fin, m.gemmOn(c, s), sample)
 }
 
 // head computes the float32 logits [r, Vocab] of the r normed rows into logits. A

@@ -100,8 +100,9 @@ type Runner struct {
 }
 
 // StepStats count a runner's steps by how they ran: replaying a graph or eagerly, sampled
-// on the device or on the host.
-type StepStats struct{ Graph, Eager, DeviceSampled, HostSampled int }
+// on the device or on the host; and, of a context-parallel rank (NewDenseCP), split over
+// the group (counted in Eager too).
+type StepStats struct{ Graph, Eager, DeviceSampled, HostSampled, Split int }
 
 var (
 	_ engine.Runner            = (*Runner)(nil)
@@ -406,6 +407,9 @@ func (r *Runner) step(plan *engine.BatchPlan, sample bool, fetch func(c *cudart.
 	}
 	if err := r.checkDims(plan); err != nil {
 		return err
+	}
+	if r.model.cpSplits(plan) {
+		return r.cpStepRun(plan, sample, fetch)
 	}
 	pd := PlanDims(plan)
 	sh := r.buckets.Choose(plan, r.limits.MaxSeqs)

@@ -161,6 +161,11 @@ func NewDenseTP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options)
 // run one rank at a time (a checkpoint is read by one goroutine, and rank r's weights are
 // on its GPU before rank r+1's are read).
 func NewDenseTPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
+	return newDenseGroup(shard, ordinals, opts, false)
+}
+
+// newDenseGroup is NewDenseTPShards, or with cp NewDenseCP's group.
+func newDenseGroup(shard DenseShard, ordinals []int, opts Options, cp bool) (*TP, *kvslab.Pool, error) {
 	size := len(ordinals)
 	if size < 1 {
 		return nil, nil, errors.New("gpurunner: tensor parallelism over no GPU")
@@ -185,7 +190,7 @@ func NewDenseTPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvs
 			defer wg.Done()
 			o := opts
 			o.Ordinal = ord
-			rank, p, err := joinDenseTP(shard, g.ctl[r], o, serial)
+			rank, p, err := joinDense(shard, g.ctl[r], o, serial, cp)
 			g.ranks[r], errs[r] = rank, err
 			if r == 0 {
 				pool = p

@@ -27,6 +27,7 @@ type TPRank struct {
 	rank     int
 	size     int
 	comm     *cudart.Comm
+	cp       bool          // a rank of context parallelism (cp.go), not of tensor parallelism
 	partial  cudart.Buffer // the float32 partial o and down products, summed in place
 	gathered cudart.Buffer // the group's head outputs (tpRank)
 	msg      []byte
@@ -97,8 +98,14 @@ func JoinDenseTP(shard DenseShard, ctl dist.Communicator, opts Options) (*TPRank
 // joinDenseTP is JoinDenseTP with the shard's reading and upload run through serial (an
 // in-process group runs them one rank at a time).
 func joinDenseTP(shard DenseShard, ctl dist.Communicator, opts Options, serial func(func() error) error) (*TPRank, *kvslab.Pool, error) {
+	return joinDense(shard, ctl, opts, serial, false)
+}
+
+// joinDense is joinDenseTP, or with cp the same rank of a context-parallel group
+// (NewDenseCP: shard gives every rank the whole model).
+func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial func(func() error) error, cp bool) (*TPRank, *kvslab.Pool, error) {
 	rank, size := ctl.Rank(), ctl.Size()
-	g := &TPRank{ctl: ctl, rank: rank, size: size}
+	g := &TPRank{ctl: ctl, rank: rank, size: size, cp: cp}
 	var pool *kvslab.Pool
 	open := func() error {
 		sc, sw, err := shard(rank, size)
@@ -190,6 +197,9 @@ func (g *TPRank) join(id cudart.NCCLUniqueID) error {
 		var err error
 		if g.comm, err = cudart.InitComm(c, id, g.size, g.rank); err != nil {
 			return fmt.Errorf("join the NCCL communicator: %w", err)
+		}
+		if g.cp {
+			return g.joinCP(c)
 		}
 		if g.partial, err = c.Alloc(int64(rr.limits.MaxTokens) * int64(cfg.Hidden) * 4); err != nil {
 			return fmt.Errorf("the partial products' buffer: %w", err)
@@ -292,6 +302,10 @@ func (g *TPRank) Close() error {
 	var errs []error
 	if g.comm != nil || g.partial.Size > 0 {
 		errs = append(errs, g.r.dev.Do(func(c *cudart.Ctx) error {
+			if cs := g.r.model.cp; cs != nil {
+				cs.free(c)
+				g.r.model.cp = nil
+			}
 			if g.partial.Size > 0 {
 				c.Free(g.partial)
 			}

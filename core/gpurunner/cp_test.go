@@ -1,0 +1,122 @@
+package gpurunner_test
+
+import (
+	"math"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/runnertest"
+	"github.com/resin-llm/resin/models/llama"
+)
+
+// cpRun generates from prompt on the tiny llama with prefill context parallelism over
+// ordinals (NewDenseCP; one entry: one GPU, NewDense's runner through the same group),
+// the engine's plans at most budget tokens (0: the engine's default), and returns the
+// tokens and, with capture, every step's logits rows (sampled on the host), else none
+// (sampled on the device).
+func cpRun(t *testing.T, dir string, ordinals []int, prompt []int32, steps, budget int, capture bool, sp engine.SamplingParams) ([]int32, [][]float32) {
+	tokens, logits, _ := cpRunStats(t, dir, ordinals, prompt, steps, budget, capture, sp)
+	return tokens, logits
+}
+
+// cpRunStats is cpRun, with every rank's StepStats.
+func cpRunStats(t *testing.T, dir string, ordinals []int, prompt []int32, steps, budget int, capture bool, sp engine.SamplingParams) ([]int32, [][]float32, []gpurunner.StepStats) {
+	t.Helper()
+	m, err := llama.Load(dir, llama.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := m.Model.Config.DenseConfig(m.Model.MaxContext(), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, pool, err := gpurunner.NewDenseCP(cfg, m.Model.W.DenseWeights(), ordinals, gpurunner.Options{CacheBytes: 4 << 20, KernelCache: os.Getenv("RESIN_KERNEL_CACHE")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logits [][]float32
+	if capture {
+		g.CaptureLogits(func(row cpurunner.LogitsRow) { logits = append(logits, slices.Clone(row.Logits)) })
+	}
+	s := &runnertest.Suite{}
+	e := s.StartWith(t, g, pool, engine.Config{MaxBatchTokens: budget})
+	sp.MaxTokens, sp.IgnoreEOS = steps, true
+	out := e.Generate(t, prompt, sp)
+	e.Stop(t)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Tokens, logits, g.RankStats()
+}
+
+// TestEmulatedCPEqualsOne runs the tiny llama's GPU runner with prefill context
+// parallelism (NewDenseCP: each layer's q/k/v rows all-gathered over NCCL and written into
+// every rank's cache, each rank's chunk of queries attending them, the normed rows
+// gathered for the head) over 2 and 3 ranks on one emulated GPU and on one: a 9-token
+// prompt in one plan (chunks 5+4 and 3+3+3), the same prompt in plans of at most 4 tokens
+// (the later chunks continuing cached tokens: the page table's keys), and a 4-token prompt
+// over 3 ranks (2+2+0: a rank without tokens joins the gathers) give one GPU's greedy
+// tokens over 12 steps and every logits row within tpEmuTolerance, with the logits brought
+// back and sampled on the host; seeded sampling on the device gives one GPU's tokens; two
+// CP=2 runs are bit-identical.
+func TestEmulatedCPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t) {
+		return
+	}
+	dir := tinyLlama(t)
+	const steps = 12
+	long, short := runnertest.Prompt(9, 261, 4), runnertest.Prompt(4, 261, 7)
+	for _, c := range []struct {
+		name     string
+		prompt   []int32
+		budget   int
+		ordinals []int
+		splits   int // the plans split over the group
+	}{
+		{"9 tokens over 2", long, 0, []int{0, 0}, 1},
+		{"9 tokens over 3", long, 0, []int{0, 0, 0}, 1},
+		{"9 tokens in plans of 4 over 2", long, 4, []int{0, 0}, 2},
+		{"4 tokens over 3", short, 0, []int{0, 0, 0}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			one, oneLogits := cpRun(t, dir, []int{0}, c.prompt, steps, c.budget, true, engine.SamplingParams{})
+			split, splitLogits, stats := cpRunStats(t, dir, c.ordinals, c.prompt, steps, c.budget, true, engine.SamplingParams{})
+			for r, st := range stats {
+				if st.Split != c.splits {
+					t.Fatalf("rank %d split %d plans, want %d (%+v)", r, st.Split, c.splits, st)
+				}
+			}
+			if len(one) != steps || !slices.Equal(one, split) {
+				t.Fatalf("greedy tokens: one GPU %v, CP=%d %v", one, len(c.ordinals), split)
+			}
+			if len(oneLogits) != len(splitLogits) {
+				t.Fatalf("%d logits rows on one GPU, %d at CP=%d", len(oneLogits), len(splitLogits), len(c.ordinals))
+			}
+			worst := 0.0
+			for i := range oneLogits {
+				scale, diff := 0.0, 0.0
+				for j, b := range oneLogits[i] {
+					scale = max(scale, math.Abs(float64(b)))
+					diff = max(diff, math.Abs(float64(splitLogits[i][j]-b)))
+				}
+				if !(diff <= tpEmuTolerance*scale) {
+					t.Fatalf("logits row %d: CP=%d differs from one GPU by %.3g of %.3g", i, len(c.ordinals), diff, scale)
+				}
+				worst = max(worst, diff/scale)
+			}
+			t.Logf("cp=%d vs one GPU: %d tokens equal, %d logits rows, max relative diff %.3g", len(c.ordinals), steps, len(oneLogits), worst)
+		})
+	}
+	seeded := engine.SamplingParams{Temperature: 0.8, TopP: 0.9, Seed: 7, HasSeed: true}
+	one, _ := cpRun(t, dir, []int{0}, long, steps, 0, false, seeded)
+	split, _ := cpRun(t, dir, []int{0, 0}, long, steps, 0, false, seeded)
+	again, _ := cpRun(t, dir, []int{0, 0}, long, steps, 0, false, seeded)
+	if !slices.Equal(one, split) || !slices.Equal(split, again) {
+		t.Fatalf("seeded on the device: one GPU %v, CP=2 %v and %v", one, split, again)
+	}
+}
