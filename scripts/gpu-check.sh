@@ -309,20 +309,25 @@ v4Only() {
 # of one communicator on one GPU need NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 (PyPI's
 # nvidia-nccl-cu12 / -cu13 ship it); the tests skip, and this section fails, where the NCCL
 # found is older. Written without a GPU to run it on: the same tests passed on two emulated
-# GPUs (TestEmulatedTPEqualsOne, TestEmulatedTPGraphsEqualEager), not here. Then the
-# llama bench at --tp 2 (its config is $1).
+# GPUs (TestEmulatedTPEqualsOne, TestEmulatedTPGraphsEqualEager), not here. With them,
+# prefill context parallelism over the same two ranks: TestGPUNCCLCPEqualsOne
+# (gpurunner.NewDenseCP: each layer's q/k/v rows all-gathered into every rank's cache, a
+# prompt split 5+4 in one plan and in plans of 4; one GPU's greedy tokens, logits within
+# 2e-2; seeded sampling on the device gives one GPU's tokens), which passed on the
+# emulated device (TestEmulatedCPEqualsOne) and has not run here. Then the llama bench at
+# --tp 2 (its config is $1).
 tpOneGPU() {
-	echo; echo "== tensor parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne, TestGPUNCCLTPGraphsEqualEager)"
+	echo; echo "== tensor and context parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne, TestGPUNCCLTPGraphsEqualEager, TestGPUNCCLCPEqualsOne)"
 	local out
-	out=$(cd core/gpurunner && NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 170 "$bin/core_gpurunner.test" \
-		-test.run '^(TestGPUNCCLTPEqualsOne|TestGPUNCCLTPGraphsEqualEager)$' -test.v -test.count=1 -test.timeout=160s </dev/null 2>&1)
+	out=$(cd core/gpurunner && NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/core_gpurunner.test" \
+		-test.run '^(TestGPUNCCLTPEqualsOne|TestGPUNCCLTPGraphsEqualEager|TestGPUNCCLCPEqualsOne)$' -test.v -test.count=1 -test.timeout=190s </dev/null 2>&1)
 	local rc=$?
 	echo "$out"
 	if [ $rc -ne 0 ]; then
 		failed=1
 	else
 		local name
-		for name in TestGPUNCCLTPEqualsOne TestGPUNCCLTPGraphsEqualEager; do
+		for name in TestGPUNCCLTPEqualsOne TestGPUNCCLTPGraphsEqualEager TestGPUNCCLCPEqualsOne; do
 			if ! grep -q -- "^--- PASS: $name" <<<"$out"; then
 				echo "$name did not run (it needs NCCL >= 2.30: the skip above says which was found)"
 				failed=1

@@ -4,15 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/cp"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
@@ -27,7 +30,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; with --model llama on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP) each holding the model and the whole cache, the q/k/v rows all-gathered over NCCL, every rank decoding alike")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (default: goroutines of this process)")
 }
 
@@ -44,10 +47,48 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
 	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != "" || f.dp.size > 1:
 		return fmt.Errorf("--cp %d is not combined with --tp, --ep, --tp-procs, --dist-init-addr or --dp yet", c.size)
-	case f.device.CUDA() || f.specTokens > 0:
-		return fmt.Errorf("--cp %d runs the CPU reference forward only: not with --device cuda or --num-speculative-tokens", c.size)
+	case f.specTokens > 0:
+		return fmt.Errorf("--cp %d is not combined with --num-speculative-tokens yet", c.size)
+	case f.device.CUDA() && f.model != llama.Name:
+		return fmt.Errorf("--cp %d on the GPU covers --model llama only so far (deepseek-v4-flash and glm-5-flash split their prefill on the CPU: --device cpu)", c.size)
+	case f.device.CUDA() && c.procs:
+		return fmt.Errorf("--cp %d on the GPU runs its ranks in this process (goroutines, one NCCL communicator); --cp-procs is the CPU's", c.size)
 	}
 	return nil
+}
+
+// openCPGPU opens llama's GPU runner with prefill context parallelism over --cp ranks of
+// this process (gpurunner.NewDenseCPShards): rank r on GPU --gpu+r where the driver sees
+// that many, else every rank on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1),
+// each with the whole model (read from the checkpoint once per rank) and a cache of rank
+// 0's size. With --device cuda-emu the emulator shows --cp GPUs unless RESIN_EMU_DEVICES
+// says otherwise.
+func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool, error) {
+	size := f.cp.size
+	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
+		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(size))
+	}
+	open := func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		if err := gpurunner.Available(opts.Ordinal); err != nil {
+			return nil, nil, fmt.Errorf("%s on the GPU: %w", llama.Name, err)
+		}
+		shard, done, err := llamaGPUShard(dir, 1)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer done()
+		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal, size)
+		if err != nil {
+			return nil, nil, err
+		}
+		opts.CacheBytes = cacheBytes
+		g, pool, err := gpurunner.NewDenseCPShards(shard, ordinals, opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--cp %d on GPUs %v: %w", size, ordinals, err)
+		}
+		return g, pool, nil
+	}
+	return f.device.OpenGPU(name, open, dir, f.cacheBytes)
 }
 
 // openCP opens the llama checkpoint (or random-weights config) in dir with prefill CP over

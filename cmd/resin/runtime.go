@@ -246,6 +246,8 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		r, pool, err = f.openDSpark(m, dir)
 	case f.dp.size > 1:
 		r, pool, f.dpRanks, err = f.openDP(m, dir)
+	case f.cp.size > 1 && f.device.CUDA():
+		r, pool, err = f.openCPGPU(m.Name, dir)
 	case f.cp.size > 1 && cpModels[m.Name].rank != nil:
 		r, pool, err = openCPModel(m.Name, dir, f.cacheBytes, f.cp.size, f.cp.procs)
 	case f.cp.size > 1 && m.Name != "llama":

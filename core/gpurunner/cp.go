@@ -61,7 +61,13 @@ type cpStep struct {
 // a cache of opts.CacheBytes, joined by one NCCL communicator (see cp.go). The pool is
 // rank 0's, for engine.Config.Pool; the others' caches have its geometry.
 func NewDenseCP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
-	return newDenseGroup(func(int, int) (*DenseConfig, *DenseWeights, error) { return cfg, w, nil }, ordinals, opts, true)
+	return NewDenseCPShards(CutDense(cfg, w), ordinals, opts)
+}
+
+// NewDenseCPShards is NewDenseCP with the model from shard's whole part (shard(0, 1):
+// ReadDense reads the whole checkpoint, once per rank, one rank at a time).
+func NewDenseCPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
+	return newDenseGroup(func(int, int) (*DenseConfig, *DenseWeights, error) { return shard(0, 1) }, ordinals, opts, true)
 }
 
 // joinCP gives rank g's model its context-parallel buffers (inside its device's Do).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/cudart/gputest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/runnertest"
@@ -68,9 +69,27 @@ func TestEmulatedCPEqualsOne(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
 	}
+	cpEqualsOne(t, 0, 0, tpEmuTolerance)
+}
+
+// TestGPUNCCLCPEqualsOne is TestEmulatedCPEqualsOne's two-rank cases on a real GPU: on
+// GPUs 0 and 1 where there are two, else both ranks on GPU 0 (NCCL >= 2.30 with
+// NCCL_MULTI_RANK_GPU_ENABLE=1, as scripts/gpu-check.sh sets; it skips without them),
+// within tpGPUTolerance: cuBLASLt may order a chunk's sums otherwise than the whole
+// prompt's.
+func TestGPUNCCLCPEqualsOne(t *testing.T) {
+	ords := gputest.TwoRankGPUs(t)
+	cpEqualsOne(t, ords[0], ords[1], tpGPUTolerance)
+}
+
+// cpEqualsOne runs TestEmulatedCPEqualsOne's cases with rank 0 on GPU first and the
+// others on GPU rest (the three-rank cases only where both are one GPU, the emulated
+// device's), each logits row within tolerance of one GPU's.
+func cpEqualsOne(t *testing.T, first, rest int, tolerance float64) {
 	dir := tinyLlama(t)
 	const steps = 12
 	long, short := runnertest.Prompt(9, 261, 4), runnertest.Prompt(4, 261, 7)
+	two, three := []int{first, rest}, []int{first, rest, rest}
 	for _, c := range []struct {
 		name     string
 		prompt   []int32
@@ -78,13 +97,16 @@ func TestEmulatedCPEqualsOne(t *testing.T) {
 		ordinals []int
 		splits   int // the plans split over the group
 	}{
-		{"9 tokens over 2", long, 0, []int{0, 0}, 1},
-		{"9 tokens over 3", long, 0, []int{0, 0, 0}, 1},
-		{"9 tokens in plans of 4 over 2", long, 4, []int{0, 0}, 2},
-		{"4 tokens over 3", short, 0, []int{0, 0, 0}, 1},
+		{"9 tokens over 2", long, 0, two, 1},
+		{"9 tokens over 3", long, 0, three, 1},
+		{"9 tokens in plans of 4 over 2", long, 4, two, 2},
+		{"4 tokens over 3", short, 0, three, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			one, oneLogits := cpRun(t, dir, []int{0}, c.prompt, steps, c.budget, true, engine.SamplingParams{})
+			if len(c.ordinals) == 3 && tolerance != tpEmuTolerance {
+				t.Skip("three ranks on one real GPU: the emulated device's case")
+			}
+			one, oneLogits := cpRun(t, dir, []int{first}, c.prompt, steps, c.budget, true, engine.SamplingParams{})
 			split, splitLogits, stats := cpRunStats(t, dir, c.ordinals, c.prompt, steps, c.budget, true, engine.SamplingParams{})
 			for r, st := range stats {
 				if st.Split != c.splits {
@@ -104,7 +126,7 @@ func TestEmulatedCPEqualsOne(t *testing.T) {
 					scale = max(scale, math.Abs(float64(b)))
 					diff = max(diff, math.Abs(float64(splitLogits[i][j]-b)))
 				}
-				if !(diff <= tpEmuTolerance*scale) {
+				if !(diff <= tolerance*scale) {
 					t.Fatalf("logits row %d: CP=%d differs from one GPU by %.3g of %.3g", i, len(c.ordinals), diff, scale)
 				}
 				worst = max(worst, diff/scale)
@@ -113,9 +135,9 @@ func TestEmulatedCPEqualsOne(t *testing.T) {
 		})
 	}
 	seeded := engine.SamplingParams{Temperature: 0.8, TopP: 0.9, Seed: 7, HasSeed: true}
-	one, _ := cpRun(t, dir, []int{0}, long, steps, 0, false, seeded)
-	split, _ := cpRun(t, dir, []int{0, 0}, long, steps, 0, false, seeded)
-	again, _ := cpRun(t, dir, []int{0, 0}, long, steps, 0, false, seeded)
+	one, _ := cpRun(t, dir, []int{first}, long, steps, 0, false, seeded)
+	split, _ := cpRun(t, dir, two, long, steps, 0, false, seeded)
+	again, _ := cpRun(t, dir, two, long, steps, 0, false, seeded)
 	if !slices.Equal(one, split) || !slices.Equal(split, again) {
 		t.Fatalf("seeded on the device: one GPU %v, CP=2 %v and %v", one, split, again)
 	}

@@ -121,7 +121,7 @@ func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial fun
 		if g.r != nil {
 			g.r.Close()
 		}
-		return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d: %w", rank, size, err)
+		return nil, nil, fmt.Errorf("gpurunner: %s rank %d of %d: %w", g.kind(), rank, size, err)
 	}
 	var hello tpHello
 	var id cudart.NCCLUniqueID
@@ -180,9 +180,17 @@ func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial fun
 	}
 	if err := g.join(id); err != nil {
 		g.Close()
-		return nil, nil, fmt.Errorf("gpurunner: tp rank %d of %d: %w", rank, size, err)
+		return nil, nil, fmt.Errorf("gpurunner: %s rank %d of %d: %w", g.kind(), rank, size, err)
 	}
 	return g, pool, nil
+}
+
+// kind names the rank's group in messages: "tp", or "cp" for context parallelism.
+func (g *TPRank) kind() string {
+	if g.cp {
+		return "cp"
+	}
+	return "tp"
 }
 
 // report is reportOpened on the rank's control communicator.
