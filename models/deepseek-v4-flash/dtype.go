@@ -190,7 +190,7 @@ func (m *Model) hold(dt ref.DType, pk *gpuPacked) error {
 					continue
 				}
 			}
-			if *j.dst, err = ref.NewWeight(j.w, j.n, j.k, storedDType(pk, j.src, dt)); err != nil {
+			if *j.dst, err = newWeight(pk != nil, j.w, j.n, j.k, storedDType(pk, j.src, dt)); err != nil {
 				return fmt.Errorf("layer %d: %w", li, err)
 			}
 		}
@@ -200,7 +200,7 @@ func (m *Model) hold(dt ref.DType, pk *gpuPacked) error {
 	if ok, err := m.packedFP8(pk, &w.Head, &m.headW, vl, h); err != nil || ok {
 		return err
 	}
-	if m.headW, err = ref.NewWeight(w.Head, vl, h, storedDType(pk, &w.Head, dt)); err != nil {
+	if m.headW, err = newWeight(pk != nil, w.Head, vl, h, storedDType(pk, &w.Head, dt)); err != nil {
 		return fmt.Errorf("lm head: %w", err)
 	}
 	return nil
@@ -216,6 +216,16 @@ func storedDType(pk *gpuPacked, src *[]float32, dt ref.DType) ref.DType {
 		return ref.DTypeBF16
 	}
 	return ref.DTypeFP32
+}
+
+// newWeight holds w [n, k] in dt; asStored (--dtype fp8: a checkpoint's tensor in the
+// dtype it is stored in) computes its products in float32 as the checkpoint's fp32
+// dequantisation does (ref.NewWeightAsStored), not on AMX's bf16-rounded activations.
+func newWeight(asStored bool, w []float32, n, k int, dt ref.DType) (*ref.Weight, error) {
+	if asStored {
+		return ref.NewWeightAsStored(w, n, k, dt)
+	}
+	return ref.NewWeight(w, n, k, dt)
 }
 
 // DType is the form the model's projections are multiplied in.

@@ -83,7 +83,7 @@ func (m *TextModel) hold(dt ref.DType, pk *gpuFP8) error {
 		}
 		q, err := m.packedFP8(pk, *f, n, k)
 		if err == nil && q == nil {
-			q, err = ref.NewWeight(*f, n, k, storedDType(pk, w, *f, dt))
+			q, err = newWeight(pk != nil, *f, n, k, storedDType(pk, w, *f, dt))
 		}
 		if err != nil {
 			return err
@@ -129,7 +129,7 @@ func (m *TextModel) hold(dt ref.DType, pk *gpuFP8) error {
 				ws := make([]*ref.Weight, ne)
 				for x := range ws {
 					var err error
-					if ws[x], err = ref.NewWeight(f[x*n*k:(x+1)*n*k], n, k, sdt); err != nil {
+					if ws[x], err = newWeight(pk != nil, f[x*n*k:(x+1)*n*k], n, k, sdt); err != nil {
 						return nil, err
 					}
 				}

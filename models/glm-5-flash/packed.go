@@ -42,6 +42,16 @@ func storedDType(pk *gpuFP8, w *TextWeights, f []float32, dt ref.DType) ref.DTyp
 	return ref.DTypeFP32
 }
 
+// newWeight holds w [n, k] in dt; asStored (--dtype fp8: a checkpoint's tensor in the
+// dtype it is stored in) computes its products in float32 as the checkpoint's fp32
+// dequantisation does (ref.NewWeightAsStored), not on AMX's bf16-rounded activations.
+func newWeight(asStored bool, w []float32, n, k int, dt ref.DType) (*ref.Weight, error) {
+	if asStored {
+		return ref.NewWeightAsStored(w, n, k, dt)
+	}
+	return ref.NewWeight(w, n, k, dt)
+}
+
 // packedFP8 returns the tensor f ([n, k], read whole) as pk's checkpoint stores it, when
 // that is FP8; nil otherwise, or without pk.
 func (m *TextModel) packedFP8(pk *gpuFP8, f []float32, n, k int) (*ref.Weight, error) {

@@ -198,3 +198,41 @@ func amxEncode(op, args string) ([]byte, error) {
 	_ = p66
 	return nil, fmt.Errorf("no encoding for %s", op)
 }
+
+// TestWeightAsStored: NewWeightAsStored's bf16 weight computes in float32 on the widened
+// weights whatever the CPU has (the float32 paths' bits, x not rounded), its bytes the
+// rows' own; other dtypes are NewWeight's.
+func TestWeightAsStored(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 4))
+	const m, k, n = 9, 64, 40
+	wf, x := randSlice(rng, n*k), randSlice(rng, m*k)
+	rows := make([]uint16, n*k)
+	for i, v := range wf {
+		rows[i] = BF16(v)
+	}
+	w, err := NewWeightAsStored(wf, n, k, DTypeBF16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.fp32Only || w.Bytes() != 2*n*k {
+		t.Fatalf("fp32Only %v, %d bytes", w.fp32Only, w.Bytes())
+	}
+	got, want := nanFilled(m*n), nanFilled(m*n)
+	if err := w.MatMulT(got, x, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := matMulTBF16F32(want, x, rows, m, k, n); err != nil {
+		t.Fatal(err)
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("out[%d] = %v, the float32 paths give %v", i, got[i], want[i])
+		}
+	}
+	if i8, err := NewWeightAsStored(wf, n, k, DTypeInt8); err != nil || i8.q8 == nil {
+		t.Fatalf("int8: %v", err)
+	}
+	if _, err := NewWeightAsStored(wf[:5], n, k, DTypeBF16); err == nil {
+		t.Error("a short w was not refused")
+	}
+}

@@ -31,28 +31,46 @@ import (
 // packing, to the bit what MatMulT computes on the own GEMM for the widened weights.
 // Without AVX2+FMA, blocks of w widened into scratch go to gonum.
 func MatMulTBF16(out, x []float32, w []uint16, m, k, n int) error {
-	const op = "MatMulTBF16"
-	if err := checkDims(op, m, k, n); err != nil {
+	if done, err := bf16Args(out, x, w, m, k, n); done || err != nil {
 		return err
-	}
-	if err := checkLen(op, "out", len(out), m*n); err != nil {
-		return err
-	}
-	if err := checkLen(op, "x", len(x), m*k); err != nil {
-		return err
-	}
-	if err := checkLen(op, "w", len(w), n*k); err != nil {
-		return err
-	}
-	if m == 0 || n == 0 {
-		return nil
-	}
-	if k == 0 {
-		clear(out[:m*n])
-		return nil
 	}
 	if amxBF16Gemm(out, x, w, m, k, n) {
 		return nil
+	}
+	return matMulTBF16F32(out, x, w, m, k, n)
+}
+
+// bf16Args checks MatMulTBF16's arguments and does the products with nothing to sum (m,
+// n or k zero), reporting done.
+func bf16Args(out, x []float32, w []uint16, m, k, n int) (done bool, err error) {
+	const op = "MatMulTBF16"
+	if err := checkDims(op, m, k, n); err != nil {
+		return true, err
+	}
+	if err := checkLen(op, "out", len(out), m*n); err != nil {
+		return true, err
+	}
+	if err := checkLen(op, "x", len(x), m*k); err != nil {
+		return true, err
+	}
+	if err := checkLen(op, "w", len(w), n*k); err != nil {
+		return true, err
+	}
+	if m == 0 || n == 0 {
+		return true, nil
+	}
+	if k == 0 {
+		clear(out[:m*n])
+		return true, nil
+	}
+	return false, nil
+}
+
+// matMulTBF16F32 is MatMulTBF16 computing in float32 whatever the CPU has (its paths
+// after AMX's): NewWeightAsStored's product.
+func matMulTBF16F32(out, x []float32, w []uint16, m, k, n int) error {
+	if done, err := bf16Args(out, x, w, m, k, n); done || err != nil {
+		return err
 	}
 	if m == 1 && skinnyVector(k) {
 		gemvBF16Split(out, x, w, k, n)

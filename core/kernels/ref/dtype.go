@@ -96,9 +96,11 @@ type Weight struct {
 	N, K  int
 	f32   []float32
 	bf16  []uint16
-	q8    *Int8Matrix
-	f8    *FP8Matrix
-	f4    *FP4Matrix
+	// fp32Only: a bf16 weight's products computed in float32 (NewWeightAsStored).
+	fp32Only bool
+	q8       *Int8Matrix
+	f8       *FP8Matrix
+	f4       *FP4Matrix
 }
 
 // WeightFP8 holds a checkpoint's FP8 weight as stored (not copied), dtype fp8.
@@ -155,6 +157,28 @@ func NewWeight(w []float32, n, k int, dt DType) (*Weight, error) {
 	return out, nil
 }
 
+// NewWeightAsStored is NewWeight for a checkpoint's own tensor kept in the dtype it is
+// stored in (--dtype fp8 holds a checkpoint's bf16 tensors in bf16): its products are
+// computed in float32 on the weights it holds, as the checkpoint's dequantised fp32
+// forward computes, a bf16 weight widened as read and never on AMX tiles (which round
+// the activations to bf16 as well: NewWeight's bf16 where AMX runs).
+func NewWeightAsStored(w []float32, n, k int, dt DType) (*Weight, error) {
+	if dt != DTypeBF16 {
+		return NewWeight(w, n, k, dt)
+	}
+	if err := checkDims("NewWeightAsStored", n, k); err != nil {
+		return nil, err
+	}
+	if err := checkLen("NewWeightAsStored", "w", len(w), n*k); err != nil {
+		return nil, err
+	}
+	out := &Weight{DType: dt, N: n, K: k, bf16: make([]uint16, n*k), fp32Only: true}
+	for i, v := range w[:n*k] {
+		out.bf16[i] = BF16(v)
+	}
+	return out, nil
+}
+
 // Bytes is the memory the weight's values take in its dtype.
 func (w *Weight) Bytes() int64 {
 	switch {
@@ -181,6 +205,8 @@ func (w *Weight) MatMulT(out, x []float32, m int) error {
 		return MatMulTFP4(out, x, w.f4, m)
 	case w.q8 != nil:
 		return MatMulTInt8(out, x, w.q8, m)
+	case w.bf16 != nil && w.fp32Only:
+		return matMulTBF16F32(out, x, w.bf16, m, w.K, w.N)
 	case w.bf16 != nil:
 		return MatMulTBF16(out, x, w.bf16, m, w.K, w.N)
 	}
