@@ -11,6 +11,12 @@ import (
 func amxBF16Kernel(cfg *amxTileConfig, c *float32, w *uint16, ldw int, b *uint32, kb int)
 
 //go:noescape
+func amxBF16Kernel64(cfg *amxTileConfig, c *float32, w *uint16, ldw int, b *uint32, kb int)
+
+//go:noescape
+func amxStoreT64(out *float32, ldo int, c *float32, rows int, mask0, mask1, mask2, mask3 uint16)
+
+//go:noescape
 func amxPackBF16(dst *uint32, x *float32, ldx int, rows int, kb int)
 
 //go:noescape
@@ -72,8 +78,9 @@ var amxTasks freeList[amxTask]
 // amxBF16Gemm computes out = x·wᵀ for a bfloat16 w ([n, k]) on AMX tiles, with x rounded
 // to bfloat16 (ties to even) and each pair of products summed in float32 (TDPBF16PS): x
 // packed once into groups of 32 tokens, w read as stored in blocks of 32 rows (each block
-// against every group, its 64 KiB at k = 1024 staying in L2), the tiles written back
-// transposed. It reports false, computing nothing, without AMX-BF16 (hasAMXBF16) or where
+// against every group, its 64 KiB at k = 1024 staying in L2; 64 rows against at most 16
+// tokens, amxBF16Kernel64), the tiles written back transposed. Each output's sum runs
+// over k in the same order whichever kernel and rows share its tiles. It reports false, computing nothing, without AMX-BF16 (hasAMXBF16) or where
 // k is not a multiple of 32.
 func amxBF16Gemm(out, x []float32, w []uint16, m, k, n int) bool {
 	if !hasAMXBF16 || k%32 != 0 || m == 0 || n == 0 || k == 0 {
@@ -97,7 +104,7 @@ func amxBF16Gemm(out, x []float32, w []uint16, m, k, n int) bool {
 	for len(t.scratch) < p {
 		t.scratch = append(t.scratch, amxScratch{})
 	}
-	blocks := (n + amxNB - 1) / amxNB
+	blocks := (n + t.rowsPer() - 1) / t.rowsPer()
 	if p > 1 && m*n*k >= minParallelMACs {
 		parallelFor(&t.loop, t, blocks, 1)
 	} else {
@@ -108,22 +115,40 @@ func amxBF16Gemm(out, x []float32, w []uint16, m, k, n int) bool {
 	return true
 }
 
+// amx64Rows is the most tokens amxBF16Kernel64 takes.
+const amx64Rows = 16
+
+// rowsPer is the rows of w a block takes: 64 against at most amx64Rows tokens
+// (amxBF16Kernel64), else 32.
+func (t *amxTask) rowsPer() int {
+	if t.m <= amx64Rows {
+		return 2 * amxNB
+	}
+	return amxNB
+}
+
 func (t *amxTask) run(part, lo, hi int) {
 	s := &t.scratch[part]
 	k, kb := t.k, t.k/32
 	per := kb * 512
+	nb := t.rowsPer()
 	for blk := lo; blk < hi; blk++ {
-		j0 := blk * amxNB
-		cols := min(amxNB, t.n-j0)
+		j0 := blk * nb
+		cols := min(nb, t.n-j0)
 		w := t.w[j0*k:]
-		if cols < amxNB {
-			if cap(s.wpad) < amxNB*k {
-				s.wpad = make([]uint16, amxNB*k)
+		if cols < nb {
+			if cap(s.wpad) < nb*k {
+				s.wpad = make([]uint16, nb*k)
 			}
-			s.wpad = s.wpad[:amxNB*k]
+			s.wpad = s.wpad[:nb*k]
 			copy(s.wpad, t.w[j0*k:(j0+cols)*k])
 			clear(s.wpad[cols*k:])
 			w = s.wpad
+		}
+		if nb > amxNB { // one group of at most 16 tokens
+			amxBF16Kernel64(amxConfig, &s.c[0], unsafe.SliceData(w), 2*k, &t.b[0], kb)
+			amxStoreT64(&t.out[j0], t.n, &s.c[0], t.m, colMask(cols), colMask(cols-16), colMask(cols-32), colMask(cols-48))
+			continue
 		}
 		mask0, mask1 := colMask(cols), colMask(cols-16)
 		for g := 0; g*amxMB < t.m; g++ {

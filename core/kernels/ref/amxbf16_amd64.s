@@ -53,6 +53,61 @@ loop:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0xc0 // TILERELEASE
 	RET
 
+// func amxBF16Kernel64(cfg *amxTileConfig, c *float32, w *uint16, ldw int, b *uint32, kb int)
+//
+// amxBF16Kernel for 64 of w's rows against 16 tokens (a decode step's, or a batch's of at
+// most 16): tile t (1 KiB at c + 1024·t) holds, at [i][j], Σ_k w[16·t+i][k] · x[j][k];
+// b as amxBF16Kernel's (its tokens 0-15 only are read). Four of w's tiles load a step,
+// twice amxBF16Kernel's, against one of the tokens': a decode's stream of w from memory
+// has more lines in flight, and each of w's bytes takes one TDPBF16PS, not two.
+TEXT ·amxBF16Kernel64(SB), NOSPLIT, $0-48
+	MOVQ cfg+0(FP), AX
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0x00 // LDTILECFG [rax]
+	MOVQ c+8(FP), DI
+	MOVQ w+16(FP), SI
+	MOVQ ldw+24(FP), CX
+	MOVQ b+32(FP), DX
+	MOVQ kb+40(FP), BX
+	MOVQ CX, AX
+	SHLQ $4, AX
+	ADDQ SI, AX // w's rows 16-31
+	MOVQ CX, R9
+	SHLQ $5, R9
+	ADDQ SI, R9 // rows 32-47
+	MOVQ CX, R10
+	SHLQ $4, R10
+	ADDQ R9, R10 // rows 48-63
+	MOVQ $64, R8
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0 // TILEZERO tmm0
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8 // TILEZERO tmm1
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd0 // TILEZERO tmm2
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd8 // TILEZERO tmm3
+
+loop64:
+	BYTE $0xc4; BYTE $0xa2; BYTE $0x7b; BYTE $0x4b; BYTE $0x34; BYTE $0x02 // TILELOADD tmm6, [rdx+r8*1]
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x24; BYTE $0x0e // TILELOADD tmm4, [rsi+rcx*1]
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x2c; BYTE $0x08 // TILELOADD tmm5, [rax+rcx*1]
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x7b; BYTE $0x4b; BYTE $0x3c; BYTE $0x09 // TILELOADD tmm7, [r9+rcx*1]
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4a; BYTE $0x5c; BYTE $0xc4 // TDPBF16PS tmm0, tmm4, tmm6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4a; BYTE $0x5c; BYTE $0xcd // TDPBF16PS tmm1, tmm5, tmm6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4a; BYTE $0x5c; BYTE $0xd7 // TDPBF16PS tmm2, tmm7, tmm6
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x7b; BYTE $0x4b; BYTE $0x24; BYTE $0x0a // TILELOADD tmm4, [r10+rcx*1]
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4a; BYTE $0x5c; BYTE $0xdc // TDPBF16PS tmm3, tmm4, tmm6
+	ADDQ $64, SI
+	ADDQ $64, AX
+	ADDQ $64, R9
+	ADDQ $64, R10
+	ADDQ $2048, DX
+	DECQ BX
+	JNZ  loop64
+
+	BYTE $0xc4; BYTE $0xa2; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x07 // TILESTORED [rdi+r8*1], tmm0
+	BYTE $0xc4; BYTE $0xa2; BYTE $0x7a; BYTE $0x4b; BYTE $0x8c; BYTE $0x07; BYTE $0x00; BYTE $0x04; BYTE $0x00; BYTE $0x00 // TILESTORED [rdi+r8*1+1024], tmm1
+	BYTE $0xc4; BYTE $0xa2; BYTE $0x7a; BYTE $0x4b; BYTE $0x94; BYTE $0x07; BYTE $0x00; BYTE $0x08; BYTE $0x00; BYTE $0x00 // TILESTORED [rdi+r8*1+2048], tmm2
+	BYTE $0xc4; BYTE $0xa2; BYTE $0x7a; BYTE $0x4b; BYTE $0x9c; BYTE $0x07; BYTE $0x00; BYTE $0x0c; BYTE $0x00; BYTE $0x00 // TILESTORED [rdi+r8*1+3072], tmm3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0xc0 // TILERELEASE
+	RET
+
 // amxIdx: 0, 16, ..., 240, the dword offsets of a tile's column (rows of 16 dwords).
 DATA amxIdx<>+0(SB)/4, $0
 DATA amxIdx<>+4(SB)/4, $16
@@ -185,5 +240,43 @@ row:
 	INCQ R12
 	CMPQ R12, R10
 	JLT  row
+	VZEROUPPER
+	RET
+
+// func amxStoreT64(out *float32, ldo int, c *float32, rows int, mask0, mask1, mask2, mask3 uint16)
+//
+// amxStoreT for amxBF16Kernel64's tiles: token j's (j < rows ≤ 16) 64 values to
+// out[j·ldo ...], the 16 of tile t where mask t has their bit.
+TEXT ·amxStoreT64(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ ldo+8(FP), R9
+	SHLQ $2, R9
+	MOVQ c+16(FP), SI
+	MOVQ rows+24(FP), R10
+	KMOVW mask0+32(FP), K3
+	KMOVW mask1+34(FP), K4
+	KMOVW mask2+36(FP), K5
+	KMOVW mask3+38(FP), K6
+	VMOVDQU32 amxIdx<>(SB), Z20
+	XORQ R12, R12
+
+row64:
+	LEAQ (SI)(R12*4), R13 // column j of each tile
+	KXNORW K1, K1, K1
+	VPGATHERDD (R13)(Z20*4), K1, Z0
+	KXNORW K1, K1, K1
+	VPGATHERDD 1024(R13)(Z20*4), K1, Z1
+	KXNORW K1, K1, K1
+	VPGATHERDD 2048(R13)(Z20*4), K1, Z2
+	KXNORW K1, K1, K1
+	VPGATHERDD 3072(R13)(Z20*4), K1, Z3
+	VMOVUPS Z0, K3, (DI)
+	VMOVUPS Z1, K4, 64(DI)
+	VMOVUPS Z2, K5, 128(DI)
+	VMOVUPS Z3, K6, 192(DI)
+	ADDQ R9, DI
+	INCQ R12
+	CMPQ R12, R10
+	JLT  row64
 	VZEROUPPER
 	RET
