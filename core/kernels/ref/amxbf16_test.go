@@ -74,11 +74,16 @@ func TestAMXBF16Gemm(t *testing.T) {
 }
 
 // TestAMXEncoding re-derives each hand-written AMX instruction's VEX bytes in
-// amxbf16_amd64.s from the Intel-order mnemonic in its comment: Go's assembler has none.
+// amxbf16_amd64.s and amxint8_amd64.s from the Intel-order mnemonic in its comment: Go's
+// assembler has none.
 func TestAMXEncoding(t *testing.T) {
-	src, err := os.ReadFile("amxbf16_amd64.s")
-	if err != nil {
-		t.Fatal(err)
+	var src []byte
+	for _, f := range []string{"amxbf16_amd64.s", "amxint8_amd64.s"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = append(src, b...)
 	}
 	line := regexp.MustCompile(`^\s*((?:BYTE \$0x[0-9a-f]{2};?\s*)+)// (\S+)\s*(.*)$`)
 	seen := 0
@@ -101,7 +106,7 @@ func TestAMXEncoding(t *testing.T) {
 		}
 		seen++
 	}
-	if seen < 18 {
+	if seen < 40 {
 		t.Fatalf("only %d encoded instructions found", seen)
 	}
 }
@@ -133,8 +138,11 @@ func amxEncode(op, args string) ([]byte, error) {
 		if m[3] != "" {
 			disp, _ = strconv.Atoi(m[3])
 		}
-		mod := byte(0)
-		if disp != 0 {
+		mod := byte(0) // no displacement, else 8 bits where it fits, else 32
+		switch {
+		case disp >= -128 && disp < 128 && disp != 0:
+			mod = 1
+		case disp != 0:
 			mod = 2
 		}
 		if m[2] == "" { // [base]: no SIB (base is not rsp/r12 here)
@@ -150,7 +158,10 @@ func amxEncode(op, args string) ([]byte, error) {
 			tail = []byte{mod<<6 | (reg&7)<<3 | 4, (idx&7)<<3 | base&7}
 			x = idx >> 3
 		}
-		if mod == 2 {
+		switch mod {
+		case 1:
+			tail = append(tail, byte(disp))
+		case 2:
 			tail = append(tail, byte(disp), byte(disp>>8), byte(disp>>16), byte(disp>>24))
 		}
 		return x, base >> 3, tail, nil
@@ -186,14 +197,18 @@ func amxEncode(op, args string) ([]byte, error) {
 			return nil, err
 		}
 		return append(vex(0, x, b, 0, pp, 0x4b), tail...), nil
-	case "TDPBF16PS":
+	case "TDPBF16PS", "TDPBSUD":
+		opc := byte(0x5c)
+		if op == "TDPBSUD" {
+			opc = 0x5e
+		}
 		d, err1 := tmm(a[0])
 		s1, err2 := tmm(a[1])
 		s2, err3 := tmm(a[2])
 		if err1 != nil || err2 != nil || err3 != nil {
 			return nil, fmt.Errorf("operands %q", args)
 		}
-		return append(vex(0, 0, 0, s2, pf3, 0x5c), 0xc0|d<<3|s1), nil
+		return append(vex(0, 0, 0, s2, pf3, opc), 0xc0|d<<3|s1), nil
 	}
 	_ = p66
 	return nil, fmt.Errorf("no encoding for %s", op)
@@ -234,5 +249,55 @@ func TestWeightAsStored(t *testing.T) {
 	}
 	if _, err := NewWeightAsStored(wf[:5], n, k, DTypeBF16); err == nil {
 		t.Error("a short w was not refused")
+	}
+}
+
+// TestAMXInt8: MatMulTInt8 on AMX tiles (a prefill: more than skinnyRows rows) gives, to
+// the bit, what the VNNI kernels give each row alone (a decode step) and the batch with
+// AMX off, on shapes with a partial group of tokens (rows not a multiple of 16), a partial
+// group of w's rows (n not a multiple of 16), k not a multiple of 32 (the last block
+// padded) and a row with a NaN (its outputs NaN).
+func TestAMXInt8(t *testing.T) {
+	if !hasAMXInt8 {
+		t.Skipf("no AMX-INT8 granted here: %s", AMX().Reason)
+	}
+	rng := rand.New(rand.NewPCG(6, 7))
+	for _, sh := range [][3]int{{9, 32, 16}, {17, 64, 20}, {40, 1024, 48}, {33, 100, 7}, {128, 256, 64}} {
+		m, k, n := sh[0], sh[1], sh[2]
+		wf, x := randSlice(rng, n*k), randSlice(rng, m*k)
+		if m > 17 {
+			x[17*k+3] = float32(math.NaN())
+		}
+		w, err := QuantizeInt8(wf, n, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := nanFilled(m * n)
+		if err := MatMulTInt8(got, x, w, m); err != nil {
+			t.Fatal(err)
+		}
+		old := hasAMXInt8
+		hasAMXInt8 = false
+		off := nanFilled(m * n)
+		err = MatMulTInt8(off, x, w, m)
+		hasAMXInt8 = old
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range m {
+			row := nanFilled(n)
+			if err := MatMulTInt8(row, x[i*k:(i+1)*k], w, 1); err != nil {
+				t.Fatal(err)
+			}
+			for j := range n {
+				g := math.Float32bits(got[i*n+j])
+				if g != math.Float32bits(row[j]) || g != math.Float32bits(off[i*n+j]) {
+					t.Fatalf("%v: out[%d,%d] = %v on AMX, %v alone, %v with AMX off", sh, i, j, got[i*n+j], row[j], off[i*n+j])
+				}
+			}
+		}
+		if m > 17 && !math.IsNaN(float64(got[17*n])) {
+			t.Fatalf("%v: the NaN row gives %v", sh, got[17*n])
+		}
 	}
 }

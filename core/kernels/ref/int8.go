@@ -177,9 +177,13 @@ func MatMulTInt8(out, x []float32, w *Int8Matrix, m int) error {
 		int8Tasks.put(t)
 	}()
 	t.out, t.w, t.m = out, w, m
+	t.amx = hasAMXInt8 && m > skinnyRows
 	t.quantize(x)
 	ng := (n + q8Group - 1) / q8Group
 	p := parts()
+	for t.amx && len(t.scratch) < p {
+		t.scratch = append(t.scratch, amxInt8Scratch{})
+	}
 	if p == 1 || m*n*k < minParallelMACs {
 		t.run(0, 0, ng)
 		return nil
@@ -198,20 +202,35 @@ type int8Task struct {
 	xq   []int8    // rows in groups of 4 (then 1): block b of the group's row r at (b*R + r)*32
 	xs   []float32 // the blocks' scales, as xq's blocks
 	xc   []int32   // 128·Σ xq of each block, the offset of the weights' q+128
+	// amx: the rows run on AMX tiles (hasAMXInt8, a prefill): xq holds one row a block
+	// of 32 (b at (i*nb + b)*32), padded with zero rows to a multiple of 16; scratch is
+	// each participant's tile.
+	amx     bool
+	scratch []amxInt8Scratch
 }
+
+// amxInt8Scratch is a pool participant's tile of int32 products (amxRows).
+type amxInt8Scratch struct{ tile [2 * 256]int32 }
 
 var int8Tasks freeList[int8Task]
 
 // quantize quantises x's m rows into t.xq, t.xs, t.xc.
 func (t *int8Task) quantize(x []float32) {
 	k, nb, m := t.w.k, t.w.nb, t.m
-	if cap(t.xq) < m*nb*q8Block {
-		t.xq = make([]int8, m*nb*q8Block)
+	rows := m
+	if t.amx {
+		rows = roundUp(m, 16)
 	}
-	if cap(t.xs) < m*nb {
-		t.xs, t.xc = make([]float32, m*nb), make([]int32, m*nb)
+	if cap(t.xq) < rows*nb*q8Block {
+		t.xq = make([]int8, rows*nb*q8Block)
 	}
-	t.xq, t.xs, t.xc = t.xq[:m*nb*q8Block], t.xs[:m*nb], t.xc[:m*nb]
+	if cap(t.xs) < rows*nb {
+		t.xs, t.xc = make([]float32, rows*nb), make([]int32, rows*nb)
+	}
+	t.xq, t.xs, t.xc = t.xq[:rows*nb*q8Block], t.xs[:rows*nb], t.xc[:rows*nb]
+	clear(t.xq[m*nb*q8Block:]) // the AMX tiles' padding rows
+	clear(t.xs[m*nb:])
+	clear(t.xc[m*nb:])
 	if m >= 16 && m*k >= minParallelElems {
 		ParallelRange(m, max(4, minParallelElems/k)&^3, func(_, lo, hi int) { t.quantizeRows(x, lo, hi) })
 		return
@@ -227,7 +246,7 @@ func (t *int8Task) quantizeRows(x []float32, lo, hi int) {
 	m4 := m &^ 3
 	for i := lo; i < hi; i++ {
 		rs, r := 4, i%4
-		if i >= m4 {
+		if i >= m4 || t.amx {
 			rs, r = 1, 0
 		}
 		g0 := i - r
@@ -273,7 +292,11 @@ func finite(x []float32) bool {
 }
 
 // run computes the output columns of w's groups [lo, hi) for every row.
-func (t *int8Task) run(_, lo, hi int) {
+func (t *int8Task) run(part, lo, hi int) {
+	if t.amx {
+		t.amxRows(part, lo, hi)
+		return
+	}
 	w, m, n, nb := t.w, t.m, t.w.n, t.w.nb
 	var tile [4 * q8Group]float32
 	gs := nb * q8Group * q8Block // bytes of a group

@@ -8,8 +8,8 @@ import (
 
 // BenchmarkWeightDTypes runs one projection of a ~120M llama (k=1024, n=5632: gate and up)
 // with its weight in float32 (MatMulT), bfloat16 (MatMulTBF16) and int8 blocks
-// (MatMulTInt8), for a decode step (m=1), a decode batch (m=8) and a prefill chunk
-// (m=128); the dtype is the last element of the name. At m=1 the product streams the
+// (MatMulTInt8), for a decode step (m=1), a decode batch (m=8) and prefill chunks (m=128,
+// 512); the dtype is the last element of the name. At m=1 the product streams the
 // weight once, so its speed is the weight's bytes over the memory bandwidth:
 //
 //	go test ./core/kernels/ref -run '^$' -bench WeightDTypes -benchtime 20x
@@ -25,7 +25,7 @@ func BenchmarkWeightDTypes(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, m := range []int{1, 8, 128} {
+	for _, m := range []int{1, 8, 128, 512} {
 		x, out := randSlice(r, m*k), make([]float32, m*n)
 		for _, dt := range []string{"fp32", "bf16", "int8"} {
 			b.Run(fmt.Sprintf("m=%d/%s", m, dt), func(b *testing.B) {
