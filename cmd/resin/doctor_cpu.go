@@ -29,7 +29,7 @@ func doctorCPUWeights(w io.Writer) {
 		yes(cpu.X86.HasAVX512BF16), yes(cpu.X86.HasAVXVNNI))
 	a := ref.AMX()
 	if a.Granted {
-		fmt.Fprintf(w, "  AMX       %s (BF16 %s, INT8 %s); bf16 runs on it where the bf16 line says so; int8 runs as above\n", a.Reason, yes(a.BF16), yes(a.Int8))
+		fmt.Fprintf(w, "  AMX       %s (BF16 %s, INT8 %s); the bf16 and int8 lines say what runs on it\n", a.Reason, yes(a.BF16), yes(a.Int8))
 	} else {
 		fmt.Fprintf(w, "  AMX       not available: %s\n", a.Reason)
 	}

@@ -66,7 +66,11 @@ func (dt DType) Kernel() string {
 		}
 		return fmt.Sprintf("bf16: widened to fp32 as read; %s GEMV, %s; %s", gemvKernel(), prefill, amx)
 	case DTypeInt8:
-		return fmt.Sprintf("int8: blocks of 32, Q8_0×Q8_0 with exact int32 block sums; %s", Int8Kernel())
+		amx := ""
+		if hasAMXInt8 {
+			amx = "; prefill on AMX tiles (TDPBSUD, the same sums; RESIN_AMX=off declines)"
+		}
+		return fmt.Sprintf("int8: blocks of 32, Q8_0×Q8_0 with exact int32 block sums; %s%s", Int8Kernel(), amx)
 	case DTypeFP8:
 		return fmt.Sprintf("fp8: an FP8 checkpoint's tensors as stored (FP8 e4m3 in 128×128 blocks, MXFP4 experts, bf16 and fp32 the rest), else every projection quantised to e4m3 in 128×128 blocks at load; %s dot products, batches widened in runs for the %s", PackedKernel(), fp32Kernel())
 	}
