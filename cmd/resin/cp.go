@@ -31,7 +31,7 @@ type cpFlags struct {
 
 func (c *cpFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; with --model llama on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP) each holding the model and the whole cache, the q/k/v rows all-gathered over NCCL, every rank decoding alike")
-	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (default: goroutines of this process)")
+	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (on the GPU: bound to their GPUs' NUMA nodes, the NCCL id handed over it; default: goroutines of this process)")
 }
 
 // check refuses the layouts --cp does not cover yet.
@@ -51,14 +51,13 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--cp %d is not combined with --num-speculative-tokens yet", c.size)
 	case f.device.CUDA() && f.model != llama.Name:
 		return fmt.Errorf("--cp %d on the GPU covers --model llama only so far (deepseek-v4-flash and glm-5-flash split their prefill on the CPU: --device cpu)", c.size)
-	case f.device.CUDA() && c.procs:
-		return fmt.Errorf("--cp %d on the GPU runs its ranks in this process (goroutines, one NCCL communicator); --cp-procs is the CPU's", c.size)
 	}
 	return nil
 }
 
 // openCPGPU opens llama's GPU runner with prefill context parallelism over --cp ranks of
-// this process (gpurunner.NewDenseCPShards): rank r on GPU --gpu+r where the driver sees
+// this process (gpurunner.NewDenseCPShards) or, with --cp-procs, ranks 1..N-1 worker
+// processes of this binary (startGPUWorkers, gpurunner.JoinDenseCP): rank r on GPU --gpu+r where the driver sees
 // that many, else every rank on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1),
 // each with the whole model (read from the checkpoint once per rank) and a cache of rank
 // 0's size. With --device cuda-emu the emulator shows --cp GPUs unless RESIN_EMU_DEVICES
@@ -82,6 +81,13 @@ func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			return nil, nil, err
 		}
 		opts.CacheBytes = cacheBytes
+		if f.cp.procs {
+			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, true)
+			if err != nil {
+				return nil, nil, fmt.Errorf("--cp %d --cp-procs on GPUs %v: %w", size, ordinals, err)
+			}
+			return g, pool, nil
+		}
 		g, pool, err := gpurunner.NewDenseCPShards(shard, ordinals, opts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--cp %d on GPUs %v: %w", size, ordinals, err)

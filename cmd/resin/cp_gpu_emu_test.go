@@ -12,9 +12,11 @@ import (
 
 // TestGenerateCPOnTheEmulatedDevice: generate --device cuda-emu --cp 2 and --cp 3 run
 // llama's GPU runner with prefill context parallelism over ranks of this process
-// (gpurunner.NewDenseCPShards; a 7-token prompt split 4+3 and 3+3+1) and give --cp 1's
-// greedy tokens and, with --logits-out, its logits file byte for byte; --cp on the GPU
-// with --cp-procs or another model is refused naming what it lacks.
+// (gpurunner.NewDenseCPShards; a 7-token prompt split 4+3 and 3+3+1) or, with
+// --cp-procs, ranks 1.. worker processes (gpurunner.JoinDenseCP; --cp 3 with plans of 4
+// tokens too, the second chunk over cached keys) and give --cp 1's greedy tokens and,
+// with --logits-out, its logits file byte for byte, leaving no worker process; --cp on
+// the GPU with another model is refused naming what it lacks.
 func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3") {
 		return
@@ -22,11 +24,11 @@ func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"),
 		"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "8", "--device", "cuda-emu"}
 	dir := t.TempDir()
-	run := func(cp string) (string, []byte) {
-		out := filepath.Join(dir, "logits-"+cp)
-		stdout, errOut, err := runGenerate(t, append(args, "--cp", cp, "--logits-out", out)...)
+	run := func(cp string, extra ...string) (string, []byte) {
+		out := filepath.Join(dir, "logits-"+cp+strings.Join(extra, ""))
+		stdout, errOut, err := runGenerate(t, append(append(args, "--cp", cp, "--logits-out", out), extra...)...)
 		if err != nil {
-			t.Fatalf("--cp %s: %v\n%s", cp, err, errOut)
+			t.Fatalf("--cp %s %v: %v\n%s", cp, extra, err, errOut)
 		}
 		b, err := os.ReadFile(out)
 		if err != nil {
@@ -35,20 +37,31 @@ func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 		return tokensLine(stdout), b
 	}
 	one, oneLogits := run("1")
-	for _, cp := range []string{"2", "3"} {
-		toks, logits := run(cp)
+	for _, c := range []struct {
+		cp    string
+		extra []string
+	}{{"2", nil}, {"3", nil}, {"2", []string{"--cp-procs"}}, {"3", []string{"--cp-procs", "--max-batch-tokens", "4"}}} {
+		toks, logits := run(c.cp, c.extra...)
 		if toks == "" || toks != one {
-			t.Errorf("--cp %s %q, --cp 1 %q", cp, toks, one)
+			t.Errorf("--cp %s %v: %q, --cp 1 %q", c.cp, c.extra, toks, one)
 		}
 		if len(oneLogits) == 0 || !bytes.Equal(logits, oneLogits) {
-			t.Errorf("--cp %s: --logits-out differs from --cp 1's (%d and %d bytes)", cp, len(logits), len(oneLogits))
+			t.Errorf("--cp %s %v: --logits-out differs from --cp 1's (%d and %d bytes)", c.cp, c.extra, len(logits), len(oneLogits))
 		}
+	}
+	// Without --logits-out a prompt's chunks before its last have no logits rows: rank 2
+	// of 2+2+0 skips the head as the others do (it failed on it, and rank 0 waited).
+	stdout, errOut, err := runGenerate(t, append(args, "--cp", "3", "--cp-procs", "--max-batch-tokens", "4")...)
+	if err != nil || tokensLine(stdout) != one {
+		t.Errorf("--cp 3 --cp-procs --max-batch-tokens 4 without --logits-out: %q, --cp 1 %q (%v)\n%s", tokensLine(stdout), one, err, errOut)
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after --cp-procs", pids)
 	}
 	for _, c := range []struct {
 		extra []string
 		want  string
 	}{
-		{[]string{"--cp", "2", "--cp-procs"}, "--cp-procs is the CPU's"},
 		{[]string{"--cp", "2", "--model", "glm-5-flash", "--random-weights", filepath.Join("..", "..", "models", "glm-5-flash", "config.json")}, "covers --model llama only"},
 	} {
 		_, errOut, err := runGenerate(t, append(args, c.extra...)...)

@@ -295,12 +295,14 @@ type tpWorkerSpec struct {
 	TP, EP, Dispatch int
 	Drafts           int // MTP drafts per step, every rank drafting (0: none)
 	CacheBytes       int64
-	// CP above 1: a --cp-procs worker of llama's prefill CP (cp.go).
+	// CP above 1: a --cp-procs worker of llama's prefill CP (cp.go; with GPU, its GPU
+	// CP's, tpgpu.go).
 	CP int
 	// DPAttention: a --dp-procs worker, dp rank Rank of Size of a MoE model's
 	// DP-attention (dp_procs.go).
 	DPAttention bool
-	// GPU set: a worker of llama's GPU TP (tpgpu.go).
+	// GPU set: a worker of llama's GPU TP or CP (tpgpu.go), or with Model of a MoE
+	// model's GPU layout (gpu_layout_procs.go).
 	GPU *gpuWorkerSpec `json:",omitempty"`
 }
 
@@ -423,17 +425,17 @@ func runTPWorker(raw string) error {
 	if spec.DPAttention {
 		return runDPWorker(spec)
 	}
-	if spec.CP > 1 {
-		return runCPWorker(spec)
-	}
 	if spec.GPU != nil && spec.Model != "" {
 		return runGPULayoutWorker(spec)
 	}
+	if spec.GPU != nil {
+		return runGPUTPWorker(spec) // llama's GPU TP or CP
+	}
+	if spec.CP > 1 {
+		return runCPWorker(spec)
+	}
 	if spec.Model != "" {
 		return runMoEWorker(spec)
-	}
-	if spec.GPU != nil {
-		return runGPUTPWorker(spec)
 	}
 	r, err := openLlamaTP(spec.Dir)
 	if err != nil {

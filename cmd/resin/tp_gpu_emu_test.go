@@ -49,8 +49,8 @@ func TestGenerateTPOnTheEmulatedDevice(t *testing.T) {
 	}
 }
 
-// TestGPUTPWorkerKilled: with --device cuda-emu --tp 2 --tp-procs, rank 1's worker
-// SIGKILLed fails rank 0's next step (in the emulated NCCL's first collective, which sees
+// TestGPUTPWorkerKilled: with --device cuda-emu --tp 2 --tp-procs (and --cp 2
+// --cp-procs), rank 1's worker SIGKILLed fails rank 0's next step (in the emulated NCCL's first collective, which sees
 // the worker's process gone) with an error naming the worker's rank, pid and signal, long
 // before the collectives' deadline; StopRanks then leaves no child process.
 func TestGPUTPWorkerKilled(t *testing.T) {
@@ -65,8 +65,22 @@ func TestGPUTPWorkerKilled(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f := &runtimeFlags{tp: tpFlags{size: 2, procs: true}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu}, cacheBytes: 4 << 20}
-	r, pool, err := f.openTPGPU("llama", dir)
+	for _, kind := range []string{"tp", "cp"} {
+		t.Run(kind, func(t *testing.T) { checkGPUWorkerKilled(t, dir, kind) })
+	}
+}
+
+// checkGPUWorkerKilled is TestGPUTPWorkerKilled for --tp 2 --tp-procs (kind tp) or --cp
+// 2 --cp-procs (cp) from the tiny llama's config in dir.
+func checkGPUWorkerKilled(t *testing.T, dir, kind string) {
+	f := &runtimeFlags{device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu}, cacheBytes: 4 << 20}
+	open := f.openTPGPU
+	if kind == "tp" {
+		f.tp = tpFlags{size: 2, procs: true}
+	} else {
+		f.tp, f.cp, open = tpFlags{size: 1}, cpFlags{size: 2, procs: true}, f.openCPGPU
+	}
+	r, pool, err := open("llama", dir)
 	if err != nil {
 		t.Fatal(err)
 	}

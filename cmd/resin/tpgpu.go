@@ -53,7 +53,7 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			return openTPGPUNode(shard, opts, &f.tp)
 		}
 		if f.tp.procs {
-			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu)
+			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, false)
 			if err != nil {
 				return nil, nil, fmt.Errorf("--tp %d --tp-procs on GPUs %v: %w", size, ordinals, err)
 			}
@@ -128,14 +128,19 @@ func (g *tpGPUWorkers) Health() error { return g.w.Err() }
 // says, cudart.BindNUMA, from the GPU's PCI address) and joins them as rank 0 over a
 // shared-memory control communicator, on which rank 0 hands out the NCCL id
 // (gpurunner.JoinDenseTP). A worker that exits before the group has formed ends the
-// wait; on any failure every child is killed and reaped.
-func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opts gpurunner.Options, emulate bool) (*tpGPUWorkers, *kvslab.Pool, error) {
+// wait; on any failure every child is killed and reaped. With cp the group is llama's GPU
+// prefill context parallelism (gpurunner.JoinDenseCP: every rank the whole model).
+func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opts gpurunner.Options, emulate, cp bool) (*tpGPUWorkers, *kvslab.Pool, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, nil, err
 	}
 	size := len(ordinals)
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir}
+	join := gpurunner.JoinDenseTP
+	if cp {
+		spec.CP, join = size, gpurunner.JoinDenseCP
+	}
 	w, err := launchGPUWorkers(exe, spec, ordinals, opts, emulate)
 	if err != nil {
 		return nil, nil, err
@@ -146,7 +151,7 @@ func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opt
 		return nil, nil, w.StepError(err)
 	}
 	opts.Ordinal = ordinals[0]
-	g, pool, err := gpurunner.JoinDenseTP(shard, ctl, opts)
+	g, pool, err := join(shard, ctl, opts)
 	if err != nil {
 		err = workerError(w, err)
 		ctl.Close()
@@ -309,9 +314,10 @@ func (g *tpGPUNode) StopRanks() error {
 	return errors.Join(err, g.wait(), g.TPRank.Close())
 }
 
-// runGPUTPWorker is a --tp-procs worker of llama's GPU TP: it opens its rank's part of
-// the model on its GPU, joins rank 0 (the NCCL id comes over the control communicator)
-// and follows rank 0's plans until it stops.
+// runGPUTPWorker is a --tp-procs worker of llama's GPU TP (or, spec.CP set, a --cp-procs
+// worker of its GPU prefill CP): it opens its rank's part of the model (under CP the
+// whole model) on its GPU, joins rank 0 (the NCCL id comes over the control
+// communicator) and follows rank 0's plans until it stops.
 func runGPUTPWorker(spec tpWorkerSpec) error {
 	gs := spec.GPU
 	if gs.Emulate {
@@ -319,7 +325,11 @@ func runGPUTPWorker(spec tpWorkerSpec) error {
 			return fmt.Errorf("rank %d: --device cuda-emu: %w", spec.Rank, err)
 		}
 	}
-	shard, done, err := llamaGPUShard(spec.Dir, spec.Size)
+	parts, join := spec.Size, gpurunner.JoinDenseTP
+	if spec.CP > 1 {
+		parts, join = 1, gpurunner.JoinDenseCP
+	}
+	shard, done, err := llamaGPUShard(spec.Dir, parts)
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", spec.Rank, err)
 	}
@@ -330,7 +340,7 @@ func runGPUTPWorker(spec tpWorkerSpec) error {
 	}
 	defer ctl.Close()
 	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache, Log: os.Stderr}
-	g, _, err := gpurunner.JoinDenseTP(shard, ctl, opts)
+	g, _, err := join(shard, ctl, opts)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/cp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kernels/cuda"
@@ -68,6 +69,15 @@ func NewDenseCP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options)
 // ReadDense reads the whole checkpoint, once per rank, one rank at a time).
 func NewDenseCPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
 	return newDenseGroup(func(int, int) (*DenseConfig, *DenseWeights, error) { return shard(0, 1) }, ordinals, opts, true)
+}
+
+// JoinDenseCP is JoinDenseTP's one rank of NewDenseCP's group, for a rank that is its own
+// process (or node): ctl's ranks each join with the whole model from shard (shard(0, 1))
+// and, at the rendezvous, rank 0's cache bytes and NCCL id; a failure anywhere fails every
+// rank with the failed rank's error. The pool is for engine.Config.Pool on rank 0.
+func JoinDenseCP(shard DenseShard, ctl dist.Communicator, opts Options) (*TPRank, *kvslab.Pool, error) {
+	whole := func(int, int) (*DenseConfig, *DenseWeights, error) { return shard(0, 1) }
+	return joinDense(whole, ctl, opts, func(fn func() error) error { return fn() }, true)
 }
 
 // joinCP gives rank g's model its context-parallel buffers (inside its device's Do).

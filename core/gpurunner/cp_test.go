@@ -60,11 +60,14 @@ func cpRunStats(t *testing.T, dir string, ordinals []int, prompt []int32, steps,
 // every rank's cache, each rank's chunk of queries attending them, the normed rows
 // gathered for the head) over 2 and 3 ranks on one emulated GPU and on one: a 9-token
 // prompt in one plan (chunks 5+4 and 3+3+3), the same prompt in plans of at most 4 tokens
-// (the later chunks continuing cached tokens: the page table's keys), and a 4-token prompt
-// over 3 ranks (2+2+0: a rank without tokens joins the gathers) give one GPU's greedy
+// (the later chunks continuing cached tokens: the page table's keys; over 3 ranks 2+2+0
+// twice), and a 4-token prompt over 3 ranks (2+2+0: a rank
+// without tokens joins the gathers) give one GPU's greedy
 // tokens over 12 steps and every logits row within tpEmuTolerance, with the logits brought
 // back and sampled on the host; seeded sampling on the device gives one GPU's tokens; two
-// CP=2 runs are bit-identical.
+// CP=2 runs are bit-identical; greedy on the device in plans of 4 over 3 ranks (chunks
+// without logits rows, one rank without tokens: it skips the head as the others do) gives
+// one GPU's tokens.
 func TestEmulatedCPEqualsOne(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -100,6 +103,7 @@ func cpEqualsOne(t *testing.T, first, rest int, tolerance float64) {
 		{"9 tokens over 2", long, 0, two, 1},
 		{"9 tokens over 3", long, 0, three, 1},
 		{"9 tokens in plans of 4 over 2", long, 4, two, 2},
+		{"9 tokens in plans of 4 over 3", long, 4, three, 2},
 		{"4 tokens over 3", short, 0, three, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -140,5 +144,15 @@ func cpEqualsOne(t *testing.T, first, rest int, tolerance float64) {
 	again, _ := cpRun(t, dir, two, long, steps, 0, false, seeded)
 	if !slices.Equal(one, split) || !slices.Equal(split, again) {
 		t.Fatalf("seeded on the device: one GPU %v, CP=2 %v and %v", one, split, again)
+	}
+	if tolerance != tpEmuTolerance {
+		return
+	}
+	// Sampled on the device, a prompt's chunks before its last have no logits rows: the
+	// rank without tokens (2+2+0) must skip the head as the others do, not fail on it.
+	one, _ = cpRun(t, dir, []int{first}, long, steps, 4, false, engine.SamplingParams{})
+	split, _ = cpRun(t, dir, three, long, steps, 4, false, engine.SamplingParams{})
+	if len(one) != steps || !slices.Equal(one, split) {
+		t.Fatalf("plans of 4 over 3, sampled on the device: one GPU %v, CP=3 %v", one, split)
 	}
 }

@@ -327,6 +327,9 @@ func (m *Dense) gemmOn(c *cudart.Ctx, s *cudart.Stream) func(out, x, w cudart.De
 func (m *Dense) logitsOf(c *cudart.Ctx, s *cudart.Stream, full *PlanLayout, fin func(Section) cudart.DevicePtr,
 	gemm func(out, x, w cudart.DevicePtr, rows, in, outDim int, f32 bool) error, sample bool) error {
 	cfg, k, r := m.Config, m.k, full.Dims.Rows
+	if r == 0 { // a prompt's chunk before its last: every rank skips the head's gather alike
+		return nil
+	}
 	ws := func(sec Section) cudart.DevicePtr { return m.work.Ptr.Add(sec.Off) }
 	var err error
 	if m.cp != nil && m.cp.step != nil {

@@ -237,7 +237,7 @@ func (g *TPRank) Stats() StepStats {
 // Execute is rank 0's step: it broadcasts plan to the other ranks and runs it with them.
 func (g *TPRank) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
 	if g.rank != 0 {
-		return engine.StepResult{}, fmt.Errorf("gpurunner: tp rank %d follows rank 0's plans; only rank 0 executes the engine's", g.rank)
+		return engine.StepResult{}, fmt.Errorf("gpurunner: %s rank %d follows rank 0's plans; only rank 0 executes the engine's", g.kind(), g.rank)
 	}
 	if err := ctx.Err(); err != nil {
 		return engine.StepResult{}, err
@@ -276,7 +276,7 @@ func (g *TPRank) Follow() error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("gpurunner: tp rank %d: %w", g.rank, err)
+		return fmt.Errorf("gpurunner: %s rank %d: %w", g.kind(), g.rank, err)
 	}
 	return nil
 }
