@@ -337,3 +337,51 @@ func TestEmulatedNCCLLatePeer(t *testing.T) {
 	}
 	t.Logf("with rank 1 stalled: %v", err)
 }
+
+// TestEmulatedNCCLLateRankInProcess: ranks of one process meet in the emulated NCCL's
+// in-process group; a rank that never arrives at a collective (its step failed before it)
+// fails the others' wait after RESIN_EMU_NCCL_TIMEOUT (2 s here), naming it, instead of
+// hanging them, and the group stays failed for the late rank too (its ranks are out of
+// step), as a real NCCL communicator after an abort.
+func TestEmulatedNCCLLateRankInProcess(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_TIMEOUT=2") {
+		return
+	}
+	devs := make([]*cudart.Device, 2)
+	for i := range devs {
+		d, err := cudart.OpenDevice(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		devs[i] = d
+	}
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := make([]Communicator, 2)
+	errs := make(chan error, 2)
+	for r := range 2 {
+		go func() {
+			c, err := NewNCCL(devs[r], id, 2, r, Options{Timeout: time.Minute})
+			cs[r] = c
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer cs[0].Close()
+	defer cs[1].Close()
+	err = AllReduceF32(cs[0], make([]float32, 8))
+	if err == nil || !strings.Contains(err.Error(), "rank(s) 1 did not arrive within 2 s") {
+		t.Fatalf("all-reduce with rank 1 absent: %v, want an error naming rank 1 and the 2 s deadline", err)
+	}
+	t.Logf("with rank 1 absent: %v", err)
+	if err := AllReduceF32(cs[1], make([]float32, 8)); err == nil || !strings.Contains(err.Error(), "the communicator is broken") {
+		t.Fatalf("rank 1's all-reduce after rank 0 gave up: %v, want the broken group's error", err)
+	}
+}

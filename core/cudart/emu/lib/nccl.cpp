@@ -7,8 +7,9 @@
 // slot, and once every rank's has arrived each computes the result from the slots in rank
 // order, the same sums the Group computes, so the results are bit-identical. A rank
 // waiting for a peer that exited, or that does not arrive within RESIN_EMU_NCCL_TIMEOUT
-// seconds (default 300), fails the collective with ncclSystemError and a message naming
-// the rank, instead of hanging. With one rank a collective is a copy.
+// seconds (default 300; in either kind of group), fails the collective with
+// ncclSystemError and a message naming the rank, instead of hanging. With one rank a
+// collective is a copy.
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -78,6 +79,11 @@ struct Group {
   std::string kind;
   size_t count = 0;
   int type = 0, op = 0;
+  std::vector<bool> in;  // which ranks have arrived at the collective under way
+  // Why the group failed: a rank waited past RESIN_EMU_NCCL_TIMEOUT for the others. Every
+  // collective fails with it since (the ranks are out of step), as NCCL's would after an
+  // abort.
+  std::string broken;
   // Point-to-point messages, by (from, to), in order.
   std::map<std::pair<int, int>, std::vector<std::vector<char>>> sends;
 };
@@ -156,6 +162,7 @@ int reduce(const std::vector<const void*>& in, void* out, size_t count, int type
 }
 
 int shmCollective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op);
+double timeoutSeconds();
 
 // collective runs one collective of rank c: it waits for every rank, and the last rank to
 // arrive computes the results of all of them.
@@ -165,6 +172,7 @@ int collective(Comm* c, const std::string& kind, const void* send, void* recv, s
   size_t es = typeSize(type);
   if (es == 0) return kInvalidArgument;
   std::unique_lock<std::mutex> l(g->mu);
+  if (!g->broken.empty()) return systemError(g->broken);
   if (g->arrived == 0) {
     g->kind = kind;
     g->count = count;
@@ -172,15 +180,32 @@ int collective(Comm* c, const std::string& kind, const void* send, void* recv, s
     g->op = op;
     g->send.assign(g->ranks, nullptr);
     g->recv.assign(g->ranks, nullptr);
+    g->in.assign(g->ranks, false);
   } else if (g->kind != kind || g->count != count || g->type != type || g->op != op) {
     return kInvalidUsage;  // the ranks called different collectives
   }
   g->send[c->rank] = send;
   g->recv[c->rank] = recv;
+  g->in[c->rank] = true;
   unsigned long long gen = g->gen;
   if (++g->arrived < g->ranks) {
-    g->cv.wait(l, [&] { return g->gen != gen; });
-    return kSuccess;
+    // A peer that never comes (its step failed before this collective, or it hangs)
+    // fails the wait after the deadline, naming it, instead of hanging this rank.
+    double secs = timeoutSeconds();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(secs));
+    g->cv.wait_until(l, deadline, [&] { return g->gen != gen || !g->broken.empty(); });
+    if (g->gen != gen) return kSuccess;
+    if (g->broken.empty()) {
+      std::string missing;
+      for (int r = 0; r < g->ranks; r++)
+        if (!g->in[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      char buf[64];
+      snprintf(buf, sizeof buf, "%.0f", secs);
+      g->broken = "emulated NCCL " + kind + " of rank " + std::to_string(c->rank) + ": rank(s) " + missing +
+                  " did not arrive within " + buf + " s (RESIN_EMU_NCCL_TIMEOUT); the communicator is broken";
+      g->cv.notify_all();
+    }
+    return systemError(g->broken);
   }
   int rc = kSuccess;
   int n = g->ranks;
