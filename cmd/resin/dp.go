@@ -33,7 +33,7 @@ type dpFlags struct {
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&d.size, "dp", 1, "with --model: data parallelism over this many ranks of this process, each an engine with its own copy of the model (on the CPU its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests (with --device cuda|cuda-emu only with --dp-attention)")
-	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash on the CPU: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory (default: engines of this process)")
+	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory; on --device cuda|cuda-emu each on its GPU, bound to its NUMA node, the experts' rows exchanged over NCCL (default: ranks of this process)")
 	fl.DurationVar(&d.stepTimeout, "step-timeout", 5*time.Minute, "with --dp-procs: how long rank 0 waits for a worker's answer to one step before failing it naming the worker's rank (a worker alive but stuck; vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); each expert exchange waits up to a minute on its own")
 	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange); with --device cuda|cuda-emu those two, a GPU per dp rank (--gpu+r)")
 }
@@ -60,8 +60,8 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 			return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks)", d.size)
 		}
 		return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (--dp %d --tp N without it runs replicas of the in-process TP group)", d.size)
-	case f.device.CUDA() && (!d.attention || d.procs):
-		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention, as dp ranks of this process, only so far (replicas and --dp-procs on GPUs are not wired)", d.size)
+	case f.device.CUDA() && !d.attention:
+		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention only so far (replicas on GPUs are not wired)", d.size)
 	}
 	return nil
 }
@@ -115,7 +115,10 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		if !dpAttentionMoEModels[m.Name] {
 			return nil, nil, nil, fmt.Errorf("--dp-procs covers deepseek-v4-flash and glm-5-flash only so far, not %s (llama's dp ranks mix nothing: --dp %d without --dp-attention runs them as engines of this process)", m.Name, n)
 		}
-		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n, f.specTokens, f.dp.stepTimeout) // dp_procs.go
+		if f.device.CUDA() {
+			return f.openDPProcsGPU(m.Name, dir) // dp_moe.go
+		}
+		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n, f.specTokens, f.dp.stepTimeout, nil) // dp_procs.go
 	}
 	ctl, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
 	if err != nil {

@@ -163,3 +163,38 @@ func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Com
 	}
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group, Close: closeAll}, nil
 }
+
+// openDPProcsGPU opens --dp n --dp-attention --dp-procs on GPUs for MoE model name: dp
+// rank r on GPU --gpu+r (every rank on --gpu where the driver sees fewer), rank 0 a GPU
+// runner of this process and ranks 1..n-1 worker processes of this binary, each with its
+// own device pool, the routed experts split over the ranks and their rows exchanged over
+// NCCL across the processes by --ep-dispatch (the models' JoinGPUDPRank); the engines and
+// the coordinator stay here (openDPProcs). With --device cuda-emu the emulator shows as
+// many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
+func (f *runtimeFlags) openDPProcsGPU(name, dir string) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	n := f.dp.size
+	switch {
+	case gpuDPOpeners[name] == nil:
+		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --dp-procs --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s", n, f.device.Device, name)
+	case f.specTokens > 0:
+		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", n, f.device.Device, f.specTokens)
+	}
+	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
+		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(n)) // the workers inherit it
+	}
+	var run engine.Runner
+	var pool *kvslab.Pool
+	var ranks *cli.DPRanks
+	_, _, err := f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal, n)
+		if err != nil {
+			return nil, nil, err
+		}
+		run, pool, ranks, err = openDPProcs(name, dir, cacheBytes, f.tp.dispatch, n, 0, f.dp.stepTimeout, &dpGPUProcs{opts: opts, ordinals: ordinals, emulate: f.device.Device == cli.DeviceCUDAEmu})
+		return nil, nil, err
+	}, dir, f.cacheBytes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return run, pool, ranks, nil
+}

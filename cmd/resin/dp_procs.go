@@ -8,11 +8,13 @@ import (
 
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/dist/launch"
 	"github.com/resin-llm/resin/core/dist/lockstep"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
@@ -36,6 +38,36 @@ type dpRank struct {
 	info        engine.RunnerInfo
 	cacheGroups int
 	pool        *kvslab.Pool
+	close       func() error // a GPU rank's runner, device and NCCL end (nil on the CPU)
+}
+
+// openGPUDPRank opens dp rank data.Rank() of MoE model name from dir on GPU
+// opts.Ordinal, in this process, for --dp-procs on the GPU: the models' JoinGPUDPRank,
+// its NCCL communicator joined with the other processes' ranks over data.
+func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d int, data dist.Communicator) (dpRank, error) {
+	switch name {
+	case deepseekv4flash.Name:
+		g, err := deepseekv4flash.JoinGPUDPRank(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), data)
+		if err != nil {
+			return dpRank{}, err
+		}
+		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close}, nil
+	case glm5flash.Name:
+		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
+		if err != nil {
+			return dpRank{}, err
+		}
+		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close}, nil
+	}
+	return dpRank{}, fmt.Errorf("--dp-procs on the GPU: model %s has no GPU DP-attention ranks (deepseek-v4-flash, glm-5-flash)", name)
+}
+
+// dpGPUProcs is how --dp-procs places its ranks on GPUs: rank r on ordinals[r] with
+// rank 0's runner options (the workers get them in their spec), emulated or not.
+type dpGPUProcs struct {
+	opts     gpurunner.Options
+	ordinals []int
+	emulate  bool
 }
 
 // openDPRank opens dp rank comm.Rank() of comm.Size() of MoE model name from dir, its
@@ -48,7 +80,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Com
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool}
+		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -58,7 +90,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Com
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool}
+		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -79,8 +111,9 @@ func dpJoinOptions(cancel <-chan struct{}, step time.Duration) dist.Options {
 // starts dp ranks 1..n-1 as worker processes, opens rank 0 here, and returns rank 0's
 // runner (whose StopRanks stops and reaps the workers) and pool, and the other ranks'
 // runners and ledger pools under one dp.Group. A dead worker's rank, pid and signal go
-// on the error of every step it failed.
-func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts int, stepTimeout time.Duration) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+// on the error of every step it failed. With gpu, each rank is a GPU runner on its GPU
+// (openGPUDPRank), the workers started bound to their GPUs' NUMA nodes.
+func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts int, stepTimeout time.Duration, gpu *dpGPUProcs) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	what := fmt.Sprintf("--dp %d --dp-attention --dp-procs", n)
 	d, err := dispatchOf(dispatch)
 	if err != nil {
@@ -91,7 +124,16 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-dp", os.Getpid()), Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: drafts}
-	w, err := launchWorkers(spec)
+	var w *launch.Workers
+	if gpu != nil {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		w, err = launchGPUWorkers(exe, spec, gpu.ordinals, gpu.opts, gpu.emulate)
+	} else {
+		w, err = launchWorkers(spec)
+	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -100,15 +142,25 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 		w.Kill()
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
 	}
+	var r0 dpRank
 	fail := func(err error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 		w.Kill()
 		for _, c := range ctl[1:] {
 			c.Close()
 		}
+		if r0.close != nil {
+			r0.close()
+		}
 		data.Close()
-		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, workerError(w, err))
 	}
-	r0, err := openDPRank(name, dir, cacheBytes, d, drafts, data)
+	if gpu != nil {
+		opts := gpu.opts
+		opts.Ordinal = gpu.ordinals[0]
+		r0, err = openGPUDPRank(name, dir, cacheBytes, opts, d, data)
+	} else {
+		r0, err = openDPRank(name, dir, cacheBytes, d, drafts, data)
+	}
 	if err == nil {
 		// Every rank has read dir (which the caller may remove once this returns).
 		err = data.Barrier()
@@ -148,6 +200,9 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 		// failed start none ran), so that no step uses a pair while it is stopped.
 		err := errors.Join(group.Close(), dp.StopRemote(ctl))
 		err = errors.Join(err, w.Stop(30*time.Second))
+		if r0.close != nil {
+			err = errors.Join(err, r0.close())
+		}
 		data.Close()
 		return err
 	}
@@ -179,9 +234,23 @@ func runDPWorker(spec tpWorkerSpec) error {
 	}
 	defer ctl[0].Close()
 	defer data.Close()
-	r, err := openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, data)
+	var r dpRank
+	if gs := spec.GPU; gs != nil {
+		if gs.Emulate {
+			if err := cudart.Emulate(); err != nil {
+				return fmt.Errorf("dp rank %d: --device cuda-emu: %w", spec.Rank, err)
+			}
+		}
+		opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: true, KernelCache: gs.KernelCache, Log: os.Stderr}
+		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, opts, spec.Dispatch, data)
+	} else {
+		r, err = openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, data)
+	}
 	if err != nil {
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
+	}
+	if r.close != nil {
+		defer r.close()
 	}
 	if err := data.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)

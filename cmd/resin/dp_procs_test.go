@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 )
@@ -22,7 +24,22 @@ import (
 // signal (launch's exit on the dp group's error), within the test's deadline, and rank
 // 0's Health (serve's /health) reports it before that request; stopping
 // the ranks then returns and leaves no worker process behind.
-func TestDPProcsWorkerKilled(t *testing.T) {
+func TestDPProcsWorkerKilled(t *testing.T) { checkDPProcsWorkerKilled(t, nil) }
+
+// TestGPUDPProcsWorkerKilled is TestDPProcsWorkerKilled on two emulated GPUs (--device
+// cuda-emu --dp 2 --dp-attention --dp-procs: rank 1's worker process on GPU 1, the
+// experts' rows exchanged over the emulated NCCL across the processes, which sees the
+// killed worker's process gone).
+func TestGPUDPProcsWorkerKilled(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	checkDPProcsWorkerKilled(t, &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}, ordinals: []int{0, 1}, emulate: true})
+}
+
+// checkDPProcsWorkerKilled is TestDPProcsWorkerKilled's run, its ranks on gpu's GPUs
+// where gpu is not nil.
+func checkDPProcsWorkerKilled(t *testing.T, gpu *dpGPUProcs) {
 	dir := t.TempDir()
 	cfg, err := os.ReadFile("../../models/glm-5-flash/config.json")
 	if err != nil {
@@ -31,7 +48,7 @@ func TestDPProcsWorkerKilled(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "", 2, 0, 5*time.Minute)
+	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "", 2, 0, 5*time.Minute, gpu)
 	if err != nil {
 		t.Fatal(err)
 	}

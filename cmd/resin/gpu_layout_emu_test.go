@@ -199,8 +199,11 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 // experts split over them, exchanged over the emulated NCCL; the one request on rank 0,
 // rank 1 idling every step through the MoE collectives): the CPU's greedy tokens and
 // --logits-out within 1e-5, by either exchange (all-gather and reduce-scatter, or
-// all-to-all: each row to its experts' ranks alone). What the GPU's DP-attention does not
-// run is refused by name: drafts, --dp-procs, llama.
+// all-to-all: each row to its experts' ranks alone), and the same with --dp-procs by the
+// gather exchange (rank 1 a worker process on its emulated GPU, the NCCL id over the dp
+// group's shared memory, the emulated NCCL meeting across the processes; its send and
+// receive, the all-to-all's, do not cross processes), leaving no worker behind. What the
+// GPU's DP-attention does not run is refused by name: drafts, llama.
 func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -214,25 +217,37 @@ func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 			t.Fatalf("%s on the CPU: %v\n%s", model, err, errOut)
 		}
 		wantLg, wantShape := readLogits(t, cpuLg)
-		for _, dispatch := range []string{"gather", "all-to-all"} {
-			gpuLg := filepath.Join(t.TempDir(), "gpu.safetensors")
-			what := fmt.Sprintf("%s --device cuda-emu --dp 2 --dp-attention --ep-dispatch %s", model, dispatch)
-			gpu, errOut, err := runGenerate(t, append(args, "--device", "cuda-emu", "--dp", "2", "--dp-attention", "--ep-dispatch", dispatch, "--logits-out", gpuLg)...)
-			if err != nil {
-				t.Fatalf("%s: %v\n%s", what, err, errOut)
+		for _, procs := range []string{"", "--dp-procs"} {
+			for _, dispatch := range []string{"gather", "all-to-all"} {
+				if procs != "" && dispatch == "all-to-all" {
+					continue // the emulated NCCL's send and receive do not cross processes
+				}
+				gpuLg := filepath.Join(t.TempDir(), "gpu.safetensors")
+				a := append(slices.Clone(args), "--device", "cuda-emu", "--dp", "2", "--dp-attention", "--ep-dispatch", dispatch, "--logits-out", gpuLg)
+				if procs != "" {
+					a = append(a, procs)
+				}
+				what := fmt.Sprintf("%s --device cuda-emu --dp 2 --dp-attention --ep-dispatch %s %s", model, dispatch, procs)
+				gpu, errOut, err := runGenerate(t, a...)
+				if err != nil {
+					t.Fatalf("%s: %v\n%s", what, err, errOut)
+				}
+				if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
+					t.Errorf("%s: %q, CPU %q", what, tokensLine(gpu), tokensLine(cpu))
+				}
+				lg, shape := readLogits(t, gpuLg)
+				logitsClose(t, what, lg, shape, wantLg, wantShape)
 			}
-			if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
-				t.Errorf("%s: %q, CPU %q", what, tokensLine(gpu), tokensLine(cpu))
-			}
-			lg, shape := readLogits(t, gpuLg)
-			logitsClose(t, what, lg, shape, wantLg, wantShape)
+		}
+		if pids := childWorkers(t); len(pids) > 0 {
+			t.Errorf("worker processes %v left after --dp-procs", pids)
 		}
 		for _, tc := range []struct {
 			extra []string
 			want  string
 		}{
 			{[]string{"--num-speculative-tokens", "2"}, "drafting dp ranks run on the CPU only"},
-			{[]string{"--dp-procs"}, "--dp-procs on GPUs are not wired"},
+			{[]string{"--num-speculative-tokens", "2", "--dp-procs"}, "drafting dp ranks run on the CPU only"},
 		} {
 			a := append(append(slices.Clone(args), "--device", "cuda-emu", "--dp", "2", "--dp-attention"), tc.extra...)
 			if _, _, err := runGenerate(t, a...); err == nil || !strings.Contains(err.Error(), tc.want) {

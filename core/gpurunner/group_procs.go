@@ -23,6 +23,9 @@ type ProcRank struct {
 	comm    *cudart.Comm
 	stopped bool
 	closed  bool
+	// lockstep: the ranks run rank 0's plans (JoinGroup), so rank 0 Stops the others;
+	// false for JoinPeerRank's, whose plans come otherwise.
+	lockstep bool
 }
 
 // JoinGroup opens rank ctl.Rank() of a GPU layout over ctl.Size() processes through open
@@ -33,8 +36,21 @@ type ProcRank struct {
 // anywhere fails every rank naming the failed one; then all join the NCCL communicator
 // and each rank's model takes its end (SetComm). name prefixes the errors.
 func JoinGroup(name string, ctl dist.Communicator, cacheBytes int64, open func(cacheBytes int64) (GroupRank, error)) (*ProcRank, error) {
+	return joinProcs(name, ctl, cacheBytes, open, true)
+}
+
+// JoinPeerRank is JoinGroup's rendezvous (rank 0's NCCL id and pool geometry on ctl, every
+// rank's outcome, the NCCL join) for a rank of a group whose plans do not come from rank
+// 0's engine in lock step: a DP-attention rank in a process of its own, which runs its
+// own engine's plans (core/dist/dp). Its Stop does nothing and it does not Follow; its
+// GroupRank needs no Forward.
+func JoinPeerRank(name string, ctl dist.Communicator, cacheBytes int64, open func(cacheBytes int64) (GroupRank, error)) (*ProcRank, error) {
+	return joinProcs(name, ctl, cacheBytes, open, false)
+}
+
+func joinProcs(name string, ctl dist.Communicator, cacheBytes int64, open func(cacheBytes int64) (GroupRank, error), lockstep bool) (*ProcRank, error) {
 	rank, size := ctl.Rank(), ctl.Size()
-	g := &ProcRank{name: name, ctl: ctl}
+	g := &ProcRank{name: name, ctl: ctl, lockstep: lockstep}
 	fail := func(err error) (*ProcRank, error) {
 		if g.r.Close != nil {
 			g.r.Close()
@@ -44,7 +60,7 @@ func JoinGroup(name string, ctl dist.Communicator, cacheBytes int64, open func(c
 	opened := func(bytes int64) error {
 		r, err := open(bytes)
 		g.r = r // closed on a later failure (a nil Close is skipped)
-		if err == nil && (r.Pool == nil || r.Device == nil || r.Forward == nil) {
+		if err == nil && (r.Pool == nil || r.Device == nil || r.Forward == nil && lockstep) {
 			err = errors.New("opened without a device, a pool or a forward")
 		}
 		return err
@@ -150,6 +166,9 @@ func (g *ProcRank) Follow() error {
 	if g.ctl.Rank() == 0 {
 		return fmt.Errorf("%s: rank 0 leads; it does not follow", g.name)
 	}
+	if !g.lockstep {
+		return fmt.Errorf("%s: rank %d runs its own plans (JoinPeerRank); it does not follow rank 0's", g.name, g.ctl.Rank())
+	}
 	r := g.r.Rank
 	r.Forward, r.Check = lockstep.WithCacheOps(g.r.Pool, r.Forward), nil
 	if err := lockstep.FollowRank(g.ctl, r); err != nil {
@@ -160,7 +179,7 @@ func (g *ProcRank) Follow() error {
 
 // Stop tells the followers to return from Follow (rank 0; once, and a no-op elsewhere).
 func (g *ProcRank) Stop() error {
-	if g.ctl.Rank() != 0 || g.ctl.Size() == 1 || g.stopped {
+	if !g.lockstep || g.ctl.Rank() != 0 || g.ctl.Size() == 1 || g.stopped {
 		return nil
 	}
 	g.stopped = true

@@ -81,42 +81,19 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	fail := func(err error) (*GPUDPRanks, error) {
 		return nil, fmt.Errorf("%s: DP-attention over %d GPUs: %w", Name, size, err)
 	}
-	if d != DispatchGather && d != DispatchAllToAll {
-		return fail(fmt.Errorf("dispatch %d", d))
-	}
 	if err := gpurunner.CheckDPGroup(data); err != nil {
 		return fail(err)
 	}
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return fail(err)
 	}
-	c, err := LoadConfig(dir)
-	if err != nil {
-		return fail(err)
-	}
-	l := Layout{EP: size, Dispatch: d}
-	if err := l.Check(c); err != nil {
-		return fail(err)
-	}
-	whole, err := layoutWeights(dir, c, false)
+	open, err := gpuDPOpener(dir, size, d)
 	if err != nil {
 		return fail(err)
 	}
 	ranks, err := gpurunner.OpenDPRanks(Name, opts, size, func(r int, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits) (*GPURunner, *kvslab.Pool, error) {
-		w, err := loadGPURankWeights(dir, c, l, r, whole)
-		if err != nil {
-			return nil, nil, err
-		}
-		run, err := newGPURankRunner(c, l, r, w, data[r], dev, cache, lim.MaxSeqs, lim.MaxTokens, min(lim.MaxRows, lim.MaxTokens), maxContextOf(c, Options{}), 0, true)
-		if err != nil {
-			return nil, nil, err
-		}
-		pool, err := run.NewPool(cmp.Or(cacheBytes, 256<<20))
-		if err != nil {
-			run.Close()
-		}
-		return run, pool, err
-	}, func(run *GPURunner, comm *cudart.Comm) { run.g.par.comm, run.g.moeW.dp.Comm = comm, comm })
+		return open(r, data[r], dev, cache, lim, cacheBytes)
+	}, setDPComm)
 	if err != nil {
 		return fail(err)
 	}
@@ -125,6 +102,109 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), d, g.Runners[0].Describe())
 	}
 	return g, nil
+}
+
+// gpuDPOpener checks the model in dir for DP-attention over size GPU ranks with exchange d
+// and returns what opens dp rank r of them (OpenGPUDPRanks' and JoinGPUDPRank's): its
+// part of the weights (its experts read from a checkpoint, or cut from the seeded random
+// weights, built once), a GPURunner on dev over data (the dp group's host communicator)
+// and a device pool of cacheBytes (0 = 256 MiB).
+func gpuDPOpener(dir string, size int, d Dispatch) (func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error), error) {
+	if d != DispatchGather && d != DispatchAllToAll {
+		return nil, fmt.Errorf("dispatch %d", d)
+	}
+	c, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	l := Layout{EP: size, Dispatch: d}
+	if err := l.Check(c); err != nil {
+		return nil, err
+	}
+	whole, err := layoutWeights(dir, c, false)
+	if err != nil {
+		return nil, err
+	}
+	return func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error) {
+		w, err := loadGPURankWeights(dir, c, l, r, whole)
+		if err != nil {
+			return nil, nil, err
+		}
+		run, err := newGPURankRunner(c, l, r, w, data, dev, cache, lim.MaxSeqs, lim.MaxTokens, min(lim.MaxRows, lim.MaxTokens), maxContextOf(c, Options{}), 0, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		pool, err := run.NewPool(cmp.Or(cacheBytes, 256<<20))
+		if err != nil {
+			run.Close()
+			return nil, nil, err
+		}
+		return run, pool, nil
+	}, nil
+}
+
+// setDPComm gives a dp rank's runner the NCCL communicator its MoE layers exchange on.
+func setDPComm(run *GPURunner, comm *cudart.Comm) { run.g.par.comm, run.g.moeW.dp.Comm = comm, comm }
+
+// GPUDPRank is one dp rank of DP-attention on the GPU in a process of its own
+// (JoinGPUDPRank): its runner (whose DPForward runs its plans) and its end of the
+// group's NCCL communicator. Close frees both and the device.
+type GPUDPRank struct {
+	*GPURunner
+	Pool *kvslab.Pool
+	proc *gpurunner.ProcRank
+}
+
+// Close frees the rank's NCCL communicator, its runner and its device.
+func (g *GPUDPRank) Close() error { return g.proc.Close() }
+
+// JoinGPUDPRank opens dp rank data.Rank() of data.Size() of the model in dir for
+// DP-attention on the GPU as a process of its own on GPU opts.Ordinal (cmd/resin's
+// --dp-procs workers on the GPU; rank 0 in the engines' process), OpenGPUDPRanks' rank
+// r: the others meet it over data (the dp group's host communicator, shared memory or
+// TCP) for rank 0's NCCL id and pool geometry, every rank's outcome and the NCCL join
+// (gpurunner.JoinPeerRank), and its MoE layers exchange rows with theirs on that NCCL
+// communicator. Each rank runs its own engine's plans through DPForward (core/dist/dp's
+// Group, in rank 0's process, sends them). Steps run eagerly.
+func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data dist.Communicator) (*GPUDPRank, error) {
+	rank, size := data.Rank(), data.Size()
+	fail := func(err error) (*GPUDPRank, error) {
+		return nil, fmt.Errorf("%s: DP-attention rank %d of %d: %w", Name, rank, size, err)
+	}
+	if size < 2 {
+		return fail(fmt.Errorf("want 2 or more ranks"))
+	}
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return fail(err)
+	}
+	open, err := gpuDPOpener(dir, size, d)
+	if err != nil {
+		return fail(err)
+	}
+	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
+	if err != nil {
+		return fail(err)
+	}
+	var run *GPURunner
+	var pool *kvslab.Pool
+	proc, err := gpurunner.JoinPeerRank(Name, data, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
+		var err error
+		if run, pool, err = open(rank, data, dev, cache, lim, bytes); err != nil {
+			return gpurunner.GroupRank{}, err
+		}
+		run.ownsDev = true // closed with the runner from here on
+		return gpurunner.GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(comm *cudart.Comm) { setDPComm(run, comm) }}, nil
+	})
+	if err != nil {
+		if run == nil {
+			dev.Close()
+		}
+		return nil, err
+	}
+	if opts.Log != nil && rank == 0 {
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks in processes of their own (the %s exchange), eager steps: %s\n", Name, size, d, run.Describe())
+	}
+	return &GPUDPRank{GPURunner: run, Pool: pool, proc: proc}, nil
 }
 
 // Experts returns the routed experts each rank holds, [lo, hi).

@@ -84,40 +84,63 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	fail := func(err error) (*GPUDPRanks, error) {
 		return nil, fmt.Errorf("%s: DP-attention over %d GPUs: %w", Name, size, err)
 	}
-	if d != DispatchGather && d != DispatchAllToAll {
-		return fail(fmt.Errorf("dispatch %d", d))
-	}
 	if err := gpurunner.CheckDPGroup(data); err != nil {
 		return fail(err)
 	}
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return fail(err)
 	}
-	c, err := LoadTextConfig(dir)
+	open, err := gpuDPOpener(dir, size, d)
 	if err != nil {
 		return fail(err)
 	}
+	ranks, err := gpurunner.OpenDPRanks(Name, opts, size, func(r int, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits) (*GPURunner, *kvslab.Pool, error) {
+		return open(r, data[r], dev, cache, lim, cacheBytes)
+	}, setDPComm)
+	if err != nil {
+		return fail(err)
+	}
+	g := &GPUDPRanks{ranks}
+	if opts.Log != nil {
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), d, g.Runners[0].Describe())
+	}
+	return g, nil
+}
+
+// gpuDPOpener checks the model in dir for DP-attention over size GPU ranks with exchange d
+// and returns what opens dp rank r of them (OpenGPUDPRanks' and JoinGPUDPRank's): its
+// part of the weights (its experts read from a checkpoint, or cut from the seeded random
+// weights, built once), a GPURunner on dev over data (the dp group's host communicator)
+// and a device pool of cacheBytes.
+func gpuDPOpener(dir string, size int, d Dispatch) (func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error), error) {
+	if d != DispatchGather && d != DispatchAllToAll {
+		return nil, fmt.Errorf("dispatch %d", d)
+	}
+	c, err := LoadTextConfig(dir)
+	if err != nil {
+		return nil, err
+	}
 	l := Layout{EP: size, Dispatch: d}
 	if err := l.Check(c); err != nil {
-		return fail(err)
+		return nil, err
 	}
 	var whole *TextWeights
 	if ck, err := weights.Open(dir); err == nil {
 		ck.Close() // each rank reads its experts
 	} else if !errors.Is(err, weights.ErrNotFound) {
-		return fail(fmt.Errorf("load %s: %w", dir, err))
+		return nil, fmt.Errorf("load %s: %w", dir, err)
 	} else if whole, err = randomWeights(dir, c, 0); err != nil {
-		return fail(err)
+		return nil, err
 	}
 	gopts := GPUOptions{KDAWeights: shippedKDAType(dir, c)}
-	ranks, err := gpurunner.OpenDPRanks(Name, opts, size, func(r int, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits) (*GPURunner, *kvslab.Pool, error) {
+	return func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error) {
 		p := gpuRankPart(c, l, r)
 		w, err := loadPartWeights(dir, c, 0, p, whole)
 		if err != nil {
 			return nil, nil, err
 		}
 		w.mtp = nil // no drafts under DP-attention on the GPU
-		p.comm, p.dp = data[r], true
+		p.comm, p.dp = data, true
 		if err := checkGPURankWeights(c, w, &p); err != nil {
 			return nil, nil, err
 		}
@@ -129,17 +152,72 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 		pool, err := run.NewPool(cacheBytes)
 		if err != nil {
 			run.Close()
+			return nil, nil, err
 		}
-		return run, pool, err
-	}, func(run *GPURunner, comm *cudart.Comm) { run.g.par.comm, run.g.w.dp.Comm = comm, comm })
+		return run, pool, nil
+	}, nil
+}
+
+// setDPComm gives a dp rank's runner the NCCL communicator its MoE layers exchange on.
+func setDPComm(run *GPURunner, comm *cudart.Comm) { run.g.par.comm, run.g.w.dp.Comm = comm, comm }
+
+// GPUDPRank is one dp rank of DP-attention on the GPU in a process of its own
+// (JoinGPUDPRank): its runner (whose DPForward runs its plans) and its end of the
+// group's NCCL communicator. Close frees both and the device.
+type GPUDPRank struct {
+	*GPURunner
+	Pool *kvslab.Pool
+	proc *gpurunner.ProcRank
+}
+
+// Close frees the rank's NCCL communicator, its runner and its device.
+func (g *GPUDPRank) Close() error { return g.proc.Close() }
+
+// JoinGPUDPRank opens dp rank data.Rank() of data.Size() of the model in dir for
+// DP-attention on the GPU as a process of its own on GPU opts.Ordinal, as
+// deepseek-v4-flash's JoinGPUDPRank: OpenGPUDPRanks' rank r, meeting the others over
+// data (gpurunner.JoinPeerRank: rank 0's NCCL id and pool geometry, every rank's
+// outcome, the NCCL join), its MoE layers exchanging rows with theirs on that NCCL
+// communicator, its own engine's plans run through DPForward. Steps run eagerly.
+func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data dist.Communicator) (*GPUDPRank, error) {
+	rank, size := data.Rank(), data.Size()
+	fail := func(err error) (*GPUDPRank, error) {
+		return nil, fmt.Errorf("%s: DP-attention rank %d of %d: %w", Name, rank, size, err)
+	}
+	if size < 2 {
+		return fail(fmt.Errorf("want 2 or more ranks"))
+	}
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return fail(err)
+	}
+	open, err := gpuDPOpener(dir, size, d)
 	if err != nil {
 		return fail(err)
 	}
-	g := &GPUDPRanks{ranks}
-	if opts.Log != nil {
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), d, g.Runners[0].Describe())
+	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
+	if err != nil {
+		return fail(err)
 	}
-	return g, nil
+	var run *GPURunner
+	var pool *kvslab.Pool
+	proc, err := gpurunner.JoinPeerRank(Name, data, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
+		var err error
+		if run, pool, err = open(rank, data, dev, cache, lim, bytes); err != nil {
+			return gpurunner.GroupRank{}, err
+		}
+		run.ownsDev = true // closed with the runner from here on
+		return gpurunner.GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(comm *cudart.Comm) { setDPComm(run, comm) }}, nil
+	})
+	if err != nil {
+		if run == nil {
+			dev.Close()
+		}
+		return nil, err
+	}
+	if opts.Log != nil && rank == 0 {
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks in processes of their own (the %s exchange), eager steps: %s\n", Name, size, d, run.Describe())
+	}
+	return &GPUDPRank{GPURunner: run, Pool: pool, proc: proc}, nil
 }
 
 // Experts returns the routed experts each rank holds, [lo, hi).
