@@ -35,7 +35,8 @@ type vendoredFile struct {
 	content []byte
 }
 
-// vendorCore reads the core's packages from a checkout: core/ (no tests, no testdata),
+// vendorCore reads the core's packages from a checkout: core/ (no tests, no testdata, no
+// build outputs),
 // go.mod, go.sum and LICENSE, and the manifest that lists them. With python (a runtime whose
 // model is a Python runner) it copies the resin-runner package too, python/pyproject.toml
 // and python/resin_runner/*.py, so a clone can `pip install ./third_party/resin/python`.
@@ -58,7 +59,7 @@ func vendorCore(coreDir string, python bool) ([]vendoredFile, error) {
 			}
 			return nil
 		}
-		if strings.HasSuffix(p, "_test.go") || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") {
+		if strings.HasSuffix(p, "_test.go") || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") || buildOutput(d.Name()) {
 			return nil
 		}
 		data, err := os.ReadFile(p)
@@ -81,6 +82,18 @@ func vendorCore(coreDir string, python bool) ([]vendoredFile, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].rel < out[j].rel })
 	return append(out, vendoredFile{VendorManifest, encodeVendorManifest(coreCommit(coreDir), out)}), nil
+}
+
+// buildOutput reports whether a file in core/ is what a build or test run left there (go
+// test -c's binary, a profile), not source: a fork would carry a binary naming this
+// checkout.
+func buildOutput(name string) bool {
+	for _, ext := range []string{".test", ".prof", ".pprof", ".out"} {
+		if strings.HasSuffix(name, ext) {
+			return true
+		}
+	}
+	return false
 }
 
 // vendorPython reads the resin-runner Python package of a checkout: its pyproject.toml and
