@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -50,9 +51,10 @@ func TestMatMulTBF16(t *testing.T) {
 				wb[i] = BF16(v)
 				wf[i] = FromBF16(wb[i])
 			}
-			// AMX rounds x to bfloat16 (every m: amxBF16Gemm, checked against the float64
-			// product in TestAMXBF16Gemm), as the opt-in AVX-512 BF16 prefill does; the
-			// float32 paths compute on x as given.
+			// AMX rounds x to bfloat16 (two rows and more on the tiles, amxBF16Gemm, checked
+			// against the float64 product in TestAMXBF16Gemm; one row on the GEMV on the
+			// rounded x), as the opt-in AVX-512 BF16 prefill does; the float32 paths compute
+			// on x as given.
 			amx := hasAMXBF16 && k%32 == 0
 			tiles := amx || hasBF16Dot && m > skinnyRows && k%2 == 0
 			xr := x
@@ -85,16 +87,29 @@ func TestMatMulTBF16(t *testing.T) {
 					t.Fatalf("%s: out[%d] = %v, %v with the float32 weights (off by %.3g, tolerance %.3g)", what, i, got[i], exact32[i], d, tol)
 				}
 			}
-			if amx { // each row's bits whichever rows share its tiles
-				for _, i := range []int{0, m - 1} {
-					row := nanFilled(n)
-					if err := MatMulTBF16(row, x[i*k:(i+1)*k], wb, 1, k, n); err != nil {
-						t.Fatal(err)
-					}
-					for j := range row {
-						if math.Float32bits(row[j]) != math.Float32bits(got[i*n+j]) {
-							t.Fatalf("%s: row %d alone gives out[%d] = %v, among %d rows %v", what, i, j, row[j], m, got[i*n+j])
+			if amx && m >= 2 { // each row's bits whichever rows share its tiles
+				pair := append(slices.Clone(x[:k]), x[(m-1)*k:m*k]...)
+				two := nanFilled(2 * n)
+				if err := MatMulTBF16(two, pair, wb, 2, k, n); err != nil {
+					t.Fatal(err)
+				}
+				for r, i := range []int{0, m - 1} {
+					for j := range n {
+						if math.Float32bits(two[r*n+j]) != math.Float32bits(got[i*n+j]) {
+							t.Fatalf("%s: row %d beside row %d alone gives out[%d] = %v, among %d rows %v", what, i, m-1-i, j, two[r*n+j], m, got[i*n+j])
 						}
+					}
+				}
+				continue
+			}
+			if amx { // one row: the GEMV on x rounded to bfloat16, to the bit
+				want := nanFilled(n)
+				if err := matMulTBF16F32(want, xr, wb, 1, k, n); err != nil {
+					t.Fatal(err)
+				}
+				for j := range n {
+					if math.Float32bits(want[j]) != math.Float32bits(got[j]) {
+						t.Fatalf("%s: out[%d] = %v, the float32 GEMV gives %v on x rounded", what, j, got[j], want[j])
 					}
 				}
 				continue

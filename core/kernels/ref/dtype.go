@@ -50,7 +50,7 @@ func (dt DType) Kernel() string {
 		mr, _ := gemmMicro()
 		switch {
 		case hasAMXBF16:
-			return "bf16: AMX tiles (TDPBF16PS) for decode and prefill, activations rounded to bf16, products summed in fp32 (RESIN_AMX=off computes in fp32 instead)"
+			return "bf16: AMX tiles (TDPBF16PS) for prefill and decode batches, a one-sequence decode step on the AVX-512 GEMV (faster there), activations rounded to bf16 in both, products summed in fp32 (RESIN_AMX=off computes in fp32 instead)"
 		case mr == 0:
 			return "bf16: widened to fp32 in blocks; gonum GEMM (no AVX2+FMA)"
 		}
