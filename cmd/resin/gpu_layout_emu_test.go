@@ -199,10 +199,10 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 // experts split over them, exchanged over the emulated NCCL; the one request on rank 0,
 // rank 1 idling every step through the MoE collectives): the CPU's greedy tokens and
 // --logits-out within 1e-5, by either exchange (all-gather and reduce-scatter, or
-// all-to-all: each row to its experts' ranks alone), and the same with --dp-procs by the
-// gather exchange (rank 1 a worker process on its emulated GPU, the NCCL id over the dp
-// group's shared memory, the emulated NCCL meeting across the processes; its send and
-// receive, the all-to-all's, do not cross processes), leaving no worker behind. What the
+// all-to-all: each row to its experts' ranks alone), and the same with --dp-procs (rank 1
+// a worker process on its emulated GPU, the NCCL id over the dp group's shared memory,
+// the emulated NCCL's collectives, sends and receives meeting across the processes),
+// leaving no worker behind. What the
 // GPU's DP-attention does not run is refused by name: drafts, llama.
 func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
@@ -219,9 +219,6 @@ func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 		wantLg, wantShape := readLogits(t, cpuLg)
 		for _, procs := range []string{"", "--dp-procs"} {
 			for _, dispatch := range []string{"gather", "all-to-all"} {
-				if procs != "" && dispatch == "all-to-all" {
-					continue // the emulated NCCL's send and receive do not cross processes
-				}
 				gpuLg := filepath.Join(t.TempDir(), "gpu.safetensors")
 				a := append(slices.Clone(args), "--device", "cuda-emu", "--dp", "2", "--dp-attention", "--ep-dispatch", dispatch, "--logits-out", gpuLg)
 				if procs != "" {

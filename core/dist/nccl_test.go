@@ -77,8 +77,8 @@ func TestEmulatedNCCL(t *testing.T) {
 }
 
 // collectives runs the collectives the emulated NCCL covers across processes (all-reduce
-// in f32 and bf16, all-gather-v, reduce-scatter-v, broadcast; not the point-to-point ones
-// all-to-all-v is made of) and returns a digest of their results. The 5000-element
+// in f32 and bf16, all-gather-v, reduce-scatter-v, broadcast, and all-to-all-v, made of
+// grouped sends and receives) and returns a digest of their results. The 5000-element
 // all-reduce spans several of the shared-memory chunks the test makes small.
 func collectives(c Communicator) ([]byte, error) {
 	n, me := c.Size(), c.Rank()
@@ -147,6 +147,22 @@ func collectives(c Communicator) ([]byte, error) {
 	}
 	if !bytes.Equal(b, big) {
 		return nil, fmt.Errorf("broadcast: got %d bytes, not the root's %d", len(b), len(big))
+	}
+	// All-to-all-v: grouped ncclSend/ncclRecv (across processes the emulated NCCL's files).
+	msg := func(from, to int) []byte { return bytes.Repeat([]byte{byte(16*from + to + 1)}, 300*(from+1)+13*to) }
+	send := make([][]byte, n)
+	for q := range send {
+		send[q] = msg(me, q)
+	}
+	recv, err := c.AllToAllV(send)
+	if err != nil {
+		return nil, err
+	}
+	for q := range n {
+		if !bytes.Equal(recv[q], msg(q, me)) {
+			return nil, fmt.Errorf("all-to-all-v from rank %d: %d bytes, want %d", q, len(recv[q]), len(msg(q, me)))
+		}
+		h.Write(recv[q])
 	}
 	return h.Sum(nil), nil
 }

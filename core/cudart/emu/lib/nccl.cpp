@@ -5,11 +5,13 @@
 // others. Ranks in different processes (a --tp-procs worker each) meet in a shared-memory
 // segment named after the unique id (Shm below): each rank copies its part into its own
 // slot, and once every rank's has arrived each computes the result from the slots in rank
-// order, the same sums the Group computes, so the results are bit-identical. A rank
+// order, the same sums the Group computes, so the results are bit-identical; their
+// point-to-point messages (ncclSend, ncclRecv) are files beside the segment. A rank
 // waiting for a peer that exited, or that does not arrive within RESIN_EMU_NCCL_TIMEOUT
 // seconds (default 300; in either kind of group), fails the collective with
 // ncclSystemError and a message naming the rank, instead of hanging. With one rank a
 // collective is a copy.
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -96,6 +98,9 @@ struct Comm {
   size_t shm_bytes = 0;      // the mapping's length
   unsigned long long seq = 0;  // this rank's collectives through shm so far
   std::string broken;        // why the shm communicator failed (it is out of step since)
+  std::string key;           // the unique id's name (the shm ranks' point-to-point files)
+  // The shm ranks' point-to-point messages so far, by peer: sent to it, received from it.
+  std::map<int, unsigned long long> sent, received;
   int rank = 0;
   int ranks = 0;
 };
@@ -573,6 +578,7 @@ extern "C" int ncclCommInitRank(void** comm, int nranks, UniqueID id, int rank) 
   std::unique_ptr<Comm> c(new Comm());
   c->rank = rank;
   c->ranks = nranks;
+  c->key = key;
   if (nranks > 1) {
     bool local = false;
     int rc = shmJoin(c.get(), key, nranks, rank, &local);
@@ -606,7 +612,21 @@ extern "C" int ncclCommInitRank(void** comm, int nranks, UniqueID id, int rank) 
 extern "C" int ncclCommDestroy(void* comm) {
   if (!comm) return kInvalidArgument;
   Comm* c = (Comm*)comm;
-  if (c->shm) munmap(c->shm, c->shm_bytes);
+  if (c->shm) {
+    // Messages to this rank it never received (a failed step's) go with it.
+    std::string prefix = c->key + "-p2p-";
+    std::string to = "-" + std::to_string(c->rank) + "-";
+    if (DIR* d = opendir("/dev/shm")) {
+      while (struct dirent* e = readdir(d)) {
+        std::string name = e->d_name;
+        if (name.rfind(prefix, 0) != 0) continue;
+        size_t from_end = name.find('-', prefix.size());
+        if (from_end != std::string::npos && name.compare(from_end, to.size(), to) == 0) unlink(("/dev/shm/" + name).c_str());
+      }
+      closedir(d);
+    }
+    munmap(c->shm, c->shm_bytes);
+  }
   delete c;
   return kSuccess;
 }
@@ -685,13 +705,77 @@ int queueP2P(P2P op) {
   return submitP2P(std::move(op));
 }
 
+// Between processes a message is a file, /dev/shm/<id>-p2p-<from>-<to>-<k> for the k-th
+// message from rank from to rank to: the sender writes it under a temporary name and
+// renames it into place; the receiver waits for it (bounded by RESIN_EMU_NCCL_TIMEOUT, and
+// failing at once when the sender's process is gone), reads it and removes it. Each
+// side counts its messages per peer, so the k-th send meets the k-th receive, as NCCL's
+// in-order channels do.
+std::string p2pPath(const Comm* c, int from, int to, unsigned long long k) {
+  return "/dev/shm/" + c->key + "-p2p-" + std::to_string(from) + "-" + std::to_string(to) + "-" + std::to_string(k);
+}
+
+int shmSend(Comm* c, const void* buf, size_t n, int peer) {
+  if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
+  std::string path = p2pPath(c, c->rank, peer, ++c->sent[peer]);
+  std::string tmp = path + ".tmp";
+  FILE* f = fopen(tmp.c_str(), "wb");
+  if (!f) return systemError("emulated NCCL send to rank " + std::to_string(peer) + ": " + tmp + ": " + strerror(errno));
+  bool ok = n == 0 || fwrite(buf, 1, n, f) == n;
+  ok = fclose(f) == 0 && ok;
+  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return systemError("emulated NCCL send to rank " + std::to_string(peer) + ": write " + path + " failed");
+  }
+  return kSuccess;
+}
+
+int shmRecv(Comm* c, void* buf, size_t n, int peer) {
+  if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
+  unsigned long long k = ++c->received[peer];
+  std::string path = p2pPath(c, peer, c->rank, k);
+  std::string what = "emulated NCCL recv #" + std::to_string(k) + " of rank " + std::to_string(c->rank) + " from rank " + std::to_string(peer);
+  int pid = __atomic_load_n(&slotOf(c->shm, peer)->pid, __ATOMIC_ACQUIRE);
+  auto start = std::chrono::steady_clock::now();
+  long sleep_ns = 1000;
+  FILE* f;
+  while ((f = fopen(path.c_str(), "rb")) == nullptr) {
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, nullptr);
+    sleep_ns = sleep_ns * 2 > 1000000 ? 1000000 : sleep_ns * 2;
+    if (access(path.c_str(), F_OK) == 0) continue;
+    if (exited(pid)) {
+      c->broken = what + ": the process exited (pid " + std::to_string(pid) + ")";
+      return systemError(c->broken);
+    }
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeoutSeconds()) {
+      char b[64];
+      snprintf(b, sizeof b, "%.0f", timeoutSeconds());
+      c->broken = what + ": not there within " + b + " s (RESIN_EMU_NCCL_TIMEOUT)";
+      return systemError(c->broken);
+    }
+  }
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  bool ok = size == (long)n && (n == 0 || fread(buf, 1, n, f) == n);
+  fclose(f);
+  unlink(path.c_str());
+  if (!ok) {
+    c->broken = what + ": a message of " + std::to_string(size) + " bytes where " + std::to_string(n) + " were expected";
+    return kInvalidUsage;
+  }
+  return kSuccess;
+}
+
 }  // namespace
 
 extern "C" int ncclSend(const void* buf, size_t count, int type, int peer, void* comm, void* stream) {
   Comm* c = (Comm*)comm;
   if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->ranks) return kInvalidArgument;
-  if (c->shm) return systemError("emulated NCCL: ncclSend between processes is not emulated (collectives only)");
   size_t n = count * typeSize(type);
+  if (c->shm) return queueP2P(P2P{stream, true, "nccl send", [=]() -> int { return shmSend(c, buf, n, peer); }});
   return queueP2P(P2P{stream, true, "nccl send", [=]() -> int {
                         std::lock_guard<std::mutex> l(c->g->mu);
                         const char* p = (const char*)buf;
@@ -704,14 +788,22 @@ extern "C" int ncclSend(const void* buf, size_t count, int type, int peer, void*
 extern "C" int ncclRecv(void* buf, size_t count, int type, int peer, void* comm, void* stream) {
   Comm* c = (Comm*)comm;
   if (!c || typeSize(type) == 0 || peer < 0 || peer >= c->ranks) return kInvalidArgument;
-  if (c->shm) return systemError("emulated NCCL: ncclRecv between processes is not emulated (collectives only)");
   size_t n = count * typeSize(type);
+  if (c->shm) return queueP2P(P2P{stream, false, "nccl recv", [=]() -> int { return shmRecv(c, buf, n, peer); }});
   return queueP2P(P2P{stream, false, "nccl recv", [=]() -> int {
                         Group* g = c->g.get();
                         std::unique_lock<std::mutex> l(g->mu);
                         auto key = std::make_pair(peer, c->rank);
                         if (peer == c->rank && g->sends[key].empty()) return kInvalidUsage;  // a self-receive needs its send
-                        g->cv.wait(l, [&] { return !g->sends[key].empty(); });
+                        double secs = timeoutSeconds();
+                        auto deadline = std::chrono::steady_clock::now() +
+                                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(secs));
+                        if (!g->cv.wait_until(l, deadline, [&] { return !g->sends[key].empty(); })) {
+                          char b[64];
+                          snprintf(b, sizeof b, "%.0f", secs);
+                          return systemError("emulated NCCL recv of rank " + std::to_string(c->rank) + " from rank " + std::to_string(peer) +
+                                             ": no message within " + b + " s (RESIN_EMU_NCCL_TIMEOUT)");
+                        }
                         std::vector<char> msg = std::move(g->sends[key].front());
                         g->sends[key].erase(g->sends[key].begin());
                         if (msg.size() != n) return kInvalidUsage;
