@@ -53,8 +53,10 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return nil
 	case f.model == "":
 		return errors.New("--dp needs --model: the test runner has one rank")
-	case f.tp.procs || f.tp.initAddr != "":
-		return fmt.Errorf("--dp %d is not combined with --tp-procs or --dist-init-addr yet: its ranks are engines of this process", d.size)
+	case f.tp.procs:
+		return fmt.Errorf("--dp %d is not combined with --tp-procs: --dp-procs runs its ranks as worker processes", d.size)
+	case f.tp.initAddr != "" && (!d.attention || d.procs):
+		return fmt.Errorf("--dp %d with --dist-init-addr runs --dp-attention's ranks across nodes (without --dp-procs: a node's ranks are goroutines of its process); replicas do not span nodes", d.size)
 	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
 		if f.device.CUDA() {
 			return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks)", d.size)
@@ -62,6 +64,9 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (--dp %d --tp N without it runs replicas of the in-process TP group)", d.size)
 	case f.device.CUDA() && !d.attention:
 		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention only so far (replicas on GPUs are not wired)", d.size)
+	}
+	if d.attention && f.tp.size == 1 && f.tp.ep == 1 {
+		f.tp.dpRanks = d.size // its ranks split over --nnodes (tpFlags.check)
 	}
 	return nil
 }
@@ -110,6 +115,12 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 	switch {
 	case f.specTokens > 0 && !dpAttentionMoEModels[m.Name]:
 		return nil, nil, nil, fmt.Errorf("--dp-attention --num-speculative-tokens %d: drafting dp ranks cover the MTP heads of deepseek-v4-flash and glm-5-flash only, not %s", f.specTokens, m.Name)
+	}
+	if f.tp.initAddr != "" {
+		if !dpAttentionMoEModels[m.Name] {
+			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention across nodes covers deepseek-v4-flash and glm-5-flash only, not %s", n, m.Name)
+		}
+		return f.openDPNodes(m.Name, dir) // dp_procs.go
 	}
 	if f.dp.procs {
 		if !dpAttentionMoEModels[m.Name] {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/resin-llm/resin/core/cli"
@@ -142,7 +143,19 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 		w.Kill()
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
 	}
+	return leadDP(what, name, dir, cacheBytes, d, drafts, ctl, data, gpu, w, nil)
+}
+
+// leadDP is dp rank 0 of a group whose other ranks are processes (workers w, or ranks on
+// other nodes, w nil; wait, when not nil, returns once this node's other ranks have
+// ended): it opens rank 0 on data (on gpu's first GPU where gpu is set), waits for every
+// rank to have loaded, and returns rank 0's runner (whose StopRanks stops the others
+// through ctl, reaps w and waits) and pool, and the other ranks' runners and ledger
+// pools under one dp.Group.
+func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.Communicator, data dist.Communicator, gpu *dpGPUProcs, w *launch.Workers, wait func() error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	n := len(ctl)
 	var r0 dpRank
+	var err error
 	fail := func(err error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 		w.Kill()
 		for _, c := range ctl[1:] {
@@ -152,6 +165,9 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 			r0.close()
 		}
 		data.Close()
+		if wait != nil {
+			err = errors.Join(err, wait())
+		}
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, workerError(w, err))
 	}
 	if gpu != nil {
@@ -200,6 +216,9 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 		// failed start none ran), so that no step uses a pair while it is stopped.
 		err := errors.Join(group.Close(), dp.StopRemote(ctl))
 		err = errors.Join(err, w.Stop(30*time.Second))
+		if wait != nil {
+			err = errors.Join(err, wait())
+		}
 		if r0.close != nil {
 			err = errors.Join(err, r0.close())
 		}
@@ -208,6 +227,90 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 	}
 	runners[0] = &tpRunner{runners[0].(*cpurunner.Runner), stop, w}
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+}
+
+// openDPNodes opens --dp n --dp-attention across nodes (--dist-init-addr with --nnodes
+// and --node-rank, or the launchers' environment) for MoE model name: node k holds dp
+// ranks k·n/nnodes ... (k+1)·n/nnodes−1 (tpFlags.nodeRanks), each a rank of its own on
+// the TCP rendezvous (dp.JoinTCP: rank 0's control pair with each rank, and the data
+// group the MoE exchanges run on), on GPU --gpu+i (+ LOCAL_RANK) of its node with
+// --device cuda|cuda-emu, else on the CPU. Node 0 runs every engine and the coordinator
+// (leadDP); its other ranks and the other nodes' serve their plans on goroutines
+// (serveDPRank) until rank 0 stops them, and the other nodes then end the command
+// (errWorkerDone).
+func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	t, n := &f.tp, f.dp.size
+	what := fmt.Sprintf("--dp %d --dp-attention over %d nodes", n, t.nnodes)
+	switch {
+	case f.specTokens > 0 && f.device.CUDA():
+		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", what, f.device.Device, f.specTokens)
+	case f.device.CUDA() && gpuDPOpeners[name] == nil:
+		return nil, nil, nil, fmt.Errorf("%s --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s", what, f.device.Device, name)
+	}
+	d, err := dispatchOf(t.dispatch)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := checkMoELayout(name, dir, 1, n, d); err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	first, local := t.nodeRanks()
+	o := dpJoinOptions(nil, f.dp.stepTimeout)
+	o.JoinTimeout = t.joinTimeout()
+	open := func(cacheBytes int64, gpu *dpGPUProcs) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+		serve := func(rank int) error {
+			ctl, data, err := dp.JoinTCP(t.initAddr, rank, n, o)
+			if err != nil {
+				return err
+			}
+			spec := tpWorkerSpec{Rank: rank, Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: f.specTokens}
+			var opts *gpurunner.Options
+			if gpu != nil {
+				o := gpu.opts
+				o.Ordinal = gpu.ordinals[rank-first]
+				opts = &o
+			}
+			return serveDPRank(spec, ctl[0], data, opts)
+		}
+		wait := withLocalRanks(first, local, serve)
+		if first != 0 {
+			if err := serve(first); err != nil {
+				return nil, nil, nil, fmt.Errorf("dp worker: rank %d: %w", first, errors.Join(err, wait()))
+			}
+			if err := wait(); err != nil {
+				return nil, nil, nil, fmt.Errorf("dp worker: %w", err)
+			}
+			return nil, nil, nil, errWorkerDone
+		}
+		ctl, data, err := dp.JoinTCP(t.initAddr, 0, n, o)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
+		}
+		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, ctl, data, gpu, nil, wait)
+	}
+	if !f.device.CUDA() {
+		return open(f.cacheBytes, nil)
+	}
+	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
+		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(local))
+	}
+	var run engine.Runner
+	var pool *kvslab.Pool
+	var ranks *cli.DPRanks
+	_, _, err = f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		// This node's ranks on GPUs --gpu+LOCAL_RANK+i where the driver sees that many,
+		// else all on --gpu (NCCL_MULTI_RANK_GPU_ENABLE=1), as the TP nodes' are.
+		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal+t.localRank, local)
+		if err != nil {
+			return nil, nil, err
+		}
+		run, pool, ranks, err = open(cacheBytes, &dpGPUProcs{opts: opts, ordinals: ordinals})
+		return nil, nil, err
+	}, dir, f.cacheBytes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return run, pool, ranks, nil
 }
 
 // workerErrors is a dp rank's runner whose step errors carry the exit of the worker
@@ -232,17 +335,30 @@ func runDPWorker(spec tpWorkerSpec) error {
 	if err != nil {
 		return err
 	}
-	defer ctl[0].Close()
-	defer data.Close()
-	var r dpRank
+	var opts *gpurunner.Options
 	if gs := spec.GPU; gs != nil {
 		if gs.Emulate {
 			if err := cudart.Emulate(); err != nil {
+				ctl[0].Close()
+				data.Close()
 				return fmt.Errorf("dp rank %d: --device cuda-emu: %w", spec.Rank, err)
 			}
 		}
-		opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: true, KernelCache: gs.KernelCache, Log: os.Stderr}
-		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, opts, spec.Dispatch, data)
+		opts = &gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: true, KernelCache: gs.KernelCache, Log: os.Stderr}
+	}
+	return serveDPRank(spec, ctl[0], data, opts)
+}
+
+// serveDPRank opens dp rank spec.Rank of MoE model spec.Model on data (on the GPU opts
+// names, when not nil) and runs every plan rank 0's stepper sends on ctl, over its own
+// cache, until rank 0 stops it; it closes ctl, data and the rank.
+func serveDPRank(spec tpWorkerSpec, ctl, data dist.Communicator, opts *gpurunner.Options) error {
+	defer ctl.Close()
+	defer data.Close()
+	var r dpRank
+	var err error
+	if opts != nil {
+		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, *opts, spec.Dispatch, data)
 	} else {
 		r, err = openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, data)
 	}
@@ -255,5 +371,5 @@ func runDPWorker(spec tpWorkerSpec) error {
 	if err := data.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
 	}
-	return dp.ServeRank(ctl[0], r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))), r.draft)
+	return dp.ServeRank(ctl, r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))), r.draft)
 }

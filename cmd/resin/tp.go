@@ -33,8 +33,11 @@ type tpFlags struct {
 	nnodes, nodeRank int
 	localRank        int           // torchrun's LOCAL_RANK: the first GPU of this node's ranks is --gpu+localRank
 	distTimeout      time.Duration // how long a multi-node rendezvous waits for every rank
-	stats            bool          // --dist-stats: print rank 0's step figures when the engine stops
-	statsOut         io.Writer     // where (the command's stderr; nil: os.Stderr)
+	// dpRanks is --dp N's with --dp-attention (set by dpFlags.check): the group's ranks
+	// across nodes when above 1 (--tp and --ep are then 1).
+	dpRanks  int
+	stats    bool      // --dist-stats: print rank 0's step figures when the engine stops
+	statsOut io.Writer // where (the command's stderr; nil: os.Stderr)
 }
 
 func (t *tpFlags) register(cmd *cobra.Command) {
@@ -43,7 +46,7 @@ func (t *tpFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&t.ep, "ep", 1, "with --model deepseek-v4-flash or glm-5-flash on the CPU: expert parallelism over this many ranks (the routed experts split in contiguous ranges, attention replicated), in-process unless --tp-procs; with --tp they run over max(--tp, --ep) ranks, the smaller dividing the larger: tp groups of --tp consecutive ranks each split the attention and run every token, and the experts split over ep groups of --ep consecutive ranks (equal: the same ranks split both ways, as SGLang's --tp N --ep N; on the GPU they must be equal); with --device cuda|cuda-emu and --model glm-5-flash or deepseek-v4-flash, its GPU runner over this many in-process ranks on NCCL (rank r on GPU --gpu+r, or all on --gpu where the driver sees fewer), with --tp too")
 	fl.StringVar(&t.dispatch, "ep-dispatch", "gather", "with --ep, or --dp N --dp-attention for the MoE models: the experts' exchange, gather (each rank runs its experts on every token, partial sums reduce-scattered and all-gathered) or all-to-all (each rank sends its share of the tokens to the experts' ranks)")
 	fl.BoolVar(&t.procs, "tp-procs", false, "with --tp (or --ep): run ranks 1..N-1 as worker processes of this binary meeting rank 0 in shared memory (default: goroutines of this process); with --device cuda|cuda-emu (llama; deepseek-v4-flash's --tp/--ep layouts) each worker runs on its GPU and its GPU's NUMA node, rank 0 handing it the NCCL id")
-	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), the ranks of --tp and --ep split evenly over --nnodes (node k holds ranks k·n ... k·n+n−1, on GPUs --gpu ... --gpu+n−1); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
+	fl.StringVar(&t.initAddr, "dist-init-addr", "", "with --tp, --ep or --dp N --dp-attention: HOST:PORT where rank 0 of a multi-node group listens (SGLang's spelling), the ranks of --tp and --ep (or the dp ranks) split evenly over --nnodes (node k holds ranks k·n ... k·n+n−1, on GPUs --gpu ... --gpu+n−1); node 0 runs the engine, the others serve as workers until it stops. Without it, torchrun's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE are read when set")
 	fl.IntVar(&t.nnodes, "nnodes", 1, "with --dist-init-addr: the number of nodes (processes; each holds ranks/nnodes ranks)")
 	fl.IntVar(&t.nodeRank, "node-rank", 0, "with --dist-init-addr: this node's rank; 0 runs the engine")
 	fl.BoolVar(&t.stats, "dist-stats", false, "with --model llama --tp 2 or more on the CPU: when the engine stops, print rank 0's prefill and decode steps to stderr with the time spent inside collectives (waiting for the other ranks included) and its share of the steps")
@@ -62,6 +65,9 @@ func (t *tpFlags) joinTimeout() time.Duration {
 // ranks, the smaller's groups within them (the smaller must divide the larger; the models
 // refuse them otherwise).
 func (t *tpFlags) ranks() int {
+	if t.dpRanks > 1 {
+		return t.dpRanks
+	}
 	if t.size > 1 && t.ep > 1 {
 		return max(t.size, t.ep)
 	}
@@ -83,7 +89,7 @@ func (t *tpFlags) check() error {
 	case t.distTimeout <= 0:
 		return fmt.Errorf("--dist-timeout %v: want a positive duration", t.distTimeout)
 	}
-	if t.initAddr == "" && (t.size > 1 || t.ep > 1) {
+	if t.initAddr == "" && (t.size > 1 || t.ep > 1 || t.dpRanks > 1) {
 		// Kubernetes LeaderWorkerSet's LWS_* variables, else torchrun's.
 		n, ok, err := launch.NodeFromEnv(os.Getenv)
 		if err != nil {
@@ -102,7 +108,9 @@ func (t *tpFlags) check() error {
 	switch {
 	case t.procs:
 		return errors.New("--tp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process")
-	case t.nnodes < 1 || t.ranks()%t.nnodes != 0:
+	case t.nnodes < 1 || t.ranks()%t.nnodes != 0 && t.dpRanks > 1:
+		return fmt.Errorf("--dp %d over --nnodes %d: the %d dp ranks must split evenly over the nodes", t.dpRanks, t.nnodes, t.ranks())
+	case t.ranks()%t.nnodes != 0:
 		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: the %d ranks must split evenly over the nodes", t.size, t.ep, t.nnodes, t.ranks())
 	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
 		return fmt.Errorf("--node-rank %d outside [0, %d)", t.nodeRank, t.nnodes)

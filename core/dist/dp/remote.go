@@ -306,6 +306,24 @@ func StopRemote(ctl []dist.Communicator) error {
 // Rank 0 joins the pairs in rank order, then data, as the workers do theirs; o.Cancel
 // ends a join whose peer will never come (a launcher closes it when a worker exits).
 func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicator, data dist.Communicator, err error) {
+	return joinRanks(rank, size, o, func(group string, rank, size int, o dist.Options) (dist.Communicator, error) {
+		return dist.JoinShm(name+"-"+group, rank, size, o)
+	})
+}
+
+// JoinTCP is JoinShm across hosts: the same groups, met over TCP at addr (rank 0, which
+// listens there, hosting every group's rendezvous in turn; dist.JoinTCP's Options.Group
+// tells them apart, prefixed by o.Group).
+func JoinTCP(addr string, rank, size int, o dist.Options) (ctl []dist.Communicator, data dist.Communicator, err error) {
+	prefix := o.Group
+	return joinRanks(rank, size, o, func(group string, rank, size int, o dist.Options) (dist.Communicator, error) {
+		o.Group = prefix + "dp-" + group
+		return dist.JoinTCP(addr, rank, size, o)
+	})
+}
+
+// joinRanks is JoinShm's order of joins through join (group "ctl<r>", a pair, then "data").
+func joinRanks(rank, size int, o dist.Options, join func(group string, rank, size int, o dist.Options) (dist.Communicator, error)) (ctl []dist.Communicator, data dist.Communicator, err error) {
 	if size < 2 || rank < 0 || rank >= size {
 		return nil, nil, fmt.Errorf("dp: join rank %d of %d processes", rank, size)
 	}
@@ -322,24 +340,24 @@ func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicat
 	if po.JoinTimeout <= 0 {
 		po.JoinTimeout = o.Timeout
 	}
-	pair := func(r int) string { return fmt.Sprintf("%s-ctl%d", name, r) }
+	pair := func(r int) string { return fmt.Sprintf("ctl%d", r) }
 	if rank == 0 {
 		ro := po
 		ro.Timeout = o.StepTimeoutOr() // rank 0 waits on its pairs only within a step
 		ctl = make([]dist.Communicator, size)
 		for r := 1; r < size; r++ {
-			if ctl[r], err = dist.JoinShm(pair(r), 0, 2, ro); err != nil {
+			if ctl[r], err = join(pair(r), 0, 2, ro); err != nil {
 				return fail(fmt.Errorf("dp rank 0: join rank %d's control pair: %w", r, peerAs("join", err, r)))
 			}
 		}
 	} else {
-		c, err := dist.JoinShm(pair(rank), 1, 2, po)
+		c, err := join(pair(rank), 1, 2, po)
 		if err != nil {
 			return nil, nil, fmt.Errorf("dp rank %d: join its control pair: %w", rank, err)
 		}
 		ctl = []dist.Communicator{c}
 	}
-	if data, err = dist.JoinShm(name+"-data", rank, size, o); err != nil {
+	if data, err = join("data", rank, size, o); err != nil {
 		return fail(fmt.Errorf("dp rank %d: join the data group: %w", rank, err))
 	}
 	return ctl, data, nil

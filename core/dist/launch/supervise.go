@@ -121,10 +121,20 @@ func (w *Workers) wait(p *proc) {
 
 // Exited is closed when a worker exits before Stop (dist.Options.Cancel of a join that
 // waits for the workers).
-func (w *Workers) Exited() <-chan struct{} { return w.exited }
+// A nil *Workers is no workers (ranks that are not this process's children, on other
+// nodes): it never exits, has no error and stops at once.
+func (w *Workers) Exited() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.exited
+}
 
 // Err returns the first worker that exited before Stop, as an *ExitError, or nil.
 func (w *Workers) Err() error {
+	if w == nil {
+		return nil
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.first == nil {
@@ -141,8 +151,8 @@ func (w *Workers) Err() error {
 // that says a peer is gone or late (dist.ErrPeerGone, dist.ErrTimeout) it waits up to a
 // second for that exit.
 func (w *Workers) StepError(err error) error {
-	if err == nil {
-		return nil
+	if err == nil || w == nil {
+		return err
 	}
 	want := -1
 	var pe *dist.PeerError
@@ -183,6 +193,9 @@ func (w *Workers) StepError(err error) error {
 
 // Pids returns the workers' process ids, in Spec order.
 func (w *Workers) Pids() []int {
+	if w == nil {
+		return nil
+	}
 	out := make([]int, len(w.procs))
 	for i, p := range w.procs {
 		out[i] = p.cmd.Process.Pid
@@ -194,6 +207,9 @@ func (w *Workers) Pids() []int {
 // kills those still running, then reaps all. It returns the first worker's exit error,
 // if one exited before Stop or badly after it, and names the workers it had to kill.
 func (w *Workers) Stop(grace time.Duration) error {
+	if w == nil {
+		return nil
+	}
 	w.mu.Lock()
 	w.stopping = true
 	var errs []error
@@ -222,6 +238,9 @@ func (w *Workers) Stop(grace time.Duration) error {
 
 // Kill kills every worker still running and reaps them all.
 func (w *Workers) Kill() {
+	if w == nil {
+		return
+	}
 	w.mu.Lock()
 	w.stopping = true
 	w.mu.Unlock()

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+)
+
+// TestGenerateDPAttentionNodes: generate --model glm-5-flash --dp 4 --dp-attention over
+// two "nodes" (this process node 0 with dp ranks 0 and 1, a child of this binary node 1
+// with ranks 2 and 3 and torchrun's environment) meeting over TCP at --dist-init-addr
+// (dp.JoinTCP: rank 0's control pair with each rank, the data group the expert exchanges
+// run on) prints one engine's tokens and --logits-out within 1e-5, by either exchange; the
+// one request runs on rank 0, so ranks 1-3 idle every step through the MoE exchanges,
+// across the nodes. Node 1 prints nothing and ends when node 0 stops it. --dp 3 over two
+// nodes is refused naming the counts.
+func TestGenerateDPAttentionNodes(t *testing.T) {
+	cfg := filepath.Join("..", "..", "models", "glm-5-flash", "config.json")
+	args := []string{"--model", "glm-5-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "5", "--ignore-eos"}
+	oneLg := filepath.Join(t.TempDir(), "one.safetensors")
+	one, errOut, err := runGenerate(t, append(args, "--logits-out", oneLg)...)
+	if err != nil {
+		t.Fatalf("one engine: %v\n%s", err, errOut)
+	}
+	wantLg, wantShape := readLogits(t, oneLg)
+	for _, dispatch := range []string{"gather", "all-to-all"} {
+		addr := rendezvousAddr(t)
+		host, port, _ := net.SplitHostPort(addr)
+		layout := []string{"--dp", "4", "--dp-attention", "--ep-dispatch", dispatch}
+		kill, wait := startNode(t, append(append([]string{}, args...), layout...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+		lg := filepath.Join(t.TempDir(), "nodes.safetensors")
+		got, errOut, err := runGenerate(t, append(append(append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...), layout...), "--logits-out", lg)...)
+		if err != nil {
+			kill()
+			t.Fatalf("--ep-dispatch %s: node 0: %v (%s)", dispatch, err, errOut)
+		}
+		if out := wait(); strings.Contains(out, "tokens:") {
+			t.Errorf("--ep-dispatch %s: node 1 printed tokens:\n%s", dispatch, out)
+		}
+		if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
+			t.Errorf("--ep-dispatch %s: two nodes %q, one engine %q", dispatch, tokensLine(got), tokensLine(one))
+		}
+		g, shape := readLogits(t, lg)
+		logitsClose(t, "--dp 4 --dp-attention over two nodes, --ep-dispatch "+dispatch, g, shape, wantLg, wantShape)
+	}
+	_, _, err = runGenerate(t, append(append([]string{}, args...), "--dp", "3", "--dp-attention", "--nnodes", "2", "--dist-init-addr", rendezvousAddr(t))...)
+	if err == nil || !strings.Contains(err.Error(), "--dp 3 over --nnodes 2") {
+		t.Errorf("--dp 3 over two nodes: %v, want a refusal naming the counts", err)
+	}
+}
+
+// TestGenerateDPAttentionGPUNodes is TestGenerateDPAttentionNodes on the emulated device
+// with deepseek-v4-flash: --dp 2 --dp-attention --device cuda-emu over two nodes, one dp
+// rank each on its GPU (JoinGPUDPRank over the TCP data group: rank 0's NCCL id; the
+// emulated NCCL meets the ranks in this host's shared memory, as real NCCL's bootstrap
+// would across hosts), prints the CPU's tokens and --logits-out within 1e-5.
+func TestGenerateDPAttentionGPUNodes(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=1") {
+		return
+	}
+	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
+	args := []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "5", "--ignore-eos"}
+	cpuLg := filepath.Join(t.TempDir(), "cpu.safetensors")
+	cpu, errOut, err := runGenerate(t, append(args, "--logits-out", cpuLg)...)
+	if err != nil {
+		t.Fatalf("on the CPU: %v\n%s", err, errOut)
+	}
+	wantLg, wantShape := readLogits(t, cpuLg)
+	addr := rendezvousAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	layout := []string{"--dp", "2", "--dp-attention", "--device", "cuda-emu"}
+	kill, wait := startNode(t, append(append([]string{}, args...), layout...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	lg := filepath.Join(t.TempDir(), "nodes.safetensors")
+	got, errOut, err := runGenerate(t, append(append(append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...), layout...), "--logits-out", lg)...)
+	if err != nil {
+		kill()
+		t.Fatalf("node 0: %v (%s)", err, errOut)
+	}
+	wait()
+	if tokensLine(got) == "" || tokensLine(got) != tokensLine(cpu) {
+		t.Errorf("two GPU nodes %q, the CPU %q", tokensLine(got), tokensLine(cpu))
+	}
+	g, shape := readLogits(t, lg)
+	logitsClose(t, "--dp 2 --dp-attention --device cuda-emu over two nodes", g, shape, wantLg, wantShape)
+}
