@@ -45,13 +45,16 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return nil
 	case f.model == "":
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
-	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.tp.initAddr != "" || f.dp.size > 1:
-		return fmt.Errorf("--cp %d is not combined with --tp, --ep, --tp-procs, --dist-init-addr or --dp yet", c.size)
+	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.dp.size > 1:
+		return fmt.Errorf("--cp %d is not combined with --tp, --ep, --tp-procs or --dp yet", c.size)
+	case c.procs && f.tp.initAddr != "":
+		return fmt.Errorf("--cp %d: --cp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size)
 	case f.specTokens > 0:
 		return fmt.Errorf("--cp %d is not combined with --num-speculative-tokens yet", c.size)
 	case f.device.CUDA() && f.model != llama.Name:
 		return fmt.Errorf("--cp %d on the GPU covers --model llama only so far (deepseek-v4-flash and glm-5-flash split their prefill on the CPU: --device cpu)", c.size)
 	}
+	f.tp.groupRanks, f.tp.groupFlag = c.size, "--cp" // its ranks split over --nnodes (tpFlags.check)
 	return nil
 }
 
@@ -81,6 +84,9 @@ func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			return nil, nil, err
 		}
 		opts.CacheBytes = cacheBytes
+		if f.tp.initAddr != "" {
+			return openDenseGPUNode(shard, opts, &f.tp, gpurunner.JoinDenseCP, "cp")
+		}
 		if f.cp.procs {
 			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, true)
 			if err != nil {
@@ -99,27 +105,42 @@ func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 
 // openCP opens the llama checkpoint (or random-weights config) in dir with prefill CP over
 // size ranks: goroutines of this process (a Model each on the same weights) or, with
-// procs, worker processes of this binary meeting rank 0 in shared memory (each loading
-// the model). Rank 0's forward serves the engine on the pool's cache.
-func openCP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, *kvslab.Pool, error) {
+// procs, worker processes of this binary meeting rank 0 in shared memory, or with nodes
+// ranks on several nodes meeting over TCP (joinCPNodes; each loading the model). Rank 0's
+// forward serves the engine on the pool's cache.
+func openCP(dir string, cacheBytes int64, size int, procs bool, nodes *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	var g *tpWorkers
+	if nodes != nil {
+		var err error
+		if g, err = joinCPNodes(nodes, func(ctl, data dist.Communicator) error { return followCP(dir, ctl, data) }); err != nil {
+			return nil, nil, err
+		}
+	}
+	fail := func(err error) (engine.Runner, *kvslab.Pool, error) {
+		if g != nil { // the other nodes' ranks stop, not wait for a plan for good
+			err = errors.Join(err, g.close())
+		}
+		return nil, nil, err
+	}
 	r, err := llama.Load(dir, llama.Options{})
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	pool, err := r.NewPool(cacheBytes)
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	m := r.Model
 	c := m.Config
 	kv, err := llama.NewKVCache(c, pool)
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
-	if procs {
-		g, err := startWorkers(tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: size, Dir: dir, CP: size})
-		if err != nil {
-			return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
+	if procs || g != nil {
+		if g == nil {
+			if g, err = startWorkers(tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: size, Dir: dir, CP: size}); err != nil {
+				return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
+			}
 		}
 		lead := cp.Lead(g.ctl, &cp.Prefill{C: g.data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(m, kv), Cache: kv.Layers})
 		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.forward(lead))), g.close, g.w}, pool, nil
@@ -133,11 +154,11 @@ func openCP(dir string, cacheBytes int64, size int, procs bool) (engine.Runner, 
 		}
 		forwards[rank] = cpForward(rm, nil)
 	}
-	g, err := cp.StartInProcess(cpShape(c), c.VocabSize, forwards, kv.Layers, dist.Options{Timeout: time.Minute})
+	ip, err := cp.StartInProcess(cpShape(c), c.VocabSize, forwards, kv.Layers, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
 	}
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), g.Close, nil}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(ip.Forward)), ip.Close, nil}, pool, nil
 }
 
 // cpForward is m's forward for cp: with attend as every layer's attention, or on kv (rank
@@ -159,18 +180,73 @@ func runCPWorker(spec tpWorkerSpec) error {
 	if spec.Model != "" {
 		return runCPModelWorker(spec)
 	}
-	r, err := llama.Load(spec.Dir, llama.Options{})
-	if err != nil {
-		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
-	}
 	ctl, data, err := joinTP(spec, nil)
 	if err != nil {
 		return err
 	}
 	defer ctl.Close()
 	defer data.Close()
+	if err := followCP(spec.Dir, ctl, data); err != nil {
+		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
+	}
+	return nil
+}
+
+// followCP is a llama cp rank other than 0 (a worker process's, or a node's): it loads
+// the model in dir and runs its chunk of each split prefill rank 0 sends on ctl until
+// rank 0 stops the group.
+func followCP(dir string, ctl, data dist.Communicator) error {
+	r, err := llama.Load(dir, llama.Options{})
+	if err != nil {
+		return err
+	}
 	c := r.Model.Config
 	return cp.Follow(ctl, &cp.Prefill{C: data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(r.Model, nil)})
+}
+
+// joinCPNodes joins this node's ranks of a --cp group across nodes (tpFlags.nodeRanks:
+// the cp ranks split evenly over --nnodes) over TCP at --dist-init-addr: a control group
+// that waits as long as the engine idles and a data group, as the TP nodes' are. A rank
+// other than 0 runs follow until rank 0 stops the group. On node 0 it returns rank 0's
+// ends (their close stops the others and waits for this node's); on the others it
+// returns errWorkerDone once this node's ranks have followed to the end.
+func joinCPNodes(t *tpFlags, follow func(ctl, data dist.Communicator) error) (*tpWorkers, error) {
+	size := t.ranks()
+	join := func(rank int) (ctl, data dist.Communicator, err error) {
+		if ctl, err = dist.JoinTCP(t.initAddr, rank, size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: t.joinTimeout(), Group: "cp-ctl"}); err != nil {
+			return nil, nil, err
+		}
+		if data, err = dist.JoinTCP(t.initAddr, rank, size, dist.Options{Timeout: time.Minute, JoinTimeout: t.joinTimeout(), Group: "cp-data"}); err != nil {
+			ctl.Close()
+			return nil, nil, err
+		}
+		return ctl, data, nil
+	}
+	run := func(rank int) error {
+		ctl, data, err := join(rank)
+		if err != nil {
+			return err
+		}
+		defer ctl.Close()
+		defer data.Close()
+		return follow(ctl, data)
+	}
+	first, n := t.nodeRanks()
+	wait := withLocalRanks(first, n, run)
+	if first != 0 {
+		if err := run(first); err != nil {
+			return nil, fmt.Errorf("cp worker: rank %d: %w", first, err)
+		}
+		if err := wait(); err != nil {
+			return nil, fmt.Errorf("cp worker: %w", err)
+		}
+		return nil, errWorkerDone
+	}
+	ctl, data, err := join(0)
+	if err != nil {
+		return nil, fmt.Errorf("--cp %d over %d nodes: %w", size, t.nnodes, err)
+	}
+	return &tpWorkers{ctl: ctl, data: data, wait: wait}, nil
 }
 
 // cpModel is a model's prefill CP beside llama's (core/dist/cp.Stateful): its ranks as
@@ -239,9 +315,16 @@ var cpModels = map[string]cpModel{
 // openCPModel is openCP for a model of cpModels: goroutine ranks of this process on one
 // set of weights, or with procs worker processes of this binary (each loading the
 // model) meeting rank 0 in shared memory.
-func openCPModel(name, dir string, cacheBytes int64, size int, procs bool) (engine.Runner, *kvslab.Pool, error) {
+func openCPModel(name, dir string, cacheBytes int64, size int, procs bool, nodes *tpFlags) (engine.Runner, *kvslab.Pool, error) {
 	what := fmt.Sprintf("--cp %d", size)
 	m := cpModels[name]
+	if nodes != nil {
+		g, err := joinCPNodes(nodes, func(ctl, data dist.Communicator) error { return followCPModel(m, dir, ctl, data) })
+		if err != nil {
+			return nil, nil, err
+		}
+		return leadCPModel(what, m, dir, cacheBytes, g)
+	}
 	if !procs {
 		r, pool, err := m.inProcess(dir, cacheBytes, size)
 		if err != nil {
@@ -253,6 +336,14 @@ func openCPModel(name, dir string, cacheBytes int64, size int, procs bool) (engi
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
+	return leadCPModel(what, m, dir, cacheBytes, g)
+}
+
+// leadCPModel is rank 0 of a cpModels model's group whose other ranks are processes
+// (worker processes or other nodes' ranks behind g): it loads the model with a pool of
+// cacheBytes, waits for every rank to have loaded, and returns the engine's runner
+// (whose StopRanks stops the others).
+func leadCPModel(what string, m cpModel, dir string, cacheBytes int64, g *tpWorkers) (engine.Runner, *kvslab.Pool, error) {
 	info, pool, rank, err := m.rank(dir, cacheBytes, g.data)
 	if err == nil {
 		err = g.data.Barrier() // every rank has read dir, which the caller may remove
@@ -261,6 +352,9 @@ func openCPModel(name, dir string, cacheBytes int64, size int, procs bool) (engi
 		g.kill()
 		g.ctl.Close()
 		g.data.Close()
+		if g.wait != nil {
+			err = errors.Join(err, g.wait())
+		}
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	lead := lockstep.LeadRank(g.ctl, rank)
@@ -281,12 +375,21 @@ func runCPModelWorker(spec tpWorkerSpec) error {
 	}
 	defer ctl.Close()
 	defer data.Close()
-	_, _, rank, err := m.rank(spec.Dir, 0, data)
+	if err := followCPModel(m, spec.Dir, ctl, data); err != nil {
+		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
+	}
+	return nil
+}
+
+// followCPModel is a cp rank other than 0 of a cpModels model: it loads the model, waits
+// for every rank to have, and runs rank 0's plans on ctl until rank 0 stops the group.
+func followCPModel(m cpModel, dir string, ctl, data dist.Communicator) error {
+	_, _, rank, err := m.rank(dir, 0, data)
 	if err == nil {
 		err = data.Barrier()
 	}
 	if err != nil {
-		return fmt.Errorf("cp rank %d: %w", spec.Rank, err)
+		return err
 	}
 	return lockstep.FollowRank(ctl, rank)
 }

@@ -66,7 +66,7 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention only so far (replicas on GPUs are not wired)", d.size)
 	}
 	if d.attention && f.tp.size == 1 && f.tp.ep == 1 {
-		f.tp.dpRanks = d.size // its ranks split over --nnodes (tpFlags.check)
+		f.tp.groupRanks, f.tp.groupFlag = d.size, "--dp" // its ranks split over --nnodes (tpFlags.check)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func TestMoEWorkerKilledNamed(t *testing.T) {
 // a prompt's prefill split over the two ranks.
 func TestCPWorkerKilledNamed(t *testing.T) {
 	checkWorkerKilledNamed(t, func(dir string) (engine.Runner, *kvslab.Pool, error) {
-		return openCPModel(deepseekv4flash.Name, dir, 32<<20, 2, true)
+		return openCPModel(deepseekv4flash.Name, dir, 32<<20, 2, true, nil)
 	})
 }
 

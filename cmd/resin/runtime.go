@@ -249,11 +249,11 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 	case f.cp.size > 1 && f.device.CUDA():
 		r, pool, err = f.openCPGPU(m.Name, dir)
 	case f.cp.size > 1 && cpModels[m.Name].rank != nil:
-		r, pool, err = openCPModel(m.Name, dir, f.cacheBytes, f.cp.size, f.cp.procs)
+		r, pool, err = openCPModel(m.Name, dir, f.cacheBytes, f.cp.size, f.cp.procs, f.cpNodes())
 	case f.cp.size > 1 && m.Name != "llama":
 		return nil, nil, "", fmt.Errorf("--cp %d: context parallelism covers the llama family, deepseek-v4-flash and glm-5-flash only so far, not %s", f.cp.size, m.Name)
 	case f.cp.size > 1:
-		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size, f.cp.procs)
+		r, pool, err = openCP(dir, f.cacheBytes, f.cp.size, f.cp.procs, f.cpNodes())
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[m.Name] != nil:
 		r, pool, err = f.openLayoutGPU(m.Name, dir)
 	case (f.tp.size > 1 || f.tp.ep > 1) && moeParallelModels[m.Name]:
@@ -379,4 +379,13 @@ func endTokens(tok *tokenizer.Tokenizer) []int32 {
 		}
 	}
 	return ids
+}
+
+// cpNodes is the multi-node layout of --cp (--dist-init-addr, or the launchers'
+// environment), or nil for ranks of this host.
+func (f *runtimeFlags) cpNodes() *tpFlags {
+	if f.tp.initAddr == "" {
+		return nil
+	}
+	return &f.tp
 }

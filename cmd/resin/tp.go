@@ -33,11 +33,13 @@ type tpFlags struct {
 	nnodes, nodeRank int
 	localRank        int           // torchrun's LOCAL_RANK: the first GPU of this node's ranks is --gpu+localRank
 	distTimeout      time.Duration // how long a multi-node rendezvous waits for every rank
-	// dpRanks is --dp N's with --dp-attention (set by dpFlags.check): the group's ranks
-	// across nodes when above 1 (--tp and --ep are then 1).
-	dpRanks  int
-	stats    bool      // --dist-stats: print rank 0's step figures when the engine stops
-	statsOut io.Writer // where (the command's stderr; nil: os.Stderr)
+	// groupRanks is --dp N's with --dp-attention, or --cp N's (set by dpFlags.check and
+	// cpFlags.check, groupFlag naming it): the group's ranks across nodes when above 1
+	// (--tp and --ep are then 1).
+	groupRanks int
+	groupFlag  string
+	stats      bool      // --dist-stats: print rank 0's step figures when the engine stops
+	statsOut   io.Writer // where (the command's stderr; nil: os.Stderr)
 }
 
 func (t *tpFlags) register(cmd *cobra.Command) {
@@ -65,8 +67,8 @@ func (t *tpFlags) joinTimeout() time.Duration {
 // ranks, the smaller's groups within them (the smaller must divide the larger; the models
 // refuse them otherwise).
 func (t *tpFlags) ranks() int {
-	if t.dpRanks > 1 {
-		return t.dpRanks
+	if t.groupRanks > 1 {
+		return t.groupRanks
 	}
 	if t.size > 1 && t.ep > 1 {
 		return max(t.size, t.ep)
@@ -89,7 +91,7 @@ func (t *tpFlags) check() error {
 	case t.distTimeout <= 0:
 		return fmt.Errorf("--dist-timeout %v: want a positive duration", t.distTimeout)
 	}
-	if t.initAddr == "" && (t.size > 1 || t.ep > 1 || t.dpRanks > 1) {
+	if t.initAddr == "" && (t.size > 1 || t.ep > 1 || t.groupRanks > 1) {
 		// Kubernetes LeaderWorkerSet's LWS_* variables, else torchrun's.
 		n, ok, err := launch.NodeFromEnv(os.Getenv)
 		if err != nil {
@@ -108,8 +110,8 @@ func (t *tpFlags) check() error {
 	switch {
 	case t.procs:
 		return errors.New("--tp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process")
-	case t.nnodes < 1 || t.ranks()%t.nnodes != 0 && t.dpRanks > 1:
-		return fmt.Errorf("--dp %d over --nnodes %d: the %d dp ranks must split evenly over the nodes", t.dpRanks, t.nnodes, t.ranks())
+	case t.nnodes < 1 || t.ranks()%t.nnodes != 0 && t.groupRanks > 1:
+		return fmt.Errorf("%s %d over --nnodes %d: the %d ranks must split evenly over the nodes", t.groupFlag, t.groupRanks, t.nnodes, t.ranks())
 	case t.ranks()%t.nnodes != 0:
 		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: the %d ranks must split evenly over the nodes", t.size, t.ep, t.nnodes, t.ranks())
 	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
@@ -332,6 +334,7 @@ func joinTP(spec tpWorkerSpec, cancel <-chan struct{}) (ctl, data dist.Communica
 type tpWorkers struct {
 	ctl, data dist.Communicator
 	w         *launch.Workers
+	wait      func() error // a node's other ranks, on goroutines (joinCPNodes); nil: none
 }
 
 // startWorkers starts ranks 1..Size-1 as children of this binary (core/dist/launch:
@@ -403,6 +406,9 @@ func (g *tpWorkers) close() error {
 	err = errors.Join(err, g.w.Stop(30*time.Second))
 	g.ctl.Close()
 	g.data.Close()
+	if g.wait != nil {
+		err = errors.Join(err, g.wait())
+	}
 	return err
 }
 

@@ -257,9 +257,16 @@ func (g *tpGPUWorkers) StopRanks() error {
 // NCCL's own bootstrap then connects the ranks). Node 0 returns the engine's runner; the
 // others follow rank 0's plans until it stops and then end the command (errWorkerDone).
 func openTPGPUNode(shard gpurunner.DenseShard, opts gpurunner.Options, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
+	return openDenseGPUNode(shard, opts, f, gpurunner.JoinDenseTP, "tp")
+}
+
+// openDenseGPUNode is openTPGPUNode for the group kind ("tp", or "cp": llama's GPU
+// prefill CP, joinRank gpurunner.JoinDenseCP) over f.ranks() ranks.
+func openDenseGPUNode(shard gpurunner.DenseShard, opts gpurunner.Options, f *tpFlags,
+	joinRank func(gpurunner.DenseShard, dist.Communicator, gpurunner.Options) (*gpurunner.TPRank, *kvslab.Pool, error), kind string) (engine.Runner, *kvslab.Pool, error) {
 	first, n := f.nodeRanks()
 	join := func(rank int) (*gpurunner.TPRank, *kvslab.Pool, dist.Communicator, error) {
-		ctl, err := dist.JoinTCP(f.initAddr, rank, f.size, dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: "tp-gpu-ctl"})
+		ctl, err := dist.JoinTCP(f.initAddr, rank, f.ranks(), dist.Options{Timeout: 100 * 365 * 24 * time.Hour, JoinTimeout: f.joinTimeout(), Group: kind + "-gpu-ctl"})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -267,7 +274,7 @@ func openTPGPUNode(shard gpurunner.DenseShard, opts gpurunner.Options, f *tpFlag
 		if c, err := cudart.DeviceCount(); err == nil && opts.Ordinal+f.localRank+n <= c {
 			o.Ordinal += f.localRank + rank - first
 		} // else every rank of this node on --gpu (NCCL_MULTI_RANK_GPU_ENABLE=1), as in-process ranks are
-		g, pool, err := gpurunner.JoinDenseTP(shard, ctl, o)
+		g, pool, err := joinRank(shard, ctl, o)
 		if err != nil {
 			ctl.Close()
 			return nil, nil, nil, fmt.Errorf("on GPU %d: %w", o.Ordinal, err)
@@ -285,10 +292,10 @@ func openTPGPUNode(shard gpurunner.DenseShard, opts gpurunner.Options, f *tpFlag
 	wait := withLocalRanks(first, n, follow)
 	if first != 0 {
 		if err := follow(first); err != nil {
-			return nil, nil, fmt.Errorf("tp worker: rank %d: %w", first, err)
+			return nil, nil, fmt.Errorf("%s worker: rank %d: %w", kind, first, err)
 		}
 		if err := wait(); err != nil {
-			return nil, nil, fmt.Errorf("tp worker: %w", err)
+			return nil, nil, fmt.Errorf("%s worker: %w", kind, err)
 		}
 		return nil, nil, errWorkerDone
 	}

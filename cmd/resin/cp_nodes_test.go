@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cudart/emutest"
+)
+
+// cpOverNodes runs generate with args and layout over two "nodes" (this process node 0,
+// a child of this binary node 1 with torchrun's environment) meeting over TCP at
+// --dist-init-addr, and returns node 0's stdout and --logits-out file; node 1 must print
+// no tokens and end when node 0 stops it.
+func cpOverNodes(t *testing.T, args, layout []string) (string, []byte) {
+	t.Helper()
+	addr := rendezvousAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	kill, wait := startNode(t, append(append([]string{}, args...), layout...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	lg := filepath.Join(t.TempDir(), "nodes.safetensors")
+	got, errOut, err := runGenerate(t, append(append(append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...), layout...), "--logits-out", lg)...)
+	if err != nil {
+		kill()
+		t.Fatalf("%v over two nodes: node 0: %v (%s)", layout, err, errOut)
+	}
+	if out := wait(); strings.Contains(out, "tokens:") {
+		t.Errorf("%v: node 1 printed tokens:\n%s", layout, out)
+	}
+	b, err := os.ReadFile(lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got, b
+}
+
+// TestGenerateCPNodes: prefill CP across two nodes (one cp rank each, the control and
+// data groups over the TCP rendezvous, joinCPNodes) gives --cp 1's tokens and
+// --logits-out: llama within 1e-5 (a 7-token prompt split 4+3, and in plans of 4 with
+// --max-batch-tokens 4) and deepseek-v4-flash (its KV side all-gathered over the data
+// group), the --cp 1 logits file byte for byte for llama.
+func TestGenerateCPNodes(t *testing.T) {
+	for _, c := range []struct {
+		model, cfg string
+		extra      []string
+	}{
+		{"llama", filepath.Join("testdata", "tiny-llama", "config.json"), nil},
+		{"llama", filepath.Join("testdata", "tiny-llama", "config.json"), []string{"--max-batch-tokens", "4"}},
+		{"deepseek-v4-flash", filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json"), nil},
+	} {
+		args := append([]string{"--model", c.model, "--random-weights", c.cfg, "--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "6", "--ignore-eos"}, c.extra...)
+		oneLg := filepath.Join(t.TempDir(), "one.safetensors")
+		one, errOut, err := runGenerate(t, append(append([]string{}, args...), "--logits-out", oneLg)...)
+		if err != nil {
+			t.Fatalf("%s --cp 1: %v\n%s", c.model, err, errOut)
+		}
+		got, lg := cpOverNodes(t, args, []string{"--cp", "2"})
+		if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
+			t.Errorf("%s %v --cp 2 over two nodes: %q, --cp 1 %q", c.model, c.extra, tokensLine(got), tokensLine(one))
+		}
+		wantLg, wantShape := readLogits(t, oneLg)
+		lgPath := filepath.Join(t.TempDir(), "got.safetensors")
+		if err := os.WriteFile(lgPath, lg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		g, shape := readLogits(t, lgPath)
+		logitsClose(t, c.model+" --cp 2 over two nodes", g, shape, wantLg, wantShape)
+	}
+}
+
+// TestGenerateCPGPUNodes: llama's GPU prefill CP across two nodes on the emulated device
+// (openDenseGPUNode with gpurunner.JoinDenseCP: rank 0's NCCL id over the TCP
+// rendezvous; the emulated NCCL meets the ranks in this host's shared memory, as real
+// NCCL's bootstrap would across hosts) prints --cp 1's tokens and its --logits-out byte
+// for byte.
+func TestGenerateCPGPUNodes(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=1") {
+		return
+	}
+	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"), "--device", "cuda-emu",
+		"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "6", "--ignore-eos"}
+	oneLg := filepath.Join(t.TempDir(), "one.safetensors")
+	one, errOut, err := runGenerate(t, append(append([]string{}, args...), "--logits-out", oneLg)...)
+	if err != nil {
+		t.Fatalf("--cp 1: %v\n%s", err, errOut)
+	}
+	got, lg := cpOverNodes(t, args, []string{"--cp", "2"})
+	if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
+		t.Errorf("--cp 2 over two GPU nodes: %q, --cp 1 %q", tokensLine(got), tokensLine(one))
+	}
+	if want, err := os.ReadFile(oneLg); err != nil || !bytes.Equal(lg, want) {
+		t.Errorf("--cp 2 over two GPU nodes: --logits-out differs from --cp 1's (%d and %d bytes, %v)", len(lg), len(want), err)
+	}
+}
