@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -49,6 +50,7 @@ func vendorCore(coreDir string, python bool) ([]vendoredFile, error) {
 		}
 		out = append(out, vendoredFile{f, data})
 	}
+	ignored := gitIgnored(coreDir)
 	err := filepath.WalkDir(filepath.Join(coreDir, "core"), func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -62,11 +64,17 @@ func vendorCore(coreDir string, python bool) ([]vendoredFile, error) {
 		if strings.HasSuffix(p, "_test.go") || !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") || buildOutput(d.Name()) {
 			return nil
 		}
+		r, _ := filepath.Rel(coreDir, p)
+		if ignored[filepath.ToSlash(r)] {
+			return nil
+		}
 		data, err := os.ReadFile(p)
 		if err != nil {
 			return err
 		}
-		r, _ := filepath.Rel(coreDir, p)
+		if executable(data) {
+			return nil // a binary go build left beside its main package
+		}
 		out = append(out, vendoredFile{filepath.ToSlash(r), data})
 		return nil
 	})
@@ -88,12 +96,43 @@ func vendorCore(coreDir string, python bool) ([]vendoredFile, error) {
 // test -c's binary, a profile), not source: a fork would carry a binary naming this
 // checkout.
 func buildOutput(name string) bool {
-	for _, ext := range []string{".test", ".prof", ".pprof", ".out"} {
+	for _, ext := range []string{".test", ".prof", ".pprof"} {
 		if strings.HasSuffix(name, ext) {
 			return true
 		}
 	}
 	return false
+}
+
+// executable reports whether data is a compiled program (ELF or Mach-O), not source.
+func executable(data []byte) bool {
+	if bytes.HasPrefix(data, []byte("\x7fELF")) {
+		return true
+	}
+	if len(data) >= 4 {
+		switch m := binary.LittleEndian.Uint32(data); m {
+		case 0xfeedface, 0xfeedfacf, 0xcefaedfe, 0xcffaedfe:
+			return true
+		}
+	}
+	return false
+}
+
+// gitIgnored is the set of files under core/ that the checkout's git ignores (build
+// outputs, caches), by their slash path from coreDir; empty where coreDir is no git
+// checkout (a module cache's copy), where buildOutput and executable still apply.
+func gitIgnored(coreDir string) map[string]bool {
+	out, err := exec.Command("git", "-C", coreDir, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--", "core").Output()
+	set := map[string]bool{}
+	if err != nil {
+		return set
+	}
+	for _, f := range strings.Split(string(out), "\x00") {
+		if f != "" {
+			set[f] = true
+		}
+	}
+	return set
 }
 
 // vendorPython reads the resin-runner Python package of a checkout: its pyproject.toml and

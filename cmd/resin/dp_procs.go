@@ -44,17 +44,17 @@ type dpRank struct {
 
 // openGPUDPRank opens dp rank data.Rank() of MoE model name from dir on GPU
 // opts.Ordinal, in this process, for --dp-procs on the GPU: the models' JoinGPUDPRank,
-// its NCCL communicator joined with the other processes' ranks over data.
-func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d int, data dist.Communicator) (dpRank, error) {
+// its NCCL communicator joined with the other processes' ranks over hello.
+func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d int, hello, data dist.Communicator) (dpRank, error) {
 	switch name {
 	case deepseekv4flash.Name:
-		g, err := deepseekv4flash.JoinGPUDPRank(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), data)
+		g, err := deepseekv4flash.JoinGPUDPRank(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), hello, data)
 		if err != nil {
 			return dpRank{}, err
 		}
 		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close}, nil
 	case glm5flash.Name:
-		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
+		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), hello, data)
 		if err != nil {
 			return dpRank{}, err
 		}
@@ -127,9 +127,9 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-dp", os.Getpid()), Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: drafts}
 	var w *launch.Workers
 	if gpu != nil {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, nil, nil, err
+		exe, xerr := os.Executable()
+		if xerr != nil {
+			return nil, nil, nil, xerr
 		}
 		w, err = launchGPUWorkers(exe, spec, gpu.ordinals, gpu.opts, gpu.emulate)
 	} else {
@@ -140,10 +140,29 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 	}
 	ctl, data, err := dp.JoinShm(spec.Name, 0, n, dpJoinOptions(w.Exited(), stepTimeout))
 	if err != nil {
+		err = workerError(w, err)
 		w.Kill()
-		return nil, nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return leadDP(what, name, dir, cacheBytes, d, drafts, ctl, data, gpu, w, nil)
+	hello, err := dist.JoinShm(spec.Name+"-hello", 0, n, dpHelloOptions(w.Exited(), 10*time.Minute))
+	if err != nil {
+		err = workerError(w, err)
+		w.Kill()
+		for _, c := range ctl[1:] {
+			c.Close()
+		}
+		data.Close()
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return leadDP(what, name, dir, cacheBytes, d, drafts, ctl, data, hello, gpu, w, nil)
+}
+
+// dpHelloOptions are those of a dp group's hello communicator, on which the ranks meet
+// while they open (the GPU ranks' NCCL rendezvous, the barrier once all have loaded): its
+// waits last as long as a rank may take to read and upload its weights, where an expert
+// exchange on the data group's waits up to a minute.
+func dpHelloOptions(cancel <-chan struct{}, wait time.Duration) dist.Options {
+	return dist.Options{Timeout: wait, JoinTimeout: wait, Cancel: cancel}
 }
 
 // leadDP is dp rank 0 of a group whose other ranks are processes (workers w, or ranks on
@@ -152,11 +171,12 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 // rank to have loaded, and returns rank 0's runner (whose StopRanks stops the others
 // through ctl, reaps w and waits) and pool, and the other ranks' runners and ledger
 // pools under one dp.Group.
-func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.Communicator, data dist.Communicator, gpu *dpGPUProcs, w *launch.Workers, wait func() error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.Communicator, data, hello dist.Communicator, gpu *dpGPUProcs, w *launch.Workers, wait func() error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	n := len(ctl)
 	var r0 dpRank
 	var err error
 	fail := func(err error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+		err = workerError(w, err) // before the kill, which stops recording exits
 		w.Kill()
 		for _, c := range ctl[1:] {
 			c.Close()
@@ -165,25 +185,30 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 			r0.close()
 		}
 		data.Close()
+		if hello != nil {
+			hello.Close()
+		}
 		if wait != nil {
 			err = errors.Join(err, wait())
 		}
-		return nil, nil, nil, fmt.Errorf("%s: %w", what, workerError(w, err))
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if gpu != nil {
 		opts := gpu.opts
 		opts.Ordinal = gpu.ordinals[0]
-		r0, err = openGPUDPRank(name, dir, cacheBytes, opts, d, data)
+		r0, err = openGPUDPRank(name, dir, cacheBytes, opts, d, hello, data)
 	} else {
 		r0, err = openDPRank(name, dir, cacheBytes, d, drafts, data)
 	}
 	if err == nil {
 		// Every rank has read dir (which the caller may remove once this returns).
-		err = data.Barrier()
+		err = hello.Barrier()
 	}
 	if err != nil {
 		return fail(err)
 	}
+	hello.Close() // every rank has opened
+	hello = nil
 	ranks, err := dp.RemoteRanks(r0.forward, ctl, r0.cacheGroups, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return fail(err)
@@ -263,6 +288,12 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 			if err != nil {
 				return err
 			}
+			hello, err := dist.JoinTCP(t.initAddr, rank, n, withGroup(dpHelloOptions(nil, t.joinTimeout()), "dp-hello"))
+			if err != nil {
+				ctl[0].Close()
+				data.Close()
+				return err
+			}
 			spec := tpWorkerSpec{Rank: rank, Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: f.specTokens}
 			var opts *gpurunner.Options
 			if gpu != nil {
@@ -270,7 +301,7 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 				o.Ordinal = gpu.ordinals[rank-first]
 				opts = &o
 			}
-			return serveDPRank(spec, ctl[0], data, opts)
+			return serveDPRank(spec, ctl[0], data, hello, opts)
 		}
 		wait := withLocalRanks(first, local, serve)
 		if first != 0 {
@@ -286,7 +317,15 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
 		}
-		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, ctl, data, gpu, nil, wait)
+		hello, err := dist.JoinTCP(t.initAddr, 0, n, withGroup(dpHelloOptions(nil, t.joinTimeout()), "dp-hello"))
+		if err != nil {
+			for _, c := range ctl[1:] {
+				c.Close()
+			}
+			data.Close()
+			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
+		}
+		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, ctl, data, hello, gpu, nil, wait)
 	}
 	if !f.device.CUDA() {
 		return open(f.cacheBytes, nil)
@@ -335,30 +374,39 @@ func runDPWorker(spec tpWorkerSpec) error {
 	if err != nil {
 		return err
 	}
+	hello, err := dist.JoinShm(spec.Name+"-hello", spec.Rank, spec.Size, dpHelloOptions(nil, 10*time.Minute))
+	if err != nil {
+		ctl[0].Close()
+		data.Close()
+		return err
+	}
 	var opts *gpurunner.Options
 	if gs := spec.GPU; gs != nil {
 		if gs.Emulate {
 			if err := cudart.Emulate(); err != nil {
 				ctl[0].Close()
 				data.Close()
+				hello.Close()
 				return fmt.Errorf("dp rank %d: --device cuda-emu: %w", spec.Rank, err)
 			}
 		}
 		opts = &gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: true, KernelCache: gs.KernelCache, Log: os.Stderr}
 	}
-	return serveDPRank(spec, ctl[0], data, opts)
+	return serveDPRank(spec, ctl[0], data, hello, opts)
 }
 
 // serveDPRank opens dp rank spec.Rank of MoE model spec.Model on data (on the GPU opts
-// names, when not nil) and runs every plan rank 0's stepper sends on ctl, over its own
-// cache, until rank 0 stops it; it closes ctl, data and the rank.
-func serveDPRank(spec tpWorkerSpec, ctl, data dist.Communicator, opts *gpurunner.Options) error {
+// names, when not nil, meeting the others on hello while it opens) and runs every plan
+// rank 0's stepper sends on ctl, over its own cache, until rank 0 stops it; it closes
+// ctl, data, hello and the rank.
+func serveDPRank(spec tpWorkerSpec, ctl, data, hello dist.Communicator, opts *gpurunner.Options) error {
 	defer ctl.Close()
 	defer data.Close()
+	defer hello.Close()
 	var r dpRank
 	var err error
 	if opts != nil {
-		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, *opts, spec.Dispatch, data)
+		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, *opts, spec.Dispatch, hello, data)
 	} else {
 		r, err = openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, data)
 	}
@@ -368,8 +416,14 @@ func serveDPRank(spec tpWorkerSpec, ctl, data dist.Communicator, opts *gpurunner
 	if r.close != nil {
 		defer r.close()
 	}
-	if err := data.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
+	if err := hello.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
 	}
 	return dp.ServeRank(ctl, r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))), r.draft)
+}
+
+// withGroup is o for the rendezvous group name (dist.JoinTCP's Options.Group).
+func withGroup(o dist.Options, name string) dist.Options {
+	o.Group = name
+	return o
 }

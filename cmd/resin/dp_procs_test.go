@@ -24,22 +24,32 @@ import (
 // signal (launch's exit on the dp group's error), within the test's deadline, and rank
 // 0's Health (serve's /health) reports it before that request; stopping
 // the ranks then returns and leaves no worker process behind.
-func TestDPProcsWorkerKilled(t *testing.T) { checkDPProcsWorkerKilled(t, nil) }
+func TestDPProcsWorkerKilled(t *testing.T) { checkDPProcsWorkerKilled(t, "", nil) }
 
 // TestGPUDPProcsWorkerKilled is TestDPProcsWorkerKilled on two emulated GPUs (--device
 // cuda-emu --dp 2 --dp-attention --dp-procs: rank 1's worker process on GPU 1, the
 // experts' rows exchanged over the emulated NCCL across the processes, which sees the
-// killed worker's process gone).
+// killed worker's process gone), by both exchanges (the all-to-all's sends and receives
+// across the processes too), leaving no message file in /dev/shm.
 func TestGPUDPProcsWorkerKilled(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
 	}
-	checkDPProcsWorkerKilled(t, &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}, ordinals: []int{0, 1}, emulate: true})
+	for _, dispatch := range []string{"gather", "all-to-all"} {
+		t.Run(dispatch, func(t *testing.T) {
+			checkDPProcsWorkerKilled(t, dispatch, &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}, ordinals: []int{0, 1}, emulate: true})
+		})
+	}
+	// The emulated NCCL's message files to or from the killed worker went with the
+	// communicators.
+	if left, _ := filepath.Glob("/dev/shm/resin-emu-nccl-*-p2p-*"); len(left) > 0 {
+		t.Errorf("point-to-point message files left in /dev/shm: %v", left)
+	}
 }
 
-// checkDPProcsWorkerKilled is TestDPProcsWorkerKilled's run, its ranks on gpu's GPUs
-// where gpu is not nil.
-func checkDPProcsWorkerKilled(t *testing.T, gpu *dpGPUProcs) {
+// checkDPProcsWorkerKilled is TestDPProcsWorkerKilled's run by exchange dispatch ("":
+// the default), its ranks on gpu's GPUs where gpu is not nil.
+func checkDPProcsWorkerKilled(t *testing.T, dispatch string, gpu *dpGPUProcs) {
 	dir := t.TempDir()
 	cfg, err := os.ReadFile("../../models/glm-5-flash/config.json")
 	if err != nil {
@@ -48,7 +58,7 @@ func checkDPProcsWorkerKilled(t *testing.T, gpu *dpGPUProcs) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "", 2, 0, 5*time.Minute, gpu)
+	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, dispatch, 2, 0, 5*time.Minute, gpu)
 	if err != nil {
 		t.Fatal(err)
 	}

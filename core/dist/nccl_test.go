@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -149,20 +150,25 @@ func collectives(c Communicator) ([]byte, error) {
 		return nil, fmt.Errorf("broadcast: got %d bytes, not the root's %d", len(b), len(big))
 	}
 	// All-to-all-v: grouped ncclSend/ncclRecv (across processes the emulated NCCL's files).
-	msg := func(from, to int) []byte { return bytes.Repeat([]byte{byte(16*from + to + 1)}, 300*(from+1)+13*to) }
-	send := make([][]byte, n)
-	for q := range send {
-		send[q] = msg(me, q)
-	}
-	recv, err := c.AllToAllV(send)
-	if err != nil {
-		return nil, err
-	}
-	for q := range n {
-		if !bytes.Equal(recv[q], msg(q, me)) {
-			return nil, fmt.Errorf("all-to-all-v from rank %d: %d bytes, want %d", q, len(recv[q]), len(msg(q, me)))
+	// Twice, so each pair's second message follows its first in order.
+	for round := range 2 {
+		msg := func(from, to int) []byte {
+			return bytes.Repeat([]byte{byte(16*from + to + 1 + 64*round)}, 300*(from+1)+13*to+round*1000)
 		}
-		h.Write(recv[q])
+		send := make([][]byte, n)
+		for q := range send {
+			send[q] = msg(me, q)
+		}
+		recv, err := c.AllToAllV(send)
+		if err != nil {
+			return nil, err
+		}
+		for q := range n {
+			if !bytes.Equal(recv[q], msg(q, me)) {
+				return nil, fmt.Errorf("all-to-all-v %d from rank %d: %d bytes, want %d", round, q, len(recv[q]), len(msg(q, me)))
+			}
+			h.Write(recv[q])
+		}
 	}
 	return h.Sum(nil), nil
 }
@@ -280,8 +286,12 @@ func TestEmulatedNCCLProcesses(t *testing.T) {
 	if want := fmt.Sprintf("digest %x\n", local[1]); !strings.Contains(out.String(), want) {
 		t.Errorf("rank 1 across processes printed\n%s\nwant %q (its result in one process)", out, want)
 	}
-	if _, err := os.Stat("/dev/shm/" + strings.TrimRight(string(pid.Internal[:]), "\x00")); !os.IsNotExist(err) {
+	key := "/dev/shm/" + strings.TrimRight(string(pid.Internal[:]), "\x00")
+	if _, err := os.Stat(key); !os.IsNotExist(err) {
 		t.Errorf("the communicator's shared-memory segment is still there: %v", err)
+	}
+	if left, _ := filepath.Glob(key + "-p2p-*"); len(left) > 0 {
+		t.Errorf("point-to-point message files left in /dev/shm: %v", left)
 	}
 
 	// A peer that exits: rank 0's next collective fails naming it.

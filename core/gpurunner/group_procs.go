@@ -15,7 +15,9 @@ import (
 // worker per GPU on this host, or ranks on other nodes): Group's ranks, but joined over
 // a control communicator across processes (dist.JoinShm, dist.JoinTCP) instead of
 // started as goroutines. Rank 0 leads the plans (Leader, for the engine's runner); the
-// others Follow until rank 0 Stops them.
+// others Follow until rank 0 Stops them. A JoinPeerRank rank is a group's rank without
+// the lock step (DP-attention's: its plans come otherwise): it neither leads nor follows,
+// and Stop does nothing.
 type ProcRank struct {
 	name    string
 	r       GroupRank
@@ -157,7 +159,8 @@ func (g *ProcRank) Rank() GroupRank { return g.r }
 func (g *ProcRank) Pool() *kvslab.Pool { return g.r.Pool }
 
 // Leader is rank 0's end of the group for core/cpurunner: each plan checked, broadcast on
-// the control communicator and run with the others (a Drafter when the ranks draft).
+// the control communicator and run with the others (a Drafter when the ranks draft). It
+// is for JoinGroup's ranks: a JoinPeerRank rank has no lock-step forward to lead with.
 func (g *ProcRank) Leader() lockstep.Leader { return lockstep.LeadRank(g.ctl, g.r.Rank) }
 
 // Follow runs a rank other than 0: each plan rank 0 broadcasts, its CacheOps executed on

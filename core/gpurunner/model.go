@@ -357,8 +357,8 @@ func (m *Dense) logitsOf(c *cudart.Ctx, s *cudart.Stream, full *PlanLayout, fin 
 
 // cpIdle is the forward of a context-parallel rank whose chunk of a split step is empty:
 // it joins every layer's gather (sending no rows of its own) and writes the plan's keys
-// and values into its cache, then the head's gather, and computes and samples the
-// logits as the others do.
+// and values into its cache, then, where the step has logits rows, the head's gather,
+// and computes and samples the logits as the others do (logitsOf).
 func (m *Dense) cpIdle(c *cudart.Ctx, s *cudart.Stream, sample bool) error {
 	cfg, st := m.Config, m.cp.step
 	rope := m.ropeTable()

@@ -161,12 +161,14 @@ func (g *GPUDPRank) Close() error { return g.proc.Close() }
 // JoinGPUDPRank opens dp rank data.Rank() of data.Size() of the model in dir for
 // DP-attention on the GPU as a process of its own on GPU opts.Ordinal (cmd/resin's
 // --dp-procs workers on the GPU; rank 0 in the engines' process), OpenGPUDPRanks' rank
-// r: the others meet it over data (the dp group's host communicator, shared memory or
-// TCP) for rank 0's NCCL id and pool geometry, every rank's outcome and the NCCL join
-// (gpurunner.JoinPeerRank), and its MoE layers exchange rows with theirs on that NCCL
+// r: the others meet it over hello (a communicator of the dp group whose waits last as
+// long as a rank may take to open: rank 0 waits there while the others read and upload
+// their weights) for rank 0's NCCL id and pool geometry, every rank's outcome and the
+// NCCL join (gpurunner.JoinPeerRank); data is the dp group's host communicator (its
+// steps' agreement), and its MoE layers exchange rows with theirs on that NCCL
 // communicator. Each rank runs its own engine's plans through DPForward (core/dist/dp's
 // Group, in rank 0's process, sends them). Steps run eagerly.
-func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data dist.Communicator) (*GPUDPRank, error) {
+func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, hello, data dist.Communicator) (*GPUDPRank, error) {
 	rank, size := data.Rank(), data.Size()
 	fail := func(err error) (*GPUDPRank, error) {
 		return nil, fmt.Errorf("%s: DP-attention rank %d of %d: %w", Name, rank, size, err)
@@ -187,7 +189,7 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	}
 	var run *GPURunner
 	var pool *kvslab.Pool
-	proc, err := gpurunner.JoinPeerRank(Name, data, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
+	proc, err := gpurunner.JoinPeerRank(Name, hello, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
 		var err error
 		if run, pool, err = open(rank, data, dev, cache, lim, bytes); err != nil {
 			return gpurunner.GroupRank{}, err

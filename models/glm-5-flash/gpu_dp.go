@@ -176,10 +176,11 @@ func (g *GPUDPRank) Close() error { return g.proc.Close() }
 // JoinGPUDPRank opens dp rank data.Rank() of data.Size() of the model in dir for
 // DP-attention on the GPU as a process of its own on GPU opts.Ordinal, as
 // deepseek-v4-flash's JoinGPUDPRank: OpenGPUDPRanks' rank r, meeting the others over
-// data (gpurunner.JoinPeerRank: rank 0's NCCL id and pool geometry, every rank's
-// outcome, the NCCL join), its MoE layers exchanging rows with theirs on that NCCL
+// hello (waits as long as a rank may take to open; gpurunner.JoinPeerRank: rank 0's NCCL
+// id and pool geometry, every rank's outcome, the NCCL join), data the dp group's host
+// communicator, its MoE layers exchanging rows with theirs on that NCCL
 // communicator, its own engine's plans run through DPForward. Steps run eagerly.
-func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data dist.Communicator) (*GPUDPRank, error) {
+func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, hello, data dist.Communicator) (*GPUDPRank, error) {
 	rank, size := data.Rank(), data.Size()
 	fail := func(err error) (*GPUDPRank, error) {
 		return nil, fmt.Errorf("%s: DP-attention rank %d of %d: %w", Name, rank, size, err)
@@ -200,7 +201,7 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	}
 	var run *GPURunner
 	var pool *kvslab.Pool
-	proc, err := gpurunner.JoinPeerRank(Name, data, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
+	proc, err := gpurunner.JoinPeerRank(Name, hello, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
 		var err error
 		if run, pool, err = open(rank, data, dev, cache, lim, bytes); err != nil {
 			return gpurunner.GroupRank{}, err

@@ -187,7 +187,12 @@ int collective(Comm* c, const std::string& kind, const void* send, void* recv, s
     g->recv.assign(g->ranks, nullptr);
     g->in.assign(g->ranks, false);
   } else if (g->kind != kind || g->count != count || g->type != type || g->op != op) {
-    return kInvalidUsage;  // the ranks called different collectives
+    // The ranks called different collectives: they are out of step, and the ones waiting
+    // learn why now rather than at the deadline.
+    g->broken = "emulated NCCL: rank " + std::to_string(c->rank) + " called " + kind + " of " + std::to_string(count) +
+                " where the others called " + g->kind + " of " + std::to_string(g->count) + "; the communicator is broken";
+    g->cv.notify_all();
+    return systemError(g->broken);
   }
   g->send[c->rank] = send;
   g->recv[c->rank] = recv;
@@ -307,11 +312,14 @@ Slot* slotOf(Shm* s, int r) {
 
 char* dataOf(Shm* s, int r) { return (char*)slotOf(s, r) + kSlotHeader; }
 
+// peerPid is the process of rank peer of a communicator across processes.
+int peerPid(const Comm* c, int peer) { return __atomic_load_n(&slotOf(c->shm, peer)->pid, __ATOMIC_ACQUIRE); }
+
 double timeoutSeconds() {
   const char* e = getenv("RESIN_EMU_NCCL_TIMEOUT");
   if (e && *e) {
     double v = atof(e);
-    if (v > 0) return v;
+    if (v > 0) return v < 1e8 ? v : 1e8;  // beyond ~3 years: as good as none, and no overflow
   }
   return 300;
 }
@@ -613,15 +621,19 @@ extern "C" int ncclCommDestroy(void* comm) {
   if (!comm) return kInvalidArgument;
   Comm* c = (Comm*)comm;
   if (c->shm) {
-    // Messages to this rank it never received (a failed step's) go with it.
+    // Messages nobody will read go with it: those to this rank (a failed step's), and
+    // those from or to a rank whose process is gone (a killed worker's).
     std::string prefix = c->key + "-p2p-";
-    std::string to = "-" + std::to_string(c->rank) + "-";
+    std::vector<bool> gone(c->ranks, false);
+    for (int r = 0; r < c->ranks; r++) gone[r] = r != c->rank && exited(peerPid(c, r));
     if (DIR* d = opendir("/dev/shm")) {
       while (struct dirent* e = readdir(d)) {
         std::string name = e->d_name;
         if (name.rfind(prefix, 0) != 0) continue;
-        size_t from_end = name.find('-', prefix.size());
-        if (from_end != std::string::npos && name.compare(from_end, to.size(), to) == 0) unlink(("/dev/shm/" + name).c_str());
+        int from = -1, to = -1;
+        if (sscanf(name.c_str() + prefix.size(), "%d-%d-", &from, &to) != 2) continue;
+        bool ok = from >= 0 && from < c->ranks && to >= 0 && to < c->ranks;
+        if (ok && (to == c->rank || gone[from] || gone[to])) unlink(("/dev/shm/" + name).c_str());
       }
       closedir(d);
     }
@@ -691,6 +703,9 @@ int submitP2P(P2P op) {
   auto run = op.run;
   Result r = Submit(op.stream, Op{op.what, [=]() -> Result {
                                    *rc = run();
+                                   // As the collectives' (submit): a dead or late peer's
+                                   // message comes back when the op ran deferred.
+                                   if (*rc == kSystemError) return resin_emu::kLaunchFailed;
                                    return *rc == kSuccess ? 0 : 1;
                                  }});
   if (r != 0 && *rc == kSuccess) return kUnhandledCudaError;
@@ -715,45 +730,82 @@ std::string p2pPath(const Comm* c, int from, int to, unsigned long long k) {
   return "/dev/shm/" + c->key + "-p2p-" + std::to_string(from) + "-" + std::to_string(to) + "-" + std::to_string(k);
 }
 
+// shmSend writes message k to peer. A send that fails breaks the communicator and leaves
+// <path>.err saying why, so the receiver fails at once rather than at the deadline.
 int shmSend(Comm* c, const void* buf, size_t n, int peer) {
   if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
-  std::string path = p2pPath(c, c->rank, peer, ++c->sent[peer]);
+  unsigned long long k = ++c->sent[peer];
+  std::string path = p2pPath(c, c->rank, peer, k);
+  std::string what = "emulated NCCL send #" + std::to_string(k) + " of rank " + std::to_string(c->rank) + " to rank " + std::to_string(peer);
+  auto fail = [&](const std::string& why) {
+    c->broken = what + ": " + why;
+    int fd = open((path + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+      ssize_t w = write(fd, c->broken.data(), c->broken.size());
+      (void)w;
+      close(fd);
+    }
+    return systemError(c->broken);
+  };
+  int pid = peerPid(c, peer);
+  if (peer != c->rank && exited(pid)) return fail("the process exited (pid " + std::to_string(pid) + ")");
   std::string tmp = path + ".tmp";
-  FILE* f = fopen(tmp.c_str(), "wb");
-  if (!f) return systemError("emulated NCCL send to rank " + std::to_string(peer) + ": " + tmp + ": " + strerror(errno));
-  bool ok = n == 0 || fwrite(buf, 1, n, f) == n;
-  ok = fclose(f) == 0 && ok;
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);  // as private as the segment
+  if (fd < 0) return fail(tmp + ": " + strerror(errno));
+  const char* p = (const char*)buf;
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = write(fd, p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += (size_t)w;
+  }
+  bool ok = done == n;
+  ok = close(fd) == 0 && ok;
   if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
     unlink(tmp.c_str());
-    return systemError("emulated NCCL send to rank " + std::to_string(peer) + ": write " + path + " failed");
+    return fail("write " + path + " failed");
   }
   return kSuccess;
 }
 
+// shmRecv reads message k from peer: it waits for the file (or the sender's .err), failing
+// once the sender's process is gone and the message still is not there, or after the
+// deadline; every failure breaks the communicator.
 int shmRecv(Comm* c, void* buf, size_t n, int peer) {
   if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
   unsigned long long k = ++c->received[peer];
   std::string path = p2pPath(c, peer, c->rank, k);
   std::string what = "emulated NCCL recv #" + std::to_string(k) + " of rank " + std::to_string(c->rank) + " from rank " + std::to_string(peer);
-  int pid = __atomic_load_n(&slotOf(c->shm, peer)->pid, __ATOMIC_ACQUIRE);
+  auto fail = [&](const std::string& why) {
+    c->broken = what + ": " + why;
+    return systemError(c->broken);
+  };
+  int pid = peerPid(c, peer);
   auto start = std::chrono::steady_clock::now();
   long sleep_ns = 1000;
   FILE* f;
   while ((f = fopen(path.c_str(), "rb")) == nullptr) {
+    if (errno != ENOENT) return fail(path + ": " + strerror(errno));
+    if (FILE* e = fopen((path + ".err").c_str(), "rb")) {
+      char msg[512] = {0};
+      size_t m = fread(msg, 1, sizeof msg - 1, e);
+      fclose(e);
+      unlink((path + ".err").c_str());
+      return fail("the sender failed: " + std::string(msg, m));
+    }
     struct timespec ts = {0, sleep_ns};
     nanosleep(&ts, nullptr);
     sleep_ns = sleep_ns * 2 > 1000000 ? 1000000 : sleep_ns * 2;
-    if (access(path.c_str(), F_OK) == 0) continue;
-    if (exited(pid)) {
-      c->broken = what + ": the process exited (pid " + std::to_string(pid) + ")";
-      return systemError(c->broken);
+    if (peer != c->rank && exited(pid)) {
+      if ((f = fopen(path.c_str(), "rb")) != nullptr) break;  // it sent, then exited
+      return fail("the process exited (pid " + std::to_string(pid) + ")");
     }
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeoutSeconds()) {
       char b[64];
       snprintf(b, sizeof b, "%.0f", timeoutSeconds());
-      c->broken = what + ": not there within " + b + " s (RESIN_EMU_NCCL_TIMEOUT)";
-      return systemError(c->broken);
+      return fail(std::string("not there within ") + b + " s (RESIN_EMU_NCCL_TIMEOUT)");
     }
   }
   fseek(f, 0, SEEK_END);
@@ -762,10 +814,7 @@ int shmRecv(Comm* c, void* buf, size_t n, int peer) {
   bool ok = size == (long)n && (n == 0 || fread(buf, 1, n, f) == n);
   fclose(f);
   unlink(path.c_str());
-  if (!ok) {
-    c->broken = what + ": a message of " + std::to_string(size) + " bytes where " + std::to_string(n) + " were expected";
-    return kInvalidUsage;
-  }
+  if (!ok) return fail("a message of " + std::to_string(size) + " bytes where " + std::to_string(n) + " were expected");
   return kSuccess;
 }
 
@@ -778,6 +827,7 @@ extern "C" int ncclSend(const void* buf, size_t count, int type, int peer, void*
   if (c->shm) return queueP2P(P2P{stream, true, "nccl send", [=]() -> int { return shmSend(c, buf, n, peer); }});
   return queueP2P(P2P{stream, true, "nccl send", [=]() -> int {
                         std::lock_guard<std::mutex> l(c->g->mu);
+                        if (!c->g->broken.empty()) return systemError(c->g->broken);
                         const char* p = (const char*)buf;
                         c->g->sends[{c->rank, peer}].emplace_back(p, p + n);
                         c->g->cv.notify_all();
@@ -798,11 +848,20 @@ extern "C" int ncclRecv(void* buf, size_t count, int type, int peer, void* comm,
                         double secs = timeoutSeconds();
                         auto deadline = std::chrono::steady_clock::now() +
                                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(secs));
-                        if (!g->cv.wait_until(l, deadline, [&] { return !g->sends[key].empty(); })) {
-                          char b[64];
-                          snprintf(b, sizeof b, "%.0f", secs);
-                          return systemError("emulated NCCL recv of rank " + std::to_string(c->rank) + " from rank " + std::to_string(peer) +
-                                             ": no message within " + b + " s (RESIN_EMU_NCCL_TIMEOUT)");
+                        if (!g->broken.empty()) return systemError(g->broken);
+                        g->cv.wait_until(l, deadline, [&] { return !g->sends[key].empty() || !g->broken.empty(); });
+                        if (g->sends[key].empty()) {
+                          if (g->broken.empty()) {
+                            // A late send must not feed the next step's receive: the
+                            // group is out of step from here on, as after a collective's
+                            // timeout.
+                            char b[64];
+                            snprintf(b, sizeof b, "%.0f", secs);
+                            g->broken = "emulated NCCL recv of rank " + std::to_string(c->rank) + " from rank " + std::to_string(peer) +
+                                        ": no message within " + b + " s (RESIN_EMU_NCCL_TIMEOUT); the communicator is broken";
+                            g->cv.notify_all();
+                          }
+                          return systemError(g->broken);
                         }
                         std::vector<char> msg = std::move(g->sends[key].front());
                         g->sends[key].erase(g->sends[key].begin());
