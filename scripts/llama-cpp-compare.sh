@@ -26,7 +26,10 @@
 # (fp32,bf16,int8; bf16dot is resin's bf16 with RESIN_BF16_DOT=on, prefill on AVX-512 BF16
 # dot products, against BF16 again), CONFIG (an HF config.json; default the ~120M llama of
 # llama-cpu-bench.sh), LLAMA_CPP_PYTHON (the sdist version, 0.3.36), LLAMA_CMAKE_FLAGS
-# (extra cmake flags, e.g. -DGGML_AMX_INT8=OFF where the AMX kernels die), LLAMA_ARGS
+# (extra cmake flags, e.g. -DGGML_AMX_INT8=OFF where the AMX kernels die), LLAMA_CPP_BUILD
+# (a llama.cpp build directory to use instead of .cache/llama-cpp/build: on the 2-core
+# Xeon VM of the README's table the native build's AMX Q8_0 kernels segfault, so it names
+# a -DGGML_NATIVE=OFF build with the AVX-512, VNNI and BF16 flags), LLAMA_ARGS
 # (extra flags for llama-bench and llama-batched-bench, e.g. `--poll 0`: on a loaded
 # machine llama.cpp's threads spin at each barrier by default and its decode collapses), VENV
 # (.cache/torch-venv: torch, transformers), OUT (.cache/llama-cpp-compare).

@@ -26,35 +26,10 @@ func TestEmulatedNCCL(t *testing.T) {
 		return
 	}
 	const n = 3
-	devs := make([]*cudart.Device, n)
-	for i := range devs {
-		d, err := cudart.OpenDevice(i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		devs[i] = d
-	}
+	devs := openDevices(t, n)
 	var first [][]byte
 	for run := range 2 {
-		id, err := cudart.NewNCCLUniqueID()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs := make([]Communicator, n)
-		errs := make(chan error, n)
-		for r := range n {
-			go func() {
-				c, err := NewNCCL(devs[r], id, n, r, Options{Timeout: 30 * time.Second})
-				cs[r] = c
-				errs <- err
-			}()
-		}
-		for range n {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
-			}
-		}
+		cs := joinNCCL(t, devs, Options{Timeout: 30 * time.Second})
 		digests, rerrs := runAll(cs, exercise)
 		for r, err := range rerrs {
 			if err != nil {
@@ -225,35 +200,10 @@ func TestEmulatedNCCLProcesses(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_CHUNK=4096", "RESIN_EMU_NCCL_TIMEOUT=600") {
 		return
 	}
-	devs := make([]*cudart.Device, 2)
-	for i := range devs {
-		d, err := cudart.OpenDevice(i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		devs[i] = d
-	}
+	devs := openDevices(t, 2)
 	o := Options{Timeout: 2 * time.Minute}
 	// In one process.
-	id, err := cudart.NewNCCLUniqueID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := make([]Communicator, 2)
-	errs := make(chan error, 2)
-	for r := range cs {
-		go func() {
-			c, err := NewNCCL(devs[r], id, 2, r, o)
-			cs[r] = c
-			errs <- err
-		}()
-	}
-	for range cs {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	cs := joinNCCL(t, devs, o)
 	local, lerrs := runAll(cs, collectives)
 	for r, err := range lerrs {
 		if err != nil {
@@ -373,36 +323,11 @@ func TestEmulatedNCCLLateRankInProcess(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_TIMEOUT=2") {
 		return
 	}
-	devs := make([]*cudart.Device, 2)
-	for i := range devs {
-		d, err := cudart.OpenDevice(i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		devs[i] = d
-	}
-	id, err := cudart.NewNCCLUniqueID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := make([]Communicator, 2)
-	errs := make(chan error, 2)
-	for r := range 2 {
-		go func() {
-			c, err := NewNCCL(devs[r], id, 2, r, Options{Timeout: time.Minute})
-			cs[r] = c
-			errs <- err
-		}()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	devs := openDevices(t, 2)
+	cs := joinNCCL(t, devs, Options{Timeout: time.Minute})
 	defer cs[0].Close()
 	defer cs[1].Close()
-	err = AllReduceF32(cs[0], make([]float32, 8))
+	err := AllReduceF32(cs[0], make([]float32, 8))
 	if err == nil || !strings.Contains(err.Error(), "rank(s) 1 did not arrive within 2 s") {
 		t.Fatalf("all-reduce with rank 1 absent: %v, want an error naming rank 1 and the 2 s deadline", err)
 	}
@@ -410,4 +335,44 @@ func TestEmulatedNCCLLateRankInProcess(t *testing.T) {
 	if err := AllReduceF32(cs[1], make([]float32, 8)); err == nil || !strings.Contains(err.Error(), "the communicator is broken") {
 		t.Fatalf("rank 1's all-reduce after rank 0 gave up: %v, want the broken group's error", err)
 	}
+}
+
+// openDevices opens emulated GPUs 0..n-1, closed when the test ends.
+func openDevices(t *testing.T, n int) []*cudart.Device {
+	t.Helper()
+	devs := make([]*cudart.Device, n)
+	for i := range devs {
+		d, err := cudart.OpenDevice(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs[i] = d
+	}
+	return devs
+}
+
+// joinNCCL joins one NCCL communicator of a new id over devs, rank r on devs[r], the
+// ranks goroutines of this process.
+func joinNCCL(t *testing.T, devs []*cudart.Device, o Options) []Communicator {
+	t.Helper()
+	id, err := cudart.NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := make([]Communicator, len(devs))
+	errs := make(chan error, len(devs))
+	for r := range devs {
+		go func() {
+			c, err := NewNCCL(devs[r], id, len(devs), r, o)
+			cs[r] = c
+			errs <- err
+		}()
+	}
+	for range devs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cs
 }

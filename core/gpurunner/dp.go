@@ -159,3 +159,42 @@ func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error,
 	}
 	return idle()
 }
+
+// JoinDPRank opens one DP-attention rank of a model's GPU runner as a process of its own
+// (a model's JoinGPUDPRank) on GPU opts.Ordinal: its device and kernel cache, then open
+// (its runner over the device, with a pool of the bytes given, rank 0's to the others)
+// inside JoinPeerRank's rendezvous on hello (rank 0's NCCL id and pool geometry, every
+// rank's outcome, the NCCL join), setComm handing the runner its NCCL end. owns makes
+// the runner close the device with itself; the device is closed here where open failed.
+// Close the ProcRank to free the communicator, the runner and the device.
+func JoinDPRank[R interface{ Close() error }](name string, opts Options, hello dist.Communicator, cacheBytes int64,
+	open func(dev *cudart.Device, cache *cudart.KernelCache, lim Limits, cacheBytes int64) (R, *kvslab.Pool, error),
+	owns func(R), setComm func(R, *cudart.Comm)) (R, *kvslab.Pool, *ProcRank, error) {
+	var run R
+	var pool *kvslab.Pool
+	if err := Available(opts.Ordinal); err != nil {
+		return run, nil, nil, err
+	}
+	lim, cache, dev, err := OpenSlotDevice(opts, name)
+	if err != nil {
+		return run, nil, nil, err
+	}
+	opened := false
+	proc, err := JoinPeerRank(name, hello, cacheBytes, func(bytes int64) (GroupRank, error) {
+		var err error
+		if run, pool, err = open(dev, cache, lim, bytes); err != nil {
+			return GroupRank{}, err
+		}
+		opened = true
+		owns(run) // closed with the runner from here on
+		return GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(c *cudart.Comm) { setComm(run, c) }}, nil
+	})
+	if err != nil {
+		if !opened {
+			dev.Close()
+		}
+		var zero R
+		return zero, nil, nil, err
+	}
+	return run, pool, proc, nil
+}

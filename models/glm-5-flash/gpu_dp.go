@@ -188,32 +188,15 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	if size < 2 {
 		return fail(fmt.Errorf("want 2 or more ranks"))
 	}
-	if err := gpurunner.Available(opts.Ordinal); err != nil {
-		return fail(err)
-	}
 	open, err := gpuDPOpener(dir, size, d)
 	if err != nil {
 		return fail(err)
 	}
-	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
+	run, pool, proc, err := gpurunner.JoinDPRank(Name, opts, hello, cacheBytes, func(dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, bytes int64) (*GPURunner, *kvslab.Pool, error) {
+		return open(rank, data, dev, cache, lim, bytes)
+	}, func(run *GPURunner) { run.ownsDev = true }, setDPComm)
 	if err != nil {
 		return fail(err)
-	}
-	var run *GPURunner
-	var pool *kvslab.Pool
-	proc, err := gpurunner.JoinPeerRank(Name, hello, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
-		var err error
-		if run, pool, err = open(rank, data, dev, cache, lim, bytes); err != nil {
-			return gpurunner.GroupRank{}, err
-		}
-		run.ownsDev = true // closed with the runner from here on
-		return gpurunner.GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(comm *cudart.Comm) { setDPComm(run, comm) }}, nil
-	})
-	if err != nil {
-		if run == nil {
-			dev.Close()
-		}
-		return nil, err
 	}
 	if opts.Log != nil && rank == 0 {
 		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks in processes of their own (the %s exchange), eager steps: %s\n", Name, size, d, run.Describe())
