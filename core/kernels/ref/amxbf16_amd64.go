@@ -25,10 +25,11 @@ func amxStoreT(out *float32, ldo int, c *float32, rows int, mask0, mask1 uint16)
 // amxTileConfig is LDTILECFG's 64-byte operand: palette 1, then each tile's bytes a row
 // and rows.
 type amxTileConfig struct {
-	palette, startRow uint8
-	_                 [14]byte
-	colsb             [16]uint16
-	rows              [16]uint8
+	palette uint8
+	_       uint8 // start_row: 0, no interrupted tile load to resume
+	_       [14]byte
+	colsb   [16]uint16
+	rows    [16]uint8
 }
 
 // amxConfig: every tile amxBF16Kernel uses (0-3 the products, 4-5 w, 6-7 the tokens) is
