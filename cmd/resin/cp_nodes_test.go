@@ -2,39 +2,12 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
 )
-
-// cpOverNodes runs generate with args and layout over two "nodes" (this process node 0,
-// a child of this binary node 1 with torchrun's environment) meeting over TCP at
-// --dist-init-addr, and returns node 0's stdout and --logits-out file; node 1 must print
-// no tokens and end when node 0 stops it.
-func cpOverNodes(t *testing.T, args, layout []string) (string, []byte) {
-	t.Helper()
-	addr := rendezvousAddr(t)
-	host, port, _ := net.SplitHostPort(addr)
-	kill, wait := startNode(t, append(append([]string{}, args...), layout...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
-	lg := filepath.Join(t.TempDir(), "nodes.safetensors")
-	got, errOut, err := runGenerate(t, append(append(append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...), layout...), "--logits-out", lg)...)
-	if err != nil {
-		kill()
-		t.Fatalf("%v over two nodes: node 0: %v (%s)", layout, err, errOut)
-	}
-	if out := wait(); strings.Contains(out, "tokens:") {
-		t.Errorf("%v: node 1 printed tokens:\n%s", layout, out)
-	}
-	b, err := os.ReadFile(lg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got, b
-}
 
 // TestGenerateCPNodes: prefill CP across two nodes (one cp rank each, the control and
 // data groups over the TCP rendezvous, joinCPNodes) gives --cp 1's tokens and
@@ -56,16 +29,12 @@ func TestGenerateCPNodes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s --cp 1: %v\n%s", c.model, err, errOut)
 		}
-		got, lg := cpOverNodes(t, args, []string{"--cp", "2"})
+		got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2"})
 		if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
 			t.Errorf("%s %v --cp 2 over two nodes: %q, --cp 1 %q", c.model, c.extra, tokensLine(got), tokensLine(one))
 		}
 		wantLg, wantShape := readLogits(t, oneLg)
-		lgPath := filepath.Join(t.TempDir(), "got.safetensors")
-		if err := os.WriteFile(lgPath, lg, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		g, shape := readLogits(t, lgPath)
+		g, shape := readLogitsBytes(t, lg)
 		logitsClose(t, c.model+" --cp 2 over two nodes", g, shape, wantLg, wantShape)
 	}
 }
@@ -86,11 +55,21 @@ func TestGenerateCPGPUNodes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--cp 1: %v\n%s", err, errOut)
 	}
-	got, lg := cpOverNodes(t, args, []string{"--cp", "2"})
+	got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2"})
 	if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
 		t.Errorf("--cp 2 over two GPU nodes: %q, --cp 1 %q", tokensLine(got), tokensLine(one))
 	}
 	if want, err := os.ReadFile(oneLg); err != nil || !bytes.Equal(lg, want) {
 		t.Errorf("--cp 2 over two GPU nodes: --logits-out differs from --cp 1's (%d and %d bytes, %v)", len(lg), len(want), err)
 	}
+}
+
+// readLogitsBytes is readLogits on a --logits-out file's bytes.
+func readLogitsBytes(t *testing.T, b []byte) ([]float32, []int) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "logits.safetensors")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return readLogits(t, path)
 }

@@ -123,45 +123,30 @@ func gpuDPRanksOf[R interface {
 // emulator shows as many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
 func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	n := len(data)
-	open := gpuDPOpeners[name]
-	switch {
-	case open == nil:
-		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s (--device cpu runs llama's)", n, f.device.Device, name)
-	case f.specTokens > 0:
-		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", n, f.device.Device, f.specTokens)
-	}
 	d, err := dispatchOf(f.tp.dispatch)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
-		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(n))
-	}
-	var gpus []gpuDPRank
-	var pools []*kvslab.Pool
-	var closeAll func() error
-	_, _, err = f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
-		var err error
-		gpus, pools, closeAll, err = open(dir, cacheBytes, opts, d, data)
-		return nil, nil, err
-	}, dir, f.cacheBytes)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
-	}
-	ranks := make([]dp.Rank, n)
-	for r, g := range gpus {
-		ranks[r] = dp.Rank{Forward: g.forward, CacheGroups: len(g.info.CacheGroups), Ctl: ctl[r], Data: data[r]}
-	}
-	group, err := dp.NewGroup(ranks, dp.Options{})
-	if err != nil {
-		closeAll()
-		return nil, nil, nil, err
-	}
-	runners := make([]engine.Runner, n)
-	for r, g := range gpus {
-		runners[r] = cpurunner.New(g.info, group.Runner(r))
-	}
-	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group, Close: closeAll}, nil
+	return f.openGPUDP(name, dir, fmt.Sprintf("--dp %d --dp-attention", n), n, func(cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+		gpus, pools, closeAll, err := gpuDPOpeners[name](dir, cacheBytes, opts, d, data)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
+		}
+		ranks := make([]dp.Rank, n)
+		for r, g := range gpus {
+			ranks[r] = dp.Rank{Forward: g.forward, CacheGroups: len(g.info.CacheGroups), Ctl: ctl[r], Data: data[r]}
+		}
+		group, err := dp.NewGroup(ranks, dp.Options{})
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		runners := make([]engine.Runner, n)
+		for r, g := range gpus {
+			runners[r] = cpurunner.New(g.info, group.Runner(r))
+		}
+		return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group, Close: closeAll}, nil
+	})
 }
 
 // openDPProcsGPU opens --dp n --dp-attention --dp-procs on GPUs for MoE model name: dp
@@ -169,28 +154,39 @@ func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Com
 // runner of this process and ranks 1..n-1 worker processes of this binary, each with its
 // own device pool, the routed experts split over the ranks and their rows exchanged over
 // NCCL across the processes by --ep-dispatch (the models' JoinGPUDPRank); the engines and
-// the coordinator stay here (openDPProcs). With --device cuda-emu the emulator shows as
-// many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
+// the coordinator stay here (openDPProcs).
 func (f *runtimeFlags) openDPProcsGPU(name, dir string) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	n := f.dp.size
+	return f.openGPUDP(name, dir, fmt.Sprintf("--dp %d --dp-attention --dp-procs", n), n, func(cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal, n)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return openDPProcs(name, dir, cacheBytes, f.tp.dispatch, n, 0, f.dp.stepTimeout, &dpGPUProcs{opts: opts, ordinals: ordinals, emulate: f.device.Device == cli.DeviceCUDAEmu})
+	})
+}
+
+// openGPUDP runs open, which opens dp ranks of MoE model name on GPUs (local of them in
+// this process or its workers: with --device cuda-emu the emulator shows that many GPUs
+// unless RESIN_EMU_DEVICES says otherwise, and the workers inherit it), inside --device's
+// GPU opener with its runner options and the cache's bytes. A model without GPU
+// DP-attention, and drafts, are refused first; what names the layout in the errors.
+func (f *runtimeFlags) openGPUDP(name, dir, what string, local int, open func(cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error)) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	switch {
 	case gpuDPOpeners[name] == nil:
-		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --dp-procs --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s", n, f.device.Device, name)
+		return nil, nil, nil, fmt.Errorf("%s --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s (--device cpu runs llama's)", what, f.device.Device, name)
 	case f.specTokens > 0:
-		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", n, f.device.Device, f.specTokens)
+		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", what, f.device.Device, f.specTokens)
 	}
 	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
-		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(n)) // the workers inherit it
+		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(local))
 	}
 	var run engine.Runner
 	var pool *kvslab.Pool
 	var ranks *cli.DPRanks
 	_, _, err := f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
-		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal, n)
-		if err != nil {
-			return nil, nil, err
-		}
-		run, pool, ranks, err = openDPProcs(name, dir, cacheBytes, f.tp.dispatch, n, 0, f.dp.stepTimeout, &dpGPUProcs{opts: opts, ordinals: ordinals, emulate: f.device.Device == cli.DeviceCUDAEmu})
+		var err error
+		run, pool, ranks, err = open(cacheBytes, opts)
 		return nil, nil, err
 	}, dir, f.cacheBytes)
 	if err != nil {

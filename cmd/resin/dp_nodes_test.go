@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,23 +26,11 @@ func TestGenerateDPAttentionNodes(t *testing.T) {
 	}
 	wantLg, wantShape := readLogits(t, oneLg)
 	for _, dispatch := range []string{"gather", "all-to-all"} {
-		addr := rendezvousAddr(t)
-		host, port, _ := net.SplitHostPort(addr)
-		layout := []string{"--dp", "4", "--dp-attention", "--ep-dispatch", dispatch}
-		kill, wait := startNode(t, append(append([]string{}, args...), layout...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
-		lg := filepath.Join(t.TempDir(), "nodes.safetensors")
-		got, errOut, err := runGenerate(t, append(append(append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...), layout...), "--logits-out", lg)...)
-		if err != nil {
-			kill()
-			t.Fatalf("--ep-dispatch %s: node 0: %v (%s)", dispatch, err, errOut)
-		}
-		if out := wait(); strings.Contains(out, "tokens:") {
-			t.Errorf("--ep-dispatch %s: node 1 printed tokens:\n%s", dispatch, out)
-		}
+		got, lg := generateOverTwoNodes(t, args, []string{"--dp", "4", "--dp-attention", "--ep-dispatch", dispatch})
 		if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
 			t.Errorf("--ep-dispatch %s: two nodes %q, one engine %q", dispatch, tokensLine(got), tokensLine(one))
 		}
-		g, shape := readLogits(t, lg)
+		g, shape := readLogitsBytes(t, lg)
 		logitsClose(t, "--dp 4 --dp-attention over two nodes, --ep-dispatch "+dispatch, g, shape, wantLg, wantShape)
 	}
 	_, _, err = runGenerate(t, append(append([]string{}, args...), "--dp", "3", "--dp-attention", "--nnodes", "2", "--dist-init-addr", rendezvousAddr(t))...)
@@ -69,20 +56,10 @@ func TestGenerateDPAttentionGPUNodes(t *testing.T) {
 		t.Fatalf("on the CPU: %v\n%s", err, errOut)
 	}
 	wantLg, wantShape := readLogits(t, cpuLg)
-	addr := rendezvousAddr(t)
-	host, port, _ := net.SplitHostPort(addr)
-	layout := []string{"--dp", "2", "--dp-attention", "--device", "cuda-emu"}
-	kill, wait := startNode(t, append(append([]string{}, args...), layout...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
-	lg := filepath.Join(t.TempDir(), "nodes.safetensors")
-	got, errOut, err := runGenerate(t, append(append(append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...), layout...), "--logits-out", lg)...)
-	if err != nil {
-		kill()
-		t.Fatalf("node 0: %v (%s)", err, errOut)
-	}
-	wait()
+	got, lg := generateOverTwoNodes(t, args, []string{"--dp", "2", "--dp-attention", "--device", "cuda-emu"})
 	if tokensLine(got) == "" || tokensLine(got) != tokensLine(cpu) {
 		t.Errorf("two GPU nodes %q, the CPU %q", tokensLine(got), tokensLine(cpu))
 	}
-	g, shape := readLogits(t, lg)
+	g, shape := readLogitsBytes(t, lg)
 	logitsClose(t, "--dp 2 --dp-attention --device cuda-emu over two nodes", g, shape, wantLg, wantShape)
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/resin-llm/resin/core/cli"
@@ -138,31 +137,13 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	ctl, data, err := dp.JoinShm(spec.Name, 0, n, dpJoinOptions(w.Exited(), stepTimeout))
+	ctl, data, hello, err := dp.JoinShm(spec.Name, 0, n, dpJoinOptions(w.Exited(), stepTimeout))
 	if err != nil {
 		err = workerError(w, err)
 		w.Kill()
-		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
-	}
-	hello, err := dist.JoinShm(spec.Name+"-hello", 0, n, dpHelloOptions(w.Exited(), 10*time.Minute))
-	if err != nil {
-		err = workerError(w, err)
-		w.Kill()
-		for _, c := range ctl[1:] {
-			c.Close()
-		}
-		data.Close()
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return leadDP(what, name, dir, cacheBytes, d, drafts, ctl, data, hello, gpu, w, nil)
-}
-
-// dpHelloOptions are those of a dp group's hello communicator, on which the ranks meet
-// while they open (the GPU ranks' NCCL rendezvous, the barrier once all have loaded): its
-// waits last as long as a rank may take to read and upload its weights, where an expert
-// exchange on the data group's waits up to a minute.
-func dpHelloOptions(cancel <-chan struct{}, wait time.Duration) dist.Options {
-	return dist.Options{Timeout: wait, JoinTimeout: wait, Cancel: cancel}
 }
 
 // leadDP is dp rank 0 of a group whose other ranks are processes (workers w, or ranks on
@@ -266,12 +247,6 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	t, n := &f.tp, f.dp.size
 	what := fmt.Sprintf("--dp %d --dp-attention over %d nodes", n, t.nnodes)
-	switch {
-	case f.specTokens > 0 && f.device.CUDA():
-		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", what, f.device.Device, f.specTokens)
-	case f.device.CUDA() && gpuDPOpeners[name] == nil:
-		return nil, nil, nil, fmt.Errorf("%s --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s", what, f.device.Device, name)
-	}
 	d, err := dispatchOf(t.dispatch)
 	if err != nil {
 		return nil, nil, nil, err
@@ -284,14 +259,8 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 	o.JoinTimeout = t.joinTimeout()
 	open := func(cacheBytes int64, gpu *dpGPUProcs) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 		serve := func(rank int) error {
-			ctl, data, err := dp.JoinTCP(t.initAddr, rank, n, o)
+			ctl, data, hello, err := dp.JoinTCP(t.initAddr, rank, n, o)
 			if err != nil {
-				return err
-			}
-			hello, err := dist.JoinTCP(t.initAddr, rank, n, withGroup(dpHelloOptions(nil, t.joinTimeout()), "dp-hello"))
-			if err != nil {
-				ctl[0].Close()
-				data.Close()
 				return err
 			}
 			spec := tpWorkerSpec{Rank: rank, Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: f.specTokens}
@@ -313,16 +282,8 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 			}
 			return nil, nil, nil, errWorkerDone
 		}
-		ctl, data, err := dp.JoinTCP(t.initAddr, 0, n, o)
+		ctl, data, hello, err := dp.JoinTCP(t.initAddr, 0, n, o)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
-		}
-		hello, err := dist.JoinTCP(t.initAddr, 0, n, withGroup(dpHelloOptions(nil, t.joinTimeout()), "dp-hello"))
-		if err != nil {
-			for _, c := range ctl[1:] {
-				c.Close()
-			}
-			data.Close()
 			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
 		}
 		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, ctl, data, hello, gpu, nil, wait)
@@ -330,26 +291,15 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 	if !f.device.CUDA() {
 		return open(f.cacheBytes, nil)
 	}
-	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
-		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(local))
-	}
-	var run engine.Runner
-	var pool *kvslab.Pool
-	var ranks *cli.DPRanks
-	_, _, err = f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+	return f.openGPUDP(name, dir, what, local, func(cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 		// This node's ranks on GPUs --gpu+LOCAL_RANK+i where the driver sees that many,
 		// else all on --gpu (NCCL_MULTI_RANK_GPU_ENABLE=1), as the TP nodes' are.
 		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal+t.localRank, local)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		run, pool, ranks, err = open(cacheBytes, &dpGPUProcs{opts: opts, ordinals: ordinals})
-		return nil, nil, err
-	}, dir, f.cacheBytes)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return run, pool, ranks, nil
+		return open(cacheBytes, &dpGPUProcs{opts: opts, ordinals: ordinals})
+	})
 }
 
 // workerErrors is a dp rank's runner whose step errors carry the exit of the worker
@@ -370,14 +320,8 @@ func (r workerErrors) Draft(p *engine.BatchPlan, res *engine.StepResult) error {
 // runDPWorker is a --dp-procs worker: dp rank spec.Rank's forward, over its own cache, on
 // every plan rank 0's stepper for it sends, until rank 0 stops it.
 func runDPWorker(spec tpWorkerSpec) error {
-	ctl, data, err := dp.JoinShm(spec.Name, spec.Rank, spec.Size, dpJoinOptions(nil, 0))
+	ctl, data, hello, err := dp.JoinShm(spec.Name, spec.Rank, spec.Size, dpJoinOptions(nil, 0))
 	if err != nil {
-		return err
-	}
-	hello, err := dist.JoinShm(spec.Name+"-hello", spec.Rank, spec.Size, dpHelloOptions(nil, 10*time.Minute))
-	if err != nil {
-		ctl[0].Close()
-		data.Close()
 		return err
 	}
 	var opts *gpurunner.Options
@@ -420,10 +364,4 @@ func serveDPRank(spec tpWorkerSpec, ctl, data, hello dist.Communicator, opts *gp
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
 	}
 	return dp.ServeRank(ctl, r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))), r.draft)
-}
-
-// withGroup is o for the rendezvous group name (dist.JoinTCP's Options.Group).
-func withGroup(o dist.Options, name string) dist.Options {
-	o.Group = name
-	return o
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -94,4 +95,29 @@ func TestGenerateNodesSeveralRanksEach(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "the 4 ranks must split evenly over the nodes") {
 		t.Fatalf("--ep 4 over 3 nodes: %v", err)
 	}
+}
+
+// generateOverTwoNodes runs generate with args and layout over two "nodes" (this process node 0,
+// a child of this binary node 1 with torchrun's environment) meeting over TCP at
+// --dist-init-addr, and returns node 0's stdout and --logits-out file; node 1 must print
+// no tokens and end when node 0 stops it.
+func generateOverTwoNodes(t *testing.T, args, layout []string) (string, []byte) {
+	t.Helper()
+	addr := rendezvousAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	kill, wait := startNode(t, append(append([]string{}, args...), layout...), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	lg := filepath.Join(t.TempDir(), "nodes.safetensors")
+	got, errOut, err := runGenerate(t, append(append(append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, args...), layout...), "--logits-out", lg)...)
+	if err != nil {
+		kill()
+		t.Fatalf("%v over two nodes: node 0: %v (%s)", layout, err, errOut)
+	}
+	if out := wait(); strings.Contains(out, "tokens:") {
+		t.Errorf("%v: node 1 printed tokens:\n%s", layout, out)
+	}
+	b, err := os.ReadFile(lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got, b
 }

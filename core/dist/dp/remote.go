@@ -302,10 +302,14 @@ func StopRemote(ctl []dist.Communicator) error {
 // plan as long as the engines idle, rank 0 for a worker's reply to one plan up to
 // o.StepTimeout (StepTimeoutOr: a worker alive but stuck outside any collective fails the
 // step naming its rank instead of hanging the group). Rank 0 gets ctl[r] for each worker
-// r (ctl[0] nil), a worker r ctl[0], its pair.
-// Rank 0 joins the pairs in rank order, then data, as the workers do theirs; o.Cancel
-// ends a join whose peer will never come (a launcher closes it when a worker exits).
-func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicator, data dist.Communicator, err error) {
+// r (ctl[0] nil), a worker r ctl[0], its pair. hello is every rank's too, for while the
+// ranks open (the GPU ranks' NCCL rendezvous, the barrier once all have loaded): its
+// waits last o.JoinTimeout, as long as a rank may take to read its weights, where data's
+// last o.Timeout; close it once the ranks have opened.
+// Rank 0 joins the pairs in rank order, then data and hello, as the workers do theirs;
+// o.Cancel ends a join whose peer will never come (a launcher closes it when a worker
+// exits).
+func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicator, data, hello dist.Communicator, err error) {
 	return joinRanks(rank, size, o, func(group string, rank, size int, o dist.Options) (dist.Communicator, error) {
 		return dist.JoinShm(name+"-"+group, rank, size, o)
 	})
@@ -314,7 +318,7 @@ func JoinShm(name string, rank, size int, o dist.Options) (ctl []dist.Communicat
 // JoinTCP is JoinShm across hosts: the same groups, met over TCP at addr (rank 0, which
 // listens there, hosting every group's rendezvous in turn; dist.JoinTCP's Options.Group
 // tells them apart, prefixed by o.Group).
-func JoinTCP(addr string, rank, size int, o dist.Options) (ctl []dist.Communicator, data dist.Communicator, err error) {
+func JoinTCP(addr string, rank, size int, o dist.Options) (ctl []dist.Communicator, data, hello dist.Communicator, err error) {
 	prefix := o.Group
 	return joinRanks(rank, size, o, func(group string, rank, size int, o dist.Options) (dist.Communicator, error) {
 		o.Group = prefix + "dp-" + group
@@ -322,18 +326,19 @@ func JoinTCP(addr string, rank, size int, o dist.Options) (ctl []dist.Communicat
 	})
 }
 
-// joinRanks is JoinShm's order of joins through join (group "ctl<r>", a pair, then "data").
-func joinRanks(rank, size int, o dist.Options, join func(group string, rank, size int, o dist.Options) (dist.Communicator, error)) (ctl []dist.Communicator, data dist.Communicator, err error) {
+// joinRanks is JoinShm's order of joins through join (group "ctl<r>", a pair, then
+// "data" and "hello").
+func joinRanks(rank, size int, o dist.Options, join func(group string, rank, size int, o dist.Options) (dist.Communicator, error)) (ctl []dist.Communicator, data, hello dist.Communicator, err error) {
 	if size < 2 || rank < 0 || rank >= size {
-		return nil, nil, fmt.Errorf("dp: join rank %d of %d processes", rank, size)
+		return nil, nil, nil, fmt.Errorf("dp: join rank %d of %d processes", rank, size)
 	}
-	fail := func(err error) ([]dist.Communicator, dist.Communicator, error) {
-		for _, c := range ctl {
+	fail := func(err error) ([]dist.Communicator, dist.Communicator, dist.Communicator, error) {
+		for _, c := range append(ctl, data) {
 			if c != nil {
 				c.Close()
 			}
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	po := o
 	po.Timeout, po.JoinTimeout = 100*365*24*time.Hour, o.JoinTimeout
@@ -353,14 +358,19 @@ func joinRanks(rank, size int, o dist.Options, join func(group string, rank, siz
 	} else {
 		c, err := join(pair(rank), 1, 2, po)
 		if err != nil {
-			return nil, nil, fmt.Errorf("dp rank %d: join its control pair: %w", rank, err)
+			return nil, nil, nil, fmt.Errorf("dp rank %d: join its control pair: %w", rank, err)
 		}
 		ctl = []dist.Communicator{c}
 	}
 	if data, err = join("data", rank, size, o); err != nil {
 		return fail(fmt.Errorf("dp rank %d: join the data group: %w", rank, err))
 	}
-	return ctl, data, nil
+	ho := po
+	ho.Timeout = po.JoinTimeout
+	if hello, err = join("hello", rank, size, ho); err != nil {
+		return fail(fmt.Errorf("dp rank %d: join the hello group: %w", rank, err))
+	}
+	return ctl, data, hello, nil
 }
 
 // LedgerPool is a pool with like's cache groups and geometry (the same slabs, so the same

@@ -123,13 +123,17 @@ func TestJoinShmStuckWorker(t *testing.T) {
 	}
 	worker := make(chan joined, 1)
 	go func() {
-		ctl, data, err := dp.JoinShm(name, 1, 2, o)
+		ctl, data, hello, err := dp.JoinShm(name, 1, 2, o)
+		if hello != nil {
+			hello.Close()
+		}
 		worker <- joined{ctl, data, err}
 	}()
-	ctl, data, err := dp.JoinShm(name, 0, 2, o)
+	ctl, data, hello, err := dp.JoinShm(name, 0, 2, o)
 	if err != nil {
 		t.Fatal(err)
 	}
+	hello.Close()
 	defer data.Close()
 	w := <-worker
 	if w.err != nil {

@@ -64,10 +64,11 @@ func ServeWorker(t *testing.T, m Model) {
 	if !ok {
 		t.Skip("a dp rank of the dp process tests; runs only as their child")
 	}
-	ctl, data, err := dp.JoinShm(name, rank, size, dist.Options{Timeout: 20 * time.Second, JoinTimeout: time.Minute})
+	ctl, data, hello, err := dp.JoinShm(name, rank, size, dist.Options{Timeout: 20 * time.Second, JoinTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
+	hello.Close()
 	defer ctl[0].Close()
 	defer data.Close()
 	d, _ := strconv.Atoi(os.Getenv(envDispatch))

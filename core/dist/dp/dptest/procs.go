@@ -57,11 +57,13 @@ func StartProcs(t testing.TB, size int, worker string, env ...string) *Procs {
 		p.Cmds, p.outs = append(p.Cmds, cmd), append(p.outs, out)
 	}
 	var err error
-	p.Ctl, p.Data, err = dp.JoinShm(name, 0, size, dist.Options{Timeout: 20 * time.Second, JoinTimeout: time.Minute})
+	var hello dist.Communicator
+	p.Ctl, p.Data, hello, err = dp.JoinShm(name, 0, size, dist.Options{Timeout: 20 * time.Second, JoinTimeout: time.Minute})
 	if err != nil {
 		p.Stop(t, true)
 		t.Fatal(err)
 	}
+	hello.Close()
 	return p
 }
 
