@@ -39,6 +39,7 @@ type dpRank struct {
 	cacheGroups int
 	pool        *kvslab.Pool
 	close       func() error // a GPU rank's runner, device and NCCL end (nil on the CPU)
+	abort       func(error)  // a GPU rank's: aborts its NCCL communicator (nil on the CPU)
 }
 
 // openGPUDPRank opens dp rank data.Rank() of MoE model name from dir on GPU
@@ -51,13 +52,13 @@ func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close}, nil
+		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close, g.Abort}, nil
 	case glm5flash.Name:
 		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), hello, data)
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close}, nil
+		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close, g.Abort}, nil
 	}
 	return dpRank{}, fmt.Errorf("--dp-procs on the GPU: model %s has no GPU DP-attention ranks (deepseek-v4-flash, glm-5-flash)", name)
 }
@@ -80,7 +81,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Com
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil}
+		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil, nil}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -90,7 +91,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Com
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil}
+		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil, nil}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -156,7 +157,9 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 	n := len(ctl)
 	var r0 dpRank
 	var err error
+	watch := func() {} // abortOnExit's, once rank 0 has opened on a GPU
 	fail := func(err error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+		watch()
 		err = workerError(w, err) // before the kill, which stops recording exits
 		w.Kill()
 		for _, c := range ctl[1:] {
@@ -190,6 +193,9 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 	}
 	hello.Close() // every rank has opened
 	hello = nil
+	if r0.abort != nil && w != nil {
+		watch = abortOnExit(w, r0.abort)
+	}
 	ranks, err := dp.RemoteRanks(r0.forward, ctl, r0.cacheGroups, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return fail(err)
@@ -220,6 +226,7 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 	stop := func() error {
 		// The steppers end first (core/cli's Stop has closed the group already; on a
 		// failed start none ran), so that no step uses a pair while it is stopped.
+		watch()
 		err := errors.Join(group.Close(), dp.StopRemote(ctl))
 		err = errors.Join(err, w.Stop(30*time.Second))
 		if wait != nil {
@@ -334,7 +341,7 @@ func runDPWorker(spec tpWorkerSpec) error {
 				return fmt.Errorf("dp rank %d: --device cuda-emu: %w", spec.Rank, err)
 			}
 		}
-		opts = &gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: true, KernelCache: gs.KernelCache, Log: os.Stderr}
+		opts = &gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: true, KernelCache: gs.KernelCache, Watchdog: gs.Watchdog, Log: os.Stderr}
 	}
 	return serveDPRank(spec, ctl[0], data, hello, opts)
 }

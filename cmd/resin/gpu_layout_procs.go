@@ -68,6 +68,7 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	ws := &tpWorkers{ctl: ctl, data: data, w: w}
+	watch := abortOnExit(w, g.Abort)
 	lead := g.Leader()
 	lead.Lead = ws.forward(lead.Lead)
 	if lead.LeadDraft != nil {
@@ -75,6 +76,7 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 		lead.LeadDraft = func(p *engine.BatchPlan, res *engine.StepResult) error { return w.StepError(draft(p, res)) }
 	}
 	closeAll := func() error {
+		watch()
 		return errors.Join(g.Close(), w.Stop(30*time.Second), ctl.Close(), data.Close())
 	}
 	return &tpRunner{cpurunner.New(info, lead), closeAll, w}, g.Pool(), nil
@@ -99,7 +101,7 @@ func runGPULayoutWorker(spec tpWorkerSpec) error {
 	}
 	defer ctl.Close()
 	defer data.Close()
-	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache}
+	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache, Watchdog: gs.Watchdog}
 	g, _, err := join(spec.Dir, 0, opts, spec.TP, spec.EP, spec.Drafts, ctl, data)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net"
 	"os"
@@ -16,7 +17,9 @@ import (
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/weights"
+	deepseekv4flash "github.com/resin-llm/resin/models/deepseek-v4-flash"
 )
 
 // TestGenerateTPOnTheEmulatedDevice: generate --device cuda-emu --tp 2 runs llama's GPU
@@ -113,6 +116,114 @@ func checkGPUWorkerKilled(t *testing.T, dir, kind string) {
 	}
 	if pids := childWorkers(t); len(pids) > 0 {
 		t.Errorf("worker processes %v left after StopRanks", pids)
+	}
+}
+
+// TestGPUWorkerHangs: NCCL waits for good for a peer that died or hangs in a
+// collective; RESIN_EMU_NCCL_HANG=1 makes the emulated NCCL wait the same way, and
+// RESIN_EMU_NCCL_STALL_RANK=1 hangs worker rank 1 in its first collective, mid-step, of
+// llama's --tp 2 --tp-procs (gpurunner.TPRank) and deepseek-v4-flash's GPU layout --ep 2
+// --tp-procs (gpurunner.ProcRank). Killed there, rank 0's step, waiting in the same
+// collective, fails at once naming the worker's rank, pid and signal (abortOnExit aborts
+// rank 0's communicator; the watchdog's timeout is ten minutes). Left hanging, the step
+// fails at the watchdog's 2 s (--watchdog-timeout) with the communicator aborted. No
+// worker process is left either way.
+func TestGPUWorkerHangs(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1", "RESIN_EMU_NCCL_STALL_RANK=1") {
+		return
+	}
+	t.Run("llama-tp", func(t *testing.T) {
+		checkGPUWorkerHangs(t, filepath.Join("testdata", "tiny-llama", "config.json"), func(dir string, dog time.Duration) (engine.Runner, *kvslab.Pool, error) {
+			f := &runtimeFlags{device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Watchdog: dog}, cacheBytes: 4 << 20, tp: tpFlags{size: 2, procs: true}}
+			return f.openTPGPU("llama", dir)
+		})
+	})
+	t.Run("deepseek-v4-flash-ep", func(t *testing.T) {
+		checkGPUWorkerHangs(t, "../../models/deepseek-v4-flash/config.json", func(dir string, dog time.Duration) (engine.Runner, *kvslab.Pool, error) {
+			f := &runtimeFlags{tp: tpFlags{size: 1, ep: 2, procs: true, dispatch: "gather"}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Watchdog: dog}, cacheBytes: 4 << 20}
+			return f.openLayoutGPU(deepseekv4flash.Name, dir)
+		})
+	})
+}
+
+// checkGPUWorkerHangs is TestGPUWorkerHangs for the group open opens from the model
+// config at cfgPath with the watchdog's timeout given: one worker process, whose rank 1
+// hangs in its first collective.
+func checkGPUWorkerHangs(t *testing.T, cfgPath string, open func(dir string, watchdog time.Duration) (engine.Runner, *kvslab.Pool, error)) {
+	dir := t.TempDir()
+	cfg, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, kill := range []bool{true, false} {
+		name, timeout := "killed", 10*time.Minute
+		if !kill {
+			name, timeout = "hung", 2*time.Second
+		}
+		t.Run(name, func(t *testing.T) {
+			mark := filepath.Join(t.TempDir(), "stalled")
+			t.Setenv("RESIN_EMU_NCCL_STALL_MARK", mark) // the workers' environment
+			r, pool, err := open(dir, timeout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := r.(interface{ StopRanks() error })
+			pids := childWorkers(t)
+			if len(pids) != 1 {
+				stop.StopRanks()
+				t.Fatalf("worker processes %v, want one", pids)
+			}
+			s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.Execute(context.Background(), s.Schedule())
+				done <- err
+			}()
+			if kill {
+				for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+					if _, err := os.Stat(mark); err == nil {
+						break
+					}
+					if time.Since(start) > 5*time.Minute {
+						t.Fatal("worker rank 1 never reached its stall")
+					}
+				}
+				if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case err = <-done:
+			case <-time.After(5 * time.Minute):
+				t.Fatal("rank 0's step still waits in its collective")
+			}
+			if kill {
+				want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ") exited: signal: killed"
+				if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "aborted") {
+					t.Fatalf("the step whose worker was killed mid-collective: %v, want the abort naming %q", err, want)
+				}
+			} else if err == nil || !strings.Contains(err.Error(), "the NCCL communicator was aborted") {
+				t.Fatalf("the step whose worker hangs: %v, want the watchdog's abort", err)
+			}
+			var p interface{ Permanent() bool }
+			if !errors.As(err, &p) || !p.Permanent() {
+				t.Errorf("%v is not permanent (the server would run on)", err)
+			}
+			t.Logf("%v", err)
+			stop.StopRanks()
+			if pids := childWorkers(t); len(pids) > 0 {
+				t.Errorf("worker processes %v left after StopRanks", pids)
+			}
+		})
 	}
 }
 

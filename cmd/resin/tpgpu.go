@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/resin-llm/resin/core/cli"
@@ -108,6 +109,7 @@ type gpuWorkerSpec struct {
 	Limits      gpurunner.Limits
 	Eager       bool
 	KernelCache string
+	Watchdog    time.Duration // --watchdog-timeout
 }
 
 // tpGPUWorkers is rank 0 of a GPU TP group whose other ranks are worker processes: the
@@ -115,8 +117,9 @@ type gpuWorkerSpec struct {
 // (core/cli calls it when the engine stops) stops and reaps the workers.
 type tpGPUWorkers struct {
 	*gpurunner.TPRank
-	ctl dist.Communicator
-	w   *launch.Workers
+	ctl   dist.Communicator
+	w     *launch.Workers
+	watch func() // ends abortOnExit's watch
 }
 
 // Health is the first worker process that exited, or nil: serve's /health reports it,
@@ -158,7 +161,26 @@ func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opt
 		w.Kill()
 		return nil, nil, err
 	}
-	return &tpGPUWorkers{TPRank: g, ctl: ctl, w: w}, pool, nil
+	return &tpGPUWorkers{TPRank: g, ctl: ctl, w: w, watch: abortOnExit(w, g.Abort)}, pool, nil
+}
+
+// abortOnExit calls abort (rank 0's gpurunner.Watchdog.Abort) with the worker's exit as
+// soon as a worker of w exits, until the returned func is called. NCCL's collectives have
+// no deadline: without it, rank 0's step would wait in a collective for the dead rank
+// until the watchdog's timeout (--watchdog-timeout); with it the step fails at once,
+// naming the worker's rank, pid and signal. (The emulated NCCL notices a dead peer's
+// process by itself; RESIN_EMU_NCCL_HANG=1 makes it wait as NCCL does.)
+func abortOnExit(w *launch.Workers, abort func(error)) func() {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-w.Exited():
+			abort(w.Err())
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done) }) }
 }
 
 // launchGPUWorkers starts ranks 1..len(ordinals)-1 of spec as children exe (this binary),
@@ -170,7 +192,7 @@ func launchGPUWorkers(exe string, spec tpWorkerSpec, ordinals []int, opts gpurun
 	for rank := 1; rank < len(ordinals); rank++ {
 		s := spec
 		s.Rank = rank
-		s.GPU = &gpuWorkerSpec{Ordinal: ordinals[rank], Emulate: emulate, NUMA: opts.NUMA, Limits: opts.Limits, Eager: opts.Eager, KernelCache: opts.KernelCache}
+		s.GPU = &gpuWorkerSpec{Ordinal: ordinals[rank], Emulate: emulate, NUMA: opts.NUMA, Limits: opts.Limits, Eager: opts.Eager, KernelCache: opts.KernelCache, Watchdog: opts.Watchdog}
 		b, _ := json.Marshal(s)
 		ls := launch.Spec{Rank: rank, Path: exe, Env: []string{"RESIN_TP_WORKER=" + string(b)}, Stdout: io.Discard, Stderr: os.Stderr}
 		if binds != nil && binds[rank].Node >= 0 {
@@ -244,6 +266,7 @@ func (g *tpGPUWorkers) Execute(ctx context.Context, plan *engine.BatchPlan) (eng
 // StopRanks stops the workers, waits for them (killing any still running after a
 // while), then frees rank 0's runner.
 func (g *tpGPUWorkers) StopRanks() error {
+	g.watch()
 	err := g.TPRank.Stop()
 	err = errors.Join(err, g.w.Stop(30*time.Second))
 	g.ctl.Close()
@@ -346,7 +369,7 @@ func runGPUTPWorker(spec tpWorkerSpec) error {
 		return err
 	}
 	defer ctl.Close()
-	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache, Log: os.Stderr}
+	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache, Watchdog: gs.Watchdog, Log: os.Stderr}
 	g, _, err := join(shard, ctl, opts)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -42,25 +43,32 @@ type DeviceFlags struct {
 	NUMA   cudart.NUMAMode
 	GPU    int
 	Eager  bool
-	limits gpurunner.Limits
+	// Watchdog is --watchdog-timeout: how long one step of a multi-GPU group may run
+	// before the rank aborts its NCCL communicator (gpurunner.Options.Watchdog).
+	Watchdog time.Duration
+	limits   gpurunner.Limits
 }
 
-// Register adds --device, --numa, --gpu and --cuda-eager to cmd.
+// Register adds --device, --numa, --gpu, --cuda-eager and --watchdog-timeout to cmd.
 func (f *DeviceFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.Device, "device", DeviceCPU, "where the model runs: cpu (the Go reference forward), cuda (the GPU runner; needs an NVIDIA driver and CUDA's NVRTC and cuBLASLt libraries) or cuda-emu (the GPU runner on the emulated CUDA device, every kernel run on the CPU; needs g++)")
 	fl.Var(&f.NUMA, "numa", "with --device cuda: bind the process and its pinned buffers to a NUMA node: auto (the GPU's), off, or a node number")
 	fl.IntVar(&f.GPU, "gpu", 0, "with --device cuda: the GPU ordinal to run on")
 	fl.BoolVar(&f.Eager, "cuda-eager", false, "with --device cuda: launch every step's kernels, capturing no CUDA graphs")
+	fl.DurationVar(&f.Watchdog, "watchdog-timeout", gpurunner.DefaultWatchdog, "with --device cuda and several GPU ranks: how long one step may run before the rank aborts its NCCL communicator and the step fails (NCCL itself waits for a dead or hung peer for good; SGLang's --watchdog-timeout)")
 }
 
 // Check refuses a device this build does not know and GPU flags given without --device
 // cuda (they would be silently ignored).
 func (f *DeviceFlags) Check() error {
+	if f.Watchdog < 0 {
+		return fmt.Errorf("--watchdog-timeout %v: want a positive duration", f.Watchdog)
+	}
 	switch f.Device {
 	case DeviceCPU:
-		if f.NUMA != (cudart.NUMAMode{}) || f.GPU != 0 || f.Eager {
-			return errors.New("--numa, --gpu and --cuda-eager apply to --device cuda only")
+		if f.NUMA != (cudart.NUMAMode{}) || f.GPU != 0 || f.Eager || f.Watchdog != 0 && f.Watchdog != gpurunner.DefaultWatchdog {
+			return errors.New("--numa, --gpu, --cuda-eager and --watchdog-timeout apply to --device cuda only")
 		}
 	case DeviceCUDA:
 		if f.GPU < 0 {
@@ -91,7 +99,7 @@ func (f *DeviceFlags) SetEngineLimits(cfg engine.Config) {
 // GPUOptions are the gpurunner options of the flags: the GPU, NUMA binding, graph mode,
 // the engine's limits, an upload progress line on a terminal and notes to log.
 func (f *DeviceFlags) GPUOptions(log io.Writer) gpurunner.Options {
-	return gpurunner.Options{Ordinal: f.GPU, NUMA: f.NUMA, Eager: f.Eager, Limits: f.limits,
+	return gpurunner.Options{Ordinal: f.GPU, NUMA: f.NUMA, Eager: f.Eager, Limits: f.limits, Watchdog: f.Watchdog,
 		Progress: weights.TerminalProgress(), Log: log}
 }
 

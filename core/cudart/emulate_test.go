@@ -648,3 +648,91 @@ func TestEmulatorLibraryTouchedOnReuse(t *testing.T) {
 		t.Fatalf("%s after its reuse: modified %v, as set before it", p, info.ModTime())
 	}
 }
+
+// TestEmulatedNCCLAbort: with RESIN_EMU_NCCL_HANG=1 the emulated NCCL waits for a peer
+// that never arrives as NCCL does, for good; Comm.Abort from another goroutine ends rank
+// 0's wait with an error, fails every later call with ErrAborted (Destroy does nothing),
+// and breaks the group for the in-process peer too.
+func TestEmulatedNCCLAbort(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1") {
+		return
+	}
+	devs := make([]*Device, 2)
+	for i := range devs {
+		d, err := OpenDevice(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		devs[i] = d
+	}
+	id, err := NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	comms := make([]*Comm, 2)
+	joined := make(chan error, 2)
+	for r := range comms {
+		go func() {
+			joined <- devs[r].Do(func(c *Ctx) error {
+				var err error
+				comms[r], err = InitComm(c, id, 2, r)
+				return err
+			})
+		}()
+	}
+	for range comms {
+		if err := <-joined; err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer comms[1].Destroy()
+	// Rank 0's all-reduce; rank 1 never calls it.
+	var buf Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- devs[0].Do(func(c *Ctx) error {
+			var err error
+			if buf, err = c.Alloc(64); err != nil {
+				return err
+			}
+			return comms[0].AllReduce(buf.Ptr, buf.Ptr, 16, F32, Sum, nil)
+		})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the all-reduce without rank 1 returned (%v); NCCL would wait for good", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := comms[0].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the aborted all-reduce still waits")
+	}
+	if err == nil || !strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("the aborted all-reduce: %v, want an error saying it was aborted", err)
+	}
+	t.Logf("aborted: %v", err)
+	if !comms[0].Aborted() || comms[0].Abort() != nil || comms[0].Destroy() != nil {
+		t.Error("after Abort: Aborted false, or a second Abort or the Destroy failed")
+	}
+	err = devs[0].Do(func(c *Ctx) error { return comms[0].AllReduce(buf.Ptr, buf.Ptr, 16, F32, Sum, nil) })
+	if !errors.Is(err, ErrAborted) {
+		t.Errorf("an all-reduce after Abort: %v, want ErrAborted", err)
+	}
+	err = devs[1].Do(func(c *Ctx) error {
+		b, err := c.Alloc(64)
+		if err != nil {
+			return err
+		}
+		defer c.Free(b)
+		return comms[1].AllReduce(b.Ptr, b.Ptr, 16, F32, Sum, nil)
+	})
+	if err == nil || !strings.Contains(err.Error(), "aborted") {
+		t.Errorf("rank 1's all-reduce after rank 0 aborted: %v, want the abort's error", err)
+	}
+	devs[0].Do(func(c *Ctx) error { return c.Free(buf) })
+}

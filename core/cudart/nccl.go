@@ -1,8 +1,10 @@
 package cudart
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // NCCLUniqueID identifies a communicator; rank 0 creates it and sends it to the others.
@@ -13,6 +15,7 @@ type ncclAPI struct {
 	ncclGetUniqueId    func(id *NCCLUniqueID) int32
 	ncclCommInitRank   func(comm *uintptr, nranks int32, id NCCLUniqueID, rank int32) int32
 	ncclCommDestroy    func(comm uintptr) int32
+	ncclCommAbort      func(comm uintptr) int32
 	ncclAllReduce      func(send, recv uintptr, count uint64, dtype, op int32, comm, stream uintptr) int32
 	ncclAllGather      func(send, recv uintptr, count uint64, dtype int32, comm, stream uintptr) int32
 	ncclReduceScatter  func(send, recv uintptr, count uint64, dtype, op int32, comm, stream uintptr) int32
@@ -41,6 +44,7 @@ func loadNCCL() (*ncclAPI, error) {
 			{&a.ncclGetUniqueId, "ncclGetUniqueId"},
 			{&a.ncclCommInitRank, "ncclCommInitRank"},
 			{&a.ncclCommDestroy, "ncclCommDestroy"},
+			{&a.ncclCommAbort, "ncclCommAbort"},
 			{&a.ncclAllReduce, "ncclAllReduce"},
 			{&a.ncclAllGather, "ncclAllGather"},
 			{&a.ncclReduceScatter, "ncclReduceScatter"},
@@ -121,12 +125,16 @@ func ncclType(t DType) int32 {
 	return [...]int32{7, 9, 6}[t]
 }
 
+// ErrAborted is the error of a call on a communicator after Abort.
+var ErrAborted = errors.New("nccl: the communicator was aborted")
+
 // Comm is one rank of an NCCL communicator, bound to a device.
 type Comm struct {
-	api   *ncclAPI
-	h     uintptr
-	Rank  int
-	Ranks int
+	api     *ncclAPI
+	h       uintptr
+	aborted atomic.Bool
+	Rank    int
+	Ranks   int
 }
 
 // InitComm joins rank of a communicator of ranks processes or devices; it must run inside
@@ -147,19 +155,33 @@ func InitComm(c *Ctx, id NCCLUniqueID, ranks, rank int) (*Comm, error) {
 	return comm, nil
 }
 
+// call is check of the NCCL call r makes on m, unless m was aborted (ErrAborted).
+func (m *Comm) call(name string, r func() int32) error {
+	if m.aborted.Load() {
+		return fmt.Errorf("%s: %w", name, ErrAborted)
+	}
+	return m.api.check(name, r())
+}
+
 // AllReduce reduces count elements of send across ranks into recv (which may equal send).
 func (m *Comm) AllReduce(send, recv DevicePtr, count int, t DType, op ReduceOp, s *Stream) error {
-	return m.api.check("ncclAllReduce", m.api.ncclAllReduce(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(op), m.h, s.handle()))
+	return m.call("ncclAllReduce", func() int32 {
+		return m.api.ncclAllReduce(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(op), m.h, s.handle())
+	})
 }
 
 // AllGather gathers count elements from each rank into recv (Ranks*count elements).
 func (m *Comm) AllGather(send, recv DevicePtr, count int, t DType, s *Stream) error {
-	return m.api.check("ncclAllGather", m.api.ncclAllGather(uintptr(send), uintptr(recv), uint64(count), ncclType(t), m.h, s.handle()))
+	return m.call("ncclAllGather", func() int32 {
+		return m.api.ncclAllGather(uintptr(send), uintptr(recv), uint64(count), ncclType(t), m.h, s.handle())
+	})
 }
 
 // ReduceScatter reduces Ranks*count elements of send and leaves this rank's count in recv.
 func (m *Comm) ReduceScatter(send, recv DevicePtr, count int, t DType, op ReduceOp, s *Stream) error {
-	return m.api.check("ncclReduceScatter", m.api.ncclReduceScatter(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(op), m.h, s.handle()))
+	return m.call("ncclReduceScatter", func() int32 {
+		return m.api.ncclReduceScatter(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(op), m.h, s.handle())
+	})
 }
 
 // Broadcast copies count elements of root's send into every rank's recv (which may equal
@@ -168,7 +190,9 @@ func (m *Comm) Broadcast(send, recv DevicePtr, count int, t DType, root int, s *
 	if root < 0 || root >= m.Ranks {
 		return fmt.Errorf("nccl: broadcast root %d outside [0, %d)", root, m.Ranks)
 	}
-	return m.api.check("ncclBroadcast", m.api.ncclBroadcast(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(root), m.h, s.handle()))
+	return m.call("ncclBroadcast", func() int32 {
+		return m.api.ncclBroadcast(uintptr(send), uintptr(recv), uint64(count), ncclType(t), int32(root), m.h, s.handle())
+	})
 }
 
 // Bytes is the element type for moving raw bytes (Broadcast, Send, Recv, AllGather): NCCL's
@@ -177,12 +201,16 @@ const Bytes DType = 100
 
 // Send queues count elements to peer; pair it with the peer's Recv inside a group.
 func (m *Comm) Send(buf DevicePtr, count int, t DType, peer int, s *Stream) error {
-	return m.api.check("ncclSend", m.api.ncclSend(uintptr(buf), uint64(count), ncclType(t), int32(peer), m.h, s.handle()))
+	return m.call("ncclSend", func() int32 {
+		return m.api.ncclSend(uintptr(buf), uint64(count), ncclType(t), int32(peer), m.h, s.handle())
+	})
 }
 
 // Recv queues the receipt of count elements from peer.
 func (m *Comm) Recv(buf DevicePtr, count int, t DType, peer int, s *Stream) error {
-	return m.api.check("ncclRecv", m.api.ncclRecv(uintptr(buf), uint64(count), ncclType(t), int32(peer), m.h, s.handle()))
+	return m.call("ncclRecv", func() int32 {
+		return m.api.ncclRecv(uintptr(buf), uint64(count), ncclType(t), int32(peer), m.h, s.handle())
+	})
 }
 
 // Group runs fn between ncclGroupStart and ncclGroupEnd, so the sends and receives it
@@ -198,12 +226,28 @@ func (m *Comm) Group(fn func() error) error {
 	return ferr
 }
 
-// Destroy frees the communicator.
+// Destroy frees the communicator; after Abort it does nothing.
 func (m *Comm) Destroy() error {
-	if m.h == 0 {
+	if m.h == 0 || m.aborted.Load() {
 		return nil
 	}
 	err := m.api.check("ncclCommDestroy", m.api.ncclCommDestroy(m.h))
 	m.h = 0
 	return err
 }
+
+// Abort ends the communicator (ncclCommAbort) from any goroutine, while another may be
+// waiting on a stream whose collective will never complete (a peer died or hangs: NCCL's
+// collectives have no deadline): NCCL stops the rank's queued collectives, so the wait
+// returns. What they left in their buffers is undefined: a step that Abort ended has
+// failed, whatever its stream says (gpurunner.Watchdog). Every later call on m fails with
+// ErrAborted, and Destroy does nothing (the abort freed it). Abort is idempotent.
+func (m *Comm) Abort() error {
+	if m == nil || m.h == 0 || m.aborted.Swap(true) {
+		return nil
+	}
+	return m.api.check("ncclCommAbort", m.api.ncclCommAbort(m.h))
+}
+
+// Aborted reports whether Abort was called.
+func (m *Comm) Aborted() bool { return m != nil && m.aborted.Load() }

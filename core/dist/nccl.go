@@ -10,10 +10,10 @@ import (
 
 // NCCL is a Communicator over an NCCL communicator on one device. Host buffers are staged
 // through a device scratch buffer on the default stream; the GPU runners call Comm's
-// device-buffer collectives directly. NCCL itself cannot say which rank failed to arrive
-// and its calls cannot be interrupted here: a wait past the deadline is an ErrTimeout
-// without a rank, and the communicator is unusable afterwards (its device thread is
-// still inside NCCL).
+// device-buffer collectives directly. NCCL itself cannot say which rank failed to arrive:
+// a wait past the deadline is an ErrTimeout without a rank, and it aborts the
+// communicator (cudart.Comm.Abort), which ends the collective the device thread waits
+// in; the communicator is unusable afterwards.
 type NCCL struct {
 	Comm    *cudart.Comm
 	dev     *cudart.Device
@@ -55,7 +55,14 @@ func (n *NCCL) do(op string, fn func(c *cudart.Ctx) error) error {
 		}
 		return nil
 	case <-t.C:
-		n.broken = fmt.Errorf("dist: nccl %s: %w: a rank did not arrive within %v (NCCL does not say which); the communicator is unusable", op, ErrTimeout, n.o.timeout())
+		n.broken = fmt.Errorf("dist: nccl %s: %w: a rank did not arrive within %v (NCCL does not say which); the communicator is aborted", op, ErrTimeout, n.o.timeout())
+		if op != "join" { // (the join sets n.Comm on the device thread)
+			n.Comm.Abort()
+			select { // the aborted collective returns, and the device thread with it
+			case <-done:
+			case <-time.After(10 * time.Second):
+			}
+		}
 		return n.broken
 	}
 }

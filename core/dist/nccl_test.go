@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -312,6 +313,46 @@ func TestEmulatedNCCLLatePeer(t *testing.T) {
 		t.Fatalf("all-reduce with rank 1 stalled: %v, want an error naming rank 1 and the 2 s deadline", err)
 	}
 	t.Logf("with rank 1 stalled: %v", err)
+}
+
+// TestEmulatedNCCLTimeoutAborts: under RESIN_EMU_NCCL_HANG=1 the emulated NCCL waits for
+// a peer that never arrives as NCCL does, for good; NCCL's deadline (Options.Timeout, 2 s
+// here) fails the collective with ErrTimeout and aborts the communicator, which frees the
+// device thread that waited inside it: the device runs the next call.
+func TestEmulatedNCCLTimeoutAborts(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1") {
+		return
+	}
+	d, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	id, cmd, out := startPeer(t, "RESIN_NCCL_PEER_STALL=1")
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	c, err := NewNCCL(d, *id, 2, 0, Options{Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer c.Close()
+	err = AllReduceF32(c, make([]float32, 8))
+	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("all-reduce with rank 1 stalled: %v, want ErrTimeout and the abort", err)
+	}
+	t.Logf("with rank 1 stalled: %v", err)
+	free := make(chan error, 1)
+	go func() { free <- d.Do(func(*cudart.Ctx) error { return nil }) }()
+	select {
+	case err := <-free:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the device thread is still inside the aborted all-reduce")
+	}
 }
 
 // TestEmulatedNCCLLateRankInProcess: ranks of one process meet in the emulated NCCL's

@@ -187,7 +187,7 @@ func JoinDPRank[R interface{ Close() error }](name string, opts Options, hello d
 		}
 		opened = true
 		owns(run) // closed with the runner from here on
-		return GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(c *cudart.Comm) { setComm(run, c) }}, nil
+		return GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(c *cudart.Comm) { setComm(run, c) }, Watchdog: opts.Watchdog}, nil
 	})
 	if err != nil {
 		if !opened {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
@@ -23,6 +24,9 @@ type GroupRank struct {
 	Pool    *kvslab.Pool
 	SetComm func(*cudart.Comm)
 	Close   func() error
+	// Watchdog is Options.Watchdog for a rank that is a process of its own (JoinGroup,
+	// JoinPeerRank: its steps run under a Watchdog).
+	Watchdog time.Duration
 }
 
 // Group is a model's GPU runner split over in-process ranks, one device each (or several

@@ -8,6 +8,7 @@ import (
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 )
 
@@ -23,6 +24,7 @@ type ProcRank struct {
 	r       GroupRank
 	ctl     dist.Communicator
 	comm    *cudart.Comm
+	dog     *Watchdog // bounds each step once comm is joined
 	stopped bool
 	closed  bool
 	// lockstep: the ranks run rank 0's plans (JoinGroup), so rank 0 Stops the others;
@@ -130,8 +132,28 @@ func joinProcs(name string, ctl dist.Communicator, cacheBytes int64, open func(c
 	if g.r.SetComm != nil {
 		g.r.SetComm(g.comm)
 	}
+	g.dog = NewWatchdog(g.comm, g.r.Watchdog, fmt.Sprintf("rank %d of %d", rank, size))
+	if f := g.r.Forward; f != nil {
+		g.r.Forward = func(p *engine.BatchPlan, logits []float32) error {
+			return g.dog.Step(func() error { return f(p, logits) })
+		}
+	}
+	if d := g.r.Draft; d != nil {
+		g.r.Draft = func(p *engine.BatchPlan, res *engine.StepResult) error {
+			return g.dog.Step(func() error { return d(p, res) })
+		}
+	}
 	return g, nil
 }
+
+// Step runs fn, one step of the rank run otherwise than through its Forward (a
+// JoinPeerRank rank's), under the rank's watchdog (Watchdog.Step).
+func (g *ProcRank) Step(fn func() error) error { return g.dog.Step(fn) }
+
+// Abort aborts the rank's NCCL communicator now (Watchdog.Abort): the step in flight, if
+// any, and every later one fail with why. Rank 0 calls it when a worker process exits
+// (launch.Workers), so that its step does not wait in a collective for the dead rank.
+func (g *ProcRank) Abort(why error) { g.dog.Abort(why) }
 
 // reportOpened all-gathers each rank's outcome of opening its runner on ctl (mine: nil,
 // opened) and returns the first other rank's failure, naming it.

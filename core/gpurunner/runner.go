@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 	"unsafe"
 
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -38,6 +39,10 @@ type Options struct {
 	Progress weights.ProgressFunc
 	// Log receives one-line notes: the NUMA choice, graph captures that failed.
 	Log io.Writer
+	// Watchdog bounds each step of a rank of a group whose collectives run on NCCL
+	// (0: DefaultWatchdog): past it the rank's communicator is aborted and the step fails
+	// (Watchdog), where NCCL would wait for a dead or hung peer for good.
+	Watchdog time.Duration
 	// DSpark is the drafter UseDSpark will be given, when known before the pool is cut:
 	// the pool then holds its context group (dspark.Drafter.CacheGroup) after the model's,
 	// so that prefix hits and preempted requests are drafted at once (see UseDSpark).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
@@ -27,6 +28,8 @@ type TPRank struct {
 	rank     int
 	size     int
 	comm     *cudart.Comm
+	dog      *Watchdog     // bounds each step once comm is joined (nil before, and for a group of one)
+	timeout  time.Duration // Options.Watchdog
 	cp       bool          // a rank of context parallelism (cp.go), not of tensor parallelism
 	partial  cudart.Buffer // the float32 partial o and down products, summed in place
 	gathered cudart.Buffer // the group's head outputs (tpRank)
@@ -105,7 +108,7 @@ func joinDenseTP(shard DenseShard, ctl dist.Communicator, opts Options, serial f
 // (NewDenseCP: shard gives every rank the whole model).
 func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial func(func() error) error, cp bool) (*TPRank, *kvslab.Pool, error) {
 	rank, size := ctl.Rank(), ctl.Size()
-	g := &TPRank{ctl: ctl, rank: rank, size: size, cp: cp}
+	g := &TPRank{ctl: ctl, rank: rank, size: size, cp: cp, timeout: opts.Watchdog}
 	var pool *kvslab.Pool
 	open := func() error {
 		sc, sw, err := shard(rank, size)
@@ -206,6 +209,7 @@ func (g *TPRank) join(id cudart.NCCLUniqueID) error {
 		if g.comm, err = cudart.InitComm(c, id, g.size, g.rank); err != nil {
 			return fmt.Errorf("join the NCCL communicator: %w", err)
 		}
+		g.dog = NewWatchdog(g.comm, g.timeout, fmt.Sprintf("gpurunner: %s rank %d of %d", g.kind(), g.rank, g.size))
 		if g.cp {
 			return g.joinCP(c)
 		}
@@ -262,8 +266,22 @@ func (g *TPRank) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.St
 			return engine.StepResult{}, err
 		}
 	}
-	return g.r.Execute(ctx, plan)
+	return g.step(ctx, plan)
 }
+
+// step runs plan on the rank's runner under its watchdog.
+func (g *TPRank) step(ctx context.Context, plan *engine.BatchPlan) (res engine.StepResult, err error) {
+	err = g.dog.Step(func() error {
+		res, err = g.r.Execute(ctx, plan)
+		return err
+	})
+	return res, err
+}
+
+// Abort aborts the rank's NCCL communicator now (Watchdog.Abort): the step in flight, if
+// any, and every later one fail with why. Rank 0 calls it when a worker process exits
+// (launch.Workers), so that its step does not wait in a collective for the dead rank.
+func (g *TPRank) Abort(why error) { g.dog.Abort(why) }
 
 // Follow runs a rank other than 0: each plan rank 0 broadcasts, until its Stop (then nil)
 // or an error (rank 0 or a peer gone, a failed step).
@@ -272,7 +290,7 @@ func (g *TPRank) Follow() error {
 		return errors.New("gpurunner: tp rank 0 leads; it does not follow")
 	}
 	err := tp.FollowPlans(followCtl{g.ctl, g}, func(p *engine.BatchPlan) error {
-		_, err := g.r.Execute(context.Background(), p)
+		_, err := g.step(context.Background(), p)
 		return err
 	})
 	if err != nil {

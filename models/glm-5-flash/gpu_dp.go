@@ -173,6 +173,16 @@ type GPUDPRank struct {
 // Close frees the rank's NCCL communicator, its runner and its device.
 func (g *GPUDPRank) Close() error { return g.proc.Close() }
 
+// DPForward is GPURunner.DPForward under the rank's watchdog (gpurunner.Watchdog): a step
+// past Options.Watchdog, or one in flight when Abort is called, aborts the rank's NCCL
+// communicator and fails.
+func (g *GPUDPRank) DPForward(p *engine.BatchPlan, logits []float32) error {
+	return g.proc.Step(func() error { return g.GPURunner.DPForward(p, logits) })
+}
+
+// Abort aborts the rank's NCCL communicator (gpurunner.ProcRank.Abort).
+func (g *GPUDPRank) Abort(why error) { g.proc.Abort(why) }
+
 // JoinGPUDPRank opens dp rank data.Rank() of data.Size() of the model in dir for
 // DP-attention on the GPU as a process of its own on GPU opts.Ordinal, as
 // deepseek-v4-flash's JoinGPUDPRank: OpenGPUDPRanks' rank r, meeting the others over

@@ -204,6 +204,7 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		if r != nil {
 			r.ownsDev = true // closed with the runner from here on
 		}
+		gr.Watchdog = opts.Watchdog
 		return gr, err
 	})
 	if err != nil {

@@ -11,6 +11,17 @@
 // seconds (default 300; in either kind of group), fails the collective with
 // ncclSystemError and a message naming the rank, instead of hanging. With one rank a
 // collective is a copy.
+//
+// Real NCCL does neither: a collective whose peer died or hangs waits for good, until a
+// rank aborts its communicator (ncclCommAbort, which the watchdogs above NCCL call).
+// RESIN_EMU_NCCL_HANG=1 makes the emulation wait the same way (no deadline, no watch on
+// the peers' processes: only an abort ends the wait), and RESIN_EMU_NCCL_STALL_RANK=r
+// makes rank r's first collective never arrive (it waits until its own communicator is
+// aborted or its process killed): a rank that hangs mid-step, for the watchdogs' tests
+// (with RESIN_EMU_NCCL_STALL_MARK=path, the stall creates that file first).
+// ncclCommAbort ends every wait of its rank at once with an error, and, for ranks of one
+// process, the others' waits too; the aborted communicator's memory is kept (a thread may
+// still be inside one of its calls), and ncclCommDestroy must not follow it.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -103,7 +115,37 @@ struct Comm {
   std::map<int, unsigned long long> sent, received;
   int rank = 0;
   int ranks = 0;
+  std::atomic<bool> aborted{false};  // ncclCommAbort was called
+  bool stalled = false;              // RESIN_EMU_NCCL_STALL_RANK's stall happened
 };
+
+// abortedError is the failure of a call on an aborted communicator.
+std::string abortedError(const Comm* c) {
+  return "emulated NCCL: rank " + std::to_string(c->rank) + "'s communicator was aborted (ncclCommAbort)";
+}
+
+// hangMode is RESIN_EMU_NCCL_HANG=1: waits as real NCCL's (see the top of the file).
+bool hangMode() {
+  const char* e = getenv("RESIN_EMU_NCCL_HANG");
+  return e && e[0] == '1' && e[1] == 0;
+}
+
+// stall is RESIN_EMU_NCCL_STALL_RANK's hang of rank c's first collective: true (after
+// the wait, which only an abort ends) when it applies.
+bool stall(Comm* c) {
+  const char* e = getenv("RESIN_EMU_NCCL_STALL_RANK");
+  if (!e || !*e || c->stalled || atoi(e) != c->rank) return false;
+  c->stalled = true;
+  if (const char* mark = getenv("RESIN_EMU_NCCL_STALL_MARK")) {  // tells a test the stall began
+    int fd = open(mark, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) close(fd);
+  }
+  while (!c->aborted.load(std::memory_order_acquire)) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, nullptr);
+  }
+  return true;
+}
 
 // The last failure's detail on this thread, for ncclGetErrorString.
 thread_local std::string tl_nccl_error;
@@ -172,6 +214,7 @@ double timeoutSeconds();
 // collective runs one collective of rank c: it waits for every rank, and the last rank to
 // arrive computes the results of all of them.
 int collective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op) {
+  if (c->aborted.load(std::memory_order_acquire) || stall(c)) return systemError(abortedError(c));
   if (c->shm) return shmCollective(c, kind, send, recv, count, type, op);
   Group* g = c->g.get();
   size_t es = typeSize(type);
@@ -316,6 +359,7 @@ char* dataOf(Shm* s, int r) { return (char*)slotOf(s, r) + kSlotHeader; }
 int peerPid(const Comm* c, int peer) { return __atomic_load_n(&slotOf(c->shm, peer)->pid, __ATOMIC_ACQUIRE); }
 
 double timeoutSeconds() {
+  if (hangMode()) return 1e8;
   const char* e = getenv("RESIN_EMU_NCCL_TIMEOUT");
   if (e && *e) {
     double v = atof(e);
@@ -353,9 +397,11 @@ bool exited(int pid) {
 }
 
 // waitFor waits until *word >= want: it spins a little, then yields, then sleeps (up to
-// a millisecond), checking every few milliseconds whether process pid (the word's owner;
-// 0: unknown yet) exited and whether the deadline passed. It returns "" or why it failed.
-std::string waitFor(const uint64_t* word, uint64_t want, int pid, double deadline_s, const std::string& what) {
+// a millisecond), checking every few milliseconds whether c was aborted, whether process
+// pid (the word's owner; 0: unknown yet) exited (not in hang mode) and whether the
+// deadline passed. It returns "" or why it failed.
+std::string waitFor(const Comm* c, const uint64_t* word, uint64_t want, int pid, double deadline_s, const std::string& what) {
+  bool hang = hangMode();
   for (int i = 0; i < 256; i++) {
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return "";
   }
@@ -375,7 +421,8 @@ std::string waitFor(const uint64_t* word, uint64_t want, int pid, double deadlin
     if (now - last_check < std::chrono::milliseconds(5)) continue;
     last_check = now;
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) >= want) return "";
-    if (exited(pid)) return what + ": the process exited (pid " + std::to_string(pid) + ")";
+    if (c->aborted.load(std::memory_order_acquire)) return what + ": " + abortedError(c);
+    if (!hang && exited(pid)) return what + ": the process exited (pid " + std::to_string(pid) + ")";
     double waited = std::chrono::duration<double>(now - start).count();
     if (waited > deadline_s) {
       char buf[64];
@@ -477,7 +524,7 @@ int shmWait(Comm* c, bool arrive, uint64_t want, int32_t kind) {
     std::string what = std::string("emulated NCCL ") + kindName(kind) + " #" + std::to_string(c->seq) + " of rank " +
                        std::to_string(c->rank) + ": waiting for rank " + std::to_string(r) +
                        (arrive ? " to arrive" : " to finish the previous collective");
-    std::string err = waitFor(arrive ? &sl->arrive : &sl->done, want, sl->pid, timeoutSeconds(), what);
+    std::string err = waitFor(c, arrive ? &sl->arrive : &sl->done, want, sl->pid, timeoutSeconds(), what);
     if (!err.empty()) {
       c->broken = err;
       return systemError(err);
@@ -617,29 +664,54 @@ extern "C" int ncclCommInitRank(void** comm, int nranks, UniqueID id, int rank) 
   return kSuccess;
 }
 
+namespace {
+// sweepMessages removes the point-to-point messages of shm rank c that nobody will read:
+// those to it (a failed step's), and those from or to a rank whose process is gone (a
+// killed worker's).
+void sweepMessages(const Comm* c) {
+  std::string prefix = c->key + "-p2p-";
+  std::vector<bool> gone(c->ranks, false);
+  for (int r = 0; r < c->ranks; r++) gone[r] = r != c->rank && exited(peerPid(c, r));
+  if (DIR* d = opendir("/dev/shm")) {
+    while (struct dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name.rfind(prefix, 0) != 0) continue;
+      int from = -1, to = -1;
+      if (sscanf(name.c_str() + prefix.size(), "%d-%d-", &from, &to) != 2) continue;
+      bool ok = from >= 0 && from < c->ranks && to >= 0 && to < c->ranks;
+      if (ok && (to == c->rank || gone[from] || gone[to])) unlink(("/dev/shm/" + name).c_str());
+    }
+    closedir(d);
+  }
+}
+}  // namespace
+
 extern "C" int ncclCommDestroy(void* comm) {
   if (!comm) return kInvalidArgument;
   Comm* c = (Comm*)comm;
+  if (c->aborted.load(std::memory_order_acquire)) return kInvalidUsage;  // ncclCommAbort freed it
   if (c->shm) {
-    // Messages nobody will read go with it: those to this rank (a failed step's), and
-    // those from or to a rank whose process is gone (a killed worker's).
-    std::string prefix = c->key + "-p2p-";
-    std::vector<bool> gone(c->ranks, false);
-    for (int r = 0; r < c->ranks; r++) gone[r] = r != c->rank && exited(peerPid(c, r));
-    if (DIR* d = opendir("/dev/shm")) {
-      while (struct dirent* e = readdir(d)) {
-        std::string name = e->d_name;
-        if (name.rfind(prefix, 0) != 0) continue;
-        int from = -1, to = -1;
-        if (sscanf(name.c_str() + prefix.size(), "%d-%d-", &from, &to) != 2) continue;
-        bool ok = from >= 0 && from < c->ranks && to >= 0 && to < c->ranks;
-        if (ok && (to == c->rank || gone[from] || gone[to])) unlink(("/dev/shm/" + name).c_str());
-      }
-      closedir(d);
-    }
+    sweepMessages(c);
     munmap(c->shm, c->shm_bytes);
   }
   delete c;
+  return kSuccess;
+}
+
+// ncclCommAbort ends the communicator from any thread, while another may be waiting in one
+// of its collectives: every wait of this rank fails at once (a shm wait within a poll), and
+// for ranks of one process the whole group is broken, waking the others. Unlike NCCL's, it
+// keeps the communicator's memory, since the waiting thread still reads it.
+extern "C" int ncclCommAbort(void* comm) {
+  if (!comm) return kInvalidArgument;
+  Comm* c = (Comm*)comm;
+  if (c->aborted.exchange(true)) return kSuccess;
+  if (c->g) {
+    std::lock_guard<std::mutex> l(c->g->mu);
+    if (c->g->broken.empty()) c->g->broken = abortedError(c);
+    c->g->cv.notify_all();
+  }
+  if (c->shm) sweepMessages(c);
   return kSuccess;
 }
 
@@ -733,6 +805,7 @@ std::string p2pPath(const Comm* c, int from, int to, unsigned long long k) {
 // shmSend writes message k to peer. A send that fails breaks the communicator and leaves
 // <path>.err saying why, so the receiver fails at once rather than at the deadline.
 int shmSend(Comm* c, const void* buf, size_t n, int peer) {
+  if (c->aborted.load(std::memory_order_acquire)) return systemError(abortedError(c));
   if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
   unsigned long long k = ++c->sent[peer];
   std::string path = p2pPath(c, c->rank, peer, k);
@@ -748,7 +821,7 @@ int shmSend(Comm* c, const void* buf, size_t n, int peer) {
     return systemError(c->broken);
   };
   int pid = peerPid(c, peer);
-  if (peer != c->rank && exited(pid)) return fail("the process exited (pid " + std::to_string(pid) + ")");
+  if (peer != c->rank && !hangMode() && exited(pid)) return fail("the process exited (pid " + std::to_string(pid) + ")");
   std::string tmp = path + ".tmp";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);  // as private as the segment
   if (fd < 0) return fail(tmp + ": " + strerror(errno));
@@ -773,6 +846,7 @@ int shmSend(Comm* c, const void* buf, size_t n, int peer) {
 // once the sender's process is gone and the message still is not there, or after the
 // deadline; every failure breaks the communicator.
 int shmRecv(Comm* c, void* buf, size_t n, int peer) {
+  if (c->aborted.load(std::memory_order_acquire)) return systemError(abortedError(c));
   if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
   unsigned long long k = ++c->received[peer];
   std::string path = p2pPath(c, peer, c->rank, k);
@@ -797,7 +871,8 @@ int shmRecv(Comm* c, void* buf, size_t n, int peer) {
     struct timespec ts = {0, sleep_ns};
     nanosleep(&ts, nullptr);
     sleep_ns = sleep_ns * 2 > 1000000 ? 1000000 : sleep_ns * 2;
-    if (peer != c->rank && exited(pid)) {
+    if (c->aborted.load(std::memory_order_acquire)) return fail(abortedError(c));
+    if (peer != c->rank && !hangMode() && exited(pid)) {
       if ((f = fopen(path.c_str(), "rb")) != nullptr) break;  // it sent, then exited
       return fail("the process exited (pid " + std::to_string(pid) + ")");
     }
