@@ -144,6 +144,45 @@ func TestGPUWorkerHangs(t *testing.T) {
 			return f.openLayoutGPU(deepseekv4flash.Name, dir)
 		})
 	})
+	// The ranks goroutines of this process (gpurunner.Group): rank 1 hangs, and the
+	// watchdogs of both end the step.
+	t.Run("deepseek-v4-flash-ep-in-process", func(t *testing.T) {
+		dir := t.TempDir()
+		cfg, err := os.ReadFile("../../models/deepseek-v4-flash/config.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f := &runtimeFlags{tp: tpFlags{size: 1, ep: 2, dispatch: "gather"}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Watchdog: 2 * time.Second}, cacheBytes: 4 << 20}
+		r, pool, err := f.openLayoutGPU(deepseekv4flash.Name, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.(interface{ StopRanks() error }).StopRanks()
+		s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Execute(context.Background(), s.Schedule())
+			done <- err
+		}()
+		select {
+		case err = <-done:
+		case <-time.After(5 * time.Minute):
+			t.Fatal("the step still waits in its collective")
+		}
+		if err == nil || !strings.Contains(err.Error(), "ran past the watchdog's 2s") {
+			t.Fatalf("the step whose rank 1 hangs: %v, want the watchdog's abort", err)
+		}
+		t.Logf("%v", err)
+	})
 }
 
 // checkGPUWorkerHangs is TestGPUWorkerHangs for the group open opens from the model

@@ -24,8 +24,7 @@ type GroupRank struct {
 	Pool    *kvslab.Pool
 	SetComm func(*cudart.Comm)
 	Close   func() error
-	// Watchdog is Options.Watchdog for a rank that is a process of its own (JoinGroup,
-	// JoinPeerRank: its steps run under a Watchdog).
+	// Watchdog is Options.Watchdog: the rank's steps run under a Watchdog.
 	Watchdog time.Duration
 }
 
@@ -41,6 +40,7 @@ type Group struct {
 	ranks  []GroupRank
 	group  *lockstep.InProcess
 	comms  []*cudart.Comm
+	dogs   []*Watchdog // each rank's, once comms is joined
 	closed bool
 }
 
@@ -53,7 +53,7 @@ func StartGroup(name string, size int, open func(rank int, data dist.Communicato
 	if size < 1 {
 		return nil, fmt.Errorf("%s: a parallel layout over no GPU", name)
 	}
-	g := &Group{name: name, ranks: make([]GroupRank, size)}
+	g := &Group{name: name, ranks: make([]GroupRank, size), dogs: make([]*Watchdog, size)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -72,6 +72,18 @@ func StartGroup(name string, size int, open func(rank int, data dist.Communicato
 		lr := r.Rank
 		if rank > 0 {
 			lr.Forward, lr.Check = lockstep.WithCacheOps(r.Pool, r.Forward), nil
+		}
+		// Each step under the rank's watchdog, once the communicator is joined (a nil
+		// one only runs it); no plan comes before StartGroup returns.
+		if f := lr.Forward; f != nil {
+			lr.Forward = func(p *engine.BatchPlan, logits []float32) error {
+				return g.dogs[rank].Step(func() error { return f(p, logits) })
+			}
+		}
+		if d := lr.Draft; d != nil {
+			lr.Draft = func(p *engine.BatchPlan, res *engine.StepResult) error {
+				return g.dogs[rank].Step(func() error { return d(p, res) })
+			}
 		}
 		return lr, nil
 	})
@@ -109,6 +121,7 @@ func (g *Group) join() error {
 		if rr.SetComm != nil {
 			rr.SetComm(g.comms[r])
 		}
+		g.dogs[r] = NewWatchdog(comms[r], rr.Watchdog, fmt.Sprintf("rank %d of %d", r, len(g.ranks)))
 	}
 	return nil
 }
@@ -153,6 +166,16 @@ func DestroyComms(devs []*cudart.Device, comms []*cudart.Comm) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// SetWatchdog sets the ranks' watchdog timeout (Options.Watchdog; the default until it is
+// called); call it before the group's first step.
+func (g *Group) SetWatchdog(timeout time.Duration) {
+	for r, d := range g.dogs {
+		if d != nil {
+			g.dogs[r] = NewWatchdog(d.comm, timeout, d.name)
+		}
+	}
 }
 
 // Leader is rank 0's end of the group for core/cpurunner (a Drafter when the ranks draft).

@@ -129,6 +129,7 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 	for _, r := range g.ranks {
 		r.ownsDev = true
 	}
+	g.group.SetWatchdog(opts.Watchdog)
 	if opts.Log != nil {
 		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), g.Describe())
 	}
