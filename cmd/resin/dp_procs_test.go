@@ -126,3 +126,88 @@ func checkDPProcsWorkerKilled(t *testing.T, dispatch string, gpu *dpGPUProcs) {
 		t.Fatalf("worker processes %v left after the ranks stopped", left)
 	}
 }
+
+// TestGPUDPProcsWorkerHangs: under --device cuda-emu --dp 2 --dp-attention --dp-procs,
+// with the emulated NCCL waiting as NCCL does (RESIN_EMU_NCCL_HANG=1), worker rank 1
+// hangs in its first collective, an expert exchange mid-step (RESIN_EMU_NCCL_STALL_RANK),
+// and is SIGKILLed there: rank 0's forward, waiting in the same exchange, is aborted at
+// once (abortOnExit, the watchdog's timeout being ten minutes), the request fails naming
+// the worker's rank, pid and signal, and no worker process is left.
+func TestGPUDPProcsWorkerHangs(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1", "RESIN_EMU_NCCL_STALL_RANK=1") {
+		return
+	}
+	mark := filepath.Join(t.TempDir(), "stalled")
+	t.Setenv("RESIN_EMU_NCCL_STALL_MARK", mark) // the worker's environment
+	dir := t.TempDir()
+	cfg, err := os.ReadFile("../../models/glm-5-flash/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gpu := &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Watchdog: 10 * time.Minute}, ordinals: []int{0, 1}, emulate: true}
+	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "gather", 2, 0, 5*time.Minute, gpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			r0.(*tpRunner).StopRanks()
+		}
+	}
+	defer stop()
+	pids := childWorkers(t)
+	if len(pids) != 1 {
+		t.Fatalf("worker processes %v, want one", pids)
+	}
+	runners := append([]engine.Runner{r0}, ranks.Runners...)
+	pools := append([]*kvslab.Pool{pool0}, ranks.Pools...)
+	engines := make([]*engine.Engine, len(runners))
+	for r := range runners {
+		if engines[r], err = engine.New(runners[r], engine.Config{Pool: pools[r]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := dp.NewCoordinator(ranks.Group, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Start(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s, err := c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dptest.Within(t, 5*time.Minute, "worker rank 1 to reach its stall", func() {
+		for {
+			if _, err := os.Stat(mark); err == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, ev, err := s.Collect(ctx)
+	if err == nil {
+		err = ev.Err
+	}
+	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") || ctx.Err() != nil {
+		t.Fatalf("the request whose worker was killed mid-exchange: %v, want an error naming %q and the signal, before the deadline", err, want)
+	}
+	t.Logf("%v", err)
+	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
+		c.Close()
+		stop()
+	})
+	if left := childWorkers(t); len(left) > 0 {
+		t.Fatalf("worker processes %v left after the ranks stopped", left)
+	}
+}
