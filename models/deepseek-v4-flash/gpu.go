@@ -43,6 +43,7 @@ type gpuModel struct {
 	smp              *gpuSampling
 	graphs           *gpuGraphs // nil: every step eager
 	par              *gpuPar    // this rank's part of an expert-parallel layout (gpu_parallel.go); nil on one device
+	cp               *gpuCP     // this rank's part of prefill context parallelism (gpu_cp.go); nil without
 	stash            *gpuStash  // prefill graphs' copies of each layer's rows (allocated with them)
 	// Stats count the steps by how they ran: graph replays (PrefillGraph of them prefill
 	// graphs) and eager steps; DraftGraph counts the MTP drafting chains replayed as
@@ -646,10 +647,18 @@ func (g *gpuModel) expand(c *cudart.Ctx, out cudart.DevicePtr, n int) error {
 // block runs one decoder block (mHC → attention → mHC → MoE) over the step's rows.
 func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
 	w, n := &g.w, ch.Rows
+	split := g.cp != nil && g.cp.step != nil
+	if split && n == 0 {
+		return g.attentionCP(c, l, ch) // a cp rank without tokens: the others' KV side alone
+	}
 	if err := g.hyper(c, l.attnHC, l.attnNorm, n); err != nil {
 		return err
 	}
-	if err := g.attention(c, l, ch); err != nil {
+	attend := g.attention
+	if split {
+		attend = g.attentionCP
+	}
+	if err := attend(c, l, ch); err != nil {
 		return err
 	}
 	if err := g.expand(c, w.att, n); err != nil {
@@ -667,15 +676,42 @@ func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
 // attention runs one layer's attention over the step's rows into w.att, as
 // Model.attention.
 func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
-	cfg, w, n := g.m.Config, &g.w, ch.Rows
+	w, n := &g.w, ch.Rows
+	if err := g.attnProject(c, l, n); err != nil {
+		return err
+	}
+	if l.comp != nil {
+		if err := g.compressRows(c, l, l.comp, ch, w.ckv, w.cgate); err != nil {
+			return err
+		}
+	}
+	if l.idx != nil {
+		if err := g.compressRows(c, l, l.idx, ch, w.ikv, w.igate); err != nil {
+			return err
+		}
+	}
+	return g.attend(c, l, ch)
+}
+
+// rotary is layer l's rotary table: the sliding layers' or the compressed ones'.
+func (g *gpuModel) rotary(l *gpuLayer) kernels.Rope {
+	if l.kind != SlidingAttention {
+		return g.comp
+	}
+	return g.main
+}
+
+// attnProject computes layer l's projections of the step's n rows of w.x: the rotated
+// queries (w.q, and w.qres), the normed, rotated K=V rows (w.kv), the compressors' kv and
+// gate projections (w.ckv, w.cgate; the indexer's w.ikv, w.igate) and the indexer's
+// rotated queries and weights (w.iq, w.iw).
+func (g *gpuModel) attnProject(c *cudart.Ctx, l *gpuLayer, n int) error {
+	cfg, w := g.m.Config, &g.w
 	h, d, nh, qr := cfg.HiddenSize, cfg.HeadDim, cfg.NumAttentionHeads, cfg.QLoraRank
 	id, ih := cfg.IndexHeadDim, cfg.IndexNHeads
 	eps := float32(cfg.RMSNormEps)
 	run := g.runner(c)
-	rot := g.main
-	if l.kind != SlidingAttention {
-		rot = g.comp
-	}
+	rot := g.rotary(l)
 	steps := []func() error{
 		func() error { return g.gemm(c, w.qres, w.x, l.qa, n, h, qr) },
 		func() error { return g.kk.RMSNorm(c, g.s, w.qres, w.qres, l.qaNorm, n, qr, eps) },
@@ -686,58 +722,73 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error
 		func() error { return g.kk.RMSNorm(c, g.s, w.kv, w.kv, l.kvNorm, n, d, eps) },
 		func() error { return run(kernels.PartialRope(w.kv, w.pos, rot, n, 1, d, false)) },
 	}
+	if l.comp != nil {
+		steps = append(steps,
+			func() error { return g.gemm(c, w.ckv, w.x, l.compKV, n, h, l.comp.Width()) },
+			func() error { return g.gemm(c, w.cgate, w.x, l.compGate, n, h, l.comp.Width()) })
+	}
+	if l.idx != nil {
+		steps = append(steps,
+			func() error { return g.gemm(c, w.ikv, w.x, l.idxKV, n, h, l.idx.Width()) },
+			func() error { return g.gemm(c, w.igate, w.x, l.idxGate, n, h, l.idx.Width()) },
+			func() error { return g.gemm(c, w.iq, w.qres, l.idxQB, n, qr, ih*id) },
+			func() error { return run(kernels.PartialRope(w.iq, w.pos, g.comp, n, ih, id, false)) },
+			func() error { return g.gemm(c, w.iw, w.x, l.idxW, n, h, ih) })
+	}
 	for _, f := range steps {
 		if err := f(); err != nil {
 			return err
 		}
 	}
-	compress := func(kc *kernels.Compressor, kvw, gatew, kv, gate cudart.DevicePtr) error {
-		if err := g.gemm(c, kv, w.x, kvw, n, h, kc.Width()); err != nil {
-			return err
-		}
-		if err := g.gemm(c, gate, w.x, gatew, n, h, kc.Width()); err != nil {
-			return err
-		}
-		kc.State, kc.EntryRow0 = w.state, l.entryRow0
-		ls, err := kc.Compress(ch, kv, gate, g.comp)
-		if err != nil {
-			return err
-		}
-		if err := g.vk.Run(c, g.s, &ls[0]); err != nil {
-			return err
-		}
-		return g.vk.Run(c, g.s, &ls[1])
+	return nil
+}
+
+// compressRows runs compressor kc of layer l over the chunk's rows, their kv and gate
+// projections at kv and gate: the entries of the windows they close, then its state.
+func (g *gpuModel) compressRows(c *cudart.Ctx, l *gpuLayer, kc *kernels.Compressor, ch kernels.Chunk, kv, gate cudart.DevicePtr) error {
+	kc.State, kc.EntryRow0 = g.w.state, l.entryRow0
+	ls, err := kc.Compress(ch, kv, gate, g.comp)
+	if err != nil {
+		return err
 	}
-	if l.comp != nil {
-		if err := compress(l.comp, l.compKV, l.compGate, w.ckv, w.cgate); err != nil {
-			return err
-		}
+	if err := g.vk.Run(c, g.s, &ls[0]); err != nil {
+		return err
 	}
-	a := kernels.Attention{Out: w.out, Q: w.q, KV: w.kv, WindowKV: l.ring, WinRow0: w.winRow0, Sinks: l.sinks,
-		Heads: nh, HeadDim: d, Window: cfg.SlidingWindow, Ratio: l.ratio, Scale: float32(1 / math.Sqrt(float64(d)))}
+	return g.vk.Run(c, g.s, &ls[1])
+}
+
+// windowAttention is layer l's attention call over K=V rows kv (the chunk's), whose
+// launches are the attention of w.q's queries and the window store of the rows.
+func (g *gpuModel) windowAttention(l *gpuLayer, kv cudart.DevicePtr) kernels.Attention {
+	cfg, w := g.m.Config, &g.w
+	d := cfg.HeadDim
+	a := kernels.Attention{Out: w.out, Q: w.q, KV: kv, WindowKV: l.ring, WinRow0: w.winRow0, Sinks: l.sinks,
+		Heads: cfg.NumAttentionHeads, HeadDim: d, Window: cfg.SlidingWindow, Ratio: l.ratio, Scale: float32(1 / math.Sqrt(float64(d)))}
 	if l.comp != nil {
 		a.Entries, a.EntryRow0 = l.comp.Entries, l.entryRow0
 	}
 	if l.idx != nil {
-		if err := compress(l.idx, l.idxKV, l.idxGate, w.ikv, w.igate); err != nil {
-			return err
-		}
-		if err := g.gemm(c, w.iq, w.qres, l.idxQB, n, qr, ih*id); err != nil {
-			return err
-		}
-		if err := run(kernels.PartialRope(w.iq, w.pos, g.comp, n, ih, id, false)); err != nil {
-			return err
-		}
-		if err := g.gemm(c, w.iw, w.x, l.idxW, n, h, ih); err != nil {
-			return err
-		}
+		a.Picks, a.Counts, a.TopK = w.picks, w.counts, cfg.IndexTopK
+	}
+	return a
+}
+
+// attend runs the chunk's queries of layer l (attnProject's, the compressors already
+// run over the chunk): the indexer's picks, the attention over the window, the chunk's
+// rows and the picked entries, the window store, and the grouped output projection into
+// w.att.
+func (g *gpuModel) attend(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
+	cfg, w, n := g.m.Config, &g.w, ch.Rows
+	h, d, nh := cfg.HiddenSize, cfg.HeadDim, cfg.NumAttentionHeads
+	run := g.runner(c)
+	if l.idx != nil {
 		x := kernels.Indexer{Picks: w.picks, Counts: w.counts, Scores: w.scores, Q: w.iq, W: w.iw, Keys: l.idx.Entries,
-			KeyRow0: l.entryRow0, Ratio: l.ratio, Heads: ih, HeadDim: id, TopK: cfg.IndexTopK, MaxVisible: l.maxEntries}
+			KeyRow0: l.entryRow0, Ratio: l.ratio, Heads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim, TopK: cfg.IndexTopK, MaxVisible: l.maxEntries}
 		if err := run(x.Launch(ch)); err != nil {
 			return err
 		}
-		a.Picks, a.Counts, a.TopK = w.picks, w.counts, cfg.IndexTopK
 	}
+	a := g.windowAttention(l, w.kv)
 	ls, err := a.Launches(ch)
 	if err != nil {
 		return err
@@ -747,7 +798,7 @@ func (g *gpuModel) attention(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error
 			return err
 		}
 	}
-	if err := run(kernels.PartialRope(w.out, w.pos, rot, n, nh, d, true)); err != nil {
+	if err := run(kernels.PartialRope(w.out, w.pos, g.rotary(l), n, nh, d, true)); err != nil {
 		return err
 	}
 	// The grouped output projection: each group's heads through its block of o_a, then o_b.

@@ -52,6 +52,10 @@ type GPURunner struct {
 	Stats struct{ DeviceSampled, HostSampled int }
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
+	// Under prefill CP (NewGPUCP): the steps run split, and why the rank's buffers
+	// could not be allocated when it joined.
+	cpSplit int
+	cpErr   error
 }
 
 var _ engine.Runner = (*GPURunner)(nil)
@@ -259,6 +263,19 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 			if err := r.saveDrafts(c, p, seqs, mir); err != nil {
 				return err
 			}
+		}
+		if r.cpSplits(p) {
+			got, err := r.g.runCP(c, seqs[0], toks[0], want, mir)
+			if err != nil || got == 0 {
+				return err
+			}
+			r.cpSplit++
+			rows, err := r.g.downloadLogits(c, got)
+			if err != nil {
+				return err
+			}
+			copy(logits, rows[:len(want)*vocab])
+			return nil
 		}
 		rows, err := r.g.forward(c, seqs, toks, want, mir)
 		if err != nil {

@@ -1,0 +1,374 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/cp"
+	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/models/deepseek-v4-flash/kernels"
+)
+
+// Prefill context parallelism on GPUs (NewGPUCP): every rank holds the whole model and a
+// device pool of rank 0's geometry, and runs every plan rank 0 broadcasts (a
+// gpurunner.Group), so every rank's slots hold what one GPU's would. A plan that
+// cp.Splits (one sequence, more than one new token) runs split: rank r computes its
+// contiguous chunk [lo, hi) of the n new tokens (cp.Chunk) through every layer. The GPU
+// forward already runs a prompt in chunks exactly (a chunk's queries read the sliding
+// window's ring for the earlier positions, the compressors carry their open windows in
+// the slot, the window store is a launch of its own), so each layer:
+//
+//   - projects the rank's rows (attnProject);
+//   - all-gathers the KV side of every rank's rows over NCCL (the K=V rows, the
+//     compressor's and the indexer's kv and gate projections), ceil(n/size) rows a rank
+//     in rank order, so the gathered buffers' first n rows are the plan's in order;
+//   - runs the plan as three chunks on the rank's slot: rows [0, lo) the KV side only
+//     (the compressors and the window store), rows [lo, hi) whole (the compressors, the
+//     indexer, the attention of its queries, the window store), rows [hi, n) the KV side
+//     only;
+//   - writes the gathered rows through to its pool (mirrorStep.layer) as one GPU writes
+//     its step's rows;
+//   - and projects out and runs the MoE on its rows alone.
+//
+// After the last layer the streams of every rank's rows are all-gathered and every rank
+// computes the plan's logits rows alike (rank 0's are the engine's). Every other plan
+// (decode, several sequences, drafts) runs whole on every rank, its decode steps graphs.
+// The split steps run eagerly. What a rank sends is the KV side of its rows: 2·head_dim
+// floats a row on the compressed layers, plus the indexer's 4·index_head_dim on CSA ones.
+type gpuCP struct {
+	comm       *cudart.Comm
+	rank, size int
+	// The gathered rows of a split step, size·maxTokens rows each (the KV side's
+	// widest: kv d, ckv and cgate 2d, ikv and igate 2·index_head_dim; streams hc·h).
+	kv, ckv, cgate, ikv, igate, streams cudart.DevicePtr
+	// The KV-side chunks' device arrays: [2][maxTokens] positions and row sequences,
+	// [2][2] sequence starts, [2] first positions (pre at 0, post at 1).
+	pos, rowSeq, seqStart, len0 cudart.DevicePtr
+	step                        *gpuCPStep // the split step under way, nil outside one
+}
+
+// gpuCPStep is one split step as the layers read it: the rank's rows [lo, hi) of n, tmax
+// rows a rank in the gathered buffers, and the KV-side chunks before and after its rows.
+type gpuCPStep struct {
+	n, lo, hi, tmax int
+	pre, post       kernels.Chunk
+}
+
+// newGPUCP allocates rank rank of size's buffers (inside Do).
+func (g *gpuModel) newGPUCP(c *cudart.Ctx, comm *cudart.Comm, rank, size int) error {
+	cfg := g.m.Config
+	d, id, h, hc := cfg.HeadDim, cfg.IndexHeadDim, cfg.HiddenSize, cfg.HCMult
+	rows := size * g.maxTokens
+	cs := &gpuCP{comm: comm, rank: rank, size: size}
+	for _, b := range []struct {
+		dst *cudart.DevicePtr
+		n   int
+	}{
+		{&cs.kv, rows * d}, {&cs.ckv, rows * 2 * d}, {&cs.cgate, rows * 2 * d}, {&cs.ikv, rows * 2 * id}, {&cs.igate, rows * 2 * id},
+		{&cs.streams, rows * hc * h}, {&cs.pos, 2 * g.maxTokens}, {&cs.rowSeq, 2 * g.maxTokens}, {&cs.seqStart, 4}, {&cs.len0, 2},
+	} {
+		var err error
+		if *b.dst, err = g.arena.alloc(c, 4*b.n); err != nil {
+			return fmt.Errorf("gpu: the context-parallel buffers: %w", err)
+		}
+	}
+	g.cp = cs
+	return nil
+}
+
+// runCP is run for a plan that splits over the cp group: sequence s's new tokens, the
+// logits of the plan's rows rows, written through by mir. Every rank calls it with the
+// same plan.
+func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32, mir *mirrorStep) (int, error) {
+	cfg, cs, w := g.m.Config, g.cp, &g.w
+	h, hc, win := cfg.HiddenSize, cfg.HCMult, cfg.SlidingWindow
+	n := len(tokens)
+	if n < 2 || n > g.maxTokens {
+		return 0, fmt.Errorf("gpu: a split step of %d rows, for steps of 2 to %d", n, g.maxTokens)
+	}
+	if s.Len+n > g.m.maxContext {
+		return 0, fmt.Errorf("gpu: position %d outside the context of %d tokens", s.Len+n-1, g.m.maxContext)
+	}
+	if len(rows) > g.maxRows {
+		return 0, fmt.Errorf("gpu: logits for %d rows, at most %d a step", len(rows), g.maxRows)
+	}
+	for _, t := range tokens {
+		if t < 0 || int(t) >= cfg.VocabSize {
+			return 0, fmt.Errorf("gpu: token id %d outside the vocabulary [0, %d)", t, cfg.VocabSize)
+		}
+	}
+	for _, r := range rows {
+		if r < 0 || int(r) >= n {
+			return 0, fmt.Errorf("gpu: logits row %d outside the %d rows of the step", r, n)
+		}
+	}
+	lo, hi := cp.Chunk(n, cs.rank, cs.size)
+	st := &gpuCPStep{n: n, lo: lo, hi: hi, tmax: (n + cs.size - 1) / cs.size}
+	local := hi - lo
+	// The rank's chunk, as run's uploads for one sequence.
+	ids, idsRep, pos := slices.Clone(tokens[lo:hi]), make([]int32, 0, local*hc), make([]int32, local)
+	for j, t := range ids {
+		pos[j] = int32(s.Len + lo + j)
+		for range hc {
+			idsRep = append(idsRep, t)
+		}
+	}
+	ups := []struct {
+		dst cudart.DevicePtr
+		v   []int32
+	}{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, make([]int32, local)}, {w.seqStart, []int32{0, int32(local)}},
+		{w.len0, []int32{int32(s.Len + lo)}}, {w.state, []int32{int32(s.slot)}}, {w.winRow0, []int32{int32(s.slot * win)}}, {w.rowIdx, rows}}
+	for li := range g.layers {
+		if l := &g.layers[li]; l.comp != nil {
+			ups = append(ups, struct {
+				dst cudart.DevicePtr
+				v   []int32
+			}{l.entryRow0, []int32{int32(s.slot * l.maxEntries)}})
+		}
+	}
+	// The KV-side chunks: rows [0, lo) and [hi, n) of the plan, at their positions.
+	side := func(k, from, to int) kernels.Chunk {
+		m := to - from
+		p := make([]int32, m)
+		for j := range p {
+			p[j] = int32(s.Len + from + j)
+		}
+		off := cudart.DevicePtr(4 * k * g.maxTokens)
+		ups = append(ups, struct {
+			dst cudart.DevicePtr
+			v   []int32
+		}{cs.pos + off, p}, struct {
+			dst cudart.DevicePtr
+			v   []int32
+		}{cs.rowSeq + off, make([]int32, m)}, struct {
+			dst cudart.DevicePtr
+			v   []int32
+		}{cs.seqStart + cudart.DevicePtr(8*k), []int32{0, int32(m)}}, struct {
+			dst cudart.DevicePtr
+			v   []int32
+		}{cs.len0 + cudart.DevicePtr(4*k), []int32{int32(s.Len + from)}})
+		return kernels.Chunk{Pos: cs.pos + off, RowSeq: cs.rowSeq + off, SeqStart: cs.seqStart + cudart.DevicePtr(8*k),
+			Len0: cs.len0 + cudart.DevicePtr(4*k), Rows: m, Seqs: 1}
+	}
+	st.pre, st.post = side(0, 0, lo), side(1, hi, n)
+	for _, u := range ups {
+		if len(u.v) == 0 {
+			continue
+		}
+		if err := cudart.Upload(c, u.dst, u.v); err != nil {
+			return 0, err
+		}
+	}
+	if err := c.Synchronize(); err != nil { // the uploads, before the stream reads them
+		return 0, err
+	}
+	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: local, Seqs: 1}
+	cs.step = st
+	defer func() { cs.step = nil }()
+	g.Stats.Eager++
+	if local > 0 {
+		if err := g.kk.Embedding(c, g.s, w.streams, g.embed, w.idsRep, local*hc, h, g.vocab().Rows); err != nil {
+			return 0, err
+		}
+	}
+	for li := range g.layers {
+		if err := g.block(c, &g.layers[li], ch); err != nil {
+			return 0, fmt.Errorf("gpu: layer %d: %w", li, err)
+		}
+		if mir != nil {
+			if err := mir.layer(c, g, li, n, g.cpRows(li)); err != nil {
+				return 0, fmt.Errorf("gpu: layer %d: the pool: %w", li, err)
+			}
+		}
+	}
+	if len(rows) > 0 {
+		// Every rank's final streams, in plan order, then the head over the plan's rows.
+		row := hc * h
+		if err := cs.comm.AllGather(w.streams, cs.streams, st.tmax*row, cudart.F32, g.s); err != nil {
+			return 0, err
+		}
+		if err := c.CopyDtoDAsync(w.streams, cs.streams, int64(4*n*row), g.s); err != nil {
+			return 0, err
+		}
+		if err := g.headLaunch(c, n, len(rows), gpuHC{g.hcFn, g.hcBase, g.hcScale}, g.norm); err != nil {
+			return 0, err
+		}
+	}
+	if mir != nil {
+		if err := mir.finish(c, g, []*gpuSeq{s}); err != nil {
+			return 0, fmt.Errorf("gpu: the pool: %w", err)
+		}
+	}
+	if err := c.Sync(g.s); err != nil {
+		return 0, err
+	}
+	s.Len += n
+	return len(rows), nil
+}
+
+// cpRows is layer li's rows of the split step in the gathered buffers (workRows' for
+// the whole plan).
+func (g *gpuModel) cpRows(li int) layerRows {
+	cs := g.cp
+	lr := layerRows{kv: cs.kv}
+	l := &g.layers[li]
+	if l.comp != nil {
+		lr.proj = append(lr.proj, [2]cudart.DevicePtr{cs.ckv, cs.cgate})
+	}
+	if l.idx != nil {
+		lr.proj = append(lr.proj, [2]cudart.DevicePtr{cs.ikv, cs.igate})
+	}
+	return lr
+}
+
+// attentionCP is attention for the split step (see gpuCP): the rank's rows in ch (none,
+// on a rank without tokens: then only the KV side of the others' runs).
+func (g *gpuModel) attentionCP(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
+	cfg, cs, w := g.m.Config, g.cp, &g.w
+	st, n, d := cs.step, ch.Rows, cfg.HeadDim
+	if n > 0 {
+		if err := g.attnProject(c, l, n); err != nil {
+			return err
+		}
+	}
+	gather := func(src, dst cudart.DevicePtr, width int) error {
+		return cs.comm.AllGather(src, dst, st.tmax*width, cudart.F32, g.s)
+	}
+	if err := gather(w.kv, cs.kv, d); err != nil {
+		return err
+	}
+	for _, kc := range []struct {
+		k                    *kernels.Compressor
+		kv, gate, okv, ogate cudart.DevicePtr
+	}{{l.comp, w.ckv, w.cgate, cs.ckv, cs.cgate}, {l.idx, w.ikv, w.igate, cs.ikv, cs.igate}} {
+		if kc.k == nil {
+			continue
+		}
+		if err := gather(kc.kv, kc.okv, kc.k.Width()); err != nil {
+			return err
+		}
+		if err := gather(kc.gate, kc.ogate, kc.k.Width()); err != nil {
+			return err
+		}
+	}
+	// kvSide runs the compressors and the window store over chunk sc, rows row0.. of the
+	// gathered buffers.
+	kvSide := func(sc kernels.Chunk, row0 int) error {
+		if sc.Rows == 0 {
+			return nil
+		}
+		at := func(p cudart.DevicePtr, width int) cudart.DevicePtr { return p + cudart.DevicePtr(4*row0*width) }
+		if l.comp != nil {
+			if err := g.compressRows(c, l, l.comp, sc, at(cs.ckv, l.comp.Width()), at(cs.cgate, l.comp.Width())); err != nil {
+				return err
+			}
+		}
+		if l.idx != nil {
+			if err := g.compressRows(c, l, l.idx, sc, at(cs.ikv, l.idx.Width()), at(cs.igate, l.idx.Width())); err != nil {
+				return err
+			}
+		}
+		a := g.windowAttention(l, at(cs.kv, d))
+		ls, err := a.Launches(sc)
+		if err != nil {
+			return err
+		}
+		return g.vk.Run(c, g.s, &ls[1]) // the store alone: no queries of these rows here
+	}
+	if err := kvSide(st.pre, 0); err != nil {
+		return err
+	}
+	if n > 0 {
+		if l.comp != nil {
+			if err := g.compressRows(c, l, l.comp, ch, w.ckv, w.cgate); err != nil {
+				return err
+			}
+		}
+		if l.idx != nil {
+			if err := g.compressRows(c, l, l.idx, ch, w.ikv, w.igate); err != nil {
+				return err
+			}
+		}
+		if err := g.attend(c, l, ch); err != nil {
+			return err
+		}
+	}
+	return kvSide(st.post, st.hi)
+}
+
+// cpSplits reports whether the runner runs plan p split over its cp group.
+func (r *GPURunner) cpSplits(p *engine.BatchPlan) bool {
+	return r.g.cp != nil && r.g.cp.size > 1 && r.drafts == 0 && cp.Splits(p)
+}
+
+// GPUCP is the model with prefill context parallelism over GPUs of this process
+// (NewGPUCP): the engine's runner, rank 0's.
+type GPUCP struct {
+	*cpurunner.Runner
+	ranks []*GPURunner
+	group *gpurunner.Group
+}
+
+// NewGPUCP runs the model m over len(devs) ranks with prefill context parallelism (see
+// gpuCP), rank r a GPURunner of the whole model (NewGPURunner's sizes, float32) on
+// devs[r] with a device pool of cacheBytes of its own, all of one geometry; it returns
+// rank 0's pool, for the engine. The devices stay the caller's.
+func NewGPUCP(m *Model, devs []*cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows int, cacheBytes int64) (*GPUCP, *kvslab.Pool, error) {
+	size := len(devs)
+	if size < 2 {
+		return nil, nil, fmt.Errorf("%s: prefill CP over %d GPUs: want 2 or more", Name, size)
+	}
+	g := &GPUCP{ranks: make([]*GPURunner, size)}
+	group, err := gpurunner.StartGroup(Name, size, func(rank int, _ dist.Communicator) (gpurunner.GroupRank, error) {
+		r, err := newGPURunner(m, nil, devs[rank], cache, cudart.F32, slots, maxTokens, maxRows, 0)
+		if err != nil {
+			return gpurunner.GroupRank{}, err
+		}
+		g.ranks[rank] = r
+		gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: m.Config.VocabSize},
+			Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) {
+				if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, size) }); err != nil {
+					r.cpErr = err
+				}
+			}}
+		gr.Pool, err = r.NewPool(cacheBytes)
+		return gr, err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range g.ranks {
+		if r.cpErr != nil {
+			group.Close()
+			return nil, nil, fmt.Errorf("%s: %w", Name, r.cpErr)
+		}
+	}
+	g.group = group
+	g.Runner = cpurunner.New(g.ranks[0].Info(), group.Leader())
+	return g, group.Pool(), nil
+}
+
+// UseGraphs turns every rank's CUDA graphs on or off (the split steps run eagerly).
+func (g *GPUCP) UseGraphs(on bool) error {
+	for _, r := range g.ranks {
+		if err := r.UseGraphs(on, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SplitSteps returns how many steps rank 0 ran split over the group.
+func (g *GPUCP) SplitSteps() int { return g.ranks[0].cpSplit }
+
+// StopRanks stops the followers (core/cli calls it when the engine stops).
+func (g *GPUCP) StopRanks() error { return g.group.StopRanks() }
+
+// Close stops the ranks and frees them.
+func (g *GPUCP) Close() error { return g.group.Close() }

@@ -1,0 +1,119 @@
+package deepseekv4flash
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
+)
+
+// TestEmulatedCPEqualsOne runs the tiny model (sliding, compressed and CSA layers: the
+// sliding window's ring, both compressors and the indexer) with prefill context
+// parallelism over 2 and 3 emulated GPUs (NewGPUCP) and on one GPURunner: a 13-token
+// prompt in one plan (split 7 + 6, and 5 + 5 + 3), decode steps (every rank whole, decode
+// graphs), then a second prompt of 11 tokens in plans of 4, 4 and 3 (each split again
+// from the slot every rank holds; under CP=3 a plan of 4 leaves the third rank no tokens,
+// and it runs the others' KV side alone) and its decode. Every logits row is within gpuEPTol of
+// one GPU's and the greedy tokens equal; the prompts' plans ran split. New allocations
+// read NaN (RESIN_EMU_POISON), so a KV row no rank wrote, or a gathered row read past a
+// rank's chunk, fails.
+func TestEmulatedCPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
+		return
+	}
+	c := tinyConfig(t)
+	m, err := NewModel(c, RandomWeights(c, 7, false), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, p1, _ := layoutForward(t, m, Layout{})
+	wantLogits, wantToks := cpDecode(t, f1, p1)
+	for _, size := range []int{2, 3} {
+		g, pool := cpGroup(t, m, size)
+		logits, toks := cpDecode(t, g.group.Forward, pool)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("cp=%d: greedy tokens %v, one GPU %v", size, toks, wantToks)
+		}
+		closeLogits(t, fmt.Sprintf("cp=%d", size), logits, wantLogits, c.VocabSize, gpuEPTol)
+		if got := g.SplitSteps(); got != 4 {
+			t.Errorf("cp=%d: %d steps ran split, want the prompts' 4", size, got)
+		}
+		if graph, _ := g.ranks[0].StepCounts(); graph == 0 {
+			t.Errorf("cp=%d: no decode step replayed a graph", size)
+		}
+	}
+}
+
+// cpGroup is the tiny model m over size emulated GPUs by prefill CP, decode graphs on.
+func cpGroup(t *testing.T, m *Model, size int) (*GPUCP, *kvslab.Pool) {
+	t.Helper()
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []*cudart.Device
+	for r := range size {
+		d, err := cudart.OpenDevice(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs = append(devs, d)
+	}
+	g, pool, err := NewGPUCP(m, devs, cache, 4, 32, 4, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := g.UseGraphs(true); err != nil {
+		t.Fatal(err)
+	}
+	return g, pool
+}
+
+// cpDecode runs TestEmulatedCPEqualsOne's plans through forward and returns every
+// plan's logits and the greedy tokens.
+func cpDecode(t *testing.T, forward cpurunner.ForwardFunc, pool *kvslab.Pool) ([][]float32, []int32) {
+	t.Helper()
+	v := tinyConfig(t).VocabSize
+	var all [][]float32
+	var toks []int32
+	step := func(s *runnertest.Seq, n int) int32 {
+		plan := runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{n}, false)
+		logits := make([]float32, v)
+		if err := forward(plan, logits); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, logits)
+		return argmaxID(logits)
+	}
+	run := func(s *runnertest.Seq, chunks []int, decode int) {
+		var tok int32
+		for _, n := range chunks {
+			tok = step(s, n)
+		}
+		for range decode {
+			s.Tokens = append(s.Tokens, tok)
+			toks = append(toks, tok)
+			tok = step(s, 1)
+		}
+		toks = append(toks, tok)
+	}
+	run(runnertest.OpenSeq(t, pool, runnertest.Prompt(13, v, 1)), []int{13}, 4)
+	run(runnertest.OpenSeq(t, pool, runnertest.Prompt(11, v, 2)), []int{4, 4, 3}, 3)
+	return all, toks
+}
