@@ -133,8 +133,10 @@ type Comm struct {
 	api     *ncclAPI
 	h       uintptr
 	aborted atomic.Bool
-	Rank    int
-	Ranks   int
+	// end serialises Destroy and Abort: each frees the communicator, so only one may.
+	end   sync.Mutex
+	Rank  int
+	Ranks int
 }
 
 // InitComm joins rank of a communicator of ranks processes or devices; it must run inside
@@ -228,6 +230,8 @@ func (m *Comm) Group(fn func() error) error {
 
 // Destroy frees the communicator; after Abort it does nothing.
 func (m *Comm) Destroy() error {
+	m.end.Lock()
+	defer m.end.Unlock()
 	if m.h == 0 || m.aborted.Load() {
 		return nil
 	}
@@ -243,8 +247,13 @@ func (m *Comm) Destroy() error {
 // failed, whatever its stream says (gpurunner.Watchdog). Every later call on m fails with
 // ErrAborted, and Destroy does nothing (the abort freed it). Abort is idempotent.
 func (m *Comm) Abort() error {
-	if m == nil || m.h == 0 || m.aborted.Swap(true) {
+	if m == nil {
 		return nil
+	}
+	m.end.Lock()
+	defer m.end.Unlock()
+	if m.h == 0 || m.aborted.Swap(true) {
+		return nil // destroyed already, or aborted
 	}
 	return m.api.check("ncclCommAbort", m.api.ncclCommAbort(m.h))
 }
