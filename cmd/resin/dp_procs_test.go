@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -50,43 +51,8 @@ func TestGPUDPProcsWorkerKilled(t *testing.T) {
 // checkDPProcsWorkerKilled is TestDPProcsWorkerKilled's run by exchange dispatch ("":
 // the default), its ranks on gpu's GPUs where gpu is not nil.
 func checkDPProcsWorkerKilled(t *testing.T, dispatch string, gpu *dpGPUProcs) {
-	dir := t.TempDir()
-	cfg, err := os.ReadFile("../../models/glm-5-flash/config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, dispatch, 2, 0, 5*time.Minute, gpu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			r0.(*tpRunner).StopRanks()
-		}
-	}
+	r0, c, pids, stop := startDPProcs(t, dispatch, gpu)
 	defer stop()
-	pids := childWorkers(t)
-	if len(pids) != 1 {
-		t.Fatalf("worker processes %v, want one", pids)
-	}
-	runners := append([]engine.Runner{r0}, ranks.Runners...)
-	pools := append([]*kvslab.Pool{pool0}, ranks.Pools...)
-	engines := make([]*engine.Engine, len(runners))
-	for r := range runners {
-		if engines[r], err = engine.New(runners[r], engine.Config{Pool: pools[r]}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := dp.NewCoordinator(ranks.Group, engines)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Start(context.Background())
 	// Health (serve's /health) reports the dead worker before any request steps: it said
 	// ok until the next request's step failed.
 	h, ok := r0.(interface{ Health() error })
@@ -127,39 +93,19 @@ func checkDPProcsWorkerKilled(t *testing.T, dispatch string, gpu *dpGPUProcs) {
 	}
 }
 
-// TestGPUDPProcsWorkerHangs: under --device cuda-emu --dp 2 --dp-attention --dp-procs,
-// with the emulated NCCL waiting as NCCL does (RESIN_EMU_NCCL_HANG=1), worker rank 1
-// hangs in its first collective, an expert exchange mid-step (RESIN_EMU_NCCL_STALL_RANK),
-// and is SIGKILLed there: rank 0's forward, waiting in the same exchange, is aborted at
-// once (abortOnExit, the watchdog's timeout being ten minutes), the request fails naming
-// the worker's rank, pid and signal, and no worker process is left.
-func TestGPUDPProcsWorkerHangs(t *testing.T) {
-	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1", "RESIN_EMU_NCCL_STALL_RANK=1") {
-		return
-	}
-	mark := filepath.Join(t.TempDir(), "stalled")
-	t.Setenv("RESIN_EMU_NCCL_STALL_MARK", mark) // the worker's environment
-	dir := t.TempDir()
-	cfg, err := os.ReadFile("../../models/glm-5-flash/config.json")
+// startDPProcs opens the tiny glm-5-flash under --dp 2 --dp-attention --dp-procs by
+// exchange dispatch (on gpu's GPUs where gpu is not nil) and starts a coordinator over
+// the two engines. It returns rank 0's runner, the coordinator, the worker's pid and what
+// stops the ranks (once; the test's cleanup calls it too).
+func startDPProcs(t *testing.T, dispatch string, gpu *dpGPUProcs) (engine.Runner, *dp.Coordinator, []int, func()) {
+	t.Helper()
+	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, configDir(t, "../../models/glm-5-flash/config.json"), 32<<20, dispatch, 2, 0, 5*time.Minute, gpu)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	gpu := &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Watchdog: 10 * time.Minute}, ordinals: []int{0, 1}, emulate: true}
-	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, dir, 32<<20, "gather", 2, 0, 5*time.Minute, gpu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			r0.(*tpRunner).StopRanks()
-		}
-	}
-	defer stop()
+	var once sync.Once
+	stop := func() { once.Do(func() { r0.(*tpRunner).StopRanks() }) }
+	t.Cleanup(stop)
 	pids := childWorkers(t)
 	if len(pids) != 1 {
 		t.Fatalf("worker processes %v, want one", pids)
@@ -177,20 +123,30 @@ func TestGPUDPProcsWorkerHangs(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Start(context.Background())
+	return r0, c, pids, stop
+}
+
+// TestGPUDPProcsWorkerHangs: under --device cuda-emu --dp 2 --dp-attention --dp-procs,
+// with the emulated NCCL waiting as NCCL does (RESIN_EMU_NCCL_HANG=1), worker rank 1
+// hangs in its first collective, an expert exchange mid-step (RESIN_EMU_NCCL_STALL_RANK),
+// and is SIGKILLed there: rank 0's forward, waiting in the same exchange, is aborted at
+// once (abortOnExit, the watchdog's timeout being ten minutes), the request fails naming
+// the worker's rank, pid and signal, and no worker process is left.
+func TestGPUDPProcsWorkerHangs(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1", "RESIN_EMU_NCCL_STALL_RANK=1") {
+		return
+	}
+	mark := filepath.Join(t.TempDir(), "stalled")
+	t.Setenv("RESIN_EMU_NCCL_STALL_MARK", mark) // the worker's environment
+	gpu := &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Watchdog: 10 * time.Minute}, ordinals: []int{0, 1}, emulate: true}
+	_, c, pids, stop := startDPProcs(t, "gather", gpu)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	s, err := c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dptest.Within(t, 5*time.Minute, "worker rank 1 to reach its stall", func() {
-		for {
-			if _, err := os.Stat(mark); err == nil {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
+	awaitStall(t, mark)
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

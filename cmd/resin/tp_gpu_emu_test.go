@@ -132,14 +132,15 @@ func TestGPUWorkerHangs(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1", "RESIN_EMU_NCCL_STALL_RANK=1") {
 		return
 	}
+	const llamaConfig, v4Config = "testdata/tiny-llama/config.json", "../../models/deepseek-v4-flash/config.json"
 	t.Run("llama-tp", func(t *testing.T) {
-		checkGPUWorkerHangs(t, filepath.Join("testdata", "tiny-llama", "config.json"), func(dir string, dog time.Duration) (engine.Runner, *kvslab.Pool, error) {
+		checkGPUWorkerHangs(t, llamaConfig, func(dir string, dog time.Duration) (engine.Runner, *kvslab.Pool, error) {
 			f := &runtimeFlags{device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Watchdog: dog}, cacheBytes: 4 << 20, tp: tpFlags{size: 2, procs: true}}
 			return f.openTPGPU("llama", dir)
 		})
 	})
 	t.Run("deepseek-v4-flash-ep", func(t *testing.T) {
-		checkGPUWorkerHangs(t, "../../models/deepseek-v4-flash/config.json", func(dir string, dog time.Duration) (engine.Runner, *kvslab.Pool, error) {
+		checkGPUWorkerHangs(t, v4Config, func(dir string, dog time.Duration) (engine.Runner, *kvslab.Pool, error) {
 			f := &runtimeFlags{tp: tpFlags{size: 1, ep: 2, procs: true, dispatch: "gather"}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Watchdog: dog}, cacheBytes: 4 << 20}
 			return f.openLayoutGPU(deepseekv4flash.Name, dir)
 		})
@@ -147,37 +148,13 @@ func TestGPUWorkerHangs(t *testing.T) {
 	// The ranks goroutines of this process (gpurunner.Group): rank 1 hangs, and the
 	// watchdogs of both end the step.
 	t.Run("deepseek-v4-flash-ep-in-process", func(t *testing.T) {
-		dir := t.TempDir()
-		cfg, err := os.ReadFile("../../models/deepseek-v4-flash/config.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-			t.Fatal(err)
-		}
 		f := &runtimeFlags{tp: tpFlags{size: 1, ep: 2, dispatch: "gather"}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Watchdog: 2 * time.Second}, cacheBytes: 4 << 20}
-		r, pool, err := f.openLayoutGPU(deepseekv4flash.Name, dir)
+		r, pool, err := f.openLayoutGPU(deepseekv4flash.Name, configDir(t, v4Config))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer r.(interface{ StopRanks() error }).StopRanks()
-		s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() {
-			_, err := r.Execute(context.Background(), s.Schedule())
-			done <- err
-		}()
-		select {
-		case err = <-done:
-		case <-time.After(5 * time.Minute):
-			t.Fatal("the step still waits in its collective")
-		}
+		err = awaitStep(t, startStep(t, r, pool))
 		if err == nil || !strings.Contains(err.Error(), "ran past the watchdog's 2s") {
 			t.Fatalf("the step whose rank 1 hangs: %v, want the watchdog's abort", err)
 		}
@@ -185,18 +162,57 @@ func TestGPUWorkerHangs(t *testing.T) {
 	})
 }
 
-// checkGPUWorkerHangs is TestGPUWorkerHangs for the group open opens from the model
-// config at cfgPath with the watchdog's timeout given: one worker process, whose rank 1
-// hangs in its first collective.
-func checkGPUWorkerHangs(t *testing.T, cfgPath string, open func(dir string, watchdog time.Duration) (engine.Runner, *kvslab.Pool, error)) {
+// configDir is a new directory holding the model config at path as its config.json.
+func configDir(t *testing.T, path string) string {
+	t.Helper()
 	dir := t.TempDir()
-	cfg, err := os.ReadFile(cfgPath)
+	cfg, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// startStep runs the first step of a 3-token prompt on r (its pool pool) on a goroutine
+// and returns the step's error's channel.
+func startStep(t *testing.T, r engine.Runner, pool *kvslab.Pool) <-chan error {
+	t.Helper()
+	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Execute(context.Background(), s.Schedule())
+		done <- err
+	}()
+	return done
+}
+
+// awaitStep is startStep's error, failing the test if the step has not returned within
+// five minutes (it waits in a collective).
+func awaitStep(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Minute):
+		t.Fatal("rank 0's step still waits in its collective")
+		return nil
+	}
+}
+
+// checkGPUWorkerHangs is TestGPUWorkerHangs for the group open opens from the model
+// config at cfgPath with the watchdog's timeout given: one worker process, whose rank 1
+// hangs in its first collective.
+func checkGPUWorkerHangs(t *testing.T, cfgPath string, open func(dir string, watchdog time.Duration) (engine.Runner, *kvslab.Pool, error)) {
+	dir := configDir(t, cfgPath)
 	for _, kill := range []bool{true, false} {
 		name, timeout := "killed", 10*time.Minute
 		if !kill {
@@ -215,36 +231,14 @@ func checkGPUWorkerHangs(t *testing.T, cfgPath string, open func(dir string, wat
 				stop.StopRanks()
 				t.Fatalf("worker processes %v, want one", pids)
 			}
-			s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() {
-				_, err := r.Execute(context.Background(), s.Schedule())
-				done <- err
-			}()
+			done := startStep(t, r, pool)
 			if kill {
-				for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
-					if _, err := os.Stat(mark); err == nil {
-						break
-					}
-					if time.Since(start) > 5*time.Minute {
-						t.Fatal("worker rank 1 never reached its stall")
-					}
-				}
+				awaitStall(t, mark)
 				if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 					t.Fatal(err)
 				}
 			}
-			select {
-			case err = <-done:
-			case <-time.After(5 * time.Minute):
-				t.Fatal("rank 0's step still waits in its collective")
-			}
+			err = awaitStep(t, done)
 			if kill {
 				want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ") exited: signal: killed"
 				if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "aborted") {
@@ -263,6 +257,20 @@ func checkGPUWorkerHangs(t *testing.T, cfgPath string, open func(dir string, wat
 				t.Errorf("worker processes %v left after StopRanks", pids)
 			}
 		})
+	}
+}
+
+// awaitStall waits (up to five minutes) for the file the emulated NCCL's stall creates
+// (RESIN_EMU_NCCL_STALL_MARK): the stalled rank is then inside its collective.
+func awaitStall(t *testing.T, mark string) {
+	t.Helper()
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(mark); err == nil {
+			return
+		}
+		if time.Since(start) > 5*time.Minute {
+			t.Fatal("worker rank 1 never reached its stall")
+		}
 	}
 }
 

@@ -286,6 +286,29 @@ func startPeer(t *testing.T, env ...string) (*cudart.NCCLUniqueID, *exec.Cmd, *b
 	return &id, cmd, &out
 }
 
+// stalledPeer joins rank 0 of a new communicator with o on emulated GPU 0 (returned, with
+// the communicator; both closed when the test ends), rank 1 a child process that joins
+// and never arrives at a collective.
+func stalledPeer(t *testing.T, o Options) (*NCCL, *cudart.Device) {
+	t.Helper()
+	d, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	id, cmd, out := startPeer(t, "RESIN_NCCL_PEER_STALL=1")
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	c, err := NewNCCL(d, *id, 2, 0, o)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, d
+}
+
 // TestEmulatedNCCLLatePeer: a peer in another process that joined but never arrives at
 // the collective fails rank 0's after RESIN_EMU_NCCL_TIMEOUT (2 s here), the error naming
 // rank 1 and the deadline, rather than hanging.
@@ -293,22 +316,8 @@ func TestEmulatedNCCLLatePeer(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_TIMEOUT=2") {
 		return
 	}
-	d, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	id, cmd, out := startPeer(t, "RESIN_NCCL_PEER_STALL=1")
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	c, err := NewNCCL(d, *id, 2, 0, Options{Timeout: 2 * time.Minute})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	defer c.Close()
-	err = AllReduceF32(c, make([]float32, 8))
+	c, _ := stalledPeer(t, Options{Timeout: 2 * time.Minute})
+	err := AllReduceF32(c, make([]float32, 8))
 	if err == nil || !strings.Contains(err.Error(), "waiting for rank 1 to arrive") || !strings.Contains(err.Error(), "within 2 s") {
 		t.Fatalf("all-reduce with rank 1 stalled: %v, want an error naming rank 1 and the 2 s deadline", err)
 	}
@@ -323,22 +332,8 @@ func TestEmulatedNCCLTimeoutAborts(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1") {
 		return
 	}
-	d, err := cudart.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	id, cmd, out := startPeer(t, "RESIN_NCCL_PEER_STALL=1")
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	c, err := NewNCCL(d, *id, 2, 0, Options{Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	defer c.Close()
-	err = AllReduceF32(c, make([]float32, 8))
+	c, d := stalledPeer(t, Options{Timeout: 2 * time.Second})
+	err := AllReduceF32(c, make([]float32, 8))
 	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "aborted") {
 		t.Fatalf("all-reduce with rank 1 stalled: %v, want ErrTimeout and the abort", err)
 	}

@@ -491,32 +491,10 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 	seqStart = append(seqStart, int32(len(ids)))
 	g.vocab().LocalIDs(idsRep)
 	w := &g.w
-	ups := []struct {
-		dst cudart.DevicePtr
-		v   []int32
-	}{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0},
+	ups := []stepUpload{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0},
 		{w.state, state}, {w.winRow0, winRow0}, {w.rowIdx, rows}}
-	for li := range g.layers {
-		if l := &g.layers[li]; l.comp != nil {
-			row0 := make([]int32, len(state))
-			for i, st := range state {
-				row0[i] = st * int32(l.maxEntries)
-			}
-			ups = append(ups, struct {
-				dst cudart.DevicePtr
-				v   []int32
-			}{l.entryRow0, row0})
-		}
-	}
-	for _, u := range ups {
-		if len(u.v) == 0 {
-			continue
-		}
-		if err := cudart.Upload(c, u.dst, u.v); err != nil {
-			return 0, err
-		}
-	}
-	if err := c.Synchronize(); err != nil { // the uploads, before the stream reads them
+	ups = append(ups, g.entryRows(state)...)
+	if err := uploadAll(c, ups); err != nil {
 		return 0, err
 	}
 	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: n, Seqs: len(len0)}
@@ -592,6 +570,42 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		s.Len += len(tokens[i])
 	}
 	return want, nil
+}
+
+// entryRows is the compressed layers' uploads of each sequence's first entry row, for
+// the sequences in slots state.
+func (g *gpuModel) entryRows(state []int32) []stepUpload {
+	var ups []stepUpload
+	for li := range g.layers {
+		if l := &g.layers[li]; l.comp != nil {
+			row0 := make([]int32, len(state))
+			for i, st := range state {
+				row0[i] = st * int32(l.maxEntries)
+			}
+			ups = append(ups, stepUpload{l.entryRow0, row0})
+		}
+	}
+	return ups
+}
+
+// stepUpload is one int32 array a step puts on the device.
+type stepUpload struct {
+	dst cudart.DevicePtr
+	v   []int32
+}
+
+// uploadAll copies each upload's values (the empty ones skipped) and waits for them, so
+// that the stream reads them complete.
+func uploadAll(c *cudart.Ctx, ups []stepUpload) error {
+	for _, u := range ups {
+		if len(u.v) == 0 {
+			continue
+		}
+		if err := cudart.Upload(c, u.dst, u.v); err != nil {
+			return err
+		}
+	}
+	return c.Synchronize()
 }
 
 // headLaunch queues the head over the rows w.rowIdx names (nr of them) of the step's n

@@ -119,19 +119,9 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32,
 			idsRep = append(idsRep, t)
 		}
 	}
-	ups := []struct {
-		dst cudart.DevicePtr
-		v   []int32
-	}{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, make([]int32, local)}, {w.seqStart, []int32{0, int32(local)}},
+	ups := []stepUpload{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, make([]int32, local)}, {w.seqStart, []int32{0, int32(local)}},
 		{w.len0, []int32{int32(s.Len + lo)}}, {w.state, []int32{int32(s.slot)}}, {w.winRow0, []int32{int32(s.slot * win)}}, {w.rowIdx, rows}}
-	for li := range g.layers {
-		if l := &g.layers[li]; l.comp != nil {
-			ups = append(ups, struct {
-				dst cudart.DevicePtr
-				v   []int32
-			}{l.entryRow0, []int32{int32(s.slot * l.maxEntries)}})
-		}
-	}
+	ups = append(ups, g.entryRows([]int32{int32(s.slot)})...)
 	// The KV-side chunks: rows [0, lo) and [hi, n) of the plan, at their positions.
 	side := func(k, from, to int) kernels.Chunk {
 		m := to - from
@@ -140,32 +130,14 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32,
 			p[j] = int32(s.Len + from + j)
 		}
 		off := cudart.DevicePtr(4 * k * g.maxTokens)
-		ups = append(ups, struct {
-			dst cudart.DevicePtr
-			v   []int32
-		}{cs.pos + off, p}, struct {
-			dst cudart.DevicePtr
-			v   []int32
-		}{cs.rowSeq + off, make([]int32, m)}, struct {
-			dst cudart.DevicePtr
-			v   []int32
-		}{cs.seqStart + cudart.DevicePtr(8*k), []int32{0, int32(m)}}, struct {
-			dst cudart.DevicePtr
-			v   []int32
-		}{cs.len0 + cudart.DevicePtr(4*k), []int32{int32(s.Len + from)}})
-		return kernels.Chunk{Pos: cs.pos + off, RowSeq: cs.rowSeq + off, SeqStart: cs.seqStart + cudart.DevicePtr(8*k),
+		sc := kernels.Chunk{Pos: cs.pos + off, RowSeq: cs.rowSeq + off, SeqStart: cs.seqStart + cudart.DevicePtr(8*k),
 			Len0: cs.len0 + cudart.DevicePtr(4*k), Rows: m, Seqs: 1}
+		ups = append(ups, stepUpload{sc.Pos, p}, stepUpload{sc.RowSeq, make([]int32, m)},
+			stepUpload{sc.SeqStart, []int32{0, int32(m)}}, stepUpload{sc.Len0, []int32{int32(s.Len + from)}})
+		return sc
 	}
 	st.pre, st.post = side(0, 0, lo), side(1, hi, n)
-	for _, u := range ups {
-		if len(u.v) == 0 {
-			continue
-		}
-		if err := cudart.Upload(c, u.dst, u.v); err != nil {
-			return 0, err
-		}
-	}
-	if err := c.Synchronize(); err != nil { // the uploads, before the stream reads them
+	if err := uploadAll(c, ups); err != nil {
 		return 0, err
 	}
 	ch := kernels.Chunk{Pos: w.pos, RowSeq: w.rowSeq, SeqStart: w.seqStart, Len0: w.len0, Rows: local, Seqs: 1}

@@ -2,12 +2,10 @@ package deepseekv4flash
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cpurunner"
-	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
@@ -53,23 +51,7 @@ func TestEmulatedCPEqualsOne(t *testing.T) {
 // cpGroup is the tiny model m over size emulated GPUs by prefill CP, decode graphs on.
 func cpGroup(t *testing.T, m *Model, size int) (*GPUCP, *kvslab.Pool) {
 	t.Helper()
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var devs []*cudart.Device
-	for r := range size {
-		d, err := cudart.OpenDevice(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		devs = append(devs, d)
-	}
+	cache, devs := openRankDevices(t, size)
 	g, pool, err := NewGPUCP(m, devs, cache, 4, 32, 4, 8<<20)
 	if err != nil {
 		t.Fatal(err)

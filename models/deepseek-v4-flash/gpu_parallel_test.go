@@ -40,23 +40,7 @@ func epForward(t *testing.T, m *Model, size int) (cpurunner.ForwardFunc, *kvslab
 func layoutForward(t *testing.T, m *Model, l Layout) (cpurunner.ForwardFunc, *kvslab.Pool, *GPUGroup) {
 	t.Helper()
 	size := l.Size()
-	dir := os.Getenv("RESIN_KERNEL_CACHE")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	cache, err := cudart.OpenKernelCache(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var devs []*cudart.Device
-	for r := range size {
-		d, err := cudart.OpenDevice(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		devs = append(devs, d)
-	}
+	cache, devs := openRankDevices(t, size)
 	if size == 1 {
 		r, err := NewGPURunner(m, devs[0], cache, cudart.F32, 4, 32, 4)
 		if err != nil {
@@ -86,6 +70,30 @@ func layoutForward(t *testing.T, m *Model, l Layout) (cpurunner.ForwardFunc, *kv
 		t.Fatal(err)
 	}
 	return g.group.Forward, pool, g
+}
+
+// openRankDevices opens the kernel cache (RESIN_KERNEL_CACHE, else a temporary one) and
+// emulated GPUs 0..size-1, closed when the test ends.
+func openRankDevices(t *testing.T, size int) (*cudart.KernelCache, []*cudart.Device) {
+	t.Helper()
+	dir := os.Getenv("RESIN_KERNEL_CACHE")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	cache, err := cudart.OpenKernelCache(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []*cudart.Device
+	for r := range size {
+		d, err := cudart.OpenDevice(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs = append(devs, d)
+	}
+	return cache, devs
 }
 
 // TestEmulatedEPEqualsOne runs the tiny model (4 routed experts, top-2; a hash-routed
