@@ -30,7 +30,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; with --model llama on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP) each holding the model and the whole cache, the q/k/v rows all-gathered over NCCL, every rank decoding alike")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; with --model llama or deepseek-v4-flash on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (on the GPU: bound to their GPUs' NUMA nodes, the NCCL id handed over it; default: goroutines of this process)")
 }
 
@@ -51,14 +51,14 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--cp %d: --cp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size)
 	case f.specTokens > 0:
 		return fmt.Errorf("--cp %d is not combined with --num-speculative-tokens yet", c.size)
-	case f.device.CUDA() && f.model != llama.Name:
-		return fmt.Errorf("--cp %d on the GPU covers --model llama only so far (deepseek-v4-flash and glm-5-flash split their prefill on the CPU: --device cpu)", c.size)
+	case f.device.CUDA() && f.model != llama.Name && gpuCPOpeners[f.model] == nil:
+		return fmt.Errorf("--cp %d on the GPU covers --model llama and deepseek-v4-flash only so far (glm-5-flash splits its prefill on the CPU: --device cpu)", c.size)
 	}
 	f.tp.groupRanks, f.tp.groupFlag = c.size, "--cp" // its ranks split over --nnodes (tpFlags.check)
 	return nil
 }
 
-// openCPGPU opens llama's GPU runner with prefill context parallelism over --cp ranks of
+// openCPGPU opens llama's (or a model of gpuCPOpeners') GPU runner with prefill context parallelism over --cp ranks of
 // this process (gpurunner.NewDenseCPShards) or, with --cp-procs, ranks 1..N-1 worker
 // processes of this binary (startGPUWorkers, gpurunner.JoinDenseCP): rank r on GPU --gpu+r where the driver sees
 // that many, else every rank on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1),
@@ -66,6 +66,9 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 // 0's size. With --device cuda-emu the emulator shows --cp GPUs unless RESIN_EMU_DEVICES
 // says otherwise.
 func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool, error) {
+	if name != llama.Name {
+		return f.openLayoutGPU(name, dir) // gpuCPOpeners, gpuCPJoiners
+	}
 	size := f.cp.size
 	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
 		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(size))

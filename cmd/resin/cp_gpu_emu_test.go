@@ -62,11 +62,54 @@ func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 		extra []string
 		want  string
 	}{
-		{[]string{"--cp", "2", "--model", "glm-5-flash", "--random-weights", filepath.Join("..", "..", "models", "glm-5-flash", "config.json")}, "covers --model llama only"},
+		{[]string{"--cp", "2", "--model", "glm-5-flash", "--random-weights", filepath.Join("..", "..", "models", "glm-5-flash", "config.json")}, "covers --model llama and deepseek-v4-flash only"},
 	} {
 		_, errOut, err := runGenerate(t, append(args, c.extra...)...)
 		if err == nil || !strings.Contains(errOut+err.Error(), c.want) {
 			t.Errorf("%v: err %v, stderr %q; want it to say %q", c.extra, err, errOut, c.want)
 		}
+	}
+}
+
+// TestGenerateV4CPOnTheEmulatedDevice: generate --model deepseek-v4-flash --device
+// cuda-emu --cp 2 and --cp 3 run its GPU runner with prefill context parallelism over
+// ranks of this process (deepseekv4flash.OpenGPUCP) or, with --cp-procs, ranks 1..
+// worker processes (JoinGPUCP; --cp 3 with plans of 4 tokens too, a rank of the second
+// plan's without tokens), and give --cp 1's greedy tokens and --logits-out byte for byte,
+// leaving no worker process.
+func TestGenerateV4CPOnTheEmulatedDevice(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3") {
+		return
+	}
+	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
+	args := []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "4", "--device", "cuda-emu"}
+	dir := t.TempDir()
+	run := func(cp string, extra ...string) (string, []byte) {
+		out := filepath.Join(dir, "logits-"+cp+strings.Join(extra, ""))
+		stdout, errOut, err := runGenerate(t, append(append(args, "--cp", cp, "--logits-out", out), extra...)...)
+		if err != nil {
+			t.Fatalf("--cp %s %v: %v\n%s", cp, extra, err, errOut)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tokensLine(stdout), b
+	}
+	one, oneLogits := run("1")
+	for _, c := range []struct {
+		cp    string
+		extra []string
+	}{{"2", nil}, {"3", nil}, {"2", []string{"--cp-procs"}}, {"3", []string{"--cp-procs", "--max-batch-tokens", "4"}}} {
+		toks, logits := run(c.cp, c.extra...)
+		if toks == "" || toks != one {
+			t.Errorf("--cp %s %v: %q, --cp 1 %q", c.cp, c.extra, toks, one)
+		}
+		if len(oneLogits) == 0 || !bytes.Equal(logits, oneLogits) {
+			t.Errorf("--cp %s %v: --logits-out differs from --cp 1's (%d and %d bytes)", c.cp, c.extra, len(logits), len(oneLogits))
+		}
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after --cp-procs", pids)
 	}
 }

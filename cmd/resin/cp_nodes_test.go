@@ -39,28 +39,34 @@ func TestGenerateCPNodes(t *testing.T) {
 	}
 }
 
-// TestGenerateCPGPUNodes: llama's GPU prefill CP across two nodes on the emulated device
-// (openDenseGPUNode with gpurunner.JoinDenseCP: rank 0's NCCL id over the TCP
+// TestGenerateCPGPUNodes: llama's and deepseek-v4-flash's GPU prefill CP across two
+// nodes on the emulated device (openDenseGPUNode with gpurunner.JoinDenseCP;
+// openLayoutGPUNodes with deepseekv4flash.JoinGPUCP: rank 0's NCCL id over the TCP
 // rendezvous; the emulated NCCL meets the ranks in this host's shared memory, as real
-// NCCL's bootstrap would across hosts) prints --cp 1's tokens and its --logits-out byte
+// NCCL's bootstrap would across hosts) print --cp 1's tokens and its --logits-out byte
 // for byte.
 func TestGenerateCPGPUNodes(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=1") {
 		return
 	}
-	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"), "--device", "cuda-emu",
-		"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "6", "--ignore-eos"}
-	oneLg := filepath.Join(t.TempDir(), "one.safetensors")
-	one, errOut, err := runGenerate(t, append(append([]string{}, args...), "--logits-out", oneLg)...)
-	if err != nil {
-		t.Fatalf("--cp 1: %v\n%s", err, errOut)
-	}
-	got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2"})
-	if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
-		t.Errorf("--cp 2 over two GPU nodes: %q, --cp 1 %q", tokensLine(got), tokensLine(one))
-	}
-	if want, err := os.ReadFile(oneLg); err != nil || !bytes.Equal(lg, want) {
-		t.Errorf("--cp 2 over two GPU nodes: --logits-out differs from --cp 1's (%d and %d bytes, %v)", len(lg), len(want), err)
+	for _, model := range []struct{ name, cfg string }{
+		{"llama", filepath.Join("testdata", "tiny-llama", "config.json")},
+		{"deepseek-v4-flash", filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")},
+	} {
+		args := []string{"--model", model.name, "--random-weights", model.cfg, "--device", "cuda-emu",
+			"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "6", "--ignore-eos"}
+		oneLg := filepath.Join(t.TempDir(), "one.safetensors")
+		one, errOut, err := runGenerate(t, append(append([]string{}, args...), "--logits-out", oneLg)...)
+		if err != nil {
+			t.Fatalf("%s --cp 1: %v\n%s", model.name, err, errOut)
+		}
+		got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2"})
+		if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
+			t.Errorf("%s --cp 2 over two GPU nodes: %q, --cp 1 %q", model.name, tokensLine(got), tokensLine(one))
+		}
+		if want, err := os.ReadFile(oneLg); err != nil || !bytes.Equal(lg, want) {
+			t.Errorf("%s --cp 2 over two GPU nodes: --logits-out differs from --cp 1's (%d and %d bytes, %v)", model.name, len(lg), len(want), err)
+		}
 	}
 }
 

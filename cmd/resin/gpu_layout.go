@@ -33,6 +33,18 @@ var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurun
 	},
 }
 
+// gpuCPOpeners are the MoE models whose GPU runner runs prefill context parallelism
+// over in-process ranks (`--device cuda --cp N`), by name.
+var gpuCPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, size int) (engine.Runner, *kvslab.Pool, error){
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, size int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := deepseekv4flash.OpenGPUCP(dir, cacheBytes, opts, size)
+		if err != nil {
+			return nil, nil, err
+		}
+		return g, pool, nil
+	},
+}
+
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
 // (with the gather dispatch; the model checks the sizes), in-process ranks, or for a model
@@ -53,7 +65,8 @@ func (f *runtimeFlags) gpuParallel() bool {
 	return f.model == "llama" && t.ep == 1
 }
 
-// openLayoutGPU opens model name's GPU runner split over --tp and --ep in-process ranks
+// openLayoutGPU opens model name's GPU runner split over --tp and --ep (or --cp, prefill
+// context parallelism) in-process ranks
 // (rank r on GPU --gpu+r where the driver sees that many, else every rank on --gpu),
 // drafting --num-speculative-tokens a step. With --device cuda-emu the emulator shows as
 // many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
@@ -66,8 +79,11 @@ func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.P
 		if f.tp.initAddr != "" {
 			return f.openLayoutGPUNodes(name, dir, cacheBytes, opts)
 		}
-		if f.tp.procs {
+		if f.tp.procs || f.cp.procs {
 			return f.openLayoutGPUProcs(name, dir, cacheBytes, opts)
+		}
+		if f.cp.size > 1 {
+			return gpuCPOpeners[name](dir, cacheBytes, opts, f.cp.size)
 		}
 		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, f.specTokens)
 	}, dir, f.cacheBytes)

@@ -29,14 +29,57 @@ var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurun
 	},
 }
 
+// gpuCPJoiners are the models whose GPU runner runs prefill context parallelism (--cp N
+// with --device cuda) as a worker process per rank (--cp-procs) or across nodes: rank
+// ctl.Rank() of ctl.Size() joining the others over ctl (the NCCL id, the plans).
+var gpuCPJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, ctl dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
+	deepseekv4flash.Name: deepseekv4flash.JoinGPUCP,
+}
+
+// gpuJoin opens this process's rank of a MoE model's GPU layout, joining the others
+// over ctl and data.
+type gpuJoin func(dir string, cacheBytes int64, opts gpurunner.Options, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error)
+
+// layoutJoin is model's gpuJoin: with cp above 1 its prefill CP's (gpuCPJoiners), else its
+// tp × ep layout's drafting drafts a step (gpuLayoutJoiners); nil when the model has none.
+func layoutJoin(model string, tp, ep, cp, drafts int) gpuJoin {
+	if cp > 1 {
+		join := gpuCPJoiners[model]
+		if join == nil {
+			return nil
+		}
+		return func(dir string, cacheBytes int64, opts gpurunner.Options, ctl, _ dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+			return join(dir, cacheBytes, opts, ctl)
+		}
+	}
+	join := gpuLayoutJoiners[model]
+	if join == nil {
+		return nil
+	}
+	return func(dir string, cacheBytes int64, opts gpurunner.Options, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return join(dir, cacheBytes, opts, tp, ep, drafts, ctl, data)
+	}
+}
+
+// layoutWhat names the layout of f for errors: its --cp, or its --tp and --ep.
+func (f *runtimeFlags) layoutWhat() string {
+	if f.cp.size > 1 {
+		return fmt.Sprintf("--cp %d", f.cp.size)
+	}
+	return fmt.Sprintf("--tp %d --ep %d", f.tp.size, f.tp.ep)
+}
+
 // openLayoutGPUProcs is openLayoutGPU with ranks 1..N-1 as worker processes of this
 // binary, rank r on GPU --gpu+r (all on --gpu where fewer are seen), each bound to its
 // GPU's NUMA node, meeting rank 0 (this process, the engine's) in shared memory; the
 // step of a dead worker fails naming its rank, pid and signal.
 func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
-	join := gpuLayoutJoiners[name]
+	join := layoutJoin(name, f.tp.size, f.tp.ep, f.cp.size, f.specTokens)
 	size := f.tp.ranks()
-	what := fmt.Sprintf("--tp %d --ep %d --tp-procs", f.tp.size, f.tp.ep)
+	what := f.layoutWhat() + " --tp-procs"
+	if f.cp.size > 1 {
+		what = f.layoutWhat() + " --cp-procs"
+	}
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return nil, nil, fmt.Errorf("%s on the GPU: %w", name, err)
 	}
@@ -48,7 +91,7 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 	if err != nil {
 		return nil, nil, err
 	}
-	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir, Model: name, TP: f.tp.size, EP: f.tp.ep, Drafts: f.specTokens}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir, Model: name, TP: f.tp.size, EP: f.tp.ep, CP: f.cp.size, Drafts: f.specTokens}
 	w, err := launchGPUWorkers(exe, spec, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
@@ -59,7 +102,7 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 		return nil, nil, fmt.Errorf("%s: %w", what, w.StepError(err))
 	}
 	opts.Ordinal = ordinals[0]
-	g, info, err := join(dir, cacheBytes, opts, f.tp.size, f.tp.ep, f.specTokens, ctl, data)
+	g, info, err := join(dir, cacheBytes, opts, ctl, data)
 	if err != nil {
 		err = workerError(w, err)
 		ctl.Close()
@@ -82,13 +125,14 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 	return &tpRunner{cpurunner.New(info, lead), closeAll, w}, g.Pool(), nil
 }
 
-// runGPULayoutWorker is a --tp-procs worker of a MoE model's GPU layout: it joins rank 0,
-// opens its rank on its GPU and follows rank 0's plans until it stops.
+// runGPULayoutWorker is a --tp-procs (or --cp-procs) worker of a MoE model's GPU
+// layout: it joins rank 0, opens its rank on its GPU and follows rank 0's plans until it
+// stops.
 func runGPULayoutWorker(spec tpWorkerSpec) error {
 	gs := spec.GPU
-	join := gpuLayoutJoiners[spec.Model]
+	join := layoutJoin(spec.Model, spec.TP, spec.EP, spec.CP, spec.Drafts)
 	if join == nil {
-		return fmt.Errorf("rank %d: model %q has no GPU layout in worker processes", spec.Rank, spec.Model)
+		return fmt.Errorf("rank %d: model %q has no GPU layout (cp %d) in worker processes", spec.Rank, spec.Model, spec.CP)
 	}
 	if gs.Emulate {
 		if err := cudart.Emulate(); err != nil {
@@ -102,7 +146,7 @@ func runGPULayoutWorker(spec tpWorkerSpec) error {
 	defer ctl.Close()
 	defer data.Close()
 	opts := gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache, Watchdog: gs.Watchdog}
-	g, _, err := join(spec.Dir, 0, opts, spec.TP, spec.EP, spec.Drafts, ctl, data)
+	g, _, err := join(spec.Dir, 0, opts, ctl, data)
 	if err != nil {
 		return err
 	}
@@ -116,7 +160,7 @@ func runGPULayoutWorker(spec tpWorkerSpec) error {
 // the NCCL id there (gpurunner.JoinGroup). Node 0's first rank serves the engine; the
 // other nodes follow until it stops them (errWorkerDone).
 func (f *runtimeFlags) openLayoutGPUNodes(name, dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
-	join, t := gpuLayoutJoiners[name], &f.tp
+	join, t := layoutJoin(name, f.tp.size, f.tp.ep, f.cp.size, f.specTokens), &f.tp
 	size := t.ranks()
 	first, n := t.nodeRanks()
 	type rank struct {
@@ -138,7 +182,7 @@ func (f *runtimeFlags) openLayoutGPUNodes(name, dir string, cacheBytes int64, op
 		if c, err := cudart.DeviceCount(); err == nil && opts.Ordinal+t.localRank+n <= c {
 			o.Ordinal += t.localRank + r - first
 		} // else every rank of this node on --gpu (NCCL_MULTI_RANK_GPU_ENABLE=1), as in-process ranks are
-		g, info, err := join(dir, cacheBytes, o, t.size, t.ep, f.specTokens, ctl, data)
+		g, info, err := join(dir, cacheBytes, o, ctl, data)
 		if err == nil {
 			err = data.Barrier() // every rank has read dir (a --random-weights copy is removed after)
 			if err != nil {

@@ -287,6 +287,25 @@ type GPUCP struct {
 	group *gpurunner.Group
 }
 
+// cpRank opens rank rank of size of the prefill CP of model m on dev: a GPURunner of the
+// whole model (NewGPURunner's sizes, float32) with a device pool of cacheBytes, taking its
+// end of the NCCL communicator (SetComm) into its CP buffers. A failure there is kept in
+// the runner's cpErr (checkCP).
+func cpRank(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows, rank, size int, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
+	r, err := newGPURunner(m, nil, dev, cache, cudart.F32, slots, maxTokens, maxRows, 0)
+	if err != nil {
+		return nil, gpurunner.GroupRank{}, err
+	}
+	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: m.Config.VocabSize},
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) {
+			if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, size) }); err != nil {
+				r.cpErr = err
+			}
+		}}
+	gr.Pool, err = r.NewPool(cacheBytes)
+	return r, gr, err
+}
+
 // NewGPUCP runs the model m over len(devs) ranks with prefill context parallelism (see
 // gpuCP), rank r a GPURunner of the whole model (NewGPURunner's sizes, float32) on
 // devs[r] with a device pool of cacheBytes of its own, all of one geometry; it returns
@@ -298,18 +317,8 @@ func NewGPUCP(m *Model, devs []*cudart.Device, cache *cudart.KernelCache, slots,
 	}
 	g := &GPUCP{ranks: make([]*GPURunner, size)}
 	group, err := gpurunner.StartGroup(Name, size, func(rank int, _ dist.Communicator) (gpurunner.GroupRank, error) {
-		r, err := newGPURunner(m, nil, devs[rank], cache, cudart.F32, slots, maxTokens, maxRows, 0)
-		if err != nil {
-			return gpurunner.GroupRank{}, err
-		}
+		r, gr, err := cpRank(m, devs[rank], cache, slots, maxTokens, maxRows, rank, size, cacheBytes)
 		g.ranks[rank] = r
-		gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: m.Config.VocabSize},
-			Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) {
-				if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, size) }); err != nil {
-					r.cpErr = err
-				}
-			}}
-		gr.Pool, err = r.NewPool(cacheBytes)
 		return gr, err
 	})
 	if err != nil {
@@ -324,6 +333,108 @@ func NewGPUCP(m *Model, devs []*cudart.Device, cache *cudart.KernelCache, slots,
 	g.group = group
 	g.Runner = cpurunner.New(g.ranks[0].Info(), group.Leader())
 	return g, group.Pool(), nil
+}
+
+// OpenGPUCP opens the model in dir (a checkpoint, or a config for Load's seeded random
+// weights) with prefill context parallelism over size GPUs of this process (NewGPUCP):
+// rank r on GPU opts.Ordinal+r where the driver sees that many, else every rank on
+// opts.Ordinal (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1). The model is loaded once
+// and every rank uploads all of it, every GEMM weight in float32 (a checkpoint's FP8 and
+// MXFP4 tensors dequantized). opts.Limits and cacheBytes apply to every rank; the pool
+// returned is rank 0's. Decode steps replay CUDA graphs on every rank unless opts.Eager.
+// Closing the runner closes the devices.
+func OpenGPUCP(dir string, cacheBytes int64, opts gpurunner.Options, size int) (*GPUCP, *kvslab.Pool, error) {
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return nil, nil, err
+	}
+	cpu, err := Load(dir, Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	rowsSet := opts.Limits.MaxRows > 0
+	lim, cache, devs, err := gpurunner.OpenRankDevices(opts, Name, size)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !rowsSet {
+		lim.MaxRows = min(lim.MaxSeqs, lim.MaxTokens)
+	}
+	g, pool, err := NewGPUCP(cpu.Model, devs, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, cacheBytes)
+	if err != nil {
+		gpurunner.CloseDevices(devs)
+		return nil, nil, fmt.Errorf("cp=%d on GPUs: %w", size, err)
+	}
+	for _, r := range g.ranks {
+		r.ownsDev = true
+	}
+	g.group.SetWatchdog(opts.Watchdog)
+	if !opts.Eager {
+		if err := g.UseGraphs(true); err != nil {
+			g.Close()
+			return nil, nil, err
+		}
+	}
+	return g, pool, nil
+}
+
+// JoinGPUCP opens rank ctl.Rank() of OpenGPUCP's prefill CP over ctl.Size() ranks as a
+// process of its own on GPU opts.Ordinal (cmd/resin's --cp-procs workers and nodes),
+// joining the others over ctl (gpurunner.JoinGroup: rank 0's NCCL id and pool geometry,
+// every rank's outcome, the NCCL join). Every rank loads the whole model from dir and
+// captures decode graphs unless opts.Eager, as every rank must alike. Rank 0 returns the
+// engine's RunnerInfo and leads with the ProcRank's Leader; the others Follow. Closing the
+// ProcRank closes the device.
+func JoinGPUCP(dir string, cacheBytes int64, opts gpurunner.Options, ctl dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+	rank, size := ctl.Rank(), ctl.Size()
+	fail := func(err error) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return nil, engine.RunnerInfo{}, fmt.Errorf("%s: cp=%d rank %d: %w", Name, size, rank, err)
+	}
+	if size < 2 {
+		return fail(fmt.Errorf("prefill CP over %d GPUs: want 2 or more", size))
+	}
+	if err := gpurunner.Available(opts.Ordinal); err != nil {
+		return fail(err)
+	}
+	cpu, err := Load(dir, Options{})
+	if err != nil {
+		return fail(err)
+	}
+	rowsSet := opts.Limits.MaxRows > 0
+	lim, cache, dev, err := gpurunner.OpenSlotDevice(opts, Name)
+	if err != nil {
+		return fail(err)
+	}
+	if !rowsSet {
+		lim.MaxRows = min(lim.MaxSeqs, lim.MaxTokens)
+	}
+	var r *GPURunner
+	g, err := gpurunner.JoinGroup(Name, ctl, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
+		var gr gpurunner.GroupRank
+		var err error
+		r, gr, err = cpRank(cpu.Model, dev, cache, lim.MaxSeqs, lim.MaxTokens, lim.MaxRows, rank, size, bytes)
+		if r != nil {
+			r.ownsDev = true // closed with the runner from here on
+		}
+		gr.Watchdog = opts.Watchdog
+		return gr, err
+	})
+	if err != nil {
+		if r == nil {
+			dev.Close()
+		}
+		return nil, engine.RunnerInfo{}, err
+	}
+	if r.cpErr != nil {
+		g.Close()
+		return fail(r.cpErr)
+	}
+	if !opts.Eager {
+		if err := r.UseGraphs(true, opts.Log); err != nil {
+			g.Close()
+			return fail(err)
+		}
+	}
+	return g, r.Info(), nil
 }
 
 // UseGraphs turns every rank's CUDA graphs on or off (the split steps run eagerly).
