@@ -3,6 +3,7 @@ package cudart
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -225,6 +226,71 @@ func TestEmulatedNCCLInGraph(t *testing.T) {
 			if !slices.Equal(res[r].eager[k], want) || !slices.Equal(res[r].replay[k], want) {
 				t.Errorf("rank %d, inputs +%g: eager %v, replay %v, want %v", r, base, res[r].eager[k], res[r].replay[k], want)
 			}
+		}
+	}
+}
+
+// TestEmulatedNCCLGraphMismatch: a collective that one rank replays from a CUDA graph and
+// the other runs eagerly fails on both, naming NCCL's rule (whether a launch is
+// graph-captured must be uniform over the ranks), as it would misbehave on a GPU; the
+// same collective replayed from both ranks' graphs before it succeeds.
+func TestEmulatedNCCLGraphMismatch(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	const ranks, n = 2, 4
+	id, err := NewNCCLUniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, ranks)
+	replayed := make([]error, ranks)
+	done := make(chan struct{}, ranks)
+	for r := range ranks {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			d, err := OpenDevice(r)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer d.Close()
+			errs[r] = d.Do(func(c *Ctx) error {
+				comm, err := InitComm(c, id, ranks, r)
+				if err != nil {
+					return err
+				}
+				defer comm.Destroy()
+				s, err := c.NewStream()
+				if err != nil {
+					return err
+				}
+				defer c.DestroyStream(s)
+				buf, _ := c.Alloc(4 * n)
+				defer c.Free(buf)
+				sum := func() error { return comm.AllReduce(buf.Ptr, buf.Ptr, n, F32, Sum, s) }
+				g, err := c.Capture(s, sum)
+				if err != nil {
+					return err
+				}
+				defer c.DestroyGraphExec(g)
+				replayed[r] = firstNonNil(c.LaunchGraph(g, s), c.Sync(s))
+				if r == 0 {
+					return firstNonNil(c.LaunchGraph(g, s), c.Sync(s))
+				}
+				return firstNonNil(sum(), c.Sync(s))
+			})
+		}()
+	}
+	for range ranks {
+		<-done
+	}
+	for r := range ranks {
+		if replayed[r] != nil {
+			t.Errorf("rank %d: both ranks' replays: %v", r, replayed[r])
+		}
+		if errs[r] == nil || !strings.Contains(errs[r].Error(), "graph-captured must be uniform over the ranks") {
+			t.Errorf("rank %d: one rank's replay against the other's eager all-reduce: %v, want NCCL's graph rule named", r, errs[r])
 		}
 	}
 }

@@ -93,6 +93,7 @@ struct Group {
   std::string kind;
   size_t count = 0;
   int type = 0, op = 0;
+  bool graph = false;    // the collective under way runs from a CUDA graph's replay
   std::vector<bool> in;  // which ranks have arrived at the collective under way
   // Why the group failed: a rank waited past RESIN_EMU_NCCL_TIMEOUT for the others. Every
   // collective fails with it since (the ranks are out of step), as NCCL's would after an
@@ -208,14 +209,23 @@ int reduce(const std::vector<const void*>& in, void* out, size_t count, int type
   return kSuccess;
 }
 
-int shmCollective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op);
+int shmCollective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op, bool graph);
 double timeoutSeconds();
 
-// collective runs one collective of rank c: it waits for every rank, and the last rank to
-// arrive computes the results of all of them.
-int collective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op) {
+// graphMismatch is why a collective that some ranks run from a CUDA graph and others
+// eagerly fails: NCCL requires whether a launch is graph-captured to be uniform over its
+// ranks (and a graph's replay to be collective for the ranks that captured it).
+std::string graphMismatch(const std::string& kind, int rank, bool graph) {
+  return "emulated NCCL: rank " + std::to_string(rank) + " ran " + kind + (graph ? " from a CUDA graph" : " eagerly") +
+         " where another rank ran it " + (graph ? "eagerly" : "from a CUDA graph") +
+         ": whether a launch is graph-captured must be uniform over the ranks (NCCL's rule for CUDA graphs); the communicator is broken";
+}
+
+// collective runs one collective of rank c (graph: from a CUDA graph's replay): it waits
+// for every rank, and the last rank to arrive computes the results of all of them.
+int collective(Comm* c, const std::string& kind, const void* send, void* recv, size_t count, int type, int op, bool graph) {
   if (c->aborted.load(std::memory_order_acquire) || stall(c)) return systemError(abortedError(c));
-  if (c->shm) return shmCollective(c, kind, send, recv, count, type, op);
+  if (c->shm) return shmCollective(c, kind, send, recv, count, type, op, graph);
   Group* g = c->g.get();
   size_t es = typeSize(type);
   if (es == 0) return kInvalidArgument;
@@ -226,6 +236,7 @@ int collective(Comm* c, const std::string& kind, const void* send, void* recv, s
     g->count = count;
     g->type = type;
     g->op = op;
+    g->graph = graph;
     g->send.assign(g->ranks, nullptr);
     g->recv.assign(g->ranks, nullptr);
     g->in.assign(g->ranks, false);
@@ -234,6 +245,10 @@ int collective(Comm* c, const std::string& kind, const void* send, void* recv, s
     // learn why now rather than at the deadline.
     g->broken = "emulated NCCL: rank " + std::to_string(c->rank) + " called " + kind + " of " + std::to_string(count) +
                 " where the others called " + g->kind + " of " + std::to_string(g->count) + "; the communicator is broken";
+    g->cv.notify_all();
+    return systemError(g->broken);
+  } else if (g->graph != graph) {
+    g->broken = graphMismatch(kind, c->rank, graph);
     g->cv.notify_all();
     return systemError(g->broken);
   }
@@ -343,6 +358,7 @@ struct Shm {
 struct Slot {
   int32_t pid;
   int32_t kind, type, op;
+  int32_t graph, pad_;  // the collective runs from a CUDA graph's replay (1) or eagerly (0)
   uint64_t arrive, done;
   uint64_t count, offset, n;  // the collective's count, and this chunk's offset and elements
 };
@@ -534,7 +550,7 @@ int shmWait(Comm* c, bool arrive, uint64_t want, int32_t kind) {
 }
 
 // shmCollective is collective() for ranks in several processes.
-int shmCollective(Comm* c, const std::string& kindStr, const void* send, void* recv, size_t count, int type, int op) {
+int shmCollective(Comm* c, const std::string& kindStr, const void* send, void* recv, size_t count, int type, int op, bool graph) {
   if (!c->broken.empty()) return systemError(c->broken + " (the communicator failed before)");
   size_t es = typeSize(type);
   int n = c->ranks;
@@ -558,6 +574,7 @@ int shmCollective(Comm* c, const std::string& kindStr, const void* send, void* r
     mine->kind = kind;
     mine->type = type;
     mine->op = op;
+    mine->graph = graph ? 1 : 0;
     mine->count = count;
     mine->offset = off;
     mine->n = m;
@@ -574,6 +591,9 @@ int shmCollective(Comm* c, const std::string& kindStr, const void* send, void* r
         c->broken = std::string("emulated NCCL: rank ") + std::to_string(r) + " called " + kindName(sl->kind) +
                     " where rank " + std::to_string(c->rank) + " called " + kindName(kind);
         rc = kInvalidUsage;  // the ranks called different collectives
+      } else if (sl->graph != mine->graph) {
+        c->broken = graphMismatch(kindStr, c->rank, graph);
+        rc = kInvalidUsage;
       }
     }
     if (rc == kSuccess) {
@@ -722,8 +742,9 @@ int submit(void* stream, const std::string& kind, Comm* c, const void* send, voi
   if (kind != "allgather" && kind != "broadcast" && (type != 7 && type != 9) && c->ranks > 1) return kInvalidArgument;
   // The op's own result, kept apart from the stream's so a graph replay has its own.
   auto rc = std::make_shared<int>(kSuccess);
+  bool graph = StreamCapturing(stream);  // recorded now, run by the graph's replays
   Result r = Submit(stream, Op{"nccl " + kind, [=]() -> Result {
-                                 *rc = collective(c, kind, send, recv, count, type, op);
+                                 *rc = collective(c, kind, send, recv, count, type, op, graph);
                                  // A dead or missing peer's message comes back with
                                  // cuGetErrorString's when the op ran deferred.
                                  if (*rc == kSystemError) return resin_emu::kLaunchFailed;
