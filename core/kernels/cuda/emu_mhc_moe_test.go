@@ -3,6 +3,7 @@ package cuda
 import (
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -420,4 +421,65 @@ func TestMHCMoELimitsMatchSources(t *testing.T) {
 			t.Errorf("%s: %s is %d, the launcher uses %d", c.file, c.name, want, c.got)
 		}
 	}
+}
+
+// TestEmuMoERouteNaNRows: a row whose router logits are NaN (a graph step's padding row
+// computed from garbage) is routed to k distinct experts by both routing kernels
+// (MoERoute, MoETopK), and the finite rows beside it as the reference routes them. Before,
+// a NaN row got expert 0 k times: its pairs overflowed the masked layout's room of one
+// pair per row and dropped another row's pair for expert 0 (a DP-attention rank's real
+// row lost an expert to another rank's padding rows).
+func TestEmuMoERouteNaNRows(t *testing.T) {
+	emuKernels(t)
+	const tokens, e, k = 3, 16, 4
+	logits := emuRnd(5, tokens*e, 2)
+	nan := float32(math.NaN())
+	for i := range e {
+		logits[e+i] = nan // row 1
+	}
+	distinct := func(name string, ids []int32) {
+		t.Helper()
+		for tk := range tokens {
+			seen := map[int32]bool{}
+			for _, id := range ids[tk*k : (tk+1)*k] {
+				if id < 0 || id >= e || seen[id] {
+					t.Errorf("%s: row %d routed to %v: want %d distinct experts of %d", name, tk, ids[tk*k:(tk+1)*k], k, e)
+					break
+				}
+				seen[id] = true
+			}
+		}
+	}
+	finite := func(name string, got, want []int32) {
+		t.Helper()
+		for _, tk := range []int{0, 2} {
+			if !slices.Equal(got[tk*k:(tk+1)*k], want[tk*k:(tk+1)*k]) {
+				t.Errorf("%s: finite row %d routed to %v, reference %v", name, tk, got[tk*k:(tk+1)*k], want[tk*k:(tk+1)*k])
+			}
+		}
+	}
+	m := &emuMem{t: t}
+	ids, w := m.alloc(4*tokens*k), m.alloc(4*tokens*k)
+	r := MoERoute{Weights: w, IDs: ids, Logits: m.f32(logits), TokenIDs: m.i32(make([]int32, tokens)), Tokens: tokens, Experts: e, TopK: k,
+		Scoring: ScoreSqrtSoftplus, Scale: 1}
+	var spec launchSpec
+	if err := r.pack(&spec); err != nil {
+		t.Fatal(err)
+	}
+	emuRun(t, "route with a NaN row", m, fromSpec(&spec))
+	got := m.getI32(ids, tokens*k)
+	distinct("MoERoute", got)
+	wantIDs, _ := moeRouteRef(logits, nil, nil, make([]int32, tokens), e, k, ScoreSqrtSoftplus, 1)
+	finite("MoERoute", got, wantIDs)
+
+	tw, tids := m.alloc(4*tokens*k), m.alloc(4*tokens*k)
+	emuRun(t, "top-k with a NaN row", m, launchMoETopK(MoERouting{Weights: tw, IDs: tids, Logits: m.f32(logits), Tokens: tokens,
+		Experts: e, TopK: k, Scoring: ref.ScoreSigmoid}))
+	got = m.getI32(tids, tokens*k)
+	distinct("MoETopK", got)
+	refW, refIDs := make([]float32, tokens*k), make([]int32, tokens*k)
+	if err := ref.MoETopK(refW, refIDs, logits, tokens, e, ref.Routing{TopK: k, Scoring: ref.ScoreSigmoid}); err != nil {
+		t.Fatal(err)
+	}
+	finite("MoETopK", got, refIDs)
 }

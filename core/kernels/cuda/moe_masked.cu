@@ -72,7 +72,8 @@ RESIN_KERNEL void resin_moe_route_f32(float* __restrict__ weights, int* __restri
   for (int e = lane; e < experts; e += RESIN_WARP) {
     float s = resin_moe_score(row[e], scoring);
     score[e] = s;
-    choice[e] = s + (bias ? bias[e] : 0.0f);
+    float v = s + (bias ? bias[e] : 0.0f);
+    choice[e] = v != v ? -RESIN_INF : v;  // a NaN score is the worst choice, still pickable
   }
   resin_sync();
   if (tid2eid) {  // every lane takes the same branch
@@ -92,7 +93,7 @@ RESIN_KERNEL void resin_moe_route_f32(float* __restrict__ weights, int* __restri
       if (bi == 0x7fffffff) bi = 0;  // unreachable with k <= experts
       if (lane == 0) {
         picked[j] = bi;
-        choice[bi] = -RESIN_INF;
+        choice[bi] = resin_u2f(0x7fc00000u);  // taken: NaN is never picked (moe_topk.cu)
       }
       resin_sync();
     }

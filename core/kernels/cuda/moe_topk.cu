@@ -7,6 +7,11 @@
 //   are eligible (DeepSeek-V3's group-limited routing); groups <= 32.
 // Grid: tokens blocks; block: 32 threads (one warp); experts <= RESIN_MOE_MAX_EXPERTS.
 #include "prelude.cuh"
+// A taken expert's choice: NaN, which resin_better never picks, so a row's k experts are
+// distinct even when its scores are NaN (a padding row of garbage: -INF would tie with the
+// NaN scores' -INF and be picked again, and duplicate ids overflow the masked layout's
+// room of one pair per row, dropping another row's pair).
+#define RESIN_NAN_TAKEN resin_u2f(0x7fc00000u)
 
 #define RESIN_MOE_MAX_EXPERTS 1024
 
@@ -35,7 +40,10 @@ RESIN_KERNEL void resin_moe_topk(float* __restrict__ weights, int* __restrict__ 
   } else {
     for (int e = lane; e < experts; e += RESIN_WARP) score[e] = 1.0f / (1.0f + resin_expf(-row[e]));
   }
-  for (int e = lane; e < experts; e += RESIN_WARP) choice[e] = score[e] + (bias ? bias[e] : 0.0f);
+  for (int e = lane; e < experts; e += RESIN_WARP) {
+    float v = score[e] + (bias ? bias[e] : 0.0f);
+    choice[e] = v != v ? -RESIN_INF : v;  // a NaN score is the worst choice, still pickable
+  }
   resin_sync();
   if (groups > 1) {
     // Lane g scores group g by the sum of its two best choices.
@@ -84,7 +92,7 @@ RESIN_KERNEL void resin_moe_topk(float* __restrict__ weights, int* __restrict__ 
     if (lane == 0) {
       ids[(long long)t * k + j] = bi;
       weights[(long long)t * k + j] = w;
-      choice[bi] = -RESIN_INF;
+      choice[bi] = RESIN_NAN_TAKEN;
     }
     resin_sync();
   }
