@@ -84,22 +84,32 @@ type gpuDPRank struct {
 	info    engine.RunnerInfo
 }
 
+// gpuDPOpened are the dp ranks a gpuDPOpeners entry opened: each rank's forward and info,
+// their pools, what closes them all, and the decode graph buckets they replay (nil:
+// eager steps), which the dp.Group pads all-decode steps to.
+type gpuDPOpened struct {
+	ranks   []gpuDPRank
+	pools   []*kvslab.Pool
+	close   func() error
+	buckets []int
+}
+
 // gpuDPOpeners open the dp ranks of the MoE models whose GPU runners read the plan's dp
-// step (their OpenGPUDPRanks): the ranks, their pools and what closes them all.
-var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) ([]gpuDPRank, []*kvslab.Pool, func() error, error){
-	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) ([]gpuDPRank, []*kvslab.Pool, func() error, error) {
+// step (their OpenGPUDPRanks).
+var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) (*gpuDPOpened, error){
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) (*gpuDPOpened, error) {
 		g, err := deepseekv4flash.OpenGPUDPRanks(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), data)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, err
 		}
-		return gpuDPRanksOf(g.Runners), g.Pools, g.Close, nil
+		return &gpuDPOpened{gpuDPRanksOf(g.Runners), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) ([]gpuDPRank, []*kvslab.Pool, func() error, error) {
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) (*gpuDPOpened, error) {
 		g, err := glm5flash.OpenGPUDPRanks(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, err
 		}
-		return gpuDPRanksOf(g.Runners), g.Pools, g.Close, nil
+		return &gpuDPOpened{gpuDPRanksOf(g.Runners), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
 }
 
@@ -128,24 +138,24 @@ func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Com
 		return nil, nil, nil, err
 	}
 	return f.openGPUDP(name, dir, fmt.Sprintf("--dp %d --dp-attention", n), n, func(cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
-		gpus, pools, closeAll, err := gpuDPOpeners[name](dir, cacheBytes, opts, d, data)
+		o, err := gpuDPOpeners[name](dir, cacheBytes, opts, d, data)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
 		}
 		ranks := make([]dp.Rank, n)
-		for r, g := range gpus {
+		for r, g := range o.ranks {
 			ranks[r] = dp.Rank{Forward: g.forward, CacheGroups: len(g.info.CacheGroups), Ctl: ctl[r], Data: data[r]}
 		}
-		group, err := dp.NewGroup(ranks, dp.Options{})
+		group, err := dp.NewGroup(ranks, dp.Options{GraphBuckets: o.buckets})
 		if err != nil {
-			closeAll()
+			o.close()
 			return nil, nil, nil, err
 		}
 		runners := make([]engine.Runner, n)
-		for r, g := range gpus {
+		for r, g := range o.ranks {
 			runners[r] = cpurunner.New(g.info, group.Runner(r))
 		}
-		return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group, Close: closeAll}, nil
+		return runners[0], o.pools[0], &cli.DPRanks{Runners: runners[1:], Pools: o.pools[1:], Group: group, Close: o.close}, nil
 	})
 }
 

@@ -40,6 +40,9 @@ type dpRank struct {
 	pool        *kvslab.Pool
 	close       func() error // a GPU rank's runner, device and NCCL end (nil on the CPU)
 	abort       func(error)  // a GPU rank's: aborts its NCCL communicator (nil on the CPU)
+	// buckets are a GPU rank's decode graph buckets (nil: eager steps), which the
+	// dp.Group pads all-decode steps to (every rank opened alike replays the same).
+	buckets []int
 }
 
 // openGPUDPRank opens dp rank data.Rank() of MoE model name from dir on GPU
@@ -52,13 +55,13 @@ func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close, g.Abort}, nil
+		return dpRank{forward: g.DPForward, info: g.Info(), cacheGroups: len(g.Info().CacheGroups), pool: g.Pool, close: g.Close, abort: g.Abort, buckets: g.GraphBuckets()}, nil
 	case glm5flash.Name:
 		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), hello, data)
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{g.DPForward, nil, g.Info(), len(g.Info().CacheGroups), g.Pool, g.Close, g.Abort}, nil
+		return dpRank{forward: g.DPForward, info: g.Info(), cacheGroups: len(g.Info().CacheGroups), pool: g.Pool, close: g.Close, abort: g.Abort, buckets: g.GraphBuckets()}, nil
 	}
 	return dpRank{}, fmt.Errorf("--dp-procs on the GPU: model %s has no GPU DP-attention ranks (deepseek-v4-flash, glm-5-flash)", name)
 }
@@ -81,7 +84,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Com
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil, nil}
+		r := dpRank{forward: run.DPForward, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -91,7 +94,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Com
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{run.DPForward, nil, run.Info(), len(run.CacheGroups()), pool, nil, nil}
+		r := dpRank{forward: run.DPForward, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -208,7 +211,7 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 			}
 		}
 	}
-	group, err := dp.NewGroup(ranks, dp.Options{})
+	group, err := dp.NewGroup(ranks, dp.Options{GraphBuckets: r0.buckets})
 	if err != nil {
 		return fail(err)
 	}

@@ -202,8 +202,8 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 // all-to-all: each row to its experts' ranks alone), and the same with --dp-procs (rank 1
 // a worker process on its emulated GPU, the NCCL id over the dp group's shared memory,
 // the emulated NCCL's collectives, sends and receives meeting across the processes),
-// leaving no worker behind. What the
-// GPU's DP-attention does not run is refused by name: drafts, llama.
+// leaving no worker behind; the gather exchange's decode steps replay CUDA graphs. What
+// the GPU's DP-attention does not run is refused by name: drafts, llama.
 func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -234,6 +234,12 @@ func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 				}
 				lg, shape := readLogits(t, gpuLg)
 				logitsClose(t, what, lg, shape, wantLg, wantShape)
+				// The gather exchange's decode steps replay CUDA graphs unless --cuda-eager;
+				// the all-to-all one's run eagerly.
+				steps := map[string]string{"gather": "), decode graphs: ", "all-to-all": "), eager steps: "}[dispatch]
+				if !strings.Contains(errOut, steps) {
+					t.Errorf("%s: the log does not say %q:\n%s", what, steps, errOut)
+				}
 			}
 		}
 		if pids := childWorkers(t); len(pids) > 0 {

@@ -77,6 +77,7 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 		return nil, err
 	}
 	f.tp.statsOut = warn
+	f.device.Log = warn // the GPU runners' notes beside the others
 	rt := &cli.Runtime{}
 	tokDir := f.tokenizerDir
 	if tokDir == "" && f.weights != "" {

@@ -46,7 +46,9 @@ type DeviceFlags struct {
 	// Watchdog is --watchdog-timeout: how long one step of a multi-GPU group may run
 	// before the rank aborts its NCCL communicator (gpurunner.Options.Watchdog).
 	Watchdog time.Duration
-	limits   gpurunner.Limits
+	// Log is where the GPU runners' notes go (GPUOptions' log; nil: os.Stderr).
+	Log    io.Writer
+	limits gpurunner.Limits
 }
 
 // Register adds --device, --numa, --gpu, --cuda-eager and --watchdog-timeout to cmd.
@@ -117,7 +119,11 @@ func (f *DeviceFlags) OpenGPU(name string, open GPUOpener, dir string, cacheByte
 			fmt.Fprintln(os.Stderr, "note: --device cuda-emu: the emulated CUDA device (the .cu kernels built as host C++ and run on the CPU) checks the GPU path; it is not a GPU and says nothing of a GPU's speed")
 		})
 	}
-	r, pool, err := open(dir, cacheBytes, f.GPUOptions(os.Stderr))
+	log := f.Log
+	if log == nil {
+		log = os.Stderr
+	}
+	r, pool, err := open(dir, cacheBytes, f.GPUOptions(log))
 	if errors.Is(err, gpurunner.ErrNoDevice) {
 		return nil, nil, fmt.Errorf("--device %s: %w (`resin doctor` lists what was found; --device cpu runs the reference forward)", f.Device, err)
 	}

@@ -3,6 +3,7 @@ package gpurunner
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/dist"
@@ -35,6 +36,15 @@ func DPRows(name string, p *engine.BatchPlan, logits []float32, rank, size, maxT
 		return 0, fmt.Errorf("%s on the GPU: an idle plan asks for %d logits rows", name, len(p.LogitsIndices))
 	}
 	return most, nil
+}
+
+// DPStepsWord says how dp ranks run their steps, with decode graphs or without, for the
+// models' logs.
+func DPStepsWord(graphs bool) string {
+	if graphs {
+		return "decode graphs"
+	}
+	return "eager steps"
 }
 
 // DPRanks are the ranks of a model's DP-attention on GPUs of this process (OpenDPRanks):
@@ -113,23 +123,38 @@ func (g *DPRanks[R]) Close() error {
 // refused, so that a step one rank refuses is refused by all of them and none waits in a
 // collective the refusing one never calls (NCCL's wait has no deadline).
 func AgreeDP(c dist.Communicator, mine error) error {
-	ok := []byte{1}
-	if mine != nil {
-		ok[0] = 0
+	_, err := AgreeDPStep(c, mine, false)
+	return err
+}
+
+// AgreeDPStep is AgreeDP that also agrees on whether the step runs as CUDA graphs: graph
+// says this rank can run it as the graph of the step's rows; it returns true when every
+// rank can, and then every rank must, as NCCL requires of graph-captured collectives
+// (whether a launch is captured is uniform over the ranks, and a graph's replay is
+// collective for the ranks that captured it).
+func AgreeDPStep(c dist.Communicator, mine error, graph bool) (bool, error) {
+	v := byte(1)
+	switch {
+	case mine != nil:
+		v = 0
+	case graph:
+		v = 2
 	}
-	all, err := c.AllGatherV(ok)
+	all, err := c.AllGatherV([]byte{v})
 	if err != nil {
-		return errors.Join(mine, fmt.Errorf("dp rank %d: agree on the step: %w", c.Rank(), err))
+		return false, errors.Join(mine, fmt.Errorf("dp rank %d: agree on the step: %w", c.Rank(), err))
 	}
 	if mine != nil {
-		return mine
+		return false, mine
 	}
+	every := true
 	for q, m := range all {
-		if len(m) != 1 || m[0] != 1 {
-			return fmt.Errorf("dp rank %d refused the step, so every rank does", q)
+		if len(m) != 1 || m[0] == 0 || m[0] > 2 {
+			return false, fmt.Errorf("dp rank %d refused the step, so every rank does", q)
 		}
+		every = every && m[0] == 2
 	}
-	return nil
+	return every, nil
 }
 
 // DPRank is what a model's GPU runner gives DPStep: its place in the dp group, its
@@ -138,26 +163,55 @@ type DPRank struct {
 	Name             string
 	Rank, Size, Rows int
 	Host             dist.Communicator
+	// Graph reports whether the rank can run the step (an idle one too) as the CUDA
+	// graph of rows rows a rank (nil: it never can).
+	Graph func(rows int) bool
 }
 
 // DPStep is a dp rank's forward of plan p under core/dist/dp's Group (a model's
 // GPURunner.DPForward): the step's rows (DPRows) and, for a plan with tokens, check's
-// refusal of it (what the forward would refuse) agreed on with every rank (AgreeDP);
-// then setRows with the rows every rank exchanges, and forward for a plan with tokens or
-// idle for an idle one.
-func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error, setRows func(int), forward, idle func() error) error {
+// refusal of it (what the forward would refuse) agreed on with every rank, and whether
+// every rank runs it as the CUDA graph of those rows (AgreeDPStep, each rank's
+// DPRank.Graph); then set with the rows every rank exchanges and that outcome, and
+// forward for a plan with tokens or idle for an idle one.
+func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error, set func(rows int, graph bool), forward, idle func() error) error {
 	rows, mine := DPRows(d.Name, p, logits, d.Rank, d.Size, d.Rows)
 	if mine == nil && p.NumTokens() > 0 {
 		mine = check()
 	}
-	if err := AgreeDP(d.Host, mine); err != nil {
+	can := mine == nil && d.Graph != nil && d.Graph(rows)
+	graph, err := AgreeDPStep(d.Host, mine, can)
+	if err != nil {
 		return err
 	}
-	setRows(rows)
+	set(rows, graph)
 	if p.NumTokens() > 0 {
 		return forward()
 	}
 	return idle()
+}
+
+// DPGraphPlan reports whether plan p of a dp rank, padded by its Group to pad rows a rank
+// (DPStep.Pad: 0 when the Group does not pad it, for a step that is not all decode), can
+// run as the decode graph of pad rows among buckets: an idle plan, or one token and one
+// logits row per sequence, in order, at most pad of them.
+func DPGraphPlan(p *engine.BatchPlan, pad int, buckets []int) bool {
+	if pad <= 0 || !slices.Contains(buckets, pad) {
+		return false
+	}
+	n := p.NumTokens()
+	if n == 0 {
+		return true
+	}
+	if len(p.ReqIDs) != n || n > pad || len(p.LogitsIndices) != n || len(p.QueryStart) != n+1 {
+		return false
+	}
+	for i := range n {
+		if p.QueryStart[i+1]-p.QueryStart[i] != 1 || p.LogitsIndices[i] != int32(i) {
+			return false
+		}
+	}
+	return true
 }
 
 // JoinDPRank opens one DP-attention rank of a model's GPU runner as a process of its own

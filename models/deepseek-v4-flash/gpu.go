@@ -437,7 +437,8 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		}
 	}
 	n := len(ids)
-	if n == 0 || n > g.maxTokens {
+	dpGraph := g.par != nil && g.par.dp && g.par.dpGraph // an idle dp rank's graph step has no rows of its own
+	if (n == 0 && !dpGraph) || n > g.maxTokens {
 		return 0, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
 	}
 	if rows == nil {
@@ -456,10 +457,14 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		}
 	}
 	bucket := g.decodeBucket(seqs, tokens, rows)
+	if dpGraph && bucket == 0 {
+		// The other dp ranks run the step as a graph; this one must too (NCCL).
+		return 0, fmt.Errorf("gpu: dp rank %d: a step agreed as the graph of %d rows is no decode step here", g.par.rank, g.par.dpRows)
+	}
 	want := len(rows)
 	var key cudart.GraphKey
 	if bucket > 0 {
-		key = cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: bucket, Variant: 1}
+		key = decodeKey(bucket)
 		// The padding: rows of the spare slot g.slots, at position 0 of token 0; its
 		// state is never read by a real sequence.
 		for i := len(seqs); i < bucket; i++ {

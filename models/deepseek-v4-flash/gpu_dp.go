@@ -20,8 +20,15 @@ import (
 // range of the routed experts, the rows exchanged over NCCL by the gather dispatch (every
 // rank's rows, padded to the step's count) or the all-to-all one (a row to its experts'
 // ranks alone), as gpurunner.DPMoE says. A rank with no work (an idle plan) runs the MoE
-// layers' exchanges alone. Steps run eagerly (a captured graph would fix the row count);
-// MTP drafts under DP-attention are not built on the GPU (the CPU runs them: dp.go).
+// layers' exchanges alone. With the gather exchange decode steps replay CUDA graphs on
+// every rank at once, as NCCL requires of graph-captured collectives (whether a launch
+// is captured must be uniform over the ranks): core/dist/dp pads an all-decode step to a
+// bucket when its GraphBuckets are the runners' (GraphBuckets), the ranks agree that each
+// can run it as that bucket's graph (gpurunner.AgreeDPStep), and then a busy rank runs
+// its batch padded to the bucket and an idle one the same graph of padding rows alone
+// (idleGraph). Every other step, and every step of the all-to-all exchange, runs eagerly
+// on every rank. MTP drafts under DP-attention are not built on the GPU (the
+// CPU runs them: dp.go).
 
 // forwardDP is forward under DP-attention: out [n, hidden] for this rank's n rows of x
 // (0 on an idle rank), exchanged with the other ranks' by the run's dispatch
@@ -57,9 +64,31 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	if par == nil || !par.dp {
 		return fmt.Errorf("%s on the GPU: DPForward on a runner not opened for DP-attention (OpenGPUDPRanks)", Name)
 	}
-	return gpurunner.DPStep(gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host}, p, logits,
-		func() error { return r.checkPlan(p, logits) }, func(rows int) { par.dpRows = rows },
-		func() error { return r.forward(p, logits) }, func() error { return r.dev.Do(r.g.idleDP) })
+	d := gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host,
+		Graph: func(rows int) bool { return r.g.dpGraphable(p, rows) }}
+	return gpurunner.DPStep(d, p, logits, func() error { return r.checkPlan(p, logits) },
+		func(rows int, graph bool) { par.dpRows, par.dpGraph = rows, graph },
+		func() error { return r.forward(p, logits) }, func() error {
+			if par.dpGraph {
+				return r.dev.Do(r.g.idleGraph)
+			}
+			return r.dev.Do(r.g.idleDP)
+		})
+}
+
+// dpGraphable reports whether this dp rank can run plan p as the decode graph of rows
+// rows (gpurunner.DPGraphPlan: the Group padded the all-decode step to that bucket), its
+// graph not one whose capture failed.
+func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) bool {
+	gr := g.graphs
+	return gr != nil && g.mtp == nil && int(p.DP.Pad) == rows && gpurunner.DPGraphPlan(p, rows, gr.buckets) && !gr.failed[decodeKey(rows)]
+}
+
+// idleGraph is an idle dp rank's step when every rank runs the step as the decode graph
+// of par.dpRows rows: that graph, every row padding (the spare slot), its logits dropped.
+func (g *gpuModel) idleGraph(c *cudart.Ctx) error {
+	_, err := g.run(c, nil, nil, nil, nil)
+	return err
 }
 
 // GPUDPRanks are the dp ranks OpenGPUDPRanks opens, one GPURunner and device pool each,
@@ -74,7 +103,8 @@ type GPUDPRanks struct {
 // (gpurunner.DPMoE): rank r on GPU opts.Ordinal+r where the driver
 // sees that many, else every rank on opts.Ordinal, with a device pool of cacheBytes of
 // its own (0 = 256 MiB) and, for its model's CPU part, data[r] (the dp group's data
-// communicator). Steps run eagerly; opts.Limits apply to every rank. Each rank's forward
+// communicator). Unless opts.Eager, the gather exchange's decode steps replay CUDA graphs
+// (dpGraphs; give the Group the ranks' GraphBuckets); opts.Limits apply to every rank. Each rank's forward
 // is its runner's DPForward under a core/dist/dp Group. Close closes the devices.
 func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data []dist.Communicator) (*GPUDPRanks, error) {
 	size := len(data)
@@ -98,11 +128,26 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 		return fail(err)
 	}
 	g := &GPUDPRanks{ranks}
+	graphs := dpGraphs(opts, d)
+	for _, run := range g.Runners {
+		if err := run.UseGraphs(graphs, opts.Log); err != nil {
+			g.Close()
+			return fail(err)
+		}
+	}
 	if opts.Log != nil {
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), d, g.Runners[0].Describe())
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), %s: %s\n", Name, size, g.Experts(), d, gpurunner.DPStepsWord(graphs), g.Runners[0].Describe())
 	}
 	return g, nil
 }
+
+// dpGraphs reports whether dp ranks opened with opts for exchange d replay decode graphs:
+// unless opts.Eager, by the gather exchange.
+func dpGraphs(opts gpurunner.Options, d Dispatch) bool { return !opts.Eager && d == DispatchGather }
+
+// GraphBuckets returns the decode buckets the ranks replay graphs for (nil: eager), the
+// core/dist/dp Group's Options.GraphBuckets, which pads all-decode steps to them.
+func (g *GPUDPRanks) GraphBuckets() []int { return g.Runners[0].GraphBuckets() }
 
 // gpuDPOpener checks the model in dir for DP-attention over size GPU ranks with exchange d
 // and returns what opens dp rank r of them (OpenGPUDPRanks' and JoinGPUDPRank's): its
@@ -177,7 +222,8 @@ func (g *GPUDPRank) Abort(why error) { g.proc.Abort(why) }
 // NCCL join (gpurunner.JoinPeerRank); data is the dp group's host communicator (its
 // steps' agreement), and its MoE layers exchange rows with theirs on that NCCL
 // communicator. Each rank runs its own engine's plans through DPForward (core/dist/dp's
-// Group, in rank 0's process, sends them). Steps run eagerly.
+// Group, in rank 0's process, sends them). Its decode steps replay graphs as
+// OpenGPUDPRanks' do (every rank must be opened with the same opts.Eager).
 func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, hello, data dist.Communicator) (*GPUDPRank, error) {
 	rank, size := data.Rank(), data.Size()
 	fail := func(err error) (*GPUDPRank, error) {
@@ -196,8 +242,13 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	if err != nil {
 		return fail(err)
 	}
+	graphs := dpGraphs(opts, d)
+	if err := run.UseGraphs(graphs, opts.Log); err != nil {
+		proc.Close()
+		return fail(err)
+	}
 	if opts.Log != nil && rank == 0 {
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks in processes of their own (the %s exchange), eager steps: %s\n", Name, size, d, run.Describe())
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks in processes of their own (the %s exchange), %s: %s\n", Name, size, d, gpurunner.DPStepsWord(graphs), run.Describe())
 	}
 	return &GPUDPRank{GPURunner: run, Pool: pool, proc: proc}, nil
 }

@@ -34,7 +34,11 @@ import (
 // forward steps (verification, prefill) and the first MTP step of its drafting run
 // eagerly; the drafting chain after it (gpuModel.draftChain: argmax, the next step's
 // inputs, the head, for every further draft) is one graph per count of drafting
-// sequences (GraphDecode, Variant draftChainGraph | drafts), unpadded.
+// sequences (GraphDecode, Variant draftChainGraph | drafts), unpadded. Under
+// DP-attention (gpu_dp.go) only decode steps run as graphs, on every rank or on none (as
+// the ranks agree), in the bucket of the rows every rank's MoE layers exchange
+// (gpuPar.dpRows), an idle rank's rows all padding: the gather exchange's collectives are
+// captured with the step on every rank at the same step.
 // draftChainGraph marks the Variant of a drafting chain's graph key.
 const draftChainGraph = 1 << 20
 
@@ -84,6 +88,14 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 			return 0
 		}
 	}
+	if p := g.par; p != nil && p.dp {
+		// Under DP-attention the ranks agreed whether every one runs the step as the
+		// graph of the dpRows rows their MoE layers exchange (gpu_dp.go).
+		if p.dpGraph {
+			return p.dpRows
+		}
+		return 0
+	}
 	for _, b := range g.graphs.buckets {
 		if b >= len(seqs) {
 			return b
@@ -96,8 +108,8 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 // sampled, runs in as a prefill graph: the smallest of more than n rows (the padding
 // sequence has at least one), 0 for none.
 func (g *gpuModel) prefillBucket(seqs []*gpuSeq, n, want int) int {
-	if g.graphs == nil || g.mtp != nil || want > len(seqs) || len(seqs) > g.slots || (want > 0 && len(seqs) > g.maxRows) {
-		return 0
+	if g.graphs == nil || g.mtp != nil || want > len(seqs) || len(seqs) > g.slots || (want > 0 && len(seqs) > g.maxRows) || (g.par != nil && g.par.dp) {
+		return 0 // under DP-attention prefill steps run eagerly (their rows are not a bucket's)
 	}
 	for _, t := range g.graphs.prefill {
 		if t > n && t <= g.maxTokens && t-n <= g.m.maxContext && t <= g.stash.rows {
@@ -171,6 +183,11 @@ func (g *gpuModel) stashRows(c *cudart.Ctx, li, n int) error {
 
 // stashed is layer li's rows in the stash.
 func (g *gpuModel) stashed(li int) layerRows { return g.stash.layers[li] }
+
+// decodeKey names the decode graph of bucket b.
+func decodeKey(b int) cudart.GraphKey {
+	return cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: b, Variant: 1}
+}
 
 // runGraph runs step, the launches of the step of shape key: its graph when it was
 // captured, else eagerly and then captured.

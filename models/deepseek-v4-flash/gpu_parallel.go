@@ -29,6 +29,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
+	// dpGraph: every dp rank runs this step as the decode graph of dpRows rows
+	// (gpurunner.AgreeDPStep).
+	dpGraph bool
 	// Under DP-attention: the dp group's host communicator, which the ranks agree on each
 	// step over (gpurunner.AgreeDP) and, with the all-to-all dispatch (allToAll), exchange
 	// the send counts on (gpurunner.DPMoE).

@@ -20,8 +20,13 @@ import (
 // expert-parallel over the dp group, each rank holding its range of the routed experts,
 // the rows exchanged over NCCL by the gather or the all-to-all dispatch
 // (gpurunner.DPMoE). A rank with no work (an idle plan) runs the MoE layers' exchanges
-// alone. Steps run eagerly; MTP drafts under DP-attention are not built on the GPU (the
-// CPU runs them: dp.go).
+// alone. With the gather exchange decode steps replay CUDA graphs on every rank at once,
+// as deepseek-v4-flash's do (core/dist/dp pads an all-decode step to a bucket of the
+// runners' GraphBuckets, the ranks agree each can run it as that bucket's graph,
+// gpurunner.AgreeDPStep, and an idle rank runs the graph of padding rows alone,
+// idleGraph); every other step, and every step of the all-to-all exchange, runs eagerly
+// on every rank. MTP drafts under DP-attention are
+// not built on the GPU (the CPU runs them: dp.go).
 
 // moeDP is moe under DP-attention: out [n, D] for this rank's n rows of x (0 on an idle
 // rank), exchanged with the other ranks' by the run's dispatch (gpurunner.DPMoE), at
@@ -59,9 +64,32 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	if par == nil || !par.dp {
 		return fmt.Errorf("%s on the GPU: DPForward on a runner not opened for DP-attention (OpenGPUDPRanks)", Name)
 	}
-	return gpurunner.DPStep(gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host}, p, logits,
-		func() error { return r.checkPlan(p, logits) }, func(rows int) { par.dpRows = rows },
-		func() error { return r.forward(p, logits) }, func() error { return r.dev.Do(r.g.idleDP) })
+	d := gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host,
+		Graph: func(rows int) bool { return r.g.dpGraphable(p, rows) }}
+	return gpurunner.DPStep(d, p, logits, func() error { return r.checkPlan(p, logits) },
+		func(rows int, graph bool) { par.dpRows, par.dpGraph = rows, graph },
+		func() error { return r.forward(p, logits) }, func() error {
+			if par.dpGraph {
+				return r.dev.Do(r.g.idleGraph)
+			}
+			return r.dev.Do(r.g.idleDP)
+		})
+}
+
+// dpGraphable reports whether this dp rank can run plan p as the decode graph of rows
+// rows (gpurunner.DPGraphPlan: the Group padded the all-decode step to that bucket), its
+// graph not one whose capture failed.
+func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) bool {
+	gr := g.graphs
+	return gr != nil && g.pool != nil && g.L.kda >= 0 && int(p.DP.Pad) == rows && gpurunner.DPGraphPlan(p, rows, gr.buckets) &&
+		!gr.failed[cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: rows}]
+}
+
+// idleGraph is an idle dp rank's step when every rank runs the step as the decode graph
+// of par.dpRows rows: that graph, every row padding (the spare state), its logits dropped.
+func (g *gpuModel) idleGraph(c *cudart.Ctx) error {
+	_, err := g.forwardGraph(c, g.par.dpRows, nil, nil)
+	return err
 }
 
 // GPUDPRanks are the dp ranks OpenGPUDPRanks opens, one GPURunner and device pool each,
@@ -76,8 +104,9 @@ type GPUDPRanks struct {
 // (gpurunner.DPMoE): rank r on GPU opts.Ordinal+r where the driver
 // sees that many, else every rank on opts.Ordinal, fp32 (but the KDA projections a
 // checkpoint ships in bf16), with a device pool of cacheBytes of its own (0 = 256 MiB)
-// and, for its model's CPU part, data[r] (the dp group's data communicator). Steps run
-// eagerly; opts.Limits apply to every rank. Each rank's forward is its runner's
+// and, for its model's CPU part, data[r] (the dp group's data communicator). Unless
+// opts.Eager, the gather exchange's decode steps replay CUDA graphs (dpGraphs; give the
+// Group the ranks' GraphBuckets); opts.Limits apply to every rank. Each rank's forward is its runner's
 // DPForward under a core/dist/dp Group. Close closes the devices.
 func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data []dist.Communicator) (*GPUDPRanks, error) {
 	size := len(data)
@@ -101,11 +130,26 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 		return fail(err)
 	}
 	g := &GPUDPRanks{ranks}
+	graphs := dpGraphs(opts, d)
+	for _, run := range g.Runners {
+		if err := run.UseGraphs(graphs, opts.Log); err != nil {
+			g.Close()
+			return fail(err)
+		}
+	}
 	if opts.Log != nil {
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), eager steps: %s\n", Name, size, g.Experts(), d, g.Runners[0].Describe())
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks (experts %v, the %s exchange), %s: %s\n", Name, size, g.Experts(), d, gpurunner.DPStepsWord(graphs), g.Runners[0].Describe())
 	}
 	return g, nil
 }
+
+// dpGraphs reports whether dp ranks opened with opts for exchange d replay decode graphs:
+// unless opts.Eager, by the gather exchange.
+func dpGraphs(opts gpurunner.Options, d Dispatch) bool { return !opts.Eager && d == DispatchGather }
+
+// GraphBuckets returns the decode buckets the ranks replay graphs for (nil: eager), the
+// core/dist/dp Group's Options.GraphBuckets, which pads all-decode steps to them.
+func (g *GPUDPRanks) GraphBuckets() []int { return g.Runners[0].GraphBuckets() }
 
 // gpuDPOpener checks the model in dir for DP-attention over size GPU ranks with exchange d
 // and returns what opens dp rank r of them (OpenGPUDPRanks' and JoinGPUDPRank's): its
@@ -189,7 +233,8 @@ func (g *GPUDPRank) Abort(why error) { g.proc.Abort(why) }
 // hello (waits as long as a rank may take to open; gpurunner.JoinPeerRank: rank 0's NCCL
 // id and pool geometry, every rank's outcome, the NCCL join), data the dp group's host
 // communicator, its MoE layers exchanging rows with theirs on that NCCL
-// communicator, its own engine's plans run through DPForward. Steps run eagerly.
+// communicator, its own engine's plans run through DPForward. Its decode steps replay
+// graphs as OpenGPUDPRanks' do (every rank must be opened with the same opts.Eager).
 func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, hello, data dist.Communicator) (*GPUDPRank, error) {
 	rank, size := data.Rank(), data.Size()
 	fail := func(err error) (*GPUDPRank, error) {
@@ -208,8 +253,13 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	if err != nil {
 		return fail(err)
 	}
+	graphs := dpGraphs(opts, d)
+	if err := run.UseGraphs(graphs, opts.Log); err != nil {
+		proc.Close()
+		return fail(err)
+	}
 	if opts.Log != nil && rank == 0 {
-		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks in processes of their own (the %s exchange), eager steps: %s\n", Name, size, d, run.Describe())
+		fmt.Fprintf(opts.Log, "%s GPU DP-attention over %d ranks in processes of their own (the %s exchange), %s: %s\n", Name, size, d, gpurunner.DPStepsWord(graphs), run.Describe())
 	}
 	return &GPUDPRank{GPURunner: run, Pool: pool, proc: proc}, nil
 }

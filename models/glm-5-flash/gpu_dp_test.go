@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,17 +58,56 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 	reqs := dptest.Requests(tinyTextModel(t).Config.VocabSize)
 	want := dptest.Want(t, one, pool, reqs)
 	one.(*GPURunner).Close()
-	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir), reqs, want)
+	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), reqs, want)
 }
 
-// gpuDPInProcess is the model in dir's GPU dp ranks in this process, for dptest's checks.
-func gpuDPInProcess(t *testing.T, dir string) dptest.InProcessModel {
+// TestEmulatedDPAttentionGraphs is TestEmulatedDPAttentionMatchesSingleEngine with the dp
+// ranks' decode steps replaying CUDA graphs (the gather exchange's all-gathers and
+// reduce-scatter captured with them, the KDA and MLA layers' decode as one GPU's graphs
+// run it), the Group padding all-decode steps to the ranks' buckets: every request gets
+// one eager GPU engine's tokens, with rank 1 idle for several steps (its idle plans
+// running eagerly the collectives rank 0's graphs replay), and both ranks replay graphs.
+func TestEmulatedDPAttentionGraphs(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	dir := ungroupedDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := dptest.Requests(tinyTextModel(t).Config.VocabSize)
+	want := dptest.Want(t, one, pool, reqs)
+	one.(*GPURunner).Close()
+	opts := gpuDPOpts()
+	opts.Eager = false
+	var opened *GPUDPRanks
+	dptest.CheckGraphs(t, gpuDPInProcess(t, dir, opts, &opened), []int{1, 2, 4}, reqs, want)
+	if opened == nil {
+		t.Fatal("no ranks opened")
+	}
+	if b := opened.GraphBuckets(); !slices.Equal(b, []int{1, 2, 4}) {
+		t.Errorf("the ranks' graph buckets %v, want [1 2 4]", b)
+	}
+	for rank, run := range opened.Runners {
+		if graph, _ := run.StepCounts(); graph == 0 {
+			t.Errorf("rank %d replayed no decode graph", rank)
+		}
+	}
+}
+
+// gpuDPInProcess is the model in dir's GPU dp ranks in this process, opened with opts,
+// for dptest's checks; opened (when set) is left the last ranks opened.
+func gpuDPInProcess(t *testing.T, dir string, opts gpurunner.Options, opened **GPUDPRanks) dptest.InProcessModel {
 	return dptest.InProcessModel{
 		Dispatches: []int{int(DispatchGather), int(DispatchAllToAll)},
 		Open: func(d, drafts int, _ func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
-			g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), Dispatch(d), data)
+			g, err := OpenGPUDPRanks(dir, 8<<20, opts, Dispatch(d), data)
 			if err != nil {
 				return nil, err
+			}
+			if opened != nil {
+				*opened = g
 			}
 			t.Cleanup(func() {
 				if err := g.Close(); err != nil {
@@ -114,9 +154,9 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if busy == 0 {
-			if err := g.Runners[0].UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "eagerly") {
-				t.Errorf("graphs under DP-attention: %v", err)
+		if tc.d == DispatchAllToAll {
+			if err := g.Runners[busy].UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "gather exchange only") {
+				t.Errorf("graphs under DP-attention's all-to-all exchange: %v", err)
 			}
 		}
 		f := dptest.Alone(busy, []dp.Forward{g.Runners[0].DPForward, g.Runners[1].DPForward})

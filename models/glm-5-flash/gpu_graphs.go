@@ -126,6 +126,14 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 			return 0
 		}
 	}
+	if p := g.par; p != nil && p.dp {
+		// Under DP-attention the ranks agreed whether every one runs the step as the
+		// graph of the dpRows rows their MoE layers exchange (gpu_dp.go).
+		if p.dpGraph {
+			return p.dpRows
+		}
+		return 0
+	}
 	for _, b := range g.graphs.buckets {
 		if b >= len(seqs) {
 			return b
@@ -178,6 +186,14 @@ func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, token
 		cudart.Upload(c, gr.kdaOffs, offs)} {
 		if u != nil {
 			return nil, u
+		}
+	}
+	if bucket > n {
+		// The padding rows share the spare state: cleared each step, so that what they
+		// compute is finite (a fresh allocation's bytes may read NaN, and a padding row's
+		// NaN reached a real row's output through the dp ranks' MoE exchange).
+		if err := c.MemsetAsync(gr.spare, 0, int64(4*max(g.L.stateFloats, 1)), nil); err != nil {
+			return nil, err
 		}
 	}
 	// The eager path's work (prepare's clears and gathers) is on the default stream and

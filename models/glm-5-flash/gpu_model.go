@@ -546,6 +546,9 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	g.vocab().LocalIDs(idsRep)
 	if b := g.decodeBucket(seqs, tokens, rows); b > 0 {
 		return g.forwardGraph(c, b, seqs, tokens)
+	} else if g.par != nil && g.par.dp && g.par.dpGraph {
+		// The other dp ranks run the step as a graph; this one must too (NCCL).
+		return nil, fmt.Errorf("gpu: dp rank %d: a step agreed as the graph of %d rows is no decode step here", g.par.rank, g.par.dpRows)
 	}
 	if g.prefillBucket(seqs, tokens, rows) {
 		return g.forwardPrefillGraph(c, seqs[0], n, idsRep, rows)

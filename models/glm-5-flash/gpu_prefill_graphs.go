@@ -78,8 +78,8 @@ func (g *gpuModel) usePrefillGraphs(c *cudart.Ctx, gr *gpuGraphs) error {
 // prefillBucket returns whether a step runs as a prefill graph (see the file's comment).
 func (g *gpuModel) prefillBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) bool {
 	gr := g.graphs
-	if gr == nil || gr.prefill == nil || g.pool == nil || len(seqs) != 1 || seqs[0].Drafts != 0 || seqs[0].State == 0 {
-		return false
+	if gr == nil || gr.prefill == nil || g.pool == nil || len(seqs) != 1 || seqs[0].Drafts != 0 || seqs[0].State == 0 || (g.par != nil && g.par.dp) {
+		return false // under DP-attention prefill steps run eagerly (their rows are not a bucket's)
 	}
 	T := len(tokens[0])
 	if !slices.Contains(gr.prefill.buckets, T) || T > len(gr.rowPos32) {

@@ -3,6 +3,7 @@ package glm5flash
 import (
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart"
@@ -126,12 +127,20 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 // on log (nil: dropped) and its shape runs eagerly. OpenGPU turns them on unless
 // opts.Eager.
 func (r *GPURunner) UseGraphs(on bool, log io.Writer) error {
-	if on && r.g.par != nil && r.g.par.dp {
-		// A captured graph would fix the row count the dp ranks exchange, which each
-		// step sets.
-		return fmt.Errorf("%s on the GPU: CUDA graphs under DP-attention are not built (the dp steps run eagerly)", Name)
+	if on && r.g.par != nil && r.g.par.dp && r.g.par.allToAll {
+		// The all-to-all exchange plans its sends on the host from each step's routes.
+		return fmt.Errorf("%s on the GPU: CUDA graphs under DP-attention run the gather exchange only (the all-to-all one plans each step's sends on the host; its steps run eagerly)", Name)
 	}
 	return r.dev.Do(func(c *cudart.Ctx) error { return r.g.useGraphs(c, on, log) })
+}
+
+// GraphBuckets returns the decode batch sizes the runner replays graphs for, nil when its
+// steps run eagerly (UseGraphs).
+func (r *GPURunner) GraphBuckets() []int {
+	if r.g.graphs == nil {
+		return nil
+	}
+	return slices.Clone(r.g.graphs.buckets)
 }
 
 // StepCounts returns how many decode steps replayed a graph and how many ran a graph

@@ -155,22 +155,35 @@ func CheckMatchesSingleEngine(t *testing.T, m InProcessModel, reqs []engine.Requ
 		d int
 		o dp.Options
 	}{{gather, dp.Options{}}, {all, dp.Options{}}, {all, dp.Options{GraphBuckets: []int{1, 2, 4}}}} {
-		t.Run(fmt.Sprintf("dispatch%d-buckets%v", tc.d, tc.o.GraphBuckets), func(t *testing.T) {
-			res := runInProcess(t, m, tc.d, 0, nil, tc.o, reqs, want)
-			if res.on[reqs[0].ID] != 0 || res.on[reqs[1].ID] != 1 {
-				t.Errorf("routed to ranks %v: the second request should go to the rank without work", res.on)
-			}
-			if res.idle[1] < 3 {
-				t.Errorf("rank 1 ran %d idle plans while the first request ran alone, want at least 3", res.idle[1])
-			}
-			if res.busy[0] == 0 || res.busy[1] == 0 {
-				t.Errorf("busy steps: rank 0 %d, rank 1 %d", res.busy[0], res.busy[1])
-			}
-			if p := res.padded[0] + res.padded[1]; (len(tc.o.GraphBuckets) > 0) != (p > 0) {
-				t.Errorf("%d padded steps with graph buckets %v", p, tc.o.GraphBuckets)
-			}
-		})
+		checkMatches(t, m, tc.d, tc.o, reqs, want)
 	}
+}
+
+// CheckGraphs is CheckMatchesSingleEngine for ranks that replay CUDA graphs of decode
+// batches of buckets (m's Open opening them so): by the gather exchange (m.Dispatches[0])
+// with the Group padding all-decode steps to those buckets, reqs give want, with rank 1
+// idle for several steps (its idle plans running eagerly what the busy rank's graphs
+// replay) and some steps padded.
+func CheckGraphs(t *testing.T, m InProcessModel, buckets []int, reqs []engine.Request, want map[string][]int32) {
+	checkMatches(t, m, m.Dispatches[0], dp.Options{GraphBuckets: buckets}, reqs, want)
+}
+
+func checkMatches(t *testing.T, m InProcessModel, d int, o dp.Options, reqs []engine.Request, want map[string][]int32) {
+	t.Run(fmt.Sprintf("dispatch%d-buckets%v", d, o.GraphBuckets), func(t *testing.T) {
+		res := runInProcess(t, m, d, 0, nil, o, reqs, want)
+		if res.on[reqs[0].ID] != 0 || res.on[reqs[1].ID] != 1 {
+			t.Errorf("routed to ranks %v: the second request should go to the rank without work", res.on)
+		}
+		if res.idle[1] < 3 {
+			t.Errorf("rank 1 ran %d idle plans while the first request ran alone, want at least 3", res.idle[1])
+		}
+		if res.busy[0] == 0 || res.busy[1] == 0 {
+			t.Errorf("busy steps: rank 0 %d, rank 1 %d", res.busy[0], res.busy[1])
+		}
+		if p := res.padded[0] + res.padded[1]; (len(o.GraphBuckets) > 0) != (p > 0) {
+			t.Errorf("%d padded steps with graph buckets %v", p, o.GraphBuckets)
+		}
+	})
 }
 
 // CheckMTP checks DP-attention 2 × EP 2 with every rank drafting 2 tokens per step from
