@@ -102,25 +102,23 @@ var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 		if err != nil {
 			return nil, err
 		}
-		return &gpuDPOpened{gpuDPRanksOf(g.Runners), g.Pools, g.Close, g.GraphBuckets()}, nil
+		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
 	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) (*gpuDPOpened, error) {
 		g, err := glm5flash.OpenGPUDPRanks(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
 		if err != nil {
 			return nil, err
 		}
-		return &gpuDPOpened{gpuDPRanksOf(g.Runners), g.Pools, g.Close, g.GraphBuckets()}, nil
+		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
 }
 
-// gpuDPRanksOf is each runner's forward and info.
-func gpuDPRanksOf[R interface {
-	DPForward(p *engine.BatchPlan, logits []float32) error
-	Info() engine.RunnerInfo
-}](runners []R) []gpuDPRank {
+// gpuDPRanksOf is each runner's forward (forward(r): its DPForward under its watchdog)
+// and info.
+func gpuDPRanksOf[R interface{ Info() engine.RunnerInfo }](runners []R, forward func(r int) func(p *engine.BatchPlan, logits []float32) error) []gpuDPRank {
 	ranks := make([]gpuDPRank, len(runners))
 	for r, run := range runners {
-		ranks[r] = gpuDPRank{run.DPForward, run.Info()}
+		ranks[r] = gpuDPRank{forward(r), run.Info()}
 	}
 	return ranks
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os"
@@ -9,8 +11,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/models"
 )
 
 // TestGenerateParallelOnTheEmulatedDevice: generate --model glm-5-flash --device cuda-emu --ep 3
@@ -261,5 +266,45 @@ func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 	if _, _, err := runGenerate(t, "--model", "llama", "--random-weights", filepath.Join("..", "..", "models", "llama", "config.json"), "--prompt-ids", "1,2",
 		"--max-tokens", "2", "--device", "cuda-emu", "--dp", "2", "--dp-attention"); err == nil || !strings.Contains(err.Error(), "covers deepseek-v4-flash and glm-5-flash only") {
 		t.Errorf("llama --dp 2 --dp-attention on the device: %v", err)
+	}
+}
+
+// TestDPAttentionGPUGraphBuckets: --dp 2 --dp-attention on the emulated device hands the
+// dp.Group the ranks' decode graph buckets (it pads all-decode steps to them, so the ranks
+// can replay graphs) under the gather exchange, in-process and with --dp-procs, and none
+// under the all-to-all one or --cuda-eager (every step eager: padding would buy nothing).
+func TestDPAttentionGPUGraphBuckets(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	m, err := models.Lookup("glm-5-flash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := configDir(t, filepath.Join("..", "..", "models", "glm-5-flash", "config.json"))
+	for _, c := range []struct {
+		dispatch     string
+		eager, procs bool
+		graphs       bool
+	}{{"gather", false, false, true}, {"gather", false, true, true}, {"all-to-all", false, false, false}, {"gather", true, false, false}} {
+		f := &runtimeFlags{model: m.Name, cacheBytes: 8 << 20, dp: dpFlags{size: 2, attention: true, procs: c.procs, stepTimeout: time.Minute},
+			tp: tpFlags{size: 1, ep: 1, dispatch: c.dispatch}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Eager: c.eager, Log: io.Discard}}
+		r0, _, ranks, err := f.openDP(m, dir)
+		if err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		if b := ranks.Group.GraphBuckets(); (len(b) > 0) != c.graphs {
+			t.Errorf("%+v: the group pads to %v, want graph buckets %v", c, b, c.graphs)
+		}
+		errs := []error{ranks.Group.Close()}
+		if ranks.Close != nil {
+			errs = append(errs, ranks.Close())
+		}
+		if s, ok := r0.(interface{ StopRanks() error }); ok { // --dp-procs: the workers
+			errs = append(errs, s.StopRanks())
+		}
+		if err := errors.Join(errs...); err != nil {
+			t.Errorf("%+v: close: %v", c, err)
+		}
 	}
 }

@@ -55,6 +55,7 @@ type DPRanks[R interface{ Close() error }] struct {
 	Pools   []*kvslab.Pool
 	devs    []*cudart.Device
 	comms   []*cudart.Comm
+	dogs    []*Watchdog // each rank's (Options.Watchdog), once comms is joined
 }
 
 // CheckDPGroup refuses a dp group of fewer than 2 ranks, or whose communicators are not
@@ -74,8 +75,9 @@ func CheckDPGroup(data []dist.Communicator) error {
 // OpenDPRanks opens size dp ranks of model name with open: rank r on GPU
 // opts.Ordinal+r where the driver sees that many, else every rank on opts.Ordinal
 // (OpenRankDevices), each opened with the device, the kernel cache and the limits; then
-// joins their NCCL communicator and hands each runner its end through setComm. On an
-// error every rank opened is closed, and the devices.
+// joins their NCCL communicator and hands each runner its end through setComm; each
+// rank's steps run under a watchdog of opts.Watchdog (Step). On an error every rank opened
+// is closed, and the devices.
 func OpenDPRanks[R interface{ Close() error }](name string, opts Options, size int,
 	open func(rank int, dev *cudart.Device, cache *cudart.KernelCache, lim Limits) (R, *kvslab.Pool, error), setComm func(R, *cudart.Comm)) (*DPRanks[R], error) {
 	lim, cache, devs, err := OpenRankDevices(opts, name, size)
@@ -101,9 +103,21 @@ func OpenDPRanks[R interface{ Close() error }](name string, opts Options, size i
 	}
 	for r, run := range g.Runners {
 		setComm(run, g.comms[r])
+		g.dogs = append(g.dogs, NewWatchdog(g.comms[r], opts.Watchdog, fmt.Sprintf("dp rank %d of %d", r, size)))
 	}
 	ok = true
 	return g, nil
+}
+
+// Step runs fn, a step of dp rank rank, under the rank's watchdog: past Options.Watchdog
+// the rank's NCCL communicator is aborted and the step fails with an *AbortError (NCCL's
+// waits have no deadline: a rank hung in a collective would hold the others in it for
+// good), as every later step of the rank does.
+func (g *DPRanks[R]) Step(rank int, fn func() error) error {
+	if rank < 0 || rank >= len(g.dogs) {
+		return fmt.Errorf("dp rank %d of %d", rank, len(g.dogs))
+	}
+	return g.dogs[rank].Step(fn)
 }
 
 // Close frees the communicator, closes every rank's runner, then the devices.
@@ -123,38 +137,58 @@ func (g *DPRanks[R]) Close() error {
 // refused, so that a step one rank refuses is refused by all of them and none waits in a
 // collective the refusing one never calls (NCCL's wait has no deadline).
 func AgreeDP(c dist.Communicator, mine error) error {
-	_, err := AgreeDPStep(c, mine, false)
+	_, err := AgreeDPStep(c, mine, false, false)
 	return err
 }
 
-// AgreeDPStep is AgreeDP that also agrees on whether the step runs as CUDA graphs: graph
-// says this rank can run it as the graph of the step's rows; it returns true when every
-// rank can, and then every rank must, as NCCL requires of graph-captured collectives
-// (whether a launch is captured is uniform over the ranks, and a graph's replay is
-// collective for the ranks that captured it).
-func AgreeDPStep(c dist.Communicator, mine error, graph bool) (bool, error) {
+// DPGraph is how every dp rank runs a step (AgreeDPStep): eagerly, or as the CUDA graph
+// of its rows, replaying the graph each rank holds or capturing it anew on every rank.
+type DPGraph int
+
+const (
+	DPEager   DPGraph = iota
+	DPReplay          // every rank replays its graph of the step's bucket
+	DPCapture         // every rank drops any graph of the bucket, runs the step eagerly and captures it
+)
+
+// AgreeDPStep is AgreeDP that also agrees on whether the step runs as CUDA graphs: can
+// says this rank can run it as the graph of the step's rows, held that it holds that
+// graph already. NCCL requires whether a launch is graph-captured to be uniform over the
+// ranks, and a graph's replay to be collective for the ranks that captured it together:
+// so the step runs as graphs only when every rank can, replayed only when every rank
+// holds its graph, and otherwise captured anew on every rank at this step (a rank whose
+// graph was dropped, or never captured, does not replay against the others' captures).
+func AgreeDPStep(c dist.Communicator, mine error, can, held bool) (DPGraph, error) {
 	v := byte(1)
 	switch {
 	case mine != nil:
 		v = 0
-	case graph:
+	case can && held:
+		v = 3
+	case can:
 		v = 2
 	}
 	all, err := c.AllGatherV([]byte{v})
 	if err != nil {
-		return false, errors.Join(mine, fmt.Errorf("dp rank %d: agree on the step: %w", c.Rank(), err))
+		return DPEager, errors.Join(mine, fmt.Errorf("dp rank %d: agree on the step: %w", c.Rank(), err))
 	}
 	if mine != nil {
-		return false, mine
+		return DPEager, mine
 	}
-	every := true
+	least := byte(3)
 	for q, m := range all {
-		if len(m) != 1 || m[0] == 0 || m[0] > 2 {
-			return false, fmt.Errorf("dp rank %d refused the step, so every rank does", q)
+		if len(m) != 1 || m[0] == 0 || m[0] > 3 {
+			return DPEager, fmt.Errorf("dp rank %d refused the step, so every rank does", q)
 		}
-		every = every && m[0] == 2
+		least = min(least, m[0])
 	}
-	return every, nil
+	switch least {
+	case 3:
+		return DPReplay, nil
+	case 2:
+		return DPCapture, nil
+	}
+	return DPEager, nil
 }
 
 // DPRank is what a model's GPU runner gives DPStep: its place in the dp group, its
@@ -164,8 +198,9 @@ type DPRank struct {
 	Rank, Size, Rows int
 	Host             dist.Communicator
 	// Graph reports whether the rank can run the step (an idle one too) as the CUDA
-	// graph of rows rows a rank (nil: it never can).
-	Graph func(rows int) bool
+	// graph of rows rows a rank, and whether it holds that graph already (nil: it never
+	// can).
+	Graph func(rows int) (can, held bool)
 }
 
 // DPStep is a dp rank's forward of plan p under core/dist/dp's Group (a model's
@@ -174,13 +209,16 @@ type DPRank struct {
 // every rank runs it as the CUDA graph of those rows (AgreeDPStep, each rank's
 // DPRank.Graph); then set with the rows every rank exchanges and that outcome, and
 // forward for a plan with tokens or idle for an idle one.
-func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error, set func(rows int, graph bool), forward, idle func() error) error {
+func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error, set func(rows int, graph DPGraph), forward, idle func() error) error {
 	rows, mine := DPRows(d.Name, p, logits, d.Rank, d.Size, d.Rows)
 	if mine == nil && p.NumTokens() > 0 {
 		mine = check()
 	}
-	can := mine == nil && d.Graph != nil && d.Graph(rows)
-	graph, err := AgreeDPStep(d.Host, mine, can)
+	var can, held bool
+	if mine == nil && d.Graph != nil {
+		can, held = d.Graph(rows)
+	}
+	graph, err := AgreeDPStep(d.Host, mine, can, held)
 	if err != nil {
 		return err
 	}
@@ -241,7 +279,7 @@ func JoinDPRank[R interface{ Close() error }](name string, opts Options, hello d
 		}
 		opened = true
 		owns(run) // closed with the runner from here on
-		return GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(c *cudart.Comm) { setComm(run, c) }, Watchdog: opts.Watchdog}, nil
+		return GroupRank{Device: dev, Pool: pool, Close: run.Close, SetComm: func(c *cudart.Comm) error { setComm(run, c); return nil }, Watchdog: opts.Watchdog}, nil
 	})
 	if err != nil {
 		if !opened {

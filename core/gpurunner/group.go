@@ -20,9 +20,12 @@ import (
 // closed.
 type GroupRank struct {
 	lockstep.Rank
-	Device  *cudart.Device
-	Pool    *kvslab.Pool
-	SetComm func(*cudart.Comm)
+	Device *cudart.Device
+	Pool   *kvslab.Pool
+	// SetComm hands the rank's model its end of the NCCL communicator once every rank
+	// has joined it; its error (buffers it could not allocate) fails the group's start
+	// on every rank.
+	SetComm func(*cudart.Comm) error
 	Close   func() error
 	// Watchdog is Options.Watchdog: the rank's steps run under a Watchdog.
 	Watchdog time.Duration
@@ -117,13 +120,16 @@ func (g *Group) join() error {
 		return err
 	}
 	g.comms = comms
+	var errs []error
 	for r, rr := range g.ranks {
 		if rr.SetComm != nil {
-			rr.SetComm(g.comms[r])
+			if err := rr.SetComm(g.comms[r]); err != nil {
+				errs = append(errs, fmt.Errorf("%s: rank %d: %w", g.name, r, err))
+			}
 		}
 		g.dogs[r] = NewWatchdog(comms[r], rr.Watchdog, fmt.Sprintf("rank %d of %d", r, len(g.ranks)))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // JoinComms makes an NCCL communicator of len(devs) in-process ranks, rank r on devs[r],

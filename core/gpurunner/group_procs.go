@@ -129,8 +129,14 @@ func joinProcs(name string, ctl dist.Communicator, cacheBytes int64, open func(c
 	if err != nil {
 		return fail(fmt.Errorf("join the NCCL communicator: %w", err))
 	}
+	var mine error
 	if g.r.SetComm != nil {
-		g.r.SetComm(g.comm)
+		mine = g.r.SetComm(g.comm)
+	}
+	// Every rank learns whether each took its end, before any step's collective.
+	if err := errors.Join(mine, reportOpened(ctl, mine)); err != nil {
+		g.comm.Destroy()
+		return fail(fmt.Errorf("take the NCCL communicator: %w", err))
 	}
 	g.dog = NewWatchdog(g.comm, g.r.Watchdog, fmt.Sprintf("rank %d of %d", rank, size))
 	if f := g.r.Forward; f != nil {

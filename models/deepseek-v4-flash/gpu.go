@@ -1,6 +1,7 @@
 package deepseekv4flash
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -49,7 +50,7 @@ type gpuModel struct {
 	// graphs) and eager steps; DraftGraph counts the MTP drafting chains replayed as
 	// graphs (gpuModel.draftChain); LogitsCopies the steps whose logits rows were copied
 	// back to the host (forward; a step sampled on the device copies none).
-	Stats struct{ Graph, PrefillGraph, Eager, DraftGraph, LogitsCopies int }
+	Stats struct{ Graph, PrefillGraph, Eager, DraftGraph, LogitsCopies, IdleGraph int }
 }
 
 // gpuSeq is one sequence's device slot and length.
@@ -437,7 +438,7 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		}
 	}
 	n := len(ids)
-	dpGraph := g.par != nil && g.par.dp && g.par.dpGraph // an idle dp rank's graph step has no rows of its own
+	dpGraph := g.par != nil && g.par.dp && g.par.dpGraph != gpurunner.DPEager // an idle dp rank's graph step has no rows of its own
 	if (n == 0 && !dpGraph) || n > g.maxTokens {
 		return 0, fmt.Errorf("gpu: %d rows for steps of 1 to %d", n, g.maxTokens)
 	}
@@ -458,8 +459,14 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 	}
 	bucket := g.decodeBucket(seqs, tokens, rows)
 	if dpGraph && bucket == 0 {
-		// The other dp ranks run the step as a graph; this one must too (NCCL).
-		return 0, fmt.Errorf("gpu: dp rank %d: a step agreed as the graph of %d rows is no decode step here", g.par.rank, g.par.dpRows)
+		// The other dp ranks run the step as a graph (their collectives in it): this rank
+		// runs the graph of padding rows alone so that they do not wait for good, and fails.
+		err := fmt.Errorf("gpu: dp rank %d: a step agreed as the graph of %d rows is no decode step here", g.par.rank, g.par.dpRows)
+		if len(seqs) > 0 {
+			_, perr := g.run(c, nil, nil, nil, nil)
+			err = errors.Join(err, perr)
+		}
+		return 0, err
 	}
 	want := len(rows)
 	var key cudart.GraphKey
@@ -540,6 +547,12 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		return g.headLaunch(c, n, nr, gpuHC{g.hcFn, g.hcBase, g.hcScale}, g.norm)
 	}
 	if bucket > 0 {
+		if dpGraph && g.par.dpGraph == gpurunner.DPCapture {
+			// Some rank lacks the graph: every rank captures it anew at this step.
+			if err := g.graphs.cache.Drop(c, key); err != nil {
+				return 0, err
+			}
+		}
 		if err := g.runGraph(c, key, step); err != nil {
 			return 0, err
 		}

@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"fmt"
+	"io"
 	"slices"
 
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -289,18 +290,16 @@ type GPUCP struct {
 
 // cpRank opens rank rank of size of the prefill CP of model m on dev: a GPURunner of the
 // whole model (NewGPURunner's sizes, float32) with a device pool of cacheBytes, taking its
-// end of the NCCL communicator (SetComm) into its CP buffers. A failure there is kept in
-// the runner's cpErr (checkCP).
+// end of the NCCL communicator (SetComm) into its CP buffers (a failure there fails the
+// group's start on every rank).
 func cpRank(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows, rank, size int, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
 	r, err := newGPURunner(m, nil, dev, cache, cudart.F32, slots, maxTokens, maxRows, 0)
 	if err != nil {
 		return nil, gpurunner.GroupRank{}, err
 	}
 	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: m.Config.VocabSize},
-		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) {
-			if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, size) }); err != nil {
-				r.cpErr = err
-			}
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error {
+			return r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, size) })
 		}}
 	gr.Pool, err = r.NewPool(cacheBytes)
 	return r, gr, err
@@ -323,12 +322,6 @@ func NewGPUCP(m *Model, devs []*cudart.Device, cache *cudart.KernelCache, slots,
 	})
 	if err != nil {
 		return nil, nil, err
-	}
-	for _, r := range g.ranks {
-		if r.cpErr != nil {
-			group.Close()
-			return nil, nil, fmt.Errorf("%s: %w", Name, r.cpErr)
-		}
 	}
 	g.group = group
 	g.Runner = cpurunner.New(g.ranks[0].Info(), group.Leader())
@@ -369,7 +362,7 @@ func OpenGPUCP(dir string, cacheBytes int64, opts gpurunner.Options, size int) (
 	}
 	g.group.SetWatchdog(opts.Watchdog)
 	if !opts.Eager {
-		if err := g.UseGraphs(true); err != nil {
+		if err := g.UseGraphs(true, opts.Log); err != nil {
 			g.Close()
 			return nil, nil, err
 		}
@@ -415,6 +408,10 @@ func JoinGPUCP(dir string, cacheBytes int64, opts gpurunner.Options, ctl dist.Co
 		if r != nil {
 			r.ownsDev = true // closed with the runner from here on
 		}
+		if err == nil && !opts.Eager {
+			// Before the ranks report their outcomes, so a failure fails every rank.
+			err = r.UseGraphs(true, opts.Log)
+		}
 		gr.Watchdog = opts.Watchdog
 		return gr, err
 	})
@@ -422,25 +419,16 @@ func JoinGPUCP(dir string, cacheBytes int64, opts gpurunner.Options, ctl dist.Co
 		if r == nil {
 			dev.Close()
 		}
-		return nil, engine.RunnerInfo{}, err
-	}
-	if r.cpErr != nil {
-		g.Close()
-		return fail(r.cpErr)
-	}
-	if !opts.Eager {
-		if err := r.UseGraphs(true, opts.Log); err != nil {
-			g.Close()
-			return fail(err)
-		}
+		return fail(err)
 	}
 	return g, r.Info(), nil
 }
 
-// UseGraphs turns every rank's CUDA graphs on or off (the split steps run eagerly).
-func (g *GPUCP) UseGraphs(on bool) error {
+// UseGraphs turns every rank's CUDA graphs on or off (the split steps run eagerly); a
+// capture that failed is noted on log (nil: dropped) and its shape runs eagerly.
+func (g *GPUCP) UseGraphs(on bool, log io.Writer) error {
 	for _, r := range g.ranks {
-		if err := r.UseGraphs(on, nil); err != nil {
+		if err := r.UseGraphs(on, log); err != nil {
 			return err
 		}
 	}

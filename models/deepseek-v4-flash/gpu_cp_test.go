@@ -61,7 +61,7 @@ func cpGroup(t *testing.T, m *Model, size int) (*GPUCP, *kvslab.Pool) {
 			t.Error(err)
 		}
 	})
-	if err := g.UseGraphs(true); err != nil {
+	if err := g.UseGraphs(true, nil); err != nil {
 		t.Fatal(err)
 	}
 	return g, pool

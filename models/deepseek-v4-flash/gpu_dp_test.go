@@ -52,8 +52,9 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 // ranks' decode steps replaying CUDA graphs (the gather exchange's all-gathers and
 // reduce-scatter captured with them), the Group padding all-decode steps to the ranks'
 // buckets (GPUDPRanks.GraphBuckets): every request gets one eager GPU engine's tokens,
-// with rank 1 idle for several steps (its idle plans running eagerly the collectives rank
-// 0's graphs replay), and both ranks replay graphs.
+// with rank 1 idle for several steps (its idle plans replaying, as graphs of padding rows,
+// the collectives rank 0's graphs replay: NCCL forbids mixing graph and eager launches),
+// and both ranks replay graphs.
 func TestEmulatedDPAttentionGraphs(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
 		return
@@ -83,6 +84,12 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 			t.Errorf("rank %d replayed no decode graph", rank)
 		}
 	}
+	// Rank 1 idles while the first request decodes alone: those steps are graphs of
+	// padding rows on it (an eager idle step against rank 0's graph fails in the
+	// emulated NCCL, as NCCL forbids).
+	if n := opened.Runners[1].DPIdleGraphs(); n < 3 {
+		t.Errorf("rank 1 ran %d idle steps as graphs, want at least 3", n)
+	}
 }
 
 // gpuDPInProcess is the tiny model's GPU dp ranks in this process, opened with opts, for
@@ -106,7 +113,7 @@ func gpuDPInProcess(t *testing.T, dir string, opts gpurunner.Options, opened **G
 			ranks := make([]dptest.InProcessRank, len(g.Runners))
 			for r, run := range g.Runners {
 				e := g.Experts()[r]
-				ranks[r] = dptest.InProcessRank{Forward: run.DPForward, Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
+				ranks[r] = dptest.InProcessRank{Forward: g.Forward(r), Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
 					Split: e[1]-e[0] < run.Model.Config.NRoutedExperts}
 			}
 			return ranks, nil

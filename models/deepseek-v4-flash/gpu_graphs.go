@@ -62,6 +62,9 @@ func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
 	}
 	b := gpurunner.DecodeBuckets(min(g.slots, g.maxRows))
 	pb := gpurunner.PrefillBuckets(g.maxTokens)
+	if g.par != nil && g.par.dp {
+		pb = nil // under DP-attention prefill steps run eagerly: no stash
+	}
 	if err := g.allocStash(c, pb); err != nil {
 		return err
 	}
@@ -91,7 +94,7 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 	if p := g.par; p != nil && p.dp {
 		// Under DP-attention the ranks agreed whether every one runs the step as the
 		// graph of the dpRows rows their MoE layers exchange (gpu_dp.go).
-		if p.dpGraph {
+		if p.dpGraph != gpurunner.DPEager {
 			return p.dpRows
 		}
 		return 0

@@ -29,9 +29,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
-	// dpGraph: every dp rank runs this step as the decode graph of dpRows rows
-	// (gpurunner.AgreeDPStep).
-	dpGraph bool
+	// dpGraph: how every dp rank runs this step (gpurunner.AgreeDPStep): eagerly, or
+	// as the decode graph of dpRows rows, replayed or captured anew.
+	dpGraph gpurunner.DPGraph
 	// Under DP-attention: the dp group's host communicator, which the ranks agree on each
 	// step over (gpurunner.AgreeDP) and, with the all-to-all dispatch (allToAll), exchange
 	// the send counts on (gpurunner.DPMoE).
@@ -319,7 +319,7 @@ func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicat
 		return nil, gpurunner.GroupRank{}, err
 	}
 	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
-		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) { r.g.par.comm = comm }}
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error { r.g.par.comm = comm; return nil }}
 	if drafts > 0 {
 		d := gpuDrafter{r}
 		gr.Draft, gr.MaxDrafts = d.Draft, drafts

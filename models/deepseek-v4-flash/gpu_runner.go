@@ -53,10 +53,8 @@ type GPURunner struct {
 	Stats struct{ DeviceSampled, HostSampled int }
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
-	// Under prefill CP (NewGPUCP): the steps run split, and why the rank's buffers
-	// could not be allocated when it joined.
+	// Under prefill CP (NewGPUCP): the steps run split.
 	cpSplit int
-	cpErr   error
 }
 
 var _ engine.Runner = (*GPURunner)(nil)

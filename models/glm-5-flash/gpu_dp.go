@@ -65,11 +65,11 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 		return fmt.Errorf("%s on the GPU: DPForward on a runner not opened for DP-attention (OpenGPUDPRanks)", Name)
 	}
 	d := gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host,
-		Graph: func(rows int) bool { return r.g.dpGraphable(p, rows) }}
+		Graph: func(rows int) (bool, bool) { return r.g.dpGraphable(p, rows) }}
 	return gpurunner.DPStep(d, p, logits, func() error { return r.checkPlan(p, logits) },
-		func(rows int, graph bool) { par.dpRows, par.dpGraph = rows, graph },
+		func(rows int, graph gpurunner.DPGraph) { par.dpRows, par.dpGraph = rows, graph },
 		func() error { return r.forward(p, logits) }, func() error {
-			if par.dpGraph {
+			if par.dpGraph != gpurunner.DPEager {
 				return r.dev.Do(r.g.idleGraph)
 			}
 			return r.dev.Do(r.g.idleDP)
@@ -78,19 +78,35 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 
 // dpGraphable reports whether this dp rank can run plan p as the decode graph of rows
 // rows (gpurunner.DPGraphPlan: the Group padded the all-decode step to that bucket), its
-// graph not one whose capture failed.
-func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) bool {
+// graph not one whose capture failed (nor to be dropped: the graphs are of another pool's
+// arena, graphsOnArena), and whether it holds that graph.
+func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) (can, held bool) {
 	gr := g.graphs
-	return gr != nil && g.pool != nil && g.L.kda >= 0 && int(p.DP.Pad) == rows && gpurunner.DPGraphPlan(p, rows, gr.buckets) &&
-		!gr.failed[cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: rows}]
+	key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: rows}
+	if gr == nil || g.pool == nil || g.L.kda < 0 || int(p.DP.Pad) != rows || !gpurunner.DPGraphPlan(p, rows, gr.buckets) {
+		return false, false
+	}
+	if gr.arena != g.arena {
+		return true, false // graphsOnArena drops them all: captured anew
+	}
+	if gr.failed[key] {
+		return false, false
+	}
+	_, held = gr.cache.Get(key)
+	return true, held
 }
 
 // idleGraph is an idle dp rank's step when every rank runs the step as the decode graph
 // of par.dpRows rows: that graph, every row padding (the spare state), its logits dropped.
 func (g *gpuModel) idleGraph(c *cudart.Ctx) error {
+	g.Stats.IdleGraph++
 	_, err := g.forwardGraph(c, g.par.dpRows, nil, nil)
 	return err
 }
+
+// DPIdleGraphs returns how many idle steps the dp rank ran as a decode graph of padding
+// rows (idleGraph) rather than eagerly.
+func (r *GPURunner) DPIdleGraphs() int { return r.g.Stats.IdleGraph }
 
 // GPUDPRanks are the dp ranks OpenGPUDPRanks opens, one GPURunner and device pool each,
 // and the NCCL communicator their MoE layers exchange rows on.
@@ -146,6 +162,15 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 // dpGraphs reports whether dp ranks opened with opts for exchange d replay decode graphs:
 // unless opts.Eager, by the gather exchange.
 func dpGraphs(opts gpurunner.Options, d Dispatch) bool { return !opts.Eager && d == DispatchGather }
+
+// Forward is dp rank r's forward for a core/dist/dp Group: its runner's DPForward under
+// the rank's watchdog (gpurunner.DPRanks.Step: past Options.Watchdog its NCCL communicator
+// is aborted and the step fails).
+func (g *GPUDPRanks) Forward(r int) func(p *engine.BatchPlan, logits []float32) error {
+	return func(p *engine.BatchPlan, logits []float32) error {
+		return g.Step(r, func() error { return g.Runners[r].DPForward(p, logits) })
+	}
+}
 
 // GraphBuckets returns the decode buckets the ranks replay graphs for (nil: eager), the
 // core/dist/dp Group's Options.GraphBuckets, which pads all-decode steps to them.
@@ -247,15 +272,19 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	if err != nil {
 		return fail(err)
 	}
+	graphs := dpGraphs(opts, d)
 	run, pool, proc, err := gpurunner.JoinDPRank(Name, opts, hello, cacheBytes, func(dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, bytes int64) (*GPURunner, *kvslab.Pool, error) {
-		return open(rank, data, dev, cache, lim, bytes)
+		run, pool, err := open(rank, data, dev, cache, lim, bytes)
+		if err == nil {
+			// Before the ranks report their outcomes, so a failure fails every rank.
+			if err = run.UseGraphs(graphs, opts.Log); err != nil {
+				run.Close()
+				return nil, nil, err
+			}
+		}
+		return run, pool, err
 	}, func(run *GPURunner) { run.ownsDev = true }, setDPComm)
 	if err != nil {
-		return fail(err)
-	}
-	graphs := dpGraphs(opts, d)
-	if err := run.UseGraphs(graphs, opts.Log); err != nil {
-		proc.Close()
 		return fail(err)
 	}
 	if opts.Log != nil && rank == 0 {

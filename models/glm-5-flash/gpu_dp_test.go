@@ -1,6 +1,7 @@
 package glm5flash
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -66,7 +67,8 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 // reduce-scatter captured with them, the KDA and MLA layers' decode as one GPU's graphs
 // run it), the Group padding all-decode steps to the ranks' buckets: every request gets
 // one eager GPU engine's tokens, with rank 1 idle for several steps (its idle plans
-// running eagerly the collectives rank 0's graphs replay), and both ranks replay graphs.
+// replaying, as graphs of padding rows, the collectives rank 0's graphs replay: NCCL
+// forbids mixing graph and eager launches), and both ranks replay graphs.
 func TestEmulatedDPAttentionGraphs(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
 		return
@@ -94,6 +96,12 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 			t.Errorf("rank %d replayed no decode graph", rank)
 		}
 	}
+	// Rank 1 idles while the first request decodes alone: those steps are graphs of
+	// padding rows on it (an eager idle step against rank 0's graph fails in the
+	// emulated NCCL, as NCCL forbids).
+	if n := opened.Runners[1].DPIdleGraphs(); n < 3 {
+		t.Errorf("rank 1 ran %d idle steps as graphs, want at least 3", n)
+	}
 }
 
 // gpuDPInProcess is the model in dir's GPU dp ranks in this process, opened with opts,
@@ -117,7 +125,7 @@ func gpuDPInProcess(t *testing.T, dir string, opts gpurunner.Options, opened **G
 			ranks := make([]dptest.InProcessRank, len(g.Runners))
 			for r, run := range g.Runners {
 				e := g.Experts()[r]
-				ranks[r] = dptest.InProcessRank{Forward: run.DPForward, Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
+				ranks[r] = dptest.InProcessRank{Forward: g.Forward(r), Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
 					Split: e[1]-e[0] < run.Model.Config.NRoutedExperts}
 			}
 			return ranks, nil
@@ -198,5 +206,43 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, tc.data); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a refusal naming %q", fmt.Sprint(tc.d, len(tc.data)), err, tc.want)
 		}
+	}
+}
+
+// TestEmulatedDPWatchdog: with the emulated NCCL waiting as NCCL does (no deadline,
+// RESIN_EMU_NCCL_HANG) and dp rank 1 hung in its first collective, a step of the ranks of
+// this process (OpenGPUDPRanks' Forward: each rank's DPForward under its watchdog) fails
+// at the 2 s watchdog (Options.Watchdog) with the NCCL communicator aborted, instead of
+// waiting in the MoE exchange for good; the ranks' next step fails at once with the same
+// permanent error.
+func TestEmulatedDPWatchdog(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1", "RESIN_EMU_NCCL_STALL_RANK=1") {
+		return
+	}
+	dir := ungroupedDir(t)
+	data, err := dist.NewInProcess(2, dist.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := gpuDPOpts()
+	opts.Watchdog = 2 * time.Second
+	g, err := OpenGPUDPRanks(dir, 8<<20, opts, DispatchGather, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	v := tinyTextModel(t).Config.VocabSize
+	p := runnertest.Plan(t, g.Pools[0], []*runnertest.Seq{runnertest.OpenSeq(t, g.Pools[0], []int32{3, 4, 5})}, []int{3}, false)
+	step := dptest.Alone(0, []dp.Forward{g.Forward(0), g.Forward(1)})
+	for _, what := range []string{"the step rank 1 hangs in", "the next step"} {
+		var err error
+		dptest.Within(t, time.Minute, what, func() { err = step(p, make([]float32, len(p.LogitsIndices)*v)) })
+		// Rank 0 waits in the MoE exchange and its watchdog aborts it; rank 1 ends by its
+		// own watchdog or by the communicator rank 0 aborted, whichever comes first.
+		var abort *gpurunner.AbortError
+		if !errors.As(err, &abort) || !strings.Contains(err.Error(), "dp rank 0 of 2: step 1 ran past the watchdog's 2s") {
+			t.Fatalf("%s: %v, want rank 0's watchdog abort", what, err)
+		}
+		t.Logf("%s: %v", what, err)
 	}
 }

@@ -48,7 +48,7 @@ type gpuGraphs struct {
 
 // gpuStats counts the decode steps that replayed a graph and those that ran a graph
 // bucket eagerly (its first), and the same for prefill graphs.
-type gpuStats struct{ Graph, Eager, PrefillGraph, PrefillEager int }
+type gpuStats struct{ Graph, Eager, PrefillGraph, PrefillEager, IdleGraph int }
 
 // useGraphs turns decode graphs on (log: a capture that failed, its shape then eager) or
 // off.
@@ -93,6 +93,9 @@ func (g *gpuModel) useGraphs(c *cudart.Ctx, on bool, log io.Writer) error {
 		gr.bufs = append(gr.bufs, buf)
 		*t.p = buf.Ptr
 	}
+	if g.par != nil && g.par.dp {
+		return nil // under DP-attention prefill steps run eagerly: no prefill graphs' buffers
+	}
 	if err := g.usePrefillGraphs(c, gr); err != nil {
 		g.closeGraphs(c)
 		return err
@@ -129,7 +132,7 @@ func (g *gpuModel) decodeBucket(seqs []*gpuSeq, tokens [][]int32, rows []int32) 
 	if p := g.par; p != nil && p.dp {
 		// Under DP-attention the ranks agreed whether every one runs the step as the
 		// graph of the dpRows rows their MoE layers exchange (gpu_dp.go).
-		if p.dpGraph {
+		if p.dpGraph != gpurunner.DPEager {
 			return p.dpRows
 		}
 		return 0
@@ -200,6 +203,12 @@ func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, token
 	// the graph's on its own non-blocking one: wait between them.
 	if err := c.Synchronize(); err != nil {
 		return nil, err
+	}
+	if p := g.par; p != nil && p.dp && p.dpGraph == gpurunner.DPCapture {
+		// Some dp rank lacks the graph: every rank captures it anew at this step.
+		if err := gr.cache.Drop(c, cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: bucket}); err != nil {
+			return nil, err
+		}
 	}
 	g.s = gr.stream
 	err := g.runGraph(c, bucket, func() error { return g.decodeStep(c, bucket) })

@@ -1,6 +1,7 @@
 package glm5flash
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/resin-llm/resin/core/cudart"
@@ -546,9 +547,12 @@ func (g *gpuModel) forward(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows
 	g.vocab().LocalIDs(idsRep)
 	if b := g.decodeBucket(seqs, tokens, rows); b > 0 {
 		return g.forwardGraph(c, b, seqs, tokens)
-	} else if g.par != nil && g.par.dp && g.par.dpGraph {
-		// The other dp ranks run the step as a graph; this one must too (NCCL).
-		return nil, fmt.Errorf("gpu: dp rank %d: a step agreed as the graph of %d rows is no decode step here", g.par.rank, g.par.dpRows)
+	} else if g.par != nil && g.par.dp && g.par.dpGraph != gpurunner.DPEager {
+		// The other dp ranks run the step as a graph (their collectives in it): this rank
+		// runs the graph of padding rows alone so that they do not wait for good, and fails.
+		err := fmt.Errorf("gpu: dp rank %d: a step agreed as the graph of %d rows is no decode step here", g.par.rank, g.par.dpRows)
+		_, perr := g.forwardGraph(c, g.par.dpRows, nil, nil)
+		return nil, errors.Join(err, perr)
 	}
 	if g.prefillBucket(seqs, tokens, rows) {
 		return g.forwardPrefillGraph(c, seqs[0], n, idsRep, rows)

@@ -28,9 +28,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
-	// dpGraph: every dp rank runs this step as the decode graph of dpRows rows
-	// (gpurunner.AgreeDPStep).
-	dpGraph bool
+	// dpGraph: how every dp rank runs this step (gpurunner.AgreeDPStep): eagerly, or
+	// as the decode graph of dpRows rows, replayed or captured anew.
+	dpGraph gpurunner.DPGraph
 	// Under DP-attention: the dp group's host communicator, which the ranks agree on each
 	// step over (gpurunner.AgreeDP) and, with the all-to-all dispatch (allToAll), exchange
 	// the send counts on (gpurunner.DPMoE).
@@ -301,7 +301,7 @@ func openGPURank(c *TextConfig, l Layout, rank int, w *TextWeights, data dist.Co
 		return nil, gpurunner.GroupRank{}, err
 	}
 	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
-		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) { r.g.par.comm = comm }}
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error { r.g.par.comm = comm; return nil }}
 	if r.drafts > 0 {
 		gr.Draft, gr.MaxDrafts = r.mtpDraft, r.drafts
 	}

@@ -29,6 +29,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/resin-llm/resin/core/dist"
@@ -163,6 +164,10 @@ func (g *Group) Start() {
 		}()
 	}
 }
+
+// GraphBuckets returns the token counts all-decode steps are padded to (Options'; nil:
+// none).
+func (g *Group) GraphBuckets() []int { return slices.Clone(g.buckets) }
 
 // Forward returns rank r's forward for its engine's runner (cpurunner.ForwardFunc): it
 // hands the plan to the rank's stepper, which runs it in the group's next step, and

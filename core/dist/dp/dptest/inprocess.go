@@ -162,8 +162,8 @@ func CheckMatchesSingleEngine(t *testing.T, m InProcessModel, reqs []engine.Requ
 // CheckGraphs is CheckMatchesSingleEngine for ranks that replay CUDA graphs of decode
 // batches of buckets (m's Open opening them so): by the gather exchange (m.Dispatches[0])
 // with the Group padding all-decode steps to those buckets, reqs give want, with rank 1
-// idle for several steps (its idle plans running eagerly what the busy rank's graphs
-// replay) and some steps padded.
+// idle for several steps (its idle plans running, as graphs of padding rows, the
+// collectives the busy rank's graphs replay) and some steps padded.
 func CheckGraphs(t *testing.T, m InProcessModel, buckets []int, reqs []engine.Request, want map[string][]int32) {
 	checkMatches(t, m, m.Dispatches[0], dp.Options{GraphBuckets: buckets}, reqs, want)
 }
