@@ -214,3 +214,57 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		closeLogits(t, fmt.Sprintf("dispatch %d, rank %d busy", tc.d, busy), got, want, v, gpuEPTol)
 	}
 }
+
+// TestEmulatedDPGraphRecapture: dp rank 0 decodes two sequences alone while rank 1 idles,
+// each decode step padded to bucket 2 so that both ranks run it as that bucket's graph
+// (rank 1's of padding rows), the first captured together and the next replayed; then
+// rank 1's graphs are dropped (UseGraphs again) and the next step is captured anew on both
+// ranks (gpurunner.DPCapture) rather than replayed on rank 0 against rank 1's eager run,
+// which the emulated NCCL fails as NCCL forbids. The logits stay one eager GPU's.
+func TestEmulatedDPGraphRecapture(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	dir := tinyDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const steps = 5
+	want, _ := decode(t, one.(*GPURunner).forward, pool, steps)
+	one.(*GPURunner).Close()
+	data, err := dist.NewInProcess(2, dist.Options{Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := gpuDPOpts()
+	opts.Eager = false
+	g, err := OpenGPUDPRanks(dir, 8<<20, opts, DispatchGather, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	alone := dptest.Alone(0, []dp.Forward{g.Forward(0), g.Forward(1)})
+	calls := 0
+	f := func(p *engine.BatchPlan, logits []float32) error {
+		calls++
+		if calls == 5 {
+			if err := g.Runners[1].UseGraphs(true, nil); err != nil { // rank 1's graphs dropped
+				return err
+			}
+		}
+		if p.NumTokens() == len(p.ReqIDs) {
+			p.DP.Pad = 2 // a decode step: padded to the bucket, as the Group pads it
+		}
+		return alone(p, logits)
+	}
+	got, _ := decode(t, f, g.Pools[0], steps)
+	closeLogits(t, "rank 0 alone, graphs recaptured", got, want, tinyConfig(t).VocabSize, gpuEPTol)
+	// Decode steps 1 and 4 ran eagerly and were captured; 2, 3 and 5 replayed.
+	if graph, _ := g.Runners[0].StepCounts(); graph != 3 {
+		t.Errorf("rank 0 replayed %d decode graphs, want 3", graph)
+	}
+	if n := g.Runners[1].DPIdleGraphs(); n != steps {
+		t.Errorf("rank 1 ran %d idle steps as graphs, want %d", n, steps)
+	}
+}

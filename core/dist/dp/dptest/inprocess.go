@@ -229,8 +229,8 @@ func CheckMTP(t *testing.T, m InProcessModel, vocab int, reqs []engine.Request, 
 // Alone returns a forward that runs each plan on dp rank busy of len(ranks) (its
 // DPStep saying that rank has the plan's tokens and every other rank none) while every
 // other rank runs an idle plan at the same time, as core/dist/dp's Group would step
-// them: for checking that a rank running alone gives one rank's logits, its idle peers
-// meeting its exchanges.
+// them, every rank padded to p.DP.Pad: for checking that a rank running alone gives one
+// rank's logits, its idle peers meeting its exchanges.
 func Alone(busy int, ranks []dp.Forward) func(p *engine.BatchPlan, logits []float32) error {
 	return func(p *engine.BatchPlan, logits []float32) error {
 		toks := make([]int32, len(ranks))
@@ -241,14 +241,14 @@ func Alone(busy int, ranks []dp.Forward) func(p *engine.BatchPlan, logits []floa
 				continue
 			}
 			idle := &engine.BatchPlan{QueryStart: []int32{0}, LogitsStart: []int32{0}, Groups: make([]engine.GroupPlan, len(p.Groups)),
-				DP: engine.DPStep{Rank: int32(r), Tokens: toks}}
+				DP: engine.DPStep{Rank: int32(r), Tokens: toks, Pad: p.DP.Pad}}
 			for i := range idle.Groups {
 				idle.Groups[i].PageTableStart = []int32{0}
 			}
 			go func() { errs <- forward(idle, nil) }()
 		}
 		q := *p
-		q.DP = engine.DPStep{Rank: int32(busy), Tokens: toks}
+		q.DP = engine.DPStep{Rank: int32(busy), Tokens: toks, Pad: p.DP.Pad}
 		err := ranks[busy](&q, logits)
 		for range len(ranks) - 1 {
 			err = errors.Join(err, <-errs)
