@@ -1,12 +1,14 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"regexp"
 	"slices"
 	"strconv"
 	"testing"
 
+	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/kernels/ref"
 )
 
@@ -472,14 +474,25 @@ func TestEmuMoERouteNaNRows(t *testing.T) {
 	wantIDs, _ := moeRouteRef(logits, nil, nil, make([]int32, tokens), e, k, ScoreSqrtSoftplus, 1)
 	finite("MoERoute", got, wantIDs)
 
-	tw, tids := m.alloc(4*tokens*k), m.alloc(4*tokens*k)
-	emuRun(t, "top-k with a NaN row", m, launchMoETopK(MoERouting{Weights: tw, IDs: tids, Logits: m.f32(logits), Tokens: tokens,
-		Experts: e, TopK: k, Scoring: ref.ScoreSigmoid}))
-	got = m.getI32(tids, tokens*k)
-	distinct("MoETopK", got)
-	refW, refIDs := make([]float32, tokens*k), make([]int32, tokens*k)
-	if err := ref.MoETopK(refW, refIDs, logits, tokens, e, ref.Routing{TopK: k, Scoring: ref.ScoreSigmoid}); err != nil {
-		t.Fatal(err)
+	bias := emuRnd(17, e, 0.1)
+	for _, r := range []ref.Routing{
+		{TopK: k, Scoring: ref.ScoreSigmoid},
+		{TopK: k, Scoring: ref.ScoreSigmoid, Bias: bias, Groups: 4, GroupTopK: 2, Renormalize: true}, // group-limited
+	} {
+		name := fmt.Sprintf("MoETopK (groups %d)", r.Groups)
+		tw, tids := m.alloc(4*tokens*k), m.alloc(4*tokens*k)
+		var b cudart.DevicePtr
+		if r.Bias != nil {
+			b = m.f32(r.Bias)
+		}
+		emuRun(t, name+" with a NaN row", m, launchMoETopK(MoERouting{Weights: tw, IDs: tids, Logits: m.f32(logits), Bias: b, Tokens: tokens,
+			Experts: e, TopK: k, Scoring: r.Scoring, Renormalize: r.Renormalize, Groups: r.Groups, GroupTopK: r.GroupTopK}))
+		got = m.getI32(tids, tokens*k)
+		distinct(name, got)
+		refW, refIDs := make([]float32, tokens*k), make([]int32, tokens*k)
+		if err := ref.MoETopK(refW, refIDs, logits, tokens, e, r); err != nil {
+			t.Fatal(err)
+		}
+		finite(name, got, refIDs)
 	}
-	finite("MoETopK", got, refIDs)
 }
