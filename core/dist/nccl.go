@@ -379,15 +379,28 @@ func (n *NCCL) Split(color, key int) (Communicator, error) {
 	return NewNCCL(n.dev, id, len(members), self, n.o)
 }
 
+// Close frees the scratch buffer and the communicator. After a deadline aborted it
+// (broken) the communicator is gone already; the scratch buffer is still freed once the
+// device thread is free (the aborted collective has returned), waiting for it at most
+// 10 s, and Close returns why the communicator broke.
 func (n *NCCL) Close() error {
-	if n.broken != nil {
-		return n.broken
-	}
-	return n.dev.Do(func(c *cudart.Ctx) error {
+	free := func(c *cudart.Ctx) {
 		if n.scratch.Size > 0 {
 			c.Free(n.scratch)
 			n.scratch = cudart.Buffer{}
 		}
+	}
+	if n.broken != nil {
+		done := make(chan error, 1)
+		go func() { done <- n.dev.Do(func(c *cudart.Ctx) error { free(c); return nil }) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second): // the device thread is stuck: the buffer stays
+		}
+		return n.broken
+	}
+	return n.dev.Do(func(c *cudart.Ctx) error {
+		free(c)
 		return n.Comm.Destroy()
 	})
 }

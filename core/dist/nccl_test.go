@@ -348,6 +348,17 @@ func TestEmulatedNCCLTimeoutAborts(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the device thread is still inside the aborted all-reduce")
 	}
+	// Closing the broken communicator says why it broke and frees its scratch buffer.
+	n := c
+	if n.scratch.Size == 0 {
+		t.Fatal("the all-reduce staged nothing in the scratch buffer")
+	}
+	if err := c.Close(); !errors.Is(err, ErrTimeout) {
+		t.Errorf("Close after the abort: %v, want the timeout", err)
+	}
+	if n.scratch.Size != 0 {
+		t.Errorf("Close after the abort left the %d-byte scratch buffer", n.scratch.Size)
+	}
 }
 
 // TestEmulatedNCCLLateRankInProcess: ranks of one process meet in the emulated NCCL's
