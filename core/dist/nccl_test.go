@@ -176,6 +176,32 @@ func TestEmulatedNCCLPeer(t *testing.T) {
 	if os.Getenv("RESIN_NCCL_PEER_STALL") != "" {
 		time.Sleep(5 * time.Minute) // joined, never arrives: rank 0 kills it when done
 	}
+	if os.Getenv("RESIN_NCCL_PEER_GRAPH") != "" {
+		// An all-reduce replayed from a CUDA graph, while rank 0 runs its own eagerly.
+		err := d.Do(func(ctx *cudart.Ctx) error {
+			s, err := ctx.NewStream()
+			if err != nil {
+				return err
+			}
+			defer ctx.DestroyStream(s)
+			buf, err := ctx.Alloc(4 * 8)
+			if err != nil {
+				return err
+			}
+			defer ctx.Free(buf)
+			g, err := ctx.Capture(s, func() error { return c.Comm.AllReduce(buf.Ptr, buf.Ptr, 8, cudart.F32, cudart.Sum, s) })
+			if err != nil {
+				return err
+			}
+			defer ctx.DestroyGraphExec(g)
+			if err := ctx.LaunchGraph(g, s); err != nil {
+				return err
+			}
+			return ctx.Sync(s)
+		})
+		fmt.Printf("replayed: %v\n", err)
+		return
+	}
 	if os.Getenv("RESIN_NCCL_PEER_DIE") != "" {
 		if err := AllReduceF32(c, make([]float32, 8)); err != nil {
 			t.Fatal(err)
@@ -244,6 +270,21 @@ func TestEmulatedNCCLProcesses(t *testing.T) {
 	if left, _ := filepath.Glob(key + "-p2p-*"); len(left) > 0 {
 		t.Errorf("point-to-point message files left in /dev/shm: %v", left)
 	}
+
+	// A peer that replays the all-reduce from a CUDA graph while rank 0 runs it eagerly:
+	// both fail, naming NCCL's rule (the ranks meet in shared memory here).
+	pid, cmd, out = peer("RESIN_NCCL_PEER_GRAPH=1")
+	if c, err = NewNCCL(devs[0], *pid, 2, 0, o); err != nil {
+		t.Fatal(err)
+	}
+	err = AllReduceF32(c, make([]float32, 8))
+	if err == nil || !strings.Contains(err.Error(), "graph-captured must be uniform over the ranks") {
+		t.Errorf("an eager all-reduce against rank 1's graph replay: %v, want NCCL's graph rule named", err)
+	}
+	if werr := cmd.Wait(); werr != nil || !strings.Contains(out.String(), "graph-captured must be uniform over the ranks") {
+		t.Errorf("rank 1's replay against rank 0's eager all-reduce: %v\n%s", werr, out)
+	}
+	c.Close()
 
 	// A peer that exits: rank 0's next collective fails naming it.
 	pid, cmd, out = peer("RESIN_NCCL_PEER_DIE=1")

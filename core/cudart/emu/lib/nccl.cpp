@@ -590,10 +590,10 @@ int shmCollective(Comm* c, const std::string& kindStr, const void* send, void* r
       if (sl->kind != kind || sl->type != type || sl->op != op || sl->count != count || sl->offset != off) {
         c->broken = std::string("emulated NCCL: rank ") + std::to_string(r) + " called " + kindName(sl->kind) +
                     " where rank " + std::to_string(c->rank) + " called " + kindName(kind);
-        rc = kInvalidUsage;  // the ranks called different collectives
+        rc = systemError(c->broken);  // the ranks called different collectives
       } else if (sl->graph != mine->graph) {
         c->broken = graphMismatch(kindStr, c->rank, graph);
-        rc = kInvalidUsage;
+        rc = systemError(c->broken);
       }
     }
     if (rc == kSuccess) {
