@@ -369,22 +369,39 @@ tpOneGPU() {
 	fi
 	# DP-attention 2 x EP 2 on GPU 0 for both MoE models (a GPU per dp rank where there are
 	# two, here both on GPU 0: the rows exchanged by NCCL all-gather and reduce-scatter,
-	# rank 1 idling through the MoE collectives) against one GPU: the same greedy tokens.
-	# Written without a GPU: on the emulated device they equal the CPU's
+	# rank 1 idling through the MoE collectives) against one GPU: the same greedy tokens,
+	# with the decode steps as CUDA graphs on both ranks (the default: rank 1 replaying the
+	# graph of padding rows; the log says "decode graphs") and with --cuda-eager. Written
+	# without a GPU: on the emulated device they equal the CPU's
 	# (TestGenerateDPAttentionOnTheEmulatedDevice), not here.
-	local model one dpt
+	local model one dpt eager
 	for model in deepseek-v4-flash glm-5-flash; do
-		echo; echo "== $model --dp 2 --dp-attention on GPU 0 against one GPU"
+		echo; echo "== $model --dp 2 --dp-attention on GPU 0 against one GPU (decode graphs, and --cuda-eager)"
 		one=$(timeout 200 "$bin/resin" generate --model $model --random-weights models/$model/config.json \
 			--device cuda --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
 		dpt=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate --model $model --random-weights models/$model/config.json \
-			--device cuda --dp 2 --dp-attention --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
-		echo "one GPU: $one"; echo "--dp 2 --dp-attention: $dpt"
-		if [ -z "$one" ] || [ "$one" != "$dpt" ]; then
-			echo "$model: DP-attention did not print one GPU's tokens"
+			--device cuda --dp 2 --dp-attention --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep -E '^tokens:|decode graphs')
+		eager=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate --model $model --random-weights models/$model/config.json \
+			--device cuda --dp 2 --dp-attention --cuda-eager --prompt-ids 1,2,3,4,5 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
+		echo "one GPU: $one"; echo "--dp 2 --dp-attention: $dpt"; echo "--dp 2 --dp-attention --cuda-eager: $eager"
+		if [ -z "$one" ] || [ "$one" != "$(grep '^tokens:' <<<"$dpt")" ] || [ "$one" != "$eager" ] || ! grep -q 'decode graphs' <<<"$dpt"; then
+			echo "$model: DP-attention (graphs or eager) did not print one GPU's tokens, or ran no decode graphs"
 			failed=1
 		fi
 	done
+	# deepseek-v4-flash's prefill CP over 2 ranks on GPU 0 against --cp 1: the same tokens
+	# (a 7-token prompt split 4 + 3, the KV side all-gathered per layer). Written without a
+	# GPU: byte-equal --logits-out on the emulated device (TestGenerateV4CPOnTheEmulatedDevice).
+	echo; echo "== deepseek-v4-flash --cp 2 on GPU 0 against --cp 1"
+	one=$(timeout 200 "$bin/resin" generate --model deepseek-v4-flash --random-weights models/deepseek-v4-flash/config.json \
+		--device cuda --prompt-ids 1,2,3,4,5,6,7 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
+	dpt=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate --model deepseek-v4-flash --random-weights models/deepseek-v4-flash/config.json \
+		--device cuda --cp 2 --prompt-ids 1,2,3,4,5,6,7 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
+	echo "--cp 1: $one"; echo "--cp 2: $dpt"
+	if [ -z "$one" ] || [ "$one" != "$dpt" ]; then
+		echo "deepseek-v4-flash: --cp 2 did not print --cp 1's tokens"
+		failed=1
+	fi
 	# The ~1.1B llama of the section above ($1) at --tp 2, both ranks on GPU 0: the figures
 	# against --tp 1's show what the collectives cost (two ranks sharing one GPU are not
 	# faster); decode replays graphs with the collectives inside.
