@@ -78,9 +78,11 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 }
 
 // gpuDPRank is one dp rank of a model's DP-attention on a GPU: its forward (the
-// model's GPURunner.DPForward) and runner info.
+// model's GPURunner.DPForward), its draft step (DPDraft; nil: it does not draft) and
+// runner info.
 type gpuDPRank struct {
 	forward dp.Forward
+	draft   dp.Draft
 	info    engine.RunnerInfo
 }
 
@@ -95,30 +97,38 @@ type gpuDPOpened struct {
 }
 
 // gpuDPOpeners open the dp ranks of the MoE models whose GPU runners read the plan's dp
-// step (their OpenGPUDPRanks).
-var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) (*gpuDPOpened, error){
-	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) (*gpuDPOpened, error) {
-		g, err := deepseekv4flash.OpenGPUDPRanks(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), data)
+// step (their OpenGPUDPRanks), drafting drafts tokens a step (0: none; gpuDPDrafters).
+var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, d, drafts int, data []dist.Communicator) (*gpuDPOpened, error){
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d, drafts int, data []dist.Communicator) (*gpuDPOpened, error) {
+		g, err := deepseekv4flash.OpenGPUDPRanks(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), drafts, data)
 		if err != nil {
 			return nil, err
 		}
-		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward), g.Pools, g.Close, g.GraphBuckets()}, nil
+		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward, g.Draft), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d int, data []dist.Communicator) (*gpuDPOpened, error) {
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d, _ int, data []dist.Communicator) (*gpuDPOpened, error) {
 		g, err := glm5flash.OpenGPUDPRanks(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
 		if err != nil {
 			return nil, err
 		}
-		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward), g.Pools, g.Close, g.GraphBuckets()}, nil
+		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward, nil), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
 }
 
-// gpuDPRanksOf is each runner's forward (forward(r): its DPForward under its watchdog)
-// and info.
-func gpuDPRanksOf[R interface{ Info() engine.RunnerInfo }](runners []R, forward func(r int) func(p *engine.BatchPlan, logits []float32) error) []gpuDPRank {
+// gpuDPDrafters are the models of gpuDPOpeners whose GPU dp ranks draft with their MTP
+// head (--num-speculative-tokens under --dp-attention on the GPU).
+var gpuDPDrafters = map[string]bool{deepseekv4flash.Name: true}
+
+// gpuDPRanksOf is each runner's forward (forward(r): its DPForward under its watchdog),
+// draft step (draft(r), nil or returning nil when the ranks do not draft) and info.
+func gpuDPRanksOf[R interface{ Info() engine.RunnerInfo }](runners []R, forward func(r int) func(p *engine.BatchPlan, logits []float32) error,
+	draft func(r int) func(p *engine.BatchPlan, res *engine.StepResult) error) []gpuDPRank {
 	ranks := make([]gpuDPRank, len(runners))
 	for r, run := range runners {
-		ranks[r] = gpuDPRank{forward(r), run.Info()}
+		ranks[r] = gpuDPRank{forward: forward(r), info: run.Info()}
+		if draft != nil {
+			ranks[r].draft = draft(r)
+		}
 	}
 	return ranks
 }
@@ -136,13 +146,16 @@ func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Com
 		return nil, nil, nil, err
 	}
 	return f.openGPUDP(name, dir, fmt.Sprintf("--dp %d --dp-attention", n), n, func(cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
-		o, err := gpuDPOpeners[name](dir, cacheBytes, opts, d, data)
+		o, err := gpuDPOpeners[name](dir, cacheBytes, opts, d, f.specTokens, data)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
 		}
 		ranks := make([]dp.Rank, n)
 		for r, g := range o.ranks {
 			ranks[r] = dp.Rank{Forward: g.forward, CacheGroups: len(g.info.CacheGroups), Ctl: ctl[r], Data: data[r]}
+			if g.draft != nil {
+				ranks[r].Draft, ranks[r].MaxDrafts = g.draft, f.specTokens
+			}
 		}
 		group, err := dp.NewGroup(ranks, dp.Options{GraphBuckets: o.buckets})
 		if err != nil {
@@ -151,7 +164,7 @@ func (f *runtimeFlags) openDPAttentionGPU(name, dir string, ctl, data []dist.Com
 		}
 		runners := make([]engine.Runner, n)
 		for r, g := range o.ranks {
-			runners[r] = cpurunner.New(g.info, group.Runner(r))
+			runners[r] = cpurunner.New(g.info, group.Runner(r)) // a cpurunner.Drafter when the ranks draft
 		}
 		return runners[0], o.pools[0], &cli.DPRanks{Runners: runners[1:], Pools: o.pools[1:], Group: group, Close: o.close}, nil
 	})
@@ -170,7 +183,7 @@ func (f *runtimeFlags) openDPProcsGPU(name, dir string) (engine.Runner, *kvslab.
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		return openDPProcs(name, dir, cacheBytes, f.tp.dispatch, n, 0, f.dp.stepTimeout, &dpGPUProcs{opts: opts, ordinals: ordinals, emulate: f.device.Device == cli.DeviceCUDAEmu})
+		return openDPProcs(name, dir, cacheBytes, f.tp.dispatch, n, f.specTokens, f.dp.stepTimeout, &dpGPUProcs{opts: opts, ordinals: ordinals, emulate: f.device.Device == cli.DeviceCUDAEmu})
 	})
 }
 
@@ -183,8 +196,8 @@ func (f *runtimeFlags) openGPUDP(name, dir, what string, local int, open func(ca
 	switch {
 	case gpuDPOpeners[name] == nil:
 		return nil, nil, nil, fmt.Errorf("%s --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s (--device cpu runs llama's)", what, f.device.Device, name)
-	case f.specTokens > 0:
-		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: drafting dp ranks run on the CPU only so far", what, f.device.Device, f.specTokens)
+	case f.specTokens > 0 && !gpuDPDrafters[name]:
+		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: %s's drafting dp ranks run on the CPU only so far (deepseek-v4-flash's run on the GPU)", what, f.device.Device, f.specTokens, name)
 	}
 	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
 		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(local))

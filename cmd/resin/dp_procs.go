@@ -48,15 +48,18 @@ type dpRank struct {
 // openGPUDPRank opens dp rank data.Rank() of MoE model name from dir on GPU
 // opts.Ordinal, in this process, for --dp-procs on the GPU: the models' JoinGPUDPRank,
 // its NCCL communicator joined with the other processes' ranks over hello.
-func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d int, hello, data dist.Communicator) (dpRank, error) {
+func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d, drafts int, hello, data dist.Communicator) (dpRank, error) {
 	switch name {
 	case deepseekv4flash.Name:
-		g, err := deepseekv4flash.JoinGPUDPRank(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), hello, data)
+		g, err := deepseekv4flash.JoinGPUDPRank(dir, cacheBytes, opts, deepseekv4flash.Dispatch(d), drafts, hello, data)
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{forward: g.DPForward, info: g.Info(), cacheGroups: len(g.Info().CacheGroups), pool: g.Pool, close: g.Close, abort: g.Abort, buckets: g.GraphBuckets()}, nil
+		return dpRank{forward: g.DPForward, draft: g.DPDraft(), info: g.Info(), cacheGroups: len(g.Info().CacheGroups), pool: g.Pool, close: g.Close, abort: g.Abort, buckets: g.GraphBuckets()}, nil
 	case glm5flash.Name:
+		if drafts > 0 {
+			return dpRank{}, fmt.Errorf("--dp-procs on the GPU: %s's dp ranks do not draft on the GPU yet", name)
+		}
 		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), hello, data)
 		if err != nil {
 			return dpRank{}, err
@@ -183,7 +186,7 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 	if gpu != nil {
 		opts := gpu.opts
 		opts.Ordinal = gpu.ordinals[0]
-		r0, err = openGPUDPRank(name, dir, cacheBytes, opts, d, hello, data)
+		r0, err = openGPUDPRank(name, dir, cacheBytes, opts, d, drafts, hello, data)
 	} else {
 		r0, err = openDPRank(name, dir, cacheBytes, d, drafts, data)
 	}
@@ -344,7 +347,7 @@ func runDPWorker(spec tpWorkerSpec) error {
 				return fmt.Errorf("dp rank %d: --device cuda-emu: %w", spec.Rank, err)
 			}
 		}
-		opts = &gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: true, KernelCache: gs.KernelCache, Watchdog: gs.Watchdog, Log: os.Stderr}
+		opts = &gpurunner.Options{Ordinal: gs.Ordinal, NUMA: gs.NUMA, Limits: gs.Limits, Eager: gs.Eager, KernelCache: gs.KernelCache, Watchdog: gs.Watchdog, Log: os.Stderr}
 	}
 	return serveDPRank(spec, ctl[0], data, hello, opts)
 }
@@ -360,7 +363,7 @@ func serveDPRank(spec tpWorkerSpec, ctl, data, hello dist.Communicator, opts *gp
 	var r dpRank
 	var err error
 	if opts != nil {
-		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, *opts, spec.Dispatch, hello, data)
+		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, *opts, spec.Dispatch, spec.Drafts, hello, data)
 	} else {
 		r, err = openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, data)
 	}

@@ -34,6 +34,7 @@ import (
 // (0 on an idle rank), exchanged with the other ranks' by the run's dispatch
 // (gpurunner.DPMoE), at par.dpRows rows a rank under the gather one.
 func (g *gpuMoE) forwardDP(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
+	g.par.dpExchanges++
 	f := gpurunner.DPMoEFuncs{
 		Route:   func(n int) error { return g.route(c, s, kk, b, w, x, tokens, n) },
 		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, s, kk, b, w, m, x) },
@@ -88,6 +89,43 @@ func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) (can, held bool) {
 	return true, held
 }
 
+// DPDraft is the draft step of a dp rank that drafts (OpenGPUDPRanks with drafts), for
+// core/dist/dp's Rank.Draft, as Runner.DPDraft on the CPU: on a busy rank's plan and
+// result the MTP step as on one GPU (rejected drafts put back, the next drafts proposed:
+// the head over the rows whose next token is known, then drafts−1 chained steps), its MTP
+// block's MoE exchanging this rank's rows with the other ranks'; every rank runs exactly
+// drafts of those exchanges per step, an idle rank or one with fewer draft rows running
+// the missing ones with no rows, so that the exchanges always meet. The exchanges pad to
+// twice the step's rows (at most the workspace's): a rank's head rows are its step's rows
+// and one more per sequence at most. The draft steps run eagerly.
+func (r *GPURunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
+	par := r.g.par
+	if par == nil || !par.dp || r.drafts == 0 {
+		return fmt.Errorf("%s on the GPU: DPDraft on a runner not opened for DP-attention with drafts", Name)
+	}
+	return r.dev.Do(func(c *cudart.Ctx) error {
+		g := r.g
+		par.dpRows = min(2*par.dpRows, g.maxTokens)
+		before := par.dpExchanges
+		if p.NumSeqs() > 0 {
+			if err := r.draft(c, p, res); err != nil {
+				return err
+			}
+		}
+		ran := par.dpExchanges - before
+		if ran > r.drafts {
+			return fmt.Errorf("%s on the GPU: the draft step ran %d MTP exchanges, want at most %d", Name, ran, r.drafts)
+		}
+		w := &g.w
+		for ; ran < r.drafts; ran++ {
+			if err := g.mtp.layer.moe.forwardDP(c, g.s, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, 0); err != nil {
+				return fmt.Errorf("gpu: draft step: mtp: %w", err)
+			}
+		}
+		return c.Synchronize()
+	})
+}
+
 // idleGraph is an idle dp rank's step when every rank runs the step as the decode graph
 // of par.dpRows rows: that graph, every row padding (the spare slot), its logits dropped
 // (run drops the rows' graph first when the ranks capture it anew).
@@ -116,7 +154,7 @@ type GPUDPRanks struct {
 // communicator). Unless opts.Eager, the gather exchange's decode steps replay CUDA graphs
 // (dpGraphs; give the Group the ranks' GraphBuckets); opts.Limits apply to every rank. Each rank's forward
 // is its runner's DPForward under a core/dist/dp Group. Close closes the devices.
-func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data []dist.Communicator) (*GPUDPRanks, error) {
+func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, drafts int, data []dist.Communicator) (*GPUDPRanks, error) {
 	size := len(data)
 	fail := func(err error) (*GPUDPRanks, error) {
 		return nil, fmt.Errorf("%s: DP-attention over %d GPUs: %w", Name, size, err)
@@ -127,7 +165,7 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return fail(err)
 	}
-	open, err := gpuDPOpener(dir, size, d)
+	open, err := gpuDPOpener(dir, size, d, drafts)
 	if err != nil {
 		return fail(err)
 	}
@@ -164,6 +202,17 @@ func (g *GPUDPRanks) Forward(r int) func(p *engine.BatchPlan, logits []float32) 
 	}
 }
 
+// Draft is dp rank r's draft step for a core/dist/dp Group (Rank.Draft; nil when the
+// ranks do not draft): its runner's DPDraft under the rank's watchdog.
+func (g *GPUDPRanks) Draft(r int) func(p *engine.BatchPlan, res *engine.StepResult) error {
+	if g.Runners[r].drafts == 0 {
+		return nil
+	}
+	return func(p *engine.BatchPlan, res *engine.StepResult) error {
+		return g.Step(r, func() error { return g.Runners[r].DPDraft(p, res) })
+	}
+}
+
 // GraphBuckets returns the decode buckets the ranks replay graphs for (nil: eager), the
 // core/dist/dp Group's Options.GraphBuckets, which pads all-decode steps to them.
 func (g *GPUDPRanks) GraphBuckets() []int { return g.Runners[0].GraphBuckets() }
@@ -173,9 +222,12 @@ func (g *GPUDPRanks) GraphBuckets() []int { return g.Runners[0].GraphBuckets() }
 // part of the weights (its experts read from a checkpoint, or cut from the seeded random
 // weights, built once), a GPURunner on dev over data (the dp group's host communicator)
 // and a device pool of cacheBytes (0 = 256 MiB).
-func gpuDPOpener(dir string, size int, d Dispatch) (func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error), error) {
+func gpuDPOpener(dir string, size int, d Dispatch, drafts int) (func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error), error) {
 	if d != DispatchGather && d != DispatchAllToAll {
 		return nil, fmt.Errorf("dispatch %d", d)
+	}
+	if drafts < 0 {
+		return nil, fmt.Errorf("%d drafts per step", drafts)
 	}
 	c, err := LoadConfig(dir)
 	if err != nil {
@@ -185,7 +237,10 @@ func gpuDPOpener(dir string, size int, d Dispatch) (func(r int, data dist.Commun
 	if err := l.Check(c); err != nil {
 		return nil, err
 	}
-	whole, err := layoutWeights(dir, c, false)
+	if drafts > 0 && c.NumNextNPredictLayers < 1 {
+		return nil, fmt.Errorf("speculative decoding needs the MTP head (num_nextn_predict_layers %d)", c.NumNextNPredictLayers)
+	}
+	whole, err := layoutWeights(dir, c, drafts > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +249,11 @@ func gpuDPOpener(dir string, size int, d Dispatch) (func(r int, data dist.Commun
 		if err != nil {
 			return nil, nil, err
 		}
-		run, err := newGPURankRunner(c, l, r, w, data, dev, cache, lim.MaxSeqs, lim.MaxTokens, min(lim.MaxRows, lim.MaxTokens), maxContextOf(c, Options{}), 0, true)
+		rows := min(lim.MaxRows, lim.MaxTokens)
+		if drafts > 0 { // a verify step's rows: 1+drafts a sequence
+			rows = min(max(rows, lim.MaxSeqs*(1+drafts)), lim.MaxTokens)
+		}
+		run, err := newGPURankRunner(c, l, r, w, data, dev, cache, lim.MaxSeqs, lim.MaxTokens, rows, maxContextOf(c, Options{}), drafts, true)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -229,6 +288,17 @@ func (g *GPUDPRank) DPForward(p *engine.BatchPlan, logits []float32) error {
 	return g.proc.Step(func() error { return g.GPURunner.DPForward(p, logits) })
 }
 
+// DPDraft is GPURunner.DPDraft under the rank's watchdog; nil when the rank does not
+// draft.
+func (g *GPUDPRank) DPDraft() func(p *engine.BatchPlan, res *engine.StepResult) error {
+	if g.drafts == 0 {
+		return nil
+	}
+	return func(p *engine.BatchPlan, res *engine.StepResult) error {
+		return g.proc.Step(func() error { return g.GPURunner.DPDraft(p, res) })
+	}
+}
+
 // Abort aborts the rank's NCCL communicator (gpurunner.ProcRank.Abort).
 func (g *GPUDPRank) Abort(why error) { g.proc.Abort(why) }
 
@@ -243,7 +313,7 @@ func (g *GPUDPRank) Abort(why error) { g.proc.Abort(why) }
 // communicator. Each rank runs its own engine's plans through DPForward (core/dist/dp's
 // Group, in rank 0's process, sends them). Its decode steps replay graphs as
 // OpenGPUDPRanks' do (every rank must be opened with the same opts.Eager).
-func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, hello, data dist.Communicator) (*GPUDPRank, error) {
+func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, drafts int, hello, data dist.Communicator) (*GPUDPRank, error) {
 	rank, size := data.Rank(), data.Size()
 	fail := func(err error) (*GPUDPRank, error) {
 		return nil, fmt.Errorf("%s: DP-attention rank %d of %d: %w", Name, rank, size, err)
@@ -251,7 +321,7 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	if size < 2 {
 		return fail(fmt.Errorf("want 2 or more ranks"))
 	}
-	open, err := gpuDPOpener(dir, size, d)
+	open, err := gpuDPOpener(dir, size, d, drafts)
 	if err != nil {
 		return fail(err)
 	}

@@ -48,6 +48,32 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), reqs, want)
 }
 
+// TestEmulatedDPMTP: DP-attention 2 × EP 2 on two emulated GPUs with every rank drafting
+// 2 tokens a step with its MTP head on the device (GPURunner.DPDraft: the head's routed
+// experts split over the ranks too, its MoE exchanges padded alike on both), by either
+// exchange, with the head's own drafts and with drafts forced right but at every third
+// position (dptest.CheckMTP): every request gets the tokens one GPU's engine gives without
+// drafts, with rank 1 idle for several steps, its idle draft steps running the head's
+// exchanges with no rows (without them rank 0's draft step waits in the head's
+// all-gather).
+func TestEmulatedDPMTP(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	dir := tinyDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := one.(*GPURunner)
+	r.hostSampling = true
+	c := tinyConfig(t)
+	reqs := dptest.Requests(c.VocabSize)
+	want := dptest.Want(t, r, pool, reqs)
+	r.Close()
+	dptest.CheckMTP(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), c.VocabSize, reqs, want)
+}
+
 // TestEmulatedDPAttentionGraphs is TestEmulatedDPAttentionMatchesSingleEngine with the dp
 // ranks' decode steps replaying CUDA graphs (the gather exchange's all-gathers and
 // reduce-scatter captured with them), the Group padding all-decode steps to the ranks'
@@ -97,8 +123,8 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 func gpuDPInProcess(t *testing.T, dir string, opts gpurunner.Options, opened **GPUDPRanks) dptest.InProcessModel {
 	return dptest.InProcessModel{
 		Dispatches: []int{int(DispatchGather), int(DispatchAllToAll)},
-		Open: func(d, drafts int, _ func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
-			g, err := OpenGPUDPRanks(dir, 8<<20, opts, Dispatch(d), data)
+		Open: func(d, drafts int, forced func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
+			g, err := OpenGPUDPRanks(dir, 8<<20, opts, Dispatch(d), drafts, data)
 			if err != nil {
 				return nil, err
 			}
@@ -113,8 +139,11 @@ func gpuDPInProcess(t *testing.T, dir string, opts gpurunner.Options, opened **G
 			ranks := make([]dptest.InProcessRank, len(g.Runners))
 			for r, run := range g.Runners {
 				e := g.Experts()[r]
-				ranks[r] = dptest.InProcessRank{Forward: g.Forward(r), Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
+				ranks[r] = dptest.InProcessRank{Forward: g.Forward(r), Draft: g.Draft(r), Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
 					Split: e[1]-e[0] < run.Model.Config.NRoutedExperts}
+				if forced != nil {
+					run.forceDraft = forced
+				}
 			}
 			return ranks, nil
 		},
@@ -133,10 +162,10 @@ func TestEmulatedDPRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data[:1]); err == nil || !strings.Contains(err.Error(), "2 or more") {
+	if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, 0, data[:1]); err == nil || !strings.Contains(err.Error(), "2 or more") {
 		t.Errorf("one rank: %v", err)
 	}
-	g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data)
+	g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, 0, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +226,7 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, data)
+		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, 0, data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +268,7 @@ func TestEmulatedDPGraphRecapture(t *testing.T) {
 	}
 	opts := gpuDPOpts()
 	opts.Eager = false
-	g, err := OpenGPUDPRanks(dir, 8<<20, opts, DispatchGather, data)
+	g, err := OpenGPUDPRanks(dir, 8<<20, opts, DispatchGather, 0, data)
 	if err != nil {
 		t.Fatal(err)
 	}

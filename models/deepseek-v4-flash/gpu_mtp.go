@@ -589,7 +589,7 @@ func (g *gpuModel) draftChain(c *cudart.Ctx, nd, drafts int, pick func(j int) (b
 			}
 		}
 	}
-	if pick == nil && g.graphs != nil {
+	if pick == nil && g.graphs != nil && (g.par == nil || !g.par.dp) { // under DP-attention eager: the ranks' chains differ
 		// Every value the chain reads is on the device at fixed addresses (t.chain, t.tok,
 		// the work buffers): its launches depend on nd and drafts only.
 		key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: nd, Variant: draftChainGraph | drafts}
