@@ -106,18 +106,18 @@ var gpuDPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 		}
 		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward, g.Draft), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d, _ int, data []dist.Communicator) (*gpuDPOpened, error) {
-		g, err := glm5flash.OpenGPUDPRanks(dir, cacheBytes, opts, glm5flash.Dispatch(d), data)
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, d, drafts int, data []dist.Communicator) (*gpuDPOpened, error) {
+		g, err := glm5flash.OpenGPUDPRanks(dir, cacheBytes, opts, glm5flash.Dispatch(d), drafts, data)
 		if err != nil {
 			return nil, err
 		}
-		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward, nil), g.Pools, g.Close, g.GraphBuckets()}, nil
+		return &gpuDPOpened{gpuDPRanksOf(g.Runners, g.Forward, g.Draft), g.Pools, g.Close, g.GraphBuckets()}, nil
 	},
 }
 
 // gpuDPDrafters are the models of gpuDPOpeners whose GPU dp ranks draft with their MTP
 // head (--num-speculative-tokens under --dp-attention on the GPU).
-var gpuDPDrafters = map[string]bool{deepseekv4flash.Name: true}
+var gpuDPDrafters = map[string]bool{deepseekv4flash.Name: true, glm5flash.Name: true}
 
 // gpuDPRanksOf is each runner's forward (forward(r): its DPForward under its watchdog),
 // draft step (draft(r), nil or returning nil when the ranks do not draft) and info.
@@ -197,7 +197,7 @@ func (f *runtimeFlags) openGPUDP(name, dir, what string, local int, open func(ca
 	case gpuDPOpeners[name] == nil:
 		return nil, nil, nil, fmt.Errorf("%s --device %s: DP-attention on the GPU covers deepseek-v4-flash and glm-5-flash only, not %s (--device cpu runs llama's)", what, f.device.Device, name)
 	case f.specTokens > 0 && !gpuDPDrafters[name]:
-		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: %s's drafting dp ranks run on the CPU only so far (deepseek-v4-flash's run on the GPU)", what, f.device.Device, f.specTokens, name)
+		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: %s's drafting dp ranks run on the CPU only so far", what, f.device.Device, f.specTokens, name)
 	}
 	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
 		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(local))

@@ -57,14 +57,11 @@ func openGPUDPRank(name, dir string, cacheBytes int64, opts gpurunner.Options, d
 		}
 		return dpRank{forward: g.DPForward, draft: g.DPDraft(), info: g.Info(), cacheGroups: len(g.Info().CacheGroups), pool: g.Pool, close: g.Close, abort: g.Abort, buckets: g.GraphBuckets()}, nil
 	case glm5flash.Name:
-		if drafts > 0 {
-			return dpRank{}, fmt.Errorf("--dp-procs on the GPU: %s's dp ranks do not draft on the GPU yet", name)
-		}
-		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), hello, data)
+		g, err := glm5flash.JoinGPUDPRank(dir, cacheBytes, opts, glm5flash.Dispatch(d), drafts, hello, data)
 		if err != nil {
 			return dpRank{}, err
 		}
-		return dpRank{forward: g.DPForward, info: g.Info(), cacheGroups: len(g.Info().CacheGroups), pool: g.Pool, close: g.Close, abort: g.Abort, buckets: g.GraphBuckets()}, nil
+		return dpRank{forward: g.DPForward, draft: g.DPDraft(), info: g.Info(), cacheGroups: len(g.Info().CacheGroups), pool: g.Pool, close: g.Close, abort: g.Abort, buckets: g.GraphBuckets()}, nil
 	}
 	return dpRank{}, fmt.Errorf("--dp-procs on the GPU: model %s has no GPU DP-attention ranks (deepseek-v4-flash, glm-5-flash)", name)
 }

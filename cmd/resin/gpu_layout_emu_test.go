@@ -208,9 +208,9 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 // a worker process on its emulated GPU, the NCCL id over the dp group's shared memory,
 // the emulated NCCL's collectives, sends and receives meeting across the processes),
 // leaving no worker behind; the gather exchange's decode steps replay CUDA graphs;
-// deepseek-v4-flash's ranks draft 2 tokens a step on the device (in-process and with
+// the ranks draft 2 tokens a step with the MTP head on the device (in-process and with
 // --dp-procs) and print the CPU's tokens. What the GPU's DP-attention does not run is
-// refused by name: glm-5-flash's drafts, llama.
+// refused by name: llama.
 func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -255,12 +255,6 @@ func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 		for _, extra := range [][]string{{"--num-speculative-tokens", "2"}, {"--num-speculative-tokens", "2", "--dp-procs"}} {
 			a := append(append(slices.Clone(args), "--device", "cuda-emu", "--dp", "2", "--dp-attention"), extra...)
 			gpu, errOut, err := runGenerate(t, a...)
-			if model == "glm-5-flash" { // its GPU dp ranks do not draft yet
-				if err == nil || !strings.Contains(err.Error(), "drafting dp ranks run on the CPU only") {
-					t.Errorf("%s --dp 2 --dp-attention %v on the device: %v, want a refusal naming the CPU", model, extra, err)
-				}
-				continue
-			}
 			// Every rank drafts with its MTP head on the device (DPDraft): the greedy tokens
 			// are the CPU's without drafts.
 			if err != nil {

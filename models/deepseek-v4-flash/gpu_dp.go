@@ -27,8 +27,8 @@ import (
 // can run it as that bucket's graph (gpurunner.AgreeDPStep), and then a busy rank runs
 // its batch padded to the bucket and an idle one the same graph of padding rows alone
 // (idleGraph). Every other step, and every step of the all-to-all exchange, runs eagerly
-// on every rank. MTP drafts under DP-attention are not built on the GPU (the
-// CPU runs them: dp.go).
+// on every rank. With drafts every rank drafts with its MTP head on the device (DPDraft),
+// the head's exchanges evened out over the ranks.
 
 // forwardDP is forward under DP-attention: out [n, hidden] for this rank's n rows of x
 // (0 on an idle rank), exchanged with the other ranks' by the run's dispatch
@@ -148,7 +148,8 @@ type GPUDPRanks struct {
 // OpenGPUDPRanks opens len(data) dp ranks of the model in dir (OpenGPULayout's
 // directory: a checkpoint, of which each rank reads its experts, or a config for the
 // seeded random weights, built once and cut) for DP-attention on the GPU with exchange d
-// (gpurunner.DPMoE): rank r on GPU opts.Ordinal+r where the driver
+// (gpurunner.DPMoE), each rank drafting drafts tokens a step with its MTP head (0: none;
+// Draft): rank r on GPU opts.Ordinal+r where the driver
 // sees that many, else every rank on opts.Ordinal, with a device pool of cacheBytes of
 // its own (0 = 256 MiB) and, for its model's CPU part, data[r] (the dp group's data
 // communicator). Unless opts.Eager, the gather exchange's decode steps replay CUDA graphs

@@ -25,13 +25,14 @@ import (
 // runners' GraphBuckets, the ranks agree each can run it as that bucket's graph,
 // gpurunner.AgreeDPStep, and an idle rank runs the graph of padding rows alone,
 // idleGraph); every other step, and every step of the all-to-all exchange, runs eagerly
-// on every rank. MTP drafts under DP-attention are
-// not built on the GPU (the CPU runs them: dp.go).
+// on every rank. With drafts every rank drafts with its MTP layer on the device (DPDraft),
+// the layer's exchanges evened out over the ranks.
 
 // moeDP is moe under DP-attention: out [n, D] for this rank's n rows of x (0 on an idle
 // rank), exchanged with the other ranks' by the run's dispatch (gpurunner.DPMoE), at
 // par.dpRows rows a rank under the gather one.
 func (g *gpuModel) moeDP(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
+	g.par.dpExchanges++
 	f := gpurunner.DPMoEFuncs{
 		Route:   func(n int) error { return g.route(c, e, x, n) },
 		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, e, m, x) },
@@ -96,6 +97,62 @@ func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) (can, held bool) {
 	return true, held
 }
 
+// DPDraft is the draft step of a dp rank that drafts (OpenGPUDPRanks with drafts), for
+// core/dist/dp's Rank.Draft, as deepseek-v4-flash's: on a busy rank's plan and result the
+// MTP step as on one GPU (mtpDraft: the layer over the rows whose next token is known,
+// then drafts−1 chained rounds), its MTP layer's MoE exchanging this rank's rows with the
+// other ranks'; every rank runs exactly drafts of those exchanges per step, an idle rank
+// or one with fewer draft rows running the missing ones with no rows. The exchanges pad
+// to twice the step's rows (at most the workspace's).
+func (r *GPURunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
+	par := r.g.par
+	if par == nil || !par.dp || r.drafts == 0 {
+		return fmt.Errorf("%s on the GPU: DPDraft on a runner not opened for DP-attention with drafts", Name)
+	}
+	g := r.g
+	par.dpRows = min(2*par.dpRows, g.maxTokens)
+	before := par.dpExchanges
+	if p.NumSeqs() > 0 {
+		if err := r.mtpDraft(p, res); err != nil {
+			return err
+		}
+	}
+	return r.dev.Do(func(c *cudart.Ctx) error {
+		ran := par.dpExchanges - before
+		if ran > r.drafts {
+			return fmt.Errorf("%s on the GPU: the draft step ran %d MTP exchanges, want at most %d", Name, ran, r.drafts)
+		}
+		for ; ran < r.drafts; ran++ {
+			if err := g.moeDP(c, g.mtp.moe, g.w.ffn, g.w.x, 0); err != nil {
+				return fmt.Errorf("gpu: draft step: mtp: %w", err)
+			}
+		}
+		return c.Synchronize()
+	})
+}
+
+// Draft is dp rank r's draft step for a core/dist/dp Group (Rank.Draft; nil when the
+// ranks do not draft): its runner's DPDraft under the rank's watchdog.
+func (g *GPUDPRanks) Draft(r int) func(p *engine.BatchPlan, res *engine.StepResult) error {
+	if g.Runners[r].drafts == 0 {
+		return nil
+	}
+	return func(p *engine.BatchPlan, res *engine.StepResult) error {
+		return g.Step(r, func() error { return g.Runners[r].DPDraft(p, res) })
+	}
+}
+
+// DPDraft is GPURunner.DPDraft under the rank's watchdog; nil when the rank does not
+// draft.
+func (g *GPUDPRank) DPDraft() func(p *engine.BatchPlan, res *engine.StepResult) error {
+	if g.drafts == 0 {
+		return nil
+	}
+	return func(p *engine.BatchPlan, res *engine.StepResult) error {
+		return g.proc.Step(func() error { return g.GPURunner.DPDraft(p, res) })
+	}
+}
+
 // idleGraph is an idle dp rank's step when every rank runs the step as the decode graph
 // of par.dpRows rows: that graph, every row padding (the spare state), its logits dropped.
 func (g *gpuModel) idleGraph(c *cudart.Ctx) error {
@@ -117,14 +174,15 @@ type GPUDPRanks struct {
 // OpenGPUDPRanks opens len(data) dp ranks of the text model in dir (OpenGPULayout's
 // directory: a checkpoint, of which each rank reads its experts, or a config for the
 // seeded random weights, built once and cut) for DP-attention on the GPU with exchange d
-// (gpurunner.DPMoE): rank r on GPU opts.Ordinal+r where the driver
+// (gpurunner.DPMoE), each rank drafting drafts tokens a step with its MTP head (0: none;
+// Draft): rank r on GPU opts.Ordinal+r where the driver
 // sees that many, else every rank on opts.Ordinal, fp32 (but the KDA projections a
 // checkpoint ships in bf16), with a device pool of cacheBytes of its own (0 = 256 MiB)
 // and, for its model's CPU part, data[r] (the dp group's data communicator). Unless
 // opts.Eager, the gather exchange's decode steps replay CUDA graphs (dpGraphs; give the
 // Group the ranks' GraphBuckets); opts.Limits apply to every rank. Each rank's forward is its runner's
 // DPForward under a core/dist/dp Group. Close closes the devices.
-func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, data []dist.Communicator) (*GPUDPRanks, error) {
+func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, drafts int, data []dist.Communicator) (*GPUDPRanks, error) {
 	size := len(data)
 	fail := func(err error) (*GPUDPRanks, error) {
 		return nil, fmt.Errorf("%s: DP-attention over %d GPUs: %w", Name, size, err)
@@ -135,7 +193,7 @@ func OpenGPUDPRanks(dir string, cacheBytes int64, opts gpurunner.Options, d Disp
 	if err := gpurunner.Available(opts.Ordinal); err != nil {
 		return fail(err)
 	}
-	open, err := gpuDPOpener(dir, size, d)
+	open, err := gpuDPOpener(dir, size, d, drafts)
 	if err != nil {
 		return fail(err)
 	}
@@ -181,9 +239,12 @@ func (g *GPUDPRanks) GraphBuckets() []int { return g.Runners[0].GraphBuckets() }
 // part of the weights (its experts read from a checkpoint, or cut from the seeded random
 // weights, built once), a GPURunner on dev over data (the dp group's host communicator)
 // and a device pool of cacheBytes.
-func gpuDPOpener(dir string, size int, d Dispatch) (func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error), error) {
+func gpuDPOpener(dir string, size int, d Dispatch, drafts int) (func(r int, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache, lim gpurunner.Limits, cacheBytes int64) (*GPURunner, *kvslab.Pool, error), error) {
 	if d != DispatchGather && d != DispatchAllToAll {
 		return nil, fmt.Errorf("dispatch %d", d)
+	}
+	if drafts < 0 {
+		return nil, fmt.Errorf("%d drafts per step", drafts)
 	}
 	c, err := LoadTextConfig(dir)
 	if err != nil {
@@ -208,13 +269,21 @@ func gpuDPOpener(dir string, size int, d Dispatch) (func(r int, data dist.Commun
 		if err != nil {
 			return nil, nil, err
 		}
-		w.mtp = nil // no drafts under DP-attention on the GPU
+		if drafts == 0 {
+			w.mtp = nil // not drafting: the head is not needed
+		}
 		p.comm, p.dp = data, true
 		if err := checkGPURankWeights(c, w, &p); err != nil {
 			return nil, nil, err
 		}
 		m := &TextModel{Config: gpuRankConfig(c, p), W: w, par: p}
-		run, err := NewGPURunner(m, dev, cache, lim.MaxSeqs, lim.MaxTokens, min(lim.MaxRows, lim.MaxTokens), min(c.MaxPositionEmbeddings, 4096), gopts)
+		rows := min(lim.MaxRows, lim.MaxTokens)
+		if drafts > 0 { // a verify step's rows: 1+drafts a sequence
+			rows = min(max(rows, lim.MaxSeqs*(1+drafts)), lim.MaxTokens)
+		}
+		o := gopts
+		o.Drafts = drafts
+		run, err := NewGPURunner(m, dev, cache, lim.MaxSeqs, lim.MaxTokens, rows, min(c.MaxPositionEmbeddings, 4096), o)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -260,7 +329,7 @@ func (g *GPUDPRank) Abort(why error) { g.proc.Abort(why) }
 // communicator, its MoE layers exchanging rows with theirs on that NCCL
 // communicator, its own engine's plans run through DPForward. Its decode steps replay
 // graphs as OpenGPUDPRanks' do (every rank must be opened with the same opts.Eager).
-func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, hello, data dist.Communicator) (*GPUDPRank, error) {
+func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispatch, drafts int, hello, data dist.Communicator) (*GPUDPRank, error) {
 	rank, size := data.Rank(), data.Size()
 	fail := func(err error) (*GPUDPRank, error) {
 		return nil, fmt.Errorf("%s: DP-attention rank %d of %d: %w", Name, rank, size, err)
@@ -268,7 +337,7 @@ func JoinGPUDPRank(dir string, cacheBytes int64, opts gpurunner.Options, d Dispa
 	if size < 2 {
 		return fail(fmt.Errorf("want 2 or more ranks"))
 	}
-	open, err := gpuDPOpener(dir, size, d)
+	open, err := gpuDPOpener(dir, size, d, drafts)
 	if err != nil {
 		return fail(err)
 	}

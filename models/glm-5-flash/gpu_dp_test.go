@@ -62,6 +62,29 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), reqs, want)
 }
 
+// TestEmulatedDPMTP: DP-attention 2 × EP 2 on two emulated GPUs with every rank drafting
+// 2 tokens a step with its MTP layer on the device (GPURunner.DPDraft: the layer's routed
+// experts split over the ranks too, its MoE exchanges padded alike on both), by either
+// exchange, with the layer's own drafts and with drafts forced right but at every third
+// position (dptest.CheckMTP): every request gets the tokens one GPU's engine gives without
+// drafts, with rank 1 idle for several steps, its idle draft steps running the layer's
+// exchanges with no rows.
+func TestEmulatedDPMTP(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_POISON=1") {
+		return
+	}
+	dir := ungroupedDir(t)
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := tinyTextModel(t).Config.VocabSize
+	reqs := dptest.Requests(v)
+	want := dptest.Want(t, one, pool, reqs)
+	one.(*GPURunner).Close()
+	dptest.CheckMTP(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), v, reqs, want)
+}
+
 // TestEmulatedDPAttentionGraphs is TestEmulatedDPAttentionMatchesSingleEngine with the dp
 // ranks' decode steps replaying CUDA graphs (the gather exchange's all-gathers and
 // reduce-scatter captured with them, the KDA and MLA layers' decode as one GPU's graphs
@@ -109,8 +132,8 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 func gpuDPInProcess(t *testing.T, dir string, opts gpurunner.Options, opened **GPUDPRanks) dptest.InProcessModel {
 	return dptest.InProcessModel{
 		Dispatches: []int{int(DispatchGather), int(DispatchAllToAll)},
-		Open: func(d, drafts int, _ func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
-			g, err := OpenGPUDPRanks(dir, 8<<20, opts, Dispatch(d), data)
+		Open: func(d, drafts int, forced func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]dptest.InProcessRank, error) {
+			g, err := OpenGPUDPRanks(dir, 8<<20, opts, Dispatch(d), drafts, data)
 			if err != nil {
 				return nil, err
 			}
@@ -125,8 +148,11 @@ func gpuDPInProcess(t *testing.T, dir string, opts gpurunner.Options, opened **G
 			ranks := make([]dptest.InProcessRank, len(g.Runners))
 			for r, run := range g.Runners {
 				e := g.Experts()[r]
-				ranks[r] = dptest.InProcessRank{Forward: g.Forward(r), Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
+				ranks[r] = dptest.InProcessRank{Forward: g.Forward(r), Draft: g.Draft(r), Pool: g.Pools[r], Info: run.Info(), Groups: len(run.Info().CacheGroups),
 					Split: e[1]-e[0] < run.Model.Config.NRoutedExperts}
+				if forced != nil {
+					run.forceDraft = func(promptLen, pos, _ int, logits []float32) int32 { return forced(promptLen, pos, logits) }
+				}
 			}
 			return ranks, nil
 		},
@@ -158,7 +184,7 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, data)
+		g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, 0, data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +213,7 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, data)
+	g, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), DispatchGather, 0, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +229,7 @@ func TestEmulatedDPRankEqualsOne(t *testing.T) {
 		data []dist.Communicator
 		want string
 	}{{DispatchGather, data[:1], "2 or more"}} {
-		if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, tc.data); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := OpenGPUDPRanks(dir, 8<<20, gpuDPOpts(), tc.d, 0, tc.data); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a refusal naming %q", fmt.Sprint(tc.d, len(tc.data)), err, tc.want)
 		}
 	}
@@ -226,7 +252,7 @@ func TestEmulatedDPWatchdog(t *testing.T) {
 	}
 	opts := gpuDPOpts()
 	opts.Watchdog = 2 * time.Second
-	g, err := OpenGPUDPRanks(dir, 8<<20, opts, DispatchGather, data)
+	g, err := OpenGPUDPRanks(dir, 8<<20, opts, DispatchGather, 0, data)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,9 @@ type gpuPar struct {
 	// rank has, or the graph bucket above it), which GPURunner.DPForward sets.
 	dp           bool
 	size, dpRows int
+	// dpExchanges counts the MoE exchanges run under DP-attention (DPDraft evens out
+	// the draft step's: every rank runs as many).
+	dpExchanges int
 	// dpGraph: how every dp rank runs this step (gpurunner.AgreeDPStep): eagerly, or
 	// as the decode graph of dpRows rows, replayed or captured anew.
 	dpGraph gpurunner.DPGraph
