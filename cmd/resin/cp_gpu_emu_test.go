@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,32 +24,7 @@ func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 	}
 	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"),
 		"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "8", "--device", "cuda-emu"}
-	dir := t.TempDir()
-	run := func(cp string, extra ...string) (string, []byte) {
-		out := filepath.Join(dir, "logits-"+cp+strings.Join(extra, ""))
-		stdout, errOut, err := runGenerate(t, append(append(args, "--cp", cp, "--logits-out", out), extra...)...)
-		if err != nil {
-			t.Fatalf("--cp %s %v: %v\n%s", cp, extra, err, errOut)
-		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tokensLine(stdout), b
-	}
-	one, oneLogits := run("1")
-	for _, c := range []struct {
-		cp    string
-		extra []string
-	}{{"2", nil}, {"3", nil}, {"2", []string{"--cp-procs"}}, {"3", []string{"--cp-procs", "--max-batch-tokens", "4"}}} {
-		toks, logits := run(c.cp, c.extra...)
-		if toks == "" || toks != one {
-			t.Errorf("--cp %s %v: %q, --cp 1 %q", c.cp, c.extra, toks, one)
-		}
-		if len(oneLogits) == 0 || !bytes.Equal(logits, oneLogits) {
-			t.Errorf("--cp %s %v: --logits-out differs from --cp 1's (%d and %d bytes)", c.cp, c.extra, len(logits), len(oneLogits))
-		}
-	}
+	one := checkCPLayouts(t, args)
 	// Without --logits-out a prompt's chunks before its last have no logits rows: rank 2
 	// of 2+2+0 skips the head as the others do (it failed on it, and rank 0 waited).
 	stdout, errOut, err := runGenerate(t, append(args, "--cp", "3", "--cp-procs", "--max-batch-tokens", "4")...)
@@ -83,10 +59,21 @@ func TestGenerateV4CPOnTheEmulatedDevice(t *testing.T) {
 	}
 	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
 	args := []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "4", "--device", "cuda-emu"}
+	checkCPLayouts(t, args)
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after --cp-procs", pids)
+	}
+}
+
+// checkCPLayouts runs generate args with --cp 1, 2 and 3, in-process and with --cp-procs
+// (--cp 3 with plans of 4 tokens too), and checks that every split prints --cp 1's tokens
+// and writes its --logits-out byte for byte; it returns --cp 1's tokens line.
+func checkCPLayouts(t *testing.T, args []string) string {
+	t.Helper()
 	dir := t.TempDir()
 	run := func(cp string, extra ...string) (string, []byte) {
 		out := filepath.Join(dir, "logits-"+cp+strings.Join(extra, ""))
-		stdout, errOut, err := runGenerate(t, append(append(args, "--cp", cp, "--logits-out", out), extra...)...)
+		stdout, errOut, err := runGenerate(t, append(append(slices.Clone(args), "--cp", cp, "--logits-out", out), extra...)...)
 		if err != nil {
 			t.Fatalf("--cp %s %v: %v\n%s", cp, extra, err, errOut)
 		}
@@ -109,7 +96,5 @@ func TestGenerateV4CPOnTheEmulatedDevice(t *testing.T) {
 			t.Errorf("--cp %s %v: --logits-out differs from --cp 1's (%d and %d bytes)", c.cp, c.extra, len(logits), len(oneLogits))
 		}
 	}
-	if pids := childWorkers(t); len(pids) > 0 {
-		t.Errorf("worker processes %v left after --cp-procs", pids)
-	}
+	return one
 }

@@ -36,15 +36,7 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 		return
 	}
 	dir := tinyDir(t)
-	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := one.(*GPURunner)
-	r.hostSampling = true // the dp ranks' engines sample on the host, through core/cpurunner
-	reqs := dptest.Requests(tinyConfig(t).VocabSize)
-	want := dptest.Want(t, r, pool, reqs)
-	r.Close()
+	reqs, want := gpuDPWant(t, dir)
 	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), reqs, want)
 }
 
@@ -61,17 +53,8 @@ func TestEmulatedDPMTP(t *testing.T) {
 		return
 	}
 	dir := tinyDir(t)
-	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := one.(*GPURunner)
-	r.hostSampling = true
-	c := tinyConfig(t)
-	reqs := dptest.Requests(c.VocabSize)
-	want := dptest.Want(t, r, pool, reqs)
-	r.Close()
-	dptest.CheckMTP(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), c.VocabSize, reqs, want)
+	reqs, want := gpuDPWant(t, dir)
+	dptest.CheckMTP(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), tinyConfig(t).VocabSize, reqs, want)
 }
 
 // TestEmulatedDPAttentionGraphs is TestEmulatedDPAttentionMatchesSingleEngine with the dp
@@ -86,15 +69,7 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 		return
 	}
 	dir := tinyDir(t)
-	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := one.(*GPURunner)
-	r.hostSampling = true
-	reqs := dptest.Requests(tinyConfig(t).VocabSize)
-	want := dptest.Want(t, r, pool, reqs)
-	r.Close()
+	reqs, want := gpuDPWant(t, dir)
 	opts := gpuDPOpts()
 	opts.Eager = false
 	var opened *GPUDPRanks
@@ -116,6 +91,21 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 	if n := opened.Runners[1].DPIdleGraphs(); n < 3 {
 		t.Errorf("rank 1 ran %d idle steps as graphs, want at least 3", n)
 	}
+}
+
+// gpuDPWant is dptest's requests and the tokens one eager GPU engine gives them, for the
+// model in dir.
+func gpuDPWant(t *testing.T, dir string) ([]engine.Request, map[string][]int32) {
+	t.Helper()
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := one.(*GPURunner)
+	r.hostSampling = true // the dp ranks' engines sample on the host, through core/cpurunner
+	defer r.Close()
+	reqs := dptest.Requests(tinyConfig(t).VocabSize)
+	return reqs, dptest.Want(t, r, pool, reqs)
 }
 
 // gpuDPInProcess is the tiny model's GPU dp ranks in this process, opened with opts, for

@@ -52,13 +52,7 @@ func TestEmulatedDPAttentionMatchesSingleEngine(t *testing.T) {
 		return
 	}
 	dir := ungroupedDir(t)
-	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := dptest.Requests(tinyTextModel(t).Config.VocabSize)
-	want := dptest.Want(t, one, pool, reqs)
-	one.(*GPURunner).Close()
+	reqs, want := gpuDPWant(t, dir)
 	dptest.CheckMatchesSingleEngine(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), reqs, want)
 }
 
@@ -74,15 +68,8 @@ func TestEmulatedDPMTP(t *testing.T) {
 		return
 	}
 	dir := ungroupedDir(t)
-	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := tinyTextModel(t).Config.VocabSize
-	reqs := dptest.Requests(v)
-	want := dptest.Want(t, one, pool, reqs)
-	one.(*GPURunner).Close()
-	dptest.CheckMTP(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), v, reqs, want)
+	reqs, want := gpuDPWant(t, dir)
+	dptest.CheckMTP(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), tinyTextModel(t).Config.VocabSize, reqs, want)
 }
 
 // TestEmulatedDPAttentionGraphs is TestEmulatedDPAttentionMatchesSingleEngine with the dp
@@ -97,13 +84,7 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 		return
 	}
 	dir := ungroupedDir(t)
-	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	reqs := dptest.Requests(tinyTextModel(t).Config.VocabSize)
-	want := dptest.Want(t, one, pool, reqs)
-	one.(*GPURunner).Close()
+	reqs, want := gpuDPWant(t, dir)
 	opts := gpuDPOpts()
 	opts.Eager = false
 	var opened *GPUDPRanks
@@ -125,6 +106,19 @@ func TestEmulatedDPAttentionGraphs(t *testing.T) {
 	if n := opened.Runners[1].DPIdleGraphs(); n < 3 {
 		t.Errorf("rank 1 ran %d idle steps as graphs, want at least 3", n)
 	}
+}
+
+// gpuDPWant is dptest's requests and the tokens one eager GPU engine gives them, for the
+// model in dir.
+func gpuDPWant(t *testing.T, dir string) ([]engine.Request, map[string][]int32) {
+	t.Helper()
+	one, pool, err := OpenGPU(dir, 8<<20, gpuDPOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.(*GPURunner).Close()
+	reqs := dptest.Requests(tinyTextModel(t).Config.VocabSize)
+	return reqs, dptest.Want(t, one, pool, reqs)
 }
 
 // gpuDPInProcess is the model in dir's GPU dp ranks in this process, opened with opts,
