@@ -252,16 +252,31 @@ func TestGenerateDPAttentionOnTheEmulatedDevice(t *testing.T) {
 		if pids := childWorkers(t); len(pids) > 0 {
 			t.Errorf("worker processes %v left after --dp-procs", pids)
 		}
+		// Every rank drafts with its MTP head on the device (DPDraft): the greedy tokens are
+		// the CPU's without drafts, and the drafts proposed and accepted one GPU's.
+		oneGPU, errOut, err := runGenerate(t, append(slices.Clone(args), "--device", "cuda-emu", "--num-speculative-tokens", "2")...)
+		if err != nil {
+			t.Fatalf("%s --device cuda-emu --num-speculative-tokens 2: %v\n%s", model, err, errOut)
+		}
+		spec := func(out string) string {
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, "speculative:") {
+					return l
+				}
+			}
+			return ""
+		}
 		for _, extra := range [][]string{{"--num-speculative-tokens", "2"}, {"--num-speculative-tokens", "2", "--dp-procs"}} {
 			a := append(append(slices.Clone(args), "--device", "cuda-emu", "--dp", "2", "--dp-attention"), extra...)
 			gpu, errOut, err := runGenerate(t, a...)
-			// Every rank drafts with its MTP head on the device (DPDraft): the greedy tokens
-			// are the CPU's without drafts.
 			if err != nil {
 				t.Fatalf("%s --dp 2 --dp-attention %v on the device: %v\n%s", model, extra, err, errOut)
 			}
 			if tokensLine(gpu) == "" || tokensLine(gpu) != tokensLine(cpu) {
 				t.Errorf("%s --dp 2 --dp-attention %v on the device: %q, CPU %q", model, extra, tokensLine(gpu), tokensLine(cpu))
+			}
+			if got, want := spec(gpu), spec(oneGPU); !strings.Contains(want, "drafts proposed") || got != want {
+				t.Errorf("%s --dp 2 --dp-attention %v on the device: %q, one GPU %q", model, extra, got, want)
 			}
 		}
 	}

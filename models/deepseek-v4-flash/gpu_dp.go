@@ -2,6 +2,7 @@ package deepseekv4flash
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 
 	"github.com/resin-llm/resin/core/cudart"
@@ -95,7 +96,8 @@ func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) (can, held bool) {
 // the head over the rows whose next token is known, then drafts−1 chained steps), its MTP
 // block's MoE exchanging this rank's rows with the other ranks'; every rank runs exactly
 // drafts of those exchanges per step, an idle rank or one with fewer draft rows running
-// the missing ones with no rows, so that the exchanges always meet. The exchanges pad to
+// the missing ones with no rows, a rank whose draft failed too before it returns the
+// error, so that the exchanges always meet. The exchanges pad to
 // twice the step's rows (at most the workspace's): a rank's head rows are its step's rows
 // and one more per sequence at most. The draft steps run eagerly.
 func (r *GPURunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
@@ -107,22 +109,21 @@ func (r *GPURunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
 		g := r.g
 		par.dpRows = min(2*par.dpRows, g.maxTokens)
 		before := par.dpExchanges
+		var derr error
 		if p.NumSeqs() > 0 {
-			if err := r.draft(c, p, res); err != nil {
-				return err
-			}
+			derr = r.draft(c, p, res)
 		}
 		ran := par.dpExchanges - before
 		if ran > r.drafts {
-			return fmt.Errorf("%s on the GPU: the draft step ran %d MTP exchanges, want at most %d", Name, ran, r.drafts)
+			return errors.Join(derr, fmt.Errorf("%s on the GPU: the draft step ran %d MTP exchanges, want at most %d", Name, ran, r.drafts))
 		}
 		w := &g.w
 		for ; ran < r.drafts; ran++ {
 			if err := g.mtp.layer.moe.forwardDP(c, g.s, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, 0); err != nil {
-				return fmt.Errorf("gpu: draft step: mtp: %w", err)
+				return errors.Join(derr, fmt.Errorf("gpu: draft step: mtp: %w", err))
 			}
 		}
-		return c.Synchronize()
+		return errors.Join(derr, c.Synchronize())
 	})
 }
 

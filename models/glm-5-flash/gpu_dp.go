@@ -84,8 +84,8 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) (can, held bool) {
 	gr := g.graphs
 	key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: rows}
-	if gr == nil || g.pool == nil || g.L.kda < 0 || int(p.DP.Pad) != rows || !gpurunner.DPGraphPlan(p, rows, gr.buckets) {
-		return false, false
+	if gr == nil || g.pool == nil || g.L.kda < 0 || g.mtp != nil || int(p.DP.Pad) != rows || !gpurunner.DPGraphPlan(p, rows, gr.buckets) {
+		return false, false // a drafting rank's steps run eagerly
 	}
 	if gr.arena != g.arena {
 		return true, false // graphsOnArena drops them all: captured anew
@@ -102,22 +102,23 @@ func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) (can, held bool) {
 // MTP step as on one GPU (mtpDraft: the layer over the rows whose next token is known,
 // then drafts−1 chained rounds), its MTP layer's MoE exchanging this rank's rows with the
 // other ranks'; every rank runs exactly drafts of those exchanges per step, an idle rank
-// or one with fewer draft rows running the missing ones with no rows. The exchanges pad
-// to twice the step's rows (at most the workspace's).
+// or one with fewer draft rows running the missing ones with no rows, a rank whose draft
+// failed too before it returns the error (so that no peer waits in them). The exchanges
+// pad to twice the step's rows, at most the workspace's (workRows: the MTP layer's rows
+// are the step's and one more per sequence).
 func (r *GPURunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
 	par := r.g.par
 	if par == nil || !par.dp || r.drafts == 0 {
 		return fmt.Errorf("%s on the GPU: DPDraft on a runner not opened for DP-attention with drafts", Name)
 	}
 	g := r.g
-	par.dpRows = min(2*par.dpRows, g.maxTokens)
+	par.dpRows = min(2*par.dpRows, g.workRows())
 	before := par.dpExchanges
+	var derr error
 	if p.NumSeqs() > 0 {
-		if err := r.mtpDraft(p, res); err != nil {
-			return err
-		}
+		derr = r.mtpDraft(p, res)
 	}
-	return r.dev.Do(func(c *cudart.Ctx) error {
+	err := r.dev.Do(func(c *cudart.Ctx) error {
 		ran := par.dpExchanges - before
 		if ran > r.drafts {
 			return fmt.Errorf("%s on the GPU: the draft step ran %d MTP exchanges, want at most %d", Name, ran, r.drafts)
@@ -129,6 +130,7 @@ func (r *GPURunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
 		}
 		return c.Synchronize()
 	})
+	return errors.Join(derr, err)
 }
 
 // Draft is dp rank r's draft step for a core/dist/dp Group (Rank.Draft; nil when the

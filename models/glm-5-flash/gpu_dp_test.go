@@ -72,6 +72,32 @@ func TestEmulatedDPMTP(t *testing.T) {
 	dptest.CheckMTP(t, gpuDPInProcess(t, dir, gpuDPOpts(), nil), tinyTextModel(t).Config.VocabSize, reqs, want)
 }
 
+// TestEmulatedDPMTPFullChunk is TestEmulatedDPMTP with steps of 16 tokens, the runners'
+// budget, and a 32-token prompt: its second chunk fills a step, and the MTP layer then
+// runs over 17 rows (the step's and the one before it), more than the step's budget. The
+// draft exchanges pad to the layer's workspace rows, not the budget: padded to 16, that
+// rank's exchange was refused on it alone and the other rank waited in the all-gather.
+func TestEmulatedDPMTPFullChunk(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := ungroupedDir(t)
+	opts := gpuDPOpts()
+	opts.Limits.MaxTokens = 16
+	one, pool, err := OpenGPU(dir, 8<<20, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := tinyTextModel(t).Config.VocabSize
+	reqs := dptest.Requests(v)
+	for len(reqs[2].Prompt) < 32 {
+		reqs[2].Prompt = append(reqs[2].Prompt, int32(len(reqs[2].Prompt)*7%v))
+	}
+	want := dptest.Want(t, one, pool, reqs)
+	one.(*GPURunner).Close()
+	dptest.CheckMTP(t, gpuDPInProcess(t, dir, opts, nil), v, reqs, want)
+}
+
 // TestEmulatedDPAttentionGraphs is TestEmulatedDPAttentionMatchesSingleEngine with the dp
 // ranks' decode steps replaying CUDA graphs (the gather exchange's all-gathers and
 // reduce-scatter captured with them, the KDA and MLA layers' decode as one GPU's graphs
