@@ -40,6 +40,13 @@ type DPMoE struct {
 	xAll, idsAll, wAll, outAll, shareAll cudart.DevicePtr
 	sendIdx, xs, idsS, wS, back          cudart.DevicePtr
 	combIDs, combSlots, combW            cudart.DevicePtr
+	// Real is a device int32 (NewDPMoE's): this rank's real rows of the step, which the
+	// model uploads before each step. With MaskReal (a CUDA graph step, whose row count the
+	// graph fixes: every row of x is the graph's, the ones past Real padding) the gather
+	// routes the rows from Real on to no expert on the device (MoEMaskRows), so that the
+	// padding takes no expert's room or compute, whatever it computed before.
+	Real     cudart.DevicePtr
+	MaskReal bool
 	// With the all-to-all dispatch: the dp group's host communicator, which the send
 	// counts are exchanged on, and every rank's experts.
 	allToAll bool
@@ -68,7 +75,7 @@ func NewDPMoE(d DPMoE, allToAll bool, host dist.Communicator, alloc func(bytes i
 		dst   *cudart.DevicePtr
 		bytes int
 	}
-	bufs := []buf{{&d.xAll, 4 * all * h}, {&d.idsAll, 4 * all * k}, {&d.wAll, 4 * all * k}, {&d.outAll, 4 * all * h}, {&d.shareAll, 4 * all * h}}
+	bufs := []buf{{&d.xAll, 4 * all * h}, {&d.idsAll, 4 * all * k}, {&d.wAll, 4 * all * k}, {&d.outAll, 4 * all * h}, {&d.shareAll, 4 * all * h}, {&d.Real, 4}}
 	if allToAll {
 		// A row goes to each rank at most once: all rows sent at most.
 		bufs = append(bufs, buf{&d.sendIdx, 4 * all}, buf{&d.xs, 4 * all * h}, buf{&d.idsS, 4 * all * k}, buf{&d.wS, 4 * all * k},
@@ -125,6 +132,11 @@ func (d *DPMoE) gather(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, f DPMo
 			if err := c.MemsetAsync(z.p+cudart.DevicePtr(4*n*z.cols), z.v, int64(4*pad*z.cols), s); err != nil {
 				return fmt.Errorf("gpu moe: dp: pad the rows: %w", err)
 			}
+		}
+	}
+	if d.MaskReal {
+		if err := kk.MoEMaskRows(c, s, d.IDs, d.Weights, d.Real, rows, k); err != nil {
+			return fmt.Errorf("gpu moe: dp: mask the graph's padding rows: %w", err)
 		}
 	}
 	gathers := []struct {

@@ -458,6 +458,7 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 		}
 	}
 	bucket := g.decodeBucket(seqs, tokens, rows)
+	nReal := n // the step's own rows, before any padding
 	if dpGraph && bucket == 0 {
 		// The other dp ranks run the step as a graph (their collectives in it): this rank
 		// runs the graph of padding rows alone so that they do not wait for good, and fails.
@@ -506,6 +507,9 @@ func (g *gpuModel) run(c *cudart.Ctx, seqs []*gpuSeq, tokens [][]int32, rows []i
 	ups := []stepUpload{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, rowSeq}, {w.seqStart, seqStart}, {w.len0, len0},
 		{w.state, state}, {w.winRow0, winRow0}, {w.rowIdx, rows}}
 	ups = append(ups, g.entryRows(state)...)
+	if dpGraph {
+		ups = append(ups, stepUpload{g.moeW.dp.Real, []int32{int32(nReal)}}) // the rows the MoE layers keep (DPMoE.MaskReal)
+	}
 	if err := uploadAll(c, ups); err != nil {
 		return 0, err
 	}

@@ -69,7 +69,10 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	d := gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host,
 		Graph: func(rows int) (bool, bool) { return r.g.dpGraphable(p, rows) }}
 	return gpurunner.DPStep(d, p, logits, func() error { return r.checkPlan(p, logits) },
-		func(rows int, graph gpurunner.DPGraph) { par.dpRows, par.dpGraph = rows, graph },
+		func(rows int, graph gpurunner.DPGraph) {
+			par.dpRows, par.dpGraph = rows, graph
+			r.g.moeW.dp.MaskReal = graph != gpurunner.DPEager // a graph's padding rows masked on the device
+		},
 		func() error { return r.forward(p, logits) }, func() error {
 			if par.dpGraph != gpurunner.DPEager {
 				return r.dev.Do(r.g.idleGraph)

@@ -191,6 +191,12 @@ func (g *gpuModel) forwardGraph(c *cudart.Ctx, bucket int, seqs []*gpuSeq, token
 			return nil, u
 		}
 	}
+	if p := g.par; p != nil && p.dp {
+		// The rows the MoE layers keep (DPMoE.MaskReal): the padding is routed nowhere.
+		if err := cudart.Upload(c, w.dp.Real, []int32{int32(n)}); err != nil {
+			return nil, err
+		}
+	}
 	if bucket > n {
 		// The padding rows share the spare state: cleared each step, so that what they
 		// compute is finite (a fresh allocation's bytes may read NaN, and a padding row's

@@ -111,6 +111,7 @@ const (
 	kMoEGather
 	kSwiGLUClamped
 	kMoECombine
+	kMoEMaskRows
 	kFP8QuantF32
 	kFP8QuantBF16
 	kFP8GemmF32
@@ -144,6 +145,7 @@ var kernelNames = [numKernels]struct{ file, entry string }{
 	kMoEGather:        {"moe_masked.cu", "resin_moe_gather_f32"},
 	kSwiGLUClamped:    {"moe_masked.cu", "resin_swiglu_clamped_f32"},
 	kMoECombine:       {"moe_masked.cu", "resin_moe_combine_f32"},
+	kMoEMaskRows:      {"moe_masked.cu", "resin_moe_mask_rows"},
 	kFP8QuantF32:      {"quant_linear.cu", "resin_fp8_quant_f32"},
 	kFP8QuantBF16:     {"quant_linear.cu", "resin_fp8_quant_bf16"},
 	kFP8GemmF32:       {"quant_linear.cu", "resin_fp8_block_gemm_f32"},

@@ -19,7 +19,7 @@ var wantKernels = map[string][]string{
 	"flash_attention.cu": {"resin_prefill_attention_bf16", "resin_decode_attention_bf16", "resin_decode_reduce_bf16"},
 	"mhc.cu":             {"resin_mhc_pre_f32", "resin_mhc_post_f32"},
 	"moe_masked.cu": {"resin_moe_route_f32", "resin_moe_masked_layout", "resin_moe_gather_f32",
-		"resin_swiglu_clamped_f32", "resin_moe_combine_f32"},
+		"resin_swiglu_clamped_f32", "resin_moe_combine_f32", "resin_moe_mask_rows"},
 	"moe_topk.cu":        {"resin_moe_topk"},
 	"paged_attention.cu": {"resin_paged_attention"},
 	"quant_linear.cu": {"resin_fp8_quant_f32", "resin_fp8_quant_bf16", "resin_fp8_block_gemm_f32", "resin_fp8_block_gemm_bf16",

@@ -496,3 +496,37 @@ func TestEmuMoERouteNaNRows(t *testing.T) {
 		finite(name, got, refIDs)
 	}
 }
+
+// TestEmuMoEMaskRows: MoEMaskRows routes the rows from the device's real-row count on to
+// no expert (ids −1, weights 0) and leaves the rows before it alone; a count of 0 masks
+// every row, one of all the rows none.
+func TestEmuMoEMaskRows(t *testing.T) {
+	emuKernels(t)
+	const rows, k = 5, 3
+	for _, real := range []int32{0, 2, rows} {
+		ids, w := make([]int32, rows*k), make([]float32, rows*k)
+		for i := range ids {
+			ids[i], w[i] = int32(i%7), float32(i)+0.5
+		}
+		m := &emuMem{t: t}
+		di, dw := m.i32(ids), m.f32(w)
+		var spec launchSpec
+		if err := packMaskRows(&spec, di, dw, m.i32([]int32{real}), rows, k); err != nil {
+			t.Fatal(err)
+		}
+		emuRun(t, fmt.Sprintf("mask from row %d", real), m, fromSpec(&spec))
+		gotI, gotW := m.getI32(di, rows*k), m.getF32(dw, rows*k)
+		for i := range ids {
+			wantI, wantW := ids[i], w[i]
+			if int32(i/k) >= real {
+				wantI, wantW = -1, 0
+			}
+			if gotI[i] != wantI || gotW[i] != wantW {
+				t.Errorf("real %d, pair %d: id %d weight %g, want %d %g", real, i, gotI[i], gotW[i], wantI, wantW)
+			}
+		}
+	}
+	if err := packMaskRows(&launchSpec{}, 1, 2, 0, rows, k); err == nil {
+		t.Error("no real-row count: no error")
+	}
+}

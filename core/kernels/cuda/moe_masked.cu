@@ -164,6 +164,23 @@ RESIN_KERNEL void resin_moe_gather_f32(float* __restrict__ xe, const float* __re
   }
 }
 
+// resin_moe_mask_rows routes rows [real[0], rows) of a step to no expert: their ids -1
+// and weights 0, so that the masked layout drops them. A CUDA graph fixes a step's row
+// count; its padding rows (the rows past this step's real ones, whose count is uploaded
+// to real before each replay) then take no expert's room or compute.
+// Grid: elementwise over rows·k.
+RESIN_KERNEL void resin_moe_mask_rows(int* __restrict__ ids, float* __restrict__ weights,
+                                      const int* __restrict__ real, int rows, int k) {
+  long long total = (long long)rows * k;
+  int n = real[0];
+  for (long long t = resin_global_tid(); t < total; t += (long long)RESIN_NTID_X * RESIN_NCTAID_X) {
+    if (t / k >= n) {
+      ids[t] = -1;
+      weights[t] = 0.0f;
+    }
+  }
+}
+
 RESIN_KERNEL void resin_swiglu_clamped_f32(float* __restrict__ out,
                                            const float* __restrict__ gate_up, int rows, int dim,
                                            float limit) {

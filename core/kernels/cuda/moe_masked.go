@@ -156,6 +156,32 @@ func (k *Kernels) MoECombine(c *cudart.Ctx, s *cudart.Stream, m MaskedMoE, out, 
 	return k.launch(c, s, spec)
 }
 
+// packMaskRows packs MoEMaskRows' launch.
+func packMaskRows(spec *launchSpec, ids, weights, real cudart.DevicePtr, rows, k int) error {
+	if err := positive("MoEMaskRows", rows, k, rows*k); err != nil {
+		return err
+	}
+	if ids == 0 || weights == 0 || real == 0 {
+		return fmt.Errorf("cuda.MoEMaskRows: ids, weights and the real-row count must be device buffers")
+	}
+	spec.kernel = kMoEMaskRows
+	spec.grid, spec.block = elementwise(rows * k)
+	spec.shared = 0
+	spec.args.reset().ptr(ids).ptr(weights).ptr(real).i32(rows).i32(k)
+	return nil
+}
+
+// MoEMaskRows launches the masking of rows [*real, rows) of routes ids and weights
+// ([rows, k] int32 and float32): their ids −1 and weights 0, routed to no expert. real is
+// a device int32, the step's real rows, which a CUDA graph reads at replay.
+func (k *Kernels) MoEMaskRows(c *cudart.Ctx, s *cudart.Stream, ids, weights, real cudart.DevicePtr, rows, topK int) error {
+	spec := &k.specs[kMoEMaskRows]
+	if err := packMaskRows(spec, ids, weights, real, rows, topK); err != nil {
+		return err
+	}
+	return k.launch(c, s, spec)
+}
+
 func packSwiGLUClamped(spec *launchSpec, out, gateUp cudart.DevicePtr, rows, dim int, limit float32) error {
 	if err := positive("SwiGLUClamped", rows, dim, rows*dim); err != nil {
 		return err
