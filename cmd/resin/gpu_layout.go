@@ -16,16 +16,16 @@ import (
 // by --tp and --ep (`--device cuda --ep N`, `--tp N`, `--tp N --ep N`; deepseek-v4-flash
 // drafts without --tp only, the model refusing the rest by name), by name:
 // tp and ep ranks (1: not split that way), drafts MTP drafts a step (0: none).
-var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error){
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error) {
+var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int) (engine.Runner, *kvslab.Pool, error){
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, _, drafts int) (engine.Runner, *kvslab.Pool, error) {
 		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep}, drafts)
 		if err != nil {
 			return nil, nil, err
 		}
 		return g, pool, nil
 	},
-	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int) (engine.Runner, *kvslab.Pool, error) {
-		g, pool, err := deepseekv4flash.OpenGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep}, drafts)
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := deepseekv4flash.OpenGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch)}, drafts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -45,6 +45,11 @@ var gpuCPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 	},
 }
 
+// gpuA2ALayouts are the models of gpuLayoutOpeners whose GPU layout dispatches by
+// all-to-all too (--ep N --ep-dispatch all-to-all, expert parallelism alone, in-process
+// ranks: each rank sends its share of the step's rows to its experts' ranks).
+var gpuA2ALayouts = map[string]bool{deepseekv4flash.Name: true}
+
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
 // (with the gather dispatch; the model checks the sizes), in-process ranks, or for a model
@@ -60,7 +65,7 @@ func (f *runtimeFlags) gpuParallel() bool {
 	case t.procs:
 		return f.model == "llama" && t.ep == 1
 	case gpuLayoutOpeners[f.model] != nil:
-		return t.dispatch == "gather"
+		return t.dispatch == "gather" || t.dispatch == "all-to-all" && gpuA2ALayouts[f.model] && t.size <= 1
 	}
 	return f.model == "llama" && t.ep == 1
 }
@@ -85,6 +90,10 @@ func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.P
 		if f.cp.size > 1 {
 			return gpuCPOpeners[name](dir, cacheBytes, opts, f.cp.size)
 		}
-		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, f.specTokens)
+		d, err := dispatchOf(f.tp.dispatch)
+		if err != nil {
+			return nil, nil, err
+		}
+		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, d, f.specTokens)
 	}, dir, f.cacheBytes)
 }

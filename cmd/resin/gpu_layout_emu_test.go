@@ -55,9 +55,10 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 // TestGenerateV4ParallelOnTheEmulatedDevice: generate --model deepseek-v4-flash --device
 // cuda-emu --ep 3 runs its GPU runner over three emulated GPUs (the package config's 8
 // routed experts split 3 + 3 + 2, the MoE all-reduces on the emulated NCCL), --ep 2 with 2
-// MTP drafts a step, --tp 2 (heads, columns and vocabulary split) and --tp 2 --ep 2, and
-// their greedy tokens equal the CPU runner's; --tp 2 with drafts is refused on the device
-// by name (before this, any --tp or --ep with --device cuda was, for deepseek-v4-flash).
+// MTP drafts a step, --tp 2 (heads, columns and vocabulary split), --tp 2 --ep 2, and
+// --ep 3 and --ep 2 with drafts by the all-to-all dispatch (each rank sending its share of
+// the rows), and their greedy tokens equal the CPU runner's; the all-to-all dispatch with
+// --tp or worker processes is refused by name.
 func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -69,7 +70,7 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 		t.Fatalf("on the CPU: %v\n%s", err, errOut)
 	}
 	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "2", "--num-speculative-tokens", "2"}, {"--tp", "2"}, {"--tp", "2", "--ep", "2"},
-		{"--tp", "2", "--num-speculative-tokens", "2"}} {
+		{"--tp", "2", "--num-speculative-tokens", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--num-speculative-tokens", "2"}} {
 		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
 		if err != nil {
 			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)
@@ -79,6 +80,12 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 		}
 		if n := os.Getenv("RESIN_EMU_DEVICES"); n != "3" {
 			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3: the GPU layout ran)", strings.Join(extra, " "), n)
+		}
+	}
+	// The all-to-all dispatch runs expert parallelism alone, in ranks of this process.
+	for _, extra := range [][]string{{"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--tp-procs"}} {
+		if _, _, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...); err == nil || !strings.Contains(err.Error(), "use --ep-dispatch gather") {
+			t.Errorf("--device cuda-emu %s: %v, want a refusal naming --ep-dispatch gather", strings.Join(extra, " "), err)
 		}
 	}
 }

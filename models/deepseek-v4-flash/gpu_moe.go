@@ -168,6 +168,9 @@ type moeWork struct {
 	logits, weights, ids, counts, pairOf      cudart.DevicePtr
 	slotOf, xe, gu, act, ye, sgu, sact, share cudart.DevicePtr
 	dp                                        *gpurunner.DPMoE
+	// a2aOut: under expert parallelism with the all-to-all dispatch, the ranks' shares of
+	// the step's output rows, all-gathered (forwardA2A).
+	a2aOut cudart.DevicePtr
 }
 
 // newMoEWork allocates g's workspace for steps of up to maxTokens rows of each of ranks
@@ -194,13 +197,19 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens, ranks int) (*m
 		}
 		*s.dst = p
 	}
-	if p := g.par; p != nil && p.dp {
+	if p := g.par; p != nil && (p.dp || p.allToAll) {
 		var err error
 		w.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: e, TopK: k, Hidden: h, MaxRows: n,
 			IDs: w.ids, Weights: w.weights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf, YE: w.ye},
 			p.allToAll, p.host, func(bytes int) (cudart.DevicePtr, error) { return a.alloc(c, bytes) })
 		if err != nil {
 			return nil, err
+		}
+		if !p.dp { // the shares' outputs, all-gathered (forwardA2A)
+			share := (n + p.size - 1) / p.size
+			if w.a2aOut, err = a.alloc(c, 4*p.size*share*h); err != nil {
+				return nil, fmt.Errorf("gpu moe workspace: %w", err)
+			}
 		}
 	}
 	return w, nil
@@ -218,6 +227,9 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 	}
 	if g.par != nil && g.par.dp {
 		return g.forwardDP(c, s, kk, b, w, out, x, tokens, n)
+	}
+	if g.par != nil && g.par.allToAll {
+		return g.forwardA2A(c, s, kk, b, w, out, x, tokens, n)
 	}
 	e, k, h, mr := g.experts, g.k, g.h, n // every expert has room for all n rows
 	if err := g.route(c, s, kk, b, w, x, tokens, n); err != nil {
@@ -246,6 +258,34 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 		return err
 	}
 	return g.sumOverRanks(s, out, n)
+}
+
+// forwardA2A is forward under expert parallelism with the all-to-all dispatch: every
+// rank holds the step's n rows alike; rank r takes its share, rows [r·t, r·t+t) of t =
+// ⌈n/size⌉ (the last shares shorter, or empty), sends each of them to the ranks holding
+// its routed experts and sums what they return with its shared expert (gpurunner.DPMoE's
+// all-to-all, as a dp rank's own rows), and the shares' outputs are all-gathered in rank
+// order, t rows each, so that rows [0, n) of the gathered buffer are out's. It plans its
+// sends on the host each layer: its steps run eagerly.
+func (g *gpuMoE) forwardA2A(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
+	p, h := g.par, g.h
+	t := (n + p.size - 1) / p.size
+	lo := min(p.rank*t, n)
+	mine := min(lo+t, n) - lo
+	xs, ts := x+cudart.DevicePtr(4*lo*h), tokens+cudart.DevicePtr(4*lo)
+	f := gpurunner.DPMoEFuncs{
+		Route:   func(m int) error { return g.route(c, s, kk, b, w, xs, ts, m) },
+		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, s, kk, b, w, m, x) },
+		Shared:  func(dst cudart.DevicePtr, m int) error { return g.shared(c, s, kk, b, w, dst, xs, m) },
+	}
+	share := w.a2aOut + cudart.DevicePtr(4*p.rank*t*h)
+	if err := w.dp.Forward(c, s, kk, f, share, xs, mine, mine); err != nil {
+		return err
+	}
+	if err := p.comm.AllGather(share, w.a2aOut, t*h, cudart.F32, s); err != nil {
+		return fmt.Errorf("gpu moe: all-to-all: gather the shares' outputs: %w", err)
+	}
+	return c.CopyDtoDAsync(out, w.a2aOut, int64(4*n*h), s)
 }
 
 // route computes the routes of x's n rows (tokens [n] int32, for hash routing) into

@@ -48,21 +48,23 @@ type gpuPar struct {
 }
 
 // newGPUPar returns the parallel part of rank model m for the GPU (see NewGPULayout and,
-// under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. The
-// all-to-all dispatch runs under DP-attention alone (gpurunner.DPMoE): without it every
-// rank runs every token and the partials are summed.
+// under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. With the
+// gather dispatch every rank runs every token through its experts and the partials are
+// summed; with the all-to-all one (gpurunner.DPMoE) each dp rank sends its own rows, and
+// under expert parallelism alone (tp 1) each rank sends its share of the step's rows
+// (forwardA2A), the shares' outputs all-gathered.
 func newGPUPar(m *Model) (*gpuPar, error) {
 	p := &m.par
 	switch {
 	case p.comm == nil || (p.tp <= 1 && p.ep <= 1):
 		return nil, nil
-	case p.dispatch != DispatchGather && !p.dp:
-		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one runs under DP-attention alone (every rank runs every token here)")
+	case p.dispatch != DispatchGather && !p.dp && (p.tp > 1 || p.ep <= 1):
+		return nil, fmt.Errorf("gpu: the all-to-all dispatch (--ep-dispatch all-to-all) runs under expert parallelism alone or DP-attention on the GPU, not with tp=%d (the shared expert's columns are split there: --ep-dispatch gather)", p.tp)
 	case p.dp && p.tp > 1:
 		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", p.tp)
 	}
 	g := &gpuPar{rank: p.rank, tp: p.tp, lo: p.expLo, hi: p.expHi, dp: p.dp, size: p.ep}
-	if p.dp {
+	if p.dp || p.dispatch == DispatchAllToAll {
 		g.host, g.allToAll = p.comm, p.dispatch == DispatchAllToAll
 	}
 	g.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
@@ -322,7 +324,13 @@ func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicat
 		return nil, gpurunner.GroupRank{}, err
 	}
 	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
-		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error { r.g.par.comm = comm; return nil }}
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error {
+			r.g.par.comm = comm
+			if d := r.g.moeW.dp; d != nil { // the all-to-all dispatch's exchange
+				d.Comm = comm
+			}
+			return nil
+		}}
 	if drafts > 0 {
 		d := gpuDrafter{r}
 		gr.Draft, gr.MaxDrafts = d.Draft, drafts

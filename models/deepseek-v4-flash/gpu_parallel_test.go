@@ -66,8 +66,10 @@ func layoutForward(t *testing.T, m *Model, l Layout) (cpurunner.ForwardFunc, *kv
 			t.Error(err)
 		}
 	})
-	if err := g.UseGraphs(true, nil); err != nil {
-		t.Fatal(err)
+	if l.Dispatch != DispatchAllToAll { // its sends are planned on the host: eager
+		if err := g.UseGraphs(true, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return g.group.Forward, pool, g
 }
@@ -150,6 +152,44 @@ func TestEmulatedEPEqualsOne(t *testing.T) {
 				t.Errorf("ep=2: two runs' logits differ")
 			}
 		}
+	}
+}
+
+// TestEmulatedEPAllToAllEqualsOne: expert parallelism on the GPU by the all-to-all
+// dispatch (forwardA2A: each rank sends its share of the step's rows to its experts'
+// ranks, the shares' outputs all-gathered), EP=2 and EP=3 with an expert-less rank, over
+// a prompt of two sequences and decode steps of two rows (a share each, and an empty one
+// under EP=3), gives one GPU's greedy tokens and logits within gpuEPTol; graphs are
+// refused for it by name (its sends are planned on the host).
+func TestEmulatedEPAllToAllEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
+		return
+	}
+	const steps = 4
+	c := tinyConfig(t)
+	m, err := NewModel(c, RandomWeights(c, 7, false), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, p1, _ := epForward(t, m, 1)
+	wantLogits, wantToks := decode(t, f1, p1, steps)
+	for _, size := range []int{2, 3} {
+		f, p, g := layoutForward(t, m, Layout{EP: size, Dispatch: DispatchAllToAll})
+		logits, toks := decode(t, f, p, steps)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("ep=%d all-to-all: greedy tokens %v, one GPU %v", size, toks, wantToks)
+		}
+		closeLogits(t, fmt.Sprintf("ep=%d all-to-all", size), logits, wantLogits, c.VocabSize, gpuEPTol)
+		if err := g.UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "gather exchange only") {
+			t.Errorf("ep=%d all-to-all: graphs: %v, want them refused", size, err)
+		}
+	}
+	// With tensor parallelism the shared expert's columns are split: refused by name.
+	cache, devs := openRankDevices(t, 2)
+	l := Layout{TP: 2, EP: 2, Dispatch: DispatchAllToAll}
+	if _, _, err := NewGPULayout(m.Config, l, func(rank int) (*Weights, error) { return gpuRankWeights(m.Config, m.W, l, rank), nil },
+		devs, cache, 4, 32, 4, m.maxContext, 0, 8<<20); err == nil || !strings.Contains(err.Error(), "expert parallelism alone") {
+		t.Errorf("tp=2 ep=2 all-to-all: %v, want a refusal naming expert parallelism alone", err)
 	}
 }
 
