@@ -17,8 +17,8 @@ import (
 // drafts without --tp only, the model refusing the rest by name), by name:
 // tp and ep ranks (1: not split that way), drafts MTP drafts a step (0: none).
 var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int) (engine.Runner, *kvslab.Pool, error){
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, _, drafts int) (engine.Runner, *kvslab.Pool, error) {
-		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep}, drafts)
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch)}, drafts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -48,7 +48,7 @@ var gpuCPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 // gpuA2ALayouts are the models of gpuLayoutOpeners whose GPU layout dispatches by
 // all-to-all too (--ep N --ep-dispatch all-to-all, expert parallelism alone, in-process
 // ranks: each rank sends its share of the step's rows to its experts' ranks).
-var gpuA2ALayouts = map[string]bool{deepseekv4flash.Name: true}
+var gpuA2ALayouts = map[string]bool{deepseekv4flash.Name: true, glm5flash.Name: true}
 
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both

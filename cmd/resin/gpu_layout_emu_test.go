@@ -22,8 +22,9 @@ import (
 // runs its GPU runner over three emulated GPUs (the package config's 8 routed experts split
 // 3 + 3 + 2, the all-reduces on the emulated NCCL), and its greedy tokens equal the CPU
 // runner's, with 2 MTP drafts a step too, and so do --tp 2 and --tp 2 --ep 2 with drafts
-// (the heads and columns split); --ep with all-to-all dispatch is refused on the device
-// (before this, any --ep with --device cuda was, and --tp for every model but llama).
+// (the heads and columns split), and --ep 3 and --ep 2 with drafts by the all-to-all
+// dispatch (each rank sending its share of the rows); the all-to-all dispatch with --tp is
+// refused on the device.
 func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -35,7 +36,8 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 		t.Fatalf("on the CPU: %v\n%s", err, errOut)
 	}
 	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "3", "--num-speculative-tokens", "2"},
-		{"--tp", "2", "--num-speculative-tokens", "2"}, {"--tp", "2", "--ep", "2", "--num-speculative-tokens", "2"}} {
+		{"--tp", "2", "--num-speculative-tokens", "2"}, {"--tp", "2", "--ep", "2", "--num-speculative-tokens", "2"},
+		{"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--num-speculative-tokens", "2"}} {
 		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
 		if err != nil {
 			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)
@@ -47,8 +49,8 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3)", strings.Join(extra, " "), n)
 		}
 	}
-	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--ep", "2", "--ep-dispatch", "all-to-all")...); err == nil || !strings.Contains(err.Error(), "--ep-dispatch gather") {
-		t.Errorf("--ep 2 --ep-dispatch all-to-all on the device: %v, want a refusal naming --ep-dispatch gather", err)
+	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all")...); err == nil || !strings.Contains(err.Error(), "--ep-dispatch gather") {
+		t.Errorf("--tp 2 --ep 2 --ep-dispatch all-to-all on the device: %v, want a refusal naming --ep-dispatch gather", err)
 	}
 }
 

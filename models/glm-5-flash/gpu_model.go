@@ -136,7 +136,10 @@ type gpuWork struct {
 	xe, egu, eact, ye, share                            cudart.DevicePtr // the experts' blocks of maxTokens rows
 	// Under DP-attention (gpu_dp.go) the masked layout's buffers above hold every dp
 	// rank's rows (ranks·maxTokens), exchanged by dp (which holds the exchange's own).
-	dp        *gpurunner.DPMoE
+	dp *gpurunner.DPMoE
+	// a2aOut: under expert parallelism with the all-to-all dispatch, the ranks' shares of
+	// a MoE layer's output rows, all-gathered (moeA2A).
+	a2aOut    cudart.DevicePtr
 	y, logits cudart.DevicePtr // the head's, maxRows rows
 	hidden    cudart.DevicePtr // every row's final hidden state [rows, D]
 	maxSel    int
@@ -351,12 +354,17 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 			return nil, fmt.Errorf("gpu: workspace: %w", err)
 		}
 	}
-	if p := g.par; p != nil && p.dp {
+	if p := g.par; p != nil && (p.dp || p.allToAll) {
 		x.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: E, TopK: K, Hidden: D, MaxRows: n,
 			IDs: x.rids, Weights: x.rweights, Counts: x.counts, PairOf: x.pairOf, SlotOf: x.slotOf, YE: x.ye},
 			p.allToAll, p.host, func(bytes int) (cudart.DevicePtr, error) { return g.alloc(c, (bytes+3)/4) })
 		if err != nil {
 			return nil, err
+		}
+		if !p.dp { // the shares' outputs, all-gathered (moeA2A)
+			if x.a2aOut, err = g.alloc(c, p.size*((n+p.size-1)/p.size)*D); err != nil {
+				return nil, fmt.Errorf("gpu: workspace: %w", err)
+			}
 		}
 	}
 	if p := g.par; p != nil && p.tp > 1 {
@@ -694,6 +702,33 @@ func (g *gpuModel) layerWith(c *cudart.Ctx, li, n int, attn func() error) error 
 	return g.expand(c, w.ffn, n)
 }
 
+// moeA2A is moe under expert parallelism with the all-to-all dispatch, as
+// deepseek-v4-flash's forwardA2A: rank r takes its share of the step's n rows, rows
+// [r·t, r·t+t) of t = ⌈n/size⌉, sends each to the ranks holding its routed experts and
+// sums what they return with its shared expert (gpurunner.DPMoE's all-to-all), and the
+// shares' outputs are all-gathered in rank order, t rows each, rows [0, n) of them out's.
+// It plans its sends on the host each layer: its steps run eagerly.
+func (g *gpuModel) moeA2A(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
+	p, D := g.par, g.m.Config.HiddenSize
+	t := (n + p.size - 1) / p.size
+	lo := min(p.rank*t, n)
+	mine := min(lo+t, n) - lo
+	xs := off(x, lo*D)
+	f := gpurunner.DPMoEFuncs{
+		Route:   func(m int) error { return g.route(c, e, xs, m) },
+		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, e, m, x) },
+		Shared:  func(dst cudart.DevicePtr, m int) error { return g.mlp(c, &e.shared, dst, xs, m) },
+	}
+	share := off(g.w.a2aOut, p.rank*t*D)
+	if err := g.w.dp.Forward(c, g.s, g.kk, f, share, xs, mine, mine); err != nil {
+		return err
+	}
+	if err := p.comm.AllGather(share, g.w.a2aOut, t*D, cudart.F32, g.s); err != nil {
+		return fmt.Errorf("gpu moe: all-to-all: gather the shares' outputs: %w", err)
+	}
+	return c.CopyDtoDAsync(out, g.w.a2aOut, int64(4*n*D), g.s)
+}
+
 // mlp computes out [n, D] = the clamped SwiGLU MLP p of x [n, D].
 func (g *gpuModel) mlp(c *cudart.Ctx, p *gpuMLP, out, x cudart.DevicePtr, n int) error {
 	cfg, w := g.m.Config, &g.w
@@ -716,6 +751,9 @@ func (g *gpuModel) mlp(c *cudart.Ctx, p *gpuMLP, out, x cudart.DevicePtr, n int)
 func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
 	if g.par != nil && g.par.dp {
 		return g.moeDP(c, e, out, x, n) // gpu_dp.go
+	}
+	if g.par != nil && g.par.allToAll {
+		return g.moeA2A(c, e, out, x, n)
 	}
 	cfg, w := g.m.Config, &g.w
 	E, K, D := cfg.NRoutedExperts, cfg.NumExpertsPerTok, cfg.HiddenSize

@@ -133,7 +133,7 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 	if opts.Log != nil {
 		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), g.Describe())
 	}
-	if !opts.Eager {
+	if !opts.Eager && l.Dispatch != DispatchAllToAll { // the all-to-all one plans its sends on the host: eager
 		if err := g.UseGraphs(true, opts.Log); err != nil {
 			g.Close()
 			return nil, nil, err
@@ -214,7 +214,7 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		}
 		return nil, engine.RunnerInfo{}, err
 	}
-	if !opts.Eager {
+	if !opts.Eager && l.Dispatch != DispatchAllToAll { // the all-to-all one plans its sends on the host: eager
 		if err := r.UseGraphs(true, opts.Log); err != nil {
 			g.Close()
 			return fail(err)

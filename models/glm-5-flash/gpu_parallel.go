@@ -47,21 +47,22 @@ type gpuPar struct {
 }
 
 // newGPUPar returns the parallel part of a rank model for the GPU (see NewGPULayout and,
-// under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. The
-// all-to-all dispatch runs under DP-attention alone (gpurunner.DPMoE): without it every
-// rank runs every token and the partials are summed.
+// under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. With the
+// gather dispatch every rank runs every token through its experts and the partials are
+// summed; with the all-to-all one (gpurunner.DPMoE) each dp rank sends its own rows, and
+// under expert parallelism alone (tp 1) each rank its share of the step's rows (moeA2A).
 func newGPUPar(m *TextModel) (*gpuPar, error) {
 	switch {
 	case m.par.comm == nil || (m.par.tp <= 1 && m.par.ep <= 1):
 		return nil, nil
-	case m.par.dispatch != DispatchGather && !m.par.dp:
-		return nil, fmt.Errorf("gpu: parallel layouts on the GPU run the gather dispatch (DispatchGather, --ep-dispatch gather) only; the all-to-all one runs under DP-attention alone (every rank runs every token here)")
+	case m.par.dispatch != DispatchGather && !m.par.dp && (m.par.tp > 1 || m.par.ep <= 1):
+		return nil, fmt.Errorf("gpu: the all-to-all dispatch (--ep-dispatch all-to-all) runs under expert parallelism alone or DP-attention on the GPU, not with tp=%d (the shared expert's columns are split there: --ep-dispatch gather)", m.par.tp)
 	case m.par.dp && m.par.tp > 1:
 		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", m.par.tp)
 	}
 	lo, hi := m.experts()
 	p := &gpuPar{rank: m.par.rank, tp: m.par.tp, lo: lo, hi: hi, dp: m.par.dp, size: m.par.ep}
-	if m.par.dp {
+	if m.par.dp || m.par.dispatch == DispatchAllToAll {
 		p.host, p.allToAll = m.par.comm, m.par.dispatch == DispatchAllToAll
 	}
 	p.vocab = gpurunner.NewVocabShard(m.Config.VocabSize, p.rank, p.tp)
@@ -304,7 +305,13 @@ func openGPURank(c *TextConfig, l Layout, rank int, w *TextWeights, data dist.Co
 		return nil, gpurunner.GroupRank{}, err
 	}
 	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: c.VocabSize},
-		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error { r.g.par.comm = comm; return nil }}
+		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error {
+			r.g.par.comm = comm
+			if d := r.g.w.dp; d != nil { // the all-to-all dispatch's exchange
+				d.Comm = comm
+			}
+			return nil
+		}}
 	if r.drafts > 0 {
 		gr.Draft, gr.MaxDrafts = r.mtpDraft, r.drafts
 	}

@@ -83,8 +83,10 @@ func layoutForward(t *testing.T, m *TextModel, l Layout, ordinals []int) (cpurun
 			t.Error(err)
 		}
 	})
-	if err := g.UseGraphs(true, nil); err != nil {
-		t.Fatal(err)
+	if l.Dispatch != DispatchAllToAll { // its sends are planned on the host: eager
+		if err := g.UseGraphs(true, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return g.group.Forward, pool, g
 }
@@ -174,6 +176,39 @@ func relDiff(a, b []float32) float64 {
 		m = max(m, math.Abs(float64(b[i])))
 	}
 	return d / m
+}
+
+// TestEmulatedEPAllToAllEqualsOne: expert parallelism on the GPU by the all-to-all
+// dispatch (moeA2A: each rank sends its share of the step's rows to its experts' ranks,
+// the shares' outputs all-gathered), EP=2 and EP=3 with an expert-less rank, the routing
+// ungrouped so that a token's experts sit on two ranks, gives one GPU's greedy tokens and
+// logits within gpuEPTol; graphs are refused for it by name.
+func TestEmulatedEPAllToAllEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
+		return
+	}
+	const steps = 6
+	m := ungroupedTiny(t)
+	f1, p1, _ := epForward(t, m, 1)
+	wantLogits, wantToks := decode(t, f1, p1, steps)
+	for _, size := range []int{2, 3} {
+		f, p, g := layoutForward(t, m, Layout{EP: size, Dispatch: DispatchAllToAll}, nil)
+		logits, toks := decode(t, f, p, steps)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("ep=%d all-to-all: greedy tokens %v, one GPU %v", size, toks, wantToks)
+		}
+		worst := 0.0
+		for s := range logits {
+			d := relDiff(logits[s], wantLogits[s])
+			if worst = max(worst, d); !(d <= gpuEPTol) {
+				t.Errorf("ep=%d all-to-all, step %d: logits differ from one GPU's by %.3g of their largest (tolerance %g)", size, s, d, gpuEPTol)
+			}
+		}
+		t.Logf("ep=%d all-to-all: logits within %.3g of one GPU's", size, worst)
+		if err := g.UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "gather exchange only") {
+			t.Errorf("ep=%d all-to-all: graphs: %v, want them refused", size, err)
+		}
+	}
 }
 
 // TestEmulatedOpenGPULayout opens a tiny checkpoint directory (random weights) through

@@ -127,9 +127,9 @@ func NewGPURunner(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, s
 // on log (nil: dropped) and its shape runs eagerly. OpenGPU turns them on unless
 // opts.Eager.
 func (r *GPURunner) UseGraphs(on bool, log io.Writer) error {
-	if on && r.g.par != nil && r.g.par.dp && r.g.par.allToAll {
+	if on && r.g.par != nil && r.g.par.allToAll {
 		// The all-to-all exchange plans its sends on the host from each step's routes.
-		return fmt.Errorf("%s on the GPU: CUDA graphs under DP-attention run the gather exchange only (the all-to-all one plans each step's sends on the host; its steps run eagerly)", Name)
+		return fmt.Errorf("%s on the GPU: CUDA graphs run the gather exchange only (the all-to-all one plans each step's sends on the host; its steps run eagerly)", Name)
 	}
 	return r.dev.Do(func(c *cudart.Ctx) error { return r.g.useGraphs(c, on, log) })
 }
