@@ -47,7 +47,8 @@ var gpuCPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 
 // gpuA2ALayouts are the models of gpuLayoutOpeners whose GPU layout dispatches by
 // all-to-all too (--ep N --ep-dispatch all-to-all, expert parallelism alone, in-process
-// ranks: each rank sends its share of the step's rows to its experts' ranks).
+// ranks, worker processes or nodes: each rank sends its share of the step's rows to its
+// experts' ranks).
 var gpuA2ALayouts = map[string]bool{deepseekv4flash.Name: true, glm5flash.Name: true}
 
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
@@ -59,7 +60,7 @@ func (f *runtimeFlags) gpuParallel() bool {
 	t := &f.tp
 	switch {
 	case (t.procs || t.initAddr != "") && gpuLayoutJoiners[f.model] != nil: // worker processes or nodes
-		return t.dispatch == "gather" && !(t.procs && t.initAddr != "")
+		return (t.dispatch == "gather" || t.dispatch == "all-to-all" && gpuA2ALayouts[f.model] && t.size <= 1) && !(t.procs && t.initAddr != "")
 	case t.initAddr != "": // nodes: llama's GPU TP only
 		return f.model == "llama" && t.ep == 1
 	case t.procs:

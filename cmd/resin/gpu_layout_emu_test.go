@@ -60,7 +60,7 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 // MTP drafts a step, --tp 2 (heads, columns and vocabulary split), --tp 2 --ep 2, and
 // --ep 3 and --ep 2 with drafts by the all-to-all dispatch (each rank sending its share of
 // the rows), and their greedy tokens equal the CPU runner's; the all-to-all dispatch with
-// --tp or worker processes is refused by name.
+// --tp is refused by name.
 func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -85,7 +85,7 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 		}
 	}
 	// The all-to-all dispatch runs expert parallelism alone, in ranks of this process.
-	for _, extra := range [][]string{{"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--tp-procs"}} {
+	for _, extra := range [][]string{{"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}, {"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all", "--tp-procs"}} {
 		if _, _, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...); err == nil || !strings.Contains(err.Error(), "use --ep-dispatch gather") {
 			t.Errorf("--device cuda-emu %s: %v, want a refusal naming --ep-dispatch gather", strings.Join(extra, " "), err)
 		}
@@ -129,6 +129,8 @@ func TestGenerateLayoutProcsOnTheEmulatedDevice(t *testing.T) {
 		{"deepseek-v4-flash", []string{"--ep", "2", "--num-speculative-tokens", "2"}},
 		{"glm-5-flash", []string{"--ep", "2"}},
 		{"glm-5-flash", []string{"--tp", "2", "--num-speculative-tokens", "2"}},
+		{"deepseek-v4-flash", []string{"--ep", "2", "--ep-dispatch", "all-to-all"}}, // the rows' sends across the processes
+		{"glm-5-flash", []string{"--ep", "2", "--ep-dispatch", "all-to-all"}},
 	} {
 		what := c.model + " " + strings.Join(c.layout, " ")
 		wantToks, want := run(c.model, c.layout...)

@@ -20,12 +20,12 @@ import (
 // gpuLayoutJoiners are the models of gpuLayoutOpeners whose GPU layout also runs as a
 // worker process per rank (--tp-procs): rank ctl.Rank() of tp × ep ranks joining the
 // others over ctl (the NCCL id, the plans) and data (the model's CPU part).
-var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
-	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
-		return deepseekv4flash.JoinGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep}, drafts, ctl, data)
+var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return deepseekv4flash.JoinGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch)}, drafts, ctl, data)
 	},
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
-		return glm5flash.JoinGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep}, drafts, ctl, data)
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return glm5flash.JoinGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch)}, drafts, ctl, data)
 	},
 }
 
@@ -41,8 +41,9 @@ var gpuCPJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 type gpuJoin func(dir string, cacheBytes int64, opts gpurunner.Options, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error)
 
 // layoutJoin is model's gpuJoin: with cp above 1 its prefill CP's (gpuCPJoiners), else its
-// tp × ep layout's drafting drafts a step (gpuLayoutJoiners); nil when the model has none.
-func layoutJoin(model string, tp, ep, cp, drafts int) gpuJoin {
+// tp × ep layout's by dispatch, drafting drafts a step (gpuLayoutJoiners); nil when the
+// model has none.
+func layoutJoin(model string, tp, ep, dispatch, cp, drafts int) gpuJoin {
 	if cp > 1 {
 		join := gpuCPJoiners[model]
 		if join == nil {
@@ -57,7 +58,7 @@ func layoutJoin(model string, tp, ep, cp, drafts int) gpuJoin {
 		return nil
 	}
 	return func(dir string, cacheBytes int64, opts gpurunner.Options, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
-		return join(dir, cacheBytes, opts, tp, ep, drafts, ctl, data)
+		return join(dir, cacheBytes, opts, tp, ep, dispatch, drafts, ctl, data)
 	}
 }
 
@@ -74,7 +75,11 @@ func (f *runtimeFlags) layoutWhat() string {
 // GPU's NUMA node, meeting rank 0 (this process, the engine's) in shared memory; the
 // step of a dead worker fails naming its rank, pid and signal.
 func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
-	join := layoutJoin(name, f.tp.size, f.tp.ep, f.cp.size, f.specTokens)
+	d, err := dispatchOf(f.tp.dispatch)
+	if err != nil {
+		return nil, nil, err
+	}
+	join := layoutJoin(name, f.tp.size, f.tp.ep, d, f.cp.size, f.specTokens)
 	size := f.tp.ranks()
 	what := f.layoutWhat() + " --tp-procs"
 	if f.cp.size > 1 {
@@ -91,7 +96,7 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 	if err != nil {
 		return nil, nil, err
 	}
-	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir, Model: name, TP: f.tp.size, EP: f.tp.ep, CP: f.cp.size, Drafts: f.specTokens}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir, Model: name, TP: f.tp.size, EP: f.tp.ep, Dispatch: d, CP: f.cp.size, Drafts: f.specTokens}
 	w, err := launchGPUWorkers(exe, spec, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
@@ -130,7 +135,7 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 // stops.
 func runGPULayoutWorker(spec tpWorkerSpec) error {
 	gs := spec.GPU
-	join := layoutJoin(spec.Model, spec.TP, spec.EP, spec.CP, spec.Drafts)
+	join := layoutJoin(spec.Model, spec.TP, spec.EP, spec.Dispatch, spec.CP, spec.Drafts)
 	if join == nil {
 		return fmt.Errorf("rank %d: model %q has no GPU layout (cp %d) in worker processes", spec.Rank, spec.Model, spec.CP)
 	}
@@ -160,7 +165,11 @@ func runGPULayoutWorker(spec tpWorkerSpec) error {
 // the NCCL id there (gpurunner.JoinGroup). Node 0's first rank serves the engine; the
 // other nodes follow until it stops them (errWorkerDone).
 func (f *runtimeFlags) openLayoutGPUNodes(name, dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
-	join, t := layoutJoin(name, f.tp.size, f.tp.ep, f.cp.size, f.specTokens), &f.tp
+	d, err := dispatchOf(f.tp.dispatch)
+	if err != nil {
+		return nil, nil, err
+	}
+	join, t := layoutJoin(name, f.tp.size, f.tp.ep, d, f.cp.size, f.specTokens), &f.tp
 	size := t.ranks()
 	first, n := t.nodeRanks()
 	type rank struct {

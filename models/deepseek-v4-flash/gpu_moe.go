@@ -199,7 +199,11 @@ func newMoEWork(a *gpuArena, c *cudart.Ctx, g *gpuMoE, maxTokens, ranks int) (*m
 	}
 	if p := g.par; p != nil && (p.dp || p.allToAll) {
 		var err error
-		w.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: e, TopK: k, Hidden: h, MaxRows: n,
+		rows := n // a dp rank's own rows
+		if !p.dp {
+			rows = (n + p.size - 1) / p.size // a rank's share of the step's (forwardA2A)
+		}
+		w.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: e, TopK: k, Hidden: h, MaxRows: rows,
 			IDs: w.ids, Weights: w.weights, Counts: w.counts, PairOf: w.pairOf, SlotOf: w.slotOf, YE: w.ye},
 			p.allToAll, p.host, func(bytes int) (cudart.DevicePtr, error) { return a.alloc(c, bytes) })
 		if err != nil {

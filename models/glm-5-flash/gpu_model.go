@@ -355,7 +355,11 @@ func newGPUModel(c *cudart.Ctx, dev *cudart.Device, m *TextModel, kk *cuda.Kerne
 		}
 	}
 	if p := g.par; p != nil && (p.dp || p.allToAll) {
-		x.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: E, TopK: K, Hidden: D, MaxRows: n,
+		rows := n // a dp rank's own rows
+		if !p.dp {
+			rows = (n + p.size - 1) / p.size // a rank's share of the step's (moeA2A)
+		}
+		x.dp, err = gpurunner.NewDPMoE(gpurunner.DPMoE{Rank: p.rank, Size: p.size, Experts: E, TopK: K, Hidden: D, MaxRows: rows,
 			IDs: x.rids, Weights: x.rweights, Counts: x.counts, PairOf: x.pairOf, SlotOf: x.slotOf, YE: x.ye},
 			p.allToAll, p.host, func(bytes int) (cudart.DevicePtr, error) { return g.alloc(c, (bytes+3)/4) })
 		if err != nil {
