@@ -3,6 +3,7 @@ package gpurunner
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -78,5 +79,44 @@ func TestPlanAllToAll(t *testing.T) {
 	}
 	if err := plans[0].ExchangeCounts(comms[1]); err == nil {
 		t.Error("rank 0's counts over rank 1's communicator")
+	}
+}
+
+// TestAgreeLayout: ranks of one layout agree; a rank of another (its flags differ) fails
+// every rank, each naming the rank that differs, instead of leaving them in mismatched
+// collectives.
+func TestAgreeLayout(t *testing.T) {
+	cs, err := dist.NewInProcess(3, dist.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(what func(r int) string) []error {
+		errs := make([]error, len(cs))
+		var wg sync.WaitGroup
+		for r, c := range cs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[r] = AgreeLayout(c, what(r))
+			}()
+		}
+		wg.Wait()
+		return errs
+	}
+	for r, err := range run(func(int) string { return "tp=1 ep=3 dispatch gather" }) {
+		if err != nil {
+			t.Errorf("rank %d, one layout: %v", r, err)
+		}
+	}
+	errs := run(func(r int) string {
+		if r == 2 {
+			return "tp=1 ep=3 dispatch all-to-all"
+		}
+		return "tp=1 ep=3 dispatch gather"
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "every rank must run the same layout") {
+			t.Errorf("rank %d, rank 2's layout differs: %v", r, err)
+		}
 	}
 }

@@ -161,6 +161,24 @@ func (g *ProcRank) Step(fn func() error) error { return g.dog.Step(fn) }
 // (launch.Workers), so that its step does not wait in a collective for the dead rank.
 func (g *ProcRank) Abort(why error) { g.dog.Abort(why) }
 
+// AgreeLayout has the ranks of a group of processes agree, over ctl, that each runs the
+// same layout (what: its description, every rank's alike when their flags are): a rank of
+// another layout would call other collectives and leave the others waiting in theirs for
+// good (NCCL's waits have no deadline), so every rank fails naming the first that
+// differs. Call it on every rank before JoinGroup.
+func AgreeLayout(ctl dist.Communicator, what string) error {
+	all, err := ctl.AllGatherV([]byte(what))
+	if err != nil {
+		return fmt.Errorf("agree on the layout: %w", err)
+	}
+	for r, m := range all {
+		if string(m) != what {
+			return fmt.Errorf("rank %d runs %s, rank %d %s: every rank must run the same layout", r, m, ctl.Rank(), what)
+		}
+	}
+	return nil
+}
+
 // reportOpened all-gathers each rank's outcome of opening its runner on ctl (mine: nil,
 // opened) and returns the first other rank's failure, naming it.
 func reportOpened(ctl dist.Communicator, mine error) error {

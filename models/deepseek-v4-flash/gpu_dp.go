@@ -111,6 +111,7 @@ func (r *GPURunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
 	return r.dev.Do(func(c *cudart.Ctx) error {
 		g := r.g
 		par.dpRows = min(2*par.dpRows, g.maxTokens)
+		g.moeW.dp.MaskReal = false // the draft steps run eagerly, their padding masked on the host
 		before := par.dpExchanges
 		var derr error
 		if p.NumSeqs() > 0 {

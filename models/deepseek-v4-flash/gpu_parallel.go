@@ -262,9 +262,11 @@ func (g *gpuMoE) sumOverRanks(s *cudart.Stream, out cudart.DevicePtr, n int) err
 // TP × EP (equal) splits the same ranks both ways: the routed experts whole by EP, the
 // attention, the vocabulary and the shared expert by TP.
 //
-// Not done yet: the all-to-all dispatch, a checkpoint's FP8 and MXFP4 tensors kept packed
-// (OpenGPULayout loads them dequantized to fp32), sampling on the device, ranks as
-// processes.
+// Under EP alone the all-to-all dispatch (Layout.Dispatch) sends each rank's share of the
+// step's rows to its experts' ranks instead (forwardA2A; eager steps).
+//
+// Not done yet: the all-to-all dispatch with TP, a checkpoint's FP8 and MXFP4 tensors kept
+// packed (OpenGPULayout loads them dequantized to fp32), sampling on the device.
 type GPUGroup struct {
 	*cpurunner.Runner
 	ranks []*GPURunner
@@ -272,7 +274,7 @@ type GPUGroup struct {
 }
 
 // NewGPULayout splits the model of config c over len(devs) ranks in layout l (EP, TP or
-// both equal; its Size len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes in
+// both equal; its Size len(devs); the gather dispatch, or under EP alone either), rank r a GPURunner (NewGPURunner's sizes in
 // float32; with drafts > 0 NewGPUMTPRunner's) on devs[r] with the weights
 // rankWeights returns for it (gpuRankWeights' or loadGPURankWeights': the CPU layout's
 // part, but for the vocabulary rows under TP, gpurunner.VocabParallel's shard) and a

@@ -180,6 +180,9 @@ func TestEmulatedEPAllToAllEqualsOne(t *testing.T) {
 			t.Fatalf("ep=%d all-to-all: greedy tokens %v, one GPU %v", size, toks, wantToks)
 		}
 		closeLogits(t, fmt.Sprintf("ep=%d all-to-all", size), logits, wantLogits, c.VocabSize, gpuEPTol)
+		if !slices.EqualFunc(logits, wantLogits, slices.Equal[[]float32]) { // each row's experts summed as one GPU sums them
+			t.Errorf("ep=%d all-to-all: logits not bit for bit one GPU's", size)
+		}
 		if err := g.UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "gather exchange only") {
 			t.Errorf("ep=%d all-to-all: graphs: %v, want them refused", size, err)
 		}

@@ -197,6 +197,11 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
 	}
 	gopts := GPUOptions{Drafts: drafts, KDAWeights: shippedKDAType(dir, c)}
+	// Every rank's flags make its layout: one of another would call other collectives.
+	if err := gpurunner.AgreeLayout(ctl, fmt.Sprintf("tp=%d ep=%d dispatch %s drafts %d", max(l.TP, 1), max(l.EP, 1), l.Dispatch, drafts)); err != nil {
+		dev.Close()
+		return fail(err)
+	}
 	var r *GPURunner
 	g, err := gpurunner.JoinGroup(Name, ctl, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
 		var gr gpurunner.GroupRank

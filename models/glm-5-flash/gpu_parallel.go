@@ -221,8 +221,11 @@ func (g *gpuModel) sumOverRanks(c *cudart.Ctx, out cudart.DevicePtr, n int) erro
 // rank runs the MTP layer (split like a layer) on each step's result (lockstep.LeadDraft),
 // so the drafts agree.
 //
-// Not done yet: the all-to-all dispatch, a checkpoint's FP8 linears
-// (OpenGPULayout loads them dequantized to fp32), ranks as processes.
+// Under EP alone the all-to-all dispatch (Layout.Dispatch) sends each rank's share of the
+// step's rows to its experts' ranks instead (moeA2A; eager steps).
+//
+// Not done yet: the all-to-all dispatch with TP, a checkpoint's FP8 linears
+// (OpenGPULayout loads them dequantized to fp32).
 type GPUGroup struct {
 	*cpurunner.Runner
 	ranks []*GPURunner
@@ -238,7 +241,7 @@ var (
 func (g *GPUGroup) CheckPrompt(prompt []int32) error { return g.ranks[0].CheckPrompt(prompt) }
 
 // NewGPULayout splits the model of config c over len(devs) ranks in layout l (its Size
-// must be len(devs); the gather dispatch), rank r a GPURunner (NewGPURunner's sizes and
+// must be len(devs); the gather dispatch, or under EP alone either), rank r a GPURunner (NewGPURunner's sizes and
 // opts) on devs[r] with the weights rankWeights returns for it and a cache pool of
 // cacheBytes (0 = 256 MiB) of its own, all of one geometry so that rank 0's page ids
 // address them alike. A rank's weights are its part of l as gpuRankPart cuts it

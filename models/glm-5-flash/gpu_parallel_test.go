@@ -205,6 +205,9 @@ func TestEmulatedEPAllToAllEqualsOne(t *testing.T) {
 			}
 		}
 		t.Logf("ep=%d all-to-all: logits within %.3g of one GPU's", size, worst)
+		if !slices.EqualFunc(logits, wantLogits, slices.Equal[[]float32]) { // each row's experts summed as one GPU sums them
+			t.Errorf("ep=%d all-to-all: logits not bit for bit one GPU's", size)
+		}
 		if err := g.UseGraphs(true, nil); err == nil || !strings.Contains(err.Error(), "gather exchange only") {
 			t.Errorf("ep=%d all-to-all: graphs: %v, want them refused", size, err)
 		}
