@@ -397,6 +397,7 @@ func packMHCMoE(t testing.TB, k *Kernels) {
 	check(m.packGather(&k.specs[kMoEGather], 6, 7))
 	check(m.packCombine(&k.specs[kMoECombine], 6, 7, 8))
 	check(packSwiGLUClamped(&k.specs[kSwiGLUClamped], 1, 2, 9*256, 2048, 10))
+	check(packMaskRows(&k.specs[kMoEMaskRows], 1, 2, 3, 9, 6))
 }
 
 // TestMHCMoELimitsMatchSources checks the mHC and MoE launchers' limits against the
