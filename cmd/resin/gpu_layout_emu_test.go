@@ -157,7 +157,9 @@ func TestGenerateLayoutProcsOnTheEmulatedDevice(t *testing.T) {
 // TCP at --dist-init-addr, rank 0 handing out the NCCL id there (gpurunner.JoinGroup; the
 // emulated NCCL meets the ranks in this host's shared memory), prints the in-process
 // layout's tokens and writes its --logits-out bit for bit; and --ep 2 on one node (both
-// ranks of this process joining over the rendezvous) too. Node 1 ends when node 0 stops it.
+// ranks of this process joining over the rendezvous) too, and --ep 2 --ep-dispatch
+// all-to-all over two nodes against the in-process all-to-all layout. Node 1 ends when
+// node 0 stops it.
 func TestGenerateLayoutGPUNodes(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -208,6 +210,25 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 		t.Fatalf("one node: %v (%s)", err, errOut)
 	}
 	same("one-node", got)
+	// The all-to-all dispatch over the two nodes (each rank's share of the rows sent over
+	// the emulated NCCL's sends and receives across the processes): the in-process
+	// all-to-all layout's tokens and logits bit for bit.
+	a2a := func(name string) []string { return append(args(name), "--ep-dispatch", "all-to-all") }
+	if want, errOut, err = runGenerate(t, a2a("in-process-a2a")...); err != nil {
+		t.Fatalf("in-process, all-to-all: %v\n%s", err, errOut)
+	}
+	wantLg, _ = readLogits(t, path("in-process-a2a"))
+	addr = rendezvousAddr(t)
+	host, port, _ = net.SplitHostPort(addr)
+	node1 = args("node1-a2a")
+	kill, wait = startNode(t, append(node1[:len(node1)-2], "--ep-dispatch", "all-to-all"), "MASTER_ADDR="+host, "MASTER_PORT="+port, "RANK=1", "WORLD_SIZE=2")
+	got, errOut, err = runGenerate(t, append([]string{"--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr, "--dist-timeout", "2m"}, a2a("two-nodes-a2a")...)...)
+	if err != nil {
+		kill()
+		t.Fatalf("node 0, all-to-all: %v (%s)", err, errOut)
+	}
+	wait()
+	same("two-nodes-a2a", got)
 }
 
 // TestGenerateDPAttentionOnTheEmulatedDevice: generate --model M --device cuda-emu --dp 2
