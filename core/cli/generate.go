@@ -108,6 +108,11 @@ func GenerateCmd(l Loader) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
+			if ctx.Err() != nil {
+				// Ended before any request went in: interrupted, whatever a fast engine
+				// would have finished before it noticed (the test runner's was racy).
+				return errors.Join(errors.New("interrupted"), e.Stop())
+			}
 			out := cmd.OutOrStdout()
 			var n counts
 			if prompt != "" {
