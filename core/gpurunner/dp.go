@@ -201,6 +201,9 @@ type DPRank struct {
 	// graph of rows rows a rank, and whether it holds that graph already (nil: it never
 	// can).
 	Graph func(rows int) (can, held bool)
+	// MoE is the rank's MoE exchange (nil: none), whose MaskReal DPStep sets for the step:
+	// a graph step's padding rows masked on the device.
+	MoE *DPMoE
 }
 
 // DPStep is a dp rank's forward of plan p under core/dist/dp's Group (a model's
@@ -222,6 +225,9 @@ func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error,
 	if err != nil {
 		return err
 	}
+	if d.MoE != nil {
+		d.MoE.MaskReal = graph != DPEager
+	}
 	set(rows, graph)
 	if p.NumTokens() > 0 {
 		return forward()
@@ -229,12 +235,13 @@ func DPStep(d DPRank, p *engine.BatchPlan, logits []float32, check func() error,
 	return idle()
 }
 
-// DPGraphPlan reports whether plan p of a dp rank, padded by its Group to pad rows a rank
-// (DPStep.Pad: 0 when the Group does not pad it, for a step that is not all decode), can
-// run as the decode graph of pad rows among buckets: an idle plan, or one token and one
-// logits row per sequence, in order, at most pad of them.
-func DPGraphPlan(p *engine.BatchPlan, pad int, buckets []int) bool {
-	if pad <= 0 || !slices.Contains(buckets, pad) {
+// DPGraphPlan reports whether plan p of a dp rank can run as the decode graph of rows
+// rows a rank among buckets: its Group padded the step to those rows (DPStep.Pad, which is
+// 0 for a step that is not all decode), and it is an idle plan or one token and one logits
+// row per sequence, in order, at most rows of them.
+func DPGraphPlan(p *engine.BatchPlan, rows int, buckets []int) bool {
+	pad := rows
+	if pad <= 0 || int(p.DP.Pad) != pad || !slices.Contains(buckets, pad) {
 		return false
 	}
 	n := p.NumTokens()

@@ -66,12 +66,9 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 		return fmt.Errorf("%s on the GPU: DPForward on a runner not opened for DP-attention (OpenGPUDPRanks)", Name)
 	}
 	d := gpurunner.DPRank{Name: Name, Rank: par.rank, Size: par.size, Rows: r.g.maxTokens, Host: par.host,
-		Graph: func(rows int) (bool, bool) { return r.g.dpGraphable(p, rows) }}
+		Graph: func(rows int) (bool, bool) { return r.g.dpGraphable(p, rows) }, MoE: r.g.w.dp}
 	return gpurunner.DPStep(d, p, logits, func() error { return r.checkPlan(p, logits) },
-		func(rows int, graph gpurunner.DPGraph) {
-			par.dpRows, par.dpGraph = rows, graph
-			r.g.w.dp.MaskReal = graph != gpurunner.DPEager // a graph's padding rows masked on the device
-		},
+		func(rows int, graph gpurunner.DPGraph) { par.dpRows, par.dpGraph = rows, graph },
 		func() error { return r.forward(p, logits) }, func() error {
 			if par.dpGraph != gpurunner.DPEager {
 				return r.dev.Do(r.g.idleGraph)
@@ -87,7 +84,7 @@ func (r *GPURunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 func (g *gpuModel) dpGraphable(p *engine.BatchPlan, rows int) (can, held bool) {
 	gr := g.graphs
 	key := cudart.GraphKey{Kind: cudart.GraphDecode, Bucket: rows}
-	if gr == nil || g.pool == nil || g.L.kda < 0 || g.mtp != nil || int(p.DP.Pad) != rows || !gpurunner.DPGraphPlan(p, rows, gr.buckets) {
+	if gr == nil || g.pool == nil || g.L.kda < 0 || g.mtp != nil || !gpurunner.DPGraphPlan(p, rows, gr.buckets) {
 		return false, false // a drafting rank's steps run eagerly
 	}
 	if gr.arena != g.arena {
