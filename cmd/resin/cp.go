@@ -30,7 +30,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; with --model llama or deepseek-v4-flash on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP, glm5flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (on the GPU: bound to their GPUs' NUMA nodes, the NCCL id handed over it; default: goroutines of this process)")
 }
 
@@ -52,7 +52,7 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 	case f.specTokens > 0:
 		return fmt.Errorf("--cp %d is not combined with --num-speculative-tokens yet", c.size)
 	case f.device.CUDA() && f.model != llama.Name && gpuCPOpeners[f.model] == nil:
-		return fmt.Errorf("--cp %d on the GPU covers --model llama and deepseek-v4-flash only so far (glm-5-flash splits its prefill on the CPU: --device cpu)", c.size)
+		return fmt.Errorf("--cp %d on the GPU covers --model llama, deepseek-v4-flash and glm-5-flash, not %s", c.size, f.model)
 	}
 	f.tp.groupRanks, f.tp.groupFlag = c.size, "--cp" // its ranks split over --nnodes (tpFlags.check)
 	return nil

@@ -39,9 +39,9 @@ func TestGenerateCPNodes(t *testing.T) {
 	}
 }
 
-// TestGenerateCPGPUNodes: llama's and deepseek-v4-flash's GPU prefill CP across two
-// nodes on the emulated device (openDenseGPUNode with gpurunner.JoinDenseCP;
-// openLayoutGPUNodes with deepseekv4flash.JoinGPUCP: rank 0's NCCL id over the TCP
+// TestGenerateCPGPUNodes: llama's, deepseek-v4-flash's and glm-5-flash's GPU prefill CP
+// across two nodes on the emulated device (openDenseGPUNode with gpurunner.JoinDenseCP;
+// openLayoutGPUNodes with the MoE models' JoinGPUCP: rank 0's NCCL id over the TCP
 // rendezvous; the emulated NCCL meets the ranks in this host's shared memory, as real
 // NCCL's bootstrap would across hosts) print --cp 1's tokens and its --logits-out byte
 // for byte.
@@ -52,6 +52,7 @@ func TestGenerateCPGPUNodes(t *testing.T) {
 	for _, model := range []struct{ name, cfg string }{
 		{"llama", filepath.Join("testdata", "tiny-llama", "config.json")},
 		{"deepseek-v4-flash", filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")},
+		{"glm-5-flash", filepath.Join("..", "..", "models", "glm-5-flash", "config.json")},
 	} {
 		args := []string{"--model", model.name, "--random-weights", model.cfg, "--device", "cuda-emu",
 			"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "6", "--ignore-eos"}

@@ -43,6 +43,13 @@ var gpuCPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 		}
 		return g, pool, nil
 	},
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, size int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := glm5flash.OpenGPUCP(dir, cacheBytes, opts, size)
+		if err != nil {
+			return nil, nil, err
+		}
+		return g, pool, nil
+	},
 }
 
 // gpuA2ALayouts are the models of gpuLayoutOpeners whose GPU layout dispatches by

@@ -34,6 +34,7 @@ var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurun
 // ctl.Rank() of ctl.Size() joining the others over ctl (the NCCL id, the plans).
 var gpuCPJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, ctl dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
 	deepseekv4flash.Name: deepseekv4flash.JoinGPUCP,
+	glm5flash.Name:       glm5flash.JoinGPUCP,
 }
 
 // gpuJoin opens this process's rank of a MoE model's GPU layout, joining the others

@@ -55,6 +55,22 @@ func NewDeviceArena(d *Device, size int64) (*DeviceArena, error) {
 	return a, nil
 }
 
+// Download copies the whole arena to the host, after the device's queued work (tests
+// compare two runners' caches byte for byte with it; a dump of a pool reads it).
+func (a *DeviceArena) Download() ([]byte, error) {
+	b := make([]byte, a.buf.Size)
+	err := a.dev.Do(func(c *Ctx) error {
+		if err := c.Synchronize(); err != nil {
+			return err
+		}
+		return c.CopyDtoH(b, a.buf.Ptr)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("device arena: download: %w", err)
+	}
+	return b, nil
+}
+
 // Size implements kvslab.Arena.
 func (a *DeviceArena) Size() int64 { return a.buf.Size }
 

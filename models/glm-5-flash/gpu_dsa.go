@@ -149,59 +149,111 @@ func (g *gpuDSA) upload(c *cudart.Ctx, w *mlaWeights, fp8 func(module string, ou
 // stream s, appending to st; a full-indexer layer writes its selection into sel, a
 // shared one reads the previous layer's from it.
 func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpuDSAState, sel gpuDSASel, x, y cudart.DevicePtr, T, pos0 int) error {
-	cfg := g.cfg
-	D, H, Q, R := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.QLoraRank, cfg.KVLoraRank
-	dn, dv, I, N, P := cfg.QKNopeHeadDim, cfg.VHeadDim, cfg.IndexHeadDim, cfg.IndexNHeads, cfg.IndexKPool
-	eps := float32(cfg.RMSNormEps)
-	if T <= 0 || T > g.maxTokens || pos0 < 0 || pos0+T > g.maxPos {
-		return fmt.Errorf("gpu dsa: %d tokens at %d (workspace for %d tokens, %d positions)", T, pos0, g.maxTokens, g.maxPos)
+	if err := g.check(sel, T, pos0, T); err != nil {
+		return err
+	}
+	if err := g.queries(c, s, l, x, T); err != nil {
+		return err
+	}
+	R, I := g.cfg.KVLoraRank, g.cfg.IndexHeadDim
+	if err := g.keys(c, s, l, x, T, off(st.Latent, pos0*R), off(st.IdxKey, pos0*I), off(st.IdxGate, pos0*I)); err != nil {
+		return err
+	}
+	if err := g.closePools(c, s, l, st, pos0, T); err != nil {
+		return err
+	}
+	return g.attend(c, s, l, st, sel, y, T, pos0)
+}
+
+// check refuses T queries (0 or more) at positions from pos0 of a call writing kv rows
+// (1 or more) from pos0, or selection rows too short.
+func (g *gpuDSA) check(sel gpuDSASel, T, pos0, kv int) error {
+	if kv <= 0 || T < 0 || T > g.maxTokens || pos0 < 0 || pos0+max(T, kv) > g.maxPos {
+		return fmt.Errorf("gpu dsa: %d tokens at %d (workspace for %d tokens, %d positions)", max(T, kv), pos0, g.maxTokens, g.maxPos)
 	}
 	if sel.MaxSel < g.maxSel() {
 		return fmt.Errorf("gpu dsa: selection rows of %d, want %d", sel.MaxSel, g.maxSel())
 	}
-	mm := func(out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
-		return g.matMul(c, s, out, a, w, m, k, n, alpha)
-	}
-	if err := mm(g.qr, x, l.qa, T, D, Q, 1); err != nil {
+	return nil
+}
+
+func (g *gpuDSA) mm(c *cudart.Ctx, s *cudart.Stream, out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
+	return g.matMul(c, s, out, a, w, m, k, n, alpha)
+}
+
+// queries computes the query side of T rows of x [T, D]: qr (normed), q and, with a full
+// indexer, its queries iq and head weights hw.
+func (g *gpuDSA) queries(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, x cudart.DevicePtr, T int) error {
+	cfg := g.cfg
+	D, H, Q, dn, I, N := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.QLoraRank, cfg.QKNopeHeadDim, cfg.IndexHeadDim, cfg.IndexNHeads
+	if err := g.mm(c, s, g.qr, x, l.qa, T, D, Q, 1); err != nil {
 		return err
 	}
-	if err := g.core.RMSNorm(c, s, g.qr, g.qr, l.qaNorm, T, Q, eps); err != nil {
+	if err := g.core.RMSNorm(c, s, g.qr, g.qr, l.qaNorm, T, Q, float32(cfg.RMSNormEps)); err != nil {
 		return err
 	}
-	if err := mm(g.q, g.qr, l.qb, T, Q, H*dn, 1); err != nil {
+	if err := g.mm(c, s, g.q, g.qr, l.qb, T, Q, H*dn, 1); err != nil {
 		return err
 	}
-	lat := off(st.Latent, pos0*R)
-	if err := mm(lat, x, l.kva, T, D, R, 1); err != nil {
+	if !l.full {
+		return nil
+	}
+	if err := g.mm(c, s, g.iq, g.qr, l.wqb, T, Q, N*I, 1); err != nil {
 		return err
 	}
-	if err := g.core.RMSNorm(c, s, lat, lat, l.kvaNorm, T, R, eps); err != nil {
+	return g.mm(c, s, g.hw, x, l.wProj, T, D, N, float32(math.Pow(float64(N), -0.5)))
+}
+
+// keys computes the KV side of T rows of x [T, D] into lat [T, R] (the normed latents)
+// and, with a full indexer, keys (normed) and gates [T, I].
+func (g *gpuDSA) keys(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, x cudart.DevicePtr, T int, lat, keys, gates cudart.DevicePtr) error {
+	cfg := g.cfg
+	D, R, I := cfg.HiddenSize, cfg.KVLoraRank, cfg.IndexHeadDim
+	if err := g.mm(c, s, lat, x, l.kva, T, D, R, 1); err != nil {
 		return err
 	}
+	if err := g.core.RMSNorm(c, s, lat, lat, l.kvaNorm, T, R, float32(cfg.RMSNormEps)); err != nil {
+		return err
+	}
+	if !l.full {
+		return nil
+	}
+	if err := g.mm(c, s, keys, x, l.wk, T, D, I, 1); err != nil {
+		return err
+	}
+	if err := g.mm(c, s, gates, x, l.gate, T, D, I, 1); err != nil {
+		return err
+	}
+	if err := kernels.Run(g.ks, c, s, kernels.IndexerKeys{K: keys, W: l.kNormW, B: l.kNormB, Rows: T, Dim: I}); err != nil {
+		return fmt.Errorf("gpu dsa: %w", err)
+	}
+	return nil
+}
+
+// closePools pools the indexer keys of the pools that positions [pos0, pos0+n) of st
+// complete (a full-indexer layer's; st holds those positions' keys and gates).
+func (g *gpuDSA) closePools(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpuDSAState, pos0, n int) error {
+	P, I := g.cfg.IndexKPool, g.cfg.IndexHeadDim
+	j0, j1 := pos0/P, (pos0+n)/P
+	if !l.full || j1 <= j0 {
+		return nil
+	}
+	if err := kernels.Run(g.ks, c, s, kernels.KPoolCompress{Pools: st.Pools, Keys: st.IdxKey, Gates: st.IdxGate, APE: l.ape,
+		First: j0, End: j1, Pool: P, Dim: I}); err != nil {
+		return fmt.Errorf("gpu dsa: %w", err)
+	}
+	return nil
+}
+
+// attend runs queries' T rows (at positions pos0..) over st, which holds every position up
+// to theirs: a full indexer's scores and selection into sel (a shared layer reads it),
+// the sparse MLA, and o_proj into y [T, D].
+func (g *gpuDSA) attend(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpuDSAState, sel gpuDSASel, y cudart.DevicePtr, T, pos0 int) error {
+	cfg := g.cfg
+	D, H, R := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.KVLoraRank
+	dn, dv, I, N, P := cfg.QKNopeHeadDim, cfg.VHeadDim, cfg.IndexHeadDim, cfg.IndexNHeads, cfg.IndexKPool
 	if l.full {
 		stride := g.maxPos / P
-		keys, gates := off(st.IdxKey, pos0*I), off(st.IdxGate, pos0*I)
-		if err := mm(g.iq, g.qr, l.wqb, T, Q, N*I, 1); err != nil {
-			return err
-		}
-		if err := mm(keys, x, l.wk, T, D, I, 1); err != nil {
-			return err
-		}
-		if err := mm(gates, x, l.gate, T, D, I, 1); err != nil {
-			return err
-		}
-		if err := mm(g.hw, x, l.wProj, T, D, N, float32(math.Pow(float64(N), -0.5))); err != nil {
-			return err
-		}
-		if err := kernels.Run(g.ks, c, s, kernels.IndexerKeys{K: keys, W: l.kNormW, B: l.kNormB, Rows: T, Dim: I}); err != nil {
-			return fmt.Errorf("gpu dsa: %w", err)
-		}
-		if j0, j1 := pos0/P, (pos0+T)/P; j1 > j0 {
-			if err := kernels.Run(g.ks, c, s, kernels.KPoolCompress{Pools: st.Pools, Keys: st.IdxKey, Gates: st.IdxGate, APE: l.ape,
-				First: j0, End: j1, Pool: P, Dim: I}); err != nil {
-				return fmt.Errorf("gpu dsa: %w", err)
-			}
-		}
 		if err := kernels.Run(g.ks, c, s, kernels.IndexerScores{Score: g.score, Q: g.iq, HW: g.hw, Pools: st.Pools, Tokens: T,
 			Pos0: pos0, Pool: P, Heads: N, Dim: I, Stride: stride, DScale: float32(1 / math.Sqrt(float64(I)))}); err != nil {
 			return fmt.Errorf("gpu dsa: %w", err)
@@ -215,7 +267,7 @@ func (g *gpuDSA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, st gpu
 		Tokens: T, Heads: H, DN: dn, DV: dv, Rank: R, MaxSel: sel.MaxSel, Scale: float32(1 / math.Sqrt(float64(cfg.QKHeadDim)))}); err != nil {
 		return fmt.Errorf("gpu dsa: %w", err)
 	}
-	return mm(y, g.out, l.o, T, H*dv, D, 1)
+	return g.mm(c, s, y, g.out, l.o, T, H*dv, D, 1)
 }
 
 // matMul computes out [m, n] = alpha · a [m, k] · wᵀ: an FP8 linear's (g.fp8, alpha 1)
@@ -247,32 +299,19 @@ func (g *gpuDSA) slot(pools gpuDSAState, sl int) gpuDSAState {
 // reads it.
 func (g *gpuDSA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, pools gpuDSAState, rows kernels.RowTable, sel gpuDSASel, x, y cudart.DevicePtr, T int) error {
 	cfg := g.cfg
-	D, H, Q, R := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.QLoraRank, cfg.KVLoraRank
+	D, H, R := cfg.HiddenSize, cfg.NumAttentionHeads, cfg.KVLoraRank
 	dn, dv, I, N, P := cfg.QKNopeHeadDim, cfg.VHeadDim, cfg.IndexHeadDim, cfg.IndexNHeads, cfg.IndexKPool
-	eps := float32(cfg.RMSNormEps)
 	if T <= 0 || T > g.maxTokens || rows.RowPos == 0 || rows.RowSlot == 0 {
 		return fmt.Errorf("gpu dsa: a batch of %d rows (workspace for %d) needs a row table", T, g.maxTokens)
 	}
 	if sel.MaxSel < g.maxSel() {
 		return fmt.Errorf("gpu dsa: selection rows of %d, want %d", sel.MaxSel, g.maxSel())
 	}
-	mm := func(out, a, w cudart.DevicePtr, m, k, n int, alpha float32) error {
-		return g.matMul(c, s, out, a, w, m, k, n, alpha)
-	}
 	keyStride, poolStride := g.maxPos*I, (g.maxPos/P)*I
-	if err := mm(g.qr, x, l.qa, T, D, Q, 1); err != nil {
+	if err := g.queries(c, s, l, x, T); err != nil {
 		return err
 	}
-	if err := g.core.RMSNorm(c, s, g.qr, g.qr, l.qaNorm, T, Q, eps); err != nil {
-		return err
-	}
-	if err := mm(g.q, g.qr, l.qb, T, Q, H*dn, 1); err != nil {
-		return err
-	}
-	if err := mm(g.lat, x, l.kva, T, D, R, 1); err != nil {
-		return err
-	}
-	if err := g.core.RMSNorm(c, s, g.lat, g.lat, l.kvaNorm, T, R, eps); err != nil {
+	if err := g.keys(c, s, l, x, T, g.lat, g.key, g.gate); err != nil {
 		return err
 	}
 	if err := kernels.Run(g.ks, c, s, kernels.ScatterRows{Dst: pools.Latent, Src: g.lat, Table: rows, SlotStride: g.maxPos * R,
@@ -281,21 +320,6 @@ func (g *gpuDSA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, pools g
 	}
 	if l.full {
 		stride := g.maxPos / P
-		if err := mm(g.iq, g.qr, l.wqb, T, Q, N*I, 1); err != nil {
-			return err
-		}
-		if err := mm(g.key, x, l.wk, T, D, I, 1); err != nil {
-			return err
-		}
-		if err := mm(g.gate, x, l.gate, T, D, I, 1); err != nil {
-			return err
-		}
-		if err := mm(g.hw, x, l.wProj, T, D, N, float32(math.Pow(float64(N), -0.5))); err != nil {
-			return err
-		}
-		if err := kernels.Run(g.ks, c, s, kernels.IndexerKeys{K: g.key, W: l.kNormW, B: l.kNormB, Rows: T, Dim: I}); err != nil {
-			return fmt.Errorf("gpu dsa: %w", err)
-		}
 		if err := kernels.Run(g.ks, c, s, kernels.ScatterRows{Dst: pools.IdxKey, Src: g.key, Table: rows, SlotStride: keyStride,
 			Rows: T, Dim: I}); err != nil {
 			return fmt.Errorf("gpu dsa: %w", err)
@@ -324,5 +348,5 @@ func (g *gpuDSA) decode(c *cudart.Ctx, s *cudart.Stream, l *gpuDSALayer, pools g
 		Scale: float32(1 / math.Sqrt(float64(cfg.QKHeadDim))), RowSlot: rows.RowSlot, LatentSlotStride: g.maxPos * R}); err != nil {
 		return fmt.Errorf("gpu dsa: %w", err)
 	}
-	return mm(y, g.out, l.o, T, H*dv, D, 1)
+	return g.mm(c, s, y, g.out, l.o, T, H*dv, D, 1)
 }

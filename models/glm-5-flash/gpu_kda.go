@@ -164,17 +164,40 @@ func off(p cudart.DevicePtr, n int) cudart.DevicePtr { return p + cudart.DeviceP
 
 // forward runs call through layer l on stream s.
 func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call gpuKDACall) error {
-	cfg := g.cfg
-	H, Dh, K := cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.LinearConvKernelDim
-	L, T := H*Dh, call.T
-	if T <= 0 || T > g.maxTokens || call.Pos0 < 0 {
-		return fmt.Errorf("gpu kda: %d tokens at %d (workspace for %d)", T, call.Pos0, g.maxTokens)
+	if err := g.check(call); err != nil {
+		return err
+	}
+	xa, err := g.projectIn(c, s, l, call.X, call.T)
+	if err != nil {
+		return err
+	}
+	if err := g.recur(c, s, l, call); err != nil {
+		return err
+	}
+	return g.projectOut(c, s, l, xa, call.Y, call.T)
+}
+
+// check refuses a call the workspace has no room for, or one of snapshots with block
+// ends or callbacks.
+func (g *gpuKDA) check(call gpuKDACall) error {
+	if call.T <= 0 || call.T > g.maxTokens || call.Pos0 < 0 {
+		return fmt.Errorf("gpu kda: %d tokens at %d (workspace for %d)", call.T, call.Pos0, g.maxTokens)
 	}
 	if call.Snapshots != nil && (call.BlockTokens > 0 || call.BlockEnd != nil || call.AfterToken != nil) {
 		return fmt.Errorf("gpu kda: a call with snapshots runs as one segment: no block ends or per-token callbacks")
 	}
-	xa, err := g.projectIn(c, s, l, call.X, T)
-	if err != nil {
+	return nil
+}
+
+// recur runs the recurrence of call's T tokens from their input projections (projectIn's
+// mixed, g and β, T rows each) into the workspace's o [T, L]: the forget gate and β, and
+// segment by segment the causal conv, the q and k norms and the KDA step or chunked form
+// on call.State. It reads neither X nor Y.
+func (g *gpuKDA) recur(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call gpuKDACall) error {
+	cfg := g.cfg
+	H, Dh, K := cfg.LinearNumHeads, cfg.LinearHeadDim, cfg.LinearConvKernelDim
+	L, T := H*Dh, call.T
+	if err := g.check(call); err != nil {
 		return err
 	}
 	if err := kernels.Run(g.ks, c, s, kernels.KDAGate{G: g.g, ALog: l.aLog, DTBias: l.dtBias, Tokens: T, Heads: H, HeadDim: Dh,
@@ -235,7 +258,7 @@ func (g *gpuKDA) forward(c *cudart.Ctx, s *cudart.Stream, l *gpuKDALayer, call g
 		}
 		s0 = s1
 	}
-	return g.projectOut(c, s, l, xa, call.Y, T)
+	return nil
 }
 
 // projectIn computes a call's input projections from x [T, D]: the conv's input rows

@@ -80,6 +80,8 @@ type gpuModel struct {
 
 	// par is this rank's part of a parallel layout (gpu_parallel.go); nil on one device.
 	par *gpuPar
+	// cp is this rank's part of a prefill CP group (gpu_cp.go); nil outside one.
+	cp *gpuCP
 }
 
 // gpuSeq is one sequence's device slot and the tokens it holds (Len), and for the step

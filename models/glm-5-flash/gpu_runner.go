@@ -42,6 +42,7 @@ type GPURunner struct {
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
 	opts    GPUOptions
+	cpSplit int // steps run split over a cp group (gpu_cp.go)
 }
 
 var (
@@ -220,7 +221,13 @@ func (r *GPURunner) forward(p *engine.BatchPlan, logits []float32) error {
 		if err != nil {
 			return err
 		}
-		rows, err := r.g.forward(c, seqs, toks, p.LogitsIndices)
+		var rows []float32
+		if r.cpSplits(p) {
+			rows, err = r.g.runCP(c, seqs[0], toks[0], p.LogitsIndices)
+			r.cpSplit++
+		} else {
+			rows, err = r.g.forward(c, seqs, toks, p.LogitsIndices)
+		}
 		if err != nil {
 			return err
 		}

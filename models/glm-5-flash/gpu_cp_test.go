@@ -1,0 +1,139 @@
+package glm5flash
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/cudart"
+	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/kvslab"
+	"github.com/resin-llm/resin/core/runnertest"
+)
+
+// TestEmulatedCPEqualsOne runs the tiny model (KDA and MLA-DSA layers, a shared indexer,
+// pools of 4, 16-token blocks) with prefill context parallelism over 2 and 3 emulated
+// GPUs (NewGPUCP) and on one GPURunner: a 21-token prompt in one plan (split 11 + 10, and
+// 7 + 7 + 7: the KDA recurrence crosses a block end and checkpoints, the indexer's pools
+// close across the ranks' chunks), decode steps (every rank whole, decode graphs), then a
+// second prompt of 11 tokens in plans of 4, 4 and 3 (each split again from the slot and
+// state page every rank holds; under CP=3 a plan of 4 leaves the third rank no tokens,
+// and it runs the exchanges and the recurrence alone) and its decode. The logits equal
+// one GPU's bit for bit, the greedy tokens too, and the prompts' plans ran split. New
+// allocations read NaN (RESIN_EMU_POISON), so a latent, key or recurrence input no rank
+// wrote, or a gathered row read past a rank's chunk, fails; and every rank's cache pool
+// ends holding one GPU's bytes, the KDA block checkpoints a prefix hit resumes from
+// included.
+func TestEmulatedCPEqualsOne(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
+		return
+	}
+	m := ungroupedTiny(t)
+	f1, p1, _ := layoutForward(t, m, Layout{}, nil)
+	wantLogits, wantToks := cpDecode(t, f1, p1)
+	for _, size := range []int{2, 3} {
+		g, pool := cpGroup(t, m, size)
+		logits, toks := cpDecode(t, g.group.Forward, pool)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("cp=%d: greedy tokens %v, one GPU %v", size, toks, wantToks)
+		}
+		for s := range wantLogits {
+			if !slices.Equal(logits[s], wantLogits[s]) {
+				t.Fatalf("cp=%d: step %d's logits differ from one GPU's by %.3g of their largest", size, s, relDiff(logits[s], wantLogits[s]))
+			}
+		}
+		// Every rank's cache (the MLA rows' pages, the pools, the KDA states and block
+		// checkpoints) holds one GPU's bytes.
+		want := arenaBytes(t, p1)
+		for r, rr := range g.ranks {
+			if got := arenaBytes(t, rr.g.pool); !bytes.Equal(got, want) {
+				t.Errorf("cp=%d: rank %d's cache pool differs from one GPU's", size, r)
+			}
+		}
+		if got := g.SplitSteps(); got != 4 {
+			t.Errorf("cp=%d: %d steps ran split, want the prompts' 4", size, got)
+		}
+		if graph, _ := g.ranks[0].StepCounts(); graph == 0 {
+			t.Errorf("cp=%d: no decode step replayed a graph", size)
+		}
+	}
+}
+
+// arenaBytes is pool's device memory (a DeviceArena's).
+func arenaBytes(t *testing.T, pool *kvslab.Pool) []byte {
+	t.Helper()
+	b, err := pool.Arena().(*cudart.DeviceArena).Download()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// cpGroup is the tiny model m over size emulated GPUs by prefill CP, decode graphs on.
+func cpGroup(t *testing.T, m *TextModel, size int) (*GPUCP, *kvslab.Pool) {
+	t.Helper()
+	cache, err := cudart.OpenKernelCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []*cudart.Device
+	for r := range size {
+		d, err := cudart.OpenDevice(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs = append(devs, d)
+	}
+	g, pool, err := NewGPUCP(m, devs, cache, 4, 32, 4, 0, GPUOptions{}, 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := g.UseGraphs(true, nil); err != nil {
+		t.Fatal(err)
+	}
+	return g, pool
+}
+
+// cpDecode runs TestEmulatedCPEqualsOne's plans through forward and returns every
+// plan's logits and the greedy tokens.
+func cpDecode(t *testing.T, forward cpurunner.ForwardFunc, pool *kvslab.Pool) ([][]float32, []int32) {
+	t.Helper()
+	v := tinyTextModel(t).Config.VocabSize
+	var all [][]float32
+	var toks []int32
+	step := func(s *runnertest.Seq, n int) int32 {
+		plan := runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{n}, false)
+		logits := make([]float32, v)
+		if err := forward(plan, logits); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, logits)
+		return int32(argmax(logits))
+	}
+	run := func(s *runnertest.Seq, chunks []int, decode int) {
+		var tok int32
+		for _, n := range chunks {
+			tok = step(s, n)
+		}
+		for range decode {
+			s.Tokens = append(s.Tokens, tok)
+			toks = append(toks, tok)
+			tok = step(s, 1)
+		}
+		toks = append(toks, tok)
+	}
+	run(runnertest.OpenSeq(t, pool, runnertest.Prompt(21, v, 1)), []int{21}, 4)
+	run(runnertest.OpenSeq(t, pool, runnertest.Prompt(11, v, 2)), []int{4, 4, 3}, 3)
+	if testing.Verbose() {
+		t.Log(fmt.Sprint("tokens ", toks))
+	}
+	return all, toks
+}
