@@ -627,12 +627,20 @@ func readInts(ck *weights.Checkpoint, name string, shape []int) ([]int32, error)
 	return nil, fmt.Errorf("tensor %q: %w in %s", name, weights.ErrNotFound, ck.Dir)
 }
 
-// check validates values a shape cannot: tid2eid must name existing experts.
+// check validates values a shape cannot: tid2eid must name existing experts, k distinct
+// ones a token (a token routed twice to one expert would count it twice, and overflow
+// the GPU's masked MoE layout, which has room for each row once an expert).
 func (w *Weights) check(c *Config) error {
+	k := c.NumExpertsPerTok
 	chk := func(where string, l *Layer) error {
 		for i, e := range l.Tid2Eid {
 			if e < 0 || int(e) >= c.NRoutedExperts {
-				return fmt.Errorf("load weights: %s tid2eid[%d][%d] = %d is not an expert (n_routed_experts %d)", where, i/c.NumExpertsPerTok, i%c.NumExpertsPerTok, e, c.NRoutedExperts)
+				return fmt.Errorf("load weights: %s tid2eid[%d][%d] = %d is not an expert (n_routed_experts %d)", where, i/k, i%k, e, c.NRoutedExperts)
+			}
+			for j := i - i%k; j < i; j++ {
+				if l.Tid2Eid[j] == e {
+					return fmt.Errorf("load weights: %s tid2eid[%d] routes the token to expert %d twice (columns %d and %d): want %d distinct experts a token", where, i/k, e, j%k, i%k, k)
+				}
 			}
 		}
 		return nil

@@ -137,6 +137,20 @@ func TestLoadRefusals(t *testing.T) {
 			}
 			return ts
 		}},
+		{"tid2eid repeating an expert", "routes the token to expert", func(ts []weights.Tensor) []weights.Tensor {
+			for i, x := range ts {
+				if x.Name == "layers.0.ffn.gate.tid2eid" {
+					if x.DType != weights.I32 && x.DType != weights.I64 {
+						t.Fatalf("tid2eid stored as %v", x.DType)
+					}
+					w := len(x.Data) / (c.VocabSize * c.NumExpertsPerTok) // bytes an id
+					d := slices.Clone(x.Data)
+					copy(d[w:2*w], d[:w]) // token 0's second expert is its first
+					ts[i].Data = d
+				}
+			}
+			return ts
+		}},
 	} {
 		_, err := loadDir(t, c, write(tc.edit))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
