@@ -389,19 +389,26 @@ tpOneGPU() {
 			failed=1
 		fi
 	done
-	# deepseek-v4-flash's prefill CP over 2 ranks on GPU 0 against --cp 1: the same tokens
-	# (a 7-token prompt split 4 + 3, the KV side all-gathered per layer). Written without a
-	# GPU: byte-equal --logits-out on the emulated device (TestGenerateV4CPOnTheEmulatedDevice).
-	echo; echo "== deepseek-v4-flash --cp 2 on GPU 0 against --cp 1"
-	one=$(timeout 200 "$bin/resin" generate --model deepseek-v4-flash --random-weights models/deepseek-v4-flash/config.json \
-		--device cuda --prompt-ids 1,2,3,4,5,6,7 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
-	dpt=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate --model deepseek-v4-flash --random-weights models/deepseek-v4-flash/config.json \
-		--device cuda --cp 2 --prompt-ids 1,2,3,4,5,6,7 --max-tokens 8 --ignore-eos 2>&1 | grep '^tokens:')
-	echo "--cp 1: $one"; echo "--cp 2: $dpt"
-	if [ -z "$one" ] || [ "$one" != "$dpt" ]; then
-		echo "deepseek-v4-flash: --cp 2 did not print --cp 1's tokens"
-		failed=1
-	fi
+	# The MoE models' prefill CP over 2 ranks on GPU 0 against --cp 1 (a 20-token prompt
+	# split 10 + 10: V4's KV side, GLM's latents, indexer keys and KDA inputs all-gathered
+	# per layer), and CP over the ep ranks (--cp 2 --ep 2) against --ep 2: the same tokens.
+	# Written without a GPU: byte-equal --logits-out on the emulated device
+	# (TestGenerateV4CPOnTheEmulatedDevice, TestGenerateGLMCPOnTheEmulatedDevice,
+	# TestGenerateCPOverEPOnTheEmulatedDevice).
+	for model in deepseek-v4-flash glm-5-flash; do
+		echo; echo "== $model --cp 2 on GPU 0 against --cp 1, --cp 2 --ep 2 against --ep 2"
+		cpargs=(--model $model --random-weights models/$model/config.json --device cuda
+			--prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --max-tokens 8 --ignore-eos)
+		one=$(timeout 200 "$bin/resin" generate "${cpargs[@]}" 2>&1 | grep '^tokens:')
+		cp2=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate "${cpargs[@]}" --cp 2 2>&1 | grep '^tokens:')
+		ep2=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate "${cpargs[@]}" --ep 2 2>&1 | grep '^tokens:')
+		cpep=$(NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/resin" generate "${cpargs[@]}" --cp 2 --ep 2 2>&1 | grep '^tokens:')
+		echo "--cp 1: $one"; echo "--cp 2: $cp2"; echo "--ep 2: $ep2"; echo "--cp 2 --ep 2: $cpep"
+		if [ -z "$one" ] || [ "$one" != "$cp2" ] || [ -z "$ep2" ] || [ "$ep2" != "$cpep" ]; then
+			echo "$model: --cp 2 did not print --cp 1's tokens, or --cp 2 --ep 2 --ep 2's"
+			failed=1
+		fi
+	done
 	# The ~1.1B llama of the section above ($1) at --tp 2, both ranks on GPU 0: the figures
 	# against --tp 1's show what the collectives cost (two ranks sharing one GPU are not
 	# faster); decode replays graphs with the collectives inside.

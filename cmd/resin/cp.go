@@ -30,7 +30,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP, glm5flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP, glm5flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike; with the MoE models on the GPU and --ep N (equal), over the ep ranks, each holding its experts alone")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (on the GPU: bound to their GPUs' NUMA nodes, the NCCL id handed over it; default: goroutines of this process)")
 }
 
@@ -45,8 +45,10 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return nil
 	case f.model == "":
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
-	case f.tp.size > 1 || f.tp.ep > 1 || f.tp.procs || f.dp.size > 1:
-		return fmt.Errorf("--cp %d is not combined with --tp, --ep, --tp-procs or --dp yet", c.size)
+	case f.tp.size > 1 || f.tp.procs || f.dp.size > 1:
+		return fmt.Errorf("--cp %d is not combined with --tp, --tp-procs or --dp yet", c.size)
+	case f.tp.ep > 1 && (!f.device.CUDA() || gpuLayoutOpeners[f.model] == nil || f.tp.ep != c.size || f.tp.dispatch != "gather"):
+		return fmt.Errorf("--cp %d --ep %d: prefill CP over the ep ranks runs on the GPU (--device cuda, --model deepseek-v4-flash or glm-5-flash), --ep equal to --cp, --ep-dispatch gather", c.size, f.tp.ep)
 	case c.procs && f.tp.initAddr != "":
 		return fmt.Errorf("--cp %d: --cp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size)
 	case f.specTokens > 0:

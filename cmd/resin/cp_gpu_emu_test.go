@@ -109,3 +109,50 @@ func checkCPLayouts(t *testing.T, args []string) string {
 	}
 	return one
 }
+
+// TestGenerateCPOverEPOnTheEmulatedDevice: generate --device cuda-emu --cp 2 --ep 2 runs
+// the MoE models' expert-parallel GPU layout with the ep ranks splitting the prompt
+// (Layout.CP) in-process, with --cp-procs and over two nodes, and prints --ep 2's tokens
+// and writes its --logits-out byte for byte (a split step's MoE sums the same partials);
+// --cp with another --ep, or on the CPU, is refused naming what it needs.
+func TestGenerateCPOverEPOnTheEmulatedDevice(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	for _, model := range []string{"deepseek-v4-flash", "glm-5-flash"} {
+		args := []string{"--model", model, "--random-weights", filepath.Join("..", "..", "models", model, "config.json"),
+			"--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20", "--max-tokens", "4", "--device", "cuda-emu"}
+		dir := t.TempDir()
+		run := func(extra ...string) (string, []byte) {
+			out := filepath.Join(dir, "logits"+strings.Join(extra, ""))
+			stdout, errOut, err := runGenerate(t, append(append(slices.Clone(args), "--logits-out", out), extra...)...)
+			if err != nil {
+				t.Fatalf("%s %v: %v\n%s", model, extra, err, errOut)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tokensLine(stdout), b
+		}
+		ep, epLogits := run("--ep", "2")
+		for _, extra := range [][]string{{"--cp", "2", "--ep", "2"}, {"--cp", "2", "--ep", "2", "--cp-procs"}} {
+			if toks, logits := run(extra...); toks == "" || toks != ep || !bytes.Equal(logits, epLogits) {
+				t.Errorf("%s %v: %q, --ep 2 %q; logits equal %v", model, extra, toks, ep, bytes.Equal(logits, epLogits))
+			}
+		}
+		got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2", "--ep", "2"})
+		if tokensLine(got) != ep || !bytes.Equal(lg, epLogits) {
+			t.Errorf("%s --cp 2 --ep 2 over two nodes: %q, --ep 2 %q; logits equal %v", model, tokensLine(got), ep, bytes.Equal(lg, epLogits))
+		}
+		if pids := childWorkers(t); len(pids) > 0 {
+			t.Errorf("%s: worker processes %v left after --cp-procs", model, pids)
+		}
+		for _, bad := range [][]string{{"--cp", "2", "--ep", "3"}, {"--cp", "2", "--ep", "2", "--device", "cpu"}, {"--cp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}} {
+			_, errOut, err := runGenerate(t, append(slices.Clone(args), bad...)...)
+			if want := "prefill CP over the ep ranks runs on the GPU"; err == nil || !strings.Contains(errOut+err.Error(), want) {
+				t.Errorf("%s %v: err %v, stderr %q; want it to say %q", model, bad, err, errOut, want)
+			}
+		}
+	}
+}

@@ -15,17 +15,18 @@ import (
 // gpuLayoutOpeners are the models whose GPU runner splits over in-process ranks on NCCL
 // by --tp and --ep (`--device cuda --ep N`, `--tp N`, `--tp N --ep N`; deepseek-v4-flash
 // drafts without --tp only, the model refusing the rest by name), by name:
-// tp and ep ranks (1: not split that way), drafts MTP drafts a step (0: none).
-var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int) (engine.Runner, *kvslab.Pool, error){
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int) (engine.Runner, *kvslab.Pool, error) {
-		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch)}, drafts)
+// tp and ep ranks (1: not split that way), cp: the ep ranks split prompts too (--cp N
+// --ep N, Layout.CP), drafts MTP drafts a step (0: none).
+var gpuLayoutOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch int, cp bool, drafts int) (engine.Runner, *kvslab.Pool, error){
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch int, cp bool, drafts int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := glm5flash.OpenGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch), CP: cp}, drafts)
 		if err != nil {
 			return nil, nil, err
 		}
 		return g, pool, nil
 	},
-	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int) (engine.Runner, *kvslab.Pool, error) {
-		g, pool, err := deepseekv4flash.OpenGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch)}, drafts)
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch int, cp bool, drafts int) (engine.Runner, *kvslab.Pool, error) {
+		g, pool, err := deepseekv4flash.OpenGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch), CP: cp}, drafts)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -95,13 +96,13 @@ func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.P
 		if f.tp.procs || f.cp.procs {
 			return f.openLayoutGPUProcs(name, dir, cacheBytes, opts)
 		}
-		if f.cp.size > 1 {
+		if f.cp.size > 1 && f.tp.ep <= 1 {
 			return gpuCPOpeners[name](dir, cacheBytes, opts, f.cp.size)
 		}
 		d, err := dispatchOf(f.tp.dispatch)
 		if err != nil {
 			return nil, nil, err
 		}
-		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, d, f.specTokens)
+		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, d, f.cp.size > 1, f.specTokens)
 	}, dir, f.cacheBytes)
 }

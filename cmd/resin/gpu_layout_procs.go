@@ -20,12 +20,12 @@ import (
 // gpuLayoutJoiners are the models of gpuLayoutOpeners whose GPU layout also runs as a
 // worker process per rank (--tp-procs): rank ctl.Rank() of tp × ep ranks joining the
 // others over ctl (the NCCL id, the plans) and data (the model's CPU part).
-var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
-	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
-		return deepseekv4flash.JoinGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch)}, drafts, ctl, data)
+var gpuLayoutJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch int, cp bool, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error){
+	deepseekv4flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch int, cp bool, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return deepseekv4flash.JoinGPULayout(dir, cacheBytes, opts, deepseekv4flash.Layout{TP: tp, EP: ep, Dispatch: deepseekv4flash.Dispatch(dispatch), CP: cp}, drafts, ctl, data)
 	},
-	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
-		return glm5flash.JoinGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch)}, drafts, ctl, data)
+	glm5flash.Name: func(dir string, cacheBytes int64, opts gpurunner.Options, tp, ep, dispatch int, cp bool, drafts int, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
+		return glm5flash.JoinGPULayout(dir, cacheBytes, opts, glm5flash.Layout{TP: tp, EP: ep, Dispatch: glm5flash.Dispatch(dispatch), CP: cp}, drafts, ctl, data)
 	},
 }
 
@@ -41,11 +41,11 @@ var gpuCPJoiners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 // over ctl and data.
 type gpuJoin func(dir string, cacheBytes int64, opts gpurunner.Options, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error)
 
-// layoutJoin is model's gpuJoin: with cp above 1 its prefill CP's (gpuCPJoiners), else its
-// tp × ep layout's by dispatch, drafting drafts a step (gpuLayoutJoiners); nil when the
-// model has none.
+// layoutJoin is model's gpuJoin: with cp above 1 alone its prefill CP's (gpuCPJoiners),
+// else its tp × ep layout's by dispatch (with cp, prefill CP over the ep ranks), drafting
+// drafts a step (gpuLayoutJoiners); nil when the model has none.
 func layoutJoin(model string, tp, ep, dispatch, cp, drafts int) gpuJoin {
-	if cp > 1 {
+	if cp > 1 && ep <= 1 {
 		join := gpuCPJoiners[model]
 		if join == nil {
 			return nil
@@ -59,12 +59,15 @@ func layoutJoin(model string, tp, ep, dispatch, cp, drafts int) gpuJoin {
 		return nil
 	}
 	return func(dir string, cacheBytes int64, opts gpurunner.Options, ctl, data dist.Communicator) (*gpurunner.ProcRank, engine.RunnerInfo, error) {
-		return join(dir, cacheBytes, opts, tp, ep, dispatch, drafts, ctl, data)
+		return join(dir, cacheBytes, opts, tp, ep, dispatch, cp > 1, drafts, ctl, data)
 	}
 }
 
 // layoutWhat names the layout of f for errors: its --cp, or its --tp and --ep.
 func (f *runtimeFlags) layoutWhat() string {
+	if f.cp.size > 1 && f.tp.ep > 1 {
+		return fmt.Sprintf("--cp %d --ep %d", f.cp.size, f.tp.ep)
+	}
 	if f.cp.size > 1 {
 		return fmt.Sprintf("--cp %d", f.cp.size)
 	}

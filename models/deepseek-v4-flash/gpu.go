@@ -685,7 +685,12 @@ func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
 	w, n := &g.w, ch.Rows
 	split := g.cp != nil && g.cp.step != nil
 	if split && n == 0 {
-		return g.attentionCP(c, l, ch) // a cp rank without tokens: the others' KV side alone
+		// A cp rank without tokens: the others' KV side alone, and under expert
+		// parallelism its experts for their rows.
+		if err := g.attentionCP(c, l, ch); err != nil || g.par == nil {
+			return err
+		}
+		return g.moeCP(c, l)
 	}
 	if err := g.hyper(c, l.attnHC, l.attnNorm, n); err != nil {
 		return err
@@ -703,7 +708,13 @@ func (g *gpuModel) block(c *cudart.Ctx, l *gpuLayer, ch kernels.Chunk) error {
 	if err := g.hyper(c, l.ffnHC, l.ffnNorm, n); err != nil {
 		return err
 	}
-	if err := l.moe.forward(c, g.s, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, n); err != nil {
+	var err error
+	if split && g.par != nil {
+		err = g.moeCP(c, l) // expert parallelism: every rank's rows through every rank's experts
+	} else {
+		err = l.moe.forward(c, g.s, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, n)
+	}
+	if err != nil {
 		return err
 	}
 	return g.expand(c, w.ffn, n)

@@ -51,7 +51,10 @@ type gpuCP struct {
 	// The KV-side chunks' device arrays: [2][maxTokens] positions and row sequences,
 	// [2][2] sequence starts, [2] first positions (pre at 0, post at 1).
 	pos, rowSeq, seqStart, len0 cudart.DevicePtr
-	step                        *gpuCPStep // the split step under way, nil outside one
+	// ids: under expert parallelism (Layout.CP), the plan's token ids [maxTokens], which
+	// hash routing reads for the MoE of every rank's rows (moeCP).
+	ids  cudart.DevicePtr
+	step *gpuCPStep // the split step under way, nil outside one
 }
 
 // gpuCPStep is one split step as the layers read it: the rank's rows [lo, hi) of n, tmax
@@ -73,6 +76,7 @@ func (g *gpuModel) newGPUCP(c *cudart.Ctx, comm *cudart.Comm, rank, size int) er
 	}{
 		{&cs.kv, rows * d}, {&cs.ckv, rows * 2 * d}, {&cs.cgate, rows * 2 * d}, {&cs.ikv, rows * 2 * id}, {&cs.igate, rows * 2 * id},
 		{&cs.streams, rows * hc * h}, {&cs.pos, 2 * g.maxTokens}, {&cs.rowSeq, 2 * g.maxTokens}, {&cs.seqStart, 4}, {&cs.len0, 2},
+		{&cs.ids, g.maxTokens},
 	} {
 		var err error
 		if *b.dst, err = g.arena.alloc(c, 4*b.n); err != nil {
@@ -121,7 +125,8 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32,
 		}
 	}
 	ups := []stepUpload{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, make([]int32, local)}, {w.seqStart, []int32{0, int32(local)}},
-		{w.len0, []int32{int32(s.Len + lo)}}, {w.state, []int32{int32(s.slot)}}, {w.winRow0, []int32{int32(s.slot * win)}}, {w.rowIdx, rows}}
+		{w.len0, []int32{int32(s.Len + lo)}}, {w.state, []int32{int32(s.slot)}}, {w.winRow0, []int32{int32(s.slot * win)}}, {w.rowIdx, rows},
+		{cs.ids, tokens}}
 	ups = append(ups, g.entryRows([]int32{int32(s.slot)})...)
 	// The KV-side chunks: rows [0, lo) and [hi, n) of the plan, at their positions.
 	side := func(k, from, to int) kernels.Chunk {
@@ -183,6 +188,25 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32,
 	}
 	s.Len += n
 	return len(rows), nil
+}
+
+// moeCP is layer l's MoE in a split step under expert parallelism (Layout.CP; the rank's
+// rows of w.x in, w.ffn out): the ranks' rows all-gathered in plan order, the MoE run over
+// all of them as a whole step's (each rank its experts, the partial sums all-reduced),
+// and the rank's rows of its output moved to the front of w.ffn.
+func (g *gpuModel) moeCP(c *cudart.Ctx, l *gpuLayer) error {
+	cs, w, h := g.cp, &g.w, g.m.Config.HiddenSize
+	st := cs.step
+	if err := cs.comm.AllGather(w.x, cs.streams, st.tmax*h, cudart.F32, g.s); err != nil {
+		return fmt.Errorf("gpu: context parallel: gather the MoE's rows: %w", err)
+	}
+	if err := l.moe.forward(c, g.s, g.kk, g.lin, g.moeW, w.ffn, cs.streams, cs.ids, st.n); err != nil {
+		return err
+	}
+	if local := st.hi - st.lo; local > 0 && st.lo > 0 { // lo ≥ tmax ≥ local: no overlap
+		return c.CopyDtoDAsync(w.ffn, w.ffn+cudart.DevicePtr(4*st.lo*h), int64(4*local*h), g.s)
+	}
+	return nil
 }
 
 // cpRows is layer li's rows of the split step in the gathered buffers (workRows' for

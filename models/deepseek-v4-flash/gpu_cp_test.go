@@ -99,3 +99,40 @@ func cpDecode(t *testing.T, forward cpurunner.ForwardFunc, pool *kvslab.Pool) ([
 	run(runnertest.OpenSeq(t, pool, runnertest.Prompt(11, v, 2)), []int{4, 4, 3}, 3)
 	return all, toks
 }
+
+// TestEmulatedCPOverEPEqualsEP runs TestEmulatedCPEqualsOne's plans with prefill CP over
+// the ranks of an expert-parallel layout (Layout.CP: each rank its experts alone, a split
+// step's MoE over every rank's rows) on 2 and 3 emulated GPUs (3: an expert-less rank; a
+// plan of 4 leaves it no tokens, and it runs its part of the others' MoE alone), against
+// the same EP layout without CP: the logits equal bit for bit (a split step's MoE sums
+// the same partials in the same order), and the prompts' plans ran split.
+func TestEmulatedCPOverEPEqualsEP(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
+		return
+	}
+	c := tinyConfig(t)
+	m, err := NewModel(c, RandomWeights(c, 7, false), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{2, 3} {
+		fe, pe, _ := layoutForward(t, m, Layout{EP: size})
+		wantLogits, wantToks := cpDecode(t, fe, pe)
+		f, p, g := layoutForward(t, m, Layout{EP: size, CP: true})
+		logits, toks := cpDecode(t, f, p)
+		if !slices.Equal(toks, wantToks) {
+			t.Fatalf("cp over ep=%d: greedy tokens %v, ep alone %v", size, toks, wantToks)
+		}
+		for s := range wantLogits {
+			if !slices.Equal(logits[s], wantLogits[s]) {
+				t.Fatalf("cp over ep=%d: step %d's logits differ from ep alone's", size, s)
+			}
+		}
+		if got := g.SplitSteps(); got != 4 {
+			t.Errorf("cp over ep=%d: %d steps ran split, want the prompts' 4", size, got)
+		}
+		if graph, _ := g.StepCounts(); graph == 0 {
+			t.Errorf("cp over ep=%d: no decode step replayed a graph", size)
+		}
+	}
+}

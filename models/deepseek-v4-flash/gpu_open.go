@@ -196,7 +196,7 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
 	}
 	// Every rank's flags make its layout: one of another would call other collectives.
-	if err := gpurunner.AgreeLayout(ctl, fmt.Sprintf("tp=%d ep=%d dispatch %s drafts %d", max(l.TP, 1), max(l.EP, 1), l.Dispatch, drafts)); err != nil {
+	if err := gpurunner.AgreeLayout(ctl, fmt.Sprintf("tp=%d ep=%d cp %t dispatch %s drafts %d", max(l.TP, 1), max(l.EP, 1), l.CP, l.Dispatch, drafts)); err != nil {
 		dev.Close()
 		return fail(err)
 	}

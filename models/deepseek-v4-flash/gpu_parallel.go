@@ -265,6 +265,10 @@ func (g *gpuMoE) sumOverRanks(s *cudart.Stream, out cudart.DevicePtr, n int) err
 // Under EP alone the all-to-all dispatch (Layout.Dispatch) sends each rank's share of the
 // step's rows to its experts' ranks instead (forwardA2A; eager steps).
 //
+// With Layout.CP (EP alone, the gather dispatch) the ranks split prompts as NewGPUCP's do
+// (gpuCP), each over its experts alone: a split step's MoE all-gathers the ranks' rows
+// and runs them all as a whole step's (gpuModel.moeCP).
+//
 // Not done yet: the all-to-all dispatch with TP, a checkpoint's FP8 and MXFP4 tensors kept
 // packed (OpenGPULayout loads them dequantized to fp32), sampling on the device.
 type GPUGroup struct {
@@ -321,6 +325,9 @@ func NewGPULayout(c *Config, l Layout, rankWeights func(rank int) (*Weights, err
 // whose SetComm hands the runner its end of the NCCL communicator.
 func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicator, dev *cudart.Device, cache *cudart.KernelCache,
 	slots, maxTokens, maxRows, maxContext, drafts int, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
+	if l.CP && drafts > 0 {
+		return nil, gpurunner.GroupRank{}, fmt.Errorf("%s: prefill CP does not draft (MTP): not with %d speculative tokens", Name, drafts)
+	}
 	r, err := newGPURankRunner(c, l, rank, w, data, dev, cache, slots, maxTokens, maxRows, maxContext, drafts, false)
 	if err != nil {
 		return nil, gpurunner.GroupRank{}, err
@@ -331,7 +338,10 @@ func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicat
 			if d := r.g.moeW.dp; d != nil { // the all-to-all dispatch's exchange
 				d.Comm = comm
 			}
-			return nil
+			if !l.CP {
+				return nil
+			}
+			return r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, l.Size()) })
 		}}
 	if drafts > 0 {
 		d := gpuDrafter{r}
@@ -448,6 +458,9 @@ func (g *GPUGroup) StepCounts() (graph, eager int) { return g.ranks[0].StepCount
 
 // Describe is rank 0's GPURunner.Describe.
 func (g *GPUGroup) Describe() string { return g.ranks[0].Describe() }
+
+// SplitSteps returns how many steps rank 0 ran split over the group (Layout.CP).
+func (g *GPUGroup) SplitSteps() int { return g.ranks[0].cpSplit }
 
 // StopRanks stops the other ranks (core/cli calls it when the engine stops).
 func (g *GPUGroup) StopRanks() error { return g.group.StopRanks() }

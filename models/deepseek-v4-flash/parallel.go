@@ -68,9 +68,14 @@ func (d Dispatch) String() string {
 // both ways. The MTP head's block is split like a layer (its e_proj, h_proj, norms
 // and hc_head replicated) and reads the split embedding and lm_head, so every rank runs
 // the drafts of every step (Runner.LockstepRank) and they come out equal on every rank.
+//
+// CP (GPU layouts only, NewGPULayout) makes the ep ranks split prompts too: prefill
+// context parallelism over the layout's ranks, each holding its experts alone (see
+// gpuCP), as the CPU's CP does over ranks of the whole model.
 type Layout struct {
 	TP, EP   int
 	Dispatch Dispatch
+	CP       bool
 }
 
 // Size returns the ranks of the layout.
@@ -98,6 +103,8 @@ func (l Layout) Check(c *Config) error {
 			Name, c.NumAttentionHeads, c.OGroups, c.MoEIntermediateSize, tpn)
 	case l.Dispatch != DispatchGather && l.Dispatch != DispatchAllToAll:
 		return fmt.Errorf("%s: dispatch %d", Name, l.Dispatch)
+	case l.CP && (epn < 2 || tpn > 1 || l.Dispatch != DispatchGather):
+		return fmt.Errorf("%s: prefill CP over a layout splits the ep ranks' prompts: ep 2 or more, tp 1, the gather dispatch (not tp=%d ep=%d %s)", Name, tpn, epn, l.Dispatch)
 	}
 	return nil
 }
@@ -190,6 +197,9 @@ func NewRankModel(c *Config, w *Weights, maxContext int, l Layout, comm dist.Com
 	}
 	if comm.Size() != l.Size() {
 		return nil, fmt.Errorf("%s: layout of %d ranks on a group of %d", Name, l.Size(), comm.Size())
+	}
+	if l.CP {
+		return nil, fmt.Errorf("%s: prefill CP over the ep ranks runs on the GPU (NewGPULayout); the CPU's CP runs the whole model on each rank (NewCPRank)", Name)
 	}
 	m, err := NewModel(c, w, maxContext)
 	if err != nil {

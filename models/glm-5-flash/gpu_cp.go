@@ -42,6 +42,10 @@ import (
 // steps run eagerly. What a rank sends a KDA layer is 4·L+H floats a row (L the KDA
 // width, H its heads), an MLA layer the latent's rank and on a full-indexer layer two
 // index_head_dim.
+//
+// Over the ranks of an expert-parallel layout (Layout.CP, NewGPULayout) each rank holds
+// its experts alone, and a split step's MoE runs every rank's rows through every rank's
+// experts (moeCP).
 type gpuCP struct {
 	comm       *cudart.Comm
 	rank, size int
@@ -138,7 +142,11 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32)
 		attn := func() error { return g.attentionCP(c, li) }
 		var err error
 		if local == 0 {
-			err = attn() // the others' rows' exchanges alone
+			// The others' rows' exchanges alone, and under expert parallelism its
+			// experts for their rows.
+			if err = attn(); err == nil && g.par != nil && g.layers[li].moe != nil {
+				err = g.moeCP(c, g.layers[li].moe, w.ffn, w.x)
+			}
 		} else {
 			err = g.layerWith(c, li, local, attn)
 		}
@@ -249,6 +257,25 @@ func (g *gpuModel) attentionCP(c *cudart.Ctx, li int) error {
 		return nil
 	}
 	return d.attend(c, g.s, l.dsa, slot, sel, w.att, local, s.Len+st.lo)
+}
+
+// moeCP is a sparse layer's MoE in a split step under expert parallelism (Layout.CP;
+// the rank's rows of x in, out out): the ranks' rows all-gathered in plan order, the MoE
+// run over all of them as a whole step's (each rank its experts, the partial sums
+// all-reduced), and the rank's rows of its output moved to the front of out. The
+// gathered rows go to w.att, which the layer's attention no longer needs.
+func (g *gpuModel) moeCP(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr) error {
+	st, w, D := g.cp.step, &g.w, g.m.Config.HiddenSize
+	if err := g.gather(c, x, w.att, D, "MoE rows"); err != nil {
+		return err
+	}
+	if err := g.moeRows(c, e, out, w.att, st.n); err != nil {
+		return err
+	}
+	if local := st.hi - st.lo; local > 0 && st.lo > 0 { // lo ≥ tmax ≥ local: no overlap
+		return c.CopyDtoDAsync(out, off(out, st.lo*D), int64(4*local*D), g.s)
+	}
+	return nil
 }
 
 // cpSplits reports whether the runner runs plan p split over its cp group.

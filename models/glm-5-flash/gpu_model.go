@@ -755,6 +755,14 @@ func (g *gpuModel) mlp(c *cudart.Ctx, p *gpuMLP, out, x cudart.DevicePtr, n int)
 // experts, and the combine. The masked layout is the one V4's gpuMoE uses; only the
 // routing kernel and the shared experts' width differ.
 func (g *gpuModel) moe(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
+	if g.cp != nil && g.cp.step != nil && g.par != nil {
+		return g.moeCP(c, e, out, x) // gpu_cp.go
+	}
+	return g.moeRows(c, e, out, x, n)
+}
+
+// moeRows is moe of the step's rows (every rank's under CP: moeCP).
+func (g *gpuModel) moeRows(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n int) error {
 	if g.par != nil && g.par.dp {
 		return g.moeDP(c, e, out, x, n) // gpu_dp.go
 	}

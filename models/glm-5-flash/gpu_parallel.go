@@ -299,6 +299,9 @@ func openGPURank(c *TextConfig, l Layout, rank int, w *TextWeights, data dist.Co
 	if w.mtp == nil && opts.Drafts > 0 {
 		return nil, gpurunner.GroupRank{}, fmt.Errorf("%s: MTP speculative decoding: %w", Name, ErrNoMTP)
 	}
+	if l.CP && opts.Drafts > 0 {
+		return nil, gpurunner.GroupRank{}, fmt.Errorf("%s: prefill CP does not draft (MTP): not with %d speculative tokens", Name, opts.Drafts)
+	}
 	m := &TextModel{Config: c, W: w, par: p}
 	if l.Size() > 1 {
 		m.Config = gpuRankConfig(c, p)
@@ -313,7 +316,10 @@ func openGPURank(c *TextConfig, l Layout, rank int, w *TextWeights, data dist.Co
 			if d := r.g.w.dp; d != nil { // the all-to-all dispatch's exchange
 				d.Comm = comm
 			}
-			return nil
+			if !l.CP {
+				return nil
+			}
+			return r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, l.Size()) })
 		}}
 	if r.drafts > 0 {
 		gr.Draft, gr.MaxDrafts = r.mtpDraft, r.drafts
@@ -390,6 +396,9 @@ func (g *GPUGroup) Experts() [][2]int {
 	}
 	return out
 }
+
+// SplitSteps returns how many steps rank 0 ran split over the group (Layout.CP).
+func (g *GPUGroup) SplitSteps() int { return g.ranks[0].cpSplit }
 
 // StopRanks stops the other ranks (core/cli calls it when the engine stops).
 func (g *GPUGroup) StopRanks() error { return g.group.StopRanks() }

@@ -70,9 +70,14 @@ func (d Dispatch) String() string {
 // layer's (eh_proj and the norms replicated), its head by vocabulary rows like the
 // lm_head, so every rank runs the drafts of every step (TextRunner.LockstepRank) and they
 // come out equal on every rank.
+//
+// CP (GPU layouts only, NewGPULayout) makes the ep ranks split prompts too: prefill
+// context parallelism over the layout's ranks, each holding its experts alone (see
+// gpuCP), as the CPU's CP does over ranks of the whole model.
 type Layout struct {
 	TP, EP   int
 	Dispatch Dispatch
+	CP       bool
 }
 
 // Size returns the ranks of the layout.
@@ -98,6 +103,8 @@ func (l Layout) Check(c *TextConfig) error {
 			Name, c.NumAttentionHeads, c.LinearNumHeads, c.IntermediateSize, c.MoEIntermediateSize, tpn)
 	case l.Dispatch != DispatchGather && l.Dispatch != DispatchAllToAll:
 		return fmt.Errorf("%s: dispatch %d", Name, l.Dispatch)
+	case l.CP && (l.EP < 2 || tpn > 1 || l.Dispatch != DispatchGather):
+		return fmt.Errorf("%s: prefill CP over a layout splits the ep ranks' prompts: ep 2 or more, tp 1, the gather dispatch (not tp=%d ep=%d %s)", Name, tpn, max(l.EP, 1), l.Dispatch)
 	}
 	return nil
 }
@@ -225,6 +232,9 @@ func NewRankModel(c *TextConfig, w *TextWeights, l Layout, comm dist.Communicato
 	}
 	if comm.Size() != l.Size() {
 		return nil, fmt.Errorf("%s: layout of %d ranks on a group of %d", Name, l.Size(), comm.Size())
+	}
+	if l.CP {
+		return nil, fmt.Errorf("%s: prefill CP over the ep ranks runs on the GPU (NewGPULayout); the CPU's CP runs the whole model on each rank (NewCPRank)", Name)
 	}
 	p := rankPart(c, l, comm.Rank())
 	if err := p.join(comm); err != nil { // first: every rank splits comm, even one whose weights are refused
