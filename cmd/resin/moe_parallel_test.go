@@ -226,3 +226,32 @@ func TestEPDispatchChecked(t *testing.T) {
 		t.Errorf("the test runner with --ep-dispatch gatherr: %v (%s)", err, errOut)
 	}
 }
+
+// TestGenerateParallelRefusesVisionTokens: glm-5-flash's image placeholder in a prompt is
+// refused naming it by every layout, also those whose rank 0 is wrapped for worker
+// processes (--tp-procs, --cp-procs), which did not ask the model's CheckPrompt.
+func TestGenerateParallelRefusesVisionTokens(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "models", "glm-5-flash", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["image_token_id"] = 5
+	if b, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, layout := range [][]string{nil, {"--ep", "2", "--tp-procs"}, {"--cp", "2", "--cp-procs"}} {
+		args := append([]string{"--model", "glm-5-flash", "--random-weights", path, "--prompt-ids", "1,5,3", "--max-tokens", "2"}, layout...)
+		_, errOut, err := runGenerate(t, args...)
+		if want := "image/video placeholder"; err == nil || !strings.Contains(errOut+err.Error(), want) {
+			t.Errorf("%v: err %v, stderr %q; want it refused naming the %s", layout, err, errOut, want)
+		}
+	}
+}

@@ -293,6 +293,9 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		}
 		return nil, nil, "", fmt.Errorf("open model %s: %w", m.Name, err)
 	}
+	if tr, ok := r.(*tpRunner); ok && tr.check == nil {
+		tr.check = promptCheck(m.Name, dir) // before dir (a --random-weights copy) is removed
+	}
 	return r, pool, m.Name, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
+	glm5flash "github.com/resin-llm/resin/models/glm-5-flash"
 )
 
 // tpFlags choose the tensor-parallel layout: ranks in this process (--tp), worker
@@ -158,9 +159,34 @@ type tpRunner struct {
 	// workers, when the ranks are worker processes, is their supervisor: Health reports
 	// one that exited (serve's /health), where only the next request's step found it.
 	workers *launch.Workers
+	// check is what the model refuses of a prompt (promptCheck), nil for nothing: rank 0's
+	// runner is wrapped here, so its own CheckPrompt is not seen.
+	check func([]int32) error
 }
 
 func (r *tpRunner) StopRanks() error { return r.close() }
+
+// CheckPrompt refuses what the model refuses of a prompt (engine.PromptChecker).
+func (r *tpRunner) CheckPrompt(prompt []int32) error {
+	if r.check == nil {
+		return nil
+	}
+	return r.check(prompt)
+}
+
+// promptCheck returns what model name refuses of a prompt, nil for nothing: glm-5-flash's
+// image and video placeholder tokens (its config in dir), which its text model has no
+// vision tower for.
+func promptCheck(name, dir string) func([]int32) error {
+	if name != glm5flash.Name {
+		return nil
+	}
+	c, err := glm5flash.LoadTextConfig(dir)
+	if err != nil {
+		return nil
+	}
+	return c.RefuseVisionTokens
+}
 
 // Health is the first worker process that exited, or nil (also when no rank is a process).
 func (r *tpRunner) Health() error {
@@ -199,7 +225,7 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 			return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 		}
 		forward, stop := f.timed(g.Forward, g.Close, data)
-		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil}, pool, nil
+		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil, nil}, pool, nil
 	}
 	s, err := r.shard(0, size)
 	if err != nil {
@@ -211,7 +237,7 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 	}
 	ctl, data := dist.NewTimed(g.ctl), dist.NewTimed(g.data)
 	forward, stop := f.timed(g.forward(tp.Lead(ctl, data, s, s.NewCache(pages, pt))), g.close, ctl, data)
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, g.w}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, g.w, nil}, pool, nil
 }
 
 // timed returns forward and stop as they are without --dist-stats; with it, forward
@@ -290,7 +316,7 @@ func openTPNodes(r *llamaTPModel, pool *kvslab.Pool, f *tpFlags) (engine.Runner,
 	}
 	tctl, tdata := dist.NewTimed(ctl), dist.NewTimed(data)
 	forward, stop := f.timed(tp.Lead(tctl, tdata, s, kv), stop, tctl, tdata)
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil, nil}, pool, nil
 }
 
 // tpWorkerSpec is what a worker process reads from RESIN_TP_WORKER.

@@ -19,6 +19,11 @@ type Limits struct {
 	MaxRows   int
 }
 
+// String names the limits (the ranks of a group agree on it: gpurunner.AgreeLayout).
+func (l Limits) String() string {
+	return fmt.Sprintf("%d sequences, %d rows a step, %d logits rows", l.MaxSeqs, l.MaxTokens, l.MaxRows)
+}
+
 // Check reports a limit the workspace cannot be sized for.
 func (l Limits) Check() error {
 	if l.MaxTokens <= 0 || l.MaxSeqs <= 0 || l.MaxRows <= 0 {

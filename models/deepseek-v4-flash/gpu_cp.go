@@ -424,6 +424,11 @@ func JoinGPUCP(dir string, cacheBytes int64, opts gpurunner.Options, ctl dist.Co
 	if !rowsSet {
 		lim.MaxRows = min(lim.MaxSeqs, lim.MaxTokens)
 	}
+	// Every rank's limits alike, or one would refuse a plan the others run.
+	if err := gpurunner.AgreeLayout(ctl, fmt.Sprintf("cp=%d, %s", size, lim)); err != nil {
+		dev.Close()
+		return fail(err)
+	}
 	var r *GPURunner
 	g, err := gpurunner.JoinGroup(Name, ctl, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
 		var gr gpurunner.GroupRank

@@ -36,12 +36,12 @@ import (
 //     alone runs it): it is linear in the state but its split needs each chunk's
 //     transition, docs/parallelism.md.
 //
-// After the last layer the streams of every rank's rows are all-gathered and every rank
-// computes the plan's logits rows alike (rank 0's are the engine's). Every other plan
-// (decode, several sequences) runs whole on every rank, its decode steps graphs; split
-// steps run eagerly. What a rank sends a KDA layer is 4·L+H floats a row (L the KDA
-// width, H its heads), an MLA layer the latent's rank and on a full-indexer layer two
-// index_head_dim.
+// After the last layer each rank takes its rows' final hidden states (the streams' mean,
+// normed), these are all-gathered and every rank computes the plan's logits rows alike
+// (rank 0's are the engine's). Every other plan (decode, several sequences) runs whole
+// on every rank, its decode steps graphs; split steps run eagerly. What a rank sends a
+// KDA layer is 4·L+H floats a row (L the KDA width, H its heads), an MLA layer the
+// latent's rank and on a full-indexer layer two index_head_dim.
 //
 // Over the ranks of an expert-parallel layout (Layout.CP, NewGPULayout) each rank holds
 // its experts alone, and a split step's MoE runs every rank's rows through every rank's
@@ -50,7 +50,7 @@ type gpuCP struct {
 	comm       *cudart.Comm
 	rank, size int
 	// rows receives every gather of a split step: (maxTokens+size) rows of the widest
-	// gathered row (the KDA's conv input 3L, the latent, the indexer's, the streams hc·D).
+	// gathered row (the KDA's conv input 3L, the latent, the indexer's, a hidden state).
 	rows  cudart.DevicePtr
 	width int
 	step  *gpuCPStep // the split step under way, nil outside one
@@ -66,7 +66,7 @@ type gpuCPStep struct {
 // newGPUCP allocates rank rank of size's gather buffer (inside Do).
 func (g *gpuModel) newGPUCP(c *cudart.Ctx, comm *cudart.Comm, rank, size int) error {
 	cfg := g.m.Config
-	width := max(3*cfg.LinearDim(), cfg.KVLoraRank, cfg.IndexHeadDim, cfg.HCMult*cfg.HiddenSize)
+	width := max(3*cfg.LinearDim(), cfg.KVLoraRank, cfg.IndexHeadDim, cfg.HiddenSize)
 	rows, err := g.alloc(c, (g.maxTokens+size)*width)
 	if err != nil {
 		return fmt.Errorf("gpu: the context-parallel buffers: %w", err)
@@ -161,14 +161,17 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32)
 	if len(rows) == 0 {
 		return nil, c.Synchronize() // a mid-prompt chunk: no row is sampled
 	}
-	// Every rank's final streams in plan order, then forward's head over the plan's rows.
-	if err := g.gather(c, w.streams, w.next, hc*D, "final streams"); err != nil {
-		return nil, err
+	// forward's hc_head on the rank's rows (the mean of the streams, the final norm), every
+	// rank's final hidden states gathered in plan order, then lm_head on the plan's rows.
+	if local > 0 {
+		if err := kernels.Run(g.dsa.ks, c, nil, kernels.StreamMean{Out: w.hidden, Streams: w.streams, Rows: local, HC: hc, Dim: D}); err != nil {
+			return nil, fmt.Errorf("gpu: %w", err)
+		}
+		if err := g.kk.RMSNorm(c, nil, w.hidden, w.hidden, g.norm, local, D, float32(cfg.RMSNormEps)); err != nil {
+			return nil, err
+		}
 	}
-	if err := kernels.Run(g.dsa.ks, c, nil, kernels.StreamMean{Out: w.hidden, Streams: w.next, Rows: n, HC: hc, Dim: D}); err != nil {
-		return nil, fmt.Errorf("gpu: %w", err)
-	}
-	if err := g.kk.RMSNorm(c, nil, w.hidden, w.hidden, g.norm, n, D, float32(cfg.RMSNormEps)); err != nil {
+	if err := g.gather(c, w.hidden, w.hidden, D, "final hidden states"); err != nil {
 		return nil, err
 	}
 	for i, r := range rows {
@@ -414,6 +417,11 @@ func JoinGPUCP(dir string, cacheBytes int64, opts gpurunner.Options, ctl dist.Co
 		lim.MaxRows = min(lim.MaxSeqs, lim.MaxTokens)
 	}
 	gopts := GPUOptions{Checkpoint: dir, KDAWeights: shippedKDAType(dir, cpu.Model.Config)}
+	// Every rank's limits alike, or one would refuse a plan the others run.
+	if err := gpurunner.AgreeLayout(ctl, fmt.Sprintf("cp=%d, %s", size, lim)); err != nil {
+		dev.Close()
+		return fail(err)
+	}
 	var r *GPURunner
 	g, err := gpurunner.JoinGroup(Name, ctl, cacheBytes, func(bytes int64) (gpurunner.GroupRank, error) {
 		var gr gpurunner.GroupRank

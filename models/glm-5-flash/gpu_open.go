@@ -197,8 +197,9 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		lim.MaxRows = min(lim.MaxSeqs*(1+drafts), lim.MaxTokens)
 	}
 	gopts := GPUOptions{Drafts: drafts, KDAWeights: shippedKDAType(dir, c)}
-	// Every rank's flags make its layout: one of another would call other collectives.
-	if err := gpurunner.AgreeLayout(ctl, fmt.Sprintf("tp=%d ep=%d cp %t dispatch %s drafts %d", max(l.TP, 1), max(l.EP, 1), l.CP, l.Dispatch, drafts)); err != nil {
+	// Every rank's flags make its layout: one of another would call other collectives, or
+	// refuse a plan the others run.
+	if err := gpurunner.AgreeLayout(ctl, fmt.Sprintf("tp=%d ep=%d cp %t dispatch %s drafts %d, %s", max(l.TP, 1), max(l.EP, 1), l.CP, l.Dispatch, drafts, lim)); err != nil {
 		dev.Close()
 		return fail(err)
 	}
