@@ -64,12 +64,13 @@ type gpuCPStep struct {
 	pre, post       kernels.Chunk
 }
 
-// newGPUCP allocates rank rank of size's buffers (inside Do).
-func (g *gpuModel) newGPUCP(c *cudart.Ctx, comm *cudart.Comm, rank, size int) error {
+// newGPUCP allocates rank rank of size's buffers (inside Do, before the pool takes the
+// device's memory); the group's SetComm hands it the NCCL communicator.
+func (g *gpuModel) newGPUCP(c *cudart.Ctx, rank, size int) error {
 	cfg := g.m.Config
 	d, id, h, hc := cfg.HeadDim, cfg.IndexHeadDim, cfg.HiddenSize, cfg.HCMult
 	rows := size * g.maxTokens
-	cs := &gpuCP{comm: comm, rank: rank, size: size}
+	cs := &gpuCP{rank: rank, size: size}
 	for _, b := range []struct {
 		dst *cudart.DevicePtr
 		n   int
@@ -313,9 +314,8 @@ type GPUCP struct {
 }
 
 // cpRank opens rank rank of size of the prefill CP of model m on dev: a GPURunner of the
-// whole model (NewGPURunner's sizes, float32) with a device pool of cacheBytes, taking its
-// end of the NCCL communicator (SetComm) into its CP buffers (a failure there fails the
-// group's start on every rank).
+// whole model (NewGPURunner's sizes, float32) with its CP buffers and a device pool of
+// cacheBytes, taking its end of the NCCL communicator (SetComm).
 func cpRank(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows, rank, size int, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
 	r, err := newGPURunner(m, nil, dev, cache, cudart.F32, slots, maxTokens, maxRows, 0)
 	if err != nil {
@@ -323,8 +323,12 @@ func cpRank(m *Model, dev *cudart.Device, cache *cudart.KernelCache, slots, maxT
 	}
 	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: m.Config.VocabSize},
 		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error {
-			return r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, size) })
+			r.g.cp.comm = comm
+			return nil
 		}}
+	if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, rank, size) }); err != nil {
+		return r, gr, err
+	}
 	gr.Pool, err = r.NewPool(cacheBytes)
 	return r, gr, err
 }

@@ -338,11 +338,16 @@ func openGPURank(c *Config, l Layout, rank int, w *Weights, data dist.Communicat
 			if d := r.g.moeW.dp; d != nil { // the all-to-all dispatch's exchange
 				d.Comm = comm
 			}
-			if !l.CP {
-				return nil
+			if l.CP {
+				r.g.cp.comm = comm
 			}
-			return r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, l.Size()) })
+			return nil
 		}}
+	if l.CP {
+		if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, rank, l.Size()) }); err != nil {
+			return r, gr, err
+		}
+	}
 	if drafts > 0 {
 		d := gpuDrafter{r}
 		gr.Draft, gr.MaxDrafts = d.Draft, drafts

@@ -63,15 +63,16 @@ type gpuCPStep struct {
 	n, lo, hi, tmax int
 }
 
-// newGPUCP allocates rank rank of size's gather buffer (inside Do).
-func (g *gpuModel) newGPUCP(c *cudart.Ctx, comm *cudart.Comm, rank, size int) error {
+// newGPUCP allocates rank rank of size's gather buffer (inside Do, before the pool takes
+// the device's memory); the group's SetComm hands it the NCCL communicator.
+func (g *gpuModel) newGPUCP(c *cudart.Ctx, rank, size int) error {
 	cfg := g.m.Config
 	width := max(3*cfg.LinearDim(), cfg.KVLoraRank, cfg.IndexHeadDim, cfg.HiddenSize)
 	rows, err := g.alloc(c, (g.maxTokens+size)*width)
 	if err != nil {
 		return fmt.Errorf("gpu: the context-parallel buffers: %w", err)
 	}
-	g.cp = &gpuCP{comm: comm, rank: rank, size: size, rows: rows, width: width}
+	g.cp = &gpuCP{rank: rank, size: size, rows: rows, width: width}
 	return nil
 }
 
@@ -295,9 +296,8 @@ type GPUCP struct {
 }
 
 // cpRank opens rank rank of size of the prefill CP of model m on dev: a GPURunner of the
-// whole model (NewGPURunner's sizes and opts, no drafts) with a device pool of
-// cacheBytes, taking its end of the NCCL communicator (SetComm) into its CP buffer (a
-// failure there fails the group's start on every rank).
+// whole model (NewGPURunner's sizes and opts, no drafts) with its CP buffer and a device
+// pool of cacheBytes, taking its end of the NCCL communicator (SetComm).
 func cpRank(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, slots, maxTokens, maxRows, maxContext int, opts GPUOptions, rank, size int, cacheBytes int64) (*GPURunner, gpurunner.GroupRank, error) {
 	if opts.Drafts > 0 {
 		return nil, gpurunner.GroupRank{}, fmt.Errorf("prefill CP does not draft (MTP): not with %d speculative tokens", opts.Drafts)
@@ -308,8 +308,12 @@ func cpRank(m *TextModel, dev *cudart.Device, cache *cudart.KernelCache, slots, 
 	}
 	gr := gpurunner.GroupRank{Rank: lockstep.Rank{Forward: r.forward, Check: r.checkPlan, Vocab: m.Config.VocabSize},
 		Device: r.dev, Close: r.Close, SetComm: func(comm *cudart.Comm) error {
-			return r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, size) })
+			r.g.cp.comm = comm
+			return nil
 		}}
+	if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, rank, size) }); err != nil {
+		return r, gr, err
+	}
 	gr.Pool, err = r.NewPool(cacheBytes)
 	return r, gr, err
 }

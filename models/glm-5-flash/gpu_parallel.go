@@ -316,11 +316,16 @@ func openGPURank(c *TextConfig, l Layout, rank int, w *TextWeights, data dist.Co
 			if d := r.g.w.dp; d != nil { // the all-to-all dispatch's exchange
 				d.Comm = comm
 			}
-			if !l.CP {
-				return nil
+			if l.CP {
+				r.g.cp.comm = comm
 			}
-			return r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, comm, rank, l.Size()) })
+			return nil
 		}}
+	if l.CP {
+		if err := r.dev.Do(func(c *cudart.Ctx) error { return r.g.newGPUCP(c, rank, l.Size()) }); err != nil {
+			return r, gr, err
+		}
+	}
 	if r.drafts > 0 {
 		gr.Draft, gr.MaxDrafts = r.mtpDraft, r.drafts
 	}
