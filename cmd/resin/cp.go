@@ -47,8 +47,8 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
 	case f.tp.size > 1 || f.tp.procs || f.dp.size > 1:
 		return fmt.Errorf("--cp %d is not combined with --tp, --tp-procs or --dp yet", c.size)
-	case f.tp.ep > 1 && (!f.device.CUDA() || gpuLayoutOpeners[f.model] == nil || f.tp.ep != c.size || f.tp.dispatch != "gather"):
-		return fmt.Errorf("--cp %d --ep %d: prefill CP over the ep ranks runs on the GPU (--device cuda, --model deepseek-v4-flash or glm-5-flash), --ep equal to --cp, --ep-dispatch gather", c.size, f.tp.ep)
+	case f.tp.ep > 1 && (!f.device.CUDA() || gpuLayoutOpeners[f.model] == nil || f.tp.ep != c.size):
+		return fmt.Errorf("--cp %d --ep %d: prefill CP over the ep ranks runs on the GPU (--device cuda, --model deepseek-v4-flash or glm-5-flash), --ep equal to --cp", c.size, f.tp.ep)
 	case c.procs && f.tp.initAddr != "":
 		return fmt.Errorf("--cp %d: --cp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size)
 	case f.specTokens > 0:

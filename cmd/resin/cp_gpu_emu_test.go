@@ -112,8 +112,9 @@ func checkCPLayouts(t *testing.T, args []string, chunksRound bool) string {
 // TestGenerateCPOverEPOnTheEmulatedDevice: generate --device cuda-emu --cp 2 --ep 2 runs
 // the MoE models' expert-parallel GPU layout with the ep ranks splitting the prompt
 // (Layout.CP) in-process, with --cp-procs and over two nodes, and prints --ep 2's tokens
-// and writes its --logits-out byte for byte (a split step's MoE sums the same partials);
-// --cp with another --ep, or on the CPU, is refused naming what it needs.
+// and writes its --logits-out byte for byte (a split step's MoE sums the same partials),
+// by the all-to-all dispatch too; --cp with another --ep, or on the CPU, is refused naming
+// what it needs.
 func TestGenerateCPOverEPOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -140,6 +141,11 @@ func TestGenerateCPOverEPOnTheEmulatedDevice(t *testing.T) {
 				t.Errorf("%s %v: %q, --ep 2 %q; logits equal %v", model, extra, toks, ep, bytes.Equal(logits, epLogits))
 			}
 		}
+		// The all-to-all dispatch: each rank's chunk is its share of the rows.
+		a2a, a2aLogits := run("--ep", "2", "--ep-dispatch", "all-to-all")
+		if toks, logits := run("--cp", "2", "--ep", "2", "--ep-dispatch", "all-to-all", "--cp-procs"); toks == "" || toks != a2a || !bytes.Equal(logits, a2aLogits) {
+			t.Errorf("%s --cp 2 --ep 2 --ep-dispatch all-to-all --cp-procs: %q, --ep 2 by all-to-all %q; logits equal %v", model, toks, a2a, bytes.Equal(logits, a2aLogits))
+		}
 		got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2", "--ep", "2"})
 		if tokensLine(got) != ep || !bytes.Equal(lg, epLogits) {
 			t.Errorf("%s --cp 2 --ep 2 over two nodes: %q, --ep 2 %q; logits equal %v", model, tokensLine(got), ep, bytes.Equal(lg, epLogits))
@@ -147,7 +153,7 @@ func TestGenerateCPOverEPOnTheEmulatedDevice(t *testing.T) {
 		if pids := childWorkers(t); len(pids) > 0 {
 			t.Errorf("%s: worker processes %v left after --cp-procs", model, pids)
 		}
-		for _, bad := range [][]string{{"--cp", "2", "--ep", "3"}, {"--cp", "2", "--ep", "2", "--device", "cpu"}, {"--cp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}} {
+		for _, bad := range [][]string{{"--cp", "2", "--ep", "3"}, {"--cp", "2", "--ep", "2", "--device", "cpu"}} {
 			_, errOut, err := runGenerate(t, append(slices.Clone(args), bad...)...)
 			if want := "prefill CP over the ep ranks runs on the GPU"; err == nil || !strings.Contains(errOut+err.Error(), want) {
 				t.Errorf("%s %v: err %v, stderr %q; want it to say %q", model, bad, err, errOut, want)

@@ -195,9 +195,16 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32,
 // rows of w.x in, w.ffn out): the ranks' rows all-gathered in plan order, the MoE run over
 // all of them as a whole step's (each rank its experts, the partial sums all-reduced),
 // and the rank's rows of its output moved to the front of w.ffn.
+//
+// With the all-to-all dispatch a rank's CP chunk is its share of the step's rows
+// (forwardA2A's): its rows go to their experts' ranks alone and come back summed, and
+// nothing is gathered.
 func (g *gpuModel) moeCP(c *cudart.Ctx, l *gpuLayer) error {
 	cs, w, h := g.cp, &g.w, g.m.Config.HiddenSize
 	st := cs.step
+	if g.par.allToAll {
+		return l.moe.forwardShare(c, g.s, g.kk, g.lin, g.moeW, w.ffn, w.x, w.ids, st.hi-st.lo)
+	}
 	if err := cs.comm.AllGather(w.x, cs.streams, st.tmax*h, cudart.F32, g.s); err != nil {
 		return fmt.Errorf("gpu: context parallel: gather the MoE's rows: %w", err)
 	}

@@ -103,8 +103,9 @@ func cpDecode(t *testing.T, forward cpurunner.ForwardFunc, pool *kvslab.Pool) ([
 // TestEmulatedCPOverEPEqualsEP runs TestEmulatedCPEqualsOne's plans with prefill CP over
 // the ranks of an expert-parallel layout (Layout.CP: each rank its experts alone, a split
 // step's MoE over every rank's rows) on 2 and 3 emulated GPUs (3: an expert-less rank; a
-// plan of 4 leaves it no tokens, and it runs its part of the others' MoE alone), against
-// the same EP layout without CP: the logits equal bit for bit (a split step's MoE sums
+// plan of 4 leaves it no tokens, and it runs its part of the others' MoE alone), by the
+// gather dispatch and by the all-to-all one (each rank's chunk its share of the rows),
+// against the same EP layout without CP: the logits equal bit for bit (a split step's MoE sums
 // the same partials in the same order), and the prompts' plans ran split.
 func TestEmulatedCPOverEPEqualsEP(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3", "RESIN_EMU_POISON=1") {
@@ -115,24 +116,26 @@ func TestEmulatedCPOverEPEqualsEP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, size := range []int{2, 3} {
-		fe, pe, _ := layoutForward(t, m, Layout{EP: size})
+	for _, l := range []Layout{{EP: 2}, {EP: 3}, {EP: 2, Dispatch: DispatchAllToAll}, {EP: 3, Dispatch: DispatchAllToAll}} {
+		size := fmt.Sprintf("%d %s", l.EP, l.Dispatch)
+		fe, pe, _ := layoutForward(t, m, l)
 		wantLogits, wantToks := cpDecode(t, fe, pe)
-		f, p, g := layoutForward(t, m, Layout{EP: size, CP: true})
+		l.CP = true
+		f, p, g := layoutForward(t, m, l)
 		logits, toks := cpDecode(t, f, p)
 		if !slices.Equal(toks, wantToks) {
-			t.Fatalf("cp over ep=%d: greedy tokens %v, ep alone %v", size, toks, wantToks)
+			t.Fatalf("cp over ep=%s: greedy tokens %v, ep alone %v", size, toks, wantToks)
 		}
 		for s := range wantLogits {
 			if !slices.Equal(logits[s], wantLogits[s]) {
-				t.Fatalf("cp over ep=%d: step %d's logits differ from ep alone's", size, s)
+				t.Fatalf("cp over ep=%s: step %d's logits differ from ep alone's", size, s)
 			}
 		}
 		if got := g.SplitSteps(); got != 4 {
-			t.Errorf("cp over ep=%d: %d steps ran split, want the prompts' 4", size, got)
+			t.Errorf("cp over ep=%s: %d steps ran split, want the prompts' 4", size, got)
 		}
-		if graph, _ := g.StepCounts(); graph == 0 {
-			t.Errorf("cp over ep=%d: no decode step replayed a graph", size)
+		if graph, _ := g.StepCounts(); graph == 0 && l.Dispatch == DispatchGather { // all-to-all steps run eagerly
+			t.Errorf("cp over ep=%s: no decode step replayed a graph", size)
 		}
 	}
 }

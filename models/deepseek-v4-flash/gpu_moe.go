@@ -277,19 +277,27 @@ func (g *gpuMoE) forwardA2A(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b
 	lo := min(p.rank*t, n)
 	mine := min(lo+t, n) - lo
 	xs, ts := x+cudart.DevicePtr(4*lo*h), tokens+cudart.DevicePtr(4*lo)
-	f := gpurunner.DPMoEFuncs{
-		Route:   func(m int) error { return g.route(c, s, kk, b, w, xs, ts, m) },
-		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, s, kk, b, w, m, x) },
-		Shared:  func(dst cudart.DevicePtr, m int) error { return g.shared(c, s, kk, b, w, dst, xs, m) },
-	}
 	share := w.a2aOut + cudart.DevicePtr(4*p.rank*t*h)
-	if err := w.dp.Forward(c, s, kk, f, share, xs, mine, mine); err != nil {
+	if err := g.forwardShare(c, s, kk, b, w, share, xs, ts, mine); err != nil {
 		return err
 	}
 	if err := p.comm.AllGather(share, w.a2aOut, t*h, cudart.F32, s); err != nil {
 		return fmt.Errorf("gpu moe: all-to-all: gather the shares' outputs: %w", err)
 	}
 	return c.CopyDtoDAsync(out, w.a2aOut, int64(4*n*h), s)
+}
+
+// forwardShare computes out [m, hidden] for this rank's share of a step's rows, x's m rows
+// (tokens their ids; 0 rows on a rank without a share) by the all-to-all exchange: each
+// row sent to its routed experts' ranks, what they return summed with the shared
+// expert's (forwardA2A's shares; a split step's chunk under CP over the ep ranks, moeCP).
+func (g *gpuMoE) forwardShare(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, m int) error {
+	f := gpurunner.DPMoEFuncs{
+		Route:   func(m int) error { return g.route(c, s, kk, b, w, x, tokens, m) },
+		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, s, kk, b, w, m, x) },
+		Shared:  func(dst cudart.DevicePtr, m int) error { return g.shared(c, s, kk, b, w, dst, x, m) },
+	}
+	return w.dp.Forward(c, s, kk, f, out, x, m, m)
 }
 
 // route computes the routes of x's n rows (tokens [n] int32, for hash routing) into

@@ -268,8 +268,15 @@ func (g *gpuModel) attentionCP(c *cudart.Ctx, li int) error {
 // run over all of them as a whole step's (each rank its experts, the partial sums
 // all-reduced), and the rank's rows of its output moved to the front of out. The
 // gathered rows go to w.att, which the layer's attention no longer needs.
+//
+// With the all-to-all dispatch a rank's CP chunk is its share of the step's rows
+// (moeA2A's): its rows go to their experts' ranks alone and come back summed, and
+// nothing is gathered.
 func (g *gpuModel) moeCP(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr) error {
 	st, w, D := g.cp.step, &g.w, g.m.Config.HiddenSize
+	if g.par.allToAll {
+		return g.moeShare(c, e, out, x, st.hi-st.lo)
+	}
 	if err := g.gather(c, x, w.att, D, "MoE rows"); err != nil {
 		return err
 	}

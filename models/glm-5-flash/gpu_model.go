@@ -720,19 +720,27 @@ func (g *gpuModel) moeA2A(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n i
 	lo := min(p.rank*t, n)
 	mine := min(lo+t, n) - lo
 	xs := off(x, lo*D)
-	f := gpurunner.DPMoEFuncs{
-		Route:   func(m int) error { return g.route(c, e, xs, m) },
-		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, e, m, x) },
-		Shared:  func(dst cudart.DevicePtr, m int) error { return g.mlp(c, &e.shared, dst, xs, m) },
-	}
 	share := off(g.w.a2aOut, p.rank*t*D)
-	if err := g.w.dp.Forward(c, g.s, g.kk, f, share, xs, mine, mine); err != nil {
+	if err := g.moeShare(c, e, share, xs, mine); err != nil {
 		return err
 	}
 	if err := p.comm.AllGather(share, g.w.a2aOut, t*D, cudart.F32, g.s); err != nil {
 		return fmt.Errorf("gpu moe: all-to-all: gather the shares' outputs: %w", err)
 	}
 	return c.CopyDtoDAsync(out, g.w.a2aOut, int64(4*n*D), g.s)
+}
+
+// moeShare computes out [m, D] for this rank's share of a step's rows, x's m rows (0 on a
+// rank without a share), by the all-to-all exchange: each row sent to its routed experts'
+// ranks, what they return summed with the shared experts' (moeA2A's shares; a split
+// step's chunk under CP over the ep ranks, moeCP).
+func (g *gpuModel) moeShare(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, m int) error {
+	f := gpurunner.DPMoEFuncs{
+		Route:   func(m int) error { return g.route(c, e, x, m) },
+		Experts: func(m cuda.MaskedMoE, x cudart.DevicePtr) error { return g.runHeld(c, e, m, x) },
+		Shared:  func(dst cudart.DevicePtr, m int) error { return g.mlp(c, &e.shared, dst, x, m) },
+	}
+	return g.w.dp.Forward(c, g.s, g.kk, f, out, x, m, m)
 }
 
 // mlp computes out [n, D] = the clamped SwiGLU MLP p of x [n, D].

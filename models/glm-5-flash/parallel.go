@@ -103,8 +103,8 @@ func (l Layout) Check(c *TextConfig) error {
 			Name, c.NumAttentionHeads, c.LinearNumHeads, c.IntermediateSize, c.MoEIntermediateSize, tpn)
 	case l.Dispatch != DispatchGather && l.Dispatch != DispatchAllToAll:
 		return fmt.Errorf("%s: dispatch %d", Name, l.Dispatch)
-	case l.CP && (l.EP < 2 || tpn > 1 || l.Dispatch != DispatchGather):
-		return fmt.Errorf("%s: prefill CP over a layout splits the ep ranks' prompts: ep 2 or more, tp 1, the gather dispatch (not tp=%d ep=%d %s)", Name, tpn, max(l.EP, 1), l.Dispatch)
+	case l.CP && (l.EP < 2 || tpn > 1):
+		return fmt.Errorf("%s: prefill CP over a layout splits the ep ranks' prompts: ep 2 or more, tp 1 (not tp=%d ep=%d)", Name, tpn, max(l.EP, 1))
 	}
 	return nil
 }
