@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/resin-llm/resin/core/cli"
+	"github.com/resin-llm/resin/core/cudart"
 	"github.com/resin-llm/resin/core/cudart/emutest"
 	"github.com/resin-llm/resin/models"
 )
@@ -354,6 +355,40 @@ func TestDPAttentionGPUGraphBuckets(t *testing.T) {
 		}
 		if err := errors.Join(errs...); err != nil {
 			t.Errorf("%+v: close: %v", c, err)
+		}
+	}
+}
+
+// TestGenerateFreesTheGPU: a generate on the emulated device frees its device memory when
+// it ends (core/cli closes the runner after stopping the engine), for one GPU, a GPU
+// layout and prefill CP: device 0's free memory after each is what it was before (the
+// runners' pools alone are 256 MiB, the emulator's device 8 GiB). Before, the runners
+// were only stopped, and a program opening runners one after another ran out of memory.
+func TestGenerateFreesTheGPU(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dev, err := cudart.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	cfg := filepath.Join("..", "..", "models", "glm-5-flash", "config.json")
+	for _, layout := range [][]string{nil, {"--ep", "2"}, {"--cp", "2"}, {"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json")}} {
+		before, _, err := dev.MemInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"--model", "glm-5-flash", "--random-weights", cfg, "--device", "cuda-emu", "--prompt-ids", "1,2,3", "--max-tokens", "2"}, layout...)
+		if _, errOut, err := runGenerate(t, args...); err != nil {
+			t.Fatalf("%v: %v\n%s", layout, err, errOut)
+		}
+		after, _, err := dev.MemInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after < before {
+			t.Errorf("%v: device 0 has %d MiB free after generate, %d MiB before", layout, after>>20, before>>20)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -73,17 +74,32 @@ func attachRunner(e *engine.Engine, r engine.Runner) {
 	}
 }
 
-// runnerCloser returns what ends an out-of-process runner's session (Shutdown, then an
-// exec runner's exit is waited for and reaped), or a tensor-parallel group's StopRanks
-// (which stops its other ranks and reaps its worker processes), or nil.
+// runnerCloser returns what ends a runner once its engine has stopped: an out-of-process
+// runner's session (Shutdown, then an exec runner's exit is waited for and reaped); a
+// parallel group's StopRanks (which stops its other ranks and reaps its worker
+// processes); then, where the runner has one, its Close (a GPU runner's device memory,
+// graphs and device, which a program opening runners one after another would otherwise
+// keep until it exits). Every Close a runner reaches here must be safe after StopRanks
+// and a second time. Nil when there is nothing to end.
 func runnerCloser(r engine.Runner) func() error {
 	if rem, ok := r.(*wire.Remote); ok {
 		return rem.Close
 	}
-	if g, ok := r.(interface{ StopRanks() error }); ok {
-		return g.StopRanks
+	stop, _ := r.(interface{ StopRanks() error })
+	closer, _ := r.(interface{ Close() error })
+	if stop == nil && closer == nil {
+		return nil
 	}
-	return nil
+	return func() error {
+		var errs []error
+		if stop != nil {
+			errs = append(errs, stop.StopRanks())
+		}
+		if closer != nil {
+			errs = append(errs, closer.Close())
+		}
+		return errors.Join(errs...)
+	}
 }
 
 // runnerHealth returns what /health asks besides draining: an out-of-process runner's

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"testing"
@@ -78,5 +79,51 @@ func TestRunnerHealthAsksWorkers(t *testing.T) {
 	dead := &healthyRunner{Runner: r, err: errors.New("worker rank 1 exited")}
 	if h := runnerHealth(dead); h == nil || h() == nil {
 		t.Error("a runner with Health: /health does not ask it")
+	}
+}
+
+// closeRecorder is a runner (enginetest's) with StopRanks and Close that record their
+// calls in order.
+type closeRecorder struct {
+	engine.Runner
+	calls *[]string
+}
+
+func (r closeRecorder) StopRanks() error { *r.calls = append(*r.calls, "stop"); return nil }
+func (r closeRecorder) Close() error {
+	*r.calls = append(*r.calls, "close")
+	return errors.New("closed")
+}
+
+// onlyClose is a runner with a Close alone (a single GPU runner's shape).
+type onlyClose struct {
+	engine.Runner
+	calls *[]string
+}
+
+func (r onlyClose) Close() error { *r.calls = append(*r.calls, "close"); return nil }
+
+// TestRunnerCloserStopsThenCloses: when an engine stops, a parallel group's other ranks
+// are stopped (StopRanks, which reaps worker processes) and then the runner is closed
+// (its device memory freed), its Close's error reported; a runner with only a Close is
+// closed; one with neither needs nothing.
+func TestRunnerCloserStopsThenCloses(t *testing.T) {
+	tr, err := enginetest.New(enginetest.Config{VocabSize: 100, Pages: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	if err := runnerCloser(closeRecorder{tr, &calls})(); err == nil || err.Error() != "closed" {
+		t.Errorf("the closer's error %v, want Close's", err)
+	}
+	if got := fmt.Sprint(calls); got != "[stop close]" {
+		t.Errorf("calls %s, want [stop close]", got)
+	}
+	calls = nil
+	if err := runnerCloser(onlyClose{tr, &calls})(); err != nil || fmt.Sprint(calls) != "[close]" {
+		t.Errorf("a runner with Close alone: %v, calls %v", err, calls)
+	}
+	if c := runnerCloser(tr); c != nil {
+		t.Errorf("a runner with neither StopRanks nor Close got a closer")
 	}
 }

@@ -53,6 +53,7 @@ type GPURunner struct {
 	Stats struct{ DeviceSampled, HostSampled int }
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
+	closed  bool // Close ran
 	// Under prefill CP (NewGPUCP): the steps run split.
 	cpSplit int
 }
@@ -225,8 +226,12 @@ func (r *GPURunner) resume(c *cudart.Ctx, p *engine.BatchPlan, i int) (*gpuSeq, 
 func (r *GPURunner) Describe() string { return r.g.lin.describe() }
 
 // Close frees the device memory and the kernels (and closes the device OpenGPU opened);
-// it must not run inside Device.Do.
+// it must not run inside Device.Do. Closing it again does nothing.
 func (r *GPURunner) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
 	r.dev.Do(func(c *cudart.Ctx) error {
 		r.g.close(c)
 		return nil

@@ -41,6 +41,7 @@ type GPURunner struct {
 	forceDraft func(promptLen, pos, j int, logits []float32) int32
 	// ownsDev: Close closes the device too (OpenGPU opened it).
 	ownsDev bool
+	closed  bool // Close ran
 	opts    GPUOptions
 	cpSplit int // steps run split over a cp group (gpu_cp.go)
 }
@@ -192,8 +193,12 @@ func (r *GPURunner) NewPool(bytes int64) (*kvslab.Pool, error) {
 }
 
 // Close frees the device memory and the kernels (and closes the device OpenGPU opened);
-// it must not run inside Device.Do.
+// it must not run inside Device.Do. Closing it again does nothing.
 func (r *GPURunner) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
 	r.dev.Do(func(c *cudart.Ctx) error {
 		r.g.close(c)
 		return nil
