@@ -54,27 +54,28 @@ var gpuCPOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunner.
 }
 
 // gpuA2ALayouts are the models of gpuLayoutOpeners whose GPU layout dispatches by
-// all-to-all too (--ep N --ep-dispatch all-to-all, expert parallelism alone, in-process
-// ranks, worker processes or nodes: each rank sends its share of the step's rows to its
-// experts' ranks).
+// all-to-all too (--ep N --ep-dispatch all-to-all, expert parallelism alone or with --tp
+// N equal, in-process ranks, worker processes or nodes: each rank sends its share of the
+// step's rows to its experts' ranks).
 var gpuA2ALayouts = map[string]bool{deepseekv4flash.Name: true, glm5flash.Name: true}
 
 // gpuParallel reports whether --tp and --ep with --device cuda name a layout the GPU
 // runners have: llama's --tp, or for a model of gpuLayoutOpeners --tp, --ep or both
-// (with the gather dispatch; the model checks the sizes), in-process ranks, or for a model
+// (with the gather dispatch, or the all-to-all one with --ep and --tp 1 or equal; the
+// model checks the sizes), in-process ranks, or for a model
 // of gpuLayoutJoiners in worker processes (--tp-procs) or across nodes (--dist-init-addr);
 // llama's --tp too.
 func (f *runtimeFlags) gpuParallel() bool {
 	t := &f.tp
 	switch {
 	case (t.procs || t.initAddr != "") && gpuLayoutJoiners[f.model] != nil: // worker processes or nodes
-		return (t.dispatch == "gather" || t.dispatch == "all-to-all" && gpuA2ALayouts[f.model] && t.size <= 1) && !(t.procs && t.initAddr != "")
+		return (t.dispatch == "gather" || t.dispatch == "all-to-all" && gpuA2ALayouts[f.model] && (t.size <= 1 || t.size == t.ep)) && !(t.procs && t.initAddr != "")
 	case t.initAddr != "": // nodes: llama's GPU TP only
 		return f.model == "llama" && t.ep == 1
 	case t.procs:
 		return f.model == "llama" && t.ep == 1
 	case gpuLayoutOpeners[f.model] != nil:
-		return t.dispatch == "gather" || t.dispatch == "all-to-all" && gpuA2ALayouts[f.model] && t.size <= 1
+		return t.dispatch == "gather" || t.dispatch == "all-to-all" && gpuA2ALayouts[f.model] && (t.size <= 1 || t.size == t.ep)
 	}
 	return f.model == "llama" && t.ep == 1
 }

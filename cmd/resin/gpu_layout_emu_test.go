@@ -23,9 +23,9 @@ import (
 // runs its GPU runner over three emulated GPUs (the package config's 8 routed experts split
 // 3 + 3 + 2, the all-reduces on the emulated NCCL), and its greedy tokens equal the CPU
 // runner's, with 2 MTP drafts a step too, and so do --tp 2 and --tp 2 --ep 2 with drafts
-// (the heads and columns split), and --ep 3 and --ep 2 with drafts by the all-to-all
-// dispatch (each rank sending its share of the rows); the all-to-all dispatch with --tp is
-// refused on the device.
+// (the heads and columns split), and --ep 3, --ep 2 and --tp 2 --ep 2 with drafts by the
+// all-to-all dispatch (each rank sending its share of the rows; under --tp its shared
+// experts' partials summed); the all-to-all dispatch with --tp alone is refused.
 func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -38,7 +38,8 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 	}
 	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "3", "--num-speculative-tokens", "2"},
 		{"--tp", "2", "--num-speculative-tokens", "2"}, {"--tp", "2", "--ep", "2", "--num-speculative-tokens", "2"},
-		{"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--num-speculative-tokens", "2"}} {
+		{"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--num-speculative-tokens", "2"},
+		{"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all", "--num-speculative-tokens", "2"}} {
 		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
 		if err != nil {
 			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)
@@ -50,8 +51,8 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3)", strings.Join(extra, " "), n)
 		}
 	}
-	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all")...); err == nil || !strings.Contains(err.Error(), "--ep-dispatch gather") {
-		t.Errorf("--tp 2 --ep 2 --ep-dispatch all-to-all on the device: %v, want a refusal naming --ep-dispatch gather", err)
+	if _, _, err := runGenerate(t, append(args, "--device", "cuda-emu", "--tp", "2", "--ep-dispatch", "all-to-all")...); err == nil || !strings.Contains(err.Error(), "needs --ep 2 or more") {
+		t.Errorf("--tp 2 --ep-dispatch all-to-all on the device: %v, want a refusal naming --ep", err)
 	}
 }
 
@@ -59,9 +60,10 @@ func TestGenerateParallelOnTheEmulatedDevice(t *testing.T) {
 // cuda-emu --ep 3 runs its GPU runner over three emulated GPUs (the package config's 8
 // routed experts split 3 + 3 + 2, the MoE all-reduces on the emulated NCCL), --ep 2 with 2
 // MTP drafts a step, --tp 2 (heads, columns and vocabulary split), --tp 2 --ep 2, and
-// --ep 3 and --ep 2 with drafts by the all-to-all dispatch (each rank sending its share of
-// the rows), and their greedy tokens equal the CPU runner's; the all-to-all dispatch with
-// --tp is refused by name.
+// --ep 3, --ep 2 with drafts and --tp 2 --ep 2 (in-process and --tp-procs) by the
+// all-to-all dispatch (each rank sending its share of the rows), and their greedy tokens
+// equal the CPU runner's; the all-to-all dispatch with --tp alone, or another --ep, is
+// refused.
 func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t) {
 		return
@@ -73,7 +75,8 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 		t.Fatalf("on the CPU: %v\n%s", err, errOut)
 	}
 	for _, extra := range [][]string{{"--ep", "3"}, {"--ep", "2", "--num-speculative-tokens", "2"}, {"--tp", "2"}, {"--tp", "2", "--ep", "2"},
-		{"--tp", "2", "--num-speculative-tokens", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--num-speculative-tokens", "2"}} {
+		{"--tp", "2", "--num-speculative-tokens", "2"}, {"--ep", "3", "--ep-dispatch", "all-to-all"}, {"--ep", "2", "--ep-dispatch", "all-to-all", "--num-speculative-tokens", "2"},
+		{"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}, {"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all", "--tp-procs"}} {
 		gpu, errOut, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...)
 		if err != nil {
 			t.Fatalf("--device cuda-emu %s: %v\n%s", strings.Join(extra, " "), err, errOut)
@@ -85,10 +88,13 @@ func TestGenerateV4ParallelOnTheEmulatedDevice(t *testing.T) {
 			t.Errorf("--device cuda-emu %s: the emulator shows %q GPUs, want 3 (openLayoutGPU set it for --ep 3: the GPU layout ran)", strings.Join(extra, " "), n)
 		}
 	}
-	// The all-to-all dispatch runs expert parallelism alone, in ranks of this process.
-	for _, extra := range [][]string{{"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}, {"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all", "--tp-procs"}} {
-		if _, _, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), extra...)...); err == nil || !strings.Contains(err.Error(), "use --ep-dispatch gather") {
-			t.Errorf("--device cuda-emu %s: %v, want a refusal naming --ep-dispatch gather", strings.Join(extra, " "), err)
+	// The all-to-all dispatch with --tp runs with --ep equal: the same ranks split both ways.
+	for _, c := range []struct {
+		extra []string
+		want  string
+	}{{[]string{"--tp", "2", "--ep-dispatch", "all-to-all"}, "needs --ep 2 or more"}, {[]string{"--tp", "2", "--ep", "4", "--ep-dispatch", "all-to-all"}, "use --ep-dispatch gather"}} {
+		if _, _, err := runGenerate(t, append(append(args, "--device", "cuda-emu"), c.extra...)...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--device cuda-emu %s: %v, want a refusal saying %q", strings.Join(c.extra, " "), err, c.want)
 		}
 	}
 }

@@ -188,7 +188,7 @@ func (f *runtimeFlags) check() error {
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
 		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[f.model] != nil && f.tp.dispatch != "gather" && !f.gpuParallel():
-		return fmt.Errorf("--ep-dispatch %s with --device cuda: the GPU layouts dispatch by gather, or the MoE models' --ep alone by either (in-process ranks, --tp-procs, or nodes without --tp-procs): use --ep-dispatch gather (the all-to-all dispatch runs on the CPU)", f.tp.dispatch)
+		return fmt.Errorf("--ep-dispatch %s with --device cuda: the GPU layouts dispatch by gather, or the MoE models' --ep (alone or with --tp equal) by either (in-process ranks, --tp-procs, or nodes without --tp-procs): use --ep-dispatch gather (the all-to-all dispatch of other layouts runs on the CPU)", f.tp.dispatch)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel() && (f.tp.procs || f.tp.initAddr != ""):
 		return fmt.Errorf("--tp %d --ep %d with --device cuda and --tp-procs or --dist-init-addr: %s has no such GPU layout (llama: --tp; deepseek-v4-flash, glm-5-flash: --tp, --ep or both equal)", f.tp.size, f.tp.ep, f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel():

@@ -269,14 +269,29 @@ func (g *gpuMoE) forward(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *g
 // ⌈n/size⌉ (the last shares shorter, or empty), sends each of them to the ranks holding
 // its routed experts and sums what they return with its shared expert (gpurunner.DPMoE's
 // all-to-all, as a dp rank's own rows), and the shares' outputs are all-gathered in rank
-// order, t rows each, so that rows [0, n) of the gathered buffer are out's. It plans its
-// sends on the host each layer: its steps run eagerly.
+// order, t rows each, so that rows [0, n) of the gathered buffer are out's (under TP × EP
+// summed instead, with the shared expert's column partials). It plans its sends on the
+// host each layer: its steps run eagerly.
 func (g *gpuMoE) forwardA2A(c *cudart.Ctx, s *cudart.Stream, kk *cuda.Kernels, b *gpuLinears, w *moeWork, out, x, tokens cudart.DevicePtr, n int) error {
 	p, h := g.par, g.h
 	t := (n + p.size - 1) / p.size
 	lo := min(p.rank*t, n)
 	mine := min(lo+t, n) - lo
 	xs, ts := x+cudart.DevicePtr(4*lo*h), tokens+cudart.DevicePtr(4*lo)
+	if p.tp > 1 {
+		// TP × EP (equal): each rank holds its columns of the shared expert, so its share's
+		// outputs are partial too. out holds the rank's shared partial of every row, its
+		// share's rows then its routed sums plus the same partial, and the ranks' outs are
+		// summed: each row's routed experts once (its owner's), the shared expert's columns
+		// of every rank.
+		if err := g.shared(c, s, kk, b, w, out, x, n); err != nil {
+			return err
+		}
+		if err := g.forwardShare(c, s, kk, b, w, out+cudart.DevicePtr(4*lo*h), xs, ts, mine); err != nil {
+			return err
+		}
+		return g.sumOverRanks(s, out, n)
+	}
 	share := w.a2aOut + cudart.DevicePtr(4*p.rank*t*h)
 	if err := g.forwardShare(c, s, kk, b, w, share, xs, ts, mine); err != nil {
 		return err

@@ -51,15 +51,15 @@ type gpuPar struct {
 // under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. With the
 // gather dispatch every rank runs every token through its experts and the partials are
 // summed; with the all-to-all one (gpurunner.DPMoE) each dp rank sends its own rows, and
-// under expert parallelism alone (tp 1) each rank sends its share of the step's rows
-// (forwardA2A), the shares' outputs all-gathered.
+// under expert parallelism (tp 1 or equal) each rank sends its share of the step's rows
+// (forwardA2A), the shares' outputs all-gathered (under TP summed).
 func newGPUPar(m *Model) (*gpuPar, error) {
 	p := &m.par
 	switch {
 	case p.comm == nil || (p.tp <= 1 && p.ep <= 1):
 		return nil, nil
-	case p.dispatch != DispatchGather && !p.dp && (p.tp > 1 || p.ep <= 1):
-		return nil, fmt.Errorf("gpu: the all-to-all dispatch (--ep-dispatch all-to-all) runs under expert parallelism alone or DP-attention on the GPU, not with tp=%d (the shared expert's columns are split there: --ep-dispatch gather)", p.tp)
+	case p.dispatch != DispatchGather && !p.dp && (p.ep <= 1 || p.tp > 1 && p.tp != p.ep):
+		return nil, fmt.Errorf("gpu: the all-to-all dispatch (--ep-dispatch all-to-all) runs under expert parallelism (alone, or with tp equal to ep) or DP-attention on the GPU, not tp=%d ep=%d", p.tp, p.ep)
 	case p.dp && p.tp > 1:
 		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", p.tp)
 	}
@@ -262,15 +262,16 @@ func (g *gpuMoE) sumOverRanks(s *cudart.Stream, out cudart.DevicePtr, n int) err
 // TP × EP (equal) splits the same ranks both ways: the routed experts whole by EP, the
 // attention, the vocabulary and the shared expert by TP.
 //
-// Under EP alone the all-to-all dispatch (Layout.Dispatch) sends each rank's share of the
-// step's rows to its experts' ranks instead (forwardA2A; eager steps).
+// Under EP (alone, or with TP equal) the all-to-all dispatch (Layout.Dispatch) sends each
+// rank's share of the step's rows to its experts' ranks instead (forwardA2A; eager steps;
+// under TP × EP the shares' outputs are summed with every rank's shared-expert partials).
 //
 // With Layout.CP (EP alone, the gather dispatch) the ranks split prompts as NewGPUCP's do
 // (gpuCP), each over its experts alone: a split step's MoE all-gathers the ranks' rows
 // and runs them all as a whole step's (gpuModel.moeCP).
 //
-// Not done yet: the all-to-all dispatch with TP, a checkpoint's FP8 and MXFP4 tensors kept
-// packed (OpenGPULayout loads them dequantized to fp32), sampling on the device.
+// Not done yet: a checkpoint's FP8 and MXFP4 tensors kept packed (OpenGPULayout loads
+// them dequantized to fp32), sampling on the device.
 type GPUGroup struct {
 	*cpurunner.Runner
 	ranks []*GPURunner

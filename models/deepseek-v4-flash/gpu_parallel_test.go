@@ -187,12 +187,20 @@ func TestEmulatedEPAllToAllEqualsOne(t *testing.T) {
 			t.Errorf("ep=%d all-to-all: graphs: %v, want them refused", size, err)
 		}
 	}
-	// With tensor parallelism the shared expert's columns are split: refused by name.
+	// TP × EP: the shared expert's columns split, each rank's share of the rows summed
+	// with every rank's shared partials (within gpuEPTol: TP's sums round otherwise).
+	f, p, _ := layoutForward(t, m, Layout{TP: 2, EP: 2, Dispatch: DispatchAllToAll})
+	logits, toks := decode(t, f, p, steps)
+	if !slices.Equal(toks, wantToks) {
+		t.Fatalf("tp=2 ep=2 all-to-all: greedy tokens %v, one GPU %v", toks, wantToks)
+	}
+	closeLogits(t, "tp=2 ep=2 all-to-all", logits, wantLogits, c.VocabSize, gpuEPTol)
+	// TP alone has no experts to send: refused by name.
 	cache, devs := openRankDevices(t, 2)
-	l := Layout{TP: 2, EP: 2, Dispatch: DispatchAllToAll}
+	l := Layout{TP: 2, Dispatch: DispatchAllToAll}
 	if _, _, err := NewGPULayout(m.Config, l, func(rank int) (*Weights, error) { return gpuRankWeights(m.Config, m.W, l, rank), nil },
-		devs, cache, 4, 32, 4, m.maxContext, 0, 8<<20); err == nil || !strings.Contains(err.Error(), "expert parallelism alone") {
-		t.Errorf("tp=2 ep=2 all-to-all: %v, want a refusal naming expert parallelism alone", err)
+		devs, cache, 4, 32, 4, m.maxContext, 0, 8<<20); err == nil || !strings.Contains(err.Error(), "runs under expert parallelism") {
+		t.Errorf("tp=2 all-to-all: %v, want a refusal naming expert parallelism", err)
 	}
 }
 

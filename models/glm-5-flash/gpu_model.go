@@ -720,6 +720,20 @@ func (g *gpuModel) moeA2A(c *cudart.Ctx, e *gpuMoE, out, x cudart.DevicePtr, n i
 	lo := min(p.rank*t, n)
 	mine := min(lo+t, n) - lo
 	xs := off(x, lo*D)
+	if p.tp > 1 {
+		// TP × EP (equal): each rank holds its columns of the shared experts, so its
+		// share's outputs are partial too. out holds the rank's shared partial of every
+		// row, its share's rows then its routed sums plus the same partial, and the ranks'
+		// outs are summed: each row's routed experts once (its owner's), the shared
+		// experts' columns of every rank.
+		if err := g.mlp(c, &e.shared, out, x, n); err != nil {
+			return err
+		}
+		if err := g.moeShare(c, e, off(out, lo*D), xs, mine); err != nil {
+			return err
+		}
+		return g.sumOverRanks(c, out, n)
+	}
 	share := off(g.w.a2aOut, p.rank*t*D)
 	if err := g.moeShare(c, e, share, xs, mine); err != nil {
 		return err

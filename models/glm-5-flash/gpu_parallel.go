@@ -50,13 +50,14 @@ type gpuPar struct {
 // under DP-attention, OpenGPUDPRanks), nil for the whole model on one device. With the
 // gather dispatch every rank runs every token through its experts and the partials are
 // summed; with the all-to-all one (gpurunner.DPMoE) each dp rank sends its own rows, and
-// under expert parallelism alone (tp 1) each rank its share of the step's rows (moeA2A).
+// under expert parallelism (tp 1 or equal) each rank its share of the step's rows
+// (moeA2A).
 func newGPUPar(m *TextModel) (*gpuPar, error) {
 	switch {
 	case m.par.comm == nil || (m.par.tp <= 1 && m.par.ep <= 1):
 		return nil, nil
-	case m.par.dispatch != DispatchGather && !m.par.dp && (m.par.tp > 1 || m.par.ep <= 1):
-		return nil, fmt.Errorf("gpu: the all-to-all dispatch (--ep-dispatch all-to-all) runs under expert parallelism alone or DP-attention on the GPU, not with tp=%d (the shared expert's columns are split there: --ep-dispatch gather)", m.par.tp)
+	case m.par.dispatch != DispatchGather && !m.par.dp && (m.par.ep <= 1 || m.par.tp > 1 && m.par.tp != m.par.ep):
+		return nil, fmt.Errorf("gpu: the all-to-all dispatch (--ep-dispatch all-to-all) runs under expert parallelism (alone, or with tp equal to ep) or DP-attention on the GPU, not tp=%d ep=%d", m.par.tp, m.par.ep)
 	case m.par.dp && m.par.tp > 1:
 		return nil, fmt.Errorf("gpu: DP-attention with tp=%d: the dp ranks' attention runs whole on each (tp 1)", m.par.tp)
 	}
@@ -221,11 +222,12 @@ func (g *gpuModel) sumOverRanks(c *cudart.Ctx, out cudart.DevicePtr, n int) erro
 // rank runs the MTP layer (split like a layer) on each step's result (lockstep.LeadDraft),
 // so the drafts agree.
 //
-// Under EP alone the all-to-all dispatch (Layout.Dispatch) sends each rank's share of the
-// step's rows to its experts' ranks instead (moeA2A; eager steps).
+// Under EP (alone, or with TP equal) the all-to-all dispatch (Layout.Dispatch) sends each
+// rank's share of the step's rows to its experts' ranks instead (moeA2A; eager steps;
+// under TP × EP the shares' outputs are summed with every rank's shared-expert partials).
 //
-// Not done yet: the all-to-all dispatch with TP, a checkpoint's FP8 linears
-// (OpenGPULayout loads them dequantized to fp32).
+// Not done yet: a checkpoint's FP8 linears (OpenGPULayout loads them dequantized to
+// fp32).
 type GPUGroup struct {
 	*cpurunner.Runner
 	ranks []*GPURunner

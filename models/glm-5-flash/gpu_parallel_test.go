@@ -212,6 +212,14 @@ func TestEmulatedEPAllToAllEqualsOne(t *testing.T) {
 			t.Errorf("ep=%d all-to-all: graphs: %v, want them refused", size, err)
 		}
 	}
+	// TP × EP: the shared experts' columns split, each rank's share of the rows summed
+	// with every rank's shared partials (within gpuEPTol: TP's sums round otherwise).
+	f, p, _ := layoutForward(t, m, Layout{TP: 2, EP: 2, Dispatch: DispatchAllToAll}, nil)
+	logits, toks := decode(t, f, p, steps)
+	if !slices.Equal(toks, wantToks) {
+		t.Fatalf("tp=2 ep=2 all-to-all: greedy tokens %v, one GPU %v", toks, wantToks)
+	}
+	closeLogits(t, "tp=2 ep=2 all-to-all", logits, wantLogits, m.Config.VocabSize, gpuEPTol)
 }
 
 // TestEmulatedOpenGPULayout opens a tiny checkpoint directory (random weights) through
