@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -165,8 +166,8 @@ func TestGenerateLayoutProcsOnTheEmulatedDevice(t *testing.T) {
 // emulated NCCL meets the ranks in this host's shared memory), prints the in-process
 // layout's tokens and writes its --logits-out bit for bit; and --ep 2 on one node (both
 // ranks of this process joining over the rendezvous) too, and --ep 2 --ep-dispatch
-// all-to-all over two nodes against the in-process all-to-all layout. Node 1 ends when
-// node 0 stops it.
+// all-to-all over two nodes against the in-process all-to-all layout, and --tp 2 --ep 2 by
+// all-to-all too. Node 1 ends when node 0 stops it.
 func TestGenerateLayoutGPUNodes(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
 		return
@@ -236,6 +237,18 @@ func TestGenerateLayoutGPUNodes(t *testing.T) {
 	}
 	wait()
 	same("two-nodes-a2a", got)
+	// TP × EP by all-to-all over the two nodes: the in-process layout's logits bit for bit.
+	tpA2A := []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--device", "cuda-emu", "--prompt-ids", "1,2,3,4,5",
+		"--max-tokens", "6", "--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}
+	inLg := filepath.Join(out, "tp-a2a.safetensors")
+	inProc, errOut, err := runGenerate(t, append(slices.Clone(tpA2A), "--logits-out", inLg)...)
+	if err != nil {
+		t.Fatalf("in-process --tp 2 --ep 2 all-to-all: %v\n%s", err, errOut)
+	}
+	got, lg := generateOverTwoNodes(t, tpA2A, nil)
+	if wantB, err := os.ReadFile(inLg); err != nil || tokensLine(got) != tokensLine(inProc) || !bytes.Equal(lg, wantB) {
+		t.Errorf("--tp 2 --ep 2 all-to-all over two nodes: %q, in-process %q; logits equal %v (%v)", tokensLine(got), tokensLine(inProc), bytes.Equal(lg, wantB), err)
+	}
 }
 
 // TestGenerateDPAttentionOnTheEmulatedDevice: generate --model M --device cuda-emu --dp 2

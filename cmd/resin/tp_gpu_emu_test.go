@@ -396,7 +396,8 @@ func TestGPUTPRefusedOnce(t *testing.T) {
 
 // TestGPUProcsLayoutNamed: --tp-procs or --dist-init-addr on the GPU with a layout the
 // model has no GPU ranks for (llama's --ep) is refused naming the model and what runs; the
-// MoE models' GPU layouts with the all-to-all dispatch and TP are refused naming the dispatch.
+// MoE models' GPU layouts with the all-to-all dispatch and TP of another size than EP are
+// refused naming the dispatch.
 func TestGPUProcsLayoutNamed(t *testing.T) {
 	llama := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"), "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cuda-emu"}
 	for _, extra := range [][]string{{"--ep", "2", "--tp-procs"}, {"--tp", "2", "--ep", "2", "--dist-init-addr", "127.0.0.1:1", "--nnodes", "2"}} {
@@ -406,7 +407,7 @@ func TestGPUProcsLayoutNamed(t *testing.T) {
 		}
 	}
 	glm := []string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2", "--max-tokens", "2", "--device", "cuda-emu"}
-	for _, extra := range [][]string{{"--tp", "2", "--ep", "2", "--tp-procs", "--ep-dispatch", "all-to-all"}, {"--tp", "2", "--ep", "2", "--ep-dispatch", "all-to-all"}} {
+	for _, extra := range [][]string{{"--tp", "2", "--ep", "4", "--tp-procs", "--ep-dispatch", "all-to-all"}, {"--tp", "4", "--ep", "2", "--ep-dispatch", "all-to-all"}} {
 		_, errOut, err := runGenerate(t, append(glm, extra...)...)
 		if err == nil || !strings.Contains(err.Error(), "dispatch by gather") {
 			t.Errorf("%v: %v (%s), want the refusal naming the dispatch", extra, err, errOut)
