@@ -2,11 +2,14 @@ package deepseekv4flash
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/engine"
+	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -136,6 +139,72 @@ func TestEmulatedCPOverEPEqualsEP(t *testing.T) {
 		}
 		if graph, _ := g.StepCounts(); graph == 0 && l.Dispatch == DispatchGather { // all-to-all steps run eagerly
 			t.Errorf("cp over ep=%s: no decode step replayed a graph", size)
+		}
+	}
+}
+
+// TestEmulatedOpenGPUCP serves through the engine, on 2 emulated GPUs, OpenGPUCP's prefill
+// CP and OpenGPULayout's CP over EP=2 against OpenGPU on one: two prompts in one batch (a
+// plan of two sequences, run whole on every rank), then a prompt sharing 18 tokens of the
+// second, which resumes from its cached prefix (each rank's slot gathered from its own
+// pages) and runs its other tokens split. The greedy tokens equal one GPU's, the third
+// prompt hit the prefix cache, and it ran split.
+func TestEmulatedOpenGPUCP(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2") {
+		return
+	}
+	dir := tinyDir(t)
+	opts := gpurunner.Options{Limits: gpurunner.Limits{MaxTokens: 64, MaxSeqs: 4}, KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}
+	cfg := engine.Config{MaxBatchTokens: 64, MaxSeqs: 4}
+	sp := engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}
+	vocab := tinyConfig(t).VocabSize
+	prompts := [][]int32{runnertest.Prompt(9, vocab, 5), runnertest.Prompt(20, vocab, 6)}
+	hit := append(slices.Clone(prompts[1][:18]), 7, 8, 9, 10, 11)
+	var s runnertest.Suite
+	one, pool, err := OpenGPU(dir, 4<<20, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.(*GPURunner).Close()
+	e := s.StartWith(t, one, pool, cfg)
+	want := append(e.GenerateAll(t, prompts, sp), e.Generate(t, hit, sp))
+	e.Stop(t)
+	type cpRunner interface {
+		engine.Runner
+		SplitSteps() int
+		Close() error
+	}
+	for _, c := range []struct {
+		what string
+		open func() (cpRunner, *kvslab.Pool, error)
+	}{
+		{"cp=2", func() (cpRunner, *kvslab.Pool, error) { return OpenGPUCP(dir, 4<<20, opts, 2) }},
+		{"cp over ep=2", func() (cpRunner, *kvslab.Pool, error) {
+			return OpenGPULayout(dir, 4<<20, opts, Layout{EP: 2, CP: true}, 0)
+		}},
+	} {
+		r, pool, err := c.open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := s.StartWith(t, r, pool, cfg)
+		got := e.GenerateAll(t, prompts, sp)
+		before, split := e.Counters().PrefixHits, r.SplitSteps()
+		got = append(got, e.Generate(t, hit, sp))
+		if e.Counters().PrefixHits <= before {
+			t.Errorf("%s: the prompt sharing 18 tokens got no prefix hit", c.what)
+		}
+		if r.SplitSteps() <= split {
+			t.Errorf("%s: the prompt after its prefix hit did not run split", c.what)
+		}
+		e.Stop(t)
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if fmt.Sprint(got[i].Tokens) != fmt.Sprint(want[i].Tokens) {
+				t.Errorf("%s, prompt %d: tokens %v, one GPU %v", c.what, i, got[i].Tokens, want[i].Tokens)
+			}
 		}
 	}
 }
