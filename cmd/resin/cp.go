@@ -148,7 +148,7 @@ func openCP(dir string, cacheBytes int64, size int, procs bool, nodes *tpFlags) 
 			}
 		}
 		lead := cp.Lead(g.ctl, &cp.Prefill{C: g.data, Shape: cpShape(c), Vocab: c.VocabSize, Forward: cpForward(m, kv), Cache: kv.Layers})
-		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.forward(lead))), g.close, g.w, nil}, pool, nil
+		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.forward(lead))), g.close, g.w}, pool, nil
 	}
 	forwards := make([]cp.ModelForward, size)
 	forwards[0] = cpForward(m, kv)
@@ -163,7 +163,7 @@ func openCP(dir string, cacheBytes int64, size int, procs bool, nodes *tpFlags) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("--cp %d: %w", size, err)
 	}
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(ip.Forward)), ip.Close, nil, nil}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(ip.Forward)), ip.Close, nil}, pool, nil
 }
 
 // cpForward is m's forward for cp: with attend as every layer's attention, or on kv (rank
@@ -269,7 +269,7 @@ var cpModels = map[string]cpModel{
 			if err != nil {
 				return nil, nil, err
 			}
-			return &tpRunner{g.Runner, g.StopRanks, nil, nil}, pool, nil
+			return &tpRunner{g.Runner, g.StopRanks, nil}, pool, nil
 		},
 		rank: func(dir string, cacheBytes int64, data dist.Communicator) (engine.RunnerInfo, *kvslab.Pool, lockstep.Rank, error) {
 			r, err := deepseekv4flash.Load(dir, deepseekv4flash.Options{})
@@ -295,7 +295,7 @@ var cpModels = map[string]cpModel{
 			if err != nil {
 				return nil, nil, err
 			}
-			return &tpRunner{g.Runner, g.StopRanks, nil, nil}, pool, nil
+			return &tpRunner{g.Runner, g.StopRanks, nil}, pool, nil
 		},
 		rank: func(dir string, cacheBytes int64, data dist.Communicator) (engine.RunnerInfo, *kvslab.Pool, lockstep.Rank, error) {
 			r, err := glm5flash.LoadText(dir, 0, 0)
@@ -364,7 +364,7 @@ func leadCPModel(what string, m cpModel, dir string, cacheBytes int64, g *tpWork
 	}
 	lead := lockstep.LeadRank(g.ctl, rank)
 	lead.Lead = g.forward(lead.Lead)
-	return &tpRunner{cpurunner.New(info, lead), g.close, g.w, nil}, pool, nil
+	return &tpRunner{cpurunner.New(info, lead), g.close, g.w}, pool, nil
 }
 
 // runCPModelWorker is a --cp-procs worker of a model of cpModels: it loads the model,

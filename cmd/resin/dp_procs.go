@@ -241,7 +241,7 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 		data.Close()
 		return err
 	}
-	runners[0] = &tpRunner{runners[0].(*cpurunner.Runner), stop, w, nil}
+	runners[0] = &tpRunner{runners[0].(*cpurunner.Runner), stop, w}
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
 }
 

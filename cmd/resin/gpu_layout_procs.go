@@ -131,7 +131,7 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 		watch()
 		return errors.Join(g.Close(), w.Stop(30*time.Second), ctl.Close(), data.Close())
 	}
-	return &tpRunner{cpurunner.New(info, lead), closeAll, w, nil}, g.Pool(), nil
+	return &tpRunner{cpurunner.New(info, lead), closeAll, w}, g.Pool(), nil
 }
 
 // runGPULayoutWorker is a --tp-procs (or --cp-procs) worker of a MoE model's GPU
@@ -238,5 +238,5 @@ func (f *runtimeFlags) openLayoutGPUNodes(name, dir string, cacheBytes int64, op
 		k.data.Close()
 		return errors.Join(err, wait())
 	}
-	return &tpRunner{cpurunner.New(k.info, k.g.Leader()), stop, nil, nil}, k.g.Pool(), nil
+	return &tpRunner{cpurunner.New(k.info, k.g.Leader()), stop, nil}, k.g.Pool(), nil
 }

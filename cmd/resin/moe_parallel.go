@@ -118,7 +118,7 @@ func openMoEParallel(name, dir string, cacheBytes int64, drafts int, f *tpFlags)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
-		return &tpRunner{cpurunner.New(info, g.Leader()), g.Close, nil, nil}, pool, nil
+		return &tpRunner{cpurunner.New(info, g.Leader()), g.Close, nil}, pool, nil
 	}
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d", os.Getpid()), Size: size, Dir: dir,
 		Model: name, TP: f.size, EP: f.ep, Dispatch: dispatch, Drafts: drafts, CacheBytes: cacheBytes}
@@ -144,7 +144,7 @@ func openMoEParallel(name, dir string, cacheBytes int64, drafts int, f *tpFlags)
 		draft := lead.LeadDraft
 		lead.LeadDraft = func(p *engine.BatchPlan, res *engine.StepResult) error { return g.w.StepError(draft(p, res)) }
 	}
-	return &tpRunner{cpurunner.New(info, lead), g.close, g.w, nil}, pool, nil
+	return &tpRunner{cpurunner.New(info, lead), g.close, g.w}, pool, nil
 }
 
 // runMoEWorker is a --tp-procs worker of a MoE model's layout: it opens its rank and
@@ -229,5 +229,5 @@ func openMoENodes(name, dir string, cacheBytes int64, drafts int, f *tpFlags, di
 		k.data.Close()
 		return errors.Join(err, wait())
 	}
-	return &tpRunner{cpurunner.New(k.info, lockstep.LeadRank(k.ctl, k.r)), stop, nil, nil}, k.pool, nil
+	return &tpRunner{cpurunner.New(k.info, lockstep.LeadRank(k.ctl, k.r)), stop, nil}, k.pool, nil
 }

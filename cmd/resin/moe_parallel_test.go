@@ -229,7 +229,8 @@ func TestEPDispatchChecked(t *testing.T) {
 
 // TestGenerateParallelRefusesVisionTokens: glm-5-flash's image placeholder in a prompt is
 // refused naming it by every layout, also those whose rank 0 is wrapped for worker
-// processes (--tp-procs, --cp-procs), which did not ask the model's CheckPrompt.
+// processes (--tp-procs, --cp-procs) and the dp ranks' engines (--dp-attention, with
+// --dp-procs, and replicas), whose runners did not ask the model's CheckPrompt.
 func TestGenerateParallelRefusesVisionTokens(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join("..", "..", "models", "glm-5-flash", "config.json"))
 	if err != nil {
@@ -247,7 +248,8 @@ func TestGenerateParallelRefusesVisionTokens(t *testing.T) {
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, layout := range [][]string{nil, {"--ep", "2", "--tp-procs"}, {"--cp", "2", "--cp-procs"}} {
+	for _, layout := range [][]string{nil, {"--ep", "2", "--tp-procs"}, {"--cp", "2", "--cp-procs"}, {"--dp", "2", "--dp-attention"},
+		{"--dp", "2", "--dp-attention", "--dp-procs"}, {"--dp", "2", "--ep", "2"}} {
 		args := append([]string{"--model", "glm-5-flash", "--random-weights", path, "--prompt-ids", "1,5,3", "--max-tokens", "2"}, layout...)
 		_, errOut, err := runGenerate(t, args...)
 		if want := "image/video placeholder"; err == nil || !strings.Contains(errOut+err.Error(), want) {

@@ -39,7 +39,8 @@ type runtimeFlags struct {
 	tp            tpFlags
 	dp            dpFlags
 	cp            cpFlags
-	dpRanks       *cli.DPRanks // what openModel opened for --dp
+	dpRanks       *cli.DPRanks        // what openModel opened for --dp
+	promptCheck   func([]int32) error // what openModel's model refuses of a prompt (promptCheck)
 	device        cli.DeviceFlags
 	remote        cli.RemoteFlags
 	dtype         string    // --dtype as given
@@ -120,6 +121,7 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 		fmt.Fprintf(warn, "note: CPU weights %s\n", f.dt.Kernel())
 	}
 	rt.DP = f.dpRanks
+	rt.CheckPrompt = f.promptCheck
 	rt.Served = f.servedName
 	if rt.Served == "" {
 		rt.Served = "resin-test"
@@ -293,9 +295,9 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		}
 		return nil, nil, "", fmt.Errorf("open model %s: %w", m.Name, err)
 	}
-	if tr, ok := r.(*tpRunner); ok && tr.check == nil {
-		tr.check = promptCheck(m.Name, dir) // before dir (a --random-weights copy) is removed
-	}
+	// What the model refuses of a prompt, for every engine (its runner may be wrapped, and
+	// the dp ranks' are): read before dir (a --random-weights copy) is removed.
+	f.promptCheck = promptCheck(m.Name, dir)
 	return r, pool, m.Name, nil
 }
 

@@ -159,24 +159,14 @@ type tpRunner struct {
 	// workers, when the ranks are worker processes, is their supervisor: Health reports
 	// one that exited (serve's /health), where only the next request's step found it.
 	workers *launch.Workers
-	// check is what the model refuses of a prompt (promptCheck), nil for nothing: rank 0's
-	// runner is wrapped here, so its own CheckPrompt is not seen.
-	check func([]int32) error
 }
 
 func (r *tpRunner) StopRanks() error { return r.close() }
 
-// CheckPrompt refuses what the model refuses of a prompt (engine.PromptChecker).
-func (r *tpRunner) CheckPrompt(prompt []int32) error {
-	if r.check == nil {
-		return nil
-	}
-	return r.check(prompt)
-}
-
 // promptCheck returns what model name refuses of a prompt, nil for nothing: glm-5-flash's
 // image and video placeholder tokens (its config in dir), which its text model has no
-// vision tower for.
+// vision tower for. The runtime's engines ask it (cli.Runtime.CheckPrompt) where the
+// model's runner is wrapped (tpRunner) or each dp rank runs an engine of its own.
 func promptCheck(name, dir string) func([]int32) error {
 	if name != glm5flash.Name {
 		return nil
@@ -225,7 +215,7 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 			return nil, nil, fmt.Errorf("--tp %d: %w", size, err)
 		}
 		forward, stop := f.timed(g.Forward, g.Close, data)
-		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil, nil}, pool, nil
+		return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil}, pool, nil
 	}
 	s, err := r.shard(0, size)
 	if err != nil {
@@ -237,7 +227,7 @@ func openTP(dir string, cacheBytes int64, f *tpFlags) (engine.Runner, *kvslab.Po
 	}
 	ctl, data := dist.NewTimed(g.ctl), dist.NewTimed(g.data)
 	forward, stop := f.timed(g.forward(tp.Lead(ctl, data, s, s.NewCache(pages, pt))), g.close, ctl, data)
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, g.w, nil}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, g.w}, pool, nil
 }
 
 // timed returns forward and stop as they are without --dist-stats; with it, forward
@@ -316,7 +306,7 @@ func openTPNodes(r *llamaTPModel, pool *kvslab.Pool, f *tpFlags) (engine.Runner,
 	}
 	tctl, tdata := dist.NewTimed(ctl), dist.NewTimed(data)
 	forward, stop := f.timed(tp.Lead(tctl, tdata, s, kv), stop, tctl, tdata)
-	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil, nil}, pool, nil
+	return &tpRunner{cpurunner.New(r.Info(), cpurunner.ForwardFunc(forward)), stop, nil}, pool, nil
 }
 
 // tpWorkerSpec is what a worker process reads from RESIN_TP_WORKER.

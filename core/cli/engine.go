@@ -70,9 +70,13 @@ func load(cmd *cobra.Command, l Loader, ef *EngineFlags) (*Runtime, engine.Confi
 	return rt, cfg, err
 }
 
-// Start builds the engine of rt (cfg.Pool is rt.Pool) and starts its loop; with rt.DP,
-// one engine per rank (each on its rank's pool) behind a dp.Coordinator.
+// Start builds the engine of rt (cfg.Pool is rt.Pool, cfg.CheckPrompt rt.CheckPrompt
+// unless set) and starts its loop; with rt.DP, one engine per rank (each on its rank's
+// pool) behind a dp.Coordinator.
 func Start(rt *Runtime, cfg engine.Config) (*Engine, error) {
+	if cfg.CheckPrompt == nil {
+		cfg.CheckPrompt = rt.CheckPrompt
+	}
 	if rt.DP != nil {
 		return startDP(rt, cfg)
 	}

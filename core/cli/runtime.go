@@ -37,6 +37,10 @@ type Runtime struct {
 	// and Pool are the fields above: Start runs one engine per rank behind a
 	// dp.Coordinator.
 	DP *DPRanks
+	// CheckPrompt, when set, refuses prompts in every engine Start runs (its
+	// engine.Config.CheckPrompt): the model's own check where its runner is wrapped (a
+	// parallel layout's rank 0, the data-parallel ranks' forwards).
+	CheckPrompt func(prompt []int32) error
 }
 
 // DPRanks are a Runtime's data-parallel ranks 1..N-1: a runner and a cache pool each.

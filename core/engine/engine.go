@@ -52,6 +52,10 @@ type Config struct {
 	// under vLLM's names, which start with vllm:). Nil: New makes a fresh registry,
 	// returned by Engine.Registry.
 	Registry *prometheus.Registry
+	// CheckPrompt, when set, refuses prompts as a PromptChecker runner does, besides the
+	// runner's own check: for a runner wrapped so that its model's check is not seen (a
+	// parallel layout's rank 0, a data-parallel rank's forward).
+	CheckPrompt func(prompt []int32) error
 }
 
 // Option changes how New builds an Engine.
@@ -67,10 +71,11 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // Engine runs a Scheduler and a Runner: Submit and Abort may be called from any
 // goroutine; Run is the loop that executes steps.
 type Engine struct {
-	runner Runner
-	info   RunnerInfo
-	reg    *prometheus.Registry
-	now    func() time.Time
+	runner      Runner
+	checkPrompt func([]int32) error // Config.CheckPrompt
+	info        RunnerInfo
+	reg         *prometheus.Registry
+	now         func() time.Time
 
 	mu       sync.Mutex
 	s        *Scheduler
@@ -149,15 +154,16 @@ func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
 		reg = prometheus.NewRegistry()
 	}
 	e := &Engine{
-		runner:  runner,
-		info:    info,
-		reg:     reg,
-		now:     o.now,
-		drained: make(chan struct{}),
-		seeds:   uint64(o.now().UnixNano()),
-		wake:    make(chan struct{}, 1),
-		closeCh: make(chan struct{}),
-		dead:    make(chan struct{}),
+		runner:      runner,
+		checkPrompt: cfg.CheckPrompt,
+		info:        info,
+		reg:         reg,
+		now:         o.now,
+		drained:     make(chan struct{}),
+		seeds:       uint64(o.now().UnixNano()),
+		wake:        make(chan struct{}, 1),
+		closeCh:     make(chan struct{}),
+		dead:        make(chan struct{}),
 	}
 	s, err := NewScheduler(info, cfg)
 	if err != nil {
@@ -244,7 +250,8 @@ func (e *Engine) Counters() Counters {
 }
 
 // Submit queues req and returns its stream. Cancelling ctx aborts the request. A runner
-// that is a PromptChecker may refuse the prompt (ErrInvalidRequest). Errors:
+// that is a PromptChecker, or Config.CheckPrompt, may refuse the prompt
+// (ErrInvalidRequest). Errors:
 // ErrInvalidRequest, ErrContextTooLong, ErrQueueFull, ErrDraining, ErrClosed,
 // ErrDuplicateID, ErrRunnerDead (all wrapped with detail).
 func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
@@ -253,6 +260,11 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	}
 	if pc, ok := e.runner.(PromptChecker); ok {
 		if err := pc.CheckPrompt(req.Prompt); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+	}
+	if e.checkPrompt != nil {
+		if err := e.checkPrompt(req.Prompt); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
 	}

@@ -50,3 +50,30 @@ func TestPromptCheckerRefusesOneRequest(t *testing.T) {
 		t.Fatalf("the other request: %d tokens, finish %v (%v, %v)", len(toks), ev.Finish, ev.Err, err)
 	}
 }
+
+// Config.CheckPrompt refuses as a PromptChecker runner does, for a runner that is none (a
+// wrapped one), and other prompts still run.
+func TestConfigCheckPromptRefuses(t *testing.T) {
+	r, err := enginetest.New(enginetest.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(r, engine.Config{Pool: r.Pool(), CheckPrompt: refusing{r}.CheckPrompt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if _, err := e.Submit(ctx, engine.Request{Prompt: []int32{1, 5, 3}, Sampling: engine.SamplingParams{MaxTokens: 6}}); !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), "token 5 at position 1") {
+		t.Fatalf("Submit of a prompt Config.CheckPrompt refuses: %v, want ErrInvalidRequest naming the token", err)
+	}
+	ok, err := e.Submit(ctx, engine.Request{Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if toks, _, err := ok.Collect(ctx); err != nil || len(toks) != 2 {
+		t.Fatalf("an accepted prompt: %d tokens (%v)", len(toks), err)
+	}
+}

@@ -266,9 +266,10 @@ func (g *gpuMoE) sumOverRanks(s *cudart.Stream, out cudart.DevicePtr, n int) err
 // rank's share of the step's rows to its experts' ranks instead (forwardA2A; eager steps;
 // under TP × EP the shares' outputs are summed with every rank's shared-expert partials).
 //
-// With Layout.CP (EP alone, the gather dispatch) the ranks split prompts as NewGPUCP's do
-// (gpuCP), each over its experts alone: a split step's MoE all-gathers the ranks' rows
-// and runs them all as a whole step's (gpuModel.moeCP).
+// With Layout.CP (EP alone) the ranks split prompts as NewGPUCP's do (gpuCP), each over
+// its experts alone: a split step's MoE all-gathers the ranks' rows and runs them all as
+// a whole step's, or by the all-to-all dispatch sends the rank's chunk, its share of the
+// rows, to their experts' ranks (gpuModel.moeCP).
 //
 // Not done yet: a checkpoint's FP8 and MXFP4 tensors kept packed (OpenGPULayout loads
 // them dequantized to fp32), sampling on the device.

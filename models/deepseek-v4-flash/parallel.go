@@ -78,6 +78,19 @@ type Layout struct {
 	CP       bool
 }
 
+// String names the layout: "tp=T ep=E", then its dispatch when not gather and "cp"
+// with CP.
+func (l Layout) String() string {
+	s := fmt.Sprintf("tp=%d ep=%d", max(l.TP, 1), max(l.EP, 1))
+	if l.Dispatch != DispatchGather {
+		s += " " + l.Dispatch.String()
+	}
+	if l.CP {
+		s += " cp"
+	}
+	return s
+}
+
 // Size returns the ranks of the layout.
 func (l Layout) Size() int {
 	if l.TP > 1 && l.EP > 1 {

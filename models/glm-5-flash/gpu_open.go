@@ -131,7 +131,7 @@ func OpenGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 	}
 	g.group.SetWatchdog(opts.Watchdog)
 	if opts.Log != nil {
-		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), g.Describe())
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs (%s, every rank): %s\n", Name, l, g.Describe())
 	}
 	if !opts.Eager && l.Dispatch != DispatchAllToAll { // the all-to-all one plans its sends on the host: eager
 		if err := g.UseGraphs(true, opts.Log); err != nil {
@@ -227,7 +227,7 @@ func JoinGPULayout(dir string, cacheBytes int64, opts gpurunner.Options, l Layou
 		}
 	}
 	if opts.Log != nil && rank == 0 {
-		fmt.Fprintf(opts.Log, "%s GPU GEMMs (tp=%d ep=%d, every rank): %s\n", Name, max(l.TP, 1), max(l.EP, 1), r.Describe())
+		fmt.Fprintf(opts.Log, "%s GPU GEMMs (%s, every rank): %s\n", Name, l, r.Describe())
 	}
 	return g, r.Info(), nil
 }
