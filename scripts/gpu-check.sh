@@ -393,8 +393,7 @@ tpOneGPU() {
 	# split 10 + 10: V4's KV side, GLM's latents, indexer keys and KDA inputs all-gathered
 	# per layer), and CP over the ep ranks (--cp 2 --ep 2) against --ep 2: the same tokens.
 	# Written without a GPU: byte-equal --logits-out on the emulated device
-	# (TestGenerateV4CPOnTheEmulatedDevice, TestGenerateGLMCPOnTheEmulatedDevice,
-	# TestGenerateCPOverEPOnTheEmulatedDevice).
+	# (TestGenerateMoECPOnTheEmulatedDevice, TestGenerateCPOverEPOnTheEmulatedDevice).
 	for model in deepseek-v4-flash glm-5-flash; do
 		echo; echo "== $model --cp 2 on GPU 0 against --cp 1, --cp 2 --ep 2 against --ep 2"
 		cpargs=(--model $model --random-weights models/$model/config.json --device cuda

@@ -35,37 +35,26 @@ func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 	}
 }
 
-// TestGenerateV4CPOnTheEmulatedDevice: generate --model deepseek-v4-flash --device
-// cuda-emu --cp 2 and --cp 3 run its GPU runner with prefill context parallelism over
-// ranks of this process (deepseekv4flash.OpenGPUCP) or, with --cp-procs, ranks 1..
+// TestGenerateMoECPOnTheEmulatedDevice: generate --model deepseek-v4-flash|glm-5-flash
+// --device cuda-emu --cp 2 and --cp 3 run the model's GPU runner with prefill context
+// parallelism over ranks of this process (OpenGPUCP) or, with --cp-procs, ranks 1..
 // worker processes (JoinGPUCP; --cp 3 with plans of 4 tokens too, a rank of the second
 // plan's without tokens), and give --cp 1's greedy tokens and --logits-out byte for byte,
-// leaving no worker process.
-func TestGenerateV4CPOnTheEmulatedDevice(t *testing.T) {
-	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3") {
-		return
-	}
-	cfg := filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json")
-	args := []string{"--model", "deepseek-v4-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "4", "--device", "cuda-emu"}
-	checkCPLayouts(t, args, false)
-	if pids := childWorkers(t); len(pids) > 0 {
-		t.Errorf("worker processes %v left after --cp-procs", pids)
-	}
-}
-
-// TestGenerateGLMCPOnTheEmulatedDevice is TestGenerateV4CPOnTheEmulatedDevice for
-// glm-5-flash (glm5flash.OpenGPUCP, JoinGPUCP), over a 20-token prompt: its KDA layers'
+// leaving no worker process. glm-5-flash's prompt is 20 tokens: its KDA layers'
 // recurrence crosses a block end, its indexer's pools close across the ranks' chunks.
-func TestGenerateGLMCPOnTheEmulatedDevice(t *testing.T) {
+func TestGenerateMoECPOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=3") {
 		return
 	}
-	cfg := filepath.Join("..", "..", "models", "glm-5-flash", "config.json")
-	args := []string{"--model", "glm-5-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
-		"--max-tokens", "4", "--device", "cuda-emu"}
-	checkCPLayouts(t, args, true)
-	if pids := childWorkers(t); len(pids) > 0 {
-		t.Errorf("worker processes %v left after --cp-procs", pids)
+	for _, c := range []struct {
+		model, prompt string
+		chunksRound   bool
+	}{{"deepseek-v4-flash", "1,2,3,4,5,6,7", false}, {"glm-5-flash", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20", true}} {
+		cfg := filepath.Join("..", "..", "models", c.model, "config.json")
+		checkCPLayouts(t, []string{"--model", c.model, "--random-weights", cfg, "--prompt-ids", c.prompt, "--max-tokens", "4", "--device", "cuda-emu"}, c.chunksRound)
+		if pids := childWorkers(t); len(pids) > 0 {
+			t.Errorf("%s: worker processes %v left after --cp-procs", c.model, pids)
+		}
 	}
 }
 

@@ -29,14 +29,7 @@ func TestPromptCheckerRefusesOneRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(refusing{r}, engine.Config{Pool: r.Pool()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	e, ctx := runEngine(t, refusing{r}, engine.Config{Pool: r.Pool()})
 	ok, err := e.Submit(ctx, engine.Request{Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -58,14 +51,7 @@ func TestConfigCheckPromptRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(r, engine.Config{Pool: r.Pool(), CheckPrompt: refusing{r}.CheckPrompt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	e, ctx := runEngine(t, r, engine.Config{Pool: r.Pool(), CheckPrompt: refusing{r}.CheckPrompt})
 	if _, err := e.Submit(ctx, engine.Request{Prompt: []int32{1, 5, 3}, Sampling: engine.SamplingParams{MaxTokens: 6}}); !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), "token 5 at position 1") {
 		t.Fatalf("Submit of a prompt Config.CheckPrompt refuses: %v, want ErrInvalidRequest naming the token", err)
 	}
@@ -76,4 +62,19 @@ func TestConfigCheckPromptRefuses(t *testing.T) {
 	if toks, _, err := ok.Collect(ctx); err != nil || len(toks) != 2 {
 		t.Fatalf("an accepted prompt: %d tokens (%v)", len(toks), err)
 	}
+}
+
+// runEngine starts an engine of r and cfg, its loop stopped when the test ends, and
+// returns it with the context its requests run in.
+func runEngine(t *testing.T, r engine.Runner, cfg engine.Config) (*engine.Engine, context.Context) {
+	t.Helper()
+	e, err := engine.New(r, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e, ctx
 }

@@ -39,28 +39,35 @@ func TestEmulatedCPEqualsOne(t *testing.T) {
 	for _, size := range []int{2, 3} {
 		g, pool := cpGroup(t, m, size)
 		logits, toks := cpDecode(t, g.group.Forward, pool)
-		if !slices.Equal(toks, wantToks) {
-			t.Fatalf("cp=%d: greedy tokens %v, one GPU %v", size, toks, wantToks)
-		}
-		for s := range wantLogits {
-			if !slices.Equal(logits[s], wantLogits[s]) {
-				t.Fatalf("cp=%d: step %d's logits differ from one GPU's by %.3g of their largest", size, s, relDiff(logits[s], wantLogits[s]))
-			}
-		}
-		// Every rank's cache (the MLA rows' pages, the pools, the KDA states and block
-		// checkpoints) holds one GPU's bytes.
-		want := arenaBytes(t, p1)
-		for r, rr := range g.ranks {
-			if got := arenaBytes(t, rr.g.pool); !bytes.Equal(got, want) {
-				t.Errorf("cp=%d: rank %d's cache pool differs from one GPU's", size, r)
-			}
-		}
-		if got := g.SplitSteps(); got != 4 {
-			t.Errorf("cp=%d: %d steps ran split, want the prompts' 4", size, got)
-		}
+		sameCPRun(t, fmt.Sprintf("cp=%d", size), g.ranks, g.SplitSteps(), toks, logits, wantToks, wantLogits, p1)
 		if graph, _ := g.ranks[0].StepCounts(); graph == 0 {
 			t.Errorf("cp=%d: no decode step replayed a graph", size)
 		}
+	}
+}
+
+// sameCPRun fails unless a CP run (its ranks, the steps rank 0 ran split) printed the
+// reference's greedy tokens and logits bit for bit, every rank's cache pool (the MLA rows'
+// pages, the pools, the KDA states and block checkpoints) ends holding the reference's
+// pool's bytes, and the prompts' 4 plans ran split.
+func sameCPRun(t *testing.T, what string, ranks []*GPURunner, split int, toks []int32, logits [][]float32, wantToks []int32, wantLogits [][]float32, ref *kvslab.Pool) {
+	t.Helper()
+	if !slices.Equal(toks, wantToks) {
+		t.Fatalf("%s: greedy tokens %v, want %v", what, toks, wantToks)
+	}
+	for s := range wantLogits {
+		if !slices.Equal(logits[s], wantLogits[s]) {
+			t.Fatalf("%s: step %d's logits differ from the reference's by %.3g of their largest", what, s, relDiff(logits[s], wantLogits[s]))
+		}
+	}
+	want := arenaBytes(t, ref)
+	for r, rr := range ranks {
+		if got := arenaBytes(t, rr.g.pool); !bytes.Equal(got, want) {
+			t.Errorf("%s: rank %d's cache pool differs from the reference's", what, r)
+		}
+	}
+	if split != 4 {
+		t.Errorf("%s: %d steps ran split, want the prompts' 4", what, split)
 	}
 }
 
@@ -161,23 +168,7 @@ func TestEmulatedCPOverEPEqualsEP(t *testing.T) {
 		l.CP = true
 		f, _, g := layoutForward(t, m, l, nil)
 		logits, toks := cpDecode(t, f, g.ranks[0].g.pool)
-		if !slices.Equal(toks, wantToks) {
-			t.Fatalf("cp over ep=%s: greedy tokens %v, ep alone %v", size, toks, wantToks)
-		}
-		for s := range wantLogits {
-			if !slices.Equal(logits[s], wantLogits[s]) {
-				t.Fatalf("cp over ep=%s: step %d's logits differ from ep alone's by %.3g of their largest", size, s, relDiff(logits[s], wantLogits[s]))
-			}
-		}
-		want := arenaBytes(t, pe)
-		for r, rr := range g.ranks {
-			if got := arenaBytes(t, rr.g.pool); !bytes.Equal(got, want) {
-				t.Errorf("cp over ep=%s: rank %d's cache pool differs from ep alone's", size, r)
-			}
-		}
-		if got := g.SplitSteps(); got != 4 {
-			t.Errorf("cp over ep=%s: %d steps ran split, want the prompts' 4", size, got)
-		}
+		sameCPRun(t, "cp over ep="+size, g.ranks, g.SplitSteps(), toks, logits, wantToks, wantLogits, pe)
 		if graph, _ := g.StepCounts(); graph == 0 && l.Dispatch == DispatchGather { // all-to-all steps run eagerly
 			t.Errorf("cp over ep=%s: no decode step replayed a graph", size)
 		}
