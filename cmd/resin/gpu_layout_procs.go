@@ -121,15 +121,20 @@ func (f *runtimeFlags) openLayoutGPUProcs(name, dir string, cacheBytes int64, op
 	}
 	ws := &tpWorkers{ctl: ctl, data: data, w: w}
 	watch := abortOnExit(w, g.Abort)
-	lead := g.Leader()
-	lead.Lead = ws.forward(lead.Lead)
+	lead, limit := g.Leader(), newStepLimit(w, opts.Watchdog)
+	step := ws.forward(lead.Lead)
+	lead.Lead = func(p *engine.BatchPlan, logits []float32) error {
+		return limit.run(func() error { return step(p, logits) })
+	}
 	if lead.LeadDraft != nil {
 		draft := lead.LeadDraft
-		lead.LeadDraft = func(p *engine.BatchPlan, res *engine.StepResult) error { return w.StepError(draft(p, res)) }
+		lead.LeadDraft = func(p *engine.BatchPlan, res *engine.StepResult) error {
+			return limit.run(func() error { return w.StepError(draft(p, res)) })
+		}
 	}
 	closeAll := func() error {
 		watch()
-		return errors.Join(g.Close(), w.Stop(30*time.Second), ctl.Close(), data.Close())
+		return errors.Join(limit.stop(g.Close), w.Stop(30*time.Second), ctl.Close(), data.Close())
 	}
 	return &tpRunner{cpurunner.New(info, lead), closeAll, w}, g.Pool(), nil
 }

@@ -414,3 +414,51 @@ func TestGPUProcsLayoutNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUWorkerStopped: a worker process that lives but no longer runs (SIGSTOP: a wedged
+// process, not a dead one; the emulated NCCL waits for good, RESIN_EMU_NCCL_HANG=1) under
+// deepseek-v4-flash's GPU layout --ep 2 --tp-procs: rank 0's steps fail, at the
+// watchdog's timeout (2 s) in NCCL or at twice it handing the plan over (stepLimit, which
+// kills the workers and names them), and StopRanks returns with no worker left (it had
+// waited for good to tell the stopped worker to end).
+func TestGPUWorkerStopped(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=2", "RESIN_EMU_NCCL_HANG=1") {
+		return
+	}
+	f := &runtimeFlags{tp: tpFlags{size: 1, ep: 2, procs: true, dispatch: "gather"}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu, Watchdog: 2 * time.Second}, cacheBytes: 4 << 20}
+	r, pool, err := f.openLayoutGPU(deepseekv4flash.Name, configDir(t, "../../models/deepseek-v4-flash/config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := r.(interface{ StopRanks() error })
+	defer stop.StopRanks()
+	pids := childWorkers(t)
+	if len(pids) != 1 {
+		t.Fatalf("worker processes %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// The first step fails at the watchdog (the worker stopped in its collective) or at
+	// the limit (stopped before it took the plan); the next one waits to hand its plan
+	// over, and fails at the limit naming the worker, which is killed.
+	named := false
+	for i := range 2 {
+		err = awaitStep(t, startStep(t, r, pool))
+		if err == nil {
+			t.Fatalf("step %d with its worker stopped succeeded", i)
+		}
+		pid := strconv.Itoa(pids[0])
+		named = named || strings.Contains(err.Error(), "pid "+pid) || strings.Contains(err.Error(), "process "+pid)
+		t.Logf("step %d: %v", i, err)
+	}
+	if !named {
+		t.Errorf("no step's error named the stopped worker (pid %d)", pids[0])
+	}
+	if err := stop.StopRanks(); err == nil {
+		t.Log("StopRanks: nil")
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after StopRanks", pids)
+	}
+}

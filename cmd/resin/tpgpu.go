@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/resin-llm/resin/core/cli"
@@ -119,7 +120,8 @@ type tpGPUWorkers struct {
 	*gpurunner.TPRank
 	ctl   dist.Communicator
 	w     *launch.Workers
-	watch func() // ends abortOnExit's watch
+	watch func()     // ends abortOnExit's watch
+	limit *stepLimit // a wedged worker's bound
 }
 
 // Health is the first worker process that exited, or nil: serve's /health reports it,
@@ -161,7 +163,54 @@ func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opt
 		w.Kill()
 		return nil, nil, err
 	}
-	return &tpGPUWorkers{TPRank: g, ctl: ctl, w: w, watch: abortOnExit(w, g.Abort)}, pool, nil
+	return &tpGPUWorkers{TPRank: g, ctl: ctl, w: w, watch: abortOnExit(w, g.Abort), limit: newStepLimit(w, opts.Watchdog)}, pool, nil
+}
+
+// stepLimit bounds rank 0's steps over worker processes w at twice the watchdog's
+// timeout (--watchdog-timeout, gpurunner.DefaultWatchdog unset). The watchdog bounds a
+// step's NCCL collectives, but a worker that lives without running (stopped, wedged)
+// also stalls rank 0 where no watchdog looks: handing it the next plan over the control
+// communicator, which waits for it. Past the limit the workers are killed, which cancels
+// that communicator and aborts the NCCL one (abortOnExit), and the step fails naming
+// them; the group is then dead, as with a worker that died.
+type stepLimit struct {
+	w     *launch.Workers
+	limit time.Duration
+	fired atomic.Bool
+}
+
+func newStepLimit(w *launch.Workers, watchdog time.Duration) *stepLimit {
+	if watchdog <= 0 {
+		watchdog = gpurunner.DefaultWatchdog
+	}
+	return &stepLimit{w: w, limit: 2 * watchdog}
+}
+
+// run runs step under the limit.
+func (l *stepLimit) run(step func() error) error {
+	err := l.within(l.limit, step)
+	if err != nil && l.fired.Load() {
+		return fmt.Errorf("the step ran past %v (twice the watchdog's timeout) and the workers were killed: %w", l.limit, err)
+	}
+	return err
+}
+
+// stop runs stop (telling the workers to end, then freeing rank 0) within stopLimit: a
+// worker that does not take the message is killed, and stop goes on.
+func (l *stepLimit) stop(stop func() error) error { return l.within(stopLimit, stop) }
+
+// stopLimit is how long the workers get to take rank 0's stop.
+const stopLimit = 30 * time.Second
+
+// within runs f, killing the workers if it runs past d.
+func (l *stepLimit) within(d time.Duration, f func() error) error {
+	t := time.AfterFunc(d, func() {
+		l.fired.Store(true)
+		l.w.Kill()
+	})
+	err := f()
+	t.Stop()
+	return err
 }
 
 // abortOnExit calls abort (rank 0's gpurunner.Watchdog.Abort) with the worker's exit as
@@ -254,20 +303,25 @@ func workerError(w *launch.Workers, err error) error {
 	return w.StepError(err)
 }
 
-// Execute is rank 0's step, with a dead worker's exit (rank, pid, signal) on its error.
+// Execute is rank 0's step, with a dead worker's exit (rank, pid, signal) on its error,
+// bounded by stepLimit.
 func (g *tpGPUWorkers) Execute(ctx context.Context, plan *engine.BatchPlan) (engine.StepResult, error) {
-	res, err := g.TPRank.Execute(ctx, plan)
-	if err != nil {
-		return res, workerError(g.w, err)
-	}
-	return res, nil
+	var res engine.StepResult
+	err := g.limit.run(func() error {
+		var err error
+		if res, err = g.TPRank.Execute(ctx, plan); err != nil {
+			return workerError(g.w, err)
+		}
+		return nil
+	})
+	return res, err
 }
 
 // StopRanks stops the workers, waits for them (killing any still running after a
 // while), then frees rank 0's runner.
 func (g *tpGPUWorkers) StopRanks() error {
 	g.watch()
-	err := g.TPRank.Stop()
+	err := g.limit.stop(g.TPRank.Stop)
 	err = errors.Join(err, g.w.Stop(30*time.Second))
 	g.ctl.Close()
 	return errors.Join(err, g.TPRank.Close())
