@@ -51,8 +51,9 @@ type gpuCP struct {
 	// The KV-side chunks' device arrays: [2][maxTokens] positions and row sequences,
 	// [2][2] sequence starts, [2] first positions (pre at 0, post at 1).
 	pos, rowSeq, seqStart, len0 cudart.DevicePtr
-	// ids: under expert parallelism (Layout.CP), the plan's token ids [maxTokens], which
-	// hash routing reads for the MoE of every rank's rows (moeCP).
+	// ids: under expert parallelism by the gather dispatch (Layout.CP), the plan's token
+	// ids [maxTokens], which hash routing reads for the MoE of every rank's rows (moeCP);
+	// uploaded only there.
 	ids  cudart.DevicePtr
 	step *gpuCPStep // the split step under way, nil outside one
 }
@@ -126,8 +127,10 @@ func (g *gpuModel) runCP(c *cudart.Ctx, s *gpuSeq, tokens []int32, rows []int32,
 		}
 	}
 	ups := []stepUpload{{w.ids, ids}, {w.idsRep, idsRep}, {w.pos, pos}, {w.rowSeq, make([]int32, local)}, {w.seqStart, []int32{0, int32(local)}},
-		{w.len0, []int32{int32(s.Len + lo)}}, {w.state, []int32{int32(s.slot)}}, {w.winRow0, []int32{int32(s.slot * win)}}, {w.rowIdx, rows},
-		{cs.ids, tokens}}
+		{w.len0, []int32{int32(s.Len + lo)}}, {w.state, []int32{int32(s.slot)}}, {w.winRow0, []int32{int32(s.slot * win)}}, {w.rowIdx, rows}}
+	if g.par != nil && !g.par.allToAll {
+		ups = append(ups, stepUpload{cs.ids, tokens}) // the gather MoE's rows are every rank's (moeCP)
+	}
 	ups = append(ups, g.entryRows([]int32{int32(s.slot)})...)
 	// The KV-side chunks: rows [0, lo) and [hi, n) of the plan, at their positions.
 	side := func(k, from, to int) kernels.Chunk {
