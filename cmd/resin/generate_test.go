@@ -107,3 +107,23 @@ func TestGenerateTestRunnerSaysItIsNotAModel(t *testing.T) {
 		t.Errorf("a model run printed the test runner's note: %q", errOut)
 	}
 }
+
+// TestGenerateTextOnASmallVocabulary: the in-tree configs' seeded random weights have 512
+// tokens, fewer than the built-in tiny tokenizer's 1025, and a text prompt used to be
+// refused ("not the model's tokenizer", while the message said the tiny tokenizer serves
+// random weights). The tokenizer is now cut to the model's vocabulary: the prompt runs,
+// every id fits, and a note says so.
+func TestGenerateTextOnASmallVocabulary(t *testing.T) {
+	for _, m := range []string{"llama", "deepseek-v4-flash"} {
+		out, errOut, err := runGenerate(t, "--model", m, "--random-weights", "../../models/"+m+"/config.json", "--max-tokens", "3", "Hello there")
+		if err != nil {
+			t.Fatalf("%s: %v (stderr %q)", m, err, errOut)
+		}
+		if !strings.Contains(errOut, "cut to the model's 512 tokens") {
+			t.Errorf("%s: stderr %q, want the note on the cut tokenizer", m, errOut)
+		}
+		if out == "" {
+			t.Errorf("%s: no text", m)
+		}
+	}
+}

@@ -117,6 +117,14 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	} else if rt.Runner, rt.Pool, rt.RunnerName, err = f.openModel(); err != nil {
 		return nil, err
 	}
+	if v := rt.Runner.Info().VocabSize; tokDir == "" && f.randomWeights != "" && v > 0 && v < rt.Tokenizer.VocabSize() {
+		// Seeded random weights of a small config (the in-tree ones have 512 tokens): the
+		// built-in tokenizer cut to the model's vocabulary, so that text prompts run.
+		if rt.Tokenizer, rt.Chat, err = tiny.LoadVocab(v); err != nil {
+			return nil, fmt.Errorf("%w (pass --tokenizer DIR, or --prompt-ids)", err)
+		}
+		fmt.Fprintf(warn, "resin: the built-in tiny tokenizer cut to the model's %d tokens (its first merges; pass --tokenizer DIR for the model's own)\n", v)
+	}
 	if f.model != "" && f.dt != "" && f.dt != ref.DTypeFP32 {
 		fmt.Fprintf(warn, "note: CPU weights %s\n", f.dt.Kernel())
 	}
