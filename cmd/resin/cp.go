@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -47,8 +46,10 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
 	case f.tp.size > 1 || f.tp.procs || f.dp.size > 1:
 		return fmt.Errorf("--cp %d is not combined with --tp, --tp-procs or --dp yet", c.size)
-	case f.tp.ep > 1 && (!f.device.CUDA() || gpuLayoutOpeners[f.model] == nil || f.tp.ep != c.size):
+	case f.tp.ep > 1 && (!f.device.CUDA() || gpuLayoutOpeners[f.model] == nil):
 		return fmt.Errorf("--cp %d --ep %d: prefill CP over the ep ranks runs on the GPU (--device cuda, --model deepseek-v4-flash or glm-5-flash), --ep equal to --cp", c.size, f.tp.ep)
+	case f.tp.ep > 1 && f.tp.ep != c.size:
+		return fmt.Errorf("--cp %d --ep %d: prefill CP over the ep ranks splits each prompt over those same ranks, so --ep must equal --cp", c.size, f.tp.ep)
 	case c.procs && f.tp.initAddr != "":
 		return fmt.Errorf("--cp %d: --cp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size)
 	case f.specTokens > 0:
@@ -72,8 +73,8 @@ func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 		return f.openLayoutGPU(name, dir) // gpuCPOpeners, gpuCPJoiners
 	}
 	size := f.cp.size
-	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
-		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(size))
+	if err := f.showEmulatedGPUs(size, fmt.Sprintf("--cp %d", size)); err != nil {
+		return nil, nil, err
 	}
 	open := func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
 		if err := gpurunner.Available(opts.Ordinal); err != nil {

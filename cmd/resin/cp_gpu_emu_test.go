@@ -142,10 +142,16 @@ func TestGenerateCPOverEPOnTheEmulatedDevice(t *testing.T) {
 		if pids := childWorkers(t); len(pids) > 0 {
 			t.Errorf("%s: worker processes %v left after --cp-procs", model, pids)
 		}
-		for _, bad := range [][]string{{"--cp", "2", "--ep", "3"}, {"--cp", "2", "--ep", "2", "--device", "cpu"}} {
-			_, errOut, err := runGenerate(t, append(slices.Clone(args), bad...)...)
-			if want := "prefill CP over the ep ranks runs on the GPU"; err == nil || !strings.Contains(errOut+err.Error(), want) {
-				t.Errorf("%s %v: err %v, stderr %q; want it to say %q", model, bad, err, errOut, want)
+		for _, c := range []struct {
+			bad  []string
+			want string
+		}{
+			{[]string{"--cp", "2", "--ep", "3"}, "--cp 2 --ep 3: prefill CP over the ep ranks splits each prompt over those same ranks, so --ep must equal --cp"},
+			{[]string{"--cp", "2", "--ep", "2", "--device", "cpu"}, "prefill CP over the ep ranks runs on the GPU"},
+		} {
+			_, errOut, err := runGenerate(t, append(slices.Clone(args), c.bad...)...)
+			if err == nil || !strings.Contains(errOut+err.Error(), c.want) {
+				t.Errorf("%s %v: err %v, stderr %q; want it to say %q", model, c.bad, err, errOut, c.want)
 			}
 		}
 	}

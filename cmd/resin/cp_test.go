@@ -88,3 +88,16 @@ func checkGenerateCP(t *testing.T, model, config string) {
 		}
 	}
 }
+
+// TestWorkerRole: a worker's log lines name its layout (a --cp-procs worker used to
+// call itself a "tp worker").
+func TestWorkerRole(t *testing.T) {
+	for _, c := range []struct {
+		spec tpWorkerSpec
+		want string
+	}{{tpWorkerSpec{Size: 2}, "tp worker"}, {tpWorkerSpec{CP: 2, Model: "glm-5-flash"}, "cp worker"}, {tpWorkerSpec{DPAttention: true}, "dp worker"}} {
+		if got := c.spec.role(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.spec, got, c.want)
+		}
+	}
+}

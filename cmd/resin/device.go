@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"strconv"
+
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
@@ -32,3 +36,20 @@ var gpuSpecOpeners = map[string]func(dir string, cacheBytes int64, opts gpurunne
 // SetEngineLimits implements cli.EngineLimited: the GPU runner's workspace is sized for
 // the engine's step limits.
 func (f *runtimeFlags) SetEngineLimits(cfg engine.Config) { f.device.SetEngineLimits(cfg) }
+
+// maxEmulatedGPUs is the most GPUs the emulated device shows (core/cudart's
+// RESIN_EMU_DEVICES).
+const maxEmulatedGPUs = 16
+
+// showEmulatedGPUs makes the emulated device (--device cuda-emu) show one GPU per rank of
+// a layout of n ranks set by flag (as "--cp 4"), unless RESIN_EMU_DEVICES says otherwise,
+// and refuses more ranks than it can show, naming the flag rather than the variable.
+func (f *runtimeFlags) showEmulatedGPUs(n int, flag string) error {
+	if f.device.Device != cli.DeviceCUDAEmu || os.Getenv("RESIN_EMU_DEVICES") != "" {
+		return nil
+	}
+	if n > maxEmulatedGPUs {
+		return fmt.Errorf("%s with --device cuda-emu: %d ranks, but the emulated device shows at most %d GPUs (a rank each)", flag, n, maxEmulatedGPUs)
+	}
+	return os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(n))
+}

@@ -28,12 +28,15 @@ type dpFlags struct {
 	procs     bool // --dp-procs: ranks 1..N-1 in worker processes (dp_procs.go)
 	// stepTimeout bounds rank 0's wait for a --dp-procs worker's answer to one step.
 	stepTimeout time.Duration
+	// stepTimeoutSet: --step-timeout given, refused where nothing reads it.
+	stepTimeoutSet func() bool
 }
 
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&d.size, "dp", 1, "with --model: data parallelism over this many ranks of this process, each an engine with its own copy of the model (on the CPU its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests (with --device cuda|cuda-emu only with --dp-attention)")
 	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory; on --device cuda|cuda-emu each on its GPU, bound to its NUMA node, the experts' rows exchanged over NCCL (default: ranks of this process)")
+	d.stepTimeoutSet = func() bool { return fl.Changed("step-timeout") }
 	fl.DurationVar(&d.stepTimeout, "step-timeout", 5*time.Minute, "with --dp-procs: how long rank 0 waits for a worker's answer to one step before failing it naming the worker's rank (a worker alive but stuck; vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); each expert exchange waits up to a minute on its own")
 	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange); with --device cuda|cuda-emu those two, a GPU per dp rank (--gpu+r)")
 }
@@ -45,6 +48,8 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d: want 1 or more ranks", d.size)
 	case d.stepTimeout <= 0:
 		return fmt.Errorf("--step-timeout %v: want a positive duration", d.stepTimeout)
+	case !d.procs && d.stepTimeoutSet != nil && d.stepTimeoutSet():
+		return errors.New("--step-timeout bounds a --dp-procs worker's step; the other layouts' worker steps are bounded by --watchdog-timeout (GPU) or the collectives' own deadlines")
 	case d.attention && d.size < 2:
 		return errors.New("--dp-attention needs --dp 2 or more")
 	case d.procs && !d.attention:

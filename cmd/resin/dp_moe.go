@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strconv"
 
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -199,8 +197,8 @@ func (f *runtimeFlags) openGPUDP(name, dir, what string, local int, open func(ca
 	case f.specTokens > 0 && !gpuDPDrafters[name]:
 		return nil, nil, nil, fmt.Errorf("%s --device %s --num-speculative-tokens %d: %s's drafting dp ranks run on the CPU only so far", what, f.device.Device, f.specTokens, name)
 	}
-	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
-		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(local))
+	if err := f.showEmulatedGPUs(local, what); err != nil {
+		return nil, nil, nil, err
 	}
 	var run engine.Runner
 	var pool *kvslab.Pool

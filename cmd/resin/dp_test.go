@@ -60,6 +60,8 @@ func TestGenerateDP(t *testing.T) {
 	}{
 		{append([]string{"--dp", "0"}, args...), "--dp 0"},
 		{append([]string{"--dp", "2", "--step-timeout", "0s"}, args...), "--step-timeout 0s: want a positive duration"},
+		{append([]string{"--dp", "2", "--dp-attention", "--step-timeout", "3s"}, args...), "--step-timeout bounds a --dp-procs worker's step"},
+		{append([]string{"--cp", "2", "--cp-procs", "--step-timeout", "3s"}, args...), "--step-timeout bounds a --dp-procs worker's step"},
 		{append([]string{"--dp-attention"}, args...), "--dp-attention needs --dp 2 or more"},
 		{append([]string{"--dp", "2", "--dp-attention", "--tp", "2"}, args...), "--dp-attention is not combined with --tp"},
 		{append([]string{"--dp", "2", "--tp", "2", "--tp-procs"}, args...), "not combined with --tp-procs"},

@@ -1,10 +1,9 @@
 package main
 
 import (
-	"os"
-	"strconv"
+	"fmt"
+	"strings"
 
-	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -87,8 +86,8 @@ func (f *runtimeFlags) gpuParallel() bool {
 // many GPUs as ranks unless RESIN_EMU_DEVICES says otherwise.
 func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.Pool, error) {
 	open := gpuLayoutOpeners[name]
-	if f.device.Device == cli.DeviceCUDAEmu && os.Getenv("RESIN_EMU_DEVICES") == "" {
-		os.Setenv("RESIN_EMU_DEVICES", strconv.Itoa(f.tp.ranks()))
+	if err := f.showEmulatedGPUs(f.tp.ranks(), layoutSpelling(f.tp.size, f.tp.ep, f.cp.size)); err != nil {
+		return nil, nil, err
 	}
 	return f.device.OpenGPU(name, func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
 		if f.tp.initAddr != "" {
@@ -106,4 +105,18 @@ func (f *runtimeFlags) openLayoutGPU(name, dir string) (engine.Runner, *kvslab.P
 		}
 		return open(dir, cacheBytes, opts, f.tp.size, f.tp.ep, d, f.cp.size > 1, f.specTokens)
 	}, dir, f.cacheBytes)
+}
+
+// layoutSpelling spells a GPU layout by its flags above 1, as "--tp 2 --ep 2".
+func layoutSpelling(tp, ep, cp int) string {
+	var b strings.Builder
+	for _, f := range []struct {
+		flag string
+		n    int
+	}{{"--tp", tp}, {"--ep", ep}, {"--cp", cp}} {
+		if f.n > 1 {
+			fmt.Fprintf(&b, " %s %d", f.flag, f.n)
+		}
+	}
+	return strings.TrimSpace(b.String())
 }

@@ -437,14 +437,31 @@ func tpWorkerFromEnv() {
 	if raw == "" {
 		return
 	}
+	role := "tp worker"
+	var spec tpWorkerSpec
+	if json.Unmarshal([]byte(raw), &spec) == nil {
+		role = spec.role()
+	}
 	if _, err := launch.ApplyEnv(); err != nil {
-		fmt.Fprintln(os.Stderr, "resin: tp worker: running unbound:", err) // slower, still correct
+		fmt.Fprintf(os.Stderr, "resin: %s: running unbound: %v\n", role, err) // slower, still correct
 	}
 	if err := runTPWorker(raw); err != nil {
-		fmt.Fprintln(os.Stderr, "resin: tp worker:", err)
+		fmt.Fprintf(os.Stderr, "resin: %s: %v\n", role, err)
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// role names the worker in its log lines by its layout's flag: a --dp-procs worker is a
+// "dp worker", a --cp-procs one a "cp worker", the others (--tp-procs) "tp worker".
+func (s tpWorkerSpec) role() string {
+	switch {
+	case s.DPAttention:
+		return "dp worker"
+	case s.CP > 1:
+		return "cp worker"
+	}
+	return "tp worker"
 }
 
 func runTPWorker(raw string) error {

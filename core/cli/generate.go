@@ -227,10 +227,13 @@ func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serv
 // ParseTokenIDs parses comma-separated token ids ("1, 2,3").
 func ParseTokenIDs(s string) ([]int32, error) {
 	var ids []int32
-	for _, f := range strings.Split(s, ",") {
+	if strings.TrimSpace(s) == "" {
+		return nil, errors.New("no token ids")
+	}
+	for i, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
+		if f == "" { // "5,,6" is a typo, not the prompt 5, 6
+			return nil, fmt.Errorf("token id %d of %q is empty", i+1, s)
 		}
 		n, err := strconv.ParseInt(f, 10, 32)
 		if err != nil {

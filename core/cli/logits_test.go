@@ -62,7 +62,7 @@ func printedTokens(t *testing.T, out string) []int32 {
 	if m == nil {
 		t.Fatalf("no tokens line in\n%s", out)
 	}
-	ids, err := ParseTokenIDs(strings.ReplaceAll(m[1], " ", ","))
+	ids, err := ParseTokenIDs(strings.Join(strings.Fields(m[1]), ","))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,4 +210,17 @@ func argmax(x []float32) int32 {
 		}
 	}
 	return int32(best)
+}
+
+// TestParseTokenIDs: spaces are allowed, an empty entry ("5,,6", a typo) is refused
+// rather than dropped.
+func TestParseTokenIDs(t *testing.T) {
+	if ids, err := ParseTokenIDs(" 1, 2,3 "); err != nil || !slices.Equal(ids, []int32{1, 2, 3}) {
+		t.Errorf("ParseTokenIDs(\" 1, 2,3 \") = %v, %v", ids, err)
+	}
+	for _, bad := range []string{"5,,6", "5,6,", ",5", "", " ", "5,x", "99999999999"} {
+		if ids, err := ParseTokenIDs(bad); err == nil {
+			t.Errorf("ParseTokenIDs(%q) = %v, want an error", bad, ids)
+		}
+	}
 }
