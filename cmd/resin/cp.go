@@ -13,6 +13,7 @@ import (
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/cp"
 	"github.com/resin-llm/resin/core/dist/lockstep"
+	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/gpurunner"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -44,8 +45,12 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return nil
 	case f.model == "":
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
-	case f.tp.size > 1 || f.tp.procs || f.dp.size > 1:
-		return fmt.Errorf("--cp %d is not combined with --tp, --tp-procs or --dp yet", c.size)
+	case f.dp.size > 1:
+		return fmt.Errorf("--cp %d is not combined with --dp yet", c.size)
+	case f.tp.size > 1 && (f.device.CUDA() || f.tp.ep > 1 || f.tp.initAddr != ""):
+		return fmt.Errorf("--cp %d --tp %d: CP over tensor-parallel groups runs on the CPU, in this process or its worker processes (--cp-procs), with --ep 1 (on the GPU the MoE models' CP runs over --ep ranks)", c.size, f.tp.size)
+	case f.tp.procs && f.tp.size < 2:
+		return fmt.Errorf("--cp %d with --tp-procs: --cp-procs runs CP's ranks as worker processes", c.size)
 	case f.tp.ep > 1 && (!f.device.CUDA() || gpuLayoutOpeners[f.model] == nil):
 		return fmt.Errorf("--cp %d --ep %d: prefill CP over the ep ranks runs on the GPU (--device cuda, --model deepseek-v4-flash or glm-5-flash), --ep equal to --cp", c.size, f.tp.ep)
 	case f.tp.ep > 1 && f.tp.ep != c.size:
@@ -57,7 +62,7 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 	case f.device.CUDA() && f.model != llama.Name && gpuCPOpeners[f.model] == nil:
 		return fmt.Errorf("--cp %d on the GPU covers --model llama, deepseek-v4-flash and glm-5-flash, not %s", c.size, f.model)
 	}
-	f.tp.groupRanks, f.tp.groupFlag = c.size, "--cp" // its ranks split over --nnodes (tpFlags.check)
+	f.tp.groupRanks, f.tp.groupFlag = c.size*f.tp.size, "--cp" // its ranks split over --nnodes (tpFlags.check)
 	return nil
 }
 
@@ -185,6 +190,9 @@ func cpShape(c *llama.Config) cp.Shape {
 func runCPWorker(spec tpWorkerSpec) error {
 	if spec.Model != "" {
 		return runCPModelWorker(spec)
+	}
+	if spec.TP > 1 {
+		return runCPTPWorker(spec)
 	}
 	ctl, data, err := joinTP(spec, nil)
 	if err != nil {
@@ -398,4 +406,66 @@ func followCPModel(m cpModel, dir string, ctl, data dist.Communicator) error {
 		return err
 	}
 	return lockstep.FollowRank(ctl, rank)
+}
+
+// openCPTP opens the llama checkpoint (or random-weights config) in dir with prefill CP
+// over cpSize tensor-parallel groups of tpSize ranks (core/dist/tp's CP × TP: world rank
+// cpRank·tp + tpRank; cp rank 0's TP group holding the cache and decoding): goroutines
+// of this process or, with procs, world ranks 1.. as worker processes of this binary
+// meeting rank 0 in shared memory. Each rank reads only its shard from a checkpoint.
+func openCPTP(dir string, cacheBytes int64, cpSize, tpSize int, procs bool) (engine.Runner, *kvslab.Pool, error) {
+	what := fmt.Sprintf("--cp %d --tp %d", cpSize, tpSize)
+	m, err := openLlamaTP(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := m.NewPool(cacheBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	pages, pt := tp.CachePages(m.d, pool), pool.BlockTokens()
+	shard := func(rank int) (*tp.Shard, error) { return m.shard(rank, tpSize) }
+	if !procs {
+		ip, err := tp.StartCPShards(shard, tpSize, cpSize, pages, pt, dist.Options{Timeout: time.Minute})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		return &tpRunner{cpurunner.New(m.Info(), cpurunner.ForwardFunc(ip.Forward)), ip.Close, nil}, pool, nil
+	}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: cpSize * tpSize, Dir: dir, CP: cpSize, TP: tpSize, Pages: pages, PageTokens: pt}
+	g, err := startWorkers(spec)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	r, err := tp.JoinCP(g.data, shard, tpSize, cpSize, pages, pt)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, g.close()))
+	}
+	lead := lockstep.LeadRank(g.ctl, r.LockstepRank())
+	return &tpRunner{cpurunner.New(m.Info(), cpurunner.ForwardFunc(g.forward(lead.Forward))), g.close, g.w}, pool, nil
+}
+
+// runCPTPWorker is a worker process of a CP × TP group (openCPTP with procs): it joins
+// rank 0, reads its shard and runs each plan rank 0 broadcasts until rank 0 stops the
+// group (only cp rank 0's TP group keeps a cache, of rank 0's pages).
+func runCPTPWorker(spec tpWorkerSpec) error {
+	ctl, data, err := joinTP(spec, nil)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	defer data.Close()
+	m, err := openLlamaTP(spec.Dir)
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", spec.Rank, err)
+	}
+	r, err := tp.JoinCP(data, func(rank int) (*tp.Shard, error) { return m.shard(rank, spec.TP) }, spec.TP, spec.CP, spec.Pages, spec.PageTokens)
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", spec.Rank, err)
+	}
+	defer r.Layout.Close()
+	if err := lockstep.FollowRank(ctl, r.LockstepRank()); err != nil {
+		return fmt.Errorf("rank %d (cp rank %d, tp rank %d): %w", spec.Rank, r.Layout.CPRank, r.Layout.TPRank, err)
+	}
+	return nil
 }

@@ -12,7 +12,9 @@ import (
 // TestGenerateCP: `resin generate --model M --random-weights … --prompt-ids (37 tokens)
 // --cp 2`, `--cp 3` and `--cp 2 --cp-procs` (rank 1 a worker process), and the last two
 // with --max-batch-tokens 16 (the prompt in chunks of 16, 16 and 5 tokens, the later ones
-// continuing over the cp group), print what one rank prints, and their --logits-out files
+// continuing over the cp group), and for llama --cp 2 --tp 2, --cp 3 --tp 2 and --cp 2
+// --tp 2 --cp-procs (CP over tensor-parallel groups; the last two chunked), print what
+// one rank prints, and their --logits-out files
 // hold every prompt row's and step's logits within 1e-5 of the row's largest logit, for
 // llama, deepseek-v4-flash and glm-5-flash; the layouts --cp does not cover are refused by name.
 func TestGenerateCP(t *testing.T) {
@@ -29,7 +31,10 @@ func TestGenerateCP(t *testing.T) {
 	}{
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "0", "hi"}, "--cp 0"},
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp-procs", "hi"}, "--cp-procs needs --cp 2"},
-		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "2", "--tp", "2", "hi"}, "not combined with --tp"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "2", "--tp", "2", "--device", "cuda-emu", "hi"}, "CP over tensor-parallel groups runs on the CPU"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "2", "--tp", "2", "--dist-init-addr", "127.0.0.1:1", "hi"}, "CP over tensor-parallel groups runs on the CPU"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cp", "2", "--tp-procs", "hi"}, "--cp-procs runs CP's ranks as worker processes"},
+		{[]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json", "--cp", "2", "--tp", "2", "--prompt-ids", "1,2"}, "covers the llama family so far, not deepseek-v4-flash"},
 		{[]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json", "--cp", "2", "--num-speculative-tokens", "1", "--prompt-ids", "1,2"}, "not combined with --num-speculative-tokens"},
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--cp", "2", "--dtype", "int8", "--prompt-ids", "1,2"}, "run fp32 only"},
 		{[]string{"--cp", "2", "--max-tokens", "2", "hi"}, "--cp needs --model llama"},
@@ -59,8 +64,13 @@ func checkGenerateCP(t *testing.T, model, config string) {
 		t.Fatalf("%v (%s)", err, errOut)
 	}
 	wantLg, wantShape := readLogits(t, filepath.Join(dir, "one", "l.safetensors"))
-	for i, extra := range [][]string{{"--cp", "2"}, {"--cp", "3"}, {"--cp", "2", "--cp-procs"},
-		{"--cp", "3", "--max-batch-tokens", "16"}, {"--cp", "2", "--cp-procs", "--max-batch-tokens", "16"}} {
+	layouts := [][]string{{"--cp", "2"}, {"--cp", "3"}, {"--cp", "2", "--cp-procs"},
+		{"--cp", "3", "--max-batch-tokens", "16"}, {"--cp", "2", "--cp-procs", "--max-batch-tokens", "16"}}
+	if model == "llama" { // CP over TP groups (core/dist/tp's CP × TP)
+		layouts = append(layouts, []string{"--cp", "2", "--tp", "2"}, []string{"--cp", "3", "--tp", "2", "--max-batch-tokens", "16"},
+			[]string{"--cp", "2", "--tp", "2", "--cp-procs", "--max-batch-tokens", "16"})
+	}
+	for i, extra := range layouts {
 		n := strings.Join(extra, " ")
 		sub := string(rune('a' + i))
 		got, errOut, err := runGenerate(t, args(sub, extra...)...)

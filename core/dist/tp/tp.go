@@ -16,6 +16,7 @@
 package tp
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -262,6 +263,28 @@ func (s *Shard) KVHeads() int { return s.kvHeads }
 // per layer, KVHeads() heads) at the plan's slots. Every rank gets the whole logits of the
 // rows in plan.LogitsIndices ([rows, vocab]).
 func (s *Shard) Forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.PagedKV, logits []float32) error {
+	return s.forward(c, plan, kv, nil, logits)
+}
+
+// ForwardAttend is Forward with attend as every layer's attention in place of the
+// cache's (core/dist/cp's ModelForward: a chunk of a prompt split over a cp group, each
+// rank of c holding the same chunk): attend gets this rank's heads' queries, keys and
+// values of the plan's tokens (RoPE applied) and writes their attention; the plan needs
+// no page table and no cache is read or written here.
+func (s *Shard) ForwardAttend(c dist.Communicator, plan *engine.BatchPlan, attend func(layer int, q, k, v, out []float32) error, logits []float32) error {
+	if attend == nil {
+		return errors.New("tp: ForwardAttend without an attention")
+	}
+	return s.forward(c, plan, nil, attend, logits)
+}
+
+// CPShape is this rank's attention shape for core/dist/cp: its heads and KV heads.
+func (s *Shard) CPShape() (heads, kvHeads, headDim, window int) {
+	return s.heads, s.kvHeads, s.D.HeadDim, s.D.Window
+}
+
+// forward is Forward on kv, or with attend in place of the cache's attention (kv nil).
+func (s *Shard) forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.PagedKV, attend func(layer int, q, k, v, out []float32) error, logits []float32) error {
 	d := s.D
 	t := plan.NumTokens()
 	hd, hdim := d.Hidden, d.HeadDim
@@ -270,7 +293,7 @@ func (s *Shard) Forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.Pa
 	if c.Size() != s.Size || c.Rank() != s.Rank {
 		return fmt.Errorf("tp: shard %d of %d on communicator rank %d of %d", s.Rank, s.Size, c.Rank(), c.Size())
 	}
-	if len(kv) != d.Layers {
+	if attend == nil && len(kv) != d.Layers {
 		return fmt.Errorf("tp: forward: %d cache layers for %d", len(kv), d.Layers)
 	}
 	if err := s.check(plan, logits); err != nil {
@@ -290,7 +313,10 @@ func (s *Shard) Forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.Pa
 	gateUp, act := grow(&s.gateUp, t*2*inter), grow(&s.act, t*inter)
 	slots := plan.Groups[0].SlotMapping
 	attn := ref.Attention{Heads: nh, Scale: float32(1 / math.Sqrt(float64(hdim))), Window: d.Window}
-	batch := s.attentionBatch(plan)
+	var batch *ref.AttentionBatch
+	if attend == nil {
+		batch = s.attentionBatch(plan)
+	}
 
 	// Vocab-parallel embedding: this rank's rows, zeros for the others', summed.
 	clear(x)
@@ -331,10 +357,15 @@ func (s *Shard) Forward(c dist.Communicator, plan *engine.BatchPlan, kv []ref.Pa
 		if err := firstErr(
 			d.Rope.RoPENeoX(q, plan.Positions, t, nh, hdim),
 			d.Rope.RoPENeoX(k, plan.Positions, t, nkv, hdim),
-			kv[l].StoreKV(k, v, slots),
-			ref.PagedAttentionBatch(att, q, &kv[l], batch, attn),
-			ref.MatMulT(o, att, lw.o, t, qd, hd),
 		); err != nil {
+			return fmt.Errorf("tp: forward: layer %d: %w", l, err)
+		}
+		if attend != nil {
+			err = attend(l, q, k, v, att)
+		} else {
+			err = firstErr(kv[l].StoreKV(k, v, slots), ref.PagedAttentionBatch(att, q, &kv[l], batch, attn))
+		}
+		if err = firstErr(err, ref.MatMulT(o, att, lw.o, t, qd, hd)); err != nil {
 			return fmt.Errorf("tp: forward: layer %d: %w", l, err)
 		}
 		if err := dist.AllReduceF32(c, o); err != nil {
