@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/ep"
@@ -37,20 +38,47 @@ import (
 // rows with the other ranks over data[r]. Each rank's forward is its runner's DPForward,
 // run under a core/dist/dp Group whose data communicators may be data.
 func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator, cacheBytes int64) ([]*Runner, []*kvslab.Pool, error) {
-	n := len(data)
-	whole, err := dpWeights(dir, opts, d, n)
+	return OpenDPTPRanks(dir, opts, d, 1, data, cacheBytes)
+}
+
+// OpenDPTPRanks is OpenDPRanks with attention TP (SGLang's --dp-attention with --tp
+// above --dp): the len(world) ranks are dp ranks of tp consecutive ranks each (world rank
+// w: dp rank w/tp, tp rank w%tp), the ranks of a dp rank splitting its attention heads,
+// o_groups, shared expert columns and vocabulary (Layout's TP, all-reduced over them),
+// every rank holding its range of the routed experts (ep = len(world)), with a pool of its
+// own (the attention's cache is replicated over a TP group, each rank writing the same).
+// A dp rank's ranks must run its plans together (core/dist/dp's AttentionTP: its first
+// rank's plans broadcast to the others, their CacheOps applied to the others' pools); each
+// rank of a dp rank gives the exchange the same rows, so every rank gets its rows' sums.
+// The ranks open concurrently (their layout's groups are split by collectives).
+func OpenDPTPRanks(dir string, opts Options, d Dispatch, tp int, world []dist.Communicator, cacheBytes int64) ([]*Runner, []*kvslab.Pool, error) {
+	n := len(world)
+	if tp > 1 && opts.Drafts > 0 {
+		return nil, nil, fmt.Errorf("%s: DP-attention with attention tp=%d does not draft yet (MTP drafts run under DP-attention without TP)", Name, tp)
+	}
+	whole, err := dpWeights(dir, opts, d, n, max(tp, 1))
 	if err != nil {
 		return nil, nil, err
 	}
+	for r, comm := range world {
+		if comm.Rank() != r || comm.Size() != n {
+			return nil, nil, fmt.Errorf("%s: rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
+		}
+	}
 	runners := make([]*Runner, n)
 	pools := make([]*kvslab.Pool, n)
-	for r, comm := range data {
-		if comm.Rank() != r || comm.Size() != n {
-			return nil, nil, fmt.Errorf("%s: dp rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
-		}
-		if runners[r], pools[r], err = openDPRank(dir, opts, d, comm, cacheBytes, whole); err != nil {
-			return nil, nil, err
-		}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, comm := range world {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runners[r], pools[r], errs[r] = openDPRank(dir, opts, d, max(tp, 1), comm, cacheBytes, whole)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, err
 	}
 	return runners, pools, nil
 }
@@ -60,28 +88,28 @@ func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator,
 // process), which reads its experts from a checkpoint or builds the seeded random
 // weights whole and cuts its part.
 func OpenDPRank(dir string, opts Options, d Dispatch, comm dist.Communicator, cacheBytes int64) (*Runner, *kvslab.Pool, error) {
-	whole, err := dpWeights(dir, opts, d, comm.Size())
+	whole, err := dpWeights(dir, opts, d, comm.Size(), 1)
 	if err != nil {
 		return nil, nil, err
 	}
-	return openDPRank(dir, opts, d, comm, cacheBytes, whole)
+	return openDPRank(dir, opts, d, 1, comm, cacheBytes, whole)
 }
 
-// dpWeights checks DP-attention over n ranks with exchange d for the model in dir and
-// returns the whole seeded random weights to cut the ranks from, or nil for a checkpoint
-// (each rank reads its shard).
-func dpWeights(dir string, opts Options, d Dispatch, n int) (*Weights, error) {
+// dpWeights checks DP-attention over n ranks (tp of them in each dp rank's attention TP
+// group) with exchange d for the model in dir and returns the whole seeded random
+// weights to cut the ranks from, or nil for a checkpoint (each rank reads its shard).
+func dpWeights(dir string, opts Options, d Dispatch, n, tp int) (*Weights, error) {
 	if opts.DType != "" && opts.DType != ref.DTypeFP32 {
 		return nil, fmt.Errorf("%s: DP-attention ranks run fp32 only, not %s", Name, opts.DType)
 	}
-	if n < 2 {
-		return nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
+	if n < 2*tp || n%tp != 0 {
+		return nil, fmt.Errorf("%s: DP-attention over %d ranks with attention tp=%d, want 2 or more dp ranks of tp ranks each", Name, n, tp)
 	}
 	c, err := LoadConfig(dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := (Layout{EP: n, Dispatch: d}).Check(c); err != nil {
+	if err := (Layout{TP: tp, EP: n, Dispatch: d}).Check(c); err != nil {
 		return nil, fmt.Errorf("DP-attention: %w", err)
 	}
 	if ck, err := weights.Open(dir); err == nil {
@@ -97,11 +125,12 @@ func dpWeights(dir string, opts Options, d Dispatch, n int) (*Weights, error) {
 	return RandomWeights(c, cmp.Or(opts.Seed, 1), c.NumNextNPredictLayers > 0), nil
 }
 
-// openDPRank opens dp rank comm.Rank() of comm.Size(), cut from whole (nil: read from
-// dir's checkpoint), with a pool of cacheBytes.
-func openDPRank(dir string, opts Options, d Dispatch, comm dist.Communicator, cacheBytes int64, whole *Weights) (*Runner, *kvslab.Pool, error) {
+// openDPRank opens rank comm.Rank() of comm.Size() (tp ranks a dp rank: 1 without
+// attention TP), cut from whole (nil: read from dir's checkpoint), with a pool of
+// cacheBytes.
+func openDPRank(dir string, opts Options, d Dispatch, tp int, comm dist.Communicator, cacheBytes int64, whole *Weights) (*Runner, *kvslab.Pool, error) {
 	r := comm.Rank()
-	l := Layout{EP: comm.Size(), Dispatch: d}
+	l := Layout{TP: tp, EP: comm.Size(), Dispatch: d}
 	c, w, err := loadRankWeights(dir, opts, l, r, whole)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dp rank %d: %w", r, err)
@@ -132,15 +161,16 @@ func openDPRank(dir string, opts Options, d Dispatch, comm dist.Communicator, ca
 func (r *Runner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	m := r.Model
 	par := &m.par
+	rank, size := par.dpRank()
 	switch {
 	case !par.dp:
 		return fmt.Errorf("%s: DPForward on a runner not opened for DP-attention", Name)
-	case len(p.DP.Tokens) != par.ep || int(p.DP.Rank) != par.rank:
-		return fmt.Errorf("%s: a plan of dp rank %d of %d on dp rank %d of %d", Name, p.DP.Rank, len(p.DP.Tokens), par.rank, par.ep)
-	case int(p.DP.Tokens[par.rank]) != p.NumTokens():
-		return fmt.Errorf("%s: dp rank %d's plan has %d tokens, its step says %d", Name, par.rank, p.NumTokens(), p.DP.Tokens[par.rank])
+	case len(p.DP.Tokens) != size || int(p.DP.Rank) != rank:
+		return fmt.Errorf("%s: a plan of dp rank %d of %d on dp rank %d of %d", Name, p.DP.Rank, len(p.DP.Tokens), rank, size)
+	case int(p.DP.Tokens[rank]) != p.NumTokens():
+		return fmt.Errorf("%s: dp rank %d's plan has %d tokens, its step says %d", Name, rank, p.NumTokens(), p.DP.Tokens[rank])
 	case p.DP.Pad < 0 || p.DP.Pad > 0 && int(p.DP.Pad) < p.NumTokens():
-		return fmt.Errorf("%s: dp rank %d pads %d tokens to %d rows", Name, par.rank, p.NumTokens(), p.DP.Pad)
+		return fmt.Errorf("%s: dp rank %d pads %d tokens to %d rows", Name, rank, p.NumTokens(), p.DP.Pad)
 	}
 	par.dpPad = int(p.DP.Pad)
 	if p.NumTokens() > 0 {
@@ -210,7 +240,7 @@ func (m *Model) moeDP(l *Layer, x []float32, n int) ([]float32, error) {
 	if p.dispatch == DispatchAllToAll {
 		exchange = ep.AllToAll
 	}
-	if err := exchange(p.comm, layer, routes, m.expertFunc(l), out); err != nil {
+	if err := exchange(p.epGroup(), layer, routes, m.expertFunc(l), out); err != nil {
 		return nil, err
 	}
 	out = out[:n*h]
@@ -221,10 +251,23 @@ func (m *Model) moeDP(l *Layer, x []float32, n int) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
+	if p.tp > 1 { // the attention's TP group split the shared expert's columns
+		if err := m.allReduce(shared, "shared expert"); err != nil {
+			return nil, err
+		}
+	}
 	for i := range out {
 		out[i] += shared[i]
 	}
 	return out, nil
+}
+
+// dpRank is this rank's dp rank and the dp group's size: under DP-attention with
+// attention TP (OpenDPTPRanks) the world's ranks are dp groups of tp consecutive ranks,
+// the routed experts split over all of them (ep = dp·tp); without TP each rank is a dp
+// rank.
+func (p *parallel) dpRank() (rank, size int) {
+	return p.rank / p.tp, p.ep / p.tp
 }
 
 // expertFunc runs this rank's routed expert e of layer l (gate_up GEMM, clamped SwiGLU,

@@ -96,3 +96,39 @@ func TestDPForwardRefuses(t *testing.T) {
 		t.Error("one dp rank accepted")
 	}
 }
+
+// dpTPInProcess is dpInProcess with attention TP 2 in each of the 2 dp ranks: 4 ranks of
+// this process, each dp rank's two splitting its attention, the routed experts split over
+// all 4.
+func dpTPInProcess(t *testing.T) dptest.InProcessModel {
+	dir := tinyDir(t)
+	const tp = 2
+	return dptest.WithAttentionTP(t, tp, []int{int(DispatchGather), int(DispatchAllToAll)}, tinyConfig(t).VocabSize,
+		func(d int, world []dist.Communicator) ([]dptest.InProcessRank, error) {
+			runners, pools, err := OpenDPTPRanks(dir, tinyOpts, Dispatch(d), tp, world, 8<<20)
+			if err != nil {
+				return nil, err
+			}
+			ranks := make([]dptest.InProcessRank, len(runners))
+			for w, run := range runners {
+				e := run.Model.par
+				if e.heads != run.Model.Config.NumAttentionHeads/tp {
+					t.Fatalf("rank %d holds %d heads: the attention is not split", w, e.heads)
+				}
+				split := e.expHi-e.expLo < run.Model.Config.NRoutedExperts
+				ranks[w] = dptest.InProcessRank{Forward: run.DPForward, Pool: pools[w], Info: run.Info(), Groups: len(run.CacheGroups()), Split: split}
+			}
+			return ranks, nil
+		})
+}
+
+// TestDPAttentionTPMatchesSingleEngine: DP-attention 2 × attention TP 2 (4 ranks: each
+// dp rank's two split its heads, o_groups, shared expert and vocabulary; the routed
+// experts split over all four; both exchanges, with and without graph-bucket padding)
+// gives every request the tokens one engine gives (greedy and seeded), with dp rank 1
+// idle for several steps, both its TP ranks running the idle plans' exchanges. It fails
+// without the shared expert's all-reduce over the TP group.
+func TestDPAttentionTPMatchesSingleEngine(t *testing.T) {
+	reqs := dpRequests(tinyConfig(t).VocabSize)
+	dptest.CheckMatchesSingleEngine(t, dpTPInProcess(t), reqs, dpWant(t, reqs))
+}

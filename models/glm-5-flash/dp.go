@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/ep"
@@ -39,20 +40,47 @@ import (
 // rows with the other ranks over data[r]. Each rank's forward is its runner's DPForward,
 // run under a core/dist/dp Group whose data communicators may be data.
 func OpenDPRanks(dir string, o RankOptions, d Dispatch, data []dist.Communicator) ([]*TextRunner, []*kvslab.Pool, error) {
-	n := len(data)
-	whole, err := dpWeights(dir, o, d, n)
+	return OpenDPTPRanks(dir, o, d, 1, data)
+}
+
+// OpenDPTPRanks is OpenDPRanks with attention TP (SGLang's --dp-attention with --tp
+// above --dp): the len(world) ranks are dp ranks of tp consecutive ranks each (world rank
+// w: dp rank w/tp, tp rank w%tp), the ranks of a dp rank splitting its MLA and KDA heads,
+// the dense and shared experts' columns and the vocabulary (Layout's TP, all-reduced over
+// them), every rank holding its range of the routed experts (ep = len(world)), with a pool
+// of its own (each rank of a TP group caches its own heads' state). A dp rank's ranks must
+// run its plans together (core/dist/dp's AttentionTP: its first rank's plans broadcast to
+// the others, their CacheOps applied to the others' pools); each rank of a dp rank gives
+// the exchange the same rows, so every rank gets its rows' sums. The ranks open
+// concurrently (their layout's groups are split by collectives).
+func OpenDPTPRanks(dir string, o RankOptions, d Dispatch, tp int, world []dist.Communicator) ([]*TextRunner, []*kvslab.Pool, error) {
+	n, tp := len(world), max(tp, 1)
+	if tp > 1 && o.Drafts > 0 {
+		return nil, nil, fmt.Errorf("%s: DP-attention with attention tp=%d does not draft yet (MTP drafts run under DP-attention without TP)", Name, tp)
+	}
+	whole, err := dpWeights(dir, o, d, n, tp)
 	if err != nil {
 		return nil, nil, err
 	}
+	for r, comm := range world {
+		if comm.Rank() != r || comm.Size() != n {
+			return nil, nil, fmt.Errorf("%s: rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
+		}
+	}
 	runners := make([]*TextRunner, n)
 	pools := make([]*kvslab.Pool, n)
-	for r, comm := range data {
-		if comm.Rank() != r || comm.Size() != n {
-			return nil, nil, fmt.Errorf("%s: dp rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
-		}
-		if runners[r], pools[r], err = openDPRank(dir, o, d, comm, whole); err != nil {
-			return nil, nil, err
-		}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, comm := range world {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runners[r], pools[r], errs[r] = openDPRank(dir, o, d, tp, comm, whole)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, err
 	}
 	return runners, pools, nil
 }
@@ -62,25 +90,25 @@ func OpenDPRanks(dir string, o RankOptions, d Dispatch, data []dist.Communicator
 // process), which reads its experts from a checkpoint or builds the seeded random
 // weights whole and cuts its part.
 func OpenDPRank(dir string, o RankOptions, d Dispatch, comm dist.Communicator) (*TextRunner, *kvslab.Pool, error) {
-	whole, err := dpWeights(dir, o, d, comm.Size())
+	whole, err := dpWeights(dir, o, d, comm.Size(), 1)
 	if err != nil {
 		return nil, nil, err
 	}
-	return openDPRank(dir, o, d, comm, whole)
+	return openDPRank(dir, o, d, 1, comm, whole)
 }
 
-// dpWeights checks DP-attention over n ranks with exchange d for the model in dir and
-// returns the whole seeded random weights to cut the ranks from, or nil for a checkpoint
-// (each rank reads its shard).
-func dpWeights(dir string, o RankOptions, d Dispatch, n int) (*TextWeights, error) {
-	if n < 2 {
-		return nil, fmt.Errorf("%s: DP-attention over %d ranks, want 2 or more", Name, n)
+// dpWeights checks DP-attention over n ranks (tp of them in each dp rank's attention TP
+// group) with exchange d for the model in dir and returns the whole seeded random
+// weights to cut the ranks from, or nil for a checkpoint (each rank reads its shard).
+func dpWeights(dir string, o RankOptions, d Dispatch, n, tp int) (*TextWeights, error) {
+	if n < 2*tp || n%tp != 0 {
+		return nil, fmt.Errorf("%s: DP-attention over %d ranks with attention tp=%d, want 2 or more dp ranks of tp ranks each", Name, n, tp)
 	}
 	c, err := LoadTextConfig(dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := (Layout{EP: n, Dispatch: d}).Check(c); err != nil {
+	if err := (Layout{TP: tp, EP: n, Dispatch: d}).Check(c); err != nil {
 		return nil, fmt.Errorf("DP-attention: %w", err)
 	}
 	if ck, err := weights.Open(dir); err == nil {
@@ -92,12 +120,13 @@ func dpWeights(dir string, o RankOptions, d Dispatch, n int) (*TextWeights, erro
 	return randomWeights(dir, c, o.Seed)
 }
 
-// openDPRank opens dp rank comm.Rank() of comm.Size(), cut from whole (nil: read from
-// dir's checkpoint), with a pool of o.CacheBytes.
-func openDPRank(dir string, o RankOptions, d Dispatch, comm dist.Communicator, whole *TextWeights) (*TextRunner, *kvslab.Pool, error) {
-	run, pool, err := openRank(dir, o, Layout{EP: comm.Size(), Dispatch: d}, comm, whole)
+// openDPRank opens rank comm.Rank() of comm.Size() (tp ranks a dp rank: 1 without
+// attention TP), cut from whole (nil: read from dir's checkpoint), with a pool of
+// o.CacheBytes.
+func openDPRank(dir string, o RankOptions, d Dispatch, tp int, comm dist.Communicator, whole *TextWeights) (*TextRunner, *kvslab.Pool, error) {
+	run, pool, err := openRank(dir, o, Layout{TP: tp, EP: comm.Size(), Dispatch: d}, comm, whole)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dp rank %d: %w", comm.Rank(), err)
+		return nil, nil, fmt.Errorf("rank %d: %w", comm.Rank(), err)
 	}
 	run.Model.par.dp = true
 	return run, pool, nil
@@ -110,15 +139,16 @@ func openDPRank(dir string, o RankOptions, d Dispatch, comm dist.Communicator, w
 func (r *TextRunner) DPForward(p *engine.BatchPlan, logits []float32) error {
 	m := r.Model
 	par := &m.par
+	rank, size := par.rank/par.tp, par.ep/par.tp // dp groups of tp ranks (OpenDPTPRanks)
 	switch {
 	case !par.dp:
 		return fmt.Errorf("%s: DPForward on a runner not opened for DP-attention", Name)
-	case len(p.DP.Tokens) != par.ep || int(p.DP.Rank) != par.rank:
-		return fmt.Errorf("%s: a plan of dp rank %d of %d on dp rank %d of %d", Name, p.DP.Rank, len(p.DP.Tokens), par.rank, par.ep)
-	case int(p.DP.Tokens[par.rank]) != p.NumTokens():
-		return fmt.Errorf("%s: dp rank %d's plan has %d tokens, its step says %d", Name, par.rank, p.NumTokens(), p.DP.Tokens[par.rank])
+	case len(p.DP.Tokens) != size || int(p.DP.Rank) != rank:
+		return fmt.Errorf("%s: a plan of dp rank %d of %d on dp rank %d of %d", Name, p.DP.Rank, len(p.DP.Tokens), rank, size)
+	case int(p.DP.Tokens[rank]) != p.NumTokens():
+		return fmt.Errorf("%s: dp rank %d's plan has %d tokens, its step says %d", Name, rank, p.NumTokens(), p.DP.Tokens[rank])
 	case p.DP.Pad < 0 || p.DP.Pad > 0 && int(p.DP.Pad) < p.NumTokens():
-		return fmt.Errorf("%s: dp rank %d pads %d tokens to %d rows", Name, par.rank, p.NumTokens(), p.DP.Pad)
+		return fmt.Errorf("%s: dp rank %d pads %d tokens to %d rows", Name, rank, p.NumTokens(), p.DP.Pad)
 	}
 	par.dpPad = int(p.DP.Pad)
 	if p.NumTokens() > 0 {
@@ -192,13 +222,16 @@ func (m *TextModel) moeDP(w *moeWeights, x []float32, T int, ids []int32, wts []
 	if p.dispatch == DispatchAllToAll {
 		exchange = ep.AllToAll
 	}
-	if err := exchange(p.comm, layer, routes, m.expertFunc(w), routed); err != nil {
+	if err := exchange(p.epGroup(), layer, routes, m.expertFunc(w), routed); err != nil {
 		return nil, err
 	}
 	if T == 0 {
 		return nil, nil
 	}
 	out := m.mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
+	if err := m.allReduce(out, "shared experts"); err != nil { // their columns split under attention TP
+		return nil, err
+	}
 	for i := range out {
 		out[i] += routed[i]
 	}

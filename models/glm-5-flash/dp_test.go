@@ -93,3 +93,39 @@ func TestDPForwardRefuses(t *testing.T) {
 		t.Errorf("DPDraft on a rank without drafts: %v", err)
 	}
 }
+
+// dpTPInProcess is dpInProcess with attention TP 2 in each of the 2 dp ranks: 4 ranks of
+// this process, each dp rank's two splitting its MLA and KDA heads, the routed experts
+// split over all 4.
+func dpTPInProcess(t *testing.T) dptest.InProcessModel {
+	dir := tinyDir(t)
+	const tp = 2
+	return dptest.WithAttentionTP(t, tp, []int{int(DispatchGather), int(DispatchAllToAll)}, tinyTextModel(t).Config.VocabSize,
+		func(d int, world []dist.Communicator) ([]dptest.InProcessRank, error) {
+			runners, pools, err := OpenDPTPRanks(dir, tinyOpts, Dispatch(d), tp, world)
+			if err != nil {
+				return nil, err
+			}
+			ranks := make([]dptest.InProcessRank, len(runners))
+			for w, run := range runners {
+				if mla, kda := run.Model.heads(); mla != run.Model.Config.NumAttentionHeads/tp || kda != run.Model.Config.LinearNumHeads/tp {
+					t.Fatalf("rank %d holds %d MLA and %d KDA heads: the attention is not split", w, mla, kda)
+				}
+				lo, hi := run.Model.experts()
+				split := hi-lo < run.Model.Config.NRoutedExperts
+				ranks[w] = dptest.InProcessRank{Forward: run.DPForward, Pool: pools[w], Info: run.Info(), Groups: len(run.CacheGroups()), Split: split}
+			}
+			return ranks, nil
+		})
+}
+
+// TestDPAttentionTPMatchesSingleEngine: DP-attention 2 × attention TP 2 (4 ranks: each
+// dp rank's two split its MLA and KDA heads, dense and shared experts' columns and
+// vocabulary; the routed experts split over all four; both exchanges, with and without
+// graph-bucket padding) gives every request the tokens one engine gives (greedy and
+// seeded), with dp rank 1 idle for several steps. It fails without the shared experts'
+// all-reduce over the TP group.
+func TestDPAttentionTPMatchesSingleEngine(t *testing.T) {
+	reqs := dpRequests(tinyTextModel(t).Config.VocabSize)
+	dptest.CheckMatchesSingleEngine(t, dpTPInProcess(t), reqs, dpWant(t, reqs))
+}

@@ -283,3 +283,47 @@ func CheckRefusalAgreed(t *testing.T, ranks []dp.Forward, bad *engine.BatchPlan,
 		t.Errorf("rank 0, idle while rank 1 refused: %v, want rank 1's refusal named", errs[0])
 	}
 }
+
+// WithAttentionTP is the InProcessModel of a model's DP-attention with attention TP: each
+// of the checks' dp ranks is tp ranks of this process, open opening every rank of the
+// world (tp·dp communicators, world rank w in dp rank w/tp) by exchange d and returning
+// each one's InProcessRank; a dp rank's forward is its TP group's under core/dist/dp's
+// AttentionTP (its first rank's plans broadcast to the others, run on their pools), its
+// pool, info and split its first rank's. The groups stop when t ends. It does not draft.
+func WithAttentionTP(t *testing.T, tp int, dispatches []int, vocab int, open func(d int, world []dist.Communicator) ([]InProcessRank, error)) InProcessModel {
+	return InProcessModel{
+		Dispatches: dispatches,
+		Open: func(d, drafts int, _ func(promptLen, pos int, logits []float32) int32, data []dist.Communicator) ([]InProcessRank, error) {
+			if drafts > 0 {
+				return nil, fmt.Errorf("dptest: attention TP does not draft")
+			}
+			world, err := dist.NewInProcess(tp*len(data), dist.Options{Timeout: 30 * time.Second})
+			if err != nil {
+				return nil, err
+			}
+			all, err := open(d, world)
+			if err != nil {
+				return nil, err
+			}
+			forwards, pools := make([]dp.Forward, len(all)), make([]*kvslab.Pool, len(all))
+			for w, r := range all {
+				forwards[w], pools[w] = r.Forward, r.Pool
+			}
+			a, err := dp.StartAttentionTP(tp, forwards, pools, vocab)
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() {
+				if err := a.Close(); err != nil {
+					t.Error(err)
+				}
+			})
+			ranks := make([]InProcessRank, len(data))
+			for r := range ranks {
+				ranks[r] = all[r*tp]
+				ranks[r].Forward = a.Forward(r)
+			}
+			return ranks, nil
+		},
+	}
+}
