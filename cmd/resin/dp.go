@@ -62,11 +62,14 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d is not combined with --tp-procs: --dp-procs runs its ranks as worker processes", d.size)
 	case f.tp.initAddr != "" && (!d.attention || d.procs):
 		return fmt.Errorf("--dp %d with --dist-init-addr runs --dp-attention's ranks across nodes (without --dp-procs: a node's ranks are goroutines of its process); replicas do not span nodes", d.size)
+	case d.attention && f.tp.size > 1 && f.tp.ep == 1 && !f.device.CUDA() && !d.procs && f.tp.initAddr == "":
+		// Attention TP within each dp rank (openDPAttentionMoE): --dp N --tp T runs N·T
+		// ranks of this process, SGLang's --tp N·T --dp N --enable-dp-attention.
 	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
 		if f.device.CUDA() {
 			return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks)", d.size)
 		}
-		return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (--dp %d --tp N without it runs replicas of the in-process TP group)", d.size)
+		return fmt.Errorf("--dp %d --dp-attention --tp %d --ep %d: attention TP within the dp ranks runs on the CPU, in this process (not with --dp-procs or --dist-init-addr), and --ep is the whole world's already (the routed experts split over every rank); --dp N --tp T without --dp-attention runs replicas of the in-process TP group", d.size, f.tp.size, f.tp.ep)
 	case f.device.CUDA() && !d.attention:
 		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention only so far (replicas on GPUs are not wired)", d.size)
 	}
@@ -148,7 +151,10 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		return f.openDPAttentionGPU(m.Name, dir, ctl, data) // dp_moe.go
 	}
 	if dpAttentionMoEModels[m.Name] {
-		return openDPAttentionMoE(m.Name, dir, f.cacheBytes, f.tp.dispatch, f.specTokens, ctl, data) // dp_moe.go
+		return openDPAttentionMoE(m.Name, dir, f.cacheBytes, f.tp.dispatch, f.specTokens, f.tp.size, ctl, data) // dp_moe.go
+	}
+	if f.tp.size > 1 {
+		return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention --tp %d: attention TP within the dp ranks covers deepseek-v4-flash and glm-5-flash, not %s (its dp ranks mix nothing: --dp %d --tp %d without --dp-attention runs replicas of the TP group)", n, f.tp.size, m.Name, n, f.tp.size)
 	}
 	ranks := make([]dp.Rank, n)
 	infos := make([]engine.RunnerInfo, n)

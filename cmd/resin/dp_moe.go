@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/resin-llm/resin/core/cli"
 	"github.com/resin-llm/resin/core/cpurunner"
@@ -24,55 +26,91 @@ var dpAttentionMoEModels = map[string]bool{deepseekv4flash.Name: true, glm5flash
 // clock): rank 0's runner and pool, and the others'. With drafts above 0
 // (--num-speculative-tokens) every rank drafts that many tokens per step with its MTP
 // head, the head's routed experts split over the ranks too, an idle rank running its
-// draft step's exchanges with no rows (the models' DPDraft).
-func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, drafts int, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+// draft step's exchanges with no rows (the models' DPDraft). With tp above 1 each dp rank
+// is tp ranks of this process splitting its attention (the models' OpenDPTPRanks, a
+// core/dist/dp AttentionTP group per dp rank), the routed experts split over all n·tp.
+func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, drafts, tp int, ctl, data []dist.Communicator) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 	d, err := dispatchOf(dispatch)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	n := len(data)
-	ranks := make([]dp.Rank, n)
-	infos := make([]engine.RunnerInfo, n)
+	n, tp := len(data), max(tp, 1)
+	what := fmt.Sprintf("--dp %d --dp-attention", n)
+	world := data // the MoE exchanges' ranks: the dp group's, or with attention TP every rank
+	if tp > 1 {
+		what += fmt.Sprintf(" --tp %d", tp)
+		if world, err = dist.NewInProcess(n*tp, dist.Options{Timeout: time.Minute}); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	// Each world rank's forward, draft step, info, cache groups and pool.
+	type opened struct {
+		forward dp.Forward
+		draft   dp.Draft
+		info    engine.RunnerInfo
+		groups  int
+	}
+	var all []opened
 	var pools []*kvslab.Pool
 	switch name {
 	case deepseekv4flash.Name:
 		var runners []*deepseekv4flash.Runner
-		runners, pools, err = deepseekv4flash.OpenDPRanks(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), data, cacheBytes)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
-		}
-		for r, run := range runners {
-			ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.CacheGroups()), Ctl: ctl[r], Data: data[r]}
-			if drafts > 0 {
-				ranks[r].Draft, ranks[r].MaxDrafts = run.DPDraft, drafts
-			}
-			infos[r] = run.Info()
+		runners, pools, err = deepseekv4flash.OpenDPTPRanks(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), tp, world, cacheBytes)
+		for _, run := range runners {
+			all = append(all, opened{run.DPForward, run.DPDraft, run.Info(), len(run.CacheGroups())})
 		}
 	case glm5flash.Name:
 		var runners []*glm5flash.TextRunner
-		runners, pools, err = glm5flash.OpenDPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), data)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("--dp %d --dp-attention: %w", n, err)
-		}
-		for r, run := range runners {
-			ranks[r] = dp.Rank{Forward: run.DPForward, CacheGroups: len(run.CacheGroups()), Ctl: ctl[r], Data: data[r]}
-			if drafts > 0 {
-				ranks[r].Draft, ranks[r].MaxDrafts = run.DPDraft, drafts
-			}
-			infos[r] = run.Info()
+		runners, pools, err = glm5flash.OpenDPTPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), tp, world)
+		for _, run := range runners {
+			all = append(all, opened{run.DPForward, run.DPDraft, run.Info(), len(run.CacheGroups())})
 		}
 	default:
 		return nil, nil, nil, fmt.Errorf("--dp-attention: model %s's forward does not read the plan's dp step", name)
 	}
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	forward := func(r int) dp.Forward { return all[r].forward }
+	var closeTP func() error
+	if tp > 1 {
+		forwards := make([]dp.Forward, len(all))
+		for w := range all {
+			forwards[w] = all[w].forward
+		}
+		a, err := dp.StartAttentionTP(tp, forwards, pools, all[0].info.VocabSize)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		forward, closeTP = a.Forward, a.Close
+	}
+	ranks := make([]dp.Rank, n)
+	runners := make([]engine.Runner, n)
+	dpPools := make([]*kvslab.Pool, n)
+	for r := range n {
+		lead := all[r*tp] // the dp rank's first rank: its engine's pool and info
+		ranks[r] = dp.Rank{Forward: forward(r), CacheGroups: lead.groups, Ctl: ctl[r], Data: data[r]}
+		if drafts > 0 {
+			ranks[r].Draft, ranks[r].MaxDrafts = lead.draft, drafts
+		}
+		dpPools[r] = pools[r*tp]
+	}
 	group, err := dp.NewGroup(ranks, dp.Options{})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, errors.Join(err, callOr(closeTP))
 	}
-	runners := make([]engine.Runner, n)
 	for r := range n {
-		runners[r] = cpurunner.New(infos[r], group.Runner(r)) // a cpurunner.Drafter when the ranks draft
+		runners[r] = cpurunner.New(all[r*tp].info, group.Runner(r)) // a cpurunner.Drafter when the ranks draft
 	}
-	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+	return runners[0], dpPools[0], &cli.DPRanks{Runners: runners[1:], Pools: dpPools[1:], Group: group, Close: closeTP}, nil
+}
+
+// callOr calls f, when set.
+func callOr(f func() error) error {
+	if f == nil {
+		return nil
+	}
+	return f()
 }
 
 // gpuDPRank is one dp rank of a model's DP-attention on a GPU: its forward (the

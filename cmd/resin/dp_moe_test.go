@@ -12,7 +12,9 @@ import (
 // tokens one engine prints: the one request runs on rank 0 while rank 1 idles every step,
 // its idle plans meeting rank 0's MoE exchanges, and its --logits-out within 1e-5 of one
 // engine's. With --dp-procs, rank 1 is a worker process (its attention, its experts and
-// its cache there, its engine here) whose idle plans cross shared memory. Not bit for bit: glm-5-flash adds its routed sum to the shared experts' output
+// its cache there, its engine here) whose idle plans cross shared memory. With --tp 2
+// each dp rank is two ranks splitting its attention (4 ranks, the experts over all of
+// them), by either exchange. Not bit for bit: glm-5-flash adds its routed sum to the shared experts' output
 // in another order, and one loaded full-suite run of deepseek-v4-flash also differed in
 // the last bits (not reproduced in 8 runs since, -race included).
 func TestGenerateDPAttentionMoE(t *testing.T) {
@@ -23,7 +25,8 @@ func TestGenerateDPAttentionMoE(t *testing.T) {
 		var wantLg []float32
 		var wantShape []int
 		for i, extra := range [][]string{nil, {"--dp", "2", "--dp-attention"}, {"--dp", "2", "--dp-attention", "--ep-dispatch", "all-to-all"},
-			{"--dp", "2", "--dp-attention", "--dp-procs"}, {"--dp", "2", "--dp-attention", "--dp-procs", "--ep-dispatch", "all-to-all"}} {
+			{"--dp", "2", "--dp-attention", "--dp-procs"}, {"--dp", "2", "--dp-attention", "--dp-procs", "--ep-dispatch", "all-to-all"},
+			{"--dp", "2", "--dp-attention", "--tp", "2"}, {"--dp", "2", "--dp-attention", "--tp", "2", "--ep-dispatch", "all-to-all"}} {
 			path := filepath.Join(t.TempDir(), "l.safetensors")
 			got, errOut, err := runGenerate(t, append(append(extra, "--logits-out", path), args...)...)
 			if err != nil {
@@ -79,6 +82,14 @@ func TestGenerateDPAttentionMTP(t *testing.T) {
 	}{
 		{[]string{"--model", "llama", "--random-weights", "testdata/tiny-llama/config.json", "--prompt-ids", "1,2",
 			"--dp", "2", "--dp-attention", "--num-speculative-tokens", "2"}, "not llama"},
+		{[]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--tp", "2", "--num-speculative-tokens", "2"}, "does not draft yet"},
+		{[]string{"--model", "llama", "--random-weights", "testdata/tiny-llama/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--tp", "2"}, "covers deepseek-v4-flash and glm-5-flash, not llama"},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--tp", "2", "--dp-procs"}, "attention TP within the dp ranks runs on the CPU, in this process"},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--tp", "2", "--ep", "2"}, "attention TP within the dp ranks runs on the CPU"},
 	} {
 		if _, errOut, err := runGenerate(t, c.args...); err == nil || !strings.Contains(err.Error()+errOut, c.want) {
 			t.Errorf("%v: %v (%s), want an error saying %q", c.args, err, errOut, c.want)

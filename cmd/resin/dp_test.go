@@ -63,7 +63,7 @@ func TestGenerateDP(t *testing.T) {
 		{append([]string{"--dp", "2", "--dp-attention", "--step-timeout", "3s"}, args...), "--step-timeout bounds a --dp-procs worker's step"},
 		{append([]string{"--cp", "2", "--cp-procs", "--step-timeout", "3s"}, args...), "--step-timeout bounds a --dp-procs worker's step"},
 		{append([]string{"--dp-attention"}, args...), "--dp-attention needs --dp 2 or more"},
-		{append([]string{"--dp", "2", "--dp-attention", "--tp", "2"}, args...), "--dp-attention is not combined with --tp"},
+		{append([]string{"--dp", "2", "--dp-attention", "--tp", "2"}, args...), "attention TP within the dp ranks covers deepseek-v4-flash and glm-5-flash, not llama"},
 		{append([]string{"--dp", "2", "--tp", "2", "--tp-procs"}, args...), "not combined with --tp-procs"},
 		{append([]string{"--dp", "2", "--dp-procs"}, args...), "--dp-procs needs --dp 2 or more with --dp-attention"},
 		{append([]string{"--dp", "2", "--dp-attention", "--dp-procs"}, args...), "--dp-procs covers deepseek-v4-flash and glm-5-flash only"},
@@ -79,7 +79,8 @@ func TestGenerateDP(t *testing.T) {
 // TestServeDPAttention: `resin serve --dp 2 --dp-attention` answers concurrent
 // completions, spread over both ranks, each with the text one engine gives it; so does
 // glm-5-flash's with --dp-procs (rank 1 a worker process, its experts split over both),
-// and with --dp-procs drafting with MTP on every rank.
+// and with --dp-procs drafting with MTP on every rank; deepseek-v4-flash's with attention
+// TP 2 in each dp rank.
 func TestServeDPAttention(t *testing.T) {
 	complete := func(base, model, prompt string) (string, error) {
 		body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
@@ -151,6 +152,8 @@ func TestServeDPAttention(t *testing.T) {
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--dp-procs"}},
 		// Every rank drafting with its MTP head, rank 1's in its worker (dp.RemoteDraft).
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--dp-procs", "--num-speculative-tokens", "2"}},
+		// Attention TP 2 within each dp rank: 4 ranks, the experts over all of them.
+		{[]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--tp", "2"}},
 	} {
 		want, n := serveAll(tc.model)
 		if n != len(prompts) {
