@@ -227,7 +227,7 @@ func generateIDs(ctx context.Context, rt *Runtime, e *Engine, in []int32, p serv
 // ParseTokenIDs parses comma-separated token ids ("1, 2,3").
 func ParseTokenIDs(s string) ([]int32, error) {
 	var ids []int32
-	if strings.TrimSpace(s) == "" {
+	if strings.Trim(s, ", \t\n") == "" {
 		return nil, errors.New("no token ids")
 	}
 	for i, f := range strings.Split(s, ",") {
