@@ -442,7 +442,8 @@ func openCPTP(dir string, cacheBytes int64, cpSize, tpSize int, procs bool) (eng
 		return nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, g.close()))
 	}
 	lead := lockstep.LeadRank(g.ctl, r.LockstepRank())
-	return &tpRunner{cpurunner.New(m.Info(), cpurunner.ForwardFunc(g.forward(lead.Forward))), g.close, g.w}, pool, nil
+	stop := func() error { return errors.Join(g.close(), r.Layout.Close()) }
+	return &tpRunner{cpurunner.New(m.Info(), cpurunner.ForwardFunc(g.forward(lead.Forward))), stop, g.w}, pool, nil
 }
 
 // runCPTPWorker is a worker process of a CP × TP group (openCPTP with procs): it joins

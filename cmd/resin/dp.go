@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,6 +12,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
+	"github.com/resin-llm/resin/core/dist/launch"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/models"
@@ -37,7 +39,7 @@ func (d *dpFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&d.size, "dp", 1, "with --model: data parallelism over this many ranks of this process, each an engine with its own copy of the model (on the CPU its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests (with --device cuda|cuda-emu only with --dp-attention)")
 	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory; on --device cuda|cuda-emu each on its GPU, bound to its NUMA node, the experts' rows exchanged over NCCL (default: ranks of this process)")
 	d.stepTimeoutSet = func() bool { return fl.Changed("step-timeout") }
-	fl.DurationVar(&d.stepTimeout, "step-timeout", 5*time.Minute, "with --dp-procs: how long rank 0 waits for a worker's answer to one step before failing it naming the worker's rank (a worker alive but stuck; vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); each expert exchange waits up to a minute on its own")
+	fl.DurationVar(&d.stepTimeout, "step-timeout", 5*time.Minute, "with --dp-procs, or --dp-attention across nodes: how long rank 0 waits for a worker's answer to one step before failing it naming the worker's rank (a worker alive but stuck; vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); each expert exchange waits up to a minute on its own")
 	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange); with --device cuda|cuda-emu those two, a GPU per dp rank (--gpu+r)")
 }
 
@@ -48,8 +50,8 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d: want 1 or more ranks", d.size)
 	case d.stepTimeout <= 0:
 		return fmt.Errorf("--step-timeout %v: want a positive duration", d.stepTimeout)
-	case !d.procs && d.stepTimeoutSet != nil && d.stepTimeoutSet():
-		return errors.New("--step-timeout bounds a --dp-procs worker's step; the other layouts' worker steps are bounded by --watchdog-timeout (GPU) or the collectives' own deadlines")
+	case !d.procs && d.stepTimeoutSet != nil && d.stepTimeoutSet() && !(d.attention && f.acrossNodes()):
+		return errors.New("--step-timeout bounds a --dp-procs worker's step (or a node's, for --dp-attention across nodes); the other layouts' worker steps are bounded by --watchdog-timeout (GPU) or the collectives' own deadlines")
 	case d.attention && d.size < 2:
 		return errors.New("--dp-attention needs --dp 2 or more")
 	case d.procs && !d.attention:
@@ -68,6 +70,9 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
 		if f.device.CUDA() {
 			return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks)", d.size)
+		}
+		if f.tp.size == 1 {
+			return fmt.Errorf("--dp %d --dp-attention --ep %d: DP-attention's experts are already split over its dp ranks (the ep group is the dp group), so --ep is not given with it", d.size, f.tp.ep)
 		}
 		return fmt.Errorf("--dp %d --dp-attention --tp %d --ep %d: attention TP within the dp ranks runs on the CPU, in this process (not with --dp-procs or --dist-init-addr), and --ep is the whole world's already (the routed experts split over every rank); --dp N --tp T without --dp-attention runs replicas of the in-process TP group", d.size, f.tp.size, f.tp.ep)
 	case f.device.CUDA() && !d.attention:
@@ -188,4 +193,14 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		runners[r] = cpurunner.New(infos[r], cpurunner.ForwardFunc(group.Forward(r)))
 	}
 	return runners[0], pools[0], &cli.DPRanks{Runners: runners[1:], Pools: pools[1:], Group: group}, nil
+}
+
+// acrossNodes reports whether the command runs across nodes: --dist-init-addr, or the
+// LeaderWorkerSet or torchrun environment tpFlags.check reads it from.
+func (f *runtimeFlags) acrossNodes() bool {
+	if f.tp.initAddr != "" {
+		return true
+	}
+	_, ok, _ := launch.NodeFromEnv(os.Getenv)
+	return ok
 }

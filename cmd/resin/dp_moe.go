@@ -43,10 +43,11 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 			return nil, nil, nil, err
 		}
 	}
-	// Each world rank's forward, draft step, info, cache groups and pool.
+	// Each world rank's forward, draft step, plan check, info and cache groups.
 	type opened struct {
 		forward dp.Forward
 		draft   dp.Draft
+		check   func(*engine.BatchPlan, []float32) error
 		info    engine.RunnerInfo
 		groups  int
 	}
@@ -57,32 +58,42 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 		var runners []*deepseekv4flash.Runner
 		runners, pools, err = deepseekv4flash.OpenDPTPRanks(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), tp, world, cacheBytes)
 		for _, run := range runners {
-			all = append(all, opened{run.DPForward, run.DPDraft, run.Info(), len(run.CacheGroups())})
+			all = append(all, opened{run.DPForward, run.DPDraft, run.CheckPlan, run.Info(), len(run.CacheGroups())})
 		}
 	case glm5flash.Name:
 		var runners []*glm5flash.TextRunner
 		runners, pools, err = glm5flash.OpenDPTPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), tp, world)
 		for _, run := range runners {
-			all = append(all, opened{run.DPForward, run.DPDraft, run.Info(), len(run.CacheGroups())})
+			all = append(all, opened{run.DPForward, run.DPDraft, run.CheckPlan, run.Info(), len(run.CacheGroups())})
 		}
 	default:
 		return nil, nil, nil, fmt.Errorf("--dp-attention: model %s's forward does not read the plan's dp step", name)
 	}
+	closeWorld := func() error {
+		if tp > 1 {
+			for _, c := range world {
+				c.Close()
+			}
+		}
+		return nil
+	}
 	if err != nil {
+		closeWorld()
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	forward := func(r int) dp.Forward { return all[r].forward }
 	var closeTP func() error
 	if tp > 1 {
-		forwards := make([]dp.Forward, len(all))
-		for w := range all {
-			forwards[w] = all[w].forward
+		ranks := make([]dp.TPRank, len(all))
+		for w, o := range all {
+			ranks[w] = dp.TPRank{Forward: o.forward, Check: o.check, Pool: pools[w], World: world[w]}
 		}
-		a, err := dp.StartAttentionTP(tp, forwards, pools, all[0].info.VocabSize)
+		a, err := dp.StartAttentionTP(tp, ranks, all[0].info.VocabSize)
 		if err != nil {
+			closeWorld()
 			return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
-		forward, closeTP = a.Forward, a.Close
+		forward, closeTP = a.Forward, a.Close // closes world too
 	}
 	ranks := make([]dp.Rank, n)
 	runners := make([]engine.Runner, n)

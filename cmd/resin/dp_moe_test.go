@@ -90,6 +90,8 @@ func TestGenerateDPAttentionMTP(t *testing.T) {
 			"--dp", "2", "--dp-attention", "--tp", "2", "--dp-procs"}, "attention TP within the dp ranks runs on the CPU, in this process"},
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
 			"--dp", "2", "--dp-attention", "--tp", "2", "--ep", "2"}, "attention TP within the dp ranks runs on the CPU"},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--ep", "2"}, "DP-attention's experts are already split over its dp ranks"},
 	} {
 		if _, errOut, err := runGenerate(t, c.args...); err == nil || !strings.Contains(err.Error()+errOut, c.want) {
 			t.Errorf("%v: %v (%s), want an error saying %q", c.args, err, errOut, c.want)

@@ -126,4 +126,13 @@ func TestGenerateTextOnASmallVocabulary(t *testing.T) {
 			t.Errorf("%s: no text", m)
 		}
 	}
+	// Fewer tokens than the tokenizer's byte tokens (the parity configs' 128): no
+	// tokenizer, token ids run as before, a text prompt is refused as needing one.
+	small := []string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/testdata/parity/module/config.json", "--max-tokens", "2"}
+	if out, errOut, err := runGenerate(t, append(small, "--prompt-ids", "1,2")...); err != nil || !strings.Contains(out, "tokens: [") || !strings.Contains(errOut, "no tokenizer") {
+		t.Errorf("128 tokens, --prompt-ids: %v, stdout %q, stderr %q", err, out, errOut)
+	}
+	if _, errOut, err := runGenerate(t, append(small, "Hello")...); err == nil || !strings.Contains(err.Error()+errOut, "needs a tokenizer") {
+		t.Errorf("128 tokens, a text prompt: %v (%s), want it refused as needing a tokenizer", err, errOut)
+	}
 }

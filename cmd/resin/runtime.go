@@ -119,11 +119,19 @@ func (f *runtimeFlags) Load(warn io.Writer) (*cli.Runtime, error) {
 	}
 	if v := rt.Runner.Info().VocabSize; tokDir == "" && f.randomWeights != "" && v > 0 && v < rt.Tokenizer.VocabSize() {
 		// Seeded random weights of a small config (the in-tree ones have 512 tokens): the
-		// built-in tokenizer cut to the model's vocabulary, so that text prompts run.
-		if rt.Tokenizer, rt.Chat, err = tiny.LoadVocab(v); err != nil {
-			return nil, fmt.Errorf("%w (pass --tokenizer DIR, or --prompt-ids)", err)
+		// built-in tokenizer cut to the model's vocabulary, so that text prompts run. Below
+		// its byte tokens' size (the parity configs' 128 and 256) there is no tokenizer:
+		// token ids still run, a text prompt is refused as needing one.
+		if v < tiny.MinSize {
+			rt.Tokenizer, rt.Chat = nil, nil
+			fmt.Fprintf(warn, "resin: the model's %d tokens are fewer than the built-in tokenizer's %d byte and special tokens: no tokenizer (run --prompt-ids, or pass --tokenizer DIR)\n", v, tiny.MinSize)
+		} else {
+			if rt.Tokenizer, rt.Chat, err = tiny.LoadVocab(v); err != nil {
+				rt.DP = f.dpRanks
+				return nil, errors.Join(err, rt.Close())
+			}
+			fmt.Fprintf(warn, "resin: the built-in tiny tokenizer cut to the model's %d tokens (its first merges; pass --tokenizer DIR for the model's own)\n", v)
 		}
-		fmt.Fprintf(warn, "resin: the built-in tiny tokenizer cut to the model's %d tokens (its first merges; pass --tokenizer DIR for the model's own)\n", v)
 	}
 	if f.model != "" && f.dt != "" && f.dt != ref.DTypeFP32 {
 		fmt.Fprintf(warn, "note: CPU weights %s\n", f.dt.Kernel())

@@ -142,6 +142,7 @@ func TestGenerateBadInput(t *testing.T) {
 	}{
 		{testOpener, []string{"--model", bare, "--prompt-ids", "1,x"}, `--prompt-ids: "x" is not a token id`},
 		{testOpener, []string{"--model", bare, "--prompt-ids", " , "}, "no token ids"},
+		{testOpener, []string{"--model", bare, "--prompt-ids", ""}, "no token ids"},
 		{testOpener, []string{"--model", bare, "hello"}, "needs a tokenizer"},
 		{testOpener, []string{"--model", withTok, "--prompt", "a", "b"}, "give the prompt once"},
 		{testOpener, []string{"--model", withTok, "--prompt-ids", "1", "hi"}, "exclusive"},

@@ -71,7 +71,7 @@ func GenerateCmd(l Loader) *cobra.Command {
 			var in []int32
 			if prompt == "" {
 				in = defaultPromptIDs
-				if ids != "" {
+				if ids != "" || cmd.Flags().Changed("prompt-ids") { // an explicit "" is no ids, not the default
 					var err error
 					if in, err = ParseTokenIDs(ids); err != nil {
 						return fmt.Errorf("--prompt-ids: %w", err)
@@ -230,6 +230,8 @@ func ParseTokenIDs(s string) ([]int32, error) {
 	if strings.Trim(s, ", \t\n") == "" {
 		return nil, errors.New("no token ids")
 	}
+	// One trailing comma ("5,6,", as a loop printing "id," writes) ends the list.
+	s = strings.TrimSuffix(strings.TrimRight(s, " \t\n"), ",")
 	for i, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" { // "5,,6" is a typo, not the prompt 5, 6

@@ -212,13 +212,15 @@ func argmax(x []float32) int32 {
 	return int32(best)
 }
 
-// TestParseTokenIDs: spaces are allowed, an empty entry ("5,,6", a typo) is refused
-// rather than dropped.
+// TestParseTokenIDs: spaces and one trailing comma are allowed, an empty entry ("5,,6",
+// a typo) is refused rather than dropped.
 func TestParseTokenIDs(t *testing.T) {
-	if ids, err := ParseTokenIDs(" 1, 2,3 "); err != nil || !slices.Equal(ids, []int32{1, 2, 3}) {
-		t.Errorf("ParseTokenIDs(\" 1, 2,3 \") = %v, %v", ids, err)
+	for _, good := range []string{" 1, 2,3 ", "1,2,3,", "1,2,3, "} {
+		if ids, err := ParseTokenIDs(good); err != nil || !slices.Equal(ids, []int32{1, 2, 3}) {
+			t.Errorf("ParseTokenIDs(%q) = %v, %v", good, ids, err)
+		}
 	}
-	for _, bad := range []string{"5,,6", "5,6,", ",5", "", " ", "5,x", "99999999999"} {
+	for _, bad := range []string{"5,,6", "5,6,,", ",5", "", " ", " , ", "5,x", "99999999999"} {
 		if ids, err := ParseTokenIDs(bad); err == nil {
 			t.Errorf("ParseTokenIDs(%q) = %v, want an error", bad, ids)
 		}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"io"
 
 	"github.com/spf13/cobra"
@@ -53,6 +54,32 @@ type DPRanks struct {
 	// Close, when set, frees what the ranks hold (their GPU runners, devices and NCCL
 	// communicator) once the group is closed.
 	Close func() error
+}
+
+// Close ends what rt holds when no engine was started on it (a load that failed after
+// its runner opened): its runners' ranks, worker processes and devices, and its dp
+// group, as an engine's stop ends them.
+func (rt *Runtime) Close() error {
+	runners := []engine.Runner{rt.Runner}
+	if rt.DP != nil {
+		runners = append(runners, rt.DP.Runners...)
+	}
+	var errs []error
+	for _, r := range runners {
+		if r == nil {
+			continue
+		}
+		if c := runnerCloser(r); c != nil {
+			errs = append(errs, c())
+		}
+	}
+	if rt.DP != nil && rt.DP.Group != nil {
+		errs = append(errs, rt.DP.Group.Close())
+	}
+	if rt.DP != nil && rt.DP.Close != nil {
+		errs = append(errs, rt.DP.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Loader chooses a model from command-line flags and loads it. Register adds its flags to

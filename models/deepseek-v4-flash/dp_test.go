@@ -116,7 +116,7 @@ func dpTPInProcess(t *testing.T) dptest.InProcessModel {
 					t.Fatalf("rank %d holds %d heads: the attention is not split", w, e.heads)
 				}
 				split := e.expHi-e.expLo < run.Model.Config.NRoutedExperts
-				ranks[w] = dptest.InProcessRank{Forward: run.DPForward, Pool: pools[w], Info: run.Info(), Groups: len(run.CacheGroups()), Split: split}
+				ranks[w] = dptest.InProcessRank{Forward: run.DPForward, Pool: pools[w], Info: run.Info(), Groups: len(run.CacheGroups()), Split: split, Check: run.CheckPlan}
 			}
 			return ranks, nil
 		})

@@ -113,7 +113,7 @@ func dpTPInProcess(t *testing.T) dptest.InProcessModel {
 				}
 				lo, hi := run.Model.experts()
 				split := hi-lo < run.Model.Config.NRoutedExperts
-				ranks[w] = dptest.InProcessRank{Forward: run.DPForward, Pool: pools[w], Info: run.Info(), Groups: len(run.CacheGroups()), Split: split}
+				ranks[w] = dptest.InProcessRank{Forward: run.DPForward, Pool: pools[w], Info: run.Info(), Groups: len(run.CacheGroups()), Split: split, Check: run.CheckPlan}
 			}
 			return ranks, nil
 		})

@@ -85,24 +85,52 @@ func (r *CPRank) LockstepRank() lockstep.Rank {
 // StartCPInProcess shards w over tp ranks in each of cp cp ranks (cp·tp goroutines of
 // this process), cp rank 0's TP group holding caches of pages pages of pageTokens tokens,
 // and starts the followers: Forward is world rank 0's, for the engine.
-func StartCPInProcess(d Dense, w *Weights, tp, cpSize, pages, pageTokens int, o dist.Options) (*InProcess, error) {
+func StartCPInProcess(d Dense, w *Weights, tp, cpSize, pages, pageTokens int, o dist.Options) (*CPGroup, error) {
 	return StartCPShards(func(rank int) (*Shard, error) { return NewShard(d, w, rank, tp) }, tp, cpSize, pages, pageTokens, o)
 }
 
 // StartCPShards is StartCPInProcess with each rank's shard from shard(its tp rank) (as
 // LoadShard reads it; called once per rank, concurrently: every rank needs its own
 // Shard, whose scratch it uses).
-func StartCPShards(shard func(tpRank int) (*Shard, error), tp, cpSize, pages, pageTokens int, o dist.Options) (*InProcess, error) {
+func StartCPShards(shard func(tpRank int) (*Shard, error), tp, cpSize, pages, pageTokens int, o dist.Options) (*CPGroup, error) {
 	if tp < 1 || cpSize < 1 {
 		return nil, fmt.Errorf("tp: a CP × TP group of cp=%d × tp=%d ranks", cpSize, tp)
 	}
-	return lockstep.StartInProcess(tp*cpSize, o, func(rank int, data dist.Communicator) (lockstep.Rank, error) {
+	g := &CPGroup{ranks: make([]*CPRank, tp*cpSize)}
+	var err error
+	g.InProcess, err = lockstep.StartInProcess(tp*cpSize, o, func(rank int, data dist.Communicator) (lockstep.Rank, error) {
 		r, err := JoinCP(data, shard, tp, cpSize, pages, pageTokens)
 		if err != nil {
 			return lockstep.Rank{}, err
 		}
+		g.ranks[rank] = r // each opener its own index
 		return r.LockstepRank(), nil
 	})
+	if err != nil {
+		for _, r := range g.ranks {
+			if r != nil {
+				r.Layout.Close()
+			}
+		}
+		return nil, err
+	}
+	return g, nil
+}
+
+// CPGroup is a CP × TP group of goroutines (StartCPShards): Forward is world rank 0's,
+// for the engine; Close stops the followers and closes the ranks' groups.
+type CPGroup struct {
+	*lockstep.InProcess
+	ranks []*CPRank
+}
+
+// Close stops the other ranks, then closes every rank's tp and cp groups.
+func (g *CPGroup) Close() error {
+	err := g.InProcess.Close()
+	for _, r := range g.ranks {
+		r.Layout.Close()
+	}
+	return err
 }
 
 // JoinCP makes world's rank of a CP × TP group of cp·tp ranks (every rank of world calls

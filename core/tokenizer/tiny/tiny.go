@@ -83,7 +83,9 @@ func LoadVocab(n int) (*tokenizer.Tokenizer, *tokenizer.ChatTemplate, error) {
 		}
 		a, _ := pair[0].(string)
 		b, _ := pair[1].(string)
-		if _, ok := vocab[a+b]; ok {
+		_, okA := vocab[a]
+		_, okB := vocab[b]
+		if _, ok := vocab[a+b]; ok && okA && okB { // a merge of kept tokens into a kept one
 			kept = append(kept, m)
 		}
 	}

@@ -27,6 +27,8 @@ type InProcessRank struct {
 	Groups  int // the runner's cache groups
 	// Split reports whether the rank holds fewer than all the routed experts.
 	Split bool
+	// Check is the model's CheckPlan, for WithAttentionTP's dp ranks (nil: none).
+	Check func(p *engine.BatchPlan, logits []float32) error
 }
 
 // InProcessModel is what a model gives CheckMatchesSingleEngine and CheckMTP.
@@ -305,11 +307,11 @@ func WithAttentionTP(t *testing.T, tp int, dispatches []int, vocab int, open fun
 			if err != nil {
 				return nil, err
 			}
-			forwards, pools := make([]dp.Forward, len(all)), make([]*kvslab.Pool, len(all))
+			tpRanks := make([]dp.TPRank, len(all))
 			for w, r := range all {
-				forwards[w], pools[w] = r.Forward, r.Pool
+				tpRanks[w] = dp.TPRank{Forward: r.Forward, Check: r.Check, Pool: r.Pool, World: world[w]}
 			}
-			a, err := dp.StartAttentionTP(tp, forwards, pools, vocab)
+			a, err := dp.StartAttentionTP(tp, tpRanks, vocab)
 			if err != nil {
 				return nil, err
 			}
