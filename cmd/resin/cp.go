@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -47,8 +48,10 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
 	case f.dp.size > 1:
 		return fmt.Errorf("--cp %d is not combined with --dp yet", c.size)
-	case f.tp.size > 1 && (f.device.CUDA() || f.tp.ep > 1 || f.tp.initAddr != ""):
-		return fmt.Errorf("--cp %d --tp %d: CP over tensor-parallel groups runs on the CPU, in this process or its worker processes (--cp-procs), with --ep 1 (on the GPU the MoE models' CP runs over --ep ranks)", c.size, f.tp.size)
+	case f.tp.size > 1 && (f.device.CUDA() || f.tp.ep > 1):
+		return fmt.Errorf("--cp %d --tp %d: CP over tensor-parallel groups runs on the CPU (in this process, its worker processes with --cp-procs, or nodes), with --ep 1 (on the GPU the MoE models' CP runs over --ep ranks)", c.size, f.tp.size)
+	case f.tp.size > 1 && (c.procs || f.tp.procs) && f.tp.initAddr != "":
+		return fmt.Errorf("--cp %d --tp %d: worker processes and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size, f.tp.size)
 	case f.tp.procs && f.tp.size < 2:
 		return fmt.Errorf("--cp %d with --tp-procs: --cp-procs runs CP's ranks as worker processes", c.size)
 	case f.tp.ep > 1 && (!f.device.CUDA() || gpuLayoutOpeners[f.model] == nil):
@@ -413,18 +416,39 @@ func followCPModel(m cpModel, dir string, ctl, data dist.Communicator) error {
 // cpRank·tp + tpRank; cp rank 0's TP group holding the cache and decoding): goroutines
 // of this process or, with procs, world ranks 1.. as worker processes of this binary
 // meeting rank 0 in shared memory. Each rank reads only its shard from a checkpoint.
-func openCPTP(dir string, cacheBytes int64, cpSize, tpSize int, procs bool) (engine.Runner, *kvslab.Pool, error) {
+func openCPTP(dir string, cacheBytes int64, cpSize, tpSize int, procs bool, nodes *tpFlags) (engine.Runner, *kvslab.Pool, error) {
 	what := fmt.Sprintf("--cp %d --tp %d", cpSize, tpSize)
+	var g *tpWorkers
+	if nodes != nil {
+		// The ranks of every node meet at --dist-init-addr; rank 0 then sends the others
+		// its cache's geometry (cp rank 0's TP group keeps caches of rank 0's pages).
+		var err error
+		if g, err = joinCPNodes(nodes, func(ctl, data dist.Communicator) error { return followCPTPNode(dir, ctl, data, cpSize, tpSize) }); err != nil {
+			return nil, nil, err
+		}
+	}
+	fail := func(err error) (engine.Runner, *kvslab.Pool, error) {
+		if g != nil { // the other ranks stop, not wait for a plan for good
+			err = errors.Join(err, g.close())
+		}
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
 	m, err := openLlamaTP(dir)
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	pool, err := m.NewPool(cacheBytes)
 	if err != nil {
-		return nil, nil, err
+		return fail(err)
 	}
 	pages, pt := tp.CachePages(m.d, pool), pool.BlockTokens()
 	shard := func(rank int) (*tp.Shard, error) { return m.shard(rank, tpSize) }
+	if g != nil {
+		if _, err := g.data.Broadcast(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, uint64(pages)), uint64(pt)), 0); err != nil {
+			return fail(fmt.Errorf("send the cache's geometry: %w", err))
+		}
+		return leadCPTP(m, pool, g, shard, cpSize, tpSize, pages, pt, what)
+	}
 	if !procs {
 		ip, err := tp.StartCPShards(shard, tpSize, cpSize, pages, pt, dist.Options{Timeout: time.Minute})
 		if err != nil {
@@ -433,10 +457,15 @@ func openCPTP(dir string, cacheBytes int64, cpSize, tpSize int, procs bool) (eng
 		return &tpRunner{cpurunner.New(m.Info(), cpurunner.ForwardFunc(ip.Forward)), ip.Close, nil}, pool, nil
 	}
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-cp", os.Getpid()), Size: cpSize * tpSize, Dir: dir, CP: cpSize, TP: tpSize, Pages: pages, PageTokens: pt}
-	g, err := startWorkers(spec)
-	if err != nil {
+	if g, err = startWorkers(spec); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
+	return leadCPTP(m, pool, g, shard, cpSize, tpSize, pages, pt, what)
+}
+
+// leadCPTP joins world rank 0 of a CP × TP group whose other ranks are g's (worker
+// processes, or nodes' ranks) and returns the engine's runner over it.
+func leadCPTP(m *llamaTPModel, pool *kvslab.Pool, g *tpWorkers, shard func(int) (*tp.Shard, error), cpSize, tpSize, pages, pt int, what string) (engine.Runner, *kvslab.Pool, error) {
 	r, err := tp.JoinCP(g.data, shard, tpSize, cpSize, pages, pt)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, g.close()))
@@ -444,6 +473,29 @@ func openCPTP(dir string, cacheBytes int64, cpSize, tpSize int, procs bool) (eng
 	lead := lockstep.LeadRank(g.ctl, r.LockstepRank())
 	stop := func() error { return errors.Join(g.close(), r.Layout.Close()) }
 	return &tpRunner{cpurunner.New(m.Info(), cpurunner.ForwardFunc(g.forward(lead.Forward))), stop, g.w}, pool, nil
+}
+
+// followCPTPNode runs a rank other than 0 of a CP × TP group across nodes until rank 0
+// stops the group: rank 0's cache geometry first, then each plan.
+func followCPTPNode(dir string, ctl, data dist.Communicator, cpSize, tpSize int) error {
+	geo, err := data.Broadcast(nil, 0)
+	if err != nil {
+		return fmt.Errorf("rank 0's cache geometry: %w", err)
+	}
+	if len(geo) != 16 {
+		return fmt.Errorf("rank 0 sent a %d-byte cache geometry, want 16", len(geo))
+	}
+	pages, pt := int(binary.LittleEndian.Uint64(geo)), int(binary.LittleEndian.Uint64(geo[8:]))
+	m, err := openLlamaTP(dir)
+	if err != nil {
+		return err
+	}
+	r, err := tp.JoinCP(data, func(rank int) (*tp.Shard, error) { return m.shard(rank, tpSize) }, tpSize, cpSize, pages, pt)
+	if err != nil {
+		return err
+	}
+	defer r.Layout.Close()
+	return lockstep.FollowRank(ctl, r.LockstepRank())
 }
 
 // runCPTPWorker is a worker process of a CP × TP group (openCPTP with procs): it joins

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,15 +14,19 @@ import (
 // data groups over the TCP rendezvous, joinCPNodes) gives --cp 1's tokens and
 // --logits-out: llama within 1e-5 (a 7-token prompt split 4+3, and in plans of 4 with
 // --max-batch-tokens 4) and deepseek-v4-flash (its KV side all-gathered over the data
-// group), the --cp 1 logits file byte for byte for llama.
+// group), the --cp 1 logits file byte for byte for llama; and llama's --cp 2 --tp 2, a
+// cp rank's TP group a node, rank 0 sending the others its cache geometry.
 func TestGenerateCPNodes(t *testing.T) {
 	for _, c := range []struct {
 		model, cfg string
 		extra      []string
+		layout     []string
 	}{
-		{"llama", filepath.Join("testdata", "tiny-llama", "config.json"), nil},
-		{"llama", filepath.Join("testdata", "tiny-llama", "config.json"), []string{"--max-batch-tokens", "4"}},
-		{"deepseek-v4-flash", filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json"), nil},
+		{"llama", filepath.Join("testdata", "tiny-llama", "config.json"), nil, []string{"--cp", "2"}},
+		{"llama", filepath.Join("testdata", "tiny-llama", "config.json"), []string{"--max-batch-tokens", "4"}, []string{"--cp", "2"}},
+		{"deepseek-v4-flash", filepath.Join("..", "..", "models", "deepseek-v4-flash", "config.json"), nil, []string{"--cp", "2"}},
+		// CP over TP groups: a cp rank's TP group on each node (its two ranks goroutines).
+		{"llama", filepath.Join("testdata", "tiny-llama", "config.json"), []string{"--max-batch-tokens", "4"}, []string{"--cp", "2", "--tp", "2"}},
 	} {
 		args := append([]string{"--model", c.model, "--random-weights", c.cfg, "--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "6", "--ignore-eos"}, c.extra...)
 		oneLg := filepath.Join(t.TempDir(), "one.safetensors")
@@ -29,13 +34,13 @@ func TestGenerateCPNodes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s --cp 1: %v\n%s", c.model, err, errOut)
 		}
-		got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2"})
+		got, lg := generateOverTwoNodes(t, args, c.layout)
 		if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
-			t.Errorf("%s %v --cp 2 over two nodes: %q, --cp 1 %q", c.model, c.extra, tokensLine(got), tokensLine(one))
+			t.Errorf("%s %v %v over two nodes: %q, --cp 1 %q", c.model, c.extra, c.layout, tokensLine(got), tokensLine(one))
 		}
 		wantLg, wantShape := readLogits(t, oneLg)
 		g, shape := readLogitsBytes(t, lg)
-		logitsClose(t, c.model+" --cp 2 over two nodes", g, shape, wantLg, wantShape)
+		logitsClose(t, fmt.Sprintf("%s %v over two nodes", c.model, c.layout), g, shape, wantLg, wantShape)
 	}
 }
 
