@@ -1,6 +1,10 @@
 package dist
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
 
 // Layout is one rank's groups in a world of dp × cp × tp ranks, tp fastest: world rank
 // = (dpRank·cp + cpRank)·tp + tpRank, so a TP group is tp consecutive ranks (one host's
@@ -51,4 +55,27 @@ func (l *Layout) Close() error {
 		}
 	}
 	return first
+}
+
+// OnEveryRank runs open(r, comms[r]) for every rank of comms at once, each on a goroutine
+// (openers that split their communicator run collectives, so the ranks must open
+// together), after checking that comms[r] is rank r of len(comms); it returns their errors
+// joined.
+func OnEveryRank(comms []Communicator, open func(r int, c Communicator) error) error {
+	for r, c := range comms {
+		if c.Rank() != r || c.Size() != len(comms) {
+			return fmt.Errorf("dist: rank %d has a communicator of rank %d of %d", r, c.Rank(), c.Size())
+		}
+	}
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = open(r, c)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

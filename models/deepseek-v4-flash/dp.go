@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"sync"
 
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/ep"
@@ -60,25 +59,14 @@ func OpenDPTPRanks(dir string, opts Options, d Dispatch, tp int, world []dist.Co
 	if err != nil {
 		return nil, nil, err
 	}
-	for r, comm := range world {
-		if comm.Rank() != r || comm.Size() != n {
-			return nil, nil, fmt.Errorf("%s: rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
-		}
-	}
 	runners := make([]*Runner, n)
 	pools := make([]*kvslab.Pool, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, comm := range world {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runners[r], pools[r], errs[r] = openDPRank(dir, opts, d, max(tp, 1), comm, cacheBytes, whole)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
+	err = dist.OnEveryRank(world, func(r int, comm dist.Communicator) (err error) {
+		runners[r], pools[r], err = openDPRank(dir, opts, d, max(tp, 1), comm, cacheBytes, whole)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", Name, err)
 	}
 	return runners, pools, nil
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/ep"
@@ -62,25 +61,14 @@ func OpenDPTPRanks(dir string, o RankOptions, d Dispatch, tp int, world []dist.C
 	if err != nil {
 		return nil, nil, err
 	}
-	for r, comm := range world {
-		if comm.Rank() != r || comm.Size() != n {
-			return nil, nil, fmt.Errorf("%s: rank %d has a communicator of rank %d of %d", Name, r, comm.Rank(), comm.Size())
-		}
-	}
 	runners := make([]*TextRunner, n)
 	pools := make([]*kvslab.Pool, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, comm := range world {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runners[r], pools[r], errs[r] = openDPRank(dir, o, d, tp, comm, whole)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, nil, err
+	err = dist.OnEveryRank(world, func(r int, comm dist.Communicator) (err error) {
+		runners[r], pools[r], err = openDPRank(dir, o, d, tp, comm, whole)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", Name, err)
 	}
 	return runners, pools, nil
 }

@@ -1,6 +1,7 @@
 package cp_test
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/cp"
+	"github.com/resin-llm/resin/core/dist/cp/cptest"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
@@ -250,13 +252,13 @@ func TestLeadRefusesBeforeBroadcast(t *testing.T) {
 }
 
 // TestCPContinuationEqualsOneRank: plans whose new tokens follow cached ones split over
-// the cp group too, and give models/llama's own logits within 1e-5 of each row's largest:
-// a 37-token prompt fed in chunks of 13, 11 and 13 tokens (every row's logits), then a
-// second prompt sharing its first 24 tokens, opened through the prefix cache and fed its
-// other 10 tokens in one plan, then 8 greedy decode steps of each from rank 0's cache.
-// CP=2 and CP=3, with full attention and with a 5-token window (rank 0 then sends only
-// the cached tokens the window reaches). It fails when rank 0 keeps the cached keys to
-// itself: the other ranks' queries would miss them.
+// the cp group too, and give models/llama's own logits within 1e-5 of each row's largest
+// (cptest.Continuation): a 37-token prompt fed in chunks of 13, 11 and 13 tokens (every
+// row's logits), then a second prompt sharing its first 24 tokens, opened through the
+// prefix cache and fed its other 10 tokens in one plan, then 8 greedy decode steps of
+// each from rank 0's cache. CP=2 and CP=3, with full attention and with a 5-token window
+// (rank 0 then sends only the cached tokens the window reaches). It fails when rank 0
+// keeps the cached keys to itself: the other ranks' queries would miss them.
 func TestCPContinuationEqualsOneRank(t *testing.T) {
 	for _, tc := range []struct{ size, window int }{{2, 0}, {3, 0}, {2, 5}} {
 		c, w := tiny(t)
@@ -264,10 +266,6 @@ func TestCPContinuationEqualsOneRank(t *testing.T) {
 		ref1, err := llama.NewModel(c, w, 256)
 		if err != nil {
 			t.Fatal(err)
-		}
-		type side struct {
-			pool    *kvslab.Pool
-			forward func(*engine.BatchPlan, []float32) error
 		}
 		newPool := func() (*kvslab.Pool, *llama.KVCache) {
 			pool, err := engine.NewHostPool(llama.CacheGroups(c, 4), 4<<20)
@@ -287,74 +285,19 @@ func TestCPContinuationEqualsOneRank(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sides := []side{
-			{poolRef, func(p *engine.BatchPlan, logits []float32) error { return ref1.Forward(p, kvRef, logits) }},
-			{poolCP, g.Forward},
+		what := fmt.Sprintf("cp=%d window %d", tc.size, tc.window)
+		want, wantToks := cptest.Continuation(t, func(p *engine.BatchPlan, logits []float32) error { return ref1.Forward(p, kvRef, logits) }, poolRef, c.VocabSize)
+		splits := 0
+		got, gotToks := cptest.Continuation(t, func(p *engine.BatchPlan, logits []float32) error {
+			if cp.Splits(p) {
+				splits++
+			}
+			return g.Forward(p, logits)
+		}, poolCP, c.VocabSize)
+		if splits != cptest.ContinuationSplits {
+			t.Fatalf("%s: %d plans split, want %d", what, splits, cptest.ContinuationSplits)
 		}
-		// step feeds n tokens of the sequence on both sides and compares the logits (k
-		// counts the steps, for the failures' messages).
-		k := 0
-		step := func(what string, seqs [2]*runnertest.Seq, n int, all, split bool) int32 {
-			var logits [2][]float32
-			for i, s := range sides {
-				plan := runnertest.Plan(t, s.pool, []*runnertest.Seq{seqs[i]}, []int{n}, all)
-				if i == 1 && cp.Splits(plan) != split {
-					t.Fatalf("cp=%d window %d: %s: Splits = %v (computed %d, %d new tokens)", tc.size, tc.window, what, !split, plan.Computed[0], n)
-				}
-				logits[i] = make([]float32, len(plan.LogitsIndices)*c.VocabSize)
-				if err := s.forward(plan, logits[i]); err != nil {
-					t.Fatalf("cp=%d window %d: %s: %v", tc.size, tc.window, what, err)
-				}
-			}
-			v := c.VocabSize
-			k++
-			for j := range len(logits[0]) / v {
-				closeRow(t, tc.size, k, j, logits[1][j*v:(j+1)*v], logits[0][j*v:(j+1)*v])
-			}
-			last := logits[0][len(logits[0])-v:]
-			if a, b := argmax(last), argmax(logits[1][len(logits[1])-v:]); a != b {
-				t.Fatalf("cp=%d window %d: %s: greedy token %d, one rank %d", tc.size, tc.window, what, b, a)
-			}
-			return argmax(last)
-		}
-		decode := func(what string, seqs [2]*runnertest.Seq, next int32) {
-			for range 8 {
-				for _, s := range seqs {
-					s.Tokens = append(s.Tokens, next)
-				}
-				next = step(what+" decode", seqs, 1, false, false)
-			}
-		}
-
-		first := runnertest.Prompt(37, c.VocabSize, 3)
-		var a [2]*runnertest.Seq
-		for i, s := range sides {
-			a[i] = runnertest.OpenSeq(t, s.pool, append([]int32(nil), first...))
-		}
-		step("chunk 1", a, 13, true, true)
-		step("chunk 2", a, 11, true, true)
-		next := step("chunk 3", a, 13, true, true)
-		for i, s := range sides {
-			if err := s.pool.Commit(a[i].ID, a[i].Tokens[:a[i].Computed]); err != nil {
-				t.Fatal(err)
-			}
-		}
-		decode("first prompt", a, next)
-
-		second := append(append([]int32(nil), first[:24]...), runnertest.Prompt(10, c.VocabSize, 4)...)
-		var b [2]*runnertest.Seq
-		for i, s := range sides {
-			id, hit, err := s.pool.Open(second[:len(second)-1])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if hit != 24 {
-				t.Fatalf("side %d: the prefix cache served %d tokens of the second prompt, want 24", i, hit)
-			}
-			b[i] = &runnertest.Seq{ID: id, Tokens: append([]int32(nil), second...), Computed: hit}
-		}
-		next = step("after the prefix hit", b, 10, true, true)
-		decode("second prompt", b, next)
+		cptest.Same(t, what, got, want, gotToks, wantToks, c.VocabSize, 1e-5)
 		if err := g.Close(); err != nil {
 			t.Fatal(err)
 		}

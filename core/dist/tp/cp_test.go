@@ -2,13 +2,12 @@ package tp_test
 
 import (
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
-	"github.com/resin-llm/resin/core/cpurunner"
 	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/cp"
+	"github.com/resin-llm/resin/core/dist/cp/cptest"
 	"github.com/resin-llm/resin/core/dist/tp"
 	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
@@ -28,18 +27,14 @@ import (
 func TestCPTPEqualsOneRank(t *testing.T) {
 	for _, tc := range []struct{ cp, tp, window int }{{2, 2, 0}, {3, 2, 0}, {2, 1, 0}, {2, 2, 5}} {
 		first := cpTPRun(t, tc.cp, tc.tp, tc.window)
-		again := cpTPRun(t, tc.cp, tc.tp, tc.window)
-		for i := range first {
-			if math.Float32bits(first[i]) != math.Float32bits(again[i]) {
-				t.Fatalf("cp=%d tp=%d window %d: two runs differ at logit %d", tc.cp, tc.tp, tc.window, i)
-			}
-		}
+		cptest.SameBits(t, fmt.Sprintf("cp=%d tp=%d window %d, two runs", tc.cp, tc.tp, tc.window), cpTPRun(t, tc.cp, tc.tp, tc.window), first)
 	}
 }
 
-// cpTPRun runs TestCPTPEqualsOneRank's plans over CP=cpSize × TP=tpSize and llama's own
-// forward side by side, failing on a difference, and returns the group's logits.
-func cpTPRun(t *testing.T, cpSize, tpSize, window int) []float32 {
+// cpTPRun runs cptest.Continuation over CP=cpSize × TP=tpSize and through llama's own
+// forward, fails on a difference or a plan that should split and did not, and returns the
+// group's logits.
+func cpTPRun(t *testing.T, cpSize, tpSize, window int) [][]float32 {
 	m := tiny(t)
 	c := m.Config
 	c.Window = window
@@ -73,111 +68,27 @@ func cpTPRun(t *testing.T, cpSize, tpSize, window int) []float32 {
 			t.Error(err)
 		}
 	}()
-	sides := []struct {
-		pool    *kvslab.Pool
-		forward func(*engine.BatchPlan, []float32) error
-	}{
-		{poolRef, func(p *engine.BatchPlan, logits []float32) error { return ref1.Forward(p, kvRef, logits) }},
-		{poolCP, g.Forward},
-	}
-	name := func(what string) string {
-		return fmt.Sprintf("cp=%d tp=%d window %d: %s", cpSize, tpSize, window, what)
-	}
-	var all []float32
-	step := func(what string, seqs [2]*runnertest.Seq, n int, rows, split bool) int32 {
-		var logits [2][]float32
-		for i, s := range sides {
-			plan := runnertest.Plan(t, s.pool, []*runnertest.Seq{seqs[i]}, []int{n}, rows)
-			if i == 1 && cp.Splits(plan) != split {
-				t.Fatalf("%s: Splits = %v", name(what), !split)
-			}
-			logits[i] = make([]float32, len(plan.LogitsIndices)*c.VocabSize)
-			if err := s.forward(plan, logits[i]); err != nil {
-				t.Fatalf("%s: %v", name(what), err)
-			}
+	what := fmt.Sprintf("cp=%d tp=%d window %d", cpSize, tpSize, window)
+	want, wantToks := cptest.Continuation(t, func(p *engine.BatchPlan, logits []float32) error { return ref1.Forward(p, kvRef, logits) }, poolRef, c.VocabSize)
+	splits := 0
+	got, gotToks := cptest.Continuation(t, func(p *engine.BatchPlan, logits []float32) error {
+		if cp.Splits(p) {
+			splits++
 		}
-		v := c.VocabSize
-		for j := range len(logits[0]) / v {
-			want, got := logits[0][j*v:(j+1)*v], logits[1][j*v:(j+1)*v]
-			top := 0.0
-			for _, x := range want {
-				top = max(top, math.Abs(float64(x)))
-			}
-			for i := range want {
-				if d := math.Abs(float64(got[i] - want[i])); d > 1e-5*top || math.IsNaN(float64(got[i])) {
-					t.Fatalf("%s: row %d logit %d = %g, one rank %g", name(what), j, i, got[i], want[i])
-				}
-			}
-		}
-		all = append(all, logits[1]...)
-		a, b := argmax(logits[0][len(logits[0])-v:]), argmax(logits[1][len(logits[1])-v:])
-		if a != b {
-			t.Fatalf("%s: greedy token %d, one rank %d", name(what), b, a)
-		}
-		return a
+		return g.Forward(p, logits)
+	}, poolCP, c.VocabSize)
+	if splits != cptest.ContinuationSplits {
+		t.Fatalf("%s: %d plans split, want %d", what, splits, cptest.ContinuationSplits)
 	}
-	decode := func(what string, seqs [2]*runnertest.Seq, next int32) {
-		for range 8 {
-			for _, s := range seqs {
-				s.Tokens = append(s.Tokens, next)
-			}
-			next = step(what+" decode", seqs, 1, false, false)
-		}
-	}
-	prompt := runnertest.Prompt(37, c.VocabSize, 3)
-	var a [2]*runnertest.Seq
-	for i, s := range sides {
-		a[i] = runnertest.OpenSeq(t, s.pool, append([]int32(nil), prompt...))
-	}
-	step("chunk 1", a, 13, true, true)
-	step("chunk 2", a, 11, true, true)
-	next := step("chunk 3", a, 13, true, true)
-	for i, s := range sides {
-		if err := s.pool.Commit(a[i].ID, a[i].Tokens[:a[i].Computed]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	decode("first prompt", a, next)
-	second := append(append([]int32(nil), prompt[:24]...), runnertest.Prompt(10, c.VocabSize, 4)...)
-	var b [2]*runnertest.Seq
-	for i, s := range sides {
-		id, hit, err := s.pool.Open(second[:len(second)-1])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if hit != 24 {
-			t.Fatalf("side %d: the prefix cache served %d tokens, want 24", i, hit)
-		}
-		b[i] = &runnertest.Seq{ID: id, Tokens: append([]int32(nil), second...), Computed: hit}
-	}
-	next = step("after the prefix hit", b, 10, true, true)
-	decode("second prompt", b, next)
-	return all
+	cptest.Same(t, what, got, want, gotToks, wantToks, c.VocabSize, 1e-5)
+	return got
 }
 
 // cpTPRunner is the tiny llama on a CP=2 × TP=2 in-process group behind cpurunner.
 func cpTPRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
-	m := tiny(t)
-	r := llama.NewRunner(m, 4)
-	pool, err := r.NewPool(4 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rope, err := m.Config.RopeTable(m.MaxContext())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, w := fromLlama(m, rope)
-	g, err := tp.StartCPInProcess(d, w, 2, 2, tp.CachePages(d, pool), pool.BlockTokens(), dist.Options{Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := g.Close(); err != nil {
-			t.Error(err)
-		}
+	return groupRunner(t, func(d tp.Dense, w *tp.Weights, pages, pageTokens int) (group, error) {
+		return tp.StartCPInProcess(d, w, 2, 2, pages, pageTokens, dist.Options{Timeout: 30 * time.Second})
 	})
-	return cpurunner.New(r.Info(), cpurunner.ForwardFunc(g.Forward)), pool
 }
 
 // TestCPTPConformance runs core/runnertest's suite (prefill equals decode, chunked

@@ -226,6 +226,20 @@ func equal(a, b []int32) bool {
 // tpRunner is the tiny llama on a TP=2 in-process group behind cpurunner, bound to a pool
 // of llama's cache groups (whose page ids the shards' own caches follow).
 func tpRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
+	return groupRunner(t, func(d tp.Dense, w *tp.Weights, pages, pageTokens int) (group, error) {
+		return tp.StartInProcess(d, w, 2, pages, pageTokens, dist.Options{Timeout: 30 * time.Second})
+	})
+}
+
+// group is an in-process group of ranks: rank 0's forward and what stops the others.
+type group interface {
+	Forward(p *engine.BatchPlan, logits []float32) error
+	Close() error
+}
+
+// groupRunner is the tiny llama on the group start starts behind cpurunner, bound to a
+// pool of llama's cache groups, the group closed when t ends.
+func groupRunner(t testing.TB, start func(d tp.Dense, w *tp.Weights, pages, pageTokens int) (group, error)) (engine.Runner, *kvslab.Pool) {
 	m := tiny(t)
 	r := llama.NewRunner(m, 4)
 	pool, err := r.NewPool(4 << 20)
@@ -237,7 +251,7 @@ func tpRunner(t testing.TB) (engine.Runner, *kvslab.Pool) {
 		t.Fatal(err)
 	}
 	d, w := fromLlama(m, rope)
-	g, err := tp.StartInProcess(d, w, 2, tp.CachePages(d, pool), pool.BlockTokens(), dist.Options{Timeout: 30 * time.Second})
+	g, err := start(d, w, tp.CachePages(d, pool), pool.BlockTokens())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,6 +61,58 @@ func Run(t *testing.T, forward cpurunner.ForwardFunc, pool *kvslab.Pool, vocab i
 	return all, toks
 }
 
+// Continuation feeds through forward, on pool, a 37-token prompt in chunks of 13, 11 and
+// 13 tokens (every row's logits), 8 greedy decode steps, then a second prompt sharing the
+// first's 24 tokens, opened through pool's prefix cache, its other 10 tokens in one plan
+// and 8 more decode steps. It returns every step's logits and the decoded tokens. Under
+// CP the chunks and the rest after the prefix hit split (ContinuationSplits of them),
+// the later ones over cached keys.
+func Continuation(t *testing.T, forward cpurunner.ForwardFunc, pool *kvslab.Pool, vocab int) ([][]float32, []int32) {
+	t.Helper()
+	var all [][]float32
+	var toks []int32
+	step := func(s *runnertest.Seq, n int, rows bool) []float32 {
+		p := runnertest.Plan(t, pool, []*runnertest.Seq{s}, []int{n}, rows)
+		logits := make([]float32, len(p.LogitsIndices)*vocab)
+		if err := forward(p, logits); err != nil {
+			t.Fatalf("step over %d tokens after %v: %v", n, p.Computed, err)
+		}
+		all = append(all, logits)
+		return logits
+	}
+	decode := func(s *runnertest.Seq, last []float32) {
+		for range 8 {
+			tok := argmax(last[len(last)-vocab:])
+			s.Tokens = append(s.Tokens, tok)
+			toks = append(toks, tok)
+			last = step(s, 1, false)
+		}
+	}
+	first := runnertest.Prompt(37, vocab, 3)
+	a := runnertest.OpenSeq(t, pool, append([]int32(nil), first...))
+	step(a, 13, true)
+	step(a, 11, true)
+	last := step(a, 13, true)
+	if err := pool.Commit(a.ID, a.Tokens[:a.Computed]); err != nil {
+		t.Fatal(err)
+	}
+	decode(a, last)
+	second := append(append([]int32(nil), first[:24]...), runnertest.Prompt(10, vocab, 4)...)
+	id, hit, err := pool.Open(second[:len(second)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hit != 24 {
+		t.Fatalf("the prefix cache served %d tokens of the second prompt, want 24", hit)
+	}
+	b := &runnertest.Seq{ID: id, Tokens: second, Computed: hit}
+	decode(b, step(b, 10, true))
+	return all, toks
+}
+
+// ContinuationSplits is how many of Continuation's plans split under CP.
+const ContinuationSplits = 4
+
 // SplitPlans is how many of Run's plans split under CP.
 const SplitPlans = 5
 
