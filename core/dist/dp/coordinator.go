@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +26,8 @@ type Coordinator struct {
 	info    engine.RunnerInfo
 
 	mu     sync.Mutex
-	turn   int // the rank the next tie goes to
+	turn   int    // the rank the next tie goes to
+	nextID uint64 // the last id given to a request without one (under mu)
 	wg     sync.WaitGroup
 	cancel context.CancelFunc
 	errs   []error
@@ -169,6 +171,12 @@ func (c *Coordinator) SubmitRank(ctx context.Context, req engine.Request) (*engi
 		return nil, -1, fmt.Errorf("%w: %w", engine.ErrRunnerDead, err)
 	}
 	c.mu.Lock()
+	if req.ID == "" {
+		// Ids unique over the ranks: each engine numbering its own would give two
+		// clients' requests one id, and Abort or Stop of one would end the other.
+		c.nextID++
+		req.ID = "req-" + strconv.FormatUint(c.nextID, 10)
+	}
 	r := c.route()
 	s, err := c.engines[r].Submit(ctx, req)
 	c.mu.Unlock()

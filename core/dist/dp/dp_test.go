@@ -401,3 +401,46 @@ func TestReplicasMatchSingleEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCoordinatorIDsAreUnique: requests submitted without an id get ids unique over the
+// ranks, and aborting one leaves the other rank's request running. Each engine used to
+// number its own ("req-1" on both ranks), so a client's disconnect under --dp aborted
+// another client's request on the other rank.
+func TestCoordinatorIDsAreUnique(t *testing.T) {
+	var engines []*engine.Engine
+	for range 2 {
+		r := llama.NewRunner(tiny(t), 4)
+		pool, err := r.NewPool(4 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.New(r, engine.Config{Pool: pool, MaxBatchTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	c, err := dp.NewCoordinator(nil, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Start(context.Background())
+	defer c.Close()
+	q := engine.Request{Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 40, IgnoreEOS: true}}
+	a, ra, err := c.SubmitRank(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, rb, err := c.SubmitRank(context.Background(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ra == rb || a.ID() == b.ID() {
+		t.Fatalf("ranks %d and %d, ids %q and %q: want two ranks and two ids", ra, rb, a.ID(), b.ID())
+	}
+	c.Abort(a.ID())
+	toks, ev, err := b.Collect(context.Background())
+	if err != nil || len(toks) != 40 {
+		t.Fatalf("the other rank's request after the abort: %d tokens, %+v, %v", len(toks), ev, err)
+	}
+}
