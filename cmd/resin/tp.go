@@ -413,7 +413,14 @@ func cpuBindings(n int) []launch.Binding {
 // forward is rank 0's forward with a dead worker's exit (rank, pid, signal) on the
 // error of the step it failed.
 func (g *tpWorkers) forward(f func(*engine.BatchPlan, []float32) error) func(*engine.BatchPlan, []float32) error {
-	return func(p *engine.BatchPlan, logits []float32) error { return g.w.StepError(f(p, logits)) }
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if err := g.w.Err(); err != nil {
+			// A worker exited while the group idled: the step would meet its peers'
+			// collectives short of a rank (shape errors, not the cause), so it fails here.
+			return fmt.Errorf("the group lost a worker before step %d: %w", p.Step, err)
+		}
+		return g.w.StepError(f(p, logits))
+	}
 }
 
 // close stops the workers and waits for them (killing any still running after a while).
