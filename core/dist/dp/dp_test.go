@@ -357,23 +357,7 @@ func TestReplicasMatchSingleEngine(t *testing.T) {
 		}
 		want[q.ID] = dptest.Collect(t, s)
 	}
-	var engines []*engine.Engine
-	for range 2 {
-		r := llama.NewRunner(tiny(t), 4)
-		pool, err := r.NewPool(4 << 20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := engine.New(r, engine.Config{Pool: pool, MaxBatchTokens: 16})
-		if err != nil {
-			t.Fatal(err)
-		}
-		engines = append(engines, e)
-	}
-	c, err := dp.NewCoordinator(nil, engines)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := replicas(t)
 	c.Start(context.Background())
 	streams := map[string]*engine.Stream{}
 	used := map[int]bool{}
@@ -407,23 +391,7 @@ func TestReplicasMatchSingleEngine(t *testing.T) {
 // number its own ("req-1" on both ranks), so a client's disconnect under --dp aborted
 // another client's request on the other rank.
 func TestCoordinatorIDsAreUnique(t *testing.T) {
-	var engines []*engine.Engine
-	for range 2 {
-		r := llama.NewRunner(tiny(t), 4)
-		pool, err := r.NewPool(4 << 20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := engine.New(r, engine.Config{Pool: pool, MaxBatchTokens: 16})
-		if err != nil {
-			t.Fatal(err)
-		}
-		engines = append(engines, e)
-	}
-	c, err := dp.NewCoordinator(nil, engines)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := replicas(t)
 	c.Start(context.Background())
 	defer c.Close()
 	q := engine.Request{Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 40, IgnoreEOS: true}}
@@ -443,4 +411,27 @@ func TestCoordinatorIDsAreUnique(t *testing.T) {
 	if err != nil || len(toks) != 40 {
 		t.Fatalf("the other rank's request after the abort: %d tokens, %+v, %v", len(toks), ev, err)
 	}
+}
+
+// replicas is a coordinator over two replica engines of the tiny llama (not started).
+func replicas(t *testing.T) *dp.Coordinator {
+	t.Helper()
+	var engines []*engine.Engine
+	for range 2 {
+		r := llama.NewRunner(tiny(t), 4)
+		pool, err := r.NewPool(4 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.New(r, engine.Config{Pool: pool, MaxBatchTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	c, err := dp.NewCoordinator(nil, engines)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -69,18 +69,7 @@ func cpTPRun(t *testing.T, cpSize, tpSize, window int) [][]float32 {
 		}
 	}()
 	what := fmt.Sprintf("cp=%d tp=%d window %d", cpSize, tpSize, window)
-	want, wantToks := cptest.Continuation(t, func(p *engine.BatchPlan, logits []float32) error { return ref1.Forward(p, kvRef, logits) }, poolRef, c.VocabSize)
-	splits := 0
-	got, gotToks := cptest.Continuation(t, func(p *engine.BatchPlan, logits []float32) error {
-		if cp.Splits(p) {
-			splits++
-		}
-		return g.Forward(p, logits)
-	}, poolCP, c.VocabSize)
-	if splits != cptest.ContinuationSplits {
-		t.Fatalf("%s: %d plans split, want %d", what, splits, cptest.ContinuationSplits)
-	}
-	cptest.Same(t, what, got, want, gotToks, wantToks, c.VocabSize, 1e-5)
+	got := cptest.SameContinuation(t, what, func(p *engine.BatchPlan, logits []float32) error { return ref1.Forward(p, kvRef, logits) }, poolRef, g.Forward, poolCP, c.VocabSize, cp.Splits)
 	return got
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/resin-llm/resin/core/cpurunner"
+	"github.com/resin-llm/resin/core/engine"
 	"github.com/resin-llm/resin/core/kvslab"
 	"github.com/resin-llm/resin/core/runnertest"
 )
@@ -112,6 +113,27 @@ func Continuation(t *testing.T, forward cpurunner.ForwardFunc, pool *kvslab.Pool
 
 // ContinuationSplits is how many of Continuation's plans split under CP.
 const ContinuationSplits = 4
+
+// SameContinuation runs Continuation through one rank's forward on its pool and through
+// a CP group's on its own, and fails unless ContinuationSplits of the group's plans split
+// (splits: core/dist/cp's Splits) and its logits and tokens are one rank's (Same, within
+// 1e-5). It returns the group's logits.
+func SameContinuation(t *testing.T, what string, one cpurunner.ForwardFunc, onePool *kvslab.Pool, group cpurunner.ForwardFunc, groupPool *kvslab.Pool, vocab int, splits func(*engine.BatchPlan) bool) [][]float32 {
+	t.Helper()
+	want, wantToks := Continuation(t, one, onePool, vocab)
+	n := 0
+	got, gotToks := Continuation(t, func(p *engine.BatchPlan, logits []float32) error {
+		if splits(p) {
+			n++
+		}
+		return group(p, logits)
+	}, groupPool, vocab)
+	if n != ContinuationSplits {
+		t.Fatalf("%s: %d plans split, want %d", what, n, ContinuationSplits)
+	}
+	Same(t, what, got, want, gotToks, wantToks, vocab, 1e-5)
+	return got
+}
 
 // SplitPlans is how many of Run's plans split under CP.
 const SplitPlans = 5
