@@ -126,12 +126,19 @@ def serve_spec(runner: Runner, listen: str | None) -> int:
             print(f"--listen unix:{path}: the path exists and is not a socket; refusing to replace it", file=sys.stderr)
             return 2
         os.unlink(path)
+    # Bound under a temporary name and renamed once it listens, the socket appears at path
+    # only when a connect succeeds: a supervisor that waits for the path to exist never
+    # sees ECONNREFUSED from the moment between bind and listen.
+    tmp = os.path.join(os.path.dirname(path), f".{os.getpid()}.{os.path.basename(path)}")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        srv.bind(path)
+        srv.bind(tmp)
         srv.listen(1)
+        os.rename(tmp, path)
     except OSError as e:
         srv.close()
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         print(f"--listen unix:{path}: cannot listen there: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"resin_runner: listening on unix:{path}", file=sys.stderr, flush=True)

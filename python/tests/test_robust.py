@@ -166,6 +166,34 @@ class Listen(unittest.TestCase):
             with open(path, "rb") as f:
                 self.assertEqual(f.read(), b"weights")
 
+    def test_path_appears_only_once_listening(self):
+        # A supervisor waits for the socket's path, then connects: the path must not exist
+        # between bind and listen, where a connect is refused.
+        import os
+        import socket
+        import tempfile
+        from unittest import mock
+
+        from resin_runner import runner
+
+        seen = {}
+
+        class Sock(socket.socket):
+            def listen(self, *a):
+                seen["at listen"] = os.path.lexists(path)
+                return super().listen(*a)
+
+            def accept(self):
+                seen["at accept"] = os.path.lexists(path)
+                raise KeyboardInterrupt
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "x.sock")
+            with mock.patch.object(runner.socket, "socket", Sock):
+                self.assertEqual(runner.serve_spec(Echo(), "unix:" + path), 0)
+            self.assertEqual(seen, {"at listen": False, "at accept": True})
+            self.assertEqual(sorted(os.listdir(d)), ["x.sock"])
+
     def test_unlistenable_path(self):
         import contextlib
         import io as _io
