@@ -437,6 +437,9 @@ func openCPTP(dir string, cacheBytes int64, cpSize, tpSize int, procs bool, node
 	if err != nil {
 		return fail(err)
 	}
+	if err := m.d.CheckSize(tpSize); err != nil { // once, before the cp·tp ranks start
+		return fail(err)
+	}
 	pool, err := m.NewPool(cacheBytes)
 	if err != nil {
 		return fail(err)

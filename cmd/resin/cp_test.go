@@ -111,3 +111,19 @@ func TestWorkerRole(t *testing.T) {
 		}
 	}
 }
+
+// TestCPTPIndivisible: a TP size the model's heads do not divide by is refused once,
+// before the cp·tp ranks start (each rank used to print the refusal, after --cp-procs
+// workers had loaded).
+func TestCPTPIndivisible(t *testing.T) {
+	for _, extra := range [][]string{nil, {"--cp-procs"}} {
+		args := append([]string{"--model", "llama", "--random-weights", "testdata/tiny-llama/config.json", "--prompt-ids", "1,2,3", "--max-tokens", "2", "--cp", "2", "--tp", "3"}, extra...)
+		_, errOut, err := runGenerate(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "--cp 2 --tp 3: tp: ") || !strings.Contains(err.Error(), "do not all divide by tp=3") {
+			t.Errorf("%v: %v, want the TP size refused", args, err)
+		}
+		if strings.Contains(errOut, "rank 1") {
+			t.Errorf("%v: the ranks started: %s", args, errOut)
+		}
+	}
+}

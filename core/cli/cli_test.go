@@ -144,6 +144,8 @@ func TestGenerateBadInput(t *testing.T) {
 		{testOpener, []string{"--model", bare, "--prompt-ids", " , "}, "no token ids"},
 		{testOpener, []string{"--model", bare, "--prompt-ids", ""}, "no token ids"},
 		{testOpener, []string{"--model", bare, "hello"}, "needs a tokenizer"},
+		{testOpener, []string{"--model", withTok, ""}, "the prompt is empty"},
+		{testOpener, []string{"--model", withTok, "--prompt", ""}, "the prompt is empty"},
 		{testOpener, []string{"--model", withTok, "--prompt", "a", "b"}, "give the prompt once"},
 		{testOpener, []string{"--model", withTok, "--prompt-ids", "1", "hi"}, "exclusive"},
 		{testOpener, []string{"--model", withTok, "--chat"}, "apply to a text prompt"},

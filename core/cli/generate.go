@@ -54,6 +54,11 @@ func GenerateCmd(l Loader) *cobra.Command {
 				}
 				prompt = args[0]
 			}
+			if prompt == "" && (len(args) == 1 || cmd.Flags().Changed("prompt")) {
+				// An explicit empty text is a mistake (an unset shell variable), not a
+				// request for the default prompt ids (vLLM refuses it too).
+				return errors.New("the prompt is empty: give text, or --prompt-ids (without either, the default ids 1,2,3,4 run)")
+			}
 			if prompt != "" && ids != "" {
 				return errors.New("a text prompt and --prompt-ids are exclusive")
 			}

@@ -110,6 +110,15 @@ type Source interface {
 	Float32Cols(name string, lo, hi int, shape ...int) ([]float32, error)
 }
 
+// CheckSize refuses a TP group of size ranks that the model's heads, KV heads and
+// intermediate size do not all divide by, before any rank starts.
+func (d Dense) CheckSize(size int) error {
+	if size < 1 || d.Heads%size != 0 || d.KVHeads%size != 0 || d.Inter%size != 0 {
+		return fmt.Errorf("tp: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", d.Heads, d.KVHeads, d.Inter, size)
+	}
+	return nil
+}
+
 // LoadShard reads rank's slices of the model in src for a group of size ranks: its rows
 // of q/k/v, gate/up, the embedding and the head, its columns of o and down, and the
 // norms whole, so a rank reads about 1/size of the projections. Heads, KV heads and Inter
@@ -118,8 +127,8 @@ func LoadShard(d Dense, src Source, rank, size int) (*Shard, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("tp: rank %d of %d", rank, size)
 	}
-	if d.Heads%size != 0 || d.KVHeads%size != 0 || d.Inter%size != 0 {
-		return nil, fmt.Errorf("tp: %d heads, %d kv heads and intermediate %d do not all divide by tp=%d", d.Heads, d.KVHeads, d.Inter, size)
+	if err := d.CheckSize(size); err != nil {
+		return nil, err
 	}
 	if d.Rope == nil {
 		return nil, fmt.Errorf("tp: no rope table")
