@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -324,5 +325,28 @@ func TestLayout(t *testing.T) {
 	}
 	if _, err := NewLayout(cs[0], 3, 1, 1); err == nil {
 		t.Fatal("tp=3 accepted for 8 ranks")
+	}
+}
+
+// TestOnEveryRankFailsFast: a rank whose open fails before the collective its peers wait
+// in closes its communicator, so they fail as a peer gone, not at their deadline (20 s
+// here; the CLI's is a minute).
+func TestOnEveryRankFailsFast(t *testing.T) {
+	comms, err := NewInProcess(3, Options{Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = OnEveryRank(comms, func(r int, c Communicator) error {
+		if r == 1 {
+			return errors.New("rank 1: no weight experts.7.w1")
+		}
+		_, err := c.Broadcast([]byte{byte(r)}, 0)
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "no weight experts.7.w1") {
+		t.Fatalf("OnEveryRank: %v, want rank 1's error", err)
+	}
+	if !errors.Is(err, ErrPeerGone) || errors.Is(err, ErrTimeout) {
+		t.Fatalf("OnEveryRank: %v, want its peers to fail as a peer gone, not at the deadline", err)
 	}
 }

@@ -60,7 +60,9 @@ func (l *Layout) Close() error {
 // OnEveryRank runs open(r, comms[r]) for every rank of comms at once, each on a goroutine
 // (openers that split their communicator run collectives, so the ranks must open
 // together), after checking that comms[r] is rank r of len(comms); it returns their errors
-// joined.
+// joined. A rank whose open fails closes its communicator, so that its peers waiting for
+// it in a collective fail at once ("peer gone") rather than at their deadline: after an
+// error the communicators are done.
 func OnEveryRank(comms []Communicator, open func(r int, c Communicator) error) error {
 	for r, c := range comms {
 		if c.Rank() != r || c.Size() != len(comms) {
@@ -73,7 +75,9 @@ func OnEveryRank(comms []Communicator, open func(r int, c Communicator) error) e
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = open(r, c)
+			if errs[r] = open(r, c); errs[r] != nil {
+				c.Close()
+			}
 		}()
 	}
 	wg.Wait()
