@@ -314,24 +314,27 @@ v4Only() {
 # (gpurunner.NewDenseCP: each layer's q/k/v rows all-gathered into every rank's cache, a
 # prompt split 5+4 in one plan and in plans of 4; one GPU's greedy tokens, logits within
 # 2e-2; seeded sampling on the device gives one GPU's tokens), which passed on the
-# emulated device (TestEmulatedCPEqualsOne) and has not run here. And TestGPUNCCLWatchdog:
+# emulated device (TestEmulatedCPEqualsOne) and has not run here, and TestGPUNCCLCPTPEqualsOne
+# (gpurunner.NewDenseCPTP: CP=2 over two TP=2 groups, four ranks on GPU 0; one GPU's greedy
+# tokens, logits within 2e-2), which passed on the emulated device (TestEmulatedCPTPEqualsOne)
+# and has not run here. And TestGPUNCCLWatchdog:
 # rank 0's all-reduce waits on the stream for rank 1, which never calls it; the watchdog
 # (gpurunner.Watchdog) aborts the communicator after 1 s (ncclCommAbort from another
 # goroutine) and the wait returns; then an abort that a supervisor's worker exit calls. It
 # passed on the emulated device (TestWatchdog, RESIN_EMU_NCCL_HANG=1), not here. Then the
 # llama bench at --tp 2 (its config is $1).
 tpOneGPU() {
-	echo; echo "== tensor and context parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne, TestGPUNCCLTPGraphsEqualEager, TestGPUNCCLCPEqualsOne, TestGPUNCCLWatchdog)"
+	echo; echo "== tensor and context parallelism: 2 ranks on GPU 0, NCCL_MULTI_RANK_GPU_ENABLE=1 (TestGPUNCCLTPEqualsOne, TestGPUNCCLTPGraphsEqualEager, TestGPUNCCLCPEqualsOne, TestGPUNCCLCPTPEqualsOne, TestGPUNCCLWatchdog)"
 	local out
 	out=$(cd core/gpurunner && NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 200 "$bin/core_gpurunner.test" \
-		-test.run '^(TestGPUNCCLTPEqualsOne|TestGPUNCCLTPGraphsEqualEager|TestGPUNCCLCPEqualsOne|TestGPUNCCLWatchdog)$' -test.v -test.count=1 -test.timeout=190s </dev/null 2>&1)
+		-test.run '^(TestGPUNCCLTPEqualsOne|TestGPUNCCLTPGraphsEqualEager|TestGPUNCCLCPEqualsOne|TestGPUNCCLCPTPEqualsOne|TestGPUNCCLWatchdog)$' -test.v -test.count=1 -test.timeout=190s </dev/null 2>&1)
 	local rc=$?
 	echo "$out"
 	if [ $rc -ne 0 ]; then
 		failed=1
 	else
 		local name
-		for name in TestGPUNCCLTPEqualsOne TestGPUNCCLTPGraphsEqualEager TestGPUNCCLCPEqualsOne TestGPUNCCLWatchdog; do
+		for name in TestGPUNCCLTPEqualsOne TestGPUNCCLTPGraphsEqualEager TestGPUNCCLCPEqualsOne TestGPUNCCLCPTPEqualsOne TestGPUNCCLWatchdog; do
 			if ! grep -q -- "^--- PASS: $name" <<<"$out"; then
 				echo "$name did not run (it needs NCCL >= 2.30: the skip above says which was found)"
 				failed=1

@@ -31,7 +31,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP, glm5flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike; with the MoE models on the GPU and --ep N (equal), over the ep ranks, each holding its experts alone")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP, glm5flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike; with --tp M, over M-rank tensor-parallel groups (llama; on the GPU, ranks of this process only: gpurunner.NewDenseCPTP); with the MoE models on the GPU and --ep N (equal), over the ep ranks, each holding its experts alone")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (on the GPU: bound to their GPUs' NUMA nodes, the NCCL id handed over it; default: goroutines of this process)")
 }
 
@@ -48,8 +48,12 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return errors.New("--cp needs --model llama, deepseek-v4-flash or glm-5-flash: the test runner is not split")
 	case f.dp.size > 1:
 		return fmt.Errorf("--cp %d is not combined with --dp yet", c.size)
-	case f.tp.size > 1 && (f.device.CUDA() || f.tp.ep > 1):
-		return fmt.Errorf("--cp %d --tp %d: CP over tensor-parallel groups runs on the CPU (in this process, its worker processes with --cp-procs, or nodes), with --ep 1 (on the GPU the MoE models' CP runs over --ep ranks)", c.size, f.tp.size)
+	case f.tp.size > 1 && f.tp.ep > 1:
+		return fmt.Errorf("--cp %d --tp %d --ep %d: CP over tensor-parallel groups runs with --ep 1 (on the GPU the MoE models' CP runs over --ep ranks, without --tp)", c.size, f.tp.size, f.tp.ep)
+	case f.tp.size > 1 && f.device.CUDA() && f.model != llama.Name:
+		return fmt.Errorf("--cp %d --tp %d on the GPU covers --model llama, not %s (its CP runs over --ep ranks)", c.size, f.tp.size, f.model)
+	case f.tp.size > 1 && f.device.CUDA() && (c.procs || f.tp.procs || f.tp.initAddr != ""):
+		return fmt.Errorf("--cp %d --tp %d on the GPU runs its ranks in this process so far (not --cp-procs, --tp-procs or --dist-init-addr; the CPU's runs them all three ways)", c.size, f.tp.size)
 	case f.tp.size > 1 && (c.procs || f.tp.procs) && f.tp.initAddr != "":
 		return fmt.Errorf("--cp %d --tp %d: worker processes and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size, f.tp.size)
 	case f.tp.procs && f.tp.size < 2:
@@ -115,6 +119,41 @@ func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 		return g, pool, nil
 	}
 	return f.device.OpenGPU(name, open, dir, f.cacheBytes)
+}
+
+// openCPTPGPU opens llama's GPU runner with prefill CP over --cp TP groups of --tp ranks
+// each, every rank a goroutine of this process (gpurunner.NewDenseCPTP): rank w, tp rank
+// w%tp of cp rank w/tp, on GPU --gpu+w where the driver sees that many, else every rank
+// on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1), reading only its TP slices of
+// the checkpoint. With --device cuda-emu the emulator shows cp·tp GPUs unless
+// RESIN_EMU_DEVICES says otherwise.
+func (f *runtimeFlags) openCPTPGPU(dir string) (engine.Runner, *kvslab.Pool, error) {
+	cpSize, tpSize := f.cp.size, f.tp.size
+	what := fmt.Sprintf("--cp %d --tp %d", cpSize, tpSize)
+	if err := f.showEmulatedGPUs(cpSize*tpSize, what); err != nil {
+		return nil, nil, err
+	}
+	open := func(dir string, cacheBytes int64, opts gpurunner.Options) (engine.Runner, *kvslab.Pool, error) {
+		if err := gpurunner.Available(opts.Ordinal); err != nil {
+			return nil, nil, fmt.Errorf("%s on the GPU: %w", llama.Name, err)
+		}
+		shard, done, err := llamaGPUShard(dir, tpSize)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", what, err)
+		}
+		defer done()
+		ordinals, err := gpurunner.RankOrdinals(opts.Ordinal, cpSize*tpSize)
+		if err != nil {
+			return nil, nil, err
+		}
+		opts.CacheBytes = cacheBytes
+		g, pool, err := gpurunner.NewDenseCPTP(shard, ordinals, cpSize, opts)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s on GPUs %v: %w", what, ordinals, err)
+		}
+		return g, pool, nil
+	}
+	return f.device.OpenGPU(llama.Name, open, dir, f.cacheBytes)
 }
 
 // openCP opens the llama checkpoint (or random-weights config) in dir with prefill CP over

@@ -35,6 +35,41 @@ func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 	}
 }
 
+// TestGenerateCPTPOnTheEmulatedDevice: generate --device cuda-emu --cp 2 --tp 2 runs
+// llama's GPU runner with prefill CP over two TP groups (gpurunner.NewDenseCPTP; a
+// 7-token prompt split 4+3, and in plans of 4 tokens the second over cached keys) and
+// gives --tp 2's greedy tokens and --logits-out byte for byte.
+func TestGenerateCPTPOnTheEmulatedDevice(t *testing.T) {
+	if emutest.Reexec(t, "RESIN_EMU_DEVICES=4") {
+		return
+	}
+	dir := t.TempDir()
+	run := func(extra ...string) (string, []byte) {
+		out := filepath.Join(dir, "logits"+strings.Join(extra, ""))
+		args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"),
+			"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "8", "--device", "cuda-emu", "--logits-out", out}
+		stdout, errOut, err := runGenerate(t, append(args, extra...)...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", extra, err, errOut)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tokensLine(stdout), b
+	}
+	tp, tpLogits := run("--tp", "2")
+	for _, extra := range [][]string{{"--cp", "2", "--tp", "2"}, {"--cp", "2", "--tp", "2", "--max-batch-tokens", "4"}} {
+		toks, logits := run(extra...)
+		if toks == "" || toks != tp {
+			t.Errorf("%v: %q, --tp 2 %q", extra, toks, tp)
+		}
+		if len(tpLogits) == 0 || !bytes.Equal(logits, tpLogits) {
+			t.Errorf("%v: --logits-out differs from --tp 2's (%d and %d bytes)", extra, len(logits), len(tpLogits))
+		}
+	}
+}
+
 // TestGenerateMoECPOnTheEmulatedDevice: generate --model deepseek-v4-flash|glm-5-flash
 // --device cuda-emu --cp 2 and --cp 3 run the model's GPU runner with prefill context
 // parallelism over ranks of this process (OpenGPUCP) or, with --cp-procs, ranks 1..

@@ -267,6 +267,8 @@ func (f *runtimeFlags) openModel() (engine.Runner, *kvslab.Pool, string, error) 
 		r, pool, f.dpRanks, err = f.openDP(m, dir)
 	case f.cp.size > 1 && f.tp.size > 1 && m.Name != "llama":
 		return nil, nil, "", fmt.Errorf("--cp %d --tp %d: CP over tensor-parallel groups covers the llama family so far, not %s", f.cp.size, f.tp.size, m.Name)
+	case f.cp.size > 1 && f.tp.size > 1 && f.device.CUDA():
+		r, pool, err = f.openCPTPGPU(dir)
 	case f.cp.size > 1 && f.tp.size > 1:
 		r, pool, err = openCPTP(dir, f.cacheBytes, f.cp.size, f.tp.size, f.cp.procs || f.tp.procs, f.cpNodes())
 	case f.cp.size > 1 && f.device.CUDA():

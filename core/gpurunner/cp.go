@@ -68,7 +68,22 @@ func NewDenseCP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options)
 // NewDenseCPShards is NewDenseCP with the model from shard's whole part (shard(0, 1):
 // ReadDense reads the whole checkpoint, once per rank, one rank at a time).
 func NewDenseCPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
-	return newDenseGroup(func(int, int) (*DenseConfig, *DenseWeights, error) { return shard(0, 1) }, ordinals, opts, true)
+	return newDenseGroup(func(int, int) (*DenseConfig, *DenseWeights, error) { return shard(0, 1) }, ordinals, opts, len(ordinals))
+}
+
+// NewDenseCPTP runs prefill context parallelism over cp TP groups (core/dist/tp's CP ×
+// TP on GPUs): len(ordinals) = cp·tp ranks, rank w (on GPU ordinals[w]) tp rank w%tp of
+// cp rank w/tp, holding shard(w%tp, tp) and a cache of its heads. Each rank joins two
+// NCCL communicators: its TP group's (the row-parallel all-reduces, the vocab-parallel
+// embedding and head) and its cp group's, the ranks of every TP group that hold the same
+// heads, over which a split step's q/k/v rows (of those heads) and normed rows are
+// all-gathered as NewDenseCP's are. A TP group runs its chunk of a split plan as TP runs
+// a plan; every TP group decodes alike. The pool is rank 0's.
+func NewDenseCPTP(shard DenseShard, ordinals []int, cp int, opts Options) (*TP, *kvslab.Pool, error) {
+	if cp < 2 || len(ordinals)%cp != 0 || len(ordinals) < 2*cp {
+		return nil, nil, fmt.Errorf("gpurunner: CP × TP of cp=%d over %d ranks: want cp ≥ 2 TP groups of 2 or more ranks each", cp, len(ordinals))
+	}
+	return newDenseGroup(shard, ordinals, opts, cp)
 }
 
 // JoinDenseCP is JoinDenseTP's one rank of NewDenseCP's group, for a rank that is its own
@@ -77,20 +92,21 @@ func NewDenseCPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvs
 // rank with the failed rank's error. The pool is for engine.Config.Pool on rank 0.
 func JoinDenseCP(shard DenseShard, ctl dist.Communicator, opts Options) (*TPRank, *kvslab.Pool, error) {
 	whole := func(int, int) (*DenseConfig, *DenseWeights, error) { return shard(0, 1) }
-	return joinDense(whole, ctl, opts, func(fn func() error) error { return fn() }, true)
+	return joinDense(whole, ctl, opts, func(fn func() error) error { return fn() }, ctl.Size())
 }
 
-// joinCP gives rank g's model its context-parallel buffers (inside its device's Do).
-func (g *TPRank) joinCP(c *cudart.Ctx) error {
+// joinCP gives rank g's model its context-parallel buffers and its cp group, comm, in
+// which it is rank of size (inside its device's Do).
+func (g *TPRank) joinCP(c *cudart.Ctx, comm *cudart.Comm, rank, size int) error {
 	rr := g.r
 	cfg, lim := rr.model.Config, rr.limits
-	cs := &cpRank{comm: g.comm, rank: g.rank, size: g.size}
+	cs := &cpRank{comm: comm, rank: rank, size: size}
 	fail := func(what string, err error) error {
 		cs.free(c)
 		return fmt.Errorf("the context-parallel %s: %w", what, err)
 	}
 	var err error
-	rows := int64(g.size) * int64(lim.MaxTokens)
+	rows := int64(size) * int64(lim.MaxTokens)
 	if cs.qkv, err = c.Alloc(rows * int64(cfg.QKVDim()) * 2); err != nil {
 		return fail("q/k/v buffer", err)
 	}
@@ -156,6 +172,7 @@ func (r *Runner) cpStepRun(plan *engine.BatchPlan, sample bool, fetch func(c *cu
 		if err := r.eager.Pack(host.Bytes, &sub); err != nil {
 			return err
 		}
+		m.shardTokens(host.Bytes, &r.eager) // a CP × TP rank's embedding is vocab-parallel
 	}
 	nmask := 0
 	if sample {

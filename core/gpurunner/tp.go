@@ -161,11 +161,12 @@ func NewDenseTP(cfg *DenseConfig, w *DenseWeights, ordinals []int, opts Options)
 // run one rank at a time (a checkpoint is read by one goroutine, and rank r's weights are
 // on its GPU before rank r+1's are read).
 func NewDenseTPShards(shard DenseShard, ordinals []int, opts Options) (*TP, *kvslab.Pool, error) {
-	return newDenseGroup(shard, ordinals, opts, false)
+	return newDenseGroup(shard, ordinals, opts, 1)
 }
 
-// newDenseGroup is NewDenseTPShards, or with cp NewDenseCP's group.
-func newDenseGroup(shard DenseShard, ordinals []int, opts Options, cp bool) (*TP, *kvslab.Pool, error) {
+// newDenseGroup is NewDenseTPShards, or with cp above 1 NewDenseCP's (cp the ranks') or
+// NewDenseCPTP's group.
+func newDenseGroup(shard DenseShard, ordinals []int, opts Options, cp int) (*TP, *kvslab.Pool, error) {
 	size := len(ordinals)
 	if size < 1 {
 		return nil, nil, errors.New("gpurunner: tensor parallelism over no GPU")

@@ -23,14 +23,19 @@ import (
 // control communicator across processes: dist.JoinShm or dist.JoinTCP); the step is the
 // same Runner.Execute either way.
 type TPRank struct {
-	r        *Runner
-	ctl      dist.Communicator
-	rank     int
-	size     int
-	comm     *cudart.Comm
-	dog      *Watchdog     // bounds each step once comm is joined (nil before, and for a group of one)
-	timeout  time.Duration // Options.Watchdog
-	cp       bool          // a rank of context parallelism (cp.go), not of tensor parallelism
+	r       *Runner
+	ctl     dist.Communicator
+	rank    int
+	size    int
+	comm    *cudart.Comm
+	dog     *Watchdog     // bounds each step once comm is joined (nil before, and for a group of one)
+	timeout time.Duration // Options.Watchdog
+	cp      bool          // a rank of context parallelism (cp.go), not of tensor parallelism alone
+	// cpSize is the cp group's size: the world's under CP alone (comm is the cp group's),
+	// or under CP × TP (NewDenseCPTP) size/cpSize TP groups, comm the rank's TP group's
+	// and cpComm its cp group's (0 and nil otherwise).
+	cpSize   int
+	cpComm   *cudart.Comm
 	partial  cudart.Buffer // the float32 partial o and down products, summed in place
 	gathered cudart.Buffer // the group's head outputs (tpRank)
 	msg      []byte
@@ -80,7 +85,10 @@ var (
 // every rank's pool takes (so rank 0's page ids address their caches alike), or why rank
 // 0 failed (the others then return at once rather than wait for it).
 type tpHello struct {
-	ID         []byte `json:",omitempty"`
+	ID []byte `json:",omitempty"`
+	// IDs are CP × TP's: the TP groups' (one per cp rank), then the cp groups' (one per
+	// tp rank).
+	IDs        [][]byte `json:",omitempty"`
 	CacheBytes int64
 	Slabs      int
 	SlabBytes  int64
@@ -101,17 +109,25 @@ func JoinDenseTP(shard DenseShard, ctl dist.Communicator, opts Options) (*TPRank
 // joinDenseTP is JoinDenseTP with the shard's reading and upload run through serial (an
 // in-process group runs them one rank at a time).
 func joinDenseTP(shard DenseShard, ctl dist.Communicator, opts Options, serial func(func() error) error) (*TPRank, *kvslab.Pool, error) {
-	return joinDense(shard, ctl, opts, serial, false)
+	return joinDense(shard, ctl, opts, serial, 1)
 }
 
-// joinDense is joinDenseTP, or with cp the same rank of a context-parallel group
-// (NewDenseCP: shard gives every rank the whole model).
-func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial func(func() error) error, cp bool) (*TPRank, *kvslab.Pool, error) {
+// joinDense is joinDenseTP, or with cp above 1 the same rank of a context-parallel group:
+// NewDenseCP's when cp is ctl's size (shard gives every rank the whole model), else
+// NewDenseCPTP's, whose ctl.Size()/cp TP groups each take shard's parts.
+func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial func(func() error) error, cp int) (*TPRank, *kvslab.Pool, error) {
 	rank, size := ctl.Rank(), ctl.Size()
-	g := &TPRank{ctl: ctl, rank: rank, size: size, cp: cp, timeout: opts.Watchdog}
+	if cp < 1 || size%cp != 0 {
+		return nil, nil, fmt.Errorf("gpurunner: cp=%d over %d ranks", cp, size)
+	}
+	g := &TPRank{ctl: ctl, rank: rank, size: size, cp: cp > 1, timeout: opts.Watchdog}
+	tpSize := size / cp
+	if cp > 1 {
+		g.cpSize = cp
+	}
 	var pool *kvslab.Pool
 	open := func() error {
-		sc, sw, err := shard(rank, size)
+		sc, sw, err := shard(rank%tpSize, tpSize)
 		if err != nil {
 			return err
 		}
@@ -128,17 +144,28 @@ func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial fun
 	}
 	var hello tpHello
 	var id cudart.NCCLUniqueID
+	var ids [][]byte // CP × TP's
 	if rank == 0 {
 		err := serial(open)
 		if err == nil && size > 1 {
 			id, err = cudart.NewNCCLUniqueID()
+		}
+		if g.cpComms() {
+			for range cp + tpSize {
+				if err != nil {
+					break
+				}
+				var more cudart.NCCLUniqueID
+				more, err = cudart.NewNCCLUniqueID()
+				ids = append(ids, more.Internal[:])
+			}
 		}
 		if err != nil {
 			hello.Err = err.Error()
 		} else {
 			// The others' caches take rank 0's bytes, not what their GPU has left (two
 			// ranks on one GPU see different free memory).
-			hello = tpHello{ID: id.Internal[:], CacheBytes: int64(pool.Slabs()) * pool.SlabBytes(), Slabs: pool.Slabs(), SlabBytes: pool.SlabBytes()}
+			hello = tpHello{ID: id.Internal[:], IDs: ids, CacheBytes: int64(pool.Slabs()) * pool.SlabBytes(), Slabs: pool.Slabs(), SlabBytes: pool.SlabBytes()}
 		}
 		if size > 1 {
 			b, _ := json.Marshal(hello)
@@ -164,6 +191,17 @@ func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial fun
 			return fail(fmt.Errorf("rank 0 sent a %d-byte NCCL id", len(hello.ID)))
 		}
 		copy(id.Internal[:], hello.ID)
+		if g.cpComms() {
+			if len(hello.IDs) != cp+tpSize {
+				return fail(fmt.Errorf("rank 0 sent %d NCCL ids for cp=%d tp=%d", len(hello.IDs), cp, tpSize))
+			}
+			for _, b := range hello.IDs {
+				if len(b) != len(id.Internal) {
+					return fail(fmt.Errorf("rank 0 sent a %d-byte NCCL id", len(b)))
+				}
+			}
+			ids = hello.IDs
+		}
 		opts.CacheBytes = hello.CacheBytes
 		err = serial(open)
 		if err == nil && (pool.Slabs() != hello.Slabs || pool.SlabBytes() != hello.SlabBytes) {
@@ -181,45 +219,74 @@ func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial fun
 	if err := g.report(nil); err != nil {
 		return fail(err)
 	}
-	if err := g.join(id); err != nil {
+	if err := g.join(id, ids); err != nil {
 		g.Close()
 		return nil, nil, fmt.Errorf("gpurunner: %s rank %d of %d: %w", g.kind(), rank, size, err)
 	}
 	return g, pool, nil
 }
 
-// kind names the rank's group in messages: "tp", or "cp" for context parallelism.
+// kind names the rank's group in messages: "tp", "cp" for context parallelism, or
+// "cp×tp" for both.
 func (g *TPRank) kind() string {
-	if g.cp {
+	switch {
+	case g.cpComms():
+		return "cp×tp"
+	case g.cp:
 		return "cp"
 	}
 	return "tp"
 }
 
+// cpComms reports whether the rank is one of CP × TP, with a TP and a cp communicator.
+func (g *TPRank) cpComms() bool { return g.cp && g.cpSize < g.size }
+
 // report is reportOpened on the rank's control communicator.
 func (g *TPRank) report(mine error) error { return reportOpened(g.ctl, mine) }
 
 // join joins the NCCL communicator of id from the rank's device thread (blocking until
-// every rank has) and gives its model the all-reduce and all-gather buffers.
-func (g *TPRank) join(id cudart.NCCLUniqueID) error {
+// every rank has) and gives its model the all-reduce and all-gather buffers. A CP × TP
+// rank joins two instead, of ids (tpHello.IDs): its TP group's, then its cp group's
+// (every rank joins its TP group first, so no join waits on a rank in another).
+func (g *TPRank) join(id cudart.NCCLUniqueID, ids [][]byte) error {
 	rr := g.r
 	cfg := rr.model.Config
 	return rr.dev.Do(func(c *cudart.Ctx) error {
 		var err error
-		if g.comm, err = cudart.InitComm(c, id, g.size, g.rank); err != nil {
-			return fmt.Errorf("join the NCCL communicator: %w", err)
-		}
-		g.dog = NewWatchdog(g.comm, g.timeout, fmt.Sprintf("gpurunner: %s rank %d of %d", g.kind(), g.rank, g.size))
-		if g.cp {
-			return g.joinCP(c)
+		name := fmt.Sprintf("gpurunner: %s rank %d of %d", g.kind(), g.rank, g.size)
+		tpSize := g.size
+		if g.cpComms() {
+			tpSize = g.size / g.cpSize
+			var tpID, cpID cudart.NCCLUniqueID
+			copy(tpID.Internal[:], ids[g.rank/tpSize])
+			copy(cpID.Internal[:], ids[g.cpSize+g.rank%tpSize])
+			if g.comm, err = cudart.InitComm(c, tpID, tpSize, g.rank%tpSize); err != nil {
+				return fmt.Errorf("join the TP group's NCCL communicator: %w", err)
+			}
+			if g.cpComm, err = cudart.InitComm(c, cpID, g.cpSize, g.rank/tpSize); err != nil {
+				return fmt.Errorf("join the cp group's NCCL communicator: %w", err)
+			}
+			g.dog = NewWatchdog(g.comm, g.timeout, name)
+			g.dog.Also(g.cpComm)
+		} else {
+			if g.comm, err = cudart.InitComm(c, id, g.size, g.rank); err != nil {
+				return fmt.Errorf("join the NCCL communicator: %w", err)
+			}
+			g.dog = NewWatchdog(g.comm, g.timeout, name)
+			if g.cp {
+				return g.joinCP(c, g.comm, g.rank, g.size)
+			}
 		}
 		if g.partial, err = c.Alloc(int64(rr.limits.MaxTokens) * int64(cfg.Hidden) * 4); err != nil {
 			return fmt.Errorf("the partial products' buffer: %w", err)
 		}
-		if g.gathered, err = c.Alloc(int64(g.size) * int64(rr.limits.MaxRows) * int64(cfg.VocabRows()) * 4); err != nil {
+		if g.gathered, err = c.Alloc(int64(tpSize) * int64(rr.limits.MaxRows) * int64(cfg.VocabRows()) * 4); err != nil {
 			return fmt.Errorf("the gathered logits' buffer: %w", err)
 		}
 		rr.model.tp = &tpRank{comm: g.comm, partial: g.partial.Ptr, gathered: g.gathered.Ptr}
+		if g.cpComms() {
+			return g.joinCP(c, g.cpComm, g.rank/tpSize, g.cpSize)
+		}
 		return nil
 	})
 }
@@ -338,10 +405,13 @@ func (g *TPRank) Close() error {
 			if g.gathered.Size > 0 {
 				c.Free(g.gathered)
 			}
-			if g.comm != nil {
-				return g.comm.Destroy()
+			var errs []error
+			for _, comm := range []*cudart.Comm{g.cpComm, g.comm} {
+				if comm != nil {
+					errs = append(errs, comm.Destroy())
+				}
 			}
-			return nil
+			return errors.Join(errs...)
 		}))
 	}
 	errs = append(errs, g.r.Close())

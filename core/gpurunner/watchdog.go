@@ -30,6 +30,7 @@ const DefaultWatchdog = 5 * time.Minute
 // peer is on another node, or whose rank 0 died, does not wait for good either.
 type Watchdog struct {
 	comm    *cudart.Comm
+	also    []*cudart.Comm // the rank's other communicators (Also), aborted with comm
 	timeout time.Duration
 	name    string
 
@@ -104,10 +105,21 @@ func (w *Watchdog) Abort(why error) {
 	}
 	w.why = &AbortError{Why: why}
 	w.mu.Unlock()
-	if err := w.comm.Abort(); err != nil {
-		w.mu.Lock()
-		w.why = &AbortError{Why: fmt.Errorf("%w (and ncclCommAbort failed: %v)", why, err)}
-		w.mu.Unlock()
+	for _, c := range append([]*cudart.Comm{w.comm}, w.also...) {
+		if err := c.Abort(); err != nil {
+			w.mu.Lock()
+			w.why = &AbortError{Why: fmt.Errorf("%w (and ncclCommAbort failed: %v)", why, err)}
+			w.mu.Unlock()
+		}
+	}
+}
+
+// Also puts comm, another communicator of the rank's (a CP × TP rank's cp group beside
+// its tp group), under the watchdog: an abort aborts it too. Call it before the first
+// step.
+func (w *Watchdog) Also(comm *cudart.Comm) {
+	if w != nil && w.comm != nil && comm != nil {
+		w.also = append(w.also, comm)
 	}
 }
 
