@@ -31,7 +31,7 @@ type cpFlags struct {
 }
 
 func (c *cpFlags) register(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP, glm5flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike; with --tp M, over M-rank tensor-parallel groups (llama; on the GPU, ranks of this process only: gpurunner.NewDenseCPTP); with the MoE models on the GPU and --ep N (equal), over the ep ranks, each holding its experts alone")
+	cmd.Flags().IntVar(&c.size, "cp", 1, "with --model llama, deepseek-v4-flash or glm-5-flash on the CPU: prefill context parallelism over this many ranks of this process (core/dist/cp): a prompt's plans split in contiguous chunks, what each layer's attention reads of the other chunks (keys and values; the MoE models' latents, compressor and indexer inputs) all-gathered, rank 0 keeping the whole cache and decoding alone; on --device cuda|cuda-emu, GPU ranks (gpurunner.NewDenseCP, deepseekv4flash.NewGPUCP, glm5flash.NewGPUCP) each holding the model and a whole cache, what each layer's attention reads of the other chunks all-gathered over NCCL, every rank decoding alike; with --tp M, over M-rank tensor-parallel groups (llama; on the GPU gpurunner.NewDenseCPTP, each rank its TP shard); with the MoE models on the GPU and --ep N (equal), over the ep ranks, each holding its experts alone")
 	cmd.Flags().BoolVar(&c.procs, "cp-procs", false, "with --cp: run ranks 1..N-1 as worker processes of this binary (each loading the whole model) meeting rank 0 in shared memory (on the GPU: bound to their GPUs' NUMA nodes, the NCCL id handed over it; default: goroutines of this process)")
 }
 
@@ -52,8 +52,6 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--cp %d --tp %d --ep %d: CP over tensor-parallel groups runs with --ep 1 (on the GPU the MoE models' CP runs over --ep ranks, without --tp)", c.size, f.tp.size, f.tp.ep)
 	case f.tp.size > 1 && f.device.CUDA() && f.model != llama.Name:
 		return fmt.Errorf("--cp %d --tp %d on the GPU covers --model llama, not %s (its CP runs over --ep ranks)", c.size, f.tp.size, f.model)
-	case f.tp.size > 1 && f.device.CUDA() && (c.procs || f.tp.procs || f.tp.initAddr != ""):
-		return fmt.Errorf("--cp %d --tp %d on the GPU runs its ranks in this process so far (not --cp-procs, --tp-procs or --dist-init-addr; the CPU's runs them all three ways)", c.size, f.tp.size)
 	case f.tp.size > 1 && (c.procs || f.tp.procs) && f.tp.initAddr != "":
 		return fmt.Errorf("--cp %d --tp %d: worker processes and --dist-init-addr are exclusive: a node's ranks are goroutines of its process", c.size, f.tp.size)
 	case f.tp.procs && f.tp.size < 2:
@@ -106,7 +104,7 @@ func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			return openDenseGPUNode(shard, opts, &f.tp, gpurunner.JoinDenseCP, "cp")
 		}
 		if f.cp.procs {
-			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, true)
+			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, size)
 			if err != nil {
 				return nil, nil, fmt.Errorf("--cp %d --cp-procs on GPUs %v: %w", size, ordinals, err)
 			}
@@ -122,10 +120,12 @@ func (f *runtimeFlags) openCPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 }
 
 // openCPTPGPU opens llama's GPU runner with prefill CP over --cp TP groups of --tp ranks
-// each, every rank a goroutine of this process (gpurunner.NewDenseCPTP): rank w, tp rank
-// w%tp of cp rank w/tp, on GPU --gpu+w where the driver sees that many, else every rank
-// on --gpu (NCCL ≥ 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1), reading only its TP slices of
-// the checkpoint. With --device cuda-emu the emulator shows cp·tp GPUs unless
+// each (gpurunner.NewDenseCPTP): rank w, tp rank w%tp of cp rank w/tp, on GPU --gpu+w
+// where the driver sees that many, else every rank on --gpu (NCCL ≥ 2.30 with
+// NCCL_MULTI_RANK_GPU_ENABLE=1), reading only its TP slices of the checkpoint. The ranks
+// are goroutines of this process; with --cp-procs (or --tp-procs) ranks 1.. are worker
+// processes (gpurunner.JoinDenseCPTP over shared memory), and with --dist-init-addr they
+// split over the nodes. With --device cuda-emu the emulator shows cp·tp GPUs unless
 // RESIN_EMU_DEVICES says otherwise.
 func (f *runtimeFlags) openCPTPGPU(dir string) (engine.Runner, *kvslab.Pool, error) {
 	cpSize, tpSize := f.cp.size, f.tp.size
@@ -147,6 +147,16 @@ func (f *runtimeFlags) openCPTPGPU(dir string) (engine.Runner, *kvslab.Pool, err
 			return nil, nil, err
 		}
 		opts.CacheBytes = cacheBytes
+		if f.tp.initAddr != "" {
+			return openDenseGPUNode(shard, opts, &f.tp, denseJoiner(cpSize, tpSize), "cp")
+		}
+		if f.cp.procs || f.tp.procs {
+			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, cpSize)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s with worker processes on GPUs %v: %w", what, ordinals, err)
+			}
+			return g, pool, nil
+		}
 		g, pool, err := gpurunner.NewDenseCPTP(shard, ordinals, cpSize, opts)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s on GPUs %v: %w", what, ordinals, err)

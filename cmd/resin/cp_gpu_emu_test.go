@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,8 +38,10 @@ func TestGenerateCPOnTheEmulatedDevice(t *testing.T) {
 
 // TestGenerateCPTPOnTheEmulatedDevice: generate --device cuda-emu --cp 2 --tp 2 runs
 // llama's GPU runner with prefill CP over two TP groups (gpurunner.NewDenseCPTP; a
-// 7-token prompt split 4+3, and in plans of 4 tokens the second over cached keys) and
-// gives --tp 2's greedy tokens and --logits-out byte for byte.
+// 7-token prompt split 4+3, and in plans of 4 tokens the second over cached keys), with
+// ranks 1..3 worker processes (--cp-procs, --tp-procs: gpurunner.JoinDenseCPTP) and over
+// two nodes (a TP group each), and gives --tp 2's greedy tokens and --logits-out byte for
+// byte, leaving no worker process.
 func TestGenerateCPTPOnTheEmulatedDevice(t *testing.T) {
 	if emutest.Reexec(t, "RESIN_EMU_DEVICES=4") {
 		return
@@ -52,6 +55,15 @@ func TestGenerateCPTPOnTheEmulatedDevice(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", extra, err, errOut)
 		}
+		if slices.Contains(extra, "--cp") && !slices.Contains(extra, "--cp-procs") && !slices.Contains(extra, "--tp-procs") {
+			// Every rank says where it is (workers' lines go to the parent's stderr, which
+			// runGenerate does not hold).
+			for w := range 4 {
+				if want := fmt.Sprintf("gpu: cp×tp rank %d of 4: tp rank %d of 2, cp rank %d of 2", w, w%2, w/2); !strings.Contains(errOut, want) {
+					t.Errorf("%v: no %q in\n%s", extra, want, errOut)
+				}
+			}
+		}
 		b, err := os.ReadFile(out)
 		if err != nil {
 			t.Fatal(err)
@@ -59,7 +71,8 @@ func TestGenerateCPTPOnTheEmulatedDevice(t *testing.T) {
 		return tokensLine(stdout), b
 	}
 	tp, tpLogits := run("--tp", "2")
-	for _, extra := range [][]string{{"--cp", "2", "--tp", "2"}, {"--cp", "2", "--tp", "2", "--max-batch-tokens", "4"}} {
+	for _, extra := range [][]string{{"--cp", "2", "--tp", "2"}, {"--cp", "2", "--tp", "2", "--max-batch-tokens", "4"},
+		{"--cp", "2", "--tp", "2", "--cp-procs"}, {"--cp", "2", "--tp", "2", "--tp-procs", "--max-batch-tokens", "4"}} {
 		toks, logits := run(extra...)
 		if toks == "" || toks != tp {
 			t.Errorf("%v: %q, --tp 2 %q", extra, toks, tp)
@@ -67,6 +80,15 @@ func TestGenerateCPTPOnTheEmulatedDevice(t *testing.T) {
 		if len(tpLogits) == 0 || !bytes.Equal(logits, tpLogits) {
 			t.Errorf("%v: --logits-out differs from --tp 2's (%d and %d bytes)", extra, len(logits), len(tpLogits))
 		}
+	}
+	if pids := childWorkers(t); len(pids) > 0 {
+		t.Errorf("worker processes %v left after --cp-procs", pids)
+	}
+	args := []string{"--model", "llama", "--random-weights", filepath.Join("testdata", "tiny-llama", "config.json"),
+		"--prompt-ids", "1,2,3,4,5,6,7", "--max-tokens", "8", "--device", "cuda-emu"}
+	got, lg := generateOverTwoNodes(t, args, []string{"--cp", "2", "--tp", "2"})
+	if tokensLine(got) != tp || !bytes.Equal(lg, tpLogits) {
+		t.Errorf("--cp 2 --tp 2 over two GPU nodes: %q, --logits-out %d bytes; --tp 2 %q, %d bytes (equal: %v)", tokensLine(got), len(lg), tp, len(tpLogits), bytes.Equal(lg, tpLogits))
 	}
 }
 

@@ -55,7 +55,7 @@ func (f *runtimeFlags) openTPGPU(name, dir string) (engine.Runner, *kvslab.Pool,
 			return openTPGPUNode(shard, opts, &f.tp)
 		}
 		if f.tp.procs {
-			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, false)
+			g, pool, err := startGPUWorkers(shard, dir, ordinals, opts, f.device.Device == cli.DeviceCUDAEmu, 0)
 			if err != nil {
 				return nil, nil, fmt.Errorf("--tp %d --tp-procs on GPUs %v: %w", size, ordinals, err)
 			}
@@ -135,17 +135,20 @@ func (g *tpGPUWorkers) Health() error { return g.w.Err() }
 // (gpurunner.JoinDenseTP). A worker that exits before the group has formed ends the
 // wait; on any failure every child is killed and reaped. With cp the group is llama's GPU
 // prefill context parallelism (gpurunner.JoinDenseCP: every rank the whole model).
-func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opts gpurunner.Options, emulate, cp bool) (*tpGPUWorkers, *kvslab.Pool, error) {
+func startGPUWorkers(shard gpurunner.DenseShard, dir string, ordinals []int, opts gpurunner.Options, emulate bool, cp int) (*tpGPUWorkers, *kvslab.Pool, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, nil, err
 	}
 	size := len(ordinals)
 	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-gpu", os.Getpid()), Size: size, Dir: dir}
-	join := gpurunner.JoinDenseTP
-	if cp {
-		spec.CP, join = size, gpurunner.JoinDenseCP
+	if cp > 1 {
+		spec.CP = cp
+		if cp < size {
+			spec.TP = size / cp
+		}
 	}
+	join := denseJoiner(spec.CP, spec.TP)
 	w, err := launchGPUWorkers(exe, spec, ordinals, opts, emulate)
 	if err != nil {
 		return nil, nil, err
@@ -398,6 +401,20 @@ func (g *tpGPUNode) StopRanks() error {
 	return errors.Join(err, g.wait(), g.TPRank.Close())
 }
 
+// denseJoiner is how a rank of llama's GPU group joins it: TP's (cp ≤ 1), prefill CP's
+// (tp ≤ 1: every rank the whole model) or CP × TP's, cp groups of tp ranks.
+func denseJoiner(cp, tp int) func(gpurunner.DenseShard, dist.Communicator, gpurunner.Options) (*gpurunner.TPRank, *kvslab.Pool, error) {
+	switch {
+	case cp > 1 && tp > 1:
+		return func(shard gpurunner.DenseShard, ctl dist.Communicator, opts gpurunner.Options) (*gpurunner.TPRank, *kvslab.Pool, error) {
+			return gpurunner.JoinDenseCPTP(shard, ctl, cp, opts)
+		}
+	case cp > 1:
+		return gpurunner.JoinDenseCP
+	}
+	return gpurunner.JoinDenseTP
+}
+
 // runGPUTPWorker is a --tp-procs worker of llama's GPU TP (or, spec.CP set, a --cp-procs
 // worker of its GPU prefill CP): it opens its rank's part of the model (under CP the
 // whole model) on its GPU, joins rank 0 (the NCCL id comes over the control
@@ -409,10 +426,14 @@ func runGPUTPWorker(spec tpWorkerSpec) error {
 			return fmt.Errorf("rank %d: --device cuda-emu: %w", spec.Rank, err)
 		}
 	}
-	parts, join := spec.Size, gpurunner.JoinDenseTP
-	if spec.CP > 1 {
-		parts, join = 1, gpurunner.JoinDenseCP
+	parts := spec.Size // TP's
+	switch {
+	case spec.CP > 1 && spec.TP > 1:
+		parts = spec.TP
+	case spec.CP > 1:
+		parts = 1
 	}
+	join := denseJoiner(spec.CP, spec.TP)
 	shard, done, err := llamaGPUShard(spec.Dir, parts)
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", spec.Rank, err)

@@ -86,6 +86,17 @@ func NewDenseCPTP(shard DenseShard, ordinals []int, cp int, opts Options) (*TP, 
 	return newDenseGroup(shard, ordinals, opts, cp)
 }
 
+// JoinDenseCPTP is one rank of NewDenseCPTP's group for a rank that is its own process
+// (or node), as JoinDenseTP's is of TP's: ctl's ctl.Size() = cp·tp ranks each join with
+// their TP part of shard and, at the rendezvous, rank 0's cache bytes and the N + M NCCL
+// ids. The pool is for engine.Config.Pool on rank 0.
+func JoinDenseCPTP(shard DenseShard, ctl dist.Communicator, cp int, opts Options) (*TPRank, *kvslab.Pool, error) {
+	if cp < 2 || ctl.Size()%cp != 0 || ctl.Size() < 2*cp {
+		return nil, nil, fmt.Errorf("gpurunner: CP × TP of cp=%d over %d ranks: want cp ≥ 2 TP groups of 2 or more ranks each", cp, ctl.Size())
+	}
+	return joinDense(shard, ctl, opts, func(fn func() error) error { return fn() }, cp)
+}
+
 // JoinDenseCP is JoinDenseTP's one rank of NewDenseCP's group, for a rank that is its own
 // process (or node): ctl's ranks each join with the whole model from shard (shard(0, 1))
 // and, at the rendezvous, rank 0's cache bytes and NCCL id; a failure anywhere fails every

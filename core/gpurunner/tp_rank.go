@@ -223,6 +223,12 @@ func joinDense(shard DenseShard, ctl dist.Communicator, opts Options, serial fun
 		g.Close()
 		return nil, nil, fmt.Errorf("gpurunner: %s rank %d of %d: %w", g.kind(), rank, size, err)
 	}
+	// Each rank's place, as vLLM logs it ("rank 1 in world size 4 is assigned as ...").
+	place := ""
+	if g.cpComms() {
+		place = fmt.Sprintf(": tp rank %d of %d, cp rank %d of %d", rank%tpSize, tpSize, rank/tpSize, cp)
+	}
+	fmt.Fprintf(g.r.log, "gpu: %s rank %d of %d%s, on GPU %d\n", g.kind(), rank, size, place, opts.Ordinal)
 	return g, pool, nil
 }
 
