@@ -37,7 +37,7 @@ type dpFlags struct {
 func (d *dpFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.IntVar(&d.size, "dp", 1, "with --model: data parallelism over this many ranks of this process, each an engine with its own copy of the model (on the CPU its own in-process --tp/--ep group when given) and its own cache pool of --cache-bytes; requests go to the rank with the fewest waiting, then running, requests (with --device cuda|cuda-emu only with --dp-attention)")
-	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory; on --device cuda|cuda-emu each on its GPU, bound to its NUMA node, the experts' rows exchanged over NCCL (default: ranks of this process)")
+	fl.BoolVar(&d.procs, "dp-procs", false, "with --dp N --dp-attention, deepseek-v4-flash or glm-5-flash: run dp ranks 1..N-1 as worker processes of this binary (each its attention, its experts and its cache; their engines and the coordinator stay in this process), meeting rank 0 in shared memory (with --tp T, every rank but this one's first: N·T processes); on --device cuda|cuda-emu each on its GPU, bound to its NUMA node, the experts' rows exchanged over NCCL (default: ranks of this process)")
 	d.stepTimeoutSet = func() bool { return fl.Changed("step-timeout") }
 	fl.DurationVar(&d.stepTimeout, "step-timeout", 5*time.Minute, "with --dp-procs, or --dp-attention across nodes: how long rank 0 waits for a worker's answer to one step before failing it naming the worker's rank (a worker alive but stuck; vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS); each expert exchange waits up to a minute on its own")
 	fl.BoolVar(&d.attention, "dp-attention", false, "with --dp: the ranks step together (each step they exchange token counts, a rank without work runs an idle plan), as DP-attention with expert parallelism needs; --model llama, or deepseek-v4-flash and glm-5-flash with their experts split over the dp ranks (--ep-dispatch picks their exchange); with --device cuda|cuda-emu those two, a GPU per dp rank (--gpu+r)")
@@ -64,9 +64,10 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d is not combined with --tp-procs: --dp-procs runs its ranks as worker processes", d.size)
 	case f.tp.initAddr != "" && (!d.attention || d.procs):
 		return fmt.Errorf("--dp %d with --dist-init-addr runs --dp-attention's ranks across nodes (without --dp-procs: a node's ranks are goroutines of its process); replicas do not span nodes", d.size)
-	case d.attention && f.tp.size > 1 && f.tp.ep == 1 && !f.device.CUDA() && !d.procs && f.tp.initAddr == "":
+	case d.attention && f.tp.size > 1 && f.tp.ep == 1 && !f.device.CUDA() && f.tp.initAddr == "":
 		// Attention TP within each dp rank (openDPAttentionMoE): --dp N --tp T runs N·T
-		// ranks of this process, SGLang's --tp N·T --dp N --enable-dp-attention.
+		// ranks of this process (or, with --dp-procs, N·T processes), SGLang's --tp N·T
+		// --dp N --enable-dp-attention.
 	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
 		if f.device.CUDA() {
 			return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks)", d.size)
@@ -74,7 +75,7 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		if f.tp.size == 1 {
 			return fmt.Errorf("--dp %d --dp-attention --ep %d: DP-attention's experts are already split over its dp ranks (the ep group is the dp group), so --ep is not given with it", d.size, f.tp.ep)
 		}
-		return fmt.Errorf("--dp %d --dp-attention --tp %d --ep %d: attention TP within the dp ranks runs on the CPU, in this process (not with --dp-procs or --dist-init-addr), and --ep is the whole world's already (the routed experts split over every rank); --dp N --tp T without --dp-attention runs replicas of the in-process TP group", d.size, f.tp.size, f.tp.ep)
+		return fmt.Errorf("--dp %d --dp-attention --tp %d --ep %d: attention TP within the dp ranks runs on the CPU, in this process or with --dp-procs (not across nodes), and --ep is the whole world's already (the routed experts split over every rank); --dp N --tp T without --dp-attention runs replicas of the in-process TP group", d.size, f.tp.size, f.tp.ep)
 	case f.device.CUDA() && !d.attention:
 		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention only so far (replicas on GPUs are not wired)", d.size)
 	}
@@ -142,7 +143,7 @@ func (f *runtimeFlags) openDP(m models.Model, dir string) (engine.Runner, *kvsla
 		if f.device.CUDA() {
 			return f.openDPProcsGPU(m.Name, dir) // dp_moe.go
 		}
-		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n, f.specTokens, f.dp.stepTimeout, nil) // dp_procs.go
+		return openDPProcs(m.Name, dir, f.cacheBytes, f.tp.dispatch, n, f.tp.size, f.specTokens, f.dp.stepTimeout, nil) // dp_procs.go
 	}
 	ctl, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
 	if err != nil {

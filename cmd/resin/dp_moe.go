@@ -230,7 +230,7 @@ func (f *runtimeFlags) openDPProcsGPU(name, dir string) (engine.Runner, *kvslab.
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		return openDPProcs(name, dir, cacheBytes, f.tp.dispatch, n, f.specTokens, f.dp.stepTimeout, &dpGPUProcs{opts: opts, ordinals: ordinals, emulate: f.device.Device == cli.DeviceCUDAEmu})
+		return openDPProcs(name, dir, cacheBytes, f.tp.dispatch, n, 1, f.specTokens, f.dp.stepTimeout, &dpGPUProcs{opts: opts, ordinals: ordinals, emulate: f.device.Device == cli.DeviceCUDAEmu})
 	})
 }
 

@@ -14,7 +14,8 @@ import (
 // engine's. With --dp-procs, rank 1 is a worker process (its attention, its experts and
 // its cache there, its engine here) whose idle plans cross shared memory. With --tp 2
 // each dp rank is two ranks splitting its attention (4 ranks, the experts over all of
-// them), by either exchange. Not bit for bit: glm-5-flash adds its routed sum to the shared experts' output
+// them), by either exchange, in this process or as four processes (--dp-procs: each
+// plan of a dp rank sent to both its processes, dp.RemoteTPRanks). Not bit for bit: glm-5-flash adds its routed sum to the shared experts' output
 // in another order, and one loaded full-suite run of deepseek-v4-flash also differed in
 // the last bits (not reproduced in 8 runs since, -race included).
 func TestGenerateDPAttentionMoE(t *testing.T) {
@@ -26,7 +27,8 @@ func TestGenerateDPAttentionMoE(t *testing.T) {
 		var wantShape []int
 		for i, extra := range [][]string{nil, {"--dp", "2", "--dp-attention"}, {"--dp", "2", "--dp-attention", "--ep-dispatch", "all-to-all"},
 			{"--dp", "2", "--dp-attention", "--dp-procs"}, {"--dp", "2", "--dp-attention", "--dp-procs", "--ep-dispatch", "all-to-all"},
-			{"--dp", "2", "--dp-attention", "--tp", "2"}, {"--dp", "2", "--dp-attention", "--tp", "2", "--ep-dispatch", "all-to-all"}} {
+			{"--dp", "2", "--dp-attention", "--tp", "2"}, {"--dp", "2", "--dp-attention", "--tp", "2", "--ep-dispatch", "all-to-all"},
+			{"--dp", "2", "--dp-attention", "--tp", "2", "--dp-procs"}, {"--dp", "2", "--dp-attention", "--tp", "2", "--dp-procs", "--ep-dispatch", "all-to-all"}} {
 			path := filepath.Join(t.TempDir(), "l.safetensors")
 			got, errOut, err := runGenerate(t, append(append(extra, "--logits-out", path), args...)...)
 			if err != nil {
@@ -87,7 +89,9 @@ func TestGenerateDPAttentionMTP(t *testing.T) {
 		{[]string{"--model", "llama", "--random-weights", "testdata/tiny-llama/config.json", "--prompt-ids", "1,2",
 			"--dp", "2", "--dp-attention", "--tp", "2"}, "covers deepseek-v4-flash and glm-5-flash, not llama"},
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
-			"--dp", "2", "--dp-attention", "--tp", "2", "--dp-procs"}, "attention TP within the dp ranks runs on the CPU, in this process"},
+			"--dp", "2", "--dp-attention", "--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "127.0.0.1:1"}, "in this process or with --dp-procs (not across nodes)"},
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
+			"--dp", "2", "--dp-attention", "--tp", "2", "--dp-procs", "--num-speculative-tokens", "1"}, "does not draft yet"},
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",
 			"--dp", "2", "--dp-attention", "--tp", "2", "--ep", "2"}, "attention TP within the dp ranks runs on the CPU"},
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json", "--prompt-ids", "1,2",

@@ -34,6 +34,7 @@ import (
 // groups and its pool.
 type dpRank struct {
 	forward     dp.Forward
+	check       func(*engine.BatchPlan, []float32) error // the model's CheckPlan (the CPU's; nil on the GPU)
 	draft       dp.Draft
 	info        engine.RunnerInfo
 	cacheGroups int
@@ -76,25 +77,26 @@ type dpGPUProcs struct {
 
 // openDPRank opens dp rank comm.Rank() of comm.Size() of MoE model name from dir, its
 // expert exchange d, with a pool of cacheBytes, drafting drafts tokens a step with the
-// model's MTP head (0: none).
-func openDPRank(name, dir string, cacheBytes int64, d, drafts int, comm dist.Communicator) (dpRank, error) {
+// model's MTP head (0: none). With tp above 1 comm's ranks are dp ranks of tp ranks each
+// (attention TP), comm.Rank() tp rank comm.Rank()%tp of dp rank comm.Rank()/tp.
+func openDPRank(name, dir string, cacheBytes int64, d, drafts, tp int, comm dist.Communicator) (dpRank, error) {
 	switch name {
 	case deepseekv4flash.Name:
-		run, pool, err := deepseekv4flash.OpenDPRank(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), comm, cacheBytes)
+		run, pool, err := deepseekv4flash.OpenDPTPRank(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), tp, comm, cacheBytes)
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{forward: run.DPForward, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
+		r := dpRank{forward: run.DPForward, check: run.CheckPlan, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
 		return r, nil
 	case glm5flash.Name:
-		run, pool, err := glm5flash.OpenDPRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), comm)
+		run, pool, err := glm5flash.OpenDPTPRank(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), tp, comm)
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{forward: run.DPForward, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
+		r := dpRank{forward: run.DPForward, check: run.CheckPlan, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -116,18 +118,28 @@ func dpJoinOptions(cancel <-chan struct{}, step time.Duration) dist.Options {
 // runner (whose StopRanks stops and reaps the workers) and pool, and the other ranks'
 // runners and ledger pools under one dp.Group. A dead worker's rank, pid and signal go
 // on the error of every step it failed. With gpu, each rank is a GPU runner on its GPU
-// (openGPUDPRank), the workers started bound to their GPUs' NUMA nodes.
-func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts int, stepTimeout time.Duration, gpu *dpGPUProcs) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+// (openGPUDPRank), the workers started bound to their GPUs' NUMA nodes. With tp above 1
+// (attention TP, the CPU's) there are n·tp processes, process w tp rank w%tp of dp rank
+// w/tp (this one dp rank 0's first), each plan of a dp rank sent to its tp processes at
+// once (dp.RemoteTPRanks).
+func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, tp, drafts int, stepTimeout time.Duration, gpu *dpGPUProcs) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	tp = max(tp, 1)
 	what := fmt.Sprintf("--dp %d --dp-attention --dp-procs", n)
+	if tp > 1 {
+		what = fmt.Sprintf("--dp %d --dp-attention --tp %d --dp-procs", n, tp)
+	}
 	d, err := dispatchOf(dispatch)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	// Refused here once, before any worker starts (each would refuse it again).
-	if err := checkMoELayout(name, dir, 1, n, d); err != nil {
+	if err := checkMoELayout(name, dir, tp, n*tp, d); err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-dp", os.Getpid()), Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: drafts}
+	if tp > 1 && drafts > 0 {
+		return nil, nil, nil, fmt.Errorf("%s --num-speculative-tokens %d: DP-attention with attention TP does not draft yet", what, drafts)
+	}
+	spec := tpWorkerSpec{Name: fmt.Sprintf("resin%d-dp", os.Getpid()), Size: n * tp, TP: tp, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: drafts}
 	var w *launch.Workers
 	if gpu != nil {
 		exe, xerr := os.Executable()
@@ -141,13 +153,13 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	ctl, data, hello, err := dp.JoinShm(spec.Name, 0, n, dpJoinOptions(w.Exited(), stepTimeout))
+	ctl, data, hello, err := dp.JoinShm(spec.Name, 0, n*tp, dpJoinOptions(w.Exited(), stepTimeout))
 	if err != nil {
 		err = workerError(w, err)
 		w.Kill()
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return leadDP(what, name, dir, cacheBytes, d, drafts, ctl, data, hello, gpu, w, nil)
+	return leadDP(what, name, dir, cacheBytes, d, drafts, tp, ctl, data, hello, gpu, w, nil)
 }
 
 // leadDP is dp rank 0 of a group whose other ranks are processes (workers w, or ranks on
@@ -155,9 +167,11 @@ func openDPProcs(name, dir string, cacheBytes int64, dispatch string, n, drafts 
 // ended): it opens rank 0 on data (on gpu's first GPU where gpu is set), waits for every
 // rank to have loaded, and returns rank 0's runner (whose StopRanks stops the others
 // through ctl, reaps w and waits) and pool, and the other ranks' runners and ledger
-// pools under one dp.Group.
-func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.Communicator, data, hello dist.Communicator, gpu *dpGPUProcs, w *launch.Workers, wait func() error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
-	n := len(ctl)
+// pools under one dp.Group. With tp above 1 ctl's processes are dp ranks of tp each
+// (attention TP: dp.RemoteTPRanks).
+func leadDP(what, name, dir string, cacheBytes int64, d, drafts, tp int, ctl []dist.Communicator, data, hello dist.Communicator, gpu *dpGPUProcs, w *launch.Workers, wait func() error) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+	tp = max(tp, 1)
+	n := len(ctl) / tp
 	var r0 dpRank
 	var err error
 	watch := func() {} // abortOnExit's, once rank 0 has opened on a GPU
@@ -185,7 +199,7 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 		opts.Ordinal = gpu.ordinals[0]
 		r0, err = openGPUDPRank(name, dir, cacheBytes, opts, d, drafts, hello, data)
 	} else {
-		r0, err = openDPRank(name, dir, cacheBytes, d, drafts, data)
+		r0, err = openDPRank(name, dir, cacheBytes, d, drafts, tp, data)
 	}
 	if err == nil {
 		// Every rank has read dir (which the caller may remove once this returns).
@@ -199,7 +213,7 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts int, ctl []dist.
 	if r0.abort != nil && w != nil {
 		watch = abortOnExit(w, r0.abort)
 	}
-	ranks, err := dp.RemoteRanks(r0.forward, ctl, r0.cacheGroups, dist.Options{Timeout: time.Minute})
+	ranks, err := dp.RemoteTPRanks(closeOnFailure(r0.forward, data), r0.check, ctl, tp, r0.cacheGroups, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return fail(err)
 	}
@@ -296,7 +310,7 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
 		}
-		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, ctl, data, hello, gpu, nil, wait)
+		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, 1, ctl, data, hello, gpu, nil, wait)
 	}
 	if !f.device.CUDA() {
 		return open(f.cacheBytes, nil)
@@ -362,7 +376,7 @@ func serveDPRank(spec tpWorkerSpec, ctl, data, hello dist.Communicator, opts *gp
 	if opts != nil {
 		r, err = openGPUDPRank(spec.Model, spec.Dir, spec.CacheBytes, *opts, spec.Dispatch, spec.Drafts, hello, data)
 	} else {
-		r, err = openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, data)
+		r, err = openDPRank(spec.Model, spec.Dir, spec.CacheBytes, spec.Dispatch, spec.Drafts, spec.TP, data)
 	}
 	if err != nil {
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
@@ -373,5 +387,21 @@ func serveDPRank(spec tpWorkerSpec, ctl, data, hello dist.Communicator, opts *gp
 	if err := hello.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
 	}
-	return dp.ServeRank(ctl, r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(r.forward))), r.draft)
+	return dp.ServeRank(ctl, r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(closeOnFailure(r.forward, data)))), r.draft)
+}
+
+// closeOnFailure is forward, which closes the rank's data communicator when it fails: a
+// step that failed mid-way leaves the group done (rank 0 stops it), and the peers that
+// wait for this rank in an exchange then fail at once ("peer gone") instead of at the
+// exchange's deadline, which kept the stop waiting. A CPU rank's MoE exchanges run on
+// data itself (the ep group is the world); a GPU rank's, on NCCL, are aborted by its
+// watchdog instead.
+func closeOnFailure(forward dp.Forward, data dist.Communicator) dp.Forward {
+	return func(p *engine.BatchPlan, logits []float32) error {
+		err := forward(p, logits)
+		if err != nil {
+			data.Close()
+		}
+		return err
+	}
 }

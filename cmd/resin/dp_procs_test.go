@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +26,12 @@ import (
 // signal (launch's exit on the dp group's error), within the test's deadline, and rank
 // 0's Health (serve's /health) reports it before that request; stopping
 // the ranks then returns and leaves no worker process behind.
-func TestDPProcsWorkerKilled(t *testing.T) { checkDPProcsWorkerKilled(t, "", nil) }
+func TestDPProcsWorkerKilled(t *testing.T) { checkDPProcsWorkerKilled(t, "", 1, nil) }
+
+// TestDPTPProcsWorkerKilled is TestDPProcsWorkerKilled under --dp 2 --dp-attention --tp 2
+// --dp-procs (three workers, dp.RemoteTPRanks): the worker killed is rank 1, dp rank 0's
+// second tp rank, with whose attention all-reduces rank 0's own forward meets.
+func TestDPTPProcsWorkerKilled(t *testing.T) { checkDPProcsWorkerKilled(t, "", 2, nil) }
 
 // TestGPUDPProcsWorkerKilled is TestDPProcsWorkerKilled on two emulated GPUs (--device
 // cuda-emu --dp 2 --dp-attention --dp-procs: rank 1's worker process on GPU 1, the
@@ -38,7 +44,7 @@ func TestGPUDPProcsWorkerKilled(t *testing.T) {
 	}
 	for _, dispatch := range []string{"gather", "all-to-all"} {
 		t.Run(dispatch, func(t *testing.T) {
-			checkDPProcsWorkerKilled(t, dispatch, &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}, ordinals: []int{0, 1}, emulate: true})
+			checkDPProcsWorkerKilled(t, dispatch, 1, &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE")}, ordinals: []int{0, 1}, emulate: true})
 		})
 	}
 	// The emulated NCCL's message files to or from the killed worker went with the
@@ -49,9 +55,9 @@ func TestGPUDPProcsWorkerKilled(t *testing.T) {
 }
 
 // checkDPProcsWorkerKilled is TestDPProcsWorkerKilled's run by exchange dispatch ("":
-// the default), its ranks on gpu's GPUs where gpu is not nil.
-func checkDPProcsWorkerKilled(t *testing.T, dispatch string, gpu *dpGPUProcs) {
-	r0, c, pids, stop := startDPProcs(t, dispatch, gpu)
+// the default), with attention TP tp, its ranks on gpu's GPUs where gpu is not nil.
+func checkDPProcsWorkerKilled(t *testing.T, dispatch string, tp int, gpu *dpGPUProcs) {
+	r0, c, pids, stop := startDPProcs(t, dispatch, tp, gpu)
 	defer stop()
 	// Health (serve's /health) reports the dead worker before any request steps: it said
 	// ok until the next request's step failed.
@@ -94,12 +100,13 @@ func checkDPProcsWorkerKilled(t *testing.T, dispatch string, gpu *dpGPUProcs) {
 }
 
 // startDPProcs opens the tiny glm-5-flash under --dp 2 --dp-attention --dp-procs by
-// exchange dispatch (on gpu's GPUs where gpu is not nil) and starts a coordinator over
-// the two engines. It returns rank 0's runner, the coordinator, the worker's pid and what
-// stops the ranks (once; the test's cleanup calls it too).
-func startDPProcs(t *testing.T, dispatch string, gpu *dpGPUProcs) (engine.Runner, *dp.Coordinator, []int, func()) {
+// exchange dispatch, with attention TP tp (on gpu's GPUs where gpu is not nil), and
+// starts a coordinator over the two engines. It returns rank 0's runner, the coordinator,
+// the workers' pids (worker rank 1's first) and what stops the ranks (once; the test's
+// cleanup calls it too).
+func startDPProcs(t *testing.T, dispatch string, tp int, gpu *dpGPUProcs) (engine.Runner, *dp.Coordinator, []int, func()) {
 	t.Helper()
-	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, configDir(t, "../../models/glm-5-flash/config.json"), 32<<20, dispatch, 2, 0, 5*time.Minute, gpu)
+	r0, pool0, ranks, err := openDPProcs(glm5flash.Name, configDir(t, "../../models/glm-5-flash/config.json"), 32<<20, dispatch, 2, tp, 0, 5*time.Minute, gpu)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,9 +114,10 @@ func startDPProcs(t *testing.T, dispatch string, gpu *dpGPUProcs) (engine.Runner
 	stop := func() { once.Do(func() { r0.(*tpRunner).StopRanks() }) }
 	t.Cleanup(stop)
 	pids := childWorkers(t)
-	if len(pids) != 1 {
-		t.Fatalf("worker processes %v, want one", pids)
+	if len(pids) != 2*tp-1 {
+		t.Fatalf("worker processes %v, want %d", pids, 2*tp-1)
 	}
+	slices.SortFunc(pids, func(a, b int) int { return workerRank(a) - workerRank(b) })
 	runners := append([]engine.Runner{r0}, ranks.Runners...)
 	pools := append([]*kvslab.Pool{pool0}, ranks.Pools...)
 	engines := make([]*engine.Engine, len(runners))
@@ -139,7 +147,7 @@ func TestGPUDPProcsWorkerHangs(t *testing.T) {
 	mark := filepath.Join(t.TempDir(), "stalled")
 	t.Setenv("RESIN_EMU_NCCL_STALL_MARK", mark) // the worker's environment
 	gpu := &dpGPUProcs{opts: gpurunner.Options{KernelCache: os.Getenv("RESIN_KERNEL_CACHE"), Watchdog: 10 * time.Minute}, ordinals: []int{0, 1}, emulate: true}
-	_, c, pids, stop := startDPProcs(t, "gather", gpu)
+	_, c, pids, stop := startDPProcs(t, "gather", 1, gpu)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	s, err := c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}})

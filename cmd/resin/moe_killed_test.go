@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -46,6 +47,20 @@ func childWorkers(t *testing.T) []int {
 		}
 	}
 	return pids
+}
+
+// workerRank is the rank in worker process pid's RESIN_TP_WORKER spec (-1: none read).
+func workerRank(pid int) int {
+	env, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	for _, kv := range strings.Split(string(env), "\x00") {
+		if raw, ok := strings.CutPrefix(kv, "RESIN_TP_WORKER="); ok {
+			var spec tpWorkerSpec
+			if json.Unmarshal([]byte(raw), &spec) == nil {
+				return spec.Rank
+			}
+		}
+	}
+	return -1
 }
 
 // TestMoEWorkerKilledNamed: deepseek-v4-flash with --ep 2 --tp-procs whose worker was

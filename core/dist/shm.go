@@ -214,7 +214,9 @@ func (p *shmRank) rank() int { return p.me }
 func (p *shmRank) size() int { return p.n }
 
 // waitFor polls cond with backoff until it holds, failing once the deadline passes or
-// peer closes or exits.
+// peer closes or exits — or any other rank does: every collective here is an exchange of
+// all the ranks, which one gone can never finish, so a rank waiting on a live peer that
+// waits in turn elsewhere (a TP group's all-reduce with a dead rank) fails at once too.
 func (p *shmRank) waitFor(op string, peer int, deadline time.Time, cond func() bool) error {
 	for i := 0; ; i++ {
 		if cond() {
@@ -233,6 +235,9 @@ func (p *shmRank) waitFor(op string, peer int, deadline time.Time, cond func() b
 		if i%64 == 0 {
 			if pid := int(atomic.LoadUint64(p.word(p.rankOff(peer) + rkPid))); pid != 0 && !pidAlive(pid) {
 				return &PeerError{Op: op, Peer: peer, Err: fmt.Errorf("%w: its process %d exited", ErrPeerGone, pid)}
+			}
+			if err := p.anyGone(op); err != nil {
+				return err
 			}
 		}
 		if time.Now().After(deadline) {
@@ -291,6 +296,23 @@ func (p *shmRank) exchange(op string, send []byte) ([][]byte, error) {
 		atomic.StoreUint64(p.word(p.rankOff(p.me)+rkAck), p.seq)
 	}
 	return out, nil
+}
+
+// anyGone is a PeerError for the first rank other than this one that closed its
+// communicator or whose process exited, else nil.
+func (p *shmRank) anyGone(op string) error {
+	for q := range p.n {
+		if q == p.me {
+			continue
+		}
+		if atomic.LoadUint64(p.word(p.rankOff(q)+rkClosed)) != 0 {
+			return &PeerError{Op: op, Peer: q, Err: fmt.Errorf("%w: it closed its communicator", ErrPeerGone)}
+		}
+		if pid := int(atomic.LoadUint64(p.word(p.rankOff(q) + rkPid))); pid != 0 && !pidAlive(pid) {
+			return &PeerError{Op: op, Peer: q, Err: fmt.Errorf("%w: its process %d exited", ErrPeerGone, pid)}
+		}
+	}
+	return nil
 }
 
 func (p *shmRank) sub(tag string, members []int, self int) (transport, error) {

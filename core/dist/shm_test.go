@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -170,5 +171,36 @@ func TestShmJoinCanceled(t *testing.T) {
 	var pe *PeerError
 	if !errors.As(err, &pe) || pe.Peer != 1 || !errors.Is(err, ErrCanceled) {
 		t.Fatalf("%v, want rank 1's join canceled", err)
+	}
+}
+
+// TestShmAnyRankGone: rank 0 waits on rank 1, alive but not in the collective (it waits
+// elsewhere, as a TP peer of a dead rank does), while rank 2 closes its communicator:
+// rank 0 fails at once naming rank 2 gone, not rank 1 at the deadline (20 s here), since
+// no exchange of the three can finish without rank 2.
+func TestShmAnyRankGone(t *testing.T) {
+	name := shmName(t)
+	comms := make([]Communicator, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for r := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = JoinShm(name, r, 3, Options{Timeout: 20 * time.Second})
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		defer comms[r].Close()
+	}
+	comms[2].Close()
+	err := AllReduceF32(comms[0], make([]float32, 8))
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Peer != 2 || !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("%v, want rank 2 gone", err)
 	}
 }

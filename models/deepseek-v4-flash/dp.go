@@ -76,11 +76,21 @@ func OpenDPTPRanks(dir string, opts Options, d Dispatch, tp int, world []dist.Co
 // process), which reads its experts from a checkpoint or builds the seeded random
 // weights whole and cuts its part.
 func OpenDPRank(dir string, opts Options, d Dispatch, comm dist.Communicator, cacheBytes int64) (*Runner, *kvslab.Pool, error) {
-	whole, err := dpWeights(dir, opts, d, comm.Size(), 1)
+	return OpenDPTPRank(dir, opts, d, 1, comm, cacheBytes)
+}
+
+// OpenDPTPRank is OpenDPRank with attention TP, as OpenDPTPRanks opens each rank: world
+// rank comm.Rank() of comm.Size(), tp rank comm.Rank()%tp of dp rank comm.Rank()/tp.
+func OpenDPTPRank(dir string, opts Options, d Dispatch, tp int, comm dist.Communicator, cacheBytes int64) (*Runner, *kvslab.Pool, error) {
+	tp = max(tp, 1)
+	if tp > 1 && opts.Drafts > 0 {
+		return nil, nil, fmt.Errorf("%s: DP-attention with attention tp=%d does not draft yet (MTP drafts run under DP-attention without TP)", Name, tp)
+	}
+	whole, err := dpWeights(dir, opts, d, comm.Size(), tp)
 	if err != nil {
 		return nil, nil, err
 	}
-	return openDPRank(dir, opts, d, 1, comm, cacheBytes, whole)
+	return openDPRank(dir, opts, d, tp, comm, cacheBytes, whole)
 }
 
 // dpWeights checks DP-attention over n ranks (tp of them in each dp rank's attention TP

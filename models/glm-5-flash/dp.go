@@ -78,11 +78,21 @@ func OpenDPTPRanks(dir string, o RankOptions, d Dispatch, tp int, world []dist.C
 // process), which reads its experts from a checkpoint or builds the seeded random
 // weights whole and cuts its part.
 func OpenDPRank(dir string, o RankOptions, d Dispatch, comm dist.Communicator) (*TextRunner, *kvslab.Pool, error) {
-	whole, err := dpWeights(dir, o, d, comm.Size(), 1)
+	return OpenDPTPRank(dir, o, d, 1, comm)
+}
+
+// OpenDPTPRank is OpenDPRank with attention TP, as OpenDPTPRanks opens each rank: world
+// rank comm.Rank() of comm.Size(), tp rank comm.Rank()%tp of dp rank comm.Rank()/tp.
+func OpenDPTPRank(dir string, o RankOptions, d Dispatch, tp int, comm dist.Communicator) (*TextRunner, *kvslab.Pool, error) {
+	tp = max(tp, 1)
+	if tp > 1 && o.Drafts > 0 {
+		return nil, nil, fmt.Errorf("%s: DP-attention with attention tp=%d does not draft yet (MTP drafts run under DP-attention without TP)", Name, tp)
+	}
+	whole, err := dpWeights(dir, o, d, comm.Size(), tp)
 	if err != nil {
 		return nil, nil, err
 	}
-	return openDPRank(dir, o, d, 1, comm, whole)
+	return openDPRank(dir, o, d, tp, comm, whole)
 }
 
 // dpWeights checks DP-attention over n ranks (tp of them in each dp rank's attention TP

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/resin-llm/resin/core/dist"
@@ -35,33 +36,39 @@ const (
 // ctl's failures (the worker gone, its deadline) come back as a *dist.PeerError naming
 // rank, not the pair's rank 1, so that a launcher can put the worker's exit on them.
 func RemoteForward(ctl dist.Communicator, rank int) Forward {
+	return remoteForward(ctl, rank, fmt.Sprintf("dp rank %d", rank))
+}
+
+// remoteForward is RemoteForward of the worker of rank rank (the launcher's numbering:
+// its rank of the processes), name naming it in the errors.
+func remoteForward(ctl dist.Communicator, rank int, name string) Forward {
 	var msg []byte
 	return func(p *engine.BatchPlan, logits []float32) error {
 		if err := lockstep.Broadcast(ctl, p, &msg); err != nil {
-			return peerAs(fmt.Sprintf("dp rank %d: send the plan of step %d to its worker", rank, p.Step), err, rank)
+			return peerAs(fmt.Sprintf("%s: send the plan of step %d to its worker", name, p.Step), err, rank)
 		}
 		reply, err := ctl.Broadcast(nil, 1)
 		if err != nil {
-			return peerAs(fmt.Sprintf("dp rank %d: wait for its worker's step %d", rank, p.Step), err, rank)
+			return peerAs(fmt.Sprintf("%s: wait for its worker's step %d", name, p.Step), err, rank)
 		}
 		if len(reply) == 0 {
-			return fmt.Errorf("dp rank %d: an empty reply from its worker for step %d", rank, p.Step)
+			return fmt.Errorf("%s: an empty reply from its worker for step %d", name, p.Step)
 		}
 		switch reply[0] {
 		case replyError:
 			re, err := decodeError(reply[1:])
 			if err != nil {
-				return fmt.Errorf("dp rank %d: its worker's reply to step %d: %w", rank, p.Step, err)
+				return fmt.Errorf("%s: its worker's reply to step %d: %w", name, p.Step, err)
 			}
-			return fmt.Errorf("dp rank %d's worker: %w", rank, re)
+			return fmt.Errorf("%s's worker: %w", name, re)
 		case replyLogits:
 			if len(reply)-1 != 4*len(logits) {
-				return fmt.Errorf("dp rank %d: its worker replied %d bytes of logits for step %d, want %d", rank, len(reply)-1, p.Step, 4*len(logits))
+				return fmt.Errorf("%s: its worker replied %d bytes of logits for step %d, want %d", name, len(reply)-1, p.Step, 4*len(logits))
 			}
 			copy(dist.F32Bytes(logits), reply[1:]) // the same host: the same byte order
 			return nil
 		}
-		return fmt.Errorf("dp rank %d: reply kind %d from its worker", rank, reply[0])
+		return fmt.Errorf("%s: reply kind %d from its worker", name, reply[0])
 	}
 }
 
@@ -402,10 +409,20 @@ func (ledger) Copy(dst, src, n int64) error { return nil }
 // groups. The steppers' clock and count exchange are communicators of this process (o
 // bounds the count exchange), since every engine is here.
 func RemoteRanks(forward0 Forward, ctl []dist.Communicator, cacheGroups int, o dist.Options) ([]Rank, error) {
-	n := len(ctl)
-	if n < 2 || ctl[0] != nil {
-		return nil, fmt.Errorf("dp: remote ranks want rank 0's control pairs (ctl[0] nil, one per worker), got %d", n)
+	return RemoteTPRanks(forward0, nil, ctl, 1, cacheGroups, o)
+}
+
+// RemoteTPRanks is RemoteRanks with attention TP (AttentionTP's layout) over processes:
+// ctl's len(ctl) = n·tp processes are n dp ranks of tp ranks each (process w: tp rank
+// w%tp of dp rank w/tp), forward0 process 0's own rank's. Dp rank d's forward sends each
+// plan to its tp ranks at once (the first of dp rank 0 runs here) and takes the first
+// one's logits; check (nil: none) refuses a plan with tokens before any rank sees it.
+// Every worker runs ServeRank on its pair, its cache pool its own.
+func RemoteTPRanks(forward0 Forward, check func(*engine.BatchPlan, []float32) error, ctl []dist.Communicator, tp, cacheGroups int, o dist.Options) ([]Rank, error) {
+	if tp < 1 || len(ctl)%tp != 0 || len(ctl) < 2*tp || ctl[0] != nil {
+		return nil, fmt.Errorf("dp: remote ranks want rank 0's control pairs (ctl[0] nil, one per worker) for 2 or more dp ranks of tp=%d, got %d", tp, len(ctl))
 	}
+	n := len(ctl) / tp
 	clock, err := dist.NewInProcess(n, dist.Options{Timeout: 100 * 365 * 24 * time.Hour}) // the engines may idle
 	if err != nil {
 		return nil, err
@@ -416,11 +433,52 @@ func RemoteRanks(forward0 Forward, ctl []dist.Communicator, cacheGroups int, o d
 	}
 	ranks := make([]Rank, n)
 	for r := range n {
-		f := forward0
-		if r > 0 {
-			f = RemoteForward(ctl[r], r)
+		fs := make([]Forward, tp)
+		for t := range fs {
+			w := r*tp + t
+			switch {
+			case w == 0:
+				fs[t] = forward0
+			case tp == 1:
+				fs[t] = RemoteForward(ctl[w], w)
+			default:
+				fs[t] = remoteForward(ctl[w], w, fmt.Sprintf("dp rank %d's tp rank %d", r, t))
+			}
+		}
+		f := fs[0]
+		if tp > 1 {
+			f = tpFanOut(fs, check)
 		}
 		ranks[r] = Rank{Forward: f, CacheGroups: cacheGroups, Ctl: clock[r], Data: counts[r]}
 	}
 	return ranks, nil
+}
+
+// tpFanOut runs each plan on a dp rank's tp ranks at once (their forwards fs, whose
+// collectives meet each other's), after check on a plan with tokens; the logits are the
+// first rank's, the others' dropped.
+func tpFanOut(fs []Forward, check func(*engine.BatchPlan, []float32) error) Forward {
+	scratch := make([][]float32, len(fs))
+	return func(p *engine.BatchPlan, logits []float32) error {
+		if check != nil && p.NumTokens() > 0 {
+			if err := check(p, logits); err != nil {
+				return err
+			}
+		}
+		errs := make([]error, len(fs))
+		var wg sync.WaitGroup
+		for t := 1; t < len(fs); t++ {
+			if cap(scratch[t]) < len(logits) {
+				scratch[t] = make([]float32, len(logits))
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[t] = fs[t](p, scratch[t][:len(logits)])
+			}()
+		}
+		errs[0] = fs[0](p, logits)
+		wg.Wait()
+		return errors.Join(errs...)
+	}
 }
