@@ -67,7 +67,7 @@ func (c *cpFlags) check(f *runtimeFlags) error {
 	case f.device.CUDA() && f.model != llama.Name && gpuCPOpeners[f.model] == nil:
 		return fmt.Errorf("--cp %d on the GPU covers --model llama, deepseek-v4-flash and glm-5-flash, not %s", c.size, f.model)
 	}
-	f.tp.groupRanks, f.tp.groupFlag = c.size*f.tp.size, "--cp" // its ranks split over --nnodes (tpFlags.check)
+	f.tp.groupRanks, f.tp.groupFlag = c.size*f.tp.size, layoutSpelling(f.tp.size, 1, c.size) // its ranks split over --nnodes (tpFlags.check)
 	return nil
 }
 

@@ -64,23 +64,27 @@ func (d *dpFlags) check(f *runtimeFlags) error {
 		return fmt.Errorf("--dp %d is not combined with --tp-procs: --dp-procs runs its ranks as worker processes", d.size)
 	case f.tp.initAddr != "" && (!d.attention || d.procs):
 		return fmt.Errorf("--dp %d with --dist-init-addr runs --dp-attention's ranks across nodes (without --dp-procs: a node's ranks are goroutines of its process); replicas do not span nodes", d.size)
-	case d.attention && f.tp.size > 1 && f.tp.ep == 1 && !f.device.CUDA() && f.tp.initAddr == "":
+	case d.attention && f.tp.size > 1 && f.tp.ep == 1 && !f.device.CUDA():
 		// Attention TP within each dp rank (openDPAttentionMoE): --dp N --tp T runs N·T
-		// ranks of this process (or, with --dp-procs, N·T processes), SGLang's --tp N·T
-		// --dp N --enable-dp-attention.
+		// ranks of this process (with --dp-procs N·T processes, or across nodes), SGLang's
+		// --tp N·T --dp N --enable-dp-attention.
 	case d.attention && (f.tp.size > 1 || f.tp.ep > 1):
 		if f.device.CUDA() {
-			return fmt.Errorf("--dp-attention is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks)", d.size)
+			return fmt.Errorf("--dp-attention on the GPU is not combined with --tp or --ep yet (the dp group is the experts' group: --dp %d --dp-attention splits the routed experts over its ranks; on the CPU, --tp T splits each dp rank's attention)", d.size)
 		}
 		if f.tp.size == 1 {
 			return fmt.Errorf("--dp %d --dp-attention --ep %d: DP-attention's experts are already split over its dp ranks (the ep group is the dp group), so --ep is not given with it", d.size, f.tp.ep)
 		}
-		return fmt.Errorf("--dp %d --dp-attention --tp %d --ep %d: attention TP within the dp ranks runs on the CPU, in this process or with --dp-procs (not across nodes), and --ep is the whole world's already (the routed experts split over every rank); --dp N --tp T without --dp-attention runs replicas of the in-process TP group", d.size, f.tp.size, f.tp.ep)
+		return fmt.Errorf("--dp %d --dp-attention --tp %d --ep %d: attention TP within the dp ranks runs on the CPU, and --ep is the whole world's already (the routed experts split over every rank); --dp N --tp T without --dp-attention runs replicas of the in-process TP group", d.size, f.tp.size, f.tp.ep)
 	case f.device.CUDA() && !d.attention:
 		return fmt.Errorf("--dp %d on the GPU runs with --dp-attention only so far (replicas on GPUs are not wired)", d.size)
 	}
-	if d.attention && f.tp.size == 1 && f.tp.ep == 1 {
-		f.tp.groupRanks, f.tp.groupFlag = d.size, "--dp" // its ranks split over --nnodes (tpFlags.check)
+	if d.attention && f.tp.ep == 1 {
+		// Its ranks split over --nnodes (tpFlags.check): N, or N·T with attention TP.
+		f.tp.groupRanks, f.tp.groupFlag = d.size*f.tp.size, fmt.Sprintf("--dp %d", d.size)
+		if f.tp.size > 1 {
+			f.tp.groupFlag += fmt.Sprintf(" --tp %d", f.tp.size)
+		}
 	}
 	return nil
 }

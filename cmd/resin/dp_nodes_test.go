@@ -14,8 +14,9 @@ import (
 // (dp.JoinTCP: rank 0's control pair with each rank, the data group the expert exchanges
 // run on) prints one engine's tokens and --logits-out within 1e-5, by either exchange; the
 // one request runs on rank 0, so ranks 1-3 idle every step through the MoE exchanges,
-// across the nodes. Node 1 prints nothing and ends when node 0 stops it. --dp 3 over two
-// nodes is refused naming the counts.
+// across the nodes. Node 1 prints nothing and ends when node 0 stops it. So does --dp 2
+// --dp-attention --tp 2 over two nodes, a dp rank's TP group on each. --dp 3 over two
+// nodes, and --dp 2 --tp 3 over four, are refused naming the counts.
 func TestGenerateDPAttentionNodes(t *testing.T) {
 	cfg := filepath.Join("..", "..", "models", "glm-5-flash", "config.json")
 	args := []string{"--model", "glm-5-flash", "--random-weights", cfg, "--prompt-ids", "1,2,3,4,5", "--max-tokens", "5", "--ignore-eos"}
@@ -32,6 +33,18 @@ func TestGenerateDPAttentionNodes(t *testing.T) {
 		}
 		g, shape := readLogitsBytes(t, lg)
 		logitsClose(t, "--dp 4 --dp-attention over two nodes, --ep-dispatch "+dispatch, g, shape, wantLg, wantShape)
+	}
+	// Attention TP across the nodes: each node one dp rank's TP group (world ranks 0-1 and
+	// 2-3), dp rank 1's plans crossing TCP to both its ranks.
+	got, lg := generateOverTwoNodes(t, args, []string{"--dp", "2", "--dp-attention", "--tp", "2"})
+	if tokensLine(got) == "" || tokensLine(got) != tokensLine(one) {
+		t.Errorf("--dp 2 --dp-attention --tp 2: two nodes %q, one engine %q", tokensLine(got), tokensLine(one))
+	}
+	g, shape := readLogitsBytes(t, lg)
+	logitsClose(t, "--dp 2 --dp-attention --tp 2 over two nodes", g, shape, wantLg, wantShape)
+	_, _, err = runGenerate(t, append(append([]string{}, args...), "--dp", "2", "--dp-attention", "--tp", "3", "--nnodes", "4", "--dist-init-addr", rendezvousAddr(t))...)
+	if err == nil || !strings.Contains(err.Error(), "--dp 2 --tp 3 over --nnodes 4: the 6 ranks must split evenly") {
+		t.Errorf("--dp 2 --tp 3 over four nodes: %v, want a refusal naming the layout and counts", err)
 	}
 	_, _, err = runGenerate(t, append(append([]string{}, args...), "--dp", "3", "--dp-attention", "--nnodes", "2", "--dist-init-addr", rendezvousAddr(t))...)
 	if err == nil || !strings.Contains(err.Error(), "--dp 3 over --nnodes 2") {

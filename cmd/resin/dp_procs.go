@@ -269,25 +269,31 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts, tp int, ctl []d
 // (serveDPRank) until rank 0 stops them, and the other nodes then end the command
 // (errWorkerDone).
 func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
-	t, n := &f.tp, f.dp.size
+	t, n, tp := &f.tp, f.dp.size, max(f.tp.size, 1)
 	what := fmt.Sprintf("--dp %d --dp-attention over %d nodes", n, t.nnodes)
+	if tp > 1 {
+		what = fmt.Sprintf("--dp %d --dp-attention --tp %d over %d nodes", n, tp, t.nnodes)
+	}
 	d, err := dispatchOf(t.dispatch)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if err := checkMoELayout(name, dir, 1, n, d); err != nil {
+	if err := checkMoELayout(name, dir, tp, n*tp, d); err != nil {
 		return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
-	first, local := t.nodeRanks()
+	if tp > 1 && f.specTokens > 0 {
+		return nil, nil, nil, fmt.Errorf("%s --num-speculative-tokens %d: DP-attention with attention TP does not draft yet", what, f.specTokens)
+	}
+	first, local := t.nodeRanks() // of the n·tp world ranks (dpFlags.check)
 	o := dpJoinOptions(nil, f.dp.stepTimeout)
 	o.JoinTimeout = t.joinTimeout()
 	open := func(cacheBytes int64, gpu *dpGPUProcs) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
 		serve := func(rank int) error {
-			ctl, data, hello, err := dp.JoinTCP(t.initAddr, rank, n, o)
+			ctl, data, hello, err := dp.JoinTCP(t.initAddr, rank, n*tp, o)
 			if err != nil {
 				return err
 			}
-			spec := tpWorkerSpec{Rank: rank, Size: n, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: f.specTokens}
+			spec := tpWorkerSpec{Rank: rank, Size: n * tp, TP: tp, Dir: dir, Model: name, Dispatch: d, CacheBytes: cacheBytes, DPAttention: true, Drafts: f.specTokens}
 			var opts *gpurunner.Options
 			if gpu != nil {
 				o := gpu.opts
@@ -306,11 +312,11 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 			}
 			return nil, nil, nil, errWorkerDone
 		}
-		ctl, data, hello, err := dp.JoinTCP(t.initAddr, 0, n, o)
+		ctl, data, hello, err := dp.JoinTCP(t.initAddr, 0, n*tp, o)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
 		}
-		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, 1, ctl, data, hello, gpu, nil, wait)
+		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, tp, ctl, data, hello, gpu, nil, wait)
 	}
 	if !f.device.CUDA() {
 		return open(f.cacheBytes, nil)

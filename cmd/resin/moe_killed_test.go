@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/resin-llm/resin/core/dist"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -148,4 +150,46 @@ func TestGPULayoutWorkerKilledNamed(t *testing.T) {
 		f := &runtimeFlags{tp: tpFlags{size: 1, ep: 2, procs: true, dispatch: "gather"}, device: cli.DeviceFlags{Device: cli.DeviceCUDAEmu}, cacheBytes: 4 << 20}
 		return f.openLayoutGPU(deepseekv4flash.Name, dir)
 	})
+}
+
+// TestStoppedWorkerStops: a llama --tp 2 --tp-procs worker that is alive but not running
+// (SIGSTOP: wedged) fails the step at the data group's deadline (lowered here to 2 s),
+// and then never takes rank 0's stop, whose wait on the control group has no deadline;
+// past stopLimit (2 s here) the workers are killed, StopRanks returns saying so, and no
+// worker is left. The stop waited for good.
+func TestStoppedWorkerStops(t *testing.T) {
+	defer func(d, s time.Duration) { tpDataTimeout, stopLimit = d, s }(tpDataTimeout, stopLimit)
+	tpDataTimeout, stopLimit = 2*time.Second, 2*time.Second
+	r, pool, err := openTP(configDir(t, "testdata/tiny-llama/config.json"), 4<<20, &tpFlags{size: 2, procs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := childWorkers(t)
+	if len(pids) != 1 {
+		r.(*tpRunner).StopRanks()
+		t.Fatalf("worker processes %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
+		t.Fatal(err)
+	}
+	dptest.Within(t, time.Minute, "the step with a stopped worker", func() {
+		if _, err := r.Execute(context.Background(), s.Schedule()); err == nil || !errors.Is(err, dist.ErrTimeout) {
+			t.Errorf("the step with a stopped worker: %v, want the data group's deadline", err)
+		}
+	})
+	var stopErr error
+	dptest.Within(t, time.Minute, "StopRanks with a stopped worker", func() { stopErr = r.(*tpRunner).StopRanks() })
+	if stopErr == nil || !strings.Contains(stopErr.Error(), "did not take the stop within 2s and were killed") {
+		t.Errorf("StopRanks: %v, want the kill named", stopErr)
+	}
+	if left := childWorkers(t); len(left) > 0 {
+		t.Errorf("worker processes %v left", left)
+	}
 }

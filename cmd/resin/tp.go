@@ -34,9 +34,9 @@ type tpFlags struct {
 	nnodes, nodeRank int
 	localRank        int           // torchrun's LOCAL_RANK: the first GPU of this node's ranks is --gpu+localRank
 	distTimeout      time.Duration // how long a multi-node rendezvous waits for every rank
-	// groupRanks is --dp N's with --dp-attention, or --cp N's (set by dpFlags.check and
-	// cpFlags.check, groupFlag naming it): the group's ranks across nodes when above 1
-	// (--tp and --ep are then 1).
+	// groupRanks is --dp N's with --dp-attention (N·T with --tp T), or --cp N's (N·M with
+	// --tp M; set by dpFlags.check and cpFlags.check, groupFlag spelling the layout's
+	// flags): the group's ranks across nodes when above 1.
 	groupRanks int
 	groupFlag  string
 	stats      bool      // --dist-stats: print rank 0's step figures when the engine stops
@@ -112,7 +112,7 @@ func (t *tpFlags) check() error {
 	case t.procs:
 		return errors.New("--tp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process")
 	case t.nnodes < 1 || t.ranks()%t.nnodes != 0 && t.groupRanks > 1:
-		return fmt.Errorf("%s %d over --nnodes %d: the %d ranks must split evenly over the nodes", t.groupFlag, t.groupRanks, t.nnodes, t.ranks())
+		return fmt.Errorf("%s over --nnodes %d: the %d ranks must split evenly over the nodes", t.groupFlag, t.nnodes, t.ranks())
 	case t.ranks()%t.nnodes != 0:
 		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: the %d ranks must split evenly over the nodes", t.size, t.ep, t.nnodes, t.ranks())
 	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
@@ -339,13 +339,17 @@ func joinTP(spec tpWorkerSpec, cancel <-chan struct{}) (ctl, data dist.Communica
 	if ctl, err = dist.JoinShm(spec.Name+"-ctl", spec.Rank, spec.Size, o); err != nil {
 		return nil, nil, err
 	}
-	o.Timeout = time.Minute
+	o.Timeout = tpDataTimeout
 	if data, err = dist.JoinShm(spec.Name+"-data", spec.Rank, spec.Size, o); err != nil {
 		ctl.Close()
 		return nil, nil, err
 	}
 	return ctl, data, nil
 }
+
+// tpDataTimeout bounds each collective of a worker group's data communicator (a var for
+// the tests).
+var tpDataTimeout = time.Minute
 
 type tpWorkers struct {
 	ctl, data dist.Communicator
@@ -424,8 +428,15 @@ func (g *tpWorkers) forward(f func(*engine.BatchPlan, []float32) error) func(*en
 }
 
 // close stops the workers and waits for them (killing any still running after a while).
+// A worker alive but not running (stopped, wedged) never takes the stop, whose wait on
+// the control group has no deadline (it waits as long as the engine idles): past
+// stopLimit the workers are killed, which ends that wait.
 func (g *tpWorkers) close() error {
+	t := time.AfterFunc(stopLimit, g.w.Kill)
 	err := tp.Stop(g.ctl)
+	if !t.Stop() {
+		err = fmt.Errorf("the workers did not take the stop within %v and were killed: %w", stopLimit, err)
+	}
 	err = errors.Join(err, g.w.Stop(30*time.Second))
 	g.ctl.Close()
 	g.data.Close()

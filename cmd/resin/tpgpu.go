@@ -202,8 +202,8 @@ func (l *stepLimit) run(step func() error) error {
 // worker that does not take the message is killed, and stop goes on.
 func (l *stepLimit) stop(stop func() error) error { return l.within(stopLimit, stop) }
 
-// stopLimit is how long the workers get to take rank 0's stop.
-const stopLimit = 30 * time.Second
+// stopLimit is how long the workers get to take rank 0's stop (a var for the tests).
+var stopLimit = 30 * time.Second
 
 // within runs f, killing the workers if it runs past d.
 func (l *stepLimit) within(d time.Duration, f func() error) error {
