@@ -1,11 +1,14 @@
 package main
 
 import (
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/dist/dp/dptest"
 )
 
 // TestGenerateDPAttentionNodes: generate --model glm-5-flash --dp 4 --dp-attention over
@@ -75,4 +78,33 @@ func TestGenerateDPAttentionGPUNodes(t *testing.T) {
 	}
 	g, shape := readLogitsBytes(t, lg)
 	logitsClose(t, "--dp 2 --dp-attention --device cuda-emu over two nodes", g, shape, wantLg, wantShape)
+}
+
+// TestDPNodesPortInUse: --dp 2 --dp-attention --dist-init-addr on a port another program
+// listens on (it accepts and never answers) fails at once naming the port, as --tp's and
+// --cp's do. Rank 0 could not listen, but dp rank 1's goroutine had reached the other
+// listener, and rank 0 waited for it until --dist-timeout (10 minutes).
+func TestDPNodesPortInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	cfg := filepath.Join("..", "..", "models", "glm-5-flash", "config.json")
+	dptest.Within(t, time.Minute, "generate on a port in use", func() {
+		_, _, err = runGenerate(t, "--model", "glm-5-flash", "--random-weights", cfg, "--prompt-ids", "1,2", "--max-tokens", "2",
+			"--dp", "2", "--dp-attention", "--dist-init-addr", ln.Addr().String(), "--dist-timeout", "10m")
+	})
+	if err == nil || !strings.Contains(err.Error(), "the port is in use") {
+		t.Errorf("generate on a port in use: %v, want the port named", err)
+	}
 }

@@ -314,7 +314,10 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 		}
 		ctl, data, hello, err := dp.JoinTCP(t.initAddr, 0, n*tp, o)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("%s: %w", what, errors.Join(err, wait()))
+			// Not waiting for this node's other ranks, as the TP nodes do not: where rank 0
+			// could not listen (the port in use) they may have reached another listener
+			// there and would wait for it until --dist-timeout. They end with the process.
+			return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
 		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, tp, ctl, data, hello, gpu, nil, wait)
 	}

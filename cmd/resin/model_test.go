@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -396,5 +398,34 @@ func TestRandomWeightsErrorsNameUserConfig(t *testing.T) {
 		if c.tooBig && !errors.Is(err, weights.ErrTooLarge) {
 			t.Errorf("%v: error %v, want weights.ErrTooLarge", c.args, err)
 		}
+	}
+}
+
+// TestServeWorkerDiesIdle: `serve --tp 2 --tp-procs` whose worker is SIGKILLed while the
+// server idles shuts down by itself (engine.RunnerDeath: the worker's exit is the
+// runner's death at once), its error naming the worker's rank, pid and signal, with no
+// request sent. It kept running unhealthy until a request came.
+func TestServeWorkerDiesIdle(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := clitest.StartServe(t, ctx, newServeCmd(),
+		"--model", "llama", "--random-weights", tinyLlama, "--port", "0", "--cache-bytes", "4000000", "--tp", "2", "--tp-procs")
+	pids := childWorkers(t)
+	if len(pids) != 1 {
+		t.Fatalf("worker processes %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := srv.Wait()
+	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ") exited: signal: killed"
+	if err == nil || !strings.Contains(err.Error(), want) || ctx.Err() != nil {
+		t.Fatalf("serve after its idle worker was killed: %v, want it ended by itself naming %q", err, want)
+	}
+	if !strings.Contains(srv.Logs(), "the runner failed for good; shutting down") {
+		t.Errorf("the server did not log the shutdown:\n%s", srv.Logs())
+	}
+	if left := childWorkers(t); len(left) > 0 {
+		t.Errorf("worker processes %v left", left)
 	}
 }

@@ -186,6 +186,10 @@ func (r *tpRunner) Health() error {
 	return r.workers.Err()
 }
 
+// Died implements engine.RunnerDeath: closed when a worker process exits (nil without
+// workers: never).
+func (r *tpRunner) Died() <-chan struct{} { return r.workers.Exited() }
+
 // openTP opens the llama checkpoint (or random-weights config) in dir with tensor
 // parallelism over size ranks (core/dist/tp): rank 0's forward serves the engine and
 // broadcasts each plan to the others, which are goroutines of this process, or, with

@@ -128,6 +128,9 @@ type tpGPUWorkers struct {
 // where only the next request's step found it.
 func (g *tpGPUWorkers) Health() error { return g.w.Err() }
 
+// Died implements engine.RunnerDeath: closed when a worker process exits.
+func (g *tpGPUWorkers) Died() <-chan struct{} { return g.w.Exited() }
+
 // startGPUWorkers starts ranks 1..N-1 as children of this binary (core/dist/launch: each
 // dies with this process; each binds to its GPU's NUMA node as gpurunner.Options.NUMA
 // says, cudart.BindNUMA, from the GPU's PCI address) and joins them as rank 0 over a

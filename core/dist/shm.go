@@ -229,19 +229,28 @@ func (p *shmRank) waitFor(op string, peer int, deadline time.Time, cond func() b
 			runtime.Gosched()
 			continue
 		}
-		if atomic.LoadUint64(p.word(p.rankOff(peer)+rkClosed)) != 0 {
-			return &PeerError{Op: op, Peer: peer, Err: fmt.Errorf("%w: it closed its communicator", ErrPeerGone)}
-		}
-		if i%64 == 0 {
+		var gone error
+		switch {
+		case atomic.LoadUint64(p.word(p.rankOff(peer)+rkClosed)) != 0:
+			gone = &PeerError{Op: op, Peer: peer, Err: fmt.Errorf("%w: it closed its communicator", ErrPeerGone)}
+		case i%64 == 0:
 			if pid := int(atomic.LoadUint64(p.word(p.rankOff(peer) + rkPid))); pid != 0 && !pidAlive(pid) {
-				return &PeerError{Op: op, Peer: peer, Err: fmt.Errorf("%w: its process %d exited", ErrPeerGone, pid)}
-			}
-			if err := p.anyGone(op); err != nil {
-				return err
+				gone = &PeerError{Op: op, Peer: peer, Err: fmt.Errorf("%w: its process %d exited", ErrPeerGone, pid)}
+			} else {
+				gone = p.anyGone(op)
 			}
 		}
-		if time.Now().After(deadline) {
-			return &PeerError{Op: op, Peer: peer, Err: fmt.Errorf("%w: no answer within %v", ErrTimeout, p.o.timeout())}
+		if gone == nil && time.Now().After(deadline) {
+			gone = &PeerError{Op: op, Peer: peer, Err: fmt.Errorf("%w: no answer within %v", ErrTimeout, p.o.timeout())}
+		}
+		if gone != nil {
+			// A rank that gave what this one waits for and then closed (its last
+			// collective done: a barrier before Close) or exited is not a failure: cond
+			// may have come true since it was read, above.
+			if cond() {
+				return nil
+			}
+			return gone
 		}
 		time.Sleep(time.Duration(min(i-255, 50)) * time.Microsecond)
 	}

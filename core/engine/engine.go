@@ -180,7 +180,30 @@ func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
 	if err := reg.Register(newCollector(s.metrics, &e.mu, s)); err != nil {
 		return nil, fmt.Errorf("engine: register metrics: %w", err)
 	}
+	if d, ok := runner.(RunnerDeath); ok {
+		if died := d.Died(); died != nil {
+			go func() {
+				select {
+				case <-died:
+					// A permanent Health error (a worker's exit) kills the engine now; nil
+					// (the ranks stopped with the engine) does nothing.
+					e.notePermanent(d.Health())
+				case <-e.closeCh:
+				}
+			}()
+		}
+	}
 	return e, nil
+}
+
+// RunnerDeath is what a Runner whose ranks run in processes that can exit between steps
+// (core/dist/launch's workers) may implement: Died is closed when one exited (or all did,
+// stopped), and Health then returns the exit (nil for a stop). The engine takes a
+// permanent Health error as the runner's death at once (Err, Dead: a server reports it
+// and shuts down while idle) instead of at the next request's step.
+type RunnerDeath interface {
+	Died() <-chan struct{}
+	Health() error
 }
 
 // DefaultCacheBytes is the host pool NewHostPool builds when given no size, cut to the
