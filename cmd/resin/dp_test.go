@@ -80,7 +80,9 @@ func TestGenerateDP(t *testing.T) {
 // completions, spread over both ranks, each with the text one engine gives it; so does
 // glm-5-flash's with --dp-procs (rank 1 a worker process, its experts split over both),
 // and with --dp-procs drafting with MTP on every rank; deepseek-v4-flash's with attention
-// TP 2 in each dp rank.
+// TP 2 in each dp rank. /metrics counts every rank's finished requests, each rank's
+// series labelled engine="r" (it showed rank 0's alone), the same by vLLM's names and
+// Resin's.
 func TestServeDPAttention(t *testing.T) {
 	complete := func(base, model, prompt string) (string, error) {
 		body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": true})
@@ -101,23 +103,35 @@ func TestServeDPAttention(t *testing.T) {
 		return got.Choices[0].Text, nil
 	}
 	prompts := []string{"Hello", "Once upon a time", "The quick brown fox", "A", "In the beginning", "Far away"}
-	// rank0 is how many requests rank 0's engine finished (/metrics shows rank 0's).
-	rank0 := func(base string) int {
+	// finished is how many requests each engine finished by /metrics (every dp rank's
+	// series there, labelled engine="r"), by vLLM's and by Resin's names.
+	finished := func(base string) (vllm, resin map[string]int) {
 		resp, err := http.Get(base + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
 		raw, _ := io.ReadAll(resp.Body)
-		n := 0
+		vllm, resin = map[string]int{}, map[string]int{}
 		for _, line := range strings.Split(string(raw), "\n") {
-			if strings.HasPrefix(line, "vllm:request_success_total{") {
-				var v float64
-				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
-				n += int(v)
+			var into map[string]int
+			switch {
+			case strings.HasPrefix(line, "vllm:request_success_total{"):
+				into = vllm
+			case strings.HasPrefix(line, "resin_requests_finished_total{"):
+				into = resin
+			default:
+				continue
 			}
+			engine := "none"
+			if i := strings.Index(line, `engine="`); i >= 0 {
+				engine = line[i+8 : i+8+strings.IndexByte(line[i+8:], '"')]
+			}
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			into[engine] += int(v)
 		}
-		return n
+		return vllm, resin
 	}
 	serveAll := func(model []string, extra ...string) (map[string]string, int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -140,12 +154,22 @@ func TestServeDPAttention(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		finished := rank0(srv.URL)
+		vllm, resin := finished(srv.URL)
 		cancel()
 		if err := srv.Wait(); err != nil {
 			t.Fatalf("serve %v: %v\n%s", extra, err, srv.Logs())
 		}
-		return out, finished
+		total := 0
+		for engine, n := range vllm {
+			total += n
+			if resin[engine] != n && !(len(extra) == 0 && engine == "0" && resin["none"] == n) {
+				t.Errorf("%v: engine %s finished %d requests by vLLM's metric, %d by Resin's (%v)", extra, engine, n, resin[engine], resin)
+			}
+		}
+		if total != len(prompts) {
+			t.Errorf("%v: /metrics counts %d finished requests over the engines %v, want %d", extra, total, vllm, len(prompts))
+		}
+		return out, vllm["0"]
 	}
 	for _, tc := range []struct{ model, extra []string }{
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cache-bytes", "4000000"}, []string{"--dp", "2", "--dp-attention"}},
@@ -159,7 +183,7 @@ func TestServeDPAttention(t *testing.T) {
 		if n != len(prompts) {
 			t.Fatalf("%s: one engine finished %d of %d requests", tc.model[1], n, len(prompts))
 		}
-		got, n := serveAll(tc.model, tc.extra...)
+		got, n := serveAll(tc.model, tc.extra...) // rank 0's share
 		if n == 0 || n == len(prompts) {
 			t.Errorf("%s %v: rank 0 finished %d of %d requests: they were not spread over the ranks", tc.model[1], tc.extra, n, len(prompts))
 		}

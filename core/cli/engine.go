@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/resin-llm/resin/core/dist/dp"
@@ -118,9 +120,13 @@ func startDP(rt *Runtime, cfg engine.Config) (*Engine, error) {
 		return errors.Join(errs...)
 	}
 	engines := make([]*engine.Engine, len(runners))
+	reg := cfg.Registry // one /metrics for every rank, each rank's series labelled engine="r"
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
 	for r, run := range runners {
 		c := cfg
-		c.Pool, c.Registry = pools[r], nil // each rank's engine has its own metrics
+		c.Pool, c.Registry, c.EngineLabel = pools[r], reg, strconv.Itoa(r)
 		e, err := engine.New(run, c)
 		if err != nil {
 			closeRunners()

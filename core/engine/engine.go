@@ -52,6 +52,11 @@ type Config struct {
 	// under vLLM's names, which start with vllm:). Nil: New makes a fresh registry,
 	// returned by Engine.Registry.
 	Registry *prometheus.Registry
+	// EngineLabel is the value of the "engine" label on the engine's metrics: vLLM's
+	// names carry it always ("0" when empty, as vLLM's one engine), Resin's only when it
+	// is set. Engines sharing one Registry (the dp ranks' under --dp, vLLM's engine
+	// index) each set their own, so that their series stay apart.
+	EngineLabel string
 	// CheckPrompt, when set, refuses prompts as a PromptChecker runner does, besides the
 	// runner's own check: for a runner wrapped so that its model's check is not seen (a
 	// parallel layout's rank 0, a data-parallel rank's forward).
@@ -177,7 +182,7 @@ func New(runner Runner, cfg Config, opts ...Option) (*Engine, error) {
 			"pool_bytes", int64(cfg.Pool.Slabs())*cfg.Pool.SlabBytes())
 		e.info.MaxContext = c
 	}
-	if err := reg.Register(newCollector(s.metrics, &e.mu, s)); err != nil {
+	if err := reg.Register(newCollector(s.metrics, &e.mu, s, cfg.EngineLabel)); err != nil {
 		return nil, fmt.Errorf("engine: register metrics: %w", err)
 	}
 	if d, ok := runner.(RunnerDeath); ok {

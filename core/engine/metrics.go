@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 	"strconv"
@@ -217,9 +218,9 @@ type vllmDescs struct {
 	decode                                           *prometheus.Desc
 }
 
-func newVLLMDescs() vllmDescs {
+func newVLLMDescs(engine string) vllmDescs {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("vllm:"+name, help, labels, prometheus.Labels{"engine": "0"})
+		return prometheus.NewDesc("vllm:"+name, help, labels, prometheus.Labels{"engine": cmp.Or(engine, "0")})
 	}
 	return vllmDescs{
 		running: d("num_requests_running", "Number of requests in model execution batches."),
@@ -261,9 +262,15 @@ func (v *vllmDescs) all() []*prometheus.Desc {
 		v.e2e, v.queue, v.inference, v.prefill, v.decode}
 }
 
-func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
+// newCollector is the engine's metrics; engine, when set, labels Resin's too
+// (Config.EngineLabel).
+func newCollector(m *metrics, mu sync.Locker, src gaugeSource, engine string) *collector {
+	var constLabels prometheus.Labels
+	if engine != "" {
+		constLabels = prometheus.Labels{"engine": engine}
+	}
 	d := func(name, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc("resin_"+name, help, labels, nil)
+		return prometheus.NewDesc("resin_"+name, help, labels, constLabels)
 	}
 	return &collector{
 		m: m, mu: mu, src: src,
@@ -293,7 +300,7 @@ func newCollector(m *metrics, mu sync.Locker, src gaugeSource) *collector {
 		inference:     d("request_inference_time_seconds", "Time from first scheduled to the finish, per finished request."),
 		promptLen:     d("request_prompt_tokens", "Prompt tokens per finished request."),
 		generationLen: d("request_generation_tokens", "Generated tokens per finished request."),
-		vllm:          newVLLMDescs(),
+		vllm:          newVLLMDescs(engine),
 	}
 }
 
