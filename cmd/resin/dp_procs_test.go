@@ -78,13 +78,14 @@ func checkDPProcsWorkerKilled(t *testing.T, dispatch string, tp int, gpu *dpGPUP
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// Refused at once (rank 0's engine took the exit as its runner's death:
+	// engine.RunnerDeath), or failed by its step where the request reached another rank.
 	s, err := c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, ev, err := s.Collect(ctx)
 	if err == nil {
-		err = ev.Err
+		var ev engine.Event
+		if _, ev, err = s.Collect(ctx); err == nil {
+			err = ev.Err
+		}
 	}
 	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {

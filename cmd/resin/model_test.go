@@ -238,6 +238,11 @@ func TestGenerateModelBadInput(t *testing.T) {
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--runner", "test2"}, "exclusive"},
 		{[]string{"--random-weights", tinyLlama}, "need --model"},
 		{[]string{"--cache-bytes", "1000"}, "--cache-pages"},
+		// Flags a --model run would ignore are refused by name.
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--max-context", "1"}, "--max-context and --cache-pages size the test runner"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cache-pages", "1"}, "--max-context and --cache-pages size the test runner"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--dist-timeout", "1s"}, "--dist-timeout bounds a multi-node rendezvous"},
+		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--dist-init-addr", "127.0.0.1:1"}, "nothing to spread over nodes"},
 	} {
 		_, _, err := runGenerate(t, append(c.args, "hi")...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -25,6 +25,7 @@ import (
 // runtimeFlags is resin's cli.Loader: they choose the runner (the engine's test runner,
 // or a registered model with its weights) and the tokenizer for serve and generate.
 type runtimeFlags struct {
+	changed       func(flag string) bool // whether the command line gave flag (nil: none known)
 	runner        string
 	model         string
 	weights       string
@@ -52,6 +53,7 @@ var _ cli.Loader = (*runtimeFlags)(nil)
 // Register adds the flags that choose the runner and the tokenizer to cmd.
 func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
+	f.changed = fl.Changed
 	fl.StringVar(&f.model, "model", "", "checkpoint directory to run, its model picked by the architectures of its config.json (a scaffolded runtime's spelling; the same as --model auto --weights DIR); or a registered model NAME (see models/registry.go) with --weights or --random-weights; default: the engine's deterministic test runner")
 	fl.StringVar(&f.weights, "weights", "", "with --model NAME or auto: HF checkpoint directory (config.json, safetensors, tokenizer.json and tokenizer_config.json when present)")
 	fl.StringVar(&f.randomWeights, "random-weights", "", "with --model: run the model's seeded random weights of this config.json instead of a checkpoint")
@@ -200,9 +202,17 @@ func (f *runtimeFlags) check() error {
 		}
 		return nil
 	}
+	given := func(name string) bool { return f.changed != nil && f.changed(name) }
+	parallel := f.tp.size > 1 || f.tp.ep > 1 || f.dp.size > 1 || f.cp.size > 1
 	switch {
 	case f.tp.check() != nil:
 		return f.tp.check()
+	case given("max-context") || given("cache-pages"):
+		return errors.New("--max-context and --cache-pages size the test runner; with --model the model's config sets the context and --cache-bytes the cache")
+	case given("dist-timeout") && f.tp.initAddr == "":
+		return errors.New("--dist-timeout bounds a multi-node rendezvous: it needs --dist-init-addr (or a launcher's environment)")
+	case f.tp.initAddr != "" && !parallel:
+		return fmt.Errorf("--dist-init-addr %s: nothing to spread over nodes without --tp, --ep, --cp or --dp N --dp-attention", f.tp.initAddr)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
 		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[f.model] != nil && f.tp.dispatch != "gather" && !f.gpuParallel():
