@@ -71,7 +71,7 @@ func (f *runtimeFlags) layoutWhat() string {
 	if f.cp.size > 1 {
 		return fmt.Sprintf("--cp %d", f.cp.size)
 	}
-	return fmt.Sprintf("--tp %d --ep %d", f.tp.size, f.tp.ep)
+	return layoutSpelling(f.tp.size, f.tp.ep, 1)
 }
 
 // openLayoutGPUProcs is openLayoutGPU with ranks 1..N-1 as worker processes of this

@@ -238,6 +238,8 @@ func TestGenerateModelBadInput(t *testing.T) {
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--runner", "test2"}, "exclusive"},
 		{[]string{"--random-weights", tinyLlama}, "need --model"},
 		{[]string{"--cache-bytes", "1000"}, "--cache-pages"},
+		// The config path left out: the next flag was taken for it.
+		{[]string{"--model", "llama", "--random-weights", "--tp", "2"}, "--random-weights --tp: want a CONFIG path, not a flag"},
 		// Flags a --model run would ignore are refused by name.
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--max-context", "1"}, "--max-context and --cache-pages size the test runner"},
 		{[]string{"--model", "llama", "--random-weights", tinyLlama, "--cache-pages", "1"}, "--max-context and --cache-pages size the test runner"},

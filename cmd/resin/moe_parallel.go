@@ -94,7 +94,7 @@ func checkMoELayout(name, dir string, tp, ep, dispatch int) error {
 // returned runner's StopRanks ends the other ranks.
 func openMoEParallel(name, dir string, cacheBytes int64, drafts int, f *tpFlags) (engine.Runner, *kvslab.Pool, error) {
 	size := f.ranks()
-	what := fmt.Sprintf("--tp %d --ep %d", f.size, f.ep)
+	what := layoutSpelling(f.size, f.ep, 1)
 	dispatch, err := dispatchOf(f.dispatch)
 	if err != nil {
 		return nil, nil, err

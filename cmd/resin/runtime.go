@@ -54,6 +54,20 @@ var _ cli.Loader = (*runtimeFlags)(nil)
 func (f *runtimeFlags) Register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	f.changed = fl.Changed
+	validate := cmd.Args
+	cmd.Args = func(cmd *cobra.Command, args []string) error {
+		// Before the arguments' count: "--random-weights --tp 2 PROMPT" took --tp for the
+		// path and left "2" as an extra argument, which was all the error said.
+		for _, v := range []struct{ flag, value, want string }{{"--weights", f.weights, "DIR"}, {"--random-weights", f.randomWeights, "CONFIG"}} {
+			if strings.HasPrefix(v.value, "-") {
+				return fmt.Errorf("%s %s: want a %s path, not a flag (was the path left out?)", v.flag, v.value, v.want)
+			}
+		}
+		if validate != nil {
+			return validate(cmd, args)
+		}
+		return nil
+	}
 	fl.StringVar(&f.model, "model", "", "checkpoint directory to run, its model picked by the architectures of its config.json (a scaffolded runtime's spelling; the same as --model auto --weights DIR); or a registered model NAME (see models/registry.go) with --weights or --random-weights; default: the engine's deterministic test runner")
 	fl.StringVar(&f.weights, "weights", "", "with --model NAME or auto: HF checkpoint directory (config.json, safetensors, tokenizer.json and tokenizer_config.json when present)")
 	fl.StringVar(&f.randomWeights, "random-weights", "", "with --model: run the model's seeded random weights of this config.json instead of a checkpoint")
@@ -214,13 +228,13 @@ func (f *runtimeFlags) check() error {
 	case f.tp.initAddr != "" && !parallel:
 		return fmt.Errorf("--dist-init-addr %s: nothing to spread over nodes without --tp, --ep, --cp or --dp N --dp-attention", f.tp.initAddr)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
-		return fmt.Errorf("--tp %d --ep %d with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", f.tp.size, f.tp.ep, f.model)
+		return fmt.Errorf("%s with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", layoutSpelling(f.tp.size, f.tp.ep, 1), f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[f.model] != nil && f.tp.dispatch != "gather" && !f.gpuParallel():
 		return fmt.Errorf("--ep-dispatch %s with --device cuda: the GPU layouts dispatch by gather, or the MoE models' --ep (alone or with --tp equal) by either (in-process ranks, --tp-procs, or nodes without --tp-procs): use --ep-dispatch gather (the all-to-all dispatch of other layouts runs on the CPU)", f.tp.dispatch)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel() && (f.tp.procs || f.tp.initAddr != ""):
-		return fmt.Errorf("--tp %d --ep %d with --device cuda and --tp-procs or --dist-init-addr: %s has no such GPU layout (llama: --tp; deepseek-v4-flash, glm-5-flash: --tp, --ep or both equal)", f.tp.size, f.tp.ep, f.model)
+		return fmt.Errorf("%s with --device cuda and --tp-procs or --dist-init-addr: %s has no such GPU layout (llama: --tp; deepseek-v4-flash, glm-5-flash: --tp, --ep or both equal)", layoutSpelling(f.tp.size, f.tp.ep, 1), f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && !f.gpuParallel():
-		return fmt.Errorf("--tp %d --ep %d with --device cuda cover --model llama (--tp) and glm-5-flash and deepseek-v4-flash (--tp, --ep, --ep-dispatch gather), in-process ranks, --tp-procs or --dist-init-addr; the others run on the CPU", f.tp.size, f.tp.ep)
+		return fmt.Errorf("%s with --device cuda: the GPU layouts cover --model llama (--tp) and glm-5-flash and deepseek-v4-flash (--tp, --ep, --ep-dispatch gather), in-process ranks, --tp-procs or --dist-init-addr; the others run on the CPU", layoutSpelling(f.tp.size, f.tp.ep, 1))
 	case f.tp.size > 1 && f.tp.ep > 1 && f.tp.size != f.tp.ep && f.device.CUDA():
 		return fmt.Errorf("--tp %d --ep %d with --device cuda: the GPU layout splits the same ranks both ways, so --tp and --ep must be equal there; different sizes run on the CPU", f.tp.size, f.tp.ep)
 	case f.specTokens < 0:

@@ -114,7 +114,7 @@ func (t *tpFlags) check() error {
 	case t.nnodes < 1 || t.ranks()%t.nnodes != 0 && t.groupRanks > 1:
 		return fmt.Errorf("%s over --nnodes %d: the %d ranks must split evenly over the nodes", t.groupFlag, t.nnodes, t.ranks())
 	case t.ranks()%t.nnodes != 0:
-		return fmt.Errorf("--tp %d --ep %d over --nnodes %d: the %d ranks must split evenly over the nodes", t.size, t.ep, t.nnodes, t.ranks())
+		return fmt.Errorf("%s over --nnodes %d: the %d ranks must split evenly over the nodes", layoutSpelling(t.size, t.ep, 1), t.nnodes, t.ranks())
 	case t.nodeRank < 0 || t.nodeRank >= t.nnodes:
 		return fmt.Errorf("--node-rank %d outside [0, %d)", t.nodeRank, t.nnodes)
 	}
