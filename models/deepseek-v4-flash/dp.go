@@ -218,19 +218,27 @@ func (r *Runner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error {
 // moeDP is moe under DP-attention, after the routing: the routed experts' sum of this
 // rank's n rows of x, by the exchange of m's dispatch over the dp group (padded with
 // m.par.dpPad−n dummy rows routed to no expert), plus the shared expert's output. n may be
-// 0 (an idle rank). The routes are m.moeBuf's.
+// 0 (an idle rank). The routes are m.moeBuf's. Under attention TP the dp rank's T ranks
+// hold the same rows: only its first brings them to the exchange (the others bring none,
+// so the experts run each row once, not T times), and adds their routed sums to its
+// shared-expert partial before the TP all-reduce that the shared expert's split columns
+// need anyway, which hands every rank of the dp rank the whole.
 func (m *Model) moeDP(l *Layer, x []float32, n int) ([]float32, error) {
 	c, s, p := m.Config, &m.moeBuf, &m.par
 	h, k := c.HiddenSize, c.NumExpertsPerTok
 	p.dpExchanges++
-	routes := ep.Routes{X: x[:n*h], IDs: s.ids[:n*k], Weights: s.weights[:n*k]}
-	if rows := max(n, p.dpPad); rows > n {
-		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-n)*h)...)
+	send := n
+	if p.tp > 1 && p.tpRank != 0 {
+		send = 0
+	}
+	routes := ep.Routes{X: x[:send*h], IDs: s.ids[:send*k], Weights: s.weights[:send*k]}
+	if rows := max(send, p.dpPad); rows > send {
+		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-send)*h)...)
 		routes.IDs = slices.Clone(routes.IDs)
-		for range (rows - n) * k {
+		for range (rows - send) * k {
 			routes.IDs = append(routes.IDs, ep.Masked)
 		}
-		routes.Weights = append(slices.Clone(routes.Weights), make([]float32, (rows-n)*k)...)
+		routes.Weights = append(slices.Clone(routes.Weights), make([]float32, (rows-send)*k)...)
 	}
 	out := make([]float32, len(routes.X))
 	layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: h, TopK: k}
@@ -241,7 +249,7 @@ func (m *Model) moeDP(l *Layer, x []float32, n int) ([]float32, error) {
 	if err := exchange(p.epGroup(), layer, routes, m.expertFunc(l), out); err != nil {
 		return nil, err
 	}
-	out = out[:n*h]
+	out = out[:send*h]
 	if n == 0 {
 		return out, nil
 	}
@@ -250,9 +258,13 @@ func (m *Model) moeDP(l *Layer, x []float32, n int) ([]float32, error) {
 		return nil, err
 	}
 	if p.tp > 1 { // the attention's TP group split the shared expert's columns
-		if err := m.allReduce(shared, "shared expert"); err != nil {
+		for i := range out { // the first TP rank's routed sums (the others' out is empty)
+			shared[i] += out[i]
+		}
+		if err := m.allReduce(shared, "shared and routed experts"); err != nil {
 			return nil, err
 		}
+		return shared, nil
 	}
 	for i := range out {
 		out[i] += shared[i]

@@ -200,19 +200,26 @@ func (r *TextRunner) DPDraft(p *engine.BatchPlan, res *engine.StepResult) error 
 // moeDP is moe under DP-attention, after the routing (ids, wts: [T, K]): the shared
 // experts' output of this rank's T rows of x plus the routed experts' sum, by the exchange
 // of m's dispatch over the dp group (padded with m.par.dpPad−T dummy rows routed to no
-// expert). T may be 0 (an idle rank).
+// expert). T may be 0 (an idle rank). Under attention TP the dp rank's ranks hold the
+// same rows: only its first brings them to the exchange (so the experts run each row
+// once, not once per TP rank) and adds their routed sums to its shared-experts partial
+// before the TP all-reduce the shared experts' split columns need anyway.
 func (m *TextModel) moeDP(w *moeWeights, x []float32, T int, ids []int32, wts []float32) ([]float32, error) {
 	c, p := m.Config, &m.par
 	D, K := c.HiddenSize, c.NumExpertsPerTok
 	p.dpExchanges++
-	routes := ep.Routes{X: x[:T*D], IDs: ids[:T*K], Weights: wts[:T*K]}
-	if rows := max(T, p.dpPad); rows > T {
-		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-T)*D)...)
+	send := T
+	if p.tp > 1 && p.tpRank != 0 {
+		send = 0
+	}
+	routes := ep.Routes{X: x[:send*D], IDs: ids[:send*K], Weights: wts[:send*K]}
+	if rows := max(send, p.dpPad); rows > send {
+		routes.X = append(slices.Clone(routes.X), make([]float32, (rows-send)*D)...)
 		routes.IDs = slices.Clone(routes.IDs)
-		for range (rows - T) * K {
+		for range (rows - send) * K {
 			routes.IDs = append(routes.IDs, ep.Masked)
 		}
-		routes.Weights = append(slices.Clone(routes.Weights), make([]float32, (rows-T)*K)...)
+		routes.Weights = append(slices.Clone(routes.Weights), make([]float32, (rows-send)*K)...)
 	}
 	routed := make([]float32, len(routes.X))
 	layer := ep.Layer{Experts: c.NRoutedExperts, Hidden: D, TopK: K}
@@ -227,8 +234,14 @@ func (m *TextModel) moeDP(w *moeWeights, x []float32, T int, ids []int32, wts []
 		return nil, nil
 	}
 	out := m.mlp(&w.shared, x, T, D, float32(c.SwigluLimit))
-	if err := m.allReduce(out, "shared experts"); err != nil { // their columns split under attention TP
-		return nil, err
+	if p.tp > 1 {
+		for i := range routed[:send*D] { // the first TP rank's routed sums (the others sent none)
+			out[i] += routed[i]
+		}
+		if err := m.allReduce(out, "shared and routed experts"); err != nil { // the shared experts' columns split
+			return nil, err
+		}
+		return out, nil
 	}
 	for i := range out {
 		out[i] += routed[i]
