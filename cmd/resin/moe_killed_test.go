@@ -115,15 +115,7 @@ func checkWorkerKilledNamed(t *testing.T, open func(dir string) (engine.Runner, 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &discard{}
-	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, o); err != nil {
-		t.Fatal(err)
-	}
-	_, err = r.Execute(context.Background(), s.Schedule())
+	_, err = r.Execute(context.Background(), firstPlan(t, r, pool))
 	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("step after the worker was killed: %v, want an error naming %q and the signal", err, want)
@@ -172,15 +164,9 @@ func TestStoppedWorkerStops(t *testing.T) {
 	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
-		t.Fatal(err)
-	}
+	plan := firstPlan(t, r, pool)
 	dptest.Within(t, time.Minute, "the step with a stopped worker", func() {
-		if _, err := r.Execute(context.Background(), s.Schedule()); err == nil || !errors.Is(err, dist.ErrTimeout) {
+		if _, err := r.Execute(context.Background(), plan); err == nil || !errors.Is(err, dist.ErrTimeout) {
 			t.Errorf("the step with a stopped worker: %v, want the data group's deadline", err)
 		}
 	})
@@ -192,4 +178,18 @@ func TestStoppedWorkerStops(t *testing.T) {
 	if left := childWorkers(t); len(left) > 0 {
 		t.Errorf("worker processes %v left", left)
 	}
+}
+
+// firstPlan is the engine's first plan for a 3-token prompt (2 tokens to generate) on
+// r's info and pool.
+func firstPlan(t *testing.T, r engine.Runner, pool *kvslab.Pool) *engine.BatchPlan {
+	t.Helper()
+	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
+		t.Fatal(err)
+	}
+	return s.Schedule()
 }

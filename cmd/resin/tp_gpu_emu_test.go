@@ -96,15 +96,9 @@ func checkGPUWorkerKilled(t *testing.T, dir, kind string) {
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
-		t.Fatal(err)
-	}
+	plan := firstPlan(t, r, pool)
 	start := time.Now()
-	_, err = r.Execute(context.Background(), s.Schedule())
+	_, err = r.Execute(context.Background(), plan)
 	took := time.Since(start)
 	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {
@@ -189,16 +183,10 @@ func configDir(t *testing.T, path string) string {
 // and returns the step's error's channel.
 func startStep(t *testing.T, r engine.Runner, pool *kvslab.Pool) <-chan error {
 	t.Helper()
-	s, err := engine.NewScheduler(r.Info(), engine.Config{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Add(engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 2}}, &discard{}); err != nil {
-		t.Fatal(err)
-	}
+	plan := firstPlan(t, r, pool)
 	done := make(chan error, 1)
 	go func() {
-		_, err := r.Execute(context.Background(), s.Schedule())
+		_, err := r.Execute(context.Background(), plan)
 		done <- err
 	}()
 	return done

@@ -1,6 +1,7 @@
 package gpurunner_test
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"slices"
@@ -133,21 +134,7 @@ func cpEqualsOne(t *testing.T, first, rest int, tolerance float64) {
 			if len(one) != steps || !slices.Equal(one, split) {
 				t.Fatalf("greedy tokens: one GPU %v, CP=%d %v", one, len(c.ordinals), split)
 			}
-			if len(oneLogits) != len(splitLogits) {
-				t.Fatalf("%d logits rows on one GPU, %d at CP=%d", len(oneLogits), len(splitLogits), len(c.ordinals))
-			}
-			worst := 0.0
-			for i := range oneLogits {
-				scale, diff := 0.0, 0.0
-				for j, b := range oneLogits[i] {
-					scale = max(scale, math.Abs(float64(b)))
-					diff = max(diff, math.Abs(float64(splitLogits[i][j]-b)))
-				}
-				if !(diff <= tolerance*scale) {
-					t.Fatalf("logits row %d: CP=%d differs from one GPU by %.3g of %.3g", i, len(c.ordinals), diff, scale)
-				}
-				worst = max(worst, diff/scale)
-			}
+			worst := logitsWithin(t, fmt.Sprintf("CP=%d", len(c.ordinals)), oneLogits, splitLogits, tolerance)
 			t.Logf("cp=%d vs one GPU: %d tokens equal, %d logits rows, max relative diff %.3g", len(c.ordinals), steps, len(oneLogits), worst)
 		})
 	}
@@ -240,21 +227,7 @@ func cpTPEqualsOne(t *testing.T, first, rest int, tolerance float64) {
 			if len(one) != steps || !slices.Equal(one, split) {
 				t.Fatalf("greedy tokens: one GPU %v, CP x TP %v", one, split)
 			}
-			if len(oneLogits) != len(splitLogits) {
-				t.Fatalf("%d logits rows on one GPU, %d under CP x TP", len(oneLogits), len(splitLogits))
-			}
-			worst := 0.0
-			for i := range oneLogits {
-				scale, diff := 0.0, 0.0
-				for j, b := range oneLogits[i] {
-					scale = max(scale, math.Abs(float64(b)))
-					diff = max(diff, math.Abs(float64(splitLogits[i][j]-b)))
-				}
-				if !(diff <= tolerance*scale) {
-					t.Fatalf("logits row %d: CP x TP differs from one GPU by %.3g of %.3g", i, diff, scale)
-				}
-				worst = max(worst, diff/scale)
-			}
+			worst := logitsWithin(t, "CP x TP", oneLogits, splitLogits, tolerance)
 			t.Logf("cp=%d x tp=%d vs one GPU: %d tokens equal, %d logits rows, max relative diff %.3g", c.cp, c.ranks/c.cp, steps, len(oneLogits), worst)
 		})
 	}
@@ -265,4 +238,26 @@ func cpTPEqualsOne(t *testing.T, first, rest int, tolerance float64) {
 	if !slices.Equal(one, split) || !slices.Equal(split, again) {
 		t.Fatalf("seeded on the device: one GPU %v, CP=2 x TP=2 %v and %v", one, split, again)
 	}
+}
+
+// logitsWithin fails t unless got has want's rows, each within tolerance of the row's
+// largest |logit| (what names got's layout); it returns the largest relative difference.
+func logitsWithin(t *testing.T, what string, want, got [][]float32, tolerance float64) float64 {
+	t.Helper()
+	if len(want) != len(got) {
+		t.Fatalf("%d logits rows on one GPU, %d under %s", len(want), len(got), what)
+	}
+	worst := 0.0
+	for i := range want {
+		scale, diff := 0.0, 0.0
+		for j, b := range want[i] {
+			scale = max(scale, math.Abs(float64(b)))
+			diff = max(diff, math.Abs(float64(got[i][j]-b)))
+		}
+		if !(diff <= tolerance*scale) {
+			t.Fatalf("logits row %d: %s differs from one GPU by %.3g of %.3g", i, what, diff, scale)
+		}
+		worst = max(worst, diff/scale)
+	}
+	return worst
 }

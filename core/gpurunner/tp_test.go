@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 	"strings"
@@ -108,21 +107,7 @@ func tpEqualsOne(t *testing.T, ordinals []int, tolerance float64) {
 			t.Fatalf("two TP=2 runs: logits row %d differs", i)
 		}
 	}
-	if len(oneLogits) != len(twoLogits) {
-		t.Fatalf("%d logits rows at TP=1, %d at TP=2", len(oneLogits), len(twoLogits))
-	}
-	worst := 0.0
-	for i := range oneLogits {
-		scale, diff := 0.0, 0.0
-		for j, b := range oneLogits[i] {
-			scale = max(scale, math.Abs(float64(b)))
-			diff = max(diff, math.Abs(float64(twoLogits[i][j]-b)))
-		}
-		if diff > tolerance*scale {
-			t.Fatalf("logits row %d: TP=2 differs from TP=1 by %.3g of %.3g", i, diff, scale)
-		}
-		worst = max(worst, diff/scale)
-	}
+	worst := logitsWithin(t, "TP=2", oneLogits, twoLogits, tolerance)
 	t.Logf("parity tp=2 vs tp=1 on %v: %d greedy tokens equal, %d logits rows, max relative diff %.3g; two TP=2 runs bit-identical", ordinals, steps, len(oneLogits), worst)
 }
 
