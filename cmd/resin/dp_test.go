@@ -178,6 +178,10 @@ func TestServeDPAttention(t *testing.T) {
 		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--dp-procs", "--num-speculative-tokens", "2"}},
 		// Attention TP 2 within each dp rank: 4 ranks, the experts over all of them.
 		{[]string{"--model", "deepseek-v4-flash", "--random-weights", "../../models/deepseek-v4-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--tp", "2"}},
+		// The same as four processes (dp.RemoteTPRanks). Rank 0's plan check once ran on
+		// dp rank 1's plans too, and glm-5-flash's check clears a new sequence's KDA state
+		// in the checking rank's pool: rank 0's live sequences lost theirs.
+		{[]string{"--model", "glm-5-flash", "--random-weights", "../../models/glm-5-flash/config.json"}, []string{"--dp", "2", "--dp-attention", "--tp", "2", "--dp-procs"}},
 	} {
 		want, n := serveAll(tc.model)
 		if n != len(prompts) {

@@ -416,7 +416,9 @@ func RemoteRanks(forward0 Forward, ctl []dist.Communicator, cacheGroups int, o d
 // ctl's len(ctl) = n·tp processes are n dp ranks of tp ranks each (process w: tp rank
 // w%tp of dp rank w/tp), forward0 process 0's own rank's. Dp rank d's forward sends each
 // plan to its tp ranks at once (the first of dp rank 0 runs here) and takes the first
-// one's logits; check (nil: none) refuses a plan with tokens before any rank sees it.
+// one's logits; check (nil: none), forward0's rank's plan check, refuses a plan of dp
+// rank 0 with tokens before any rank sees it (it may touch that rank's pool, so it is
+// not run on the other dp ranks' plans).
 // Every worker runs ServeRank on its pair, its cache pool its own.
 func RemoteTPRanks(forward0 Forward, check func(*engine.BatchPlan, []float32) error, ctl []dist.Communicator, tp, cacheGroups int, o dist.Options) ([]Rank, error) {
 	if tp < 1 || len(ctl)%tp != 0 || len(ctl) < 2*tp || ctl[0] != nil {
@@ -447,7 +449,14 @@ func RemoteTPRanks(forward0 Forward, check func(*engine.BatchPlan, []float32) er
 		}
 		f := fs[0]
 		if tp > 1 {
-			f = tpFanOut(fs, check)
+			// check is process 0's rank's (a model's CheckPlan may bind the plan's
+			// sequences to its own pool: glm-5-flash clears a new sequence's KDA state),
+			// so it checks dp rank 0's plans only; the others' first ranks are workers.
+			c := check
+			if r > 0 {
+				c = nil
+			}
+			f = tpFanOut(fs, c)
 		}
 		ranks[r] = Rank{Forward: f, CacheGroups: cacheGroups, Ctl: clock[r], Data: counts[r]}
 	}
