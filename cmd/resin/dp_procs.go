@@ -288,8 +288,11 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 	o := dpJoinOptions(nil, f.dp.stepTimeout)
 	o.JoinTimeout = t.joinTimeout()
 	open := func(cacheBytes int64, gpu *dpGPUProcs) (engine.Runner, *kvslab.Pool, *cli.DPRanks, error) {
+		cancel := make(chan struct{}) // closed when rank 0 could not join: this node's other ranks stop trying
+		lo := o
+		lo.Cancel = cancel
 		serve := func(rank int) error {
-			ctl, data, hello, err := dp.JoinTCP(t.initAddr, rank, n*tp, o)
+			ctl, data, hello, err := dp.JoinTCP(t.initAddr, rank, n*tp, lo)
 			if err != nil {
 				return err
 			}
@@ -316,7 +319,9 @@ func (f *runtimeFlags) openDPNodes(name, dir string) (engine.Runner, *kvslab.Poo
 		if err != nil {
 			// Not waiting for this node's other ranks, as the TP nodes do not: where rank 0
 			// could not listen (the port in use) they may have reached another listener
-			// there and would wait for it until --dist-timeout. They end with the process.
+			// there and wait on its reply, which the cancel does not end, until
+			// --dist-timeout. The cancel stops those still dialing; all end with the process.
+			close(cancel)
 			return nil, nil, nil, fmt.Errorf("%s: %w", what, err)
 		}
 		return leadDP(what, name, dir, cacheBytes, d, f.specTokens, tp, ctl, data, hello, gpu, nil, wait)

@@ -129,6 +129,9 @@ func startDP(rt *Runtime, cfg engine.Config) (*Engine, error) {
 		c.Pool, c.Registry, c.EngineLabel = pools[r], reg, strconv.Itoa(r)
 		e, err := engine.New(run, c)
 		if err != nil {
+			for _, started := range engines[:r] {
+				started.Close() // ends its runner-death watch
+			}
 			closeRunners()
 			return nil, fmt.Errorf("start engine for %s, dp rank %d: %w", rt.RunnerName, r, err)
 		}

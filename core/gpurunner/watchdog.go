@@ -105,12 +105,16 @@ func (w *Watchdog) Abort(why error) {
 	}
 	w.why = &AbortError{Why: why}
 	w.mu.Unlock()
+	var failed []error
 	for _, c := range append([]*cudart.Comm{w.comm}, w.also...) {
 		if err := c.Abort(); err != nil {
-			w.mu.Lock()
-			w.why = &AbortError{Why: fmt.Errorf("%w (and ncclCommAbort failed: %v)", why, err)}
-			w.mu.Unlock()
+			failed = append(failed, err)
 		}
+	}
+	if len(failed) > 0 {
+		w.mu.Lock()
+		w.why = &AbortError{Why: fmt.Errorf("%w (and ncclCommAbort failed: %v)", why, errors.Join(failed...))}
+		w.mu.Unlock()
 	}
 }
 

@@ -47,9 +47,10 @@ func OpenDPRanks(dir string, opts Options, d Dispatch, data []dist.Communicator,
 // every rank holding its range of the routed experts (ep = len(world)), with a pool of its
 // own (the attention's cache is replicated over a TP group, each rank writing the same).
 // A dp rank's ranks must run its plans together (core/dist/dp's AttentionTP: its first
-// rank's plans broadcast to the others, their CacheOps applied to the others' pools); each
-// rank of a dp rank gives the exchange the same rows, so every rank gets its rows' sums.
-// The ranks open concurrently (their layout's groups are split by collectives).
+// rank's plans broadcast to the others, their CacheOps applied to the others' pools). A dp
+// rank's first rank alone gives the exchange its rows; the others get the rows' routed
+// sums through the TP all-reduce of the shared expert (moeDP). The ranks open
+// concurrently (their layout's groups are split by collectives).
 func OpenDPTPRanks(dir string, opts Options, d Dispatch, tp int, world []dist.Communicator, cacheBytes int64) ([]*Runner, []*kvslab.Pool, error) {
 	n := len(world)
 	if tp > 1 && opts.Drafts > 0 {

@@ -49,9 +49,10 @@ func OpenDPRanks(dir string, o RankOptions, d Dispatch, data []dist.Communicator
 // them), every rank holding its range of the routed experts (ep = len(world)), with a pool
 // of its own (each rank of a TP group caches its own heads' state). A dp rank's ranks must
 // run its plans together (core/dist/dp's AttentionTP: its first rank's plans broadcast to
-// the others, their CacheOps applied to the others' pools); each rank of a dp rank gives
-// the exchange the same rows, so every rank gets its rows' sums. The ranks open
-// concurrently (their layout's groups are split by collectives).
+// the others, their CacheOps applied to the others' pools). A dp rank's first rank alone
+// gives the exchange its rows; the others get the rows' routed sums through the TP
+// all-reduce of the shared experts (moeDP). The ranks open concurrently (their layout's
+// groups are split by collectives).
 func OpenDPTPRanks(dir string, o RankOptions, d Dispatch, tp int, world []dist.Communicator) ([]*TextRunner, []*kvslab.Pool, error) {
 	n, tp := len(world), max(tp, 1)
 	if tp > 1 && o.Drafts > 0 {

@@ -130,14 +130,17 @@ def serve_spec(runner: Runner, listen: str | None) -> int:
     # only when a connect succeeds: a supervisor that waits for the path to exist never
     # sees ECONNREFUSED from the moment between bind and listen.
     tmp = os.path.join(os.path.dirname(path), f".{os.getpid()}.{os.path.basename(path)}")
+    if len(os.fsencode(tmp)) > 107:  # sun_path's limit: a path that fits binds as given
+        tmp = path
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         srv.bind(tmp)
         srv.listen(1)
-        os.rename(tmp, path)
+        if tmp != path:
+            os.rename(tmp, path)
     except OSError as e:
         srv.close()
-        if os.path.lexists(tmp):
+        if tmp != path and os.path.lexists(tmp):
             os.unlink(tmp)
         print(f"--listen unix:{path}: cannot listen there: {e.strerror or e}", file=sys.stderr)
         return 2

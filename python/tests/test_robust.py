@@ -194,6 +194,27 @@ class Listen(unittest.TestCase):
             self.assertEqual(seen, {"at listen": False, "at accept": True})
             self.assertEqual(sorted(os.listdir(d)), ["x.sock"])
 
+    def test_long_path_binds_as_given(self):
+        # A path that fits sun_path (108 bytes) but whose temporary name would not binds
+        # as given, rather than failing as "too long".
+        import os
+        import socket
+        import tempfile
+        from unittest import mock
+
+        from resin_runner import runner
+
+        class Sock(socket.socket):
+            def accept(self):
+                raise KeyboardInterrupt
+
+        with tempfile.TemporaryDirectory(dir="/tmp") as d:
+            path = os.path.join(d, "s" * (104 - len(d)) + ".sock")[:107]
+            self.assertLessEqual(len(path), 107)
+            with mock.patch.object(runner.socket, "socket", Sock):
+                self.assertEqual(runner.serve_spec(Echo(), "unix:" + path), 0)
+            self.assertEqual(os.listdir(d), [os.path.basename(path)])
+
     def test_unlistenable_path(self):
         import contextlib
         import io as _io
