@@ -45,11 +45,12 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 	}
 	// Each world rank's forward, draft step, plan check, info and cache groups.
 	type opened struct {
-		forward dp.Forward
-		draft   dp.Draft
-		check   func(*engine.BatchPlan, []float32) error
-		info    engine.RunnerInfo
-		groups  int
+		forward    dp.Forward
+		draft      dp.Draft
+		check      func(*engine.BatchPlan, []float32) error
+		info       engine.RunnerInfo
+		groups     int
+		closeComms func()
 	}
 	var all []opened
 	var pools []*kvslab.Pool
@@ -58,13 +59,13 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 		var runners []*deepseekv4flash.Runner
 		runners, pools, err = deepseekv4flash.OpenDPTPRanks(dir, deepseekv4flash.Options{Drafts: drafts}, deepseekv4flash.Dispatch(d), tp, world, cacheBytes)
 		for _, run := range runners {
-			all = append(all, opened{run.DPForward, run.DPDraft, run.CheckPlan, run.Info(), len(run.CacheGroups())})
+			all = append(all, opened{run.DPForward, run.DPDraft, run.CheckPlan, run.Info(), len(run.CacheGroups()), run.CloseComms})
 		}
 	case glm5flash.Name:
 		var runners []*glm5flash.TextRunner
 		runners, pools, err = glm5flash.OpenDPTPRanks(dir, glm5flash.RankOptions{CacheBytes: cacheBytes, Drafts: drafts}, glm5flash.Dispatch(d), tp, world)
 		for _, run := range runners {
-			all = append(all, opened{run.DPForward, run.DPDraft, run.CheckPlan, run.Info(), len(run.CacheGroups())})
+			all = append(all, opened{run.DPForward, run.DPDraft, run.CheckPlan, run.Info(), len(run.CacheGroups()), run.CloseComms})
 		}
 	default:
 		return nil, nil, nil, fmt.Errorf("--dp-attention: model %s's forward does not read the plan's dp step", name)
@@ -86,7 +87,7 @@ func openDPAttentionMoE(name, dir string, cacheBytes int64, dispatch string, dra
 	if tp > 1 {
 		ranks := make([]dp.TPRank, len(all))
 		for w, o := range all {
-			ranks[w] = dp.TPRank{Forward: o.forward, Check: o.check, Pool: pools[w], World: world[w]}
+			ranks[w] = dp.TPRank{Forward: o.forward, Check: o.check, Pool: pools[w], World: world[w], CloseComms: o.closeComms}
 		}
 		a, err := dp.StartAttentionTP(tp, ranks, all[0].info.VocabSize)
 		if err != nil {

@@ -40,6 +40,7 @@ type dpRank struct {
 	cacheGroups int
 	pool        *kvslab.Pool
 	close       func() error // a GPU rank's runner, device and NCCL end (nil on the CPU)
+	closeComms  func()       // a CPU rank's: closes its communicators, its layout's groups too (nil on the GPU)
 	abort       func(error)  // a GPU rank's: aborts its NCCL communicator (nil on the CPU)
 	// buckets are a GPU rank's decode graph buckets (nil: eager steps), which the
 	// dp.Group pads all-decode steps to (every rank opened alike replays the same).
@@ -86,7 +87,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts, tp int, comm dist
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{forward: run.DPForward, check: run.CheckPlan, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
+		r := dpRank{forward: run.DPForward, check: run.CheckPlan, closeComms: run.CloseComms, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -96,7 +97,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts, tp int, comm dist
 		if err != nil {
 			return dpRank{}, err
 		}
-		r := dpRank{forward: run.DPForward, check: run.CheckPlan, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
+		r := dpRank{forward: run.DPForward, check: run.CheckPlan, closeComms: run.CloseComms, info: run.Info(), cacheGroups: len(run.CacheGroups()), pool: pool}
 		if drafts > 0 {
 			r.draft = run.DPDraft
 		}
@@ -213,7 +214,7 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts, tp int, ctl []d
 	if r0.abort != nil && w != nil {
 		watch = abortOnExit(w, r0.abort)
 	}
-	ranks, err := dp.RemoteTPRanks(closeOnFailure(r0.forward, data), r0.check, ctl, tp, r0.cacheGroups, dist.Options{Timeout: time.Minute})
+	ranks, err := dp.RemoteTPRanks(closeOnFailure(r0, data), r0.check, ctl, tp, r0.cacheGroups, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return fail(err)
 	}
@@ -401,19 +402,22 @@ func serveDPRank(spec tpWorkerSpec, ctl, data, hello dist.Communicator, opts *gp
 	if err := hello.Barrier(); err != nil { // rank 0 waits for every rank to have loaded
 		return fmt.Errorf("dp rank %d: %w", spec.Rank, err)
 	}
-	return dp.ServeRank(ctl, r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(closeOnFailure(r.forward, data)))), r.draft)
+	return dp.ServeRank(ctl, r.info.VocabSize, dp.Forward(lockstep.WithCacheOps(r.pool, lockstep.Forward(closeOnFailure(r, data)))), r.draft)
 }
 
-// closeOnFailure is forward, which closes the rank's data communicator when it fails: a
-// step that failed mid-way leaves the group done (rank 0 stops it), and the peers that
-// wait for this rank in an exchange then fail at once ("peer gone") instead of at the
-// exchange's deadline, which kept the stop waiting. A CPU rank's MoE exchanges run on
-// data itself (the ep group is the world); a GPU rank's, on NCCL, are aborted by its
-// watchdog instead.
-func closeOnFailure(forward dp.Forward, data dist.Communicator) dp.Forward {
+// closeOnFailure is r's forward, which closes the rank's communicators when it fails
+// (closeComms: data and its model's layout groups split from it; on the GPU data alone,
+// its NCCL collectives aborted by its watchdog): a step that failed mid-way leaves the
+// group done (rank 0 stops it), and the peers that wait for this rank in an exchange or a
+// TP all-reduce then fail at once ("peer gone") instead of at their deadline, which kept
+// the stop waiting.
+func closeOnFailure(r dpRank, data dist.Communicator) dp.Forward {
 	return func(p *engine.BatchPlan, logits []float32) error {
-		err := forward(p, logits)
+		err := r.forward(p, logits)
 		if err != nil {
+			if r.closeComms != nil {
+				r.closeComms()
+			}
 			data.Close()
 		}
 		return err

@@ -131,6 +131,19 @@ func openDPRank(dir string, o RankOptions, d Dispatch, tp int, comm dist.Communi
 	return run, pool, nil
 }
 
+// CloseComms closes the rank's communicators: its layout's TP and ep groups and the
+// world's. A rank whose step failed mid-way calls it so that its peers, waiting for it in
+// an all-reduce or an exchange, fail at once rather than at their deadline (the group is
+// done: it runs no more steps).
+func (r *TextRunner) CloseComms() {
+	p := &r.Model.par
+	for _, c := range []dist.Communicator{p.tpComm, p.epComm, p.comm} {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
 // DPForward is the forward of a dp rank (a runner of OpenDPRanks) under core/dist/dp's
 // Group: p.DP must name this rank of the group. A plan with tokens runs as the runner's
 // forward does, its sparse layers exchanging its rows with the other ranks; an idle plan

@@ -34,6 +34,9 @@ type TPRank struct {
 	// World is the rank's communicator over every rank (the MoE exchanges'): closed when
 	// the rank fails, so that its peers fail at once rather than at the deadline.
 	World dist.Communicator
+	// CloseComms, when set, also closes on failure the communicators the rank's model
+	// split from World (its TP and ep groups), whose peers would wait out the deadline.
+	CloseComms func()
 }
 
 // AttentionTP is the dp ranks of a Group whose attention is tensor parallel: Forward(r)
@@ -64,7 +67,10 @@ func StartAttentionTP(tp int, ranks []TPRank, vocab int) (*AttentionTP, error) {
 				forward = func(p *engine.BatchPlan, logits []float32) error {
 					err := r.Forward(p, logits)
 					if err != nil {
-						r.World.Close() // the rank is done: its MoE peers fail now
+						if r.CloseComms != nil {
+							r.CloseComms()
+						}
+						r.World.Close() // the rank is done: its peers fail now
 					}
 					return err
 				}
