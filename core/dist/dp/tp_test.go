@@ -80,3 +80,67 @@ func TestAttentionTPFailures(t *testing.T) {
 		t.Fatalf("a failed follower: dp rank 0 %v, dp rank 1 %v; want both to fail", errs[0], errs[1])
 	}
 }
+
+// TestAttentionTPClosesSplitGroups: a rank whose forward fails before its TP group's
+// all-reduce (a group its model split from World, here each dp rank's pair) closes it
+// through TPRank.CloseComms, so its TP peer, waiting there, fails at once rather than at
+// the group's (hour-long) deadline; closing World alone does not reach a split group.
+func TestAttentionTPClosesSplitGroups(t *testing.T) {
+	world, err := dist.NewInProcess(4, dist.Options{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tps := make([]dist.Communicator, 4)
+	if err := dist.OnEveryRank(world, func(w int, c dist.Communicator) (err error) {
+		tps[w], err = c.Split(w/2, w)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := tiny(t)
+	ranks := make([]dp.TPRank, 4)
+	for w := range ranks {
+		var pool *kvslab.Pool
+		if w%2 != 0 {
+			if pool, err = engine.NewHostPool(llama.CacheGroups(m.Config, 4), 1<<20); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ranks[w] = dp.TPRank{Pool: pool, World: world[w], CloseComms: func() { tps[w].Close() }, Forward: func(p *engine.BatchPlan, logits []float32) error {
+			if w == 1 {
+				return errors.New("rank 1 fails")
+			}
+			if err := dist.AllReduceF32(tps[w], make([]float32, 4)); err != nil {
+				return err
+			}
+			return dist.AllReduceF32(world[w], make([]float32, 4))
+		}}
+	}
+	a, err := dp.StartAttentionTP(2, ranks, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer func() { // first, should the test fail: the ranks left waiting then return
+		for _, c := range append(tps, world...) {
+			c.Close()
+		}
+	}()
+	idle := engine.BatchPlan{Step: 1, QueryStart: []int32{0}, LogitsStart: []int32{0}}
+	errs := make([]error, 2)
+	dptest.Within(t, 30*time.Second, "the dp ranks' step with a failed TP rank", func() {
+		var wg sync.WaitGroup
+		for d := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p := idle
+				errs[d] = a.Forward(d)(&p, nil)
+			}()
+		}
+		wg.Wait()
+	})
+	if errs[0] == nil || !errors.Is(errs[0], dist.ErrPeerGone) {
+		t.Fatalf("dp rank 0, whose second TP rank failed: %v, want its TP all-reduce's peer gone", errs[0])
+	}
+}
