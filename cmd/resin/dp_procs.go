@@ -111,7 +111,7 @@ func openDPRank(name, dir string, cacheBytes int64, d, drafts, tp int, comm dist
 // next plan has none) and, for the rendezvous, how long the processes wait for each
 // other to start.
 func dpJoinOptions(cancel <-chan struct{}, step time.Duration) dist.Options {
-	return dist.Options{Timeout: time.Minute, StepTimeout: step, JoinTimeout: 10 * time.Minute, Cancel: cancel}
+	return dist.Options{Timeout: tpDataTimeout, StepTimeout: step, JoinTimeout: 10 * time.Minute, Cancel: cancel}
 }
 
 // openDPProcs opens --dp n --dp-attention --dp-procs for MoE model name from dir: it
@@ -214,7 +214,17 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts, tp int, ctl []d
 	if r0.abort != nil && w != nil {
 		watch = abortOnExit(w, r0.abort)
 	}
-	ranks, err := dp.RemoteTPRanks(closeOnFailure(r0, data), r0.check, ctl, tp, r0.cacheGroups, dist.Options{Timeout: time.Minute})
+	// Rank 0's failed step kills the workers as well as closing its communicators: a
+	// worker stopped mid-step (it failed rank 0's exchange at the deadline) would hold
+	// the other dp ranks' replies until --step-timeout, and the stop after it.
+	failed := r0
+	failed.closeComms = func() {
+		if r0.closeComms != nil {
+			r0.closeComms()
+		}
+		w.Kill()
+	}
+	ranks, err := dp.RemoteTPRanks(closeOnFailure(failed, data), r0.check, ctl, tp, r0.cacheGroups, dist.Options{Timeout: time.Minute})
 	if err != nil {
 		return fail(err)
 	}
@@ -243,9 +253,13 @@ func leadDP(what, name, dir string, cacheBytes int64, d, drafts, tp int, ctl []d
 	}
 	stop := func() error {
 		// The steppers end first (core/cli's Stop has closed the group already; on a
-		// failed start none ran), so that no step uses a pair while it is stopped.
+		// failed start none ran), so that no step uses a pair while it is stopped. A
+		// worker alive but not running (stopped, wedged) never answers: past stopLimit
+		// the workers are killed, which ends those waits.
 		watch()
+		t := time.AfterFunc(stopLimit, w.Kill)
 		err := errors.Join(group.Close(), dp.StopRemote(ctl))
+		t.Stop()
 		err = errors.Join(err, w.Stop(30*time.Second))
 		if wait != nil {
 			err = errors.Join(err, wait())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/resin-llm/resin/core/cudart/emutest"
+	"github.com/resin-llm/resin/core/dist"
 	"github.com/resin-llm/resin/core/dist/dp"
 	"github.com/resin-llm/resin/core/dist/dp/dptest"
 	"github.com/resin-llm/resin/core/engine"
@@ -168,6 +170,42 @@ func TestGPUDPProcsWorkerHangs(t *testing.T) {
 		t.Fatalf("the request whose worker was killed mid-exchange: %v, want an error naming %q and the signal, before the deadline", err, want)
 	}
 	t.Logf("%v", err)
+	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
+		c.Close()
+		stop()
+	})
+	if left := childWorkers(t); len(left) > 0 {
+		t.Fatalf("worker processes %v left after the ranks stopped", left)
+	}
+}
+
+// TestDPTPProcsWorkerStopped: under --dp 2 --dp-attention --tp 2 --dp-procs, worker rank
+// 2 (dp rank 1's first TP rank) stopped (SIGSTOP: alive, wedged) fails the next request
+// at the expert exchange's deadline (lowered here to 2 s) naming rank 2, and the stop
+// then returns, leaving no worker: rank 0's failed step kills the workers. The request
+// waited for the stopped worker's reply until --step-timeout, and the stop for good.
+func TestDPTPProcsWorkerStopped(t *testing.T) {
+	defer func(d, s time.Duration) { tpDataTimeout, stopLimit = d, s }(tpDataTimeout, stopLimit)
+	tpDataTimeout, stopLimit = 2*time.Second, 2*time.Second
+	_, c, pids, stop := startDPProcs(t, "", 2, nil)
+	if err := syscall.Kill(pids[1], syscall.SIGSTOP); err != nil { // worker rank 2
+		t.Fatal(err)
+	}
+	var err error
+	dptest.Within(t, time.Minute, "the request with a stopped worker", func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var s *engine.Stream
+		if s, err = c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}}); err == nil {
+			var ev engine.Event
+			if _, ev, err = s.Collect(ctx); err == nil {
+				err = ev.Err
+			}
+		}
+	})
+	if err == nil || !strings.Contains(err.Error(), "rank 2") || !errors.Is(err, dist.ErrTimeout) {
+		t.Errorf("the request with worker rank 2 stopped: %v, want rank 2 named at the exchange's deadline", err)
+	}
 	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
 		c.Close()
 		stop()

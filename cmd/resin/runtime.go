@@ -219,14 +219,14 @@ func (f *runtimeFlags) check() error {
 	given := func(name string) bool { return f.changed != nil && f.changed(name) }
 	parallel := f.tp.size > 1 || f.tp.ep > 1 || f.dp.size > 1 || f.cp.size > 1
 	switch {
+	case f.tp.initAddr != "" && !parallel: // before tp.check, which would name an empty layout
+		return fmt.Errorf("--dist-init-addr %s: nothing to spread over nodes without --tp, --ep, --cp or --dp N --dp-attention", f.tp.initAddr)
 	case f.tp.check() != nil:
 		return f.tp.check()
 	case given("max-context") || given("cache-pages"):
 		return errors.New("--max-context and --cache-pages size the test runner; with --model the model's config sets the context and --cache-bytes the cache")
 	case given("dist-timeout") && f.tp.initAddr == "":
 		return errors.New("--dist-timeout bounds a multi-node rendezvous: it needs --dist-init-addr (or a launcher's environment)")
-	case f.tp.initAddr != "" && !parallel:
-		return fmt.Errorf("--dist-init-addr %s: nothing to spread over nodes without --tp, --ep, --cp or --dp N --dp-attention", f.tp.initAddr)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.specTokens > 0 && !moeParallelModels[f.model]:
 		return fmt.Errorf("%s with --num-speculative-tokens: only deepseek-v4-flash and glm-5-flash draft under a parallel layout (their MTP heads split), not %s", layoutSpelling(f.tp.size, f.tp.ep, 1), f.model)
 	case (f.tp.size > 1 || f.tp.ep > 1) && f.device.CUDA() && gpuLayoutOpeners[f.model] != nil && f.tp.dispatch != "gather" && !f.gpuParallel():

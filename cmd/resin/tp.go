@@ -111,7 +111,9 @@ func (t *tpFlags) check() error {
 	switch {
 	case t.procs:
 		return errors.New("--tp-procs and --dist-init-addr are exclusive: a node's ranks are goroutines of its process")
-	case t.nnodes < 1 || t.ranks()%t.nnodes != 0 && t.groupRanks > 1:
+	case t.nnodes < 1:
+		return fmt.Errorf("--nnodes %d: want 1 or more nodes", t.nnodes)
+	case t.ranks()%t.nnodes != 0 && t.groupRanks > 1:
 		return fmt.Errorf("%s over --nnodes %d: the %d ranks must split evenly over the nodes", t.groupFlag, t.nnodes, t.ranks())
 	case t.ranks()%t.nnodes != 0:
 		return fmt.Errorf("%s over --nnodes %d: the %d ranks must split evenly over the nodes", layoutSpelling(t.size, t.ep, 1), t.nnodes, t.ranks())

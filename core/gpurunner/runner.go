@@ -176,7 +176,7 @@ func NewDense(cfg *DenseConfig, w *DenseWeights, opts Options) (*Runner, *kvslab
 	if r.NUMA, err = cudart.BindNUMA(opts.NUMA, r.dev.Info); err != nil {
 		return nil, nil, err
 	}
-	fmt.Fprintf(r.log, "gpu: %s (%s), numa %s\n", r.dev.Info.Name, r.dev.Info.Arch(), r.NUMA)
+	fmt.Fprintf(r.log, "gpu: %s (%s), %s\n", r.dev.Info.Name, r.dev.Info.Arch(), r.NUMA) // NUMA.String says "numa …"
 	kc, err := cudart.OpenKernelCache(opts.KernelCache)
 	if err != nil {
 		return nil, nil, err
