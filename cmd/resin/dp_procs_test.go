@@ -78,21 +78,39 @@ func checkDPProcsWorkerKilled(t *testing.T, dispatch string, tp int, gpu *dpGPUP
 	if err := h.Health(); !strings.Contains(err.Error(), "pid "+strconv.Itoa(pids[0])) {
 		t.Fatalf("Health after the kill: %v, want the worker's pid", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	// Refused at once (rank 0's engine took the exit as its runner's death:
 	// engine.RunnerDeath), or failed by its step where the request reached another rank.
-	s, err := c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}})
-	if err == nil {
-		var ev engine.Event
-		if _, ev, err = s.Collect(ctx); err == nil {
-			err = ev.Err
-		}
-	}
+	err := requestErr(t, c, "the request after the worker was killed")
 	want := "worker rank 1 (pid " + strconv.Itoa(pids[0]) + ")"
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("the request after the worker was killed: %v, want an error naming %q and the signal", err, want)
 	}
+	stopDeadGroup(t, c, stop)
+}
+
+// requestErr submits a 3-token request through c and returns its error: Submit's, the
+// stream's or its last event's (nil: it finished), within the test's minute (what names
+// the wait).
+func requestErr(t *testing.T, c *dp.Coordinator, what string) (err error) {
+	t.Helper()
+	dptest.Within(t, time.Minute, what, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var s *engine.Stream
+		if s, err = c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}}); err == nil {
+			var ev engine.Event
+			if _, ev, err = s.Collect(ctx); err == nil {
+				err = ev.Err
+			}
+		}
+	})
+	return err
+}
+
+// stopDeadGroup closes c and stops the ranks (stop) within the test's minute, and fails t
+// if a worker process is left.
+func stopDeadGroup(t *testing.T, c *dp.Coordinator, stop func()) {
+	t.Helper()
 	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
 		c.Close()
 		stop()
@@ -170,13 +188,7 @@ func TestGPUDPProcsWorkerHangs(t *testing.T) {
 		t.Fatalf("the request whose worker was killed mid-exchange: %v, want an error naming %q and the signal, before the deadline", err, want)
 	}
 	t.Logf("%v", err)
-	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
-		c.Close()
-		stop()
-	})
-	if left := childWorkers(t); len(left) > 0 {
-		t.Fatalf("worker processes %v left after the ranks stopped", left)
-	}
+	stopDeadGroup(t, c, stop)
 }
 
 // TestDPTPProcsWorkerStopped: under --dp 2 --dp-attention --tp 2 --dp-procs, worker rank
@@ -191,26 +203,9 @@ func TestDPTPProcsWorkerStopped(t *testing.T) {
 	if err := syscall.Kill(pids[1], syscall.SIGSTOP); err != nil { // worker rank 2
 		t.Fatal(err)
 	}
-	var err error
-	dptest.Within(t, time.Minute, "the request with a stopped worker", func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		var s *engine.Stream
-		if s, err = c.Submit(ctx, engine.Request{ID: "a", Prompt: []int32{1, 2, 3}, Sampling: engine.SamplingParams{MaxTokens: 4, IgnoreEOS: true}}); err == nil {
-			var ev engine.Event
-			if _, ev, err = s.Collect(ctx); err == nil {
-				err = ev.Err
-			}
-		}
-	})
+	err := requestErr(t, c, "the request with a stopped worker")
 	if err == nil || !strings.Contains(err.Error(), "rank 2") || !errors.Is(err, dist.ErrTimeout) {
 		t.Errorf("the request with worker rank 2 stopped: %v, want rank 2 named at the exchange's deadline", err)
 	}
-	dptest.Within(t, time.Minute, "closing the dead group and stopping the ranks", func() {
-		c.Close()
-		stop()
-	})
-	if left := childWorkers(t); len(left) > 0 {
-		t.Fatalf("worker processes %v left after the ranks stopped", left)
-	}
+	stopDeadGroup(t, c, stop)
 }

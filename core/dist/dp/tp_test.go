@@ -63,19 +63,7 @@ func TestAttentionTPFailures(t *testing.T) {
 		t.Fatalf("a plan the check refused ran on %d and %d ranks", ran[0].Load(), ran[1].Load())
 	}
 	idle := engine.BatchPlan{Step: 2, QueryStart: []int32{0}, LogitsStart: []int32{0}}
-	errs := make([]error, 2)
-	dptest.Within(t, 30*time.Second, "the dp ranks' step with a failed follower", func() {
-		var wg sync.WaitGroup
-		for d := range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p := idle
-				errs[d] = a.Forward(d)(&p, nil)
-			}()
-		}
-		wg.Wait()
-	})
+	errs := bothDPRanks(t, a, idle, "the dp ranks' step with a failed follower")
 	if errs[0] == nil || errs[1] == nil {
 		t.Fatalf("a failed follower: dp rank 0 %v, dp rank 1 %v; want both to fail", errs[0], errs[1])
 	}
@@ -127,20 +115,28 @@ func TestAttentionTPClosesSplitGroups(t *testing.T) {
 		}
 	}()
 	idle := engine.BatchPlan{Step: 1, QueryStart: []int32{0}, LogitsStart: []int32{0}}
+	errs := bothDPRanks(t, a, idle, "the dp ranks' step with a failed TP rank")
+	if errs[0] == nil || !errors.Is(errs[0], dist.ErrPeerGone) {
+		t.Fatalf("dp rank 0, whose second TP rank failed: %v, want its TP all-reduce's peer gone", errs[0])
+	}
+}
+
+// bothDPRanks runs plan on both dp ranks of a at once, within the test's 30 s deadline
+// (what names the step), and returns their errors.
+func bothDPRanks(t *testing.T, a *dp.AttentionTP, plan engine.BatchPlan, what string) []error {
+	t.Helper()
 	errs := make([]error, 2)
-	dptest.Within(t, 30*time.Second, "the dp ranks' step with a failed TP rank", func() {
+	dptest.Within(t, 30*time.Second, what, func() {
 		var wg sync.WaitGroup
 		for d := range 2 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				p := idle
+				p := plan
 				errs[d] = a.Forward(d)(&p, nil)
 			}()
 		}
 		wg.Wait()
 	})
-	if errs[0] == nil || !errors.Is(errs[0], dist.ErrPeerGone) {
-		t.Fatalf("dp rank 0, whose second TP rank failed: %v, want its TP all-reduce's peer gone", errs[0])
-	}
+	return errs
 }
